@@ -1,0 +1,1 @@
+"""Kernel declarations, one module per backend. Importing one registers its kernels."""

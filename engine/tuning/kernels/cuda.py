@@ -1,0 +1,1 @@
+"""cuda backend kernel declarations (filled in by the cuda backend)."""

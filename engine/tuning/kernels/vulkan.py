@@ -1,0 +1,1 @@
+"""vulkan backend kernel declarations (filled in by the vulkan backend)."""

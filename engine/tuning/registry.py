@@ -1,0 +1,143 @@
+"""The tuning registry: every kernel of every backend declares its variants, parameters, allowed
+values and constraints here, once. Backends read their knobs from a TuningConfig checked against
+it; the agent builds its search space from it; "supported" is derived from it.
+
+Declarations live in ``engine/tuning/kernels/<backend>.py`` as plain data (no GPU imports), so
+the agent can read the whole space on a head node that has no GPU library installed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from engine.errors import ConfigError
+
+if TYPE_CHECKING:
+    from engine.backends.base import DeviceInfo
+    from engine.tuning.config import TuningConfig
+
+Value = int | str | bool
+
+
+@dataclass(frozen=True)
+class Param:
+    """One knob. ``choices`` lists the allowed values; the first-listed default is ``default``."""
+
+    name: str
+    choices: tuple[Value, ...]
+    default: Value
+    doc: str = ""
+
+    def __post_init__(self) -> None:
+        if self.default not in self.choices:
+            raise ValueError(f"param {self.name}: default {self.default!r} not in {self.choices}")
+
+    @property
+    def is_numeric(self) -> bool:
+        return all(isinstance(c, int) and not isinstance(c, bool) for c in self.choices)
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """A rule over a whole config on a device; ``doc`` is shown when it fails."""
+
+    doc: str
+    check: Callable[[TuningConfig, DeviceInfo | None], bool]
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One implementation of an op on one backend (one shader file or code path)."""
+
+    backend: str
+    op: str
+    name: str
+    params: tuple[Param, ...] = ()
+    constraints: tuple[Constraint, ...] = ()
+    quant_types: frozenset[str] | None = None  # weight types it handles; None: not a matmul
+    source: str = ""  # shader file (relative to shaders/) or module implementing it
+    doc: str = ""
+
+    def param(self, name: str) -> Param:
+        for p in self.params:
+            if p.name == name:
+                return p
+        raise KeyError(name)
+
+
+@dataclass(frozen=True)
+class Op:
+    """An op of a backend: its variants in preference order (the first is the default)."""
+
+    backend: str
+    name: str
+    variants: tuple[Variant, ...]
+    doc: str = ""
+
+    @property
+    def default(self) -> Variant:
+        return self.variants[0]
+
+    def variant(self, name: str) -> Variant:
+        for v in self.variants:
+            if v.name == name:
+                return v
+        allowed = ", ".join(v.name for v in self.variants)
+        raise ConfigError(f"{self.backend}: op {self.name!r} has no variant {name!r}; allowed: {allowed}")
+
+
+@dataclass
+class Registry:
+    _ops: dict[tuple[str, str], Op] = field(default_factory=dict)
+
+    def register(self, backend: str, op: str, variants: Iterable[Variant], doc: str = "") -> Op:
+        vs = tuple(variants)
+        if not vs:
+            raise ValueError(f"{backend}.{op}: at least one variant")
+        for v in vs:
+            if (v.backend, v.op) != (backend, op):
+                raise ValueError(f"variant {v.name} declared for {v.backend}.{v.op}, not {backend}.{op}")
+        entry = Op(backend, op, vs, doc)
+        self._ops[(backend, op)] = entry
+        return entry
+
+    def unregister(self, backend: str, op: str) -> None:
+        self._ops.pop((backend, op), None)
+
+    def backends(self) -> list[str]:
+        return sorted({b for b, _ in self._ops})
+
+    def ops(self, backend: str) -> list[Op]:
+        found = [o for (b, _), o in self._ops.items() if b == backend]
+        if not found:
+            raise ConfigError(f"no kernels registered for backend {backend!r}; known: {self.backends()}")
+        return found
+
+    def op(self, backend: str, op: str) -> Op:
+        try:
+            return self._ops[(backend, op)]
+        except KeyError:
+            names = ", ".join(o.name for o in self.ops(backend))
+            raise ConfigError(f"backend {backend!r} has no op {op!r}; its ops: {names}") from None
+
+    def supports(self, backend: str, op: str, quant_type: str | None = None) -> bool:
+        """Derived from the declarations: an op is supported when some variant handles the type."""
+        entry = self._ops.get((backend, op))
+        if entry is None:
+            return False
+        if quant_type is None:
+            return True
+        return any(v.quant_types is None or quant_type in v.quant_types for v in entry.variants)
+
+
+REGISTRY = Registry()
+
+
+def _load_declarations() -> None:
+    # Importing a declaration module registers its kernels; plain data, safe on any machine.
+    from engine.tuning.kernels import cuda, numpy_ref, vulkan  # noqa: F401
+
+
+_load_declarations()
