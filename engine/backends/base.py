@@ -80,6 +80,15 @@ class Backend(ABC):
     def synchronize(self) -> None:
         """Wait for all queued work (no-op for synchronous backends)."""
 
+    def set_config(self, config: TuningConfig) -> None:
+        """Switch kernel variants and parameters; weights stay loaded. Backends that compile
+        kernels per parameter set override this to (re)build them, raising KernelCompileError."""
+        if config.backend != self.name:
+            from engine.errors import ConfigError
+
+            raise ConfigError(f"config is for backend {config.backend!r}, not {self.name!r}")
+        self.config = config
+
     def new_kv_cache(self, n_layers: int, capacity: int, n_head_kv: int, head_dim: int) -> KVCache:
         shape = (capacity, n_head_kv, head_dim)
         zeros = np.zeros(shape, np.float32)
@@ -105,7 +114,8 @@ class Backend(ABC):
 
     @abstractmethod
     def add(self, a: Tensor, b: Tensor) -> Tensor:
-        """a + b, with b either the same shape (residual) or [N] broadcast over rows (bias)."""
+        """a + b, with b either a tensor of the same shape (residual) or a 1-D Weight [N]
+        broadcast over rows (bias)."""
 
     @abstractmethod
     def rope(self, x: Tensor, pos0: int, theta: float, neox: bool) -> Tensor:

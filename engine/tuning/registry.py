@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from engine.errors import ConfigError
 
@@ -85,7 +85,9 @@ class Op:
             if v.name == name:
                 return v
         allowed = ", ".join(v.name for v in self.variants)
-        raise ConfigError(f"{self.backend}: op {self.name!r} has no variant {name!r}; allowed: {allowed}")
+        raise ConfigError(
+            f"{self.backend}: op {self.name!r} has no variant {name!r}; allowed: {allowed}"
+        )
 
 
 @dataclass
@@ -98,7 +100,9 @@ class Registry:
             raise ValueError(f"{backend}.{op}: at least one variant")
         for v in vs:
             if (v.backend, v.op) != (backend, op):
-                raise ValueError(f"variant {v.name} declared for {v.backend}.{v.op}, not {backend}.{op}")
+                raise ValueError(
+                    f"variant {v.name} declared for {v.backend}.{v.op}, not {backend}.{op}"
+                )
         entry = Op(backend, op, vs, doc)
         self._ops[(backend, op)] = entry
         return entry
@@ -112,7 +116,9 @@ class Registry:
     def ops(self, backend: str) -> list[Op]:
         found = [o for (b, _), o in self._ops.items() if b == backend]
         if not found:
-            raise ConfigError(f"no kernels registered for backend {backend!r}; known: {self.backends()}")
+            raise ConfigError(
+                f"no kernels registered for backend {backend!r}; known: {self.backends()}"
+            )
         return found
 
     def op(self, backend: str, op: str) -> Op:

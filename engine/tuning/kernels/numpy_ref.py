@@ -8,20 +8,51 @@ from engine.tuning.registry import REGISTRY, Param, Variant
 
 B = "numpy"
 
-REGISTRY.register(B, "prefill", [
-    Variant(B, "prefill", "batched", params=(
-        Param("max_cols", (1, 2, 4, 8, 16, 24, 32, 40, 48, 64, 96, 128), 32,
-              "prompt tokens per batched-prefill chunk (MAX_COLS)"),
-    ), doc="prompt in chunks of max_cols tokens through batched matmul, RoPE, KV write, attention"),
-], doc="engine schedule knobs of the prefill path")
+REGISTRY.register(
+    B,
+    "prefill",
+    [
+        Variant(
+            B,
+            "prefill",
+            "batched",
+            params=(
+                Param(
+                    "max_cols",
+                    (1, 2, 4, 8, 16, 24, 32, 40, 48, 64, 96, 128),
+                    32,
+                    "prompt tokens per batched-prefill chunk (MAX_COLS)",
+                ),
+            ),
+            doc="prompt in chunks of max_cols tokens through batched matmul, RoPE, KV write, attention",
+        ),
+    ],
+    doc="engine schedule knobs of the prefill path",
+)
 
 for _op in ("matmul_decode", "matmul_prefill"):
-    REGISTRY.register(B, _op, [
-        Variant(B, _op, "cached_f32", quant_types=SUPPORTED, source="engine/backends/numpy_ref.py",
-                doc="dequantize each weight once to float32 and keep it (fast, 4 B/weight RAM)"),
-        Variant(B, _op, "ondemand", quant_types=SUPPORTED, source="engine/backends/numpy_ref.py",
-                doc="dequantize the weight on every call (slow, no extra RAM)"),
-    ])
+    REGISTRY.register(
+        B,
+        _op,
+        [
+            Variant(
+                B,
+                _op,
+                "cached_f32",
+                quant_types=SUPPORTED,
+                source="engine/backends/numpy_ref.py",
+                doc="dequantize each weight once to float32 and keep it (fast, 4 B/weight RAM)",
+            ),
+            Variant(
+                B,
+                _op,
+                "ondemand",
+                quant_types=SUPPORTED,
+                source="engine/backends/numpy_ref.py",
+                doc="dequantize the weight on every call (slow, no extra RAM)",
+            ),
+        ],
+    )
 
 for _op, _doc in [
     ("embedding", "dequantized rows of token_embd"),
@@ -33,5 +64,6 @@ for _op, _doc in [
     ("swiglu", "silu(gate) * up"),
     ("argmax", "first maximum"),
 ]:
-    REGISTRY.register(B, _op, [Variant(B, _op, "default", source="engine/backends/numpy_ref.py",
-                                       doc=_doc)])
+    REGISTRY.register(
+        B, _op, [Variant(B, _op, "default", source="engine/backends/numpy_ref.py", doc=_doc)]
+    )

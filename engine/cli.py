@@ -1,0 +1,331 @@
+"""`python -m engine ...`: run, validate, bench, models, synth, info, kernels, devices."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from engine.errors import ConfigError, EngineError
+
+log = logging.getLogger("engine")
+
+
+def _common(p: argparse.ArgumentParser, model: bool = True) -> None:
+    if model:
+        p.add_argument(
+            "--model", required=True, help="GGUF path or known checkpoint name (see `models list`)"
+        )
+    p.add_argument("--backend", default="numpy", help="numpy | vulkan | cuda (default numpy)")
+    p.add_argument("--config", type=Path, help="tuning config TOML (overrides a promoted one)")
+    p.add_argument(
+        "--no-promoted",
+        action="store_true",
+        help="ignore configs/<device class>/<family>.toml; use registry defaults",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _csv_ints(s: str) -> list[int]:
+    try:
+        out = [int(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}") from None
+    if not out or min(out) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {s!r}")
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m engine", description=__doc__)
+    ap.add_argument("-v", "--verbose", action="store_true", help="log what is happening")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    p = sub.add_parser("run", help="generate text greedily")
+    _common(p)
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--prefill", choices=("batched", "per_token"), default="batched")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+
+    p = sub.add_parser("validate", help="candidate (batched, --config) vs reference (per-token)")
+    _common(p)
+    p.add_argument("--steps", type=int, default=8, help="greedy decode steps compared")
+    p.add_argument("--max-abs-diff", type=float, default=None)
+    p.add_argument("--nmse", type=float, default=None)
+    p.add_argument(
+        "--cross-check",
+        action="store_true",
+        help="also check the reference path against the NumPy backend",
+    )
+
+    p = sub.add_parser("bench", help="prefill / decode tok/s and time to first token")
+    _common(p)
+    p.add_argument("--prompt-tokens", type=_csv_ints, default=[105, 512])
+    p.add_argument("--gen-tokens", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--prefill", choices=("batched", "per_token"), default="batched")
+
+    p = sub.add_parser("models", help="known real checkpoints")
+    msub = p.add_subparsers(dest="models_cmd", required=True)
+    q = msub.add_parser("list", help="known checkpoints and whether they are cached")
+    q.add_argument("--json", action="store_true")
+    q = msub.add_parser("fetch", help="download, assemble, verify and cache a checkpoint")
+    q.add_argument("name")
+    q.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("synth", help="write a synthetic GGUF with random weights")
+    p.add_argument("--arch", default="qwen2")
+    p.add_argument("--preset", default="tiny")
+    p.add_argument("--quant", default="q4_k_m")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("info", help="model spec and tensor types")
+    p.add_argument("--model", required=True)
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("kernels", help="the tuning registry: ops, variants, parameters")
+    p.add_argument("--backend", default=None)
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("devices", help="backends usable on this machine and their device class")
+    p.add_argument("--json", action="store_true")
+    return ap
+
+
+def _emit(args: argparse.Namespace, obj: dict[str, Any], text: str) -> None:
+    print(json.dumps(obj, indent=2, default=str) if args.json else text)
+
+
+def _load(args: argparse.Namespace):  # noqa: ANN202
+    from engine.runtime import load
+
+    return load(args.model, args.backend, args.config, use_promoted=not args.no_promoted)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    eng = _load(args)
+    tok = eng.tokenizer()
+    text = tok.render_chat([{"role": "user", "content": args.prompt}]) if args.chat else args.prompt
+    ids = tok.encode(text)
+    g = eng.model.generate(ids, args.max_tokens, path=args.prefill, stop=tok.eos_ids)
+    out = tok.decode(g.tokens)
+    steps = len(g.tokens) - 1
+    obj = {
+        "model": eng.gguf.spec.name,
+        "backend": args.backend,
+        "config": eng.config_source,
+        "prompt": args.prompt,
+        "prompt_tokens": ids,
+        "tokens": g.tokens,
+        "text": out,
+        "prefill_s": g.prefill_s,
+        "decode_s": g.decode_s,
+        "decode_tok_s": steps / g.decode_s if steps > 0 and g.decode_s > 0 else None,
+    }
+    _emit(args, obj, args.prompt + out)
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from engine.validate import Tolerances, cross_check_numpy, tokenize_prompts, validate
+
+    eng = _load(args)
+    d = Tolerances()
+    tol = Tolerances(
+        args.max_abs_diff if args.max_abs_diff is not None else d.max_abs_diff,
+        args.nmse if args.nmse is not None else d.nmse,
+    )
+    prompts = tokenize_prompts(eng.tokenizer())
+    cand = eng.model.config
+    cross = cross_check_numpy(eng.model, prompts) if args.cross_check else None
+    rep = validate(eng.model, cand, prompts, steps=args.steps, tol=tol)
+    rep.cross_check = cross
+    lines = [f"validate {args.backend} on {rep.device_class}: {'PASS' if rep.passed else 'FAIL'}"]
+    for p in rep.prompts:
+        lines.append(
+            f"  prompt {p.prompt_tokens:4d} tok  max_abs_diff={p.max_abs_diff:.3g}  "
+            f"nmse={p.nmse:.3g}  nan={p.nan} inf={p.inf}  "
+            f"tokens agree {p.token_agreement:.0%}" + "".join(f"\n    {r}" for r in p.reasons)
+        )
+    if cross:
+        lines.append(
+            f"  cross-check vs numpy: max_abs_diff={cross['max_abs_diff']:.3g} "
+            f"nmse={cross['nmse']:.3g}"
+        )
+    _emit(args, rep.to_dict(), "\n".join(lines))
+    return 0 if rep.passed else 1
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from engine.bench import bench
+
+    eng = _load(args)
+    total = len(args.prompt_tokens) * args.repeats
+    with tqdm(total=total, desc="bench", file=sys.stderr, disable=args.json) as bar:
+        rep = bench(
+            eng.model,
+            args.prompt_tokens,
+            args.gen_tokens,
+            args.repeats,
+            args.warmup,
+            args.prefill,
+            progress=bar,
+        )
+    lines = [
+        f"{rep.model} on {rep.device['name']} ({rep.device['device_class']}, {rep.backend}), "
+        f"{rep.path} prefill, median of {rep.repeats} [min..max]"
+    ]
+    for r in rep.results:
+        s = (
+            f"  pp{r.prompt_tokens:<5d} {r.prefill_tok_s.median:10.1f} tok/s "
+            f"[{r.prefill_tok_s.min:.1f}..{r.prefill_tok_s.max:.1f}]  ttft {r.ttft_s.median:.3f} s"
+        )
+        if r.decode_tok_s:
+            s += (
+                f"  tg{rep.gen_tokens} {r.decode_tok_s.median:8.2f} tok/s "
+                f"[{r.decode_tok_s.min:.2f}..{r.decode_tok_s.max:.2f}]"
+            )
+        lines.append(s)
+    _emit(args, rep.to_dict(), "\n".join(lines))
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from engine import checkpoints
+
+    if args.models_cmd == "list":
+        rows = checkpoints.list_models()
+        text = "\n".join(
+            f"{r['name']:28s} {r['arch']:8s} {r['size'] / 2**20:8.1f} MiB  "
+            f"{'cached ' + str(r['path']) if r['cached'] else 'not cached'}"
+            for r in rows
+        )
+        _emit(args, {"models": rows}, text)
+    else:
+        path = checkpoints.fetch(args.name, progress=not args.json)
+        _emit(args, {"name": args.name, "path": str(path)}, str(path))
+    return 0
+
+
+def cmd_synth(args: argparse.Namespace) -> int:
+    from engine.synth import write_synthetic
+
+    path = write_synthetic(
+        args.out,
+        arch=args.arch,
+        preset=args.preset,
+        quant_mix=args.quant,
+        seed=args.seed,
+        progress=not args.json,
+    )
+    _emit(args, {"path": str(path), "bytes": path.stat().st_size}, f"wrote {path}")
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from engine.gguf_model import open_model
+    from engine.runtime import resolve_model_path
+
+    m = open_model(resolve_model_path(args.model))
+    obj = {
+        "path": str(m.path),
+        "bytes": m.file_bytes,
+        "spec": asdict(m.spec),
+        "quant_types": m.quant_summary(),
+    }
+    text = "\n".join(
+        [f"{m.path} ({m.file_bytes / 2**20:.1f} MiB)"]
+        + [f"  {k}: {v}" for k, v in asdict(m.spec).items()]
+        + [f"  tensors: {m.quant_summary()}"]
+    )
+    _emit(args, obj, text)
+    return 0
+
+
+def cmd_kernels(args: argparse.Namespace) -> int:
+    from engine.tuning import REGISTRY
+
+    names = [args.backend] if args.backend else REGISTRY.backends()
+    obj: dict[str, Any] = {}
+    lines = []
+    for b in names:
+        obj[b] = {}
+        lines.append(b)
+        for op in REGISTRY.ops(b):
+            obj[b][op.name] = [
+                {
+                    "variant": v.name,
+                    "doc": v.doc,
+                    "source": v.source,
+                    "quant_types": sorted(v.quant_types) if v.quant_types else None,
+                    "params": {
+                        p.name: {"choices": list(p.choices), "default": p.default, "doc": p.doc}
+                        for p in v.params
+                    },
+                    "constraints": [c.doc for c in v.constraints],
+                }
+                for v in op.variants
+            ]
+            for v in op.variants:
+                ps = ", ".join(f"{p.name}={p.default} {list(p.choices)}" for p in v.params)
+                lines.append(f"  {op.name:18s} {v.name:14s} {ps}")
+    _emit(args, obj, "\n".join(lines))
+    return 0
+
+
+def cmd_devices(args: argparse.Namespace) -> int:
+    from engine import backends
+
+    rows = []
+    for name in backends.BACKENDS:
+        try:
+            rows.append(backends.create(name).device_info().to_dict())
+        except Exception as e:  # noqa: BLE001 - report, keep listing the others
+            rows.append({"backend": name, "error": str(e)})
+    text = "\n".join(
+        f"{r['backend']:7s} "
+        + (f"{r['device_class']:14s} {r['name']}" if "name" in r else f"unavailable: {r['error']}")
+        for r in rows
+    )
+    _emit(args, {"devices": rows}, text)
+    return 0
+
+
+COMMANDS = {
+    "run": cmd_run,
+    "validate": cmd_validate,
+    "bench": cmd_bench,
+    "models": cmd_models,
+    "synth": cmd_synth,
+    "info": cmd_info,
+    "kernels": cmd_kernels,
+    "devices": cmd_devices,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+    for flag in ("max_tokens", "steps", "gen_tokens", "repeats"):
+        if getattr(args, flag, 1) is not None and getattr(args, flag, 1) < 0:
+            raise SystemExit(f"error: --{flag.replace('_', '-')} must be >= 0")
+    try:
+        return COMMANDS[args.cmd](args)
+    except (EngineError, ConfigError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
