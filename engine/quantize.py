@@ -212,8 +212,9 @@ def _pack_q6_k(q: np.ndarray, sc: np.ndarray, d: np.ndarray) -> np.ndarray:
     q = q.astype(np.uint8).reshape(nb, 2, 4, 32)  # [nb, half, s, b]
     low = q & 0x0F
     high = q >> 4
-    ql = np.concatenate([low[:, :, 0] | (low[:, :, 2] << 4), low[:, :, 1] | (low[:, :, 3] << 4)],
-                        axis=-1)  # [nb, half, 64]
+    ql = np.concatenate(
+        [low[:, :, 0] | (low[:, :, 2] << 4), low[:, :, 1] | (low[:, :, 3] << 4)], axis=-1
+    )  # [nb, half, 64]
     qh = high[:, :, 0] | (high[:, :, 1] << 2) | (high[:, :, 2] << 4) | (high[:, :, 3] << 6)
     out = np.empty((nb, 210), dtype=np.uint8)
     out[:, 0:128] = ql.reshape(nb, 128)

@@ -39,8 +39,16 @@ NMSE = {
     "Q4_0": 1.2e-2,
 }
 # With one large outlier per row the blocks holding it lose resolution: looser limits.
-NMSE_OUTLIER = {**NMSE, "Q8_0": 3e-4, "Q6_K": 2e-3, "Q5_1": 5e-3, "Q5_0": 1.2e-2,
-                "Q4_K": 1.5e-2, "Q4_1": 2e-2, "Q4_0": 2.5e-2}
+NMSE_OUTLIER = {
+    **NMSE,
+    "Q8_0": 3e-4,
+    "Q6_K": 2e-3,
+    "Q5_1": 5e-3,
+    "Q5_0": 1.2e-2,
+    "Q4_K": 1.5e-2,
+    "Q4_1": 2e-2,
+    "Q4_0": 2.5e-2,
+}
 
 
 def roundtrip(a: np.ndarray, qtype: str) -> np.ndarray:
