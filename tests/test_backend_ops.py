@@ -1,0 +1,199 @@
+"""Every op of every backend against a float64 NumPy formula, on random shapes that include
+sizes that are not multiples of any tile, MAX_COLS or block, and size-1 dims.
+
+Checks per op: NMSE under the op's limit, no NaN/Inf, exact output shape, inputs left unchanged,
+and KV-cache slots outside the written range left untouched (a canary for out-of-range writes).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize
+
+from engine import backends
+from engine.gguf_model import QTensor
+from engine.quantize import quantize
+from engine.tuning import REGISTRY, TuningConfig
+from tests.backend_params import backend_params
+
+NMSE = {"matmul": 5e-4, "default": 1e-6}  # matmul: GPU accumulation order and fp16 paths
+QUANTS = ["F32", "F16", "BF16", "Q8_0", "Q5_0", "Q5_1", "Q4_0", "Q4_1", "Q4_K", "Q6_K"]
+
+
+def nmse(ref: np.ndarray, out: np.ndarray) -> float:
+    ref, out = np.asarray(ref, np.float64), np.asarray(out, np.float64)
+    return float(np.sum((out - ref) ** 2) / max(np.sum(ref**2), 1e-30))
+
+
+def check(out: np.ndarray, ref: np.ndarray, limit: float) -> None:
+    assert out.shape == ref.shape, f"shape {out.shape} != {ref.shape}"
+    assert np.isfinite(out).all(), "NaN or Inf in output"
+    assert nmse(ref, out) < limit, f"NMSE {nmse(ref, out):.3g} >= {limit:g}"
+
+
+def qtensor(rng: np.random.Generator, shape: tuple[int, ...], qtype: str, std: float = 1.0,
+            name: str = "w") -> QTensor:
+    a = (rng.standard_normal(shape) * std).astype(np.float32)
+    a2 = a.reshape(-1, shape[-1])
+    raw = quantize(a2, qtype).view(np.uint8).reshape(a2.shape[0], -1)
+    return QTensor(name, qtype, tuple(shape), raw)
+
+
+def dense(qt: QTensor) -> np.ndarray:
+    return np.asarray(dequantize(qt.raw, GGMLQuantizationType[qt.qtype]), np.float64).reshape(qt.shape)
+
+
+@pytest.fixture(params=backend_params())
+def be(request):
+    return backends.create(request.param)
+
+
+def _supported(be, op: str, qtype: str | None = None) -> None:
+    if not REGISTRY.supports(be.name, op, qtype):
+        pytest.skip(f"{be.name} declares no {op} kernel for {qtype} (not supported, not failed)")
+
+
+# --- matmul: decode (T == 1) and batched prefill (1 < T <= max_cols) ----------------------
+def _block_k(qtype: str) -> int:
+    return 256 if qtype.endswith("_K") else 32 if qtype.startswith("Q") else 1
+
+
+@pytest.mark.parametrize("qtype", QUANTS)
+@pytest.mark.parametrize("T,N,kblocks", [(1, 1, 1), (1, 67, 3), (1, 130, 2), (2, 33, 1),
+                                         (7, 67, 2), (17, 3, 1), (31, 45, 2)])
+def test_matmul(be, qtype, T, N, kblocks):
+    op = "matmul_decode" if T == 1 else "matmul_prefill"
+    _supported(be, op, qtype)
+    rng = np.random.default_rng(T * 1000 + N)
+    K = {1: 37, 32: 96, 256: 256}[_block_k(qtype)] * kblocks  # odd widths where blocks allow
+    w = qtensor(rng, (N, K), qtype, std=0.05)
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    x0 = x.copy()
+    out = be.download(be.matmul(be.upload(x), be.load_weight(w)))
+    check(out, x.astype(np.float64) @ dense(w).T, NMSE["matmul"])
+    assert np.array_equal(x, x0)
+
+
+@pytest.mark.parametrize("T", [1, 3, 40, 41])
+def test_matmul_prefill_up_to_max_cols(be, T):
+    """Every allowed column count up to and past the default MAX_COLS chunk works."""
+    cfg = TuningConfig.default(be.name)
+    T = min(T, cfg.max_cols)
+    rng = np.random.default_rng(T)
+    w = qtensor(rng, (70, 256), "Q4_K", std=0.05)
+    x = rng.standard_normal((T, 256)).astype(np.float32)
+    out = be.download(be.matmul(be.upload(x), be.load_weight(w)))
+    check(out, x.astype(np.float64) @ dense(w).T, NMSE["matmul"])
+
+
+# --- the small ops ----------------------------------------------------------------------
+@pytest.mark.parametrize("qtype", ["F32", "F16", "Q8_0", "Q4_K", "Q6_K", "Q5_0"])
+@pytest.mark.parametrize("T", [1, 5])
+def test_embedding(be, qtype, T):
+    _supported(be, "embedding", qtype)
+    rng = np.random.default_rng(T)
+    table = qtensor(rng, (37, 256), qtype)
+    ids = np.array([0, 36, 5, 5, 17][:T], np.int32)
+    out = be.download(be.embedding(be.load_weight(table), be.upload(ids)))
+    check(out, dense(table)[ids], 1e-12 if qtype == "F32" else 1e-6)
+
+
+@pytest.mark.parametrize("shape", [(1, 7), (3, 896), (5, 4, 64), (1, 2, 128), (33, 257)])
+def test_rms_norm(be, shape):
+    rng = np.random.default_rng(len(shape))
+    x = rng.standard_normal(shape).astype(np.float32) * 3
+    w = qtensor(rng, (shape[-1],), "F32")
+    out = be.download(be.rms_norm(be.upload(x), be.load_weight(w), 1e-6))
+    x64 = x.astype(np.float64)
+    ref = x64 / np.sqrt((x64**2).mean(-1, keepdims=True) + 1e-6) * dense(w)
+    check(out, ref, NMSE["default"])
+
+
+@pytest.mark.parametrize("shape", [(1, 5), (7, 130)])
+def test_add_residual_and_bias(be, shape):
+    rng = np.random.default_rng(1)
+    a, b = (rng.standard_normal(shape).astype(np.float32) for _ in range(2))
+    bias = qtensor(rng, (shape[-1],), "F32")
+    check(be.download(be.add(be.upload(a), be.upload(b))), a.astype(np.float64) + b, 1e-12)
+    check(be.download(be.add(be.upload(a), be.load_weight(bias))), a + dense(bias), 1e-12)
+
+
+def _rope_ref(x: np.ndarray, pos0: int, theta: float, neox: bool) -> np.ndarray:
+    """Rotation of each pair (a, b) by angle p * theta^(-2i/D), written per element."""
+    T, H, D = x.shape
+    out = np.zeros(x.shape, np.float64)
+    for t in range(T):
+        for i in range(D // 2):
+            ang = (pos0 + t) * theta ** (-2.0 * i / D)
+            c, s = np.cos(ang), np.sin(ang)
+            ia, ib = (i, i + D // 2) if neox else (2 * i, 2 * i + 1)
+            a, b = x[t, :, ia].astype(np.float64), x[t, :, ib].astype(np.float64)
+            out[t, :, ia], out[t, :, ib] = a * c - b * s, a * s + b * c
+    return out
+
+
+@pytest.mark.parametrize("neox", [True, False])
+@pytest.mark.parametrize("T,H,D,pos0", [(1, 1, 64, 0), (3, 2, 64, 17), (9, 3, 128, 1000)])
+def test_rope(be, neox, T, H, D, pos0):
+    rng = np.random.default_rng(T)
+    x = rng.standard_normal((T, H, D)).astype(np.float32)
+    out = be.download(be.rope(be.upload(x), pos0, 1e6 if neox else 1e4, neox))
+    check(out, _rope_ref(x, pos0, 1e6 if neox else 1e4, neox), NMSE["default"])
+
+
+def test_swiglu(be):
+    rng = np.random.default_rng(2)
+    g, u = (rng.standard_normal((3, 77)).astype(np.float32) * 4 for _ in range(2))
+    g64 = g.astype(np.float64)
+    check(be.download(be.swiglu(be.upload(g), be.upload(u))), g64 / (1 + np.exp(-g64)) * u, 1e-10)
+
+
+@pytest.mark.parametrize("T,V", [(1, 1), (1, 151936), (3, 1000)])
+def test_argmax_first_maximum(be, T, V):
+    rng = np.random.default_rng(V)
+    logits = rng.standard_normal((T, V)).astype(np.float32)
+    if V > 10:
+        logits[0, [7, V - 3]] = 50.0  # a tie: the first index wins
+    out = be.download(be.argmax(be.upload(logits)))
+    assert out.tolist() == np.argmax(logits, axis=-1).tolist()
+
+
+@pytest.mark.parametrize("T,H,Hkv,D,pos0", [(1, 2, 1, 64, 0), (1, 4, 2, 64, 37),
+                                            (5, 4, 2, 64, 0), (7, 6, 2, 128, 11),
+                                            (33, 2, 2, 64, 3)])
+def test_kv_write_and_attention(be, T, H, Hkv, D, pos0):
+    rng = np.random.default_rng(T + pos0)
+    cap = pos0 + T + 5
+    cache = be.new_kv_cache(1, cap, Hkv, D)
+    # earlier positions hold values written by a previous call
+    if pos0:
+        kp = rng.standard_normal((pos0, Hkv, D)).astype(np.float32)
+        vp = rng.standard_normal((pos0, Hkv, D)).astype(np.float32)
+        be.kv_write(cache, 0, be.upload(kp), be.upload(vp), 0)
+    k = rng.standard_normal((T, Hkv, D)).astype(np.float32)
+    v = rng.standard_normal((T, Hkv, D)).astype(np.float32)
+    q = rng.standard_normal((T, H, D)).astype(np.float32)
+    be.kv_write(cache, 0, be.upload(k), be.upload(v), pos0)
+    kc, vc = be.download(cache.k[0]), be.download(cache.v[0])
+    assert np.array_equal(kc[pos0 : pos0 + T], k) and np.array_equal(vc[pos0 : pos0 + T], v)
+    assert not kc[pos0 + T :].any() and not vc[pos0 + T :].any(), "write outside its slots"
+    out = be.download(be.attention(be.upload(q), cache, 0, pos0))
+    ref = np.zeros((T, H, D))
+    for t in range(T):
+        L = pos0 + t + 1
+        for h in range(H):
+            kv = h // (H // Hkv)
+            s = kc[:L, kv].astype(np.float64) @ q[t, h] / np.sqrt(D)
+            p = np.exp(s - s.max())
+            ref[t, h] = (p / p.sum()) @ vc[:L, kv]
+    check(out, ref, 1e-8 if be.name == "numpy" else 1e-5)
+
+
+def test_registry_declares_every_contract_op(be):
+    ops = {o.name for o in REGISTRY.ops(be.name)}
+    needed = {"prefill", "matmul_decode", "matmul_prefill", "embedding", "rms_norm", "add",
+              "rope", "kv_write", "swiglu", "argmax"}
+    assert needed <= ops, f"{be.name} does not declare {needed - ops}"
+    assert "attention" in ops or {"attention_decode", "attention_prefill"} <= ops

@@ -1,0 +1,129 @@
+"""The engine CLI: run/validate/bench/info/kernels with --json, and one clear error (exit 2,
+naming the file and the problem) for each kind of bad model file."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from engine.cli import main
+from tests.gguf_edit import rewrite
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_run_json(capsys, tiny_model_path):
+    code, out, _ = run_cli(capsys, "run", "--model", str(tiny_model_path), "--prompt", "Hello",
+                           "--max-tokens", "5", "--json")
+    obj = json.loads(out)
+    assert code == 0 and len(obj["tokens"]) == 5 and obj["prompt_tokens"]
+    assert isinstance(obj["text"], str)
+    code2, out2, _ = run_cli(capsys, "run", "--model", str(tiny_model_path), "--prompt", "Hello",
+                             "--max-tokens", "5", "--json", "--prefill", "per_token")
+    assert json.loads(out2)["tokens"] == obj["tokens"]
+
+
+def test_validate_pass_and_fail_exit_codes(capsys, tiny_model_path, tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('backend = "numpy"\n[ops.prefill]\nmax_cols = 8\n')
+    code, out, _ = run_cli(capsys, "validate", "--model", str(tiny_model_path), "--config",
+                           str(cfg), "--steps", "3", "--json")
+    rep = json.loads(out)
+    assert code == 0 and rep["passed"] and rep["candidate"]["prefill.max_cols"] == 8
+    code, out, _ = run_cli(capsys, "validate", "--model", str(tiny_model_path), "--steps", "2",
+                           "--max-abs-diff", "-1")
+    assert code == 1 and "FAIL" in out
+
+
+def test_bench_json(capsys, tiny_model_path):
+    code, out, _ = run_cli(capsys, "bench", "--model", str(tiny_model_path), "--prompt-tokens",
+                           "7,20", "--gen-tokens", "4", "--repeats", "2", "--json")
+    rep = json.loads(out)
+    assert code == 0 and [r["prompt_tokens"] for r in rep["results"]] == [7, 20]
+    r = rep["results"][0]
+    assert r["prefill_tok_s"]["min"] <= r["prefill_tok_s"]["median"] <= r["prefill_tok_s"]["max"]
+    assert len(r["decode_tok_s"]["samples"]) == 2 and rep["device"]["device_class"] == "cpu"
+
+
+def test_info_and_kernels(capsys, tiny_model_path):
+    code, out, _ = run_cli(capsys, "info", "--model", str(tiny_model_path), "--json")
+    assert code == 0 and json.loads(out)["spec"]["arch"] == "qwen2"
+    code, out, _ = run_cli(capsys, "kernels", "--backend", "numpy", "--json")
+    ks = json.loads(out)["numpy"]
+    assert ks["prefill"][0]["params"]["max_cols"]["default"] == 32
+
+
+def _expect_error(capsys, path, needle):
+    code, _, err = run_cli(capsys, "run", "--model", str(path), "--prompt", "x")
+    assert code == 2, err
+    assert str(path) in err and needle in err, err
+
+
+def test_not_gguf(capsys, tmp_path):
+    p = tmp_path / "notes.txt"
+    p.write_text("hello, not a model")
+    _expect_error(capsys, p, "not a GGUF file")
+
+
+def test_truncated(capsys, tmp_path, tiny_model_path):
+    p = tmp_path / "cut.gguf"
+    data = tiny_model_path.read_bytes()
+    p.write_bytes(data[: len(data) * 2 // 3])
+    _expect_error(capsys, p, "truncated")
+    p.write_bytes(data[:200])  # cut inside the header
+    _expect_error(capsys, p, "truncated or corrupt")
+
+
+def test_unsupported_arch(capsys, tmp_path, tiny_model_path):
+    p = rewrite(tiny_model_path, tmp_path / "mamba.gguf", arch="mamba")
+    _expect_error(capsys, p, "architecture 'mamba' is not supported")
+
+
+def test_unsupported_quant_type(capsys, tmp_path, tiny_model_path):
+    p = rewrite(tiny_model_path, tmp_path / "q2k.gguf", retype=("blk.0.ffn_up.weight", "Q2_K"))
+    _expect_error(capsys, p, "'blk.0.ffn_up.weight' has quant type Q2_K")
+
+
+def test_missing_tensor(capsys, tmp_path, tiny_model_path):
+    p = rewrite(tiny_model_path, tmp_path / "hole.gguf", drop="blk.1.ffn_down.weight")
+    _expect_error(capsys, p, "missing tensor 'blk.1.ffn_down.weight'")
+
+
+def test_missing_file_and_unknown_name(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "run", "--model", "no-such-model", "--prompt", "x")
+    assert code == 2 and "no-such-model" in err and "qwen2.5-coder-0.5b-q4km" in err
+
+
+def test_bad_config_and_backend(capsys, tiny_model_path, tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('backend = "numpy"\n[ops.prefill]\nmax_cols = 5\n')
+    code, _, err = run_cli(capsys, "run", "--model", str(tiny_model_path), "--prompt", "x",
+                           "--config", str(cfg))
+    assert code == 2 and "prefill.max_cols = 5" in err and "allowed" in err
+    code, _, err = run_cli(capsys, "run", "--model", str(tiny_model_path), "--prompt", "x",
+                           "--backend", "tpu")
+    assert code == 2 and "unknown backend 'tpu'" in err
+
+
+def test_help_lists_commands(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for cmd in ("run", "validate", "bench", "models", "synth", "kernels"):
+        assert cmd in out
+
+
+def test_copy_is_still_valid(tmp_path, tiny_model_path):
+    """The rewrite helper itself produces a loadable file when nothing is changed."""
+    from engine.gguf_model import GGUFModel
+
+    shutil.copy(tiny_model_path, tmp_path / "a.gguf")
+    g = GGUFModel(rewrite(tmp_path / "a.gguf", tmp_path / "b.gguf"))
+    assert g.spec == GGUFModel(tiny_model_path).spec
