@@ -16,7 +16,8 @@ class UnsupportedError(EngineError):
 
 
 class ConfigError(EngineError):
-    """A tuning config, experiment or CLI value that is not allowed; names the key and the allowed values."""
+    """A tuning config, experiment or CLI value that is not allowed; names the key and the
+    allowed values."""
 
 
 class BackendUnavailable(EngineError):

@@ -47,7 +47,9 @@ class IndependentModel:
             h = self._norm(x, self.w(p + "attn_norm.weight"))
             q, k, v = (h @ self.w(p + f"attn_{n}.weight").T for n in "qkv")
             if s.attn_bias:
-                q, k, v = (t + self.w(p + f"attn_{n}.bias") for t, n in zip((q, k, v), "qkv"))
+                q = q + self.w(p + "attn_q.bias")
+                k = k + self.w(p + "attn_k.bias")
+                v = v + self.w(p + "attn_v.bias")
             q = q.reshape(T, s.n_head, s.head_dim)
             k = k.reshape(T, s.n_head_kv, s.head_dim)
             v = v.reshape(T, s.n_head_kv, s.head_dim)

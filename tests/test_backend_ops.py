@@ -42,7 +42,8 @@ def qtensor(rng: np.random.Generator, shape: tuple[int, ...], qtype: str, std: f
 
 
 def dense(qt: QTensor) -> np.ndarray:
-    return np.asarray(dequantize(qt.raw, GGMLQuantizationType[qt.qtype]), np.float64).reshape(qt.shape)
+    out = dequantize(qt.raw, GGMLQuantizationType[qt.qtype])
+    return np.asarray(out, np.float64).reshape(qt.shape)
 
 
 @pytest.fixture(params=backend_params())

@@ -18,7 +18,8 @@ def test_default_config_takes_registry_defaults():
 
 
 def test_from_flat_and_replace():
-    cfg = TuningConfig.from_flat("numpy", {"prefill.max_cols": 8, "matmul_decode.variant": "ondemand"})
+    flat = {"prefill.max_cols": 8, "matmul_decode.variant": "ondemand"}
+    cfg = TuningConfig.from_flat("numpy", flat)
     assert cfg.max_cols == 8 and cfg.op("matmul_decode").variant == "ondemand"
     c2 = cfg.replace(**{"prefill.max_cols": 16})
     assert c2.max_cols == 16 and cfg.max_cols == 8  # immutable
@@ -46,7 +47,8 @@ def test_unknown_backend():
 
 
 def test_toml_round_trip(tmp_path):
-    cfg = TuningConfig.from_flat("numpy", {"prefill.max_cols": 40, "matmul_prefill.variant": "ondemand"})
+    flat = {"prefill.max_cols": 40, "matmul_prefill.variant": "ondemand"}
+    cfg = TuningConfig.from_flat("numpy", flat)
     p = tmp_path / "c.toml"
     p.write_text(cfg.to_toml(header={"note": "x"}) + '\n[evidence]\ntrial = 3\n')
     assert TuningConfig.from_toml(p) == cfg

@@ -1,6 +1,7 @@
 """The op contract every backend implements.
 
-Shapes: T tokens in a chunk, C model width, N output rows of a weight, K its input width,
+Shapes: T tokens in a chunk, C model width, N output rows of a weight, K its input
+width,
 H query heads, Hkv key/value heads, D head dimension, V vocabulary, S KV-cache capacity.
 
 A backend owns its tensors (``Tensor`` is opaque to the model: a NumPy array, a CuPy array, a
@@ -26,7 +27,8 @@ Weight = Any
 
 @dataclass(frozen=True)
 class DeviceInfo:
-    """What a worker reports about its device; ``device_class`` keys studies and promoted configs."""
+    """What a worker reports about its device; ``device_class`` keys studies and promoted
+    configs."""
 
     backend: str
     name: str
@@ -77,7 +79,7 @@ class Backend(ABC):
         """Put a quantized weight on the device, still quantized (the NumPy backend may cache
         a dequantized copy)."""
 
-    def synchronize(self) -> None:
+    def synchronize(self) -> None:  # noqa: B027 - optional: synchronous backends need nothing
         """Wait for all queued work (no-op for synchronous backends)."""
 
     def set_config(self, config: TuningConfig) -> None:

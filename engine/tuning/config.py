@@ -63,7 +63,8 @@ class TuningConfig:
         for op in by_op:
             if op not in known:
                 raise ConfigError(
-                    f"tuning key {op!r}: backend {backend!r} has no such op; allowed: {sorted(known)}"
+                    f"tuning key {op!r}: backend {backend!r} has no such op; "
+                    f"allowed: {sorted(known)}"
                 )
         choices = []
         for entry in sorted(REGISTRY.ops(backend), key=lambda o: o.name):

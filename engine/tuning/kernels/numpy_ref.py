@@ -24,7 +24,7 @@ REGISTRY.register(
                     "prompt tokens per batched-prefill chunk (MAX_COLS)",
                 ),
             ),
-            doc="prompt in chunks of max_cols tokens through batched matmul, RoPE, KV write, attention",
+            doc="prompt in chunks of max_cols tokens: batched matmul, RoPE, KV write, attention",
         ),
     ],
     doc="engine schedule knobs of the prefill path",
