@@ -1,1 +1,291 @@
-"""vulkan backend kernel declarations (filled in by the vulkan backend)."""
+"""The Vulkan backend's kernels: ops, variants, parameters, constraints (plain data).
+
+Imports nothing from the Vulkan binding: the agent reads this on head nodes without Vulkan.
+Every tunable here is a specialization constant of a shader in shaders/vulkan (a new value is a
+new pipeline, not a new SPIR-V build), except ``submit.*``, which shapes command recording.
+Constraints read the device from DeviceInfo (``subgroup_size`` and ``extra``: limits and
+subgroup-size-control ranges, filled by engine.backends.vulkan.device); with no device they only
+check what does not depend on one.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from engine.tuning.registry import REGISTRY, Constraint, Param, Variant
+
+if TYPE_CHECKING:
+    from engine.backends.base import DeviceInfo
+    from engine.tuning.config import TuningConfig
+
+B = "vulkan"
+
+# Weight types with a decoder in shaders/vulkan/dequant.glsl (Q5_K is not implemented).
+QUANT_TYPES = frozenset(
+    {"F32", "F16", "BF16", "Q8_0", "Q5_0", "Q5_1", "Q4_0", "Q4_1", "Q4_K", "Q6_K"}
+)
+
+# Per-thread accumulators sums[MAX_COLS] of the batched matmul live in registers; beyond this
+# they spill to scratch memory on every device we know, so larger chunks are not offered.
+MAX_COLS_LIMIT = 64
+
+WG_SIZES = (32, 64, 128, 256, 512)
+SUBGROUP_SIZES = (0, 8, 16, 32, 64, 128)
+
+
+def _extra(dev: DeviceInfo | None, key: str, default: int | bool | None = None):  # noqa: ANN202
+    return default if dev is None else dev.extra.get(key, default)
+
+
+def _wg_fits(op: str) -> Constraint:
+    def check(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
+        wg = int(cfg.op(op)["wg_size"])
+        limit = _extra(dev, "max_workgroup_invocations")
+        return limit is None or wg <= min(int(limit), int(_extra(dev, "max_workgroup_size_x", wg)))
+
+    return Constraint("wg_size <= the device's maxComputeWorkGroupInvocations / size[0]", check)
+
+
+def _effective_subgroup(cfg: TuningConfig, op: str, dev: DeviceInfo | None) -> int | None:
+    req = int(cfg.op(op)["subgroup_size"])
+    if req:
+        return req
+    return None if dev is None else dev.subgroup_size
+
+
+def _subgroup_divides_wg(op: str) -> Constraint:
+    def check(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
+        sg = _effective_subgroup(cfg, op, dev)
+        return sg is None or int(cfg.op(op)["wg_size"]) % sg == 0
+
+    return Constraint(
+        "wg_size is a multiple of the subgroup size (required or device default): rows are "
+        "split per subgroup, a partial subgroup would drop lanes",
+        check,
+    )
+
+
+def _subgroup_size_supported(op: str) -> Constraint:
+    def check(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
+        req = int(cfg.op(op)["subgroup_size"])
+        if req == 0 or dev is None:
+            return True
+        if not _extra(dev, "subgroup_size_control", False):
+            return False
+        if not _extra(dev, "subgroup_size_control_compute", False):
+            return False
+        lo, hi = int(_extra(dev, "min_subgroup_size", 0)), int(_extra(dev, "max_subgroup_size", 0))
+        if not lo <= req <= hi:
+            return False
+        max_sgs = int(_extra(dev, "max_compute_workgroup_subgroups", 0) or 0)
+        return max_sgs == 0 or int(cfg.op(op)["wg_size"]) <= max_sgs * req
+
+    return Constraint(
+        "subgroup_size 0 (device default) or a size the device can require for compute shaders "
+        "(VK_EXT_subgroup_size_control: minSubgroupSize..maxSubgroupSize)",
+        check,
+    )
+
+
+def _shared_fits(op: str, floats_per_thread: int) -> Constraint:
+    def check(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
+        limit = _extra(dev, "max_shared_memory")
+        need = int(cfg.op(op)["wg_size"]) * floats_per_thread * 4 + 1024
+        return limit is None or need <= int(limit)
+
+    return Constraint("shared memory of the workgroup <= maxComputeSharedMemorySize", check)
+
+
+def _tpr_le_wg(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
+    c = cfg.op("matmul_decode")
+    return int(c["threads_per_row"]) <= int(c["wg_size"])
+
+
+def _max_cols_in_registers(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
+    return cfg.max_cols <= MAX_COLS_LIMIT
+
+
+def _wg(default: int, choices: tuple[int, ...] = WG_SIZES) -> Param:
+    return Param("wg_size", choices, default, "workgroup size (local_size_x)")
+
+
+_SUBGROUP = Param(
+    "subgroup_size",
+    SUBGROUP_SIZES,
+    0,
+    "required subgroup size (VK_EXT_subgroup_size_control); 0: the device default",
+)
+
+REGISTRY.register(
+    B,
+    "prefill",
+    [
+        Variant(
+            B,
+            "prefill",
+            "batched",
+            params=(
+                Param(
+                    "max_cols",
+                    (1, 2, 4, 8, 16, 24, 32, 40, 48, 64, 96, 128),
+                    32,
+                    "prompt tokens per batched-prefill chunk (MAX_COLS, a specialization "
+                    "constant of matmul_prefill)",
+                ),
+            ),
+            doc="prompt in chunks of max_cols tokens through batched matmul, RoPE, KV write, "
+            "attention",
+        )
+    ],
+    doc="engine schedule knobs of the prefill path",
+)
+
+REGISTRY.register(
+    B,
+    "matmul_decode",
+    [
+        Variant(
+            B,
+            "matmul_decode",
+            "subgroup",
+            params=(_wg(64), Param("rows_per_wg", (1, 2, 4, 8, 16), 2, "rows per workgroup"),
+                    _SUBGROUP),
+            constraints=(
+                _wg_fits("matmul_decode"),
+                _subgroup_divides_wg("matmul_decode"),
+                _subgroup_size_supported("matmul_decode"),
+            ),
+            quant_types=QUANT_TYPES,
+            source="vulkan/matmul_decode.comp",
+            doc="DMMV, one subgroup per row, lanes split K, subgroupAdd",
+        ),
+        Variant(
+            B,
+            "matmul_decode",
+            "shmem",
+            params=(
+                _wg(64),
+                Param("rows_per_wg", (1, 2, 4, 8, 16), 2, "rows per workgroup"),
+                Param(
+                    "threads_per_row",
+                    (1, 2, 4, 8, 16, 32, 64, 128, 256),
+                    32,
+                    "threads cooperating on one row (reduced in shared memory)",
+                ),
+            ),
+            constraints=(
+                _wg_fits("matmul_decode"),
+                Constraint("threads_per_row <= wg_size", _tpr_le_wg),
+                _shared_fits("matmul_decode", 1),
+            ),
+            quant_types=QUANT_TYPES,
+            source="vulkan/matmul_decode.comp",
+            doc="DMMV, threads_per_row threads per row, shared-memory tree reduction",
+        ),
+    ],
+    doc="matmul with T == 1 (decode and per-token prefill)",
+)
+
+REGISTRY.register(
+    B,
+    "matmul_prefill",
+    [
+        Variant(
+            B,
+            "matmul_prefill",
+            "kpar",
+            params=(_wg(64), Param("rows_per_wg", (1, 2, 4, 8, 16), 2, "rows per workgroup"),
+                    _SUBGROUP),
+            constraints=(
+                _wg_fits("matmul_prefill"),
+                _subgroup_divides_wg("matmul_prefill"),
+                _subgroup_size_supported("matmul_prefill"),
+                Constraint(
+                    f"prefill.max_cols <= {MAX_COLS_LIMIT}: sums[MAX_COLS] live in registers",
+                    _max_cols_in_registers,
+                ),
+            ),
+            quant_types=QUANT_TYPES,
+            source="vulkan/matmul_prefill.comp",
+            doc="batched columns, one subgroup per row splits K, subgroupAdd per column",
+        ),
+        Variant(
+            B,
+            "matmul_prefill",
+            "serial",
+            params=(_wg(64),),
+            constraints=(
+                _wg_fits("matmul_prefill"),
+                Constraint(
+                    f"prefill.max_cols <= {MAX_COLS_LIMIT}: sums[MAX_COLS] live in registers",
+                    _max_cols_in_registers,
+                ),
+            ),
+            quant_types=QUANT_TYPES,
+            source="vulkan/matmul_prefill.comp",
+            doc="batched columns, one thread per row walks all of K",
+        ),
+    ],
+    doc="matmul with T > 1 (a batched-prefill chunk)",
+)
+
+_SIMPLE = [
+    ("embedding", "default", "embedding.comp", 256, "get_rows of a quantized table, ids on device"),
+    ("rms_norm", "default", "rms_norm.comp", 256, "one workgroup per row, shared-memory sum"),
+    ("add", "default", "eltwise.comp", 256, "residual add and broadcast bias"),
+    ("rope", "table", "rope.comp", 256, "normal and neox, float64-built cos/sin table"),
+    ("kv_write", "default", "kv_write.comp", 256, "k and v into the float32 cache"),
+    ("attention", "online", "attention.comp", 64, "causal GQA, online softmax over key tiles"),
+    ("swiglu", "default", "eltwise.comp", 256, "silu(gate) * up"),
+    ("argmax", "default", "argmax.comp", 256, "first maximum per row, on the device"),
+]
+for _op, _variant, _src, _wg_default, _doc in _SIMPLE:
+    _constraints = [_wg_fits(_op)]
+    if _op in ("rms_norm", "attention", "argmax"):
+        _constraints.append(_shared_fits(_op, 3 if _op == "attention" else 2))
+    REGISTRY.register(
+        B,
+        _op,
+        [
+            Variant(
+                B,
+                _op,
+                _variant,
+                params=(_wg(_wg_default),),
+                constraints=tuple(_constraints),
+                quant_types=QUANT_TYPES if _op == "embedding" else None,
+                source=f"vulkan/{_src}",
+                doc=_doc,
+            )
+        ],
+    )
+
+REGISTRY.register(
+    B,
+    "submit",
+    [
+        Variant(
+            B,
+            "submit",
+            "default",
+            params=(
+                Param(
+                    "max_nodes",
+                    (64, 256, 1024, 4096),
+                    1024,
+                    "dispatches recorded into one command buffer before it is submitted "
+                    "(command-buffer depth; a download submits earlier)",
+                ),
+                Param(
+                    "replay",
+                    (True, False),
+                    True,
+                    "reuse the command buffer of an identical recorded graph (decode step)",
+                ),
+            ),
+            source="engine/backends/vulkan/stream.py",
+            doc="command recording: dispatches batched per submit, graphs recorded once",
+        )
+    ],
+    doc="how dispatches become command buffers",
+)

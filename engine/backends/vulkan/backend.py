@@ -1,0 +1,538 @@
+"""The Vulkan backend: the op contract of engine.backends.base on GLSL compute shaders.
+
+Tensors are float32/int32 views (buffer, element offset, shape) of pooled device buffers; ops
+record dispatches into a Stream that is submitted when the host reads a result. Weights are the
+raw GGML blocks, uploaded as bytes and decoded inside the kernels; a weight larger than
+maxStorageBufferRange (the LM head of a real model) is stored as row ranges, one buffer and one
+dispatch each. 1-D weights (norm scales, biases) are dequantized to float32 at load.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from engine.backends.base import Backend, DeviceInfo, KVCache
+from engine.backends.vulkan import kernels as K
+from engine.backends.vulkan.device import Device, open_device
+from engine.backends.vulkan.memory import Allocator, Buffer, Lease
+from engine.backends.vulkan.pipelines import Pipeline, Pipelines
+from engine.backends.vulkan.stream import Stream
+from engine.errors import ConfigError, EngineError, KernelCompileError, UnsupportedError
+from engine.tuning.kernels.vulkan import QUANT_TYPES
+
+if TYPE_CHECKING:
+    from engine.gguf_model import QTensor
+    from engine.tuning import TuningConfig
+
+log = logging.getLogger(__name__)
+
+MAX_GROUPS = 65535  # guaranteed maxComputeWorkGroupCount per dimension
+STAGING_CHUNK = 64 << 20
+
+
+class VkTensor:
+    """A float32 or int32 tensor: ``shape`` elements from element ``offset`` of a buffer."""
+
+    __slots__ = ("lease", "offset", "shape", "dtype")
+
+    def __init__(self, lease: Lease, offset: int, shape: tuple[int, ...], dtype: Any) -> None:
+        self.lease = lease
+        self.offset = offset
+        self.shape = tuple(int(s) for s in shape)
+        self.dtype = np.dtype(dtype)
+
+    @property
+    def buf(self) -> Buffer:
+        return self.lease.buf
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def reshape(self, shape: tuple[int, ...]) -> VkTensor:
+        shape = tuple(shape)
+        if -1 in shape:
+            known = math.prod(s for s in shape if s != -1)
+            shape = tuple(self.size // known if s == -1 else s for s in shape)
+        if math.prod(shape) != self.size:
+            raise ValueError(f"cannot reshape {self.shape} to {shape}")
+        return VkTensor(self.lease, self.offset, shape, self.dtype)
+
+    def __getitem__(self, idx: slice) -> VkTensor:
+        if not isinstance(idx, slice) or idx.step not in (None, 1):
+            raise TypeError("VkTensor supports only contiguous row slices t[a:b]")
+        start, stop, _ = idx.indices(self.shape[0])
+        stop = max(stop, start)
+        row = math.prod(self.shape[1:])
+        return VkTensor(
+            self.lease, self.offset + start * row, (stop - start, *self.shape[1:]), self.dtype
+        )
+
+    def __repr__(self) -> str:
+        return f"VkTensor({self.shape}, {self.dtype}, buffer {self.buf.id} + {self.offset})"
+
+
+@dataclass
+class VkWeight:
+    """A weight on the device: raw GGML rows in ranges (parts) or, for 1-D weights, float32."""
+
+    name: str
+    qtype: str
+    shape: tuple[int, ...]
+    row_bytes: int = 0
+    parts: list[tuple[Lease, int, int]] = field(default_factory=list)  # (lease, row0, nrows)
+    f32: VkTensor | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p[0].buf.size for p in self.parts) + (self.f32.buf.size if self.f32 else 0)
+
+
+def _fold(n: int) -> tuple[int, int, int]:
+    """n workgroups as an x * y grid (shaders unfold it with wg_linear())."""
+    n = max(int(n), 1)
+    if n <= MAX_GROUPS:
+        return (n, 1, 1)
+    y = -(-n // MAX_GROUPS)
+    return (-(-n // y), y, 1)
+
+
+class VulkanBackend(Backend):
+    name = "vulkan"
+
+    def __init__(self, config: TuningConfig | None = None) -> None:
+        self.dev: Device | None = None
+        super().__init__(config)
+        self.dev = open_device()
+        self.alloc = Allocator(self.dev)
+        self.pipes = Pipelines(self.dev)
+        self.stream = Stream(self.dev, self.pipes, self.alloc)
+        # Largest buffer one descriptor may cover; tests lower it to exercise row ranges.
+        self.max_weight_bytes = self.dev.max_range
+        self._qtypes: set[str] = set()
+        self._ops: dict[tuple[str, str], tuple[Pipeline, Any]] = {}
+        self._rope_tables: dict[tuple[float, int], tuple[VkTensor, int]] = {}
+        cfg = self.config
+        self.config = None  # type: ignore[assignment]
+        self.set_config(cfg)
+
+    # --- device and memory -------------------------------------------------------------
+    def device_info(self) -> DeviceInfo:
+        return self.dev.info
+
+    @property
+    def validation_messages(self) -> list[str]:
+        """Errors reported by the validation layer (FLEETTUNE_VK_VALIDATION=1)."""
+        return self.dev.messages
+
+    def _new(self, shape: tuple[int, ...], dtype: Any = np.float32) -> VkTensor:
+        n = max(math.prod(shape), 1)
+        return VkTensor(self.alloc.new(4 * n), 0, shape, dtype)
+
+    def _write(self, buf: Buffer, offset: int, data: np.ndarray) -> None:
+        """Host bytes into a buffer, in stream order with the dispatches around it."""
+        raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        if buf.host is not None:
+            if buf.epoch == self.stream.epoch and self.stream.nodes:
+                self.stream.flush()  # a pending dispatch still uses this buffer's old contents
+            buf.host[offset : offset + raw.size] = raw
+            return
+        for c0 in range(0, raw.size, STAGING_CHUNK):
+            chunk = raw[c0 : c0 + STAGING_CHUNK]
+            staging = self.alloc.new(chunk.size, host_visible=True)
+            staging.buf.host[: chunk.size] = chunk
+            self.stream.copy(staging.buf, 0, buf, offset + c0, chunk.size)
+            self.stream.keepalive.append(staging)
+            if raw.size > STAGING_CHUNK:
+                self.stream.flush()  # bound the staging memory of big weights
+
+    def upload(self, a: np.ndarray) -> VkTensor:
+        a = np.asarray(a)
+        if a.dtype.kind in "iub":
+            a = a.astype(np.int32)
+        else:
+            a = a.astype(np.float32)
+        t = self._new(a.shape, a.dtype)
+        if a.size:
+            self._write(t.buf, 0, a)
+        return t
+
+    def download(self, t: VkTensor) -> np.ndarray:
+        if isinstance(t, np.ndarray):
+            return np.array(t, copy=True)
+        n = 4 * t.size
+        b = t.buf
+        if b.host is not None:
+            self.stream.flush()
+            raw = b.host[4 * t.offset : 4 * t.offset + n].copy()
+        else:
+            staging = self.alloc.new(n, host_visible=True)
+            if n:
+                self.stream.copy(b, 4 * t.offset, staging.buf, 0, n)
+            self.stream.flush()
+            raw = staging.buf.host[:n].copy()
+        return raw.view(t.dtype).reshape(t.shape)
+
+    def synchronize(self) -> None:
+        self.stream.flush()
+
+    def load_weight(self, qt: QTensor) -> VkWeight:
+        if qt.qtype not in QUANT_TYPES:
+            raise UnsupportedError(
+                f"vulkan backend: tensor {qt.name!r} has weight type {qt.qtype}, which has no "
+                f"Vulkan kernel; supported: {sorted(QUANT_TYPES)}"
+            )
+        if len(qt.shape) == 1:  # norm scales and biases: tiny, always float32
+            f32 = np.asarray(qt.dequantize(), dtype=np.float32).reshape(-1)
+            t = VkTensor(self.alloc.new(4 * f32.size, pooled=False), 0, f32.shape, np.float32)
+            self._write(t.buf, 0, f32)
+            return VkWeight(qt.name, qt.qtype, tuple(qt.shape), f32=t)
+        n_rows, k = qt.shape
+        raw = np.ascontiguousarray(qt.raw).reshape(n_rows, -1)
+        row_bytes = raw.shape[1]
+        if row_bytes > self.max_weight_bytes:
+            raise UnsupportedError(
+                f"vulkan backend: a row of {qt.name!r} ({row_bytes} B) exceeds "
+                f"maxStorageBufferRange ({self.max_weight_bytes} B)"
+            )
+        rows_per_part = max(1, self.max_weight_bytes // row_bytes)
+        w = VkWeight(qt.name, qt.qtype, (n_rows, k), row_bytes)
+        for r0 in range(0, n_rows, rows_per_part):
+            part = raw[r0 : r0 + rows_per_part]
+            lease = self.alloc.new(part.nbytes, pooled=False)
+            self._write(lease.buf, 0, part)
+            w.parts.append((lease, r0, part.shape[0]))
+        if qt.qtype not in self._qtypes:
+            self._qtypes.add(qt.qtype)
+            try:
+                self._build(self.config, {qt.qtype})
+            except KernelCompileError:
+                self._qtypes.discard(qt.qtype)
+                raise
+        return w
+
+    def new_kv_cache(self, n_layers: int, capacity: int, n_head_kv: int, head_dim: int) -> KVCache:
+        shape = (capacity, n_head_kv, head_dim)
+        ks, vs = [], []
+        for _ in range(n_layers):
+            for lst in (ks, vs):
+                t = self._new(shape)
+                self.stream.fill(t.buf, 0, 4 * t.size)  # zeros, like the reference
+                lst.append(t)
+        return KVCache(k=ks, v=vs, capacity=capacity)
+
+    # --- config and pipelines -----------------------------------------------------------
+    def set_config(self, config: TuningConfig) -> None:
+        """Switch variants/parameters: builds every pipeline the config needs for the weight
+        types loaded so far. On failure (KernelCompileError, ConfigError) the previous config
+        stays active and the backend stays usable."""
+        if config.backend != self.name:
+            raise ConfigError(f"config is for backend {config.backend!r}, not {self.name!r}")
+        config.check(self.dev.info)
+        ops = self._build(config, self._qtypes, fresh=True)
+        self.stream.flush()
+        self.config = config
+        self._ops = ops
+        sub = config.op("submit")
+        self.stream.max_nodes = int(sub["max_nodes"])
+        self.stream.replay = bool(sub["replay"])
+        if not self.stream.replay:
+            self.stream.clear_replay()
+
+    def _spec(self, config: TuningConfig, op: str) -> tuple[K.Program | None, tuple[int, ...], int]:
+        c = config.op(op)
+        wg = int(c["wg_size"])
+        if op == "matmul_decode":
+            tpr = int(c["threads_per_row"]) if c.variant == "shmem" else 1
+            sg = int(c["subgroup_size"]) if c.variant == "subgroup" else 0
+            return None, (wg, int(c["rows_per_wg"]), tpr), sg
+        if op == "matmul_prefill":
+            rows = int(c["rows_per_wg"]) if c.variant == "kpar" else 1
+            sg = int(c["subgroup_size"]) if c.variant == "kpar" else 0
+            return None, (wg, rows, config.max_cols), sg
+        program = {
+            "rms_norm": K.RMS_NORM,
+            "add": K.ADD,
+            "swiglu": K.SWIGLU,
+            "rope": K.ROPE,
+            "kv_write": K.KV_WRITE,
+            "attention": K.ATTENTION,
+            "argmax": K.ARGMAX,
+            "embedding": None,
+        }[op]
+        return program, (wg,), 0
+
+    def _build(
+        self, config: TuningConfig, qtypes: set[str], fresh: bool = False
+    ) -> dict[tuple[str, str], tuple[Pipeline, Any]]:
+        ops = {} if fresh else self._ops
+        for op in ("rms_norm", "add", "swiglu", "rope", "kv_write", "attention", "argmax",
+                   "embedding", "matmul_decode", "matmul_prefill"):
+            program, spec, sg = self._spec(config, op)
+            variant = config.op(op).variant
+            for q in sorted(qtypes) if program is None else [""]:
+                if op == "embedding":
+                    prog = K.embedding(q)
+                elif op == "matmul_decode":
+                    prog = K.matmul_decode(variant, q)
+                elif op == "matmul_prefill":
+                    prog = K.matmul_prefill(variant, q)
+                else:
+                    prog = program
+                name = f"{op}.{variant}" + (f"[{q}]" if q else "")
+                pipe = self.pipes.get(prog, spec, name, sg)
+                ops[(op, q)] = (pipe, config.op(op))
+        return ops
+
+    def _pipe(self, op: str, qtype: str = "") -> tuple[Pipeline, Any]:
+        got = self._ops.get((op, qtype))
+        if got is None:  # a weight type not seen at set_config time (direct op calls)
+            self._qtypes.add(qtype)
+            self._ops.update(self._build(self.config, {qtype}))
+            got = self._ops[(op, qtype)]
+        return got
+
+    # --- profiling ----------------------------------------------------------------------
+    def set_profiling(self, on: bool = True) -> None:
+        """Opt in to per-kernel GPU timestamps (a query pair around every dispatch)."""
+        self.stream.flush()
+        self.stream.profiling = bool(on) and self.dev.timestamp_bits > 0
+
+    def profile(self, reset: bool = True) -> dict[str, dict[str, float]]:
+        """Per-kernel GPU time since profiling was enabled (or the last reset):
+        {name: {"calls", "total_ms", "mean_us"}}, slowest first."""
+        self.stream.flush()
+        out = {
+            name: {"calls": n, "total_ms": ns / 1e6, "mean_us": ns / 1e3 / max(n, 1)}
+            for name, (n, ns) in sorted(self.stream.profile.items(), key=lambda kv: -kv[1][1])
+        }
+        if reset:
+            self.stream.profile = {}
+        return out
+
+    def stats(self) -> dict[str, int]:
+        return dict(self.stream.stats)
+
+    # --- ops ----------------------------------------------------------------------------
+    def _as_tensor(self, x: Any) -> VkTensor:
+        return x if isinstance(x, VkTensor) else self.upload(np.asarray(x))
+
+    def embedding(self, table: VkWeight, ids: VkTensor) -> VkTensor:
+        ids = self._as_tensor(ids)
+        if ids.dtype != np.int32:
+            raise ValueError(f"embedding ids must be int32, got {ids.dtype}")
+        T = ids.size
+        _, C = table.shape
+        out = self._new((T, C))
+        pipe, c = self._pipe("embedding", table.qtype)
+        wg = int(c["wg_size"])
+        work = T * -(-C // 8)
+        for lease, r0, nr in table.parts:
+            self.stream.dispatch(
+                pipe,
+                (lease.buf, ids.buf, out.buf),
+                (out.buf,),
+                (C, T, table.row_bytes, r0, nr, ids.offset, out.offset),
+                _fold(-(-work // wg)),
+            )
+        return out
+
+    def rms_norm(self, x: VkTensor, w: VkWeight, eps: float) -> VkTensor:
+        x = self._as_tensor(x)
+        D = x.shape[-1]
+        wt = w.f32 if isinstance(w, VkWeight) else self._as_tensor(w)
+        if wt.size != D:
+            raise ValueError(f"rms_norm: weight of {wt.size} values for rows of {D}")
+        rows = x.size // D
+        out = self._new(x.shape)
+        pipe, _ = self._pipe("rms_norm")
+        self.stream.dispatch(
+            pipe, (x.buf, wt.buf, out.buf), (out.buf,),
+            (D, rows, x.offset, wt.offset, out.offset, float(eps)), _fold(rows),
+        )
+        return out
+
+    def matmul(self, x: VkTensor, w: VkWeight) -> VkTensor:
+        x = self._as_tensor(x)
+        T, Kx = x.shape[0], x.shape[-1]
+        N, Kw = w.shape
+        if Kx != Kw or x.size != T * Kx:
+            raise ValueError(f"matmul: x {x.shape} against weight {w.name} {w.shape}")
+        out = self._new((T, N))
+        if T == 0:
+            return out
+        if T == 1:
+            pipe, c = self._pipe("matmul_decode", w.qtype)
+            rows = int(c["rows_per_wg"])
+            for lease, r0, nr in w.parts:
+                self.stream.dispatch(
+                    pipe, (lease.buf, x.buf, out.buf), (out.buf,),
+                    (Kw, nr, w.row_bytes, x.offset, out.offset + r0), _fold(-(-nr // rows)),
+                )
+            return out
+        pipe, c = self._pipe("matmul_prefill", w.qtype)
+        per_wg = int(c["rows_per_wg"]) if c.variant == "kpar" else int(c["wg_size"])
+        chunks = -(-T // self.config.max_cols)
+        for lease, r0, nr in w.parts:
+            gx, gy, _ = _fold(-(-nr // per_wg))
+            self.stream.dispatch(
+                pipe, (lease.buf, x.buf, out.buf), (out.buf,),
+                (Kw, nr, w.row_bytes, x.offset, out.offset + r0, N, T), (gx, gy, chunks),
+            )
+        return out
+
+    def _eltwise(self, op: str, a: VkTensor, b: VkTensor, bcast: int) -> VkTensor:
+        out = self._new(a.shape)
+        pipe, c = self._pipe(op)
+        n = a.size
+        if n:
+            self.stream.dispatch(
+                pipe, (a.buf, b.buf, out.buf), (out.buf,),
+                (n, a.offset, b.offset, out.offset, bcast), _fold(-(-n // int(c["wg_size"]))),
+            )
+        return out
+
+    def add(self, a: VkTensor, b: VkTensor | VkWeight) -> VkTensor:
+        a = self._as_tensor(a)
+        if isinstance(b, VkWeight):
+            if b.f32 is None:
+                raise ValueError(f"add: {b.name} is not a 1-D weight")
+            b = b.f32
+        b = self._as_tensor(b)
+        if b.shape == a.shape:
+            return self._eltwise("add", a, b, 0)
+        if b.ndim == 1 and b.size == a.shape[-1]:
+            return self._eltwise("add", a, b, b.size)
+        raise ValueError(f"add: shapes {a.shape} and {b.shape} do not broadcast")
+
+    def swiglu(self, gate: VkTensor, up: VkTensor) -> VkTensor:
+        gate, up = self._as_tensor(gate), self._as_tensor(up)
+        if gate.shape != up.shape:
+            raise ValueError(f"swiglu: shapes {gate.shape} and {up.shape} differ")
+        return self._eltwise("swiglu", gate, up, 0)
+
+    def _rope_table(self, theta: float, D: int, n_pos: int) -> VkTensor:
+        key = (float(theta), D)
+        have = self._rope_tables.get(key)
+        if have is not None and have[1] >= n_pos:
+            return have[0]
+        cap = max(1024, 1 << (n_pos - 1).bit_length())
+        pos = np.arange(cap, dtype=np.float64)[:, None]
+        inv_freq = theta ** (-np.arange(0, D, 2, dtype=np.float64) / D)  # as the reference
+        ang = pos * inv_freq  # [cap, D/2]
+        table = np.stack([np.cos(ang), np.sin(ang)], axis=-1).astype(np.float32)
+        t = VkTensor(self.alloc.new(table.nbytes, pooled=False), 0, (table.size,), np.float32)
+        self._write(t.buf, 0, table)
+        self._rope_tables[key] = (t, cap)
+        return t
+
+    def rope(self, x: VkTensor, pos0: int, theta: float, neox: bool) -> VkTensor:
+        x = self._as_tensor(x)
+        T, H, D = x.shape
+        if D % 2:
+            raise ValueError(f"rope: head dim {D} is odd")
+        table = self._rope_table(theta, D, pos0 + T)
+        out = self._new(x.shape)
+        pipe, c = self._pipe("rope")
+        n = T * H * (D // 2)
+        if n:
+            self.stream.dispatch(
+                pipe, (x.buf, table.buf, out.buf, self.stream.dyn_buf), (out.buf,),
+                (T, H, D, x.offset, out.offset, self.stream.dyn(pos0), int(bool(neox))),
+                _fold(-(-n // int(c["wg_size"]))),
+            )
+        return out
+
+    def kv_write(self, cache: KVCache, layer: int, k: VkTensor, v: VkTensor, pos0: int) -> None:
+        k, v = self._as_tensor(k), self._as_tensor(v)
+        T = k.shape[0]
+        if pos0 + T > cache.capacity:
+            raise ValueError(
+                f"KV cache full: writing positions {pos0}..{pos0 + T - 1} "
+                f"into a cache of {cache.capacity}"
+            )
+        ck, cv = cache.k[layer], cache.v[layer]
+        row = math.prod(ck.shape[1:])
+        if k.size != T * row or v.size != k.size:
+            raise ValueError(f"kv_write: k {k.shape} / v {v.shape} against cache {ck.shape}")
+        pipe, c = self._pipe("kv_write")
+        n = k.size
+        if n:
+            self.stream.dispatch(
+                pipe, (k.buf, v.buf, ck.buf, cv.buf, self.stream.dyn_buf), (ck.buf, cv.buf),
+                (n, row, k.offset, v.offset, ck.offset, cv.offset, self.stream.dyn(pos0)),
+                _fold(-(-n // int(c["wg_size"]))),
+            )
+
+    def attention(self, q: VkTensor, cache: KVCache, layer: int, pos0: int) -> VkTensor:
+        q = self._as_tensor(q)
+        T, H, D = q.shape
+        ck, cv = cache.k[layer], cache.v[layer]
+        Hkv = ck.shape[1]
+        pipe, c = self._pipe("attention")
+        wg = int(c["wg_size"])
+        if D > 256 or D > 8 * wg:
+            raise UnsupportedError(
+                f"vulkan attention: head dim {D} needs D <= 256 and D <= 8 * wg_size ({wg})"
+            )
+        if H % Hkv:
+            raise ValueError(f"attention: {H} query heads over {Hkv} kv heads")
+        if pos0 + T > cache.capacity:
+            raise ValueError(f"attention: positions up to {pos0 + T - 1} beyond the cache")
+        out = self._new((T, H, D))
+        if T:
+            self.stream.dispatch(
+                pipe, (q.buf, ck.buf, cv.buf, out.buf, self.stream.dyn_buf), (out.buf,),
+                (H, Hkv, D, q.offset, ck.offset, cv.offset, out.offset, self.stream.dyn(pos0),
+                 1.0 / math.sqrt(D)),
+                (H, T, 1),
+            )
+        return out
+
+    def argmax(self, logits: VkTensor) -> VkTensor:
+        logits = self._as_tensor(logits)
+        V = logits.shape[-1]
+        rows = logits.size // V
+        out = self._new((rows,), np.int32)
+        pipe, _ = self._pipe("argmax")
+        self.stream.dispatch(
+            pipe, (logits.buf, out.buf), (out.buf,), (V, rows, logits.offset, out.offset),
+            _fold(rows),
+        )
+        return out
+
+    def reshape(self, x: VkTensor, shape: tuple[int, ...]) -> VkTensor:
+        return x.reshape(shape)
+
+    def rows(self, x: VkTensor, start: int, stop: int) -> VkTensor:
+        return x[start:stop]
+
+    # --- teardown -----------------------------------------------------------------------
+    def close(self) -> None:
+        """Free every device object (the backend cannot be used afterwards)."""
+        dev, self.dev = self.dev, None
+        if dev is None or dev.device is None:
+            return
+        try:
+            self.stream.destroy()
+        except EngineError:
+            pass
+        self._rope_tables.clear()
+        self.alloc.close()
+        self.pipes.destroy()
+        dev.destroy()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown: the binding may be gone
+            pass

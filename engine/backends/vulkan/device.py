@@ -1,0 +1,381 @@
+"""One Vulkan device: instance, physical device choice, logical device and compute queue,
+memory types, limits, and the DeviceInfo a worker reports (device class from ids and name).
+
+Validation: FLEETTUNE_VK_VALIDATION=1 enables VK_LAYER_KHRONOS_validation with synchronization
+validation (missing barriers are reported) and collects its errors in ``Device.messages``.
+FLEETTUNE_VK_DEVICE=<index> picks a physical device; otherwise discrete > integrated > others.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.backends.base import DeviceInfo
+from engine.backends.vulkan._vk import ffi, vk
+from engine.errors import BackendUnavailable
+
+log = logging.getLogger(__name__)
+
+VENDORS = {0x10DE: "nvidia", 0x1002: "amd", 0x8086: "intel", 0x10005: "mesa", 0x13B5: "arm"}
+VALIDATION_LAYER = "VK_LAYER_KHRONOS_validation"
+
+
+def device_class(vendor_id: int, name: str) -> str:
+    """A stable short name for a kind of device: studies and promoted configs are keyed by it."""
+    low = name.lower()
+    if "llvmpipe" in low or "lavapipe" in low:
+        return "llvmpipe"
+    base = re.sub(r"\(.*?\)", " ", name)  # drop "(RADV GFX1201)" and the like
+    if vendor_id == 0x10DE or low.startswith("nvidia"):
+        words = [
+            w
+            for w in re.split(r"[\s\-_]+", base)
+            if w
+            and w.lower() not in ("nvidia", "geforce", "tesla", "quadro", "gpu", "graphics")
+            and not re.fullmatch(r"(pcie|sxm\d*|nvl|hbm\d*e?|\d+gb)", w.lower())
+        ]
+        # "RTX 4090" -> rtx4090, "H200" -> h200, "RTX A6000" -> rtx-a6000
+        model = ""
+        for w in words:
+            if model and (w.isdigit() or re.fullmatch(r"(ti|super)", w.lower())):
+                model += w.lower()
+            else:
+                model += ("-" if model else "") + w.lower()
+        return "nvidia-" + model if model else "nvidia"
+    if vendor_id == 0x1002 or "radeon" in low or low.startswith("amd"):
+        m = re.search(r"\b(r\d{4})\b", base, re.I)  # Radeon AI PRO R9700 -> r9700
+        if m:
+            return m.group(1).lower()
+        m = re.search(r"\bRX\s*(\d{3,4})\s*(XTX|XT|GRE)?\b", base, re.I)  # RX 9070 XT -> rx9070xt
+        if m:
+            return ("rx" + m.group(1) + (m.group(2) or "")).lower()
+    return re.sub(r"[^a-z0-9]+", "-", base.lower()).strip("-") or "unknown"
+
+
+def driver_version_str(vendor_id: int, v: int) -> str:
+    if vendor_id == 0x10DE:  # NVIDIA packs 10.8.8.6 bits
+        return f"{(v >> 22) & 0x3FF}.{(v >> 14) & 0xFF}.{(v >> 6) & 0xFF}"
+    return f"{v >> 22}.{(v >> 12) & 0x3FF}.{v & 0xFFF}"
+
+
+@dataclass
+class MemoryTypes:
+    device: int  # for tensors and weights
+    host: int  # host-visible + coherent: staging, downloads, dynamic scalars
+    unified: bool  # `device` is host-visible too: upload by memcpy, no staging copies
+
+
+@dataclass
+class Device:
+    instance: Any
+    physical: Any
+    device: Any
+    queue: Any
+    queue_family: int
+    props: Any
+    mem: MemoryTypes
+    info: DeviceInfo
+    timestamp_bits: int
+    timestamp_period: float
+    max_range: int
+    subgroup_control: bool
+    full_subgroups: bool
+    messages: list[str] = field(default_factory=list)
+    _messenger: Any = None
+    _keep: list[Any] = field(default_factory=list)
+
+    def destroy(self) -> None:
+        if self.device is not None:
+            vk.vkDeviceWaitIdle(self.device)
+            vk.vkDestroyDevice(self.device, None)
+            self.device = None
+        if self._messenger is not None:
+            fn = vk.vkGetInstanceProcAddr(self.instance, "vkDestroyDebugUtilsMessengerEXT")
+            fn(self.instance, self._messenger, None)
+            self._messenger = None
+        if self.instance is not None:
+            vk.vkDestroyInstance(self.instance, None)
+            self.instance = None
+
+
+def validation_requested() -> bool:
+    return os.environ.get("FLEETTUNE_VK_VALIDATION", "") not in ("", "0")
+
+
+def _create_instance(validation: bool, messages: list[str]) -> tuple[Any, Any]:
+    try:
+        api = vk.vkEnumerateInstanceVersion()
+    except Exception:  # noqa: BLE001 - a 1.0 loader has no vkEnumerateInstanceVersion
+        api = vk.VK_MAKE_VERSION(1, 0, 0)
+    if api < vk.VK_MAKE_VERSION(1, 2, 0):
+        raise BackendUnavailable("the Vulkan loader is older than 1.2; the backend needs 1.2+")
+    app = vk.VkApplicationInfo(
+        pApplicationName="fleettune",
+        applicationVersion=1,
+        pEngineName="fleettune",
+        engineVersion=1,
+        apiVersion=min(api, vk.VK_MAKE_VERSION(1, 3, 0)),
+    )
+    layers, exts, pnext = [], [], None
+    if validation:
+        have = {lp.layerName for lp in vk.vkEnumerateInstanceLayerProperties()}
+        if VALIDATION_LAYER not in have:
+            raise BackendUnavailable(
+                f"FLEETTUNE_VK_VALIDATION is set but {VALIDATION_LAYER} is not installed "
+                "(apt install vulkan-validationlayers)"
+            )
+        layers.append(VALIDATION_LAYER)
+        exts.append(vk.VK_EXT_DEBUG_UTILS_EXTENSION_NAME)
+        pnext = vk.VkValidationFeaturesEXT(
+            pEnabledValidationFeatures=[
+                vk.VK_VALIDATION_FEATURE_ENABLE_SYNCHRONIZATION_VALIDATION_EXT
+            ],
+        )
+    info = vk.VkInstanceCreateInfo(
+        pNext=pnext,
+        pApplicationInfo=app,
+        ppEnabledLayerNames=layers or None,
+        ppEnabledExtensionNames=exts or None,
+    )
+    try:
+        instance = vk.vkCreateInstance(info, None)
+    except vk.VkError as e:
+        raise BackendUnavailable(f"vkCreateInstance failed: {type(e).__name__}") from None
+    messenger = None
+    if validation:
+
+        def callback(severity: int, types: int, data: Any, user: Any) -> int:
+            msg = ffi.string(data.pMessage).decode("utf-8", "replace")
+            if severity & vk.VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT:
+                messages.append(msg)
+                log.error("vulkan validation: %s", msg)
+            elif severity & vk.VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT:
+                log.warning("vulkan validation: %s", msg)
+            return 0
+
+        create = vk.vkGetInstanceProcAddr(instance, "vkCreateDebugUtilsMessengerEXT")
+        messenger = create(
+            instance,
+            vk.VkDebugUtilsMessengerCreateInfoEXT(
+                messageSeverity=vk.VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT
+                | vk.VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT,
+                messageType=vk.VK_DEBUG_UTILS_MESSAGE_TYPE_GENERAL_BIT_EXT
+                | vk.VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT
+                | vk.VK_DEBUG_UTILS_MESSAGE_TYPE_PERFORMANCE_BIT_EXT,
+                pfnUserCallback=callback,
+            ),
+            None,
+        )
+    return instance, messenger
+
+
+def _pick_physical(instance: Any) -> Any:
+    devices = vk.vkEnumeratePhysicalDevices(instance)
+    if not devices:
+        raise BackendUnavailable("no Vulkan device found (is a driver / ICD installed?)")
+    pick = os.environ.get("FLEETTUNE_VK_DEVICE")
+    if pick:
+        try:
+            return devices[int(pick)]
+        except (ValueError, IndexError):
+            raise BackendUnavailable(
+                f"FLEETTUNE_VK_DEVICE={pick!r}: choose an index below {len(devices)}"
+            ) from None
+    rank = {
+        vk.VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: 0,
+        vk.VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: 1,
+        vk.VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: 2,
+        vk.VK_PHYSICAL_DEVICE_TYPE_CPU: 3,
+    }
+    return min(devices, key=lambda d: rank.get(vk.vkGetPhysicalDeviceProperties(d).deviceType, 4))
+
+
+def _memory_types(physical: Any) -> MemoryTypes:
+    mp = vk.vkGetPhysicalDeviceMemoryProperties(physical)
+    types = [(i, mp.memoryTypes[i].propertyFlags, mp.memoryTypes[i].heapIndex)
+             for i in range(mp.memoryTypeCount)]
+    heaps = [mp.memoryHeaps[i].size for i in range(mp.memoryHeapCount)]
+    dl, hv, hc = (
+        vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT,
+        vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT,
+        vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT,
+    )
+    local = [t for t in types if t[1] & dl]
+    biggest = max((heaps[t[2]] for t in local), default=0)
+    # Unified: host-visible device-local memory as large as the device's biggest heap (lavapipe,
+    # integrated GPUs, full resizable BAR). A 256 MiB BAR window does not count.
+    for i, flags, heap in local:
+        if flags & hv and flags & hc and heaps[heap] >= 0.9 * biggest:
+            return MemoryTypes(i, i, True)
+    device = max(local, key=lambda t: heaps[t[2]])[0] if local else types[0][0]
+    host = next((i for i, f, _ in types if f & hv and f & hc and not f & dl), None)
+    if host is None:
+        host = next(i for i, f, _ in types if f & hv and f & hc)
+    return MemoryTypes(device, host, False)
+
+
+def open_device() -> Device:
+    """Create the instance and the logical device with one compute queue."""
+    messages: list[str] = []
+    validation = validation_requested()
+    instance, messenger = _create_instance(validation, messages)
+    try:
+        return _open(instance, messenger, messages)
+    except Exception:
+        vk.vkDestroyInstance(instance, None)
+        raise
+
+
+def _open(instance: Any, messenger: Any, messages: list[str]) -> Device:
+    physical = _pick_physical(instance)
+    props = vk.vkGetPhysicalDeviceProperties(physical)
+    if props.apiVersion < vk.VK_MAKE_VERSION(1, 2, 0):
+        raise BackendUnavailable(f"{props.deviceName}: Vulkan {props.apiVersion >> 22}."
+                                 f"{(props.apiVersion >> 12) & 0x3FF} < 1.2")
+    exts = {e.extensionName for e in vk.vkEnumerateDeviceExtensionProperties(physical, None)}
+
+    sg = vk.VkPhysicalDeviceSubgroupProperties(
+        sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES
+    )
+    drv = vk.VkPhysicalDeviceDriverProperties(
+        sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DRIVER_PROPERTIES, pNext=sg
+    )
+    has_ssc = "VK_EXT_subgroup_size_control" in exts
+    ssc = None
+    head = drv
+    if has_ssc:
+        ssc = vk.VkPhysicalDeviceSubgroupSizeControlProperties(
+            sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_PROPERTIES,
+            pNext=drv,
+        )
+        head = ssc
+    p2 = vk.VkPhysicalDeviceProperties2(
+        sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, pNext=head
+    )
+    vk.vkGetPhysicalDeviceProperties2(physical, p2)
+
+    # Features: subgroup size control and full subgroups when the device has them.
+    ssc_on = full_on = False
+    feat_next = None
+    dev_exts = []
+    if has_ssc:
+        sscf = vk.VkPhysicalDeviceSubgroupSizeControlFeatures(
+            sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_FEATURES
+        )
+        f2 = vk.VkPhysicalDeviceFeatures2(
+            sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, pNext=sscf
+        )
+        vk.vkGetPhysicalDeviceFeatures2(physical, f2)
+        ssc_on, full_on = bool(sscf.subgroupSizeControl), bool(sscf.computeFullSubgroups)
+        if ssc_on:
+            feat_next = vk.VkPhysicalDeviceSubgroupSizeControlFeatures(
+                sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_FEATURES,
+                subgroupSizeControl=vk.VK_TRUE,
+                computeFullSubgroups=vk.VK_TRUE if full_on else vk.VK_FALSE,
+            )
+            dev_exts.append("VK_EXT_subgroup_size_control")
+
+    families = vk.vkGetPhysicalDeviceQueueFamilyProperties(physical)
+    qf = None
+    for i, f in enumerate(families):  # prefer a compute queue that also has timestamps
+        if f.queueFlags & vk.VK_QUEUE_COMPUTE_BIT and (qf is None or f.timestampValidBits):
+            if qf is None or not families[qf].timestampValidBits:
+                qf = i
+    if qf is None:
+        raise BackendUnavailable(f"{props.deviceName}: no compute queue")
+    qinfo = vk.VkDeviceQueueCreateInfo(queueFamilyIndex=qf, queueCount=1, pQueuePriorities=[1.0])
+    dinfo = vk.VkDeviceCreateInfo(
+        pNext=feat_next,
+        pQueueCreateInfos=[qinfo],
+        ppEnabledExtensionNames=dev_exts or None,
+    )
+    try:
+        device = vk.vkCreateDevice(physical, dinfo, None)
+    except vk.VkError as e:
+        raise BackendUnavailable(
+            f"{props.deviceName}: vkCreateDevice failed ({type(e).__name__})"
+        ) from None
+    queue = vk.vkGetDeviceQueue(device, qf, 0)
+    mem = _memory_types(physical)
+    lim = props.limits
+    name = props.deviceName if isinstance(props.deviceName, str) else ffi.string(props.deviceName)
+    vendor = VENDORS.get(props.vendorID, hex(props.vendorID))
+    mp = vk.vkGetPhysicalDeviceMemoryProperties(physical)
+    memory_bytes = max(
+        (mp.memoryHeaps[i].size for i in range(mp.memoryHeapCount)
+         if mp.memoryHeaps[i].flags & vk.VK_MEMORY_HEAP_DEVICE_LOCAL_BIT),
+        default=0,
+    )
+    driver_name = _cstr(drv.driverName)
+    driver_info = _cstr(drv.driverInfo)
+    drv_ver = driver_version_str(props.vendorID, props.driverVersion)
+    extra = {
+        "vendor_id": props.vendorID,
+        "device_id": props.deviceID,
+        "api_version": f"{props.apiVersion >> 22}.{(props.apiVersion >> 12) & 0x3FF}."
+        f"{props.apiVersion & 0xFFF}",
+        "driver_name": driver_name,
+        "driver_info": driver_info,
+        "max_storage_buffer_range": int(lim.maxStorageBufferRange),
+        "max_shared_memory": int(lim.maxComputeSharedMemorySize),
+        "max_workgroup_invocations": int(lim.maxComputeWorkGroupInvocations),
+        "max_workgroup_size_x": int(lim.maxComputeWorkGroupSize[0]),
+        "max_workgroup_count_x": int(lim.maxComputeWorkGroupCount[0]),
+        "min_storage_buffer_offset_alignment": int(lim.minStorageBufferOffsetAlignment),
+        "subgroup_operations": int(sg.supportedOperations),
+        "subgroup_size_control": ssc_on,
+        "compute_full_subgroups": full_on,
+        "min_subgroup_size": int(ssc.minSubgroupSize) if ssc is not None else int(sg.subgroupSize),
+        "max_subgroup_size": int(ssc.maxSubgroupSize) if ssc is not None else int(sg.subgroupSize),
+        "max_compute_workgroup_subgroups": int(ssc.maxComputeWorkgroupSubgroups)
+        if ssc is not None
+        else 0,
+        "subgroup_size_control_compute": bool(
+            ssc is not None and ssc.requiredSubgroupSizeStages & vk.VK_SHADER_STAGE_COMPUTE_BIT
+        ),
+        "unified_memory": mem.unified,
+        "timestamp_period_ns": float(lim.timestampPeriod),
+        "validation": bool(messenger is not None),
+    }
+    info = DeviceInfo(
+        backend="vulkan",
+        name=name,
+        vendor=vendor,
+        device_class=device_class(props.vendorID, name),
+        driver=f"{driver_name} {driver_info}".strip() or drv_ver,
+        memory_bytes=int(memory_bytes),
+        subgroup_size=int(sg.subgroupSize),
+        extra=extra | {"driver_version": drv_ver},
+    )
+    return Device(
+        instance=instance,
+        physical=physical,
+        device=device,
+        queue=queue,
+        queue_family=qf,
+        props=props,
+        mem=mem,
+        info=info,
+        timestamp_bits=int(families[qf].timestampValidBits),
+        timestamp_period=float(lim.timestampPeriod),
+        max_range=int(lim.maxStorageBufferRange),
+        subgroup_control=ssc_on,
+        full_subgroups=full_on,
+        messages=messages,
+        _messenger=messenger,
+    )
+
+
+def _cstr(x: Any) -> str:
+    if isinstance(x, str):
+        return x
+    if isinstance(x, bytes):
+        return x.decode("utf-8", "replace")
+    try:
+        return ffi.string(x).decode("utf-8", "replace")
+    except TypeError:
+        return str(x)

@@ -1,0 +1,64 @@
+"""The shader programs of the Vulkan backend: which .comp file, which defines, how many storage
+buffers, and the push-constant layout. Plain data (no Vulkan import), shared by the backend and
+by the SPIR-V precompiler, so the precompiled set is exactly what the backend asks for."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.tuning.kernels.vulkan import QUANT_TYPES
+
+
+@dataclass(frozen=True)
+class Program:
+    shader: str  # shaders/vulkan/<shader>.comp
+    defines: tuple[str, ...]
+    n_bindings: int  # storage buffers at bindings 0 .. n-1 of set 0
+    push: str  # struct format of the push constants (4-byte fields: I uint, f float)
+
+    @property
+    def push_size(self) -> int:
+        return 4 * len(self.push)
+
+
+MATMUL_DECODE_VARIANTS = {"subgroup": "VARIANT_SUBGROUP", "shmem": "VARIANT_SHMEM"}
+MATMUL_PREFILL_VARIANTS = {"kpar": "VARIANT_KPAR", "serial": "VARIANT_SERIAL"}
+
+
+def matmul_decode(variant: str, qtype: str) -> Program:
+    return Program(
+        "matmul_decode", (MATMUL_DECODE_VARIANTS[variant], f"QTYPE_{qtype}"), 3, "IIIII"
+    )
+
+
+def matmul_prefill(variant: str, qtype: str) -> Program:
+    return Program(
+        "matmul_prefill", (MATMUL_PREFILL_VARIANTS[variant], f"QTYPE_{qtype}"), 3, "IIIIIII"
+    )
+
+
+def embedding(qtype: str) -> Program:
+    return Program("embedding", (f"QTYPE_{qtype}",), 3, "IIIIIII")
+
+
+RMS_NORM = Program("rms_norm", (), 3, "IIIIIf")
+ADD = Program("eltwise", ("OP_ADD",), 3, "IIIII")
+SWIGLU = Program("eltwise", ("OP_SWIGLU",), 3, "IIIII")
+ROPE = Program("rope", (), 4, "IIIIIII")
+KV_WRITE = Program("kv_write", (), 5, "IIIIIII")
+ATTENTION = Program("attention", (), 5, "IIIIIIIIf")
+ARGMAX = Program("argmax", (), 2, "IIII")
+
+
+def all_programs() -> list[Program]:
+    out = [RMS_NORM, ADD, SWIGLU, ROPE, KV_WRITE, ATTENTION, ARGMAX]
+    for q in sorted(QUANT_TYPES):
+        out += [matmul_decode(v, q) for v in MATMUL_DECODE_VARIANTS]
+        out += [matmul_prefill(v, q) for v in MATMUL_PREFILL_VARIANTS]
+        out.append(embedding(q))
+    return out
+
+
+def all_builds() -> list[tuple[str, tuple[str, ...]]]:
+    """Every (shader, defines) SPIR-V build the backend may request."""
+    return sorted({(p.shader, p.defines) for p in all_programs()})

@@ -1,0 +1,137 @@
+"""GLSL -> SPIR-V with glslc, cached on disk.
+
+Cache layout: ``<cache>/<compiler tag>/<shader>-<key>.spv`` where the key hashes the shader
+source, every include in shaders/vulkan, the defines and the target environment, and the compiler
+tag hashes ``glslc --version``: a cache written by another glslc is never reused where a glslc is
+installed. A machine without glslc (a GPU node with no toolchain) may use SPIR-V compiled
+elsewhere: point ``FLEETTUNE_SPIRV_CACHE`` at the carried directory and any compiler's entry for
+the same key is taken. Specialization constants are not part of the key: tile sizes are chosen at
+pipeline creation, so one SPIR-V file serves every value of a tunable.
+
+The cache directory: $FLEETTUNE_SPIRV_CACHE, else $FLEETTUNE_CACHE/spirv, else
+~/.cache/fleettune/spirv. ``python -m engine.backends.vulkan.spirv --out DIR`` precompiles every
+shader build the backend can ask for (see engine.backends.vulkan.kernels.all_builds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from engine.errors import KernelCompileError
+
+log = logging.getLogger(__name__)
+
+SHADER_DIR = Path(__file__).resolve().parents[3] / "shaders" / "vulkan"
+TARGET_ENV = "vulkan1.2"
+
+
+def cache_dir() -> Path:
+    if os.environ.get("FLEETTUNE_SPIRV_CACHE"):
+        return Path(os.environ["FLEETTUNE_SPIRV_CACHE"])
+    if os.environ.get("FLEETTUNE_CACHE"):
+        return Path(os.environ["FLEETTUNE_CACHE"]) / "spirv"
+    return Path.home() / ".cache" / "fleettune" / "spirv"
+
+
+@functools.cache
+def glslc_version(glslc: str | None) -> str | None:
+    """``glslc --version`` text, or None when glslc is not installed."""
+    if glslc is None:
+        return None
+    try:
+        out = subprocess.run([glslc, "--version"], capture_output=True, text=True, timeout=30)
+    except OSError:
+        return None
+    return out.stdout.strip()
+
+
+def _glslc() -> str | None:
+    return os.environ.get("FLEETTUNE_GLSLC") or shutil.which("glslc")
+
+
+def compiler_tag(version: str) -> str:
+    return hashlib.sha256(version.encode()).hexdigest()[:12]
+
+
+def build_key(shader: str, defines: tuple[str, ...]) -> str:
+    """Hash of the shader source, all includes, the defines and the target environment."""
+    h = hashlib.sha256()
+    h.update(TARGET_ENV.encode())
+    h.update((SHADER_DIR / f"{shader}.comp").read_bytes())
+    for inc in sorted(SHADER_DIR.glob("*.glsl")):
+        h.update(inc.name.encode())
+        h.update(inc.read_bytes())
+    for d in sorted(defines):
+        h.update(b"\0" + d.encode())
+    return h.hexdigest()[:24]
+
+
+def compile_spirv(shader: str, defines: tuple[str, ...] = (), root: Path | None = None) -> bytes:
+    """SPIR-V words of shaders/vulkan/<shader>.comp with -D<define> each; from the cache when
+    present. Raises KernelCompileError with glslc's log on failure."""
+    root = root or cache_dir()
+    src = SHADER_DIR / f"{shader}.comp"
+    if not src.exists():
+        raise KernelCompileError(f"vulkan shader {src} does not exist")
+    key = build_key(shader, defines)
+    name = f"{shader}-{key}.spv"
+    glslc = _glslc()
+    version = glslc_version(glslc)
+    if version is None:
+        # No compiler here: any compiler's SPIR-V for this exact source and defines will do.
+        found = sorted(root.glob(f"*/{name}"), key=lambda p: p.stat().st_mtime, reverse=True)
+        if found:
+            return found[0].read_bytes()
+        raise KernelCompileError(
+            f"glslc is not installed and {root} holds no SPIR-V for {shader} {list(defines)} "
+            f"(key {key}); compile it on a machine with glslc (python -m "
+            f"engine.backends.vulkan.spirv --out DIR) and set FLEETTUNE_SPIRV_CACHE=DIR"
+        )
+    sub = root / compiler_tag(version)
+    path = sub / name
+    if path.exists():
+        return path.read_bytes()
+    sub.mkdir(parents=True, exist_ok=True)
+    (sub / "COMPILER").write_text(version + "\n")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "out.spv"
+        cmd = [glslc, f"--target-env={TARGET_ENV}", "-O", "-fshader-stage=compute"]
+        cmd += [f"-I{SHADER_DIR}", *(f"-D{d}" for d in defines), str(src), "-o", str(out)]
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        if res.returncode != 0:
+            raise KernelCompileError(
+                f"glslc failed on {src.name} {list(defines)}:\n{res.stderr.strip()}"
+            )
+        data = out.read_bytes()
+    # Write-then-rename: concurrent workers never read a half-written file.
+    tmp_path = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp_path.write_bytes(data)
+    os.replace(tmp_path, path)
+    log.info("compiled %s %s -> %s", shader, list(defines), path)
+    return data
+
+
+def main(argv: list[str] | None = None) -> int:
+    from engine.backends.vulkan.kernels import all_builds
+
+    ap = argparse.ArgumentParser(description="precompile every Vulkan shader build to SPIR-V")
+    ap.add_argument("--out", type=Path, default=None, help="cache dir (default: the usual one)")
+    args = ap.parse_args(argv)
+    root = args.out or cache_dir()
+    builds = all_builds()
+    for shader, defines in builds:
+        compile_spirv(shader, defines, root)
+    print(f"{len(builds)} SPIR-V builds in {root}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

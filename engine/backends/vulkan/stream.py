@@ -1,0 +1,375 @@
+"""Command recording: ops append nodes; nodes become one command buffer per submit.
+
+No submit per op: dispatches accumulate until the host needs a result (download, synchronize),
+a node budget (``submit.max_nodes``) is reached, or the dynamic-scalar table is full. At submit
+time the node list is the graph of that step; with ``submit.replay`` a command buffer recorded
+for an identical graph (same pipelines, buffers, push constants, grid) is submitted again
+instead of being re-recorded. Values that change every step while the graph does not (positions)
+live in a host-visible "dynamic scalars" buffer; nodes carry the slot index, not the value.
+
+Barriers come from hazard tracking on buffer ids: a dispatch that reads or writes a buffer
+written since the last barrier (RAW, WAW), or writes one read since then (WAR), gets a
+compute/transfer memory barrier first. Independent dispatches (q, k, v projections) run without
+one. Every command buffer starts with a barrier against earlier submissions and ends with one
+that makes device writes visible to host reads.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from engine.backends.vulkan._vk import ffi, vk
+from engine.errors import EngineError
+
+if TYPE_CHECKING:
+    from engine.backends.vulkan.device import Device
+    from engine.backends.vulkan.memory import Allocator, Buffer
+    from engine.backends.vulkan.pipelines import Pipeline, Pipelines
+
+log = logging.getLogger(__name__)
+
+DISPATCH, FILL, COPY = 0, 1, 2
+DYN_SLOTS = 4096
+REPLAY_ENTRIES = 16
+
+_STAGES = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT
+_WRITES = vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT
+_ACCESS = (
+    vk.VK_ACCESS_SHADER_READ_BIT
+    | vk.VK_ACCESS_SHADER_WRITE_BIT
+    | vk.VK_ACCESS_TRANSFER_READ_BIT
+    | vk.VK_ACCESS_TRANSFER_WRITE_BIT
+)
+
+
+@dataclass(slots=True)
+class Node:
+    kind: int
+    key: tuple[Any, ...]
+    barrier: bool
+    pipeline: Pipeline | None = None
+    dset: Any = None
+    push: bytes = b""
+    groups: tuple[int, int, int] = (1, 1, 1)
+    bufs: tuple[Any, ...] = ()  # FILL: (dst,), COPY: (src, dst) as handles
+    args: tuple[int, ...] = ()  # FILL: (offset, size, value), COPY: (src_off, dst_off, size)
+
+
+@dataclass
+class Recorded:
+    cmd: Any
+    query_pool: Any
+    names: list[str]  # per timed dispatch
+
+
+class Stream:
+    def __init__(self, dev: Device, pipelines: Pipelines, alloc: Allocator) -> None:
+        self.dev = dev
+        self.pipes = pipelines
+        self.alloc = alloc
+        d = dev.device
+        self.pool = vk.vkCreateCommandPool(
+            d,
+            vk.VkCommandPoolCreateInfo(
+                flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT,
+                queueFamilyIndex=dev.queue_family,
+            ),
+            None,
+        )
+        self.fence = vk.vkCreateFence(d, vk.VkFenceCreateInfo(), None)
+        self.dyn_lease = alloc.new(DYN_SLOTS * 4, host_visible=True, pooled=False)
+        self.dyn_buf = self.dyn_lease.buf
+        self.dyn_host = self.dyn_buf.host.view(np.uint32)
+        self.nodes: list[Node] = []
+        self.dyn_values: list[int] = []
+        self.pending_r: set[int] = set()
+        self.pending_w: set[int] = set()
+        self.epoch = 0
+        self.keepalive: list[Any] = []
+        self.replay = True
+        self.max_nodes = 1024
+        self.cache: OrderedDict[tuple[Any, ...], Recorded] = OrderedDict()
+        self.profiling = False
+        self.profile: dict[str, list[float]] = {}  # name -> [calls, total ns]
+        self.timeout_s = 600.0
+        self.broken: str | None = None
+        self.stats = {"submits": 0, "replays": 0, "recorded": 0, "dispatches": 0, "barriers": 0}
+        alloc.on_destroy.append(self._forget)
+
+    # --- building the graph -------------------------------------------------------------
+    def dyn(self, value: int) -> int:
+        """A slot of the dynamic-scalars buffer holding value at submit time."""
+        if len(self.dyn_values) >= DYN_SLOTS:
+            self.flush()
+        self.dyn_values.append(int(value))
+        return len(self.dyn_values) - 1
+
+    def _hazard(self, reads: tuple[Buffer, ...], writes: tuple[Buffer, ...]) -> bool:
+        pw, pr = self.pending_w, self.pending_r
+        need = any(b.id in pw for b in reads) or any(b.id in pw or b.id in pr for b in writes)
+        if need:
+            pw.clear()
+            pr.clear()
+        for b in reads:
+            pr.add(b.id)
+            b.epoch = self.epoch
+        for b in writes:
+            pw.add(b.id)
+            b.epoch = self.epoch
+        return need
+
+    def dispatch(
+        self,
+        pipeline: Pipeline,
+        bindings: tuple[Buffer, ...],
+        writes: tuple[Buffer, ...],
+        push: tuple[Any, ...],
+        groups: tuple[int, int, int],
+    ) -> None:
+        """Record a dispatch; ``bindings`` in binding order, ``writes`` the ones it writes."""
+        if self.broken:
+            raise EngineError(self.broken)
+        if len(self.nodes) >= self.max_nodes:
+            self.flush()
+        wset = {b.id for b in writes}
+        reads = tuple(b for b in bindings if b.id not in wset)
+        barrier = self._hazard(reads, writes)
+        set_key = (pipeline.n_bindings, tuple(b.id for b in bindings))
+        dset = self.pipes.descriptor_set(pipeline.n_bindings, bindings)
+        data = pipeline.push_struct.pack(*push)
+        self.nodes.append(
+            Node(
+                DISPATCH,
+                (pipeline.id, set_key, data, groups, barrier),
+                barrier,
+                pipeline,
+                dset,
+                data,
+                groups,
+            )
+        )
+
+    def fill(self, buf: Buffer, offset: int, size: int, value: int = 0) -> None:
+        if len(self.nodes) >= self.max_nodes:
+            self.flush()
+        barrier = self._hazard((), (buf,))
+        args = (offset, size, value)
+        self.nodes.append(
+            Node(FILL, (FILL, buf.id, args, barrier), barrier, bufs=(buf.handle,), args=args)
+        )
+
+    def copy(self, src: Buffer, src_off: int, dst: Buffer, dst_off: int, size: int) -> None:
+        if len(self.nodes) >= self.max_nodes:
+            self.flush()
+        barrier = self._hazard((src,), (dst,))
+        args = (src_off, dst_off, size)
+        self.nodes.append(
+            Node(
+                COPY,
+                (COPY, src.id, dst.id, args, barrier),
+                barrier,
+                bufs=(src.handle, dst.handle),
+                args=args,
+            )
+        )
+
+    # --- submitting ---------------------------------------------------------------------
+    def _barrier(self, cmd: Any, src_stage: int, src: int, dst_stage: int, dst: int) -> None:
+        mb = vk.VkMemoryBarrier(srcAccessMask=src, dstAccessMask=dst)
+        vk.vkCmdPipelineBarrier(cmd, src_stage, dst_stage, 0, 1, [mb], 0, None, 0, None)
+
+    def _record(self, nodes: list[Node], keep: bool) -> Recorded:
+        d = self.dev.device
+        cmd = vk.vkAllocateCommandBuffers(
+            d,
+            vk.VkCommandBufferAllocateInfo(
+                commandPool=self.pool,
+                level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY,
+                commandBufferCount=1,
+            ),
+        )[0]
+        flags = 0 if keep else vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT
+        vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(flags=flags))
+        qp, names = None, []
+        n_timed = sum(1 for n in nodes if n.kind == DISPATCH)
+        if self.profiling and self.dev.timestamp_bits and n_timed:
+            qp = vk.vkCreateQueryPool(
+                d,
+                vk.VkQueryPoolCreateInfo(
+                    queryType=vk.VK_QUERY_TYPE_TIMESTAMP, queryCount=2 * n_timed
+                ),
+                None,
+            )
+            vk.vkCmdResetQueryPool(cmd, qp, 0, 2 * n_timed)
+        # Order after everything submitted earlier (buffers are reused across submits).
+        self._barrier(
+            cmd,
+            vk.VK_PIPELINE_STAGE_ALL_COMMANDS_BIT,
+            vk.VK_ACCESS_MEMORY_WRITE_BIT,
+            _STAGES,
+            _ACCESS,
+        )
+        bound = None
+        lib = vk.lib
+        compute = vk.VK_PIPELINE_BIND_POINT_COMPUTE
+        stage_bit = vk.VK_SHADER_STAGE_COMPUTE_BIT
+        bottom = vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT
+        sets = ffi.new("VkDescriptorSet[1]")
+        for n in nodes:
+            if n.barrier:
+                self._barrier(cmd, _STAGES, _WRITES, _STAGES, _ACCESS)
+                self.stats["barriers"] += 1
+            if n.kind == DISPATCH:
+                p = n.pipeline
+                if bound is not p:
+                    lib.vkCmdBindPipeline(cmd, compute, p.handle)
+                    bound = p
+                sets[0] = n.dset
+                lib.vkCmdBindDescriptorSets(cmd, compute, p.layout, 0, 1, sets, 0, ffi.NULL)
+                lib.vkCmdPushConstants(
+                    cmd, p.layout, stage_bit, 0, len(n.push), ffi.from_buffer(n.push)
+                )
+                if qp is not None:
+                    lib.vkCmdWriteTimestamp(cmd, bottom, qp, 2 * len(names))
+                lib.vkCmdDispatch(cmd, *n.groups)
+                if qp is not None:
+                    lib.vkCmdWriteTimestamp(cmd, bottom, qp, 2 * len(names) + 1)
+                    names.append(p.name)
+            elif n.kind == FILL:
+                off, size, value = n.args
+                lib.vkCmdFillBuffer(cmd, n.bufs[0], off, size, value)
+            else:
+                src_off, dst_off, size = n.args
+                region = ffi.new("VkBufferCopy*", {"srcOffset": src_off, "dstOffset": dst_off,
+                                                   "size": size})
+                lib.vkCmdCopyBuffer(cmd, n.bufs[0], n.bufs[1], 1, region)
+        self._barrier(
+            cmd,
+            _STAGES,
+            _WRITES,
+            vk.VK_PIPELINE_STAGE_HOST_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT,
+            vk.VK_ACCESS_HOST_READ_BIT | vk.VK_ACCESS_TRANSFER_READ_BIT,
+        )
+        vk.vkEndCommandBuffer(cmd)
+        self.stats["recorded"] += 1
+        return Recorded(cmd, qp, names)
+
+    def _free(self, rec: Recorded) -> None:
+        vk.vkFreeCommandBuffers(self.dev.device, self.pool, 1, [rec.cmd])
+        if rec.query_pool is not None:
+            vk.vkDestroyQueryPool(self.dev.device, rec.query_pool, None)
+
+    def flush(self) -> None:
+        """Submit everything recorded and wait for it."""
+        if self.broken:
+            raise EngineError(self.broken)
+        nodes, self.nodes = self.nodes, []
+        if not nodes:
+            self._reset()
+            return
+        self.dyn_host[: len(self.dyn_values)] = np.asarray(self.dyn_values, dtype=np.uint32)
+        rec, keep = None, self.replay
+        key = None
+        if keep:
+            key = (self.profiling, tuple(n.key for n in nodes))
+            rec = self.cache.get(key)
+            if rec is not None:
+                self.cache.move_to_end(key)
+                self.stats["replays"] += 1
+        if rec is None:
+            rec = self._record(nodes, keep)
+            if keep:
+                self.cache[key] = rec
+                while len(self.cache) > REPLAY_ENTRIES:
+                    self._free(self.cache.popitem(last=False)[1])
+        self.stats["submits"] += 1
+        self.stats["dispatches"] += sum(1 for n in nodes if n.kind == DISPATCH)
+        try:
+            self._submit(rec.cmd)
+            if rec.query_pool is not None:
+                self._read_profile(rec)
+        finally:
+            if not keep:
+                self._free(rec)
+            self._reset()
+
+    def _submit(self, cmd: Any) -> None:
+        d = self.dev.device
+        vk.vkResetFences(d, 1, [self.fence])
+        try:
+            vk.vkQueueSubmit(self.dev.queue, 1, [vk.VkSubmitInfo(pCommandBuffers=[cmd])],
+                             self.fence)
+            vk.vkWaitForFences(d, 1, [self.fence], vk.VK_TRUE, int(self.timeout_s * 1e9))
+        except vk.VkTimeout:
+            self.broken = (
+                f"vulkan: {self.dev.info.name} did not finish a submission within "
+                f"{self.timeout_s:.0f} s (hung kernel?); this backend cannot be used further"
+            )
+            raise EngineError(self.broken) from None
+        except vk.VkError as e:
+            self.broken = (
+                f"vulkan: {self.dev.info.name}: {type(e).__name__} while running kernels "
+                "(device lost?); this backend cannot be used further"
+            )
+            raise EngineError(self.broken) from None
+
+    def _read_profile(self, rec: Recorded) -> None:
+        n = 2 * len(rec.names)
+        data = ffi.new(f"uint64_t[{n}]")
+        vk.vkGetQueryPoolResults(
+            self.dev.device,
+            rec.query_pool,
+            0,
+            n,
+            8 * n,
+            data,
+            8,
+            vk.VK_QUERY_RESULT_64_BIT | vk.VK_QUERY_RESULT_WAIT_BIT,
+        )
+        mask = (1 << self.dev.timestamp_bits) - 1 if self.dev.timestamp_bits < 64 else ~0
+        period = self.dev.timestamp_period
+        for i, name in enumerate(rec.names):
+            ticks = (data[2 * i + 1] - data[2 * i]) & mask
+            entry = self.profile.setdefault(name, [0, 0.0])
+            entry[0] += 1
+            entry[1] += ticks * period
+
+    def _reset(self) -> None:
+        self.dyn_values = []
+        self.pending_r.clear()
+        self.pending_w.clear()
+        self.keepalive = []
+        self.epoch += 1
+
+    def _forget(self, buf: Buffer) -> None:
+        # A buffer about to be destroyed may be named by pending nodes (run them first) and by
+        # recorded command buffers (drop them all: this only happens when weights or tables are
+        # freed, never in the decode loop).
+        if self.nodes and buf.epoch == self.epoch and not self.broken:
+            self.flush()
+        self.pipes.forget_buffer(buf.id)
+        if self.cache:
+            for rec in self.cache.values():
+                self._free(rec)
+            self.cache.clear()
+
+    def clear_replay(self) -> None:
+        for rec in self.cache.values():
+            self._free(rec)
+        self.cache.clear()
+
+    def destroy(self) -> None:
+        d = self.dev.device
+        if self.nodes and not self.broken:
+            try:
+                self.flush()
+            except EngineError:
+                pass
+        self.clear_replay()
+        vk.vkDestroyFence(d, self.fence, None)
+        vk.vkDestroyCommandPool(d, self.pool, None)

@@ -1,0 +1,45 @@
+#version 450
+// rope.comp: rotary embedding of x [T, H, D] at positions pos0 .. pos0 + T - 1.
+// cos/sin come from a host-built float64-accurate table cs[pos][i] = (cos, sin)(pos * theta^(-2i/D))
+// rather than sin/cos of large angles in float32 (GPU sin/cos lose accuracy far from zero).
+// pos0 is read from the dynamic-scalars buffer so a recorded decode step can be replayed at the
+// next position by rewriting one integer.
+// Variants: one; the pairing is a push constant: neox pairs (i, i + D/2), normal (2i, 2i + 1).
+// Tunables: 0 WG_SIZE. Bindings: 0 x, 1 cos/sin table, 2 y, 3 dynamic scalars.
+
+#extension GL_GOOGLE_include_directive : require
+
+layout(constant_id = 0) const uint WG_SIZE = 256;
+layout(local_size_x_id = 0) in;
+
+layout(binding = 0) readonly buffer XBuf { float xs[]; };
+layout(binding = 1) readonly buffer CBuf { vec2 cs[]; };
+layout(binding = 2) writeonly buffer YBuf { float ys[]; };
+layout(binding = 3) readonly buffer DBuf { uint dyn[]; };
+
+layout(push_constant) uniform PC {
+    uint T;
+    uint H;
+    uint D;
+    uint x_off;
+    uint y_off;
+    uint pos_slot;  // index of pos0 in dyn[]
+    uint neox;
+} pc;
+
+#include "common.glsl"
+
+void main() {
+    uint half_d = pc.D / 2u;
+    uint i = wg_linear() * WG_SIZE + gl_LocalInvocationID.x;  // one rotated pair per thread
+    if (i >= pc.T * pc.H * half_d) return;
+    uint p = i % half_d, th = i / half_d, t = th / pc.H;
+    uint pos = dyn[pc.pos_slot] + t;
+    vec2 c = cs[pos * half_d + p];
+    uint base = th * pc.D;
+    uint i0 = pc.neox != 0u ? base + p : base + 2u * p;
+    uint i1 = pc.neox != 0u ? i0 + half_d : i0 + 1u;
+    float x0 = xs[pc.x_off + i0], x1 = xs[pc.x_off + i1];
+    ys[pc.y_off + i0] = x0 * c.x - x1 * c.y;
+    ys[pc.y_off + i1] = x1 * c.x + x0 * c.y;
+}
