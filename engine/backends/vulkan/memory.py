@@ -1,9 +1,11 @@
 """Device buffers: one VkBuffer + VkDeviceMemory each, pooled by size class.
 
 Activations are allocated per op and dropped by Python's refcounting; a dropped buffer goes back
-to its size-class free list (LIFO) and is handed to the next op of that size. That keeps the
-number of allocations bounded (drivers cap it near 4096) and makes a decode step reuse the same
-buffers as the previous one, which is what lets its command buffer be replayed. Reuse inside one
+to its size-class free list and is handed to the next op of that size. That keeps the number of
+allocations bounded (drivers cap it near 4096). The free list hands out the lowest buffer id
+first (not LIFO): then which buffer an op gets depends only on the set of free buffers, not on
+the order Python happened to drop them, so decode steps settle into a short cycle of identical
+graphs whose command buffers are replayed. Reuse inside one
 recording is safe because the stream's hazard tracking works on buffer ids: writing a buffer that
 an earlier, not yet barriered dispatch reads puts a barrier in between.
 
@@ -13,6 +15,7 @@ recorded command buffers are keyed by it.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from typing import TYPE_CHECKING, Any
 
@@ -109,7 +112,7 @@ class Allocator:
     def __init__(self, dev: Device) -> None:
         self.dev = dev
         self.closed = False
-        self.free: dict[tuple[int, bool], list[Buffer]] = {}
+        self.free: dict[tuple[int, bool], list[tuple[int, Buffer]]] = {}  # min-heaps by id
         self.all: dict[int, Buffer] = {}
         self.bytes_allocated = 0
         self.on_destroy: list[Any] = []  # callbacks(buffer): caches keyed by buffer ids
@@ -117,9 +120,9 @@ class Allocator:
     def new(self, nbytes: int, host_visible: bool = False, pooled: bool = True) -> Lease:
         size = size_class(nbytes) if pooled else max(256, (nbytes + 255) & ~255)
         if pooled:
-            stack = self.free.get((size, host_visible))
-            if stack:
-                return Lease(self, stack.pop(), True)
+            heap = self.free.get((size, host_visible))
+            if heap:
+                return Lease(self, heapq.heappop(heap)[1], True)
         try:
             b = Buffer(self.dev, size, host_visible)
         except EngineError:
@@ -130,7 +133,7 @@ class Allocator:
         return Lease(self, b, pooled)
 
     def release(self, b: Buffer) -> None:
-        self.free.setdefault((b.size, b.host_visible), []).append(b)
+        heapq.heappush(self.free.setdefault((b.size, b.host_visible), []), (b.id, b))
 
     def destroy(self, b: Buffer) -> None:
         if self.all.pop(b.id, None) is None:
@@ -145,8 +148,8 @@ class Allocator:
     def trim(self) -> None:
         """Free every pooled buffer nobody holds."""
         stacks, self.free = self.free, {}
-        for stack in stacks.values():
-            for b in stack:
+        for heap in stacks.values():
+            for _, b in heap:
                 self.destroy(b)
 
     def close(self) -> None:
