@@ -134,12 +134,16 @@ class Model:
         t1 = time.perf_counter()
         out = Generation(list(prompt), [], last_logits, prefill_s=t1 - t0, ttft_s=t1 - t0)
         pos, cur = len(prompt), first
+
+        def step(t: Tensor, p: int) -> tuple[Tensor, Tensor]:
+            lg = self.forward(t, 1, p, cache)
+            return lg, b.argmax(lg)
+
         for _ in range(max_tokens):
             out.tokens.append(cur)
             if cur in stop or len(out.tokens) == max_tokens:
                 break
-            logits = self.forward(tok, 1, pos, cache)
-            tok = b.argmax(logits)
+            logits, tok = b.decode_step(step, tok, pos, cache)  # a backend may replay a graph
             if keep_logits:
                 out.step_logits.append(b.download(logits)[0])
             cur = int(b.download(tok)[0])

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from engine.gguf_model import QTensor
     from engine.tuning import TuningConfig
 
@@ -90,6 +92,18 @@ class Backend(ABC):
 
             raise ConfigError(f"config is for backend {config.backend!r}, not {self.name!r}")
         self.config = config
+
+    def decode_step(
+        self,
+        step: Callable[[Tensor, int], tuple[Tensor, Tensor]],
+        tok: Tensor,
+        pos: int,
+        cache: KVCache,
+    ) -> tuple[Tensor, Tensor]:
+        """One decode step: ``step(tok, pos)`` -> (logits [1, V], next token [1]). Optional hook:
+        a backend may capture the step once per cache and replay it (CUDA graphs); the default
+        just calls it."""
+        return step(tok, pos)
 
     def new_kv_cache(self, n_layers: int, capacity: int, n_head_kv: int, head_dim: int) -> KVCache:
         shape = (capacity, n_head_kv, head_dim)

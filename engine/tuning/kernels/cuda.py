@@ -1,1 +1,324 @@
-"""cuda backend kernel declarations (filled in by the cuda backend)."""
+"""The CUDA backend's kernels (engine/backends/cuda, shaders/cuda/*.cu): variants, parameters,
+allowed values and constraints. Plain data: this module imports nothing from CuPy, so the agent
+reads the search space on a head node without a GPU.
+
+Matmul dispatch (engine/backends/cuda/backend.py): T == 1 -> matmul_decode; 1 < T <
+prefill.gemm_min_t -> matmul_batched (DMMV over MAX_COLS columns at a time); T >= gemm_min_t ->
+matmul_prefill (a GEMM). A weight type a chosen GEMM variant does not decode falls back to
+matmul_batched; the declared quant_types say which types each variant decodes itself.
+
+Constraints read DeviceInfo.extra: ``cc`` (compute capability as major*10+minor), ``sms``,
+``smem_per_block`` and ``smem_per_block_optin`` (bytes).
+"""
+
+from __future__ import annotations
+
+from engine.tuning.registry import REGISTRY, Constraint, Param, Variant
+
+B = "cuda"
+
+BLOCK_TYPES = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K"})
+FLOAT_TYPES = frozenset({"F32", "F16", "BF16"})
+ALL_TYPES = BLOCK_TYPES | FLOAT_TYPES
+"""Weight types the CUDA backend keeps on the GPU (load_weight raises for any other)."""
+
+
+def _cc_at_least(cc: int) -> Constraint:
+    return Constraint(
+        f"needs compute capability >= {cc // 10}.{cc % 10}",
+        lambda cfg, dev: dev is None or int(dev.extra.get("cc", 0)) >= cc,
+    )
+
+
+def _p(cfg, op: str, name: str) -> int:  # noqa: ANN001 - TuningConfig
+    return int(cfg.op(op)[name])
+
+
+# --- engine schedule -----------------------------------------------------------------------
+REGISTRY.register(
+    B,
+    "prefill",
+    [
+        Variant(
+            B,
+            "prefill",
+            "batched",
+            params=(
+                Param(
+                    "max_cols",
+                    (8, 16, 24, 32, 40, 48, 64, 96, 128, 256, 512, 1024),
+                    512,
+                    "prompt tokens per forward chunk (MAX_COLS of the schedule)",
+                ),
+                Param(
+                    "gemm_min_t",
+                    (2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 1 << 20),
+                    32,
+                    "chunk length at which matmul switches from batched DMMV (matmul_batched) "
+                    "to a GEMM (matmul_prefill); 1<<20 = never",
+                ),
+            ),
+            doc="prompt in chunks of max_cols tokens; matmul path chosen by chunk length",
+        ),
+    ],
+    doc="engine schedule knobs of the prefill path",
+)
+
+# --- decode matmul ------------------------------------------------------------------------
+REGISTRY.register(
+    B,
+    "matmul_decode",
+    [
+        Variant(
+            B,
+            "matmul_decode",
+            "dmmv",
+            params=(
+                Param("rows_per_block", (1, 2, 4, 8, 16), 4, "weight rows per thread block"),
+                Param("threads_per_row", (8, 16, 32, 64, 128), 32, "threads splitting a row"),
+                Param(
+                    "vec",
+                    (1, 2, 4),
+                    2,
+                    "consecutive 16-weight groups per thread per step (load width, x8 bytes Q4_K)",
+                ),
+            ),
+            constraints=(
+                Constraint(
+                    "rows_per_block * threads_per_row <= 1024",
+                    lambda cfg, dev: (
+                        _p(cfg, "matmul_decode", "rows_per_block")
+                        * _p(cfg, "matmul_decode", "threads_per_row")
+                        <= 1024
+                    ),
+                ),
+            ),
+            quant_types=ALL_TYPES,
+            source="cuda/dmmv.cu",
+            doc="dequantizing matrix-vector product, K split across threads_per_row threads",
+        ),
+    ],
+)
+
+# --- batched DMMV (short prompts, MAX_COLS columns per launch) -----------------------------
+_COLS = Param(
+    "cols", (2, 4, 8, 16, 24, 32, 40, 48, 64), 16, "columns (tokens) per launch: MAX_COLS"
+)
+REGISTRY.register(
+    B,
+    "matmul_batched",
+    [
+        Variant(
+            B,
+            "matmul_batched",
+            "dmmv_kpar",
+            params=(
+                _COLS,
+                Param("rows_per_block", (1, 2, 4, 8), 2, "weight rows per thread block"),
+                Param("threads_per_row", (8, 16, 32, 64), 32, "threads splitting a row"),
+            ),
+            constraints=(
+                Constraint(
+                    "rows_per_block * threads_per_row <= 1024",
+                    lambda cfg, dev: (
+                        cfg.op("matmul_batched").variant != "dmmv_kpar"
+                        or _p(cfg, "matmul_batched", "rows_per_block")
+                        * _p(cfg, "matmul_batched", "threads_per_row")
+                        <= 1024
+                    ),
+                ),
+            ),
+            quant_types=ALL_TYPES,
+            source="cuda/dmmv.cu",
+            doc="batched DMMV, K-parallel: each decoded group feeds all cols columns",
+        ),
+        Variant(
+            B,
+            "matmul_batched",
+            "dmmv_serial",
+            params=(
+                _COLS,
+                Param("rows_per_block", (32, 64, 128, 256), 64, "rows (= threads) per block"),
+            ),
+            quant_types=ALL_TYPES,
+            source="cuda/dmmv.cu",
+            doc="batched DMMV, serial over K: one thread per row (the seed's slow first shape)",
+        ),
+    ],
+)
+
+# --- prefill GEMM -------------------------------------------------------------------------
+_TILE_M = Param("tile_m", (64, 128), 128, "weight rows per block tile")
+_TILE_N = Param("tile_n", (32, 64, 128), 128, "tokens per block tile")
+_WARPS_M = Param("warps_m", (1, 2, 4), 2, "warps along the weight rows")
+_WARPS_N = Param("warps_n", (1, 2, 4), 4, "warps along the tokens")
+
+
+def _tile_ok(cfg) -> bool:  # noqa: ANN001
+    c = cfg.op("matmul_prefill")
+    if c.variant != "mmq":
+        return True
+    tm, tn, wm, wn = (int(c[k]) for k in ("tile_m", "tile_n", "warps_m", "warps_n"))
+    return tm % (16 * wm) == 0 and tn % (16 * wn) == 0
+
+
+REGISTRY.register(
+    B,
+    "matmul_prefill",
+    [
+        Variant(
+            B,
+            "matmul_prefill",
+            "staged",
+            params=(
+                Param(
+                    "scratch_mb",
+                    (32, 64, 128, 256, 512),
+                    128,
+                    "fp16 scratch per GEMM in MiB (weights dequantized in row chunks)",
+                ),
+            ),
+            quant_types=ALL_TYPES,
+            source="cuda/dequant.cu",
+            doc="dequantize to an fp16 scratch, then cuBLAS GEMM (fp32 accumulate, fp32 out)",
+        ),
+        Variant(
+            B,
+            "matmul_prefill",
+            "mmq",
+            params=(_TILE_M, _TILE_N, _WARPS_M, _WARPS_N),
+            constraints=(
+                _cc_at_least(80),
+                Constraint(
+                    "tile_m % (16 * warps_m) == 0 and tile_n % (16 * warps_n) == 0",
+                    lambda cfg, dev: _tile_ok(cfg),
+                ),
+            ),
+            quant_types=BLOCK_TYPES,
+            source="cuda/mmq.cu",
+            doc="fused-dequant GEMM: blocks decoded into shared fp16 tiles, mma.sync m16n8k16",
+        ),
+    ],
+)
+
+# --- the other ops ------------------------------------------------------------------------
+REGISTRY.register(
+    B,
+    "embedding",
+    [
+        Variant(
+            B,
+            "embedding",
+            "get_rows",
+            params=(Param("threads", (64, 128, 256, 512), 256, "threads per block"),),
+            quant_types=ALL_TYPES,
+            source="cuda/dequant.cu",
+            doc="rows of a quantized table, ids on the device",
+        )
+    ],
+)
+REGISTRY.register(
+    B,
+    "rms_norm",
+    [
+        Variant(
+            B,
+            "rms_norm",
+            "warp",
+            params=(Param("rows_per_block", (1, 2, 4, 8), 4, "rows (one warp each) per block"),),
+            source="cuda/elementwise.cu",
+            doc="one warp per row of the last dim ([T, C] and per-head [T, H, D])",
+        )
+    ],
+)
+for _op, _name, _doc in [
+    ("add", "elementwise", "residual add and 1-D bias broadcast"),
+    ("swiglu", "elementwise", "silu(gate) * up"),
+    ("rope", "pairs", "normal and neox pairs, angle in double, position from the device"),
+    ("kv_write", "copy", "k, v into the float32 cache at the device position"),
+]:
+    REGISTRY.register(
+        B,
+        _op,
+        [
+            Variant(
+                B,
+                _op,
+                _name,
+                params=(Param("threads", (128, 256, 512, 1024), 256, "threads per block"),),
+                source="cuda/elementwise.cu",
+                doc=_doc,
+            )
+        ],
+    )
+REGISTRY.register(
+    B,
+    "argmax",
+    [
+        Variant(
+            B,
+            "argmax",
+            "block",
+            params=(Param("threads", (256, 512, 1024), 1024, "threads per row"),),
+            source="cuda/elementwise.cu",
+            doc="one block per row; first maximum wins",
+        )
+    ],
+)
+REGISTRY.register(
+    B,
+    "attention_decode",
+    [
+        Variant(
+            B,
+            "attention_decode",
+            "split",
+            params=(
+                Param("splits", (1, 2, 4, 8, 16, 32), 8, "key ranges per head (split-KV)"),
+                Param("warps", (1, 2, 4, 8), 4, "warps per key range"),
+            ),
+            source="cuda/attention.cu",
+            doc="split-KV online softmax + combine; position read on the device (graph-safe)",
+        )
+    ],
+)
+REGISTRY.register(
+    B,
+    "attention_prefill",
+    [
+        Variant(
+            B,
+            "attention_prefill",
+            "flash",
+            params=(
+                Param("block_q", (8, 16, 32, 64), 16, "query tokens per block"),
+                Param("rows_per_warp", (1, 2, 4, 8), 4, "query tokens per warp"),
+            ),
+            constraints=(
+                Constraint(
+                    "block_q / rows_per_warp warps, between 1 and 32",
+                    lambda cfg, dev: (
+                        cfg.op("attention_prefill").variant != "flash"
+                        or 1
+                        <= _p(cfg, "attention_prefill", "block_q")
+                        // _p(cfg, "attention_prefill", "rows_per_warp")
+                        <= 32
+                    ),
+                ),
+            ),
+            source="cuda/attention.cu",
+            doc="tiled flash attention in shared memory (head dim <= 128; else the split kernel)",
+        ),
+        Variant(
+            B,
+            "attention_prefill",
+            "split",
+            params=(
+                Param("splits", (1, 2, 4, 8), 1, "key ranges per query"),
+                Param("warps", (1, 2, 4, 8), 4, "warps per key range"),
+            ),
+            source="cuda/attention.cu",
+            doc="the decode kernel per query token (no key reuse across queries)",
+        ),
+    ],
+)

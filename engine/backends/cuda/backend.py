@@ -1,0 +1,663 @@
+"""The CUDA backend: CuPy arrays for activations, raw GGML blocks on the GPU for weights, and
+NVRTC-compiled kernels from shaders/cuda (engine/backends/cuda/kernels.py).
+
+Shapes as in engine.backends.base: T tokens, C width, N/K weight rows/row length, H/Hkv heads,
+D head dim, V vocabulary, S cache slots. Activations are float32; the KV cache is float32.
+
+All work goes to one non-blocking stream shared by every CudaBackend of the process, so the
+order of ops is the order of calls. The decode step is captured once per KV cache as a CUDA
+graph (``decode_step``) and replayed: kernels that need the position read it from a device
+int32 that a one-thread kernel sets before each replay, so Python is out of the token loop.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from engine.backends.base import Backend, DeviceInfo, KVCache
+from engine.backends.cuda import kernels
+from engine.backends.cuda.device import device_class, driver_string
+from engine.errors import BackendUnavailable, EngineError, UnsupportedError
+from engine.tuning.kernels.cuda import ALL_TYPES, BLOCK_TYPES
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from engine.gguf_model import QTensor
+    from engine.tuning import TuningConfig
+
+_cp: Any = None
+_STREAM: Any = None
+
+# cuBLAS / CUDA data-type constants (cublas_api.h, library_types.h)
+_OP_N, _OP_T = 0, 1
+_R_16F, _R_32F = 2, 0
+_COMPUTE_32F = 68
+_GEMM_DEFAULT = -1
+
+_SUFFIX = {
+    "Q4_0": "q4_0",
+    "Q4_1": "q4_1",
+    "Q5_0": "q5_0",
+    "Q8_0": "q8_0",
+    "Q4_K": "q4_k",
+    "Q6_K": "q6_k",
+    "F32": "f32",
+    "F16": "f16",
+    "BF16": "bf16",
+}
+
+
+def _import_cupy() -> Any:
+    """CuPy and a usable GPU, or BackendUnavailable saying which is missing."""
+    global _cp, _STREAM
+    if _cp is not None:
+        return _cp
+    try:
+        import cupy as cp
+    except ImportError as e:
+        raise BackendUnavailable(
+            f"CuPy is not installed ({e}); install cupy-cuda12x or cupy-cuda13x "
+            "(pip install -e '.[cuda]') on a machine with an NVIDIA GPU"
+        ) from None
+    try:
+        n = cp.cuda.runtime.getDeviceCount()
+    except Exception as e:  # noqa: BLE001 - no driver, no device: all mean "not here"
+        raise BackendUnavailable(f"CuPy found no usable CUDA driver or GPU: {e}") from None
+    if n < 1:
+        raise BackendUnavailable("CuPy found no CUDA GPU on this machine")
+    _cp = cp
+    _STREAM = cp.cuda.Stream(non_blocking=True)
+    return cp
+
+
+@dataclass
+class CudaWeight:
+    """A weight on the GPU: raw blocks [N, row_bytes] (2-D) or dense float32 (1-D)."""
+
+    name: str
+    qtype: str
+    shape: tuple[int, ...]
+    raw: Any = None  # cupy uint8 [N, row_bytes]
+    f32: Any = None  # cupy float32 [N] for norms and biases
+
+    @property
+    def n(self) -> int:
+        return self.shape[0]
+
+    @property
+    def k(self) -> int:
+        return self.shape[-1]
+
+    @property
+    def row_bytes(self) -> int:
+        return int(self.raw.shape[1])
+
+    @property
+    def nbytes(self) -> int:
+        return int((self.raw if self.raw is not None else self.f32).nbytes)
+
+
+@dataclass
+class _Graph:
+    cache: weakref.ref
+    config: TuningConfig
+    graph: Any
+    tok_in: Any
+    logits: Any
+    tok_out: Any
+    keep: list = field(default_factory=list)  # every allocation made during capture
+
+
+class CudaBackend(Backend):
+    name = "cuda"
+
+    def __init__(self, config: TuningConfig | None = None) -> None:
+        cp = _import_cupy()
+        self._cp = cp
+        self._stream = _STREAM
+        self._stream.use()
+        props = cp.cuda.runtime.getDeviceProperties(0)
+        self._props = props
+        self._cc = int(props["major"]) * 10 + int(props["minor"])
+        if self._cc < 80:
+            raise BackendUnavailable(
+                f"GPU {props['name']!r} has compute capability {self._cc / 10:.1f}; the CUDA "
+                "backend needs 8.0 (Ampere) or newer"
+            )
+        self._pos_dev = cp.zeros(1, np.int32)
+        self._graph: _Graph | None = None
+        self.use_graphs = True
+        self._capturing = False
+        self.profile: dict[str, list[float]] | None = None  # kernel name -> ms, when profiling
+        self._events: list[tuple[str, Any, Any]] = []
+        self._k: dict[str, Any] = {}
+        self._alpha = np.ones(1, np.float32)
+        self._beta = np.zeros(1, np.float32)
+        super().__init__(config)
+        self.set_config(self.config)
+
+    # --- device and memory -------------------------------------------------------------
+    def device_info(self) -> DeviceInfo:
+        cp, p = self._cp, self._props
+        name = p["name"].decode() if isinstance(p["name"], bytes) else str(p["name"])
+        try:
+            nvrtc = cp.cuda.nvrtc.getVersion()
+        except Exception:  # noqa: BLE001
+            nvrtc = (0, 0)
+        return DeviceInfo(
+            backend="cuda",
+            name=name,
+            vendor="nvidia",
+            device_class=device_class(name),
+            driver=driver_string(
+                cp.cuda.runtime.driverGetVersion(),
+                cp.cuda.runtime.runtimeGetVersion(),
+                cp.__version__,
+                tuple(nvrtc),
+            ),
+            memory_bytes=int(p["totalGlobalMem"]),
+            subgroup_size=int(p.get("warpSize", 32)),
+            extra={
+                "cc": self._cc,
+                "sms": int(p["multiProcessorCount"]),
+                "smem_per_block": int(p["sharedMemPerBlock"]),
+                "smem_per_block_optin": int(p.get("sharedMemPerBlockOptin", 0)),
+                "smem_per_sm": int(p.get("sharedMemPerMultiprocessor", 0)),
+                "l2_bytes": int(p.get("l2CacheSize", 0)),
+                "pci_bus_id": int(p.get("pciBusID", 0)),
+            },
+        )
+
+    def upload(self, a: np.ndarray) -> Any:
+        return self._cp.asarray(np.ascontiguousarray(a))
+
+    def download(self, t: Any) -> np.ndarray:
+        try:
+            out = t.get(stream=self._stream)
+            self._stream.synchronize()
+        except self._cp.cuda.runtime.CUDARuntimeError as e:
+            raise EngineError(
+                f"CUDA kernel fault ({e}); the GPU context is unusable, restart the worker"
+            ) from None
+        return out
+
+    def synchronize(self) -> None:
+        try:
+            self._stream.synchronize()
+        except self._cp.cuda.runtime.CUDARuntimeError as e:
+            raise EngineError(
+                f"CUDA kernel fault ({e}); the GPU context is unusable, restart the worker"
+            ) from None
+        self._collect_profile()
+
+    def load_weight(self, qt: QTensor) -> CudaWeight:
+        if qt.qtype not in ALL_TYPES:
+            raise UnsupportedError(
+                f"cuda backend: tensor {qt.name!r} has quant type {qt.qtype}, which has no CUDA "
+                f"kernel; supported: {sorted(ALL_TYPES)}"
+            )
+        if len(qt.shape) == 1:
+            return CudaWeight(qt.name, qt.qtype, qt.shape, f32=self.upload(qt.dequantize()))
+        if qt.qtype in BLOCK_TYPES and qt.shape[-1] % 32:
+            raise UnsupportedError(f"tensor {qt.name!r}: row length {qt.shape[-1]} % 32 != 0")
+        return CudaWeight(qt.name, qt.qtype, tuple(qt.shape), raw=self.upload(qt.raw))
+
+    def weight_bytes(self, weights: list[CudaWeight]) -> int:
+        return sum(w.nbytes for w in weights)
+
+    def new_kv_cache(self, n_layers: int, capacity: int, n_head_kv: int, head_dim: int) -> KVCache:
+        cp = self._cp
+        shape = (capacity, n_head_kv, head_dim)
+        return KVCache(
+            k=[cp.zeros(shape, np.float32) for _ in range(n_layers)],
+            v=[cp.zeros(shape, np.float32) for _ in range(n_layers)],
+            capacity=capacity,
+        )
+
+    # --- config and kernels ------------------------------------------------------------
+    def set_config(self, config: TuningConfig) -> None:
+        """Compile every module the config names (KernelCompileError on failure, leaving the
+        previous config and kernels in place), then switch."""
+        from engine.errors import ConfigError
+
+        if config.backend != self.name:
+            raise ConfigError(f"config is for backend {config.backend!r}, not {self.name!r}")
+        config.check(self.device_info())
+        self._k = self._build(config)
+        self.config = config
+        self._graph = None  # a captured step bakes in the old kernels
+
+    def _build(self, cfg: TuningConfig) -> dict[str, Any]:
+        cp, cc = self._cp, self._cc
+        k: dict[str, Any] = {}
+        dec = cfg.op("matmul_decode")
+        k["decode"] = kernels.module(
+            cp,
+            cc,
+            "dmmv.cu",
+            {
+                "ROWS": dec["rows_per_block"],
+                "TPR": dec["threads_per_row"],
+                "COLS": 1,
+                "VEC": dec["vec"],
+            },
+        )
+        bat = cfg.op("matmul_batched")
+        serial = bat.variant == "dmmv_serial"
+        k["batched"] = kernels.module(
+            cp,
+            cc,
+            "dmmv.cu",
+            {
+                "ROWS": bat["rows_per_block"],
+                "TPR": 1 if serial else bat["threads_per_row"],
+                "COLS": bat["cols"],
+                "VEC": 1,
+            },
+        )
+        pre = cfg.op("matmul_prefill")
+        if pre.variant == "mmq":
+            k["mmq"] = kernels.module(
+                cp,
+                cc,
+                "mmq.cu",
+                {
+                    "BM": pre["tile_m"],
+                    "BN": pre["tile_n"],
+                    "WM": pre["warps_m"],
+                    "WN": pre["warps_n"],
+                },
+            )
+        k["dequant"] = kernels.module(cp, cc, "dequant.cu")
+        k["elementwise"] = kernels.module(cp, cc, "elementwise.cu")
+        ap = cfg.op("attention_prefill")
+        flash = {"BQ": ap["block_q"], "RPW": ap["rows_per_warp"]} if ap.variant == "flash" else {}
+        k["attention"] = kernels.module(cp, cc, "attention.cu", flash)
+        return k
+
+    def _fn(self, mod: str, name: str) -> Any:
+        return self._k[mod].get_function(name)
+
+    def _launch(
+        self, mod: str, name: str, grid: tuple, block: tuple, args: tuple, smem: int = 0
+    ) -> None:
+        fn = self._fn(mod, name)
+        if self.profile is not None and not self._capturing:
+            cp = self._cp
+            e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+            e0.record(self._stream)
+            fn(grid, block, args, shared_mem=smem)
+            e1.record(self._stream)
+            self._events.append((name, e0, e1))
+        else:
+            fn(grid, block, args, shared_mem=smem)
+
+    def _collect_profile(self) -> None:
+        if self.profile is None or not self._events:
+            return
+        cp = self._cp
+        for name, e0, e1 in self._events:
+            self.profile.setdefault(name, []).append(cp.cuda.get_elapsed_time(e0, e1))
+        self._events.clear()
+
+    def start_profile(self) -> None:
+        """Time every launch with CUDA events (eager mode only; graphs are bypassed)."""
+        self.profile = defaultdict(list)
+        self._events.clear()
+
+    def stop_profile(self) -> dict[str, list[float]]:
+        self.synchronize()
+        out, self.profile = dict(self.profile or {}), None
+        return out
+
+    def _empty(self, shape: tuple[int, ...], dtype: Any = np.float32) -> Any:
+        return self._cp.empty(shape, dtype)
+
+    def _pos_ptr(self) -> np.uint64:
+        return np.uint64(self._pos_dev.data.ptr if self._capturing else 0)
+
+    @staticmethod
+    def _grid1(n: int, threads: int, cap: int = 65535 * 8) -> int:
+        return max(1, min(math.ceil(n / threads), cap))
+
+    # --- ops ----------------------------------------------------------------------------
+    def embedding(self, table: CudaWeight, ids: Any) -> Any:
+        ids = self._cp.ascontiguousarray(ids.reshape(-1), dtype=np.int32)
+        T, K = int(ids.shape[0]), table.k
+        out = self._empty((T, K))
+        th = int(self.config.op("embedding")["threads"])
+        per = K // 16 if table.qtype in BLOCK_TYPES else K
+        self._launch(
+            "dequant",
+            f"get_rows_{_SUFFIX[table.qtype]}",
+            (self._grid1(T * per, th),),
+            (th,),
+            (table.raw, np.int32(table.row_bytes), np.int32(K), ids, np.int32(T), out),
+        )
+        return out
+
+    def rms_norm(self, x: Any, w: CudaWeight, eps: float) -> Any:
+        x = self._cp.ascontiguousarray(x)
+        D = int(x.shape[-1])
+        rows = int(x.size // D)
+        out = self._empty(x.shape)
+        rpb = int(self.config.op("rms_norm")["rows_per_block"])
+        self._launch(
+            "elementwise",
+            "rms_norm",
+            (math.ceil(rows / rpb),),
+            (32 * rpb,),
+            (x, w.f32, out, np.int32(rows), np.int32(D), np.float32(eps)),
+        )
+        return out
+
+    def matmul(self, x: Any, w: CudaWeight) -> Any:
+        x = self._cp.ascontiguousarray(x, dtype=np.float32)
+        y = self._empty((int(x.shape[0]), w.n))
+        self.matmul_into(x, w, y)
+        return y
+
+    def matmul_into(self, x: Any, w: CudaWeight, y: Any) -> None:
+        """matmul writing into y [T, N] (contiguous; a view into a larger buffer is fine: the
+        tests put canaries around it). Dispatch by T: decode, batched DMMV, or the GEMM."""
+        T, K = int(x.shape[0]), int(x.shape[1])
+        if K != w.k or w.raw is None:
+            raise ValueError(f"matmul: x has {K} columns, weight {w.name!r} is {w.shape}")
+        pre = self.config.op("prefill")
+        if T == 1:
+            self._dmmv("decode", self.config.op("matmul_decode"), x, w, y, cols=1)
+        elif T < int(pre["gemm_min_t"]):
+            self._batched(x, w, y)
+        else:
+            v = self.config.op("matmul_prefill")
+            if v.variant == "staged":
+                self._staged(x, w, y, int(v["scratch_mb"]) << 20)
+            elif v.variant == "mmq" and w.qtype in BLOCK_TYPES:
+                self._mmq(x, w, y, v)
+            else:  # a type the GEMM variant does not decode: batched DMMV handles every type
+                self._batched(x, w, y)
+
+    def _batched(self, x: Any, w: CudaWeight, y: Any) -> None:
+        c = self.config.op("matmul_batched")
+        self._dmmv("batched", c, x, w, y, cols=int(c["cols"]))
+
+    def _dmmv(self, mod: str, c: Any, x: Any, w: CudaWeight, y: Any, cols: int) -> None:
+        T = int(x.shape[0])
+        rows = int(c["rows_per_block"])
+        tpr = 1 if c.variant == "dmmv_serial" else int(c["threads_per_row"])
+        self._launch(
+            mod,
+            f"dmmv_{_SUFFIX[w.qtype]}",
+            (math.ceil(w.n / rows), math.ceil(T / cols)),
+            (rows * tpr,),
+            (w.raw, np.int32(w.row_bytes), np.int32(w.n), np.int32(w.k), x, np.int32(T), y),
+        )
+
+    def _to_f16(self, x: Any) -> Any:
+        xh = self._empty(x.shape, np.uint16)
+        n = int(x.size)
+        self._launch("dequant", "f32_to_f16", (self._grid1(n, 256),), (256,), (x, xh, np.int64(n)))
+        return xh
+
+    def _staged(self, x: Any, w: CudaWeight, y: Any, scratch_bytes: int) -> None:
+        from cupy.cuda import cublas
+
+        T, K, N = int(x.shape[0]), w.k, w.n
+        xh = self._to_f16(x)
+        chunk = max(1, min(N, scratch_bytes // (2 * K)))
+        scratch = self._empty((chunk, K), np.uint16)
+        handle = self._cp.cuda.device.get_cublas_handle()
+        per = K // 16 if w.qtype in BLOCK_TYPES else K
+        for r0 in range(0, N, chunk):
+            n = min(chunk, N - r0)
+            self._launch(
+                "dequant",
+                f"dequant_f16_{_SUFFIX[w.qtype]}",
+                (self._grid1(n * per, 256),),
+                (256,),
+                (w.raw, np.int32(w.row_bytes), np.int32(K), np.int32(r0), np.int32(n), scratch),
+            )
+            # column-major view: Y^T[N, T] (ld N) = W[n, K] (op T) x X^T[K, T] (op N)
+            cublas.gemmEx(
+                handle, _OP_T, _OP_N, n, T, K,
+                self._alpha.ctypes.data, scratch.data.ptr, _R_16F, K,
+                xh.data.ptr, _R_16F, K,
+                self._beta.ctypes.data, y.data.ptr + 4 * r0, _R_32F, N,
+                _COMPUTE_32F, _GEMM_DEFAULT,
+            )  # fmt: skip
+
+    def _mmq(self, x: Any, w: CudaWeight, y: Any, c: Any) -> None:
+        T = int(x.shape[0])
+        xh = self._to_f16(x)
+        bm, bn = int(c["tile_m"]), int(c["tile_n"])
+        threads = int(c["warps_m"]) * int(c["warps_n"]) * 32
+        self._launch(
+            "mmq",
+            f"mmq_{_SUFFIX[w.qtype]}",
+            (math.ceil(w.n / bm), math.ceil(T / bn)),
+            (threads,),
+            (w.raw, np.int32(w.row_bytes), np.int32(w.n), np.int32(w.k), xh, np.int32(T), y),
+        )
+
+    def add(self, a: Any, b: Any) -> Any:
+        a = self._cp.ascontiguousarray(a)
+        out = self._empty(a.shape)
+        n = int(a.size)
+        th = int(self.config.op("add")["threads"])
+        if isinstance(b, CudaWeight):
+            N = int(b.f32.size)
+            self._launch(
+                "elementwise", "add_bias", (self._grid1(n, th),), (th,),
+                (a, b.f32, out, np.int64(n), np.int32(N)),
+            )  # fmt: skip
+        else:
+            b = self._cp.ascontiguousarray(b)
+            self._launch(
+                "elementwise", "add_same", (self._grid1(n, th),), (th,), (a, b, out, np.int64(n))
+            )
+        return out
+
+    def rope(self, x: Any, pos0: int, theta: float, neox: bool) -> Any:
+        x = self._cp.ascontiguousarray(x)
+        T, H, D = (int(s) for s in x.shape)
+        out = self._empty(x.shape)
+        th = int(self.config.op("rope")["threads"])
+        self._launch(
+            "elementwise",
+            "rope",
+            (self._grid1(T * H * (D // 2), th),),
+            (th,),
+            (
+                x,
+                out,
+                np.int32(T),
+                np.int32(H),
+                np.int32(D),
+                np.int32(pos0),
+                self._pos_ptr(),
+                np.float32(theta),
+                np.int32(1 if neox else 0),
+            ),
+        )
+        return out
+
+    def kv_write(self, cache: KVCache, layer: int, k: Any, v: Any, pos0: int) -> None:
+        T = int(k.shape[0])
+        if pos0 + T > cache.capacity:
+            raise ValueError(
+                f"KV cache full: writing positions {pos0}..{pos0 + T - 1} "
+                f"into a cache of {cache.capacity}"
+            )
+        k = self._cp.ascontiguousarray(k)
+        v = self._cp.ascontiguousarray(v)
+        HD = int(k.size // T)
+        th = int(self.config.op("kv_write")["threads"])
+        self._launch(
+            "elementwise",
+            "kv_write",
+            (self._grid1(T * HD, th),),
+            (th,),
+            (
+                k,
+                v,
+                cache.k[layer],
+                cache.v[layer],
+                np.int32(T),
+                np.int32(HD),
+                np.int32(pos0),
+                self._pos_ptr(),
+            ),
+        )
+
+    def attention(self, q: Any, cache: KVCache, layer: int, pos0: int) -> Any:
+        q = self._cp.ascontiguousarray(q)
+        T, H, D = (int(s) for s in q.shape)
+        Hkv = int(cache.k[layer].shape[1])
+        out = self._empty((T, H, D))
+        scale = np.float32(1.0 / math.sqrt(D))
+        if T == 1:
+            c = self.config.op("attention_decode")
+            self._attn_split(q, cache, layer, pos0, out, int(c["splits"]), int(c["warps"]))
+            return out
+        c = self.config.op("attention_prefill")
+        if c.variant == "flash" and D <= 128:
+            bq, rpw = int(c["block_q"]), int(c["rows_per_warp"])
+            smem = 4 * (bq * D + 2 * 32 * (D + 1))
+            self._launch(
+                "attention",
+                "attn_flash",
+                (math.ceil(T / bq), H),
+                ((bq // rpw) * 32,),
+                (
+                    q,
+                    cache.k[layer],
+                    cache.v[layer],
+                    out,
+                    np.int32(T),
+                    np.int32(H),
+                    np.int32(Hkv),
+                    np.int32(D),
+                    np.int32(pos0),
+                    self._pos_ptr(),
+                    scale,
+                ),
+                smem=smem,
+            )
+        else:
+            splits = int(c["splits"]) if c.variant == "split" else 1
+            warps = int(c["warps"]) if c.variant == "split" else 4
+            self._attn_split(q, cache, layer, pos0, out, splits, warps)
+        return out
+
+    def _attn_split(
+        self, q: Any, cache: KVCache, layer: int, pos0: int, out: Any, splits: int, warps: int
+    ) -> None:
+        T, H, D = (int(s) for s in q.shape)
+        Hkv = int(cache.k[layer].shape[1])
+        part = self._empty((T, H, splits, D))
+        ml = self._empty((T, H, splits, 2))
+        self._launch(
+            "attention",
+            "attn_split",
+            (splits, H, T),
+            (32 * warps,),
+            (
+                q,
+                cache.k[layer],
+                cache.v[layer],
+                part,
+                ml,
+                np.int32(T),
+                np.int32(H),
+                np.int32(Hkv),
+                np.int32(D),
+                np.int32(pos0),
+                self._pos_ptr(),
+                np.float32(1.0 / math.sqrt(D)),
+            ),
+            smem=4 * warps * (D + 2),
+        )
+        self._launch(
+            "attention", "attn_combine", (H, T), (min(128, max(32, D)),),
+            (part, ml, out, np.int32(H), np.int32(D), np.int32(splits)),
+        )  # fmt: skip
+
+    def swiglu(self, gate: Any, up: Any) -> Any:
+        gate = self._cp.ascontiguousarray(gate)
+        up = self._cp.ascontiguousarray(up)
+        out = self._empty(gate.shape)
+        n = int(gate.size)
+        th = int(self.config.op("swiglu")["threads"])
+        self._launch(
+            "elementwise", "swiglu", (self._grid1(n, th),), (th,), (gate, up, out, np.int64(n))
+        )
+        return out
+
+    def argmax(self, logits: Any) -> Any:
+        logits = self._cp.ascontiguousarray(logits)
+        T, V = int(logits.shape[0]), int(logits.shape[-1])
+        out = self._empty((T,), np.int32)
+        th = int(self.config.op("argmax")["threads"])
+        self._launch("elementwise", "argmax", (T,), (th,), (logits, np.int32(V), out))
+        return out
+
+    # --- the decode step as a CUDA graph -------------------------------------------------
+    def decode_step(
+        self,
+        step: Callable[[Any, int], tuple[Any, Any]],
+        tok: Any,
+        pos: int,
+        cache: KVCache,
+    ) -> tuple[Any, Any]:
+        """Capture step(tok, pos) once per KV cache and config, then replay it. The graph's
+        logits and token buffers are returned every step: the caller reads them before the
+        next step (the model downloads the token each step), and the next step's input token
+        is copied from ``tok`` into the graph's own input before the replay."""
+        if pos + 1 > cache.capacity:
+            raise ValueError(
+                f"KV cache full: writing positions {pos}..{pos} into a cache of {cache.capacity}"
+            )
+        if not self.use_graphs or self.profile is not None:
+            return step(tok, pos)
+        g = self._graph
+        if g is None or g.cache() is not cache or g.config is not self.config:
+            g = self._capture(step, tok, pos, cache)
+        self._launch(
+            "elementwise", "decode_prep", (1,), (32,),
+            (self._pos_dev, np.int32(pos), g.tok_in, tok),
+        )  # fmt: skip
+        g.graph.launch(stream=self._stream)
+        return g.logits, g.tok_out
+
+    def _capture(self, step: Callable, tok: Any, pos: int, cache: KVCache) -> _Graph:
+        cp = self._cp
+        self._graph = None
+        tok_in = cp.zeros(1, np.int32)
+        keep: list = []
+        pool = cp.get_default_memory_pool()
+
+        def alloc(size: int) -> Any:
+            mem = pool.malloc(size)
+            keep.append(mem)  # held by the graph: never handed back to the pool
+            return mem
+
+        self._stream.synchronize()
+        cp.cuda.set_allocator(alloc)
+        self._capturing = True
+        self._stream.begin_capture()
+        try:
+            logits, tok_out = step(tok_in, pos)
+        finally:
+            graph = self._stream.end_capture()
+            self._capturing = False
+            cp.cuda.set_allocator(pool.malloc)
+        g = _Graph(weakref.ref(cache), self.config, graph, tok_in, logits, tok_out, keep)
+        self._graph = g
+        return g

@@ -1,0 +1,198 @@
+// attention.cu: causal GQA attention over the float32 KV cache.
+//
+//   out[t, h] = softmax_l(q[t, h] . K[l, h / G] / sqrt(D)) V[l, h / G],  l <= pos0 + t
+//   q [T, H, D], cache [S, Hkv, D], G = H / Hkv
+//
+// Variants (engine/tuning/kernels/cuda.py):
+//   attention_decode.split     attn_split + attn_combine: keys cut into SPLITS ranges (a fixed
+//                              count, so one captured graph serves every position), WARPS warps
+//                              walk a range (one warp per key, lanes over D, online softmax),
+//                              then a combine kernel merges the ranges. Also serves prefill as
+//                              attention_prefill.split (grid z = query token).
+//   attention_prefill.flash    attn_flash: a block takes BQ query tokens of one head, stages 32
+//                              keys and values at a time in shared memory (rows padded by one
+//                              float: no bank conflicts) and each warp keeps RPW queries'
+//                              running max, sum and output in registers. Lanes own keys for
+//                              the scores and head dims for P.V. Needs D <= 128.
+// Tunables: SPLITS, WARPS (launch), BQ and RPW (defines of attn_flash).
+// pos0 comes as a scalar and a device pointer (non-null wins: the decode graph's position).
+#include "common.cuh"
+
+#define NEG_INF __int_as_float(0xff800000)
+#define MAXD_LANE 8  // attn_split: D <= 256
+
+// grid (SPLITS, H, T); part [T, H, SPLITS, D] unnormalized, ml [T, H, SPLITS, 2] (max, sum).
+extern "C" __global__ void attn_split(const float* __restrict__ q, const float* __restrict__ kc,
+                                      const float* __restrict__ vc, float* __restrict__ part,
+                                      float* __restrict__ ml, int T, int H, int Hkv, int D,
+                                      int pos0, const int* pos_ptr, float scale) {
+    extern __shared__ float sm[];  // [nwarps][D + 2]
+    const int s = blockIdx.x, h = blockIdx.y, t = blockIdx.z, nsplit = gridDim.x;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x / 32, nw = blockDim.x / 32;
+    const int L = (pos_ptr ? *pos_ptr : pos0) + t + 1;
+    const int chunk = (L + nsplit - 1) / nsplit;
+    const int kb = s * chunk, ke = min(L, kb + chunk);
+    const int kvh = h / (H / Hkv);
+    float qv[MAXD_LANE], acc[MAXD_LANE];
+#pragma unroll
+    for (int i = 0; i < MAXD_LANE; ++i) {
+        const int d = lane + 32 * i;
+        qv[i] = d < D ? q[((size_t)t * H + h) * D + d] * scale : 0.f;
+        acc[i] = 0.f;
+    }
+    float m = NEG_INF, l = 0.f;
+    for (int j = kb + warp; j < ke; j += nw) {
+        const float* kr = kc + ((size_t)j * Hkv + kvh) * D;
+        const float* vr = vc + ((size_t)j * Hkv + kvh) * D;
+        float sd = 0.f;
+#pragma unroll
+        for (int i = 0; i < MAXD_LANE; ++i) {
+            const int d = lane + 32 * i;
+            if (d < D) sd += qv[i] * kr[d];
+        }
+        sd = warp_sum(sd);
+        const float mn = fmaxf(m, sd), corr = expf(m - mn), p = expf(sd - mn);
+        l = l * corr + p;
+#pragma unroll
+        for (int i = 0; i < MAXD_LANE; ++i) {
+            const int d = lane + 32 * i;
+            acc[i] = acc[i] * corr + (d < D ? p * vr[d] : 0.f);
+        }
+        m = mn;
+    }
+    // merge the warps of this block
+    float* mine = sm + warp * (D + 2);
+#pragma unroll
+    for (int i = 0; i < MAXD_LANE; ++i) {
+        const int d = lane + 32 * i;
+        if (d < D) mine[d] = acc[i];
+    }
+    if (lane == 0) {
+        mine[D] = m;
+        mine[D + 1] = l;
+    }
+    __syncthreads();
+    const size_t o = ((size_t)t * H + h) * nsplit + s;
+    float M = NEG_INF;
+    for (int w = 0; w < nw; ++w) M = fmaxf(M, sm[w * (D + 2) + D]);
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+        float a = 0.f;
+        if (M != NEG_INF)
+            for (int w = 0; w < nw; ++w) a += sm[w * (D + 2) + d] * expf(sm[w * (D + 2) + D] - M);
+        part[o * D + d] = a;
+    }
+    if (threadIdx.x == 0) {
+        float Ls = 0.f;
+        if (M != NEG_INF)
+            for (int w = 0; w < nw; ++w) Ls += sm[w * (D + 2) + D + 1] * expf(sm[w * (D + 2) + D] - M);
+        ml[2 * o] = M;
+        ml[2 * o + 1] = Ls;
+    }
+}
+
+// grid (H, T), block >= 32: merge SPLITS partials into out [T, H, D].
+extern "C" __global__ void attn_combine(const float* __restrict__ part, const float* __restrict__ ml,
+                                        float* __restrict__ out, int H, int D, int nsplit) {
+    const int h = blockIdx.x, t = blockIdx.y;
+    const size_t base = ((size_t)t * H + h) * nsplit;
+    float M = NEG_INF;
+    for (int s = 0; s < nsplit; ++s) M = fmaxf(M, ml[2 * (base + s)]);
+    float Ls = 0.f;
+    for (int s = 0; s < nsplit; ++s) {
+        const float ms = ml[2 * (base + s)];
+        if (ms != NEG_INF) Ls += ml[2 * (base + s) + 1] * expf(ms - M);
+    }
+    const float inv = 1.f / Ls;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+        float a = 0.f;
+        for (int s = 0; s < nsplit; ++s) {
+            const float ms = ml[2 * (base + s)];
+            if (ms != NEG_INF) a += part[(base + s) * D + d] * expf(ms - M);
+        }
+        out[((size_t)t * H + h) * D + d] = a * inv;
+    }
+}
+
+#ifndef BQ
+#define BQ 16
+#endif
+#ifndef RPW
+#define RPW 4
+#endif
+#define KC 32
+
+// grid (ceil(T / BQ), H), block (BQ / RPW) * 32, dynamic smem (BQ * D + 2 * KC * (D + 1)) floats.
+extern "C" __global__ void attn_flash(const float* __restrict__ q, const float* __restrict__ kc,
+                                      const float* __restrict__ vc, float* __restrict__ out, int T,
+                                      int H, int Hkv, int D, int pos0, const int* pos_ptr,
+                                      float scale) {
+    extern __shared__ float sm[];
+    float* qs = sm;                 // [BQ][D], pre-scaled
+    float* ks = qs + BQ * D;        // [KC][D + 1]
+    float* vs = ks + KC * (D + 1);  // [KC][D + 1]
+    const int t0 = blockIdx.x * BQ, h = blockIdx.y, kvh = h / (H / Hkv);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x / 32, nthr = blockDim.x;
+    const int p0 = pos_ptr ? *pos_ptr : pos0;
+    for (int i = threadIdx.x; i < BQ * D; i += nthr) {
+        const int tt = t0 + i / D;
+        qs[i] = tt < T ? q[((size_t)tt * H + h) * D + i % D] * scale : 0.f;
+    }
+    float m[RPW], l[RPW], acc[RPW][4];
+#pragma unroll
+    for (int r = 0; r < RPW; ++r) {
+        m[r] = NEG_INF;
+        l[r] = 0.f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[r][i] = 0.f;
+    }
+    const int Lmax = p0 + min(t0 + BQ, T);  // keys the last query of the tile sees
+    for (int k0 = 0; k0 < Lmax; k0 += KC) {
+        __syncthreads();
+        for (int i = threadIdx.x; i < KC * D; i += nthr) {
+            const int j = i / D, d = i % D, key = k0 + j;
+            const bool ok = key < Lmax;
+            ks[j * (D + 1) + d] = ok ? kc[((size_t)key * Hkv + kvh) * D + d] : 0.f;
+            vs[j * (D + 1) + d] = ok ? vc[((size_t)key * Hkv + kvh) * D + d] : 0.f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int r = 0; r < RPW; ++r) {
+            const int qi = warp * RPW + r, tq = t0 + qi;
+            if (tq >= T) continue;  // warp-uniform
+            const int pq = p0 + tq;
+            if (k0 > pq) continue;  // the whole chunk is in this query's future
+            const float* qr = qs + qi * D;
+            const float* kr = ks + lane * (D + 1);
+            float s = 0.f;
+            for (int d = 0; d < D; ++d) s += qr[d] * kr[d];
+            if (k0 + lane > pq) s = NEG_INF;
+            const float cmax = warp_max(s);
+            const float mn = fmaxf(m[r], cmax), corr = expf(m[r] - mn);
+            const float p = expf(s - mn);
+            l[r] = l[r] * corr + warp_sum(p);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[r][i] *= corr;
+            for (int j = 0; j < KC; ++j) {
+                const float pj = __shfl_sync(0xffffffffu, p, j);
+                const float* vr = vs + j * (D + 1);
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const int d = lane + 32 * i;
+                    if (d < D) acc[r][i] += pj * vr[d];
+                }
+            }
+            m[r] = mn;
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < RPW; ++r) {
+        const int tq = t0 + warp * RPW + r;
+        if (tq >= T) continue;
+        const float inv = 1.f / l[r];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int d = lane + 32 * i;
+            if (d < D) out[((size_t)tq * H + h) * D + d] = acc[r][i] * inv;
+        }
+    }
+}

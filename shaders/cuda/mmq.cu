@@ -1,0 +1,154 @@
+// mmq.cu: fused-dequant GEMM on fp16 tensor cores (mma.sync m16n8k16, sm_80+).
+//
+//   Y[t, n] = sum_k X[t, k] * W[n, k]   X as fp16 [T, K], W [N, K] GGML blocks, Y [T, N] f32
+//
+// Variants (engine/tuning/kernels/cuda.py): matmul_prefill.mmq. The quantized weight tile is
+// read from device memory once per block, decoded in registers (common.cuh) and written to
+// shared memory as fp16; it never exists in device memory as fp16 (the staged variant's 8x
+// weight traffic, seeds/fused-dequant-gemm.txt). A block computes a BM x BN tile (weight rows
+// x tokens) over 64-wide k windows; WM x WN warps each own a (BM/WM) x (BN/WN) sub-tile and
+// issue ldmatrix + mma from padded shared rows (LDS = 72 halves: ldmatrix rows land on
+// distinct banks). Accumulation is float32.
+// Tunables (defines): BM (64, 128), BN (32, 64, 128), WM, WN; BM/WM and BN/WN multiples of 16.
+// Kernels: mmq_<type> for q4_0 q4_1 q5_0 q8_0 q4_k q6_k. Grid (ceil(N / BM), ceil(T / BN)),
+// block WM * WN * 32. K must be a multiple of 32 (every block type's K is).
+#include "common.cuh"
+
+#ifndef BM
+#define BM 128
+#endif
+#ifndef BN
+#define BN 128
+#endif
+#ifndef WM
+#define WM 2
+#endif
+#ifndef WN
+#define WN 4
+#endif
+#define BKW 64
+#define LDS (BKW + 8)
+#define TM (BM / WM)
+#define TN (BN / WN)
+#define MT (TM / 16)
+#define NT (TN / 8)
+#define NTHREADS (WM * WN * 32)
+
+__device__ __forceinline__ u32 smem_u32(const void* p) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+__device__ __forceinline__ void ldsm_x4(u32* r, const u16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+
+__device__ __forceinline__ void mma16816(float* c, const u32* a, const u32* b) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+__device__ __forceinline__ uint4 run_f16(const Run8& r) {
+    float v[8];
+    run_floats(r, v);
+    return make_uint4(f2h2(v[0], v[1]), f2h2(v[2], v[3]), f2h2(v[4], v[5]), f2h2(v[6], v[7]));
+}
+
+template <int QT>
+__device__ __forceinline__ void mmq(const u8* __restrict__ W, int row_bytes, int N, int K,
+                                    const u16* __restrict__ Xh, int T, float* __restrict__ Y) {
+    __shared__ __align__(16) u16 As[BM * LDS];
+    __shared__ __align__(16) u16 Bs[BN * LDS];
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid & 31;
+    const int wm = warp % WM, wn = warp / WM;
+    const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
+    const int NG = K / 16;
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int a = 0; a < MT; ++a)
+#pragma unroll
+        for (int b = 0; b < NT; ++b)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) acc[a][b][c] = 0.f;
+
+    for (int k0 = 0; k0 < K; k0 += BKW) {
+        // Weight tile: BM rows x 4 groups (a group's 16 weights sit inside this 64-window).
+        for (int i = tid; i < BM * 4; i += NTHREADS) {
+            const int r = i >> 2, g = k0 / 16 + (i & 3);
+            const int b = g / QTraits<QT>::GROUPS, gi = g % QTraits<QT>::GROUPS;
+            int o0, o1;
+            run_offsets<QT>(gi, o0, o1);
+            const int ka = b * QTraits<QT>::BK + o0 - k0, kb = b * QTraits<QT>::BK + o1 - k0;
+            uint4 va = make_uint4(0, 0, 0, 0), vb = va;
+            if (m0 + r < N && g < NG) {
+                Run8 r0, r1;
+                decode_group<QT>(W + (size_t)(m0 + r) * row_bytes + (size_t)b * QTraits<QT>::BYTES,
+                                 gi, r0, r1);
+                va = run_f16(r0);
+                vb = run_f16(r1);
+            }
+            *(uint4*)(As + r * LDS + ka) = va;
+            *(uint4*)(As + r * LDS + kb) = vb;
+        }
+        // Activation tile: BN tokens x 64 halves, 16-byte chunks.
+        for (int i = tid; i < BN * 8; i += NTHREADS) {
+            const int r = i >> 3, c = i & 7, t = n0 + r, k = k0 + 8 * c;
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (t < T && k < K) v = __ldg((const uint4*)(Xh + (size_t)t * K + k));
+            *(uint4*)(Bs + r * LDS + 8 * c) = v;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < BKW; kk += 16) {
+            u32 af[MT][4], bf[NT][2];
+#pragma unroll
+            for (int a = 0; a < MT; ++a)
+                ldsm_x4(af[a], As + (wm * TM + a * 16 + (lane & 15)) * LDS + kk + (lane >> 4) * 8);
+#pragma unroll
+            for (int b = 0; b < NT; b += 2) {
+                u32 r4[4];
+                ldsm_x4(r4, Bs + (wn * TN + b * 8 + (lane & 7) + ((lane >> 4) << 3)) * LDS + kk +
+                                ((lane >> 3) & 1) * 8);
+                bf[b][0] = r4[0];
+                bf[b][1] = r4[1];
+                bf[b + 1][0] = r4[2];
+                bf[b + 1][1] = r4[3];
+            }
+#pragma unroll
+            for (int a = 0; a < MT; ++a)
+#pragma unroll
+                for (int b = 0; b < NT; ++b) mma16816(acc[a][b], af[a], bf[b]);
+        }
+        __syncthreads();
+    }
+    const int gid = lane >> 2, tig = lane & 3;
+#pragma unroll
+    for (int a = 0; a < MT; ++a)
+#pragma unroll
+        for (int b = 0; b < NT; ++b)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                const int n = m0 + wm * TM + a * 16 + gid + (c >> 1) * 8;
+                const int t = n0 + wn * TN + b * 8 + tig * 2 + (c & 1);
+                if (n < N && t < T) Y[(size_t)t * N + n] = acc[a][b][c];
+            }
+}
+
+#define MMQ_KERNEL(name, QT)                                                                   \
+    extern "C" __global__ void __launch_bounds__(NTHREADS)                                     \
+        mmq_##name(const u8* W, int row_bytes, int N, int K, const u16* Xh, int T, float* Y) {  \
+        mmq<QT>(W, row_bytes, N, K, Xh, T, Y);                                                 \
+    }
+
+MMQ_KERNEL(q4_0, QT_Q4_0)
+MMQ_KERNEL(q4_1, QT_Q4_1)
+MMQ_KERNEL(q5_0, QT_Q5_0)
+MMQ_KERNEL(q8_0, QT_Q8_0)
+MMQ_KERNEL(q4_k, QT_Q4_K)
+MMQ_KERNEL(q6_k, QT_Q6_K)

@@ -1,0 +1,387 @@
+"""The CUDA backend against the NumPy reference, op by op and variant by variant (`pytest -m gpu`).
+
+Every registered variant of every op runs on random shapes that include sizes that are not
+multiples of any tile, MAX_COLS or block, and size-1 dims; per-op NMSE limits (5e-4 for matmul,
+the fp16 GEMM paths), no NaN/Inf, canaries around outputs, inputs unchanged. Then whole synthetic
+models: graph replay equals eager decode, validate passes for every variant, a compile failure
+and a kernel fault are reported as such. On a machine without CuPy or a GPU the whole module is
+skipped with the reason (and `pytest` without -m gpu deselects it).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize
+
+from engine.gguf_model import QTensor
+from engine.quantize import quantize
+from engine.tuning import TuningConfig
+
+pytestmark = pytest.mark.gpu
+
+QTYPES = ["F32", "F16", "BF16", "Q8_0", "Q5_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"]
+MATMUL_NMSE = 5e-4
+SENTINEL = 1234.5
+
+
+@pytest.fixture(scope="module")
+def cp():
+    return pytest.importorskip("cupy", reason="CuPy is not installed")
+
+
+@pytest.fixture(scope="module")
+def be(cp):
+    from engine import backends
+    from engine.errors import BackendUnavailable
+
+    try:
+        return backends.create("cuda")
+    except BackendUnavailable as e:
+        pytest.skip(f"cuda backend not usable here: {e}")
+
+
+def cfg(**flat) -> TuningConfig:
+    return TuningConfig.from_flat("cuda", flat)
+
+
+def nmse(ref: np.ndarray, out: np.ndarray) -> float:
+    ref, out = np.asarray(ref, np.float64), np.asarray(out, np.float64)
+    return float(np.sum((out - ref) ** 2) / max(np.sum(ref**2), 1e-30))
+
+
+def check(out: np.ndarray, ref: np.ndarray, limit: float) -> None:
+    assert out.shape == ref.shape, f"shape {out.shape} != {ref.shape}"
+    assert np.isfinite(out).all(), "NaN or Inf in output"
+    assert nmse(ref, out) < limit, f"NMSE {nmse(ref, out):.3g} >= {limit:g}"
+
+
+def qtensor(rng, shape, qtype, std=1.0) -> QTensor:
+    a = (rng.standard_normal(shape) * std).astype(np.float32)
+    a2 = a.reshape(-1, shape[-1])
+    raw = quantize(a2, qtype).view(np.uint8).reshape(a2.shape[0], -1)
+    return QTensor("w", qtype, tuple(shape), raw)
+
+
+def dense(qt: QTensor) -> np.ndarray:
+    out = dequantize(qt.raw, GGMLQuantizationType[qt.qtype])
+    return np.asarray(out, np.float64).reshape(qt.shape)
+
+
+def guarded(cp, shape, pad=257):
+    """An output view with sentinel canaries on both sides: (view, check_canaries)."""
+    n = int(np.prod(shape))
+    buf = cp.full(n + 2 * pad, SENTINEL, np.float32)
+    view = buf[pad : pad + n].reshape(shape)
+
+    def intact() -> None:
+        host = buf.get()
+        assert (host[:pad] == SENTINEL).all(), "write before the output"
+        assert (host[pad + n :] == SENTINEL).all(), "write after the output"
+
+    return view, intact
+
+
+def k_for(qtype: str, blocks: int) -> int:
+    return 256 * blocks if qtype.endswith("_K") else 32 * blocks if qtype[0] == "Q" else 37 * blocks
+
+
+# --- matmul: every path, variant and parameter family -----------------------------------------
+MATMUL_CONFIGS = [
+    # (id, flat config, T values)
+    ("decode-default", {}, [1]),
+    ("decode-r1-t8-v1", {"matmul_decode.rows_per_block": 1, "matmul_decode.threads_per_row": 8,
+                         "matmul_decode.vec": 1}, [1]),
+    ("decode-r16-t64-v4", {"matmul_decode.rows_per_block": 16,
+                           "matmul_decode.threads_per_row": 64, "matmul_decode.vec": 4}, [1]),
+    ("decode-r2-t128", {"matmul_decode.rows_per_block": 2,
+                        "matmul_decode.threads_per_row": 128}, [1]),
+    ("kpar-c2", {"prefill.gemm_min_t": 1 << 20, "matmul_batched.cols": 2}, [2, 7]),
+    ("kpar-c16", {"prefill.gemm_min_t": 1 << 20}, [2, 17, 33]),
+    ("kpar-c40-t64", {"prefill.gemm_min_t": 1 << 20, "matmul_batched.cols": 40,
+                      "matmul_batched.threads_per_row": 64, "matmul_batched.rows_per_block": 1},
+     [41, 40]),
+    ("serial-c16", {"prefill.gemm_min_t": 1 << 20, "matmul_batched.variant": "dmmv_serial"},
+     [3, 17]),
+    ("staged", {"prefill.gemm_min_t": 2, "matmul_prefill.variant": "staged"}, [2, 33, 130]),
+    ("mmq-128x128", {"prefill.gemm_min_t": 2, "matmul_prefill.variant": "mmq"}, [2, 33, 130]),
+    ("mmq-64x32-2x2", {"prefill.gemm_min_t": 2, "matmul_prefill.variant": "mmq",
+                       "matmul_prefill.tile_m": 64, "matmul_prefill.tile_n": 32,
+                       "matmul_prefill.warps_m": 2, "matmul_prefill.warps_n": 2}, [5, 70]),
+    ("mmq-64x64-4x1", {"prefill.gemm_min_t": 2, "matmul_prefill.variant": "mmq",
+                       "matmul_prefill.tile_m": 64, "matmul_prefill.tile_n": 64,
+                       "matmul_prefill.warps_m": 4, "matmul_prefill.warps_n": 1}, [65]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("cid,flat,Ts", MATMUL_CONFIGS, ids=[c[0] for c in MATMUL_CONFIGS])
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_matmul(cp, be, cid, flat, Ts, qtype):
+    be.set_config(cfg(**flat))
+    rng = np.random.default_rng(abs(hash((cid, qtype))) % 2**32)
+    for T in Ts:
+        for N, kb in [(1, 1), (67, 3), (130, 2), (257, 1)]:
+            K = k_for(qtype, kb)
+            w = qtensor(rng, (N, K), qtype, std=0.05)
+            x = rng.standard_normal((T, K)).astype(np.float32)
+            xd = be.upload(x)
+            y, intact = guarded(cp, (T, N))
+            be.matmul_into(xd, be.load_weight(w), y)
+            check(y.get(), x.astype(np.float64) @ dense(w).T, MATMUL_NMSE)
+            intact()
+            assert np.array_equal(be.download(xd), x), "input changed"
+
+
+def test_staged_chunks_rows(cp, be):
+    """The staged path dequantizes in row chunks when the scratch is smaller than the weight."""
+    be.set_config(cfg())
+    rng = np.random.default_rng(5)
+    w = qtensor(rng, (300, 512), "Q4_K", std=0.05)
+    x = rng.standard_normal((9, 512)).astype(np.float32)
+    y, intact = guarded(cp, (9, 300))
+    be._staged(be.upload(x), be.load_weight(w), y, scratch_bytes=2 * 512 * 7)  # 7-row chunks
+    check(y.get(), x.astype(np.float64) @ dense(w).T, MATMUL_NMSE)
+    intact()
+
+
+def test_load_weight_rejects_unsupported_type(be):
+    from engine.errors import UnsupportedError
+
+    rng = np.random.default_rng(0)
+    w = qtensor(rng, (4, 32), "Q5_1")
+    with pytest.raises(UnsupportedError, match=r"'w'.*Q5_1"):
+        be.load_weight(w)
+
+
+# --- small ops ------------------------------------------------------------------------------
+@pytest.mark.parametrize("qtype", QTYPES)
+@pytest.mark.parametrize("T", [1, 5])
+def test_embedding(cp, be, qtype, T):
+    be.set_config(cfg())
+    rng = np.random.default_rng(T)
+    K = k_for(qtype, 2) if qtype[0] == "Q" else 96
+    table = qtensor(rng, (37, K), qtype)
+    ids = np.array([0, 36, 5, 5, 17][:T], np.int32)
+    out = be.download(be.embedding(be.load_weight(table), be.upload(ids)))
+    check(out, dense(table)[ids], 1e-12)
+
+
+@pytest.mark.parametrize("rpb", [1, 4, 8])
+@pytest.mark.parametrize("shape", [(1, 7), (3, 896), (5, 4, 64), (1, 2, 128), (33, 257)])
+def test_rms_norm(be, shape, rpb):
+    be.set_config(cfg(**{"rms_norm.rows_per_block": rpb}))
+    rng = np.random.default_rng(len(shape))
+    x = rng.standard_normal(shape).astype(np.float32) * 3
+    w = qtensor(rng, (shape[-1],), "F32")
+    out = be.download(be.rms_norm(be.upload(x), be.load_weight(w), 1e-6))
+    x64 = x.astype(np.float64)
+    ref = x64 / np.sqrt((x64**2).mean(-1, keepdims=True) + 1e-6) * dense(w)
+    check(out, ref, 1e-10)
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (1, 5), (7, 130), (3, 4099)])
+def test_add_swiglu(be, shape):
+    be.set_config(cfg(**{"add.threads": 128, "swiglu.threads": 1024}))
+    rng = np.random.default_rng(1)
+    a, b = (rng.standard_normal(shape).astype(np.float32) * 4 for _ in range(2))
+    bias = qtensor(rng, (shape[-1],), "F32")
+    check(be.download(be.add(be.upload(a), be.upload(b))), a.astype(np.float64) + b, 1e-13)
+    check(be.download(be.add(be.upload(a), be.load_weight(bias))), a + dense(bias), 1e-13)
+    g64 = a.astype(np.float64)
+    out = be.download(be.swiglu(be.upload(a), be.upload(b)))
+    check(out, g64 / (1 + np.exp(-g64)) * b, 1e-10)
+
+
+@pytest.mark.parametrize("neox", [True, False])
+@pytest.mark.parametrize(
+    "T,H,D,pos0", [(1, 1, 64, 0), (3, 2, 64, 17), (9, 3, 128, 1000), (2, 5, 80, 32767)]
+)
+def test_rope(be, neox, T, H, D, pos0):
+    from engine.backends.numpy_ref import NumpyBackend
+
+    be.set_config(cfg())
+    rng = np.random.default_rng(T)
+    x = rng.standard_normal((T, H, D)).astype(np.float32)
+    theta = 1e6 if neox else 1e4
+    ref = NumpyBackend().rope(x, pos0, theta, neox)
+    check(be.download(be.rope(be.upload(x), pos0, theta, neox)), ref, 1e-10)
+
+
+@pytest.mark.parametrize("threads", [256, 1024])
+@pytest.mark.parametrize("T,V", [(1, 1), (1, 151936), (3, 1000), (2, 33)])
+def test_argmax_first_maximum(be, threads, T, V):
+    be.set_config(cfg(**{"argmax.threads": threads}))
+    rng = np.random.default_rng(V)
+    logits = rng.standard_normal((T, V)).astype(np.float32)
+    if V > 10:
+        logits[0, [7, V - 3]] = 50.0  # a tie: the first index wins
+        logits[-1, [V - 1, 3]] = 60.0
+    out = be.download(be.argmax(be.upload(logits)))
+    assert out.tolist() == np.argmax(logits, axis=-1).tolist()
+
+
+ATTN_CONFIGS = [
+    ("decode-s8-w4", {}),
+    ("decode-s1-w1", {"attention_decode.splits": 1, "attention_decode.warps": 1}),
+    ("decode-s32-w8", {"attention_decode.splits": 32, "attention_decode.warps": 8}),
+    ("flash-16-4", {}),
+    ("flash-8-1", {"attention_prefill.block_q": 8, "attention_prefill.rows_per_warp": 1}),
+    ("flash-64-2", {"attention_prefill.block_q": 64, "attention_prefill.rows_per_warp": 2}),
+    ("split-4-2", {"attention_prefill.variant": "split", "attention_prefill.splits": 4,
+                   "attention_prefill.warps": 2}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("cid,flat", ATTN_CONFIGS, ids=[c[0] for c in ATTN_CONFIGS])
+@pytest.mark.parametrize(
+    "T,H,Hkv,D,pos0",
+    [(1, 2, 1, 64, 0), (1, 4, 2, 64, 37), (1, 28, 4, 128, 600), (5, 4, 2, 64, 0),
+     (7, 6, 2, 128, 11), (33, 2, 2, 64, 3), (70, 12, 2, 128, 0), (3, 2, 1, 256, 5),
+     (1, 1, 1, 32, 0)],
+)  # fmt: skip
+def test_kv_write_and_attention(cp, be, cid, flat, T, H, Hkv, D, pos0):
+    if cid.startswith("decode") != (T == 1):
+        pytest.skip("decode configs run T == 1, prefill configs T > 1")
+    be.set_config(cfg(**flat))
+    rng = np.random.default_rng(T + pos0 + D)
+    cap = pos0 + T + 5
+    cache = be.new_kv_cache(1, cap, Hkv, D)
+    if pos0:
+        kp = rng.standard_normal((pos0, Hkv, D)).astype(np.float32)
+        vp = rng.standard_normal((pos0, Hkv, D)).astype(np.float32)
+        be.kv_write(cache, 0, be.upload(kp), be.upload(vp), 0)
+    k = rng.standard_normal((T, Hkv, D)).astype(np.float32)
+    v = rng.standard_normal((T, Hkv, D)).astype(np.float32)
+    q = rng.standard_normal((T, H, D)).astype(np.float32)
+    be.kv_write(cache, 0, be.upload(k), be.upload(v), pos0)
+    kc, vc = be.download(cache.k[0]), be.download(cache.v[0])
+    assert np.array_equal(kc[pos0 : pos0 + T], k) and np.array_equal(vc[pos0 : pos0 + T], v)
+    assert not kc[pos0 + T :].any() and not vc[pos0 + T :].any(), "write outside its slots"
+    out = be.download(be.attention(be.upload(q), cache, 0, pos0))
+    from engine.backends.numpy_ref import NumpyBackend
+
+    nb = NumpyBackend()
+    ncache = nb.new_kv_cache(1, cap, Hkv, D)
+    ncache.k[0][:], ncache.v[0][:] = kc, vc
+    check(out, nb.attention(q, ncache, 0, pos0), 1e-9)
+    with pytest.raises(ValueError, match="KV cache full"):
+        be.kv_write(cache, 0, be.upload(k), be.upload(v), cap - T + 1)
+
+
+def test_registry_matches_device(be):
+    info = be.device_info()
+    for key in ("cc", "sms", "smem_per_block", "smem_per_block_optin"):
+        assert info.extra[key] > 0
+    assert info.vendor == "nvidia" and info.device_class and info.memory_bytes > 0
+    TuningConfig.default("cuda").check(info)
+
+
+# --- whole models -----------------------------------------------------------------------------
+def _model(path, backend):
+    from engine.gguf_model import open_model
+    from engine.model import Model
+
+    return Model(open_model(path), backend)
+
+
+PROMPT = [3, 17, 99, 5, 42, 7, 250, 11, 64, 2, 8, 1, 77, 31, 9, 120, 66, 4, 200, 13, 5, 6, 7,
+          8, 90, 91, 92, 93, 14, 15, 16, 18, 19, 20, 21, 22, 23]  # 37 tokens  # fmt: skip
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama", "qwen3"])
+def test_model_matches_numpy_and_graph_equals_eager(be, tiny_model_factory, arch):
+    from engine.backends.numpy_ref import NumpyBackend
+
+    path = tiny_model_factory(arch, "q4_k_m")
+    be.set_config(cfg())
+    ref = _model(path, NumpyBackend()).generate(PROMPT, 12, path="per_token", keep_logits=True)
+    m = _model(path, be)
+    be.use_graphs = False
+    eager = m.generate(PROMPT, 12, keep_logits=True)
+    be.use_graphs = True
+    graph = m.generate(PROMPT, 12, keep_logits=True)
+    graph2 = m.generate(PROMPT[:5], 12, keep_logits=True)  # a new cache: a new capture
+    assert graph.tokens == eager.tokens == ref.tokens
+    for a, b in zip(graph.step_logits, eager.step_logits, strict=True):
+        assert np.array_equal(a, b), "graph replay differs from eager decode"
+    scale = max(1.0, float(np.abs(ref.last_logits).max()))
+    assert np.abs(graph.last_logits - ref.last_logits).max() < 2e-2 * scale
+    ref5 = _model(path, NumpyBackend()).generate(PROMPT[:5], 12, path="per_token")
+    assert graph2.tokens == ref5.tokens
+
+
+VALIDATE_CONFIGS = [
+    {},
+    {"prefill.max_cols": 16},
+    {"prefill.max_cols": 8, "prefill.gemm_min_t": 1 << 20, "matmul_batched.variant": "dmmv_serial"},
+    {"prefill.gemm_min_t": 1 << 20, "matmul_batched.cols": 40},
+    {"prefill.gemm_min_t": 2, "matmul_prefill.variant": "staged"},
+    {"prefill.gemm_min_t": 2, "matmul_prefill.variant": "mmq"},
+    {"prefill.gemm_min_t": 2, "matmul_prefill.variant": "mmq", "matmul_prefill.tile_m": 64,
+     "matmul_prefill.tile_n": 32, "matmul_prefill.warps_m": 4, "matmul_prefill.warps_n": 2},
+    {"attention_prefill.variant": "split", "attention_decode.splits": 1},
+    {"attention_prefill.block_q": 32, "attention_prefill.rows_per_warp": 8},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "flat", VALIDATE_CONFIGS, ids=[str(i) for i in range(len(VALIDATE_CONFIGS))]
+)
+def test_validate_passes_for_variant(be, tiny_model_path, flat):
+    from engine.validate import validate
+
+    be.set_config(cfg())
+    m = _model(tiny_model_path, be)
+    prompts = [PROMPT, PROMPT[:1], list(range(40, 40 + 70))]
+    rep = validate(m, cfg(**flat), prompts, steps=6)
+    assert rep.passed, [p.reasons for p in rep.prompts]
+
+
+def test_compile_failure_is_reported_and_backend_stays_usable(be, monkeypatch):
+    from engine.backends.cuda import kernels
+    from engine.errors import KernelCompileError
+
+    be.set_config(cfg())
+    before = be.config
+    real = kernels.source
+
+    def broken(name: str) -> str:
+        return real(name) + ("\nthis is not C++;\n" if name == "mmq.cu" else "")
+
+    monkeypatch.setattr(kernels, "source", broken)
+    with pytest.raises(KernelCompileError, match="mmq.cu"):
+        be.set_config(cfg(**{"matmul_prefill.variant": "mmq", "matmul_prefill.tile_m": 64}))
+    assert be.config is before
+    monkeypatch.setattr(kernels, "source", real)
+    x = np.ones((1, 64), np.float32)
+    w = qtensor(np.random.default_rng(0), (3, 64), "Q8_0")
+    out = be.download(be.matmul(be.upload(x), be.load_weight(w)))
+    check(out, x @ dense(w).T, MATMUL_NMSE)
+
+
+def test_kernel_fault_is_an_engine_error():
+    """An out-of-bounds kernel kills the CUDA context, so it runs in a child process."""
+    code = textwrap.dedent(
+        """
+        import numpy as np
+        from engine import backends
+        from engine.errors import EngineError
+        be = backends.create("cuda")
+        y = be._empty((1, 64))
+        x = be.upload(np.ones((1, 256), np.float32))
+        be._launch("decode", "dmmv_q4_k", (64, 1), (128,),
+                   (np.uint64(1 << 40), np.int32(144), np.int32(64), np.int32(256), x,
+                    np.int32(1), y))
+        try:
+            be.download(y)
+        except EngineError as e:
+            print("REPORTED:", e)
+        """
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "REPORTED: CUDA kernel fault" in r.stdout, r.stdout + r.stderr
