@@ -1,0 +1,255 @@
+"""The dashboard's FastAPI app: server-rendered pages (Jinja2) over a JSON API, both read-only.
+
+Pages: ``/`` fleet, ``/studies``, ``/studies/<study>`` (paged trials table, history, importances),
+``/studies/<study>/trials/<n>``, ``/promotions``. Every page has its JSON twin under ``/api``;
+``/api/stamp`` changes when anything shown changes, and the pages poll it to refresh while an
+agent runs. plotly.js is served from the installed plotly package (no CDN: fleets may be
+offline). With ``token`` set, every request must carry it (``Authorization: Bearer <token>``, or
+``?token=`` once, which sets a cookie), for a dashboard bound beyond localhost.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from fastapi import FastAPI, Query, Request
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
+from fastapi.templating import Jinja2Templates
+
+from agent.dashboard import plots
+from agent.dashboard.data import OUTCOMES, NotFound, Reader
+
+HERE = Path(__file__).parent
+SORTS = ("-number", "number", "-metric", "metric", "-ratio", "ratio")
+
+
+def plotly_js() -> Path:
+    """plotly.min.js from the installed plotly package."""
+    import plotly
+
+    path = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} missing: reinstall plotly (pip install plotly)")
+    return path
+
+
+# --- template filters -----------------------------------------------------------------------
+def _num(v: Any, digits: int = 4) -> str:
+    if v is None or v == "":
+        return "–"
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return str(v)
+    if v == 0:
+        return "0"
+    if abs(v) >= 1e5 or abs(v) < 1e-3:
+        return f"{v:.{digits - 1}e}"
+    return f"{v:.{digits}g}"
+
+
+def _when(ts: Any) -> str:
+    if not ts:
+        return "–"
+    return datetime.fromtimestamp(float(ts), UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _ago(seconds: Any) -> str:
+    if seconds is None:
+        return "–"
+    s = float(seconds)
+    if s < 120:
+        return f"{s:.0f} s ago"
+    if s < 7200:
+        return f"{s / 60:.0f} min ago"
+    return f"{s / 3600:.1f} h ago"
+
+
+def _study_url(name: str) -> str:
+    return "/studies/" + quote(name, safe="/")
+
+
+def _trial_link(current: str) -> tuple[str, str] | None:
+    """``"<study> #<n>"`` (a worker's current trial) -> (study, n)."""
+    study, sep, n = str(current).rpartition(" #")
+    return (study, n) if sep and n.isdigit() else None
+
+
+def _pretty(v: Any) -> str:
+    return json.dumps(v, indent=1, sort_keys=True, default=str)
+
+
+def create_app(storage_url: str, token: str | None = None, refresh_s: float = 1.0) -> FastAPI:
+    """The dashboard app over one storage (opened read-only; a missing file raises now)."""
+    reader = Reader(storage_url, refresh_s=refresh_s)
+    app = FastAPI(title="fleettune dashboard", docs_url="/api/docs", redoc_url=None)
+    app.state.reader = reader
+    templates = Jinja2Templates(directory=str(HERE / "templates"))
+    env = templates.env
+    env.filters.update(num=_num, when=_when, ago=_ago, study_url=_study_url, pretty=_pretty)
+    env.globals.update(storage=reader.ref.url, trial_link=_trial_link, quote=quote)
+    app.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")
+    js = plotly_js()
+
+    if token:
+
+        @app.middleware("http")
+        async def require_token(request: Request, call_next: Any) -> Response:
+            given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+            given = given or request.query_params.get("token") or request.cookies.get("ft_token")
+            if not given or not hmac.compare_digest(given, token):
+                return JSONResponse({"detail": "this dashboard needs its token"}, status_code=401)
+            response: Response = await call_next(request)
+            if request.query_params.get("token"):
+                response.set_cookie("ft_token", token, httponly=True, samesite="strict")
+            return response
+
+    def page(request: Request, name: str, status_code: int = 200, **ctx: Any) -> HTMLResponse:
+        ctx.setdefault("stamp_url", "/api/stamp")
+        return templates.TemplateResponse(request, name, ctx, status_code=status_code)
+
+    def not_found(request: Request, e: NotFound) -> Response:
+        if request.url.path.startswith("/api/"):
+            return JSONResponse({"detail": str(e)}, status_code=404)
+        return page(request, "error.html", 404, title="not found", message=str(e))
+
+    @app.exception_handler(NotFound)
+    async def _nf(request: Request, e: NotFound) -> Response:
+        return not_found(request, e)
+
+    @app.exception_handler(ValueError)
+    async def _bad(request: Request, e: ValueError) -> Response:
+        if request.url.path.startswith("/api/"):
+            return JSONResponse({"detail": str(e)}, status_code=400)
+        return page(request, "error.html", 400, title="bad request", message=str(e))
+
+    @app.exception_handler(404)
+    async def _404(request: Request, e: Exception) -> Response:
+        msg = f"no page at {request.url.path}: see / (fleet), /studies, /promotions, /api/docs"
+        return not_found(request, NotFound(msg))
+
+    # --- static ------------------------------------------------------------------------------
+    @app.get("/plotly.min.js", include_in_schema=False)
+    def plotly_min_js() -> FileResponse:
+        return FileResponse(
+            js, media_type="application/javascript", headers={"Cache-Control": "max-age=86400"}
+        )
+
+    @app.get("/favicon.ico", include_in_schema=False)
+    def favicon() -> Response:
+        return Response(status_code=204)
+
+    # --- JSON API ----------------------------------------------------------------------------
+    @app.get("/api/stamp")
+    def api_stamp(study: str | None = None) -> dict[str, Any]:
+        """Changes whenever a page would change: poll it, reload when it differs."""
+        return {"stamp": reader.stamp(study), "time": time.time()}
+
+    @app.get("/api/fleet")
+    def api_fleet() -> dict[str, Any]:
+        return reader.fleet()
+
+    @app.get("/api/studies")
+    def api_studies() -> dict[str, Any]:
+        return {"storage": reader.ref.url, "studies": reader.studies()}
+
+    @app.get("/api/promotions")
+    def api_promotions() -> dict[str, Any]:
+        return {"promotions": reader.promotions()}
+
+    @app.get("/api/studies/{name:path}/trials/{number:int}")
+    def api_trial(name: str, number: int) -> dict[str, Any]:
+        return reader.trial(name, number)
+
+    @app.get("/api/studies/{name:path}/trials")
+    def api_trials(
+        name: str,
+        page: int = Query(1, ge=1),
+        per_page: int = Query(50, ge=1, le=1000),
+        outcome: str | None = None,
+        sort: str = "-number",
+    ) -> dict[str, Any]:
+        return reader.trials(name, page, per_page, outcome or None, sort)
+
+    @app.get("/api/studies/{name:path}/history")
+    def api_history(name: str) -> dict[str, Any]:
+        return reader.history(name)
+
+    @app.get("/api/studies/{name:path}/importances")
+    def api_importances(name: str) -> dict[str, Any]:
+        imp = reader.importances(name)
+        fig = plots.importances(imp["importances"], imp["target"]) if imp["importances"] else None
+        return {**imp, "figure": fig}
+
+    @app.get("/api/studies/{name:path}")
+    def api_study(name: str) -> dict[str, Any]:
+        return reader.summary(name)
+
+    # --- pages -------------------------------------------------------------------------------
+    @app.get("/", response_class=HTMLResponse)
+    def fleet_page(request: Request) -> HTMLResponse:
+        return page(
+            request, "fleet.html", title="fleet", fleet=reader.fleet(), studies=reader.studies()
+        )
+
+    @app.get("/fleet", include_in_schema=False)
+    def fleet_alias() -> RedirectResponse:
+        return RedirectResponse("/")
+
+    @app.get("/studies", response_class=HTMLResponse)
+    def studies_page(request: Request) -> HTMLResponse:
+        studies = reader.studies()
+        by_class: dict[str, list[dict[str, Any]]] = {}
+        for s in studies:
+            by_class.setdefault(s["device_class"] or "(unknown)", []).append(s)
+        return page(request, "studies.html", title="studies", by_class=by_class, n=len(studies))
+
+    @app.get("/promotions", response_class=HTMLResponse)
+    def promotions_page(request: Request) -> HTMLResponse:
+        return page(request, "promotions.html", title="promotions", promotions=reader.promotions())
+
+    @app.get("/studies/{name:path}/trials/{number:int}", response_class=HTMLResponse)
+    def trial_page(request: Request, name: str, number: int) -> HTMLResponse:
+        t = reader.trial(name, number)
+        rec = t["record"]
+        fig = plots.samples(rec["samples"]) if rec.get("samples") else None
+        return page(
+            request,
+            "trial.html",
+            title=f"{name} #{number}",
+            t=t,
+            rec=rec,
+            figure=fig,
+            study=reader.summary(name),
+            stamp_url=f"/api/stamp?study={quote(name)}",
+        )
+
+    @app.get("/studies/{name:path}", response_class=HTMLResponse)
+    def study_page(
+        request: Request,
+        name: str,
+        page_: int = Query(1, ge=1, alias="page"),
+        per_page: int = Query(50, ge=1, le=1000),
+        outcome: str | None = None,
+        sort: str = "-number",
+    ) -> HTMLResponse:
+        s = reader.summary(name)
+        table = reader.trials(name, page_, per_page, outcome or None, sort)
+        return page(
+            request,
+            "study.html",
+            title=name,
+            s=s,
+            table=table,
+            history=plots.history(reader.history(name)),
+            outcomes=[o for o in OUTCOMES if s["counts"].get(o)],
+            sorts=SORTS,
+            stamp_url=f"/api/stamp?study={quote(name)}",
+        )
+
+    return app

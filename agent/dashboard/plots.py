@@ -1,0 +1,117 @@
+"""Plotly figures as plain dicts (``{"data": [...], "layout": {...}}``), rendered in the browser by
+the plotly.js the installed plotly package ships. Plain dicts, not ``plotly.graph_objects``: a
+10,000-point history is built in milliseconds and serialized once."""
+
+from __future__ import annotations
+
+from typing import Any
+
+LAYOUT: dict[str, Any] = {
+    "margin": {"l": 60, "r": 20, "t": 40, "b": 50},
+    "height": 360,
+    "legend": {"orientation": "h", "y": -0.2},
+    "template": None,
+    "paper_bgcolor": "white",
+    "plot_bgcolor": "#fafafa",
+}
+
+
+def history(h: dict[str, Any]) -> dict[str, Any]:
+    """Target metric of each ok trial, the accepted ones, and the agent's best so far."""
+    target = h["target"] or "target"
+    return {
+        "data": [
+            {
+                "type": "scatter",
+                "mode": "markers",
+                "name": "ok trials",
+                "x": h["numbers"],
+                "y": h["values"],
+                "marker": {"size": 5, "color": "#8aa4c8"},
+            },
+            {
+                "type": "scatter",
+                "mode": "markers",
+                "name": "accepted (new best)",
+                "x": h["accepted"]["numbers"],
+                "y": h["accepted"]["values"],
+                "marker": {"size": 10, "color": "#d62728", "symbol": "star"},
+            },
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "name": "best so far",
+                "x": h["best"]["numbers"],
+                "y": h["best"]["values"],
+                "line": {"shape": "hv", "color": "#d62728"},
+            },
+        ],
+        "layout": {
+            **LAYOUT,
+            "title": {"text": f"optimization history: {target}"},
+            "xaxis": {"title": {"text": "trial"}},
+            "yaxis": {"title": {"text": target}},
+        },
+    }
+
+
+def importances(imp: dict[str, float], target: str) -> dict[str, Any]:
+    names = list(imp)[::-1]  # most important at the top
+    return {
+        "data": [
+            {
+                "type": "bar",
+                "orientation": "h",
+                "x": [imp[n] for n in names],
+                "y": names,
+                "marker": {"color": "#4c72b0"},
+            }
+        ],
+        "layout": {
+            **LAYOUT,
+            "height": max(200, 60 + 28 * len(names)),
+            "margin": {**LAYOUT["margin"], "l": 260},
+            "title": {"text": f"parameter importances for {target}"},
+            "xaxis": {"title": {"text": "importance"}},
+        },
+    }
+
+
+def samples(samples: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
+    """Paired samples of one trial: candidate and best per pair, one subplot row per objective."""
+    data: list[dict[str, Any]] = []
+    layout: dict[str, Any] = {**LAYOUT, "title": {"text": "paired samples (candidate vs best)"}}
+    names = sorted(samples)
+    n = max(1, len(names))
+    gap = 0.12
+    height = (1.0 - gap * (n - 1)) / n
+    for i, obj in enumerate(names):
+        axis = "" if i == 0 else str(i + 1)
+        top = 1.0 - i * (height + gap)
+        layout[f"xaxis{axis}"] = {
+            "domain": [0, 1],
+            "anchor": f"y{axis}",
+            "title": {"text": "pair"},
+            "dtick": 1,
+        }
+        layout[f"yaxis{axis}"] = {
+            "domain": [max(0.0, top - height), top],
+            "anchor": f"x{axis}",
+            "title": {"text": obj},
+        }
+        for side, color in (("candidate", "#d62728"), ("best", "#4c72b0")):
+            ys = samples[obj].get(side) or []
+            data.append(
+                {
+                    "type": "scatter",
+                    "mode": "lines+markers",
+                    "name": f"{side} ({obj})",
+                    "x": list(range(len(ys))),
+                    "y": ys,
+                    "xaxis": f"x{axis}",
+                    "yaxis": f"y{axis}",
+                    "line": {"color": color},
+                }
+            )
+    layout["height"] = 120 + 220 * n
+    return {"data": data, "layout": layout}
