@@ -1,0 +1,331 @@
+"""Dashboard API and pages over a storage filled by a real agent run (NumPy backend, synthetic tiny
+model, 4 trials), plus one synthetic study in the agent's shape that carries what a short CPU run
+cannot produce on demand: failures, invalid candidates, accepted trials and a promotion."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from fastapi.testclient import TestClient
+
+from agent.dashboard import create_app
+from agent.dashboard.data import Reader, StorageMissing
+from agent.dashboard.synthetic import write_study
+from agent.records import TrialRecord
+from agent.storage import parse_storage
+
+ROOT = Path(__file__).resolve().parents[1]
+EXPERIMENT = """
+name = "dashtest"
+models = ["synthetic:tiny"]
+backends = ["numpy"]
+[space.numpy.prefill]
+max_cols = [4, 8, 16]
+[space.numpy.matmul_prefill]
+variants = "all"
+[[objectives]]
+metric = "prefill_tok_s"
+prompt_tokens = 16
+[[objectives]]
+metric = "decode_tok_s"
+prompt_tokens = 4
+gen_tokens = 2
+[validate]
+random_prompts = [5]
+steps = 2
+[bench]
+pairs = 2
+warmup = 0
+[budget]
+trials = 4
+trial_timeout_s = 120
+[acceptance]
+confirm = false
+[sampler]
+seed = 0
+startup_trials = 2
+"""
+REAL = "dashtest/cpu/synthetic-qwen2-tiny-q4_k_m"
+SYNTH = "synthetic/r9700/synthetic-qwen2-tiny-q4_k_m"
+SYNTH_TRIALS = 40
+
+
+def build_storage(root: Path) -> Path:
+    """Run the agent once into root/studies.db and add the synthetic study; reused when done."""
+    db = root / "studies.db"
+    done = root / "done"
+    if done.exists():
+        return db
+    root.mkdir(parents=True, exist_ok=True)
+    exp = root / "dashtest.toml"
+    exp.write_text(EXPERIMENT)
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    r = subprocess.run(
+        [sys.executable, "-m", "agent", "run", str(exp), "--storage", str(db), "--no-promote"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert r.returncode == 0, f"agent run failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    write_study(parse_storage(str(db)).open(), "r9700", SYNTH_TRIALS, seed=3, running=1)
+    done.write_text("ok")
+    return db
+
+
+@pytest.fixture(scope="session")
+def storage(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_storage(tmp_path_factory.getbasetemp() / "dashboard-storage")
+
+
+@pytest.fixture(scope="module")
+def client(storage: Path) -> TestClient:
+    return TestClient(create_app(str(storage), refresh_s=0.0))
+
+
+def q(name: str) -> str:
+    return name  # study names are path segments: slashes stay as they are
+
+
+# --- studies --------------------------------------------------------------------------------
+def test_studies_lists_the_real_and_synthetic_studies(client: TestClient) -> None:
+    body = client.get("/api/studies").json()
+    by_name = {s["name"]: s for s in body["studies"]}
+    assert set(by_name) == {REAL, SYNTH}
+    real = by_name[REAL]
+    assert real["device_class"] == "cpu" and real["backend"] == "numpy"
+    assert real["target"] == "prefill_tok_s@16"
+    assert real["evaluated"] == 4  # the budget, every trial ran on the worker
+    assert real["baseline_trial"] == 0
+    assert real["best_trial"] is not None and real["speedup"] is not None
+    synth = by_name[SYNTH]
+    assert synth["trials"] == SYNTH_TRIALS
+    assert synth["running"] == 1
+    assert synth["failed"] > 0 and synth["invalid"] > 0
+    assert synth["done"] + synth["failed"] + synth["invalid"] + synth["running"] == SYNTH_TRIALS
+    assert synth["promoted"] and synth["speedup"] > 1.0
+
+
+def test_study_summary_matches_storage(client: TestClient, storage: Path) -> None:
+    s = client.get(f"/api/studies/{q(REAL)}").json()
+    study = optuna.load_study(study_name=REAL, storage=f"sqlite:///{storage}")
+    assert s["trials"] == len(study.trials)
+    ok = [t for t in study.trials if t.user_attrs.get("outcome") == "ok"]
+    assert s["done"] == len(ok)
+    base = next(t for t in ok if t.user_attrs["role"] == "baseline")
+    assert s["baseline_metrics"] == base.user_attrs["metrics"]
+
+
+# --- trials ---------------------------------------------------------------------------------
+def test_trials_are_paged_newest_first(client: TestClient) -> None:
+    p1 = client.get(f"/api/studies/{q(SYNTH)}/trials", params={"per_page": 15}).json()
+    assert p1["total"] == SYNTH_TRIALS and p1["pages"] == 3
+    assert [r["number"] for r in p1["rows"]] == list(range(SYNTH_TRIALS - 1, SYNTH_TRIALS - 16, -1))
+    p3 = client.get(f"/api/studies/{q(SYNTH)}/trials", params={"per_page": 15, "page": 3}).json()
+    assert [r["number"] for r in p3["rows"]] == list(range(9, -1, -1))
+    assert p1["rows"][0]["outcome"] == "running"
+
+
+def test_trials_filter_and_sort(client: TestClient) -> None:
+    url = f"/api/studies/{q(SYNTH)}/trials"
+    inv = client.get(url, params={"outcome": "invalid"}).json()
+    assert inv["total"] > 0 and all(r["outcome"] == "invalid" for r in inv["rows"])
+    assert all(r["max_abs_diff"] > 0.01 and r["reason"] for r in inv["rows"])
+    failed = client.get(url, params={"outcome": "failed"}).json()
+    assert {r["outcome"] for r in failed["rows"]} <= {"compile_error", "crash", "timeout"}
+    best = client.get(url, params={"sort": "-metric", "per_page": 5}).json()
+    vals = [r["metrics"][best["target"]] for r in best["rows"]]
+    assert vals == sorted(vals, reverse=True)
+    r = client.get(url, params={"sort": "sideways"})
+    assert r.status_code == 400 and "sort='sideways'" in r.json()["detail"]
+    assert client.get(url, params={"page": 0}).status_code == 422
+
+
+def test_trial_detail_is_the_agents_record(client: TestClient, storage: Path) -> None:
+    study = optuna.load_study(study_name=REAL, storage=f"sqlite:///{storage}")
+    t = next(t for t in study.trials if t.user_attrs.get("outcome") == "ok" and t.number > 0)
+    body = client.get(f"/api/studies/{q(REAL)}/trials/{t.number}").json()
+    assert body["outcome"] == "ok" and body["params"] == t.params
+    rec = TrialRecord.from_user_attrs(REAL, t.number, body["record"])
+    assert rec == TrialRecord.from_user_attrs(REAL, t.number, t.user_attrs)
+    assert set(rec.samples) == {"prefill_tok_s@16", "decode_tok_s@4"}
+    assert len(rec.samples["prefill_tok_s@16"]["candidate"]) == 2  # bench.pairs
+    assert rec.validate and rec.validate["passed"]
+
+
+def test_bad_ids_answer_404_with_a_message(client: TestClient) -> None:
+    r = client.get("/api/studies/no/such/study")
+    assert r.status_code == 404
+    assert "no study named 'no/such/study'" in r.json()["detail"] and REAL in r.json()["detail"]
+    r = client.get(f"/api/studies/{q(REAL)}/trials/999")
+    assert r.status_code == 404 and "has no trial 999" in r.json()["detail"]
+    r = client.get("/studies/no/such/study")
+    assert r.status_code == 404 and "no study named" in r.text and "<html" in r.text
+    r = client.get(f"/studies/{q(REAL)}/trials/999")
+    assert r.status_code == 404 and "has no trial 999" in r.text
+    r = client.get("/nowhere")
+    assert r.status_code == 404 and "no page at /nowhere" in r.text
+    assert client.get("/api/nowhere").status_code == 404
+
+
+# --- plots ----------------------------------------------------------------------------------
+def test_history_follows_the_best(client: TestClient) -> None:
+    h = client.get(f"/api/studies/{q(SYNTH)}/history").json()
+    assert h["target"] == "prefill_tok_s@64"
+    assert h["numbers"] == sorted(h["numbers"]) and len(h["numbers"]) == len(h["values"])
+    assert h["accepted"]["numbers"][0] == 0  # the baseline starts the best-so-far line
+    assert len(h["accepted"]["numbers"]) > 1  # and accepted candidates move it
+    assert h["best"]["values"][-1] == h["accepted"]["values"][-1]
+
+
+def test_importances(client: TestClient) -> None:
+    body = client.get(f"/api/studies/{q(SYNTH)}/importances").json()
+    assert body["error"] == "" and body["importances"]
+    assert abs(sum(body["importances"].values()) - 1.0) < 1e-6
+    assert body["figure"]["data"][0]["type"] == "bar"
+
+
+# --- promotions and fleet -------------------------------------------------------------------
+def test_promotions_carry_evidence_and_diff(client: TestClient) -> None:
+    proms = client.get("/api/promotions").json()["promotions"]
+    assert len(proms) == 1
+    p = proms[0]
+    assert p["study"] == SYNTH and p["commit"] and p["evidence"]["lower_bound"] == 1.05
+    assert p["diff"] and all(old != new for old, new in p["diff"].values())
+    page = client.get("/promotions").text
+    assert p["path"] in page and p["commit"][:12] in page
+
+
+def test_fleet_reads_the_agents_status_file(client: TestClient) -> None:
+    f = client.get("/api/fleet").json()
+    assert f["present"] and f["agent"]["experiment"] == "dashtest"
+    assert f["agent"]["state"] == "finished"
+    (w,) = f["workers"]
+    assert w["worker_id"] == "cpu-0" and w["device_class"] == "cpu" and w["trials_done"] == 4
+    assert f["device_classes"] == {"cpu": {w["state"]: 1}}
+    assert f["nodes"][0]["workers"] == ["cpu-0"]
+    page = client.get("/").text
+    assert "cpu-0" in page and REAL in page
+
+
+# --- pages ----------------------------------------------------------------------------------
+def test_pages_render(client: TestClient) -> None:
+    for url in ("/", "/studies", "/promotions", f"/studies/{SYNTH}", f"/studies/{REAL}/trials/1"):
+        r = client.get(url)
+        assert r.status_code == 200, url
+        assert r.headers["content-type"].startswith("text/html")
+    study = client.get(f"/studies/{SYNTH}", params={"outcome": "invalid", "per_page": 5}).text
+    assert 'id="history-fig"' in study and "max_abs_diff 0.31" in study
+    assert "page 1 of" in study
+    trial = client.get(f"/studies/{REAL}/trials/1").text
+    assert 'id="samples-fig"' in trial and "Validate: passed" in trial
+
+
+def test_plotly_is_served_from_the_package(client: TestClient) -> None:
+    import plotly
+
+    js = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+    r = client.get("/plotly.min.js")
+    assert r.status_code == 200 and len(r.content) == js.stat().st_size
+    assert 'src="/plotly.min.js"' in client.get("/studies").text
+
+
+# --- live refresh, read-only, token ---------------------------------------------------------
+def test_stamp_changes_when_a_trial_lands(tmp_path: Path) -> None:
+    db = tmp_path / "s.db"
+    storage = parse_storage(str(db)).open()
+    name = write_study(storage, "rx9070xt", 5, running=0)
+    c = TestClient(create_app(str(db), refresh_s=0.0))
+    before = c.get("/api/stamp", params={"study": name}).json()["stamp"]
+    assert c.get("/api/stamp", params={"study": name}).json()["stamp"] == before
+    study = optuna.load_study(study_name=name, storage=storage)
+    study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.RUNNING))
+    after = c.get("/api/stamp", params={"study": name}).json()["stamp"]
+    assert after != before
+    assert c.get(f"/api/studies/{name}").json()["running"] == 1
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_read_only(storage: Path, tmp_path: Path) -> None:
+    before = _digest(storage)
+    c = TestClient(create_app(str(storage), refresh_s=0.0))
+    for url in ("/", "/studies", "/promotions", f"/studies/{SYNTH}", f"/studies/{REAL}/trials/2"):
+        assert c.get(url).status_code == 200
+    c.get(f"/api/studies/{SYNTH}/importances")
+    assert _digest(storage) == before
+    missing = tmp_path / "nothing.db"
+    with pytest.raises(StorageMissing, match="no storage at"):
+        Reader(str(missing))
+    assert not missing.exists()
+    with pytest.raises(StorageMissing):
+        Reader(str(tmp_path / "nothing.journal"))
+    assert not (tmp_path / "nothing.journal").exists()
+
+
+def test_cli_refuses_a_missing_storage(tmp_path: Path) -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "agent.dashboard", "--storage", str(tmp_path / "x.db")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2 and "no storage at" in r.stderr
+    assert not (tmp_path / "x.db").exists()
+
+
+def test_token(storage: Path) -> None:
+    c = TestClient(create_app(str(storage), token="s3cret"))
+    r = c.get("/api/studies")
+    assert r.status_code == 401 and "token" in r.json()["detail"]
+    assert c.get("/api/studies", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert c.get("/api/studies", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+    assert c.get("/studies", params={"token": "s3cret"}).status_code == 200
+    assert c.get("/studies").status_code == 200  # the cookie set by ?token=
+
+
+def test_journal_storage(tmp_path: Path) -> None:
+    path = tmp_path / "studies.journal"
+    name = write_study(parse_storage(str(path)).open(), "rtx4090", 6, running=0)
+    c = TestClient(create_app(str(path)))
+    s = c.get(f"/api/studies/{name}").json()
+    assert s["trials"] == 6 and s["device_class"] == "rtx4090"
+    fleet = c.get("/api/fleet").json()
+    assert not fleet["present"] and fleet["status_file"].endswith("studies.fleet.json")
+    assert "No fleet status file" in c.get("/").text
+
+
+def test_serve_in_background(storage: Path) -> None:
+    import socket
+    import urllib.request
+
+    from agent.dashboard import serve_in_background
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    thread = serve_in_background(str(storage), "127.0.0.1", port)
+    assert thread.daemon
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=5) as r:
+                body = json.loads(r.read())
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+    assert {s["name"] for s in body["studies"]} == {REAL, SYNTH}
