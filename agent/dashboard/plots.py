@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 LAYOUT: dict[str, Any] = {
-    "margin": {"l": 60, "r": 20, "t": 40, "b": 50},
+    "margin": {"l": 60, "r": 20, "t": 60, "b": 50},
     "height": 360,
     "legend": {"orientation": "h", "y": -0.2},
     "template": None,
@@ -48,7 +48,7 @@ def history(h: dict[str, Any]) -> dict[str, Any]:
         ],
         "layout": {
             **LAYOUT,
-            "title": {"text": f"optimization history: {target}"},
+            "title": {"text": f"optimization history: {target}", "x": 0.01, "xanchor": "left"},
             "xaxis": {"title": {"text": "trial"}},
             "yaxis": {"title": {"text": target}},
         },
@@ -71,7 +71,7 @@ def importances(imp: dict[str, float], target: str) -> dict[str, Any]:
             **LAYOUT,
             "height": max(200, 60 + 28 * len(names)),
             "margin": {**LAYOUT["margin"], "l": 260},
-            "title": {"text": f"parameter importances for {target}"},
+            "title": {"text": f"parameter importances: {target}", "x": 0.01, "xanchor": "left"},
             "xaxis": {"title": {"text": "importance"}},
         },
     }
@@ -80,7 +80,8 @@ def importances(imp: dict[str, float], target: str) -> dict[str, Any]:
 def samples(samples: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
     """Paired samples of one trial: candidate and best per pair, one subplot row per objective."""
     data: list[dict[str, Any]] = []
-    layout: dict[str, Any] = {**LAYOUT, "title": {"text": "paired samples (candidate vs best)"}}
+    title = {"text": "paired samples (candidate vs best)", "x": 0.01, "xanchor": "left"}
+    layout: dict[str, Any] = {**LAYOUT, "title": title}
     names = sorted(samples)
     n = max(1, len(names))
     gap = 0.12
