@@ -23,11 +23,13 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
 
 
-def create_app(storage_url: str, token: str | None = None, refresh_s: float = 1.0) -> FastAPI:
+def create_app(
+    storage_url: str, token: str | None = None, refresh_s: float = 1.0, warm: bool = True
+) -> FastAPI:
     """The FastAPI app over one storage (see ``agent.dashboard.app``)."""
     from agent.dashboard.app import create_app as _create
 
-    return _create(storage_url, token=token, refresh_s=refresh_s)
+    return _create(storage_url, token=token, refresh_s=refresh_s, warm=warm)
 
 
 def _server(storage_url: str, host: str, port: int, token: str | None):  # noqa: ANN202

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -84,9 +85,15 @@ def _pretty(v: Any) -> str:
     return json.dumps(v, indent=1, sort_keys=True, default=str)
 
 
-def create_app(storage_url: str, token: str | None = None, refresh_s: float = 1.0) -> FastAPI:
-    """The dashboard app over one storage (opened read-only; a missing file raises now)."""
+def create_app(
+    storage_url: str, token: str | None = None, refresh_s: float = 1.0, warm: bool = True
+) -> FastAPI:
+    """The dashboard app over one storage (opened read-only; a missing file raises now).
+    ``warm``: read every study's trials in a background thread now, so the first page a user
+    opens does not pay for loading a big study."""
     reader = Reader(storage_url, refresh_s=refresh_s)
+    if warm:
+        threading.Thread(target=reader.warm, name="dashboard-warm", daemon=True).start()
     app = FastAPI(title="fleettune dashboard", docs_url="/api/docs", redoc_url=None)
     app.state.reader = reader
     templates = Jinja2Templates(directory=str(HERE / "templates"))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import threading
 import time
 import tomllib
@@ -29,6 +30,8 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from agent.storage import StorageRef, parse_storage
+
+log = logging.getLogger(__name__)
 
 FAILED = ("compile_error", "crash", "timeout")  # ran on a worker and broke
 OUTCOMES = (
@@ -211,6 +214,14 @@ class Reader:
         c.n_finished = first_open
         c.synced = time.monotonic()
         return c
+
+    def warm(self) -> None:
+        """Read every study's trials once (the cold load), logging rather than raising."""
+        try:
+            for name in self.study_names():
+                self._study(name)
+        except Exception:  # noqa: BLE001 - a page request will raise it with context
+            log.exception("warming the dashboard cache failed")
 
     def study_names(self) -> list[str]:
         with self._lock:
