@@ -329,3 +329,19 @@ def test_serve_in_background(storage: Path) -> None:
                 raise
             time.sleep(0.2)
     assert {s["name"] for s in body["studies"]} == {REAL, SYNTH}
+
+
+def test_a_study_the_agent_did_not_write_still_shows(tmp_path: Path) -> None:
+    db = tmp_path / "plain.db"
+    study = optuna.create_study(study_name="plain", storage=f"sqlite:///{db}")
+    study.optimize(lambda t: t.suggest_float("x", 0, 1) ** 2, n_trials=3)
+    optuna.create_study(study_name="empty", storage=f"sqlite:///{db}")
+    c = TestClient(create_app(str(db), warm=False))
+    s = c.get("/api/studies/plain").json()
+    assert s["trials"] == 3 and s["done"] == 3 and s["target"] == "value" and s["speedup"] is None
+    h = c.get("/api/studies/plain/history").json()
+    assert h["values"] == [t.value for t in study.trials]
+    for url in ("/", "/studies", "/studies/plain", "/studies/plain/trials/2", "/studies/empty"):
+        assert c.get(url).status_code == 200, url
+    assert "no trials yet" in c.get("/api/studies/empty/trials/0").json()["detail"]
+    assert c.get("/api/studies/plain/importances").json()["importances"] == {"x": 1.0}

@@ -46,6 +46,7 @@ OUTCOMES = (
     "running",
     "waiting",
 )
+PLAIN = "value"  # the target of a study without agent attrs: Optuna's first value
 IMPORTANCE_MAX_TRIALS = 2000  # importances from the most recent ok trials, so it answers in seconds
 
 
@@ -78,6 +79,15 @@ def open_readonly(ref: StorageRef) -> optuna.storages.BaseStorage:
 def _first_line(text: str, limit: int = 160) -> str:
     line = text.strip().splitlines()[0] if text.strip() else ""
     return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def _metrics(t: FrozenTrial, target: str) -> dict[str, float]:
+    m = t.user_attrs.get("metrics")
+    if isinstance(m, dict):
+        return {str(k): float(v) for k, v in m.items()}
+    if target == PLAIN and t.values:  # a study not written by the agent: its first value
+        return {PLAIN: float(t.values[0])}
+    return {}
 
 
 def _outcome(t: FrozenTrial) -> str:
@@ -127,7 +137,7 @@ class TrialRow:
             accepted=bool(ua.get("accepted", False)),
             reason=_first_line(str(ua.get("reason", ""))),
             params=dict(t.params),
-            metrics={k: float(v) for k, v in (ua.get("metrics") or {}).items()},
+            metrics=_metrics(t, target),
             ratio=est.get("ratio"),
             lower=est.get("lower"),
             max_abs_diff=val.get("max_abs_diff"),
@@ -160,7 +170,7 @@ class _StudyCache:
         if t:
             return str(t)
         objs = self.attrs.get("objectives") or []
-        return str(objs[0]) if objs else ""
+        return str(objs[0]) if objs else PLAIN
 
 
 class Reader:
