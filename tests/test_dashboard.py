@@ -345,3 +345,16 @@ def test_a_study_the_agent_did_not_write_still_shows(tmp_path: Path) -> None:
         assert c.get(url).status_code == 200, url
     assert "no trials yet" in c.get("/api/studies/empty/trials/0").json()["detail"]
     assert c.get("/api/studies/plain/importances").json()["importances"] == {"x": 1.0}
+
+
+def test_agent_cli_dashboard_subcommand(tmp_path: Path) -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "agent", "dashboard", "--storage", str(tmp_path / "x.db")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if "invalid choice: 'dashboard'" in r.stderr:
+        pytest.skip("python -m agent has no dashboard subcommand yet (hook in agent/cli.py)")
+    assert r.returncode == 2 and "no storage at" in r.stderr
