@@ -19,6 +19,7 @@
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
+#extension GL_EXT_control_flow_attributes : require
 
 layout(constant_id = 0) const uint WG_SIZE = 64;
 layout(constant_id = 1) const uint ROWS_PER_WG = 4;
@@ -53,7 +54,7 @@ void accumulate(uint row_base, uint g, uint c0, uint ncols) {
 #if defined(FLOAT_W)
     if (k + 8u > pc.K) {  // ragged tail of a float row
         float w[8] = float[8](lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w);
-        for (uint c = 0u; c < MAX_COLS; c++) {
+        [[unroll]] for (uint c = 0u; c < MAX_COLS; c++) {
             if (c < ncols) {
                 uint xb = pc.x_off + (c0 + c) * pc.K + k;
                 for (uint i = 0u; i < pc.K - k; i++) sums[c] += w[i] * xs[xb + i];
@@ -62,9 +63,10 @@ void accumulate(uint row_base, uint g, uint c0, uint ncols) {
         return;
     }
 #endif
-    // `if (c < ncols)` rather than `break`: a fixed trip count lets the driver unroll the loop
-    // once MAX_COLS is specialized and keep sums[] in registers.
-    for (uint c = 0u; c < MAX_COLS; c++) {
+    // `if (c < ncols)` rather than `break`, and [[unroll]]: a fixed trip count lets the driver
+    // unroll the loop once MAX_COLS is specialized, so sums[] indices are constants and the
+    // accumulators stay in registers (a dynamically indexed sums[] lives in scratch memory).
+    [[unroll]] for (uint c = 0u; c < MAX_COLS; c++) {
         if (c < ncols) {
             uint xb = pc.x_off + (c0 + c) * pc.K + k;
             vec4 x0 = vec4(xs[xb], xs[xb + 1u], xs[xb + 2u], xs[xb + 3u]);
@@ -81,21 +83,21 @@ void main() {
 #if defined(VARIANT_SERIAL)
     uint row = wg_linear() * WG_SIZE + gl_LocalInvocationID.x;
     if (row >= pc.N) return;
-    for (uint c = 0u; c < MAX_COLS; c++) sums[c] = 0.0;
+    [[unroll]] for (uint c = 0u; c < MAX_COLS; c++) sums[c] = 0.0;
     uint row_base = row * pc.row_bytes;
     for (uint g = 0u; g < groups; g++) accumulate(row_base, g, c0, ncols);
-    for (uint c = 0u; c < MAX_COLS; c++)
+    [[unroll]] for (uint c = 0u; c < MAX_COLS; c++)
         if (c < ncols) ys[pc.y_off + (c0 + c) * pc.y_stride + row] = sums[c];
 #elif defined(VARIANT_KPAR)
     uint row0 = wg_linear() * ROWS_PER_WG;
     for (uint r = gl_SubgroupID; r < ROWS_PER_WG; r += gl_NumSubgroups) {
         uint row = row0 + r;
         if (row >= pc.N) break;  // uniform per subgroup
-        for (uint c = 0u; c < MAX_COLS; c++) sums[c] = 0.0;
+        [[unroll]] for (uint c = 0u; c < MAX_COLS; c++) sums[c] = 0.0;
         uint row_base = row * pc.row_bytes;
         for (uint g = gl_SubgroupInvocationID; g < groups; g += gl_SubgroupSize)
             accumulate(row_base, g, c0, ncols);
-        for (uint c = 0u; c < MAX_COLS; c++) {
+        [[unroll]] for (uint c = 0u; c < MAX_COLS; c++) {
             if (c < ncols) {  // uniform: ncols is the same for the whole workgroup
                 float v = subgroupAdd(sums[c]);
                 if (subgroupElect()) ys[pc.y_off + (c0 + c) * pc.y_stride + row] = v;

@@ -1,0 +1,288 @@
+"""Vulkan kernels beyond the shared differential suite (tests/test_backend_ops.py): every
+registered variant with a sample of parameter values (including MAX_COLS that do not divide T
+and a required subgroup size), weights split into row ranges as the real LM head is, inputs
+that are row views at an offset, and canaries after every output (pooled buffers are larger than
+the tensors in them: a kernel writing past its end would clobber them)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize
+
+from engine.errors import ConfigError
+from engine.gguf_model import QTensor
+from engine.tuning import REGISTRY, TuningConfig
+from tests.vulkan_helpers import assert_no_validation_errors, make_backend, nmse, qtensor
+
+QUANTS = ["F32", "F16", "BF16", "Q8_0", "Q5_0", "Q5_1", "Q4_0", "Q4_1", "Q4_K", "Q6_K"]
+CANARY = 0xFF  # bytes of a NaN pattern left in free buffers before each op
+
+
+@pytest.fixture(scope="module")
+def vb():
+    be = make_backend()
+    yield be
+    be.close()
+
+
+@pytest.fixture(autouse=True)
+def _clean(vb):
+    vb.set_config(TuningConfig.default("vulkan"))
+    yield
+    assert_no_validation_errors(vb)
+
+
+def dense(qt: QTensor) -> np.ndarray:
+    return np.asarray(dequantize(qt.raw, GGMLQuantizationType[qt.qtype]), np.float64).reshape(
+        qt.shape
+    )
+
+
+def poison_free_buffers(be, out_elems: int) -> None:  # noqa: ANN001
+    """Make sure the pool holds free buffers of the output's size class, and fill every free
+    buffer with the canary: the op's output lands in one of them."""
+    spare = [be.alloc.new(4 * out_elems) for _ in range(4)]
+    del spare
+    for heap in be.alloc.free.values():
+        for _, b in heap:
+            if b.host is not None:
+                b.host[:] = CANARY
+
+
+def assert_canary_after(be, t) -> None:  # noqa: ANN001
+    """Bytes of t's buffer after the tensor still hold the canary."""
+    be.synchronize()
+    b = t.buf
+    if b.host is None:
+        pytest.skip("canaries need host-visible (unified) memory")
+    tail = b.host[4 * (t.offset + t.size) :]
+    assert (tail == CANARY).all(), f"kernel wrote past its output ({(tail != CANARY).sum()} B)"
+
+
+def _k_for(qtype: str, blocks: int) -> int:
+    return (256 if qtype.endswith("_K") else 32 if qtype.startswith("Q") else 37) * blocks
+
+
+# Parameter samples per variant: (flat config, label). Values chosen to hit one row per
+# workgroup, more rows than subgroups, threads_per_row of 1 and of the whole workgroup, a
+# required subgroup size, and MAX_COLS that do not divide the column counts below.
+DECODE = [
+    ({"matmul_decode.variant": "subgroup"}, "subgroup-default"),
+    ({"matmul_decode.variant": "subgroup", "matmul_decode.wg_size": 32,
+      "matmul_decode.rows_per_wg": 1}, "subgroup-wg32-r1"),
+    ({"matmul_decode.variant": "subgroup", "matmul_decode.wg_size": 128,
+      "matmul_decode.rows_per_wg": 16, "matmul_decode.subgroup_size": 8}, "subgroup-r16-sg8"),
+    ({"matmul_decode.variant": "shmem", "matmul_decode.threads_per_row": 1,
+      "matmul_decode.wg_size": 32, "matmul_decode.rows_per_wg": 4}, "shmem-tpr1"),
+    ({"matmul_decode.variant": "shmem", "matmul_decode.threads_per_row": 64,
+      "matmul_decode.wg_size": 64, "matmul_decode.rows_per_wg": 2}, "shmem-tpr64"),
+    ({"matmul_decode.variant": "shmem", "matmul_decode.threads_per_row": 8,
+      "matmul_decode.wg_size": 256, "matmul_decode.rows_per_wg": 16}, "shmem-wg256-r16"),
+]
+# Every weight type runs both prefill variants at a small MAX_COLS; the larger MAX_COLS samples
+# (whose unrolled accumulator loops take lavapipe's LLVM seconds per pipeline) run on a block
+# type and on a float type with a ragged row tail.
+PREFILL = [
+    ({"matmul_prefill.variant": "kpar", "prefill.max_cols": 8}, "kpar-mc8"),
+    ({"matmul_prefill.variant": "serial", "prefill.max_cols": 4, "matmul_prefill.wg_size": 32},
+     "serial-mc4-wg32"),
+]
+PREFILL_SAMPLES = [
+    ({"matmul_prefill.variant": "kpar"}, "kpar-default"),
+    ({"matmul_prefill.variant": "kpar", "prefill.max_cols": 40, "matmul_prefill.wg_size": 32,
+      "matmul_prefill.rows_per_wg": 1}, "kpar-mc40-r1"),
+    ({"matmul_prefill.variant": "kpar", "prefill.max_cols": 1}, "kpar-mc1"),
+    ({"matmul_prefill.variant": "kpar", "prefill.max_cols": 24, "matmul_prefill.wg_size": 128,
+      "matmul_prefill.rows_per_wg": 16, "matmul_prefill.subgroup_size": 8}, "kpar-mc24-sg8"),
+    ({"matmul_prefill.variant": "serial"}, "serial-default"),
+    ({"matmul_prefill.variant": "serial", "prefill.max_cols": 64, "matmul_prefill.wg_size": 32},
+     "serial-mc64"),
+    ({"matmul_prefill.variant": "serial", "prefill.max_cols": 8, "matmul_prefill.wg_size": 256},
+     "serial-mc8-wg256"),
+]
+
+
+def _cfg(vb, flat: dict) -> TuningConfig:  # noqa: ANN001
+    cfg = TuningConfig.default("vulkan").replace(**flat)
+    assert not cfg.problems(vb.device_info()), cfg.problems(vb.device_info())
+    return cfg
+
+
+@pytest.mark.parametrize("flat", [p[0] for p in DECODE], ids=[p[1] for p in DECODE])
+@pytest.mark.parametrize("qtype", QUANTS)
+def test_matmul_decode_variants(vb, flat, qtype):
+    vb.set_config(_cfg(vb, flat))
+    rng = np.random.default_rng(len(qtype))
+    for n, blocks in ((1, 1), (67, 3)):
+        w = qtensor(rng, (n, _k_for(qtype, blocks)), qtype)
+        x = rng.standard_normal((1, w.shape[1])).astype(np.float32)
+        xt, wv = vb.upload(x), vb.load_weight(w)
+        poison_free_buffers(vb, x.shape[0] * n)
+        y = vb.matmul(xt, wv)
+        out = vb.download(y)
+        assert np.isfinite(out).all()
+        assert nmse(x.astype(np.float64) @ dense(w).T, out) < 5e-4
+        assert_canary_after(vb, y)
+
+
+@pytest.mark.parametrize(
+    "flat,qtype",
+    [pytest.param(f, q, id=f"{q}-{label}") for f, label in PREFILL for q in QUANTS]
+    + [pytest.param(f, q, id=f"{q}-{label}") for f, label in PREFILL_SAMPLES
+       for q in ("Q4_K", "F16")],
+)
+def test_matmul_prefill_variants(vb, flat, qtype):
+    vb.set_config(_cfg(vb, flat))
+    rng = np.random.default_rng(len(qtype) + 7)
+    for T, n, blocks in ((2, 33, 1), (41, 19, 2)):  # 41 columns: several MAX_COLS passes
+        w = qtensor(rng, (n, _k_for(qtype, blocks)), qtype)
+        x = rng.standard_normal((T, w.shape[1])).astype(np.float32)
+        xt, wv = vb.upload(x), vb.load_weight(w)
+        poison_free_buffers(vb, x.shape[0] * n)
+        y = vb.matmul(xt, wv)
+        out = vb.download(y)
+        assert np.isfinite(out).all()
+        assert nmse(x.astype(np.float64) @ dense(w).T, out) < 5e-4
+        assert_canary_after(vb, y)
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K", "F16", "Q6_K"])
+def test_weights_split_into_row_ranges(vb, qtype):
+    """A weight over maxStorageBufferRange is stored and dispatched in row ranges (the real
+    Qwen LM head is 145 MB against lavapipe's 128 MiB): lower the limit to a few rows."""
+    rng = np.random.default_rng(3)
+    w = qtensor(rng, (50, _k_for(qtype, 1)), qtype)
+    old = vb.max_weight_bytes
+    vb.max_weight_bytes = w.raw.shape[1] * 16 + 5  # 16 rows per range: 16 + 16 + 16 + 2
+    try:
+        wv = vb.load_weight(w)
+    finally:
+        vb.max_weight_bytes = old
+    assert [p[2] for p in wv.parts] == [16, 16, 16, 2]
+    ref = dense(w)
+    for T in (1, 5):
+        x = rng.standard_normal((T, w.shape[1])).astype(np.float32)
+        out = vb.download(vb.matmul(vb.upload(x), wv))
+        assert nmse(x.astype(np.float64) @ ref.T, out) < 5e-4
+    ids = np.array([0, 49, 15, 16, 33, 48], np.int32)  # both sides of every range boundary
+    emb = vb.download(vb.embedding(wv, vb.upload(ids)))
+    assert nmse(ref[ids], emb) < 1e-10
+
+
+def test_ops_on_row_views(vb):
+    """Inputs that start inside a buffer (rows of a chunk) are read at their offset."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((6, 256)).astype(np.float32)
+    xt = vb.upload(x)
+    w = qtensor(rng, (40, 256), "Q4_K")
+    wv = vb.load_weight(w)
+    out = vb.download(vb.matmul(vb.rows(xt, 5, 6), wv))  # T == 1 from the last row
+    assert nmse(x[5:6].astype(np.float64) @ dense(w).T, out) < 5e-4
+    out = vb.download(vb.matmul(vb.rows(xt, 2, 5), wv))
+    assert nmse(x[2:5].astype(np.float64) @ dense(w).T, out) < 5e-4
+    nw = vb.load_weight(qtensor(rng, (256,), "F32", std=1.0))
+    normed = vb.download(vb.rms_norm(vb.rows(xt, 3, 4), nw, 1e-6))
+    x64 = x[3:4].astype(np.float64)
+    ref = x64 / np.sqrt((x64**2).mean(-1, keepdims=True) + 1e-6) * dense(QTensor(
+        "n", "F32", (256,), np.asarray(nw.f32 and vb.download(nw.f32)).view(np.uint8)[None])
+    )
+    assert nmse(ref, normed) < 1e-10
+    s = vb.download(vb.add(vb.rows(xt, 1, 3), vb.rows(xt, 4, 6)))
+    assert np.allclose(s, x[1:3] + x[4:6])
+    ids = vb.upload(np.array([7, 3, 9, 1], np.int32))
+    table = qtensor(rng, (10, 64), "Q8_0")
+    emb = vb.download(vb.embedding(vb.load_weight(table), vb.rows(ids, 1, 3)))
+    assert nmse(dense(table)[[3, 9]], emb) < 1e-12
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "add", "swiglu", "rope", "attention", "argmax",
+                                "embedding", "kv_write"])
+@pytest.mark.parametrize("wg", [32, 512])
+def test_small_ops_at_workgroup_extremes(vb, op, wg):
+    """The small ops at the smallest and largest registered workgroup size."""
+    vb.set_config(_cfg(vb, {f"{op}.wg_size": wg}))
+    rng = np.random.default_rng(wg)
+    x = rng.standard_normal((3, 4, 64)).astype(np.float32)
+    if op == "rms_norm":
+        nw = vb.load_weight(qtensor(rng, (64,), "F32", std=1.0))
+        nwd = vb.download(nw.f32).astype(np.float64)
+        out = vb.download(vb.rms_norm(vb.upload(x), nw, 1e-5))
+        x64 = x.astype(np.float64)
+        ref = x64 / np.sqrt((x64**2).mean(-1, keepdims=True) + 1e-5) * nwd
+    elif op == "add":
+        out = vb.download(vb.add(vb.upload(x), vb.upload(x * 2)))
+        ref = x * 3.0
+    elif op == "swiglu":
+        out = vb.download(vb.swiglu(vb.upload(x), vb.upload(x)))
+        g = x.astype(np.float64)
+        ref = g / (1 + np.exp(-g)) * g
+    elif op == "rope":
+        from engine.backends.numpy_ref import NumpyBackend
+
+        out = vb.download(vb.rope(vb.upload(x), 300, 1e4, False))
+        ref = NumpyBackend().rope(x, 300, 1e4, False)
+    elif op == "argmax":
+        lg = rng.standard_normal((3, 1000)).astype(np.float32)
+        out = vb.download(vb.argmax(vb.upload(lg)))
+        assert out.tolist() == np.argmax(lg, -1).tolist()
+        return
+    elif op == "embedding":
+        table = qtensor(rng, (9, 64), "Q4_0")
+        ids = np.array([8, 0, 8], np.int32)
+        out = vb.download(vb.embedding(vb.load_weight(table), vb.upload(ids)))
+        ref = dense(table)[ids]
+    else:  # kv_write and attention
+        from engine.backends.numpy_ref import NumpyBackend
+
+        nb = NumpyBackend()
+        q = rng.standard_normal((3, 4, 64)).astype(np.float32)
+        kv = rng.standard_normal((3, 2, 64)).astype(np.float32)
+        cv, cn = vb.new_kv_cache(1, 9, 2, 64), nb.new_kv_cache(1, 9, 2, 64)
+        vb.kv_write(cv, 0, vb.upload(kv), vb.upload(kv * 0.5), 2)
+        nb.kv_write(cn, 0, kv, kv * 0.5, 2)
+        assert np.array_equal(vb.download(cv.v[0]), cn.v[0])
+        out = vb.download(vb.attention(vb.upload(q), cv, 0, 2))
+        ref = nb.attention(q, cn, 0, 2)
+        # positions 0, 1 are zeros in both caches: they take part in the softmax identically
+    assert nmse(ref, out) < 1e-9
+
+
+def test_argmax_nan_and_ties(vb):
+    lg = np.zeros((4, 300), np.float32)
+    lg[1, [5, 200]] = 3.0
+    lg[2, 17] = np.nan
+    lg[2, 3] = 9.0
+    lg[3] = -np.inf
+    out = vb.download(vb.argmax(vb.upload(lg)))
+    assert out.tolist() == np.argmax(lg, -1).tolist() == [0, 5, 17, 0]
+
+
+def test_required_subgroup_size_the_device_lacks_is_a_constraint(vb):
+    dev = vb.device_info()
+    bad = next(s for s in (8, 16, 32, 64, 128)
+               if not dev.extra["min_subgroup_size"] <= s <= dev.extra["max_subgroup_size"])
+    cfg = TuningConfig.default("vulkan").replace(**{"matmul_decode.subgroup_size": bad})
+    assert cfg.problems(dev), "registry must reject a subgroup size the device cannot require"
+    with pytest.raises(ConfigError):
+        vb.set_config(cfg)
+    # still usable, still on the previous config
+    w = qtensor(np.random.default_rng(0), (8, 32), "Q8_0")
+    x = np.ones((1, 32), np.float32)
+    assert nmse(x @ dense(w).T, vb.download(vb.matmul(vb.upload(x), vb.load_weight(w)))) < 1e-6
+
+
+def test_registry_tells_the_truth_about_quant_types(vb):
+    from engine.tuning.kernels.vulkan import QUANT_TYPES
+
+    for op in ("matmul_decode", "matmul_prefill", "embedding"):
+        for q in QUANTS:
+            assert REGISTRY.supports("vulkan", op, q) == (q in QUANT_TYPES)
+        assert not REGISTRY.supports("vulkan", op, "Q5_K")
+    # and what it declares loads and runs
+    rng = np.random.default_rng(9)
+    for q in sorted(QUANT_TYPES):
+        w = qtensor(rng, (3, _k_for(q, 1)), q)
+        x = rng.standard_normal((1, w.shape[1])).astype(np.float32)
+        assert nmse(x @ dense(w).T, vb.download(vb.matmul(vb.upload(x), vb.load_weight(w)))) < 5e-4
