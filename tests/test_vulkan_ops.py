@@ -14,7 +14,7 @@ from gguf.quants import dequantize
 from engine.errors import ConfigError
 from engine.gguf_model import QTensor
 from engine.tuning import REGISTRY, TuningConfig
-from tests.vulkan_helpers import assert_no_validation_errors, make_backend, nmse, qtensor
+from tests.test_vulkan_helpers import assert_no_validation_errors, make_backend, nmse, qtensor
 
 QUANTS = ["F32", "F16", "BF16", "Q8_0", "Q5_0", "Q5_1", "Q4_0", "Q4_1", "Q4_K", "Q6_K"]
 CANARY = 0xFF  # bytes of a NaN pattern left in free buffers before each op

@@ -1,4 +1,4 @@
-"""Shared pieces of the Vulkan test files: one backend per module, and the validation-layer
+"""Helpers shared by the Vulkan test files (no tests here): one backend per module, and the
 check (FLEETTUNE_VK_VALIDATION=1 makes every Vulkan test fail on a layer error)."""
 
 from __future__ import annotations
