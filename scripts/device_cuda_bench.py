@@ -52,7 +52,10 @@ def ceilings(cp) -> dict:
         e1.record()
         e1.synchronize()
         ts.append(cp.cuda.get_elapsed_time(e0, e1) / 1e3)
-    return {"copy_bytes_s": copy, "fp16_gemm_flop_s": 2 * m**3 / statistics.median(ts[2:])}
+    out = {"copy_bytes_s": copy, "fp16_gemm_flop_s": 2 * m**3 / statistics.median(ts[2:])}
+    del a, b, x, y
+    cp.get_default_memory_pool().free_all_blocks()
+    return out
 
 
 def flat_cfg(**kw) -> TuningConfig:
@@ -66,6 +69,12 @@ VARIANTS = {
     "mmq_64x128": {"matmul_prefill.variant": "mmq", "matmul_prefill.tile_m": 64},
     "dmmv_kpar": {"prefill.gemm_min_t": 1 << 20, "prefill.max_cols": 64,
                   "matmul_batched.cols": 64},
+    "dec_rpt1": {"matmul_decode.rows_per_thread": 1},
+    "dec_rpt4": {"matmul_decode.rows_per_thread": 4},
+    "dec_rpt2_t16_v4": {"matmul_decode.threads_per_row": 16, "matmul_decode.vec": 4},
+    "dec_rpt4_t8_v4": {"matmul_decode.rows_per_thread": 4, "matmul_decode.threads_per_row": 8,
+                       "matmul_decode.vec": 4, "matmul_decode.rows_per_block": 16},
+    "nograph": {},
 }  # fmt: skip
 
 
@@ -150,8 +159,11 @@ def main() -> int:
     for v, flat in VARIANTS.items():
         try:
             be.set_config(flat_cfg(**flat))
+            be.use_graphs = v != "nograph"
             pool = cp.get_default_memory_pool()
+            pool.free_all_blocks()
             rep = bench(m, [512], gen_tokens=128, repeats=args.repeats, warmup=1)
+            be.use_graphs = True
             r = rep.results[0]
             res["bench"][v] = {
                 "pp512": r.prefill_tok_s.median,
@@ -176,12 +188,15 @@ def main() -> int:
         res["profile_error"] = traceback.format_exc()
         print("profile ERROR", repr(e), flush=True)
 
+    out = Path(args.out) / f"bench_{name}.json"
+    out.write_text(json.dumps(res, indent=1, default=str))
     if args.sweep:
         res["sweep"] = []
         grid = [("staged", mc) for mc in (64, 128, 256, 512)]
         grid += [("mmq", mc) for mc in (64, 128, 256, 512)]
         grid += [("dmmv_kpar", mc) for mc in (16, 32, 40, 64)]
-        grid += [("dmmv_serial", mc) for mc in (16, 32)]
+        if m.spec.n_embd < 2048:  # serial-over-K is ~100x slower: the small model only
+            grid += [("dmmv_serial", mc) for mc in (16, 32)]
         for v, mc in grid:
             flat = {"prefill.max_cols": mc}
             if v in ("staged", "mmq"):
@@ -191,7 +206,7 @@ def main() -> int:
                          "matmul_batched.variant": v}  # fmt: skip
             try:
                 be.set_config(flat_cfg(**flat))
-                rep = bench(m, [512], gen_tokens=1, repeats=args.repeats, warmup=1)
+                rep = bench(m, [512], gen_tokens=1, repeats=2, warmup=1)
                 tps = rep.results[0].prefill_tok_s.median
                 res["sweep"].append({"variant": v, "max_cols": mc, "pp512": tps})
                 print(f"sweep {v:12s} max_cols={mc:4d} pp512 {tps:9.1f}", flush=True)

@@ -101,6 +101,9 @@ MATMUL_CONFIGS = [
                            "matmul_decode.threads_per_row": 64, "matmul_decode.vec": 4}, [1]),
     ("decode-r2-t128", {"matmul_decode.rows_per_block": 2,
                         "matmul_decode.threads_per_row": 128}, [1]),
+    ("decode-rpt1", {"matmul_decode.rows_per_thread": 1}, [1]),
+    ("decode-rpt4-t16", {"matmul_decode.rows_per_thread": 4,
+                         "matmul_decode.threads_per_row": 16}, [1]),
     ("kpar-c2", {"prefill.gemm_min_t": 1 << 20, "matmul_batched.cols": 2}, [2, 7]),
     ("kpar-c16", {"prefill.gemm_min_t": 1 << 20}, [2, 17, 33]),
     ("kpar-c40-t64", {"prefill.gemm_min_t": 1 << 20, "matmul_batched.cols": 40,
@@ -376,7 +379,7 @@ def test_kernel_fault_is_an_engine_error():
         x = be.upload(np.ones((1, 256), np.float32))
         be._launch("decode", "dmmv_q4_k", (64, 1), (128,),
                    (np.uint64(1 << 40), np.int32(144), np.int32(64), np.int32(256), x,
-                    np.int32(1), y))
+                    np.int32(1), np.uint64(16)))  # weights and output far outside any allocation
         try:
             be.download(y)
         except EngineError as e:

@@ -10,10 +10,10 @@
 //                              then a combine kernel merges the ranges. Also serves prefill as
 //                              attention_prefill.split (grid z = query token).
 //   attention_prefill.flash    attn_flash: a block takes BQ query tokens of one head, stages 32
-//                              keys and values at a time in shared memory (rows padded by one
-//                              float: no bank conflicts) and each warp keeps RPW queries'
+//                              keys and values at a time in shared memory (rows padded by four
+//                              floats: no bank conflicts on 16-byte reads) and each warp keeps RPW queries'
 //                              running max, sum and output in registers. Lanes own keys for
-//                              the scores and head dims for P.V. Needs D <= 128.
+//                              the scores and head dims for P.V. Needs D <= 128, D % 4 == 0.
 // Tunables: SPLITS, WARPS (launch), BQ and RPW (defines of attn_flash).
 // pos0 comes as a scalar and a device pointer (non-null wins: the decode graph's position).
 #include "common.cuh"
@@ -121,15 +121,18 @@ extern "C" __global__ void attn_combine(const float* __restrict__ part, const fl
 #endif
 #define KC 32
 
-// grid (ceil(T / BQ), H), block (BQ / RPW) * 32, dynamic smem (BQ * D + 2 * KC * (D + 1)) floats.
+// grid (ceil(T / BQ), H), block (BQ / RPW) * 32, dynamic smem (BQ * D + 2 * KC * (D + 4))
+// floats. D % 4 == 0.
 extern "C" __global__ void attn_flash(const float* __restrict__ q, const float* __restrict__ kc,
                                       const float* __restrict__ vc, float* __restrict__ out, int T,
                                       int H, int Hkv, int D, int pos0, const int* pos_ptr,
                                       float scale) {
     extern __shared__ float sm[];
     float* qs = sm;                 // [BQ][D], pre-scaled
-    float* ks = qs + BQ * D;        // [KC][D + 1]
-    float* vs = ks + KC * (D + 1);  // [KC][D + 1]
+    // K rows padded to D + 4 floats: 16-byte lane reads of 8 lanes per phase hit distinct banks
+    const int KS = D + 4;
+    float* ks = qs + BQ * D;   // [KC][KS]
+    float* vs = ks + KC * KS;  // [KC][KS]
     const int t0 = blockIdx.x * BQ, h = blockIdx.y, kvh = h / (H / Hkv);
     const int lane = threadIdx.x & 31, warp = threadIdx.x / 32, nthr = blockDim.x;
     const int p0 = pos_ptr ? *pos_ptr : pos0;
@@ -151,8 +154,8 @@ extern "C" __global__ void attn_flash(const float* __restrict__ q, const float* 
         for (int i = threadIdx.x; i < KC * D; i += nthr) {
             const int j = i / D, d = i % D, key = k0 + j;
             const bool ok = key < Lmax;
-            ks[j * (D + 1) + d] = ok ? kc[((size_t)key * Hkv + kvh) * D + d] : 0.f;
-            vs[j * (D + 1) + d] = ok ? vc[((size_t)key * Hkv + kvh) * D + d] : 0.f;
+            ks[j * KS + d] = ok ? kc[((size_t)key * Hkv + kvh) * D + d] : 0.f;
+            vs[j * KS + d] = ok ? vc[((size_t)key * Hkv + kvh) * D + d] : 0.f;
         }
         __syncthreads();
 #pragma unroll
@@ -161,10 +164,13 @@ extern "C" __global__ void attn_flash(const float* __restrict__ q, const float* 
             if (tq >= T) continue;  // warp-uniform
             const int pq = p0 + tq;
             if (k0 > pq) continue;  // the whole chunk is in this query's future
-            const float* qr = qs + qi * D;
-            const float* kr = ks + lane * (D + 1);
+            const float4* qr = (const float4*)(qs + qi * D);
+            const float4* kr = (const float4*)(ks + lane * KS);
             float s = 0.f;
-            for (int d = 0; d < D; ++d) s += qr[d] * kr[d];
+            for (int d = 0; d < D / 4; ++d) {
+                const float4 a = qr[d], b = kr[d];
+                s += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+            }
             if (k0 + lane > pq) s = NEG_INF;
             const float cmax = warp_max(s);
             const float mn = fmaxf(m[r], cmax), corr = expf(m[r] - mn);
@@ -174,7 +180,7 @@ extern "C" __global__ void attn_flash(const float* __restrict__ q, const float* 
             for (int i = 0; i < 4; ++i) acc[r][i] *= corr;
             for (int j = 0; j < KC; ++j) {
                 const float pj = __shfl_sync(0xffffffffu, p, j);
-                const float* vr = vs + j * (D + 1);
+                const float* vr = vs + j * KS;
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
                     const int d = lane + 32 * i;

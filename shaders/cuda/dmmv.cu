@@ -7,12 +7,12 @@
 //   matmul_batched.dmmv_kpar    1 < T: COLS columns per launch (MAX_COLS), K-parallel
 //   matmul_batched.dmmv_serial  1 < T: COLS columns, one thread walks a whole row (TPR = 1),
 //                               the seed's first, slow shape; kept as a searchable baseline
-// Tunables (defines): ROWS rows per block, TPR threads per row, COLS columns (tokens) per
-// launch, VEC consecutive 16-weight groups a thread decodes per step (its load width: VEC * 8
-// bytes of Q4_K nibbles). Each decoded group is applied to every column, so a weight is read
+// Tunables (defines): ROWS thread-rows per block, RPT weight rows per thread-row (decode only),
+// TPR threads per row, COLS columns (tokens) per launch, VEC consecutive 16-weight groups a
+// thread decodes per step (its load width: VEC * 8 bytes of Q4_K nibbles). Each decoded group is applied to every column, so a weight is read
 // once per COLS tokens (the reason batched DMMV beats per-token prefill).
 // Kernels: dmmv_<type> for q4_0 q4_1 q5_0 q8_0 q4_k q6_k (block decoders from common.cuh) and
-// dmmv_f32 f16 bf16 (dense rows). Grid: (ceil(N / ROWS), ceil(T / COLS)), block ROWS * TPR.
+// dmmv_f32 f16 bf16 (dense rows). Grid: (ceil(N / (ROWS * RPT)), ceil(T / COLS)), block ROWS * TPR.
 #include "common.cuh"
 
 #ifndef ROWS
@@ -27,12 +27,16 @@
 #ifndef VEC
 #define VEC 1
 #endif
+#ifndef RPT
+#define RPT 1
+#endif
 
-// Sum each column's partial over the TPR threads of a row; result valid in the row's lane 0.
-__device__ __forceinline__ void reduce_cols(float* sums, float* red /* smem [ROWS][TPR/32][COLS] */) {
+// Sum each of the S partials of a thread-row over its TPR threads; result in the row's lane 0.
+template <int S>
+__device__ __forceinline__ void reduce_sums(float* sums, float* red /* smem [ROWS][TPR/32][S] */) {
     if (TPR == 1) return;
 #pragma unroll
-    for (int c = 0; c < COLS; ++c) {
+    for (int c = 0; c < S; ++c) {
         float v = sums[c];
 #pragma unroll
         for (int o = (TPR < 32 ? TPR : 32) / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -42,64 +46,73 @@ __device__ __forceinline__ void reduce_cols(float* sums, float* red /* smem [ROW
         const int lane = threadIdx.x % TPR, r = threadIdx.x / TPR, w = lane / 32;
         if ((lane & 31) == 0) {
 #pragma unroll
-            for (int c = 0; c < COLS; ++c) red[(r * (TPR / 32) + w) * COLS + c] = sums[c];
+            for (int c = 0; c < S; ++c) red[(r * (TPR / 32) + w) * S + c] = sums[c];
         }
         __syncthreads();
         if (lane == 0) {
 #pragma unroll
-            for (int c = 0; c < COLS; ++c) {
+            for (int c = 0; c < S; ++c) {
                 float v = 0.f;
-                for (int i = 0; i < TPR / 32; ++i) v += red[(r * (TPR / 32) + i) * COLS + c];
+                for (int i = 0; i < TPR / 32; ++i) v += red[(r * (TPR / 32) + i) * S + c];
                 sums[c] = v;
             }
         }
     }
 }
 
-#define RED_SIZE (TPR > 32 ? ROWS * (TPR / 32) * COLS : 1)
+#define NSUM (RPT * COLS)
+#define RED_SIZE (TPR > 32 ? ROWS * (TPR / 32) * NSUM : 1)
 
+// A thread owns RPT rows (row0 .. row0 + RPT - 1) and COLS columns: each activation load
+// serves RPT rows, each decoded group serves COLS columns, and the RPT rows' weight loads are
+// independent, so more bytes are in flight per thread.
 template <int QT>
 __device__ __forceinline__ void dmmv_q(const u8* __restrict__ W, int row_bytes, int N, int K,
                                        const float* __restrict__ X, int T,
                                        float* __restrict__ Y) {
     __shared__ float red[RED_SIZE];
     const int lane = threadIdx.x % TPR;
-    const int row = blockIdx.x * ROWS + threadIdx.x / TPR;
+    const int row0 = (blockIdx.x * ROWS + threadIdx.x / TPR) * RPT;
     const int col0 = blockIdx.y * COLS;
     const int ncols = min(COLS, T - col0);
-    float sums[COLS];
+    float sums[NSUM];
 #pragma unroll
-    for (int c = 0; c < COLS; ++c) sums[c] = 0.f;
-    if (row < N) {
-        const u8* wr = W + (size_t)row * row_bytes;
-        const float* xb = X + (size_t)col0 * K;
-        const int NG = K / 16;
-        for (int g0 = lane * VEC; g0 < NG; g0 += TPR * VEC) {
+    for (int c = 0; c < NSUM; ++c) sums[c] = 0.f;
+    const float* xb = X + (size_t)col0 * K;
+    const int NG = row0 < N ? K / 16 : 0;
+    for (int g0 = lane * VEC; g0 < NG; g0 += TPR * VEC) {
 #pragma unroll
-            for (int j = 0; j < VEC; ++j) {
-                const int g = g0 + j;
-                if (g < NG) {
-                    Run8 r0, r1;
-                    int k0, k1;
-                    row_group<QT>(wr, g, r0, r1, k0, k1);
+        for (int j = 0; j < VEC; ++j) {
+            const int g = g0 + j;
+            if (g < NG) {
+                Run8 a[RPT], b[RPT];
+                int k0, k1;
 #pragma unroll
-                    for (int c = 0; c < COLS; ++c) {
-                        if (c < ncols) {
-                            const float4* x0 = (const float4*)(xb + (size_t)c * K + k0);
-                            const float4* x1 = (const float4*)(xb + (size_t)c * K + k1);
-                            sums[c] += run_dot(r0, __ldg(x0), __ldg(x0 + 1)) +
-                                       run_dot(r1, __ldg(x1), __ldg(x1 + 1));
-                        }
+                for (int r = 0; r < RPT; ++r)  // rows past N decode row N - 1; never written
+                    row_group<QT>(W + (size_t)min(row0 + r, N - 1) * row_bytes, g, a[r], b[r], k0,
+                                  k1);
+#pragma unroll
+                for (int c = 0; c < COLS; ++c) {
+                    if (c < ncols) {
+                        const float4* x0 = (const float4*)(xb + (size_t)c * K + k0);
+                        const float4* x1 = (const float4*)(xb + (size_t)c * K + k1);
+                        const float4 x0a = __ldg(x0), x0b = __ldg(x0 + 1);
+                        const float4 x1a = __ldg(x1), x1b = __ldg(x1 + 1);
+#pragma unroll
+                        for (int r = 0; r < RPT; ++r)
+                            sums[r * COLS + c] += run_dot(a[r], x0a, x0b) + run_dot(b[r], x1a, x1b);
                     }
                 }
             }
         }
     }
-    reduce_cols(sums, red);
-    if (row < N && lane == 0) {
+    reduce_sums<NSUM>(sums, red);
+    if (lane == 0) {
 #pragma unroll
-        for (int c = 0; c < COLS; ++c)
-            if (c < ncols) Y[(size_t)(col0 + c) * N + row] = sums[c];
+        for (int r = 0; r < RPT; ++r)
+#pragma unroll
+            for (int c = 0; c < COLS; ++c)
+                if (row0 + r < N && c < ncols) Y[(size_t)(col0 + c) * N + row0 + r] = sums[r * COLS + c];
     }
 }
 
@@ -109,27 +122,30 @@ __device__ __forceinline__ void dmmv_d(const u8* __restrict__ W, int row_bytes, 
                                        float* __restrict__ Y) {
     __shared__ float red[RED_SIZE];
     const int lane = threadIdx.x % TPR;
-    const int row = blockIdx.x * ROWS + threadIdx.x / TPR;
+    const int row0 = (blockIdx.x * ROWS + threadIdx.x / TPR) * RPT;
     const int col0 = blockIdx.y * COLS;
     const int ncols = min(COLS, T - col0);
-    float sums[COLS];
+    float sums[NSUM];
 #pragma unroll
-    for (int c = 0; c < COLS; ++c) sums[c] = 0.f;
-    if (row < N) {
-        const u8* wr = W + (size_t)row * row_bytes;
-        const float* xb = X + (size_t)col0 * K;
-        for (int k = lane; k < K; k += TPR) {
-            const float w = dense_get<QT>(wr, k);
+    for (int c = 0; c < NSUM; ++c) sums[c] = 0.f;
+    const float* xb = X + (size_t)col0 * K;
+    const int KK = row0 < N ? K : 0;
+    for (int k = lane; k < KK; k += TPR) {
+#pragma unroll
+        for (int r = 0; r < RPT; ++r) {
+            const float w = dense_get<QT>(W + (size_t)min(row0 + r, N - 1) * row_bytes, k);
 #pragma unroll
             for (int c = 0; c < COLS; ++c)
-                if (c < ncols) sums[c] += w * __ldg(xb + (size_t)c * K + k);
+                if (c < ncols) sums[r * COLS + c] += w * __ldg(xb + (size_t)c * K + k);
         }
     }
-    reduce_cols(sums, red);
-    if (row < N && lane == 0) {
+    reduce_sums<NSUM>(sums, red);
+    if (lane == 0) {
 #pragma unroll
-        for (int c = 0; c < COLS; ++c)
-            if (c < ncols) Y[(size_t)(col0 + c) * N + row] = sums[c];
+        for (int r = 0; r < RPT; ++r)
+#pragma unroll
+            for (int c = 0; c < COLS; ++c)
+                if (row0 + r < N && c < ncols) Y[(size_t)(col0 + c) * N + row0 + r] = sums[r * COLS + c];
     }
 }
 

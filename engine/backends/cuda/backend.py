@@ -182,16 +182,20 @@ class CudaBackend(Backend):
         try:
             out = t.get(stream=self._stream)
             self._stream.synchronize()
-        except self._cp.cuda.runtime.CUDARuntimeError as e:
+        except self._faults() as e:
             raise EngineError(
                 f"CUDA kernel fault ({e}); the GPU context is unusable, restart the worker"
             ) from None
         return out
 
+    def _faults(self) -> tuple[type, ...]:
+        cp = self._cp
+        return (cp.cuda.runtime.CUDARuntimeError, cp.cuda.driver.CUDADriverError)
+
     def synchronize(self) -> None:
         try:
             self._stream.synchronize()
-        except self._cp.cuda.runtime.CUDARuntimeError as e:
+        except self._faults() as e:
             raise EngineError(
                 f"CUDA kernel fault ({e}); the GPU context is unusable, restart the worker"
             ) from None
@@ -245,6 +249,7 @@ class CudaBackend(Backend):
             {
                 "ROWS": dec["rows_per_block"],
                 "TPR": dec["threads_per_row"],
+                "RPT": dec["rows_per_thread"],
                 "COLS": 1,
                 "VEC": dec["vec"],
             },
@@ -289,6 +294,8 @@ class CudaBackend(Backend):
         self, mod: str, name: str, grid: tuple, block: tuple, args: tuple, smem: int = 0
     ) -> None:
         fn = self._fn(mod, name)
+        if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
+            fn.max_dynamic_shared_size_bytes = smem  # opt in beyond the 48 KiB default
         if self.profile is not None and not self._capturing:
             cp = self._cp
             e0, e1 = cp.cuda.Event(), cp.cuda.Event()
@@ -392,10 +399,11 @@ class CudaBackend(Backend):
         T = int(x.shape[0])
         rows = int(c["rows_per_block"])
         tpr = 1 if c.variant == "dmmv_serial" else int(c["threads_per_row"])
+        rpt = int(c["rows_per_thread"]) if mod == "decode" else 1
         self._launch(
             mod,
             f"dmmv_{_SUFFIX[w.qtype]}",
-            (math.ceil(w.n / rows), math.ceil(T / cols)),
+            (math.ceil(w.n / (rows * rpt)), math.ceil(T / cols)),
             (rows * tpr,),
             (w.raw, np.int32(w.row_bytes), np.int32(w.n), np.int32(w.k), x, np.int32(T), y),
         )
@@ -527,9 +535,9 @@ class CudaBackend(Backend):
             self._attn_split(q, cache, layer, pos0, out, int(c["splits"]), int(c["warps"]))
             return out
         c = self.config.op("attention_prefill")
-        if c.variant == "flash" and D <= 128:
+        if c.variant == "flash" and D <= 128 and D % 4 == 0:
             bq, rpw = int(c["block_q"]), int(c["rows_per_warp"])
-            smem = 4 * (bq * D + 2 * 32 * (D + 1))
+            smem = 4 * (bq * D + 2 * 32 * (D + 4))
             self._launch(
                 "attention",
                 "attn_flash",

@@ -77,6 +77,12 @@ REGISTRY.register(
                 Param("rows_per_block", (1, 2, 4, 8, 16), 4, "weight rows per thread block"),
                 Param("threads_per_row", (8, 16, 32, 64, 128), 32, "threads splitting a row"),
                 Param(
+                    "rows_per_thread",
+                    (1, 2, 4),
+                    2,
+                    "weight rows a thread walks together (activation reuse, loads in flight)",
+                ),
+                Param(
                     "vec",
                     (1, 2, 4),
                     2,
