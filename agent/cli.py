@@ -1,0 +1,142 @@
+"""``python -m agent``: run an experiment, list studies, check an experiment file.
+
+    python -m agent run experiments/quickstart.toml [--storage URL] [--promote-repo PATH]
+                        [--budget N] [--address HOST:PORT] [--no-promote] [--json]
+    python -m agent status [--storage URL] [--json]
+    python -m agent check experiments/X.toml
+
+As a Ray job: ``ray job submit --working-dir . -- python -m agent run experiments/X.toml``
+(RAY_ADDRESS is set for the job, so it joins that cluster); with no address it starts an
+embedded Ray with this machine's devices.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from engine.errors import EngineError
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m agent",
+        description="fleettune tuning agent: Optuna studies per device class on a Ray cluster, "
+        "validated and paired-benchmarked candidates, promoted configs.",
+    )
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("run", help="run an experiment (resumes its studies from storage)")
+    r.add_argument("experiment", type=Path, help="experiment TOML (see experiments/)")
+    r.add_argument(
+        "--storage",
+        help="Optuna storage: sqlite:///path, postgresql://..., or a "
+        "*.journal path (default: SQLite under the cache)",
+    )
+    r.add_argument(
+        "--promote-repo",
+        type=Path,
+        help="git repository to commit promoted configs "
+        "to (default: the experiment's [promote] repo: this checkout or a scratch repo)",
+    )
+    r.add_argument("--budget", type=int, help="trials per study (overrides budget.trials)")
+    r.add_argument("--address", help="Ray cluster address (default: $RAY_ADDRESS, else embedded)")
+    r.add_argument("--no-promote", action="store_true", help="never write or commit configs")
+    r.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+
+    s = sub.add_parser("status", help="list studies in a storage with their best trials")
+    s.add_argument("--storage", help="as for run (default: SQLite under the cache)")
+    s.add_argument("--json", action="store_true")
+
+    c = sub.add_parser("check", help="validate an experiment file and print its search spaces")
+    c.add_argument("experiment", type=Path)
+    return p
+
+
+def _run(args: argparse.Namespace) -> int:
+    from agent.experiment import load_experiment
+    from agent.loop import RunOptions, run_experiment
+    from agent.storage import parse_storage
+
+    exp = load_experiment(args.experiment)
+    if args.budget is not None and args.budget < 1:
+        raise EngineError("--budget must be >= 1")
+    opts = RunOptions(
+        storage=parse_storage(args.storage),
+        promote_repo=args.promote_repo.resolve() if args.promote_repo else None,
+        budget=args.budget,
+        address=args.address,
+        promote=not args.no_promote,
+    )
+    summary = run_experiment(exp, opts)
+    if args.json:
+        print(json.dumps(summary.to_dict(), indent=1, default=str))
+    else:
+        print(summary.text())
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from agent.status import study_rows
+    from agent.storage import parse_storage
+
+    ref = parse_storage(args.storage)
+    rows = study_rows(ref)
+    if args.json:
+        print(json.dumps([r.to_dict() for r in rows], indent=1, default=str))
+        return 0
+    if not rows:
+        print(f"no studies in {ref.url}")
+        return 0
+    for r in rows:
+        print(r.text())
+    status = ref.status_path
+    if status.exists():
+        print(f"fleet status: {status}")
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    from agent.experiment import load_experiment
+    from agent.space import build_space
+    from engine.tuning import REGISTRY
+
+    exp = load_experiment(args.experiment)
+    print(
+        f"experiment {exp.name}: models {list(exp.models)}, objectives "
+        f"{[o.name for o in exp.objectives]}, target {exp.acceptance.target}"
+    )
+    for b in exp.backends:
+        if b not in REGISTRY.backends():
+            print(f"  {b}: no kernels registered here (skipped)")
+            continue
+        space = build_space(b, exp.space_for(b))
+        print(f"  {b}: {space.size} configs")
+        for name, choices in space.grid().items():
+            print(f"    {name}: {choices}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+        stream=sys.stderr,
+    )
+    for noisy in ("optuna", "filelock", "urllib3"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        return {"run": _run, "status": _status, "check": _check}[args.command](args)
+    except EngineError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2

@@ -1,0 +1,418 @@
+"""Experiments: TOML files that say what to tune, where, for what, and how long.
+
+An experiment is data only (no code, no module paths): models, backends, device classes, a search
+space that is a subset of the tuning registry, objectives, validation, benchmark pairing, budget,
+acceptance, sampler and promotion. ``load_experiment`` checks every key and value and raises
+``ExperimentError`` naming the bad key and what is allowed. See docs/agent.md for the format.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.errors import ConfigError
+from worker.records import BenchPlan, Objective, ValidatePlan
+
+METRICS = ("prefill_tok_s", "decode_tok_s")
+SAMPLERS = ("tpe", "grid", "random", "cmaes", "nsga2")
+PROMOTE_REPOS = ("project", "scratch")
+KNOWN_BACKENDS = ("numpy", "vulkan", "cuda")
+
+
+def known_backends() -> tuple[str, ...]:
+    """Backends the engine knows (a test may register more)."""
+    from engine.backends import BACKENDS
+
+    return tuple(BACKENDS)
+
+
+class ExperimentError(ConfigError):
+    """An experiment file that cannot be used; the message names the key and the allowed values."""
+
+
+@dataclass(frozen=True)
+class ParamRule:
+    """Allowed values of one knob: ``choices`` (a subset of the registry's), a ``[min, max]``
+    range over the registry's numeric choices, or all of them. ``variant`` limits the rule to
+    one variant (key ``"<variant>.<param>"``); None applies it to every variant with that knob."""
+
+    name: str
+    variant: str | None = None
+    choices: tuple[Any, ...] | None = None
+    min: int | None = None
+    max: int | None = None
+
+
+@dataclass(frozen=True)
+class OpRule:
+    """Which variants of one op to search (None: all registered) and rules for their knobs;
+    knobs with no rule take all their registry choices."""
+
+    op: str
+    variants: tuple[str, ...] | None = None
+    params: tuple[ParamRule, ...] = ()
+
+
+@dataclass(frozen=True)
+class BackendSpace:
+    """The searched part of one backend's registry. ``everything``: all ops, variants, knobs;
+    otherwise only the listed ops are searched and the rest stay at the baseline."""
+
+    backend: str
+    everything: bool = False
+    ops: tuple[OpRule, ...] = ()
+
+
+@dataclass(frozen=True)
+class Budget:
+    trials: int = 20  # evaluated trials per study, the baseline included
+    wall_time_s: float = 0.0  # 0: no limit; no new trial starts after it
+    trial_timeout_s: float = 300.0  # a trial running longer is a timeout; its worker restarts
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    target: str  # objective name, e.g. "prefill_tok_s@64"
+    min_gain: float = 0.02
+    confidence: float = 0.95
+    max_regression: float = 0.0  # others may lose up to this fraction before it is significant
+    resamples: int = 2000
+    confirm: bool = True  # re-run on another worker of the class, when there is one
+
+
+@dataclass(frozen=True)
+class SamplerSpec:
+    name: str = "tpe"
+    seed: int = 0
+    startup_trials: int = 5
+
+
+@dataclass(frozen=True)
+class PromoteSpec:
+    enabled: bool = True
+    repo: str = "project"  # "project": this checkout; "scratch": a git repo under the cache
+    branch: str = "main"
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    source: str  # the file it came from
+    models: tuple[str, ...]
+    backends: tuple[str, ...]
+    device_classes: tuple[str, ...] | None  # None: every class present
+    space: tuple[BackendSpace, ...]
+    objectives: tuple[Objective, ...]
+    validate: ValidatePlan
+    bench: BenchPlan
+    budget: Budget
+    acceptance: Acceptance
+    sampler: SamplerSpec
+    promote: PromoteSpec
+    description: str = ""
+    warnings: tuple[str, ...] = field(default=(), compare=False)
+
+    def space_for(self, backend: str) -> BackendSpace:
+        for s in self.space:
+            if s.backend == backend:
+                return s
+        return BackendSpace(backend, everything=True)
+
+    def objective(self, name: str) -> Objective:
+        for o in self.objectives:
+            if o.name == name:
+                return o
+        raise KeyError(name)
+
+
+# --- parsing helpers ------------------------------------------------------------------------
+def _table(where: str, value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ExperimentError(f"{where} must be a table, not {type(value).__name__}")
+    return value
+
+
+def _keys(where: str, table: Mapping[str, Any], allowed: tuple[str, ...]) -> None:
+    for k in table:
+        if k not in allowed:
+            raise ExperimentError(f"{where}: unknown key {k!r}; allowed keys: {list(allowed)}")
+
+
+def _typed(where: str, value: Any, kind: type | tuple[type, ...], what: str) -> Any:
+    ok = isinstance(value, kind) and not (isinstance(value, bool) and bool not in _as_tuple(kind))
+    if not ok:
+        raise ExperimentError(f"{where} = {value!r}: must be {what}")
+    return value
+
+
+def _as_tuple(kind: type | tuple[type, ...]) -> tuple[type, ...]:
+    return kind if isinstance(kind, tuple) else (kind,)
+
+
+def _int(where: str, value: Any, lo: int = 0) -> int:
+    _typed(where, value, int, "an integer")
+    if value < lo:
+        raise ExperimentError(f"{where} = {value}: must be >= {lo}")
+    return int(value)
+
+
+def _num(where: str, value: Any, lo: float = 0.0, hi: float | None = None) -> float:
+    _typed(where, value, (int, float), "a number")
+    if value < lo or (hi is not None and value > hi):
+        bound = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
+        raise ExperimentError(f"{where} = {value}: must be {bound}")
+    return float(value)
+
+
+def _str_list(where: str, value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ExperimentError(f"{where} must be a list of strings")
+    return tuple(value)
+
+
+def _choice(where: str, value: Any, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ExperimentError(f"{where} = {value!r}: allowed values: {list(allowed)}")
+    return str(value)
+
+
+# --- sections -------------------------------------------------------------------------------
+def _param_rule(where: str, key: str, value: Any) -> ParamRule:
+    variant, _, name = key.rpartition(".")
+    variant_or_none = variant or None
+    if value == "all":
+        return ParamRule(name, variant_or_none)
+    if isinstance(value, list):
+        if not value:
+            raise ExperimentError(f"{where}.{key}: an empty list allows nothing")
+        return ParamRule(name, variant_or_none, choices=tuple(value))
+    if isinstance(value, dict):
+        _keys(f"{where}.{key}", value, ("min", "max"))
+        lo = value.get("min")
+        hi = value.get("max")
+        if lo is not None:
+            _typed(f"{where}.{key}.min", lo, int, "an integer")
+        if hi is not None:
+            _typed(f"{where}.{key}.max", hi, int, "an integer")
+        return ParamRule(name, variant_or_none, min=lo, max=hi)
+    raise ExperimentError(
+        f'{where}.{key} = {value!r}: must be a list of choices, {{min = .., max = ..}} or "all"'
+    )
+
+
+def _space(value: Any) -> tuple[BackendSpace, ...]:
+    out = []
+    for backend, body in _table("space", value).items():
+        where = f"space.{backend}"
+        _choice("space backend", backend, known_backends())
+        if body == "all":
+            out.append(BackendSpace(backend, everything=True))
+            continue
+        ops = []
+        for op, rules in _table(where, body).items():
+            rules = _table(f"{where}.{op}", rules)
+            variants = rules.get("variants", "all")
+            if variants != "all":
+                variants = _str_list(f"{where}.{op}.variants", variants)
+            params = tuple(
+                _param_rule(f"{where}.{op}", k, v) for k, v in rules.items() if k != "variants"
+            )
+            ops.append(OpRule(op, None if variants == "all" else variants, params))
+        out.append(BackendSpace(backend, False, tuple(ops)))
+    return tuple(out)
+
+
+def _objectives(value: Any) -> tuple[Objective, ...]:
+    if not isinstance(value, list) or not value:
+        raise ExperimentError("objectives must be a non-empty array of [[objectives]] tables")
+    out = []
+    for i, item in enumerate(value):
+        where = f"objectives[{i}]"
+        item = _table(where, item)
+        _keys(where, item, ("metric", "prompt_tokens", "gen_tokens"))
+        metric = _choice(f"{where}.metric", item.get("metric"), METRICS)
+        n = _int(f"{where}.prompt_tokens", item.get("prompt_tokens", 16), lo=1)
+        default_gen = 16 if metric == "decode_tok_s" else 1
+        gen = _int(f"{where}.gen_tokens", item.get("gen_tokens", default_gen), lo=1)
+        if metric == "decode_tok_s" and gen < 2:
+            raise ExperimentError(f"{where}.gen_tokens = {gen}: decode needs at least 2 tokens")
+        out.append(Objective(metric, n, gen))
+    names = [o.name for o in out]
+    if len(set(names)) != len(names):
+        raise ExperimentError(f"objectives: duplicates in {names}")
+    return tuple(out)
+
+
+def _validate(value: Any) -> ValidatePlan:
+    t = _table("validate", value)
+    keys = ("prompts", "random_prompts", "steps", "max_abs_diff", "nmse", "min_token_agreement")
+    _keys("validate", t, keys)
+    d = ValidatePlan()
+    prompts = _str_list("validate.prompts", t.get("prompts", []))
+    rnd = t.get("random_prompts", [])
+    if not isinstance(rnd, list):
+        raise ExperimentError("validate.random_prompts must be a list of prompt lengths")
+    random_prompts = tuple(_int("validate.random_prompts[]", n, lo=1) for n in rnd)
+    if not prompts and not random_prompts:
+        from engine.validate import PROMPTS
+
+        prompts = PROMPTS
+    return ValidatePlan(
+        prompts=prompts,
+        random_prompts=random_prompts,
+        steps=_int("validate.steps", t.get("steps", d.steps), lo=1),
+        max_abs_diff=_num("validate.max_abs_diff", t.get("max_abs_diff", d.max_abs_diff)),
+        nmse=_num("validate.nmse", t.get("nmse", d.nmse)),
+        min_token_agreement=_num(
+            "validate.min_token_agreement",
+            t.get("min_token_agreement", d.min_token_agreement),
+            0.0,
+            1.0,
+        ),
+    )
+
+
+def parse_experiment(data: Mapping[str, Any], source: str = "<memory>") -> Experiment:
+    """An Experiment from parsed TOML; raises ExperimentError naming any bad key or value."""
+    top = (
+        "name",
+        "description",
+        "models",
+        "backends",
+        "device_classes",
+        "space",
+        "objectives",
+        "validate",
+        "bench",
+        "budget",
+        "acceptance",
+        "sampler",
+        "promote",
+    )
+    _keys("experiment", data, top)
+    name = _typed("name", data.get("name", Path(source).stem), str, "a string")
+    if not name or any(c in name for c in "/\\ \t\n"):
+        raise ExperimentError(f"name = {name!r}: must be non-empty, without slashes or spaces")
+    if "models" not in data:
+        raise ExperimentError("models: required (GGUF paths, checkpoint names or synthetic:tiny)")
+    models = _str_list("models", data["models"])
+    if not models:
+        raise ExperimentError("models: at least one model")
+    backends = _str_list("backends", data.get("backends", ["cuda", "vulkan", "numpy"]))
+    for b in backends:
+        _choice("backends[]", b, known_backends())
+    classes_raw = data.get("device_classes", "all")
+    classes = None if classes_raw == "all" else _str_list("device_classes", classes_raw)
+    objectives = _objectives(data.get("objectives"))
+
+    bench_t = _table("bench", data.get("bench", {}))
+    _keys("bench", bench_t, ("pairs", "warmup"))
+    bench = BenchPlan(
+        objectives,
+        pairs=_int("bench.pairs", bench_t.get("pairs", 5), lo=2),
+        warmup=_int("bench.warmup", bench_t.get("warmup", 1), lo=0),
+    )
+
+    budget_t = _table("budget", data.get("budget", {}))
+    _keys("budget", budget_t, ("trials", "wall_time_s", "trial_timeout_s"))
+    budget = Budget(
+        trials=_int("budget.trials", budget_t.get("trials", Budget.trials), lo=1),
+        wall_time_s=_num("budget.wall_time_s", budget_t.get("wall_time_s", 0.0)),
+        trial_timeout_s=_num("budget.trial_timeout_s", budget_t.get("trial_timeout_s", 300.0)),
+    )
+    if budget.trial_timeout_s <= 0:
+        raise ExperimentError("budget.trial_timeout_s must be > 0")
+
+    acc_t = _table("acceptance", data.get("acceptance", {}))
+    _keys(
+        "acceptance",
+        acc_t,
+        ("target", "min_gain", "confidence", "max_regression", "resamples", "confirm"),
+    )
+    target = acc_t.get("target", objectives[0].name)
+    _choice("acceptance.target", target, tuple(o.name for o in objectives))
+    acceptance = Acceptance(
+        target=target,
+        min_gain=_num("acceptance.min_gain", acc_t.get("min_gain", 0.02)),
+        confidence=_num("acceptance.confidence", acc_t.get("confidence", 0.95), 0.5, 0.9999),
+        max_regression=_num("acceptance.max_regression", acc_t.get("max_regression", 0.0), 0, 1),
+        resamples=_int("acceptance.resamples", acc_t.get("resamples", 2000), lo=100),
+        confirm=_typed("acceptance.confirm", acc_t.get("confirm", True), bool, "true or false"),
+    )
+
+    s_t = _table("sampler", data.get("sampler", {}))
+    _keys("sampler", s_t, ("name", "seed", "startup_trials"))
+    sampler = SamplerSpec(
+        name=_choice("sampler.name", s_t.get("name", "tpe"), SAMPLERS),
+        seed=_int("sampler.seed", s_t.get("seed", 0)),
+        startup_trials=_int("sampler.startup_trials", s_t.get("startup_trials", 5), lo=1),
+    )
+    if sampler.name == "cmaes" and len(objectives) > 1:
+        raise ExperimentError(
+            "sampler.name = 'cmaes' optimizes one objective; this experiment has "
+            f"{len(objectives)}: use 'tpe' or 'nsga2', or keep one objective"
+        )
+
+    p_t = _table("promote", data.get("promote", {}))
+    _keys("promote", p_t, ("enabled", "repo", "branch"))
+    promote = PromoteSpec(
+        enabled=_typed("promote.enabled", p_t.get("enabled", True), bool, "true or false"),
+        repo=_choice("promote.repo", p_t.get("repo", "project"), PROMOTE_REPOS),
+        branch=_typed("promote.branch", p_t.get("branch", "main"), str, "a branch name"),
+    )
+
+    exp = Experiment(
+        name=name,
+        source=source,
+        models=models,
+        backends=backends,
+        device_classes=classes,
+        space=_space(data.get("space", {})),
+        objectives=objectives,
+        validate=_validate(data.get("validate", {})),
+        bench=bench,
+        budget=budget,
+        acceptance=acceptance,
+        sampler=sampler,
+        promote=promote,
+        description=_typed("description", data.get("description", ""), str, "a string"),
+    )
+    return _check_against_registry(exp)
+
+
+def _check_against_registry(exp: Experiment) -> Experiment:
+    """Resolve every space against the registry now, so a typo fails at load, not mid-run.
+    Backends with no kernels registered in this checkout are skipped with a warning."""
+    from agent.space import build_space
+    from engine.tuning import REGISTRY
+
+    warnings = []
+    for backend in exp.backends:
+        if backend not in REGISTRY.backends():
+            warnings.append(f"backend {backend!r} has no kernels registered here: skipped")
+            continue
+        build_space(backend, exp.space_for(backend))
+    for s in exp.space:
+        if s.backend not in exp.backends:
+            raise ExperimentError(
+                f"space.{s.backend}: backend not in backends = {list(exp.backends)}"
+            )
+    return Experiment(**{**exp.__dict__, "warnings": tuple(warnings)})
+
+
+def load_experiment(path: str | Path) -> Experiment:
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ExperimentError(f"{path}: no such experiment file") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ExperimentError(f"{path}: not valid TOML: {e}") from None
+    try:
+        return parse_experiment(data, str(path))
+    except ExperimentError as e:
+        raise ExperimentError(f"{path}: {e}") from None

@@ -1,0 +1,121 @@
+"""The agent's view of the fleet: one slot per device of each class, each holding a worker actor,
+restarted in place when it dies or hangs; and the fleet status file the dashboard reads.
+
+Status file (JSON, rewritten atomically on every change; path from ``StorageRef.status_path``):
+``{"agent": {...}, "workers": [...], "studies": [...]}`` -- keys in docs/agent.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from worker.actor import spawn
+from worker.records import WorkerInfo
+
+STARTING, IDLE, BUSY, DEAD = "starting", "idle", "busy", "dead"
+MAX_RESTARTS_IN_A_ROW = 4  # a slot whose worker keeps dying without one good result is retired
+
+
+@dataclass
+class Slot:
+    worker_id: str
+    device_class: str
+    backends: tuple[str, ...]  # candidates for this class, in experiment order
+    backend_index: int = 0
+    actor: Any = None
+    state: str = STARTING
+    info: WorkerInfo | None = None
+    noise: dict[str, dict[str, float]] = field(default_factory=dict)  # model -> objective -> A/A
+    setup: list[tuple[str, str]] = field(default_factory=list)  # ("info"|"load"|"aa", model)
+    restarts: int = 0
+    failures_in_a_row: int = 0
+    trials_done: int = 0
+    free_since: float = 0.0  # monotonic time it last became idle
+    current: str = ""  # "<study> #<trial>" while busy
+
+    @property
+    def backend(self) -> str:
+        return self.backends[self.backend_index]
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "worker_id": self.worker_id,
+            "device_class": self.device_class,
+            "backend": self.backend if self.backend_index < len(self.backends) else "",
+            "state": self.state,
+            "current": self.current,
+            "restarts": self.restarts,
+            "trials_done": self.trials_done,
+            "noise": self.noise,
+            "info": self.info.to_dict() if self.info else None,
+        }
+
+
+class Fleet:
+    """Slots of every device class the agent tunes on."""
+
+    def __init__(
+        self,
+        classes: dict[str, int],
+        backends: dict[str, tuple[str, ...]],
+        setup: Callable[[], None] | None,
+        commit_hint: str,
+    ) -> None:
+        self.slots: list[Slot] = []
+        self.setup_fn = setup
+        self.commit_hint = commit_hint
+        for cls, n in classes.items():
+            for i in range(n):
+                if backends.get(cls):
+                    self.slots.append(Slot(f"{cls}-{i}", cls, backends[cls]))
+
+    def of_class(self, device_class: str) -> list[Slot]:
+        return [s for s in self.slots if s.device_class == device_class]
+
+    def start(self, slot: Slot, models: tuple[str, ...], fresh: bool) -> None:
+        """(Re)create the slot's actor and queue its setup: identify, load models, and on a fresh
+        slot measure A/A noise per model (a restarted worker keeps its device's noise)."""
+        slot.actor = spawn(
+            slot.backend, slot.device_class, slot.worker_id, self.setup_fn, self.commit_hint
+        )
+        slot.state = STARTING
+        slot.setup = [("info", "")] + [("load", m) for m in models]
+        if fresh:
+            slot.setup += [("aa", m) for m in models]
+
+    def kill(self, slot: Slot) -> None:
+        if slot.actor is not None:
+            try:
+                ray.kill(slot.actor, no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+            slot.actor = None
+
+
+def write_status(path: Path, payload: dict[str, Any]) -> None:
+    """Atomic JSON write (readers never see half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(payload, indent=1, default=str))
+    tmp.replace(path)
+
+
+def agent_status(experiment: str, storage: str, started: float, state: str) -> dict[str, Any]:
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "experiment": experiment,
+        "storage": storage,
+        "started": started,
+        "updated": time.time(),
+        "state": state,
+    }

@@ -1,0 +1,818 @@
+"""The agent's event loop: workers of each device class evaluate trials of that class's studies,
+as many in flight as there are workers; results are accepted, confirmed, told and promoted.
+
+    for each idle worker: setup (identify, load, A/A) -> confirmation wanted? -> next trial
+    wait for any result or deadline -> record, tell, maybe accept -> restart dead/hung workers
+    at the end: promote each study's accepted best, write the summary
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from agent import cluster
+from agent.acceptance import Decision, decide
+from agent.experiment import Experiment
+from agent.fleet import (
+    BUSY,
+    DEAD,
+    IDLE,
+    MAX_RESTARTS_IN_A_ROW,
+    STARTING,
+    Fleet,
+    Slot,
+    write_status,
+)
+from agent.fleet import agent_status as agent_status_payload
+from agent.records import TrialRecord
+from agent.space import config_key
+from agent.stats import aa_noise, paired_ratio
+from agent.storage import StorageRef
+from agent.study import BASELINE, StudyState
+from agent.summary import Overhead, RunSummary, StudySummary
+from engine.tuning import REGISTRY, TuningConfig
+from worker.device import engine_commit
+from worker.records import EvalResult, Outcome
+
+log = logging.getLogger("agent")
+
+INFO_TIMEOUT_S = 300.0  # placing a worker and opening its device
+LOAD_TIMEOUT_S = 1800.0  # identify + load (may generate a synthetic model or fetch a checkpoint)
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    storage: StorageRef
+    promote_repo: Path | None = None  # None: from the experiment's [promote] repo
+    budget: int | None = None  # overrides budget.trials
+    address: str | None = None
+    promote: bool = True
+    setup: Callable[[], None] | None = None  # test-only: registers extra backends everywhere
+    resources: dict[str, float] | None = None  # embedded Ray resources instead of detection
+    shutdown: bool = True  # shut an embedded Ray down at the end
+
+
+@dataclass
+class Pending:
+    kind: str  # info | load | aa | trial | confirm
+    slot: Slot
+    ref: Any
+    dispatched: float
+    deadline: float
+    model: str = ""
+    study: StudyState | None = None
+    trial: Any = None
+    flat: dict[str, Any] = field(default_factory=dict)
+    role: str = ""
+    paired_against: int | None = None
+    gap_s: float = 0.0  # agent time between the worker going idle and this dispatch
+    first: EvalResult | None = None  # confirm: the result being confirmed
+    first_decision: Decision | None = None
+    first_overhead_s: float = 0.0
+
+
+@dataclass
+class ConfirmRequest:
+    trial: Any
+    flat: dict[str, Any]
+    role: str
+    first: EvalResult
+    decision: Decision
+    exclude: str | None  # worker id that measured it first (None: any worker may confirm)
+    paired_against: int | None
+    overhead_s: float
+
+
+def project_root() -> Path:
+    import engine
+
+    return Path(engine.__file__).resolve().parents[1]
+
+
+class Agent:
+    def __init__(self, exp: Experiment, opts: RunOptions) -> None:
+        if opts.budget is not None:
+            exp = replace(exp, budget=replace(exp.budget, trials=opts.budget))
+        self.exp = exp
+        self.opts = opts
+        self.studies: dict[tuple[str, str], StudyState] = {}
+        self.pending: list[Pending] = []
+        self.warnings: list[str] = list(exp.warnings)
+        self.started = time.time()
+        self.t0 = time.monotonic()
+        self.overheads: list[tuple[float, float]] = []  # (worker wall s, overhead s) per trial
+        self.promotion_errors: dict[str, str] = {}
+        self.ray_mode = ""
+
+    # --- setup --------------------------------------------------------------------------
+    def promote_repo(self) -> Path:
+        if self.opts.promote_repo is not None:
+            return self.opts.promote_repo
+        if self.exp.promote.repo == "scratch":
+            from agent.promote import scratch_repo
+
+            return scratch_repo()
+        return project_root()
+
+    def run(self) -> RunSummary:
+        registered = set(REGISTRY.backends())
+        backends = tuple(b for b in self.exp.backends if b in registered)
+        self.ray_mode = cluster.connect(
+            self.opts.address, backends, self.opts.setup, self.opts.resources
+        )
+        if self.opts.setup is not None:
+            self.opts.setup()
+        present = cluster.device_classes()
+        wanted = self.exp.device_classes
+        classes = {c: n for c, n in present.items() if wanted is None or c in wanted}
+        for c in wanted or ():
+            if c not in present:
+                self.warnings.append(f"device class {c!r}: no worker in the cluster")
+        if not classes:
+            self.warnings.append(f"no device of the wanted classes; cluster has {present}")
+        log.info("device classes: %s; backends: %s", classes, backends)
+        self.storage = self.opts.storage.open()
+        self.fleet = Fleet(
+            classes, self._backends_by_class(classes, backends), self.opts.setup, engine_commit()
+        )
+        for slot in self.fleet.slots:
+            self.fleet.start(slot, self.exp.models, fresh=True)
+        try:
+            self._loop()
+            for st in self.studies.values():
+                self._finalize(st)
+        finally:
+            self._write_status("finished")
+            for slot in self.fleet.slots:
+                self.fleet.kill(slot)
+            if self.ray_mode == "embedded" and self.opts.shutdown:
+                ray.shutdown()
+        return self._summary()
+
+    # --- the loop -----------------------------------------------------------------------
+    def _loop(self) -> None:
+        self._write_status("running")
+        while True:
+            self._dispatch_idle()
+            if not self.pending:
+                return
+            refs = [p.ref for p in self.pending]
+            wait = max(0.0, min(p.deadline for p in self.pending) - time.monotonic())
+            ready, _ = ray.wait(refs, num_returns=1, timeout=wait)
+            if ready:
+                ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+            now = time.monotonic()
+            done = {r.hex() for r in ready}
+            for p in list(self.pending):
+                if p.ref.hex() in done:
+                    self.pending.remove(p)
+                    self._handle(p, now)
+                elif now >= p.deadline:
+                    self.pending.remove(p)
+                    self._timed_out(p)
+            self._write_status("running")
+
+    def _backends_by_class(
+        self, classes: dict[str, int], backends: tuple[str, ...]
+    ) -> dict[str, tuple[str, ...]]:
+        """The experiment's backends that nodes advertise for each class (``backend:<b>/<c>``);
+        a class whose nodes advertise none is probed with every non-CUDA backend."""
+        from worker.device import backends_for
+
+        res = ray.cluster_resources()
+        out = {}
+        for c in classes:
+            advertised = backends_for(res, c)
+            if advertised:
+                out[c] = tuple(b for b in backends if b in advertised)
+            else:
+                out[c] = tuple(b for b in backends if b != "cuda" or res.get("GPU", 0) >= 1)
+            if not out[c]:
+                self.warnings.append(
+                    f"device class {c!r}: nodes serve it with {advertised}, "
+                    f"the experiment lists {list(backends)}"
+                )
+        return out
+
+    def _over_time(self) -> bool:
+        limit = self.exp.budget.wall_time_s
+        return bool(limit) and time.monotonic() - self.t0 > limit
+
+    def _busy(self, slot: Slot) -> bool:
+        return any(p.slot is slot for p in self.pending)
+
+    def _dispatch_idle(self) -> None:
+        for slot in self.fleet.slots:
+            if slot.state == DEAD or self._busy(slot):
+                continue
+            while slot.setup and not self._dispatch_setup(slot):
+                pass
+            if self._busy(slot) or slot.state == DEAD:
+                continue
+            if slot.state == STARTING:
+                slot.state, slot.free_since = IDLE, time.monotonic()
+            if not self._dispatch_work(slot):
+                slot.state, slot.current = IDLE, ""
+
+    def _dispatch_setup(self, slot: Slot) -> bool:
+        """Send the slot's next setup call; False when there was nothing to send for it."""
+        kind, model = slot.setup.pop(0)
+        now = time.monotonic()
+        if kind == "info":
+            ref = slot.actor.info.remote()
+        elif kind == "load":
+            ref = slot.actor.load.remote(model)
+        else:
+            st = self.studies.get((slot.device_class, model))
+            if st is None:  # the model did not load on this class
+                return False
+            ref = slot.actor.evaluate.remote(
+                model, st.baseline, st.baseline, self.exp.validate, self.exp.bench, True
+            )
+        timeout = {"info": INFO_TIMEOUT_S, "load": LOAD_TIMEOUT_S}.get(
+            kind, self.exp.budget.trial_timeout_s
+        )
+        self.pending.append(Pending(kind, slot, ref, now, now + timeout, model=model))
+        return True
+
+    def _studies_of(self, slot: Slot) -> list[StudyState]:
+        return [st for (c, m), st in self.studies.items() if c == slot.device_class]
+
+    def _dispatch_work(self, slot: Slot) -> bool:
+        studies = self._studies_of(slot)
+        alive = [s for s in self.fleet.of_class(slot.device_class) if s.state != DEAD]
+        for st in studies:  # confirmations first: an accepted candidate waits on them
+            for req in list(st.confirm_queue):
+                if req.exclude == slot.worker_id and any(s.worker_id != req.exclude for s in alive):
+                    continue
+                st.confirm_queue.remove(req)
+                self._dispatch_eval(slot, st, req.trial, req.flat, req.role, "confirm", req)
+                return True
+        if self._over_time():
+            return False
+        ready = [st for st in studies if st.model in slot.noise and self._can_start(st)]
+        ready.sort(key=lambda st: len(st.in_flight))
+        for st in ready:
+            asked = st.ask()
+            if asked is None:
+                continue
+            trial, flat, role = asked
+            self._dispatch_eval(slot, st, trial, flat, role, "trial", None)
+            return True
+        return False
+
+    def _can_start(self, st: StudyState) -> bool:
+        return not st.exhausted and st.budget_left() > 0
+
+    def _dispatch_eval(
+        self,
+        slot: Slot,
+        st: StudyState,
+        trial: Any,
+        flat: dict[str, Any],
+        role: str,
+        kind: str,
+        req: ConfirmRequest | None,
+    ) -> None:
+        now = time.monotonic()
+        ref = slot.actor.evaluate.remote(
+            st.model, flat, st.best.config, self.exp.validate, self.exp.bench
+        )
+        p = Pending(
+            kind,
+            slot,
+            ref,
+            now,
+            now + self.exp.budget.trial_timeout_s,
+            model=st.model,
+            study=st,
+            trial=trial,
+            flat=flat,
+            role=role,
+            paired_against=st.best.trial,
+            gap_s=max(0.0, now - slot.free_since) if slot.free_since else 0.0,
+        )
+        if req is not None:
+            p.first, p.first_decision, p.first_overhead_s = req.first, req.decision, req.overhead_s
+        self.pending.append(p)
+        slot.state, slot.current = BUSY, f"{st.name} #{trial.number}"
+
+    # --- results ------------------------------------------------------------------------
+    def _handle(self, p: Pending, now: float) -> None:
+        slot = p.slot
+        slot.free_since = now
+        try:
+            value = ray.get(p.ref)
+        except ray.exceptions.RayActorError as e:
+            self._worker_lost(p, Outcome.CRASH, f"worker died: {_first_line(e)}")
+            return
+        except Exception as e:  # noqa: BLE001 - an error raised inside the actor method
+            if p.kind in ("info", "load"):
+                self._setup_failed(p, f"{type(e).__name__}: {_first_line(e)}")
+                return
+            value = EvalResult(Outcome.CRASH, slot.info, p.flat, {}, _first_line(e))
+        if p.kind == "info":
+            self._got_info(slot, value)
+        elif p.kind == "load":
+            self._got_family(slot, p.model, value)
+        elif p.kind == "aa":
+            self._got_aa(slot, p.model, value)
+        else:
+            overhead = max(0.0, (now - p.dispatched) - value.wall_s) + p.gap_s
+            if value.outcome is Outcome.OK:
+                slot.failures_in_a_row = 0
+            slot.trials_done += 1
+            if p.kind == "trial":
+                self.overheads.append((value.wall_s, overhead))
+                self._got_trial(p, value, overhead)
+            else:
+                self._got_confirmation(p, value)
+
+    def _got_info(self, slot: Slot, info: Any) -> None:
+        if info.device_class != slot.device_class:
+            self._next_backend(
+                slot, f"backend {slot.backend} reports class {info.device_class!r} there"
+            )
+            return
+        slot.info = info
+        log.info(
+            "worker %s: %s %s (%s, driver %s) on %s",
+            slot.worker_id,
+            info.backend,
+            info.device_name,
+            info.device_class,
+            info.driver,
+            info.host,
+        )
+
+    def _next_backend(self, slot: Slot, why: str) -> None:
+        self.fleet.kill(slot)
+        slot.backend_index += 1
+        if slot.backend_index >= len(slot.backends):
+            slot.state, slot.setup = DEAD, []
+            self.warnings.append(
+                f"worker {slot.worker_id}: no backend of {list(slot.backends)} serves class "
+                f"{slot.device_class!r} ({why})"
+            )
+            return
+        self.fleet.start(slot, self.exp.models, fresh=not slot.noise)
+
+    def _setup_failed(self, p: Pending, why: str) -> None:
+        if p.kind == "info":
+            self._next_backend(p.slot, why)
+            return
+        p.slot.state, p.slot.setup = DEAD, []
+        self.fleet.kill(p.slot)
+        self.warnings.append(f"worker {p.slot.worker_id}: cannot load {p.model}: {why}")
+
+    def _got_family(self, slot: Slot, model: str, family: str) -> None:
+        key = (slot.device_class, model)
+        if key in self.studies:
+            return
+        from engine.tuning.promoted import find_promoted
+
+        baseline = TuningConfig.default(slot.backend)
+        source = "default"
+        found = find_promoted(
+            slot.backend, slot.device_class, family, root=self.promote_repo() / "configs"
+        )
+        if found:
+            baseline, path = found
+            source = f"promoted:{path}"
+        st = StudyState(
+            self.exp,
+            slot.device_class,
+            slot.backend,
+            model,
+            family,
+            self.storage,
+            baseline.flat(),
+            source,
+        )
+        if st.interrupted_on_resume:
+            log.info("%s: resumed; %d interrupted trials failed", st.name, st.interrupted_on_resume)
+        log.info(
+            "study %s: %d evaluated of %d, space of %d configs, baseline %s",
+            st.name,
+            st.evaluated,
+            self.exp.budget.trials,
+            st.space.size,
+            source,
+        )
+        self.studies[key] = st
+
+    def _got_aa(self, slot: Slot, model: str, res: EvalResult) -> None:
+        acc = self.exp.acceptance
+        if not res.ok:
+            self.warnings.append(f"worker {slot.worker_id}: A/A run failed ({res.outcome.value})")
+            slot.noise[model] = {}
+            return
+        noise = {
+            s.objective: aa_noise(paired_ratio(s.candidate, s.best, acc.confidence, acc.resamples))
+            for s in res.samples
+        }
+        slot.noise[model] = noise
+        log.info(
+            "worker %s: A/A noise %s",
+            slot.worker_id,
+            ", ".join(f"{k} {v:.2%}" for k, v in noise.items()),
+        )
+
+    def _record(
+        self,
+        p: Pending,
+        res: EvalResult | None,
+        outcome: str,
+        reason: str,
+        overhead: float,
+        decision: Decision | None = None,
+        confirmation: dict[str, Any] | None = None,
+    ) -> TrialRecord:
+        st = p.study
+        assert st is not None
+        info = res.worker if res is not None and res.worker else p.slot.info
+        base = st.baseline
+        changed = {k: [base.get(k), v] for k, v in p.flat.items() if base.get(k) != v}
+        est = dict(decision.estimates) if decision else {}
+        return TrialRecord(
+            study=st.name,
+            trial=p.trial.number,
+            role=p.role,
+            outcome=outcome,
+            reason=reason,
+            config=dict(p.flat),
+            changed=changed,
+            paired_against=p.paired_against,
+            metrics=res.medians() if res is not None and res.ok else {},
+            samples={s.objective: s.to_dict() for s in res.samples} if res else {},
+            estimates={k: e.to_dict() for k, e in est.items()},
+            accepted=bool(decision and decision.accepted and confirmation_ok(confirmation)),
+            decision=decision.to_dict() if decision else None,
+            confirmation=confirmation,
+            validate=res.validate if res else None,
+            worker=info.to_dict() if info else None,
+            host=info.host if info else "",
+            device=info.device_name if info else "",
+            driver=info.driver if info else "",
+            engine_commit=info.engine_commit if info else "",
+            started=res.started if res else 0.0,
+            finished=res.finished if res else time.time(),
+            wall_s=res.wall_s if res else 0.0,
+            phase_s=dict(res.phase_s) if res else {},
+            overhead_s=overhead,
+        )
+
+    def _got_trial(self, p: Pending, res: EvalResult, overhead: float) -> None:
+        st = p.study
+        assert st is not None
+        if not res.ok:
+            rec = self._record(p, res, res.outcome.value, res.reason, overhead)
+            st.finish(p.trial, rec, None)
+            self._log_trial(st, rec)
+            return
+        decision = decide(res, self.exp.acceptance, p.slot.noise.get(st.model, {}))
+        if p.role == BASELINE:
+            rec = self._record(p, res, "ok", "baseline", overhead, decision)
+            rec = replace(rec, accepted=False)
+            st.finish(p.trial, rec, self._values(res))
+            if st.best.trial is None:
+                st.set_best(p.trial.number, p.flat, res.medians())
+            self._log_trial(st, rec)
+            return
+        if decision.accepted:
+            against_current = config_key(res.best) == config_key(st.best.config)
+            others = [
+                s
+                for s in self.fleet.of_class(p.slot.device_class)
+                if s is not p.slot and s.state != DEAD
+            ]
+            if (self.exp.acceptance.confirm and others) or not against_current:
+                exclude = p.slot.worker_id if others else None
+                st.confirm_queue.append(
+                    ConfirmRequest(
+                        p.trial, p.flat, p.role, res, decision, exclude, p.paired_against, overhead
+                    )
+                )
+                log.info(
+                    "trial %d [%s]: accepted on %s (%s); confirming on %s",
+                    p.trial.number,
+                    st.name,
+                    p.slot.worker_id,
+                    decision.reason,
+                    "another worker" if others else "the same worker against the new best",
+                )
+                return
+        rec = self._record(
+            p, res, "ok", "" if decision.accepted else decision.reason, overhead, decision
+        )
+        st.finish(p.trial, rec, self._values(res))
+        if rec.accepted:
+            st.set_best(p.trial.number, p.flat, res.medians())
+        self._log_trial(st, rec)
+
+    def _got_confirmation(self, p: Pending, res: EvalResult) -> None:
+        st = p.study
+        assert st is not None and p.first is not None and p.first_decision is not None
+        if res.ok:
+            d2 = decide(res, self.exp.acceptance, p.slot.noise.get(st.model, {}))
+            conf = {
+                "worker": res.worker.to_dict() if res.worker else None,
+                "outcome": "ok",
+                "accepted": d2.accepted,
+                "reason": d2.reason,
+                "estimates": {k: e.to_dict() for k, e in d2.estimates},
+                "samples": {s.objective: s.to_dict() for s in res.samples},
+                "paired_against": st.best.trial,
+            }
+        else:
+            conf = {
+                "worker": res.worker.to_dict() if res.worker else None,
+                "outcome": res.outcome.value,
+                "accepted": False,
+                "reason": res.reason,
+            }
+        first_pending = replace(p, paired_against=p.paired_against)
+        reason = "" if conf["accepted"] else f"confirmation: {conf['reason']}"
+        rec = self._record(
+            first_pending, p.first, "ok", reason, p.first_overhead_s, p.first_decision, conf
+        )
+        st.finish(p.trial, rec, self._values(p.first))
+        if rec.accepted:
+            st.set_best(p.trial.number, p.flat, p.first.medians())
+        self._log_trial(st, rec)
+
+    def _values(self, res: EvalResult) -> list[float]:
+        med = res.medians()
+        return [med[o.name] for o in self.exp.objectives]
+
+    # --- failures -----------------------------------------------------------------------
+    def _timed_out(self, p: Pending) -> None:
+        limit = p.deadline - p.dispatched
+        self._worker_lost(p, Outcome.TIMEOUT, f"no result after {limit:.0f}s; worker restarted")
+
+    def _worker_lost(self, p: Pending, outcome: Outcome, reason: str) -> None:
+        slot = p.slot
+        log.warning("worker %s: %s (%s)", slot.worker_id, reason, p.kind)
+        self.fleet.kill(slot)
+        slot.restarts += 1
+        slot.failures_in_a_row += 1
+        st = p.study
+        if p.kind == "trial" and st is not None:
+            rec = self._record(p, None, outcome.value, reason, 0.0)
+            st.finish(p.trial, rec, None)
+            self._log_trial(st, rec)
+        elif p.kind == "confirm" and st is not None and p.first is not None:
+            conf = {
+                "worker": slot.info.to_dict() if slot.info else None,
+                "outcome": outcome.value,
+                "accepted": False,
+                "reason": reason,
+            }
+            rec = self._record(
+                p,
+                p.first,
+                "ok",
+                f"confirmation: {reason}",
+                p.first_overhead_s,
+                p.first_decision,
+                conf,
+            )
+            st.finish(p.trial, rec, self._values(p.first))
+            self._log_trial(st, rec)
+        if p.kind == "info":  # never placed or never opened its device: try the next backend
+            self._next_backend(slot, reason)
+            return
+        if slot.failures_in_a_row > MAX_RESTARTS_IN_A_ROW:
+            slot.state, slot.setup = DEAD, []
+            self.warnings.append(f"worker {slot.worker_id}: retired after repeated failures")
+            return
+        # A restarted worker keeps its A/A noise; one lost during setup starts over.
+        self.fleet.start(slot, self.exp.models, fresh=not slot.noise)
+        if p.kind == "aa" and ("aa", p.model) not in slot.setup:
+            slot.setup.append(("aa", p.model))
+
+    # --- end ----------------------------------------------------------------------------
+    def _finalize(self, st: StudyState) -> None:
+        if not self.opts.promote or not self.exp.promote.enabled:
+            return
+        baseline_trial = st.baseline_trial()
+        if st.best.trial is None or st.best.trial == baseline_trial:
+            return
+        done = st.promotion
+        if done and done.get("trial") == st.best.trial:
+            return
+        from agent.promote import PromotionRefused, promote
+
+        rec = st.trials_record(st.best.trial)
+        try:
+            cfg = TuningConfig.from_flat(st.backend, st.best.config)
+            ev = self._evidence(st, rec)
+            prom = promote(
+                self.promote_repo(), st.device_class, st.family, cfg, ev, self.exp.promote.branch
+            )
+        except PromotionRefused as e:
+            self.promotion_errors[st.name] = str(e)
+            log.error("not promoted: %s", e)
+            return
+        info = {
+            "trial": st.best.trial,
+            "repo": str(prom.repo),
+            "path": str(prom.path),
+            "commit": prom.commit,
+            "at": time.time(),
+        }
+        st.record_promotion(info)
+        log.info("promoted %s -> %s (commit %s)", st.name, prom.path, prom.commit[:12] or "-")
+
+    def _evidence(self, st: StudyState, rec: TrialRecord) -> dict[str, Any]:
+        target = self.exp.acceptance.target
+        est = rec.estimates.get(target, {})
+        worker = rec.worker or {}
+        return {
+            "experiment": self.exp.name,
+            "experiment_file": self.exp.source,
+            "study": st.name,
+            "storage": self.opts.storage.url,
+            "trial": rec.trial,
+            "paired_against": rec.paired_against if rec.paired_against is not None else -1,
+            "model": st.model,
+            "model_family": st.family,
+            "device_class": st.device_class,
+            "device": rec.device,
+            "vendor": worker.get("vendor", ""),
+            "driver": rec.driver,
+            "host": rec.host,
+            "worker": worker.get("worker_id", ""),
+            "engine_commit": rec.engine_commit,
+            "promoted_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "baseline_source": st.baseline_source,
+            "target": target,
+            "ratio": est.get("ratio", 0.0),
+            "lower_bound": est.get("lower", 0.0),
+            "confidence": self.exp.acceptance.confidence,
+            "min_gain": self.exp.acceptance.min_gain,
+            "aa_noise": (rec.decision or {}).get("noise", 0.0),
+            "changed": {k: {"from": a, "to": b} for k, (a, b) in rec.changed.items()},
+            "objectives": {
+                name: {**rec.estimates.get(name, {}), **rec.samples.get(name, {})}
+                for name in rec.samples
+            },
+            "validate": _validate_evidence(rec.validate),
+            "confirmation": _confirmation_evidence(rec.confirmation),
+        }
+
+    def _write_status(self, state: str) -> None:
+        payload = {
+            "agent": agent_status_payload(
+                self.exp.name, self.opts.storage.url, self.started, state
+            ),
+            "workers": [s.status() for s in self.fleet.slots] if hasattr(self, "fleet") else [],
+            "studies": [
+                {
+                    "study": st.name,
+                    "device_class": st.device_class,
+                    "model": st.model,
+                    "evaluated": st.evaluated,
+                    "budget": self.exp.budget.trials,
+                    "in_flight": sorted(st.in_flight),
+                    "best_trial": st.best.trial,
+                }
+                for st in self.studies.values()
+            ],
+        }
+        write_status(self.opts.storage.status_path, payload)
+
+    def _log_trial(self, st: StudyState, rec: TrialRecord) -> None:
+        changed = " ".join(f"{k}={b}" for k, (_, b) in rec.changed.items()) or "(baseline config)"
+        metrics = " ".join(f"{k}={v:.1f}" for k, v in rec.metrics.items())
+        target = rec.estimates.get(self.exp.acceptance.target)
+        ratio = (
+            f" x{target['ratio']:.3f} [{target['lower']:.3f}, {target['upper']:.3f}]"
+            if (target)
+            else ""
+        )
+        verdict = " ACCEPTED" if rec.accepted else ""
+        reason = f" -- {rec.reason.splitlines()[0][:160]}" if rec.reason else ""
+        log.info(
+            "trial %d [%s] %s %s: %s %s%s%s%s",
+            rec.trial,
+            st.name,
+            rec.worker.get("worker_id", "") if rec.worker else "",
+            changed,
+            rec.outcome,
+            metrics,
+            ratio,
+            verdict,
+            reason,
+        )
+
+    def _summary(self) -> RunSummary:
+        out = []
+        for st in self.studies.values():
+            counts: dict[str, int] = {}
+            for t in st.study.get_trials(deepcopy=False):
+                k = t.user_attrs.get("outcome")
+                if k:
+                    counts[k] = counts.get(k, 0) + 1
+            base_trial = st.baseline_trial()
+            is_base = st.best.trial is None or st.best.trial == base_trial
+            ratio = lower = None
+            if not is_base and st.best.trial is not None:
+                est = st.trials_record(st.best.trial).estimates.get(self.exp.acceptance.target, {})
+                ratio, lower = est.get("ratio"), est.get("lower")
+            base = st.baseline
+            out.append(
+                StudySummary(
+                    study=st.name,
+                    device_class=st.device_class,
+                    backend=st.backend,
+                    model=st.model,
+                    family=st.family,
+                    evaluated=st.evaluated,
+                    budget=self.exp.budget.trials,
+                    outcomes=counts,
+                    baseline_source=st.baseline_source,
+                    best_trial=st.best.trial,
+                    best_is_baseline=is_base,
+                    changed={
+                        k: [base.get(k), v] for k, v in st.best.config.items() if base.get(k) != v
+                    },
+                    best_metrics=st.best.metrics,
+                    target=self.exp.acceptance.target,
+                    ratio=ratio,
+                    lower_bound=lower,
+                    promotion=st.promotion,
+                    promotion_error=self.promotion_errors.get(st.name, ""),
+                )
+            )
+        n = len(self.overheads)
+        overhead = Overhead(
+            n,
+            sum(w for w, _ in self.overheads) / n if n else 0.0,
+            sum(o for _, o in self.overheads) / n if n else 0.0,
+        )
+        return RunSummary(
+            experiment=self.exp.name,
+            storage=self.opts.storage.url,
+            status_file=str(self.opts.storage.status_path),
+            ray=self.ray_mode,
+            wall_s=time.monotonic() - self.t0,
+            studies=tuple(out),
+            workers=tuple(s.status() for s in self.fleet.slots),
+            overhead=overhead,
+            warnings=tuple(self.warnings),
+        )
+
+
+def confirmation_ok(conf: dict[str, Any] | None) -> bool:
+    return conf is None or bool(conf.get("accepted"))
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:300] if text else type(e).__name__
+
+
+def _validate_evidence(v: dict[str, Any] | None) -> dict[str, Any]:
+    if not v:
+        return {}
+    return {
+        "passed": v["passed"],
+        "max_abs_diff": v["max_abs_diff"],
+        "nmse": v["nmse"],
+        "steps": v["steps"],
+        "tolerances": v["tolerances"],
+        "prompts": [
+            {
+                "prompt_tokens": p["prompt_tokens"],
+                "max_abs_diff": p["max_abs_diff"],
+                "nmse": p["nmse"],
+                "token_agreement": p["token_agreement"],
+            }
+            for p in v["prompts"]
+        ],
+    }
+
+
+def _confirmation_evidence(c: dict[str, Any] | None) -> dict[str, Any]:
+    if not c:
+        return {"done": False}
+    worker = c.get("worker") or {}
+    return {
+        "done": True,
+        "worker": worker.get("worker_id", ""),
+        "host": worker.get("host", ""),
+        "accepted": c.get("accepted", False),
+        "estimates": c.get("estimates", {}),
+    }
+
+
+def run_experiment(exp: Experiment, opts: RunOptions) -> RunSummary:
+    return Agent(exp, opts).run()

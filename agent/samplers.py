@@ -1,0 +1,43 @@
+"""Optuna samplers by experiment name: tpe (default), grid, random, cmaes, nsga2."""
+
+from __future__ import annotations
+
+import warnings
+
+import optuna
+
+from agent.experiment import Experiment
+from agent.space import SearchSpace
+
+
+def make_sampler(exp: Experiment, space: SearchSpace) -> optuna.samplers.BaseSampler:
+    s = exp.sampler
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    if s.name == "tpe":
+        # constant_liar: trials in flight (one per worker) count as bad guesses, so parallel
+        # workers do not all get the same suggestion; group: the space is conditional on variants.
+        return optuna.samplers.TPESampler(
+            seed=s.seed,
+            n_startup_trials=s.startup_trials,
+            constant_liar=True,
+            multivariate=True,
+            group=True,
+        )
+    if s.name == "random":
+        return optuna.samplers.RandomSampler(seed=s.seed)
+    if s.name == "grid":
+        return optuna.samplers.GridSampler(space.grid(), seed=s.seed)
+    if s.name == "nsga2":
+        pop = max(4, min(50, exp.budget.trials // 3))
+        return optuna.samplers.NSGAIISampler(seed=s.seed, population_size=pop)
+    if s.name == "cmaes":
+        try:
+            import cmaes  # noqa: F401
+        except ImportError:
+            from agent.experiment import ExperimentError
+
+            raise ExperimentError(
+                "sampler.name = 'cmaes' needs the 'cmaes' package: pip install cmaes"
+            ) from None
+        return optuna.samplers.CmaEsSampler(seed=s.seed, n_startup_trials=s.startup_trials)
+    raise AssertionError(s.name)

@@ -1,0 +1,200 @@
+"""One Optuna study per (experiment, device class, model): create or resume, ask without
+duplicates, tell with the trial's record, and keep the current best.
+
+Resume after an agent restart: trials left RUNNING by the previous agent are failed as
+``interrupted`` (their configs may run again); every config that completed or failed is never
+suggested again (a repeat is pruned as ``duplicate`` without running). The baseline (promoted or
+default config) is enqueued as the first trial of a new study.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from agent.experiment import Experiment
+from agent.records import BUDGET_OUTCOMES, DUPLICATE, INTERRUPTED, TrialRecord
+from agent.samplers import make_sampler
+from agent.space import SearchSpace, build_space, config_key
+from worker.models import model_label
+
+log = logging.getLogger(__name__)
+
+BASELINE = "baseline"
+CANDIDATE = "candidate"
+
+
+def study_name(experiment: str, device_class: str, model: str) -> str:
+    return f"{experiment}/{device_class}/{model_label(model)}"
+
+
+@dataclass
+class Best:
+    trial: int | None  # None until the baseline trial has run
+    config: dict[str, Any]
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class StudyState:
+    """A study and what the agent knows about it."""
+
+    def __init__(
+        self,
+        exp: Experiment,
+        device_class: str,
+        backend: str,
+        model: str,
+        family: str,
+        storage: optuna.storages.BaseStorage,
+        baseline: dict[str, Any],
+        baseline_source: str,
+    ) -> None:
+        self.exp = exp
+        self.device_class = device_class
+        self.backend = backend
+        self.model = model
+        self.family = family
+        self.name = study_name(exp.name, device_class, model)
+        self.space: SearchSpace = build_space(
+            backend, exp.space_for(backend), ordinal=exp.sampler.name == "cmaes"
+        )
+        self.study = optuna.create_study(
+            study_name=self.name,
+            storage=storage,
+            directions=["maximize"] * len(exp.objectives),
+            sampler=make_sampler(exp, self.space),
+            load_if_exists=True,
+        )
+        self.tried: set[str] = set()  # configs evaluated or failed: never run again
+        self.in_flight: dict[int, str] = {}  # trial number -> config key
+        self.evaluated = 0  # trials that spent budget
+        self.duplicates_in_a_row = 0
+        self.exhausted = False
+        self.interrupted_on_resume = 0
+        self.confirm_queue: list[Any] = []
+        self._resume(baseline, baseline_source)
+
+    # --- resume -------------------------------------------------------------------------
+    def _resume(self, baseline: dict[str, Any], source: str) -> None:
+        attrs = self.study.user_attrs
+        if "baseline" in attrs:
+            self.baseline = dict(attrs["baseline"]["config"])
+            self.baseline_source = str(attrs["baseline"]["source"])
+        else:
+            self.baseline, self.baseline_source = dict(baseline), source
+            meta = {
+                "experiment": self.exp.name,
+                "experiment_file": self.exp.source,
+                "device_class": self.device_class,
+                "backend": self.backend,
+                "model": self.model,
+                "family": self.family,
+                "objectives": [o.name for o in self.exp.objectives],
+                "target": self.exp.acceptance.target,
+                "baseline": {"config": self.baseline, "source": source},
+            }
+            for k, v in meta.items():
+                self.study.set_user_attr(k, v)
+            params = self.space.params_of(self.baseline) or {}
+            self.study.enqueue_trial(params, user_attrs={"role": BASELINE})
+        best = attrs.get("best")
+        self.best = (
+            Best(best["trial"], dict(best["config"]), best.get("metrics", {}))
+            if best
+            else (Best(None, dict(self.baseline)))
+        )
+        for t in self.study.get_trials(deepcopy=False):
+            ua = t.user_attrs
+            if t.state == TrialState.RUNNING:
+                trial = optuna.trial.Trial(self.study, t._trial_id)
+                trial.set_user_attr("outcome", INTERRUPTED)
+                trial.set_user_attr("reason", "the agent stopped while this trial ran")
+                self.study.tell(t.number, state=TrialState.FAIL)
+                self.interrupted_on_resume += 1
+                continue
+            if t.state not in (TrialState.COMPLETE, TrialState.FAIL) or "config" not in ua:
+                continue
+            if ua.get("outcome") in (INTERRUPTED, DUPLICATE):
+                continue
+            self.tried.add(config_key(ua["config"]))
+            if ua.get("outcome") in BUDGET_OUTCOMES:
+                self.evaluated += 1
+            if ua.get("role") == BASELINE and self.best.trial is None and ua["outcome"] == "ok":
+                self.best = Best(t.number, dict(ua["config"]), ua.get("metrics", {}))
+
+    # --- ask ----------------------------------------------------------------------------
+    def budget_left(self) -> int:
+        return self.exp.budget.trials - self.evaluated - len(self.in_flight)
+
+    def ask(self) -> tuple[optuna.Trial, dict[str, Any], str] | None:
+        """The next config to evaluate, its trial and role; None when the space is exhausted.
+        Repeats of tried or in-flight configs are pruned here, never run."""
+        limit = max(30, min(self.space.size, 200))
+        while True:
+            trial = self.study.ask()
+            role = trial.user_attrs.get("role", CANDIDATE)
+            if role == BASELINE:
+                if self.space.params_of(self.baseline) is not None:
+                    self.space.suggest(trial, self.baseline)
+                flat = dict(self.baseline)
+            else:
+                flat = self.space.suggest(trial, self.baseline)
+            key = config_key(flat)
+            if key in self.tried or key in self.in_flight.values():
+                trial.set_user_attr("outcome", DUPLICATE)
+                trial.set_user_attr("config", flat)
+                self.study.tell(trial, state=TrialState.PRUNED)
+                self.duplicates_in_a_row += 1
+                if self.duplicates_in_a_row >= limit or len(self.tried) >= self.space.size:
+                    self.exhausted = True
+                    log.info(
+                        "%s: search space exhausted after %d configs", self.name, len(self.tried)
+                    )
+                    return None
+                continue
+            self.duplicates_in_a_row = 0
+            self.in_flight[trial.number] = key
+            return trial, flat, role
+
+    # --- tell ---------------------------------------------------------------------------
+    def finish(self, trial: optuna.Trial, record: TrialRecord, values: list[float] | None) -> None:
+        """Store the record as user attrs and tell Optuna: COMPLETE with values, else FAIL."""
+        key = self.in_flight.pop(trial.number, None)
+        for k, v in record.user_attrs().items():
+            trial.set_user_attr(k, v)
+        if values is not None:
+            self.study.tell(trial, values)
+        else:
+            self.study.tell(trial, state=TrialState.FAIL)
+        if record.outcome in BUDGET_OUTCOMES or record.outcome == "infeasible":
+            self.tried.add(key or config_key(record.config))
+        if record.outcome in BUDGET_OUTCOMES:
+            self.evaluated += 1
+
+    def set_best(self, trial: int, config: dict[str, Any], metrics: dict[str, float]) -> None:
+        self.best = Best(trial, dict(config), dict(metrics))
+        self.study.set_user_attr(
+            "best", {"trial": trial, "config": dict(config), "metrics": metrics, "at": time.time()}
+        )
+
+    def record_promotion(self, info: dict[str, Any]) -> None:
+        self.study.set_user_attr("promotion", info)
+
+    @property
+    def promotion(self) -> dict[str, Any] | None:
+        return self.study.user_attrs.get("promotion")
+
+    def baseline_trial(self) -> int | None:
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            if t.user_attrs.get("role") == BASELINE:
+                return t.number
+        return None
+
+    def trials_record(self, number: int) -> TrialRecord:
+        t = self.study.trials[number]
+        return TrialRecord.from_user_attrs(self.name, number, t.user_attrs)

@@ -1,0 +1,78 @@
+"""The Ray actor that owns one device: ``TuningWorker``, and how the agent places it.
+
+Placement: one unit of the custom resource ``device:<class>`` per worker (every device class,
+Vulkan-only AMD and llvmpipe included), plus ``num_gpus=1`` for CUDA so Ray sets
+CUDA_VISIBLE_DEVICES. The actor loads each model once and keeps it; the agent restarts a worker
+that died or hung by creating a new actor in the same slot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import ray
+
+from worker.device import resource_name
+from worker.evaluator import Evaluator
+from worker.records import BenchPlan, EvalResult, ValidatePlan, WorkerInfo
+
+
+class TuningWorker:
+    """Evaluates candidates on the device it was placed on (see ``Evaluator``)."""
+
+    def __init__(
+        self,
+        backend: str,
+        worker_id: str,
+        setup: Callable[[], None] | None = None,
+        commit_hint: str = "",
+    ) -> None:
+        if setup is not None:  # test-only: register extra backends/variants in this process
+            setup()
+        node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
+        self.evaluator = Evaluator(backend, worker_id, node_id, commit_hint)
+
+    def info(self) -> WorkerInfo:
+        return self.evaluator.info()
+
+    def load(self, model_ref: str) -> str:
+        return self.evaluator.load(model_ref)
+
+    def evaluate(
+        self,
+        model_ref: str,
+        candidate: dict[str, Any],
+        best: dict[str, Any],
+        vplan: ValidatePlan,
+        bplan: BenchPlan,
+        skip_validate: bool = False,
+    ) -> EvalResult:
+        return self.evaluator.evaluate(model_ref, candidate, best, vplan, bplan, skip_validate)
+
+
+def actor_options(backend: str, device_class: str) -> dict[str, Any]:
+    """Ray options that place a worker on a device of this class (and nowhere else)."""
+    opts: dict[str, Any] = {
+        "resources": {resource_name(device_class): 1},
+        "num_cpus": 0,
+        "max_restarts": 0,  # the agent restarts workers itself, after recording the failure
+        "max_concurrency": 1,
+    }
+    if backend == "cuda":
+        opts["num_gpus"] = 1
+    return opts
+
+
+def spawn(
+    backend: str,
+    device_class: str,
+    worker_id: str,
+    setup: Callable[[], None] | None = None,
+    commit_hint: str = "",
+) -> ray.actor.ActorHandle:
+    """Start a worker actor on a device of ``device_class``."""
+    cls = ray.remote(TuningWorker)
+    return cls.options(name=None, **actor_options(backend, device_class)).remote(
+        backend, worker_id, setup, commit_hint
+    )

@@ -1,0 +1,135 @@
+"""What devices a node has, and the Ray resources that place workers on them.
+
+Every device advertises a custom resource ``device:<device class>`` (one unit per device), Vulkan-
+only AMD nodes and llvmpipe included; CUDA devices also count as Ray ``num_gpus``. The NumPy
+backend's ``cpu`` class is advertised only when asked for (or when a node has no GPU), so CPU
+trials never share a node's cores with GPU timing runs by accident.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from engine.backends.base import DeviceInfo
+
+log = logging.getLogger(__name__)
+
+RESOURCE_PREFIX = "device:"
+BACKEND_PREFIX = "backend:"
+GPU_BACKENDS = ("cuda", "vulkan")
+
+
+def resource_name(device_class: str) -> str:
+    """The custom resource one device of this class contributes: ``device:<class>``."""
+    return f"{RESOURCE_PREFIX}{device_class}"
+
+
+def backend_resource(backend: str, device_class: str) -> str:
+    """``backend:<backend>/<class>``: this backend serves devices of this class on the node
+    (so the agent knows which backend to start a worker of the class with)."""
+    return f"{BACKEND_PREFIX}{backend}/{device_class}"
+
+
+def backends_for(resources: dict[str, float], device_class: str) -> list[str]:
+    """Backends the cluster advertises for a device class."""
+    out = []
+    for key in resources:
+        if key.startswith(BACKEND_PREFIX):
+            backend, _, cls = key[len(BACKEND_PREFIX) :].partition("/")
+            if cls == device_class:
+                out.append(backend)
+    return out
+
+
+def device_classes_in(resources: dict[str, float]) -> dict[str, int]:
+    """{device class: count} from a Ray resources dict (cluster or node)."""
+    out = {}
+    for key, value in resources.items():
+        if key.startswith(RESOURCE_PREFIX) and value >= 1:
+            out[key[len(RESOURCE_PREFIX) :]] = int(value)
+    return dict(sorted(out.items()))
+
+
+@dataclass(frozen=True)
+class NodeDevices:
+    """The devices found on this node, by backend."""
+
+    devices: tuple[DeviceInfo, ...]
+    cuda_count: int = 0
+
+    def resources(self) -> dict[str, float]:
+        """Custom Ray resources for ``ray start --resources`` / ``ray.init(resources=...)``."""
+        out: dict[str, float] = {}
+        for d in self.devices:
+            key = resource_name(d.device_class)
+            out[key] = out.get(key, 0) + 1
+        for d in self.devices:  # count per class, not per backend: a device is one unit
+            out[backend_resource(d.backend, d.device_class)] = out[resource_name(d.device_class)]
+        return out
+
+
+def _cuda_count() -> int:
+    try:
+        import cupy
+
+        return int(cupy.cuda.runtime.getDeviceCount())
+    except Exception:  # noqa: BLE001 - no CuPy, no driver or no device all mean zero
+        return 0
+
+
+def detect(backends: tuple[str, ...] | None = None, with_cpu: bool | None = None) -> NodeDevices:
+    """Probe the backends that can run here. ``with_cpu`` None: the NumPy ``cpu`` class only
+    when no GPU backend found a device."""
+    from engine import backends as engine_backends
+
+    names = backends or tuple(engine_backends.BACKENDS)
+    found: list[DeviceInfo] = []
+    cuda = 0
+    for name in names:
+        if name == "numpy":
+            continue
+        try:
+            info = engine_backends.create(name).device_info()
+        except Exception as e:  # noqa: BLE001 - any failure: not usable on this node
+            log.debug("backend %s not usable here: %s", name, e)
+            continue
+        if name == "cuda":
+            cuda = max(_cuda_count(), 1)
+            found += [info] * cuda
+        else:
+            found.append(info)
+    if "numpy" in names and (with_cpu or (with_cpu is None and not found)):
+        from engine.backends.numpy_ref import NumpyBackend
+
+        found.append(NumpyBackend().device_info())
+    return NodeDevices(tuple(found), cuda)
+
+
+@cache
+def engine_commit() -> str:
+    """The git commit of the engine checkout this process imports, '+dirty' with local edits;
+    'unknown' outside a git checkout (an installed wheel, a Ray working_dir upload)."""
+    import engine
+
+    root = Path(engine.__file__).resolve().parents[1]
+    try:
+        rev = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "engine"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return rev + ("+dirty" if dirty else "")

@@ -1,0 +1,262 @@
+"""Evaluate one candidate config on one device: compile -> validate -> paired benchmark.
+
+This is the worker's logic without Ray, so it can be tested and profiled in one process;
+``worker.actor.TuningWorker`` wraps it as a Ray actor. Models are loaded once per worker and kept.
+
+The paired benchmark alternates candidate and current best on the same device (AB, BA, AB, ...)
+after a warm-up of each, so slow drift (clocks, temperature, a neighbour process) lands on both
+sides of a pair and cancels in the per-pair ratio the agent's acceptance test works on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from engine.bench import bench_prompt, measure
+from engine.errors import ConfigError, KernelCompileError
+from engine.model import Model
+from engine.runtime import Engine, load
+from engine.tuning import TuningConfig
+from engine.validate import Tolerances, tokenize_prompts, validate
+from worker.device import engine_commit
+from worker.models import resolve_model
+from worker.records import (
+    BenchPlan,
+    EvalResult,
+    Outcome,
+    PairedSamples,
+    ValidatePlan,
+    WorkerInfo,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Loaded:
+    engine: Engine
+    family: str
+    prompts: dict[ValidatePlan, list[list[int]]]
+
+
+class Evaluator:
+    """Owns one backend instance (one device) and the models loaded on it."""
+
+    def __init__(
+        self,
+        backend: str,
+        worker_id: str = "local-0",
+        node_id: str = "",
+        commit_hint: str = "",
+    ) -> None:
+        self.backend = backend
+        self.worker_id = worker_id
+        self.node_id = node_id
+        self._models: dict[str, _Loaded] = {}
+        self._commit_hint = commit_hint
+        self._info: WorkerInfo | None = None
+
+    # --- identity -----------------------------------------------------------------------
+    def info(self) -> WorkerInfo:
+        """The worker and its device (loads nothing when a model is already loaded)."""
+        if self._info is None:
+            from engine import backends
+
+            dev = backends.create(self.backend).device_info()
+            commit = engine_commit()
+            if commit == "unknown" and self._commit_hint:
+                commit = self._commit_hint
+            self._info = WorkerInfo(
+                worker_id=self.worker_id,
+                host=socket.gethostname(),
+                node_id=self.node_id,
+                pid=os.getpid(),
+                backend=self.backend,
+                device_class=dev.device_class,
+                device_name=dev.name,
+                vendor=dev.vendor,
+                driver=dev.driver,
+                memory_bytes=dev.memory_bytes,
+                engine_commit=commit,
+            )
+        return self._info
+
+    # --- models -------------------------------------------------------------------------
+    def load(self, model_ref: str) -> str:
+        """Load a model once (the default config, no promoted one); returns its family."""
+        if model_ref not in self._models:
+            path = resolve_model(model_ref)
+            eng = load(path, self.backend, TuningConfig.default(self.backend), use_promoted=False)
+            self._models[model_ref] = _Loaded(eng, eng.gguf.spec.family, {})
+        return self._models[model_ref].family
+
+    def _model(self, model_ref: str) -> Model:
+        self.load(model_ref)
+        return self._models[model_ref].engine.model
+
+    def _prompts(self, model_ref: str, plan: ValidatePlan) -> list[list[int]]:
+        loaded = self._models[model_ref]
+        if plan not in loaded.prompts:
+            ids: list[list[int]] = []
+            if plan.prompts:
+                ids += tokenize_prompts(loaded.engine.tokenizer(), plan.prompts)
+            vocab = loaded.engine.model.spec.n_vocab
+            ids += [bench_prompt(n, vocab, seed=1) for n in plan.random_prompts]
+            loaded.prompts[plan] = [p for p in ids if p]
+        return loaded.prompts[plan]
+
+    # --- evaluation ---------------------------------------------------------------------
+    def evaluate(
+        self,
+        model_ref: str,
+        candidate: dict,
+        best: dict,
+        vplan: ValidatePlan,
+        bplan: BenchPlan,
+        skip_validate: bool = False,
+    ) -> EvalResult:
+        """Compile, validate and benchmark ``candidate`` (flat config) paired with ``best``.
+
+        Never raises for a bad candidate: compile errors, invalid output and engine exceptions
+        come back as the result's outcome with the reason.
+        """
+        t0 = time.time()
+        phase: dict[str, float] = {}
+
+        def done(outcome: Outcome, reason: str = "", **kw: object) -> EvalResult:
+            return EvalResult(
+                outcome,
+                self.info(),
+                dict(candidate),
+                dict(best),
+                reason,
+                started=t0,
+                finished=time.time(),
+                phase_s=phase,
+                **kw,  # type: ignore[arg-type]
+            )
+
+        try:
+            model = self._model(model_ref)
+            device = model.backend.device_info()
+            try:
+                cand_cfg = TuningConfig.from_flat(self.backend, candidate)
+                best_cfg = TuningConfig.from_flat(self.backend, best)
+            except ConfigError as e:
+                return done(Outcome.INFEASIBLE, str(e))
+            problems = cand_cfg.problems(device)
+            if problems:
+                return done(Outcome.INFEASIBLE, "; ".join(problems))
+            t = time.perf_counter()
+            try:
+                model.set_config(cand_cfg)
+            except KernelCompileError as e:
+                return done(Outcome.COMPILE_ERROR, str(e))
+            phase["compile_s"] = time.perf_counter() - t
+            report = None
+            if not skip_validate:
+                t = time.perf_counter()
+                tol = Tolerances(vplan.max_abs_diff, vplan.nmse, vplan.min_token_agreement)
+                prompts = self._prompts(model_ref, vplan)
+                report = validate(model, cand_cfg, prompts, vplan.steps, tol)
+                phase["validate_s"] = time.perf_counter() - t
+                summary = validate_summary(report)
+                if not report.passed:
+                    reasons = [r for p in report.prompts for r in p.reasons]
+                    return done(Outcome.INVALID, "; ".join(reasons), validate=summary)
+            else:
+                summary = None
+            t = time.perf_counter()
+            samples = paired_bench(model, cand_cfg, best_cfg, bplan)
+            phase["bench_s"] = time.perf_counter() - t
+            return done(Outcome.OK, validate=summary, samples=samples)
+        except KernelCompileError as e:  # the best config's kernels, rebuilt while pairing
+            return done(Outcome.COMPILE_ERROR, str(e))
+        except Exception as e:  # noqa: BLE001 - the engine failing is a result, not a worker bug
+            log.warning("candidate crashed: %s", e)
+            tb = traceback.format_exc(limit=8)
+            return done(Outcome.CRASH, f"{type(e).__name__}: {e}\n{tb}")
+
+
+def validate_summary(report: object) -> dict:
+    """The JSON-ready part of a ValidateReport the agent records: worst and per-prompt diffs."""
+    from engine.validate import ValidateReport
+
+    assert isinstance(report, ValidateReport)
+    return {
+        "passed": report.passed,
+        "max_abs_diff": report.max_abs_diff,
+        "nmse": report.nmse,
+        "steps": report.steps,
+        "tolerances": dict(report.tolerances),
+        "prompts": [
+            {
+                "prompt_tokens": p.prompt_tokens,
+                "max_abs_diff": p.max_abs_diff,
+                "nmse": p.nmse,
+                "nan": p.nan,
+                "inf": p.inf,
+                "token_agreement": p.token_agreement,
+                "reference_tokens": list(p.reference_tokens),
+                "candidate_tokens": list(p.candidate_tokens),
+                "reasons": list(p.reasons),
+            }
+            for p in report.prompts
+        ],
+    }
+
+
+def _run_objectives(
+    model: Model, plan: BenchPlan, prompts: dict[int, list[int]]
+) -> dict[str, float]:
+    """One measurement of every objective: one generate per distinct prompt length."""
+    out: dict[str, float] = {}
+    for n, prompt in prompts.items():
+        objs = [o for o in plan.objectives if o.prompt_tokens == n]
+        gen = max([o.gen_tokens for o in objs if o.metric == "decode_tok_s"], default=1)
+        m = measure(model, prompt, gen)
+        for o in objs:
+            out[o.name] = m[o.metric]
+    return out
+
+
+def paired_bench(
+    model: Model,
+    candidate: TuningConfig,
+    best: TuningConfig,
+    plan: BenchPlan,
+    on_pair: Callable[[int], None] | None = None,
+) -> tuple[PairedSamples, ...]:
+    """``plan.pairs`` alternating candidate/best measurements after warm-up; leaves the model on
+    the candidate config."""
+    vocab = model.spec.n_vocab
+    lengths = sorted({o.prompt_tokens for o in plan.objectives})
+    prompts = {n: bench_prompt(n, vocab) for n in lengths}
+    sides = {"candidate": candidate, "best": best}
+    for _ in range(plan.warmup):
+        for cfg in sides.values():
+            model.set_config(cfg)
+            _run_objectives(model, plan, prompts)
+    runs: dict[str, list[dict[str, float]]] = {"candidate": [], "best": []}
+    for i in range(plan.pairs):
+        order = ("candidate", "best") if i % 2 == 0 else ("best", "candidate")
+        for side in order:
+            model.set_config(sides[side])
+            runs[side].append(_run_objectives(model, plan, prompts))
+        if on_pair:
+            on_pair(i)
+    model.set_config(candidate)
+    return tuple(
+        PairedSamples(
+            o.name,
+            tuple(r[o.name] for r in runs["candidate"]),
+            tuple(r[o.name] for r in runs["best"]),
+        )
+        for o in plan.objectives
+    )
