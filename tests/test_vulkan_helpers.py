@@ -1,5 +1,5 @@
 """Helpers shared by the Vulkan test files (no tests here): one backend per module, and the
-check (FLEETTUNE_VK_VALIDATION=1 makes every Vulkan test fail on a layer error)."""
+validation-layer check (FLEETTUNE_VK_VALIDATION=1 makes every Vulkan test fail on a layer error)."""
 
 from __future__ import annotations
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from engine.backends.base import Backend, DeviceInfo, KVCache
 from engine.backends.vulkan import kernels as K
+from engine.backends.vulkan._vk import vk
 from engine.backends.vulkan.device import Device, open_device
 from engine.backends.vulkan.memory import Allocator, Buffer, Lease
 from engine.backends.vulkan.pipelines import Pipeline, Pipelines
@@ -522,6 +523,10 @@ class VulkanBackend(Backend):
         dev, self.dev = self.dev, None
         if dev is None or dev.device is None:
             return
+        try:  # nothing may be freed while a (timed-out) submission still runs
+            vk.vkDeviceWaitIdle(dev.device)
+        except vk.VkError:
+            pass
         try:
             self.stream.destroy()
         except EngineError:

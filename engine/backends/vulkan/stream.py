@@ -103,11 +103,20 @@ class Stream:
 
     # --- building the graph -------------------------------------------------------------
     def dyn(self, value: int) -> int:
-        """A slot of the dynamic-scalars buffer holding value at submit time."""
+        """A slot of the dynamic-scalars buffer holding value at submit time. Call it right
+        before the dispatch that uses the slot: a submit may only happen between the two if no
+        slot is handed out yet."""
         if len(self.dyn_values) >= DYN_SLOTS:
             self.flush()
         self.dyn_values.append(int(value))
         return len(self.dyn_values) - 1
+
+    def _append(self, node: Node) -> None:
+        self.nodes.append(node)
+        # Submit after appending, never before: the node may use a dynamic slot allocated just
+        # before it, which a submit would recycle.
+        if len(self.nodes) >= self.max_nodes:
+            self.flush()
 
     def _hazard(self, reads: tuple[Buffer, ...], writes: tuple[Buffer, ...]) -> bool:
         pw, pr = self.pending_w, self.pending_r
@@ -134,15 +143,13 @@ class Stream:
         """Record a dispatch; ``bindings`` in binding order, ``writes`` the ones it writes."""
         if self.broken:
             raise EngineError(self.broken)
-        if len(self.nodes) >= self.max_nodes:
-            self.flush()
         wset = {b.id for b in writes}
         reads = tuple(b for b in bindings if b.id not in wset)
         barrier = self._hazard(reads, writes)
         set_key = (pipeline.n_bindings, tuple(b.id for b in bindings))
         dset = self.pipes.descriptor_set(pipeline.n_bindings, bindings)
         data = pipeline.push_struct.pack(*push)
-        self.nodes.append(
+        self._append(
             Node(
                 DISPATCH,
                 (pipeline.id, set_key, data, groups, barrier),
@@ -155,20 +162,16 @@ class Stream:
         )
 
     def fill(self, buf: Buffer, offset: int, size: int, value: int = 0) -> None:
-        if len(self.nodes) >= self.max_nodes:
-            self.flush()
         barrier = self._hazard((), (buf,))
         args = (offset, size, value)
-        self.nodes.append(
+        self._append(
             Node(FILL, (FILL, buf.id, args, barrier), barrier, bufs=(buf.handle,), args=args)
         )
 
     def copy(self, src: Buffer, src_off: int, dst: Buffer, dst_off: int, size: int) -> None:
-        if len(self.nodes) >= self.max_nodes:
-            self.flush()
         barrier = self._hazard((src,), (dst,))
         args = (src_off, dst_off, size)
-        self.nodes.append(
+        self._append(
             Node(
                 COPY,
                 (COPY, src.id, dst.id, args, barrier),

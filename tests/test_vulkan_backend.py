@@ -1,0 +1,258 @@
+"""The Vulkan runtime around the kernels: device info and classes, the SPIR-V disk cache,
+compile and run failures that leave the process usable, recorded-graph replay, the per-kernel
+profile, and the registry readable without the Vulkan binding."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.errors import EngineError, KernelCompileError, UnsupportedError
+from engine.gguf_model import QTensor
+from engine.tuning import TuningConfig
+from tests.test_vulkan_helpers import (
+    assert_no_validation_errors,
+    make_backend,
+    nmse,
+    qtensor,
+    require_vulkan,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def vb():
+    be = make_backend()
+    yield be
+    assert_no_validation_errors(be)
+    be.close()
+
+
+# --- device -----------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "vendor,name,cls",
+    [
+        (0x10DE, "NVIDIA H200", "nvidia-h200"),
+        (0x10DE, "NVIDIA H200 NVL", "nvidia-h200"),
+        (0x10DE, "NVIDIA GeForce RTX 4090", "nvidia-rtx4090"),
+        (0x10DE, "NVIDIA A100-SXM4-80GB", "nvidia-a100"),
+        (0x1002, "AMD Radeon AI PRO R9700 (RADV GFX1201)", "r9700"),
+        (0x1002, "AMD Radeon RX 9070 XT (RADV GFX1201)", "rx9070xt"),
+        (0x10005, "llvmpipe (LLVM 15.0.6, 256 bits)", "llvmpipe"),
+        (0x8086, "Intel(R) Arc(tm) A770 Graphics (DG2)", "intel-arc-a770-graphics"),
+    ],
+)
+def test_device_class(vendor, name, cls):
+    require_vulkan()
+    from engine.backends.vulkan.device import device_class
+
+    assert device_class(vendor, name) == cls
+
+
+def test_device_info(vb):
+    info = vb.device_info()
+    assert info.backend == "vulkan" and info.name and info.vendor and info.driver
+    assert info.memory_bytes > 0 and info.subgroup_size >= 1
+    for key in ("max_storage_buffer_range", "max_shared_memory", "max_workgroup_invocations",
+                "min_subgroup_size", "max_subgroup_size", "subgroup_size_control"):
+        assert key in info.extra
+    if "llvmpipe" in info.name:
+        assert info.device_class == "llvmpipe" and info.subgroup_size == 8
+    assert TuningConfig.default("vulkan").problems(info) == []
+
+
+# --- SPIR-V cache -----------------------------------------------------------------------
+def test_spirv_cache_keyed_by_compiler(tmp_path, monkeypatch):
+    from engine.backends.vulkan import spirv
+
+    if spirv.glslc_version(spirv._glslc()) is None:
+        pytest.skip("glslc not installed")
+    root = tmp_path / "spv"
+    code = spirv.compile_spirv("argmax", (), root)
+    assert code[:4] == b"\x03\x02\x23\x07"  # SPIR-V magic, little endian
+    files = list(root.glob("*/argmax-*.spv"))
+    assert len(files) == 1 and (files[0].parent / "COMPILER").exists()
+
+    calls = []
+    real_run = subprocess.run
+    monkeypatch.setattr(
+        spirv.subprocess, "run", lambda *a, **k: calls.append(a) or real_run(*a, **k)
+    )
+    assert spirv.compile_spirv("argmax", (), root) == code
+    assert not calls, "a cached build must not call glslc"
+
+    # Another compiler version: the old entry is not reused, a new one is written beside it.
+    monkeypatch.setattr(spirv, "glslc_version", lambda g: "glslc from another release")
+    spirv.compile_spirv("argmax", (), root)
+    assert calls and len(list(root.glob("*/argmax-*.spv"))) == 2
+
+    # Defines are part of the key.
+    spirv.compile_spirv("eltwise", ("OP_ADD",), root)
+    spirv.compile_spirv("eltwise", ("OP_SWIGLU",), root)
+    assert len(list(root.glob("*/eltwise-*.spv"))) == 2
+
+
+def test_spirv_cache_carried_to_a_machine_without_glslc(tmp_path, monkeypatch):
+    from engine.backends.vulkan import spirv
+
+    if spirv.glslc_version(spirv._glslc()) is None:
+        pytest.skip("glslc not installed")
+    built = tmp_path / "built"
+    code = spirv.compile_spirv("rms_norm", (), built)
+    carried = tmp_path / "carried"
+    shutil.copytree(built, carried)  # relocated: nothing in the cache names its own path
+    monkeypatch.setattr(spirv, "_glslc", lambda: None)
+    monkeypatch.setenv("FLEETTUNE_SPIRV_CACHE", str(carried))
+    assert spirv.compile_spirv("rms_norm", ()) == code
+    with pytest.raises(KernelCompileError, match="FLEETTUNE_SPIRV_CACHE"):
+        spirv.compile_spirv("attention", ())
+
+
+def test_precompile_covers_every_build(tmp_path):
+    from engine.backends.vulkan import spirv
+    from engine.backends.vulkan.kernels import all_builds
+
+    if spirv.glslc_version(spirv._glslc()) is None:
+        pytest.skip("glslc not installed")
+    out = tmp_path / "all"
+    assert spirv.main(["--out", str(out)]) == 0
+    assert len(list(out.glob("*/*.spv"))) == len(all_builds())
+
+
+# --- failures leave the backend usable --------------------------------------------------
+def test_compile_error_reports_log_and_backend_stays_usable(tmp_path, monkeypatch):
+    from engine.backends.vulkan import spirv
+
+    if spirv.glslc_version(spirv._glslc()) is None:
+        pytest.skip("glslc not installed")
+    be = make_backend()
+    try:
+        rng = np.random.default_rng(0)
+        w = qtensor(rng, (16, 64), "Q8_0")
+        wv = be.load_weight(w)
+        x = rng.standard_normal((1, 64)).astype(np.float32)
+        ref = be.download(be.matmul(be.upload(x), wv))
+        broken = tmp_path / "shaders"
+        shutil.copytree(spirv.SHADER_DIR, broken)
+        src = broken / "matmul_decode.comp"
+        src.write_text(src.read_text().replace("subgroupAdd(acc)", "subgroupAdd(acc, oops)"))
+        monkeypatch.setattr(spirv, "SHADER_DIR", broken)
+        monkeypatch.setenv("FLEETTUNE_SPIRV_CACHE", str(tmp_path / "cache"))
+        cand = TuningConfig.default("vulkan").replace(**{"matmul_decode.rows_per_wg": 8})
+        be.pipes.modules.clear()  # force the (broken) source to be compiled again
+        with pytest.raises(KernelCompileError, match="oops"):
+            be.set_config(cand)
+        assert be.config == TuningConfig.default("vulkan")
+        monkeypatch.setattr(spirv, "SHADER_DIR", ROOT / "shaders" / "vulkan")
+        assert np.array_equal(be.download(be.matmul(be.upload(x), wv)), ref)
+        be.set_config(cand)  # the next config compiles and runs
+        assert nmse(ref, be.download(be.matmul(be.upload(x), wv))) < 1e-10
+    finally:
+        be.close()
+
+
+def test_unsupported_weight_type_names_tensor_and_type(vb):
+    raw = np.zeros((2, 176), np.uint8)  # two Q5_K rows of 256
+    with pytest.raises(UnsupportedError, match=r"blk\.3\.ffn_down\.weight.*Q5_K"):
+        vb.load_weight(QTensor("blk.3.ffn_down.weight", "Q5_K", (2, 256), raw))
+
+
+def test_hung_kernel_raises_instead_of_hanging():
+    be = make_backend()
+    try:
+        rng = np.random.default_rng(1)
+        wv = be.load_weight(qtensor(rng, (4096, 1024), "Q4_0"))
+        x = be.upload(rng.standard_normal((64, 1024)).astype(np.float32))
+        be.stream.timeout_s = 0.0  # nothing finishes in zero time: stands in for a hung kernel
+        with pytest.raises(EngineError, match="did not finish"):
+            be.download(be.matmul(x, wv))
+        with pytest.raises(EngineError):  # and later calls fail fast too
+            be.download(be.matmul(x, wv))
+    finally:
+        be.close()
+
+
+# --- recording, replay, profile ---------------------------------------------------------
+def _toy_step(be, wv, tok, pos, cache):  # noqa: ANN001, ANN202
+    """A decode-shaped graph: embedding -> matmul -> rope -> kv_write -> attention -> argmax."""
+    x = be.embedding(wv["emb"], tok)  # [1, 64]
+    q = be.reshape(be.matmul(x, wv["wq"]), (1, 2, 32))
+    q = be.rope(q, pos, 1e4, True)
+    be.kv_write(cache, 0, q, q, pos)
+    a = be.reshape(be.attention(q, cache, 0, pos), (1, 64))
+    logits = be.matmul(a, wv["head"])
+    return logits, be.argmax(logits)
+
+
+def test_replayed_decode_matches_recorded(vb):
+    rng = np.random.default_rng(2)
+    qts = {"emb": qtensor(rng, (50, 64), "Q8_0", std=1.0), "wq": qtensor(rng, (64, 64), "Q5_0"),
+           "head": qtensor(rng, (50, 64), "Q4_1", std=1.0)}
+    wv = {k: vb.load_weight(v) for k, v in qts.items()}
+
+    def run(replay: bool) -> tuple[list[int], list[np.ndarray]]:
+        vb.set_config(TuningConfig.default("vulkan").replace(**{"submit.replay": replay}))
+        cache = vb.new_kv_cache(1, 24, 2, 32)
+        tok = vb.upload(np.array([3], np.int32))
+        toks, logits = [], []
+        for pos in range(20):
+            lg, tok = _toy_step(vb, wv, tok, pos, cache)
+            logits.append(vb.download(lg))
+            toks.append(int(vb.download(tok)[0]))
+        return toks, logits
+
+    before = vb.stats()
+    toks, logits = run(True)
+    after = vb.stats()
+    assert after["replays"] - before["replays"] >= 10, "decode steps should replay"
+    toks2, logits2 = run(False)
+    assert toks == toks2
+    for a, b in zip(logits, logits2, strict=True):
+        assert np.array_equal(a, b)
+
+
+def test_argmax_result_is_never_stale(vb):
+    """Each argmax is a new device tensor and download reads that tensor after the work that
+    writes it: two steps with different logits give different tokens even when the second is
+    recorded into a replayed command buffer."""
+    seen = []
+    for i in range(6):
+        lg = np.zeros((1, 100), np.float32)
+        lg[0, 10 + i] = 1.0
+        seen.append(int(vb.download(vb.argmax(vb.upload(lg)))[0]))
+    assert seen == [10, 11, 12, 13, 14, 15]
+
+
+def test_profile_reports_per_kernel_times(vb):
+    rng = np.random.default_rng(4)
+    wv = vb.load_weight(qtensor(rng, (128, 256), "Q4_K"))
+    x = vb.upload(rng.standard_normal((4, 256)).astype(np.float32))
+    vb.set_profiling(True)
+    vb.argmax(vb.add(vb.matmul(x, wv), vb.matmul(x, wv)))
+    prof = vb.profile()
+    assert prof["matmul_prefill.kpar[Q4_K]"]["calls"] == 2
+    assert all(v["total_ms"] > 0 for v in prof.values())
+    assert {"add.default", "argmax.default"} <= set(prof)
+    vb.set_profiling(False)
+    vb.matmul(x, wv)
+    assert vb.profile() == {}
+
+
+def test_registry_module_imports_no_vulkan():
+    code = (
+        "import sys; sys.modules['vulkan'] = None\n"
+        "from engine.tuning import REGISTRY, TuningConfig\n"
+        "import engine.backends.vulkan.kernels, engine.backends.vulkan.spirv\n"
+        "assert REGISTRY.supports('vulkan', 'matmul_prefill', 'Q4_K')\n"
+        "print(TuningConfig.default('vulkan').max_cols)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, env=os.environ | {"PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr

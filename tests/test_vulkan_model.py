@@ -1,0 +1,121 @@
+"""The whole model on the Vulkan backend: validate (batched candidate vs per-token reference)
+passes for every registered variant and a sample of parameter values, on the synthetic models of
+each architecture; greedy tokens match the NumPy backend; a config that cannot be used is
+reported and the next one runs. The real Qwen 0.5B run is @slow."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.errors import ConfigError
+from engine.model import Model
+from engine.tuning import REGISTRY, TuningConfig
+from engine.validate import PROMPTS, cross_check_numpy, validate
+from tests.test_vulkan_helpers import assert_no_validation_errors, make_backend
+
+# One config per registered variant of every op with more than one, plus parameter samples
+# that stress chunking (MAX_COLS 1, 7-token ragged chunks via 8, 40), workgroup shapes and the
+# command-buffer knobs (tiny submits, no replay).
+CONFIGS = [
+    {},
+    {"matmul_prefill.variant": "serial", "prefill.max_cols": 8,
+     "matmul_decode.variant": "shmem", "matmul_decode.threads_per_row": 8,
+     "matmul_decode.rows_per_wg": 4},
+    {"prefill.max_cols": 40, "matmul_prefill.wg_size": 32, "matmul_prefill.rows_per_wg": 1,
+     "matmul_decode.wg_size": 128, "matmul_decode.rows_per_wg": 16, "attention.wg_size": 32,
+     "rms_norm.wg_size": 32, "argmax.wg_size": 512},
+    {"prefill.max_cols": 1, "submit.max_nodes": 64, "submit.replay": False},
+    {"prefill.max_cols": 16, "matmul_prefill.subgroup_size": 8,
+     "matmul_decode.subgroup_size": 8, "attention.wg_size": 256, "embedding.wg_size": 32},
+]
+
+
+def _prompts(tok) -> list[list[int]]:  # noqa: ANN001
+    """Short validate prompts: one token, a sentence, 45 tokens (several chunks, ragged tail)."""
+    return [tok.encode("A")[:1], tok.encode(PROMPTS[0]), tok.encode(PROMPTS[1])[:45]]
+
+
+@pytest.fixture(scope="module")
+def vb():
+    be = make_backend()
+    yield be
+    be.close()
+
+
+@pytest.fixture(autouse=True)
+def _clean(vb):
+    yield
+    assert_no_validation_errors(vb)
+
+
+def _model(path, be):  # noqa: ANN001, ANN202
+    from engine.gguf_model import open_model
+    from engine.tokenizer import Tokenizer
+
+    g = open_model(path)
+    be.set_config(TuningConfig.default("vulkan"))
+    return Model(g, be), Tokenizer.from_metadata(g.metadata)
+
+
+def test_every_variant_is_sampled():
+    seen = {(op, (TuningConfig.default("vulkan").replace(**c).op(op).variant))
+            for c in CONFIGS for op in ("matmul_decode", "matmul_prefill")}
+    for op in ("matmul_decode", "matmul_prefill"):
+        for v in REGISTRY.op("vulkan", op).variants:
+            assert (op, v.name) in seen
+
+
+@pytest.mark.parametrize("flat", CONFIGS, ids=[f"cfg{i}" for i in range(len(CONFIGS))])
+def test_validate_passes(vb, tiny_model_path, flat):
+    model, tok = _model(tiny_model_path, vb)
+    cand = TuningConfig.default("vulkan").replace(**flat)
+    assert not cand.problems(vb.device_info())
+    rep = validate(model, cand, _prompts(tok), steps=4)
+    assert rep.passed, [p.reasons for p in rep.prompts]
+    assert rep.max_abs_diff < 1e-3
+
+
+@pytest.mark.parametrize("arch,quant", [("qwen2", "q4_k_m"), ("qwen3", "q4_k_m"),
+                                        ("llama", "q4_k_m"), ("llama", "q8_0"),
+                                        ("qwen3", "f16"), ("qwen2", "q5_1")])
+def test_architectures_match_numpy(vb, tiny_model_factory, arch, quant):
+    from engine.backends.numpy_ref import NumpyBackend
+
+    model, tok = _model(tiny_model_factory(arch, quant), vb)
+    prompts = _prompts(tok)
+    cross = cross_check_numpy(model, prompts[1:])
+    assert cross["nmse"] < 1e-8, cross
+    ref = Model(model.gguf, NumpyBackend())
+    for p in prompts:
+        a = ref.generate(p, 6, path="batched")
+        b = model.generate(p, 6, path="batched")
+        assert a.tokens == b.tokens, "greedy tokens differ from the NumPy backend"
+        assert np.abs(a.last_logits - b.last_logits).max() < 1e-3
+    assert validate(model, TuningConfig.default("vulkan"), prompts, steps=4).passed
+
+
+def test_unusable_config_is_reported_and_next_runs(vb, tiny_model_path):
+    model, tok = _model(tiny_model_path, vb)
+    dev = vb.device_info()
+    bad_size = next(s for s in (8, 16, 32, 64, 128)
+                    if not dev.extra["min_subgroup_size"] <= s <= dev.extra["max_subgroup_size"])
+    bad = TuningConfig.default("vulkan").replace(**{"matmul_prefill.subgroup_size": bad_size})
+    with pytest.raises(ConfigError):
+        validate(model, bad, _prompts(tok)[:2], steps=2)
+    good = TuningConfig.default("vulkan").replace(**{"prefill.max_cols": 4})
+    assert validate(model, good, _prompts(tok)[:2], steps=2).passed
+
+
+@pytest.mark.slow
+def test_real_qwen_paris(vb, real_qwen_path):
+    """The real Qwen2.5-Coder 0.5B Q4_K_M: its 145 MB Q8_0 LM head is over lavapipe's 128 MiB
+    maxStorageBufferRange, so this also runs the row-range split on a real weight."""
+    model, _ = _model(real_qwen_path, vb)
+    head = model.lm_head
+    if head.nbytes > vb.device_info().extra["max_storage_buffer_range"]:
+        assert len(head.parts) > 1
+    g = model.generate([785, 6722, 315, 9625, 374], 2, path="batched")
+    assert g.tokens[0] == 12095  # " Paris"
+    g2 = model.generate([785, 6722, 315, 9625, 374], 2, path="per_token")
+    assert g2.tokens == g.tokens
