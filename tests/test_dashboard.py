@@ -358,3 +358,15 @@ def test_agent_cli_dashboard_subcommand(tmp_path: Path) -> None:
     if "invalid choice: 'dashboard'" in r.stderr:
         pytest.skip("python -m agent has no dashboard subcommand yet (hook in agent/cli.py)")
     assert r.returncode == 2 and "no storage at" in r.stderr
+
+
+def test_fast_read_matches_the_storage_api(storage: Path) -> None:
+    fast = Reader(str(storage), refresh_s=0.0)
+    assert fast.fast is not None, "the SQL fast path should serve this Optuna schema"
+    api = Reader(str(storage), refresh_s=0.0)
+    api.fast = None
+    for name in (REAL, SYNTH):
+        assert fast.trials(name, per_page=1000) == api.trials(name, per_page=1000)
+        assert fast.summary(name) == api.summary(name)
+        assert fast.history(name) == api.history(name)
+        assert fast.trial(name, 1)["record"] == api.trial(name, 1)["record"]

@@ -27,8 +27,10 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
+from agent.dashboard.fastread import FastReader, RawTrial
 from agent.storage import StorageRef, parse_storage
 
 log = logging.getLogger(__name__)
@@ -59,7 +61,9 @@ class StorageMissing(FileNotFoundError):
 
 
 def open_readonly(ref: StorageRef) -> optuna.storages.BaseStorage:
-    """The storage behind ``ref`` without creating anything: a missing file raises."""
+    """The storage behind ``ref`` without creating anything: a missing file raises. SQL storages
+    come wrapped in Optuna's cache (``_CachedStorage``), which reads only new and unfinished
+    trials on each call."""
     if ref.path is not None and not ref.path.exists():
         raise StorageMissing(
             f"no storage at {ref.path}: run the agent with --storage {ref.url} first, "
@@ -72,7 +76,6 @@ def open_readonly(ref: StorageRef) -> optuna.storages.BaseStorage:
         return JournalStorage(JournalFileBackend(str(ref.path)))
     kwargs = {"connect_args": {"timeout": 60}} if ref.kind == "sqlite" else None
     rdb = optuna.storages.RDBStorage(ref.url, engine_kwargs=kwargs, skip_table_creation=True)
-    # The cached wrapper reads only new and unfinished trials on each call.
     return optuna.storages.get_storage(rdb)
 
 
@@ -81,7 +84,15 @@ def _first_line(text: str, limit: int = 160) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
-def _metrics(t: FrozenTrial, target: str) -> dict[str, float]:
+def _raw(t: FrozenTrial) -> RawTrial:
+    done = t.datetime_complete.timestamp() if t.datetime_complete else 0.0
+    values = list(t.values) if t.values else None
+    return RawTrial(
+        t._trial_id, t.number, t.state, t.params, t.distributions, t.user_attrs, values, done
+    )
+
+
+def _metrics(t: RawTrial, target: str) -> dict[str, float]:
     m = t.user_attrs.get("metrics")
     if isinstance(m, dict):
         return {str(k): float(v) for k, v in m.items()}
@@ -90,7 +101,7 @@ def _metrics(t: FrozenTrial, target: str) -> dict[str, float]:
     return {}
 
 
-def _outcome(t: FrozenTrial) -> str:
+def _outcome(t: RawTrial) -> str:
     if t.state == TrialState.RUNNING:
         return "running"
     if t.state == TrialState.WAITING:
@@ -123,12 +134,11 @@ class TrialRow:
     finished: float  # unix time, 0 while running
 
     @classmethod
-    def of(cls, t: FrozenTrial, target: str) -> TrialRow:
+    def of(cls, t: RawTrial, target: str) -> TrialRow:
         ua = t.user_attrs
         est = (ua.get("estimates") or {}).get(target) or {}
         val = ua.get("validate") or {}
         worker = ua.get("worker") or {}
-        done = t.datetime_complete.timestamp() if t.datetime_complete else 0.0
         return cls(
             number=t.number,
             state=t.state.name,
@@ -145,7 +155,7 @@ class TrialRow:
             worker=str(worker.get("worker_id", "")),
             host=str(ua.get("host") or worker.get("host", "")),
             wall_s=float(ua.get("wall_s", 0.0) or 0.0),
-            finished=float(ua.get("finished") or done),
+            finished=float(ua.get("finished") or t.datetime_complete),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -159,10 +169,12 @@ class _StudyCache:
     attrs: dict[str, Any]
     directions: list[str]
     rows: list[TrialRow | None] = field(default_factory=list)  # index: trial number
-    trials: list[FrozenTrial | None] = field(default_factory=list)
-    unfinished: set[int] = field(default_factory=set)
+    trial_ids: list[int] = field(default_factory=list)  # index: trial number
+    dists: list[dict[str, BaseDistribution]] = field(default_factory=list)
+    unfinished: dict[int, int] = field(default_factory=dict)  # trial number -> trial id
     synced: float = 0.0
-    n_finished: int = 0
+    n_finished: int = 0  # storage API path: trials below this number are all finished
+    last_finished_id: int = -1  # fast path: highest trial id seen finished
 
     @property
     def target(self) -> str:
@@ -179,6 +191,13 @@ class Reader:
     def __init__(self, storage_url: str, refresh_s: float = 1.0) -> None:
         self.ref = parse_storage(storage_url)
         self.storage = open_readonly(self.ref)
+        self.fast: FastReader | None = None
+        backend = getattr(self.storage, "_backend", None)
+        if isinstance(backend, optuna.storages.RDBStorage):
+            try:
+                self.fast = FastReader(backend)
+            except Exception as e:  # noqa: BLE001 - the storage API still works, only slower
+                log.info("dashboard: reading trials through the storage API (%s)", e)
         self.refresh_s = refresh_s
         self._lock = threading.RLock()
         self._studies: dict[str, _StudyCache] = {}
@@ -203,27 +222,54 @@ class Reader:
     def _sync(self, c: _StudyCache, force: bool = False) -> _StudyCache:
         if not force and time.monotonic() - c.synced < self.refresh_s:
             return c
-        trials = self.storage.get_all_trials(c.study_id, deepcopy=False)
-        target = c.target
-        if len(c.rows) < len(trials):
-            c.rows.extend([None] * (len(trials) - len(c.rows)))
-            c.trials.extend([None] * (len(trials) - len(c.trials)))
-        for t in trials[c.n_finished :]:
-            n = t.number
-            row = c.rows[n]
-            if row is not None and n not in c.unfinished:
-                continue
-            c.rows[n] = TrialRow.of(t, target)
-            c.trials[n] = t
-            if t.state.is_finished():
-                c.unfinished.discard(n)
-            else:
-                c.unfinished.add(n)
-        # Trials before the first unfinished one are final: later syncs start after them.
-        first_open = min(c.unfinished, default=len(trials))
-        c.n_finished = first_open
+        if self.fast is not None:
+            try:
+                self._sync_fast(c)
+            except Exception as e:  # noqa: BLE001 - fall back to the storage API for good
+                log.warning("dashboard: fast read failed (%s); using the storage API", e)
+                self.fast = None
+                for k in list(self._studies):
+                    old = self._studies[k]
+                    self._studies[k] = _StudyCache(
+                        old.study_id, old.name, old.attrs, old.directions
+                    )
+                c = self._studies.get(c.name, c)
+        if self.fast is None:
+            self._sync_api(c)
         c.synced = time.monotonic()
         return c
+
+    def _put(self, c: _StudyCache, t: RawTrial) -> None:
+        n = t.number
+        if n >= len(c.rows):
+            grow = n + 1 - len(c.rows)
+            c.rows.extend([None] * grow)
+            c.trial_ids.extend([-1] * grow)
+            c.dists.extend([{}] * grow)
+        c.rows[n] = TrialRow.of(t, c.target)
+        c.trial_ids[n] = t.trial_id
+        c.dists[n] = t.distributions
+        if t.state.is_finished():
+            c.unfinished.pop(n, None)
+        else:
+            c.unfinished[n] = t.trial_id
+
+    def _sync_fast(self, c: _StudyCache) -> None:
+        assert self.fast is not None
+        for t in self.fast.read(c.study_id, c.last_finished_id, set(c.unfinished.values())):
+            self._put(c, t)
+            if t.state.is_finished():
+                c.last_finished_id = max(c.last_finished_id, t.trial_id)
+
+    def _sync_api(self, c: _StudyCache) -> None:
+        trials = self.storage.get_all_trials(c.study_id, deepcopy=False)
+        for t in trials[c.n_finished :]:
+            n = t.number
+            if n < len(c.rows) and c.rows[n] is not None and n not in c.unfinished:
+                continue
+            self._put(c, _raw(t))
+        # Trials before the first unfinished one are final: later syncs start after them.
+        c.n_finished = min(c.unfinished, default=len(trials))
 
     def warm(self) -> None:
         """Read every study's trials once (the cold load), logging rather than raising."""
@@ -255,7 +301,9 @@ class Reader:
             parts = []
             for n in names:
                 c = self._study(n)
-                parts.append(f"{n}:{len(c.rows)}:{len(c.unfinished)}:{c.n_finished}")
+                parts.append(
+                    f"{n}:{len(c.rows)}:{len(c.unfinished)}:{c.n_finished}:{c.last_finished_id}"
+                )
                 parts.append(json.dumps(c.attrs.get("best"), sort_keys=True, default=str))
             fleet = self.ref.status_path
             parts.append(str(fleet.stat().st_mtime_ns) if fleet.exists() else "-")
@@ -363,15 +411,14 @@ class Reader:
     def trial(self, name: str, number: int) -> dict[str, Any]:
         """Everything recorded about one trial: the full TrialRecord attrs, params, state."""
         c = self._study(name)
-        if number < 0 or number >= len(c.rows) or c.trials[number] is None:
+        if number < 0 or number >= len(c.rows) or c.rows[number] is None:
             raise NotFound(
                 f"study {name!r} has no trial {number} (its trials are 0..{len(c.rows) - 1})"
                 if c.rows
                 else f"study {name!r} has no trials yet"
             )
-        t = c.trials[number]
-        assert t is not None
-        row = c.rows[number]
+        t = self.storage.get_trial(c.trial_ids[number])
+        row = TrialRow.of(_raw(t), c.target)
         assert row is not None
         ua = dict(t.user_attrs)
         return {
@@ -426,11 +473,9 @@ class Reader:
         the most recent ok trials; ``error`` says why when Optuna cannot compute them."""
         c = self._study(name)
         target = c.target
-        ok = [
-            (r, c.trials[r.number])
-            for r in c.rows
-            if r is not None and r.outcome == "ok" and target in r.metrics
-        ][-IMPORTANCE_MAX_TRIALS:]
+        ok = [r for r in c.rows if r is not None and r.outcome == "ok" and target in r.metrics][
+            -IMPORTANCE_MAX_TRIALS:
+        ]
         key = (name, len(ok))
         with self._lock:
             if key in self._importances:
@@ -443,12 +488,11 @@ class Reader:
             study.add_trials(
                 [
                     optuna.trial.create_trial(
-                        params=dict(t.params),
-                        distributions=dict(t.distributions),
+                        params=dict(r.params),
+                        distributions=dict(c.dists[r.number]),
                         value=r.metrics[target],
                     )
-                    for r, t in ok
-                    if t is not None
+                    for r in ok
                 ]
             )
             with warnings.catch_warnings():
@@ -514,8 +558,9 @@ class Reader:
         if not isinstance(trial, int):
             return {}
         c = self._sync(c)
-        t = c.trials[trial] if 0 <= trial < len(c.trials) else None
-        return dict(t.user_attrs) if t is not None else {}
+        if not 0 <= trial < len(c.rows) or c.rows[trial] is None:
+            return {}
+        return dict(self.storage.get_trial(c.trial_ids[trial]).user_attrs)
 
     # --- fleet ----------------------------------------------------------------------------
     def fleet(self) -> dict[str, Any]:
