@@ -1,0 +1,269 @@
+"""Agent pieces without Ray: experiment files, search space, statistics, acceptance, evidence
+TOML, promotion into a git repository, Ray auth and the node bootstrap command."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from agent import tomlw
+from agent.acceptance import decide
+from agent.experiment import ExperimentError, load_experiment, parse_experiment
+from agent.promote import PromotionRefused, promote
+from agent.space import build_space, config_key
+from agent.stats import aa_noise, paired_ratio
+from engine.tuning import TuningConfig
+from engine.tuning.promoted import find_promoted
+from worker import ray_auth
+from worker.bootstrap import start_command
+from worker.device import NodeDevices, backends_for, device_classes_in
+from worker.records import EvalResult, Outcome, PairedSamples
+
+ROOT = Path(__file__).resolve().parents[1]
+MINIMAL = {
+    "models": ["synthetic:tiny"],
+    "backends": ["numpy"],
+    "objectives": [{"metric": "prefill_tok_s", "prompt_tokens": 32}],
+}
+
+
+def _exp(**over: object) -> dict:
+    return {**MINIMAL, **over}
+
+
+# --- experiments ----------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "path", sorted((ROOT / "experiments").glob("*.toml")), ids=lambda p: p.name
+)
+def test_shipped_experiments_load(path: Path) -> None:
+    exp = load_experiment(path)
+    assert exp.models and exp.objectives
+    assert exp.acceptance.target in [o.name for o in exp.objectives]
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (_exp(budjet={}), "unknown key 'budjet'"),
+        (_exp(objectives=[{"metric": "tok_s"}]), "allowed values: ['prefill_tok_s'"),
+        (_exp(sampler={"name": "bayes"}), "sampler.name = 'bayes'"),
+        (
+            _exp(space={"numpy": {"matmul_prefill": {"variants": ["kpar"]}}}),
+            "allowed: ['cached_f32'",
+        ),
+        (_exp(space={"numpy": {"prefill": {"max_cols": [33]}}}), "[33] not allowed"),
+        (_exp(space={"numpy": {"prefill": {"max_cols": {"min": 200}}}}), "no registry choice"),
+        (_exp(space={"numpy": {"prefill": {"rows": [1]}}}), "no searched variant has this knob"),
+        (_exp(space={"numpy": {"nope": {}}}), "has no such op"),
+        (_exp(acceptance={"target": "decode_tok_s@1"}), "acceptance.target"),
+        (_exp(budget={"trials": 0}), "budget.trials = 0: must be >= 1"),
+        (_exp(backends=["opencl"]), "backends[] = 'opencl'"),
+    ],
+)
+def test_experiment_errors_name_the_key(data: dict, message: str) -> None:
+    with pytest.raises(ExperimentError) as e:
+        parse_experiment(data)
+    assert message in str(e.value)
+
+
+def test_cmaes_needs_one_objective() -> None:
+    objs = [
+        {"metric": "prefill_tok_s", "prompt_tokens": 32},
+        {"metric": "decode_tok_s", "prompt_tokens": 8},
+    ]
+    with pytest.raises(ExperimentError, match="one objective"):
+        parse_experiment(_exp(objectives=objs, sampler={"name": "cmaes"}))
+
+
+# --- search space ---------------------------------------------------------------------------
+def test_space_is_read_from_the_registry_and_round_trips() -> None:
+    exp = parse_experiment(
+        _exp(space={"numpy": {"prefill": {"max_cols": [8, 16, 64]}, "matmul_prefill": {}}})
+    )
+    space = build_space("numpy", exp.space_for("numpy"))
+    assert space.size == 3 * 2
+    grid = space.grid()
+    assert grid["prefill.batched.max_cols"] == [8, 16, 64]
+    assert grid["matmul_prefill.variant"] == ["cached_f32", "ondemand"]
+    base = TuningConfig.default("numpy").flat()
+    assert space.params_of(base) is None  # max_cols 32 is outside this space
+    cand = TuningConfig.default("numpy").replace(**{"prefill.max_cols": 64}).flat()
+    params = space.params_of(cand)
+    assert params == {"prefill.batched.max_cols": 64, "matmul_prefill.variant": "cached_f32"}
+    assert config_key(cand) == config_key(dict(reversed(list(cand.items()))))
+
+
+def test_everything_space_covers_all_knobs() -> None:
+    exp = parse_experiment(_exp())
+    space = build_space("numpy", exp.space_for("numpy"))
+    assert {"prefill.batched.max_cols", "matmul_prefill.variant", "matmul_decode.variant"} <= set(
+        space.grid()
+    )
+
+
+# --- statistics and acceptance --------------------------------------------------------------
+def _result(cand: list[float], best: list[float], name: str = "prefill_tok_s@32") -> EvalResult:
+    return EvalResult(
+        Outcome.OK, None, {}, {}, samples=(PairedSamples(name, tuple(cand), tuple(best)),)
+    )
+
+
+def test_paired_ratio_bounds() -> None:
+    rng = np.random.default_rng(1)
+    best = 100 * (1 + 0.02 * rng.standard_normal(8))
+    est = paired_ratio(best * 1.3, best)
+    assert est.ratio == pytest.approx(1.3) and est.lower == pytest.approx(1.3)
+    same = paired_ratio(best, best)
+    assert aa_noise(same) == pytest.approx(0.0)
+
+
+def test_acceptance_needs_the_bound_above_gain_and_noise() -> None:
+    acc = parse_experiment(_exp(acceptance={"min_gain": 0.05})).acceptance
+    rng = np.random.default_rng(2)
+    best = list(100 * (1 + 0.01 * rng.standard_normal(6)))
+    clear = [b * 1.2 for b in best]
+    assert decide(_result(clear, best), acc, {}).accepted
+    assert not decide(_result(clear, best), acc, {"prefill_tok_s@32": 0.25}).accepted
+    small = [b * 1.03 for b in best]
+    assert not decide(_result(small, best), acc, {}).accepted
+
+
+def test_aa_noop_is_never_accepted_over_many_runs() -> None:
+    """Candidate == best: independent noisy pairs, 200 repeats, no acceptance."""
+    acc = parse_experiment(_exp(acceptance={"min_gain": 0.02})).acceptance
+    rng = np.random.default_rng(3)
+    accepted = 0
+    for _ in range(200):
+        a = list(100 * (1 + 0.03 * rng.standard_normal(5)))
+        b = list(100 * (1 + 0.03 * rng.standard_normal(5)))
+        accepted += decide(_result(a, b), acc, {}).accepted
+    assert accepted == 0
+
+
+def test_regression_on_another_objective_rejects() -> None:
+    exp = parse_experiment(
+        _exp(
+            objectives=[
+                {"metric": "prefill_tok_s", "prompt_tokens": 32},
+                {"metric": "decode_tok_s", "prompt_tokens": 8},
+            ],
+            acceptance={"max_regression": 0.05},
+        )
+    )
+    best = [100.0, 101.0, 99.0, 100.5, 99.5]
+    res = EvalResult(
+        Outcome.OK,
+        None,
+        {},
+        {},
+        samples=(
+            PairedSamples("prefill_tok_s@32", tuple(b * 1.5 for b in best), tuple(best)),
+            PairedSamples("decode_tok_s@8", tuple(b * 0.7 for b in best), tuple(best)),
+        ),
+    )
+    d = decide(res, exp.acceptance, {})
+    assert not d.accepted and "decode_tok_s@8 regresses" in d.reason
+
+
+# --- evidence TOML and promotion ------------------------------------------------------------
+def test_toml_writer_round_trips() -> None:
+    data = {
+        "evidence": {
+            "trial": 3,
+            "ratio": 1.25,
+            "ok": True,
+            "device": 'AMD "R9700"\nline',
+            "changed": {"prefill.max_cols": {"from": 32, "to": 40}},
+            "objectives": {"prefill_tok_s@64": {"candidate": [1.0, 2.5], "best": [1.0, 2.0]}},
+        }
+    }
+    assert tomllib.loads(tomlw.dumps(data)) == data
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    r = tmp_path / "repo"
+    r.mkdir()
+    _git(r, "init", "-q", "-b", "main")
+    (r / "README").write_text("x\n")
+    _git(r, "add", "README")
+    _git(r, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
+    return r
+
+
+def test_promotion_commits_only_the_config(repo: Path) -> None:
+    cfg = TuningConfig.default("numpy").replace(**{"prefill.max_cols": 64})
+    (repo / "unrelated.txt").write_text("work in progress\n")  # untracked: must stay out
+    p = promote(repo, "cpu", "qwen2", cfg, {"trial": 4, "ratio": 1.2, "target": "x"})
+    assert _git(repo, "show", "--name-only", "--format=", p.commit) == "configs/cpu/qwen2.toml"
+    assert "unrelated.txt" in _git(repo, "status", "--porcelain")
+    found = find_promoted("numpy", "cpu", "qwen2", root=repo / "configs")
+    assert found is not None and found[0] == cfg
+    assert tomllib.loads(p.path.read_text())["evidence"]["trial"] == 4
+    again = promote(repo, "cpu", "qwen2", cfg, {"trial": 4, "ratio": 1.2, "target": "x"})
+    assert again.commit == ""  # same content: no empty commit
+
+
+def test_promotion_refuses_staged_changes_and_other_branches(repo: Path) -> None:
+    cfg = TuningConfig.default("numpy")
+    (repo / "README").write_text("changed\n")
+    _git(repo, "add", "README")
+    with pytest.raises(PromotionRefused, match="staged changes"):
+        promote(repo, "cpu", "qwen2", cfg, {})
+    _git(repo, "reset", "-q")
+    _git(repo, "checkout", "-q", "-b", "feature")
+    with pytest.raises(PromotionRefused, match="not main"):
+        promote(repo, "cpu", "qwen2", cfg, {})
+    assert not (repo / "configs").exists()
+
+
+# --- Ray auth and the node bootstrap --------------------------------------------------------
+def test_auth_token_mode_needs_a_token_to_join(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "none"))
+    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+    with pytest.raises(ray_auth.AuthSetupError, match="auth_token"):
+        ray_auth.auth_env("token", joining=True)
+    assert ray_auth.auth_env("disabled", joining=True) == {"RAY_AUTH_MODE": "disabled"}
+    (tmp_path / "none").write_text("secret")
+    assert ray_auth.auth_env("token", joining=True) == {"RAY_AUTH_MODE": "token"}
+    with pytest.raises(ray_auth.AuthSetupError, match="allowed values"):
+        ray_auth.auth_env("maybe")
+
+
+def test_start_command_advertises_devices() -> None:
+    from engine.backends.base import DeviceInfo
+
+    gpu = DeviceInfo("cuda", "NVIDIA H200", "nvidia", "h200")
+    amd = DeviceInfo("vulkan", "AMD Radeon AI PRO R9700", "amd", "r9700")
+    devices = NodeDevices((gpu, gpu, amd), cuda_count=2)
+    cmd = start_command(devices, "head:6379", auth_mode="disabled")
+    text = cmd.shell()
+    assert "--address=head:6379" in text and "--num-gpus=2" in text
+    assert cmd.env == {"RAY_AUTH_MODE": "disabled"}
+    res = devices.resources()
+    assert device_classes_in(res) == {"h200": 2, "r9700": 1}
+    assert backends_for(res, "r9700") == ["vulkan"]
+
+
+def test_worker_cli_dry_run() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "worker", "start", "--head", "--dry-run", "--backends", "numpy"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    ).stdout
+    assert "ray start --head" in out and '"device:cpu": 1' in out

@@ -1,0 +1,83 @@
+"""The worker's evaluation without Ray: compile -> validate -> paired benchmark on a tiny model,
+the failure kinds it reports, and A/A runs (a no-op candidate) that are never accepted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agent.acceptance import decide
+from agent.experiment import parse_experiment
+from engine.tuning import TuningConfig
+from worker import testing
+from worker.evaluator import Evaluator
+from worker.records import BenchPlan, Objective, Outcome, ValidatePlan
+
+VPLAN = ValidatePlan(random_prompts=(1, 20), steps=2)
+BPLAN = BenchPlan((Objective("prefill_tok_s", 24), Objective("decode_tok_s", 8, 4)), pairs=3)
+
+
+@pytest.fixture(scope="module")
+def faulty(tiny_model_path: Path) -> tuple[Evaluator, str]:
+    testing.install()
+    ev = Evaluator(testing.NAME, "test-0")
+    ref = str(tiny_model_path)
+    assert ev.load(ref) == "qwen2"
+    return ev, ref
+
+
+def _flat(**changes: object) -> dict:
+    return TuningConfig.default(testing.NAME).replace(**changes).flat()
+
+
+def test_ok_candidate_has_paired_samples_and_diffs(faulty: tuple[Evaluator, str]) -> None:
+    ev, ref = faulty
+    res = ev.evaluate(ref, _flat(**{"prefill.max_cols": 8}), _flat(), VPLAN, BPLAN)
+    assert res.outcome is Outcome.OK, res.reason
+    assert res.validate is not None and res.validate["passed"]
+    assert res.validate["max_abs_diff"] < 1e-2
+    s = res.sample("prefill_tok_s@24")
+    assert len(s.candidate) == len(s.best) == 3 and min(s.candidate) > 0
+    assert set(res.medians()) == {"prefill_tok_s@24", "decode_tok_s@8"}
+    info = res.worker
+    assert info is not None and info.device_class == "cpu-sim" and info.engine_commit
+    assert set(res.phase_s) == {"compile_s", "validate_s", "bench_s"}
+
+
+@pytest.mark.parametrize(
+    ("variant", "outcome", "reason"),
+    [
+        ("wrong", Outcome.INVALID, "max_abs_diff"),
+        ("nocompile", Outcome.COMPILE_ERROR, "expected ';'"),
+        ("raises", Outcome.CRASH, "injected failure"),
+    ],
+)
+def test_failures_come_back_as_outcomes(
+    faulty: tuple[Evaluator, str], variant: str, outcome: Outcome, reason: str
+) -> None:
+    ev, ref = faulty
+    res = ev.evaluate(ref, _flat(**{"matmul_prefill.variant": variant}), _flat(), VPLAN, BPLAN)
+    assert res.outcome is outcome and reason in res.reason
+    assert not res.samples
+    if outcome is Outcome.INVALID:
+        assert res.validate is not None and not res.validate["passed"]
+        assert res.validate["prompts"][0]["candidate_tokens"]
+
+
+def test_aa_noop_candidate_is_never_accepted(faulty: tuple[Evaluator, str]) -> None:
+    """The default config against itself, measured for real, repeatedly: never accepted."""
+    ev, ref = faulty
+    acc = parse_experiment(
+        {
+            "models": ["m"],
+            "backends": ["numpy"],
+            "objectives": [{"metric": "prefill_tok_s", "prompt_tokens": 24}],
+            "acceptance": {"min_gain": 0.02},
+        }
+    ).acceptance
+    plan = BenchPlan((Objective("prefill_tok_s", 24),), pairs=5)
+    for _ in range(6):
+        res = ev.evaluate(ref, _flat(), _flat(), VPLAN, plan, skip_validate=True)
+        assert res.ok
+        assert not decide(res, acc, {}).accepted

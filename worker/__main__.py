@@ -1,0 +1,5 @@
+import sys
+
+from worker.bootstrap import main
+
+sys.exit(main())
