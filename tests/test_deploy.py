@@ -92,6 +92,7 @@ def test_launcher_starts_head_and_workers_with_token_auth() -> None:
     assert "--autoscaling-config=~/ray_bootstrap_config.yaml" in head
     # Workers join through the worker bootstrap, which detects GPUs and sets the resources.
     assert re.search(r"python -m worker start --address[= ]\$RAY_HEAD_IP:6379", workers)
+    assert "PATH=~/fleettune/.venv/bin:$PATH" in workers  # the bootstrap runs the venv's ray
     assert "ray start" not in workers.replace("ray stop", "")
     for cmds in (head, workers):
         assert "export RAY_AUTH_MODE=token" in cmds
@@ -201,13 +202,18 @@ def advertised(backend: str, device_name: str, count: int) -> tuple[dict[str, fl
     return node.resources(), node.cuda_count
 
 
+def custom(resources: dict) -> dict:
+    """The resources a fleettune node adds to Ray's own (CPU, GPU, memory)."""
+    return {k: v for k, v in resources.items() if k.startswith(("device:", "backend:"))}
+
+
 def test_raycluster_worker_groups_match_what_the_worker_advertises() -> None:
     cr = raycluster()
     cr.setdefault("metadata", {}).setdefault("namespace", "default")
     # Ray's own KubeRay translation (what its autoscaler reads), validated by Ray's schema.
     node_types = _derive_autoscaling_config_from_ray_cr(cr)["available_node_types"]
     assert node_types["headgroup"]["resources"].get("GPU", 0) == 0
-    assert not [k for k in node_types["headgroup"]["resources"] if k.startswith("device:")]
+    assert not custom(node_types["headgroup"]["resources"])
     seen = {}
     for g in cr["spec"]["workerGroupSpecs"]:
         meta = g["template"]["metadata"]["annotations"]
@@ -216,16 +222,16 @@ def test_raycluster_worker_groups_match_what_the_worker_advertises() -> None:
         k8s_gpu = "amd.com/gpu" if backend == "vulkan" else "nvidia.com/gpu"
         count = int(container["resources"]["limits"][k8s_gpu])
         resources, num_gpus = advertised(backend, device_name, count)
-        (cls,) = [k.removeprefix("device:") for k in resources]
+        (cls,) = [k.removeprefix("device:") for k in resources if k.startswith("device:")]
         seen[cls] = (backend, k8s_gpu)
         assert g["groupName"] == cls
         assert g["template"]["spec"]["nodeSelector"]["fleettune.dev/device-class"] == cls
         declared = node_types[g["groupName"]]["resources"]
-        assert {k: v for k, v in declared.items() if k.startswith("device:")} == resources
+        assert custom(declared) == resources
         assert declared.get("GPU", 0) == num_gpus
         # The pod checks its devices against the same declaration before Ray starts.
         args = " ".join(container["args"])
-        want = " ".join(f"{k}={int(v)}" for k, v in resources.items())
+        want = " ".join(f"{k}={int(v)}" for k, v in sorted(resources.items()))
         assert f"expect_devices.py --backend {backend} {want}" in args
         image = container["image"].rsplit("/", 1)[-1]
         assert image.startswith("cuda:" if backend == "cuda" else "vulkan:"), image
@@ -243,7 +249,7 @@ def test_raycluster_check_catches_a_mismatched_group() -> None:
     declared = _derive_autoscaling_config_from_ray_cr(cr)["available_node_types"][g["groupName"]]
     meta = g["template"]["metadata"]["annotations"]
     resources, _ = advertised(meta["fleettune.dev/backend"], meta["fleettune.dev/device-name"], 1)
-    assert {k: v for k, v in declared["resources"].items() if k.startswith("device:")} != resources
+    assert custom(declared["resources"]) != resources
 
 
 # --- expect_devices.py (the pod's pre-start check) --------------------------------------------
@@ -271,10 +277,12 @@ def test_expect_devices_refuses_a_node_with_other_devices(monkeypatch, capsys) -
         )
 
     monkeypatch.setattr(mod, "detect", fake_detect)
-    assert mod.main(["--backend", "vulkan", "device:r9700=2"]) == 0
+    both = ["device:r9700=2", "backend:vulkan/r9700=2"]
+    assert mod.main(["--backend", "vulkan", *both]) == 0
     assert found[-1] == ("vulkan",)
-    assert mod.main(["device:r9700=1"]) == 1  # one GPU declared, two visible
-    assert mod.main(["device:rx9070xt=2"]) == 1
+    assert mod.main(["device:r9700=1", "backend:vulkan/r9700=1"]) == 1  # 1 declared, 2 seen
+    assert mod.main(["device:r9700=2"]) == 1  # the backend resource is part of the contract
+    assert mod.main(["device:rx9070xt=2", "backend:vulkan/rx9070xt=2"]) == 1
     err = capsys.readouterr().err
     assert "device:r9700" in err and "device:rx9070xt" in err
     with pytest.raises(SystemExit):
@@ -491,6 +499,9 @@ def test_systemd_units_start_ray_with_one_auth_environment() -> None:
     assert used <= set(env), used - set(env)
     for unit in (head, worker):
         assert unit["Restart"] == "on-failure" and "ray stop" in unit["ExecStop"]
+    # `python -m worker start` runs the `ray` on PATH: the venv's, never another install's.
+    for name in UNIT_FILES:
+        assert "\nEnvironment=PATH=/opt/fleettune/.venv/bin:" in (UNITS / name).read_text()
 
 
 # --- one auth mode everywhere, and the docs ----------------------------------------------------
