@@ -123,7 +123,8 @@ extern "C" __global__ void attn_combine(const float* __restrict__ part, const fl
 
 // grid (ceil(T / BQ), H), block (BQ / RPW) * 32, dynamic smem (BQ * D + 2 * KC * (D + 4))
 // floats. D % 4 == 0.
-extern "C" __global__ void attn_flash(const float* __restrict__ q, const float* __restrict__ kc,
+// Launch bounds: BQ / RPW warps (up to 1024 threads) must fit the register file.
+extern "C" __global__ void __launch_bounds__((BQ / RPW) * 32) attn_flash(const float* __restrict__ q, const float* __restrict__ kc,
                                       const float* __restrict__ vc, float* __restrict__ out, int T,
                                       int H, int Hkv, int D, int pos0, const int* pos_ptr,
                                       float scale) {

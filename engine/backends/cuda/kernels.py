@@ -72,7 +72,11 @@ def kernel_names(src: str) -> list[str]:
     """Kernel names a source defines, including those made by its *_KERNEL(S) macros."""
     out = [
         n
-        for n in re.findall(r'extern\s+"C"\s+__global__\s+void\s+(\w+)\s*\(', src)
+        for n in re.findall(
+            r'extern\s+"C"\s+__global__\s+void\s+'
+            r"(?:__launch_bounds__\((?:[^()]|\([^()]*\))*\)\s*)?(\w+)\s*\(",
+            src,
+        )
         if n != "__launch_bounds__"
     ]
     macros = {
