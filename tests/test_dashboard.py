@@ -370,3 +370,39 @@ def test_fast_read_matches_the_storage_api(storage: Path) -> None:
         assert fast.summary(name) == api.summary(name)
         assert fast.history(name) == api.history(name)
         assert fast.trial(name, 1)["record"] == api.trial(name, 1)["record"]
+
+
+def test_promotion_history_from_git(tmp_path: Path) -> None:
+    from agent.promote import promote
+    from engine.tuning import TuningConfig
+
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
+    db = tmp_path / "p.db"
+    storage = parse_storage(str(db)).open()
+    name = write_study(storage, "r9700", 6, running=0)
+    first = TuningConfig.default("vulkan").replace(**{"prefill.max_cols": 64})
+    second = first.replace(**{"matmul_prefill.variant": "serial"})
+    commits = []
+    for i, cfg in enumerate((first, second)):
+        ev = {"study": name, "trial": 2 + i, "target": "prefill_tok_s@64", "lower_bound": 1.1 + i}
+        prom = promote(repo, "r9700", "qwen2", cfg, ev)
+        commits.append(prom.commit)
+    study = optuna.load_study(study_name=name, storage=storage)
+    study.set_user_attr(
+        "promotion",
+        {"trial": 3, "repo": str(repo), "path": str(prom.path), "commit": prom.commit, "at": 1.0},
+    )
+    c = TestClient(create_app(str(db), warm=False))
+    proms = c.get("/api/promotions").json()["promotions"]
+    assert [p["commit"] for p in proms] == commits[::-1]
+    newest, oldest = proms
+    assert newest["source"] == "git" and newest["previous"] == commits[0]
+    assert newest["evidence"]["lower_bound"] == 2.1 and newest["trial"] == 3
+    assert set(newest["diff"]) == {"matmul_prefill.variant"} | {
+        k for k in second.flat() if k.startswith("matmul_prefill.") and k not in first.flat()
+    } | {k for k in first.flat() if k.startswith("matmul_prefill.") and k not in second.flat()}
+    assert newest["diff"]["matmul_prefill.variant"][1] == "serial"
+    assert oldest["diff"]["prefill.max_cols"][1] == 64  # against the study's baseline
+    page = c.get("/promotions").text
+    assert commits[0][:12] in page and commits[1][:12] in page and "git history" in page

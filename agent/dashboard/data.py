@@ -30,6 +30,7 @@ import optuna
 from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
+from agent.dashboard import gitlog
 from agent.dashboard.fastread import FastReader, RawTrial
 from agent.storage import StorageRef, parse_storage
 
@@ -203,6 +204,7 @@ class Reader:
         self._studies: dict[str, _StudyCache] = {}
         self._listed = 0.0
         self._importances: dict[tuple[str, int], dict[str, Any]] = {}
+        self._gitlog: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
 
     # --- studies --------------------------------------------------------------------------
     def _list(self) -> None:
@@ -509,9 +511,12 @@ class Reader:
 
     # --- promotions -----------------------------------------------------------------------
     def promotions(self) -> list[dict[str, Any]]:
-        """Every promotion recorded in a study, newest first, with the config diff against the
-        study's baseline."""
-        out = []
+        """Every promotion, newest first: the git history of each promoted config file when its
+        repository is on this machine (one entry per commit, diffed against the version before;
+        the first against the study's baseline), else the promotion the study recorded (diffed
+        against the study's baseline)."""
+        out: list[dict[str, Any]] = []
+        seen: set[tuple[str, str, str]] = set()
         for name in self.study_names():
             c = self._studies[name]
             recs = list(c.attrs.get("promotions") or [])
@@ -520,6 +525,38 @@ class Reader:
             base = dict((c.attrs.get("baseline") or {}).get("config") or {})
             for p in recs:
                 p = dict(p)
+                where = gitlog.locate(str(p.get("path", "")), str(p.get("repo", "")))
+                hist = self._git_history(*where) if where else []
+                if hist:
+                    assert where is not None
+                    for e in hist:
+                        key = (str(where[0]), where[1], e["commit"])
+                        if key in seen:
+                            continue
+                        seen.add(key)
+                        ev = e["evidence"]
+                        out.append(
+                            {
+                                "study": ev.get("study", name),
+                                "device_class": ev.get(
+                                    "device_class", c.attrs.get("device_class", "")
+                                ),
+                                "family": ev.get("model_family", c.attrs.get("family", "")),
+                                "trial": ev.get("trial"),
+                                "at": e["at"],
+                                "path": str(p.get("path", "")),
+                                "repo": str(p.get("repo", "")),
+                                "commit": e["commit"],
+                                "message": e["message"],
+                                "evidence": ev,
+                                "previous": e["previous"],
+                                "diff": e["diff"]
+                                if e["diff"] is not None
+                                else gitlog.diff(base, e["config"]),
+                                "source": "git",
+                            }
+                        )
+                    continue
                 trial = p.get("trial", (p.get("evidence") or {}).get("trial"))
                 ua = self._trial_attrs(c, trial)
                 ev = (
@@ -530,11 +567,6 @@ class Reader:
                 cfg = p.get("config") or ua.get("config")
                 if cfg is None:
                     cfg = (c.attrs.get("best") or {}).get("config") or {}
-                diff = {
-                    k: [base.get(k), cfg.get(k)]
-                    for k in sorted(set(base) | set(cfg))
-                    if base.get(k) != cfg.get(k)
-                }
                 out.append(
                     {
                         "study": name,
@@ -547,12 +579,23 @@ class Reader:
                         "commit": p.get("commit", ""),
                         "message": p.get("message", ""),
                         "evidence": ev,
-                        "record": {k: v for k, v in p.items() if k != "evidence"},
-                        "diff": diff,
+                        "previous": "",
+                        "diff": gitlog.diff(base, cfg),
+                        "source": "study",
                     }
                 )
         out.sort(key=lambda p: float(p["at"] or 0.0), reverse=True)
         return out
+
+    def _git_history(self, repo: Path, rel: str) -> list[dict[str, Any]]:
+        head = gitlog.head(repo, rel)
+        if head is None:
+            return []
+        key = (str(repo), rel, head)
+        with self._lock:
+            if key not in self._gitlog:
+                self._gitlog[key] = gitlog.history(repo, rel)
+            return self._gitlog[key]
 
     def _trial_attrs(self, c: _StudyCache, trial: Any) -> dict[str, Any]:
         if not isinstance(trial, int):
