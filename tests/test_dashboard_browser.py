@@ -1,7 +1,8 @@
 """The dashboard in a real browser: headless Chromium (Debian package ``chromium``) loads every page
 from ``python -m agent.dashboard``, driven over the DevTools protocol by a small websocket client
 (stdlib only). Checks that every plot rendered (its div holds plotly's svg), that the console has
-no errors, and saves a full-page screenshot of each page under the pytest tmp dir."""
+no errors, and saves a full-page screenshot of each page under the pytest tmp dir
+(``<basetemp>/dashboard-screenshots``) or ``$FLEETTUNE_SCREENSHOTS``."""
 
 from __future__ import annotations
 
@@ -267,8 +268,10 @@ PAGES = (
 def test_every_page_renders_in_chromium(
     browser: DevTools, dashboard_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    shots = tmp_path_factory.getbasetemp() / "dashboard-screenshots"
-    shots.mkdir(exist_ok=True)
+    # FLEETTUNE_SCREENSHOTS=out/dashboard keeps them somewhere stable (out/ is git-ignored).
+    where = os.environ.get("FLEETTUNE_SCREENSHOTS")
+    shots = Path(where) if where else tmp_path_factory.getbasetemp() / "dashboard-screenshots"
+    shots.mkdir(parents=True, exist_ok=True)
     with urllib.request.urlopen(
         f"{dashboard_url}/api/studies/{SYNTH}/trials?outcome=invalid&per_page=1", timeout=10
     ) as r:
@@ -293,7 +296,7 @@ def test_every_page_renders_in_chromium(
         problems += [f"{label} ({url}): {e}" for e in _errors(browser.events)]
     print(f"screenshots: {shots}")
     assert not problems, "\n".join(problems)
-    assert len(list(shots.glob("*.png"))) == len(PAGES)
+    assert all((shots / f"{label}.png").stat().st_size > 10_000 for label, _, _ in PAGES)
 
 
 def test_a_missing_page_shows_its_message(browser: DevTools, dashboard_url: str) -> None:
