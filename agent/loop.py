@@ -149,6 +149,7 @@ class Agent:
             for st in self.studies.values():
                 self._finalize(st)
         finally:
+            self._flush()
             self._write_status("finished")
             for slot in self.fleet.slots:
                 self.fleet.kill(slot)
@@ -157,10 +158,15 @@ class Agent:
         return self._summary()
 
     # --- the loop -----------------------------------------------------------------------
+    def _flush(self) -> None:
+        for st in self.studies.values():
+            st.flush()
+
     def _loop(self) -> None:
         self._write_status("running")
         while True:
             self._dispatch_idle()
+            self._flush()  # storage writes of finished trials, while workers run the next ones
             if not self.pending:
                 return
             refs = [p.ref for p in self.pending]

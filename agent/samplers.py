@@ -26,7 +26,7 @@ def make_sampler(exp: Experiment, space: SearchSpace) -> optuna.samplers.BaseSam
     if s.name == "random":
         return optuna.samplers.RandomSampler(seed=s.seed)
     if s.name == "grid":
-        return optuna.samplers.GridSampler(space.grid(), seed=s.seed)
+        return _AskTellGrid(space.grid(), seed=s.seed)
     if s.name == "nsga2":
         pop = max(4, min(50, exp.budget.trials // 3))
         return optuna.samplers.NSGAIISampler(seed=s.seed, population_size=pop)
@@ -41,3 +41,11 @@ def make_sampler(exp: Experiment, space: SearchSpace) -> optuna.samplers.BaseSam
             ) from None
         return optuna.samplers.CmaEsSampler(seed=s.seed, n_startup_trials=s.startup_trials)
     raise AssertionError(s.name)
+
+
+class _AskTellGrid(optuna.samplers.GridSampler):
+    """GridSampler for ask/tell: it calls ``study.stop()`` when the grid is used up, which only
+    works inside ``study.optimize``; the agent notices an exhausted space by itself."""
+
+    def after_trial(self, study, trial, state, values) -> None:  # noqa: ANN001
+        return None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,6 +78,7 @@ class StudyState:
         self.exhausted = False
         self.interrupted_on_resume = 0
         self.confirm_queue: list[Any] = []
+        self._writes: list[Callable[[], None]] = []  # storage writes deferred by finish/set_best
         self._resume(baseline, baseline_source)
 
     # --- resume -------------------------------------------------------------------------
@@ -163,24 +165,34 @@ class StudyState:
 
     # --- tell ---------------------------------------------------------------------------
     def finish(self, trial: optuna.Trial, record: TrialRecord, values: list[float] | None) -> None:
-        """Store the record as user attrs and tell Optuna: COMPLETE with values, else FAIL."""
+        """Close a trial: the agent's own state now; the storage write (the record as user attrs,
+        then tell: COMPLETE with values, else FAIL) is queued for ``flush``, so the agent can
+        hand the worker its next trial first."""
         key = self.in_flight.pop(trial.number, None)
-        for k, v in record.user_attrs().items():
-            trial.set_user_attr(k, v)
-        if values is not None:
-            self.study.tell(trial, values)
-        else:
-            self.study.tell(trial, state=TrialState.FAIL)
         if record.outcome in BUDGET_OUTCOMES or record.outcome == "infeasible":
             self.tried.add(key or config_key(record.config))
         if record.outcome in BUDGET_OUTCOMES:
             self.evaluated += 1
 
+        def write() -> None:
+            for k, v in record.user_attrs().items():
+                trial.set_user_attr(k, v)
+            if values is not None:
+                self.study.tell(trial, values)
+            else:
+                self.study.tell(trial, state=TrialState.FAIL)
+
+        self._writes.append(write)
+
     def set_best(self, trial: int, config: dict[str, Any], metrics: dict[str, float]) -> None:
         self.best = Best(trial, dict(config), dict(metrics))
-        self.study.set_user_attr(
-            "best", {"trial": trial, "config": dict(config), "metrics": metrics, "at": time.time()}
-        )
+        attr = {"trial": trial, "config": dict(config), "metrics": metrics, "at": time.time()}
+        self._writes.append(lambda: self.study.set_user_attr("best", attr))
+
+    def flush(self) -> None:
+        """Run the queued storage writes, in order."""
+        while self._writes:
+            self._writes.pop(0)()
 
     def record_promotion(self, info: dict[str, Any]) -> None:
         self.study.set_user_attr("promotion", info)

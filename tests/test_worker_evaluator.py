@@ -3,6 +3,7 @@ the failure kinds it reports, and A/A runs (a no-op candidate) that are never ac
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,12 +20,13 @@ BPLAN = BenchPlan((Objective("prefill_tok_s", 24), Objective("decode_tok_s", 8, 
 
 
 @pytest.fixture(scope="module")
-def faulty(tiny_model_path: Path) -> tuple[Evaluator, str]:
+def faulty(tiny_model_path: Path) -> Iterator[tuple[Evaluator, str]]:
     testing.install()
     ev = Evaluator(testing.NAME, "test-0")
     ref = str(tiny_model_path)
     assert ev.load(ref) == "qwen2"
-    return ev, ref
+    yield ev, ref
+    testing.uninstall()
 
 
 def _flat(**changes: object) -> dict:

@@ -115,7 +115,7 @@ def engine_commit() -> str:
     'unknown' outside a git checkout (an installed wheel, a Ray working_dir upload)."""
     import engine
 
-    root = Path(engine.__file__).resolve().parents[1]
+    root = Path(next(iter(engine.__path__))).resolve().parent
     try:
         rev = subprocess.run(
             ["git", "-C", str(root), "rev-parse", "HEAD"],

@@ -94,3 +94,13 @@ def install() -> None:
                 for v in FAULT_VARIANTS
             ]
         REGISTRY.register(NAME, op.name, variants, op.doc)
+
+
+def uninstall() -> None:
+    """Remove what ``install`` registered (tests restore the shared registry after use)."""
+    from engine import backends
+
+    backends.BACKENDS.pop(NAME, None)
+    if NAME in REGISTRY.backends():
+        for op in REGISTRY.ops(NAME):
+            REGISTRY.unregister(NAME, op.name)
