@@ -256,3 +256,42 @@ def test_registry_module_imports_no_vulkan():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=ROOT, env=os.environ | {"PYTHONPATH": str(ROOT)})
     assert out.returncode == 0, out.stderr
+
+
+def test_decode_graph_replays_and_recaptures(vb):
+    """decode_step captures the step once and replays it without calling the ops; crossing the
+    RoPE table's end (1024 positions) or changing the cache recaptures; results equal plain
+    steps at every position."""
+    rng = np.random.default_rng(6)
+    qts = {"emb": qtensor(rng, (50, 64), "Q8_0", std=1.0), "wq": qtensor(rng, (64, 64), "Q5_0"),
+           "head": qtensor(rng, (50, 64), "Q4_1", std=1.0)}
+    wv = {k: vb.load_weight(v) for k, v in qts.items()}
+    calls = []
+
+    def run(graph: bool, p0: int, n: int) -> list[np.ndarray]:
+        cache = vb.new_kv_cache(1, p0 + n + 1, 2, 32)
+        tok = vb.upload(np.array([3], np.int32))
+        out = []
+        for pos in range(p0, p0 + n):
+            def step(t, p):  # noqa: ANN001, ANN202
+                calls.append(p)
+                return _toy_step(vb, wv, t, p, cache)
+
+            lg, tok = vb.decode_step(step, tok, pos, cache) if graph else step(tok, pos)
+            out.append(vb.download(lg))
+            out.append(vb.download(tok))
+        return out
+
+    plain = run(False, 1015, 14)
+    calls.clear()
+    vb._rope_tables.clear()  # start below the table's first growth again
+    graphed = run(True, 1015, 14)
+    assert calls == [1015, 1024], (
+        f"Python ran the step at {calls}: expected a capture at 1015 and a recapture when "
+        "position 1024 outgrew the 1024-entry RoPE table"
+    )
+    for a, b in zip(plain, graphed, strict=True):
+        assert np.array_equal(a, b)
+    calls.clear()
+    run(True, 0, 4)  # a new cache: captured again
+    assert calls[:1] == [0] and len(calls) == 1

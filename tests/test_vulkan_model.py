@@ -120,3 +120,29 @@ def test_real_qwen_paris(vb, real_qwen_path):
     assert g.tokens[0] == 12095  # " Paris"
     g2 = model.generate([785, 6722, 315, 9625, 374], 2, path="per_token")
     assert g2.tokens == g.tokens
+
+
+def test_decode_graph_matches_plain_decode(vb, tiny_model_factory):
+    """Model.generate's decode steps go through decode_step: captured once, then replayed
+    without the Python ops, with the same logits as plain steps (submit.replay = false)."""
+    model, _ = _model(tiny_model_factory("qwen3", "q4_k_m"), vb)
+    calls = []
+    real = type(vb).embedding
+
+    def counting(self, *a):  # noqa: ANN001, ANN202
+        calls.append(1)
+        return real(self, *a)
+
+    prompt = list(range(5, 25))
+    type(vb).embedding = counting
+    try:
+        g = model.generate(prompt, 24, keep_logits=True)
+    finally:
+        type(vb).embedding = real
+    assert len(calls) <= 3, f"{len(calls)} embedding calls: decode steps were not replayed"
+    vb.set_config(TuningConfig.default("vulkan").replace(**{"submit.replay": False}))
+    p = model.generate(prompt, 24, keep_logits=True)
+    vb.set_config(TuningConfig.default("vulkan"))
+    assert g.tokens == p.tokens
+    for a, b in zip(g.step_logits, p.step_logits, strict=True):
+        assert np.array_equal(a, b)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +28,8 @@ from engine.errors import ConfigError, EngineError, KernelCompileError, Unsuppor
 from engine.tuning.kernels.vulkan import QUANT_TYPES
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from engine.gguf_model import QTensor
     from engine.tuning import TuningConfig
 
@@ -83,6 +86,27 @@ class VkTensor:
 
 
 @dataclass
+class DecodeGraph:
+    """A captured decode step: its nodes after the input-token copy, the dynamic scalars (all
+    equal to the position it was captured at), and every buffer it touches, owned so that no
+    other tensor can be handed one of them while the graph may still be replayed."""
+
+    cache: Any  # weakref to the KVCache
+    config: Any
+    generation: int
+    pos: int
+    max_pos: int  # replay is valid while pos < max_pos (KV cache, RoPE table)
+    inp: VkTensor
+    logits: VkTensor
+    tok: VkTensor
+    nodes: list[Any]
+    dyn: list[int]
+    pending_r: set[int]
+    pending_w: set[int]
+    owned: list[Lease]
+
+
+@dataclass
 class VkWeight:
     """A weight on the device: raw GGML rows in ranges (parts) or, for 1-D weights, float32."""
 
@@ -122,6 +146,9 @@ class VulkanBackend(Backend):
         self._qtypes: set[str] = set()
         self._ops: dict[tuple[str, str], tuple[Pipeline, Any]] = {}
         self._rope_tables: dict[tuple[float, int], tuple[VkTensor, int]] = {}
+        self._graph: DecodeGraph | None = None
+        self._graph_generation = 0  # bumped when a buffer dies or the config changes
+        self.alloc.on_destroy.append(self._invalidate_graph)
         cfg = self.config
         self.config = None  # type: ignore[assignment]
         self.set_config(cfg)
@@ -243,6 +270,7 @@ class VulkanBackend(Backend):
         self.stream.flush()
         self.config = config
         self._ops = ops
+        self._invalidate_graph(None)
         sub = config.op("submit")
         self.stream.max_nodes = int(sub["max_nodes"])
         self.stream.replay = bool(sub["replay"])
@@ -301,6 +329,92 @@ class VulkanBackend(Backend):
             self._ops.update(self._build(self.config, {qtype}))
             got = self._ops[(op, qtype)]
         return got
+
+    # --- decode graph -------------------------------------------------------------------
+    def _invalidate_graph(self, _buf: Any) -> None:
+        self._graph_generation += 1
+        self._graph = None
+
+    def decode_step(
+        self, step: Callable[[Any, int], tuple[Any, Any]], tok: Any, pos: int, cache: KVCache
+    ) -> tuple[Any, Any]:
+        """Capture step(tok, pos) once per KV cache and config, then replay it without calling
+        the Python ops: the next input token is copied into the graph's own input, the position
+        goes into the dynamic scalars, and the submit hits the recorded command buffer. The
+        graph's logits and token tensors are returned every step: read them before the next
+        step (the model downloads the token each step)."""
+        if pos + 1 > cache.capacity:
+            raise ValueError(
+                f"KV cache full: writing positions {pos}..{pos} into a cache of {cache.capacity}"
+            )
+        s = self.stream
+        g = self._graph
+        if (
+            not s.replay
+            or not isinstance(tok, VkTensor)
+            or s.broken
+        ):
+            return step(tok, pos)
+        if (
+            g is None
+            or g.cache() is not cache
+            or g.config is not self.config
+            or g.generation != self._graph_generation
+            or pos >= g.max_pos
+        ):
+            g = None  # drop our reference: the old graph's buffers go back before the capture
+            return self._capture(step, tok, pos, cache)
+        if s.nodes:
+            s.flush()
+        s.copy(tok.buf, 4 * tok.offset, g.inp.buf, 0, 4)
+        s.nodes.extend(g.nodes)
+        s.dyn_values = [v - g.pos + pos for v in g.dyn]
+        s.pending_r, s.pending_w = set(g.pending_r), set(g.pending_w)
+        if len(s.nodes) >= s.max_nodes:
+            s.flush()
+        return g.logits, g.tok
+
+    def _capture(
+        self, step: Callable[[Any, int], tuple[Any, Any]], tok: VkTensor, pos: int, cache: KVCache
+    ) -> tuple[Any, Any]:
+        s = self.stream
+        s.flush()
+        self._graph = None
+        owned: list[Lease] = []
+        inp = self._new((1,), np.int32)
+        s.copy(tok.buf, 4 * tok.offset, inp.buf, 0, 4)
+        submits = s.stats["submits"]
+        self.alloc.capture = owned
+        try:
+            logits, nt = step(inp, pos)
+        finally:
+            self.alloc.capture = None
+        # A buffer destroyed during the step (a RoPE table outgrown) bumps the generation; it is
+        # harmless unless recorded nodes used it, and then its destruction submitted them.
+        replayable = (
+            s.stats["submits"] == submits  # the whole step is in this one node list
+            and all(v == pos for v in s.dyn_values)  # every dynamic scalar is the position
+            and isinstance(logits, VkTensor)
+            and isinstance(nt, VkTensor)
+        )
+        if replayable:
+            rope_cap = min((cap for _, cap in self._rope_tables.values()), default=cache.capacity)
+            self._graph = DecodeGraph(
+                cache=weakref.ref(cache),
+                config=self.config,
+                generation=self._graph_generation,
+                pos=pos,
+                max_pos=min(cache.capacity, rope_cap),
+                inp=inp,
+                logits=logits,
+                tok=nt,
+                nodes=list(s.nodes[1:]),
+                dyn=list(s.dyn_values),
+                pending_r=set(s.pending_r),
+                pending_w=set(s.pending_w),
+                owned=owned,
+            )
+        return logits, nt
 
     # --- profiling ----------------------------------------------------------------------
     def set_profiling(self, on: bool = True) -> None:

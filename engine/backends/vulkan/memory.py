@@ -116,13 +116,14 @@ class Allocator:
         self.all: dict[int, Buffer] = {}
         self.bytes_allocated = 0
         self.on_destroy: list[Any] = []  # callbacks(buffer): caches keyed by buffer ids
+        self.capture: list[Lease] | None = None  # while set, every new lease is also kept here
 
     def new(self, nbytes: int, host_visible: bool = False, pooled: bool = True) -> Lease:
         size = size_class(nbytes) if pooled else max(256, (nbytes + 255) & ~255)
         if pooled:
             heap = self.free.get((size, host_visible))
             if heap:
-                return Lease(self, heapq.heappop(heap)[1], True)
+                return self._hand_out(Lease(self, heapq.heappop(heap)[1], True))
         try:
             b = Buffer(self.dev, size, host_visible)
         except EngineError:
@@ -130,7 +131,12 @@ class Allocator:
             b = Buffer(self.dev, size, host_visible)
         self.bytes_allocated += size
         self.all[b.id] = b
-        return Lease(self, b, pooled)
+        return self._hand_out(Lease(self, b, pooled))
+
+    def _hand_out(self, lease: Lease) -> Lease:
+        if self.capture is not None and lease.pooled:  # unpooled ones have their own owners
+            self.capture.append(lease)
+        return lease
 
     def release(self, b: Buffer) -> None:
         heapq.heappush(self.free.setdefault((b.size, b.host_visible), []), (b.id, b))
