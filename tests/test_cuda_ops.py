@@ -367,7 +367,7 @@ def test_compile_failure_is_reported_and_backend_stays_usable(be, monkeypatch):
     check(out, x @ dense(w).T, MATMUL_NMSE)
 
 
-def test_kernel_fault_is_an_engine_error():
+def test_kernel_fault_is_an_engine_error(be):  # be: skips where CUDA is not usable
     """An out-of-bounds kernel kills the CUDA context, so it runs in a child process."""
     code = textwrap.dedent(
         """
