@@ -98,7 +98,7 @@ def test_whole_loop_promotes_a_real_win(
         space = {"numpy": {"prefill": {"max_cols": [4, 8, 16, 32]}}}
         promote(repo, device.device_class, "qwen2", slow, {"seeded": True})
     else:
-        space = {backend: {"prefill": {"max_cols": [8, 32]}}}
+        space = {backend: {"prefill": {"max_cols": [8, 16, 32, 64]}}}
     storage = str(tmp_path / "studies.db")
     exp = parse_experiment(experiment(model_ref, backend, space=space))
     opts = RunOptions(parse_storage(storage), promote_repo=repo, budget=3)

@@ -42,21 +42,27 @@ def auth_mode(explicit: str | None = None) -> str | None:
 
 
 def auth_env(mode: str | None = None, joining: bool = False) -> dict[str, str]:
-    """Environment additions for a Ray child process (``ray start``, ``ray job submit``).
+    """Environment additions for a Ray child process (``ray start``, ``ray job submit``): the
+    mode always set explicitly (token unless asked otherwise), because Ray's CLI clients do not
+    all apply the token default (``ray job submit`` without RAY_AUTH_MODE=token sends no token).
 
     ``joining``: the process connects to an existing cluster; in token mode it needs the
     cluster's token here (copy the head's ``~/.ray/auth_token``, or set RAY_AUTH_TOKEN)."""
-    m = auth_mode(mode)
+    m = auth_mode(mode) or "token"
     if m == "token" and joining and not has_token():
         raise AuthSetupError(
             "Ray token auth is on (RAY_AUTH_MODE=token) but this machine has no token: copy the "
             f"head node's ~/.ray/auth_token to {token_path()}, or set RAY_AUTH_TOKEN or "
             "RAY_AUTH_TOKEN_PATH; or run every node with RAY_AUTH_MODE=disabled."
         )
-    return {"RAY_AUTH_MODE": m} if m else {}
+    return {"RAY_AUTH_MODE": m}
 
 
 def check(joining: bool = False) -> str:
-    """Validate this process's auth setup before ``ray.init``; returns the effective mode."""
-    env = auth_env(None, joining)
-    return env.get("RAY_AUTH_MODE", "token (Ray default)")
+    """Validate this process's auth setup before ``ray.init`` (which applies Ray's own default
+    when RAY_AUTH_MODE is unset: token for a new cluster, token when joining with a token here);
+    returns the mode."""
+    explicit = auth_mode()
+    if explicit == "token" and joining and not has_token():
+        auth_env("token", joining=True)  # raises with the message
+    return explicit or "token (Ray default)"

@@ -1,0 +1,202 @@
+"""The agent as a process: killed mid-study and restarted (resumes, no duplicate trials), and
+submitted as a Ray job to a head node this test starts (``ray job submit``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+
+from agent.records import BUDGET_OUTCOMES, INTERRUPTED
+from agent.space import config_key
+from agent.storage import parse_storage
+from worker import ray_auth
+
+ROOT = Path(__file__).resolve().parents[1]
+VENV_BIN = Path(sys.executable).parent
+
+
+def write_experiment(path: Path, model: str, trials: int, pairs: int) -> Path:
+    path.write_text(
+        f"""
+name = "proc"
+models = ["{model}"]
+backends = ["numpy"]
+objectives = [{{ metric = "prefill_tok_s", prompt_tokens = 48 }}]
+[space.numpy.prefill]
+max_cols = {{ min = 4, max = 128 }}
+[validate]
+random_prompts = [1, 20]
+steps = 2
+[bench]
+pairs = {pairs}
+[budget]
+trials = {trials}
+trial_timeout_s = 120
+[sampler]
+name = "random"
+seed = 3
+"""
+    )
+    return path
+
+
+def budget_trials(storage: str) -> tuple[list[optuna.trial.FrozenTrial], int]:
+    st = parse_storage(storage).open()
+    done, interrupted = [], 0
+    for s in optuna.get_all_study_summaries(st):
+        for t in optuna.load_study(study_name=s.study_name, storage=st).trials:
+            outcome = t.user_attrs.get("outcome")
+            done += [t] if outcome in BUDGET_OUTCOMES else []
+            interrupted += outcome == INTERRUPTED
+    return done, interrupted
+
+
+def kill_session(sid: int) -> None:
+    """SIGKILL every process of the session this test started (the agent and its Ray)."""
+    for _ in range(20):
+        ps = subprocess.run(["ps", "-eo", "pid=,sid=,stat="], capture_output=True, text=True)
+        alive = [
+            int(pid)
+            for pid, s, stat in (line.split() for line in ps.stdout.splitlines())
+            if int(s) == sid and not stat.startswith("Z")
+        ]
+        if not alive:
+            return
+        for pid in alive:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.5)
+
+
+def test_agent_killed_mid_study_resumes_without_duplicates(
+    tiny_model_path: Path, tmp_path: Path
+) -> None:
+    exp = write_experiment(tmp_path / "exp.toml", str(tiny_model_path), trials=6, pairs=12)
+    storage = str(tmp_path / "studies.db")
+    cmd = [sys.executable, "-m", "agent", "run", str(exp), "--storage", storage, "--no-promote"]
+    log = (tmp_path / "agent1.log").open("w")
+    p = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=log, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and p.poll() is None:
+            if Path(storage).exists() and len(budget_trials(storage)[0]) >= 2:
+                break
+            time.sleep(0.3)
+        assert p.poll() is None, (tmp_path / "agent1.log").read_text()[-3000:]
+    finally:
+        kill_session(p.pid)
+        p.wait()
+    before, _ = budget_trials(storage)
+    assert 2 <= len(before) < 6
+
+    r = subprocess.run(cmd + ["--json"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    summary = json.loads(r.stdout)
+    assert summary["studies"][0]["evaluated"] == 6
+    done, interrupted = budget_trials(storage)
+    assert len(done) == 6
+    assert len({config_key(t.user_attrs["config"]) for t in done}) == 6  # no duplicates
+    assert sum(t.user_attrs["role"] == "baseline" for t in done) == 1
+    # In flight when the agent died (at most the running trial and one whose result was not
+    # yet written, per worker): failed as interrupted on resume, their configs free to run again.
+    assert 1 <= interrupted <= 2
+    assert {t.number for t in before} <= {t.number for t in done}  # old results kept
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:  # all bound at once: n distinct ports
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def test_ray_job_submit_against_a_head_started_here(tiny_model_path: Path, tmp_path: Path) -> None:
+    port, dash, client, agent_http = _free_ports(4)  # other Ray instances may run here too
+    # One auth mode for the head, the job submission and the agent inside the job.
+    path = f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"
+    env = {**os.environ, "PATH": path, **ray_auth.auth_env("token")}
+    env.pop("RAY_ADDRESS", None)
+    resources = json.dumps({"device:cpu": 1, "backend:numpy/cpu": 1})
+    head = subprocess.Popen(
+        [
+            str(VENV_BIN / "ray"),
+            "start",
+            "--head",
+            f"--port={port}",
+            f"--dashboard-port={dash}",
+            "--dashboard-host=127.0.0.1",
+            f"--ray-client-server-port={client}",
+            f"--dashboard-agent-listen-port={agent_http}",
+            "--num-cpus=2",
+            f"--resources={resources}",
+            "--block",
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=(tmp_path / "head.log").open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        exp = write_experiment(tmp_path / "exp.toml", str(tiny_model_path), trials=2, pairs=3)
+        storage = str(tmp_path / "studies.db")
+        submit = [
+            str(VENV_BIN / "ray"),
+            "job",
+            "submit",
+            f"--address=http://127.0.0.1:{dash}",
+            "--working-dir",
+            str(ROOT),
+            "--",
+            "python",
+            "-m",
+            "agent",
+            "run",
+            str(exp),
+            "--storage",
+            storage,
+            "--no-promote",
+        ]
+        deadline = time.monotonic() + 120
+        while True:  # the head's job server takes a while to come up
+            assert head.poll() is None, (tmp_path / "head.log").read_text()[-3000:]
+            r = subprocess.run(submit, env=env, capture_output=True, text=True, timeout=300)
+            if r.returncode == 0 or time.monotonic() > deadline:
+                break
+            out = r.stdout + r.stderr
+            if not any(m in out for m in ("Failed to connect", "Connection", "try again later")):
+                break
+            time.sleep(2)
+        assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+        assert "succeeded" in r.stdout + r.stderr
+        done, _ = budget_trials(storage)
+        assert len(done) == 2 and all(t.user_attrs["worker"]["device_class"] == "cpu" for t in done)
+    finally:
+        head.send_signal(signal.SIGTERM)
+        try:
+            head.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+        kill_session(head.pid)
+        head.wait()
+
+
+@pytest.mark.parametrize("args", [["--help"], ["run", "--help"], ["status", "--help"]])
+def test_cli_help(args: list[str]) -> None:
+    r = subprocess.run([sys.executable, "-m", "agent", *args], capture_output=True, text=True)
+    assert r.returncode == 0 and "usage" in r.stdout
