@@ -4,6 +4,7 @@
                         [--budget N] [--address HOST:PORT] [--no-promote] [--json]
     python -m agent status [--storage URL] [--json]
     python -m agent check experiments/X.toml
+    python -m agent dashboard [--storage URL]     (agent/dashboard, read-only web UI)
 
 As a Ray job: ``ray job submit --working-dir . -- python -m agent run experiments/X.toml``
 (RAY_ADDRESS is set for the job, so it joins that cluster); with no address it starts an
@@ -55,6 +56,14 @@ def _parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("check", help="validate an experiment file and print its search spaces")
     c.add_argument("experiment", type=Path)
+
+    d = sub.add_parser("dashboard", help="serve the read-only dashboard over a storage")
+    try:
+        from agent.dashboard import add_arguments
+
+        add_arguments(d)
+    except ImportError as e:  # the dashboard's web stack is an optional install
+        d.set_defaults(dashboard_missing=str(e))
     return p
 
 
@@ -122,6 +131,15 @@ def _check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _dashboard(args: argparse.Namespace) -> int:
+    missing = getattr(args, "dashboard_missing", None)
+    if missing:
+        raise EngineError(f"the dashboard cannot start: {missing} (pip install -e '.[agent]')")
+    from agent.dashboard import run_args
+
+    return run_args(args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(
@@ -136,7 +154,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
-        return {"run": _run, "status": _status, "check": _check}[args.command](args)
+        commands = {"run": _run, "status": _status, "check": _check, "dashboard": _dashboard}
+        return commands[args.command](args)
     except EngineError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
