@@ -295,3 +295,38 @@ def test_decode_graph_replays_and_recaptures(vb):
     calls.clear()
     run(True, 0, 4)  # a new cache: captured again
     assert calls[:1] == [0] and len(calls) == 1
+
+
+def test_staging_paths_of_discrete_gpus(tiny_model_path, monkeypatch):
+    """Discrete GPUs (the H200) have no host-visible device memory: uploads go through staging
+    buffers copied in stream order (weights in chunks), downloads through a copy in the same
+    submit. Forced here on unified memory, the model must still match the NumPy backend."""
+    require_vulkan()
+    from engine.backends.numpy_ref import NumpyBackend
+    from engine.backends.vulkan import backend as vkb
+    from engine.gguf_model import open_model
+    from engine.model import Model
+
+    monkeypatch.setattr(vkb, "STAGING_CHUNK", 4096)  # weights cross several chunks
+    be = vkb.VulkanBackend(staging=True)
+    try:
+        assert not be.dev.mem.unified
+        x = np.arange(24, dtype=np.float32).reshape(6, 4)
+        t = be.upload(x)
+        assert t.buf.host is None, "device buffers must not be mapped in staging mode"
+        assert np.array_equal(be.download(be.rows(t, 2, 5)), x[2:5])
+        rng = np.random.default_rng(8)
+        w = qtensor(rng, (300, 256), "Q6_K")  # 63 KB: 16 staging chunks
+        wv = be.load_weight(w)
+        xs = rng.standard_normal((3, 256)).astype(np.float32)
+        ref = NumpyBackend()
+        assert nmse(ref.matmul(xs, ref.load_weight(w)), be.download(be.matmul(be.upload(xs), wv)))\
+            < 1e-10
+        g = open_model(tiny_model_path)
+        a = Model(g, be).generate(list(range(3, 40)), 10, keep_logits=True)
+        b = Model(g, NumpyBackend()).generate(list(range(3, 40)), 10, keep_logits=True)
+        assert a.tokens == b.tokens
+        assert np.abs(a.last_logits - b.last_logits).max() < 1e-3
+        assert_no_validation_errors(be)
+    finally:
+        be.close()

@@ -134,10 +134,14 @@ def _fold(n: int) -> tuple[int, int, int]:
 class VulkanBackend(Backend):
     name = "vulkan"
 
-    def __init__(self, config: TuningConfig | None = None) -> None:
+    def __init__(self, config: TuningConfig | None = None, *, staging: bool = False) -> None:
+        """``staging=True`` treats memory as discrete even where it is unified (tests run the
+        staging-buffer upload/download paths of discrete GPUs on lavapipe this way)."""
         self.dev: Device | None = None
         super().__init__(config)
         self.dev = open_device()
+        if staging:
+            self.dev.mem.unified = False
         self.alloc = Allocator(self.dev)
         self.pipes = Pipelines(self.dev)
         self.stream = Stream(self.dev, self.pipes, self.alloc)
