@@ -4,8 +4,9 @@ Each pair i gives a ratio r_i = candidate_i / best_i measured back to back on th
 The estimate is the geometric mean of the r_i. Its bounds are the more cautious of two: a
 Student-t interval on the mean log ratio (right for few pairs when log ratios are roughly normal)
 and a percentile bootstrap over pairs (no normality assumed, but over-confident for few pairs:
-with 5 pairs it alone accepts a no-op candidate a few times in a hundred). A/A noise is the same computation with the
-best config on both sides: how far from 1 the ratio lands when nothing changed.
+with 5 pairs it alone accepts a no-op candidate a few times in a hundred). A/A noise is the same
+computation with the best config on both sides: how far from 1 the ratio lands when nothing
+changed.
 """
 
 from __future__ import annotations

@@ -94,8 +94,8 @@ def test_whole_loop_promotes_a_real_win(
 
     device = engine_backends.create(backend).device_info()
     if backend == "numpy":
-        slow = TuningConfig.default("numpy").replace(**{"prefill.max_cols": 4})  # 6 chunks
-        space = {"numpy": {"prefill": {"max_cols": [4, 8, 16, 32]}}}
+        slow = TuningConfig.default("numpy").replace(**{"prefill.max_cols": 1})  # 24 chunks
+        space = {"numpy": {"prefill": {"max_cols": [1, 8, 16, 32]}}}
         promote(repo, device.device_class, "qwen2", slow, {"seeded": True})
     else:
         space = {backend: {"prefill": {"max_cols": [8, 16, 32, 64]}}}
@@ -114,12 +114,12 @@ def test_whole_loop_promotes_a_real_win(
         assert ua["driver"] and ua["device"] and ua["finished"] >= ua["started"] > 0
     if backend == "numpy":
         assert s.baseline_source.startswith("promoted:")
-        assert not s.best_is_baseline, s
-        assert s.changed["prefill.max_cols"][0] == 4 and s.ratio > 1.05
+        assert not s.best_is_baseline, summary.text()
+        assert s.changed["prefill.max_cols"][0] == 1 and s.ratio > 1.05
         assert s.promotion and s.promotion["commit"]
         found = find_promoted("numpy", device.device_class, "qwen2", root=repo / "configs")
         assert found is not None
-        assert found[0].max_cols > 4
+        assert found[0].max_cols > 1
     assert summary.overhead.trials == 3 and summary.overhead.fraction < 0.5
 
     again = run_experiment(exp, RunOptions(parse_storage(storage), promote_repo=repo, budget=4))

@@ -111,7 +111,8 @@ def detect(backends: tuple[str, ...] | None = None, with_cpu: bool | None = None
 
 @cache
 def engine_commit() -> str:
-    """The git commit of the engine checkout this process imports, '+dirty' with local edits;
+    """The git commit of the engine checkout this process imports, '+dirty' when its engine/ or
+    shaders/ have uncommitted or untracked files;
     'unknown' outside a git checkout (an installed wheel, a Ray working_dir upload)."""
     import engine
 
@@ -124,8 +125,8 @@ def engine_commit() -> str:
             timeout=10,
             check=True,
         ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "engine"],
+        dirty = subprocess.run(  # uncommitted or untracked engine code or shaders
+            ["git", "-C", str(root), "status", "--porcelain", "--", "engine", "shaders"],
             capture_output=True,
             text=True,
             timeout=10,

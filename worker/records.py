@@ -10,6 +10,10 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from engine.validate import Tolerances
+
+_TOL = Tolerances()  # the engine's default tolerances, unless an experiment sets its own
+
 
 class Outcome(StrEnum):
     """How an evaluation ended. Only ``ok`` trials have benchmark samples."""
@@ -73,9 +77,9 @@ class ValidatePlan:
     prompts: tuple[str, ...] = ()  # texts, tokenized with the model's tokenizer
     random_prompts: tuple[int, ...] = ()  # lengths of seeded pseudo-random token-id prompts
     steps: int = 8
-    max_abs_diff: float = 1e-2
-    nmse: float = 1e-5
-    min_token_agreement: float = 1.0
+    max_abs_diff: float = _TOL.max_abs_diff
+    nmse: float = _TOL.nmse
+    min_token_agreement: float = _TOL.min_token_agreement
 
 
 @dataclass(frozen=True)
