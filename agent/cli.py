@@ -51,7 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
 
     s = sub.add_parser("status", help="list studies in a storage with their best trials")
-    s.add_argument("--storage", help="as for run (default: SQLite under the cache)")
+    s.add_argument("--storage", help="as for run (default: the journal under the cache)")
     s.add_argument("--json", action="store_true")
 
     c = sub.add_parser("check", help="validate an experiment file and print its search spaces")

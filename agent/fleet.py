@@ -41,6 +41,7 @@ class Slot:
     trials_done: int = 0
     free_since: float = 0.0  # monotonic time it last became idle
     current: str = ""  # "<study> #<trial>" while busy
+    resubmit: list[Any] = field(default_factory=list)  # calls queued on a worker that died
 
     @property
     def backend(self) -> str:

@@ -31,7 +31,7 @@ from agent.fleet import (
     write_status,
 )
 from agent.fleet import agent_status as agent_status_payload
-from agent.records import TrialRecord
+from agent.records import INTERRUPTED, TrialRecord
 from agent.space import config_key
 from agent.stats import aa_noise, paired_ratio
 from agent.storage import StorageRef
@@ -43,6 +43,7 @@ from worker.records import EvalResult, Outcome
 
 log = logging.getLogger("agent")
 
+QUEUE_DEPTH = 2  # evaluate calls per worker: the running one and the next, queued in the actor
 INFO_TIMEOUT_S = 300.0  # placing a worker and opening its device
 LOAD_TIMEOUT_S = 1800.0  # identify + load (may generate a synthetic model or fetch a checkpoint)
 
@@ -163,10 +164,10 @@ class Agent:
             st.flush()
 
     def _loop(self) -> None:
-        self._write_status("running")
         while True:
             self._dispatch_idle()
             self._flush()  # storage writes of finished trials, while workers run the next ones
+            self._write_status("running")
             if not self.pending:
                 return
             refs = [p.ref for p in self.pending]
@@ -177,13 +178,14 @@ class Agent:
             now = time.monotonic()
             done = {r.hex() for r in ready}
             for p in list(self.pending):
+                if p not in self.pending:  # dropped while handling another (its worker died)
+                    continue
                 if p.ref.hex() in done:
                     self.pending.remove(p)
                     self._handle(p, now)
                 elif now >= p.deadline:
                     self.pending.remove(p)
                     self._timed_out(p)
-            self._write_status("running")
 
     def _backends_by_class(
         self, classes: dict[str, int], backends: tuple[str, ...]
@@ -214,17 +216,26 @@ class Agent:
     def _busy(self, slot: Slot) -> bool:
         return any(p.slot is slot for p in self.pending)
 
+    def _load(self, slot: Slot) -> int:
+        return sum(p.slot is slot for p in self.pending)
+
     def _dispatch_idle(self) -> None:
+        """Keep every ready worker QUEUE_DEPTH calls deep: while it runs a trial, the next one
+        waits in its actor queue, so it never idles on the agent (ask, tell, Ray round trip)."""
         for slot in self.fleet.slots:
-            if slot.state == DEAD or self._busy(slot):
+            if slot.state == DEAD:
                 continue
-            while slot.setup and not self._dispatch_setup(slot):
-                pass
-            if self._busy(slot) or slot.state == DEAD:
-                continue
-            if slot.state == STARTING:
+            if slot.setup or slot.state == STARTING:
+                if self._busy(slot):
+                    continue
+                while slot.setup and not self._dispatch_setup(slot):
+                    pass
+                if self._busy(slot) or slot.state == DEAD:
+                    continue
                 slot.state, slot.free_since = IDLE, time.monotonic()
-            if not self._dispatch_work(slot):
+            while self._load(slot) < QUEUE_DEPTH and self._dispatch_work(slot):
+                pass
+            if not self._busy(slot):
                 slot.state, slot.current = IDLE, ""
 
     def _dispatch_setup(self, slot: Slot) -> bool:
@@ -252,6 +263,9 @@ class Agent:
         return [st for (c, m), st in self.studies.items() if c == slot.device_class]
 
     def _dispatch_work(self, slot: Slot) -> bool:
+        if slot.resubmit:  # queued behind a trial that killed the previous worker
+            self._resubmit(slot, slot.resubmit.pop(0))
+            return True
         studies = self._studies_of(slot)
         alive = [s for s in self.fleet.of_class(slot.device_class) if s.state != DEAD]
         for st in studies:  # confirmations first: an accepted candidate waits on them
@@ -291,29 +305,58 @@ class Agent:
         ref = slot.actor.evaluate.remote(
             st.model, flat, st.best.config, self.exp.validate, self.exp.bench
         )
+        queued = self._busy(slot)  # starts when the running call ends: its clock starts then
         p = Pending(
             kind,
             slot,
             ref,
             now,
-            now + self.exp.budget.trial_timeout_s,
+            float("inf") if queued else now + self.exp.budget.trial_timeout_s,
             model=st.model,
             study=st,
             trial=trial,
             flat=flat,
             role=role,
             paired_against=st.best.trial,
-            gap_s=max(0.0, now - slot.free_since) if slot.free_since else 0.0,
+            gap_s=0.0 if queued or not slot.free_since else max(0.0, now - slot.free_since),
         )
         if req is not None:
             p.first, p.first_decision, p.first_overhead_s = req.first, req.decision, req.overhead_s
         self.pending.append(p)
-        slot.state, slot.current = BUSY, f"{st.name} #{trial.number}"
+        if not queued:
+            slot.state, slot.current = BUSY, f"{st.name} #{trial.number}"
+
+    def _resubmit(self, slot: Slot, p: Pending) -> None:
+        """Send a call again (same trial) to the slot's new worker, against the current best."""
+        st = p.study
+        assert st is not None
+        now = time.monotonic()
+        p.ref = slot.actor.evaluate.remote(
+            st.model, p.flat, st.best.config, self.exp.validate, self.exp.bench
+        )
+        p.slot, p.paired_against, p.gap_s = slot, st.best.trial, 0.0
+        queued = self._busy(slot)
+        p.dispatched = now
+        p.deadline = float("inf") if queued else now + self.exp.budget.trial_timeout_s
+        self.pending.append(p)
+        if not queued:
+            slot.state, slot.current = BUSY, f"{st.name} #{p.trial.number}"
+
+    def _start_next(self, slot: Slot, now: float) -> None:
+        """The slot's next queued call starts running now: start its clock."""
+        for q in self.pending:
+            if q.slot is slot:
+                if q.deadline == float("inf"):
+                    q.dispatched, q.deadline = now, now + self.exp.budget.trial_timeout_s
+                    if q.study is not None:
+                        slot.current = f"{q.study.name} #{q.trial.number}"
+                return
 
     # --- results ------------------------------------------------------------------------
     def _handle(self, p: Pending, now: float) -> None:
         slot = p.slot
         slot.free_since = now
+        self._start_next(slot, now)
         try:
             value = ray.get(p.ref)
         except ray.exceptions.RayActorError as e:
@@ -567,6 +610,9 @@ class Agent:
         slot = p.slot
         log.warning("worker %s: %s (%s)", slot.worker_id, reason, p.kind)
         self.fleet.kill(slot)
+        for q in [q for q in self.pending if q.slot is slot]:  # queued behind it: run again
+            self.pending.remove(q)
+            slot.resubmit.append(q)
         slot.restarts += 1
         slot.failures_in_a_row += 1
         st = p.study
@@ -598,6 +644,11 @@ class Agent:
         if slot.failures_in_a_row > MAX_RESTARTS_IN_A_ROW:
             slot.state, slot.setup = DEAD, []
             self.warnings.append(f"worker {slot.worker_id}: retired after repeated failures")
+            for q in slot.resubmit:  # nobody left to run them here: free their configs
+                if q.study is not None:
+                    rec = self._record(q, None, INTERRUPTED, "its worker was retired", 0.0)
+                    q.study.finish(q.trial, rec, None)
+            slot.resubmit.clear()
             return
         # A restarted worker keeps its A/A noise; one lost during setup starts over.
         self.fleet.start(slot, self.exp.models, fresh=not slot.noise)
