@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -143,7 +144,7 @@ def fleet() -> Iterator[Fleet]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def wait_for(what: str, check, timeout: float, fleet: Fleet):  # noqa: ANN001, ANN201
+def wait_for(what: str, check, timeout: float, fleet: Fleet, every: float = 1):  # noqa: ANN001, ANN201
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = check()
@@ -154,7 +155,7 @@ def wait_for(what: str, check, timeout: float, fleet: Fleet):  # noqa: ANN001, A
                 pytest.fail(
                     f"{log.stem} exited with {p.returncode} waiting for {what}\n" + fleet.logs()
                 )
-        time.sleep(1)
+        time.sleep(every)
     pytest.fail(f"timed out after {timeout}s waiting for {what}\n{fleet.logs()}")
 
 
@@ -251,18 +252,31 @@ def test_head_worker_node_and_quickstart_job(fleet: Fleet) -> None:
     storage = f"sqlite:///{fleet.root / 'studies.db'}"
     job_id = f"fleettune-bootstrap-{secrets.token_hex(4)}"
     runtime_env = {"env_vars": {"FLEETTUNE_CACHE": fleet.env["FLEETTUNE_CACHE"]}}
-    submit = fleet.run(
-        [
-            RAY, "job", "submit", f"--address={jobs}", f"--submission-id={job_id}",
-            f"--working-dir={src}", f"--runtime-env-json={json.dumps(runtime_env)}", "--",
-            "python", "-m", "agent", "run", "experiments/quickstart.toml",
-            f"--storage={storage}", f"--promote-repo={repo}", f"--budget={BUDGET}",
-        ],
-        timeout=900,
-    )  # fmt: skip
-    status = fleet.run([RAY, "job", "status", f"--address={jobs}", job_id])
-    detail = f"{submit.stdout[-6000:]}\n{submit.stderr[-3000:]}\n{fleet.logs()}"
-    assert "succeeded" in status.stdout.lower(), detail
+    submit_argv = [
+        RAY, "job", "submit", f"--address={jobs}", f"--submission-id={job_id}", "--no-wait",
+        f"--working-dir={src}", f"--runtime-env-json={json.dumps(runtime_env)}", "--",
+        "python", "-m", "agent", "run", "experiments/quickstart.toml",
+        f"--storage={storage}", f"--promote-repo={repo}", f"--budget={BUDGET}",
+    ]  # fmt: skip
+
+    def submitted() -> bool:
+        r = fleet.run(submit_argv, timeout=120)
+        if r.returncode == 0:
+            return True
+        # The head's job agent registers a few seconds after the node: Ray says to retry.
+        assert "No available agent" in r.stdout + r.stderr, r.stdout + r.stderr
+        return False
+
+    wait_for("the job server to take the job", submitted, 120, fleet)
+
+    def finished() -> str | None:
+        out = fleet.run([RAY, "job", "status", f"--address={jobs}", job_id]).stdout.lower()
+        return next((s for s in ("succeeded", "failed", "stopped") if s in out), None)
+
+    status = wait_for("the quickstart job", finished, 900, fleet, every=5)
+    logs = fleet.run([RAY, "job", "logs", f"--address={jobs}", job_id]).stdout
+    detail = f"{logs[-8000:]}\n{fleet.logs()}"
+    assert status == "succeeded", detail
 
     # 5. The study of the worker's device class has its trials, run on the worker node.
     import optuna
@@ -278,6 +292,26 @@ def test_head_worker_node_and_quickstart_job(fleet: Fleet) -> None:
     workers = fleet_status["workers"]
     assert workers and {w["info"]["node_id"] for w in workers} == {node["node_id"]}
     assert {w["device_class"] for w in workers} == {device_class}
+
+    # The dashboard of docs/deploy.md serves the same storage: the study and the worker.
+    ui = free_port()
+    fleet.spawn(
+        "dashboard",
+        [sys.executable, "-m", "agent", "dashboard", f"--storage={storage}", f"--port={ui}"],
+    )
+
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never a proxy
+
+    def api(path: str):  # noqa: ANN202
+        try:
+            with direct.open(f"http://127.0.0.1:{ui}{path}", timeout=10) as r:
+                return json.loads(r.read())
+        except OSError:
+            return None
+
+    studies = wait_for("the dashboard", lambda: api("/api/studies"), 60, fleet)
+    assert mine[0].study_name in json.dumps(studies)
+    assert node["node_id"] in json.dumps(api("/api/fleet"))
 
     # A promotion (when the agent accepted a candidate) is exactly one config file, committed
     # to main of the promote repository; without one the repository is untouched.
