@@ -69,11 +69,26 @@ VARIANTS = {
     "mmq_64x128": {"matmul_prefill.variant": "mmq", "matmul_prefill.tile_m": 64},
     "dmmv_kpar": {"prefill.gemm_min_t": 1 << 20, "prefill.max_cols": 64,
                   "matmul_batched.cols": 64},
-    "dec_rpt1": {"matmul_decode.rows_per_thread": 1},
-    "dec_rpt4": {"matmul_decode.rows_per_thread": 4},
-    "dec_rpt2_t16_v4": {"matmul_decode.threads_per_row": 16, "matmul_decode.vec": 4},
-    "dec_rpt4_t8_v4": {"matmul_decode.rows_per_thread": 4, "matmul_decode.threads_per_row": 8,
-                       "matmul_decode.vec": 4, "matmul_decode.rows_per_block": 16},
+    "mmvq": {"matmul_decode.variant": "mmvq"},
+    "mmq8": {"matmul_decode.variant": "mmvq", "matmul_prefill.variant": "mmq8"},
+    "mmq8_64x128": {"matmul_decode.variant": "mmvq", "matmul_prefill.variant": "mmq8",
+                    "matmul_prefill.tile_m": 64},
+    "mmq8_128x64_4x2": {"matmul_decode.variant": "mmvq", "matmul_prefill.variant": "mmq8",
+                        "matmul_prefill.tile_n": 64, "matmul_prefill.warps_m": 4,
+                        "matmul_prefill.warps_n": 2},
+    "mmvq_w4_r2": {"matmul_decode.variant": "mmvq", "matmul_decode.rows_per_block": 2},
+    "mmvq_w8_r1": {"matmul_decode.variant": "mmvq", "matmul_decode.warps": 8},
+    "mmvq_w2_r2": {"matmul_decode.variant": "mmvq", "matmul_decode.warps": 2,
+                   "matmul_decode.rows_per_block": 2},
+    "mmvq_w1_r4": {"matmul_decode.variant": "mmvq", "matmul_decode.warps": 1,
+                   "matmul_decode.rows_per_block": 4},
+    "dec_rpt1": {"matmul_decode.variant": "dmmv", "matmul_decode.rows_per_thread": 1},
+    "dec_rpt4": {"matmul_decode.variant": "dmmv", "matmul_decode.rows_per_thread": 4},
+    "dec_rpt2_t16_v4": {"matmul_decode.variant": "dmmv", "matmul_decode.threads_per_row": 16,
+                        "matmul_decode.vec": 4},
+    "dec_rpt4_t8_v4": {"matmul_decode.variant": "dmmv", "matmul_decode.rows_per_thread": 4,
+                       "matmul_decode.threads_per_row": 8, "matmul_decode.vec": 4,
+                       "matmul_decode.rows_per_block": 16},
     "nograph": {},
 }  # fmt: skip
 
@@ -117,6 +132,10 @@ def main() -> int:
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma list to bench")
+    ap.add_argument("--validate", default="default,staged,mmq,mmvq,mmq8,dmmv_kpar",
+                    help="comma list to validate")  # fmt: skip
+    ap.add_argument("--no-profile", action="store_true")
     args = ap.parse_args()
     import cupy as cp
 
@@ -143,7 +162,7 @@ def main() -> int:
 
     prompts = [bench_prompt(n, m.spec.n_vocab, seed=7) for n in (5, 100, 1)]
     res["validate"] = {}
-    for v in ("default", "staged", "mmq", "dmmv_kpar"):
+    for v in [v for v in args.validate.split(",") if v]:
         try:
             rep = validate(m, flat_cfg(**VARIANTS[v]), prompts, steps=8)
             res["validate"][v] = {"passed": rep.passed, "max_abs_diff": rep.max_abs_diff,
@@ -156,7 +175,8 @@ def main() -> int:
             print(f"validate {v}: ERROR {e!r}", flush=True)
 
     res["bench"] = {}
-    for v, flat in VARIANTS.items():
+    for v in [v for v in args.variants.split(",") if v]:
+        flat = VARIANTS[v]
         try:
             be.set_config(flat_cfg(**flat))
             be.use_graphs = v != "nograph"
@@ -179,6 +199,8 @@ def main() -> int:
             print(f"bench {v}: ERROR {e!r}", flush=True)
 
     try:
+        if args.no_profile:
+            raise RuntimeError("profile skipped (--no-profile)")
         be.set_config(flat_cfg())
         res["profile"] = profile(m, be, 512)
         for k in ("prefill_ms", "decode_ms_per_token"):
@@ -194,12 +216,13 @@ def main() -> int:
         res["sweep"] = []
         grid = [("staged", mc) for mc in (64, 128, 256, 512)]
         grid += [("mmq", mc) for mc in (64, 128, 256, 512)]
+        grid += [("mmq8", mc) for mc in (64, 128, 256, 512)]
         grid += [("dmmv_kpar", mc) for mc in (16, 32, 40, 64)]
         if m.spec.n_embd < 2048:  # serial-over-K is ~100x slower: the small model only
             grid += [("dmmv_serial", mc) for mc in (16, 32)]
         for v, mc in grid:
             flat = {"prefill.max_cols": mc}
-            if v in ("staged", "mmq"):
+            if v in ("staged", "mmq", "mmq8"):
                 flat |= {"matmul_prefill.variant": v, "prefill.gemm_min_t": 2}
             else:
                 flat |= {"prefill.gemm_min_t": 1 << 20, "matmul_batched.cols": min(mc, 64),

@@ -70,7 +70,9 @@ template <> struct QTraits<QT_Q4_1> { enum { BK = 32, BYTES = 20, GROUPS = 2 }; 
 template <> struct QTraits<QT_Q5_0> { enum { BK = 32, BYTES = 22, GROUPS = 2 }; };
 template <> struct QTraits<QT_Q8_0> { enum { BK = 32, BYTES = 34, GROUPS = 2 }; };
 template <> struct QTraits<QT_Q4_K> { enum { BK = 256, BYTES = 144, GROUPS = 16 }; };
-template <> struct QTraits<QT_Q6_K> { enum { BK = 256, BYTES = 210, GROUPS = 16 }; };
+// Q6_K blocks are 210 bytes in GGUF and padded to 224 on the GPU (CudaBackend.load_weight):
+// every field then sits at a 16-byte-aligned offset for the 16-byte loads of mmvq.cu.
+template <> struct QTraits<QT_Q6_K> { enum { BK = 256, BYTES = 224, GROUPS = 16 }; };
 
 // Element offsets of the two runs of group gi inside its block.
 template <int QT> __device__ __forceinline__ void run_offsets(int gi, int& o0, int& o1);
@@ -188,7 +190,7 @@ template <> __device__ __forceinline__ void decode_group<QT_Q4_K>(const u8* blk,
     r1.b = -dmin * (float)m1;
 }
 
-// --- Q6_K: ql[128], qh[64], scales[16] int8, d f16 (offset 208). Element e of the block:
+// --- Q6_K: ql[128], qh[64], scales[16] int8, d f16 (offset 208), 14 bytes pad. Element e of the block:
 // h = e / 128, qd = (e % 128) / 32, l = e % 32; low 4 bits: nibble (qd >> 1) of
 // ql[64h + l + 32 (qd & 1)], high 2 bits: bits 2qd of qh[32h + l]; q - 32; scale index
 // 8h + l / 16 + 2qd. A group is 16 consecutive elements (one scale). ---

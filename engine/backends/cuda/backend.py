@@ -41,6 +41,8 @@ _R_16F, _R_32F = 2, 0
 _COMPUTE_32F = 68
 _GEMM_DEFAULT = -1
 
+Q6K_PADDED = 224  # bytes of a Q6_K block on the GPU (210 + 14 zero bytes; common.cuh)
+
 _SUFFIX = {
     "Q4_0": "q4_0",
     "Q4_1": "q4_1",
@@ -138,6 +140,9 @@ class CudaBackend(Backend):
         self.profile: dict[str, list[float]] | None = None  # kernel name -> ms, when profiling
         self._events: list[tuple[str, Any, Any]] = []
         self._k: dict[str, Any] = {}
+        # Q8_1 forms of recent float activations: (x, xq, xds), newest last. Holding x keeps
+        # its memory from being reused, so "entry[0] is x" means the quantized form is current.
+        self._q8: list[tuple[Any, Any, Any]] = []
         self._alpha = np.ones(1, np.float32)
         self._beta = np.zeros(1, np.float32)
         super().__init__(config)
@@ -211,7 +216,14 @@ class CudaBackend(Backend):
             return CudaWeight(qt.name, qt.qtype, qt.shape, f32=self.upload(qt.dequantize()))
         if qt.qtype in BLOCK_TYPES and qt.shape[-1] % 32:
             raise UnsupportedError(f"tensor {qt.name!r}: row length {qt.shape[-1]} % 32 != 0")
-        return CudaWeight(qt.name, qt.qtype, tuple(qt.shape), raw=self.upload(qt.raw))
+        raw = self.upload(qt.raw)
+        if qt.qtype == "Q6_K":  # 210-byte blocks padded to 224: 16-byte loads in mmvq
+            cp = self._cp
+            nb = int(raw.shape[1]) // 210
+            pad = cp.zeros((int(raw.shape[0]), nb, Q6K_PADDED), np.uint8)
+            pad[:, :, :210] = raw.reshape(int(raw.shape[0]), nb, 210)
+            raw = pad.reshape(int(raw.shape[0]), nb * Q6K_PADDED)
+        return CudaWeight(qt.name, qt.qtype, tuple(qt.shape), raw=raw)
 
     def weight_bytes(self, weights: list[CudaWeight]) -> int:
         return sum(w.nbytes for w in weights)
@@ -237,23 +249,27 @@ class CudaBackend(Backend):
         self._k = self._build(config)
         self.config = config
         self._graph = None  # a captured step bakes in the old kernels
+        self._q8.clear()
 
     def _build(self, cfg: TuningConfig) -> dict[str, Any]:
         cp, cc = self._cp, self._cc
         k: dict[str, Any] = {}
         dec = cfg.op("matmul_decode")
-        k["decode"] = kernels.module(
-            cp,
-            cc,
-            "dmmv.cu",
-            {
+        if dec.variant == "mmvq":
+            k["mmvq"] = kernels.module(
+                cp, cc, "mmvq.cu", {"NW": dec["warps"], "RPB": dec["rows_per_block"]}
+            )
+            dmmv = {"ROWS": 4, "TPR": 32, "RPT": 1, "COLS": 1, "VEC": 1}  # float weights
+        else:
+            dmmv = {
                 "ROWS": dec["rows_per_block"],
                 "TPR": dec["threads_per_row"],
                 "RPT": dec["rows_per_thread"],
                 "COLS": 1,
                 "VEC": dec["vec"],
-            },
-        )
+            }
+        k["decode"] = kernels.module(cp, cc, "dmmv.cu", dmmv)
+        k["q8"] = kernels.module(cp, cc, "q8.cu")
         bat = cfg.op("matmul_batched")
         serial = bat.variant == "dmmv_serial"
         k["batched"] = kernels.module(
@@ -268,11 +284,11 @@ class CudaBackend(Backend):
             },
         )
         pre = cfg.op("matmul_prefill")
-        if pre.variant == "mmq":
-            k["mmq"] = kernels.module(
+        if pre.variant in ("mmq", "mmq8"):
+            k[pre.variant] = kernels.module(
                 cp,
                 cc,
-                "mmq.cu",
+                f"{pre.variant}.cu",
                 {
                     "BM": pre["tile_m"],
                     "BN": pre["tile_n"],
@@ -355,6 +371,15 @@ class CudaBackend(Backend):
         D = int(x.shape[-1])
         rows = int(x.size // D)
         out = self._empty(x.shape)
+        if rows == 1 and x.ndim == 2 and D % 32 == 0 and self._int8_decode():
+            xq, xds = self._q8_buffers(1, D)  # one decode row: norm and Q8_1 in one kernel
+            th = int(self.config.op("quantize_act")["threads"])
+            self._launch(
+                "q8", "rms_norm_q8", (1,), (th,),
+                (x, w.f32, out, xq, xds, np.int32(D), np.float32(eps)),
+            )  # fmt: skip
+            self._q8_remember(out, xq, xds)
+            return out
         rpb = int(self.config.op("rms_norm")["rows_per_block"])
         self._launch(
             "elementwise",
@@ -378,8 +403,13 @@ class CudaBackend(Backend):
         if K != w.k or w.raw is None:
             raise ValueError(f"matmul: x has {K} columns, weight {w.name!r} is {w.shape}")
         pre = self.config.op("prefill")
+        self._q8_forget(y)
         if T == 1:
-            self._dmmv("decode", self.config.op("matmul_decode"), x, w, y, cols=1)
+            dec = self.config.op("matmul_decode")
+            if dec.variant == "mmvq" and w.qtype in BLOCK_TYPES:
+                self._mmvq(x, w, y, dec)
+            else:
+                self._dmmv("decode", dec, x, w, y, cols=1)
         elif T < int(pre["gemm_min_t"]):
             self._batched(x, w, y)
         else:
@@ -388,6 +418,8 @@ class CudaBackend(Backend):
                 self._staged(x, w, y, int(v["scratch_mb"]) << 20)
             elif v.variant == "mmq" and w.qtype in BLOCK_TYPES:
                 self._mmq(x, w, y, v)
+            elif v.variant == "mmq8" and w.qtype in BLOCK_TYPES:
+                self._mmq8(x, w, y, v)
             else:  # a type the GEMM variant does not decode: batched DMMV handles every type
                 self._batched(x, w, y)
 
@@ -397,15 +429,72 @@ class CudaBackend(Backend):
 
     def _dmmv(self, mod: str, c: Any, x: Any, w: CudaWeight, y: Any, cols: int) -> None:
         T = int(x.shape[0])
-        rows = int(c["rows_per_block"])
-        tpr = 1 if c.variant == "dmmv_serial" else int(c["threads_per_row"])
-        rpt = int(c["rows_per_thread"]) if mod == "decode" else 1
+        if c.variant == "mmvq":  # float weights under the mmvq variant: the fixed dmmv build
+            rows, tpr, rpt = 4, 32, 1
+        else:
+            rows = int(c["rows_per_block"])
+            tpr = 1 if c.variant == "dmmv_serial" else int(c["threads_per_row"])
+            rpt = int(c["rows_per_thread"]) if mod == "decode" else 1
         self._launch(
             mod,
             f"dmmv_{_SUFFIX[w.qtype]}",
             (math.ceil(w.n / (rows * rpt)), math.ceil(T / cols)),
             (rows * tpr,),
             (w.raw, np.int32(w.row_bytes), np.int32(w.n), np.int32(w.k), x, np.int32(T), y),
+        )
+
+    # --- Q8_1 activations (q8.cu) and the integer decode matmul (mmvq.cu) ------------------
+    def _int8_decode(self) -> bool:
+        return self.config.op("matmul_decode").variant == "mmvq"
+
+    def _q8_lookup(self, x: Any) -> tuple[Any, Any] | None:
+        for e in self._q8:  # same memory and shape (a contiguous copy or view of it counts)
+            if e[0] is x or (
+                e[0].data.ptr == x.data.ptr and e[0].shape == x.shape and x.flags.c_contiguous
+            ):
+                return e[1], e[2]
+        return None
+
+    def _q8_remember(self, x: Any, xq: Any, xds: Any) -> None:
+        self._q8.append((x, xq, xds))
+        del self._q8[:-4]  # a layer reuses one quantized input for at most 3 matmuls
+
+    def _q8_forget(self, y: Any) -> None:
+        """Drop quantized forms of any array whose memory y overlaps (y is being written)."""
+        if not self._q8:
+            return
+        lo = y.data.ptr
+        hi = lo + y.nbytes
+        self._q8 = [e for e in self._q8 if e[0].data.ptr >= hi or e[0].data.ptr + e[0].nbytes <= lo]
+
+    def _q8_buffers(self, T: int, K: int) -> tuple[Any, Any]:
+        return self._empty((T, K), np.int8), self._empty((T, K // 32, 2), np.float32)
+
+    def quantize_q8(self, x: Any) -> tuple[Any, Any]:
+        """x [T, K] float32 (K % 32 == 0) -> (xq int8 [T, K], xds float32 [T, K/32, 2] = d and
+        d * sum(q) per block of 32), reusing the form made when x was produced or last used."""
+        hit = self._q8_lookup(x)
+        if hit is not None:
+            return hit
+        T, K = int(x.shape[0]), int(x.shape[1])
+        xq, xds = self._q8_buffers(T, K)
+        th = int(self.config.op("quantize_act")["threads"])
+        n4 = T * K // 4
+        self._launch(
+            "q8", "quantize_q8_1", (self._grid1(n4, th),), (th,), (x, xq, xds, np.int64(n4))
+        )
+        self._q8_remember(x, xq, xds)
+        return xq, xds
+
+    def _mmvq(self, x: Any, w: CudaWeight, y: Any, c: Any) -> None:
+        xq, xds = self.quantize_q8(x)
+        nw, rpb = int(c["warps"]), int(c["rows_per_block"])
+        self._launch(
+            "mmvq",
+            f"mmvq_{_SUFFIX[w.qtype]}",
+            (math.ceil(w.n / rpb),),
+            (32 * nw,),
+            (w.raw, np.int32(w.row_bytes), np.int32(w.n), np.int32(w.k), xq, xds, y),
         )
 
     def _to_f16(self, x: Any) -> Any:
@@ -452,6 +541,19 @@ class CudaBackend(Backend):
             (math.ceil(w.n / bm), math.ceil(T / bn)),
             (threads,),
             (w.raw, np.int32(w.row_bytes), np.int32(w.n), np.int32(w.k), xh, np.int32(T), y),
+        )
+
+    def _mmq8(self, x: Any, w: CudaWeight, y: Any, c: Any) -> None:
+        T = int(x.shape[0])
+        xq, xds = self.quantize_q8(x)  # once for q, k and v (or gate and up)
+        bm, bn = int(c["tile_m"]), int(c["tile_n"])
+        threads = int(c["warps_m"]) * int(c["warps_n"]) * 32
+        self._launch(
+            "mmq8",
+            f"mmq8_{_SUFFIX[w.qtype]}",
+            (math.ceil(w.n / bm), math.ceil(T / bn)),
+            (threads,),
+            (w.raw, np.int32(w.row_bytes), np.int32(w.n), np.int32(w.k), xq, xds, np.int32(T), y),
         )
 
     def add(self, a: Any, b: Any) -> Any:
@@ -602,6 +704,16 @@ class CudaBackend(Backend):
         up = self._cp.ascontiguousarray(up)
         out = self._empty(gate.shape)
         n = int(gate.size)
+        if gate.ndim == 2 and gate.shape[0] == 1 and n % 32 == 0 and self._int8_decode():
+            xq, xds = self._q8_buffers(1, n)  # the down projection's input, quantized here
+            th = int(self.config.op("quantize_act")["threads"])
+            n4 = n // 4
+            self._launch(
+                "q8", "swiglu_q8", (self._grid1(n4, th),), (th,),
+                (gate, up, out, xq, xds, np.int64(n4)),
+            )  # fmt: skip
+            self._q8_remember(out, xq, xds)
+            return out
         th = int(self.config.op("swiglu")["threads"])
         self._launch(
             "elementwise", "swiglu", (self._grid1(n, th),), (th,), (gate, up, out, np.int64(n))
@@ -657,6 +769,7 @@ class CudaBackend(Backend):
             return mem
 
         self._stream.synchronize()
+        self._q8.clear()  # quantized forms made outside the capture are not in the graph
         cp.cuda.set_allocator(alloc)
         self._capturing = True
         self._stream.begin_capture()
@@ -665,6 +778,7 @@ class CudaBackend(Backend):
         finally:
             graph = self._stream.end_capture()
             self._capturing = False
+            self._q8.clear()
             cp.cuda.set_allocator(pool.malloc)
         g = _Graph(weakref.ref(cache), self.config, graph, tok_in, logits, tok_out, keep)
         self._graph = g

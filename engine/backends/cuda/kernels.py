@@ -82,6 +82,8 @@ def kernel_names(src: str) -> list[str]:
     macros = {
         "DMMV_KERNEL": ["dmmv_{}"],
         "MMQ_KERNEL": ["mmq_{}"],
+        "MMQ8_KERNEL": ["mmq8_{}"],
+        "MMVQ_KERNEL": ["mmvq_{}"],
         "DEQ_KERNELS": ["get_rows_{}", "dequant_f16_{}"],
     }
     for mac, pats in macros.items():

@@ -93,7 +93,8 @@ REGISTRY.register(
                 Constraint(
                     "rows_per_block * threads_per_row <= 1024",
                     lambda cfg, dev: (
-                        _p(cfg, "matmul_decode", "rows_per_block")
+                        cfg.op("matmul_decode").variant != "dmmv"
+                        or _p(cfg, "matmul_decode", "rows_per_block")
                         * _p(cfg, "matmul_decode", "threads_per_row")
                         <= 1024
                     ),
@@ -102,6 +103,21 @@ REGISTRY.register(
             quant_types=ALL_TYPES,
             source="cuda/dmmv.cu",
             doc="dequantizing matrix-vector product, K split across threads_per_row threads",
+        ),
+        Variant(
+            B,
+            "matmul_decode",
+            "mmvq",
+            params=(
+                Param("warps", (1, 2, 4, 8), 4, "warps per block, all walking the same rows"),
+                Param("rows_per_block", (1, 2, 4, 8), 1, "weight rows per block"),
+            ),
+            quant_types=ALL_TYPES,
+            source="cuda/mmvq.cu",
+            doc="activation quantized once to Q8_1 (fused into RMSNorm / SwiGLU where they "
+            "feed it), dp4a against the weight quants, 16-byte loads; float weights use dmmv. "
+            "Not the default: int8 activations exceed validate's default tolerances against "
+            "the float path on random-weight models (docs/cuda.md)",
         ),
     ],
 )
@@ -162,7 +178,7 @@ _WARPS_N = Param("warps_n", (1, 2, 4), 4, "warps along the tokens")
 
 def _tile_ok(cfg) -> bool:  # noqa: ANN001
     c = cfg.op("matmul_prefill")
-    if c.variant != "mmq":
+    if c.variant not in ("mmq", "mmq8"):
         return True
     tm, tn, wm, wn = (int(c[k]) for k in ("tile_m", "tile_n", "warps_m", "warps_n"))
     return tm % (16 * wm) == 0 and tn % (16 * wn) == 0
@@ -204,7 +220,47 @@ REGISTRY.register(
             source="cuda/mmq.cu",
             doc="fused-dequant GEMM: blocks decoded into shared fp16 tiles, mma.sync m16n8k16",
         ),
+        Variant(
+            B,
+            "matmul_prefill",
+            "mmq8",
+            params=(_TILE_M, _TILE_N, _WARPS_M, _WARPS_N),
+            constraints=(
+                _cc_at_least(80),
+                Constraint(
+                    "tile_m % (16 * warps_m) == 0 and tile_n % (16 * warps_n) == 0",
+                    lambda cfg, dev: _tile_ok(cfg),
+                ),
+            ),
+            quant_types=BLOCK_TYPES,
+            source="cuda/mmq8.cu",
+            doc="fused-dequant int8 GEMM on Q8_1 activations: int8 weight tiles with per-16 "
+            "scales, mma.sync m16n8k16 s8 -> s32, scaled into float32 per 16 k",
+        ),
     ],
+)
+
+REGISTRY.register(
+    B,
+    "quantize_act",
+    [
+        Variant(
+            B,
+            "quantize_act",
+            "q8_1",
+            params=(
+                Param(
+                    "threads",
+                    (128, 256, 512, 1024),
+                    256,
+                    "threads per block of quantize_q8_1 / rms_norm_q8 (one row) / swiglu_q8",
+                ),
+            ),
+            source="cuda/q8.cu",
+            doc="float32 activations to Q8_1 blocks (int8 + d + d*sum) for the integer matmuls",
+        )
+    ],
+    doc="activation quantization feeding matmul_decode.mmvq and matmul_prefill.mmq8",
 )
 
 # --- the other ops ------------------------------------------------------------------------
