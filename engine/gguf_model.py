@@ -190,14 +190,18 @@ class GGUFModel:
             names += [p + "attn_q_norm.weight", p + "attn_k_norm.weight"]
         return names
 
-    def _check_tensors(self) -> None:
-        """Fail at load, naming the first missing or unsupported tensor, not mid-generation."""
+    def model_tensor_names(self) -> list[str]:
+        """Every tensor the forward pass reads, in load order."""
         names = ["token_embd.weight", "output_norm.weight"]
         for i in range(self.spec.n_layers):
             names += self.layer_tensor_names(i)
         if not self.spec.tied_embeddings:
             names.append("output.weight")
-        for n in names:
+        return names
+
+    def _check_tensors(self) -> None:
+        """Fail at load, naming the first missing or unsupported tensor, not mid-generation."""
+        for n in self.model_tensor_names():
             self.tensor(n)
 
 

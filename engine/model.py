@@ -39,14 +39,7 @@ class Model:
         self.gguf = gguf
         self.spec: ModelSpec = gguf.spec
         self.backend = backend
-        self.weights = {}
-        names = ["token_embd.weight", "output_norm.weight"]
-        for i in range(self.spec.n_layers):
-            names += gguf.layer_tensor_names(i)
-        if not self.spec.tied_embeddings:
-            names.append("output.weight")
-        for n in names:
-            self.weights[n] = backend.load_weight(gguf.tensor(n))
+        self.weights = {n: backend.load_weight(gguf.tensor(n)) for n in gguf.model_tensor_names()}
         head = "token_embd.weight" if self.spec.tied_embeddings else "output.weight"
         self.lm_head = self.weights[head]
 
