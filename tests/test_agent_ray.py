@@ -129,6 +129,35 @@ def test_whole_loop_promotes_a_real_win(
     assert len({config_key(t.user_attrs["config"]) for t in done}) == 4  # no duplicates
 
 
+def test_accepted_candidate_is_confirmed_on_another_worker(
+    model_ref: str, repo: Path, tmp_path: Path
+) -> None:
+    """Two workers of one class: a win measured on one is re-validated and re-measured on the
+    other before it becomes the best and is promoted."""
+    from agent.promote import promote
+
+    slow = TuningConfig.default("numpy").replace(**{"prefill.max_cols": 1})
+    promote(repo, "cpu", "qwen2", slow, {"seeded": True})
+    exp = parse_experiment(
+        experiment(model_ref, "numpy", space={"numpy": {"prefill": {"max_cols": [1, 32]}}})
+    )
+    storage = str(tmp_path / "studies.db")
+    opts = RunOptions(
+        parse_storage(storage),
+        promote_repo=repo,
+        budget=2,
+        resources={"device:cpu": 2, "backend:numpy/cpu": 2},
+    )
+    summary = run_experiment(exp, opts)
+    (s,) = summary.studies
+    assert len(summary.workers) == 2 and not s.best_is_baseline, summary.text()
+    (win,) = [t for t in trials(storage) if t.user_attrs.get("accepted")]
+    conf = win.user_attrs["confirmation"]
+    assert conf["accepted"] and conf["outcome"] == "ok"
+    assert conf["worker"]["worker_id"] != win.user_attrs["worker"]["worker_id"]
+    assert s.promotion and s.promotion["trial"] == win.number
+
+
 @pytest.mark.usefixtures("faults")
 def test_faults_fail_trials_restart_workers_and_never_promote(
     model_ref: str, repo: Path, tmp_path: Path
