@@ -40,6 +40,7 @@ class Slot:
     failures_in_a_row: int = 0
     trials_done: int = 0
     free_since: float = 0.0  # monotonic time it last became idle
+    last_finished: float = 0.0  # worker clock: end of its last evaluation (0: none since start)
     current: str = ""  # "<study> #<trial>" while busy
     resubmit: list[Any] = field(default_factory=list)  # calls queued on a worker that died
 

@@ -109,6 +109,7 @@ class Agent:
         self.started = time.time()
         self.t0 = time.monotonic()
         self.overheads: list[tuple[float, float]] = []  # (worker wall s, overhead s) per trial
+        self.idle_gaps: list[float] = []  # worker seconds between consecutive evaluations
         self.promotion_errors: dict[str, str] = {}
         self.ray_mode = ""
 
@@ -280,13 +281,34 @@ class Agent:
         ready = [st for st in studies if st.model in slot.noise and self._can_start(st)]
         ready.sort(key=lambda st: len(st.in_flight))
         for st in ready:
-            asked = st.ask()
-            if asked is None:
-                continue
-            trial, flat, role = asked
-            self._dispatch_eval(slot, st, trial, flat, role, "trial", None)
-            return True
+            for _ in range(50):  # skip configs the registry rules out on this device
+                asked = st.ask()
+                if asked is None:
+                    break
+                trial, flat, role = asked
+                problems = self._problems(slot, flat)
+                if not problems:
+                    self._dispatch_eval(slot, st, trial, flat, role, "trial", None)
+                    return True
+                p = Pending("trial", slot, None, 0.0, 0.0, st.model, st, trial, flat, role)
+                rec = self._record(p, None, Outcome.INFEASIBLE.value, problems, 0.0)
+                st.finish(trial, rec, None)
+                self._log_trial(st, rec)
         return False
+
+    def _problems(self, slot: Slot, flat: dict[str, Any]) -> str:
+        """Registry constraints this config breaks on the slot's device ("" when none): checked
+        here, so an infeasible config never takes a worker's turn."""
+        from engine.backends.base import DeviceInfo
+        from engine.errors import ConfigError
+
+        if slot.info is None or not slot.info.device:
+            return ""
+        try:
+            cfg = TuningConfig.from_flat(slot.backend, flat)
+        except ConfigError as e:
+            return str(e)
+        return "; ".join(cfg.problems(DeviceInfo(**slot.info.device)))
 
     def _can_start(self, st: StudyState) -> bool:
         return not st.exhausted and st.budget_left() > 0
@@ -378,6 +400,9 @@ class Agent:
             if value.outcome is Outcome.OK:
                 slot.failures_in_a_row = 0
             slot.trials_done += 1
+            if slot.last_finished and value.started:
+                self.idle_gaps.append(max(0.0, value.started - slot.last_finished))
+            slot.last_finished = value.finished
             if p.kind == "trial":
                 self.overheads.append((value.wall_s, overhead))
                 self._got_trial(p, value, overhead)
@@ -610,6 +635,7 @@ class Agent:
         slot = p.slot
         log.warning("worker %s: %s (%s)", slot.worker_id, reason, p.kind)
         self.fleet.kill(slot)
+        slot.last_finished = 0.0
         for q in [q for q in self.pending if q.slot is slot]:  # queued behind it: run again
             self.pending.remove(q)
             slot.resubmit.append(q)
@@ -814,6 +840,7 @@ class Agent:
             n,
             sum(w for w, _ in self.overheads) / n if n else 0.0,
             sum(o for _, o in self.overheads) / n if n else 0.0,
+            sum(self.idle_gaps) / len(self.idle_gaps) if self.idle_gaps else 0.0,
         )
         return RunSummary(
             experiment=self.exp.name,

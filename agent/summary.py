@@ -36,6 +36,7 @@ class Overhead:
     trials: int
     mean_trial_s: float
     mean_overhead_s: float
+    mean_idle_s: float = 0.0  # worker clock: gap between one evaluation's end and the next start
 
     @property
     def fraction(self) -> float:
@@ -81,7 +82,8 @@ class RunSummary:
         o = self.overhead
         lines.append(
             f"  agent+Ray overhead: {o.mean_overhead_s * 1000:.1f} ms per trial of "
-            f"{o.mean_trial_s:.2f} s ({o.fraction:.2%}) over {o.trials} trials"
+            f"{o.mean_trial_s:.2f} s ({o.fraction:.2%}) over {o.trials} trials; workers idle "
+            f"{o.mean_idle_s * 1000:.1f} ms between trials"
         )
         for w in self.warnings:
             lines.append(f"  warning: {w}")

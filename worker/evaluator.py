@@ -84,6 +84,7 @@ class Evaluator:
                 driver=dev.driver,
                 memory_bytes=dev.memory_bytes,
                 engine_commit=commit,
+                device=dev.to_dict(),
             )
         return self._info
 

@@ -41,6 +41,7 @@ class WorkerInfo:
     driver: str
     memory_bytes: int
     engine_commit: str  # git commit of the engine checkout, "+dirty" when it has local edits
+    device: dict[str, Any] = field(default_factory=dict)  # engine DeviceInfo.to_dict()
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
