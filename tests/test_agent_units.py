@@ -267,3 +267,52 @@ def test_worker_cli_dry_run() -> None:
         cwd=ROOT,
     ).stdout
     assert "ray start --head" in out and '"device:cpu": 1' in out
+
+
+# --- studies: samplers, duplicates, resume ---------------------------------------------------
+def _study(storage, sampler: str = "tpe"):  # noqa: ANN001, ANN202
+    from agent.study import StudyState
+
+    exp = parse_experiment(
+        _exp(
+            space={"numpy": {"prefill": {"max_cols": [8, 16, 32, 64]}, "matmul_prefill": {}}},
+            sampler={"name": sampler, "startup_trials": 2},
+        )
+    )
+    base = TuningConfig.default("numpy").flat()
+    return StudyState(exp, "cpu", "numpy", "synthetic:tiny", "qwen2", storage, base, "default")
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "random", "grid", "nsga2"])
+def test_samplers_never_repeat_a_config(sampler: str) -> None:
+    import optuna
+
+    from agent.records import TrialRecord
+
+    st = _study(optuna.storages.InMemoryStorage(), sampler)
+    seen = []
+    while (asked := st.ask()) is not None:
+        trial, flat, role = asked
+        assert role == ("baseline" if not seen else "candidate")
+        seen.append(config_key(flat))
+        rec = TrialRecord(st.name, trial.number, role, "ok", config=flat)
+        st.finish(trial, rec, [float(len(seen))])
+        st.flush()
+    assert len(seen) == len(set(seen)) == st.space.size == 8
+
+
+def test_resume_fails_running_trials_and_keeps_the_baseline_once(tmp_path: Path) -> None:
+    from agent.records import TrialRecord
+    from agent.storage import parse_storage
+
+    ref = parse_storage(str(tmp_path / "s.journal"))
+    st = _study(ref.open())
+    trial, flat, _ = st.ask()
+    st.finish(trial, TrialRecord(st.name, trial.number, "baseline", "ok", config=flat), [1.0])
+    st.flush()
+    st.ask()  # left RUNNING: the agent "dies" here
+    again = _study(ref.open())
+    assert again.interrupted_on_resume == 1 and again.evaluated == 1
+    assert config_key(flat) in again.tried
+    _, flat2, role = again.ask()
+    assert role == "candidate" and config_key(flat2) != config_key(flat)
