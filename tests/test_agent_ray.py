@@ -259,3 +259,17 @@ def test_two_device_classes_on_a_two_node_cluster(model_ref: str, tmp_path: Path
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+def test_one_study_per_model(tiny_model_factory, tmp_path: Path) -> None:  # noqa: ANN001
+    """Two models on one device class: two studies, each worker loads both once and measures
+    A/A noise per model."""
+    models = [str(tiny_model_factory("qwen2", "q4_k_m")), str(tiny_model_factory("llama", "q8_0"))]
+    data = experiment(models[0], "numpy", space={"numpy": {"prefill": {"max_cols": [8, 16, 32]}}})
+    exp = parse_experiment({**data, "models": models})
+    storage = str(tmp_path / "studies.journal")
+    summary = run_experiment(exp, RunOptions(parse_storage(storage), budget=2, promote=False))
+    assert sorted(s.family for s in summary.studies) == ["llama", "qwen2"]
+    assert all(s.evaluated == 2 for s in summary.studies)
+    (worker,) = summary.workers
+    assert set(worker["noise"]) == set(models)
