@@ -2,6 +2,7 @@
 
     python -m agent run experiments/quickstart.toml [--storage URL] [--promote-repo PATH]
                         [--budget N] [--address HOST:PORT] [--no-promote] [--json]
+                        [--dashboard [PORT]]
     python -m agent status [--storage URL] [--json]
     python -m agent check experiments/X.toml
     python -m agent dashboard [--storage URL]     (agent/dashboard, read-only web UI)
@@ -37,7 +38,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--storage",
         help="Optuna storage: sqlite:///path, postgresql://..., or a "
-        "*.journal path (default: SQLite under the cache)",
+        "*.journal path (default: a journal file under the cache)",
     )
     r.add_argument(
         "--promote-repo",
@@ -49,6 +50,14 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--address", help="Ray cluster address (default: $RAY_ADDRESS, else embedded)")
     r.add_argument("--no-promote", action="store_true", help="never write or commit configs")
     r.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+    r.add_argument(
+        "--dashboard",
+        nargs="?",
+        const=8080,
+        type=int,
+        metavar="PORT",
+        help="also serve the read-only dashboard on 127.0.0.1:PORT (default 8080) while it runs",
+    )
 
     s = sub.add_parser("status", help="list studies in a storage with their best trials")
     s.add_argument("--storage", help="as for run (default: the journal under the cache)")
@@ -82,6 +91,11 @@ def _run(args: argparse.Namespace) -> int:
         address=args.address,
         promote=not args.no_promote,
     )
+    if args.dashboard is not None:
+        from agent.dashboard import serve_in_background
+
+        opts.storage.open()  # the dashboard opens the storage read-only: it must exist first
+        serve_in_background(opts.storage.url, "127.0.0.1", args.dashboard)
     summary = run_experiment(exp, opts)
     if args.json:
         print(json.dumps(summary.to_dict(), indent=1, default=str))

@@ -355,9 +355,44 @@ def test_agent_cli_dashboard_subcommand(tmp_path: Path) -> None:
         text=True,
         timeout=60,
     )
-    if "invalid choice: 'dashboard'" in r.stderr:
-        pytest.skip("python -m agent has no dashboard subcommand yet (hook in agent/cli.py)")
     assert r.returncode == 2 and "no storage at" in r.stderr
+
+
+def test_agent_run_serves_the_dashboard_while_it_runs(tmp_path: Path) -> None:
+    """`agent run --dashboard PORT` answers the study's API while trials are still running."""
+    import socket
+    import urllib.request
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    exp = tmp_path / "dashtest.toml"
+    exp.write_text(EXPERIMENT.replace("trials = 4", "trials = 3"))
+    db = tmp_path / "live.journal"
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    cmd = [sys.executable, "-m", "agent", "run", str(exp), "--storage", str(db), "--no-promote",
+           "--dashboard", str(port)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    seen = None
+    try:
+        deadline = time.monotonic() + 300
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=5) as r:
+                    body = json.loads(r.read())
+                if "dashtest" in json.dumps(body):
+                    seen = body
+                    break
+            except OSError:
+                pass
+            time.sleep(0.5)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-3000:]
+    assert seen is not None, f"the dashboard never listed the running study:\n{out[-3000:]}"
 
 
 def test_fast_read_matches_the_storage_api(storage: Path) -> None:
