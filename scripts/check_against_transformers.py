@@ -4,7 +4,8 @@ loading the same GGUF (it dequantizes the weights into PyTorch and runs its own 
 Not part of the test suite (it needs torch + transformers, ~1 GB); run by hand in a separate
 environment:
     python3 -m venv /tmp/tfenv && /tmp/tfenv/bin/pip install torch==2.13.0 transformers gguf
-    /tmp/tfenv/bin/python scripts/check_against_transformers.py MODEL.gguf --engine-python .venv/bin/python
+    /tmp/tfenv/bin/python scripts/check_against_transformers.py MODEL.gguf \
+        --engine-python .venv/bin/python
 Prints both token lists and exits 1 if the greedy tokens differ.
 """
 
@@ -34,15 +35,41 @@ def main() -> int:
     ids = tok(args.prompt, return_tensors="pt").input_ids
     with torch.no_grad():
         out = model.generate(ids, max_new_tokens=args.max_tokens, do_sample=False)
-    hf_tokens = out[0, ids.shape[1]:].tolist()
+    hf_tokens = out[0, ids.shape[1] :].tolist()
 
-    eng = subprocess.run([args.engine_python, "-m", "engine", "run", "--model", str(args.gguf),
-                          "--prompt", args.prompt, "--max-tokens", str(args.max_tokens),
-                          "--json", "--no-promoted"], capture_output=True, text=True, check=True)
+    eng = subprocess.run(
+        [
+            args.engine_python,
+            "-m",
+            "engine",
+            "run",
+            "--model",
+            str(args.gguf),
+            "--prompt",
+            args.prompt,
+            "--max-tokens",
+            str(args.max_tokens),
+            "--json",
+            "--no-promoted",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     res = json.loads(eng.stdout)
-    print(json.dumps({"prompt_tokens_hf": ids[0].tolist(), "prompt_tokens_engine":
-                      res["prompt_tokens"], "hf": hf_tokens, "engine": res["tokens"],
-                      "hf_text": tok.decode(hf_tokens), "engine_text": res["text"]}, indent=1))
+    print(
+        json.dumps(
+            {
+                "prompt_tokens_hf": ids[0].tolist(),
+                "prompt_tokens_engine": res["prompt_tokens"],
+                "hf": hf_tokens,
+                "engine": res["tokens"],
+                "hf_text": tok.decode(hf_tokens),
+                "engine_text": res["text"],
+            },
+            indent=1,
+        )
+    )
     same = hf_tokens == res["tokens"] and ids[0].tolist() == res["prompt_tokens"]
     print("MATCH" if same else "DIFFER")
     return 0 if same else 1

@@ -12,8 +12,13 @@ from gguf.constants import GGML_QUANT_SIZES
 from engine.gguf_model import GGUFModel
 
 
-def rewrite(src: Path, dst: Path, arch: str | None = None, drop: str | None = None,
-            retype: tuple[str, str] | None = None) -> Path:
+def rewrite(
+    src: Path,
+    dst: Path,
+    arch: str | None = None,
+    drop: str | None = None,
+    retype: tuple[str, str] | None = None,
+) -> Path:
     g = GGUFModel(src)
     md = dict(g.metadata)
     old_arch = md.pop("general.architecture")

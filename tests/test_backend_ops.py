@@ -33,8 +33,9 @@ def check(out: np.ndarray, ref: np.ndarray, limit: float) -> None:
     assert nmse(ref, out) < limit, f"NMSE {nmse(ref, out):.3g} >= {limit:g}"
 
 
-def qtensor(rng: np.random.Generator, shape: tuple[int, ...], qtype: str, std: float = 1.0,
-            name: str = "w") -> QTensor:
+def qtensor(
+    rng: np.random.Generator, shape: tuple[int, ...], qtype: str, std: float = 1.0, name: str = "w"
+) -> QTensor:
     a = (rng.standard_normal(shape) * std).astype(np.float32)
     a2 = a.reshape(-1, shape[-1])
     raw = quantize(a2, qtype).view(np.uint8).reshape(a2.shape[0], -1)
@@ -62,8 +63,10 @@ def _block_k(qtype: str) -> int:
 
 
 @pytest.mark.parametrize("qtype", QUANTS)
-@pytest.mark.parametrize("T,N,kblocks", [(1, 1, 1), (1, 67, 3), (1, 130, 2), (2, 33, 1),
-                                         (7, 67, 2), (17, 3, 1), (31, 45, 2)])
+@pytest.mark.parametrize(
+    "T,N,kblocks",
+    [(1, 1, 1), (1, 67, 3), (1, 130, 2), (2, 33, 1), (7, 67, 2), (17, 3, 1), (31, 45, 2)],
+)
 def test_matmul(be, qtype, T, N, kblocks):
     op = "matmul_decode" if T == 1 else "matmul_prefill"
     _supported(be, op, qtype)
@@ -161,9 +164,10 @@ def test_argmax_first_maximum(be, T, V):
     assert out.tolist() == np.argmax(logits, axis=-1).tolist()
 
 
-@pytest.mark.parametrize("T,H,Hkv,D,pos0", [(1, 2, 1, 64, 0), (1, 4, 2, 64, 37),
-                                            (5, 4, 2, 64, 0), (7, 6, 2, 128, 11),
-                                            (33, 2, 2, 64, 3)])
+@pytest.mark.parametrize(
+    "T,H,Hkv,D,pos0",
+    [(1, 2, 1, 64, 0), (1, 4, 2, 64, 37), (5, 4, 2, 64, 0), (7, 6, 2, 128, 11), (33, 2, 2, 64, 3)],
+)
 def test_kv_write_and_attention(be, T, H, Hkv, D, pos0):
     rng = np.random.default_rng(T + pos0)
     cap = pos0 + T + 5
@@ -194,7 +198,17 @@ def test_kv_write_and_attention(be, T, H, Hkv, D, pos0):
 
 def test_registry_declares_every_contract_op(be):
     ops = {o.name for o in REGISTRY.ops(be.name)}
-    needed = {"prefill", "matmul_decode", "matmul_prefill", "embedding", "rms_norm", "add",
-              "rope", "kv_write", "swiglu", "argmax"}
+    needed = {
+        "prefill",
+        "matmul_decode",
+        "matmul_prefill",
+        "embedding",
+        "rms_norm",
+        "add",
+        "rope",
+        "kv_write",
+        "swiglu",
+        "argmax",
+    }
     assert needed <= ops, f"{be.name} does not declare {needed - ops}"
     assert "attention" in ops or {"attention_decode", "attention_prefill"} <= ops

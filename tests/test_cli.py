@@ -19,31 +19,72 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
 
 
 def test_run_json(capsys, tiny_model_path):
-    code, out, _ = run_cli(capsys, "run", "--model", str(tiny_model_path), "--prompt", "Hello",
-                           "--max-tokens", "5", "--json")
+    code, out, _ = run_cli(
+        capsys,
+        "run",
+        "--model",
+        str(tiny_model_path),
+        "--prompt",
+        "Hello",
+        "--max-tokens",
+        "5",
+        "--json",
+    )
     obj = json.loads(out)
     assert code == 0 and len(obj["tokens"]) == 5 and obj["prompt_tokens"]
     assert isinstance(obj["text"], str)
-    code2, out2, _ = run_cli(capsys, "run", "--model", str(tiny_model_path), "--prompt", "Hello",
-                             "--max-tokens", "5", "--json", "--prefill", "per_token")
+    code2, out2, _ = run_cli(
+        capsys,
+        "run",
+        "--model",
+        str(tiny_model_path),
+        "--prompt",
+        "Hello",
+        "--max-tokens",
+        "5",
+        "--json",
+        "--prefill",
+        "per_token",
+    )
     assert json.loads(out2)["tokens"] == obj["tokens"]
 
 
 def test_validate_pass_and_fail_exit_codes(capsys, tiny_model_path, tmp_path):
     cfg = tmp_path / "c.toml"
     cfg.write_text('backend = "numpy"\n[ops.prefill]\nmax_cols = 8\n')
-    code, out, _ = run_cli(capsys, "validate", "--model", str(tiny_model_path), "--config",
-                           str(cfg), "--steps", "3", "--json")
+    code, out, _ = run_cli(
+        capsys,
+        "validate",
+        "--model",
+        str(tiny_model_path),
+        "--config",
+        str(cfg),
+        "--steps",
+        "3",
+        "--json",
+    )
     rep = json.loads(out)
     assert code == 0 and rep["passed"] and rep["candidate"]["prefill.max_cols"] == 8
-    code, out, _ = run_cli(capsys, "validate", "--model", str(tiny_model_path), "--steps", "2",
-                           "--max-abs-diff", "-1")
+    code, out, _ = run_cli(
+        capsys, "validate", "--model", str(tiny_model_path), "--steps", "2", "--max-abs-diff", "-1"
+    )
     assert code == 1 and "FAIL" in out
 
 
 def test_bench_json(capsys, tiny_model_path):
-    code, out, _ = run_cli(capsys, "bench", "--model", str(tiny_model_path), "--prompt-tokens",
-                           "7,20", "--gen-tokens", "4", "--repeats", "2", "--json")
+    code, out, _ = run_cli(
+        capsys,
+        "bench",
+        "--model",
+        str(tiny_model_path),
+        "--prompt-tokens",
+        "7,20",
+        "--gen-tokens",
+        "4",
+        "--repeats",
+        "2",
+        "--json",
+    )
     rep = json.loads(out)
     assert code == 0 and [r["prompt_tokens"] for r in rep["results"]] == [7, 20]
     r = rep["results"][0]
@@ -103,11 +144,13 @@ def test_missing_file_and_unknown_name(capsys, tmp_path):
 def test_bad_config_and_backend(capsys, tiny_model_path, tmp_path):
     cfg = tmp_path / "c.toml"
     cfg.write_text('backend = "numpy"\n[ops.prefill]\nmax_cols = 5\n')
-    code, _, err = run_cli(capsys, "run", "--model", str(tiny_model_path), "--prompt", "x",
-                           "--config", str(cfg))
+    code, _, err = run_cli(
+        capsys, "run", "--model", str(tiny_model_path), "--prompt", "x", "--config", str(cfg)
+    )
     assert code == 2 and "prefill.max_cols = 5" in err and "allowed" in err
-    code, _, err = run_cli(capsys, "run", "--model", str(tiny_model_path), "--prompt", "x",
-                           "--backend", "tpu")
+    code, _, err = run_cli(
+        capsys, "run", "--model", str(tiny_model_path), "--prompt", "x", "--backend", "tpu"
+    )
     assert code == 2 and "unknown backend 'tpu'" in err
 
 

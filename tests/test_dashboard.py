@@ -370,10 +370,21 @@ def test_agent_run_serves_the_dashboard_while_it_runs(tmp_path: Path) -> None:
     exp.write_text(EXPERIMENT.replace("trials = 4", "trials = 3"))
     db = tmp_path / "live.journal"
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-    cmd = [sys.executable, "-m", "agent", "run", str(exp), "--storage", str(db), "--no-promote",
-           "--dashboard", str(port)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "agent",
+        "run",
+        str(exp),
+        "--storage",
+        str(db),
+        "--no-promote",
+        "--dashboard",
+        str(port),
+    ]
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     seen = None
     try:
         deadline = time.monotonic() + 300

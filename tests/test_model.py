@@ -42,8 +42,10 @@ def test_batched_equals_per_token(tiny_model_path, max_cols):
 def test_ondemand_variant_equals_cached(tiny_model_path):
     prompt = [1, 2, 3, 4, 5]
     a = _model(tiny_model_path).generate(prompt, 3)
-    b = _model(tiny_model_path, **{"matmul_prefill.variant": "ondemand",
-                                   "matmul_decode.variant": "ondemand"}).generate(prompt, 3)
+    b = _model(
+        tiny_model_path,
+        **{"matmul_prefill.variant": "ondemand", "matmul_decode.variant": "ondemand"},
+    ).generate(prompt, 3)
     assert np.array_equal(a.last_logits, b.last_logits) and a.tokens == b.tokens
 
 

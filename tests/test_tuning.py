@@ -27,14 +27,17 @@ def test_from_flat_and_replace():
     assert hash(cfg) != hash(c2) and cfg == TuningConfig.from_flat("numpy", cfg.flat())
 
 
-@pytest.mark.parametrize("flat,needle", [
-    ({"prefill.max_cols": 7}, "allowed: [1, 2, 4"),
-    ({"prefill.max_cols": "8"}, "not allowed"),
-    ({"nosuchop.x": 1}, "no such op"),
-    ({"matmul_prefill.variant": "warp9"}, "allowed: cached_f32, ondemand"),
-    ({"prefill.tile": 4}, "has no parameter(s) ['tile']"),
-    ({"max_cols": 4}, "must look like 'op.param'"),
-])
+@pytest.mark.parametrize(
+    "flat,needle",
+    [
+        ({"prefill.max_cols": 7}, "allowed: [1, 2, 4"),
+        ({"prefill.max_cols": "8"}, "not allowed"),
+        ({"nosuchop.x": 1}, "no such op"),
+        ({"matmul_prefill.variant": "warp9"}, "allowed: cached_f32, ondemand"),
+        ({"prefill.tile": 4}, "has no parameter(s) ['tile']"),
+        ({"max_cols": 4}, "must look like 'op.param'"),
+    ],
+)
 def test_bad_values_name_key_and_allowed(flat, needle):
     with pytest.raises(ConfigError, match=None) as e:
         TuningConfig.from_flat("numpy", flat)
@@ -50,7 +53,7 @@ def test_toml_round_trip(tmp_path):
     flat = {"prefill.max_cols": 40, "matmul_prefill.variant": "ondemand"}
     cfg = TuningConfig.from_flat("numpy", flat)
     p = tmp_path / "c.toml"
-    p.write_text(cfg.to_toml(header={"note": "x"}) + '\n[evidence]\ntrial = 3\n')
+    p.write_text(cfg.to_toml(header={"note": "x"}) + "\n[evidence]\ntrial = 3\n")
     assert TuningConfig.from_toml(p) == cfg
     only = cfg.to_toml(only_changed=True)
     assert "max_cols = 40" in only and "rope" not in only
@@ -75,8 +78,11 @@ def test_toml_errors_name_the_file(tmp_path):
 
 def test_constraints_and_supports():
     rule = Constraint("max_cols at most 8 on this test op", lambda c, d: c.max_cols <= 8)
-    REGISTRY.register("numpy", "test_op", [Variant("numpy", "test_op", "v", constraints=(rule,),
-                                                   params=(Param("p", (1, 2), 1),))])
+    REGISTRY.register(
+        "numpy",
+        "test_op",
+        [Variant("numpy", "test_op", "v", constraints=(rule,), params=(Param("p", (1, 2), 1),))],
+    )
     try:
         assert TuningConfig.from_flat("numpy", {"prefill.max_cols": 8}).problems() == []
         bad = TuningConfig.from_flat("numpy", {"prefill.max_cols": 16})

@@ -88,6 +88,11 @@ def test_tolerances_are_applied():
     rep = _run(NumpyBackend, {"prefill.max_cols": 4})
     assert rep.passed
     m = Model(open_model(pytest.tiny_path), NumpyBackend())
-    strict = validate(m, TuningConfig.from_flat("numpy", {"prefill.max_cols": 4}), PROMPTS,
-                      steps=2, tol=Tolerances(max_abs_diff=-1.0))
+    strict = validate(
+        m,
+        TuningConfig.from_flat("numpy", {"prefill.max_cols": 4}),
+        PROMPTS,
+        steps=2,
+        tol=Tolerances(max_abs_diff=-1.0),
+    )
     assert not strict.passed and "max_abs_diff" in strict.prompts[0].reasons[0]

@@ -60,8 +60,14 @@ def test_device_info(vb):
     info = vb.device_info()
     assert info.backend == "vulkan" and info.name and info.vendor and info.driver
     assert info.memory_bytes > 0 and info.subgroup_size >= 1
-    for key in ("max_storage_buffer_range", "max_shared_memory", "max_workgroup_invocations",
-                "min_subgroup_size", "max_subgroup_size", "subgroup_size_control"):
+    for key in (
+        "max_storage_buffer_range",
+        "max_shared_memory",
+        "max_workgroup_invocations",
+        "min_subgroup_size",
+        "max_subgroup_size",
+        "subgroup_size_control",
+    ):
         assert key in info.extra
     if "llvmpipe" in info.name:
         assert info.device_class == "llvmpipe" and info.subgroup_size == 8
@@ -193,8 +199,11 @@ def _toy_step(be, wv, tok, pos, cache):  # noqa: ANN001, ANN202
 
 def test_replayed_decode_matches_recorded(vb):
     rng = np.random.default_rng(2)
-    qts = {"emb": qtensor(rng, (50, 64), "Q8_0", std=1.0), "wq": qtensor(rng, (64, 64), "Q5_0"),
-           "head": qtensor(rng, (50, 64), "Q4_1", std=1.0)}
+    qts = {
+        "emb": qtensor(rng, (50, 64), "Q8_0", std=1.0),
+        "wq": qtensor(rng, (64, 64), "Q5_0"),
+        "head": qtensor(rng, (50, 64), "Q4_1", std=1.0),
+    }
     wv = {k: vb.load_weight(v) for k, v in qts.items()}
 
     def run(replay: bool) -> tuple[list[int], list[np.ndarray]]:
@@ -253,8 +262,13 @@ def test_registry_module_imports_no_vulkan():
         "assert REGISTRY.supports('vulkan', 'matmul_prefill', 'Q4_K')\n"
         "print(TuningConfig.default('vulkan').max_cols)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         cwd=ROOT, env=os.environ | {"PYTHONPATH": str(ROOT)})
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=os.environ | {"PYTHONPATH": str(ROOT)},
+    )
     assert out.returncode == 0, out.stderr
 
 
@@ -263,8 +277,11 @@ def test_decode_graph_replays_and_recaptures(vb):
     RoPE table's end (1024 positions) or changing the cache recaptures; results equal plain
     steps at every position."""
     rng = np.random.default_rng(6)
-    qts = {"emb": qtensor(rng, (50, 64), "Q8_0", std=1.0), "wq": qtensor(rng, (64, 64), "Q5_0"),
-           "head": qtensor(rng, (50, 64), "Q4_1", std=1.0)}
+    qts = {
+        "emb": qtensor(rng, (50, 64), "Q8_0", std=1.0),
+        "wq": qtensor(rng, (64, 64), "Q5_0"),
+        "head": qtensor(rng, (50, 64), "Q4_1", std=1.0),
+    }
     wv = {k: vb.load_weight(v) for k, v in qts.items()}
     calls = []
 
@@ -273,6 +290,7 @@ def test_decode_graph_replays_and_recaptures(vb):
         tok = vb.upload(np.array([3], np.int32))
         out = []
         for pos in range(p0, p0 + n):
+
             def step(t, p):  # noqa: ANN001, ANN202
                 calls.append(p)
                 return _toy_step(vb, wv, t, p, cache)
@@ -320,8 +338,10 @@ def test_staging_paths_of_discrete_gpus(tiny_model_path, monkeypatch):
         wv = be.load_weight(w)
         xs = rng.standard_normal((3, 256)).astype(np.float32)
         ref = NumpyBackend()
-        assert nmse(ref.matmul(xs, ref.load_weight(w)), be.download(be.matmul(be.upload(xs), wv)))\
+        assert (
+            nmse(ref.matmul(xs, ref.load_weight(w)), be.download(be.matmul(be.upload(xs), wv)))
             < 1e-10
+        )
         g = open_model(tiny_model_path)
         a = Model(g, be).generate(list(range(3, 40)), 10, keep_logits=True)
         b = Model(g, NumpyBackend()).generate(list(range(3, 40)), 10, keep_logits=True)

@@ -30,8 +30,9 @@ def assert_no_validation_errors(be) -> None:  # noqa: ANN001
     assert not msgs, "Vulkan validation layer errors:\n" + "\n".join(m[:500] for m in msgs)
 
 
-def qtensor(rng: np.random.Generator, shape: tuple[int, ...], qtype: str, std: float = 0.05,
-            name: str = "w") -> QTensor:
+def qtensor(
+    rng: np.random.Generator, shape: tuple[int, ...], qtype: str, std: float = 0.05, name: str = "w"
+) -> QTensor:
     a = (rng.standard_normal(shape) * std).astype(np.float32)
     a2 = a.reshape(-1, shape[-1])
     raw = quantize(a2, qtype).view(np.uint8).reshape(a2.shape[0], -1)

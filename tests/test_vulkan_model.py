@@ -19,15 +19,31 @@ from tests.test_vulkan_helpers import assert_no_validation_errors, make_backend
 # command-buffer knobs (tiny submits, no replay).
 CONFIGS = [
     {},
-    {"matmul_prefill.variant": "serial", "prefill.max_cols": 8,
-     "matmul_decode.variant": "shmem", "matmul_decode.threads_per_row": 8,
-     "matmul_decode.rows_per_wg": 4},
-    {"prefill.max_cols": 40, "matmul_prefill.wg_size": 32, "matmul_prefill.rows_per_wg": 1,
-     "matmul_decode.wg_size": 128, "matmul_decode.rows_per_wg": 16, "attention.wg_size": 32,
-     "rms_norm.wg_size": 32, "argmax.wg_size": 512},
+    {
+        "matmul_prefill.variant": "serial",
+        "prefill.max_cols": 8,
+        "matmul_decode.variant": "shmem",
+        "matmul_decode.threads_per_row": 8,
+        "matmul_decode.rows_per_wg": 4,
+    },
+    {
+        "prefill.max_cols": 40,
+        "matmul_prefill.wg_size": 32,
+        "matmul_prefill.rows_per_wg": 1,
+        "matmul_decode.wg_size": 128,
+        "matmul_decode.rows_per_wg": 16,
+        "attention.wg_size": 32,
+        "rms_norm.wg_size": 32,
+        "argmax.wg_size": 512,
+    },
     {"prefill.max_cols": 1, "submit.max_nodes": 64, "submit.replay": False},
-    {"prefill.max_cols": 16, "matmul_prefill.subgroup_size": 8,
-     "matmul_decode.subgroup_size": 8, "attention.wg_size": 256, "embedding.wg_size": 32},
+    {
+        "prefill.max_cols": 16,
+        "matmul_prefill.subgroup_size": 8,
+        "matmul_decode.subgroup_size": 8,
+        "attention.wg_size": 256,
+        "embedding.wg_size": 32,
+    },
 ]
 
 
@@ -59,8 +75,11 @@ def _model(path, be):  # noqa: ANN001, ANN202
 
 
 def test_every_variant_is_sampled():
-    seen = {(op, (TuningConfig.default("vulkan").replace(**c).op(op).variant))
-            for c in CONFIGS for op in ("matmul_decode", "matmul_prefill")}
+    seen = {
+        (op, (TuningConfig.default("vulkan").replace(**c).op(op).variant))
+        for c in CONFIGS
+        for op in ("matmul_decode", "matmul_prefill")
+    }
     for op in ("matmul_decode", "matmul_prefill"):
         for v in REGISTRY.op("vulkan", op).variants:
             assert (op, v.name) in seen
@@ -77,9 +96,17 @@ def test_validate_passes(vb, tiny_model_path, flat):
     assert rep.max_abs_diff < 1e-3
 
 
-@pytest.mark.parametrize("arch,quant", [("qwen2", "q4_k_m"), ("qwen3", "q4_k_m"),
-                                        ("llama", "q4_k_m"), ("llama", "q8_0"),
-                                        ("qwen3", "f16"), ("qwen2", "q5_1")])
+@pytest.mark.parametrize(
+    "arch,quant",
+    [
+        ("qwen2", "q4_k_m"),
+        ("qwen3", "q4_k_m"),
+        ("llama", "q4_k_m"),
+        ("llama", "q8_0"),
+        ("qwen3", "f16"),
+        ("qwen2", "q5_1"),
+    ],
+)
 def test_architectures_match_numpy(vb, tiny_model_factory, arch, quant):
     from engine.backends.numpy_ref import NumpyBackend
 
@@ -99,8 +126,11 @@ def test_architectures_match_numpy(vb, tiny_model_factory, arch, quant):
 def test_unusable_config_is_reported_and_next_runs(vb, tiny_model_path):
     model, tok = _model(tiny_model_path, vb)
     dev = vb.device_info()
-    bad_size = next(s for s in (8, 16, 32, 64, 128)
-                    if not dev.extra["min_subgroup_size"] <= s <= dev.extra["max_subgroup_size"])
+    bad_size = next(
+        s
+        for s in (8, 16, 32, 64, 128)
+        if not dev.extra["min_subgroup_size"] <= s <= dev.extra["max_subgroup_size"]
+    )
     bad = TuningConfig.default("vulkan").replace(**{"matmul_prefill.subgroup_size": bad_size})
     with pytest.raises(ConfigError):
         validate(model, bad, _prompts(tok)[:2], steps=2)

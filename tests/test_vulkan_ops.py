@@ -70,37 +70,92 @@ def _k_for(qtype: str, blocks: int) -> int:
 # required subgroup size, and MAX_COLS that do not divide the column counts below.
 DECODE = [
     ({"matmul_decode.variant": "subgroup"}, "subgroup-default"),
-    ({"matmul_decode.variant": "subgroup", "matmul_decode.wg_size": 32,
-      "matmul_decode.rows_per_wg": 1}, "subgroup-wg32-r1"),
-    ({"matmul_decode.variant": "subgroup", "matmul_decode.wg_size": 128,
-      "matmul_decode.rows_per_wg": 16, "matmul_decode.subgroup_size": 8}, "subgroup-r16-sg8"),
-    ({"matmul_decode.variant": "shmem", "matmul_decode.threads_per_row": 1,
-      "matmul_decode.wg_size": 32, "matmul_decode.rows_per_wg": 4}, "shmem-tpr1"),
-    ({"matmul_decode.variant": "shmem", "matmul_decode.threads_per_row": 64,
-      "matmul_decode.wg_size": 64, "matmul_decode.rows_per_wg": 2}, "shmem-tpr64"),
-    ({"matmul_decode.variant": "shmem", "matmul_decode.threads_per_row": 8,
-      "matmul_decode.wg_size": 256, "matmul_decode.rows_per_wg": 16}, "shmem-wg256-r16"),
+    (
+        {
+            "matmul_decode.variant": "subgroup",
+            "matmul_decode.wg_size": 32,
+            "matmul_decode.rows_per_wg": 1,
+        },
+        "subgroup-wg32-r1",
+    ),
+    (
+        {
+            "matmul_decode.variant": "subgroup",
+            "matmul_decode.wg_size": 128,
+            "matmul_decode.rows_per_wg": 16,
+            "matmul_decode.subgroup_size": 8,
+        },
+        "subgroup-r16-sg8",
+    ),
+    (
+        {
+            "matmul_decode.variant": "shmem",
+            "matmul_decode.threads_per_row": 1,
+            "matmul_decode.wg_size": 32,
+            "matmul_decode.rows_per_wg": 4,
+        },
+        "shmem-tpr1",
+    ),
+    (
+        {
+            "matmul_decode.variant": "shmem",
+            "matmul_decode.threads_per_row": 64,
+            "matmul_decode.wg_size": 64,
+            "matmul_decode.rows_per_wg": 2,
+        },
+        "shmem-tpr64",
+    ),
+    (
+        {
+            "matmul_decode.variant": "shmem",
+            "matmul_decode.threads_per_row": 8,
+            "matmul_decode.wg_size": 256,
+            "matmul_decode.rows_per_wg": 16,
+        },
+        "shmem-wg256-r16",
+    ),
 ]
 # Every weight type runs both prefill variants at a small MAX_COLS; the larger MAX_COLS samples
 # (whose unrolled accumulator loops take lavapipe's LLVM seconds per pipeline) run on a block
 # type and on a float type with a ragged row tail.
 PREFILL = [
     ({"matmul_prefill.variant": "kpar", "prefill.max_cols": 8}, "kpar-mc8"),
-    ({"matmul_prefill.variant": "serial", "prefill.max_cols": 4, "matmul_prefill.wg_size": 32},
-     "serial-mc4-wg32"),
+    (
+        {"matmul_prefill.variant": "serial", "prefill.max_cols": 4, "matmul_prefill.wg_size": 32},
+        "serial-mc4-wg32",
+    ),
 ]
 PREFILL_SAMPLES = [
     ({"matmul_prefill.variant": "kpar"}, "kpar-default"),
-    ({"matmul_prefill.variant": "kpar", "prefill.max_cols": 40, "matmul_prefill.wg_size": 32,
-      "matmul_prefill.rows_per_wg": 1}, "kpar-mc40-r1"),
+    (
+        {
+            "matmul_prefill.variant": "kpar",
+            "prefill.max_cols": 40,
+            "matmul_prefill.wg_size": 32,
+            "matmul_prefill.rows_per_wg": 1,
+        },
+        "kpar-mc40-r1",
+    ),
     ({"matmul_prefill.variant": "kpar", "prefill.max_cols": 1}, "kpar-mc1"),
-    ({"matmul_prefill.variant": "kpar", "prefill.max_cols": 24, "matmul_prefill.wg_size": 128,
-      "matmul_prefill.rows_per_wg": 16, "matmul_prefill.subgroup_size": 8}, "kpar-mc24-sg8"),
+    (
+        {
+            "matmul_prefill.variant": "kpar",
+            "prefill.max_cols": 24,
+            "matmul_prefill.wg_size": 128,
+            "matmul_prefill.rows_per_wg": 16,
+            "matmul_prefill.subgroup_size": 8,
+        },
+        "kpar-mc24-sg8",
+    ),
     ({"matmul_prefill.variant": "serial"}, "serial-default"),
-    ({"matmul_prefill.variant": "serial", "prefill.max_cols": 64, "matmul_prefill.wg_size": 32},
-     "serial-mc64"),
-    ({"matmul_prefill.variant": "serial", "prefill.max_cols": 8, "matmul_prefill.wg_size": 256},
-     "serial-mc8-wg256"),
+    (
+        {"matmul_prefill.variant": "serial", "prefill.max_cols": 64, "matmul_prefill.wg_size": 32},
+        "serial-mc64",
+    ),
+    (
+        {"matmul_prefill.variant": "serial", "prefill.max_cols": 8, "matmul_prefill.wg_size": 256},
+        "serial-mc8-wg256",
+    ),
 ]
 
 
@@ -132,8 +187,11 @@ def test_matmul_decode_variants(vb, flat, qtype):
 @pytest.mark.parametrize(
     "flat,qtype",
     [pytest.param(f, q, id=f"{q}-{label}") for f, label in PREFILL for q in QUANTS]
-    + [pytest.param(f, q, id=f"{q}-{label}") for f, label in PREFILL_SAMPLES
-       for q in ("Q4_K", "F16")],
+    + [
+        pytest.param(f, q, id=f"{q}-{label}")
+        for f, label in PREFILL_SAMPLES
+        for q in ("Q4_K", "F16")
+    ],
 )
 def test_matmul_prefill_variants(vb, flat, qtype):
     vb.set_config(_cfg(vb, flat))
@@ -187,8 +245,14 @@ def test_ops_on_row_views(vb):
     nw = vb.load_weight(qtensor(rng, (256,), "F32", std=1.0))
     normed = vb.download(vb.rms_norm(vb.rows(xt, 3, 4), nw, 1e-6))
     x64 = x[3:4].astype(np.float64)
-    ref = x64 / np.sqrt((x64**2).mean(-1, keepdims=True) + 1e-6) * dense(QTensor(
-        "n", "F32", (256,), np.asarray(nw.f32 and vb.download(nw.f32)).view(np.uint8)[None])
+    ref = (
+        x64
+        / np.sqrt((x64**2).mean(-1, keepdims=True) + 1e-6)
+        * dense(
+            QTensor(
+                "n", "F32", (256,), np.asarray(nw.f32 and vb.download(nw.f32)).view(np.uint8)[None]
+            )
+        )
     )
     assert nmse(ref, normed) < 1e-10
     s = vb.download(vb.add(vb.rows(xt, 1, 3), vb.rows(xt, 4, 6)))
@@ -199,8 +263,9 @@ def test_ops_on_row_views(vb):
     assert nmse(dense(table)[[3, 9]], emb) < 1e-12
 
 
-@pytest.mark.parametrize("op", ["rms_norm", "add", "swiglu", "rope", "attention", "argmax",
-                                "embedding", "kv_write"])
+@pytest.mark.parametrize(
+    "op", ["rms_norm", "add", "swiglu", "rope", "attention", "argmax", "embedding", "kv_write"]
+)
 @pytest.mark.parametrize("wg", [32, 512])
 def test_small_ops_at_workgroup_extremes(vb, op, wg):
     """The small ops at the smallest and largest registered workgroup size."""
@@ -263,8 +328,11 @@ def test_argmax_nan_and_ties(vb):
 
 def test_required_subgroup_size_the_device_lacks_is_a_constraint(vb):
     dev = vb.device_info()
-    bad = next(s for s in (8, 16, 32, 64, 128)
-               if not dev.extra["min_subgroup_size"] <= s <= dev.extra["max_subgroup_size"])
+    bad = next(
+        s
+        for s in (8, 16, 32, 64, 128)
+        if not dev.extra["min_subgroup_size"] <= s <= dev.extra["max_subgroup_size"]
+    )
     cfg = TuningConfig.default("vulkan").replace(**{"matmul_decode.subgroup_size": bad})
     assert cfg.problems(dev), "registry must reject a subgroup size the device cannot require"
     with pytest.raises(ConfigError):

@@ -308,8 +308,18 @@ class VulkanBackend(Backend):
         self, config: TuningConfig, qtypes: set[str], fresh: bool = False
     ) -> dict[tuple[str, str], tuple[Pipeline, Any]]:
         ops = {} if fresh else self._ops
-        for op in ("rms_norm", "add", "swiglu", "rope", "kv_write", "attention", "argmax",
-                   "embedding", "matmul_decode", "matmul_prefill"):
+        for op in (
+            "rms_norm",
+            "add",
+            "swiglu",
+            "rope",
+            "kv_write",
+            "attention",
+            "argmax",
+            "embedding",
+            "matmul_decode",
+            "matmul_prefill",
+        ):
             program, spec, sg = self._spec(config, op)
             variant = config.op(op).variant
             for q in sorted(qtypes) if program is None else [""]:
@@ -353,11 +363,7 @@ class VulkanBackend(Backend):
             )
         s = self.stream
         g = self._graph
-        if (
-            not s.replay
-            or not isinstance(tok, VkTensor)
-            or s.broken
-        ):
+        if not s.replay or not isinstance(tok, VkTensor) or s.broken:
             return step(tok, pos)
         if (
             g is None
@@ -475,8 +481,11 @@ class VulkanBackend(Backend):
         out = self._new(x.shape)
         pipe, _ = self._pipe("rms_norm")
         self.stream.dispatch(
-            pipe, (x.buf, wt.buf, out.buf), (out.buf,),
-            (D, rows, x.offset, wt.offset, out.offset, float(eps)), _fold(rows),
+            pipe,
+            (x.buf, wt.buf, out.buf),
+            (out.buf,),
+            (D, rows, x.offset, wt.offset, out.offset, float(eps)),
+            _fold(rows),
         )
         return out
 
@@ -494,8 +503,11 @@ class VulkanBackend(Backend):
             rows = int(c["rows_per_wg"])
             for lease, r0, nr in w.parts:
                 self.stream.dispatch(
-                    pipe, (lease.buf, x.buf, out.buf), (out.buf,),
-                    (Kw, nr, w.row_bytes, x.offset, out.offset + r0), _fold(-(-nr // rows)),
+                    pipe,
+                    (lease.buf, x.buf, out.buf),
+                    (out.buf,),
+                    (Kw, nr, w.row_bytes, x.offset, out.offset + r0),
+                    _fold(-(-nr // rows)),
                 )
             return out
         pipe, c = self._pipe("matmul_prefill", w.qtype)
@@ -504,8 +516,11 @@ class VulkanBackend(Backend):
         for lease, r0, nr in w.parts:
             gx, gy, _ = _fold(-(-nr // per_wg))
             self.stream.dispatch(
-                pipe, (lease.buf, x.buf, out.buf), (out.buf,),
-                (Kw, nr, w.row_bytes, x.offset, out.offset + r0, N, T), (gx, gy, chunks),
+                pipe,
+                (lease.buf, x.buf, out.buf),
+                (out.buf,),
+                (Kw, nr, w.row_bytes, x.offset, out.offset + r0, N, T),
+                (gx, gy, chunks),
             )
         return out
 
@@ -515,8 +530,11 @@ class VulkanBackend(Backend):
         n = a.size
         if n:
             self.stream.dispatch(
-                pipe, (a.buf, b.buf, out.buf), (out.buf,),
-                (n, a.offset, b.offset, out.offset, bcast), _fold(-(-n // int(c["wg_size"]))),
+                pipe,
+                (a.buf, b.buf, out.buf),
+                (out.buf,),
+                (n, a.offset, b.offset, out.offset, bcast),
+                _fold(-(-n // int(c["wg_size"]))),
             )
         return out
 
@@ -565,7 +583,9 @@ class VulkanBackend(Backend):
         n = T * H * (D // 2)
         if n:
             self.stream.dispatch(
-                pipe, (x.buf, table.buf, out.buf, self.stream.dyn_buf), (out.buf,),
+                pipe,
+                (x.buf, table.buf, out.buf, self.stream.dyn_buf),
+                (out.buf,),
                 (T, H, D, x.offset, out.offset, self.stream.dyn(pos0), int(bool(neox))),
                 _fold(-(-n // int(c["wg_size"]))),
             )
@@ -587,7 +607,9 @@ class VulkanBackend(Backend):
         n = k.size
         if n:
             self.stream.dispatch(
-                pipe, (k.buf, v.buf, ck.buf, cv.buf, self.stream.dyn_buf), (ck.buf, cv.buf),
+                pipe,
+                (k.buf, v.buf, ck.buf, cv.buf, self.stream.dyn_buf),
+                (ck.buf, cv.buf),
                 (n, row, k.offset, v.offset, ck.offset, cv.offset, self.stream.dyn(pos0)),
                 _fold(-(-n // int(c["wg_size"]))),
             )
@@ -610,9 +632,20 @@ class VulkanBackend(Backend):
         out = self._new((T, H, D))
         if T:
             self.stream.dispatch(
-                pipe, (q.buf, ck.buf, cv.buf, out.buf, self.stream.dyn_buf), (out.buf,),
-                (H, Hkv, D, q.offset, ck.offset, cv.offset, out.offset, self.stream.dyn(pos0),
-                 1.0 / math.sqrt(D)),
+                pipe,
+                (q.buf, ck.buf, cv.buf, out.buf, self.stream.dyn_buf),
+                (out.buf,),
+                (
+                    H,
+                    Hkv,
+                    D,
+                    q.offset,
+                    ck.offset,
+                    cv.offset,
+                    out.offset,
+                    self.stream.dyn(pos0),
+                    1.0 / math.sqrt(D),
+                ),
                 (H, T, 1),
             )
         return out
@@ -624,7 +657,10 @@ class VulkanBackend(Backend):
         out = self._new((rows,), np.int32)
         pipe, _ = self._pipe("argmax")
         self.stream.dispatch(
-            pipe, (logits.buf, out.buf), (out.buf,), (V, rows, logits.offset, out.offset),
+            pipe,
+            (logits.buf, out.buf),
+            (out.buf,),
+            (V, rows, logits.offset, out.offset),
             _fold(rows),
         )
         return out

@@ -196,8 +196,10 @@ def _pick_physical(instance: Any) -> Any:
 
 def _memory_types(physical: Any) -> MemoryTypes:
     mp = vk.vkGetPhysicalDeviceMemoryProperties(physical)
-    types = [(i, mp.memoryTypes[i].propertyFlags, mp.memoryTypes[i].heapIndex)
-             for i in range(mp.memoryTypeCount)]
+    types = [
+        (i, mp.memoryTypes[i].propertyFlags, mp.memoryTypes[i].heapIndex)
+        for i in range(mp.memoryTypeCount)
+    ]
     heaps = [mp.memoryHeaps[i].size for i in range(mp.memoryHeapCount)]
     dl, hv, hc = (
         vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT,
@@ -234,8 +236,10 @@ def _open(instance: Any, messenger: Any, messages: list[str]) -> Device:
     physical = _pick_physical(instance)
     props = vk.vkGetPhysicalDeviceProperties(physical)
     if props.apiVersion < vk.VK_MAKE_VERSION(1, 2, 0):
-        raise BackendUnavailable(f"{props.deviceName}: Vulkan {props.apiVersion >> 22}."
-                                 f"{(props.apiVersion >> 12) & 0x3FF} < 1.2")
+        raise BackendUnavailable(
+            f"{props.deviceName}: Vulkan {props.apiVersion >> 22}."
+            f"{(props.apiVersion >> 12) & 0x3FF} < 1.2"
+        )
     exts = {e.extensionName for e in vk.vkEnumerateDeviceExtensionProperties(physical, None)}
 
     sg = vk.VkPhysicalDeviceSubgroupProperties(
@@ -306,8 +310,11 @@ def _open(instance: Any, messenger: Any, messages: list[str]) -> Device:
     vendor = VENDORS.get(props.vendorID, hex(props.vendorID))
     mp = vk.vkGetPhysicalDeviceMemoryProperties(physical)
     memory_bytes = max(
-        (mp.memoryHeaps[i].size for i in range(mp.memoryHeapCount)
-         if mp.memoryHeaps[i].flags & vk.VK_MEMORY_HEAP_DEVICE_LOCAL_BIT),
+        (
+            mp.memoryHeaps[i].size
+            for i in range(mp.memoryHeapCount)
+            if mp.memoryHeaps[i].flags & vk.VK_MEMORY_HEAP_DEVICE_LOCAL_BIT
+        ),
         default=0,
     )
     driver_name = _cstr(drv.driverName)

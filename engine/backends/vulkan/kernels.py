@@ -26,9 +26,7 @@ MATMUL_PREFILL_VARIANTS = {"kpar": "VARIANT_KPAR", "serial": "VARIANT_SERIAL"}
 
 
 def matmul_decode(variant: str, qtype: str) -> Program:
-    return Program(
-        "matmul_decode", (MATMUL_DECODE_VARIANTS[variant], f"QTYPE_{qtype}"), 3, "IIIII"
-    )
+    return Program("matmul_decode", (MATMUL_DECODE_VARIANTS[variant], f"QTYPE_{qtype}"), 3, "IIIII")
 
 
 def matmul_prefill(variant: str, qtype: str) -> Program:

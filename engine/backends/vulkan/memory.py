@@ -57,9 +57,7 @@ class Buffer:
         self.epoch = -1  # last recording that used it (see Stream)
         self.handle = vk.vkCreateBuffer(
             dev.device,
-            vk.VkBufferCreateInfo(
-                size=size, usage=USAGE, sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE
-            ),
+            vk.VkBufferCreateInfo(size=size, usage=USAGE, sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE),
             None,
         )
         req = vk.vkGetBufferMemoryRequirements(dev.device, self.handle)

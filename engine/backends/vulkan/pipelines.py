@@ -58,7 +58,8 @@ class Pipelines:
             code = compile_spirv(program.shader, program.defines)
             try:
                 self.modules[key] = vk.vkCreateShaderModule(
-                    self.dev.device, vk.VkShaderModuleCreateInfo(codeSize=len(code), pCode=code),
+                    self.dev.device,
+                    vk.VkShaderModuleCreateInfo(codeSize=len(code), pCode=code),
                     None,
                 )
             except vk.VkError as e:

@@ -248,8 +248,9 @@ class Stream:
                 lib.vkCmdFillBuffer(cmd, n.bufs[0], off, size, value)
             else:
                 src_off, dst_off, size = n.args
-                region = ffi.new("VkBufferCopy*", {"srcOffset": src_off, "dstOffset": dst_off,
-                                                   "size": size})
+                region = ffi.new(
+                    "VkBufferCopy*", {"srcOffset": src_off, "dstOffset": dst_off, "size": size}
+                )
                 lib.vkCmdCopyBuffer(cmd, n.bufs[0], n.bufs[1], 1, region)
         self._barrier(
             cmd,
@@ -305,8 +306,9 @@ class Stream:
         d = self.dev.device
         vk.vkResetFences(d, 1, [self.fence])
         try:
-            vk.vkQueueSubmit(self.dev.queue, 1, [vk.VkSubmitInfo(pCommandBuffers=[cmd])],
-                             self.fence)
+            vk.vkQueueSubmit(
+                self.dev.queue, 1, [vk.VkSubmitInfo(pCommandBuffers=[cmd])], self.fence
+            )
             vk.vkWaitForFences(d, 1, [self.fence], vk.VK_TRUE, int(self.timeout_s * 1e9))
         except vk.VkTimeout:
             self.broken = (

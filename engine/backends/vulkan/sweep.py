@@ -24,8 +24,11 @@ SAMPLE: list[dict[str, Any]] = [
     {},
     {"matmul_prefill.variant": "serial"},
     {"matmul_decode.variant": "shmem", "matmul_decode.threads_per_row": 32},
-    {"matmul_decode.variant": "shmem", "matmul_decode.threads_per_row": 64,
-     "matmul_decode.wg_size": 128},
+    {
+        "matmul_decode.variant": "shmem",
+        "matmul_decode.threads_per_row": 64,
+        "matmul_decode.wg_size": 128,
+    },
     {"prefill.max_cols": 16},
     {"prefill.max_cols": 40},
     {"prefill.max_cols": 64},
@@ -69,8 +72,11 @@ def main(argv: list[str] | None = None) -> int:
     model, be = eng.model, eng.backend
     dev = be.device_info()
     doc: dict[str, Any] = {"device": dev.to_dict(), "model": model.spec.name, "runs": []}
-    print(f"device: {dev.name} ({dev.device_class}), driver {dev.driver}, "
-          f"subgroup {dev.subgroup_size}, load {time.perf_counter() - t_start:.1f} s", flush=True)
+    print(
+        f"device: {dev.name} ({dev.device_class}), driver {dev.driver}, "
+        f"subgroup {dev.subgroup_size}, load {time.perf_counter() - t_start:.1f} s",
+        flush=True,
+    )
     prompts = _prompts(eng.tokenizer())
     lengths = [int(x) for x in args.prompt_tokens.split(",")]
 
@@ -103,15 +109,21 @@ def main(argv: list[str] | None = None) -> int:
             be.set_config(cfg)
             rec["compile_s"] = time.perf_counter() - t0
             rep = validate(model, cfg, prompts, steps=8)
-            rec["validate"] = {"passed": rep.passed, "max_abs_diff": rep.max_abs_diff,
-                               "nmse": rep.nmse,
-                               "reasons": [r for p in rep.prompts for r in p.reasons]}
+            rec["validate"] = {
+                "passed": rep.passed,
+                "max_abs_diff": rep.max_abs_diff,
+                "nmse": rep.nmse,
+                "reasons": [r for p in rep.prompts for r in p.reasons],
+            }
             if rep.passed:
                 b = bench(model, lengths, args.gen_tokens, args.repeats, 1)
                 rec["bench"] = [
-                    {"prompt_tokens": r.prompt_tokens, "prefill_tok_s": r.prefill_tok_s.median,
-                     "ttft_s": r.ttft_s.median,
-                     "decode_tok_s": r.decode_tok_s.median if r.decode_tok_s else None}
+                    {
+                        "prompt_tokens": r.prompt_tokens,
+                        "prefill_tok_s": r.prefill_tok_s.median,
+                        "ttft_s": r.ttft_s.median,
+                        "decode_tok_s": r.decode_tok_s.median if r.decode_tok_s else None,
+                    }
                     for r in b.results
                 ]
             rec["outcome"] = "ok" if rep.passed else "invalid"
@@ -128,9 +140,12 @@ def main(argv: list[str] | None = None) -> int:
             f"pp{r['prompt_tokens']} {r['prefill_tok_s']:.1f} tg {r['decode_tok_s'] or 0:.1f}"
             for r in rec.get("bench", [])
         )
-        print(f"{json.dumps(flat)}: {rec['outcome']} "
-              f"{rec.get('validate', {}).get('max_abs_diff', '')} {line} "
-              f"({rec['seconds']:.1f} s)", flush=True)
+        print(
+            f"{json.dumps(flat)}: {rec['outcome']} "
+            f"{rec.get('validate', {}).get('max_abs_diff', '')} {line} "
+            f"({rec['seconds']:.1f} s)",
+            flush=True,
+        )
     save()
     print(f"wrote {args.out / 'vulkan_sweep.json'}")
     return 0

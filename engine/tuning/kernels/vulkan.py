@@ -148,8 +148,11 @@ REGISTRY.register(
             B,
             "matmul_decode",
             "subgroup",
-            params=(_wg(64), Param("rows_per_wg", (1, 2, 4, 8, 16), 2, "rows per workgroup"),
-                    _SUBGROUP),
+            params=(
+                _wg(64),
+                Param("rows_per_wg", (1, 2, 4, 8, 16), 2, "rows per workgroup"),
+                _SUBGROUP,
+            ),
             constraints=(
                 _wg_fits("matmul_decode"),
                 _subgroup_divides_wg("matmul_decode"),
@@ -194,8 +197,11 @@ REGISTRY.register(
             B,
             "matmul_prefill",
             "kpar",
-            params=(_wg(64), Param("rows_per_wg", (1, 2, 4, 8, 16), 2, "rows per workgroup"),
-                    _SUBGROUP),
+            params=(
+                _wg(64),
+                Param("rows_per_wg", (1, 2, 4, 8, 16), 2, "rows per workgroup"),
+                _SUBGROUP,
+            ),
             constraints=(
                 _wg_fits("matmul_prefill"),
                 _subgroup_divides_wg("matmul_prefill"),
