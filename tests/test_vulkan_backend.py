@@ -227,6 +227,29 @@ def test_replayed_decode_matches_recorded(vb):
         assert np.array_equal(a, b)
 
 
+def test_submit_in_flight_while_recording(vb):
+    """A submit forced by the node budget does not wait: the next ops record while it runs.
+    Uploads (possibly into pool buffers the device still reads) and reads in between stay
+    correct."""
+    vb.set_config(TuningConfig.default("vulkan").replace(**{"submit.max_nodes": 64}))
+    rng = np.random.default_rng(9)
+    ref = rng.standard_normal((3, 40)).astype(np.float32)
+    x = vb.upload(ref)
+    in_flight = 0
+    for i in range(4):
+        b = rng.standard_normal((3, 40)).astype(np.float32)
+        bt = vb.upload(b)  # written by the host while an earlier submit may still run
+        for _ in range(100):
+            x = vb.add(x, bt)
+            ref = ref + b
+            in_flight += vb.stream.inflight is not None
+        if i == 1:
+            assert np.array_equal(vb.download(x), ref)
+            assert vb.stream.inflight is None
+    assert in_flight > 0, "no submit stayed in flight"
+    assert np.array_equal(vb.download(x), ref)
+
+
 def test_argmax_result_is_never_stale(vb):
     """Each argmax is a new device tensor and download reads that tensor after the work that
     writes it: two steps with different logits give different tokens even when the second is

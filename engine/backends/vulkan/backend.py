@@ -23,7 +23,7 @@ from engine.backends.vulkan._vk import vk
 from engine.backends.vulkan.device import Device, open_device
 from engine.backends.vulkan.memory import Allocator, Buffer, Lease
 from engine.backends.vulkan.pipelines import Pipeline, Pipelines
-from engine.backends.vulkan.stream import Stream
+from engine.backends.vulkan.stream import GraphKey, Stream
 from engine.errors import ConfigError, EngineError, KernelCompileError, UnsupportedError
 from engine.tuning.kernels.vulkan import QUANT_TYPES
 
@@ -104,6 +104,7 @@ class DecodeGraph:
     pending_r: set[int]
     pending_w: set[int]
     owned: list[Lease]
+    keys: dict[tuple[int, int], GraphKey] = field(default_factory=dict)  # by input copy source
 
 
 @dataclass
@@ -174,8 +175,8 @@ class VulkanBackend(Backend):
         """Host bytes into a buffer, in stream order with the dispatches around it."""
         raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
         if buf.host is not None:
-            if buf.epoch == self.stream.epoch and self.stream.nodes:
-                self.stream.flush()  # a pending dispatch still uses this buffer's old contents
+            if self.stream.busy(buf):
+                self.stream.flush()  # pending or in-flight work still uses the old contents
             buf.host[offset : offset + raw.size] = raw
             return
         for c0 in range(0, raw.size, STAGING_CHUNK):
@@ -380,6 +381,12 @@ class VulkanBackend(Backend):
         s.nodes.extend(g.nodes)
         s.dyn_values = [v - g.pos + pos for v in g.dyn]
         s.pending_r, s.pending_w = set(g.pending_r), set(g.pending_w)
+        if s.replay:
+            src = (tok.buf.id, tok.offset)
+            key = g.keys.get(src)
+            if key is None or key.key[0] != s.profiling:
+                key = g.keys[src] = s.graph_key()
+            s.use_key(key)
         if len(s.nodes) >= s.max_nodes:
             s.flush()
         return g.logits, g.tok

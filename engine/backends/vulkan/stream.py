@@ -12,6 +12,13 @@ written since the last barrier (RAW, WAW), or writes one read since then (WAR), 
 compute/transfer memory barrier first. Independent dispatches (q, k, v projections) run without
 one. Every command buffer starts with a barrier against earlier submissions and ends with one
 that makes device writes visible to host reads.
+
+One submission may stay in flight while the next is recorded: a submit forced by the node budget
+or a full dynamic-scalar table (the middle of a long prefill) does not wait, so Python records
+the next chunk while the device runs this one. Everything that touches memory the device may
+still use waits first: the next submit (it rewrites the dynamic scalars and may replay the same
+command buffer), host reads and writes, destroying buffers or command buffers, profile reads.
+Device-side ordering between submissions is the leading barrier of every command buffer.
 """
 
 from __future__ import annotations
@@ -67,6 +74,34 @@ class Recorded:
     names: list[str]  # per timed dispatch
 
 
+@dataclass
+class InFlight:
+    """A submission not yet waited for, and what must live until it completes."""
+
+    rec: Recorded
+    keep: bool  # rec is in the replay cache (else freed once complete)
+    keepalive: list[Any]
+
+
+class GraphKey:
+    """A replay key whose hash is computed once (a decode graph submits the same key every
+    step; hashing and comparing a tuple of ~500 node keys each time costs ~0.2 ms)."""
+
+    __slots__ = ("key", "_hash")
+
+    def __init__(self, key: tuple[Any, ...]) -> None:
+        self.key = key
+        self._hash = hash(key)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, GraphKey) and (
+            self is other or (self._hash == other._hash and self.key == other.key)
+        )
+
+
 class Stream:
     def __init__(self, dev: Device, pipelines: Pipelines, alloc: Allocator) -> None:
         self.dev = dev
@@ -98,6 +133,8 @@ class Stream:
         self.profile: dict[str, list[float]] = {}  # name -> [calls, total ns]
         self.timeout_s = 600.0
         self.broken: str | None = None
+        self.inflight: InFlight | None = None
+        self.nodes_key: tuple[list[Node], int, GraphKey] | None = None
         self.stats = {"submits": 0, "replays": 0, "recorded": 0, "dispatches": 0, "barriers": 0}
         alloc.on_destroy.append(self._forget)
 
@@ -107,7 +144,7 @@ class Stream:
         before the dispatch that uses the slot: a submit may only happen between the two if no
         slot is handed out yet."""
         if len(self.dyn_values) >= DYN_SLOTS:
-            self.flush()
+            self.flush(wait=False)
         self.dyn_values.append(int(value))
         return len(self.dyn_values) - 1
 
@@ -116,7 +153,7 @@ class Stream:
         # Submit after appending, never before: the node may use a dynamic slot allocated just
         # before it, which a submit would recycle.
         if len(self.nodes) >= self.max_nodes:
-            self.flush()
+            self.flush(wait=False)
 
     def _hazard(self, reads: tuple[Buffer, ...], writes: tuple[Buffer, ...]) -> bool:
         pw, pr = self.pending_w, self.pending_r
@@ -268,19 +305,29 @@ class Stream:
         if rec.query_pool is not None:
             vk.vkDestroyQueryPool(self.dev.device, rec.query_pool, None)
 
-    def flush(self) -> None:
-        """Submit everything recorded and wait for it."""
+    def flush(self, wait: bool = True) -> None:
+        """Submit everything recorded; wait for it unless ``wait=False`` (then it stays in
+        flight until the next submit or host access)."""
         if self.broken:
             raise EngineError(self.broken)
         nodes, self.nodes = self.nodes, []
+        key = None
         if not nodes:
             self._reset()
+            if wait:
+                self.wait()
             return
+        # The previous submission reads the dynamic scalars and may be the command buffer about
+        # to be replayed: it must be complete before either is touched.
+        self.wait()
         self.dyn_host[: len(self.dyn_values)] = np.asarray(self.dyn_values, dtype=np.uint32)
         rec, keep = None, self.replay
-        key = None
         if keep:
-            key = (self.profiling, tuple(n.key for n in nodes))
+            nk = self.nodes_key
+            if nk is not None and nk[0] is nodes and nk[1] == len(nodes):
+                key = nk[2]
+            if key is None or key.key[0] != self.profiling:
+                key = GraphKey((self.profiling, tuple(n.key for n in nodes)))
             rec = self.cache.get(key)
             if rec is not None:
                 self.cache.move_to_end(key)
@@ -293,22 +340,64 @@ class Stream:
                     self._free(self.cache.popitem(last=False)[1])
         self.stats["submits"] += 1
         self.stats["dispatches"] += sum(1 for n in nodes if n.kind == DISPATCH)
+        flight = InFlight(rec, keep, self.keepalive)
+        self._reset()
         try:
             self._submit(rec.cmd)
-            if rec.query_pool is not None:
-                self._read_profile(rec)
-        finally:
+        except EngineError:
             if not keep:
                 self._free(rec)
-            self._reset()
+            raise
+        self.inflight = flight
+        if wait:
+            self.wait()
+
+    def graph_key(self) -> GraphKey:
+        """The replay key of the nodes recorded so far, for a caller that records the same list
+        again (a decode graph): hand it back with ``use_key``."""
+        return GraphKey((self.profiling, tuple(n.key for n in self.nodes)))
+
+    def use_key(self, key: GraphKey) -> None:
+        """The next submit's nodes are those recorded now, whose replay key is ``key``; nodes
+        recorded after this call make the submit compute its key again."""
+        self.nodes_key = (self.nodes, len(self.nodes), key)
+
+    def wait(self) -> None:
+        """Wait for the submission in flight, if any (host reads and writes come after this)."""
+        f = self.inflight
+        if f is None:
+            return
+        self.inflight = None
+        try:
+            self._wait_fence()
+            if f.rec.query_pool is not None:
+                self._read_profile(f.rec)
+        finally:
+            if not f.keep:
+                self._free(f.rec)
+
+    def busy(self, buf: Buffer) -> bool:
+        """Whether recorded or in-flight work may still use buf (host access must flush first).
+        Any submission in flight counts: replayed decode-graph nodes do not mark their buffers."""
+        return self.inflight is not None or (buf.epoch == self.epoch and bool(self.nodes))
 
     def _submit(self, cmd: Any) -> None:
         d = self.dev.device
-        vk.vkResetFences(d, 1, [self.fence])
         try:
+            vk.vkResetFences(d, 1, [self.fence])
             vk.vkQueueSubmit(
                 self.dev.queue, 1, [vk.VkSubmitInfo(pCommandBuffers=[cmd])], self.fence
             )
+        except vk.VkError as e:
+            self.broken = (
+                f"vulkan: {self.dev.info.name}: {type(e).__name__} while submitting kernels "
+                "(device lost?); this backend cannot be used further"
+            )
+            raise EngineError(self.broken) from None
+
+    def _wait_fence(self) -> None:
+        d = self.dev.device
+        try:
             vk.vkWaitForFences(d, 1, [self.fence], vk.VK_TRUE, int(self.timeout_s * 1e9))
         except vk.VkTimeout:
             self.broken = (
@@ -345,6 +434,7 @@ class Stream:
             entry[1] += ticks * period
 
     def _reset(self) -> None:
+        self.nodes_key = None
         self.dyn_values = []
         self.pending_r.clear()
         self.pending_w.clear()
@@ -357,13 +447,21 @@ class Stream:
         # freed, never in the decode loop).
         if self.nodes and buf.epoch == self.epoch and not self.broken:
             self.flush()
+        self._wait_quietly()
         self.pipes.forget_buffer(buf.id)
         if self.cache:
             for rec in self.cache.values():
                 self._free(rec)
             self.cache.clear()
 
+    def _wait_quietly(self) -> None:
+        try:
+            self.wait()
+        except EngineError:
+            pass  # broken: close() waits for the device to idle before freeing anything
+
     def clear_replay(self) -> None:
+        self._wait_quietly()
         for rec in self.cache.values():
             self._free(rec)
         self.cache.clear()
