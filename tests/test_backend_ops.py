@@ -17,6 +17,7 @@ from engine.gguf_model import QTensor
 from engine.quantize import quantize
 from engine.tuning import REGISTRY, TuningConfig
 from tests.backend_params import backend_params
+from tests.op_cases import write_cache_and_attend
 
 NMSE = {"matmul": 5e-4, "default": 1e-6}  # matmul: GPU accumulation order and fp16 paths
 QUANTS = ["F32", "F16", "BF16", "Q8_0", "Q5_0", "Q5_1", "Q4_0", "Q4_1", "Q4_K", "Q6_K"]
@@ -170,21 +171,7 @@ def test_argmax_first_maximum(be, T, V):
 )
 def test_kv_write_and_attention(be, T, H, Hkv, D, pos0):
     rng = np.random.default_rng(T + pos0)
-    cap = pos0 + T + 5
-    cache = be.new_kv_cache(1, cap, Hkv, D)
-    # earlier positions hold values written by a previous call
-    if pos0:
-        kp = rng.standard_normal((pos0, Hkv, D)).astype(np.float32)
-        vp = rng.standard_normal((pos0, Hkv, D)).astype(np.float32)
-        be.kv_write(cache, 0, be.upload(kp), be.upload(vp), 0)
-    k = rng.standard_normal((T, Hkv, D)).astype(np.float32)
-    v = rng.standard_normal((T, Hkv, D)).astype(np.float32)
-    q = rng.standard_normal((T, H, D)).astype(np.float32)
-    be.kv_write(cache, 0, be.upload(k), be.upload(v), pos0)
-    kc, vc = be.download(cache.k[0]), be.download(cache.v[0])
-    assert np.array_equal(kc[pos0 : pos0 + T], k) and np.array_equal(vc[pos0 : pos0 + T], v)
-    assert not kc[pos0 + T :].any() and not vc[pos0 + T :].any(), "write outside its slots"
-    out = be.download(be.attention(be.upload(q), cache, 0, pos0))
+    q, _, _, _, kc, vc, out = write_cache_and_attend(be, rng, T, H, Hkv, D, pos0)
     ref = np.zeros((T, H, D))
     for t in range(T):
         L = pos0 + t + 1

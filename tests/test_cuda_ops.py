@@ -22,6 +22,7 @@ from gguf.quants import dequantize
 from engine.gguf_model import QTensor
 from engine.quantize import quantize
 from engine.tuning import TuningConfig
+from tests.op_cases import write_cache_and_attend
 
 pytestmark = pytest.mark.gpu
 
@@ -272,19 +273,7 @@ def test_kv_write_and_attention(cp, be, cid, flat, T, H, Hkv, D, pos0):
     be.set_config(cfg(**flat))
     rng = np.random.default_rng(T + pos0 + D)
     cap = pos0 + T + 5
-    cache = be.new_kv_cache(1, cap, Hkv, D)
-    if pos0:
-        kp = rng.standard_normal((pos0, Hkv, D)).astype(np.float32)
-        vp = rng.standard_normal((pos0, Hkv, D)).astype(np.float32)
-        be.kv_write(cache, 0, be.upload(kp), be.upload(vp), 0)
-    k = rng.standard_normal((T, Hkv, D)).astype(np.float32)
-    v = rng.standard_normal((T, Hkv, D)).astype(np.float32)
-    q = rng.standard_normal((T, H, D)).astype(np.float32)
-    be.kv_write(cache, 0, be.upload(k), be.upload(v), pos0)
-    kc, vc = be.download(cache.k[0]), be.download(cache.v[0])
-    assert np.array_equal(kc[pos0 : pos0 + T], k) and np.array_equal(vc[pos0 : pos0 + T], v)
-    assert not kc[pos0 + T :].any() and not vc[pos0 + T :].any(), "write outside its slots"
-    out = be.download(be.attention(be.upload(q), cache, 0, pos0))
+    q, k, v, cache, kc, vc, out = write_cache_and_attend(be, rng, T, H, Hkv, D, pos0)
     from engine.backends.numpy_ref import NumpyBackend
 
     nb = NumpyBackend()

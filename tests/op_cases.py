@@ -1,0 +1,30 @@
+"""Op cases shared by the differential suites (tests/test_backend_ops.py for every backend,
+tests/test_cuda_ops.py for each CUDA variant)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def write_cache_and_attend(
+    be, rng: np.random.Generator, T: int, H: int, Hkv: int, D: int, pos0: int
+):  # noqa: ANN001, ANN201 - any backend; tensors are opaque
+    """Fill a one-layer KV cache (positions before pos0 by an earlier write, then T new ones),
+    check the write landed in its slots and nowhere else (a canary for out-of-range writes), and
+    run attention. Returns (q, k, v, cache, k cache, v cache, attention output) as host arrays
+    where they are arrays."""
+    cap = pos0 + T + 5
+    cache = be.new_kv_cache(1, cap, Hkv, D)
+    if pos0:  # earlier positions hold values written by a previous call
+        kp = rng.standard_normal((pos0, Hkv, D)).astype(np.float32)
+        vp = rng.standard_normal((pos0, Hkv, D)).astype(np.float32)
+        be.kv_write(cache, 0, be.upload(kp), be.upload(vp), 0)
+    k = rng.standard_normal((T, Hkv, D)).astype(np.float32)
+    v = rng.standard_normal((T, Hkv, D)).astype(np.float32)
+    q = rng.standard_normal((T, H, D)).astype(np.float32)
+    be.kv_write(cache, 0, be.upload(k), be.upload(v), pos0)
+    kc, vc = be.download(cache.k[0]), be.download(cache.v[0])
+    assert np.array_equal(kc[pos0 : pos0 + T], k) and np.array_equal(vc[pos0 : pos0 + T], v)
+    assert not kc[pos0 + T :].any() and not vc[pos0 + T :].any(), "write outside its slots"
+    out = be.download(be.attention(be.upload(q), cache, 0, pos0))
+    return q, k, v, cache, kc, vc, out
