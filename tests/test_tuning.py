@@ -110,3 +110,21 @@ def test_promoted_lookup(tmp_path):
     found = find_promoted("numpy", "cpu", "qwen2", tmp_path)
     assert found is not None and found[0] == cfg
     assert find_promoted("vulkan", "cpu", "qwen2", tmp_path) is None  # other backend: skipped
+
+
+def test_engine_loads_the_promoted_config_for_its_device_class(
+    tmp_path, monkeypatch, tiny_model_path
+):
+    from engine.runtime import load
+
+    cfg = TuningConfig.default("numpy").replace(**{"prefill.max_cols": 8})
+    p = promoted_path("cpu", "qwen2", tmp_path)
+    p.parent.mkdir(parents=True)
+    p.write_text(cfg.to_toml() + "\n[evidence]\ntrial = 7\n")
+    monkeypatch.setenv("FLEETTUNE_CONFIGS", str(tmp_path))
+    eng = load(tiny_model_path, "numpy")
+    assert eng.config_source == f"promoted:{p}" and eng.model.config.max_cols == 8
+    override = tmp_path / "mine.toml"
+    override.write_text('backend = "numpy"\n[ops.prefill]\nmax_cols = 16\n')
+    assert load(tiny_model_path, "numpy", override).model.config.max_cols == 16
+    assert load(tiny_model_path, "numpy", use_promoted=False).config_source == "default"
