@@ -184,6 +184,12 @@ def _tile_ok(cfg) -> bool:  # noqa: ANN001
     return tm % (16 * wm) == 0 and tn % (16 * wn) == 0
 
 
+# Shared by the fp16 and int8 fused GEMMs: each warp owns whole 16x16 mma tiles.
+_TILES_FIT_WARPS = Constraint(
+    "tile_m % (16 * warps_m) == 0 and tile_n % (16 * warps_n) == 0",
+    lambda cfg, dev: _tile_ok(cfg),
+)
+
 REGISTRY.register(
     B,
     "matmul_prefill",
@@ -209,13 +215,7 @@ REGISTRY.register(
             "matmul_prefill",
             "mmq",
             params=(_TILE_M, _TILE_N, _WARPS_M, _WARPS_N),
-            constraints=(
-                _cc_at_least(80),
-                Constraint(
-                    "tile_m % (16 * warps_m) == 0 and tile_n % (16 * warps_n) == 0",
-                    lambda cfg, dev: _tile_ok(cfg),
-                ),
-            ),
+            constraints=(_cc_at_least(80), _TILES_FIT_WARPS),
             quant_types=BLOCK_TYPES,
             source="cuda/mmq.cu",
             doc="fused-dequant GEMM: blocks decoded into shared fp16 tiles, mma.sync m16n8k16",
@@ -225,13 +225,7 @@ REGISTRY.register(
             "matmul_prefill",
             "mmq8",
             params=(_TILE_M, _TILE_N, _WARPS_M, _WARPS_N),
-            constraints=(
-                _cc_at_least(80),
-                Constraint(
-                    "tile_m % (16 * warps_m) == 0 and tile_n % (16 * warps_n) == 0",
-                    lambda cfg, dev: _tile_ok(cfg),
-                ),
-            ),
+            constraints=(_cc_at_least(80), _TILES_FIT_WARPS),
             quant_types=BLOCK_TYPES,
             source="cuda/mmq8.cu",
             doc="fused-dequant int8 GEMM on Q8_1 activations: int8 weight tiles with per-16 "
