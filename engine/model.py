@@ -1,10 +1,10 @@
 """The dense decoder (llama, qwen2, qwen3) as a backend-independent schedule of ops.
 
 Two prefill paths, as in the seeds: ``per_token`` runs the decode step once per prompt token;
-``batched`` pushes chunks of up to MAX_COLS tokens through batched matmul, RoPE, KV write and
-attention. Decode is one token at a time. Sampling is greedy on the device: the token fed to the
-next step is the argmax tensor of this step, and the host reads that same tensor, never a copy
-kept from an earlier step.
+``batched`` pushes chunks of up to ``config.prefill_chunk`` tokens (MAX_COLS unless the backend
+decouples the two) through batched matmul, RoPE, KV write and attention. Decode is one token at
+a time. Sampling is greedy on the device: the token fed to the next step is the argmax tensor of
+this step, and the host reads that same tensor, never a copy kept from an earlier step.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ class Model:
         if path not in PREFILL_PATHS:
             raise ValueError(f"prefill path {path!r}; choose one of {PREFILL_PATHS}")
         ids = self.backend.upload(np.asarray(prompt, dtype=np.int32))
-        step = 1 if path == "per_token" else self.config.max_cols
+        step = 1 if path == "per_token" else self.config.prefill_chunk
         logits = None
         for c0 in range(0, len(prompt), step):
             c1 = min(c0 + step, len(prompt))

@@ -1,33 +1,11 @@
 #!/usr/bin/env bash
 # The Vulkan backend's device run on the GPU machine through the NVIDIA driver's Vulkan.
-# Carry: .gl (wheels in .gl/whl, Debian's libvulkan1 + libglvnd debs, libvulkan.so.1 in
-# .gl/loader) and .spv-cache
-# (SPIR-V compiled here by glslc: `python -m engine.backends.vulkan.spirv --out .spv-cache`).
+# Carry .gl and .spv-cache (see scripts/device_vulkan_env.sh).
 # usage: bash scripts/device_vulkan.sh     (logs and JSON under $OUT)
-set -u -o pipefail
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --target /tmp/vk --find-links .gl/whl \
-    vulkan cffi pycparser gguf || exit 1
-export PYTHONPATH=/tmp/vk:$PWD LD_LIBRARY_PATH=$PWD/.gl/loader:${LD_LIBRARY_PATH:-}
-export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-export VK_ICD_FILENAMES=$VK_DRIVER_FILES FLEETTUNE_SPIRV_CACHE=$PWD/.spv-cache
-export FLEETTUNE_GLSLC=/nonexistent
-# The NVIDIA ICD (libGLX_nvidia) needs libglvnd; Debian's debs, unpacked (carried in .gl).
-for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
-export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
-python3 -m engine devices | tee "$OUT/devices.txt"
-grep -q "^vulkan  unavailable" "$OUT/devices.txt" && { ls /usr/local/nvidia/share/vulkan/icd.d/; \
-  cat /usr/local/nvidia/share/vulkan/icd.d/*.json; VK_LOADER_DEBUG=error,warn python3 -m engine \
-  devices 2>&1 | tail -20; exit 3; }
-mkdir -p /tmp/models
-for p in 1.5b 7b; do
-  (python3 -m engine synth --preset $p --out /tmp/models/$p.gguf --json > "$OUT/synth_$p.log" 2>&1 &)
-done
+source scripts/device_vulkan_env.sh || exit $?
 timeout ${TEST_TIMEOUT:-120} python3 -m pytest -q -p no:cacheprovider -rfE --tb=short \
     tests/test_backend_ops.py tests/test_vulkan_ops.py -k vulkan -m "not slow" 2>&1 \
     | tee "$OUT/pytest_vulkan.log" | tail -15
-wait_model() { for i in $(seq 120); do grep -q '"path"' "$OUT/synth_$1.log" 2>/dev/null && return; sleep 1; done; }
 B="python3 -m engine bench --backend vulkan --no-promoted --json"
 for p in 7b 1.5b; do
   wait_model $p

@@ -128,3 +128,14 @@ def test_engine_loads_the_promoted_config_for_its_device_class(
     override.write_text('backend = "numpy"\n[ops.prefill]\nmax_cols = 16\n')
     assert load(tiny_model_path, "numpy", override).model.config.max_cols == 16
     assert load(tiny_model_path, "numpy", use_promoted=False).config_source == "default"
+
+
+def test_prefill_chunk_falls_back_to_max_cols():
+    """Backends without prefill.chunk_tokens run one forward per MAX_COLS chunk; Vulkan's
+    chunk_tokens sets the forward chunk, 0 restoring the seed's schedule."""
+    np_cfg = TuningConfig.default("numpy").replace(**{"prefill.max_cols": 8})
+    assert np_cfg.prefill_chunk == 8
+    vk_cfg = TuningConfig.default("vulkan").replace(**{"prefill.max_cols": 8})
+    assert vk_cfg.prefill_chunk == 512
+    assert vk_cfg.replace(**{"prefill.chunk_tokens": 0}).prefill_chunk == 8
+    assert vk_cfg.replace(**{"prefill.chunk_tokens": 128}).prefill_chunk == 128

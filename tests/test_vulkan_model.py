@@ -15,13 +15,15 @@ from engine.validate import PROMPTS, cross_check_numpy, validate
 from tests.test_vulkan_helpers import assert_no_validation_errors, make_backend
 
 # One config per registered variant of every op with more than one, plus parameter samples
-# that stress chunking (MAX_COLS 1, 7-token ragged chunks via 8, 40), workgroup shapes and the
-# command-buffer knobs (tiny submits, no replay).
+# that stress chunking (the seed's one-forward-per-MAX_COLS schedule with ragged chunks via
+# chunk_tokens 0 and MAX_COLS 8; ragged column tiles inside one forward via 40 and 1), workgroup
+# shapes and the command-buffer knobs (tiny submits, no replay).
 CONFIGS = [
     {},
     {
         "matmul_prefill.variant": "serial",
         "prefill.max_cols": 8,
+        "prefill.chunk_tokens": 0,
         "matmul_decode.variant": "shmem",
         "matmul_decode.threads_per_row": 8,
         "matmul_decode.rows_per_wg": 4,
@@ -37,6 +39,7 @@ CONFIGS = [
         "argmax.wg_size": 512,
     },
     {"prefill.max_cols": 1, "submit.max_nodes": 64, "submit.replay": False},
+    {"prefill.max_cols": 4, "prefill.chunk_tokens": 0, "submit.max_nodes": 64},
     {
         "prefill.max_cols": 16,
         "matmul_prefill.subgroup_size": 8,
@@ -176,3 +179,26 @@ def test_decode_graph_matches_plain_decode(vb, tiny_model_factory):
     assert g.tokens == p.tokens
     for a, b in zip(g.step_logits, p.step_logits, strict=True):
         assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("chunk,forwards", [(0, 6), (64, 1), (512, 1)])
+def test_prefill_chunk_sets_the_forward_passes(vb, tiny_model_path, chunk, forwards):
+    """chunk_tokens decouples the forward chunk from MAX_COLS: 45 tokens at MAX_COLS 8 take six
+    forwards on the seed's schedule (0) and one otherwise, with the same logits."""
+    model, tok = _model(tiny_model_path, vb)
+    prompt = tok.encode(PROMPTS[1])[:45]
+    assert len(prompt) == 45
+    base = TuningConfig.default("vulkan").replace(**{"prefill.max_cols": 8})
+    model.set_config(base.replace(**{"prefill.chunk_tokens": chunk}))
+    calls = []
+    real = model.forward
+    model.forward = lambda ids, n, *a, **k: calls.append(n) or real(ids, n, *a, **k)
+    try:
+        got = model.generate(prompt, 1).last_logits
+    finally:
+        del model.forward
+    assert len(calls) == forwards and sum(calls) == 45
+    from engine.backends.numpy_ref import NumpyBackend
+
+    want = Model(model.gguf, NumpyBackend()).generate(prompt, 1).last_logits
+    assert np.abs(got - want).max() < 1e-3

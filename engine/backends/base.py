@@ -126,7 +126,7 @@ class Backend(ABC):
     @abstractmethod
     def matmul(self, x: Tensor, w: Weight) -> Tensor:
         """x [T, K] @ dequant(w)[N, K]^T -> [T, N]. T == 1 is decode (DMMV); T > 1 is a batched
-        prefill chunk of at most config.max_cols columns."""
+        prefill chunk of at most config.prefill_chunk columns."""
 
     @abstractmethod
     def add(self, a: Tensor, b: Tensor) -> Tensor:

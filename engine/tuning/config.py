@@ -127,8 +127,15 @@ class TuningConfig:
 
     @property
     def max_cols(self) -> int:
-        """Columns (prompt tokens) per batched-prefill chunk."""
+        """MAX_COLS: prompt columns a batched matmul handles per pass."""
         return int(self.op("prefill")["max_cols"])
+
+    @property
+    def prefill_chunk(self) -> int:
+        """Prompt tokens per forward pass of the batched prefill: ``prefill.chunk_tokens`` where
+        the backend has it (0 or absent: max_cols, one forward per MAX_COLS chunk)."""
+        params = dict(self.op("prefill").params)
+        return int(params.get("chunk_tokens", 0)) or self.max_cols
 
     def flat(self) -> dict[str, Value]:
         out: dict[str, Value] = {}

@@ -2,7 +2,8 @@
 // matmul_prefill.comp: batched-prefill matmul, y[T, N] = x[T, K] @ dequant(W)[N, K]^T, T > 1.
 // Each weight group is decoded once per workgroup and applied to up to MAX_COLS columns
 // (prompt tokens) held in per-column accumulators sums[MAX_COLS]; grid z walks column chunks,
-// so any T works (the model sends chunks of at most prefill.max_cols tokens).
+// so any T works (a chunk of prefill.chunk_tokens tokens is one dispatch of ceil(T / MAX_COLS)
+// column tiles).
 //
 // Variants (one define each; QTYPE_<type> selects the weight type, see dequant.glsl):
 //   VARIANT_SERIAL  one thread owns one row and walks all of K (the seed's first shader: reuse
@@ -13,7 +14,7 @@
 // Tunables (specialization constants):
 //   0 WG_SIZE      workgroup size (local_size_x)
 //   1 ROWS_PER_WG  (kpar) output rows per workgroup
-//   2 MAX_COLS     columns per pass = prefill.max_cols (per-thread accumulators: registers)
+//   2 MAX_COLS     columns per tile = prefill.max_cols (per-thread accumulators: registers)
 // Bindings: 0 W (raw GGML blocks of this row range), 1 x, 2 y.
 
 #extension GL_GOOGLE_include_directive : require

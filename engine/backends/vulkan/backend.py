@@ -451,8 +451,12 @@ class VulkanBackend(Backend):
             self.stream.profile = {}
         return out
 
-    def stats(self) -> dict[str, int]:
-        return dict(self.stream.stats)
+    def stats(self) -> dict[str, float]:
+        """Counters since the backend opened: submits, replays, recorded command buffers,
+        dispatches, barriers, and host seconds in recording / vkQueueSubmit / fence waits."""
+        out: dict[str, float] = dict(self.stream.stats)
+        out.update({f"{k}_s": v for k, v in self.stream.host_s.items()})
+        return out
 
     # --- ops ----------------------------------------------------------------------------
     def _as_tensor(self, x: Any) -> VkTensor:

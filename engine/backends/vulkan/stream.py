@@ -24,6 +24,7 @@ Device-side ordering between submissions is the leading barrier of every command
 from __future__ import annotations
 
 import logging
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -136,6 +137,10 @@ class Stream:
         self.inflight: InFlight | None = None
         self.nodes_key: tuple[list[Node], int, GraphKey] | None = None
         self.stats = {"submits": 0, "replays": 0, "recorded": 0, "dispatches": 0, "barriers": 0}
+        # Host seconds spent recording command buffers, in vkQueueSubmit and blocked on fences:
+        # what is left of the wall time is Python building the graph (and the GPU, when waits
+        # are short).
+        self.host_s = {"record": 0.0, "submit": 0.0, "wait": 0.0}
         alloc.on_destroy.append(self._forget)
 
     # --- building the graph -------------------------------------------------------------
@@ -333,7 +338,9 @@ class Stream:
                 self.cache.move_to_end(key)
                 self.stats["replays"] += 1
         if rec is None:
+            t0 = time.perf_counter()
             rec = self._record(nodes, keep)
+            self.host_s["record"] += time.perf_counter() - t0
             if keep:
                 self.cache[key] = rec
                 while len(self.cache) > REPLAY_ENTRIES:
@@ -383,11 +390,13 @@ class Stream:
 
     def _submit(self, cmd: Any) -> None:
         d = self.dev.device
+        t0 = time.perf_counter()
         try:
             vk.vkResetFences(d, 1, [self.fence])
             vk.vkQueueSubmit(
                 self.dev.queue, 1, [vk.VkSubmitInfo(pCommandBuffers=[cmd])], self.fence
             )
+            self.host_s["submit"] += time.perf_counter() - t0
         except vk.VkError as e:
             self.broken = (
                 f"vulkan: {self.dev.info.name}: {type(e).__name__} while submitting kernels "
@@ -397,8 +406,10 @@ class Stream:
 
     def _wait_fence(self) -> None:
         d = self.dev.device
+        t0 = time.perf_counter()
         try:
             vk.vkWaitForFences(d, 1, [self.fence], vk.VK_TRUE, int(self.timeout_s * 1e9))
+            self.host_s["wait"] += time.perf_counter() - t0
         except vk.VkTimeout:
             self.broken = (
                 f"vulkan: {self.dev.info.name} did not finish a submission within "

@@ -129,12 +129,20 @@ REGISTRY.register(
                     "max_cols",
                     (1, 2, 4, 8, 16, 24, 32, 40, 48, 64, 96, 128),
                     32,
-                    "prompt tokens per batched-prefill chunk (MAX_COLS, a specialization "
-                    "constant of matmul_prefill)",
+                    "prompt columns per matmul_prefill workgroup pass (MAX_COLS, a "
+                    "specialization constant: the size of the per-thread sums[] accumulators)",
+                ),
+                Param(
+                    "chunk_tokens",
+                    (0, 64, 128, 256, 512, 1024),
+                    512,
+                    "prompt tokens per forward pass through every layer; matmul_prefill "
+                    "covers a chunk in ceil(chunk / MAX_COLS) column tiles of one dispatch. "
+                    "0: one forward per MAX_COLS tokens (the seed's schedule)",
                 ),
             ),
-            doc="prompt in chunks of max_cols tokens through batched matmul, RoPE, KV write, "
-            "attention",
+            doc="prompt in chunks of chunk_tokens tokens through batched matmul, RoPE, KV "
+            "write, attention; matmul in column tiles of max_cols",
         )
     ],
     doc="engine schedule knobs of the prefill path",
