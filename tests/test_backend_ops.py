@@ -81,6 +81,40 @@ def test_matmul(be, qtype, T, N, kblocks):
     assert np.array_equal(x, x0)
 
 
+def _decode_variants(be) -> list[TuningConfig]:  # noqa: ANN001
+    """The default config with each registered matmul_decode variant (at its defaults) that
+    this device allows."""
+    dev = be.device_info()
+    base = TuningConfig.default(be.name)
+    cfgs = [
+        base.replace(**{"matmul_decode.variant": v.name})
+        for v in REGISTRY.op(be.name, "matmul_decode").variants
+    ]
+    return [c for c in cfgs if not c.problems(dev)]
+
+
+@pytest.mark.parametrize("qtype", QUANTS)
+def test_matmul_decode_every_variant(be, qtype):
+    """Every matmul_decode variant on ragged shapes: N not a multiple of any rows-per-workgroup,
+    float rows of aligned and odd K, x a view at every offset mod 4 of a larger tensor."""
+    _supported(be, "matmul_decode", qtype)
+    rng = np.random.default_rng(len(qtype))
+    bk = _block_k(qtype)
+    shapes = [(67, 3 * bk), (5, bk)] if bk > 1 else [(67, 64), (13, 37), (2, 5)]
+    for cfg in _decode_variants(be):
+        be.set_config(cfg)
+        for N, K in shapes:
+            w = qtensor(rng, (N, K), qtype, std=0.05)
+            wt = be.load_weight(w)
+            ref_w = dense(w)
+            for off in (0, 1, 2, 3):
+                x = rng.standard_normal(K).astype(np.float32)
+                buf = be.upload(np.concatenate([np.zeros(off, np.float32), x]))
+                xv = be.reshape(be.rows(buf, off, off + K), (1, K))
+                out = be.download(be.matmul(xv, wt))
+                check(out, x[None].astype(np.float64) @ ref_w.T, NMSE["matmul"])
+
+
 @pytest.mark.parametrize("T", [1, 3, 40, 41])
 def test_matmul_prefill_up_to_max_cols(be, T):
     """Every allowed column count up to and past the default MAX_COLS chunk works."""

@@ -148,7 +148,8 @@ def test_compile_error_reports_log_and_backend_stays_usable(tmp_path, monkeypatc
         broken = tmp_path / "shaders"
         shutil.copytree(spirv.SHADER_DIR, broken)
         src = broken / "matmul_decode.comp"
-        src.write_text(src.read_text().replace("subgroupAdd(acc)", "subgroupAdd(acc, oops)"))
+        # break every variant (a config may pick any of them)
+        src.write_text(src.read_text().replace("subgroupAdd(", "subgroupAdd(oops, "))
         monkeypatch.setattr(spirv, "SHADER_DIR", broken)
         monkeypatch.setenv("FLEETTUNE_SPIRV_CACHE", str(tmp_path / "cache"))
         cand = TuningConfig.default("vulkan").replace(**{"matmul_decode.rows_per_wg": 8})

@@ -17,7 +17,9 @@ from tests.test_vulkan_helpers import assert_no_validation_errors, make_backend
 # One config per registered variant of every op with more than one, plus parameter samples
 # that stress chunking (the seed's one-forward-per-MAX_COLS schedule with ragged chunks via
 # chunk_tokens 0 and MAX_COLS 8; ragged column tiles inside one forward via 40 and 1), workgroup
-# shapes and the command-buffer knobs (tiny submits, no replay).
+# shapes and the command-buffer knobs (tiny submits, no replay). matmul_decode's default (block)
+# runs in cfg0 and cfg5 (required subgroup size 8), with 4-lane clusters of 4 rows each in cfg2
+# and one row per workgroup in cfg4.
 CONFIGS = [
     {},
     {
@@ -34,12 +36,26 @@ CONFIGS = [
         "matmul_prefill.rows_per_wg": 1,
         "matmul_decode.wg_size": 128,
         "matmul_decode.rows_per_wg": 16,
+        "matmul_decode.threads_per_row": 4,
+        "matmul_decode.rows_per_thread": 4,
         "attention.wg_size": 32,
         "rms_norm.wg_size": 32,
         "argmax.wg_size": 512,
     },
-    {"prefill.max_cols": 1, "submit.max_nodes": 64, "submit.replay": False},
-    {"prefill.max_cols": 4, "prefill.chunk_tokens": 0, "submit.max_nodes": 64},
+    {
+        "prefill.max_cols": 1,
+        "submit.max_nodes": 64,
+        "submit.replay": False,
+        "matmul_decode.variant": "subgroup",
+    },
+    {
+        "prefill.max_cols": 4,
+        "prefill.chunk_tokens": 0,
+        "submit.max_nodes": 64,
+        "matmul_decode.wg_size": 32,
+        "matmul_decode.rows_per_wg": 1,
+        "matmul_decode.rows_per_thread": 1,
+    },
     {
         "prefill.max_cols": 16,
         "matmul_prefill.subgroup_size": 8,

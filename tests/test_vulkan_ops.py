@@ -6,6 +6,8 @@ the tensors in them: a kernel writing past its end would clobber them)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
@@ -69,6 +71,27 @@ def _k_for(qtype: str, blocks: int) -> int:
 # workgroup, more rows than subgroups, threads_per_row of 1 and of the whole workgroup, a
 # required subgroup size, and MAX_COLS that do not divide the column counts below.
 DECODE = [
+    ({"matmul_decode.variant": "block"}, "block-default"),
+    (
+        {
+            "matmul_decode.variant": "block",
+            "matmul_decode.wg_size": 32,
+            "matmul_decode.rows_per_wg": 1,
+            "matmul_decode.rows_per_thread": 1,
+        },
+        "block-wg32-r1",
+    ),
+    (
+        {
+            "matmul_decode.variant": "block",
+            "matmul_decode.wg_size": 128,
+            "matmul_decode.rows_per_wg": 16,
+            "matmul_decode.threads_per_row": 4,
+            "matmul_decode.rows_per_thread": 4,
+            "matmul_decode.subgroup_size": 8,
+        },
+        "block-r16-tpr4-rpt4-sg8",
+    ),
     ({"matmul_decode.variant": "subgroup"}, "subgroup-default"),
     (
         {
@@ -231,6 +254,74 @@ def test_weights_split_into_row_ranges(vb, qtype):
     assert nmse(ref[ids], emb) < 1e-10
 
 
+# Block-variant samples for the ragged cases below: the default (a whole subgroup per row, two
+# rows per lane), and clusters of 4 and 8 lanes with rows_per_wg not a multiple of the rows a
+# workgroup covers per pass.
+BLOCK = [
+    ({"matmul_decode.variant": "block"}, "default"),
+    (
+        {
+            "matmul_decode.variant": "block",
+            "matmul_decode.threads_per_row": 4,
+            "matmul_decode.rows_per_thread": 4,
+            "matmul_decode.rows_per_wg": 8,
+        },
+        "tpr4-rpt4-r8",
+    ),
+    (
+        {
+            "matmul_decode.variant": "block",
+            "matmul_decode.wg_size": 32,
+            "matmul_decode.threads_per_row": 8,
+            "matmul_decode.rows_per_thread": 2,
+            "matmul_decode.rows_per_wg": 16,
+        },
+        "wg32-tpr8-r16",
+    ),
+]
+
+
+def _block_shapes(qtype: str) -> list[tuple[int, int]]:
+    """(N, K): float rows 16-byte aligned (uvec4 loads), 4-byte aligned, odd-length (funnel
+    shifts, ragged tail) and shorter than one group; block rows of 1-3 blocks (Q6_K rows of
+    one 210-byte block start 2 bytes off a word every other row)."""
+    if not qtype.startswith("Q"):
+        return [(37, 128), (9, 100), (23, 37), (3, 5)]
+    blk = 256 if qtype.endswith("_K") else 32
+    return [(37, blk), (11, 2 * blk), (5, 3 * blk)]
+
+
+@pytest.mark.parametrize("flat", [p[0] for p in BLOCK], ids=[p[1] for p in BLOCK])
+@pytest.mark.parametrize("qtype", QUANTS)
+def test_matmul_decode_block_ragged(vb, flat, qtype):
+    """What the block variant's wide loads could get wrong: x at every offset mod 4 (a view
+    into a larger buffer: vec4 loads only when aligned), float rows of any K, N not a multiple
+    of the rows per workgroup or per lane, and weights in row ranges (7 rows each: the ranges'
+    y offsets and a short last range)."""
+    vb.set_config(_cfg(vb, flat))
+    rng = np.random.default_rng(len(qtype) * 31)
+    for n, k in _block_shapes(qtype):
+        w = qtensor(rng, (n, k), qtype)
+        old = vb.max_weight_bytes
+        vb.max_weight_bytes = w.raw.shape[1] * 7 + 3
+        try:
+            wv = vb.load_weight(w)
+        finally:
+            vb.max_weight_bytes = old
+        assert [p[2] for p in wv.parts] == [7] * (n // 7) + ([n % 7] if n % 7 else [])
+        ref_w = dense(w)
+        for off in (0, 1, 2, 3):
+            x = rng.standard_normal(k).astype(np.float32)
+            buf = vb.upload(np.concatenate([[np.nan] * off, x, [np.nan] * 5]))  # NaN: no reads
+            xt = vb.reshape(vb.rows(buf, off, off + k), (1, k))
+            poison_free_buffers(vb, n)
+            y = vb.matmul(xt, wv)
+            out = vb.download(y)
+            assert np.isfinite(out).all(), f"N={n} K={k} x offset {off}"
+            assert nmse(x[None].astype(np.float64) @ ref_w.T, out) < 5e-4, f"N={n} K={k} +{off}"
+            assert_canary_after(vb, y)
+
+
 def test_ops_on_row_views(vb):
     """Inputs that start inside a buffer (rows of a chunk) are read at their offset."""
     rng = np.random.default_rng(5)
@@ -341,6 +432,20 @@ def test_required_subgroup_size_the_device_lacks_is_a_constraint(vb):
     w = qtensor(np.random.default_rng(0), (8, 32), "Q8_0")
     x = np.ones((1, 32), np.float32)
     assert nmse(x @ dense(w).T, vb.download(vb.matmul(vb.upload(x), vb.load_weight(w)))) < 1e-6
+
+
+def test_block_variant_constraints(vb):
+    """The default decode variant is allowed here; a row's lanes must fit one subgroup, a lane's
+    rows one workgroup's, and the device must have subgroup shuffles (the butterfly)."""
+    dev = vb.device_info()
+    base = TuningConfig.default("vulkan")
+    assert base.op("matmul_decode").variant == "block" and not base.problems(dev)
+    assert base.replace(**{"matmul_decode.threads_per_row": 4 * dev.subgroup_size}).problems(dev)
+    assert base.replace(**{"matmul_decode.rows_per_wg": 1}).problems(dev)  # rows_per_thread 2
+    ops = dev.extra["subgroup_operations"] & ~0x10
+    no_shuffle = dataclasses.replace(dev, extra={**dev.extra, "subgroup_operations": ops})
+    assert base.problems(no_shuffle)
+    assert not base.replace(**{"matmul_decode.variant": "subgroup"}).problems(no_shuffle)
 
 
 def test_registry_tells_the_truth_about_quant_types(vb):

@@ -7,25 +7,40 @@
 //                     lanes and rows are derived from gl_SubgroupSize / gl_NumSubgroups.
 //   VARIANT_SHMEM     THREADS_PER_ROW threads per row (any power of two <= WG_SIZE), reduced
 //                     through shared memory: does not rely on the subgroup layout at all.
+//   VARIANT_BLOCK     THREADS_PER_ROW lanes of a subgroup per row (0: the whole subgroup) step
+//                     through the row in block-sized chunks (dmmv_block.glsl): wide weight loads,
+//                     block scales once per chunk, vec4 x; subgroupAdd or a shuffle-xor
+//                     butterfly reduces. Decode is memory-bound: this streams the weight bytes.
 // Tunables (specialization constants):
 //   0 WG_SIZE          workgroup size (local_size_x)
 //   1 ROWS_PER_WG      output rows per workgroup
-//   2 THREADS_PER_ROW  (shmem) threads cooperating on one row
+//   2 THREADS_PER_ROW  (shmem) threads cooperating on one row; (block) lanes per row, clamped
+//                      to the subgroup size, 0 = the subgroup
+//   3 ROWS_PER_THREAD  (block) rows each lane accumulates at once, sharing one load of x
 // Bindings: 0 W (raw GGML blocks of this row range), 1 x, 2 y.
 // Long weights (the LM head) are split into row ranges by the host; y_off places each range.
 
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
+#extension GL_EXT_control_flow_attributes : require
+#if defined(VARIANT_BLOCK)
+#extension GL_KHR_shader_subgroup_shuffle : require
+#endif
 
 layout(constant_id = 0) const uint WG_SIZE = 64;
 layout(constant_id = 1) const uint ROWS_PER_WG = 4;
 layout(constant_id = 2) const uint THREADS_PER_ROW = 16;
+layout(constant_id = 3) const uint ROWS_PER_THREAD = 1;
 layout(local_size_x_id = 0) in;
 
 layout(binding = 0) readonly buffer WBuf { uint Wq[]; };
 layout(binding = 1) readonly buffer XBuf { float xs[]; };
 layout(binding = 2) writeonly buffer YBuf { float ys[]; };
+#if defined(VARIANT_BLOCK)  // the same bindings seen 16 bytes at a time
+layout(binding = 0) readonly buffer WBuf4 { uvec4 Wq4[]; };
+layout(binding = 1) readonly buffer XBuf4 { vec4 xs4[]; };
+#endif
 
 layout(push_constant) uniform PC {
     uint K;          // weights per row
@@ -105,6 +120,43 @@ void main() {
         barrier();
     }
 }
+#elif defined(VARIANT_BLOCK)
+#include "dmmv_block.glsl"
+
+void main() {
+    // Rows go to clusters of R lanes inside one subgroup (R a power of two dividing it), so the
+    // reduction never leaves the subgroup; a cluster takes ROWS_PER_THREAD rows at a time and
+    // its lanes share that row loop.
+    uint S = gl_SubgroupSize;
+    uint R = THREADS_PER_ROW == 0u ? S : min(THREADS_PER_ROW, S);
+    uint lane = gl_SubgroupInvocationID & (R - 1u);
+    uint slot = gl_SubgroupID * (S / R) + gl_SubgroupInvocationID / R;
+    uint slots = gl_NumSubgroups * (S / R);
+    uint row0 = wg_linear() * ROWS_PER_WG;
+    uint n = n_chunks();
+    for (uint r = slot * ROWS_PER_THREAD; r < ROWS_PER_WG; r += slots * ROWS_PER_THREAD) {
+        uint row = row0 + r;
+        if (row >= pc.N) break;
+        uint nr = min(ROWS_PER_THREAD, min(ROWS_PER_WG - r, pc.N - row));  // live rows here
+        float acc[ROWS_PER_THREAD];
+        [[unroll]] for (uint i = 0u; i < ROWS_PER_THREAD; i++) acc[i] = 0.0;
+        for (uint c = lane; c < n; c += R) {
+            vec4 xv[XV];
+            load_x(c, xv);
+            [[unroll]] for (uint i = 0u; i < ROWS_PER_THREAD; i++)
+                if (i < nr) acc[i] += chunk_dot((row + i) * pc.row_bytes, c, xv);
+        }
+        [[unroll]] for (uint i = 0u; i < ROWS_PER_THREAD; i++) {
+            float a = acc[i];
+            if (R == S) {
+                a = subgroupAdd(a);
+            } else {
+                for (uint o = R >> 1; o > 0u; o >>= 1) a += subgroupShuffleXor(a, o);
+            }
+            if (lane == 0u && i < nr) ys[pc.y_off + row + i] = a;
+        }
+    }
+}
 #else
-#error "define VARIANT_SUBGROUP or VARIANT_SHMEM"
+#error "define VARIANT_SUBGROUP, VARIANT_SHMEM or VARIANT_BLOCK"
 #endif

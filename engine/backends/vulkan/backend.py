@@ -286,9 +286,10 @@ class VulkanBackend(Backend):
         c = config.op(op)
         wg = int(c["wg_size"])
         if op == "matmul_decode":
-            tpr = int(c["threads_per_row"]) if c.variant == "shmem" else 1
-            sg = int(c["subgroup_size"]) if c.variant == "subgroup" else 0
-            return None, (wg, int(c["rows_per_wg"]), tpr), sg
+            tpr = int(c["threads_per_row"]) if c.variant in ("shmem", "block") else 1
+            rpt = int(c["rows_per_thread"]) if c.variant == "block" else 1
+            sg = int(c["subgroup_size"]) if c.variant in ("subgroup", "block") else 0
+            return None, (wg, int(c["rows_per_wg"]), tpr, rpt), sg
         if op == "matmul_prefill":
             rows = int(c["rows_per_wg"]) if c.variant == "kpar" else 1
             sg = int(c["subgroup_size"]) if c.variant == "kpar" else 0

@@ -21,7 +21,11 @@ class Program:
         return 4 * len(self.push)
 
 
-MATMUL_DECODE_VARIANTS = {"subgroup": "VARIANT_SUBGROUP", "shmem": "VARIANT_SHMEM"}
+MATMUL_DECODE_VARIANTS = {
+    "block": "VARIANT_BLOCK",
+    "subgroup": "VARIANT_SUBGROUP",
+    "shmem": "VARIANT_SHMEM",
+}
 MATMUL_PREFILL_VARIANTS = {"kpar": "VARIANT_KPAR", "serial": "VARIANT_SERIAL"}
 
 

@@ -101,6 +101,25 @@ def _tpr_le_wg(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
     return int(c["threads_per_row"]) <= int(c["wg_size"])
 
 
+def _block_tpr_in_subgroup(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
+    tpr = int(cfg.op("matmul_decode")["threads_per_row"])
+    sg = _effective_subgroup(cfg, "matmul_decode", dev)
+    return tpr == 0 or sg is None or tpr <= sg
+
+
+def _block_rows_per_thread(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
+    c = cfg.op("matmul_decode")
+    return int(c["rows_per_thread"]) <= int(c["rows_per_wg"])
+
+
+SUBGROUP_FEATURE_SHUFFLE = 0x10  # VkSubgroupFeatureFlagBits
+
+
+def _has_shuffle(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
+    ops = _extra(dev, "subgroup_operations")
+    return ops is None or bool(int(ops) & SUBGROUP_FEATURE_SHUFFLE)
+
+
 def _max_cols_in_registers(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
     return cfg.max_cols <= MAX_COLS_LIMIT
 
@@ -152,6 +171,48 @@ REGISTRY.register(
     B,
     "matmul_decode",
     [
+        # The default: decode is memory-bound, and this is the variant built to stream weight
+        # bytes (wide loads, scales once per block chunk, x loaded once for several rows); the
+        # 8-weights-per-lane subgroup/shmem variants reload scales every 8 weights and ran at
+        # ~8-15% of the H200's bandwidth. Not yet timed on a GPU: see docs/vulkan.md.
+        Variant(
+            B,
+            "matmul_decode",
+            "block",
+            params=(
+                _wg(64),
+                Param("rows_per_wg", (1, 2, 4, 8, 16, 32), 4, "rows per workgroup"),
+                Param(
+                    "threads_per_row",
+                    (0, 4, 8, 16, 32, 64),
+                    0,
+                    "lanes of one subgroup per row (0: the whole subgroup)",
+                ),
+                Param(
+                    "rows_per_thread",
+                    (1, 2, 4),
+                    2,
+                    "rows a lane accumulates at once, sharing each load of x",
+                ),
+                _SUBGROUP,
+            ),
+            constraints=(
+                _wg_fits("matmul_decode"),
+                _subgroup_divides_wg("matmul_decode"),
+                _subgroup_size_supported("matmul_decode"),
+                Constraint(
+                    "threads_per_row 0 or at most the subgroup size (required or device "
+                    "default): a row's lanes reduce inside one subgroup",
+                    _block_tpr_in_subgroup,
+                ),
+                Constraint("rows_per_thread <= rows_per_wg", _block_rows_per_thread),
+                Constraint("the device has subgroup shuffle operations", _has_shuffle),
+            ),
+            quant_types=QUANT_TYPES,
+            source="vulkan/matmul_decode.comp",
+            doc="DMMV in block-sized chunks per lane: wide weight loads, scales once per chunk, "
+            "vec4 x shared by rows_per_thread rows; subgroupAdd or shuffle-xor reduction",
+        ),
         Variant(
             B,
             "matmul_decode",
