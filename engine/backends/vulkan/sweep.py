@@ -23,6 +23,10 @@ from engine.tuning import TuningConfig
 SAMPLE: list[dict[str, Any]] = [
     {},
     {"matmul_prefill.variant": "serial"},
+    {"matmul_decode.variant": "subgroup"},
+    {"matmul_decode.rows_per_thread": 1},
+    {"matmul_decode.rows_per_thread": 4, "matmul_decode.rows_per_wg": 8},
+    {"matmul_decode.threads_per_row": 16, "matmul_decode.rows_per_wg": 8},
     {"matmul_decode.variant": "shmem", "matmul_decode.threads_per_row": 32},
     {
         "matmul_decode.variant": "shmem",
