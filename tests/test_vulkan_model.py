@@ -40,6 +40,8 @@ CONFIGS = [
     },
     {"prefill.max_cols": 1, "submit.max_nodes": 64, "submit.replay": False},
     {"prefill.max_cols": 4, "prefill.chunk_tokens": 0, "submit.max_nodes": 64},
+    {"matmul_prefill.variant": "tiled", "matmul_prefill.tile_n": 16},
+    {"matmul_prefill.variant": "tiled", "prefill.chunk_tokens": 64, "matmul_prefill.tile_m": 128},
     {
         "prefill.max_cols": 16,
         "matmul_prefill.subgroup_size": 8,

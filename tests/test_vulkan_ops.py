@@ -124,6 +124,14 @@ PREFILL = [
         {"matmul_prefill.variant": "serial", "prefill.max_cols": 4, "matmul_prefill.wg_size": 32},
         "serial-mc4-wg32",
     ),
+    (
+        {
+            "matmul_prefill.variant": "tiled",
+            "matmul_prefill.tile_m": 32,
+            "matmul_prefill.tile_n": 16,
+        },
+        "tiled-m32-n16",
+    ),
 ]
 PREFILL_SAMPLES = [
     ({"matmul_prefill.variant": "kpar"}, "kpar-default"),
@@ -155,6 +163,23 @@ PREFILL_SAMPLES = [
     (
         {"matmul_prefill.variant": "serial", "prefill.max_cols": 8, "matmul_prefill.wg_size": 256},
         "serial-mc8-wg256",
+    ),
+    ({"matmul_prefill.variant": "tiled"}, "tiled-default"),
+    (
+        {
+            "matmul_prefill.variant": "tiled",
+            "matmul_prefill.tile_m": 128,
+            "matmul_prefill.tile_n": 32,
+        },
+        "tiled-m128-n32",
+    ),
+    (
+        {
+            "matmul_prefill.variant": "tiled",
+            "matmul_prefill.tile_m": 32,
+            "matmul_prefill.tile_n": 128,
+        },
+        "tiled-m32-n128",
     ),
 ]
 
@@ -208,10 +233,12 @@ def test_matmul_prefill_variants(vb, flat, qtype):
         assert_canary_after(vb, y)
 
 
+@pytest.mark.parametrize("prefill", ["kpar", "tiled"])
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K", "F16", "Q6_K"])
-def test_weights_split_into_row_ranges(vb, qtype):
+def test_weights_split_into_row_ranges(vb, qtype, prefill):
     """A weight over maxStorageBufferRange is stored and dispatched in row ranges (the real
     Qwen LM head is 145 MB against lavapipe's 128 MiB): lower the limit to a few rows."""
+    vb.set_config(_cfg(vb, {"matmul_prefill.variant": prefill}))
     rng = np.random.default_rng(3)
     w = qtensor(rng, (50, _k_for(qtype, 1)), qtype)
     old = vb.max_weight_bytes

@@ -284,12 +284,14 @@ class VulkanBackend(Backend):
 
     def _spec(self, config: TuningConfig, op: str) -> tuple[K.Program | None, tuple[int, ...], int]:
         c = config.op(op)
-        wg = int(c["wg_size"])
+        wg = int(c.as_dict().get("wg_size", 0))
         if op == "matmul_decode":
             tpr = int(c["threads_per_row"]) if c.variant == "shmem" else 1
             sg = int(c["subgroup_size"]) if c.variant == "subgroup" else 0
             return None, (wg, int(c["rows_per_wg"]), tpr), sg
         if op == "matmul_prefill":
+            if c.variant == "tiled":
+                return None, (int(c["tile_m"]), int(c["tile_n"])), 0
             rows = int(c["rows_per_wg"]) if c.variant == "kpar" else 1
             sg = int(c["subgroup_size"]) if c.variant == "kpar" else 0
             return None, (wg, rows, config.max_cols), sg
@@ -522,8 +524,12 @@ class VulkanBackend(Backend):
                 )
             return out
         pipe, c = self._pipe("matmul_prefill", w.qtype)
-        per_wg = int(c["rows_per_wg"]) if c.variant == "kpar" else int(c["wg_size"])
-        chunks = -(-T // self.config.max_cols)
+        if c.variant == "tiled":
+            per_wg, cols = int(c["tile_m"]), int(c["tile_n"])
+        else:
+            per_wg = int(c["rows_per_wg"]) if c.variant == "kpar" else int(c["wg_size"])
+            cols = self.config.max_cols
+        chunks = -(-T // cols)
         for lease, r0, nr in w.parts:
             gx, gy, _ = _fold(-(-nr // per_wg))
             self.stream.dispatch(

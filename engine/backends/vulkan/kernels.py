@@ -30,6 +30,8 @@ def matmul_decode(variant: str, qtype: str) -> Program:
 
 
 def matmul_prefill(variant: str, qtype: str) -> Program:
+    if variant == "tiled":  # its own shader: a GEMM, not a batched DMMV
+        return Program("matmul_tiled", (f"QTYPE_{qtype}",), 3, "IIIIIII")
     return Program(
         "matmul_prefill", (MATMUL_PREFILL_VARIANTS[variant], f"QTYPE_{qtype}"), 3, "IIIIIII"
     )
@@ -52,7 +54,7 @@ def all_programs() -> list[Program]:
     out = [RMS_NORM, ADD, SWIGLU, ROPE, KV_WRITE, ATTENTION, ARGMAX]
     for q in sorted(QUANT_TYPES):
         out += [matmul_decode(v, q) for v in MATMUL_DECODE_VARIANTS]
-        out += [matmul_prefill(v, q) for v in MATMUL_PREFILL_VARIANTS]
+        out += [matmul_prefill(v, q) for v in (*MATMUL_PREFILL_VARIANTS, "tiled")]
         out.append(embedding(q))
     return out
 

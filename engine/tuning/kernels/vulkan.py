@@ -105,6 +105,21 @@ def _max_cols_in_registers(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
     return cfg.max_cols <= MAX_COLS_LIMIT
 
 
+def _fixed_wg_fits(wg: int):  # noqa: ANN202
+    def check(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
+        limit = _extra(dev, "max_workgroup_invocations")
+        return limit is None or wg <= min(int(limit), int(_extra(dev, "max_workgroup_size_x", wg)))
+
+    return check
+
+
+def _tiles_fit(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
+    c = cfg.op("matmul_prefill")
+    limit = _extra(dev, "max_shared_memory")
+    need = 32 * (int(c["tile_m"]) + int(c["tile_n"]) + 2) * 4
+    return limit is None or need <= int(limit)
+
+
 def _wg(default: int, choices: tuple[int, ...] = WG_SIZES) -> Param:
     return Param("wg_size", choices, default, "workgroup size (local_size_x)")
 
@@ -238,6 +253,31 @@ REGISTRY.register(
             quant_types=QUANT_TYPES,
             source="vulkan/matmul_prefill.comp",
             doc="batched columns, one thread per row walks all of K",
+        ),
+        Variant(
+            B,
+            "matmul_prefill",
+            "tiled",
+            params=(
+                Param("tile_m", (32, 64, 128), 64, "output rows per workgroup (weight rows)"),
+                Param("tile_n", (16, 32, 64, 128), 64, "prompt columns per workgroup"),
+            ),
+            constraints=(
+                Constraint(
+                    "256 threads <= maxComputeWorkGroupInvocations / size[0]",
+                    _fixed_wg_fits(256),
+                ),
+                Constraint(
+                    "32 x (tile_m + tile_n + 2) floats of shared memory <= "
+                    "maxComputeSharedMemorySize",
+                    _tiles_fit,
+                ),
+            ),
+            quant_types=QUANT_TYPES,
+            source="vulkan/matmul_tiled.comp",
+            doc="shared-memory tiled GEMM with fused dequant: a 256-thread workgroup owns a "
+            "tile_m x tile_n block of y, weights decoded once per tile_n columns "
+            "(prefill.max_cols does not apply)",
         ),
     ],
     doc="matmul with T > 1 (a batched-prefill chunk)",
