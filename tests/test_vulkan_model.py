@@ -30,6 +30,7 @@ CONFIGS = [
     },
     {
         "prefill.max_cols": 40,
+        "matmul_prefill.variant": "kpar",
         "matmul_prefill.wg_size": 32,
         "matmul_prefill.rows_per_wg": 1,
         "matmul_decode.wg_size": 128,
@@ -40,10 +41,11 @@ CONFIGS = [
     },
     {"prefill.max_cols": 1, "submit.max_nodes": 64, "submit.replay": False},
     {"prefill.max_cols": 4, "prefill.chunk_tokens": 0, "submit.max_nodes": 64},
-    {"matmul_prefill.variant": "tiled", "matmul_prefill.tile_n": 16},
+    {"matmul_prefill.tile_n": 16},
     {"matmul_prefill.variant": "tiled", "prefill.chunk_tokens": 64, "matmul_prefill.tile_m": 128},
     {
         "prefill.max_cols": 16,
+        "matmul_prefill.variant": "kpar",
         "matmul_prefill.subgroup_size": 8,
         "matmul_decode.subgroup_size": 8,
         "attention.wg_size": 256,
@@ -136,7 +138,9 @@ def test_unusable_config_is_reported_and_next_runs(vb, tiny_model_path):
         for s in (8, 16, 32, 64, 128)
         if not dev.extra["min_subgroup_size"] <= s <= dev.extra["max_subgroup_size"]
     )
-    bad = TuningConfig.default("vulkan").replace(**{"matmul_prefill.subgroup_size": bad_size})
+    bad = TuningConfig.default("vulkan").replace(
+        **{"matmul_prefill.variant": "kpar", "matmul_prefill.subgroup_size": bad_size}
+    )
     with pytest.raises(ConfigError):
         validate(model, bad, _prompts(tok)[:2], steps=2)
     good = TuningConfig.default("vulkan").replace(**{"prefill.max_cols": 4})
