@@ -17,10 +17,14 @@ from tests.test_vulkan_helpers import assert_no_validation_errors, make_backend
 # One config per registered variant of every op with more than one, plus parameter samples
 # that stress chunking (the seed's one-forward-per-MAX_COLS schedule with ragged chunks via
 # chunk_tokens 0 and MAX_COLS 8; ragged column tiles inside one forward via 40 and 1), workgroup
-# shapes and the command-buffer knobs (tiny submits, no replay).
+# shapes and the command-buffer knobs (tiny submits, no replay); split attention with one range
+# (no merge), with more ranges than keys and with several ranges per prefill query; argmax with
+# one slice and with more slices than the vocabulary has elements per thread.
 CONFIGS = [
     {},
     {
+        "attention.variant": "online",
+        "argmax.variant": "default",
         "matmul_prefill.variant": "serial",
         "prefill.max_cols": 8,
         "prefill.chunk_tokens": 0,
@@ -36,8 +40,11 @@ CONFIGS = [
         "matmul_decode.wg_size": 128,
         "matmul_decode.rows_per_wg": 16,
         "attention.wg_size": 32,
+        "attention.splits": 64,
+        "attention.splits_prefill": 4,
         "rms_norm.wg_size": 32,
         "argmax.wg_size": 512,
+        "argmax.slices": 1024,
     },
     {"prefill.max_cols": 1, "submit.max_nodes": 64, "submit.replay": False},
     {"prefill.max_cols": 4, "prefill.chunk_tokens": 0, "submit.max_nodes": 64},
@@ -49,6 +56,9 @@ CONFIGS = [
         "matmul_prefill.subgroup_size": 8,
         "matmul_decode.subgroup_size": 8,
         "attention.wg_size": 256,
+        "attention.splits": 1,
+        "attention.key_threads": 32,
+        "argmax.slices": 1,
         "embedding.wg_size": 32,
     },
 ]
@@ -82,14 +92,16 @@ def _model(path, be):  # noqa: ANN001, ANN202
 
 
 def test_every_variant_is_sampled():
+    ops = [o for o in REGISTRY.ops("vulkan") if len(o.variants) > 1]
+    assert {"matmul_decode", "matmul_prefill", "attention", "argmax"} <= {o.name for o in ops}
     seen = {
-        (op, (TuningConfig.default("vulkan").replace(**c).op(op).variant))
+        (o.name, TuningConfig.default("vulkan").replace(**c).op(o.name).variant)
         for c in CONFIGS
-        for op in ("matmul_decode", "matmul_prefill")
+        for o in ops
     }
-    for op in ("matmul_decode", "matmul_prefill"):
-        for v in REGISTRY.op("vulkan", op).variants:
-            assert (op, v.name) in seen
+    for o in ops:
+        for v in o.variants:
+            assert (o.name, v.name) in seen
 
 
 @pytest.mark.parametrize("flat", CONFIGS, ids=[f"cfg{i}" for i in range(len(CONFIGS))])
