@@ -283,7 +283,7 @@ def test_profile_reports_per_kernel_times(vb):
     vb.set_profiling(True)
     vb.argmax(vb.add(vb.matmul(x, wv), vb.matmul(x, wv)))
     prof = vb.profile()
-    assert prof["matmul_prefill.kpar[Q4_K]"]["calls"] == 2
+    assert prof["matmul_prefill.tiled[Q4_K]"]["calls"] == 2
     assert all(v["total_ms"] > 0 for v in prof.values())
     assert {"add.default", "argmax.two_stage", "argmax.two_stage.merge"} <= set(prof)
     vb.set_profiling(False)
