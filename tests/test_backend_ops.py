@@ -53,6 +53,15 @@ def be(request):
     return backends.create(request.param)
 
 
+def variant_configs(be, op: str) -> list[TuningConfig]:
+    """One config per registered variant of op on be (default parameters); just the default
+    config where the backend declares no op of that name (CUDA splits attention in two)."""
+    base = TuningConfig.default(be.name)
+    if op not in {o.name for o in REGISTRY.ops(be.name)}:
+        return [base]
+    return [base.replace(**{f"{op}.variant": v.name}) for v in REGISTRY.op(be.name, op).variants]
+
+
 def _supported(be, op: str, qtype: str | None = None) -> None:
     if not REGISTRY.supports(be.name, op, qtype):
         pytest.skip(f"{be.name} declares no {op} kernel for {qtype} (not supported, not failed)")
@@ -189,32 +198,55 @@ def test_swiglu(be):
     check(be.download(be.swiglu(be.upload(g), be.upload(u))), g64 / (1 + np.exp(-g64)) * u, 1e-10)
 
 
-@pytest.mark.parametrize("T,V", [(1, 1), (1, 151936), (3, 1000)])
+@pytest.mark.parametrize("T,V", [(1, 1), (1, 151936), (3, 1000), (4, 152063), (2, 37)])
 def test_argmax_first_maximum(be, T, V):
+    """Every argmax variant: ties far apart (the first wins), the maximum at the very last
+    element, -inf values; vocabularies that are multiples of nothing (152063, 37)."""
     rng = np.random.default_rng(V)
     logits = rng.standard_normal((T, V)).astype(np.float32)
     if V > 10:
         logits[0, [7, V - 3]] = 50.0  # a tie: the first index wins
-    out = be.download(be.argmax(be.upload(logits)))
-    assert out.tolist() == np.argmax(logits, axis=-1).tolist()
+    if T > 1:
+        logits[1, V - 1] = 60.0  # in the last slice of any slicing
+    if T > 2:
+        logits[2, : V // 2] = -np.inf
+        logits[2, V // 2 + 1] = -np.inf
+    if T > 3:
+        logits[3, 1:] = -np.inf  # the first element is the only finite one
+    for cfg in variant_configs(be, "argmax"):
+        be.set_config(cfg)
+        out = be.download(be.argmax(be.upload(logits)))
+        assert out.tolist() == np.argmax(logits, axis=-1).tolist(), cfg.op("argmax").variant
 
 
 @pytest.mark.parametrize(
     "T,H,Hkv,D,pos0",
-    [(1, 2, 1, 64, 0), (1, 4, 2, 64, 37), (5, 4, 2, 64, 0), (7, 6, 2, 128, 11), (33, 2, 2, 64, 3)],
+    [
+        (1, 2, 1, 64, 0),
+        (1, 4, 2, 64, 37),
+        (5, 4, 2, 64, 0),
+        (7, 6, 2, 128, 11),
+        (33, 2, 2, 64, 3),
+        (1, 4, 4, 64, 4),  # GQA ratio 1; 5 keys: fewer than the key ranges of a split kernel
+        (1, 7, 1, 80, 300),  # GQA ratio 7, D = 80, 301 keys: a multiple of no tile or split
+        (1, 14, 2, 128, 549),  # a 7B-like decode: ratio 7, D = 128, 550 keys
+        (6, 7, 1, 80, 45),  # causal chunk at an offset, ratio 7, odd-ish D
+    ],
 )
 def test_kv_write_and_attention(be, T, H, Hkv, D, pos0):
-    rng = np.random.default_rng(T + pos0)
-    q, _, _, _, kc, vc, out = write_cache_and_attend(be, rng, T, H, Hkv, D, pos0)
-    ref = np.zeros((T, H, D))
-    for t in range(T):
-        L = pos0 + t + 1
-        for h in range(H):
-            kv = h // (H // Hkv)
-            s = kc[:L, kv].astype(np.float64) @ q[t, h] / np.sqrt(D)
-            p = np.exp(s - s.max())
-            ref[t, h] = (p / p.sum()) @ vc[:L, kv]
-    check(out, ref, 1e-8 if be.name == "numpy" else 1e-5)
+    for cfg in variant_configs(be, "attention"):
+        be.set_config(cfg)
+        rng = np.random.default_rng(T + pos0)
+        q, _, _, _, kc, vc, out = write_cache_and_attend(be, rng, T, H, Hkv, D, pos0)
+        ref = np.zeros((T, H, D))
+        for t in range(T):
+            L = pos0 + t + 1
+            for h in range(H):
+                kv = h // (H // Hkv)
+                s = kc[:L, kv].astype(np.float64) @ q[t, h] / np.sqrt(D)
+                p = np.exp(s - s.max())
+                ref[t, h] = (p / p.sum()) @ vc[:L, kv]
+        check(out, ref, 1e-8 if be.name == "numpy" else 1e-5)
 
 
 def test_registry_declares_every_contract_op(be):

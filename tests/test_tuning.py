@@ -139,3 +139,14 @@ def test_prefill_chunk_falls_back_to_max_cols():
     assert vk_cfg.prefill_chunk == 512
     assert vk_cfg.replace(**{"prefill.chunk_tokens": 0}).prefill_chunk == 8
     assert vk_cfg.replace(**{"prefill.chunk_tokens": 128}).prefill_chunk == 128
+
+
+def test_op_table_outside_ops_is_an_error(tmp_path):
+    """[matmul_prefill] at the top level (instead of [ops.matmul_prefill]) used to be ignored,
+    silently running the defaults."""
+    p = tmp_path / "c.toml"
+    p.write_text('backend = "vulkan"\n[matmul_prefill]\nvariant = "tiled"\n')
+    with pytest.raises(ConfigError, match=r"\[ops.matmul_prefill\]"):
+        TuningConfig.from_toml(p)
+    p.write_text('backend = "vulkan"\n[ops.matmul_prefill]\nvariant = "tiled"\n')
+    assert TuningConfig.from_toml(p).op("matmul_prefill").variant == "tiled"

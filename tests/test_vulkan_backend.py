@@ -132,6 +132,20 @@ def test_precompile_covers_every_build(tmp_path):
     assert len(list(out.glob("*/*.spv"))) == len(all_builds())
 
 
+def test_every_attention_and_argmax_variant_has_its_passes_precompiled():
+    """The two-pass variants' programs come from kernels.STAGES; a variant registered without an
+    entry there would be missing from the precompiled set (and fail at set_config)."""
+    from engine.backends.vulkan.kernels import STAGES, all_builds
+    from engine.tuning import REGISTRY
+
+    builds = set(all_builds())
+    for op in ("attention", "argmax"):
+        for v in REGISTRY.op("vulkan", op).variants:
+            passes = STAGES[(op, v.name)]
+            assert len(passes) == (2 if v.name in ("split", "two_stage") else 1)
+            assert {(p.shader, p.defines) for p in passes} <= builds
+
+
 # --- failures leave the backend usable --------------------------------------------------
 def test_compile_error_reports_log_and_backend_stays_usable(tmp_path, monkeypatch):
     from engine.backends.vulkan import spirv
@@ -270,9 +284,9 @@ def test_profile_reports_per_kernel_times(vb):
     vb.set_profiling(True)
     vb.argmax(vb.add(vb.matmul(x, wv), vb.matmul(x, wv)))
     prof = vb.profile()
-    assert prof["matmul_prefill.kpar[Q4_K]"]["calls"] == 2
+    assert prof["matmul_prefill.tiled[Q4_K]"]["calls"] == 2
     assert all(v["total_ms"] > 0 for v in prof.values())
-    assert {"add.default", "argmax.default"} <= set(prof)
+    assert {"add.default", "argmax.two_stage", "argmax.two_stage.merge"} <= set(prof)
     vb.set_profiling(False)
     vb.matmul(x, wv)
     assert vb.profile() == {}
@@ -337,6 +351,66 @@ def test_decode_graph_replays_and_recaptures(vb):
     calls.clear()
     run(True, 0, 4)  # a new cache: captured again
     assert calls[:1] == [0] and len(calls) == 1
+
+
+def _attention_step(be, wv, tok, pos, cache):  # noqa: ANN001, ANN202
+    """A decode step whose "logits" are the attention output: embedding -> q, k, v (GQA 4 / 2,
+    D 16) -> RoPE -> KV write -> attention; the next token is its argmax."""
+    x = be.embedding(wv["emb"], tok)  # [1, 64]
+    q = be.rope(be.reshape(be.matmul(x, wv["wq"]), (1, 4, 16)), pos, 1e4, True)
+    k = be.rope(be.reshape(be.matmul(x, wv["wk"]), (1, 2, 16)), pos, 1e4, True)
+    be.kv_write(cache, 0, k, be.reshape(be.matmul(x, wv["wv"]), (1, 2, 16)), pos)
+    a = be.reshape(be.attention(q, cache, 0, pos), (1, 64))
+    return a, be.argmax(a)
+
+
+@pytest.mark.parametrize("splits", [4, 8])
+def test_decode_graph_split_attention_follows_the_position(vb, splits):
+    """The split-KV kernel inside a replayed decode graph: grid and push constants are those of
+    the step captured at position 0, the key ranges are recomputed on the device from the
+    dynamic position. Over 40 steps (ranges of ceil(L / splits) keys crossing every tile and
+    range boundary; empty ranges while L < splits) the outputs equal the NumPy backend's."""
+    from engine.backends.numpy_ref import NumpyBackend
+
+    rng = np.random.default_rng(11)
+    qts = {
+        "emb": qtensor(rng, (64, 64), "Q8_0", std=1.0),
+        "wq": qtensor(rng, (64, 64), "Q8_0", std=0.3),
+        "wk": qtensor(rng, (32, 64), "Q8_0", std=0.3),
+        "wv": qtensor(rng, (32, 64), "Q8_0", std=1.0),
+    }
+    vb.set_config(
+        TuningConfig.default("vulkan").replace(
+            **{
+                "attention.variant": "split",
+                "attention.splits": splits,
+                "attention.key_threads": 4,
+                "attention.wg_size": 32,  # tiles of 8 keys
+                "argmax.variant": "two_stage",
+                "argmax.slices": 8,
+            }
+        )
+    )
+    nb = NumpyBackend()
+    wv = {k: vb.load_weight(v) for k, v in qts.items()}
+    wn = {k: nb.load_weight(v) for k, v in qts.items()}
+    cache, cache_n = vb.new_kv_cache(1, 48, 2, 16), nb.new_kv_cache(1, 48, 2, 16)
+    tok, tok_n = vb.upload(np.array([3], np.int32)), np.array([3], np.int32)
+    calls = []
+
+    def step(t, p):  # noqa: ANN001, ANN202
+        calls.append(p)
+        return _attention_step(vb, wv, t, p, cache)
+
+    before = vb.stats()["replays"]
+    for pos in range(40):
+        a, tok = vb.decode_step(step, tok, pos, cache)
+        a_n, tok_n = _attention_step(nb, wn, tok_n, pos, cache_n)
+        assert nmse(a_n, vb.download(a)) < 1e-10, f"position {pos}"
+        assert vb.download(tok).tolist() == np.asarray(tok_n).tolist(), f"position {pos}"
+    assert calls == [0], f"the step ran in Python at {calls}: expected one capture at 0"
+    # step 1 records the graph's command buffer (step 0 ran the ops); steps 2..39 resubmit it
+    assert vb.stats()["replays"] - before >= 38
 
 
 def test_staging_paths_of_discrete_gpus(tiny_model_path, monkeypatch):

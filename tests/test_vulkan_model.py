@@ -17,12 +17,16 @@ from tests.test_vulkan_helpers import assert_no_validation_errors, make_backend
 # One config per registered variant of every op with more than one, plus parameter samples
 # that stress chunking (the seed's one-forward-per-MAX_COLS schedule with ragged chunks via
 # chunk_tokens 0 and MAX_COLS 8; ragged column tiles inside one forward via 40 and 1), workgroup
-# shapes and the command-buffer knobs (tiny submits, no replay). matmul_decode's default (block)
-# runs in cfg0 and cfg5 (required subgroup size 8), with 4-lane clusters of 4 rows each in cfg2
-# and one row per workgroup in cfg4.
+# shapes and the command-buffer knobs (tiny submits, no replay); split attention with one range
+# (no merge), with more ranges than keys and with several ranges per prefill query; argmax with
+# one slice and with more slices than the vocabulary has elements per thread. matmul_decode's
+# default (block) runs at its defaults, with a required subgroup size of 8, with 4-lane clusters
+# of 4 rows each and with one row per workgroup; subgroup and shmem once each.
 CONFIGS = [
     {},
     {
+        "attention.variant": "online",
+        "argmax.variant": "default",
         "matmul_prefill.variant": "serial",
         "prefill.max_cols": 8,
         "prefill.chunk_tokens": 0,
@@ -32,6 +36,7 @@ CONFIGS = [
     },
     {
         "prefill.max_cols": 40,
+        "matmul_prefill.variant": "kpar",
         "matmul_prefill.wg_size": 32,
         "matmul_prefill.rows_per_wg": 1,
         "matmul_decode.wg_size": 128,
@@ -39,8 +44,11 @@ CONFIGS = [
         "matmul_decode.threads_per_row": 4,
         "matmul_decode.rows_per_thread": 4,
         "attention.wg_size": 32,
+        "attention.splits": 64,
+        "attention.splits_prefill": 4,
         "rms_norm.wg_size": 32,
         "argmax.wg_size": 512,
+        "argmax.slices": 1024,
     },
     {
         "prefill.max_cols": 1,
@@ -56,11 +64,17 @@ CONFIGS = [
         "matmul_decode.rows_per_wg": 1,
         "matmul_decode.rows_per_thread": 1,
     },
+    {"matmul_prefill.tile_n": 16},
+    {"matmul_prefill.variant": "tiled", "prefill.chunk_tokens": 64, "matmul_prefill.tile_m": 128},
     {
         "prefill.max_cols": 16,
+        "matmul_prefill.variant": "kpar",
         "matmul_prefill.subgroup_size": 8,
         "matmul_decode.subgroup_size": 8,
         "attention.wg_size": 256,
+        "attention.splits": 1,
+        "attention.key_threads": 32,
+        "argmax.slices": 1,
         "embedding.wg_size": 32,
     },
 ]
@@ -94,14 +108,16 @@ def _model(path, be):  # noqa: ANN001, ANN202
 
 
 def test_every_variant_is_sampled():
+    ops = [o for o in REGISTRY.ops("vulkan") if len(o.variants) > 1]
+    assert {"matmul_decode", "matmul_prefill", "attention", "argmax"} <= {o.name for o in ops}
     seen = {
-        (op, (TuningConfig.default("vulkan").replace(**c).op(op).variant))
+        (o.name, TuningConfig.default("vulkan").replace(**c).op(o.name).variant)
         for c in CONFIGS
-        for op in ("matmul_decode", "matmul_prefill")
+        for o in ops
     }
-    for op in ("matmul_decode", "matmul_prefill"):
-        for v in REGISTRY.op("vulkan", op).variants:
-            assert (op, v.name) in seen
+    for o in ops:
+        for v in o.variants:
+            assert (o.name, v.name) in seen
 
 
 @pytest.mark.parametrize("flat", CONFIGS, ids=[f"cfg{i}" for i in range(len(CONFIGS))])
@@ -150,7 +166,9 @@ def test_unusable_config_is_reported_and_next_runs(vb, tiny_model_path):
         for s in (8, 16, 32, 64, 128)
         if not dev.extra["min_subgroup_size"] <= s <= dev.extra["max_subgroup_size"]
     )
-    bad = TuningConfig.default("vulkan").replace(**{"matmul_prefill.subgroup_size": bad_size})
+    bad = TuningConfig.default("vulkan").replace(
+        **{"matmul_prefill.variant": "kpar", "matmul_prefill.subgroup_size": bad_size}
+    )
     with pytest.raises(ConfigError):
         validate(model, bad, _prompts(tok)[:2], steps=2)
     good = TuningConfig.default("vulkan").replace(**{"prefill.max_cols": 4})

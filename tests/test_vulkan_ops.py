@@ -147,6 +147,14 @@ PREFILL = [
         {"matmul_prefill.variant": "serial", "prefill.max_cols": 4, "matmul_prefill.wg_size": 32},
         "serial-mc4-wg32",
     ),
+    (
+        {
+            "matmul_prefill.variant": "tiled",
+            "matmul_prefill.tile_m": 32,
+            "matmul_prefill.tile_n": 16,
+        },
+        "tiled-m32-n16",
+    ),
 ]
 PREFILL_SAMPLES = [
     ({"matmul_prefill.variant": "kpar"}, "kpar-default"),
@@ -178,6 +186,23 @@ PREFILL_SAMPLES = [
     (
         {"matmul_prefill.variant": "serial", "prefill.max_cols": 8, "matmul_prefill.wg_size": 256},
         "serial-mc8-wg256",
+    ),
+    ({"matmul_prefill.variant": "tiled"}, "tiled-default"),
+    (
+        {
+            "matmul_prefill.variant": "tiled",
+            "matmul_prefill.tile_m": 128,
+            "matmul_prefill.tile_n": 32,
+        },
+        "tiled-m128-n32",
+    ),
+    (
+        {
+            "matmul_prefill.variant": "tiled",
+            "matmul_prefill.tile_m": 32,
+            "matmul_prefill.tile_n": 128,
+        },
+        "tiled-m32-n128",
     ),
 ]
 
@@ -231,10 +256,12 @@ def test_matmul_prefill_variants(vb, flat, qtype):
         assert_canary_after(vb, y)
 
 
+@pytest.mark.parametrize("prefill", ["kpar", "tiled"])
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K", "F16", "Q6_K"])
-def test_weights_split_into_row_ranges(vb, qtype):
+def test_weights_split_into_row_ranges(vb, qtype, prefill):
     """A weight over maxStorageBufferRange is stored and dispatched in row ranges (the real
     Qwen LM head is 145 MB against lavapipe's 128 MiB): lower the limit to a few rows."""
+    vb.set_config(_cfg(vb, {"matmul_prefill.variant": prefill}))
     rng = np.random.default_rng(3)
     w = qtensor(rng, (50, _k_for(qtype, 1)), qtype)
     old = vb.max_weight_bytes
@@ -407,14 +434,112 @@ def test_small_ops_at_workgroup_extremes(vb, op, wg):
     assert nmse(ref, out) < 1e-9
 
 
-def test_argmax_nan_and_ties(vb):
-    lg = np.zeros((4, 300), np.float32)
+# attention: split-KV with one range (written directly), ranges of one key (key_threads = wg_size),
+# more ranges than keys (empty ones), threads beyond D idle in the value pass, several ranges for
+# T > 1; and the online kernel.
+ATTENTION = [
+    ({}, "split-default"),
+    ({"attention.splits": 1}, "split-s1-direct"),
+    ({"attention.splits": 2, "attention.key_threads": 1, "attention.wg_size": 32}, "split-s2-kt1"),
+    (
+        {
+            "attention.splits": 64,
+            "attention.splits_prefill": 8,
+            "attention.key_threads": 32,
+            "attention.wg_size": 32,
+        },
+        "split-s64-kt32-wg32",
+    ),
+    (
+        {"attention.splits": 8, "attention.key_threads": 16, "attention.wg_size": 512},
+        "split-s8-wg512",
+    ),
+    ({"attention.splits_prefill": 4, "attention.key_threads": 2}, "split-prefill4"),
+    ({"attention.variant": "online"}, "online-default"),
+    ({"attention.variant": "online", "attention.wg_size": 32}, "online-wg32"),
+]
+
+
+def _attention_ref(q, kc, vc, pos0) -> np.ndarray:  # noqa: ANN001
+    T, H, D = q.shape
+    Hkv = kc.shape[1]
+    ref = np.zeros((T, H, D))
+    for t in range(T):
+        L = pos0 + t + 1
+        for h in range(H):
+            kv = h // (H // Hkv)
+            s = kc[:L, kv].astype(np.float64) @ q[t, h] / np.sqrt(D)
+            p = np.exp(s - s.max())
+            ref[t, h] = (p / p.sum()) @ vc[:L, kv]
+    return ref
+
+
+@pytest.mark.parametrize("flat", [p[0] for p in ATTENTION], ids=[p[1] for p in ATTENTION])
+@pytest.mark.parametrize(
+    "T,H,Hkv,D,pos0",
+    [
+        (1, 7, 1, 80, 300),
+        (1, 4, 4, 64, 4),
+        (1, 14, 2, 128, 549),
+        (6, 7, 1, 80, 45),
+        (3, 2, 1, 256, 9),
+    ],
+)
+def test_attention_variants(vb, flat, T, H, Hkv, D, pos0):
+    """Each sample against NumPy, q read as a row view at an offset, and nothing written past
+    the output (the split kernel's partials and merge must stay inside their buffers)."""
+    cfg = _cfg(vb, flat)
+    if D > 8 * int(cfg.op("attention")["wg_size"]):
+        pytest.skip(f"D {D} > 8 * wg_size: rejected by the op (UnsupportedError)")
+    vb.set_config(cfg)
+    rng = np.random.default_rng(T * 1000 + pos0)
+    L = pos0 + T
+    kc = rng.standard_normal((L + 2, Hkv, D)).astype(np.float32)
+    vc = rng.standard_normal((L + 2, Hkv, D)).astype(np.float32)
+    q = rng.standard_normal((T + 2, H, D)).astype(np.float32)
+    cache = vb.new_kv_cache(1, L + 2, Hkv, D)
+    vb.kv_write(cache, 0, vb.upload(kc), vb.upload(vc), 0)  # keys beyond L must stay unseen
+    vb.synchronize()  # the uploads are free buffers now: poisoning them must come after
+    qt = vb.rows(vb.upload(q), 1, T + 1)
+    poison_free_buffers(vb, T * H * D)
+    y = vb.attention(qt, cache, 0, pos0)
+    out = vb.download(y)
+    assert np.isfinite(out).all()
+    assert nmse(_attention_ref(q[1 : T + 1], kc, vc, pos0), out) < 1e-9
+    assert_canary_after(vb, y)
+
+
+ARGMAX = [
+    ({}, "two_stage-default"),
+    ({"argmax.slices": 1}, "two_stage-s1"),
+    ({"argmax.slices": 1024, "argmax.wg_size": 32}, "two_stage-s1024-wg32"),
+    ({"argmax.slices": 8, "argmax.wg_size": 512}, "two_stage-s8-wg512"),
+    ({"argmax.variant": "default"}, "default"),
+]
+
+
+@pytest.mark.parametrize("flat", [p[0] for p in ARGMAX], ids=[p[1] for p in ARGMAX])
+def test_argmax_nan_inf_and_ties(vb, flat):
+    """np.argmax's rule at every sample: the first maximum, the first NaN over any number, an
+    all -inf row gives 0; ties straddling slices; a row read at an offset."""
+    vb.set_config(_cfg(vb, flat))
+    lg = np.zeros((7, 1001), np.float32)
     lg[1, [5, 200]] = 3.0
     lg[2, 17] = np.nan
     lg[2, 3] = 9.0
+    lg[2, 999] = np.nan
     lg[3] = -np.inf
+    lg[4, [1000, 998]] = [np.inf, np.inf]
+    lg[5] = -np.inf
+    lg[5, [640, 1000]] = -1e30
+    lg[6, 1000] = 1.0  # the last element of the last slice
     out = vb.download(vb.argmax(vb.upload(lg)))
-    assert out.tolist() == np.argmax(lg, -1).tolist() == [0, 5, 17, 0]
+    assert out.tolist() == np.argmax(lg, -1).tolist() == [0, 5, 17, 0, 998, 640, 1000]
+    rows = vb.rows(vb.upload(lg), 4, 7)
+    poison_free_buffers(vb, 3)
+    y = vb.argmax(rows)
+    assert vb.download(y).tolist() == [998, 640, 1000]
+    assert_canary_after(vb, y)
 
 
 def test_required_subgroup_size_the_device_lacks_is_a_constraint(vb):

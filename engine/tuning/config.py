@@ -105,6 +105,12 @@ class TuningConfig:
         if file_backend is not None and file_backend != backend:
             raise ConfigError(f"{path}: config is for backend {file_backend!r}, not {backend!r}")
         ops = data.get("ops", {})
+        stray = sorted(k for k in data if k != "ops" and REGISTRY.supports(backend, k))
+        if stray:  # a silently ignored [matmul_prefill] would benchmark the defaults
+            raise ConfigError(
+                f"{path}: top-level table(s) {', '.join(stray)} name ops; op settings go under "
+                f"[ops.<op>], e.g. [ops.{stray[0]}]"
+            )
         if not isinstance(ops, dict):
             raise ConfigError(f"{path}: 'ops' must be a table of [ops.<op>] tables")
         flat: dict[str, Any] = {}

@@ -282,29 +282,41 @@ class VulkanBackend(Backend):
         if not self.stream.replay:
             self.stream.clear_replay()
 
-    def _spec(self, config: TuningConfig, op: str) -> tuple[K.Program | None, tuple[int, ...], int]:
+    def _programs(
+        self, config: TuningConfig, op: str, q: str
+    ) -> list[tuple[str, K.Program, tuple[int, ...], int]]:
+        """(key, program, spec constants, required subgroup size) of every pass of op's chosen
+        variant for weight type q ("" for ops without weights). The first pass is keyed op, the
+        second (of the two-pass variants) op.merge."""
         c = config.op(op)
-        wg = int(c["wg_size"])
+        wg = int(c.as_dict().get("wg_size", 0))
         if op == "matmul_decode":
             tpr = int(c["threads_per_row"]) if c.variant in ("shmem", "block") else 1
             rpt = int(c["rows_per_thread"]) if c.variant == "block" else 1
             sg = int(c["subgroup_size"]) if c.variant in ("subgroup", "block") else 0
-            return None, (wg, int(c["rows_per_wg"]), tpr, rpt), sg
+            spec = (wg, int(c["rows_per_wg"]), tpr, rpt)
+            return [(op, K.matmul_decode(c.variant, q), spec, sg)]
         if op == "matmul_prefill":
+            if c.variant == "tiled":
+                tiles = (int(c["tile_m"]), int(c["tile_n"]))
+                return [(op, K.matmul_prefill(c.variant, q), tiles, 0)]
             rows = int(c["rows_per_wg"]) if c.variant == "kpar" else 1
             sg = int(c["subgroup_size"]) if c.variant == "kpar" else 0
-            return None, (wg, rows, config.max_cols), sg
-        program = {
-            "rms_norm": K.RMS_NORM,
-            "add": K.ADD,
-            "swiglu": K.SWIGLU,
-            "rope": K.ROPE,
-            "kv_write": K.KV_WRITE,
-            "attention": K.ATTENTION,
-            "argmax": K.ARGMAX,
-            "embedding": None,
-        }[op]
-        return program, (wg,), 0
+            return [(op, K.matmul_prefill(c.variant, q), (wg, rows, config.max_cols), sg)]
+        if op == "embedding":
+            return [(op, K.embedding(q), (wg,), 0)]
+        stages = K.STAGES.get((op, c.variant))
+        if stages is None:
+            program = {
+                "rms_norm": K.RMS_NORM,
+                "add": K.ADD,
+                "swiglu": K.SWIGLU,
+                "rope": K.ROPE,
+                "kv_write": K.KV_WRITE,
+            }[op]
+            return [(op, program, (wg,), 0)]
+        spec = (wg, int(c["key_threads"])) if c.variant == "split" else (wg,)
+        return [(f"{op}.merge" if i else op, p, spec, 0) for i, p in enumerate(stages)]
 
     def _build(
         self, config: TuningConfig, qtypes: set[str], fresh: bool = False
@@ -322,20 +334,12 @@ class VulkanBackend(Backend):
             "matmul_decode",
             "matmul_prefill",
         ):
-            program, spec, sg = self._spec(config, op)
+            weighted = op in ("embedding", "matmul_decode", "matmul_prefill")
             variant = config.op(op).variant
-            for q in sorted(qtypes) if program is None else [""]:
-                if op == "embedding":
-                    prog = K.embedding(q)
-                elif op == "matmul_decode":
-                    prog = K.matmul_decode(variant, q)
-                elif op == "matmul_prefill":
-                    prog = K.matmul_prefill(variant, q)
-                else:
-                    prog = program
-                name = f"{op}.{variant}" + (f"[{q}]" if q else "")
-                pipe = self.pipes.get(prog, spec, name, sg)
-                ops[(op, q)] = (pipe, config.op(op))
+            for q in sorted(qtypes) if weighted else [""]:
+                for key, prog, spec, sg in self._programs(config, op, q):
+                    name = f"{op}.{variant}" + key[len(op) :] + (f"[{q}]" if q else "")
+                    ops[(key, q)] = (self.pipes.get(prog, spec, name, sg), config.op(op))
         return ops
 
     def _pipe(self, op: str, qtype: str = "") -> tuple[Pipeline, Any]:
@@ -523,8 +527,12 @@ class VulkanBackend(Backend):
                 )
             return out
         pipe, c = self._pipe("matmul_prefill", w.qtype)
-        per_wg = int(c["rows_per_wg"]) if c.variant == "kpar" else int(c["wg_size"])
-        chunks = -(-T // self.config.max_cols)
+        if c.variant == "tiled":
+            per_wg, cols = int(c["tile_m"]), int(c["tile_n"])
+        else:
+            per_wg = int(c["rows_per_wg"]) if c.variant == "kpar" else int(c["wg_size"])
+            cols = self.config.max_cols
+        chunks = -(-T // cols)
         for lease, r0, nr in w.parts:
             gx, gy, _ = _fold(-(-nr // per_wg))
             self.stream.dispatch(
@@ -642,23 +650,37 @@ class VulkanBackend(Backend):
         if pos0 + T > cache.capacity:
             raise ValueError(f"attention: positions up to {pos0 + T - 1} beyond the cache")
         out = self._new((T, H, D))
-        if T:
+        if not T:
+            return out
+        bufs = (q.buf, ck.buf, cv.buf)
+        offs = (H, Hkv, D, q.offset, ck.offset, cv.offset)
+        scale = 1.0 / math.sqrt(D)
+        if c.variant == "online":
             self.stream.dispatch(
                 pipe,
-                (q.buf, ck.buf, cv.buf, out.buf, self.stream.dyn_buf),
+                (*bufs, out.buf, self.stream.dyn_buf),
                 (out.buf,),
-                (
-                    H,
-                    Hkv,
-                    D,
-                    q.offset,
-                    ck.offset,
-                    cv.offset,
-                    out.offset,
-                    self.stream.dyn(pos0),
-                    1.0 / math.sqrt(D),
-                ),
+                (*offs, out.offset, self.stream.dyn(pos0), scale),
                 (H, T, 1),
+            )
+            return out
+        # split: the number of key ranges is fixed per dispatch (never derived from pos0), so a
+        # replayed decode graph stays valid; the shader sizes the ranges from the position.
+        ns = int(c["splits"] if T == 1 else c["splits_prefill"])
+        if T > MAX_GROUPS:
+            raise UnsupportedError(f"vulkan attention: {T} tokens in one call (max {MAX_GROUPS})")
+        dst = out if ns == 1 else self._new((T, H, ns, D + 2))  # partials: m, s, acc[D]
+        self.stream.dispatch(
+            pipe,
+            (*bufs, dst.buf, self.stream.dyn_buf),
+            (dst.buf,),
+            (*offs, dst.offset, self.stream.dyn(pos0), ns, scale),
+            (H, ns, T),
+        )
+        if ns > 1:
+            merge, _ = self._pipe("attention.merge")
+            self.stream.dispatch(
+                merge, (dst.buf, out.buf), (out.buf,), (H, D, ns, dst.offset, out.offset), (H, T, 1)
             )
         return out
 
@@ -667,12 +689,33 @@ class VulkanBackend(Backend):
         V = logits.shape[-1]
         rows = logits.size // V
         out = self._new((rows,), np.int32)
-        pipe, _ = self._pipe("argmax")
+        pipe, c = self._pipe("argmax")
+        if c.variant == "default":
+            self.stream.dispatch(
+                pipe,
+                (logits.buf, out.buf),
+                (out.buf,),
+                (V, rows, logits.offset, out.offset),
+                _fold(rows),
+            )
+            return out
+        # two_stage: the grid depends on the row count and the slices parameter, never on data.
+        slices = int(c["slices"])
+        parts = self._new((rows, slices, 2), np.int32)  # (float bits, index) per slice
+        fx, fy, _ = _fold(rows)
         self.stream.dispatch(
             pipe,
-            (logits.buf, out.buf),
+            (logits.buf, parts.buf),
+            (parts.buf,),
+            (V, rows, logits.offset, parts.offset, slices),
+            (slices, fx, fy),
+        )
+        merge, _ = self._pipe("argmax.merge")
+        self.stream.dispatch(
+            merge,
+            (parts.buf, out.buf),
             (out.buf,),
-            (V, rows, logits.offset, out.offset),
+            (slices, rows, parts.offset, out.offset),
             _fold(rows),
         )
         return out

@@ -34,6 +34,8 @@ def matmul_decode(variant: str, qtype: str) -> Program:
 
 
 def matmul_prefill(variant: str, qtype: str) -> Program:
+    if variant == "tiled":  # its own shader: a GEMM, not a batched DMMV
+        return Program("matmul_tiled", (f"QTYPE_{qtype}",), 3, "IIIIIII")
     return Program(
         "matmul_prefill", (MATMUL_PREFILL_VARIANTS[variant], f"QTYPE_{qtype}"), 3, "IIIIIII"
     )
@@ -49,14 +51,27 @@ SWIGLU = Program("eltwise", ("OP_SWIGLU",), 3, "IIIII")
 ROPE = Program("rope", (), 4, "IIIIIII")
 KV_WRITE = Program("kv_write", (), 5, "IIIIIII")
 ATTENTION = Program("attention", (), 5, "IIIIIIIIf")
+ATTENTION_SPLIT = Program("attention_split", ("PASS_PARTIAL",), 5, "IIIIIIIIIf")
+ATTENTION_MERGE = Program("attention_split", ("PASS_MERGE",), 2, "IIIII")
 ARGMAX = Program("argmax", (), 2, "IIII")
+ARGMAX_SLICES = Program("argmax", ("STAGE_SLICES",), 2, "IIIII")
+ARGMAX_MERGE = Program("argmax", ("STAGE_MERGE",), 2, "IIII")
+
+# The passes of the ops whose variants differ in programs, in dispatch order.
+STAGES = {
+    ("attention", "online"): (ATTENTION,),
+    ("attention", "split"): (ATTENTION_SPLIT, ATTENTION_MERGE),
+    ("argmax", "default"): (ARGMAX,),
+    ("argmax", "two_stage"): (ARGMAX_SLICES, ARGMAX_MERGE),
+}
 
 
 def all_programs() -> list[Program]:
-    out = [RMS_NORM, ADD, SWIGLU, ROPE, KV_WRITE, ATTENTION, ARGMAX]
+    out = [RMS_NORM, ADD, SWIGLU, ROPE, KV_WRITE]
+    out += [p for stages in STAGES.values() for p in stages]
     for q in sorted(QUANT_TYPES):
         out += [matmul_decode(v, q) for v in MATMUL_DECODE_VARIANTS]
-        out += [matmul_prefill(v, q) for v in MATMUL_PREFILL_VARIANTS]
+        out += [matmul_prefill(v, q) for v in (*MATMUL_PREFILL_VARIANTS, "tiled")]
         out.append(embedding(q))
     return out
 

@@ -1,10 +1,12 @@
 """A bounded device run of the Vulkan backend: device info, then for each config of a fixed
-sample (every variant, MAX_COLS, rows/workgroup, workgroup sizes, command-buffer knobs):
+sample (every variant, MAX_COLS, rows/workgroup, workgroup sizes, command-buffer knobs; or with
+--grid prefill the MAX_COLS x variant x tile table of the batched prefill):
 set_config (compile), validate against the per-token reference, bench, and a per-kernel profile
 of the default config. A config that fails to compile, validate or run is recorded as such and
 the sweep goes on. One JSON document with everything goes to --out.
 
     python -m engine.backends.vulkan.sweep --model M.gguf --out DIR [--budget-s 420] [--quick]
+        [--grid sample|prefill]
 """
 
 from __future__ import annotations
@@ -20,6 +22,25 @@ from typing import Any
 from engine.errors import EngineError
 from engine.tuning import TuningConfig
 
+# The seed's table, widened: MAX_COLS x {serial, kpar} inside one 512-token forward, the seed's
+# one-forward-per-MAX_COLS schedule (chunk_tokens 0) at its shipped points, and the tiled GEMM's
+# tile shapes. (tile 128 x 128 is left out: on the H200 it ran for minutes.)
+PREFILL_GRID: list[dict[str, Any]] = [
+    *(
+        {"matmul_prefill.variant": "tiled", "matmul_prefill.tile_m": m, "matmul_prefill.tile_n": n}
+        for m, n in ((64, 64), (128, 64), (64, 32), (32, 64), (64, 128), (32, 32))
+    ),
+    *(
+        {"matmul_prefill.variant": v, "prefill.max_cols": mc}
+        for v in ("kpar", "serial")
+        for mc in (8, 16, 32, 40, 64)
+    ),
+    *(
+        {"matmul_prefill.variant": "kpar", "prefill.max_cols": mc, "prefill.chunk_tokens": 0}
+        for mc in (32, 40)
+    ),
+]
+
 SAMPLE: list[dict[str, Any]] = [
     {},
     {"matmul_prefill.variant": "serial"},
@@ -33,19 +54,30 @@ SAMPLE: list[dict[str, Any]] = [
         "matmul_decode.threads_per_row": 64,
         "matmul_decode.wg_size": 128,
     },
-    {"prefill.max_cols": 16},
-    {"prefill.max_cols": 40},
-    {"prefill.max_cols": 64},
-    {"matmul_prefill.rows_per_wg": 1},
-    {"matmul_prefill.rows_per_wg": 4, "matmul_prefill.wg_size": 128},
+    {"matmul_prefill.variant": "kpar", "matmul_prefill.rows_per_wg": 1},
+    {
+        "matmul_prefill.variant": "kpar",
+        "matmul_prefill.rows_per_wg": 4,
+        "matmul_prefill.wg_size": 128,
+    },
     {"matmul_decode.rows_per_wg": 1},
     {"matmul_decode.rows_per_wg": 4, "matmul_decode.wg_size": 128},
     {"matmul_decode.rows_per_wg": 8, "matmul_decode.wg_size": 256},
     {"submit.replay": False},
     {"submit.max_nodes": 4096},
     {"attention.wg_size": 128},
-    {"matmul_decode.subgroup_size": 32, "matmul_prefill.subgroup_size": 32},
-    {"matmul_decode.subgroup_size": 64, "matmul_prefill.subgroup_size": 64},
+    {"attention.variant": "online"},
+    {"attention.splits": 8},
+    {"attention.splits": 16},
+    {"attention.splits": 64},
+    {"attention.key_threads": 4},
+    {"attention.key_threads": 32},
+    {"attention.wg_size": 64, "attention.key_threads": 4},
+    {"argmax.variant": "default"},
+    {"argmax.slices": 32},
+    {"argmax.slices": 512},
+    {"matmul_decode.subgroup_size": 32},
+    {"matmul_decode.subgroup_size": 64},
 ]
 
 
@@ -64,6 +96,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gen-tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="default config only")
+    ap.add_argument(
+        "--grid",
+        choices=("sample", "prefill"),
+        default="sample",
+        help="sample: every variant and knob once; prefill: the MAX_COLS x variant x tile table "
+        "(prefill only: decode is not benchmarked)",
+    )
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -96,7 +135,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  profile {name:36s} {p['calls']:5d} calls {p['total_ms']:9.2f} ms", flush=True)
     save()
 
-    for flat in SAMPLE[:1] if args.quick else SAMPLE:
+    configs = PREFILL_GRID if args.grid == "prefill" else SAMPLE
+    if args.grid == "prefill":
+        args.gen_tokens = 1
+    for flat in configs[:1] if args.quick else configs:
         if time.perf_counter() - t_start > args.budget_s:
             doc["runs"].append({"config": flat, "outcome": "skipped: budget"})
             continue
