@@ -103,6 +103,11 @@ def main(argv: list[str] | None = None) -> int:
         help="sample: every variant and knob once; prefill: the MAX_COLS x variant x tile table "
         "(prefill only: decode is not benchmarked)",
     )
+    ap.add_argument(
+        "--variant",
+        action="append",
+        help="only configs with this matmul_prefill variant (repeatable)",
+    )
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -136,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     save()
 
     configs = PREFILL_GRID if args.grid == "prefill" else SAMPLE
+    if args.variant:
+        configs = [c for c in configs if c.get("matmul_prefill.variant") in args.variant]
     if args.grid == "prefill":
         args.gen_tokens = 1
     for flat in configs[:1] if args.quick else configs:
