@@ -65,6 +65,7 @@ CONFIGS = [
         "matmul_decode.rows_per_thread": 1,
     },
     {"matmul_prefill.tile_n": 16},
+    {"matmul_prefill.vec4": True, "prefill.chunk_tokens": 64},
     {"matmul_prefill.variant": "tiled", "prefill.chunk_tokens": 64, "matmul_prefill.tile_m": 128},
     {
         "prefill.max_cols": 16,

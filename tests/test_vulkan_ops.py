@@ -188,6 +188,15 @@ PREFILL_SAMPLES = [
         "serial-mc8-wg256",
     ),
     ({"matmul_prefill.variant": "tiled"}, "tiled-default"),
+    ({"matmul_prefill.variant": "tiled", "matmul_prefill.vec4": True}, "tiled-vec4"),
+    (
+        {
+            "matmul_prefill.variant": "tiled",
+            "matmul_prefill.vec4": True,
+            "matmul_prefill.tile_m": 128,
+        },
+        "tiled-vec4-m128",
+    ),
     (
         {
             "matmul_prefill.variant": "tiled",
@@ -592,3 +601,11 @@ def test_registry_tells_the_truth_about_quant_types(vb):
         w = qtensor(rng, (3, _k_for(q, 1)), q)
         x = rng.standard_normal((1, w.shape[1])).astype(np.float32)
         assert nmse(x @ dense(w).T, vb.download(vb.matmul(vb.upload(x), vb.load_weight(w)))) < 5e-4
+
+
+def test_tiled_vec4_needs_tiles_of_64(vb):
+    base = TuningConfig.default("vulkan").replace(**{"matmul_prefill.vec4": True})
+    dev = vb.device_info()
+    assert not base.problems(dev)
+    assert base.replace(**{"matmul_prefill.tile_m": 32}).problems(dev)
+    assert base.replace(**{"matmul_prefill.tile_n": 16}).problems(dev)

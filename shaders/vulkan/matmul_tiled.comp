@@ -11,12 +11,17 @@
 // shared memory. Weights are decoded ceil(T / TILE_N) times per matmul (fused dequant: no
 // dequantized copy of W ever exists in device memory).
 //
-// Thread (tx, ty) of the 16 x 16 grid owns rows tx + 16 i and columns ty + 16 j: reads of the
-// weight tile are 16 consecutive floats per half-warp (no bank conflicts), reads of the x tile
-// are broadcasts, and y stores are 16 consecutive floats of a row.
+// Thread (tx, ty) of the 16 x 16 grid owns TM rows and TN columns of the block. Two layouts
+// (specialization constant VEC4):
+//   0  rows tx + 16 i, columns ty + 16 j: scalar shared-memory reads, 16 consecutive floats per
+//      half-warp (no bank conflicts), y stores of 16 consecutive floats.
+//   1  rows TM * tx + i, columns TN * ty + j: the inner loop reads its weights and activations
+//      as vec4 (TM, TN multiples of 4), a quarter of the shared-memory load instructions, which
+//      otherwise outnumber the FMAs 1:2 at a 4 x 4 register block.
 //
-// Tunables (specialization constants): 0 TILE_M (output rows per workgroup, multiple of 16),
-// 1 TILE_N (columns per workgroup, multiple of 16). BK = 32 (a multiple of every block's 8).
+// Tunables (specialization constants): 0 TILE_M (output rows per workgroup, multiple of 16;
+// of 64 with VEC4), 1 TILE_N (columns per workgroup, likewise), 2 VEC4. BK = 32 (a multiple of
+// every block's 8).
 // Bindings: 0 W (raw GGML blocks of this row range), 1 x, 2 y. Grid: (row tiles, folded into x
 // and y, column tiles in z).
 
@@ -25,6 +30,7 @@
 
 layout(constant_id = 0) const uint TILE_M = 64;
 layout(constant_id = 1) const uint TILE_N = 64;
+layout(constant_id = 2) const uint VEC4 = 0;
 layout(local_size_x = 256) in;
 
 layout(binding = 0) readonly buffer WBuf { uint Wq[]; };
@@ -48,62 +54,88 @@ layout(push_constant) uniform PC {
 #define TM (TILE_M / 16u)
 #define TN (TILE_N / 16u)
 
-// [k][row] and [k][col]: the inner loop reads one k-slice of each; +1 pads away bank conflicts
-// of the transposed stores.
-shared float w_sh[BK * (TILE_M + 1u)];
-shared float x_sh[BK * (TILE_N + 1u)];
+// [k][row] and [k][col]: the inner loop reads one k-slice of each. Row strides padded by 1
+// (scalar layout: conflict-free transposed stores) or 4 (vec4 layout: 16-byte aligned rows).
+const uint PAD = VEC4 == 1u ? 4u : 1u;
+const uint WS = TILE_M + PAD;
+const uint XS = TILE_N + PAD;
+// Declared as vec4 so the vec4 layout's reads are single 16-byte loads; the scalar paths index
+// one component (BK * WS and BK * XS are multiples of 4 since BK is).
+shared vec4 w_sh[BK * WS / 4u];
+shared vec4 x_sh[BK * XS / 4u];
+
+void w_put(uint i, float v) { w_sh[i >> 2][i & 3u] = v; }
+void x_put(uint i, float v) { x_sh[i >> 2][i & 3u] = v; }
+float w_get(uint i) { return w_sh[i >> 2][i & 3u]; }
+float x_get(uint i) { return x_sh[i >> 2][i & 3u]; }
 
 void main() {
     uint tid = gl_LocalInvocationID.x;
     uint tx = tid % 16u, ty = tid / 16u;
     uint n0 = wg_linear() * TILE_M;
     uint c0 = gl_WorkGroupID.z * TILE_N;
+    // The thread's first row / column and the step between its rows / columns.
+    uint r_base = VEC4 == 1u ? TM * tx : tx, r_step = VEC4 == 1u ? 1u : 16u;
+    uint c_base = VEC4 == 1u ? TN * ty : ty, c_step = VEC4 == 1u ? 1u : 16u;
     float acc[TM][TN];
     [[unroll]] for (uint i = 0u; i < TM; i++)
         [[unroll]] for (uint j = 0u; j < TN; j++) acc[i][j] = 0.0;
 
     for (uint k0 = 0u; k0 < pc.K; k0 += BK) {
-        // Weights: TILE_M rows x 4 groups of 8, one group per thread per pass.
+        // Weights: TILE_M rows x 4 groups of 8, one group per thread per pass; consecutive
+        // threads take consecutive rows of one group (conflict-free transposed stores).
         for (uint e = tid; e < TILE_M * (BK / 8u); e += 256u) {
-            uint r = e / (BK / 8u), q = e % (BK / 8u);
+            uint r = e % TILE_M, q = e / TILE_M;
             uint n = n0 + r, k = k0 + 8u * q;
             vec4 lo = vec4(0.0), hi = vec4(0.0);
             if (n < pc.N && k < pc.K) {
                 uint g = k / 8u;
                 dq8(n * pc.row_bytes + (g / GPB) * QBYTES, g % GPB, pc.K - k, lo, hi);
             }
-            uint s = 8u * q * (TILE_M + 1u) + r;
-            w_sh[s] = lo.x;
-            w_sh[s + (TILE_M + 1u)] = lo.y;
-            w_sh[s + 2u * (TILE_M + 1u)] = lo.z;
-            w_sh[s + 3u * (TILE_M + 1u)] = lo.w;
-            w_sh[s + 4u * (TILE_M + 1u)] = hi.x;
-            w_sh[s + 5u * (TILE_M + 1u)] = hi.y;
-            w_sh[s + 6u * (TILE_M + 1u)] = hi.z;
-            w_sh[s + 7u * (TILE_M + 1u)] = hi.w;
+            uint s = 8u * q * WS + r;
+            w_put(s, lo.x);
+            w_put(s + WS, lo.y);
+            w_put(s + 2u * WS, lo.z);
+            w_put(s + 3u * WS, lo.w);
+            w_put(s + 4u * WS, hi.x);
+            w_put(s + 5u * WS, hi.y);
+            w_put(s + 6u * WS, hi.z);
+            w_put(s + 7u * WS, hi.w);
         }
         // Activations: TILE_N columns x BK, consecutive threads along k (coalesced).
         for (uint e = tid; e < TILE_N * BK; e += 256u) {
             uint c = e / BK, kk = e % BK;
             uint col = c0 + c, k = k0 + kk;
-            x_sh[kk * (TILE_N + 1u) + c] =
-                (col < pc.T && k < pc.K) ? xs[pc.x_off + col * pc.K + k] : 0.0;
+            x_put(kk * XS + c, (col < pc.T && k < pc.K) ? xs[pc.x_off + col * pc.K + k] : 0.0);
         }
         barrier();
-        [[unroll]] for (uint kk = 0u; kk < BK; kk++) {
-            float a[TM], b[TN];
-            [[unroll]] for (uint i = 0u; i < TM; i++) a[i] = w_sh[kk * (TILE_M + 1u) + tx + 16u * i];
-            [[unroll]] for (uint j = 0u; j < TN; j++) b[j] = x_sh[kk * (TILE_N + 1u) + ty + 16u * j];
-            [[unroll]] for (uint i = 0u; i < TM; i++)
-                [[unroll]] for (uint j = 0u; j < TN; j++) acc[i][j] += a[i] * b[j];
+        if (VEC4 == 1u) {
+            [[unroll]] for (uint kk = 0u; kk < BK; kk++) {
+                vec4 a[TM / 4u], b[TN / 4u];
+                [[unroll]] for (uint i = 0u; i < TM / 4u; i++)
+                    a[i] = w_sh[(kk * WS + r_base) / 4u + i];
+                [[unroll]] for (uint j = 0u; j < TN / 4u; j++)
+                    b[j] = x_sh[(kk * XS + c_base) / 4u + j];
+                [[unroll]] for (uint i = 0u; i < TM; i++)
+                    [[unroll]] for (uint j = 0u; j < TN; j++)
+                        acc[i][j] += a[i / 4u][i % 4u] * b[j / 4u][j % 4u];
+            }
+        } else {
+            [[unroll]] for (uint kk = 0u; kk < BK; kk++) {
+                float a[TM], b[TN];
+                [[unroll]] for (uint i = 0u; i < TM; i++) a[i] = w_get(kk * WS + tx + 16u * i);
+                [[unroll]] for (uint j = 0u; j < TN; j++) b[j] = x_get(kk * XS + ty + 16u * j);
+                [[unroll]] for (uint i = 0u; i < TM; i++)
+                    [[unroll]] for (uint j = 0u; j < TN; j++) acc[i][j] += a[i] * b[j];
+            }
         }
         barrier();
     }
     [[unroll]] for (uint j = 0u; j < TN; j++) {
-        uint col = c0 + ty + 16u * j;
+        uint col = c0 + c_base + c_step * j;
         if (col >= pc.T) continue;
         [[unroll]] for (uint i = 0u; i < TM; i++) {
-            uint n = n0 + tx + 16u * i;
+            uint n = n0 + r_base + r_step * i;
             if (n < pc.N) ys[pc.y_off + col * pc.y_stride + n] = acc[i][j];
         }
     }

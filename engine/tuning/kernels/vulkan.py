@@ -136,8 +136,13 @@ def _fixed_wg_fits(wg: int):  # noqa: ANN202
 def _tiles_fit(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
     c = cfg.op("matmul_prefill")
     limit = _extra(dev, "max_shared_memory")
-    need = 32 * (int(c["tile_m"]) + int(c["tile_n"]) + 2) * 4
+    need = 32 * (int(c["tile_m"]) + int(c["tile_n"]) + 8) * 4
     return limit is None or need <= int(limit)
+
+
+def _vec4_tiles(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
+    c = cfg.op("matmul_prefill")
+    return not c["vec4"] or (int(c["tile_m"]) % 64 == 0 and int(c["tile_n"]) % 64 == 0)
 
 
 def _wg(default: int, choices: tuple[int, ...] = WG_SIZES) -> Param:
@@ -288,6 +293,13 @@ REGISTRY.register(
             params=(
                 Param("tile_m", (32, 64, 128), 64, "output rows per workgroup (weight rows)"),
                 Param("tile_n", (16, 32, 64, 128), 64, "prompt columns per workgroup"),
+                Param(
+                    "vec4",
+                    (False, True),
+                    False,
+                    "each thread owns contiguous rows/columns read as vec4 from shared memory "
+                    "(a quarter of the load instructions); tiles multiples of 64",
+                ),
             ),
             constraints=(
                 Constraint(
@@ -295,10 +307,11 @@ REGISTRY.register(
                     _fixed_wg_fits(256),
                 ),
                 Constraint(
-                    "32 x (tile_m + tile_n + 2) floats of shared memory <= "
+                    "32 x (tile_m + tile_n + 8) floats of shared memory <= "
                     "maxComputeSharedMemorySize",
                     _tiles_fit,
                 ),
+                Constraint("vec4 needs tile_m and tile_n multiples of 64", _vec4_tiles),
             ),
             quant_types=QUANT_TYPES,
             source="vulkan/matmul_tiled.comp",
