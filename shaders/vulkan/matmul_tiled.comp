@@ -12,7 +12,7 @@
 // dequantized copy of W ever exists in device memory).
 //
 // Thread (tx, ty) of the 16 x 16 grid owns TM rows and TN columns of the block. Two layouts
-// (specialization constant VEC4):
+// (define VEC4 or not):
 //   0  rows tx + 16 i, columns ty + 16 j: scalar shared-memory reads, 16 consecutive floats per
 //      half-warp (no bank conflicts), y stores of 16 consecutive floats.
 //   1  rows TM * tx + i, columns TN * ty + j: the inner loop reads its weights and activations
@@ -20,8 +20,8 @@
 //      otherwise outnumber the FMAs 1:2 at a 4 x 4 register block.
 //
 // Tunables (specialization constants): 0 TILE_M (output rows per workgroup, multiple of 16;
-// of 64 with VEC4), 1 TILE_N (columns per workgroup, likewise), 2 VEC4. BK = 32 (a multiple of
-// every block's 8).
+// of 64 with VEC4), 1 TILE_N (columns per workgroup, likewise). BK = 32 (a multiple of every
+// block's 8).
 // Bindings: 0 W (raw GGML blocks of this row range), 1 x, 2 y. Grid: (row tiles, folded into x
 // and y, column tiles in z).
 
@@ -30,7 +30,6 @@
 
 layout(constant_id = 0) const uint TILE_M = 64;
 layout(constant_id = 1) const uint TILE_N = 64;
-layout(constant_id = 2) const uint VEC4 = 0;
 layout(local_size_x = 256) in;
 
 layout(binding = 0) readonly buffer WBuf { uint Wq[]; };
@@ -56,18 +55,23 @@ layout(push_constant) uniform PC {
 
 // [k][row] and [k][col]: the inner loop reads one k-slice of each. Row strides padded by 1
 // (scalar layout: conflict-free transposed stores) or 4 (vec4 layout: 16-byte aligned rows).
-const uint PAD = VEC4 == 1u ? 4u : 1u;
-const uint WS = TILE_M + PAD;
-const uint XS = TILE_N + PAD;
-// Declared as vec4 so the vec4 layout's reads are single 16-byte loads; the scalar paths index
-// one component (BK * WS and BK * XS are multiples of 4 since BK is).
+// The layouts are separate builds (define VEC4), not a specialization constant: float arrays
+// indexed through a vec4 declaration made the scalar layout 1.8x slower on the H200.
+#if defined(VEC4)
+const uint WS = TILE_M + 4u;
+const uint XS = TILE_N + 4u;
 shared vec4 w_sh[BK * WS / 4u];
 shared vec4 x_sh[BK * XS / 4u];
-
 void w_put(uint i, float v) { w_sh[i >> 2][i & 3u] = v; }
 void x_put(uint i, float v) { x_sh[i >> 2][i & 3u] = v; }
-float w_get(uint i) { return w_sh[i >> 2][i & 3u]; }
-float x_get(uint i) { return x_sh[i >> 2][i & 3u]; }
+#else
+const uint WS = TILE_M + 1u;
+const uint XS = TILE_N + 1u;
+shared float w_sh[BK * WS];
+shared float x_sh[BK * XS];
+void w_put(uint i, float v) { w_sh[i] = v; }
+void x_put(uint i, float v) { x_sh[i] = v; }
+#endif
 
 void main() {
     uint tid = gl_LocalInvocationID.x;
@@ -75,17 +79,22 @@ void main() {
     uint n0 = wg_linear() * TILE_M;
     uint c0 = gl_WorkGroupID.z * TILE_N;
     // The thread's first row / column and the step between its rows / columns.
-    uint r_base = VEC4 == 1u ? TM * tx : tx, r_step = VEC4 == 1u ? 1u : 16u;
-    uint c_base = VEC4 == 1u ? TN * ty : ty, c_step = VEC4 == 1u ? 1u : 16u;
+#if defined(VEC4)
+    uint r_base = TM * tx, r_step = 1u, c_base = TN * ty, c_step = 1u;
+#else
+    uint r_base = tx, r_step = 16u, c_base = ty, c_step = 16u;
+#endif
     float acc[TM][TN];
     [[unroll]] for (uint i = 0u; i < TM; i++)
         [[unroll]] for (uint j = 0u; j < TN; j++) acc[i][j] = 0.0;
 
     for (uint k0 = 0u; k0 < pc.K; k0 += BK) {
-        // Weights: TILE_M rows x 4 groups of 8, one group per thread per pass; consecutive
-        // threads take consecutive rows of one group (conflict-free transposed stores).
+        // Weights: TILE_M rows x 4 groups of 8, one group per thread per pass. Four consecutive
+        // threads decode the four groups of one row (they share the block's scales and cache
+        // lines: on the H200 a row-major order, consecutive threads on consecutive rows, made
+        // the kernel 1.8x slower).
         for (uint e = tid; e < TILE_M * (BK / 8u); e += 256u) {
-            uint r = e % TILE_M, q = e / TILE_M;
+            uint r = e / (BK / 8u), q = e % (BK / 8u);
             uint n = n0 + r, k = k0 + 8u * q;
             vec4 lo = vec4(0.0), hi = vec4(0.0);
             if (n < pc.N && k < pc.K) {
@@ -109,8 +118,8 @@ void main() {
             x_put(kk * XS + c, (col < pc.T && k < pc.K) ? xs[pc.x_off + col * pc.K + k] : 0.0);
         }
         barrier();
-        if (VEC4 == 1u) {
-            [[unroll]] for (uint kk = 0u; kk < BK; kk++) {
+#if defined(VEC4)
+        [[unroll]] for (uint kk = 0u; kk < BK; kk++) {
                 vec4 a[TM / 4u], b[TN / 4u];
                 [[unroll]] for (uint i = 0u; i < TM / 4u; i++)
                     a[i] = w_sh[(kk * WS + r_base) / 4u + i];
@@ -120,15 +129,15 @@ void main() {
                     [[unroll]] for (uint j = 0u; j < TN; j++)
                         acc[i][j] += a[i / 4u][i % 4u] * b[j / 4u][j % 4u];
             }
-        } else {
-            [[unroll]] for (uint kk = 0u; kk < BK; kk++) {
-                float a[TM], b[TN];
-                [[unroll]] for (uint i = 0u; i < TM; i++) a[i] = w_get(kk * WS + tx + 16u * i);
-                [[unroll]] for (uint j = 0u; j < TN; j++) b[j] = x_get(kk * XS + ty + 16u * j);
-                [[unroll]] for (uint i = 0u; i < TM; i++)
-                    [[unroll]] for (uint j = 0u; j < TN; j++) acc[i][j] += a[i] * b[j];
-            }
+#else
+        [[unroll]] for (uint kk = 0u; kk < BK; kk++) {
+            float a[TM], b[TN];
+            [[unroll]] for (uint i = 0u; i < TM; i++) a[i] = w_sh[kk * WS + tx + 16u * i];
+            [[unroll]] for (uint j = 0u; j < TN; j++) b[j] = x_sh[kk * XS + ty + 16u * j];
+            [[unroll]] for (uint i = 0u; i < TM; i++)
+                [[unroll]] for (uint j = 0u; j < TN; j++) acc[i][j] += a[i] * b[j];
         }
+#endif
         barrier();
     }
     [[unroll]] for (uint j = 0u; j < TN; j++) {

@@ -298,8 +298,8 @@ class VulkanBackend(Backend):
             return [(op, K.matmul_decode(c.variant, q), spec, sg)]
         if op == "matmul_prefill":
             if c.variant == "tiled":
-                tiles = (int(c["tile_m"]), int(c["tile_n"]), int(bool(c["vec4"])))
-                return [(op, K.matmul_prefill(c.variant, q), tiles, 0)]
+                tiles = (int(c["tile_m"]), int(c["tile_n"]))
+                return [(op, K.matmul_prefill(c.variant, q, bool(c["vec4"])), tiles, 0)]
             rows = int(c["rows_per_wg"]) if c.variant == "kpar" else 1
             sg = int(c["subgroup_size"]) if c.variant == "kpar" else 0
             return [(op, K.matmul_prefill(c.variant, q), (wg, rows, config.max_cols), sg)]

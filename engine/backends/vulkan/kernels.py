@@ -33,9 +33,10 @@ def matmul_decode(variant: str, qtype: str) -> Program:
     return Program("matmul_decode", (MATMUL_DECODE_VARIANTS[variant], f"QTYPE_{qtype}"), 3, "IIIII")
 
 
-def matmul_prefill(variant: str, qtype: str) -> Program:
+def matmul_prefill(variant: str, qtype: str, vec4: bool = False) -> Program:
     if variant == "tiled":  # its own shader: a GEMM, not a batched DMMV
-        return Program("matmul_tiled", (f"QTYPE_{qtype}",), 3, "IIIIIII")
+        defines = (f"QTYPE_{qtype}", "VEC4") if vec4 else (f"QTYPE_{qtype}",)
+        return Program("matmul_tiled", defines, 3, "IIIIIII")
     return Program(
         "matmul_prefill", (MATMUL_PREFILL_VARIANTS[variant], f"QTYPE_{qtype}"), 3, "IIIIIII"
     )
@@ -71,7 +72,8 @@ def all_programs() -> list[Program]:
     out += [p for stages in STAGES.values() for p in stages]
     for q in sorted(QUANT_TYPES):
         out += [matmul_decode(v, q) for v in MATMUL_DECODE_VARIANTS]
-        out += [matmul_prefill(v, q) for v in (*MATMUL_PREFILL_VARIANTS, "tiled")]
+        out += [matmul_prefill(v, q) for v in MATMUL_PREFILL_VARIANTS]
+        out += [matmul_prefill("tiled", q, vec4) for vec4 in (False, True)]
         out.append(embedding(q))
     return out
 
