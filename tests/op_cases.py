@@ -28,3 +28,19 @@ def write_cache_and_attend(
     assert not kc[pos0 + T :].any() and not vc[pos0 + T :].any(), "write outside its slots"
     out = be.download(be.attention(be.upload(q), cache, 0, pos0))
     return q, k, v, cache, kc, vc, out
+
+
+def attention_ref(q: np.ndarray, kc: np.ndarray, vc: np.ndarray, pos0: int) -> np.ndarray:
+    """Causal GQA attention in float64: query t of q [T, H, D] at position pos0 + t sees cache
+    positions 0 .. pos0 + t of kc, vc [S, Hkv, D]."""
+    T, H, D = q.shape
+    Hkv = kc.shape[1]
+    ref = np.zeros((T, H, D))
+    for t in range(T):
+        L = pos0 + t + 1
+        for h in range(H):
+            kv = h // (H // Hkv)
+            s = kc[:L, kv].astype(np.float64) @ q[t, h] / np.sqrt(D)
+            p = np.exp(s - s.max())
+            ref[t, h] = (p / p.sum()) @ vc[:L, kv]
+    return ref

@@ -17,7 +17,7 @@ from engine.gguf_model import QTensor
 from engine.quantize import quantize
 from engine.tuning import REGISTRY, TuningConfig
 from tests.backend_params import backend_params
-from tests.op_cases import write_cache_and_attend
+from tests.op_cases import attention_ref, write_cache_and_attend
 
 NMSE = {"matmul": 5e-4, "default": 1e-6}  # matmul: GPU accumulation order and fp16 paths
 QUANTS = ["F32", "F16", "BF16", "Q8_0", "Q5_0", "Q5_1", "Q4_0", "Q4_1", "Q4_K", "Q6_K"]
@@ -238,15 +238,7 @@ def test_kv_write_and_attention(be, T, H, Hkv, D, pos0):
         be.set_config(cfg)
         rng = np.random.default_rng(T + pos0)
         q, _, _, _, kc, vc, out = write_cache_and_attend(be, rng, T, H, Hkv, D, pos0)
-        ref = np.zeros((T, H, D))
-        for t in range(T):
-            L = pos0 + t + 1
-            for h in range(H):
-                kv = h // (H // Hkv)
-                s = kc[:L, kv].astype(np.float64) @ q[t, h] / np.sqrt(D)
-                p = np.exp(s - s.max())
-                ref[t, h] = (p / p.sum()) @ vc[:L, kv]
-        check(out, ref, 1e-8 if be.name == "numpy" else 1e-5)
+        check(out, attention_ref(q, kc, vc, pos0), 1e-8 if be.name == "numpy" else 1e-5)
 
 
 def test_registry_declares_every_contract_op(be):

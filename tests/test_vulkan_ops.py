@@ -16,6 +16,7 @@ from gguf.quants import dequantize
 from engine.errors import ConfigError
 from engine.gguf_model import QTensor
 from engine.tuning import REGISTRY, TuningConfig
+from tests.op_cases import attention_ref
 from tests.test_vulkan_helpers import assert_no_validation_errors, make_backend, nmse, qtensor
 
 QUANTS = ["F32", "F16", "BF16", "Q8_0", "Q5_0", "Q5_1", "Q4_0", "Q4_1", "Q4_K", "Q6_K"]
@@ -469,20 +470,6 @@ ATTENTION = [
 ]
 
 
-def _attention_ref(q, kc, vc, pos0) -> np.ndarray:  # noqa: ANN001
-    T, H, D = q.shape
-    Hkv = kc.shape[1]
-    ref = np.zeros((T, H, D))
-    for t in range(T):
-        L = pos0 + t + 1
-        for h in range(H):
-            kv = h // (H // Hkv)
-            s = kc[:L, kv].astype(np.float64) @ q[t, h] / np.sqrt(D)
-            p = np.exp(s - s.max())
-            ref[t, h] = (p / p.sum()) @ vc[:L, kv]
-    return ref
-
-
 @pytest.mark.parametrize("flat", [p[0] for p in ATTENTION], ids=[p[1] for p in ATTENTION])
 @pytest.mark.parametrize(
     "T,H,Hkv,D,pos0",
@@ -514,7 +501,7 @@ def test_attention_variants(vb, flat, T, H, Hkv, D, pos0):
     y = vb.attention(qt, cache, 0, pos0)
     out = vb.download(y)
     assert np.isfinite(out).all()
-    assert nmse(_attention_ref(q[1 : T + 1], kc, vc, pos0), out) < 1e-9
+    assert nmse(attention_ref(q[1 : T + 1], kc, vc, pos0), out) < 1e-9
     assert_canary_after(vb, y)
 
 
