@@ -112,6 +112,17 @@ class StudyState:
         )
         for t in self.study.get_trials(deepcopy=False):
             ua = t.user_attrs
+            if t.state == TrialState.RUNNING and ua.get("outcome") in BUDGET_OUTCOMES:
+                # Killed between writing the record (outcome goes last) and tell: the result is
+                # whole, finish the write rather than lose it.
+                metrics = ua.get("metrics") or {}
+                names = [o.name for o in self.exp.objectives]
+                if all(n in metrics for n in names):
+                    self.study.tell(t.number, [metrics[n] for n in names])
+                else:
+                    self.study.tell(t.number, state=TrialState.FAIL)
+                t = self.study.trials[t.number]
+                ua = t.user_attrs
             if t.state == TrialState.RUNNING:
                 trial = optuna.trial.Trial(self.study, t._trial_id)
                 trial.set_user_attr("outcome", INTERRUPTED)
@@ -175,8 +186,13 @@ class StudyState:
             self.evaluated += 1
 
         def write() -> None:
-            for k, v in record.user_attrs().items():
+            # One attr per storage write: "outcome" last, so a trial whose outcome is stored
+            # holds its whole record even if the agent dies before tell (resume finishes it).
+            attrs = record.user_attrs()
+            outcome = attrs.pop("outcome")
+            for k, v in attrs.items():
                 trial.set_user_attr(k, v)
+            trial.set_user_attr("outcome", outcome)
             if values is not None:
                 self.study.tell(trial, values)
             else:

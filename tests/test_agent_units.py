@@ -316,3 +316,29 @@ def test_resume_fails_running_trials_and_keeps_the_baseline_once(tmp_path: Path)
     assert config_key(flat) in again.tried
     _, flat2, role = again.ask()
     assert role == "candidate" and config_key(flat2) != config_key(flat)
+
+
+def test_resume_keeps_a_result_written_before_tell(tmp_path: Path) -> None:
+    """Killed after the trial's record reached the storage but before tell: resume completes
+    the trial with the recorded metrics instead of failing it as interrupted."""
+    import optuna
+
+    from agent.records import TrialRecord
+    from agent.storage import parse_storage
+
+    ref = parse_storage(str(tmp_path / "s.journal"))
+    st = _study(ref.open())
+    trial, flat, _ = st.ask()
+    names = [o.name for o in st.exp.objectives]
+    metrics = {n: 10.0 + i for i, n in enumerate(names)}
+    rec = TrialRecord(st.name, trial.number, "baseline", "ok", config=flat, metrics=metrics)
+    for k, v in rec.user_attrs().items():  # the record, outcome last, then the agent "dies"
+        if k != "outcome":
+            trial.set_user_attr(k, v)
+    trial.set_user_attr("outcome", "ok")
+    again = _study(ref.open())
+    assert again.interrupted_on_resume == 0 and again.evaluated == 1
+    t = again.study.trials[trial.number]
+    assert t.state == optuna.trial.TrialState.COMPLETE
+    assert t.values == [metrics[n] for n in names]
+    assert again.best.trial == trial.number  # the baseline result is the best so far
