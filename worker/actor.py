@@ -2,7 +2,8 @@
 
 Placement: one unit of the custom resource ``device:<class>`` per worker (every device class,
 Vulkan-only AMD and llvmpipe included), plus ``num_gpus=1`` for CUDA so Ray sets
-CUDA_VISIBLE_DEVICES. The actor loads each model once and keeps it; the agent restarts a worker
+CUDA_VISIBLE_DEVICES; a Vulkan worker picks and locks its device of the class itself
+(worker/claim.py). The actor loads each model once and keeps it; the agent restarts a worker
 that died or hung by creating a new actor in the same slot.
 """
 
@@ -13,6 +14,7 @@ from typing import Any
 
 import ray
 
+from worker.claim import claim_vulkan_device
 from worker.device import resource_name
 from worker.evaluator import Evaluator
 from worker.records import BenchPlan, EvalResult, ValidatePlan, WorkerInfo
@@ -27,9 +29,13 @@ class TuningWorker:
         worker_id: str,
         setup: Callable[[], None] | None = None,
         commit_hint: str = "",
+        device_class: str = "",
     ) -> None:
         if setup is not None:  # test-only: register extra backends/variants in this process
             setup()
+        self._device_lock = None  # held for the actor's life (worker/claim.py)
+        if backend == "vulkan" and device_class:
+            _, self._device_lock = claim_vulkan_device(device_class)
         node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
         self.evaluator = Evaluator(backend, worker_id, node_id, commit_hint)
 
@@ -74,5 +80,5 @@ def spawn(
     """Start a worker actor on a device of ``device_class``."""
     cls = ray.remote(TuningWorker)
     return cls.options(name=None, **actor_options(backend, device_class)).remote(
-        backend, worker_id, setup, commit_hint
+        backend, worker_id, setup, commit_hint, device_class
     )

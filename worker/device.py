@@ -9,6 +9,7 @@ trials never share a node's cores with GPU timing runs by accident.
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 from dataclasses import dataclass
 from functools import cache
@@ -92,6 +93,9 @@ def detect(backends: tuple[str, ...] | None = None, with_cpu: bool | None = None
     for name in names:
         if name == "numpy":
             continue
+        if name == "vulkan":
+            found += _vulkan_devices()
+            continue
         try:
             info = engine_backends.create(name).device_info()
         except Exception as e:  # noqa: BLE001 - any failure: not usable on this node
@@ -107,6 +111,29 @@ def detect(backends: tuple[str, ...] | None = None, with_cpu: bool | None = None
 
         found.append(NumpyBackend().device_info())
     return NodeDevices(tuple(found), cuda)
+
+
+def _vulkan_devices() -> list[DeviceInfo]:
+    """One DeviceInfo per Vulkan device the node serves (several R9700s count several times;
+    FLEETTUNE_VK_DEVICE set by the operator: that device only)."""
+    from engine import backends as engine_backends
+
+    try:
+        if os.environ.get("FLEETTUNE_VK_DEVICE"):
+            return [engine_backends.create("vulkan").device_info()]
+        from engine.backends.vulkan.device import physical_devices, served
+
+        out = []
+        for d in served(physical_devices()):
+            os.environ["FLEETTUNE_VK_DEVICE"] = str(d.index)
+            try:
+                out.append(engine_backends.create("vulkan").device_info())
+            finally:
+                del os.environ["FLEETTUNE_VK_DEVICE"]
+        return out
+    except Exception as e:  # noqa: BLE001 - any failure: not usable on this node
+        log.debug("backend vulkan not usable here: %s", e)
+        return []
 
 
 @cache

@@ -4,6 +4,7 @@ memory types, limits, and the DeviceInfo a worker reports (device class from ids
 Validation: FLEETTUNE_VK_VALIDATION=1 enables VK_LAYER_KHRONOS_validation with synchronization
 validation (missing barriers are reported) and collects its errors in ``Device.messages``.
 FLEETTUNE_VK_DEVICE=<index> picks a physical device; otherwise discrete > integrated > others.
+A worker on a node with several devices sets it from its device class (worker/claim.py).
 """
 
 from __future__ import annotations
@@ -173,6 +174,47 @@ def _create_instance(validation: bool, messages: list[str]) -> tuple[Any, Any]:
     return instance, messenger
 
 
+_RANK = {  # which kind of device a node serves when it has several kinds
+    vk.VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: 0,
+    vk.VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: 1,
+    vk.VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: 2,
+    vk.VK_PHYSICAL_DEVICE_TYPE_CPU: 3,
+}
+
+
+@dataclass(frozen=True)
+class Physical:
+    """A physical device as the loader enumerates it (``index`` is FLEETTUNE_VK_DEVICE's)."""
+
+    index: int
+    name: str
+    device_class: str
+    rank: int  # 0 discrete, 1 integrated, 2 virtual, 3 CPU (llvmpipe), 4 other
+
+
+def physical_devices() -> list[Physical]:
+    """Every physical device, without opening any (a bare instance, destroyed again)."""
+    instance, _ = _create_instance(False, [])
+    try:
+        out = []
+        for i, d in enumerate(vk.vkEnumeratePhysicalDevices(instance)):
+            p = vk.vkGetPhysicalDeviceProperties(d)
+            name = p.deviceName if isinstance(p.deviceName, str) else ffi.string(p.deviceName)
+            out.append(
+                Physical(i, name, device_class(p.vendorID, name), _RANK.get(p.deviceType, 4))
+            )
+        return out
+    finally:
+        vk.vkDestroyInstance(instance, None)
+
+
+def served(devices: list[Physical]) -> list[Physical]:
+    """The devices a node serves: all of the best kind present (two R9700s, not the llvmpipe
+    that Mesa also installs; llvmpipe alone on a CPU-only node)."""
+    best = min((d.rank for d in devices), default=0)
+    return [d for d in devices if d.rank == best]
+
+
 def _pick_physical(instance: Any) -> Any:
     devices = vk.vkEnumeratePhysicalDevices(instance)
     if not devices:
@@ -185,13 +227,7 @@ def _pick_physical(instance: Any) -> Any:
             raise BackendUnavailable(
                 f"FLEETTUNE_VK_DEVICE={pick!r}: choose an index below {len(devices)}"
             ) from None
-    rank = {
-        vk.VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: 0,
-        vk.VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: 1,
-        vk.VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: 2,
-        vk.VK_PHYSICAL_DEVICE_TYPE_CPU: 3,
-    }
-    return min(devices, key=lambda d: rank.get(vk.vkGetPhysicalDeviceProperties(d).deviceType, 4))
+    return min(devices, key=lambda d: _RANK.get(vk.vkGetPhysicalDeviceProperties(d).deviceType, 4))
 
 
 def _memory_types(physical: Any) -> MemoryTypes:
