@@ -472,6 +472,13 @@ class Agent:
         )
         if st.interrupted_on_resume:
             log.info("%s: resumed; %d interrupted trials failed", st.name, st.interrupted_on_resume)
+        if st.space_changed:
+            self.warnings.append(
+                f"study {st.name}: the search space changed since it began "
+                f"({st.space_changed}); its {st.evaluated} trials stay and configs tried then are "
+                "not run again: name the experiment anew to start over"
+            )
+            log.warning(self.warnings[-1])
         log.info(
             "study %s: %d evaluated of %d, space of %d configs, baseline %s",
             st.name,

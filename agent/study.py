@@ -77,16 +77,21 @@ class StudyState:
         self.duplicates_in_a_row = 0
         self.exhausted = False
         self.interrupted_on_resume = 0
+        self.space_changed = ""  # on resume: how the search space differs from the study's start
         self.confirm_queue: list[Any] = []
         self._writes: list[Callable[[], None]] = []  # storage writes deferred by finish/set_best
         self._resume(baseline, baseline_source)
 
     # --- resume -------------------------------------------------------------------------
+    def _space_attr(self) -> dict[str, list[str]]:
+        return {k: [str(c) for c in v] for k, v in self.space.grid().items()}
+
     def _resume(self, baseline: dict[str, Any], source: str) -> None:
         attrs = self.study.user_attrs
         if "baseline" in attrs:
             self.baseline = dict(attrs["baseline"]["config"])
             self.baseline_source = str(attrs["baseline"]["source"])
+            self.space_changed = _space_diff(attrs.get("space"), self._space_attr())
         else:
             self.baseline, self.baseline_source = dict(baseline), source
             meta = {
@@ -99,6 +104,7 @@ class StudyState:
                 "objectives": [o.name for o in self.exp.objectives],
                 "target": self.exp.acceptance.target,
                 "baseline": {"config": self.baseline, "source": source},
+                "space": self._space_attr(),
             }
             for k, v in meta.items():
                 self.study.set_user_attr(k, v)
@@ -226,3 +232,14 @@ class StudyState:
     def trials_record(self, number: int) -> TrialRecord:
         t = self.study.trials[number]
         return TrialRecord.from_user_attrs(self.name, number, t.user_attrs)
+
+
+def _space_diff(before: dict[str, list[str]] | None, now: dict[str, list[str]]) -> str:
+    """What changed in the search space (a registry or experiment edit since the study began),
+    in a few words; "" when nothing did or the study predates the record."""
+    if before is None or before == now:
+        return ""
+    parts = [f"+{k}" for k in now if k not in before]
+    parts += [f"-{k}" for k in before if k not in now]
+    parts += [f"{k} choices" for k in now if k in before and before[k] != now[k]]
+    return ", ".join(parts)

@@ -342,3 +342,28 @@ def test_resume_keeps_a_result_written_before_tell(tmp_path: Path) -> None:
     assert t.state == optuna.trial.TrialState.COMPLETE
     assert t.values == [metrics[n] for n in names]
     assert again.best.trial == trial.number  # the baseline result is the best so far
+
+
+def test_resume_warns_when_the_search_space_changed(tmp_path: Path) -> None:
+    """A study resumed after the registry or the experiment changed its space says so (its old
+    trials would otherwise silently stand for configs of another meaning)."""
+    from agent.records import TrialRecord
+    from agent.storage import parse_storage
+    from agent.study import StudyState
+
+    ref = parse_storage(str(tmp_path / "s.journal"))
+    st = _study(ref.open())
+    trial, flat, _ = st.ask()
+    st.finish(trial, TrialRecord(st.name, trial.number, "baseline", "ok", config=flat), [1.0])
+    st.flush()
+    assert _study(ref.open()).space_changed == ""
+    exp = parse_experiment(
+        _exp(
+            space={"numpy": {"prefill": {"max_cols": [8, 16]}, "matmul_prefill": {}}},
+            sampler={"name": "tpe", "startup_trials": 2},
+        )
+    )
+    base = TuningConfig.default("numpy").flat()
+    again = StudyState(exp, "cpu", "numpy", "synthetic:tiny", "qwen2", ref.open(), base, "default")
+    assert "prefill.batched.max_cols choices" in again.space_changed
+    assert again.evaluated == 1
