@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.model import Model
+from engine.model import Generation, Model
 from engine.tuning import TuningConfig
 
 # Fixed prompts: a short one, one longer than any MAX_COLS (several chunks, a ragged last chunk),
@@ -109,13 +109,29 @@ def validate(
     steps: int = 8,
     tol: Tolerances = Tolerances(),
     reference: TuningConfig | None = None,
+    ref_cache: dict[Any, Generation] | None = None,
 ) -> ValidateReport:
-    """Run candidate and reference on each tokenized prompt; leaves the model on the candidate."""
+    """Run candidate and reference on each tokenized prompt; leaves the model on the candidate.
+
+    ``ref_cache`` (one dict per loaded model, kept by the caller) holds reference runs by
+    (reference config, prompt, steps): the per-token reference is the slow half of a validate
+    and does not change between candidates. A reference computed before any candidate ran is
+    also the safer one: a candidate that corrupted device state cannot bend it."""
     reference = reference or TuningConfig.default(candidate.backend)
     ref_runs, cand_runs = [], []
-    model.set_config(reference)
+    ref_key = tuple(sorted(reference.flat().items()))
+    on_reference = False
     for p in prompts:
-        ref_runs.append(model.generate(p, steps, path="per_token"))
+        key = (ref_key, tuple(p), steps)
+        run = ref_cache.get(key) if ref_cache is not None else None
+        if run is None:
+            if not on_reference:
+                model.set_config(reference)
+                on_reference = True
+            run = model.generate(p, steps, path="per_token")
+            if ref_cache is not None:
+                ref_cache[key] = run
+        ref_runs.append(run)
     model.set_config(candidate)
     for p in prompts:
         cand_runs.append(model.generate(p, steps, path="batched"))

@@ -96,3 +96,25 @@ def test_tolerances_are_applied():
         tol=Tolerances(max_abs_diff=-1.0),
     )
     assert not strict.passed and "max_abs_diff" in strict.prompts[0].reasons[0]
+
+
+def test_reference_cache_runs_the_reference_once_and_still_catches_bugs():
+    """With a ref_cache the per-token reference runs once per (config, prompt, steps); later
+    candidates, good and planted-bad, are judged against it exactly as without the cache."""
+    m = Model(open_model(pytest.tiny_path), DropLastColumn())
+    calls = []
+    real = m.generate
+    m.generate = lambda p, n, path="batched", **k: calls.append(path) or real(p, n, path, **k)
+    cache: dict = {}
+    good = TuningConfig.from_flat("numpy", {"prefill.max_cols": 1})  # no batched chunks
+    bad = TuningConfig.from_flat("numpy", {"prefill.max_cols": 8})
+    first = validate(m, good, PROMPTS, steps=4, ref_cache=cache)
+    assert first.passed and calls.count("per_token") == len(PROMPTS)
+    second = validate(m, bad, PROMPTS, steps=4, ref_cache=cache)
+    assert calls.count("per_token") == len(PROMPTS)  # no reference reruns
+    fresh = _run(DropLastColumn)
+    assert not second.passed
+    assert [p.max_abs_diff for p in second.prompts] == [p.max_abs_diff for p in fresh.prompts]
+    assert m.config == bad  # left on the candidate
+    validate(m, bad, PROMPTS, steps=6, ref_cache=cache)  # other steps: a new reference
+    assert calls.count("per_token") == 2 * len(PROMPTS)

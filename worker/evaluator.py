@@ -16,11 +16,12 @@ import socket
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from engine.bench import bench_prompt, measure
 from engine.errors import ConfigError, KernelCompileError
-from engine.model import Model
+from engine.model import Generation, Model
 from engine.runtime import Engine, load
 from engine.tuning import TuningConfig
 from engine.validate import Tolerances, tokenize_prompts, validate
@@ -43,6 +44,7 @@ class _Loaded:
     engine: Engine
     family: str
     prompts: dict[ValidatePlan, list[list[int]]]
+    references: dict[Any, Generation] = field(default_factory=dict)  # validate's ref_cache
 
 
 class Evaluator:
@@ -165,7 +167,8 @@ class Evaluator:
                 t = time.perf_counter()
                 tol = Tolerances(vplan.max_abs_diff, vplan.nmse, vplan.min_token_agreement)
                 prompts = self._prompts(model_ref, vplan)
-                report = validate(model, cand_cfg, prompts, vplan.steps, tol)
+                refs = self._models[model_ref].references
+                report = validate(model, cand_cfg, prompts, vplan.steps, tol, ref_cache=refs)
                 phase["validate_s"] = time.perf_counter() - t
                 summary = validate_summary(report)
                 if not report.passed:
