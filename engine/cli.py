@@ -49,6 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", required=True)
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--prefill", choices=("batched", "per_token"), default="batched")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="after the timed runs, one more run of the first prompt length with GPU timestamps "
+        "around every kernel: time per kernel, slowest first (backends that have them: vulkan)",
+    )
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
 
     p = sub.add_parser("validate", help="candidate (batched, --config) vs reference (per-token)")
@@ -69,6 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--prefill", choices=("batched", "per_token"), default="batched")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="after the timed runs, one more run of the first prompt length with GPU timestamps "
+        "around every kernel: time per kernel, slowest first (backends that have them: vulkan)",
+    )
 
     p = sub.add_parser("models", help="known real checkpoints")
     msub = p.add_subparsers(dest="models_cmd", required=True)
@@ -166,9 +178,16 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from engine.backends import backend_class
     from engine.bench import bench
 
+    if args.profile and not hasattr(backend_class(args.backend), "set_profiling"):
+        raise ConfigError(  # before loading: a 7B model takes a while
+            f"bench --profile: the {args.backend} backend has no per-kernel timestamps "
+            "(vulkan has); drop --profile"
+        )
     eng = _load(args)
+    be = eng.model.backend
     total = len(args.prompt_tokens) * args.repeats
     with tqdm(total=total, desc="bench", file=sys.stderr, disable=args.json) as bar:
         rep = bench(
@@ -195,7 +214,28 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 f"[{r.decode_tok_s.min:.2f}..{r.decode_tok_s.max:.2f}]"
             )
         lines.append(s)
-    _emit(args, rep.to_dict(), "\n".join(lines))
+    doc = rep.to_dict()
+    if args.profile:
+        from engine.bench import bench_prompt, measure
+
+        be.set_profiling(True)
+        be.profile(reset=True)
+        prompt = bench_prompt(args.prompt_tokens[0], eng.model.spec.n_vocab)
+        measure(eng.model, prompt, args.gen_tokens, args.prefill)
+        doc["profile"] = be.profile(reset=True)
+        be.set_profiling(False)
+        total_ms = sum(v["total_ms"] for v in doc["profile"].values())
+        lines.append(
+            f"kernels of one pp{args.prompt_tokens[0]} + tg{args.gen_tokens} run "
+            f"({total_ms:.1f} ms of GPU time):"
+        )
+        for name, v in list(doc["profile"].items())[:15]:
+            share = 100 * v["total_ms"] / total_ms if total_ms else 0.0
+            lines.append(
+                f"  {name:40s} {v['calls']:6d} calls {v['total_ms']:9.2f} ms {share:5.1f}%"
+                f" {v['mean_us']:9.1f} us/call"
+            )
+    _emit(args, doc, "\n".join(lines))
     return 0
 
 

@@ -170,3 +170,33 @@ def test_copy_is_still_valid(tmp_path, tiny_model_path):
     shutil.copy(tiny_model_path, tmp_path / "a.gguf")
     g = GGUFModel(rewrite(tmp_path / "a.gguf", tmp_path / "b.gguf"))
     assert g.spec == GGUFModel(tiny_model_path).spec
+
+
+def test_bench_profile(capsys, tiny_model_path):
+    """--profile adds GPU time per kernel (Vulkan); a backend without timestamps is told so
+    before the model loads."""
+    code, _, err = run_cli(capsys, "bench", "--model", str(tiny_model_path), "--profile")
+    assert code == 2 and "no per-kernel timestamps" in err
+    pytest.importorskip("vulkan")
+    code, out, _ = run_cli(
+        capsys,
+        "bench",
+        "--model",
+        str(tiny_model_path),
+        "--backend",
+        "vulkan",
+        "--prompt-tokens",
+        "9",
+        "--gen-tokens",
+        "3",
+        "--repeats",
+        "1",
+        "--profile",
+        "--json",
+    )
+    prof = json.loads(out)["profile"]
+    assert code == 0 and prof
+    names = set(prof)
+    assert any(n.startswith("matmul_prefill.") for n in names)  # the 9-token prefill
+    assert any(n.startswith("matmul_decode.") for n in names)  # and the decode steps
+    assert all(v["calls"] > 0 and v["total_ms"] > 0 for v in prof.values())
