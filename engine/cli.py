@@ -333,12 +333,33 @@ def cmd_devices(args: argparse.Namespace) -> int:
             rows.append(backends.create(name).device_info().to_dict())
         except Exception as e:  # noqa: BLE001 - report, keep listing the others
             rows.append({"backend": name, "error": str(e)})
-    text = "\n".join(
-        f"{r['backend']:7s} "
-        + (f"{r['device_class']:14s} {r['name']}" if "name" in r else f"unavailable: {r['error']}")
-        for r in rows
-    )
-    _emit(args, {"devices": rows}, text)
+    doc: dict = {"devices": rows}
+    lines = []
+    for r in rows:
+        if "name" not in r:
+            lines.append(f"{r['backend']:7s} unavailable: {r['error']}")
+            continue
+        lines.append(f"{r['backend']:7s} {r['device_class']:14s} {r['name']}")
+        if r["backend"] == "vulkan":
+            # Every physical device, with the index FLEETTUNE_VK_DEVICE takes; workers serve
+            # the best kind present, one per card (worker/claim.py).
+            from engine.backends.vulkan.device import physical_devices, served
+
+            found = physical_devices()
+            serving = {d.index for d in served(found)}
+            doc["vulkan_physical"] = [
+                {
+                    "index": d.index,
+                    "name": d.name,
+                    "device_class": d.device_class,
+                    "served": d.index in serving,
+                }
+                for d in found
+            ]
+            for d in doc["vulkan_physical"]:
+                mark = "served by workers" if d["served"] else "not served"
+                lines.append(f"  [{d['index']}] {d['device_class']:14s} {d['name']} ({mark})")
+    _emit(args, doc, "\n".join(lines))
     return 0
 
 

@@ -200,3 +200,17 @@ def test_bench_profile(capsys, tiny_model_path):
     assert any(n.startswith("matmul_prefill.") for n in names)  # the 9-token prefill
     assert any(n.startswith("matmul_decode.") for n in names)  # and the decode steps
     assert all(v["calls"] > 0 and v["total_ms"] > 0 for v in prof.values())
+
+
+def test_devices_lists_every_vulkan_device(capsys):
+    """`engine devices` names each backend's device and, for Vulkan, every physical device with
+    the FLEETTUNE_VK_DEVICE index and whether workers serve it."""
+    code, out, _ = run_cli(capsys, "devices", "--json")
+    doc = json.loads(out)
+    assert code == 0 and {r["backend"] for r in doc["devices"]} == {"numpy", "vulkan", "cuda"}
+    vk = next(r for r in doc["devices"] if r["backend"] == "vulkan")
+    if "name" not in vk:
+        pytest.skip(f"no Vulkan here: {vk['error']}")
+    phys = doc["vulkan_physical"]
+    assert [d["index"] for d in phys] == list(range(len(phys)))
+    assert any(d["served"] and d["device_class"] == vk["device_class"] for d in phys)
