@@ -260,16 +260,22 @@ ATTN_CONFIGS = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("cid,flat", ATTN_CONFIGS, ids=[c[0] for c in ATTN_CONFIGS])
-@pytest.mark.parametrize(
-    "T,H,Hkv,D,pos0",
-    [(1, 2, 1, 64, 0), (1, 4, 2, 64, 37), (1, 28, 4, 128, 600), (5, 4, 2, 64, 0),
-     (7, 6, 2, 128, 11), (33, 2, 2, 64, 3), (70, 12, 2, 128, 0), (3, 2, 1, 256, 5),
-     (1, 1, 1, 32, 0)],
-)  # fmt: skip
+ATTN_SHAPES = [
+    (1, 2, 1, 64, 0), (1, 4, 2, 64, 37), (1, 28, 4, 128, 600), (5, 4, 2, 64, 0),
+    (7, 6, 2, 128, 11), (33, 2, 2, 64, 3), (70, 12, 2, 128, 0), (3, 2, 1, 256, 5),
+    (1, 1, 1, 32, 0),
+]  # fmt: skip
+# Decode configs only see T == 1 and prefill configs T > 1, as the backend dispatches them.
+ATTN_CASES = [
+    pytest.param(cid, flat, *shape, id=f"{cid}-T{shape[0]}-H{shape[1]}-D{shape[3]}-p{shape[4]}")
+    for cid, flat in ATTN_CONFIGS
+    for shape in ATTN_SHAPES
+    if cid.startswith("decode") == (shape[0] == 1)
+]
+
+
+@pytest.mark.parametrize("cid,flat,T,H,Hkv,D,pos0", ATTN_CASES)
 def test_kv_write_and_attention(cp, be, cid, flat, T, H, Hkv, D, pos0):
-    if cid.startswith("decode") != (T == 1):
-        pytest.skip("decode configs run T == 1, prefill configs T > 1")
     be.set_config(cfg(**flat))
     rng = np.random.default_rng(T + pos0 + D)
     cap = pos0 + T + 5
