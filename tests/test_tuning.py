@@ -150,3 +150,13 @@ def test_op_table_outside_ops_is_an_error(tmp_path):
         TuningConfig.from_toml(p)
     p.write_text('backend = "vulkan"\n[ops.matmul_prefill]\nvariant = "tiled"\n')
     assert TuningConfig.from_toml(p).op("matmul_prefill").variant == "tiled"
+
+
+def test_prefill_declaration_needs_max_cols():
+    """The schedule reads prefill.max_cols on every backend: a declaration without it fails at
+    registration, not when a model first runs."""
+    with pytest.raises(ValueError, match="max_cols is required"):
+        REGISTRY.register_prefill("nobackend", Param("chunk_tokens", (0, 512), 0, ""), doc="")
+    for backend in ("numpy", "vulkan", "cuda"):
+        (v,) = REGISTRY.op(backend, "prefill").variants
+        assert v.name == "batched" and "max_cols" in {p.name for p in v.params}

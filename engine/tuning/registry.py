@@ -107,6 +107,17 @@ class Registry:
         self._ops[(backend, op)] = entry
         return entry
 
+    def register_prefill(self, backend: str, *params: Param, doc: str) -> Op:
+        """The engine schedule's ``prefill`` op, which every backend declares: one variant,
+        ``batched``, with ``max_cols`` among its params (engine.model reads it, and
+        ``chunk_tokens`` where given, through TuningConfig.prefill_chunk)."""
+        if "max_cols" not in {p.name for p in params}:
+            raise ValueError(f"{backend}.prefill: max_cols is required")
+        variant = Variant(backend, "prefill", "batched", params=params, doc=doc)
+        return self.register(
+            backend, "prefill", [variant], "engine schedule knobs of the prefill path"
+        )
+
     def unregister(self, backend: str, op: str) -> None:
         self._ops.pop((backend, op), None)
 

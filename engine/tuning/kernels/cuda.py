@@ -35,33 +35,22 @@ def _p(cfg, op: str, name: str) -> int:  # noqa: ANN001 - TuningConfig
 
 
 # --- engine schedule -----------------------------------------------------------------------
-REGISTRY.register(
+REGISTRY.register_prefill(
     B,
-    "prefill",
-    [
-        Variant(
-            B,
-            "prefill",
-            "batched",
-            params=(
-                Param(
-                    "max_cols",
-                    (8, 16, 24, 32, 40, 48, 64, 96, 128, 256, 512, 1024),
-                    512,
-                    "prompt tokens per forward chunk (MAX_COLS of the schedule)",
-                ),
-                Param(
-                    "gemm_min_t",
-                    (2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 1 << 20),
-                    32,
-                    "chunk length at which matmul switches from batched DMMV (matmul_batched) "
-                    "to a GEMM (matmul_prefill); 1<<20 = never",
-                ),
-            ),
-            doc="prompt in chunks of max_cols tokens; matmul path chosen by chunk length",
-        ),
-    ],
-    doc="engine schedule knobs of the prefill path",
+    Param(
+        "max_cols",
+        (8, 16, 24, 32, 40, 48, 64, 96, 128, 256, 512, 1024),
+        512,
+        "prompt tokens per forward chunk (MAX_COLS of the schedule)",
+    ),
+    Param(
+        "gemm_min_t",
+        (2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 1 << 20),
+        32,
+        "chunk length at which matmul switches from batched DMMV (matmul_batched) "
+        "to a GEMM (matmul_prefill); 1<<20 = never",
+    ),
+    doc="prompt in chunks of max_cols tokens; matmul path chosen by chunk length",
 )
 
 # --- decode matmul ------------------------------------------------------------------------

@@ -8,26 +8,15 @@ from engine.tuning.registry import REGISTRY, Param, Variant
 
 B = "numpy"
 
-REGISTRY.register(
+REGISTRY.register_prefill(
     B,
-    "prefill",
-    [
-        Variant(
-            B,
-            "prefill",
-            "batched",
-            params=(
-                Param(
-                    "max_cols",
-                    (1, 2, 4, 8, 16, 24, 32, 40, 48, 64, 96, 128),
-                    32,
-                    "prompt tokens per batched-prefill chunk (MAX_COLS)",
-                ),
-            ),
-            doc="prompt in chunks of max_cols tokens: batched matmul, RoPE, KV write, attention",
-        ),
-    ],
-    doc="engine schedule knobs of the prefill path",
+    Param(
+        "max_cols",
+        (1, 2, 4, 8, 16, 24, 32, 40, 48, 64, 96, 128),
+        32,
+        "prompt tokens per batched-prefill chunk (MAX_COLS)",
+    ),
+    doc="prompt in chunks of max_cols tokens: batched matmul, RoPE, KV write, attention",
 )
 
 for _op in ("matmul_decode", "matmul_prefill"):

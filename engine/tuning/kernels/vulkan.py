@@ -156,36 +156,25 @@ _SUBGROUP = Param(
     "required subgroup size (VK_EXT_subgroup_size_control); 0: the device default",
 )
 
-REGISTRY.register(
+REGISTRY.register_prefill(
     B,
-    "prefill",
-    [
-        Variant(
-            B,
-            "prefill",
-            "batched",
-            params=(
-                Param(
-                    "max_cols",
-                    (1, 2, 4, 8, 16, 24, 32, 40, 48, 64, 96, 128),
-                    32,
-                    "prompt columns per matmul_prefill workgroup pass (MAX_COLS, a "
-                    "specialization constant: the size of the per-thread sums[] accumulators)",
-                ),
-                Param(
-                    "chunk_tokens",
-                    (0, 64, 128, 256, 512, 1024),
-                    512,
-                    "prompt tokens per forward pass through every layer; matmul_prefill "
-                    "covers a chunk in ceil(chunk / MAX_COLS) column tiles of one dispatch. "
-                    "0: one forward per MAX_COLS tokens (the seed's schedule)",
-                ),
-            ),
-            doc="prompt in chunks of chunk_tokens tokens through batched matmul, RoPE, KV "
-            "write, attention; matmul in column tiles of max_cols",
-        )
-    ],
-    doc="engine schedule knobs of the prefill path",
+    Param(
+        "max_cols",
+        (1, 2, 4, 8, 16, 24, 32, 40, 48, 64, 96, 128),
+        32,
+        "prompt columns per matmul_prefill workgroup pass (MAX_COLS, a "
+        "specialization constant: the size of the per-thread sums[] accumulators)",
+    ),
+    Param(
+        "chunk_tokens",
+        (0, 64, 128, 256, 512, 1024),
+        512,
+        "prompt tokens per forward pass through every layer; matmul_prefill "
+        "covers a chunk in ceil(chunk / MAX_COLS) column tiles of one dispatch. "
+        "0: one forward per MAX_COLS tokens (the seed's schedule)",
+    ),
+    doc="prompt in chunks of chunk_tokens tokens through batched matmul, RoPE, KV "
+    "write, attention; matmul in column tiles of max_cols",
 )
 
 REGISTRY.register(
