@@ -596,3 +596,13 @@ def test_tiled_vec4_needs_tiles_of_64(vb):
     assert not base.problems(dev)
     assert base.replace(**{"matmul_prefill.tile_m": 32}).problems(dev)
     assert base.replace(**{"matmul_prefill.tile_n": 16}).problems(dev)
+
+
+def test_tiled_needs_256_threads(vb):
+    dev = vb.device_info()
+    small = dataclasses.replace(dev, extra={**dev.extra, "max_workgroup_invocations": 128})
+    tiled = TuningConfig.default("vulkan")
+    assert tiled.op("matmul_prefill").variant == "tiled" and not tiled.problems(dev)
+    assert any(p.startswith("matmul_prefill.tiled: 256 threads") for p in tiled.problems(small))
+    serial = tiled.replace(**{"matmul_prefill.variant": "serial"})
+    assert not [p for p in serial.problems(small) if p.startswith("matmul_prefill")]

@@ -38,13 +38,19 @@ def _extra(dev: DeviceInfo | None, key: str, default: int | bool | None = None):
     return default if dev is None else dev.extra.get(key, default)
 
 
-def _wg_fits(op: str) -> Constraint:
-    def check(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
-        wg = int(cfg.op(op)["wg_size"])
-        limit = _extra(dev, "max_workgroup_invocations")
-        return limit is None or wg <= min(int(limit), int(_extra(dev, "max_workgroup_size_x", wg)))
+def _device_takes_wg(wg: int, dev: DeviceInfo | None) -> bool:
+    limit = _extra(dev, "max_workgroup_invocations")
+    return limit is None or wg <= min(int(limit), int(_extra(dev, "max_workgroup_size_x", wg)))
 
-    return Constraint("wg_size <= the device's maxComputeWorkGroupInvocations / size[0]", check)
+
+def _wg_fits(op: str, fixed: int | None = None) -> Constraint:
+    """The op's wg_size (or a shader's ``fixed`` local size) within the device's limits."""
+
+    def check(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
+        return _device_takes_wg(fixed or int(cfg.op(op)["wg_size"]), dev)
+
+    what = f"{fixed} threads" if fixed else "wg_size"
+    return Constraint(f"{what} <= the device's maxComputeWorkGroupInvocations / size[0]", check)
 
 
 def _effective_subgroup(cfg: TuningConfig, op: str, dev: DeviceInfo | None) -> int | None:
@@ -123,14 +129,6 @@ def _has_shuffle(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
 
 def _max_cols_in_registers(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
     return cfg.max_cols <= MAX_COLS_LIMIT
-
-
-def _fixed_wg_fits(wg: int):  # noqa: ANN202
-    def check(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
-        limit = _extra(dev, "max_workgroup_invocations")
-        return limit is None or wg <= min(int(limit), int(_extra(dev, "max_workgroup_size_x", wg)))
-
-    return check
 
 
 def _tiles_fit(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
@@ -291,10 +289,7 @@ REGISTRY.register(
                 ),
             ),
             constraints=(
-                Constraint(
-                    "256 threads <= maxComputeWorkGroupInvocations / size[0]",
-                    _fixed_wg_fits(256),
-                ),
+                _wg_fits("matmul_prefill", fixed=256),  # matmul_tiled.comp's local size
                 Constraint(
                     "32 x (tile_m + tile_n + 8) floats of shared memory <= "
                     "maxComputeSharedMemorySize",
