@@ -117,26 +117,25 @@ class StudyState:
             else (Best(None, dict(self.baseline)))
         )
         for t in self.study.get_trials(deepcopy=False):
-            ua = t.user_attrs
-            if t.state == TrialState.RUNNING and ua.get("outcome") in BUDGET_OUTCOMES:
+            ua, state = t.user_attrs, t.state
+            if state == TrialState.RUNNING and ua.get("outcome") in BUDGET_OUTCOMES:
                 # Killed between writing the record (outcome goes last) and tell: the result is
                 # whole, finish the write rather than lose it.
                 metrics = ua.get("metrics") or {}
                 names = [o.name for o in self.exp.objectives]
-                if all(n in metrics for n in names):
+                state = TrialState.COMPLETE if all(n in metrics for n in names) else TrialState.FAIL
+                if state == TrialState.COMPLETE:
                     self.study.tell(t.number, [metrics[n] for n in names])
                 else:
                     self.study.tell(t.number, state=TrialState.FAIL)
-                t = self.study.trials[t.number]
-                ua = t.user_attrs
-            if t.state == TrialState.RUNNING:
+            if state == TrialState.RUNNING:
                 trial = optuna.trial.Trial(self.study, t._trial_id)
                 trial.set_user_attr("outcome", INTERRUPTED)
                 trial.set_user_attr("reason", "the agent stopped while this trial ran")
                 self.study.tell(t.number, state=TrialState.FAIL)
                 self.interrupted_on_resume += 1
                 continue
-            if t.state not in (TrialState.COMPLETE, TrialState.FAIL) or "config" not in ua:
+            if state not in (TrialState.COMPLETE, TrialState.FAIL) or "config" not in ua:
                 continue
             if ua.get("outcome") in (INTERRUPTED, DUPLICATE):
                 continue
