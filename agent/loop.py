@@ -16,8 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from optuna.exceptions import UpdateFinishedTrialError
 
 from agent import cluster
+from agent import lease as lease_mod
 from agent.acceptance import Decision, decide
 from agent.experiment import Experiment
 from agent.fleet import (
@@ -35,7 +37,7 @@ from agent.records import INTERRUPTED, TrialRecord
 from agent.space import config_key
 from agent.stats import aa_noise, paired_ratio
 from agent.storage import StorageRef
-from agent.study import BASELINE, StudyState
+from agent.study import BASELINE, StudyState, study_name
 from agent.summary import Overhead, RunSummary, StudySummary
 from engine.tuning import REGISTRY, TuningConfig
 from worker.device import engine_commit
@@ -58,6 +60,8 @@ class RunOptions:
     setup: Callable[[], None] | None = None  # test-only: registers extra backends everywhere
     resources: dict[str, float] | None = None  # embedded Ray resources instead of detection
     shutdown: bool = True  # shut an embedded Ray down at the end
+    lease: str = lease_mod.ERROR  # another live agent holds a study: error | wait | take-over
+    lease_ttl_s: float = lease_mod.TTL_S
 
 
 @dataclass
@@ -129,6 +133,15 @@ class Agent:
         self.ray_mode = cluster.connect(
             self.opts.address, backends, self.opts.setup, self.opts.resources
         )
+        try:
+            return self._run(backends)
+        finally:
+            if hasattr(self, "leases"):
+                self.leases.release()
+            if self.ray_mode == "embedded" and self.opts.shutdown:
+                ray.shutdown()
+
+    def _run(self, backends: tuple[str, ...]) -> RunSummary:
         if self.opts.setup is not None:
             self.opts.setup()
         present = cluster.device_classes()
@@ -141,6 +154,16 @@ class Agent:
             self.warnings.append(f"no device of the wanted classes; cluster has {present}")
         log.info("device classes: %s; backends: %s", classes, backends)
         self.storage = self.opts.storage.open()
+        # Every study this run may touch is ours before any trial of it is read (resume fails a
+        # previous holder's RUNNING trials): a second agent stops here, naming the holder.
+        self.leases = lease_mod.Leases(
+            self.storage, self.exp.name, self.opts.lease_ttl_s, self.opts.lease
+        )
+        self.leases.acquire(
+            [study_name(self.exp.name, c, m) for c in classes for m in self.exp.models],
+            ["maximize"] * len(self.exp.objectives),
+        )
+        self.leases.start()
         self.fleet = Fleet(
             classes, self._backends_by_class(classes, backends), self.opts.setup, engine_commit()
         )
@@ -149,23 +172,31 @@ class Agent:
         try:
             self._loop()
             for st in self.studies.values():
+                self.leases.check()
                 self._finalize(st)
         finally:
             self._flush()
             self._write_status("finished")
             for slot in self.fleet.slots:
                 self.fleet.kill(slot)
-            if self.ray_mode == "embedded" and self.opts.shutdown:
-                ray.shutdown()
         return self._summary()
 
     # --- the loop -----------------------------------------------------------------------
     def _flush(self) -> None:
+        """The queued storage writes; none once a lease is lost (its new holder owns the
+        trials; a write to one it already failed raises UpdateFinishedTrialError)."""
         for st in self.studies.values():
-            st.flush()
+            if self.leases.lost:
+                return
+            try:
+                st.flush()
+            except UpdateFinishedTrialError as e:
+                self.leases.lost = f"study {st.name}: another agent finished its trials ({e})"
+                raise lease_mod.LeaseLost(self.leases.lost) from None
 
     def _loop(self) -> None:
         while True:
+            self.leases.check()
             self._dispatch_idle()
             self._flush()  # storage writes of finished trials, while workers run the next ones
             self._write_status("running")
@@ -729,7 +760,7 @@ class Agent:
             "experiment": self.exp.name,
             "experiment_file": self.exp.source,
             "study": st.name,
-            "storage": self.opts.storage.url,
+            "storage": self.opts.storage.display,
             "trial": rec.trial,
             "paired_against": rec.paired_against if rec.paired_against is not None else -1,
             "model": st.model,
@@ -761,7 +792,7 @@ class Agent:
     def _write_status(self, state: str) -> None:
         payload = {
             "agent": agent_status_payload(
-                self.exp.name, self.opts.storage.url, self.started, state
+                self.exp.name, self.opts.storage.display, self.started, state
             ),
             "workers": [s.status() for s in self.fleet.slots] if hasattr(self, "fleet") else [],
             "studies": [
@@ -851,7 +882,7 @@ class Agent:
         )
         return RunSummary(
             experiment=self.exp.name,
-            storage=self.opts.storage.url,
+            storage=self.opts.storage.display,
             status_file=str(self.opts.storage.status_path),
             ray=self.ray_mode,
             wall_s=time.monotonic() - self.t0,
