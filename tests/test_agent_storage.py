@@ -159,6 +159,10 @@ def test_second_agent_is_refused_naming_the_holder(storage_url: str) -> None:
     msg = str(e.value)
     assert f"host {socket.gethostname()} pid {os.getpid()} since" in msg and "expA" in msg
     b.acquire(["s3"], ["maximize"])  # another study of the same storage: free
+    from agent.status import study_rows
+
+    rows = {r.study: r for r in study_rows(parse_storage(storage_url))}
+    assert "in use by host" in rows["s2"].text() and rows["s2"].lease["experiment"] == "expA"
     a.release()
     b.acquire(["s2"], ["maximize"])  # released on exit: taken at once
     sid = storage.get_study_id_from_name("s1")
@@ -196,6 +200,7 @@ def test_expired_or_dead_holder_is_taken_over(storage_url: str) -> None:
     b.release()
 
 
+@pytest.mark.parametrize("storage_url", ["journal", "postgresql"], indirect=True)
 def test_take_over_stops_the_live_holder_and_wait_waits(storage_url: str) -> None:
     storage = parse_storage(storage_url).open()
     a = Leases(storage, "e", ttl_s=3)
