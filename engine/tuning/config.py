@@ -21,7 +21,7 @@ from engine.errors import ConfigError
 from engine.tuning.registry import REGISTRY, Value
 
 if TYPE_CHECKING:
-    from engine.backends.base import DeviceInfo
+    from engine.device_info import DeviceInfo
 
 
 @dataclass(frozen=True)

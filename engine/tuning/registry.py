@@ -10,13 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any
 
+from engine.device_info import DeviceInfo
 from engine.errors import ConfigError
-
-if TYPE_CHECKING:
-    from engine.backends.base import DeviceInfo
-    from engine.tuning.config import TuningConfig
 
 Value = int | str | bool
 
@@ -44,7 +41,8 @@ class Constraint:
     """A rule over a whole config on a device; ``doc`` is shown when it fails."""
 
     doc: str
-    check: Callable[[TuningConfig, DeviceInfo | None], bool]
+    # (TuningConfig, device) -> allowed; Any, not TuningConfig: config.py imports this module
+    check: Callable[[Any, DeviceInfo | None], bool]
 
 
 @dataclass(frozen=True)
@@ -149,12 +147,4 @@ class Registry:
         return any(v.quant_types is None or quant_type in v.quant_types for v in entry.variants)
 
 
-REGISTRY = Registry()
-
-
-def _load_declarations() -> None:
-    # Importing a declaration module registers its kernels; plain data, safe on any machine.
-    from engine.tuning.kernels import cuda, numpy_ref, vulkan  # noqa: F401
-
-
-_load_declarations()
+REGISTRY = Registry()  # filled by engine.tuning (the package) importing engine.tuning.kernels.*

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from engine.tuning.registry import REGISTRY, Constraint, Param, Variant
 
 if TYPE_CHECKING:
-    from engine.backends.base import DeviceInfo
+    from engine.device_info import DeviceInfo
     from engine.tuning.config import TuningConfig
 
 B = "vulkan"

@@ -5,7 +5,7 @@ set_config (compile), validate against the per-token reference, bench, and a per
 of the default config. A config that fails to compile, validate or run is recorded as such and
 the sweep goes on. One JSON document with everything goes to --out.
 
-    python -m engine.backends.vulkan.sweep --model M.gguf --out DIR [--budget-s 420] [--quick]
+    python -m engine.sweep --model M.gguf --out DIR [--budget-s 420] [--quick]
         [--grid sample|prefill]
 """
 
