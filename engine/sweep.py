@@ -1,6 +1,6 @@
-"""A bounded device run of the Vulkan backend: device info, then for each config of a fixed
-sample (every variant, MAX_COLS, rows/workgroup, workgroup sizes, command-buffer knobs; or with
---grid prefill the MAX_COLS x variant x tile table of the batched prefill):
+"""A bounded device run of the Vulkan backend: device info, then for each config of a sample
+drawn from the registry (every variant, and every knob one step from its default; or with
+--grid prefill the column tile x variant table of the batched prefill):
 set_config (compile), validate against the per-token reference, bench, and a per-kernel profile
 of the default config. A config that fails to compile, validate or run is recorded as such and
 the sweep goes on. One JSON document with everything goes to --out.
@@ -12,6 +12,7 @@ the sweep goes on. One JSON document with everything goes to --out.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import time
@@ -20,65 +21,50 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import EngineError
-from engine.tuning import TuningConfig
+from engine.tuning import REGISTRY, TuningConfig
 
-# The seed's table, widened: MAX_COLS x {serial, kpar} inside one 512-token forward, the seed's
-# one-forward-per-MAX_COLS schedule (chunk_tokens 0) at its shipped points, and the tiled GEMM's
-# tile shapes. (tile 128 x 128 is left out: on the H200 it ran for minutes.)
-PREFILL_GRID: list[dict[str, Any]] = [
-    *(
-        {"matmul_prefill.variant": "tiled", "matmul_prefill.tile_m": m, "matmul_prefill.tile_n": n}
-        for m, n in ((64, 64), (128, 64), (64, 32), (32, 64), (64, 128), (32, 32))
-    ),
-    *(
-        {"matmul_prefill.variant": v, "prefill.max_cols": mc}
-        for v in ("kpar", "serial")
-        for mc in (8, 16, 32, 40, 64)
-    ),
-    *(
-        {"matmul_prefill.variant": "kpar", "prefill.max_cols": mc, "prefill.chunk_tokens": 0}
-        for mc in (32, 40)
-    ),
-]
 
-SAMPLE: list[dict[str, Any]] = [
-    {},
-    {"matmul_prefill.variant": "serial"},
-    {"matmul_decode.variant": "subgroup"},
-    {"matmul_decode.rows_per_thread": 1},
-    {"matmul_decode.rows_per_thread": 4, "matmul_decode.rows_per_wg": 8},
-    {"matmul_decode.threads_per_row": 16, "matmul_decode.rows_per_wg": 8},
-    {"matmul_decode.variant": "shmem", "matmul_decode.threads_per_row": 32},
-    {
-        "matmul_decode.variant": "shmem",
-        "matmul_decode.threads_per_row": 64,
-        "matmul_decode.wg_size": 128,
-    },
-    {"matmul_prefill.variant": "kpar", "matmul_prefill.rows_per_wg": 1},
-    {
-        "matmul_prefill.variant": "kpar",
-        "matmul_prefill.rows_per_wg": 4,
-        "matmul_prefill.wg_size": 128,
-    },
-    {"matmul_decode.rows_per_wg": 1},
-    {"matmul_decode.rows_per_wg": 4, "matmul_decode.wg_size": 128},
-    {"matmul_decode.rows_per_wg": 8, "matmul_decode.wg_size": 256},
-    {"submit.replay": False},
-    {"submit.max_nodes": 4096},
-    {"attention.wg_size": 128},
-    {"attention.variant": "online"},
-    {"attention.splits": 8},
-    {"attention.splits": 16},
-    {"attention.splits": 64},
-    {"attention.key_threads": 4},
-    {"attention.key_threads": 32},
-    {"attention.wg_size": 64, "attention.key_threads": 4},
-    {"argmax.variant": "default"},
-    {"argmax.slices": 32},
-    {"argmax.slices": 512},
-    {"matmul_decode.subgroup_size": 32},
-    {"matmul_decode.subgroup_size": 64},
-]
+def one_step_sample(backend: str = "vulkan") -> list[dict[str, Any]]:
+    """The default config, each other variant at its defaults, and each knob of each variant one
+    step either side of its default (a bool flipped): every variant and knob once, read from
+    the registry. Configs the constraints reject on any device are left out."""
+    out: list[dict[str, Any]] = [{}]
+    for op in REGISTRY.ops(backend):
+        for v in op.variants:
+            base = {} if v is op.default else {f"{op.name}.variant": v.name}
+            if base:
+                out.append(base)
+            for p in v.params:
+                i = p.choices.index(p.default)
+                steps = [c for c in p.choices[max(i - 1, 0) : i + 2] if c != p.default]
+                if isinstance(p.default, bool):
+                    steps = [not p.default]
+                out += [{**base, f"{op.name}.{p.name}": c} for c in steps]
+    default = TuningConfig.default(backend)
+    return [f for f in out if not default.replace(**f).problems()]
+
+
+SLOW_TILES = {(128, 128)}  # tiled 128 x 128 ran for minutes on the H200
+
+
+def prefill_grid() -> list[dict[str, Any]]:
+    """The seed's table, widened and read from the registry: every column tile of every
+    matmul_prefill variant inside one 512-token forward (max_cols >= 8; the tiled GEMM's
+    tile_m x tile_n), and the seed's schedule (one forward per max_cols tokens) at its shipped
+    points."""
+    out: list[dict[str, Any]] = []
+    for v in REGISTRY.op("vulkan", "matmul_prefill").variants:
+        tiles = [p for p in v.params if p.name in ("max_cols", "tile_m", "tile_n")]
+        for values in itertools.product(*(p.choices for p in tiles)):
+            if tuple(values) in SLOW_TILES or (len(values) == 1 and values[0] < 8):
+                continue
+            flat = {"matmul_prefill.variant": v.name}
+            flat |= {f"matmul_prefill.{p.name}": x for p, x in zip(tiles, values, strict=True)}
+            out.append(flat)
+    seed = {"matmul_prefill.variant": "kpar"}
+    out += [{**seed, "matmul_prefill.max_cols": mc, "prefill.chunk_tokens": mc} for mc in (32, 40)]
+    default = TuningConfig.default("vulkan")
+    return [f for f in out if not default.replace(**f).problems()]
 
 
 def _prompts(tok: Any) -> list[list[int]]:
@@ -100,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         "--grid",
         choices=("sample", "prefill"),
         default="sample",
-        help="sample: every variant and knob once; prefill: the MAX_COLS x variant x tile table "
+        help="sample: every variant and knob once; prefill: the column tile x variant table "
         "(prefill only: decode is not benchmarked)",
     )
     ap.add_argument(
@@ -140,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  profile {name:36s} {p['calls']:5d} calls {p['total_ms']:9.2f} ms", flush=True)
     save()
 
-    configs = PREFILL_GRID if args.grid == "prefill" else SAMPLE
+    configs = prefill_grid() if args.grid == "prefill" else one_step_sample()
     if args.variant:
         configs = [c for c in configs if c.get("matmul_prefill.variant") in args.variant]
     if args.grid == "prefill":

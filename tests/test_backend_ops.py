@@ -1,5 +1,5 @@
 """Every op of every backend against a float64 NumPy formula, on random shapes that include
-sizes that are not multiples of any tile, MAX_COLS or block, and size-1 dims.
+sizes that are not multiples of any tile, column tile or block, and size-1 dims.
 
 Checks per op: NMSE under the op's limit, no NaN/Inf, exact output shape, inputs left unchanged,
 and KV-cache slots outside the written range left untouched (a canary for out-of-range writes).
@@ -67,7 +67,7 @@ def _supported(be, op: str, qtype: str | None = None) -> None:
         pytest.skip(f"{be.name} declares no {op} kernel for {qtype} (not supported, not failed)")
 
 
-# --- matmul: decode (T == 1) and batched prefill (1 < T <= max_cols) ----------------------
+# --- matmul: decode (T == 1) and batched prefill (1 < T <= chunk_tokens)- ----------------------
 def _block_k(qtype: str) -> int:
     return 256 if qtype.endswith("_K") else 32 if qtype.startswith("Q") else 1
 
@@ -125,10 +125,10 @@ def test_matmul_decode_every_variant(be, qtype):
 
 
 @pytest.mark.parametrize("T", [1, 3, 40, 41])
-def test_matmul_prefill_up_to_max_cols(be, T):
-    """Every allowed column count up to and past the default MAX_COLS chunk works."""
+def test_matmul_prefill_up_to_the_chunk(be, T):
+    """Every allowed column count up to and past the default prefill chunk works."""
     cfg = TuningConfig.default(be.name)
-    T = min(T, cfg.max_cols)
+    T = min(T, cfg.prefill_chunk)
     rng = np.random.default_rng(T)
     w = qtensor(rng, (70, 256), "Q4_K", std=0.05)
     x = rng.standard_normal((T, 256)).astype(np.float32)

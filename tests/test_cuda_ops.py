@@ -1,7 +1,7 @@
 """The CUDA backend against the NumPy reference, op by op and variant by variant (`pytest -m gpu`).
 
 Every registered variant of every op runs on random shapes that include sizes that are not
-multiples of any tile, MAX_COLS or block, and size-1 dims; per-op NMSE limits (5e-4 for matmul,
+multiples of any tile, column tile or block, and size-1 dims; per-op NMSE limits (5e-4 for matmul,
 the fp16 GEMM paths), no NaN/Inf, canaries around outputs, inputs unchanged. Then whole synthetic
 models: graph replay equals eager decode, validate passes for every variant, a compile failure
 and a kernel fault are reported as such. On a machine without CuPy or a GPU the whole module is
@@ -116,9 +116,9 @@ MATMUL_CONFIGS = [
     ("decode-rpt1", {"matmul_decode.variant": "dmmv", "matmul_decode.rows_per_thread": 1}, [1]),
     ("decode-rpt4-t16", {"matmul_decode.variant": "dmmv", "matmul_decode.rows_per_thread": 4,
                          "matmul_decode.threads_per_row": 16}, [1]),
-    ("kpar-c2", {"prefill.gemm_min_t": 1 << 20, "matmul_batched.cols": 2}, [2, 7]),
+    ("kpar-c2", {"prefill.gemm_min_t": 1 << 20, "matmul_batched.max_cols": 2}, [2, 7]),
     ("kpar-c16", {"prefill.gemm_min_t": 1 << 20}, [2, 17, 33]),
-    ("kpar-c40-t64", {"prefill.gemm_min_t": 1 << 20, "matmul_batched.cols": 40,
+    ("kpar-c40-t64", {"prefill.gemm_min_t": 1 << 20, "matmul_batched.max_cols": 40,
                       "matmul_batched.threads_per_row": 64, "matmul_batched.rows_per_block": 1},
      [41, 40]),
     ("serial-c16", {"prefill.gemm_min_t": 1 << 20, "matmul_batched.variant": "dmmv_serial"},
@@ -405,9 +405,13 @@ def test_model_matches_numpy_and_graph_equals_eager(be, tiny_model_factory, arch
 
 VALIDATE_CONFIGS = [
     {},
-    {"prefill.max_cols": 16},
-    {"prefill.max_cols": 8, "prefill.gemm_min_t": 1 << 20, "matmul_batched.variant": "dmmv_serial"},
-    {"prefill.gemm_min_t": 1 << 20, "matmul_batched.cols": 40},
+    {"prefill.chunk_tokens": 16},
+    {
+        "prefill.chunk_tokens": 8,
+        "prefill.gemm_min_t": 1 << 20,
+        "matmul_batched.variant": "dmmv_serial",
+    },
+    {"prefill.gemm_min_t": 1 << 20, "matmul_batched.max_cols": 40},
     {"prefill.gemm_min_t": 2, "matmul_prefill.variant": "staged"},
     {"prefill.gemm_min_t": 2, "matmul_prefill.variant": "mmq"},
     {"prefill.gemm_min_t": 2, "matmul_prefill.variant": "mmq", "matmul_prefill.tile_m": 64,

@@ -143,9 +143,13 @@ DECODE = [
 # (whose unrolled accumulator loops take lavapipe's LLVM seconds per pipeline) run on a block
 # type and on a float type with a ragged row tail.
 PREFILL = [
-    ({"matmul_prefill.variant": "kpar", "prefill.max_cols": 8}, "kpar-mc8"),
+    ({"matmul_prefill.variant": "kpar", "matmul_prefill.max_cols": 8}, "kpar-mc8"),
     (
-        {"matmul_prefill.variant": "serial", "prefill.max_cols": 4, "matmul_prefill.wg_size": 32},
+        {
+            "matmul_prefill.variant": "serial",
+            "matmul_prefill.max_cols": 4,
+            "matmul_prefill.wg_size": 32,
+        },
         "serial-mc4-wg32",
     ),
     (
@@ -162,17 +166,17 @@ PREFILL_SAMPLES = [
     (
         {
             "matmul_prefill.variant": "kpar",
-            "prefill.max_cols": 40,
+            "matmul_prefill.max_cols": 40,
             "matmul_prefill.wg_size": 32,
             "matmul_prefill.rows_per_wg": 1,
         },
         "kpar-mc40-r1",
     ),
-    ({"matmul_prefill.variant": "kpar", "prefill.max_cols": 1}, "kpar-mc1"),
+    ({"matmul_prefill.variant": "kpar", "matmul_prefill.max_cols": 1}, "kpar-mc1"),
     (
         {
             "matmul_prefill.variant": "kpar",
-            "prefill.max_cols": 24,
+            "matmul_prefill.max_cols": 24,
             "matmul_prefill.wg_size": 128,
             "matmul_prefill.rows_per_wg": 16,
             "matmul_prefill.subgroup_size": 8,
@@ -181,11 +185,19 @@ PREFILL_SAMPLES = [
     ),
     ({"matmul_prefill.variant": "serial"}, "serial-default"),
     (
-        {"matmul_prefill.variant": "serial", "prefill.max_cols": 64, "matmul_prefill.wg_size": 32},
+        {
+            "matmul_prefill.variant": "serial",
+            "matmul_prefill.max_cols": 64,
+            "matmul_prefill.wg_size": 32,
+        },
         "serial-mc64",
     ),
     (
-        {"matmul_prefill.variant": "serial", "prefill.max_cols": 8, "matmul_prefill.wg_size": 256},
+        {
+            "matmul_prefill.variant": "serial",
+            "matmul_prefill.max_cols": 8,
+            "matmul_prefill.wg_size": 256,
+        },
         "serial-mc8-wg256",
     ),
     ({"matmul_prefill.variant": "tiled"}, "tiled-default"),
