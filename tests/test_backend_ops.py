@@ -9,43 +9,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType
-from gguf.quants import dequantize
 
 from engine import backends
-from engine.gguf_model import QTensor
-from engine.quantize import quantize
 from engine.tuning import REGISTRY, TuningConfig
 from tests.backend_params import backend_params
-from tests.op_cases import attention_ref, write_cache_and_attend
+from tests.op_cases import attention_ref, check, dense, qtensor, write_cache_and_attend
 
 NMSE = {"matmul": 5e-4, "default": 1e-6}  # matmul: GPU accumulation order and fp16 paths
 QUANTS = ["F32", "F16", "BF16", "Q8_0", "Q5_0", "Q5_1", "Q4_0", "Q4_1", "Q4_K", "Q6_K"]
-
-
-def nmse(ref: np.ndarray, out: np.ndarray) -> float:
-    ref, out = np.asarray(ref, np.float64), np.asarray(out, np.float64)
-    return float(np.sum((out - ref) ** 2) / max(np.sum(ref**2), 1e-30))
-
-
-def check(out: np.ndarray, ref: np.ndarray, limit: float) -> None:
-    assert out.shape == ref.shape, f"shape {out.shape} != {ref.shape}"
-    assert np.isfinite(out).all(), "NaN or Inf in output"
-    assert nmse(ref, out) < limit, f"NMSE {nmse(ref, out):.3g} >= {limit:g}"
-
-
-def qtensor(
-    rng: np.random.Generator, shape: tuple[int, ...], qtype: str, std: float = 1.0, name: str = "w"
-) -> QTensor:
-    a = (rng.standard_normal(shape) * std).astype(np.float32)
-    a2 = a.reshape(-1, shape[-1])
-    raw = quantize(a2, qtype).view(np.uint8).reshape(a2.shape[0], -1)
-    return QTensor(name, qtype, tuple(shape), raw)
-
-
-def dense(qt: QTensor) -> np.ndarray:
-    out = dequantize(qt.raw, GGMLQuantizationType[qt.qtype])
-    return np.asarray(out, np.float64).reshape(qt.shape)
 
 
 @pytest.fixture(params=backend_params())

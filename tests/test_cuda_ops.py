@@ -16,13 +16,9 @@ import textwrap
 
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType
-from gguf.quants import dequantize
 
-from engine.gguf_model import QTensor
-from engine.quantize import quantize
 from engine.tuning import TuningConfig
-from tests.op_cases import write_cache_and_attend
+from tests.op_cases import check, dense, qtensor, write_cache_and_attend
 
 pytestmark = pytest.mark.gpu
 
@@ -53,29 +49,6 @@ def be(cp):
 
 def cfg(**flat) -> TuningConfig:
     return TuningConfig.from_flat("cuda", flat)
-
-
-def nmse(ref: np.ndarray, out: np.ndarray) -> float:
-    ref, out = np.asarray(ref, np.float64), np.asarray(out, np.float64)
-    return float(np.sum((out - ref) ** 2) / max(np.sum(ref**2), 1e-30))
-
-
-def check(out: np.ndarray, ref: np.ndarray, limit: float) -> None:
-    assert out.shape == ref.shape, f"shape {out.shape} != {ref.shape}"
-    assert np.isfinite(out).all(), "NaN or Inf in output"
-    assert nmse(ref, out) < limit, f"NMSE {nmse(ref, out):.3g} >= {limit:g}"
-
-
-def qtensor(rng, shape, qtype, std=1.0) -> QTensor:
-    a = (rng.standard_normal(shape) * std).astype(np.float32)
-    a2 = a.reshape(-1, shape[-1])
-    raw = quantize(a2, qtype).view(np.uint8).reshape(a2.shape[0], -1)
-    return QTensor("w", qtype, tuple(shape), raw)
-
-
-def dense(qt: QTensor) -> np.ndarray:
-    out = dequantize(qt.raw, GGMLQuantizationType[qt.qtype])
-    return np.asarray(out, np.float64).reshape(qt.shape)
 
 
 def guarded(cp, shape, pad=257):

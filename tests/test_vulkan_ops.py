@@ -10,13 +10,11 @@ import dataclasses
 
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType
-from gguf.quants import dequantize
 
 from engine.errors import ConfigError
 from engine.gguf_model import QTensor
 from engine.tuning import REGISTRY, TuningConfig
-from tests.op_cases import attention_ref
+from tests.op_cases import attention_ref, dense
 from tests.test_vulkan_helpers import assert_no_validation_errors, make_backend, nmse, qtensor
 
 QUANTS = ["F32", "F16", "BF16", "Q8_0", "Q5_0", "Q5_1", "Q4_0", "Q4_1", "Q4_K", "Q6_K"]
@@ -35,12 +33,6 @@ def _clean(vb):
     vb.set_config(TuningConfig.default("vulkan"))
     yield
     assert_no_validation_errors(vb)
-
-
-def dense(qt: QTensor) -> np.ndarray:
-    return np.asarray(dequantize(qt.raw, GGMLQuantizationType[qt.qtype]), np.float64).reshape(
-        qt.shape
-    )
 
 
 def poison_free_buffers(be, out_elems: int) -> None:  # noqa: ANN001
