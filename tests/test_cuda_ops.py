@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from engine.tuning import TuningConfig
+from tests.backend_contract import BackendContract
 from tests.op_cases import check, dense, qtensor, write_cache_and_attend
 
 pytestmark = pytest.mark.gpu
@@ -37,7 +38,7 @@ def cp():
 
 
 @pytest.fixture(scope="module")
-def be(cp):
+def cuda_be(cp):
     from engine import backends
     from engine.errors import BackendUnavailable
 
@@ -45,6 +46,51 @@ def be(cp):
         return backends.create("cuda")
     except BackendUnavailable as e:
         pytest.skip(f"cuda backend not usable here: {e}")
+
+
+@pytest.fixture
+def be(cuda_be):
+    return cuda_be
+
+
+PAD = 1024  # bytes of sentinel after every allocation made during a contract op
+
+
+class TestCudaContract(BackendContract):
+    """The shared backend contract on CUDA. Canaries: while an op runs, every allocation gets
+    PAD bytes of SENTINEL after it (a CuPy allocator); after the op, the output's must be
+    intact."""
+
+    backend = "cuda"
+
+    @pytest.fixture
+    def be(self, cuda_be):  # noqa: ANN201
+        cuda_be.set_config(TuningConfig.default("cuda"))
+        return cuda_be
+
+    def poison(self, be, out_elems: int) -> None:  # noqa: ANN001
+        cp = be._cp
+        self._pads: dict[int, tuple[object, int]] = {}
+
+        def padded(size: int):  # noqa: ANN202 - cupy.cuda.MemoryPointer
+            size4 = -(-size // 4) * 4
+            mem = cp.cuda.Memory(size4 + PAD)
+            ptr = cp.cuda.MemoryPointer(mem, 0)
+            cp.ndarray((PAD // 4,), np.float32, ptr + size4).fill(SENTINEL)
+            self._pads[ptr.ptr] = (mem, size4)
+            return ptr
+
+        cp.cuda.set_allocator(padded)
+
+    def assert_canaries(self, be, out, args) -> None:  # noqa: ANN001
+        cp = be._cp
+        cp.cuda.set_allocator(cp.get_default_memory_pool().malloc)
+        got = self._pads.get(out.data.mem.ptr)
+        assert got is not None, "the output was not allocated during the op"
+        mem, size4 = got
+        pad = cp.ndarray((PAD // 4,), np.float32, cp.cuda.MemoryPointer(mem, size4))
+        be.synchronize()
+        assert (pad.get() == SENTINEL).all(), "kernel wrote past its output"
 
 
 def cfg(**flat) -> TuningConfig:

@@ -14,6 +14,7 @@ import pytest
 from engine.errors import ConfigError
 from engine.gguf_model import QTensor
 from engine.tuning import REGISTRY, TuningConfig
+from tests.backend_contract import BackendContract
 from tests.op_cases import attention_ref, dense
 from tests.test_vulkan_helpers import assert_no_validation_errors, make_backend, nmse, qtensor
 
@@ -54,6 +55,24 @@ def assert_canary_after(be, t) -> None:  # noqa: ANN001
         pytest.skip("canaries need host-visible (unified) memory")
     tail = b.host[4 * (t.offset + t.size) :]
     assert (tail == CANARY).all(), f"kernel wrote past its output ({(tail != CANARY).sum()} B)"
+
+
+class TestVulkanContract(BackendContract):
+    """The shared backend contract on Vulkan, with canaries in the pooled buffers each output
+    lands in (where the memory is host-visible, as on lavapipe and unified-memory GPUs)."""
+
+    backend = "vulkan"
+
+    @pytest.fixture
+    def be(self, vb):  # noqa: ANN201 - the module's backend (validation checked per test)
+        return vb
+
+    def poison(self, be, out_elems: int) -> None:  # noqa: ANN001
+        poison_free_buffers(be, out_elems)
+
+    def assert_canaries(self, be, out, args) -> None:  # noqa: ANN001
+        if out.buf.host is not None:
+            assert_canary_after(be, out)
 
 
 def _k_for(qtype: str, blocks: int) -> int:
