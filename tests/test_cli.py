@@ -98,6 +98,7 @@ def test_info_and_kernels(capsys, tiny_model_path):
     code, out, _ = run_cli(capsys, "kernels", "--backend", "numpy", "--json")
     ks = json.loads(out)["numpy"]
     assert ks["prefill"][0]["params"]["chunk_tokens"]["default"] == 32
+    assert ks["prefill"][0]["params"]["chunk_tokens"]["binding"] == "schedule"
 
 
 def _expect_error(capsys, path, needle):
