@@ -46,7 +46,8 @@ def whole(space: SearchSpace, base: dict[str, Any]) -> Iterator[dict[str, Any]]:
         opts = []
         for v, dims in o.params:
             for values in itertools.product(*(d.choices for d in dims)):
-                opts.append({o.variant_dim.key: v, **{d.key: x for d, x in zip(dims, values, strict=True)}})
+                knobs = {d.key: x for d, x in zip(dims, values, strict=True)}
+                opts.append({o.variant_dim.key: v, **knobs})
         per_op.append(opts)
     opened = {o.op for o in space.ops}
     for combo in itertools.product(*per_op):
