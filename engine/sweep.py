@@ -1,12 +1,12 @@
-"""A bounded device run of the Vulkan backend: device info, then for each config of a sample
-drawn from the registry (every variant, and every knob one step from its default; or with
---grid prefill the column tile x variant table of the batched prefill):
-set_config (compile), validate against the per-token reference, bench, and a per-kernel profile
-of the default config. A config that fails to compile, validate or run is recorded as such and
-the sweep goes on. One JSON document with everything goes to --out.
+"""A bounded local run of one backend: device info, then for each config of a sample drawn from
+the registry (every variant, and every knob one step from its default; or with --grid prefill
+the column tile x variant table of the batched prefill): set_config (compile), validate against
+the per-token reference, bench, and a per-kernel profile of the default config where the backend
+has timestamps (Vulkan). A config that fails to compile, validate or run is recorded as such and
+the sweep goes on. One JSON document with everything goes to DIR/<backend>_sweep.json.
 
-    python -m engine.sweep --model M.gguf --out DIR [--budget-s 420] [--quick]
-        [--grid sample|prefill]
+    python -m engine.sweep --model M.gguf --out DIR [--backend vulkan] [--budget-s 420]
+        [--quick] [--grid sample|prefill] [--json]
 """
 
 from __future__ import annotations
@@ -47,24 +47,34 @@ def one_step_sample(backend: str = "vulkan") -> list[dict[str, Any]]:
 SLOW_TILES = {(128, 128)}  # tiled 128 x 128 ran for minutes on the H200
 
 
-def prefill_grid() -> list[dict[str, Any]]:
-    """The seed's table, widened and read from the registry: every column tile of every
-    matmul_prefill variant inside one 512-token forward (max_cols >= 8; the tiled GEMM's
-    tile_m x tile_n), and the seed's schedule (one forward per max_cols tokens) at its shipped
-    points."""
+def prefill_grid(backend: str = "vulkan") -> list[dict[str, Any]]:
+    """The seed's table, widened and read from the registry: every column tile of every variant
+    of the batched-prefill matmuls (matmul_prefill, and CUDA's matmul_batched) inside one
+    forward (max_cols >= 8; a GEMM's tile_m x tile_n), and the seed's schedule (one forward per
+    max_cols tokens, 32 and 40) on the first variant with a max_cols."""
     out: list[dict[str, Any]] = []
-    for v in REGISTRY.op("vulkan", "matmul_prefill").variants:
-        tiles = [p for p in v.params if p.name in ("max_cols", "tile_m", "tile_n")]
-        for values in itertools.product(*(p.choices for p in tiles)):
-            if tuple(values) in SLOW_TILES or (len(values) == 1 and values[0] < 8):
-                continue
-            flat = {"matmul_prefill.variant": v.name}
-            flat |= {f"matmul_prefill.{p.name}": x for p, x in zip(tiles, values, strict=True)}
-            out.append(flat)
-    seed = {"matmul_prefill.variant": "kpar"}
-    out += [{**seed, "matmul_prefill.max_cols": mc, "prefill.chunk_tokens": mc} for mc in (32, 40)]
-    default = TuningConfig.default("vulkan")
-    return [f for f in out if not default.replace(**f).problems()]
+    seed: list[dict[str, Any]] = []
+    ops = {o.name: o for o in REGISTRY.ops(backend)}
+    for op in (ops[n] for n in ("matmul_prefill", "matmul_batched") if n in ops):
+        for v in op.variants:
+            tiles = [p for p in v.params if p.name in ("max_cols", "tile_m", "tile_n")]
+            for values in itertools.product(*(p.choices for p in tiles)):
+                if tuple(values) in SLOW_TILES or (len(values) == 1 and values[0] < 8):
+                    continue
+                flat = {f"{op.name}.variant": v.name}
+                flat |= {f"{op.name}.{p.name}": x for p, x in zip(tiles, values, strict=True)}
+                out.append(flat)
+            if not seed and any(p.name == "max_cols" for p in tiles):
+                seed = [
+                    {
+                        f"{op.name}.variant": v.name,
+                        f"{op.name}.max_cols": mc,
+                        "prefill.chunk_tokens": mc,
+                    }
+                    for mc in (32, 40)
+                ]
+    default = TuningConfig.default(backend)
+    return [f for f in out + seed if not default.replace(**f).problems()]
 
 
 def _prompts(tok: Any) -> list[list[int]]:
@@ -74,8 +84,12 @@ def _prompts(tok: Any) -> list[list[int]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from engine.backends import BACKENDS
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True)
+    ap.add_argument("--backend", choices=sorted(BACKENDS), default="vulkan")
+    ap.add_argument("--json", action="store_true", help="print the JSON document at the end")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--budget-s", type=float, default=420.0, help="stop starting new configs")
     ap.add_argument("--prompt-tokens", default="105,512")
@@ -92,43 +106,59 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--variant",
         action="append",
-        help="only configs with this matmul_prefill variant (repeatable)",
+        help="only configs with this matmul_prefill (or matmul_batched) variant (repeatable)",
     )
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
-    args.out.mkdir(parents=True, exist_ok=True)
 
     from engine.bench import bench
     from engine.runtime import load
     from engine.validate import validate
 
-    eng = load(args.model, "vulkan", TuningConfig.default("vulkan"), use_promoted=False)
+    try:
+        eng = load(args.model, args.backend, TuningConfig.default(args.backend), use_promoted=False)
+    except EngineError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     model, be = eng.model, eng.backend
+    args.out.mkdir(parents=True, exist_ok=True)
+    out_path = args.out / f"{args.backend}_sweep.json"
+    profiling = hasattr(be, "set_profiling")  # per-kernel timestamps: Vulkan
+    log = sys.stderr if args.json else sys.stdout
     dev = be.device_info()
     doc: dict[str, Any] = {"device": dev.to_dict(), "model": model.spec.name, "runs": []}
     print(
         f"device: {dev.name} ({dev.device_class}), driver {dev.driver}, "
         f"subgroup {dev.subgroup_size}, load {time.perf_counter() - t_start:.1f} s",
         flush=True,
+        file=log,
     )
     prompts = _prompts(eng.tokenizer())
     lengths = [int(x) for x in args.prompt_tokens.split(",")]
 
     def save() -> None:
-        (args.out / "vulkan_sweep.json").write_text(json.dumps(doc, indent=1, default=str))
+        out_path.write_text(json.dumps(doc, indent=1, default=str))
 
-    # Per-kernel profile of the default config: one prefill chunk and a few decode steps.
-    be.set_profiling(True)
-    model.generate(list(range(100, 100 + lengths[0])), 8)
-    doc["profile_default"] = be.profile()
-    be.set_profiling(False)
-    for name, p in list(doc["profile_default"].items())[:12]:
-        print(f"  profile {name:36s} {p['calls']:5d} calls {p['total_ms']:9.2f} ms", flush=True)
+    if profiling:  # per-kernel profile of the default config: a prefill and a few decode steps
+        be.set_profiling(True)
+        model.generate(list(range(100, 100 + lengths[0])), 8)
+        doc["profile_default"] = be.profile()
+        be.set_profiling(False)
+        for name, p in list(doc["profile_default"].items())[:12]:
+            line = f"  profile {name:36s} {p['calls']:5d} calls {p['total_ms']:9.2f} ms"
+            print(line, flush=True, file=log)
     save()
 
-    configs = prefill_grid() if args.grid == "prefill" else one_step_sample()
+    configs = (
+        prefill_grid(args.backend) if args.grid == "prefill" else one_step_sample(args.backend)
+    )
     if args.variant:
-        configs = [c for c in configs if c.get("matmul_prefill.variant") in args.variant]
+        wanted = set(args.variant)
+        configs = [
+            c
+            for c in configs
+            if {c.get("matmul_prefill.variant"), c.get("matmul_batched.variant")} & wanted
+        ]
     if args.grid == "prefill":
         args.gen_tokens = 1
     for flat in configs[:1] if args.quick else configs:
@@ -138,12 +168,12 @@ def main(argv: list[str] | None = None) -> int:
         rec: dict[str, Any] = {"config": flat}
         t0 = time.perf_counter()
         try:
-            cfg = TuningConfig.default("vulkan").replace(**flat)
+            cfg = TuningConfig.default(args.backend).replace(**flat)
             bad = cfg.problems(dev)
             if bad:
                 rec["outcome"] = "not allowed on this device: " + "; ".join(bad)
                 doc["runs"].append(rec)
-                print(f"{flat}: {rec['outcome']}", flush=True)
+                print(f"{flat}: {rec['outcome']}", flush=True, file=log)
                 continue
             be.set_config(cfg)
             rec["compile_s"] = time.perf_counter() - t0
@@ -172,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
             rec["outcome"] = f"crash {type(e).__name__}: {e}"
             rec["traceback"] = traceback.format_exc()
         rec["seconds"] = time.perf_counter() - t0
-        rec["stats"] = be.stats()
+        if hasattr(be, "stats"):  # command-buffer counters: Vulkan
+            rec["stats"] = be.stats()
         doc["runs"].append(rec)
         save()
         line = ", ".join(
@@ -184,9 +215,12 @@ def main(argv: list[str] | None = None) -> int:
             f"{rec.get('validate', {}).get('max_abs_diff', '')} {line} "
             f"({rec['seconds']:.1f} s)",
             flush=True,
+            file=log,
         )
     save()
-    print(f"wrote {args.out / 'vulkan_sweep.json'}")
+    print(f"wrote {out_path}", file=log)
+    if args.json:
+        print(json.dumps(doc, indent=1, default=str))
     return 0
 
 

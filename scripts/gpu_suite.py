@@ -76,9 +76,7 @@ def _collect(file: str, marker: str, k: str | None, cwd: Path) -> list[str]:
     return [ln.strip() for ln in out.splitlines() if "::" in ln and not ln.startswith(" ")]
 
 
-def run_file(
-    file: str, marker: str, k: str | None, timeout: float, cwd: Path = ROOT
-) -> FileTally:
+def run_file(file: str, marker: str, k: str | None, timeout: float, cwd: Path = ROOT) -> FileTally:
     """Run one file, restarting after each device fault until every collected test has run
     (node ids are relative to cwd)."""
     tally = FileTally(file)
@@ -130,12 +128,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{args.suite} suite: {'file':40s} passed failed errors skipped processes")
         for t in tallies:
             d = t.as_dict()
-            print(f"  {t.file:52s} {d['passed']:6d} {d['failed']:6d} {d['errors']:6d} "
-                  f"{d['skipped']:7d} {t.processes:9d}")
+            print(
+                f"  {t.file:52s} {d['passed']:6d} {d['failed']:6d} {d['errors']:6d} "
+                f"{d['skipped']:7d} {t.processes:9d}"
+            )
             for f in t.faults:
                 print(f"    device fault: {f['test']}: {f['error']}")
-        print(f"  {'total':52s} {total['passed']:6d} {total['failed']:6d} {total['errors']:6d} "
-              f"{total['skipped']:7d}")
+        print(
+            f"  {'total':52s} {total['passed']:6d} {total['failed']:6d} {total['errors']:6d} "
+            f"{total['skipped']:7d}"
+        )
     return 0 if total["failed"] == 0 and total["errors"] == 0 else 1
 
 
