@@ -37,7 +37,7 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
 from agent.dashboard import plots
-from agent.dashboard.data import OUTCOMES, NotFound, Reader
+from agent.dashboard.data import OUTCOMES, VERDICTS, NotFound, Reader, StorageMissing
 
 HERE = Path(__file__).parent
 SORTS = ("-number", "number", "-metric", "metric", "-ratio", "ratio")
@@ -111,6 +111,17 @@ def _ago(seconds: Any) -> str:
     return f"{s / 3600:.1f} h ago"
 
 
+def _dur(seconds: Any) -> str:
+    if seconds is None:
+        return "–"
+    s = float(seconds)
+    if s < 120:
+        return f"{s:.0f} s"
+    if s < 7200:
+        return f"{s / 60:.0f} min"
+    return f"{s / 3600:.1f} h"
+
+
 def _study_url(name: str) -> str:
     return "/studies/" + quote(name, safe="/")
 
@@ -146,7 +157,9 @@ def create_app(
     app.state.reader = reader
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     env = templates.env
-    env.filters.update(num=_num, when=_when, ago=_ago, study_url=_study_url, pretty=_pretty)
+    env.filters.update(
+        num=_num, when=_when, ago=_ago, dur=_dur, study_url=_study_url, pretty=_pretty
+    )
     env.globals.update(storage=reader.ref.url, trial_link=_trial_link, quote=quote)
     app.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")
     app.mount("/api/docs-static", StaticFiles(directory=str(swagger_static())), name="swagger")
@@ -188,6 +201,7 @@ def create_app(
 
     def page(request: Request, name: str, status_code: int = 200, **ctx: Any) -> HTMLResponse:
         ctx.setdefault("stamp_url", "/api/stamp")
+        ctx.setdefault("ray_dashboard", ray_dashboard)
         return templates.TemplateResponse(request, name, ctx, status_code=status_code)
 
     def not_found(request: Request, e: NotFound) -> Response:
@@ -204,6 +218,21 @@ def create_app(
         if request.url.path.startswith("/api/"):
             return JSONResponse({"detail": str(e)}, status_code=400)
         return page(request, "error.html", 400, title="bad request", message=str(e))
+
+    @app.exception_handler(StorageMissing)
+    async def _gone(request: Request, e: StorageMissing) -> Response:
+        return unavailable(request, str(e))
+
+    @app.exception_handler(Exception)
+    async def _broken(request: Request, e: Exception) -> Response:
+        # The storage failing under the dashboard (a database down, a file locked or corrupt):
+        # say so on the page, not a bare 500.
+        return unavailable(request, f"cannot read the storage {reader.ref.url}: {e}")
+
+    def unavailable(request: Request, message: str) -> Response:
+        if request.url.path.startswith("/api/"):
+            return JSONResponse({"detail": message}, status_code=503)
+        return page(request, "error.html", 503, title="storage unavailable", message=message)
 
     @app.exception_handler(404)
     async def _404(request: Request, e: Exception) -> Response:
@@ -237,9 +266,15 @@ def create_app(
         """Changes whenever a page would change: poll it, reload when it differs."""
         return {"stamp": reader.stamp(study), "time": time.time()}
 
+    def fleet() -> dict[str, Any]:
+        f = reader.fleet()
+        if ray_dashboard:
+            f["ray_dashboard"] = ray_dashboard
+        return f
+
     @app.get("/api/fleet")
     def api_fleet() -> dict[str, Any]:
-        return reader.fleet()
+        return fleet()
 
     @app.get("/api/studies")
     def api_studies() -> dict[str, Any]:
@@ -267,6 +302,10 @@ def create_app(
     def api_history(name: str) -> dict[str, Any]:
         return reader.history(name)
 
+    @app.get("/api/studies/{name:path}/progress")
+    def api_progress(name: str) -> dict[str, Any]:
+        return reader.progress(name)
+
     @app.get("/api/studies/{name:path}/importances")
     def api_importances(name: str) -> dict[str, Any]:
         imp = reader.importances(name)
@@ -280,9 +319,7 @@ def create_app(
     # --- pages -------------------------------------------------------------------------------
     @app.get("/", response_class=HTMLResponse)
     def fleet_page(request: Request) -> HTMLResponse:
-        return page(
-            request, "fleet.html", title="fleet", fleet=reader.fleet(), studies=reader.studies()
-        )
+        return page(request, "fleet.html", title="fleet", fleet=fleet(), studies=reader.studies())
 
     @app.get("/fleet", include_in_schema=False)
     def fleet_alias() -> RedirectResponse:
@@ -305,6 +342,7 @@ def create_app(
         t = reader.trial(name, number)
         rec = t["record"]
         fig = plots.samples(rec["samples"]) if rec.get("samples") else None
+        progress = reader.progress(name) if t["outcome"] in ("running", "waiting") else None
         return page(
             request,
             "trial.html",
@@ -313,6 +351,8 @@ def create_app(
             rec=rec,
             figure=fig,
             study=reader.summary(name),
+            progress=progress,
+            page_key=t["outcome"],
             stamp_url=f"/api/stamp?study={quote(name)}",
         )
 
@@ -334,7 +374,8 @@ def create_app(
             s=s,
             table=table,
             history=plots.history(reader.history(name)),
-            outcomes=[o for o in OUTCOMES if s["counts"].get(o)],
+            progress=reader.progress(name),
+            outcomes=[o for o in (*VERDICTS, *OUTCOMES) if s["verdicts"].get(o) and o != "ok"],
             sorts=SORTS,
             stamp_url=f"/api/stamp?study={quote(name)}",
         )

@@ -520,6 +520,8 @@ class Reader:
             "number": number,
             "state": t.state.name,
             "outcome": row.outcome,
+            "verdict": row.verdict,
+            "compare": self._compare(c, ua),
             "target": c.target,
             "objectives": list(c.attrs.get("objectives") or []),
             "params": dict(t.params),
@@ -528,6 +530,24 @@ class Reader:
             "completed": t.datetime_complete.timestamp() if t.datetime_complete else None,
             "record": ua,
         }
+
+    def _compare(self, c: _StudyCache, ua: dict[str, Any]) -> list[list[Any]]:
+        """[key, baseline, best it was paired against, this trial] for every config key where
+        this trial differs from either (the record's ``changed`` is against the baseline only)."""
+        cand = ua.get("config") or {}
+        if not cand:
+            return []
+        base = dict((c.attrs.get("baseline") or {}).get("config") or {})
+        against = ua.get("paired_against")
+        paired: dict[str, Any] | None = None
+        if isinstance(against, int) and 0 <= against < len(c.rows) and c.rows[against]:
+            paired = dict(self._record(c, against).get("config") or {}) or None
+        out = []
+        for k in sorted(set(cand) | set(base) | set(paired or {})):
+            b, p, v = base.get(k), (paired or {}).get(k) if paired else None, cand.get(k)
+            if v != b or (paired is not None and v != p):
+                out.append([k, b, p if paired is not None else "?", v])
+        return out
 
     def history(self, name: str) -> dict[str, Any]:
         """Target metric of every ok trial (accepted ones apart), and the chained paired speedup
