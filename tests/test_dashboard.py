@@ -256,6 +256,13 @@ def test_fleet_reads_the_agents_status_file(client: TestClient) -> None:
     assert w["worker_id"] == "cpu-0" and w["device_class"] == "cpu" and w["trials_done"] == 4
     assert f["device_classes"] == {"cpu": {w["state"]: 1}}
     assert f["nodes"][0]["workers"] == ["cpu-0"]
+    # What the agent now records for the progress card and the runs table.
+    assert f["agent"]["trial_timeout_s"] == 120 and f["agent"]["acceptance"]["min_gain"] >= 0
+    assert w["evaluated_all"] == 4 and w["current_s"] is None
+    (run,) = [i for i in f["invocations"] if i.get("pid") == f["agent"]["pid"]]
+    studies = client.get("/api/studies").json()["studies"]
+    assert sum(i["total"] for i in f["invocations"]) == sum(s["trials"] for s in studies)
+    assert run["counts"].get("baseline") == 1
     page = client.get("/").text
     assert "cpu-0" in page and REAL in page
 

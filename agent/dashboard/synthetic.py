@@ -369,7 +369,7 @@ def write_fleet(
         "host": "head",
         "pid": 2,
         "experiment": "synthetic",
-        "started": now - trials * 3.0 * 0.9,
+        "started": now - trials * 3.0 - 60.0,
         "updated": started - 30,
         "state": "finished",
     }
