@@ -394,6 +394,14 @@ def test_cli_refuses_a_wide_bind_without_a_token(storage: Path) -> None:
         check_bind("192.168.1.4", None)
 
 
+def test_ray_dashboard_link(storage: Path) -> None:
+    c = TestClient(create_app(str(storage), ray_dashboard="http://head:8265"))
+    assert 'href="http://head:8265"' in c.get("/").text
+    assert c.get("/api/fleet").json()["ray_dashboard"] == "http://head:8265"
+    plain = TestClient(create_app(str(storage)))  # the embedded Ray of the test run has none
+    assert "Ray dashboard" not in plain.get("/").text
+
+
 def test_api_docs_work_offline(client: TestClient) -> None:
     page = client.get("/api/docs")
     assert page.status_code == 200 and "swagger-ui" in page.text
