@@ -91,6 +91,7 @@ REGISTRY.register(
             ),
             quant_types=ALL_TYPES,
             source="cuda/dmmv.cu",
+            numeric="order_only",
             doc="dequantizing matrix-vector product, K split across threads_per_row threads",
         ),
         Variant(
@@ -103,6 +104,7 @@ REGISTRY.register(
             ),
             quant_types=ALL_TYPES,
             source="cuda/mmvq.cu",
+            numeric="int8_activations",
             doc="activation quantized once to Q8_1 (fused into RMSNorm / SwiGLU where they "
             "feed it), dp4a against the weight quants, 16-byte loads; float weights use dmmv. "
             "Not the default: int8 activations exceed validate's default tolerances against "
@@ -141,6 +143,7 @@ REGISTRY.register(
             ),
             quant_types=ALL_TYPES,
             source="cuda/dmmv.cu",
+            numeric="order_only",
             doc="batched DMMV, K-parallel: each decoded group feeds all cols columns",
         ),
         Variant(
@@ -153,6 +156,7 @@ REGISTRY.register(
             ),
             quant_types=ALL_TYPES,
             source="cuda/dmmv.cu",
+            numeric="order_only",
             doc="batched DMMV, serial over K: one thread per row (the seed's slow first shape)",
         ),
     ],
@@ -197,6 +201,7 @@ REGISTRY.register(
             ),
             quant_types=ALL_TYPES,
             source="cuda/dequant.cu",
+            numeric="fp16",
             doc="dequantize to an fp16 scratch, then cuBLAS GEMM (fp32 accumulate, fp32 out)",
         ),
         Variant(
@@ -207,6 +212,7 @@ REGISTRY.register(
             constraints=(_cc_at_least(80), _TILES_FIT_WARPS),
             quant_types=BLOCK_TYPES,
             source="cuda/mmq.cu",
+            numeric="fp16",
             doc="fused-dequant GEMM: blocks decoded into shared fp16 tiles, mma.sync m16n8k16",
         ),
         Variant(
@@ -217,6 +223,7 @@ REGISTRY.register(
             constraints=(_cc_at_least(80), _TILES_FIT_WARPS),
             quant_types=BLOCK_TYPES,
             source="cuda/mmq8.cu",
+            numeric="int8_activations",
             doc="fused-dequant int8 GEMM on Q8_1 activations: int8 weight tiles with per-16 "
             "scales, mma.sync m16n8k16 s8 -> s32, scaled into float32 per 16 k",
         ),
@@ -240,6 +247,9 @@ REGISTRY.register(
                 ),
             ),
             source="cuda/q8.cu",
+            # Its rounding is budgeted where it is consumed: mmvq and mmq8 declare
+            # int8_activations; a config using neither never calls it.
+            numeric="order_only",
             doc="float32 activations to Q8_1 blocks (int8 + d + d*sum) for the integer matmuls",
         )
     ],
@@ -258,6 +268,7 @@ REGISTRY.register(
             params=(Param("threads", (64, 128, 256, 512), 256, "threads per block"),),
             quant_types=ALL_TYPES,
             source="cuda/dequant.cu",
+            numeric="order_only",
             doc="rows of a quantized table, ids on the device",
         )
     ],
@@ -272,6 +283,7 @@ REGISTRY.register(
             "warp",
             params=(Param("rows_per_block", (1, 2, 4, 8), 4, "rows (one warp each) per block"),),
             source="cuda/elementwise.cu",
+            numeric="order_only",
             doc="one warp per row of the last dim ([T, C] and per-head [T, H, D])",
         )
     ],
@@ -292,6 +304,7 @@ for _op, _name, _doc in [
                 _name,
                 params=(Param("threads", (128, 256, 512, 1024), 256, "threads per block"),),
                 source="cuda/elementwise.cu",
+                numeric="order_only",
                 doc=_doc,
             )
         ],
@@ -306,6 +319,7 @@ REGISTRY.register(
             "block",
             params=(Param("threads", (256, 512, 1024), 1024, "threads per row"),),
             source="cuda/elementwise.cu",
+            numeric="order_only",
             doc="one block per row; first maximum wins",
         )
     ],
@@ -323,6 +337,7 @@ REGISTRY.register(
                 Param("warps", (1, 2, 4, 8), 4, "warps per key range"),
             ),
             source="cuda/attention.cu",
+            numeric="order_only",
             doc="split-KV online softmax + combine; position read on the device (graph-safe)",
         )
     ],
@@ -352,6 +367,7 @@ REGISTRY.register(
                 ),
             ),
             source="cuda/attention.cu",
+            numeric="order_only",
             doc="tiled flash attention in shared memory (head dim <= 128; else the split kernel)",
         ),
         Variant(
@@ -363,6 +379,7 @@ REGISTRY.register(
                 Param("warps", (1, 2, 4, 8), 4, "warps per key range"),
             ),
             source="cuda/attention.cu",
+            numeric="order_only",
             doc="the decode kernel per query token (no key reuse across queries)",
         ),
     ],

@@ -218,6 +218,7 @@ REGISTRY.register(
             ),
             quant_types=QUANT_TYPES,
             source="vulkan/matmul_decode.comp",
+            numeric="order_only",
             doc="DMMV in block-sized chunks per lane: wide weight loads, scales once per chunk, "
             "vec4 x shared by rows_per_thread rows; subgroupAdd or shuffle-xor reduction",
         ),
@@ -237,6 +238,7 @@ REGISTRY.register(
             ),
             quant_types=QUANT_TYPES,
             source="vulkan/matmul_decode.comp",
+            numeric="order_only",
             doc="DMMV, one subgroup per row, lanes split K, subgroupAdd",
         ),
         Variant(
@@ -260,6 +262,7 @@ REGISTRY.register(
             ),
             quant_types=QUANT_TYPES,
             source="vulkan/matmul_decode.comp",
+            numeric="order_only",
             doc="DMMV, threads_per_row threads per row, shared-memory tree reduction",
         ),
     ],
@@ -299,6 +302,7 @@ REGISTRY.register(
             ),
             quant_types=QUANT_TYPES,
             source="vulkan/matmul_tiled.comp",
+            numeric="order_only",
             doc="shared-memory tiled GEMM with fused dequant: a 256-thread workgroup owns a "
             "tile_m x tile_n block of y, weights decoded once per tile_n columns "
             "(prefill.max_cols does not apply)",
@@ -323,6 +327,7 @@ REGISTRY.register(
             ),
             quant_types=QUANT_TYPES,
             source="vulkan/matmul_prefill.comp",
+            numeric="order_only",
             doc="batched columns, one subgroup per row splits K, subgroupAdd per column",
         ),
         Variant(
@@ -339,6 +344,7 @@ REGISTRY.register(
             ),
             quant_types=QUANT_TYPES,
             source="vulkan/matmul_prefill.comp",
+            numeric="order_only",
             doc="batched columns, one thread per row walks all of K",
         ),
     ],
@@ -369,6 +375,7 @@ for _op, _variant, _src, _wg_default, _doc in _SIMPLE:
                 constraints=tuple(_constraints),
                 quant_types=QUANT_TYPES if _op == "embedding" else None,
                 source=f"vulkan/{_src}",
+                numeric="order_only",
                 doc=_doc,
             )
         ],
@@ -423,6 +430,7 @@ REGISTRY.register(
                 _shared_fits("attention", 3),
             ),
             source="vulkan/attention_split.comp",
+            numeric="order_only",
             doc="split-KV (flash-decoding): a workgroup per (head, key range, token) writes an "
             "online-softmax partial, a merge pass rescales and sums them",
         ),
@@ -433,6 +441,7 @@ REGISTRY.register(
             params=(_wg(64),),
             constraints=(_wg_fits("attention"), _shared_fits("attention", 3)),
             source="vulkan/attention.comp",
+            numeric="order_only",
             doc="causal GQA, a workgroup per (head, token), online softmax over key tiles",
         ),
     ],
@@ -460,6 +469,7 @@ REGISTRY.register(
             ),
             constraints=(_wg_fits("argmax"), _shared_fits("argmax", 2)),
             source="vulkan/argmax.comp",
+            numeric="order_only",
             doc="slices of a row reduce to (value, index) pairs, a second pass picks the first "
             "maximum among them",
         ),
@@ -470,6 +480,7 @@ REGISTRY.register(
             params=(_wg(256),),
             constraints=(_wg_fits("argmax"), _shared_fits("argmax", 2)),
             source="vulkan/argmax.comp",
+            numeric="order_only",
             doc="first maximum per row, one workgroup per row",
         ),
     ],
@@ -500,6 +511,7 @@ REGISTRY.register(
                 ),
             ),
             source="engine/backends/vulkan/stream.py",
+            numeric="order_only",
             doc="command recording: dispatches batched per submit, graphs recorded once",
         )
     ],
