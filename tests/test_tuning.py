@@ -81,7 +81,16 @@ def test_constraints_and_supports():
     REGISTRY.register(
         "numpy",
         "test_op",
-        [Variant("numpy", "test_op", "v", constraints=(rule,), params=(Param("p", (1, 2), 1),))],
+        [
+            Variant(
+                "numpy",
+                "test_op",
+                "v",
+                constraints=(rule,),
+                params=(Param("p", (1, 2), 1),),
+                numeric="order_only",
+            )
+        ],
     )
     try:
         assert TuningConfig.from_flat("numpy", {"prefill.max_cols": 8}).problems() == []

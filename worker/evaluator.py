@@ -24,7 +24,7 @@ from engine.errors import ConfigError, KernelCompileError
 from engine.model import Generation, Model
 from engine.runtime import Engine, load
 from engine.tuning import TuningConfig
-from engine.validate import Tolerances, tokenize_prompts, validate
+from engine.validate import tokenize_prompts, validate
 from worker.device import engine_commit
 from worker.models import resolve_model
 from worker.records import (
@@ -165,14 +165,22 @@ class Evaluator:
             report = None
             if not skip_validate:
                 t = time.perf_counter()
-                tol = Tolerances(vplan.max_abs_diff, vplan.nmse, vplan.min_token_agreement)
                 prompts = self._prompts(model_ref, vplan)
                 refs = self._models[model_ref].references
-                report = validate(model, cand_cfg, prompts, vplan.steps, tol, ref_cache=refs)
+                report = validate(
+                    model,
+                    cand_cfg,
+                    prompts,
+                    vplan.steps,
+                    ref_cache=refs,
+                    budgets=vplan.budget_table(),
+                )
                 phase["validate_s"] = time.perf_counter() - t
                 summary = validate_summary(report)
                 if not report.passed:
-                    reasons = [r for p in report.prompts for r in p.reasons]
+                    reasons = report.reasons
+                    if report.blame is not None:
+                        reasons = [f"first divergence: {report.blame}", *reasons]
                     return done(Outcome.INVALID, "; ".join(reasons), validate=summary)
             else:
                 summary = None
@@ -197,13 +205,22 @@ def validate_summary(report: object) -> dict:
         "passed": report.passed,
         "max_abs_diff": report.max_abs_diff,
         "nmse": report.nmse,
+        "kld": report.kld_max,
         "steps": report.steps,
         "tolerances": dict(report.tolerances),
+        "numeric_classes": list(report.numeric_classes),
+        "blame": report.blame.to_dict() if report.blame else None,
+        "reasons": report.reasons,
         "prompts": [
             {
                 "prompt_tokens": p.prompt_tokens,
+                "positions": p.positions,
                 "max_abs_diff": p.max_abs_diff,
                 "nmse": p.nmse,
+                "kld_max": p.kld_max,
+                "kld_mean": p.kld_mean,
+                "top1_checked": p.top1_checked,
+                "top1_agree": p.top1_agree,
                 "nan": p.nan,
                 "inf": p.inf,
                 "token_agreement": p.token_agreement,
