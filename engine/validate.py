@@ -372,15 +372,17 @@ def validate(
     )
     if not rep.passed and blame_failures:
         rep.blame = blame_report(model, reference, candidate, all_prompts, results, budget, steps)
-        if rep.blame is None and probe:
-            rep.blame = _probe_blame(model, candidate, probe)
+        argmax_wrong = probe or any("device argmax" in r for r in rep.reasons)
+        if rep.blame is None and argmax_wrong:  # every op's output agreed: the sampler did not
+            rep.blame = _argmax_blame(model, candidate)
         model.set_config(candidate)
     return rep
 
 
-def _probe_blame(model: Model, candidate: TuningConfig, probe: list[str]) -> Blame:
-    choice = candidate.op(model.backend.registry_op("argmax", 1))
-    return Blame("argmax", choice.variant, choice.as_dict(), "probe", -1, -1, -1, float("inf"), 0.0)
+def _argmax_blame(model: Model, candidate: TuningConfig) -> Blame:
+    op = model.backend.registry_op("argmax", 1)
+    choice = candidate.op(op)
+    return Blame(op, choice.variant, choice.as_dict(), "greedy token", -1, -1, -1, 0.0, 0.0)
 
 
 def blame_report(
