@@ -28,7 +28,7 @@ import numpy as np
 from engine.blame import Blame, blame
 from engine.model import ForcedRun, Model
 from engine.tuning import TuningConfig
-from engine.tuning.registry import REGISTRY, Budget
+from engine.tuning.registry import REFERENCE_BUDGET, REGISTRY, Budget
 
 # Fixed prompts: a short one, one longer than any MAX_COLS (several chunks, a ragged last chunk),
 # code, and a single character (one-token prompts exercise the T == 1 prefill edge).
@@ -414,7 +414,7 @@ def cross_check_numpy(
     from engine.backends.numpy_ref import NumpyBackend
 
     default = TuningConfig.default(model.backend.name)
-    budget = budget or REGISTRY.budget(default)[0]
+    budget = budget or REFERENCE_BUDGET
     np_model = Model(model.gguf, NumpyBackend())
     reasons: list[str] = []
     worst = {"kld": 0.0, "nmse": 0.0, "max_abs_diff": 0.0}

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.bench import bench_prompt, measure
-from engine.errors import ConfigError, KernelCompileError
+from engine.errors import ConfigError, KernelCompileError, ReferenceDriftError
 from engine.model import Generation, Model
 from engine.runtime import Engine, load
 from engine.tuning import TuningConfig
@@ -56,8 +56,11 @@ class Evaluator:
         worker_id: str = "local-0",
         node_id: str = "",
         commit_hint: str = "",
+        sentinel: bool = True,
     ) -> None:
         self.backend = backend
+        self.sentinel = sentinel
+        self.sentinels: dict[str, Any] = {}  # family -> engine.sentinel.SentinelResult
         self.worker_id = worker_id
         self.node_id = node_id
         self._models: dict[str, _Loaded] = {}
@@ -92,12 +95,25 @@ class Evaluator:
 
     # --- models -------------------------------------------------------------------------
     def load(self, model_ref: str) -> str:
-        """Load a model once (the default config, no promoted one); returns its family."""
+        """Load a model once (the default config, no promoted one); returns its family. Raises
+        ReferenceDriftError when this device's reference path fails the drift sentinel for the
+        family: the worker refuses to tune, and the agent reports why."""
         if model_ref not in self._models:
             path = resolve_model(model_ref)
             eng = load(path, self.backend, TuningConfig.default(self.backend), use_promoted=False)
+            self._check_reference(eng.model, eng.gguf.spec.family)
             self._models[model_ref] = _Loaded(eng, eng.gguf.spec.family, {})
         return self._models[model_ref].family
+
+    def _check_reference(self, model: Model, family: str) -> None:
+        if not self.sentinel or self.backend.startswith("numpy"):  # NumPy is the oracle itself
+            return
+        from engine import sentinel
+
+        res = sentinel.check(model.backend, family, self.info().engine_commit)
+        self.sentinels[family] = res
+        if not res.passed:
+            raise ReferenceDriftError(f"worker refuses to tune: {res.why()}")
 
     def _model(self, model_ref: str) -> Model:
         self.load(model_ref)

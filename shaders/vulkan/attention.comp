@@ -70,7 +70,7 @@ void main() {
     uint D = pc.D;
     uint kvh = h / (pc.H / pc.Hkv);
 #ifdef MUTANT_NO_CAUSAL_IN_CHUNK  // planted bug: every query sees its whole chunk
-    uint L = dyn[pc.pos_slot] + pc.T;
+    uint L = dyn[pc.pos_slot] + gl_NumWorkGroups.y;  // the grid is (H, T)
 #else
     uint L = dyn[pc.pos_slot] + t + 1u;  // keys visible to this query
 #endif

@@ -13,9 +13,9 @@ import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from engine.backends.planted import define
 from engine.backends.vulkan._vk import ffi, vk
 from engine.backends.vulkan.kernels import Program
-from engine.backends.planted import define
 from engine.backends.vulkan.spirv import compile_spirv
 from engine.errors import KernelCompileError
 
