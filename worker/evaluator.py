@@ -25,6 +25,7 @@ from engine.model import Generation, Model
 from engine.runtime import Engine, load
 from engine.tuning import TuningConfig
 from engine.validate import tokenize_prompts, validate
+from worker import gpustate
 from worker.device import engine_commit
 from worker.models import resolve_model
 from worker.records import (
@@ -149,6 +150,8 @@ class Evaluator:
         phase: dict[str, float] = {}
 
         def done(outcome: Outcome, reason: str = "", **kw: object) -> EvalResult:
+            # The device's state right after the run (clocks, temperature): optional, cheap.
+            gpu = None if outcome is Outcome.INFEASIBLE else gpustate.sample(self.info().device)
             return EvalResult(
                 outcome,
                 self.info(),
@@ -158,6 +161,7 @@ class Evaluator:
                 started=t0,
                 finished=time.time(),
                 phase_s=phase,
+                gpu=gpu,
                 **kw,  # type: ignore[arg-type]
             )
 
