@@ -219,6 +219,7 @@ def _table(args: argparse.Namespace) -> int:
         t = tables.from_sweep(doc, str(args.experiment), args.target, str(args.sweep))
     if not t.rows:
         raise ExperimentError("no rows: nothing to write")
+    t.experiment = tables.relative_to(args.experiment, args.out)
     t.save(args.out)
     print(f"wrote {args.out}: {len(t.rows)} rows, {len(t.ok_rows)} ok")
     return 0

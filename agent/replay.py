@@ -164,9 +164,9 @@ def prepare(table: Table, table_path: Path, within: float = 0.02) -> Replay:
     objectives narrow to the table's target (the replay is single-objective)."""
     from engine.tuning import TuningConfig
 
-    exp_path = Path(table.experiment)
-    if not exp_path.is_absolute() and not exp_path.exists():
-        exp_path = table_path.parent / exp_path
+    exp_path = table_path.parent / table.experiment  # as written: relative to the table
+    if not exp_path.exists():
+        exp_path = Path(table.experiment)
     exp = load_experiment(exp_path)
     objectives = tuple(o for o in exp.objectives if o.name == table.target)
     if not objectives:

@@ -87,6 +87,11 @@ def load_table(path: Path) -> Table:
     return _table(path, doc, rows)
 
 
+def relative_to(experiment: Path, table: Path) -> str:
+    """The experiment's path as a table at ``table`` records it: relative to the table."""
+    return os.path.relpath(experiment.resolve(), table.resolve().parent)
+
+
 def _table(path: Path, head: Mapping[str, Any], rows: list[Row]) -> Table:
     missing = [k for k in ("experiment", "backend", "target") if not head.get(k)]
     if missing:
@@ -260,7 +265,7 @@ def measure(
     info = ev.info()
     ev.load(model)
     table = Table(
-        str(exp_path),
+        relative_to(exp_path, out),
         backend,
         exp.acceptance.target,
         [],
