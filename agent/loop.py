@@ -857,6 +857,7 @@ class Agent:
                     lower_bound=lower,
                     promotion=st.promotion,
                     promotion_error=self.promotion_errors.get(st.name, ""),
+                    warm_start=tuple(st.warm_start),
                 )
             )
         n = len(self.overheads)
