@@ -218,8 +218,8 @@ def test_table_from_a_vulkan_sweep() -> None:
                 "bench": [{"prompt_tokens": 105, "prefill_tok_s": 7.0}],
             },
             {"config": {"matmul_prefill.variant": "kpar"}, "outcome": "invalid"},
-            {"config": {"prefill.max_cols": 96}, "outcome": "not allowed on this device: x"},
-            {"config": {"prefill.max_cols": 8}, "outcome": "skipped: budget"},
+            {"config": {"prefill.chunk_tokens": 96}, "outcome": "not allowed on this device: x"},
+            {"config": {"prefill.chunk_tokens": 8}, "outcome": "skipped: budget"},
         ],
     }
     t = from_sweep(doc, "experiments/batched-prefill.toml", "prefill_tok_s@105")
