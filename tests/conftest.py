@@ -9,6 +9,8 @@ import pytest
 
 from tests.pg import PostgresServer, PostgresUnavailable
 
+pytest_plugins = ["tests.device_fault"]
+
 QWEN_NAME = "qwen2.5-coder-0.5b-q4km"
 
 

@@ -4,19 +4,14 @@ prefill chunking and weight cache are real choices, so the agent can run end to 
 from __future__ import annotations
 
 from engine.quant_types import SUPPORTED
-from engine.tuning.registry import REGISTRY, Param, Variant
+from engine.tuning.registry import REGISTRY, Variant
 
 B = "numpy"
 
 REGISTRY.register_prefill(
     B,
-    Param(
-        "max_cols",
-        (1, 2, 4, 8, 16, 24, 32, 40, 48, 64, 96, 128),
-        32,
-        "prompt tokens per batched-prefill chunk (MAX_COLS)",
-    ),
-    doc="prompt in chunks of max_cols tokens: batched matmul, RoPE, KV write, attention",
+    32,
+    doc="prompt in chunks of chunk_tokens tokens: batched matmul, RoPE, KV write, attention",
 )
 
 for _op in ("matmul_decode", "matmul_prefill"):
@@ -30,6 +25,7 @@ for _op in ("matmul_decode", "matmul_prefill"):
                 "cached_f32",
                 quant_types=SUPPORTED,
                 source="engine/backends/numpy_ref.py",
+                numeric="order_only",
                 doc="dequantize each weight once to float32 and keep it (fast, 4 B/weight RAM)",
             ),
             Variant(
@@ -38,6 +34,7 @@ for _op in ("matmul_decode", "matmul_prefill"):
                 "ondemand",
                 quant_types=SUPPORTED,
                 source="engine/backends/numpy_ref.py",
+                numeric="order_only",
                 doc="dequantize the weight on every call (slow, no extra RAM)",
             ),
         ],
@@ -54,5 +51,16 @@ for _op, _doc in [
     ("argmax", "first maximum"),
 ]:
     REGISTRY.register(
-        B, _op, [Variant(B, _op, "default", source="engine/backends/numpy_ref.py", doc=_doc)]
+        B,
+        _op,
+        [
+            Variant(
+                B,
+                _op,
+                "default",
+                source="engine/backends/numpy_ref.py",
+                doc=_doc,
+                numeric="order_only",
+            )
+        ],
     )
