@@ -219,3 +219,63 @@ def test_take_over_stops_the_live_holder_and_wait_waits(storage_url: str) -> Non
     c.acquire(["s"], ["maximize"])  # b renews past its ttl: only its release frees it
     assert time.monotonic() - t0 >= 3.9 and holder_of(storage, sid).agent == c.agent
     c.release()
+
+
+def test_agent_whose_lease_is_taken_over_stops_without_writing(
+    tiny_model_path: Path, pg_url: str
+) -> None:
+    """The agent loop itself: once another agent takes its study over, it stops with LeaseLost
+    (exit 2 from the CLI) and writes no trial after that; the new holder owns the study."""
+    import ray
+
+    from agent.experiment import parse_experiment
+    from agent.lease import LeaseLost
+    from agent.loop import RunOptions, run_experiment
+
+    exp = parse_experiment(
+        {
+            "name": "lease",
+            "models": [str(tiny_model_path)],
+            "backends": ["numpy"],
+            "objectives": [{"metric": "prefill_tok_s", "prompt_tokens": 24}],
+            "validate": {"random_prompts": [1], "steps": 1},
+            "bench": {"pairs": 200, "warmup": 0},
+            "budget": {"trials": 8, "trial_timeout_s": 60},
+            "sampler": {"name": "random", "seed": 1},
+        }
+    )
+    storage = parse_storage(pg_url).open()
+    taken: dict[str, object] = {}
+
+    def take_over() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
+            done = names and any(
+                t.state.is_finished()
+                for t in optuna.load_study(study_name=names[0], storage=storage).trials
+            )
+            if done:
+                new = Leases(storage, "lease", ttl_s=2, mode=TAKE_OVER)
+                new.acquire(names, ["maximize"])
+                taken["at"] = time.time()
+                taken["name"] = names[0]
+                taken["agent"] = new.agent  # held without heartbeat: never released
+                return
+            time.sleep(0.2)
+
+    thread = threading.Thread(target=take_over)
+    thread.start()
+    try:
+        with pytest.raises(LeaseLost, match="taken over by host"):
+            run_experiment(exp, RunOptions(parse_storage(pg_url), promote=False, lease_ttl_s=2))
+    finally:
+        thread.join()
+        if ray.is_initialized():
+            ray.shutdown()
+    study = optuna.load_study(study_name=str(taken["name"]), storage=storage)
+    at = float(taken["at"])  # type: ignore[arg-type]
+    late = [t for t in study.trials if t.datetime_complete and t.datetime_complete.timestamp() > at]
+    assert late == []  # nothing written by the old holder after the take-over settled
+    assert holder_of(storage, study._study_id).agent == taken["agent"]
+    assert sum(t.user_attrs.get("outcome") == "ok" for t in study.trials) < 8
