@@ -25,6 +25,7 @@ import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -56,15 +57,17 @@ class Holder:
     since: float
     heartbeat: float
     expires: float
+    pidns: str = ""  # where ``pid`` means something: boot id and PID namespace ("" unknown)
 
     @staticmethod
     def from_attr(v: Any) -> Holder | None:
         if not isinstance(v, dict) or not v.get("agent"):
             return None
+        fields = Holder.__dataclass_fields__
         try:
-            return Holder(**{k: v[k] for k in Holder.__dataclass_fields__})
-        except (KeyError, TypeError):
-            return None
+            return Holder(**{k: v[k] for k in fields if k in v})
+        except TypeError:  # a key missing: a lease we cannot read is held, until it expires
+            return Holder(str(v["agent"]), "?", 0, "?", 0.0, 0.0, float(v.get("expires", 0.0)))
 
     def describe(self, now: float | None = None) -> str:
         now = time.time() if now is None else now
@@ -76,10 +79,11 @@ class Holder:
         )
 
     def dead(self, now: float) -> bool:
-        """Expired, or a process of this host that is gone."""
+        """Expired, or a process of this host (same boot, same PID namespace: containers sharing
+        a hostname do not count) that is gone."""
         if self.expires < now:
             return True
-        if self.host != socket.gethostname():
+        if self.host != socket.gethostname() or not self.pidns or self.pidns != pid_namespace():
             return False
         try:
             os.kill(self.pid, 0)
@@ -88,6 +92,15 @@ class Holder:
         except PermissionError:
             return False
         return False
+
+
+def pid_namespace() -> str:
+    """This machine's boot id and this process's PID namespace ("" where /proc lacks them)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        return f"{boot}:{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:
+        return ""
 
 
 def holder_of(storage: optuna.storages.BaseStorage, study_id: int) -> Holder | None:

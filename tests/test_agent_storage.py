@@ -13,7 +13,7 @@ import optuna
 import pytest
 
 from agent.cli import main
-from agent.lease import KEY, TAKE_OVER, WAIT, LeaseHeld, Leases, holder_of
+from agent.lease import KEY, TAKE_OVER, WAIT, LeaseHeld, Leases, holder_of, pid_namespace
 from agent.storage import StorageError, check_storage, parse_storage
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -192,8 +192,12 @@ def test_expired_or_dead_holder_is_taken_over(storage_url: str) -> None:
     gone.wait()
     import socket
 
-    dead = {**stale, "host": socket.gethostname(), "pid": gone.pid, "expires": now + 999}
-    storage.set_study_system_attr(sid, KEY, dead)
+    here = {**stale, "host": socket.gethostname(), "pid": gone.pid, "expires": now + 999}
+    # The same hostname in another PID namespace (a container sharing it): the pid says nothing.
+    storage.set_study_system_attr(sid, KEY, {**here, "pidns": "other-boot:1"})
+    with pytest.raises(LeaseHeld):
+        Leases(storage, "e", ttl_s=30).acquire(["s"], ["maximize"])
+    storage.set_study_system_attr(sid, KEY, {**here, "pidns": pid_namespace()})
     b = Leases(storage, "e", ttl_s=30)
     b.acquire(["s"], ["maximize"])
     assert holder_of(storage, sid).agent == b.agent
