@@ -136,7 +136,14 @@ class Leases:
     # --- taking ---------------------------------------------------------------------------
     def _mine(self, now: float) -> dict[str, Any]:
         h = Holder(
-            self.agent, self.host, os.getpid(), self.experiment, self.since, now, now + self.ttl_s
+            self.agent,
+            self.host,
+            os.getpid(),
+            self.experiment,
+            self.since,
+            now,
+            now + self.ttl_s,
+            pid_namespace(),
         )
         return asdict(h)
 

@@ -187,6 +187,7 @@ def test_expired_or_dead_holder_is_taken_over(storage_url: str) -> None:
     a = Leases(storage, "e", ttl_s=30)
     a.acquire(["s"], ["maximize"])
     assert holder_of(storage, sid).agent == a.agent
+    assert holder_of(storage, sid).pidns == pid_namespace() != ""
     a.release()
     gone = subprocess.Popen(["true"])
     gone.wait()
