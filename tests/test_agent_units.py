@@ -71,6 +71,41 @@ def test_experiment_errors_name_the_key(data: dict, message: str) -> None:
     assert message in str(e.value)
 
 
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("[budget]\ntrial_timeout_s = nan", "budget.trial_timeout_s = nan"),
+        ("[budget]\ntrial_timeout_s = inf", "budget.trial_timeout_s = inf"),
+        ("[budget]\nwall_time_s = inf", "budget.wall_time_s = inf"),
+        ("[acceptance]\nconfidence = nan", "acceptance.confidence = nan"),
+        ("[acceptance]\nmin_gain = inf", "acceptance.min_gain = inf"),
+        ("[acceptance]\nmax_regression = nan", "acceptance.max_regression = nan"),
+        ("[validate]\nnmse = -inf", "validate.nmse = -inf"),
+    ],
+)
+def test_non_finite_numbers_are_rejected_by_name(tmp_path: Path, text: str, key: str) -> None:
+    """nan passed every range check (a nan timeout never fired: the agent busy-spun)."""
+    f = tmp_path / "e.toml"
+    f.write_text(
+        'models = ["synthetic:tiny"]\nbackends = ["numpy"]\n'
+        '[[objectives]]\nmetric = "prefill_tok_s"\n' + text + "\n"
+    )
+    with pytest.raises(ExperimentError, match=f"{key}: must be a finite number"):
+        load_experiment(f)
+
+
+def test_experiment_path_that_is_a_directory_or_binary(tmp_path: Path) -> None:
+    from agent.cli import main
+
+    b = tmp_path / "blob.toml"
+    b.write_bytes(bytes(range(256)))
+    for path, message in ((tmp_path, "is a directory"), (b, "not a text file")):
+        with pytest.raises(ExperimentError, match=message):
+            load_experiment(path)
+        assert main(["check", str(path)]) == 2
+        assert main(["run", str(path)]) == 2
+
+
 def test_cmaes_needs_one_objective() -> None:
     objs = [
         {"metric": "prefill_tok_s", "prompt_tokens": 32},
