@@ -416,7 +416,7 @@ def load_experiment(path: str | Path) -> Experiment:
     except FileNotFoundError:
         raise ExperimentError(f"{path}: no such experiment file") from None
     except UnicodeDecodeError:
-        raise ExperimentError(f"{path}: not a text file (an experiment TOML was expected)") from None
+        raise ExperimentError(f"{path}: not a text file (experiment TOML expected)") from None
     except tomllib.TOMLDecodeError as e:
         raise ExperimentError(f"{path}: not valid TOML: {e}") from None
     try:
