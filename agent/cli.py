@@ -7,6 +7,9 @@
     python -m agent check experiments/X.toml
     python -m agent dashboard [--storage URL]     (agent/dashboard, read-only web UI)
 
+Exit status: 0 done; 1 the run did not do what it was asked (no study could start, a promotion
+was refused: the summary says why); 2 bad input (a bad experiment file or option, nothing run).
+
 As a Ray job: ``ray job submit --working-dir . -- python -m agent run experiments/X.toml``
 (RAY_ADDRESS is set for the job, so it joins that cluster); with no address it starts an
 embedded Ray with this machine's devices.
@@ -20,8 +23,12 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine.errors import EngineError
+
+if TYPE_CHECKING:
+    from agent.summary import RunSummary
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -101,7 +108,22 @@ def _run(args: argparse.Namespace) -> int:
         print(json.dumps(summary.to_dict(), indent=1, default=str))
     else:
         print(summary.text())
-    return 0
+    return _exit_code(summary)
+
+
+def _exit_code(summary: RunSummary) -> int:
+    """1 when the run did not do what it was asked: no study could start, or a promotion was
+    refused (the reasons are in the summary); 0 otherwise."""
+    failed = False
+    if not summary.studies:
+        why = "; ".join(summary.warnings) or "no worker"
+        print(f"error: no study ran: {why}", file=sys.stderr)
+        failed = True
+    for s in summary.studies:
+        if s.promotion_error:
+            print(f"error: {s.study} not promoted: {s.promotion_error}", file=sys.stderr)
+            failed = True
+    return 1 if failed else 0
 
 
 def _status(args: argparse.Namespace) -> int:

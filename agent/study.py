@@ -216,7 +216,27 @@ class StudyState:
             self._writes.pop(0)()
 
     def record_promotion(self, info: dict[str, Any]) -> None:
+        """Keep one promotion per (repository, branch) in ``promotions``; ``promotion`` is the
+        latest (what older readers show)."""
+        key = (info.get("repo"), info.get("branch"))
+        kept = [
+            p
+            for p in self.study.user_attrs.get("promotions") or []
+            if (p.get("repo"), p.get("branch")) != key
+        ]
+        self.study.set_user_attr("promotions", [*kept, info])
         self.study.set_user_attr("promotion", info)
+
+    def promotion_in(self, repo: str, branch: str) -> dict[str, Any] | None:
+        """The promotion recorded for this (repository, branch), if any (a record from before
+        branches were kept counts for its repository's promotion branch)."""
+        recs = list(self.study.user_attrs.get("promotions") or [])
+        if self.promotion and self.promotion not in recs:
+            recs.append(self.promotion)
+        for p in reversed(recs):
+            if p.get("repo") == repo and p.get("branch", branch) == branch:
+                return p
+        return None
 
     @property
     def promotion(self) -> dict[str, Any] | None:

@@ -202,13 +202,14 @@ def test_faults_fail_trials_restart_workers_and_never_promote(
         "hang": "timeout",
     }
     assert "worker died" in by_variant["crash"][1]
+    assert "lost once before and retried" in by_variant["crash"][1]  # retried, then recorded
     wrong = by_variant["wrong"][2]
     assert wrong.state == optuna.trial.TrialState.FAIL
     assert not wrong.user_attrs["validate"]["passed"]
     assert s.evaluated == 6 and s.best_is_baseline and s.promotion is None
     assert not (repo / "configs").exists()
     (w,) = summary.workers
-    assert w["restarts"] == 2 and w["state"] != "dead"
+    assert w["restarts"] == 3 and w["state"] != "dead"  # crash twice (one retry), hang once
 
 
 @pytest.mark.usefixtures("faults")
@@ -273,3 +274,129 @@ def test_one_study_per_model(tiny_model_factory, tmp_path: Path) -> None:  # noq
     assert all(s.evaluated == 2 for s in summary.studies)
     (worker,) = summary.workers
     assert set(worker["noise"]) == set(models)
+
+
+@pytest.mark.usefixtures("faults")
+def test_a_worker_killed_from_outside_retries_its_config(
+    model_ref: str, repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker lost to the OOM killer or an operator blacklisted its config forever (the true
+    best was lost in a kill test): the config runs once more on the restarted worker."""
+    monkeypatch.setenv(testing.LOST_ONCE_ENV, str(tmp_path / "killed"))
+    exp = parse_experiment(
+        experiment(
+            model_ref,
+            testing.NAME,
+            space={testing.NAME: {"matmul_prefill": {"variants": ["cached_f32", "lost_once"]}}},
+            budget={"trials": 2, "trial_timeout_s": 30},
+            sampler={"name": "grid", "seed": 0},
+        )
+    )
+    storage = str(tmp_path / "studies.db")
+    opts = RunOptions(
+        parse_storage(storage),
+        promote_repo=repo,
+        setup=testing.install,
+        resources={"device:cpu-sim": 1, f"backend:{testing.NAME}/cpu-sim": 1},
+    )
+    summary = run_experiment(exp, opts)
+    assert (tmp_path / "killed").exists()  # the worker was killed once
+    lost = [
+        t
+        for t in trials(storage)
+        if t.user_attrs.get("config", {}).get("matmul_prefill.variant") == "lost_once"
+    ]
+    assert [t.user_attrs["outcome"] for t in lost] == ["ok"], summary.text()
+    assert summary.workers[0]["restarts"] == 1
+
+
+def _seeded_run(model_ref: str, storage: str, promote_repo: Path):  # noqa: ANN202
+    exp = parse_experiment(
+        experiment(model_ref, "numpy", space={"numpy": {"prefill": {"max_cols": [1, 32]}}})
+    )
+    opts = RunOptions(parse_storage(storage), promote_repo=promote_repo, budget=2)
+    return run_experiment(exp, opts)
+
+
+def _log(repo: Path) -> list[str]:
+    out = subprocess.run(
+        ["git", "-C", str(repo), "log", "--format=%H"], capture_output=True, text=True, check=True
+    )
+    return out.stdout.split()
+
+
+def test_a_promotion_belongs_to_its_repository_and_branch(
+    model_ref: str, repo: Path, tmp_path: Path
+) -> None:
+    """A re-run with another --promote-repo printed the first repository's commit and committed
+    nothing; after the commit was reset away, re-runs kept printing it. Each (repository,
+    branch) gets its own promotion, checked to be there, and the summary says what happened."""
+    from agent.promote import promote
+
+    slow = TuningConfig.default("numpy").replace(**{"prefill.max_cols": 1})
+    promote(repo, "cpu", "qwen2", slow, {"seeded": True})
+    storage = str(tmp_path / "studies.db")
+    first = _seeded_run(model_ref, storage, repo)
+    (s,) = first.studies
+    assert s.promotion and s.promotion["action"] == "committed", first.text()
+    commit_a = s.promotion["commit"]
+    assert _log(repo)[0] == commit_a
+
+    other = tmp_path / "other"
+    subprocess.run(["git", "clone", "-q", str(repo), str(other)], check=True)
+    subprocess.run(["git", "-C", str(other), "reset", "-q", "--hard", "HEAD~1"], check=True)
+    again = _seeded_run(model_ref, storage, other)
+    (s,) = again.studies
+    p = s.promotion
+    assert p and p["action"] == "committed" and p["repo"] == str(other.resolve())
+    assert p["commit"] != commit_a and _log(other)[0] == p["commit"]
+    assert _log(repo)[0] == commit_a  # nothing new in the first repository
+    assert f"promoted before into {repo.resolve()}" in again.text()
+    assert f"commit {p['commit'][:12]} on main of {other.resolve()}" in again.text()
+
+    subprocess.run(["git", "-C", str(repo), "reset", "-q", "--hard", "HEAD~1"], check=True)
+    third = _seeded_run(model_ref, storage, repo)
+    p = third.studies[0].promotion
+    assert p and p["action"] == "committed" and _log(repo)[0] == p["commit"] != commit_a
+    assert "is gone (commit" in third.text()
+
+    fourth = _seeded_run(model_ref, storage, repo)
+    p4 = fourth.studies[0].promotion
+    assert p4 and p4["action"] == "already" and p4["commit"] == p["commit"]
+    assert _log(repo)[0] == p["commit"] and "already promoted" in fourth.text()
+
+
+def test_bad_promote_repo_fails_before_the_first_trial(model_ref: str, tmp_path: Path) -> None:
+    from agent.cli import main
+
+    exp = tmp_path / "e.toml"
+    exp.write_text(
+        f'models = ["{model_ref}"]\nbackends = ["numpy"]\n'
+        '[[objectives]]\nmetric = "prefill_tok_s"\nprompt_tokens = 8\n'
+    )
+    storage = tmp_path / "s.db"
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    for bad in (tmp_path / "missing", plain):
+        argv = ["run", str(exp), "--storage", str(storage), "--promote-repo", str(bad)]
+        assert main(argv) == 2
+        assert not storage.exists() and not ray.is_initialized()
+
+
+def test_a_study_that_cannot_start_names_the_cause_and_exits_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from agent.cli import main
+
+    exp = tmp_path / "e.toml"
+    notgguf = tmp_path / "model.gguf"
+    notgguf.write_text("not a model\n")
+    exp.write_text(
+        f'models = ["{notgguf}"]\nbackends = ["numpy"]\n'
+        '[[objectives]]\nmetric = "prefill_tok_s"\nprompt_tokens = 8\n'
+    )
+    argv = ["run", str(exp), "--storage", str(tmp_path / "s.db"), "--no-promote"]
+    assert main(argv) == 1
+    out, err = capsys.readouterr()
+    assert "0 studies" in out and "RayTaskError" not in out + err
+    assert f"cannot load {notgguf}: {notgguf}" in out and "error: no study ran" in err

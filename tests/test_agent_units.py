@@ -263,6 +263,68 @@ def test_promotion_refuses_staged_changes_and_other_branches(repo: Path) -> None
     assert not (repo / "configs").exists()
 
 
+def test_promotion_refuses_to_overwrite_an_untracked_config(repo: Path) -> None:
+    hand = repo / "configs" / "cpu" / "qwen2.toml"
+    hand.parent.mkdir(parents=True)
+    hand.write_text("# mine\nbackend = 'numpy'\n")
+    cfg = TuningConfig.default("numpy").replace(**{"prefill.max_cols": 64})
+    with pytest.raises(PromotionRefused, match=r"configs/cpu/qwen2.toml exists but git does not"):
+        promote(repo, "cpu", "qwen2", cfg, {})
+    assert hand.read_text() == "# mine\nbackend = 'numpy'\n"
+    assert _git(repo, "log", "--format=%s") == "init"
+
+
+def test_failed_promotion_commit_is_rolled_back(repo: Path) -> None:
+    """A hook that fails the commit left the config staged: the engine then loaded a config
+    nobody promoted, and every later promotion was refused for the staged change."""
+    hook = repo / ".git" / "hooks" / "pre-commit"
+    hook.write_text("#!/bin/sh\necho 'policy says no' >&2\nexit 1\n")
+    hook.chmod(0o755)
+    cfg = TuningConfig.default("numpy").replace(**{"prefill.max_cols": 64})
+    with pytest.raises(PromotionRefused, match="rolled back.*policy says no"):
+        promote(repo, "cpu", "qwen2", cfg, {"trial": 1})
+    assert _git(repo, "status", "--porcelain") == ""
+    assert not (repo / "configs").exists()
+    hook.unlink()
+    p = promote(repo, "cpu", "qwen2", cfg, {"trial": 1})  # nothing left in the way
+    assert _git(repo, "show", "--name-only", "--format=", p.commit) == "configs/cpu/qwen2.toml"
+    # A failed update of an existing file restores the committed version.
+    hook.write_text("#!/bin/sh\nexit 1\n")
+    hook.chmod(0o755)
+    committed = p.path.read_text()
+    with pytest.raises(PromotionRefused, match="rolled back"):
+        promote(repo, "cpu", "qwen2", cfg.replace(**{"prefill.max_cols": 32}), {"trial": 2})
+    assert p.path.read_text() == committed and _git(repo, "status", "--porcelain") == ""
+
+
+def test_promotion_target_checked_up_front(tmp_path: Path, repo: Path) -> None:
+    from agent.promote import check_target
+
+    with pytest.raises(PromotionRefused, match="does not exist"):
+        check_target(tmp_path / "nope", "main")
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(PromotionRefused, match="not a git repository"):
+        check_target(tmp_path / "plain", "main")
+    _git(repo, "checkout", "-q", "--detach")
+    with pytest.raises(PromotionRefused, match="detached HEAD"):
+        check_target(repo, "main")
+    _git(repo, "checkout", "-q", "main")
+    check_target(repo, "main")
+
+
+def test_a_recorded_promotion_is_checked_against_its_branch(repo: Path) -> None:
+    from agent.promote import still_there
+
+    cfg = TuningConfig.default("numpy").replace(**{"prefill.max_cols": 64})
+    p = promote(repo, "cpu", "qwen2", cfg, {"trial": 1})
+    rel = p.path.relative_to(repo)
+    assert still_there(repo, "main", rel, p.commit, cfg) == ""
+    assert "holds" in still_there(repo, "main", rel, p.commit, TuningConfig.default("numpy"))
+    _git(repo, "reset", "-q", "--hard", "HEAD~1")  # the promotion commit reset away
+    assert "no longer on main" in still_there(repo, "main", rel, p.commit, cfg)
+    assert "not in" in still_there(repo, "main", rel, "0" * 40, cfg)
+
+
 # --- Ray auth and the node bootstrap --------------------------------------------------------
 def test_auth_token_mode_needs_a_token_to_join(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
