@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -195,3 +196,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except EngineError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (agent.loop.stop_on_sigterm)
+        term = str(e) == f"signal {signal.SIGTERM}"
+        print(
+            f"stopped by {'SIGTERM' if term else 'Ctrl-C'}: trials in flight were recorded as "
+            "interrupted; run again to resume",
+            file=sys.stderr,
+        )
+        return 128 + (signal.SIGTERM if term else signal.SIGINT)

@@ -9,8 +9,11 @@ as many in flight as there are workers; results are accepted, confirmed, told an
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -45,6 +48,7 @@ log = logging.getLogger("agent")
 
 QUEUE_DEPTH = 2  # evaluate calls per worker: the running one and the next, queued in the actor
 INFO_TIMEOUT_S = 300.0  # placing a worker and opening its device
+STOPPED = "the agent was stopped (Ctrl-C or SIGTERM) while this trial ran"
 LOAD_TIMEOUT_S = 1800.0  # identify + load (may generate a synthetic model or fetch a checkpoint)
 
 
@@ -137,9 +141,22 @@ class Agent:
         self.check_promotion_target()
         registered = set(REGISTRY.backends())
         backends = tuple(b for b in self.exp.backends if b in registered)
-        self.ray_mode = cluster.connect(
-            self.opts.address, backends, self.opts.setup, self.opts.resources
-        )
+        with stop_on_sigterm():
+            stopped = False
+            try:
+                self.ray_mode = cluster.connect(
+                    self.opts.address, backends, self.opts.setup, self.opts.resources
+                )
+                with stop_on_sigterm():  # again: ray.init installs its own SIGTERM handler
+                    self._run(backends)
+            except KeyboardInterrupt:
+                stopped = True
+                raise
+            finally:
+                self._close(stopped)
+        return self._summary()
+
+    def _run(self, backends: tuple[str, ...]) -> None:
         if self.opts.setup is not None:
             self.opts.setup()
         present = cluster.device_classes()
@@ -157,18 +174,49 @@ class Agent:
         )
         for slot in self.fleet.slots:
             self.fleet.start(slot, self.exp.models, fresh=True)
-        try:
-            self._loop()
-            for st in self.studies.values():
-                self._finalize(st)
-        finally:
-            self._flush()
-            self._write_status("finished")
-            for slot in self.fleet.slots:
-                self.fleet.kill(slot)
-            if self.ray_mode == "embedded" and self.opts.shutdown:
-                ray.shutdown()
-        return self._summary()
+        self._loop()
+        for st in self.studies.values():
+            self._finalize(st)
+
+    def _close(self, stopped: bool) -> None:
+        """Leave the storage whole (no RUNNING trial: one stopped mid-run is failed as
+        interrupted, its config free to run again), the workers gone, an embedded Ray down."""
+        with stop_on_sigterm(ignore=True):  # a second signal must not cut the cleanup short
+            try:
+                if stopped:
+                    self._abandon_in_flight()
+                    for st in self.studies.values():
+                        try:
+                            st.flush()
+                        except Exception as e:  # noqa: BLE001 - a write the signal cut in two
+                            log.warning("%s: a storage write failed while stopping: %s", st.name, e)
+                        st.settle_running(STOPPED)  # whatever was asked but not yet dispatched
+                self._flush()
+                self._write_status("interrupted" if stopped else "finished")
+            finally:
+                for slot in self.fleet.slots if hasattr(self, "fleet") else ():
+                    self.fleet.kill(slot)
+                if self.ray_mode == "embedded" and self.opts.shutdown:
+                    ray.shutdown()
+
+    def _abandon_in_flight(self) -> None:
+        calls = list(self.pending)
+        for slot in self.fleet.slots if hasattr(self, "fleet") else ():
+            calls += slot.resubmit
+            slot.resubmit = []
+        self.pending = []
+        why = STOPPED
+        for p in calls:
+            if p.study is not None and p.trial is not None:
+                rec = self._record(p, None, INTERRUPTED, why, 0.0)
+                p.study.finish(p.trial, rec, None)
+        for st in self.studies.values():
+            for req in st.confirm_queue:
+                p = Pending("confirm", self.fleet.slots[0], None, 0.0, 0.0, st.model, st)
+                p.trial, p.flat, p.role = req.trial, req.flat, req.role
+                rec = self._record(p, None, INTERRUPTED, why, 0.0)
+                st.finish(req.trial, rec, None)
+            st.confirm_queue.clear()
 
     # --- the loop -----------------------------------------------------------------------
     def _flush(self) -> None:
@@ -936,6 +984,28 @@ class Agent:
             overhead=overhead,
             warnings=tuple(self.warnings),
         )
+
+
+@contextmanager
+def stop_on_sigterm(ignore: bool = False) -> Iterator[None]:
+    """SIGTERM (``ray job stop``, systemd, kill) ends the run like Ctrl-C: a KeyboardInterrupt,
+    so the agent cleans up; with ``ignore``, both are held off during the cleanup itself."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    handler = signal.SIG_IGN if ignore else stop
+    old_term = signal.signal(signal.SIGTERM, handler)
+    old_int = signal.signal(signal.SIGINT, signal.SIG_IGN) if ignore else None
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
+        if old_int is not None:
+            signal.signal(signal.SIGINT, old_int)
 
 
 def confirmation_ok(conf: dict[str, Any] | None) -> bool:
