@@ -92,6 +92,8 @@ def _run(args: argparse.Namespace) -> int:
     exp = load_experiment(args.experiment)
     if args.budget is not None and args.budget < 1:
         raise EngineError("--budget must be >= 1")
+    if args.dashboard is not None:
+        check_port_free("127.0.0.1", args.dashboard)
     opts = RunOptions(
         storage=parse_storage(args.storage),
         promote_repo=args.promote_repo.resolve() if args.promote_repo else None,
@@ -125,6 +127,23 @@ def _exit_code(summary: RunSummary) -> int:
             print(f"error: {s.study} not promoted: {s.promotion_error}", file=sys.stderr)
             failed = True
     return 1 if failed else 0
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Refuse a dashboard port something else listens on: the run would announce a URL that
+    serves the other program (the dashboard's own bind fails in its thread, unseen)."""
+    import socket
+
+    if not 1 <= port <= 65535:
+        raise EngineError(f"--dashboard {port}: a port is 1..65535")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds it
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise EngineError(
+                f"--dashboard {port}: {host}:{port} is taken ({e.strerror}); give another port"
+            ) from None
 
 
 def _status(args: argparse.Namespace) -> int:

@@ -464,3 +464,28 @@ def test_resume_warns_when_the_search_space_changed(tmp_path: Path) -> None:
     again = StudyState(exp, "cpu", "numpy", "synthetic:tiny", "qwen2", ref.open(), base, "default")
     assert "prefill.batched.max_cols choices" in again.space_changed
     assert again.evaluated == 1
+
+
+def test_run_dashboard_on_a_taken_port_is_refused_up_front(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The run announced http://127.0.0.1:PORT while another program served that port."""
+    import socket
+
+    from agent.cli import main
+
+    exp = tmp_path / "e.toml"
+    exp.write_text(
+        'models = ["synthetic:tiny"]\nbackends = ["numpy"]\n'
+        '[[objectives]]\nmetric = "prefill_tok_s"\n'
+    )
+    storage = tmp_path / "s.db"
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        argv = ["run", str(exp), "--storage", str(storage), "--dashboard", str(port)]
+        assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"127.0.0.1:{port} is taken" in err and err.count("\n") == 1
+    assert "http://" not in err and not storage.exists()
