@@ -308,6 +308,15 @@ def test_a_worker_killed_from_outside_retries_its_config(
     ]
     assert [t.user_attrs["outcome"] for t in lost] == ["ok"], summary.text()
     assert summary.workers[0]["restarts"] == 1
+    # The same product as the baseline: not accepted, and the summary says by how much it missed.
+    (s,) = summary.studies
+    c = s.best_candidate
+    assert s.best_is_baseline and c is not None and c["trial"] == lost[0].number
+    line = (
+        f"nothing accepted: best candidate trial {c['trial']} prefill_tok_s@24 x{c['ratio']:.3f} "
+        f"[{c['lower']:.3f}, {c['upper']:.3f}], its lower bound had to clear x{c['threshold']:.3f}"
+    )
+    assert line in summary.text() and c["threshold"] >= 1.05
 
 
 def _seeded_run(model_ref: str, storage: str, promote_repo: Path):  # noqa: ANN202
