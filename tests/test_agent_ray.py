@@ -277,11 +277,13 @@ def test_one_study_per_model(tiny_model_factory, tmp_path: Path) -> None:  # noq
 
 
 @pytest.mark.usefixtures("faults")
+@pytest.mark.parametrize("workers", [1, 2])
 def test_a_worker_killed_from_outside_retries_its_config(
-    model_ref: str, repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    model_ref: str, repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: int
 ) -> None:
     """A worker lost to the OOM killer or an operator blacklisted its config forever (the true
-    best was lost in a kill test): the config runs once more on the restarted worker."""
+    best was lost in a kill test): the config runs once more, on another worker of the class
+    when there is one, else on the restarted worker."""
     monkeypatch.setenv(testing.LOST_ONCE_ENV, str(tmp_path / "killed"))
     exp = parse_experiment(
         experiment(
@@ -297,7 +299,7 @@ def test_a_worker_killed_from_outside_retries_its_config(
         parse_storage(storage),
         promote_repo=repo,
         setup=testing.install,
-        resources={"device:cpu-sim": 1, f"backend:{testing.NAME}/cpu-sim": 1},
+        resources={"device:cpu-sim": workers, f"backend:{testing.NAME}/cpu-sim": workers},
     )
     summary = run_experiment(exp, opts)
     assert (tmp_path / "killed").exists()  # the worker was killed once
@@ -307,7 +309,10 @@ def test_a_worker_killed_from_outside_retries_its_config(
         if t.user_attrs.get("config", {}).get("matmul_prefill.variant") == "lost_once"
     ]
     assert [t.user_attrs["outcome"] for t in lost] == ["ok"], summary.text()
-    assert summary.workers[0]["restarts"] == 1
+    (killed,) = [w for w in summary.workers if w["restarts"]]
+    assert killed["restarts"] == 1
+    if workers == 2:
+        assert lost[0].user_attrs["worker"]["worker_id"] != killed["worker_id"]
     # The same product as the baseline: not accepted, and the summary says by how much it missed.
     (s,) = summary.studies
     c = s.best_candidate
@@ -320,8 +325,13 @@ def test_a_worker_killed_from_outside_retries_its_config(
 
 
 def _seeded_run(model_ref: str, storage: str, promote_repo: Path):  # noqa: ANN202
-    exp = parse_experiment(
-        experiment(model_ref, "numpy", space={"numpy": {"prefill": {"max_cols": [1, 32]}}})
+    exp = parse_experiment(  # 48 one-column passes against one: a win far above the noise
+        experiment(
+            model_ref,
+            "numpy",
+            space={"numpy": {"prefill": {"max_cols": [1, 64]}}},
+            objectives=[{"metric": "prefill_tok_s", "prompt_tokens": 48}],
+        )
     )
     opts = RunOptions(parse_storage(storage), promote_repo=promote_repo, budget=2)
     return run_experiment(exp, opts)
@@ -409,3 +419,32 @@ def test_a_study_that_cannot_start_names_the_cause_and_exits_1(
     out, err = capsys.readouterr()
     assert "0 studies" in out and "RayTaskError" not in out + err
     assert f"cannot load {notgguf}: {notgguf}" in out and "error: no study ran" in err
+
+
+def test_a_refused_promotion_exits_1_and_overwrites_nothing(
+    model_ref: str, repo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A hand-written, untracked configs/cpu/qwen2.toml (here a slow one, so the search wins
+    against it) was replaced and committed over, and the run exited 0."""
+    from agent.cli import main
+    from engine.tuning.promoted import promoted_path
+
+    hand = promoted_path("cpu", "qwen2", repo / "configs")
+    hand.parent.mkdir(parents=True)
+    slow = TuningConfig.default("numpy").replace(**{"prefill.max_cols": 1})
+    hand.write_text("# written by hand\n" + slow.to_toml())
+    written = hand.read_text()
+    exp = tmp_path / "e.toml"
+    exp.write_text(
+        f'name = "t"\nmodels = ["{model_ref}"]\nbackends = ["numpy"]\n'
+        '[[objectives]]\nmetric = "prefill_tok_s"\nprompt_tokens = 48\n'
+        "[space.numpy.prefill]\nmax_cols = [1, 64]\n[validate]\nrandom_prompts = [1, 20]\n"
+        'steps = 2\n[bench]\npairs = 6\n[sampler]\nname = "random"\nseed = 1\n'
+    )
+    argv = ["run", str(exp), "--storage", str(tmp_path / "s.db"), "--promote-repo", str(repo)]
+    assert main([*argv, "--budget", "2"]) == 1
+    out, err = capsys.readouterr()
+    assert "best: trial 1" in out, out
+    assert f"not promoted: {hand} exists but git does not track it" in out
+    assert f"error: t/cpu/qwen2-tiny-q4_k_m-s0 not promoted: {hand}" in err
+    assert hand.read_text() == written and _log(repo) == _log(repo)[-1:]  # only "init"
