@@ -42,6 +42,7 @@ from agent.stats import aa_noise, paired_ratio
 from agent.storage import StorageRef
 from agent.study import BASELINE, StudyState
 from agent.summary import Overhead, RunSummary, StudySummary
+from engine.errors import EngineError
 from engine.tuning import REGISTRY, TuningConfig
 from worker.device import engine_commit
 from worker.records import EvalResult, Outcome
@@ -50,8 +51,8 @@ log = logging.getLogger("agent")
 
 QUEUE_DEPTH = 2  # evaluate calls per worker: the running one and the next, queued in the actor
 INFO_TIMEOUT_S = 300.0  # placing a worker and opening its device
-STOPPED = "the agent was stopped (Ctrl-C or SIGTERM) while this trial ran"
 LOAD_TIMEOUT_S = 1800.0  # identify + load (may generate a synthetic model or fetch a checkpoint)
+STOPPED = "the agent was stopped (Ctrl-C or SIGTERM) while this trial ran"
 
 
 @dataclass(frozen=True)
@@ -207,16 +208,15 @@ class Agent:
             calls += slot.resubmit
             slot.resubmit = []
         self.pending = []
-        why = STOPPED
         for p in calls:
             if p.study is not None and p.trial is not None:
-                rec = self._record(p, None, INTERRUPTED, why, 0.0)
+                rec = self._record(p, None, INTERRUPTED, STOPPED, 0.0)
                 p.study.finish(p.trial, rec, None)
         for st in self.studies.values():
             for req in st.confirm_queue:
                 p = Pending("confirm", self.fleet.slots[0], None, 0.0, 0.0, st.model, st)
                 p.trial, p.flat, p.role = req.trial, req.flat, req.role
-                rec = self._record(p, None, INTERRUPTED, why, 0.0)
+                rec = self._record(p, None, INTERRUPTED, STOPPED, 0.0)
                 st.finish(req.trial, rec, None)
             st.confirm_queue.clear()
 
@@ -1035,8 +1035,6 @@ def _cause_line(e: BaseException) -> str:
     cause = getattr(e, "cause", None)
     if isinstance(cause, BaseException):
         e = cause
-    from engine.errors import EngineError
-
     if isinstance(e, EngineError):  # its message names the file and the problem
         return _first_line(e)
     return f"{type(e).__name__}: {_first_line(e)}"
