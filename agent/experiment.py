@@ -15,8 +15,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.errors import ConfigError
+from agent.space_rules import BackendSpace, ExperimentError, OpRule, ParamRule
 from worker.records import BenchPlan, Objective, ValidatePlan
+
+__all__ = [  # the space rules are re-exported: callers import them from here
+    "BackendSpace",
+    "Experiment",
+    "ExperimentError",
+    "OpRule",
+    "ParamRule",
+    "load_experiment",
+    "parse_experiment",
+]
 
 METRICS = ("prefill_tok_s", "decode_tok_s")
 SAMPLERS = ("tpe", "grid", "random", "cmaes", "nsga2")
@@ -29,43 +39,6 @@ def known_backends() -> tuple[str, ...]:
     from engine.backends import BACKENDS
 
     return tuple(BACKENDS)
-
-
-class ExperimentError(ConfigError):
-    """An experiment file that cannot be used; the message names the key and the allowed values."""
-
-
-@dataclass(frozen=True)
-class ParamRule:
-    """Allowed values of one knob: ``choices`` (a subset of the registry's), a ``[min, max]``
-    range over the registry's numeric choices, or all of them. ``variant`` limits the rule to
-    one variant (key ``"<variant>.<param>"``); None applies it to every variant with that knob."""
-
-    name: str
-    variant: str | None = None
-    choices: tuple[Any, ...] | None = None
-    min: int | None = None
-    max: int | None = None
-
-
-@dataclass(frozen=True)
-class OpRule:
-    """Which variants of one op to search (None: all registered) and rules for their knobs;
-    knobs with no rule take all their registry choices."""
-
-    op: str
-    variants: tuple[str, ...] | None = None
-    params: tuple[ParamRule, ...] = ()
-
-
-@dataclass(frozen=True)
-class BackendSpace:
-    """The searched part of one backend's registry. ``everything``: all ops, variants, knobs;
-    otherwise only the listed ops are searched and the rest stay at the baseline."""
-
-    backend: str
-    everything: bool = False
-    ops: tuple[OpRule, ...] = ()
 
 
 @dataclass(frozen=True)

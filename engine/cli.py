@@ -330,8 +330,14 @@ def cmd_kernels(args: argparse.Namespace) -> int:
                     "doc": v.doc,
                     "source": v.source,
                     "quant_types": sorted(v.quant_types) if v.quant_types else None,
+                    "defines": list(v.defines),
                     "params": {
-                        p.name: {"choices": list(p.choices), "default": p.default, "doc": p.doc}
+                        p.name: {
+                            "choices": list(p.choices),
+                            "default": p.default,
+                            "doc": p.doc,
+                            "binding": _binding(p.binding),
+                        }
                         for p in v.params
                     },
                     "constraints": [c.doc for c in v.constraints],
@@ -343,6 +349,13 @@ def cmd_kernels(args: argparse.Namespace) -> int:
                 lines.append(f"  {op.name:18s} {v.name:14s} {ps}")
     _emit(args, obj, "\n".join(lines))
     return 0
+
+
+def _binding(b: Any) -> str:
+    """How a knob reaches its kernel, e.g. "spec_constant 2", "define COLS", "schedule"."""
+    if b is None:
+        return "unbound"
+    return f"{b.kind} {b.target}" if b.target is not None else b.kind
 
 
 def cmd_devices(args: argparse.Namespace) -> int:

@@ -1,8 +1,8 @@
 """The dense decoder (llama, qwen2, qwen3) as a backend-independent schedule of ops.
 
 Two prefill paths, as in the seeds: ``per_token`` runs the decode step once per prompt token;
-``batched`` pushes chunks of up to ``config.prefill_chunk`` tokens (MAX_COLS unless the backend
-decouples the two) through batched matmul, RoPE, KV write and attention. Decode is one token at
+``batched`` pushes chunks of up to ``config.prefill_chunk`` tokens (``prefill.chunk_tokens``)
+through batched matmul, RoPE, KV write and attention. Decode is one token at
 a time. Sampling is greedy on the device: the token fed to the next step is the argmax tensor of
 this step, and the host reads that same tensor, never a copy kept from an earlier step.
 """

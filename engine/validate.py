@@ -17,8 +17,8 @@ import numpy as np
 from engine.model import Generation, Model
 from engine.tuning import TuningConfig
 
-# Fixed prompts: a short one, one longer than any MAX_COLS (several chunks, a ragged last chunk),
-# code, and a single character (one-token prompts exercise the T == 1 prefill edge).
+# Fixed prompts: a short one, one longer than small prefill chunks (several chunks, a ragged last
+# chunk), code, and a single character (one-token prompts exercise the T == 1 prefill edge).
 PROMPTS = (
     "The capital of France is",
     "In 1889 the Eiffel Tower was completed for the World's Fair in Paris. At 330 metres it was "

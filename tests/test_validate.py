@@ -45,7 +45,7 @@ class StaleArgmax(NumpyBackend):
 
 def _run(backend_cls, flat=None, steps=4):
     m = Model(open_model(pytest.tiny_path), backend_cls())
-    cand = TuningConfig.from_flat("numpy", flat or {"prefill.max_cols": 8})
+    cand = TuningConfig.from_flat("numpy", flat or {"prefill.chunk_tokens": 8})
     return validate(m, cand, PROMPTS, steps=steps)
 
 
@@ -54,9 +54,9 @@ def _tiny(tiny_model_path):
     pytest.tiny_path = tiny_model_path
 
 
-@pytest.mark.parametrize("max_cols", [1, 4, 32, 128])
-def test_honest_configs_pass(max_cols):
-    rep = _run(NumpyBackend, {"prefill.max_cols": max_cols})
+@pytest.mark.parametrize("chunk", [1, 4, 32, 128])
+def test_honest_configs_pass(chunk):
+    rep = _run(NumpyBackend, {"prefill.chunk_tokens": chunk})
     assert rep.passed, rep.to_dict()
     assert rep.max_abs_diff < 1e-4
 
@@ -85,12 +85,12 @@ def test_compare_logits_counts_nan_inf():
 
 
 def test_tolerances_are_applied():
-    rep = _run(NumpyBackend, {"prefill.max_cols": 4})
+    rep = _run(NumpyBackend, {"prefill.chunk_tokens": 4})
     assert rep.passed
     m = Model(open_model(pytest.tiny_path), NumpyBackend())
     strict = validate(
         m,
-        TuningConfig.from_flat("numpy", {"prefill.max_cols": 4}),
+        TuningConfig.from_flat("numpy", {"prefill.chunk_tokens": 4}),
         PROMPTS,
         steps=2,
         tol=Tolerances(max_abs_diff=-1.0),
@@ -106,8 +106,8 @@ def test_reference_cache_runs_the_reference_once_and_still_catches_bugs():
     real = m.generate
     m.generate = lambda p, n, path="batched", **k: calls.append(path) or real(p, n, path, **k)
     cache: dict = {}
-    good = TuningConfig.from_flat("numpy", {"prefill.max_cols": 1})  # no batched chunks
-    bad = TuningConfig.from_flat("numpy", {"prefill.max_cols": 8})
+    good = TuningConfig.from_flat("numpy", {"prefill.chunk_tokens": 1})  # no batched chunks
+    bad = TuningConfig.from_flat("numpy", {"prefill.chunk_tokens": 8})
     first = validate(m, good, PROMPTS, steps=4, ref_cache=cache)
     assert first.passed and calls.count("per_token") == len(PROMPTS)
     second = validate(m, bad, PROMPTS, steps=4, ref_cache=cache)

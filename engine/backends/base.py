@@ -12,10 +12,12 @@ is a new subclass; ``tests/test_backend_ops.py`` runs every op of every backend 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from engine.device_info import DeviceInfo
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -26,23 +28,7 @@ if TYPE_CHECKING:
 Tensor = Any
 Weight = Any
 
-
-@dataclass(frozen=True)
-class DeviceInfo:
-    """What a worker reports about its device; ``device_class`` keys studies and promoted
-    configs."""
-
-    backend: str
-    name: str
-    vendor: str
-    device_class: str
-    driver: str = ""
-    memory_bytes: int = 0
-    subgroup_size: int = 1
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+__all__ = ["Backend", "DeviceInfo", "KVCache", "Tensor", "Weight"]  # DeviceInfo: re-exported
 
 
 @dataclass

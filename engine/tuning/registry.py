@@ -10,25 +10,64 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any
 
+from engine.device_info import DeviceInfo
 from engine.errors import ConfigError
 
-if TYPE_CHECKING:
-    from engine.backends.base import DeviceInfo
-    from engine.tuning.config import TuningConfig
-
 Value = int | str | bool
+
+# How a knob reaches its kernel (Binding.kind). The backends turn a config into kernels by a
+# loop over these declarations, so a knob declared here is read, and one read is declared.
+SPEC = "spec_constant"  # Vulkan specialization constant; target: its constant_id
+DEFINE = "define"  # a -D of the kernel source; target: the macro (a bool adds it when true)
+PUSH = "push_constant"  # a launch argument: push constant or grid size, set at dispatch
+SUBGROUP = "subgroup_size"  # Vulkan required subgroup size, set at pipeline creation
+SCHEDULE = "schedule"  # read by host code: the model's chunking, command recording, scratch
+KINDS = (SPEC, DEFINE, PUSH, SUBGROUP, SCHEDULE)
+
+
+@dataclass(frozen=True)
+class Binding:
+    kind: str
+    target: int | str | None = None  # SPEC: constant_id; DEFINE: macro name; else None
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"binding kind {self.kind!r}; allowed: {KINDS}")
+        if (self.kind == SPEC) != isinstance(self.target, int) or (
+            self.kind == DEFINE and not isinstance(self.target, str)
+        ):
+            raise ValueError(f"binding {self.kind} needs a target of its kind, not {self.target!r}")
+
+
+def spec(constant_id: int) -> Binding:
+    return Binding(SPEC, constant_id)
+
+
+def define(macro: str) -> Binding:
+    return Binding(DEFINE, macro)
+
+
+PUSHED = Binding(PUSH)
+HOST = Binding(SCHEDULE)
+SUBGROUP_SIZE = Binding(SUBGROUP)
+
+# The one schedule knob of every backend: prompt tokens per forward pass of the batched prefill.
+CHUNK_TOKENS = (1, 2, 4, 8, 16, 24, 32, 40, 48, 64, 96, 128, 256, 512, 1024)
 
 
 @dataclass(frozen=True)
 class Param:
-    """One knob. ``choices`` lists the allowed values; the first-listed default is ``default``."""
+    """One knob. ``choices`` lists the allowed values, ``default`` is one of them; ``binding``
+    says how it reaches the kernel (None only while a declaration is being written: a test
+    checks every registered knob has one)."""
 
     name: str
     choices: tuple[Value, ...]
     default: Value
     doc: str = ""
+    binding: Binding | None = None
 
     def __post_init__(self) -> None:
         if self.default not in self.choices:
@@ -44,7 +83,8 @@ class Constraint:
     """A rule over a whole config on a device; ``doc`` is shown when it fails."""
 
     doc: str
-    check: Callable[[TuningConfig, DeviceInfo | None], bool]
+    # (TuningConfig, device) -> allowed; Any, not TuningConfig: config.py imports this module
+    check: Callable[[Any, DeviceInfo | None], bool]
 
 
 @dataclass(frozen=True)
@@ -59,6 +99,13 @@ class Variant:
     quant_types: frozenset[str] | None = None  # weight types it handles; None: not a matmul
     source: str = ""  # shader file (relative to shaders/) or module implementing it
     doc: str = ""
+    # Fixed -D flags of the variant's build of ``source`` ("NAME" or "NAME=value"), before the
+    # knobs bound to DEFINE: what makes one source file several variants.
+    defines: tuple[str, ...] = ()
+
+    def bound(self, kind: str) -> tuple[Param, ...]:
+        """The knobs that reach the kernel this way."""
+        return tuple(p for p in self.params if p.binding is not None and p.binding.kind == kind)
 
     def param(self, name: str) -> Param:
         for p in self.params:
@@ -107,13 +154,19 @@ class Registry:
         self._ops[(backend, op)] = entry
         return entry
 
-    def register_prefill(self, backend: str, *params: Param, doc: str) -> Op:
-        """The engine schedule's ``prefill`` op, which every backend declares: one variant,
-        ``batched``, with ``max_cols`` among its params (engine.model reads it, and
-        ``chunk_tokens`` where given, through TuningConfig.prefill_chunk)."""
-        if "max_cols" not in {p.name for p in params}:
-            raise ValueError(f"{backend}.prefill: max_cols is required")
-        variant = Variant(backend, "prefill", "batched", params=params, doc=doc)
+    def register_prefill(self, backend: str, chunk_default: int, *params: Param, doc: str) -> Op:
+        """The engine schedule's ``prefill`` op, which every backend declares the same way: one
+        variant, ``batched``, whose ``chunk_tokens`` (prompt tokens per forward pass, read by
+        engine.model through TuningConfig.prefill_chunk) has the same meaning and choices on
+        every backend; ``params`` adds the backend's own schedule knobs."""
+        chunk = Param(
+            "chunk_tokens",
+            CHUNK_TOKENS,
+            chunk_default,
+            "prompt tokens per forward pass through every layer (the last chunk is ragged)",
+            HOST,
+        )
+        variant = Variant(backend, "prefill", "batched", params=(chunk, *params), doc=doc)
         return self.register(
             backend, "prefill", [variant], "engine schedule knobs of the prefill path"
         )
@@ -149,12 +202,4 @@ class Registry:
         return any(v.quant_types is None or quant_type in v.quant_types for v in entry.variants)
 
 
-REGISTRY = Registry()
-
-
-def _load_declarations() -> None:
-    # Importing a declaration module registers its kernels; plain data, safe on any machine.
-    from engine.tuning.kernels import cuda, numpy_ref, vulkan  # noqa: F401
-
-
-_load_declarations()
+REGISTRY = Registry()  # filled by engine.tuning (the package) importing engine.tuning.kernels.*

@@ -24,7 +24,7 @@
 #define NW 4
 #endif
 #ifndef RPB
-#define RPB 2
+#define RPB 1
 #endif
 
 typedef signed char s8;

@@ -14,7 +14,8 @@
 // Tunables (specialization constants):
 //   0 WG_SIZE      workgroup size (local_size_x)
 //   1 ROWS_PER_WG  (kpar) output rows per workgroup
-//   2 MAX_COLS     columns per tile = prefill.max_cols (per-thread accumulators: registers)
+//   2 MAX_COLS     columns per tile = matmul_prefill.max_cols (per-thread accumulators:
+//                  registers)
 // Bindings: 0 W (raw GGML blocks of this row range), 1 x, 2 y.
 
 #extension GL_GOOGLE_include_directive : require
@@ -23,7 +24,7 @@
 #extension GL_EXT_control_flow_attributes : require
 
 layout(constant_id = 0) const uint WG_SIZE = 64;
-layout(constant_id = 1) const uint ROWS_PER_WG = 4;
+layout(constant_id = 1) const uint ROWS_PER_WG = 2;  // defaults: the registry's
 layout(constant_id = 2) const uint MAX_COLS = 32;
 layout(local_size_x_id = 0) in;
 

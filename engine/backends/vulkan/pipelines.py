@@ -103,20 +103,25 @@ class Pipelines:
         return self.layouts[key]
 
     def get(
-        self, program: Program, spec: tuple[int, ...], name: str, subgroup_size: int = 0
+        self,
+        program: Program,
+        spec: tuple[tuple[int, int], ...],
+        name: str,
+        subgroup_size: int = 0,
     ) -> Pipeline:
-        """The pipeline of ``program`` with specialization constants 0..n-1 = spec."""
+        """The pipeline of ``program`` with the specialization constants (constant_id, value)
+        in spec; a constant not given keeps the shader's default."""
         key = (program, spec, subgroup_size)
         p = self.pipelines.get(key)
         if p is not None:
             return p
         module = self._module(program)
         _, layout = self._layout(program.n_bindings, program.push_size)
-        data = struct.pack(f"<{len(spec)}I", *spec)
+        data = struct.pack(f"<{len(spec)}I", *(v for _, v in spec))
         spec_info = vk.VkSpecializationInfo(
             pMapEntries=[
-                vk.VkSpecializationMapEntry(constantID=i, offset=4 * i, size=4)
-                for i in range(len(spec))
+                vk.VkSpecializationMapEntry(constantID=cid, offset=4 * i, size=4)
+                for i, (cid, _) in enumerate(spec)
             ],
             dataSize=len(data),
             pData=ffi.from_buffer(data),
@@ -151,7 +156,7 @@ class Pipelines:
             )[0]
         except vk.VkError as e:
             raise KernelCompileError(
-                f"vulkan: {name} {list(program.defines)} spec={list(spec)} "
+                f"vulkan: {name} {list(program.defines)} spec={dict(spec)} "
                 f"subgroup_size={subgroup_size}: vkCreateComputePipelines failed "
                 f"({type(e).__name__})"
             ) from None
@@ -165,7 +170,7 @@ class Pipelines:
             struct.Struct("<" + program.push),
         )
         self.pipelines[key] = p
-        log.debug("pipeline %s spec=%s sg=%s", name, spec, subgroup_size)
+        log.debug("pipeline %s spec=%s sg=%s", name, dict(spec), subgroup_size)
         return p
 
     # --- descriptor sets ----------------------------------------------------------------

@@ -4,19 +4,14 @@ prefill chunking and weight cache are real choices, so the agent can run end to 
 from __future__ import annotations
 
 from engine.quant_types import SUPPORTED
-from engine.tuning.registry import REGISTRY, Param, Variant
+from engine.tuning.registry import REGISTRY, Variant
 
 B = "numpy"
 
 REGISTRY.register_prefill(
     B,
-    Param(
-        "max_cols",
-        (1, 2, 4, 8, 16, 24, 32, 40, 48, 64, 96, 128),
-        32,
-        "prompt tokens per batched-prefill chunk (MAX_COLS)",
-    ),
-    doc="prompt in chunks of max_cols tokens: batched matmul, RoPE, KV write, attention",
+    32,
+    doc="prompt in chunks of chunk_tokens tokens: batched matmul, RoPE, KV write, attention",
 )
 
 for _op in ("matmul_decode", "matmul_prefill"):
