@@ -331,7 +331,7 @@ def _seeded_run(model_ref: str, storage: str, promote_repo: Path):  # noqa: ANN2
         experiment(
             model_ref,
             "numpy",
-            space={"numpy": {"prefill": {"max_cols": [1, 64]}}},
+            space={"numpy": {"prefill": {"chunk_tokens": [1, 64]}}},
             objectives=[{"metric": "prefill_tok_s", "prompt_tokens": 48}],
         )
     )
@@ -354,7 +354,7 @@ def test_a_promotion_belongs_to_its_repository_and_branch(
     branch) gets its own promotion, checked to be there, and the summary says what happened."""
     from agent.promote import promote
 
-    slow = TuningConfig.default("numpy").replace(**{"prefill.max_cols": 1})
+    slow = TuningConfig.default("numpy").replace(**{"prefill.chunk_tokens": 1})
     promote(repo, "cpu", "qwen2", slow, {"seeded": True})
     storage = str(tmp_path / "studies.db")
     first = _seeded_run(model_ref, storage, repo)
@@ -433,14 +433,14 @@ def test_a_refused_promotion_exits_1_and_overwrites_nothing(
 
     hand = promoted_path("cpu", "qwen2", repo / "configs")
     hand.parent.mkdir(parents=True)
-    slow = TuningConfig.default("numpy").replace(**{"prefill.max_cols": 1})
+    slow = TuningConfig.default("numpy").replace(**{"prefill.chunk_tokens": 1})
     hand.write_text("# written by hand\n" + slow.to_toml())
     written = hand.read_text()
     exp = tmp_path / "e.toml"
     exp.write_text(
         f'name = "t"\nmodels = ["{model_ref}"]\nbackends = ["numpy"]\n'
         '[[objectives]]\nmetric = "prefill_tok_s"\nprompt_tokens = 48\n'
-        "[space.numpy.prefill]\nmax_cols = [1, 64]\n[validate]\nrandom_prompts = [1, 20]\n"
+        "[space.numpy.prefill]\nchunk_tokens = [1, 64]\n[validate]\nrandom_prompts = [1, 20]\n"
         'steps = 2\n[bench]\npairs = 6\n[sampler]\nname = "random"\nseed = 1\n'
     )
     argv = ["run", str(exp), "--storage", str(tmp_path / "s.db"), "--promote-repo", str(repo)]

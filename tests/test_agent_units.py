@@ -269,7 +269,7 @@ def test_promotion_refuses_to_overwrite_an_untracked_config(repo: Path) -> None:
     hand = repo / "configs" / "cpu" / "qwen2.toml"
     hand.parent.mkdir(parents=True)
     hand.write_text("# mine\nbackend = 'numpy'\n")
-    cfg = TuningConfig.default("numpy").replace(**{"prefill.max_cols": 64})
+    cfg = TuningConfig.default("numpy").replace(**{"prefill.chunk_tokens": 64})
     with pytest.raises(PromotionRefused, match=r"configs/cpu/qwen2.toml exists but git does not"):
         promote(repo, "cpu", "qwen2", cfg, {})
     assert hand.read_text() == "# mine\nbackend = 'numpy'\n"
@@ -282,7 +282,7 @@ def test_failed_promotion_commit_is_rolled_back(repo: Path) -> None:
     hook = repo / ".git" / "hooks" / "pre-commit"
     hook.write_text("#!/bin/sh\necho 'policy says no' >&2\nexit 1\n")
     hook.chmod(0o755)
-    cfg = TuningConfig.default("numpy").replace(**{"prefill.max_cols": 64})
+    cfg = TuningConfig.default("numpy").replace(**{"prefill.chunk_tokens": 64})
     with pytest.raises(PromotionRefused, match="rolled back.*policy says no"):
         promote(repo, "cpu", "qwen2", cfg, {"trial": 1})
     assert _git(repo, "status", "--porcelain") == ""
@@ -295,7 +295,7 @@ def test_failed_promotion_commit_is_rolled_back(repo: Path) -> None:
     hook.chmod(0o755)
     committed = p.path.read_text()
     with pytest.raises(PromotionRefused, match="rolled back"):
-        promote(repo, "cpu", "qwen2", cfg.replace(**{"prefill.max_cols": 32}), {"trial": 2})
+        promote(repo, "cpu", "qwen2", cfg.replace(**{"prefill.chunk_tokens": 32}), {"trial": 2})
     assert p.path.read_text() == committed and _git(repo, "status", "--porcelain") == ""
 
 
@@ -317,7 +317,7 @@ def test_promotion_target_checked_up_front(tmp_path: Path, repo: Path) -> None:
 def test_a_recorded_promotion_is_checked_against_its_branch(repo: Path) -> None:
     from agent.promote import still_there
 
-    cfg = TuningConfig.default("numpy").replace(**{"prefill.max_cols": 64})
+    cfg = TuningConfig.default("numpy").replace(**{"prefill.chunk_tokens": 64})
     p = promote(repo, "cpu", "qwen2", cfg, {"trial": 1})
     rel = p.path.relative_to(repo)
     assert still_there(repo, "main", rel, p.commit, cfg) == ""
