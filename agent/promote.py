@@ -203,13 +203,17 @@ def promote(
         after = _git(repo, "rev-parse", "--verify", "-q", "HEAD", check=False)
         if after == before:
             raise PromotionRefused(f"git commit in {repo} made no commit")
-    except PromotionRefused as e:
+    except BaseException as e:  # a git failure, or Ctrl-C / SIGTERM mid-commit
         # Leave nothing staged or written: the engine would load a config nobody promoted,
         # and every later promotion would be refused for the staged change.
+        if _git(repo, "rev-parse", "--verify", "-q", "HEAD", check=False) != before:
+            raise  # the commit landed (stopped just after it): nothing to undo
         if before:
             _git(repo, "reset", "-q", "--", str(rel), check=False)
         else:
             _git(repo, "rm", "-q", "--cached", "--", str(rel), check=False)
         restore()
-        raise PromotionRefused(f"promotion commit failed, rolled back: {e}") from None
+        if isinstance(e, PromotionRefused):
+            raise PromotionRefused(f"promotion commit failed, rolled back: {e}") from None
+        raise
     return Promotion(repo, path, after, message)
