@@ -225,7 +225,7 @@ def _objectives(value: Any) -> tuple[Objective, ...]:
 
 def _validate(value: Any) -> ValidatePlan:
     t = _table("validate", value)
-    keys = ("prompts", "random_prompts", "steps", "max_abs_diff", "nmse", "min_token_agreement")
+    keys = ("prompts", "random_prompts", "steps", "budgets")
     _keys("validate", t, keys)
     d = ValidatePlan()
     prompts = _str_list("validate.prompts", t.get("prompts", []))
@@ -241,15 +241,32 @@ def _validate(value: Any) -> ValidatePlan:
         prompts=prompts,
         random_prompts=random_prompts,
         steps=_int("validate.steps", t.get("steps", d.steps), lo=1),
-        max_abs_diff=_num("validate.max_abs_diff", t.get("max_abs_diff", d.max_abs_diff)),
-        nmse=_num("validate.nmse", t.get("nmse", d.nmse)),
-        min_token_agreement=_num(
-            "validate.min_token_agreement",
-            t.get("min_token_agreement", d.min_token_agreement),
-            0.0,
-            1.0,
-        ),
+        budgets=_budgets(t.get("budgets", {})),
     )
+
+
+def _budgets(value: Any) -> tuple[tuple[str, tuple[tuple[str, float], ...]], ...]:
+    """[validate.budgets.<numeric class>] tables: bounds that tighten the registry's budget of
+    that class; a looser one, an unknown class or key is an error naming it."""
+    from engine.errors import ConfigError
+    from engine.tuning.registry import NUMERIC_BUDGETS
+
+    t = _table("validate.budgets", value)
+    out = []
+    for cls, caps in sorted(t.items()):
+        where = f"validate.budgets.{cls}"
+        if cls not in NUMERIC_BUDGETS:
+            raise ExperimentError(
+                f"{where}: no numeric class {cls!r}; known: {', '.join(NUMERIC_BUDGETS)}"
+            )
+        caps = _table(where, caps)
+        items = tuple(sorted((k, _num(f"{where}.{k}", v, 0.0)) for k, v in caps.items()))
+        try:
+            NUMERIC_BUDGETS[cls].tightened(**dict(items))
+        except ConfigError as e:
+            raise ExperimentError(f"{where}: {e}") from None
+        out.append((cls, items))
+    return tuple(out)
 
 
 def parse_experiment(data: Mapping[str, Any], source: str = "<memory>") -> Experiment:

@@ -981,6 +981,7 @@ class Agent:
                     promotion=self.promotions.get(st.name),
                     promotion_error=self.promotion_errors.get(st.name, ""),
                     best_candidate=self._best_candidate(st) if is_base else None,
+                    warm_start=tuple(st.warm_start),
                 )
             )
         n = len(self.overheads)
@@ -1052,6 +1053,8 @@ def _validate_evidence(v: dict[str, Any] | None) -> dict[str, Any]:
         "passed": v["passed"],
         "max_abs_diff": v["max_abs_diff"],
         "nmse": v["nmse"],
+        "kld": v.get("kld"),  # absent in records from before teacher-forced validate
+        "numeric_classes": v.get("numeric_classes"),
         "steps": v["steps"],
         "tolerances": v["tolerances"],
         "prompts": [

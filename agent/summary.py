@@ -28,6 +28,7 @@ class StudySummary:
     promotion: dict[str, Any] | None  # this run's: action committed | unchanged | already
     promotion_error: str = ""
     best_candidate: dict[str, Any] | None = None  # when nothing was accepted: the closest miss
+    warm_start: tuple[dict[str, Any], ...] = ()  # configs of other classes enqueued first
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,9 @@ class RunSummary:
         for s in self.studies:
             outs = ", ".join(f"{k} {v}" for k, v in sorted(s.outcomes.items()))
             lines.append(f"  {s.study} ({s.backend}): {s.evaluated}/{s.budget} trials; {outs}")
+            if s.warm_start:
+                src = ", ".join(sorted({str(w["from"]) for w in s.warm_start}))
+                lines.append(f"    warm start: {len(s.warm_start)} configs from {src} tried first")
             if s.best_is_baseline or s.best_trial is None:
                 lines.append(f"    {_nothing_accepted(s)}")
             else:

@@ -204,7 +204,8 @@ def test_faults_fail_trials_restart_workers_and_never_promote(
     assert "worker died" in by_variant["crash"][1]
     assert "lost once before and retried" in by_variant["crash"][1]  # retried, then recorded
     wrong = by_variant["wrong"][2]
-    assert wrong.state == optuna.trial.TrialState.FAIL
+    assert wrong.state == optuna.trial.TrialState.PRUNED  # told to TPE as infeasible
+    assert wrong.constraints == {"runs_and_validates": 1.0}
     assert not wrong.user_attrs["validate"]["passed"]
     assert s.evaluated == 6 and s.best_is_baseline and s.promotion is None
     assert not (repo / "configs").exists()

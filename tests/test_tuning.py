@@ -102,7 +102,16 @@ def test_constraints_and_supports():
     REGISTRY.register(
         "numpy",
         "test_op",
-        [Variant("numpy", "test_op", "v", constraints=(rule,), params=(Param("p", (1, 2), 1),))],
+        [
+            Variant(
+                "numpy",
+                "test_op",
+                "v",
+                constraints=(rule,),
+                params=(Param("p", (1, 2), 1),),
+                numeric="order_only",
+            )
+        ],
     )
     try:
         assert TuningConfig.from_flat("numpy", {"prefill.chunk_tokens": 8}).problems() == []

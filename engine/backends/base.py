@@ -142,6 +142,13 @@ class Backend(ABC):
         """logits [T, V] -> [T] int32 on the device; the sampler downloads this, never a copy
         kept from an earlier step."""
 
+    def registry_op(self, op: str, n: int) -> str:
+        """The registry op that runs schedule op ``op`` on n tokens (validate's blame names it);
+        backends whose dispatch differs (CUDA: batched DMMV below gemm_min_t) override this."""
+        if op == "matmul":
+            return "matmul_decode" if n == 1 else "matmul_prefill"
+        return op
+
     # --- helpers shared by backends -----------------------------------------------------
     def reshape(self, x: Tensor, shape: tuple[int, ...]) -> Tensor:
         """A view with a new shape (row-major, same element count)."""

@@ -34,7 +34,11 @@ void main() {
     uint i = wg_linear() * WG_SIZE + gl_LocalInvocationID.x;  // one rotated pair per thread
     if (i >= pc.T * pc.H * half_d) return;
     uint p = i % half_d, th = i / half_d, t = th / pc.H;
+#ifdef MUTANT_ROPE_CHUNK_POS  // planted bug: a batched chunk's positions restart at 0
+    uint pos = pc.T > 1u ? t : dyn[pc.pos_slot] + t;
+#else
     uint pos = dyn[pc.pos_slot] + t;
+#endif
     vec2 c = cs[pos * half_d + p];
     uint base = th * pc.D;
     uint i0 = pc.neox != 0u ? base + p : base + 2u * p;

@@ -345,6 +345,14 @@ class CudaBackend(Backend):
         )
         return out
 
+    def registry_op(self, op: str, n: int) -> str:
+        """Blame's op name: batched DMMV below gemm_min_t, decode/prefill attention kernels."""
+        if op == "matmul" and 1 < n < int(self.config.op("prefill")["gemm_min_t"]):
+            return "matmul_batched"
+        if op == "attention":
+            return "attention_decode" if n == 1 else "attention_prefill"
+        return super().registry_op(op, n)
+
     def matmul(self, x: Any, w: CudaWeight) -> Any:
         x = self._cp.ascontiguousarray(x, dtype=np.float32)
         y = self._empty((int(x.shape[0]), w.n))

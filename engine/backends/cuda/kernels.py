@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from engine.backends.planted import define
 from engine.errors import KernelCompileError
 from engine.tuning import REGISTRY, OpChoice
 from engine.tuning.registry import DEFINE, Variant
@@ -45,7 +46,11 @@ def module(cp: Any, cc: int, fname: str, defines: dict[str, int] | None = None) 
     """A loaded cupy.RawModule of fname with defines; KernelCompileError (with the NVRTC log)
     when it does not compile. Compiling happens here, not at first launch: RawModule is lazy,
     so one kernel is fetched to force it."""
-    defines = dict(sorted((defines or {}).items()))
+    defines = dict(defines or {})
+    planted = define()  # test-only: the mutation suite's planted bug, None in production
+    if planted:
+        defines[planted] = 1
+    defines = dict(sorted(defines.items()))
     src = source(fname)
     digest = hashlib.sha256(src.encode()).hexdigest()[:16]
     key = (cc, fname, digest, tuple(defines.items()))

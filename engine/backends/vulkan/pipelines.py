@@ -13,6 +13,7 @@ import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from engine.backends.planted import define
 from engine.backends.vulkan._vk import ffi, vk
 from engine.backends.vulkan.kernels import Program
 from engine.backends.vulkan.spirv import compile_spirv
@@ -53,9 +54,11 @@ class Pipelines:
 
     # --- pipelines ----------------------------------------------------------------------
     def _module(self, program: Program) -> Any:
-        key = (program.shader, program.defines)
+        planted = define()  # test-only: the mutation suite's planted bug, None in production
+        defines = program.defines + ((planted,) if planted else ())
+        key = (program.shader, defines)
         if key not in self.modules:
-            code = compile_spirv(program.shader, program.defines)
+            code = compile_spirv(program.shader, defines)
             try:
                 self.modules[key] = vk.vkCreateShaderModule(
                     self.dev.device,

@@ -104,6 +104,7 @@ REGISTRY.register(
             quant_types=ALL_TYPES,
             source="cuda/dmmv.cu",
             defines=("COLS=1",),
+            numeric="order_only",
             doc="dequantizing matrix-vector product, K split across threads_per_row threads",
         ),
         Variant(
@@ -122,6 +123,7 @@ REGISTRY.register(
             ),
             quant_types=ALL_TYPES,
             source="cuda/mmvq.cu",
+            numeric="int8_activations",
             doc="activation quantized once to Q8_1 (fused into RMSNorm / SwiGLU where they "
             "feed it), dp4a against the weight quants, 16-byte loads; float weights use dmmv. "
             "Not the default: int8 activations exceed validate's default tolerances against "
@@ -174,6 +176,7 @@ REGISTRY.register(
             source="cuda/dmmv.cu",
             defines=("RPT=1", "VEC=1"),
             doc="batched DMMV, K-parallel: each decoded group feeds all max_cols columns",
+            numeric="order_only",
         ),
         Variant(
             B,
@@ -192,6 +195,7 @@ REGISTRY.register(
             quant_types=ALL_TYPES,
             source="cuda/dmmv.cu",
             defines=("TPR=1", "RPT=1", "VEC=1"),
+            numeric="order_only",
             doc="batched DMMV, serial over K: one thread per row (the seed's slow first shape)",
         ),
     ],
@@ -237,6 +241,7 @@ REGISTRY.register(
             ),
             quant_types=ALL_TYPES,
             source="cuda/dequant.cu",
+            numeric="fp16",
             doc="dequantize to an fp16 scratch, then cuBLAS GEMM (fp32 accumulate, fp32 out)",
         ),
         Variant(
@@ -247,6 +252,7 @@ REGISTRY.register(
             constraints=(_cc_at_least(80), _TILES_FIT_WARPS),
             quant_types=BLOCK_TYPES,
             source="cuda/mmq.cu",
+            numeric="fp16",
             doc="fused-dequant GEMM: blocks decoded into shared fp16 tiles, mma.sync m16n8k16",
         ),
         Variant(
@@ -257,6 +263,7 @@ REGISTRY.register(
             constraints=(_cc_at_least(80), _TILES_FIT_WARPS),
             quant_types=BLOCK_TYPES,
             source="cuda/mmq8.cu",
+            numeric="int8_activations",
             doc="fused-dequant int8 GEMM on Q8_1 activations: int8 weight tiles with per-16 "
             "scales, mma.sync m16n8k16 s8 -> s32, scaled into float32 per 16 k",
         ),
@@ -281,6 +288,9 @@ REGISTRY.register(
                 ),
             ),
             source="cuda/q8.cu",
+            # Its rounding is budgeted where it is consumed: mmvq and mmq8 declare
+            # int8_activations; a config using neither never calls it.
+            numeric="order_only",
             doc="float32 activations to Q8_1 blocks (int8 + d + d*sum) for the integer matmuls",
         )
     ],
@@ -299,6 +309,7 @@ REGISTRY.register(
             params=(Param("threads", (64, 128, 256, 512), 256, "threads per block", PUSHED),),
             quant_types=ALL_TYPES,
             source="cuda/dequant.cu",
+            numeric="order_only",
             doc="rows of a quantized table, ids on the device",
         )
     ],
@@ -315,6 +326,7 @@ REGISTRY.register(
                 Param("rows_per_block", (1, 2, 4, 8), 4, "rows (one warp each) per block", PUSHED),
             ),
             source="cuda/elementwise.cu",
+            numeric="order_only",
             doc="one warp per row of the last dim ([T, C] and per-head [T, H, D])",
         )
     ],
@@ -335,6 +347,7 @@ for _op, _name, _doc in [
                 _name,
                 params=(Param("threads", (128, 256, 512, 1024), 256, "threads per block", PUSHED),),
                 source="cuda/elementwise.cu",
+                numeric="order_only",
                 doc=_doc,
             )
         ],
@@ -349,6 +362,7 @@ REGISTRY.register(
             "block",
             params=(Param("threads", (256, 512, 1024), 1024, "threads per row", PUSHED),),
             source="cuda/elementwise.cu",
+            numeric="order_only",
             doc="one block per row; first maximum wins",
         )
     ],
@@ -366,6 +380,7 @@ REGISTRY.register(
                 Param("warps", (1, 2, 4, 8), 4, "warps per key range", PUSHED),
             ),
             source="cuda/attention.cu",
+            numeric="order_only",
             doc="split-KV online softmax + combine; position read on the device (graph-safe)",
         )
     ],
@@ -395,6 +410,7 @@ REGISTRY.register(
                 ),
             ),
             source="cuda/attention.cu",
+            numeric="order_only",
             doc="tiled flash attention in shared memory (head dim <= 128; else the split kernel)",
         ),
         Variant(
@@ -406,6 +422,7 @@ REGISTRY.register(
                 Param("warps", (1, 2, 4, 8), 4, "warps per key range", PUSHED),
             ),
             source="cuda/attention.cu",
+            numeric="order_only",
             doc="the decode kernel per query token (no key reuse across queries)",
         ),
     ],

@@ -25,6 +25,7 @@ for _op in ("matmul_decode", "matmul_prefill"):
                 "cached_f32",
                 quant_types=SUPPORTED,
                 source="engine/backends/numpy_ref.py",
+                numeric="order_only",
                 doc="dequantize each weight once to float32 and keep it (fast, 4 B/weight RAM)",
             ),
             Variant(
@@ -33,6 +34,7 @@ for _op in ("matmul_decode", "matmul_prefill"):
                 "ondemand",
                 quant_types=SUPPORTED,
                 source="engine/backends/numpy_ref.py",
+                numeric="order_only",
                 doc="dequantize the weight on every call (slow, no extra RAM)",
             ),
         ],
@@ -49,5 +51,16 @@ for _op, _doc in [
     ("argmax", "first maximum"),
 ]:
     REGISTRY.register(
-        B, _op, [Variant(B, _op, "default", source="engine/backends/numpy_ref.py", doc=_doc)]
+        B,
+        _op,
+        [
+            Variant(
+                B,
+                _op,
+                "default",
+                source="engine/backends/numpy_ref.py",
+                doc=_doc,
+                numeric="order_only",
+            )
+        ],
     )

@@ -231,6 +231,7 @@ REGISTRY.register(
             quant_types=QUANT_TYPES,
             source="vulkan/matmul_decode.comp",
             defines=("VARIANT_BLOCK",),
+            numeric="order_only",
             doc="DMMV in block-sized chunks per lane: wide weight loads, scales once per chunk, "
             "vec4 x shared by rows_per_thread rows; subgroupAdd or shuffle-xor reduction",
         ),
@@ -247,6 +248,7 @@ REGISTRY.register(
             quant_types=QUANT_TYPES,
             source="vulkan/matmul_decode.comp",
             defines=("VARIANT_SUBGROUP",),
+            numeric="order_only",
             doc="DMMV, one subgroup per row, lanes split K, subgroupAdd",
         ),
         Variant(
@@ -272,6 +274,7 @@ REGISTRY.register(
             quant_types=QUANT_TYPES,
             source="vulkan/matmul_decode.comp",
             defines=("VARIANT_SHMEM",),
+            numeric="order_only",
             doc="DMMV, threads_per_row threads per row, shared-memory tree reduction",
         ),
     ],
@@ -318,6 +321,7 @@ REGISTRY.register(
             ),
             quant_types=QUANT_TYPES,
             source="vulkan/matmul_tiled.comp",
+            numeric="order_only",
             doc="shared-memory tiled GEMM with fused dequant: a 256-thread workgroup owns a "
             "tile_m x tile_n block of y, weights decoded once per tile_n columns",
         ),
@@ -334,6 +338,7 @@ REGISTRY.register(
             quant_types=QUANT_TYPES,
             source="vulkan/matmul_prefill.comp",
             defines=("VARIANT_KPAR",),
+            numeric="order_only",
             doc="batched columns, one subgroup per row splits K, subgroupAdd per column",
         ),
         Variant(
@@ -345,6 +350,7 @@ REGISTRY.register(
             quant_types=QUANT_TYPES,
             source="vulkan/matmul_prefill.comp",
             defines=("VARIANT_SERIAL",),
+            numeric="order_only",
             doc="batched columns, one thread per row walks all of K",
         ),
     ],
@@ -376,6 +382,7 @@ for _op, _variant, _src, _defines, _doc in _SIMPLE:
                 quant_types=QUANT_TYPES if _op == "embedding" else None,
                 source=f"vulkan/{_src}",
                 defines=_defines,
+                numeric="order_only",
                 doc=_doc,
             )
         ],
@@ -433,6 +440,7 @@ REGISTRY.register(
                 _shared_fits("attention", 3),
             ),
             source="vulkan/attention_split.comp",
+            numeric="order_only",
             doc="split-KV (flash-decoding): a workgroup per (head, key range, token) writes an "
             "online-softmax partial, a merge pass rescales and sums them",
         ),
@@ -443,6 +451,7 @@ REGISTRY.register(
             params=(_wg(64),),
             constraints=(_wg_fits("attention"), _shared_fits("attention", 3)),
             source="vulkan/attention.comp",
+            numeric="order_only",
             doc="causal GQA, a workgroup per (head, token), online softmax over key tiles",
         ),
     ],
@@ -471,6 +480,7 @@ REGISTRY.register(
             ),
             constraints=(_wg_fits("argmax"), _shared_fits("argmax", 2)),
             source="vulkan/argmax.comp",
+            numeric="order_only",
             doc="slices of a row reduce to (value, index) pairs, a second pass picks the first "
             "maximum among them",
         ),
@@ -481,6 +491,7 @@ REGISTRY.register(
             params=(_wg(256),),
             constraints=(_wg_fits("argmax"), _shared_fits("argmax", 2)),
             source="vulkan/argmax.comp",
+            numeric="order_only",
             doc="first maximum per row, one workgroup per row",
         ),
     ],
@@ -513,6 +524,7 @@ REGISTRY.register(
                 ),
             ),
             source="engine/backends/vulkan/stream.py",
+            numeric="order_only",
             doc="command recording: dispatches batched per submit, graphs recorded once",
         )
     ],
