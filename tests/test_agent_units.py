@@ -80,7 +80,7 @@ def test_experiment_errors_name_the_key(data: dict, message: str) -> None:
         ("[acceptance]\nconfidence = nan", "acceptance.confidence = nan"),
         ("[acceptance]\nmin_gain = inf", "acceptance.min_gain = inf"),
         ("[acceptance]\nmax_regression = nan", "acceptance.max_regression = nan"),
-        ("[validate]\nnmse = -inf", "validate.nmse = -inf"),
+        ("[acceptance]\nmin_gain = -inf", "acceptance.min_gain = -inf"),
     ],
 )
 def test_non_finite_numbers_are_rejected_by_name(tmp_path: Path, text: str, key: str) -> None:
