@@ -44,9 +44,14 @@ run)
     MODELS="" source scripts/device_vulkan_env.sh || exit 1
     export PYTHONPATH=/tmp/site:/tmp/vk:$PWD PATH=/tmp/site/bin:$PATH RAY_AUTH_MODE=disabled
     export FLEETTUNE_CACHE=/root/fleet/cache
-    rm -rf /root/promo && git clone -q .fleet/main.bundle /root/promo -b main
-    git -C /root/promo config user.name "fleettune agent"
-    git -C /root/promo config user.email agent@fleettune.invalid
+    PROMOTE="--promote-repo /root/promo"
+    if command -v git > /dev/null; then
+        rm -rf /root/promo && git clone -q .fleet/main.bundle /root/promo -b main
+        git -C /root/promo config user.name "fleettune agent"
+        git -C /root/promo config user.email agent@fleettune.invalid
+    else
+        echo "no git on this machine: the agent runs with --no-promote"; PROMOTE=--no-promote
+    fi
     M=$(python3 -c "import sys; from worker.models import resolve_model; print(resolve_model(sys.argv[1]))" "$MODEL") || exit 1
     echo "model $MODEL -> $M"
     ray start --head --port 6379 --num-gpus 0 --include-dashboard=false > $L/head.log 2>&1 \
@@ -61,15 +66,17 @@ run)
         name=$(basename "$exp" .toml)
         echo "== agent run $exp"
         timeout ${AGENT_TIMEOUT:-240} python3 -m agent run "$exp" --address 127.0.0.1:6379 \
-            --storage sqlite:////root/fleet/studies.db --promote-repo /root/promo \
+            --storage sqlite:////root/fleet/studies.db $PROMOTE \
             > $L/agent_$name.txt 2> $L/agent_$name.log
         echo "agent rc=$?"; tail -25 $L/agent_$name.txt
         cp /root/fleet/studies.db "$OUT/"
     done
     ray stop --force > /dev/null 2>&1
-    git -C /root/promo log --format='%h %s' main -6 | tee $L/promotions.txt
-    git -C /root/promo bundle create "$OUT/promo.bundle" main 2>/dev/null
-    cp -r /root/promo/configs/. configs/ && find configs -name '*.toml' | tee $L/promoted.txt
+    if [ -d /root/promo ]; then
+        git -C /root/promo log --format='%h %s' main -6 | tee $L/promotions.txt
+        git -C /root/promo bundle create "$OUT/promo.bundle" main 2>/dev/null
+        cp -r /root/promo/configs/. configs/ && find configs -name '*.toml' | tee $L/promoted.txt
+    fi
     tar czf "$OUT/fleet_logs.tgz" -C /root/fleet logs
     for be in cuda vulkan; do
         card=0; [ $be = vulkan ] && card=1
