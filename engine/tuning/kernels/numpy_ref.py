@@ -52,7 +52,37 @@ for _op, _doc in [
     ("attention", "causal GQA softmax attention"),
     ("swiglu", "silu(gate) * up"),
     ("argmax", "first maximum"),
+    # hybrid models (engine/hybrid.py, engine/backends/numpy_hybrid.py)
+    ("rope_partial", "neox RoPE of the first n_rot dims"),
+    ("sigmoid_mul", "sigmoid-gated product"),
+    ("ssm_conv", "causal depthwise conv1d with state, SiLU"),
+    ("ssm_gates", "g = softplus(a + dt_bias) * ssm_a, beta = sigmoid(b)"),
+    ("router_topk", "softmax router, normalised top-k"),
+    ("moe_experts", "SwiGLU experts, only the chosen ones read"),
 ]:
     REGISTRY.register(
         B, _op, [Variant(B, _op, "default", source="engine/backends/numpy_ref.py", doc=_doc)]
     )
+
+REGISTRY.register(
+    B,
+    "delta_net",
+    [
+        Variant(
+            B,
+            "delta_net",
+            "sequential",
+            source="engine/backends/numpy_hybrid.py",
+            doc="gated delta rule one token at a time",
+        ),
+        Variant(
+            B,
+            "delta_net",
+            "chunked",
+            params=(Param("chunk", (4, 8, 16, 32, 64), 64, "tokens per chunk"),),
+            source="engine/backends/numpy_hybrid.py",
+            doc="WY form: a triangular solve per chunk, the state carried chunk to chunk",
+        ),
+    ],
+    doc="gated delta-net scan (prefill; decode T == 1 is always sequential)",
+)

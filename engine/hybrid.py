@@ -1,0 +1,151 @@
+"""Hybrid decoders (qwen35 / qwen35moe / qwen3next) as a backend-independent schedule of ops.
+
+Layers are gated delta-net (linear attention with a matrix state per V head) except every
+full_attention_interval-th, which is gated full attention; the FFN is SwiGLU or a mixture of
+experts with a sigmoid-gated shared expert. Each block: x += mixer(norm(x)); x += ffn(norm(x)).
+The recurrent state (conv inputs + S per delta-net layer) lives in the HybridCache beside the K/V
+of the attention layers, so both prefill paths of engine.model and decode share it.
+
+Shapes: T tokens, C width, H/Hkv/D attention heads, Hk/Hv delta-net heads of dk/dv,
+Kd = Hk dk, Vd = Hv dv.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.backends.base import Backend, HybridCache, Tensor
+from engine.gguf_model import GGUFModel, QTensor
+from engine.model import Model
+
+
+def _split_gate_up(qt: QTensor) -> tuple[QTensor, QTensor]:
+    """ffn_gate_up_exps [E, 2F, C] (gate rows first, as llama.cpp splits it) -> gate, up."""
+    E, F2, C = qt.shape
+    raw = qt.raw.reshape(E, F2, -1)
+    half = F2 // 2
+
+    def part(name: str, rows: slice) -> QTensor:
+        data = np.ascontiguousarray(raw[:, rows]).reshape(E * half, -1)
+        return QTensor(qt.name.replace("gate_up", name), qt.qtype, (E, half, C), data)
+
+    return part("gate", slice(0, half)), part("up", slice(half, F2))
+
+
+class HybridModel(Model):
+    """Model for files whose spec.hybrid is set (engine.model.Model builds this for them)."""
+
+    def __init__(self, gguf: GGUFModel, backend: Backend) -> None:
+        self.gguf = gguf
+        self.spec = gguf.spec
+        self.backend = backend
+        self.weights = {}
+        for name in gguf.model_tensor_names():
+            qt = gguf.tensor(name)
+            if name.endswith("ffn_gate_up_exps.weight"):
+                for part in _split_gate_up(qt):
+                    self.weights[part.name] = backend.load_weight(part)
+                continue
+            if name.endswith("ffn_gate_inp_shexp.weight") and len(qt.shape) == 1:
+                qt = QTensor(qt.name, qt.qtype, (1, qt.shape[0]), qt.raw)  # a [1, C] matrix
+            self.weights[name] = backend.load_weight(qt)
+        head = "token_embd.weight" if self.spec.tied_embeddings else "output.weight"
+        self.lm_head = self.weights[head]
+
+    def new_cache(self, capacity: int) -> HybridCache:
+        s, b, ssm = self.spec, self.backend, self.spec.ssm
+        kv_shape = (capacity, s.n_head_kv, s.head_dim)
+        k, v, conv, state = [], [], [], []
+        for i in range(s.n_layers):
+            rec = s.is_recurrent(i)
+            k.append(None if rec else b.upload(np.zeros(kv_shape, np.float32)))
+            v.append(None if rec else b.upload(np.zeros(kv_shape, np.float32)))
+            conv.append(
+                b.upload(np.zeros((ssm.d_conv - 1, ssm.conv_dim), np.float32)) if rec else None
+            )
+            dk, dv = ssm.head_k_dim, ssm.head_v_dim
+            state.append(b.upload(np.zeros((ssm.n_v_heads, dk, dv), np.float32)) if rec else None)
+        return HybridCache(k=k, v=v, capacity=capacity, conv=conv, ssm=state)
+
+    # --- forward ------------------------------------------------------------------------
+    def forward(
+        self, ids: Tensor, n: int, pos0: int, cache: HybridCache, logits: bool = True
+    ) -> Tensor:
+        b, s, w = self.backend, self.spec, self.weights
+        x = b.embedding(w["token_embd.weight"], ids)  # [T, C]
+        for i in range(s.n_layers):
+            p = f"blk.{i}."
+            h = b.rms_norm(x, w[p + "attn_norm.weight"], s.rms_eps)
+            if s.is_recurrent(i):
+                mix = self._delta_net(h, n, i, cache)
+            else:
+                mix = self._attention(h, n, i, pos0, cache)
+            x = b.add(x, mix)
+            h = b.rms_norm(x, w[p + "post_attention_norm.weight"], s.rms_eps)
+            x = b.add(x, self._ffn(h, i))
+        if not logits:
+            return None
+        if n > 1:
+            x = b.rows(x, n - 1, n)
+        x = b.rms_norm(x, w["output_norm.weight"], s.rms_eps)
+        return b.matmul(x, self.lm_head)  # [1, V]
+
+    def _delta_net(self, h: Tensor, n: int, i: int, cache: HybridCache) -> Tensor:
+        b, w, ssm, p = self.backend, self.weights, self.spec.ssm, f"blk.{i}."
+        Hk, Hv, dk, dv = ssm.n_k_heads, ssm.n_v_heads, ssm.head_k_dim, ssm.head_v_dim
+        kd, r = ssm.key_dim, Hv // Hk
+        qkv = b.matmul(h, w[p + "attn_qkv.weight"])  # [T, 2 Kd + Vd]
+        z = b.reshape(b.matmul(h, w[p + "attn_gate.weight"]), (n, Hv, dv))
+        if p + "ssm_ba.weight" in w:  # qwen3next: per K head [b (r), a (r)], V heads grouped
+            ba = b.reshape(b.matmul(h, w[p + "ssm_ba.weight"]), (n, Hk, 2 * r))
+            beta_in = b.reshape(b.cols(ba, 0, r), (n, Hv))
+            alpha = b.reshape(b.cols(ba, r, 2 * r), (n, Hv))
+        else:
+            beta_in = b.matmul(h, w[p + "ssm_beta.weight"])  # [T, Hv]
+            alpha = b.matmul(h, w[p + "ssm_alpha.weight"])
+        g, beta = b.ssm_gates(alpha, beta_in, w[p + "ssm_dt.bias"], w[p + "ssm_a"])
+        qkv = b.ssm_conv(qkv, cache.conv[i], w[p + "ssm_conv1d.weight"])  # [T, 2 Kd + Vd]
+        q = b.reshape(b.cols(qkv, 0, kd), (n, Hk, dk))
+        k = b.reshape(b.cols(qkv, kd, 2 * kd), (n, Hk, dk))
+        v = b.reshape(b.cols(qkv, 2 * kd, 2 * kd + ssm.value_dim), (n, Hv, dv))
+        o = b.delta_net(q, k, v, g, beta, cache.ssm[i], ssm.v_order, self.spec.rms_eps)
+        o = b.swiglu(z, b.rms_norm(o, w[p + "ssm_norm.weight"], self.spec.rms_eps))  # gated norm
+        return b.matmul(b.reshape(o, (n, ssm.value_dim)), w[p + "ssm_out.weight"])
+
+    def _attention(self, h: Tensor, n: int, i: int, pos0: int, cache: HybridCache) -> Tensor:
+        b, s, w, p = self.backend, self.spec, self.weights, f"blk.{i}."
+        H, Hkv, D = s.n_head, s.n_head_kv, s.head_dim
+        qg = b.reshape(b.matmul(h, w[p + "attn_q.weight"]), (n, H, 2 * D))  # [q | gate] per head
+        q, gate = b.cols(qg, 0, D), b.cols(qg, D, 2 * D)
+        k = b.reshape(b.matmul(h, w[p + "attn_k.weight"]), (n, Hkv, D))
+        v = b.reshape(b.matmul(h, w[p + "attn_v.weight"]), (n, Hkv, D))
+        q = b.rms_norm(q, w[p + "attn_q_norm.weight"], s.rms_eps)
+        k = b.rms_norm(k, w[p + "attn_k_norm.weight"], s.rms_eps)
+        q = b.rope_partial(q, pos0, s.rope_theta, s.rope_dim)
+        k = b.rope_partial(k, pos0, s.rope_theta, s.rope_dim)
+        b.kv_write(cache, i, k, v, pos0)
+        a = b.sigmoid_mul(gate, b.attention(q, cache, i, pos0))  # [T, H, D]
+        return b.matmul(b.reshape(a, (n, H * D)), w[p + "attn_output.weight"])
+
+    def _ffn(self, h: Tensor, i: int) -> Tensor:
+        b, w, moe, p = self.backend, self.weights, self.spec.moe, f"blk.{i}."
+        if moe is None:
+            g = b.swiglu(b.matmul(h, w[p + "ffn_gate.weight"]), b.matmul(h, w[p + "ffn_up.weight"]))
+            return b.matmul(g, w[p + "ffn_down.weight"])
+        ids, weights = b.router_topk(b.matmul(h, w[p + "ffn_gate_inp.weight"]), moe.n_expert_used)
+        y = b.moe_experts(
+            h,
+            ids,
+            weights,
+            w[p + "ffn_gate_exps.weight"],
+            w[p + "ffn_up_exps.weight"],
+            w[p + "ffn_down_exps.weight"],
+        )
+        if p + "ffn_up_shexp.weight" not in w:
+            return y
+        sh = b.swiglu(
+            b.matmul(h, w[p + "ffn_gate_shexp.weight"]), b.matmul(h, w[p + "ffn_up_shexp.weight"])
+        )
+        sh = b.matmul(sh, w[p + "ffn_down_shexp.weight"])
+        gate = b.matmul(h, w[p + "ffn_gate_inp_shexp.weight"])  # [T, 1]
+        return b.add(y, b.sigmoid_mul(gate, sh))
