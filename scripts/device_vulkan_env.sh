@@ -21,7 +21,7 @@ grep -q "^vulkan  unavailable" "$OUT/devices.txt" && { ls /usr/local/nvidia/shar
   cat /usr/local/nvidia/share/vulkan/icd.d/*.json; VK_LOADER_DEBUG=error,warn python3 -m engine \
   devices 2>&1 | tail -20; exit 3; }
 mkdir -p /tmp/models
-for p in ${MODELS:-1.5b 7b}; do
+for p in ${MODELS-1.5b 7b}; do
   (python3 -m engine synth --preset $p --out /tmp/models/$p.gguf --json > "$OUT/synth_$p.log" 2>&1 &)
 done
 wait_model() { for i in $(seq 180); do grep -q '"path"' "$OUT/synth_$1.log" 2>/dev/null && return; sleep 1; done; }

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["tests.device_fault"]
+
 QWEN_NAME = "qwen2.5-coder-0.5b-q4km"
 
 

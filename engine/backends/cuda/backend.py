@@ -404,6 +404,7 @@ class CudaBackend(Backend):
             raise ValueError(f"matmul: x has {K} columns, weight {w.name!r} is {w.shape}")
         pre = self.config.op("prefill")
         self._q8_forget(y)
+        x = self._aligned16(x)
         if T == 1:
             dec = self.config.op("matmul_decode")
             if dec.variant == "mmvq" and w.qtype in BLOCK_TYPES:
@@ -422,6 +423,21 @@ class CudaBackend(Backend):
                 self._mmq8(x, w, y, v)
             else:  # a type the GEMM variant does not decode: batched DMMV handles every type
                 self._batched(x, w, y)
+
+    def _aligned16(self, x: Any) -> Any:
+        """x itself when it starts on a 16-byte boundary, else an aligned copy.
+
+        The block-weight DMMV, mmvq (through quantize_q8_1) and mmq8 read activations as float4;
+        a view that starts mid-vector (rows() of a larger buffer at a float offset) faults with
+        CUDA_ERROR_MISALIGNED_ADDRESS and poisons the context. Row strides are aligned already
+        (K % 32 == 0 for block types), so only the start needs checking; CuPy's allocations
+        are 256-byte aligned, and the copy is T x K floats, once per call, only for such views.
+        """
+        if x.data.ptr % 16 == 0:
+            return x
+        out = self._empty(x.shape, x.dtype)
+        out[...] = x
+        return out
 
     def _batched(self, x: Any, w: CudaWeight, y: Any) -> None:
         c = self.config.op("matmul_batched")

@@ -1,0 +1,143 @@
+"""Run a GPU test suite so that a device fault is confined to the test that caused it.
+
+    python scripts/gpu_suite.py cuda            # CUDA ops, shared ops (cuda), CUDA backend
+    python scripts/gpu_suite.py vulkan          # the Vulkan suites on whatever driver is set up
+    python scripts/gpu_suite.py cuda --json     # the tally as JSON (per file and in total)
+
+Each file runs in its own pytest process with tests/device_fault.py logging every outcome; a
+sticky device error (a CUDA fault, a lost Vulkan device) stops that process after the test that
+raised it, and a fresh process runs the file's tests that had not run. The tally says, per
+file: passed, failed, errors, skipped, and the faults (test and error line), first one first.
+Exit status: 0 when nothing failed, 1 otherwise, 2 on bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# suite -> (file, marker expression, -k expression or None)
+SUITES: dict[str, list[tuple[str, str, str | None]]] = {
+    "cuda": [
+        ("tests/test_cuda_ops.py", "gpu", None),
+        ("tests/test_backend_ops.py", "gpu", "cuda"),
+        ("tests/test_cuda_backend.py", "gpu or not gpu", None),
+    ],
+    "vulkan": [
+        ("tests/test_backend_ops.py", "not gpu and not slow", "vulkan"),
+        ("tests/test_vulkan_ops.py", "not gpu and not slow", None),
+        ("tests/test_vulkan_backend.py", "not gpu and not slow", None),
+        ("tests/test_vulkan_model.py", "not gpu and not slow", None),
+    ],
+}
+KEYS = ("passed", "failed", "errors", "skipped")
+
+
+@dataclass
+class FileTally:
+    file: str
+    counts: Counter = field(default_factory=Counter)
+    faults: list[dict[str, str]] = field(default_factory=list)
+    processes: int = 0
+
+    def as_dict(self) -> dict:
+        counts = {k: self.counts.get(k, 0) for k in KEYS}
+        return {"file": self.file, "processes": self.processes, "faults": self.faults, **counts}
+
+
+def _env(**extra: str) -> dict[str, str]:
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return dict(os.environ, PYTHONPATH=path, PYTHONUNBUFFERED="1", **extra)
+
+
+def _pytest(args: list[str], log: Path, timeout: float, cwd: Path) -> int:
+    env = _env(FLEETTUNE_TEST_LOG=str(log))
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rfE", "--tb=short"]
+    cmd += ["-p", "no:cacheprovider", "-p", "tests.device_fault"]
+    try:
+        return subprocess.run(cmd + args, cwd=cwd, env=env, timeout=timeout).returncode
+    except subprocess.TimeoutExpired:
+        return 124
+
+
+def _collect(file: str, marker: str, k: str | None, cwd: Path) -> list[str]:
+    args = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+            "-m", marker, file] + (["-k", k] if k else [])  # fmt: skip
+    out = subprocess.run(args, cwd=cwd, env=_env(), capture_output=True, text=True).stdout
+    return [ln.strip() for ln in out.splitlines() if "::" in ln and not ln.startswith(" ")]
+
+
+def run_file(
+    file: str, marker: str, k: str | None, timeout: float, cwd: Path = ROOT
+) -> FileTally:
+    """Run one file, restarting after each device fault until every collected test has run
+    (node ids are relative to cwd)."""
+    tally = FileTally(file)
+    pending = _collect(file, marker, k, cwd)
+    if not pending:
+        return tally
+    seen: dict[str, str] = {}  # nodeid -> outcome; an error in setup/teardown counts as error
+    while pending:
+        with tempfile.TemporaryDirectory() as tmp:
+            log = Path(tmp) / "log.jsonl"
+            log.touch()
+            tally.processes += 1
+            _pytest(["-m", marker, *pending], log, timeout, cwd)
+            records = [json.loads(ln) for ln in log.read_text().splitlines() if ln.strip()]
+        for r in records:
+            outcome = r["outcome"]
+            if outcome == "failed" and r["when"] != "call":
+                outcome = "errors"
+            if r["nodeid"] not in seen or outcome in ("failed", "errors"):
+                seen[r["nodeid"]] = outcome
+            if r.get("fault"):
+                tally.faults.append({"test": r["nodeid"], "error": r["fault"]})
+        ran = {r["nodeid"] for r in records}
+        rest = [n for n in pending if n not in ran]
+        if len(rest) == len(pending):  # nothing ran (a crash at start-up, a timeout): stop
+            for n in rest:
+                seen[n] = "errors"
+            break
+        pending = rest
+    tally.counts = Counter(seen.values())
+    return tally
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("suite", choices=sorted(SUITES), help="which GPU suite to run")
+    ap.add_argument("--json", action="store_true", help="print the tally as JSON")
+    ap.add_argument("--timeout", type=float, default=600, help="seconds per pytest process")
+    args = ap.parse_args(argv)
+    tallies = [run_file(f, m, k, args.timeout) for f, m, k in SUITES[args.suite]]
+    total = Counter()
+    for t in tallies:
+        total.update(t.counts)
+    if args.json:
+        files = [t.as_dict() for t in tallies]
+        doc = {"suite": args.suite, "files": files, "total": {k: total.get(k, 0) for k in KEYS}}
+        print(json.dumps(doc, indent=2))
+    else:
+        print(f"\n{args.suite} suite: {'file':40s} passed failed errors skipped processes")
+        for t in tallies:
+            d = t.as_dict()
+            print(f"  {t.file:52s} {d['passed']:6d} {d['failed']:6d} {d['errors']:6d} "
+                  f"{d['skipped']:7d} {t.processes:9d}")
+            for f in t.faults:
+                print(f"    device fault: {f['test']}: {f['error']}")
+        print(f"  {'total':52s} {total['passed']:6d} {total['failed']:6d} {total['errors']:6d} "
+              f"{total['skipped']:7d}")
+    return 0 if total["failed"] == 0 and total["errors"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
