@@ -305,6 +305,8 @@ class VulkanBackend(Backend):
             return [(op, K.matmul_prefill(c.variant, q), (wg, rows, config.max_cols), sg)]
         if op == "embedding":
             return [(op, K.embedding(q), (wg,), 0)]
+        if op == "delta_net":
+            return [(op, K.DELTA_NET, (wg, int(c["state_layout"] == "ST")), 0)]
         stages = K.STAGES.get((op, c.variant))
         if stages is None:
             program = {
@@ -333,6 +335,7 @@ class VulkanBackend(Backend):
             "embedding",
             "matmul_decode",
             "matmul_prefill",
+            "delta_net",
         ):
             weighted = op in ("embedding", "matmul_decode", "matmul_prefill")
             variant = config.op(op).variant
@@ -502,6 +505,42 @@ class VulkanBackend(Backend):
             (out.buf,),
             (D, rows, x.offset, wt.offset, out.offset, float(eps)),
             _fold(rows),
+        )
+        return out
+
+    def delta_net(
+        self,
+        q: VkTensor,
+        k: VkTensor,
+        v: VkTensor,
+        g: VkTensor,
+        beta: VkTensor,
+        state: VkTensor,
+        v_order: str,
+        eps: float,
+    ) -> VkTensor:
+        """The base contract; state [Hv, dk, dv] in the config's state_layout (S or S^T: a
+        cache written under one layout must be read under the same one)."""
+        q, k, v, g, beta = (self._as_tensor(t) for t in (q, k, v, g, beta))
+        T, Hk, dk = q.shape
+        _, Hv, dv = v.shape
+        wg = int(self.config.op("delta_net")["wg_size"])
+        if dv > wg or dk > 256 or Hv % Hk or state.size != Hv * dk * dv:
+            raise ValueError(
+                f"delta_net: dk {dk} (<= 256), dv {dv} (<= wg_size {wg}), Hv {Hv} a multiple "
+                f"of Hk {Hk}, state of {Hv * dk * dv} values (got {state.size})"
+            )
+        if v_order not in ("grouped", "tiled"):
+            raise ValueError(f"delta_net: v_order {v_order!r}: 'grouped' or 'tiled'")
+        out = self._new((T, Hv, dv))
+        pipe, _ = self._pipe("delta_net")
+        tensors = (q, k, v, g, beta, state, out)
+        self.stream.dispatch(
+            pipe,
+            tuple(t.buf for t in tensors),
+            (state.buf, out.buf),
+            (T, Hk, Hv, dk, dv, int(v_order == "grouped"), *(t.offset for t in tensors), eps),
+            _fold(Hv),
         )
         return out
 

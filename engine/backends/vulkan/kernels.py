@@ -55,6 +55,7 @@ ATTENTION = Program("attention", (), 5, "IIIIIIIIf")
 ATTENTION_SPLIT = Program("attention_split", ("PASS_PARTIAL",), 5, "IIIIIIIIIf")
 ATTENTION_MERGE = Program("attention_split", ("PASS_MERGE",), 2, "IIIII")
 ARGMAX = Program("argmax", (), 2, "IIII")
+DELTA_NET = Program("delta_net", (), 7, "IIIIIIIIIIIIIf")
 ARGMAX_SLICES = Program("argmax", ("STAGE_SLICES",), 2, "IIIII")
 ARGMAX_MERGE = Program("argmax", ("STAGE_MERGE",), 2, "IIII")
 
@@ -68,7 +69,7 @@ STAGES = {
 
 
 def all_programs() -> list[Program]:
-    out = [RMS_NORM, ADD, SWIGLU, ROPE, KV_WRITE]
+    out = [RMS_NORM, ADD, SWIGLU, ROPE, KV_WRITE, DELTA_NET]
     out += [p for stages in STAGES.values() for p in stages]
     for q in sorted(QUANT_TYPES):
         out += [matmul_decode(v, q) for v in MATMUL_DECODE_VARIANTS]

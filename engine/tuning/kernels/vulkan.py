@@ -505,3 +505,31 @@ REGISTRY.register(
     ],
     doc="how dispatches become command buffers",
 )
+
+REGISTRY.register(
+    B,
+    "delta_net",
+    [
+        Variant(
+            B,
+            "delta_net",
+            "sequential",
+            params=(
+                _wg(128, (32, 64, 128, 256)),
+                Param(
+                    "state_layout",
+                    ("S", "ST"),
+                    "S",
+                    "the delta-net state between calls: S row-major [dk, dv] (threads of a "
+                    "workgroup read across a row) or S^T [dv, dk] (each thread's column "
+                    "contiguous); the seed's 7x was this choice on a warp-per-column kernel",
+                ),
+            ),
+            constraints=(_wg_fits("delta_net"),),
+            source="vulkan/delta_net.comp",
+            doc="one workgroup per V head, a thread per state column in registers, T tokens "
+            "in sequence; q/k L2 norm in the kernel",
+        )
+    ],
+    doc="gated delta-net scan (hybrid models); wg_size must be >= the V head dim",
+)
