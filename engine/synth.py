@@ -148,7 +148,7 @@ def choose_qtype(mix: str, name: str, row_len: int, n_layers: int) -> str:
     m = _LAYER.match(name)
     if name == "output.weight":
         want = "Q6_K"
-    elif m and name.endswith((".attn_v.weight", ".ffn_down.weight")):
+    elif m and name.endswith((".attn_v.weight", ".ffn_down.weight", ".ffn_down_exps.weight")):
         want = "Q6_K" if use_more_bits(int(m.group(1)), n_layers) else "Q4_K"
     else:
         want = "Q4_K"
@@ -397,7 +397,11 @@ _CHUNK_ELEMS = 1 << 23  # elements per parallel generation task (~4 MB of Q4_K)
 
 
 def _add_metadata(
-    w: GGUFWriter, arch: str, preset_name: str, p: Preset | HybridPreset, quant_mix: str,
+    w: GGUFWriter,
+    arch: str,
+    preset_name: str,
+    p: Preset | HybridPreset,
+    quant_mix: str,
     vocab: Vocab,
 ) -> None:
     w.add_name(f"synthetic-{arch}-{preset_name}-{quant_mix}")
