@@ -15,8 +15,19 @@ from __future__ import annotations
 import numpy as np
 
 from engine.backends.base import Backend, HybridCache, Tensor
+from engine.errors import UnsupportedError
 from engine.gguf_model import GGUFModel, QTensor
 from engine.model import Model
+
+HYBRID_OPS = (
+    "rope_partial",
+    "sigmoid_mul",
+    "ssm_conv",
+    "ssm_gates",
+    "delta_net",
+    "router_topk",
+    "moe_experts",
+)
 
 
 def _split_gate_up(qt: QTensor) -> tuple[QTensor, QTensor]:
@@ -36,6 +47,12 @@ class HybridModel(Model):
     """Model for files whose spec.hybrid is set (engine.model.Model builds this for them)."""
 
     def __init__(self, gguf: GGUFModel, backend: Backend) -> None:
+        missing = [op for op in HYBRID_OPS if getattr(type(backend), op) is getattr(Backend, op)]
+        if missing:  # at load, not after the weights are on the device
+            raise UnsupportedError(
+                f"{gguf.path.name}: {gguf.spec.arch} models need the ops {', '.join(missing)}, "
+                f"which backend {backend.name!r} does not have yet (numpy has them all)"
+            )
         self.gguf = gguf
         self.spec = gguf.spec
         self.backend = backend

@@ -134,3 +134,15 @@ def test_synth_rejects_a_dense_preset_for_a_hybrid(tmp_path):
     with pytest.raises(ConfigError, match="preset for qwen35"):
         write_synthetic(tmp_path / "x.gguf", arch="qwen35", preset="1.5b", progress=False)
     assert not list(tmp_path.iterdir())
+
+
+def test_backend_without_hybrid_ops_fails_at_load(tiny_model_factory):
+    from engine.backends.base import Backend
+    from engine.errors import UnsupportedError
+
+    class DenseOnly(NumpyBackend):  # two hybrid ops back to the base contract's "unsupported"
+        ssm_conv = Backend.ssm_conv
+        router_topk = Backend.router_topk
+
+    with pytest.raises(UnsupportedError, match="ssm_conv, router_topk"):
+        Model(open_model(tiny_model_factory("qwen3next", "q4_k_m")), DenseOnly())
