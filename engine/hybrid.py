@@ -19,15 +19,8 @@ from engine.errors import UnsupportedError
 from engine.gguf_model import GGUFModel, QTensor
 from engine.model import Model
 
-HYBRID_OPS = (
-    "rope_partial",
-    "sigmoid_mul",
-    "ssm_conv",
-    "ssm_gates",
-    "delta_net",
-    "router_topk",
-    "moe_experts",
-)
+HYBRID_OPS = ("rope_partial", "sigmoid_mul", "ssm_conv", "ssm_gates", "delta_net")
+MOE_OPS = ("router_topk", "moe_experts")
 
 
 def _split_gate_up(qt: QTensor) -> tuple[QTensor, QTensor]:
@@ -47,11 +40,12 @@ class HybridModel(Model):
     """Model for files whose spec.hybrid is set (engine.model.Model builds this for them)."""
 
     def __init__(self, gguf: GGUFModel, backend: Backend) -> None:
-        missing = [op for op in HYBRID_OPS if getattr(type(backend), op) is getattr(Backend, op)]
+        needed = HYBRID_OPS + (MOE_OPS if gguf.spec.moe else ())
+        missing = [op for op in needed if getattr(type(backend), op) is getattr(Backend, op)]
         if missing:  # at load, not after the weights are on the device
             raise UnsupportedError(
                 f"{gguf.path.name}: {gguf.spec.arch} models need the ops {', '.join(missing)}, "
-                f"which backend {backend.name!r} does not have yet (numpy has them all)"
+                f"which backend {backend.name!r} does not have (numpy has them all)"
             )
         self.gguf = gguf
         self.spec = gguf.spec

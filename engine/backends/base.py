@@ -194,8 +194,15 @@ class Backend(ABC):
         raise self._no_hybrid("ssm_gates")
 
     def delta_net(
-        self, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor,
-        v_order: str, eps: float,
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        g: Tensor,
+        beta: Tensor,
+        state: Tensor,
+        v_order: str,
+        eps: float,
     ) -> Tensor:
         """Gated delta rule. q, k [T, Hk, dk] (L2-normalised here, q also by 1/sqrt(dk)),
         v [T, Hv, dv], g, beta [T, Hv]; V head j reads q/k head j // (Hv/Hk) ("grouped") or

@@ -4,6 +4,7 @@
 //   OP_ADD     y = a + b; b is a tensor of the same shape (residual), or with bcast > 0 a vector
 //              [bcast] repeated over rows (bias)
 //   OP_SWIGLU  y = silu(a) * b = a / (1 + exp(-a)) * b
+//   OP_SIGMOID_MUL  y = b * sigmoid(a) (the hybrids' attention output gate)
 // Tunables: 0 WG_SIZE. Bindings: 0 a, 1 b, 2 y.
 
 #extension GL_GOOGLE_include_directive : require
@@ -34,7 +35,9 @@ void main() {
     ys[pc.y_off + i] = a + b;
 #elif defined(OP_SWIGLU)
     ys[pc.y_off + i] = a / (1.0 + exp(-a)) * b;
+#elif defined(OP_SIGMOID_MUL)
+    ys[pc.y_off + i] = b / (1.0 + exp(-a));
 #else
-#error "define OP_ADD or OP_SWIGLU"
+#error "define OP_ADD, OP_SWIGLU or OP_SIGMOID_MUL"
 #endif
 }

@@ -314,6 +314,10 @@ class VulkanBackend(Backend):
                 "add": K.ADD,
                 "swiglu": K.SWIGLU,
                 "rope": K.ROPE,
+                "sigmoid_mul": K.SIGMOID_MUL,
+                "cols": K.SLICE,
+                "ssm_conv": K.SSM_CONV,
+                "ssm_gates": K.SSM_GATES,
                 "kv_write": K.KV_WRITE,
             }[op]
             return [(op, program, (wg,), 0)]
@@ -336,6 +340,10 @@ class VulkanBackend(Backend):
             "matmul_decode",
             "matmul_prefill",
             "delta_net",
+            "sigmoid_mul",
+            "cols",
+            "ssm_conv",
+            "ssm_gates",
         ):
             weighted = op in ("embedding", "matmul_decode", "matmul_prefill")
             variant = config.op(op).variant
@@ -631,24 +639,93 @@ class VulkanBackend(Backend):
         self._rope_tables[key] = (t, cap)
         return t
 
-    def rope(self, x: VkTensor, pos0: int, theta: float, neox: bool) -> VkTensor:
+    def rope(
+        self, x: VkTensor, pos0: int, theta: float, neox: bool, n_rot: int | None = None
+    ) -> VkTensor:
         x = self._as_tensor(x)
         T, H, D = x.shape
-        if D % 2:
-            raise ValueError(f"rope: head dim {D} is odd")
-        table = self._rope_table(theta, D, pos0 + T)
+        n_rot = D if n_rot is None else n_rot
+        if n_rot % 2 or not 0 < n_rot <= D:
+            raise ValueError(f"rope: {n_rot} rotated dims of a head of {D}")
+        table = self._rope_table(theta, n_rot, pos0 + T)
         out = self._new(x.shape)
         pipe, c = self._pipe("rope")
-        n = T * H * (D // 2)
+        n = T * H * (n_rot // 2 + D - n_rot)
         if n:
             self.stream.dispatch(
                 pipe,
                 (x.buf, table.buf, out.buf, self.stream.dyn_buf),
                 (out.buf,),
-                (T, H, D, x.offset, out.offset, self.stream.dyn(pos0), int(bool(neox))),
+                (T, H, D, x.offset, out.offset, self.stream.dyn(pos0), int(bool(neox)), n_rot),
                 _fold(-(-n // int(c["wg_size"]))),
             )
         return out
+
+    # --- hybrid ops (engine/hybrid.py; router_topk and moe_experts are NumPy-only so far) --
+    def rope_partial(self, x: VkTensor, pos0: int, theta: float, n_rot: int) -> VkTensor:
+        return self.rope(x, pos0, theta, True, n_rot)
+
+    def sigmoid_mul(self, gate: VkTensor, x: VkTensor) -> VkTensor:
+        gate, x = self._as_tensor(gate), self._as_tensor(x)
+        if gate.shape != x.shape:
+            raise ValueError(f"sigmoid_mul: shapes {gate.shape} and {x.shape} differ")
+        return self._eltwise("sigmoid_mul", gate, x, 0)
+
+    def cols(self, x: VkTensor, start: int, stop: int) -> VkTensor:
+        x = self._as_tensor(x)
+        width = x.shape[-1]
+        if not 0 <= start < stop <= width:
+            raise ValueError(f"cols: {start}..{stop} of rows of {width}")
+        n, rows = stop - start, x.size // width
+        out = self._new((*x.shape[:-1], n))
+        pipe, c = self._pipe("cols")
+        self.stream.dispatch(
+            pipe,
+            (x.buf, out.buf),
+            (out.buf,),
+            (rows, width, start, n, x.offset, out.offset),
+            _fold(-(-rows * n // int(c["wg_size"]))),
+        )
+        return out
+
+    def ssm_conv(self, x: VkTensor, state: VkTensor, w: VkWeight) -> VkTensor:
+        x = self._as_tensor(x)
+        T, Cc = x.shape
+        Cw, K = w.shape
+        if w.qtype != "F32" or len(w.parts) != 1 or Cw != Cc or K > 8:
+            raise ValueError(f"ssm_conv: {w.name} must be one F32 [{Cc}, K <= 8], got {w.shape}")
+        if state.size != (K - 1) * Cc:
+            raise ValueError(f"ssm_conv: a state of {state.size} values for [{K - 1}, {Cc}]")
+        out = self._new((T, Cc))
+        pipe, c = self._pipe("ssm_conv")
+        wbuf = w.parts[0][0].buf
+        self.stream.dispatch(
+            pipe,
+            (x.buf, wbuf, state.buf, out.buf),
+            (state.buf, out.buf),
+            (T, Cc, K, x.offset, 0, state.offset, out.offset),
+            _fold(-(-Cc // int(c["wg_size"]))),
+        )
+        return out
+
+    def ssm_gates(
+        self, a: VkTensor, b: VkTensor, dt_bias: VkWeight, ssm_a: VkWeight
+    ) -> tuple[VkTensor, VkTensor]:
+        a, b = self._as_tensor(a), self._as_tensor(b)
+        Hv = a.shape[-1]
+        if b.shape != a.shape or dt_bias.f32.size != Hv or ssm_a.f32.size != Hv:
+            raise ValueError(f"ssm_gates: a {a.shape}, b {b.shape} against {Hv} heads")
+        g, beta = self._new(a.shape), self._new(a.shape)
+        pipe, c = self._pipe("ssm_gates")
+        dt, sa = dt_bias.f32, ssm_a.f32
+        self.stream.dispatch(
+            pipe,
+            (a.buf, b.buf, dt.buf, sa.buf, g.buf, beta.buf),
+            (g.buf, beta.buf),
+            (a.size, Hv, a.offset, b.offset, dt.offset, sa.offset, g.offset, beta.offset),
+            _fold(-(-a.size // int(c["wg_size"]))),
+        )
+        return g, beta
 
     def kv_write(self, cache: KVCache, layer: int, k: VkTensor, v: VkTensor, pos0: int) -> None:
         k, v = self._as_tensor(k), self._as_tensor(v)

@@ -49,13 +49,17 @@ def embedding(qtype: str) -> Program:
 RMS_NORM = Program("rms_norm", (), 3, "IIIIIf")
 ADD = Program("eltwise", ("OP_ADD",), 3, "IIIII")
 SWIGLU = Program("eltwise", ("OP_SWIGLU",), 3, "IIIII")
-ROPE = Program("rope", (), 4, "IIIIIII")
+ROPE = Program("rope", (), 4, "IIIIIIII")
 KV_WRITE = Program("kv_write", (), 5, "IIIIIII")
 ATTENTION = Program("attention", (), 5, "IIIIIIIIf")
 ATTENTION_SPLIT = Program("attention_split", ("PASS_PARTIAL",), 5, "IIIIIIIIIf")
 ATTENTION_MERGE = Program("attention_split", ("PASS_MERGE",), 2, "IIIII")
 ARGMAX = Program("argmax", (), 2, "IIII")
 DELTA_NET = Program("delta_net", (), 7, "IIIIIIIIIIIIIf")
+SIGMOID_MUL = Program("eltwise", ("OP_SIGMOID_MUL",), 3, "IIIII")
+SLICE = Program("slice", (), 2, "IIIIII")
+SSM_CONV = Program("ssm_conv", (), 4, "IIIIIII")
+SSM_GATES = Program("ssm_gates", (), 6, "IIIIIIII")
 ARGMAX_SLICES = Program("argmax", ("STAGE_SLICES",), 2, "IIIII")
 ARGMAX_MERGE = Program("argmax", ("STAGE_MERGE",), 2, "IIII")
 
@@ -69,7 +73,8 @@ STAGES = {
 
 
 def all_programs() -> list[Program]:
-    out = [RMS_NORM, ADD, SWIGLU, ROPE, KV_WRITE, DELTA_NET]
+    out = [RMS_NORM, ADD, SWIGLU, ROPE, KV_WRITE]
+    out += [DELTA_NET, SIGMOID_MUL, SLICE, SSM_CONV, SSM_GATES]  # hybrids
     out += [p for stages in STAGES.values() for p in stages]
     for q in sorted(QUANT_TYPES):
         out += [matmul_decode(v, q) for v in MATMUL_DECODE_VARIANTS]

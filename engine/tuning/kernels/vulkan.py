@@ -352,6 +352,11 @@ _SIMPLE = [
     ("rope", "table", "rope.comp", 256, "normal and neox, float64-built cos/sin table"),
     ("kv_write", "default", "kv_write.comp", 256, "k and v into the float32 cache"),
     ("swiglu", "default", "eltwise.comp", 256, "silu(gate) * up"),
+    # hybrid models (engine/hybrid.py)
+    ("sigmoid_mul", "default", "eltwise.comp", 256, "x * sigmoid(gate)"),
+    ("cols", "default", "slice.comp", 256, "a contiguous copy of a column range"),
+    ("ssm_conv", "default", "ssm_conv.comp", 256, "causal conv1d + SiLU, a thread per channel"),
+    ("ssm_gates", "default", "ssm_gates.comp", 256, "softplus decay and sigmoid beta"),
 ]
 for _op, _variant, _src, _wg_default, _doc in _SIMPLE:
     _constraints = [_wg_fits(_op)]
