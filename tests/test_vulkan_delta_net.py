@@ -31,11 +31,16 @@ def _inputs(rng, T, Hk, Hv, dk, dv):
 
 @pytest.mark.parametrize("layout", ["S", "ST"])
 @pytest.mark.parametrize("v_order", ["grouped", "tiled"])
-@pytest.mark.parametrize("wg,dk,dv", [(32, 16, 16), (64, 40, 24), (128, 128, 128)])
+@pytest.mark.parametrize("wg,dk,dv", [(32, 16, 16), (64, 40, 24), (128, 128, 128), (256, 200, 256)])
 def test_matches_numpy(vb, layout, v_order, wg, dk, dv):
     vb.set_config(
         TuningConfig.from_flat(
-            "vulkan", {"delta_net.wg_size": wg, "delta_net.state_layout": layout}
+            "vulkan",
+            {
+                "delta_net.wg_size": wg,
+                "delta_net.state_layout": layout,
+                "delta_net.max_dk": 256 if dk > 128 else 128,
+            },
         )
     )
     ref = NumpyBackend()
@@ -63,3 +68,10 @@ def test_rejects_a_head_wider_than_the_workgroup(vb):
     args = _inputs(rng, 2, 1, 1, 16, 64)
     with pytest.raises(ValueError, match="wg_size 32"):
         vb.delta_net(*args, vb.upload(np.zeros((1, 16, 64), np.float32)), "grouped", 1e-6)
+
+
+def test_rejects_a_key_head_wider_than_max_dk(vb):
+    vb.set_config(TuningConfig.from_flat("vulkan", {"delta_net.max_dk": 64}))
+    args = _inputs(np.random.default_rng(0), 2, 1, 1, 128, 32)
+    with pytest.raises(ValueError, match="max_dk 64"):
+        vb.delta_net(*args, vb.upload(np.zeros((1, 128, 32), np.float32)), "grouped", 1e-6)

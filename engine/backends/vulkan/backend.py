@@ -306,7 +306,8 @@ class VulkanBackend(Backend):
         if op == "embedding":
             return [(op, K.embedding(q), (wg,), 0)]
         if op == "delta_net":
-            return [(op, K.DELTA_NET, (wg, int(c["state_layout"] == "ST")), 0)]
+            spec = (wg, int(c["state_layout"] == "ST"), int(c["max_dk"]))
+            return [(op, K.DELTA_NET, spec, 0)]
         stages = K.STAGES.get((op, c.variant))
         if stages is None:
             program = {
@@ -532,11 +533,12 @@ class VulkanBackend(Backend):
         q, k, v, g, beta = (self._as_tensor(t) for t in (q, k, v, g, beta))
         T, Hk, dk = q.shape
         _, Hv, dv = v.shape
-        wg = int(self.config.op("delta_net")["wg_size"])
-        if dv > wg or dk > 256 or Hv % Hk or state.size != Hv * dk * dv:
+        c = self.config.op("delta_net")
+        wg, max_dk = int(c["wg_size"]), int(c["max_dk"])
+        if dv > wg or dk > max_dk or Hv % Hk or state.size != Hv * dk * dv:
             raise ValueError(
-                f"delta_net: dk {dk} (<= 256), dv {dv} (<= wg_size {wg}), Hv {Hv} a multiple "
-                f"of Hk {Hk}, state of {Hv * dk * dv} values (got {state.size})"
+                f"delta_net: dk {dk} (<= max_dk {max_dk}), dv {dv} (<= wg_size {wg}), Hv {Hv} "
+                f"a multiple of Hk {Hk}, state of {Hv * dk * dv} values (got {state.size})"
             )
         if v_order not in ("grouped", "tiled"):
             raise ValueError(f"delta_net: v_order {v_order!r}: 'grouped' or 'tiled'")

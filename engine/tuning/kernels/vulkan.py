@@ -522,6 +522,12 @@ REGISTRY.register(
             params=(
                 _wg(128, (32, 64, 128, 256)),
                 Param(
+                    "max_dk",
+                    (64, 128, 256),
+                    128,
+                    "register array per thread for a state column (must be >= the K head dim)",
+                ),
+                Param(
                     "state_layout",
                     ("S", "ST"),
                     "S",
@@ -536,5 +542,5 @@ REGISTRY.register(
             "in sequence; q/k L2 norm in the kernel",
         )
     ],
-    doc="gated delta-net scan (hybrid models); wg_size must be >= the V head dim",
+    doc="gated delta-net scan (hybrid models); wg_size >= the V head dim, max_dk >= the K head dim",
 )
