@@ -50,5 +50,25 @@ def connect(
     return "embedded"
 
 
+_dashboard_url: str | None = None
+
+
+def dashboard_url() -> str:
+    """The Ray dashboard's URL (``http://host:port``), "" when Ray runs without one (the embedded
+    Ray) or is not started; asked once per process."""
+    global _dashboard_url
+    if _dashboard_url is None:
+        if not ray.is_initialized():
+            return ""
+        try:
+            from ray._private.worker import get_dashboard_url  # no public API for it
+
+            url = str(get_dashboard_url() or "")
+        except Exception:  # noqa: BLE001 - a Ray without it: no link
+            url = ""
+        _dashboard_url = f"http://{url}" if url and "://" not in url else url
+    return _dashboard_url
+
+
 def device_classes() -> dict[str, int]:
     return device_classes_in(ray.cluster_resources())

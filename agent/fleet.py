@@ -43,18 +43,24 @@ class Slot:
     last_finished: float = 0.0  # worker clock: end of its last evaluation (0: none since start)
     current: str = ""  # "<study> #<trial>" while busy
     resubmit: list[Any] = field(default_factory=list)  # calls queued on a worker that died
+    _since: tuple[str, float] = ("", 0.0)  # (current, wall time it was first seen) for status
 
     @property
     def backend(self) -> str:
         return self.backends[self.backend_index]
 
     def status(self) -> dict[str, Any]:
+        # The agent writes its status on every turn of its loop: the first write that shows a
+        # new current trial dates it (the dashboard shows its elapsed time against the timeout).
+        if self.current != self._since[0]:
+            self._since = (self.current, time.time())
         return {
             "worker_id": self.worker_id,
             "device_class": self.device_class,
             "backend": self.backend if self.backend_index < len(self.backends) else "",
             "state": self.state,
             "current": self.current,
+            "current_since": self._since[1] if self.current else None,
             "restarts": self.restarts,
             "trials_done": self.trials_done,
             "noise": self.noise,
@@ -109,6 +115,27 @@ def write_status(path: Path, payload: dict[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(payload, indent=1, default=str))
     tmp.replace(path)
+
+
+MAX_INVOCATIONS = 200  # the status file keeps this many past agent runs, for the dashboard
+INVOCATION_KEYS = ("host", "pid", "experiment", "started", "updated", "state")
+
+
+def past_invocations(path: Path, started: float) -> list[dict[str, Any]]:
+    """The agent runs an earlier status file at ``path`` recorded (its own list, then its own
+    agent entry), without this run's (``started``); [] when there is none or it is unreadable."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return []
+    runs = [dict(i) for i in data.get("invocations") or [] if isinstance(i, dict)]
+    agent = data.get("agent")
+    if isinstance(agent, dict) and not any(
+        i.get("started") == agent.get("started") and i.get("pid") == agent.get("pid") for i in runs
+    ):
+        runs.append(dict(agent))
+    runs = [{k: i.get(k) for k in INVOCATION_KEYS} for i in runs if i.get("started") != started]
+    return runs[-MAX_INVOCATIONS:]
 
 
 def agent_status(experiment: str, storage: str, started: float, state: str) -> dict[str, Any]:

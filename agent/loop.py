@@ -24,10 +24,12 @@ from agent.fleet import (
     BUSY,
     DEAD,
     IDLE,
+    INVOCATION_KEYS,
     MAX_RESTARTS_IN_A_ROW,
     STARTING,
     Fleet,
     Slot,
+    past_invocations,
     write_status,
 )
 from agent.fleet import agent_status as agent_status_payload
@@ -548,6 +550,7 @@ class Agent:
             wall_s=res.wall_s if res else 0.0,
             phase_s=dict(res.phase_s) if res else {},
             overhead_s=overhead,
+            gpu=res.gpu if res else None,
         )
 
     def _got_trial(self, p: Pending, res: EvalResult, overhead: float) -> None:
@@ -759,10 +762,24 @@ class Agent:
         }
 
     def _write_status(self, state: str) -> None:
+        path = self.opts.storage.status_path
+        if not hasattr(self, "_past_runs"):  # earlier invocations, for the dashboard
+            self._past_runs = past_invocations(path, self.started)
+        agent = agent_status_payload(self.exp.name, self.opts.storage.url, self.started, state)
+        acc = self.exp.acceptance
+        agent.update(
+            trial_timeout_s=self.exp.budget.trial_timeout_s,
+            wall_time_s=self.exp.budget.wall_time_s,
+            acceptance={
+                "target": acc.target,
+                "min_gain": acc.min_gain,
+                "confidence": acc.confidence,
+            },
+            ray_dashboard=cluster.dashboard_url(),
+        )
         payload = {
-            "agent": agent_status_payload(
-                self.exp.name, self.opts.storage.url, self.started, state
-            ),
+            "agent": agent,
+            "invocations": [*self._past_runs, {k: agent[k] for k in INVOCATION_KEYS}],
             "workers": [s.status() for s in self.fleet.slots] if hasattr(self, "fleet") else [],
             "studies": [
                 {
@@ -777,7 +794,7 @@ class Agent:
                 for st in self.studies.values()
             ],
         }
-        write_status(self.opts.storage.status_path, payload)
+        write_status(path, payload)
 
     def _log_trial(self, st: StudyState, rec: TrialRecord) -> None:
         changed = " ".join(f"{k}={b}" for k, (_, b) in rec.changed.items()) or "(baseline config)"

@@ -6,7 +6,8 @@
 
 Each file runs in its own pytest process with tests/device_fault.py logging every outcome; a
 sticky device error (a CUDA fault, a lost Vulkan device) stops that process after the test that
-raised it, and a fresh process runs the file's tests that had not run. The tally says, per
+raised it, a test that runs past --test-timeout ends it, and a fresh process runs the file's
+tests that had not run. pytest's own output goes to stderr, the tally to stdout. The tally says, per
 file: passed, failed, errors, skipped, and the faults (test and error line), first one first.
 Exit status: 0 when nothing failed, 1 otherwise, 2 on bad arguments.
 """
@@ -59,12 +60,14 @@ def _env(**extra: str) -> dict[str, str]:
     return dict(os.environ, PYTHONPATH=path, PYTHONUNBUFFERED="1", **extra)
 
 
-def _pytest(args: list[str], log: Path, timeout: float, cwd: Path) -> int:
-    env = _env(FLEETTUNE_TEST_LOG=str(log))
+def _pytest(args: list[str], log: Path, timeout: float, test_timeout: float, cwd: Path) -> int:
+    env = _env(FLEETTUNE_TEST_LOG=str(log), FLEETTUNE_TEST_TIMEOUT=str(test_timeout))
     cmd = [sys.executable, "-m", "pytest", "-q", "-rfE", "--tb=short"]
     cmd += ["-p", "no:cacheprovider", "-p", "tests.device_fault"]
     try:
-        return subprocess.run(cmd + args, cwd=cwd, env=env, timeout=timeout).returncode
+        return subprocess.run(
+            cmd + args, cwd=cwd, env=env, timeout=timeout, stdout=sys.stderr
+        ).returncode
     except subprocess.TimeoutExpired:
         return 124
 
@@ -77,7 +80,8 @@ def _collect(file: str, marker: str, k: str | None, cwd: Path) -> list[str]:
 
 
 def run_file(
-    file: str, marker: str, k: str | None, timeout: float, cwd: Path = ROOT
+    file: str, marker: str, k: str | None, timeout: float, test_timeout: float = 120,
+    cwd: Path = ROOT,
 ) -> FileTally:
     """Run one file, restarting after each device fault until every collected test has run
     (node ids are relative to cwd)."""
@@ -91,9 +95,17 @@ def run_file(
             log = Path(tmp) / "log.jsonl"
             log.touch()
             tally.processes += 1
-            _pytest(["-m", marker, *pending], log, timeout, cwd)
+            _pytest(["-m", marker, *pending], log, timeout, test_timeout, cwd)
             records = [json.loads(ln) for ln in log.read_text().splitlines() if ln.strip()]
+        reported = {r["nodeid"] for r in records if r["when"] != "start"}
+        started = [r["nodeid"] for r in records if r["when"] == "start"]
+        why = f"no result: hung past {test_timeout:g} s or crashed"
+        for n in started:  # started, never reported: the process died in it (hang or crash)
+            if n not in reported:
+                records.append({"nodeid": n, "when": "call", "outcome": "failed", "fault": why})
         for r in records:
+            if r["when"] == "start":
+                continue
             outcome = r["outcome"]
             if outcome == "failed" and r["when"] != "call":
                 outcome = "errors"
@@ -101,7 +113,7 @@ def run_file(
                 seen[r["nodeid"]] = outcome
             if r.get("fault"):
                 tally.faults.append({"test": r["nodeid"], "error": r["fault"]})
-        ran = {r["nodeid"] for r in records}
+        ran = {r["nodeid"] for r in records}  # reported, or started and died in
         rest = [n for n in pending if n not in ran]
         if len(rest) == len(pending):  # nothing ran (a crash at start-up, a timeout): stop
             for n in rest:
@@ -117,8 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("suite", choices=sorted(SUITES), help="which GPU suite to run")
     ap.add_argument("--json", action="store_true", help="print the tally as JSON")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per pytest process")
+    ap.add_argument("--test-timeout", type=float, default=120, help="seconds per test")
     args = ap.parse_args(argv)
-    tallies = [run_file(f, m, k, args.timeout) for f, m, k in SUITES[args.suite]]
+    tallies = [run_file(f, m, k, args.timeout, args.test_timeout) for f, m, k in SUITES[args.suite]]
     total = Counter()
     for t in tallies:
         total.update(t.counts)

@@ -1,14 +1,18 @@
-"""A pytest plugin for the GPU suites: confine a device fault to the test that caused it.
+"""A pytest plugin for the GPU suites: confine a device fault or a hang to the test that caused it.
 
 A CUDA kernel fault (misaligned or illegal address, launch failure ...) or a lost Vulkan device
 is sticky: every later call in the process fails, so one bad kernel turns the rest of a run into
-errors. With FLEETTUNE_TEST_LOG set (scripts/gpu_suite.py sets it), each test's outcome is
-appended there as a JSON line, and the first fault stops the session after the test that
-raised it; the runner then starts a fresh process for the tests that did not run.
+errors; a hung kernel stops the run outright. With FLEETTUNE_TEST_LOG set (scripts/gpu_suite.py
+sets it), each test's start and outcome are appended there as JSON lines, and the first fault
+stops the session after the test that raised it. With FLEETTUNE_TEST_TIMEOUT (seconds) set, a
+test that runs longer ends the process (faulthandler prints where it hung); the log's last
+"start" without an outcome names it. The runner then starts a fresh process for the tests that
+did not run.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import re
@@ -23,6 +27,7 @@ STICKY = re.compile(
     r"|cudaError(MisalignedAddress|IllegalAddress|LaunchFailure|IllegalInstruction)"
     r"|VK_ERROR_DEVICE_LOST|ErrorDeviceLost"
 )
+_SESSION: dict[str, pytest.Session] = {}
 
 
 def fault_of(text: str) -> str | None:
@@ -33,23 +38,34 @@ def fault_of(text: str) -> str | None:
     return None
 
 
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+def _log(rec: dict) -> None:
     path = os.environ.get("FLEETTUNE_TEST_LOG")
-    if not path:
-        return
-    if report.when != "call" and report.outcome == "passed":
-        return  # setup/teardown that passed says nothing; the call's report does
-    fault = fault_of(report.longreprtext) if report.failed else None
-    with open(path, "a", encoding="utf-8") as f:
-        rec = {"nodeid": report.nodeid, "when": report.when, "outcome": report.outcome,
-               "fault": fault}  # fmt: skip
-        f.write(json.dumps(rec) + "\n")
-    if fault is not None and "session" in _SESSION:
-        _SESSION["session"].shouldstop = f"device fault in {report.nodeid}: {fault}"
-
-
-_SESSION: dict[str, pytest.Session] = {}
+    if path:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(rec) + "\n")
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     _SESSION["session"] = session
+
+
+def pytest_runtest_logstart(nodeid: str, location: tuple) -> None:
+    _log({"nodeid": nodeid, "when": "start"})
+    timeout = float(os.environ.get("FLEETTUNE_TEST_TIMEOUT") or 0)
+    if timeout > 0:
+        faulthandler.dump_traceback_later(timeout, exit=True)
+
+
+def pytest_runtest_logfinish(nodeid: str, location: tuple) -> None:
+    faulthandler.cancel_dump_traceback_later()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if not os.environ.get("FLEETTUNE_TEST_LOG"):
+        return
+    if report.when != "call" and report.outcome == "passed":
+        return  # setup/teardown that passed says nothing; the call's report does
+    fault = fault_of(report.longreprtext) if report.failed else None
+    _log({"nodeid": report.nodeid, "when": report.when, "outcome": report.outcome, "fault": fault})
+    if fault is not None and "session" in _SESSION:
+        _SESSION["session"].shouldstop = f"device fault in {report.nodeid}: {fault}"

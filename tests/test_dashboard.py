@@ -111,7 +111,11 @@ def test_studies_lists_the_real_and_synthetic_studies(client: TestClient) -> Non
     assert synth["trials"] == SYNTH_TRIALS
     assert synth["running"] == 1
     assert synth["failed"] > 0 and synth["invalid"] > 0
-    assert synth["done"] + synth["failed"] + synth["invalid"] + synth["running"] == SYNTH_TRIALS
+    # Every trial is counted once: ok (baseline, accepted, rejected), failures, duplicates...
+    assert sum(synth["verdicts"].values()) == sum(synth["counts"].values()) == SYNTH_TRIALS
+    assert synth["verdicts"]["duplicate"] > 0 and synth["verdicts"]["interrupted"] > 0
+    v = synth["verdicts"]
+    assert v["baseline"] + v["accepted"] + v["rejected"] == synth["done"]
     assert synth["promoted"] and synth["speedup"] > 1.0
 
 
@@ -145,6 +149,15 @@ def test_trials_filter_and_sort(client: TestClient) -> None:
     best = client.get(url, params={"sort": "-metric", "per_page": 5}).json()
     vals = [r["metrics"][best["target"]] for r in best["rows"]]
     assert vals == sorted(vals, reverse=True)
+    for verdict in ("accepted", "rejected", "baseline"):
+        rows = client.get(url, params={"outcome": verdict, "per_page": 1000}).json()["rows"]
+        assert rows and all(r["verdict"] == verdict and r["outcome"] == "ok" for r in rows)
+    acc = client.get(url, params={"outcome": "accepted", "per_page": 1000}).json()["rows"]
+    assert all(r["accepted"] and r["lower"] > r["threshold"] for r in acc)
+    rej = client.get(url, params={"outcome": "rejected", "per_page": 1000}).json()["rows"]
+    assert all(not r["accepted"] and r["lower"] <= r["threshold"] for r in rej)
+    r = client.get(url, params={"outcome": "acepted"})
+    assert r.status_code == 400 and "outcome='acepted'" in r.json()["detail"]
     r = client.get(url, params={"sort": "sideways"})
     assert r.status_code == 400 and "sort='sideways'" in r.json()["detail"]
     assert client.get(url, params={"page": 0}).status_code == 422
@@ -178,13 +191,43 @@ def test_bad_ids_answer_404_with_a_message(client: TestClient) -> None:
 
 
 # --- plots ----------------------------------------------------------------------------------
-def test_history_follows_the_best(client: TestClient) -> None:
+def test_speedup_is_the_chained_paired_estimate(client: TestClient, storage: Path) -> None:
+    """Not best median / baseline median (measured at different times): the product of the
+    accepted paired ratios from the baseline to the best, each against the best of its time."""
+    s = client.get(f"/api/studies/{q(SYNTH)}").json()
+    study = optuna.load_study(study_name=SYNTH, storage=f"sqlite:///{storage}")
+    by_n = {t.number: t.user_attrs for t in study.trials}
+    n, product, links = s["best_trial"], 1.0, []
+    while by_n[n].get("role") != "baseline":
+        product *= by_n[n]["estimates"][s["target"]]["ratio"]
+        links.append(n)
+        n = by_n[n]["paired_against"]
+    assert len(links) >= 2  # a real chain, not one link
+    assert [x["trial"] for x in s["chain"]["links"]] == links[::-1]
+    assert s["speedup"] == pytest.approx(product, rel=1e-12)
+    assert s["speedup_lower"] < s["speedup"] < s["speedup_upper"]
+    # The interval of a chain is wider than that of its last link.
+    last = by_n[s["best_trial"]]["estimates"][s["target"]]
+    assert s["speedup_upper"] / s["speedup_lower"] > last["upper"] / last["lower"]
+    assert s["median_ratio_unpaired"] != pytest.approx(s["speedup"], rel=1e-9)
+    page = client.get(f"/studies/{SYNTH}").text
+    assert f"×{s['speedup']:.3f}" in page and f"{s['speedup_lower']:.3f}" in page
+    assert f"×{s['median_ratio_unpaired']:.3f}" not in page
+
+
+def test_history_shows_the_chained_speedup(client: TestClient) -> None:
     h = client.get(f"/api/studies/{q(SYNTH)}/history").json()
+    s = client.get(f"/api/studies/{q(SYNTH)}").json()
     assert h["target"] == "prefill_tok_s@64"
     assert h["numbers"] == sorted(h["numbers"]) and len(h["numbers"]) == len(h["values"])
-    assert h["accepted"]["numbers"][0] == 0  # the baseline starts the best-so-far line
-    assert len(h["accepted"]["numbers"]) > 1  # and accepted candidates move it
-    assert h["best"]["values"][-1] == h["accepted"]["values"][-1]
+    sp = h["speedup"]
+    assert sp["numbers"][0] == s["baseline_trial"] and sp["ratio"][0] == 1.0
+    assert sp["ratio"][-1] == pytest.approx(s["speedup"]) and sp["complete"]
+    assert sp["upper"][-1] == pytest.approx(s["speedup_upper"])
+    assert all(
+        lo <= r <= hi for lo, r, hi in zip(sp["lower"], sp["ratio"], sp["upper"], strict=True)
+    )
+    assert set(h["accepted"]["numbers"]) >= {x["trial"] for x in s["chain"]["links"]}
 
 
 def test_importances(client: TestClient) -> None:
@@ -213,6 +256,13 @@ def test_fleet_reads_the_agents_status_file(client: TestClient) -> None:
     assert w["worker_id"] == "cpu-0" and w["device_class"] == "cpu" and w["trials_done"] == 4
     assert f["device_classes"] == {"cpu": {w["state"]: 1}}
     assert f["nodes"][0]["workers"] == ["cpu-0"]
+    # What the agent now records for the progress card and the runs table.
+    assert f["agent"]["trial_timeout_s"] == 120 and f["agent"]["acceptance"]["min_gain"] >= 0
+    assert w["evaluated_all"] == 4 and w["current_s"] is None
+    (run,) = [i for i in f["invocations"] if i.get("pid") == f["agent"]["pid"]]
+    studies = client.get("/api/studies").json()["studies"]
+    assert sum(i["total"] for i in f["invocations"]) == sum(s["trials"] for s in studies)
+    assert run["counts"].get("baseline") == 1
     page = client.get("/").text
     assert "cpu-0" in page and REAL in page
 
@@ -292,8 +342,134 @@ def test_token(storage: Path) -> None:
     assert r.status_code == 401 and "token" in r.json()["detail"]
     assert c.get("/api/studies", headers={"Authorization": "Bearer wrong"}).status_code == 401
     assert c.get("/api/studies", headers={"Authorization": "Bearer s3cret"}).status_code == 200
-    assert c.get("/studies", params={"token": "s3cret"}).status_code == 200
-    assert c.get("/studies").status_code == 200  # the cookie set by ?token=
+    # ?token= sets the cookie and redirects to the same URL without it (address bar, history).
+    r = c.get("/studies", params={"token": "s3cret", "x": "1"}, follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"] == "/studies?x=1"
+    assert "s3cret" in r.headers["set-cookie"] and "httponly" in r.headers["set-cookie"].lower()
+    r = c.get("/studies", params={"token": "s3cret"})
+    assert r.status_code == 200 and "token" not in str(r.url) and "s3cret" not in r.text
+    assert c.get("/studies").status_code == 200  # the cookie
+    assert c.get("/studies", params={"token": "wrong"}).status_code == 401
+
+
+def test_host_header_must_name_this_machine(storage: Path) -> None:
+    """DNS rebinding: a page at evil.example whose name resolves to this machine gets 400."""
+    from agent.dashboard import allowed_hosts
+
+    local = TestClient(create_app(str(storage), hosts=allowed_hosts("127.0.0.1")))
+    for host in ("127.0.0.1:8080", "localhost:8080", "[::1]:8080", "localhost"):
+        assert local.get("/api/stamp", headers={"Host": host}).status_code == 200, host
+    for host in ("evil.example:8080", "evil.example", "10.0.0.5:8080", ""):
+        r = local.get("/api/stamp", headers={"Host": host})
+        assert r.status_code == 400 and "--allow-host" in r.text, host
+    wide = TestClient(
+        create_app(
+            str(storage), hosts=allowed_hosts("0.0.0.0", ["tuner.lab"]), any_ip=True, token="t"
+        )
+    )
+    auth = {"Authorization": "Bearer t"}
+    for host in ("10.0.0.5:8080", "[fe80::1]:80", "tuner.lab:8080"):
+        assert wide.get("/api/stamp", headers={**auth, "Host": host}).status_code == 200, host
+    assert wide.get("/api/stamp", headers={**auth, "Host": "evil.example"}).status_code == 400
+
+
+def test_cli_refuses_a_wide_bind_without_a_token(storage: Path) -> None:
+    cmd = [sys.executable, "-m", "agent.dashboard", "--storage", str(storage)]
+    r = subprocess.run(
+        [*cmd, "--host", "0.0.0.0", "--port", "1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "FLEETTUNE_DASHBOARD_TOKEN": ""},
+    )
+    assert r.returncode == 2 and "--token" in r.stderr and "--insecure" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    from agent.dashboard import InsecureBind, check_bind
+
+    check_bind("0.0.0.0", None, insecure=True)
+    check_bind("0.0.0.0", "t")
+    check_bind("::1", None)
+    with pytest.raises(InsecureBind):
+        check_bind("192.168.1.4", None)
+
+
+def test_ray_dashboard_link(storage: Path) -> None:
+    c = TestClient(create_app(str(storage), ray_dashboard="http://head:8265"))
+    assert 'href="http://head:8265"' in c.get("/").text
+    assert c.get("/api/fleet").json()["ray_dashboard"] == "http://head:8265"
+    plain = TestClient(create_app(str(storage)))  # the embedded Ray of the test run has none
+    assert "Ray dashboard" not in plain.get("/").text
+
+
+def test_api_docs_work_offline(client: TestClient) -> None:
+    page = client.get("/api/docs")
+    assert page.status_code == 200 and "swagger-ui" in page.text
+    assert "http://" not in page.text and "https://" not in page.text  # nothing from a CDN
+    for asset in ("/api/docs-static/swagger-ui-bundle.js", "/api/docs-static/swagger-ui.css"):
+        r = client.get(asset)
+        assert r.status_code == 200 and len(r.content) > 10_000, asset
+    assert client.get("/openapi.json").json()["paths"]
+
+
+def test_storage_that_vanishes_says_so(tmp_path: Path) -> None:
+    db = tmp_path / "s.db"
+    name = write_study(parse_storage(str(db)).open(), "r9700", 5, running=0)
+    c = TestClient(create_app(str(db), refresh_s=0.0, warm=False))
+    assert c.get(f"/studies/{name}").status_code == 200
+    db.unlink()
+    r = c.get("/api/stamp")
+    assert r.status_code == 503 and "is gone" in r.json()["detail"]
+    r = c.get(f"/studies/{name}")
+    assert r.status_code == 503 and "is gone" in r.text and 'id="message"' in r.text
+
+
+def test_trial_page_pairs_against_the_right_best(client: TestClient, storage: Path) -> None:
+    """The "best it was paired against" column shows that trial's config, not the baseline's."""
+    study = optuna.load_study(study_name=SYNTH, storage=f"sqlite:///{storage}")
+    t = next(
+        t
+        for t in study.trials
+        if t.user_attrs.get("paired_against") not in (None, 0)
+        and t.user_attrs.get("outcome") == "ok"
+    )
+    paired = study.trials[t.user_attrs["paired_against"]].user_attrs["config"]
+    base = study.user_attrs["baseline"]["config"]
+    body = client.get(f"/api/studies/{SYNTH}/trials/{t.number}").json()
+    assert body["compare"]
+    for key, b, p, v in body["compare"]:
+        assert (b, p, v) == (base.get(key), paired.get(key), t.user_attrs["config"].get(key))
+    assert any(p != b for _, b, p, _ in body["compare"])  # the case the old page got wrong
+
+
+def test_pages_in_every_trial_state(client: TestClient) -> None:
+    url = f"/api/studies/{SYNTH}/trials"
+    for outcome, must in (
+        ("running", ("running-card", "no config recorded yet")),
+        ("duplicate", ("duplicate-card", "pruned without running")),
+        ("interrupted", ("interrupted-card", "the agent stopped while it ran")),
+        ("baseline", ("the reference of this study",)),
+        ("accepted", ("v-accepted", "needed lower bound &gt; ×1.020")),
+        ("rejected", ("v-rejected", "needed lower bound &gt; ×1.020")),
+    ):
+        n = client.get(url, params={"outcome": outcome}).json()["rows"][0]["number"]
+        page = client.get(f"/studies/{SYNTH}/trials/{n}").text
+        for m in must:
+            assert m in page, (outcome, m)
+        for broken in (
+            'href="/studies/' + SYNTH + '/trials/"',
+            ">0 keys",
+            "> s<",
+            "rejected: baseline",
+        ):
+            assert broken not in page, (outcome, broken)
+    base = client.get(url, params={"outcome": "baseline"}).json()["rows"][0]["number"]
+    assert (
+        "rejected"
+        not in client.get(f"/studies/{SYNTH}/trials/{base}")
+        .text.split("Decision")[1]
+        .split("</p>")[0]
+    )
 
 
 def test_journal_storage(tmp_path: Path) -> None:

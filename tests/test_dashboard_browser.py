@@ -22,6 +22,8 @@ from typing import Any
 
 import pytest
 
+from agent.dashboard.synthetic import write_storage
+from agent.fleet import write_status
 from tests.test_dashboard import REAL, ROOT, SYNTH, build_storage
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -142,8 +144,13 @@ class DevTools:
                 self.events.append(msg)
         raise TimeoutError(f"no {method} within {timeout}s")
 
-    def evaluate(self, expression: str) -> Any:
-        r = self.call("Runtime.evaluate", expression=expression, returnByValue=True)
+    def evaluate(self, expression: str, await_promise: bool = False) -> Any:
+        r = self.call(
+            "Runtime.evaluate",
+            expression=expression,
+            returnByValue=True,
+            awaitPromise=await_promise,
+        )
         return r["result"].get("value")
 
     def close(self) -> None:
@@ -168,9 +175,7 @@ def _wait_http(url: str, timeout: float = 60.0) -> None:
             time.sleep(0.2)
 
 
-@pytest.fixture(scope="module")
-def dashboard_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    storage = build_storage(tmp_path_factory.getbasetemp() / "dashboard-storage")
+def _serve(storage: Path) -> Iterator[str]:
     port = _free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "agent.dashboard", "--storage", str(storage), "--port", str(port)],
@@ -185,6 +190,34 @@ def dashboard_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+
+
+@pytest.fixture(scope="module")
+def dashboard_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A finished agent run, plus the synthetic study (every trial state, a running one)."""
+    yield from _serve(build_storage(tmp_path_factory.getbasetemp() / "dashboard-storage"))
+
+
+@pytest.fixture(scope="module")
+def running_storage(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A synthetic storage whose status file says an agent is running it now."""
+    db = tmp_path_factory.mktemp("running") / "studies.db"
+    write_storage(str(db), 30)
+    return db
+
+
+@pytest.fixture(scope="module")
+def running_url(running_storage: Path) -> Iterator[str]:
+    yield from _serve(running_storage)
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # FLEETTUNE_SCREENSHOTS=out/dashboard keeps them somewhere stable (out/ is git-ignored).
+    where = os.environ.get("FLEETTUNE_SCREENSHOTS")
+    path = Path(where) if where else tmp_path_factory.getbasetemp() / "dashboard-screenshots"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -255,48 +288,187 @@ PLOTS_DONE = """(() => {
 })()"""
 
 PAGES = (
-    ("fleet", "/", 0),
-    ("studies", "/studies", 0),
-    ("study-real", f"/studies/{REAL}", 2),
+    # label, path ({outcome} is a trial of that outcome in the synthetic study), plots
+    ("finished-fleet", "/", 0),
+    ("finished-studies", "/studies", 0),
+    ("finished-study-real", f"/studies/{REAL}", 2),
+    ("finished-trial-real", f"/studies/{REAL}/trials/1", 1),
     ("study-synthetic", f"/studies/{SYNTH}", 2),
-    ("trial-real", f"/studies/{REAL}/trials/1", 1),
+    ("study-accepted-filter", f"/studies/{SYNTH}?outcome=accepted", 2),
+    ("trial-baseline", f"/studies/{SYNTH}/trials/{{baseline}}", 1),
+    ("trial-accepted", f"/studies/{SYNTH}/trials/{{accepted}}", 1),
+    ("trial-rejected", f"/studies/{SYNTH}/trials/{{rejected}}", 1),
+    ("trial-running", f"/studies/{SYNTH}/trials/{{running}}", 0),
+    ("trial-duplicate", f"/studies/{SYNTH}/trials/{{duplicate}}", 0),
+    ("trial-interrupted", f"/studies/{SYNTH}/trials/{{interrupted}}", 0),
+    ("trial-failed", f"/studies/{SYNTH}/trials/{{failed}}", 0),
     ("trial-invalid", f"/studies/{SYNTH}/trials/{{invalid}}", 0),
     ("promotions", "/promotions", 0),
 )
+STATES = ("baseline", "accepted", "rejected", "running", "duplicate", "interrupted", "failed")
 
 
-def test_every_page_renders_in_chromium(
-    browser: DevTools, dashboard_url: str, tmp_path_factory: pytest.TempPathFactory
-) -> None:
-    # FLEETTUNE_SCREENSHOTS=out/dashboard keeps them somewhere stable (out/ is git-ignored).
-    where = os.environ.get("FLEETTUNE_SCREENSHOTS")
-    shots = Path(where) if where else tmp_path_factory.getbasetemp() / "dashboard-screenshots"
-    shots.mkdir(parents=True, exist_ok=True)
-    with urllib.request.urlopen(
-        f"{dashboard_url}/api/studies/{SYNTH}/trials?outcome=invalid&per_page=1", timeout=10
-    ) as r:
-        invalid = json.loads(r.read())["rows"][0]["number"]
+def _first(url: str, study: str, outcome: str) -> int:
+    q = f"{url}/api/studies/{study}/trials?outcome={outcome}&per_page=1"
+    with urllib.request.urlopen(q, timeout=10) as r:
+        return int(json.loads(r.read())["rows"][0]["number"])
+
+
+def _visit(browser: DevTools, url: str, n_plots: int, label: str, shots: Path) -> list[str]:
+    """Load a page, wait for its plots, screenshot it; the console errors it logged."""
+    browser.events.clear()
+    browser.call("Page.navigate", url=url)
+    browser.wait_event("Page.loadEventFired")
+    deadline = time.monotonic() + 60
+    state = browser.evaluate(PLOTS_DONE)
+    while state["pending"] and time.monotonic() < deadline:
+        time.sleep(0.3)
+        state = browser.evaluate(PLOTS_DONE)
+    assert state["plots"] == n_plots, f"{label}: {state}"
+    assert len(state["svg"]) == n_plots, f"{label}: plots without svg: {state}"
+    assert browser.evaluate("document.querySelector('h1') !== null"), label
+    _shot(browser, shots, label)
+    browser.call("Runtime.evaluate", expression="1")  # drain late console events
+    return [f"{label} ({url}): {e}" for e in _errors(browser.events)]
+
+
+def _shot(browser: DevTools, shots: Path, label: str) -> None:
+    shot = browser.call("Page.captureScreenshot", format="png", captureBeyondViewport=True)
+    (shots / f"{label}.png").write_bytes(base64.b64decode(shot["data"]))
+
+
+def _text(browser: DevTools, selector: str) -> str:
+    return str(browser.evaluate(f"document.querySelector({json.dumps(selector)})?.innerText ?? ''"))
+
+
+def test_every_page_renders_in_chromium(browser: DevTools, dashboard_url: str, shots: Path) -> None:
+    trials = {o: _first(dashboard_url, SYNTH, o) for o in (*STATES, "invalid")}
     problems = []
     for label, path, n_plots in PAGES:
-        url = dashboard_url + path.format(invalid=invalid)
-        browser.events.clear()
-        browser.call("Page.navigate", url=url)
-        browser.wait_event("Page.loadEventFired")
-        deadline = time.monotonic() + 60
-        state = browser.evaluate(PLOTS_DONE)
-        while state["pending"] and time.monotonic() < deadline:
-            time.sleep(0.3)
-            state = browser.evaluate(PLOTS_DONE)
-        assert state["plots"] == n_plots, f"{label}: {state}"
-        assert len(state["svg"]) == n_plots, f"{label}: plots without svg: {state}"
-        assert browser.evaluate("document.querySelector('h1') !== null"), label
-        shot = browser.call("Page.captureScreenshot", format="png", captureBeyondViewport=True)
-        (shots / f"{label}.png").write_bytes(base64.b64decode(shot["data"]))
-        browser.call("Runtime.evaluate", expression="1")  # drain late console events
-        problems += [f"{label} ({url}): {e}" for e in _errors(browser.events)]
+        url = dashboard_url + path.format(**trials)
+        problems += _visit(browser, url, n_plots, label, shots)
+        if label.startswith("trial-") and label != "trial-invalid":
+            state = label.removeprefix("trial-")
+            verdict = _text(browser, "#verdict-card .pill")
+            want = "compile_error crash timeout" if state == "failed" else state
+            assert verdict in want.split(), (label, verdict)
+            if state in ("running", "duplicate", "interrupted"):
+                assert _text(browser, f"#{state}-card"), label
+        if label == "study-accepted-filter":
+            pills = browser.evaluate(
+                "[...document.querySelectorAll('#trials-table tbody .pill')]"
+                ".map(p => p.textContent)"
+            )
+            assert pills and set(pills) == {"accepted"}, pills
+            color = browser.evaluate(
+                "getComputedStyle(document.querySelector('#trials-table .pill.v-accepted'))"
+                ".backgroundColor"
+            )
+            assert color == "rgb(26, 127, 55)", color  # green, not the red of a rejection
     print(f"screenshots: {shots}")
     assert not problems, "\n".join(problems)
     assert all((shots / f"{label}.png").stat().st_size > 10_000 for label, _, _ in PAGES)
+
+
+def test_api_docs_render_offline(browser: DevTools, dashboard_url: str, shots: Path) -> None:
+    requested: list[str] = []
+    browser.call("Network.enable")
+    browser.events.clear()
+    browser.call("Page.navigate", url=f"{dashboard_url}/api/docs")
+    browser.wait_event("Page.loadEventFired")
+    deadline = time.monotonic() + 30
+    while not browser.evaluate("!!document.querySelector('.swagger-ui .opblock')"):
+        assert time.monotonic() < deadline, "Swagger UI did not render the API"
+        time.sleep(0.3)
+    _shot(browser, shots, "api-docs")
+    for ev in browser.events:
+        if ev["method"] == "Network.requestWillBeSent":
+            requested.append(ev["params"]["request"]["url"])
+    browser.call("Network.disable")
+    assert requested and all(u.startswith((dashboard_url, "data:")) for u in requested), requested
+    assert not _errors(browser.events)
+
+
+def test_running_agent_pages(browser: DevTools, running_url: str, shots: Path) -> None:
+    name = SYNTH
+    problems = _visit(browser, running_url + "/", 0, "running-fleet", shots)
+    assert "gains above ×1.020" in _text(browser, "#workers")  # what A/A noise means
+    assert "°C" in _text(browser, "#workers")  # GPU state per worker
+    runs = _text(browser, "#invocations")
+    assert "earlier" not in runs and "pid 2" in runs and "pid 1" in runs
+    problems += _visit(browser, f"{running_url}/studies/{name}", 2, "running-study", shots)
+    prog = _text(browser, "#progress-card")
+    assert "/ 40" in prog and "trials/h" in prog and "of 10 min timeout" in prog, prog
+    assert "×1.020" in _text(browser, "#threshold-card")
+    running = _first(running_url, name, "running")
+    problems += _visit(
+        browser, f"{running_url}/studies/{name}/trials/{running}", 0, "running-trial", shots
+    )
+    assert "of 10 min timeout" in _text(browser, "#running-card")
+    assert not problems, "\n".join(problems)
+
+
+def _poll(browser: DevTools) -> None:
+    time.sleep(1.2)  # the dashboard reads the storage at most once a second
+    browser.evaluate("window.ftPoll()", await_promise=True)
+
+
+def test_live_refresh_updates_in_place_and_shows_errors(
+    browser: DevTools, running_url: str, running_storage: Path, shots: Path
+) -> None:
+    import optuna
+
+    from agent.storage import parse_storage
+
+    ref = parse_storage(str(running_storage))
+    browser.call("Page.navigate", url=f"{running_url}/studies/{SYNTH}")
+    browser.wait_event("Page.loadEventFired")
+    browser.evaluate("window.ftPoll()", await_promise=True)
+    browser.evaluate("window.__kept = 1")  # gone if the page reloads
+    browser.evaluate(
+        "Plotly.relayout(document.getElementById('history'), {'xaxis2.range': [3, 9]})"
+        ".then(() => true)",
+        await_promise=True,
+    )
+    before = _text(browser, "#counts")
+    # A trial lands: the table and counts change in place; the zoom and the page stay.
+    study = optuna.load_study(study_name=SYNTH, storage=ref.open())
+    study.add_trial(
+        optuna.trial.create_trial(
+            state=optuna.trial.TrialState.FAIL,
+            user_attrs={"role": "candidate", "outcome": "crash", "reason": "planted crash"},
+        )
+    )
+    _poll(browser)
+    assert browser.evaluate("document.body.dataset.refreshes") == "1"
+    assert browser.evaluate("window.__kept") == 1
+    assert _text(browser, "#counts") != before and "planted crash" in _text(
+        browser, "#trials-table"
+    )
+    zoom = browser.evaluate("document.getElementById('history').layout.xaxis2.range")
+    assert zoom == [3, 9], zoom
+    _shot(browser, shots, "live-updated")
+    # The agent died without a word (its pid is gone): the page says its status is stale.
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    data = json.loads(ref.status_path.read_text())
+    data["agent"].update(host=socket.gethostname(), pid=dead.pid)
+    write_status(ref.status_path, data)
+    _poll(browser)
+    assert "not running" in _text(browser, "#stale"), _text(browser, "main")
+    _shot(browser, shots, "failed-agent-stale")
+    # The storage vanishes: an error on the page, not a frozen "checked" label.
+    running_storage.rename(running_storage.with_suffix(".gone"))
+    try:
+        _poll(browser)
+        err = _text(browser, "#live-error")
+        assert "is gone" in err and "showing what was read" in err, err
+        assert "check failed" in _text(browser, "#refreshed")
+        _shot(browser, shots, "storage-gone")
+    finally:
+        running_storage.with_suffix(".gone").rename(running_storage)
+    _poll(browser)
+    assert browser.evaluate("document.getElementById('live-error').hidden") is True
 
 
 def test_a_missing_page_shows_its_message(browser: DevTools, dashboard_url: str) -> None:

@@ -55,3 +55,27 @@ def test_fault_signature():
     assert fault_of("x\nCUDADriverError: CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access")
     assert fault_of("vulkan.VkErrorDeviceLost: VK_ERROR_DEVICE_LOST")
     assert fault_of("CUDA_ERROR_OUT_OF_MEMORY: out of memory") is None  # not sticky
+
+
+HANG = """
+import time
+
+def test_a():
+    pass
+
+def test_b_hangs():
+    time.sleep(60)
+
+def test_c():
+    pass
+"""
+
+
+def test_hang_is_confined_to_its_test(tmp_path):
+    f = tmp_path / "test_fake_hang.py"
+    f.write_text(HANG)
+    tally = _runner().run_file(f.name, "not slow", None, 120, test_timeout=3, cwd=tmp_path)
+    d = tally.as_dict()
+    assert (d["passed"], d["failed"], d["errors"]) == (2, 1, 0), d
+    assert d["faults"][0]["test"].endswith("test_b_hangs")
+    assert "hung" in d["faults"][0]["error"]

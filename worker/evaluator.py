@@ -25,6 +25,7 @@ from engine.model import Generation, Model
 from engine.runtime import Engine, load
 from engine.tuning import TuningConfig
 from engine.validate import Tolerances, tokenize_prompts, validate
+from worker import gpustate
 from worker.device import engine_commit
 from worker.models import resolve_model
 from worker.records import (
@@ -133,6 +134,8 @@ class Evaluator:
         phase: dict[str, float] = {}
 
         def done(outcome: Outcome, reason: str = "", **kw: object) -> EvalResult:
+            # The device's state right after the run (clocks, temperature): optional, cheap.
+            gpu = None if outcome is Outcome.INFEASIBLE else gpustate.sample(self.info().device)
             return EvalResult(
                 outcome,
                 self.info(),
@@ -142,6 +145,7 @@ class Evaluator:
                 started=t0,
                 finished=time.time(),
                 phase_s=phase,
+                gpu=gpu,
                 **kw,  # type: ignore[arg-type]
             )
 

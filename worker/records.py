@@ -109,6 +109,7 @@ class EvalResult:
     started: float = 0.0  # unix time
     finished: float = 0.0
     phase_s: dict[str, float] = field(default_factory=dict)  # compile, validate, bench seconds
+    gpu: dict[str, Any] | None = None  # worker.gpustate.sample() after the trial, when known
 
     @property
     def ok(self) -> bool:

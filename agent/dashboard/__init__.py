@@ -3,41 +3,120 @@
 ``python -m agent dashboard --storage URL [--host 127.0.0.1] [--port 8080] [--token T]`` (also
 ``python -m agent.dashboard ...``), or from Python ``serve(storage_url, host, port)``;
 ``agent run --dashboard`` starts ``serve_in_background``. See docs/dashboard.md.
+
+Bound beyond loopback it refuses to start without a token (``--insecure`` overrides), and every
+request's Host header must name this machine (DNS rebinding: a page on another site whose name
+resolves to this address must not read the studies).
 """
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import os
+import socket
 import sys
 import threading
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
-__all__ = ["add_arguments", "create_app", "main", "serve", "serve_in_background"]
+__all__ = [
+    "InsecureBind",
+    "add_arguments",
+    "allowed_hosts",
+    "check_bind",
+    "create_app",
+    "main",
+    "serve",
+    "serve_in_background",
+]
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
 
 
+class InsecureBind(ValueError):
+    """Bound beyond loopback without a token, and ``insecure`` not given."""
+
+
+def is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(host: str, token: str | None, insecure: bool = False) -> None:
+    """Refuse to serve every study to the network unauthenticated, unless told so."""
+    if not token and not insecure and not is_loopback(host):
+        raise InsecureBind(
+            f"--host {host} without --token would let anyone who reaches this port read every "
+            "study: give --token T (or FLEETTUNE_DASHBOARD_TOKEN), or --insecure"
+        )
+
+
+def allowed_hosts(host: str, extra: Sequence[str] = ()) -> tuple[str, ...]:
+    """The names a request's Host header may carry when bound to ``host``: loopback names, the
+    machine's own names, the bound address, and ``extra`` (a DNS alias, a proxy's name). IP
+    literals are matched in ``agent.dashboard.app`` (a rebinding attack needs a name)."""
+    names = {"localhost", "127.0.0.1", "[::1]", host.lower()}
+    if not is_loopback(host):
+        names |= {socket.gethostname().lower(), socket.getfqdn().lower()}
+    names |= {e.lower() for e in extra if e}
+    return tuple(sorted(names))
+
+
 def create_app(
-    storage_url: str, token: str | None = None, refresh_s: float = 1.0, warm: bool = True
+    storage_url: str,
+    token: str | None = None,
+    refresh_s: float = 1.0,
+    warm: bool = True,
+    hosts: Sequence[str] | None = None,
+    any_ip: bool = False,
+    ray_dashboard: str | None = None,
 ) -> FastAPI:
     """The FastAPI app over one storage (see ``agent.dashboard.app``)."""
     from agent.dashboard.app import create_app as _create
 
-    return _create(storage_url, token=token, refresh_s=refresh_s, warm=warm)
+    return _create(
+        storage_url,
+        token=token,
+        refresh_s=refresh_s,
+        warm=warm,
+        hosts=hosts,
+        any_ip=any_ip,
+        ray_dashboard=ray_dashboard,
+    )
 
 
-def _server(storage_url: str, host: str, port: int, token: str | None):  # noqa: ANN202
+def _server(  # noqa: ANN202
+    storage_url: str,
+    host: str,
+    port: int,
+    token: str | None,
+    insecure: bool = False,
+    allow_hosts: Sequence[str] = (),
+    ray_dashboard: str | None = None,
+):
     import optuna
     import uvicorn
 
+    check_bind(host, token, insecure)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    app = create_app(storage_url, token=token)
+    wildcard = host in ("0.0.0.0", "::", "")
+    app = create_app(
+        storage_url,
+        token=token,
+        hosts=allowed_hosts(host, allow_hosts),
+        any_ip=wildcard,
+        ray_dashboard=ray_dashboard,
+    )
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
     return uvicorn.Server(config)
 
@@ -46,10 +125,9 @@ def _announce(storage_url: str, host: str, port: int, token: str | None) -> None
     shown = f"[{host}]" if ":" in host else host
     suffix = "/?token=<token>" if token else "/"
     print(f"dashboard: http://{shown}:{port}{suffix} (storage {storage_url})", file=sys.stderr)
-    if host not in ("127.0.0.1", "localhost", "::1") and not token:
+    if not is_loopback(host) and not token:
         print(
-            "dashboard: warning: bound beyond localhost without --token; anyone who can reach "
-            "this port can read every study",
+            "dashboard: --insecure: anyone who can reach this port can read every study",
             file=sys.stderr,
         )
 
@@ -59,9 +137,13 @@ def serve(
     host: str = DEFAULT_HOST,
     port: int = DEFAULT_PORT,
     token: str | None = None,
+    insecure: bool = False,
+    allow_hosts: Sequence[str] = (),
+    ray_dashboard: str | None = None,
 ) -> None:
-    """Serve the dashboard until interrupted (binds to 127.0.0.1 unless told otherwise)."""
-    server = _server(storage_url, host, port, token)
+    """Serve the dashboard until interrupted (binds to 127.0.0.1 unless told otherwise).
+    Raises ``InsecureBind`` for a non-loopback ``host`` without ``token`` or ``insecure``."""
+    server = _server(storage_url, host, port, token, insecure, allow_hosts, ray_dashboard)
     _announce(storage_url, host, port, token)
     server.run()
 
@@ -71,10 +153,12 @@ def serve_in_background(
     host: str = DEFAULT_HOST,
     port: int = DEFAULT_PORT,
     token: str | None = None,
+    insecure: bool = False,
+    ray_dashboard: str | None = None,
 ) -> threading.Thread:
     """Serve from a daemon thread (for ``agent run --dashboard``); returns the thread. The
     storage must already exist: call it after the agent created its first study."""
-    server = _server(storage_url, host, port, token)
+    server = _server(storage_url, host, port, token, insecure, (), ray_dashboard)
     # A server in a thread must not install signal handlers (the agent owns Ctrl-C).
     server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
     thread = threading.Thread(target=server.run, name="fleettune-dashboard", daemon=True)
@@ -95,7 +179,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--token",
         default=os.environ.get("FLEETTUNE_DASHBOARD_TOKEN"),
         help="require this token on every request (env "
-        "FLEETTUNE_DASHBOARD_TOKEN); use it when binding beyond localhost",
+        "FLEETTUNE_DASHBOARD_TOKEN); required when binding beyond localhost",
+    )
+    parser.add_argument(
+        "--insecure",
+        action="store_true",
+        help="serve beyond localhost without a token (anyone who reaches the port reads all)",
+    )
+    parser.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also accept requests addressed to this host name (a DNS alias or a proxy); the "
+        "machine's own names and IP addresses are accepted already",
+    )
+    parser.add_argument(
+        "--ray-dashboard",
+        default=os.environ.get("FLEETTUNE_RAY_DASHBOARD"),
+        metavar="URL",
+        help="link the fleet page to this Ray dashboard (default: the one the agent recorded)",
     )
 
 
@@ -106,8 +209,16 @@ def run_args(args: argparse.Namespace) -> int:
 
     url = parse_storage(args.storage).url
     try:
-        serve(url, args.host, args.port, args.token)
-    except StorageMissing as e:
+        serve(
+            url,
+            args.host,
+            args.port,
+            args.token,
+            args.insecure,
+            args.allow_host,
+            args.ray_dashboard,
+        )
+    except (StorageMissing, InsecureBind) as e:
         print(f"dashboard: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

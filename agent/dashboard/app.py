@@ -3,32 +3,72 @@
 Pages: ``/`` fleet, ``/studies``, ``/studies/<study>`` (paged trials table, history, importances),
 ``/studies/<study>/trials/<n>``, ``/promotions``. Every page has its JSON twin under ``/api``;
 ``/api/stamp`` changes when anything shown changes, and the pages poll it to refresh while an
-agent runs. plotly.js is served from the installed plotly package (no CDN: fleets may be
-offline). With ``token`` set, every request must carry it (``Authorization: Bearer <token>``, or
-``?token=`` once, which sets a cookie), for a dashboard bound beyond localhost.
+agent runs. plotly.js and the Swagger UI of ``/api/docs`` are served from installed packages
+(plotly, fastapi-offline): no CDN, fleets may be offline. With ``token`` set, every request must
+carry it (``Authorization: Bearer <token>``, or ``?token=`` once: that sets a cookie and redirects
+to the same URL without it, so the token does not stay in the address bar, history or logs). With
+``hosts`` set, a request whose Host header names another machine is refused (DNS rebinding).
 """
 
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import json
 import threading
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 from fastapi import FastAPI, Query, Request
-from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import (
+    FileResponse,
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+)
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
 from agent.dashboard import plots
-from agent.dashboard.data import OUTCOMES, NotFound, Reader
+from agent.dashboard.data import OUTCOMES, VERDICTS, NotFound, Reader, StorageMissing
 
 HERE = Path(__file__).parent
 SORTS = ("-number", "number", "-metric", "metric", "-ratio", "ratio")
+
+
+def swagger_static() -> Path:
+    """Swagger UI's bundle and css from the installed fastapi-offline package."""
+    import fastapi_offline
+
+    return Path(fastapi_offline.__file__).parent / "static"
+
+
+def host_allowed(header: str | None, hosts: Sequence[str], any_ip: bool) -> bool:
+    """Whether a Host header names this dashboard: one of ``hosts`` (port ignored), or, with
+    ``any_ip`` (bound to every interface), any IP literal: DNS rebinding needs a name."""
+    if not header:
+        return False
+    name = header.strip().lower()
+    if name.startswith("["):  # [v6]:port
+        name = name[: name.find("]") + 1] if "]" in name else name
+    else:
+        name = name.rsplit(":", 1)[0] if name.count(":") == 1 else name
+    if name in hosts:
+        return True
+    if any_ip:
+        try:
+            ipaddress.ip_address(name.strip("[]"))
+            return True
+        except ValueError:
+            return False
+    return False
 
 
 def plotly_js() -> Path:
@@ -71,6 +111,17 @@ def _ago(seconds: Any) -> str:
     return f"{s / 3600:.1f} h ago"
 
 
+def _dur(seconds: Any) -> str:
+    if seconds is None:
+        return "–"
+    s = float(seconds)
+    if s < 120:
+        return f"{s:.0f} s"
+    if s < 7200:
+        return f"{s / 60:.0f} min"
+    return f"{s / 3600:.1f} h"
+
+
 def _study_url(name: str) -> str:
     return "/studies/" + quote(name, safe="/")
 
@@ -86,38 +137,71 @@ def _pretty(v: Any) -> str:
 
 
 def create_app(
-    storage_url: str, token: str | None = None, refresh_s: float = 1.0, warm: bool = True
+    storage_url: str,
+    token: str | None = None,
+    refresh_s: float = 1.0,
+    warm: bool = True,
+    hosts: Sequence[str] | None = None,
+    any_ip: bool = False,
+    ray_dashboard: str | None = None,
 ) -> FastAPI:
     """The dashboard app over one storage (opened read-only; a missing file raises now).
     ``warm``: read every study's trials in a background thread now, so the first page a user
-    opens does not pay for loading a big study."""
+    opens does not pay for loading a big study. ``hosts``: the Host header names accepted (None:
+    any, for in-process use); ``ray_dashboard``: a Ray dashboard URL to link to (default: the
+    one in the agent's status file)."""
     reader = Reader(storage_url, refresh_s=refresh_s)
     if warm:
         threading.Thread(target=reader.warm, name="dashboard-warm", daemon=True).start()
-    app = FastAPI(title="fleettune dashboard", docs_url="/api/docs", redoc_url=None)
+    app = FastAPI(title="fleettune dashboard", docs_url=None, redoc_url=None)
     app.state.reader = reader
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     env = templates.env
-    env.filters.update(num=_num, when=_when, ago=_ago, study_url=_study_url, pretty=_pretty)
+    env.filters.update(
+        num=_num, when=_when, ago=_ago, dur=_dur, study_url=_study_url, pretty=_pretty
+    )
     env.globals.update(storage=reader.ref.url, trial_link=_trial_link, quote=quote)
     app.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")
+    app.mount("/api/docs-static", StaticFiles(directory=str(swagger_static())), name="swagger")
     js = plotly_js()
 
+    # Middlewares run last-added first: the Host check wraps the token check.
     if token:
 
         @app.middleware("http")
         async def require_token(request: Request, call_next: Any) -> Response:
             given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-            given = given or request.query_params.get("token") or request.cookies.get("ft_token")
-            if not given or not hmac.compare_digest(given, token):
+            in_url = request.query_params.get("token")
+            given = given or in_url or request.cookies.get("ft_token")
+            if not given or not hmac.compare_digest(given.encode(), token.encode()):
                 return JSONResponse({"detail": "this dashboard needs its token"}, status_code=401)
+            if in_url and request.method == "GET":
+                # Cookie set, token out of the URL (address bar, history, proxy logs, Referer).
+                rest = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
+                target = request.url.path + ("?" + urlencode(rest) if rest else "")
+                redirect = RedirectResponse(target, status_code=303)
+                redirect.set_cookie("ft_token", token, httponly=True, samesite="strict")
+                return redirect
             response: Response = await call_next(request)
-            if request.query_params.get("token"):
-                response.set_cookie("ft_token", token, httponly=True, samesite="strict")
+            return response
+
+    if hosts is not None:
+        names = tuple(h.lower() for h in hosts)
+
+        @app.middleware("http")
+        async def check_host(request: Request, call_next: Any) -> Response:
+            if not host_allowed(request.headers.get("host"), names, any_ip):
+                return PlainTextResponse(
+                    f"Host {request.headers.get('host')!r} is not this dashboard's "
+                    "(start it with --allow-host NAME to accept that name)",
+                    status_code=400,
+                )
+            response: Response = await call_next(request)
             return response
 
     def page(request: Request, name: str, status_code: int = 200, **ctx: Any) -> HTMLResponse:
         ctx.setdefault("stamp_url", "/api/stamp")
+        ctx.setdefault("ray_dashboard", ray_dashboard)
         return templates.TemplateResponse(request, name, ctx, status_code=status_code)
 
     def not_found(request: Request, e: NotFound) -> Response:
@@ -135,6 +219,21 @@ def create_app(
             return JSONResponse({"detail": str(e)}, status_code=400)
         return page(request, "error.html", 400, title="bad request", message=str(e))
 
+    @app.exception_handler(StorageMissing)
+    async def _gone(request: Request, e: StorageMissing) -> Response:
+        return unavailable(request, str(e))
+
+    @app.exception_handler(Exception)
+    async def _broken(request: Request, e: Exception) -> Response:
+        # The storage failing under the dashboard (a database down, a file locked or corrupt):
+        # say so on the page, not a bare 500.
+        return unavailable(request, f"cannot read the storage {reader.ref.url}: {e}")
+
+    def unavailable(request: Request, message: str) -> Response:
+        if request.url.path.startswith("/api/"):
+            return JSONResponse({"detail": message}, status_code=503)
+        return page(request, "error.html", 503, title="storage unavailable", message=message)
+
     @app.exception_handler(404)
     async def _404(request: Request, e: Exception) -> Response:
         msg = f"no page at {request.url.path}: see / (fleet), /studies, /promotions, /api/docs"
@@ -147,6 +246,16 @@ def create_app(
             js, media_type="application/javascript", headers={"Cache-Control": "max-age=86400"}
         )
 
+    @app.get("/api/docs", include_in_schema=False)
+    def api_docs() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url=app.openapi_url or "/openapi.json",
+            title="fleettune dashboard API",
+            swagger_js_url="/api/docs-static/swagger-ui-bundle.js",
+            swagger_css_url="/api/docs-static/swagger-ui.css",
+            swagger_favicon_url="/api/docs-static/favicon.png",
+        )
+
     @app.get("/favicon.ico", include_in_schema=False)
     def favicon() -> Response:
         return Response(status_code=204)
@@ -157,9 +266,15 @@ def create_app(
         """Changes whenever a page would change: poll it, reload when it differs."""
         return {"stamp": reader.stamp(study), "time": time.time()}
 
+    def fleet() -> dict[str, Any]:
+        f = reader.fleet()
+        if ray_dashboard:
+            f["ray_dashboard"] = ray_dashboard
+        return f
+
     @app.get("/api/fleet")
     def api_fleet() -> dict[str, Any]:
-        return reader.fleet()
+        return fleet()
 
     @app.get("/api/studies")
     def api_studies() -> dict[str, Any]:
@@ -187,6 +302,10 @@ def create_app(
     def api_history(name: str) -> dict[str, Any]:
         return reader.history(name)
 
+    @app.get("/api/studies/{name:path}/progress")
+    def api_progress(name: str) -> dict[str, Any]:
+        return reader.progress(name)
+
     @app.get("/api/studies/{name:path}/importances")
     def api_importances(name: str) -> dict[str, Any]:
         imp = reader.importances(name)
@@ -200,9 +319,7 @@ def create_app(
     # --- pages -------------------------------------------------------------------------------
     @app.get("/", response_class=HTMLResponse)
     def fleet_page(request: Request) -> HTMLResponse:
-        return page(
-            request, "fleet.html", title="fleet", fleet=reader.fleet(), studies=reader.studies()
-        )
+        return page(request, "fleet.html", title="fleet", fleet=fleet(), studies=reader.studies())
 
     @app.get("/fleet", include_in_schema=False)
     def fleet_alias() -> RedirectResponse:
@@ -225,6 +342,7 @@ def create_app(
         t = reader.trial(name, number)
         rec = t["record"]
         fig = plots.samples(rec["samples"]) if rec.get("samples") else None
+        progress = reader.progress(name) if t["outcome"] in ("running", "waiting") else None
         return page(
             request,
             "trial.html",
@@ -233,6 +351,8 @@ def create_app(
             rec=rec,
             figure=fig,
             study=reader.summary(name),
+            progress=progress,
+            page_key=t["outcome"],
             stamp_url=f"/api/stamp?study={quote(name)}",
         )
 
@@ -254,7 +374,8 @@ def create_app(
             s=s,
             table=table,
             history=plots.history(reader.history(name)),
-            outcomes=[o for o in OUTCOMES if s["counts"].get(o)],
+            progress=reader.progress(name),
+            outcomes=[o for o in (*VERDICTS, *OUTCOMES) if s["verdicts"].get(o) and o != "ok"],
             sorts=SORTS,
             stamp_url=f"/api/stamp?study={quote(name)}",
         )

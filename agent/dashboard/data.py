@@ -15,9 +15,13 @@ here, so studies written by hand or by an older agent still show.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import logging
+import math
+import os
+import socket
 import threading
 import time
 import tomllib
@@ -49,6 +53,8 @@ OUTCOMES = (
     "running",
     "waiting",
 )
+VERDICTS = ("baseline", "accepted", "rejected")  # what an ok trial was, as a filter and a color
+BUDGET = ("ok", "invalid", *FAILED)  # outcomes that spent a trial of the budget
 PLAIN = "value"  # the target of a study without agent attrs: Optuna's first value
 IMPORTANCE_MAX_TRIALS = 2000  # importances from the most recent ok trials, so it answers in seconds
 
@@ -127,12 +133,26 @@ class TrialRow:
     metrics: dict[str, float]
     ratio: float | None  # paired ratio on the target objective, against the best of its time
     lower: float | None
+    upper: float | None
+    paired_against: int | None  # trial number of the best it was measured against
+    threshold: float | None  # the lower bound had to exceed this to be accepted
     max_abs_diff: float | None
     nmse: float | None
     worker: str
     host: str
     wall_s: float
+    started: float  # unix time the worker started it, 0 when unknown
     finished: float  # unix time, 0 while running
+    gpu: dict[str, Any] | None  # the device's state the worker sampled after the trial
+
+    @property
+    def verdict(self) -> str:
+        """The outcome a reader wants first: baseline, accepted or rejected for an ok trial."""
+        if self.outcome != "ok":
+            return self.outcome
+        if self.role == "baseline":
+            return "baseline"
+        return "accepted" if self.accepted else "rejected"
 
     @classmethod
     def of(cls, t: RawTrial, target: str) -> TrialRow:
@@ -140,6 +160,8 @@ class TrialRow:
         est = (ua.get("estimates") or {}).get(target) or {}
         val = ua.get("validate") or {}
         worker = ua.get("worker") or {}
+        decision = ua.get("decision") or {}
+        against = ua.get("paired_against")
         return cls(
             number=t.number,
             state=t.state.name,
@@ -151,16 +173,21 @@ class TrialRow:
             metrics=_metrics(t, target),
             ratio=est.get("ratio"),
             lower=est.get("lower"),
+            upper=est.get("upper"),
+            paired_against=int(against) if isinstance(against, int | float) else None,
+            threshold=decision.get("threshold"),
             max_abs_diff=val.get("max_abs_diff"),
             nmse=val.get("nmse"),
             worker=str(worker.get("worker_id", "")),
             host=str(ua.get("host") or worker.get("host", "")),
             wall_s=float(ua.get("wall_s", 0.0) or 0.0),
+            started=float(ua.get("started") or 0.0),
             finished=float(ua.get("finished") or t.datetime_complete),
+            gpu=ua.get("gpu") or None,
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        return {**self.__dict__, "verdict": self.verdict}
 
 
 @dataclass
@@ -176,6 +203,8 @@ class _StudyCache:
     synced: float = 0.0
     n_finished: int = 0  # storage API path: trials below this number are all finished
     last_finished_id: int = -1  # fast path: highest trial id seen finished
+    records: dict[int, dict[str, Any]] = field(default_factory=dict)  # finished trials' attrs
+    chains: dict[tuple[Any, ...], dict[str, Any]] = field(default_factory=dict)
 
     @property
     def target(self) -> str:
@@ -207,9 +236,19 @@ class Reader:
         self._gitlog: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
 
     # --- studies --------------------------------------------------------------------------
+    def check_storage(self) -> None:
+        """Raise ``StorageMissing`` when the storage file is gone (SQLite keeps reading an
+        unlinked file through its open handle: without this the pages would freeze silently)."""
+        if self.ref.path is not None and not self.ref.path.exists():
+            raise StorageMissing(
+                f"the storage {self.ref.path} is gone (deleted or moved while the dashboard "
+                "ran); the pages show what was read before"
+            )
+
     def _list(self) -> None:
         if time.monotonic() - self._listed < self.refresh_s and self._studies:
             return
+        self.check_storage()
         found = {}
         for s in self.storage.get_all_studies():
             c = self._studies.get(s.study_name)
@@ -312,12 +351,16 @@ class Reader:
             return hashlib.sha1("\n".join(parts).encode()).hexdigest()[:16]
 
     def summary(self, name: str) -> dict[str, Any]:
-        """Counts, baseline, best and speedup of one study (no trial rows)."""
+        """Counts, baseline, best and the chained paired speedup of one study (no trial rows).
+        ``counts`` by outcome, and ``verdicts`` (ok split into baseline / accepted / rejected)
+        plus the other outcomes, add up to ``trials``."""
         c = self._study(name)
         rows = [r for r in c.rows if r is not None]
         counts = dict.fromkeys(OUTCOMES, 0)
+        verdicts: dict[str, int] = {}
         for r in rows:
             counts[r.outcome] = counts.get(r.outcome, 0) + 1
+            verdicts[r.verdict] = verdicts.get(r.verdict, 0) + 1
         target = c.target
         baseline = next((r for r in rows if r.role == "baseline" and r.outcome == "ok"), None)
         best_attr = c.attrs.get("best") or None
@@ -329,10 +372,11 @@ class Reader:
             else (dict(baseline.metrics) if baseline else {})
         )
         base_metrics = baseline.metrics if baseline else {}
-        speedup = None
+        median_ratio = None  # unpaired: medians measured at different times, shown nowhere
         if target in best_metrics and base_metrics.get(target):
-            speedup = best_metrics[target] / base_metrics[target]
-        evaluated = sum(counts[k] for k in ("ok", "invalid", *FAILED))
+            median_ratio = best_metrics[target] / base_metrics[target]
+        chain = self._chain(c, best_trial)
+        thresholds = [r.threshold for r in rows if r.threshold and r.role != "baseline"]
         return {
             "name": c.name,
             "experiment": c.attrs.get("experiment", c.name.split("/")[0]),
@@ -344,12 +388,15 @@ class Reader:
             "directions": c.directions,
             "target": target,
             "trials": len(rows),
-            "evaluated": evaluated,
+            "evaluated": sum(counts[k] for k in BUDGET),
             "done": counts["ok"],
+            "accepted": verdicts.get("accepted", 0),
+            "rejected": verdicts.get("rejected", 0),
             "failed": sum(counts[k] for k in FAILED),
             "invalid": counts["invalid"],
-            "running": counts["running"],
+            "running": counts["running"] + counts["waiting"],
             "counts": {k: v for k, v in counts.items() if v},
+            "verdicts": {k: verdicts[k] for k in (*VERDICTS, *OUTCOMES) if verdicts.get(k)},
             "baseline_trial": baseline.number if baseline else None,
             "baseline_source": (c.attrs.get("baseline") or {}).get("source", ""),
             "baseline_metrics": base_metrics,
@@ -358,9 +405,50 @@ class Reader:
             "best_is_baseline": best_trial is not None
             and baseline is not None
             and best_trial == baseline.number,
-            "speedup": speedup,
+            "speedup": chain["ratio"] if chain["complete"] else None,
+            "speedup_lower": chain["lower"] if chain["complete"] else None,
+            "speedup_upper": chain["upper"] if chain["complete"] else None,
+            "chain": chain,
+            "median_ratio_unpaired": median_ratio,
+            "threshold_min": min(thresholds) if thresholds else None,
+            "threshold_max": max(thresholds) if thresholds else None,
             "promoted": bool(c.attrs.get("promotion") or c.attrs.get("promotions")),
         }
+
+    # --- the chained paired speedup -------------------------------------------------------
+    def _record(self, c: _StudyCache, number: int) -> dict[str, Any]:
+        """A finished trial's full attrs, read once (finished trials never change)."""
+        rec = c.records.get(number)
+        if rec is None:
+            rec = dict(self.storage.get_trial(c.trial_ids[number]).user_attrs)
+            if number not in c.unfinished:
+                c.records[number] = rec
+        return rec
+
+    def _link(self, c: _StudyCache, row: TrialRow) -> tuple[int | None, dict[str, Any]]:
+        """(the best this accepted trial was measured against, the estimate against it). When
+        the best moved before a confirmation ran, the confirmation measured it against the newer
+        best: that is the link to follow."""
+        est = {"ratio": row.ratio, "lower": row.lower, "upper": row.upper, "source": "trial"}
+        conf = self._record(c, row.number).get("confirmation") or {}
+        conf_against = conf.get("paired_against")
+        if isinstance(conf_against, int) and conf_against != row.paired_against:
+            e = (conf.get("estimates") or {}).get(c.target) or {}
+            return conf_against, {**e, "source": "confirmation"}
+        return row.paired_against, est
+
+    def _chain(self, c: _StudyCache, best: int | None) -> dict[str, Any]:
+        """The best's speedup over the baseline as the product of the paired ratios along the
+        chain baseline -> each accepted best -> ``best``, with an interval: each link's
+        [lower, upper] read as a normal interval on the log ratio, the links' variances added
+        (independent measurements)."""
+        key = (best, c.n_finished, c.last_finished_id, len(c.rows))
+        got = c.chains.get(key)
+        if got is not None:
+            return got
+        out = _chain_of(self, c, best)
+        c.chains = {key: out}
+        return out
 
     def studies(self) -> list[dict[str, Any]]:
         return [self.summary(n) for n in self.study_names()]
@@ -374,13 +462,17 @@ class Reader:
         outcome: str | None = None,
         sort: str = "-number",
     ) -> dict[str, Any]:
-        """One page of the trials table, newest first by default; ``sort``: number, -number,
-        metric or -metric (the target objective), ratio or -ratio."""
+        """One page of the trials table, newest first by default; ``outcome``: an outcome, a
+        verdict (accepted, rejected, baseline) or ``failed``; ``sort``: number, -number, metric
+        or -metric (the target objective), ratio or -ratio."""
         c = self._study(name)
         rows = [r for r in c.rows if r is not None]
         if outcome:
             wanted = set(FAILED) if outcome == "failed" else {outcome}
-            rows = [r for r in rows if r.outcome in wanted]
+            if not wanted & {*OUTCOMES, *VERDICTS}:
+                allowed = ", ".join((*VERDICTS, *OUTCOMES, "failed"))
+                raise ValueError(f"outcome={outcome!r}: allowed {allowed}")
+            rows = [r for r in rows if r.outcome in wanted or r.verdict in wanted]
         key = sort.lstrip("-")
         target = c.target
         if key == "metric":
@@ -428,6 +520,8 @@ class Reader:
             "number": number,
             "state": t.state.name,
             "outcome": row.outcome,
+            "verdict": row.verdict,
+            "compare": self._compare(c, ua),
             "target": c.target,
             "objectives": list(c.attrs.get("objectives") or []),
             "params": dict(t.params),
@@ -437,37 +531,71 @@ class Reader:
             "record": ua,
         }
 
+    def _compare(self, c: _StudyCache, ua: dict[str, Any]) -> list[list[Any]]:
+        """[key, baseline, best it was paired against, this trial] for every config key where
+        this trial differs from either (the record's ``changed`` is against the baseline only)."""
+        cand = ua.get("config") or {}
+        if not cand:
+            return []
+        base = dict((c.attrs.get("baseline") or {}).get("config") or {})
+        against = ua.get("paired_against")
+        paired: dict[str, Any] | None = None
+        if isinstance(against, int) and 0 <= against < len(c.rows) and c.rows[against]:
+            paired = dict(self._record(c, against).get("config") or {}) or None
+        out = []
+        for k in sorted(set(cand) | set(base) | set(paired or {})):
+            b, p, v = base.get(k), (paired or {}).get(k) if paired else None, cand.get(k)
+            if v != b or (paired is not None and v != p):
+                out.append([k, b, p if paired is not None else "?", v])
+        return out
+
     def history(self, name: str) -> dict[str, Any]:
-        """Target metric of every ok trial and the agent's best so far (baseline, then each
-        accepted candidate), for the optimization history plot."""
+        """Target metric of every ok trial (accepted ones apart), and the chained paired speedup
+        over the baseline after each acceptance, with its interval, for the history plot."""
         c = self._study(name)
         target = c.target
         xs: list[int] = []
         ys: list[float] = []
         acc_x: list[int] = []
         acc_y: list[float] = []
-        best_x: list[int] = []
-        best_y: list[float] = []
-        best: float | None = None
         for r in c.rows:
             if r is None or r.outcome != "ok" or target not in r.metrics:
                 continue
-            y = r.metrics[target]
             xs.append(r.number)
-            ys.append(y)
-            if r.role == "baseline" and best is None or r.accepted:
-                best = y
+            ys.append(r.metrics[target])
+            if r.accepted:
                 acc_x.append(r.number)
-                acc_y.append(y)
-            if best is not None:
-                best_x.append(r.number)
-                best_y.append(best)
+                acc_y.append(r.metrics[target])
+        best = (c.attrs.get("best") or {}).get("trial")
+        if best is None:
+            best = next((r.number for r in c.rows if r and r.role == "baseline"), None)
+        chain = self._chain(c, best)
+        base = next((r.number for r in c.rows if r and r.role == "baseline"), 0)
+        last = len(c.rows) - 1
+        sx, sy, slo, shi = [base], [1.0], [1.0], [1.0]
+        for link in chain["links"]:
+            sx.append(link["trial"])
+            sy.append(link["cumulative"])
+            slo.append(link["cumulative_lower"])
+            shi.append(link["cumulative_upper"])
+        if last > sx[-1]:  # the step holds until the latest trial
+            sx.append(last)
+            sy.append(sy[-1])
+            slo.append(slo[-1])
+            shi.append(shi[-1])
         return {
             "target": target,
             "numbers": xs,
             "values": ys,
             "accepted": {"numbers": acc_x, "values": acc_y},
-            "best": {"numbers": best_x, "values": best_y},
+            "speedup": {
+                "numbers": sx,
+                "ratio": sy,
+                "lower": slo,
+                "upper": shi,
+                "complete": chain["complete"],
+                "note": chain["note"],
+            },
         }
 
     def importances(self, name: str) -> dict[str, Any]:
@@ -606,8 +734,21 @@ class Reader:
         return dict(self.storage.get_trial(c.trial_ids[trial]).user_attrs)
 
     # --- fleet ----------------------------------------------------------------------------
+    def status_file(self) -> dict[str, Any]:
+        """The agent's fleet status file as written, {} when absent; ``error`` when unreadable."""
+        path = self.ref.status_path
+        try:
+            return dict(json.loads(Path(path).read_text()))
+        except FileNotFoundError:
+            return {}
+        except (OSError, json.JSONDecodeError) as e:
+            return {"error": f"cannot read {path}: {e}"}
+
     def fleet(self) -> dict[str, Any]:
-        """The agent's fleet status file, with nodes and device classes derived from workers."""
+        """The agent's fleet status file, with nodes and device classes derived from workers,
+        every agent invocation recorded with the trials that finished during it, per-worker
+        totals over all invocations, the last GPU state each worker recorded, and what each
+        worker's A/A noise means for acceptance."""
         path = self.ref.status_path
         base: dict[str, Any] = {
             "status_file": str(path),
@@ -618,14 +759,21 @@ class Reader:
             "nodes": [],
             "device_classes": {},
             "age_s": None,
+            "stale": "",
+            "invocations": [],
+            "ray_dashboard": "",
         }
-        try:
-            data = json.loads(Path(path).read_text())
-        except FileNotFoundError:
+        data = self.status_file()
+        if not data:
             return base
-        except (OSError, json.JSONDecodeError) as e:
-            return {**base, "error": f"cannot read {path}: {e}"}
-        workers = list(data.get("workers") or [])
+        if "error" in data:
+            return {**base, "error": data["error"]}
+        agent = data.get("agent") or None
+        now = time.time()
+        age = now - float(agent["updated"]) if agent and agent.get("updated") else None
+        rows = [r for n in self.study_names() for r in self._study(n).rows if r is not None]
+        acceptance = (agent or {}).get("acceptance") or {}
+        workers = [self._worker(dict(w), rows, acceptance) for w in data.get("workers") or []]
         nodes: dict[str, dict[str, Any]] = {}
         classes: dict[str, dict[str, int]] = {}
         for w in workers:
@@ -638,8 +786,6 @@ class Reader:
             cls = classes.setdefault(str(w.get("device_class", "")), {})
             state = str(w.get("state", ""))
             cls[state] = cls.get(state, 0) + 1
-        agent = data.get("agent") or None
-        age = time.time() - float(agent["updated"]) if agent and agent.get("updated") else None
         return {
             **base,
             "present": True,
@@ -649,7 +795,224 @@ class Reader:
             "nodes": sorted(nodes.values(), key=lambda n: n["host"]),
             "device_classes": dict(sorted(classes.items())),
             "age_s": age,
+            "stale": _stale(agent, age),
+            "invocations": _invocations(data, rows, now),
+            "ray_dashboard": str((agent or {}).get("ray_dashboard") or ""),
         }
+
+    @staticmethod
+    def _worker(
+        w: dict[str, Any], rows: list[TrialRow], acceptance: dict[str, Any]
+    ) -> dict[str, Any]:
+        wid = str(w.get("worker_id", ""))
+        mine = [r for r in rows if r.worker == wid]
+        w["evaluated_all"] = sum(r.outcome in BUDGET for r in mine)
+        with_gpu = [r for r in mine if r.gpu]
+        w["gpu"] = max(with_gpu, key=lambda r: r.finished).gpu if with_gpu else None
+        target = acceptance.get("target")
+        min_gain = float(acceptance.get("min_gain") or 0.0)
+        w["accepts_above"] = {
+            model: 1.0 + max(min_gain, float(objs.get(target, 0.0)))
+            for model, objs in (w.get("noise") or {}).items()
+            if target and target in objs
+        }
+        since = w.get("current_since")
+        w["current_s"] = time.time() - float(since) if since and w.get("current") else None
+        return w
+
+    def progress(self, name: str) -> dict[str, Any]:
+        """How far the study is: evaluated / budget, this invocation's elapsed time and rate,
+        the time left, and each running trial against its timeout (from the status file)."""
+        c = self._study(name)
+        rows = [r for r in c.rows if r is not None]
+        evaluated = sum(r.outcome in BUDGET for r in rows)
+        status = self.status_file()
+        agent = status.get("agent") or {}
+        entry = next((s for s in status.get("studies") or [] if s.get("study") == name), {})
+        budget = entry.get("budget")
+        now = time.time()
+        started = float(agent.get("started") or 0.0)
+        running_agent = agent.get("state") == "running" and bool(entry)
+        end = now if running_agent else float(agent.get("updated") or now)
+        elapsed = end - started if started and entry else None
+        this_run = sum(r.outcome in BUDGET and r.finished >= started for r in rows) if entry else 0
+        per_hour = this_run / elapsed * 3600 if elapsed and this_run else None
+        left = max(0, int(budget) - evaluated) if isinstance(budget, int) else None
+        eta = left / per_hour * 3600 if left is not None and per_hour and running_agent else None
+        wall = agent.get("wall_time_s")
+        if wall and running_agent and started:
+            wall_left = max(0.0, started + float(wall) - now)
+            eta = wall_left if eta is None else min(eta, wall_left)
+        timeout = agent.get("trial_timeout_s")
+        by_trial = {
+            str(w.get("current")): w for w in status.get("workers") or [] if w.get("current")
+        }
+        current = []
+        for r in rows:
+            if r.outcome not in ("running", "waiting"):
+                continue
+            w = by_trial.get(f"{name} #{r.number}") or {}
+            since = w.get("current_since")
+            current.append(
+                {
+                    "number": r.number,
+                    "worker": w.get("worker_id", ""),
+                    "elapsed_s": now - float(since) if since else None,
+                    "timeout_s": timeout,
+                    "queued": not w,
+                }
+            )
+        age = now - float(agent["updated"]) if agent.get("updated") else None
+        return {
+            "evaluated": evaluated,
+            "budget": budget,
+            "left": left,
+            "agent_state": agent.get("state", ""),
+            "in_this_run": bool(entry),
+            "evaluated_this_run": this_run,
+            "elapsed_s": elapsed,
+            "per_hour": per_hour,
+            "eta_s": eta,
+            "trial_timeout_s": timeout,
+            "current": current,
+            "stale": _stale(agent or None, age),
+            "acceptance": agent.get("acceptance") or {},
+        }
+
+
+def _stale(agent: dict[str, Any] | None, age: float | None) -> str:
+    """Why a status file that says "running" cannot be believed, or ""."""
+    if not agent or agent.get("state") != "running":
+        return ""
+    pid, host = agent.get("pid"), agent.get("host")
+    if host == socket.gethostname() and isinstance(pid, int) and pid > 0:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return f"the agent (pid {pid} on {host}) is not running: it stopped without saying so"
+        except PermissionError:
+            pass
+    # The agent rewrites the file at least once per trial timeout while it runs.
+    limit = float(agent.get("trial_timeout_s") or 600.0) + 60.0
+    if age is not None and age > limit:
+        return (
+            f"the agent last wrote its status {age:.0f} s ago (it writes at least every "
+            f"{limit:.0f} s while it runs): it may have died or lost its storage"
+        )
+    return ""
+
+
+def _invocations(data: dict[str, Any], rows: list[TrialRow], now: float) -> list[dict[str, Any]]:
+    """Every agent invocation the status file recorded (oldest first), each with the trials that
+    finished while it ran, by verdict; trials before the first recorded one come first, as
+    "earlier": the counts add up to every trial in the storage."""
+    runs = [dict(i) for i in data.get("invocations") or [] if i.get("started")]
+    agent = data.get("agent")
+    if (
+        agent
+        and agent.get("started")
+        and not any(
+            i.get("started") == agent.get("started") and i.get("pid") == agent.get("pid")
+            for i in runs
+        )
+    ):
+        runs.append(dict(agent))
+    runs.sort(key=lambda i: float(i["started"]))
+    starts = [float(i["started"]) for i in runs]
+    buckets: list[dict[str, int]] = [{} for _ in range(len(runs) + 1)]
+
+    for r in rows:
+        t = r.finished or now  # unfinished: the latest invocation has it
+        k = bisect.bisect_right(starts, t)  # 0: before the first recorded invocation
+        buckets[k][r.verdict] = buckets[k].get(r.verdict, 0) + 1
+    out = []
+    if buckets[0]:
+        out.append({"label": "earlier (not recorded)", "counts": buckets[0]})
+    for i, run in enumerate(runs):
+        counts = buckets[i + 1]
+        out.append(
+            {
+                "label": f"{run.get('host', '?')} pid {run.get('pid', '?')}",
+                "host": run.get("host"),
+                "pid": run.get("pid"),
+                "experiment": run.get("experiment"),
+                "started": run.get("started"),
+                "updated": run.get("updated"),
+                "state": run.get("state"),
+                "counts": counts,
+            }
+        )
+    for o in out:
+        o["total"] = sum(o["counts"].values())
+    return out
+
+
+def _z(confidence: float) -> float:
+    from statistics import NormalDist
+
+    return NormalDist().inv_cdf(min(max(confidence, 0.5 + 1e-9), 1 - 1e-9))
+
+
+def _chain_of(reader: Reader, c: _StudyCache, best: int | None) -> dict[str, Any]:
+    """See ``Reader._chain``: links from ``best`` back to the baseline, then their product."""
+    out: dict[str, Any] = {
+        "ratio": 1.0,
+        "lower": 1.0,
+        "upper": 1.0,
+        "links": [],
+        "complete": False,
+        "note": "",
+    }
+    rows = c.rows
+    if best is None or not 0 <= best < len(rows) or rows[best] is None:
+        out["note"] = "no baseline measured yet"
+        return out
+    confidence = 0.95
+    links: list[dict[str, Any]] = []
+    seen: set[int] = set()
+    n: int | None = best
+    while True:
+        row = rows[n] if n is not None and 0 <= n < len(rows) else None
+        if row is None or n in seen:
+            out["note"] = f"the chain breaks at trial {n}: not in this study"
+            break
+        seen.add(n)
+        if row.role == "baseline":
+            out["complete"] = True
+            break
+        against, est = reader._link(c, row)
+        if not est.get("ratio") or not est.get("lower") or not est.get("upper"):
+            out["note"] = f"trial {n} has no paired estimate on {c.target}"
+            break
+        conf = (reader._record(c, n).get("estimates") or {}).get(c.target) or {}
+        confidence = float(conf.get("confidence") or confidence)
+        links.append(
+            {
+                "trial": n,
+                "against": against,
+                "ratio": est["ratio"],
+                "lower": est["lower"],
+                "upper": est["upper"],
+                "source": est.get("source", "trial"),
+            }
+        )
+        n = against
+    links.reverse()  # baseline first
+    z = _z(confidence)
+    log_sum, var = 0.0, 0.0
+    cum = []
+    for link in links:
+        log_sum += math.log(link["ratio"])
+        se = (math.log(link["upper"]) - math.log(link["lower"])) / (2 * z)
+        var += se * se
+        half = z * math.sqrt(var)
+        cum.append((math.exp(log_sum), math.exp(log_sum - half), math.exp(log_sum + half)))
+        link["cumulative"], link["cumulative_lower"], link["cumulative_upper"] = cum[-1]
+    if cum:
+        out["ratio"], out["lower"], out["upper"] = cum[-1]
+    out["links"] = links
+    out["confidence"] = confidence
+    return out
 
 
 def _file_evidence(path: Any) -> dict[str, Any]:

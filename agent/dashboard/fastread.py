@@ -35,7 +35,11 @@ ROW_KEYS = (
     "worker",
     "host",
     "wall_s",
+    "started",
     "finished",
+    "paired_against",
+    "decision",
+    "gpu",
 )
 
 

@@ -17,14 +17,17 @@ LAYOUT: dict[str, Any] = {
 
 
 def history(h: dict[str, Any]) -> dict[str, Any]:
-    """Target metric of each ok trial, the accepted ones, and the agent's best so far."""
+    """Two panels over the trial number: the target metric of each ok trial (accepted ones
+    starred), and the chained paired speedup over the baseline with its interval band."""
     target = h["target"] or "target"
+    sp = h["speedup"]
+    step = {"shape": "hv", "color": "#1a7f37"}
     return {
         "data": [
             {
                 "type": "scatter",
                 "mode": "markers",
-                "name": "ok trials",
+                "name": "ok trials (median)",
                 "x": h["numbers"],
                 "y": h["values"],
                 "marker": {"size": 5, "color": "#8aa4c8"},
@@ -32,25 +35,56 @@ def history(h: dict[str, Any]) -> dict[str, Any]:
             {
                 "type": "scatter",
                 "mode": "markers",
-                "name": "accepted (new best)",
+                "name": "accepted",
                 "x": h["accepted"]["numbers"],
                 "y": h["accepted"]["values"],
-                "marker": {"size": 10, "color": "#d62728", "symbol": "star"},
+                "marker": {"size": 11, "color": "#1a7f37", "symbol": "star"},
             },
             {
                 "type": "scatter",
                 "mode": "lines",
-                "name": "best so far",
-                "x": h["best"]["numbers"],
-                "y": h["best"]["values"],
-                "line": {"shape": "hv", "color": "#d62728"},
+                "name": "interval",
+                "x": sp["numbers"],
+                "y": sp["upper"],
+                "line": {**step, "width": 0},
+                "showlegend": False,
+                "hoverinfo": "skip",
+                "xaxis": "x2",
+                "yaxis": "y2",
+            },
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "name": "speedup interval",
+                "x": sp["numbers"],
+                "y": sp["lower"],
+                "line": {**step, "width": 0},
+                "fill": "tonexty",
+                "fillcolor": "rgba(26,127,55,0.15)",
+                "xaxis": "x2",
+                "yaxis": "y2",
+            },
+            {
+                "type": "scatter",
+                "mode": "lines+markers",
+                "name": "speedup vs baseline (chained paired)",
+                "x": sp["numbers"],
+                "y": sp["ratio"],
+                "line": step,
+                "marker": {"size": 6},
+                "xaxis": "x2",
+                "yaxis": "y2",
             },
         ],
         "layout": {
             **LAYOUT,
+            "height": 480,
+            "uirevision": "keep",  # live updates keep the user's zoom
             "title": {"text": f"optimization history: {target}", "x": 0.01, "xanchor": "left"},
-            "xaxis": {"title": {"text": "trial"}},
-            "yaxis": {"title": {"text": target}},
+            "xaxis": {"anchor": "y", "domain": [0, 1], "matches": "x2", "showticklabels": False},
+            "yaxis": {"domain": [0.5, 1], "title": {"text": target}},
+            "xaxis2": {"anchor": "y2", "domain": [0, 1], "title": {"text": "trial"}},
+            "yaxis2": {"domain": [0, 0.4], "title": {"text": "× baseline"}},
         },
     }
 

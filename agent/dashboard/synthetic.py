@@ -21,7 +21,7 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
 from agent.fleet import write_status
-from agent.records import TrialRecord
+from agent.records import BUDGET_OUTCOMES, TrialRecord
 from agent.storage import parse_storage
 
 # (op, variant, param, choices): a small vulkan-like space; variants make params conditional.
@@ -70,9 +70,12 @@ def _suggest(rng: random.Random) -> tuple[dict[str, Any], dict[str, Any], dict[s
 
 
 def _speed(flat: dict[str, Any]) -> tuple[float, float]:
-    cols = int(flat.get("prefill.max_cols", 32))
-    kpar = flat["matmul_prefill.variant"] == "kpar"
-    pre = 900.0 * (1.0 + 0.1 * (cols in (32, 64))) * (1.05 if kpar else 0.9)
+    # Graded, so a run accepts a chain of several improvements, not one jump to the top.
+    cols = {8: 0.9, 16: 1.0, 32: 1.06, 64: 1.12, 128: 1.03}[int(flat.get("prefill.max_cols", 16))]
+    wg = {64: 0.97, 128: 1.0, 256: 1.04}[int(flat.get("matmul_prefill.wg_size", 128))]
+    rows = int(flat.get("matmul_prefill.rows_per_wg", 1))
+    kpar = 1.0 + 0.03 * rows.bit_length() if flat["matmul_prefill.variant"] == "kpar" else 0.9
+    pre = 900.0 * cols * wg * kpar
     dec = 60.0 * (1.0 + 0.03 * int(flat.get("matmul_decode.rows_per_wg", 1) in (2, 4)))
     return pre, dec
 
@@ -102,6 +105,7 @@ def _record(
     role: str,
     device_class: str,
     t0: float,
+    best_trial: int | None = None,
 ) -> tuple[TrialRecord, TrialState, list[float] | None]:
     worker = _worker(device_class, number % 2)
     common = {
@@ -119,6 +123,16 @@ def _record(
         "finished": t0 + 3.0,
         "wall_s": 3.0,
         "overhead_s": 0.01,
+        "gpu": {
+            "source": "synthetic",
+            "util_pct": 97.0,
+            "mem_used_mib": 9000.0,
+            "mem_total_mib": 32624.0,
+            "sm_clock_mhz": 2350.0 - 10 * (number % 7),
+            "mem_clock_mhz": 1258.0,
+            "temp_c": 61.0 + number % 9,
+            "power_w": 240.0,
+        },
     }
     roll = rng.random() if role == "candidate" else 1.0
     if roll < 0.06:
@@ -176,7 +190,14 @@ def _record(
             "confidence": 0.95,
         }
         metrics[obj] = sorted(cand)[2]
-    accepted = role == "candidate" and estimates[OBJECTIVES[0]]["lower"] > 1.02
+    est = estimates[OBJECTIVES[0]]
+    threshold = 1.02
+    accepted = role == "candidate" and est["lower"] > threshold
+    sign = ">" if accepted else "<="
+    why = (
+        f"{OBJECTIVES[0]} x{est['ratio']:.3f}, lower bound {est['lower']:.3f} {sign} "
+        f"{threshold:.3f} (min gain 0.020, A/A noise 0.004)"
+    )
     val = {"passed": True, "max_abs_diff": 1.2e-4, "nmse": 3e-9, "steps": 8, "prompts": []}
     rec = TrialRecord(
         outcome="ok",
@@ -184,9 +205,16 @@ def _record(
         samples=samples,
         estimates=estimates,
         accepted=accepted,
-        paired_against=0,
+        reason="" if accepted or role == "baseline" else why,
+        paired_against=best_trial,
         validate=val,
-        decision={"accepted": accepted, "reason": "synthetic", "target": OBJECTIVES[0]},
+        decision={
+            "accepted": accepted,
+            "reason": why,
+            "target": OBJECTIVES[0],
+            "threshold": threshold,
+            "noise": 0.004,
+        },
         phase_s={"compile_s": 0.5, "validate_s": 1.0, "bench_s": 1.5},
         **common,
     )
@@ -220,7 +248,8 @@ def write_study(
     for k, v in attrs.items():
         study.set_user_attr(k, v)
     best = dict(BASE_CONFIG)
-    best_trial, best_metrics = 0, {}
+    best_trial: int | None = None
+    best_metrics: dict[str, float] = {}
     t0 = time.time() - trials * 3.0
     batch: list[optuna.trial.FrozenTrial] = []
     for n in range(trials):
@@ -239,7 +268,23 @@ def write_study(
                 )
             )
             continue
-        rec, state, values = _record(name, n, rng, flat, best, role, device_class, t0 + 3.0 * n)
+        if role == "candidate" and n % 13 in (5, 11):  # a repeat, and a run cut short
+            outcome = "duplicate" if n % 13 == 5 else "interrupted"
+            attrs: dict[str, Any] = {"role": role, "outcome": outcome}
+            if outcome == "duplicate":
+                attrs["config"] = flat
+            else:
+                attrs["reason"] = "the agent stopped while this trial ran"
+            state = TrialState.PRUNED if outcome == "duplicate" else TrialState.FAIL
+            batch.append(
+                optuna.trial.create_trial(
+                    params=params, distributions=dists, state=state, user_attrs=attrs
+                )
+            )
+            continue
+        rec, state, values = _record(
+            name, n, rng, flat, best, role, device_class, t0 + 3.0 * n, best_trial
+        )
         if rec.outcome == "ok" and (role == "baseline" or rec.accepted):
             best, best_trial, best_metrics = dict(flat), n, dict(rec.metrics)
         batch.append(
@@ -279,8 +324,15 @@ def write_study(
     return name
 
 
-def write_fleet(status_path: Path, classes: tuple[str, ...], studies: list[str]) -> None:
-    """A fleet status file as ``agent.fleet.write_status`` writes it."""
+def write_fleet(
+    status_path: Path,
+    classes: tuple[str, ...],
+    studies: list[str],
+    current: str = "",
+    trials: int = 0,
+    state: str = "running",
+) -> None:
+    """A fleet status file as ``agent.fleet.write_status`` writes it, with one earlier run."""
     workers = []
     for cls in classes:
         for i in range(2):
@@ -290,7 +342,8 @@ def write_fleet(status_path: Path, classes: tuple[str, ...], studies: list[str])
                     "device_class": cls,
                     "backend": "vulkan",
                     "state": "busy" if i == 0 else "idle",
-                    "current": f"{studies[0]} #{1}" if i == 0 and studies else "",
+                    "current": current if i == 0 and studies else "",
+                    "current_since": time.time() - 42.0 if i == 0 and studies else None,
                     "restarts": i,
                     "trials_done": 10 + i,
                     "noise": {"synthetic:tiny": {OBJECTIVES[0]: 0.004}},
@@ -298,29 +351,61 @@ def write_fleet(status_path: Path, classes: tuple[str, ...], studies: list[str])
                 }
             )
     now = time.time()
+    started = now - trials * 3.0 * 0.4  # the last 40% of the trials ran in this invocation
+    agent = {
+        "host": "head",
+        "pid": 1,
+        "experiment": "synthetic",
+        "storage": "",
+        "started": started,
+        "updated": now,
+        "state": state,
+        "trial_timeout_s": 600.0,
+        "wall_time_s": 0.0,
+        "acceptance": {"target": OBJECTIVES[0], "min_gain": 0.02, "confidence": 0.95},
+        "ray_dashboard": "",
+    }
+    earlier = {
+        "host": "head",
+        "pid": 2,
+        "experiment": "synthetic",
+        "started": now - trials * 3.0 - 60.0,
+        "updated": started - 30,
+        "state": "finished",
+    }
+    keys = ("host", "pid", "experiment", "started", "updated", "state")
     write_status(
         status_path,
         {
-            "agent": {
-                "host": "head",
-                "pid": 1,
-                "experiment": "synthetic",
-                "storage": "",
-                "started": now - 60,
-                "updated": now,
-                "state": "running",
-            },
+            "agent": agent,
+            "invocations": [earlier, {k: agent[k] for k in keys}],
             "workers": workers,
-            "studies": [{"study": s} for s in studies],
+            "studies": [
+                {"study": s, "evaluated": 0, "budget": trials + 10, "in_flight": []}
+                for s in studies
+            ],
         },
     )
+
+
+def _set_evaluated(
+    status_path: Path, storage: optuna.storages.BaseStorage, names: list[str]
+) -> None:
+    data = json.loads(status_path.read_text())
+    for entry in data["studies"]:
+        study = optuna.load_study(study_name=entry["study"], storage=storage)
+        entry["evaluated"] = sum(
+            t.user_attrs.get("outcome") in BUDGET_OUTCOMES for t in study.get_trials(deepcopy=False)
+        )
+    write_status(status_path, data)
 
 
 def write_storage(url: str, trials: int, classes: tuple[str, ...] = ("r9700",)) -> list[str]:
     ref = parse_storage(url)
     storage = ref.open()
     names = [write_study(storage, c, trials, seed=i) for i, c in enumerate(classes)]
-    write_fleet(ref.status_path, classes, names)
+    write_fleet(ref.status_path, classes, names, f"{names[0]} #{trials - 1}", trials)
+    _set_evaluated(ref.status_path, storage, names)
     return names
 
 
