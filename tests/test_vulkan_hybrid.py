@@ -1,6 +1,7 @@
 """The hybrids' ops on Vulkan against the NumPy reference (column slices, conv1d with state,
-the delta-net gates, the sigmoid gate, partial RoPE), and a whole tiny qwen35 (dense hybrid) on
-Vulkan against NumPy on both prefill paths, with the decode graph replayed and not."""
+the delta-net gates, the sigmoid gate, partial RoPE, the MoE router and experts), and whole tiny
+qwen35 / qwen35moe / qwen3next models on Vulkan against NumPy on both prefill paths, with the
+decode graph replayed and not."""
 
 from __future__ import annotations
 
@@ -8,12 +9,11 @@ import numpy as np
 import pytest
 
 from engine.backends.numpy_ref import NumpyBackend
-from engine.errors import UnsupportedError
 from engine.gguf_model import QTensor, open_model
 from engine.model import Model
 from engine.tuning import TuningConfig
 from engine.validate import compare_logits
-from tests.test_vulkan_helpers import assert_no_validation_errors, make_backend, nmse
+from tests.test_vulkan_helpers import assert_no_validation_errors, make_backend, nmse, qtensor
 
 
 @pytest.fixture(scope="module")
@@ -85,9 +85,36 @@ def test_gates_sigmoid_and_partial_rope(vb):
         assert np.array_equal(got[..., n_rot:], x[..., n_rot:])
 
 
+def test_router_topk(vb):
+    rng = np.random.default_rng(3)
+    logits = _f32(rng, 9, 256) * 3
+    logits[0, 17] = logits[0, 5] = 40.0  # a tie: the lower index first, as the stable sort
+    ids, w = vb.router_topk(vb.upload(logits), 8)
+    want_ids, want_w = NumpyBackend().router_topk(logits, 8)
+    assert vb.download(ids).tolist() == want_ids.tolist()
+    assert np.allclose(vb.download(w), want_w, atol=1e-6)
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0", "F16"])
+def test_moe_experts(vb, qtype):
+    rng = np.random.default_rng(4)
+    E, F, C, T, k = 8, 256, 512, 5, 3
+    gate, up = qtensor(rng, (E, F, C), qtype, 0.1), qtensor(rng, (E, F, C), qtype, 0.1)
+    down = qtensor(rng, (E, C, F), qtype, 0.1)
+    x = _f32(rng, T, C)
+    ids, w = NumpyBackend().router_topk(_f32(rng, T, E), k)
+    ref = NumpyBackend()
+    want = ref.moe_experts(x, ids, w, *(ref.load_weight(t) for t in (gate, up, down)))
+    got = vb.moe_experts(
+        vb.upload(x), vb.upload(ids), vb.upload(w), *(vb.load_weight(t) for t in (gate, up, down))
+    )
+    assert nmse(want, vb.download(got)) < 1e-10
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "qwen35moe", "qwen3next"])
 @pytest.mark.parametrize("replay", [True, False])
-def test_tiny_qwen35_matches_numpy(vb, tiny_model_factory, replay):
-    g = open_model(tiny_model_factory("qwen35", "q4_k_m"))
+def test_tiny_hybrid_matches_numpy(vb, tiny_model_factory, arch, replay):
+    g = open_model(tiny_model_factory(arch, "q4_k_m"))
     vb.set_config(TuningConfig.from_flat("vulkan", {"submit.replay": replay}))
     mv, mn = Model(g, vb), Model(g, NumpyBackend())
     prompt = list(range(5, 5 + 37))
@@ -95,8 +122,3 @@ def test_tiny_qwen35_matches_numpy(vb, tiny_model_factory, replay):
         a, b = mn.generate(prompt, 8, path=path), mv.generate(prompt, 8, path=path)
         assert compare_logits(a.last_logits, b.last_logits)[2] < 1e-8, path
         assert a.tokens == b.tokens, path
-
-
-def test_moe_hybrid_is_refused_at_load(vb, tiny_model_factory):
-    with pytest.raises(UnsupportedError, match="router_topk, moe_experts"):
-        Model(open_model(tiny_model_factory("qwen3next", "q4_k_m")), vb)

@@ -229,7 +229,7 @@ class VulkanBackend(Backend):
             t = VkTensor(self.alloc.new(4 * f32.size, pooled=False), 0, f32.shape, np.float32)
             self._write(t.buf, 0, f32)
             return VkWeight(qt.name, qt.qtype, tuple(qt.shape), f32=t)
-        n_rows, k = qt.shape
+        n_rows = math.prod(qt.shape[:-1])  # stacked experts [E, N, K]: E * N rows
         raw = np.ascontiguousarray(qt.raw).reshape(n_rows, -1)
         row_bytes = raw.shape[1]
         if row_bytes > self.max_weight_bytes:
@@ -238,7 +238,7 @@ class VulkanBackend(Backend):
                 f"maxStorageBufferRange ({self.max_weight_bytes} B)"
             )
         rows_per_part = max(1, self.max_weight_bytes // row_bytes)
-        w = VkWeight(qt.name, qt.qtype, (n_rows, k), row_bytes)
+        w = VkWeight(qt.name, qt.qtype, tuple(qt.shape), row_bytes)
         for r0 in range(0, n_rows, rows_per_part):
             part = raw[r0 : r0 + rows_per_part]
             lease = self.alloc.new(part.nbytes, pooled=False)
@@ -305,6 +305,9 @@ class VulkanBackend(Backend):
             return [(op, K.matmul_prefill(c.variant, q), (wg, rows, config.max_cols), sg)]
         if op == "embedding":
             return [(op, K.embedding(q), (wg,), 0)]
+        if op == "moe_experts":
+            spec = (wg, int(c["rows_per_wg"]), int(c["threads_per_row"]))
+            return [(op, K.moe_matvec(q), spec, 0), (f"{op}.merge", K.MOE_COMBINE, (256,), 0)]
         if op == "delta_net":
             spec = (wg, int(c["state_layout"] == "ST"), int(c["max_dk"]))
             return [(op, K.DELTA_NET, spec, 0)]
@@ -319,6 +322,7 @@ class VulkanBackend(Backend):
                 "cols": K.SLICE,
                 "ssm_conv": K.SSM_CONV,
                 "ssm_gates": K.SSM_GATES,
+                "router_topk": K.ROUTER_TOPK,
                 "kv_write": K.KV_WRITE,
             }[op]
             return [(op, program, (wg,), 0)]
@@ -345,8 +349,10 @@ class VulkanBackend(Backend):
             "cols",
             "ssm_conv",
             "ssm_gates",
+            "router_topk",
+            "moe_experts",
         ):
-            weighted = op in ("embedding", "matmul_decode", "matmul_prefill")
+            weighted = op in ("embedding", "matmul_decode", "matmul_prefill", "moe_experts")
             variant = config.op(op).variant
             for q in sorted(qtypes) if weighted else [""]:
                 for key, prog, spec, sg in self._programs(config, op, q):
@@ -593,10 +599,12 @@ class VulkanBackend(Backend):
             )
         return out
 
-    def _eltwise(self, op: str, a: VkTensor, b: VkTensor, bcast: int) -> VkTensor:
-        out = self._new(a.shape)
+    def _eltwise(
+        self, op: str, a: VkTensor, b: VkTensor, bcast: int, shape: tuple[int, ...] | None = None
+    ) -> VkTensor:
+        out = self._new(a.shape if shape is None else shape)
         pipe, c = self._pipe(op)
-        n = a.size
+        n = out.size
         if n:
             self.stream.dispatch(
                 pipe,
@@ -669,9 +677,70 @@ class VulkanBackend(Backend):
 
     def sigmoid_mul(self, gate: VkTensor, x: VkTensor) -> VkTensor:
         gate, x = self._as_tensor(gate), self._as_tensor(x)
-        if gate.shape != x.shape:
-            raise ValueError(f"sigmoid_mul: shapes {gate.shape} and {x.shape} differ")
-        return self._eltwise("sigmoid_mul", gate, x, 0)
+        if gate.shape == x.shape:
+            return self._eltwise("sigmoid_mul", gate, x, 0)
+        if gate.size * x.shape[-1] == x.size:  # one gate per row
+            return self._eltwise("sigmoid_mul", gate, x, x.shape[-1], x.shape)
+        raise ValueError(f"sigmoid_mul: gate {gate.shape} against {x.shape}")
+
+    def router_topk(self, logits: VkTensor, k: int) -> tuple[VkTensor, VkTensor]:
+        logits = self._as_tensor(logits)
+        T, E = logits.shape
+        if E > 1024 or not 0 < k <= min(E, 32):
+            raise ValueError(f"router_topk: {E} experts (<= 1024), k {k} (<= 32)")
+        ids, w = self._new((T, k), np.int32), self._new((T, k))
+        pipe, _ = self._pipe("router_topk")
+        self.stream.dispatch(
+            pipe,
+            (logits.buf, ids.buf, w.buf),
+            (ids.buf, w.buf),
+            (T, E, k, logits.offset, ids.offset, w.offset),
+            _fold(T),
+        )
+        return ids, w
+
+    def _moe_matvec(self, w: VkWeight, x: VkTensor, ids: VkTensor, x_div: int) -> VkTensor:
+        """y[p, n] = expert ids[p] of w, row n, . x[p / x_div] -> [pairs, N]."""
+        E, N, Kw = w.shape
+        if len(w.parts) != 1 or x.shape[-1] != Kw:
+            raise ValueError(f"moe: {w.name} {w.shape} (one buffer) against x {x.shape}")
+        pairs = ids.size
+        out = self._new((pairs, N))
+        pipe, c = self._pipe("moe_experts", w.qtype)
+        blocks = -(-N // int(c["rows_per_wg"]))
+        self.stream.dispatch(
+            pipe,
+            (w.parts[0][0].buf, x.buf, ids.buf, out.buf),
+            (out.buf,),
+            (Kw, N, w.row_bytes, x.offset, out.offset, ids.offset, blocks, x_div),
+            _fold(pairs * blocks),
+        )
+        return out
+
+    def moe_experts(
+        self,
+        x: VkTensor,
+        ids: VkTensor,
+        weights: VkTensor,
+        gate: VkWeight,
+        up: VkWeight,
+        down: VkWeight,
+    ) -> VkTensor:
+        x = self._as_tensor(x)
+        T, C = x.shape
+        k = ids.shape[-1]
+        h = self.swiglu(self._moe_matvec(gate, x, ids, k), self._moe_matvec(up, x, ids, k))
+        d = self._moe_matvec(down, h, ids, 1)  # [T * k, C]
+        out = self._new((T, C))
+        pipe, _ = self._pipe("moe_experts.merge", down.qtype)
+        self.stream.dispatch(
+            pipe,
+            (d.buf, weights.buf, out.buf),
+            (out.buf,),
+            (T, C, k, d.offset, weights.offset, out.offset),
+            _fold(-(-T * C // 256)),
+        )
+        return out
 
     def cols(self, x: VkTensor, start: int, stop: int) -> VkTensor:
         x = self._as_tensor(x)

@@ -60,6 +60,14 @@ SIGMOID_MUL = Program("eltwise", ("OP_SIGMOID_MUL",), 3, "IIIII")
 SLICE = Program("slice", (), 2, "IIIIII")
 SSM_CONV = Program("ssm_conv", (), 4, "IIIIIII")
 SSM_GATES = Program("ssm_gates", (), 6, "IIIIIIII")
+ROUTER_TOPK = Program("router_topk", (), 3, "IIIIII")
+MOE_COMBINE = Program("moe_combine", (), 3, "IIIIII")
+
+
+def moe_matvec(qtype: str) -> Program:
+    return Program("moe_matvec", (f"QTYPE_{qtype}",), 4, "IIIIIIII")
+
+
 ARGMAX_SLICES = Program("argmax", ("STAGE_SLICES",), 2, "IIIII")
 ARGMAX_MERGE = Program("argmax", ("STAGE_MERGE",), 2, "IIII")
 
@@ -74,13 +82,14 @@ STAGES = {
 
 def all_programs() -> list[Program]:
     out = [RMS_NORM, ADD, SWIGLU, ROPE, KV_WRITE]
-    out += [DELTA_NET, SIGMOID_MUL, SLICE, SSM_CONV, SSM_GATES]  # hybrids
+    out += [DELTA_NET, SIGMOID_MUL, SLICE, SSM_CONV, SSM_GATES, ROUTER_TOPK, MOE_COMBINE]
     out += [p for stages in STAGES.values() for p in stages]
     for q in sorted(QUANT_TYPES):
         out += [matmul_decode(v, q) for v in MATMUL_DECODE_VARIANTS]
         out += [matmul_prefill(v, q) for v in MATMUL_PREFILL_VARIANTS]
         out += [matmul_prefill("tiled", q, vec4) for vec4 in (False, True)]
         out.append(embedding(q))
+        out.append(moe_matvec(q))
     return out
 
 

@@ -357,6 +357,7 @@ _SIMPLE = [
     ("cols", "default", "slice.comp", 256, "a contiguous copy of a column range"),
     ("ssm_conv", "default", "ssm_conv.comp", 256, "causal conv1d + SiLU, a thread per channel"),
     ("ssm_gates", "default", "ssm_gates.comp", 256, "softplus decay and sigmoid beta"),
+    ("router_topk", "default", "router_topk.comp", 128, "softmax, top-k, renormalised"),
 ]
 for _op, _variant, _src, _wg_default, _doc in _SIMPLE:
     _constraints = [_wg_fits(_op)]
@@ -543,4 +544,36 @@ REGISTRY.register(
         )
     ],
     doc="gated delta-net scan (hybrid models); wg_size >= the V head dim, max_dk >= the K head dim",
+)
+
+
+def _tpr_le_wg(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
+    c = cfg.op("moe_experts")
+    return int(c["threads_per_row"]) <= int(c["wg_size"])
+
+
+REGISTRY.register(
+    B,
+    "moe_experts",
+    [
+        Variant(
+            B,
+            "moe_experts",
+            "dmmv",
+            params=(
+                _wg(64, (32, 64, 128, 256)),
+                Param("rows_per_wg", (1, 2, 4, 8, 16), 4, "expert rows per workgroup"),
+                Param("threads_per_row", (4, 8, 16, 32, 64), 16, "threads splitting a row's K"),
+            ),
+            constraints=(
+                _wg_fits("moe_experts"),
+                Constraint("threads_per_row <= wg_size", _tpr_le_wg),
+            ),
+            quant_types=QUANT_TYPES,
+            source="vulkan/moe_matvec.comp",
+            doc="a matrix-vector product per (token, chosen expert) reading only that expert's "
+            "rows, then a weighted sum per token (moe_combine.comp)",
+        )
+    ],
+    doc="routed experts of a MoE FFN (gate, up, SwiGLU, down, combine)",
 )
