@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Issue 15 on the GPU machine, Vulkan through the NVIDIA driver: the hybrid Vulkan tests, the
-# delta_net kernel at a real layer shape, a Qwen3.5-9B-like dense hybrid (synthesized here)
-# validated and benched with a per-kernel profile, and llama.cpp's llama-bench on that file and on
-# the Qwen3.5-35B-A3B-like MoE (which only llama.cpp runs on a GPU so far) when it is built
-# (bash ../shared/device/llama-bench.sh build, same machine, still warm).
+# delta_net kernel at a real layer shape, a Qwen3.5-9B-like dense hybrid and a Qwen3.5-35B-A3B-
+# like MoE (synthesized here) validated and benched with a per-kernel profile, and llama.cpp's
+# llama-bench on the same two files when it is built (bash ../shared/device/llama-bench.sh build,
+# same machine, still warm).
 # Carry .gl and .spv-cache (see scripts/device_vulkan_env.sh).
 # usage: bash scripts/device_hybrid.sh     (logs and JSON under $OUT, packed into one tgz)
 MODELS="" source scripts/device_vulkan_env.sh || exit $?
@@ -18,15 +18,17 @@ timeout 150 python3 -m pytest -q -p no:cacheprovider -rfE --tb=short \
 timeout 120 python3 scripts/bench_delta_net.py --tokens 512 --repeats 10 > "$OUT/delta_net.txt" 2>&1
 echo "bench_delta_net rc=$?"; cat "$OUT/delta_net.txt"
 M=/tmp/models/qwen35-9b.gguf
-if wait_file qwen35-9b 300; then
-  timeout 150 python3 -m engine validate --backend vulkan --no-promoted --steps 4 --model $M \
-      --json > "$OUT/validate_q35-9b.json" 2>"$OUT/validate_q35-9b.err"
-  echo "validate q35-9b rc=$?"
-  timeout 240 python3 -m engine bench --backend vulkan --no-promoted --model $M \
-      --prompt-tokens 512 --gen-tokens 128 --repeats 2 --profile > "$OUT/bench_q35-9b.txt" \
-      2>"$OUT/bench_q35-9b.err"
-  echo "bench q35-9b rc=$?"; cat "$OUT/bench_q35-9b.txt"
-fi
+for m in "qwen35-9b 300" "qwen35moe-35b-a3b 420"; do
+  set -- $m
+  wait_file $1 $2 || { echo "synth $1 not ready"; continue; }
+  timeout 200 python3 -m engine validate --backend vulkan --no-promoted --steps 4 \
+      --model /tmp/models/$1.gguf --json > "$OUT/validate_$1.json" 2>"$OUT/validate_$1.err"
+  echo "validate $1 rc=$?"
+  timeout 300 python3 -m engine bench --backend vulkan --no-promoted --model /tmp/models/$1.gguf \
+      --prompt-tokens 512 --gen-tokens 128 --repeats 2 --profile > "$OUT/bench_$1.txt" \
+      2>"$OUT/bench_$1.err"
+  echo "bench $1 rc=$?"; cat "$OUT/bench_$1.txt"
+done
 LB=${LLAMA_BENCH_BUILD:-/root/llama-bench}/bin/llama-bench  # as ../shared/device/llama-bench.sh
 if [ -x "$LB" ] && wait_file qwen35moe-35b-a3b 420; then
   for m in $M /tmp/models/qwen35moe-35b-a3b.gguf; do
