@@ -46,7 +46,7 @@ def main() -> int:
     import numpy as np
     from llama_cpp import Llama
 
-    llm = Llama(str(args.gguf), n_ctx=256, logits_all=False, verbose=False, n_threads=2)
+    llm = Llama(str(args.gguf), n_ctx=256, logits_all=True, verbose=False, n_threads=2)
     llm.eval(ids)
     ref = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float64)
     toks = []
