@@ -5,6 +5,8 @@
                         [--dashboard [PORT]]
     python -m agent status [--storage URL] [--json]
     python -m agent check experiments/X.toml
+    python -m agent replay TABLE [--sampler tpe,cmaes,random] [--seeds 50] [--json]
+    python -m agent table measure|from-study|from-sweep ...   (replay tables)
     python -m agent dashboard [--storage URL]     (agent/dashboard, read-only web UI)
 
 As a Ray job: ``ray job submit --working-dir . -- python -m agent run experiments/X.toml``
@@ -65,6 +67,48 @@ def _parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("check", help="validate an experiment file and print its search spaces")
     c.add_argument("experiment", type=Path)
+
+    rp = sub.add_parser(
+        "replay",
+        help="run the search against a table of measured configs (no GPU): trials to the best",
+        description="Replay the agent's search (sampler, baseline first, duplicates pruned, "
+        "failures told) over a table of measured configs and report, per sampler over many "
+        "seeds, how many trials it needs to come within --within of the table's best.",
+    )
+    rp.add_argument("table", type=Path, help="table JSON or CSV (python -m agent table --help)")
+    rp.add_argument("--sampler", default="tpe,cmaes,random", help="comma list: tpe,cmaes,random")
+    rp.add_argument("--seeds", type=int, default=50, help="searches per sampler (seeds 0..N-1)")
+    rp.add_argument("--within", type=float, default=0.02, help="target: this close to the best")
+    rp.add_argument(
+        "--warm-from",
+        type=Path,
+        metavar="TABLE",
+        help="warm start: enqueue the best configs of this table (another device class) first",
+    )
+    rp.add_argument("--warm-k", type=int, default=3, help="configs taken from --warm-from")
+    rp.add_argument(
+        "--no-constraints",
+        action="store_true",
+        help="tell failed configs as FAIL (unseen by the sampler), as the agent did before",
+    )
+    rp.add_argument("--json", action="store_true", help="the report as JSON, every run included")
+
+    tb = sub.add_parser("table", help="build a replay table: measure, or from a study or sweep")
+    tsub = tb.add_subparsers(dest="table_command", required=True)
+    tm = tsub.add_parser("measure", help="measure every config of an experiment's space here")
+    tm.add_argument("experiment", type=Path)
+    tm.add_argument("--backend", required=True)
+    tm.add_argument("--out", type=Path, required=True, help="table .json or .csv")
+    ts = tsub.add_parser("from-study", help="a finished study's trials (e.g. the fleet's db)")
+    ts.add_argument("--storage", required=True, help="Optuna storage URL or *.journal path")
+    ts.add_argument("--study", required=True, help="study name (python -m agent status)")
+    ts.add_argument("--experiment", type=Path, required=True, help="the study's experiment file")
+    ts.add_argument("--out", type=Path, required=True)
+    tw = tsub.add_parser("from-sweep", help="engine/backends/vulkan/sweep.py's vulkan_sweep.json")
+    tw.add_argument("sweep", type=Path)
+    tw.add_argument("--experiment", type=Path, required=True)
+    tw.add_argument("--target", required=True, help="objective, e.g. prefill_tok_s@105")
+    tw.add_argument("--out", type=Path, required=True)
 
     d = sub.add_parser("dashboard", help="serve the read-only dashboard over a storage")
     try:
@@ -145,6 +189,42 @@ def _check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _replay(args: argparse.Namespace) -> int:
+    from agent.replay import main_args, text
+
+    rep = main_args(args)
+    print(json.dumps(rep, indent=1) if args.json else text(rep))
+    return 0
+
+
+def _table(args: argparse.Namespace) -> int:
+    from agent import table as tables
+    from agent.experiment import ExperimentError, load_experiment
+
+    if args.out.suffix not in (".json", ".csv"):
+        raise ExperimentError(f"--out {args.out}: a table is .json or .csv")
+    load_experiment(args.experiment)  # a bad experiment file fails before any work
+    if args.table_command == "measure":
+        t = tables.measure(args.experiment, args.backend, args.out)
+    elif args.table_command == "from-study":
+        from agent.storage import parse_storage
+
+        url = parse_storage(args.storage)
+        t = tables.from_study(url.open(), args.study, str(args.experiment), url.url)
+    else:
+        try:
+            doc = json.loads(args.sweep.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ExperimentError(f"{args.sweep}: cannot read the sweep ({e})") from None
+        t = tables.from_sweep(doc, str(args.experiment), args.target, str(args.sweep))
+    if not t.rows:
+        raise ExperimentError("no rows: nothing to write")
+    t.experiment = tables.relative_to(args.experiment, args.out)
+    t.save(args.out)
+    print(f"wrote {args.out}: {len(t.rows)} rows, {len(t.ok_rows)} ok")
+    return 0
+
+
 def _dashboard(args: argparse.Namespace) -> int:
     missing = getattr(args, "dashboard_missing", None)
     if missing:
@@ -168,7 +248,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
-        commands = {"run": _run, "status": _status, "check": _check, "dashboard": _dashboard}
+        commands = {
+            "run": _run,
+            "status": _status,
+            "check": _check,
+            "replay": _replay,
+            "table": _table,
+            "dashboard": _dashboard,
+        }
         return commands[args.command](args)
     except EngineError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -14,8 +14,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.errors import ConfigError
+from agent.space_rules import BackendSpace, ExperimentError, OpRule, ParamRule
 from worker.records import BenchPlan, Objective, ValidatePlan
+
+__all__ = [  # the space rules are re-exported: callers import them from here
+    "BackendSpace",
+    "Experiment",
+    "ExperimentError",
+    "OpRule",
+    "ParamRule",
+    "load_experiment",
+    "parse_experiment",
+]
 
 METRICS = ("prefill_tok_s", "decode_tok_s")
 SAMPLERS = ("tpe", "grid", "random", "cmaes", "nsga2")
@@ -28,43 +38,6 @@ def known_backends() -> tuple[str, ...]:
     from engine.backends import BACKENDS
 
     return tuple(BACKENDS)
-
-
-class ExperimentError(ConfigError):
-    """An experiment file that cannot be used; the message names the key and the allowed values."""
-
-
-@dataclass(frozen=True)
-class ParamRule:
-    """Allowed values of one knob: ``choices`` (a subset of the registry's), a ``[min, max]``
-    range over the registry's numeric choices, or all of them. ``variant`` limits the rule to
-    one variant (key ``"<variant>.<param>"``); None applies it to every variant with that knob."""
-
-    name: str
-    variant: str | None = None
-    choices: tuple[Any, ...] | None = None
-    min: int | None = None
-    max: int | None = None
-
-
-@dataclass(frozen=True)
-class OpRule:
-    """Which variants of one op to search (None: all registered) and rules for their knobs;
-    knobs with no rule take all their registry choices."""
-
-    op: str
-    variants: tuple[str, ...] | None = None
-    params: tuple[ParamRule, ...] = ()
-
-
-@dataclass(frozen=True)
-class BackendSpace:
-    """The searched part of one backend's registry. ``everything``: all ops, variants, knobs;
-    otherwise only the listed ops are searched and the rest stay at the baseline."""
-
-    backend: str
-    everything: bool = False
-    ops: tuple[OpRule, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -249,7 +222,7 @@ def _objectives(value: Any) -> tuple[Objective, ...]:
 
 def _validate(value: Any) -> ValidatePlan:
     t = _table("validate", value)
-    keys = ("prompts", "random_prompts", "steps", "max_abs_diff", "nmse", "min_token_agreement")
+    keys = ("prompts", "random_prompts", "steps", "budgets")
     _keys("validate", t, keys)
     d = ValidatePlan()
     prompts = _str_list("validate.prompts", t.get("prompts", []))
@@ -265,15 +238,32 @@ def _validate(value: Any) -> ValidatePlan:
         prompts=prompts,
         random_prompts=random_prompts,
         steps=_int("validate.steps", t.get("steps", d.steps), lo=1),
-        max_abs_diff=_num("validate.max_abs_diff", t.get("max_abs_diff", d.max_abs_diff)),
-        nmse=_num("validate.nmse", t.get("nmse", d.nmse)),
-        min_token_agreement=_num(
-            "validate.min_token_agreement",
-            t.get("min_token_agreement", d.min_token_agreement),
-            0.0,
-            1.0,
-        ),
+        budgets=_budgets(t.get("budgets", {})),
     )
+
+
+def _budgets(value: Any) -> tuple[tuple[str, tuple[tuple[str, float], ...]], ...]:
+    """[validate.budgets.<numeric class>] tables: bounds that tighten the registry's budget of
+    that class; a looser one, an unknown class or key is an error naming it."""
+    from engine.errors import ConfigError
+    from engine.tuning.registry import NUMERIC_BUDGETS
+
+    t = _table("validate.budgets", value)
+    out = []
+    for cls, caps in sorted(t.items()):
+        where = f"validate.budgets.{cls}"
+        if cls not in NUMERIC_BUDGETS:
+            raise ExperimentError(
+                f"{where}: no numeric class {cls!r}; known: {', '.join(NUMERIC_BUDGETS)}"
+            )
+        caps = _table(where, caps)
+        items = tuple(sorted((k, _num(f"{where}.{k}", v, 0.0)) for k, v in caps.items()))
+        try:
+            NUMERIC_BUDGETS[cls].tightened(**dict(items))
+        except ConfigError as e:
+            raise ExperimentError(f"{where}: {e}") from None
+        out.append((cls, items))
+    return tuple(out)
 
 
 def parse_experiment(data: Mapping[str, Any], source: str = "<memory>") -> Experiment:

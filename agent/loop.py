@@ -857,6 +857,7 @@ class Agent:
                     lower_bound=lower,
                     promotion=st.promotion,
                     promotion_error=self.promotion_errors.get(st.name, ""),
+                    warm_start=tuple(st.warm_start),
                 )
             )
         n = len(self.overheads)
@@ -895,6 +896,8 @@ def _validate_evidence(v: dict[str, Any] | None) -> dict[str, Any]:
         "passed": v["passed"],
         "max_abs_diff": v["max_abs_diff"],
         "nmse": v["nmse"],
+        "kld": v.get("kld"),  # absent in records from before teacher-forced validate
+        "numeric_classes": v.get("numeric_classes"),
         "steps": v["steps"],
         "tolerances": v["tolerances"],
         "prompts": [

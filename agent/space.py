@@ -16,7 +16,7 @@ from typing import Any
 
 import optuna
 
-from agent.experiment import BackendSpace, ExperimentError, OpRule, ParamRule
+from agent.space_rules import BackendSpace, ExperimentError, OpRule, ParamRule
 from engine.tuning import REGISTRY, Op, Param, Variant
 
 

@@ -28,6 +28,11 @@ log = logging.getLogger(__name__)
 
 BASELINE = "baseline"
 CANDIDATE = "candidate"
+# Outcomes told to the sampler as a violated constraint (``_tell_failed``): told PRUNED, with
+# the Optuna constraint ``CONSTRAINT`` = 1.0 (a system attr: trial.constraints).
+FAILED_OUTCOMES = ("infeasible", "compile_error", "invalid", "crash", "timeout")
+CONSTRAINT = "runs_and_validates"
+_TOLD = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)  # PRUNED: failed or duplicate
 
 
 def study_name(experiment: str, device_class: str, model: str) -> str:
@@ -79,6 +84,7 @@ class StudyState:
         self.interrupted_on_resume = 0
         self.space_changed = ""  # on resume: how the search space differs from the study's start
         self.confirm_queue: list[Any] = []
+        self.teach_failures = True  # False: failed trials told FAIL, unseen by the sampler
         self._writes: list[Callable[[], None]] = []  # storage writes deferred by finish/set_best
         self._resume(baseline, baseline_source)
 
@@ -110,6 +116,7 @@ class StudyState:
                 self.study.set_user_attr(k, v)
             params = self.space.params_of(self.baseline) or {}
             self.study.enqueue_trial(params, user_attrs={"role": BASELINE})
+            self._warm_start()
         best = attrs.get("best")
         self.best = (
             Best(best["trial"], dict(best["config"]), best.get("metrics", {}))
@@ -126,6 +133,9 @@ class StudyState:
                 state = TrialState.COMPLETE if all(n in metrics for n in names) else TrialState.FAIL
                 if state == TrialState.COMPLETE:
                     self.study.tell(t.number, [metrics[n] for n in names])
+                elif ua["outcome"] in FAILED_OUTCOMES:
+                    self._tell_failed(optuna.trial.Trial(self.study, t._trial_id))
+                    state = TrialState.PRUNED
                 else:
                     self.study.tell(t.number, state=TrialState.FAIL)
             if state == TrialState.RUNNING:
@@ -135,7 +145,7 @@ class StudyState:
                 self.study.tell(t.number, state=TrialState.FAIL)
                 self.interrupted_on_resume += 1
                 continue
-            if state not in (TrialState.COMPLETE, TrialState.FAIL) or "config" not in ua:
+            if state not in _TOLD or "config" not in ua:
                 continue
             if ua.get("outcome") in (INTERRUPTED, DUPLICATE):
                 continue
@@ -144,6 +154,28 @@ class StudyState:
                 self.evaluated += 1
             if ua.get("role") == BASELINE and self.best.trial is None and ua["outcome"] == "ok":
                 self.best = Best(t.number, dict(ua["config"]), ua.get("metrics", {}))
+
+    def _warm_start(self) -> None:
+        """Enqueue, after the baseline, the best configs of this experiment on other device
+        classes (agent/warmstart.py); recorded in the study's ``warm_start`` attr."""
+        from agent import warmstart
+
+        found = warmstart.from_storage(
+            self.study._storage,
+            self.exp.name,
+            self.backend,
+            self.device_class,
+            self.exp.acceptance.target,
+        )
+        used = warmstart.enqueue(self.study, self.space, self.baseline, found, CANDIDATE)
+        self.study.set_user_attr("warm_start", [w.to_dict() for w in used])
+        if used:
+            log.info("%s: warm start from %s", self.name, sorted({w.source for w in used}))
+
+    @property
+    def warm_start(self) -> list[dict[str, Any]]:
+        """The configs from other device classes enqueued first (from, trial, metric)."""
+        return list(self.study.user_attrs.get("warm_start", []))
 
     # --- ask ----------------------------------------------------------------------------
     def budget_left(self) -> int:
@@ -200,10 +232,23 @@ class StudyState:
             trial.set_user_attr("outcome", outcome)
             if values is not None:
                 self.study.tell(trial, values)
+            elif record.outcome in FAILED_OUTCOMES:
+                self._tell_failed(trial)
             else:
                 self.study.tell(trial, state=TrialState.FAIL)
 
         self._writes.append(write)
+
+    def _tell_failed(self, trial: optuna.Trial) -> None:
+        """A config that cannot win (infeasible, compile error, invalid output, crash, timeout)
+        is told PRUNED with a violated constraint: TPE reads PRUNED trials (never FAIL ones) and
+        ranks infeasible ones below every feasible trial, so it stops proposing that region.
+        (CMA-ES and random search read no constraints: agent/samplers.py.)"""
+        if not self.teach_failures:  # the replay's ablation: how the agent told them before
+            self.study.tell(trial, state=TrialState.FAIL)
+            return
+        trial.set_constraint(CONSTRAINT, 1.0)
+        self.study.tell(trial, state=TrialState.PRUNED)
 
     def set_best(self, trial: int, config: dict[str, Any], metrics: dict[str, float]) -> None:
         self.best = Best(trial, dict(config), dict(metrics))

@@ -27,6 +27,7 @@ class StudySummary:
     lower_bound: float | None
     promotion: dict[str, Any] | None
     promotion_error: str = ""
+    warm_start: tuple[dict[str, Any], ...] = ()  # configs of other classes enqueued first
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,9 @@ class RunSummary:
         for s in self.studies:
             outs = ", ".join(f"{k} {v}" for k, v in sorted(s.outcomes.items()))
             lines.append(f"  {s.study} ({s.backend}): {s.evaluated}/{s.budget} trials; {outs}")
+            if s.warm_start:
+                src = ", ".join(sorted({str(w["from"]) for w in s.warm_start}))
+                lines.append(f"    warm start: {len(s.warm_start)} configs from {src} tried first")
             if s.best_is_baseline or s.best_trial is None:
                 lines.append(f"    best: the baseline ({s.baseline_source}); nothing accepted")
             else:

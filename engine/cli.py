@@ -60,12 +60,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("validate", help="candidate (batched, --config) vs reference (per-token)")
     _common(p)
     p.add_argument("--steps", type=int, default=8, help="greedy decode steps compared")
-    p.add_argument("--max-abs-diff", type=float, default=None)
-    p.add_argument("--nmse", type=float, default=None)
+    p.add_argument(
+        "--max-abs-diff",
+        type=float,
+        default=None,
+        help="tighten the numeric class's max |diff| (never looser than the registry's)",
+    )
+    p.add_argument("--nmse", type=float, default=None, help="tighten the class's NMSE bound")
     p.add_argument(
         "--cross-check",
         action="store_true",
-        help="also check the reference path against the NumPy backend",
+        help="also check the reference path against the NumPy backend; a disagreement fails",
     )
 
     p = sub.add_parser("bench", help="prefill / decode tok/s and time to first token")
@@ -150,31 +155,45 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from engine.tuning.registry import REGISTRY
     from engine.validate import Tolerances, cross_check_numpy, tokenize_prompts, validate
 
     eng = _load(args)
-    d = Tolerances()
-    tol = Tolerances(
-        args.max_abs_diff if args.max_abs_diff is not None else d.max_abs_diff,
-        args.nmse if args.nmse is not None else d.nmse,
-    )
-    prompts = tokenize_prompts(eng.tokenizer())
     cand = eng.model.config
-    cross = cross_check_numpy(eng.model, prompts) if args.cross_check else None
+    budget, _ = REGISTRY.budget(cand)
+    caps = {"max_abs_diff": args.max_abs_diff, "nmse": args.nmse}
+    budget.tightened(**{k: v for k, v in caps.items() if v is not None})  # never looser
+    tol = Tolerances(**caps)
+    prompts = tokenize_prompts(eng.tokenizer())
+    cross = cross_check_numpy(eng.model, prompts[:2]) if args.cross_check else None
     rep = validate(eng.model, cand, prompts, steps=args.steps, tol=tol)
     rep.cross_check = cross
-    lines = [f"validate {args.backend} on {rep.device_class}: {'PASS' if rep.passed else 'FAIL'}"]
+    if cross is not None and not cross["passed"]:
+        rep.passed = False  # a reference that disagrees with NumPy cannot vouch for anything
+    lines = [
+        f"validate {args.backend} on {rep.device_class}: {'PASS' if rep.passed else 'FAIL'}  "
+        f"(numeric classes {', '.join(rep.numeric_classes)}: KLD <= {budget.kld_max:g}, "
+        f"NMSE <= {rep.tolerances['nmse']:g}, near-tie {budget.near_tie:g})"
+    ]
     for p in rep.prompts:
         lines.append(
-            f"  prompt {p.prompt_tokens:4d} tok  max_abs_diff={p.max_abs_diff:.3g}  "
-            f"nmse={p.nmse:.3g}  nan={p.nan} inf={p.inf}  "
-            f"tokens agree {p.token_agreement:.0%}" + "".join(f"\n    {r}" for r in p.reasons)
+            f"  prompt {p.prompt_tokens:4d} tok  {p.positions:3d} pos  KLD={p.kld_max:.3g}  "
+            f"nmse={p.nmse:.3g}  max_abs_diff={p.max_abs_diff:.3g}  "
+            f"top-1 {p.top1_agree}/{p.top1_checked}  nan={p.nan} inf={p.inf}  "
+            f"free-running tokens agree {p.token_agreement:.0%}"
+            + "".join(f"\n    {r}" for r in p.reasons)
         )
+    lines += [f"  {r}" for r in rep.probe]
     if cross:
+        verdict = "agrees" if cross["passed"] else "DISAGREES"
         lines.append(
-            f"  cross-check vs numpy: max_abs_diff={cross['max_abs_diff']:.3g} "
-            f"nmse={cross['nmse']:.3g}"
+            f"  cross-check vs numpy: reference path {verdict}: KLD={cross['kld']:.3g} "
+            f"nmse={cross['nmse']:.3g} max_abs_diff={cross['max_abs_diff']:.3g}"
+            + "".join(f"\n    {r}" for r in cross["reasons"][:4])
+            + (f"\n    first divergence: {cross['blame']['text']}" if cross["blame"] else "")
         )
+    if rep.blame is not None:
+        lines.append(f"  first divergence: {rep.blame}")
     _emit(args, rep.to_dict(), "\n".join(lines))
     return 0 if rep.passed else 1
 
@@ -313,8 +332,14 @@ def cmd_kernels(args: argparse.Namespace) -> int:
                     "doc": v.doc,
                     "source": v.source,
                     "quant_types": sorted(v.quant_types) if v.quant_types else None,
+                    "defines": list(v.defines),
                     "params": {
-                        p.name: {"choices": list(p.choices), "default": p.default, "doc": p.doc}
+                        p.name: {
+                            "choices": list(p.choices),
+                            "default": p.default,
+                            "doc": p.doc,
+                            "binding": _binding(p.binding),
+                        }
                         for p in v.params
                     },
                     "constraints": [c.doc for c in v.constraints],
@@ -326,6 +351,13 @@ def cmd_kernels(args: argparse.Namespace) -> int:
                 lines.append(f"  {op.name:18s} {v.name:14s} {ps}")
     _emit(args, obj, "\n".join(lines))
     return 0
+
+
+def _binding(b: Any) -> str:
+    """How a knob reaches its kernel, e.g. "spec_constant 2", "define COLS", "schedule"."""
+    if b is None:
+        return "unbound"
+    return f"{b.kind} {b.target}" if b.target is not None else b.kind
 
 
 def cmd_devices(args: argparse.Namespace) -> int:

@@ -26,3 +26,8 @@ class BackendUnavailable(EngineError):
 
 class KernelCompileError(EngineError):
     """A kernel variant that failed to compile (the compiler's log is in the message)."""
+
+
+class ReferenceDriftError(EngineError):
+    """This device's reference path disagrees with the NumPy backend (the drift sentinel): a
+    worker on it cannot vouch for any candidate, so it refuses to tune."""

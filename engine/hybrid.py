@@ -62,6 +62,7 @@ class HybridModel(Model):
             self.weights[name] = backend.load_weight(qt)
         head = "token_embd.weight" if self.spec.tied_embeddings else "output.weight"
         self.lm_head = self.weights[head]
+        self.hook = None  # validate's blame (see Model)
 
     def new_cache(self, capacity: int) -> HybridCache:
         s, b, ssm = self.spec, self.backend, self.spec.ssm
@@ -78,72 +79,106 @@ class HybridModel(Model):
             state.append(b.upload(np.zeros((ssm.n_v_heads, dk, dv), np.float32)) if rec else None)
         return HybridCache(k=k, v=v, capacity=capacity, conv=conv, ssm=state)
 
-    # --- forward ------------------------------------------------------------------------
-    def forward(
-        self, ids: Tensor, n: int, pos0: int, cache: HybridCache, logits: bool = True
-    ) -> Tensor:
-        b, s, w = self.backend, self.spec, self.weights
-        x = b.embedding(w["token_embd.weight"], ids)  # [T, C]
+    # --- forward (Model.forward, prefill, forced_run and generate call trunk and head) ----
+    def trunk(self, ids: Tensor, n: int, pos0: int, cache: HybridCache) -> Tensor:
+        """n tokens at positions pos0.. through every layer -> hidden states [n, C]; the K/V of
+        the attention layers and the recurrent state of the delta-net layers are updated. Every
+        op's output passes ``_tap`` (validate's blame)."""
+        b, s, w, tap = self.backend, self.spec, self.weights, self._tap
+        x = tap("embedding", "token_embd", -1, b.embedding(w["token_embd.weight"], ids), pos0)
         for i in range(s.n_layers):
             p = f"blk.{i}."
-            h = b.rms_norm(x, w[p + "attn_norm.weight"], s.rms_eps)
+            h = tap(
+                "rms_norm",
+                "attn_norm",
+                i,
+                b.rms_norm(x, w[p + "attn_norm.weight"], s.rms_eps),
+                pos0,
+            )
             if s.is_recurrent(i):
-                mix = self._delta_net(h, n, i, cache)
+                mix = self._delta_net(h, n, i, pos0, cache)
             else:
                 mix = self._attention(h, n, i, pos0, cache)
-            x = b.add(x, mix)
+            x = tap("add", "attn_residual", i, b.add(x, mix), pos0)
             h = b.rms_norm(x, w[p + "post_attention_norm.weight"], s.rms_eps)
-            x = b.add(x, self._ffn(h, i))
-        if not logits:
-            return None
-        if n > 1:
-            x = b.rows(x, n - 1, n)
-        x = b.rms_norm(x, w["output_norm.weight"], s.rms_eps)
-        return b.matmul(x, self.lm_head)  # [1, V]
+            h = tap("rms_norm", "post_attention_norm", i, h, pos0)
+            x = tap("add", "ffn_residual", i, b.add(x, self._ffn(h, i, pos0)), pos0)
+        return x
 
-    def _delta_net(self, h: Tensor, n: int, i: int, cache: HybridCache) -> Tensor:
+    def _delta_net(self, h: Tensor, n: int, i: int, pos0: int, cache: HybridCache) -> Tensor:
         b, w, ssm, p = self.backend, self.weights, self.spec.ssm, f"blk.{i}."
+        eps = self.spec.rms_eps
+
+        def tap(op: str, label: str, t: Tensor) -> Tensor:
+            return self._tap(op, label, i, t, pos0)
+
         Hk, Hv, dk, dv = ssm.n_k_heads, ssm.n_v_heads, ssm.head_k_dim, ssm.head_v_dim
         kd, r = ssm.key_dim, Hv // Hk
-        qkv = b.matmul(h, w[p + "attn_qkv.weight"])  # [T, 2 Kd + Vd]
-        z = b.reshape(b.matmul(h, w[p + "attn_gate.weight"]), (n, Hv, dv))
+        qkv = tap("matmul", "attn_qkv", b.matmul(h, w[p + "attn_qkv.weight"]))  # [T, 2Kd + Vd]
+        z = tap("matmul", "attn_gate", b.matmul(h, w[p + "attn_gate.weight"]))  # [T, Vd]
         if p + "ssm_ba.weight" in w:  # qwen3next: per K head [b (r), a (r)], V heads grouped
-            ba = b.reshape(b.matmul(h, w[p + "ssm_ba.weight"]), (n, Hk, 2 * r))
-            beta_in = b.reshape(b.cols(ba, 0, r), (n, Hv))
-            alpha = b.reshape(b.cols(ba, r, 2 * r), (n, Hv))
+            ba = tap("matmul", "ssm_ba", b.matmul(h, w[p + "ssm_ba.weight"]))
+            ba = b.reshape(ba, (n, Hk, 2 * r))
+            beta_in = b.reshape(tap("cols", "ssm_b", b.cols(ba, 0, r)), (n, Hv))
+            alpha = b.reshape(tap("cols", "ssm_a_in", b.cols(ba, r, 2 * r)), (n, Hv))
         else:
-            beta_in = b.matmul(h, w[p + "ssm_beta.weight"])  # [T, Hv]
-            alpha = b.matmul(h, w[p + "ssm_alpha.weight"])
+            beta_in = tap("matmul", "ssm_beta", b.matmul(h, w[p + "ssm_beta.weight"]))  # [T, Hv]
+            alpha = tap("matmul", "ssm_alpha", b.matmul(h, w[p + "ssm_alpha.weight"]))
         g, beta = b.ssm_gates(alpha, beta_in, w[p + "ssm_dt.bias"], w[p + "ssm_a"])
-        qkv = b.ssm_conv(qkv, cache.conv[i], w[p + "ssm_conv1d.weight"])  # [T, 2 Kd + Vd]
-        q = b.reshape(b.cols(qkv, 0, kd), (n, Hk, dk))
-        k = b.reshape(b.cols(qkv, kd, 2 * kd), (n, Hk, dk))
-        v = b.reshape(b.cols(qkv, 2 * kd, 2 * kd + ssm.value_dim), (n, Hv, dv))
-        o = b.delta_net(q, k, v, g, beta, cache.ssm[i], ssm.v_order, self.spec.rms_eps)
-        o = b.swiglu(z, b.rms_norm(o, w[p + "ssm_norm.weight"], self.spec.rms_eps))  # gated norm
-        return b.matmul(b.reshape(o, (n, ssm.value_dim)), w[p + "ssm_out.weight"])
+        tap("ssm_gates", "ssm_g", g)
+        tap("ssm_gates", "ssm_beta_sigmoid", beta)
+        conv_w = w[p + "ssm_conv1d.weight"]
+        qkv = tap("ssm_conv", "ssm_conv", b.ssm_conv(qkv, cache.conv[i], conv_w))
+        q = b.reshape(tap("cols", "ssm_q", b.cols(qkv, 0, kd)), (n, Hk, dk))
+        k = b.reshape(tap("cols", "ssm_k", b.cols(qkv, kd, 2 * kd)), (n, Hk, dk))
+        v = tap("cols", "ssm_v", b.cols(qkv, 2 * kd, 2 * kd + ssm.value_dim))
+        v = b.reshape(v, (n, Hv, dv))
+        o = b.delta_net(q, k, v, g, beta, cache.ssm[i], ssm.v_order, eps)  # [T, Hv, dv]
+        o = tap("delta_net", "ssm_scan", o)
+        o = tap("rms_norm", "ssm_norm", b.rms_norm(o, w[p + "ssm_norm.weight"], eps))
+        o = tap("swiglu", "ssm_gated", b.swiglu(b.reshape(z, (n, Hv, dv)), o))  # silu(z) * o
+        o = b.matmul(b.reshape(o, (n, ssm.value_dim)), w[p + "ssm_out.weight"])
+        return tap("matmul", "ssm_out", o)
 
     def _attention(self, h: Tensor, n: int, i: int, pos0: int, cache: HybridCache) -> Tensor:
         b, s, w, p = self.backend, self.spec, self.weights, f"blk.{i}."
         H, Hkv, D = s.n_head, s.n_head_kv, s.head_dim
-        qg = b.reshape(b.matmul(h, w[p + "attn_q.weight"]), (n, H, 2 * D))  # [q | gate] per head
-        q, gate = b.cols(qg, 0, D), b.cols(qg, D, 2 * D)
-        k = b.reshape(b.matmul(h, w[p + "attn_k.weight"]), (n, Hkv, D))
-        v = b.reshape(b.matmul(h, w[p + "attn_v.weight"]), (n, Hkv, D))
-        q = b.rms_norm(q, w[p + "attn_q_norm.weight"], s.rms_eps)
-        k = b.rms_norm(k, w[p + "attn_k_norm.weight"], s.rms_eps)
-        q = b.rope_partial(q, pos0, s.rope_theta, s.rope_dim)
-        k = b.rope_partial(k, pos0, s.rope_theta, s.rope_dim)
-        b.kv_write(cache, i, k, v, pos0)
-        a = b.sigmoid_mul(gate, b.attention(q, cache, i, pos0))  # [T, H, D]
-        return b.matmul(b.reshape(a, (n, H * D)), w[p + "attn_output.weight"])
 
-    def _ffn(self, h: Tensor, i: int) -> Tensor:
+        def tap(op: str, label: str, t: Tensor) -> Tensor:
+            return self._tap(op, label, i, t, pos0)
+
+        qg = tap("matmul", "attn_q", b.matmul(h, w[p + "attn_q.weight"]))
+        qg = b.reshape(qg, (n, H, 2 * D))  # [q | gate] per head
+        q, gate = tap("cols", "q", b.cols(qg, 0, D)), tap("cols", "q_gate", b.cols(qg, D, 2 * D))
+        k = b.reshape(tap("matmul", "attn_k", b.matmul(h, w[p + "attn_k.weight"])), (n, Hkv, D))
+        v = b.reshape(tap("matmul", "attn_v", b.matmul(h, w[p + "attn_v.weight"])), (n, Hkv, D))
+        q = tap("rms_norm", "attn_q_norm", b.rms_norm(q, w[p + "attn_q_norm.weight"], s.rms_eps))
+        k = tap("rms_norm", "attn_k_norm", b.rms_norm(k, w[p + "attn_k_norm.weight"], s.rms_eps))
+        q = tap("rope_partial", "q", b.rope_partial(q, pos0, s.rope_theta, s.rope_dim))
+        k = tap("rope_partial", "k", b.rope_partial(k, pos0, s.rope_theta, s.rope_dim))
+        b.kv_write(cache, i, k, v, pos0)
+        if self.hook is not None:  # what landed in the cache at these positions
+            tap("kv_write", "k_cache", b.rows(cache.k[i], pos0, pos0 + n))
+            tap("kv_write", "v_cache", b.rows(cache.v[i], pos0, pos0 + n))
+        a = tap("attention", "attn", b.attention(q, cache, i, pos0))  # [T, H, D]
+        a = tap("sigmoid_mul", "attn_gated", b.sigmoid_mul(gate, a))
+        o = b.matmul(b.reshape(a, (n, H * D)), w[p + "attn_output.weight"])
+        return tap("matmul", "attn_output", o)
+
+    def _ffn(self, h: Tensor, i: int, pos0: int) -> Tensor:
         b, w, moe, p = self.backend, self.weights, self.spec.moe, f"blk.{i}."
+
+        def tap(op: str, label: str, t: Tensor) -> Tensor:
+            return self._tap(op, label, i, t, pos0)
+
         if moe is None:
-            g = b.swiglu(b.matmul(h, w[p + "ffn_gate.weight"]), b.matmul(h, w[p + "ffn_up.weight"]))
-            return b.matmul(g, w[p + "ffn_down.weight"])
-        ids, weights = b.router_topk(b.matmul(h, w[p + "ffn_gate_inp.weight"]), moe.n_expert_used)
+            gate = tap("matmul", "ffn_gate", b.matmul(h, w[p + "ffn_gate.weight"]))
+            up = tap("matmul", "ffn_up", b.matmul(h, w[p + "ffn_up.weight"]))
+            g = tap("swiglu", "ffn_swiglu", b.swiglu(gate, up))
+            return tap("matmul", "ffn_down", b.matmul(g, w[p + "ffn_down.weight"]))
+        logits = tap("matmul", "ffn_gate_inp", b.matmul(h, w[p + "ffn_gate_inp.weight"]))
+        ids, weights = b.router_topk(logits, moe.n_expert_used)
+        tap("router_topk", "router_weights", weights)
         y = b.moe_experts(
             h,
             ids,
@@ -152,11 +187,12 @@ class HybridModel(Model):
             w[p + "ffn_up_exps.weight"],
             w[p + "ffn_down_exps.weight"],
         )
+        y = tap("moe_experts", "ffn_moe", y)
         if p + "ffn_up_shexp.weight" not in w:
             return y
-        sh = b.swiglu(
-            b.matmul(h, w[p + "ffn_gate_shexp.weight"]), b.matmul(h, w[p + "ffn_up_shexp.weight"])
-        )
-        sh = b.matmul(sh, w[p + "ffn_down_shexp.weight"])
-        gate = b.matmul(h, w[p + "ffn_gate_inp_shexp.weight"])  # [T, 1]
-        return b.add(y, b.sigmoid_mul(gate, sh))
+        gate = tap("matmul", "ffn_gate_shexp", b.matmul(h, w[p + "ffn_gate_shexp.weight"]))
+        up = tap("matmul", "ffn_up_shexp", b.matmul(h, w[p + "ffn_up_shexp.weight"]))
+        sh = tap("swiglu", "ffn_swiglu_shexp", b.swiglu(gate, up))
+        sh = tap("matmul", "ffn_down_shexp", b.matmul(sh, w[p + "ffn_down_shexp.weight"]))
+        sgate = tap("matmul", "ffn_gate_inp_shexp", b.matmul(h, w[p + "ffn_gate_inp_shexp.weight"]))
+        return tap("add", "ffn_moe_shexp", b.add(y, b.sigmoid_mul(sgate, sh)))

@@ -1,8 +1,8 @@
 """The dense decoder (llama, qwen2, qwen3) as a backend-independent schedule of ops.
 
 Two prefill paths, as in the seeds: ``per_token`` runs the decode step once per prompt token;
-``batched`` pushes chunks of up to ``config.prefill_chunk`` tokens (MAX_COLS unless the backend
-decouples the two) through batched matmul, RoPE, KV write and attention. Decode is one token at
+``batched`` pushes chunks of up to ``config.prefill_chunk`` tokens (``prefill.chunk_tokens``)
+through batched matmul, RoPE, KV write and attention. Decode is one token at
 a time. Sampling is greedy on the device: the token fed to the next step is the argmax tensor of
 this step, and the host reads that same tensor, never a copy kept from an earlier step.
 """
@@ -10,6 +10,7 @@ this step, and the host reads that same tensor, never a copy kept from an earlie
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -32,6 +33,19 @@ class Generation:
     step_logits: list[np.ndarray] = field(default_factory=list)  # only when keep_logits
 
 
+@dataclass
+class ForcedRun:
+    """Logits of one pass over a fixed token stream (validate's teacher forcing): the prompt,
+    then ``tokens`` fed one decode step at a time. ``logits[pos]`` predicts token pos + 1;
+    ``device_argmax[pos]`` is the backend's argmax of those logits (decode positions and the last
+    prompt position)."""
+
+    prompt_tokens: list[int]
+    tokens: list[int]  # the continuation: greedy (reference) or forced (candidate)
+    logits: dict[int, np.ndarray] = field(default_factory=dict)
+    device_argmax: dict[int, int] = field(default_factory=dict)
+
+
 class Model:
     """Weights of one GGUF on one backend, and the forward schedule. A hybrid file (qwen35,
     qwen3next) gets engine.hybrid.HybridModel, which shares prefill and generate."""
@@ -50,6 +64,8 @@ class Model:
         self.weights = {n: backend.load_weight(gguf.tensor(n)) for n in gguf.model_tensor_names()}
         head = "token_embd.weight" if self.spec.tied_embeddings else "output.weight"
         self.lm_head = self.weights[head]
+        # validate's blame: called with (op, label, layer, tensor, pos0) after every op
+        self.hook: Callable[[str, str, int, Tensor, int], None] | None = None
 
     @property
     def config(self) -> TuningConfig:
@@ -63,42 +79,110 @@ class Model:
         return self.backend.new_kv_cache(s.n_layers, capacity, s.n_head_kv, s.head_dim)
 
     # --- forward ------------------------------------------------------------------------
+    def _tap(self, op: str, label: str, layer: int, t: Tensor, pos0: int) -> Tensor:
+        """Hand an op's output to ``self.hook`` (validate's blame) and return it unchanged."""
+        if self.hook is not None:
+            self.hook(op, label, layer, t, pos0)
+        return t
+
+    def trunk(self, ids: Tensor, n: int, pos0: int, cache: KVCache) -> Tensor:
+        """n tokens (ids [n] int32 on the device) at positions pos0.. through every layer ->
+        hidden states [n, C] (the KV cache is written). Every op's output passes ``_tap``."""
+        b, s, w, tap = self.backend, self.spec, self.weights, self._tap
+        H, Hkv, D = s.n_head, s.n_head_kv, s.head_dim
+        x = tap("embedding", "token_embd", -1, b.embedding(w["token_embd.weight"], ids), pos0)
+        for i in range(s.n_layers):
+            p = f"blk.{i}."
+            h = tap(
+                "rms_norm",
+                "attn_norm",
+                i,
+                b.rms_norm(x, w[p + "attn_norm.weight"], s.rms_eps),
+                pos0,
+            )
+            q, k, v = (
+                tap("matmul", f"attn_{t}", i, b.matmul(h, w[p + f"attn_{t}.weight"]), pos0)
+                for t in "qkv"
+            )
+            if s.attn_bias:
+                q = tap("add", "attn_q.bias", i, b.add(q, w[p + "attn_q.bias"]), pos0)
+                k = tap("add", "attn_k.bias", i, b.add(k, w[p + "attn_k.bias"]), pos0)
+                v = tap("add", "attn_v.bias", i, b.add(v, w[p + "attn_v.bias"]), pos0)
+            q = b.reshape(q, (n, H, D))
+            k = b.reshape(k, (n, Hkv, D))
+            v = b.reshape(v, (n, Hkv, D))
+            if s.qk_norm:  # qwen3: RMSNorm over each head's D values
+                q = tap(
+                    "rms_norm",
+                    "attn_q_norm",
+                    i,
+                    b.rms_norm(q, w[p + "attn_q_norm.weight"], s.rms_eps),
+                    pos0,
+                )
+                k = tap(
+                    "rms_norm",
+                    "attn_k_norm",
+                    i,
+                    b.rms_norm(k, w[p + "attn_k_norm.weight"], s.rms_eps),
+                    pos0,
+                )
+            q = tap("rope", "q", i, b.rope(q, pos0, s.rope_theta, s.rope_neox), pos0)
+            k = tap("rope", "k", i, b.rope(k, pos0, s.rope_theta, s.rope_neox), pos0)
+            b.kv_write(cache, i, k, v, pos0)
+            if self.hook is not None:  # what landed in the cache at these positions
+                tap("kv_write", "k_cache", i, b.rows(cache.k[i], pos0, pos0 + n), pos0)
+                tap("kv_write", "v_cache", i, b.rows(cache.v[i], pos0, pos0 + n), pos0)
+            a = tap(
+                "attention", "attn", i, b.reshape(b.attention(q, cache, i, pos0), (n, H * D)), pos0
+            )
+            x = tap(
+                "add",
+                "attn_residual",
+                i,
+                b.add(
+                    x,
+                    tap("matmul", "attn_output", i, b.matmul(a, w[p + "attn_output.weight"]), pos0),
+                ),
+                pos0,
+            )
+            h = tap(
+                "rms_norm", "ffn_norm", i, b.rms_norm(x, w[p + "ffn_norm.weight"], s.rms_eps), pos0
+            )
+            gate = tap("matmul", "ffn_gate", i, b.matmul(h, w[p + "ffn_gate.weight"]), pos0)
+            up = tap("matmul", "ffn_up", i, b.matmul(h, w[p + "ffn_up.weight"]), pos0)
+            g = tap("swiglu", "ffn_swiglu", i, b.swiglu(gate, up), pos0)
+            x = tap(
+                "add",
+                "ffn_residual",
+                i,
+                b.add(x, tap("matmul", "ffn_down", i, b.matmul(g, w[p + "ffn_down.weight"]), pos0)),
+                pos0,
+            )
+        return x
+
+    def head(self, x: Tensor, row: int, pos: int) -> Tensor:
+        """Logits [1, V] of row ``row`` of hidden states x [n, C] (token position ``pos``)."""
+        b = self.backend
+        if x.shape[0] > 1:
+            x = b.rows(x, row, row + 1)
+        x = self._tap(
+            "rms_norm",
+            "output_norm",
+            -1,
+            b.rms_norm(x, self.weights["output_norm.weight"], self.spec.rms_eps),
+            pos,
+        )
+        return self._tap("matmul", "lm_head", -1, b.matmul(x, self.lm_head), pos)
+
     def forward(
         self, ids: Tensor, n: int, pos0: int, cache: KVCache, logits: bool = True
     ) -> Tensor:
         """n tokens (ids [n] int32 on the device) at positions pos0.. -> logits [1, V] of the
         last token (None when logits=False: an intermediate prefill chunk)."""
-        b, s, w = self.backend, self.spec, self.weights
-        H, Hkv, D = s.n_head, s.n_head_kv, s.head_dim
-        x = b.embedding(w["token_embd.weight"], ids)  # [n, C]
-        for i in range(s.n_layers):
-            p = f"blk.{i}."
-            h = b.rms_norm(x, w[p + "attn_norm.weight"], s.rms_eps)
-            q, k, v = (b.matmul(h, w[p + f"attn_{t}.weight"]) for t in "qkv")
-            if s.attn_bias:
-                q = b.add(q, w[p + "attn_q.bias"])
-                k = b.add(k, w[p + "attn_k.bias"])
-                v = b.add(v, w[p + "attn_v.bias"])
-            q = b.reshape(q, (n, H, D))
-            k = b.reshape(k, (n, Hkv, D))
-            v = b.reshape(v, (n, Hkv, D))
-            if s.qk_norm:  # qwen3: RMSNorm over each head's D values
-                q = b.rms_norm(q, w[p + "attn_q_norm.weight"], s.rms_eps)
-                k = b.rms_norm(k, w[p + "attn_k_norm.weight"], s.rms_eps)
-            q = b.rope(q, pos0, s.rope_theta, s.rope_neox)
-            k = b.rope(k, pos0, s.rope_theta, s.rope_neox)
-            b.kv_write(cache, i, k, v, pos0)
-            a = b.reshape(b.attention(q, cache, i, pos0), (n, H * D))
-            x = b.add(x, b.matmul(a, w[p + "attn_output.weight"]))
-            h = b.rms_norm(x, w[p + "ffn_norm.weight"], s.rms_eps)
-            g = b.swiglu(b.matmul(h, w[p + "ffn_gate.weight"]), b.matmul(h, w[p + "ffn_up.weight"]))
-            x = b.add(x, b.matmul(g, w[p + "ffn_down.weight"]))
+        x = self.trunk(ids, n, pos0, cache)
         if not logits:
             return None
-        if n > 1:
-            x = b.rows(x, n - 1, n)  # only the last token's logits are sampled
-        x = b.rms_norm(x, w["output_norm.weight"], s.rms_eps)
-        return b.matmul(x, self.lm_head)  # [1, V]
+        return self.head(x, n - 1, pos0 + n - 1)  # only the last token's logits are sampled
 
     def prefill(self, prompt: list[int], cache: KVCache, path: str = "batched") -> Tensor:
         """Run the prompt into the cache; returns the last token's logits [1, V]."""
@@ -114,6 +198,58 @@ class Model:
             last = c1 == len(prompt)
             logits = self.forward(self.backend.rows(ids, c0, c1), c1 - c0, c0, cache, logits=last)
         return logits
+
+    def forced_run(
+        self,
+        prompt: list[int],
+        steps: int,
+        path: str = "batched",
+        forced: list[int] | None = None,
+        sample: frozenset[int] | set[int] = frozenset(),
+        graphs: bool = True,
+    ) -> ForcedRun:
+        """Prefill ``prompt`` (keeping the logits of positions in ``sample`` and the last one),
+        then ``steps`` tokens: ``forced`` ones when given (teacher forcing), else the device's
+        greedy tokens. ``graphs=False`` calls each decode step directly instead of through the
+        backend's graph replay (blame needs every op to pass the hook)."""
+        if not prompt:
+            raise ValueError("empty prompt: at least one token is needed")
+        if forced is not None and len(forced) < steps:
+            raise ValueError(f"forced stream of {len(forced)} tokens for {steps} steps")
+        b = self.backend
+        P = len(prompt)
+        cache = self.new_cache(P + steps)
+        out = ForcedRun(list(prompt), [])
+        ids = b.upload(np.asarray(prompt, dtype=np.int32))
+        step = 1 if path == "per_token" else self.config.prefill_chunk
+        tok = None
+        for c0 in range(0, P, step):
+            c1 = min(c0 + step, P)
+            x = self.trunk(b.rows(ids, c0, c1), c1 - c0, c0, cache)
+            for pos in sorted(p for p in sample if c0 <= p < c1 and p != P - 1):
+                out.logits[pos] = b.download(self.head(x, pos - c0, pos))[0]
+            if c1 == P:
+                lg = self.head(x, P - 1 - c0, P - 1)
+                tok = b.argmax(lg)
+                out.logits[P - 1] = b.download(lg)[0]
+                out.device_argmax[P - 1] = int(b.download(tok)[0])
+
+        def one(t: Tensor, p: int) -> tuple[Tensor, Tensor]:
+            lg = self.forward(t, 1, p, cache)
+            return lg, b.argmax(lg)
+
+        cur = out.device_argmax[P - 1] if forced is None else forced[0]
+        for i in range(steps):
+            out.tokens.append(cur)
+            if i == steps - 1:
+                break
+            pos = P + i
+            t = b.upload(np.asarray([cur], dtype=np.int32))
+            lg, tok = b.decode_step(one, t, pos, cache) if graphs else one(t, pos)
+            out.logits[pos] = b.download(lg)[0]
+            out.device_argmax[pos] = int(b.download(tok)[0])
+            cur = out.device_argmax[pos] if forced is None else forced[i + 1]
+        return out
 
     def generate(
         self,

@@ -1,6 +1,6 @@
 """Time the Vulkan delta_net kernel at a real Qwen3.5 layer shape (Hk 16, Hv 32, dk = dv = 128)
-for every registered state_layout x wg_size, at a prefill chunk and at decode (T = 1), after
-checking each config against the NumPy reference once.
+for every registered state layout (S, S^T) x wg_size, at a prefill chunk and at decode
+(T = 1), after checking each config against the NumPy reference once.
 
     python scripts/bench_delta_net.py [--tokens 512] [--repeats 20] [--json]
 """
@@ -44,13 +44,13 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(0)
     var = REGISTRY.op("vulkan", "delta_net").variant("sequential")
     rows = []
-    for layout in var.param("state_layout").choices:
+    for transposed in var.param("state_transposed").choices:
         for wg in var.param("wg_size").choices:
             if wg < d:
                 continue
             vb.set_config(
                 TuningConfig.from_flat(
-                    "vulkan", {"delta_net.state_layout": layout, "delta_net.wg_size": wg}
+                    "vulkan", {"delta_net.state_transposed": transposed, "delta_net.wg_size": wg}
                 )
             )
             state = vb.upload(np.zeros((Hv, d, d), np.float32))
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
             ref = NumpyBackend().delta_net(*chk, np.zeros((Hv, d, d)), "tiled", 1e-6)
             got = vb.download(vb.delta_net(*chk, state, "tiled", 1e-6))
             err = float(np.sum((got - ref) ** 2) / np.sum(ref**2))
-            row = {"state_layout": layout, "wg_size": wg, "nmse": err}
+            row = {"state": "S^T" if transposed else "S", "wg_size": wg, "nmse": err}
             for name, T in (("prefill", a.tokens), ("decode", 1)):
                 args = [vb.upload(x) for x in _inputs(rng, T, Hk, Hv, d)]
                 vb.delta_net(*args, state, "tiled", 1e-6)
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"delta_net Hk={Hk} Hv={Hv} dk=dv={d}: prefill T={a.tokens}, decode T=1")
         for r in rows:
             print(
-                f"  {r['state_layout']:>2} wg {r['wg_size']:>3}  prefill {r['prefill_us']:9.1f} us"
+                f"  {r['state']:>3} wg {r['wg_size']:>3}  prefill {r['prefill_us']:9.1f} us"
                 f"  decode {r['decode_us']:7.1f} us  nmse {r['nmse']:.1e}"
             )
     return 0

@@ -2,7 +2,7 @@
 # The CUDA backend's device run (tool `run` on the GPU machine): carried wheels, the GPU tests,
 # synthetic 1.5B and 7B Q4_K_M models written on the machine's cores, validate, bench, sweep.
 # usage: bash scripts/device_cuda.sh [tests|bench|all]   (writes logs and JSON under $OUT)
-# A short run: PYTEST_K selects tests (-k), SWEEP=0 drops the MAX_COLS sweep, BENCH_ARGS is
+# A short run: PYTEST_K selects tests (-k), SWEEP=0 drops the chunk_tokens sweep, BENCH_ARGS is
 # passed to the bench (e.g. "--variants default,mmq8 --validate default --repeats 2"),
 # MODELS picks the presets ("1.5b 7b").
 set -u -o pipefail

@@ -1,6 +1,6 @@
 """CUDA backend figures on the GPU machine (run by scripts/device_cuda.sh): card ceilings,
-validate, pp512/tg128 per prefill variant, the MAX_COLS x variant sweep, per-kernel time and the
-roofline position. Writes one JSON per model under $OUT and prints a short table.
+validate, pp512/tg128 per prefill variant, the chunk_tokens x variant sweep, per-kernel time and
+the roofline position. Writes one JSON per model under $OUT and prints a short table.
 
 usage: python scripts/device_cuda_bench.py MODEL.gguf [--sweep] [--out DIR]
 """
@@ -67,8 +67,8 @@ VARIANTS = {
     "staged": {"matmul_prefill.variant": "staged"},
     "mmq": {"matmul_prefill.variant": "mmq"},
     "mmq_64x128": {"matmul_prefill.variant": "mmq", "matmul_prefill.tile_m": 64},
-    "dmmv_kpar": {"prefill.gemm_min_t": 1 << 20, "prefill.max_cols": 64,
-                  "matmul_batched.cols": 64},
+    "dmmv_kpar": {"prefill.gemm_min_t": 1 << 20, "prefill.chunk_tokens": 64,
+                  "matmul_batched.max_cols": 64},
     "mmvq": {"matmul_decode.variant": "mmvq"},
     "mmq8": {"matmul_decode.variant": "mmvq", "matmul_prefill.variant": "mmq8"},
     "mmq8_64x128": {"matmul_decode.variant": "mmvq", "matmul_prefill.variant": "mmq8",
@@ -221,20 +221,20 @@ def main() -> int:
         if m.spec.n_embd < 2048:  # serial-over-K is ~100x slower: the small model only
             grid += [("dmmv_serial", mc) for mc in (16, 32)]
         for v, mc in grid:
-            flat = {"prefill.max_cols": mc}
+            flat = {"prefill.chunk_tokens": mc}
             if v in ("staged", "mmq", "mmq8"):
                 flat |= {"matmul_prefill.variant": v, "prefill.gemm_min_t": 2}
             else:
-                flat |= {"prefill.gemm_min_t": 1 << 20, "matmul_batched.cols": min(mc, 64),
+                flat |= {"prefill.gemm_min_t": 1 << 20, "matmul_batched.max_cols": min(mc, 64),
                          "matmul_batched.variant": v}  # fmt: skip
             try:
                 be.set_config(flat_cfg(**flat))
                 rep = bench(m, [512], gen_tokens=1, repeats=2, warmup=1)
                 tps = rep.results[0].prefill_tok_s.median
-                res["sweep"].append({"variant": v, "max_cols": mc, "pp512": tps})
-                print(f"sweep {v:12s} max_cols={mc:4d} pp512 {tps:9.1f}", flush=True)
+                res["sweep"].append({"variant": v, "chunk_tokens": mc, "pp512": tps})
+                print(f"sweep {v:12s} chunk_tokens={mc:4d} pp512 {tps:9.1f}", flush=True)
             except Exception as e:  # noqa: BLE001
-                res["sweep"].append({"variant": v, "max_cols": mc, "error": repr(e)})
+                res["sweep"].append({"variant": v, "chunk_tokens": mc, "error": repr(e)})
                 print(f"sweep {v} {mc}: ERROR {e!r}", flush=True)
     out = Path(args.out) / f"bench_{name}.json"
     out.write_text(json.dumps(res, indent=1, default=str))

@@ -19,7 +19,7 @@ for p in 7b 1.5b; do
       --repeats 1 --prefill per_token > "$OUT/bench_${p}_pertoken.json" 2>"$OUT/bench_${p}_pertoken.err"
   echo "bench per_token $p rc=$?"
 done
-timeout ${SWEEP_TIMEOUT:-150} python3 -m engine.backends.vulkan.sweep --model /tmp/models/1.5b.gguf \
+timeout ${SWEEP_TIMEOUT:-150} python3 -m engine.sweep --model /tmp/models/1.5b.gguf \
     --out "$OUT" --budget-s $(( ${SWEEP_TIMEOUT:-150} - 20 )) > "$OUT/sweep.log" 2>&1
 echo "sweep rc=$?"
 # The device tool returns at most 8 files: pack everything into one.

@@ -1,6 +1,6 @@
 """Run a GPU test suite so that a device fault is confined to the test that caused it.
 
-    python scripts/gpu_suite.py cuda            # CUDA ops, shared ops (cuda), CUDA backend
+    python scripts/gpu_suite.py cuda            # CUDA ops (with the shared contract), CUDA backend
     python scripts/gpu_suite.py vulkan          # the Vulkan suites on whatever driver is set up
     python scripts/gpu_suite.py cuda --json     # the tally as JSON (per file and in total)
 
@@ -29,13 +29,12 @@ ROOT = Path(__file__).resolve().parent.parent
 # suite -> (file, marker expression, -k expression or None)
 SUITES: dict[str, list[tuple[str, str, str | None]]] = {
     "cuda": [
-        ("tests/test_cuda_ops.py", "gpu", None),
-        ("tests/test_backend_ops.py", "gpu", "cuda"),
+        ("tests/test_cuda_ops.py", "gpu", None),  # with the shared contract (TestCudaContract)
         ("tests/test_cuda_backend.py", "gpu or not gpu", None),
+        ("tests/test_mutants.py", "gpu", "cuda"),  # the CUDA planted bugs, each rejected
     ],
     "vulkan": [
-        ("tests/test_backend_ops.py", "not gpu and not slow", "vulkan"),
-        ("tests/test_vulkan_ops.py", "not gpu and not slow", None),
+        ("tests/test_vulkan_ops.py", "not gpu and not slow", None),  # with TestVulkanContract
         ("tests/test_vulkan_backend.py", "not gpu and not slow", None),
         ("tests/test_vulkan_model.py", "not gpu and not slow", None),
     ],

@@ -7,7 +7,7 @@ submitted and waited for, a few hundred times. A diagnostic for developers, not 
 cProfile slows the Python part, so read the wall figures from `python -m engine bench`.
 
     python scripts/vulkan_profile.py --model M.gguf --out DIR [--prompt-tokens 512]
-        [--gen-tokens 32] [--config '{"prefill.chunk_tokens": 0}' ...]
+        [--gen-tokens 32] [--config '{"prefill.chunk_tokens": 32}' ...]
 """
 
 from __future__ import annotations
@@ -118,8 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         "--config",
         action="append",
         default=None,
-        help="flat config changes as JSON, e.g. '{\"prefill.chunk_tokens\": 0}' (repeatable; "
-        "default: the registry default and the seed's one-forward-per-MAX_COLS schedule)",
+        help="flat config changes as JSON, e.g. '{\"prefill.chunk_tokens\": 32}' (repeatable; "
+        "default: the registry default and 32-token forwards, the seed's schedule)",
     )
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.config
         else [
             {},
-            {"prefill.chunk_tokens": 0},
+            {"prefill.chunk_tokens": 32},
         ]
     )
     for flat in configs:

@@ -1,9 +1,44 @@
-"""Op cases shared by the differential suites (tests/test_backend_ops.py for every backend,
-tests/test_cuda_ops.py for each CUDA variant)."""
+"""Op cases and helpers shared by the differential suites (tests/test_backend_ops.py for every
+backend, tests/test_vulkan_ops.py and tests/test_cuda_ops.py per variant): random quantized
+weights, their float64 reference, NMSE and the output checks."""
 
 from __future__ import annotations
 
 import numpy as np
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize
+
+from engine.gguf_model import QTensor
+from engine.quantize import quantize
+
+
+def qtensor(
+    rng: np.random.Generator, shape: tuple[int, ...], qtype: str, std: float = 1.0, name: str = "w"
+) -> QTensor:
+    """A random weight of shape, quantized to qtype by the engine's quantizer."""
+    a = (rng.standard_normal(shape) * std).astype(np.float32)
+    a2 = a.reshape(-1, shape[-1])
+    raw = quantize(a2, qtype).view(np.uint8).reshape(a2.shape[0], -1)
+    return QTensor(name, qtype, tuple(shape), raw)
+
+
+def dense(qt: QTensor) -> np.ndarray:
+    """The weight as float64, dequantized by gguf-py (independent of the engine's decoders)."""
+    out = dequantize(qt.raw, GGMLQuantizationType[qt.qtype])
+    return np.asarray(out, np.float64).reshape(qt.shape)
+
+
+def nmse(ref: np.ndarray, out: np.ndarray) -> float:
+    """Normalized mean squared error of out against ref, in float64."""
+    ref, out = np.asarray(ref, np.float64), np.asarray(out, np.float64)
+    return float(np.sum((out - ref) ** 2) / max(np.sum(ref**2), 1e-30))
+
+
+def check(out: np.ndarray, ref: np.ndarray, limit: float) -> None:
+    """Same shape, no NaN or Inf, NMSE under limit."""
+    assert out.shape == ref.shape, f"shape {out.shape} != {ref.shape}"
+    assert np.isfinite(out).all(), "NaN or Inf in output"
+    assert nmse(ref, out) < limit, f"NMSE {nmse(ref, out):.3g} >= {limit:g}"
 
 
 def write_cache_and_attend(

@@ -32,7 +32,7 @@ models = ["{model}"]
 backends = ["numpy"]
 objectives = [{{ metric = "prefill_tok_s", prompt_tokens = 48 }}]
 [space.numpy.prefill]
-max_cols = {{ min = 4, max = 128 }}
+chunk_tokens = {{ min = 4, max = 128 }}
 [validate]
 random_prompts = [1, 20]
 steps = 2

@@ -94,11 +94,11 @@ def test_whole_loop_promotes_a_real_win(
 
     device = engine_backends.create(backend).device_info()
     if backend == "numpy":
-        slow = TuningConfig.default("numpy").replace(**{"prefill.max_cols": 1})  # 24 chunks
-        space = {"numpy": {"prefill": {"max_cols": [1, 8, 16, 32]}}}
+        slow = TuningConfig.default("numpy").replace(**{"prefill.chunk_tokens": 1})  # 24 chunks
+        space = {"numpy": {"prefill": {"chunk_tokens": [1, 8, 16, 32]}}}
         promote(repo, device.device_class, "qwen2", slow, {"seeded": True})
     else:
-        space = {backend: {"prefill": {"max_cols": [8, 16, 32, 64]}}}
+        space = {backend: {"prefill": {"chunk_tokens": [8, 16, 32, 64]}}}
     storage = str(tmp_path / "studies.db")
     exp = parse_experiment(experiment(model_ref, backend, space=space))
     opts = RunOptions(parse_storage(storage), promote_repo=repo, budget=3)
@@ -115,11 +115,11 @@ def test_whole_loop_promotes_a_real_win(
     if backend == "numpy":
         assert s.baseline_source.startswith("promoted:")
         assert not s.best_is_baseline, summary.text()
-        assert s.changed["prefill.max_cols"][0] == 1 and s.ratio > 1.05
+        assert s.changed["prefill.chunk_tokens"][0] == 1 and s.ratio > 1.05
         assert s.promotion and s.promotion["commit"]
         found = find_promoted("numpy", device.device_class, "qwen2", root=repo / "configs")
         assert found is not None
-        assert found[0].max_cols > 1
+        assert found[0].prefill_chunk > 1
     assert summary.overhead.trials == 3 and summary.overhead.fraction < 0.5
 
     again = run_experiment(exp, RunOptions(parse_storage(storage), promote_repo=repo, budget=4))
@@ -136,10 +136,10 @@ def test_accepted_candidate_is_confirmed_on_another_worker(
     other before it becomes the best and is promoted."""
     from agent.promote import promote
 
-    slow = TuningConfig.default("numpy").replace(**{"prefill.max_cols": 1})
+    slow = TuningConfig.default("numpy").replace(**{"prefill.chunk_tokens": 1})
     promote(repo, "cpu", "qwen2", slow, {"seeded": True})
     exp = parse_experiment(
-        experiment(model_ref, "numpy", space={"numpy": {"prefill": {"max_cols": [1, 32]}}})
+        experiment(model_ref, "numpy", space={"numpy": {"prefill": {"chunk_tokens": [1, 32]}}})
     )
     storage = str(tmp_path / "studies.db")
     opts = RunOptions(
@@ -172,7 +172,7 @@ def test_faults_fail_trials_restart_workers_and_never_promote(
             space={
                 testing.NAME: {
                     "matmul_prefill": {"variants": variants},
-                    "prefill": {"max_cols": [32]},
+                    "prefill": {"chunk_tokens": [32]},
                 }
             },
             budget={"trials": 6, "trial_timeout_s": 8},
@@ -203,7 +203,8 @@ def test_faults_fail_trials_restart_workers_and_never_promote(
     }
     assert "worker died" in by_variant["crash"][1]
     wrong = by_variant["wrong"][2]
-    assert wrong.state == optuna.trial.TrialState.FAIL
+    assert wrong.state == optuna.trial.TrialState.PRUNED  # told to TPE as infeasible
+    assert wrong.constraints == {"runs_and_validates": 1.0}
     assert not wrong.user_attrs["validate"]["passed"]
     assert s.evaluated == 6 and s.best_is_baseline and s.promotion is None
     assert not (repo / "configs").exists()
@@ -230,7 +231,7 @@ def test_two_device_classes_on_a_two_node_cluster(model_ref: str, tmp_path: Path
             experiment(
                 model_ref,
                 testing.NAME,
-                space={testing.NAME: {"prefill": {"max_cols": [8, 16, 32]}}},
+                space={testing.NAME: {"prefill": {"chunk_tokens": [8, 16, 32]}}},
                 budget={"trials": 2, "trial_timeout_s": 60},
             )
         )
@@ -265,7 +266,9 @@ def test_one_study_per_model(tiny_model_factory, tmp_path: Path) -> None:  # noq
     """Two models on one device class: two studies, each worker loads both once and measures
     A/A noise per model."""
     models = [str(tiny_model_factory("qwen2", "q4_k_m")), str(tiny_model_factory("llama", "q8_0"))]
-    data = experiment(models[0], "numpy", space={"numpy": {"prefill": {"max_cols": [8, 16, 32]}}})
+    data = experiment(
+        models[0], "numpy", space={"numpy": {"prefill": {"chunk_tokens": [8, 16, 32]}}}
+    )
     exp = parse_experiment({**data, "models": models})
     storage = str(tmp_path / "studies.journal")
     summary = run_experiment(exp, RunOptions(parse_storage(storage), budget=2, promote=False))

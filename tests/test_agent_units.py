@@ -56,8 +56,8 @@ def test_shipped_experiments_load(path: Path) -> None:
             _exp(space={"numpy": {"matmul_prefill": {"variants": ["kpar"]}}}),
             "allowed: ['cached_f32'",
         ),
-        (_exp(space={"numpy": {"prefill": {"max_cols": [33]}}}), "[33] not allowed"),
-        (_exp(space={"numpy": {"prefill": {"max_cols": {"min": 200}}}}), "no registry choice"),
+        (_exp(space={"numpy": {"prefill": {"chunk_tokens": [33]}}}), "[33] not allowed"),
+        (_exp(space={"numpy": {"prefill": {"chunk_tokens": {"min": 2000}}}}), "no registry choice"),
         (_exp(space={"numpy": {"prefill": {"rows": [1]}}}), "no searched variant has this knob"),
         (_exp(space={"numpy": {"nope": {}}}), "has no such op"),
         (_exp(acceptance={"target": "decode_tok_s@1"}), "acceptance.target"),
@@ -83,27 +83,29 @@ def test_cmaes_needs_one_objective() -> None:
 # --- search space ---------------------------------------------------------------------------
 def test_space_is_read_from_the_registry_and_round_trips() -> None:
     exp = parse_experiment(
-        _exp(space={"numpy": {"prefill": {"max_cols": [8, 16, 64]}, "matmul_prefill": {}}})
+        _exp(space={"numpy": {"prefill": {"chunk_tokens": [8, 16, 64]}, "matmul_prefill": {}}})
     )
     space = build_space("numpy", exp.space_for("numpy"))
     assert space.size == 3 * 2
     grid = space.grid()
-    assert grid["prefill.batched.max_cols"] == [8, 16, 64]
+    assert grid["prefill.batched.chunk_tokens"] == [8, 16, 64]
     assert grid["matmul_prefill.variant"] == ["cached_f32", "ondemand"]
     base = TuningConfig.default("numpy").flat()
-    assert space.params_of(base) is None  # max_cols 32 is outside this space
-    cand = TuningConfig.default("numpy").replace(**{"prefill.max_cols": 64}).flat()
+    assert space.params_of(base) is None  # chunk_tokens 32 is outside this space
+    cand = TuningConfig.default("numpy").replace(**{"prefill.chunk_tokens": 64}).flat()
     params = space.params_of(cand)
-    assert params == {"prefill.batched.max_cols": 64, "matmul_prefill.variant": "cached_f32"}
+    assert params == {"prefill.batched.chunk_tokens": 64, "matmul_prefill.variant": "cached_f32"}
     assert config_key(cand) == config_key(dict(reversed(list(cand.items()))))
 
 
 def test_everything_space_covers_all_knobs() -> None:
     exp = parse_experiment(_exp())
     space = build_space("numpy", exp.space_for("numpy"))
-    assert {"prefill.batched.max_cols", "matmul_prefill.variant", "matmul_decode.variant"} <= set(
-        space.grid()
-    )
+    assert {
+        "prefill.batched.chunk_tokens",
+        "matmul_prefill.variant",
+        "matmul_decode.variant",
+    } <= set(space.grid())
 
 
 # --- statistics and acceptance --------------------------------------------------------------
@@ -178,7 +180,7 @@ def test_toml_writer_round_trips() -> None:
             "ratio": 1.25,
             "ok": True,
             "device": 'AMD "R9700"\nline',
-            "changed": {"prefill.max_cols": {"from": 32, "to": 40}},
+            "changed": {"prefill.chunk_tokens": {"from": 32, "to": 40}},
             "objectives": {"prefill_tok_s@64": {"candidate": [1.0, 2.5], "best": [1.0, 2.0]}},
         }
     }
@@ -203,7 +205,7 @@ def repo(tmp_path: Path) -> Path:
 
 
 def test_promotion_commits_only_the_config(repo: Path) -> None:
-    cfg = TuningConfig.default("numpy").replace(**{"prefill.max_cols": 64})
+    cfg = TuningConfig.default("numpy").replace(**{"prefill.chunk_tokens": 64})
     (repo / "unrelated.txt").write_text("work in progress\n")  # untracked: must stay out
     p = promote(repo, "cpu", "qwen2", cfg, {"trial": 4, "ratio": 1.2, "target": "x"})
     assert _git(repo, "show", "--name-only", "--format=", p.commit) == "configs/cpu/qwen2.toml"
@@ -275,7 +277,7 @@ def _study(storage, sampler: str = "tpe"):  # noqa: ANN001, ANN202
 
     exp = parse_experiment(
         _exp(
-            space={"numpy": {"prefill": {"max_cols": [8, 16, 32, 64]}, "matmul_prefill": {}}},
+            space={"numpy": {"prefill": {"chunk_tokens": [8, 16, 32, 64]}, "matmul_prefill": {}}},
             sampler={"name": sampler, "startup_trials": 2},
         )
     )
@@ -359,11 +361,11 @@ def test_resume_warns_when_the_search_space_changed(tmp_path: Path) -> None:
     assert _study(ref.open()).space_changed == ""
     exp = parse_experiment(
         _exp(
-            space={"numpy": {"prefill": {"max_cols": [8, 16]}, "matmul_prefill": {}}},
+            space={"numpy": {"prefill": {"chunk_tokens": [8, 16]}, "matmul_prefill": {}}},
             sampler={"name": "tpe", "startup_trials": 2},
         )
     )
     base = TuningConfig.default("numpy").flat()
     again = StudyState(exp, "cpu", "numpy", "synthetic:tiny", "qwen2", ref.open(), base, "default")
-    assert "prefill.batched.max_cols choices" in again.space_changed
+    assert "prefill.batched.chunk_tokens choices" in again.space_changed
     assert again.evaluated == 1

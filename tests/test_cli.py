@@ -51,7 +51,7 @@ def test_run_json(capsys, tiny_model_path):
 
 def test_validate_pass_and_fail_exit_codes(capsys, tiny_model_path, tmp_path):
     cfg = tmp_path / "c.toml"
-    cfg.write_text('backend = "numpy"\n[ops.prefill]\nmax_cols = 8\n')
+    cfg.write_text('backend = "numpy"\n[ops.prefill]\nchunk_tokens = 8\n')
     code, out, _ = run_cli(
         capsys,
         "validate",
@@ -64,7 +64,7 @@ def test_validate_pass_and_fail_exit_codes(capsys, tiny_model_path, tmp_path):
         "--json",
     )
     rep = json.loads(out)
-    assert code == 0 and rep["passed"] and rep["candidate"]["prefill.max_cols"] == 8
+    assert code == 0 and rep["passed"] and rep["candidate"]["prefill.chunk_tokens"] == 8
     code, out, _ = run_cli(
         capsys, "validate", "--model", str(tiny_model_path), "--steps", "2", "--max-abs-diff", "-1"
     )
@@ -97,7 +97,8 @@ def test_info_and_kernels(capsys, tiny_model_path):
     assert code == 0 and json.loads(out)["spec"]["arch"] == "qwen2"
     code, out, _ = run_cli(capsys, "kernels", "--backend", "numpy", "--json")
     ks = json.loads(out)["numpy"]
-    assert ks["prefill"][0]["params"]["max_cols"]["default"] == 32
+    assert ks["prefill"][0]["params"]["chunk_tokens"]["default"] == 32
+    assert ks["prefill"][0]["params"]["chunk_tokens"]["binding"] == "schedule"
 
 
 def _expect_error(capsys, path, needle):
@@ -143,11 +144,11 @@ def test_missing_file_and_unknown_name(capsys, tmp_path):
 
 def test_bad_config_and_backend(capsys, tiny_model_path, tmp_path):
     cfg = tmp_path / "c.toml"
-    cfg.write_text('backend = "numpy"\n[ops.prefill]\nmax_cols = 5\n')
+    cfg.write_text('backend = "numpy"\n[ops.prefill]\nchunk_tokens = 5\n')
     code, _, err = run_cli(
         capsys, "run", "--model", str(tiny_model_path), "--prompt", "x", "--config", str(cfg)
     )
-    assert code == 2 and "prefill.max_cols = 5" in err and "allowed" in err
+    assert code == 2 and "prefill.chunk_tokens = 5" in err and "allowed" in err
     code, _, err = run_cli(
         capsys, "run", "--model", str(tiny_model_path), "--prompt", "x", "--backend", "tpu"
     )

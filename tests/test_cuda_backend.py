@@ -87,9 +87,28 @@ def test_sources_have_headers_and_registered_kernels(fname):
     assert f"cuda/{fname}" in used
 
 
+def _builds() -> list:
+    """(module key, file, defines) of the default config and of each matmul variant: what the
+    backend compiles (kernels.modules_for), so tunables come from the registry."""
+    seen, out = set(), []
+    for flat in (
+        {},
+        {"matmul_decode.variant": "mmvq", "matmul_prefill.variant": "mmq8"},
+        {"matmul_batched.variant": "dmmv_serial", "matmul_prefill.variant": "mmq"},
+    ):
+        for key, (fname, defines) in kernels.modules_for(
+            TuningConfig.from_flat("cuda", flat)
+        ).items():
+            ident = (fname, tuple(sorted(defines.items())))
+            if ident not in seen:
+                seen.add(ident)
+                out.append(pytest.param(fname, defines, id=f"{key}-{fname}"))
+    return out
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed here")
-@pytest.mark.parametrize("fname", CU_FILES)
-def test_sources_compile_for_sm80_and_sm90(tmp_path, fname):
+@pytest.mark.parametrize("fname,defines", _builds())
+def test_sources_compile_for_sm80_and_sm90(tmp_path, fname, defines):
     src = tmp_path / fname
     src.write_text(kernels.source(fname))
     for arch in ("sm_80", "sm_90"):
@@ -98,6 +117,7 @@ def test_sources_compile_for_sm80_and_sm90(tmp_path, fname):
                 "nvcc",
                 f"-arch={arch}",
                 "-std=c++17",
+                *(f"-D{k}={v}" for k, v in defines.items()),
                 "-cubin",
                 "-o",
                 str(tmp_path / "k.cubin"),

@@ -1,7 +1,7 @@
 """The CUDA backend against the NumPy reference, op by op and variant by variant (`pytest -m gpu`).
 
 Every registered variant of every op runs on random shapes that include sizes that are not
-multiples of any tile, MAX_COLS or block, and size-1 dims; per-op NMSE limits (5e-4 for matmul,
+multiples of any tile, column tile or block, and size-1 dims; per-op NMSE limits (5e-4 for matmul,
 the fp16 GEMM paths), no NaN/Inf, canaries around outputs, inputs unchanged. Then whole synthetic
 models: graph replay equals eager decode, validate passes for every variant, a compile failure
 and a kernel fault are reported as such. On a machine without CuPy or a GPU the whole module is
@@ -16,13 +16,10 @@ import textwrap
 
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType
-from gguf.quants import dequantize
 
-from engine.gguf_model import QTensor
-from engine.quantize import quantize
 from engine.tuning import TuningConfig
-from tests.op_cases import write_cache_and_attend
+from tests.backend_contract import BackendContract
+from tests.op_cases import check, dense, qtensor, write_cache_and_attend
 
 pytestmark = pytest.mark.gpu
 
@@ -41,7 +38,7 @@ def cp():
 
 
 @pytest.fixture(scope="module")
-def be(cp):
+def cuda_be(cp):
     from engine import backends
     from engine.errors import BackendUnavailable
 
@@ -51,31 +48,53 @@ def be(cp):
         pytest.skip(f"cuda backend not usable here: {e}")
 
 
+@pytest.fixture
+def be(cuda_be):
+    return cuda_be
+
+
+PAD = 1024  # bytes of sentinel after every allocation made during a contract op
+
+
+class TestCudaContract(BackendContract):
+    """The shared backend contract on CUDA. Canaries: while an op runs, every allocation gets
+    PAD bytes of SENTINEL after it (a CuPy allocator); after the op, the output's must be
+    intact."""
+
+    backend = "cuda"
+
+    @pytest.fixture
+    def be(self, cuda_be):  # noqa: ANN201
+        cuda_be.set_config(TuningConfig.default("cuda"))
+        return cuda_be
+
+    def poison(self, be, out_elems: int) -> None:  # noqa: ANN001
+        cp = be._cp
+        self._pads: dict[int, tuple[object, int]] = {}
+
+        def padded(size: int):  # noqa: ANN202 - cupy.cuda.MemoryPointer
+            size4 = -(-size // 4) * 4
+            mem = cp.cuda.Memory(size4 + PAD)
+            ptr = cp.cuda.MemoryPointer(mem, 0)
+            cp.ndarray((PAD // 4,), np.float32, ptr + size4).fill(SENTINEL)
+            self._pads[ptr.ptr] = (mem, size4)
+            return ptr
+
+        cp.cuda.set_allocator(padded)
+
+    def assert_canaries(self, be, out, args) -> None:  # noqa: ANN001
+        cp = be._cp
+        cp.cuda.set_allocator(cp.get_default_memory_pool().malloc)
+        got = self._pads.get(out.data.mem.ptr)
+        assert got is not None, "the output was not allocated during the op"
+        mem, size4 = got
+        pad = cp.ndarray((PAD // 4,), np.float32, cp.cuda.MemoryPointer(mem, size4))
+        be.synchronize()
+        assert (pad.get() == SENTINEL).all(), "kernel wrote past its output"
+
+
 def cfg(**flat) -> TuningConfig:
     return TuningConfig.from_flat("cuda", flat)
-
-
-def nmse(ref: np.ndarray, out: np.ndarray) -> float:
-    ref, out = np.asarray(ref, np.float64), np.asarray(out, np.float64)
-    return float(np.sum((out - ref) ** 2) / max(np.sum(ref**2), 1e-30))
-
-
-def check(out: np.ndarray, ref: np.ndarray, limit: float) -> None:
-    assert out.shape == ref.shape, f"shape {out.shape} != {ref.shape}"
-    assert np.isfinite(out).all(), "NaN or Inf in output"
-    assert nmse(ref, out) < limit, f"NMSE {nmse(ref, out):.3g} >= {limit:g}"
-
-
-def qtensor(rng, shape, qtype, std=1.0) -> QTensor:
-    a = (rng.standard_normal(shape) * std).astype(np.float32)
-    a2 = a.reshape(-1, shape[-1])
-    raw = quantize(a2, qtype).view(np.uint8).reshape(a2.shape[0], -1)
-    return QTensor("w", qtype, tuple(shape), raw)
-
-
-def dense(qt: QTensor) -> np.ndarray:
-    out = dequantize(qt.raw, GGMLQuantizationType[qt.qtype])
-    return np.asarray(out, np.float64).reshape(qt.shape)
 
 
 def guarded(cp, shape, pad=257):
@@ -116,9 +135,9 @@ MATMUL_CONFIGS = [
     ("decode-rpt1", {"matmul_decode.variant": "dmmv", "matmul_decode.rows_per_thread": 1}, [1]),
     ("decode-rpt4-t16", {"matmul_decode.variant": "dmmv", "matmul_decode.rows_per_thread": 4,
                          "matmul_decode.threads_per_row": 16}, [1]),
-    ("kpar-c2", {"prefill.gemm_min_t": 1 << 20, "matmul_batched.cols": 2}, [2, 7]),
+    ("kpar-c2", {"prefill.gemm_min_t": 1 << 20, "matmul_batched.max_cols": 2}, [2, 7]),
     ("kpar-c16", {"prefill.gemm_min_t": 1 << 20}, [2, 17, 33]),
-    ("kpar-c40-t64", {"prefill.gemm_min_t": 1 << 20, "matmul_batched.cols": 40,
+    ("kpar-c40-t64", {"prefill.gemm_min_t": 1 << 20, "matmul_batched.max_cols": 40,
                       "matmul_batched.threads_per_row": 64, "matmul_batched.rows_per_block": 1},
      [41, 40]),
     ("serial-c16", {"prefill.gemm_min_t": 1 << 20, "matmul_batched.variant": "dmmv_serial"},
@@ -405,9 +424,13 @@ def test_model_matches_numpy_and_graph_equals_eager(be, tiny_model_factory, arch
 
 VALIDATE_CONFIGS = [
     {},
-    {"prefill.max_cols": 16},
-    {"prefill.max_cols": 8, "prefill.gemm_min_t": 1 << 20, "matmul_batched.variant": "dmmv_serial"},
-    {"prefill.gemm_min_t": 1 << 20, "matmul_batched.cols": 40},
+    {"prefill.chunk_tokens": 16},
+    {
+        "prefill.chunk_tokens": 8,
+        "prefill.gemm_min_t": 1 << 20,
+        "matmul_batched.variant": "dmmv_serial",
+    },
+    {"prefill.gemm_min_t": 1 << 20, "matmul_batched.max_cols": 40},
     {"prefill.gemm_min_t": 2, "matmul_prefill.variant": "staged"},
     {"prefill.gemm_min_t": 2, "matmul_prefill.variant": "mmq"},
     {"prefill.gemm_min_t": 2, "matmul_prefill.variant": "mmq", "matmul_prefill.tile_m": 64,

@@ -28,7 +28,7 @@ name = "dashtest"
 models = ["synthetic:tiny"]
 backends = ["numpy"]
 [space.numpy.prefill]
-max_cols = [4, 8, 16]
+chunk_tokens = [4, 8, 16]
 [space.numpy.matmul_prefill]
 variants = "all"
 [[objectives]]
@@ -603,7 +603,7 @@ def test_promotion_history_from_git(tmp_path: Path) -> None:
     db = tmp_path / "p.db"
     storage = parse_storage(str(db)).open()
     name = write_study(storage, "r9700", 6, running=0)
-    first = TuningConfig.default("vulkan").replace(**{"prefill.max_cols": 64})
+    first = TuningConfig.default("vulkan").replace(**{"prefill.chunk_tokens": 64})
     second = first.replace(**{"matmul_prefill.variant": "serial"})
     commits = []
     for i, cfg in enumerate((first, second)):
@@ -625,6 +625,6 @@ def test_promotion_history_from_git(tmp_path: Path) -> None:
         k for k in second.flat() if k.startswith("matmul_prefill.") and k not in first.flat()
     } | {k for k in first.flat() if k.startswith("matmul_prefill.") and k not in second.flat()}
     assert newest["diff"]["matmul_prefill.variant"][1] == "serial"
-    assert oldest["diff"]["prefill.max_cols"][1] == 64  # against the study's baseline
+    assert oldest["diff"]["prefill.chunk_tokens"][1] == 64  # against the study's baseline
     page = c.get("/promotions").text
     assert commits[0][:12] in page and commits[1][:12] in page and "git history" in page

@@ -8,7 +8,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-FAKE = '''
+FAKE = """
 import pytest
 POISONED = []
 
@@ -26,7 +26,7 @@ def test_c_after(i):
 
 def test_d_real_failure():
     assert 1 == 2
-'''
+"""
 
 
 def _runner():

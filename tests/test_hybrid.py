@@ -47,10 +47,10 @@ def test_prefill_paths_leave_the_same_state(tiny_model_factory, arch):
     c_ref = ref.new_cache(64)
     lr = ref.backend.download(ref.prefill(PROMPT, c_ref, "per_token"))
     for flat in (
-        {"prefill.max_cols": 4},
-        {"prefill.max_cols": 32},
-        {"prefill.max_cols": 8, "delta_net.variant": "chunked", "delta_net.chunk": 4},
-        {"prefill.max_cols": 32, "delta_net.variant": "chunked", "delta_net.chunk": 8},
+        {"prefill.chunk_tokens": 4},
+        {"prefill.chunk_tokens": 32},
+        {"prefill.chunk_tokens": 8, "delta_net.variant": "chunked", "delta_net.chunk": 4},
+        {"prefill.chunk_tokens": 32, "delta_net.variant": "chunked", "delta_net.chunk": 8},
     ):
         m = _model(path, **flat)
         c = m.new_cache(64)

@@ -14,7 +14,7 @@ from engine.validate import compare_logits, validate
 from tests.hybrid_mutants import MUTANTS, everywhere
 
 PROMPTS = [list(range(3, 3 + n)) for n in (1, 5, 37)]
-CANDIDATE = {"prefill.max_cols": 8}
+CANDIDATE = {"prefill.chunk_tokens": 8}
 
 
 def _validate(path, backend_cls):

@@ -51,8 +51,11 @@ def _engine(path, **flat) -> Model:
     "path_kind,flat",
     [
         ("per_token", {}),
-        ("batched", {"prefill.max_cols": 8}),
-        ("batched", {"prefill.max_cols": 32, "delta_net.variant": "chunked", "delta_net.chunk": 4}),
+        ("batched", {"prefill.chunk_tokens": 8}),
+        (
+            "batched",
+            {"prefill.chunk_tokens": 32, "delta_net.variant": "chunked", "delta_net.chunk": 4},
+        ),
     ],
 )
 def test_matches_transformers(pair, path_kind, flat):

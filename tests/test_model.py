@@ -20,7 +20,7 @@ def _model(path, **flat) -> Model:
 @pytest.mark.parametrize("arch", ["qwen2", "llama", "qwen3"])
 def test_matches_independent_implementation(tiny_model_factory, arch):
     path = tiny_model_factory(arch, "q4_k_m")
-    m = _model(path, **{"prefill.max_cols": 4})
+    m = _model(path, **{"prefill.chunk_tokens": 4})
     ind = IndependentModel(open_model(path))
     prompt = [3, 17, 99, 5, 42, 7, 250, 11, 64, 2, 8]  # 11 tokens: chunks of 4, 4, 3
     g = m.generate(prompt, 6, path="batched")
@@ -29,10 +29,10 @@ def test_matches_independent_implementation(tiny_model_factory, arch):
     assert g.tokens == ind.greedy(prompt, 6)
 
 
-@pytest.mark.parametrize("max_cols", [1, 2, 8, 32])
-def test_batched_equals_per_token(tiny_model_path, max_cols):
-    m = _model(tiny_model_path, **{"prefill.max_cols": max_cols})
-    prompt = list(range(5, 5 + 37))  # 37: a ragged last chunk for every max_cols > 1
+@pytest.mark.parametrize("chunk", [1, 2, 8, 32])
+def test_batched_equals_per_token(tiny_model_path, chunk):
+    m = _model(tiny_model_path, **{"prefill.chunk_tokens": chunk})
+    prompt = list(range(5, 5 + 37))  # 37: a ragged last chunk for every chunk > 1
     a = m.generate(prompt, 5, path="per_token")
     b = m.generate(prompt, 5, path="batched")
     assert np.allclose(a.last_logits, b.last_logits, atol=1e-4)

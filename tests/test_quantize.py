@@ -10,6 +10,7 @@ from gguf.quants import dequantize
 
 from engine.errors import UnsupportedError
 from engine.quantize import QTYPES, quantize, random_quantized, row_bytes
+from tests.op_cases import nmse
 
 # (elements, bytes) per block, from ggml's block structs.
 BLOCKS = {
@@ -55,10 +56,6 @@ def roundtrip(a: np.ndarray, qtype: str) -> np.ndarray:
     q = quantize(a, qtype)
     assert q.dtype == np.uint8
     return dequantize(q, GGMLQuantizationType[qtype]).reshape(a.shape)
-
-
-def nmse(ref: np.ndarray, got: np.ndarray) -> float:
-    return float(((ref - got) ** 2).sum() / (ref**2).sum())
 
 
 def test_qtypes_cover_the_engine_types() -> None:

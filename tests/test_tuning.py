@@ -12,30 +12,32 @@ from engine.tuning.promoted import find_promoted, promoted_path
 
 def test_default_config_takes_registry_defaults():
     cfg = TuningConfig.default("numpy")
-    assert cfg.max_cols == REGISTRY.op("numpy", "prefill").default.param("max_cols").default
+    assert (
+        cfg.prefill_chunk == REGISTRY.op("numpy", "prefill").default.param("chunk_tokens").default
+    )
     assert cfg.op("matmul_prefill").variant == "cached_f32"
     assert set(dict(cfg.ops)) == {o.name for o in REGISTRY.ops("numpy")}
 
 
 def test_from_flat_and_replace():
-    flat = {"prefill.max_cols": 8, "matmul_decode.variant": "ondemand"}
+    flat = {"prefill.chunk_tokens": 8, "matmul_decode.variant": "ondemand"}
     cfg = TuningConfig.from_flat("numpy", flat)
-    assert cfg.max_cols == 8 and cfg.op("matmul_decode").variant == "ondemand"
-    c2 = cfg.replace(**{"prefill.max_cols": 16})
-    assert c2.max_cols == 16 and cfg.max_cols == 8  # immutable
-    assert cfg.diff(c2) == {"prefill.max_cols": (8, 16)}
+    assert cfg.prefill_chunk == 8 and cfg.op("matmul_decode").variant == "ondemand"
+    c2 = cfg.replace(**{"prefill.chunk_tokens": 16})
+    assert c2.prefill_chunk == 16 and cfg.prefill_chunk == 8  # immutable
+    assert cfg.diff(c2) == {"prefill.chunk_tokens": (8, 16)}
     assert hash(cfg) != hash(c2) and cfg == TuningConfig.from_flat("numpy", cfg.flat())
 
 
 @pytest.mark.parametrize(
     "flat,needle",
     [
-        ({"prefill.max_cols": 7}, "allowed: [1, 2, 4"),
-        ({"prefill.max_cols": "8"}, "not allowed"),
+        ({"prefill.chunk_tokens": 7}, "allowed: [1, 2, 4"),
+        ({"prefill.chunk_tokens": "8"}, "not allowed"),
         ({"nosuchop.x": 1}, "no such op"),
         ({"matmul_prefill.variant": "warp9"}, "allowed: cached_f32, ondemand"),
         ({"prefill.tile": 4}, "has no parameter(s) ['tile']"),
-        ({"max_cols": 4}, "must look like 'op.param'"),
+        ({"chunk_tokens": 4}, "must look like 'op.param'"),
     ],
 )
 def test_bad_values_name_key_and_allowed(flat, needle):
@@ -50,21 +52,21 @@ def test_unknown_backend():
 
 
 def test_toml_round_trip(tmp_path):
-    flat = {"prefill.max_cols": 40, "matmul_prefill.variant": "ondemand"}
+    flat = {"prefill.chunk_tokens": 40, "matmul_prefill.variant": "ondemand"}
     cfg = TuningConfig.from_flat("numpy", flat)
     p = tmp_path / "c.toml"
     p.write_text(cfg.to_toml(header={"note": "x"}) + "\n[evidence]\ntrial = 3\n")
     assert TuningConfig.from_toml(p) == cfg
     only = cfg.to_toml(only_changed=True)
-    assert "max_cols = 40" in only and "rope" not in only
+    assert "chunk_tokens = 40" in only and "rope" not in only
     p.write_text(only)
     assert TuningConfig.from_toml(p) == cfg
 
 
 def test_toml_errors_name_the_file(tmp_path):
     p = tmp_path / "bad.toml"
-    p.write_text("backend = 'numpy'\n[ops.prefill]\nmax_cols = 3\n")
-    with pytest.raises(ConfigError, match=r"bad.toml: prefill.max_cols = 3"):
+    p.write_text("backend = 'numpy'\n[ops.prefill]\nchunk_tokens = 3\n")
+    with pytest.raises(ConfigError, match=r"bad.toml: prefill.chunk_tokens = 3"):
         TuningConfig.from_toml(p)
     p.write_text("backend = [")
     with pytest.raises(ConfigError, match="not valid TOML"):
@@ -77,16 +79,25 @@ def test_toml_errors_name_the_file(tmp_path):
 
 
 def test_constraints_and_supports():
-    rule = Constraint("max_cols at most 8 on this test op", lambda c, d: c.max_cols <= 8)
+    rule = Constraint("chunks of at most 8 on this test op", lambda c, d: c.prefill_chunk <= 8)
     REGISTRY.register(
         "numpy",
         "test_op",
-        [Variant("numpy", "test_op", "v", constraints=(rule,), params=(Param("p", (1, 2), 1),))],
+        [
+            Variant(
+                "numpy",
+                "test_op",
+                "v",
+                constraints=(rule,),
+                params=(Param("p", (1, 2), 1),),
+                numeric="order_only",
+            )
+        ],
     )
     try:
-        assert TuningConfig.from_flat("numpy", {"prefill.max_cols": 8}).problems() == []
-        bad = TuningConfig.from_flat("numpy", {"prefill.max_cols": 16})
-        assert bad.problems() == ["test_op.v: max_cols at most 8 on this test op"]
+        assert TuningConfig.from_flat("numpy", {"prefill.chunk_tokens": 8}).problems() == []
+        bad = TuningConfig.from_flat("numpy", {"prefill.chunk_tokens": 16})
+        assert bad.problems() == ["test_op.v: chunks of at most 8 on this test op"]
         with pytest.raises(ConfigError, match="violates constraints"):
             bad.check()
     finally:
@@ -105,7 +116,7 @@ def test_promoted_lookup(tmp_path):
     assert find_promoted("numpy", "cpu", "qwen2", tmp_path) is None
     p = promoted_path("cpu", "qwen2", tmp_path)
     p.parent.mkdir(parents=True)
-    cfg = TuningConfig.default("numpy").replace(**{"prefill.max_cols": 16})
+    cfg = TuningConfig.default("numpy").replace(**{"prefill.chunk_tokens": 16})
     p.write_text(cfg.to_toml())
     found = find_promoted("numpy", "cpu", "qwen2", tmp_path)
     assert found is not None and found[0] == cfg
@@ -117,28 +128,29 @@ def test_engine_loads_the_promoted_config_for_its_device_class(
 ):
     from engine.runtime import load
 
-    cfg = TuningConfig.default("numpy").replace(**{"prefill.max_cols": 8})
+    cfg = TuningConfig.default("numpy").replace(**{"prefill.chunk_tokens": 8})
     p = promoted_path("cpu", "qwen2", tmp_path)
     p.parent.mkdir(parents=True)
     p.write_text(cfg.to_toml() + "\n[evidence]\ntrial = 7\n")
     monkeypatch.setenv("FLEETTUNE_CONFIGS", str(tmp_path))
     eng = load(tiny_model_path, "numpy")
-    assert eng.config_source == f"promoted:{p}" and eng.model.config.max_cols == 8
+    assert eng.config_source == f"promoted:{p}" and eng.model.config.prefill_chunk == 8
     override = tmp_path / "mine.toml"
-    override.write_text('backend = "numpy"\n[ops.prefill]\nmax_cols = 16\n')
-    assert load(tiny_model_path, "numpy", override).model.config.max_cols == 16
+    override.write_text('backend = "numpy"\n[ops.prefill]\nchunk_tokens = 16\n')
+    assert load(tiny_model_path, "numpy", override).model.config.prefill_chunk == 16
     assert load(tiny_model_path, "numpy", use_promoted=False).config_source == "default"
 
 
-def test_prefill_chunk_falls_back_to_max_cols():
-    """Backends without prefill.chunk_tokens run one forward per MAX_COLS chunk; Vulkan's
-    chunk_tokens sets the forward chunk, 0 restoring the seed's schedule."""
-    np_cfg = TuningConfig.default("numpy").replace(**{"prefill.max_cols": 8})
-    assert np_cfg.prefill_chunk == 8
-    vk_cfg = TuningConfig.default("vulkan").replace(**{"prefill.max_cols": 8})
-    assert vk_cfg.prefill_chunk == 512
-    assert vk_cfg.replace(**{"prefill.chunk_tokens": 0}).prefill_chunk == 8
-    assert vk_cfg.replace(**{"prefill.chunk_tokens": 128}).prefill_chunk == 128
+def test_prefill_chunk_is_chunk_tokens_on_every_backend():
+    """One schedule knob: prefill.chunk_tokens is the tokens per forward on every backend, and
+    the column tile of a batched matmul is a knob of the variants that tile columns."""
+    for backend in ("numpy", "vulkan", "cuda"):
+        cfg = TuningConfig.default(backend).replace(**{"prefill.chunk_tokens": 40})
+        assert cfg.prefill_chunk == 40
+    vk = TuningConfig.default("vulkan").replace(**{"matmul_prefill.variant": "kpar"})
+    assert vk.replace(**{"matmul_prefill.max_cols": 8}).prefill_chunk == 512  # apart
+    with pytest.raises(ConfigError, match="no parameter"):
+        vk.replace(**{"matmul_prefill.variant": "tiled", "matmul_prefill.max_cols": 8})
 
 
 def test_op_table_outside_ops_is_an_error(tmp_path):
@@ -152,11 +164,17 @@ def test_op_table_outside_ops_is_an_error(tmp_path):
     assert TuningConfig.from_toml(p).op("matmul_prefill").variant == "tiled"
 
 
-def test_prefill_declaration_needs_max_cols():
-    """The schedule reads prefill.max_cols on every backend: a declaration without it fails at
-    registration, not when a model first runs."""
-    with pytest.raises(ValueError, match="max_cols is required"):
-        REGISTRY.register_prefill("nobackend", Param("chunk_tokens", (0, 512), 0, ""), doc="")
+def test_prefill_declaration_is_the_same_on_every_backend():
+    """register_prefill declares chunk_tokens itself, with one set of choices; a backend adds
+    only its own schedule knobs, and no backend declares a column tile on the schedule."""
+    op = REGISTRY.register_prefill("nobackend", 64, doc="")
+    try:
+        assert op.default.param("chunk_tokens").default == 64
+    finally:
+        REGISTRY.unregister("nobackend", "prefill")
+    choices = set()
     for backend in ("numpy", "vulkan", "cuda"):
         (v,) = REGISTRY.op(backend, "prefill").variants
-        assert v.name == "batched" and "max_cols" in {p.name for p in v.params}
+        assert v.name == "batched" and "max_cols" not in {p.name for p in v.params}
+        choices.add(v.param("chunk_tokens").choices)
+    assert len(choices) == 1

@@ -133,15 +133,16 @@ def test_precompile_covers_every_build(tmp_path):
 
 
 def test_every_attention_and_argmax_variant_has_its_passes_precompiled():
-    """The two-pass variants' programs come from kernels.STAGES; a variant registered without an
+    """The two-pass variants' programs come from kernels.PASSES; a variant registered without an
     entry there would be missing from the precompiled set (and fail at set_config)."""
-    from engine.backends.vulkan.kernels import STAGES, all_builds
-    from engine.tuning import REGISTRY
+    from engine.backends.vulkan.kernels import all_builds, programs
+    from engine.tuning import REGISTRY, TuningConfig
 
     builds = set(all_builds())
     for op in ("attention", "argmax"):
         for v in REGISTRY.op("vulkan", op).variants:
-            passes = STAGES[(op, v.name)]
+            cfg = TuningConfig.default("vulkan").replace(**{f"{op}.variant": v.name})
+            passes = programs(op, cfg.op(op))
             assert len(passes) == (2 if v.name in ("split", "two_stage") else 1)
             assert {(p.shader, p.defines) for p in passes} <= builds
 
@@ -298,7 +299,7 @@ def test_registry_module_imports_no_vulkan():
         "from engine.tuning import REGISTRY, TuningConfig\n"
         "import engine.backends.vulkan.kernels, engine.backends.vulkan.spirv\n"
         "assert REGISTRY.supports('vulkan', 'matmul_prefill', 'Q4_K')\n"
-        "print(TuningConfig.default('vulkan').max_cols)\n"
+        "print(TuningConfig.default('vulkan').prefill_chunk)\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code],

@@ -29,16 +29,16 @@ def _inputs(rng, T, Hk, Hv, dk, dv):
     )
 
 
-@pytest.mark.parametrize("layout", ["S", "ST"])
+@pytest.mark.parametrize("transposed", [False, True])
 @pytest.mark.parametrize("v_order", ["grouped", "tiled"])
 @pytest.mark.parametrize("wg,dk,dv", [(32, 16, 16), (64, 40, 24), (128, 128, 128), (256, 200, 256)])
-def test_matches_numpy(vb, layout, v_order, wg, dk, dv):
+def test_matches_numpy(vb, transposed, v_order, wg, dk, dv):
     vb.set_config(
         TuningConfig.from_flat(
             "vulkan",
             {
                 "delta_net.wg_size": wg,
-                "delta_net.state_layout": layout,
+                "delta_net.state_transposed": transposed,
                 "delta_net.max_dk": 256 if dk > 128 else 128,
             },
         )
@@ -49,14 +49,14 @@ def test_matches_numpy(vb, layout, v_order, wg, dk, dv):
     S0 = rng.standard_normal((Hv, dk, dv)).astype(np.float32) * 0.3
     s_ref = S0.copy()
     # S^T layout: the cache holds each head's transpose
-    s_vk = vb.upload(S0 if layout == "S" else np.ascontiguousarray(S0.transpose(0, 2, 1)))
+    s_vk = vb.upload(np.ascontiguousarray(S0.transpose(0, 2, 1)) if transposed else S0)
     for T in (9, 1, 1):  # a prefill chunk, then two decode steps on the carried state
         args = _inputs(rng, T, Hk, Hv, dk, dv)
         o_ref = ref.delta_net(*args, s_ref, v_order, 1e-6)
         o_vk = vb.download(vb.delta_net(*args, s_vk, v_order, 1e-6))
         assert nmse(o_ref, o_vk) < 1e-10, (T, nmse(o_ref, o_vk))
-    got = vb.download(s_vk).reshape(S0.shape if layout == "S" else (Hv, dv, dk))
-    if layout == "ST":
+    got = vb.download(s_vk).reshape((Hv, dv, dk) if transposed else S0.shape)
+    if transposed:
         got = got.transpose(0, 2, 1)
     assert nmse(s_ref, got) < 1e-10
     assert_no_validation_errors(vb)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from engine.gguf_model import QTensor
-from engine.quantize import quantize
+from tests import op_cases
 from tests.backend_params import usable
 
 
@@ -33,12 +33,8 @@ def assert_no_validation_errors(be) -> None:  # noqa: ANN001
 def qtensor(
     rng: np.random.Generator, shape: tuple[int, ...], qtype: str, std: float = 0.05, name: str = "w"
 ) -> QTensor:
-    a = (rng.standard_normal(shape) * std).astype(np.float32)
-    a2 = a.reshape(-1, shape[-1])
-    raw = quantize(a2, qtype).view(np.uint8).reshape(a2.shape[0], -1)
-    return QTensor(name, qtype, tuple(shape), raw)
+    """op_cases.qtensor with the Vulkan suites' small default scale (activations stay O(1))."""
+    return op_cases.qtensor(rng, shape, qtype, std, name)
 
 
-def nmse(ref: np.ndarray, out: np.ndarray) -> float:
-    ref, out = np.asarray(ref, np.float64), np.asarray(out, np.float64)
-    return float(np.sum((out - ref) ** 2) / max(np.sum(ref**2), 1e-30))
+nmse = op_cases.nmse

@@ -15,8 +15,8 @@ from engine.validate import PROMPTS, cross_check_numpy, validate
 from tests.test_vulkan_helpers import assert_no_validation_errors, make_backend
 
 # One config per registered variant of every op with more than one, plus parameter samples
-# that stress chunking (the seed's one-forward-per-MAX_COLS schedule with ragged chunks via
-# chunk_tokens 0 and MAX_COLS 8; ragged column tiles inside one forward via 40 and 1), workgroup
+# that stress chunking (the seed's one-forward-per-tile schedule with ragged chunks via
+# chunk_tokens == max_cols == 8; ragged column tiles inside one forward via 40 and 1), workgroup
 # shapes and the command-buffer knobs (tiny submits, no replay); split attention with one range
 # (no merge), with more ranges than keys and with several ranges per prefill query; argmax with
 # one slice and with more slices than the vocabulary has elements per thread. matmul_decode's
@@ -28,14 +28,14 @@ CONFIGS = [
         "attention.variant": "online",
         "argmax.variant": "default",
         "matmul_prefill.variant": "serial",
-        "prefill.max_cols": 8,
-        "prefill.chunk_tokens": 0,
+        "matmul_prefill.max_cols": 8,
+        "prefill.chunk_tokens": 8,
         "matmul_decode.variant": "shmem",
         "matmul_decode.threads_per_row": 8,
         "matmul_decode.rows_per_wg": 4,
     },
     {
-        "prefill.max_cols": 40,
+        "matmul_prefill.max_cols": 40,
         "matmul_prefill.variant": "kpar",
         "matmul_prefill.wg_size": 32,
         "matmul_prefill.rows_per_wg": 1,
@@ -51,14 +51,16 @@ CONFIGS = [
         "argmax.slices": 1024,
     },
     {
-        "prefill.max_cols": 1,
+        "matmul_prefill.variant": "kpar",
+        "matmul_prefill.max_cols": 1,
         "submit.max_nodes": 64,
         "submit.replay": False,
         "matmul_decode.variant": "subgroup",
     },
     {
-        "prefill.max_cols": 4,
-        "prefill.chunk_tokens": 0,
+        "matmul_prefill.variant": "kpar",
+        "matmul_prefill.max_cols": 4,
+        "prefill.chunk_tokens": 4,
         "submit.max_nodes": 64,
         "matmul_decode.wg_size": 32,
         "matmul_decode.rows_per_wg": 1,
@@ -68,7 +70,7 @@ CONFIGS = [
     {"matmul_prefill.vec4": True, "prefill.chunk_tokens": 64},
     {"matmul_prefill.variant": "tiled", "prefill.chunk_tokens": 64, "matmul_prefill.tile_m": 128},
     {
-        "prefill.max_cols": 16,
+        "matmul_prefill.max_cols": 16,
         "matmul_prefill.variant": "kpar",
         "matmul_prefill.subgroup_size": 8,
         "matmul_decode.subgroup_size": 8,
@@ -172,7 +174,7 @@ def test_unusable_config_is_reported_and_next_runs(vb, tiny_model_path):
     )
     with pytest.raises(ConfigError):
         validate(model, bad, _prompts(tok)[:2], steps=2)
-    good = TuningConfig.default("vulkan").replace(**{"prefill.max_cols": 4})
+    good = TuningConfig.default("vulkan").replace(**{"prefill.chunk_tokens": 4})
     assert validate(model, good, _prompts(tok)[:2], steps=2).passed
 
 
@@ -216,14 +218,16 @@ def test_decode_graph_matches_plain_decode(vb, tiny_model_factory):
         assert np.array_equal(a, b)
 
 
-@pytest.mark.parametrize("chunk,forwards", [(0, 6), (64, 1), (512, 1)])
+@pytest.mark.parametrize("chunk,forwards", [(8, 6), (64, 1), (512, 1)])
 def test_prefill_chunk_sets_the_forward_passes(vb, tiny_model_path, chunk, forwards):
-    """chunk_tokens decouples the forward chunk from MAX_COLS: 45 tokens at MAX_COLS 8 take six
-    forwards on the seed's schedule (0) and one otherwise, with the same logits."""
+    """chunk_tokens is the forward chunk, apart from the column tile: 45 tokens at max_cols 8
+    take six forwards on the seed's schedule (chunk 8) and one otherwise, same logits."""
     model, tok = _model(tiny_model_path, vb)
     prompt = tok.encode(PROMPTS[1])[:45]
     assert len(prompt) == 45
-    base = TuningConfig.default("vulkan").replace(**{"prefill.max_cols": 8})
+    base = TuningConfig.default("vulkan").replace(
+        **{"matmul_prefill.variant": "kpar", "matmul_prefill.max_cols": 8}
+    )
     model.set_config(base.replace(**{"prefill.chunk_tokens": chunk}))
     calls = []
     real = model.forward

@@ -10,13 +10,12 @@ import dataclasses
 
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType
-from gguf.quants import dequantize
 
 from engine.errors import ConfigError
 from engine.gguf_model import QTensor
 from engine.tuning import REGISTRY, TuningConfig
-from tests.op_cases import attention_ref
+from tests.backend_contract import BackendContract
+from tests.op_cases import attention_ref, dense
 from tests.test_vulkan_helpers import assert_no_validation_errors, make_backend, nmse, qtensor
 
 QUANTS = ["F32", "F16", "BF16", "Q8_0", "Q5_0", "Q5_1", "Q4_0", "Q4_1", "Q4_K", "Q6_K"]
@@ -35,12 +34,6 @@ def _clean(vb):
     vb.set_config(TuningConfig.default("vulkan"))
     yield
     assert_no_validation_errors(vb)
-
-
-def dense(qt: QTensor) -> np.ndarray:
-    return np.asarray(dequantize(qt.raw, GGMLQuantizationType[qt.qtype]), np.float64).reshape(
-        qt.shape
-    )
 
 
 def poison_free_buffers(be, out_elems: int) -> None:  # noqa: ANN001
@@ -62,6 +55,24 @@ def assert_canary_after(be, t) -> None:  # noqa: ANN001
         pytest.skip("canaries need host-visible (unified) memory")
     tail = b.host[4 * (t.offset + t.size) :]
     assert (tail == CANARY).all(), f"kernel wrote past its output ({(tail != CANARY).sum()} B)"
+
+
+class TestVulkanContract(BackendContract):
+    """The shared backend contract on Vulkan, with canaries in the pooled buffers each output
+    lands in (where the memory is host-visible, as on lavapipe and unified-memory GPUs)."""
+
+    backend = "vulkan"
+
+    @pytest.fixture
+    def be(self, vb):  # noqa: ANN201 - the module's backend (validation checked per test)
+        return vb
+
+    def poison(self, be, out_elems: int) -> None:  # noqa: ANN001
+        poison_free_buffers(be, out_elems)
+
+    def assert_canaries(self, be, out, args) -> None:  # noqa: ANN001
+        if out.buf.host is not None:
+            assert_canary_after(be, out)
 
 
 def _k_for(qtype: str, blocks: int) -> int:
@@ -143,9 +154,13 @@ DECODE = [
 # (whose unrolled accumulator loops take lavapipe's LLVM seconds per pipeline) run on a block
 # type and on a float type with a ragged row tail.
 PREFILL = [
-    ({"matmul_prefill.variant": "kpar", "prefill.max_cols": 8}, "kpar-mc8"),
+    ({"matmul_prefill.variant": "kpar", "matmul_prefill.max_cols": 8}, "kpar-mc8"),
     (
-        {"matmul_prefill.variant": "serial", "prefill.max_cols": 4, "matmul_prefill.wg_size": 32},
+        {
+            "matmul_prefill.variant": "serial",
+            "matmul_prefill.max_cols": 4,
+            "matmul_prefill.wg_size": 32,
+        },
         "serial-mc4-wg32",
     ),
     (
@@ -162,17 +177,17 @@ PREFILL_SAMPLES = [
     (
         {
             "matmul_prefill.variant": "kpar",
-            "prefill.max_cols": 40,
+            "matmul_prefill.max_cols": 40,
             "matmul_prefill.wg_size": 32,
             "matmul_prefill.rows_per_wg": 1,
         },
         "kpar-mc40-r1",
     ),
-    ({"matmul_prefill.variant": "kpar", "prefill.max_cols": 1}, "kpar-mc1"),
+    ({"matmul_prefill.variant": "kpar", "matmul_prefill.max_cols": 1}, "kpar-mc1"),
     (
         {
             "matmul_prefill.variant": "kpar",
-            "prefill.max_cols": 24,
+            "matmul_prefill.max_cols": 24,
             "matmul_prefill.wg_size": 128,
             "matmul_prefill.rows_per_wg": 16,
             "matmul_prefill.subgroup_size": 8,
@@ -181,11 +196,19 @@ PREFILL_SAMPLES = [
     ),
     ({"matmul_prefill.variant": "serial"}, "serial-default"),
     (
-        {"matmul_prefill.variant": "serial", "prefill.max_cols": 64, "matmul_prefill.wg_size": 32},
+        {
+            "matmul_prefill.variant": "serial",
+            "matmul_prefill.max_cols": 64,
+            "matmul_prefill.wg_size": 32,
+        },
         "serial-mc64",
     ),
     (
-        {"matmul_prefill.variant": "serial", "prefill.max_cols": 8, "matmul_prefill.wg_size": 256},
+        {
+            "matmul_prefill.variant": "serial",
+            "matmul_prefill.max_cols": 8,
+            "matmul_prefill.wg_size": 256,
+        },
         "serial-mc8-wg256",
     ),
     ({"matmul_prefill.variant": "tiled"}, "tiled-default"),

@@ -35,7 +35,7 @@ def _flat(**changes: object) -> dict:
 
 def test_ok_candidate_has_paired_samples_and_diffs(faulty: tuple[Evaluator, str]) -> None:
     ev, ref = faulty
-    res = ev.evaluate(ref, _flat(**{"prefill.max_cols": 8}), _flat(), VPLAN, BPLAN)
+    res = ev.evaluate(ref, _flat(**{"prefill.chunk_tokens": 8}), _flat(), VPLAN, BPLAN)
     assert res.outcome is Outcome.OK, res.reason
     assert res.validate is not None and res.validate["passed"]
     assert res.validate["max_abs_diff"] < 1e-2

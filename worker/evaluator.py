@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.bench import bench_prompt, measure
-from engine.errors import ConfigError, KernelCompileError
+from engine.errors import ConfigError, KernelCompileError, ReferenceDriftError
 from engine.model import Generation, Model
 from engine.runtime import Engine, load
 from engine.tuning import TuningConfig
-from engine.validate import Tolerances, tokenize_prompts, validate
+from engine.validate import tokenize_prompts, validate
 from worker import gpustate
 from worker.device import engine_commit
 from worker.models import resolve_model
@@ -57,8 +57,11 @@ class Evaluator:
         worker_id: str = "local-0",
         node_id: str = "",
         commit_hint: str = "",
+        sentinel: bool = True,
     ) -> None:
         self.backend = backend
+        self.sentinel = sentinel
+        self.sentinels: dict[str, Any] = {}  # family -> engine.sentinel.SentinelResult
         self.worker_id = worker_id
         self.node_id = node_id
         self._models: dict[str, _Loaded] = {}
@@ -93,12 +96,25 @@ class Evaluator:
 
     # --- models -------------------------------------------------------------------------
     def load(self, model_ref: str) -> str:
-        """Load a model once (the default config, no promoted one); returns its family."""
+        """Load a model once (the default config, no promoted one); returns its family. Raises
+        ReferenceDriftError when this device's reference path fails the drift sentinel for the
+        family: the worker refuses to tune, and the agent reports why."""
         if model_ref not in self._models:
             path = resolve_model(model_ref)
             eng = load(path, self.backend, TuningConfig.default(self.backend), use_promoted=False)
+            self._check_reference(eng.model, eng.gguf.spec.family)
             self._models[model_ref] = _Loaded(eng, eng.gguf.spec.family, {})
         return self._models[model_ref].family
+
+    def _check_reference(self, model: Model, family: str) -> None:
+        if not self.sentinel or self.backend.startswith("numpy"):  # NumPy is the oracle itself
+            return
+        from engine import sentinel
+
+        res = sentinel.check(model.backend, family, self.info().engine_commit)
+        self.sentinels[family] = res
+        if not res.passed:
+            raise ReferenceDriftError(f"worker refuses to tune: {res.why()}")
 
     def _model(self, model_ref: str) -> Model:
         self.load(model_ref)
@@ -169,14 +185,22 @@ class Evaluator:
             report = None
             if not skip_validate:
                 t = time.perf_counter()
-                tol = Tolerances(vplan.max_abs_diff, vplan.nmse, vplan.min_token_agreement)
                 prompts = self._prompts(model_ref, vplan)
                 refs = self._models[model_ref].references
-                report = validate(model, cand_cfg, prompts, vplan.steps, tol, ref_cache=refs)
+                report = validate(
+                    model,
+                    cand_cfg,
+                    prompts,
+                    vplan.steps,
+                    ref_cache=refs,
+                    budgets=vplan.budget_table(),
+                )
                 phase["validate_s"] = time.perf_counter() - t
                 summary = validate_summary(report)
                 if not report.passed:
-                    reasons = [r for p in report.prompts for r in p.reasons]
+                    reasons = report.reasons
+                    if report.blame is not None:
+                        reasons = [f"first divergence: {report.blame}", *reasons]
                     return done(Outcome.INVALID, "; ".join(reasons), validate=summary)
             else:
                 summary = None
@@ -201,13 +225,22 @@ def validate_summary(report: object) -> dict:
         "passed": report.passed,
         "max_abs_diff": report.max_abs_diff,
         "nmse": report.nmse,
+        "kld": report.kld_max,
         "steps": report.steps,
         "tolerances": dict(report.tolerances),
+        "numeric_classes": list(report.numeric_classes),
+        "blame": report.blame.to_dict() if report.blame else None,
+        "reasons": report.reasons,
         "prompts": [
             {
                 "prompt_tokens": p.prompt_tokens,
+                "positions": p.positions,
                 "max_abs_diff": p.max_abs_diff,
                 "nmse": p.nmse,
+                "kld_max": p.kld_max,
+                "kld_mean": p.kld_mean,
+                "top1_checked": p.top1_checked,
+                "top1_agree": p.top1_agree,
                 "nan": p.nan,
                 "inf": p.inf,
                 "token_agreement": p.token_agreement,

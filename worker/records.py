@@ -10,9 +10,7 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from engine.validate import Tolerances
-
-_TOL = Tolerances()  # the engine's default tolerances, unless an experiment sets its own
+from engine.tuning.registry import NUMERIC_BUDGETS, Budget
 
 
 class Outcome(StrEnum):
@@ -78,9 +76,17 @@ class ValidatePlan:
     prompts: tuple[str, ...] = ()  # texts, tokenized with the model's tokenizer
     random_prompts: tuple[int, ...] = ()  # lengths of seeded pseudo-random token-id prompts
     steps: int = 8
-    max_abs_diff: float = _TOL.max_abs_diff
-    nmse: float = _TOL.nmse
-    min_token_agreement: float = _TOL.min_token_agreement
+    # Tightened budget bounds per numeric class: ((class, ((key, value), ...)), ...); the
+    # registry's NUMERIC_BUDGETS for the rest. Checked by the experiment parser: never looser.
+    budgets: tuple[tuple[str, tuple[tuple[str, float], ...]], ...] = ()
+
+    def budget_table(self) -> dict[str, Budget]:
+        """Every class's budget: the registry's, tightened where the plan says (raises
+        ConfigError naming the key for a bound looser than the registry's)."""
+        table = dict(NUMERIC_BUDGETS)
+        for cls, caps in self.budgets:
+            table[cls] = table[cls].tightened(**dict(caps))
+        return table
 
 
 @dataclass(frozen=True)

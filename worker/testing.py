@@ -90,7 +90,9 @@ def install() -> None:
         variants = [dataclasses.replace(v, backend=NAME) for v in op.variants]
         if op.name == "matmul_prefill":
             variants += [
-                Variant(NAME, op.name, v, source=__name__, doc=f"test-only: {v}")
+                Variant(
+                    NAME, op.name, v, source=__name__, doc=f"test-only: {v}", numeric="order_only"
+                )
                 for v in FAULT_VARIANTS
             ]
         REGISTRY.register(NAME, op.name, variants, op.doc)

@@ -22,30 +22,34 @@ from optuna.trial import TrialState
 
 from agent.fleet import write_status
 from agent.records import BUDGET_OUTCOMES, TrialRecord
+from agent.space import build_space
+from agent.space_rules import BackendSpace, OpRule, ParamRule
 from agent.storage import parse_storage
+from engine.tuning import TuningConfig
 
-# (op, variant, param, choices): a small vulkan-like space; variants make params conditional.
-SPACE: tuple[tuple[str, tuple[tuple[str, tuple[tuple[str, tuple[Any, ...]], ...]], ...]], ...] = (
-    ("prefill", (("batched", (("max_cols", (8, 16, 32, 64, 128)),)),)),
-    (
-        "matmul_prefill",
-        (
-            ("kpar", (("wg_size", (64, 128, 256)), ("rows_per_wg", (1, 2, 4, 8)))),
-            ("serial", (("wg_size", (64, 128, 256)),)),
+# A small part of the Vulkan registry's space, resolved by agent.space as a study's is: variants
+# make knobs conditional, names and choices are the registry's.
+SPACE = build_space(
+    "vulkan",
+    BackendSpace(
+        "vulkan",
+        ops=(
+            OpRule("prefill", params=(ParamRule("chunk_tokens", choices=(64, 128, 256, 512)),)),
+            OpRule(
+                "matmul_prefill",
+                ("kpar", "serial"),
+                (
+                    ParamRule("wg_size", choices=(64, 128, 256)),
+                    ParamRule("max_cols", choices=(8, 16, 32, 64)),
+                    ParamRule("subgroup_size", choices=(0,)),
+                ),
+            ),
+            OpRule("matmul_decode", ("subgroup",), (ParamRule("subgroup_size", choices=(0,)),)),
         ),
     ),
-    ("matmul_decode", (("subgroup", (("rows_per_wg", (1, 2, 4, 8)),)),)),
 )
 OBJECTIVES = ("prefill_tok_s@64", "decode_tok_s@16")
-BASE_CONFIG = {
-    "prefill.variant": "batched",
-    "prefill.max_cols": 16,
-    "matmul_prefill.variant": "kpar",
-    "matmul_prefill.wg_size": 128,
-    "matmul_prefill.rows_per_wg": 1,
-    "matmul_decode.variant": "subgroup",
-    "matmul_decode.rows_per_wg": 1,
-}
+BASE_CONFIG = TuningConfig.default("vulkan").flat()
 
 
 def _suggest(rng: random.Random) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
@@ -53,25 +57,26 @@ def _suggest(rng: random.Random) -> tuple[dict[str, Any], dict[str, Any], dict[s
     params: dict[str, Any] = {}
     dists: dict[str, Any] = {}
     flat = dict(BASE_CONFIG)
-    for op, variants in SPACE:
-        names = tuple(v for v, _ in variants)
+    for o in SPACE.ops:
+        names = o.variant_dim.choices
         variant = rng.choice(names)
         if len(names) > 1:
-            params[f"{op}.variant"] = variant
-            dists[f"{op}.variant"] = CategoricalDistribution(names)
-        flat = {k: v for k, v in flat.items() if not k.startswith(op + ".")}
-        flat[f"{op}.variant"] = variant
-        for pname, choices in dict(variants)[variant]:
-            value = rng.choice(choices)
-            params[f"{op}.{variant}.{pname}"] = value
-            dists[f"{op}.{variant}.{pname}"] = CategoricalDistribution(choices)
-            flat[f"{op}.{pname}"] = value
+            params[o.variant_dim.name] = variant
+            dists[o.variant_dim.name] = CategoricalDistribution(names)
+        flat = {k: v for k, v in flat.items() if not k.startswith(o.op + ".")}
+        flat[o.variant_dim.key] = variant
+        for d in o.dims_of(variant):
+            value = rng.choice(d.choices)
+            if len(d.choices) > 1:
+                params[d.name] = value
+                dists[d.name] = CategoricalDistribution(d.choices)
+            flat[d.key] = value
     return params, dists, flat
 
 
 def _speed(flat: dict[str, Any]) -> tuple[float, float]:
     # Graded, so a run accepts a chain of several improvements, not one jump to the top.
-    cols = {8: 0.9, 16: 1.0, 32: 1.06, 64: 1.12, 128: 1.03}[int(flat.get("prefill.max_cols", 16))]
+    cols = {8: 0.9, 16: 1.0, 32: 1.06, 64: 1.12}[int(flat.get("matmul_prefill.max_cols", 16))]
     wg = {64: 0.97, 128: 1.0, 256: 1.04}[int(flat.get("matmul_prefill.wg_size", 128))]
     rows = int(flat.get("matmul_prefill.rows_per_wg", 1))
     kpar = 1.0 + 0.03 * rows.bit_length() if flat["matmul_prefill.variant"] == "kpar" else 0.9

@@ -12,10 +12,12 @@ is a new subclass; ``tests/test_backend_ops.py`` runs every op of every backend 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from engine.device_info import DeviceInfo
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -27,23 +29,8 @@ if TYPE_CHECKING:
 Tensor = Any
 Weight = Any
 
-
-@dataclass(frozen=True)
-class DeviceInfo:
-    """What a worker reports about its device; ``device_class`` keys studies and promoted
-    configs."""
-
-    backend: str
-    name: str
-    vendor: str
-    device_class: str
-    driver: str = ""
-    memory_bytes: int = 0
-    subgroup_size: int = 1
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+# DeviceInfo: re-exported
+__all__ = ["Backend", "DeviceInfo", "HybridCache", "KVCache", "Tensor", "Weight"]
 
 
 @dataclass
@@ -221,6 +208,13 @@ class Backend(ABC):
         """sum_j weights[t, j] * down_e(silu(gate_e x_t) * up_e x_t), e = ids[t, j]; gate, up
         [E, F, C], down [E, C, F]; x [T, C] -> [T, C]."""
         raise self._no_hybrid("moe_experts")
+
+    def registry_op(self, op: str, n: int) -> str:
+        """The registry op that runs schedule op ``op`` on n tokens (validate's blame names it);
+        backends whose dispatch differs (CUDA: batched DMMV below gemm_min_t) override this."""
+        if op == "matmul":
+            return "matmul_decode" if n == 1 else "matmul_prefill"
+        return op
 
     # --- helpers shared by backends -----------------------------------------------------
     def reshape(self, x: Tensor, shape: tuple[int, ...]) -> Tensor:

@@ -1,6 +1,10 @@
-"""Tuning registry (what can be tuned) and TuningConfig (one choice of every knob)."""
+"""Tuning registry (what can be tuned) and TuningConfig (one choice of every knob).
+
+Importing this package registers every backend's kernels (engine/tuning/kernels/*: plain data,
+safe on any machine), so ``REGISTRY`` is complete however it is reached."""
 
 from engine.tuning.config import OpChoice, TuningConfig
+from engine.tuning.kernels import cuda, numpy_ref, vulkan  # noqa: F401 - registers the kernels
 from engine.tuning.registry import REGISTRY, Constraint, Op, Param, Registry, Variant
 
 __all__ = [

@@ -1,6 +1,6 @@
 """TuningConfig: one typed, immutable object holding every knob of every kernel of one backend.
 
-Flat form (what the agent and Optuna see):   {"prefill.max_cols": 40,
+Flat form (what the agent and Optuna see):   {"prefill.chunk_tokens": 40,
                                               "matmul_prefill.variant": "kpar",
                                               "matmul_prefill.rows_per_wg": 2, ...}
 TOML form (what configs/ and --config hold):  [ops.matmul_prefill]
@@ -21,7 +21,7 @@ from engine.errors import ConfigError
 from engine.tuning.registry import REGISTRY, Value
 
 if TYPE_CHECKING:
-    from engine.backends.base import DeviceInfo
+    from engine.device_info import DeviceInfo
 
 
 @dataclass(frozen=True)
@@ -132,16 +132,9 @@ class TuningConfig:
         raise ConfigError(f"backend {self.backend!r} config has no op {name!r}")
 
     @property
-    def max_cols(self) -> int:
-        """MAX_COLS: prompt columns a batched matmul handles per pass."""
-        return int(self.op("prefill")["max_cols"])
-
-    @property
     def prefill_chunk(self) -> int:
-        """Prompt tokens per forward pass of the batched prefill: ``prefill.chunk_tokens`` where
-        the backend has it (0 or absent: max_cols, one forward per MAX_COLS chunk)."""
-        params = dict(self.op("prefill").params)
-        return int(params.get("chunk_tokens", 0)) or self.max_cols
+        """Prompt tokens per forward pass of the batched prefill (``prefill.chunk_tokens``)."""
+        return int(self.op("prefill")["chunk_tokens"])
 
     def flat(self) -> dict[str, Value]:
         out: dict[str, Value] = {}
@@ -152,7 +145,7 @@ class TuningConfig:
         return out
 
     def replace(self, **flat: Value) -> TuningConfig:
-        """A copy with some flat keys changed, e.g. cfg.replace(**{"prefill.max_cols": 16})."""
+        """A copy with some flat keys changed, e.g. cfg.replace(**{"prefill.chunk_tokens": 16})."""
         merged = self.flat()
         # Changing a variant resets that op's params to the new variant's defaults.
         for key in flat:

@@ -10,25 +10,144 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
+from engine.device_info import DeviceInfo
 from engine.errors import ConfigError
 
-if TYPE_CHECKING:
-    from engine.backends.base import DeviceInfo
-    from engine.tuning.config import TuningConfig
-
 Value = int | str | bool
+
+# How a knob reaches its kernel (Binding.kind). The backends turn a config into kernels by a
+# loop over these declarations, so a knob declared here is read, and one read is declared.
+SPEC = "spec_constant"  # Vulkan specialization constant; target: its constant_id
+DEFINE = "define"  # a -D of the kernel source; target: the macro (a bool adds it when true)
+PUSH = "push_constant"  # a launch argument: push constant or grid size, set at dispatch
+SUBGROUP = "subgroup_size"  # Vulkan required subgroup size, set at pipeline creation
+SCHEDULE = "schedule"  # read by host code: the model's chunking, command recording, scratch
+KINDS = (SPEC, DEFINE, PUSH, SUBGROUP, SCHEDULE)
+
+
+@dataclass(frozen=True)
+class Binding:
+    kind: str
+    target: int | str | None = None  # SPEC: constant_id; DEFINE: macro name; else None
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"binding kind {self.kind!r}; allowed: {KINDS}")
+        if (self.kind == SPEC) != isinstance(self.target, int) or (
+            self.kind == DEFINE and not isinstance(self.target, str)
+        ):
+            raise ValueError(f"binding {self.kind} needs a target of its kind, not {self.target!r}")
+
+
+def spec(constant_id: int) -> Binding:
+    return Binding(SPEC, constant_id)
+
+
+def define(macro: str) -> Binding:
+    return Binding(DEFINE, macro)
+
+
+PUSHED = Binding(PUSH)
+HOST = Binding(SCHEDULE)
+SUBGROUP_SIZE = Binding(SUBGROUP)
+
+# The one schedule knob of every backend: prompt tokens per forward pass of the batched prefill.
+CHUNK_TOKENS = (1, 2, 4, 8, 16, 24, 32, 40, 48, 64, 96, 128, 256, 512, 1024)
+
+
+class ChosenOps(Protocol):
+    """What the registry reads of a TuningConfig (config.py imports this module, not back)."""
+
+    backend: str
+    ops: tuple[tuple[str, Any], ...]
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What validate admits for one numeric class, on the teacher-forced logits of every compared
+    position (engine.validate): KL(ref || cand) of the softmax in float64 (worst position and mean),
+    NMSE and max |diff| of the logits, and the top-1/top-2 margin of the reference below which a
+    position is a near-tie (its top-1 may differ). ``op_nmse`` is blame's per-op bound: the first
+    op whose activations differ by more names the failure."""
+
+    kld_max: float
+    kld_mean: float
+    nmse: float
+    max_abs_diff: float
+    near_tie: float
+    op_nmse: float
+
+    def tightened(self, **caps: float) -> Budget:
+        """A copy with some bounds lowered; raising one past this budget is a ConfigError naming
+        the key (an experiment may tighten the registry's budget, never loosen it)."""
+        values = dict(self.__dict__)
+        for key, value in caps.items():
+            if key not in values:
+                raise ConfigError(f"budget key {key!r}; allowed: {', '.join(values)}")
+            if value > values[key]:
+                raise ConfigError(
+                    f"budget {key} = {value:g} loosens the registry's {values[key]:g}; "
+                    "an experiment may only tighten it"
+                )
+            values[key] = float(value)
+        return Budget(**values)
+
+    def loosest(self, other: Budget) -> Budget:
+        return Budget(**{k: max(v, getattr(other, k)) for k, v in self.__dict__.items()})
+
+
+# Numeric classes: what a variant changes about the arithmetic against the reference path
+# (per-token prefill, default kernels, float32 accumulation). Budgets are calibrated by
+# measurement (scripts/verify_calibrate.py, docs/verify.md): the largest value seen over every
+# correct variant and prompt, times a margin, and far below the smallest planted bug.
+NUMERIC_BUDGETS: dict[str, Budget] = {
+    # Same arithmetic, other summation order / blocking (float32 throughout). Measured worst over
+    # every variant and knob extreme on NumPy and lavapipe (ragged synth): KLD 3.9e-13, NMSE
+    # 8.0e-13, max |diff| 3.3e-6; the nearest planted bug (an fp16 accumulator) KLD 2.6e-7,
+    # NMSE 5.3e-7. Bounds ~50x under that bug, leaving room for GPU float32 on 7B shapes.
+    "order_only": Budget(
+        kld_max=5e-9, kld_mean=1e-9, nmse=1e-8, max_abs_diff=2e-3, near_tie=4e-3, op_nmse=1e-8
+    ),
+    # fp16 activations or fp16 tiles into an fp32 accumulator (tensor-core GEMMs). The old gate
+    # was measured here on the 7B shape: max |diff| 0.017, NMSE 1.0e-5.
+    "fp16": Budget(
+        kld_max=1e-4, kld_mean=2e-5, nmse=2e-5, max_abs_diff=5e-2, near_tie=1e-1, op_nmse=5e-4
+    ),
+    # bf16 keeps 8 mantissa bits against fp16's 11: 8x the rounding, 64x the NMSE.
+    "bf16": Budget(
+        kld_max=5e-3, kld_mean=1e-3, nmse=1e-3, max_abs_diff=4e-1, near_tie=8e-1, op_nmse=2e-2
+    ),
+    # Activations quantized to int8 blocks (Q8_1) against float weights' dequant: per-op NMSE
+    # 3e-5..5e-5 on the H200 (issue 18; llama.cpp's own gate for quantized matmul is 5e-4);
+    # end to end 2.8e-5 (7B synth) to 1.4e-4 (tiny synth).
+    "int8_activations": Budget(
+        kld_max=2e-3, kld_mean=4e-4, nmse=5e-4, max_abs_diff=2e-1, near_tie=4e-1, op_nmse=5e-4
+    ),
+}
+
+# The drift sentinel (engine.sentinel, validate --cross-check): a backend's reference path against
+# the NumPy backend on a small synthetic model. Both are float32 implementations of one schedule,
+# so the bound sits just above float32 noise: measured worst on lavapipe 1.8e-13 KLD / 5.3e-13
+# NMSE over four families and shapes; an rms_norm with its eps fixed at 1e-5 (model 1e-6) shows
+# 3.1e-11 / 6.0e-11 (docs/verify.md). Confirm on each new device kind before trusting a refusal.
+REFERENCE_BUDGET = Budget(
+    kld_max=3e-12, kld_mean=1e-12, nmse=6e-12, max_abs_diff=2e-4, near_tie=4e-3, op_nmse=1e-12
+)
 
 
 @dataclass(frozen=True)
 class Param:
-    """One knob. ``choices`` lists the allowed values; the first-listed default is ``default``."""
+    """One knob. ``choices`` lists the allowed values, ``default`` is one of them; ``binding``
+    says how it reaches the kernel (None only while a declaration is being written: a test
+    checks every registered knob has one)."""
 
     name: str
     choices: tuple[Value, ...]
     default: Value
     doc: str = ""
+    binding: Binding | None = None
 
     def __post_init__(self) -> None:
         if self.default not in self.choices:
@@ -44,7 +163,8 @@ class Constraint:
     """A rule over a whole config on a device; ``doc`` is shown when it fails."""
 
     doc: str
-    check: Callable[[TuningConfig, DeviceInfo | None], bool]
+    # (TuningConfig, device) -> allowed; Any, not TuningConfig: config.py imports this module
+    check: Callable[[Any, DeviceInfo | None], bool]
 
 
 @dataclass(frozen=True)
@@ -59,6 +179,14 @@ class Variant:
     quant_types: frozenset[str] | None = None  # weight types it handles; None: not a matmul
     source: str = ""  # shader file (relative to shaders/) or module implementing it
     doc: str = ""
+    # Fixed -D flags of the variant's build of ``source`` ("NAME" or "NAME=value"), before the
+    # knobs bound to DEFINE: what makes one source file several variants.
+    defines: tuple[str, ...] = ()
+    numeric: str = ""  # its numeric class: a key of NUMERIC_BUDGETS (required)
+
+    def bound(self, kind: str) -> tuple[Param, ...]:
+        """The knobs that reach the kernel this way."""
+        return tuple(p for p in self.params if p.binding is not None and p.binding.kind == kind)
 
     def param(self, name: str) -> Param:
         for p in self.params:
@@ -103,20 +231,50 @@ class Registry:
                 raise ValueError(
                     f"variant {v.name} declared for {v.backend}.{v.op}, not {backend}.{op}"
                 )
+            if v.numeric not in NUMERIC_BUDGETS:
+                raise ValueError(
+                    f"variant {backend}.{op}.{v.name}: numeric class {v.numeric!r}; declare one "
+                    f"of {', '.join(NUMERIC_BUDGETS)}"
+                )
         entry = Op(backend, op, vs, doc)
         self._ops[(backend, op)] = entry
         return entry
 
-    def register_prefill(self, backend: str, *params: Param, doc: str) -> Op:
-        """The engine schedule's ``prefill`` op, which every backend declares: one variant,
-        ``batched``, with ``max_cols`` among its params (engine.model reads it, and
-        ``chunk_tokens`` where given, through TuningConfig.prefill_chunk)."""
-        if "max_cols" not in {p.name for p in params}:
-            raise ValueError(f"{backend}.prefill: max_cols is required")
-        variant = Variant(backend, "prefill", "batched", params=params, doc=doc)
+    def register_prefill(self, backend: str, chunk_default: int, *params: Param, doc: str) -> Op:
+        """The engine schedule's ``prefill`` op, which every backend declares the same way: one
+        variant, ``batched``, whose ``chunk_tokens`` (prompt tokens per forward pass, read by
+        engine.model through TuningConfig.prefill_chunk) has the same meaning and choices on
+        every backend; ``params`` adds the backend's own schedule knobs."""
+        chunk = Param(
+            "chunk_tokens",
+            CHUNK_TOKENS,
+            chunk_default,
+            "prompt tokens per forward pass through every layer (the last chunk is ragged)",
+            HOST,
+        )
+        # Chunking changes matmul shapes and so summation order, nothing else.
+        variant = Variant(
+            backend, "prefill", "batched", params=(chunk, *params), doc=doc, numeric="order_only"
+        )
         return self.register(
             backend, "prefill", [variant], "engine schedule knobs of the prefill path"
         )
+
+    def numeric_classes(self, config: ChosenOps) -> dict[str, str]:
+        """{op: numeric class} of the variants a config chooses."""
+        return {op: self.op(config.backend, op).variant(c.variant).numeric for op, c in config.ops}
+
+    def budget(
+        self, config: ChosenOps, budgets: dict[str, Budget] | None = None
+    ) -> tuple[Budget, list[str]]:
+        """The loosest budget over the classes of the chosen variants (``budgets`` replaces the
+        registry's per class, e.g. an experiment's tightened ones), and those classes."""
+        table = budgets or NUMERIC_BUDGETS
+        classes = sorted(set(self.numeric_classes(config).values()))
+        out = table[classes[0]]
+        for c in classes[1:]:
+            out = out.loosest(table[c])
+        return out, classes
 
     def unregister(self, backend: str, op: str) -> None:
         self._ops.pop((backend, op), None)
@@ -149,12 +307,4 @@ class Registry:
         return any(v.quant_types is None or quant_type in v.quant_types for v in entry.variants)
 
 
-REGISTRY = Registry()
-
-
-def _load_declarations() -> None:
-    # Importing a declaration module registers its kernels; plain data, safe on any machine.
-    from engine.tuning.kernels import cuda, numpy_ref, vulkan  # noqa: F401
-
-
-_load_declarations()
+REGISTRY = Registry()  # filled by engine.tuning (the package) importing engine.tuning.kernels.*

@@ -91,6 +91,12 @@ extern "C" __global__ void attn_split(const float* __restrict__ q, const float* 
 }
 
 // grid (H, T), block >= 32: merge SPLITS partials into out [T, H, D].
+#ifdef MUTANT_ATTN_SPLIT_MERGE_DROPS  // planted bug: the combine forgets split 1
+#define MUTANT_DROPPED(s) ((s) == 1)
+#else
+#define MUTANT_DROPPED(s) false
+#endif
+
 extern "C" __global__ void attn_combine(const float* __restrict__ part, const float* __restrict__ ml,
                                         float* __restrict__ out, int H, int D, int nsplit) {
     const int h = blockIdx.x, t = blockIdx.y;
@@ -100,14 +106,14 @@ extern "C" __global__ void attn_combine(const float* __restrict__ part, const fl
     float Ls = 0.f;
     for (int s = 0; s < nsplit; ++s) {
         const float ms = ml[2 * (base + s)];
-        if (ms != NEG_INF) Ls += ml[2 * (base + s) + 1] * expf(ms - M);
+        if (ms != NEG_INF && !MUTANT_DROPPED(s)) Ls += ml[2 * (base + s) + 1] * expf(ms - M);
     }
     const float inv = 1.f / Ls;
     for (int d = threadIdx.x; d < D; d += blockDim.x) {
         float a = 0.f;
         for (int s = 0; s < nsplit; ++s) {
             const float ms = ml[2 * (base + s)];
-            if (ms != NEG_INF) a += part[(base + s) * D + d] * expf(ms - M);
+            if (ms != NEG_INF && !MUTANT_DROPPED(s)) a += part[(base + s) * D + d] * expf(ms - M);
         }
         out[((size_t)t * H + h) * D + d] = a * inv;
     }
@@ -172,7 +178,9 @@ extern "C" __global__ void __launch_bounds__((BQ / RPW) * 32) attn_flash(const f
                 const float4 a = qr[d], b = kr[d];
                 s += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
             }
+#ifndef MUTANT_FLASH_NO_CAUSAL  // planted bug: no causal mask inside a 32-key chunk
             if (k0 + lane > pq) s = NEG_INF;
+#endif
             const float cmax = warp_max(s);
             const float mn = fmaxf(m[r], cmax), corr = expf(m[r] - mn);
             const float p = expf(s - mn);

@@ -4,31 +4,22 @@
 //
 // Variants (engine/tuning/kernels/cuda.py):
 //   matmul_decode.dmmv          T == 1: COLS = 1, K-parallel (TPR threads split each row)
-//   matmul_batched.dmmv_kpar    1 < T: COLS columns per launch (MAX_COLS), K-parallel
+//   matmul_batched.dmmv_kpar    1 < T: COLS columns per launch (max_cols), K-parallel
 //   matmul_batched.dmmv_serial  1 < T: COLS columns, one thread walks a whole row (TPR = 1),
 //                               the seed's first, slow shape; kept as a searchable baseline
 // Tunables (defines): ROWS thread-rows per block, RPT weight rows per thread-row (decode only),
 // TPR threads per row, COLS columns (tokens) per launch, VEC consecutive 16-weight groups a
-// thread decodes per step (its load width: VEC * 8 bytes of Q4_K nibbles). Each decoded group is applied to every column, so a weight is read
-// once per COLS tokens (the reason batched DMMV beats per-token prefill).
+// thread decodes per step (its load width: VEC * 8 bytes of Q4_K nibbles). Each decoded group is
+// applied to every column, so a weight is read once per COLS tokens (the reason batched DMMV
+// beats per-token prefill).
 // Kernels: dmmv_<type> for q4_0 q4_1 q5_0 q8_0 q4_k q6_k (block decoders from common.cuh) and
 // dmmv_f32 f16 bf16 (dense rows). Grid: (ceil(N / (ROWS * RPT)), ceil(T / COLS)), block ROWS * TPR.
 #include "common.cuh"
 
-#ifndef ROWS
-#define ROWS 4
-#endif
-#ifndef TPR
-#define TPR 32
-#endif
-#ifndef COLS
-#define COLS 1
-#endif
-#ifndef VEC
-#define VEC 1
-#endif
-#ifndef RPT
-#define RPT 1
+// No defaults: three variants with different defaults build this file, so every tunable comes
+// from the registry (engine.backends.cuda.kernels.modules_for), and a build without one fails.
+#if !defined(ROWS) || !defined(TPR) || !defined(COLS) || !defined(VEC) || !defined(RPT)
+#error "dmmv.cu needs ROWS, TPR, COLS, VEC and RPT (engine/tuning/kernels/cuda.py)"
 #endif
 
 // Sum each of the S partials of a thread-row over its TPR threads; result in the row's lane 0.

@@ -165,6 +165,10 @@ void main() {
     }
     barrier();
     float S = 0.0;
+#ifdef MUTANT_SPLIT_MERGE_DROPS  // planted bug: the merge forgets partial 1
+    if (NS > 1u) w_sh[1] = 0.0;
+    barrier();
+#endif
     for (uint i = 0u; i < NS; i++) S += w_sh[i] * ps[pb + i * row + 1u];
     uint ob = pc.o_off + (t * pc.H + h) * D;
     for (uint d = tid; d < D; d += WG_SIZE) {

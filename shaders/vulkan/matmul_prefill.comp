@@ -14,7 +14,8 @@
 // Tunables (specialization constants):
 //   0 WG_SIZE      workgroup size (local_size_x)
 //   1 ROWS_PER_WG  (kpar) output rows per workgroup
-//   2 MAX_COLS     columns per tile = prefill.max_cols (per-thread accumulators: registers)
+//   2 MAX_COLS     columns per tile = matmul_prefill.max_cols (per-thread accumulators:
+//                  registers)
 // Bindings: 0 W (raw GGML blocks of this row range), 1 x, 2 y.
 
 #extension GL_GOOGLE_include_directive : require
@@ -23,7 +24,7 @@
 #extension GL_EXT_control_flow_attributes : require
 
 layout(constant_id = 0) const uint WG_SIZE = 64;
-layout(constant_id = 1) const uint ROWS_PER_WG = 4;
+layout(constant_id = 1) const uint ROWS_PER_WG = 2;  // defaults: the registry's
 layout(constant_id = 2) const uint MAX_COLS = 32;
 layout(local_size_x_id = 0) in;
 
@@ -72,7 +73,11 @@ void accumulate(uint row_base, uint g, uint c0, uint ncols) {
             uint xb = pc.x_off + (c0 + c) * pc.K + k;
             vec4 x0 = vec4(xs[xb], xs[xb + 1u], xs[xb + 2u], xs[xb + 3u]);
             vec4 x1 = vec4(xs[xb + 4u], xs[xb + 5u], xs[xb + 6u], xs[xb + 7u]);
+#ifdef MUTANT_FP16_ACCUMULATE  // planted bug: the accumulator rounds to fp16 (overflows > 65504)
+            sums[c] = unpackHalf2x16(packHalf2x16(vec2(sums[c] + dot(lo, x0) + dot(hi, x1), 0.0))).x;
+#else
             sums[c] += dot(lo, x0) + dot(hi, x1);
+#endif
         }
     }
 }

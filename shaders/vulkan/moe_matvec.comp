@@ -4,9 +4,11 @@
 // e = ids[p]: y[p, n] = dequant(W)[e * N + n, :] . x[p / x_div, :], W the stacked experts
 // [E * N, K] (raw GGML rows). gate/up read x per token (x_div = k_used), down reads its pair's
 // row (x_div = 1).
+// Second pass (PASS_COMBINE): the routed outputs weighted and summed per token,
+// y[t, c] = sum_j w[t, j] * d[t * k + j, c], one thread per output.
 // Variants: one (QTYPE_<type> selects the weight type). Tunables: 0 WG_SIZE, 1 ROWS_PER_WG,
 // 2 THREADS_PER_ROW (power of two <= WG_SIZE; the row's partial sums meet in shared memory).
-// Bindings: 0 W, 1 x, 2 ids [pairs] (int32), 3 y [pairs, N].
+// Bindings: 0 W, 1 x, 2 ids [pairs] (int32), 3 y [pairs, N]; PASS_COMBINE: 0 d, 1 w [T, k], 2 y.
 
 #extension GL_GOOGLE_include_directive : require
 
@@ -15,6 +17,33 @@ layout(constant_id = 1) const uint ROWS_PER_WG = 4;
 layout(constant_id = 2) const uint THREADS_PER_ROW = 16;
 layout(local_size_x_id = 0) in;
 
+#include "common.glsl"
+
+#if defined(PASS_COMBINE)
+layout(binding = 0) readonly buffer DBuf { float ds[]; };
+layout(binding = 1) readonly buffer CWBuf { float cws[]; };
+layout(binding = 2) writeonly buffer CYBuf { float cys[]; };
+
+layout(push_constant) uniform PC {
+    uint T;
+    uint C;
+    uint k;
+    uint d_off;
+    uint w_off;
+    uint y_off;
+} pc;
+
+void main() {
+    uint i = wg_linear() * WG_SIZE + gl_LocalInvocationID.x;
+    if (i >= pc.T * pc.C) return;
+    uint t = i / pc.C, c = i % pc.C;
+    float acc = 0.0;
+    for (uint j = 0u; j < pc.k; ++j)
+        acc += cws[pc.w_off + t * pc.k + j] * ds[pc.d_off + (t * pc.k + j) * pc.C + c];
+    cys[pc.y_off + i] = acc;
+}
+
+#else
 layout(binding = 0) readonly buffer WBuf { uint Wq[]; };
 layout(binding = 1) readonly buffer XBuf { float xs[]; };
 layout(binding = 2) readonly buffer IBuf { int ids[]; };
@@ -31,7 +60,6 @@ layout(push_constant) uniform PC {
     uint x_div;
 } pc;
 
-#include "common.glsl"
 #include "dequant.glsl"
 
 float dot8(uint row_base, uint xb0, uint g) {
@@ -84,3 +112,4 @@ void main() {
         barrier();
     }
 }
+#endif

@@ -42,6 +42,15 @@ void main() {
         if (tid < s) red[tid] += red[tid + s];
         barrier();
     }
+#ifdef MUTANT_RMS_EPS_FIXED  // planted bug: eps fixed at 1e-5 whatever the model says
+    float scale = inversesqrt(red[0] / float(pc.D) + 1e-5);
+#else
     float scale = inversesqrt(red[0] / float(pc.D) + pc.eps);
+#endif
+#ifdef MUTANT_RMS_WEIGHT_TWICE  // planted bug: the weight applied twice
+    for (uint d = tid; d < pc.D; d += WG_SIZE)
+        ys[yb + d] = xs[xb + d] * scale * ws[pc.w_off + d] * ws[pc.w_off + d];
+#else
     for (uint d = tid; d < pc.D; d += WG_SIZE) ys[yb + d] = xs[xb + d] * scale * ws[pc.w_off + d];
+#endif
 }

@@ -44,7 +44,11 @@ void main() {
         ys[pc.y_off + d] = xs[pc.x_off + d];
         return;
     }
+#ifdef MUTANT_ROPE_CHUNK_POS  // planted bug: a batched chunk's positions restart at 0
+    uint pos = pc.T > 1u ? t : dyn[pc.pos_slot] + t;
+#else
     uint pos = dyn[pc.pos_slot] + t;
+#endif
     vec2 c = cs[pos * half_d + p];
     uint i0 = pc.neox != 0u ? base + p : base + 2u * p;
     uint i1 = pc.neox != 0u ? i0 + half_d : i0 + 1u;

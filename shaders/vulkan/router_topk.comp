@@ -7,7 +7,7 @@
 
 #extension GL_GOOGLE_include_directive : require
 
-layout(constant_id = 0) const uint WG_SIZE = 128;
+layout(constant_id = 0) const uint WG_SIZE = 256;
 layout(local_size_x_id = 0) in;
 
 #define MAX_E 1024

@@ -253,55 +253,10 @@ class CudaBackend(Backend):
 
     def _build(self, cfg: TuningConfig) -> dict[str, Any]:
         cp, cc = self._cp, self._cc
-        k: dict[str, Any] = {}
-        dec = cfg.op("matmul_decode")
-        if dec.variant == "mmvq":
-            k["mmvq"] = kernels.module(
-                cp, cc, "mmvq.cu", {"NW": dec["warps"], "RPB": dec["rows_per_block"]}
-            )
-            dmmv = {"ROWS": 4, "TPR": 32, "RPT": 1, "COLS": 1, "VEC": 1}  # float weights
-        else:
-            dmmv = {
-                "ROWS": dec["rows_per_block"],
-                "TPR": dec["threads_per_row"],
-                "RPT": dec["rows_per_thread"],
-                "COLS": 1,
-                "VEC": dec["vec"],
-            }
-        k["decode"] = kernels.module(cp, cc, "dmmv.cu", dmmv)
-        k["q8"] = kernels.module(cp, cc, "q8.cu")
-        bat = cfg.op("matmul_batched")
-        serial = bat.variant == "dmmv_serial"
-        k["batched"] = kernels.module(
-            cp,
-            cc,
-            "dmmv.cu",
-            {
-                "ROWS": bat["rows_per_block"],
-                "TPR": 1 if serial else bat["threads_per_row"],
-                "COLS": bat["cols"],
-                "VEC": 1,
-            },
-        )
-        pre = cfg.op("matmul_prefill")
-        if pre.variant in ("mmq", "mmq8"):
-            k[pre.variant] = kernels.module(
-                cp,
-                cc,
-                f"{pre.variant}.cu",
-                {
-                    "BM": pre["tile_m"],
-                    "BN": pre["tile_n"],
-                    "WM": pre["warps_m"],
-                    "WN": pre["warps_n"],
-                },
-            )
-        k["dequant"] = kernels.module(cp, cc, "dequant.cu")
-        k["elementwise"] = kernels.module(cp, cc, "elementwise.cu")
-        ap = cfg.op("attention_prefill")
-        flash = {"BQ": ap["block_q"], "RPW": ap["rows_per_warp"]} if ap.variant == "flash" else {}
-        k["attention"] = kernels.module(cp, cc, "attention.cu", flash)
-        return k
+        return {
+            key: kernels.module(cp, cc, fname, defines)
+            for key, (fname, defines) in kernels.modules_for(cfg).items()
+        }
 
     def _fn(self, mod: str, name: str) -> Any:
         return self._k[mod].get_function(name)
@@ -390,6 +345,14 @@ class CudaBackend(Backend):
         )
         return out
 
+    def registry_op(self, op: str, n: int) -> str:
+        """Blame's op name: batched DMMV below gemm_min_t, decode/prefill attention kernels."""
+        if op == "matmul" and 1 < n < int(self.config.op("prefill")["gemm_min_t"]):
+            return "matmul_batched"
+        if op == "attention":
+            return "attention_decode" if n == 1 else "attention_prefill"
+        return super().registry_op(op, n)
+
     def matmul(self, x: Any, w: CudaWeight) -> Any:
         x = self._cp.ascontiguousarray(x, dtype=np.float32)
         y = self._empty((int(x.shape[0]), w.n))
@@ -410,7 +373,8 @@ class CudaBackend(Backend):
             if dec.variant == "mmvq" and w.qtype in BLOCK_TYPES:
                 self._mmvq(x, w, y, dec)
             else:
-                self._dmmv("decode", dec, x, w, y, cols=1)
+                c = dec if dec.variant == "dmmv" else kernels.DECODE_FALLBACK
+                self._dmmv("decode", c, x, w, y, cols=1)
         elif T < int(pre["gemm_min_t"]):
             self._batched(x, w, y)
         else:
@@ -441,16 +405,13 @@ class CudaBackend(Backend):
 
     def _batched(self, x: Any, w: CudaWeight, y: Any) -> None:
         c = self.config.op("matmul_batched")
-        self._dmmv("batched", c, x, w, y, cols=int(c["cols"]))
+        self._dmmv("batched", c, x, w, y, cols=int(c["max_cols"]))
 
     def _dmmv(self, mod: str, c: Any, x: Any, w: CudaWeight, y: Any, cols: int) -> None:
         T = int(x.shape[0])
-        if c.variant == "mmvq":  # float weights under the mmvq variant: the fixed dmmv build
-            rows, tpr, rpt = 4, 32, 1
-        else:
-            rows = int(c["rows_per_block"])
-            tpr = 1 if c.variant == "dmmv_serial" else int(c["threads_per_row"])
-            rpt = int(c["rows_per_thread"]) if mod == "decode" else 1
+        rows = int(c["rows_per_block"])
+        tpr = 1 if c.variant == "dmmv_serial" else int(c["threads_per_row"])
+        rpt = int(c["rows_per_thread"]) if mod == "decode" else 1
         self._launch(
             mod,
             f"dmmv_{_SUFFIX[w.qtype]}",

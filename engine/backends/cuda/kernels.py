@@ -12,9 +12,15 @@ from __future__ import annotations
 import hashlib
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from engine.backends.planted import define
 from engine.errors import KernelCompileError
+from engine.tuning import REGISTRY, OpChoice
+from engine.tuning.registry import DEFINE, Variant
+
+if TYPE_CHECKING:
+    from engine.tuning import TuningConfig
 
 SHADERS = Path(__file__).resolve().parents[3] / "shaders" / "cuda"
 _INCLUDE = re.compile(r'^\s*#include\s+"([^"]+)"\s*$', re.M)
@@ -40,7 +46,11 @@ def module(cp: Any, cc: int, fname: str, defines: dict[str, int] | None = None) 
     """A loaded cupy.RawModule of fname with defines; KernelCompileError (with the NVRTC log)
     when it does not compile. Compiling happens here, not at first launch: RawModule is lazy,
     so one kernel is fetched to force it."""
-    defines = dict(sorted((defines or {}).items()))
+    defines = dict(defines or {})
+    planted = define()  # test-only: the mutation suite's planted bug, None in production
+    if planted:
+        defines[planted] = 1
+    defines = dict(sorted(defines.items()))
     src = source(fname)
     digest = hashlib.sha256(src.encode()).hexdigest()[:16]
     key = (cc, fname, digest, tuple(defines.items()))
@@ -90,6 +100,56 @@ def kernel_names(src: str) -> list[str]:
         for arg in re.findall(rf"^{mac}\((\w+),", src, re.M):
             out += [p.format(arg) for p in pats]
     return out
+
+
+# Modules every config builds, whatever its variants (no tunable defines).
+FIXED_MODULES = {"q8": "q8.cu", "dequant": "dequant.cu", "elementwise": "elementwise.cu"}
+# The module key the backend launches from, per (op, source file) where it is not the file's
+# stem (mmvq, mmq, mmq8 and dequant are).
+_KEYS = {
+    ("matmul_decode", "dmmv.cu"): "decode",
+    ("matmul_batched", "dmmv.cu"): "batched",
+    ("attention_prefill", "attention.cu"): "attention",
+}
+MODULE_OPS = ("matmul_decode", "matmul_batched", "matmul_prefill", "attention_prefill")
+
+
+def variant_defines(variant: Variant, choice: OpChoice) -> dict[str, int]:
+    """The -D defines of a variant's build: its fixed ones, then each knob bound to DEFINE."""
+    out: dict[str, int] = {}
+    for d in variant.defines:
+        name, _, value = d.partition("=")
+        out[name] = int(value or 1)
+    for p in variant.bound(DEFINE):
+        out[str(p.binding.target)] = int(choice[p.name])
+    return out
+
+
+def default_choice(op: str, variant: str) -> OpChoice:
+    """A variant of op at its registry defaults."""
+    v = REGISTRY.op("cuda", op).variant(variant)
+    return OpChoice(v.name, tuple(sorted((p.name, p.default) for p in v.params)))
+
+
+# Float weights under matmul_decode.mmvq (which decodes block types only) use dmmv at its
+# registry defaults.
+DECODE_FALLBACK = default_choice("matmul_decode", "dmmv")
+
+
+def modules_for(cfg: TuningConfig) -> dict[str, tuple[str, dict[str, int]]]:
+    """module key -> (.cu file, defines) of every module a config needs: a loop over the
+    registry's declarations of the chosen variants."""
+    mods: dict[str, tuple[str, dict[str, int]]] = {k: (f, {}) for k, f in FIXED_MODULES.items()}
+    for op in MODULE_OPS:
+        choice = cfg.op(op)
+        v = REGISTRY.op("cuda", op).variant(choice.variant)
+        fname = Path(v.source).name
+        key = _KEYS.get((op, fname), Path(fname).stem)
+        mods[key] = (fname, variant_defines(v, choice))
+    if "decode" not in mods:  # matmul_decode is not dmmv: the float-weight fallback
+        dmmv = REGISTRY.op("cuda", "matmul_decode").variant("dmmv")
+        mods["decode"] = (Path(dmmv.source).name, variant_defines(dmmv, DECODE_FALLBACK))
+    return mods
 
 
 def clear_cache() -> None:

@@ -284,50 +284,14 @@ class VulkanBackend(Backend):
 
     def _programs(
         self, config: TuningConfig, op: str, q: str
-    ) -> list[tuple[str, K.Program, tuple[int, ...], int]]:
-        """(key, program, spec constants, required subgroup size) of every pass of op's chosen
-        variant for weight type q ("" for ops without weights). The first pass is keyed op, the
-        second (of the two-pass variants) op.merge."""
+    ) -> list[tuple[str, K.Program, tuple[tuple[int, int], ...], int]]:
+        """(key, program, spec constants as (constant_id, value), required subgroup size) of
+        every pass of op's chosen variant for weight type q ("" for ops without weights), from
+        the registry's bindings. The first pass is keyed op, the second op.merge."""
         c = config.op(op)
-        wg = int(c.as_dict().get("wg_size", 0))
-        if op == "matmul_decode":
-            tpr = int(c["threads_per_row"]) if c.variant in ("shmem", "block") else 1
-            rpt = int(c["rows_per_thread"]) if c.variant == "block" else 1
-            sg = int(c["subgroup_size"]) if c.variant in ("subgroup", "block") else 0
-            spec = (wg, int(c["rows_per_wg"]), tpr, rpt)
-            return [(op, K.matmul_decode(c.variant, q), spec, sg)]
-        if op == "matmul_prefill":
-            if c.variant == "tiled":
-                tiles = (int(c["tile_m"]), int(c["tile_n"]))
-                return [(op, K.matmul_prefill(c.variant, q, bool(c["vec4"])), tiles, 0)]
-            rows = int(c["rows_per_wg"]) if c.variant == "kpar" else 1
-            sg = int(c["subgroup_size"]) if c.variant == "kpar" else 0
-            return [(op, K.matmul_prefill(c.variant, q), (wg, rows, config.max_cols), sg)]
-        if op == "embedding":
-            return [(op, K.embedding(q), (wg,), 0)]
-        if op == "moe_experts":
-            spec = (wg, int(c["rows_per_wg"]), int(c["threads_per_row"]))
-            return [(op, K.moe_matvec(q), spec, 0), (f"{op}.merge", K.MOE_COMBINE, (256,), 0)]
-        if op == "delta_net":
-            spec = (wg, int(c["state_layout"] == "ST"), int(c["max_dk"]))
-            return [(op, K.DELTA_NET, spec, 0)]
-        stages = K.STAGES.get((op, c.variant))
-        if stages is None:
-            program = {
-                "rms_norm": K.RMS_NORM,
-                "add": K.ADD,
-                "swiglu": K.SWIGLU,
-                "rope": K.ROPE,
-                "sigmoid_mul": K.SIGMOID_MUL,
-                "cols": K.SLICE,
-                "ssm_conv": K.SSM_CONV,
-                "ssm_gates": K.SSM_GATES,
-                "router_topk": K.ROUTER_TOPK,
-                "kv_write": K.KV_WRITE,
-            }[op]
-            return [(op, program, (wg,), 0)]
-        spec = (wg, int(c["key_threads"])) if c.variant == "split" else (wg,)
-        return [(f"{op}.merge" if i else op, p, spec, 0) for i, p in enumerate(stages)]
+        spec, sg = K.specialization(op, c)
+        passes = K.programs(op, c, q)
+        return [(f"{op}.merge" if i else op, p, spec, sg) for i, p in enumerate(passes)]
 
     def _build(
         self, config: TuningConfig, qtypes: set[str], fresh: bool = False
@@ -534,7 +498,7 @@ class VulkanBackend(Backend):
         v_order: str,
         eps: float,
     ) -> VkTensor:
-        """The base contract; state [Hv, dk, dv] in the config's state_layout (S or S^T: a
+        """The base contract; state [Hv, dk, dv] as S or, with state_transposed, S^T (a
         cache written under one layout must be read under the same one)."""
         q, k, v, g, beta = (self._as_tensor(t) for t in (q, k, v, g, beta))
         T, Hk, dk = q.shape
@@ -586,7 +550,7 @@ class VulkanBackend(Backend):
             per_wg, cols = int(c["tile_m"]), int(c["tile_n"])
         else:
             per_wg = int(c["rows_per_wg"]) if c.variant == "kpar" else int(c["wg_size"])
-            cols = self.config.max_cols
+            cols = int(c["max_cols"])
         chunks = -(-T // cols)
         for lease, r0, nr in w.parts:
             gx, gy, _ = _fold(-(-nr // per_wg))
@@ -732,13 +696,13 @@ class VulkanBackend(Backend):
         h = self.swiglu(self._moe_matvec(gate, x, ids, k), self._moe_matvec(up, x, ids, k))
         d = self._moe_matvec(down, h, ids, 1)  # [T * k, C]
         out = self._new((T, C))
-        pipe, _ = self._pipe("moe_experts.merge", down.qtype)
+        pipe, c = self._pipe("moe_experts.merge", down.qtype)
         self.stream.dispatch(
             pipe,
             (d.buf, weights.buf, out.buf),
             (out.buf,),
             (T, C, k, d.offset, weights.offset, out.offset),
-            _fold(-(-T * C // 256)),
+            _fold(-(-T * C // int(c["wg_size"]))),
         )
         return out
 

@@ -15,8 +15,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.backends.base import DeviceInfo
 from engine.backends.vulkan._vk import ffi, vk
+from engine.device_info import DeviceInfo
 from engine.errors import BackendUnavailable
 
 log = logging.getLogger(__name__)

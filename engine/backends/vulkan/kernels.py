@@ -1,12 +1,20 @@
 """The shader programs of the Vulkan backend: which .comp file, which defines, how many storage
 buffers, and the push-constant layout. Plain data (no Vulkan import), shared by the backend and
-by the SPIR-V precompiler, so the precompiled set is exactly what the backend asks for."""
+by the SPIR-V precompiler, so the precompiled set is exactly what the backend asks for.
+
+The file and the variant's fixed defines come from the registry (Variant.source, .defines); the
+knobs bound to a define (engine.tuning.registry.DEFINE) add theirs; this module adds what the
+registry does not say: the buffers and push constants of each op, and the passes of the two-pass
+variants."""
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
+from pathlib import Path
 
-from engine.tuning.kernels.vulkan import QUANT_TYPES
+from engine.tuning import REGISTRY, OpChoice
+from engine.tuning.registry import DEFINE, SPEC, SUBGROUP, Variant
 
 
 @dataclass(frozen=True)
@@ -21,76 +29,93 @@ class Program:
         return 4 * len(self.push)
 
 
-MATMUL_DECODE_VARIANTS = {
-    "block": "VARIANT_BLOCK",
-    "subgroup": "VARIANT_SUBGROUP",
-    "shmem": "VARIANT_SHMEM",
+# op -> (storage buffers, push-constant format) of its single-pass programs
+IO = {
+    "matmul_decode": (3, "IIIII"),
+    "matmul_prefill": (3, "IIIIIII"),
+    "embedding": (3, "IIIIIII"),
+    "rms_norm": (3, "IIIIIf"),
+    "add": (3, "IIIII"),
+    "swiglu": (3, "IIIII"),
+    "rope": (4, "IIIIIIII"),
+    "kv_write": (5, "IIIIIII"),
+    # hybrid models
+    "delta_net": (7, "IIIIIIIIIIIIIf"),
+    "sigmoid_mul": (3, "IIIII"),
+    "cols": (2, "IIIIII"),
+    "ssm_conv": (4, "IIIIIII"),
+    "ssm_gates": (6, "IIIIIIII"),
+    "router_topk": (3, "IIIIII"),
 }
-MATMUL_PREFILL_VARIANTS = {"kpar": "VARIANT_KPAR", "serial": "VARIANT_SERIAL"}
 
-
-def matmul_decode(variant: str, qtype: str) -> Program:
-    return Program("matmul_decode", (MATMUL_DECODE_VARIANTS[variant], f"QTYPE_{qtype}"), 3, "IIIII")
-
-
-def matmul_prefill(variant: str, qtype: str, vec4: bool = False) -> Program:
-    if variant == "tiled":  # its own shader: a GEMM, not a batched DMMV
-        defines = (f"QTYPE_{qtype}", "VEC4") if vec4 else (f"QTYPE_{qtype}",)
-        return Program("matmul_tiled", defines, 3, "IIIIIII")
-    return Program(
-        "matmul_prefill", (MATMUL_PREFILL_VARIANTS[variant], f"QTYPE_{qtype}"), 3, "IIIIIII"
-    )
-
-
-def embedding(qtype: str) -> Program:
-    return Program("embedding", (f"QTYPE_{qtype}",), 3, "IIIIIII")
-
-
-RMS_NORM = Program("rms_norm", (), 3, "IIIIIf")
-ADD = Program("eltwise", ("OP_ADD",), 3, "IIIII")
-SWIGLU = Program("eltwise", ("OP_SWIGLU",), 3, "IIIII")
-ROPE = Program("rope", (), 4, "IIIIIIII")
-KV_WRITE = Program("kv_write", (), 5, "IIIIIII")
-ATTENTION = Program("attention", (), 5, "IIIIIIIIf")
-ATTENTION_SPLIT = Program("attention_split", ("PASS_PARTIAL",), 5, "IIIIIIIIIf")
-ATTENTION_MERGE = Program("attention_split", ("PASS_MERGE",), 2, "IIIII")
-ARGMAX = Program("argmax", (), 2, "IIII")
-DELTA_NET = Program("delta_net", (), 7, "IIIIIIIIIIIIIf")
-SIGMOID_MUL = Program("eltwise", ("OP_SIGMOID_MUL",), 3, "IIIII")
-SLICE = Program("slice", (), 2, "IIIIII")
-SSM_CONV = Program("ssm_conv", (), 4, "IIIIIII")
-SSM_GATES = Program("ssm_gates", (), 6, "IIIIIIII")
-ROUTER_TOPK = Program("router_topk", (), 3, "IIIIII")
-MOE_COMBINE = Program("moe_combine", (), 3, "IIIIII")
-
-
-def moe_matvec(qtype: str) -> Program:
-    return Program("moe_matvec", (f"QTYPE_{qtype}",), 4, "IIIIIIII")
-
-
-ARGMAX_SLICES = Program("argmax", ("STAGE_SLICES",), 2, "IIIII")
-ARGMAX_MERGE = Program("argmax", ("STAGE_MERGE",), 2, "IIII")
-
-# The passes of the ops whose variants differ in programs, in dispatch order.
-STAGES = {
-    ("attention", "online"): (ATTENTION,),
-    ("attention", "split"): (ATTENTION_SPLIT, ATTENTION_MERGE),
-    ("argmax", "default"): (ARGMAX,),
-    ("argmax", "two_stage"): (ARGMAX_SLICES, ARGMAX_MERGE),
+# The passes of the variants that dispatch more than one program, in dispatch order:
+# (pass define, storage buffers, push-constant format); the first pass is keyed op, the second
+# op.merge.
+PASSES = {
+    ("attention", "online"): (("", 5, "IIIIIIIIf"),),
+    ("attention", "split"): (("PASS_PARTIAL", 5, "IIIIIIIIIf"), ("PASS_MERGE", 2, "IIIII")),
+    ("argmax", "default"): (("", 2, "IIII"),),
+    ("argmax", "two_stage"): (("STAGE_SLICES", 2, "IIIII"), ("STAGE_MERGE", 2, "IIII")),
+    ("moe_experts", "dmmv"): (("", 4, "IIIIIIII"), ("PASS_COMBINE", 3, "IIIIII")),
 }
+
+
+def knob_defines(variant: Variant, choice: OpChoice) -> tuple[str, ...]:
+    """Defines of the knobs bound to DEFINE (a bool knob adds its macro when true)."""
+    out = []
+    for p in variant.bound(DEFINE):
+        value = choice[p.name]
+        if isinstance(value, bool):
+            if value:
+                out.append(str(p.binding.target))
+        else:
+            out.append(f"{p.binding.target}={value}")
+    return tuple(out)
+
+
+def specialization(op: str, choice: OpChoice) -> tuple[tuple[tuple[int, int], ...], int]:
+    """((constant_id, value) of each knob bound to SPEC, required subgroup size or 0) of op's
+    chosen variant: what its pipelines are created with (a constant not given keeps the
+    shader's default, which a variant that does not bind it does not read)."""
+    v = REGISTRY.op("vulkan", op).variant(choice.variant)
+    spec = tuple(sorted((int(p.binding.target), int(choice[p.name])) for p in v.bound(SPEC)))
+    return spec, next((int(choice[p.name]) for p in v.bound(SUBGROUP)), 0)
+
+
+def programs(op: str, choice: OpChoice, qtype: str = "") -> tuple[Program, ...]:
+    """Every pass of op's chosen variant for weight type qtype ("" for ops without weights)."""
+    v = REGISTRY.op("vulkan", op).variant(choice.variant)
+    shader = Path(v.source).stem
+    defines = (*v.defines, *((f"QTYPE_{qtype}",) if qtype else ()), *knob_defines(v, choice))
+    passes = PASSES.get((op, v.name))
+    if passes is None:
+        n, push = IO[op]
+        return (Program(shader, defines, n, push),)
+    return tuple(Program(shader, (*defines, d) if d else defines, n, push) for d, n, push in passes)
 
 
 def all_programs() -> list[Program]:
-    out = [RMS_NORM, ADD, SWIGLU, ROPE, KV_WRITE]
-    out += [DELTA_NET, SIGMOID_MUL, SLICE, SSM_CONV, SSM_GATES, ROUTER_TOPK, MOE_COMBINE]
-    out += [p for stages in STAGES.values() for p in stages]
-    for q in sorted(QUANT_TYPES):
-        out += [matmul_decode(v, q) for v in MATMUL_DECODE_VARIANTS]
-        out += [matmul_prefill(v, q) for v in MATMUL_PREFILL_VARIANTS]
-        out += [matmul_prefill("tiled", q, vec4) for vec4 in (False, True)]
-        out.append(embedding(q))
-        out.append(moe_matvec(q))
+    """Every program any config may ask for: each variant of each op, each weight type it
+    decodes, each combination of its define-bound knobs."""
+    out = []
+    for op in REGISTRY.ops("vulkan"):
+        if op.name not in IO and not any((op.name, v.name) in PASSES for v in op.variants):
+            continue  # host-only ops (prefill schedule, submit)
+        for v in op.variants:
+            qtypes = sorted(v.quant_types) if v.quant_types is not None else [""]
+            knobs = v.bound(DEFINE)
+            for values in itertools.product(*(p.choices for p in knobs)):
+                given = {f"{op.name}.variant": v.name}
+                given |= {f"{op.name}.{p.name}": x for p, x in zip(knobs, values, strict=True)}
+                choice = _choice(op.name, v, given)
+                for q in qtypes:
+                    out += programs(op.name, choice, q)
     return out
+
+
+def _choice(op: str, v: Variant, flat: dict) -> OpChoice:
+    params = {p.name: flat.get(f"{op}.{p.name}", p.default) for p in v.params}
+    return OpChoice(v.name, tuple(sorted(params.items())))
 
 
 def all_builds() -> list[tuple[str, tuple[str, ...]]]:

@@ -13,6 +13,7 @@ import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from engine.backends.planted import define
 from engine.backends.vulkan._vk import ffi, vk
 from engine.backends.vulkan.kernels import Program
 from engine.backends.vulkan.spirv import compile_spirv
@@ -53,9 +54,11 @@ class Pipelines:
 
     # --- pipelines ----------------------------------------------------------------------
     def _module(self, program: Program) -> Any:
-        key = (program.shader, program.defines)
+        planted = define()  # test-only: the mutation suite's planted bug, None in production
+        defines = program.defines + ((planted,) if planted else ())
+        key = (program.shader, defines)
         if key not in self.modules:
-            code = compile_spirv(program.shader, program.defines)
+            code = compile_spirv(program.shader, defines)
             try:
                 self.modules[key] = vk.vkCreateShaderModule(
                     self.dev.device,
@@ -103,20 +106,25 @@ class Pipelines:
         return self.layouts[key]
 
     def get(
-        self, program: Program, spec: tuple[int, ...], name: str, subgroup_size: int = 0
+        self,
+        program: Program,
+        spec: tuple[tuple[int, int], ...],
+        name: str,
+        subgroup_size: int = 0,
     ) -> Pipeline:
-        """The pipeline of ``program`` with specialization constants 0..n-1 = spec."""
+        """The pipeline of ``program`` with the specialization constants (constant_id, value)
+        in spec; a constant not given keeps the shader's default."""
         key = (program, spec, subgroup_size)
         p = self.pipelines.get(key)
         if p is not None:
             return p
         module = self._module(program)
         _, layout = self._layout(program.n_bindings, program.push_size)
-        data = struct.pack(f"<{len(spec)}I", *spec)
+        data = struct.pack(f"<{len(spec)}I", *(v for _, v in spec))
         spec_info = vk.VkSpecializationInfo(
             pMapEntries=[
-                vk.VkSpecializationMapEntry(constantID=i, offset=4 * i, size=4)
-                for i in range(len(spec))
+                vk.VkSpecializationMapEntry(constantID=cid, offset=4 * i, size=4)
+                for i, (cid, _) in enumerate(spec)
             ],
             dataSize=len(data),
             pData=ffi.from_buffer(data),
@@ -151,7 +159,7 @@ class Pipelines:
             )[0]
         except vk.VkError as e:
             raise KernelCompileError(
-                f"vulkan: {name} {list(program.defines)} spec={list(spec)} "
+                f"vulkan: {name} {list(program.defines)} spec={dict(spec)} "
                 f"subgroup_size={subgroup_size}: vkCreateComputePipelines failed "
                 f"({type(e).__name__})"
             ) from None
@@ -165,7 +173,7 @@ class Pipelines:
             struct.Struct("<" + program.push),
         )
         self.pipelines[key] = p
-        log.debug("pipeline %s spec=%s sg=%s", name, spec, subgroup_size)
+        log.debug("pipeline %s spec=%s sg=%s", name, dict(spec), subgroup_size)
         return p
 
     # --- descriptor sets ----------------------------------------------------------------

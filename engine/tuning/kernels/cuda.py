@@ -3,17 +3,19 @@ allowed values and constraints. Plain data: this module imports nothing from CuP
 reads the search space on a head node without a GPU.
 
 Matmul dispatch (engine/backends/cuda/backend.py): T == 1 -> matmul_decode; 1 < T <
-prefill.gemm_min_t -> matmul_batched (DMMV over MAX_COLS columns at a time); T >= gemm_min_t ->
+prefill.gemm_min_t -> matmul_batched (DMMV over max_cols columns per launch); T >= gemm_min_t ->
 matmul_prefill (a GEMM). A weight type a chosen GEMM variant does not decode falls back to
 matmul_batched; the declared quant_types say which types each variant decodes itself.
 
+Each knob's binding says how it reaches the kernel: a -D define of the variant's source (built
+by engine.backends.cuda.kernels.modules_for), a launch argument, or host scheduling.
 Constraints read DeviceInfo.extra: ``cc`` (compute capability as major*10+minor), ``sms``,
 ``smem_per_block`` and ``smem_per_block_optin`` (bytes).
 """
 
 from __future__ import annotations
 
-from engine.tuning.registry import REGISTRY, Constraint, Param, Variant
+from engine.tuning.registry import HOST, PUSHED, REGISTRY, Constraint, Param, Variant, define
 
 B = "cuda"
 
@@ -37,20 +39,16 @@ def _p(cfg, op: str, name: str) -> int:  # noqa: ANN001 - TuningConfig
 # --- engine schedule -----------------------------------------------------------------------
 REGISTRY.register_prefill(
     B,
-    Param(
-        "max_cols",
-        (8, 16, 24, 32, 40, 48, 64, 96, 128, 256, 512, 1024),
-        512,
-        "prompt tokens per forward chunk (MAX_COLS of the schedule)",
-    ),
+    512,
     Param(
         "gemm_min_t",
         (2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 1 << 20),
         32,
         "chunk length at which matmul switches from batched DMMV (matmul_batched) "
         "to a GEMM (matmul_prefill); 1<<20 = never",
+        HOST,
     ),
-    doc="prompt in chunks of max_cols tokens; matmul path chosen by chunk length",
+    doc="prompt in chunks of chunk_tokens tokens; matmul path chosen by chunk length",
 )
 
 # --- decode matmul ------------------------------------------------------------------------
@@ -63,19 +61,33 @@ REGISTRY.register(
             "matmul_decode",
             "dmmv",
             params=(
-                Param("rows_per_block", (1, 2, 4, 8, 16), 4, "weight rows per thread block"),
-                Param("threads_per_row", (8, 16, 32, 64, 128), 32, "threads splitting a row"),
+                Param(
+                    "rows_per_block",
+                    (1, 2, 4, 8, 16),
+                    4,
+                    "weight rows per thread block",
+                    define("ROWS"),
+                ),
+                Param(
+                    "threads_per_row",
+                    (8, 16, 32, 64, 128),
+                    32,
+                    "threads splitting a row",
+                    define("TPR"),
+                ),
                 Param(
                     "rows_per_thread",
                     (1, 2, 4),
                     2,
                     "weight rows a thread walks together (activation reuse, loads in flight)",
+                    define("RPT"),
                 ),
                 Param(
                     "vec",
                     (1, 2, 4),
                     2,
                     "consecutive 16-weight groups per thread per step (load width, x8 bytes Q4_K)",
+                    define("VEC"),
                 ),
             ),
             constraints=(
@@ -91,6 +103,8 @@ REGISTRY.register(
             ),
             quant_types=ALL_TYPES,
             source="cuda/dmmv.cu",
+            defines=("COLS=1",),
+            numeric="order_only",
             doc="dequantizing matrix-vector product, K split across threads_per_row threads",
         ),
         Variant(
@@ -98,11 +112,18 @@ REGISTRY.register(
             "matmul_decode",
             "mmvq",
             params=(
-                Param("warps", (1, 2, 4, 8), 4, "warps per block, all walking the same rows"),
-                Param("rows_per_block", (1, 2, 4, 8), 1, "weight rows per block"),
+                Param(
+                    "warps",
+                    (1, 2, 4, 8),
+                    4,
+                    "warps per block, all walking the same rows",
+                    define("NW"),
+                ),
+                Param("rows_per_block", (1, 2, 4, 8), 1, "weight rows per block", define("RPB")),
             ),
             quant_types=ALL_TYPES,
             source="cuda/mmvq.cu",
+            numeric="int8_activations",
             doc="activation quantized once to Q8_1 (fused into RMSNorm / SwiGLU where they "
             "feed it), dp4a against the weight quants, 16-byte loads; float weights use dmmv. "
             "Not the default: int8 activations exceed validate's default tolerances against "
@@ -111,9 +132,13 @@ REGISTRY.register(
     ],
 )
 
-# --- batched DMMV (short prompts, MAX_COLS columns per launch) -----------------------------
-_COLS = Param(
-    "cols", (2, 4, 8, 16, 24, 32, 40, 48, 64), 16, "columns (tokens) per launch: MAX_COLS"
+# --- batched DMMV (short prompts, max_cols columns per launch) -----------------------------
+_MAX_COLS = Param(
+    "max_cols",
+    (2, 4, 8, 16, 24, 32, 40, 48, 64),
+    16,
+    "columns (tokens) per launch: the column tile, per-thread accumulators",
+    define("COLS"),
 )
 REGISTRY.register(
     B,
@@ -124,9 +149,17 @@ REGISTRY.register(
             "matmul_batched",
             "dmmv_kpar",
             params=(
-                _COLS,
-                Param("rows_per_block", (1, 2, 4, 8), 2, "weight rows per thread block"),
-                Param("threads_per_row", (8, 16, 32, 64), 32, "threads splitting a row"),
+                _MAX_COLS,
+                Param(
+                    "rows_per_block",
+                    (1, 2, 4, 8),
+                    2,
+                    "weight rows per thread block",
+                    define("ROWS"),
+                ),
+                Param(
+                    "threads_per_row", (8, 16, 32, 64), 32, "threads splitting a row", define("TPR")
+                ),
             ),
             constraints=(
                 Constraint(
@@ -141,28 +174,38 @@ REGISTRY.register(
             ),
             quant_types=ALL_TYPES,
             source="cuda/dmmv.cu",
-            doc="batched DMMV, K-parallel: each decoded group feeds all cols columns",
+            defines=("RPT=1", "VEC=1"),
+            doc="batched DMMV, K-parallel: each decoded group feeds all max_cols columns",
+            numeric="order_only",
         ),
         Variant(
             B,
             "matmul_batched",
             "dmmv_serial",
             params=(
-                _COLS,
-                Param("rows_per_block", (32, 64, 128, 256), 64, "rows (= threads) per block"),
+                _MAX_COLS,
+                Param(
+                    "rows_per_block",
+                    (32, 64, 128, 256),
+                    64,
+                    "rows (= threads) per block",
+                    define("ROWS"),
+                ),
             ),
             quant_types=ALL_TYPES,
             source="cuda/dmmv.cu",
+            defines=("TPR=1", "RPT=1", "VEC=1"),
+            numeric="order_only",
             doc="batched DMMV, serial over K: one thread per row (the seed's slow first shape)",
         ),
     ],
 )
 
 # --- prefill GEMM -------------------------------------------------------------------------
-_TILE_M = Param("tile_m", (64, 128), 128, "weight rows per block tile")
-_TILE_N = Param("tile_n", (32, 64, 128), 128, "tokens per block tile")
-_WARPS_M = Param("warps_m", (1, 2, 4), 2, "warps along the weight rows")
-_WARPS_N = Param("warps_n", (1, 2, 4), 4, "warps along the tokens")
+_TILE_M = Param("tile_m", (64, 128), 128, "weight rows per block tile", define("BM"))
+_TILE_N = Param("tile_n", (32, 64, 128), 128, "tokens per block tile", define("BN"))
+_WARPS_M = Param("warps_m", (1, 2, 4), 2, "warps along the weight rows", define("WM"))
+_WARPS_N = Param("warps_n", (1, 2, 4), 4, "warps along the tokens", define("WN"))
 
 
 def _tile_ok(cfg) -> bool:  # noqa: ANN001
@@ -193,10 +236,12 @@ REGISTRY.register(
                     (32, 64, 128, 256, 512),
                     128,
                     "fp16 scratch per GEMM in MiB (weights dequantized in row chunks)",
+                    HOST,
                 ),
             ),
             quant_types=ALL_TYPES,
             source="cuda/dequant.cu",
+            numeric="fp16",
             doc="dequantize to an fp16 scratch, then cuBLAS GEMM (fp32 accumulate, fp32 out)",
         ),
         Variant(
@@ -207,6 +252,7 @@ REGISTRY.register(
             constraints=(_cc_at_least(80), _TILES_FIT_WARPS),
             quant_types=BLOCK_TYPES,
             source="cuda/mmq.cu",
+            numeric="fp16",
             doc="fused-dequant GEMM: blocks decoded into shared fp16 tiles, mma.sync m16n8k16",
         ),
         Variant(
@@ -217,6 +263,7 @@ REGISTRY.register(
             constraints=(_cc_at_least(80), _TILES_FIT_WARPS),
             quant_types=BLOCK_TYPES,
             source="cuda/mmq8.cu",
+            numeric="int8_activations",
             doc="fused-dequant int8 GEMM on Q8_1 activations: int8 weight tiles with per-16 "
             "scales, mma.sync m16n8k16 s8 -> s32, scaled into float32 per 16 k",
         ),
@@ -237,9 +284,13 @@ REGISTRY.register(
                     (128, 256, 512, 1024),
                     256,
                     "threads per block of quantize_q8_1 / rms_norm_q8 (one row) / swiglu_q8",
+                    PUSHED,
                 ),
             ),
             source="cuda/q8.cu",
+            # Its rounding is budgeted where it is consumed: mmvq and mmq8 declare
+            # int8_activations; a config using neither never calls it.
+            numeric="order_only",
             doc="float32 activations to Q8_1 blocks (int8 + d + d*sum) for the integer matmuls",
         )
     ],
@@ -255,9 +306,10 @@ REGISTRY.register(
             B,
             "embedding",
             "get_rows",
-            params=(Param("threads", (64, 128, 256, 512), 256, "threads per block"),),
+            params=(Param("threads", (64, 128, 256, 512), 256, "threads per block", PUSHED),),
             quant_types=ALL_TYPES,
             source="cuda/dequant.cu",
+            numeric="order_only",
             doc="rows of a quantized table, ids on the device",
         )
     ],
@@ -270,8 +322,11 @@ REGISTRY.register(
             B,
             "rms_norm",
             "warp",
-            params=(Param("rows_per_block", (1, 2, 4, 8), 4, "rows (one warp each) per block"),),
+            params=(
+                Param("rows_per_block", (1, 2, 4, 8), 4, "rows (one warp each) per block", PUSHED),
+            ),
             source="cuda/elementwise.cu",
+            numeric="order_only",
             doc="one warp per row of the last dim ([T, C] and per-head [T, H, D])",
         )
     ],
@@ -290,8 +345,9 @@ for _op, _name, _doc in [
                 B,
                 _op,
                 _name,
-                params=(Param("threads", (128, 256, 512, 1024), 256, "threads per block"),),
+                params=(Param("threads", (128, 256, 512, 1024), 256, "threads per block", PUSHED),),
                 source="cuda/elementwise.cu",
+                numeric="order_only",
                 doc=_doc,
             )
         ],
@@ -304,8 +360,9 @@ REGISTRY.register(
             B,
             "argmax",
             "block",
-            params=(Param("threads", (256, 512, 1024), 1024, "threads per row"),),
+            params=(Param("threads", (256, 512, 1024), 1024, "threads per row", PUSHED),),
             source="cuda/elementwise.cu",
+            numeric="order_only",
             doc="one block per row; first maximum wins",
         )
     ],
@@ -319,10 +376,11 @@ REGISTRY.register(
             "attention_decode",
             "split",
             params=(
-                Param("splits", (1, 2, 4, 8, 16, 32), 8, "key ranges per head (split-KV)"),
-                Param("warps", (1, 2, 4, 8), 4, "warps per key range"),
+                Param("splits", (1, 2, 4, 8, 16, 32), 8, "key ranges per head (split-KV)", PUSHED),
+                Param("warps", (1, 2, 4, 8), 4, "warps per key range", PUSHED),
             ),
             source="cuda/attention.cu",
+            numeric="order_only",
             doc="split-KV online softmax + combine; position read on the device (graph-safe)",
         )
     ],
@@ -336,8 +394,8 @@ REGISTRY.register(
             "attention_prefill",
             "flash",
             params=(
-                Param("block_q", (8, 16, 32, 64), 16, "query tokens per block"),
-                Param("rows_per_warp", (1, 2, 4, 8), 4, "query tokens per warp"),
+                Param("block_q", (8, 16, 32, 64), 16, "query tokens per block", define("BQ")),
+                Param("rows_per_warp", (1, 2, 4, 8), 4, "query tokens per warp", define("RPW")),
             ),
             constraints=(
                 Constraint(
@@ -352,6 +410,7 @@ REGISTRY.register(
                 ),
             ),
             source="cuda/attention.cu",
+            numeric="order_only",
             doc="tiled flash attention in shared memory (head dim <= 128; else the split kernel)",
         ),
         Variant(
@@ -359,10 +418,11 @@ REGISTRY.register(
             "attention_prefill",
             "split",
             params=(
-                Param("splits", (1, 2, 4, 8), 1, "key ranges per query"),
-                Param("warps", (1, 2, 4, 8), 4, "warps per key range"),
+                Param("splits", (1, 2, 4, 8), 1, "key ranges per query", PUSHED),
+                Param("warps", (1, 2, 4, 8), 4, "warps per key range", PUSHED),
             ),
             source="cuda/attention.cu",
+            numeric="order_only",
             doc="the decode kernel per query token (no key reuse across queries)",
         ),
     ],

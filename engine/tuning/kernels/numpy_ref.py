@@ -4,19 +4,14 @@ prefill chunking and weight cache are real choices, so the agent can run end to 
 from __future__ import annotations
 
 from engine.quant_types import SUPPORTED
-from engine.tuning.registry import REGISTRY, Param, Variant
+from engine.tuning.registry import HOST, REGISTRY, Param, Variant
 
 B = "numpy"
 
 REGISTRY.register_prefill(
     B,
-    Param(
-        "max_cols",
-        (1, 2, 4, 8, 16, 24, 32, 40, 48, 64, 96, 128),
-        32,
-        "prompt tokens per batched-prefill chunk (MAX_COLS)",
-    ),
-    doc="prompt in chunks of max_cols tokens: batched matmul, RoPE, KV write, attention",
+    32,
+    doc="prompt in chunks of chunk_tokens tokens: batched matmul, RoPE, KV write, attention",
 )
 
 for _op in ("matmul_decode", "matmul_prefill"):
@@ -30,6 +25,7 @@ for _op in ("matmul_decode", "matmul_prefill"):
                 "cached_f32",
                 quant_types=SUPPORTED,
                 source="engine/backends/numpy_ref.py",
+                numeric="order_only",
                 doc="dequantize each weight once to float32 and keep it (fast, 4 B/weight RAM)",
             ),
             Variant(
@@ -38,6 +34,7 @@ for _op in ("matmul_decode", "matmul_prefill"):
                 "ondemand",
                 quant_types=SUPPORTED,
                 source="engine/backends/numpy_ref.py",
+                numeric="order_only",
                 doc="dequantize the weight on every call (slow, no extra RAM)",
             ),
         ],
@@ -52,16 +49,28 @@ for _op, _doc in [
     ("attention", "causal GQA softmax attention"),
     ("swiglu", "silu(gate) * up"),
     ("argmax", "first maximum"),
-    # hybrid models (engine/hybrid.py, engine/backends/numpy_hybrid.py)
+    # hybrid models (engine/hybrid.py; the ops are in engine/backends/numpy_hybrid.py)
     ("rope_partial", "neox RoPE of the first n_rot dims"),
     ("sigmoid_mul", "sigmoid-gated product"),
+    ("cols", "a copy of a column range"),
     ("ssm_conv", "causal depthwise conv1d with state, SiLU"),
     ("ssm_gates", "g = softplus(a + dt_bias) * ssm_a, beta = sigmoid(b)"),
     ("router_topk", "softmax router, normalised top-k"),
     ("moe_experts", "SwiGLU experts, only the chosen ones read"),
 ]:
     REGISTRY.register(
-        B, _op, [Variant(B, _op, "default", source="engine/backends/numpy_ref.py", doc=_doc)]
+        B,
+        _op,
+        [
+            Variant(
+                B,
+                _op,
+                "default",
+                source="engine/backends/numpy_ref.py",
+                doc=_doc,
+                numeric="order_only",
+            )
+        ],
     )
 
 REGISTRY.register(
@@ -73,14 +82,17 @@ REGISTRY.register(
             "delta_net",
             "sequential",
             source="engine/backends/numpy_hybrid.py",
+            numeric="order_only",
             doc="gated delta rule one token at a time",
         ),
         Variant(
             B,
             "delta_net",
             "chunked",
-            params=(Param("chunk", (4, 8, 16, 32, 64), 64, "tokens per chunk"),),
+            params=(Param("chunk", (4, 8, 16, 32, 64), 64, "tokens per chunk", HOST),),
             source="engine/backends/numpy_hybrid.py",
+            # float64 throughout, another summation order (a triangular solve per chunk)
+            numeric="order_only",
             doc="WY form: a triangular solve per chunk, the state carried chunk to chunk",
         ),
     ],

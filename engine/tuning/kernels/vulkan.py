@@ -1,9 +1,12 @@
 """The Vulkan backend's kernels: ops, variants, parameters, constraints (plain data).
 
 Imports nothing from the Vulkan binding: the agent reads this on head nodes without Vulkan.
-Every tunable here is a specialization constant of a shader in shaders/vulkan (a new value is a
-new pipeline, not a new SPIR-V build), except ``submit.*``, which shapes command recording, and
-the grid sizes ``attention.splits``/``splits_prefill`` and ``argmax.slices`` (push constants).
+Each knob's binding says how it reaches the shader; VulkanBackend builds pipelines by a loop over
+them. Most are specialization constants of a shader in shaders/vulkan (a new value is a new
+pipeline, not a new SPIR-V build; the shader's default for each equals the registry's, checked
+by tests/test_knob_bindings.py); ``matmul_prefill.vec4`` is a define (a new SPIR-V build);
+``subgroup_size`` is set at pipeline creation; ``submit.*`` shapes command recording; the grid
+sizes ``attention.splits``/``splits_prefill`` and ``argmax.slices`` are push constants.
 Constraints read the device from DeviceInfo (``subgroup_size`` and ``extra``: limits and
 subgroup-size-control ranges, filled by engine.backends.vulkan.device); with no device they only
 check what does not depend on one.
@@ -13,10 +16,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from engine.tuning.registry import REGISTRY, Constraint, Param, Variant
+from engine.tuning.registry import (
+    HOST,
+    PUSHED,
+    REGISTRY,
+    SUBGROUP_SIZE,
+    Constraint,
+    Param,
+    Variant,
+    define,
+    spec,
+)
 
 if TYPE_CHECKING:
-    from engine.backends.base import DeviceInfo
+    from engine.device_info import DeviceInfo
     from engine.tuning.config import TuningConfig
 
 B = "vulkan"
@@ -26,9 +39,9 @@ QUANT_TYPES = frozenset(
     {"F32", "F16", "BF16", "Q8_0", "Q5_0", "Q5_1", "Q4_0", "Q4_1", "Q4_K", "Q6_K"}
 )
 
-# Per-thread accumulators sums[MAX_COLS] of the batched matmul live in registers; beyond this
-# they spill to scratch memory on every device we know, so larger chunks are not offered.
-MAX_COLS_LIMIT = 64
+# Per-thread accumulators sums[MAX_COLS] of the batched matmul live in registers; beyond 64
+# they spill to scratch memory on every device we know, so larger tiles are not offered.
+MAX_COLS = (1, 2, 4, 8, 16, 24, 32, 40, 48, 64)
 
 WG_SIZES = (32, 64, 128, 256, 512)
 SUBGROUP_SIZES = (0, 8, 16, 32, 64, 128)
@@ -127,10 +140,6 @@ def _has_shuffle(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
     return ops is None or bool(int(ops) & SUBGROUP_FEATURE_SHUFFLE)
 
 
-def _max_cols_in_registers(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
-    return cfg.max_cols <= MAX_COLS_LIMIT
-
-
 def _tiles_fit(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
     c = cfg.op("matmul_prefill")
     limit = _extra(dev, "max_shared_memory")
@@ -144,7 +153,11 @@ def _vec4_tiles(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
 
 
 def _wg(default: int, choices: tuple[int, ...] = WG_SIZES) -> Param:
-    return Param("wg_size", choices, default, "workgroup size (local_size_x)")
+    return Param("wg_size", choices, default, "workgroup size (local_size_x)", spec(0))
+
+
+def _rows_per_wg(default: int, choices: tuple[int, ...] = (1, 2, 4, 8, 16)) -> Param:
+    return Param("rows_per_wg", choices, default, "rows per workgroup", spec(1))
 
 
 _SUBGROUP = Param(
@@ -152,27 +165,24 @@ _SUBGROUP = Param(
     SUBGROUP_SIZES,
     0,
     "required subgroup size (VK_EXT_subgroup_size_control); 0: the device default",
+    SUBGROUP_SIZE,
 )
 
+_MAX_COLS = Param(
+    "max_cols",
+    MAX_COLS,
+    32,
+    "prompt columns per workgroup pass (MAX_COLS: the size of the per-thread sums[] "
+    "accumulators); a chunk of prefill.chunk_tokens is ceil(chunk / max_cols) passes of one "
+    "dispatch",
+    spec(2),
+)
+
+# The seed's schedule (one forward per MAX_COLS tokens) is chunk_tokens == max_cols.
 REGISTRY.register_prefill(
     B,
-    Param(
-        "max_cols",
-        (1, 2, 4, 8, 16, 24, 32, 40, 48, 64, 96, 128),
-        32,
-        "prompt columns per matmul_prefill workgroup pass (MAX_COLS, a "
-        "specialization constant: the size of the per-thread sums[] accumulators)",
-    ),
-    Param(
-        "chunk_tokens",
-        (0, 64, 128, 256, 512, 1024),
-        512,
-        "prompt tokens per forward pass through every layer; matmul_prefill "
-        "covers a chunk in ceil(chunk / MAX_COLS) column tiles of one dispatch. "
-        "0: one forward per MAX_COLS tokens (the seed's schedule)",
-    ),
-    doc="prompt in chunks of chunk_tokens tokens through batched matmul, RoPE, KV "
-    "write, attention; matmul in column tiles of max_cols",
+    512,
+    doc="prompt in chunks of chunk_tokens tokens through batched matmul, RoPE, KV write, attention",
 )
 
 REGISTRY.register(
@@ -189,18 +199,20 @@ REGISTRY.register(
             "block",
             params=(
                 _wg(64),
-                Param("rows_per_wg", (1, 2, 4, 8, 16, 32), 4, "rows per workgroup"),
+                _rows_per_wg(4, (1, 2, 4, 8, 16, 32)),
                 Param(
                     "threads_per_row",
                     (0, 4, 8, 16, 32, 64),
                     0,
                     "lanes of one subgroup per row (0: the whole subgroup)",
+                    spec(2),
                 ),
                 Param(
                     "rows_per_thread",
                     (1, 2, 4),
                     2,
                     "rows a lane accumulates at once, sharing each load of x",
+                    spec(3),
                 ),
                 _SUBGROUP,
             ),
@@ -218,6 +230,8 @@ REGISTRY.register(
             ),
             quant_types=QUANT_TYPES,
             source="vulkan/matmul_decode.comp",
+            defines=("VARIANT_BLOCK",),
+            numeric="order_only",
             doc="DMMV in block-sized chunks per lane: wide weight loads, scales once per chunk, "
             "vec4 x shared by rows_per_thread rows; subgroupAdd or shuffle-xor reduction",
         ),
@@ -225,11 +239,7 @@ REGISTRY.register(
             B,
             "matmul_decode",
             "subgroup",
-            params=(
-                _wg(64),
-                Param("rows_per_wg", (1, 2, 4, 8, 16), 2, "rows per workgroup"),
-                _SUBGROUP,
-            ),
+            params=(_wg(64), _rows_per_wg(2), _SUBGROUP),
             constraints=(
                 _wg_fits("matmul_decode"),
                 _subgroup_divides_wg("matmul_decode"),
@@ -237,6 +247,8 @@ REGISTRY.register(
             ),
             quant_types=QUANT_TYPES,
             source="vulkan/matmul_decode.comp",
+            defines=("VARIANT_SUBGROUP",),
+            numeric="order_only",
             doc="DMMV, one subgroup per row, lanes split K, subgroupAdd",
         ),
         Variant(
@@ -245,12 +257,13 @@ REGISTRY.register(
             "shmem",
             params=(
                 _wg(64),
-                Param("rows_per_wg", (1, 2, 4, 8, 16), 2, "rows per workgroup"),
+                _rows_per_wg(2),
                 Param(
                     "threads_per_row",
                     (1, 2, 4, 8, 16, 32, 64, 128, 256),
                     32,
                     "threads cooperating on one row (reduced in shared memory)",
+                    spec(2),
                 ),
             ),
             constraints=(
@@ -260,6 +273,8 @@ REGISTRY.register(
             ),
             quant_types=QUANT_TYPES,
             source="vulkan/matmul_decode.comp",
+            defines=("VARIANT_SHMEM",),
+            numeric="order_only",
             doc="DMMV, threads_per_row threads per row, shared-memory tree reduction",
         ),
     ],
@@ -278,14 +293,21 @@ REGISTRY.register(
             "matmul_prefill",
             "tiled",
             params=(
-                Param("tile_m", (32, 64, 128), 64, "output rows per workgroup (weight rows)"),
-                Param("tile_n", (16, 32, 64, 128), 64, "prompt columns per workgroup"),
+                Param(
+                    "tile_m",
+                    (32, 64, 128),
+                    64,
+                    "output rows per workgroup (weight rows)",
+                    spec(0),
+                ),
+                Param("tile_n", (16, 32, 64, 128), 64, "prompt columns per workgroup", spec(1)),
                 Param(
                     "vec4",
                     (False, True),
                     False,
                     "each thread owns contiguous rows/columns read as vec4 from shared memory "
                     "(a quarter of the load instructions); tiles multiples of 64",
+                    define("VEC4"),
                 ),
             ),
             constraints=(
@@ -299,46 +321,36 @@ REGISTRY.register(
             ),
             quant_types=QUANT_TYPES,
             source="vulkan/matmul_tiled.comp",
+            numeric="order_only",
             doc="shared-memory tiled GEMM with fused dequant: a 256-thread workgroup owns a "
-            "tile_m x tile_n block of y, weights decoded once per tile_n columns "
-            "(prefill.max_cols does not apply)",
+            "tile_m x tile_n block of y, weights decoded once per tile_n columns",
         ),
         Variant(
             B,
             "matmul_prefill",
             "kpar",
-            params=(
-                _wg(64),
-                Param("rows_per_wg", (1, 2, 4, 8, 16), 2, "rows per workgroup"),
-                _SUBGROUP,
-            ),
+            params=(_wg(64), _rows_per_wg(2), _MAX_COLS, _SUBGROUP),
             constraints=(
                 _wg_fits("matmul_prefill"),
                 _subgroup_divides_wg("matmul_prefill"),
                 _subgroup_size_supported("matmul_prefill"),
-                Constraint(
-                    f"prefill.max_cols <= {MAX_COLS_LIMIT}: sums[MAX_COLS] live in registers",
-                    _max_cols_in_registers,
-                ),
             ),
             quant_types=QUANT_TYPES,
             source="vulkan/matmul_prefill.comp",
+            defines=("VARIANT_KPAR",),
+            numeric="order_only",
             doc="batched columns, one subgroup per row splits K, subgroupAdd per column",
         ),
         Variant(
             B,
             "matmul_prefill",
             "serial",
-            params=(_wg(64),),
-            constraints=(
-                _wg_fits("matmul_prefill"),
-                Constraint(
-                    f"prefill.max_cols <= {MAX_COLS_LIMIT}: sums[MAX_COLS] live in registers",
-                    _max_cols_in_registers,
-                ),
-            ),
+            params=(_wg(64), _MAX_COLS),
+            constraints=(_wg_fits("matmul_prefill"),),
             quant_types=QUANT_TYPES,
             source="vulkan/matmul_prefill.comp",
+            defines=("VARIANT_SERIAL",),
+            numeric="order_only",
             doc="batched columns, one thread per row walks all of K",
         ),
     ],
@@ -346,20 +358,20 @@ REGISTRY.register(
 )
 
 _SIMPLE = [
-    ("embedding", "default", "embedding.comp", 256, "get_rows of a quantized table, ids on device"),
-    ("rms_norm", "default", "rms_norm.comp", 256, "one workgroup per row, shared-memory sum"),
-    ("add", "default", "eltwise.comp", 256, "residual add and broadcast bias"),
-    ("rope", "table", "rope.comp", 256, "normal and neox, float64-built cos/sin table"),
-    ("kv_write", "default", "kv_write.comp", 256, "k and v into the float32 cache"),
-    ("swiglu", "default", "eltwise.comp", 256, "silu(gate) * up"),
+    ("embedding", "default", "embedding.comp", (), "get_rows of a quantized table, ids on device"),
+    ("rms_norm", "default", "rms_norm.comp", (), "one workgroup per row, shared-memory sum"),
+    ("add", "default", "eltwise.comp", ("OP_ADD",), "residual add and broadcast bias"),
+    ("rope", "table", "rope.comp", (), "normal and neox, float64-built cos/sin table"),
+    ("kv_write", "default", "kv_write.comp", (), "k and v into the float32 cache"),
+    ("swiglu", "default", "eltwise.comp", ("OP_SWIGLU",), "silu(gate) * up"),
     # hybrid models (engine/hybrid.py)
-    ("sigmoid_mul", "default", "eltwise.comp", 256, "x * sigmoid(gate)"),
-    ("cols", "default", "slice.comp", 256, "a contiguous copy of a column range"),
-    ("ssm_conv", "default", "ssm_conv.comp", 256, "causal conv1d + SiLU, a thread per channel"),
-    ("ssm_gates", "default", "ssm_gates.comp", 256, "softplus decay and sigmoid beta"),
-    ("router_topk", "default", "router_topk.comp", 128, "softmax, top-k, renormalised"),
+    ("sigmoid_mul", "default", "eltwise.comp", ("OP_SIGMOID_MUL",), "x * sigmoid(gate)"),
+    ("cols", "default", "slice.comp", (), "a contiguous copy of a column range"),
+    ("ssm_conv", "default", "ssm_conv.comp", (), "causal conv1d + SiLU, a thread per channel"),
+    ("ssm_gates", "default", "ssm_gates.comp", (), "softplus decay and sigmoid beta"),
+    ("router_topk", "default", "router_topk.comp", (), "softmax, top-k, renormalised"),
 ]
-for _op, _variant, _src, _wg_default, _doc in _SIMPLE:
+for _op, _variant, _src, _defines, _doc in _SIMPLE:
     _constraints = [_wg_fits(_op)]
     if _op == "rms_norm":
         _constraints.append(_shared_fits(_op, 2))
@@ -371,10 +383,12 @@ for _op, _variant, _src, _wg_default, _doc in _SIMPLE:
                 B,
                 _op,
                 _variant,
-                params=(_wg(_wg_default),),
+                params=(_wg(256),),
                 constraints=tuple(_constraints),
                 quant_types=QUANT_TYPES if _op == "embedding" else None,
                 source=f"vulkan/{_src}",
+                defines=_defines,
+                numeric="order_only",
                 doc=_doc,
             )
         ],
@@ -407,6 +421,7 @@ REGISTRY.register(
                     32,
                     "key ranges per (head, token) at decode (T == 1): the grid is H x splits, "
                     "each range ceil(L / splits) keys, merged by a second dispatch; 1: no merge",
+                    PUSHED,
                 ),
                 Param(
                     "splits_prefill",
@@ -414,6 +429,7 @@ REGISTRY.register(
                     1,
                     "key ranges per query for T > 1 (H x T workgroups already; the partials "
                     "buffer grows with T x splits)",
+                    PUSHED,
                 ),
                 Param(
                     "key_threads",
@@ -421,6 +437,7 @@ REGISTRY.register(
                     8,
                     "threads splitting one key's dot product over D; a tile is "
                     "wg_size / key_threads keys",
+                    spec(1),
                 ),
             ),
             constraints=(
@@ -429,6 +446,7 @@ REGISTRY.register(
                 _shared_fits("attention", 3),
             ),
             source="vulkan/attention_split.comp",
+            numeric="order_only",
             doc="split-KV (flash-decoding): a workgroup per (head, key range, token) writes an "
             "online-softmax partial, a merge pass rescales and sums them",
         ),
@@ -439,6 +457,7 @@ REGISTRY.register(
             params=(_wg(64),),
             constraints=(_wg_fits("attention"), _shared_fits("attention", 3)),
             source="vulkan/attention.comp",
+            numeric="order_only",
             doc="causal GQA, a workgroup per (head, token), online softmax over key tiles",
         ),
     ],
@@ -462,10 +481,12 @@ REGISTRY.register(
                     (1, 8, 16, 32, 64, 128, 256, 512, 1024),
                     128,
                     "workgroups per row in pass 1, each over ceil(V / slices) elements",
+                    PUSHED,
                 ),
             ),
             constraints=(_wg_fits("argmax"), _shared_fits("argmax", 2)),
             source="vulkan/argmax.comp",
+            numeric="order_only",
             doc="slices of a row reduce to (value, index) pairs, a second pass picks the first "
             "maximum among them",
         ),
@@ -476,6 +497,7 @@ REGISTRY.register(
             params=(_wg(256),),
             constraints=(_wg_fits("argmax"), _shared_fits("argmax", 2)),
             source="vulkan/argmax.comp",
+            numeric="order_only",
             doc="first maximum per row, one workgroup per row",
         ),
     ],
@@ -497,15 +519,18 @@ REGISTRY.register(
                     1024,
                     "dispatches recorded into one command buffer before it is submitted "
                     "(command-buffer depth; a download submits earlier)",
+                    HOST,
                 ),
                 Param(
                     "replay",
                     (True, False),
                     True,
                     "reuse the command buffer of an identical recorded graph (decode step)",
+                    HOST,
                 ),
             ),
             source="engine/backends/vulkan/stream.py",
+            numeric="order_only",
             doc="command recording: dispatches batched per submit, graphs recorded once",
         )
     ],
@@ -523,22 +548,25 @@ REGISTRY.register(
             params=(
                 _wg(128, (32, 64, 128, 256)),
                 Param(
+                    "state_transposed",
+                    (False, True),
+                    False,
+                    "the delta-net state between calls as S^T [dv, dk] (each thread's column "
+                    "contiguous) instead of S [dk, dv] (threads read across a row); the seed's "
+                    "7x was this choice on a warp-per-column kernel",
+                    spec(1),
+                ),
+                Param(
                     "max_dk",
                     (64, 128, 256),
                     128,
                     "register array per thread for a state column (must be >= the K head dim)",
-                ),
-                Param(
-                    "state_layout",
-                    ("S", "ST"),
-                    "S",
-                    "the delta-net state between calls: S row-major [dk, dv] (threads of a "
-                    "workgroup read across a row) or S^T [dv, dk] (each thread's column "
-                    "contiguous); the seed's 7x was this choice on a warp-per-column kernel",
+                    spec(2),
                 ),
             ),
             constraints=(_wg_fits("delta_net"),),
             source="vulkan/delta_net.comp",
+            numeric="order_only",
             doc="one workgroup per V head, a thread per state column in registers, T tokens "
             "in sequence; q/k L2 norm in the kernel",
         )
@@ -547,7 +575,7 @@ REGISTRY.register(
 )
 
 
-def _tpr_le_wg(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
+def _moe_tpr_le_wg(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
     c = cfg.op("moe_experts")
     return int(c["threads_per_row"]) <= int(c["wg_size"])
 
@@ -562,17 +590,24 @@ REGISTRY.register(
             "dmmv",
             params=(
                 _wg(64, (32, 64, 128, 256)),
-                Param("rows_per_wg", (1, 2, 4, 8, 16), 4, "expert rows per workgroup"),
-                Param("threads_per_row", (4, 8, 16, 32, 64), 16, "threads splitting a row's K"),
+                _rows_per_wg(4),
+                Param(
+                    "threads_per_row",
+                    (4, 8, 16, 32, 64),
+                    16,
+                    "threads splitting a row's K (partial sums meet in shared memory)",
+                    spec(2),
+                ),
             ),
             constraints=(
                 _wg_fits("moe_experts"),
-                Constraint("threads_per_row <= wg_size", _tpr_le_wg),
+                Constraint("threads_per_row <= wg_size", _moe_tpr_le_wg),
             ),
             quant_types=QUANT_TYPES,
             source="vulkan/moe_matvec.comp",
+            numeric="order_only",
             doc="a matrix-vector product per (token, chosen expert) reading only that expert's "
-            "rows, then a weighted sum per token (moe_combine.comp)",
+            "rows, then a weighted sum per token (the PASS_COMBINE pass)",
         )
     ],
     doc="routed experts of a MoE FFN (gate, up, SwiGLU, down, combine)",

@@ -1,0 +1,326 @@
+"""The standing mutation suite: planted bugs of the kinds that really happen, each of which the
+verifier must reject and blame on the op it lives in (tests/test_mutants.py; the table in
+docs/verify.md; scripts/verify_calibrate.py --mutants prints their numbers).
+
+NumPy bugs are planted by subclassing the reference backend (a test-only hook); Vulkan and CUDA
+bugs are ``#ifdef MUTANT_<NAME>`` blocks in the shipped shaders, compiled in only when
+FLEETTUNE_MUTANT=<NAME> (engine.backends.planted). Bugs in kernels that both of validate's paths
+share (the reference's default rms_norm ...) are ``check="cross_check"``: only the comparison
+with the NumPy backend can see them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from engine.backends.numpy_ref import NumpyBackend, NumpyWeight
+from engine.backends.planted import ENV
+
+# Prompt lengths: one token, a short one, and ones past the 32-token chunk edge with ragged tails.
+PROMPT_LENGTHS = (1, 5, 37, 70)
+
+
+def prompts(vocab: int) -> list[list[int]]:
+    from engine.bench import bench_prompt
+
+    return [bench_prompt(n, vocab, seed=3) for n in PROMPT_LENGTHS]
+
+
+# --- NumPy plants -------------------------------------------------------------------------------
+class _Planted(NumpyBackend):
+    """Batched-path bugs fire for T > 1 (only the candidate runs chunks); decode-path bugs fire
+    under matmul_decode.variant = ondemand (the reference keeps cached_f32)."""
+
+    def _dense_prefill(self, w: NumpyWeight) -> np.ndarray:
+        return w.dense(self.config.op("matmul_prefill").variant == "cached_f32")
+
+
+class DropLastColumn(_Planted):
+    def matmul(self, x, w):  # noqa: ANN001, ANN201
+        out = super().matmul(x, w)
+        if x.shape[0] > 1:
+            out[-1] = 0.0
+        return out
+
+
+class StaleArgmax(_Planted):
+    stale = np.zeros(1, np.int32)
+    _batched_tail = False
+
+    def argmax(self, logits):  # noqa: ANN001, ANN201
+        return self.stale if self._batched_tail else super().argmax(logits)
+
+    def matmul(self, x, w):  # noqa: ANN001, ANN201
+        self._batched_tail = x.shape[0] > 1 or self._batched_tail
+        return super().matmul(x, w)
+
+    def embedding(self, table, ids):  # noqa: ANN001, ANN201
+        self._batched_tail = False
+        return super().embedding(table, ids)
+
+
+class PrefillTailRows(_Planted):
+    def matmul(self, x, w):  # noqa: ANN001, ANN201
+        out = super().matmul(x, w)
+        n = out.shape[1]
+        if x.shape[0] > 1 and n % 64:
+            out[:, n - n % 64 :] = 0.0
+        return out
+
+
+class DecodeTailRows(_Planted):
+    def matmul(self, x, w):  # noqa: ANN001, ANN201
+        out = super().matmul(x, w)
+        n = out.shape[1]
+        if x.shape[0] == 1 and self.config.op("matmul_decode").variant == "ondemand" and n % 32:
+            out[:, n - n % 32 :] = 0.0
+        return out
+
+
+class KLoopShort(_Planted):
+    def matmul(self, x, w):  # noqa: ANN001, ANN201
+        if x.shape[0] == 1:
+            return super().matmul(x, w)
+        k = x.shape[1] - 32
+        return x[:, :k].astype(np.float32) @ self._dense_prefill(w)[:, :k].T
+
+
+class Fp16Accumulate(_Planted):
+    def matmul(self, x, w):  # noqa: ANN001, ANN201
+        if x.shape[0] == 1:
+            return super().matmul(x, w)
+        wd = self._dense_prefill(w)
+        acc = np.zeros((x.shape[0], wd.shape[0]), np.float16)
+        for k0 in range(0, x.shape[1], 32):
+            part = x[:, k0 : k0 + 32].astype(np.float32) @ wd[:, k0 : k0 + 32].T
+            acc = (acc.astype(np.float32) + part).astype(np.float16)
+        return acc.astype(np.float32)
+
+
+class _SubBlockScale(_Planted):
+    qtype, period, lo, hi, factor = "Q4_K", 256, 224, 256, 1.25
+
+    def matmul(self, x, w):  # noqa: ANN001, ANN201
+        if x.shape[0] == 1 or w.qt.qtype != self.qtype:
+            return super().matmul(x, w)
+        wd = self._dense_prefill(w).copy()
+        cols = np.arange(wd.shape[1]) % self.period
+        wd[:, (cols >= self.lo) & (cols < self.hi)] *= self.factor
+        return x.astype(np.float32) @ wd.T
+
+
+class Q4KSubBlockScale(_SubBlockScale):
+    pass
+
+
+class Q6KSubBlockScale(_SubBlockScale):
+    qtype, period, lo, hi, factor = "Q6_K", 32, 16, 32, 0.75
+
+
+class NoCausalInChunk(_Planted):
+    def attention(self, q, cache, layer, pos0):  # noqa: ANN001, ANN201
+        T, H, D = q.shape
+        if T == 1:
+            return super().attention(q, cache, layer, pos0)
+        L = pos0 + T  # every query of the chunk sees the whole chunk
+        group = H // cache.k[layer].shape[1]
+        k = np.repeat(cache.k[layer][:L].astype(np.float64), group, axis=1)
+        v = np.repeat(cache.v[layer][:L].astype(np.float64), group, axis=1)
+        s = np.einsum("thd,lhd->htl", q.astype(np.float64), k) / np.sqrt(D)
+        p = np.exp(s - s.max(axis=-1, keepdims=True))
+        p /= p.sum(axis=-1, keepdims=True)
+        return np.einsum("htl,lhd->thd", p, v).astype(np.float32)
+
+
+class RopeChunkPositions(_Planted):
+    def rope(self, x, pos0, theta, neox):  # noqa: ANN001, ANN201
+        return super().rope(x, 0 if x.shape[0] > 1 else pos0, theta, neox)
+
+
+class KvWriteOffByOne(_Planted):
+    def kv_write(self, cache, layer, k, v, pos0):  # noqa: ANN001, ANN201
+        if k.shape[0] > 1 and pos0 + k.shape[0] < cache.capacity:
+            pos0 += 1
+        super().kv_write(cache, layer, k, v, pos0)
+
+
+class ArgmaxLastTie(_Planted):
+    def argmax(self, logits):  # noqa: ANN001, ANN201
+        flipped = np.asarray(logits)[..., ::-1]
+        return (logits.shape[-1] - 1 - np.argmax(flipped, axis=-1)).astype(np.int32)
+
+
+class DecodeAttentionDropsRange(_Planted):
+    """A split-KV merge that loses one key range, at decode (T == 1) only."""
+
+    def attention(self, q, cache, layer, pos0):  # noqa: ANN001, ANN201
+        L = pos0 + 1
+        if q.shape[0] > 1 or L < 8:
+            return super().attention(q, cache, layer, pos0)
+        lo, hi = L // 8, 2 * (L // 8)  # the second of eight ranges
+        saved_k = cache.k[layer][lo:hi].copy()
+        cache.k[layer][lo:hi] = -1e4 * q[0, 0].mean()  # scores pushed far from the rest
+        try:
+            out = super().attention(q, cache, layer, pos0)
+        finally:
+            cache.k[layer][lo:hi] = saved_k
+        return out
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    backend: str  # numpy | vulkan | cuda
+    blamed: str  # the registry op blame must name
+    what: str
+    candidate: dict[str, Any] = field(default_factory=dict)  # flat config it is judged under
+    check: str = "validate"  # or cross_check: a bug in a kernel both paths share
+    plant: type | None = None  # NumPy: the backend subclass
+
+    @property
+    def id(self) -> str:
+        return f"{self.backend}:{self.name}"
+
+
+_NP = {"prefill.chunk_tokens": 16}
+MUTANTS: tuple[Mutant, ...] = (
+    Mutant("DROP_LAST_COLUMN", "numpy", "matmul_prefill", "batched matmul leaves the last column "
+           "(token) of every chunk unwritten", _NP, plant=DropLastColumn),
+    Mutant("STALE_ARGMAX", "numpy", "argmax", "the batched prefill's greedy token is read from a "
+           "stale argmax buffer", _NP, plant=StaleArgmax),
+    Mutant("PREFILL_TAIL_ROWS", "numpy", "matmul_prefill", "batched matmul drops the ragged last "
+           "64-row tile", _NP, plant=PrefillTailRows),
+    Mutant("DECODE_TAIL_ROWS", "numpy", "matmul_decode", "DMMV skips rows past the last multiple "
+           "of 32", {**_NP, "matmul_decode.variant": "ondemand"}, plant=DecodeTailRows),
+    Mutant("K_LOOP_SHORT", "numpy", "matmul_prefill", "batched matmul's K loop stops one 32-block "
+           "short", _NP, plant=KLoopShort),
+    Mutant("FP16_ACCUMULATE", "numpy", "matmul_prefill", "batched matmul accumulates in fp16",
+           _NP, plant=Fp16Accumulate),
+    Mutant("Q4K_SCALE", "numpy", "matmul_prefill", "batched Q4_K dequant: sub-block 7 takes a "
+           "wrong scale", _NP, plant=Q4KSubBlockScale),
+    Mutant("Q6K_SCALE", "numpy", "matmul_prefill", "batched Q6_K dequant: the second 16 of each "
+           "32 take a wrong scale", _NP, plant=Q6KSubBlockScale),
+    Mutant("NO_CAUSAL_IN_CHUNK", "numpy", "attention", "the causal mask is missing inside a "
+           "chunk", _NP, plant=NoCausalInChunk),
+    Mutant("ROPE_CHUNK_POSITIONS", "numpy", "rope", "RoPE positions restart at 0 in every "
+           "batched chunk", _NP, plant=RopeChunkPositions),
+    Mutant("KV_WRITE_OFF_BY_ONE", "numpy", "kv_write", "a batched chunk's K/V land one position "
+           "late", _NP, plant=KvWriteOffByOne),
+    Mutant("ARGMAX_LAST_TIE", "numpy", "argmax", "ties go to the last maximum", _NP,
+           plant=ArgmaxLastTie),
+    Mutant("DECODE_ATTN_DROPS_RANGE", "numpy", "attention", "decode attention loses one of its "
+           "key ranges (a split-KV merge dropping a split)", _NP,
+           plant=DecodeAttentionDropsRange),
+    # Vulkan (lavapipe in CI): #ifdef MUTANT_<NAME> in shaders/vulkan
+    Mutant("TILED_TAIL_ROWS", "vulkan", "matmul_prefill", "tiled GEMM does not write the ragged "
+           "last row tile (matmul_tiled.comp)"),
+    Mutant("TILED_K_SHORT", "vulkan", "matmul_prefill", "tiled GEMM's K loop one block short"),
+    Mutant("TILED_NO_BARRIER", "vulkan", "matmul_prefill", "tiled GEMM reads its shared tiles "
+           "without the barrier after the loads"),
+    Mutant("FP16_ACCUMULATE", "vulkan", "matmul_prefill", "kpar accumulates in fp16 "
+           "(matmul_prefill.comp)", {"matmul_prefill.variant": "kpar"}),
+    Mutant("DMMV_TAIL_ROWS", "vulkan", "matmul_decode", "subgroup DMMV skips rows past the last "
+           "multiple of 32 (matmul_decode.comp)", {"matmul_decode.variant": "subgroup"}),
+    Mutant("Q4K_SCALE_MIN", "vulkan", "matmul_prefill", "Q4_K sub-blocks 4..7 swap scale and "
+           "min (dequant.glsl)"),
+    Mutant("Q6K_SCALE", "vulkan", "matmul_prefill", "Q6_K: the second 16 of each 32 reuse the "
+           "first 16's scale (dequant.glsl)"),
+    Mutant("NO_CAUSAL_IN_CHUNK", "vulkan", "attention", "online attention without the causal "
+           "mask inside a chunk", {"attention.variant": "online", "prefill.chunk_tokens": 32}),
+    Mutant("ROPE_CHUNK_POS", "vulkan", "rope", "RoPE positions restart at 0 in batched chunks",
+           {"prefill.chunk_tokens": 32}),
+    Mutant("KV_OFF_BY_ONE", "vulkan", "kv_write", "a batched chunk's K/V written one position "
+           "late", {"prefill.chunk_tokens": 32}),
+    Mutant("SPLIT_MERGE_DROPS", "vulkan", "attention", "split-KV merge forgets partial 1 "
+           "(attention_split.comp)"),
+    Mutant("ARGMAX_LAST_TIE", "vulkan", "argmax", "two-stage argmax breaks ties to the last "
+           "maximum"),
+    Mutant("RMS_WEIGHT_TWICE", "vulkan", "rms_norm", "the default rms_norm applies its weight "
+           "twice (both validate paths share it)", check="cross_check"),
+    Mutant("RMS_EPS_FIXED", "vulkan", "rms_norm", "the default rms_norm ignores the model's eps "
+           "(1e-5 for 1e-6)", check="cross_check"),
+    # CUDA (gpu-marked): #ifdef MUTANT_<NAME> in shaders/cuda
+    Mutant("MMVQ_TAIL_ROWS", "cuda", "matmul_decode", "mmvq skips the ragged last rows",
+           {"matmul_decode.variant": "mmvq"}),
+    Mutant("MMQ_K_SHORT", "cuda", "matmul_prefill", "mmq's K loop one tile short",
+           {"matmul_prefill.variant": "mmq", "prefill.gemm_min_t": 2}),
+    Mutant("MMQ8_Q4K_MIN", "cuda", "matmul_prefill", "mmq8 drops the Q4_K min term",
+           {"matmul_prefill.variant": "mmq8", "prefill.gemm_min_t": 2}),
+    Mutant("ATTN_SPLIT_MERGE_DROPS", "cuda", "attention_decode", "split-KV combine forgets "
+           "split 1 (the reference's per-token path uses it too)", check="cross_check"),
+    Mutant("FLASH_NO_CAUSAL", "cuda", "attention_prefill", "flash attention without the causal "
+           "mask inside a block", {"prefill.gemm_min_t": 2}),
+)  # fmt: skip
+
+
+@contextmanager
+def planted(m: Mutant) -> Iterator[None]:
+    """FLEETTUNE_MUTANT set for the shader builds of a Vulkan/CUDA mutant; restored after."""
+    old = os.environ.get(ENV)
+    if m.backend != "numpy":
+        os.environ[ENV] = m.name
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(ENV, None)
+        else:
+            os.environ[ENV] = old
+
+
+@dataclass
+class Verdict:
+    mutant: str
+    rejected: bool
+    caught_by: str  # validate | cross_check | (none)
+    blamed: str | None  # blamed op
+    blame: str  # blame text
+    kld: float
+    nmse: float
+    reasons: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def judge(m: Mutant, model_path: Any, make_backend: Any = None, steps: int = 4) -> Verdict:
+    """Plant ``m``, run the check it must fail, and say what caught it and what blame named."""
+    from engine.gguf_model import open_model
+    from engine.model import Model
+    from engine.tuning import TuningConfig
+    from engine.validate import cross_check_numpy, validate
+
+    with planted(m):
+        if m.plant is not None:
+            be = m.plant()
+        elif make_backend is not None:
+            be = make_backend()
+        else:
+            from engine import backends
+
+            be = backends.create(m.backend)
+        try:
+            model = Model(open_model(model_path), be)
+            ps = prompts(model.spec.n_vocab)
+            if m.check == "cross_check":
+                cc = cross_check_numpy(model, ps[1:3], steps=steps)
+                blame = cc["blame"] or {}
+                return Verdict(m.id, not cc["passed"], "cross_check" if not cc["passed"] else "",
+                               blame.get("op"), blame.get("text", ""), cc["kld"], cc["nmse"],
+                               cc["reasons"][:3])  # fmt: skip
+            cand = TuningConfig.default(m.backend).replace(**m.candidate)
+            rep = validate(model, cand, ps, steps=steps)
+            b = rep.blame
+            return Verdict(m.id, not rep.passed, "validate" if not rep.passed else "",
+                           b.op if b else None, str(b) if b else "", rep.kld_max, rep.nmse,
+                           rep.reasons[:3])  # fmt: skip
+        finally:
+            close = getattr(be, "close", None)
+            if close is not None:
+                close()

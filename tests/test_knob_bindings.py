@@ -1,0 +1,275 @@
+"""The registry binds knobs to kernels: every knob says how it reaches its kernel, the shaders'
+defaults are the registry's, and the backends' mapping (a loop over the bindings) builds what
+the hand-written mapping it replaced built, for every value of every knob. No GPU: the Vulkan
+mapping is engine.backends.vulkan.kernels, the CUDA one engine.backends.cuda.kernels."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from engine.backends.cuda import kernels as cuda_k
+from engine.backends.vulkan import kernels as vk_k
+from engine.tuning import REGISTRY, TuningConfig
+from engine.tuning.registry import DEFINE, HOST, PUSH, SCHEDULE, SPEC, SUBGROUP
+
+SHADERS = Path(__file__).resolve().parents[1] / "shaders"
+KINDS_OF = {  # which bindings each backend has a mechanism for
+    "numpy": {SCHEDULE},
+    "vulkan": {SPEC, DEFINE, PUSH, SUBGROUP, SCHEDULE},
+    "cuda": {DEFINE, PUSH, SCHEDULE},
+}
+
+
+def each_knob_value(backend: str) -> Iterator[TuningConfig]:
+    """Every variant at its defaults, and every value of every knob of it, one at a time."""
+    base = TuningConfig.default(backend)
+    for op in REGISTRY.ops(backend):
+        for v in op.variants:
+            at = base.replace(**{f"{op.name}.variant": v.name})
+            yield at
+            for p in v.params:
+                for c in p.choices:
+                    if c != p.default:
+                        yield at.replace(**{f"{op.name}.{p.name}": c})
+
+
+@pytest.mark.parametrize("backend", sorted(KINDS_OF))
+def test_every_knob_declares_how_it_reaches_its_kernel(backend):
+    for op in REGISTRY.ops(backend):
+        for v in op.variants:
+            where = f"{backend}.{op.name}.{v.name}"
+            for p in v.params:
+                assert p.binding is not None, f"{where}.{p.name} has no binding"
+                assert p.binding.kind in KINDS_OF[backend], f"{where}.{p.name}: {p.binding}"
+            for kind in (SPEC, DEFINE):
+                targets = [p.binding.target for p in v.bound(kind)]
+                assert len(targets) == len(set(targets)), f"{where}: two knobs on one {kind}"
+    assert REGISTRY.op(backend, "prefill").default.param("chunk_tokens").binding == HOST
+
+
+# --- Vulkan ---------------------------------------------------------------------------------
+_CONST = re.compile(r"layout\s*\(\s*constant_id\s*=\s*(\d+)\s*\)\s*const\s+\w+\s+(\w+)\s*=\s*(\w+)")
+
+
+def spec_defaults(program: vk_k.Program) -> dict[int, int]:
+    """constant_id -> default of a program's specialization constants, read from its shader as
+    glslc preprocesses it with the program's defines (defaults may differ per variant)."""
+    src = SHADERS / "vulkan" / f"{program.shader}.comp"
+    cmd = ["glslc", "-E", f"-I{src.parent}", *(f"-D{d}" for d in program.defines), str(src)]
+    text = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    return {int(i): int(v) for i, _, v in _CONST.findall(text)}
+
+
+def _vulkan_variants() -> list:
+    return [
+        pytest.param(op.name, v, id=f"{op.name}.{v.name}")
+        for op in REGISTRY.ops("vulkan")
+        for v in op.variants
+        if v.bound(SPEC)
+    ]
+
+
+@pytest.mark.parametrize("op,variant", _vulkan_variants())
+def test_vulkan_shader_defaults_are_the_registry_defaults(op, variant):
+    choice = TuningConfig.default("vulkan").replace(**{f"{op}.variant": variant.name}).op(op)
+    q = sorted(variant.quant_types)[0] if variant.quant_types else ""
+    for program in vk_k.programs(op, choice, q):
+        found = spec_defaults(program)
+        for p in variant.bound(SPEC):
+            cid = int(p.binding.target)
+            assert cid in found, f"{program.shader} has no constant_id {cid} for {p.name}"
+            assert found[cid] == p.default, (
+                f"{program.shader} {list(program.defines)}: constant {cid} defaults to "
+                f"{found[cid]}, the registry's {op}.{variant.name}.{p.name} to {p.default}"
+            )
+
+
+def _old_vulkan_spec(cfg: TuningConfig, op: str) -> tuple[tuple[int, ...], int]:
+    """The hand-written mapping VulkanBackend._programs had before the bindings (HEAD 03e9fcf),
+    with prefill.max_cols now matmul_prefill.max_cols."""
+    c = cfg.op(op)
+    wg = int(c.as_dict().get("wg_size", 0))
+    if op == "matmul_decode":
+        tpr = int(c["threads_per_row"]) if c.variant in ("shmem", "block") else 1
+        rpt = int(c["rows_per_thread"]) if c.variant == "block" else 1
+        sg = int(c["subgroup_size"]) if c.variant in ("subgroup", "block") else 0
+        return (wg, int(c["rows_per_wg"]), tpr, rpt), sg
+    if op == "matmul_prefill":
+        if c.variant == "tiled":
+            return (int(c["tile_m"]), int(c["tile_n"])), 0
+        rows = int(c["rows_per_wg"]) if c.variant == "kpar" else 1
+        sg = int(c["subgroup_size"]) if c.variant == "kpar" else 0
+        return (wg, rows, int(c["max_cols"])), sg
+    if op == "attention" and c.variant == "split":
+        return (wg, int(c["key_threads"])), 0
+    if op == "delta_net":  # the hybrids' kernels (issue 15) mapped the same way by hand
+        return (wg, int(c["state_transposed"]), int(c["max_dk"])), 0
+    if op == "moe_experts":
+        return (wg, int(c["rows_per_wg"]), int(c["threads_per_row"])), 0
+    return (wg,), 0
+
+
+# Constants the old mapping set that the variant's code does not read (the new mapping leaves
+# them at the shader default): subgroup ignores THREADS_PER_ROW and ROWS_PER_THREAD, shmem
+# ROWS_PER_THREAD, serial ROWS_PER_WG.
+UNREAD = {
+    ("matmul_decode", "subgroup"): {2, 3},
+    ("matmul_decode", "shmem"): {3},
+    ("matmul_prefill", "serial"): {1},
+}
+
+
+def test_vulkan_mapping_is_the_old_one_for_every_knob_value():
+    ops = [o.name for o in REGISTRY.ops("vulkan") if o.name not in ("prefill", "submit")]
+    n = 0
+    for cfg in each_knob_value("vulkan"):
+        for op in ops:
+            c = cfg.op(op)
+            spec, sg = vk_k.specialization(op, c)
+            old, old_sg = _old_vulkan_spec(cfg, op)
+            unread = UNREAD.get((op, c.variant), set())
+            want = {i: x for i, x in enumerate(old) if i not in unread}
+            assert dict(spec) == want and sg == old_sg, (op, c)
+            n += 1
+    assert n > 1000
+
+
+def test_vulkan_unread_constants_are_unread():
+    """UNREAD above is true of the shaders: the constant's name does not occur in the code the
+    variant's defines select."""
+    names = {"matmul_decode": ("WG_SIZE", "ROWS_PER_WG", "THREADS_PER_ROW", "ROWS_PER_THREAD")}
+    names["matmul_prefill"] = ("WG_SIZE", "ROWS_PER_WG", "MAX_COLS")
+    for (op, variant), ids in UNREAD.items():
+        choice = TuningConfig.default("vulkan").replace(**{f"{op}.variant": variant}).op(op)
+        (program,) = vk_k.programs(op, choice, "Q4_K")
+        src = SHADERS / "vulkan" / f"{program.shader}.comp"
+        cmd = ["glslc", "-E", f"-I{src.parent}", *(f"-D{d}" for d in program.defines), str(src)]
+        text = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+        body = _CONST.sub("", text)
+        for i in ids:
+            assert not re.search(rf"\b{names[op][i]}\b", body), (op, variant, names[op][i])
+
+
+# --- CUDA -----------------------------------------------------------------------------------
+_DEFAULT = re.compile(r"^#ifndef (\w+)\n#define \1 (\w+)\n#endif", re.M)
+_REQUIRED = re.compile(r"^#if (!defined\(\w+\)(?:\s*\|\|\s*!defined\(\w+\))*)\n#error", re.M)
+
+
+def cuda_defaults(fname: str) -> dict[str, int]:
+    return {k: int(v) for k, v in _DEFAULT.findall((SHADERS / "cuda" / fname).read_text())}
+
+
+def cuda_required(fname: str) -> set[str]:
+    text = (SHADERS / "cuda" / fname).read_text()
+    return {n for m in _REQUIRED.findall(text) for n in re.findall(r"defined\((\w+)\)", m)}
+
+
+def _old_cuda_modules(cfg: TuningConfig) -> dict[str, tuple[str, dict]]:
+    """CudaBackend._build before the bindings (HEAD 03e9fcf), matmul_batched.cols now
+    matmul_batched.max_cols; the mmvq variant's float-weight fallback is compared apart."""
+    k: dict[str, tuple[str, dict]] = {}
+    dec = cfg.op("matmul_decode")
+    if dec.variant == "mmvq":
+        k["mmvq"] = ("mmvq.cu", {"NW": dec["warps"], "RPB": dec["rows_per_block"]})
+    else:
+        k["decode"] = (
+            "dmmv.cu",
+            {
+                "ROWS": dec["rows_per_block"],
+                "TPR": dec["threads_per_row"],
+                "RPT": dec["rows_per_thread"],
+                "COLS": 1,
+                "VEC": dec["vec"],
+            },
+        )
+    k["q8"] = ("q8.cu", {})
+    bat = cfg.op("matmul_batched")
+    serial = bat.variant == "dmmv_serial"
+    k["batched"] = (
+        "dmmv.cu",
+        {
+            "ROWS": bat["rows_per_block"],
+            "TPR": 1 if serial else bat["threads_per_row"],
+            "COLS": bat["max_cols"],
+            "VEC": 1,
+        },
+    )
+    pre = cfg.op("matmul_prefill")
+    if pre.variant in ("mmq", "mmq8"):
+        k[pre.variant] = (
+            f"{pre.variant}.cu",
+            {"BM": pre["tile_m"], "BN": pre["tile_n"], "WM": pre["warps_m"], "WN": pre["warps_n"]},
+        )
+    k["dequant"] = ("dequant.cu", {})
+    k["elementwise"] = ("elementwise.cu", {})
+    ap = cfg.op("attention_prefill")
+    flash = {"BQ": ap["block_q"], "RPW": ap["rows_per_warp"]} if ap.variant == "flash" else {}
+    k["attention"] = ("attention.cu", flash)
+    return k
+
+
+# What the sources defaulted to before the bindings: the value a build without the define got.
+OLD_SOURCE_DEFAULTS = {
+    "dmmv.cu": {"ROWS": 4, "TPR": 32, "COLS": 1, "VEC": 1, "RPT": 1},
+    "mmvq.cu": {"NW": 4, "RPB": 2},
+    "mmq.cu": {"BM": 128, "BN": 128, "WM": 2, "WN": 4},
+    "mmq8.cu": {"BM": 128, "BN": 128, "WM": 2, "WN": 4},
+    "attention.cu": {"BQ": 16, "RPW": 4},
+}
+
+
+def test_cuda_defines_are_the_old_ones_for_every_knob_value():
+    """Each module's effective defines (given ones over the source's defaults) equal the old
+    mapping's for every value of every knob; the one intended change: float weights under
+    matmul_decode.mmvq use dmmv at the registry's defaults, not a fixed copy of them."""
+    n = 0
+    for cfg in each_knob_value("cuda"):
+        new = cuda_k.modules_for(cfg)
+        old = _old_cuda_modules(cfg)
+        if cfg.op("matmul_decode").variant == "mmvq":
+            fname, defines = new.pop("decode")
+            dmmv = REGISTRY.op("cuda", "matmul_decode").variant("dmmv")
+            assert fname == "dmmv.cu" and defines == {
+                "COLS": 1,
+                **{str(p.binding.target): p.default for p in dmmv.bound(DEFINE)},
+            }
+        new.pop("matmul_prefill", None)
+        if cfg.op("matmul_prefill").variant == "staged":
+            assert new.get("dequant") == ("dequant.cu", {})
+        assert set(new) == set(old), cfg.diff(TuningConfig.default("cuda"))
+        for key, (fname, defines) in new.items():
+            assert fname == old[key][0]
+            src = {**OLD_SOURCE_DEFAULTS.get(fname, {}), **cuda_defaults(fname)}
+            assert {**src, **defines} == {**OLD_SOURCE_DEFAULTS.get(fname, {}), **old[key][1]}, (
+                key,
+                cfg.diff(TuningConfig.default("cuda")),
+            )
+            n += 1
+    assert n > 500
+
+
+def test_cuda_builds_give_every_required_define_and_sources_default_to_the_registry():
+    """A source either requires a define (#error without it) or defaults it to the registry's
+    default of every variant that builds it; every define a build passes is read."""
+    for cfg in each_knob_value("cuda"):
+        for fname, defines in cuda_k.modules_for(cfg).values():
+            assert cuda_required(fname) <= set(defines), (fname, defines)
+            text = (SHADERS / "cuda" / fname).read_text()
+            for name in defines:
+                assert len(re.findall(rf"\b{name}\b", text)) >= 3, f"{fname} does not read {name}"
+    for op in REGISTRY.ops("cuda"):
+        for v in op.variants:
+            if not v.source.endswith(".cu"):
+                continue  # host code: the schedule
+            fname = Path(v.source).name
+            defaults = cuda_defaults(fname)
+            for p in v.bound(DEFINE):
+                name = str(p.binding.target)
+                assert name in defaults or name in cuda_required(fname), (fname, name)
+                if name in defaults:
+                    assert defaults[name] == p.default, (fname, name, op.name, v.name)

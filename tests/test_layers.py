@@ -1,0 +1,152 @@
+"""The layering, checked from the source: engine <- worker <- agent, the registry and the device
+record below the backends, the backends below the model and everything that runs it. Imports are
+read with ast (every import: module level, inside functions and under TYPE_CHECKING, since each
+is a dependency a reader must follow), so a circle or an upward import fails here before it
+fails at import time on some other machine."""
+
+from __future__ import annotations
+
+import ast
+import graphlib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("engine", "worker", "agent")
+
+# (importer prefix, forbidden prefixes): a module under the first may import none of the second.
+# Prefixes match whole dotted components ("engine.bench" is not "engine.benchmarks").
+_ABOVE_BACKENDS = (
+    "engine.model",
+    "engine.runtime",
+    "engine.validate",
+    "engine.bench",
+    "engine.cli",
+    "engine.__main__",
+    "engine.sweep",
+    "engine.checkpoints",
+    "engine.synth",
+)
+RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("engine", ("worker", "agent")),
+    ("worker", ("agent",)),
+    ("engine.backends", _ABOVE_BACKENDS),
+    ("engine.tuning", ("engine.backends", *_ABOVE_BACKENDS)),
+    ("engine.device_info", ("engine.backends", "engine.tuning", *_ABOVE_BACKENDS)),
+)
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for pkg in PACKAGES:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            out[_module_name(path)] = path
+    return out
+
+
+def _within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def _targets(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """Our modules that ``name`` imports: ``from a.b import c`` is a.b.c when that is a module
+    of ours, else a.b; relative imports are resolved against the importing package."""
+    is_pkg = path.name == "__init__.py"
+    package = name if is_pkg else name.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            found = [
+                f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names
+            ]
+        else:
+            continue
+        out |= {t for t in found if t.split(".")[0] in PACKAGES and t != name}
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    known = _modules()
+    graph = {}
+    for name, path in known.items():
+        targets = _targets(name, path, known)
+        unknown = sorted(t for t in targets if t not in known)
+        assert not unknown, f"{name} imports modules that do not exist: {unknown}"
+        graph[name] = targets
+    return graph
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    return import_graph()
+
+
+def circles(graph: dict[str, set[str]], limit: int = 20) -> list[list[str]]:
+    """Import circles, each as a path back to its start; one edge of each found is cut to look
+    for the next, so every circle shows at least once."""
+    g = {k: set(v) for k, v in graph.items()}
+    found = []
+    while len(found) < limit:
+        try:
+            graphlib.TopologicalSorter(g).prepare()
+            return found
+        except graphlib.CycleError as e:
+            cycle = list(e.args[1])
+            if cycle[1] not in g[cycle[0]]:  # graphlib may walk it backwards
+                cycle.reverse()
+            found.append(cycle)
+            g[cycle[0]].discard(cycle[1])
+    return found
+
+
+def test_no_import_circles(graph):
+    found = circles(graph)
+    assert not found, "import circles:\n" + "\n".join(" -> ".join(c) for c in found)
+
+
+def upward(graph: dict[str, set[str]]) -> list[str]:
+    return [
+        f"{src} imports {dst}"
+        for src, dsts in sorted(graph.items())
+        for dst in sorted(dsts)
+        for low, forbidden in RULES
+        if _within(src, low) and any(_within(dst, f) for f in forbidden)
+    ]
+
+
+def test_no_upward_imports(graph):
+    bad = upward(graph)
+    assert not bad, "upward imports:\n" + "\n".join(bad)
+
+
+def test_the_checker_sees_circles_and_upward_imports(tmp_path, monkeypatch):
+    """The checks above are real: a planted circle and a planted upward import are found."""
+    for pkg in PACKAGES:
+        (tmp_path / pkg).mkdir()
+        (tmp_path / pkg / "__init__.py").write_text("")
+    (tmp_path / "engine" / "a.py").write_text("from engine import b\n")
+    (tmp_path / "engine" / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from engine.a import x\n"
+    )
+    (tmp_path / "worker" / "w.py").write_text("def f():\n    from agent import loop\n")
+    (tmp_path / "agent" / "loop.py").write_text("")
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)
+    g = import_graph()
+    assert g["engine.a"] == {"engine.b"} and g["engine.b"] == {"engine.a"}
+    assert [sorted(c) for c in circles(g)] == [["engine.a", "engine.a", "engine.b"]]
+    assert upward(g) == ["worker.w imports agent.loop"]

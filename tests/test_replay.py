@@ -1,0 +1,242 @@
+"""The replay runner, its tables, failed configs told to the sampler, and warm start."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import replace
+from pathlib import Path
+
+import optuna
+import pytest
+
+from agent.experiment import ExperimentError, load_experiment
+from agent.records import TrialRecord
+from agent.replay import effective, prepare, run_samplers, warm_from
+from agent.space import build_space, config_key
+from agent.study import StudyState
+from agent.table import Row, Table, from_study, from_sweep, load_table, space_configs
+from engine.tuning import TuningConfig
+
+DATA = Path(__file__).parent / "data"
+EXP = DATA / "decode-dmmv-lavapipe.toml"
+MEASURED = DATA / "decode-dmmv-lavapipe.json"
+TARGET = "decode_tok_s@16"
+
+
+def _landscape(flat: dict) -> tuple[float | None, str]:
+    """A made-up table over the lavapipe experiment's space: a smooth optimum in the block
+    variant (rows_per_wg 8, threads_per_row 4, rows_per_thread 2), the shmem variant invalid
+    (as validate rejected mmvq on the H200), subgroup slow."""
+    v = flat["matmul_decode.variant"]
+    if v == "shmem":
+        return None, "invalid"
+    if v == "subgroup":
+        return 20.0 + flat["matmul_decode.rows_per_wg"], "ok"
+    rpw = [1, 2, 4, 8, 16].index(flat["matmul_decode.rows_per_wg"])
+    tpr = [0, 4, 8, 16].index(flat["matmul_decode.threads_per_row"])
+    rpt = [1, 2, 4].index(flat["matmul_decode.rows_per_thread"])
+    if flat["matmul_decode.threads_per_row"] == 16:
+        return None, "infeasible"
+    return 100.0 - 9 * abs(rpw - 3) - 7 * abs(tpr - 1) - 5 * abs(rpt - 1), "ok"
+
+
+def _table(tmp_path: Path) -> Path:
+    exp = load_experiment(EXP)
+    space = build_space("vulkan", exp.space_for("vulkan"))
+    rows = []
+    for flat in space_configs(space, TuningConfig.default("vulkan").flat()):
+        metric, outcome = _landscape(flat)
+        rows.append(Row(flat, metric, outcome))
+    path = tmp_path / "t.json"
+    Table(str(EXP), "vulkan", TARGET, rows, "made up").save(path)
+    return path
+
+
+def test_table_round_trips_json_and_csv(tmp_path: Path) -> None:
+    t = load_table(_table(tmp_path))
+    t.save(tmp_path / "t.csv")
+    back = load_table(tmp_path / "t.csv")
+    assert back.to_dict() == t.to_dict()
+    assert back.best == 100.0 and len(back.rows) == 97
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("[]", "a 'rows' list"),
+        ('{"rows": [], "backend": "vulkan", "target": "x"}', "missing ['experiment']"),
+        ('{"experiment": "e", "backend": "b", "target": "t", "rows": [{"config": {}}]}', "row 0"),
+        (
+            '{"experiment": "e", "backend": "b", "target": "t", '
+            '"rows": [{"config": {}, "outcome": "ok", "metric": null}]}',
+            "row 0 is ok but its metric is None",
+        ),
+    ],
+)
+def test_a_bad_table_names_the_problem(tmp_path: Path, text: str, error: str) -> None:
+    p = tmp_path / "bad.json"
+    p.write_text(text)
+    with pytest.raises(ExperimentError, match=error.replace("[", r"\[").replace("]", r"\]")):
+        load_table(p)
+
+
+def test_replay_cli_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    from agent.cli import main
+
+    t = _table(tmp_path)
+    assert main(["replay", str(t), "--sampler", "sobol"]) == 2
+    assert main(["replay", str(tmp_path / "missing.json")]) == 2
+    assert main(["table", "from-sweep", str(t), "--experiment", str(EXP), "--target", TARGET,
+                 "--out", str(tmp_path / "x.txt")]) == 2  # fmt: skip
+    assert not (tmp_path / "x.txt").exists()
+
+
+def test_lookup_ignores_knobs_the_variant_does_not_read(tmp_path: Path) -> None:
+    r = prepare(load_table(_table(tmp_path)), tmp_path / "t.json")
+    flat = {**r.baseline, "matmul_decode.variant": "subgroup", "matmul_decode.rows_per_wg": 4}
+    other = {**flat, "matmul_decode.threads_per_row": 8}  # a block knob: subgroup ignores it
+    assert effective(r.space, flat) == effective(r.space, other)
+    assert r.lookup(other) is not None and r.lookup(other).metric == 24.0
+    assert r.budget == 97 - 15  # threads_per_row 16 rows are infeasible: they cost no trial
+
+
+def test_tpe_beats_random_on_a_structured_table(tmp_path: Path) -> None:
+    r = prepare(load_table(_table(tmp_path)), tmp_path / "t.json")
+    tpe, rnd = run_samplers(r, ["tpe", "random"], seeds=12)
+    assert tpe.reached == rnd.reached == 12  # every search gets there within the budget
+    assert tpe.quartiles()[1] < rnd.quartiles()[1]
+    assert all(run.trials is not None and run.trials <= r.budget for run in tpe.runs)
+
+
+def test_failed_trials_are_told_as_infeasible_and_teach_tpe(tmp_path: Path) -> None:
+    """The shmem variant is invalid everywhere: told PRUNED with a violated constraint, TPE
+    stops proposing it; told FAIL (as before), TPE never learns and keeps spending trials."""
+    r = prepare(load_table(_table(tmp_path)), tmp_path / "t.json")
+    with_c = run_samplers(r, ["tpe"], seeds=10, constraints=True)[0]
+    without = run_samplers(r, ["tpe"], seeds=10, constraints=False)[0]
+    failed_with = statistics.fmean(x.failed for x in with_c.runs)
+    failed_without = statistics.fmean(x.failed for x in without.runs)
+    assert failed_with < failed_without
+
+    exp = replace(load_experiment(EXP), objectives=(load_experiment(EXP).objectives[0],))
+    st = StudyState(
+        exp, "c", "vulkan", "synthetic:tiny", "", optuna.storages.InMemoryStorage(),
+        r.baseline, "default",
+    )  # fmt: skip
+    trial, flat, role = st.ask()
+    st.finish(trial, TrialRecord(st.name, trial.number, role, "invalid", config=flat), None)
+    st.flush()
+    t = st.study.trials[trial.number]
+    assert t.state == optuna.trial.TrialState.PRUNED
+    assert t.constraints == {"runs_and_validates": 1.0}
+    assert st.evaluated == 1 and config_key(flat) in st.tried
+
+
+def test_resume_counts_failed_trials_told_pruned(tmp_path: Path) -> None:
+    from agent.storage import parse_storage
+
+    exp = load_experiment(EXP)
+    base = TuningConfig.default("vulkan").flat()
+    ref = parse_storage(str(tmp_path / "s.journal"))
+    st = StudyState(exp, "c", "vulkan", "synthetic:tiny", "", ref.open(), base, "default")
+    trial, flat, role = st.ask()
+    st.finish(trial, TrialRecord(st.name, trial.number, role, "compile_error", config=flat), None)
+    st.flush()
+    again = StudyState(exp, "c", "vulkan", "synthetic:tiny", "", ref.open(), base, "default")
+    assert again.evaluated == 1 and config_key(flat) in again.tried
+
+
+def test_warm_start_from_another_table_reaches_the_best_sooner(tmp_path: Path) -> None:
+    r = prepare(load_table(_table(tmp_path)), tmp_path / "t.json")
+    warm = warm_from(load_table(_table(tmp_path)), r)  # the same landscape on "another class"
+    assert len(warm) == 3 and warm[0].metric == 100.0
+    cold, hot = run_samplers(r, ["tpe"], 6)[0], run_samplers(r, ["tpe"], 6, warm=warm)[0]
+    assert all(x.trials == 2 for x in hot.runs)  # the baseline, then the other class's best
+    assert hot.quartiles()[1] < cold.quartiles()[1]
+
+
+def test_a_new_study_starts_from_other_classes_best(tmp_path: Path) -> None:
+    from agent.summary import StudySummary
+
+    exp = load_experiment(EXP)
+    storage = optuna.storages.InMemoryStorage()
+    base = TuningConfig.default("vulkan").flat()
+    a = StudyState(exp, "class-a", "vulkan", "synthetic:tiny", "", storage, base, "default")
+    winner = {**base, "matmul_decode.rows_per_wg": 8, "matmul_decode.threads_per_row": 4}
+    for flat, value in ((base, 50.0), (winner, 90.0)):
+        trial, _, role = a.ask()
+        metrics = {TARGET: value}
+        rec = TrialRecord(a.name, trial.number, role, "ok", config=flat, metrics=metrics)
+        a.finish(trial, rec, [value])
+    a.set_best(1, winner, {TARGET: 90.0})
+    a.flush()
+    b = StudyState(exp, "class-b", "vulkan", "synthetic:tiny", "", storage, base, "default")
+    assert [w["from"] for w in b.warm_start] == [a.name]
+    assert b.ask()[2] == "baseline"
+    _, flat, role = b.ask()
+    assert config_key(flat) == config_key(winner) and role == "candidate"
+    s = StudySummary(
+        b.name, "class-b", "vulkan", "m", "", 0, 1, {}, "default", None, True, {}, {}, TARGET,
+        None, None, None, warm_start=tuple(b.warm_start),
+    )  # fmt: skip
+    from agent.summary import Overhead, RunSummary
+
+    text = RunSummary("e", "s", "f", "embedded", 1.0, (s,), (), Overhead(0, 0, 0)).text()
+    assert f"warm start: 1 configs from {a.name} tried first" in text
+    # The first study of an experiment has nobody to learn from.
+    assert a.warm_start == []
+
+
+def test_table_from_a_finished_study(tmp_path: Path) -> None:
+    exp = load_experiment(EXP)
+    storage = optuna.storages.InMemoryStorage()
+    base = TuningConfig.default("vulkan").flat()
+    st = StudyState(exp, "c", "vulkan", "synthetic:tiny", "", storage, base, "default")
+    outcomes = ["ok", "invalid", "ok"]
+    for i, outcome in enumerate(outcomes):
+        trial, flat, role = st.ask()
+        metrics = {TARGET: 10.0 + i} if outcome == "ok" else {}
+        rec = TrialRecord(st.name, trial.number, role, outcome, config=flat, metrics=metrics)
+        st.finish(trial, rec, [10.0 + i] if outcome == "ok" else None)
+    st.flush()
+    t = from_study(storage, st.name, str(EXP), "mem")
+    assert [r.outcome for r in t.rows] == outcomes
+    assert [r.metric for r in t.rows] == [10.0, None, 12.0]
+    assert t.backend == "vulkan" and t.target == TARGET and t.device == "c"
+    with pytest.raises(ExperimentError, match="no study"):
+        from_study(storage, "nope", str(EXP))
+
+
+def test_table_from_a_vulkan_sweep() -> None:
+    doc = {
+        "device": {"name": "gpu"},
+        "runs": [
+            {
+                "config": {},
+                "outcome": "ok",
+                "bench": [{"prompt_tokens": 105, "prefill_tok_s": 7.0}],
+            },
+            {"config": {"matmul_prefill.variant": "kpar"}, "outcome": "invalid"},
+            {"config": {"prefill.chunk_tokens": 96}, "outcome": "not allowed on this device: x"},
+            {"config": {"prefill.chunk_tokens": 8}, "outcome": "skipped: budget"},
+        ],
+    }
+    t = from_sweep(doc, "experiments/batched-prefill.toml", "prefill_tok_s@105")
+    assert [(r.outcome, r.metric) for r in t.rows] == [
+        ("ok", 7.0),
+        ("invalid", None),
+        ("infeasible", None),
+    ]
+    assert t.rows[1].config["matmul_prefill.variant"] == "kpar" and t.device == "gpu"
+
+
+def test_the_measured_lavapipe_table_replays() -> None:
+    """The committed table (measured on llvmpipe, docs/agent.md) loads and replays."""
+    t = load_table(MEASURED)
+    assert t.source.startswith("python -m agent table measure") and len(t.rows) == 97
+    r = prepare(t, MEASURED)
+    (res,) = run_samplers(r, ["tpe"], seeds=2)
+    assert res.reached == 2
+    doc = json.loads(MEASURED.read_text())
+    assert doc["target"] == TARGET
