@@ -1,6 +1,7 @@
-"""The verifier sees the hybrid family: engine.validate passes the honest NumPy path and rejects
-each planted bug of tests/hybrid_mutants.py in the batched prefill; the same bugs in every path
-(where validate's two paths agree) are rejected by the transformers reference."""
+"""The verifier sees the hybrid family: engine.validate passes the honest NumPy path, rejects
+each planted bug of tests/hybrid_mutants.py in the batched prefill and blames the op it lives
+in; the same bugs in every path (where validate's two paths agree) are rejected by the
+transformers reference."""
 
 from __future__ import annotations
 
@@ -28,11 +29,20 @@ def test_honest_hybrid_passes(tiny_model_factory, arch):
     assert rep.passed, rep.to_dict()
 
 
+BLAMED = {
+    "delta_net_Sk_not_STk": "delta_net",
+    "state_not_carried_to_decode": "delta_net",
+    "conv_state_off_by_one": "ssm_conv",
+    "router_topk_unnormalised": "router_topk",
+}
+
+
 @pytest.mark.parametrize("name", sorted(MUTANTS))
-def test_validate_rejects_prefill_mutant(tiny_model_factory, name):
+def test_validate_rejects_prefill_mutant_and_blames_its_op(tiny_model_factory, name):
     rep = _validate(tiny_model_factory("qwen3next", "q4_k_m"), MUTANTS[name])
     assert not rep.passed, name
     assert any(p.reasons for p in rep.prompts)
+    assert rep.blame is not None and rep.blame.op == BLAMED[name], str(rep.blame)
 
 
 @pytest.mark.parametrize("name", ["delta_net_Sk_not_STk", "router_topk_unnormalised"])
