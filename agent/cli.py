@@ -9,6 +9,9 @@
     python -m agent table measure|from-study|from-sweep ...   (replay tables)
     python -m agent dashboard [--storage URL]     (agent/dashboard, read-only web UI)
 
+Exit status: 0 done; 1 the run did not do what it was asked (no study could start, a promotion
+was refused: the summary says why); 2 bad input (a bad experiment file or option, nothing run).
+
 As a Ray job: ``ray job submit --working-dir . -- python -m agent run experiments/X.toml``
 (RAY_ADDRESS is set for the job, so it joins that cluster); with no address it starts an
 embedded Ray with this machine's devices.
@@ -19,11 +22,16 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine.errors import EngineError
+
+if TYPE_CHECKING:
+    from agent.summary import RunSummary
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -128,6 +136,8 @@ def _run(args: argparse.Namespace) -> int:
     exp = load_experiment(args.experiment)
     if args.budget is not None and args.budget < 1:
         raise EngineError("--budget must be >= 1")
+    if args.dashboard is not None:
+        check_port_free("127.0.0.1", args.dashboard)
     opts = RunOptions(
         storage=parse_storage(args.storage),
         promote_repo=args.promote_repo.resolve() if args.promote_repo else None,
@@ -145,7 +155,39 @@ def _run(args: argparse.Namespace) -> int:
         print(json.dumps(summary.to_dict(), indent=1, default=str))
     else:
         print(summary.text())
-    return 0
+    return _exit_code(summary)
+
+
+def _exit_code(summary: RunSummary) -> int:
+    """1 when the run did not do what it was asked: no study could start, or a promotion was
+    refused (the reasons are in the summary); 0 otherwise."""
+    failed = False
+    if not summary.studies:
+        why = "; ".join(summary.warnings) or "no worker"
+        print(f"error: no study ran: {why}", file=sys.stderr)
+        failed = True
+    for s in summary.studies:
+        if s.promotion_error:
+            print(f"error: {s.study} not promoted: {s.promotion_error}", file=sys.stderr)
+            failed = True
+    return 1 if failed else 0
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Refuse a dashboard port something else listens on: the run would announce a URL that
+    serves the other program (the dashboard's own bind fails in its thread, unseen)."""
+    import socket
+
+    if not 1 <= port <= 65535:
+        raise EngineError(f"--dashboard {port}: a port is 1..65535")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds it
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise EngineError(
+                f"--dashboard {port}: {host}:{port} is taken ({e.strerror}); give another port"
+            ) from None
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -260,3 +302,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except EngineError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (agent.loop.stop_on_sigterm)
+        term = str(e) == f"signal {signal.SIGTERM}"
+        print(
+            f"stopped by {'SIGTERM' if term else 'Ctrl-C'}: trials in flight were recorded as "
+            "interrupted; run again to resume",
+            file=sys.stderr,
+        )
+        return 128 + (signal.SIGTERM if term else signal.SIGINT)

@@ -8,6 +8,7 @@ acceptance, sampler and promotion. ``load_experiment`` checks every key and valu
 
 from __future__ import annotations
 
+import math
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -135,6 +136,8 @@ def _int(where: str, value: Any, lo: int = 0) -> int:
 
 def _num(where: str, value: Any, lo: float = 0.0, hi: float | None = None) -> float:
     _typed(where, value, (int, float), "a number")
+    if not math.isfinite(value):  # nan passes every comparison; inf never fires or accepts
+        raise ExperimentError(f"{where} = {value}: must be a finite number")
     if value < lo or (hi is not None and value > hi):
         bound = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
         raise ExperimentError(f"{where} = {value}: must be {bound}")
@@ -396,10 +399,14 @@ def _check_against_registry(exp: Experiment) -> Experiment:
 
 def load_experiment(path: str | Path) -> Experiment:
     path = Path(path)
+    if path.is_dir():
+        raise ExperimentError(f"{path}: is a directory; give an experiment .toml file")
     try:
         data = tomllib.loads(path.read_text())
     except FileNotFoundError:
         raise ExperimentError(f"{path}: no such experiment file") from None
+    except UnicodeDecodeError:
+        raise ExperimentError(f"{path}: not a text file (experiment TOML expected)") from None
     except tomllib.TOMLDecodeError as e:
         raise ExperimentError(f"{path}: not valid TOML: {e}") from None
     try:

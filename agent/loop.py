@@ -9,8 +9,11 @@ as many in flight as there are workers; results are accepted, confirmed, told an
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -39,6 +42,7 @@ from agent.stats import aa_noise, paired_ratio
 from agent.storage import StorageRef
 from agent.study import BASELINE, StudyState
 from agent.summary import Overhead, RunSummary, StudySummary
+from engine.errors import EngineError
 from engine.tuning import REGISTRY, TuningConfig
 from worker.device import engine_commit
 from worker.records import EvalResult, Outcome
@@ -48,6 +52,7 @@ log = logging.getLogger("agent")
 QUEUE_DEPTH = 2  # evaluate calls per worker: the running one and the next, queued in the actor
 INFO_TIMEOUT_S = 300.0  # placing a worker and opening its device
 LOAD_TIMEOUT_S = 1800.0  # identify + load (may generate a synthetic model or fetch a checkpoint)
+STOPPED = "the agent was stopped (Ctrl-C or SIGTERM) while this trial ran"
 
 
 @dataclass(frozen=True)
@@ -79,6 +84,7 @@ class Pending:
     first: EvalResult | None = None  # confirm: the result being confirmed
     first_decision: Decision | None = None
     first_overhead_s: float = 0.0
+    lost: str = ""  # why its first worker was lost (it is being retried once)
 
 
 @dataclass
@@ -113,6 +119,7 @@ class Agent:
         self.overheads: list[tuple[float, float]] = []  # (worker wall s, overhead s) per trial
         self.idle_gaps: list[float] = []  # worker seconds between consecutive evaluations
         self.promotion_errors: dict[str, str] = {}
+        self.promotions: dict[str, dict[str, Any]] = {}  # study -> what this run did about it
         self.ray_mode = ""
 
     # --- setup --------------------------------------------------------------------------
@@ -125,12 +132,34 @@ class Agent:
             return scratch_repo()
         return project_root()
 
+    def check_promotion_target(self) -> None:
+        """Refuse a bad promotion repository before the first trial, not after the budget."""
+        if not self.opts.promote or not self.exp.promote.enabled:
+            return
+        from agent.promote import check_target
+
+        check_target(self.promote_repo().resolve(), self.exp.promote.branch)
+
     def run(self) -> RunSummary:
+        self.check_promotion_target()
         registered = set(REGISTRY.backends())
         backends = tuple(b for b in self.exp.backends if b in registered)
-        self.ray_mode = cluster.connect(
-            self.opts.address, backends, self.opts.setup, self.opts.resources
-        )
+        with stop_on_sigterm():
+            stopped = False
+            try:
+                self.ray_mode = cluster.connect(
+                    self.opts.address, backends, self.opts.setup, self.opts.resources
+                )
+                with stop_on_sigterm():  # again: ray.init installs its own SIGTERM handler
+                    self._run(backends)
+            except KeyboardInterrupt:
+                stopped = True
+                raise
+            finally:
+                self._close(stopped)
+        return self._summary()
+
+    def _run(self, backends: tuple[str, ...]) -> None:
         if self.opts.setup is not None:
             self.opts.setup()
         present = cluster.device_classes()
@@ -148,18 +177,48 @@ class Agent:
         )
         for slot in self.fleet.slots:
             self.fleet.start(slot, self.exp.models, fresh=True)
-        try:
-            self._loop()
-            for st in self.studies.values():
-                self._finalize(st)
-        finally:
-            self._flush()
-            self._write_status("finished")
-            for slot in self.fleet.slots:
-                self.fleet.kill(slot)
-            if self.ray_mode == "embedded" and self.opts.shutdown:
-                ray.shutdown()
-        return self._summary()
+        self._loop()
+        for st in self.studies.values():
+            self._finalize(st)
+
+    def _close(self, stopped: bool) -> None:
+        """Leave the storage whole (no RUNNING trial: one stopped mid-run is failed as
+        interrupted, its config free to run again), the workers gone, an embedded Ray down."""
+        with stop_on_sigterm(ignore=True):  # a second signal must not cut the cleanup short
+            try:
+                if stopped:
+                    self._abandon_in_flight()
+                    for st in self.studies.values():
+                        try:
+                            st.flush()
+                        except Exception as e:  # noqa: BLE001 - a write the signal cut in two
+                            log.warning("%s: a storage write failed while stopping: %s", st.name, e)
+                        st.settle_running(STOPPED)  # whatever was asked but not yet dispatched
+                self._flush()
+                self._write_status("interrupted" if stopped else "finished")
+            finally:
+                for slot in self.fleet.slots if hasattr(self, "fleet") else ():
+                    self.fleet.kill(slot)
+                if self.ray_mode == "embedded" and self.opts.shutdown:
+                    ray.shutdown()
+
+    def _abandon_in_flight(self) -> None:
+        calls = list(self.pending)
+        for slot in self.fleet.slots if hasattr(self, "fleet") else ():
+            calls += slot.resubmit
+            slot.resubmit = []
+        self.pending = []
+        for p in calls:
+            if p.study is not None and p.trial is not None:
+                rec = self._record(p, None, INTERRUPTED, STOPPED, 0.0)
+                p.study.finish(p.trial, rec, None)
+        for st in self.studies.values():
+            for req in st.confirm_queue:
+                p = Pending("confirm", self.fleet.slots[0], None, 0.0, 0.0, st.model, st)
+                p.trial, p.flat, p.role = req.trial, req.flat, req.role
+                rec = self._record(p, None, INTERRUPTED, STOPPED, 0.0)
+                st.finish(req.trial, rec, None)
+            st.confirm_queue.clear()
 
     # --- the loop -----------------------------------------------------------------------
     def _flush(self) -> None:
@@ -388,9 +447,9 @@ class Agent:
             return
         except Exception as e:  # noqa: BLE001 - an error raised inside the actor method
             if p.kind in ("info", "load"):
-                self._setup_failed(p, f"{type(e).__name__}: {_first_line(e)}")
+                self._setup_failed(p, _cause_line(e))
                 return
-            value = EvalResult(Outcome.CRASH, slot.info, p.flat, {}, _first_line(e))
+            value = EvalResult(Outcome.CRASH, slot.info, p.flat, {}, _cause_line(e))
         if p.kind == "info":
             self._got_info(slot, value)
         elif p.kind == "load":
@@ -641,6 +700,29 @@ class Agent:
         limit = p.deadline - p.dispatched
         self._worker_lost(p, Outcome.TIMEOUT, f"no result after {limit:.0f}s; worker restarted")
 
+    def _retry_elsewhere(self, p: Pending, reason: str) -> bool:
+        """A worker lost from outside (OOM killer, operator) says nothing about its config: run
+        the call once more, on another live worker of the class or on this one restarted."""
+        if p.kind not in ("trial", "confirm") or p.lost or p.study is None:
+            return False
+        p.lost = f"{reason} (on {p.slot.worker_id})"
+        others = [
+            s
+            for s in self.fleet.of_class(p.slot.device_class)
+            if s is not p.slot and s.state != DEAD
+        ]
+        target = min(others, key=self._load) if others else p.slot
+        target.resubmit.append(p)
+        log.warning(
+            "trial %d [%s]: its worker %s was lost (%s); retrying once on %s",
+            p.trial.number,
+            p.study.name,
+            p.slot.worker_id,
+            reason,
+            target.worker_id if others else "the restarted worker",
+        )
+        return True
+
     def _worker_lost(self, p: Pending, outcome: Outcome, reason: str) -> None:
         slot = p.slot
         log.warning("worker %s: %s (%s)", slot.worker_id, reason, p.kind)
@@ -652,7 +734,11 @@ class Agent:
         slot.restarts += 1
         slot.failures_in_a_row += 1
         st = p.study
-        if p.kind == "trial" and st is not None:
+        if p.lost:
+            reason = f"{reason}; lost once before and retried: {p.lost}"
+        if outcome is Outcome.CRASH and self._retry_elsewhere(p, reason):
+            pass
+        elif p.kind == "trial" and st is not None:
             rec = self._record(p, None, outcome.value, reason, 0.0)
             st.finish(p.trial, rec, None)
             self._log_trial(st, rec)
@@ -693,23 +779,36 @@ class Agent:
 
     # --- end ----------------------------------------------------------------------------
     def _finalize(self, st: StudyState) -> None:
+        """Promote the study's accepted best into this run's (repository, branch), unless a
+        promotion of it recorded there is still on that branch; ``self.promotions`` says which."""
         if not self.opts.promote or not self.exp.promote.enabled:
             return
         baseline_trial = st.baseline_trial()
         if st.best.trial is None or st.best.trial == baseline_trial:
             return
-        done = st.promotion
-        if done and done.get("trial") == st.best.trial:
-            return
-        from agent.promote import PromotionRefused, promote
+        from agent.promote import PromotionRefused, promote, still_there
+        from engine.tuning.promoted import promoted_path
 
-        rec = st.trials_record(st.best.trial)
+        repo, branch = self.promote_repo().resolve(), self.exp.promote.branch
+        rel = promoted_path(st.device_class, st.family, repo / "configs").relative_to(repo)
+        note = ""
         try:
             cfg = TuningConfig.from_flat(st.backend, st.best.config)
-            ev = self._evidence(st, rec)
-            prom = promote(
-                self.promote_repo(), st.device_class, st.family, cfg, ev, self.exp.promote.branch
-            )
+            done = st.promotion_in(str(repo), branch)
+            if done and done.get("trial") == st.best.trial:
+                why = still_there(repo, branch, rel, str(done.get("commit", "")), cfg)
+                if not why:
+                    self.promotions[st.name] = {**done, "branch": branch, "action": "already"}
+                    return
+                note = f"the recorded promotion of trial {st.best.trial} is gone ({why})"
+            elif not done and st.promotion:
+                prev = st.promotion
+                note = (
+                    f"promoted before into {prev.get('repo')} (commit "
+                    f"{str(prev.get('commit') or '-')[:12]}); this run promotes into {repo}"
+                )
+            rec = st.trials_record(st.best.trial)
+            prom = promote(repo, st.device_class, st.family, cfg, self._evidence(st, rec), branch)
         except PromotionRefused as e:
             self.promotion_errors[st.name] = str(e)
             log.error("not promoted: %s", e)
@@ -717,11 +816,14 @@ class Agent:
         info = {
             "trial": st.best.trial,
             "repo": str(prom.repo),
+            "branch": branch,
             "path": str(prom.path),
             "commit": prom.commit,
             "at": time.time(),
         }
         st.record_promotion(info)
+        action = "committed" if prom.commit else "unchanged"
+        self.promotions[st.name] = {**info, "action": action, "note": note}
         log.info("promoted %s -> %s (commit %s)", st.name, prom.path, prom.commit[:12] or "-")
 
     def _evidence(self, st: StudyState, rec: TrialRecord) -> dict[str, Any]:
@@ -820,6 +922,27 @@ class Agent:
             reason,
         )
 
+    def _best_candidate(self, st: StudyState) -> dict[str, Any] | None:
+        """The measured candidate with the highest target ratio, and the bar it did not clear."""
+        target, best = self.exp.acceptance.target, None
+        for t in st.study.get_trials(deepcopy=False):
+            ua = t.user_attrs
+            est = (ua.get("estimates") or {}).get(target)
+            if ua.get("outcome") != "ok" or ua.get("role") == BASELINE or not est:
+                continue
+            if best is None or est["ratio"] > best["ratio"]:
+                dec = ua.get("decision") or {}
+                best = {
+                    "trial": t.number,
+                    "ratio": est["ratio"],
+                    "lower": est["lower"],
+                    "upper": est["upper"],
+                    "threshold": dec.get("threshold", 1.0 + self.exp.acceptance.min_gain),
+                    "noise": dec.get("noise", 0.0),
+                    "reason": ua.get("reason", ""),
+                }
+        return best
+
     def _summary(self) -> RunSummary:
         out = []
         for st in self.studies.values():
@@ -855,8 +978,9 @@ class Agent:
                     target=self.exp.acceptance.target,
                     ratio=ratio,
                     lower_bound=lower,
-                    promotion=st.promotion,
+                    promotion=self.promotions.get(st.name),
                     promotion_error=self.promotion_errors.get(st.name, ""),
+                    best_candidate=self._best_candidate(st) if is_base else None,
                     warm_start=tuple(st.warm_start),
                 )
             )
@@ -880,8 +1004,41 @@ class Agent:
         )
 
 
+@contextmanager
+def stop_on_sigterm(ignore: bool = False) -> Iterator[None]:
+    """SIGTERM (``ray job stop``, systemd, kill) ends the run like Ctrl-C: a KeyboardInterrupt,
+    so the agent cleans up; with ``ignore``, both are held off during the cleanup itself."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    handler = signal.SIG_IGN if ignore else stop
+    old_term = signal.signal(signal.SIGTERM, handler)
+    old_int = signal.signal(signal.SIGINT, signal.SIG_IGN) if ignore else None
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
+        if old_int is not None:
+            signal.signal(signal.SIGINT, old_int)
+
+
 def confirmation_ok(conf: dict[str, Any] | None) -> bool:
     return conf is None or bool(conf.get("accepted"))
+
+
+def _cause_line(e: BaseException) -> str:
+    """The error raised inside a worker, as the engine worded it: Ray wraps it in a RayTaskError
+    whose text is a remote traceback ("RayTaskError(ModelFileError): ray::TuningWorker.load()")."""
+    cause = getattr(e, "cause", None)
+    if isinstance(cause, BaseException):
+        e = cause
+    if isinstance(e, EngineError):  # its message names the file and the problem
+        return _first_line(e)
+    return f"{type(e).__name__}: {_first_line(e)}"
 
 
 def _first_line(e: BaseException) -> str:

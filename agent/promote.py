@@ -1,16 +1,22 @@
 """Promotion: write ``configs/<device class>/<model family>.toml`` with its evidence and commit it
 to the main branch of the promote repository, touching nothing else.
 
-Refuses (``PromotionRefused``, a clear message, nothing written) when the repository is not on
-the promotion branch, when the index already holds staged changes (the commit would carry them),
-or when the config file itself has uncommitted edits. The file is a TuningConfig TOML
-(``backend`` + ``[ops.*]``) plus an ``[evidence]`` table that ``TuningConfig.from_toml`` ignores.
+Refuses (``PromotionRefused``, a clear message, nothing written) when the repository is missing,
+not git, not on the promotion branch, when the index already holds staged changes (the commit
+would carry them), or when the config file itself has uncommitted edits or is untracked (a
+hand-written file). A commit that fails (hook, identity, timeout) is rolled back: the file is
+unstaged and restored. The file is a TuningConfig TOML (``backend`` + ``[ops.*]``) plus an
+``[evidence]`` table that ``TuningConfig.from_toml`` ignores.
+
+A promotion belongs to a (repository, branch): ``still_there`` tells whether a recorded one is
+on that branch now (its commit reachable, the file at the branch head holding its config).
 """
 
 from __future__ import annotations
 
 import os
 import subprocess
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,9 +46,14 @@ def _git(repo: Path, *args: str, check: bool = True) -> str:
     env.setdefault("GIT_AUTHOR_EMAIL", "agent@fleettune.invalid")
     env.setdefault("GIT_COMMITTER_NAME", env["GIT_AUTHOR_NAME"])
     env.setdefault("GIT_COMMITTER_EMAIL", env["GIT_AUTHOR_EMAIL"])
-    r = subprocess.run(
-        ["git", "-C", str(repo), *args], capture_output=True, text=True, env=env, timeout=60
-    )
+    try:
+        r = subprocess.run(
+            ["git", "-C", str(repo), *args], capture_output=True, text=True, env=env, timeout=60
+        )
+    except subprocess.TimeoutExpired:
+        raise PromotionRefused(f"git {' '.join(args)} timed out in {repo}") from None
+    except OSError as e:  # no git binary, or the repository path vanished
+        raise PromotionRefused(f"git {' '.join(args)} cannot run in {repo}: {e}") from None
     if check and r.returncode != 0:
         raise PromotionRefused(f"git {' '.join(args)} failed in {repo}: {r.stderr.strip()}")
     return r.stdout.strip()
@@ -73,9 +84,12 @@ def scratch_repo() -> Path:
     return repo
 
 
-def check_repo(repo: Path, rel: Path, branch: str) -> None:
-    """Raise PromotionRefused unless a commit of ``rel`` alone onto ``branch`` is possible."""
-    if not (repo / ".git").exists() and not _git(repo, "rev-parse", "--git-dir", check=False):
+def check_target(repo: Path, branch: str) -> None:
+    """Raise PromotionRefused unless ``repo`` is a git checkout on ``branch`` with nothing staged:
+    checked before the first trial, so a bad --promote-repo fails in seconds, not after the run."""
+    if not repo.is_dir():
+        raise PromotionRefused(f"promotion repository {repo} does not exist")
+    if not _git(repo, "rev-parse", "--git-dir", check=False):
         raise PromotionRefused(
             f"{repo} is not a git repository; give --promote-repo a git checkout"
         )
@@ -93,12 +107,51 @@ def check_repo(repo: Path, rel: Path, branch: str) -> None:
             f"{repo} has staged changes ({files}): the promotion commit would include them. "
             "Commit or unstage them, or promote into another repository (--promote-repo)."
         )
+
+
+def check_repo(repo: Path, rel: Path, branch: str) -> None:
+    """Raise PromotionRefused unless a commit of ``rel`` alone onto ``branch`` is possible."""
+    check_target(repo, branch)
     dirty = _git(repo, "status", "--porcelain", "--", str(rel))
-    if dirty and not dirty.startswith("??"):
+    if dirty.startswith("??"):
+        raise PromotionRefused(
+            f"{repo / rel} exists but git does not track it (written by hand?): refusing to "
+            "overwrite it. Commit it, move it away, or promote into another repository."
+        )
+    if dirty:
         raise PromotionRefused(
             f"{repo / rel} has uncommitted edits: refusing to overwrite them. "
             "Commit or revert them."
         )
+
+
+def _ok(repo: Path, *args: str) -> bool:
+    try:
+        r = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return r.returncode == 0
+
+
+def still_there(repo: Path, branch: str, rel: Path, commit: str, config: TuningConfig) -> str:
+    """ "" when a recorded promotion is on ``branch`` of ``repo`` now, else why not."""
+    if not repo.is_dir() or not _ok(repo, "rev-parse", "--git-dir"):
+        return f"{repo} is not a git repository now"
+    if commit and not _ok(repo, "cat-file", "-e", f"{commit}^{{commit}}"):
+        return f"commit {commit[:12]} is not in {repo}"
+    if commit and not _ok(repo, "merge-base", "--is-ancestor", commit, branch):
+        return f"commit {commit[:12]} is no longer on {branch} of {repo}"
+    text = _git(repo, "show", f"{branch}:{rel.as_posix()}", check=False)
+    try:
+        data = tomllib.loads(text)
+        same = bool(text) and TuningConfig.from_flat(config.backend, _flat(data)) == config
+    except (tomllib.TOMLDecodeError, EngineError):
+        same = False
+    return "" if same else f"{rel} on {branch} of {repo} no longer holds this config"
+
+
+def _flat(data: dict[str, Any]) -> dict[str, Any]:
+    return {f"{op}.{k}": v for op, t in data.get("ops", {}).items() for k, v in t.items()}
 
 
 def promote(
@@ -120,21 +173,47 @@ def promote(
         f"x{evidence.get('ratio', 0):.3f} (lower bound {evidence.get('lower_bound', 0):.3f}), "
         f"{evidence.get('study', '')} trial {evidence.get('trial', '')}"
     )
+    before = _git(repo, "rev-parse", "--verify", "-q", "HEAD", check=False)
+    new_dirs = [d for d in (path.parent, path.parent.parent) if not d.exists()]
     path.parent.mkdir(parents=True, exist_ok=True)
     old = path.read_text() if path.exists() else None
+
+    def restore() -> None:
+        if old is not None:
+            path.write_text(old)
+            return
+        path.unlink(missing_ok=True)
+        for d in new_dirs:  # innermost first
+            if d.is_dir() and not any(d.iterdir()):
+                d.rmdir()
+
     path.write_text(text)
     try:
         check = TuningConfig.from_toml(path)
         if check != config:
             raise PromotionRefused(f"{path}: written config does not read back the same")
     except Exception:
-        if old is None:
-            path.unlink()
-        else:
-            path.write_text(old)
+        restore()
         raise
     if old == text:
         return Promotion(repo, path, "", message)
-    _git(repo, "add", "--", str(rel))
-    _git(repo, "commit", "-q", "-m", message, "--", str(rel))
-    return Promotion(repo, path, _git(repo, "rev-parse", "HEAD"), message)
+    try:
+        _git(repo, "add", "--", str(rel))
+        _git(repo, "commit", "-q", "-m", message, "--", str(rel))
+        after = _git(repo, "rev-parse", "--verify", "-q", "HEAD", check=False)
+        if after == before:
+            raise PromotionRefused(f"git commit in {repo} made no commit")
+    except BaseException as e:  # a git failure, or Ctrl-C / SIGTERM mid-commit
+        # Leave nothing staged or written: the engine would load a config nobody promoted,
+        # and every later promotion would be refused for the staged change.
+        if _git(repo, "rev-parse", "--verify", "-q", "HEAD", check=False) != before:
+            raise  # the commit landed (stopped just after it): nothing to undo
+        if before:
+            _git(repo, "reset", "-q", "--", str(rel), check=False)
+        else:
+            _git(repo, "rm", "-q", "--cached", "--", str(rel), check=False)
+        restore()
+        if isinstance(e, PromotionRefused):
+            raise PromotionRefused(f"promotion commit failed, rolled back: {e}") from None
+        raise
+    return Promotion(repo, path, after, message)

@@ -123,28 +123,9 @@ class StudyState:
             if best
             else (Best(None, dict(self.baseline)))
         )
+        self.interrupted_on_resume = self.settle_running("the agent stopped while this trial ran")
         for t in self.study.get_trials(deepcopy=False):
             ua, state = t.user_attrs, t.state
-            if state == TrialState.RUNNING and ua.get("outcome") in BUDGET_OUTCOMES:
-                # Killed between writing the record (outcome goes last) and tell: the result is
-                # whole, finish the write rather than lose it.
-                metrics = ua.get("metrics") or {}
-                names = [o.name for o in self.exp.objectives]
-                state = TrialState.COMPLETE if all(n in metrics for n in names) else TrialState.FAIL
-                if state == TrialState.COMPLETE:
-                    self.study.tell(t.number, [metrics[n] for n in names])
-                elif ua["outcome"] in FAILED_OUTCOMES:
-                    self._tell_failed(optuna.trial.Trial(self.study, t._trial_id))
-                    state = TrialState.PRUNED
-                else:
-                    self.study.tell(t.number, state=TrialState.FAIL)
-            if state == TrialState.RUNNING:
-                trial = optuna.trial.Trial(self.study, t._trial_id)
-                trial.set_user_attr("outcome", INTERRUPTED)
-                trial.set_user_attr("reason", "the agent stopped while this trial ran")
-                self.study.tell(t.number, state=TrialState.FAIL)
-                self.interrupted_on_resume += 1
-                continue
             if state not in _TOLD or "config" not in ua:
                 continue
             if ua.get("outcome") in (INTERRUPTED, DUPLICATE):
@@ -154,6 +135,32 @@ class StudyState:
                 self.evaluated += 1
             if ua.get("role") == BASELINE and self.best.trial is None and ua["outcome"] == "ok":
                 self.best = Best(t.number, dict(ua["config"]), ua.get("metrics", {}))
+
+    def settle_running(self, reason: str) -> int:
+        """Close every trial the storage still holds as RUNNING (none of this agent's runs now):
+        one whose record was written whole is told its result; the others fail as interrupted,
+        their configs free to run again. Returns how many were interrupted."""
+        n = 0
+        names = [o.name for o in self.exp.objectives]
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            ua = t.user_attrs
+            metrics = ua.get("metrics") or {}
+            if ua.get("outcome") in BUDGET_OUTCOMES:
+                # Stopped between writing the record (outcome goes last) and tell: the result is
+                # whole, finish the write rather than lose it.
+                if all(k in metrics for k in names):
+                    self.study.tell(t.number, [metrics[k] for k in names])
+                elif ua["outcome"] in FAILED_OUTCOMES:
+                    self._tell_failed(optuna.trial.Trial(self.study, t._trial_id))
+                else:
+                    self.study.tell(t.number, state=TrialState.FAIL)
+                continue
+            trial = optuna.trial.Trial(self.study, t._trial_id)
+            trial.set_user_attr("outcome", INTERRUPTED)
+            trial.set_user_attr("reason", reason)
+            self.study.tell(t.number, state=TrialState.FAIL)
+            n += 1
+        return n
 
     def _warm_start(self) -> None:
         """Enqueue, after the baseline, the best configs of this experiment on other device
@@ -261,7 +268,27 @@ class StudyState:
             self._writes.pop(0)()
 
     def record_promotion(self, info: dict[str, Any]) -> None:
+        """Keep one promotion per (repository, branch) in ``promotions``; ``promotion`` is the
+        latest (what older readers show)."""
+        key = (info.get("repo"), info.get("branch"))
+        kept = [
+            p
+            for p in self.study.user_attrs.get("promotions") or []
+            if (p.get("repo"), p.get("branch")) != key
+        ]
+        self.study.set_user_attr("promotions", [*kept, info])
         self.study.set_user_attr("promotion", info)
+
+    def promotion_in(self, repo: str, branch: str) -> dict[str, Any] | None:
+        """The promotion recorded for this (repository, branch), if any (a record from before
+        branches were kept counts for its repository's promotion branch)."""
+        recs = list(self.study.user_attrs.get("promotions") or [])
+        if self.promotion and self.promotion not in recs:
+            recs.append(self.promotion)
+        for p in reversed(recs):
+            if p.get("repo") == repo and p.get("branch", branch) == branch:
+                return p
+        return None
 
     @property
     def promotion(self) -> dict[str, Any] | None:

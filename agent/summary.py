@@ -25,8 +25,9 @@ class StudySummary:
     target: str
     ratio: float | None  # best vs the best before it, as accepted
     lower_bound: float | None
-    promotion: dict[str, Any] | None
+    promotion: dict[str, Any] | None  # this run's: action committed | unchanged | already
     promotion_error: str = ""
+    best_candidate: dict[str, Any] | None = None  # when nothing was accepted: the closest miss
     warm_start: tuple[dict[str, Any], ...] = ()  # configs of other classes enqueued first
 
 
@@ -70,7 +71,7 @@ class RunSummary:
                 src = ", ".join(sorted({str(w["from"]) for w in s.warm_start}))
                 lines.append(f"    warm start: {len(s.warm_start)} configs from {src} tried first")
             if s.best_is_baseline or s.best_trial is None:
-                lines.append(f"    best: the baseline ({s.baseline_source}); nothing accepted")
+                lines.append(f"    {_nothing_accepted(s)}")
             else:
                 ch = ", ".join(f"{k}: {a} -> {b}" for k, (a, b) in s.changed.items())
                 lines.append(
@@ -78,9 +79,7 @@ class RunSummary:
                     f"(lower bound {s.lower_bound:.3f})"
                 )
             if s.promotion:
-                p = s.promotion
-                commit = p.get("commit") or "unchanged"
-                lines.append(f"    promoted: {p['path']} (commit {commit[:12]} in {p['repo']})")
+                lines += [f"    {line}" for line in _promotion_lines(s.promotion)]
             elif s.promotion_error:
                 lines.append(f"    not promoted: {s.promotion_error}")
         o = self.overhead
@@ -93,3 +92,28 @@ class RunSummary:
             lines.append(f"  warning: {w}")
         lines.append(f"  storage: {self.storage}  fleet status: {self.status_file}")
         return "\n".join(lines)
+
+
+def _nothing_accepted(s: StudySummary) -> str:
+    c = s.best_candidate
+    if c is None:
+        return f"nothing accepted: no candidate measured; the baseline ({s.baseline_source}) stays"
+    return (
+        f"nothing accepted: best candidate trial {c['trial']} {s.target} x{c['ratio']:.3f} "
+        f"[{c['lower']:.3f}, {c['upper']:.3f}], its lower bound had to clear "
+        f"x{c['threshold']:.3f} (A/A noise {c['noise']:.1%}); best is the baseline "
+        f"({s.baseline_source})"
+    )
+
+
+def _promotion_lines(p: dict[str, Any]) -> list[str]:
+    where = f"{p.get('branch', 'main')} of {p['repo']}"
+    commit = str(p.get("commit") or "")[:12]
+    action = p.get("action", "committed")
+    if action == "already":
+        line = f"already promoted: {p['path']} (commit {commit or '-'} is still on {where})"
+    elif action == "unchanged":
+        line = f"promoted: {p['path']} already held this config on {where}; no new commit"
+    else:
+        line = f"promoted: {p['path']} (commit {commit} on {where})"
+    return [line] + ([f"  ({p['note']})"] if p.get("note") else [])

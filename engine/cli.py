@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -130,11 +131,27 @@ def _load(args: argparse.Namespace):  # noqa: ANN202
     return load(args.model, args.backend, args.config, use_promoted=not args.no_promoted)
 
 
+def _check_context(n_ctx: int, prompt: int, gen: int, what: str) -> None:
+    """Refuse what the model cannot hold (a KV cache past its context was a 477 GiB allocation)."""
+    if prompt > n_ctx:
+        raise ConfigError(f"{what} is {prompt} tokens, longer than the model's context ({n_ctx})")
+    if prompt + gen > n_ctx:
+        raise ConfigError(
+            f"--max-tokens/--gen-tokens {gen}: {prompt} prompt tokens + {gen} exceed the model's "
+            f"context ({n_ctx}); at most {n_ctx - prompt}"
+        )
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    if not args.prompt:
+        raise ConfigError("--prompt is empty: give some text")
     eng = _load(args)
     tok = eng.tokenizer()
     text = tok.render_chat([{"role": "user", "content": args.prompt}]) if args.chat else args.prompt
     ids = tok.encode(text)
+    if not ids:
+        raise ConfigError("--prompt encodes to no tokens: give some text")
+    _check_context(eng.gguf.spec.n_ctx_train, len(ids), args.max_tokens, "the prompt")
     g = eng.model.generate(ids, args.max_tokens, path=args.prefill, stop=tok.eos_ids)
     out = tok.decode(g.tokens)
     steps = len(g.tokens) - 1
@@ -210,6 +227,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
             "(vulkan has); drop --profile"
         )
     eng = _load(args)
+    for n in args.prompt_tokens:
+        _check_context(eng.gguf.spec.n_ctx_train, n, args.gen_tokens, f"--prompt-tokens {n}")
     be = eng.model.backend
     total = len(args.prompt_tokens) * args.repeats
     with tqdm(total=total, desc="bench", file=sys.stderr, disable=args.json) as bar:
@@ -282,6 +301,8 @@ def cmd_models(args: argparse.Namespace) -> int:
 def cmd_synth(args: argparse.Namespace) -> int:
     from engine.synth import write_synthetic
 
+    if args.out.is_dir():
+        raise ConfigError(f"synth --out {args.out}: is a directory; give a file name (x.gguf)")
     path = write_synthetic(
         args.out,
         arch=args.arch,
@@ -411,6 +432,23 @@ COMMANDS = {
 }
 
 
+# Argument bounds checked before any work (exit 2, like argparse's own errors: validate's
+# exit 1 means "does not compute the same model").
+MINIMUM = {"max_tokens": 0, "gen_tokens": 0, "warmup": 0, "seed": 0, "steps": 1, "repeats": 1}
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Raise ConfigError naming the first argument out of its range."""
+    for flag, lo in MINIMUM.items():
+        value = getattr(args, flag, None)
+        if value is not None and value < lo:
+            raise ConfigError(f"--{flag.replace('_', '-')} {value}: must be >= {lo}")
+    for flag in ("max_abs_diff", "nmse"):
+        value = getattr(args, flag, None)
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise ConfigError(f"--{flag.replace('_', '-')} {value}: must be a finite number >= 0")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
@@ -418,10 +456,8 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
         stream=sys.stderr,
     )
-    for flag in ("max_tokens", "steps", "gen_tokens", "repeats"):
-        if getattr(args, flag, 1) is not None and getattr(args, flag, 1) < 0:
-            raise SystemExit(f"error: --{flag.replace('_', '-')} must be >= 0")
     try:
+        check_args(args)
         return COMMANDS[args.cmd](args)
     except (EngineError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)

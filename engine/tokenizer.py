@@ -193,13 +193,15 @@ class Tokenizer:
         **extra: Any,
     ) -> str:
         """Render ``messages`` with the model's chat template (``extra``: e.g. ``tools``)."""
-        if self._template is None:
-            if not self.chat_template:
-                raise UnsupportedError("this model's GGUF has no tokenizer.chat_template")
-            self._template = _chat_env().from_string(self.chat_template)
+        from jinja2.exceptions import SecurityError, TemplateError
+
         bos = self._tokens[self.bos_id] if self.bos_id is not None else ""
         eos = self._tokens[self.eos_id] if self.eos_id is not None else ""
         try:
+            if self._template is None:
+                if not self.chat_template:
+                    raise UnsupportedError("this model's GGUF has no tokenizer.chat_template")
+                self._template = _chat_env().from_string(self.chat_template)
             return self._template.render(
                 messages=messages,
                 add_generation_prompt=add_generation_prompt,
@@ -209,6 +211,10 @@ class Tokenizer:
             )
         except _TemplateRaised as e:
             raise EngineError(f"the chat template rejected the messages: {e}") from e
+        except SecurityError as e:  # the GGUF's template tried to reach outside its sandbox
+            raise EngineError(f"the model's chat template does what the sandbox blocks: {e}") from e
+        except TemplateError as e:
+            raise EngineError(f"the model's chat template cannot be rendered: {e}") from e
 
 
 class _TemplateRaised(Exception):

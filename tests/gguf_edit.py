@@ -18,9 +18,10 @@ def rewrite(
     arch: str | None = None,
     drop: str | None = None,
     retype: tuple[str, str] | None = None,
+    metadata: dict | None = None,
 ) -> Path:
     g = GGUFModel(src)
-    md = dict(g.metadata)
+    md = {**g.metadata, **(metadata or {})}
     old_arch = md.pop("general.architecture")
     arch = arch or old_arch
     w = GGUFWriter(dst, arch)

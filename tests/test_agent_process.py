@@ -200,3 +200,55 @@ def test_ray_job_submit_against_a_head_started_here(tiny_model_path: Path, tmp_p
 def test_cli_help(args: list[str]) -> None:
     r = subprocess.run([sys.executable, "-m", "agent", *args], capture_output=True, text=True)
     assert r.returncode == 0 and "usage" in r.stdout
+
+
+def _session_alive(sid: int) -> list[str]:
+    ps = subprocess.run(["ps", "-eo", "pid=,sid=,stat=,comm="], capture_output=True, text=True)
+    return [
+        f"{pid} {comm}"
+        for pid, s, stat, comm in (line.split(None, 3) for line in ps.stdout.splitlines())
+        if int(s) == sid and not stat.startswith("Z")
+    ]
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "Ctrl-C"])
+def test_agent_stopped_by_a_signal_leaves_no_running_trial_nor_ray(
+    tiny_model_path: Path, tmp_path: Path, how: str
+) -> None:
+    """Ctrl-C (SIGINT to the whole process group) or SIGTERM: the agent records its in-flight
+    trials as interrupted, stops its workers and its embedded Ray, and exits 130 / 143."""
+    exp = write_experiment(tmp_path / "exp.toml", str(tiny_model_path), trials=7, pairs=16)
+    storage = str(tmp_path / "studies.journal")
+    cmd = [sys.executable, "-m", "agent", "run", str(exp), "--storage", storage, "--no-promote"]
+    log_path = tmp_path / "agent.log"
+    p = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=log_path.open("w"), stderr=subprocess.STDOUT, start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and p.poll() is None:
+            if Path(storage).exists() and len(budget_trials(storage)[0]) >= 2:
+                break
+            time.sleep(0.3)
+        assert p.poll() is None, log_path.read_text()[-3000:]
+        if how == "SIGTERM":
+            p.send_signal(signal.SIGTERM)
+        else:
+            os.killpg(p.pid, signal.SIGINT)
+        code = p.wait(timeout=90)
+        time.sleep(2)  # Ray's processes exit after the agent's shutdown call returns
+        left = _session_alive(p.pid)
+    finally:
+        kill_session(p.pid)
+        p.wait()
+    text = log_path.read_text()
+    assert code == (143 if how == "SIGTERM" else 130), text[-3000:]
+    assert f"stopped by {how}" in text and "Traceback" not in text, text[-3000:]
+    assert left == [], left
+    st = parse_storage(storage).open()
+    (summary,) = optuna.get_all_study_summaries(st)
+    trials = optuna.load_study(study_name=summary.study_name, storage=st).trials
+    assert all(t.state != optuna.trial.TrialState.RUNNING for t in trials)
+    assert any(t.user_attrs.get("outcome") == INTERRUPTED for t in trials)
+    status = json.loads(parse_storage(storage).status_path.read_text())
+    assert status["agent"]["state"] == "interrupted"

@@ -71,6 +71,41 @@ def test_experiment_errors_name_the_key(data: dict, message: str) -> None:
     assert message in str(e.value)
 
 
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("[budget]\ntrial_timeout_s = nan", "budget.trial_timeout_s = nan"),
+        ("[budget]\ntrial_timeout_s = inf", "budget.trial_timeout_s = inf"),
+        ("[budget]\nwall_time_s = inf", "budget.wall_time_s = inf"),
+        ("[acceptance]\nconfidence = nan", "acceptance.confidence = nan"),
+        ("[acceptance]\nmin_gain = inf", "acceptance.min_gain = inf"),
+        ("[acceptance]\nmax_regression = nan", "acceptance.max_regression = nan"),
+        ("[acceptance]\nmin_gain = -inf", "acceptance.min_gain = -inf"),
+    ],
+)
+def test_non_finite_numbers_are_rejected_by_name(tmp_path: Path, text: str, key: str) -> None:
+    """nan passed every range check (a nan timeout never fired: the agent busy-spun)."""
+    f = tmp_path / "e.toml"
+    f.write_text(
+        'models = ["synthetic:tiny"]\nbackends = ["numpy"]\n'
+        '[[objectives]]\nmetric = "prefill_tok_s"\n' + text + "\n"
+    )
+    with pytest.raises(ExperimentError, match=f"{key}: must be a finite number"):
+        load_experiment(f)
+
+
+def test_experiment_path_that_is_a_directory_or_binary(tmp_path: Path) -> None:
+    from agent.cli import main
+
+    b = tmp_path / "blob.toml"
+    b.write_bytes(bytes(range(256)))
+    for path, message in ((tmp_path, "is a directory"), (b, "not a text file")):
+        with pytest.raises(ExperimentError, match=message):
+            load_experiment(path)
+        assert main(["check", str(path)]) == 2
+        assert main(["run", str(path)]) == 2
+
+
 def test_cmaes_needs_one_objective() -> None:
     objs = [
         {"metric": "prefill_tok_s", "prompt_tokens": 32},
@@ -230,6 +265,68 @@ def test_promotion_refuses_staged_changes_and_other_branches(repo: Path) -> None
     assert not (repo / "configs").exists()
 
 
+def test_promotion_refuses_to_overwrite_an_untracked_config(repo: Path) -> None:
+    hand = repo / "configs" / "cpu" / "qwen2.toml"
+    hand.parent.mkdir(parents=True)
+    hand.write_text("# mine\nbackend = 'numpy'\n")
+    cfg = TuningConfig.default("numpy").replace(**{"prefill.chunk_tokens": 64})
+    with pytest.raises(PromotionRefused, match=r"configs/cpu/qwen2.toml exists but git does not"):
+        promote(repo, "cpu", "qwen2", cfg, {})
+    assert hand.read_text() == "# mine\nbackend = 'numpy'\n"
+    assert _git(repo, "log", "--format=%s") == "init"
+
+
+def test_failed_promotion_commit_is_rolled_back(repo: Path) -> None:
+    """A hook that fails the commit left the config staged: the engine then loaded a config
+    nobody promoted, and every later promotion was refused for the staged change."""
+    hook = repo / ".git" / "hooks" / "pre-commit"
+    hook.write_text("#!/bin/sh\necho 'policy says no' >&2\nexit 1\n")
+    hook.chmod(0o755)
+    cfg = TuningConfig.default("numpy").replace(**{"prefill.chunk_tokens": 64})
+    with pytest.raises(PromotionRefused, match="rolled back.*policy says no"):
+        promote(repo, "cpu", "qwen2", cfg, {"trial": 1})
+    assert _git(repo, "status", "--porcelain") == ""
+    assert not (repo / "configs").exists()
+    hook.unlink()
+    p = promote(repo, "cpu", "qwen2", cfg, {"trial": 1})  # nothing left in the way
+    assert _git(repo, "show", "--name-only", "--format=", p.commit) == "configs/cpu/qwen2.toml"
+    # A failed update of an existing file restores the committed version.
+    hook.write_text("#!/bin/sh\nexit 1\n")
+    hook.chmod(0o755)
+    committed = p.path.read_text()
+    with pytest.raises(PromotionRefused, match="rolled back"):
+        promote(repo, "cpu", "qwen2", cfg.replace(**{"prefill.chunk_tokens": 32}), {"trial": 2})
+    assert p.path.read_text() == committed and _git(repo, "status", "--porcelain") == ""
+
+
+def test_promotion_target_checked_up_front(tmp_path: Path, repo: Path) -> None:
+    from agent.promote import check_target
+
+    with pytest.raises(PromotionRefused, match="does not exist"):
+        check_target(tmp_path / "nope", "main")
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(PromotionRefused, match="not a git repository"):
+        check_target(tmp_path / "plain", "main")
+    _git(repo, "checkout", "-q", "--detach")
+    with pytest.raises(PromotionRefused, match="detached HEAD"):
+        check_target(repo, "main")
+    _git(repo, "checkout", "-q", "main")
+    check_target(repo, "main")
+
+
+def test_a_recorded_promotion_is_checked_against_its_branch(repo: Path) -> None:
+    from agent.promote import still_there
+
+    cfg = TuningConfig.default("numpy").replace(**{"prefill.chunk_tokens": 64})
+    p = promote(repo, "cpu", "qwen2", cfg, {"trial": 1})
+    rel = p.path.relative_to(repo)
+    assert still_there(repo, "main", rel, p.commit, cfg) == ""
+    assert "holds" in still_there(repo, "main", rel, p.commit, TuningConfig.default("numpy"))
+    _git(repo, "reset", "-q", "--hard", "HEAD~1")  # the promotion commit reset away
+    assert "no longer on main" in still_there(repo, "main", rel, p.commit, cfg)
+    assert "not in" in still_there(repo, "main", rel, "0" * 40, cfg)
+
+
 # --- Ray auth and the node bootstrap --------------------------------------------------------
 def test_auth_token_mode_needs_a_token_to_join(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
@@ -369,3 +466,28 @@ def test_resume_warns_when_the_search_space_changed(tmp_path: Path) -> None:
     again = StudyState(exp, "cpu", "numpy", "synthetic:tiny", "qwen2", ref.open(), base, "default")
     assert "prefill.batched.chunk_tokens choices" in again.space_changed
     assert again.evaluated == 1
+
+
+def test_run_dashboard_on_a_taken_port_is_refused_up_front(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The run announced http://127.0.0.1:PORT while another program served that port."""
+    import socket
+
+    from agent.cli import main
+
+    exp = tmp_path / "e.toml"
+    exp.write_text(
+        'models = ["synthetic:tiny"]\nbackends = ["numpy"]\n'
+        '[[objectives]]\nmetric = "prefill_tok_s"\n'
+    )
+    storage = tmp_path / "s.db"
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        argv = ["run", str(exp), "--storage", str(storage), "--dashboard", str(port)]
+        assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"127.0.0.1:{port} is taken" in err and err.count("\n") == 1
+    assert "http://" not in err and not storage.exists()

@@ -66,7 +66,7 @@ def test_validate_pass_and_fail_exit_codes(capsys, tiny_model_path, tmp_path):
     rep = json.loads(out)
     assert code == 0 and rep["passed"] and rep["candidate"]["prefill.chunk_tokens"] == 8
     code, out, _ = run_cli(
-        capsys, "validate", "--model", str(tiny_model_path), "--steps", "2", "--max-abs-diff", "-1"
+        capsys, "validate", "--model", str(tiny_model_path), "--steps", "2", "--max-abs-diff", "0"
     )
     assert code == 1 and "FAIL" in out
 
@@ -215,3 +215,55 @@ def test_devices_lists_every_vulkan_device(capsys):
     phys = doc["vulkan_physical"]
     assert [d["index"] for d in phys] == list(range(len(phys)))
     assert any(d["served"] and d["device_class"] == vk["device_class"] for d in phys)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["run", "--prompt", ""], "--prompt is empty"),
+        (["run", "--prompt", "hi", "--max-tokens", "5000"], "exceed the model's context (4096)"),
+        (["run", "--prompt", "hi", "--max-tokens", "-1"], "--max-tokens -1: must be >= 0"),
+        (["bench", "--repeats", "0"], "--repeats 0: must be >= 1"),
+        (["bench", "--prompt-tokens", "5000"], "longer than the model's context (4096)"),
+        (["validate", "--steps", "0"], "--steps 0: must be >= 1"),
+        (["validate", "--nmse=-1e-3"], "--nmse -0.001: must be a finite number >= 0"),
+        (["validate", "--max-abs-diff", "nan"], "--max-abs-diff nan: must be a finite"),
+    ],
+)
+def test_bad_arguments_are_one_line_exit_2(capsys, tiny_model_path, argv, message):
+    """Exit 1 is validate's "does not compute the same model": argument errors must be 2."""
+    code, out, err = run_cli(capsys, *argv, "--model", str(tiny_model_path))
+    assert code == 2 and out == "", err
+    assert err.count("\n") == 1 and message in err
+
+
+def test_prompt_longer_than_the_context(capsys, tiny_model_path):
+    code, _, err = run_cli(
+        capsys, "run", "--model", str(tiny_model_path), "--prompt", "a b " * 3000
+    )
+    assert code == 2 and "longer than the model's context (4096)" in err
+
+
+def test_config_directory_or_binary(capsys, tiny_model_path, tmp_path):
+    blob = tmp_path / "blob.toml"
+    blob.write_bytes(bytes(range(256)))
+    for cfg, message in ((tmp_path, "is a directory"), (blob, "not a text file")):
+        code, _, err = run_cli(
+            capsys, "run", "--model", str(tiny_model_path), "--prompt", "x", "--config", str(cfg)
+        )
+        assert code == 2 and message in err and err.count("\n") == 1
+
+
+def test_synth_out_existing_directory_creates_nothing(capsys, tmp_path):
+    before = sorted(tmp_path.rglob("*"))
+    code, _, err = run_cli(capsys, "synth", "--out", str(tmp_path))
+    assert code == 2 and "is a directory" in err
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_chat_template_the_sandbox_blocks(capsys, tmp_path, tiny_model_path):
+    evil = "{{ messages.__class__.__mro__[1].__subclasses__() }}"
+    p = rewrite(tiny_model_path, tmp_path / "evil.gguf", metadata={"tokenizer.chat_template": evil})
+    code, out, err = run_cli(capsys, "run", "--model", str(p), "--prompt", "hi", "--chat")
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert "chat template does what the sandbox blocks" in err

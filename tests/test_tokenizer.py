@@ -161,8 +161,12 @@ def test_chat_template_is_sandboxed() -> None:
 
     evil = "{{ messages.__class__.__mro__[1].__subclasses__() }}"
     tok = Tokenizer.from_metadata(synthetic_md(**{"tokenizer.chat_template": evil}))
-    with pytest.raises(SecurityError):
+    with pytest.raises(EngineError, match="does what the sandbox blocks") as e:
         tok.render_chat([{"role": "user", "content": "x"}])
+    assert isinstance(e.value.__cause__, SecurityError)  # blocked by jinja2, reported as ours
+    broken = Tokenizer.from_metadata(synthetic_md(**{"tokenizer.chat_template": "{% if %}"}))
+    with pytest.raises(EngineError, match="cannot be rendered"):
+        broken.render_chat([{"role": "user", "content": "x"}])
 
 
 # --- real vocabularies -------------------------------------------------------------------------

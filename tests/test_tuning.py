@@ -55,7 +55,7 @@ def test_toml_round_trip(tmp_path):
     flat = {"prefill.chunk_tokens": 40, "matmul_prefill.variant": "ondemand"}
     cfg = TuningConfig.from_flat("numpy", flat)
     p = tmp_path / "c.toml"
-    p.write_text(cfg.to_toml(header={"note": "x"}) + "\n[evidence]\ntrial = 3\n")
+    p.write_text(cfg.to_toml() + "\n[evidence]\ntrial = 3\n")
     assert TuningConfig.from_toml(p) == cfg
     only = cfg.to_toml(only_changed=True)
     assert "chunk_tokens = 40" in only and "rope" not in only
@@ -76,6 +76,25 @@ def test_toml_errors_name_the_file(tmp_path):
     p.write_text("backend = 'numpy'\n")
     with pytest.raises(ConfigError, match="for backend 'numpy', not 'vulkan'"):
         TuningConfig.from_toml(p, "vulkan")
+
+
+@pytest.mark.parametrize("table", ["op.prefill", "opss.prefill", "prefil"])
+def test_unknown_top_level_key_is_an_error(tmp_path, table):
+    """A misspelt [ops.*] table was ignored and the defaults benchmarked under the file's name."""
+    p = tmp_path / "typo.toml"
+    p.write_text(f"backend = 'numpy'\n[{table}]\nmax_cols = 16\n")
+    key = table.split(".")[0]
+    with pytest.raises(ConfigError, match=rf"typo.toml: unknown top-level key\(s\) {key};"):
+        TuningConfig.from_toml(p)
+
+
+def test_config_path_that_is_a_directory_or_binary(tmp_path):
+    with pytest.raises(ConfigError, match="is a directory"):
+        TuningConfig.from_toml(tmp_path)
+    b = tmp_path / "blob.toml"
+    b.write_bytes(bytes(range(256)))
+    with pytest.raises(ConfigError, match="blob.toml: not a text file"):
+        TuningConfig.from_toml(b)
 
 
 def test_constraints_and_supports():

@@ -9,6 +9,8 @@ in the agent and in every worker process).
   ``crash``      kills the worker process mid-trial (os._exit)
   ``hang``       never returns (the agent's trial timeout must fire)
   ``slow``       a correct product, made slower (a candidate that must never be accepted)
+  ``lost_once``  a correct product; but the first run kills its worker, as an OOM killer or an
+                 operator would (once per marker file ``$FLEETTUNE_TEST_LOST_ONCE``; unset: never)
 Its device class is ``cpu-sim``, or the ``device:sim-*`` resource of the Ray node it runs on,
 so one machine can host several simulated device classes (``ray.cluster_utils.Cluster``).
 """
@@ -27,7 +29,8 @@ from engine.errors import KernelCompileError
 from engine.tuning import REGISTRY, Variant
 
 NAME = "numpy_faults"
-FAULT_VARIANTS = ("wrong", "nocompile", "raises", "crash", "hang", "slow")
+FAULT_VARIANTS = ("wrong", "nocompile", "raises", "crash", "hang", "slow", "lost_once")
+LOST_ONCE_ENV = "FLEETTUNE_TEST_LOST_ONCE"
 
 
 def _node_sim_class() -> str:
@@ -66,6 +69,15 @@ class FaultyBackend(NumpyBackend):
         variant = self.config.op("matmul_prefill").variant if x.shape[0] > 1 else ""
         if variant == "crash":
             os._exit(17)
+        marker = os.environ.get(LOST_ONCE_ENV)
+        if variant == "lost_once" and marker:
+            try:
+                with open(marker, "x"):  # the first run anywhere creates it and is killed
+                    pass
+            except FileExistsError:
+                pass
+            else:
+                os.kill(os.getpid(), 9)
         if variant == "hang":
             time.sleep(3600)
         if variant == "raises":

@@ -20,6 +20,9 @@ from typing import TYPE_CHECKING, Any
 from engine.errors import ConfigError
 from engine.tuning.registry import REGISTRY, Value
 
+# Keys a config file may hold: [evidence] is what a promotion adds (read by people, not the engine).
+TOP_LEVEL = ("backend", "ops", "evidence")
+
 if TYPE_CHECKING:
     from engine.device_info import DeviceInfo
 
@@ -91,10 +94,14 @@ class TuningConfig:
     @classmethod
     def from_toml(cls, path: str | Path, backend: str | None = None) -> TuningConfig:
         path = Path(path)
+        if path.is_dir():
+            raise ConfigError(f"{path}: is a directory; give a config .toml file")
         try:
             data = tomllib.loads(path.read_text())
         except FileNotFoundError:
             raise ConfigError(f"{path}: no such config file") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"{path}: not a text file (a TOML config was expected)") from None
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{path}: not valid TOML: {e}") from None
         file_backend = data.get("backend")
@@ -110,6 +117,12 @@ class TuningConfig:
             raise ConfigError(
                 f"{path}: top-level table(s) {', '.join(stray)} name ops; op settings go under "
                 f"[ops.<op>], e.g. [ops.{stray[0]}]"
+            )
+        unknown = sorted(k for k in data if k not in TOP_LEVEL and k not in stray)
+        if unknown:  # a silently ignored [op.prefill] would benchmark the defaults too
+            raise ConfigError(
+                f"{path}: unknown top-level key(s) {', '.join(unknown)}; a config file holds "
+                f"only {', '.join(TOP_LEVEL)} (op settings go under [ops.<op>])"
             )
         if not isinstance(ops, dict):
             raise ConfigError(f"{path}: 'ops' must be a table of [ops.<op>] tables")
@@ -175,11 +188,9 @@ class TuningConfig:
             raise ConfigError("config violates constraints: " + "; ".join(bad))
         return self
 
-    def to_toml(self, header: Mapping[str, Any] | None = None, only_changed: bool = False) -> str:
-        """TOML text; ``header`` adds top-level keys (evidence tables are written by the agent)."""
+    def to_toml(self, only_changed: bool = False) -> str:
+        """TOML text (a promotion's [evidence] table is appended by the agent)."""
         lines = [f"backend = {_toml_value(self.backend)}"]
-        for k, v in (header or {}).items():
-            lines.append(f"{k} = {_toml_value(v)}")
         default = TuningConfig.default(self.backend).flat() if only_changed else {}
         for op, c in self.ops:
             items = [("variant", c.variant), *c.params]
