@@ -97,8 +97,12 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--json", action="store_true")
 
     p = sub.add_parser("synth", help="write a synthetic GGUF with random weights")
-    p.add_argument("--arch", default="qwen2")
-    p.add_argument("--preset", default="tiny")
+    p.add_argument(
+        "--arch", default="qwen2", help="qwen2, llama, qwen3, qwen35, qwen35moe, qwen3next"
+    )
+    p.add_argument(
+        "--preset", default="tiny", help="dense: tiny small 1.5b 7b; hybrid: tiny 9b 35b-a3b"
+    )
     p.add_argument("--quant", default="q4_k_m")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, required=True)

@@ -22,8 +22,45 @@ from engine.quant_types import SUPPORTED
 
 log = logging.getLogger(__name__)
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3")
+DENSE_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+# Hybrids: gated delta-net layers between gated full-attention layers (engine/hybrid.py).
+# qwen35 files store the delta-net's V heads tiled ([K0, K1, .., K0, K1, ..]: V head j reads
+# q/k head j % n_k_heads), the qwen3next converter keeps the checkpoint's grouped order (j // r).
+HYBRID_ARCHITECTURES = {"qwen35": "tiled", "qwen35moe": "tiled", "qwen3next": "grouped"}
+ARCHITECTURES = DENSE_ARCHITECTURES + tuple(HYBRID_ARCHITECTURES)
 GGUF_MAGIC = b"GGUF"
+
+
+@dataclass(frozen=True)
+class SSMSpec:
+    """Gated delta-net shape: Hk q/k heads of dk, Hv value heads of dv, conv kernel d_conv."""
+
+    d_conv: int
+    n_k_heads: int  # ssm.group_count
+    n_v_heads: int  # ssm.time_step_rank
+    head_k_dim: int  # ssm.state_size
+    head_v_dim: int  # ssm.inner_size / n_v_heads
+    v_order: str  # "tiled" (qwen35) or "grouped" (qwen3next): which q/k head a V head reads
+
+    @property
+    def key_dim(self) -> int:
+        return self.n_k_heads * self.head_k_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.n_v_heads * self.head_v_dim
+
+    @property
+    def conv_dim(self) -> int:  # channels of [q | k | v] that the conv runs over
+        return 2 * self.key_dim + self.value_dim
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    n_expert: int
+    n_expert_used: int
+    n_ff_exp: int
+    n_ff_shexp: int  # 0: no shared expert
 
 
 @dataclass(frozen=True)
@@ -46,15 +83,28 @@ class ModelSpec:
     attn_bias: bool  # qwen2 has q/k/v biases
     qk_norm: bool  # qwen3 RMS-normalizes each q and k head
     tied_embeddings: bool  # no output.weight: the LM head is token_embd
+    # Hybrids only (None / 0 on dense models).
+    ssm: SSMSpec | None = None
+    moe: MoESpec | None = None
+    recurrent: tuple[bool, ...] = ()  # per layer: a delta-net layer (else full attention)
+    rope_dim: int = 0  # rotated dims per head (partial RoPE); 0: all of head_dim
 
     @property
     def family(self) -> str:
         return self.arch
 
+    @property
+    def hybrid(self) -> bool:
+        return self.ssm is not None
+
+    def is_recurrent(self, layer: int) -> bool:
+        return bool(self.recurrent) and self.recurrent[layer]
+
 
 @dataclass(frozen=True)
 class QTensor:
-    """A weight as stored: raw bytes [N, row_bytes] of type qtype; logical shape (N, K) or (K,)."""
+    """A weight as stored: raw bytes [rows, row_bytes] of type qtype; logical shape (N, K), (K,)
+    or (E, N, K) for stacked experts (rows = E * N)."""
 
     name: str
     qtype: str
@@ -107,7 +157,7 @@ class GGUFModel:
             )
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))  # GGML order -> row-major
         raw = t.data.view(np.uint8)
-        raw = raw.reshape(shape[0] if len(shape) == 2 else 1, -1)
+        raw = raw.reshape(int(np.prod(shape[:-1])) if len(shape) >= 2 else 1, -1)
         return QTensor(name, qtype, shape, raw)
 
     @cached_property
@@ -149,12 +199,15 @@ class GGUFModel:
         if emb is None:
             raise ModelFileError(f"{self.path}: missing tensor 'token_embd.weight'")
         n_vocab = int(emb.shape[1]) if vocab is None else len(vocab)
+        n_layers = int(self._get(f"{arch}.block_count"))
+        hybrid = self._read_hybrid(arch, n_layers) if arch in HYBRID_ARCHITECTURES else {}
+        n_ff = self._get(f"{arch}.feed_forward_length", 0, required=not hybrid)
         return ModelSpec(
             arch=arch,
             name=str(self.metadata.get("general.name", self.path.stem)),
-            n_layers=int(self._get(f"{arch}.block_count")),
+            n_layers=n_layers,
             n_embd=n_embd,
-            n_ff=int(self._get(f"{arch}.feed_forward_length")),
+            n_ff=int(n_ff),
             n_head=n_head,
             n_head_kv=int(head_kv),
             head_dim=head_dim,
@@ -162,14 +215,51 @@ class GGUFModel:
             n_ctx_train=int(self._get(f"{arch}.context_length", 4096, required=False)),
             rope_theta=float(self._get(f"{arch}.rope.freq_base", 10000.0, required=False)),
             rms_eps=float(self._get(f"{arch}.attention.layer_norm_rms_epsilon")),
-            rope_neox=arch in ("qwen2", "qwen3"),
+            rope_neox=arch != "llama",
             attn_bias="blk.0.attn_q.bias" in self._tensors,
             qk_norm="blk.0.attn_q_norm.weight" in self._tensors,
             tied_embeddings="output.weight" not in self._tensors,
+            **hybrid,
         )
+
+    def _read_hybrid(self, arch: str, n_layers: int) -> dict[str, Any]:
+        """SSM / MoE hyper-parameters and the layer pattern of a qwen35 / qwen3next file."""
+        n_v = int(self._get(f"{arch}.ssm.time_step_rank"))
+        ssm = SSMSpec(
+            d_conv=int(self._get(f"{arch}.ssm.conv_kernel")),
+            n_k_heads=int(self._get(f"{arch}.ssm.group_count")),
+            n_v_heads=n_v,
+            head_k_dim=int(self._get(f"{arch}.ssm.state_size")),
+            head_v_dim=int(self._get(f"{arch}.ssm.inner_size")) // n_v,
+            v_order=HYBRID_ARCHITECTURES[arch],
+        )
+        if ssm.n_v_heads % ssm.n_k_heads:
+            raise ModelFileError(
+                f"{self.path}: ssm.time_step_rank {n_v} is not a multiple of "
+                f"ssm.group_count {ssm.n_k_heads}"
+            )
+        # As llama.cpp: every interval-th layer (1-based) is full attention, the rest recurrent.
+        interval = int(self._get(f"{arch}.full_attention_interval", 4, required=False))
+        recurrent = tuple((i + 1) % interval != 0 for i in range(n_layers))
+        moe = None
+        n_expert = int(self._get(f"{arch}.expert_count", 0, required=False))
+        if n_expert:
+            moe = MoESpec(
+                n_expert=n_expert,
+                n_expert_used=int(self._get(f"{arch}.expert_used_count")),
+                n_ff_exp=int(self._get(f"{arch}.expert_feed_forward_length")),
+                n_ff_shexp=int(
+                    self._get(f"{arch}.expert_shared_feed_forward_length", 0, required=False)
+                ),
+            )
+        head_dim = int(self._get(f"{arch}.attention.key_length"))
+        rope_dim = int(self._get(f"{arch}.rope.dimension_count", head_dim, required=False))
+        return {"ssm": ssm, "moe": moe, "recurrent": recurrent, "rope_dim": rope_dim}
 
     def layer_tensor_names(self, layer: int) -> list[str]:
         s, p = self.spec, f"blk.{layer}."
+        if s.hybrid:
+            return self._hybrid_layer_names(layer)
         names = [
             p + n
             for n in (
@@ -188,6 +278,54 @@ class GGUFModel:
             names += [p + "attn_q.bias", p + "attn_k.bias", p + "attn_v.bias"]
         if s.qk_norm:
             names += [p + "attn_q_norm.weight", p + "attn_k_norm.weight"]
+        return names
+
+    def _hybrid_layer_names(self, layer: int) -> list[str]:
+        s, p = self.spec, f"blk.{layer}."
+        names = [p + "attn_norm.weight", p + "post_attention_norm.weight"]
+        if s.is_recurrent(layer):
+            names += [
+                p + n
+                for n in (
+                    "attn_qkv.weight",  # [q | k | v] rows, q and k per K head, v per V head
+                    "attn_gate.weight",  # z, the output gate
+                    "ssm_conv1d.weight",
+                    "ssm_dt.bias",
+                    "ssm_a",  # -exp(A_log)
+                    "ssm_norm.weight",
+                    "ssm_out.weight",
+                )
+            ]
+            # qwen3next packs [b, a] per K head in one matrix; qwen35 has two.
+            if self.has(p + "ssm_ba.weight"):
+                names.append(p + "ssm_ba.weight")
+            else:
+                names += [p + "ssm_beta.weight", p + "ssm_alpha.weight"]
+        else:
+            names += [
+                p + n
+                for n in (
+                    "attn_q.weight",  # [q, gate] per head
+                    "attn_k.weight",
+                    "attn_v.weight",
+                    "attn_output.weight",
+                    "attn_q_norm.weight",
+                    "attn_k_norm.weight",
+                )
+            ]
+        if s.moe is None:
+            names += [p + "ffn_gate.weight", p + "ffn_up.weight", p + "ffn_down.weight"]
+            return names
+        names += [p + "ffn_gate_inp.weight", p + "ffn_down_exps.weight"]
+        if self.has(p + "ffn_gate_up_exps.weight"):
+            names.append(p + "ffn_gate_up_exps.weight")
+        else:
+            names += [p + "ffn_gate_exps.weight", p + "ffn_up_exps.weight"]
+        if s.moe.n_ff_shexp or self.has(p + "ffn_up_shexp.weight"):
+            names += [
+                p + n + ".weight"
+                for n in ("ffn_gate_inp_shexp", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")
+            ]
         return names
 
     def model_tensor_names(self) -> list[str]:

@@ -27,8 +27,15 @@ from gguf import GGMLQuantizationType, GGUFWriter, LlamaFileType, TokenType
 
 from engine.errors import ConfigError
 from engine.quantize import QK_K, block_size, quantize, random_quantized, row_bytes
+from engine.synth_hybrid import (
+    HYBRID_ARCHS,
+    HYBRID_PRESETS,
+    HybridPreset,
+    add_hybrid_metadata,
+    hybrid_plan,
+)
 
-ARCHS = ("qwen2", "llama", "qwen3")
+ARCHS = ("qwen2", "llama", "qwen3", *HYBRID_ARCHS)
 
 
 @dataclass(frozen=True)
@@ -144,7 +151,7 @@ def choose_qtype(mix: str, name: str, row_len: int, n_layers: int) -> str:
     m = _LAYER.match(name)
     if name == "output.weight":
         want = "Q6_K"
-    elif m and name.endswith((".attn_v.weight", ".ffn_down.weight")):
+    elif m and name.endswith((".attn_v.weight", ".ffn_down.weight", ".ffn_down_exps.weight")):
         want = "Q6_K" if use_more_bits(int(m.group(1)), n_layers) else "Q4_K"
     else:
         want = "Q4_K"
@@ -166,10 +173,14 @@ class TensorPlan:
     std: float
 
     @property
+    def rows(self) -> int:  # stacked experts [E, N, K] are E * N rows
+        return int(np.prod(self.shape[:-1]))
+
+    @property
     def nbytes(self) -> int:
         if len(self.shape) == 1:
             return self.shape[0] * 4
-        return self.shape[0] * row_bytes(self.qtype, self.shape[1])
+        return self.rows * row_bytes(self.qtype, self.shape[-1])
 
 
 def _weight_std(row_len: int) -> float:
@@ -178,8 +189,27 @@ def _weight_std(row_len: int) -> float:
     return max(0.02, 1.0 / np.sqrt(row_len))
 
 
-def tensor_plan(arch: str, preset: Preset, quant_mix: str) -> list[TensorPlan]:
+def _hybrid_tensor_plan(arch: str, p: HybridPreset, quant_mix: str) -> list[TensorPlan]:
+    out: list[TensorPlan] = []
+
+    def add(name: str, shape: tuple[int, ...], kind: str) -> None:
+        if len(shape) == 1:
+            out.append(TensorPlan(name, shape, "F32", kind, 0.1))
+        elif kind in ("conv", "f32"):  # llama.cpp keeps conv kernels and routers in F32
+            out.append(TensorPlan(name, shape, "F32", "weight", 1.0 / np.sqrt(shape[-1])))
+        else:
+            qt = choose_qtype(quant_mix, name, shape[-1], p.n_layer)
+            std = 1.0 if kind == "embd" else _weight_std(shape[-1])
+            out.append(TensorPlan(name, shape, qt, "weight", std))
+
+    hybrid_plan(arch, p, add)
+    return out
+
+
+def tensor_plan(arch: str, preset: Preset | HybridPreset, quant_mix: str) -> list[TensorPlan]:
     """Every tensor of the model in file order, with its type and init scale."""
+    if isinstance(preset, HybridPreset):
+        return _hybrid_tensor_plan(arch, preset, quant_mix)
     c, f, v, n = preset.n_embd, preset.n_ff, preset.n_vocab, preset.n_layer
     d = head_dim(arch, preset)
     q_out, kv_out = preset.n_head * d, preset.n_head_kv * d
@@ -370,24 +400,18 @@ _CHUNK_ELEMS = 1 << 23  # elements per parallel generation task (~4 MB of Q4_K)
 
 
 def _add_metadata(
-    w: GGUFWriter, arch: str, preset_name: str, p: Preset, quant_mix: str, vocab: Vocab
+    w: GGUFWriter,
+    arch: str,
+    preset_name: str,
+    p: Preset | HybridPreset,
+    quant_mix: str,
+    vocab: Vocab,
 ) -> None:
-    d = head_dim(arch, p)
     w.add_name(f"synthetic-{arch}-{preset_name}-{quant_mix}")
-    w.add_block_count(p.n_layer)
-    w.add_context_length(p.n_ctx)
-    w.add_embedding_length(p.n_embd)
-    w.add_feed_forward_length(p.n_ff)
-    w.add_head_count(p.n_head)
-    w.add_head_count_kv(p.n_head_kv)
-    w.add_layer_norm_rms_eps(p.rms_eps)
-    w.add_rope_freq_base(p.rope_base)
-    if arch == "qwen3" or d != p.n_embd // p.n_head:
-        w.add_key_length(d)
-        w.add_value_length(d)
-    if arch == "llama":
-        w.add_rope_dimension_count(d)
-        w.add_vocab_size(p.n_vocab)
+    if isinstance(p, HybridPreset):
+        add_hybrid_metadata(w, arch, p)
+    else:
+        _add_dense_metadata(w, arch, p)
     w.add_file_type(int(_FILE_TYPES[quant_mix]))
     if quant_mix not in ("f32", "f16", "bf16"):
         w.add_quantization_version(2)
@@ -403,6 +427,24 @@ def _add_metadata(
     w.add_chat_template(CHAT_TEMPLATE)
 
 
+def _add_dense_metadata(w: GGUFWriter, arch: str, p: Preset) -> None:
+    d = head_dim(arch, p)
+    w.add_block_count(p.n_layer)
+    w.add_context_length(p.n_ctx)
+    w.add_embedding_length(p.n_embd)
+    w.add_feed_forward_length(p.n_ff)
+    w.add_head_count(p.n_head)
+    w.add_head_count_kv(p.n_head_kv)
+    w.add_layer_norm_rms_eps(p.rms_eps)
+    w.add_rope_freq_base(p.rope_base)
+    if arch == "qwen3" or d != p.n_embd // p.n_head:
+        w.add_key_length(d)
+        w.add_value_length(d)
+    if arch == "llama":
+        w.add_rope_dimension_count(d)
+        w.add_vocab_size(p.n_vocab)
+
+
 def _tensor_rng(seed: int, *key: int) -> np.random.Generator:
     # One independent stream per (tensor, chunk): output is the same for any thread count.
     return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=key))
@@ -411,10 +453,12 @@ def _tensor_rng(seed: int, *key: int) -> np.random.Generator:
 def _make_small(t: TensorPlan, index: int, seed: int) -> np.ndarray:
     """A whole tensor from normal floats (1-D tensors always; 2-D ones on small presets)."""
     rng = _tensor_rng(seed, index)
+    if t.kind == "ssm_a":  # -exp(A_log) with A in [1, 8]: per-token decays exp(g) in (0, 1)
+        return -rng.uniform(1.0, 8.0, t.shape).astype(np.float32)
     x = rng.standard_normal(t.shape, dtype=np.float32) * np.float32(t.std)
     if len(t.shape) == 1:
         return x + np.float32(1.0) if t.kind == "norm" else x
-    return quantize(x, t.qtype)
+    return quantize(x.reshape(t.rows, t.shape[-1]), t.qtype).reshape(*t.shape[:-1], -1)
 
 
 def _submit(
@@ -423,7 +467,7 @@ def _submit(
     """Start generating tensor t; returns a function that waits for it."""
     if not fast or len(t.shape) == 1:
         return pool.submit(_make_small, t, index, seed).result
-    n, k = t.shape
+    n, k = t.rows, t.shape[-1]
     out = np.empty((n, row_bytes(t.qtype, k)), dtype=np.uint8)
     rows = max(1, _CHUNK_ELEMS // k)
 
@@ -455,11 +499,12 @@ def write_synthetic(
     ahead of the disk and written as they complete, so memory stays at about two tensors.
     """
     _check_choice("architecture", arch, ARCHS)
-    _check_choice("preset", preset, tuple(PRESETS))
+    presets = HYBRID_PRESETS if arch in HYBRID_ARCHS else PRESETS
+    _check_choice(f"preset for {arch}", preset, tuple(presets))
     _check_choice("quant mix", quant_mix, QUANT_MIXES)
     if not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
-    p = PRESETS[preset]
+    p = presets[preset]
     plan = tensor_plan(arch, p, quant_mix)
     vocab = build_vocab(p.n_vocab)
 
@@ -474,7 +519,7 @@ def write_synthetic(
         if len(t.shape) == 1:
             writer.add_tensor_info(t.name, t.shape, np.dtype(np.float32), t.nbytes)
         else:
-            shape = (t.shape[0], row_bytes(t.qtype, t.shape[1]))
+            shape = (*t.shape[:-1], row_bytes(t.qtype, t.shape[-1]))
             writer.add_tensor_info(
                 t.name, shape, np.dtype(np.uint8), t.nbytes, raw_dtype=GGMLQuantizationType[t.qtype]
             )
@@ -494,7 +539,7 @@ def write_synthetic(
         ):
             pending = _submit(pool, plan[0], 0, seed, p.fast)
             for i, t in enumerate(plan):
-                data = pending()
+                data = pending().reshape(*t.shape[:-1], -1)
                 if i + 1 < len(plan):
                     pending = _submit(pool, plan[i + 1], i + 1, seed, p.fast)
                 writer.write_tensor_data(data)
@@ -515,7 +560,11 @@ def write_synthetic(
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The synth options, for a parser or sub-parser."""
     parser.add_argument("--arch", default="qwen2", help=f"one of {', '.join(ARCHS)}")
-    parser.add_argument("--preset", default="tiny", help=f"one of {', '.join(PRESETS)}")
+    parser.add_argument(
+        "--preset",
+        default="tiny",
+        help=f"dense: {', '.join(PRESETS)}; hybrid: {', '.join(HYBRID_PRESETS)}",
+    )
     parser.add_argument("--quant", default="q4_k_m", help=f"one of {', '.join(QUANT_MIXES)}")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, required=True, help="output .gguf path")

@@ -275,7 +275,7 @@ def test_fast_path_streams_random_blocks(tmp_path: Path, monkeypatch: pytest.Mon
 def test_bad_arguments_name_the_allowed_values(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"'gpt5'.*qwen2, llama, qwen3"):
         write_synthetic(tmp_path / "x.gguf", arch="gpt5")
-    with pytest.raises(ConfigError, match=r"'13b'.*tiny, small, 1\.5b, 7b"):
+    with pytest.raises(ConfigError, match=r"'13b'.*tiny, small, ragged, 1\.5b, 7b"):
         write_synthetic(tmp_path / "x.gguf", preset="13b")
     with pytest.raises(ConfigError, match=r"'q3_k'.*q4_k_m"):
         write_synthetic(tmp_path / "x.gguf", quant_mix="q3_k")

@@ -12,7 +12,7 @@ is a new subclass; ``tests/test_backend_ops.py`` runs every op of every backend 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -22,13 +22,15 @@ from engine.device_info import DeviceInfo
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from engine.errors import UnsupportedError
     from engine.gguf_model import QTensor
     from engine.tuning import TuningConfig
 
 Tensor = Any
 Weight = Any
 
-__all__ = ["Backend", "DeviceInfo", "KVCache", "Tensor", "Weight"]  # DeviceInfo: re-exported
+# DeviceInfo: re-exported
+__all__ = ["Backend", "DeviceInfo", "HybridCache", "KVCache", "Tensor", "Weight"]
 
 
 @dataclass
@@ -38,6 +40,17 @@ class KVCache:
     k: list[Tensor]
     v: list[Tensor]
     capacity: int
+
+
+@dataclass
+class HybridCache(KVCache):
+    """A hybrid's cache: K/V for its full-attention layers (None at delta-net layers) and, beside
+    it, the recurrent state of each delta-net layer (None at attention layers): conv[layer] the
+    last d_conv-1 inputs of the conv [d_conv-1, conv_dim], ssm[layer] the matrix state S per V
+    head [Hv, dk, dv]. Prefill leaves both for decode; the ops update them in place."""
+
+    conv: list[Tensor | None] = field(default_factory=list)
+    ssm: list[Tensor | None] = field(default_factory=list)
 
 
 class Backend(ABC):
@@ -142,6 +155,60 @@ class Backend(ABC):
         """logits [T, V] -> [T] int32 on the device; the sampler downloads this, never a copy
         kept from an earlier step."""
 
+    # --- hybrid ops (qwen35 / qwen3next; engine/hybrid.py). Optional: a backend without them
+    # cannot load a hybrid model, and says so at the first op.
+    def _no_hybrid(self, op: str) -> UnsupportedError:
+        from engine.errors import UnsupportedError
+
+        return UnsupportedError(f"backend {self.name!r} has no {op} op: hybrid models need it")
+
+    def rope_partial(self, x: Tensor, pos0: int, theta: float, n_rot: int) -> Tensor:
+        """Neox RoPE of the first n_rot dims of each head of x [T, H, D] (frequencies over
+        n_rot), the other D - n_rot dims unchanged."""
+        raise self._no_hybrid("rope_partial")
+
+    def sigmoid_mul(self, gate: Tensor, x: Tensor) -> Tensor:
+        """x * sigmoid(gate); gate broadcasts ([T, 1] against [T, C])."""
+        raise self._no_hybrid("sigmoid_mul")
+
+    def ssm_conv(self, x: Tensor, state: Tensor, w: Weight) -> Tensor:
+        """Causal depthwise conv + SiLU: x [T, Cc], w [Cc, d_conv], state [d_conv-1, Cc] the
+        inputs before x (updated in place to the last d_conv-1 inputs) -> [T, Cc]."""
+        raise self._no_hybrid("ssm_conv")
+
+    def ssm_gates(self, a: Tensor, b: Tensor, dt_bias: Weight, ssm_a: Weight) -> tuple:
+        """a, b [T, Hv] -> (g = softplus(a + dt_bias) * ssm_a, beta = sigmoid(b)), both [T, Hv]."""
+        raise self._no_hybrid("ssm_gates")
+
+    def delta_net(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        g: Tensor,
+        beta: Tensor,
+        state: Tensor,
+        v_order: str,
+        eps: float,
+    ) -> Tensor:
+        """Gated delta rule. q, k [T, Hk, dk] (L2-normalised here, q also by 1/sqrt(dk)),
+        v [T, Hv, dv], g, beta [T, Hv]; V head j reads q/k head j // (Hv/Hk) ("grouped") or
+        j % Hk ("tiled"). Per token and V head, with S = state[j] [dk, dv]:
+        S = exp(g) S;  S += k (beta (v - S^T k))^T;  o = S^T q. -> o [T, Hv, dv]; state in place."""
+        raise self._no_hybrid("delta_net")
+
+    def router_topk(self, logits: Tensor, k: int) -> tuple:
+        """Softmax over experts of logits [T, E], the k largest, renormalised to sum to 1 ->
+        (ids [T, k] int32, weights [T, k])."""
+        raise self._no_hybrid("router_topk")
+
+    def moe_experts(
+        self, x: Tensor, ids: Tensor, weights: Tensor, gate: Weight, up: Weight, down: Weight
+    ) -> Tensor:
+        """sum_j weights[t, j] * down_e(silu(gate_e x_t) * up_e x_t), e = ids[t, j]; gate, up
+        [E, F, C], down [E, C, F]; x [T, C] -> [T, C]."""
+        raise self._no_hybrid("moe_experts")
+
     def registry_op(self, op: str, n: int) -> str:
         """The registry op that runs schedule op ``op`` on n tokens (validate's blame names it);
         backends whose dispatch differs (CUDA: batched DMMV below gemm_min_t) override this."""
@@ -157,3 +224,7 @@ class Backend(ABC):
     def rows(self, x: Tensor, start: int, stop: int) -> Tensor:
         """Rows start..stop-1 of a [T, ...] tensor."""
         return x[start:stop]
+
+    def cols(self, x: Tensor, start: int, stop: int) -> Tensor:
+        """Elements start..stop-1 of the last dim of x (a contiguous copy)."""
+        return x[..., start:stop].copy()

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.backends.base import Backend, DeviceInfo, KVCache
+from engine.backends.numpy_hybrid import NumpyHybridOps
 from engine.gguf_model import QTensor
 
 
@@ -42,7 +43,7 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-class NumpyBackend(Backend):
+class NumpyBackend(NumpyHybridOps, Backend):
     name = "numpy"
 
     def device_info(self) -> DeviceInfo:

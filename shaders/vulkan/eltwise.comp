@@ -4,6 +4,8 @@
 //   OP_ADD     y = a + b; b is a tensor of the same shape (residual), or with bcast > 0 a vector
 //              [bcast] repeated over rows (bias)
 //   OP_SWIGLU  y = silu(a) * b = a / (1 + exp(-a)) * b
+//   OP_SIGMOID_MUL  y = b * sigmoid(a) (the hybrids' output gates); with bcast > 0, a holds one
+//              gate per row of bcast (the MoE shared expert's [T, 1] gate)
 // Tunables: 0 WG_SIZE. Bindings: 0 a, 1 b, 2 y.
 
 #extension GL_GOOGLE_include_directive : require
@@ -28,13 +30,20 @@ layout(push_constant) uniform PC {
 void main() {
     uint i = wg_linear() * WG_SIZE + gl_LocalInvocationID.x;
     if (i >= pc.n) return;
+#if defined(OP_SIGMOID_MUL)
+    float a = as_[pc.a_off + (pc.bcast > 0u ? i / pc.bcast : i)];
+    float b = bs[pc.b_off + i];
+#else
     float a = as_[pc.a_off + i];
     float b = bs[pc.b_off + (pc.bcast > 0u ? i % pc.bcast : i)];
+#endif
 #if defined(OP_ADD)
     ys[pc.y_off + i] = a + b;
 #elif defined(OP_SWIGLU)
     ys[pc.y_off + i] = a / (1.0 + exp(-a)) * b;
+#elif defined(OP_SIGMOID_MUL)
+    ys[pc.y_off + i] = b / (1.0 + exp(-a));
 #else
-#error "define OP_ADD or OP_SWIGLU"
+#error "define OP_ADD, OP_SWIGLU or OP_SIGMOID_MUL"
 #endif
 }

@@ -5,6 +5,8 @@
 // pos0 is read from the dynamic-scalars buffer so a recorded decode step can be replayed at the
 // next position by rewriting one integer.
 // Variants: one; the pairing is a push constant: neox pairs (i, i + D/2), normal (2i, 2i + 1).
+// Partial RoPE (the hybrids): only the first n_rot dims rotate (neox pairs (i, i + n_rot/2), the
+// table built over n_rot); threads past the pairs copy dims n_rot .. D-1. n_rot = D: all rotate.
 // Tunables: 0 WG_SIZE. Bindings: 0 x, 1 cos/sin table, 2 y, 3 dynamic scalars.
 
 #extension GL_GOOGLE_include_directive : require
@@ -25,22 +27,29 @@ layout(push_constant) uniform PC {
     uint y_off;
     uint pos_slot;  // index of pos0 in dyn[]
     uint neox;
+    uint n_rot;
 } pc;
 
 #include "common.glsl"
 
 void main() {
-    uint half_d = pc.D / 2u;
-    uint i = wg_linear() * WG_SIZE + gl_LocalInvocationID.x;  // one rotated pair per thread
-    if (i >= pc.T * pc.H * half_d) return;
-    uint p = i % half_d, th = i / half_d, t = th / pc.H;
+    uint half_d = pc.n_rot / 2u;
+    uint per_head = half_d + pc.D - pc.n_rot;  // rotated pairs, then copied dims
+    uint i = wg_linear() * WG_SIZE + gl_LocalInvocationID.x;  // one pair (or copy) per thread
+    if (i >= pc.T * pc.H * per_head) return;
+    uint p = i % per_head, th = i / per_head, t = th / pc.H;
+    uint base = th * pc.D;
+    if (p >= half_d) {
+        uint d = base + pc.n_rot + (p - half_d);
+        ys[pc.y_off + d] = xs[pc.x_off + d];
+        return;
+    }
 #ifdef MUTANT_ROPE_CHUNK_POS  // planted bug: a batched chunk's positions restart at 0
     uint pos = pc.T > 1u ? t : dyn[pc.pos_slot] + t;
 #else
     uint pos = dyn[pc.pos_slot] + t;
 #endif
     vec2 c = cs[pos * half_d + p];
-    uint base = th * pc.D;
     uint i0 = pc.neox != 0u ? base + p : base + 2u * p;
     uint i1 = pc.neox != 0u ? i0 + half_d : i0 + 1u;
     float x0 = xs[pc.x_off + i0], x1 = xs[pc.x_off + i1];

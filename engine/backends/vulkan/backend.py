@@ -229,7 +229,7 @@ class VulkanBackend(Backend):
             t = VkTensor(self.alloc.new(4 * f32.size, pooled=False), 0, f32.shape, np.float32)
             self._write(t.buf, 0, f32)
             return VkWeight(qt.name, qt.qtype, tuple(qt.shape), f32=t)
-        n_rows, k = qt.shape
+        n_rows = math.prod(qt.shape[:-1])  # stacked experts [E, N, K]: E * N rows
         raw = np.ascontiguousarray(qt.raw).reshape(n_rows, -1)
         row_bytes = raw.shape[1]
         if row_bytes > self.max_weight_bytes:
@@ -238,7 +238,7 @@ class VulkanBackend(Backend):
                 f"maxStorageBufferRange ({self.max_weight_bytes} B)"
             )
         rows_per_part = max(1, self.max_weight_bytes // row_bytes)
-        w = VkWeight(qt.name, qt.qtype, (n_rows, k), row_bytes)
+        w = VkWeight(qt.name, qt.qtype, tuple(qt.shape), row_bytes)
         for r0 in range(0, n_rows, rows_per_part):
             part = raw[r0 : r0 + rows_per_part]
             lease = self.alloc.new(part.nbytes, pooled=False)
@@ -308,8 +308,15 @@ class VulkanBackend(Backend):
             "embedding",
             "matmul_decode",
             "matmul_prefill",
+            "delta_net",
+            "sigmoid_mul",
+            "cols",
+            "ssm_conv",
+            "ssm_gates",
+            "router_topk",
+            "moe_experts",
         ):
-            weighted = op in ("embedding", "matmul_decode", "matmul_prefill")
+            weighted = op in ("embedding", "matmul_decode", "matmul_prefill", "moe_experts")
             variant = config.op(op).variant
             for q in sorted(qtypes) if weighted else [""]:
                 for key, prog, spec, sg in self._programs(config, op, q):
@@ -480,6 +487,43 @@ class VulkanBackend(Backend):
         )
         return out
 
+    def delta_net(
+        self,
+        q: VkTensor,
+        k: VkTensor,
+        v: VkTensor,
+        g: VkTensor,
+        beta: VkTensor,
+        state: VkTensor,
+        v_order: str,
+        eps: float,
+    ) -> VkTensor:
+        """The base contract; state [Hv, dk, dv] as S or, with state_transposed, S^T (a
+        cache written under one layout must be read under the same one)."""
+        q, k, v, g, beta = (self._as_tensor(t) for t in (q, k, v, g, beta))
+        T, Hk, dk = q.shape
+        _, Hv, dv = v.shape
+        c = self.config.op("delta_net")
+        wg, max_dk = int(c["wg_size"]), int(c["max_dk"])
+        if dv > wg or dk > max_dk or Hv % Hk or state.size != Hv * dk * dv:
+            raise ValueError(
+                f"delta_net: dk {dk} (<= max_dk {max_dk}), dv {dv} (<= wg_size {wg}), Hv {Hv} "
+                f"a multiple of Hk {Hk}, state of {Hv * dk * dv} values (got {state.size})"
+            )
+        if v_order not in ("grouped", "tiled"):
+            raise ValueError(f"delta_net: v_order {v_order!r}: 'grouped' or 'tiled'")
+        out = self._new((T, Hv, dv))
+        pipe, _ = self._pipe("delta_net")
+        tensors = (q, k, v, g, beta, state, out)
+        self.stream.dispatch(
+            pipe,
+            tuple(t.buf for t in tensors),
+            (state.buf, out.buf),
+            (T, Hk, Hv, dk, dv, int(v_order == "grouped"), *(t.offset for t in tensors), eps),
+            _fold(Hv),
+        )
+        return out
+
     def matmul(self, x: VkTensor, w: VkWeight) -> VkTensor:
         x = self._as_tensor(x)
         T, Kx = x.shape[0], x.shape[-1]
@@ -519,10 +563,12 @@ class VulkanBackend(Backend):
             )
         return out
 
-    def _eltwise(self, op: str, a: VkTensor, b: VkTensor, bcast: int) -> VkTensor:
-        out = self._new(a.shape)
+    def _eltwise(
+        self, op: str, a: VkTensor, b: VkTensor, bcast: int, shape: tuple[int, ...] | None = None
+    ) -> VkTensor:
+        out = self._new(a.shape if shape is None else shape)
         pipe, c = self._pipe(op)
-        n = a.size
+        n = out.size
         if n:
             self.stream.dispatch(
                 pipe,
@@ -567,24 +613,154 @@ class VulkanBackend(Backend):
         self._rope_tables[key] = (t, cap)
         return t
 
-    def rope(self, x: VkTensor, pos0: int, theta: float, neox: bool) -> VkTensor:
+    def rope(
+        self, x: VkTensor, pos0: int, theta: float, neox: bool, n_rot: int | None = None
+    ) -> VkTensor:
         x = self._as_tensor(x)
         T, H, D = x.shape
-        if D % 2:
-            raise ValueError(f"rope: head dim {D} is odd")
-        table = self._rope_table(theta, D, pos0 + T)
+        n_rot = D if n_rot is None else n_rot
+        if n_rot % 2 or not 0 < n_rot <= D:
+            raise ValueError(f"rope: {n_rot} rotated dims of a head of {D}")
+        table = self._rope_table(theta, n_rot, pos0 + T)
         out = self._new(x.shape)
         pipe, c = self._pipe("rope")
-        n = T * H * (D // 2)
+        n = T * H * (n_rot // 2 + D - n_rot)
         if n:
             self.stream.dispatch(
                 pipe,
                 (x.buf, table.buf, out.buf, self.stream.dyn_buf),
                 (out.buf,),
-                (T, H, D, x.offset, out.offset, self.stream.dyn(pos0), int(bool(neox))),
+                (T, H, D, x.offset, out.offset, self.stream.dyn(pos0), int(bool(neox)), n_rot),
                 _fold(-(-n // int(c["wg_size"]))),
             )
         return out
+
+    # --- hybrid ops (engine/hybrid.py; router_topk and moe_experts are NumPy-only so far) --
+    def rope_partial(self, x: VkTensor, pos0: int, theta: float, n_rot: int) -> VkTensor:
+        return self.rope(x, pos0, theta, True, n_rot)
+
+    def sigmoid_mul(self, gate: VkTensor, x: VkTensor) -> VkTensor:
+        gate, x = self._as_tensor(gate), self._as_tensor(x)
+        if gate.shape == x.shape:
+            return self._eltwise("sigmoid_mul", gate, x, 0)
+        if gate.size * x.shape[-1] == x.size:  # one gate per row
+            return self._eltwise("sigmoid_mul", gate, x, x.shape[-1], x.shape)
+        raise ValueError(f"sigmoid_mul: gate {gate.shape} against {x.shape}")
+
+    def router_topk(self, logits: VkTensor, k: int) -> tuple[VkTensor, VkTensor]:
+        logits = self._as_tensor(logits)
+        T, E = logits.shape
+        if E > 1024 or not 0 < k <= min(E, 32):
+            raise ValueError(f"router_topk: {E} experts (<= 1024), k {k} (<= 32)")
+        ids, w = self._new((T, k), np.int32), self._new((T, k))
+        pipe, _ = self._pipe("router_topk")
+        self.stream.dispatch(
+            pipe,
+            (logits.buf, ids.buf, w.buf),
+            (ids.buf, w.buf),
+            (T, E, k, logits.offset, ids.offset, w.offset),
+            _fold(T),
+        )
+        return ids, w
+
+    def _moe_matvec(self, w: VkWeight, x: VkTensor, ids: VkTensor, x_div: int) -> VkTensor:
+        """y[p, n] = expert ids[p] of w, row n, . x[p / x_div] -> [pairs, N]."""
+        E, N, Kw = w.shape
+        if len(w.parts) != 1 or x.shape[-1] != Kw:
+            raise ValueError(f"moe: {w.name} {w.shape} (one buffer) against x {x.shape}")
+        pairs = ids.size
+        out = self._new((pairs, N))
+        pipe, c = self._pipe("moe_experts", w.qtype)
+        blocks = -(-N // int(c["rows_per_wg"]))
+        self.stream.dispatch(
+            pipe,
+            (w.parts[0][0].buf, x.buf, ids.buf, out.buf),
+            (out.buf,),
+            (Kw, N, w.row_bytes, x.offset, out.offset, ids.offset, blocks, x_div),
+            _fold(pairs * blocks),
+        )
+        return out
+
+    def moe_experts(
+        self,
+        x: VkTensor,
+        ids: VkTensor,
+        weights: VkTensor,
+        gate: VkWeight,
+        up: VkWeight,
+        down: VkWeight,
+    ) -> VkTensor:
+        x = self._as_tensor(x)
+        T, C = x.shape
+        k = ids.shape[-1]
+        h = self.swiglu(self._moe_matvec(gate, x, ids, k), self._moe_matvec(up, x, ids, k))
+        d = self._moe_matvec(down, h, ids, 1)  # [T * k, C]
+        out = self._new((T, C))
+        pipe, c = self._pipe("moe_experts.merge", down.qtype)
+        self.stream.dispatch(
+            pipe,
+            (d.buf, weights.buf, out.buf),
+            (out.buf,),
+            (T, C, k, d.offset, weights.offset, out.offset),
+            _fold(-(-T * C // int(c["wg_size"]))),
+        )
+        return out
+
+    def cols(self, x: VkTensor, start: int, stop: int) -> VkTensor:
+        x = self._as_tensor(x)
+        width = x.shape[-1]
+        if not 0 <= start < stop <= width:
+            raise ValueError(f"cols: {start}..{stop} of rows of {width}")
+        n, rows = stop - start, x.size // width
+        out = self._new((*x.shape[:-1], n))
+        pipe, c = self._pipe("cols")
+        self.stream.dispatch(
+            pipe,
+            (x.buf, out.buf),
+            (out.buf,),
+            (rows, width, start, n, x.offset, out.offset),
+            _fold(-(-rows * n // int(c["wg_size"]))),
+        )
+        return out
+
+    def ssm_conv(self, x: VkTensor, state: VkTensor, w: VkWeight) -> VkTensor:
+        x = self._as_tensor(x)
+        T, Cc = x.shape
+        Cw, K = w.shape
+        if w.qtype != "F32" or len(w.parts) != 1 or Cw != Cc or K > 8:
+            raise ValueError(f"ssm_conv: {w.name} must be one F32 [{Cc}, K <= 8], got {w.shape}")
+        if state.size != (K - 1) * Cc:
+            raise ValueError(f"ssm_conv: a state of {state.size} values for [{K - 1}, {Cc}]")
+        out = self._new((T, Cc))
+        pipe, c = self._pipe("ssm_conv")
+        wbuf = w.parts[0][0].buf
+        self.stream.dispatch(
+            pipe,
+            (x.buf, wbuf, state.buf, out.buf),
+            (state.buf, out.buf),
+            (T, Cc, K, x.offset, 0, state.offset, out.offset),
+            _fold(-(-Cc // int(c["wg_size"]))),
+        )
+        return out
+
+    def ssm_gates(
+        self, a: VkTensor, b: VkTensor, dt_bias: VkWeight, ssm_a: VkWeight
+    ) -> tuple[VkTensor, VkTensor]:
+        a, b = self._as_tensor(a), self._as_tensor(b)
+        Hv = a.shape[-1]
+        if b.shape != a.shape or dt_bias.f32.size != Hv or ssm_a.f32.size != Hv:
+            raise ValueError(f"ssm_gates: a {a.shape}, b {b.shape} against {Hv} heads")
+        g, beta = self._new(a.shape), self._new(a.shape)
+        pipe, c = self._pipe("ssm_gates")
+        dt, sa = dt_bias.f32, ssm_a.f32
+        self.stream.dispatch(
+            pipe,
+            (a.buf, b.buf, dt.buf, sa.buf, g.buf, beta.buf),
+            (g.buf, beta.buf),
+            (a.size, Hv, a.offset, b.offset, dt.offset, sa.offset, g.offset, beta.offset),
+            _fold(-(-a.size // int(c["wg_size"]))),
+        )
+        return g, beta
 
     def kv_write(self, cache: KVCache, layer: int, k: VkTensor, v: VkTensor, pos0: int) -> None:
         k, v = self._as_tensor(k), self._as_tensor(v)

@@ -37,8 +37,15 @@ IO = {
     "rms_norm": (3, "IIIIIf"),
     "add": (3, "IIIII"),
     "swiglu": (3, "IIIII"),
-    "rope": (4, "IIIIIII"),
+    "rope": (4, "IIIIIIII"),
     "kv_write": (5, "IIIIIII"),
+    # hybrid models
+    "delta_net": (7, "IIIIIIIIIIIIIf"),
+    "sigmoid_mul": (3, "IIIII"),
+    "cols": (2, "IIIIII"),
+    "ssm_conv": (4, "IIIIIII"),
+    "ssm_gates": (6, "IIIIIIII"),
+    "router_topk": (3, "IIIIII"),
 }
 
 # The passes of the variants that dispatch more than one program, in dispatch order:
@@ -49,6 +56,7 @@ PASSES = {
     ("attention", "split"): (("PASS_PARTIAL", 5, "IIIIIIIIIf"), ("PASS_MERGE", 2, "IIIII")),
     ("argmax", "default"): (("", 2, "IIII"),),
     ("argmax", "two_stage"): (("STAGE_SLICES", 2, "IIIII"), ("STAGE_MERGE", 2, "IIII")),
+    ("moe_experts", "dmmv"): (("", 4, "IIIIIIII"), ("PASS_COMBINE", 3, "IIIIII")),
 }
 
 

@@ -4,7 +4,7 @@ prefill chunking and weight cache are real choices, so the agent can run end to 
 from __future__ import annotations
 
 from engine.quant_types import SUPPORTED
-from engine.tuning.registry import REGISTRY, Variant
+from engine.tuning.registry import HOST, REGISTRY, Param, Variant
 
 B = "numpy"
 
@@ -49,6 +49,14 @@ for _op, _doc in [
     ("attention", "causal GQA softmax attention"),
     ("swiglu", "silu(gate) * up"),
     ("argmax", "first maximum"),
+    # hybrid models (engine/hybrid.py; the ops are in engine/backends/numpy_hybrid.py)
+    ("rope_partial", "neox RoPE of the first n_rot dims"),
+    ("sigmoid_mul", "sigmoid-gated product"),
+    ("cols", "a copy of a column range"),
+    ("ssm_conv", "causal depthwise conv1d with state, SiLU"),
+    ("ssm_gates", "g = softplus(a + dt_bias) * ssm_a, beta = sigmoid(b)"),
+    ("router_topk", "softmax router, normalised top-k"),
+    ("moe_experts", "SwiGLU experts, only the chosen ones read"),
 ]:
     REGISTRY.register(
         B,
@@ -64,3 +72,29 @@ for _op, _doc in [
             )
         ],
     )
+
+REGISTRY.register(
+    B,
+    "delta_net",
+    [
+        Variant(
+            B,
+            "delta_net",
+            "sequential",
+            source="engine/backends/numpy_hybrid.py",
+            numeric="order_only",
+            doc="gated delta rule one token at a time",
+        ),
+        Variant(
+            B,
+            "delta_net",
+            "chunked",
+            params=(Param("chunk", (4, 8, 16, 32, 64), 64, "tokens per chunk", HOST),),
+            source="engine/backends/numpy_hybrid.py",
+            # float64 throughout, another summation order (a triangular solve per chunk)
+            numeric="order_only",
+            doc="WY form: a triangular solve per chunk, the state carried chunk to chunk",
+        ),
+    ],
+    doc="gated delta-net scan (prefill; decode T == 1 is always sequential)",
+)

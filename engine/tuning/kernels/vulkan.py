@@ -364,6 +364,12 @@ _SIMPLE = [
     ("rope", "table", "rope.comp", (), "normal and neox, float64-built cos/sin table"),
     ("kv_write", "default", "kv_write.comp", (), "k and v into the float32 cache"),
     ("swiglu", "default", "eltwise.comp", ("OP_SWIGLU",), "silu(gate) * up"),
+    # hybrid models (engine/hybrid.py)
+    ("sigmoid_mul", "default", "eltwise.comp", ("OP_SIGMOID_MUL",), "x * sigmoid(gate)"),
+    ("cols", "default", "slice.comp", (), "a contiguous copy of a column range"),
+    ("ssm_conv", "default", "ssm_conv.comp", (), "causal conv1d + SiLU, a thread per channel"),
+    ("ssm_gates", "default", "ssm_gates.comp", (), "softplus decay and sigmoid beta"),
+    ("router_topk", "default", "router_topk.comp", (), "softmax, top-k, renormalised"),
 ]
 for _op, _variant, _src, _defines, _doc in _SIMPLE:
     _constraints = [_wg_fits(_op)]
@@ -529,4 +535,80 @@ REGISTRY.register(
         )
     ],
     doc="how dispatches become command buffers",
+)
+
+REGISTRY.register(
+    B,
+    "delta_net",
+    [
+        Variant(
+            B,
+            "delta_net",
+            "sequential",
+            params=(
+                _wg(128, (32, 64, 128, 256)),
+                Param(
+                    "state_transposed",
+                    (False, True),
+                    False,
+                    "the delta-net state between calls as S^T [dv, dk] (each thread's column "
+                    "contiguous) instead of S [dk, dv] (threads read across a row); the seed's "
+                    "7x was this choice on a warp-per-column kernel",
+                    spec(1),
+                ),
+                Param(
+                    "max_dk",
+                    (64, 128, 256),
+                    128,
+                    "register array per thread for a state column (must be >= the K head dim)",
+                    spec(2),
+                ),
+            ),
+            constraints=(_wg_fits("delta_net"),),
+            source="vulkan/delta_net.comp",
+            numeric="order_only",
+            doc="one workgroup per V head, a thread per state column in registers, T tokens "
+            "in sequence; q/k L2 norm in the kernel",
+        )
+    ],
+    doc="gated delta-net scan (hybrid models); wg_size >= the V head dim, max_dk >= the K head dim",
+)
+
+
+def _moe_tpr_le_wg(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
+    c = cfg.op("moe_experts")
+    return int(c["threads_per_row"]) <= int(c["wg_size"])
+
+
+REGISTRY.register(
+    B,
+    "moe_experts",
+    [
+        Variant(
+            B,
+            "moe_experts",
+            "dmmv",
+            params=(
+                _wg(64, (32, 64, 128, 256)),
+                _rows_per_wg(4),
+                Param(
+                    "threads_per_row",
+                    (4, 8, 16, 32, 64),
+                    16,
+                    "threads splitting a row's K (partial sums meet in shared memory)",
+                    spec(2),
+                ),
+            ),
+            constraints=(
+                _wg_fits("moe_experts"),
+                Constraint("threads_per_row <= wg_size", _moe_tpr_le_wg),
+            ),
+            quant_types=QUANT_TYPES,
+            source="vulkan/moe_matvec.comp",
+            numeric="order_only",
+            doc="a matrix-vector product per (token, chosen expert) reading only that expert's "
+            "rows, then a weighted sum per token (the PASS_COMBINE pass)",
+        )
+    ],
+    doc="routed experts of a MoE FFN (gate, up, SwiGLU, down, combine)",
 )

@@ -1,0 +1,198 @@
+"""Hybrid decoders (qwen35 / qwen35moe / qwen3next) as a backend-independent schedule of ops.
+
+Layers are gated delta-net (linear attention with a matrix state per V head) except every
+full_attention_interval-th, which is gated full attention; the FFN is SwiGLU or a mixture of
+experts with a sigmoid-gated shared expert. Each block: x += mixer(norm(x)); x += ffn(norm(x)).
+The recurrent state (conv inputs + S per delta-net layer) lives in the HybridCache beside the K/V
+of the attention layers, so both prefill paths of engine.model and decode share it.
+
+Shapes: T tokens, C width, H/Hkv/D attention heads, Hk/Hv delta-net heads of dk/dv,
+Kd = Hk dk, Vd = Hv dv.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.backends.base import Backend, HybridCache, Tensor
+from engine.errors import UnsupportedError
+from engine.gguf_model import GGUFModel, QTensor
+from engine.model import Model
+
+HYBRID_OPS = ("rope_partial", "sigmoid_mul", "ssm_conv", "ssm_gates", "delta_net")
+MOE_OPS = ("router_topk", "moe_experts")
+
+
+def _split_gate_up(qt: QTensor) -> tuple[QTensor, QTensor]:
+    """ffn_gate_up_exps [E, 2F, C] (gate rows first, as llama.cpp splits it) -> gate, up."""
+    E, F2, C = qt.shape
+    raw = qt.raw.reshape(E, F2, -1)
+    half = F2 // 2
+
+    def part(name: str, rows: slice) -> QTensor:
+        data = np.ascontiguousarray(raw[:, rows]).reshape(E * half, -1)
+        return QTensor(qt.name.replace("gate_up", name), qt.qtype, (E, half, C), data)
+
+    return part("gate", slice(0, half)), part("up", slice(half, F2))
+
+
+class HybridModel(Model):
+    """Model for files whose spec.hybrid is set (engine.model.Model builds this for them)."""
+
+    def __init__(self, gguf: GGUFModel, backend: Backend) -> None:
+        needed = HYBRID_OPS + (MOE_OPS if gguf.spec.moe else ())
+        missing = [op for op in needed if getattr(type(backend), op) is getattr(Backend, op)]
+        if missing:  # at load, not after the weights are on the device
+            raise UnsupportedError(
+                f"{gguf.path.name}: {gguf.spec.arch} models need the ops {', '.join(missing)}, "
+                f"which backend {backend.name!r} does not have (numpy has them all)"
+            )
+        self.gguf = gguf
+        self.spec = gguf.spec
+        self.backend = backend
+        self.weights = {}
+        for name in gguf.model_tensor_names():
+            qt = gguf.tensor(name)
+            if name.endswith("ffn_gate_up_exps.weight"):
+                for part in _split_gate_up(qt):
+                    self.weights[part.name] = backend.load_weight(part)
+                continue
+            if name.endswith("ffn_gate_inp_shexp.weight") and len(qt.shape) == 1:
+                qt = QTensor(qt.name, qt.qtype, (1, qt.shape[0]), qt.raw)  # a [1, C] matrix
+            self.weights[name] = backend.load_weight(qt)
+        head = "token_embd.weight" if self.spec.tied_embeddings else "output.weight"
+        self.lm_head = self.weights[head]
+        self.hook = None  # validate's blame (see Model)
+
+    def new_cache(self, capacity: int) -> HybridCache:
+        s, b, ssm = self.spec, self.backend, self.spec.ssm
+        kv_shape = (capacity, s.n_head_kv, s.head_dim)
+        k, v, conv, state = [], [], [], []
+        for i in range(s.n_layers):
+            rec = s.is_recurrent(i)
+            k.append(None if rec else b.upload(np.zeros(kv_shape, np.float32)))
+            v.append(None if rec else b.upload(np.zeros(kv_shape, np.float32)))
+            conv.append(
+                b.upload(np.zeros((ssm.d_conv - 1, ssm.conv_dim), np.float32)) if rec else None
+            )
+            dk, dv = ssm.head_k_dim, ssm.head_v_dim
+            state.append(b.upload(np.zeros((ssm.n_v_heads, dk, dv), np.float32)) if rec else None)
+        return HybridCache(k=k, v=v, capacity=capacity, conv=conv, ssm=state)
+
+    # --- forward (Model.forward, prefill, forced_run and generate call trunk and head) ----
+    def trunk(self, ids: Tensor, n: int, pos0: int, cache: HybridCache) -> Tensor:
+        """n tokens at positions pos0.. through every layer -> hidden states [n, C]; the K/V of
+        the attention layers and the recurrent state of the delta-net layers are updated. Every
+        op's output passes ``_tap`` (validate's blame)."""
+        b, s, w, tap = self.backend, self.spec, self.weights, self._tap
+        x = tap("embedding", "token_embd", -1, b.embedding(w["token_embd.weight"], ids), pos0)
+        for i in range(s.n_layers):
+            p = f"blk.{i}."
+            h = tap(
+                "rms_norm",
+                "attn_norm",
+                i,
+                b.rms_norm(x, w[p + "attn_norm.weight"], s.rms_eps),
+                pos0,
+            )
+            if s.is_recurrent(i):
+                mix = self._delta_net(h, n, i, pos0, cache)
+            else:
+                mix = self._attention(h, n, i, pos0, cache)
+            x = tap("add", "attn_residual", i, b.add(x, mix), pos0)
+            h = b.rms_norm(x, w[p + "post_attention_norm.weight"], s.rms_eps)
+            h = tap("rms_norm", "post_attention_norm", i, h, pos0)
+            x = tap("add", "ffn_residual", i, b.add(x, self._ffn(h, i, pos0)), pos0)
+        return x
+
+    def _delta_net(self, h: Tensor, n: int, i: int, pos0: int, cache: HybridCache) -> Tensor:
+        b, w, ssm, p = self.backend, self.weights, self.spec.ssm, f"blk.{i}."
+        eps = self.spec.rms_eps
+
+        def tap(op: str, label: str, t: Tensor) -> Tensor:
+            return self._tap(op, label, i, t, pos0)
+
+        Hk, Hv, dk, dv = ssm.n_k_heads, ssm.n_v_heads, ssm.head_k_dim, ssm.head_v_dim
+        kd, r = ssm.key_dim, Hv // Hk
+        qkv = tap("matmul", "attn_qkv", b.matmul(h, w[p + "attn_qkv.weight"]))  # [T, 2Kd + Vd]
+        z = tap("matmul", "attn_gate", b.matmul(h, w[p + "attn_gate.weight"]))  # [T, Vd]
+        if p + "ssm_ba.weight" in w:  # qwen3next: per K head [b (r), a (r)], V heads grouped
+            ba = tap("matmul", "ssm_ba", b.matmul(h, w[p + "ssm_ba.weight"]))
+            ba = b.reshape(ba, (n, Hk, 2 * r))
+            beta_in = b.reshape(tap("cols", "ssm_b", b.cols(ba, 0, r)), (n, Hv))
+            alpha = b.reshape(tap("cols", "ssm_a_in", b.cols(ba, r, 2 * r)), (n, Hv))
+        else:
+            beta_in = tap("matmul", "ssm_beta", b.matmul(h, w[p + "ssm_beta.weight"]))  # [T, Hv]
+            alpha = tap("matmul", "ssm_alpha", b.matmul(h, w[p + "ssm_alpha.weight"]))
+        g, beta = b.ssm_gates(alpha, beta_in, w[p + "ssm_dt.bias"], w[p + "ssm_a"])
+        tap("ssm_gates", "ssm_g", g)
+        tap("ssm_gates", "ssm_beta_sigmoid", beta)
+        conv_w = w[p + "ssm_conv1d.weight"]
+        qkv = tap("ssm_conv", "ssm_conv", b.ssm_conv(qkv, cache.conv[i], conv_w))
+        q = b.reshape(tap("cols", "ssm_q", b.cols(qkv, 0, kd)), (n, Hk, dk))
+        k = b.reshape(tap("cols", "ssm_k", b.cols(qkv, kd, 2 * kd)), (n, Hk, dk))
+        v = tap("cols", "ssm_v", b.cols(qkv, 2 * kd, 2 * kd + ssm.value_dim))
+        v = b.reshape(v, (n, Hv, dv))
+        o = b.delta_net(q, k, v, g, beta, cache.ssm[i], ssm.v_order, eps)  # [T, Hv, dv]
+        o = tap("delta_net", "ssm_scan", o)
+        o = tap("rms_norm", "ssm_norm", b.rms_norm(o, w[p + "ssm_norm.weight"], eps))
+        o = tap("swiglu", "ssm_gated", b.swiglu(b.reshape(z, (n, Hv, dv)), o))  # silu(z) * o
+        o = b.matmul(b.reshape(o, (n, ssm.value_dim)), w[p + "ssm_out.weight"])
+        return tap("matmul", "ssm_out", o)
+
+    def _attention(self, h: Tensor, n: int, i: int, pos0: int, cache: HybridCache) -> Tensor:
+        b, s, w, p = self.backend, self.spec, self.weights, f"blk.{i}."
+        H, Hkv, D = s.n_head, s.n_head_kv, s.head_dim
+
+        def tap(op: str, label: str, t: Tensor) -> Tensor:
+            return self._tap(op, label, i, t, pos0)
+
+        qg = tap("matmul", "attn_q", b.matmul(h, w[p + "attn_q.weight"]))
+        qg = b.reshape(qg, (n, H, 2 * D))  # [q | gate] per head
+        q, gate = tap("cols", "q", b.cols(qg, 0, D)), tap("cols", "q_gate", b.cols(qg, D, 2 * D))
+        k = b.reshape(tap("matmul", "attn_k", b.matmul(h, w[p + "attn_k.weight"])), (n, Hkv, D))
+        v = b.reshape(tap("matmul", "attn_v", b.matmul(h, w[p + "attn_v.weight"])), (n, Hkv, D))
+        q = tap("rms_norm", "attn_q_norm", b.rms_norm(q, w[p + "attn_q_norm.weight"], s.rms_eps))
+        k = tap("rms_norm", "attn_k_norm", b.rms_norm(k, w[p + "attn_k_norm.weight"], s.rms_eps))
+        q = tap("rope_partial", "q", b.rope_partial(q, pos0, s.rope_theta, s.rope_dim))
+        k = tap("rope_partial", "k", b.rope_partial(k, pos0, s.rope_theta, s.rope_dim))
+        b.kv_write(cache, i, k, v, pos0)
+        if self.hook is not None:  # what landed in the cache at these positions
+            tap("kv_write", "k_cache", b.rows(cache.k[i], pos0, pos0 + n))
+            tap("kv_write", "v_cache", b.rows(cache.v[i], pos0, pos0 + n))
+        a = tap("attention", "attn", b.attention(q, cache, i, pos0))  # [T, H, D]
+        a = tap("sigmoid_mul", "attn_gated", b.sigmoid_mul(gate, a))
+        o = b.matmul(b.reshape(a, (n, H * D)), w[p + "attn_output.weight"])
+        return tap("matmul", "attn_output", o)
+
+    def _ffn(self, h: Tensor, i: int, pos0: int) -> Tensor:
+        b, w, moe, p = self.backend, self.weights, self.spec.moe, f"blk.{i}."
+
+        def tap(op: str, label: str, t: Tensor) -> Tensor:
+            return self._tap(op, label, i, t, pos0)
+
+        if moe is None:
+            gate = tap("matmul", "ffn_gate", b.matmul(h, w[p + "ffn_gate.weight"]))
+            up = tap("matmul", "ffn_up", b.matmul(h, w[p + "ffn_up.weight"]))
+            g = tap("swiglu", "ffn_swiglu", b.swiglu(gate, up))
+            return tap("matmul", "ffn_down", b.matmul(g, w[p + "ffn_down.weight"]))
+        logits = tap("matmul", "ffn_gate_inp", b.matmul(h, w[p + "ffn_gate_inp.weight"]))
+        ids, weights = b.router_topk(logits, moe.n_expert_used)
+        tap("router_topk", "router_weights", weights)
+        y = b.moe_experts(
+            h,
+            ids,
+            weights,
+            w[p + "ffn_gate_exps.weight"],
+            w[p + "ffn_up_exps.weight"],
+            w[p + "ffn_down_exps.weight"],
+        )
+        y = tap("moe_experts", "ffn_moe", y)
+        if p + "ffn_up_shexp.weight" not in w:
+            return y
+        gate = tap("matmul", "ffn_gate_shexp", b.matmul(h, w[p + "ffn_gate_shexp.weight"]))
+        up = tap("matmul", "ffn_up_shexp", b.matmul(h, w[p + "ffn_up_shexp.weight"]))
+        sh = tap("swiglu", "ffn_swiglu_shexp", b.swiglu(gate, up))
+        sh = tap("matmul", "ffn_down_shexp", b.matmul(sh, w[p + "ffn_down_shexp.weight"]))
+        sgate = tap("matmul", "ffn_gate_inp_shexp", b.matmul(h, w[p + "ffn_gate_inp_shexp.weight"]))
+        return tap("add", "ffn_moe_shexp", b.add(y, b.sigmoid_mul(sgate, sh)))

@@ -1,0 +1,143 @@
+"""Synthetic hybrid models (qwen35 / qwen35moe / qwen3next): shapes, tensor plan and metadata.
+
+Tensor names, shapes and metadata keys follow gguf-py's constants (MODEL_TENSORS of QWEN35,
+QWEN35MOE and QWEN3NEXT) and llama.cpp's loaders for those architectures: delta-net layers have
+attn_qkv, attn_gate, ssm_conv1d, ssm_dt.bias, ssm_a, ssm_ba (qwen3next) or ssm_beta + ssm_alpha
+(qwen35*), ssm_norm, ssm_out; every full_attention_interval-th layer is gated full attention.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gguf import GGUFWriter
+
+HYBRID_ARCHS = ("qwen35", "qwen35moe", "qwen3next")
+MOE_ARCHS = ("qwen35moe", "qwen3next")
+
+
+@dataclass(frozen=True)
+class HybridPreset:
+    """Shape of a hybrid. C width, D attention head dim, Hk/Hv delta-net heads of dk/dv."""
+
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    rope_dim: int  # partial RoPE: rotated dims per head
+    n_k_heads: int
+    n_v_heads: int
+    head_k_dim: int
+    head_v_dim: int
+    n_vocab: int
+    n_ff: int = 0  # dense FFN (qwen35)
+    n_expert: int = 0
+    n_expert_used: int = 0
+    n_ff_exp: int = 0
+    n_ff_shexp: int = 0
+    d_conv: int = 4
+    interval: int = 4  # full_attention_interval
+    n_ctx: int = 32768
+    rope_base: float = 1e7
+    rms_eps: float = 1e-6
+    fast: bool = False
+
+
+HYBRID_PRESETS: dict[str, HybridPreset] = {
+    # Hv = 2 Hk so the V-head order (tiled vs grouped) matters; 4 layers: 3 delta-net, 1 attention.
+    "tiny": HybridPreset(
+        4, 128, 4, 2, 32, 8, 2, 4, 32, 32, 512,
+        n_ff=256, n_expert=8, n_expert_used=2, n_ff_exp=64, n_ff_shexp=64, n_ctx=4096,
+    ),
+    # Qwen3.5-9B-like dense hybrid (32 layers, 8 of them full attention).
+    "9b": HybridPreset(
+        32, 4096, 16, 4, 256, 64, 16, 32, 128, 128, 248320, n_ff=12288, fast=True,
+    ),
+    # Qwen3.5-35B-A3B-like MoE: 256 experts, 8 routed + 1 shared, 40 layers.
+    "35b-a3b": HybridPreset(
+        40, 2048, 16, 2, 256, 64, 16, 32, 128, 128, 248320,
+        n_expert=256, n_expert_used=8, n_ff_exp=512, n_ff_shexp=512, fast=True,
+    ),
+}  # fmt: skip
+
+
+def is_recurrent(p: HybridPreset, layer: int) -> bool:
+    return (layer + 1) % p.interval != 0
+
+
+def hybrid_plan(arch: str, p: HybridPreset, add: Callable[..., None]) -> None:
+    """Every tensor in file order through add(name, shape, kind). kind: weight, norm, bias,
+    ssm_a (negative decay rates), f32 (a matrix llama.cpp never quantizes)."""
+    c, kd, vd = p.n_embd, p.n_k_heads * p.head_k_dim, p.n_v_heads * p.head_v_dim
+    moe = arch in MOE_ARCHS
+    add("token_embd.weight", (p.n_vocab, c), "embd")
+    for i in range(p.n_layer):
+        b = f"blk.{i}."
+        add(b + "attn_norm.weight", (c,), "norm")
+        if is_recurrent(p, i):
+            add(b + "attn_qkv.weight", (2 * kd + vd, c), "weight")
+            add(b + "attn_gate.weight", (vd, c), "weight")
+            if arch == "qwen3next":
+                add(b + "ssm_ba.weight", (2 * p.n_v_heads, c), "weight")
+            else:
+                add(b + "ssm_beta.weight", (p.n_v_heads, c), "weight")
+                add(b + "ssm_alpha.weight", (p.n_v_heads, c), "weight")
+            add(b + "ssm_conv1d.weight", (2 * kd + vd, p.d_conv), "conv")
+            add(b + "ssm_dt.bias", (p.n_v_heads,), "bias")
+            add(b + "ssm_a", (p.n_v_heads,), "ssm_a")
+            add(b + "ssm_norm.weight", (p.head_v_dim,), "norm")
+            add(b + "ssm_out.weight", (c, vd), "weight")
+        else:
+            add(b + "attn_q.weight", (2 * p.n_head * p.head_dim, c), "weight")
+            add(b + "attn_k.weight", (p.n_head_kv * p.head_dim, c), "weight")
+            add(b + "attn_v.weight", (p.n_head_kv * p.head_dim, c), "weight")
+            add(b + "attn_q_norm.weight", (p.head_dim,), "norm")
+            add(b + "attn_k_norm.weight", (p.head_dim,), "norm")
+            add(b + "attn_output.weight", (c, p.n_head * p.head_dim), "weight")
+        add(b + "post_attention_norm.weight", (c,), "norm")
+        if not moe:
+            add(b + "ffn_gate.weight", (p.n_ff, c), "weight")
+            add(b + "ffn_up.weight", (p.n_ff, c), "weight")
+            add(b + "ffn_down.weight", (c, p.n_ff), "weight")
+            continue
+        add(b + "ffn_gate_inp.weight", (p.n_expert, c), "f32")
+        add(b + "ffn_gate_exps.weight", (p.n_expert, p.n_ff_exp, c), "weight")
+        add(b + "ffn_up_exps.weight", (p.n_expert, p.n_ff_exp, c), "weight")
+        add(b + "ffn_down_exps.weight", (p.n_expert, c, p.n_ff_exp), "weight")
+        add(b + "ffn_gate_inp_shexp.weight", (c,), "bias")
+        add(b + "ffn_gate_shexp.weight", (p.n_ff_shexp, c), "weight")
+        add(b + "ffn_up_shexp.weight", (p.n_ff_shexp, c), "weight")
+        add(b + "ffn_down_shexp.weight", (c, p.n_ff_shexp), "weight")
+    add("output_norm.weight", (c,), "norm")
+    add("output.weight", (p.n_vocab, c), "weight")
+
+
+def add_hybrid_metadata(w: GGUFWriter, arch: str, p: HybridPreset) -> None:
+    """The hyper-parameters llama.cpp's qwen35 / qwen3next loaders read."""
+    w.add_block_count(p.n_layer)
+    w.add_context_length(p.n_ctx)
+    w.add_embedding_length(p.n_embd)
+    w.add_feed_forward_length(p.n_ff)
+    w.add_head_count(p.n_head)
+    w.add_head_count_kv(p.n_head_kv)
+    w.add_key_length(p.head_dim)
+    w.add_value_length(p.head_dim)
+    w.add_rope_dimension_count(p.rope_dim)
+    w.add_rope_freq_base(p.rope_base)
+    w.add_layer_norm_rms_eps(p.rms_eps)
+    w.add_ssm_conv_kernel(p.d_conv)
+    w.add_ssm_state_size(p.head_k_dim)
+    w.add_ssm_group_count(p.n_k_heads)
+    w.add_ssm_time_step_rank(p.n_v_heads)
+    w.add_ssm_inner_size(p.n_v_heads * p.head_v_dim)
+    w.add_full_attention_interval(p.interval)
+    if arch.startswith("qwen35"):
+        # Text positions only: the sections of Qwen3.5's interleaved MRoPE reduce to plain RoPE.
+        w.add_rope_dimension_sections([11, 11, 10, 0])
+    if arch in MOE_ARCHS:
+        w.add_expert_count(p.n_expert)
+        w.add_expert_used_count(p.n_expert_used)
+        w.add_expert_feed_forward_length(p.n_ff_exp)
+        w.add_expert_shared_feed_forward_length(p.n_ff_shexp)

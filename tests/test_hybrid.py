@@ -1,0 +1,148 @@
+"""Hybrid models (qwen35 / qwen35moe / qwen3next) on the NumPy reference: the synthetic files
+carry gguf-py's tensor names and metadata, and every prefill path (per token, batched in chunks,
+the chunked delta-net scan) leaves the same recurrent state and generates the same tokens."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf.constants import MODEL_ARCH_NAMES, MODEL_TENSORS, TENSOR_NAMES
+
+from engine.backends.numpy_hybrid import delta_chunked, delta_sequential, k_head_of_v
+from engine.backends.numpy_ref import NumpyBackend
+from engine.errors import ConfigError
+from engine.gguf_model import open_model
+from engine.model import Model
+from engine.synth import write_synthetic
+from engine.tuning import TuningConfig
+
+ARCHS = ("qwen35", "qwen35moe", "qwen3next")
+PROMPT = [3, 17, 99, 5, 42, 7, 250, 11, 64, 2, 8, 300, 41]  # 13: ragged chunks
+
+
+def _model(path, **flat) -> Model:
+    return Model(open_model(path), NumpyBackend(TuningConfig.from_flat("numpy", flat)))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_synthetic_file_uses_gguf_py_names(tiny_model_factory, arch):
+    g = open_model(tiny_model_factory(arch, "q4_k_m"))
+    by_name = {v: k for k, v in MODEL_ARCH_NAMES.items()}
+    known = {TENSOR_NAMES[t] for t in MODEL_TENSORS[by_name[arch]]}
+    for name in g.tensor_names:
+        base = ".".join(p if not p.isdigit() else "{bid}" for p in name.split("."))
+        assert base.rsplit(".", 1)[0] in known or base in known, name
+    s = g.spec
+    assert s.hybrid and s.recurrent == (True, True, True, False)
+    assert s.ssm.v_order == ("grouped" if arch == "qwen3next" else "tiled")
+    assert (s.moe is not None) == (arch != "qwen35")
+    assert s.rope_dim == 8 and s.head_dim == 32
+    assert g.tensor("blk.0.ssm_a").dequantize().max() < 0  # -exp(A_log)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_prefill_paths_leave_the_same_state(tiny_model_factory, arch):
+    path = tiny_model_factory(arch, "q4_k_m")
+    ref = _model(path)
+    c_ref = ref.new_cache(64)
+    lr = ref.backend.download(ref.prefill(PROMPT, c_ref, "per_token"))
+    for flat in (
+        {"prefill.chunk_tokens": 4},
+        {"prefill.chunk_tokens": 32},
+        {"prefill.chunk_tokens": 8, "delta_net.variant": "chunked", "delta_net.chunk": 4},
+        {"prefill.chunk_tokens": 32, "delta_net.variant": "chunked", "delta_net.chunk": 8},
+    ):
+        m = _model(path, **flat)
+        c = m.new_cache(64)
+        lb = m.backend.download(m.prefill(PROMPT, c, "batched"))
+        assert np.allclose(lr, lb, atol=1e-4), flat
+        for i in range(m.spec.n_layers):
+            if m.spec.is_recurrent(i):
+                assert np.allclose(c_ref.conv[i], c.conv[i], atol=1e-4), (flat, i)
+                assert np.allclose(c_ref.ssm[i], c.ssm[i], atol=1e-4), (flat, i)
+            else:
+                assert np.allclose(c_ref.k[i][: len(PROMPT)], c.k[i][: len(PROMPT)], atol=1e-4)
+        assert m.generate(PROMPT, 6).tokens == ref.generate(PROMPT, 6, path="per_token").tokens
+
+
+def test_decode_continues_from_the_prefill_state(tiny_model_factory):
+    """Prompt + first token run as one prompt give the logits that decode gives after it."""
+    m = _model(tiny_model_factory("qwen35", "q4_k_m"))
+    g = m.generate(PROMPT, 2, keep_logits=True)
+    whole = m.generate([*PROMPT, g.tokens[0]], 1)
+    assert np.allclose(g.step_logits[0], whole.last_logits, atol=1e-4)
+
+
+def test_chunked_scan_equals_sequential():
+    rng = np.random.default_rng(1)
+    T, Hv, dk, dv = 23, 3, 8, 6
+    q = rng.standard_normal((T, Hv, dk))
+    k = rng.standard_normal((T, Hv, dk))
+    k /= np.linalg.norm(k, axis=-1, keepdims=True)
+    v = rng.standard_normal((T, Hv, dv))
+    g = -rng.uniform(0.01, 2.0, (T, Hv))
+    beta = rng.uniform(0, 1, (T, Hv))
+    S0 = rng.standard_normal((Hv, dk, dv))
+    o1, s1 = delta_sequential(q, k, v, g, beta, S0)
+    for chunk in (1, 4, 7, 64):
+        o2, s2 = delta_chunked(q, k, v, g, beta, S0, chunk)
+        assert np.allclose(o1, o2, atol=1e-9) and np.allclose(s1, s2, atol=1e-9), chunk
+
+
+def test_delta_rule_by_hand():
+    """One head, dk = dv = 2, two tokens, against arithmetic done by hand (S^T k, not S k)."""
+    S = np.array([[[1.0, 2.0], [0.0, 0.0]]])  # S[0] rows are k dims
+    k = np.array([[[0.0, 1.0]], [[1.0, 0.0]]])
+    q = np.array([[[1.0, 0.0]], [[0.0, 1.0]]])
+    v = np.array([[[1.0, 1.0]], [[0.0, 0.0]]])
+    g = np.log(np.array([[0.5], [1.0]]))
+    beta = np.array([[1.0], [0.5]])
+    o, s = delta_sequential(q, k, v, g, beta, S)
+    # t0: S = [[.5, 1], [0, 0]]; S^T k = [0, 0]; u = [1, 1]; S = [[.5, 1], [1, 1]]; o = [.5, 1]
+    # t1: S^T k = [.5, 1]; u = .5 [-.5, -1]; S = [[.25, .5], [1, 1]]; o = S^T [0, 1] = [1, 1]
+    assert np.allclose(o[:, 0], [[0.5, 1.0], [1.0, 1.0]])
+    assert np.allclose(s[0], [[0.25, 0.5], [1.0, 1.0]])
+
+
+def test_v_head_orders():
+    assert k_head_of_v(2, 6, "grouped").tolist() == [0, 0, 0, 1, 1, 1]
+    assert k_head_of_v(2, 6, "tiled").tolist() == [0, 1, 0, 1, 0, 1]
+
+
+def test_router_topk_is_normalised():
+    b = NumpyBackend()
+    logits = np.array([[0.0, 1.0, 2.0, 3.0], [5.0, 0.0, 0.0, 4.0]], np.float32)
+    ids, w = b.router_topk(logits, 2)
+    assert ids.tolist() == [[3, 2], [0, 3]]
+    assert np.allclose(w.sum(axis=1), 1.0)
+    assert np.isclose(w[0, 0], 1 / (1 + np.exp(-1.0)))  # e^3 / (e^3 + e^2)
+
+
+def test_conv_state_carries_across_calls(tiny_model_factory):
+    m = _model(tiny_model_factory("qwen35", "q4_k_m"))
+    w = m.weights["blk.0.ssm_conv1d.weight"]
+    x = np.random.default_rng(0).standard_normal((9, w.qt.shape[0])).astype(np.float32)
+    s_all = np.zeros((3, x.shape[1]), np.float32)
+    whole = m.backend.ssm_conv(x, s_all, w)
+    s_parts = np.zeros_like(s_all)
+    parts = [m.backend.ssm_conv(x[a:b], s_parts, w) for a, b in ((0, 1), (1, 5), (5, 9))]
+    assert np.allclose(whole, np.concatenate(parts), atol=1e-6)
+    assert np.array_equal(s_all, x[-3:]) and np.array_equal(s_parts, x[-3:])
+
+
+def test_synth_rejects_a_dense_preset_for_a_hybrid(tmp_path):
+    with pytest.raises(ConfigError, match="preset for qwen35"):
+        write_synthetic(tmp_path / "x.gguf", arch="qwen35", preset="1.5b", progress=False)
+    assert not list(tmp_path.iterdir())
+
+
+def test_backend_without_hybrid_ops_fails_at_load(tiny_model_factory):
+    from engine.backends.base import Backend
+    from engine.errors import UnsupportedError
+
+    class DenseOnly(NumpyBackend):  # two hybrid ops back to the base contract's "unsupported"
+        ssm_conv = Backend.ssm_conv
+        router_topk = Backend.router_topk
+
+    with pytest.raises(UnsupportedError, match="ssm_conv, router_topk"):
+        Model(open_model(tiny_model_factory("qwen3next", "q4_k_m")), DenseOnly())
