@@ -47,15 +47,9 @@ class ForcedRun:
 
 
 class Model:
-    """Weights of one GGUF on one backend, and the forward schedule. A hybrid file (qwen35,
-    qwen3next) gets engine.hybrid.HybridModel, which shares prefill and generate."""
-
-    def __new__(cls, gguf: GGUFModel, backend: Backend) -> Model:  # noqa: ARG004
-        if cls is Model and gguf.spec.hybrid:
-            from engine.hybrid import HybridModel
-
-            return super().__new__(HybridModel)
-        return super().__new__(cls)
+    """Weights of one GGUF on one backend, and the forward schedule of a dense file. Build one
+    with engine.models.build_model, which gives a hybrid file (qwen35, qwen3next) the subclass
+    engine.hybrid.HybridModel (it shares prefill and generate)."""
 
     def __init__(self, gguf: GGUFModel, backend: Backend) -> None:
         self.gguf = gguf

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from engine import backends
 from engine.gguf_model import GGUFModel, open_model
 from engine.model import Model
+from engine.models import build_model
 from engine.tuning import TuningConfig
 from engine.tuning.promoted import find_promoted
 
@@ -78,4 +79,4 @@ def load(
     log.info(
         "loading %s on %s (%s), config: %s", path.name, device.name, device.device_class, source
     )
-    return Engine(Model(gguf, be), gguf, source)
+    return Engine(build_model(gguf, be), gguf, source)

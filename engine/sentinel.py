@@ -75,7 +75,7 @@ def check(
     the key was judged before (``refresh`` runs it again). Leaves the backend on its default
     config."""
     from engine.gguf_model import open_model
-    from engine.model import Model
+    from engine.models import build_model
     from engine.synth import ARCHS, write_synthetic
     from engine.validate import cross_check_numpy
 
@@ -99,7 +99,7 @@ def check(
         tmp.replace(model_path)  # whole or absent: a killed worker leaves no half file
     from engine.bench import bench_prompt
 
-    model = Model(open_model(model_path), backend)
+    model = build_model(open_model(model_path), backend)
     prompts = [bench_prompt(n, model.spec.n_vocab, seed=11) for n in SENTINEL_PROMPTS]
     cc = cross_check_numpy(model, prompts, steps=SENTINEL_STEPS)
     res = SentinelResult(

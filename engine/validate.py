@@ -27,6 +27,7 @@ import numpy as np
 
 from engine.blame import Blame, blame
 from engine.model import ForcedRun, Model
+from engine.models import build_model
 from engine.tuning import TuningConfig
 from engine.tuning.registry import REFERENCE_BUDGET, REGISTRY, Budget
 
@@ -422,7 +423,7 @@ def cross_check_numpy(
 
     default = TuningConfig.default(model.backend.name)
     budget = budget or REFERENCE_BUDGET
-    np_model = Model(model.gguf, NumpyBackend())
+    np_model = build_model(model.gguf, NumpyBackend())
     reasons: list[str] = []
     worst = {"kld": 0.0, "nmse": 0.0, "max_abs_diff": 0.0}
     failing: list[int] | None = None

@@ -23,9 +23,9 @@ import json, sys
 import numpy as np
 from engine.backends.numpy_ref import NumpyBackend
 from engine.gguf_model import GGUFModel
-from engine.model import Model
+from engine.models import build_model
 ids, n = json.loads(sys.argv[1]), int(sys.argv[2])
-g = Model(GGUFModel(sys.argv[3]), NumpyBackend()).generate(ids, n)
+g = build_model(GGUFModel(sys.argv[3]), NumpyBackend()).generate(ids, n)
 print(json.dumps({"logits": g.last_logits.tolist(), "tokens": g.tokens}))
 """
 

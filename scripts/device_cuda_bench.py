@@ -24,6 +24,7 @@ from engine import backends  # noqa: E402
 from engine.bench import bench, bench_prompt  # noqa: E402
 from engine.gguf_model import open_model  # noqa: E402
 from engine.model import Model  # noqa: E402
+from engine.models import build_model
 from engine.tuning import TuningConfig  # noqa: E402
 from engine.validate import validate  # noqa: E402
 
@@ -144,7 +145,7 @@ def main() -> int:
     be = backends.create("cuda")
     res["device"] = be.device_info().to_dict()
     g = open_model(args.model)
-    m = Model(g, be)
+    m = build_model(g, be)
     be.synchronize()
     res["load_s"] = time.time() - t0
     res["file_bytes"] = g.file_bytes

@@ -107,11 +107,11 @@ def main(argv: list[str] | None = None) -> int:
     from engine import backends
     from engine.bench import bench_prompt
     from engine.gguf_model import open_model
-    from engine.model import Model
+    from engine.models import build_model
     from engine.tuning.registry import NUMERIC_BUDGETS
 
     be = backends.create(args.backend)
-    model = Model(open_model(args.model), be)
+    model = build_model(open_model(args.model), be)
     vocab = model.spec.n_vocab
     prompts = [bench_prompt(int(n), vocab, seed=3) for n in args.prompt_lengths.split(",")]
     rows = []

@@ -292,7 +292,7 @@ class Verdict:
 def judge(m: Mutant, model_path: Any, make_backend: Any = None, steps: int = 4) -> Verdict:
     """Plant ``m``, run the check it must fail, and say what caught it and what blame named."""
     from engine.gguf_model import open_model
-    from engine.model import Model
+    from engine.models import build_model
     from engine.tuning import TuningConfig
     from engine.validate import cross_check_numpy, validate
 
@@ -306,7 +306,7 @@ def judge(m: Mutant, model_path: Any, make_backend: Any = None, steps: int = 4) 
 
             be = backends.create(m.backend)
         try:
-            model = Model(open_model(model_path), be)
+            model = build_model(open_model(model_path), be)
             ps = prompts(model.spec.n_vocab)
             if m.check == "cross_check":
                 cc = cross_check_numpy(model, ps[1:3], steps=steps)

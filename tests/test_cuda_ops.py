@@ -391,9 +391,9 @@ def test_q8_form_dropped_when_memory_is_rewritten(cp, be):
 # --- whole models -----------------------------------------------------------------------------
 def _model(path, backend):
     from engine.gguf_model import open_model
-    from engine.model import Model
+    from engine.models import build_model
 
-    return Model(open_model(path), backend)
+    return build_model(open_model(path), backend)
 
 
 PROMPT = [3, 17, 99, 5, 42, 7, 250, 11, 64, 2, 8, 1, 77, 31, 9, 120, 66, 4, 200, 13, 5, 6, 7,

@@ -13,6 +13,7 @@ from engine.backends.numpy_ref import NumpyBackend
 from engine.errors import ConfigError
 from engine.gguf_model import open_model
 from engine.model import Model
+from engine.models import build_model
 from engine.synth import write_synthetic
 from engine.tuning import TuningConfig
 
@@ -21,7 +22,7 @@ PROMPT = [3, 17, 99, 5, 42, 7, 250, 11, 64, 2, 8, 300, 41]  # 13: ragged chunks
 
 
 def _model(path, **flat) -> Model:
-    return Model(open_model(path), NumpyBackend(TuningConfig.from_flat("numpy", flat)))
+    return build_model(open_model(path), NumpyBackend(TuningConfig.from_flat("numpy", flat)))
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -145,4 +146,4 @@ def test_backend_without_hybrid_ops_fails_at_load(tiny_model_factory):
         router_topk = Backend.router_topk
 
     with pytest.raises(UnsupportedError, match="ssm_conv, router_topk"):
-        Model(open_model(tiny_model_factory("qwen3next", "q4_k_m")), DenseOnly())
+        build_model(open_model(tiny_model_factory("qwen3next", "q4_k_m")), DenseOnly())

@@ -10,6 +10,7 @@ import pytest
 from engine.backends.numpy_ref import NumpyBackend
 from engine.gguf_model import GGUFModel, open_model
 from engine.model import Model
+from engine.models import build_model
 from engine.tuning import TuningConfig
 from engine.validate import compare_logits, validate
 from tests.hybrid_mutants import MUTANTS, everywhere
@@ -19,7 +20,7 @@ CANDIDATE = {"prefill.chunk_tokens": 8}
 
 
 def _validate(path, backend_cls):
-    m = Model(open_model(path), backend_cls())
+    m = build_model(open_model(path), backend_cls())
     return validate(m, TuningConfig.from_flat("numpy", CANDIDATE), PROMPTS, steps=4)
 
 
@@ -56,7 +57,7 @@ def test_reference_rejects_mutant_in_every_path(tmp_path, name):
     prompt = [5, 17, 99, 3, 42, 7, 250, 11, 64]
     with torch.no_grad():
         ref = hf(torch.tensor([prompt])).logits[0, -1].double().numpy()
-    bad = Model(GGUFModel(path), everywhere(MUTANTS[name])())
+    bad = build_model(GGUFModel(path), everywhere(MUTANTS[name])())
     assert _validate_silent(bad, prompt)  # validate alone cannot see it ...
     _, _, nmse, _, _ = compare_logits(ref, bad.generate(prompt, 0).last_logits)
     assert nmse > 1e-3, nmse  # ... the reference can (honest: ~1e-12)

@@ -20,6 +20,7 @@ pytest.importorskip("transformers", reason="the dev extra installs transformers"
 from engine.backends.numpy_ref import NumpyBackend  # noqa: E402
 from engine.gguf_model import GGUFModel  # noqa: E402
 from engine.model import Model  # noqa: E402
+from engine.models import build_model  # noqa: E402
 from engine.tuning import TuningConfig  # noqa: E402
 from engine.validate import compare_logits  # noqa: E402
 from tests.hf_hybrid import export_gguf, make_hf  # noqa: E402
@@ -44,7 +45,7 @@ def pair(request, tmp_path_factory):
 
 
 def _engine(path, **flat) -> Model:
-    return Model(GGUFModel(path), NumpyBackend(TuningConfig.from_flat("numpy", flat)))
+    return build_model(GGUFModel(path), NumpyBackend(TuningConfig.from_flat("numpy", flat)))
 
 
 @pytest.mark.parametrize(
@@ -83,7 +84,7 @@ class NoQKNorm(NumpyBackend):
 
 def test_without_qk_l2_norm_the_logits_diverge(pair):
     arch, path, ref_logits, _ = pair
-    m = Model(GGUFModel(path), NoQKNorm())
+    m = build_model(GGUFModel(path), NoQKNorm())
     _, _, nmse, _, _ = compare_logits(ref_logits, m.generate(PROMPT, 0).last_logits)
     assert nmse > 1e-2, (arch, nmse)
     np.testing.assert_array_less(1e-4, nmse)

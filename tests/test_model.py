@@ -9,12 +9,13 @@ import pytest
 from engine.backends.numpy_ref import NumpyBackend
 from engine.gguf_model import open_model
 from engine.model import Model
+from engine.models import build_model
 from engine.tuning import TuningConfig
 from tests.independent_forward import IndependentModel
 
 
 def _model(path, **flat) -> Model:
-    return Model(open_model(path), NumpyBackend(TuningConfig.from_flat("numpy", flat)))
+    return build_model(open_model(path), NumpyBackend(TuningConfig.from_flat("numpy", flat)))
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama", "qwen3"])

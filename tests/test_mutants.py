@@ -54,12 +54,12 @@ def test_numpy_mutant_is_rejected_and_blamed(m, ragged):
 def test_numpy_correct_variants_pass(flat, ragged):
     from engine.backends.numpy_ref import NumpyBackend
     from engine.gguf_model import open_model
-    from engine.model import Model
+    from engine.models import build_model
     from engine.tuning import TuningConfig
     from engine.validate import validate
     from tests.mutants import prompts
 
-    m = Model(open_model(ragged), NumpyBackend())
+    m = build_model(open_model(ragged), NumpyBackend())
     rep = validate(m, TuningConfig.default("numpy").replace(**flat), prompts(509), steps=4)
     assert rep.passed, rep.reasons
 
@@ -97,7 +97,7 @@ def test_vulkan_mutant_is_rejected_and_blamed(m, ragged, vulkan_factory):
 )
 def test_vulkan_correct_variants_pass(flat, ragged, vulkan_factory):
     from engine.gguf_model import open_model
-    from engine.model import Model
+    from engine.models import build_model
     from engine.tuning import TuningConfig
     from engine.validate import validate
     from tests.mutants import prompts
@@ -107,7 +107,7 @@ def test_vulkan_correct_variants_pass(flat, ragged, vulkan_factory):
         cand = TuningConfig.default("vulkan").replace(**flat)
         if cand.problems(be.device_info()):
             pytest.skip(f"not allowed on this device: {cand.problems(be.device_info())}")
-        m = Model(open_model(ragged), be)
+        m = build_model(open_model(ragged), be)
         rep = validate(m, cand, prompts(509), steps=4)
         assert rep.passed, rep.reasons
     finally:

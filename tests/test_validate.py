@@ -9,7 +9,7 @@ import pytest
 
 from engine.backends.numpy_ref import NumpyBackend
 from engine.gguf_model import open_model
-from engine.model import Model
+from engine.models import build_model
 from engine.tuning import TuningConfig
 from engine.validate import Tolerances, compare_logits, validate
 
@@ -45,7 +45,7 @@ class StaleArgmax(NumpyBackend):
 
 
 def _run(backend_cls, flat=None, steps=4, **kw):
-    m = Model(open_model(pytest.tiny_path), backend_cls())
+    m = build_model(open_model(pytest.tiny_path), backend_cls())
     cand = TuningConfig.from_flat("numpy", flat or {"prefill.chunk_tokens": 8})
     return validate(m, cand, PROMPTS, steps=steps, **kw)
 
@@ -126,7 +126,7 @@ def test_compare_logits_counts_nan_inf():
 def test_tolerances_are_applied():
     rep = _run(NumpyBackend, {"prefill.chunk_tokens": 4})
     assert rep.passed
-    m = Model(open_model(pytest.tiny_path), NumpyBackend())
+    m = build_model(open_model(pytest.tiny_path), NumpyBackend())
     strict = validate(
         m,
         TuningConfig.from_flat("numpy", {"prefill.chunk_tokens": 4}),
@@ -140,7 +140,7 @@ def test_tolerances_are_applied():
 def test_reference_cache_runs_the_reference_once_and_still_catches_bugs():
     """With a ref_cache the per-token reference runs once per (config, prompt, steps); later
     candidates, good and planted-bad, are judged against it exactly as without the cache."""
-    m = Model(open_model(pytest.tiny_path), DropLastColumn())
+    m = build_model(open_model(pytest.tiny_path), DropLastColumn())
     calls = []
     real = m.forced_run
     m.forced_run = lambda p, n, path="batched", **k: calls.append(path) or real(p, n, path, **k)
@@ -198,7 +198,7 @@ def test_experiment_budget_reaches_validate(tiny_model_path):
     from agent.experiment import _validate
 
     plan = _validate({"budgets": {"order_only": {"nmse": 0.0}}})
-    m = Model(open_model(tiny_model_path), NumpyBackend())
+    m = build_model(open_model(tiny_model_path), NumpyBackend())
     cand = TuningConfig.from_flat("numpy", {"prefill.chunk_tokens": 4})
     rep = validate(m, cand, PROMPTS[1:2], steps=2, budgets=plan.budget_table(), edges=False)
     assert rep.tolerances["nmse"] == 0.0

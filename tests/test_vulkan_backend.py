@@ -422,7 +422,7 @@ def test_staging_paths_of_discrete_gpus(tiny_model_path, monkeypatch):
     from engine.backends.numpy_ref import NumpyBackend
     from engine.backends.vulkan import backend as vkb
     from engine.gguf_model import open_model
-    from engine.model import Model
+    from engine.models import build_model
 
     monkeypatch.setattr(vkb, "STAGING_CHUNK", 4096)  # weights cross several chunks
     be = vkb.VulkanBackend(staging=True)
@@ -442,8 +442,8 @@ def test_staging_paths_of_discrete_gpus(tiny_model_path, monkeypatch):
             < 1e-10
         )
         g = open_model(tiny_model_path)
-        a = Model(g, be).generate(list(range(3, 40)), 10, keep_logits=True)
-        b = Model(g, NumpyBackend()).generate(list(range(3, 40)), 10, keep_logits=True)
+        a = build_model(g, be).generate(list(range(3, 40)), 10, keep_logits=True)
+        b = build_model(g, NumpyBackend()).generate(list(range(3, 40)), 10, keep_logits=True)
         assert a.tokens == b.tokens
         assert np.abs(a.last_logits - b.last_logits).max() < 1e-3
         assert_no_validation_errors(be)

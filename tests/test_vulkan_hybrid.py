@@ -10,7 +10,7 @@ import pytest
 
 from engine.backends.numpy_ref import NumpyBackend
 from engine.gguf_model import QTensor, open_model
-from engine.model import Model
+from engine.models import build_model
 from engine.tuning import TuningConfig
 from engine.validate import compare_logits
 from tests.test_vulkan_helpers import assert_no_validation_errors, make_backend, nmse, qtensor
@@ -116,7 +116,7 @@ def test_moe_experts(vb, qtype):
 def test_tiny_hybrid_matches_numpy(vb, tiny_model_factory, arch, replay):
     g = open_model(tiny_model_factory(arch, "q4_k_m"))
     vb.set_config(TuningConfig.from_flat("vulkan", {"submit.replay": replay}))
-    mv, mn = Model(g, vb), Model(g, NumpyBackend())
+    mv, mn = build_model(g, vb), build_model(g, NumpyBackend())
     prompt = list(range(5, 5 + 37))
     for path in ("per_token", "batched"):
         a, b = mn.generate(prompt, 8, path=path), mv.generate(prompt, 8, path=path)

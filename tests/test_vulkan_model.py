@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from engine.errors import ConfigError
-from engine.model import Model
+from engine.models import build_model
 from engine.tuning import REGISTRY, TuningConfig
 from engine.validate import PROMPTS, cross_check_numpy, validate
 from tests.test_vulkan_helpers import assert_no_validation_errors, make_backend
@@ -107,7 +107,7 @@ def _model(path, be):  # noqa: ANN001, ANN202
 
     g = open_model(path)
     be.set_config(TuningConfig.default("vulkan"))
-    return Model(g, be), Tokenizer.from_metadata(g.metadata)
+    return build_model(g, be), Tokenizer.from_metadata(g.metadata)
 
 
 def test_every_variant_is_sampled():
@@ -152,7 +152,7 @@ def test_architectures_match_numpy(vb, tiny_model_factory, arch, quant):
     prompts = _prompts(tok)
     cross = cross_check_numpy(model, prompts[1:])
     assert cross["nmse"] < 1e-8, cross
-    ref = Model(model.gguf, NumpyBackend())
+    ref = build_model(model.gguf, NumpyBackend())
     for p in prompts:
         a = ref.generate(p, 6, path="batched")
         b = model.generate(p, 6, path="batched")
@@ -239,5 +239,5 @@ def test_prefill_chunk_sets_the_forward_passes(vb, tiny_model_path, chunk, forwa
     assert len(calls) == forwards and sum(calls) == 45
     from engine.backends.numpy_ref import NumpyBackend
 
-    want = Model(model.gguf, NumpyBackend()).generate(prompt, 1).last_logits
+    want = build_model(model.gguf, NumpyBackend()).generate(prompt, 1).last_logits
     assert np.abs(got - want).max() < 1e-3

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from engine.backends.numpy_ref import NumpyWeight
+    from engine.backends.numpy_weight import NumpyWeight
 
 _F64 = np.float64
 

@@ -9,27 +9,13 @@ from __future__ import annotations
 
 import os
 import platform
-from dataclasses import dataclass
 
 import numpy as np
 
 from engine.backends.base import Backend, DeviceInfo, KVCache
 from engine.backends.numpy_hybrid import NumpyHybridOps
+from engine.backends.numpy_weight import NumpyWeight
 from engine.gguf_model import QTensor
-
-
-@dataclass
-class NumpyWeight:
-    qt: QTensor
-    f32: np.ndarray | None = None  # dequantized copy, filled on first use when caching
-
-    def dense(self, cache: bool) -> np.ndarray:
-        if self.f32 is not None:
-            return self.f32
-        w = self.qt.dequantize()
-        if cache:
-            self.f32 = w
-        return w
 
 
 def _cpu_name() -> str:
