@@ -16,7 +16,7 @@ from agent.cli import main
 from agent.recheck import recheck_file
 from engine.sentinel import cache_key
 from engine.tuning import TuningConfig
-from engine.tuning.promoted import evidence_key, key_changes
+from engine.tuning.promoted import evidence_key, key_changes, read_evidence
 from tests.mutants import MUTANTS, planted
 from worker import testing
 
@@ -135,3 +135,76 @@ def test_vulkan_changed_key_revalidates_and_planted_bug_fails(tmp_path, ragged) 
             assert bad.blame.startswith(m.blamed), bad.blame
         finally:
             be.close()
+
+
+def test_worker_trusts_promoted_baseline_under_its_key_revalidates_under_another(
+    tiny_model_path,  # noqa: ANN001
+) -> None:
+    from dataclasses import replace
+
+    from worker.evaluator import Evaluator
+    from worker.records import BenchPlan, Objective, Outcome, ValidatePlan
+
+    testing.install()
+    try:
+        ev = Evaluator(testing.NAME, "test-0")
+        ev._info = replace(ev.info(), engine_commit=ENGINE)  # a committed build
+        ref = str(tiny_model_path)
+        ev.load(ref)
+        key = ev.sentinel_key(ref)
+        vplan, bplan = (
+            ValidatePlan(random_prompts=(1, 20), steps=2),
+            BenchPlan((Objective("decode_tok_s", 4, 2),), pairs=1, warmup=0),
+        )
+        good = TuningConfig.default(testing.NAME).replace(**{"prefill.chunk_tokens": 8}).flat()
+
+        def run(flat: dict, recorded: dict | None):  # noqa: ANN202
+            return ev.evaluate(
+                ref, flat, flat, vplan, bplan, promoted={"path": "p", "key": recorded}
+            )
+
+        same = run(good, key)
+        assert same.outcome is Outcome.OK and same.validate is None  # trusted: no validate run
+        assert same.revalidation == {**same.revalidation, "revalidated": False, "changes": []}
+        moved = run(good, {**key, "driver": "older"})
+        assert moved.outcome is Outcome.OK and moved.validate and moved.validate["passed"]
+        rv = moved.revalidation
+        assert rv and rv["revalidated"] and rv["passed"] and rv["changes"][0].startswith("driver")
+        bad = TuningConfig.default(testing.NAME).replace(**{"matmul_prefill.variant": "wrong"})
+        failed = run(bad.flat(), {**key, "engine": "older"})
+        assert failed.outcome is Outcome.INVALID and failed.revalidation["passed"] is False
+        assert failed.reason.startswith("promoted baseline fails re-validation (engine")
+    finally:
+        testing.uninstall()
+
+
+def test_study_sends_the_promoted_key_and_falls_back_to_default(tmp_path, ragged) -> None:
+    import optuna
+
+    from agent.experiment import parse_experiment
+    from agent.loop import _promoted_arg
+    from agent.records import TrialRecord
+    from agent.study import BASELINE, StudyState
+    from engine.backends.numpy_ref import NumpyBackend
+    from tests.test_agent_units import _exp
+
+    be = NumpyBackend()
+    path = _write(tmp_path, be, {"prefill.chunk_tokens": 16}, ragged)
+    promoted = TuningConfig.from_toml(path).flat()
+    exp = parse_experiment(_exp(space={"numpy": {"prefill": {"chunk_tokens": [8, 16, 32]}}}))
+    st = StudyState(exp, "cpu", "numpy", "synthetic:tiny", "qwen2",
+                    optuna.storages.InMemoryStorage(), promoted, f"promoted:{path}")  # fmt: skip
+    trial, flat, role = st.ask()
+    assert role == BASELINE and flat == promoted
+    arg = _promoted_arg(st, role)
+    assert arg == {"path": str(path), "key": evidence_key(read_evidence(path))}
+    assert _promoted_arg(st, "candidate") is None
+    # the worker said it fails re-validation: the default becomes the baseline, tried next
+    st.finish(trial, TrialRecord(st.name, trial.number, role, "invalid", config=flat), None)
+    st.flush()
+    default = TuningConfig.default("numpy").flat()
+    st.rebase(default, "default (promoted failed re-validation)")
+    trial, flat, role = st.ask()
+    assert role == BASELINE and flat == default and st.best.config == default
+    assert _promoted_arg(st, role) is None
+    assert st.study.user_attrs["baseline"]["source"].startswith("default (promoted")
