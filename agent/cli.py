@@ -49,8 +49,19 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("experiment", type=Path, help="experiment TOML (see experiments/)")
     r.add_argument(
         "--storage",
-        help="Optuna storage: sqlite:///path, postgresql://..., or a "
-        "*.journal path (default: a journal file under the cache)",
+        help="Optuna storage: sqlite:///path, postgresql://..., or a *.journal path (default: "
+        "$FLEETTUNE_STORAGE, else a journal file under the cache); checked before Ray starts",
+    )
+    held = r.add_mutually_exclusive_group()
+    held.add_argument(
+        "--wait",
+        action="store_true",
+        help="when another agent holds a study's lease, wait for it to finish (default: exit 2)",
+    )
+    held.add_argument(
+        "--take-over",
+        action="store_true",
+        help="take a study's lease from another agent (it stops at its next heartbeat)",
     )
     r.add_argument(
         "--promote-repo",
@@ -72,7 +83,10 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     s = sub.add_parser("status", help="list studies in a storage with their best trials")
-    s.add_argument("--storage", help="as for run (default: the journal under the cache)")
+    s.add_argument(
+        "--storage",
+        help="as for run (default: $FLEETTUNE_STORAGE, else the journal under the cache)",
+    )
     s.add_argument("--json", action="store_true")
 
     c = sub.add_parser("check", help="validate an experiment file and print its search spaces")
@@ -153,17 +167,21 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from agent import lease
     from agent.experiment import load_experiment
     from agent.loop import RunOptions, run_experiment
-    from agent.storage import parse_storage
+    from agent.storage import check_storage, parse_storage
 
     exp = load_experiment(args.experiment)
     if args.budget is not None and args.budget < 1:
         raise EngineError("--budget must be >= 1")
+    storage = parse_storage(args.storage)
+    check_storage(storage)  # before Ray starts: a bad --storage costs nothing
     if args.dashboard is not None:
         check_port_free("127.0.0.1", args.dashboard)
     opts = RunOptions(
-        storage=parse_storage(args.storage),
+        storage=storage,
+        lease=lease.WAIT if args.wait else lease.TAKE_OVER if args.take_over else lease.ERROR,
         promote_repo=args.promote_repo.resolve() if args.promote_repo else None,
         budget=args.budget,
         address=args.address,
@@ -216,15 +234,19 @@ def check_port_free(host: str, port: int) -> None:
 
 def _status(args: argparse.Namespace) -> int:
     from agent.status import study_rows
-    from agent.storage import parse_storage
+    from agent.storage import check_storage, parse_storage
 
     ref = parse_storage(args.storage)
-    rows = study_rows(ref)
+    # Reads only: a typo must not create a storage. The default one may not exist yet.
+    if args.storage is None and ref.path is not None and not ref.path.exists():
+        rows = []
+    else:
+        rows = study_rows(ref) if check_storage(ref, create=False) else []
     if args.json:
         print(json.dumps([r.to_dict() for r in rows], indent=1, default=str))
         return 0
     if not rows:
-        print(f"no studies in {ref.url}")
+        print(f"no studies in {ref.display}")
         return 0
     for r in rows:
         print(r.text())

@@ -19,8 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from optuna.exceptions import UpdateFinishedTrialError
 
 from agent import cluster
+from agent import lease as lease_mod
 from agent.acceptance import Decision, decide
 from agent.experiment import Experiment
 from agent.fleet import (
@@ -40,7 +42,7 @@ from agent.records import INTERRUPTED, TrialRecord
 from agent.space import config_key
 from agent.stats import aa_noise, paired_ratio
 from agent.storage import StorageRef
-from agent.study import BASELINE, StudyState
+from agent.study import BASELINE, StudyState, study_name
 from agent.summary import Overhead, RunSummary, StudySummary
 from engine.errors import EngineError
 from engine.sentinel import cache_key
@@ -66,6 +68,8 @@ class RunOptions:
     setup: Callable[[], None] | None = None  # test-only: registers extra backends everywhere
     resources: dict[str, float] | None = None  # embedded Ray resources instead of detection
     shutdown: bool = True  # shut an embedded Ray down at the end
+    lease: str = lease_mod.ERROR  # another live agent holds a study: error | wait | take-over
+    lease_ttl_s: float = lease_mod.TTL_S
 
 
 @dataclass
@@ -173,6 +177,16 @@ class Agent:
             self.warnings.append(f"no device of the wanted classes; cluster has {present}")
         log.info("device classes: %s; backends: %s", classes, backends)
         self.storage = self.opts.storage.open()
+        # Every study this run may touch is ours before any trial of it is read (resume fails a
+        # previous holder's RUNNING trials): a second agent stops here, naming the holder.
+        self.leases = lease_mod.Leases(
+            self.storage, self.exp.name, self.opts.lease_ttl_s, self.opts.lease
+        )
+        self.leases.acquire(
+            [study_name(self.exp.name, c, m) for c in classes for m in self.exp.models],
+            ["maximize"] * len(self.exp.objectives),
+        )
+        self.leases.start()
         self.fleet = Fleet(
             classes, self._backends_by_class(classes, backends), self.opts.setup, engine_commit()
         )
@@ -180,14 +194,16 @@ class Agent:
             self.fleet.start(slot, self.exp.models, fresh=True)
         self._loop()
         for st in self.studies.values():
+            self.leases.check()
             self._finalize(st)
 
     def _close(self, stopped: bool) -> None:
         """Leave the storage whole (no RUNNING trial: one stopped mid-run is failed as
         interrupted, its config free to run again), the workers gone, an embedded Ray down."""
         with stop_on_sigterm(ignore=True):  # a second signal must not cut the cleanup short
+            leases = getattr(self, "leases", None)
             try:
-                if stopped:
+                if stopped and not (leases and leases.lost):
                     self._abandon_in_flight()
                     for st in self.studies.values():
                         try:
@@ -200,6 +216,8 @@ class Agent:
             finally:
                 for slot in self.fleet.slots if hasattr(self, "fleet") else ():
                     self.fleet.kill(slot)
+                if leases is not None:  # after the last write: the next holder owns the rest
+                    leases.release()
                 if self.ray_mode == "embedded" and self.opts.shutdown:
                     ray.shutdown()
 
@@ -223,11 +241,23 @@ class Agent:
 
     # --- the loop -----------------------------------------------------------------------
     def _flush(self) -> None:
+        """The queued storage writes; none once a lease is lost (its new holder owns the
+        trials; a write to one it already failed raises UpdateFinishedTrialError)."""
+        leases = getattr(self, "leases", None)
         for st in self.studies.values():
-            st.flush()
+            if leases is not None and leases.lost:
+                return
+            try:
+                st.flush()
+            except UpdateFinishedTrialError as e:
+                if leases is None:
+                    raise
+                leases.lost = f"study {st.name}: another agent finished its trials ({e})"
+                raise lease_mod.LeaseLost(leases.lost) from None
 
     def _loop(self) -> None:
         while True:
+            self.leases.check()
             self._dispatch_idle()
             self._flush()  # storage writes of finished trials, while workers run the next ones
             self._write_status("running")
@@ -852,7 +882,7 @@ class Agent:
             "experiment": self.exp.name,
             "experiment_file": self.exp.source,
             "study": st.name,
-            "storage": self.opts.storage.url,
+            "storage": self.opts.storage.display,
             "trial": rec.trial,
             "paired_against": rec.paired_against if rec.paired_against is not None else -1,
             "model": st.model,
@@ -890,7 +920,7 @@ class Agent:
         path = self.opts.storage.status_path
         if not hasattr(self, "_past_runs"):  # earlier invocations, for the dashboard
             self._past_runs = past_invocations(path, self.started)
-        agent = agent_status_payload(self.exp.name, self.opts.storage.url, self.started, state)
+        agent = agent_status_payload(self.exp.name, self.opts.storage.display, self.started, state)
         acc = self.exp.acceptance
         agent.update(
             trial_timeout_s=self.exp.budget.trial_timeout_s,
@@ -1016,7 +1046,7 @@ class Agent:
         )
         return RunSummary(
             experiment=self.exp.name,
-            storage=self.opts.storage.url,
+            storage=self.opts.storage.display,
             status_file=str(self.opts.storage.status_path),
             ray=self.ray_mode,
             wall_s=time.monotonic() - self.t0,

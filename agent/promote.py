@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent import tomlw
 from engine.errors import EngineError
 from engine.tuning import TuningConfig
 from engine.tuning.promoted import promoted_path
@@ -64,7 +63,23 @@ def config_text(config: TuningConfig, evidence: dict[str, Any]) -> str:
         "# Promoted by the fleettune agent. The engine loads this for its device class and model\n"
         "# family at start-up; --config overrides it. [evidence] says why it won.\n"
     )
-    return header + config.to_toml() + tomlw.dumps({"evidence": evidence})
+    return header + config.to_toml() + "\n" + evidence_toml({"evidence": evidence})
+
+
+def evidence_toml(data: dict[str, Any]) -> str:
+    """TOML of plain data (tomli-w); None, which TOML lacks, is written as ""."""
+    import tomli_w
+
+    def plain(v: Any) -> Any:
+        if v is None:
+            return ""
+        if isinstance(v, dict):
+            return {str(k): plain(x) for k, x in v.items()}
+        if isinstance(v, list | tuple):
+            return [plain(x) for x in v]
+        return v
+
+    return tomli_w.dumps(plain(data))
 
 
 def scratch_repo() -> Path:

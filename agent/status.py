@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import optuna
 from optuna.trial import TrialState
 
+from agent.lease import Holder, holder_of
 from agent.storage import StorageRef
 
 
@@ -22,6 +24,7 @@ class StudyRow:
     best_metrics: dict[str, float]
     best_changed: dict[str, list[Any]]
     promotion: dict[str, Any] | None
+    lease: dict[str, Any] | None = None  # the live agent holding it (agent.lease), else None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -40,12 +43,16 @@ class StudyRow:
             line += (
                 f"; promoted {self.promotion.get('path')} @{self.promotion.get('commit', '')[:12]}"
             )
+        if self.lease:
+            holder = Holder(**self.lease)
+            line += f"; in use by {holder.describe()}"
         return line
 
 
 def study_rows(ref: StorageRef) -> list[StudyRow]:
     storage = ref.open()
     rows = []
+    now = time.time()
     for s in optuna.get_all_study_summaries(storage, include_best_trial=False):
         study = optuna.load_study(study_name=s.study_name, storage=storage)
         attrs = study.user_attrs
@@ -58,6 +65,7 @@ def study_rows(ref: StorageRef) -> list[StudyRow]:
         best = attrs.get("best") or {}
         base = (attrs.get("baseline") or {}).get("config", {})
         cfg = best.get("config", base)
+        holder = holder_of(storage, study._study_id)
         rows.append(
             StudyRow(
                 study=s.study_name,
@@ -69,6 +77,7 @@ def study_rows(ref: StorageRef) -> list[StudyRow]:
                 best_metrics=best.get("metrics", {}),
                 best_changed={k: [base.get(k), v] for k, v in cfg.items() if base.get(k) != v},
                 promotion=attrs.get("promotion"),
+                lease=asdict(holder) if holder and not holder.dead(now) else None,
             )
         )
     return rows

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.pg import PostgresServer, PostgresUnavailable
 
 pytest_plugins = ["tests.device_fault"]
 
@@ -54,3 +57,21 @@ def tiny_model_factory(tmp_path_factory: pytest.TempPathFactory) -> SyntheticMod
 def tiny_model_path(tiny_model_factory: SyntheticModels) -> Path:
     """The synthetic qwen2 tiny Q4_K_M model, seed 0, written once per session."""
     return tiny_model_factory("qwen2", "q4_k_m")
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PostgresServer]:
+    """One PostgreSQL server for the session (tests/pg.py); fails, never skips, if it cannot
+    start: ./dev installs Debian's postgresql."""
+    try:
+        server = PostgresServer().start()
+    except PostgresUnavailable as e:
+        pytest.fail(f"PostgreSQL test server did not start: {e}", pytrace=False)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def pg_url(pg_server: PostgresServer) -> str:
+    """A fresh empty database on the session's server, as a postgresql:// URL."""
+    return pg_server.create_database()

@@ -17,17 +17,19 @@ import pytest
 
 from agent.records import BUDGET_OUTCOMES, INTERRUPTED
 from agent.space import config_key
-from agent.storage import parse_storage
+from agent.storage import check_storage, parse_storage
 from worker import ray_auth
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
 
 
-def write_experiment(path: Path, model: str, trials: int, pairs: int) -> Path:
+def write_experiment(
+    path: Path, model: str, trials: int, pairs: int, name: str = "proc", seed: int = 3
+) -> Path:
     path.write_text(
         f"""
-name = "proc"
+name = "{name}"
 models = ["{model}"]
 backends = ["numpy"]
 objectives = [{{ metric = "prefill_tok_s", prompt_tokens = 48 }}]
@@ -43,7 +45,7 @@ trials = {trials}
 trial_timeout_s = 120
 [sampler]
 name = "random"
-seed = 3
+seed = {seed}
 """
     )
     return path
@@ -79,18 +81,32 @@ def kill_session(sid: int) -> None:
         time.sleep(0.5)
 
 
+@pytest.fixture(params=["journal", "postgresql"])
+def storage(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "journal":
+        return str(tmp_path / "studies.journal")  # the default kind; safe to read while written
+    return request.getfixturevalue("pg_url")
+
+
+def _started(storage: str) -> bool:
+    ref = parse_storage(storage)
+    return ref.path.exists() if ref.path is not None else check_storage(ref, create=False)
+
+
 def test_agent_killed_mid_study_resumes_without_duplicates(
-    tiny_model_path: Path, tmp_path: Path
+    tiny_model_path: Path, tmp_path: Path, storage: str
 ) -> None:
+    """kill -9 of the agent with its embedded Ray (the Ray head) mid-study, then a new agent on
+    the same storage: no trial lost or run twice. On PostgreSQL this is the fleet's head restart;
+    the dead agent's lease is taken over at once (its pid is gone on this host)."""
     exp = write_experiment(tmp_path / "exp.toml", str(tiny_model_path), trials=7, pairs=16)
-    storage = str(tmp_path / "studies.journal")  # the default kind; safe to read while written
     cmd = [sys.executable, "-m", "agent", "run", str(exp), "--storage", storage, "--no-promote"]
     log = (tmp_path / "agent1.log").open("w")
     p = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=log, start_new_session=True)
     try:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and p.poll() is None:
-            if Path(storage).exists() and len(budget_trials(storage)[0]) >= 2:
+            if _started(storage) and len(budget_trials(storage)[0]) >= 2:
                 break
             time.sleep(0.3)
         assert p.poll() is None, (tmp_path / "agent1.log").read_text()[-3000:]
@@ -112,6 +128,68 @@ def test_agent_killed_mid_study_resumes_without_duplicates(
     # result was not yet written): failed as interrupted on resume, their configs free again.
     assert 1 <= interrupted <= 3
     assert {t.number for t in before} <= {t.number for t in done}  # old results kept
+
+
+def test_two_agents_one_storage(tiny_model_path: Path, tmp_path: Path, pg_url: str) -> None:
+    """Issue 13.1: a second agent on a study another agent runs (a re-submitted job on the
+    fleet's PostgreSQL) must not fail the first one's live trials; it stops, naming the holder.
+    An agent on another study of the same database runs alongside; the dashboard reads both."""
+    model = str(tiny_model_path)
+    exp_a = write_experiment(tmp_path / "a.toml", model, trials=8, pairs=400)
+    exp_c = write_experiment(tmp_path / "c.toml", model, trials=2, pairs=3, name="other", seed=5)
+    run = [sys.executable, "-m", "agent", "run", "--storage", pg_url, "--no-promote", "--json"]
+    log = (tmp_path / "a.log").open("w")
+    a = subprocess.Popen(
+        [*run, str(exp_a)], cwd=ROOT, stdout=subprocess.PIPE, stderr=log, start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and a.poll() is None:
+            if _started(pg_url) and len(budget_trials(pg_url)[0]) >= 1:
+                break
+            time.sleep(0.3)
+        assert a.poll() is None, (tmp_path / "a.log").read_text()[-3000:]
+        b = subprocess.run(
+            [*run, str(exp_a)], cwd=ROOT, capture_output=True, text=True, timeout=300
+        )
+        assert b.returncode == 2, b.stderr[-3000:]
+        err = b.stderr.strip().splitlines()[-1]
+        assert err.startswith("error: study proc/cpu/") and "in use by another agent" in err
+        assert f"host {socket.gethostname()} pid {a.pid} since" in err
+        c = subprocess.run(
+            [*run, str(exp_c)], cwd=ROOT, capture_output=True, text=True, timeout=300
+        )
+        assert c.returncode == 0, c.stderr[-3000:]
+        assert json.loads(c.stdout)["studies"][0]["evaluated"] == 2
+        out, _ = a.communicate(timeout=300)
+    finally:
+        kill_session(a.pid)
+        a.wait()
+    assert a.returncode == 0, (tmp_path / "a.log").read_text()[-3000:]
+    assert json.loads(out)["studies"][0]["evaluated"] == 8
+    st = parse_storage(pg_url).open()
+    studies = {s.study_name: s for s in optuna.get_all_study_summaries(st)}
+    assert len(studies) == 2
+    spans = {}
+    for name in studies:
+        trials = optuna.load_study(study_name=name, storage=st).trials
+        outcomes = [t.user_attrs.get("outcome") for t in trials]
+        assert INTERRUPTED not in outcomes and all(t.state.is_finished() for t in trials)
+        assert sum(o in BUDGET_OUTCOMES for o in outcomes) == (8 if name.startswith("proc") else 2)
+        spans[name[:4]] = (
+            min(t.datetime_start for t in trials if t.datetime_start),
+            max(t.datetime_complete for t in trials if t.datetime_complete),
+        )
+    assert spans["othe"][0] < spans["proc"][1]  # the two studies ran at once
+
+    from fastapi.testclient import TestClient
+
+    from agent.dashboard import create_app
+
+    body = TestClient(create_app(pg_url, refresh_s=0.0)).get("/api/studies").json()
+    assert {s["name"]: s["evaluated"] for s in body["studies"]} == {
+        name: 8 if name.startswith("proc") else 2 for name in studies
+    }
 
 
 def _free_ports(n: int) -> list[int]:

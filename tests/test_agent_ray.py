@@ -221,8 +221,9 @@ def test_faults_fail_trials_restart_workers_and_never_promote(
 
 
 @pytest.mark.usefixtures("faults")
-def test_two_device_classes_on_a_two_node_cluster(model_ref: str, tmp_path: Path) -> None:
-    """Each node advertises its own simulated class; trials of a class run only there."""
+def test_two_device_classes_on_a_two_node_cluster(model_ref: str, pg_url: str) -> None:
+    """Each node advertises its own simulated class; trials of a class run only there; both
+    nodes' trials land in the one PostgreSQL database (the fleet's storage)."""
     from ray.cluster_utils import Cluster
 
     def res(c: str) -> dict[str, float]:
@@ -243,7 +244,7 @@ def test_two_device_classes_on_a_two_node_cluster(model_ref: str, tmp_path: Path
                 budget={"trials": 2, "trial_timeout_s": 60},
             )
         )
-        storage = str(tmp_path / "studies.db")
+        storage = pg_url
         opts = RunOptions(
             parse_storage(storage), address=cluster.address, setup=testing.install, promote=False
         )

@@ -11,10 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agent import tomlw
 from agent.acceptance import decide
 from agent.experiment import ExperimentError, load_experiment, parse_experiment
-from agent.promote import PromotionRefused, promote
+from agent.promote import PromotionRefused, evidence_toml, promote
 from agent.space import build_space, config_key
 from agent.stats import aa_noise, paired_ratio
 from engine.tuning import TuningConfig
@@ -217,9 +216,10 @@ def test_toml_writer_round_trips() -> None:
             "device": 'AMD "R9700"\nline',
             "changed": {"prefill.chunk_tokens": {"from": 32, "to": 40}},
             "objectives": {"prefill_tok_s@64": {"candidate": [1.0, 2.5], "best": [1.0, 2.0]}},
+            "missing": None,
         }
     }
-    assert tomllib.loads(tomlw.dumps(data)) == data
+    assert tomllib.loads(evidence_toml(data)) == {"evidence": {**data["evidence"], "missing": ""}}
 
 
 def _git(repo: Path, *args: str) -> str:

@@ -524,3 +524,38 @@ def test_docs_name_only_files_that_exist() -> None:
     assert not missing, missing
     for needed in ("ray job submit", "RAY_AUTH_MODE", "python -m agent dashboard", "configs/"):
         assert needed in doc, needed
+
+
+# --- the study storage: PostgreSQL, its URL from the environment ------------------------------
+
+
+def test_storage_comes_from_the_environment_never_a_command_line() -> None:
+    """The head gets FLEETTUNE_STORAGE (no password in it) from the env file / the container env,
+    and a password only from a Secret; the URL names the companion manifest's Service."""
+    from agent.storage import parse_storage
+
+    env = dict(
+        line.split("=", 1)
+        for line in (UNITS / "fleettune.env").read_text().splitlines()
+        if line and not line.startswith("#")
+    )
+    assert parse_storage(env["FLEETTUNE_STORAGE"]).url == "postgresql+psycopg:///fleettune"
+    head_unit = unit_sections(UNITS / "fleettune-ray-head.service")
+    assert "postgresql.service" in head_unit["Unit"]["After"]
+    assert "storage" not in head_unit["Service"]["ExecStart"]
+
+    (head,) = raycluster()["spec"]["headGroupSpec"]["template"]["spec"]["containers"]
+    envs = {e["name"]: e for e in head["env"]}
+    url = envs["FLEETTUNE_STORAGE"]["value"]
+    assert ":" not in url.split("://", 1)[1].split("@", 1)[0]  # user only, no password
+    secret = envs["PGPASSWORD"]["valueFrom"]["secretKeyRef"]["name"]
+    with (DEPLOY / "kuberay" / "postgres.yaml").open() as f:
+        docs = {d["kind"]: d for d in yaml.safe_load_all(f) if d}
+    svc, sts = docs["Service"], docs["StatefulSet"]
+    host_port = url.split("@", 1)[1].split("/", 1)[0]
+    assert host_port == f"{svc['metadata']['name']}:{svc['spec']['ports'][0]['port']}"
+    assert svc["spec"]["selector"] == sts["spec"]["template"]["metadata"]["labels"]
+    (pg,) = sts["spec"]["template"]["spec"]["containers"]
+    pg_env = {e["name"]: e for e in pg["env"]}
+    assert pg_env["POSTGRES_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == secret
+    assert url.endswith("/" + pg_env["POSTGRES_DB"]["value"])
