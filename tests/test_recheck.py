@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from agent import tomlw
 from agent.cli import main
+from agent.promote import config_text
 from agent.recheck import recheck_file
 from engine.sentinel import cache_key
 from engine.tuning import TuningConfig
@@ -32,7 +32,7 @@ def _write(root: Path, backend, flat: dict, model: Path, **key_over: str) -> Pat
     path = root / dev.device_class / "qwen2.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
     evidence = {"model": str(model), "model_family": "qwen2", "sentinel_key": key}
-    path.write_text(cfg.to_toml() + tomlw.dumps({"evidence": evidence}))
+    path.write_text(config_text(cfg, evidence))
     return path
 
 

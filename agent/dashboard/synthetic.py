@@ -161,13 +161,6 @@ def _record(
                     "reference_tokens": [12, 7, 99, 3, 3, 8, 1, 0],
                     "candidate_tokens": [12, 7, 41, 3, 3, 8, 1, 0],
                     "reasons": ["max_abs_diff 0.31 > 0.01 at index 4821"],
-                    # engine.blame.Blame.to_dict(): the first op that diverges
-                    "blame": {
-                        "op": "matmul_prefill",
-                        "layer": 0,
-                        "text": "matmul_prefill (kpar, max_cols 48) layer 0 ffn_up: token 47 column 12 "
-                        "|diff| 3.1",
-                    },
                 }
             ],
             # engine.blame.Blame.to_dict(): the first op that diverges
