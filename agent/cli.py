@@ -5,12 +5,14 @@
                         [--dashboard [PORT]]
     python -m agent status [--storage URL] [--json]
     python -m agent check experiments/X.toml
+    python -m agent recheck [--configs DIR] [--backend B] [--force] [--json]
     python -m agent replay TABLE [--sampler tpe,cmaes,random] [--seeds 50] [--json]
     python -m agent table measure|from-study|from-sweep ...   (replay tables)
     python -m agent dashboard [--storage URL]     (agent/dashboard, read-only web UI)
 
 Exit status: 0 done; 1 the run did not do what it was asked (no study could start, a promotion
-was refused: the summary says why); 2 bad input (a bad experiment file or option, nothing run).
+was refused: the summary says why; recheck: a promoted config fails re-validation); 2 bad
+input (a bad experiment file or option, nothing run).
 
 As a Ray job: ``ray job submit --working-dir . -- python -m agent run experiments/X.toml``
 (RAY_ADDRESS is set for the job, so it joins that cluster); with no address it starts an
@@ -89,6 +91,28 @@ def _parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("check", help="validate an experiment file and print its search spaces")
     c.add_argument("experiment", type=Path)
+
+    rc = sub.add_parser(
+        "recheck",
+        help="re-validate promoted configs whose drift-sentinel key changed (driver, engine)",
+        description="For every promoted config of the device classes on this machine: when the "
+        "sentinel key it was validated under (backend, device class, driver, engine version, "
+        "family) differs from this machine's, run the verifier on it again (teacher-forced, the "
+        "registry's class budgets, on the evidence's model when it is here, else a synthetic "
+        "model of its family). Exit 1 when any fails, 2 on bad input.",
+    )
+    rc.add_argument(
+        "--configs",
+        type=Path,
+        help="promoted configs folder (default: $FLEETTUNE_CONFIGS or configs/ of this checkout)",
+    )
+    rc.add_argument(
+        "--backend",
+        action="append",
+        help="only this backend (repeatable; default: every backend usable here)",
+    )
+    rc.add_argument("--force", action="store_true", help="re-validate even when the key matches")
+    rc.add_argument("--json", action="store_true", help="one JSON document on stdout")
 
     rp = sub.add_parser(
         "replay",
@@ -253,6 +277,34 @@ def _check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _recheck(args: argparse.Namespace) -> int:
+    from agent.recheck import recheck_all
+    from engine import backends
+    from engine.tuning.promoted import configs_dir
+    from worker.device import engine_commit
+
+    root = args.configs or configs_dir()
+    if not root.is_dir():
+        raise EngineError(f"--configs {root}: no such folder")
+    names = args.backend or backends.available()
+    for b in args.backend or []:
+        if b not in backends.BACKENDS:
+            raise EngineError(f"--backend {b}: unknown (known: {', '.join(backends.BACKENDS)})")
+    results = recheck_all(root, names, engine_commit(), force=args.force)
+    failed = [r for r in results if not r.passed]
+    if args.json:
+        doc = {"configs": str(root), "backends": names, "results": [r.to_dict() for r in results]}
+        print(json.dumps({**doc, "failed": len(failed)}, indent=1))
+    else:
+        for r in results:
+            print(r.text())
+        print(
+            f"{len(results)} promoted config(s) for {', '.join(names) or 'no backend'} in {root}: "
+            f"{sum(r.revalidated for r in results)} re-validated, {len(failed)} failing"
+        )
+    return 1 if failed else 0
+
+
 def _replay(args: argparse.Namespace) -> int:
     from agent.replay import main_args, text
 
@@ -316,6 +368,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "run": _run,
             "status": _status,
             "check": _check,
+            "recheck": _recheck,
             "replay": _replay,
             "table": _table,
             "dashboard": _dashboard,

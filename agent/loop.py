@@ -45,6 +45,7 @@ from agent.storage import StorageRef
 from agent.study import BASELINE, StudyState, study_name
 from agent.summary import Overhead, RunSummary, StudySummary
 from engine.errors import EngineError
+from engine.sentinel import cache_key
 from engine.tuning import REGISTRY, TuningConfig
 from worker.device import engine_commit
 from worker.records import EvalResult, Outcome
@@ -416,7 +417,12 @@ class Agent:
     ) -> None:
         now = time.monotonic()
         ref = slot.actor.evaluate.remote(
-            st.model, flat, st.best.config, self.exp.validate, self.exp.bench
+            st.model,
+            flat,
+            st.best.config,
+            self.exp.validate,
+            self.exp.bench,
+            promoted=_promoted_arg(st, role),
         )
         queued = self._busy(slot)  # starts when the running call ends: its clock starts then
         p = Pending(
@@ -445,7 +451,12 @@ class Agent:
         assert st is not None
         now = time.monotonic()
         p.ref = slot.actor.evaluate.remote(
-            st.model, p.flat, st.best.config, self.exp.validate, self.exp.bench
+            st.model,
+            p.flat,
+            st.best.config,
+            self.exp.validate,
+            self.exp.bench,
+            promoted=_promoted_arg(st, p.role),
         )
         p.slot, p.paired_against, p.gap_s = slot, st.best.trial, 0.0
         queued = self._busy(slot)
@@ -640,6 +651,7 @@ class Agent:
             phase_s=dict(res.phase_s) if res else {},
             overhead_s=overhead,
             gpu=res.gpu if res else None,
+            revalidation=res.revalidation if res else None,
         )
 
     def _got_trial(self, p: Pending, res: EvalResult, overhead: float) -> None:
@@ -649,10 +661,16 @@ class Agent:
             rec = self._record(p, res, res.outcome.value, res.reason, overhead)
             st.finish(p.trial, rec, None)
             self._log_trial(st, rec)
+            if p.role == BASELINE and res.revalidation and st.best.trial is None:
+                # a promoted config that no longer passes is no baseline: start from the default
+                why = f"promoted {res.revalidation['path']} failed re-validation"
+                self.warnings.append(f"study {st.name}: {why}; baseline is the default")
+                log.warning(self.warnings[-1])
+                st.rebase(TuningConfig.default(st.backend).flat(), f"default ({why})")
             return
         decision = decide(res, self.exp.acceptance, p.slot.noise.get(st.model, {}))
         if p.role == BASELINE:
-            rec = self._record(p, res, "ok", "baseline", overhead, decision)
+            rec = self._record(p, res, "ok", _baseline_reason(res), overhead, decision)
             rec = replace(rec, accepted=False)
             st.finish(p.trial, rec, self._values(res))
             if st.best.trial is None:
@@ -876,6 +894,11 @@ class Agent:
             "host": rec.host,
             "worker": worker.get("worker_id", ""),
             "engine_commit": rec.engine_commit,
+            # the drift-sentinel key it was validated under: another one means re-validate
+            # (agent.recheck; the worker does it for a promoted baseline)
+            "sentinel_key": cache_key(
+                st.backend, st.device_class, rec.driver, rec.engine_commit, st.family
+            ),
             "promoted_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "baseline_source": st.baseline_source,
             "target": target,
@@ -1114,3 +1137,29 @@ def _confirmation_evidence(c: dict[str, Any] | None) -> dict[str, Any]:
 
 def run_experiment(exp: Experiment, opts: RunOptions) -> RunSummary:
     return Agent(exp, opts).run()
+
+
+def _promoted_arg(st: StudyState, role: str) -> dict[str, Any] | None:
+    """For a study's promoted baseline: its file and the sentinel key its evidence records (read
+    now, so a resumed study sees the file as it is); the worker re-validates it when its own key
+    differs. None for every other trial."""
+    prefix = "promoted:"
+    if role != BASELINE or not st.baseline_source.startswith(prefix):
+        return None
+    from engine.tuning.promoted import evidence_key, read_evidence
+
+    path = Path(st.baseline_source[len(prefix) :])
+    try:
+        key = evidence_key(read_evidence(path), st.backend)
+    except EngineError:  # gone or unreadable since: no recorded key, so it is re-validated
+        key = None
+    return {"path": str(path), "key": key}
+
+
+def _baseline_reason(res: EvalResult) -> str:
+    rv = res.revalidation
+    if not rv:
+        return "baseline"
+    if rv.get("revalidated"):
+        return f"baseline: promoted config re-validated ({'; '.join(rv['changes'])})"
+    return "baseline: promoted config under its sentinel key, not re-validated"

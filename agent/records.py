@@ -41,6 +41,8 @@ class TrialRecord:
     phase_s: dict[str, float] = field(default_factory=dict)
     overhead_s: float = 0.0  # agent + Ray seconds around it (dispatch, result, ask/tell)
     gpu: dict[str, Any] | None = None  # device state after the run (worker.gpustate), if known
+    # a promoted baseline: the sentinel key it was validated under, this worker's, re-validated?
+    revalidation: dict[str, Any] | None = None
 
     def user_attrs(self) -> dict[str, Any]:
         """The attrs to store (study and trial number are the trial's own)."""

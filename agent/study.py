@@ -294,6 +294,16 @@ class StudyState:
     def promotion(self) -> dict[str, Any] | None:
         return self.study.user_attrs.get("promotion")
 
+    def rebase(self, baseline: dict[str, Any], source: str) -> None:
+        """A new baseline (the promoted one failed re-validation): recorded, made the best to
+        pair against, and enqueued as the next baseline trial."""
+        self.baseline, self.baseline_source = dict(baseline), source
+        attrs = dict(self.study.user_attrs.get("baseline", {}))
+        self.study.set_user_attr("baseline", {**attrs, "config": self.baseline, "source": source})
+        self.best = Best(None, dict(self.baseline))
+        params = self.space.params_of(self.baseline) or {}
+        self.study.enqueue_trial(params, user_attrs={"role": BASELINE})
+
     def baseline_trial(self) -> int | None:
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
             if t.user_attrs.get("role") == BASELINE:

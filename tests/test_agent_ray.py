@@ -18,7 +18,7 @@ from agent.space import config_key
 from agent.storage import parse_storage
 from engine import backends as engine_backends
 from engine.tuning import TuningConfig
-from engine.tuning.promoted import find_promoted
+from engine.tuning.promoted import evidence_key, find_promoted, read_evidence
 from worker import testing
 
 
@@ -120,6 +120,13 @@ def test_whole_loop_promotes_a_real_win(
         found = find_promoted("numpy", device.device_class, "qwen2", root=repo / "configs")
         assert found is not None
         assert found[0].prefill_chunk > 1
+        # the seeded promotion records no sentinel key: the worker re-validated it first; the
+        # new promotion records the key it was validated under
+        rv = recs[0].user_attrs["revalidation"]
+        assert rv["revalidated"] and rv["passed"], rv
+        assert rv["changes"] == ["the evidence records no sentinel key"]
+        assert "re-validated" in recs[0].user_attrs["reason"]
+        assert evidence_key(read_evidence(found[1])) == rv["key"]
     assert summary.overhead.trials == 3 and summary.overhead.fraction < 0.5
 
     again = run_experiment(exp, RunOptions(parse_storage(storage), promote_repo=repo, budget=4))

@@ -5,6 +5,7 @@ cannot produce on demand: failures, invalid candidates, accepted trials and a pr
 from __future__ import annotations
 
 import hashlib
+import html
 import json
 import os
 import subprocess
@@ -278,6 +279,20 @@ def test_pages_render(client: TestClient) -> None:
     assert "page 1 of" in study
     trial = client.get(f"/studies/{REAL}/trials/1").text
     assert 'id="samples-fig"' in trial and "Validate: passed" in trial
+
+
+def test_invalid_trial_page_shows_the_blame_line_by_the_reason(client: TestClient) -> None:
+    rows = client.get(f"/api/studies/{q(SYNTH)}/trials", params={"outcome": "invalid"}).json()
+    n = rows["rows"][0]["number"]
+    rec = client.get(f"/api/studies/{q(SYNTH)}/trials/{n}").json()["record"]
+    text = rec["validate"]["blame"]["text"]
+    page = client.get(f"/studies/{SYNTH}/trials/{n}").text
+    assert 'id="reason"' in page and 'id="blame"' in page
+    blame = page[page.index('id="blame"') :]
+    assert text in html.unescape(blame[: blame.index("</p>")])
+    assert page.index('id="reason"') < page.index('id="blame"') < page.index("<h2>Validate")
+    ok = client.get(f"/api/studies/{q(SYNTH)}/trials", params={"outcome": "ok"}).json()
+    assert 'id="blame"' not in client.get(f"/studies/{SYNTH}/trials/{ok['rows'][0]['number']}").text
 
 
 def test_plotly_is_served_from_the_package(client: TestClient) -> None:

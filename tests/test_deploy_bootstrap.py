@@ -328,4 +328,4 @@ def test_head_worker_node_and_quickstart_job(fleet: Fleet) -> None:
         assert files[0].endswith(".toml")
     if commits:
         text = (repo / files[0]).read_text()
-        assert "[evidence]" in text
+        assert "[evidence]" in text and "[evidence.sentinel_key]" in text

@@ -53,8 +53,11 @@ class TuningWorker:
         vplan: ValidatePlan,
         bplan: BenchPlan,
         skip_validate: bool = False,
+        promoted: dict[str, Any] | None = None,
     ) -> EvalResult:
-        return self.evaluator.evaluate(model_ref, candidate, best, vplan, bplan, skip_validate)
+        return self.evaluator.evaluate(
+            model_ref, candidate, best, vplan, bplan, skip_validate, promoted
+        )
 
 
 def actor_options(backend: str, device_class: str) -> dict[str, Any]:

@@ -116,6 +116,30 @@ class Evaluator:
         if not res.passed:
             raise ReferenceDriftError(f"worker refuses to tune: {res.why()}")
 
+    def sentinel_key(self, model_ref: str) -> dict[str, str]:
+        """This worker's drift-sentinel key for a loaded model's family."""
+        from engine.sentinel import cache_key
+
+        info = self.info()
+        family = self._models[model_ref].family
+        return cache_key(self.backend, info.device_class, info.driver, info.engine_commit, family)
+
+    def _promoted_check(self, model_ref: str, promoted: dict[str, Any]) -> dict[str, Any]:
+        from engine.tuning.promoted import key_changes
+
+        now = self.sentinel_key(model_ref)
+        changes = key_changes(promoted.get("key"), now)
+        if changes:
+            log.info("re-validating promoted baseline %s: %s", promoted.get("path"), changes)
+        return {
+            "path": str(promoted.get("path", "")),
+            "recorded_key": promoted.get("key"),
+            "key": now,
+            "changes": changes,
+            "revalidated": bool(changes),
+            "passed": None if changes else True,
+        }
+
     def _model(self, model_ref: str) -> Model:
         self.load(model_ref)
         return self._models[model_ref].engine.model
@@ -140,14 +164,21 @@ class Evaluator:
         vplan: ValidatePlan,
         bplan: BenchPlan,
         skip_validate: bool = False,
+        promoted: dict[str, Any] | None = None,
     ) -> EvalResult:
         """Compile, validate and benchmark ``candidate`` (flat config) paired with ``best``.
+
+        ``promoted`` ({"path", "key"}) says the candidate is a promoted config used as a study's
+        baseline, validated under the drift-sentinel ``key``: under this worker's key it is
+        trusted as it stands (no validate); under another one it is re-validated first, and the
+        result's ``revalidation`` says which and why.
 
         Never raises for a bad candidate: compile errors, invalid output and engine exceptions
         come back as the result's outcome with the reason.
         """
         t0 = time.time()
         phase: dict[str, float] = {}
+        revalidation: dict[str, Any] | None = None
 
         def done(outcome: Outcome, reason: str = "", **kw: object) -> EvalResult:
             # The device's state right after the run (clocks, temperature): optional, cheap.
@@ -162,12 +193,16 @@ class Evaluator:
                 finished=time.time(),
                 phase_s=phase,
                 gpu=gpu,
+                revalidation=revalidation,
                 **kw,  # type: ignore[arg-type]
             )
 
         try:
             model = self._model(model_ref)
             device = model.backend.device_info()
+            if promoted is not None:
+                revalidation = self._promoted_check(model_ref, promoted)
+                skip_validate = not revalidation["revalidated"]
             try:
                 cand_cfg = TuningConfig.from_flat(self.backend, candidate)
                 best_cfg = TuningConfig.from_flat(self.backend, best)
@@ -197,10 +232,15 @@ class Evaluator:
                 )
                 phase["validate_s"] = time.perf_counter() - t
                 summary = validate_summary(report)
+                if revalidation is not None:
+                    revalidation["passed"] = report.passed
                 if not report.passed:
                     reasons = report.reasons
                     if report.blame is not None:
                         reasons = [f"first divergence: {report.blame}", *reasons]
+                    if revalidation is not None:
+                        why = "; ".join(revalidation["changes"])
+                        reasons = [f"promoted baseline fails re-validation ({why})", *reasons]
                     return done(Outcome.INVALID, "; ".join(reasons), validate=summary)
             else:
                 summary = None

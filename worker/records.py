@@ -116,6 +116,8 @@ class EvalResult:
     finished: float = 0.0
     phase_s: dict[str, float] = field(default_factory=dict)  # compile, validate, bench seconds
     gpu: dict[str, Any] | None = None  # worker.gpustate.sample() after the trial, when known
+    # a promoted baseline: its sentinel key then and now, and whether it was re-validated
+    revalidation: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:

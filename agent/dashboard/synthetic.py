@@ -163,6 +163,13 @@ def _record(
                     "reasons": ["max_abs_diff 0.31 > 0.01 at index 4821"],
                 }
             ],
+            # engine.blame.Blame.to_dict(): the first op that diverges
+            "blame": {
+                "op": "matmul_prefill",
+                "layer": 0,
+                "text": "matmul_prefill (kpar, max_cols 48) layer 0 ffn_up: token 47 column 12 "
+                "|diff| 3.1",
+            },
         }
         rec = TrialRecord(
             outcome="invalid",
