@@ -97,7 +97,7 @@ def recheck_file(
     """Judge one promoted file with a backend instance of its device class; None when the file
     is for another backend. Re-validates only when the key changed (or ``force``)."""
     from engine.gguf_model import open_model
-    from engine.model import Model
+    from engine.models import build_model
 
     try:
         cfg = TuningConfig.from_toml(path)
@@ -117,7 +117,7 @@ def recheck_file(
     if not changes:
         res.changes = ["--force"]
     model_path, res.model = model_for(evidence, family)
-    model = Model(open_model(model_path), backend)
+    model = build_model(open_model(model_path), backend)
     problems = cfg.problems(dev)
     if problems:
         res.revalidated, res.passed, res.reasons = True, False, problems
