@@ -18,6 +18,7 @@ from typing import Any
 
 import ray
 
+from agent.phase import Phase
 from worker.actor import spawn
 from worker.records import WorkerInfo
 
@@ -35,7 +36,8 @@ class Slot:
     state: str = STARTING
     info: WorkerInfo | None = None
     noise: dict[str, dict[str, float]] = field(default_factory=dict)  # model -> objective -> A/A
-    setup: list[tuple[str, str]] = field(default_factory=list)  # ("info"|"load"|"aa", model)
+    setup: list[tuple[Phase, str]] = field(default_factory=list)  # (INFO|LOAD|AA, model)
+    phase: Phase | None = None  # its worker's last call (agent.phase.WORKER_NEXT)
     restarts: int = 0
     failures_in_a_row: int = 0
     trials_done: int = 0
@@ -95,10 +97,10 @@ class Fleet:
         slot.actor = spawn(
             slot.backend, slot.device_class, slot.worker_id, self.setup_fn, self.commit_hint
         )
-        slot.state = STARTING
-        slot.setup = [("info", "")] + [("load", m) for m in models]
+        slot.state, slot.phase = STARTING, None
+        slot.setup = [(Phase.INFO, "")] + [(Phase.LOAD, m) for m in models]
         if fresh:
-            slot.setup += [("aa", m) for m in models]
+            slot.setup += [(Phase.AA, m) for m in models]
 
     def kill(self, slot: Slot) -> None:
         if slot.actor is not None:

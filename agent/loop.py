@@ -1,9 +1,9 @@
-"""The agent's event loop: workers of each device class evaluate trials of that class's studies,
+"""The agent's strategy: workers of each device class evaluate trials of that class's studies,
 as many in flight as there are workers; results are accepted, confirmed, told and promoted.
+The calls themselves are the Ray runner's (agent.runner), the reporting agent.report's.
 
-    for each idle worker: setup (identify, load, A/A) -> confirmation wanted? -> next trial
-    wait for any result or deadline -> record, tell, maybe accept -> restart dead/hung workers
-    at the end: promote each study's accepted best, write the summary
+    ask (a confirmation wanted? else the study's next trial) -> dispatch (runner)
+    -> decide (accept?) -> tell (record the trial) -> at the end: promote each study's best
 """
 
 from __future__ import annotations
@@ -14,47 +14,44 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import ray
 from optuna.exceptions import UpdateFinishedTrialError
 
-from agent import cluster
 from agent import lease as lease_mod
+from agent import report
 from agent.acceptance import Decision, decide
 from agent.experiment import Experiment
-from agent.fleet import (
-    BUSY,
-    DEAD,
-    IDLE,
-    INVOCATION_KEYS,
-    MAX_RESTARTS_IN_A_ROW,
-    STARTING,
-    Fleet,
-    Slot,
-    past_invocations,
-    write_status,
-)
-from agent.fleet import agent_status as agent_status_payload
+from agent.fleet import Slot, past_invocations
+from agent.phase import TRIAL_NEXT, Phase, advance
 from agent.records import INTERRUPTED, TrialRecord
+from agent.runner import INFO_TIMEOUT_S, LOAD_TIMEOUT_S, QUEUE_DEPTH, Pending, RayRunner
 from agent.space import config_key
 from agent.stats import aa_noise, paired_ratio
 from agent.storage import StorageRef
 from agent.study import BASELINE, StudyState, study_name
-from agent.summary import Overhead, RunSummary, StudySummary
+from agent.summary import RunSummary
 from engine.errors import EngineError
-from engine.sentinel import cache_key
 from engine.tuning import REGISTRY, TuningConfig
 from worker.device import engine_commit
 from worker.records import EvalResult, Outcome
 
 log = logging.getLogger("agent")
 
-QUEUE_DEPTH = 2  # evaluate calls per worker: the running one and the next, queued in the actor
-INFO_TIMEOUT_S = 300.0  # placing a worker and opening its device
-LOAD_TIMEOUT_S = 1800.0  # identify + load (may generate a synthetic model or fetch a checkpoint)
+__all__ = [  # the runner's names too, for code that read them here
+    "INFO_TIMEOUT_S",
+    "LOAD_TIMEOUT_S",
+    "QUEUE_DEPTH",
+    "Agent",
+    "ConfirmRequest",
+    "Pending",
+    "RunOptions",
+    "run_experiment",
+    "stop_on_sigterm",
+]
+
 STOPPED = "the agent was stopped (Ctrl-C or SIGTERM) while this trial ran"
 
 
@@ -70,26 +67,6 @@ class RunOptions:
     shutdown: bool = True  # shut an embedded Ray down at the end
     lease: str = lease_mod.ERROR  # another live agent holds a study: error | wait | take-over
     lease_ttl_s: float = lease_mod.TTL_S
-
-
-@dataclass
-class Pending:
-    kind: str  # info | load | aa | trial | confirm
-    slot: Slot
-    ref: Any
-    dispatched: float
-    deadline: float
-    model: str = ""
-    study: StudyState | None = None
-    trial: Any = None
-    flat: dict[str, Any] = field(default_factory=dict)
-    role: str = ""
-    paired_against: int | None = None
-    gap_s: float = 0.0  # agent time between the worker going idle and this dispatch
-    first: EvalResult | None = None  # confirm: the result being confirmed
-    first_decision: Decision | None = None
-    first_overhead_s: float = 0.0
-    lost: str = ""  # why its first worker was lost (it is being retried once)
 
 
 @dataclass
@@ -117,15 +94,12 @@ class Agent:
         self.exp = exp
         self.opts = opts
         self.studies: dict[tuple[str, str], StudyState] = {}
-        self.pending: list[Pending] = []
         self.warnings: list[str] = list(exp.warnings)
         self.started = time.time()
         self.t0 = time.monotonic()
-        self.overheads: list[tuple[float, float]] = []  # (worker wall s, overhead s) per trial
-        self.idle_gaps: list[float] = []  # worker seconds between consecutive evaluations
         self.promotion_errors: dict[str, str] = {}
         self.promotions: dict[str, dict[str, Any]] = {}  # study -> what this run did about it
-        self.ray_mode = ""
+        self.runner = RayRunner(self, exp.models, exp.budget.trial_timeout_s, self.warnings)
 
     # --- setup --------------------------------------------------------------------------
     def promote_repo(self) -> Path:
@@ -152,7 +126,7 @@ class Agent:
         with stop_on_sigterm():
             stopped = False
             try:
-                self.ray_mode = cluster.connect(
+                self.runner.connect(
                     self.opts.address, backends, self.opts.setup, self.opts.resources
                 )
                 with stop_on_sigterm():  # again: ray.init installs its own SIGTERM handler
@@ -167,7 +141,7 @@ class Agent:
     def _run(self, backends: tuple[str, ...]) -> None:
         if self.opts.setup is not None:
             self.opts.setup()
-        present = cluster.device_classes()
+        present = self.runner.device_classes()
         wanted = self.exp.device_classes
         classes = {c: n for c, n in present.items() if wanted is None or c in wanted}
         for c in wanted or ():
@@ -187,11 +161,7 @@ class Agent:
             ["maximize"] * len(self.exp.objectives),
         )
         self.leases.start()
-        self.fleet = Fleet(
-            classes, self._backends_by_class(classes, backends), self.opts.setup, engine_commit()
-        )
-        for slot in self.fleet.slots:
-            self.fleet.start(slot, self.exp.models, fresh=True)
+        self.runner.start(classes, backends, self.opts.setup, engine_commit())
         self._loop()
         for st in self.studies.values():
             self.leases.check()
@@ -214,26 +184,19 @@ class Agent:
                 self._flush()
                 self._write_status("interrupted" if stopped else "finished")
             finally:
-                for slot in self.fleet.slots if hasattr(self, "fleet") else ():
-                    self.fleet.kill(slot)
+                self.runner.kill_all()
                 if leases is not None:  # after the last write: the next holder owns the rest
                     leases.release()
-                if self.ray_mode == "embedded" and self.opts.shutdown:
-                    ray.shutdown()
+                if self.opts.shutdown:
+                    self.runner.shutdown()
 
     def _abandon_in_flight(self) -> None:
-        calls = list(self.pending)
-        for slot in self.fleet.slots if hasattr(self, "fleet") else ():
-            calls += slot.resubmit
-            slot.resubmit = []
-        self.pending = []
-        for p in calls:
+        for p in self.runner.drain():
             if p.study is not None and p.trial is not None:
-                rec = self._record(p, None, INTERRUPTED, STOPPED, 0.0)
-                p.study.finish(p.trial, rec, None)
+                self.abandon(p, STOPPED)
         for st in self.studies.values():
             for req in st.confirm_queue:
-                p = Pending("confirm", self.fleet.slots[0], None, 0.0, 0.0, st.model, st)
+                p = Pending(Phase.CONFIRM, self.runner.slots[0], None, 0.0, 0.0, st.model, st)
                 p.trial, p.flat, p.role = req.trial, req.flat, req.role
                 rec = self._record(p, None, INTERRUPTED, STOPPED, 0.0)
                 st.finish(req.trial, rec, None)
@@ -258,115 +221,44 @@ class Agent:
     def _loop(self) -> None:
         while True:
             self.leases.check()
-            self._dispatch_idle()
+            self.runner.dispatch_idle()  # asks dispatch_work for each worker's next calls
             self._flush()  # storage writes of finished trials, while workers run the next ones
             self._write_status("running")
-            if not self.pending:
+            if not self.runner.wait():  # hands results back to got_* / lost
                 return
-            refs = [p.ref for p in self.pending]
-            wait = max(0.0, min(p.deadline for p in self.pending) - time.monotonic())
-            ready, _ = ray.wait(refs, num_returns=1, timeout=wait)
-            if ready:
-                ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-            now = time.monotonic()
-            done = {r.hex() for r in ready}
-            for p in list(self.pending):
-                if p not in self.pending:  # dropped while handling another (its worker died)
-                    continue
-                if p.ref.hex() in done:
-                    self.pending.remove(p)
-                    self._handle(p, now)
-                elif now >= p.deadline:
-                    self.pending.remove(p)
-                    self._timed_out(p)
-
-    def _backends_by_class(
-        self, classes: dict[str, int], backends: tuple[str, ...]
-    ) -> dict[str, tuple[str, ...]]:
-        """The experiment's backends that nodes advertise for each class (``backend:<b>/<c>``);
-        a class whose nodes advertise none is probed with every non-CUDA backend."""
-        from worker.device import backends_for
-
-        res = ray.cluster_resources()
-        out = {}
-        for c in classes:
-            advertised = backends_for(res, c)
-            if advertised:
-                out[c] = tuple(b for b in backends if b in advertised)
-            else:
-                out[c] = tuple(b for b in backends if b != "cuda" or res.get("GPU", 0) >= 1)
-            if not out[c]:
-                self.warnings.append(
-                    f"device class {c!r}: nodes serve it with {advertised}, "
-                    f"the experiment lists {list(backends)}"
-                )
-        return out
 
     def _over_time(self) -> bool:
         limit = self.exp.budget.wall_time_s
         return bool(limit) and time.monotonic() - self.t0 > limit
 
-    def _busy(self, slot: Slot) -> bool:
-        return any(p.slot is slot for p in self.pending)
+    # --- ask and dispatch (the runner calls these) ----------------------------------------
+    def aa_args(self, slot: Slot, model: str) -> tuple[Any, ...] | None:
+        """The A/A call's arguments: the baseline against itself; None when the model did not
+        load on the slot's class."""
+        st = self.studies.get((slot.device_class, model))
+        if st is None:
+            return None
+        return (model, st.baseline, st.baseline, self.exp.validate, self.exp.bench, True)
 
-    def _load(self, slot: Slot) -> int:
-        return sum(p.slot is slot for p in self.pending)
-
-    def _dispatch_idle(self) -> None:
-        """Keep every ready worker QUEUE_DEPTH calls deep: while it runs a trial, the next one
-        waits in its actor queue, so it never idles on the agent (ask, tell, Ray round trip)."""
-        for slot in self.fleet.slots:
-            if slot.state == DEAD:
-                continue
-            if slot.setup or slot.state == STARTING:
-                if self._busy(slot):
-                    continue
-                while slot.setup and not self._dispatch_setup(slot):
-                    pass
-                if self._busy(slot) or slot.state == DEAD:
-                    continue
-                slot.state, slot.free_since = IDLE, time.monotonic()
-            while self._load(slot) < QUEUE_DEPTH and self._dispatch_work(slot):
-                pass
-            if not self._busy(slot):
-                slot.state, slot.current = IDLE, ""
-
-    def _dispatch_setup(self, slot: Slot) -> bool:
-        """Send the slot's next setup call; False when there was nothing to send for it."""
-        kind, model = slot.setup.pop(0)
-        now = time.monotonic()
-        if kind == "info":
-            ref = slot.actor.info.remote()
-        elif kind == "load":
-            ref = slot.actor.load.remote(model)
-        else:
-            st = self.studies.get((slot.device_class, model))
-            if st is None:  # the model did not load on this class
-                return False
-            ref = slot.actor.evaluate.remote(
-                model, st.baseline, st.baseline, self.exp.validate, self.exp.bench, True
-            )
-        timeout = {"info": INFO_TIMEOUT_S, "load": LOAD_TIMEOUT_S}.get(
-            kind, self.exp.budget.trial_timeout_s
-        )
-        self.pending.append(Pending(kind, slot, ref, now, now + timeout, model=model))
-        return True
+    def evaluate_args(self, p: Pending) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        st = p.study
+        assert st is not None
+        args = (st.model, p.flat, st.best.config, self.exp.validate, self.exp.bench)
+        return args, {"promoted": _promoted_arg(st, p.role)}
 
     def _studies_of(self, slot: Slot) -> list[StudyState]:
         return [st for (c, m), st in self.studies.items() if c == slot.device_class]
 
-    def _dispatch_work(self, slot: Slot) -> bool:
-        if slot.resubmit:  # queued behind a trial that killed the previous worker
-            self._resubmit(slot, slot.resubmit.pop(0))
-            return True
+    def dispatch_work(self, slot: Slot) -> bool:
+        """Send the slot's next evaluation; False when there is none for it now."""
         studies = self._studies_of(slot)
-        alive = [s for s in self.fleet.of_class(slot.device_class) if s.state != DEAD]
+        alive = self.runner.alive(slot.device_class)
         for st in studies:  # confirmations first: an accepted candidate waits on them
             for req in list(st.confirm_queue):
                 if req.exclude == slot.worker_id and any(s.worker_id != req.exclude for s in alive):
                     continue
                 st.confirm_queue.remove(req)
-                self._dispatch_eval(slot, st, req.trial, req.flat, req.role, "confirm", req)
+                self._dispatch_eval(slot, st, req.trial, req.flat, req.role, Phase.CONFIRM, req)
                 return True
         if self._over_time():
             return False
@@ -380,12 +272,12 @@ class Agent:
                 trial, flat, role = asked
                 problems = self._problems(slot, flat)
                 if not problems:
-                    self._dispatch_eval(slot, st, trial, flat, role, "trial", None)
+                    self._dispatch_eval(slot, st, trial, flat, role, Phase.TRIAL, None)
                     return True
-                p = Pending("trial", slot, None, 0.0, 0.0, st.model, st, trial, flat, role)
+                p = Pending(Phase.TRIAL, slot, None, 0.0, 0.0, st.model, st, trial, flat, role)
                 rec = self._record(p, None, Outcome.INFEASIBLE.value, problems, 0.0)
                 st.finish(trial, rec, None)
-                self._log_trial(st, rec)
+                report.log_trial(self.exp, st, rec)
         return False
 
     def _problems(self, slot: Slot, flat: dict[str, Any]) -> str:
@@ -412,143 +304,17 @@ class Agent:
         trial: Any,
         flat: dict[str, Any],
         role: str,
-        kind: str,
+        phase: Phase,
         req: ConfirmRequest | None,
     ) -> None:
-        now = time.monotonic()
-        ref = slot.actor.evaluate.remote(
-            st.model,
-            flat,
-            st.best.config,
-            self.exp.validate,
-            self.exp.bench,
-            promoted=_promoted_arg(st, role),
-        )
-        queued = self._busy(slot)  # starts when the running call ends: its clock starts then
-        p = Pending(
-            kind,
-            slot,
-            ref,
-            now,
-            float("inf") if queued else now + self.exp.budget.trial_timeout_s,
-            model=st.model,
-            study=st,
-            trial=trial,
-            flat=flat,
-            role=role,
-            paired_against=st.best.trial,
-            gap_s=0.0 if queued or not slot.free_since else max(0.0, now - slot.free_since),
-        )
+        p = Pending(phase, slot, None, 0.0, 0.0, st.model, st, trial, flat, role)
+        p.paired_against = st.best.trial
         if req is not None:
             p.first, p.first_decision, p.first_overhead_s = req.first, req.decision, req.overhead_s
-        self.pending.append(p)
-        if not queued:
-            slot.state, slot.current = BUSY, f"{st.name} #{trial.number}"
+        self.runner.send(p)
 
-    def _resubmit(self, slot: Slot, p: Pending) -> None:
-        """Send a call again (same trial) to the slot's new worker, against the current best."""
-        st = p.study
-        assert st is not None
-        now = time.monotonic()
-        p.ref = slot.actor.evaluate.remote(
-            st.model,
-            p.flat,
-            st.best.config,
-            self.exp.validate,
-            self.exp.bench,
-            promoted=_promoted_arg(st, p.role),
-        )
-        p.slot, p.paired_against, p.gap_s = slot, st.best.trial, 0.0
-        queued = self._busy(slot)
-        p.dispatched = now
-        p.deadline = float("inf") if queued else now + self.exp.budget.trial_timeout_s
-        self.pending.append(p)
-        if not queued:
-            slot.state, slot.current = BUSY, f"{st.name} #{p.trial.number}"
-
-    def _start_next(self, slot: Slot, now: float) -> None:
-        """The slot's next queued call starts running now: start its clock."""
-        for q in self.pending:
-            if q.slot is slot:
-                if q.deadline == float("inf"):
-                    q.dispatched, q.deadline = now, now + self.exp.budget.trial_timeout_s
-                    if q.study is not None:
-                        slot.current = f"{q.study.name} #{q.trial.number}"
-                return
-
-    # --- results ------------------------------------------------------------------------
-    def _handle(self, p: Pending, now: float) -> None:
-        slot = p.slot
-        slot.free_since = now
-        self._start_next(slot, now)
-        try:
-            value = ray.get(p.ref)
-        except ray.exceptions.RayActorError as e:
-            self._worker_lost(p, Outcome.CRASH, f"worker died: {_first_line(e)}")
-            return
-        except Exception as e:  # noqa: BLE001 - an error raised inside the actor method
-            if p.kind in ("info", "load"):
-                self._setup_failed(p, _cause_line(e))
-                return
-            value = EvalResult(Outcome.CRASH, slot.info, p.flat, {}, _cause_line(e))
-        if p.kind == "info":
-            self._got_info(slot, value)
-        elif p.kind == "load":
-            self._got_family(slot, p.model, value)
-        elif p.kind == "aa":
-            self._got_aa(slot, p.model, value)
-        else:
-            overhead = max(0.0, (now - p.dispatched) - value.wall_s) + p.gap_s
-            if value.outcome is Outcome.OK:
-                slot.failures_in_a_row = 0
-            slot.trials_done += 1
-            if slot.last_finished and value.started:
-                self.idle_gaps.append(max(0.0, value.started - slot.last_finished))
-            slot.last_finished = value.finished
-            if p.kind == "trial":
-                self.overheads.append((value.wall_s, overhead))
-                self._got_trial(p, value, overhead)
-            else:
-                self._got_confirmation(p, value)
-
-    def _got_info(self, slot: Slot, info: Any) -> None:
-        if info.device_class != slot.device_class:
-            self._next_backend(
-                slot, f"backend {slot.backend} reports class {info.device_class!r} there"
-            )
-            return
-        slot.info = info
-        log.info(
-            "worker %s: %s %s (%s, driver %s) on %s",
-            slot.worker_id,
-            info.backend,
-            info.device_name,
-            info.device_class,
-            info.driver,
-            info.host,
-        )
-
-    def _next_backend(self, slot: Slot, why: str) -> None:
-        self.fleet.kill(slot)
-        slot.backend_index += 1
-        if slot.backend_index >= len(slot.backends):
-            slot.state, slot.setup = DEAD, []
-            self.warnings.append(
-                f"worker {slot.worker_id}: no backend of {list(slot.backends)} serves class "
-                f"{slot.device_class!r} ({why})"
-            )
-            return
-        self.fleet.start(slot, self.exp.models, fresh=not slot.noise)
-
-    def _setup_failed(self, p: Pending, why: str) -> None:
-        if p.kind == "info":
-            self._next_backend(p.slot, why)
-            return
-        p.slot.state, p.slot.setup = DEAD, []
-        self.fleet.kill(p.slot)
-        self.warnings.append(f"worker {p.slot.worker_id}: cannot load {p.model}: {why}")
-
-    def _got_family(self, slot: Slot, model: str, family: str) -> None:
+    # --- decide and tell (the runner calls these) ----------------------------------------
+    def got_family(self, slot: Slot, model: str, family: str) -> None:
         key = (slot.device_class, model)
         if key in self.studies:
             return
@@ -591,7 +357,7 @@ class Agent:
         )
         self.studies[key] = st
 
-    def _got_aa(self, slot: Slot, model: str, res: EvalResult) -> None:
+    def got_aa(self, slot: Slot, model: str, res: EvalResult) -> None:
         acc = self.exp.acceptance
         if not res.ok:
             self.warnings.append(f"worker {slot.worker_id}: A/A run failed ({res.outcome.value})")
@@ -654,13 +420,13 @@ class Agent:
             revalidation=res.revalidation if res else None,
         )
 
-    def _got_trial(self, p: Pending, res: EvalResult, overhead: float) -> None:
+    def got_trial(self, p: Pending, res: EvalResult, overhead: float) -> None:
         st = p.study
         assert st is not None
         if not res.ok:
             rec = self._record(p, res, res.outcome.value, res.reason, overhead)
             st.finish(p.trial, rec, None)
-            self._log_trial(st, rec)
+            report.log_trial(self.exp, st, rec)
             if p.role == BASELINE and res.revalidation and st.best.trial is None:
                 # a promoted config that no longer passes is no baseline: start from the default
                 why = f"promoted {res.revalidation['path']} failed re-validation"
@@ -675,17 +441,14 @@ class Agent:
             st.finish(p.trial, rec, self._values(res))
             if st.best.trial is None:
                 st.set_best(p.trial.number, p.flat, res.medians())
-            self._log_trial(st, rec)
+            report.log_trial(self.exp, st, rec)
             return
         if decision.accepted:
             against_current = config_key(res.best) == config_key(st.best.config)
-            others = [
-                s
-                for s in self.fleet.of_class(p.slot.device_class)
-                if s is not p.slot and s.state != DEAD
-            ]
+            others = self.runner.others(p.slot)
             if (self.exp.acceptance.confirm and others) or not against_current:
                 exclude = p.slot.worker_id if others else None
+                advance(Phase.TRIAL, Phase.CONFIRM, TRIAL_NEXT)
                 st.confirm_queue.append(
                     ConfirmRequest(
                         p.trial, p.flat, p.role, res, decision, exclude, p.paired_against, overhead
@@ -706,9 +469,9 @@ class Agent:
         st.finish(p.trial, rec, self._values(res))
         if rec.accepted:
             st.set_best(p.trial.number, p.flat, res.medians())
-        self._log_trial(st, rec)
+        report.log_trial(self.exp, st, rec)
 
-    def _got_confirmation(self, p: Pending, res: EvalResult) -> None:
+    def got_confirmation(self, p: Pending, res: EvalResult) -> None:
         st = p.study
         assert st is not None and p.first is not None and p.first_decision is not None
         if res.ok:
@@ -737,62 +500,23 @@ class Agent:
         st.finish(p.trial, rec, self._values(p.first))
         if rec.accepted:
             st.set_best(p.trial.number, p.flat, p.first.medians())
-        self._log_trial(st, rec)
+        report.log_trial(self.exp, st, rec)
 
     def _values(self, res: EvalResult) -> list[float]:
         med = res.medians()
         return [med[o.name] for o in self.exp.objectives]
 
-    # --- failures -----------------------------------------------------------------------
-    def _timed_out(self, p: Pending) -> None:
-        limit = p.deadline - p.dispatched
-        self._worker_lost(p, Outcome.TIMEOUT, f"no result after {limit:.0f}s; worker restarted")
-
-    def _retry_elsewhere(self, p: Pending, reason: str) -> bool:
-        """A worker lost from outside (OOM killer, operator) says nothing about its config: run
-        the call once more, on another live worker of the class or on this one restarted."""
-        if p.kind not in ("trial", "confirm") or p.lost or p.study is None:
-            return False
-        p.lost = f"{reason} (on {p.slot.worker_id})"
-        others = [
-            s
-            for s in self.fleet.of_class(p.slot.device_class)
-            if s is not p.slot and s.state != DEAD
-        ]
-        target = min(others, key=self._load) if others else p.slot
-        target.resubmit.append(p)
-        log.warning(
-            "trial %d [%s]: its worker %s was lost (%s); retrying once on %s",
-            p.trial.number,
-            p.study.name,
-            p.slot.worker_id,
-            reason,
-            target.worker_id if others else "the restarted worker",
-        )
-        return True
-
-    def _worker_lost(self, p: Pending, outcome: Outcome, reason: str) -> None:
-        slot = p.slot
-        log.warning("worker %s: %s (%s)", slot.worker_id, reason, p.kind)
-        self.fleet.kill(slot)
-        slot.last_finished = 0.0
-        for q in [q for q in self.pending if q.slot is slot]:  # queued behind it: run again
-            self.pending.remove(q)
-            slot.resubmit.append(q)
-        slot.restarts += 1
-        slot.failures_in_a_row += 1
+    # --- failures (the runner calls these) ------------------------------------------------
+    def lost(self, p: Pending, outcome: Outcome, reason: str) -> None:
+        """Record a trial or confirmation whose worker was lost (and that is not retried)."""
         st = p.study
-        if p.lost:
-            reason = f"{reason}; lost once before and retried: {p.lost}"
-        if outcome is Outcome.CRASH and self._retry_elsewhere(p, reason):
-            pass
-        elif p.kind == "trial" and st is not None:
+        if p.phase is Phase.TRIAL and st is not None:
             rec = self._record(p, None, outcome.value, reason, 0.0)
             st.finish(p.trial, rec, None)
-            self._log_trial(st, rec)
-        elif p.kind == "confirm" and st is not None and p.first is not None:
+            report.log_trial(self.exp, st, rec)
+        elif p.phase is Phase.CONFIRM and st is not None and p.first is not None:
             conf = {
-                "worker": slot.info.to_dict() if slot.info else None,
+                "worker": p.slot.info.to_dict() if p.slot.info else None,
                 "outcome": outcome.value,
                 "accepted": False,
                 "reason": reason,
@@ -807,23 +531,13 @@ class Agent:
                 conf,
             )
             st.finish(p.trial, rec, self._values(p.first))
-            self._log_trial(st, rec)
-        if p.kind == "info":  # never placed or never opened its device: try the next backend
-            self._next_backend(slot, reason)
-            return
-        if slot.failures_in_a_row > MAX_RESTARTS_IN_A_ROW:
-            slot.state, slot.setup = DEAD, []
-            self.warnings.append(f"worker {slot.worker_id}: retired after repeated failures")
-            for q in slot.resubmit:  # nobody left to run them here: free their configs
-                if q.study is not None:
-                    rec = self._record(q, None, INTERRUPTED, "its worker was retired", 0.0)
-                    q.study.finish(q.trial, rec, None)
-            slot.resubmit.clear()
-            return
-        # A restarted worker keeps its A/A noise; one lost during setup starts over.
-        self.fleet.start(slot, self.exp.models, fresh=not slot.noise)
-        if p.kind == "aa" and ("aa", p.model) not in slot.setup:
-            slot.setup.append(("aa", p.model))
+            report.log_trial(self.exp, st, rec)
+
+    def abandon(self, p: Pending, reason: str) -> None:
+        """Fail a call that will not run (stopped, or its worker retired): its config is free."""
+        assert p.study is not None
+        rec = self._record(p, None, INTERRUPTED, reason, 0.0)
+        p.study.finish(p.trial, rec, None)
 
     # --- end ----------------------------------------------------------------------------
     def _finalize(self, st: StudyState) -> None:
@@ -856,7 +570,14 @@ class Agent:
                     f"{str(prev.get('commit') or '-')[:12]}); this run promotes into {repo}"
                 )
             rec = st.trials_record(st.best.trial)
-            prom = promote(repo, st.device_class, st.family, cfg, self._evidence(st, rec), branch)
+            prom = promote(
+                repo,
+                st.device_class,
+                st.family,
+                cfg,
+                report.evidence(self.exp, self.opts.storage.display, st, rec),
+                branch,
+            )
         except PromotionRefused as e:
             self.promotion_errors[st.name] = str(e)
             log.error("not promoted: %s", e)
@@ -874,185 +595,41 @@ class Agent:
         self.promotions[st.name] = {**info, "action": action, "note": note}
         log.info("promoted %s -> %s (commit %s)", st.name, prom.path, prom.commit[:12] or "-")
 
-    def _evidence(self, st: StudyState, rec: TrialRecord) -> dict[str, Any]:
-        target = self.exp.acceptance.target
-        est = rec.estimates.get(target, {})
-        worker = rec.worker or {}
-        return {
-            "experiment": self.exp.name,
-            "experiment_file": self.exp.source,
-            "study": st.name,
-            "storage": self.opts.storage.display,
-            "trial": rec.trial,
-            "paired_against": rec.paired_against if rec.paired_against is not None else -1,
-            "model": st.model,
-            "model_family": st.family,
-            "device_class": st.device_class,
-            "device": rec.device,
-            "vendor": worker.get("vendor", ""),
-            "driver": rec.driver,
-            "host": rec.host,
-            "worker": worker.get("worker_id", ""),
-            "engine_commit": rec.engine_commit,
-            # the drift-sentinel key it was validated under: another one means re-validate
-            # (agent.recheck; the worker does it for a promoted baseline)
-            "sentinel_key": cache_key(
-                st.backend, st.device_class, rec.driver, rec.engine_commit, st.family
-            ),
-            "promoted_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "baseline_source": st.baseline_source,
-            "target": target,
-            "ratio": est.get("ratio", 0.0),
-            "lower_bound": est.get("lower", 0.0),
-            "confidence": self.exp.acceptance.confidence,
-            "min_gain": self.exp.acceptance.min_gain,
-            "aa_noise": (rec.decision or {}).get("noise", 0.0),
-            "changed": {k: {"from": a, "to": b} for k, (a, b) in rec.changed.items()},
-            "objectives": {
-                name: {**rec.estimates.get(name, {}), **rec.samples.get(name, {})}
-                for name in rec.samples
-            },
-            "validate": _validate_evidence(rec.validate),
-            "confirmation": _confirmation_evidence(rec.confirmation),
-        }
-
     def _write_status(self, state: str) -> None:
         path = self.opts.storage.status_path
         if not hasattr(self, "_past_runs"):  # earlier invocations, for the dashboard
             self._past_runs = past_invocations(path, self.started)
-        agent = agent_status_payload(self.exp.name, self.opts.storage.display, self.started, state)
-        acc = self.exp.acceptance
-        agent.update(
-            trial_timeout_s=self.exp.budget.trial_timeout_s,
-            wall_time_s=self.exp.budget.wall_time_s,
-            acceptance={
-                "target": acc.target,
-                "min_gain": acc.min_gain,
-                "confidence": acc.confidence,
-            },
-            ray_dashboard=cluster.dashboard_url(),
+        report.write_run_status(
+            path,
+            self.exp,
+            self.opts.storage.display,
+            self.started,
+            state,
+            self._past_runs,
+            self.runner.slots,
+            list(self.studies.values()),
+            self.runner.dashboard_url(),
         )
-        payload = {
-            "agent": agent,
-            "invocations": [*self._past_runs, {k: agent[k] for k in INVOCATION_KEYS}],
-            "workers": [s.status() for s in self.fleet.slots] if hasattr(self, "fleet") else [],
-            "studies": [
-                {
-                    "study": st.name,
-                    "device_class": st.device_class,
-                    "model": st.model,
-                    "evaluated": st.evaluated,
-                    "budget": self.exp.budget.trials,
-                    "in_flight": sorted(st.in_flight),
-                    "best_trial": st.best.trial,
-                }
-                for st in self.studies.values()
-            ],
-        }
-        write_status(path, payload)
-
-    def _log_trial(self, st: StudyState, rec: TrialRecord) -> None:
-        changed = " ".join(f"{k}={b}" for k, (_, b) in rec.changed.items()) or "(baseline config)"
-        metrics = " ".join(f"{k}={v:.1f}" for k, v in rec.metrics.items())
-        target = rec.estimates.get(self.exp.acceptance.target)
-        ratio = (
-            f" x{target['ratio']:.3f} [{target['lower']:.3f}, {target['upper']:.3f}]"
-            if (target)
-            else ""
-        )
-        verdict = " ACCEPTED" if rec.accepted else ""
-        reason = f" -- {rec.reason.splitlines()[0][:160]}" if rec.reason else ""
-        log.info(
-            "trial %d [%s] %s %s: %s %s%s%s%s",
-            rec.trial,
-            st.name,
-            rec.worker.get("worker_id", "") if rec.worker else "",
-            changed,
-            rec.outcome,
-            metrics,
-            ratio,
-            verdict,
-            reason,
-        )
-
-    def _best_candidate(self, st: StudyState) -> dict[str, Any] | None:
-        """The measured candidate with the highest target ratio, and the bar it did not clear."""
-        target, best = self.exp.acceptance.target, None
-        for t in st.study.get_trials(deepcopy=False):
-            ua = t.user_attrs
-            est = (ua.get("estimates") or {}).get(target)
-            if ua.get("outcome") != "ok" or ua.get("role") == BASELINE or not est:
-                continue
-            if best is None or est["ratio"] > best["ratio"]:
-                dec = ua.get("decision") or {}
-                best = {
-                    "trial": t.number,
-                    "ratio": est["ratio"],
-                    "lower": est["lower"],
-                    "upper": est["upper"],
-                    "threshold": dec.get("threshold", 1.0 + self.exp.acceptance.min_gain),
-                    "noise": dec.get("noise", 0.0),
-                    "reason": ua.get("reason", ""),
-                }
-        return best
 
     def _summary(self) -> RunSummary:
-        out = []
-        for st in self.studies.values():
-            counts: dict[str, int] = {}
-            for t in st.study.get_trials(deepcopy=False):
-                k = t.user_attrs.get("outcome")
-                if k:
-                    counts[k] = counts.get(k, 0) + 1
-            base_trial = st.baseline_trial()
-            is_base = st.best.trial is None or st.best.trial == base_trial
-            ratio = lower = None
-            if not is_base and st.best.trial is not None:
-                est = st.trials_record(st.best.trial).estimates.get(self.exp.acceptance.target, {})
-                ratio, lower = est.get("ratio"), est.get("lower")
-            base = st.baseline
-            out.append(
-                StudySummary(
-                    study=st.name,
-                    device_class=st.device_class,
-                    backend=st.backend,
-                    model=st.model,
-                    family=st.family,
-                    evaluated=st.evaluated,
-                    budget=self.exp.budget.trials,
-                    outcomes=counts,
-                    baseline_source=st.baseline_source,
-                    best_trial=st.best.trial,
-                    best_is_baseline=is_base,
-                    changed={
-                        k: [base.get(k), v] for k, v in st.best.config.items() if base.get(k) != v
-                    },
-                    best_metrics=st.best.metrics,
-                    target=self.exp.acceptance.target,
-                    ratio=ratio,
-                    lower_bound=lower,
-                    promotion=self.promotions.get(st.name),
-                    promotion_error=self.promotion_errors.get(st.name, ""),
-                    best_candidate=self._best_candidate(st) if is_base else None,
-                    warm_start=tuple(st.warm_start),
-                )
+        studies = tuple(
+            report.study_summary(
+                self.exp,
+                st,
+                self.promotions.get(st.name),
+                self.promotion_errors.get(st.name, ""),
             )
-        n = len(self.overheads)
-        overhead = Overhead(
-            n,
-            sum(w for w, _ in self.overheads) / n if n else 0.0,
-            sum(o for _, o in self.overheads) / n if n else 0.0,
-            sum(self.idle_gaps) / len(self.idle_gaps) if self.idle_gaps else 0.0,
+            for st in self.studies.values()
         )
         return RunSummary(
             experiment=self.exp.name,
             storage=self.opts.storage.display,
             status_file=str(self.opts.storage.status_path),
-            ray=self.ray_mode,
+            ray=self.runner.mode,
             wall_s=time.monotonic() - self.t0,
-            studies=tuple(out),
-            workers=tuple(s.status() for s in self.fleet.slots),
-            overhead=overhead,
+            studies=studies,
+            workers=tuple(s.status() for s in self.runner.slots),
+            overhead=report.overhead(self.runner.overheads, self.runner.idle_gaps),
             warnings=tuple(self.warnings),
         )
 
@@ -1081,58 +658,6 @@ def stop_on_sigterm(ignore: bool = False) -> Iterator[None]:
 
 def confirmation_ok(conf: dict[str, Any] | None) -> bool:
     return conf is None or bool(conf.get("accepted"))
-
-
-def _cause_line(e: BaseException) -> str:
-    """The error raised inside a worker, as the engine worded it: Ray wraps it in a RayTaskError
-    whose text is a remote traceback ("RayTaskError(ModelFileError): ray::TuningWorker.load()")."""
-    cause = getattr(e, "cause", None)
-    if isinstance(cause, BaseException):
-        e = cause
-    if isinstance(e, EngineError):  # its message names the file and the problem
-        return _first_line(e)
-    return f"{type(e).__name__}: {_first_line(e)}"
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0][:300] if text else type(e).__name__
-
-
-def _validate_evidence(v: dict[str, Any] | None) -> dict[str, Any]:
-    if not v:
-        return {}
-    return {
-        "passed": v["passed"],
-        "max_abs_diff": v["max_abs_diff"],
-        "nmse": v["nmse"],
-        "kld": v.get("kld"),  # absent in records from before teacher-forced validate
-        "numeric_classes": v.get("numeric_classes"),
-        "steps": v["steps"],
-        "tolerances": v["tolerances"],
-        "prompts": [
-            {
-                "prompt_tokens": p["prompt_tokens"],
-                "max_abs_diff": p["max_abs_diff"],
-                "nmse": p["nmse"],
-                "token_agreement": p["token_agreement"],
-            }
-            for p in v["prompts"]
-        ],
-    }
-
-
-def _confirmation_evidence(c: dict[str, Any] | None) -> dict[str, Any]:
-    if not c:
-        return {"done": False}
-    worker = c.get("worker") or {}
-    return {
-        "done": True,
-        "worker": worker.get("worker_id", ""),
-        "host": worker.get("host", ""),
-        "accepted": c.get("accepted", False),
-        "estimates": c.get("estimates", {}),
-    }
 
 
 def run_experiment(exp: Experiment, opts: RunOptions) -> RunSummary:
