@@ -491,3 +491,28 @@ def test_run_dashboard_on_a_taken_port_is_refused_up_front(
     err = capsys.readouterr().err
     assert f"127.0.0.1:{port} is taken" in err and err.count("\n") == 1
     assert "http://" not in err and not storage.exists()
+
+
+def test_worker_calls_follow_the_phase_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The setup a (re)started worker is given is a path through agent.phase's table, and the
+    table refuses calls out of order (an evaluation before the worker is identified)."""
+    from agent import fleet
+    from agent.phase import TRIAL_NEXT, WORKER_NEXT, Phase, advance
+
+    monkeypatch.setattr(fleet, "spawn", lambda *a: object())  # no Ray: the setup list only
+    f = fleet.Fleet({"cpu": 1}, {"cpu": ("numpy",)}, None, "")
+    for fresh in (True, False):
+        slot = f.slots[0]
+        slot.phase = Phase.TRIAL
+        f.start(slot, ("a", "b"), fresh)
+        assert [p for p, _ in slot.setup].count(Phase.AA) == (2 if fresh else 0)
+        last = slot.phase
+        for phase, _ in [*slot.setup, (Phase.TRIAL, "a"), (Phase.CONFIRM, "a")]:
+            last = advance(last, phase)
+        assert last is Phase.CONFIRM
+    assert set(WORKER_NEXT) == {None, *Phase} and str(Phase.AA) == "aa"
+    for last, nxt in [(None, Phase.TRIAL), (Phase.TRIAL, Phase.LOAD), (Phase.AA, Phase.INFO)]:
+        with pytest.raises(AssertionError, match=f"a {nxt} call cannot follow"):
+            advance(last, nxt)
+    with pytest.raises(AssertionError):
+        advance(Phase.CONFIRM, Phase.TRIAL, TRIAL_NEXT)  # a confirmed trial is not run again
