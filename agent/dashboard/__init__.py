@@ -19,7 +19,7 @@ import socket
 import sys
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -72,27 +72,13 @@ def allowed_hosts(host: str, extra: Sequence[str] = ()) -> tuple[str, ...]:
     return tuple(sorted(names))
 
 
-def create_app(
-    storage_url: str,
-    token: str | None = None,
-    refresh_s: float = 1.0,
-    warm: bool = True,
-    hosts: Sequence[str] | None = None,
-    any_ip: bool = False,
-    ray_dashboard: str | None = None,
-) -> FastAPI:
-    """The FastAPI app over one storage (see ``agent.dashboard.app``)."""
+def create_app(storage_url: str, **options: Any) -> FastAPI:
+    """The FastAPI app over one storage; ``options`` as for ``agent.dashboard.app.create_app``
+    (token, refresh_s, warm, hosts, any_ip, ray_dashboard), which is imported only here so that
+    importing the package does not import FastAPI."""
     from agent.dashboard.app import create_app as _create
 
-    return _create(
-        storage_url,
-        token=token,
-        refresh_s=refresh_s,
-        warm=warm,
-        hosts=hosts,
-        any_ip=any_ip,
-        ray_dashboard=ray_dashboard,
-    )
+    return _create(storage_url, **options)
 
 
 def _server(  # noqa: ANN202
