@@ -93,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mutants", action="store_true", help="also judge the planted bugs")
     ap.add_argument("--cross-check", action="store_true", help="reference path vs NumPy too")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--out", help="also write the JSON here, rewritten after every candidate")
     args = ap.parse_args(argv)
     if not Path(args.model).is_file():
         print(f"--model {args.model}: no such file", file=sys.stderr)
@@ -117,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for flat in candidates(args.backend, only, be.device_info()):
         rows.append(measure(model, flat, prompts, args.steps))
+        if args.out:  # a call that runs out of time still leaves what it measured
+            Path(args.out).write_text(json.dumps({"candidates": rows}, indent=1, default=str))
         if not args.json:
             r = rows[-1]
             print(
@@ -146,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         out["mutants"] = [
             judge(m, args.model).to_dict() for m in MUTANTS if m.backend == args.backend
         ]
+    if args.out:
+        Path(args.out).write_text(json.dumps(out, indent=1, default=str))
     if args.json:
         print(json.dumps(out, indent=1, default=str))
         return 0
