@@ -58,8 +58,10 @@ class Evaluator:
         node_id: str = "",
         commit_hint: str = "",
         sentinel: bool = True,
+        device: int | None = None,
     ) -> None:
         self.backend = backend
+        self.device = device  # an index of the backend's list_devices(); None: its default
         self.sentinel = sentinel
         self.sentinels: dict[str, Any] = {}  # family -> engine.sentinel.SentinelResult
         self.worker_id = worker_id
@@ -74,7 +76,8 @@ class Evaluator:
         if self._info is None:
             from engine import backends
 
-            dev = backends.create(self.backend).device_info()
+            with backends.create(self.backend, device=self.device) as be:
+                dev = be.device_info()
             commit = engine_commit()
             if commit == "unknown" and self._commit_hint:
                 commit = self._commit_hint
@@ -101,7 +104,13 @@ class Evaluator:
         family: the worker refuses to tune, and the agent reports why."""
         if model_ref not in self._models:
             path = resolve_model(model_ref)
-            eng = load(path, self.backend, TuningConfig.default(self.backend), use_promoted=False)
+            eng = load(
+                path,
+                self.backend,
+                TuningConfig.default(self.backend),
+                use_promoted=False,
+                device=self.device,
+            )
             self._check_reference(eng.model, eng.gguf.spec.family)
             self._models[model_ref] = _Loaded(eng, eng.gguf.spec.family, {})
         return self._models[model_ref].family

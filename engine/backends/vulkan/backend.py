@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from engine.backends.base import Backend, DeviceInfo, KVCache
+from engine.backends.base import Backend, DeviceEntry, DeviceInfo, KVCache, ProfileReport
 from engine.backends.vulkan import kernels as K
 from engine.backends.vulkan._vk import vk
 from engine.backends.vulkan.device import Device, open_device
@@ -61,6 +61,10 @@ class VkTensor:
     @property
     def ndim(self) -> int:
         return len(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
 
     def reshape(self, shape: tuple[int, ...]) -> VkTensor:
         shape = tuple(shape)
@@ -135,12 +139,19 @@ def _fold(n: int) -> tuple[int, int, int]:
 class VulkanBackend(Backend):
     name = "vulkan"
 
-    def __init__(self, config: TuningConfig | None = None, *, staging: bool = False) -> None:
-        """``staging=True`` treats memory as discrete even where it is unified (tests run the
+    def __init__(
+        self,
+        config: TuningConfig | None = None,
+        *,
+        device: int | None = None,
+        staging: bool = False,
+    ) -> None:
+        """``device``: the index of physical_devices() to open (None: the best kind present).
+        ``staging=True`` treats memory as discrete even where it is unified (tests run the
         staging-buffer upload/download paths of discrete GPUs on lavapipe this way)."""
         self.dev: Device | None = None
         super().__init__(config)
-        self.dev = open_device()
+        self.dev = open_device(device)
         if staging:
             self.dev.mem.unified = False
         self.alloc = Allocator(self.dev)
@@ -159,8 +170,24 @@ class VulkanBackend(Backend):
         self.set_config(cfg)
 
     # --- device and memory -------------------------------------------------------------
+    @classmethod
+    def list_devices(cls) -> list[DeviceEntry]:
+        from engine.backends.vulkan.device import physical_devices
+
+        return [
+            DeviceEntry("vulkan", d.index, d.name, d.device_class, d.kind, d.driver, d.memory_bytes)
+            for d in physical_devices()
+        ]
+
     def device_info(self) -> DeviceInfo:
         return self.dev.info
+
+    def weight_nbytes(self, w: VkWeight) -> int:
+        return w.nbytes
+
+    def held_bytes(self) -> int:
+        """Every live buffer: tensors, pooled free ones, staging, RoPE tables."""
+        return self.alloc.bytes_allocated
 
     @property
     def validation_messages(self) -> list[str]:
@@ -251,7 +278,7 @@ class VulkanBackend(Backend):
             except KernelCompileError:
                 self._qtypes.discard(qt.qtype)
                 raise
-        return w
+        return self.track_weight(w)
 
     def new_kv_cache(self, n_layers: int, capacity: int, n_head_kv: int, head_dim: int) -> KVCache:
         shape = (capacity, n_head_kv, head_dim)
@@ -261,7 +288,7 @@ class VulkanBackend(Backend):
                 t = self._new(shape)
                 self.stream.fill(t.buf, 0, 4 * t.size)  # zeros, like the reference
                 lst.append(t)
-        return KVCache(k=ks, v=vs, capacity=capacity)
+        return self.track_cache(KVCache(k=ks, v=vs, capacity=capacity))
 
     # --- config and pipelines -----------------------------------------------------------
     def set_config(self, config: TuningConfig) -> None:
@@ -422,21 +449,23 @@ class VulkanBackend(Backend):
 
     # --- profiling ----------------------------------------------------------------------
     def set_profiling(self, on: bool = True) -> None:
-        """Opt in to per-kernel GPU timestamps (a query pair around every dispatch)."""
+        """Per-kernel GPU timestamps (a query pair around every dispatch); UnsupportedError
+        when the device's compute queue has no timestamps."""
+        if on and not self.dev.timestamp_bits:
+            raise UnsupportedError(
+                f"{self.dev.info.name}: its compute queue has no timestamps; no kernel profile"
+            )
         self.stream.flush()
-        self.stream.profiling = bool(on) and self.dev.timestamp_bits > 0
+        self.stream.profiling = bool(on)
 
-    def profile(self, reset: bool = True) -> dict[str, dict[str, float]]:
-        """Per-kernel GPU time since profiling was enabled (or the last reset):
-        {name: {"calls", "total_ms", "mean_us"}}, slowest first."""
+    def profile(self, reset: bool = True) -> ProfileReport:
+        """Per-kernel GPU time since profiling was enabled (or the last reset)."""
         self.stream.flush()
-        out = {
-            name: {"calls": n, "total_ms": ns / 1e6, "mean_us": ns / 1e3 / max(n, 1)}
-            for name, (n, ns) in sorted(self.stream.profile.items(), key=lambda kv: -kv[1][1])
-        }
+        ms = {name: (n, ns / 1e6) for name, (n, ns) in self.stream.profile.items()}
+        rep = ProfileReport.of("gpu-timestamps", ms)
         if reset:
             self.stream.profile = {}
-        return out
+        return rep
 
     def stats(self) -> dict[str, float]:
         """Counters since the backend opened: submits, replays, recorded command buffers,
@@ -879,7 +908,7 @@ class VulkanBackend(Backend):
 
     # --- teardown -----------------------------------------------------------------------
     def close(self) -> None:
-        """Free every device object (the backend cannot be used afterwards)."""
+        """Free every device object (the backend cannot be used afterwards); idempotent."""
         dev, self.dev = self.dev, None
         if dev is None or dev.device is None:
             return
