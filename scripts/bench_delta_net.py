@@ -37,9 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     if a.tokens < 1 or a.repeats < 1:
         print("error: --tokens and --repeats must be >= 1", file=sys.stderr)
         return 2
+    from engine.backends import default_device
     from engine.backends.vulkan import VulkanBackend
 
-    vb = VulkanBackend()
+    vb = VulkanBackend(device=default_device("vulkan"))
     Hk, Hv, d = 16, 32, 128
     rng = np.random.default_rng(0)
     var = REGISTRY.op("vulkan", "delta_net").variant("sequential")

@@ -94,13 +94,13 @@ def profile_config(model: Any, prompt: list[int], gen: int, top: int) -> dict[st
     logits = model.prefill(prompt, cache)
     tok = be.argmax(logits)
     be.download(tok)
-    rec["prefill"]["gpu"] = be.profile(reset=True)
+    rec["prefill"]["gpu"] = be.profile(reset=True).to_dict()["kernels"]
     pos = len(prompt)
     for _ in range(gen):
         _, tok = be.decode_step(step, tok, pos, cache)
         be.download(tok)
         pos += 1
-    rec["decode"]["gpu"] = be.profile(reset=True)
+    rec["decode"]["gpu"] = be.profile(reset=True).to_dict()["kernels"]
     be.set_profiling(False)
     for phase in ("prefill", "decode"):
         rec[phase]["gpu_ms"] = sum(v["total_ms"] for v in rec[phase]["gpu"].values())
