@@ -32,11 +32,13 @@ SUITES: dict[str, list[tuple[str, str, str | None]]] = {
         ("tests/test_cuda_ops.py", "gpu", None),  # with the shared contract (TestCudaContract)
         ("tests/test_cuda_backend.py", "gpu or not gpu", None),
         ("tests/test_mutants.py", "gpu", "cuda"),  # the CUDA planted bugs, each rejected
+        ("tests/test_device_contract.py", "gpu", "Cuda"),  # the device contract on CUDA
     ],
     "vulkan": [
         ("tests/test_vulkan_ops.py", "not gpu and not slow", None),  # with TestVulkanContract
         ("tests/test_vulkan_backend.py", "not gpu and not slow", None),
         ("tests/test_vulkan_model.py", "not gpu and not slow", None),
+        ("tests/test_device_contract.py", "not gpu", "Vulkan"),
     ],
 }
 KEYS = ("passed", "failed", "errors", "skipped")
