@@ -2,8 +2,9 @@
 the registry (every variant, and every knob one step from its default; or with --grid prefill
 the column tile x variant table of the batched prefill): set_config (compile), validate against
 the per-token reference, bench, and a per-kernel profile of the default config (the device
-contract's ProfileReport: GPU time on Vulkan and CUDA, wall time per op on NumPy). A config that fails to compile, validate or run is recorded as such and
-the sweep goes on. One JSON document with everything goes to DIR/<backend>_sweep.json.
+contract's ProfileReport: GPU time on Vulkan and CUDA, wall time per op on NumPy). A config
+that fails to compile, validate or run is recorded as such and the sweep goes on. One JSON
+document with everything goes to DIR/<backend>_sweep.json.
 
     python -m engine.sweep --model M.gguf --out DIR [--backend vulkan] [--budget-s 420]
         [--quick] [--grid sample|prefill] [--json]
