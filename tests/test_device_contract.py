@@ -52,7 +52,7 @@ class TestCudaDevice(DeviceContract):
     clock = "cuda-events"
 
     def assert_released(self, be) -> None:  # noqa: ANN001
-        assert be._graph is None and be._k == {} and be._prof is None
+        assert be._graph is None and be._k == {} and not be._profiling
 
 
 def test_cuda_contract_without_a_gpu_or_nvcc():

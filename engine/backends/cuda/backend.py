@@ -170,7 +170,8 @@ class CudaBackend(Backend):
         self._graph: _Graph | None = None
         self.use_graphs = True
         self._capturing = False
-        self._prof: dict[str, list[float]] | None = None  # name -> [calls, ms], when profiling
+        self._profiling = False  # an event pair around every launch (set_profiling)
+        self._prof: dict[str, list[float]] = {}  # kernel name -> [calls, total ms]
         self._events: list[tuple[str, Any, Any]] = []
         self._k: dict[str, Any] = {}
         # Q8_1 forms of recent float activations: (x, xq, xds), newest last. Holding x keeps
@@ -285,7 +286,7 @@ class CudaBackend(Backend):
         self._closed = True
         with contextlib.suppress(*self._faults()):
             self._stream.synchronize()
-        self._graph, self._k, self._prof, self._pos_dev = None, {}, None, None
+        self._graph, self._k, self._pos_dev, self._profiling = None, {}, None, False
         self._q8.clear()
         self._events.clear()
         with self._cp.cuda.Device(self._index):
@@ -337,7 +338,7 @@ class CudaBackend(Backend):
     # --- profiling: an event pair around every launch, read at the next synchronize --------
     @contextlib.contextmanager
     def _timed(self, name: str) -> Iterator[None]:
-        if self._prof is None or self._capturing:  # no events inside a graph capture
+        if not self._profiling or self._capturing:  # no events inside a graph capture
             yield
             return
         cp = self._cp
@@ -348,7 +349,7 @@ class CudaBackend(Backend):
         self._events.append((name, e0, e1))
 
     def _collect_profile(self) -> None:
-        if self._prof is None or not self._events:
+        if not self._events:
             return
         cp = self._cp
         for name, e0, e1 in self._events:
@@ -360,15 +361,14 @@ class CudaBackend(Backend):
     def set_profiling(self, on: bool = True) -> None:
         """Time every launch with CUDA events; while on, decode runs eagerly (no CUDA graph
         replay), so the times are of the same kernels without the graph's launch savings."""
-        self.synchronize()
-        self._events.clear()
-        self._prof = ({} if self._prof is None else self._prof) if on else None
+        self.synchronize()  # events of launches so far go into the report
+        self._profiling = bool(on)
 
     def profile(self, reset: bool = True) -> ProfileReport:
         """Per-kernel GPU time since profiling was switched on (or the last reset)."""
         self.synchronize()
-        rep = ProfileReport.of("cuda-events", self._prof or {})
-        if reset and self._prof is not None:
+        rep = ProfileReport.of("cuda-events", self._prof)
+        if reset:
             self._prof = {}
         return rep
 
@@ -799,7 +799,7 @@ class CudaBackend(Backend):
             raise ValueError(
                 f"KV cache full: writing positions {pos}..{pos} into a cache of {cache.capacity}"
             )
-        if not self.use_graphs or self._prof is not None:
+        if not self.use_graphs or self._profiling:
             return step(tok, pos)
         g = self._graph
         if g is None or g.cache() is not cache or g.config is not self.config:
