@@ -123,11 +123,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    from engine.backends import default_device
     from engine.bench import bench_prompt
     from engine.runtime import load
     from engine.tuning import TuningConfig
 
-    eng = load(args.model, "vulkan", TuningConfig.default("vulkan"), use_promoted=False)
+    cfg = TuningConfig.default("vulkan")
+    eng = load(args.model, "vulkan", cfg, use_promoted=False, device=default_device("vulkan"))
     model, be = eng.model, eng.backend
     dev = be.device_info()
     doc: dict[str, Any] = {"device": dev.to_dict(), "model": model.spec.name, "runs": []}
