@@ -29,7 +29,8 @@ def builds() -> list[tuple[str, dict[str, int]]]:
         v = REGISTRY.op("cuda", op).default
         knobs = v.bound(DEFINE)
         for values in itertools.product(*(p.choices for p in knobs)):
-            out.append((fname, {str(p.binding.target): int(c) for p, c in zip(knobs, values)}))
+            pairs = zip(knobs, values, strict=True)
+            out.append((fname, {str(p.binding.target): int(c) for p, c in pairs}))
     return out + [("delta_net.cu", {"NW": 4, "MAX_DK": 128, "STATE_T": 1,
                                     "MUTANT_DELTA_NET_SK": 1})]  # fmt: skip
 
