@@ -210,6 +210,18 @@ def _old_cuda_modules(cfg: TuningConfig) -> dict[str, tuple[str, dict]]:
     ap = cfg.op("attention_prefill")
     flash = {"BQ": ap["block_q"], "RPW": ap["rows_per_warp"]} if ap.variant == "flash" else {}
     k["attention"] = ("attention.cu", flash)
+    # the hybrids' kernels (issue 15), mapped by hand the same way
+    k["hybrid"] = ("hybrid.cu", {})
+    dn = cfg.op("delta_net")
+    k["delta_net"] = (
+        "delta_net.cu",
+        {"NW": dn["warps"], "MAX_DK": dn["max_dk"], "STATE_T": int(dn["state_transposed"])},
+    )
+    me = cfg.op("moe_experts")
+    k["moe"] = (
+        "moe.cu",
+        {"ROWS": me["rows_per_block"], "TPR": me["threads_per_row"], "VEC": me["vec"]},
+    )
     return k
 
 

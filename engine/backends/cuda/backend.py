@@ -24,6 +24,7 @@ import numpy as np
 from engine.backends.base import Backend, DeviceEntry, DeviceInfo, KVCache, ProfileReport
 from engine.backends.cuda import kernels
 from engine.backends.cuda.device import device_class, driver_string
+from engine.backends.cuda.hybrid import CudaHybridOps
 from engine.errors import BackendUnavailable, EngineError, UnsupportedError
 from engine.tuning.kernels.cuda import ALL_TYPES, BLOCK_TYPES
 
@@ -145,7 +146,7 @@ class _Graph:
     keep: list = field(default_factory=list)  # every allocation made during capture
 
 
-class CudaBackend(Backend):
+class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/hybrid.py
     name = "cuda"
 
     def __init__(self, config: TuningConfig | None = None, *, device: int | None = None) -> None:

@@ -95,6 +95,7 @@ def kernel_names(src: str) -> list[str]:
         "MMQ8_KERNEL": ["mmq8_{}"],
         "MMVQ_KERNEL": ["mmvq_{}"],
         "DEQ_KERNELS": ["get_rows_{}", "dequant_f16_{}"],
+        "MOE_KERNEL": ["moe_{}"],
     }
     for mac, pats in macros.items():
         for arg in re.findall(rf"^{mac}\((\w+),", src, re.M):
@@ -103,7 +104,12 @@ def kernel_names(src: str) -> list[str]:
 
 
 # Modules every config builds, whatever its variants (no tunable defines).
-FIXED_MODULES = {"q8": "q8.cu", "dequant": "dequant.cu", "elementwise": "elementwise.cu"}
+FIXED_MODULES = {
+    "q8": "q8.cu",
+    "dequant": "dequant.cu",
+    "elementwise": "elementwise.cu",
+    "hybrid": "hybrid.cu",  # the hybrids' small ops (engine/backends/cuda/hybrid.py)
+}
 # The module key the backend launches from, per (op, source file) where it is not the file's
 # stem (mmvq, mmq, mmq8 and dequant are).
 _KEYS = {
@@ -111,7 +117,14 @@ _KEYS = {
     ("matmul_batched", "dmmv.cu"): "batched",
     ("attention_prefill", "attention.cu"): "attention",
 }
-MODULE_OPS = ("matmul_decode", "matmul_batched", "matmul_prefill", "attention_prefill")
+MODULE_OPS = (
+    "matmul_decode",
+    "matmul_batched",
+    "matmul_prefill",
+    "attention_prefill",
+    "delta_net",  # delta_net.cu
+    "moe_experts",  # moe.cu
+)
 
 
 def variant_defines(variant: Variant, choice: OpChoice) -> dict[str, int]:
