@@ -122,3 +122,18 @@ def test_tiny_hybrid_matches_numpy(vb, tiny_model_factory, arch, replay):
         a, b = mn.generate(prompt, 8, path=path), mv.generate(prompt, 8, path=path)
         assert compare_logits(a.last_logits, b.last_logits)[2] < 1e-8, path
         assert a.tokens == b.tokens, path
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "qwen3next"])
+def test_tiny_hybrid_chunked_scan_matches_numpy(vb, tiny_model_factory, arch):
+    """delta_net.chunked in a whole model: a 37-token prompt in prefill chunks of 16 (two
+    passes, the second ragged) and scan chunks of 8 (ragged in every pass), then decode on the
+    state it leaves, against NumPy's sequential scan."""
+    g = open_model(tiny_model_factory(arch, "q4_k_m"))
+    flat = {"delta_net.variant": "chunked", "delta_net.chunk": 8, "prefill.chunk_tokens": 16}
+    vb.set_config(TuningConfig.from_flat("vulkan", flat))
+    mv, mn = build_model(g, vb), build_model(g, NumpyBackend())
+    prompt = list(range(5, 5 + 37))
+    a, b = mn.generate(prompt, 8, path="per_token"), mv.generate(prompt, 8, path="batched")
+    assert compare_logits(a.last_logits, b.last_logits)[2] < 1e-8
+    assert a.tokens == b.tokens

@@ -287,11 +287,13 @@ class VulkanBackend(Backend):
     ) -> list[tuple[str, K.Program, tuple[tuple[int, int], ...], int]]:
         """(key, program, spec constants as (constant_id, value), required subgroup size) of
         every pass of op's chosen variant for weight type q ("" for ops without weights), from
-        the registry's bindings. The first pass is keyed op, the second op.merge."""
+        the registry's bindings, keyed as kernels.pass_keys says (op, then op.merge or the
+        pass's own key)."""
         c = config.op(op)
         spec, sg = K.specialization(op, c)
         passes = K.programs(op, c, q)
-        return [(f"{op}.merge" if i else op, p, spec, sg) for i, p in enumerate(passes)]
+        keys = K.pass_keys(op, c.variant)
+        return [(key, p, spec, sg) for key, p in zip(keys, passes, strict=True)]
 
     def _build(
         self, config: TuningConfig, qtypes: set[str], fresh: bool = False
@@ -513,6 +515,9 @@ class VulkanBackend(Backend):
         if v_order not in ("grouped", "tiled"):
             raise ValueError(f"delta_net: v_order {v_order!r}: 'grouped' or 'tiled'")
         out = self._new((T, Hv, dv))
+        if c.variant == "chunked" and T > 1:
+            self._delta_net_chunked(q, k, v, g, beta, state, out, v_order == "grouped", eps)
+            return out
         pipe, _ = self._pipe("delta_net")
         tensors = (q, k, v, g, beta, state, out)
         self.stream.dispatch(
@@ -523,6 +528,45 @@ class VulkanBackend(Backend):
             _fold(Hv),
         )
         return out
+
+    def _delta_net_chunked(
+        self,
+        q: VkTensor,
+        k: VkTensor,
+        v: VkTensor,
+        g: VkTensor,
+        beta: VkTensor,
+        state: VkTensor,
+        out: VkTensor,
+        grouped: bool,
+        eps: float,
+    ) -> None:
+        """delta_net.chunked for T > 1: PASS_PREP per (chunk, head), then PASS_SCAN per (head,
+        scan_wg columns) carrying the state (shaders/vulkan/delta_net_chunked.comp)."""
+        T, Hk, dk = q.shape
+        _, Hv, dv = v.shape
+        c = self.config.op("delta_net")
+        ch, scan_wg = int(c["chunk"]), int(c["scan_wg"])
+        n_chunks = -(-T // ch)
+        # W, Y, G Q, G_L/G K, P per (head, token), G_L per (head, chunk): see the shader
+        scratch = self._new((Hv * T * (dv + 3 * dk + ch) + Hv * n_chunks,))
+        prep, _ = self._pipe("delta_net.prep")
+        ins = (q, k, v, g, beta)
+        self.stream.dispatch(
+            prep,
+            (*(t.buf for t in ins), scratch.buf),
+            (scratch.buf,),
+            (T, Hk, Hv, dk, dv, int(grouped), *(t.offset for t in ins), scratch.offset, eps),
+            _fold(n_chunks * Hv),
+        )
+        scan, _ = self._pipe("delta_net.scan")
+        self.stream.dispatch(
+            scan,
+            (scratch.buf, state.buf, out.buf),
+            (scratch.buf, state.buf, out.buf),
+            (T, Hv, dk, dv, scratch.offset, state.offset, out.offset),
+            _fold(Hv * -(-dv // scan_wg)),
+        )
 
     def matmul(self, x: VkTensor, w: VkWeight) -> VkTensor:
         x = self._as_tensor(x)
