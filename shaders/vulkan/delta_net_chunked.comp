@@ -76,7 +76,7 @@ void main() {
     uint Tdk = pc.Hv * pc.T * pc.dk;
     uint w_base = pc.sc_off, y_base = w_base + pc.Hv * pc.T * pc.dv;
     uint q_base = y_base + Tdk, k_base = q_base + Tdk, p_base = k_base + Tdk;
-    uint glast = p_base + pc.Hv * pc.T * CHUNK;
+    uint decay_base = p_base + pc.Hv * pc.T * CHUNK;
     uint row0 = h * pc.T + c0;  // scratch row of the chunk's first token
 
     for (uint t = tid; t < L; t += WG_SIZE) {
@@ -97,7 +97,7 @@ void main() {
             acc += gs[pc.g_off + (c0 + t) * pc.Hv + h];
             gam[t] = acc;
         }
-        sc[glast + h * nc + c] = exp(acc);
+        sc[decay_base + h * nc + c] = exp(acc);
     }
     barrier();
 
@@ -124,8 +124,9 @@ void main() {
     for (uint p = tid; p < L * pc.dk; p += WG_SIZE) {
         uint t = p / pc.dk, i = p % pc.dk;
         uint src = ((c0 + t) * pc.Hk + kh) * pc.dk + i;
-        sc[q_base + (row0 + t) * pc.dk + i] = exp(gam[t]) * qs[pc.q_off + src] * rq[t];
-        sc[k_base + (row0 + t) * pc.dk + i] = exp(gam[L - 1u] - gam[t]) * ks[pc.k_off + src] * rk[t];
+        uint dst = (row0 + t) * pc.dk + i;
+        sc[q_base + dst] = exp(gam[t]) * qs[pc.q_off + src] * rq[t];
+        sc[k_base + dst] = exp(gam[L - 1u] - gam[t]) * ks[pc.k_off + src] * rk[t];
     }
     barrier();
 
@@ -176,7 +177,7 @@ void main() {
     uint Tdk = pc.Hv * pc.T * pc.dk;
     uint w_base = pc.sc_off, y_base = w_base + pc.Hv * pc.T * pc.dv;
     uint q_base = y_base + Tdk, k_base = q_base + Tdk, p_base = k_base + Tdk;
-    uint glast = p_base + pc.Hv * pc.T * CHUNK;
+    uint decay_base = p_base + pc.Hv * pc.T * CHUNK;
     uint sb = pc.s_off + h * pc.dk * pc.dv;
 
     float s[MAX_DK];
@@ -201,7 +202,7 @@ void main() {
             }
             os[pc.o_off + ((c0 + t) * pc.Hv + h) * pc.dv + j] = acc;
         }
-        float gl = sc[glast + h * nc + c];
+        float gl = sc[decay_base + h * nc + c];
         for (uint i = 0u; i < pc.dk; ++i) s[i] *= gl;
         for (uint t = 0u; t < L; ++t) {
             float u = sc[w_base + (row0 + t) * pc.dv + j];
