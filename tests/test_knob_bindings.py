@@ -113,7 +113,8 @@ def _old_vulkan_spec(cfg: TuningConfig, op: str) -> tuple[tuple[int, ...], int]:
             return (*base, int(c["chunk"]), int(c["scan_wg"])), 0
         return base, 0
     if op == "moe_experts":
-        return (wg, int(c["rows_per_wg"]), int(c["threads_per_row"])), 0
+        base = (wg, int(c["rows_per_wg"]), int(c["threads_per_row"]))
+        return (*base, int(c["tile_pairs"])) if c.variant == "grouped" else base, 0
     return (wg,), 0
 
 

@@ -71,6 +71,13 @@ PASSES = {
     ("argmax", "default"): (("", 2, "IIII"),),
     ("argmax", "two_stage"): (("STAGE_SLICES", 2, "IIIII"), ("STAGE_MERGE", 2, "IIII")),
     ("moe_experts", "dmmv"): (("", 4, "IIIIIIII"), ("PASS_COMBINE", 3, "IIIIII")),
+    # decode as dmmv (moe_matvec.comp); prefill: sort the pairs by expert, then grouped GEMMs
+    ("moe_experts", "grouped"): (
+        ("", 4, "IIIIIIII", "moe_matvec"),
+        ("PASS_COMBINE", 3, "IIIIII", "moe_matvec"),
+        ("PASS_SORT", 2, "IIIII", "", "sort"),
+        ("PASS_GEMM", 4, "IIIIIIII", "", "gemm"),
+    ),
     # decode (T == 1) with the sequential kernel, prefill with the two chunked passes
     ("delta_net", "chunked"): (
         ("", 7, DN_PUSH, "delta_net"),
