@@ -142,3 +142,13 @@ def test_chunked_prefill_leaves_the_sequential_state_for_decode(vb, transposed):
     got = s_ch.reshape(Hv, d, d)
     assert nmse(ref_state, got.transpose(0, 2, 1) if transposed else got) < 1e-10
     assert_no_validation_errors(vb)
+
+
+def test_chunk_knob_means_the_same_on_numpy_and_vulkan():
+    """delta_net.chunked.chunk is one knob across backends: name, choices and default."""
+    from engine.tuning import REGISTRY
+
+    got = [
+        REGISTRY.op(b, "delta_net").variant("chunked").param("chunk") for b in ("numpy", "vulkan")
+    ]
+    assert got[0].choices == got[1].choices and got[0].default == got[1].default
