@@ -45,18 +45,6 @@ _GEMM_DEFAULT = -1
 
 Q6K_PADDED = 224  # bytes of a Q6_K block on the GPU (210 + 14 zero bytes; common.cuh)
 
-_SUFFIX = {
-    "Q4_0": "q4_0",
-    "Q4_1": "q4_1",
-    "Q5_0": "q5_0",
-    "Q8_0": "q8_0",
-    "Q4_K": "q4_k",
-    "Q6_K": "q6_k",
-    "F32": "f32",
-    "F16": "f16",
-    "BF16": "bf16",
-}
-
 
 def _import_cupy() -> Any:
     """CuPy and a usable GPU, or BackendUnavailable saying which is missing."""
@@ -392,7 +380,7 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
         per = K // 16 if table.qtype in BLOCK_TYPES else K
         self._launch(
             "dequant",
-            f"get_rows_{_SUFFIX[table.qtype]}",
+            f"get_rows_{kernels.QTYPE_SUFFIX[table.qtype]}",
             (self._grid1(T * per, th),),
             (th,),
             (table.raw, np.int32(table.row_bytes), np.int32(K), ids, np.int32(T), out),
@@ -492,7 +480,7 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
         rpt = int(c["rows_per_thread"]) if mod == "decode" else 1
         self._launch(
             mod,
-            f"dmmv_{_SUFFIX[w.qtype]}",
+            f"dmmv_{kernels.QTYPE_SUFFIX[w.qtype]}",
             (math.ceil(w.n / (rows * rpt)), math.ceil(T / cols)),
             (rows * tpr,),
             (w.raw, np.int32(w.row_bytes), np.int32(w.n), np.int32(w.k), x, np.int32(T), y),
@@ -546,7 +534,7 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
         nw, rpb = int(c["warps"]), int(c["rows_per_block"])
         self._launch(
             "mmvq",
-            f"mmvq_{_SUFFIX[w.qtype]}",
+            f"mmvq_{kernels.QTYPE_SUFFIX[w.qtype]}",
             (math.ceil(w.n / rpb),),
             (32 * nw,),
             (w.raw, np.int32(w.row_bytes), np.int32(w.n), np.int32(w.k), xq, xds, y),
@@ -571,7 +559,7 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
             n = min(chunk, N - r0)
             self._launch(
                 "dequant",
-                f"dequant_f16_{_SUFFIX[w.qtype]}",
+                f"dequant_f16_{kernels.QTYPE_SUFFIX[w.qtype]}",
                 (self._grid1(n * per, 256),),
                 (256,),
                 (w.raw, np.int32(w.row_bytes), np.int32(K), np.int32(r0), np.int32(n), scratch),
@@ -593,7 +581,7 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
         threads = int(c["warps_m"]) * int(c["warps_n"]) * 32
         self._launch(
             "mmq",
-            f"mmq_{_SUFFIX[w.qtype]}",
+            f"mmq_{kernels.QTYPE_SUFFIX[w.qtype]}",
             (math.ceil(w.n / bm), math.ceil(T / bn)),
             (threads,),
             (w.raw, np.int32(w.row_bytes), np.int32(w.n), np.int32(w.k), xh, np.int32(T), y),
@@ -606,7 +594,7 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
         threads = int(c["warps_m"]) * int(c["warps_n"]) * 32
         self._launch(
             "mmq8",
-            f"mmq8_{_SUFFIX[w.qtype]}",
+            f"mmq8_{kernels.QTYPE_SUFFIX[w.qtype]}",
             (math.ceil(w.n / bm), math.ceil(T / bn)),
             (threads,),
             (w.raw, np.int32(w.row_bytes), np.int32(w.n), np.int32(w.k), xq, xds, np.int32(T), y),

@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from engine.backends.cuda.kernels import QTYPE_SUFFIX
+
 MAX_CONV = 8  # hybrid.cu ssm_conv_state keeps K - 1 <= 7 inputs per channel in registers
 MAX_EXPERTS = 1024  # router_topk: 32 per lane
 MAX_TOPK = 32  # router_topk: one chosen logit per lane
@@ -25,9 +27,7 @@ MAX_PAIRS = 65535  # moe.cu: pairs on grid z per launch
 
 
 def _suffix(qtype: str) -> str:
-    from engine.backends.cuda.backend import _SUFFIX
-
-    return _SUFFIX[qtype]
+    return QTYPE_SUFFIX[qtype]
 
 
 class CudaHybridOps:

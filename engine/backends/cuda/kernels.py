@@ -19,6 +19,19 @@ from engine.errors import KernelCompileError
 from engine.tuning import REGISTRY, OpChoice
 from engine.tuning.registry import DEFINE, Variant
 
+# Kernel name suffix of each weight type (dmmv_q4_k, mmvq_q6_k, ...).
+QTYPE_SUFFIX = {
+    "Q4_0": "q4_0",
+    "Q4_1": "q4_1",
+    "Q5_0": "q5_0",
+    "Q8_0": "q8_0",
+    "Q4_K": "q4_k",
+    "Q6_K": "q6_k",
+    "F32": "f32",
+    "F16": "f16",
+    "BF16": "bf16",
+}
+
 if TYPE_CHECKING:
     from engine.tuning import TuningConfig
 
