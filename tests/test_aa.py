@@ -13,7 +13,7 @@ import pytest
 
 from agent.acceptance import decide
 from agent.experiment import Acceptance
-from agent.stats import aa_noise, paired_ratio
+from agent.stats import aa_noise
 from worker.records import EvalResult, Outcome, PairedSamples
 
 DECISIONS = 1000
@@ -39,8 +39,7 @@ def false_accept_rate(
     accepted = 0
     for i in range(DECISIONS):
         # the worker's A/A noise, measured at its start like the agent does (best vs best)
-        aa = paired_ratio(*_pairs(rng, pairs, sigma, order, outlier), acc.confidence, 400, i)
-        noise = {acc.target: aa_noise(aa)}
+        noise = {acc.target: aa_noise(*_pairs(rng, pairs, sigma, order, outlier))}
         cand, best = _pairs(rng, pairs, sigma, order, outlier)
         res = EvalResult(
             Outcome.OK, None, {}, {}, samples=(PairedSamples(acc.target, cand, best),),
