@@ -33,6 +33,7 @@ SUITES: dict[str, list[tuple[str, str, str | None]]] = {
         ("tests/test_cuda_backend.py", "gpu or not gpu", None),
         ("tests/test_mutants.py", "gpu", "cuda"),  # the CUDA planted bugs, each rejected
         ("tests/test_device_contract.py", "gpu", "Cuda"),  # the device contract on CUDA
+        ("tests/test_cuda_hybrid.py", "gpu", None),  # delta-net, conv, MoE kernels and models
     ],
     "vulkan": [
         ("tests/test_vulkan_ops.py", "not gpu and not slow", None),  # with TestVulkanContract
