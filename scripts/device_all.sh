@@ -2,10 +2,11 @@
 # A session's closing GPU call on two H200s (device kind nvidia-h200-x2), in two lanes so it
 # fits one 10-minute command. Carry [".fleet", ".gl", ".whl", ".spv-cache"].
 #   card 0: the fleet's decode study again (CUDA worker only; its promotion comes back in
-#           promo.bundle), then the verifier on the 7B shape (mmvq and every CUDA planted bug),
-#           then the hybrid 9b shape on CUDA (validate, bench with a per-kernel profile).
+#           promo.bundle) and the real A/A study (experiments/aa-decode.toml), then the
+#           verifier on the 7B shape (mmvq and every CUDA planted bug).
 #   card 1: the CUDA suite (scripts/gpu_suite.py cuda: ops, backend, mutants, device contract,
-#           hybrid kernels), then the decode speed variants (scripts/device_speed.sh) if present.
+#           hybrid kernels), the decode speed variants (scripts/device_speed.sh) if present,
+#           then the hybrid 9b shape on CUDA (validate, bench with a per-kernel profile).
 # Everything is written under /tmp/all and packed into $OUT/all.tgz every 20 s and at the end (the
 # call brings back at most 8 files): lane logs, fleet_logs.tgz, studies.db, promo.bundle,
 # cal7b.json, hybrid.tgz, suite_cuda.json, the speed files.
@@ -26,25 +27,14 @@ stamp() { echo "[$(( SECONDS - T0 ))s] $*"; }
 
 lane0() {
     stamp "fleet (CUDA on card 0)"
-    NODES=cuda:0 AGENT_TIMEOUT=230 bash scripts/fleet_gpu.sh run synthetic:1.5b \
-        experiments/fleet-decode.toml > "$OUT/lane0_fleet.txt" 2>&1
+    NODES=cuda:0 AGENT_TIMEOUT=200 bash scripts/fleet_gpu.sh run synthetic:1.5b \
+        experiments/fleet-decode.toml experiments/aa-decode.toml > "$OUT/lane0_fleet.txt" 2>&1
     stamp "fleet rc=$?"
     wait_model 7b
     CUDA_VISIBLE_DEVICES=0 timeout 150 python3 scripts/verify_calibrate.py --backend cuda \
         --model /tmp/models/7b.gguf --prompt-lengths 1,5,37,70 --variants matmul_decode.mmvq \
         --mutants --out "$OUT/cal7b.json" > "$OUT/cal7b.txt" 2>&1
     stamp "7b verifier rc=$?"
-    local H=/tmp/hybrid f=/tmp/models/qwen35-9b.gguf
-    mkdir -p $H
-    for i in $(seq 120); do grep -q '"path"' "$OUT/synth_qwen35-9b.log" 2>/dev/null && break; sleep 1; done
-    CUDA_VISIBLE_DEVICES=0 timeout 120 python3 -m engine validate --backend cuda --no-promoted \
-        --model $f --steps 4 --json > $H/validate_cuda_9b.json 2> $H/validate_cuda_9b.err
-    stamp "hybrid 9b validate rc=$?"
-    CUDA_VISIBLE_DEVICES=0 timeout 120 python3 -m engine bench --backend cuda --no-promoted \
-        --model $f --prompt-tokens 512 --gen-tokens 128 --repeats 2 --profile \
-        > $H/bench_cuda_9b.txt 2> $H/bench_cuda_9b.err
-    stamp "hybrid 9b bench rc=$?"
-    tar czf "$OUT/hybrid.tgz" -C $H .
 }
 
 lane1() {
@@ -56,11 +46,23 @@ lane1() {
         CUDA_VISIBLE_DEVICES=1 timeout 200 bash scripts/device_speed.sh > "$OUT/lane1_speed.txt" 2>&1
         stamp "speed rc=$?"
     fi
+    local H=/tmp/hybrid f=/tmp/models/qwen35-9b.gguf
+    mkdir -p $H
+    for i in $(seq 120); do grep -q '"path"' "$OUT/synth_qwen35-9b.log" 2>/dev/null && break; sleep 1; done
+    CUDA_VISIBLE_DEVICES=1 timeout 120 python3 -m engine validate --backend cuda --no-promoted \
+        --model $f --steps 4 --json > $H/validate_cuda_9b.json 2> $H/validate_cuda_9b.err
+    stamp "hybrid 9b validate rc=$?"
+    CUDA_VISIBLE_DEVICES=1 timeout 120 python3 -m engine bench --backend cuda --no-promoted \
+        --model $f --prompt-tokens 512 --gen-tokens 128 --repeats 2 --profile \
+        > $H/bench_cuda_9b.txt 2> $H/bench_cuda_9b.err
+    stamp "hybrid 9b bench rc=$?"
+    tar czf "$OUT/hybrid.tgz" -C $H .
 }
 
 lane0 > "$OUT/lane0.txt" 2>&1 &
+LANE0=$!
 lane1 > "$OUT/lane1.txt" 2>&1
-wait
+wait $LANE0  # not a bare wait: the packer loop never ends
 cat "$OUT/lane0.txt" "$OUT/lane1.txt"
 grep -E "experiment|trials;|best:|nothing accepted|promoted|overhead|^bench|^validate" \
     "$OUT/lane0_fleet.txt"
