@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Compile every knob combination of the hybrids' CUDA modules (delta_net.cu, moe.cu,
-hybrid.cu) with nvcc to PTX, with and without the planted DELTA_NET_SK bug: a compile check on a
-machine without a GPU (the sources are inlined as NVRTC sees them, so no include path).
+"""Compile every knob combination of every variant of the hybrids' CUDA modules (delta_net.cu,
+delta_net_chunked.cu, moe.cu, hybrid.cu) with nvcc to PTX, and the planted scan bugs: a compile
+check on a machine without a GPU (the sources are inlined as NVRTC sees them: no include path).
 
     python scripts/cuda_compile_hybrid.py [--nvcc /usr/local/cuda/bin/nvcc] [--arch sm_90] [--json]
 """
@@ -20,19 +20,23 @@ from engine.backends.cuda import kernels
 from engine.tuning import REGISTRY
 from engine.tuning.registry import DEFINE
 
-MODULES = {"delta_net": "delta_net.cu", "moe_experts": "moe.cu"}
+OPS = ("delta_net", "moe_experts")  # every variant of each, every value of its define knobs
 
 
 def builds() -> list[tuple[str, dict[str, int]]]:
     out: list[tuple[str, dict[str, int]]] = [("hybrid.cu", {})]
-    for op, fname in MODULES.items():
-        v = REGISTRY.op("cuda", op).default
-        knobs = v.bound(DEFINE)
-        for values in itertools.product(*(p.choices for p in knobs)):
-            pairs = zip(knobs, values, strict=True)
-            out.append((fname, {str(p.binding.target): int(c) for p, c in pairs}))
-    return out + [("delta_net.cu", {"NW": 4, "MAX_DK": 128, "STATE_T": 1,
-                                    "MUTANT_DELTA_NET_SK": 1})]  # fmt: skip
+    for op in OPS:
+        for v in REGISTRY.op("cuda", op).variants:
+            knobs = v.bound(DEFINE)
+            for values in itertools.product(*(p.choices for p in knobs)):
+                pairs = zip(knobs, values, strict=True)
+                defines = {str(p.binding.target): int(c) for p, c in pairs}
+                out.append((Path(v.source).name, defines))
+    return out + [
+        ("delta_net.cu", {"NW": 4, "MAX_DK": 128, "STATE_T": 1, "MUTANT_DELTA_NET_SK": 1}),
+        ("delta_net_chunked.cu", {"NW": 4, "MAX_DK": 128, "STATE_T": 1, "CHUNK": 64,
+                                  "MUTANT_DN_CHUNK_STATE_NOT_STORED": 1}),
+    ]  # fmt: skip
 
 
 def main() -> int:

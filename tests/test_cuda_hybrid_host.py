@@ -46,20 +46,29 @@ def test_shared_knobs_mean_what_they_mean_on_vulkan():
         assert REGISTRY.op("cuda", op).variant(variant) and REGISTRY.op("vulkan", op).variant(
             variant
         )
-    cu = REGISTRY.op("cuda", "delta_net").variant("sequential")
-    vk = REGISTRY.op("vulkan", "delta_net").variant("sequential")
-    for knob in ("state_transposed", "max_dk"):
-        assert cu.param(knob).choices == vk.param(knob).choices, knob
+    for variant in ("sequential", "chunked"):
+        cu = REGISTRY.op("cuda", "delta_net").variant(variant)
+        vk = REGISTRY.op("vulkan", "delta_net").variant(variant)
+        for knob in ("state_transposed", "max_dk"):
+            assert cu.param(knob).choices == vk.param(knob).choices, (variant, knob)
+        assert cu.numeric == vk.numeric == "order_only"
+    cu = REGISTRY.op("cuda", "delta_net").variant("chunked").param("chunk")
+    for backend in ("vulkan", "numpy"):
+        other = REGISTRY.op(backend, "delta_net").variant("chunked").param("chunk")
+        assert (cu.choices, cu.default) == (other.choices, other.default), backend
 
 
 def test_signatures_are_parsed_for_every_kernel():
     from engine.backends.cuda import kernels
 
-    for fname in ("delta_net.cu", "hybrid.cu", "moe.cu", "dmmv.cu", "elementwise.cu"):
+    for fname in ("delta_net.cu", "delta_net_chunked.cu", "hybrid.cu", "moe.cu", "dmmv.cu", "elementwise.cu"):
         names = kernels.kernel_names(kernels.source(fname))
         sigs = signatures(fname)
         assert set(names) <= set(sigs), (fname, set(names) - set(sigs))
     assert len(signatures("delta_net.cu")["delta_net_seq"]) == 14
+    chunked = signatures("delta_net_chunked.cu")
+    assert chunked["delta_net_seq"] == signatures("delta_net.cu")["delta_net_seq"]
+    assert len(chunked["delta_net_chunk_prep"]) == 18 and len(chunked["delta_net_chunk_scan"]) == 12
     assert len(signatures("moe.cu")["moe_q4_k"]) == 10
 
 
@@ -94,6 +103,47 @@ def test_delta_net_launch(warps, max_dk, transposed):
     assert launch.grid == (-(-dv // warps), Hv, 1) and launch.block == (32 * warps, 1, 1)
     assert launch.defines == {"NW": warps, "MAX_DK": max_dk, "STATE_T": int(transposed)}
     assert int(launch.args[-2]) == 0  # tiled
+
+
+@pytest.mark.parametrize("chunk", [4, 8, 16, 32, 64])
+@pytest.mark.parametrize("threads,warps,transposed", [(64, 1, False), (128, 4, True),
+                                                      (256, 8, True)])  # fmt: skip
+def test_delta_net_chunked_schedule(chunk, threads, warps, transposed):
+    """Prefill: the prep pass per (chunk, head), ragged last chunk included, then the scan per
+    (column block, head) on the same state; decode (T = 1): the sequential kernel of the same
+    module, with the same layout."""
+    flat = {"delta_net.variant": "chunked", "delta_net.chunk": chunk, "delta_net.warps": warps,
+            "delta_net.threads": threads, "delta_net.state_transposed": transposed}  # fmt: skip
+    be = FakeCuda(cfg(**flat))
+    rng = np.random.default_rng(3)
+    Hk, Hv, dk, dv = 2, 6, 40, 33
+    state = np.zeros((Hv, dk, dv), np.float32)
+    for T in (chunk - 1, chunk, chunk + 1, 3 * chunk + 5, 1):
+        be.launches.clear()
+        q, k = _f32(rng, T, Hk, dk), _f32(rng, T, Hk, dk)
+        v, g, beta = _f32(rng, T, Hv, dv), _f32(rng, T, Hv), _f32(rng, T, Hv)
+        out = be.delta_net(q, k, v, g, beta, state, "grouped", 1e-6)
+        assert out.shape == (T, Hv, dv)
+        want_defines = {"NW": warps, "MAX_DK": 128, "STATE_T": int(transposed), "CHUNK": chunk}
+        assert all(la.fname == "delta_net_chunked.cu" for la in be.launches)
+        assert all(la.defines == want_defines for la in be.launches)
+        if T == 1:
+            (seq,) = be.launches
+            assert seq.kernel == "delta_net_seq" and seq.args[5] is state
+            assert seq.grid == (-(-dv // warps), Hv, 1) and int(seq.args[-2]) == 1
+            continue
+        prep, scan = be.launches
+        nc = -(-T // chunk)
+        assert prep.kernel == "delta_net_chunk_prep" and scan.kernel == "delta_net_chunk_scan"
+        assert prep.grid == (nc, Hv, 1) and prep.block == (threads, 1, 1)
+        assert scan.grid == (-(-dv // warps), Hv, 1) and scan.block == (32 * warps, 1, 1)
+        w, y, gq, gk, p, gl = prep.args[5:11]
+        assert w.shape == (Hv, T, dv) and y.shape == gq.shape == gk.shape == (Hv, T, dk)
+        assert p.shape == (Hv, T, chunk) and gl.shape == (Hv, nc)
+        assert all(a is b for a, b in zip(scan.args[:6], prep.args[5:11], strict=True))
+        assert scan.args[6] is state and scan.args[7] is out
+        assert [int(a) for a in prep.args[11:17]] == [T, Hk, Hv, dk, dv, 1]
+        assert [int(a) for a in scan.args[8:]] == [T, Hv, dk, dv]
 
 
 def test_delta_net_refuses_what_the_kernel_cannot_hold():
@@ -177,8 +227,9 @@ def test_moe_launches_read_only_chosen_experts_by_device_ids(qtype, monkeypatch)
         {"prefill.gemm_min_t": 2, "matmul_prefill.variant": "mmq", "prefill.chunk_tokens": 16},
         {"delta_net.state_transposed": False, "delta_net.warps": 1, "prefill.chunk_tokens": 8,
          "prefill.gemm_min_t": 1 << 20, "matmul_decode.variant": "mmvq"},
+        {"delta_net.variant": "chunked", "delta_net.chunk": 16, "prefill.chunk_tokens": 24},
     ],
-    ids=["dmmv", "mmq", "chunks-mmvq"],
+    ids=["dmmv", "mmq", "chunks-mmvq", "chunked-scan"],
 )  # fmt: skip
 def test_tiny_hybrid_runs_through_the_cuda_host_code(tiny_model_factory, arch, flat):
     from engine.gguf_model import open_model
@@ -192,6 +243,8 @@ def test_tiny_hybrid_runs_through_the_cuda_host_code(tiny_model_factory, arch, f
     run = be.kernels_run()
     want = {"delta_net_seq", "ssm_conv", "ssm_conv_state", "ssm_gates", "sigmoid_mul",
             "rope_partial"}  # fmt: skip
+    if flat.get("delta_net.variant") == "chunked":
+        want |= {"delta_net_chunk_prep", "delta_net_chunk_scan"}
     if arch != "qwen35":
         want |= {"router_topk", "moe_combine"}
         assert any(k.startswith("moe_q") or k.startswith("moe_f") for k in run), run

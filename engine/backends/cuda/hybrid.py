@@ -1,6 +1,6 @@
 """The hybrid ops of the CUDA backend (qwen35 / qwen35moe / qwen3next; engine/hybrid.py), mixed
-into CudaBackend: the op contract of engine.backends.base on shaders/cuda/delta_net.cu (the scan),
-moe.cu (expert DMMV) and hybrid.cu (conv, gates, sigmoid gate, partial RoPE, router, combine).
+into CudaBackend: the op contract of engine.backends.base on shaders/cuda/delta_net.cu (the scan;
+delta_net_chunked.cu its chunked prefill form), moe.cu (expert DMMV) and hybrid.cu (conv, gates, sigmoid gate, partial RoPE, router, combine).
 
 Everything stays on the device and nothing synchronizes, so a hybrid decode step is captured
 as a CUDA graph like a dense one: the router's expert ids are read by the expert kernels on the
@@ -156,12 +156,42 @@ class CudaHybridOps:
         out = self._empty((T, Hv, dv))
         if T == 0:
             return out
+        grouped = np.int32(v_order == "grouped")
+        if c.variant == "chunked" and T > 1:
+            self._delta_net_chunked(q, k, v, g, beta, state, out, grouped, eps)
+            return out
+        mod = "delta_net_chunked" if c.variant == "chunked" else "delta_net"  # decode: same kernel
         self._launch(
-            "delta_net", "delta_net_seq", (math.ceil(dv / nw), Hv), (32 * nw,),
+            mod, "delta_net_seq", (math.ceil(dv / nw), Hv), (32 * nw,),
             (q, k, v, g, beta, state, out, np.int32(T), np.int32(Hk), np.int32(Hv), np.int32(dk),
-             np.int32(dv), np.int32(v_order == "grouped"), np.float32(eps)),
+             np.int32(dv), grouped, np.float32(eps)),
         )  # fmt: skip
         return out
+
+    def _delta_net_chunked(
+        self, q: Any, k: Any, v: Any, g: Any, beta: Any, state: Any, out: Any, grouped: Any,
+        eps: float,
+    ) -> None:
+        """delta_net_chunked.cu: the state-free per-(chunk, head) pass into scratch, then the
+        scan carrying S chunk to chunk (a warp per column)."""
+        T, Hk, dk = (int(s) for s in q.shape)
+        Hv, dv = int(v.shape[1]), int(v.shape[2])
+        c = self.config.op("delta_net")
+        nw, chunk, th = int(c["warps"]), int(c["chunk"]), int(c["threads"])
+        nc = math.ceil(T / chunk)
+        w, y = self._empty((Hv, T, dv)), self._empty((Hv, T, dk))
+        gq, gk = self._empty((Hv, T, dk)), self._empty((Hv, T, dk))
+        p, gl = self._empty((Hv, T, chunk)), self._empty((Hv, nc))
+        self._launch(
+            "delta_net_chunked", "delta_net_chunk_prep", (nc, Hv), (th,),
+            (q, k, v, g, beta, w, y, gq, gk, p, gl, np.int32(T), np.int32(Hk), np.int32(Hv),
+             np.int32(dk), np.int32(dv), grouped, np.float32(eps)),
+        )  # fmt: skip
+        self._launch(
+            "delta_net_chunked", "delta_net_chunk_scan", (math.ceil(dv / nw), Hv), (32 * nw,),
+            (w, y, gq, gk, p, gl, state, out, np.int32(T), np.int32(Hv), np.int32(dk),
+             np.int32(dv)),
+        )  # fmt: skip
 
     def router_topk(self, logits: Any, k: int) -> tuple[Any, Any]:
         logits = self._contig(logits)

@@ -11,9 +11,37 @@ router_topk, ssm_conv, ssm_gates, sigmoid_mul. CUDA's own launch knobs keep CUDA
 from __future__ import annotations
 
 from engine.tuning.kernels.cuda import ALL_TYPES
+from engine.tuning.kernels.vulkan import DELTA_NET_CHUNKS
 from engine.tuning.registry import PUSHED, REGISTRY, Param, Variant, define
 
 B = "cuda"
+
+# The knobs the sequential kernel and the chunked variant's decode step and inter-chunk scan
+# (the same warp-per-column shape) share.
+_DN_WARPS = Param(
+    "warps",
+    (1, 2, 4, 8),
+    4,
+    "warps per block, one state column each (grid: dv / warps x V heads)",
+    define("NW"),
+)
+_DN_LAYOUT = Param(
+    "state_transposed",
+    (False, True),
+    True,
+    "the delta-net state between calls as S^T [dv, dk] (a warp's column contiguous: "
+    "coalesced) instead of S [dk, dv] (a cache line per lane); the seed's 7x was this choice "
+    "on a warp-per-column kernel",
+    define("STATE_T"),
+)
+_DN_MAX_DK = Param(
+    "max_dk",
+    (64, 128, 256),
+    128,
+    "register array per warp for a state column, max_dk / 32 per lane (must be >= the K head "
+    "dim)",
+    define("MAX_DK"),
+)
 
 REGISTRY.register(
     B,
@@ -23,37 +51,45 @@ REGISTRY.register(
             B,
             "delta_net",
             "sequential",
-            params=(
-                Param(
-                    "warps",
-                    (1, 2, 4, 8),
-                    4,
-                    "warps per block, one state column each (grid: dv / warps x V heads)",
-                    define("NW"),
-                ),
-                Param(
-                    "state_transposed",
-                    (False, True),
-                    True,
-                    "the delta-net state between calls as S^T [dv, dk] (a warp's column "
-                    "contiguous: coalesced) instead of S [dk, dv] (a cache line per lane); the "
-                    "seed's 7x was this choice on a warp-per-column kernel",
-                    define("STATE_T"),
-                ),
-                Param(
-                    "max_dk",
-                    (64, 128, 256),
-                    128,
-                    "register array per warp for a state column, max_dk / 32 per lane (must be "
-                    ">= the K head dim)",
-                    define("MAX_DK"),
-                ),
-            ),
+            params=(_DN_WARPS, _DN_LAYOUT, _DN_MAX_DK),
             source="cuda/delta_net.cu",
             numeric="order_only",
             doc="a warp per state column (lanes over its rows, in registers for the call), "
             "T tokens in sequence: decode and prefill; q/k L2 norm in the kernel",
-        )
+        ),
+        Variant(
+            B,
+            "delta_net",
+            "chunked",
+            params=(
+                _DN_WARPS,
+                _DN_LAYOUT,
+                _DN_MAX_DK,
+                Param(
+                    "chunk",
+                    DELTA_NET_CHUNKS,
+                    64,
+                    "tokens per chunk of the WY scan (the sequential steps are T / chunk; "
+                    "the solve and the intra-chunk products grow as chunk^2)",
+                    define("CHUNK"),
+                ),
+                Param(
+                    "threads",
+                    (64, 128, 256),
+                    128,
+                    "threads per block of the per-(chunk, head) pass (norms, A and P, the "
+                    "triangular solve: a thread per column of [W | Y])",
+                    PUSHED,
+                ),
+            ),
+            source="cuda/delta_net_chunked.cu",
+            # float32 like the sequential kernel, another summation order: a triangular solve
+            # per chunk and the state carried chunk to chunk
+            numeric="order_only",
+            doc="prefill (T > 1) in chunks: a block per (chunk, head) solves (I + A)[W | Y] = "
+            "[beta V | beta G K] and forms the masked Q K^T, then a warp per state column "
+            "carries S across the T / chunk chunks; decode runs the sequential kernel",
+        ),
     ],
     doc="gated delta-net scan (hybrid models); max_dk >= the K head dim",
 )

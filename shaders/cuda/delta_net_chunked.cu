@@ -1,0 +1,197 @@
+// delta_net_chunked.cu: the gated delta rule of delta_net.cu in chunks of CHUNK tokens (the WY /
+// triangular-solve form of llama.cpp's build_delta_net_chunking and FLA; the Vulkan backend's
+// delta_net_chunked.comp), for prefill. Per V head and chunk of L tokens, with q, k
+// L2-normalised (q also / sqrt(dk)) and G_t = exp(cumsum g) within the chunk (every ratio
+// G_t / G_s taken with s <= t, so <= 1):
+//   A[t, s] = beta_t G_t/G_s k_t.k_s (s < t),  (I + A) [W | Y] = [beta V | beta G K]
+//   U = W - Y S0                  (the sequential form's corrections u_t, S0 the chunk's start)
+//   O = (G Q) S0 + P U,           P[t, s] = G_t/G_s q_t.k_s (s <= t: the intra-chunk mask)
+//   S = G_L S0 + ((G_L / G) K)^T U
+// Two kernels (decode, T = 1, runs delta_net_seq, included below, on the same state):
+//   delta_net_chunk_prep  a block per (chunk, V head): norms, cumsum, A and P, the forward
+//        substitution (a thread per column of [W | Y]: columns are independent) and the decayed
+//        G Q and (G_L / G) K: all that does not depend on the state, so all chunks run at once.
+//   delta_net_chunk_scan  a warp per state column j (lanes over its rows, in registers, as
+//        delta_net_seq), NW columns per block, grid (ceil(dv / NW), Hv): the chunks in
+//        sequence; U of the current chunk in shared memory (per warp).
+// Tunables (the registry's delta_net.chunked): NW, MAX_DK, STATE_T as delta_net.cu; CHUNK
+// (tokens per chunk; the last is ragged); the prep block size is a launch knob (<= 256).
+// Scratch (h V head, t token of the call): W [Hv, T, dv], Y, GQ, GK [Hv, T, dk],
+// P [Hv, T, CHUNK], GL [Hv, NC] (G_L per chunk).
+#include "delta_net.cu"
+
+#ifndef CHUNK
+#error "delta_net_chunked.cu needs CHUNK (engine/tuning/kernels/cuda_hybrid.py)"
+#endif
+
+#define PREP_MAX_THREADS 256
+
+extern "C" __global__ void __launch_bounds__(PREP_MAX_THREADS)
+    delta_net_chunk_prep(const float* __restrict__ q, const float* __restrict__ k,
+                         const float* __restrict__ v, const float* __restrict__ g,
+                         const float* __restrict__ beta, float* __restrict__ W,
+                         float* __restrict__ Y, float* __restrict__ GQ, float* __restrict__ GK,
+                         float* __restrict__ P, float* __restrict__ GL, int T, int Hk, int Hv,
+                         int dk, int dv, int grouped, float eps) {
+    __shared__ float A[CHUNK * CHUNK];
+    __shared__ float gam[CHUNK];  // log G_t: cumsum of g within the chunk
+    __shared__ float bt[CHUNK];
+    __shared__ float rk[CHUNK];  // 1 / |k_t|
+    __shared__ float rq[CHUNK];  // 1 / (|q_t| sqrt(dk))
+    const int c = blockIdx.x, h = blockIdx.y;
+    const int tid = threadIdx.x, nth = blockDim.x;
+    const int lane = tid & 31, warp = tid >> 5, nwarps = nth >> 5;
+    const int nc = (T + CHUNK - 1) / CHUNK;
+    const int c0 = c * CHUNK, L = min(CHUNK, T - c0);
+    const int kh = grouped ? h / (Hv / Hk) : h % Hk;
+    const size_t row0 = (size_t)h * T + c0;  // scratch row of the chunk's first token
+    const float inv_sqrt_dk = rsqrtf((float)dk);
+
+    for (int t = warp; t < L; t += nwarps) {  // a warp per token: coalesced over dk
+        const size_t qk = ((size_t)(c0 + t) * Hk + kh) * dk;
+        float sk = 0.f, sq = 0.f;
+        for (int i = lane; i < dk; i += 32) {
+            const float kv = __ldg(k + qk + i), qv = __ldg(q + qk + i);
+            sk += kv * kv;
+            sq += qv * qv;
+        }
+        sk = warp_sum(sk);
+        sq = warp_sum(sq);
+        if (lane == 0) {
+            rk[t] = rsqrtf(sk + eps);
+            rq[t] = rsqrtf(sq + eps) * inv_sqrt_dk;
+            bt[t] = __ldg(beta + (size_t)(c0 + t) * Hv + h);
+        }
+    }
+    if (tid == 0) {
+        float acc = 0.f;
+        for (int t = 0; t < L; ++t) {
+            acc += __ldg(g + (size_t)(c0 + t) * Hv + h);
+            gam[t] = acc;
+        }
+        GL[(size_t)h * nc + c] = expf(acc);
+    }
+    __syncthreads();
+
+    // A (strictly lower) into shared memory, P (lower with the diagonal) into scratch: a warp
+    // per (t, s), lanes over dk.
+    for (int p = warp; p < L * CHUNK; p += nwarps) {
+        const int t = p / CHUNK, s = p % CHUNK;
+        float a = 0.f, pq = 0.f;
+        if (s <= t) {  // warp-uniform
+            const size_t kt = ((size_t)(c0 + t) * Hk + kh) * dk;
+            const size_t ks = ((size_t)(c0 + s) * Hk + kh) * dk;
+            float kk = 0.f, qk = 0.f;
+            for (int i = lane; i < dk; i += 32) {
+                const float k_s = __ldg(k + ks + i);
+                kk += __ldg(k + kt + i) * k_s;
+                qk += __ldg(q + kt + i) * k_s;
+            }
+            kk = warp_sum(kk);
+            qk = warp_sum(qk);
+            const float ratio = expf(gam[t] - gam[s]);
+            if (s < t) a = bt[t] * ratio * kk * rk[t] * rk[s];
+            pq = ratio * qk * rq[t] * rk[s];
+        }
+        if (lane == 0) {
+            A[p] = a;
+            P[(row0 + t) * CHUNK + s] = pq;
+        }
+    }
+    // The state-independent operands of the scan: G Q and (G_L / G) K.
+    for (int p = tid; p < L * dk; p += nth) {
+        const int t = p / dk, i = p % dk;
+        const size_t src = ((size_t)(c0 + t) * Hk + kh) * dk + i;
+        const size_t dst = (row0 + t) * dk + i;
+        GQ[dst] = expf(gam[t]) * __ldg(q + src) * rq[t];
+        GK[dst] = expf(gam[L - 1] - gam[t]) * __ldg(k + src) * rk[t];
+    }
+    __syncthreads();
+
+    // (I + A) X = R by forward substitution, a thread per column of [W | Y]; each thread reads
+    // back only the rows of its own column it wrote.
+    for (int col = tid; col < dv + dk; col += nth) {
+        const bool is_w = col < dv;
+        float* x = is_w ? W + row0 * dv + col : Y + row0 * dk + (col - dv);
+        const int stride = is_w ? dv : dk;
+        for (int t = 0; t < L; ++t) {
+            float r;
+            if (is_w) {
+                r = bt[t] * __ldg(v + ((size_t)(c0 + t) * Hv + h) * dv + col);
+            } else {
+                const size_t src = ((size_t)(c0 + t) * Hk + kh) * dk + (col - dv);
+                r = bt[t] * expf(gam[t]) * __ldg(k + src) * rk[t];
+            }
+            for (int s = 0; s < t; ++s) r -= A[t * CHUNK + s] * x[(size_t)s * stride];
+            x[(size_t)t * stride] = r;
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(NW * 32)
+    delta_net_chunk_scan(const float* __restrict__ W, const float* __restrict__ Y,
+                         const float* __restrict__ GQ, const float* __restrict__ GK,
+                         const float* __restrict__ P, const float* __restrict__ GL,
+                         float* __restrict__ state, float* __restrict__ o, int T, int Hv, int dk,
+                         int dv) {
+    __shared__ float ush[NW][CHUNK];  // U of the current chunk, per warp (its column)
+    const int lane = threadIdx.x & 31, w = threadIdx.x / 32;
+    const int j = blockIdx.x * NW + w;  // the warp's state column
+    const int h = blockIdx.y;
+    if (j >= dv) return;  // a whole warp; the kernel has no block-level barrier
+    const int nc = (T + CHUNK - 1) / CHUNK;
+    float* sh = state + (size_t)h * dk * dv;
+    const bool transposed = STATE_T != 0;
+    float s[RPL];
+#pragma unroll
+    for (int r = 0; r < RPL; ++r) {
+        const int i = lane + 32 * r;
+        s[r] = i < dk ? sh[state_at(i, j, dk, dv, transposed)] : 0.f;
+    }
+    for (int c = 0; c < nc; ++c) {
+        const int c0 = c * CHUNK, L = min(CHUNK, T - c0);
+        const size_t row0 = (size_t)h * T + c0;
+        for (int t = 0; t < L; ++t) {
+            const size_t row = row0 + t;
+            const float* yr = Y + row * dk;
+            const float* qr = GQ + row * dk;
+            float ys = 0.f, qs0 = 0.f;  // (Y S0)[t, j], (G Q S0)[t, j]
+#pragma unroll
+            for (int r = 0; r < RPL; ++r) {
+                const int i = lane + 32 * r;
+                if (i < dk) {
+                    ys += __ldg(yr + i) * s[r];
+                    qs0 += __ldg(qr + i) * s[r];
+                }
+            }
+            ys = warp_sum(ys);
+            qs0 = warp_sum(qs0);
+            if (lane == 0) ush[w][t] = __ldg(W + row * dv + j) - ys;
+            __syncwarp();
+            float acc = 0.f;
+            for (int r = lane; r <= t; r += 32) acc += __ldg(P + row * CHUNK + r) * ush[w][r];
+            acc = warp_sum(acc) + qs0;
+            if (lane == 0) o[((size_t)(c0 + t) * Hv + h) * dv + j] = acc;
+        }
+        const float gl = __ldg(GL + (size_t)h * nc + c);
+#pragma unroll
+        for (int r = 0; r < RPL; ++r) s[r] *= gl;
+        for (int t = 0; t < L; ++t) {
+            const float u = ush[w][t];
+            const float* kr = GK + (row0 + t) * dk;
+#pragma unroll
+            for (int r = 0; r < RPL; ++r) {
+                const int i = lane + 32 * r;
+                if (i < dk) s[r] += __ldg(kr + i) * u;
+            }
+        }
+        __syncwarp();  // every lane has read this chunk's U before the next chunk writes it
+    }
+#ifndef MUTANT_DN_CHUNK_STATE_NOT_STORED  // planted bug: decode starts from the old state
+#pragma unroll
+    for (int r = 0; r < RPL; ++r) {
+        const int i = lane + 32 * r;
+        if (i < dk) sh[state_at(i, j, dk, dv, transposed)] = s[r];
+    }
+#endif
+}
