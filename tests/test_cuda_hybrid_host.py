@@ -61,7 +61,8 @@ def test_shared_knobs_mean_what_they_mean_on_vulkan():
 def test_signatures_are_parsed_for_every_kernel():
     from engine.backends.cuda import kernels
 
-    for fname in ("delta_net.cu", "delta_net_chunked.cu", "hybrid.cu", "moe.cu", "dmmv.cu", "elementwise.cu"):
+    for fname in ("delta_net.cu", "delta_net_chunked.cu", "hybrid.cu", "moe.cu", "dmmv.cu",
+                  "elementwise.cu"):  # fmt: skip
         names = kernels.kernel_names(kernels.source(fname))
         sigs = signatures(fname)
         assert set(names) <= set(sigs), (fname, set(names) - set(sigs))

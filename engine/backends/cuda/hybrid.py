@@ -1,6 +1,7 @@
 """The hybrid ops of the CUDA backend (qwen35 / qwen35moe / qwen3next; engine/hybrid.py), mixed
 into CudaBackend: the op contract of engine.backends.base on shaders/cuda/delta_net.cu (the scan;
-delta_net_chunked.cu its chunked prefill form), moe.cu (expert DMMV) and hybrid.cu (conv, gates, sigmoid gate, partial RoPE, router, combine).
+delta_net_chunked.cu its chunked prefill form), moe.cu (expert DMMV) and hybrid.cu (conv, gates,
+sigmoid gate, partial RoPE, router, combine).
 
 Everything stays on the device and nothing synchronizes, so a hybrid decode step is captured
 as a CUDA graph like a dense one: the router's expert ids are read by the expert kernels on the
@@ -169,7 +170,15 @@ class CudaHybridOps:
         return out
 
     def _delta_net_chunked(
-        self, q: Any, k: Any, v: Any, g: Any, beta: Any, state: Any, out: Any, grouped: Any,
+        self,
+        q: Any,
+        k: Any,
+        v: Any,
+        g: Any,
+        beta: Any,
+        state: Any,
+        out: Any,
+        grouped: Any,
         eps: float,
     ) -> None:
         """delta_net_chunked.cu: the state-free per-(chunk, head) pass into scratch, then the

@@ -38,8 +38,7 @@ _DN_MAX_DK = Param(
     "max_dk",
     (64, 128, 256),
     128,
-    "register array per warp for a state column, max_dk / 32 per lane (must be >= the K head "
-    "dim)",
+    "register array per warp for a state column, max_dk / 32 per lane (must be >= the K head dim)",
     define("MAX_DK"),
 )
 
