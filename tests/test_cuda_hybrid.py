@@ -4,7 +4,8 @@ prefill call then decode calls on the carried state), conv1d with state, the gat
 gate, partial RoPE, the top-k router and the expert DMMV (only the chosen experts read); then
 whole tiny qwen35 / qwen35moe / qwen3next models against NumPy on both prefill paths, graph
 replay against eager decode, validate passing the knobs, `engine validate|bench --backend cuda`
-on a hybrid file, and the planted S k scan bug rejected and blamed on delta_net."""
+on a hybrid file, and the planted S k scan bug rejected and blamed on delta_net; the chunked
+scan (delta_net.chunked) against NumPy and the sequential kernel, and its planted state bug."""
 
 from __future__ import annotations
 
@@ -105,6 +106,59 @@ def test_delta_net_matches_numpy(be, transposed, v_order, warps, max_dk, dk, dv,
     got = be.download(s_cu)
     got = got.reshape(Hv, dv, dk).transpose(0, 2, 1) if transposed else got.reshape(S0.shape)
     assert nmse(s_ref, got) < SCAN_NMSE
+
+
+CHUNK_NMSE = 1e-8  # float32 through a triangular solve per chunk: another order, same noise
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize(
+    "chunk,warps,threads,dk,dv,Hk,Hv,v_order",
+    [
+        (4, 1, 64, 16, 16, 2, 6, "grouped"),
+        (8, 4, 128, 40, 24, 2, 6, "tiled"),
+        (16, 2, 256, 200, 96, 3, 3, "grouped"),
+        (32, 8, 128, 64, 33, 1, 4, "tiled"),
+        (64, 2, 128, 128, 128, 2, 4, "tiled"),
+        (64, 8, 256, 256, 5, 2, 2, "grouped"),
+    ],
+)
+@pytest.mark.parametrize("slow_decay", [False, True])
+def test_delta_net_chunked_matches_numpy_and_hands_decode_the_state(
+    be, transposed, chunk, warps, threads, dk, dv, Hk, Hv, v_order, slow_decay
+):
+    """Prefill calls one under, equal to, one over a chunk and several chunks with a ragged
+    tail, each followed by a decode step (the sequential kernel) on the carried state: outputs
+    against NumPy, and the state equal to what the CUDA sequential scan leaves."""
+    max_dk = 256 if dk > 128 else 128
+    common = {"delta_net.warps": warps, "delta_net.max_dk": max_dk,
+              "delta_net.state_transposed": transposed}  # fmt: skip
+    chunked = cfg(**common, **{"delta_net.variant": "chunked", "delta_net.chunk": chunk,
+                               "delta_net.threads": threads})  # fmt: skip
+    sequential = cfg(**common)
+    ref = NumpyBackend()
+    rng = np.random.default_rng(chunk + dk + dv)
+    S0 = _f32(rng, Hv, dk, dv) * 0.3
+    s_ref = S0.copy()
+    s0 = np.ascontiguousarray(S0.transpose(0, 2, 1)) if transposed else S0
+    s_ch, s_seq = be.upload(s0), be.upload(s0)
+    for T in (chunk - 1, 1, chunk, 1, chunk + 1, 1, 3 * chunk + 5, 1):
+        args = list(_scan_inputs(rng, T, Hk, Hv, dk, dv))
+        if slow_decay:  # g near 0: the chunk's whole lower triangle of A counts in the solve
+            args[3] = -rng.uniform(0.0, 0.02, (T, Hv)).astype(np.float32)
+        dev = [be.upload(a) for a in args]
+        o_ref = ref.delta_net(*args, s_ref, v_order, 1e-6)
+        be.set_config(chunked)
+        o_ch = be.download(be.delta_net(*dev, s_ch, v_order, 1e-6))
+        be.set_config(sequential)
+        be.delta_net(*dev, s_seq, v_order, 1e-6)
+        check(o_ch, o_ref.astype(np.float64), CHUNK_NMSE)
+        assert nmse(be.download(s_seq), be.download(s_ch)) < CHUNK_NMSE, T
+        for a, d in zip(args, dev, strict=True):
+            assert np.array_equal(be.download(d), a), "an input changed"
+    got = be.download(s_ch)
+    got = got.reshape(Hv, dv, dk).transpose(0, 2, 1) if transposed else got.reshape(S0.shape)
+    assert nmse(s_ref, got) < CHUNK_NMSE
 
 
 def test_delta_net_layouts_store_transposes(be):
@@ -293,6 +347,11 @@ HYBRID_VALIDATE_CONFIGS = [
     {"moe_experts.rows_per_block": 1, "moe_experts.threads_per_row": 128,
      "router_topk.rows_per_block": 1, "ssm_conv.threads": 1024, "prefill.chunk_tokens": 24},
     {"prefill.gemm_min_t": 2, "matmul_prefill.variant": "mmq"},
+    {"delta_net.variant": "chunked"},
+    {"delta_net.variant": "chunked", "delta_net.chunk": 8, "delta_net.state_transposed": False,
+     "delta_net.threads": 64, "prefill.chunk_tokens": 24},
+    {"delta_net.variant": "chunked", "delta_net.chunk": 16, "delta_net.warps": 8,
+     "delta_net.max_dk": 256, **F32_PREFILL},
 ]  # fmt: skip
 
 
@@ -341,3 +400,17 @@ def test_cli_validate_and_bench_run_a_hybrid(be, tiny_model_factory, arch):
     doc = _cli("bench", "--model", path, "--no-promoted", "--prompt-tokens", "33",
                "--gen-tokens", "8", "--repeats", "1", "--warmup", "0")  # fmt: skip
     assert doc, doc
+
+
+def test_planted_chunked_state_bug_is_rejected_and_blamed(be, tiny_model_factory):
+    """The chunked scan that never stores its state (decode then starts from the old one),
+    planted in delta_net_chunked.cu: validate of the chunked candidate rejects it and blames
+    delta_net."""
+    from tests.mutants import Mutant, judge
+
+    m = Mutant("DN_CHUNK_STATE_NOT_STORED", "cuda", "delta_net", "prefill's state never "
+               "reaches decode", {"delta_net.variant": "chunked", "delta_net.chunk": 4,
+                                  "prefill.chunk_tokens": 8})  # fmt: skip
+    v = judge(m, tiny_model_factory("qwen3next", "q4_k_m"))
+    assert v.rejected and v.caught_by == "validate", v
+    assert v.blamed == "delta_net", v.blame
