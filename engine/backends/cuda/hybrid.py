@@ -24,11 +24,17 @@ from engine.backends.cuda.kernels import QTYPE_SUFFIX
 MAX_CONV = 8  # hybrid.cu ssm_conv_state keeps K - 1 <= 7 inputs per channel in registers
 MAX_EXPERTS = 1024  # router_topk: 32 per lane
 MAX_TOPK = 32  # router_topk: one chosen logit per lane
-MAX_PAIRS = 65535  # moe.cu: pairs on grid z per launch
+MAX_PAIRS = 65535  # moe.cu: pairs on grid z per launch (moe_grouped.cu: tiles)
+MOE_SORT_THREADS = 1024  # moe_grouped.cu moe_sort: one block
 
 
 def _suffix(qtype: str) -> str:
     return QTYPE_SUFFIX[qtype]
+
+
+def _max_tiles(pairs: int, experts: int, choice: Any) -> int:
+    """moe_grouped.cu's tiles of P pairs at most: each expert's last tile may be partial."""
+    return math.ceil(pairs / int(choice["tile_pairs"])) + min(experts, pairs)
 
 
 class CudaHybridOps:
@@ -251,11 +257,63 @@ class CudaHybridOps:
         out = self._empty((T, C))
         if T == 0:
             return out
-        h = self.swiglu(self._moe_matvec(gate, x, ids, k), self._moe_matvec(up, x, ids, k))
-        d = self._moe_matvec(down, h, ids, 1)  # [T * k, C]
+        c = self.config.op("moe_experts")
+        E = int(gate.shape[0])
+        if c.variant == "grouped" and T > 1 and _max_tiles(T * k, E, c) <= MAX_PAIRS:
+            d = self._moe_grouped(x, ids, gate, up, down)
+        else:
+            h = self.swiglu(self._moe_matvec(gate, x, ids, k), self._moe_matvec(up, x, ids, k))
+            d = self._moe_matvec(down, h, ids, 1)  # [T * k, C]
         th = 256  # a memory-bound sum of k rows: not worth a knob
         self._launch(
             "hybrid", "moe_combine", (self._grid1(T * C, th),), (th,),
             (d, weights, out, np.int32(T), np.int32(C), np.int32(k)),
+        )  # fmt: skip
+        return out
+
+    def _moe_grouped(self, x: Any, ids: Any, gate: Any, up: Any, down: Any) -> Any:
+        """moe_grouped.cu: pairs sorted by expert on the device, gate / up / down as a batched
+        DMMV per tile of one expert's pairs (rows stay sorted), then back to pair order ->
+        [T * k, C] for moe_combine."""
+        T, C = (int(s) for s in x.shape)
+        k = int(ids.shape[1])
+        P, E = T * k, int(gate.shape[0])
+        if E > MAX_EXPERTS or any(len(w.shape) != 3 or int(w.shape[0]) != E for w in (up, down)):
+            raise ValueError(f"moe_grouped: {E} experts (<= {MAX_EXPERTS}) in gate, up, down")
+        max_tiles = _max_tiles(P, E, self.config.op("moe_experts"))
+        route = self._empty((1 + 3 * max_tiles + P,), np.int32)
+        self._launch(
+            "moe_grouped", "moe_sort", (1,), (MOE_SORT_THREADS,),
+            (ids, np.int32(P), np.int32(E), np.int32(max_tiles), route),
+        )  # fmt: skip
+        xs = self._empty((P, C))  # x[t] for each pair, in sorted order
+        self._launch(
+            "moe_grouped", "moe_gather", (self._grid1(P * C, 256),), (256,),
+            (x, route, np.int32(max_tiles), np.int32(k), np.int32(P), np.int32(C), xs),
+        )  # fmt: skip
+        h = self.swiglu(
+            self._moe_tiles(gate, xs, route, max_tiles), self._moe_tiles(up, xs, route, max_tiles)
+        )
+        ds = self._moe_tiles(down, h, route, max_tiles)  # [P, C], sorted
+        d = self._empty((P, C))
+        self._launch(
+            "moe_grouped", "moe_scatter", (self._grid1(P * C, 256),), (256,),
+            (ds, route, np.int32(max_tiles), np.int32(P), np.int32(C), d),
+        )  # fmt: skip
+        return d
+
+    def _moe_tiles(self, w: Any, xs: Any, route: Any, max_tiles: int) -> Any:
+        """ys[i] = expert (tile of i) of w . xs[i] for the sorted rows -> [P, N]."""
+        if len(w.shape) != 3 or w.raw is None or int(xs.shape[-1]) != int(w.shape[2]):
+            raise ValueError(f"moe: {w.name} {w.shape} (stacked experts) against x {xs.shape}")
+        E, N, Kw = (int(s) for s in w.shape)
+        out = self._empty((int(xs.shape[0]), N))
+        c = self.config.op("moe_experts")
+        rows, tpr = int(c["rows_per_block"]), int(c["threads_per_row"])
+        self._launch(
+            "moe_grouped", f"moe_grouped_{_suffix(w.qtype)}", (math.ceil(N / rows), 1, max_tiles),
+            (rows * tpr,),
+            (w.raw, np.int32(w.row_bytes), np.int32(N), np.int32(Kw), self._aligned16(xs), route,
+             np.int32(E), out),
         )  # fmt: skip
         return out

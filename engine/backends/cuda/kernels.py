@@ -109,6 +109,7 @@ def kernel_names(src: str) -> list[str]:
         "MMVQ_KERNEL": ["mmvq_{}"],
         "DEQ_KERNELS": ["get_rows_{}", "dequant_f16_{}"],
         "MOE_KERNEL": ["moe_{}"],
+        "MOE_GROUPED_KERNEL": ["moe_grouped_{}"],
     }
     for mac, pats in macros.items():
         for arg in re.findall(rf"^{mac}\((\w+),", src, re.M):
@@ -136,7 +137,7 @@ MODULE_OPS = (
     "matmul_prefill",
     "attention_prefill",
     "delta_net",  # delta_net.cu
-    "moe_experts",  # moe.cu
+    "moe_experts",  # moe.cu (grouped: moe_grouped.cu, and moe.cu for decode)
 )
 
 
@@ -172,6 +173,10 @@ def modules_for(cfg: TuningConfig) -> dict[str, tuple[str, dict[str, int]]]:
         fname = Path(v.source).name
         key = _KEYS.get((op, fname), Path(fname).stem)
         mods[key] = (fname, variant_defines(v, choice))
+    moe = cfg.op("moe_experts")
+    if moe.variant == "grouped":  # its decode (T = 1) is the dmmv variant's, with the same knobs
+        dmmv = REGISTRY.op("cuda", "moe_experts").variant("dmmv")
+        mods["moe"] = (Path(dmmv.source).name, variant_defines(dmmv, moe))
     if "decode" not in mods:  # matmul_decode is not dmmv: the float-weight fallback
         dmmv = REGISTRY.op("cuda", "matmul_decode").variant("dmmv")
         mods["decode"] = (Path(dmmv.source).name, variant_defines(dmmv, DECODE_FALLBACK))

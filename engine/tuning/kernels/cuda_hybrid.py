@@ -1,11 +1,12 @@
 """The CUDA backend's kernels of the hybrid models (engine/hybrid.py: gated delta-net, gated
-attention, MoE): shaders/cuda/delta_net.cu, moe.cu and hybrid.cu, run by
-engine/backends/cuda/hybrid.py. Plain data, like engine.tuning.kernels.cuda.
+attention, MoE): shaders/cuda/delta_net.cu, delta_net_chunked.cu, moe.cu, moe_grouped.cu and
+hybrid.cu, run by engine/backends/cuda/hybrid.py. Plain data, like engine.tuning.kernels.cuda.
 
 Op, variant and knob names are the Vulkan backend's where it has the op (one name, one meaning
-across backends): delta_net.sequential with state_transposed and max_dk, moe_experts.dmmv,
-router_topk, ssm_conv, ssm_gates, sigmoid_mul. CUDA's own launch knobs keep CUDA's names
-(threads, warps, rows_per_block, threads_per_row, vec), as in engine.tuning.kernels.cuda.
+across backends): delta_net.sequential and .chunked (state_transposed, max_dk, chunk),
+moe_experts.dmmv and .grouped (tile_pairs), router_topk, ssm_conv, ssm_gates, sigmoid_mul.
+CUDA's own launch knobs keep CUDA's names (threads, warps, rows_per_block, threads_per_row, vec),
+as in engine.tuning.kernels.cuda.
 """
 
 from __future__ import annotations
@@ -93,6 +94,20 @@ REGISTRY.register(
     doc="gated delta-net scan (hybrid models); max_dk >= the K head dim",
 )
 
+_MOE_DMMV = (
+    Param("rows_per_block", (1, 2, 4, 8), 4, "expert rows per block", define("ROWS")),
+    Param("threads_per_row", (16, 32, 64, 128), 32, "threads per row", define("TPR")),
+    Param(
+        "vec",
+        (1, 2),
+        2,
+        "consecutive 16-weight groups per thread per step (load width)",
+        define("VEC"),
+    ),
+)
+
+# dmmv first, so it stays the default until the grouped GEMM is timed on a GPU (the Vulkan
+# backend lists grouped first). grouped at decode (T == 1) is dmmv: the same kernels and knobs.
 REGISTRY.register(
     B,
     "moe_experts",
@@ -101,24 +116,36 @@ REGISTRY.register(
             B,
             "moe_experts",
             "dmmv",
-            params=(
-                Param("rows_per_block", (1, 2, 4, 8), 4, "expert rows per block", define("ROWS")),
-                Param("threads_per_row", (16, 32, 64, 128), 32, "threads per row", define("TPR")),
-                Param(
-                    "vec",
-                    (1, 2),
-                    2,
-                    "consecutive 16-weight groups per thread per step (load width)",
-                    define("VEC"),
-                ),
-            ),
+            params=_MOE_DMMV,
             quant_types=ALL_TYPES,
             source="cuda/moe.cu",
             numeric="order_only",
             doc="the decode DMMV per (token, chosen expert), the expert picked on the device "
             "from router_topk's ids (only chosen experts are read; graph-safe), SwiGLU, down, "
             "then a weighted sum per token (moe_combine)",
-        )
+        ),
+        Variant(
+            B,
+            "moe_experts",
+            "grouped",
+            params=(
+                *_MOE_DMMV,
+                Param(
+                    "tile_pairs",
+                    (4, 8, 16, 32),
+                    16,
+                    "routed (token, slot) pairs per tile of the grouped GEMM: each expert "
+                    "row is decoded once per tile (per-thread accumulators: registers)",
+                    define("TILE_P"),
+                ),
+            ),
+            quant_types=ALL_TYPES,
+            source="cuda/moe_grouped.cu",
+            numeric="order_only",
+            doc="prefill (T > 1): a counting sort of the pairs by expert on the device into "
+            "tiles, then the batched DMMV per (rows, tile) of the tile's expert on the sorted "
+            "rows; decode: the dmmv kernels",
+        ),
     ],
     doc="routed experts of a MoE FFN (gate, up, SwiGLU, down, combine)",
 )
