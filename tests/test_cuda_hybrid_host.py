@@ -220,6 +220,67 @@ def test_moe_launches_read_only_chosen_experts_by_device_ids(qtype, monkeypatch)
     assert [int(m.args[5]) for m in mats] == [k] * 8 + [1] * 4  # x_div: x[t] for gate and up
 
 
+@pytest.mark.parametrize("tile", [4, 8, 16, 32])
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q8_0", "F16"])
+def test_moe_grouped_schedule(tile, qtype):
+    """Prefill: one sort launch, one gather, a grouped launch per projection over enough tiles
+    for every routing (z), sorted rows through SwiGLU and down, a scatter back to pair order,
+    then the combine; decode (T = 1): moe.cu's DMMV with the same knobs."""
+    be = FakeCuda(
+        cfg(
+            **{
+                "moe_experts.variant": "grouped",
+                "moe_experts.tile_pairs": tile,
+                "moe_experts.rows_per_block": 2,
+                "moe_experts.threads_per_row": 64,
+            }
+        )
+    )
+    rng = np.random.default_rng(5)
+    E, F, C, k = 8, 256, 512, 3
+    gate, up = (be.load_weight(qtensor(rng, (E, F, C), qtype, 0.1)) for _ in range(2))
+    down = be.load_weight(qtensor(rng, (E, C, F), qtype, 0.1))
+    for T in (1, 2, 37):
+        be.launches.clear()
+        ids = rng.integers(0, E, (T, k)).astype(np.int32)
+        out = be.moe_experts(_f32(rng, T, C), ids, _f32(rng, T, k), gate, up, down)
+        assert out.shape == (T, C)
+        names = [la.kernel for la in be.launches]
+        suffix = qtype.lower()
+        if T == 1:
+            assert names == [f"moe_{suffix}", f"moe_{suffix}", "swiglu", f"moe_{suffix}",
+                             "moe_combine"], names  # fmt: skip
+            assert be.launches[0].defines == {"ROWS": 2, "TPR": 64, "VEC": 2}
+            assert be.launches[0].fname == "moe.cu"
+            continue
+        g = f"moe_grouped_{suffix}"
+        assert names == ["moe_sort", "moe_gather", g, g, "swiglu", g, "moe_scatter",
+                         "moe_combine"], names  # fmt: skip
+        P = T * k
+        max_tiles = -(-P // tile) + min(E, P)
+        sort, gather = be.launches[:2]
+        assert sort.grid == (1, 1, 1) and sort.block == (1024, 1, 1)
+        route = sort.args[-1]
+        assert route.dtype == np.int32 and route.size == 1 + 3 * max_tiles + P
+        assert [int(a) for a in sort.args[1:4]] == [P, E, max_tiles]
+        assert gather.args[1] is route and [int(a) for a in gather.args[2:6]] == [
+            max_tiles,
+            k,
+            P,
+            C,
+        ]
+        assert gather.grid[0] * 256 >= min(P * C, 65535 * 8 * 256)
+        mats = [la for la in be.launches if la.kernel == g]
+        for m, n in zip(mats, (F, F, C), strict=True):
+            assert m.grid == (-(-n // 2), 1, max_tiles) and m.block == (128, 1, 1)
+            assert m.args[5] is route and m.args[-1].shape == (P, n)
+            assert m.defines == {"ROWS": 2, "TPR": 64, "VEC": 2, "TILE_P": tile}
+        assert mats[0].args[4] is mats[1].args[4] is gather.args[-1]  # gate and up: sorted x
+        scatter = be.launches[6]
+        assert scatter.args[0] is mats[2].args[-1] and scatter.args[1] is route
+        assert be.launches[7].args[0] is scatter.args[-1]
+
+
 @pytest.mark.parametrize("arch", HYBRIDS)
 @pytest.mark.parametrize(
     "flat",
@@ -228,9 +289,10 @@ def test_moe_launches_read_only_chosen_experts_by_device_ids(qtype, monkeypatch)
         {"prefill.gemm_min_t": 2, "matmul_prefill.variant": "mmq", "prefill.chunk_tokens": 16},
         {"delta_net.state_transposed": False, "delta_net.warps": 1, "prefill.chunk_tokens": 8,
          "prefill.gemm_min_t": 1 << 20, "matmul_decode.variant": "mmvq"},
-        {"delta_net.variant": "chunked", "delta_net.chunk": 16, "prefill.chunk_tokens": 24},
+        {"delta_net.variant": "chunked", "delta_net.chunk": 16, "prefill.chunk_tokens": 24,
+         "moe_experts.variant": "grouped", "moe_experts.tile_pairs": 4},
     ],
-    ids=["dmmv", "mmq", "chunks-mmvq", "chunked-scan"],
+    ids=["dmmv", "mmq", "chunks-mmvq", "chunked-grouped"],
 )  # fmt: skip
 def test_tiny_hybrid_runs_through_the_cuda_host_code(tiny_model_factory, arch, flat):
     from engine.gguf_model import open_model
@@ -246,6 +308,9 @@ def test_tiny_hybrid_runs_through_the_cuda_host_code(tiny_model_factory, arch, f
             "rope_partial"}  # fmt: skip
     if flat.get("delta_net.variant") == "chunked":
         want |= {"delta_net_chunk_prep", "delta_net_chunk_scan"}
+    if arch != "qwen35" and flat.get("moe_experts.variant") == "grouped":
+        want |= {"moe_sort", "moe_gather", "moe_scatter"}
+        assert any(k.startswith("moe_grouped_") for k in run), run
     if arch != "qwen35":
         want |= {"router_topk", "moe_combine"}
         assert any(k.startswith("moe_q") or k.startswith("moe_f") for k in run), run
