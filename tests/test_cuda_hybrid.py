@@ -5,7 +5,8 @@ gate, partial RoPE, the top-k router and the expert DMMV (only the chosen expert
 whole tiny qwen35 / qwen35moe / qwen3next models against NumPy on both prefill paths, graph
 replay against eager decode, validate passing the knobs, `engine validate|bench --backend cuda`
 on a hybrid file, and the planted S k scan bug rejected and blamed on delta_net; the chunked
-scan (delta_net.chunked) against NumPy and the sequential kernel, and its planted state bug."""
+scan (delta_net.chunked) against NumPy and the sequential kernel, and its planted state bug;
+the grouped expert GEMM (moe_experts.grouped) on skewed routing with never-chosen experts."""
 
 from __future__ import annotations
 
@@ -312,6 +313,47 @@ def test_moe_reads_only_the_chosen_experts(be):
     check(be.download(got), want.astype(np.float64), 1e-10)
 
 
+GROUPED_CONFIGS = [
+    {"moe_experts.variant": "grouped"},
+    {"moe_experts.variant": "grouped", "moe_experts.tile_pairs": 4,
+     "moe_experts.rows_per_block": 8, "moe_experts.threads_per_row": 16},
+    {"moe_experts.variant": "grouped", "moe_experts.tile_pairs": 32,
+     "moe_experts.rows_per_block": 1, "moe_experts.threads_per_row": 128, "moe_experts.vec": 1},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("flat", GROUPED_CONFIGS, ids=[str(i) for i in range(3)])
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0", "Q4_0", "F16", "BF16"])
+@pytest.mark.parametrize("T", [1, 2, 37])
+def test_moe_grouped_matches_numpy_with_skewed_routing(be, qtype, T, flat):
+    """Expert 2 takes most pairs (several tiles, a ragged last one), experts 1 and 6 none (their
+    rows hold NaN: any read poisons the output), the rest a few; T = 1 runs the decode DMMV."""
+    be.set_config(cfg(**flat))
+    rng = np.random.default_rng(40 + T)
+    E, k, C = 8, 3, 512
+    F = 256 if qtype.endswith("_K") else 96
+    mats = []
+    for shape in ((E, F, C), (E, F, C), (E, C, F)):
+        q = qtensor(rng, shape, qtype, 0.1)
+        if qtype in ("F16", "BF16"):  # dense rows: NaN in the unchosen experts
+            a = q.raw.reshape(E, shape[1], -1).copy()
+            a[[1, 6]] = 0xFF
+            q = QTensor(q.name, q.qtype, q.shape, a.reshape(q.raw.shape))
+        mats.append(q)
+    ids = np.empty((T, k), np.int32)
+    for t in range(T):  # distinct experts per token; 2 in almost every token
+        others = rng.permutation([0, 3, 4, 5, 7])
+        ids[t] = [2, *others[: k - 1]] if t % 5 else others[:k]
+    w = rng.uniform(0.1, 1, (T, k)).astype(np.float32)
+    w /= w.sum(axis=1, keepdims=True)
+    x = _f32(rng, T, C)
+    ref = NumpyBackend()
+    want = ref.moe_experts(x, ids, w, *(ref.load_weight(m) for m in mats))
+    got = be.moe_experts(be.upload(x), be.upload(ids), be.upload(w),
+                         *(be.load_weight(m) for m in mats))  # fmt: skip
+    check(be.download(got), want.astype(np.float64), 1e-10)
+
+
 # --- whole models -------------------------------------------------------------------------
 def _model(path, backend):
     from engine.gguf_model import open_model
@@ -352,6 +394,9 @@ HYBRID_VALIDATE_CONFIGS = [
      "delta_net.threads": 64, "prefill.chunk_tokens": 24},
     {"delta_net.variant": "chunked", "delta_net.chunk": 16, "delta_net.warps": 8,
      "delta_net.max_dk": 256, **F32_PREFILL},
+    {"moe_experts.variant": "grouped"},
+    {"moe_experts.variant": "grouped", "moe_experts.tile_pairs": 4, "delta_net.variant": "chunked",
+     "delta_net.chunk": 4, "prefill.chunk_tokens": 24},
 ]  # fmt: skip
 
 
