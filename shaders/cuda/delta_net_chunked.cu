@@ -18,11 +18,10 @@
 // (tokens per chunk; the last is ragged); the prep block size is a launch knob (<= 256).
 // Scratch (h V head, t token of the call): W [Hv, T, dv], Y, GQ, GK [Hv, T, dk],
 // P [Hv, T, CHUNK], GL [Hv, NC] (G_L per chunk).
-#include "delta_net.cu"
-
-#ifndef CHUNK
-#error "delta_net_chunked.cu needs CHUNK (engine/tuning/kernels/cuda_hybrid.py)"
+#if !defined(NW) || !defined(MAX_DK) || !defined(STATE_T) || !defined(CHUNK)
+#error "delta_net_chunked.cu needs NW, MAX_DK, STATE_T and CHUNK (engine/tuning/kernels/cuda_hybrid.py)"
 #endif
+#include "delta_net.cu"
 
 #define PREP_MAX_THREADS 256
 
