@@ -13,7 +13,8 @@
 //        G Q and (G_L / G) K: all that does not depend on the state, so all chunks run at once.
 //   delta_net_chunk_scan  a warp per state column j (lanes over its rows, in registers, as
 //        delta_net_seq), NW columns per block, grid (ceil(dv / NW), Hv): the chunks in
-//        sequence; U of the current chunk in shared memory (per warp).
+//        sequence, and within a chunk the tokens in parallel (a lane per token for U = W - Y S0
+//        and O, the column S0 in shared memory): T / CHUNK dependent steps, not T.
 // Tunables (the registry's delta_net.chunked): NW, MAX_DK, STATE_T as delta_net.cu; CHUNK
 // (tokens per chunk; the last is ragged); the prep block size is a launch knob (<= 256).
 // Scratch (h V head, t token of the call): W [Hv, T, dv], Y, GQ, GK [Hv, T, dk],
@@ -127,13 +128,16 @@ extern "C" __global__ void __launch_bounds__(PREP_MAX_THREADS)
     }
 }
 
+#define TPL ((CHUNK + 31) / 32)  // tokens of a chunk per lane in the token-parallel steps
+
 extern "C" __global__ void __launch_bounds__(NW * 32)
     delta_net_chunk_scan(const float* __restrict__ W, const float* __restrict__ Y,
                          const float* __restrict__ GQ, const float* __restrict__ GK,
                          const float* __restrict__ P, const float* __restrict__ GL,
                          float* __restrict__ state, float* __restrict__ o, int T, int Hv, int dk,
                          int dv) {
-    __shared__ float ush[NW][CHUNK];  // U of the current chunk, per warp (its column)
+    __shared__ float ush[NW][CHUNK];   // U[:, j] of the current chunk, per warp (its column)
+    __shared__ float ssh[NW][MAX_DK];  // S0[:, j], the chunk's start column, per warp
     const int lane = threadIdx.x & 31, w = threadIdx.x / 32;
     const int j = blockIdx.x * NW + w;  // the warp's state column
     const int h = blockIdx.y;
@@ -141,7 +145,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32)
     const int nc = (T + CHUNK - 1) / CHUNK;
     float* sh = state + (size_t)h * dk * dv;
     const bool transposed = STATE_T != 0;
-    float s[RPL];
+    float s[RPL];  // lanes over the rows of column j, as delta_net_seq
 #pragma unroll
     for (int r = 0; r < RPL; ++r) {
         const int i = lane + 32 * r;
@@ -150,28 +154,44 @@ extern "C" __global__ void __launch_bounds__(NW * 32)
     for (int c = 0; c < nc; ++c) {
         const int c0 = c * CHUNK, L = min(CHUNK, T - c0);
         const size_t row0 = (size_t)h * T + c0;
-        for (int t = 0; t < L; ++t) {
-            const size_t row = row0 + t;
-            const float* yr = Y + row * dk;
-            const float* qr = GQ + row * dk;
-            float ys = 0.f, qs0 = 0.f;  // (Y S0)[t, j], (G Q S0)[t, j]
 #pragma unroll
-            for (int r = 0; r < RPL; ++r) {
-                const int i = lane + 32 * r;
-                if (i < dk) {
-                    ys += __ldg(yr + i) * s[r];
-                    qs0 += __ldg(qr + i) * s[r];
-                }
-            }
-            ys = warp_sum(ys);
-            qs0 = warp_sum(qs0);
-            if (lane == 0) ush[w][t] = __ldg(W + row * dv + j) - ys;
-            __syncwarp();
-            float acc = 0.f;
-            for (int r = lane; r <= t; r += 32) acc += __ldg(P + row * CHUNK + r) * ush[w][r];
-            acc = warp_sum(acc) + qs0;
-            if (lane == 0) o[((size_t)(c0 + t) * Hv + h) * dv + j] = acc;
+        for (int r = 0; r < RPL; ++r) {
+            const int i = lane + 32 * r;
+            if (i < dk) ssh[w][i] = s[r];
         }
+        __syncwarp();
+        // Token-parallel (a lane per token): u_t = W[t, j] - Y[t] . S0[:, j] and (G Q S0)[t, j].
+        float qs0[TPL];
+#pragma unroll
+        for (int m = 0; m < TPL; ++m) {
+            const int t = lane + 32 * m;
+            qs0[m] = 0.f;
+            if (t < L) {
+                const float* yr = Y + (row0 + t) * dk;
+                const float* qr = GQ + (row0 + t) * dk;
+                float ys = 0.f, qs = 0.f;
+                for (int i = 0; i < dk; ++i) {
+                    const float si = ssh[w][i];
+                    ys += __ldg(yr + i) * si;
+                    qs += __ldg(qr + i) * si;
+                }
+                ush[w][t] = __ldg(W + (row0 + t) * dv + j) - ys;
+                qs0[m] = qs;
+            }
+        }
+        __syncwarp();
+        // O[t, j] = (G Q S0)[t, j] + sum_{r <= t} P[t, r] u_r, still a lane per token.
+#pragma unroll
+        for (int m = 0; m < TPL; ++m) {
+            const int t = lane + 32 * m;
+            if (t < L) {
+                const float* pr = P + (row0 + t) * CHUNK;
+                float acc = qs0[m];
+                for (int r = 0; r <= t; ++r) acc += __ldg(pr + r) * ush[w][r];
+                o[((size_t)(c0 + t) * Hv + h) * dv + j] = acc;
+            }
+        }
+        // S = G_L S0 + ((G_L / G) K)^T U, lanes over rows again.
         const float gl = __ldg(GL + (size_t)h * nc + c);
 #pragma unroll
         for (int r = 0; r < RPL; ++r) s[r] *= gl;
@@ -184,7 +204,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32)
                 if (i < dk) s[r] += __ldg(kr + i) * u;
             }
         }
-        __syncwarp();  // every lane has read this chunk's U before the next chunk writes it
+        __syncwarp();  // every lane is done with this chunk's U and S0 before the next writes
     }
 #ifndef MUTANT_DN_CHUNK_STATE_NOT_STORED  // planted bug: decode starts from the old state
 #pragma unroll
