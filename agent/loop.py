@@ -26,7 +26,7 @@ from agent.acceptance import Decision, decide
 from agent.experiment import Experiment
 from agent.fleet import Slot, past_invocations
 from agent.phase import TRIAL_NEXT, Phase, advance
-from agent.records import INTERRUPTED, TrialRecord
+from agent.records import Confirmation, TrialRecord
 from agent.runner import INFO_TIMEOUT_S, LOAD_TIMEOUT_S, QUEUE_DEPTH, Pending, RayRunner
 from agent.space import config_key
 from agent.stats import aa_noise, paired_ratio
@@ -198,7 +198,7 @@ class Agent:
             for req in st.confirm_queue:
                 p = Pending(Phase.CONFIRM, self.runner.slots[0], None, 0.0, 0.0, st.model, st)
                 p.trial, p.flat, p.role = req.trial, req.flat, req.role
-                rec = self._record(p, None, INTERRUPTED, STOPPED, 0.0)
+                rec = self._record(p, None, Outcome.INTERRUPTED, STOPPED, 0.0)
                 st.finish(req.trial, rec, None)
             st.confirm_queue.clear()
 
@@ -275,7 +275,7 @@ class Agent:
                     self._dispatch_eval(slot, st, trial, flat, role, Phase.TRIAL, None)
                     return True
                 p = Pending(Phase.TRIAL, slot, None, 0.0, 0.0, st.model, st, trial, flat, role)
-                rec = self._record(p, None, Outcome.INFEASIBLE.value, problems, 0.0)
+                rec = self._record(p, None, Outcome.INFEASIBLE, problems, 0.0)
                 st.finish(trial, rec, None)
                 report.log_trial(self.exp, st, rec)
         return False
@@ -378,11 +378,11 @@ class Agent:
         self,
         p: Pending,
         res: EvalResult | None,
-        outcome: str,
+        outcome: Outcome,
         reason: str,
         overhead: float,
         decision: Decision | None = None,
-        confirmation: dict[str, Any] | None = None,
+        confirmation: Confirmation | None = None,
     ) -> TrialRecord:
         st = p.study
         assert st is not None
@@ -400,13 +400,13 @@ class Agent:
             changed=changed,
             paired_against=p.paired_against,
             metrics=res.medians() if res is not None and res.ok else {},
-            samples={s.objective: s.to_dict() for s in res.samples} if res else {},
-            estimates={k: e.to_dict() for k, e in est.items()},
+            samples={s.objective: s for s in res.samples} if res else {},
+            estimates=est,
             accepted=bool(decision and decision.accepted and confirmation_ok(confirmation)),
-            decision=decision.to_dict() if decision else None,
+            decision=decision.verdict() if decision else None,
             confirmation=confirmation,
             validate=res.validate if res else None,
-            worker=info.to_dict() if info else None,
+            worker=info,
             host=info.host if info else "",
             device=info.device_name if info else "",
             driver=info.driver if info else "",
@@ -424,7 +424,7 @@ class Agent:
         st = p.study
         assert st is not None
         if not res.ok:
-            rec = self._record(p, res, res.outcome.value, res.reason, overhead)
+            rec = self._record(p, res, res.outcome, res.reason, overhead)
             st.finish(p.trial, rec, None)
             report.log_trial(self.exp, st, rec)
             if p.role == BASELINE and res.revalidation and st.best.trial is None:
@@ -436,7 +436,7 @@ class Agent:
             return
         decision = decide(res, self.exp.acceptance, p.slot.noise.get(st.model, {}))
         if p.role == BASELINE:
-            rec = self._record(p, res, "ok", _baseline_reason(res), overhead, decision)
+            rec = self._record(p, res, Outcome.OK, _baseline_reason(res), overhead, decision)
             rec = replace(rec, accepted=False)
             st.finish(p.trial, rec, self._values(res))
             if st.best.trial is None:
@@ -463,9 +463,8 @@ class Agent:
                     "another worker" if others else "the same worker against the new best",
                 )
                 return
-        rec = self._record(
-            p, res, "ok", "" if decision.accepted else decision.reason, overhead, decision
-        )
+        reason = "" if decision.accepted else decision.reason
+        rec = self._record(p, res, Outcome.OK, reason, overhead, decision)
         st.finish(p.trial, rec, self._values(res))
         if rec.accepted:
             st.set_best(p.trial.number, p.flat, res.medians())
@@ -476,27 +475,20 @@ class Agent:
         assert st is not None and p.first is not None and p.first_decision is not None
         if res.ok:
             d2 = decide(res, self.exp.acceptance, p.slot.noise.get(st.model, {}))
-            conf = {
-                "worker": res.worker.to_dict() if res.worker else None,
-                "outcome": "ok",
-                "accepted": d2.accepted,
-                "reason": d2.reason,
-                "estimates": {k: e.to_dict() for k, e in d2.estimates},
-                "samples": {s.objective: s.to_dict() for s in res.samples},
-                "paired_against": st.best.trial,
-            }
+            conf = Confirmation(
+                Outcome.OK,
+                d2.accepted,
+                d2.reason,
+                res.worker,
+                dict(d2.estimates),
+                {s.objective: s for s in res.samples},
+                st.best.trial,
+            )
         else:
-            conf = {
-                "worker": res.worker.to_dict() if res.worker else None,
-                "outcome": res.outcome.value,
-                "accepted": False,
-                "reason": res.reason,
-            }
-        first_pending = replace(p, paired_against=p.paired_against)
-        reason = "" if conf["accepted"] else f"confirmation: {conf['reason']}"
-        rec = self._record(
-            first_pending, p.first, "ok", reason, p.first_overhead_s, p.first_decision, conf
-        )
+            conf = Confirmation(res.outcome, False, res.reason, res.worker)
+        reason = "" if conf.accepted else f"confirmation: {conf.reason}"
+        first, overhead = p.first, p.first_overhead_s
+        rec = self._record(p, first, Outcome.OK, reason, overhead, p.first_decision, conf)
         st.finish(p.trial, rec, self._values(p.first))
         if rec.accepted:
             st.set_best(p.trial.number, p.flat, p.first.medians())
@@ -511,20 +503,15 @@ class Agent:
         """Record a trial or confirmation whose worker was lost (and that is not retried)."""
         st = p.study
         if p.phase is Phase.TRIAL and st is not None:
-            rec = self._record(p, None, outcome.value, reason, 0.0)
+            rec = self._record(p, None, outcome, reason, 0.0)
             st.finish(p.trial, rec, None)
             report.log_trial(self.exp, st, rec)
         elif p.phase is Phase.CONFIRM and st is not None and p.first is not None:
-            conf = {
-                "worker": p.slot.info.to_dict() if p.slot.info else None,
-                "outcome": outcome.value,
-                "accepted": False,
-                "reason": reason,
-            }
+            conf = Confirmation(outcome, False, reason, p.slot.info)
             rec = self._record(
                 p,
                 p.first,
-                "ok",
+                Outcome.OK,
                 f"confirmation: {reason}",
                 p.first_overhead_s,
                 p.first_decision,
@@ -536,7 +523,7 @@ class Agent:
     def abandon(self, p: Pending, reason: str) -> None:
         """Fail a call that will not run (stopped, or its worker retired): its config is free."""
         assert p.study is not None
-        rec = self._record(p, None, INTERRUPTED, reason, 0.0)
+        rec = self._record(p, None, Outcome.INTERRUPTED, reason, 0.0)
         p.study.finish(p.trial, rec, None)
 
     # --- end ----------------------------------------------------------------------------
@@ -656,8 +643,8 @@ def stop_on_sigterm(ignore: bool = False) -> Iterator[None]:
             signal.signal(signal.SIGINT, old_int)
 
 
-def confirmation_ok(conf: dict[str, Any] | None) -> bool:
-    return conf is None or bool(conf.get("accepted"))
+def confirmation_ok(conf: Confirmation | None) -> bool:
+    return conf is None or conf.accepted
 
 
 def run_experiment(exp: Experiment, opts: RunOptions) -> RunSummary:

@@ -154,7 +154,7 @@ def from_study(storage: Any, study_name: str, experiment: str, label: str = "") 
     left out), its config, outcome and target median, as the agent recorded them."""
     import optuna
 
-    from agent.records import DUPLICATE, INTERRUPTED
+    from agent.records import Outcome, TrialRecord
 
     try:
         study = optuna.load_study(study_name=study_name, storage=storage)
@@ -164,18 +164,19 @@ def from_study(storage: Any, study_name: str, experiment: str, label: str = "") 
     target = str(ua.get("target", ""))
     rows, seen = [], set()
     for t in study.get_trials(deepcopy=False):
-        a = t.user_attrs
-        outcome = a.get("outcome")
-        if not outcome or outcome in (DUPLICATE, INTERRUPTED) or "config" not in a:
+        if "outcome" not in t.user_attrs or "config" not in t.user_attrs:
             continue
-        key = config_key(a["config"])
+        rec = TrialRecord.from_attrs(study_name, t.number, t.user_attrs)
+        if rec.outcome in (Outcome.DUPLICATE, Outcome.INTERRUPTED):
+            continue
+        key = config_key(rec.config)
         if key in seen:
             continue
         seen.add(key)
-        metric = (a.get("metrics") or {}).get(target) if outcome == "ok" else None
-        if outcome == "ok" and metric is None:
+        metric = rec.metrics.get(target) if rec.outcome is Outcome.OK else None
+        if rec.outcome is Outcome.OK and metric is None:
             continue
-        rows.append(Row(dict(a["config"]), metric, outcome))
+        rows.append(Row(dict(rec.config), metric, rec.outcome.value))
     return Table(
         experiment,
         str(ua.get("backend", "")),

@@ -431,7 +431,7 @@ def test_resume_keeps_a_result_written_before_tell(tmp_path: Path) -> None:
     names = [o.name for o in st.exp.objectives]
     metrics = {n: 10.0 + i for i, n in enumerate(names)}
     rec = TrialRecord(st.name, trial.number, "baseline", "ok", config=flat, metrics=metrics)
-    for k, v in rec.user_attrs().items():  # the record, outcome last, then the agent "dies"
+    for k, v in rec.to_attrs().items():  # the record, outcome last, then the agent "dies"
         if k != "outcome":
             trial.set_user_attr(k, v)
     trial.set_user_attr("outcome", "ok")

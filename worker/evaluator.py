@@ -33,7 +33,9 @@ from worker.records import (
     EvalResult,
     Outcome,
     PairedSamples,
+    PromptDiff,
     ValidatePlan,
+    ValidateSummary,
     WorkerInfo,
 )
 
@@ -256,41 +258,41 @@ class Evaluator:
             return done(Outcome.CRASH, f"{type(e).__name__}: {e}\n{tb}")
 
 
-def validate_summary(report: object) -> dict:
-    """The JSON-ready part of a ValidateReport the agent records: worst and per-prompt diffs."""
+def validate_summary(report: object) -> ValidateSummary:
+    """The part of a ValidateReport the agent records: worst and per-prompt diffs."""
     from engine.validate import ValidateReport
 
     assert isinstance(report, ValidateReport)
-    return {
-        "passed": report.passed,
-        "max_abs_diff": report.max_abs_diff,
-        "nmse": report.nmse,
-        "kld": report.kld_max,
-        "steps": report.steps,
-        "tolerances": dict(report.tolerances),
-        "numeric_classes": list(report.numeric_classes),
-        "blame": report.blame.to_dict() if report.blame else None,
-        "reasons": report.reasons,
-        "prompts": [
-            {
-                "prompt_tokens": p.prompt_tokens,
-                "positions": p.positions,
-                "max_abs_diff": p.max_abs_diff,
-                "nmse": p.nmse,
-                "kld_max": p.kld_max,
-                "kld_mean": p.kld_mean,
-                "top1_checked": p.top1_checked,
-                "top1_agree": p.top1_agree,
-                "nan": p.nan,
-                "inf": p.inf,
-                "token_agreement": p.token_agreement,
-                "reference_tokens": list(p.reference_tokens),
-                "candidate_tokens": list(p.candidate_tokens),
-                "reasons": list(p.reasons),
-            }
+    return ValidateSummary(
+        passed=report.passed,
+        max_abs_diff=report.max_abs_diff,
+        nmse=report.nmse,
+        kld=report.kld_max,
+        steps=report.steps,
+        tolerances=dict(report.tolerances),
+        numeric_classes=tuple(report.numeric_classes),
+        blame=report.blame.to_dict() if report.blame else None,
+        reasons=tuple(report.reasons),
+        prompts=tuple(
+            PromptDiff(
+                prompt_tokens=p.prompt_tokens,
+                positions=p.positions,
+                max_abs_diff=p.max_abs_diff,
+                nmse=p.nmse,
+                kld_max=p.kld_max,
+                kld_mean=p.kld_mean,
+                top1_checked=p.top1_checked,
+                top1_agree=p.top1_agree,
+                nan=p.nan,
+                inf=p.inf,
+                token_agreement=p.token_agreement,
+                reference_tokens=tuple(p.reference_tokens),
+                candidate_tokens=tuple(p.candidate_tokens),
+                reasons=tuple(p.reasons),
+            )
             for p in report.prompts
-        ],
-    }
+        ),
+    )
 
 
 def _run_objectives(
