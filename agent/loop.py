@@ -25,7 +25,7 @@ from agent import report
 from agent.acceptance import Decision, decide
 from agent.experiment import Experiment
 from agent.fleet import Slot, past_invocations
-from agent.phase import TRIAL_NEXT, Phase, advance
+from agent.phase import Phase, TrialStage
 from agent.records import Confirmation, TrialRecord
 from agent.runner import INFO_TIMEOUT_S, LOAD_TIMEOUT_S, QUEUE_DEPTH, Pending, RayRunner
 from agent.space import config_key
@@ -241,8 +241,11 @@ class Agent:
         return (model, st.baseline, st.baseline, self.exp.validate, self.exp.bench, True)
 
     def evaluate_args(self, p: Pending) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The evaluate call's arguments; every evaluation sent (first or again, by either
+        runner) passes here, so the trial's move to RUNNING or CONFIRMING is made here."""
         st = p.study
         assert st is not None
+        st.move(p.trial.number, TrialStage.sent(p.phase))
         args = (st.model, p.flat, st.best.config, self.exp.validate, self.exp.bench)
         return args, {"promoted": _promoted_arg(st, p.role)}
 
@@ -448,7 +451,7 @@ class Agent:
             others = self.runner.others(p.slot)
             if (self.exp.acceptance.confirm and others) or not against_current:
                 exclude = p.slot.worker_id if others else None
-                advance(Phase.TRIAL, Phase.CONFIRM, TRIAL_NEXT)
+                st.move(p.trial.number, TrialStage.CONFIRM_WAIT)
                 st.confirm_queue.append(
                     ConfirmRequest(
                         p.trial, p.flat, p.role, res, decision, exclude, p.paired_against, overhead

@@ -19,6 +19,7 @@ import optuna
 from optuna.trial import TrialState
 
 from agent.experiment import Experiment
+from agent.phase import TrialStage, move
 from agent.records import Outcome, TrialRecord
 from agent.samplers import make_sampler
 from agent.space import SearchSpace, build_space, config_key
@@ -78,6 +79,7 @@ class StudyState:
         )
         self.tried: set[str] = set()  # configs evaluated or failed: never run again
         self.in_flight: dict[int, str] = {}  # trial number -> config key
+        self.states: dict[int, TrialStage] = {}  # trial number -> state, until it finishes
         self.evaluated = 0  # trials that spent budget
         self.duplicates_in_a_row = 0
         self.exhausted = False
@@ -217,13 +219,21 @@ class StudyState:
                 continue
             self.duplicates_in_a_row = 0
             self.in_flight[trial.number] = key
+            self.states[trial.number] = TrialStage.ASKED
             return trial, flat, role
+
+    def move(self, number: int, nxt: TrialStage) -> None:
+        """Trial ``number`` moves to ``nxt`` (agent.phase.TRIAL_MOVES; IllegalTransition if not)."""
+        self.states[number] = move(number, self.states.get(number), nxt)
+        if nxt is TrialStage.FINISHED:
+            del self.states[number]
 
     # --- tell ---------------------------------------------------------------------------
     def finish(self, trial: optuna.Trial, record: TrialRecord, values: list[float] | None) -> None:
         """Close a trial: the agent's own state now; the storage write (the record as user attrs,
         then tell: COMPLETE with values, else FAIL) is queued for ``flush``, so the agent can
         hand the worker its next trial first."""
+        self.move(trial.number, TrialStage.FINISHED)
         key = self.in_flight.pop(trial.number, None)
         if record.outcome.spends_budget or record.outcome is Outcome.INFEASIBLE:
             self.tried.add(key or config_key(record.config))

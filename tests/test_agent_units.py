@@ -497,7 +497,7 @@ def test_worker_calls_follow_the_phase_table(monkeypatch: pytest.MonkeyPatch) ->
     """The setup a (re)started worker is given is a path through agent.phase's table, and the
     table refuses calls out of order (an evaluation before the worker is identified)."""
     from agent import fleet
-    from agent.phase import TRIAL_NEXT, WORKER_NEXT, Phase, advance
+    from agent.phase import WORKER_NEXT, IllegalTransition, Phase, advance
 
     monkeypatch.setattr(fleet, "spawn", lambda *a: object())  # no Ray: the setup list only
     f = fleet.Fleet({"cpu": 1}, {"cpu": ("numpy",)}, None, "")
@@ -512,7 +512,39 @@ def test_worker_calls_follow_the_phase_table(monkeypatch: pytest.MonkeyPatch) ->
         assert last is Phase.CONFIRM
     assert set(WORKER_NEXT) == {None, *Phase} and str(Phase.AA) == "aa"
     for last, nxt in [(None, Phase.TRIAL), (Phase.TRIAL, Phase.LOAD), (Phase.AA, Phase.INFO)]:
-        with pytest.raises(AssertionError, match=f"a {nxt} call cannot follow"):
+        with pytest.raises(IllegalTransition, match=f"a {nxt} call cannot follow"):
             advance(last, nxt)
-    with pytest.raises(AssertionError):
-        advance(Phase.CONFIRM, Phase.TRIAL, TRIAL_NEXT)  # a confirmed trial is not run again
+
+
+def test_a_trial_moves_only_as_the_table_allows() -> None:
+    """A trial's life is agent.phase's table: asked -> running -> (confirm) -> finished, a
+    lost call back to its own phase; any other move raises, and a finished trial is done."""
+    import optuna
+
+    from agent.phase import TRIAL_MOVES, IllegalTransition, Phase, TrialStage
+    from agent.records import TrialRecord
+
+    assert set(TRIAL_MOVES) == set(TrialStage) and not TRIAL_MOVES[TrialStage.FINISHED]
+    st = _study(optuna.storages.InMemoryStorage())
+    trial, flat, role = st.ask()
+    n = trial.number
+    assert st.states[n] is TrialStage.ASKED
+    with pytest.raises(IllegalTransition, match=f"trial {n}: asked -> confirming"):
+        st.move(n, TrialStage.sent(Phase.CONFIRM))  # a confirmation of a trial never run
+    for nxt in (
+        TrialStage.RUNNING,
+        TrialStage.retry(Phase.TRIAL),
+        TrialStage.RUNNING,
+        TrialStage.CONFIRM_WAIT,
+        TrialStage.CONFIRMING,
+        TrialStage.retry(Phase.CONFIRM),
+        TrialStage.CONFIRMING,
+    ):
+        st.move(n, nxt)
+    with pytest.raises(IllegalTransition, match="confirming -> running"):
+        st.move(n, TrialStage.RUNNING)  # a confirmed trial is not run again
+    rec = TrialRecord(st.name, n, role, "ok", config=flat)
+    st.finish(trial, rec, [1.0])
+    assert n not in st.states
+    with pytest.raises(IllegalTransition, match="unknown -> finished"):
+        st.finish(trial, rec, [1.0])  # told twice
