@@ -1,6 +1,7 @@
 """The agent's strategy: workers of each device class evaluate trials of that class's studies,
 as many in flight as there are workers; results are accepted, confirmed, told and promoted.
-The calls themselves are the Ray runner's (agent.runner), the reporting agent.report's.
+The calls themselves are a runner's (agent.runner: Ray; agent.local: this process), the
+reporting agent.report's.
 
     ask (a confirmation wanted? else the study's next trial) -> dispatch (runner)
     -> decide (accept?) -> tell (record the trial) -> at the end: promote each study's best
@@ -25,6 +26,7 @@ from agent import report
 from agent.acceptance import Decision, decide
 from agent.experiment import Experiment
 from agent.fleet import Slot, past_invocations
+from agent.local import LocalRunner
 from agent.phase import Phase, TrialStage
 from agent.records import Confirmation, TrialRecord
 from agent.runner import INFO_TIMEOUT_S, LOAD_TIMEOUT_S, QUEUE_DEPTH, Pending, RayRunner
@@ -67,6 +69,7 @@ class RunOptions:
     shutdown: bool = True  # shut an embedded Ray down at the end
     lease: str = lease_mod.ERROR  # another live agent holds a study: error | wait | take-over
     lease_ttl_s: float = lease_mod.TTL_S
+    local: bool = False  # agent.local.LocalRunner: in this process, this machine, no Ray
 
 
 @dataclass
@@ -99,7 +102,8 @@ class Agent:
         self.t0 = time.monotonic()
         self.promotion_errors: dict[str, str] = {}
         self.promotions: dict[str, dict[str, Any]] = {}  # study -> what this run did about it
-        self.runner = RayRunner(self, exp.models, exp.budget.trial_timeout_s, self.warnings)
+        runner = LocalRunner if opts.local else RayRunner
+        self.runner = runner(self, exp.models, exp.budget.trial_timeout_s, self.warnings)
 
     # --- setup --------------------------------------------------------------------------
     def promote_repo(self) -> Path:
