@@ -268,7 +268,6 @@ def _status(args: argparse.Namespace) -> int:
 
 def _check(args: argparse.Namespace) -> int:
     from agent.experiment import load_experiment
-    from agent.space import build_space
     from engine.tuning import REGISTRY
 
     exp = load_experiment(args.experiment)
@@ -280,7 +279,7 @@ def _check(args: argparse.Namespace) -> int:
         if b not in REGISTRY.backends():
             print(f"  {b}: no kernels registered here (skipped)")
             continue
-        space = build_space(b, exp.space_for(b))
+        space = exp.search_space(b)
         print(f"  {b}: {space.size} configs")
         for name, choices in space.grid().items():
             print(f"    {name}: {choices}")

@@ -76,6 +76,7 @@ class RunOptions:
 class ConfirmRequest:
     trial: Any
     flat: dict[str, Any]
+    config: TuningConfig  # ``flat`` resolved and checked when the trial was asked
     role: str
     first: EvalResult
     decision: Decision
@@ -242,7 +243,8 @@ class Agent:
         st = self.studies.get((slot.device_class, model))
         if st is None:
             return None
-        return (model, st.baseline, st.baseline, self.exp.validate, self.exp.bench, True)
+        base = st.resolve(st.baseline)
+        return (model, base, base, self.exp.validate, self.exp.bench, True)
 
     def evaluate_args(self, p: Pending) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """The evaluate call's arguments; every evaluation sent (first or again, by either
@@ -250,7 +252,9 @@ class Agent:
         st = p.study
         assert st is not None
         st.move(p.trial.number, TrialStage.sent(p.phase))
-        args = (st.model, p.flat, st.best.config, self.exp.validate, self.exp.bench)
+        assert p.config is not None  # resolved and checked once, when the trial was asked
+        best = st.resolve(st.best.config)
+        args = (st.model, p.config, best, self.exp.validate, self.exp.bench)
         return args, {"promoted": _promoted_arg(st, p.role)}
 
     def _studies_of(self, slot: Slot) -> list[StudyState]:
@@ -265,7 +269,9 @@ class Agent:
                 if req.exclude == slot.worker_id and any(s.worker_id != req.exclude for s in alive):
                     continue
                 st.confirm_queue.remove(req)
-                self._dispatch_eval(slot, st, req.trial, req.flat, req.role, Phase.CONFIRM, req)
+                self._dispatch_eval(
+                    slot, st, req.trial, req.flat, req.config, req.role, Phase.CONFIRM, req
+                )
                 return True
         if self._over_time():
             return False
@@ -277,9 +283,9 @@ class Agent:
                 if asked is None:
                     break
                 trial, flat, role = asked
-                problems = self._problems(slot, flat)
-                if not problems:
-                    self._dispatch_eval(slot, st, trial, flat, role, Phase.TRIAL, None)
+                cfg, problems = self._resolve(st, slot, flat)
+                if cfg is not None:
+                    self._dispatch_eval(slot, st, trial, flat, cfg, role, Phase.TRIAL, None)
                     return True
                 p = Pending(Phase.TRIAL, slot, None, 0.0, 0.0, st.model, st, trial, flat, role)
                 rec = self._record(p, None, Outcome.INFEASIBLE, problems, 0.0)
@@ -287,19 +293,22 @@ class Agent:
                 report.log_trial(self.exp, st, rec)
         return False
 
-    def _problems(self, slot: Slot, flat: dict[str, Any]) -> str:
-        """Registry constraints this config breaks on the slot's device ("" when none): checked
-        here, so an infeasible config never takes a worker's turn."""
-        from engine.backends.base import DeviceInfo
+    def _resolve(
+        self, st: StudyState, slot: Slot, flat: dict[str, Any]
+    ) -> tuple[TuningConfig | None, str]:
+        """The config, resolved against the registry and checked against the slot's device,
+        once: (the config, "") or (None, what is wrong). It travels typed to the worker, which
+        neither rebuilds nor re-checks it; an infeasible one never takes a worker's turn."""
+        from engine.device_info import DeviceInfo
         from engine.errors import ConfigError
 
-        if slot.info is None or not slot.info.device:
-            return ""
         try:
-            cfg = TuningConfig.from_flat(slot.backend, flat)
+            cfg = st.resolve(flat)
         except ConfigError as e:
-            return str(e)
-        return "; ".join(cfg.problems(DeviceInfo(**slot.info.device)))
+            return None, str(e)
+        device = DeviceInfo(**slot.info.device) if slot.info and slot.info.device else None
+        problems = "; ".join(cfg.problems(device))
+        return (None, problems) if problems else (cfg, "")
 
     def _can_start(self, st: StudyState) -> bool:
         return not st.exhausted and st.budget_left() > 0
@@ -310,11 +319,13 @@ class Agent:
         st: StudyState,
         trial: Any,
         flat: dict[str, Any],
+        cfg: TuningConfig,
         role: str,
         phase: Phase,
         req: ConfirmRequest | None,
     ) -> None:
         p = Pending(phase, slot, None, 0.0, 0.0, st.model, st, trial, flat, role)
+        p.config = cfg
         p.paired_against = st.best.trial
         if req is not None:
             p.first, p.first_decision, p.first_overhead_s = req.first, req.decision, req.overhead_s
@@ -458,7 +469,15 @@ class Agent:
                 st.move(p.trial.number, TrialStage.CONFIRM_WAIT)
                 st.confirm_queue.append(
                     ConfirmRequest(
-                        p.trial, p.flat, p.role, res, decision, exclude, p.paired_against, overhead
+                        p.trial,
+                        p.flat,
+                        p.config,
+                        p.role,
+                        res,
+                        decision,
+                        exclude,
+                        p.paired_against,
+                        overhead,
                     )
                 )
                 log.info(
@@ -549,7 +568,7 @@ class Agent:
         rel = promoted_path(st.device_class, st.family, repo / "configs").relative_to(repo)
         note = ""
         try:
-            cfg = TuningConfig.from_flat(st.backend, st.best.config)
+            cfg = st.resolve(st.best.config)
             done = st.promotion_in(str(repo), branch)
             if done and done.get("trial") == st.best.trial:
                 why = still_there(repo, branch, rel, str(done.get("commit", "")), cfg)

@@ -21,6 +21,7 @@ from agent.fleet import BUSY, DEAD, IDLE, MAX_RESTARTS_IN_A_ROW, STARTING, Fleet
 from agent.phase import Phase, TrialStage, advance
 from agent.study import StudyState
 from engine.errors import EngineError
+from engine.tuning import TuningConfig
 from worker.records import EvalResult, Outcome
 
 log = logging.getLogger("agent")
@@ -44,6 +45,7 @@ class Pending:
     trial: Any = None
     flat: dict[str, Any] = field(default_factory=dict)
     role: str = ""
+    config: TuningConfig | None = None  # ``flat`` resolved and checked once, by the strategy
     paired_against: int | None = None
     gap_s: float = 0.0  # agent time between the worker going idle and this dispatch
     first: EvalResult | None = None  # confirm: the result being confirmed

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +22,8 @@ from agent.experiment import Experiment
 from agent.phase import TrialStage, move
 from agent.records import Outcome, TrialRecord
 from agent.samplers import make_sampler
-from agent.space import SearchSpace, build_space, config_key
+from agent.space import SearchSpace, config_key
+from engine.tuning import TuningConfig
 from worker.models import model_label
 
 log = logging.getLogger(__name__)
@@ -67,9 +68,7 @@ class StudyState:
         self.model = model
         self.family = family
         self.name = study_name(exp.name, device_class, model)
-        self.space: SearchSpace = build_space(
-            backend, exp.space_for(backend), ordinal=exp.sampler.name == "cmaes"
-        )
+        self.space: SearchSpace = exp.search_space(backend)  # resolved once, at load
         self.study = optuna.create_study(
             study_name=self.name,
             storage=storage,
@@ -86,6 +85,7 @@ class StudyState:
         self.interrupted_on_resume = 0
         self.space_changed = ""  # on resume: how the search space differs from the study's start
         self.confirm_queue: list[Any] = []
+        self._resolved: dict[str, TuningConfig] = {}  # config key -> config (see resolve)
         self.teach_failures = True  # False: failed trials told FAIL, unseen by the sampler
         self._writes: list[Callable[[], None]] = []  # storage writes deferred by finish/set_best
         self._resume(baseline, baseline_source)
@@ -314,6 +314,15 @@ class StudyState:
         self.best = Best(None, dict(self.baseline))
         params = self.space.params_of(self.baseline) or {}
         self.study.enqueue_trial(params, user_attrs={"role": BASELINE})
+
+    def resolve(self, flat: Mapping[str, Any]) -> TuningConfig:
+        """A flat config of this study resolved against the registry (ConfigError when it does
+        not resolve), once per config: what the agent sends the worker, typed."""
+        key = config_key(flat)
+        cfg = self._resolved.get(key)
+        if cfg is None:
+            cfg = self._resolved[key] = TuningConfig.from_flat(self.backend, flat)
+        return cfg
 
     def baseline_trial(self) -> int | None:
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):

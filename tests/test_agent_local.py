@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import optuna
@@ -17,9 +18,9 @@ from agent.experiment import parse_experiment
 from agent.loop import RunOptions, run_experiment
 from agent.records import Outcome, TrialRecord
 from agent.storage import parse_storage
-from engine import backends as engine_backends
 from engine.tuning import TuningConfig
 from engine.tuning.promoted import find_promoted
+from worker import testing
 
 
 def _experiment(model: str) -> dict:
@@ -58,40 +59,62 @@ def _records(storage: str) -> list[TrialRecord]:
     return [TrialRecord.from_attrs(s.study_name, t.number, t.user_attrs) for t in study.trials]
 
 
+@pytest.fixture
+def faults() -> Iterator[None]:
+    testing.install()
+    yield
+    testing.uninstall()
+
+
+@pytest.mark.usefixtures("faults")
 def test_local_run_finds_promotes_and_resumes_without_ray(
     tiny_model_path: Path, repo: Path, tmp_path: Path
 ) -> None:
-    """A promoted slow config is the baseline; the local run measures candidates paired against
-    it on this process's NumPy backend, accepts a faster one and promotes it, as the Ray runner
-    would; a second run resumes the study. Ray is never started."""
+    """The baseline is a promoted config with a slowed matmul; the local run measures each
+    candidate paired against the best on this process's test backend, records the broken ones
+    by kind, accepts the fast matmul and promotes it, as the Ray runner would (a deterministic
+    4x, so a loaded machine cannot hide it); a second run resumes and runs nothing again."""
     from agent.promote import promote
 
-    device = engine_backends.create("numpy").device_info()
-    slow = TuningConfig.default("numpy").replace(**{"prefill.chunk_tokens": 1})
-    promote(repo, device.device_class, "qwen2", slow, {"seeded": True})
+    slow = TuningConfig.default(testing.NAME).replace(**{"matmul_prefill.variant": "slow"})
+    promote(repo, "cpu-sim", "qwen2", slow, {"seeded": True})
+    data = _experiment(str(tiny_model_path))
+    variants = ["cached_f32", "slow", "wrong", "nocompile", "raises"]
+    data |= {
+        "backends": [testing.NAME],
+        "space": {testing.NAME: {"matmul_prefill": {"variants": variants}}},
+        "budget": {"trials": 5, "trial_timeout_s": 120},
+        "sampler": {"name": "grid", "seed": 0},
+    }
+    exp = parse_experiment(data)
     storage = str(tmp_path / "studies.journal")
-    exp = parse_experiment(_experiment(str(tiny_model_path)))
-    summary = run_experiment(exp, RunOptions(parse_storage(storage), promote_repo=repo, local=True))
+    opts = RunOptions(parse_storage(storage), promote_repo=repo, local=True, setup=testing.install)
+    summary = run_experiment(exp, opts)
 
     assert summary.ray == "local" and not ray.is_initialized()
     (s,) = summary.studies
-    assert s.device_class == device.device_class and s.evaluated == 3
-    assert s.changed["prefill.chunk_tokens"][0] == 1 and s.ratio > 1.05, summary.text()
-    assert s.promotion and s.promotion["commit"]
-    found = find_promoted("numpy", device.device_class, "qwen2", root=repo / "configs")
-    assert found is not None and found[0].prefill_chunk > 1
-    recs = [r for r in _records(storage) if r.outcome.spends_budget]
-    assert recs[0].role == "baseline" and recs[0].worker and recs[0].worker.backend == "numpy"
-    won = next(r for r in recs if r.accepted)
-    assert won.decision and won.decision.accepted and won.estimates[s.target].lower > 1.05
-    assert won.validate and won.validate.passed and won.samples[s.target].candidate
+    assert s.device_class == "cpu-sim" and s.evaluated == 5, summary.text()
+    assert s.changed["matmul_prefill.variant"] == ["slow", "cached_f32"], summary.text()
+    assert s.ratio > 1.05 and s.promotion and s.promotion["commit"]
+    found = find_promoted(testing.NAME, "cpu-sim", "qwen2", root=repo / "configs")
+    assert found is not None and found[0].op("matmul_prefill").variant == "cached_f32"
+    ran = [r for r in _records(storage) if r.outcome.spends_budget]
+    recs = {r.config.get("matmul_prefill.variant"): r for r in ran}
+    assert recs["slow"].role == "baseline" and recs["slow"].worker.backend == testing.NAME
+    assert {v: recs[v].outcome for v in ("wrong", "nocompile", "raises")} == {
+        "wrong": Outcome.INVALID,
+        "nocompile": Outcome.COMPILE_ERROR,
+        "raises": Outcome.CRASH,
+    }
+    won = recs["cached_f32"]
+    assert won.accepted and won.decision and won.decision.accepted
+    assert won.estimates[s.target].lower > 1.05 and won.samples[s.target].candidate
+    assert won.validate and won.validate.passed and not recs["wrong"].validate.passed
 
-    again = run_experiment(
-        exp, RunOptions(parse_storage(storage), promote_repo=repo, budget=4, local=True)
-    )
-    assert again.studies[0].evaluated == 4 and not ray.is_initialized()
-    done = [r for r in _records(storage) if r.outcome.spends_budget]
-    assert len(done) == 4 and len({json.dumps(r.config, sort_keys=True) for r in done}) == 4
+    again = run_experiment(exp, opts)
+    assert again.studies[0].evaluated == 5 and not ray.is_initialized()
+    assert again.studies[0].promotion["action"] == "already"
+    assert sum(r.outcome.spends_budget for r in _records(storage)) == 5
 
 
 def test_cli_run_local(

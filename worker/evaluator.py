@@ -15,7 +15,7 @@ import os
 import socket
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -161,14 +161,18 @@ class Evaluator:
     def evaluate(
         self,
         model_ref: str,
-        candidate: dict,
-        best: dict,
+        candidate: TuningConfig | Mapping[str, Any],
+        best: TuningConfig | Mapping[str, Any],
         vplan: ValidatePlan,
         bplan: BenchPlan,
         skip_validate: bool = False,
         promoted: dict[str, Any] | None = None,
     ) -> EvalResult:
-        """Compile, validate and benchmark ``candidate`` (flat config) paired with ``best``.
+        """Compile, validate and benchmark ``candidate`` paired with ``best``.
+
+        A ``TuningConfig`` is taken as resolved and checked against this device by the caller
+        (the agent does it once, when it asks for the trial); a flat config (a replay table, a
+        recheck, a test) is resolved and checked here.
 
         ``promoted`` ({"path", "key"}) says the candidate is a promoted config used as a study's
         baseline, validated under the drift-sentinel ``key``: under this worker's key it is
@@ -180,6 +184,9 @@ class Evaluator:
         """
         t0 = time.time()
         phase: dict[str, float] = {}
+        typed = isinstance(candidate, TuningConfig)
+        cand_flat = candidate.flat() if isinstance(candidate, TuningConfig) else dict(candidate)
+        best_flat = best.flat() if isinstance(best, TuningConfig) else dict(best)
         revalidation: dict[str, Any] | None = None
 
         def done(outcome: Outcome, reason: str = "", **kw: object) -> EvalResult:
@@ -188,8 +195,8 @@ class Evaluator:
             return EvalResult(
                 outcome,
                 self.info(),
-                dict(candidate),
-                dict(best),
+                cand_flat,
+                best_flat,
                 reason,
                 started=t0,
                 finished=time.time(),
@@ -206,11 +213,11 @@ class Evaluator:
                 revalidation = self._promoted_check(model_ref, promoted)
                 skip_validate = not revalidation["revalidated"]
             try:
-                cand_cfg = TuningConfig.from_flat(self.backend, candidate)
-                best_cfg = TuningConfig.from_flat(self.backend, best)
+                cand_cfg = _resolved(self.backend, candidate)
+                best_cfg = _resolved(self.backend, best)
             except ConfigError as e:
                 return done(Outcome.INFEASIBLE, str(e))
-            problems = cand_cfg.problems(device)
+            problems = [] if typed else cand_cfg.problems(device)
             if problems:
                 return done(Outcome.INFEASIBLE, "; ".join(problems))
             t = time.perf_counter()
@@ -256,6 +263,14 @@ class Evaluator:
             log.warning("candidate crashed: %s", e)
             tb = traceback.format_exc(limit=8)
             return done(Outcome.CRASH, f"{type(e).__name__}: {e}\n{tb}")
+
+
+def _resolved(backend: str, config: TuningConfig | Mapping[str, Any]) -> TuningConfig:
+    if isinstance(config, TuningConfig):
+        if config.backend != backend:  # a caller bug: the agent resolves for its slot's backend
+            raise ConfigError(f"a {config.backend} config sent to a {backend} worker")
+        return config
+    return TuningConfig.from_flat(backend, config)
 
 
 def validate_summary(report: object) -> ValidateSummary:
