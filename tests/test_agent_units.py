@@ -3,12 +3,14 @@ TOML, promotion into a git repository, Ray auth and the node bootstrap command."
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
 
 import numpy as np
+import optuna
 import pytest
 
 from agent.acceptance import decide
@@ -548,3 +550,67 @@ def test_a_trial_moves_only_as_the_table_allows() -> None:
     assert n not in st.states
     with pytest.raises(IllegalTransition, match="unknown -> finished"):
         st.finish(trial, rec, [1.0])  # told twice
+
+
+# --- the typed trial record ------------------------------------------------------------------
+OLD_RECORD = {  # user attrs as an older agent stored them: fewer keys, one since dropped
+    "role": "candidate",
+    "outcome": "ok",
+    "reason": "",
+    "config": {"prefill.chunk_tokens": 16},
+    "changed": {"prefill.chunk_tokens": [8, 16]},
+    "paired_against": 0,
+    "metrics": {"prefill_tok_s@32": 120.0},
+    "samples": {"prefill_tok_s@32": {"candidate": [120.0, 121.0], "best": [100.0, 99.0]}},
+    "estimates": {"prefill_tok_s@32": {"ratio": 1.2, "lower": 1.1, "upper": 1.3}},
+    "accepted": True,
+    "decision": {"accepted": True, "reason": "x1.200", "threshold": 1.05, "noise": 0.01},
+    "confirmation": {"worker": {"worker_id": "cpu-1", "host": "h2"}, "outcome": "ok",
+                     "accepted": True, "reason": "again",
+                     "estimates": {"prefill_tok_s@32": {"ratio": 1.19, "lower": 1.08,
+                                                        "upper": 1.3}}},
+    "validate": {"passed": True, "max_abs_diff": 1e-4, "nmse": 1e-9, "steps": 2,
+                 "tolerances": {"nmse": 1e-5},
+                 "prompts": [{"prompt_tokens": 5, "max_abs_diff": 1e-4, "nmse": 1e-9,
+                              "token_agreement": 1.0, "reference_tokens": [1, 2]}]},
+    "worker": {"worker_id": "cpu-0", "host": "h1", "backend": "numpy", "gone_key": 1},
+    "host": "h1",
+    "wall_s": 2.5,
+    "old_field": "ignored",
+}  # fmt: skip
+
+
+def test_trial_record_reads_older_records_and_round_trips() -> None:
+    """A record stored by older code reads typed (missing fields take defaults, unknown keys
+    are dropped); the typed record stores and reads back equal; the dashboard's row reads it."""
+    from agent.dashboard.data import TrialRow
+    from agent.dashboard.fastread import RawTrial
+    from agent.records import Confirmation, TrialRecord, Verdict
+
+    rec = TrialRecord.from_attrs("s", 3, OLD_RECORD)
+    assert rec.outcome is Outcome.OK and rec.outcome.spends_budget and rec.accepted
+    est = rec.estimates["prefill_tok_s@32"]
+    assert (est.ratio, est.lower, est.pairs) == (1.2, 1.1, 0)
+    assert rec.decision == Verdict(True, "x1.200", "", 1.05, 0.01)
+    assert rec.samples["prefill_tok_s@32"].best == (100.0, 99.0)
+    assert rec.validate and rec.validate.passed and rec.validate.kld is None
+    assert rec.validate.numeric_classes is None
+    assert rec.validate.prompts[0].reference_tokens == (1, 2)
+    assert rec.worker and rec.worker.worker_id == "cpu-0" and rec.worker.device == {}
+    conf = rec.confirmation
+    assert isinstance(conf, Confirmation) and conf.accepted and conf.paired_against is None
+    assert conf.worker and conf.worker.host == "h2" and conf.estimates["prefill_tok_s@32"].lower
+    stored = json.loads(json.dumps(rec.to_attrs()))  # as Optuna keeps it: JSON
+    assert "old_field" not in stored and stored["outcome"] == "ok"
+    assert TrialRecord.from_attrs("s", 3, stored) == rec
+    assert TrialRecord.from_attrs("s", 4, {"outcome": "no-such"}).outcome is Outcome.CRASH
+
+    raw = RawTrial(7, 3, optuna.trial.TrialState.COMPLETE, {}, {}, OLD_RECORD, [120.0], 1.0)
+    row = TrialRow.of(raw, "prefill_tok_s@32")
+    assert (row.verdict, row.ratio, row.threshold, row.worker, row.max_abs_diff) == (
+        "accepted",
+        1.2,
+        1.05,
+        "cpu-0",
+        1e-4,
+    )
