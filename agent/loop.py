@@ -299,15 +299,13 @@ class Agent:
         """The config, resolved against the registry and checked against the slot's device,
         once: (the config, "") or (None, what is wrong). It travels typed to the worker, which
         neither rebuilds nor re-checks it; an infeasible one never takes a worker's turn."""
-        from engine.device_info import DeviceInfo
         from engine.errors import ConfigError
 
         try:
             cfg = st.resolve(flat)
         except ConfigError as e:
             return None, str(e)
-        device = DeviceInfo(**slot.info.device) if slot.info and slot.info.device else None
-        problems = "; ".join(cfg.problems(device))
+        problems = "; ".join(cfg.problems(slot.info.device if slot.info else None))
         return (None, problems) if problems else (cfg, "")
 
     def _can_start(self, st: StudyState) -> bool:

@@ -596,7 +596,7 @@ def test_trial_record_reads_older_records_and_round_trips() -> None:
     assert rec.validate and rec.validate.passed and rec.validate.kld is None
     assert rec.validate.numeric_classes is None
     assert rec.validate.prompts[0].reference_tokens == (1, 2)
-    assert rec.worker and rec.worker.worker_id == "cpu-0" and rec.worker.device == {}
+    assert rec.worker and rec.worker.worker_id == "cpu-0" and rec.worker.device is None
     conf = rec.confirmation
     assert isinstance(conf, Confirmation) and conf.accepted and conf.paired_against is None
     assert conf.worker and conf.worker.host == "h2" and conf.estimates["prefill_tok_s@32"].lower

@@ -92,7 +92,7 @@ class Evaluator:
                 driver=dev.driver,
                 memory_bytes=dev.memory_bytes,
                 engine_commit=commit,
-                device=dev.to_dict(),
+                device=dev,
             )
         return self._info
 
@@ -191,7 +191,12 @@ class Evaluator:
 
         def done(outcome: Outcome, reason: str = "", **kw: object) -> EvalResult:
             # The device's state right after the run (clocks, temperature): optional, cheap.
-            gpu = None if outcome is Outcome.INFEASIBLE else gpustate.sample(self.info().device)
+            dev = self.info().device
+            gpu = (
+                None
+                if outcome is Outcome.INFEASIBLE or dev is None
+                else gpustate.sample(dev.to_dict())
+            )
             return EvalResult(
                 outcome,
                 self.info(),

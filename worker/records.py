@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 from typing import Any, TypeVar
 
+from engine.device_info import DeviceInfo
 from engine.tuning.registry import NUMERIC_BUDGETS, Budget
 
 
@@ -85,16 +86,26 @@ class WorkerInfo:
     driver: str
     memory_bytes: int
     engine_commit: str  # git commit of the engine checkout, "+dirty" when it has local edits
-    device: dict[str, Any] = field(default_factory=dict)  # engine DeviceInfo.to_dict()
+    device: DeviceInfo | None = None  # the engine's record of the device (None: not known)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return asdict(self)  # the device as a dict too: JSON for attrs and the status file
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> WorkerInfo:
         blank: dict[str, Any] = {f.name: "" for f in fields(cls)}
-        blank |= {"pid": 0, "memory_bytes": 0, "device": {}}
-        return cls(**known_fields(cls, d, **blank))
+        blank |= {"pid": 0, "memory_bytes": 0}
+        kw = known_fields(cls, d, **blank)
+        dev = kw.get("device")
+        kw["device"] = device_from_dict(dev) if isinstance(dev, Mapping) and dev else None
+        return cls(**kw)
+
+
+def device_from_dict(d: Mapping[str, Any]) -> DeviceInfo:
+    """A DeviceInfo stored as a dict (``to_dict``), older or newer fields tolerated."""
+    return DeviceInfo(
+        **known_fields(DeviceInfo, d, backend="", name="", vendor="", device_class="")
+    )
 
 
 @dataclass(frozen=True)
