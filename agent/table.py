@@ -250,36 +250,40 @@ def measure(
     out: Path,
     progress: Callable[[str], None] = print,
 ) -> Table:
-    """Measure every config of the experiment's space on this machine's device, as a worker
-    would (compile, validate, paired bench against the default), the first model of the
-    experiment; the table is rewritten after each config (a stopped run keeps its rows)."""
+    """Measure every config of the experiment's space on this machine's device: the agent's
+    local runner (agent.local) runs a grid over the whole space on the experiment's first
+    model, each config compiled, validated and paired-benchmarked as a worker does, no
+    promotion; the table is that study's trials. The study is kept beside the table
+    (``OUT.journal``), so a stopped measurement resumes where it stopped."""
+    from dataclasses import replace
+
     from agent.experiment import load_experiment
-    from agent.space import build_space
-    from engine.tuning import TuningConfig
-    from worker.evaluator import Evaluator
+    from agent.loop import RunOptions, run_experiment
+    from agent.storage import parse_storage
 
     exp = load_experiment(exp_path)
-    space = build_space(backend, exp.space_for(backend))
-    base = TuningConfig.default(backend).flat()
-    model = exp.models[0]
-    ev = Evaluator(backend)
-    info = ev.info()
-    ev.load(model)
-    table = Table(
-        relative_to(exp_path, out),
-        backend,
-        exp.acceptance.target,
-        [],
-        f"{info.device_name} ({info.device_class}, driver {info.driver})",
-        f"python -m agent table measure {exp_path} --backend {backend}; model {model}",
+    if backend not in exp.backends:
+        raise ExperimentError(f"--backend {backend}: not in the experiment's {list(exp.backends)}")
+    size = exp.search_space(backend).size
+    exp = replace(
+        exp,
+        name=f"{exp.name}-measure",
+        models=exp.models[:1],
+        backends=(backend,),
+        device_classes=None,
+        sampler=replace(exp.sampler, name="grid"),
+        budget=replace(exp.budget, trials=size + 1),  # + the baseline, when outside the space
     )
-    configs = list(space_configs(space, base))
-    for i, flat in enumerate(configs):
-        res = ev.evaluate(model, flat, base, exp.validate, exp.bench)
-        metric = res.medians().get(exp.acceptance.target) if res.ok else None
-        table.rows.append(Row(flat, metric, res.outcome.value))
-        table.save(out)
-        changed = {k: v for k, v in flat.items() if base.get(k) != v}
-        shown = f"{metric:.2f}" if metric is not None else ""
-        progress(f"[{i + 1}/{len(configs)}] {changed}: {res.outcome.value} {shown}")
+    storage = parse_storage(str(out.with_suffix(".journal")))
+    scratch = out.parent / f".{out.name}.promote"  # no promoted baseline: the registry default
+    opts = RunOptions(storage, promote_repo=scratch, promote=False, local=True)
+    summary = run_experiment(exp, opts)
+    if not summary.studies:
+        why = "; ".join(summary.warnings) or f"no {backend} device here"
+        raise ExperimentError(f"nothing measured: {why}")
+    s = summary.studies[0]
+    table = from_study(storage.open(), s.study, relative_to(exp_path, out), storage.display)
+    table.source = f"python -m agent table measure {exp_path} --backend {backend}; model {s.model}"
+    table.save(out)
+    progress(f"{s.study}: {s.evaluated} configs measured, outcomes {s.outcomes}")
     return table
