@@ -14,7 +14,7 @@ import pytest
 from agent.acceptance import decide
 from agent.experiment import Acceptance
 from agent.stats import aa_noise, paired_ratio
-from worker.records import EvalResult, Outcome, PairedSamples
+from worker.records import EvalResult, Outcome, PairedSamples, ValidateSummary
 
 DECISIONS = 1000
 
@@ -44,7 +44,7 @@ def false_accept_rate(
         cand, best = _pairs(rng, pairs, sigma, order, outlier)
         res = EvalResult(
             Outcome.OK, None, {}, {}, samples=(PairedSamples(acc.target, cand, best),),
-            validate={"passed": True},
+            validate=ValidateSummary(passed=True),
         )  # fmt: skip
         accepted += decide(res, acc, noise, seed=i).accepted
     return accepted / DECISIONS
