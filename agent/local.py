@@ -3,7 +3,7 @@
 Same strategy (agent.loop.Agent: ask, decide, confirm, tell, promote), same acceptance and the
 same worker code (worker.evaluator.Evaluator, which the Ray actor wraps): only the dispatch
 differs. One slot per device class found here, the first of the experiment's backends that
-serves it; calls run one at a time, in order.
+serves it; calls run one at a time, in order, with one BLAS thread as a Ray worker has.
 
     python -m agent run experiments/X.toml --local
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 from agent.fleet import BUSY, DEAD, IDLE, Slot
 from agent.phase import Phase, advance
@@ -45,6 +46,7 @@ class LocalRunner:
         self._backend_of: dict[str, str] = {}  # device class -> the backend that serves it
         self.overheads: list[tuple[float, float]] = []
         self.idle_gaps: list[float] = []
+        self._threads: Any = None  # threadpoolctl's limit while connected
 
     # --- the machine ----------------------------------------------------------------------
     def connect(
@@ -56,8 +58,14 @@ class LocalRunner:
     ) -> None:
         """Find this machine's device classes: each backend of the experiment that opens a
         device here, the first one per class (``address`` and ``resources`` are Ray's)."""
+        from threadpoolctl import threadpool_limits
+
         from engine import backends as engine_backends
 
+        # One BLAS/OpenMP thread, as Ray gives a worker (num_cpus=0: OMP_NUM_THREADS=1), so a
+        # config measures alike here and on the fleet; threaded BLAS on a busy machine made
+        # NumPy trials 25x slower and their ranking noise. Undone in shutdown.
+        self._threads = threadpool_limits(limits=1)
         if setup is not None:
             setup()
         for b in backends:
@@ -95,7 +103,9 @@ class LocalRunner:
             slot.actor = None  # the evaluator and its models go with it
 
     def shutdown(self) -> None:
-        return None
+        if self._threads is not None:
+            self._threads.restore_original_limits()
+            self._threads = None
 
     def drain(self) -> list[Pending]:
         calls, self.pending = self.pending, []
