@@ -70,7 +70,8 @@ class LocalRunner:
             setup()
         for b in backends:
             try:
-                cls = engine_backends.create(b).device_info().device_class
+                with engine_backends.create(b) as be:  # opened to ask, closed again
+                    cls = be.device_info().device_class
             except Exception as e:  # noqa: BLE001 - not usable here: say so, try the next
                 log.info("backend %s: no device here (%s)", b, first_line(e))
                 continue

@@ -11,7 +11,8 @@
 #   bash scripts/fleet_gpu.sh run MODEL EXP... # there (carry .fleet .gl .spv-cache)
 #   bash scripts/fleet_gpu.sh scaling MODEL EXP TRIALS   # there: 1 then 2 CUDA workers
 #
-# run: MODEL is an agent model reference (e.g. synthetic:1.5b) resolved once before the workers
+# run: NODES (default "cuda:0 vulkan:1") says which backend serves which card. MODEL is an
+# agent model reference (e.g. synthetic:1.5b) resolved once before the workers
 # start; each EXP an experiment file (its budget.wall_time_s should end it inside the call).
 # $OUT gets studies.db (the Optuna storage: `python -m agent dashboard --storage
 # sqlite:///.device/N/studies.db`), promo.bundle (the agent's promotion commits:
@@ -44,7 +45,7 @@ run|scaling)
     MODEL=${1:?model}; shift
     mkdir -p "$OUT" /root/fleet/logs /tmp/site
     L=/root/fleet/logs
-    tar xzf .fleet/site.tgz -C /tmp/site || exit 1
+    [ -d /tmp/site/ray ] || tar xzf .fleet/site.tgz -C /tmp/site || exit 1  # once per machine
     MODELS="" source scripts/device_vulkan_env.sh || exit 1
     export PYTHONPATH=/tmp/site:/tmp/vk:$PWD PATH=/tmp/site/bin:$PATH RAY_AUTH_MODE=disabled
     export FLEETTUNE_CACHE=/root/fleet/cache
@@ -91,7 +92,8 @@ run|scaling)
         fi
         exit 0
     fi
-    fleet cuda:0 vulkan:1 || exit 1
+    NODES=${NODES:-cuda:0 vulkan:1}
+    fleet $NODES || exit 1
     ray status 2>&1 | tee $L/ray_status.txt | grep -E "device:|backend:|GPU"
     for exp in "$@"; do
         name=$(basename "$exp" .toml)
@@ -109,14 +111,14 @@ run|scaling)
         cp -r /root/promo/configs/. configs/ && find configs -name '*.toml' | tee $L/promoted.txt
     fi
     tar czf "$OUT/fleet_logs.tgz" -C /root/fleet logs
-    for be in cuda vulkan; do
-        card=0; [ $be = vulkan ] && card=1
+    for node in $NODES; do
+        be=${node%%:*}; card=${node##*:}
         for tag in default promoted; do
             flag=""; [ $tag = default ] && flag=--no-promoted
             FLEETTUNE_VK_DEVICE=$card CUDA_VISIBLE_DEVICES=$card timeout 60 python3 -m engine bench \
                 --backend $be --model $M $flag --prompt-tokens 512 --gen-tokens 128 --repeats 3 \
                 --json > $L/bench_${be}_$tag.json 2> $L/bench_${be}_$tag.err
-            echo "bench $be $tag rc=$? $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print({k: v for k, v in d.items() if 'tok_s' in k})" $L/bench_${be}_$tag.json 2>/dev/null)"
+            echo "bench $be $tag rc=$? $(python3 -c "import json,sys; r=json.load(open(sys.argv[1]))['results'][0]; print({k: round(r[k]['median'], 1) for k in ('prefill_tok_s', 'decode_tok_s')})" $L/bench_${be}_$tag.json 2>/dev/null)"
         done
         tar czf "$OUT/fleet_logs.tgz" -C /root/fleet logs
     done
@@ -125,5 +127,5 @@ run|scaling)
     echo "validate cuda promoted rc=$?"
     tar czf "$OUT/fleet_logs.tgz" -C /root/fleet logs ;;
 *)
-    sed -n 2,19p "$0"; exit 2 ;;
+    sed -n '2,/^set -u/p' "$0" | sed '$d'; exit 2 ;;
 esac
