@@ -54,6 +54,9 @@ _SUFFIX = {
     "F16": "f16",
     "BF16": "bf16",
 }
+# GGML type ids, as mmvw.cu's switch reads them (common.cuh QT_*)
+_QT = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
+_NULL = np.uint64(0)
 
 
 def _import_cupy() -> Any:
@@ -372,6 +375,8 @@ class CudaBackend(Backend):
             dec = self.config.op("matmul_decode")
             if dec.variant == "mmvq" and w.qtype in BLOCK_TYPES:
                 self._mmvq(x, w, y, dec)
+            elif dec.variant == "mmvw" and w.qtype in BLOCK_TYPES:
+                self._mmvw(x, [(w, y, None)])
             else:
                 c = dec if dec.variant == "dmmv" else kernels.DECODE_FALLBACK
                 self._dmmv("decode", c, x, w, y, cols=1)
@@ -422,7 +427,7 @@ class CudaBackend(Backend):
 
     # --- Q8_1 activations (q8.cu) and the integer decode matmul (mmvq.cu) ------------------
     def _int8_decode(self) -> bool:
-        return self.config.op("matmul_decode").variant == "mmvq"
+        return self.config.op("matmul_decode").variant in ("mmvq", "mmvw")
 
     def _q8_lookup(self, x: Any) -> tuple[Any, Any] | None:
         for e in self._q8:  # same memory and shape (a contiguous copy or view of it counts)
@@ -473,6 +478,109 @@ class CudaBackend(Backend):
             (32 * nw,),
             (w.raw, np.int32(w.row_bytes), np.int32(w.n), np.int32(w.k), xq, xds, y),
         )
+
+    def _mmvw(self, x: Any, mats: list[tuple[CudaWeight, Any, Any]]) -> None:
+        """Up to three decode matmuls of one activation row in one launch (mmvw.cu): for each
+        (w, y, a), y = x @ w^T (+ a, a bias or residual of N floats, when not None). Block
+        types only; every w has x's K."""
+        xq, xds = self.quantize_q8(x)
+        c = self.config.op("matmul_decode")
+        rpb = int(c["warps"]) * 32 // int(c["threads_per_row"]) * int(c["rows_per_thread"])
+        nbs, args = [], []
+        for w, y, a in mats:
+            self._q8_forget(y)
+            nbs.append(math.ceil(w.n / rpb))
+            args += [w.raw, np.int32(w.row_bytes), np.int32(w.n), np.int32(_QT[w.qtype]), y]
+            args.append(_NULL if a is None else a)
+        for _ in range(3 - len(mats)):
+            nbs.append(0)
+            args += [_NULL, np.int32(0), np.int32(0), np.int32(0), _NULL, _NULL]
+        self._launch(
+            "mmvw", "mmvw", (sum(nbs),), (int(c["warps"]) * 32,),
+            (xq, xds, np.int32(mats[0][0].k), np.int32(nbs[0]), np.int32(nbs[1]), *args),
+        )  # fmt: skip
+
+    def _wide(self, x: Any, ws: tuple[CudaWeight, ...]) -> bool:
+        """Whether ws can go through one mmvw launch on decode row x."""
+        return (
+            int(x.shape[0]) == 1
+            and self.config.op("matmul_decode").variant == "mmvw"
+            and all(w.qtype in BLOCK_TYPES and w.k == int(x.shape[1]) for w in ws)
+        )
+
+    def _decode_row(self, x: Any) -> Any:
+        return self._aligned16(self._cp.ascontiguousarray(x, dtype=np.float32))
+
+    # --- fused ops (engine.backends.base): fewer launches per decode layer -----------------
+    def attn_in(
+        self,
+        h: Any,
+        wqkv: tuple[CudaWeight, CudaWeight, CudaWeight],
+        bias: tuple[CudaWeight, CudaWeight, CudaWeight] | None,
+        cache: KVCache,
+        layer: int,
+        pos0: int,
+        heads: tuple[int, int, int],
+        theta: float,
+        neox: bool,
+    ) -> Any:
+        """q/k/v in one mmvw launch with the biases added as they store (matmul_decode.mmvw),
+        and/or bias + both ropes + the KV write in one rope_kv launch (rope.fuse_kv)."""
+        H, Hkv, D = heads
+        T = int(h.shape[0])
+        fuse = int(self.config.op("rope")["fuse_kv"]) == 1
+        wide = self._wide(h, wqkv)
+        if not (fuse or wide):
+            return super().attn_in(h, wqkv, bias, cache, layer, pos0, heads, theta, neox)
+        if pos0 + T > cache.capacity:
+            raise ValueError(
+                f"KV cache full: writing positions {pos0}..{pos0 + T - 1} "
+                f"into a cache of {cache.capacity}"
+            )
+        if wide:
+            h = self._decode_row(h)
+            q, k, v = (self._empty((T, w.n)) for w in wqkv)
+            adds = (None,) * 3 if bias is None else tuple(b.f32 for b in bias)
+            self._mmvw(h, [(w, y, a) for w, y, a in zip(wqkv, (q, k, v), adds, strict=True)])
+            bias = None
+        else:
+            q, k, v = (self.matmul(h, w) for w in wqkv)
+        if not fuse:
+            q = self.rope(q.reshape(T, H, D), pos0, theta, neox)
+            k = self.rope(k.reshape(T, Hkv, D), pos0, theta, neox)
+            self.kv_write(cache, layer, k, v.reshape(T, Hkv, D), pos0)
+            return q
+        qo = self._empty((T, H, D))
+        th = int(self.config.op("rope")["threads"])
+        n = T * (H + Hkv) * (D // 2) + T * Hkv * D
+        bq, bk, bv = (_NULL,) * 3 if bias is None else (b.f32 for b in bias)
+        self._launch(
+            "fused", "rope_kv", (self._grid1(n, th),), (th,),
+            (
+                q, k, v, bq, bk, bv, qo, cache.k[layer], cache.v[layer], np.int32(T),
+                np.int32(H), np.int32(Hkv), np.int32(D), np.int32(pos0), self._pos_ptr(),
+                np.float32(theta), np.int32(1 if neox else 0),
+            ),
+        )  # fmt: skip
+        return qo
+
+    def matmul_add(self, x: Any, w: CudaWeight, r: Any) -> Any:
+        """Under matmul_decode.mmvw a decode row's projection adds the residual as it stores."""
+        if not self._wide(x, (w,)) or w.raw is None:
+            return super().matmul_add(x, w, r)
+        r = self._cp.ascontiguousarray(r, dtype=np.float32)
+        y = self._empty((1, w.n))
+        self._mmvw(self._decode_row(x), [(w, y, r)])
+        return y
+
+    def ffn(self, h: Any, gate: CudaWeight, up: CudaWeight, down: CudaWeight, r: Any) -> Any:
+        """Under matmul_decode.mmvw: gate and up in one launch, swiglu_q8, down + residual."""
+        if not self._wide(h, (gate, up)):
+            return super().ffn(h, gate, up, down, r)
+        h = self._decode_row(h)
+        g, u = self._empty((1, gate.n)), self._empty((1, up.n))
+        self._mmvw(h, [(gate, g, None), (up, u, None)])
+        return self.matmul_add(self.swiglu(g, u), down, r)
 
     def _to_f16(self, x: Any) -> Any:
         xh = self._empty(x.shape, np.uint16)
@@ -611,7 +719,8 @@ class CudaBackend(Backend):
         scale = np.float32(1.0 / math.sqrt(D))
         if T == 1:
             c = self.config.op("attention_decode")
-            self._attn_split(q, cache, layer, pos0, out, int(c["splits"]), int(c["warps"]))
+            q8 = self._int8_decode() and D % 32 == 0  # the o projection's Q8_1 input, fused
+            self._attn_split(q, cache, layer, pos0, out, int(c["splits"]), int(c["warps"]), q8)
             return out
         c = self.config.op("attention_prefill")
         if c.variant == "flash" and D <= 128 and D % 4 == 0:
@@ -644,7 +753,15 @@ class CudaBackend(Backend):
         return out
 
     def _attn_split(
-        self, q: Any, cache: KVCache, layer: int, pos0: int, out: Any, splits: int, warps: int
+        self,
+        q: Any,
+        cache: KVCache,
+        layer: int,
+        pos0: int,
+        out: Any,
+        splits: int,
+        warps: int,
+        q8: bool = False,
     ) -> None:
         T, H, D = (int(s) for s in q.shape)
         Hkv = int(cache.k[layer].shape[1])
@@ -671,6 +788,14 @@ class CudaBackend(Backend):
             ),
             smem=4 * warps * (D + 2),
         )
+        if q8:  # combine and quantize: out's Q8_1 form for the next matmul, no extra launch
+            xq, xds = self._q8_buffers(T, H * D)
+            self._launch(
+                "fused", "attn_combine_q8", (H, T), (min(128, max(32, D)),),
+                (part, ml, out, xq, xds, np.int32(H), np.int32(D), np.int32(splits)),
+            )  # fmt: skip
+            self._q8_remember(out.reshape(T, H * D), xq, xds)
+            return
         self._launch(
             "attention", "attn_combine", (H, T), (min(128, max(32, D)),),
             (part, ml, out, np.int32(H), np.int32(D), np.int32(splits)),

@@ -103,9 +103,14 @@ def kernel_names(src: str) -> list[str]:
 
 
 # Modules every config builds, whatever its variants (no tunable defines).
-FIXED_MODULES = {"q8": "q8.cu", "dequant": "dequant.cu", "elementwise": "elementwise.cu"}
+FIXED_MODULES = {
+    "q8": "q8.cu",
+    "dequant": "dequant.cu",
+    "elementwise": "elementwise.cu",
+    "fused": "decode_fused.cu",
+}
 # The module key the backend launches from, per (op, source file) where it is not the file's
-# stem (mmvq, mmq, mmq8 and dequant are).
+# stem (mmvq, mmvw, mmq, mmq8 and dequant are).
 _KEYS = {
     ("matmul_decode", "dmmv.cu"): "decode",
     ("matmul_batched", "dmmv.cu"): "batched",
