@@ -80,6 +80,7 @@ def main() -> int:
     ap.add_argument("--validate", default="fuse_kv,mmvw,mmvw_fused")
     ap.add_argument("--profile", default="default,mmvw_fused")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--validate-after", type=int, default=5, help="benches before validating")
     ap.add_argument("--deadline", type=float, default=float("inf"), help="epoch seconds")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--json", action="store_true", help="print the result JSON at the end")
@@ -116,9 +117,12 @@ def main() -> int:
     print(f"== {name}: loaded in {res['load_s']:.1f}s", flush=True)
     save()
 
-    for v in lists["bench"]:
+    prompts = tokenize_prompts(eng.tokenizer())
+    ref_cache: dict = {}  # the per-token reference, computed once for every candidate
+
+    def run_bench(v: str) -> None:
         if late(f"bench {v}"):
-            continue
+            return
         try:
             be.set_config(config(v, args.backend))
             rep = bench(eng.model, [512], 128, args.repeats, 1)
@@ -136,11 +140,9 @@ def main() -> int:
             print(f"{name} bench {v}: ERROR {e!r}", flush=True)
         save()
 
-    prompts = tokenize_prompts(eng.tokenizer())
-    ref_cache: dict = {}  # the per-token reference, computed once for every candidate
-    for v in lists["validate"]:
+    def run_validate(v: str) -> None:
         if late(f"validate {v}"):
-            continue
+            return
         try:
             t1 = time.time()
             rep = validate(
@@ -154,6 +156,15 @@ def main() -> int:
             res["validate"][v] = {"error": traceback.format_exc()}
             print(f"{name} validate {v}: ERROR {e!r}", flush=True)
         save()
+
+    # the first --validate-after benches, every validate, the other benches: the verdicts come
+    # before the knob sweep when the deadline cuts the run short
+    for v in lists["bench"][: args.validate_after]:
+        run_bench(v)
+    for v in lists["validate"]:
+        run_validate(v)
+    for v in lists["bench"][args.validate_after :]:
+        run_bench(v)
 
     for v in lists["profile"]:
         if late(f"profile {v}"):
