@@ -47,6 +47,11 @@ VARIANTS: dict[str, dict] = {
     "mmvw_t16_r4_u1": MMVW | FUSE | {"matmul_decode.threads_per_row": 16,
                                      "matmul_decode.rows_per_thread": 4,
                                      "matmul_decode.unroll": 1},
+    # decode attention: one warp per key walks its range serially (a load -> shuffle chain per
+    # key), so more key ranges may pay at 512-640 positions
+    "mmvw_s32": MMVW | FUSE | {"attention_decode.splits": 32},
+    "mmvw_s16_w8": MMVW | FUSE | {"attention_decode.splits": 16, "attention_decode.warps": 8},
+    "s32": {"attention_decode.splits": 32},
 }  # fmt: skip
 
 

@@ -29,7 +29,7 @@ wait_model() { while [ ! -f /tmp/models/$1.gguf ] && [ "$(left)" -gt 30 ]; do sl
 ncards=$(nvidia-smi -L | wc -l)
 TCARD=0; [ "$ncards" -gt 1 ] && TCARD=1
 
-BENCH=${BENCH:-default,mmvq,fuse_kv,mmvw,mmvw_fused,mmvw_t16_r2,mmvw_t8_r2,mmvw_u4}
+BENCH=${BENCH:-default,mmvq,fuse_kv,mmvw,mmvw_fused,mmvw_s32,mmvw_t16_r2,mmvw_t8_r2,mmvw_u4,mmvw_s16_w8,s32}
 VALIDATE=${VALIDATE:-fuse_kv,mmvw_fused}
 PROFILE=${PROFILE:-default,mmvw_fused}
 speed() {  # card preset seconds-of-budget-it-may-use
