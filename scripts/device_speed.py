@@ -52,6 +52,12 @@ VARIANTS: dict[str, dict] = {
     "mmvw_s32": MMVW | FUSE | {"attention_decode.splits": 32},
     "mmvw_s16_w8": MMVW | FUSE | {"attention_decode.splits": 16, "attention_decode.warps": 8},
     "s32": {"attention_decode.splits": 32},
+    "kw": {"attention_decode.variant": "split_kw"},
+    "mmvw_kw": MMVW | FUSE | {"attention_decode.variant": "split_kw"},
+    "mmvw_kw_s16": MMVW | FUSE | {"attention_decode.variant": "split_kw",
+                                  "attention_decode.splits": 16},
+    "mmvw_kw_g4": MMVW | FUSE | {"attention_decode.variant": "split_kw",
+                                 "attention_decode.lanes_per_key": 4},
 }  # fmt: skip
 
 
@@ -81,9 +87,9 @@ def decode_profile(eng, n_prompt: int = 512, steps: int = 8) -> dict:  # noqa: A
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model")
-    ap.add_argument("--bench", default="default,mmvq,fuse_kv,mmvw,mmvw_fused")
-    ap.add_argument("--validate", default="fuse_kv,mmvw,mmvw_fused")
-    ap.add_argument("--profile", default="default,mmvw_fused")
+    ap.add_argument("--bench", default="default,mmvq,fuse_kv,mmvw,mmvw_fused,mmvw_kw")
+    ap.add_argument("--validate", default="fuse_kv,kw,mmvw_kw")
+    ap.add_argument("--profile", default="default,mmvw_kw")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--validate-after", type=int, default=5, help="benches before validating")
     ap.add_argument("--deadline", type=float, default=float("inf"), help="epoch seconds")

@@ -177,6 +177,35 @@ def test_attention_combine_leaves_the_q8_form(be, variant, H, Hkv, D, pos0):
     check(y, be.download(a).astype(np.float64) @ dense(w).T, INT8_NMSE)
 
 
+KW_SHAPES = [  # H, Hkv, D, pos0; (D, G) pairs split_kw cannot take fall back to attn_split
+    (2, 1, 64, 0), (4, 2, 64, 37), (28, 4, 128, 600), (12, 2, 128, 5), (2, 2, 256, 33),
+    (3, 1, 80, 9), (1, 1, 32, 0),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("G", [4, 8, 16])
+@pytest.mark.parametrize("splits,warps", [(8, 4), (1, 1), (32, 8), (16, 2)])
+@pytest.mark.parametrize("H,Hkv,D,pos0", KW_SHAPES)
+def test_attention_decode_split_kw(be, G, splits, warps, H, Hkv, D, pos0):
+    """attention_decode.split_kw (several keys per warp step) against float64, with key ranges
+    that are empty (splits > positions) and ragged."""
+    from tests.op_cases import attention_ref
+
+    be.set_config(cfg(**{"attention_decode.variant": "split_kw",
+                         "attention_decode.lanes_per_key": G,
+                         "attention_decode.splits": splits,
+                         "attention_decode.warps": warps}))  # fmt: skip
+    rng = np.random.default_rng(G * 100 + splits + D + pos0)
+    q = rng.standard_normal((1, H, D)).astype(np.float32)
+    k = rng.standard_normal((pos0 + 1, Hkv, D)).astype(np.float32)
+    v = rng.standard_normal((pos0 + 1, Hkv, D)).astype(np.float32)
+    cache = be.new_kv_cache(1, pos0 + 3, Hkv, D)
+    be.kv_write(cache, 0, be.upload(k), be.upload(v), 0)
+    out = be.download(be.attention(be.upload(q), cache, 0, pos0))
+    check(out, attention_ref(q, be.download(cache.k[0]), be.download(cache.v[0]), pos0), 1e-9)
+    be.set_config(cfg())
+
+
 @pytest.mark.parametrize("cid,knobs", MMVW_CONFIGS[:2], ids=[c[0] for c in MMVW_CONFIGS[:2]])
 @pytest.mark.parametrize("T", [1, 2])
 def test_matmul_add_and_ffn(cp, be, cid, knobs, T):
@@ -205,8 +234,9 @@ def test_matmul_add_and_ffn(cp, be, cid, knobs, T):
 # --- whole models ---------------------------------------------------------------------------
 FUSED_MODEL_CONFIGS = [
     {"rope.fuse_kv": 1},
+    {"attention_decode.variant": "split_kw"},
     MMVW,
-    MMVW | {"rope.fuse_kv": 1},
+    MMVW | {"rope.fuse_kv": 1, "attention_decode.variant": "split_kw"},
     mmvw(threads_per_row=16, rows_per_thread=2, unroll=1) | {"rope.fuse_kv": 1},
 ]
 
@@ -245,8 +275,9 @@ def test_fused_decode_graph_equals_eager_and_hooked(be, tiny_model_factory, arch
     "flat", FUSED_MODEL_CONFIGS, ids=[str(i) for i in range(len(FUSED_MODEL_CONFIGS))]
 )
 def test_validate_fused_configs(be, tiny_model_path, flat):
-    """rope.fuse_kv alone against the default reference with the registry's budget; the mmvw
-    configs against per-token mmvq decode with the int8 tolerances of test_cuda_ops."""
+    """rope.fuse_kv and split_kw alone against the default reference with the registry's
+    budget; the mmvw configs against per-token mmvq decode with the int8 tolerances of
+    test_cuda_ops."""
     from engine.validate import Tolerances, validate
 
     be.set_config(cfg())

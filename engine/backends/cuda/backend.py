@@ -720,7 +720,10 @@ class CudaBackend(Backend):
         if T == 1:
             c = self.config.op("attention_decode")
             q8 = self._int8_decode() and D % 32 == 0  # the o projection's Q8_1 input, fused
-            self._attn_split(q, cache, layer, pos0, out, int(c["splits"]), int(c["warps"]), q8)
+            G = int(c["lanes_per_key"]) if c.variant == "split_kw" else 0
+            G = G if G and D % (4 * G) == 0 and D <= 32 * G else 0  # else attn_split serves
+            q = self._aligned16(q) if G else q  # float4 loads of q
+            self._attn_split(q, cache, layer, pos0, out, int(c["splits"]), int(c["warps"]), q8, G)
             return out
         c = self.config.op("attention_prefill")
         if c.variant == "flash" and D <= 128 and D % 4 == 0:
@@ -762,32 +765,44 @@ class CudaBackend(Backend):
         splits: int,
         warps: int,
         q8: bool = False,
+        lanes_per_key: int = 0,
     ) -> None:
         T, H, D = (int(s) for s in q.shape)
         Hkv = int(cache.k[layer].shape[1])
         part = self._empty((T, H, splits, D))
         ml = self._empty((T, H, splits, 2))
-        self._launch(
-            "attention",
-            "attn_split",
-            (splits, H, T),
-            (32 * warps,),
-            (
-                q,
-                cache.k[layer],
-                cache.v[layer],
-                part,
-                ml,
-                np.int32(T),
-                np.int32(H),
-                np.int32(Hkv),
-                np.int32(D),
-                np.int32(pos0),
-                self._pos_ptr(),
-                np.float32(1.0 / math.sqrt(D)),
-            ),
-            smem=4 * warps * (D + 2),
-        )
+        if lanes_per_key:  # decode (T == 1): several keys per warp step
+            self._launch(
+                "attention", "attn_split_kw", (splits, H), (32 * warps,),
+                (
+                    q, cache.k[layer], cache.v[layer], part, ml, np.int32(H), np.int32(Hkv),
+                    np.int32(D), np.int32(lanes_per_key), np.int32(pos0), self._pos_ptr(),
+                    np.float32(1.0 / math.sqrt(D)),
+                ),
+                smem=4 * warps * (D + 2),
+            )  # fmt: skip
+        else:
+            self._launch(
+                "attention",
+                "attn_split",
+                (splits, H, T),
+                (32 * warps,),
+                (
+                    q,
+                    cache.k[layer],
+                    cache.v[layer],
+                    part,
+                    ml,
+                    np.int32(T),
+                    np.int32(H),
+                    np.int32(Hkv),
+                    np.int32(D),
+                    np.int32(pos0),
+                    self._pos_ptr(),
+                    np.float32(1.0 / math.sqrt(D)),
+                ),
+                smem=4 * warps * (D + 2),
+            )
         if q8:  # combine and quantize: out's Q8_1 form for the next matmul, no extra launch
             xq, xds = self._q8_buffers(T, H * D)
             self._launch(

@@ -434,7 +434,28 @@ REGISTRY.register(
             source="cuda/attention.cu",
             numeric="order_only",
             doc="split-KV online softmax + combine; position read on the device (graph-safe)",
-        )
+        ),
+        Variant(
+            B,
+            "attention_decode",
+            "split_kw",
+            params=(
+                Param("splits", (1, 2, 4, 8, 16, 32), 8, "key ranges per head (split-KV)", PUSHED),
+                Param("warps", (1, 2, 4, 8), 4, "warps per key range", PUSHED),
+                Param(
+                    "lanes_per_key",
+                    (4, 8, 16),
+                    8,
+                    "lanes sharing one key (32 / this many keys per warp step; needs "
+                    "head_dim % (4 * lanes) == 0 and head_dim <= 32 * lanes, else split runs)",
+                    PUSHED,
+                ),
+            ),
+            source="cuda/attention.cu",
+            numeric="order_only",
+            doc="split with several keys per warp step (float4 loads, a shorter dependent "
+            "chain per warp); same partials and combine",
+        ),
     ],
 )
 REGISTRY.register(
