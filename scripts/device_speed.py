@@ -58,6 +58,9 @@ VARIANTS: dict[str, dict] = {
                                   "attention_decode.splits": 16},
     "mmvw_kw_g4": MMVW | FUSE | {"attention_decode.variant": "split_kw",
                                  "attention_decode.lanes_per_key": 4},
+    # every decode change of issue 14 at once
+    "mmvw_all": MMVW | FUSE | {"attention_decode.variant": "split_kw", "argmax.variant": "multi"},
+    "all_dmmv": FUSE | {"attention_decode.variant": "split_kw", "argmax.variant": "multi"},
 }  # fmt: skip
 
 
@@ -87,9 +90,9 @@ def decode_profile(eng, n_prompt: int = 512, steps: int = 8) -> dict:  # noqa: A
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model")
-    ap.add_argument("--bench", default="default,mmvq,fuse_kv,mmvw,mmvw_fused,mmvw_kw")
-    ap.add_argument("--validate", default="fuse_kv,kw,mmvw_kw")
-    ap.add_argument("--profile", default="default,mmvw_kw")
+    ap.add_argument("--bench", default="default,mmvq,all_dmmv,mmvw_fused,mmvw_all")
+    ap.add_argument("--validate", default="all_dmmv,mmvw_all")
+    ap.add_argument("--profile", default="default,mmvw_all")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--validate-after", type=int, default=5, help="benches before validating")
     ap.add_argument("--deadline", type=float, default=float("inf"), help="epoch seconds")

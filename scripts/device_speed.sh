@@ -29,9 +29,9 @@ wait_model() { while [ ! -f /tmp/models/$1.gguf ] && [ "$(left)" -gt 30 ]; do sl
 ncards=$(nvidia-smi -L | wc -l)
 TCARD=0; [ "$ncards" -gt 1 ] && TCARD=1
 
-BENCH=${BENCH:-default,mmvq,fuse_kv,mmvw_fused,mmvw_kw,kw,mmvw,mmvw_s32,mmvw_kw_s16,mmvw_kw_g4,mmvw_t16_r2,mmvw_t8_r2,mmvw_u4,mmvw_s16_w8}
-VALIDATE=${VALIDATE:-fuse_kv,kw,mmvw_kw}
-PROFILE=${PROFILE:-default,mmvw_kw}
+BENCH=${BENCH:-default,mmvq,all_dmmv,mmvw_fused,mmvw_all,mmvw_kw,fuse_kv,kw,mmvw,mmvw_s32,mmvw_kw_s16,mmvw_kw_g4,mmvw_t16_r2,mmvw_t8_r2,mmvw_u4}
+VALIDATE=${VALIDATE:-all_dmmv,mmvw_all}
+PROFILE=${PROFILE:-default,mmvw_all}
 speed() {  # card preset seconds-of-budget-it-may-use
   wait_model $2
   [ -f /tmp/models/$2.gguf ] || { echo "$2: model not written in time" | tee -a "$OUT/speed_$2.log"; return; }

@@ -206,6 +206,28 @@ def test_attention_decode_split_kw(be, G, splits, warps, H, Hkv, D, pos0):
     be.set_config(cfg())
 
 
+@pytest.mark.parametrize("blocks,threads", [(64, 256), (8, 1024), (256, 128)])
+@pytest.mark.parametrize("T,V", [(1, 1), (1, 151936), (3, 1000), (2, 33), (1, 152064)])
+def test_argmax_multi_first_maximum(be, blocks, threads, T, V):
+    """argmax.multi: the first maximum over block boundaries, ties across blocks, NaN never
+    wins, all -inf gives 0; run twice (the tickets reset, as a graph replay needs)."""
+    be.set_config(cfg(**{"argmax.variant": "multi", "argmax.blocks": blocks,
+                         "argmax.threads": threads}))  # fmt: skip
+    rng = np.random.default_rng(V + blocks)
+    logits = rng.standard_normal((T, V)).astype(np.float32)
+    if V > 10:
+        logits[0, [V - 3, 7]] = 50.0  # a tie in different blocks: the first index wins
+        logits[-1, [V - 1, 3]] = 60.0
+        logits[-1, 5] = np.nan
+    if T > 1:
+        logits[1] = -np.inf
+    for _ in range(2):
+        out = be.download(be.argmax(be.upload(logits)))
+        want = np.argmax(np.nan_to_num(logits, nan=-np.inf), axis=-1)
+        assert out.tolist() == want.tolist()
+    be.set_config(cfg())
+
+
 @pytest.mark.parametrize("cid,knobs", MMVW_CONFIGS[:2], ids=[c[0] for c in MMVW_CONFIGS[:2]])
 @pytest.mark.parametrize("T", [1, 2])
 def test_matmul_add_and_ffn(cp, be, cid, knobs, T):
@@ -236,7 +258,7 @@ FUSED_MODEL_CONFIGS = [
     {"rope.fuse_kv": 1},
     {"attention_decode.variant": "split_kw"},
     MMVW,
-    MMVW | {"rope.fuse_kv": 1, "attention_decode.variant": "split_kw"},
+    MMVW | {"rope.fuse_kv": 1, "attention_decode.variant": "split_kw", "argmax.variant": "multi"},
     mmvw(threads_per_row=16, rows_per_thread=2, unroll=1) | {"rope.fuse_kv": 1},
 ]
 

@@ -1,14 +1,15 @@
 // decode_fused.cu: kernels that do the work of several small ops of the decode schedule in one
-// launch (fewer graph nodes per token). Each computes exactly what the ops it replaces compute,
-// in the same order, so results are bit-identical to the unfused schedule.
+// launch (fewer graph nodes per token). Each computes what the ops it replaces compute, with the
+// same arithmetic in the same order.
 //
-// Variants (engine/tuning/kernels/cuda.py): no variant of its own; the knob rope.fuse_kv and
-// the int8 decode paths (matmul_decode.mmvq / mmvw) pick these kernels:
+// Variants (engine/tuning/kernels/cuda.py): argmax.multi; the knob rope.fuse_kv and the int8
+// decode paths (matmul_decode.mmvq / mmvw) pick the others:
 //   rope_kv          q, k, v (+ their biases) -> RoPE of q (out) and of k, k and v written into
 //                    the cache: the three bias adds, two ropes and kv_write of a layer
 //   attn_combine_q8  attn_combine (attention.cu) that also writes the output's Q8_1 blocks,
 //                    the attention-output projection's input
-// Tunables: launch parameters only (threads per block), so nothing is compiled per config.
+//   argmax_multi     argmax.multi: a row's argmax over many blocks in one launch
+// Tunables: launch parameters only (threads, blocks), so nothing is compiled per config.
 // Positions: a scalar and a device pointer (non-null wins), as in elementwise.cu.
 #include "common.cuh"
 
@@ -100,5 +101,73 @@ extern "C" __global__ void attn_combine_q8(const float* __restrict__ part,
         out[e] = a;
         xq[e] = (signed char)qv;
         if ((threadIdx.x & 31) == 0) xds[e / 32] = make_float2(dq, dq * (float)sq);
+    }
+}
+
+// argmax.multi: logits [T, V] -> out [T] int32, the first maximum (NaN never wins), as
+// elementwise.cu's argmax, over gridDim.x blocks per row instead of one: block b reduces its
+// slice to (value, index) in pv / pi [T, B]; the row's last block to finish (a ticket counter,
+// reset to 0 by that block, so a captured graph replays it) reduces the B partials.
+__device__ __forceinline__ void better(float v, int i, float& best, int& bi) {
+    if (v > best || (v == best && i < bi)) {
+        best = v;
+        bi = i;
+    }
+}
+
+// (best, bi) of the block into thread 0; every thread must call it.
+__device__ __forceinline__ void block_argmax(float& best, int& bi) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        better(ov, oi, best, bi);
+    }
+    const int w = threadIdx.x / 32, nw = blockDim.x / 32;
+    __syncthreads();  // sv / si may still be read by an earlier call
+    if ((threadIdx.x & 31) == 0) {
+        sv[w] = best;
+        si[w] = bi;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0)
+        for (int i = 1; i < nw; ++i) better(sv[i], si[i], best, bi);
+}
+
+extern "C" __global__ void argmax_multi(const float* __restrict__ x, int V, int* __restrict__ out,
+                                        float* pv, int* pi, unsigned int* ticket) {
+    __shared__ bool last;
+    const int t = blockIdx.y, b = blockIdx.x, B = gridDim.x;
+    const int chunk = (V + B - 1) / B, lo = b * chunk, hi = min(V, lo + chunk);
+    const float* r = x + (size_t)t * V;
+    float best = __int_as_float(0xff800000);  // -inf
+    int bi = 0x7fffffff;
+    for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+        const float v = r[i];
+        if (v > best) {  // strided walk: a later equal value never replaces an earlier one
+            best = v;
+            bi = i;
+        }
+    }
+    block_argmax(best, bi);
+    if (threadIdx.x == 0) {
+        pv[(size_t)t * B + b] = best;
+        pi[(size_t)t * B + b] = bi;
+        __threadfence();  // the partial is visible before the ticket says so
+        last = atomicAdd(ticket + t, 1u) == (unsigned)(B - 1);
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    best = __int_as_float(0xff800000);
+    bi = 0x7fffffff;
+    for (int i = threadIdx.x; i < B; i += blockDim.x)  // L2 reads: other blocks' partials
+        better(__ldcg(pv + (size_t)t * B + i), __ldcg(pi + (size_t)t * B + i), best, bi);
+    block_argmax(best, bi);
+    if (threadIdx.x == 0) {
+        out[t] = bi == 0x7fffffff ? 0 : bi;
+        ticket[t] = 0;
     }
 }

@@ -57,6 +57,7 @@ _SUFFIX = {
 # GGML type ids, as mmvw.cu's switch reads them (common.cuh QT_*)
 _QT = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
 _NULL = np.uint64(0)
+_MAX_ARGMAX_ROWS = 4096  # rows argmax.multi takes in one launch (more: argmax.block's kernel)
 
 
 def _import_cupy() -> Any:
@@ -146,6 +147,8 @@ class CudaBackend(Backend):
         # Q8_1 forms of recent float activations: (x, xq, xds), newest last. Holding x keeps
         # its memory from being reused, so "entry[0] is x" means the quantized form is current.
         self._q8: list[tuple[Any, Any, Any]] = []
+        # argmax.multi's per-row tickets: zero between launches (the last block resets its row)
+        self._tickets = cp.zeros(_MAX_ARGMAX_ROWS, np.uint32)
         self._alpha = np.ones(1, np.float32)
         self._beta = np.zeros(1, np.float32)
         super().__init__(config)
@@ -841,7 +844,16 @@ class CudaBackend(Backend):
         logits = self._cp.ascontiguousarray(logits)
         T, V = int(logits.shape[0]), int(logits.shape[-1])
         out = self._empty((T,), np.int32)
-        th = int(self.config.op("argmax")["threads"])
+        c = self.config.op("argmax")
+        th = int(c["threads"])
+        if c.variant == "multi" and T <= _MAX_ARGMAX_ROWS:
+            nb = int(c["blocks"])
+            pv, pi = self._empty((T, nb)), self._empty((T, nb), np.int32)
+            self._launch(
+                "fused", "argmax_multi", (nb, T), (th,),
+                (logits, np.int32(V), out, pv, pi, self._tickets),
+            )  # fmt: skip
+            return out
         self._launch("elementwise", "argmax", (T,), (th,), (logits, np.int32(V), out))
         return out
 
