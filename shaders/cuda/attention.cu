@@ -108,6 +108,7 @@ extern "C" __global__ void attn_split_kw(const float* __restrict__ q, const floa
                                          float* __restrict__ ml, int H, int Hkv, int D, int G,
                                          int pos0, const int* pos_ptr, float scale) {
     extern __shared__ float sm[];  // [nwarps][D + 2]
+    pdl_start();
     const int s = blockIdx.x, h = blockIdx.y, nsplit = gridDim.x;
     const int lane = threadIdx.x & 31, warp = threadIdx.x / 32, nw = blockDim.x / 32;
     const int KW = 32 / G, kg = lane / G, gl = lane % G, dpl = D / G, d0 = gl * dpl;

@@ -25,6 +25,7 @@ extern "C" __global__ void rope_kv(const float* __restrict__ q, const float* __r
                                    float* __restrict__ kc, float* __restrict__ vc, int T, int H,
                                    int Hkv, int D, int pos0, const int* pos_ptr, float theta,
                                    int neox) {
+    pdl_start();
     const int half = D / 2;
     const long long nq = (long long)T * H * half, nk = (long long)T * Hkv * half;
     const long long nv = (long long)T * Hkv * D;
@@ -69,6 +70,7 @@ extern "C" __global__ void attn_combine_q8(const float* __restrict__ part,
                                            const float* __restrict__ ml, float* __restrict__ out,
                                            signed char* __restrict__ xq, float2* __restrict__ xds,
                                            int H, int D, int nsplit) {
+    pdl_start();
     const int h = blockIdx.x, t = blockIdx.y;
     const size_t base = ((size_t)t * H + h) * nsplit;
     float M = NEG_INF;
@@ -139,6 +141,7 @@ __device__ __forceinline__ void block_argmax(float& best, int& bi) {
 extern "C" __global__ void argmax_multi(const float* __restrict__ x, int V, int* __restrict__ out,
                                         float* pv, int* pi, unsigned int* ticket) {
     __shared__ bool last;
+    pdl_start();
     const int t = blockIdx.y, b = blockIdx.x, B = gridDim.x;
     const int chunk = (V + B - 1) / B, lo = b * chunk, hi = min(V, lo + chunk);
     const float* r = x + (size_t)t * V;

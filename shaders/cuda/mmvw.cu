@@ -93,6 +93,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32)
          const u8* W0, int rb0, int N0, int qt0, float* Y0, const float* A0,
          const u8* W1, int rb1, int N1, int qt1, float* Y1, const float* A1,
          const u8* W2, int rb2, int N2, int qt2, float* Y2, const float* A2) {
+    pdl_start();
     int b = blockIdx.x;
     const u8* W = W0;
     int rb = rb0, N = N0, qt = qt0;

@@ -144,6 +144,8 @@ class CudaBackend(Backend):
         self.profile: dict[str, list[float]] | None = None  # kernel name -> ms, when profiling
         self._events: list[tuple[str, Any, Any]] = []
         self._k: dict[str, Any] = {}
+        self._pdl: Any = None  # pdl.Launcher while the config asks for it
+        self._pdl_lib: Any = None
         # Q8_1 forms of recent float activations: (x, xq, xds), newest last. Holding x keeps
         # its memory from being reused, so "entry[0] is x" means the quantized form is current.
         self._q8: list[tuple[Any, Any, Any]] = []
@@ -253,9 +255,20 @@ class CudaBackend(Backend):
             raise ConfigError(f"config is for backend {config.backend!r}, not {self.name!r}")
         config.check(self.device_info())
         self._k = self._build(config)
+        self._pdl = self._pdl_launcher(config)
         self.config = config
         self._graph = None  # a captured step bakes in the old kernels
         self._q8.clear()
+
+    def _pdl_launcher(self, cfg: TuningConfig) -> Any:
+        c = cfg.op("matmul_decode")
+        if c.variant != "mmvw" or int(c["pdl"]) == 0 or self._cc < 90:
+            return None
+        if self._pdl_lib is None:
+            from engine.backends.cuda.pdl import Launcher
+
+            self._pdl_lib = Launcher()
+        return self._pdl_lib
 
     def _build(self, cfg: TuningConfig) -> dict[str, Any]:
         cp, cc = self._cp, self._cc
@@ -268,12 +281,24 @@ class CudaBackend(Backend):
         return self._k[mod].get_function(name)
 
     def _launch(
-        self, mod: str, name: str, grid: tuple, block: tuple, args: tuple, smem: int = 0
+        self,
+        mod: str,
+        name: str,
+        grid: tuple,
+        block: tuple,
+        args: tuple,
+        smem: int = 0,
+        pdl: bool = False,
     ) -> None:
+        """Launch a kernel on the backend's stream. pdl: the kernel calls pdl_start() before
+        touching memory, so under matmul_decode.mmvw's pdl knob it may go through
+        cuLaunchKernelEx with programmatic stream serialization (pdl.py)."""
         fn = self._fn(mod, name)
         if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
             fn.max_dynamic_shared_size_bytes = smem  # opt in beyond the 48 KiB default
-        if self.profile is not None and not self._capturing:
+        if pdl and self._pdl is not None and self.profile is None:
+            self._pdl.launch(fn.ptr, grid, block, args, smem, self._stream.ptr)
+        elif self.profile is not None and not self._capturing:
             cp = self._cp
             e0, e1 = cp.cuda.Event(), cp.cuda.Event()
             e0.record(self._stream)
@@ -337,7 +362,7 @@ class CudaBackend(Backend):
             th = int(self.config.op("quantize_act")["threads"])
             self._launch(
                 "q8", "rms_norm_q8", (1,), (th,),
-                (x, w.f32, out, xq, xds, np.int32(D), np.float32(eps)),
+                (x, w.f32, out, xq, xds, np.int32(D), np.float32(eps)), pdl=True,
             )  # fmt: skip
             self._q8_remember(out, xq, xds)
             return out
@@ -501,6 +526,7 @@ class CudaBackend(Backend):
         self._launch(
             "mmvw", "mmvw", (sum(nbs),), (int(c["warps"]) * 32,),
             (xq, xds, np.int32(mats[0][0].k), np.int32(nbs[0]), np.int32(nbs[1]), *args),
+            pdl=True,
         )  # fmt: skip
 
     def _wide(self, x: Any, ws: tuple[CudaWeight, ...]) -> bool:
@@ -564,6 +590,7 @@ class CudaBackend(Backend):
                 np.int32(H), np.int32(Hkv), np.int32(D), np.int32(pos0), self._pos_ptr(),
                 np.float32(theta), np.int32(1 if neox else 0),
             ),
+            pdl=True,
         )  # fmt: skip
         return qo
 
@@ -782,7 +809,7 @@ class CudaBackend(Backend):
                     np.int32(D), np.int32(lanes_per_key), np.int32(pos0), self._pos_ptr(),
                     np.float32(1.0 / math.sqrt(D)),
                 ),
-                smem=4 * warps * (D + 2),
+                smem=4 * warps * (D + 2), pdl=True,
             )  # fmt: skip
         else:
             self._launch(
@@ -810,7 +837,7 @@ class CudaBackend(Backend):
             xq, xds = self._q8_buffers(T, H * D)
             self._launch(
                 "fused", "attn_combine_q8", (H, T), (min(128, max(32, D)),),
-                (part, ml, out, xq, xds, np.int32(H), np.int32(D), np.int32(splits)),
+                (part, ml, out, xq, xds, np.int32(H), np.int32(D), np.int32(splits)), pdl=True,
             )  # fmt: skip
             self._q8_remember(out.reshape(T, H * D), xq, xds)
             return
@@ -830,7 +857,7 @@ class CudaBackend(Backend):
             n4 = n // 4
             self._launch(
                 "q8", "swiglu_q8", (self._grid1(n4, th),), (th,),
-                (gate, up, out, xq, xds, np.int64(n4)),
+                (gate, up, out, xq, xds, np.int64(n4)), pdl=True,
             )  # fmt: skip
             self._q8_remember(out, xq, xds)
             return out
@@ -851,7 +878,7 @@ class CudaBackend(Backend):
             pv, pi = self._empty((T, nb)), self._empty((T, nb), np.int32)
             self._launch(
                 "fused", "argmax_multi", (nb, T), (th,),
-                (logits, np.int32(V), out, pv, pi, self._tickets),
+                (logits, np.int32(V), out, pv, pi, self._tickets), pdl=True,
             )  # fmt: skip
             return out
         self._launch("elementwise", "argmax", (T,), (th,), (logits, np.int32(V), out))

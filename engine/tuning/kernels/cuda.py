@@ -156,6 +156,26 @@ REGISTRY.register(
                     "slots per lane per iteration (weight loads in flight before use)",
                     define("UNROLL"),
                 ),
+                Param(
+                    "pdl",
+                    (0, 1),
+                    0,
+                    "1: programmatic dependent launch (sm_90+) of the fused decode kernels, so "
+                    "each one's launch overlaps the tail of the one before (engine/backends/"
+                    "cuda/pdl.py)",
+                    HOST,
+                ),
+            ),
+            constraints=(
+                Constraint(
+                    "matmul_decode.pdl = 1 needs compute capability >= 9.0",
+                    lambda cfg, dev: (
+                        cfg.op("matmul_decode").variant != "mmvw"
+                        or _p(cfg, "matmul_decode", "pdl") == 0
+                        or dev is None
+                        or int(dev.extra.get("cc", 0)) >= 90
+                    ),
+                ),
             ),
             quant_types=ALL_TYPES,
             source="cuda/mmvw.cu",
