@@ -7,7 +7,7 @@ every step, and no step starts past --deadline, so a call that runs out of time 
 what it measured.
 
 usage: python scripts/device_speed.py MODEL.gguf [--bench a,b] [--validate a,b] [--profile a,b]
-       [--repeats N] [--deadline EPOCH_S] [--out DIR]
+       [--repeats N] [--deadline EPOCH_S] [--out DIR] [--tag SUFFIX]
 """
 
 from __future__ import annotations
@@ -61,6 +61,11 @@ VARIANTS: dict[str, dict] = {
     # every decode change of issue 14 at once
     "mmvw_all": MMVW | FUSE | {"attention_decode.variant": "split_kw", "argmax.variant": "multi"},
     "all_dmmv": FUSE | {"attention_decode.variant": "split_kw", "argmax.variant": "multi"},
+    # programmatic dependent launch (ctypes cuLaunchKernelEx): run in a process of its own
+    "mmvw_all_pdl": MMVW | FUSE | {"attention_decode.variant": "split_kw",
+                                   "argmax.variant": "multi", "matmul_decode.pdl": 1},
+    "mmvw_kw_pdl": MMVW | FUSE | {"attention_decode.variant": "split_kw",
+                                  "matmul_decode.pdl": 1},
 }  # fmt: skip
 
 
@@ -97,6 +102,7 @@ def main() -> int:
     ap.add_argument("--validate-after", type=int, default=5, help="benches before validating")
     ap.add_argument("--deadline", type=float, default=float("inf"), help="epoch seconds")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--tag", default="", help="suffix of the JSON's name (speed_<model><tag>)")
     ap.add_argument("--json", action="store_true", help="print the result JSON at the end")
     ap.add_argument("--backend", default="cuda", help="cuda; numpy runs 'default' (a dry run)")
     args = ap.parse_args()
@@ -107,7 +113,7 @@ def main() -> int:
         print(f"unknown variant(s) {', '.join(bad)}; known: {', '.join(VARIANTS)}")
         return 2
     name = Path(args.model).stem
-    out = Path(args.out) / f"speed_{name}.json"
+    out = Path(args.out) / f"speed_{name}{args.tag}.json"
     res: dict = {"model": args.model, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
                  "variants": {k: VARIANTS[k] for vs in lists.values() for k in vs},
                  "bench": {}, "validate": {}, "profile": {}, "skipped": []}  # fmt: skip

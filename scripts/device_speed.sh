@@ -6,7 +6,8 @@
 #      bench pp512/tg128 of the registry default against each new variant, validate of each
 #      new variant, and a per-kernel decode profile (scripts/device_speed.py).
 # Everything lands in $OUT as it comes: pytest_speed.log, speed_<preset>.json (rewritten after
-# every step) and speed_<preset>.log. The run ends inside BUDGET_S (default 450 s): each phase
+# every step) and speed_<preset>.log (speed_<preset>_pdl.*: programmatic dependent launch, in
+# a process of its own; PDL=0 skips it). The run ends inside BUDGET_S (default 450 s): each phase
 # has a timeout and the drivers a deadline. With two or more GPUs the 7B runs on card 0 while
 # the tests and then the 1.5B run on card 1.
 #   bash scripts/device_speed.sh            BENCH=..., VALIDATE=..., PROFILE=... (variant lists
@@ -32,18 +33,28 @@ TCARD=0; [ "$ncards" -gt 1 ] && TCARD=1
 BENCH=${BENCH:-default,mmvq,all_dmmv,mmvw_fused,mmvw_all,mmvw_kw,fuse_kv,kw,mmvw,mmvw_s32,mmvw_kw_s16,mmvw_kw_g4,mmvw_t16_r2,mmvw_t8_r2,mmvw_u4}
 VALIDATE=${VALIDATE:-all_dmmv,mmvw_all}
 PROFILE=${PROFILE:-default,mmvw_all}
-speed() {  # card preset seconds-of-budget-it-may-use
+RESERVE=0; [ "${PDL:-1}" = 0 ] || RESERVE=${PDL_RESERVE:-55}  # seconds kept for the PDL runs
+speed() {  # card preset seconds: bench, validate and profile the variants
   wait_model $2
   [ -f /tmp/models/$2.gguf ] || { echo "$2: model not written in time" | tee -a "$OUT/speed_$2.log"; return; }
-  local dl=$(( $(date +%s) + $3 )); [ $dl -gt $((END - 10)) ] && dl=$((END - 10))
+  local dl=$(( $(date +%s) + $3 )); [ $dl -gt $((END - 10 - RESERVE)) ] && dl=$((END - 10 - RESERVE))
   local t=$(( dl - $(date +%s) + 8 )); [ $t -lt 20 ] && t=20  # the last step may overrun a bit
   CUDA_VISIBLE_DEVICES=$1 timeout $t python3 scripts/device_speed.py \
       /tmp/models/$2.gguf --bench "$BENCH" --validate "$VALIDATE" --profile "$PROFILE" \
       --repeats ${REPEATS:-3} --deadline $dl --out "$OUT" > "$OUT/speed_$2.log" 2>&1
   echo "speed $2 rc=$? after $(( $(date +%s) - T0 ))s" | tee -a "$OUT/speed_$2.log"
 }
+speed_pdl() {  # card preset seconds: programmatic dependent launch, in a process of its own
+  [ "${PDL:-1}" = 0 ] || [ ! -f /tmp/models/$2.gguf ] && return
+  local dl=$(( $(date +%s) + $3 )); [ $dl -gt $((END - 10)) ] && dl=$((END - 10))
+  local t=$(( dl - $(date +%s) + 8 )); [ $t -lt 25 ] && { echo "$2: no time left for pdl"; return; }
+  CUDA_VISIBLE_DEVICES=$1 timeout $t python3 scripts/device_speed.py /tmp/models/$2.gguf \
+      --bench mmvw_all,mmvw_all_pdl,mmvw_kw_pdl --validate "" --profile "" --tag _pdl \
+      --repeats ${REPEATS:-3} --deadline $dl --out "$OUT" > "$OUT/speed_$2_pdl.log" 2>&1
+  echo "speed $2 pdl rc=$? after $(( $(date +%s) - T0 ))s" | tee -a "$OUT/speed_$2_pdl.log"
+}
 
-if [ "$ncards" -gt 1 ]; then speed 0 7b 400 & fi
+if [ "$ncards" -gt 1 ]; then (speed 0 7b 400; speed_pdl 0 7b 120) & fi
 # one card: the tests get less time, the 7B more (TEST_TIMEOUT / TEST_TIMEOUT2 override)
 T1=130; T2=70; [ "$ncards" -gt 1 ] || { T1=100; T2=45; }
 if [ "${TESTS:-1}" != 0 ]; then
@@ -54,9 +65,12 @@ if [ "${TESTS:-1}" != 0 ]; then
       --tb=short -p no:cacheprovider tests/test_cuda_ops.py -k "matmul_decode_every_variant or \
       q8 or mmvq or model_matches or validate_passes" >> "$OUT/pytest_speed.log" 2>&1
   echo "pytest cuda_ops subset rc=$? after $(( $(date +%s) - T0 ))s" | tee -a "$OUT/pytest_speed.log"
+  CUDA_VISIBLE_DEVICES=$TCARD timeout 40 python3 -m pytest -m gpu -q -rfE --tb=short \
+      -p no:cacheprovider tests/test_cuda_pdl.py >> "$OUT/pytest_speed.log" 2>&1
+  echo "pytest pdl rc=$? after $(( $(date +%s) - T0 ))s" | tee -a "$OUT/pytest_speed.log"
   grep -E "passed|failed|error" "$OUT/pytest_speed.log" | tail -6
 fi
-if [ "$ncards" -gt 1 ]; then speed $TCARD 1.5b 300; wait
-else speed 0 1.5b 110; speed 0 7b 300; fi
+if [ "$ncards" -gt 1 ]; then speed $TCARD 1.5b 300; speed_pdl $TCARD 1.5b 60; wait
+else speed 0 1.5b 100; speed 0 7b 300; speed_pdl 0 1.5b 30; speed_pdl 0 7b 60; fi
 cat "$OUT"/speed_*.log | grep -v "^\s*$" | tail -60
 echo "done after $(( $(date +%s) - T0 ))s"

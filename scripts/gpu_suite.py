@@ -31,6 +31,7 @@ SUITES: dict[str, list[tuple[str, str, str | None]]] = {
     "cuda": [
         ("tests/test_cuda_ops.py", "gpu", None),  # with the shared contract (TestCudaContract)
         ("tests/test_cuda_decode_fused.py", "gpu", None),  # mmvw, rope_kv, the fused ops
+        ("tests/test_cuda_pdl.py", "gpu", None),  # programmatic dependent launch
         ("tests/test_cuda_backend.py", "gpu or not gpu", None),
         ("tests/test_mutants.py", "gpu", "cuda"),  # the CUDA planted bugs, each rejected
     ],
