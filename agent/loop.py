@@ -29,7 +29,7 @@ from agent.phase import TRIAL_NEXT, Phase, advance
 from agent.records import INTERRUPTED, TrialRecord
 from agent.runner import INFO_TIMEOUT_S, LOAD_TIMEOUT_S, QUEUE_DEPTH, Pending, RayRunner
 from agent.space import config_key
-from agent.stats import aa_noise, paired_ratio
+from agent.stats import aa_noise
 from agent.storage import StorageRef
 from agent.study import BASELINE, StudyState, study_name
 from agent.summary import RunSummary
@@ -358,15 +358,11 @@ class Agent:
         self.studies[key] = st
 
     def got_aa(self, slot: Slot, model: str, res: EvalResult) -> None:
-        acc = self.exp.acceptance
         if not res.ok:
             self.warnings.append(f"worker {slot.worker_id}: A/A run failed ({res.outcome.value})")
             slot.noise[model] = {}
             return
-        noise = {
-            s.objective: aa_noise(paired_ratio(s.candidate, s.best, acc.confidence, acc.resamples))
-            for s in res.samples
-        }
+        noise = {s.objective: aa_noise(s.candidate, s.best) for s in res.samples}
         slot.noise[model] = noise
         log.info(
             "worker %s: A/A noise %s",

@@ -138,7 +138,7 @@ def recheck_all(
     out: list[Recheck] = []
     for name in backends:
         try:
-            b = registry.create(name)
+            b = registry.create(name, device=registry.default_device(name))
             folder = root / b.device_info().device_class
         except Exception as e:  # noqa: BLE001 - no device, no driver, no library: one line
             raise EngineError(f"backend {name} is not usable here: {e}") from None

@@ -70,8 +70,16 @@ def paired_ratio(
     return RatioEstimate(float(np.exp(mean)), float(np.exp(lo)), float(np.exp(hi)), n, confidence)
 
 
-def aa_noise(estimate: RatioEstimate) -> float:
-    """A worker's A/A bias: how far the ratio of the best against itself lands from 1 (a
-    fraction, e.g. 0.01 = 1%). Pair-to-pair scatter is already in each candidate's own bounds;
-    what the A/A run adds is what pairing does not cancel (order, warm-up, a drifting clock)."""
-    return abs(estimate.ratio - 1.0)
+def aa_noise(candidate: Sequence[float], best: Sequence[float]) -> float:
+    """A worker's A/A bias from an A/A run (the best config on both sides): how far the median
+    per-pair ratio lands from 1 (a fraction, e.g. 0.01 = 1%). Pair-to-pair scatter is already in
+    each candidate's own bounds; what the A/A run adds is what pairing does not cancel (order, a
+    drifting clock), which shows in every pair. The median, not the mean: one cold pair (a GPU
+    still ramping its clocks on the worker's first run) measured x0.3 on an H200 and, averaged
+    into 5 pairs, set a 29% threshold that turned down a real x1.27 (docs/BENCHMARKS.md)."""
+    c = np.asarray(candidate, dtype=np.float64)
+    b = np.asarray(best, dtype=np.float64)
+    if c.shape != b.shape or c.size == 0:
+        raise ValueError(f"paired samples must have the same non-zero length: {c.size}, {b.size}")
+    logs = np.log(np.maximum(c, 1e-300)) - np.log(np.maximum(b, 1e-300))
+    return abs(float(np.exp(np.median(logs))) - 1.0)

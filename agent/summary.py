@@ -98,11 +98,19 @@ def _nothing_accepted(s: StudySummary) -> str:
     c = s.best_candidate
     if c is None:
         return f"nothing accepted: no candidate measured; the baseline ({s.baseline_source}) stays"
-    return (
+    seen = (
         f"nothing accepted: best candidate trial {c['trial']} {s.target} x{c['ratio']:.3f} "
-        f"[{c['lower']:.3f}, {c['upper']:.3f}], its lower bound had to clear "
-        f"x{c['threshold']:.3f} (A/A noise {c['noise']:.1%}); best is the baseline "
-        f"({s.baseline_source})"
+        f"[{c['lower']:.3f}, {c['upper']:.3f}]"
+    )
+    if c["lower"] > c["threshold"]:  # it cleared the bar, and something else turned it down
+        why = c.get("reason") or "rejected"
+        return (
+            f"{seen} cleared x{c['threshold']:.3f} but was turned down: {why}; best is the "
+            f"baseline ({s.baseline_source})"
+        )
+    return (
+        f"{seen}, its lower bound had to clear x{c['threshold']:.3f} (A/A noise "
+        f"{c['noise']:.1%}); best is the baseline ({s.baseline_source})"
     )
 
 

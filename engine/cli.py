@@ -21,6 +21,13 @@ def _common(p: argparse.ArgumentParser, model: bool = True) -> None:
             "--model", required=True, help="GGUF path or known checkpoint name (see `models list`)"
         )
     p.add_argument("--backend", default="numpy", help="numpy | vulkan | cuda (default numpy)")
+    p.add_argument(
+        "--device",
+        type=int,
+        default=None,
+        help="device index from `devices` (default: $FLEETTUNE_VK_DEVICE for vulkan, else the "
+        "backend's choice: the best kind of device present)",
+    )
     p.add_argument("--config", type=Path, help="tuning config TOML (overrides a promoted one)")
     p.add_argument(
         "--no-promoted",
@@ -53,8 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--profile",
         action="store_true",
-        help="after the timed runs, one more run of the first prompt length with GPU timestamps "
-        "around every kernel: time per kernel, slowest first (backends that have them: vulkan)",
+        help="after the timed runs, one more run of the first prompt length timing every kernel "
+        "(vulkan: GPU timestamps, cuda: CUDA events, graphs off; numpy: wall clock per op), "
+        "slowest first",
     )
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
 
@@ -84,8 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--profile",
         action="store_true",
-        help="after the timed runs, one more run of the first prompt length with GPU timestamps "
-        "around every kernel: time per kernel, slowest first (backends that have them: vulkan)",
+        help="after the timed runs, one more run of the first prompt length timing every kernel "
+        "(vulkan: GPU timestamps, cuda: CUDA events, graphs off; numpy: wall clock per op), "
+        "slowest first",
     )
 
     p = sub.add_parser("models", help="known real checkpoints")
@@ -126,9 +135,13 @@ def _emit(args: argparse.Namespace, obj: dict[str, Any], text: str) -> None:
 
 
 def _load(args: argparse.Namespace):  # noqa: ANN202
+    from engine.backends import default_device
     from engine.runtime import load
 
-    return load(args.model, args.backend, args.config, use_promoted=not args.no_promoted)
+    device = args.device if args.device is not None else default_device(args.backend)
+    return load(
+        args.model, args.backend, args.config, use_promoted=not args.no_promoted, device=device
+    )
 
 
 def _check_context(n_ctx: int, prompt: int, gen: int, what: str) -> None:
@@ -218,14 +231,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from engine.backends import backend_class
     from engine.bench import bench
 
-    if args.profile and not hasattr(backend_class(args.backend), "set_profiling"):
-        raise ConfigError(  # before loading: a 7B model takes a while
-            f"bench --profile: the {args.backend} backend has no per-kernel timestamps "
-            "(vulkan has); drop --profile"
-        )
     eng = _load(args)
     for n in args.prompt_tokens:
         _check_context(eng.gguf.spec.n_ctx_train, n, args.gen_tokens, f"--prompt-tokens {n}")
@@ -264,18 +271,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
         be.profile(reset=True)
         prompt = bench_prompt(args.prompt_tokens[0], eng.model.spec.n_vocab)
         measure(eng.model, prompt, args.gen_tokens, args.prefill)
-        doc["profile"] = be.profile(reset=True)
+        prof = be.profile(reset=True)
         be.set_profiling(False)
-        total_ms = sum(v["total_ms"] for v in doc["profile"].values())
+        doc["profile"] = prof.to_dict()
+        total_ms = prof.total_ms
         lines.append(
             f"kernels of one pp{args.prompt_tokens[0]} + tg{args.gen_tokens} run "
-            f"({total_ms:.1f} ms of GPU time):"
+            f"({total_ms:.1f} ms, clock: {prof.clock}):"
         )
-        for name, v in list(doc["profile"].items())[:15]:
-            share = 100 * v["total_ms"] / total_ms if total_ms else 0.0
+        for name, k in list(prof.kernels.items())[:15]:
+            share = 100 * k.total_ms / total_ms if total_ms else 0.0
             lines.append(
-                f"  {name:40s} {v['calls']:6d} calls {v['total_ms']:9.2f} ms {share:5.1f}%"
-                f" {v['mean_us']:9.1f} us/call"
+                f"  {name:40s} {k.calls:6d} calls {k.total_ms:9.2f} ms {share:5.1f}%"
+                f" {k.mean_us:9.1f} us/call"
             )
     _emit(args, doc, "\n".join(lines))
     return 0
@@ -383,40 +391,30 @@ def _binding(b: Any) -> str:
 
 def cmd_devices(args: argparse.Namespace) -> int:
     from engine import backends
+    from engine.device_info import served
 
-    rows = []
+    # Every device each backend lists, with the index --device / open() take; a worker node
+    # serves the best kind present, one worker per card (worker/device.py, worker/claim.py).
+    rows: list[dict[str, Any]] = []
+    lines = []
     for name in backends.BACKENDS:
         try:
-            rows.append(backends.create(name).device_info().to_dict())
+            found = backends.backend_class(name).list_devices()
         except Exception as e:  # noqa: BLE001 - report, keep listing the others
             rows.append({"backend": name, "error": str(e)})
-    doc: dict = {"devices": rows}
-    lines = []
-    for r in rows:
-        if "name" not in r:
-            lines.append(f"{r['backend']:7s} unavailable: {r['error']}")
+            lines.append(f"{name:7s} unavailable: {e}")
             continue
-        lines.append(f"{r['backend']:7s} {r['device_class']:14s} {r['name']}")
-        if r["backend"] == "vulkan":
-            # Every physical device, with the index FLEETTUNE_VK_DEVICE takes; workers serve
-            # the best kind present, one per card (worker/claim.py).
-            from engine.backends.vulkan.device import physical_devices, served
-
-            found = physical_devices()
-            serving = {d.index for d in served(found)}
-            doc["vulkan_physical"] = [
-                {
-                    "index": d.index,
-                    "name": d.name,
-                    "device_class": d.device_class,
-                    "served": d.index in serving,
-                }
-                for d in found
-            ]
-            for d in doc["vulkan_physical"]:
-                mark = "served by workers" if d["served"] else "not served"
-                lines.append(f"  [{d['index']}] {d['device_class']:14s} {d['name']} ({mark})")
-    _emit(args, doc, "\n".join(lines))
+        serving = {d.index for d in served(found)}
+        for d in found:
+            rows.append(d.to_dict() | {"served": d.index in serving})
+            mark = "served by workers" if d.index in serving else "not served"
+            lines.append(
+                f"{name:7s} [{d.index}] {d.device_class:14s} {d.name} "
+                f"({d.kind}, {d.memory_bytes / 2**30:.1f} GiB, {mark})"
+            )
+        if not found:
+            lines.append(f"{name:7s} no device")
+    _emit(args, {"devices": rows}, "\n".join(lines))
     return 0
 
 

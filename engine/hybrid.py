@@ -77,7 +77,7 @@ class HybridModel(Model):
             )
             dk, dv = ssm.head_k_dim, ssm.head_v_dim
             state.append(b.upload(np.zeros((ssm.n_v_heads, dk, dv), np.float32)) if rec else None)
-        return HybridCache(k=k, v=v, capacity=capacity, conv=conv, ssm=state)
+        return b.track_cache(HybridCache(k=k, v=v, capacity=capacity, conv=conv, ssm=state))
 
     # --- forward (Model.forward, prefill, forced_run and generate call trunk and head) ----
     def trunk(self, ids: Tensor, n: int, pos0: int, cache: HybridCache) -> Tensor:

@@ -56,10 +56,12 @@ def load(
     backend: str = "numpy",
     config: TuningConfig | str | Path | None = None,
     use_promoted: bool = True,
+    device: int | None = None,
 ) -> Engine:
+    """``device``: an index of the backend's ``list_devices()`` (None: its default choice)."""
     path = resolve_model_path(model)
     gguf = open_model(path)
-    be = backends.create(backend)
+    be = backends.create(backend, device=device)
     device = be.device_info()
     source = "default"
     if isinstance(config, TuningConfig):

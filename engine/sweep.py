@@ -1,9 +1,10 @@
 """A bounded local run of one backend: device info, then for each config of a sample drawn from
 the registry (every variant, and every knob one step from its default; or with --grid prefill
 the column tile x variant table of the batched prefill): set_config (compile), validate against
-the per-token reference, bench, and a per-kernel profile of the default config where the backend
-has timestamps (Vulkan). A config that fails to compile, validate or run is recorded as such and
-the sweep goes on. One JSON document with everything goes to DIR/<backend>_sweep.json.
+the per-token reference, bench, and a per-kernel profile of the default config (the device
+contract's ProfileReport: GPU time on Vulkan and CUDA, wall time per op on NumPy). A config
+that fails to compile, validate or run is recorded as such and the sweep goes on. One JSON
+document with everything goes to DIR/<backend>_sweep.json.
 
     python -m engine.sweep --model M.gguf --out DIR [--backend vulkan] [--budget-s 420]
         [--quick] [--grid sample|prefill] [--json]
@@ -111,19 +112,25 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
 
+    from engine.backends import default_device
     from engine.bench import bench
     from engine.runtime import load
     from engine.validate import validate
 
     try:
-        eng = load(args.model, args.backend, TuningConfig.default(args.backend), use_promoted=False)
+        eng = load(
+            args.model,
+            args.backend,
+            TuningConfig.default(args.backend),
+            use_promoted=False,
+            device=default_device(args.backend),
+        )
     except EngineError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     model, be = eng.model, eng.backend
     args.out.mkdir(parents=True, exist_ok=True)
     out_path = args.out / f"{args.backend}_sweep.json"
-    profiling = hasattr(be, "set_profiling")  # per-kernel timestamps: Vulkan
     log = sys.stderr if args.json else sys.stdout
     dev = be.device_info()
     doc: dict[str, Any] = {"device": dev.to_dict(), "model": model.spec.name, "runs": []}
@@ -139,13 +146,17 @@ def main(argv: list[str] | None = None) -> int:
     def save() -> None:
         out_path.write_text(json.dumps(doc, indent=1, default=str))
 
-    if profiling:  # per-kernel profile of the default config: a prefill and a few decode steps
+    try:  # per-kernel profile of the default config: a prefill and a few decode steps
         be.set_profiling(True)
+    except EngineError as e:  # a Vulkan queue without timestamps
+        print(f"  no profile: {e}", flush=True, file=log)
+    else:
         model.generate(list(range(100, 100 + lengths[0])), 8)
-        doc["profile_default"] = be.profile()
+        prof = be.profile()
         be.set_profiling(False)
-        for name, p in list(doc["profile_default"].items())[:12]:
-            line = f"  profile {name:36s} {p['calls']:5d} calls {p['total_ms']:9.2f} ms"
+        doc["profile_default"] = prof.to_dict()
+        for name, k in list(prof.kernels.items())[:12]:
+            line = f"  profile {name:36s} {k.calls:5d} calls {k.total_ms:9.2f} ms"
             print(line, flush=True, file=log)
     save()
 

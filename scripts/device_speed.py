@@ -79,16 +79,18 @@ def decode_profile(eng, n_prompt: int = 512, steps: int = 8) -> dict:  # noqa: A
     cache = m.new_cache(n_prompt + steps + 1)
     m.prefill(bench_prompt(n_prompt, m.spec.n_vocab), cache)
     tok = be.upload(np.array([1], np.int32))
-    be.start_profile()
+    be.set_profiling(True)
+    be.profile(reset=True)  # drop what the prefill put there
     for i in range(steps):
         tok = be.argmax(m.forward(tok, 1, n_prompt + i, cache))
-    prof = be.stop_profile()
-    ms = {k: sum(v) / steps for k, v in prof.items()}
+    rep = be.profile(reset=True)
+    be.set_profiling(False)
+    ms = {k: t.total_ms / steps for k, t in rep.kernels.items()}
     return {
-        "launches_per_token": sum(len(v) for v in prof.values()) / steps,
+        "launches_per_token": sum(t.calls for t in rep.kernels.values()) / steps,
         "kernel_ms_per_token": sum(ms.values()),
         "ms_per_token": dict(sorted(ms.items(), key=lambda kv: -kv[1])),
-        "calls_per_token": {k: len(v) / steps for k, v in prof.items()},
+        "calls_per_token": {k: t.calls / steps for k, t in rep.kernels.items()},
     }
 
 

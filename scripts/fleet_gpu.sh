@@ -9,13 +9,18 @@
 #
 #   bash scripts/fleet_gpu.sh prepare          # here: .fleet/site.tgz, .fleet/main.bundle
 #   bash scripts/fleet_gpu.sh run MODEL EXP... # there (carry .fleet .gl .spv-cache)
+#   bash scripts/fleet_gpu.sh scaling MODEL EXP TRIALS   # there: 1 then 2 CUDA workers
 #
-# run: MODEL is an agent model reference (e.g. synthetic:1.5b) resolved once before the workers
+# run: NODES (default "cuda:0 vulkan:1") says which backend serves which card. MODEL is an
+# agent model reference (e.g. synthetic:1.5b) resolved once before the workers
 # start; each EXP an experiment file (its budget.wall_time_s should end it inside the call).
 # $OUT gets studies.db (the Optuna storage: `python -m agent dashboard --storage
 # sqlite:///.device/N/studies.db`), promo.bundle (the agent's promotion commits:
 # `git fetch .device/N/promo.bundle main:fleet-promo`) and fleet_logs.tgz (agent summaries,
 # the fresh-process bench and validate JSON), each written as soon as it exists.
+# scaling: the same experiment (its CUDA studies) for TRIALS trials with one CUDA worker (card 0),
+# then a fresh study with two (cards 0 and 1, one device class): trials per hour of each, in
+# $OUT/scaling.txt and $OUT/scaling_logs.tgz; only the two-worker run promotes.
 set -u -o pipefail
 OUT=${OUT:-/tmp/out}
 case "${1:-}" in
@@ -35,12 +40,12 @@ prepare)
     tar czf .fleet/site.tgz -C /tmp/fleet-site . && rm -rf .fleet/dl
     git bundle create .fleet/main.bundle main
     du -sh .fleet ;;
-run)
-    shift
+run|scaling)
+    mode=$1; shift
     MODEL=${1:?model}; shift
     mkdir -p "$OUT" /root/fleet/logs /tmp/site
     L=/root/fleet/logs
-    tar xzf .fleet/site.tgz -C /tmp/site || exit 1
+    [ -d /tmp/site/ray ] || tar xzf .fleet/site.tgz -C /tmp/site || exit 1  # once per machine
     MODELS="" source scripts/device_vulkan_env.sh || exit 1
     export PYTHONPATH=/tmp/site:/tmp/vk:$PWD PATH=/tmp/site/bin:$PATH RAY_AUTH_MODE=disabled
     export FLEETTUNE_CACHE=/root/fleet/cache
@@ -54,13 +59,41 @@ run)
     fi
     M=$(python3 -c "import sys; from worker.models import resolve_model; print(resolve_model(sys.argv[1]))" "$MODEL") || exit 1
     echo "model $MODEL -> $M"
-    ray start --head --port 6379 --num-gpus 0 --include-dashboard=false > $L/head.log 2>&1 \
-        || { tail -20 $L/head.log; exit 1; }
-    CUDA_VISIBLE_DEVICES=0 python3 -m worker start --address 127.0.0.1:6379 --backends cuda \
-        --auth-mode disabled > $L/node_cuda.log 2>&1 || { tail -20 $L/node_cuda.log; exit 1; }
-    FLEETTUNE_VK_DEVICE=1 CUDA_VISIBLE_DEVICES=1 python3 -m worker start --address 127.0.0.1:6379 \
-        --backends vulkan --auth-mode disabled > $L/node_vulkan.log 2>&1 \
-        || { tail -20 $L/node_vulkan.log; exit 1; }
+    # fleet BACKEND:CARD...: a Ray head without devices and one worker node per card.
+    fleet() {
+        ray start --head --port 6379 --num-gpus 0 --include-dashboard=false > $L/head.log 2>&1 \
+            || { tail -20 $L/head.log; return 1; }
+        for node in "$@"; do
+            be=${node%%:*}; card=${node##*:}
+            FLEETTUNE_VK_DEVICE=$card CUDA_VISIBLE_DEVICES=$card python3 -m worker start \
+                --address 127.0.0.1:6379 --backends $be --auth-mode disabled \
+                > $L/node_${be}_$card.log 2>&1 || { tail -20 $L/node_${be}_$card.log; return 1; }
+        done
+    }
+    if [ $mode = scaling ]; then
+        EXP=${1:?experiment}; TRIALS=${2:?trials}; name=$(basename "$EXP" .toml)
+        for n in 1 2; do
+            nodes="cuda:0"; promote=--no-promote
+            [ $n = 2 ] && { nodes="cuda:0 cuda:1"; promote=$PROMOTE; }
+            fleet $nodes || exit 1
+            timeout ${AGENT_TIMEOUT:-300} python3 -m agent run "$EXP" --address 127.0.0.1:6379 \
+                --storage sqlite:////root/fleet/scaling_${n}w.db --budget $TRIALS $promote \
+                > $L/scaling_${n}w.txt 2> $L/scaling_${n}w.log
+            echo "$n worker(s): agent rc=$?" | tee -a "$OUT/scaling.txt"
+            grep -E "studies in|trials;|best:|nothing accepted|overhead|promoted" $L/scaling_${n}w.txt \
+                | tee -a "$OUT/scaling.txt"
+            ray stop --force > /dev/null 2>&1; sleep 2
+            cp /root/fleet/scaling_${n}w.db "$OUT/"
+            tar czf "$OUT/scaling_logs.tgz" -C /root/fleet logs
+        done
+        if [ -d /root/promo ]; then
+            git -C /root/promo log --format='%h %s' main -3 | tee -a "$OUT/scaling.txt"
+            git -C /root/promo bundle create "$OUT/promo.bundle" main 2>/dev/null
+        fi
+        exit 0
+    fi
+    NODES=${NODES:-cuda:0 vulkan:1}
+    fleet $NODES || exit 1
     ray status 2>&1 | tee $L/ray_status.txt | grep -E "device:|backend:|GPU"
     for exp in "$@"; do
         name=$(basename "$exp" .toml)
@@ -78,14 +111,14 @@ run)
         cp -r /root/promo/configs/. configs/ && find configs -name '*.toml' | tee $L/promoted.txt
     fi
     tar czf "$OUT/fleet_logs.tgz" -C /root/fleet logs
-    for be in cuda vulkan; do
-        card=0; [ $be = vulkan ] && card=1
+    for node in $NODES; do
+        be=${node%%:*}; card=${node##*:}
         for tag in default promoted; do
             flag=""; [ $tag = default ] && flag=--no-promoted
             FLEETTUNE_VK_DEVICE=$card CUDA_VISIBLE_DEVICES=$card timeout 60 python3 -m engine bench \
                 --backend $be --model $M $flag --prompt-tokens 512 --gen-tokens 128 --repeats 3 \
                 --json > $L/bench_${be}_$tag.json 2> $L/bench_${be}_$tag.err
-            echo "bench $be $tag rc=$? $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print({k: v for k, v in d.items() if 'tok_s' in k})" $L/bench_${be}_$tag.json 2>/dev/null)"
+            echo "bench $be $tag rc=$? $(python3 -c "import json,sys; r=json.load(open(sys.argv[1]))['results'][0]; print({k: round(r[k]['median'], 1) for k in ('prefill_tok_s', 'decode_tok_s')})" $L/bench_${be}_$tag.json 2>/dev/null)"
         done
         tar czf "$OUT/fleet_logs.tgz" -C /root/fleet logs
     done
@@ -94,5 +127,5 @@ run)
     echo "validate cuda promoted rc=$?"
     tar czf "$OUT/fleet_logs.tgz" -C /root/fleet logs ;;
 *)
-    sed -n 2,19p "$0"; exit 2 ;;
+    sed -n '2,/^set -u/p' "$0" | sed '$d'; exit 2 ;;
 esac

@@ -34,11 +34,14 @@ SUITES: dict[str, list[tuple[str, str, str | None]]] = {
         ("tests/test_cuda_pdl.py", "gpu", None),  # programmatic dependent launch
         ("tests/test_cuda_backend.py", "gpu or not gpu", None),
         ("tests/test_mutants.py", "gpu", "cuda"),  # the CUDA planted bugs, each rejected
+        ("tests/test_device_contract.py", "gpu", "Cuda"),  # the device contract on CUDA
+        ("tests/test_cuda_hybrid.py", "gpu", None),  # delta-net, conv, MoE kernels and models
     ],
     "vulkan": [
         ("tests/test_vulkan_ops.py", "not gpu and not slow", None),  # with TestVulkanContract
         ("tests/test_vulkan_backend.py", "not gpu and not slow", None),
         ("tests/test_vulkan_model.py", "not gpu and not slow", None),
+        ("tests/test_device_contract.py", "not gpu", "Vulkan"),
     ],
 }
 KEYS = ("passed", "failed", "errors", "skipped")
@@ -81,7 +84,11 @@ def _collect(file: str, marker: str, k: str | None, cwd: Path) -> list[str]:
 
 
 def run_file(
-    file: str, marker: str, k: str | None, timeout: float, test_timeout: float = 120,
+    file: str,
+    marker: str,
+    k: str | None,
+    timeout: float,
+    test_timeout: float = 120,
     cwd: Path = ROOT,
 ) -> FileTally:
     """Run one file, restarting after each device fault until every collected test has run
@@ -144,12 +151,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{args.suite} suite: {'file':40s} passed failed errors skipped processes")
         for t in tallies:
             d = t.as_dict()
-            print(f"  {t.file:52s} {d['passed']:6d} {d['failed']:6d} {d['errors']:6d} "
-                  f"{d['skipped']:7d} {t.processes:9d}")
+            print(
+                f"  {t.file:52s} {d['passed']:6d} {d['failed']:6d} {d['errors']:6d} "
+                f"{d['skipped']:7d} {t.processes:9d}"
+            )
             for f in t.faults:
                 print(f"    device fault: {f['test']}: {f['error']}")
-        print(f"  {'total':52s} {total['passed']:6d} {total['failed']:6d} {total['errors']:6d} "
-              f"{total['skipped']:7d}")
+        print(
+            f"  {'total':52s} {total['passed']:6d} {total['failed']:6d} {total['errors']:6d} "
+            f"{total['skipped']:7d}"
+        )
     return 0 if total["failed"] == 0 and total["errors"] == 0 else 1
 
 

@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     from engine.models import build_model
     from engine.tuning.registry import NUMERIC_BUDGETS
 
-    be = backends.create(args.backend)
+    be = backends.create(args.backend, device=backends.default_device(args.backend))
     model = build_model(open_model(args.model), be)
     vocab = model.spec.n_vocab
     prompts = [bench_prompt(int(n), vocab, seed=3) for n in args.prompt_lengths.split(",")]

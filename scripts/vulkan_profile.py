@@ -94,13 +94,13 @@ def profile_config(model: Any, prompt: list[int], gen: int, top: int) -> dict[st
     logits = model.prefill(prompt, cache)
     tok = be.argmax(logits)
     be.download(tok)
-    rec["prefill"]["gpu"] = be.profile(reset=True)
+    rec["prefill"]["gpu"] = be.profile(reset=True).to_dict()["kernels"]
     pos = len(prompt)
     for _ in range(gen):
         _, tok = be.decode_step(step, tok, pos, cache)
         be.download(tok)
         pos += 1
-    rec["decode"]["gpu"] = be.profile(reset=True)
+    rec["decode"]["gpu"] = be.profile(reset=True).to_dict()["kernels"]
     be.set_profiling(False)
     for phase in ("prefill", "decode"):
         rec[phase]["gpu_ms"] = sum(v["total_ms"] for v in rec[phase]["gpu"].values())
@@ -123,11 +123,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    from engine.backends import default_device
     from engine.bench import bench_prompt
     from engine.runtime import load
     from engine.tuning import TuningConfig
 
-    eng = load(args.model, "vulkan", TuningConfig.default("vulkan"), use_promoted=False)
+    cfg = TuningConfig.default("vulkan")
+    eng = load(args.model, "vulkan", cfg, use_promoted=False, device=default_device("vulkan"))
     model, be = eng.model, eng.backend
     dev = be.device_info()
     doc: dict[str, Any] = {"device": dev.to_dict(), "model": model.spec.name, "runs": []}

@@ -20,9 +20,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from engine import backends
 from engine.tuning import REGISTRY, TuningConfig
-from tests.backend_params import usable
+from tests.backend_params import open_backend, usable
 from tests.op_cases import attention_ref, check, dense, qtensor, write_cache_and_attend
 
 NMSE = {"matmul": 5e-4, "default": 1e-6}  # matmul: GPU accumulation order and fp16 paths
@@ -85,10 +84,9 @@ class BackendContract:
         why = usable().get(self.backend)
         if why is not None:
             pytest.skip(f"{self.backend} backend not usable here: {why}")
-        b = backends.create(self.backend)
+        b = open_backend(self.backend)
         yield b
-        if hasattr(b, "close"):
-            b.close()
+        b.close()
 
     @pytest.fixture(autouse=True)
     def _default_config(self, be) -> None:

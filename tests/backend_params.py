@@ -10,13 +10,20 @@ import pytest
 from engine import backends
 
 
+def open_backend(name: str):  # noqa: ANN201 - engine.backends.base.Backend
+    """The backend on the device an entry point would open: the suites are entry points, so
+    an operator's FLEETTUNE_VK_DEVICE (scripts/device_verify.sh) picks their Vulkan card."""
+    return backends.create(name, device=backends.default_device(name))
+
+
 @functools.cache
 def usable() -> dict[str, str | None]:
     """backend name -> None when usable, else the reason it is not."""
     out: dict[str, str | None] = {}
     for name in backends.BACKENDS:
         try:
-            backends.create(name).device_info()
+            with open_backend(name) as be:
+                be.device_info()
             out[name] = None
         except Exception as e:  # noqa: BLE001
             out[name] = f"{type(e).__name__}: {e}"

@@ -16,6 +16,7 @@ from engine.backends.numpy_ref import NumpyBackend
 
 class _Mutant(NumpyBackend):
     everywhere = False
+    candidate: dict = {}  # knobs the candidate config sets so the planted code path runs
 
     def _mutate(self, t: int) -> bool:
         return self.everywhere or t > 1
@@ -81,11 +82,50 @@ class RouterUnnormalised(_Mutant):
         return ids, np.take_along_axis(p, ids.astype(np.int64), axis=-1).astype(np.float32)
 
 
+class ChunkedNoIntraMask(_Mutant):
+    """delta_net.chunked without the intra-chunk causal mask: O = G Q S0 + (ratio * Q K^T) U
+    over the whole chunk, so each token also reads the corrections of the later tokens of its
+    chunk. U and the carried state stay right (A is strictly lower): only outputs are wrong,
+    and only where a chunk holds more than one token. Planted under the chunked variant, as the
+    bug would live in its kernel."""
+
+    candidate = {"delta_net.variant": "chunked", "delta_net.chunk": 4}
+
+    def delta_net(self, q, k, v, g, beta, state, v_order, eps):  # noqa: ANN001, ANN201
+        choice = self.config.op("delta_net")
+        if choice.variant != "chunked" or not self._mutate(q.shape[0]):
+            return super().delta_net(q, k, v, g, beta, state, v_order, eps)
+        kh = k_head_of_v(q.shape[1], v.shape[1], v_order)
+        Q = l2_normalize(q.astype(np.float64), eps)[:, kh] / np.sqrt(q.shape[2])
+        K = l2_normalize(k.astype(np.float64), eps)[:, kh]
+        V, G, B = v.astype(np.float64), g.astype(np.float64), beta.astype(np.float64)
+        S = state.astype(np.float64)
+        o = np.empty(v.shape)
+        chunk = choice["chunk"]
+        for c0 in range(0, q.shape[0], chunk):
+            c = slice(c0, c0 + chunk)
+            for h in range(v.shape[1]):
+                gam = np.cumsum(G[c, h])
+                L = gam.size
+                ratio = np.exp(np.minimum(gam[:, None] - gam[None, :], 0.0))
+                kk = K[c, h] @ K[c, h].T
+                A = np.tril(B[c, h][:, None] * ratio * kk, -1)
+                rhs = B[c, h][:, None] * (V[c, h] - np.exp(gam)[:, None] * (K[c, h] @ S[h]))
+                U = np.linalg.solve(np.eye(L) + A, rhs)
+                M = ratio  # BUG: not masked to s <= t
+                o[c, h] = np.exp(gam)[:, None] * (Q[c, h] @ S[h]) + (M * (Q[c, h] @ K[c, h].T)) @ U
+                decay = np.exp(gam[-1] - gam)[:, None]
+                S[h] = np.exp(gam[-1]) * S[h] + K[c, h].T @ (decay * U)
+        state[...] = S
+        return o.astype(np.float32)
+
+
 MUTANTS: dict[str, type[_Mutant]] = {
     "delta_net_Sk_not_STk": SkNotStk,
     "state_not_carried_to_decode": StateNotCarried,
     "conv_state_off_by_one": ConvStateOffByOne,
     "router_topk_unnormalised": RouterUnnormalised,
+    "delta_net_chunked_no_intra_mask": ChunkedNoIntraMask,
 }
 
 

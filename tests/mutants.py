@@ -304,9 +304,9 @@ def judge(m: Mutant, model_path: Any, make_backend: Any = None, steps: int = 4) 
         elif make_backend is not None:
             be = make_backend()
         else:
-            from engine import backends
+            from tests.backend_params import open_backend
 
-            be = backends.create(m.backend)
+            be = open_backend(m.backend)
         try:
             model = build_model(open_model(model_path), be)
             ps = prompts(model.spec.n_vocab)

@@ -8,12 +8,15 @@ process). The worker's measured A/A noise is passed as the rule gets it in the a
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from agent.acceptance import decide
 from agent.experiment import Acceptance
-from agent.stats import aa_noise, paired_ratio
+from agent.stats import aa_noise
 from worker.records import EvalResult, Outcome, PairedSamples
 
 DECISIONS = 1000
@@ -39,8 +42,7 @@ def false_accept_rate(
     accepted = 0
     for i in range(DECISIONS):
         # the worker's A/A noise, measured at its start like the agent does (best vs best)
-        aa = paired_ratio(*_pairs(rng, pairs, sigma, order, outlier), acc.confidence, 400, i)
-        noise = {acc.target: aa_noise(aa)}
+        noise = {acc.target: aa_noise(*_pairs(rng, pairs, sigma, order, outlier))}
         cand, best = _pairs(rng, pairs, sigma, order, outlier)
         res = EvalResult(
             Outcome.OK, None, {}, {}, samples=(PairedSamples(acc.target, cand, best),),
@@ -62,3 +64,35 @@ def test_aa_without_a_min_gain_is_bounded_by_the_confidence():
     then at its designed one-sided 5% at worst; this is why experiments keep a min gain."""
     rate = false_accept_rate(0.02, 5, min_gain=0.0)
     assert rate <= 0.05
+
+
+RECORDED = Path(__file__).parent / "data" / "h200-pair-noise.json"
+
+
+def recorded_false_accept_rate(pool: list[float], pairs: int, seed: int) -> float:
+    """A/A decisions whose pairs are drawn from the per-pair noise recorded on the H200
+    (scripts/aa_from_records.py): the candidate's pairs and the worker's A/A run each resample
+    ``pairs`` residuals, true ratio 1."""
+    rng = np.random.default_rng(seed)
+    acc = Acceptance(target="m", min_gain=0.02, resamples=400)
+    noise_pool = np.asarray(pool)
+    accepted = 0
+    for i in range(DECISIONS):
+        aa = np.exp(rng.choice(noise_pool, pairs))
+        noise = {"m": aa_noise(tuple(aa), (1.0,) * pairs)}
+        cand = tuple(100.0 * np.exp(rng.choice(noise_pool, pairs)))
+        res = EvalResult(
+            Outcome.OK, None, {}, {}, samples=(PairedSamples("m", cand, (100.0,) * pairs),),
+            validate={"passed": True},
+        )  # fmt: skip
+        accepted += decide(res, acc, noise, seed=i).accepted
+    return accepted / DECISIONS
+
+
+@pytest.mark.parametrize("key", sorted(json.loads(RECORDED.read_text())["pools"]))
+def test_aa_false_accept_rate_on_recorded_h200_noise(key: str) -> None:
+    """1,000 A/A decisions per (backend, metric) from the paired samples of the GPU studies in
+    docs/fleet-gpu/ (5 pairs, the experiments' default rule): at most 1% accepted."""
+    pool = json.loads(RECORDED.read_text())["pools"][key]
+    rate = recorded_false_accept_rate(pool, pairs=5, seed=7)
+    assert rate <= 0.01, f"A/A false accepts {rate:.1%} on recorded {key} noise"

@@ -174,10 +174,18 @@ def test_copy_is_still_valid(tmp_path, tiny_model_path):
 
 
 def test_bench_profile(capsys, tiny_model_path):
-    """--profile adds GPU time per kernel (Vulkan); a backend without timestamps is told so
-    before the model loads."""
-    code, _, err = run_cli(capsys, "bench", "--model", str(tiny_model_path), "--profile")
-    assert code == 2 and "no per-kernel timestamps" in err
+    """--profile adds time per kernel on every backend through one API: wall clock per op on
+    NumPy, GPU timestamps per dispatch on Vulkan."""
+    short = ("--prompt-tokens", "9", "--gen-tokens", "3", "--repeats", "1", "--warmup", "0")
+    code, out, _ = run_cli(
+        capsys, "bench", "--model", str(tiny_model_path), *short, "--profile", "--json"
+    )
+    prof = json.loads(out)["profile"]
+    assert code == 0 and prof["clock"] == "wall"
+    assert {"matmul_prefill", "matmul_decode", "attention"} <= set(prof["kernels"])
+    assert prof["total_ms"] == pytest.approx(sum(k["total_ms"] for k in prof["kernels"].values()))
+    code, out, _ = run_cli(capsys, "bench", "--model", str(tiny_model_path), *short, "--profile")
+    assert code == 0 and "clock: wall" in out and "matmul_prefill" in out
     pytest.importorskip("vulkan")
     code, out, _ = run_cli(
         capsys,
@@ -196,25 +204,46 @@ def test_bench_profile(capsys, tiny_model_path):
         "--json",
     )
     prof = json.loads(out)["profile"]
-    assert code == 0 and prof
-    names = set(prof)
+    assert code == 0 and prof["clock"] == "gpu-timestamps"
+    names = set(prof["kernels"])
     assert any(n.startswith("matmul_prefill.") for n in names)  # the 9-token prefill
     assert any(n.startswith("matmul_decode.") for n in names)  # and the decode steps
-    assert all(v["calls"] > 0 and v["total_ms"] > 0 for v in prof.values())
+    assert all(v["calls"] > 0 and v["total_ms"] > 0 for v in prof["kernels"].values())
 
 
-def test_devices_lists_every_vulkan_device(capsys):
-    """`engine devices` names each backend's device and, for Vulkan, every physical device with
-    the FLEETTUNE_VK_DEVICE index and whether workers serve it."""
+def test_devices_lists_every_device_of_every_backend(capsys):
+    """`engine devices` lists each backend's devices with the index --device takes and whether
+    workers serve it (the best kind present); a backend that cannot run says why."""
     code, out, _ = run_cli(capsys, "devices", "--json")
     doc = json.loads(out)
     assert code == 0 and {r["backend"] for r in doc["devices"]} == {"numpy", "vulkan", "cuda"}
-    vk = next(r for r in doc["devices"] if r["backend"] == "vulkan")
-    if "name" not in vk:
-        pytest.skip(f"no Vulkan here: {vk['error']}")
-    phys = doc["vulkan_physical"]
-    assert [d["index"] for d in phys] == list(range(len(phys)))
-    assert any(d["served"] and d["device_class"] == vk["device_class"] for d in phys)
+    (cpu,) = [r for r in doc["devices"] if r["backend"] == "numpy"]
+    assert cpu["index"] == 0 and cpu["device_class"] == "cpu" and cpu["served"]
+    vk = [r for r in doc["devices"] if r["backend"] == "vulkan"]
+    if "error" in vk[0]:
+        pytest.skip(f"no Vulkan here: {vk[0]['error']}")
+    assert [d["index"] for d in vk] == list(range(len(vk)))
+    assert any(d["served"] for d in vk) and all(d["memory_bytes"] > 0 for d in vk)
+
+
+def test_device_flag_and_env_pick_the_card(capsys, tiny_model_path, monkeypatch):
+    """--device N opens card N; without it FLEETTUNE_VK_DEVICE is the default; a card that is
+    not there, or a malformed variable, is one line and exit 2."""
+    monkeypatch.delenv("FLEETTUNE_VK_DEVICE", raising=False)
+    run = ("run", "--model", str(tiny_model_path), "--prompt", "hi", "--max-tokens", "1")
+    code, _, err = run_cli(capsys, *run, "--device", "3")
+    assert code == 2 and err.strip() == (
+        "error: numpy device 3: no such device; choose an index 0..0"
+    )
+    monkeypatch.setenv("FLEETTUNE_VK_DEVICE", "x")
+    code, _, err = run_cli(capsys, *run, "--backend", "vulkan")
+    assert code == 2 and "FLEETTUNE_VK_DEVICE='x': give a device index" in err
+    pytest.importorskip("vulkan")
+    monkeypatch.setenv("FLEETTUNE_VK_DEVICE", "99")
+    code, _, err = run_cli(capsys, *run, "--backend", "vulkan")
+    assert code == 2 and "vulkan device 99: no such device" in err
+    code, out, _ = run_cli(capsys, *run, "--backend", "vulkan", "--device", "0", "--json")
+    assert code == 0 and json.loads(out)["tokens"]
 
 
 @pytest.mark.parametrize(

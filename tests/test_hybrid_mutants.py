@@ -21,7 +21,8 @@ CANDIDATE = {"prefill.chunk_tokens": 8}
 
 def _validate(path, backend_cls):
     m = build_model(open_model(path), backend_cls())
-    return validate(m, TuningConfig.from_flat("numpy", CANDIDATE), PROMPTS, steps=4)
+    flat = CANDIDATE | getattr(backend_cls, "candidate", {})
+    return validate(m, TuningConfig.from_flat("numpy", flat), PROMPTS, steps=4)
 
 
 @pytest.mark.parametrize("arch", ["qwen3next", "qwen35"])
@@ -30,11 +31,22 @@ def test_honest_hybrid_passes(tiny_model_factory, arch):
     assert rep.passed, rep.to_dict()
 
 
+def test_honest_chunked_scan_passes(tiny_model_factory):
+    """The candidate the chunked mutant runs under, without the bug."""
+    honest = type("Honest", (NumpyBackend,), {"candidate": MUTANTS[CHUNKED].candidate})
+    rep = _validate(tiny_model_factory("qwen3next", "q4_k_m"), honest)
+    assert rep.passed, rep.to_dict()
+
+
+CHUNKED = "delta_net_chunked_no_intra_mask"
+
+
 BLAMED = {
     "delta_net_Sk_not_STk": "delta_net",
     "state_not_carried_to_decode": "delta_net",
     "conv_state_off_by_one": "ssm_conv",
     "router_topk_unnormalised": "router_topk",
+    "delta_net_chunked_no_intra_mask": "delta_net",
 }
 
 
@@ -65,3 +77,33 @@ def test_reference_rejects_mutant_in_every_path(tmp_path, name):
 
 def _validate_silent(model: Model, prompt: list[int]) -> bool:
     return validate(model, TuningConfig.from_flat("numpy", CANDIDATE), [prompt], steps=4).passed
+
+
+# --- Vulkan: bugs planted in the chunked scan's shader (#ifdef MUTANT_<NAME>) -----------------
+VULKAN_CHUNKED = {"delta_net.variant": "chunked", "delta_net.chunk": 4, "prefill.chunk_tokens": 8}
+VULKAN_MUTANTS = {
+    "DN_CHUNK_NO_MASK": "delta_net",  # each token reads the later tokens of its chunk
+    "DN_CHUNK_STATE_NOT_STORED": "delta_net",  # prefill's state never reaches decode
+}
+
+
+@pytest.mark.parametrize("name", [None, *VULKAN_MUTANTS])
+def test_vulkan_chunked_scan_mutants_are_rejected_and_blamed(tiny_model_factory, name):
+    """validate on Vulkan (per-token reference: the sequential kernel; batched candidate: the
+    chunked one) passes the shipped shader and rejects each planted bug, blaming delta_net."""
+    from tests.mutants import Mutant, planted
+    from tests.test_vulkan_helpers import make_backend
+
+    path = tiny_model_factory("qwen3next", "q4_k_m")
+    with planted(Mutant(name or "", "vulkan" if name else "numpy", "delta_net", "")):
+        be = make_backend()
+        try:
+            cand = TuningConfig.default("vulkan").replace(**VULKAN_CHUNKED)
+            rep = validate(build_model(open_model(path), be), cand, PROMPTS, steps=4)
+        finally:
+            be.close()
+    if name is None:
+        assert rep.passed, rep.to_dict()
+        return
+    assert not rep.passed, name
+    assert rep.blame is not None and rep.blame.op == VULKAN_MUTANTS[name], str(rep.blame)

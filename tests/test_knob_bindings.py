@@ -108,9 +108,13 @@ def _old_vulkan_spec(cfg: TuningConfig, op: str) -> tuple[tuple[int, ...], int]:
     if op == "attention" and c.variant == "split":
         return (wg, int(c["key_threads"])), 0
     if op == "delta_net":  # the hybrids' kernels (issue 15) mapped the same way by hand
-        return (wg, int(c["state_transposed"]), int(c["max_dk"])), 0
+        base = (wg, int(c["state_transposed"]), int(c["max_dk"]))
+        if c.variant == "chunked":
+            return (*base, int(c["chunk"]), int(c["scan_wg"])), 0
+        return base, 0
     if op == "moe_experts":
-        return (wg, int(c["rows_per_wg"]), int(c["threads_per_row"])), 0
+        base = (wg, int(c["rows_per_wg"]), int(c["threads_per_row"]))
+        return (*base, int(c["tile_pairs"])) if c.variant == "grouped" else base, 0
     return (wg,), 0
 
 
@@ -221,6 +225,18 @@ def _old_cuda_modules(cfg: TuningConfig) -> dict[str, tuple[str, dict]]:
     ap = cfg.op("attention_prefill")
     flash = {"BQ": ap["block_q"], "RPW": ap["rows_per_warp"]} if ap.variant == "flash" else {}
     k["attention"] = ("attention.cu", flash)
+    # the hybrids' kernels (issue 15), mapped by hand the same way
+    k["hybrid"] = ("hybrid.cu", {})
+    dn = cfg.op("delta_net")
+    k["delta_net"] = (
+        "delta_net.cu",
+        {"NW": dn["warps"], "MAX_DK": dn["max_dk"], "STATE_T": int(dn["state_transposed"])},
+    )
+    me = cfg.op("moe_experts")
+    k["moe"] = (
+        "moe.cu",
+        {"ROWS": me["rows_per_block"], "TPR": me["threads_per_row"], "VEC": me["vec"]},
+    )
     return k
 
 

@@ -30,7 +30,8 @@ _ABOVE_BACKENDS = (
 )
 RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("engine", ("worker", "agent")),
-    ("worker", ("agent",)),
+    # The worker reaches devices through the device contract only (engine.backends.base).
+    ("worker", ("agent", "engine.backends.vulkan", "engine.backends.cuda")),
     ("engine.backends", _ABOVE_BACKENDS),
     ("engine.tuning", ("engine.backends", *_ABOVE_BACKENDS)),
     ("engine.device_info", ("engine.backends", "engine.tuning", *_ABOVE_BACKENDS)),
@@ -150,3 +151,38 @@ def test_the_checker_sees_circles_and_upward_imports(tmp_path, monkeypatch):
     assert g["engine.a"] == {"engine.b"} and g["engine.b"] == {"engine.a"}
     assert [sorted(c) for c in circles(g)] == [["engine.a", "engine.a", "engine.b"]]
     assert upward(g) == ["worker.w imports agent.loop"]
+
+
+# Device libraries only the backends may import: the worker and agent use the device contract.
+DEVICE_LIBS = ("cupy", "vulkan", "cuda")
+
+
+def test_worker_and_agent_import_no_device_library():
+    bad = []
+    for pkg in ("worker", "agent"):
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and not node.level:
+                    names = [node.module or ""]
+                else:
+                    continue
+                bad += [
+                    f"{path.relative_to(ROOT)}: {n}"
+                    for n in names
+                    if n.split(".")[0] in DEVICE_LIBS
+                ]
+    assert not bad, "device libraries imported outside the engine's backends:\n" + "\n".join(bad)
+
+
+def test_the_device_pin_is_read_in_one_place():
+    """FLEETTUNE_VK_DEVICE, as a value code uses (not prose in a docstring), appears only in
+    engine.backends.default_device's table: no backend reads it, nobody writes it."""
+    uses = []
+    for pkg in (*PACKAGES, "scripts", "deploy"):
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Constant) and node.value == "FLEETTUNE_VK_DEVICE":
+                    uses.append(str(path.relative_to(ROOT)))
+    assert uses == ["engine/backends/__init__.py"]

@@ -240,3 +240,30 @@ def test_the_measured_lavapipe_table_replays() -> None:
     assert res.reached == 2
     doc = json.loads(MEASURED.read_text())
     assert doc["target"] == TARGET
+
+
+@pytest.mark.parametrize(
+    "lower, reason, expect",
+    [
+        (0.97, "", "its lower bound had to clear x1.030 (A/A noise 1.1%)"),
+        # The H200 two-worker run: accepted on one worker, then the confirmation on the other
+        # measured x0.916; the summary must say so, not that the bound missed.
+        (
+            1.045,
+            "confirmation: prefill_tok_s@326 x0.916, lower bound 0.703 <= 1.030",
+            "cleared x1.030 but was turned down: confirmation: prefill_tok_s@326 x0.916",
+        ),
+    ],
+)
+def test_nothing_accepted_says_why(lower: float, reason: str, expect: str) -> None:
+    from agent.summary import Overhead, RunSummary, StudySummary
+
+    miss = {"trial": 11, "ratio": 1.132, "lower": lower, "upper": 1.225, "threshold": 1.03,
+            "noise": 0.011, "reason": reason}  # fmt: skip
+    s = StudySummary(
+        "st", "h200", "cuda", "m", "", 12, 12, {}, "default", None, True, {}, {}, TARGET,
+        None, None, None, best_candidate=miss,
+    )  # fmt: skip
+    text = RunSummary("e", "s", "f", "embedded", 1.0, (s,), (), Overhead(0, 0, 0)).text()
+    assert f"nothing accepted: best candidate trial 11 {TARGET} x1.132 [{lower:.3f}, 1.225]" in text
+    assert expect in text and "best is the baseline (default)" in text

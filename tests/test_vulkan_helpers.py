@@ -8,7 +8,7 @@ import pytest
 
 from engine.gguf_model import QTensor
 from tests import op_cases
-from tests.backend_params import usable
+from tests.backend_params import open_backend, usable
 
 
 def require_vulkan() -> None:
@@ -19,9 +19,7 @@ def require_vulkan() -> None:
 
 def make_backend():  # noqa: ANN201 - VulkanBackend, imported lazily
     require_vulkan()
-    from engine.backends.vulkan import VulkanBackend
-
-    return VulkanBackend()
+    return open_backend("vulkan")
 
 
 def assert_no_validation_errors(be) -> None:  # noqa: ANN001

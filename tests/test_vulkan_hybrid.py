@@ -111,6 +111,39 @@ def test_moe_experts(vb, qtype):
     assert nmse(want, vb.download(got)) < 1e-10
 
 
+@pytest.mark.parametrize(
+    "variant,tile",
+    [("grouped", 4), ("grouped", 16), ("grouped", 32), ("dmmv", 16)],
+)
+@pytest.mark.parametrize("qtype,C,F", [("Q4_K", 256, 256), ("F16", 52, 20)])
+def test_moe_experts_variants_with_skewed_routing(vb, variant, tile, qtype, C, F):
+    """Both variants against NumPy with a hot expert (many tiles of tile_pairs), experts never
+    chosen, F16 rows whose length is no multiple of 8, and T == 1 (decode: dmmv's kernels)."""
+    vb.set_config(
+        TuningConfig.from_flat(
+            "vulkan", {"moe_experts.variant": variant, "moe_experts.tile_pairs": tile}
+        )
+        if variant == "grouped"
+        else TuningConfig.from_flat("vulkan", {"moe_experts.variant": variant})
+    )
+    rng = np.random.default_rng(5)
+    E, k = 8, 2
+    gate, up = qtensor(rng, (E, F, C), qtype, 0.1), qtensor(rng, (E, F, C), qtype, 0.1)
+    down = qtensor(rng, (E, C, F), qtype, 0.1)
+    ref = NumpyBackend()
+    wn = [ref.load_weight(t) for t in (gate, up, down)]
+    wv = [vb.load_weight(t) for t in (gate, up, down)]
+    for T in (23, 1):
+        logits = _f32(rng, T, E)
+        logits[:, 3] += 6.0  # expert 3 in every token's top-k: a run of T pairs
+        logits[:, 6:] -= 20.0  # experts 6, 7 never chosen
+        ids, w = ref.router_topk(logits, k)
+        x = _f32(rng, T, C)
+        want = ref.moe_experts(x, ids, w, *wn)
+        got = vb.moe_experts(vb.upload(x), vb.upload(ids), vb.upload(w), *wv)
+        assert nmse(want, vb.download(got)) < 1e-10, T
+
+
 @pytest.mark.parametrize("arch", ["qwen35", "qwen35moe", "qwen3next"])
 @pytest.mark.parametrize("replay", [True, False])
 def test_tiny_hybrid_matches_numpy(vb, tiny_model_factory, arch, replay):
@@ -122,3 +155,18 @@ def test_tiny_hybrid_matches_numpy(vb, tiny_model_factory, arch, replay):
         a, b = mn.generate(prompt, 8, path=path), mv.generate(prompt, 8, path=path)
         assert compare_logits(a.last_logits, b.last_logits)[2] < 1e-8, path
         assert a.tokens == b.tokens, path
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "qwen3next"])
+def test_tiny_hybrid_chunked_scan_matches_numpy(vb, tiny_model_factory, arch):
+    """delta_net.chunked in a whole model: a 37-token prompt in prefill chunks of 16 (two
+    passes, the second ragged) and scan chunks of 8 (ragged in every pass), then decode on the
+    state it leaves, against NumPy's sequential scan."""
+    g = open_model(tiny_model_factory(arch, "q4_k_m"))
+    flat = {"delta_net.variant": "chunked", "delta_net.chunk": 8, "prefill.chunk_tokens": 16}
+    vb.set_config(TuningConfig.from_flat("vulkan", flat))
+    mv, mn = build_model(g, vb), build_model(g, NumpyBackend())
+    prompt = list(range(5, 5 + 37))
+    a, b = mn.generate(prompt, 8, path="per_token"), mv.generate(prompt, 8, path="batched")
+    assert compare_logits(a.last_logits, b.last_logits)[2] < 1e-8
+    assert a.tokens == b.tokens

@@ -33,6 +33,10 @@ CONFIGS = [
         "matmul_decode.variant": "shmem",
         "matmul_decode.threads_per_row": 8,
         "matmul_decode.rows_per_wg": 4,
+        # the hybrids' other variants (this model has no delta-net or MoE layer: they are
+        # sampled here, and run in tests/test_vulkan_hybrid.py)
+        "delta_net.variant": "chunked",
+        "moe_experts.variant": "dmmv",
     },
     {
         "matmul_prefill.max_cols": 40,

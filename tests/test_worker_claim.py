@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.backends.vulkan.device import Physical, served
+from engine.device_info import DeviceEntry, served
 from worker.claim import claim, claim_vulkan_device
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,9 +51,10 @@ def test_a_killed_holder_frees_its_device(tmp_path: Path) -> None:
 
 
 def test_a_node_serves_its_best_kind_of_device() -> None:
-    llvmpipe = Physical(0, "llvmpipe", "llvmpipe", 3)
-    r1, r2 = Physical(1, "AMD Radeon AI PRO R9700", "r9700", 0), Physical(2, "R9700", "r9700", 0)
-    igpu = Physical(3, "AMD Radeon Graphics", "amd-radeon-graphics", 1)
+    llvmpipe = DeviceEntry("vulkan", 0, "llvmpipe", "llvmpipe", "cpu")
+    r1 = DeviceEntry("vulkan", 1, "AMD Radeon AI PRO R9700", "r9700", "discrete")
+    r2 = DeviceEntry("vulkan", 2, "R9700", "r9700", "discrete")
+    igpu = DeviceEntry("vulkan", 3, "AMD Radeon Graphics", "amd-radeon-graphics", "integrated")
     assert served([llvmpipe, r1, igpu, r2]) == [r1, r2]
     assert served([llvmpipe, igpu]) == [igpu]
     assert served([llvmpipe]) == [llvmpipe]
@@ -64,14 +65,13 @@ def test_vulkan_worker_claims_its_class_on_lavapipe(tmp_path, monkeypatch) -> No
     pytest.importorskip("vulkan")
     monkeypatch.setenv("FLEETTUNE_LOCK_DIR", str(tmp_path))
     monkeypatch.delenv("FLEETTUNE_VK_DEVICE", raising=False)
+    before = dict(os.environ)
     index, lock = claim_vulkan_device("llvmpipe")
     try:
         assert index == 0 and lock is not None
-        assert os.environ["FLEETTUNE_VK_DEVICE"] == "0"
-        monkeypatch.delenv("FLEETTUNE_VK_DEVICE")
         assert claim_vulkan_device("r9700") == (None, None)  # no such device here
-        assert "FLEETTUNE_VK_DEVICE" not in os.environ
-        monkeypatch.setenv("FLEETTUNE_VK_DEVICE", "0")  # the operator's choice wins
-        assert claim_vulkan_device("llvmpipe") == (None, None)
+        assert dict(os.environ) == before  # the pick is returned, never put in the environment
+        monkeypatch.setenv("FLEETTUNE_VK_DEVICE", "5")  # the operator's pin wins, unlocked
+        assert claim_vulkan_device("llvmpipe") == (5, None)
     finally:
         lock.close()

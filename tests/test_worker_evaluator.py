@@ -10,7 +10,7 @@ import pytest
 
 from agent.acceptance import decide
 from agent.experiment import parse_experiment
-from agent.stats import aa_noise, paired_ratio
+from agent.stats import aa_noise
 from engine.tuning import TuningConfig
 from worker import testing
 from worker.evaluator import Evaluator
@@ -84,11 +84,35 @@ def test_aa_noop_candidate_is_never_accepted(faulty: tuple[Evaluator, str]) -> N
     ).acceptance
     plan = BenchPlan((Objective("prefill_tok_s", 24),), pairs=5)
     aa = ev.evaluate(ref, _flat(), _flat(), VPLAN, plan, skip_validate=True)
-    noise = {
-        s.objective: aa_noise(paired_ratio(s.candidate, s.best, acc.confidence, acc.resamples))
-        for s in aa.samples
-    }
+    noise = {s.objective: aa_noise(s.candidate, s.best) for s in aa.samples}
     for _ in range(6):
         res = ev.evaluate(ref, _flat(), _flat(), VPLAN, plan, skip_validate=True)
         assert res.ok
         assert not decide(res, acc, noise).accepted
+
+
+def test_first_bench_warms_up_for_a_minimum_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker's first measurement of a model warms the device for ``warm_s`` seconds (a GPU
+    from idle ramps its clocks over its first runs), not only ``plan.warmup`` rounds."""
+    import time
+    from types import SimpleNamespace
+
+    import worker.evaluator as ev
+
+    calls: list[str] = []
+
+    def measure(model, prompt, gen):  # noqa: ANN001, ANN202 - a stand-in for engine.bench
+        time.sleep(0.02)
+        calls.append(model.cfg)
+        return {"prefill_tok_s": 1.0, "decode_tok_s": 1.0}
+
+    model = SimpleNamespace(spec=SimpleNamespace(n_vocab=64), cfg="")
+    model.set_config = lambda cfg: setattr(model, "cfg", cfg)
+    monkeypatch.setattr(ev, "measure", measure)
+    plan = BenchPlan((Objective("prefill_tok_s", 8),), pairs=2, warmup=1)
+    ev.paired_bench(model, "cand", "best", plan)
+    assert len(calls) == 2 + 2 * 2  # one warm-up round of both sides, then the pairs
+    calls.clear()
+    ev.paired_bench(model, "cand", "best", plan, warm_s=0.3)
+    warm = len(calls) - 4
+    assert warm >= 2 * 7 and warm % 2 == 0  # >= 0.3 s of 0.02 s runs, both sides each round

@@ -34,10 +34,11 @@ class TuningWorker:
         if setup is not None:  # test-only: register extra backends/variants in this process
             setup()
         self._device_lock = None  # held for the actor's life (worker/claim.py)
+        device = None  # CUDA: Ray's CUDA_VISIBLE_DEVICES leaves this worker one GPU, index 0
         if backend == "vulkan" and device_class:
-            _, self._device_lock = claim_vulkan_device(device_class)
+            device, self._device_lock = claim_vulkan_device(device_class)
         node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
-        self.evaluator = Evaluator(backend, worker_id, node_id, commit_hint)
+        self.evaluator = Evaluator(backend, worker_id, node_id, commit_hint, device=device)
 
     def info(self) -> WorkerInfo:
         return self.evaluator.info()

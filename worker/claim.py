@@ -3,13 +3,14 @@
 Ray places a worker by one unit of ``device:<class>`` and, unlike GPUs, gives custom resources no
 per-unit ids: two workers of one class on a node would both open the loader's first device, and a
 worker of class ``rx9070xt`` on a node that also has an R9700 could open the R9700. So the worker
-picks for itself: the devices of its class that the node serves (engine.backends.vulkan.device
-``served``), the first one whose lock file it can take with an exclusive ``flock``. The kernel
-drops the lock when the process dies, so a worker the agent kills and restarts frees its device
-for its replacement. The pick goes into ``FLEETTUNE_VK_DEVICE`` before the backend opens.
+picks for itself: the devices of its class that the node serves (worker.device.served_devices),
+the first one whose lock file it can take with an exclusive ``flock``. The kernel drops the lock
+when the process dies, so a worker the agent kills and restarts frees its device for its
+replacement. The worker opens the picked index (``Evaluator(device=...)``).
 
 Locks live in ``$FLEETTUNE_LOCK_DIR`` or ``<tmp>/fleettune-<uid>-devices`` (one per host: Ray
-nodes sharing a host share its devices). An operator's own ``FLEETTUNE_VK_DEVICE`` wins.
+nodes sharing a host share its devices). An operator's pinned device
+(``engine.backends.default_device``: ``FLEETTUNE_VK_DEVICE``) wins, unlocked.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import os
 import tempfile
 from pathlib import Path
 from typing import IO
+
+from worker.device import served_devices
 
 log = logging.getLogger(__name__)
 
@@ -52,17 +55,17 @@ def claim(indices: list[int], directory: Path, kind: str = "vulkan") -> tuple[in
 
 
 def claim_vulkan_device(device_class: str) -> tuple[int | None, IO | None]:
-    """Pick and lock this worker's Vulkan device of ``device_class``; sets FLEETTUNE_VK_DEVICE.
-    (None, None) when the operator set FLEETTUNE_VK_DEVICE or no served device has the class
-    (the backend then opens its default device and reports its class)."""
-    if os.environ.get("FLEETTUNE_VK_DEVICE"):
-        return None, None
-    from engine.backends.vulkan.device import physical_devices, served
+    """Pick and lock this worker's Vulkan device of ``device_class``: (index to open, lock).
+    The operator's pinned device: (that index, None). (None, None) when no served device has
+    the class (the backend then opens its default device and reports its class)."""
+    from engine.backends import default_device
 
-    mine = [d.index for d in served(physical_devices()) if d.device_class == device_class]
+    pinned = default_device("vulkan")
+    if pinned is not None:
+        return pinned, None
+    mine = [d.index for d in served_devices("vulkan") if d.device_class == device_class]
     if not mine:
         return None, None
     index, lock = claim(mine, lock_dir())
-    os.environ["FLEETTUNE_VK_DEVICE"] = str(index)
     log.info("vulkan worker of class %s takes physical device %d of %s", device_class, index, mine)
     return index, lock

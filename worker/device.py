@@ -4,18 +4,21 @@ Every device advertises a custom resource ``device:<device class>`` (one unit pe
 only AMD nodes and llvmpipe included; CUDA devices also count as Ray ``num_gpus``. The NumPy
 backend's ``cpu`` class is advertised only when asked for (or when a node has no GPU), so CPU
 trials never share a node's cores with GPU timing runs by accident.
+
+Devices are found through the engine's device contract only (``Backend.list_devices``): a node
+serves every device of the best kind each backend lists (two R9700s, not the llvmpipe beside
+them), or the one device its operator pinned (``engine.backends.default_device``).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import subprocess
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from engine.backends.base import DeviceInfo
+from engine.device_info import DeviceEntry, served
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +62,7 @@ def device_classes_in(resources: dict[str, float]) -> dict[str, int]:
 class NodeDevices:
     """The devices found on this node, by backend."""
 
-    devices: tuple[DeviceInfo, ...]
+    devices: tuple[DeviceEntry, ...]
     cuda_count: int = 0
 
     def resources(self) -> dict[str, float]:
@@ -73,13 +76,20 @@ class NodeDevices:
         return out
 
 
-def _cuda_count() -> int:
-    try:
-        import cupy
+def served_devices(backend: str) -> list[DeviceEntry]:
+    """The devices of ``backend`` this node serves: the operator's pinned one, else every
+    device of the best kind the backend lists; [] when the backend is not usable here."""
+    from engine import backends as engine_backends
 
-        return int(cupy.cuda.runtime.getDeviceCount())
-    except Exception:  # noqa: BLE001 - no CuPy, no driver or no device all mean zero
-        return 0
+    try:
+        found = engine_backends.backend_class(backend).list_devices()
+        pinned = engine_backends.default_device(backend)
+    except Exception as e:  # noqa: BLE001 - any failure: not usable on this node
+        log.debug("backend %s not usable here: %s", backend, e)
+        return []
+    if pinned is not None:
+        return [d for d in found if d.index == pinned]
+    return served(found)
 
 
 def detect(backends: tuple[str, ...] | None = None, with_cpu: bool | None = None) -> NodeDevices:
@@ -88,52 +98,10 @@ def detect(backends: tuple[str, ...] | None = None, with_cpu: bool | None = None
     from engine import backends as engine_backends
 
     names = backends or tuple(engine_backends.BACKENDS)
-    found: list[DeviceInfo] = []
-    cuda = 0
-    for name in names:
-        if name == "numpy":
-            continue
-        if name == "vulkan":
-            found += _vulkan_devices()
-            continue
-        try:
-            info = engine_backends.create(name).device_info()
-        except Exception as e:  # noqa: BLE001 - any failure: not usable on this node
-            log.debug("backend %s not usable here: %s", name, e)
-            continue
-        if name == "cuda":
-            cuda = max(_cuda_count(), 1)
-            found += [info] * cuda
-        else:
-            found.append(info)
+    found = [d for name in names if name != "numpy" for d in served_devices(name)]
     if "numpy" in names and (with_cpu or (with_cpu is None and not found)):
-        from engine.backends.numpy_ref import NumpyBackend
-
-        found.append(NumpyBackend().device_info())
-    return NodeDevices(tuple(found), cuda)
-
-
-def _vulkan_devices() -> list[DeviceInfo]:
-    """One DeviceInfo per Vulkan device the node serves (several R9700s count several times;
-    FLEETTUNE_VK_DEVICE set by the operator: that device only)."""
-    from engine import backends as engine_backends
-
-    try:
-        if os.environ.get("FLEETTUNE_VK_DEVICE"):
-            return [engine_backends.create("vulkan").device_info()]
-        from engine.backends.vulkan.device import physical_devices, served
-
-        out = []
-        for d in served(physical_devices()):
-            os.environ["FLEETTUNE_VK_DEVICE"] = str(d.index)
-            try:
-                out.append(engine_backends.create("vulkan").device_info())
-            finally:
-                del os.environ["FLEETTUNE_VK_DEVICE"]
-        return out
-    except Exception as e:  # noqa: BLE001 - any failure: not usable on this node
-        log.debug("backend vulkan not usable here: %s", e)
-        return []
+        found += served_devices("numpy")
+    return NodeDevices(tuple(found), sum(d.backend == "cuda" for d in found))
 
 
 @cache

@@ -39,6 +39,10 @@ from worker.records import (
 
 log = logging.getLogger(__name__)
 
+# Seconds of warm-up before a worker's first measurement of a model: a GPU fresh from idle ramps
+# its clocks during the first runs (one such pair on an H200 measured x0.3).
+FIRST_WARMUP_S = 2.0
+
 
 @dataclass
 class _Loaded:
@@ -58,8 +62,10 @@ class Evaluator:
         node_id: str = "",
         commit_hint: str = "",
         sentinel: bool = True,
+        device: int | None = None,
     ) -> None:
         self.backend = backend
+        self.device = device  # an index of the backend's list_devices(); None: its default
         self.sentinel = sentinel
         self.sentinels: dict[str, Any] = {}  # family -> engine.sentinel.SentinelResult
         self.worker_id = worker_id
@@ -67,6 +73,7 @@ class Evaluator:
         self._models: dict[str, _Loaded] = {}
         self._commit_hint = commit_hint
         self._info: WorkerInfo | None = None
+        self._warmed: set[str] = set()  # models benchmarked here at least once
 
     # --- identity -----------------------------------------------------------------------
     def info(self) -> WorkerInfo:
@@ -74,7 +81,8 @@ class Evaluator:
         if self._info is None:
             from engine import backends
 
-            dev = backends.create(self.backend).device_info()
+            with backends.create(self.backend, device=self.device) as be:
+                dev = be.device_info()
             commit = engine_commit()
             if commit == "unknown" and self._commit_hint:
                 commit = self._commit_hint
@@ -101,7 +109,13 @@ class Evaluator:
         family: the worker refuses to tune, and the agent reports why."""
         if model_ref not in self._models:
             path = resolve_model(model_ref)
-            eng = load(path, self.backend, TuningConfig.default(self.backend), use_promoted=False)
+            eng = load(
+                path,
+                self.backend,
+                TuningConfig.default(self.backend),
+                use_promoted=False,
+                device=self.device,
+            )
             self._check_reference(eng.model, eng.gguf.spec.family)
             self._models[model_ref] = _Loaded(eng, eng.gguf.spec.family, {})
         return self._models[model_ref].family
@@ -245,7 +259,10 @@ class Evaluator:
             else:
                 summary = None
             t = time.perf_counter()
-            samples = paired_bench(model, cand_cfg, best_cfg, bplan)
+            # The first bench of a model on this worker also warms the device up to clocks.
+            warm_s = 0.0 if model_ref in self._warmed else FIRST_WARMUP_S
+            samples = paired_bench(model, cand_cfg, best_cfg, bplan, warm_s=warm_s)
+            self._warmed.add(model_ref)
             phase["bench_s"] = time.perf_counter() - t
             return done(Outcome.OK, validate=summary, samples=samples)
         except KernelCompileError as e:  # the best config's kernels, rebuilt while pairing
@@ -313,17 +330,21 @@ def paired_bench(
     best: TuningConfig,
     plan: BenchPlan,
     on_pair: Callable[[int], None] | None = None,
+    warm_s: float = 0.0,
 ) -> tuple[PairedSamples, ...]:
-    """``plan.pairs`` alternating candidate/best measurements after warm-up; leaves the model on
+    """``plan.pairs`` alternating candidate/best measurements after warm-up (``plan.warmup``
+    rounds of both sides, and more until ``warm_s`` seconds have passed); leaves the model on
     the candidate config."""
     vocab = model.spec.n_vocab
     lengths = sorted({o.prompt_tokens for o in plan.objectives})
     prompts = {n: bench_prompt(n, vocab) for n in lengths}
     sides = {"candidate": candidate, "best": best}
-    for _ in range(plan.warmup):
+    t0, rounds = time.perf_counter(), 0
+    while rounds < plan.warmup or time.perf_counter() - t0 < warm_s:
         for cfg in sides.values():
             model.set_config(cfg)
             _run_objectives(model, plan, prompts)
+        rounds += 1
     runs: dict[str, list[dict[str, float]]] = {"candidate": [], "best": []}
     for i in range(plan.pairs):
         order = ("candidate", "best") if i % 2 == 0 else ("best", "candidate")

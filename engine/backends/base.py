@@ -11,13 +11,15 @@ is a new subclass; ``tests/test_backend_ops.py`` runs every op of every backend 
 
 from __future__ import annotations
 
+import time
+import weakref
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from engine.device_info import DeviceInfo
+from engine.device_info import DeviceEntry, DeviceInfo, MemoryReport, ProfileReport
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -29,8 +31,39 @@ if TYPE_CHECKING:
 Tensor = Any
 Weight = Any
 
-# DeviceInfo: re-exported
-__all__ = ["Backend", "DeviceInfo", "HybridCache", "KVCache", "Tensor", "Weight"]
+# DeviceInfo and the reports: re-exported
+__all__ = [
+    "Backend",
+    "DeviceEntry",
+    "DeviceInfo",
+    "HybridCache",
+    "KVCache",
+    "MemoryReport",
+    "ProfileReport",
+    "Tensor",
+    "Weight",
+]
+
+# The ops the NumPy wall-clock profiler times (Backend.set_profiling's default).
+PROFILED_OPS = (
+    "embedding", "rms_norm", "matmul", "add", "rope", "kv_write", "attention", "swiglu",
+    "argmax", "rope_partial", "sigmoid_mul", "ssm_conv", "ssm_gates", "delta_net",
+    "router_topk", "moe_experts",
+)  # fmt: skip
+
+
+class _Live:
+    """Objects still alive, by identity (weights and caches are unhashable dataclasses)."""
+
+    def __init__(self) -> None:
+        self._refs: dict[int, weakref.ref] = {}
+
+    def add(self, obj: Any) -> None:
+        key = id(obj)
+        self._refs[key] = weakref.ref(obj, lambda _r, k=key: self._refs.pop(k, None))
+
+    def __iter__(self) -> Any:
+        return iter([o for o in (r() for r in list(self._refs.values())) if o is not None])
 
 
 @dataclass
@@ -54,7 +87,13 @@ class HybridCache(KVCache):
 
 
 class Backend(ABC):
-    """One device, one tuning config. Ops return new tensors unless documented otherwise."""
+    """One device, one tuning config. Ops return new tensors unless documented otherwise.
+
+    The device contract, the same on every backend: ``list_devices()`` (what this machine has,
+    without opening anything), ``open(index)`` (one of them), ``device_info()``,
+    ``memory_report()``, ``set_profiling(on)`` / ``profile()``, and ``close()`` (idempotent;
+    also on leaving a ``with`` block). A subclass's constructor takes ``device=`` (an index
+    from its list, None: its own default choice)."""
 
     name: str = "abstract"
 
@@ -63,9 +102,121 @@ class Backend(ABC):
 
         self.config = config if config is not None else TuningConfig.default(self.name)
 
-    # --- device and memory -------------------------------------------------------------
+    # --- the device contract -----------------------------------------------------------
+    @classmethod
+    @abstractmethod
+    def list_devices(cls) -> list[DeviceEntry]:
+        """The devices this backend can open here, by index; BackendUnavailable when its
+        library or driver is missing."""
+
+    @classmethod
+    def open(cls, index: int | None = None, config: TuningConfig | None = None) -> Backend:
+        """Open device ``index`` of ``list_devices()`` (None: the backend's default choice);
+        ConfigError naming the valid indices when there is no such device."""
+        return cls(config, device=index)  # type: ignore[call-arg]
+
+    @staticmethod
+    def _check_index(backend: str, index: int | None, count: int) -> int:
+        from engine.errors import ConfigError
+
+        i = 0 if index is None else index
+        if not 0 <= i < count:
+            raise ConfigError(
+                f"{backend} device {index}: no such device; "
+                + (f"choose an index 0..{count - 1}" if count else "this machine has none")
+            )
+        return i
+
     @abstractmethod
     def device_info(self) -> DeviceInfo: ...
+
+    def close(self) -> None:  # noqa: B027 - optional: backends holding no device need nothing
+        """Release the device (the backend cannot be used afterwards); idempotent."""
+
+    def __enter__(self) -> Backend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- memory report: weights and caches are tracked as they are made ----------------
+    def _tracked(self, what: str) -> _Live:
+        live = self.__dict__.get(what)
+        if live is None:
+            live = self.__dict__[what] = _Live()
+        return live
+
+    def track_weight(self, w: Weight) -> Weight:
+        """Count a loaded weight in ``memory_report`` while it lives (load_weight calls it)."""
+        self._tracked("_live_weights").add(w)
+        return w
+
+    def track_cache(self, cache: KVCache) -> KVCache:
+        """Count a KV cache / recurrent state in ``memory_report`` while it lives."""
+        self._tracked("_live_caches").add(cache)
+        return cache
+
+    def weight_nbytes(self, w: Weight) -> int:
+        """Bytes a weight holds on the device (overridden where a weight is not ``.nbytes``)."""
+        return int(w.nbytes)
+
+    def held_bytes(self) -> int | None:
+        """Every byte the backend holds on its device (pools included), or None when it holds
+        nothing beyond weights and caches (scratch is then reported as 0)."""
+        return None
+
+    def memory_report(self) -> MemoryReport:
+        """Weights, KV/state and scratch bytes held on the device now."""
+        weights = sum(self.weight_nbytes(w) for w in self._tracked("_live_weights"))
+        kv = 0
+        for c in self._tracked("_live_caches"):
+            parts = [*c.k, *c.v, *getattr(c, "conv", []), *getattr(c, "ssm", [])]
+            kv += sum(int(t.nbytes) for t in parts if t is not None)
+        held = self.held_bytes()
+        return MemoryReport(weights, kv, max(0, held - weights - kv) if held is not None else 0)
+
+    # --- profile: wall clock per op by default; GPU backends time their kernels ----------
+    def set_profiling(self, on: bool = True) -> None:
+        """Start (or stop) timing; ``profile()`` reports what was timed. The default times each
+        contract op by the host's wall clock (exact for synchronous backends: NumPy)."""
+        for op in PROFILED_OPS:
+            self.__dict__.pop(op, None)  # drop the timed wrappers of an earlier call
+        self.__dict__.setdefault("_wall", {})
+        if not on:
+            return
+        for op in PROFILED_OPS:
+            setattr(self, op, self._timed_op(op, getattr(self, op)))
+
+    def _timed_op(self, op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        wall: dict[str, list[float]] = self.__dict__["_wall"]
+        depth = self.__dict__.setdefault("_wall_depth", [0])
+
+        def timed(*args: Any, **kw: Any) -> Any:
+            if depth[0]:  # an op inside an op (MoE's matmuls): counted in the outer one
+                return fn(*args, **kw)
+            depth[0] += 1
+            t0 = time.perf_counter()
+            try:
+                out = fn(*args, **kw)
+            finally:
+                depth[0] -= 1
+            name = self.registry_op(op, int(args[0].shape[0])) if op == "matmul" else op
+            entry = wall.setdefault(name, [0, 0.0])
+            entry[0] += 1
+            entry[1] += 1e3 * (time.perf_counter() - t0)
+            return out
+
+        return timed
+
+    def profile(self, reset: bool = True) -> ProfileReport:
+        """Time per kernel since profiling started or the last reset, slowest first."""
+        wall = self.__dict__.setdefault("_wall", {})
+        rep = ProfileReport.of("wall", wall)
+        if reset:
+            wall.clear()
+        return rep
+
+    # --- tensors ------------------------------------------------------------------------
 
     @abstractmethod
     def upload(self, a: np.ndarray) -> Tensor:
@@ -107,11 +258,12 @@ class Backend(ABC):
     def new_kv_cache(self, n_layers: int, capacity: int, n_head_kv: int, head_dim: int) -> KVCache:
         shape = (capacity, n_head_kv, head_dim)
         zeros = np.zeros(shape, np.float32)
-        return KVCache(
+        cache = KVCache(
             k=[self.upload(zeros) for _ in range(n_layers)],
             v=[self.upload(zeros) for _ in range(n_layers)],
             capacity=capacity,
         )
+        return self.track_cache(cache)
 
     # --- ops ----------------------------------------------------------------------------
     @abstractmethod

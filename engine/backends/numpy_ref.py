@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import os
 import platform
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from engine.backends.base import Backend, DeviceInfo, KVCache
+from engine.backends.base import Backend, DeviceEntry, DeviceInfo, KVCache
 from engine.backends.numpy_hybrid import NumpyHybridOps
 from engine.backends.numpy_weight import NumpyWeight
 from engine.gguf_model import QTensor
+
+if TYPE_CHECKING:
+    from engine.tuning import TuningConfig
 
 
 def _cpu_name() -> str:
@@ -31,6 +35,20 @@ def _cpu_name() -> str:
 
 class NumpyBackend(NumpyHybridOps, Backend):
     name = "numpy"
+
+    def __init__(self, config: TuningConfig | None = None, *, device: int | None = None) -> None:
+        self._check_index(self.name, device, 1)  # one device: the host
+        super().__init__(config)
+
+    @classmethod
+    def list_devices(cls) -> list[DeviceEntry]:
+        info = cls.device_info(cls.__new__(cls))  # reads nothing of an instance
+        return [
+            DeviceEntry(
+                info.backend, 0, info.name, info.device_class, "cpu", info.driver,
+                info.memory_bytes,
+            )
+        ]  # fmt: skip
 
     def device_info(self) -> DeviceInfo:
         return DeviceInfo(
@@ -53,10 +71,11 @@ class NumpyBackend(NumpyHybridOps, Backend):
         w = NumpyWeight(qt)
         if len(qt.shape) == 1:  # norms and biases: always dense
             w.f32 = qt.dequantize()
-        return w
+        return self.track_weight(w)
 
-    def cached_bytes(self, weights: list[NumpyWeight]) -> int:
-        return sum(w.f32.nbytes for w in weights if w.f32 is not None)
+    def weight_nbytes(self, w: NumpyWeight) -> int:
+        """The quantized blocks (a view of the file's memory map) plus any dense copy."""
+        return int(w.qt.raw.nbytes) + (int(w.f32.nbytes) if w.f32 is not None else 0)
 
     # --- ops ----------------------------------------------------------------------------
     def embedding(self, table: NumpyWeight, ids: np.ndarray) -> np.ndarray:

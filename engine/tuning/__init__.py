@@ -4,7 +4,12 @@ Importing this package registers every backend's kernels (engine/tuning/kernels/
 safe on any machine), so ``REGISTRY`` is complete however it is reached."""
 
 from engine.tuning.config import OpChoice, TuningConfig
-from engine.tuning.kernels import cuda, numpy_ref, vulkan  # noqa: F401 - registers the kernels
+from engine.tuning.kernels import (  # noqa: F401 - registers the kernels
+    cuda,
+    cuda_hybrid,
+    numpy_ref,
+    vulkan,
+)
 from engine.tuning.registry import REGISTRY, Constraint, Op, Param, Registry, Variant
 
 __all__ = [

@@ -121,14 +121,16 @@ NUMERIC_BUDGETS: dict[str, Budget] = {
     ),
     # Activations quantized to int8 blocks (Q8_1) against float weights' dequant: per-op NMSE
     # 3e-5..5e-5 on the H200 (issue 18; llama.cpp's own gate for quantized matmul is 5e-4).
-    # End to end the rounding compounds with depth. Measured on the H200 (2026-11-30, mmvq, 3
-    # trials of the fleet run, 10 prompts each, teacher-forced): ragged synth worst KLD 7.1e-5,
-    # NMSE 1.4e-4, max |diff| 0.045; 28-layer 1.5B synth worst KLD 1.4e-3 (mean 9.6e-4), NMSE
-    # 2.7e-3, max |diff| 0.28, per-op NMSE 6.1e-4 (swiglu, layer 3), every top-1 outside
-    # near-ties equal. Bounds ~2x the 1.5B worst; the nearest planted int8 bug (mmvq dropping
-    # the tail rows, ragged) is KLD 0.052, NMSE 0.146, max |diff| 4.5: 13-24x above them.
+    # End to end the rounding compounds with depth and width. Measured on the H200 (2026-11-30,
+    # scripts/device_int8_gate.sh: mmvq and mmq8 with every knob extreme, prompts 1/5/37/70,
+    # teacher-forced): ragged synth worst KLD 7.1e-5, NMSE 1.4e-4; 1.5B synth worst KLD 1.5e-3
+    # (mean 8.6e-4), NMSE 3.0e-3, max |diff| 0.28; 7B synth worst KLD 4.7e-3 (mean 3.2e-3), NMSE
+    # 6.4e-3, max |diff| 0.50, first op past 2e-3 per-op NMSE: swiglu (layer 10) for mmvq,
+    # attention (layer 6) for mmq8; every top-1 outside near-ties equal on both shapes.
+    # Bounds ~2x the worst over both shapes; the nearest planted int8 bug (mmvq dropping the
+    # tail rows) is KLD 0.052, NMSE 0.146, max |diff| 4.5 on the 2-layer ragged model alone.
     "int8_activations": Budget(
-        kld_max=4e-3, kld_mean=2e-3, nmse=6e-3, max_abs_diff=6e-1, near_tie=4e-1, op_nmse=2e-3
+        kld_max=1e-2, kld_mean=6e-3, nmse=1.3e-2, max_abs_diff=1.0, near_tie=4e-1, op_nmse=5e-3
     ),
 }
 

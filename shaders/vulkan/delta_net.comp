@@ -5,8 +5,9 @@
 //   q, k of the head's K head, L2-normalised here (the model requires it; q also / sqrt(dk));
 //   S = exp(g) S;  u_j = beta (v_j - S[:, j] . k)   (S^T k, column j: not S k);
 //   S[:, j] += k u_j;  o_j = S[:, j] . q.
-// Variants: one (sequential). Tunables: 0 WG_SIZE (power of two, >= dv), 2 MAX_DK (>= dk: the
-// register array holding a column; smaller spills less), 1 LAYOUT of S in the
+// Variants: sequential; delta_net.chunked (delta_net_chunked.comp) runs it for decode.
+// Tunables: 0 WG_SIZE (power of two, >= dv), 2 MAX_DK (>= dk: the register array holding a
+// column; smaller spills less), 1 LAYOUT of S in the
 // state buffer between calls: 0 S row-major [dk, dv] (the NumPy cache's layout; thread j reads
 // element j of each row: contiguous across threads), 1 S^T [dv, dk] (column j contiguous per
 // thread). Both are read once and written once per call; decode (T = 1) is where it shows.
@@ -18,6 +19,10 @@
 layout(constant_id = 0) const uint WG_SIZE = 128;
 layout(constant_id = 1) const uint LAYOUT = 0;
 layout(constant_id = 2) const uint MAX_DK = 128;
+// Read by delta_net_chunked.comp only: the chunked variant runs this kernel for decode (T = 1)
+// with its specialization, so the constants are declared here with the same defaults.
+layout(constant_id = 3) const uint CHUNK = 64;
+layout(constant_id = 4) const uint SCAN_WG = 32;
 layout(local_size_x_id = 0) in;
 
 layout(binding = 0) readonly buffer QBuf { float qs[]; };

@@ -6,7 +6,7 @@
 // row (x_div = 1).
 // Second pass (PASS_COMBINE): the routed outputs weighted and summed per token,
 // y[t, c] = sum_j w[t, j] * d[t * k + j, c], one thread per output.
-// Variants: one (QTYPE_<type> selects the weight type). Tunables: 0 WG_SIZE, 1 ROWS_PER_WG,
+// Variants: dmmv, and grouped's decode (QTYPE_<type> selects the weight type). Tunables: 0 WG_SIZE, 1 ROWS_PER_WG,
 // 2 THREADS_PER_ROW (power of two <= WG_SIZE; the row's partial sums meet in shared memory).
 // Bindings: 0 W, 1 x, 2 ids [pairs] (int32), 3 y [pairs, N]; PASS_COMBINE: 0 d, 1 w [T, k], 2 y.
 
@@ -15,6 +15,8 @@
 layout(constant_id = 0) const uint WG_SIZE = 64;
 layout(constant_id = 1) const uint ROWS_PER_WG = 4;
 layout(constant_id = 2) const uint THREADS_PER_ROW = 16;
+// moe_experts.grouped's prefill knob (moe_grouped.comp), which runs this kernel for decode.
+layout(constant_id = 3) const uint TILE_P = 16;
 layout(local_size_x_id = 0) in;
 
 #include "common.glsl"

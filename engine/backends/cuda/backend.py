@@ -12,17 +12,19 @@ int32 that a one-thread kernel sets before each replay, so Python is out of the 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import weakref
-from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from engine.backends.base import Backend, DeviceInfo, KVCache
+from engine.backends.base import Backend, DeviceEntry, DeviceInfo, KVCache, ProfileReport
 from engine.backends.cuda import kernels
 from engine.backends.cuda.device import device_class, driver_string
+from engine.backends.cuda.hybrid import CudaHybridOps
 from engine.errors import BackendUnavailable, EngineError, UnsupportedError
 from engine.tuning.kernels.cuda import ALL_TYPES, BLOCK_TYPES
 
@@ -33,7 +35,7 @@ if TYPE_CHECKING:
     from engine.tuning import TuningConfig
 
 _cp: Any = None
-_STREAM: Any = None
+_STREAMS: dict[int, Any] = {}  # device index -> the one stream every backend on it shares
 
 # cuBLAS / CUDA data-type constants (cublas_api.h, library_types.h)
 _OP_N, _OP_T = 0, 1
@@ -43,17 +45,6 @@ _GEMM_DEFAULT = -1
 
 Q6K_PADDED = 224  # bytes of a Q6_K block on the GPU (210 + 14 zero bytes; common.cuh)
 
-_SUFFIX = {
-    "Q4_0": "q4_0",
-    "Q4_1": "q4_1",
-    "Q5_0": "q5_0",
-    "Q8_0": "q8_0",
-    "Q4_K": "q4_k",
-    "Q6_K": "q6_k",
-    "F32": "f32",
-    "F16": "f16",
-    "BF16": "bf16",
-}
 # GGML type ids, as mmvw.cu's switch reads them (common.cuh QT_*)
 _QT = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
 _NULL = np.uint64(0)
@@ -62,7 +53,7 @@ _MAX_ARGMAX_ROWS = 4096  # rows argmax.multi takes in one launch (more: argmax.b
 
 def _import_cupy() -> Any:
     """CuPy and a usable GPU, or BackendUnavailable saying which is missing."""
-    global _cp, _STREAM
+    global _cp
     if _cp is not None:
         return _cp
     try:
@@ -79,8 +70,35 @@ def _import_cupy() -> Any:
     if n < 1:
         raise BackendUnavailable("CuPy found no CUDA GPU on this machine")
     _cp = cp
-    _STREAM = cp.cuda.Stream(non_blocking=True)
     return cp
+
+
+def _stream(cp: Any, index: int) -> Any:
+    if index not in _STREAMS:
+        with cp.cuda.Device(index):
+            _STREAMS[index] = cp.cuda.Stream(non_blocking=True)
+    return _STREAMS[index]
+
+
+def _name(props: dict) -> str:
+    n = props["name"]
+    return n.decode() if isinstance(n, bytes) else str(n)
+
+
+def _driver(cp: Any) -> str:
+    try:
+        nvrtc = cp.cuda.nvrtc.getVersion()
+    except Exception:  # noqa: BLE001
+        nvrtc = (0, 0)
+    return driver_string(
+        cp.cuda.runtime.driverGetVersion(),
+        cp.cuda.runtime.runtimeGetVersion(),
+        cp.__version__,
+        tuple(nvrtc),
+    )
+
+
+MIN_CC = 80  # mmq, cp.async and bf16 need Ampere
 
 
 @dataclass
@@ -121,18 +139,23 @@ class _Graph:
     keep: list = field(default_factory=list)  # every allocation made during capture
 
 
-class CudaBackend(Backend):
+class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/hybrid.py
     name = "cuda"
 
-    def __init__(self, config: TuningConfig | None = None) -> None:
+    def __init__(self, config: TuningConfig | None = None, *, device: int | None = None) -> None:
+        """``device``: the CUDA device ordinal to open (None: 0); it becomes this thread's
+        current device."""
         cp = _import_cupy()
         self._cp = cp
-        self._stream = _STREAM
+        self._index = self._check_index(self.name, device, cp.cuda.runtime.getDeviceCount())
+        cp.cuda.Device(self._index).use()
+        self._stream = _stream(cp, self._index)
         self._stream.use()
-        props = cp.cuda.runtime.getDeviceProperties(0)
+        self._closed = False
+        props = cp.cuda.runtime.getDeviceProperties(self._index)
         self._props = props
         self._cc = int(props["major"]) * 10 + int(props["minor"])
-        if self._cc < 80:
+        if self._cc < MIN_CC:
             raise BackendUnavailable(
                 f"GPU {props['name']!r} has compute capability {self._cc / 10:.1f}; the CUDA "
                 "backend needs 8.0 (Ampere) or newer"
@@ -141,7 +164,8 @@ class CudaBackend(Backend):
         self._graph: _Graph | None = None
         self.use_graphs = True
         self._capturing = False
-        self.profile: dict[str, list[float]] | None = None  # kernel name -> ms, when profiling
+        self._profiling = False  # an event pair around every launch (set_profiling)
+        self._prof: dict[str, list[float]] = {}  # kernel name -> [calls, total ms]
         self._events: list[tuple[str, Any, Any]] = []
         self._k: dict[str, Any] = {}
         self._pdl: Any = None  # pdl.Launcher while the config asks for it
@@ -157,24 +181,34 @@ class CudaBackend(Backend):
         self.set_config(self.config)
 
     # --- device and memory -------------------------------------------------------------
+    @classmethod
+    def list_devices(cls) -> list[DeviceEntry]:
+        """The CUDA devices (ordinals as CUDA_VISIBLE_DEVICES leaves them) of compute
+        capability 8.0 or newer."""
+        cp = _import_cupy()
+        out = []
+        for i in range(cp.cuda.runtime.getDeviceCount()):
+            p = cp.cuda.runtime.getDeviceProperties(i)
+            if int(p["major"]) * 10 + int(p["minor"]) < MIN_CC:
+                continue
+            name = _name(p)
+            out.append(
+                DeviceEntry(
+                    "cuda", i, name, device_class(name), "discrete", _driver(cp),
+                    int(p["totalGlobalMem"]),
+                )
+            )  # fmt: skip
+        return out
+
     def device_info(self) -> DeviceInfo:
-        cp, p = self._cp, self._props
-        name = p["name"].decode() if isinstance(p["name"], bytes) else str(p["name"])
-        try:
-            nvrtc = cp.cuda.nvrtc.getVersion()
-        except Exception:  # noqa: BLE001
-            nvrtc = (0, 0)
+        p = self._props
+        name = _name(p)
         return DeviceInfo(
             backend="cuda",
             name=name,
             vendor="nvidia",
             device_class=device_class(name),
-            driver=driver_string(
-                cp.cuda.runtime.driverGetVersion(),
-                cp.cuda.runtime.runtimeGetVersion(),
-                cp.__version__,
-                tuple(nvrtc),
-            ),
+            driver=_driver(self._cp),
             memory_bytes=int(p["totalGlobalMem"]),
             subgroup_size=int(p.get("warpSize", 32)),
             extra={
@@ -185,6 +219,7 @@ class CudaBackend(Backend):
                 "smem_per_sm": int(p.get("sharedMemPerMultiprocessor", 0)),
                 "l2_bytes": int(p.get("l2CacheSize", 0)),
                 "pci_bus_id": int(p.get("pciBusID", 0)),
+                "index": self._index,
             },
         )
 
@@ -215,6 +250,9 @@ class CudaBackend(Backend):
         self._collect_profile()
 
     def load_weight(self, qt: QTensor) -> CudaWeight:
+        return self.track_weight(self._load_weight(qt))
+
+    def _load_weight(self, qt: QTensor) -> CudaWeight:
         if qt.qtype not in ALL_TYPES:
             raise UnsupportedError(
                 f"cuda backend: tensor {qt.name!r} has quant type {qt.qtype}, which has no CUDA "
@@ -233,17 +271,35 @@ class CudaBackend(Backend):
             raw = pad.reshape(int(raw.shape[0]), nb * Q6K_PADDED)
         return CudaWeight(qt.name, qt.qtype, tuple(qt.shape), raw=raw)
 
-    def weight_bytes(self, weights: list[CudaWeight]) -> int:
-        return sum(w.nbytes for w in weights)
+    def held_bytes(self) -> int:
+        """What CuPy's memory pool holds on this device (used and cached blocks)."""
+        with self._cp.cuda.Device(self._index):
+            return int(self._cp.get_default_memory_pool().total_bytes())
+
+    def close(self) -> None:
+        """Drop the captured graph, kernels and cached activations and hand the pool's free
+        blocks back to the driver; idempotent. Weights go when their model does."""
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(*self._faults()):
+            self._stream.synchronize()
+        self._graph, self._k, self._pos_dev, self._profiling = None, {}, None, False
+        self._tickets, self._pdl = None, None
+        self._q8.clear()
+        self._events.clear()
+        with self._cp.cuda.Device(self._index):
+            self._cp.get_default_memory_pool().free_all_blocks()
 
     def new_kv_cache(self, n_layers: int, capacity: int, n_head_kv: int, head_dim: int) -> KVCache:
         cp = self._cp
         shape = (capacity, n_head_kv, head_dim)
-        return KVCache(
+        cache = KVCache(
             k=[cp.zeros(shape, np.float32) for _ in range(n_layers)],
             v=[cp.zeros(shape, np.float32) for _ in range(n_layers)],
             capacity=capacity,
         )
+        return self.track_cache(cache)
 
     # --- config and kernels ------------------------------------------------------------
     def set_config(self, config: TuningConfig) -> None:
@@ -296,35 +352,48 @@ class CudaBackend(Backend):
         fn = self._fn(mod, name)
         if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
             fn.max_dynamic_shared_size_bytes = smem  # opt in beyond the 48 KiB default
-        if pdl and self._pdl is not None and self.profile is None:
+        if pdl and self._pdl is not None and not self._profiling:
             self._pdl.launch(fn.ptr, grid, block, args, smem, self._stream.ptr)
-        elif self.profile is not None and not self._capturing:
-            cp = self._cp
-            e0, e1 = cp.cuda.Event(), cp.cuda.Event()
-            e0.record(self._stream)
-            fn(grid, block, args, shared_mem=smem)
-            e1.record(self._stream)
-            self._events.append((name, e0, e1))
-        else:
+            return
+        with self._timed(name):
             fn(grid, block, args, shared_mem=smem)
 
+    # --- profiling: an event pair around every launch, read at the next synchronize --------
+    @contextlib.contextmanager
+    def _timed(self, name: str) -> Iterator[None]:
+        if not self._profiling or self._capturing:  # no events inside a graph capture
+            yield
+            return
+        cp = self._cp
+        e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+        e0.record(self._stream)
+        yield
+        e1.record(self._stream)
+        self._events.append((name, e0, e1))
+
     def _collect_profile(self) -> None:
-        if self.profile is None or not self._events:
+        if not self._events:
             return
         cp = self._cp
         for name, e0, e1 in self._events:
-            self.profile.setdefault(name, []).append(cp.cuda.get_elapsed_time(e0, e1))
+            entry = self._prof.setdefault(name, [0, 0.0])
+            entry[0] += 1
+            entry[1] += cp.cuda.get_elapsed_time(e0, e1)
         self._events.clear()
 
-    def start_profile(self) -> None:
-        """Time every launch with CUDA events (eager mode only; graphs are bypassed)."""
-        self.profile = defaultdict(list)
-        self._events.clear()
+    def set_profiling(self, on: bool = True) -> None:
+        """Time every launch with CUDA events; while on, decode runs eagerly (no CUDA graph
+        replay), so the times are of the same kernels without the graph's launch savings."""
+        self.synchronize()  # events of launches so far go into the report
+        self._profiling = bool(on)
 
-    def stop_profile(self) -> dict[str, list[float]]:
+    def profile(self, reset: bool = True) -> ProfileReport:
+        """Per-kernel GPU time since profiling was switched on (or the last reset)."""
         self.synchronize()
-        out, self.profile = dict(self.profile or {}), None
-        return out
+        rep = ProfileReport.of("cuda-events", self._prof)
+        if reset:
+            self._prof = {}
+        return rep
 
     def _empty(self, shape: tuple[int, ...], dtype: Any = np.float32) -> Any:
         return self._cp.empty(shape, dtype)
@@ -345,7 +414,7 @@ class CudaBackend(Backend):
         per = K // 16 if table.qtype in BLOCK_TYPES else K
         self._launch(
             "dequant",
-            f"get_rows_{_SUFFIX[table.qtype]}",
+            f"get_rows_{kernels.QTYPE_SUFFIX[table.qtype]}",
             (self._grid1(T * per, th),),
             (th,),
             (table.raw, np.int32(table.row_bytes), np.int32(K), ids, np.int32(T), out),
@@ -447,7 +516,7 @@ class CudaBackend(Backend):
         rpt = int(c["rows_per_thread"]) if mod == "decode" else 1
         self._launch(
             mod,
-            f"dmmv_{_SUFFIX[w.qtype]}",
+            f"dmmv_{kernels.QTYPE_SUFFIX[w.qtype]}",
             (math.ceil(w.n / (rows * rpt)), math.ceil(T / cols)),
             (rows * tpr,),
             (w.raw, np.int32(w.row_bytes), np.int32(w.n), np.int32(w.k), x, np.int32(T), y),
@@ -501,7 +570,7 @@ class CudaBackend(Backend):
         nw, rpb = int(c["warps"]), int(c["rows_per_block"])
         self._launch(
             "mmvq",
-            f"mmvq_{_SUFFIX[w.qtype]}",
+            f"mmvq_{kernels.QTYPE_SUFFIX[w.qtype]}",
             (math.ceil(w.n / rpb),),
             (32 * nw,),
             (w.raw, np.int32(w.row_bytes), np.int32(w.n), np.int32(w.k), xq, xds, y),
@@ -631,19 +700,20 @@ class CudaBackend(Backend):
             n = min(chunk, N - r0)
             self._launch(
                 "dequant",
-                f"dequant_f16_{_SUFFIX[w.qtype]}",
+                f"dequant_f16_{kernels.QTYPE_SUFFIX[w.qtype]}",
                 (self._grid1(n * per, 256),),
                 (256,),
                 (w.raw, np.int32(w.row_bytes), np.int32(K), np.int32(r0), np.int32(n), scratch),
             )
             # column-major view: Y^T[N, T] (ld N) = W[n, K] (op T) x X^T[K, T] (op N)
-            cublas.gemmEx(
-                handle, _OP_T, _OP_N, n, T, K,
-                self._alpha.ctypes.data, scratch.data.ptr, _R_16F, K,
-                xh.data.ptr, _R_16F, K,
-                self._beta.ctypes.data, y.data.ptr + 4 * r0, _R_32F, N,
-                _COMPUTE_32F, _GEMM_DEFAULT,
-            )  # fmt: skip
+            with self._timed("cublas_gemm_f16"):
+                cublas.gemmEx(
+                    handle, _OP_T, _OP_N, n, T, K,
+                    self._alpha.ctypes.data, scratch.data.ptr, _R_16F, K,
+                    xh.data.ptr, _R_16F, K,
+                    self._beta.ctypes.data, y.data.ptr + 4 * r0, _R_32F, N,
+                    _COMPUTE_32F, _GEMM_DEFAULT,
+                )  # fmt: skip
 
     def _mmq(self, x: Any, w: CudaWeight, y: Any, c: Any) -> None:
         T = int(x.shape[0])
@@ -652,7 +722,7 @@ class CudaBackend(Backend):
         threads = int(c["warps_m"]) * int(c["warps_n"]) * 32
         self._launch(
             "mmq",
-            f"mmq_{_SUFFIX[w.qtype]}",
+            f"mmq_{kernels.QTYPE_SUFFIX[w.qtype]}",
             (math.ceil(w.n / bm), math.ceil(T / bn)),
             (threads,),
             (w.raw, np.int32(w.row_bytes), np.int32(w.n), np.int32(w.k), xh, np.int32(T), y),
@@ -665,7 +735,7 @@ class CudaBackend(Backend):
         threads = int(c["warps_m"]) * int(c["warps_n"]) * 32
         self._launch(
             "mmq8",
-            f"mmq8_{_SUFFIX[w.qtype]}",
+            f"mmq8_{kernels.QTYPE_SUFFIX[w.qtype]}",
             (math.ceil(w.n / bm), math.ceil(T / bn)),
             (threads,),
             (w.raw, np.int32(w.row_bytes), np.int32(w.n), np.int32(w.k), xq, xds, np.int32(T), y),
@@ -900,7 +970,7 @@ class CudaBackend(Backend):
             raise ValueError(
                 f"KV cache full: writing positions {pos}..{pos} into a cache of {cache.capacity}"
             )
-        if not self.use_graphs or self.profile is not None:
+        if not self.use_graphs or self._profiling:
             return step(tok, pos)
         g = self._graph
         if g is None or g.cache() is not cache or g.config is not self.config:

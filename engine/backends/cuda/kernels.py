@@ -19,6 +19,19 @@ from engine.errors import KernelCompileError
 from engine.tuning import REGISTRY, OpChoice
 from engine.tuning.registry import DEFINE, Variant
 
+# Kernel name suffix of each weight type (dmmv_q4_k, mmvq_q6_k, ...).
+QTYPE_SUFFIX = {
+    "Q4_0": "q4_0",
+    "Q4_1": "q4_1",
+    "Q5_0": "q5_0",
+    "Q8_0": "q8_0",
+    "Q4_K": "q4_k",
+    "Q6_K": "q6_k",
+    "F32": "f32",
+    "F16": "f16",
+    "BF16": "bf16",
+}
+
 if TYPE_CHECKING:
     from engine.tuning import TuningConfig
 
@@ -95,6 +108,7 @@ def kernel_names(src: str) -> list[str]:
         "MMQ8_KERNEL": ["mmq8_{}"],
         "MMVQ_KERNEL": ["mmvq_{}"],
         "DEQ_KERNELS": ["get_rows_{}", "dequant_f16_{}"],
+        "MOE_KERNEL": ["moe_{}"],
     }
     for mac, pats in macros.items():
         for arg in re.findall(rf"^{mac}\((\w+),", src, re.M):
@@ -108,6 +122,7 @@ FIXED_MODULES = {
     "dequant": "dequant.cu",
     "elementwise": "elementwise.cu",
     "fused": "decode_fused.cu",
+    "hybrid": "hybrid.cu",  # the hybrids' small ops (engine/backends/cuda/hybrid.py)
 }
 # The module key the backend launches from, per (op, source file) where it is not the file's
 # stem (mmvq, mmvw, mmq, mmq8 and dequant are).
@@ -116,7 +131,14 @@ _KEYS = {
     ("matmul_batched", "dmmv.cu"): "batched",
     ("attention_prefill", "attention.cu"): "attention",
 }
-MODULE_OPS = ("matmul_decode", "matmul_batched", "matmul_prefill", "attention_prefill")
+MODULE_OPS = (
+    "matmul_decode",
+    "matmul_batched",
+    "matmul_prefill",
+    "attention_prefill",
+    "delta_net",  # delta_net.cu
+    "moe_experts",  # moe.cu
+)
 
 
 def variant_defines(variant: Variant, choice: OpChoice) -> dict[str, int]:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from engine.backends.base import Backend, DeviceInfo, KVCache
+from engine.backends.base import Backend, DeviceEntry, DeviceInfo, KVCache, ProfileReport
 from engine.backends.vulkan import kernels as K
 from engine.backends.vulkan._vk import vk
 from engine.backends.vulkan.device import Device, open_device
@@ -61,6 +61,10 @@ class VkTensor:
     @property
     def ndim(self) -> int:
         return len(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
 
     def reshape(self, shape: tuple[int, ...]) -> VkTensor:
         shape = tuple(shape)
@@ -135,12 +139,19 @@ def _fold(n: int) -> tuple[int, int, int]:
 class VulkanBackend(Backend):
     name = "vulkan"
 
-    def __init__(self, config: TuningConfig | None = None, *, staging: bool = False) -> None:
-        """``staging=True`` treats memory as discrete even where it is unified (tests run the
+    def __init__(
+        self,
+        config: TuningConfig | None = None,
+        *,
+        device: int | None = None,
+        staging: bool = False,
+    ) -> None:
+        """``device``: the index of physical_devices() to open (None: the best kind present).
+        ``staging=True`` treats memory as discrete even where it is unified (tests run the
         staging-buffer upload/download paths of discrete GPUs on lavapipe this way)."""
         self.dev: Device | None = None
         super().__init__(config)
-        self.dev = open_device()
+        self.dev = open_device(device)
         if staging:
             self.dev.mem.unified = False
         self.alloc = Allocator(self.dev)
@@ -159,8 +170,24 @@ class VulkanBackend(Backend):
         self.set_config(cfg)
 
     # --- device and memory -------------------------------------------------------------
+    @classmethod
+    def list_devices(cls) -> list[DeviceEntry]:
+        from engine.backends.vulkan.device import physical_devices
+
+        return [
+            DeviceEntry("vulkan", d.index, d.name, d.device_class, d.kind, d.driver, d.memory_bytes)
+            for d in physical_devices()
+        ]
+
     def device_info(self) -> DeviceInfo:
         return self.dev.info
+
+    def weight_nbytes(self, w: VkWeight) -> int:
+        return w.nbytes
+
+    def held_bytes(self) -> int:
+        """Every live buffer: tensors, pooled free ones, staging, RoPE tables."""
+        return self.alloc.bytes_allocated
 
     @property
     def validation_messages(self) -> list[str]:
@@ -251,7 +278,7 @@ class VulkanBackend(Backend):
             except KernelCompileError:
                 self._qtypes.discard(qt.qtype)
                 raise
-        return w
+        return self.track_weight(w)
 
     def new_kv_cache(self, n_layers: int, capacity: int, n_head_kv: int, head_dim: int) -> KVCache:
         shape = (capacity, n_head_kv, head_dim)
@@ -261,7 +288,7 @@ class VulkanBackend(Backend):
                 t = self._new(shape)
                 self.stream.fill(t.buf, 0, 4 * t.size)  # zeros, like the reference
                 lst.append(t)
-        return KVCache(k=ks, v=vs, capacity=capacity)
+        return self.track_cache(KVCache(k=ks, v=vs, capacity=capacity))
 
     # --- config and pipelines -----------------------------------------------------------
     def set_config(self, config: TuningConfig) -> None:
@@ -287,11 +314,13 @@ class VulkanBackend(Backend):
     ) -> list[tuple[str, K.Program, tuple[tuple[int, int], ...], int]]:
         """(key, program, spec constants as (constant_id, value), required subgroup size) of
         every pass of op's chosen variant for weight type q ("" for ops without weights), from
-        the registry's bindings. The first pass is keyed op, the second op.merge."""
+        the registry's bindings, keyed as kernels.pass_keys says (op, then op.merge or the
+        pass's own key)."""
         c = config.op(op)
         spec, sg = K.specialization(op, c)
         passes = K.programs(op, c, q)
-        return [(f"{op}.merge" if i else op, p, spec, sg) for i, p in enumerate(passes)]
+        keys = K.pass_keys(op, c.variant)
+        return [(key, p, spec, sg) for key, p in zip(keys, passes, strict=True)]
 
     def _build(
         self, config: TuningConfig, qtypes: set[str], fresh: bool = False
@@ -422,21 +451,23 @@ class VulkanBackend(Backend):
 
     # --- profiling ----------------------------------------------------------------------
     def set_profiling(self, on: bool = True) -> None:
-        """Opt in to per-kernel GPU timestamps (a query pair around every dispatch)."""
+        """Per-kernel GPU timestamps (a query pair around every dispatch); UnsupportedError
+        when the device's compute queue has no timestamps."""
+        if on and not self.dev.timestamp_bits:
+            raise UnsupportedError(
+                f"{self.dev.info.name}: its compute queue has no timestamps; no kernel profile"
+            )
         self.stream.flush()
-        self.stream.profiling = bool(on) and self.dev.timestamp_bits > 0
+        self.stream.profiling = bool(on)
 
-    def profile(self, reset: bool = True) -> dict[str, dict[str, float]]:
-        """Per-kernel GPU time since profiling was enabled (or the last reset):
-        {name: {"calls", "total_ms", "mean_us"}}, slowest first."""
+    def profile(self, reset: bool = True) -> ProfileReport:
+        """Per-kernel GPU time since profiling was enabled (or the last reset)."""
         self.stream.flush()
-        out = {
-            name: {"calls": n, "total_ms": ns / 1e6, "mean_us": ns / 1e3 / max(n, 1)}
-            for name, (n, ns) in sorted(self.stream.profile.items(), key=lambda kv: -kv[1][1])
-        }
+        ms = {name: (n, ns / 1e6) for name, (n, ns) in self.stream.profile.items()}
+        rep = ProfileReport.of("gpu-timestamps", ms)
         if reset:
             self.stream.profile = {}
-        return out
+        return rep
 
     def stats(self) -> dict[str, float]:
         """Counters since the backend opened: submits, replays, recorded command buffers,
@@ -513,6 +544,9 @@ class VulkanBackend(Backend):
         if v_order not in ("grouped", "tiled"):
             raise ValueError(f"delta_net: v_order {v_order!r}: 'grouped' or 'tiled'")
         out = self._new((T, Hv, dv))
+        if c.variant == "chunked" and T > 1:
+            self._delta_net_chunked(q, k, v, g, beta, state, out, v_order == "grouped", eps)
+            return out
         pipe, _ = self._pipe("delta_net")
         tensors = (q, k, v, g, beta, state, out)
         self.stream.dispatch(
@@ -523,6 +557,45 @@ class VulkanBackend(Backend):
             _fold(Hv),
         )
         return out
+
+    def _delta_net_chunked(
+        self,
+        q: VkTensor,
+        k: VkTensor,
+        v: VkTensor,
+        g: VkTensor,
+        beta: VkTensor,
+        state: VkTensor,
+        out: VkTensor,
+        grouped: bool,
+        eps: float,
+    ) -> None:
+        """delta_net.chunked for T > 1: PASS_PREP per (chunk, head), then PASS_SCAN per (head,
+        scan_wg columns) carrying the state (shaders/vulkan/delta_net_chunked.comp)."""
+        T, Hk, dk = q.shape
+        _, Hv, dv = v.shape
+        c = self.config.op("delta_net")
+        ch, scan_wg = int(c["chunk"]), int(c["scan_wg"])
+        n_chunks = -(-T // ch)
+        # W, Y, G Q, G_L/G K, P per (head, token), G_L per (head, chunk): see the shader
+        scratch = self._new((Hv * T * (dv + 3 * dk + ch) + Hv * n_chunks,))
+        prep, _ = self._pipe("delta_net.prep")
+        ins = (q, k, v, g, beta)
+        self.stream.dispatch(
+            prep,
+            (*(t.buf for t in ins), scratch.buf),
+            (scratch.buf,),
+            (T, Hk, Hv, dk, dv, int(grouped), *(t.offset for t in ins), scratch.offset, eps),
+            _fold(n_chunks * Hv),
+        )
+        scan, _ = self._pipe("delta_net.scan")
+        self.stream.dispatch(
+            scan,
+            (scratch.buf, state.buf, out.buf),
+            (scratch.buf, state.buf, out.buf),
+            (T, Hv, dk, dv, scratch.offset, state.offset, out.offset),
+            _fold(Hv * -(-dv // scan_wg)),
+        )
 
     def matmul(self, x: VkTensor, w: VkWeight) -> VkTensor:
         x = self._as_tensor(x)
@@ -635,7 +708,7 @@ class VulkanBackend(Backend):
             )
         return out
 
-    # --- hybrid ops (engine/hybrid.py; router_topk and moe_experts are NumPy-only so far) --
+    # --- hybrid ops (engine/hybrid.py) -------------------------------------------------
     def rope_partial(self, x: VkTensor, pos0: int, theta: float, n_rot: int) -> VkTensor:
         return self.rope(x, pos0, theta, True, n_rot)
 
@@ -681,6 +754,45 @@ class VulkanBackend(Backend):
         )
         return out
 
+    def _moe_route(self, ids: VkTensor, E: int, qtype: str) -> tuple[VkTensor, int]:
+        """moe_grouped.comp PASS_SORT: the (token, slot) pairs sorted by expert and cut into
+        tiles of tile_pairs -> (route [n_tiles, tiles, order] int32, the bound on tiles). The
+        pass reads no weights; like every pass of a weighted op it is built per weight type."""
+        P = ids.size
+        c = self.config.op("moe_experts")
+        if E > 1024:
+            raise ValueError(f"moe_experts.grouped: {E} experts (<= 1024)")
+        max_tiles = -(-P // int(c["tile_pairs"])) + min(E, P)
+        route = self._new((1 + 3 * max_tiles + P,), np.int32)
+        pipe, _ = self._pipe("moe_experts.sort", qtype)
+        self.stream.dispatch(
+            pipe,
+            (ids.buf, route.buf),
+            (route.buf,),
+            (P, E, ids.offset, route.offset, max_tiles),
+            (1, 1, 1),
+        )
+        return route, max_tiles
+
+    def _moe_gemm(
+        self, w: VkWeight, x: VkTensor, route: tuple[VkTensor, int], pairs: int, x_div: int
+    ) -> VkTensor:
+        """y[p, n] = expert of pair p in w, row n, . x[p / x_div], as grouped tiles -> [P, N]."""
+        E, N, Kw = w.shape
+        if len(w.parts) != 1 or x.shape[-1] != Kw:
+            raise ValueError(f"moe: {w.name} {w.shape} (one buffer) against x {x.shape}")
+        r, max_tiles = route
+        out = self._new((pairs, N))
+        pipe, c = self._pipe("moe_experts.gemm", w.qtype)
+        self.stream.dispatch(
+            pipe,
+            (w.parts[0][0].buf, x.buf, r.buf, out.buf),
+            (out.buf,),
+            (Kw, N, w.row_bytes, x.offset, out.offset, r.offset, max_tiles, x_div),
+            (-(-N // int(c["wg_size"])), max_tiles, 1),
+        )
+        return out
+
     def moe_experts(
         self,
         x: VkTensor,
@@ -693,8 +805,16 @@ class VulkanBackend(Backend):
         x = self._as_tensor(x)
         T, C = x.shape
         k = ids.shape[-1]
-        h = self.swiglu(self._moe_matvec(gate, x, ids, k), self._moe_matvec(up, x, ids, k))
-        d = self._moe_matvec(down, h, ids, 1)  # [T * k, C]
+        if self.config.op("moe_experts").variant == "grouped" and T > 1:
+            route = self._moe_route(ids, gate.shape[0], gate.qtype)
+            h = self.swiglu(
+                self._moe_gemm(gate, x, route, ids.size, k),
+                self._moe_gemm(up, x, route, ids.size, k),
+            )
+            d = self._moe_gemm(down, h, route, ids.size, 1)  # [T * k, C]
+        else:
+            h = self.swiglu(self._moe_matvec(gate, x, ids, k), self._moe_matvec(up, x, ids, k))
+            d = self._moe_matvec(down, h, ids, 1)  # [T * k, C]
         out = self._new((T, C))
         pipe, c = self._pipe("moe_experts.merge", down.qtype)
         self.stream.dispatch(
@@ -879,7 +999,7 @@ class VulkanBackend(Backend):
 
     # --- teardown -----------------------------------------------------------------------
     def close(self) -> None:
-        """Free every device object (the backend cannot be used afterwards)."""
+        """Free every device object (the backend cannot be used afterwards); idempotent."""
         dev, self.dev = self.dev, None
         if dev is None or dev.device is None:
             return

@@ -3,8 +3,9 @@ memory types, limits, and the DeviceInfo a worker reports (device class from ids
 
 Validation: FLEETTUNE_VK_VALIDATION=1 enables VK_LAYER_KHRONOS_validation with synchronization
 validation (missing barriers are reported) and collects its errors in ``Device.messages``.
-FLEETTUNE_VK_DEVICE=<index> picks a physical device; otherwise discrete > integrated > others.
-A worker on a node with several devices sets it from its device class (worker/claim.py).
+``open_device(index)`` opens the loader's physical device ``index`` (``physical_devices()``
+lists them without opening any); None picks discrete > integrated > others. Nothing here reads
+the environment for the choice: entry points pass the index (engine.backends.default_device).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 from engine.backends.vulkan._vk import ffi, vk
 from engine.device_info import DeviceInfo
-from engine.errors import BackendUnavailable
+from engine.errors import BackendUnavailable, ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -182,14 +183,23 @@ _RANK = {  # which kind of device a node serves when it has several kinds
 }
 
 
+_KIND = {0: "discrete", 1: "integrated", 2: "virtual", 3: "cpu", 4: "other"}  # by _RANK
+
+
 @dataclass(frozen=True)
 class Physical:
-    """A physical device as the loader enumerates it (``index`` is FLEETTUNE_VK_DEVICE's)."""
+    """A physical device as the loader enumerates it (``index`` is what open_device takes)."""
 
     index: int
     name: str
     device_class: str
     rank: int  # 0 discrete, 1 integrated, 2 virtual, 3 CPU (llvmpipe), 4 other
+    driver: str = ""
+    memory_bytes: int = 0
+
+    @property
+    def kind(self) -> str:
+        return _KIND.get(self.rank, "other")
 
 
 def physical_devices() -> list[Physical]:
@@ -200,34 +210,56 @@ def physical_devices() -> list[Physical]:
         for i, d in enumerate(vk.vkEnumeratePhysicalDevices(instance)):
             p = vk.vkGetPhysicalDeviceProperties(d)
             name = p.deviceName if isinstance(p.deviceName, str) else ffi.string(p.deviceName)
+            drv = vk.VkPhysicalDeviceDriverProperties(
+                sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DRIVER_PROPERTIES
+            )
+            p2 = vk.VkPhysicalDeviceProperties2(
+                sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, pNext=drv
+            )
+            vk.vkGetPhysicalDeviceProperties2(d, p2)
+            driver = f"{_cstr(drv.driverName)} {_cstr(drv.driverInfo)}".strip()
             out.append(
-                Physical(i, name, device_class(p.vendorID, name), _RANK.get(p.deviceType, 4))
+                Physical(
+                    i,
+                    name,
+                    device_class(p.vendorID, name),
+                    _RANK.get(p.deviceType, 4),
+                    driver or driver_version_str(p.vendorID, p.driverVersion),
+                    _local_heap_bytes(d),
+                )
             )
         return out
     finally:
         vk.vkDestroyInstance(instance, None)
 
 
-def served(devices: list[Physical]) -> list[Physical]:
-    """The devices a node serves: all of the best kind present (two R9700s, not the llvmpipe
-    that Mesa also installs; llvmpipe alone on a CPU-only node)."""
-    best = min((d.rank for d in devices), default=0)
-    return [d for d in devices if d.rank == best]
+def _local_heap_bytes(physical: Any) -> int:
+    """The largest device-local memory heap."""
+    mp = vk.vkGetPhysicalDeviceMemoryProperties(physical)
+    return max(
+        (
+            int(mp.memoryHeaps[i].size)
+            for i in range(mp.memoryHeapCount)
+            if mp.memoryHeaps[i].flags & vk.VK_MEMORY_HEAP_DEVICE_LOCAL_BIT
+        ),
+        default=0,
+    )
 
 
-def _pick_physical(instance: Any) -> Any:
+def _pick_physical(instance: Any, index: int | None) -> tuple[int, Any]:
     devices = vk.vkEnumeratePhysicalDevices(instance)
     if not devices:
         raise BackendUnavailable("no Vulkan device found (is a driver / ICD installed?)")
-    pick = os.environ.get("FLEETTUNE_VK_DEVICE")
-    if pick:
-        try:
-            return devices[int(pick)]
-        except (ValueError, IndexError):
-            raise BackendUnavailable(
-                f"FLEETTUNE_VK_DEVICE={pick!r}: choose an index below {len(devices)}"
-            ) from None
-    return min(devices, key=lambda d: _RANK.get(vk.vkGetPhysicalDeviceProperties(d).deviceType, 4))
+    if index is not None:
+        if not 0 <= index < len(devices):
+            raise ConfigError(
+                f"vulkan device {index}: no such device; choose an index 0..{len(devices) - 1} "
+                "(python -m engine devices lists them)"
+            )
+        return index, devices[index]
+    ranks = [_RANK.get(vk.vkGetPhysicalDeviceProperties(d).deviceType, 4) for d in devices]
+    best = ranks.index(min(ranks))
+    return best, devices[best]
 
 
 def _memory_types(physical: Any) -> MemoryTypes:
@@ -256,20 +288,21 @@ def _memory_types(physical: Any) -> MemoryTypes:
     return MemoryTypes(device, host, False)
 
 
-def open_device() -> Device:
-    """Create the instance and the logical device with one compute queue."""
+def open_device(index: int | None = None) -> Device:
+    """Create the instance and the logical device of physical device ``index`` (None: the
+    best kind present) with one compute queue."""
     messages: list[str] = []
     validation = validation_requested()
     instance, messenger = _create_instance(validation, messages)
     try:
-        return _open(instance, messenger, messages)
+        return _open(instance, messenger, messages, index)
     except Exception:
         vk.vkDestroyInstance(instance, None)
         raise
 
 
-def _open(instance: Any, messenger: Any, messages: list[str]) -> Device:
-    physical = _pick_physical(instance)
+def _open(instance: Any, messenger: Any, messages: list[str], index: int | None) -> Device:
+    index, physical = _pick_physical(instance, index)
     props = vk.vkGetPhysicalDeviceProperties(physical)
     if props.apiVersion < vk.VK_MAKE_VERSION(1, 2, 0):
         raise BackendUnavailable(
@@ -344,15 +377,7 @@ def _open(instance: Any, messenger: Any, messages: list[str]) -> Device:
     lim = props.limits
     name = props.deviceName if isinstance(props.deviceName, str) else ffi.string(props.deviceName)
     vendor = VENDORS.get(props.vendorID, hex(props.vendorID))
-    mp = vk.vkGetPhysicalDeviceMemoryProperties(physical)
-    memory_bytes = max(
-        (
-            mp.memoryHeaps[i].size
-            for i in range(mp.memoryHeapCount)
-            if mp.memoryHeaps[i].flags & vk.VK_MEMORY_HEAP_DEVICE_LOCAL_BIT
-        ),
-        default=0,
-    )
+    memory_bytes = _local_heap_bytes(physical)
     driver_name = _cstr(drv.driverName)
     driver_info = _cstr(drv.driverInfo)
     drv_ver = driver_version_str(props.vendorID, props.driverVersion)
@@ -383,6 +408,7 @@ def _open(instance: Any, messenger: Any, messages: list[str]) -> Device:
         "unified_memory": mem.unified,
         "timestamp_period_ns": float(lim.timestampPeriod),
         "validation": bool(messenger is not None),
+        "index": index,  # of physical_devices(): the card this backend opened
     }
     info = DeviceInfo(
         backend="vulkan",

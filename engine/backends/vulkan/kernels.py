@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from engine.tuning import REGISTRY, OpChoice
 from engine.tuning.registry import DEFINE, SPEC, SUBGROUP, Variant
@@ -29,6 +30,8 @@ class Program:
         return 4 * len(self.push)
 
 
+DN_PUSH = "IIIIIIIIIIIIIf"  # delta_net.comp's push constants
+
 # op -> (storage buffers, push-constant format) of its single-pass programs
 IO = {
     "matmul_decode": (3, "IIIII"),
@@ -40,7 +43,7 @@ IO = {
     "rope": (4, "IIIIIIII"),
     "kv_write": (5, "IIIIIII"),
     # hybrid models
-    "delta_net": (7, "IIIIIIIIIIIIIf"),
+    "delta_net": (7, DN_PUSH),
     "sigmoid_mul": (3, "IIIII"),
     "cols": (2, "IIIIII"),
     "ssm_conv": (4, "IIIIIII"),
@@ -48,16 +51,52 @@ IO = {
     "router_topk": (3, "IIIIII"),
 }
 
+
+class Pass(NamedTuple):
+    """A program of a multi-pass variant."""
+
+    define: str  # "" for none
+    n_bindings: int
+    push: str
+    shader: str = ""  # another shader than the variant's source ("" for its own)
+    key: str = ""  # the pipeline key's suffix; default: none for the first pass, merge after
+
+
 # The passes of the variants that dispatch more than one program, in dispatch order:
-# (pass define, storage buffers, push-constant format); the first pass is keyed op, the second
-# op.merge.
+# (pass define, storage buffers, push-constant format[, shader, key]); unless a key is given,
+# the first pass is keyed op, the second op.merge.
 PASSES = {
     ("attention", "online"): (("", 5, "IIIIIIIIf"),),
     ("attention", "split"): (("PASS_PARTIAL", 5, "IIIIIIIIIf"), ("PASS_MERGE", 2, "IIIII")),
     ("argmax", "default"): (("", 2, "IIII"),),
     ("argmax", "two_stage"): (("STAGE_SLICES", 2, "IIIII"), ("STAGE_MERGE", 2, "IIII")),
     ("moe_experts", "dmmv"): (("", 4, "IIIIIIII"), ("PASS_COMBINE", 3, "IIIIII")),
+    # decode as dmmv (moe_matvec.comp); prefill: sort the pairs by expert, then grouped GEMMs
+    ("moe_experts", "grouped"): (
+        ("", 4, "IIIIIIII", "moe_matvec"),
+        ("PASS_COMBINE", 3, "IIIIII", "moe_matvec"),
+        ("PASS_SORT", 2, "IIIII", "", "sort"),
+        ("PASS_GEMM", 4, "IIIIIIII", "", "gemm"),
+    ),
+    # decode (T == 1) with the sequential kernel, prefill with the two chunked passes
+    ("delta_net", "chunked"): (
+        ("", 7, DN_PUSH, "delta_net"),
+        ("PASS_PREP", 6, "IIIIIIIIIIIIf", "", "prep"),
+        ("PASS_SCAN", 3, "IIIIIII", "", "scan"),
+    ),
 }
+
+
+def pass_keys(op: str, variant: str) -> tuple[str, ...]:
+    """The pipeline key of each pass of a variant, in the order programs() returns them."""
+    passes = PASSES.get((op, variant))
+    if passes is None:
+        return (op,)
+    out = []
+    for i, p in enumerate(Pass(*p) for p in passes):
+        suffix = p.key or ("merge" if i else "")
+        out.append(f"{op}.{suffix}" if suffix else op)
+    return tuple(out)
 
 
 def knob_defines(variant: Variant, choice: OpChoice) -> tuple[str, ...]:
@@ -91,7 +130,17 @@ def programs(op: str, choice: OpChoice, qtype: str = "") -> tuple[Program, ...]:
     if passes is None:
         n, push = IO[op]
         return (Program(shader, defines, n, push),)
-    return tuple(Program(shader, (*defines, d) if d else defines, n, push) for d, n, push in passes)
+    out = []
+    for p in (Pass(*p) for p in passes):
+        out.append(
+            Program(
+                p.shader or shader,
+                (*defines, p.define) if p.define else defines,
+                p.n_bindings,
+                p.push,
+            )
+        )
+    return tuple(out)
 
 
 def all_programs() -> list[Program]:

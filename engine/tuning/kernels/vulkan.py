@@ -537,6 +537,39 @@ REGISTRY.register(
     doc="how dispatches become command buffers",
 )
 
+# The knobs the sequential kernel and the chunked variant's decode step (the same kernel) share.
+_DN_WG = _wg(128, (32, 64, 128, 256))
+_DN_LAYOUT = Param(
+    "state_transposed",
+    (False, True),
+    False,
+    "the delta-net state between calls as S^T [dv, dk] (each thread's column contiguous) "
+    "instead of S [dk, dv] (threads read across a row); the seed's 7x was this choice on a "
+    "warp-per-column kernel",
+    spec(1),
+)
+_DN_MAX_DK = Param(
+    "max_dk",
+    (64, 128, 256),
+    128,
+    "register array per thread for a state column (must be >= the K head dim)",
+    spec(2),
+)
+# Same name, choices and meaning as numpy's delta_net.chunked.chunk (a CUDA chunked scan uses
+# the same): prompt tokens per chunk of the WY scan; the last chunk of a call is ragged.
+DELTA_NET_CHUNKS = (4, 8, 16, 32, 64)
+
+
+def _chunk_a_fits(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
+    limit = _extra(dev, "max_shared_memory")
+    ch = int(cfg.op("delta_net")["chunk"])
+    return limit is None or (ch * ch + 4 * ch) * 4 <= int(limit)
+
+
+def _scan_wg_fits(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
+    return _device_takes_wg(int(cfg.op("delta_net")["scan_wg"]), dev)
+
+
 REGISTRY.register(
     B,
     "delta_net",
@@ -545,31 +578,54 @@ REGISTRY.register(
             B,
             "delta_net",
             "sequential",
-            params=(
-                _wg(128, (32, 64, 128, 256)),
-                Param(
-                    "state_transposed",
-                    (False, True),
-                    False,
-                    "the delta-net state between calls as S^T [dv, dk] (each thread's column "
-                    "contiguous) instead of S [dk, dv] (threads read across a row); the seed's "
-                    "7x was this choice on a warp-per-column kernel",
-                    spec(1),
-                ),
-                Param(
-                    "max_dk",
-                    (64, 128, 256),
-                    128,
-                    "register array per thread for a state column (must be >= the K head dim)",
-                    spec(2),
-                ),
-            ),
+            params=(_DN_WG, _DN_LAYOUT, _DN_MAX_DK),
             constraints=(_wg_fits("delta_net"),),
             source="vulkan/delta_net.comp",
             numeric="order_only",
             doc="one workgroup per V head, a thread per state column in registers, T tokens "
             "in sequence; q/k L2 norm in the kernel",
-        )
+        ),
+        Variant(
+            B,
+            "delta_net",
+            "chunked",
+            params=(
+                _DN_WG,
+                _DN_LAYOUT,
+                _DN_MAX_DK,
+                Param(
+                    "chunk",
+                    DELTA_NET_CHUNKS,
+                    64,
+                    "tokens per chunk of the WY scan (the sequential steps are T / chunk; "
+                    "the solve and the intra-chunk products grow as chunk^2)",
+                    spec(3),
+                ),
+                Param(
+                    "scan_wg",
+                    (16, 32, 64, 128),
+                    32,
+                    "state columns (threads) per workgroup of the inter-chunk pass: a head's "
+                    "dv columns are independent, so it runs Hv * dv / scan_wg workgroups",
+                    spec(4),
+                ),
+            ),
+            constraints=(
+                _wg_fits("delta_net"),
+                Constraint("scan_wg <= the device's workgroup limits", _scan_wg_fits),
+                Constraint(
+                    "(chunk^2 + 4 chunk) floats of shared memory <= maxComputeSharedMemorySize",
+                    _chunk_a_fits,
+                ),
+            ),
+            source="vulkan/delta_net_chunked.comp",
+            # float32 like the sequential kernel, another summation order: a triangular solve
+            # per chunk and the state carried chunk to chunk
+            numeric="order_only",
+            doc="prefill (T > 1) in chunks: a pass per (chunk, head) solves (I + A)[W | Y] = "
+            "[beta V | beta G K] and forms the masked Q K^T, then a pass per (head, column "
+            "block) carries S across the T / chunk chunks; decode runs the sequential kernel",
+        ),
     ],
     doc="gated delta-net scan (hybrid models); wg_size >= the V head dim, max_dk >= the K head dim",
 )
@@ -580,6 +636,25 @@ def _moe_tpr_le_wg(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
     return int(c["threads_per_row"]) <= int(c["wg_size"])
 
 
+_MOE_DMMV = (
+    _wg(64, (32, 64, 128, 256)),
+    _rows_per_wg(4),
+    Param(
+        "threads_per_row",
+        (4, 8, 16, 32, 64),
+        16,
+        "threads splitting a row's K (partial sums meet in shared memory)",
+        spec(2),
+    ),
+)
+_MOE_CONSTRAINTS = (
+    _wg_fits("moe_experts"),
+    Constraint("threads_per_row <= wg_size", _moe_tpr_le_wg),
+)
+
+# grouped first, so it is the default: at decode (T == 1) it is dmmv (the same kernels and
+# knobs); at prefill it decodes each chosen expert's rows once per tile of tile_pairs routed
+# tokens instead of once per (token, slot) pair. Not yet timed on a GPU.
 REGISTRY.register(
     B,
     "moe_experts",
@@ -587,28 +662,37 @@ REGISTRY.register(
         Variant(
             B,
             "moe_experts",
-            "dmmv",
+            "grouped",
             params=(
-                _wg(64, (32, 64, 128, 256)),
-                _rows_per_wg(4),
+                *_MOE_DMMV,
                 Param(
-                    "threads_per_row",
-                    (4, 8, 16, 32, 64),
+                    "tile_pairs",
+                    (4, 8, 16, 32),
                     16,
-                    "threads splitting a row's K (partial sums meet in shared memory)",
-                    spec(2),
+                    "routed (token, slot) pairs per tile of the grouped GEMM: each expert "
+                    "row is decoded once per tile (per-thread accumulators: registers)",
+                    spec(3),
                 ),
             ),
-            constraints=(
-                _wg_fits("moe_experts"),
-                Constraint("threads_per_row <= wg_size", _moe_tpr_le_wg),
-            ),
+            constraints=_MOE_CONSTRAINTS,
+            quant_types=QUANT_TYPES,
+            source="vulkan/moe_grouped.comp",
+            numeric="order_only",
+            doc="prefill (T > 1): a counting sort of the pairs by expert into tiles, then a "
+            "grouped GEMM per (rows, tile) of the tile's expert; decode: the dmmv kernels",
+        ),
+        Variant(
+            B,
+            "moe_experts",
+            "dmmv",
+            params=_MOE_DMMV,
+            constraints=_MOE_CONSTRAINTS,
             quant_types=QUANT_TYPES,
             source="vulkan/moe_matvec.comp",
             numeric="order_only",
             doc="a matrix-vector product per (token, chosen expert) reading only that expert's "
             "rows, then a weighted sum per token (the PASS_COMBINE pass)",
-        )
+        ),
     ],
     doc="routed experts of a MoE FFN (gate, up, SwiGLU, down, combine)",
 )

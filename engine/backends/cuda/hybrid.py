@@ -1,0 +1,222 @@
+"""The hybrid ops of the CUDA backend (qwen35 / qwen35moe / qwen3next; engine/hybrid.py), mixed
+into CudaBackend: the op contract of engine.backends.base on shaders/cuda/delta_net.cu (the scan),
+moe.cu (expert DMMV) and hybrid.cu (conv, gates, sigmoid gate, partial RoPE, router, combine).
+
+Everything stays on the device and nothing synchronizes, so a hybrid decode step is captured
+as a CUDA graph like a dense one: the router's expert ids are read by the expert kernels on the
+device, positions come from the device pointer while capturing, and the recurrent state (conv
+inputs and S per delta-net layer) is updated in place in the HybridCache.
+
+Shapes as in engine.backends.numpy_hybrid: T tokens, Hk q/k heads of dk, Hv value heads of dv,
+Cc conv channels, E experts, F expert width, C model width.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from engine.backends.cuda.kernels import QTYPE_SUFFIX
+
+MAX_CONV = 8  # hybrid.cu ssm_conv_state keeps K - 1 <= 7 inputs per channel in registers
+MAX_EXPERTS = 1024  # router_topk: 32 per lane
+MAX_TOPK = 32  # router_topk: one chosen logit per lane
+MAX_PAIRS = 65535  # moe.cu: pairs on grid z per launch
+
+
+def _suffix(qtype: str) -> str:
+    return QTYPE_SUFFIX[qtype]
+
+
+class CudaHybridOps:
+    """Hybrid ops of CudaBackend (needs its _launch, _empty, _grid1, _pos_ptr, config)."""
+
+    _cp: Any
+    config: Any
+
+    def _threads(self, op: str) -> int:
+        return int(self.config.op(op)["threads"])
+
+    def _contig(self, x: Any, dtype: Any = np.float32) -> Any:
+        return self._cp.ascontiguousarray(x, dtype=dtype)
+
+    def rope_partial(self, x: Any, pos0: int, theta: float, n_rot: int) -> Any:
+        x = self._contig(x)
+        T, H, D = (int(s) for s in x.shape)
+        if n_rot % 2 or not 0 < n_rot <= D:
+            raise ValueError(f"rope_partial: {n_rot} rotated dims of a head of {D}")
+        out = self._empty(x.shape)
+        n = T * H * (n_rot // 2 + D - n_rot)
+        if n:
+            th = self._threads("rope_partial")
+            self._launch(
+                "hybrid", "rope_partial", (self._grid1(n, th),), (th,),
+                (x, out, np.int32(T), np.int32(H), np.int32(D), np.int32(n_rot), np.int32(pos0),
+                 self._pos_ptr(), np.float32(theta)),
+            )  # fmt: skip
+        return out
+
+    def sigmoid_mul(self, gate: Any, x: Any) -> Any:
+        gate, x = self._contig(gate), self._contig(x)
+        n = int(x.size)
+        if gate.shape == x.shape:
+            div = 1
+        elif x.ndim and int(gate.size) * int(x.shape[-1]) == n:  # one gate per row
+            div = int(x.shape[-1])
+        else:
+            raise ValueError(f"sigmoid_mul: gate {gate.shape} against {x.shape}")
+        out = self._empty(x.shape)
+        if n:
+            th = self._threads("sigmoid_mul")
+            self._launch(
+                "hybrid", "sigmoid_mul", (self._grid1(n, th),), (th,),
+                (gate, x, out, np.int64(n), np.int32(div)),
+            )  # fmt: skip
+        return out
+
+    def ssm_conv(self, x: Any, state: Any, w: Any) -> Any:
+        x = self._contig(x)
+        T, Cc = (int(s) for s in x.shape)
+        Cw, K = (int(s) for s in w.shape)
+        if w.qtype != "F32" or w.raw is None or Cw != Cc or not 1 <= K <= MAX_CONV:
+            raise ValueError(
+                f"ssm_conv: {w.name} must be an F32 [{Cc}, K <= {MAX_CONV}] matrix, got "
+                f"{w.qtype} {w.shape}"
+            )
+        if int(state.size) != (K - 1) * Cc or not state.flags.c_contiguous:
+            raise ValueError(f"ssm_conv: a contiguous state of [{K - 1}, {Cc}], got {state.shape}")
+        wf = w.raw.view(np.float32)  # [Cc, K]: F32 rows are the floats themselves
+        out = self._empty((T, Cc))
+        if T == 0:
+            return out
+        th = self._threads("ssm_conv")
+        self._launch(
+            "hybrid", "ssm_conv", (self._grid1(T * Cc, th),), (th,),
+            (x, state, wf, out, np.int32(T), np.int32(Cc), np.int32(K)),
+        )  # fmt: skip
+        if K > 1:  # after the conv has read the old state (same stream)
+            self._launch(
+                "hybrid", "ssm_conv_state", (math.ceil(Cc / th),), (th,),
+                (x, state, np.int32(T), np.int32(Cc), np.int32(K)),
+            )  # fmt: skip
+        return out
+
+    def ssm_gates(self, a: Any, b: Any, dt_bias: Any, ssm_a: Any) -> tuple[Any, Any]:
+        a, b = self._contig(a), self._contig(b)
+        Hv = int(a.shape[-1])
+        if b.shape != a.shape or int(dt_bias.f32.size) != Hv or int(ssm_a.f32.size) != Hv:
+            raise ValueError(f"ssm_gates: a {a.shape}, b {b.shape} against {Hv} heads")
+        g, beta = self._empty(a.shape), self._empty(a.shape)
+        n = int(a.size)
+        if n:
+            th = self._threads("ssm_gates")
+            self._launch(
+                "hybrid", "ssm_gates", (self._grid1(n, th),), (th,),
+                (a, b, dt_bias.f32, ssm_a.f32, g, beta, np.int64(n), np.int32(Hv)),
+            )  # fmt: skip
+        return g, beta
+
+    def delta_net(
+        self,
+        q: Any,
+        k: Any,
+        v: Any,
+        g: Any,
+        beta: Any,
+        state: Any,
+        v_order: str,
+        eps: float,
+    ) -> Any:
+        """The base contract; state [Hv, dk, dv] holds S or, with state_transposed, S^T (a
+        cache written under one layout must be read under the same one)."""
+        q, k, v, g, beta = (self._contig(t) for t in (q, k, v, g, beta))
+        T, Hk, dk = (int(s) for s in q.shape)
+        Hv, dv = int(v.shape[1]), int(v.shape[2])
+        c = self.config.op("delta_net")
+        nw, max_dk = int(c["warps"]), int(c["max_dk"])
+        if (
+            dk > max_dk
+            or k.shape != q.shape
+            or Hv % Hk
+            or int(v.shape[0]) != T
+            or g.shape != (T, Hv)
+            or beta.shape != (T, Hv)
+            or int(state.size) != Hv * dk * dv
+            or not state.flags.c_contiguous
+        ):
+            raise ValueError(
+                f"delta_net: dk {dk} (<= max_dk {max_dk}), q/k {q.shape}/{k.shape}, v {v.shape} "
+                f"(Hv a multiple of Hk), g/beta [{T}, {Hv}], a contiguous state of "
+                f"{Hv * dk * dv} values (got {state.shape})"
+            )
+        if v_order not in ("grouped", "tiled"):
+            raise ValueError(f"delta_net: v_order {v_order!r}: 'grouped' or 'tiled'")
+        out = self._empty((T, Hv, dv))
+        if T == 0:
+            return out
+        self._launch(
+            "delta_net", "delta_net_seq", (math.ceil(dv / nw), Hv), (32 * nw,),
+            (q, k, v, g, beta, state, out, np.int32(T), np.int32(Hk), np.int32(Hv), np.int32(dk),
+             np.int32(dv), np.int32(v_order == "grouped"), np.float32(eps)),
+        )  # fmt: skip
+        return out
+
+    def router_topk(self, logits: Any, k: int) -> tuple[Any, Any]:
+        logits = self._contig(logits)
+        T, E = (int(s) for s in logits.shape)
+        if E > MAX_EXPERTS or not 0 < k <= min(E, MAX_TOPK):
+            raise ValueError(
+                f"router_topk: {E} experts (<= {MAX_EXPERTS}), k {k} (1..{MAX_TOPK}, <= E)"
+            )
+        ids, w = self._empty((T, k), np.int32), self._empty((T, k))
+        if T:
+            rpb = int(self.config.op("router_topk")["rows_per_block"])
+            self._launch(
+                "hybrid", "router_topk", (math.ceil(T / rpb),), (32 * rpb,),
+                (logits, ids, w, np.int32(T), np.int32(E), np.int32(k)),
+            )  # fmt: skip
+        return ids, w
+
+    def _moe_matvec(self, w: Any, x: Any, ids: Any, x_div: int) -> Any:
+        """y[p] = expert ids[p] of w (rows e * N ..) . x[p // x_div] -> [pairs, N]."""
+        if len(w.shape) != 3 or w.raw is None or int(x.shape[-1]) != int(w.shape[2]):
+            raise ValueError(f"moe: {w.name} {w.shape} (stacked experts) against x {x.shape}")
+        E, N, Kw = (int(s) for s in w.shape)
+        pairs = int(ids.size)
+        out = self._empty((pairs, N))
+        c = self.config.op("moe_experts")
+        rows, tpr = int(c["rows_per_block"]), int(c["threads_per_row"])
+        x = self._aligned16(x)  # float4 loads of the activation
+        for p0 in range(0, pairs, MAX_PAIRS):
+            self._launch(
+                "moe", f"moe_{_suffix(w.qtype)}",
+                (math.ceil(N / rows), 1, min(MAX_PAIRS, pairs - p0)), (rows * tpr,),
+                (w.raw, np.int32(w.row_bytes), np.int32(N), np.int32(Kw), x, np.int32(x_div),
+                 ids, np.int32(E), np.int32(p0), out),
+            )  # fmt: skip
+        return out
+
+    def moe_experts(self, x: Any, ids: Any, weights: Any, gate: Any, up: Any, down: Any) -> Any:
+        x = self._contig(x)
+        ids = self._contig(ids, np.int32)
+        weights = self._contig(weights)
+        T, C = (int(s) for s in x.shape)
+        k = int(ids.shape[-1])
+        if ids.shape != (T, k) or weights.shape != (T, k) or tuple(down.shape[1:2]) != (C,):
+            raise ValueError(
+                f"moe_experts: x {x.shape}, ids {ids.shape}, weights {weights.shape}, "
+                f"down {down.shape}"
+            )
+        out = self._empty((T, C))
+        if T == 0:
+            return out
+        h = self.swiglu(self._moe_matvec(gate, x, ids, k), self._moe_matvec(up, x, ids, k))
+        d = self._moe_matvec(down, h, ids, 1)  # [T * k, C]
+        th = 256  # a memory-bound sum of k rows: not worth a knob
+        self._launch(
+            "hybrid", "moe_combine", (self._grid1(T * C, th),), (th,),
+            (d, weights, out, np.int32(T), np.int32(C), np.int32(k)),
+        )  # fmt: skip
+        return out

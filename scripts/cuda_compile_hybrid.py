@@ -1,0 +1,66 @@
+#!/usr/bin/env python3
+"""Compile every knob combination of the hybrids' CUDA modules (delta_net.cu, moe.cu,
+hybrid.cu) with nvcc to PTX, with and without the planted DELTA_NET_SK bug: a compile check on a
+machine without a GPU (the sources are inlined as NVRTC sees them, so no include path).
+
+    python scripts/cuda_compile_hybrid.py [--nvcc /usr/local/cuda/bin/nvcc] [--arch sm_90] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from engine.backends.cuda import kernels
+from engine.tuning import REGISTRY
+from engine.tuning.registry import DEFINE
+
+MODULES = {"delta_net": "delta_net.cu", "moe_experts": "moe.cu"}
+
+
+def builds() -> list[tuple[str, dict[str, int]]]:
+    out: list[tuple[str, dict[str, int]]] = [("hybrid.cu", {})]
+    for op, fname in MODULES.items():
+        v = REGISTRY.op("cuda", op).default
+        knobs = v.bound(DEFINE)
+        for values in itertools.product(*(p.choices for p in knobs)):
+            pairs = zip(knobs, values, strict=True)
+            out.append((fname, {str(p.binding.target): int(c) for p, c in pairs}))
+    return out + [("delta_net.cu", {"NW": 4, "MAX_DK": 128, "STATE_T": 1,
+                                    "MUTANT_DELTA_NET_SK": 1})]  # fmt: skip
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nvcc", default="/usr/local/cuda/bin/nvcc")
+    ap.add_argument("--arch", default="sm_90")
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    args = ap.parse_args()
+    if not Path(args.nvcc).exists():
+        print(f"cuda_compile_hybrid: no nvcc at {args.nvcc}", file=sys.stderr)
+        return 2
+    failed = []
+    todo = builds()
+    with tempfile.TemporaryDirectory() as tmp:
+        for fname, defines in todo:
+            src = Path(tmp) / fname
+            src.write_text(kernels.source(fname))
+            cmd = [args.nvcc, f"-arch={args.arch}", "--ptx", "-std=c++17", "-o", "/dev/null",
+                   *(f"-D{k}={v}" for k, v in defines.items()), str(src)]  # fmt: skip
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            if r.returncode or "warning" in r.stderr:
+                failed.append({"file": fname, "defines": defines, "log": r.stderr[-2000:]})
+    doc = {"builds": len(todo), "failed": failed}
+    print(json.dumps(doc) if args.json else f"{len(todo)} builds, {len(failed)} failed")
+    for f in failed if not args.json else []:
+        print(f["file"], f["defines"], f["log"], sep="\n")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

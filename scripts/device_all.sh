@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# A session's closing GPU call on two H200s (device kind nvidia-h200-x2), in two lanes so it
+# fits one 10-minute command. Carry [".fleet", ".gl", ".whl", ".spv-cache"].
+#   card 0: the fleet's decode study again (CUDA worker only; its promotion comes back in
+#           promo.bundle) and the real A/A study (experiments/aa-decode.toml), then the
+#           verifier on the 7B shape (mmvq and every CUDA planted bug).
+#   card 1: the CUDA suite (scripts/gpu_suite.py cuda: ops, backend, mutants, device contract,
+#           hybrid kernels), the decode speed variants (scripts/device_speed.sh) if present,
+#           then the hybrid 9b shape on CUDA (validate, bench with a per-kernel profile).
+# Everything is written under /tmp/all and packed into $OUT/all.tgz every 20 s and at the end (the
+# call brings back at most 8 files): lane logs, fleet_logs.tgz, studies.db, promo.bundle,
+# cal7b.json, hybrid.tgz, suite_cuda.json, the speed files.
+#   bash scripts/device_all.sh
+set -u -o pipefail
+BACK=${OUT:-/tmp/out}; export OUT=/tmp/all; mkdir -p "$BACK" "$OUT" /tmp/site /tmp/models
+export PYTHONUNBUFFERED=1
+pack() { tar czf "$BACK/.all.tgz" -C "$OUT" . 2>/dev/null && mv "$BACK/.all.tgz" "$BACK/all.tgz"; }
+( while sleep 20; do pack; done ) &
+PACKER=$!
+[ -d /tmp/site/ray ] || tar xzf .fleet/site.tgz -C /tmp/site || exit 1
+MODELS="7b" source scripts/device_vulkan_env.sh || exit 1
+export PYTHONPATH=/tmp/site:/tmp/vk:$PWD PATH=/tmp/site/bin:$PATH
+( timeout 400 python3 -m engine synth --arch qwen35 --preset 9b --out /tmp/models/qwen35-9b.gguf \
+    --json > "$OUT/synth_qwen35-9b.log" 2>&1 & )
+T0=$SECONDS
+stamp() { echo "[$(( SECONDS - T0 ))s] $*"; }
+
+lane0() {
+    stamp "fleet (CUDA on card 0)"
+    NODES=cuda:0 AGENT_TIMEOUT=200 bash scripts/fleet_gpu.sh run synthetic:1.5b \
+        experiments/fleet-decode.toml experiments/aa-decode.toml > "$OUT/lane0_fleet.txt" 2>&1
+    stamp "fleet rc=$?"
+    wait_model 7b
+    CUDA_VISIBLE_DEVICES=0 timeout 150 python3 scripts/verify_calibrate.py --backend cuda \
+        --model /tmp/models/7b.gguf --prompt-lengths 1,5,37,70 --variants matmul_decode.mmvq \
+        --mutants --out "$OUT/cal7b.json" > "$OUT/cal7b.txt" 2>&1
+    stamp "7b verifier rc=$?"
+}
+
+lane1() {
+    stamp "CUDA suite (card 1)"
+    CUDA_VISIBLE_DEVICES=1 timeout 330 python3 scripts/gpu_suite.py cuda --json \
+        --test-timeout 90 > "$OUT/suite_cuda.json" 2> "$OUT/suite_cuda.log"
+    stamp "CUDA suite rc=$?"
+    if [ -f scripts/device_speed.sh ]; then
+        CUDA_VISIBLE_DEVICES=1 timeout 200 bash scripts/device_speed.sh > "$OUT/lane1_speed.txt" 2>&1
+        stamp "speed rc=$?"
+    fi
+    local H=/tmp/hybrid f=/tmp/models/qwen35-9b.gguf
+    mkdir -p $H
+    for i in $(seq 120); do grep -q '"path"' "$OUT/synth_qwen35-9b.log" 2>/dev/null && break; sleep 1; done
+    CUDA_VISIBLE_DEVICES=1 timeout 120 python3 -m engine validate --backend cuda --no-promoted \
+        --model $f --steps 4 --json > $H/validate_cuda_9b.json 2> $H/validate_cuda_9b.err
+    stamp "hybrid 9b validate rc=$?"
+    CUDA_VISIBLE_DEVICES=1 timeout 120 python3 -m engine bench --backend cuda --no-promoted \
+        --model $f --prompt-tokens 512 --gen-tokens 128 --repeats 2 --profile \
+        > $H/bench_cuda_9b.txt 2> $H/bench_cuda_9b.err
+    stamp "hybrid 9b bench rc=$?"
+    tar czf "$OUT/hybrid.tgz" -C $H .
+}
+
+lane0 > "$OUT/lane0.txt" 2>&1 &
+LANE0=$!
+lane1 > "$OUT/lane1.txt" 2>&1
+wait $LANE0  # not a bare wait: the packer loop never ends
+cat "$OUT/lane0.txt" "$OUT/lane1.txt"
+grep -E "experiment|trials;|best:|nothing accepted|promoted|overhead|^bench|^validate" \
+    "$OUT/lane0_fleet.txt"
+tail -12 "$OUT/cal7b.txt"
+python3 - "$OUT/suite_cuda.json" <<'PY'
+import json, sys
+try:
+    d = json.load(open(sys.argv[1]))
+except Exception as e:
+    print(sys.argv[1], "unreadable:", e); sys.exit()
+print(d["suite"], "total", d["total"])
+for f in d["files"]:
+    print(" ", f["file"], {k: f[k] for k in ("passed", "failed", "errors", "skipped", "processes")})
+    for x in f["faults"]:
+        print("    fault:", x["test"], x["error"])
+PY
+grep -hE "^(FAILED|ERROR)" "$OUT/suite_cuda.log" | head -20
+[ -f "$OUT/lane1_speed.txt" ] && tail -30 "$OUT/lane1_speed.txt"
+kill $PACKER 2>/dev/null; pack

@@ -1,0 +1,152 @@
+// hybrid.cu: the small ops of the hybrid schedule (engine/hybrid.py) that are not the scan or
+// the expert matmuls. One variant each (engine/tuning/kernels/cuda_hybrid.py); tunables are launch
+// parameters only (threads, rows per block), so changing them never recompiles:
+//   ssm_conv.default      ssm_conv (a thread per output element) then ssm_conv_state
+//   ssm_gates.default     ssm_gates: g = softplus(a + dt_bias) * ssm_a, beta = sigmoid(b)
+//   sigmoid_mul.default   sigmoid_mul: x * sigmoid(gate), gate per element or per row
+//   rope_partial.pairs    rope_partial: neox RoPE of the first n_rot dims of each head
+//   router_topk.default   router_topk: a warp per token: top-k of the logits, softmax over them
+//   moe_experts.dmmv      moe_combine: the weighted sum of a token's k expert outputs
+// pos0 comes as a scalar and a device pointer (non-null wins: the decode graph's position).
+#include "common.cuh"
+
+#define GRID_STRIDE(i, n)                                                              \
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (n); \
+         i += (long long)gridDim.x * blockDim.x)
+
+// Causal depthwise conv + SiLU over xs = [state; x] ([K-1+T, Cc]): tap j of channel c meets
+// xs[t + j], tap K-1 is token t. x [T, Cc], state [K-1, Cc], w [Cc, K] float32 -> y [T, Cc].
+extern "C" __global__ void ssm_conv(const float* __restrict__ x, const float* __restrict__ state,
+                                    const float* __restrict__ w, float* __restrict__ y, int T,
+                                    int Cc, int K) {
+    GRID_STRIDE(i, (long long)T * Cc) {
+        const int t = (int)(i / Cc), c = (int)(i % Cc);
+        float acc = 0.f;
+        for (int j = 0; j < K; ++j) {
+            const int src = t + j;  // row of xs
+            const float xv = src < K - 1 ? state[(size_t)src * Cc + c]
+                                         : x[(size_t)(src - (K - 1)) * Cc + c];
+            acc += __ldg(w + (size_t)c * K + j) * xv;
+        }
+        y[i] = acc / (1.f + expf(-acc));
+    }
+}
+
+// After ssm_conv (same stream): state <- the last K-1 rows of [state; x]. A thread per channel
+// holds its old column, so T < K-1 (old rows shifting up) is safe in place.
+#define MAX_CONV 8
+extern "C" __global__ void ssm_conv_state(const float* __restrict__ x, float* __restrict__ state,
+                                          int T, int Cc, int K) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= Cc) return;
+    float old[MAX_CONV - 1];
+#pragma unroll
+    for (int i = 0; i < MAX_CONV - 1; ++i) old[i] = i < K - 1 ? state[(size_t)i * Cc + c] : 0.f;
+#pragma unroll
+    for (int i = 0; i < MAX_CONV - 1; ++i) {
+        if (i >= K - 1) break;
+        const int src = T + i;  // row of xs
+        float val = 0.f;
+#pragma unroll
+        for (int m = 0; m < MAX_CONV - 1; ++m)  // old[src], indexed by a constant (registers)
+            if (m == src) val = old[m];
+        state[(size_t)i * Cc + c] = src < K - 1 ? val : x[(size_t)(src - (K - 1)) * Cc + c];
+    }
+}
+
+// a, b [n] (n = T * Hv), dt_bias, ssm_a [Hv] -> g, beta [n].
+extern "C" __global__ void ssm_gates(const float* __restrict__ a, const float* __restrict__ b,
+                                     const float* __restrict__ dt, const float* __restrict__ sa,
+                                     float* __restrict__ g, float* __restrict__ beta,
+                                     long long n, int Hv) {
+    GRID_STRIDE(i, n) {
+        const int h = (int)(i % Hv);
+        const float x = a[i] + dt[h];
+        const float softplus = fmaxf(x, 0.f) + log1pf(expf(-fabsf(x)));  // no overflow
+        g[i] = softplus * sa[h];
+        beta[i] = 1.f / (1.f + expf(-b[i]));
+    }
+}
+
+// y[i] = x[i] * sigmoid(gate[i / div]): div 1 (same shape) or the row width (a gate per row).
+extern "C" __global__ void sigmoid_mul(const float* __restrict__ gate, const float* __restrict__ x,
+                                       float* __restrict__ y, long long n, int div) {
+    GRID_STRIDE(i, n) { y[i] = x[i] / (1.f + expf(-gate[i / div])); }
+}
+
+// x [T, H, D] -> y: pairs (e, e + n_rot/2) of the first n_rot dims rotated by
+// (pos0 + t) * theta^(-2e / n_rot) (angle in double, as rope), the other dims copied.
+extern "C" __global__ void rope_partial(const float* __restrict__ x, float* __restrict__ y, int T,
+                                        int H, int D, int n_rot, int pos0, const int* pos_ptr,
+                                        float theta) {
+    const int half = n_rot / 2, per = half + (D - n_rot);  // work items per head row
+    const int p0 = pos_ptr ? *pos_ptr : pos0;
+    GRID_STRIDE(i, (long long)T * H * per) {
+        const long long th = i / per;  // t * H + h
+        const int e = (int)(i % per), t = (int)(th / H);
+        const float* xr = x + th * D;
+        float* yr = y + th * D;
+        if (e >= half) {
+            const int d = n_rot + (e - half);
+            yr[d] = xr[d];
+            continue;
+        }
+        const double ang = (double)(p0 + t) * pow((double)theta, -2.0 * e / n_rot);
+        double s, c;
+        sincos(ang, &s, &c);
+        const double a = xr[e], b = xr[e + half];
+        yr[e] = (float)(a * c - b * s);
+        yr[e + half] = (float)(a * s + b * c);
+    }
+}
+
+// logits [T, E] (E <= 1024) -> ids [T, k] (largest first, ties to the lower index: a stable
+// sort's order), w [T, k] = softmax of the chosen logits: the full softmax renormalised over the
+// chosen k (its denominator cancels). A warp per token; lane l owns experts l + 32 m.
+extern "C" __global__ void router_topk(const float* __restrict__ logits, int* __restrict__ ids,
+                                       float* __restrict__ w, int T, int E, int k) {
+    const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
+    if (row >= T) return;
+    const float* z = logits + (size_t)row * E;
+    unsigned taken = 0u;  // bit m: expert lane + 32 m already chosen
+    float mine = 0.f;     // lane r < k: the logit chosen in round r
+    for (int r = 0; r < k; ++r) {
+        float best = 0.f;
+        int bi = 0x7fffffff;
+        for (int m = 0; lane + 32 * m < E; ++m) {
+            const float v = z[lane + 32 * m];
+            if (!((taken >> m) & 1u) && v == v && (bi == 0x7fffffff || v > best)) {  // no NaN
+                best = v;
+                bi = lane + 32 * m;
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (oi != 0x7fffffff && (bi == 0x7fffffff || ov > best || (ov == best && oi < bi))) {
+                best = ov;
+                bi = oi;
+            }
+        }
+        if (bi == 0x7fffffff) bi = 0;  // only NaN left: a valid index all the same
+        if ((bi & 31) == lane) taken |= 1u << (bi >> 5);
+        if (lane == r) mine = best;
+        if (lane == 0) ids[(size_t)row * k + r] = bi;
+    }
+    const float top = __shfl_sync(0xffffffffu, mine, 0);  // round 0: the largest
+    const float e = lane < k ? expf(mine - top) : 0.f;
+    const float sum = warp_sum(e);
+    if (lane < k) w[(size_t)row * k + lane] = e / sum;
+}
+
+// d [T * k, C] (expert outputs, token-major), w [T, k] -> out [T, C] = sum_j w[t, j] d[t k + j].
+extern "C" __global__ void moe_combine(const float* __restrict__ d, const float* __restrict__ w,
+                                       float* __restrict__ out, int T, int C, int k) {
+    GRID_STRIDE(i, (long long)T * C) {
+        const long long t = i / C, c = i % C;
+        float acc = 0.f;
+        for (int j = 0; j < k; ++j) acc += w[t * k + j] * d[(t * k + j) * C + c];
+        out[i] = acc;
+    }
+}

@@ -1,0 +1,38 @@
+// moe.cu: the routed experts' matrix-vector products, reading only the chosen experts' rows.
+//
+//   Y[p, n] = sum_k X[p / x_div, k] * W[ids[p] * N + n, k]
+//   W [E * N, K] GGML blocks (a stacked [E, N, K] expert weight), ids [P] int32 on the device
+//   (router_topk's, token-major: pair p = t * k_used + j), X [P / x_div, K], Y [P, N] float32.
+// x_div = k_used for gate and up (every chosen expert of token t reads x[t]), 1 for down.
+//
+// Variant: moe_experts.dmmv (engine/tuning/kernels/cuda_hybrid.py). The kernels are the decode
+// DMMV of dmmv.cu (the same block decoders and K-parallel row reduction, one column) with the
+// expert's rows picked on the device, so a captured decode graph serves every routing. Tunables
+// (defines): ROWS weight rows per block, TPR threads splitting a row, VEC consecutive 16-weight
+// groups per thread per step. Grid (ceil(N / ROWS), 1, pairs); pair p0 + blockIdx.z.
+#if !defined(ROWS) || !defined(TPR) || !defined(VEC)
+#error "moe.cu needs ROWS, TPR and VEC (engine/tuning/kernels/cuda_hybrid.py)"
+#endif
+#define COLS 1  // one token per pair
+#define RPT 1
+#include "dmmv.cu"
+
+#define MOE_KERNEL(name, QT, impl)                                                          \
+    extern "C" __global__ void __launch_bounds__(ROWS * TPR)                                \
+        moe_##name(const u8* W, int row_bytes, int N, int K, const float* X, int x_div,     \
+                   const int* ids, int E, int p0, float* Y) {                               \
+        const int p = p0 + blockIdx.z;                                                      \
+        const int e = min(max(ids[p], 0), E - 1); /* a corrupt id must not fault */         \
+        impl<QT>(W + (size_t)e * N * row_bytes, row_bytes, N, K, X + (size_t)(p / x_div) * K, \
+                 1, Y + (size_t)p * N);                                                     \
+    }
+
+MOE_KERNEL(q4_0, QT_Q4_0, dmmv_q)
+MOE_KERNEL(q4_1, QT_Q4_1, dmmv_q)
+MOE_KERNEL(q5_0, QT_Q5_0, dmmv_q)
+MOE_KERNEL(q8_0, QT_Q8_0, dmmv_q)
+MOE_KERNEL(q4_k, QT_Q4_K, dmmv_q)
+MOE_KERNEL(q6_k, QT_Q6_K, dmmv_q)
+MOE_KERNEL(f32, QT_F32, dmmv_d)
+MOE_KERNEL(f16, QT_F16, dmmv_d)
+MOE_KERNEL(bf16, QT_BF16, dmmv_d)

@@ -1,0 +1,343 @@
+"""The CUDA backend's hybrid ops against the NumPy reference (`pytest -m gpu`): the delta-net
+scan (both state layouts, both V-head orders, ragged head dims, every warps / max_dk value, a
+prefill call then decode calls on the carried state), conv1d with state, the gates, the sigmoid
+gate, partial RoPE, the top-k router and the expert DMMV (only the chosen experts read); then
+whole tiny qwen35 / qwen35moe / qwen3next models against NumPy on both prefill paths, graph
+replay against eager decode, validate passing the knobs, `engine validate|bench --backend cuda`
+on a hybrid file, and the planted S k scan bug rejected and blamed on delta_net."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from engine.backends.numpy_ref import NumpyBackend
+from engine.gguf_model import QTensor
+from engine.tuning import TuningConfig
+from tests.op_cases import check, nmse, qtensor
+
+pytestmark = pytest.mark.gpu
+
+HYBRIDS = ["qwen35", "qwen35moe", "qwen3next"]
+SCAN_NMSE = 1e-10  # float32 against float64 over tens of tokens: ~1e-14 expected
+PROMPT = [3, 17, 99, 5, 42, 7, 250, 11, 64, 2, 8, 1, 77, 31, 9, 120, 66, 4, 200, 13, 5, 6, 7,
+          8, 90, 91, 92, 93, 14, 15, 16, 18, 19, 20, 21, 22, 23]  # 37 tokens  # fmt: skip
+# Batched DMMV for every prefill matmul: float32 throughout, so the whole model can be held to
+# float32 noise against NumPy (the default GEMM above gemm_min_t is fp16: validate's budget).
+F32_PREFILL = {"prefill.gemm_min_t": 1 << 20}
+
+
+@pytest.fixture(scope="module")
+def be():
+    pytest.importorskip("cupy", reason="CuPy is not installed")
+    from engine import backends
+    from engine.errors import BackendUnavailable
+
+    try:
+        return backends.create("cuda")
+    except BackendUnavailable as e:
+        pytest.skip(f"cuda backend not usable here: {e}")
+
+
+def cfg(**flat) -> TuningConfig:
+    return TuningConfig.from_flat("cuda", flat)
+
+
+def _f32(rng, *shape) -> np.ndarray:
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def _vec(name: str, a) -> QTensor:
+    a = np.ascontiguousarray(a, np.float32)
+    rows = 1 if a.ndim == 1 else a.shape[0]
+    return QTensor(name, "F32", a.shape, a.view(np.uint8).reshape(rows, -1))
+
+
+# --- the delta-net scan -------------------------------------------------------------------
+def _scan_inputs(rng, T, Hk, Hv, dk, dv):
+    return (
+        _f32(rng, T, Hk, dk),
+        _f32(rng, T, Hk, dk),
+        _f32(rng, T, Hv, dv),
+        -rng.uniform(0.01, 2.0, (T, Hv)).astype(np.float32),
+        rng.uniform(0.0, 1.0, (T, Hv)).astype(np.float32),
+    )
+
+
+# (warps, max_dk, dk, dv, Hk, Hv): every knob value, head dims off every multiple of 32 and the
+# warp count, dk == max_dk, dv < warps, Hv == Hk.
+SCAN_SHAPES = [
+    (1, 64, 16, 16, 2, 6),
+    (4, 128, 40, 24, 2, 6),
+    (8, 128, 128, 128, 2, 4),
+    (2, 256, 200, 96, 3, 3),
+    (4, 64, 64, 33, 1, 4),
+    (8, 256, 256, 5, 2, 2),
+    (2, 128, 128, 128, 16, 32),  # the 9b preset's heads
+]
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("v_order", ["grouped", "tiled"])
+@pytest.mark.parametrize("warps,max_dk,dk,dv,Hk,Hv", SCAN_SHAPES)
+def test_delta_net_matches_numpy(be, transposed, v_order, warps, max_dk, dk, dv, Hk, Hv):
+    be.set_config(
+        cfg(**{"delta_net.warps": warps, "delta_net.max_dk": max_dk,
+               "delta_net.state_transposed": transposed})
+    )  # fmt: skip
+    ref = NumpyBackend()
+    rng = np.random.default_rng(dk * 7 + dv + Hv)
+    S0 = _f32(rng, Hv, dk, dv) * 0.3
+    s_ref = S0.copy()
+    s_cu = be.upload(np.ascontiguousarray(S0.transpose(0, 2, 1)) if transposed else S0)
+    for T in (9, 1, 1, 33, 1):  # prefill chunks and decode steps on the carried state
+        args = _scan_inputs(rng, T, Hk, Hv, dk, dv)
+        dev = [be.upload(a) for a in args]
+        o_ref = ref.delta_net(*args, s_ref, v_order, 1e-6)
+        o_cu = be.download(be.delta_net(*dev, s_cu, v_order, 1e-6))
+        check(o_cu, o_ref.astype(np.float64), SCAN_NMSE)
+        for a, d in zip(args, dev, strict=True):
+            assert np.array_equal(be.download(d), a), "an input changed"
+    got = be.download(s_cu)
+    got = got.reshape(Hv, dv, dk).transpose(0, 2, 1) if transposed else got.reshape(S0.shape)
+    assert nmse(s_ref, got) < SCAN_NMSE
+
+
+def test_delta_net_layouts_store_transposes(be):
+    """state_transposed really changes the layout in memory (not just a name): the same
+    computation leaves S under one and S^T under the other."""
+    rng = np.random.default_rng(11)
+    args = _scan_inputs(rng, 5, 1, 2, 32, 64)
+    out = {}
+    for t in (False, True):
+        be.set_config(cfg(**{"delta_net.state_transposed": t}))
+        s = be.upload(np.zeros((2, 32, 64), np.float32))
+        be.delta_net(*(be.upload(a) for a in args), s, "grouped", 1e-6)
+        out[t] = be.download(s)
+    assert np.allclose(out[False], out[True].reshape(2, 64, 32).transpose(0, 2, 1), atol=1e-6)
+    assert not np.allclose(out[False], out[True])
+
+
+def test_delta_net_rejects_a_key_head_wider_than_max_dk(be):
+    be.set_config(cfg(**{"delta_net.max_dk": 64}))
+    args = _scan_inputs(np.random.default_rng(0), 2, 1, 1, 128, 32)
+    state = be.upload(np.zeros((1, 128, 32), np.float32))
+    with pytest.raises(ValueError, match="max_dk 64"):
+        be.delta_net(*(be.upload(a) for a in args), state, "grouped", 1e-6)
+
+
+# --- conv, gates, sigmoid gate, partial RoPE ----------------------------------------------
+@pytest.mark.parametrize("threads", [128, 1024])
+@pytest.mark.parametrize("K,Cc", [(4, 300), (2, 257), (8, 64)])
+@pytest.mark.parametrize("splits", [[9], [1, 1, 1], [4, 1, 4], [2, 1]])
+def test_ssm_conv_carries_state(be, splits, K, Cc, threads):
+    be.set_config(cfg(**{"ssm_conv.threads": threads}))
+    rng = np.random.default_rng(K * Cc + len(splits))
+    w = _f32(rng, Cc, K)
+    x = _f32(rng, sum(splits), Cc)
+    s0 = _f32(rng, K - 1, Cc)
+    ref, s_ref = NumpyBackend(), s0.copy()
+    wn, wc = ref.load_weight(_vec("conv", w)), be.load_weight(_vec("conv", w))
+    s_cu = be.upload(s0)
+    t0 = 0
+    for n in splits:  # T < K - 1 included: old state rows shift up in place
+        want = ref.ssm_conv(x[t0 : t0 + n], s_ref, wn)
+        got = be.download(be.ssm_conv(be.upload(x[t0 : t0 + n]), s_cu, wc))
+        check(got, want.astype(np.float64), 1e-12)
+        assert np.array_equal(be.download(s_cu), s_ref), f"state after {t0 + n} tokens"
+        t0 += n
+
+
+def test_ssm_conv_rejects_a_quantized_kernel(be):
+    rng = np.random.default_rng(0)
+    w = be.load_weight(qtensor(rng, (32, 32), "Q8_0"))
+    with pytest.raises(ValueError, match="F32"):
+        be.ssm_conv(be.upload(_f32(rng, 2, 32)), be.upload(np.zeros((31, 32), np.float32)), w)
+
+
+@pytest.mark.parametrize("threads", [128, 512])
+def test_gates_sigmoid_and_partial_rope(be, threads):
+    be.set_config(
+        cfg(**{f"{op}.threads": threads for op in ("ssm_gates", "sigmoid_mul", "rope_partial")})
+    )
+    rng = np.random.default_rng(2)
+    ref = NumpyBackend()
+    a, b = _f32(rng, 7, 6) * 12, _f32(rng, 7, 6) * 4  # softplus far into both tails
+    dt, sa = _vec("dt", _f32(rng, 6)), _vec("a", -rng.uniform(1, 8, 6))
+    g_ref, beta_ref = ref.ssm_gates(a, b, ref.load_weight(dt), ref.load_weight(sa))
+    g, beta = be.ssm_gates(be.upload(a), be.upload(b), be.load_weight(dt), be.load_weight(sa))
+    check(be.download(g), g_ref.astype(np.float64), 1e-12)
+    check(be.download(beta), beta_ref.astype(np.float64), 1e-12)
+    x, gate = _f32(rng, 3, 4, 32), _f32(rng, 3, 4, 32)
+    got = be.download(be.sigmoid_mul(be.upload(gate), be.upload(x)))
+    check(got, ref.sigmoid_mul(gate, x).astype(np.float64), 1e-12)
+    xr, gr = _f32(rng, 5, 129), _f32(rng, 5, 1)  # one gate per row (the shared expert's)
+    got = be.download(be.sigmoid_mul(be.upload(gr), be.upload(xr)))
+    check(got, ref.sigmoid_mul(gr, xr).astype(np.float64), 1e-12)
+    with pytest.raises(ValueError, match="sigmoid_mul"):
+        be.sigmoid_mul(be.upload(_f32(rng, 5, 2)), be.upload(xr))
+    for T, H, D, n_rot, pos0 in [(3, 4, 32, 8, 5), (1, 2, 256, 64, 4000), (9, 3, 80, 80, 0)]:
+        xh = _f32(rng, T, H, D)
+        want = ref.rope_partial(xh, pos0, 1e7, n_rot)
+        got = be.download(be.rope_partial(be.upload(xh), pos0, 1e7, n_rot))
+        check(got, want.astype(np.float64), 1e-10)
+        assert np.array_equal(got[..., n_rot:], xh[..., n_rot:])
+
+
+# --- MoE ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("rpb", [1, 4, 8])
+@pytest.mark.parametrize("T,E,k", [(9, 256, 8), (1, 512, 10), (3, 1000, 32), (70, 8, 2)])
+def test_router_topk(be, T, E, k, rpb):
+    be.set_config(cfg(**{"router_topk.rows_per_block": rpb}))
+    rng = np.random.default_rng(E + k)
+    logits = _f32(rng, T, E) * 3
+    logits[0, [E - 1, 5]] = 40.0  # a tie: the lower index first, as the stable sort
+    ids, w = be.router_topk(be.upload(logits), k)
+    want_ids, want_w = NumpyBackend().router_topk(logits, k)
+    assert be.download(ids).tolist() == want_ids.tolist()
+    assert np.allclose(be.download(w), want_w, atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="router_topk"):
+        be.router_topk(be.upload(logits), 33)
+
+
+MOE_CONFIGS = [
+    {},
+    {"moe_experts.rows_per_block": 1, "moe_experts.threads_per_row": 128, "moe_experts.vec": 1},
+    {"moe_experts.rows_per_block": 8, "moe_experts.threads_per_row": 16},
+    {"moe_experts.rows_per_block": 2, "moe_experts.threads_per_row": 64, "moe_experts.vec": 1},
+]
+
+
+@pytest.mark.parametrize("flat", MOE_CONFIGS, ids=[str(i) for i in range(len(MOE_CONFIGS))])
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "F16", "BF16"])
+@pytest.mark.parametrize("T", [1, 5])
+def test_moe_experts(be, qtype, T, flat):
+    be.set_config(cfg(**flat))
+    rng = np.random.default_rng(4 + T)
+    # F and C off every row tile (rows_per_block up to 8); K-quants need rows of 256
+    E, k, C = 8, 3, 512
+    F = 256 if qtype.endswith("_K") else 96
+    gate, up = qtensor(rng, (E, F, C), qtype, 0.1), qtensor(rng, (E, F, C), qtype, 0.1)
+    down = qtensor(rng, (E, C, F), qtype, 0.1)
+    x = _f32(rng, T, C)
+    ref = NumpyBackend()
+    ids, w = ref.router_topk(_f32(rng, T, E), k)
+    want = ref.moe_experts(x, ids, w, *(ref.load_weight(t) for t in (gate, up, down)))
+    got = be.moe_experts(
+        be.upload(x), be.upload(ids), be.upload(w), *(be.load_weight(t) for t in (gate, up, down))
+    )
+    check(be.download(got), want.astype(np.float64), 1e-10)
+
+
+def _stacked(a: np.ndarray) -> QTensor:
+    a = np.ascontiguousarray(a, np.float32)
+    return QTensor("e", "F32", a.shape, a.view(np.uint8).reshape(-1, 4 * a.shape[-1]))
+
+
+def test_moe_reads_only_the_chosen_experts(be):
+    """Experts nobody chose hold NaN: any read of them would poison the output."""
+    be.set_config(cfg())
+    rng = np.random.default_rng(9)
+    E, F, C, T = 6, 64, 96, 4
+    ids = np.array([[0, 3], [3, 0], [5, 0], [3, 5]], np.int32)
+    w = rng.uniform(0.1, 1, ids.shape).astype(np.float32)
+    mats = []
+    for shape in ((E, F, C), (E, F, C), (E, C, F)):
+        a = _f32(rng, *shape) * 0.1
+        a[[1, 2, 4]] = np.nan
+        mats.append(_stacked(a))
+    ref = NumpyBackend()
+    x = _f32(rng, T, C)
+    want = ref.moe_experts(x, ids, w, *(ref.load_weight(m) for m in mats))
+    got = be.moe_experts(be.upload(x), be.upload(ids), be.upload(w),
+                         *(be.load_weight(m) for m in mats))  # fmt: skip
+    check(be.download(got), want.astype(np.float64), 1e-10)
+
+
+# --- whole models -------------------------------------------------------------------------
+def _model(path, backend):
+    from engine.gguf_model import open_model
+    from engine.models import build_model
+
+    return build_model(open_model(path), backend)
+
+
+@pytest.mark.parametrize("arch", HYBRIDS)
+def test_tiny_hybrid_matches_numpy_and_graph_equals_eager(be, tiny_model_factory, arch):
+    from engine.validate import compare_logits
+
+    path = tiny_model_factory(arch, "q4_k_m")
+    be.set_config(cfg(**F32_PREFILL))
+    mn, mc = _model(path, NumpyBackend()), _model(path, be)
+    for prefill in ("per_token", "batched"):
+        want = mn.generate(PROMPT, 8, path=prefill)
+        be.use_graphs = False
+        eager = mc.generate(PROMPT, 8, path=prefill, keep_logits=True)
+        be.use_graphs = True
+        graph = mc.generate(PROMPT, 8, path=prefill, keep_logits=True)
+        assert compare_logits(want.last_logits, graph.last_logits)[2] < 1e-8, prefill
+        assert want.tokens == eager.tokens == graph.tokens, prefill
+        for a, b in zip(graph.step_logits, eager.step_logits, strict=True):
+            assert np.array_equal(a, b), "graph replay differs from eager decode"
+
+
+HYBRID_VALIDATE_CONFIGS = [
+    {},
+    {"delta_net.state_transposed": False, "prefill.chunk_tokens": 16},
+    {"delta_net.warps": 1, "delta_net.max_dk": 64, "prefill.chunk_tokens": 8},
+    {"delta_net.warps": 8, "delta_net.max_dk": 256, **F32_PREFILL},
+    {"moe_experts.rows_per_block": 1, "moe_experts.threads_per_row": 128,
+     "router_topk.rows_per_block": 1, "ssm_conv.threads": 1024, "prefill.chunk_tokens": 24},
+    {"prefill.gemm_min_t": 2, "matmul_prefill.variant": "mmq"},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("arch", HYBRIDS)
+@pytest.mark.parametrize(
+    "flat", HYBRID_VALIDATE_CONFIGS, ids=[str(i) for i in range(len(HYBRID_VALIDATE_CONFIGS))]
+)
+def test_validate_passes_hybrid_knobs(be, tiny_model_factory, arch, flat):
+    from engine.validate import validate
+
+    be.set_config(cfg())
+    m = _model(tiny_model_factory(arch, "q4_k_m"), be)
+    rep = validate(m, cfg(**flat), [PROMPT, PROMPT[:1], list(range(40, 110))], steps=6)
+    assert rep.passed, [p.reasons for p in rep.prompts]
+
+
+def test_planted_sk_scan_is_rejected_and_blamed(be, tiny_model_factory):
+    """The seed's bug (the scan's contractions over the wrong axis: S k for S^T k), planted in
+    delta_net.cu for prefill calls only, as in the seed's warp kernel: validate rejects it and
+    blame names delta_net."""
+    from tests.mutants import Mutant, judge
+
+    m = Mutant("DELTA_NET_SK", "cuda", "delta_net", "the scan walks rows, not columns (S k)",
+               {"prefill.chunk_tokens": 8})  # fmt: skip
+    v = judge(m, tiny_model_factory("qwen3next", "q4_k_m"))
+    assert v.rejected and v.caught_by == "validate", v
+    assert v.blamed == "delta_net", v.blame
+
+
+def _cli(*args: str) -> dict:
+    r = subprocess.run(
+        [sys.executable, "-m", "engine", *args, "--backend", "cuda", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    return json.loads(r.stdout)
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "qwen35moe"])
+def test_cli_validate_and_bench_run_a_hybrid(be, tiny_model_factory, arch):
+    path = str(tiny_model_factory(arch, "q4_k_m"))
+    doc = _cli("validate", "--model", path, "--no-promoted", "--steps", "4")
+    assert doc["passed"], doc
+    doc = _cli("bench", "--model", path, "--no-promoted", "--prompt-tokens", "33",
+               "--gen-tokens", "8", "--repeats", "1", "--warmup", "0")  # fmt: skip
+    assert doc, doc

@@ -1,0 +1,198 @@
+"""The CUDA backend's hybrid ops without a GPU (tests/cuda_fake.py): every launch the hybrid
+schedule makes, through every knob of the hybrid ops, matches its kernel's signature and the
+grid the kernel expects; whole tiny qwen35 / qwen35moe / qwen3next models run end to end through
+the real host code; bad shapes are refused with a message naming the op; the registry names
+the ops and knobs as the Vulkan backend does. The kernels themselves run in
+tests/test_cuda_hybrid.py (-m gpu)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.backends.base import Backend
+from engine.backends.cuda import hybrid as cuda_hybrid
+from engine.backends.cuda.backend import CudaBackend
+from engine.gguf_model import QTensor
+from engine.hybrid import HYBRID_OPS, MOE_OPS
+from engine.tuning import REGISTRY, TuningConfig
+from tests.cuda_fake import FakeCuda, signatures
+from tests.op_cases import qtensor
+
+HYBRIDS = ["qwen35", "qwen35moe", "qwen3next"]
+PROMPT = list(range(5, 5 + 37))
+
+
+def cfg(**flat) -> TuningConfig:
+    return TuningConfig.from_flat("cuda", flat)
+
+
+def _f32(rng, *shape) -> np.ndarray:
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def test_every_hybrid_op_is_a_cuda_op_and_registered():
+    for op in HYBRID_OPS + MOE_OPS:
+        assert getattr(CudaBackend, op) is not getattr(Backend, op), op
+        if op != "rope_partial":  # Vulkan runs it as its rope op
+            assert REGISTRY.op("vulkan", op).name == op
+        assert REGISTRY.op("cuda", op).variants, op
+
+
+def test_shared_knobs_mean_what_they_mean_on_vulkan():
+    """One name, one meaning: the variant and knob names the two backends share, with the
+    same choices where the knob is the same thing."""
+    for op, variant in (("delta_net", "sequential"), ("moe_experts", "dmmv")):
+        assert REGISTRY.op("cuda", op).variant(variant) and REGISTRY.op("vulkan", op).variant(
+            variant
+        )
+    cu = REGISTRY.op("cuda", "delta_net").variant("sequential")
+    vk = REGISTRY.op("vulkan", "delta_net").variant("sequential")
+    for knob in ("state_transposed", "max_dk"):
+        assert cu.param(knob).choices == vk.param(knob).choices, knob
+
+
+def test_signatures_are_parsed_for_every_kernel():
+    from engine.backends.cuda import kernels
+
+    for fname in ("delta_net.cu", "hybrid.cu", "moe.cu", "dmmv.cu", "elementwise.cu"):
+        names = kernels.kernel_names(kernels.source(fname))
+        sigs = signatures(fname)
+        assert set(names) <= set(sigs), (fname, set(names) - set(sigs))
+    assert len(signatures("delta_net.cu")["delta_net_seq"]) == 14
+    assert len(signatures("moe.cu")["moe_q4_k"]) == 10
+
+
+def test_the_fake_refuses_a_wrong_launch():
+    from tests.cuda_fake import check_args
+
+    sig = signatures("hybrid.cu")["sigmoid_mul"]  # (float*, float*, float*, long long, int)
+    x = np.zeros(4, np.float32)
+    check_args("sigmoid_mul", sig, (x, x, x, np.int64(4), np.int32(1)))
+    for bad in [(x, x, x, np.int32(4), np.int32(1)), (x, x, x, np.int64(4)),
+                (x, x.astype(np.int32), x, np.int64(4), np.int32(1))]:  # fmt: skip
+        with pytest.raises(AssertionError):
+            check_args("sigmoid_mul", sig, bad)
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("warps", [1, 2, 4, 8])
+@pytest.mark.parametrize("max_dk", [64, 128, 256])
+def test_delta_net_launch(warps, max_dk, transposed):
+    be = FakeCuda(
+        cfg(**{"delta_net.warps": warps, "delta_net.max_dk": max_dk,
+               "delta_net.state_transposed": transposed})
+    )  # fmt: skip
+    rng = np.random.default_rng(0)
+    T, Hk, Hv, dk, dv = 3, 2, 6, min(40, max_dk), 33
+    q, k = _f32(rng, T, Hk, dk), _f32(rng, T, Hk, dk)
+    v, g, beta = _f32(rng, T, Hv, dv), _f32(rng, T, Hv), _f32(rng, T, Hv)
+    out = be.delta_net(q, k, v, g, beta, np.zeros((Hv, dk, dv), np.float32), "tiled", 1e-6)
+    assert out.shape == (T, Hv, dv)
+    (launch,) = be.launches
+    assert launch.kernel == "delta_net_seq" and launch.fname == "delta_net.cu"
+    assert launch.grid == (-(-dv // warps), Hv, 1) and launch.block == (32 * warps, 1, 1)
+    assert launch.defines == {"NW": warps, "MAX_DK": max_dk, "STATE_T": int(transposed)}
+    assert int(launch.args[-2]) == 0  # tiled
+
+
+def test_delta_net_refuses_what_the_kernel_cannot_hold():
+    be = FakeCuda(cfg(**{"delta_net.max_dk": 64}))
+    rng = np.random.default_rng(0)
+    q = _f32(rng, 2, 1, 128)
+    v, g = _f32(rng, 2, 2, 32), _f32(rng, 2, 2)
+    state = np.zeros((2, 128, 32), np.float32)
+    with pytest.raises(ValueError, match="max_dk 64"):
+        be.delta_net(q, q, v, g, g, state, "grouped", 1e-6)
+    be.set_config(cfg())
+    with pytest.raises(ValueError, match="v_order"):
+        be.delta_net(q, q, v, g, g, state, "sideways", 1e-6)
+    with pytest.raises(ValueError, match="state"):
+        be.delta_net(q, q, v, g, g, state[:1], "grouped", 1e-6)
+    assert not be.launches
+
+
+def _f32_weight(a: np.ndarray) -> QTensor:
+    a = np.ascontiguousarray(a, np.float32)
+    return QTensor("w", "F32", a.shape, a.view(np.uint8).reshape(-1, 4 * a.shape[-1]))
+
+
+@pytest.mark.parametrize("threads", [128, 1024])
+def test_conv_gates_gate_rope_router_launches(threads):
+    be = FakeCuda(cfg(**{"ssm_conv.threads": threads, "router_topk.rows_per_block": 2}))
+    rng = np.random.default_rng(1)
+    w = be.load_weight(_f32_weight(_f32(rng, 300, 4)))
+    be.ssm_conv(_f32(rng, 5, 300), np.zeros((3, 300), np.float32), w)
+    conv, state = be.launches
+    assert (conv.kernel, state.kernel) == ("ssm_conv", "ssm_conv_state")
+    assert state.grid[0] * state.block[0] >= 300 and conv.block[0] == threads
+    with pytest.raises(ValueError, match="F32"):
+        be.ssm_conv(_f32(rng, 5, 32), np.zeros((31, 32), np.float32),
+                    be.load_weight(qtensor(rng, (32, 32), "Q8_0")))  # fmt: skip
+    with pytest.raises(ValueError, match="state"):
+        be.ssm_conv(_f32(rng, 5, 300), np.zeros((2, 300), np.float32), w)
+    dt, sa = be.load_weight(_f32_weight(_f32(rng, 6))), be.load_weight(_f32_weight(_f32(rng, 6)))
+    g, beta = be.ssm_gates(_f32(rng, 7, 6), _f32(rng, 7, 6), dt, sa)
+    assert g.shape == beta.shape == (7, 6)
+    assert be.sigmoid_mul(_f32(rng, 5, 1), _f32(rng, 5, 64)).shape == (5, 64)
+    assert int(be.launches[-1].args[-1]) == 64  # a gate per row of 64
+    assert be.rope_partial(_f32(rng, 3, 2, 256), 7, 1e7, 64).shape == (3, 2, 256)
+    with pytest.raises(ValueError, match="rope_partial"):
+        be.rope_partial(_f32(rng, 3, 2, 32), 0, 1e7, 33)
+    ids, wts = be.router_topk(_f32(rng, 5, 256), 8)
+    assert ids.dtype == np.int32 and ids.shape == wts.shape == (5, 8)
+    assert be.launches[-1].grid[0] == 3 and be.launches[-1].block[0] == 64
+    with pytest.raises(ValueError, match="router_topk"):
+        be.router_topk(_f32(rng, 5, 2048), 8)
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0", "F16", "BF16", "F32"])
+def test_moe_launches_read_only_chosen_experts_by_device_ids(qtype, monkeypatch):
+    monkeypatch.setattr(cuda_hybrid, "MAX_PAIRS", 4)  # a launch per 4 pairs: exercise p0
+    be = FakeCuda(cfg(**{"moe_experts.rows_per_block": 8, "moe_experts.threads_per_row": 16}))
+    rng = np.random.default_rng(2)
+    E, F, C, T, k = 8, 256, 512, 5, 3
+    gate, up = (be.load_weight(qtensor(rng, (E, F, C), qtype, 0.1)) for _ in range(2))
+    down = be.load_weight(qtensor(rng, (E, C, F), qtype, 0.1))
+    ids = rng.integers(0, E, (T, k)).astype(np.int32)
+    out = be.moe_experts(_f32(rng, T, C), ids, _f32(rng, T, k), gate, up, down)
+    assert out.shape == (T, C)
+    moe = [launch for launch in be.launches if launch.kernel.startswith("moe_")]
+    suffix = qtype.lower()
+    assert {m.kernel for m in moe} == {f"moe_{suffix}", "moe_combine"}
+    mats = [m for m in moe if m.kernel != "moe_combine"]
+    assert len(mats) == 3 * 4  # gate, up, down: 15 pairs in launches of 4
+    for m in mats:
+        assert m.block == (8 * 16, 1, 1) and m.args[6] is ids or np.array_equal(m.args[6], ids)
+    assert [int(m.args[8]) for m in mats[:4]] == [0, 4, 8, 12]  # p0
+    assert sum(m.grid[2] for m in mats[:4]) == T * k
+    assert [int(m.args[5]) for m in mats] == [k] * 8 + [1] * 4  # x_div: x[t] for gate and up
+
+
+@pytest.mark.parametrize("arch", HYBRIDS)
+@pytest.mark.parametrize(
+    "flat",
+    [
+        {"prefill.gemm_min_t": 1 << 20},
+        {"prefill.gemm_min_t": 2, "matmul_prefill.variant": "mmq", "prefill.chunk_tokens": 16},
+        {"delta_net.state_transposed": False, "delta_net.warps": 1, "prefill.chunk_tokens": 8,
+         "prefill.gemm_min_t": 1 << 20, "matmul_decode.variant": "mmvq"},
+    ],
+    ids=["dmmv", "mmq", "chunks-mmvq"],
+)  # fmt: skip
+def test_tiny_hybrid_runs_through_the_cuda_host_code(tiny_model_factory, arch, flat):
+    from engine.gguf_model import open_model
+    from engine.models import build_model
+
+    be = FakeCuda(cfg(**flat))
+    m = build_model(open_model(tiny_model_factory(arch, "q4_k_m")), be)
+    for path in ("per_token", "batched"):
+        gen = m.generate(PROMPT, 3, path=path)
+        assert len(gen.tokens) == 3
+    run = be.kernels_run()
+    want = {"delta_net_seq", "ssm_conv", "ssm_conv_state", "ssm_gates", "sigmoid_mul",
+            "rope_partial"}  # fmt: skip
+    if arch != "qwen35":
+        want |= {"router_topk", "moe_combine"}
+        assert any(k.startswith("moe_q") or k.startswith("moe_f") for k in run), run
+    assert want <= run, want - run
