@@ -85,6 +85,8 @@ class Model:
         b, s, w, tap = self.backend, self.spec, self.weights, self._tap
         H, Hkv, D = s.n_head, s.n_head_kv, s.head_dim
         x = tap("embedding", "token_embd", -1, b.embedding(w["token_embd.weight"], ids), pos0)
+        if self.hook is None and not s.qk_norm:
+            return self._trunk_fused(x, n, pos0, cache)
         for i in range(s.n_layers):
             p = f"blk.{i}."
             h = tap(
@@ -152,6 +154,24 @@ class Model:
                 b.add(x, tap("matmul", "ffn_down", i, b.matmul(g, w[p + "ffn_down.weight"]), pos0)),
                 pos0,
             )
+        return x
+
+    def _trunk_fused(self, x: Tensor, n: int, pos0: int, cache: KVCache) -> Tensor:
+        """trunk's layers through the backend's fused ops (engine.backends.base: by default the
+        same op sequence, so only a backend that fuses runs fewer launches). Used when no hook
+        watches the activations and the model has no per-head q/k norm."""
+        b, s, w = self.backend, self.spec, self.weights
+        heads = (s.n_head, s.n_head_kv, s.head_dim)
+        for i in range(s.n_layers):
+            p = f"blk.{i}."
+            h = b.rms_norm(x, w[p + "attn_norm.weight"], s.rms_eps)
+            wqkv = tuple(w[p + f"attn_{t}.weight"] for t in "qkv")
+            bias = tuple(w[p + f"attn_{t}.bias"] for t in "qkv") if s.attn_bias else None
+            q = b.attn_in(h, wqkv, bias, cache, i, pos0, heads, s.rope_theta, s.rope_neox)
+            a = b.reshape(b.attention(q, cache, i, pos0), (n, s.n_head * s.head_dim))
+            x = b.matmul_add(a, w[p + "attn_output.weight"], x)
+            h = b.rms_norm(x, w[p + "ffn_norm.weight"], s.rms_eps)
+            x = b.ffn(h, *(w[p + f"ffn_{t}.weight"] for t in ("gate", "up", "down")), x)
         return x
 
     def head(self, x: Tensor, row: int, pos: int) -> Tensor:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The int8-activation decode and prefill paths (mmvq, mmq8) against the verifier's gate on the
+# The int8-activation decode and prefill paths (mmvq, mmvw, mmq8) against the verifier's gate on the
 # realistic shapes, on the GPU machine in one call (nvidia-h200-x2: 1.5B on card 1 while 7B on
 # card 0). Carry [".whl", ".gl", ".spv-cache"]. Each calibration rewrites its JSON after every
 # candidate, so a call that runs out of time still returns what it measured.
@@ -7,7 +7,7 @@
 set -u -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 MODELS="1.5b 7b" source scripts/device_vulkan_env.sh || exit 1
-V=${VARIANTS:-matmul_decode.mmvq,matmul_prefill.mmq8}
+V=${VARIANTS:-matmul_decode.mmvq,matmul_decode.mmvw,matmul_prefill.mmq8}
 cal() {  # card preset
     wait_model $2
     CUDA_VISIBLE_DEVICES=$1 timeout ${CAL_TIMEOUT:-400} python3 scripts/verify_calibrate.py \

@@ -30,6 +30,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SUITES: dict[str, list[tuple[str, str, str | None]]] = {
     "cuda": [
         ("tests/test_cuda_ops.py", "gpu", None),  # with the shared contract (TestCudaContract)
+        ("tests/test_cuda_decode_fused.py", "gpu", None),  # mmvw, rope_kv, the fused ops
+        ("tests/test_cuda_pdl.py", "gpu", None),  # programmatic dependent launch
         ("tests/test_cuda_backend.py", "gpu or not gpu", None),
         ("tests/test_mutants.py", "gpu", "cuda"),  # the CUDA planted bugs, each rejected
         ("tests/test_device_contract.py", "gpu", "Cuda"),  # the device contract on CUDA

@@ -248,6 +248,8 @@ MUTANTS: tuple[Mutant, ...] = (
     # CUDA (gpu-marked): #ifdef MUTANT_<NAME> in shaders/cuda
     Mutant("MMVQ_TAIL_ROWS", "cuda", "matmul_decode", "mmvq skips the ragged last rows",
            {"matmul_decode.variant": "mmvq"}),
+    Mutant("MMVW_TAIL_ROWS", "cuda", "matmul_decode", "mmvw skips the ragged last rows",
+           {"matmul_decode.variant": "mmvw"}),
     Mutant("MMQ_K_SHORT", "cuda", "matmul_prefill", "mmq's K loop one tile short",
            {"matmul_prefill.variant": "mmq", "prefill.gemm_min_t": 2}),
     Mutant("MMQ8_Q4K_MIN", "cuda", "matmul_prefill", "mmq8 drops the Q4_K min term",

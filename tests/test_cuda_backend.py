@@ -16,7 +16,10 @@ from engine.backends.cuda.device import device_class
 from engine.tuning import REGISTRY, TuningConfig
 from engine.tuning.kernels.cuda import ALL_TYPES
 
-CU_FILES = ["dmmv.cu", "dequant.cu", "elementwise.cu", "attention.cu", "mmq.cu"]
+CU_FILES = [
+    "dmmv.cu", "dequant.cu", "elementwise.cu", "attention.cu", "mmq.cu", "mmvw.cu",
+    "decode_fused.cu",
+]  # fmt: skip
 
 
 @pytest.mark.parametrize(

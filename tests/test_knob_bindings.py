@@ -180,6 +180,16 @@ def _old_cuda_modules(cfg: TuningConfig) -> dict[str, tuple[str, dict]]:
     dec = cfg.op("matmul_decode")
     if dec.variant == "mmvq":
         k["mmvq"] = ("mmvq.cu", {"NW": dec["warps"], "RPB": dec["rows_per_block"]})
+    elif dec.variant == "mmvw":  # added with the bindings: its knobs map one to one
+        k["mmvw"] = (
+            "mmvw.cu",
+            {
+                "TPR": dec["threads_per_row"],
+                "RPT": dec["rows_per_thread"],
+                "NW": dec["warps"],
+                "UNROLL": dec["unroll"],
+            },
+        )
     else:
         k["decode"] = (
             "dmmv.cu",
@@ -211,6 +221,7 @@ def _old_cuda_modules(cfg: TuningConfig) -> dict[str, tuple[str, dict]]:
         )
     k["dequant"] = ("dequant.cu", {})
     k["elementwise"] = ("elementwise.cu", {})
+    k["fused"] = ("decode_fused.cu", {})
     ap = cfg.op("attention_prefill")
     flash = {"BQ": ap["block_q"], "RPW": ap["rows_per_warp"]} if ap.variant == "flash" else {}
     k["attention"] = ("attention.cu", flash)
@@ -248,7 +259,7 @@ def test_cuda_defines_are_the_old_ones_for_every_knob_value():
     for cfg in each_knob_value("cuda"):
         new = cuda_k.modules_for(cfg)
         old = _old_cuda_modules(cfg)
-        if cfg.op("matmul_decode").variant == "mmvq":
+        if cfg.op("matmul_decode").variant in ("mmvq", "mmvw"):
             fname, defines = new.pop("decode")
             dmmv = REGISTRY.op("cuda", "matmul_decode").variant("dmmv")
             assert fname == "dmmv.cu" and defines == {

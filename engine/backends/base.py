@@ -307,6 +307,45 @@ class Backend(ABC):
         """logits [T, V] -> [T] int32 on the device; the sampler downloads this, never a copy
         kept from an earlier step."""
 
+    # --- fused ops: sequences of the ops above that a backend may run in fewer launches. The
+    # defaults are those sequences, call for call, so a backend that does not override one
+    # computes exactly what the unfused schedule computes (engine.model calls these when no
+    # activation hook is set; blame's hook sees the unfused ops).
+    def attn_in(
+        self,
+        h: Tensor,
+        wqkv: tuple[Weight, Weight, Weight],
+        bias: tuple[Weight, Weight, Weight] | None,
+        cache: KVCache,
+        layer: int,
+        pos0: int,
+        heads: tuple[int, int, int],
+        theta: float,
+        neox: bool,
+    ) -> Tensor:
+        """h [T, C] -> q [T, H, D] with RoPE; k (RoPE) and v written into layer's cache at
+        pos0..: the q/k/v matmuls, their bias adds (bias given), both ropes and kv_write.
+        heads = (H, Hkv, D)."""
+        H, Hkv, D = heads
+        T = int(h.shape[0])
+        q, k, v = (self.matmul(h, w) for w in wqkv)
+        if bias is not None:
+            q, k, v = (self.add(t, b) for t, b in zip((q, k, v), bias, strict=True))
+        q = self.rope(self.reshape(q, (T, H, D)), pos0, theta, neox)
+        k = self.rope(self.reshape(k, (T, Hkv, D)), pos0, theta, neox)
+        self.kv_write(cache, layer, k, self.reshape(v, (T, Hkv, D)), pos0)
+        return q
+
+    def matmul_add(self, x: Tensor, w: Weight, r: Tensor) -> Tensor:
+        """r + x @ dequant(w)^T (the residual add after a projection)."""
+        return self.add(r, self.matmul(x, w))
+
+    def ffn(self, h: Tensor, gate: Weight, up: Weight, down: Weight, r: Tensor) -> Tensor:
+        """r + down(swiglu(h @ gate^T, h @ up^T)): a SwiGLU feed-forward block and its
+        residual add."""
+        g = self.swiglu(self.matmul(h, gate), self.matmul(h, up))
+        return self.matmul_add(g, down, r)
+
     # --- hybrid ops (qwen35 / qwen3next; engine/hybrid.py). Optional: a backend without them
     # cannot load a hybrid model, and says so at the first op.
     def _no_hybrid(self, op: str) -> UnsupportedError:

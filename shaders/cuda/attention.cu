@@ -9,17 +9,40 @@
 //                              walk a range (one warp per key, lanes over D, online softmax),
 //                              then a combine kernel merges the ranges. Also serves prefill as
 //                              attention_prefill.split (grid z = query token).
+//   attention_decode.split_kw  attn_split_kw + attn_combine: as split, G lanes per key and
+//                              32 / G keys per warp step (LANES_PER_KEY, launch), decode only.
 //   attention_prefill.flash    attn_flash: a block takes BQ query tokens of one head, stages 32
 //                              keys and values at a time in shared memory (rows padded by four
 //                              floats: no bank conflicts on 16-byte reads) and each warp keeps RPW queries'
 //                              running max, sum and output in registers. Lanes own keys for
 //                              the scores and head dims for P.V. Needs D <= 128, D % 4 == 0.
-// Tunables: SPLITS, WARPS (launch), BQ and RPW (defines of attn_flash).
+// Tunables: SPLITS, WARPS, LANES_PER_KEY (launch), BQ and RPW (defines of attn_flash).
 // pos0 comes as a scalar and a device pointer (non-null wins: the decode graph's position).
 #include "common.cuh"
 
 #define NEG_INF __int_as_float(0xff800000)
 #define MAXD_LANE 8  // attn_split: D <= 256
+
+// The warps of a block, each with (acc[D], m, l) in sm [nwarps][D + 2], merged into the
+// range's partial: part[o] (unnormalized) and ml[o] = (max, sum).
+__device__ __forceinline__ void block_merge(const float* sm, int nw, int D, size_t o,
+                                            float* __restrict__ part, float* __restrict__ ml) {
+    float M = NEG_INF;
+    for (int w = 0; w < nw; ++w) M = fmaxf(M, sm[w * (D + 2) + D]);
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+        float a = 0.f;
+        if (M != NEG_INF)
+            for (int w = 0; w < nw; ++w) a += sm[w * (D + 2) + d] * expf(sm[w * (D + 2) + D] - M);
+        part[o * D + d] = a;
+    }
+    if (threadIdx.x == 0) {
+        float Ls = 0.f;
+        if (M != NEG_INF)
+            for (int w = 0; w < nw; ++w) Ls += sm[w * (D + 2) + D + 1] * expf(sm[w * (D + 2) + D] - M);
+        ml[2 * o] = M;
+        ml[2 * o + 1] = Ls;
+    }
+}
 
 // grid (SPLITS, H, T); part [T, H, SPLITS, D] unnormalized, ml [T, H, SPLITS, 2] (max, sum).
 extern "C" __global__ void attn_split(const float* __restrict__ q, const float* __restrict__ kc,
@@ -72,22 +95,92 @@ extern "C" __global__ void attn_split(const float* __restrict__ q, const float* 
         mine[D + 1] = l;
     }
     __syncthreads();
-    const size_t o = ((size_t)t * H + h) * nsplit + s;
-    float M = NEG_INF;
-    for (int w = 0; w < nw; ++w) M = fmaxf(M, sm[w * (D + 2) + D]);
-    for (int d = threadIdx.x; d < D; d += blockDim.x) {
-        float a = 0.f;
-        if (M != NEG_INF)
-            for (int w = 0; w < nw; ++w) a += sm[w * (D + 2) + d] * expf(sm[w * (D + 2) + D] - M);
-        part[o * D + d] = a;
+    block_merge(sm, nw, D, ((size_t)t * H + h) * nsplit + s, part, ml);
+}
+
+// attention_decode.split_kw, decode only (T = 1): as attn_split, but a warp takes 32 / G keys
+// at once, G lanes per key each holding D / G dims (float4 loads; D % (4G) == 0, D / G <= 32),
+// so a warp's chain of dependent load -> reduce -> softmax steps is 32 / G times shorter. The
+// key groups of a warp merge by shuffles, then the block as attn_split does. Same outputs.
+#define KW_DPL 32  // dims per lane at most
+extern "C" __global__ void attn_split_kw(const float* __restrict__ q, const float* __restrict__ kc,
+                                         const float* __restrict__ vc, float* __restrict__ part,
+                                         float* __restrict__ ml, int H, int Hkv, int D, int G,
+                                         int pos0, const int* pos_ptr, float scale) {
+    extern __shared__ float sm[];  // [nwarps][D + 2]
+    pdl_start();
+    const int s = blockIdx.x, h = blockIdx.y, nsplit = gridDim.x;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x / 32, nw = blockDim.x / 32;
+    const int KW = 32 / G, kg = lane / G, gl = lane % G, dpl = D / G, d0 = gl * dpl;
+    const int L = (pos_ptr ? *pos_ptr : pos0) + 1;
+    const int chunk = (L + nsplit - 1) / nsplit;
+    const int kb = s * chunk, ke = min(L, kb + chunk);
+    const int kvh = h / (H / Hkv);
+    float qv[KW_DPL], acc[KW_DPL];
+#pragma unroll
+    for (int i = 0; i < KW_DPL; i += 4) {
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (i < dpl) v = *(const float4*)(q + (size_t)h * D + d0 + i);
+        qv[i] = v.x * scale, qv[i + 1] = v.y * scale, qv[i + 2] = v.z * scale;
+        qv[i + 3] = v.w * scale;
+        acc[i] = acc[i + 1] = acc[i + 2] = acc[i + 3] = 0.f;
     }
-    if (threadIdx.x == 0) {
-        float Ls = 0.f;
-        if (M != NEG_INF)
-            for (int w = 0; w < nw; ++w) Ls += sm[w * (D + 2) + D + 1] * expf(sm[w * (D + 2) + D] - M);
-        ml[2 * o] = M;
-        ml[2 * o + 1] = Ls;
+    float m = NEG_INF, l = 0.f;
+    for (int j0 = kb + warp * KW; j0 < ke; j0 += nw * KW) {
+        const int j = j0 + kg;
+        const bool ok = j < ke;
+        const size_t row = ((size_t)(ok ? j : j0) * Hkv + kvh) * D + d0;
+        float sd = 0.f;
+#pragma unroll
+        for (int i = 0; i < KW_DPL; i += 4) {
+            if (i < dpl) {
+                const float4 k4 = *(const float4*)(kc + row + i);
+                sd += qv[i] * k4.x + qv[i + 1] * k4.y + qv[i + 2] * k4.z + qv[i + 3] * k4.w;
+            }
+        }
+        for (int o = G / 2; o > 0; o >>= 1) sd += __shfl_xor_sync(0xffffffffu, sd, o);
+        if (ok) {
+            const float mn = fmaxf(m, sd), corr = expf(m - mn), p = expf(sd - mn);
+            l = l * corr + p;
+#pragma unroll
+            for (int i = 0; i < KW_DPL; i += 4) {
+                if (i < dpl) {
+                    const float4 v4 = *(const float4*)(vc + row + i);
+                    acc[i] = acc[i] * corr + p * v4.x;
+                    acc[i + 1] = acc[i + 1] * corr + p * v4.y;
+                    acc[i + 2] = acc[i + 2] * corr + p * v4.z;
+                    acc[i + 3] = acc[i + 3] * corr + p * v4.w;
+                }
+            }
+            m = mn;
+        }
     }
+    // merge the warp's key groups: lanes gl of every group hold the same dims
+    for (int o = G; o < 32; o <<= 1) {
+        const float mo = __shfl_xor_sync(0xffffffffu, m, o);
+        const float lo = __shfl_xor_sync(0xffffffffu, l, o);
+        const float M = fmaxf(m, mo);
+        const float ca = M == NEG_INF ? 0.f : expf(m - M), cb = M == NEG_INF ? 0.f : expf(mo - M);
+#pragma unroll
+        for (int i = 0; i < KW_DPL; ++i) {
+            const float ao = __shfl_xor_sync(0xffffffffu, acc[i], o);
+            acc[i] = acc[i] * ca + ao * cb;
+        }
+        l = l * ca + lo * cb;
+        m = M;
+    }
+    float* mine = sm + warp * (D + 2);
+    if (kg == 0) {
+#pragma unroll
+        for (int i = 0; i < KW_DPL; ++i)
+            if (i < dpl) mine[d0 + i] = acc[i];
+        if (gl == 0) {
+            mine[D] = m;
+            mine[D + 1] = l;
+        }
+    }
+    __syncthreads();
+    block_merge(sm, nw, D, (size_t)h * nsplit + s, part, ml);
 }
 
 // grid (H, T), block >= 32: merge SPLITS partials into out [T, H, D].

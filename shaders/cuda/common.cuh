@@ -274,3 +274,14 @@ __device__ __forceinline__ float warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
+
+// Programmatic dependent launch (engine/backends/cuda/pdl.py, sm_90+). A kernel the backend may
+// launch that way calls pdl_start() before touching memory: it waits until the previous grid
+// of the stream has completed (its writes visible), then lets the next grid begin launching
+// (it too waits before reading). Both are no-ops for an ordinary launch and below sm_90.
+__device__ __forceinline__ void pdl_start() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}

@@ -52,6 +52,7 @@ extern "C" __global__ void rms_norm_q8(const float* __restrict__ x, const float*
                                        float* __restrict__ y, signed char* __restrict__ xq,
                                        float2* __restrict__ xds, int D, float eps) {
     __shared__ float red[32];
+    pdl_start();
     const int row = blockIdx.x, nw = blockDim.x / 32, lane = threadIdx.x & 31;
     const float4* xr = (const float4*)(x + (size_t)row * D);
     const int D4 = D / 4;
@@ -86,6 +87,7 @@ extern "C" __global__ void rms_norm_q8(const float* __restrict__ x, const float*
 extern "C" __global__ void swiglu_q8(const float* __restrict__ g, const float* __restrict__ u,
                                      float* __restrict__ y, signed char* __restrict__ xq,
                                      float2* __restrict__ xds, long long n4) {
+    pdl_start();
     const long long stride = (long long)gridDim.x * blockDim.x;
     const long long nr = (n4 + 31) / 32 * 32;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < nr; i += stride) {

@@ -45,6 +45,11 @@ _GEMM_DEFAULT = -1
 
 Q6K_PADDED = 224  # bytes of a Q6_K block on the GPU (210 + 14 zero bytes; common.cuh)
 
+# GGML type ids, as mmvw.cu's switch reads them (common.cuh QT_*)
+_QT = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
+_NULL = np.uint64(0)
+_MAX_ARGMAX_ROWS = 4096  # rows argmax.multi takes in one launch (more: argmax.block's kernel)
+
 
 def _import_cupy() -> Any:
     """CuPy and a usable GPU, or BackendUnavailable saying which is missing."""
@@ -163,9 +168,13 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
         self._prof: dict[str, list[float]] = {}  # kernel name -> [calls, total ms]
         self._events: list[tuple[str, Any, Any]] = []
         self._k: dict[str, Any] = {}
+        self._pdl: Any = None  # pdl.Launcher while the config asks for it
+        self._pdl_lib: Any = None
         # Q8_1 forms of recent float activations: (x, xq, xds), newest last. Holding x keeps
         # its memory from being reused, so "entry[0] is x" means the quantized form is current.
         self._q8: list[tuple[Any, Any, Any]] = []
+        # argmax.multi's per-row tickets: zero between launches (the last block resets its row)
+        self._tickets = cp.zeros(_MAX_ARGMAX_ROWS, np.uint32)
         self._alpha = np.ones(1, np.float32)
         self._beta = np.zeros(1, np.float32)
         super().__init__(config)
@@ -276,6 +285,7 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
         with contextlib.suppress(*self._faults()):
             self._stream.synchronize()
         self._graph, self._k, self._pos_dev, self._profiling = None, {}, None, False
+        self._tickets, self._pdl = None, None
         self._q8.clear()
         self._events.clear()
         with self._cp.cuda.Device(self._index):
@@ -301,9 +311,20 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
             raise ConfigError(f"config is for backend {config.backend!r}, not {self.name!r}")
         config.check(self.device_info())
         self._k = self._build(config)
+        self._pdl = self._pdl_launcher(config)
         self.config = config
         self._graph = None  # a captured step bakes in the old kernels
         self._q8.clear()
+
+    def _pdl_launcher(self, cfg: TuningConfig) -> Any:
+        c = cfg.op("matmul_decode")
+        if c.variant != "mmvw" or int(c["pdl"]) == 0 or self._cc < 90:
+            return None
+        if self._pdl_lib is None:
+            from engine.backends.cuda.pdl import Launcher
+
+            self._pdl_lib = Launcher()
+        return self._pdl_lib
 
     def _build(self, cfg: TuningConfig) -> dict[str, Any]:
         cp, cc = self._cp, self._cc
@@ -316,11 +337,24 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
         return self._k[mod].get_function(name)
 
     def _launch(
-        self, mod: str, name: str, grid: tuple, block: tuple, args: tuple, smem: int = 0
+        self,
+        mod: str,
+        name: str,
+        grid: tuple,
+        block: tuple,
+        args: tuple,
+        smem: int = 0,
+        pdl: bool = False,
     ) -> None:
+        """Launch a kernel on the backend's stream. pdl: the kernel calls pdl_start() before
+        touching memory, so under matmul_decode.mmvw's pdl knob it may go through
+        cuLaunchKernelEx with programmatic stream serialization (pdl.py)."""
         fn = self._fn(mod, name)
         if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
             fn.max_dynamic_shared_size_bytes = smem  # opt in beyond the 48 KiB default
+        if pdl and self._pdl is not None and not self._profiling:
+            self._pdl.launch(fn.ptr, grid, block, args, smem, self._stream.ptr)
+            return
         with self._timed(name):
             fn(grid, block, args, shared_mem=smem)
 
@@ -397,7 +431,7 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
             th = int(self.config.op("quantize_act")["threads"])
             self._launch(
                 "q8", "rms_norm_q8", (1,), (th,),
-                (x, w.f32, out, xq, xds, np.int32(D), np.float32(eps)),
+                (x, w.f32, out, xq, xds, np.int32(D), np.float32(eps)), pdl=True,
             )  # fmt: skip
             self._q8_remember(out, xq, xds)
             return out
@@ -438,6 +472,8 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
             dec = self.config.op("matmul_decode")
             if dec.variant == "mmvq" and w.qtype in BLOCK_TYPES:
                 self._mmvq(x, w, y, dec)
+            elif dec.variant == "mmvw" and w.qtype in BLOCK_TYPES:
+                self._mmvw(x, [(w, y, None)])
             else:
                 c = dec if dec.variant == "dmmv" else kernels.DECODE_FALLBACK
                 self._dmmv("decode", c, x, w, y, cols=1)
@@ -488,7 +524,7 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
 
     # --- Q8_1 activations (q8.cu) and the integer decode matmul (mmvq.cu) ------------------
     def _int8_decode(self) -> bool:
-        return self.config.op("matmul_decode").variant == "mmvq"
+        return self.config.op("matmul_decode").variant in ("mmvq", "mmvw")
 
     def _q8_lookup(self, x: Any) -> tuple[Any, Any] | None:
         for e in self._q8:  # same memory and shape (a contiguous copy or view of it counts)
@@ -539,6 +575,111 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
             (32 * nw,),
             (w.raw, np.int32(w.row_bytes), np.int32(w.n), np.int32(w.k), xq, xds, y),
         )
+
+    def _mmvw(self, x: Any, mats: list[tuple[CudaWeight, Any, Any]]) -> None:
+        """Up to three decode matmuls of one activation row in one launch (mmvw.cu): for each
+        (w, y, a), y = x @ w^T (+ a, a bias or residual of N floats, when not None). Block
+        types only; every w has x's K."""
+        xq, xds = self.quantize_q8(x)
+        c = self.config.op("matmul_decode")
+        rpb = int(c["warps"]) * 32 // int(c["threads_per_row"]) * int(c["rows_per_thread"])
+        nbs, args = [], []
+        for w, y, a in mats:
+            self._q8_forget(y)
+            nbs.append(math.ceil(w.n / rpb))
+            args += [w.raw, np.int32(w.row_bytes), np.int32(w.n), np.int32(_QT[w.qtype]), y]
+            args.append(_NULL if a is None else a)
+        for _ in range(3 - len(mats)):
+            nbs.append(0)
+            args += [_NULL, np.int32(0), np.int32(0), np.int32(0), _NULL, _NULL]
+        self._launch(
+            "mmvw", "mmvw", (sum(nbs),), (int(c["warps"]) * 32,),
+            (xq, xds, np.int32(mats[0][0].k), np.int32(nbs[0]), np.int32(nbs[1]), *args),
+            pdl=True,
+        )  # fmt: skip
+
+    def _wide(self, x: Any, ws: tuple[CudaWeight, ...]) -> bool:
+        """Whether ws can go through one mmvw launch on decode row x."""
+        return (
+            int(x.shape[0]) == 1
+            and self.config.op("matmul_decode").variant == "mmvw"
+            and all(w.qtype in BLOCK_TYPES and w.k == int(x.shape[1]) for w in ws)
+        )
+
+    def _decode_row(self, x: Any) -> Any:
+        return self._aligned16(self._cp.ascontiguousarray(x, dtype=np.float32))
+
+    # --- fused ops (engine.backends.base): fewer launches per decode layer -----------------
+    def attn_in(
+        self,
+        h: Any,
+        wqkv: tuple[CudaWeight, CudaWeight, CudaWeight],
+        bias: tuple[CudaWeight, CudaWeight, CudaWeight] | None,
+        cache: KVCache,
+        layer: int,
+        pos0: int,
+        heads: tuple[int, int, int],
+        theta: float,
+        neox: bool,
+    ) -> Any:
+        """q/k/v in one mmvw launch with the biases added as they store (matmul_decode.mmvw),
+        and/or bias + both ropes + the KV write in one rope_kv launch (rope.fuse_kv)."""
+        H, Hkv, D = heads
+        T = int(h.shape[0])
+        fuse = int(self.config.op("rope")["fuse_kv"]) == 1
+        wide = self._wide(h, wqkv)
+        if not (fuse or wide):
+            return super().attn_in(h, wqkv, bias, cache, layer, pos0, heads, theta, neox)
+        if pos0 + T > cache.capacity:
+            raise ValueError(
+                f"KV cache full: writing positions {pos0}..{pos0 + T - 1} "
+                f"into a cache of {cache.capacity}"
+            )
+        if wide:
+            h = self._decode_row(h)
+            q, k, v = (self._empty((T, w.n)) for w in wqkv)
+            adds = (None,) * 3 if bias is None else tuple(b.f32 for b in bias)
+            self._mmvw(h, [(w, y, a) for w, y, a in zip(wqkv, (q, k, v), adds, strict=True)])
+            bias = None
+        else:
+            q, k, v = (self.matmul(h, w) for w in wqkv)
+        if not fuse:
+            q = self.rope(q.reshape(T, H, D), pos0, theta, neox)
+            k = self.rope(k.reshape(T, Hkv, D), pos0, theta, neox)
+            self.kv_write(cache, layer, k, v.reshape(T, Hkv, D), pos0)
+            return q
+        qo = self._empty((T, H, D))
+        th = int(self.config.op("rope")["threads"])
+        n = T * (H + Hkv) * (D // 2) + T * Hkv * D
+        bq, bk, bv = (_NULL,) * 3 if bias is None else (b.f32 for b in bias)
+        self._launch(
+            "fused", "rope_kv", (self._grid1(n, th),), (th,),
+            (
+                q, k, v, bq, bk, bv, qo, cache.k[layer], cache.v[layer], np.int32(T),
+                np.int32(H), np.int32(Hkv), np.int32(D), np.int32(pos0), self._pos_ptr(),
+                np.float32(theta), np.int32(1 if neox else 0),
+            ),
+            pdl=True,
+        )  # fmt: skip
+        return qo
+
+    def matmul_add(self, x: Any, w: CudaWeight, r: Any) -> Any:
+        """Under matmul_decode.mmvw a decode row's projection adds the residual as it stores."""
+        if not self._wide(x, (w,)) or w.raw is None:
+            return super().matmul_add(x, w, r)
+        r = self._cp.ascontiguousarray(r, dtype=np.float32)
+        y = self._empty((1, w.n))
+        self._mmvw(self._decode_row(x), [(w, y, r)])
+        return y
+
+    def ffn(self, h: Any, gate: CudaWeight, up: CudaWeight, down: CudaWeight, r: Any) -> Any:
+        """Under matmul_decode.mmvw: gate and up in one launch, swiglu_q8, down + residual."""
+        if not self._wide(h, (gate, up)):
+            return super().ffn(h, gate, up, down, r)
+        h = self._decode_row(h)
+        g, u = self._empty((1, gate.n)), self._empty((1, up.n))
+        self._mmvw(h, [(gate, g, None), (up, u, None)])
+        return self.matmul_add(self.swiglu(g, u), down, r)
 
     def _to_f16(self, x: Any) -> Any:
         xh = self._empty(x.shape, np.uint16)
@@ -678,7 +819,11 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
         scale = np.float32(1.0 / math.sqrt(D))
         if T == 1:
             c = self.config.op("attention_decode")
-            self._attn_split(q, cache, layer, pos0, out, int(c["splits"]), int(c["warps"]))
+            q8 = self._int8_decode() and D % 32 == 0  # the o projection's Q8_1 input, fused
+            G = int(c["lanes_per_key"]) if c.variant == "split_kw" else 0
+            G = G if G and D % (4 * G) == 0 and D <= 32 * G else 0  # else attn_split serves
+            q = self._aligned16(q) if G else q  # float4 loads of q
+            self._attn_split(q, cache, layer, pos0, out, int(c["splits"]), int(c["warps"]), q8, G)
             return out
         c = self.config.op("attention_prefill")
         if c.variant == "flash" and D <= 128 and D % 4 == 0:
@@ -711,33 +856,61 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
         return out
 
     def _attn_split(
-        self, q: Any, cache: KVCache, layer: int, pos0: int, out: Any, splits: int, warps: int
+        self,
+        q: Any,
+        cache: KVCache,
+        layer: int,
+        pos0: int,
+        out: Any,
+        splits: int,
+        warps: int,
+        q8: bool = False,
+        lanes_per_key: int = 0,
     ) -> None:
         T, H, D = (int(s) for s in q.shape)
         Hkv = int(cache.k[layer].shape[1])
         part = self._empty((T, H, splits, D))
         ml = self._empty((T, H, splits, 2))
-        self._launch(
-            "attention",
-            "attn_split",
-            (splits, H, T),
-            (32 * warps,),
-            (
-                q,
-                cache.k[layer],
-                cache.v[layer],
-                part,
-                ml,
-                np.int32(T),
-                np.int32(H),
-                np.int32(Hkv),
-                np.int32(D),
-                np.int32(pos0),
-                self._pos_ptr(),
-                np.float32(1.0 / math.sqrt(D)),
-            ),
-            smem=4 * warps * (D + 2),
-        )
+        if lanes_per_key:  # decode (T == 1): several keys per warp step
+            self._launch(
+                "attention", "attn_split_kw", (splits, H), (32 * warps,),
+                (
+                    q, cache.k[layer], cache.v[layer], part, ml, np.int32(H), np.int32(Hkv),
+                    np.int32(D), np.int32(lanes_per_key), np.int32(pos0), self._pos_ptr(),
+                    np.float32(1.0 / math.sqrt(D)),
+                ),
+                smem=4 * warps * (D + 2), pdl=True,
+            )  # fmt: skip
+        else:
+            self._launch(
+                "attention",
+                "attn_split",
+                (splits, H, T),
+                (32 * warps,),
+                (
+                    q,
+                    cache.k[layer],
+                    cache.v[layer],
+                    part,
+                    ml,
+                    np.int32(T),
+                    np.int32(H),
+                    np.int32(Hkv),
+                    np.int32(D),
+                    np.int32(pos0),
+                    self._pos_ptr(),
+                    np.float32(1.0 / math.sqrt(D)),
+                ),
+                smem=4 * warps * (D + 2),
+            )
+        if q8:  # combine and quantize: out's Q8_1 form for the next matmul, no extra launch
+            xq, xds = self._q8_buffers(T, H * D)
+            self._launch(
+                "fused", "attn_combine_q8", (H, T), (min(128, max(32, D)),),
+                (part, ml, out, xq, xds, np.int32(H), np.int32(D), np.int32(splits)), pdl=True,
+            )  # fmt: skip
+            self._q8_remember(out.reshape(T, H * D), xq, xds)
+            return
         self._launch(
             "attention", "attn_combine", (H, T), (min(128, max(32, D)),),
             (part, ml, out, np.int32(H), np.int32(D), np.int32(splits)),
@@ -754,7 +927,7 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
             n4 = n // 4
             self._launch(
                 "q8", "swiglu_q8", (self._grid1(n4, th),), (th,),
-                (gate, up, out, xq, xds, np.int64(n4)),
+                (gate, up, out, xq, xds, np.int64(n4)), pdl=True,
             )  # fmt: skip
             self._q8_remember(out, xq, xds)
             return out
@@ -768,7 +941,16 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
         logits = self._cp.ascontiguousarray(logits)
         T, V = int(logits.shape[0]), int(logits.shape[-1])
         out = self._empty((T,), np.int32)
-        th = int(self.config.op("argmax")["threads"])
+        c = self.config.op("argmax")
+        th = int(c["threads"])
+        if c.variant == "multi" and T <= _MAX_ARGMAX_ROWS:
+            nb = int(c["blocks"])
+            pv, pi = self._empty((T, nb)), self._empty((T, nb), np.int32)
+            self._launch(
+                "fused", "argmax_multi", (nb, T), (th,),
+                (logits, np.int32(V), out, pv, pi, self._tickets), pdl=True,
+            )  # fmt: skip
+            return out
         self._launch("elementwise", "argmax", (T,), (th,), (logits, np.int32(V), out))
         return out
 

@@ -122,10 +122,11 @@ FIXED_MODULES = {
     "q8": "q8.cu",
     "dequant": "dequant.cu",
     "elementwise": "elementwise.cu",
+    "fused": "decode_fused.cu",
     "hybrid": "hybrid.cu",  # the hybrids' small ops (engine/backends/cuda/hybrid.py)
 }
 # The module key the backend launches from, per (op, source file) where it is not the file's
-# stem (mmvq, mmq, mmq8 and dequant are).
+# stem (mmvq, mmvw, mmq, mmq8 and dequant are).
 _KEYS = {
     ("matmul_decode", "dmmv.cu"): "decode",
     ("matmul_batched", "dmmv.cu"): "batched",

@@ -129,6 +129,62 @@ REGISTRY.register(
             "Not the default: int8 activations exceed validate's default tolerances against "
             "the float path on random-weight models (docs/cuda.md)",
         ),
+        Variant(
+            B,
+            "matmul_decode",
+            "mmvw",
+            params=(
+                Param(
+                    "threads_per_row",
+                    (8, 16, 32),
+                    32,
+                    "lanes splitting a row (a group inside one warp; shuffles, no barrier)",
+                    define("TPR"),
+                ),
+                Param(
+                    "rows_per_thread",
+                    (1, 2, 4),
+                    1,
+                    "rows a group walks together (one activation load serves them all)",
+                    define("RPT"),
+                ),
+                Param("warps", (1, 2, 4, 8), 4, "warps per block", define("NW")),
+                Param(
+                    "unroll",
+                    (1, 2, 4),
+                    2,
+                    "slots per lane per iteration (weight loads in flight before use)",
+                    define("UNROLL"),
+                ),
+                Param(
+                    "pdl",
+                    (0, 1),
+                    0,
+                    "1: programmatic dependent launch (sm_90+) of the fused decode kernels, so "
+                    "each one's launch overlaps the tail of the one before (engine/backends/"
+                    "cuda/pdl.py)",
+                    HOST,
+                ),
+            ),
+            constraints=(
+                Constraint(
+                    "matmul_decode.pdl = 1 needs compute capability >= 9.0",
+                    lambda cfg, dev: (
+                        cfg.op("matmul_decode").variant != "mmvw"
+                        or _p(cfg, "matmul_decode", "pdl") == 0
+                        or dev is None
+                        or int(dev.extra.get("cc", 0)) >= 90
+                    ),
+                ),
+            ),
+            quant_types=ALL_TYPES,
+            source="cuda/mmvw.cu",
+            numeric="int8_activations",
+            doc="mmvq's Q8_1 x dp4a arithmetic with a row per lane group (no block barrier), "
+            "up to three matrices per launch (q, k, v; gate, up) and the bias or residual added "
+            "as it stores (attention output, down): ~10 launches per decode layer instead of "
+            "~20. Float weights use dmmv. Not the default: int8 activations (as mmvq)",
+        ),
     ],
 )
 
@@ -331,11 +387,24 @@ REGISTRY.register(
         )
     ],
 )
-for _op, _name, _doc in [
-    ("add", "elementwise", "residual add and 1-D bias broadcast"),
-    ("swiglu", "elementwise", "silu(gate) * up"),
-    ("rope", "pairs", "normal and neox pairs, angle in double, position from the device"),
-    ("kv_write", "copy", "k, v into the float32 cache at the device position"),
+_FUSE_KV = Param(
+    "fuse_kv",
+    (0, 1),
+    0,
+    "1: the q/k/v bias adds, RoPE of q and k and the KV-cache write in one launch "
+    "(decode_fused.cu rope_kv; same arithmetic, one launch instead of six)",
+    HOST,
+)
+for _op, _name, _doc, _extra in [
+    ("add", "elementwise", "residual add and 1-D bias broadcast", ()),
+    ("swiglu", "elementwise", "silu(gate) * up", ()),
+    (
+        "rope",
+        "pairs",
+        "normal and neox pairs, angle in double, position from the device",
+        (_FUSE_KV,),
+    ),
+    ("kv_write", "copy", "k, v into the float32 cache at the device position", ()),
 ]:
     REGISTRY.register(
         B,
@@ -345,7 +414,10 @@ for _op, _name, _doc in [
                 B,
                 _op,
                 _name,
-                params=(Param("threads", (128, 256, 512, 1024), 256, "threads per block", PUSHED),),
+                params=(
+                    Param("threads", (128, 256, 512, 1024), 256, "threads per block", PUSHED),
+                    *_extra,
+                ),
                 source="cuda/elementwise.cu",
                 numeric="order_only",
                 doc=_doc,
@@ -364,7 +436,20 @@ REGISTRY.register(
             source="cuda/elementwise.cu",
             numeric="order_only",
             doc="one block per row; first maximum wins",
-        )
+        ),
+        Variant(
+            B,
+            "argmax",
+            "multi",
+            params=(
+                Param("blocks", (8, 16, 32, 64, 128, 256), 64, "blocks per row", PUSHED),
+                Param("threads", (128, 256, 512, 1024), 256, "threads per block", PUSHED),
+            ),
+            source="cuda/decode_fused.cu",
+            numeric="order_only",
+            doc="many blocks per row in one launch (the last block to finish reduces their "
+            "partials); first maximum wins. One block streams a 152k vocabulary at ~15 GB/s",
+        ),
     ],
 )
 REGISTRY.register(
@@ -382,7 +467,28 @@ REGISTRY.register(
             source="cuda/attention.cu",
             numeric="order_only",
             doc="split-KV online softmax + combine; position read on the device (graph-safe)",
-        )
+        ),
+        Variant(
+            B,
+            "attention_decode",
+            "split_kw",
+            params=(
+                Param("splits", (1, 2, 4, 8, 16, 32), 8, "key ranges per head (split-KV)", PUSHED),
+                Param("warps", (1, 2, 4, 8), 4, "warps per key range", PUSHED),
+                Param(
+                    "lanes_per_key",
+                    (4, 8, 16),
+                    8,
+                    "lanes sharing one key (32 / this many keys per warp step; needs "
+                    "head_dim % (4 * lanes) == 0 and head_dim <= 32 * lanes, else split runs)",
+                    PUSHED,
+                ),
+            ),
+            source="cuda/attention.cu",
+            numeric="order_only",
+            doc="split with several keys per warp step (float4 loads, a shorter dependent "
+            "chain per warp); same partials and combine",
+        ),
     ],
 )
 REGISTRY.register(

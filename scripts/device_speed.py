@@ -1,0 +1,212 @@
+"""Decode speed of the CUDA fusions on one model, in one process (run by scripts/device_speed.sh
+on the GPU machine): what `engine bench --backend cuda --no-promoted --prompt-tokens 512
+--gen-tokens 128` measures, per variant; what `engine validate --backend cuda` judges, per
+variant (one per-token reference shared by all); then the per-kernel decode time and launches
+per token of a few variants (eager, CUDA events). The JSON under --out is rewritten after
+every step, and no step starts past --deadline, so a call that runs out of time still returns
+what it measured.
+
+usage: python scripts/device_speed.py MODEL.gguf [--bench a,b] [--validate a,b] [--profile a,b]
+       [--repeats N] [--deadline EPOCH_S] [--out DIR] [--tag SUFFIX]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine.bench import bench, bench_prompt  # noqa: E402
+from engine.runtime import load  # noqa: E402
+from engine.tuning import TuningConfig  # noqa: E402
+from engine.validate import tokenize_prompts, validate  # noqa: E402
+
+MMVW = {"matmul_decode.variant": "mmvw"}
+FUSE = {"rope.fuse_kv": 1}
+VARIANTS: dict[str, dict] = {
+    "default": {},
+    "mmvq": {"matmul_decode.variant": "mmvq"},
+    "fuse_kv": FUSE,
+    "mmvw": MMVW,
+    "mmvw_fused": MMVW | FUSE,
+    "mmvw_t16_r2": MMVW | FUSE | {"matmul_decode.threads_per_row": 16,
+                                  "matmul_decode.rows_per_thread": 2},
+    "mmvw_t8_r2": MMVW | FUSE | {"matmul_decode.threads_per_row": 8,
+                                 "matmul_decode.rows_per_thread": 2},
+    "mmvw_r2": MMVW | FUSE | {"matmul_decode.rows_per_thread": 2},
+    "mmvw_u4": MMVW | FUSE | {"matmul_decode.unroll": 4},
+    "mmvw_u1_w8": MMVW | FUSE | {"matmul_decode.unroll": 1, "matmul_decode.warps": 8},
+    "mmvw_t16_r4_u1": MMVW | FUSE | {"matmul_decode.threads_per_row": 16,
+                                     "matmul_decode.rows_per_thread": 4,
+                                     "matmul_decode.unroll": 1},
+    # decode attention: one warp per key walks its range serially (a load -> shuffle chain per
+    # key), so more key ranges may pay at 512-640 positions
+    "mmvw_s32": MMVW | FUSE | {"attention_decode.splits": 32},
+    "mmvw_s16_w8": MMVW | FUSE | {"attention_decode.splits": 16, "attention_decode.warps": 8},
+    "s32": {"attention_decode.splits": 32},
+    "kw": {"attention_decode.variant": "split_kw"},
+    "mmvw_kw": MMVW | FUSE | {"attention_decode.variant": "split_kw"},
+    "mmvw_kw_s16": MMVW | FUSE | {"attention_decode.variant": "split_kw",
+                                  "attention_decode.splits": 16},
+    "mmvw_kw_g4": MMVW | FUSE | {"attention_decode.variant": "split_kw",
+                                 "attention_decode.lanes_per_key": 4},
+    # every decode change of issue 14 at once
+    "mmvw_all": MMVW | FUSE | {"attention_decode.variant": "split_kw", "argmax.variant": "multi"},
+    "all_dmmv": FUSE | {"attention_decode.variant": "split_kw", "argmax.variant": "multi"},
+    # programmatic dependent launch (ctypes cuLaunchKernelEx): run in a process of its own
+    "mmvw_all_pdl": MMVW | FUSE | {"attention_decode.variant": "split_kw",
+                                   "argmax.variant": "multi", "matmul_decode.pdl": 1},
+    "mmvw_kw_pdl": MMVW | FUSE | {"attention_decode.variant": "split_kw",
+                                  "matmul_decode.pdl": 1},
+}  # fmt: skip
+
+
+def config(name: str, backend: str = "cuda") -> TuningConfig:
+    return TuningConfig.from_flat(backend, VARIANTS[name])
+
+
+def decode_profile(eng, n_prompt: int = 512, steps: int = 8) -> dict:  # noqa: ANN001
+    """Per-kernel ms per decode token and launches per token, eager (CUDA events)."""
+    m, be = eng.model, eng.model.backend
+    cache = m.new_cache(n_prompt + steps + 1)
+    m.prefill(bench_prompt(n_prompt, m.spec.n_vocab), cache)
+    tok = be.upload(np.array([1], np.int32))
+    be.set_profiling(True)
+    be.profile(reset=True)  # drop what the prefill put there
+    for i in range(steps):
+        tok = be.argmax(m.forward(tok, 1, n_prompt + i, cache))
+    rep = be.profile(reset=True)
+    be.set_profiling(False)
+    ms = {k: t.total_ms / steps for k, t in rep.kernels.items()}
+    return {
+        "launches_per_token": sum(t.calls for t in rep.kernels.values()) / steps,
+        "kernel_ms_per_token": sum(ms.values()),
+        "ms_per_token": dict(sorted(ms.items(), key=lambda kv: -kv[1])),
+        "calls_per_token": {k: t.calls / steps for k, t in rep.kernels.items()},
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model")
+    ap.add_argument("--bench", default="default,mmvq,all_dmmv,mmvw_fused,mmvw_all")
+    ap.add_argument("--validate", default="all_dmmv,mmvw_all")
+    ap.add_argument("--profile", default="default,mmvw_all")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--validate-after", type=int, default=5, help="benches before validating")
+    ap.add_argument("--deadline", type=float, default=float("inf"), help="epoch seconds")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--tag", default="", help="suffix of the JSON's name (speed_<model><tag>)")
+    ap.add_argument("--json", action="store_true", help="print the result JSON at the end")
+    ap.add_argument("--backend", default="cuda", help="cuda; numpy runs 'default' (a dry run)")
+    args = ap.parse_args()
+    lists = {k: [v for v in getattr(args, k).split(",") if v] for k in ("bench", "validate")}
+    lists["profile"] = [v for v in args.profile.split(",") if v]
+    bad = sorted({v for vs in lists.values() for v in vs} - set(VARIANTS))
+    if bad:
+        print(f"unknown variant(s) {', '.join(bad)}; known: {', '.join(VARIANTS)}")
+        return 2
+    name = Path(args.model).stem
+    out = Path(args.out) / f"speed_{name}{args.tag}.json"
+    res: dict = {"model": args.model, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+                 "variants": {k: VARIANTS[k] for vs in lists.values() for k in vs},
+                 "bench": {}, "validate": {}, "profile": {}, "skipped": []}  # fmt: skip
+
+    def save() -> None:
+        out.write_text(json.dumps(res, indent=1, default=str))
+
+    def late(what: str) -> bool:
+        if time.time() < args.deadline:
+            return False
+        res["skipped"].append(what)
+        print(f"{name}: past the deadline, skipped {what}", flush=True)
+        save()
+        return True
+
+    t0 = time.time()
+    eng = load(args.model, args.backend, TuningConfig.default(args.backend), use_promoted=False)
+    be = eng.model.backend
+    res["load_s"] = time.time() - t0
+    res["device"] = be.device_info().to_dict()
+    print(f"== {name}: loaded in {res['load_s']:.1f}s", flush=True)
+    save()
+
+    prompts = tokenize_prompts(eng.tokenizer())
+    ref_cache: dict = {}  # the per-token reference, computed once for every candidate
+
+    def run_bench(v: str) -> None:
+        if late(f"bench {v}"):
+            return
+        try:
+            be.set_config(config(v, args.backend))
+            rep = bench(eng.model, [512], 128, args.repeats, 1)
+            r = rep.results[0]
+            res["bench"][v] = {
+                "pp512": r.prefill_tok_s.median,
+                "pp512_range": [r.prefill_tok_s.min, r.prefill_tok_s.max],
+                "tg128": r.decode_tok_s.median if r.decode_tok_s else None,
+                "tg128_range": [r.decode_tok_s.min, r.decode_tok_s.max] if r.decode_tok_s else None,
+            }
+            print(f"{name} bench {v:16s} pp512 {r.prefill_tok_s.median:9.1f}  tg128 "
+                  f"{res['bench'][v]['tg128'] or 0:7.1f} tok/s", flush=True)  # fmt: skip
+        except Exception as e:  # noqa: BLE001 - one variant's failure is its result
+            res["bench"][v] = {"error": traceback.format_exc()}
+            print(f"{name} bench {v}: ERROR {e!r}", flush=True)
+        save()
+
+    def run_validate(v: str) -> None:
+        if late(f"validate {v}"):
+            return
+        try:
+            t1 = time.time()
+            rep = validate(
+                eng.model, config(v, args.backend), prompts, steps=8, ref_cache=ref_cache
+            )
+            res["validate"][v] = rep.to_dict() | {"seconds": time.time() - t1}
+            print(f"{name} validate {v:16s} {'PASS' if rep.passed else 'FAIL'}  "
+                  f"KLD={rep.kld_max:.3g} nmse={rep.nmse:.3g} mad={rep.max_abs_diff:.3g}  "
+                  f"classes {rep.numeric_classes}  blame {rep.blame}", flush=True)  # fmt: skip
+        except Exception as e:  # noqa: BLE001
+            res["validate"][v] = {"error": traceback.format_exc()}
+            print(f"{name} validate {v}: ERROR {e!r}", flush=True)
+        save()
+
+    # the first --validate-after benches, every validate, the other benches: the verdicts come
+    # before the knob sweep when the deadline cuts the run short
+    for v in lists["bench"][: args.validate_after]:
+        run_bench(v)
+    for v in lists["validate"]:
+        run_validate(v)
+    for v in lists["bench"][args.validate_after :]:
+        run_bench(v)
+
+    for v in lists["profile"]:
+        if late(f"profile {v}"):
+            continue
+        try:
+            be.set_config(config(v, args.backend))
+            p = decode_profile(eng)
+            res["profile"][v] = p
+            top = ", ".join(f"{k}={t:.3f}" for k, t in list(p["ms_per_token"].items())[:8])
+            print(f"{name} profile {v:16s} {p['launches_per_token']:.0f} launches/token, "
+                  f"kernels {p['kernel_ms_per_token']:.3f} ms/token: {top}",
+                  flush=True)  # fmt: skip
+        except Exception as e:  # noqa: BLE001
+            res["profile"][v] = {"error": traceback.format_exc()}
+            print(f"{name} profile {v}: ERROR {e!r}", flush=True)
+        save()
+    if args.json:
+        print(json.dumps(res, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

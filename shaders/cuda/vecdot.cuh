@@ -1,0 +1,157 @@
+// vecdot.cuh: integer dot products of GGML weight blocks with Q8_1 activations (q8.cu), shared
+// by the decode matrix-vector kernels (mmvq.cu, mmvw.cu).
+//
+// Q8_1 activations: xq int8 [K], xds float2 [K / 32] = (d, d * sum q) per 32 values.
+// A "slot" is the unit one thread takes per row: 32 weights (one 16-byte load of quants) for
+// Q4_K and Q6_K, one 16-weight group of common.cuh's decoder for the 32-value block types.
+// VD<QT>::load reads the slot's activations (shared by every row a thread walks), VD<QT>::dot
+// the weights of one row and returns the slot's float contribution.
+#pragma once
+#include "common.cuh"
+
+typedef signed char s8;
+
+__device__ __forceinline__ int dp4a(u32 a, u32 b, int c) { return __dp4a((int)a, (int)b, c); }
+
+__device__ __forceinline__ uint4 ldg16(const void* p) { return __ldg((const uint4*)p); }
+
+// Q4_K sub-block scale and min (6 bits each) of sub-block j from the 12 scale bytes as 3 words.
+__device__ __forceinline__ void q4k_sm(u32 s0, u32 s1, u32 s2, int j, int& sc, int& m) {
+    if (j < 4) {
+        sc = (s0 >> (8 * j)) & 63;
+        m = (s1 >> (8 * j)) & 63;
+    } else {
+        const int i = 8 * (j - 4);
+        sc = ((s2 >> i) & 0xF) | (((s0 >> (i + 6)) & 3) << 4);
+        m = ((s2 >> (i + 4)) & 0xF) | (((s1 >> (i + 6)) & 3) << 4);
+    }
+}
+
+// A slot's activations: two 16-byte runs (K types) or two 8-byte runs (the others), their
+// Q8_1 scales and the sums the weight offsets need.
+struct XSlot {
+    uint4 a, b;
+    float2 da, db;
+    int oa, ob;
+};
+
+// The 32-value block types: slot = group g (16 weights, runs at k0 and k1 of one Q8_1 block).
+template <int QT> struct VD {
+    static __device__ __forceinline__ int slots(int K) { return K / 16; }
+    static __device__ __forceinline__ XSlot load(int g, const s8* __restrict__ xq,
+                                                 const float2* __restrict__ xds) {
+        int o0, o1;
+        run_offsets<QT>(g % QTraits<QT>::GROUPS, o0, o1);
+        const int kb = (g / QTraits<QT>::GROUPS) * QTraits<QT>::BK;
+        const uint2 x0 = __ldg((const uint2*)(xq + kb + o0));
+        const uint2 x1 = __ldg((const uint2*)(xq + kb + o1));
+        XSlot x;
+        x.a = make_uint4(x0.x, x0.y, 0u, 0u);
+        x.b = make_uint4(x1.x, x1.y, 0u, 0u);
+        x.da = __ldg(xds + (kb + o0) / 32);
+        x.db = x.da;
+        x.oa = QT == QT_Q4_1 ? dp4a(0x01010101u, x0.x, dp4a(0x01010101u, x0.y, 0)) : 0;
+        x.ob = QT == QT_Q4_1 ? dp4a(0x01010101u, x1.x, dp4a(0x01010101u, x1.y, 0)) : 0;
+        return x;
+    }
+    static __device__ __forceinline__ float dot(const u8* __restrict__ row, int g,
+                                                const XSlot& x) {
+        Run8 a, b;
+        decode_group<QT>(row + (size_t)(g / QTraits<QT>::GROUPS) * QTraits<QT>::BYTES,
+                         g % QTraits<QT>::GROUPS, a, b);
+        const int sa = dp4a(a.q1, x.a.y, dp4a(a.q0, x.a.x, 0));
+        const int sb = dp4a(b.q1, x.b.y, dp4a(b.q0, x.b.x, 0));
+        float v = x.da.x * (a.a * (float)sa + b.a * (float)sb);
+        if (QT == QT_Q4_1) v += x.da.x * (a.b * (float)x.oa + b.b * (float)x.ob);
+        return v;
+    }
+};
+
+// Q4_K: slot s = 16 bytes of qs: 16 low nibbles (sub-block 2p, half h) and 16 high (2p + 1);
+// the block's d, dmin and 12 scale bytes come in one more 16-byte load (an L1 hit for all but
+// the first of the block's 8 slots). The min term uses d * sum(q) of the Q8_1 block and is
+// added by the slot holding the first half of the sub-block.
+template <> struct VD<QT_Q4_K> {
+    static __device__ __forceinline__ int slots(int K) { return K / 32; }
+    static __device__ __forceinline__ XSlot load(int s, const s8* __restrict__ xq,
+                                                 const float2* __restrict__ xds) {
+        const int b = s >> 3, p = (s >> 1) & 3, h = s & 1;
+        const int k0 = 256 * b + 64 * p + 16 * h;
+        XSlot x;
+        x.a = ldg16(xq + k0);
+        x.b = ldg16(xq + k0 + 32);
+        x.da = __ldg(xds + 8 * b + 2 * p);
+        x.db = __ldg(xds + 8 * b + 2 * p + 1);
+        x.oa = x.ob = 0;
+        return x;
+    }
+    static __device__ __forceinline__ float dot(const u8* __restrict__ row, int s,
+                                                const XSlot& x) {
+        const int b = s >> 3, p = (s >> 1) & 3, h = s & 1;
+        const u8* blk = row + 144 * b;
+        const uint4 hd = ldg16(blk);
+        const uint4 q = ldg16(blk + 16 + 32 * p + 16 * h);
+        int d0 = dp4a(q.x & 0x0F0F0F0Fu, x.a.x, 0);
+        d0 = dp4a(q.y & 0x0F0F0F0Fu, x.a.y, d0);
+        d0 = dp4a(q.z & 0x0F0F0F0Fu, x.a.z, d0);
+        d0 = dp4a(q.w & 0x0F0F0F0Fu, x.a.w, d0);
+        int d1 = dp4a((q.x >> 4) & 0x0F0F0F0Fu, x.b.x, 0);
+        d1 = dp4a((q.y >> 4) & 0x0F0F0F0Fu, x.b.y, d1);
+        d1 = dp4a((q.z >> 4) & 0x0F0F0F0Fu, x.b.z, d1);
+        d1 = dp4a((q.w >> 4) & 0x0F0F0F0Fu, x.b.w, d1);
+        int sc0, m0, sc1, m1;
+        q4k_sm(hd.y, hd.z, hd.w, 2 * p, sc0, m0);
+        q4k_sm(hd.y, hd.z, hd.w, 2 * p + 1, sc1, m1);
+        const float d = h2f((u16)(hd.x & 0xFFFF)), dmin = h2f((u16)(hd.x >> 16));
+        float v = d * ((float)(sc0 * d0) * x.da.x + (float)(sc1 * d1) * x.db.x);
+        if (h == 0) v -= dmin * ((float)m0 * x.da.y + (float)m1 * x.db.y);
+        return v;
+    }
+};
+
+// Q6_K in 224-byte blocks (ql[128] qh[64] scales[16] d pad[14]). Slot s = (b, h, c, lq):
+// ql[64h + 32c + 16lq ..+16] holds quarter c (low nibbles) and c + 2 (high), qh[32h + 16lq
+// ..+16] their top bits; the -32 offset is a dp4a of the activations against 0x20202020.
+template <> struct VD<QT_Q6_K> {
+    static __device__ __forceinline__ int slots(int K) { return K / 32; }
+    static __device__ __forceinline__ XSlot load(int s, const s8* __restrict__ xq,
+                                                 const float2* __restrict__ xds) {
+        const int b = s >> 3, h = (s >> 2) & 1, c = (s >> 1) & 1, lq = s & 1;
+        const int ka = 256 * b + 128 * h + 32 * c + 16 * lq;
+        XSlot x;
+        x.a = ldg16(xq + ka);
+        x.b = ldg16(xq + ka + 64);
+        x.da = __ldg(xds + 8 * b + 4 * h + c);
+        x.db = __ldg(xds + 8 * b + 4 * h + c + 2);
+        int oa = dp4a(0x20202020u, x.a.x, 0);
+        oa = dp4a(0x20202020u, x.a.y, oa);
+        oa = dp4a(0x20202020u, x.a.z, oa);
+        x.oa = dp4a(0x20202020u, x.a.w, oa);
+        int ob = dp4a(0x20202020u, x.b.x, 0);
+        ob = dp4a(0x20202020u, x.b.y, ob);
+        ob = dp4a(0x20202020u, x.b.z, ob);
+        x.ob = dp4a(0x20202020u, x.b.w, ob);
+        return x;
+    }
+    static __device__ __forceinline__ float dot(const u8* __restrict__ row, int s,
+                                                const XSlot& x) {
+        const int b = s >> 3, h = (s >> 2) & 1, c = (s >> 1) & 1, lq = s & 1;
+        const u8* blk = row + 224 * b;
+        const uint4 ql = ldg16(blk + 64 * h + 32 * c + 16 * lq);
+        const uint4 qh = ldg16(blk + 128 + 32 * h + 16 * lq);
+        const u8* sc = blk + 192 + 8 * h + lq + 2 * c;
+        const float d = ld_h(blk + 208);
+        const int sca = (s8)__ldg(sc), scb = (s8)__ldg(sc + 4);
+        const int sha = 2 * c, shb = 2 * c + 4;
+        int da = -x.oa, db = -x.ob;
+        da = dp4a((ql.x & 0x0F0F0F0Fu) | (((qh.x >> sha) & 0x03030303u) << 4), x.a.x, da);
+        da = dp4a((ql.y & 0x0F0F0F0Fu) | (((qh.y >> sha) & 0x03030303u) << 4), x.a.y, da);
+        da = dp4a((ql.z & 0x0F0F0F0Fu) | (((qh.z >> sha) & 0x03030303u) << 4), x.a.z, da);
+        da = dp4a((ql.w & 0x0F0F0F0Fu) | (((qh.w >> sha) & 0x03030303u) << 4), x.a.w, da);
+        db = dp4a(((ql.x >> 4) & 0x0F0F0F0Fu) | (((qh.x >> shb) & 0x03030303u) << 4), x.b.x, db);
+        db = dp4a(((ql.y >> 4) & 0x0F0F0F0Fu) | (((qh.y >> shb) & 0x03030303u) << 4), x.b.y, db);
+        db = dp4a(((ql.z >> 4) & 0x0F0F0F0Fu) | (((qh.z >> shb) & 0x03030303u) << 4), x.b.z, db);
+        db = dp4a(((ql.w >> 4) & 0x0F0F0F0Fu) | (((qh.w >> shb) & 0x03030303u) << 4), x.b.w, db);
+        return d * ((float)(sca * da) * x.da.x + (float)(scb * db) * x.db.x);
+    }
+};

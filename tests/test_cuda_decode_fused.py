@@ -1,0 +1,328 @@
+"""The CUDA decode fusions against the NumPy reference (`pytest -m gpu`): matmul_decode.mmvw
+(every block type, each knob's extremes, ragged N, up to three matrices per launch with bias or
+residual added), rope_kv (rope.fuse_kv) against the unfused ops, attn_combine_q8, the fused ops
+attn_in / matmul_add / ffn, and whole tiny models: graph replay equals eager decode and validate
+passes. Output canaries around every result; inputs unchanged."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.backends.base import Backend
+from engine.backends.numpy_ref import NumpyBackend
+from tests.op_cases import check, dense, qtensor
+from tests.test_cuda_ops import INT8_NMSE, PROMPT, _check_q8, _model, cfg, guarded, k_for
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def cp():
+    return pytest.importorskip("cupy", reason="CuPy is not installed")
+
+
+@pytest.fixture(scope="module")
+def be(cp):
+    from engine import backends
+    from engine.errors import BackendUnavailable
+
+    try:
+        return backends.create("cuda")
+    except BackendUnavailable as e:
+        pytest.skip(f"cuda backend not usable here: {e}")
+
+
+BLOCK_QTYPES = ["Q8_0", "Q5_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"]
+MMVW = {"matmul_decode.variant": "mmvw"}
+MMVW_CONFIGS = [
+    ("defaults", {}),
+    ("t8-r4-w8-u4", {"threads_per_row": 8, "rows_per_thread": 4, "warps": 8, "unroll": 4}),
+    ("t16-r2-w1-u1", {"threads_per_row": 16, "rows_per_thread": 2, "warps": 1, "unroll": 1}),
+    ("t32-r4-w2-u1", {"threads_per_row": 32, "rows_per_thread": 4, "warps": 2, "unroll": 1}),
+    ("t8-r1-w4-u2", {"threads_per_row": 8, "rows_per_thread": 1, "warps": 4, "unroll": 2}),
+]
+
+
+def mmvw(**knobs) -> dict:
+    return MMVW | {f"matmul_decode.{k}": v for k, v in knobs.items()}
+
+
+@pytest.mark.parametrize("cid,knobs", MMVW_CONFIGS, ids=[c[0] for c in MMVW_CONFIGS])
+@pytest.mark.parametrize("qtype", BLOCK_QTYPES + ["F16"])
+def test_mmvw_matmul(cp, be, cid, knobs, qtype):
+    be.set_config(cfg(**mmvw(**knobs)))
+    rng = np.random.default_rng(abs(hash((cid, qtype))) % 2**32)
+    for N, kb in [(1, 1), (67, 3), (130, 2), (257, 5)]:
+        K = k_for(qtype, kb)
+        w = qtensor(rng, (N, K), qtype, std=0.05)
+        x = rng.standard_normal((1, K)).astype(np.float32)
+        xd = be.upload(x)
+        y, intact = guarded(cp, (1, N))
+        be.matmul_into(xd, be.load_weight(w), y)
+        check(y.get(), x.astype(np.float64) @ dense(w).T, INT8_NMSE)
+        intact()
+        assert np.array_equal(be.download(xd), x), "input changed"
+
+
+@pytest.mark.parametrize("cid,knobs", MMVW_CONFIGS[:3], ids=[c[0] for c in MMVW_CONFIGS[:3]])
+@pytest.mark.parametrize("n_mats", [1, 2, 3])
+def test_mmvw_several_matrices_with_adds(cp, be, cid, knobs, n_mats):
+    """One launch, matrices of different types and row counts, each with its own add (a bias,
+    none, a residual row), each output between canaries."""
+    be.set_config(cfg(**mmvw(**knobs)))
+    rng = np.random.default_rng(n_mats * 7 + len(cid))
+    K = 512
+    specs = [("Q4_K", 131, "bias"), ("Q6_K", 1, None), ("Q8_0", 66, "residual")][:n_mats]
+    x = rng.standard_normal((1, K)).astype(np.float32)
+    mats, checks = [], []
+    for qtype, N, add in specs:
+        w = qtensor(rng, (N, K), qtype, std=0.05)
+        ref = x.astype(np.float64) @ dense(w).T
+        a = None
+        if add == "bias":
+            b = qtensor(rng, (N,), "F32")
+            a = be.load_weight(b).f32
+            ref = ref + dense(b)
+        elif add == "residual":
+            r = rng.standard_normal((1, N)).astype(np.float32)
+            a = be.upload(r)
+            ref = ref + r
+        y, intact = guarded(cp, (1, N))
+        mats.append((be.load_weight(w), y, a))
+        checks.append((y, ref, intact))
+    be._mmvw(be.upload(x), mats)
+    for y, ref, intact in checks:
+        check(y.get(), ref, INT8_NMSE)
+        intact()
+
+
+ROPE_CASES = [  # T, H, Hkv, D, pos0, neox, bias
+    (1, 12, 2, 128, 0, True, True),
+    (1, 28, 4, 128, 611, True, True),
+    (1, 4, 4, 64, 37, False, False),
+    (3, 6, 2, 80, 17, True, True),
+    (5, 2, 1, 32, 1000, False, True),
+]
+
+
+def _attn_in_inputs(be, rng, T, H, Hkv, D, bias, qtype="Q4_K"):  # noqa: ANN001, ANN202
+    C = 256
+    ws = tuple(qtensor(rng, (n, C), qtype, std=0.05) for n in (H * D, Hkv * D, Hkv * D))
+    bs = tuple(qtensor(rng, (n,), "F32") for n in (H * D, Hkv * D, Hkv * D)) if bias else None
+    h = rng.standard_normal((T, C)).astype(np.float32)
+    wts = tuple(be.load_weight(w) for w in ws)
+    bts = tuple(be.load_weight(b) for b in bs) if bias else None
+    return ws, bs, h, wts, bts
+
+
+@pytest.mark.parametrize("T,H,Hkv,D,pos0,neox,bias", ROPE_CASES)
+@pytest.mark.parametrize("decode", ["dmmv", "mmvw"])
+def test_attn_in_fused_equals_unfused(be, T, H, Hkv, D, pos0, neox, bias, decode):
+    """rope.fuse_kv = 1 (one rope_kv launch) gives the unfused ops' q and cache (same matmul
+    kernels, same arithmetic), writes only the new cache rows, and refuses a full cache."""
+    rng = np.random.default_rng(T * 1000 + D + pos0)
+    base = {"matmul_decode.variant": decode}
+    be.set_config(cfg(**base))
+    ws, bs, h, wts, bts = _attn_in_inputs(be, rng, T, H, Hkv, D, bias)
+    theta = 1e6 if neox else 1e4
+    out = {}
+    for fuse in (0, 1):
+        be.set_config(cfg(**base, **{"rope.fuse_kv": fuse}))
+        cache = be.new_kv_cache(1, pos0 + T + 3, Hkv, D)
+        q = be.attn_in(be.upload(h), wts, bts, cache, 0, pos0, (H, Hkv, D), theta, neox)
+        out[fuse] = (be.download(q), be.download(cache.k[0]), be.download(cache.v[0]))
+        kc, vc = out[fuse][1], out[fuse][2]
+        assert not kc[:pos0].any() and not kc[pos0 + T :].any(), "k written outside its rows"
+        assert not vc[:pos0].any() and not vc[pos0 + T :].any(), "v written outside its rows"
+        with pytest.raises(ValueError, match="KV cache full"):
+            be.attn_in(be.upload(h), wts, bts, cache, 0, pos0 + 4, (H, Hkv, D), theta, neox)
+    for a, b in zip(out[0], out[1], strict=True):
+        check(b, a.astype(np.float64), 1e-12)
+    # and against NumPy: matmul in float64, bias, rope
+    nb = NumpyBackend()
+    qkv = [h.astype(np.float64) @ dense(w).T for w in ws]
+    if bias:
+        qkv = [t + dense(b) for t, b in zip(qkv, bs, strict=True)]
+    ref_q = nb.rope(qkv[0].astype(np.float32).reshape(T, H, D), pos0, theta, neox)
+    ref_k = nb.rope(qkv[1].astype(np.float32).reshape(T, Hkv, D), pos0, theta, neox)
+    limit = INT8_NMSE if decode == "mmvw" and T == 1 else 5e-4
+    check(out[1][0], ref_q, limit)
+    check(out[1][1][pos0 : pos0 + T], ref_k, limit)
+    check(out[1][2][pos0 : pos0 + T], qkv[2].reshape(T, Hkv, D), limit)
+
+
+@pytest.mark.parametrize("variant", ["mmvq", "mmvw"])
+@pytest.mark.parametrize("H,Hkv,D,pos0", [(12, 2, 128, 0), (28, 4, 128, 600), (4, 2, 64, 37)])
+def test_attention_combine_leaves_the_q8_form(be, variant, H, Hkv, D, pos0):
+    """Under an int8 decode path the decode attention's combine writes the output's Q8_1 form,
+    which the attention-output projection then uses; the float output is the default one's."""
+    rng = np.random.default_rng(H + pos0)
+    q = rng.standard_normal((1, H, D)).astype(np.float32)
+    k = rng.standard_normal((pos0 + 1, Hkv, D)).astype(np.float32)
+    v = rng.standard_normal((pos0 + 1, Hkv, D)).astype(np.float32)
+    outs = []
+    for flat in ({}, {"matmul_decode.variant": variant}):
+        be.set_config(cfg(**flat))
+        cache = be.new_kv_cache(1, pos0 + 2, Hkv, D)
+        be.kv_write(cache, 0, be.upload(k), be.upload(v), 0)
+        outs.append(be.attention(be.upload(q), cache, 0, pos0))
+    check(be.download(outs[1]), be.download(outs[0]).astype(np.float64), 1e-12)
+    a = be.reshape(outs[1], (1, H * D))
+    hit = be._q8_lookup(a)
+    assert hit is not None, "attention under int8 decode left no Q8_1 form"
+    _check_q8(be.download(a), *hit)
+    w = qtensor(rng, (67, H * D), "Q4_K", std=0.05)
+    y = be.download(be.matmul(a, be.load_weight(w)))
+    check(y, be.download(a).astype(np.float64) @ dense(w).T, INT8_NMSE)
+
+
+KW_SHAPES = [  # H, Hkv, D, pos0; (D, G) pairs split_kw cannot take fall back to attn_split
+    (2, 1, 64, 0), (4, 2, 64, 37), (28, 4, 128, 600), (12, 2, 128, 5), (2, 2, 256, 33),
+    (3, 1, 80, 9), (1, 1, 32, 0),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("G", [4, 8, 16])
+@pytest.mark.parametrize("splits,warps", [(8, 4), (1, 1), (32, 8), (16, 2)])
+@pytest.mark.parametrize("H,Hkv,D,pos0", KW_SHAPES)
+def test_attention_decode_split_kw(be, G, splits, warps, H, Hkv, D, pos0):
+    """attention_decode.split_kw (several keys per warp step) against float64, with key ranges
+    that are empty (splits > positions) and ragged."""
+    from tests.op_cases import attention_ref
+
+    be.set_config(cfg(**{"attention_decode.variant": "split_kw",
+                         "attention_decode.lanes_per_key": G,
+                         "attention_decode.splits": splits,
+                         "attention_decode.warps": warps}))  # fmt: skip
+    rng = np.random.default_rng(G * 100 + splits + D + pos0)
+    q = rng.standard_normal((1, H, D)).astype(np.float32)
+    k = rng.standard_normal((pos0 + 1, Hkv, D)).astype(np.float32)
+    v = rng.standard_normal((pos0 + 1, Hkv, D)).astype(np.float32)
+    cache = be.new_kv_cache(1, pos0 + 3, Hkv, D)
+    be.kv_write(cache, 0, be.upload(k), be.upload(v), 0)
+    out = be.download(be.attention(be.upload(q), cache, 0, pos0))
+    check(out, attention_ref(q, be.download(cache.k[0]), be.download(cache.v[0]), pos0), 1e-9)
+    be.set_config(cfg())
+
+
+@pytest.mark.parametrize("blocks,threads", [(64, 256), (8, 1024), (256, 128)])
+@pytest.mark.parametrize("T,V", [(1, 1), (1, 151936), (3, 1000), (2, 33), (1, 152064)])
+def test_argmax_multi_first_maximum(be, blocks, threads, T, V):
+    """argmax.multi: the first maximum over block boundaries, ties across blocks, NaN never
+    wins, all -inf gives 0; run twice (the tickets reset, as a graph replay needs)."""
+    be.set_config(cfg(**{"argmax.variant": "multi", "argmax.blocks": blocks,
+                         "argmax.threads": threads}))  # fmt: skip
+    rng = np.random.default_rng(V + blocks)
+    logits = rng.standard_normal((T, V)).astype(np.float32)
+    if V > 10:
+        logits[0, [V - 3, 7]] = 50.0  # a tie in different blocks: the first index wins
+        logits[-1, [V - 1, 3]] = 60.0
+        logits[-1, 5] = np.nan
+    if T > 1:
+        logits[1] = -np.inf
+    for _ in range(2):
+        out = be.download(be.argmax(be.upload(logits)))
+        want = np.argmax(np.nan_to_num(logits, nan=-np.inf), axis=-1)
+        assert out.tolist() == want.tolist()
+    be.set_config(cfg())
+
+
+@pytest.mark.parametrize("cid,knobs", MMVW_CONFIGS[:2], ids=[c[0] for c in MMVW_CONFIGS[:2]])
+@pytest.mark.parametrize("T", [1, 2])
+def test_matmul_add_and_ffn(cp, be, cid, knobs, T):
+    """matmul_add and ffn under mmvw (T == 1: one launch for gate and up, the residual added by
+    the down projection) and their base composition (T == 2) against float64."""
+    be.set_config(cfg(**mmvw(**knobs)))
+    rng = np.random.default_rng(T + len(cid))
+    C, F = 512, 768
+    wg, wu = (qtensor(rng, (F, C), "Q4_K", std=0.05) for _ in range(2))
+    wd = qtensor(rng, (C, F), "Q6_K", std=0.05)
+    h = rng.standard_normal((T, C)).astype(np.float32)
+    r = rng.standard_normal((T, C)).astype(np.float32)
+    hd, rd = be.upload(h), be.upload(r)
+    limit = INT8_NMSE if T == 1 else 5e-4
+    out = be.download(be.ffn(hd, *(be.load_weight(w) for w in (wg, wu, wd)), rd))
+    h64 = h.astype(np.float64)
+    g, u = h64 @ dense(wg).T, h64 @ dense(wu).T
+    ref = r + (g / (1 + np.exp(-g)) * u) @ dense(wd).T
+    check(out, ref, limit)
+    assert np.array_equal(be.download(hd), h) and np.array_equal(be.download(rd), r)
+    x = rng.standard_normal((T, F)).astype(np.float32)
+    ma = be.download(be.matmul_add(be.upload(x), be.load_weight(wd), rd))
+    check(ma, r + x.astype(np.float64) @ dense(wd).T, limit)
+
+
+# --- whole models ---------------------------------------------------------------------------
+FUSED_MODEL_CONFIGS = [
+    {"rope.fuse_kv": 1},
+    {"attention_decode.variant": "split_kw"},
+    MMVW,
+    MMVW | {"rope.fuse_kv": 1, "attention_decode.variant": "split_kw", "argmax.variant": "multi"},
+    mmvw(threads_per_row=16, rows_per_thread=2, unroll=1) | {"rope.fuse_kv": 1},
+]
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama", "qwen3"])
+@pytest.mark.parametrize(
+    "flat", FUSED_MODEL_CONFIGS, ids=[str(i) for i in range(len(FUSED_MODEL_CONFIGS))]
+)
+def test_fused_decode_graph_equals_eager_and_hooked(be, tiny_model_factory, arch, flat):
+    """Graph replay of the fused schedule is bit-equal to eager; the hooked (unfused) schedule
+    on the same config gives the same tokens and logits."""
+    path = tiny_model_factory(arch, "q4_k_m")
+    be.set_config(cfg(**flat))
+    m = _model(path, be)
+    be.use_graphs = False
+    eager = m.generate(PROMPT, 10, keep_logits=True)
+    be.use_graphs = True
+    graph = m.generate(PROMPT, 10, keep_logits=True)
+    assert graph.tokens == eager.tokens
+    for a, b in zip(graph.step_logits, eager.step_logits, strict=True):
+        assert np.array_equal(a, b), "graph replay differs from eager decode"
+    m.hook = lambda *a: None
+    be.use_graphs = False
+    hooked = m.generate(PROMPT, 10, keep_logits=True)
+    m.hook = None
+    be.use_graphs = True
+    # Same kernels and arithmetic per row (mmvw's epilogue add is add's one float add), so
+    # only a different FMA contraction between kernels could show; a wrong wiring shows more.
+    assert hooked.tokens == eager.tokens
+    for a, b in zip(hooked.step_logits, eager.step_logits, strict=True):
+        check(b, a.astype(np.float64), 1e-10)
+    be.set_config(cfg())
+
+
+@pytest.mark.parametrize(
+    "flat", FUSED_MODEL_CONFIGS, ids=[str(i) for i in range(len(FUSED_MODEL_CONFIGS))]
+)
+def test_validate_fused_configs(be, tiny_model_path, flat):
+    """rope.fuse_kv and split_kw alone against the default reference with the registry's
+    budget; the mmvw configs against per-token mmvq decode with the int8 tolerances of
+    test_cuda_ops."""
+    from engine.validate import Tolerances, validate
+
+    be.set_config(cfg())
+    m = _model(tiny_model_path, be)
+    prompts = [PROMPT, PROMPT[:1], list(range(40, 40 + 70))]
+    if "matmul_decode.variant" in flat:
+        tol = Tolerances(max_abs_diff=0.2, nmse=1e-3)
+        ref = cfg(**{"matmul_decode.variant": "mmvq"})
+        rep = validate(m, cfg(**flat), prompts, steps=6, tol=tol, reference=ref)
+    else:
+        rep = validate(m, cfg(**flat), prompts, steps=6)
+    assert rep.passed, [p.reasons for p in rep.prompts]
+    be.set_config(cfg())
+
+
+def test_base_composition_is_used_where_nothing_fuses(be):
+    """Default config: CudaBackend's fused ops are the base class's sequences."""
+    assert type(be).attn_in is not Backend.attn_in  # it overrides, and falls back when not fused
+    be.set_config(cfg())
+    rng = np.random.default_rng(3)
+    ws, bs, h, wts, bts = _attn_in_inputs(be, rng, 1, 4, 2, 64, True)
+    c1, c2 = be.new_kv_cache(1, 4, 2, 64), be.new_kv_cache(1, 4, 2, 64)
+    q1 = be.download(be.attn_in(be.upload(h), wts, bts, c1, 0, 1, (4, 2, 64), 1e4, False))
+    q2 = be.download(Backend.attn_in(be, be.upload(h), wts, bts, c2, 0, 1, (4, 2, 64), 1e4, False))
+    assert np.array_equal(q1, q2)
+    assert np.array_equal(be.download(c1.k[0]), be.download(c2.k[0]))
