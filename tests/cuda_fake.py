@@ -201,7 +201,14 @@ class FakeCuda(CudaBackend):
         return x
 
     def _launch(
-        self, mod: str, name: str, grid: tuple, block: tuple, args: tuple, smem: int = 0
+        self,
+        mod: str,
+        name: str,
+        grid: tuple,
+        block: tuple,
+        args: tuple,
+        smem: int = 0,
+        pdl: bool = False,  # how CudaBackend would launch it; the checks are the same
     ) -> None:
         assert mod in self._mods, f"launch from module {mod!r}, which the config does not build"
         fname, defines = self._mods[mod]
