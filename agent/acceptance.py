@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from agent.experiment import Acceptance
+from agent.records import Verdict
 from agent.stats import RatioEstimate, paired_ratio
 from worker.records import EvalResult
 
@@ -28,14 +29,9 @@ class Decision:
     def estimate(self, objective: str) -> RatioEstimate:
         return dict(self.estimates)[objective]
 
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "accepted": self.accepted,
-            "reason": self.reason,
-            "target": self.target,
-            "threshold": self.threshold,
-            "noise": self.noise,
-        }
+    def verdict(self) -> Verdict:
+        """What a trial record keeps of it (its estimates go to the record's ``estimates``)."""
+        return Verdict(self.accepted, self.reason, self.target, self.threshold, self.noise)
 
 
 def estimates_of(result: EvalResult, acc: Acceptance, seed: int = 0) -> dict[str, RatioEstimate]:
@@ -54,7 +50,7 @@ def decide(
     target_noise = noise.get(acc.target, 0.0)
     threshold = 1.0 + max(acc.min_gain, target_noise)
     items = tuple(sorted(est.items()))
-    if result.validate is not None and not result.validate.get("passed", False):
+    if result.validate is not None and not result.validate.passed:
         return Decision(False, "validate failed", acc.target, threshold, target_noise, items)
     if target.lower <= threshold:
         why = (

@@ -1,7 +1,7 @@
 """``python -m agent``: run an experiment, list studies, check an experiment file.
 
     python -m agent run experiments/quickstart.toml [--storage URL] [--promote-repo PATH]
-                        [--budget N] [--address HOST:PORT] [--no-promote] [--json]
+                        [--budget N] [--address HOST:PORT | --local] [--no-promote] [--json]
                         [--dashboard [PORT]]
     python -m agent status [--storage URL] [--json]
     python -m agent check experiments/X.toml
@@ -70,7 +70,16 @@ def _parser() -> argparse.ArgumentParser:
         "to (default: the experiment's [promote] repo: this checkout or a scratch repo)",
     )
     r.add_argument("--budget", type=int, help="trials per study (overrides budget.trials)")
-    r.add_argument("--address", help="Ray cluster address (default: $RAY_ADDRESS, else embedded)")
+    where = r.add_mutually_exclusive_group()
+    where.add_argument(
+        "--address", help="Ray cluster address (default: $RAY_ADDRESS, else embedded)"
+    )
+    where.add_argument(
+        "--local",
+        action="store_true",
+        help="no Ray: run the trials in this process on this machine's devices (one per device "
+        "class; trial timeouts are not enforced)",
+    )
     r.add_argument("--no-promote", action="store_true", help="never write or commit configs")
     r.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
     r.add_argument(
@@ -186,6 +195,7 @@ def _run(args: argparse.Namespace) -> int:
         budget=args.budget,
         address=args.address,
         promote=not args.no_promote,
+        local=args.local,
     )
     if args.dashboard is not None:
         from agent.dashboard import serve_in_background
@@ -258,7 +268,6 @@ def _status(args: argparse.Namespace) -> int:
 
 def _check(args: argparse.Namespace) -> int:
     from agent.experiment import load_experiment
-    from agent.space import build_space
     from engine.tuning import REGISTRY
 
     exp = load_experiment(args.experiment)
@@ -270,7 +279,7 @@ def _check(args: argparse.Namespace) -> int:
         if b not in REGISTRY.backends():
             print(f"  {b}: no kernels registered here (skipped)")
             continue
-        space = build_space(b, exp.space_for(b))
+        space = exp.search_space(b)
         print(f"  {b}: {space.size} configs")
         for name, choices in space.grid().items():
             print(f"    {name}: {choices}")

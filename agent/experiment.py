@@ -13,10 +13,13 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.space_rules import BackendSpace, ExperimentError, OpRule, ParamRule
 from worker.records import BenchPlan, Objective, ValidatePlan
+
+if TYPE_CHECKING:
+    from agent.space import SearchSpace
 
 __all__ = [  # the space rules are re-exported: callers import them from here
     "BackendSpace",
@@ -89,12 +92,26 @@ class Experiment:
     promote: PromoteSpec
     description: str = ""
     warnings: tuple[str, ...] = field(default=(), compare=False)
+    # Each backend's search space, resolved against the registry once, at load: (backend,
+    # ordinal, SearchSpace); ordinal: built for CMA-ES (agent.space.build_space).
+    spaces: tuple[tuple[str, bool, Any], ...] = field(default=(), compare=False, repr=False)
 
     def space_for(self, backend: str) -> BackendSpace:
         for s in self.space:
             if s.backend == backend:
                 return s
         return BackendSpace(backend, everything=True)
+
+    def search_space(self, backend: str) -> SearchSpace:
+        """The backend's resolved search space: the one built at load, or (a backend registered
+        since, or another sampler's ordinal encoding) built now."""
+        from agent.space import build_space
+
+        ordinal = self.sampler.name == "cmaes"
+        for b, o, space in self.spaces:
+            if b == backend and o == ordinal:
+                return space
+        return build_space(backend, self.space_for(backend), ordinal=ordinal)
 
     def objective(self, name: str) -> Objective:
         for o in self.objectives:
@@ -384,17 +401,19 @@ def _check_against_registry(exp: Experiment) -> Experiment:
     from engine.tuning import REGISTRY
 
     warnings = []
+    spaces = []
+    ordinal = exp.sampler.name == "cmaes"
     for backend in exp.backends:
         if backend not in REGISTRY.backends():
             warnings.append(f"backend {backend!r} has no kernels registered here: skipped")
             continue
-        build_space(backend, exp.space_for(backend))
+        spaces.append((backend, ordinal, build_space(backend, exp.space_for(backend), ordinal)))
     for s in exp.space:
         if s.backend not in exp.backends:
             raise ExperimentError(
                 f"space.{s.backend}: backend not in backends = {list(exp.backends)}"
             )
-    return Experiment(**{**exp.__dict__, "warnings": tuple(warnings)})
+    return Experiment(**{**exp.__dict__, "warnings": tuple(warnings), "spaces": tuple(spaces)})
 
 
 def load_experiment(path: str | Path) -> Experiment:

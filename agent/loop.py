@@ -1,6 +1,7 @@
 """The agent's strategy: workers of each device class evaluate trials of that class's studies,
 as many in flight as there are workers; results are accepted, confirmed, told and promoted.
-The calls themselves are the Ray runner's (agent.runner), the reporting agent.report's.
+The calls themselves are a runner's (agent.runner: Ray; agent.local: this process), the
+reporting agent.report's.
 
     ask (a confirmation wanted? else the study's next trial) -> dispatch (runner)
     -> decide (accept?) -> tell (record the trial) -> at the end: promote each study's best
@@ -25,8 +26,9 @@ from agent import report
 from agent.acceptance import Decision, decide
 from agent.experiment import Experiment
 from agent.fleet import Slot, past_invocations
-from agent.phase import TRIAL_NEXT, Phase, advance
-from agent.records import INTERRUPTED, TrialRecord
+from agent.local import LocalRunner
+from agent.phase import Phase, TrialStage
+from agent.records import Confirmation, TrialRecord
 from agent.runner import INFO_TIMEOUT_S, LOAD_TIMEOUT_S, QUEUE_DEPTH, Pending, RayRunner
 from agent.space import config_key
 from agent.stats import aa_noise
@@ -67,12 +69,14 @@ class RunOptions:
     shutdown: bool = True  # shut an embedded Ray down at the end
     lease: str = lease_mod.ERROR  # another live agent holds a study: error | wait | take-over
     lease_ttl_s: float = lease_mod.TTL_S
+    local: bool = False  # agent.local.LocalRunner: in this process, this machine, no Ray
 
 
 @dataclass
 class ConfirmRequest:
     trial: Any
     flat: dict[str, Any]
+    config: TuningConfig  # ``flat`` resolved and checked when the trial was asked
     role: str
     first: EvalResult
     decision: Decision
@@ -99,7 +103,8 @@ class Agent:
         self.t0 = time.monotonic()
         self.promotion_errors: dict[str, str] = {}
         self.promotions: dict[str, dict[str, Any]] = {}  # study -> what this run did about it
-        self.runner = RayRunner(self, exp.models, exp.budget.trial_timeout_s, self.warnings)
+        runner = LocalRunner if opts.local else RayRunner
+        self.runner = runner(self, exp.models, exp.budget.trial_timeout_s, self.warnings)
 
     # --- setup --------------------------------------------------------------------------
     def promote_repo(self) -> Path:
@@ -198,7 +203,7 @@ class Agent:
             for req in st.confirm_queue:
                 p = Pending(Phase.CONFIRM, self.runner.slots[0], None, 0.0, 0.0, st.model, st)
                 p.trial, p.flat, p.role = req.trial, req.flat, req.role
-                rec = self._record(p, None, INTERRUPTED, STOPPED, 0.0)
+                rec = self._record(p, None, Outcome.INTERRUPTED, STOPPED, 0.0)
                 st.finish(req.trial, rec, None)
             st.confirm_queue.clear()
 
@@ -238,12 +243,18 @@ class Agent:
         st = self.studies.get((slot.device_class, model))
         if st is None:
             return None
-        return (model, st.baseline, st.baseline, self.exp.validate, self.exp.bench, True)
+        base = st.resolve(st.baseline)
+        return (model, base, base, self.exp.validate, self.exp.bench, True)
 
     def evaluate_args(self, p: Pending) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The evaluate call's arguments; every evaluation sent (first or again, by either
+        runner) passes here, so the trial's move to RUNNING or CONFIRMING is made here."""
         st = p.study
         assert st is not None
-        args = (st.model, p.flat, st.best.config, self.exp.validate, self.exp.bench)
+        st.move(p.trial.number, TrialStage.sent(p.phase))
+        assert p.config is not None  # resolved and checked once, when the trial was asked
+        best = st.resolve(st.best.config)
+        args = (st.model, p.config, best, self.exp.validate, self.exp.bench)
         return args, {"promoted": _promoted_arg(st, p.role)}
 
     def _studies_of(self, slot: Slot) -> list[StudyState]:
@@ -258,7 +269,9 @@ class Agent:
                 if req.exclude == slot.worker_id and any(s.worker_id != req.exclude for s in alive):
                     continue
                 st.confirm_queue.remove(req)
-                self._dispatch_eval(slot, st, req.trial, req.flat, req.role, Phase.CONFIRM, req)
+                self._dispatch_eval(
+                    slot, st, req.trial, req.flat, req.config, req.role, Phase.CONFIRM, req
+                )
                 return True
         if self._over_time():
             return False
@@ -270,29 +283,30 @@ class Agent:
                 if asked is None:
                     break
                 trial, flat, role = asked
-                problems = self._problems(slot, flat)
-                if not problems:
-                    self._dispatch_eval(slot, st, trial, flat, role, Phase.TRIAL, None)
+                cfg, problems = self._resolve(st, slot, flat)
+                if cfg is not None:
+                    self._dispatch_eval(slot, st, trial, flat, cfg, role, Phase.TRIAL, None)
                     return True
                 p = Pending(Phase.TRIAL, slot, None, 0.0, 0.0, st.model, st, trial, flat, role)
-                rec = self._record(p, None, Outcome.INFEASIBLE.value, problems, 0.0)
+                rec = self._record(p, None, Outcome.INFEASIBLE, problems, 0.0)
                 st.finish(trial, rec, None)
                 report.log_trial(self.exp, st, rec)
         return False
 
-    def _problems(self, slot: Slot, flat: dict[str, Any]) -> str:
-        """Registry constraints this config breaks on the slot's device ("" when none): checked
-        here, so an infeasible config never takes a worker's turn."""
-        from engine.backends.base import DeviceInfo
+    def _resolve(
+        self, st: StudyState, slot: Slot, flat: dict[str, Any]
+    ) -> tuple[TuningConfig | None, str]:
+        """The config, resolved against the registry and checked against the slot's device,
+        once: (the config, "") or (None, what is wrong). It travels typed to the worker, which
+        neither rebuilds nor re-checks it; an infeasible one never takes a worker's turn."""
         from engine.errors import ConfigError
 
-        if slot.info is None or not slot.info.device:
-            return ""
         try:
-            cfg = TuningConfig.from_flat(slot.backend, flat)
+            cfg = st.resolve(flat)
         except ConfigError as e:
-            return str(e)
-        return "; ".join(cfg.problems(DeviceInfo(**slot.info.device)))
+            return None, str(e)
+        problems = "; ".join(cfg.problems(slot.info.device if slot.info else None))
+        return (None, problems) if problems else (cfg, "")
 
     def _can_start(self, st: StudyState) -> bool:
         return not st.exhausted and st.budget_left() > 0
@@ -303,11 +317,13 @@ class Agent:
         st: StudyState,
         trial: Any,
         flat: dict[str, Any],
+        cfg: TuningConfig,
         role: str,
         phase: Phase,
         req: ConfirmRequest | None,
     ) -> None:
         p = Pending(phase, slot, None, 0.0, 0.0, st.model, st, trial, flat, role)
+        p.config = cfg
         p.paired_against = st.best.trial
         if req is not None:
             p.first, p.first_decision, p.first_overhead_s = req.first, req.decision, req.overhead_s
@@ -374,11 +390,11 @@ class Agent:
         self,
         p: Pending,
         res: EvalResult | None,
-        outcome: str,
+        outcome: Outcome,
         reason: str,
         overhead: float,
         decision: Decision | None = None,
-        confirmation: dict[str, Any] | None = None,
+        confirmation: Confirmation | None = None,
     ) -> TrialRecord:
         st = p.study
         assert st is not None
@@ -396,13 +412,13 @@ class Agent:
             changed=changed,
             paired_against=p.paired_against,
             metrics=res.medians() if res is not None and res.ok else {},
-            samples={s.objective: s.to_dict() for s in res.samples} if res else {},
-            estimates={k: e.to_dict() for k, e in est.items()},
+            samples={s.objective: s for s in res.samples} if res else {},
+            estimates=est,
             accepted=bool(decision and decision.accepted and confirmation_ok(confirmation)),
-            decision=decision.to_dict() if decision else None,
+            decision=decision.verdict() if decision else None,
             confirmation=confirmation,
             validate=res.validate if res else None,
-            worker=info.to_dict() if info else None,
+            worker=info,
             host=info.host if info else "",
             device=info.device_name if info else "",
             driver=info.driver if info else "",
@@ -420,7 +436,7 @@ class Agent:
         st = p.study
         assert st is not None
         if not res.ok:
-            rec = self._record(p, res, res.outcome.value, res.reason, overhead)
+            rec = self._record(p, res, res.outcome, res.reason, overhead)
             st.finish(p.trial, rec, None)
             report.log_trial(self.exp, st, rec)
             if p.role == BASELINE and res.revalidation and st.best.trial is None:
@@ -432,7 +448,7 @@ class Agent:
             return
         decision = decide(res, self.exp.acceptance, p.slot.noise.get(st.model, {}))
         if p.role == BASELINE:
-            rec = self._record(p, res, "ok", _baseline_reason(res), overhead, decision)
+            rec = self._record(p, res, Outcome.OK, _baseline_reason(res), overhead, decision)
             rec = replace(rec, accepted=False)
             st.finish(p.trial, rec, self._values(res))
             if st.best.trial is None:
@@ -444,10 +460,18 @@ class Agent:
             others = self.runner.others(p.slot)
             if (self.exp.acceptance.confirm and others) or not against_current:
                 exclude = p.slot.worker_id if others else None
-                advance(Phase.TRIAL, Phase.CONFIRM, TRIAL_NEXT)
+                st.move(p.trial.number, TrialStage.CONFIRM_WAIT)
                 st.confirm_queue.append(
                     ConfirmRequest(
-                        p.trial, p.flat, p.role, res, decision, exclude, p.paired_against, overhead
+                        p.trial,
+                        p.flat,
+                        p.config,
+                        p.role,
+                        res,
+                        decision,
+                        exclude,
+                        p.paired_against,
+                        overhead,
                     )
                 )
                 log.info(
@@ -459,9 +483,8 @@ class Agent:
                     "another worker" if others else "the same worker against the new best",
                 )
                 return
-        rec = self._record(
-            p, res, "ok", "" if decision.accepted else decision.reason, overhead, decision
-        )
+        reason = "" if decision.accepted else decision.reason
+        rec = self._record(p, res, Outcome.OK, reason, overhead, decision)
         st.finish(p.trial, rec, self._values(res))
         if rec.accepted:
             st.set_best(p.trial.number, p.flat, res.medians())
@@ -472,27 +495,20 @@ class Agent:
         assert st is not None and p.first is not None and p.first_decision is not None
         if res.ok:
             d2 = decide(res, self.exp.acceptance, p.slot.noise.get(st.model, {}))
-            conf = {
-                "worker": res.worker.to_dict() if res.worker else None,
-                "outcome": "ok",
-                "accepted": d2.accepted,
-                "reason": d2.reason,
-                "estimates": {k: e.to_dict() for k, e in d2.estimates},
-                "samples": {s.objective: s.to_dict() for s in res.samples},
-                "paired_against": st.best.trial,
-            }
+            conf = Confirmation(
+                Outcome.OK,
+                d2.accepted,
+                d2.reason,
+                res.worker,
+                dict(d2.estimates),
+                {s.objective: s for s in res.samples},
+                st.best.trial,
+            )
         else:
-            conf = {
-                "worker": res.worker.to_dict() if res.worker else None,
-                "outcome": res.outcome.value,
-                "accepted": False,
-                "reason": res.reason,
-            }
-        first_pending = replace(p, paired_against=p.paired_against)
-        reason = "" if conf["accepted"] else f"confirmation: {conf['reason']}"
-        rec = self._record(
-            first_pending, p.first, "ok", reason, p.first_overhead_s, p.first_decision, conf
-        )
+            conf = Confirmation(res.outcome, False, res.reason, res.worker)
+        reason = "" if conf.accepted else f"confirmation: {conf.reason}"
+        first, overhead = p.first, p.first_overhead_s
+        rec = self._record(p, first, Outcome.OK, reason, overhead, p.first_decision, conf)
         st.finish(p.trial, rec, self._values(p.first))
         if rec.accepted:
             st.set_best(p.trial.number, p.flat, p.first.medians())
@@ -507,20 +523,15 @@ class Agent:
         """Record a trial or confirmation whose worker was lost (and that is not retried)."""
         st = p.study
         if p.phase is Phase.TRIAL and st is not None:
-            rec = self._record(p, None, outcome.value, reason, 0.0)
+            rec = self._record(p, None, outcome, reason, 0.0)
             st.finish(p.trial, rec, None)
             report.log_trial(self.exp, st, rec)
         elif p.phase is Phase.CONFIRM and st is not None and p.first is not None:
-            conf = {
-                "worker": p.slot.info.to_dict() if p.slot.info else None,
-                "outcome": outcome.value,
-                "accepted": False,
-                "reason": reason,
-            }
+            conf = Confirmation(outcome, False, reason, p.slot.info)
             rec = self._record(
                 p,
                 p.first,
-                "ok",
+                Outcome.OK,
                 f"confirmation: {reason}",
                 p.first_overhead_s,
                 p.first_decision,
@@ -532,7 +543,7 @@ class Agent:
     def abandon(self, p: Pending, reason: str) -> None:
         """Fail a call that will not run (stopped, or its worker retired): its config is free."""
         assert p.study is not None
-        rec = self._record(p, None, INTERRUPTED, reason, 0.0)
+        rec = self._record(p, None, Outcome.INTERRUPTED, reason, 0.0)
         p.study.finish(p.trial, rec, None)
 
     # --- end ----------------------------------------------------------------------------
@@ -551,7 +562,7 @@ class Agent:
         rel = promoted_path(st.device_class, st.family, repo / "configs").relative_to(repo)
         note = ""
         try:
-            cfg = TuningConfig.from_flat(st.backend, st.best.config)
+            cfg = st.resolve(st.best.config)
             done = st.promotion_in(str(repo), branch)
             if done and done.get("trial") == st.best.trial:
                 why = still_there(repo, branch, rel, str(done.get("commit", "")), cfg)
@@ -652,8 +663,8 @@ def stop_on_sigterm(ignore: bool = False) -> Iterator[None]:
             signal.signal(signal.SIGINT, old_int)
 
 
-def confirmation_ok(conf: dict[str, Any] | None) -> bool:
-    return conf is None or bool(conf.get("accepted"))
+def confirmation_ok(conf: Confirmation | None) -> bool:
+    return conf is None or conf.accepted
 
 
 def run_experiment(exp: Experiment, opts: RunOptions) -> RunSummary:

@@ -11,10 +11,12 @@ from typing import Any
 from agent.experiment import Experiment
 from agent.fleet import INVOCATION_KEYS, Slot, write_status
 from agent.fleet import agent_status as agent_status_payload
-from agent.records import TrialRecord
+from agent.records import Confirmation, Outcome, TrialRecord
+from agent.stats import RatioEstimate
 from agent.study import BASELINE, StudyState
 from agent.summary import Overhead, StudySummary
 from engine.sentinel import cache_key
+from worker.records import ValidateSummary
 
 log = logging.getLogger("agent")
 
@@ -23,20 +25,16 @@ def log_trial(exp: Experiment, st: StudyState, rec: TrialRecord) -> None:
     changed = " ".join(f"{k}={b}" for k, (_, b) in rec.changed.items()) or "(baseline config)"
     metrics = " ".join(f"{k}={v:.1f}" for k, v in rec.metrics.items())
     target = rec.estimates.get(exp.acceptance.target)
-    ratio = (
-        f" x{target['ratio']:.3f} [{target['lower']:.3f}, {target['upper']:.3f}]"
-        if (target)
-        else ""
-    )
+    ratio = f" x{target.ratio:.3f} [{target.lower:.3f}, {target.upper:.3f}]" if target else ""
     verdict = " ACCEPTED" if rec.accepted else ""
     reason = f" -- {rec.reason.splitlines()[0][:160]}" if rec.reason else ""
     log.info(
         "trial %d [%s] %s %s: %s %s%s%s%s",
         rec.trial,
         st.name,
-        rec.worker.get("worker_id", "") if rec.worker else "",
+        rec.worker.worker_id if rec.worker else "",
         changed,
-        rec.outcome,
+        rec.outcome.value,
         metrics,
         ratio,
         verdict,
@@ -91,8 +89,8 @@ def write_run_status(
 def evidence(exp: Experiment, storage: str, st: StudyState, rec: TrialRecord) -> dict[str, Any]:
     """What a promoted config's evidence file records about the trial that won."""
     target = exp.acceptance.target
-    est = rec.estimates.get(target, {})
-    worker = rec.worker or {}
+    est = rec.estimates.get(target)
+    worker = rec.worker
     return {
         "experiment": exp.name,
         "experiment_file": exp.source,
@@ -104,10 +102,10 @@ def evidence(exp: Experiment, storage: str, st: StudyState, rec: TrialRecord) ->
         "model_family": st.family,
         "device_class": st.device_class,
         "device": rec.device,
-        "vendor": worker.get("vendor", ""),
+        "vendor": worker.vendor if worker else "",
         "driver": rec.driver,
         "host": rec.host,
-        "worker": worker.get("worker_id", ""),
+        "worker": worker.worker_id if worker else "",
         "engine_commit": rec.engine_commit,
         # the drift-sentinel key it was validated under: another one means re-validate
         # (agent.recheck; the worker does it for a promoted baseline)
@@ -117,54 +115,57 @@ def evidence(exp: Experiment, storage: str, st: StudyState, rec: TrialRecord) ->
         "promoted_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "baseline_source": st.baseline_source,
         "target": target,
-        "ratio": est.get("ratio", 0.0),
-        "lower_bound": est.get("lower", 0.0),
+        "ratio": est.ratio if est else 0.0,
+        "lower_bound": est.lower if est else 0.0,
         "confidence": exp.acceptance.confidence,
         "min_gain": exp.acceptance.min_gain,
-        "aa_noise": (rec.decision or {}).get("noise", 0.0),
+        "aa_noise": rec.decision.noise if rec.decision else 0.0,
         "changed": {k: {"from": a, "to": b} for k, (a, b) in rec.changed.items()},
         "objectives": {
-            name: {**rec.estimates.get(name, {}), **rec.samples.get(name, {})}
-            for name in rec.samples
+            name: {**_est_dict(rec.estimates.get(name)), **s.to_dict()}
+            for name, s in rec.samples.items()
         },
         "validate": _validate_evidence(rec.validate),
         "confirmation": _confirmation_evidence(rec.confirmation),
     }
 
 
-def _validate_evidence(v: dict[str, Any] | None) -> dict[str, Any]:
+def _est_dict(e: RatioEstimate | None) -> dict[str, Any]:
+    return e.to_dict() if e else {}
+
+
+def _validate_evidence(v: ValidateSummary | None) -> dict[str, Any]:
     if not v:
         return {}
     return {
-        "passed": v["passed"],
-        "max_abs_diff": v["max_abs_diff"],
-        "nmse": v["nmse"],
-        "kld": v.get("kld"),  # absent in records from before teacher-forced validate
-        "numeric_classes": v.get("numeric_classes"),
-        "steps": v["steps"],
-        "tolerances": v["tolerances"],
+        "passed": v.passed,
+        "max_abs_diff": v.max_abs_diff,
+        "nmse": v.nmse,
+        "kld": v.kld,  # None in records from before teacher-forced validate
+        "numeric_classes": list(v.numeric_classes) if v.numeric_classes is not None else None,
+        "steps": v.steps,
+        "tolerances": dict(v.tolerances),
         "prompts": [
             {
-                "prompt_tokens": p["prompt_tokens"],
-                "max_abs_diff": p["max_abs_diff"],
-                "nmse": p["nmse"],
-                "token_agreement": p["token_agreement"],
+                "prompt_tokens": p.prompt_tokens,
+                "max_abs_diff": p.max_abs_diff,
+                "nmse": p.nmse,
+                "token_agreement": p.token_agreement,
             }
-            for p in v["prompts"]
+            for p in v.prompts
         ],
     }
 
 
-def _confirmation_evidence(c: dict[str, Any] | None) -> dict[str, Any]:
+def _confirmation_evidence(c: Confirmation | None) -> dict[str, Any]:
     if not c:
         return {"done": False}
-    worker = c.get("worker") or {}
     return {
         "done": True,
-        "worker": worker.get("worker_id", ""),
-        "host": worker.get("host", ""),
-        "accepted": c.get("accepted", False),
-        "estimates": c.get("estimates", {}),
+        "worker": c.worker.worker_id if c.worker else "",
+        "host": c.worker.host if c.worker else "",
+        "accepted": c.accepted,
+        "estimates": {k: e.to_dict() for k, e in c.estimates.items()},
     }
 
 
@@ -172,20 +173,22 @@ def best_candidate(exp: Experiment, st: StudyState) -> dict[str, Any] | None:
     """The measured candidate with the highest target ratio, and the bar it did not clear."""
     target, best = exp.acceptance.target, None
     for t in st.study.get_trials(deepcopy=False):
-        ua = t.user_attrs
-        est = (ua.get("estimates") or {}).get(target)
-        if ua.get("outcome") != "ok" or ua.get("role") == BASELINE or not est:
+        if t.user_attrs.get("outcome") != Outcome.OK or t.user_attrs.get("role") == BASELINE:
             continue
-        if best is None or est["ratio"] > best["ratio"]:
-            dec = ua.get("decision") or {}
+        rec = TrialRecord.from_attrs(st.name, t.number, t.user_attrs)
+        est = rec.estimates.get(target)
+        if est is None:
+            continue
+        if best is None or est.ratio > best["ratio"]:
+            dec = rec.decision
             best = {
                 "trial": t.number,
-                "ratio": est["ratio"],
-                "lower": est["lower"],
-                "upper": est["upper"],
-                "threshold": dec.get("threshold", 1.0 + exp.acceptance.min_gain),
-                "noise": dec.get("noise", 0.0),
-                "reason": ua.get("reason", ""),
+                "ratio": est.ratio,
+                "lower": est.lower,
+                "upper": est.upper,
+                "threshold": dec.threshold if dec else 1.0 + exp.acceptance.min_gain,
+                "noise": dec.noise if dec else 0.0,
+                "reason": rec.reason,
             }
     return best
 
@@ -205,8 +208,8 @@ def study_summary(
     is_base = st.best.trial is None or st.best.trial == base_trial
     ratio = lower = None
     if not is_base and st.best.trial is not None:
-        est = st.trials_record(st.best.trial).estimates.get(exp.acceptance.target, {})
-        ratio, lower = est.get("ratio"), est.get("lower")
+        est = st.trials_record(st.best.trial).estimates.get(exp.acceptance.target)
+        ratio, lower = (est.ratio, est.lower) if est else (None, None)
     base = st.baseline
     return StudySummary(
         study=st.name,

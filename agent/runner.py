@@ -18,9 +18,10 @@ import ray
 from agent import cluster
 from agent.acceptance import Decision
 from agent.fleet import BUSY, DEAD, IDLE, MAX_RESTARTS_IN_A_ROW, STARTING, Fleet, Slot
-from agent.phase import TRIAL_NEXT, Phase, advance
+from agent.phase import Phase, TrialStage, advance
 from agent.study import StudyState
 from engine.errors import EngineError
+from engine.tuning import TuningConfig
 from worker.records import EvalResult, Outcome
 
 log = logging.getLogger("agent")
@@ -44,6 +45,7 @@ class Pending:
     trial: Any = None
     flat: dict[str, Any] = field(default_factory=dict)
     role: str = ""
+    config: TuningConfig | None = None  # ``flat`` resolved and checked once, by the strategy
     paired_against: int | None = None
     gap_s: float = 0.0  # agent time between the worker going idle and this dispatch
     first: EvalResult | None = None  # confirm: the result being confirmed
@@ -355,7 +357,7 @@ class RayRunner:
         the call once more, on another live worker of the class or on this one restarted."""
         if not p.phase.evaluation or p.lost or p.study is None:
             return False
-        advance(p.phase, p.phase, TRIAL_NEXT)
+        p.study.move(p.trial.number, TrialStage.retry(p.phase))
         p.lost = f"{reason} (on {p.slot.worker_id})"
         others = self.others(p.slot)
         target = min(others, key=self.load) if others else p.slot
@@ -378,6 +380,8 @@ class RayRunner:
         slot.last_finished = 0.0
         for q in [q for q in self.pending if q.slot is slot]:  # queued behind it: run again
             self.pending.remove(q)
+            if q.study is not None:
+                q.study.move(q.trial.number, TrialStage.retry(q.phase))
             slot.resubmit.append(q)
         slot.restarts += 1
         slot.failures_in_a_row += 1

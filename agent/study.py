@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,18 +19,20 @@ import optuna
 from optuna.trial import TrialState
 
 from agent.experiment import Experiment
-from agent.records import BUDGET_OUTCOMES, DUPLICATE, INTERRUPTED, TrialRecord
+from agent.phase import TrialStage, move
+from agent.records import Outcome, TrialRecord
 from agent.samplers import make_sampler
-from agent.space import SearchSpace, build_space, config_key
+from agent.space import SearchSpace, config_key
+from engine.tuning import TuningConfig
 from worker.models import model_label
 
 log = logging.getLogger(__name__)
 
 BASELINE = "baseline"
 CANDIDATE = "candidate"
-# Outcomes told to the sampler as a violated constraint (``_tell_failed``): told PRUNED, with
-# the Optuna constraint ``CONSTRAINT`` = 1.0 (a system attr: trial.constraints).
-FAILED_OUTCOMES = ("infeasible", "compile_error", "invalid", "crash", "timeout")
+# Outcomes that are ``Outcome.failed`` are told to the sampler as a violated constraint
+# (``_tell_failed``): told PRUNED, with the Optuna constraint ``CONSTRAINT`` = 1.0 (a system
+# attr: trial.constraints).
 CONSTRAINT = "runs_and_validates"
 _TOLD = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)  # PRUNED: failed or duplicate
 
@@ -66,9 +68,7 @@ class StudyState:
         self.model = model
         self.family = family
         self.name = study_name(exp.name, device_class, model)
-        self.space: SearchSpace = build_space(
-            backend, exp.space_for(backend), ordinal=exp.sampler.name == "cmaes"
-        )
+        self.space: SearchSpace = exp.search_space(backend)  # resolved once, at load
         self.study = optuna.create_study(
             study_name=self.name,
             storage=storage,
@@ -78,12 +78,14 @@ class StudyState:
         )
         self.tried: set[str] = set()  # configs evaluated or failed: never run again
         self.in_flight: dict[int, str] = {}  # trial number -> config key
+        self.states: dict[int, TrialStage] = {}  # trial number -> state, until it finishes
         self.evaluated = 0  # trials that spent budget
         self.duplicates_in_a_row = 0
         self.exhausted = False
         self.interrupted_on_resume = 0
         self.space_changed = ""  # on resume: how the search space differs from the study's start
         self.confirm_queue: list[Any] = []
+        self._resolved: dict[str, TuningConfig] = {}  # config key -> config (see resolve)
         self.teach_failures = True  # False: failed trials told FAIL, unseen by the sampler
         self._writes: list[Callable[[], None]] = []  # storage writes deferred by finish/set_best
         self._resume(baseline, baseline_source)
@@ -125,16 +127,16 @@ class StudyState:
         )
         self.interrupted_on_resume = self.settle_running("the agent stopped while this trial ran")
         for t in self.study.get_trials(deepcopy=False):
-            ua, state = t.user_attrs, t.state
-            if state not in _TOLD or "config" not in ua:
+            if t.state not in _TOLD or "config" not in t.user_attrs:
                 continue
-            if ua.get("outcome") in (INTERRUPTED, DUPLICATE):
+            rec = TrialRecord.from_attrs(self.name, t.number, t.user_attrs)
+            if rec.outcome in (Outcome.INTERRUPTED, Outcome.DUPLICATE):
                 continue
-            self.tried.add(config_key(ua["config"]))
-            if ua.get("outcome") in BUDGET_OUTCOMES:
+            self.tried.add(config_key(rec.config))
+            if rec.outcome.spends_budget:
                 self.evaluated += 1
-            if ua.get("role") == BASELINE and self.best.trial is None and ua["outcome"] == "ok":
-                self.best = Best(t.number, dict(ua["config"]), ua.get("metrics", {}))
+            if rec.role == BASELINE and self.best.trial is None and rec.outcome is Outcome.OK:
+                self.best = Best(t.number, dict(rec.config), dict(rec.metrics))
 
     def settle_running(self, reason: str) -> int:
         """Close every trial the storage still holds as RUNNING (none of this agent's runs now):
@@ -144,19 +146,20 @@ class StudyState:
         names = [o.name for o in self.exp.objectives]
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             ua = t.user_attrs
-            metrics = ua.get("metrics") or {}
-            if ua.get("outcome") in BUDGET_OUTCOMES:
+            rec = TrialRecord.from_attrs(self.name, t.number, ua)
+            metrics = rec.metrics
+            if "outcome" in ua and rec.outcome.spends_budget:
                 # Stopped between writing the record (outcome goes last) and tell: the result is
                 # whole, finish the write rather than lose it.
                 if all(k in metrics for k in names):
                     self.study.tell(t.number, [metrics[k] for k in names])
-                elif ua["outcome"] in FAILED_OUTCOMES:
+                elif rec.outcome.failed:
                     self._tell_failed(optuna.trial.Trial(self.study, t._trial_id))
                 else:
                     self.study.tell(t.number, state=TrialState.FAIL)
                 continue
             trial = optuna.trial.Trial(self.study, t._trial_id)
-            trial.set_user_attr("outcome", INTERRUPTED)
+            trial.set_user_attr("outcome", Outcome.INTERRUPTED.value)
             trial.set_user_attr("reason", reason)
             self.study.tell(t.number, state=TrialState.FAIL)
             n += 1
@@ -203,7 +206,7 @@ class StudyState:
                 flat = self.space.suggest(trial, self.baseline)
             key = config_key(flat)
             if key in self.tried or key in self.in_flight.values():
-                trial.set_user_attr("outcome", DUPLICATE)
+                trial.set_user_attr("outcome", Outcome.DUPLICATE.value)
                 trial.set_user_attr("config", flat)
                 self.study.tell(trial, state=TrialState.PRUNED)
                 self.duplicates_in_a_row += 1
@@ -216,30 +219,38 @@ class StudyState:
                 continue
             self.duplicates_in_a_row = 0
             self.in_flight[trial.number] = key
+            self.states[trial.number] = TrialStage.ASKED
             return trial, flat, role
+
+    def move(self, number: int, nxt: TrialStage) -> None:
+        """Trial ``number`` moves to ``nxt`` (agent.phase.TRIAL_MOVES; IllegalTransition if not)."""
+        self.states[number] = move(number, self.states.get(number), nxt)
+        if nxt is TrialStage.FINISHED:
+            del self.states[number]
 
     # --- tell ---------------------------------------------------------------------------
     def finish(self, trial: optuna.Trial, record: TrialRecord, values: list[float] | None) -> None:
         """Close a trial: the agent's own state now; the storage write (the record as user attrs,
         then tell: COMPLETE with values, else FAIL) is queued for ``flush``, so the agent can
         hand the worker its next trial first."""
+        self.move(trial.number, TrialStage.FINISHED)
         key = self.in_flight.pop(trial.number, None)
-        if record.outcome in BUDGET_OUTCOMES or record.outcome == "infeasible":
+        if record.outcome.spends_budget or record.outcome is Outcome.INFEASIBLE:
             self.tried.add(key or config_key(record.config))
-        if record.outcome in BUDGET_OUTCOMES:
+        if record.outcome.spends_budget:
             self.evaluated += 1
 
         def write() -> None:
             # One attr per storage write: "outcome" last, so a trial whose outcome is stored
             # holds its whole record even if the agent dies before tell (resume finishes it).
-            attrs = record.user_attrs()
+            attrs = record.to_attrs()
             outcome = attrs.pop("outcome")
             for k, v in attrs.items():
                 trial.set_user_attr(k, v)
             trial.set_user_attr("outcome", outcome)
             if values is not None:
                 self.study.tell(trial, values)
-            elif record.outcome in FAILED_OUTCOMES:
+            elif record.outcome.failed:
                 self._tell_failed(trial)
             else:
                 self.study.tell(trial, state=TrialState.FAIL)
@@ -304,6 +315,15 @@ class StudyState:
         params = self.space.params_of(self.baseline) or {}
         self.study.enqueue_trial(params, user_attrs={"role": BASELINE})
 
+    def resolve(self, flat: Mapping[str, Any]) -> TuningConfig:
+        """A flat config of this study resolved against the registry (ConfigError when it does
+        not resolve), once per config: what the agent sends the worker, typed."""
+        key = config_key(flat)
+        cfg = self._resolved.get(key)
+        if cfg is None:
+            cfg = self._resolved[key] = TuningConfig.from_flat(self.backend, flat)
+        return cfg
+
     def baseline_trial(self) -> int | None:
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
             if t.user_attrs.get("role") == BASELINE:
@@ -312,7 +332,7 @@ class StudyState:
 
     def trials_record(self, number: int) -> TrialRecord:
         t = self.study.trials[number]
-        return TrialRecord.from_user_attrs(self.name, number, t.user_attrs)
+        return TrialRecord.from_attrs(self.name, number, t.user_attrs)
 
 
 def _space_diff(before: dict[str, list[str]] | None, now: dict[str, list[str]]) -> str:

@@ -154,7 +154,7 @@ def from_study(storage: Any, study_name: str, experiment: str, label: str = "") 
     left out), its config, outcome and target median, as the agent recorded them."""
     import optuna
 
-    from agent.records import DUPLICATE, INTERRUPTED
+    from agent.records import Outcome, TrialRecord
 
     try:
         study = optuna.load_study(study_name=study_name, storage=storage)
@@ -164,18 +164,19 @@ def from_study(storage: Any, study_name: str, experiment: str, label: str = "") 
     target = str(ua.get("target", ""))
     rows, seen = [], set()
     for t in study.get_trials(deepcopy=False):
-        a = t.user_attrs
-        outcome = a.get("outcome")
-        if not outcome or outcome in (DUPLICATE, INTERRUPTED) or "config" not in a:
+        if "outcome" not in t.user_attrs or "config" not in t.user_attrs:
             continue
-        key = config_key(a["config"])
+        rec = TrialRecord.from_attrs(study_name, t.number, t.user_attrs)
+        if rec.outcome in (Outcome.DUPLICATE, Outcome.INTERRUPTED):
+            continue
+        key = config_key(rec.config)
         if key in seen:
             continue
         seen.add(key)
-        metric = (a.get("metrics") or {}).get(target) if outcome == "ok" else None
-        if outcome == "ok" and metric is None:
+        metric = rec.metrics.get(target) if rec.outcome is Outcome.OK else None
+        if rec.outcome is Outcome.OK and metric is None:
             continue
-        rows.append(Row(dict(a["config"]), metric, outcome))
+        rows.append(Row(dict(rec.config), metric, rec.outcome.value))
     return Table(
         experiment,
         str(ua.get("backend", "")),
@@ -249,36 +250,40 @@ def measure(
     out: Path,
     progress: Callable[[str], None] = print,
 ) -> Table:
-    """Measure every config of the experiment's space on this machine's device, as a worker
-    would (compile, validate, paired bench against the default), the first model of the
-    experiment; the table is rewritten after each config (a stopped run keeps its rows)."""
+    """Measure every config of the experiment's space on this machine's device: the agent's
+    local runner (agent.local) runs a grid over the whole space on the experiment's first
+    model, each config compiled, validated and paired-benchmarked as a worker does, no
+    promotion; the table is that study's trials. The study is kept beside the table
+    (``OUT.journal``), so a stopped measurement resumes where it stopped."""
+    from dataclasses import replace
+
     from agent.experiment import load_experiment
-    from agent.space import build_space
-    from engine.tuning import TuningConfig
-    from worker.evaluator import Evaluator
+    from agent.loop import RunOptions, run_experiment
+    from agent.storage import parse_storage
 
     exp = load_experiment(exp_path)
-    space = build_space(backend, exp.space_for(backend))
-    base = TuningConfig.default(backend).flat()
-    model = exp.models[0]
-    ev = Evaluator(backend)
-    info = ev.info()
-    ev.load(model)
-    table = Table(
-        relative_to(exp_path, out),
-        backend,
-        exp.acceptance.target,
-        [],
-        f"{info.device_name} ({info.device_class}, driver {info.driver})",
-        f"python -m agent table measure {exp_path} --backend {backend}; model {model}",
+    if backend not in exp.backends:
+        raise ExperimentError(f"--backend {backend}: not in the experiment's {list(exp.backends)}")
+    size = exp.search_space(backend).size
+    exp = replace(
+        exp,
+        name=f"{exp.name}-measure",
+        models=exp.models[:1],
+        backends=(backend,),
+        device_classes=None,
+        sampler=replace(exp.sampler, name="grid"),
+        budget=replace(exp.budget, trials=size + 1),  # + the baseline, when outside the space
     )
-    configs = list(space_configs(space, base))
-    for i, flat in enumerate(configs):
-        res = ev.evaluate(model, flat, base, exp.validate, exp.bench)
-        metric = res.medians().get(exp.acceptance.target) if res.ok else None
-        table.rows.append(Row(flat, metric, res.outcome.value))
-        table.save(out)
-        changed = {k: v for k, v in flat.items() if base.get(k) != v}
-        shown = f"{metric:.2f}" if metric is not None else ""
-        progress(f"[{i + 1}/{len(configs)}] {changed}: {res.outcome.value} {shown}")
+    storage = parse_storage(str(out.with_suffix(".journal")))
+    scratch = out.parent / f".{out.name}.promote"  # no promoted baseline: the registry default
+    opts = RunOptions(storage, promote_repo=scratch, promote=False, local=True)
+    summary = run_experiment(exp, opts)
+    if not summary.studies:
+        why = "; ".join(summary.warnings) or f"no {backend} device here"
+        raise ExperimentError(f"nothing measured: {why}")
+    s = summary.studies[0]
+    table = from_study(storage.open(), s.study, relative_to(exp_path, out), storage.display)
+    table.source = f"python -m agent table measure {exp_path} --backend {backend}; model {s.model}"
+    table.save(out)
+    progress(f"{s.study}: {s.evaluated} configs measured, outcomes {s.outcomes}")
     return table

@@ -15,6 +15,7 @@ from typing import Any
 
 import optuna
 
+from agent.records import Outcome, TrialRecord
 from agent.space import SearchSpace, config_key
 
 TOP_K = 3  # configs taken from each other study
@@ -55,10 +56,12 @@ def from_storage(
             picked.append(WarmConfig(s.study_name, best.get("trial"), dict(best["config"]), metric))
         ranked = []
         for t in study.get_trials(deepcopy=False):
-            a = t.user_attrs
-            value = (a.get("metrics") or {}).get(target)
-            if a.get("outcome") == "ok" and value is not None and "config" in a:
-                ranked.append((float(value), t.number, a["config"]))
+            if t.user_attrs.get("outcome") != Outcome.OK or "config" not in t.user_attrs:
+                continue
+            rec = TrialRecord.from_attrs(s.study_name, t.number, t.user_attrs)
+            value = rec.metrics.get(target)
+            if value is not None:
+                ranked.append((float(value), t.number, rec.config))
         for value, number, cfg in sorted(ranked, key=lambda r: -r[0]):
             picked.append(WarmConfig(s.study_name, number, dict(cfg), value))
         out += _unique(picked)[:k]

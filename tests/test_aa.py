@@ -17,7 +17,7 @@ import pytest
 from agent.acceptance import decide
 from agent.experiment import Acceptance
 from agent.stats import aa_noise
-from worker.records import EvalResult, Outcome, PairedSamples
+from worker.records import EvalResult, Outcome, PairedSamples, ValidateSummary
 
 DECISIONS = 1000
 
@@ -46,7 +46,7 @@ def false_accept_rate(
         cand, best = _pairs(rng, pairs, sigma, order, outlier)
         res = EvalResult(
             Outcome.OK, None, {}, {}, samples=(PairedSamples(acc.target, cand, best),),
-            validate={"passed": True},
+            validate=ValidateSummary(passed=True),
         )  # fmt: skip
         accepted += decide(res, acc, noise, seed=i).accepted
     return accepted / DECISIONS
@@ -83,7 +83,7 @@ def recorded_false_accept_rate(pool: list[float], pairs: int, seed: int) -> floa
         cand = tuple(100.0 * np.exp(rng.choice(noise_pool, pairs)))
         res = EvalResult(
             Outcome.OK, None, {}, {}, samples=(PairedSamples("m", cand, (100.0,) * pairs),),
-            validate={"passed": True},
+            validate=ValidateSummary(passed=True),
         )  # fmt: skip
         accepted += decide(res, acc, noise, seed=i).accepted
     return accepted / DECISIONS

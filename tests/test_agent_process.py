@@ -15,12 +15,13 @@ from pathlib import Path
 import optuna
 import pytest
 
-from agent.records import BUDGET_OUTCOMES, INTERRUPTED
+from agent.records import BUDGET_OUTCOMES, Outcome
 from agent.space import config_key
 from agent.storage import check_storage, parse_storage
 from worker import ray_auth
 
 ROOT = Path(__file__).resolve().parents[1]
+INTERRUPTED = Outcome.INTERRUPTED
 VENV_BIN = Path(sys.executable).parent
 
 

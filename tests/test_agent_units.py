@@ -3,12 +3,14 @@ TOML, promotion into a git repository, Ray auth and the node bootstrap command."
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
 
 import numpy as np
+import optuna
 import pytest
 
 from agent.acceptance import decide
@@ -461,7 +463,7 @@ def test_resume_keeps_a_result_written_before_tell(tmp_path: Path) -> None:
     names = [o.name for o in st.exp.objectives]
     metrics = {n: 10.0 + i for i, n in enumerate(names)}
     rec = TrialRecord(st.name, trial.number, "baseline", "ok", config=flat, metrics=metrics)
-    for k, v in rec.user_attrs().items():  # the record, outcome last, then the agent "dies"
+    for k, v in rec.to_attrs().items():  # the record, outcome last, then the agent "dies"
         if k != "outcome":
             trial.set_user_attr(k, v)
     trial.set_user_attr("outcome", "ok")
@@ -527,7 +529,7 @@ def test_worker_calls_follow_the_phase_table(monkeypatch: pytest.MonkeyPatch) ->
     """The setup a (re)started worker is given is a path through agent.phase's table, and the
     table refuses calls out of order (an evaluation before the worker is identified)."""
     from agent import fleet
-    from agent.phase import TRIAL_NEXT, WORKER_NEXT, Phase, advance
+    from agent.phase import WORKER_NEXT, IllegalTransition, Phase, advance
 
     monkeypatch.setattr(fleet, "spawn", lambda *a: object())  # no Ray: the setup list only
     f = fleet.Fleet({"cpu": 1}, {"cpu": ("numpy",)}, None, "")
@@ -542,7 +544,103 @@ def test_worker_calls_follow_the_phase_table(monkeypatch: pytest.MonkeyPatch) ->
         assert last is Phase.CONFIRM
     assert set(WORKER_NEXT) == {None, *Phase} and str(Phase.AA) == "aa"
     for last, nxt in [(None, Phase.TRIAL), (Phase.TRIAL, Phase.LOAD), (Phase.AA, Phase.INFO)]:
-        with pytest.raises(AssertionError, match=f"a {nxt} call cannot follow"):
+        with pytest.raises(IllegalTransition, match=f"a {nxt} call cannot follow"):
             advance(last, nxt)
-    with pytest.raises(AssertionError):
-        advance(Phase.CONFIRM, Phase.TRIAL, TRIAL_NEXT)  # a confirmed trial is not run again
+
+
+def test_a_trial_moves_only_as_the_table_allows() -> None:
+    """A trial's life is agent.phase's table: asked -> running -> (confirm) -> finished, a
+    lost call back to its own phase; any other move raises, and a finished trial is done."""
+    import optuna
+
+    from agent.phase import TRIAL_MOVES, IllegalTransition, Phase, TrialStage
+    from agent.records import TrialRecord
+
+    assert set(TRIAL_MOVES) == set(TrialStage) and not TRIAL_MOVES[TrialStage.FINISHED]
+    st = _study(optuna.storages.InMemoryStorage())
+    trial, flat, role = st.ask()
+    n = trial.number
+    assert st.states[n] is TrialStage.ASKED
+    with pytest.raises(IllegalTransition, match=f"trial {n}: asked -> confirming"):
+        st.move(n, TrialStage.sent(Phase.CONFIRM))  # a confirmation of a trial never run
+    for nxt in (
+        TrialStage.RUNNING,
+        TrialStage.retry(Phase.TRIAL),
+        TrialStage.RUNNING,
+        TrialStage.CONFIRM_WAIT,
+        TrialStage.CONFIRMING,
+        TrialStage.retry(Phase.CONFIRM),
+        TrialStage.CONFIRMING,
+    ):
+        st.move(n, nxt)
+    with pytest.raises(IllegalTransition, match="confirming -> running"):
+        st.move(n, TrialStage.RUNNING)  # a confirmed trial is not run again
+    rec = TrialRecord(st.name, n, role, "ok", config=flat)
+    st.finish(trial, rec, [1.0])
+    assert n not in st.states
+    with pytest.raises(IllegalTransition, match="unknown -> finished"):
+        st.finish(trial, rec, [1.0])  # told twice
+
+
+# --- the typed trial record ------------------------------------------------------------------
+OLD_RECORD = {  # user attrs as an older agent stored them: fewer keys, one since dropped
+    "role": "candidate",
+    "outcome": "ok",
+    "reason": "",
+    "config": {"prefill.chunk_tokens": 16},
+    "changed": {"prefill.chunk_tokens": [8, 16]},
+    "paired_against": 0,
+    "metrics": {"prefill_tok_s@32": 120.0},
+    "samples": {"prefill_tok_s@32": {"candidate": [120.0, 121.0], "best": [100.0, 99.0]}},
+    "estimates": {"prefill_tok_s@32": {"ratio": 1.2, "lower": 1.1, "upper": 1.3}},
+    "accepted": True,
+    "decision": {"accepted": True, "reason": "x1.200", "threshold": 1.05, "noise": 0.01},
+    "confirmation": {"worker": {"worker_id": "cpu-1", "host": "h2"}, "outcome": "ok",
+                     "accepted": True, "reason": "again",
+                     "estimates": {"prefill_tok_s@32": {"ratio": 1.19, "lower": 1.08,
+                                                        "upper": 1.3}}},
+    "validate": {"passed": True, "max_abs_diff": 1e-4, "nmse": 1e-9, "steps": 2,
+                 "tolerances": {"nmse": 1e-5},
+                 "prompts": [{"prompt_tokens": 5, "max_abs_diff": 1e-4, "nmse": 1e-9,
+                              "token_agreement": 1.0, "reference_tokens": [1, 2]}]},
+    "worker": {"worker_id": "cpu-0", "host": "h1", "backend": "numpy", "gone_key": 1},
+    "host": "h1",
+    "wall_s": 2.5,
+    "old_field": "ignored",
+}  # fmt: skip
+
+
+def test_trial_record_reads_older_records_and_round_trips() -> None:
+    """A record stored by older code reads typed (missing fields take defaults, unknown keys
+    are dropped); the typed record stores and reads back equal; the dashboard's row reads it."""
+    from agent.dashboard.data import TrialRow
+    from agent.dashboard.fastread import RawTrial
+    from agent.records import Confirmation, TrialRecord, Verdict
+
+    rec = TrialRecord.from_attrs("s", 3, OLD_RECORD)
+    assert rec.outcome is Outcome.OK and rec.outcome.spends_budget and rec.accepted
+    est = rec.estimates["prefill_tok_s@32"]
+    assert (est.ratio, est.lower, est.pairs) == (1.2, 1.1, 0)
+    assert rec.decision == Verdict(True, "x1.200", "", 1.05, 0.01)
+    assert rec.samples["prefill_tok_s@32"].best == (100.0, 99.0)
+    assert rec.validate and rec.validate.passed and rec.validate.kld is None
+    assert rec.validate.numeric_classes is None
+    assert rec.validate.prompts[0].reference_tokens == (1, 2)
+    assert rec.worker and rec.worker.worker_id == "cpu-0" and rec.worker.device is None
+    conf = rec.confirmation
+    assert isinstance(conf, Confirmation) and conf.accepted and conf.paired_against is None
+    assert conf.worker and conf.worker.host == "h2" and conf.estimates["prefill_tok_s@32"].lower
+    stored = json.loads(json.dumps(rec.to_attrs()))  # as Optuna keeps it: JSON
+    assert "old_field" not in stored and stored["outcome"] == "ok"
+    assert TrialRecord.from_attrs("s", 3, stored) == rec
+    assert TrialRecord.from_attrs("s", 4, {"outcome": "no-such"}).outcome is Outcome.CRASH
+
+    raw = RawTrial(7, 3, optuna.trial.TrialState.COMPLETE, {}, {}, OLD_RECORD, [120.0], 1.0)
+    row = TrialRow.of(raw, "prefill_tok_s@32")
+    assert (row.verdict, row.ratio, row.threshold, row.worker, row.max_abs_diff) == (
+        "accepted",
+        1.2,
+        1.05,
+        "cpu-0",
+        1e-4,
+    )

@@ -169,11 +169,11 @@ def test_trial_detail_is_the_agents_record(client: TestClient, storage: Path) ->
     t = next(t for t in study.trials if t.user_attrs.get("outcome") == "ok" and t.number > 0)
     body = client.get(f"/api/studies/{q(REAL)}/trials/{t.number}").json()
     assert body["outcome"] == "ok" and body["params"] == t.params
-    rec = TrialRecord.from_user_attrs(REAL, t.number, body["record"])
-    assert rec == TrialRecord.from_user_attrs(REAL, t.number, t.user_attrs)
+    rec = TrialRecord.from_attrs(REAL, t.number, body["record"])
+    assert rec == TrialRecord.from_attrs(REAL, t.number, t.user_attrs)
     assert set(rec.samples) == {"prefill_tok_s@16", "decode_tok_s@4"}
-    assert len(rec.samples["prefill_tok_s@16"]["candidate"]) == 2  # bench.pairs
-    assert rec.validate and rec.validate["passed"]
+    assert len(rec.samples["prefill_tok_s@16"].candidate) == 2  # bench.pairs
+    assert rec.validate and rec.validate.passed
 
 
 def test_bad_ids_answer_404_with_a_message(client: TestClient) -> None:

@@ -167,7 +167,7 @@ def test_worker_trusts_promoted_baseline_under_its_key_revalidates_under_another
         assert same.outcome is Outcome.OK and same.validate is None  # trusted: no validate run
         assert same.revalidation == {**same.revalidation, "revalidated": False, "changes": []}
         moved = run(good, {**key, "driver": "older"})
-        assert moved.outcome is Outcome.OK and moved.validate and moved.validate["passed"]
+        assert moved.outcome is Outcome.OK and moved.validate and moved.validate.passed
         rv = moved.revalidation
         assert rv and rv["revalidated"] and rv["passed"] and rv["changes"][0].startswith("driver")
         bad = TuningConfig.default(testing.NAME).replace(**{"matmul_prefill.variant": "wrong"})

@@ -242,6 +242,38 @@ def test_the_measured_lavapipe_table_replays() -> None:
     assert doc["target"] == TARGET
 
 
+def test_table_measure_is_a_local_run_over_the_whole_space(
+    tiny_model_path: Path, tmp_path: Path
+) -> None:
+    """``agent table measure`` runs the agent's local runner over every config of the space
+    (grid, no promotion) and writes the study as a table; a second call resumes, runs nothing."""
+    import tomli_w
+
+    from agent.cli import main
+
+    exp = {
+        "name": "m",
+        "models": [str(tiny_model_path)],
+        "backends": ["numpy"],
+        "objectives": [{"metric": "prefill_tok_s", "prompt_tokens": 16}],
+        "validate": {"random_prompts": [4], "steps": 1},
+        "bench": {"pairs": 2, "warmup": 0},
+        "space": {"numpy": {"prefill": {"chunk_tokens": [4, 8, 16]}}},
+    }
+    path = tmp_path / "m.toml"
+    path.write_text(tomli_w.dumps(exp))
+    out = tmp_path / "t.json"
+    argv = ["table", "measure", str(path), "--backend", "numpy", "--out", str(out)]
+    assert main(argv) == 0
+    t = load_table(out)
+    chunks = sorted(r.config["prefill.chunk_tokens"] for r in t.rows)
+    default = TuningConfig.default("numpy").prefill_chunk
+    assert chunks == sorted({4, 8, 16, default}) and all(r.outcome == "ok" for r in t.rows)
+    assert all(r.metric and r.metric > 0 for r in t.rows) and t.target == "prefill_tok_s@16"
+    assert t.source.startswith("python -m agent table measure") and t.backend == "numpy"
+    assert main(argv) == 0 and load_table(out).rows == t.rows  # resumed: nothing ran again
+
+
 @pytest.mark.parametrize(
     "lower, reason, expect",
     [

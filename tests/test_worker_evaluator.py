@@ -38,8 +38,8 @@ def test_ok_candidate_has_paired_samples_and_diffs(faulty: tuple[Evaluator, str]
     ev, ref = faulty
     res = ev.evaluate(ref, _flat(**{"prefill.chunk_tokens": 8}), _flat(), VPLAN, BPLAN)
     assert res.outcome is Outcome.OK, res.reason
-    assert res.validate is not None and res.validate["passed"]
-    assert res.validate["max_abs_diff"] < 1e-2
+    assert res.validate is not None and res.validate.passed
+    assert res.validate.max_abs_diff < 1e-2
     s = res.sample("prefill_tok_s@24")
     assert len(s.candidate) == len(s.best) == 3 and min(s.candidate) > 0
     assert set(res.medians()) == {"prefill_tok_s@24", "decode_tok_s@8"}
@@ -64,8 +64,8 @@ def test_failures_come_back_as_outcomes(
     assert res.outcome is outcome and reason in res.reason
     assert not res.samples
     if outcome is Outcome.INVALID:
-        assert res.validate is not None and not res.validate["passed"]
-        assert res.validate["prompts"][0]["candidate_tokens"]
+        assert res.validate is not None and not res.validate.passed
+        assert res.validate.prompts[0].candidate_tokens
 
 
 def test_aa_noop_candidate_is_never_accepted(faulty: tuple[Evaluator, str]) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 import ray
 
+from engine.tuning import TuningConfig
 from worker.claim import claim_vulkan_device
 from worker.device import resource_name
 from worker.evaluator import Evaluator
@@ -49,8 +50,8 @@ class TuningWorker:
     def evaluate(
         self,
         model_ref: str,
-        candidate: dict[str, Any],
-        best: dict[str, Any],
+        candidate: TuningConfig | dict[str, Any],
+        best: TuningConfig | dict[str, Any],
         vplan: ValidatePlan,
         bplan: BenchPlan,
         skip_validate: bool = False,

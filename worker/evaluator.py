@@ -15,7 +15,7 @@ import os
 import socket
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +33,9 @@ from worker.records import (
     EvalResult,
     Outcome,
     PairedSamples,
+    PromptDiff,
     ValidatePlan,
+    ValidateSummary,
     WorkerInfo,
 )
 
@@ -98,7 +100,7 @@ class Evaluator:
                 driver=dev.driver,
                 memory_bytes=dev.memory_bytes,
                 engine_commit=commit,
-                device=dev.to_dict(),
+                device=dev,
             )
         return self._info
 
@@ -173,14 +175,18 @@ class Evaluator:
     def evaluate(
         self,
         model_ref: str,
-        candidate: dict,
-        best: dict,
+        candidate: TuningConfig | Mapping[str, Any],
+        best: TuningConfig | Mapping[str, Any],
         vplan: ValidatePlan,
         bplan: BenchPlan,
         skip_validate: bool = False,
         promoted: dict[str, Any] | None = None,
     ) -> EvalResult:
-        """Compile, validate and benchmark ``candidate`` (flat config) paired with ``best``.
+        """Compile, validate and benchmark ``candidate`` paired with ``best``.
+
+        A ``TuningConfig`` is taken as resolved and checked against this device by the caller
+        (the agent does it once, when it asks for the trial); a flat config (a replay table, a
+        recheck, a test) is resolved and checked here.
 
         ``promoted`` ({"path", "key"}) says the candidate is a promoted config used as a study's
         baseline, validated under the drift-sentinel ``key``: under this worker's key it is
@@ -192,16 +198,24 @@ class Evaluator:
         """
         t0 = time.time()
         phase: dict[str, float] = {}
+        typed = isinstance(candidate, TuningConfig)
+        cand_flat = candidate.flat() if isinstance(candidate, TuningConfig) else dict(candidate)
+        best_flat = best.flat() if isinstance(best, TuningConfig) else dict(best)
         revalidation: dict[str, Any] | None = None
 
         def done(outcome: Outcome, reason: str = "", **kw: object) -> EvalResult:
             # The device's state right after the run (clocks, temperature): optional, cheap.
-            gpu = None if outcome is Outcome.INFEASIBLE else gpustate.sample(self.info().device)
+            dev = self.info().device
+            gpu = (
+                None
+                if outcome is Outcome.INFEASIBLE or dev is None
+                else gpustate.sample(dev.to_dict())
+            )
             return EvalResult(
                 outcome,
                 self.info(),
-                dict(candidate),
-                dict(best),
+                cand_flat,
+                best_flat,
                 reason,
                 started=t0,
                 finished=time.time(),
@@ -218,11 +232,11 @@ class Evaluator:
                 revalidation = self._promoted_check(model_ref, promoted)
                 skip_validate = not revalidation["revalidated"]
             try:
-                cand_cfg = TuningConfig.from_flat(self.backend, candidate)
-                best_cfg = TuningConfig.from_flat(self.backend, best)
+                cand_cfg = _resolved(self.backend, candidate)
+                best_cfg = _resolved(self.backend, best)
             except ConfigError as e:
                 return done(Outcome.INFEASIBLE, str(e))
-            problems = cand_cfg.problems(device)
+            problems = [] if typed else cand_cfg.problems(device)
             if problems:
                 return done(Outcome.INFEASIBLE, "; ".join(problems))
             t = time.perf_counter()
@@ -273,41 +287,49 @@ class Evaluator:
             return done(Outcome.CRASH, f"{type(e).__name__}: {e}\n{tb}")
 
 
-def validate_summary(report: object) -> dict:
-    """The JSON-ready part of a ValidateReport the agent records: worst and per-prompt diffs."""
+def _resolved(backend: str, config: TuningConfig | Mapping[str, Any]) -> TuningConfig:
+    if isinstance(config, TuningConfig):
+        if config.backend != backend:  # a caller bug: the agent resolves for its slot's backend
+            raise ConfigError(f"a {config.backend} config sent to a {backend} worker")
+        return config
+    return TuningConfig.from_flat(backend, config)
+
+
+def validate_summary(report: object) -> ValidateSummary:
+    """The part of a ValidateReport the agent records: worst and per-prompt diffs."""
     from engine.validate import ValidateReport
 
     assert isinstance(report, ValidateReport)
-    return {
-        "passed": report.passed,
-        "max_abs_diff": report.max_abs_diff,
-        "nmse": report.nmse,
-        "kld": report.kld_max,
-        "steps": report.steps,
-        "tolerances": dict(report.tolerances),
-        "numeric_classes": list(report.numeric_classes),
-        "blame": report.blame.to_dict() if report.blame else None,
-        "reasons": report.reasons,
-        "prompts": [
-            {
-                "prompt_tokens": p.prompt_tokens,
-                "positions": p.positions,
-                "max_abs_diff": p.max_abs_diff,
-                "nmse": p.nmse,
-                "kld_max": p.kld_max,
-                "kld_mean": p.kld_mean,
-                "top1_checked": p.top1_checked,
-                "top1_agree": p.top1_agree,
-                "nan": p.nan,
-                "inf": p.inf,
-                "token_agreement": p.token_agreement,
-                "reference_tokens": list(p.reference_tokens),
-                "candidate_tokens": list(p.candidate_tokens),
-                "reasons": list(p.reasons),
-            }
+    return ValidateSummary(
+        passed=report.passed,
+        max_abs_diff=report.max_abs_diff,
+        nmse=report.nmse,
+        kld=report.kld_max,
+        steps=report.steps,
+        tolerances=dict(report.tolerances),
+        numeric_classes=tuple(report.numeric_classes),
+        blame=report.blame.to_dict() if report.blame else None,
+        reasons=tuple(report.reasons),
+        prompts=tuple(
+            PromptDiff(
+                prompt_tokens=p.prompt_tokens,
+                positions=p.positions,
+                max_abs_diff=p.max_abs_diff,
+                nmse=p.nmse,
+                kld_max=p.kld_max,
+                kld_mean=p.kld_mean,
+                top1_checked=p.top1_checked,
+                top1_agree=p.top1_agree,
+                nan=p.nan,
+                inf=p.inf,
+                token_agreement=p.token_agreement,
+                reference_tokens=tuple(p.reference_tokens),
+                candidate_tokens=tuple(p.candidate_tokens),
+                reasons=tuple(p.reasons),
+            )
             for p in report.prompts
-        ],
-    }
+        ),
+    )
 
 
 def _run_objectives(

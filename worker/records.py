@@ -6,22 +6,69 @@ JSON (``to_dict``) for Optuna user attrs, the fleet status file and promotion ev
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
+from engine.device_info import DeviceInfo
 from engine.tuning.registry import NUMERIC_BUDGETS, Budget
 
 
 class Outcome(StrEnum):
-    """How an evaluation ended. Only ``ok`` trials have benchmark samples."""
+    """How a trial ended: the one list of outcome names (the agent's records, its study, the
+    replay and the dashboard read these). Only ``ok`` trials have benchmark samples."""
 
     OK = "ok"
-    INFEASIBLE = "infeasible"  # violates a registry constraint on this device; never compiled
-    COMPILE_ERROR = "compile_error"  # set_config raised KernelCompileError
     INVALID = "invalid"  # validate failed: logits or greedy tokens differ from the reference
+    COMPILE_ERROR = "compile_error"  # set_config raised KernelCompileError
     CRASH = "crash"  # an exception in the engine, or the worker process died
     TIMEOUT = "timeout"  # the trial ran past the experiment's trial timeout; worker restarted
+    INFEASIBLE = "infeasible"  # violates a registry constraint on this device; never compiled
+    # Only the agent gives these two (a worker never runs such a trial):
+    DUPLICATE = "duplicate"  # config already evaluated in its study; pruned without running
+    INTERRUPTED = "interrupted"  # running when the agent stopped; failed on resume, may run again
+
+    @property
+    def spends_budget(self) -> bool:
+        """The candidate ran on a worker: a trial of the budget spent."""
+        return self in BUDGET_OUTCOMES
+
+    @property
+    def failed(self) -> bool:
+        """A config that cannot win: told to the sampler as a violated constraint."""
+        return self in FAILED_OUTCOMES
+
+    @property
+    def broke(self) -> bool:
+        """It ran on a worker and broke (the dashboard's "failed" filter)."""
+        return self in (Outcome.COMPILE_ERROR, Outcome.CRASH, Outcome.TIMEOUT)
+
+    @classmethod
+    def of(cls, value: object) -> Outcome:
+        """From a stored string; an unknown one (a record from other code) reads as a crash."""
+        try:
+            return cls(str(value))
+        except ValueError:
+            return cls.CRASH
+
+
+BUDGET_OUTCOMES = frozenset(
+    {Outcome.OK, Outcome.COMPILE_ERROR, Outcome.INVALID, Outcome.CRASH, Outcome.TIMEOUT}
+)
+FAILED_OUTCOMES = frozenset(
+    {Outcome.INFEASIBLE, Outcome.COMPILE_ERROR, Outcome.INVALID, Outcome.CRASH, Outcome.TIMEOUT}
+)
+
+
+_T = TypeVar("_T")
+
+
+def known_fields(cls: type[_T], data: Mapping[str, Any] | None, **defaults: Any) -> dict[str, Any]:
+    """The keys of ``data`` that are fields of the dataclass ``cls``, over ``defaults``: a record
+    stored by older or newer code (keys missing or added since) still reads."""
+    names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+    return {**defaults, **{k: v for k, v in (data or {}).items() if k in names}}
 
 
 @dataclass(frozen=True)
@@ -39,10 +86,26 @@ class WorkerInfo:
     driver: str
     memory_bytes: int
     engine_commit: str  # git commit of the engine checkout, "+dirty" when it has local edits
-    device: dict[str, Any] = field(default_factory=dict)  # engine DeviceInfo.to_dict()
+    device: DeviceInfo | None = None  # the engine's record of the device (None: not known)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return asdict(self)  # the device as a dict too: JSON for attrs and the status file
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> WorkerInfo:
+        blank: dict[str, Any] = {f.name: "" for f in fields(cls)}
+        blank |= {"pid": 0, "memory_bytes": 0}
+        kw = known_fields(cls, d, **blank)
+        dev = kw.get("device")
+        kw["device"] = device_from_dict(dev) if isinstance(dev, Mapping) and dev else None
+        return cls(**kw)
+
+
+def device_from_dict(d: Mapping[str, Any]) -> DeviceInfo:
+    """A DeviceInfo stored as a dict (``to_dict``), older or newer fields tolerated."""
+    return DeviceInfo(
+        **known_fields(DeviceInfo, d, backend="", name="", vendor="", device_class="")
+    )
 
 
 @dataclass(frozen=True)
@@ -100,6 +163,80 @@ class PairedSamples:
     def to_dict(self) -> dict[str, Any]:
         return {"candidate": list(self.candidate), "best": list(self.best)}
 
+    @classmethod
+    def from_dict(cls, objective: str, d: Mapping[str, Any]) -> PairedSamples:
+        return cls(objective, tuple(d.get("candidate") or ()), tuple(d.get("best") or ()))
+
+
+@dataclass(frozen=True)
+class PromptDiff:
+    """One validate prompt: the worst differences from the reference and the greedy tokens."""
+
+    prompt_tokens: int = 0
+    positions: int = 0
+    max_abs_diff: float = 0.0
+    nmse: float = 0.0
+    kld_max: float | None = None
+    kld_mean: float | None = None
+    top1_checked: int = 0
+    top1_agree: int = 0
+    nan: int = 0
+    inf: int = 0
+    token_agreement: float = 0.0
+    reference_tokens: tuple[int, ...] = ()
+    candidate_tokens: tuple[int, ...] = ()
+    reasons: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> PromptDiff:
+        kw = known_fields(cls, d)
+        for k in ("reference_tokens", "candidate_tokens", "reasons"):
+            kw[k] = tuple(kw.get(k) or ())
+        return cls(**kw)
+
+
+@dataclass(frozen=True)
+class ValidateSummary:
+    """What the agent records of an engine.validate.ValidateReport: worst and per-prompt diffs.
+    ``kld`` and ``numeric_classes`` are None in records from before teacher-forced validate."""
+
+    passed: bool
+    max_abs_diff: float = 0.0
+    nmse: float = 0.0
+    kld: float | None = None
+    steps: int = 0
+    tolerances: dict[str, float] = field(default_factory=dict)
+    numeric_classes: tuple[str, ...] | None = None
+    blame: dict[str, Any] | None = None  # engine.blame.Blame.to_dict(): the first divergence
+    reasons: tuple[str, ...] = ()
+    prompts: tuple[PromptDiff, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **{f.name: getattr(self, f.name) for f in fields(self)},
+            "tolerances": dict(self.tolerances),
+            "numeric_classes": (
+                list(self.numeric_classes) if self.numeric_classes is not None else None
+            ),
+            "reasons": list(self.reasons),
+            "prompts": [p.to_dict() for p in self.prompts],
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ValidateSummary:
+        kw = known_fields(cls, d, passed=False)
+        kw["passed"] = bool(kw["passed"])
+        kw["tolerances"] = dict(kw.get("tolerances") or {})
+        if kw.get("numeric_classes") is not None:
+            kw["numeric_classes"] = tuple(kw["numeric_classes"])
+        kw["reasons"] = tuple(kw.get("reasons") or ())
+        kw["prompts"] = tuple(PromptDiff.from_dict(p) for p in kw.get("prompts") or ())
+        return cls(**kw)
+
 
 @dataclass(frozen=True)
 class EvalResult:
@@ -110,7 +247,7 @@ class EvalResult:
     candidate: dict[str, Any]  # flat config
     best: dict[str, Any]  # flat config of the best it was paired against
     reason: str = ""
-    validate: dict[str, Any] | None = None  # summary of engine.validate.ValidateReport
+    validate: ValidateSummary | None = None
     samples: tuple[PairedSamples, ...] = ()
     started: float = 0.0  # unix time
     finished: float = 0.0

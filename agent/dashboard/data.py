@@ -36,25 +36,16 @@ from optuna.trial import FrozenTrial, TrialState
 
 from agent.dashboard import gitlog
 from agent.dashboard.fastread import FastReader, RawTrial
+from agent.records import TrialRecord
 from agent.storage import StorageRef, parse_storage
+from worker.records import Outcome
 
 log = logging.getLogger(__name__)
 
-FAILED = ("compile_error", "crash", "timeout")  # ran on a worker and broke
-OUTCOMES = (
-    "ok",
-    "invalid",
-    "compile_error",
-    "crash",
-    "timeout",
-    "infeasible",
-    "duplicate",
-    "interrupted",
-    "running",
-    "waiting",
-)
+FAILED = tuple(o.value for o in Outcome if o.broke)  # ran on a worker and broke
+OUTCOMES = (*(o.value for o in Outcome), "running", "waiting")  # + the Optuna states shown
 VERDICTS = ("baseline", "accepted", "rejected")  # what an ok trial was, as a filter and a color
-BUDGET = ("ok", "invalid", *FAILED)  # outcomes that spent a trial of the budget
+BUDGET = tuple(o.value for o in Outcome if o.spends_budget)  # spent a trial of the budget
 PLAIN = "value"  # the target of a study without agent attrs: Optuna's first value
 IMPORTANCE_MAX_TRIALS = 2000  # importances from the most recent ok trials, so it answers in seconds
 
@@ -156,34 +147,31 @@ class TrialRow:
 
     @classmethod
     def of(cls, t: RawTrial, target: str) -> TrialRow:
-        ua = t.user_attrs
-        est = (ua.get("estimates") or {}).get(target) or {}
-        val = ua.get("validate") or {}
-        worker = ua.get("worker") or {}
-        decision = ua.get("decision") or {}
-        against = ua.get("paired_against")
+        rec = TrialRecord.from_attrs("", t.number, t.user_attrs)  # the typed record, as stored
+        est = rec.estimates.get(target)
+        val = rec.validate
         return cls(
             number=t.number,
             state=t.state.name,
             outcome=_outcome(t),
-            role=str(ua.get("role", "candidate")),
-            accepted=bool(ua.get("accepted", False)),
-            reason=_first_line(str(ua.get("reason", ""))),
+            role=rec.role,
+            accepted=rec.accepted,
+            reason=_first_line(rec.reason),
             params=dict(t.params),
             metrics=_metrics(t, target),
-            ratio=est.get("ratio"),
-            lower=est.get("lower"),
-            upper=est.get("upper"),
-            paired_against=int(against) if isinstance(against, int | float) else None,
-            threshold=decision.get("threshold"),
-            max_abs_diff=val.get("max_abs_diff"),
-            nmse=val.get("nmse"),
-            worker=str(worker.get("worker_id", "")),
-            host=str(ua.get("host") or worker.get("host", "")),
-            wall_s=float(ua.get("wall_s", 0.0) or 0.0),
-            started=float(ua.get("started") or 0.0),
-            finished=float(ua.get("finished") or t.datetime_complete),
-            gpu=ua.get("gpu") or None,
+            ratio=est.ratio if est else None,
+            lower=est.lower if est else None,
+            upper=est.upper if est else None,
+            paired_against=rec.paired_against,
+            threshold=rec.decision.threshold if rec.decision else None,
+            max_abs_diff=val.max_abs_diff if val else None,
+            nmse=val.nmse if val else None,
+            worker=rec.worker.worker_id if rec.worker else "",
+            host=rec.host or (rec.worker.host if rec.worker else ""),
+            wall_s=float(rec.wall_s or 0.0),
+            started=float(rec.started or 0.0),
+            finished=float(rec.finished or t.datetime_complete),
+            gpu=rec.gpu or None,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -203,7 +191,7 @@ class _StudyCache:
     synced: float = 0.0
     n_finished: int = 0  # storage API path: trials below this number are all finished
     last_finished_id: int = -1  # fast path: highest trial id seen finished
-    records: dict[int, dict[str, Any]] = field(default_factory=dict)  # finished trials' attrs
+    records: dict[int, TrialRecord] = field(default_factory=dict)  # finished trials
     chains: dict[tuple[Any, ...], dict[str, Any]] = field(default_factory=dict)
 
     @property
@@ -416,11 +404,12 @@ class Reader:
         }
 
     # --- the chained paired speedup -------------------------------------------------------
-    def _record(self, c: _StudyCache, number: int) -> dict[str, Any]:
-        """A finished trial's full attrs, read once (finished trials never change)."""
+    def _record(self, c: _StudyCache, number: int) -> TrialRecord:
+        """A finished trial's full record, read once (finished trials never change)."""
         rec = c.records.get(number)
         if rec is None:
-            rec = dict(self.storage.get_trial(c.trial_ids[number]).user_attrs)
+            attrs = self.storage.get_trial(c.trial_ids[number]).user_attrs
+            rec = TrialRecord.from_attrs(c.name, number, attrs)
             if number not in c.unfinished:
                 c.records[number] = rec
         return rec
@@ -430,11 +419,11 @@ class Reader:
         the best moved before a confirmation ran, the confirmation measured it against the newer
         best: that is the link to follow."""
         est = {"ratio": row.ratio, "lower": row.lower, "upper": row.upper, "source": "trial"}
-        conf = self._record(c, row.number).get("confirmation") or {}
-        conf_against = conf.get("paired_against")
-        if isinstance(conf_against, int) and conf_against != row.paired_against:
-            e = (conf.get("estimates") or {}).get(c.target) or {}
-            return conf_against, {**e, "source": "confirmation"}
+        conf = self._record(c, row.number).confirmation
+        if conf is not None and conf.paired_against is not None:
+            if conf.paired_against != row.paired_against:
+                e = conf.estimates.get(c.target)
+                return conf.paired_against, {**(e.to_dict() if e else {}), "source": "confirmation"}
         return row.paired_against, est
 
     def _chain(self, c: _StudyCache, best: int | None) -> dict[str, Any]:
@@ -514,34 +503,34 @@ class Reader:
         t = self.storage.get_trial(c.trial_ids[number])
         row = TrialRow.of(_raw(t), c.target)
         assert row is not None
-        ua = dict(t.user_attrs)
+        rec = TrialRecord.from_attrs(name, number, t.user_attrs)
         return {
             "study": name,
             "number": number,
             "state": t.state.name,
             "outcome": row.outcome,
             "verdict": row.verdict,
-            "compare": self._compare(c, ua),
+            "compare": self._compare(c, rec),
             "target": c.target,
             "objectives": list(c.attrs.get("objectives") or []),
             "params": dict(t.params),
             "values": list(t.values) if t.values else None,
             "started": t.datetime_start.timestamp() if t.datetime_start else None,
             "completed": t.datetime_complete.timestamp() if t.datetime_complete else None,
-            "record": ua,
+            "record": rec.to_attrs(),  # the typed record, as this code stores it
         }
 
-    def _compare(self, c: _StudyCache, ua: dict[str, Any]) -> list[list[Any]]:
+    def _compare(self, c: _StudyCache, rec: TrialRecord) -> list[list[Any]]:
         """[key, baseline, best it was paired against, this trial] for every config key where
         this trial differs from either (the record's ``changed`` is against the baseline only)."""
-        cand = ua.get("config") or {}
+        cand = rec.config
         if not cand:
             return []
         base = dict((c.attrs.get("baseline") or {}).get("config") or {})
-        against = ua.get("paired_against")
+        against = rec.paired_against
         paired: dict[str, Any] | None = None
-        if isinstance(against, int) and 0 <= against < len(c.rows) and c.rows[against]:
-            paired = dict(self._record(c, against).get("config") or {}) or None
+        if against is not None and 0 <= against < len(c.rows) and c.rows[against]:
+            paired = dict(self._record(c, against).config) or None
         out = []
         for k in sorted(set(cand) | set(base) | set(paired or {})):
             b, p, v = base.get(k), (paired or {}).get(k) if paired else None, cand.get(k)
@@ -686,13 +675,13 @@ class Reader:
                         )
                     continue
                 trial = p.get("trial", (p.get("evidence") or {}).get("trial"))
-                ua = self._trial_attrs(c, trial)
+                rec = self._trial_record(c, trial)
                 ev = (
                     dict(p.get("evidence") or {})
                     or _file_evidence(p.get("path"))
-                    or (_record_evidence(ua, c.target))
+                    or (_record_evidence(rec, c.target))
                 )
-                cfg = p.get("config") or ua.get("config")
+                cfg = p.get("config") or (rec.config if rec else None)
                 if cfg is None:
                     cfg = (c.attrs.get("best") or {}).get("config") or {}
                 out.append(
@@ -725,13 +714,13 @@ class Reader:
                 self._gitlog[key] = gitlog.history(repo, rel)
             return self._gitlog[key]
 
-    def _trial_attrs(self, c: _StudyCache, trial: Any) -> dict[str, Any]:
+    def _trial_record(self, c: _StudyCache, trial: Any) -> TrialRecord | None:
         if not isinstance(trial, int):
-            return {}
+            return None
         c = self._sync(c)
         if not 0 <= trial < len(c.rows) or c.rows[trial] is None:
-            return {}
-        return dict(self.storage.get_trial(c.trial_ids[trial]).user_attrs)
+            return None
+        return self._record(c, trial)
 
     # --- fleet ----------------------------------------------------------------------------
     def status_file(self) -> dict[str, Any]:
@@ -984,8 +973,8 @@ def _chain_of(reader: Reader, c: _StudyCache, best: int | None) -> dict[str, Any
         if not est.get("ratio") or not est.get("lower") or not est.get("upper"):
             out["note"] = f"trial {n} has no paired estimate on {c.target}"
             break
-        conf = (reader._record(c, n).get("estimates") or {}).get(c.target) or {}
-        confidence = float(conf.get("confidence") or confidence)
+        own = reader._record(c, n).estimates.get(c.target)
+        confidence = float(own.confidence if own and own.confidence else confidence)
         links.append(
             {
                 "trial": n,
@@ -1025,24 +1014,22 @@ def _file_evidence(path: Any) -> dict[str, Any]:
         return {}
 
 
-def _record_evidence(ua: dict[str, Any], target: str) -> dict[str, Any]:
+def _record_evidence(rec: TrialRecord | None, target: str) -> dict[str, Any]:
     """Evidence rebuilt from the promoted trial's record, when the config file is elsewhere."""
-    if not ua:
+    if rec is None:
         return {}
-    est = (ua.get("estimates") or {}).get(target) or {}
-    val = ua.get("validate") or {}
-    worker = ua.get("worker") or {}
+    est, val = rec.estimates.get(target), rec.validate
     return {
         "target": target,
-        "ratio": est.get("ratio"),
-        "lower_bound": est.get("lower"),
-        "confidence": est.get("confidence"),
-        "paired_against": ua.get("paired_against"),
-        "decision": (ua.get("decision") or {}).get("reason"),
-        "validate_max_abs_diff": val.get("max_abs_diff"),
-        "validate_nmse": val.get("nmse"),
-        "device": ua.get("device"),
-        "driver": ua.get("driver"),
-        "worker": worker.get("worker_id"),
-        "engine_commit": ua.get("engine_commit"),
+        "ratio": est.ratio if est else None,
+        "lower_bound": est.lower if est else None,
+        "confidence": est.confidence if est else None,
+        "paired_against": rec.paired_against,
+        "decision": rec.decision.reason if rec.decision else None,
+        "validate_max_abs_diff": val.max_abs_diff if val else None,
+        "validate_nmse": val.nmse if val else None,
+        "device": rec.device,
+        "driver": rec.driver,
+        "worker": rec.worker.worker_id if rec.worker else None,
+        "engine_commit": rec.engine_commit,
     }

@@ -101,6 +101,11 @@ def _worker(device_class: str, i: int) -> dict[str, Any]:
     }
 
 
+def _rec(study: str, trial: int, **attrs: Any) -> TrialRecord:
+    """A record from its stored shape (JSON values), as the dashboard reads one back."""
+    return TrialRecord.from_attrs(study, trial, attrs)
+
+
 def _record(
     name: str,
     number: int,
@@ -142,7 +147,7 @@ def _record(
     roll = rng.random() if role == "candidate" else 1.0
     if roll < 0.06:
         reason = "glslc: error: 'rows_per_wg' : undeclared identifier\n(12 more lines)"
-        return TrialRecord(outcome="compile_error", reason=reason, **common), TrialState.FAIL, None
+        return _rec(outcome="compile_error", reason=reason, **common), TrialState.FAIL, None
     if roll < 0.12:
         val = {
             "passed": False,
@@ -171,7 +176,7 @@ def _record(
                 "|diff| 3.1",
             },
         }
-        rec = TrialRecord(
+        rec = _rec(
             outcome="invalid",
             reason="max_abs_diff 0.31 > 0.01 at index 4821",
             validate=val,
@@ -180,7 +185,7 @@ def _record(
         return rec, TrialState.FAIL, None
     if roll < 0.14:
         return (
-            TrialRecord(outcome="crash", reason="worker died: VK_ERROR_DEVICE_LOST", **common),
+            _rec(outcome="crash", reason="worker died: VK_ERROR_DEVICE_LOST", **common),
             (TrialState.FAIL),
             None,
         )
@@ -211,7 +216,7 @@ def _record(
         f"{threshold:.3f} (min gain 0.020, A/A noise 0.004)"
     )
     val = {"passed": True, "max_abs_diff": 1.2e-4, "nmse": 3e-9, "steps": 8, "prompts": []}
-    rec = TrialRecord(
+    rec = _rec(
         outcome="ok",
         metrics=metrics,
         samples=samples,
@@ -305,7 +310,7 @@ def write_study(
                 distributions=dists,
                 values=values,
                 state=state,
-                user_attrs=json.loads(json.dumps(rec.user_attrs())),
+                user_attrs=json.loads(json.dumps(rec.to_attrs())),
             )
         )
     study.add_trials(batch)

@@ -1,0 +1,135 @@
+"""The local runner end to end on the NumPy backend: the agent's strategy and acceptance on a
+tiny synthetic model, in this process, without Ray; and ``python -m agent run --local``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import optuna
+import pytest
+import ray
+import tomli_w
+
+from agent.cli import main
+from agent.experiment import parse_experiment
+from agent.loop import RunOptions, run_experiment
+from agent.records import Outcome, TrialRecord
+from agent.storage import parse_storage
+from engine.tuning import TuningConfig
+from engine.tuning.promoted import find_promoted
+from worker import testing
+
+
+def _experiment(model: str) -> dict:
+    return {
+        "name": "loc",
+        "models": [model],
+        "backends": ["numpy"],
+        "objectives": [{"metric": "prefill_tok_s", "prompt_tokens": 24}],
+        "validate": {"random_prompts": [1, 20], "steps": 2},
+        "bench": {"pairs": 6, "warmup": 1},
+        "budget": {"trials": 3, "trial_timeout_s": 120},
+        "acceptance": {"min_gain": 0.05},
+        "sampler": {"name": "random", "seed": 1},
+        "space": {"numpy": {"prefill": {"chunk_tokens": [1, 8, 16, 32]}}},
+    }
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    r = tmp_path / "promote"
+    r.mkdir()
+    git = ["git", "-C", str(r)]
+    subprocess.run([*git, "init", "-q", "-b", "main"], check=True)
+    (r / "README").write_text("promote repo\n")
+    subprocess.run([*git, "add", "README"], check=True)
+    subprocess.run(
+        [*git, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init"], check=True
+    )
+    return r
+
+
+def _records(storage: str) -> list[TrialRecord]:
+    st = parse_storage(storage).open()
+    (s,) = optuna.get_all_study_summaries(st)
+    study = optuna.load_study(study_name=s.study_name, storage=st)
+    return [TrialRecord.from_attrs(s.study_name, t.number, t.user_attrs) for t in study.trials]
+
+
+@pytest.fixture
+def faults() -> Iterator[None]:
+    testing.install()
+    yield
+    testing.uninstall()
+
+
+@pytest.mark.usefixtures("faults")
+def test_local_run_finds_promotes_and_resumes_without_ray(
+    tiny_model_path: Path, repo: Path, tmp_path: Path
+) -> None:
+    """The baseline is a promoted config with a slowed matmul; the local run measures each
+    candidate paired against the best on this process's test backend, records the broken ones
+    by kind, accepts the fast matmul and promotes it, as the Ray runner would (a deterministic
+    4x, so a loaded machine cannot hide it); a second run resumes and runs nothing again."""
+    from agent.promote import promote
+
+    slow = TuningConfig.default(testing.NAME).replace(**{"matmul_prefill.variant": "slow"})
+    promote(repo, "cpu-sim", "qwen2", slow, {"seeded": True})
+    data = _experiment(str(tiny_model_path))
+    variants = ["cached_f32", "slow", "wrong", "nocompile", "raises"]
+    data |= {
+        "backends": [testing.NAME],
+        "space": {testing.NAME: {"matmul_prefill": {"variants": variants}}},
+        "budget": {"trials": 5, "trial_timeout_s": 120},
+        "sampler": {"name": "grid", "seed": 0},
+    }
+    exp = parse_experiment(data)
+    storage = str(tmp_path / "studies.journal")
+    opts = RunOptions(parse_storage(storage), promote_repo=repo, local=True, setup=testing.install)
+    summary = run_experiment(exp, opts)
+
+    assert summary.ray == "local" and not ray.is_initialized()
+    (s,) = summary.studies
+    assert s.device_class == "cpu-sim" and s.evaluated == 5, summary.text()
+    assert s.changed["matmul_prefill.variant"] == ["slow", "cached_f32"], summary.text()
+    assert s.ratio > 1.05 and s.promotion and s.promotion["commit"]
+    found = find_promoted(testing.NAME, "cpu-sim", "qwen2", root=repo / "configs")
+    assert found is not None and found[0].op("matmul_prefill").variant == "cached_f32"
+    ran = [r for r in _records(storage) if r.outcome.spends_budget]
+    recs = {r.config.get("matmul_prefill.variant"): r for r in ran}
+    assert recs["slow"].role == "baseline" and recs["slow"].worker.backend == testing.NAME
+    assert {v: recs[v].outcome for v in ("wrong", "nocompile", "raises")} == {
+        "wrong": Outcome.INVALID,
+        "nocompile": Outcome.COMPILE_ERROR,
+        "raises": Outcome.CRASH,
+    }
+    won = recs["cached_f32"]
+    assert won.accepted and won.decision and won.decision.accepted
+    assert won.estimates[s.target].lower > 1.05 and won.samples[s.target].candidate
+    assert won.validate and won.validate.passed and not recs["wrong"].validate.passed
+
+    again = run_experiment(exp, opts)
+    assert again.studies[0].evaluated == 5 and not ray.is_initialized()
+    assert again.studies[0].promotion["action"] == "already"
+    assert sum(r.outcome.spends_budget for r in _records(storage)) == 5
+
+
+def test_cli_run_local(
+    tiny_model_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    exp = _experiment(str(tiny_model_path))
+    exp["budget"]["trials"] = 2
+    path = tmp_path / "x.toml"
+    path.write_text(tomli_w.dumps(exp))
+    storage = tmp_path / "s.journal"
+    argv = ["run", str(path), "--local", "--storage", str(storage), "--no-promote", "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["ray"] == "local" and out["studies"][0]["evaluated"] == 2
+    assert {r.outcome for r in _records(str(storage))} <= {Outcome.OK, Outcome.DUPLICATE}
+    with pytest.raises(SystemExit) as e:  # --local or --address, not both
+        main([*argv, "--address", "x:1"])
+    assert e.value.code == 2
