@@ -58,6 +58,8 @@ VARIANTS: dict[str, dict] = {
                                   "attention_decode.splits": 16},
     "mmvw_kw_g4": MMVW | FUSE | {"attention_decode.variant": "split_kw",
                                  "attention_decode.lanes_per_key": 4},
+    "mmvw_kw_nofc": MMVW | FUSE | {"attention_decode.variant": "split_kw",
+                                   "attention_decode.fuse_combine": 0},
     # every decode change of issue 14 at once
     "mmvw_all": MMVW | FUSE | {"attention_decode.variant": "split_kw", "argmax.variant": "multi"},
     "all_dmmv": FUSE | {"attention_decode.variant": "split_kw", "argmax.variant": "multi"},

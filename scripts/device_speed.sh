@@ -38,7 +38,7 @@ else CARDS=($(seq 0 $(( $(nvidia-smi -L | wc -l) - 1 )))); fi
 ncards=${#CARDS[@]}
 TCARD=0; [ "$ncards" -gt 1 ] && TCARD=1
 
-BENCH=${BENCH:-default,mmvw_all,mmvq,all_dmmv,mmvw_fused,mmvw_kw,fuse_kv,kw,mmvw,mmvw_s32,mmvw_kw_s16,mmvw_kw_g4,mmvw_t16_r2,mmvw_t8_r2,mmvw_u4}
+BENCH=${BENCH:-default,mmvw_all,mmvq,all_dmmv,mmvw_fused,mmvw_kw,mmvw_kw_nofc,fuse_kv,kw,mmvw,mmvw_s32,mmvw_kw_s16,mmvw_kw_g4,mmvw_t16_r2,mmvw_t8_r2,mmvw_u4}
 VALIDATE=${VALIDATE:-all_dmmv,mmvw_all}
 PROFILE=${PROFILE:-default,mmvw_all}
 RESERVE=0; [ "${PDL:-1}" = 0 ] || RESERVE=${PDL_RESERVE:-55}  # seconds kept for the PDL runs

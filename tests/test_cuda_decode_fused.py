@@ -152,22 +152,28 @@ def test_attn_in_fused_equals_unfused(be, T, H, Hkv, D, pos0, neox, bias, decode
     check(out[1][2][pos0 : pos0 + T], qkv[2].reshape(T, Hkv, D), limit)
 
 
-@pytest.mark.parametrize("variant", ["mmvq", "mmvw"])
+@pytest.mark.parametrize("variant", ["mmvq", "mmvw", "mmvw+split_kw", "mmvw+split_kw+fc"])
 @pytest.mark.parametrize("H,Hkv,D,pos0", [(12, 2, 128, 0), (28, 4, 128, 600), (4, 2, 64, 37)])
 def test_attention_combine_leaves_the_q8_form(be, variant, H, Hkv, D, pos0):
-    """Under an int8 decode path the decode attention's combine writes the output's Q8_1 form,
-    which the attention-output projection then uses; the float output is the default one's."""
+    """Under an int8 decode path the decode attention's combine (its own launch, or the last
+    key range's under split_kw with fuse_combine) writes the output's Q8_1 form, which the
+    attention-output projection then uses; the float output is the default one's."""
     rng = np.random.default_rng(H + pos0)
     q = rng.standard_normal((1, H, D)).astype(np.float32)
     k = rng.standard_normal((pos0 + 1, Hkv, D)).astype(np.float32)
     v = rng.standard_normal((pos0 + 1, Hkv, D)).astype(np.float32)
+    dec, *att = variant.split("+")
+    flat_v = {"matmul_decode.variant": dec}
+    if att:
+        flat_v |= {"attention_decode.variant": "split_kw",
+                   "attention_decode.fuse_combine": int("fc" in att)}  # fmt: skip
     outs = []
-    for flat in ({}, {"matmul_decode.variant": variant}):
+    for flat in ({}, flat_v):
         be.set_config(cfg(**flat))
         cache = be.new_kv_cache(1, pos0 + 2, Hkv, D)
         be.kv_write(cache, 0, be.upload(k), be.upload(v), 0)
         outs.append(be.attention(be.upload(q), cache, 0, pos0))
-    check(be.download(outs[1]), be.download(outs[0]).astype(np.float64), 1e-12)
+    check(be.download(outs[1]), be.download(outs[0]).astype(np.float64), 1e-12 if not att else 1e-9)
     a = be.reshape(outs[1], (1, H * D))
     hit = be._q8_lookup(a)
     assert hit is not None, "attention under int8 decode left no Q8_1 form"
@@ -183,26 +189,30 @@ KW_SHAPES = [  # H, Hkv, D, pos0; (D, G) pairs split_kw cannot take fall back to
 ]  # fmt: skip
 
 
+@pytest.mark.parametrize("fc", [0, 1])
 @pytest.mark.parametrize("G", [4, 8, 16])
 @pytest.mark.parametrize("splits,warps", [(8, 4), (1, 1), (32, 8), (16, 2)])
 @pytest.mark.parametrize("H,Hkv,D,pos0", KW_SHAPES)
-def test_attention_decode_split_kw(be, G, splits, warps, H, Hkv, D, pos0):
-    """attention_decode.split_kw (several keys per warp step) against float64, with key ranges
-    that are empty (splits > positions) and ragged."""
+def test_attention_decode_split_kw(be, G, splits, warps, H, Hkv, D, pos0, fc):
+    """attention_decode.split_kw (several keys per warp step; fc: the last range of a head
+    combines) against float64, with key ranges that are empty (splits > positions) and ragged;
+    twice, as the per-head tickets must reset."""
     from tests.op_cases import attention_ref
 
     be.set_config(cfg(**{"attention_decode.variant": "split_kw",
                          "attention_decode.lanes_per_key": G,
                          "attention_decode.splits": splits,
-                         "attention_decode.warps": warps}))  # fmt: skip
+                         "attention_decode.warps": warps,
+                         "attention_decode.fuse_combine": fc}))  # fmt: skip
     rng = np.random.default_rng(G * 100 + splits + D + pos0)
     q = rng.standard_normal((1, H, D)).astype(np.float32)
     k = rng.standard_normal((pos0 + 1, Hkv, D)).astype(np.float32)
     v = rng.standard_normal((pos0 + 1, Hkv, D)).astype(np.float32)
     cache = be.new_kv_cache(1, pos0 + 3, Hkv, D)
     be.kv_write(cache, 0, be.upload(k), be.upload(v), 0)
-    out = be.download(be.attention(be.upload(q), cache, 0, pos0))
-    check(out, attention_ref(q, be.download(cache.k[0]), be.download(cache.v[0]), pos0), 1e-9)
+    ref = attention_ref(q, be.download(cache.k[0]), be.download(cache.v[0]), pos0)
+    for _ in range(2):
+        check(be.download(be.attention(be.upload(q), cache, 0, pos0)), ref, 1e-9)
     be.set_config(cfg())
 
 
@@ -259,6 +269,7 @@ FUSED_MODEL_CONFIGS = [
     {"attention_decode.variant": "split_kw"},
     MMVW,
     MMVW | {"rope.fuse_kv": 1, "attention_decode.variant": "split_kw", "argmax.variant": "multi"},
+    MMVW | {"attention_decode.variant": "split_kw", "attention_decode.fuse_combine": 0},
     mmvw(threads_per_row=16, rows_per_thread=2, unroll=1) | {"rope.fuse_kv": 1},
 ]
 

@@ -10,13 +10,14 @@
 //                              then a combine kernel merges the ranges. Also serves prefill as
 //                              attention_prefill.split (grid z = query token).
 //   attention_decode.split_kw  attn_split_kw + attn_combine: as split, G lanes per key and
-//                              32 / G keys per warp step (LANES_PER_KEY, launch), decode only.
+//                              32 / G keys per warp step (LANES_PER_KEY, launch), decode only;
+//                              with FUSE_COMBINE the last range of a head combines (1 launch).
 //   attention_prefill.flash    attn_flash: a block takes BQ query tokens of one head, stages 32
 //                              keys and values at a time in shared memory (rows padded by four
 //                              floats: no bank conflicts on 16-byte reads) and each warp keeps RPW queries'
 //                              running max, sum and output in registers. Lanes own keys for
 //                              the scores and head dims for P.V. Needs D <= 128, D % 4 == 0.
-// Tunables: SPLITS, WARPS, LANES_PER_KEY (launch), BQ and RPW (defines of attn_flash).
+// Tunables: SPLITS, WARPS, LANES_PER_KEY, FUSE_COMBINE (launch), BQ and RPW (attn_flash).
 // pos0 comes as a scalar and a device pointer (non-null wins: the decode graph's position).
 #include "common.cuh"
 
@@ -103,10 +104,14 @@ extern "C" __global__ void attn_split(const float* __restrict__ q, const float* 
 // so a warp's chain of dependent load -> reduce -> softmax steps is 32 / G times shorter. The
 // key groups of a warp merge by shuffles, then the block as attn_split does. Same outputs.
 #define KW_DPL 32  // dims per lane at most
+// With out non-null the head's last range to finish (a ticket per head, reset by that block)
+// also does attn_combine's work into out [H, D], and with xq non-null writes out's Q8_1 blocks
+// as attn_combine_q8 does (D % 32 == 0): one launch for the decode attention.
 extern "C" __global__ void attn_split_kw(const float* __restrict__ q, const float* __restrict__ kc,
-                                         const float* __restrict__ vc, float* __restrict__ part,
-                                         float* __restrict__ ml, int H, int Hkv, int D, int G,
-                                         int pos0, const int* pos_ptr, float scale) {
+                                         const float* __restrict__ vc, float* part, float* ml,
+                                         int H, int Hkv, int D, int G, int pos0,
+                                         const int* pos_ptr, float scale, float* out,
+                                         signed char* xq, float2* xds, unsigned int* tickets) {
     extern __shared__ float sm[];  // [nwarps][D + 2]
     pdl_start();
     const int s = blockIdx.x, h = blockIdx.y, nsplit = gridDim.x;
@@ -181,6 +186,50 @@ extern "C" __global__ void attn_split_kw(const float* __restrict__ q, const floa
     }
     __syncthreads();
     block_merge(sm, nw, D, (size_t)h * nsplit + s, part, ml);
+    if (!out) return;
+    __shared__ bool last;
+    __threadfence();  // this block's partial is visible before its ticket is counted
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(tickets + h, 1u) == (unsigned)(nsplit - 1);
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const float* pm = ml + 2 * (size_t)h * nsplit;
+    float M = NEG_INF;
+    for (int r = 0; r < nsplit; ++r) M = fmaxf(M, __ldcg(pm + 2 * r));
+    float Ls = 0.f;
+    for (int r = 0; r < nsplit; ++r) {
+        const float mr = __ldcg(pm + 2 * r);
+        if (mr != NEG_INF) Ls += __ldcg(pm + 2 * r + 1) * expf(mr - M);
+    }
+    const float inv = 1.f / Ls;
+    const int Dr = (D + blockDim.x - 1) / blockDim.x * blockDim.x;  // whole warps: shuffles
+    for (int d = threadIdx.x; d < Dr; d += blockDim.x) {
+        const bool ok = d < D;
+        float a = 0.f;
+        if (ok) {
+            for (int r = 0; r < nsplit; ++r) {
+                const float mr = __ldcg(pm + 2 * r);
+                if (mr != NEG_INF) a += __ldcg(part + ((size_t)h * nsplit + r) * D + d) * expf(mr - M);
+            }
+            a = a * inv;
+        }
+        const size_t e = (size_t)h * D + d;
+        if (xq) {  // warps cover 32 consecutive values (D % 32 == 0)
+            const float amax = warp_max(fabsf(a));
+            const float dq = amax / 127.f, id = amax > 0.f ? 127.f / amax : 0.f;
+            const int qv = __float2int_rn(a * id);
+            int sq = qv;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
+            if (ok) {
+                xq[e] = (signed char)qv;
+                if ((threadIdx.x & 31) == 0) xds[e / 32] = make_float2(dq, dq * (float)sq);
+            }
+        }
+        if (ok) out[e] = a;
+    }
+    if (threadIdx.x == 0) tickets[h] = 0;
 }
 
 // grid (H, T), block >= 32: merge SPLITS partials into out [T, H, D].

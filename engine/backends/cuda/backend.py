@@ -175,6 +175,7 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
         self._q8: list[tuple[Any, Any, Any]] = []
         # argmax.multi's per-row tickets: zero between launches (the last block resets its row)
         self._tickets = cp.zeros(_MAX_ARGMAX_ROWS, np.uint32)
+        self._head_tickets = cp.zeros(_MAX_ARGMAX_ROWS, np.uint32)  # attn_split_kw's combine
         self._alpha = np.ones(1, np.float32)
         self._beta = np.zeros(1, np.float32)
         super().__init__(config)
@@ -285,7 +286,7 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
         with contextlib.suppress(*self._faults()):
             self._stream.synchronize()
         self._graph, self._k, self._pos_dev, self._profiling = None, {}, None, False
-        self._tickets, self._pdl = None, None
+        self._tickets, self._head_tickets, self._pdl = None, None, None
         self._q8.clear()
         self._events.clear()
         with self._cp.cuda.Device(self._index):
@@ -823,7 +824,10 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
             G = int(c["lanes_per_key"]) if c.variant == "split_kw" else 0
             G = G if G and D % (4 * G) == 0 and D <= 32 * G else 0  # else attn_split serves
             q = self._aligned16(q) if G else q  # float4 loads of q
-            self._attn_split(q, cache, layer, pos0, out, int(c["splits"]), int(c["warps"]), q8, G)
+            fc = bool(G) and int(c["fuse_combine"]) == 1 and H <= _MAX_ARGMAX_ROWS
+            self._attn_split(
+                q, cache, layer, pos0, out, int(c["splits"]), int(c["warps"]), q8, G, fc
+            )
             return out
         c = self.config.op("attention_prefill")
         if c.variant == "flash" and D <= 128 and D % 4 == 0:
@@ -866,21 +870,31 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
         warps: int,
         q8: bool = False,
         lanes_per_key: int = 0,
+        fuse_combine: bool = False,
     ) -> None:
         T, H, D = (int(s) for s in q.shape)
         Hkv = int(cache.k[layer].shape[1])
         part = self._empty((T, H, splits, D))
         ml = self._empty((T, H, splits, 2))
         if lanes_per_key:  # decode (T == 1): several keys per warp step
+            xq = xds = None
+            if fuse_combine and q8:
+                xq, xds = self._q8_buffers(T, H * D)
             self._launch(
                 "attention", "attn_split_kw", (splits, H), (32 * warps,),
                 (
                     q, cache.k[layer], cache.v[layer], part, ml, np.int32(H), np.int32(Hkv),
                     np.int32(D), np.int32(lanes_per_key), np.int32(pos0), self._pos_ptr(),
-                    np.float32(1.0 / math.sqrt(D)),
+                    np.float32(1.0 / math.sqrt(D)), out if fuse_combine else _NULL,
+                    _NULL if xq is None else xq, _NULL if xds is None else xds,
+                    self._head_tickets,
                 ),
                 smem=4 * warps * (D + 2), pdl=True,
             )  # fmt: skip
+            if fuse_combine:  # the kernel's last range per head combined into out
+                if xq is not None:
+                    self._q8_remember(out.reshape(T, H * D), xq, xds)
+                return
         else:
             self._launch(
                 "attention",

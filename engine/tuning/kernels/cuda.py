@@ -483,6 +483,14 @@ REGISTRY.register(
                     "head_dim % (4 * lanes) == 0 and head_dim <= 32 * lanes, else split runs)",
                     PUSHED,
                 ),
+                Param(
+                    "fuse_combine",
+                    (0, 1),
+                    1,
+                    "1: a head's last key range to finish combines the ranges (and writes the "
+                    "Q8_1 form under int8 decode): one launch instead of two",
+                    PUSHED,
+                ),
             ),
             source="cuda/attention.cu",
             numeric="order_only",
