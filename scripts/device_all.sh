@@ -4,9 +4,11 @@
 #   card 0: the fleet's decode study again (CUDA worker only; its promotion comes back in
 #           promo.bundle) and the real A/A study (experiments/aa-decode.toml), then the
 #           verifier on the 7B shape (mmvq and every CUDA planted bug).
-#   card 1: the CUDA suite (scripts/gpu_suite.py cuda: ops, backend, mutants, device contract,
-#           hybrid kernels), the decode speed variants (scripts/device_speed.sh) if present,
-#           then the hybrid 9b shape on CUDA (validate, bench with a per-kernel profile).
+#   card 1: the decode speed variants (scripts/device_speed.sh: bench, validate, profile), then
+#           the CUDA suite (scripts/gpu_suite.py cuda: ops, mutants, device contract, fused
+#           decode, hybrid kernels, PDL, backend) in the time left.
+#   Then, on the card of the lane done first and if time is left: the hybrid 9b shape on CUDA
+#   (validate, bench with a per-kernel profile).
 # Everything is written under /tmp/all and packed into $OUT/all.tgz every 20 s and at the end (the
 # call brings back at most 8 files): lane logs, fleet_logs.tgz, studies.db, promo.bundle,
 # cal7b.json, hybrid.tgz, suite_cuda.json, the speed files.
@@ -59,16 +61,17 @@ lane0() {
 }
 
 lane1() {
-    stamp "CUDA suite (card 1)"
-    CUDA_VISIBLE_DEVICES=1 timeout 330 python3 scripts/gpu_suite.py cuda --json \
-        --test-timeout 90 > "$OUT/suite_cuda.json" 2> "$OUT/suite_cuda.log"
-    stamp "CUDA suite rc=$?"
-    if [ -f scripts/device_speed.sh ]; then
-        # its GPU tests ran in the suite above; 190 s of benches, validate, profile, PDL
+    if [ -f scripts/device_speed.sh ]; then  # its GPU tests run in the suite below
+        stamp "decode speed variants (card 1)"
         CUDA_VISIBLE_DEVICES=1 TESTS=0 BUDGET_S=190 timeout 200 bash scripts/device_speed.sh \
             > "$OUT/lane1_speed.txt" 2>&1
         stamp "speed rc=$?"
     fi
+    stamp "CUDA suite (card 1)"
+    CUDA_VISIBLE_DEVICES=1 timeout $(upto 400) python3 scripts/gpu_suite.py cuda \
+        --test-timeout 90 --out "$OUT/suite_cuda.json" > "$OUT/suite_cuda.txt" \
+        2> "$OUT/suite_cuda.log"
+    stamp "CUDA suite rc=$?"
     hybrid 1
 }
 

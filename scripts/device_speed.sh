@@ -16,8 +16,10 @@ set -u -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 T0=$(date +%s); END=$((T0 + ${BUDGET_S:-450}))
 export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit 1
+# (not over a caller's /tmp/site: device_all.sh's Ray processes import from it meanwhile)
+export PYTHONPATH=/tmp/site:$PWD
+python3 -c "import gguf" 2> /dev/null || python3 -m pip install -q --no-index --no-deps \
+    --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 git log --oneline -1 > "$OUT/commit.txt" 2>/dev/null
 mkdir -p /tmp/models

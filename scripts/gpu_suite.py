@@ -28,14 +28,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # suite -> (file, marker expression, -k expression or None)
 SUITES: dict[str, list[tuple[str, str, str | None]]] = {
-    "cuda": [
+    "cuda": [  # most telling first: a caller short of time keeps the files done (--out)
         ("tests/test_cuda_ops.py", "gpu", None),  # with the shared contract (TestCudaContract)
-        ("tests/test_cuda_decode_fused.py", "gpu", None),  # mmvw, rope_kv, the fused ops
-        ("tests/test_cuda_pdl.py", "gpu", None),  # programmatic dependent launch
-        ("tests/test_cuda_backend.py", "gpu or not gpu", None),
         ("tests/test_mutants.py", "gpu", "cuda"),  # the CUDA planted bugs, each rejected
         ("tests/test_device_contract.py", "gpu", "Cuda"),  # the device contract on CUDA
+        ("tests/test_cuda_decode_fused.py", "gpu", None),  # mmvw, rope_kv, the fused ops
         ("tests/test_cuda_hybrid.py", "gpu", None),  # delta-net, conv, MoE kernels and models
+        ("tests/test_cuda_pdl.py", "gpu", None),  # programmatic dependent launch
+        ("tests/test_cuda_backend.py", "gpu or not gpu", None),
     ],
     "vulkan": [
         ("tests/test_vulkan_ops.py", "not gpu and not slow", None),  # with TestVulkanContract
@@ -132,21 +132,32 @@ def run_file(
     return tally
 
 
+def _doc(suite: str, tallies: list[FileTally]) -> dict:
+    total: Counter = Counter()
+    for t in tallies:
+        total.update(t.counts)
+    files = [t.as_dict() for t in tallies]
+    return {"suite": suite, "files": files, "total": {k: total.get(k, 0) for k in KEYS}}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("suite", choices=sorted(SUITES), help="which GPU suite to run")
     ap.add_argument("--json", action="store_true", help="print the tally as JSON")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per pytest process")
     ap.add_argument("--test-timeout", type=float, default=120, help="seconds per test")
+    ap.add_argument("--out", help="also write the JSON tally here, rewritten after every file")
     args = ap.parse_args(argv)
-    tallies = [run_file(f, m, k, args.timeout, args.test_timeout) for f, m, k in SUITES[args.suite]]
+    tallies: list[FileTally] = []
+    for f, m, k in SUITES[args.suite]:
+        tallies.append(run_file(f, m, k, args.timeout, args.test_timeout))
+        if args.out:  # a caller that runs out of time still has the files done so far
+            Path(args.out).write_text(json.dumps(_doc(args.suite, tallies), indent=2))
     total = Counter()
     for t in tallies:
         total.update(t.counts)
     if args.json:
-        files = [t.as_dict() for t in tallies]
-        doc = {"suite": args.suite, "files": files, "total": {k: total.get(k, 0) for k in KEYS}}
-        print(json.dumps(doc, indent=2))
+        print(json.dumps(_doc(args.suite, tallies), indent=2))
     else:
         print(f"\n{args.suite} suite: {'file':40s} passed failed errors skipped processes")
         for t in tallies:
