@@ -110,10 +110,15 @@ NUMERIC_BUDGETS: dict[str, Budget] = {
     "order_only": Budget(
         kld_max=5e-9, kld_mean=1e-9, nmse=1e-8, max_abs_diff=2e-3, near_tie=4e-3, op_nmse=1e-8
     ),
-    # fp16 activations or fp16 tiles into an fp32 accumulator (tensor-core GEMMs). The old gate
-    # was measured here on the 7B shape: max |diff| 0.017, NMSE 1.0e-5.
+    # fp16 activations or fp16 tiles into an fp32 accumulator (tensor-core GEMMs). Measured on
+    # the H200 (2026-11-30), the staged fp16 GEMM at prefill: qwen2 1.5B/7B synth worst KLD
+    # 1.1e-5, NMSE 1.5e-5, max |diff| 0.022; the hybrid qwen35 9B synth KLD 2.7e-5, NMSE 3.2e-5,
+    # max |diff| 0.039, and the tiny qwen35/qwen3next NMSE up to 1.5e-4 (the gated delta rule
+    # carries rounding in its state), where the same models with an fp32 prefill path agree to
+    # NMSE 1e-11. Bounds ~2x the worst; the nearest planted bug outside order_only (a Q6_K
+    # scale) is NMSE 0.0097 on the 2-layer ragged model.
     "fp16": Budget(
-        kld_max=1e-4, kld_mean=2e-5, nmse=2e-5, max_abs_diff=5e-2, near_tie=1e-1, op_nmse=5e-4
+        kld_max=1e-4, kld_mean=5e-5, nmse=3e-4, max_abs_diff=1e-1, near_tie=1e-1, op_nmse=5e-4
     ),
     # bf16 keeps 8 mantissa bits against fp16's 11: 8x the rounding, 64x the NMSE.
     "bf16": Budget(

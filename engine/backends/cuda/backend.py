@@ -354,7 +354,7 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
         if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
             fn.max_dynamic_shared_size_bytes = smem  # opt in beyond the 48 KiB default
         if pdl and self._pdl is not None and not self._profiling:
-            self._pdl.launch(fn.ptr, grid, block, args, smem, self._stream.ptr)
+            self._pdl.launch(fn.kernel.ptr, grid, block, args, smem, self._stream.ptr)  # CUfunction
             return
         with self._timed(name):
             fn(grid, block, args, shared_mem=smem)
