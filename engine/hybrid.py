@@ -63,6 +63,8 @@ class HybridModel(Model):
         head = "token_embd.weight" if self.spec.tied_embeddings else "output.weight"
         self.lm_head = self.weights[head]
         self.hook = None  # validate's blame (see Model)
+        # validate's teacher-forced routing: (layer, position) -> the reference's expert ids
+        self.routes: dict[tuple[int, int], np.ndarray] = {}
 
     def new_cache(self, capacity: int) -> HybridCache:
         s, b, ssm = self.spec, self.backend, self.spec.ssm
@@ -165,6 +167,23 @@ class HybridModel(Model):
         o = b.matmul(b.reshape(a, (n, H * D)), w[p + "attn_output.weight"])
         return tap("matmul", "attn_output", o)
 
+    def _forced_routes(self, logits: Tensor, i: int, pos0: int) -> Tensor:
+        """Push the experts the reference did not choose far down at the positions in
+        ``routes``: top-k then picks the reference's, with this path's own renormalised weights
+        (shifting unchosen logits leaves the chosen ones' softmax over the k unchanged)."""
+        if not self.routes:
+            return logits
+        b, n, E = self.backend, int(logits.shape[0]), self.spec.moe.n_expert
+        forced = [(t, self.routes.get((i, pos0 + t))) for t in range(n)]
+        forced = [(t, ids) for t, ids in forced if ids is not None]
+        if not forced:
+            return logits
+        mask = np.zeros((n, E), np.float32)
+        for t, ids in forced:
+            mask[t] = -1e4  # exp underflows to 0 in float32 softmax; finite, so no NaN
+            mask[t, ids] = 0.0
+        return b.add(logits, b.upload(mask))
+
     def _ffn(self, h: Tensor, i: int, pos0: int) -> Tensor:
         b, w, moe, p = self.backend, self.weights, self.spec.moe, f"blk.{i}."
 
@@ -177,6 +196,7 @@ class HybridModel(Model):
             g = tap("swiglu", "ffn_swiglu", b.swiglu(gate, up))
             return tap("matmul", "ffn_down", b.matmul(g, w[p + "ffn_down.weight"]))
         logits = tap("matmul", "ffn_gate_inp", b.matmul(h, w[p + "ffn_gate_inp.weight"]))
+        logits = self._forced_routes(logits, i, pos0)
         ids, weights = b.router_topk(logits, moe.n_expert_used)
         tap("router_topk", "router_weights", weights)
         y = b.moe_experts(

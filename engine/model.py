@@ -44,6 +44,8 @@ class ForcedRun:
     tokens: list[int]  # the continuation: greedy (reference) or forced (candidate)
     logits: dict[int, np.ndarray] = field(default_factory=dict)
     device_argmax: dict[int, int] = field(default_factory=dict)
+    # MoE router logits by (layer, position), when validate's reference run records them
+    router: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
 
 
 class Model:

@@ -11,6 +11,15 @@ the budget's ``near_tie``), NMSE, max |diff|, NaN/Inf. The candidate's device ar
 first maximum of its own logits at every step (exact). The budget is the loosest of the numeric
 classes of the candidate's variants (engine.tuning.registry.NUMERIC_BUDGETS).
 
+MoE routing near-ties: where the reference's k-th minus (k+1)-th router logit is below the
+budget's ``route_tie``, the candidate is made to choose the reference's experts (with its own
+weights), the routing analogue of the top-1 near-tie: rounding that moves a router logit across
+a near-tie swaps a whole expert (one such flip measured NMSE 0.25 under an fp16 GEMM, where the
+same run with the choice borrowed is NMSE 5e-5; scripts/moe_fp16_flip.py). Decode positions
+with a forced choice run without graph replay (a replayed graph would keep the captured mask);
+free-running generation (graphs) is forced only in the prompt, and a parting after a routing
+near-tie at a decode step is excused like one at a top-1 near-tie.
+
 Free-running greedy generation is also run and reported; it fails only when the two texts part
 where the reference was not a near-tie. Prompts: the caller's, plus seeded random prompts whose
 lengths sit on the candidate's chunk and tile edges (n - 1, n, n + 1 of max_cols, chunk_tokens,
@@ -98,6 +107,7 @@ class PromptResult:
     passed: bool
     reasons: list[str] = field(default_factory=list)
     worst: PositionStats | None = None
+    routes_forced: int = 0  # (layer, position) router choices borrowed from the reference
 
 
 @dataclass
@@ -221,15 +231,53 @@ def sample_positions(n_prompt: int, chunk: int, seed: int = 0) -> list[int]:
 def reference_run(
     model: Model, reference: TuningConfig, prompt: list[int], steps: int, cache: dict | None
 ) -> ForcedRun:
-    """Per-token greedy run of the reference, logits at every prompt position (cached)."""
+    """Per-token greedy run of the reference, logits at every prompt position and, for a MoE
+    model, router logits at every (layer, position) (cached)."""
     key = (tuple(sorted(reference.flat().items())), tuple(prompt), steps)
     run = cache.get(key) if cache is not None else None
     if run is None:
         model.set_config(reference)
-        run = model.forced_run(prompt, steps, "per_token", sample=frozenset(range(len(prompt))))
+        sample = frozenset(range(len(prompt)))
+        if model.spec.moe is None:
+            run = model.forced_run(prompt, steps, "per_token", sample=sample)
+        else:
+            run = _recording_router(model, prompt, steps, sample)
         if cache is not None:
             cache[key] = run
     return run
+
+
+def _recording_router(model: Model, prompt: list[int], steps: int, sample: frozenset) -> ForcedRun:
+    router: dict[tuple[int, int], np.ndarray] = {}
+    outer = model.hook
+
+    def hook(op: str, label: str, layer: int, t: Any, pos0: int) -> None:
+        if label == "ffn_gate_inp":
+            for j, row in enumerate(model.backend.download(t)):
+                router[(layer, pos0 + j)] = np.asarray(row, dtype=np.float64)
+        if outer is not None:
+            outer(op, label, layer, t, pos0)
+
+    model.hook = hook
+    try:  # graphs off: a replayed decode step would not pass the hook
+        run = model.forced_run(prompt, steps, "per_token", sample=sample, graphs=False)
+    finally:
+        model.hook = outer
+    run.router = router
+    return run
+
+
+def near_tie_routes(
+    router: dict[tuple[int, int], np.ndarray], k: int, bound: float
+) -> dict[tuple[int, int], np.ndarray]:
+    """(layer, position) -> the reference's top-k expert ids where its k-th minus (k+1)-th router
+    logit is below ``bound`` (ties broken toward the lower id, like router_topk's stable sort)."""
+    out = {}
+    for key, z in router.items():
+        order = np.argsort(-z, kind="stable")
+        if z[order[k - 1]] - z[order[k]] < bound:
+            out[key] = order[:k].copy()
+    return out
 
 
 def judge(
@@ -336,17 +384,28 @@ def validate(
     refs = [reference_run(model, reference, p, steps, ref_cache) for p in all_prompts]
     model.set_config(candidate)
     chunk = candidate.prefill_chunk
-    results = []
+    moe = model.spec.moe
+    results, routes_of = [], []
     for p, ref in zip(all_prompts, refs, strict=True):
         P = len(p)
         sample = sample_positions(P, min(chunk, column_tile(candidate)))
-        cand = model.forced_run(p, steps, "batched", forced=ref.tokens, sample=frozenset(sample))
+        routes = near_tie_routes(ref.router, moe.n_expert_used, budget.route_tie) if moe else {}
+        routes_of.append(routes)
+        graphs = not any(pos >= P for _, pos in routes)
+        _set_routes(model, routes)
+        cand = model.forced_run(
+            p, steps, "batched", forced=ref.tokens, sample=frozenset(sample), graphs=graphs
+        )
         positions = sorted(cand.logits)
         stats, reasons, nan, inf, checked, agree = judge(ref, cand, positions, budget)
+        _set_routes(model, {key: v for key, v in routes.items() if key[1] < P})  # graphs decode
         free = model.generate(p, steps, path="batched").tokens
+        _set_routes(model, {})
         ag = agreement(ref.tokens, free)
         k = common_prefix(ref.tokens, free)
-        if k < len(ref.tokens):
+        # decode steps up to the parting whose routing was a near-tie (not forced: graphs)
+        tied = sorted({pos for _, pos in routes if P <= pos <= P - 1 + k})
+        if k < len(ref.tokens) and not tied:
             m = margin(ref.logits[P - 1 + k])
             if m >= budget.near_tie:
                 reasons.append(
@@ -362,7 +421,7 @@ def validate(
                 P, len(stats), max(s.max_abs_diff for s in stats), idx,
                 max(s.nmse for s in stats), max(s.kld for s in stats),
                 float(np.mean([s.kld for s in stats])), checked, agree, nan, inf,
-                list(ref.tokens), free, ag, not reasons, reasons, worst,
+                list(ref.tokens), free, ag, not reasons, reasons, worst, len(routes),
             )
         )  # fmt: skip
     probe = argmax_probe(model, model.spec.n_vocab)
@@ -379,7 +438,9 @@ def validate(
         probe=probe,
     )
     if not rep.passed and blame_failures:
-        rep.blame = blame_report(model, reference, candidate, all_prompts, results, budget, steps)
+        rep.blame = blame_report(
+            model, reference, candidate, all_prompts, results, budget, steps, routes_of
+        )
         argmax_wrong = probe or any("device argmax" in r for r in rep.reasons)
         if rep.blame is None and argmax_wrong:  # every op's output agreed: the sampler did not
             rep.blame = _argmax_blame(model, candidate)
@@ -401,15 +462,31 @@ def blame_report(
     results: list[PromptResult],
     budget: Budget,
     steps: int,
+    routes_of: list[dict[tuple[int, int], np.ndarray]] | None = None,
 ) -> Blame | None:
-    """Blame on the shortest failing prompt (cheapest to replay with every op hooked)."""
-    failing = [(len(p), p) for p, r in zip(prompts, results, strict=True) if not r.passed]
+    """Blame on the shortest failing prompt (cheapest to replay with every op hooked), with the
+    routing near-ties validate forced on it still forced (on both runs: the reference's own
+    choice changes nothing there), so a routing flip validate excused is not blamed."""
+    routes_of = routes_of or [{} for _ in prompts]
+    failing = [
+        (len(p), i) for i, (p, r) in enumerate(zip(prompts, results, strict=True)) if not r.passed
+    ]
     if not failing:
         return None
-    _, p = min(failing)
-    return blame(
-        model, model, p, steps, budget.op_nmse, ref_config=reference, cand_config=candidate
-    )
+    _, i = min(failing)
+    _set_routes(model, routes_of[i])
+    try:
+        return blame(
+            model, model, prompts[i], steps, budget.op_nmse, ref_config=reference,
+            cand_config=candidate,
+        )  # fmt: skip
+    finally:
+        _set_routes(model, {})
+
+
+def _set_routes(model: Model, routes: dict[tuple[int, int], np.ndarray]) -> None:
+    if hasattr(model, "routes"):  # a MoE (hybrid) model
+        model.routes = routes
 
 
 def cross_check_numpy(

@@ -24,17 +24,7 @@ from engine.runtime import load
 from engine.tuning import TuningConfig
 from engine.tuning.registry import NUMERIC_BUDGETS
 from engine.validate import edge_lengths, tokenize_prompts, validate
-
-GEMM_MIN_T = 32
-
-
-class Fp16Prefill(NumpyBackend):
-    def matmul(self, x, w):  # noqa: ANN001, ANN201
-        if x.shape[0] < GEMM_MIN_T:
-            return super().matmul(x, w)
-        a = x.astype(np.float16).astype(np.float64)
-        b = w.dense(True).astype(np.float16).astype(np.float64)
-        return (a @ b.T).astype(np.float32)
+from tests.fp16_prefill import GEMM_MIN_T, Fp16Prefill
 
 
 def router_logits(model, prompt: list[int], path: str) -> dict[int, np.ndarray]:  # noqa: ANN001
