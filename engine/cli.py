@@ -211,6 +211,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             f"nmse={p.nmse:.3g}  max_abs_diff={p.max_abs_diff:.3g}  "
             f"top-1 {p.top1_agree}/{p.top1_checked}  nan={p.nan} inf={p.inf}  "
             f"free-running tokens agree {p.token_agreement:.0%}"
+            + (f"  routing near-ties forced {p.routes_forced}" if p.routes_forced else "")
             + "".join(f"\n    {r}" for r in p.reasons)
         )
     lines += [f"  {r}" for r in rep.probe]
