@@ -146,6 +146,11 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="tell failed configs as FAIL (unseen by the sampler), as the agent did before",
     )
+    rp.add_argument(
+        "--tell-duplicates",
+        action="store_true",
+        help="tell a repeat of a tried config its measured value (COMPLETE) instead of PRUNED",
+    )
     rp.add_argument("--json", action="store_true", help="the report as JSON, every run included")
 
     tb = sub.add_parser("table", help="build a replay table: measure, or from a study or sweep")

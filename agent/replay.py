@@ -9,7 +9,7 @@ compile_error, crash, timeout) until one comes within ``within`` of the table's 
 the median and quartiles over the seeds.
 
     python -m agent replay TABLE [--sampler tpe,cmaes,random] [--seeds 50] [--warm-from TABLE2]
-                                 [--no-constraints] [--within 0.02] [--json]
+                                 [--no-constraints] [--tell-duplicates] [--within 0.02] [--json]
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ class SamplerResult:
     warm: int  # configs enqueued from the warm-start table
     runs: tuple[Run, ...]
     seconds: float
+    duplicates: bool = False  # repeats told their config's values (StudyState.tell_duplicates)
 
     @property
     def reached(self) -> int:
@@ -73,6 +74,7 @@ class SamplerResult:
             "sampler": self.sampler,
             "constraints": self.constraints,
             "warm_start": self.warm,
+            "tell_duplicates": self.duplicates,
             "seeds": len(self.runs),
             "reached": self.reached,
             "median": _num(med),
@@ -109,6 +111,7 @@ class Replay:
         seed: int,
         constraints: bool = True,
         warm: Sequence[warmstart.WarmConfig] = (),
+        duplicates: bool = False,
     ) -> Run:
         from agent.study import CANDIDATE, StudyState
 
@@ -122,6 +125,7 @@ class Replay:
             exp, "replay", self.table.backend, exp.models[0], "", storage, self.baseline, "default"
         )
         st.teach_failures = constraints
+        st.tell_duplicates = duplicates
         if warm:
             warmstart.enqueue(st.study, st.space, self.baseline, warm, CANDIDATE)
         asks = failed = 0
@@ -205,14 +209,18 @@ def run_samplers(
     seeds: int,
     constraints: bool = True,
     warm: Sequence[warmstart.WarmConfig] = (),
+    duplicates: bool = False,
 ) -> list[SamplerResult]:
     logging.getLogger("agent.study").setLevel(logging.WARNING)
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     out = []
     for name in samplers:
         t0 = time.perf_counter()
-        runs = tuple(replay.run(name, seed, constraints, warm) for seed in range(seeds))
-        out.append(SamplerResult(name, constraints, len(warm), runs, time.perf_counter() - t0))
+        runs = tuple(
+            replay.run(name, seed, constraints, warm, duplicates) for seed in range(seeds)
+        )
+        dt = time.perf_counter() - t0
+        out.append(SamplerResult(name, constraints, len(warm), runs, dt, duplicates))
     return out
 
 
@@ -247,6 +255,7 @@ def text(rep: dict[str, Any]) -> str:
     for r in rep["results"]:
         tag = "" if r["constraints"] else ", failures not told"
         tag += f", warm start {r['warm_start']}" if r["warm_start"] else ""
+        tag += ", duplicates told" if r.get("tell_duplicates") else ""
         lines.append(
             f"  {r['sampler']:7s}{tag}: median {_fmt(r['median'])} trials "
             f"[Q1 {_fmt(r['q1'])}, Q3 {_fmt(r['q3'])}], reached {r['reached']}/{r['seeds']} "
@@ -289,5 +298,7 @@ def main_args(args: Any) -> dict[str, Any]:
         warm = warm_from(other, replay, args.warm_k)
         if not warm:
             raise ExperimentError(f"--warm-from {args.warm_from}: no ok config inside the space")
-    results = run_samplers(replay, samplers, args.seeds, not args.no_constraints, warm)
+    results = run_samplers(
+        replay, samplers, args.seeds, not args.no_constraints, warm, args.tell_duplicates
+    )
     return report(replay, results)

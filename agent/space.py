@@ -10,6 +10,7 @@ stay at the baseline. Everything is read from the registry: the agent names no k
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -79,6 +80,17 @@ class SearchSpace:
             flat[o.variant_dim.key] = v
             for d in o.dims_of(v):
                 flat[d.key] = _pick(d, trial)
+        return flat
+
+    def random_config(self, rng: random.Random, baseline: Mapping[str, Any]) -> dict[str, Any]:
+        """A config drawn at random (each op's variant, then that variant's knobs)."""
+        opened = {o.op for o in self.ops}
+        flat = {k: v for k, v in baseline.items() if k.partition(".")[0] not in opened}
+        for o in self.ops:
+            v = rng.choice(o.variant_dim.choices)
+            flat[o.variant_dim.key] = v
+            for d in o.dims_of(str(v)):
+                flat[d.key] = rng.choice(d.choices)
         return flat
 
     def params_of(self, flat: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -10,6 +10,7 @@ default config) is enqueued as the first trial of a new study.
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from agent.phase import TrialStage, move
 from agent.records import Outcome, TrialRecord
 from agent.samplers import make_sampler
 from agent.space import SearchSpace, config_key
+from agent.table import space_configs
 from engine.tuning import TuningConfig
 from worker.models import model_label
 
@@ -34,6 +36,8 @@ CANDIDATE = "candidate"
 # (``_tell_failed``): told PRUNED, with the Optuna constraint ``CONSTRAINT`` = 1.0 (a system
 # attr: trial.constraints).
 CONSTRAINT = "runs_and_validates"
+_ENUMERATE = 20_000  # spaces up to this size are listed to draw an untried config
+FAILED = "failed"  # in StudyState.told: the config was told as a violated constraint
 _TOLD = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)  # PRUNED: failed or duplicate
 
 
@@ -77,16 +81,25 @@ class StudyState:
             load_if_exists=True,
         )
         self.tried: set[str] = set()  # configs evaluated or failed: never run again
+        # What the sampler was told for each tried config: its values (COMPLETE), or FAILED (a
+        # violated constraint); a repeat is told the same (_tell_duplicate).
+        self.told: dict[str, list[float] | str] = {}
         self.in_flight: dict[int, str] = {}  # trial number -> config key
         self.states: dict[int, TrialStage] = {}  # trial number -> state, until it finishes
         self.evaluated = 0  # trials that spent budget
         self.duplicates_in_a_row = 0
+        # Repeats in a row after which a random untried config is enqueued (_enqueue_untried).
+        self.repeat_guard = 3
+        self._rng = random.Random(exp.sampler.seed)
         self.exhausted = False
         self.interrupted_on_resume = 0
         self.space_changed = ""  # on resume: how the search space differs from the study's start
         self.confirm_queue: list[Any] = []
         self._resolved: dict[str, TuningConfig] = {}  # config key -> config (see resolve)
         self.teach_failures = True  # False: failed trials told FAIL, unseen by the sampler
+        # True: a repeat is told the tried config's values (_tell_duplicate); off by default,
+        # as it cost more trials on the measured replay table (docs/BENCHMARKS.md).
+        self.tell_duplicates = False
         self._writes: list[Callable[[], None]] = []  # storage writes deferred by finish/set_best
         self._resume(baseline, baseline_source)
 
@@ -132,7 +145,12 @@ class StudyState:
             rec = TrialRecord.from_attrs(self.name, t.number, t.user_attrs)
             if rec.outcome in (Outcome.INTERRUPTED, Outcome.DUPLICATE):
                 continue
-            self.tried.add(config_key(rec.config))
+            key = config_key(rec.config)
+            self.tried.add(key)
+            if t.state is TrialState.COMPLETE and t.values is not None:
+                self.told[key] = list(t.values)
+            elif rec.outcome.failed and t.constraints:
+                self.told[key] = FAILED
             if rec.outcome.spends_budget:
                 self.evaluated += 1
             if rec.role == BASELINE and self.best.trial is None and rec.outcome is Outcome.OK:
@@ -206,10 +224,10 @@ class StudyState:
                 flat = self.space.suggest(trial, self.baseline)
             key = config_key(flat)
             if key in self.tried or key in self.in_flight.values():
-                trial.set_user_attr("outcome", Outcome.DUPLICATE.value)
-                trial.set_user_attr("config", flat)
-                self.study.tell(trial, state=TrialState.PRUNED)
+                self._tell_duplicate(trial, flat, key)
                 self.duplicates_in_a_row += 1
+                if self.tell_duplicates and self.duplicates_in_a_row % self.repeat_guard == 0:
+                    self._enqueue_untried()
                 if self.duplicates_in_a_row >= limit or len(self.tried) >= self.space.size:
                     self.exhausted = True
                     log.info(
@@ -221,6 +239,23 @@ class StudyState:
             self.in_flight[trial.number] = key
             self.states[trial.number] = TrialStage.ASKED
             return trial, flat, role
+
+    def _enqueue_untried(self) -> bool:
+        """After ``repeat_guard`` repeats in a row (the sampler has settled on configs already
+        tried), enqueue a config never tried, drawn at random: the search goes on exploring
+        instead of asking the same configs until the space is called exhausted."""
+        taken = self.tried | set(self.in_flight.values())
+        if self.space.size <= _ENUMERATE:
+            every = space_configs(self.space, self.baseline)
+            pool = [f for f in every if config_key(f) not in taken]
+        else:  # too many to list: random draws, the first untried one
+            draws = (self.space.random_config(self._rng, self.baseline) for _ in range(100))
+            pool = [f for f in draws if config_key(f) not in taken][:1]
+        if not pool:
+            return False
+        flat = self._rng.choice(pool)
+        self.study.enqueue_trial(self.space.params_of(flat) or {}, user_attrs={"role": CANDIDATE})
+        return True
 
     def move(self, number: int, nxt: TrialStage) -> None:
         """Trial ``number`` moves to ``nxt`` (agent.phase.TRIAL_MOVES; IllegalTransition if not)."""
@@ -236,7 +271,12 @@ class StudyState:
         self.move(trial.number, TrialStage.FINISHED)
         key = self.in_flight.pop(trial.number, None)
         if record.outcome.spends_budget or record.outcome is Outcome.INFEASIBLE:
-            self.tried.add(key or config_key(record.config))
+            key = key or config_key(record.config)
+            self.tried.add(key)
+            if values is not None:
+                self.told[key] = list(values)
+            elif record.outcome.failed and self.teach_failures:
+                self.told[key] = FAILED
         if record.outcome.spends_budget:
             self.evaluated += 1
 
@@ -256,6 +296,23 @@ class StudyState:
                 self.study.tell(trial, state=TrialState.FAIL)
 
         self._writes.append(write)
+
+    def _tell_duplicate(self, trial: optuna.Trial, flat: dict[str, Any], key: str) -> None:
+        """A repeat of a tried config, never run (no budget): told what the sampler was told for
+        that config, so TPE keeps seeing a good region as good. (Told PRUNED without values, as
+        before, TPE ranked repeats of the best config with the worst trials and was pushed away
+        from it; told FAIL, unseen, it kept asking for them.) A repeat of a config in flight or
+        never told (its record is not written yet) stays PRUNED: constant_liar covers it."""
+        trial.set_user_attr("outcome", Outcome.DUPLICATE.value)
+        trial.set_user_attr("config", flat)
+        told = self.told.get(key) if self.tell_duplicates else None
+        if told == FAILED:
+            trial.set_constraint(CONSTRAINT, 1.0)
+            self.study.tell(trial, state=TrialState.PRUNED)
+        elif told is not None:
+            self.study.tell(trial, list(told))
+        else:
+            self.study.tell(trial, state=TrialState.PRUNED)
 
     def _tell_failed(self, trial: optuna.Trial) -> None:
         """A config that cannot win (infeasible, compile error, invalid output, crash, timeout)
