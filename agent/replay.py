@@ -216,9 +216,7 @@ def run_samplers(
     out = []
     for name in samplers:
         t0 = time.perf_counter()
-        runs = tuple(
-            replay.run(name, seed, constraints, warm, duplicates) for seed in range(seeds)
-        )
+        runs = tuple(replay.run(name, seed, constraints, warm, duplicates) for seed in range(seeds))
         dt = time.perf_counter() - t0
         out.append(SamplerResult(name, constraints, len(warm), runs, dt, duplicates))
     return out
