@@ -432,6 +432,79 @@ def test_samplers_never_repeat_a_config(sampler: str) -> None:
     assert len(seen) == len(set(seen)) == st.space.size == 8
 
 
+@pytest.mark.parametrize("sampler", ["tpe", "random"])
+def test_told_repeats_never_end_the_search_early(sampler: str) -> None:
+    """Repeats told their config's values make TPE ask for tried configs again: after
+    ``repeat_guard`` of them an untried config is enqueued, so every config still gets its turn
+    before the space is called exhausted."""
+    from agent.records import TrialRecord
+
+    st = _study(optuna.storages.InMemoryStorage(), sampler)
+    st.tell_duplicates = True
+    seen = []
+    while (asked := st.ask()) is not None:
+        trial, flat, role = asked
+        seen.append(config_key(flat))
+        rec = TrialRecord(st.name, trial.number, role, "ok", config=flat)
+        st.finish(trial, rec, [100.0 - len(seen)] * len(st.exp.objectives))
+        st.flush()
+    assert len(seen) == len(set(seen)) == st.space.size == 8
+    assert st.duplicates_in_a_row < 30  # ended because every config was tried, not by the limit
+
+
+def test_after_repeat_guard_repeats_an_untried_config_is_enqueued() -> None:
+    from agent.records import TrialRecord
+
+    st = _study(optuna.storages.InMemoryStorage(), "random")
+    st.tell_duplicates = True
+    for _ in range(7):
+        trial, flat, role = st.ask()
+        st.finish(trial, TrialRecord(st.name, trial.number, role, "ok", config=flat), [1.0])
+        st.flush()
+    for _ in range(3):  # the sampler insists on a tried config (repeat_guard 3)
+        st.study.enqueue_trial(st.space.params_of(flat) or {}, user_attrs={"role": "candidate"})
+    trial, last, _ = st.ask()
+    assert config_key(last) not in st.tried
+    # the guard's pick (an enqueued trial: its params fixed), not a lucky random draw
+    assert "fixed_params" in st.study.trials[trial.number].system_attrs
+
+
+@pytest.mark.parametrize(("outcome", "tell"), [("ok", True), ("ok", False), ("invalid", True)])
+def test_a_repeat_is_told_what_its_config_was_told(outcome: str, tell: bool) -> None:
+    """A repeat (never run, no budget) of an ok config is told COMPLETE with that config's
+    values when tell_duplicates is on (else PRUNED, as the agent does by default); a repeat of
+    a failed config is told PRUNED with the violated constraint, like the failure itself."""
+    from agent.records import TrialRecord
+    from agent.study import CONSTRAINT
+
+    st = _study(optuna.storages.InMemoryStorage())
+    st.tell_duplicates = tell
+    trial, flat, role = st.ask()
+    values = [5.0 + i for i in range(len(st.exp.objectives))]
+    rec = TrialRecord(st.name, trial.number, role, outcome, config=flat)
+    st.finish(trial, rec, values if outcome == "ok" else None)
+    st.flush()
+    st.study.enqueue_trial(st.space.params_of(flat) or {}, user_attrs={"role": "candidate"})
+    nxt, flat2, _ = st.ask()
+    assert config_key(flat2) != config_key(flat) and st.evaluated == 1
+    dup = st.study.trials[nxt.number - 1]
+    assert dup.user_attrs["outcome"] == "duplicate" and dup.user_attrs["config"] == flat
+    State = optuna.trial.TrialState  # noqa: N806
+    if outcome == "ok" and tell:
+        assert dup.state == State.COMPLETE and dup.values == values
+    else:
+        assert dup.state == State.PRUNED and dup.values is None
+        assert dup.constraints == ({CONSTRAINT: 1.0} if outcome != "ok" else {})
+
+
+def test_tpe_uses_a_light_prior() -> None:
+    """TPE's prior weight (agent/samplers.py): 0.25 cut the replay's trials-to-best."""
+    from agent.samplers import PRIOR_WEIGHT
+
+    st = _study(optuna.storages.InMemoryStorage())
+    assert st.study.sampler._parzen_estimator_parameters.prior_weight == PRIOR_WEIGHT == 0.25
+
+
 def test_resume_fails_running_trials_and_keeps_the_baseline_once(tmp_path: Path) -> None:
     from agent.records import TrialRecord
     from agent.storage import parse_storage

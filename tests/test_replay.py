@@ -299,3 +299,12 @@ def test_nothing_accepted_says_why(lower: float, reason: str, expect: str) -> No
     text = RunSummary("e", "s", "f", "embedded", 1.0, (s,), (), Overhead(0, 0, 0)).text()
     assert f"nothing accepted: best candidate trial 11 {TARGET} x1.132 [{lower:.3f}, 1.225]" in text
     assert expect in text and "best is the baseline (default)" in text
+
+
+def test_replay_can_tell_repeats_their_values(tmp_path: Path) -> None:
+    """The --tell-duplicates ablation reaches the made-up table's best in every search (the
+    repeat guard keeps it from stalling) and says so in the report."""
+    r = prepare(load_table(_table(tmp_path)), tmp_path / "t.json")
+    res = run_samplers(r, ["tpe"], seeds=6, duplicates=True)[0]
+    assert res.reached == 6 and res.to_dict()["tell_duplicates"] is True
+    assert all(run.trials is not None and run.trials <= r.budget for run in res.runs)
