@@ -127,7 +127,11 @@ def test_whole_loop_promotes_a_real_win(
         assert rv["changes"] == ["the evidence records no sentinel key"]
         assert "re-validated" in recs[0].user_attrs["reason"]
         assert evidence_key(read_evidence(found[1])) == rv["key"]
-    assert summary.overhead.trials == 3 and summary.overhead.fraction < 0.5
+    # The agent's own seconds per trial (dispatch, storage, decisions), absolute: these CPU trials
+    # take 0.1-0.6 s, so a fraction of them swings with the machine's load (1.3 seen on a busy
+    # 2-core box) while a per-trial poll or sleep in the agent shows as seconds. On the H200 the
+    # same overhead is 3-13 ms per trial (docs/BENCHMARKS.md).
+    assert summary.overhead.trials == 3 and summary.overhead.mean_overhead_s < 1.0, summary.overhead
 
     again = run_experiment(exp, RunOptions(parse_storage(storage), promote_repo=repo, budget=4))
     assert again.studies[0].evaluated == 4
