@@ -27,28 +27,6 @@ def model_ref(tiny_model_path: Path) -> str:
     return str(tiny_model_path)
 
 
-@pytest.fixture
-def repo(tmp_path: Path) -> Path:
-    r = tmp_path / "promote"
-    r.mkdir()
-    git = ["git", "-C", str(r)]
-    subprocess.run([*git, "init", "-q", "-b", "main"], check=True)
-    (r / "README").write_text("promote repo\n")
-    subprocess.run([*git, "add", "README"], check=True)
-    subprocess.run(
-        [*git, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init"], check=True
-    )
-    return r
-
-
-@pytest.fixture
-def faults() -> Iterator[None]:
-    """The test-only numpy_faults backend, registered for one test."""
-    testing.install()
-    yield
-    testing.uninstall()
-
-
 @pytest.fixture(autouse=True)
 def _no_ray_left() -> Iterator[None]:
     yield
