@@ -1,5 +1,6 @@
-"""The agent's view of the fleet: one slot per device of each class, each holding a worker actor,
-restarted in place when it dies or hangs; and the fleet status file the dashboard reads.
+"""The agent's view of the fleet: one slot per device of each class, each holding a worker (a Ray
+actor that agent.runner.Fleet restarts in place when it dies or hangs, or agent.local's
+in-process evaluator); and the fleet status file the dashboard reads. Imports no Ray.
 
 Status file (JSON, rewritten atomically on every change; path from ``StorageRef.status_path``):
 ``{"agent": {...}, "workers": [...], "studies": [...]}`` -- keys in docs/agent.md.
@@ -11,15 +12,11 @@ import json
 import os
 import socket
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import ray
-
 from agent.phase import Phase
-from worker.actor import spawn
 from worker.records import WorkerInfo
 
 STARTING, IDLE, BUSY, DEAD = "starting", "idle", "busy", "dead"
@@ -70,45 +67,11 @@ class Slot:
         }
 
 
-class Fleet:
-    """Slots of every device class the agent tunes on."""
-
-    def __init__(
-        self,
-        classes: dict[str, int],
-        backends: dict[str, tuple[str, ...]],
-        setup: Callable[[], None] | None,
-        commit_hint: str,
-    ) -> None:
-        self.slots: list[Slot] = []
-        self.setup_fn = setup
-        self.commit_hint = commit_hint
-        for cls, n in classes.items():
-            for i in range(n):
-                if backends.get(cls):
-                    self.slots.append(Slot(f"{cls}-{i}", cls, backends[cls]))
-
-    def of_class(self, device_class: str) -> list[Slot]:
-        return [s for s in self.slots if s.device_class == device_class]
-
-    def start(self, slot: Slot, models: tuple[str, ...], fresh: bool) -> None:
-        """(Re)create the slot's actor and queue its setup: identify, load models, and on a fresh
-        slot measure A/A noise per model (a restarted worker keeps its device's noise)."""
-        slot.actor = spawn(
-            slot.backend, slot.device_class, slot.worker_id, self.setup_fn, self.commit_hint
-        )
-        slot.state, slot.phase = STARTING, None
-        slot.setup = [(Phase.INFO, "")] + [(Phase.LOAD, m) for m in models]
-        if fresh:
-            slot.setup += [(Phase.AA, m) for m in models]
-
-    def kill(self, slot: Slot) -> None:
-        if slot.actor is not None:
-            try:
-                ray.kill(slot.actor, no_restart=True)
-            except Exception:  # noqa: BLE001 - already gone
-                pass
-            slot.actor = None
+def setup_calls(models: tuple[str, ...], fresh: bool) -> list[tuple[Phase, str]]:
+    """A (re)started worker's calls before its first evaluation: identify, load each model, and
+    on a device new to the agent measure A/A noise per model (a restarted one keeps its noise)."""
+    calls = [(Phase.INFO, "")] + [(Phase.LOAD, m) for m in models]
+    return calls + [(Phase.AA, m) for m in models] if fresh else calls
 
 
 def write_status(path: Path, payload: dict[str, Any]) -> None:

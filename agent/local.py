@@ -19,16 +19,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from agent.fleet import BUSY, DEAD, IDLE, Slot
+from agent.dispatch import Pending, Runner, Strategy, cause_line, first_line
+from agent.fleet import BUSY, DEAD, IDLE, Slot, setup_calls
 from agent.phase import Phase, advance
-from agent.runner import Pending, Strategy, first_line
 from worker.records import EvalResult, Outcome
 
 log = logging.getLogger("agent")
 
 
-class LocalRunner:
-    mode = "local"
+class LocalRunner(Runner):
+    mode = "local"  # its trial_timeout_s is not enforced: see the module doc
 
     def __init__(
         self,
@@ -37,15 +37,9 @@ class LocalRunner:
         trial_timeout_s: float,
         warnings: list[str],
     ) -> None:
-        self.strategy = strategy
-        self.models = models
-        self.trial_timeout_s = trial_timeout_s  # not enforced here: see the module doc
-        self.warnings = warnings
-        self.pending: list[Pending] = []
+        super().__init__(strategy, models, trial_timeout_s, warnings)
         self.slots: list[Slot] = []
         self._backend_of: dict[str, str] = {}  # device class -> the backend that serves it
-        self.overheads: list[tuple[float, float]] = []
-        self.idle_gaps: list[float] = []
         self._threads: Any = None  # threadpoolctl's limit while connected
 
     # --- the machine ----------------------------------------------------------------------
@@ -95,8 +89,7 @@ class LocalRunner:
         for c in classes:
             slot = Slot(f"{c}-0", c, (self._backend_of[c],))
             slot.actor = Evaluator(slot.backend, slot.worker_id, "", commit)
-            slot.setup = [(Phase.INFO, "")] + [(Phase.LOAD, m) for m in self.models]
-            slot.setup += [(Phase.AA, m) for m in self.models]
+            slot.setup = setup_calls(self.models, fresh=True)
             self.slots.append(slot)
 
     def kill_all(self) -> None:
@@ -174,14 +167,9 @@ class LocalRunner:
         try:
             res = slot.actor.evaluate(*args, **kwargs)
         except Exception as e:  # noqa: BLE001 - the evaluator reports bad configs itself
-            res = EvalResult(Outcome.CRASH, slot.info, p.flat, {}, f"{type(e).__name__}: {e}")
+            res = EvalResult(Outcome.CRASH, slot.info, p.flat, {}, cause_line(e))
         now = time.monotonic()
         slot.free_since = now
-        overhead = max(0.0, (now - p.dispatched) - res.wall_s) + p.gap_s
-        slot.trials_done += 1
-        if slot.last_finished and res.started:
-            self.idle_gaps.append(max(0.0, res.started - slot.last_finished))
-        slot.last_finished = res.finished
         if res.wall_s > self.trial_timeout_s:
             log.warning(
                 "trial %d ran %.0f s, past the %.0f s trial timeout (not enforced locally)",
@@ -189,9 +177,5 @@ class LocalRunner:
                 res.wall_s,
                 self.trial_timeout_s,
             )
-        if p.phase is Phase.TRIAL:
-            self.overheads.append((res.wall_s, overhead))
-            self.strategy.got_trial(p, res, overhead)
-        else:
-            self.strategy.got_confirmation(p, res)
+        self._evaluated(p, res, now)
         return True

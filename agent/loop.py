@@ -1,7 +1,7 @@
 """The agent's strategy: workers of each device class evaluate trials of that class's studies,
 as many in flight as there are workers; results are accepted, confirmed, told and promoted.
-The calls themselves are a runner's (agent.runner: Ray; agent.local: this process), the
-reporting agent.report's.
+The calls themselves are a runner's (agent.runner: Ray; agent.local: this process; what both
+share: agent.dispatch), the reporting agent.report's.
 
     ask (a confirmation wanted? else the study's next trial) -> dispatch (runner)
     -> decide (accept?) -> tell (record the trial) -> at the end: promote each study's best
@@ -17,19 +17,19 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from optuna.exceptions import UpdateFinishedTrialError
 
 from agent import lease as lease_mod
 from agent import report
 from agent.acceptance import Decision, decide
+from agent.dispatch import Pending
 from agent.experiment import Experiment
 from agent.fleet import Slot, past_invocations
 from agent.local import LocalRunner
 from agent.phase import Phase, TrialStage
 from agent.records import Confirmation, TrialRecord
-from agent.runner import INFO_TIMEOUT_S, LOAD_TIMEOUT_S, QUEUE_DEPTH, Pending, RayRunner
 from agent.space import config_key
 from agent.stats import aa_noise
 from agent.storage import StorageRef
@@ -42,10 +42,10 @@ from worker.records import EvalResult, Outcome
 
 log = logging.getLogger("agent")
 
-__all__ = [  # the runner's names too, for code that read them here
-    "INFO_TIMEOUT_S",
-    "LOAD_TIMEOUT_S",
-    "QUEUE_DEPTH",
+if TYPE_CHECKING:
+    from agent.runner import RayRunner
+
+__all__ = [
     "Agent",
     "ConfirmRequest",
     "Pending",
@@ -103,8 +103,13 @@ class Agent:
         self.t0 = time.monotonic()
         self.promotion_errors: dict[str, str] = {}
         self.promotions: dict[str, dict[str, Any]] = {}  # study -> what this run did about it
-        runner = LocalRunner if opts.local else RayRunner
-        self.runner = runner(self, exp.models, exp.budget.trial_timeout_s, self.warnings)
+        self.runner: LocalRunner | RayRunner
+        if opts.local:
+            self.runner = LocalRunner(self, exp.models, exp.budget.trial_timeout_s, self.warnings)
+        else:  # imported here: a --local run never imports Ray
+            from agent.runner import RayRunner
+
+            self.runner = RayRunner(self, exp.models, exp.budget.trial_timeout_s, self.warnings)
 
     # --- setup --------------------------------------------------------------------------
     def promote_repo(self) -> Path:

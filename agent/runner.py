@@ -1,6 +1,7 @@
 """The Ray runner: the agent's calls to its workers (actor creation, per-worker queues, ray.wait,
 timeouts, restarts, one retry of a call whose worker was lost, retirement). What to run and what
-a result means is the strategy's (agent.loop); the runner calls it back through ``Strategy``.
+a result means is the strategy's (agent.loop); the runner calls it back through
+``agent.dispatch.Strategy``. The only runner that imports Ray (agent.loop imports it lazily).
 
     for each idle worker: setup calls (identify, load, A/A) -> strategy.dispatch_work
     wait for any result or deadline -> strategy.got_* / strategy.lost -> restart dead/hung workers
@@ -10,18 +11,16 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
 import ray
 
 from agent import cluster
-from agent.acceptance import Decision
-from agent.fleet import BUSY, DEAD, IDLE, MAX_RESTARTS_IN_A_ROW, STARTING, Fleet, Slot
+from agent.dispatch import Pending, Runner, cause_line, first_line
+from agent.fleet import BUSY, DEAD, IDLE, MAX_RESTARTS_IN_A_ROW, STARTING, Slot, setup_calls
 from agent.phase import Phase, TrialStage, advance
-from agent.study import StudyState
-from engine.errors import EngineError
-from engine.tuning import TuningConfig
+from worker.actor import spawn
 from worker.records import EvalResult, Outcome
 
 log = logging.getLogger("agent")
@@ -31,60 +30,47 @@ INFO_TIMEOUT_S = 300.0  # placing a worker and opening its device
 LOAD_TIMEOUT_S = 1800.0  # identify + load (may generate a synthetic model or fetch a checkpoint)
 
 
-@dataclass
-class Pending:
-    """One call in flight (or queued behind one on its worker, or waiting to be sent again)."""
+class Fleet:
+    """Slots of every device class the agent tunes on, each worker a Ray actor."""
 
-    phase: Phase
-    slot: Slot
-    ref: Any
-    dispatched: float
-    deadline: float
-    model: str = ""
-    study: StudyState | None = None
-    trial: Any = None
-    flat: dict[str, Any] = field(default_factory=dict)
-    role: str = ""
-    config: TuningConfig | None = None  # ``flat`` resolved and checked once, by the strategy
-    paired_against: int | None = None
-    gap_s: float = 0.0  # agent time between the worker going idle and this dispatch
-    first: EvalResult | None = None  # confirm: the result being confirmed
-    first_decision: Decision | None = None
-    first_overhead_s: float = 0.0
-    lost: str = ""  # why its first worker was lost (it is being retried once)
-
-
-class Strategy(Protocol):
-    """What the runner asks of the agent's strategy (agent.loop.Agent)."""
-
-    def aa_args(self, slot: Slot, model: str) -> tuple[Any, ...] | None: ...
-    def dispatch_work(self, slot: Slot) -> bool: ...
-    def evaluate_args(self, p: Pending) -> tuple[tuple[Any, ...], dict[str, Any]]: ...
-    def got_family(self, slot: Slot, model: str, family: str) -> None: ...
-    def got_aa(self, slot: Slot, model: str, res: EvalResult) -> None: ...
-    def got_trial(self, p: Pending, res: EvalResult, overhead: float) -> None: ...
-    def got_confirmation(self, p: Pending, res: EvalResult) -> None: ...
-    def lost(self, p: Pending, outcome: Outcome, reason: str) -> None: ...
-    def abandon(self, p: Pending, reason: str) -> None: ...
-
-
-class RayRunner:
     def __init__(
         self,
-        strategy: Strategy,
-        models: tuple[str, ...],
-        trial_timeout_s: float,
-        warnings: list[str],
+        classes: dict[str, int],
+        backends: dict[str, tuple[str, ...]],
+        setup: Callable[[], None] | None,
+        commit_hint: str,
     ) -> None:
-        self.strategy = strategy
-        self.models = models
-        self.trial_timeout_s = trial_timeout_s
-        self.warnings = warnings  # the strategy's list: one list of warnings per run
-        self.pending: list[Pending] = []
-        self.fleet: Fleet | None = None
-        self.mode = ""  # "embedded" or "cluster" once connected
-        self.overheads: list[tuple[float, float]] = []  # (worker wall s, overhead s) per trial
-        self.idle_gaps: list[float] = []  # worker seconds between consecutive evaluations
+        self.slots: list[Slot] = []
+        self.setup_fn = setup
+        self.commit_hint = commit_hint
+        for cls, n in classes.items():
+            for i in range(n):
+                if backends.get(cls):
+                    self.slots.append(Slot(f"{cls}-{i}", cls, backends[cls]))
+
+    def of_class(self, device_class: str) -> list[Slot]:
+        return [s for s in self.slots if s.device_class == device_class]
+
+    def start(self, slot: Slot, models: tuple[str, ...], fresh: bool) -> None:
+        """(Re)create the slot's actor and queue its setup calls (``setup_calls``)."""
+        slot.actor = spawn(
+            slot.backend, slot.device_class, slot.worker_id, self.setup_fn, self.commit_hint
+        )
+        slot.state, slot.phase = STARTING, None
+        slot.setup = setup_calls(models, fresh)
+
+    def kill(self, slot: Slot) -> None:
+        if slot.actor is not None:
+            try:
+                ray.kill(slot.actor, no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+            slot.actor = None
+
+
+class RayRunner(Runner):
+    fleet: Fleet | None = None
+    mode = ""  # "embedded" or "cluster" once connected
 
     # --- the cluster ----------------------------------------------------------------------
     def connect(
@@ -295,18 +281,7 @@ class RayRunner:
         elif p.phase is Phase.AA:
             self.strategy.got_aa(slot, p.model, value)
         else:
-            overhead = max(0.0, (now - p.dispatched) - value.wall_s) + p.gap_s
-            if value.outcome is Outcome.OK:
-                slot.failures_in_a_row = 0
-            slot.trials_done += 1
-            if slot.last_finished and value.started:
-                self.idle_gaps.append(max(0.0, value.started - slot.last_finished))
-            slot.last_finished = value.finished
-            if p.phase is Phase.TRIAL:
-                self.overheads.append((value.wall_s, overhead))
-                self.strategy.got_trial(p, value, overhead)
-            else:
-                self.strategy.got_confirmation(p, value)
+            self._evaluated(p, value, now)
 
     def _got_info(self, slot: Slot, info: Any) -> None:
         if info.device_class != slot.device_class:
@@ -404,19 +379,3 @@ class RayRunner:
         self.fleet.start(slot, self.models, fresh=not slot.noise)
         if p.phase is Phase.AA and (Phase.AA, p.model) not in slot.setup:
             slot.setup.append((Phase.AA, p.model))
-
-
-def cause_line(e: BaseException) -> str:
-    """The error raised inside a worker, as the engine worded it: Ray wraps it in a RayTaskError
-    whose text is a remote traceback ("RayTaskError(ModelFileError): ray::TuningWorker.load()")."""
-    cause = getattr(e, "cause", None)
-    if isinstance(cause, BaseException):
-        e = cause
-    if isinstance(e, EngineError):  # its message names the file and the problem
-        return first_line(e)
-    return f"{type(e).__name__}: {first_line(e)}"
-
-
-def first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0][:300] if text else type(e).__name__

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -75,3 +76,28 @@ def pg_server() -> Iterator[PostgresServer]:
 def pg_url(pg_server: PostgresServer) -> str:
     """A fresh empty database on the session's server, as a postgresql:// URL."""
     return pg_server.create_database()
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    """A git repository on branch main with one commit: a target the agent promotes into."""
+    r = tmp_path / "promote"
+    r.mkdir()
+    git = ["git", "-C", str(r)]
+    subprocess.run([*git, "init", "-q", "-b", "main"], check=True)
+    (r / "README").write_text("promote repo\n")
+    subprocess.run([*git, "add", "README"], check=True)
+    subprocess.run(
+        [*git, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init"], check=True
+    )
+    return r
+
+
+@pytest.fixture
+def faults() -> Iterator[None]:
+    """The test-only numpy_faults backend (worker.testing), registered for one test."""
+    from worker import testing
+
+    testing.install()
+    yield
+    testing.uninstall()

@@ -1,11 +1,12 @@
 """The local runner end to end on the NumPy backend: the agent's strategy and acceptance on a
-tiny synthetic model, in this process, without Ray; and ``python -m agent run --local``."""
+tiny synthetic model, in this process, without Ray; and ``python -m agent run --local``, which
+does not import Ray at all."""
 
 from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Iterator
+import sys
 from pathlib import Path
 
 import optuna
@@ -38,32 +39,11 @@ def _experiment(model: str) -> dict:
     }
 
 
-@pytest.fixture
-def repo(tmp_path: Path) -> Path:
-    r = tmp_path / "promote"
-    r.mkdir()
-    git = ["git", "-C", str(r)]
-    subprocess.run([*git, "init", "-q", "-b", "main"], check=True)
-    (r / "README").write_text("promote repo\n")
-    subprocess.run([*git, "add", "README"], check=True)
-    subprocess.run(
-        [*git, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init"], check=True
-    )
-    return r
-
-
 def _records(storage: str) -> list[TrialRecord]:
     st = parse_storage(storage).open()
     (s,) = optuna.get_all_study_summaries(st)
     study = optuna.load_study(study_name=s.study_name, storage=st)
     return [TrialRecord.from_attrs(s.study_name, t.number, t.user_attrs) for t in study.trials]
-
-
-@pytest.fixture
-def faults() -> Iterator[None]:
-    testing.install()
-    yield
-    testing.uninstall()
 
 
 @pytest.mark.usefixtures("faults")
@@ -133,3 +113,34 @@ def test_cli_run_local(
     with pytest.raises(SystemExit) as e:  # --local or --address, not both
         main([*argv, "--address", "x:1"])
     assert e.value.code == 2
+
+
+# ``python -m agent`` (agent/__main__.py) with Ray's modules reported once the run is over.
+_NO_RAY = """
+import json, sys
+from agent.cli import main
+rc = main(sys.argv[1:])
+print(json.dumps({"rc": rc, "ray": sorted(m for m in sys.modules if m.split(".")[0] == "ray")}),
+      file=sys.stderr)
+"""
+
+
+def test_local_run_never_imports_ray(tiny_model_path: Path, tmp_path: Path) -> None:
+    """A --local run is a machine without Ray: neither the strategy (agent.loop), the local
+    runner nor what they share (agent.dispatch, agent.fleet) may import it, only the Ray runner."""
+    exp = _experiment(str(tiny_model_path))
+    exp["budget"]["trials"] = 1
+    path = tmp_path / "x.toml"
+    path.write_text(tomli_w.dumps(exp))
+    argv = ["run", str(path), "--local", "--storage", str(tmp_path / "s.journal"), "--no-promote"]
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run(
+        [sys.executable, "-c", _NO_RAY, *argv, "--json"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout)["studies"][0]["evaluated"] == 1
+    assert json.loads(r.stderr.strip().splitlines()[-1]) == {"rc": 0, "ray": []}

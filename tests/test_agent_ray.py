@@ -27,28 +27,6 @@ def model_ref(tiny_model_path: Path) -> str:
     return str(tiny_model_path)
 
 
-@pytest.fixture
-def repo(tmp_path: Path) -> Path:
-    r = tmp_path / "promote"
-    r.mkdir()
-    git = ["git", "-C", str(r)]
-    subprocess.run([*git, "init", "-q", "-b", "main"], check=True)
-    (r / "README").write_text("promote repo\n")
-    subprocess.run([*git, "add", "README"], check=True)
-    subprocess.run(
-        [*git, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init"], check=True
-    )
-    return r
-
-
-@pytest.fixture
-def faults() -> Iterator[None]:
-    """The test-only numpy_faults backend, registered for one test."""
-    testing.install()
-    yield
-    testing.uninstall()
-
-
 @pytest.fixture(autouse=True)
 def _no_ray_left() -> Iterator[None]:
     yield
@@ -127,7 +105,11 @@ def test_whole_loop_promotes_a_real_win(
         assert rv["changes"] == ["the evidence records no sentinel key"]
         assert "re-validated" in recs[0].user_attrs["reason"]
         assert evidence_key(read_evidence(found[1])) == rv["key"]
-    assert summary.overhead.trials == 3 and summary.overhead.fraction < 0.5
+    # The agent's own seconds per trial (dispatch, storage, decisions), absolute: these CPU trials
+    # take 0.1-0.6 s, so a fraction of them swings with the machine's load (1.3 seen on a busy
+    # 2-core box) while a per-trial poll or sleep in the agent shows as seconds. On the H200 the
+    # same overhead is 3-13 ms per trial (docs/BENCHMARKS.md).
+    assert summary.overhead.trials == 3 and summary.overhead.mean_overhead_s < 1.0, summary.overhead
 
     again = run_experiment(exp, RunOptions(parse_storage(storage), promote_repo=repo, budget=4))
     assert again.studies[0].evaluated == 4
@@ -217,7 +199,10 @@ def test_faults_fail_trials_restart_workers_and_never_promote(
     assert s.evaluated == 6 and s.best_is_baseline and s.promotion is None
     assert not (repo / "configs").exists()
     (w,) = summary.workers
-    assert w["restarts"] == 3 and w["state"] != "dead"  # crash twice (one retry), hang once
+    # crash twice (one retry) and hang once: 3 restarts. A fresh CI clone on a loaded 2-core
+    # machine saw 4: the next trial was already queued behind the crash's retry, died with it
+    # and was retried in turn (runner.py retries each lost call once).
+    assert w["restarts"] in (3, 4) and w["state"] != "dead", w
 
 
 @pytest.mark.usefixtures("faults")

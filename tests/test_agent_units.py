@@ -260,17 +260,6 @@ def _git(repo: Path, *args: str) -> str:
     ).stdout.strip()
 
 
-@pytest.fixture
-def repo(tmp_path: Path) -> Path:
-    r = tmp_path / "repo"
-    r.mkdir()
-    _git(r, "init", "-q", "-b", "main")
-    (r / "README").write_text("x\n")
-    _git(r, "add", "README")
-    _git(r, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
-    return r
-
-
 def test_promotion_commits_only_the_config(repo: Path) -> None:
     cfg = TuningConfig.default("numpy").replace(**{"prefill.chunk_tokens": 64})
     (repo / "unrelated.txt").write_text("work in progress\n")  # untracked: must stay out
@@ -601,11 +590,11 @@ def test_run_dashboard_on_a_taken_port_is_refused_up_front(
 def test_worker_calls_follow_the_phase_table(monkeypatch: pytest.MonkeyPatch) -> None:
     """The setup a (re)started worker is given is a path through agent.phase's table, and the
     table refuses calls out of order (an evaluation before the worker is identified)."""
-    from agent import fleet
+    from agent import runner
     from agent.phase import WORKER_NEXT, IllegalTransition, Phase, advance
 
-    monkeypatch.setattr(fleet, "spawn", lambda *a: object())  # no Ray: the setup list only
-    f = fleet.Fleet({"cpu": 1}, {"cpu": ("numpy",)}, None, "")
+    monkeypatch.setattr(runner, "spawn", lambda *a: object())  # no Ray: the setup list only
+    f = runner.Fleet({"cpu": 1}, {"cpu": ("numpy",)}, None, "")
     for fresh in (True, False):
         slot = f.slots[0]
         slot.phase = Phase.TRIAL
