@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from itertools import product
 from typing import Any
 
 import optuna
@@ -224,3 +225,24 @@ def build_space(backend: str, space: BackendSpace, ordinal: bool = False) -> Sea
     # Ops with a single variant and no knobs are not a search dimension.
     out = [o for o in out if len(o.variant_dim.choices) > 1 or any(d for _, d in o.params)]
     return SearchSpace(backend, tuple(out))
+
+
+def space_configs(space: SearchSpace, baseline: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
+    """Every config of the space, in registry order (the baseline's other knobs kept)."""
+    per_op = []
+    for o in space.ops:
+        options = []
+        for v in o.variant_dim.choices:
+            dims = o.dims_of(v)
+            for values in product(*(d.choices for d in dims)):
+                options.append(
+                    {o.variant_dim.key: v, **{d.key: x for d, x in zip(dims, values, strict=True)}}
+                )
+        per_op.append(options)
+    opened = {o.op for o in space.ops}
+    rest = {k: v for k, v in baseline.items() if k.partition(".")[0] not in opened}
+    for combo in product(*per_op):
+        flat = dict(rest)
+        for part in combo:
+            flat.update(part)
+        yield flat

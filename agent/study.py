@@ -23,8 +23,7 @@ from agent.experiment import Experiment
 from agent.phase import TrialStage, move
 from agent.records import Outcome, TrialRecord
 from agent.samplers import make_sampler
-from agent.space import SearchSpace, config_key
-from agent.table import space_configs
+from agent.space import SearchSpace, config_key, space_configs
 from engine.tuning import TuningConfig
 from worker.models import model_label
 

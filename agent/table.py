@@ -17,14 +17,13 @@ import csv
 import io
 import json
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from itertools import product
 from pathlib import Path
 from typing import Any
 
 from agent.experiment import ExperimentError
-from agent.space import SearchSpace, config_key
+from agent.space import config_key
 
 HEADER = ("experiment", "backend", "target", "device", "source")
 
@@ -221,27 +220,6 @@ def _sweep_outcome(text: str) -> str:
     if text == "invalid":
         return "invalid"
     return "crash"
-
-
-def space_configs(space: SearchSpace, baseline: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
-    """Every config of the space, in registry order (the baseline's other knobs kept)."""
-    per_op = []
-    for o in space.ops:
-        options = []
-        for v in o.variant_dim.choices:
-            dims = o.dims_of(v)
-            for values in product(*(d.choices for d in dims)):
-                options.append(
-                    {o.variant_dim.key: v, **{d.key: x for d, x in zip(dims, values, strict=True)}}
-                )
-        per_op.append(options)
-    opened = {o.op for o in space.ops}
-    rest = {k: v for k, v in baseline.items() if k.partition(".")[0] not in opened}
-    for combo in product(*per_op):
-        flat = dict(rest)
-        for part in combo:
-            flat.update(part)
-        yield flat
 
 
 def measure(

@@ -13,9 +13,9 @@ import pytest
 from agent.experiment import ExperimentError, load_experiment
 from agent.records import TrialRecord
 from agent.replay import effective, prepare, run_samplers, warm_from
-from agent.space import build_space, config_key
+from agent.space import build_space, config_key, space_configs
 from agent.study import StudyState
-from agent.table import Row, Table, from_study, from_sweep, load_table, space_configs
+from agent.table import Row, Table, from_study, from_sweep, load_table
 from engine.tuning import TuningConfig
 
 DATA = Path(__file__).parent / "data"
