@@ -136,7 +136,9 @@ def test_two_agents_one_storage(tiny_model_path: Path, tmp_path: Path, pg_url: s
     fleet's PostgreSQL) must not fail the first one's live trials; it stops, naming the holder.
     An agent on another study of the same database runs alongside; the dashboard reads both."""
     model = str(tiny_model_path)
-    exp_a = write_experiment(tmp_path / "a.toml", model, trials=8, pairs=400)
+    # A's trials must outlast B's refusal and C's whole start (its own embedded Ray, its A/A):
+    # at 400 pairs a fresh clone saw A finish 0.3 s before C's first trial began.
+    exp_a = write_experiment(tmp_path / "a.toml", model, trials=8, pairs=1200)
     exp_c = write_experiment(tmp_path / "c.toml", model, trials=2, pairs=3, name="other", seed=5)
     run = [sys.executable, "-m", "agent", "run", "--storage", pg_url, "--no-promote", "--json"]
     log = (tmp_path / "a.log").open("w")
