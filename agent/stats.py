@@ -35,6 +35,15 @@ class RatioEstimate:
         }
 
 
+def _log_ratios(candidate: Sequence[float], best: Sequence[float]) -> np.ndarray:
+    """Per-pair log(candidate_i / best_i), float64; ValueError unless the pairs line up."""
+    c = np.asarray(candidate, dtype=np.float64)
+    b = np.asarray(best, dtype=np.float64)
+    if c.shape != b.shape or c.size == 0:
+        raise ValueError(f"paired samples must have the same non-zero length: {c.size}, {b.size}")
+    return np.log(np.maximum(c, 1e-300)) - np.log(np.maximum(b, 1e-300))
+
+
 def paired_ratio(
     candidate: Sequence[float],
     best: Sequence[float],
@@ -47,11 +56,7 @@ def paired_ratio(
     (scipy.stats.bootstrap), widened to the Student-t interval where that is wider."""
     from scipy import stats  # ~1 s to import: only where an estimate is made
 
-    c = np.asarray(candidate, dtype=np.float64)
-    b = np.asarray(best, dtype=np.float64)
-    if c.shape != b.shape or c.size == 0:
-        raise ValueError(f"paired samples must have the same non-zero length: {c.size}, {b.size}")
-    logs = np.log(np.maximum(c, 1e-300)) - np.log(np.maximum(b, 1e-300))  # [n]
+    logs = _log_ratios(candidate, best)  # [n]
     n = logs.size
     mean = float(logs.mean())
     lo = hi = mean
@@ -77,9 +82,5 @@ def aa_noise(candidate: Sequence[float], best: Sequence[float]) -> float:
     drifting clock), which shows in every pair. The median, not the mean: one cold pair (a GPU
     still ramping its clocks on the worker's first run) measured x0.3 on an H200 and, averaged
     into 5 pairs, set a 29% threshold that turned down a real x1.27 (docs/BENCHMARKS.md)."""
-    c = np.asarray(candidate, dtype=np.float64)
-    b = np.asarray(best, dtype=np.float64)
-    if c.shape != b.shape or c.size == 0:
-        raise ValueError(f"paired samples must have the same non-zero length: {c.size}, {b.size}")
-    logs = np.log(np.maximum(c, 1e-300)) - np.log(np.maximum(b, 1e-300))
+    logs = _log_ratios(candidate, best)
     return abs(float(np.exp(np.median(logs))) - 1.0)
