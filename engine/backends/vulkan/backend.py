@@ -619,7 +619,7 @@ class VulkanBackend(Backend):
                 )
             return out
         pipe, c = self._pipe("matmul_prefill", w.qtype)
-        if c.variant == "tiled":
+        if c.variant in ("tiled", "coopmat"):  # the same grid and bindings
             per_wg, cols = int(c["tile_m"]), int(c["tile_n"])
         else:
             per_wg = int(c["rows_per_wg"]) if c.variant == "kpar" else int(c["wg_size"])

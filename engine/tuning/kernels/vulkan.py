@@ -152,6 +152,49 @@ def _vec4_tiles(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
     return not c["vec4"] or (int(c["tile_m"]) % 64 == 0 and int(c["tile_n"]) % 64 == 0)
 
 
+# The cooperative-matrix shape matmul_coopmat.comp uses (coopmat.shape_name's spelling).
+COOPMAT_SHAPE = "16x16x16:f16*f16+f32=f32"
+
+
+def _coopmat_ok(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
+    if dev is None:
+        return True
+    return bool(_extra(dev, "cooperative_matrix", False)) and COOPMAT_SHAPE in _extra(
+        dev, "coopmat_shapes", []
+    )
+
+
+def _coopmat_subgroups(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
+    """At most 64 lanes (the required size, else any the device may pick), and a required size
+    the device can require of a 256-thread compute shader."""
+    req = int(cfg.op("matmul_prefill")["subgroup_size"])
+    if dev is None:
+        return True
+    if req == 0:
+        return int(_extra(dev, "max_subgroup_size", dev.subgroup_size)) <= 64
+    lo, hi = int(_extra(dev, "min_subgroup_size", 0)), int(_extra(dev, "max_subgroup_size", 0))
+    max_sgs = int(_extra(dev, "max_compute_workgroup_subgroups", 0) or 0)
+    return (
+        bool(_extra(dev, "subgroup_size_control", False))
+        and bool(_extra(dev, "subgroup_size_control_compute", False))
+        and lo <= req <= hi
+        and (max_sgs == 0 or 256 <= max_sgs * req)
+    )
+
+
+def _coopmat_tiles(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
+    c = cfg.op("matmul_prefill")
+    tm, tn, wm, wn = (int(c[k]) for k in ("tile_m", "tile_n", "warp_m", "warp_n"))
+    return tm % wm == 0 and tn % wn == 0 and (tm // wm) * (tn // wn) <= 16
+
+
+def _coopmat_shared(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
+    c = cfg.op("matmul_prefill")
+    limit = _extra(dev, "max_shared_memory")
+    need = 2 * 40 * (int(c["tile_m"]) + int(c["tile_n"])) + 8 * 1024
+    return limit is None or need <= int(limit)
+
+
 def _wg(default: int, choices: tuple[int, ...] = WG_SIZES) -> Param:
     return Param("wg_size", choices, default, "workgroup size (local_size_x)", spec(0))
 
@@ -324,6 +367,56 @@ REGISTRY.register(
             numeric="order_only",
             doc="shared-memory tiled GEMM with fused dequant: a 256-thread workgroup owns a "
             "tile_m x tile_n block of y, weights decoded once per tile_n columns",
+        ),
+        # Tensor cores: GL_KHR_cooperative_matrix, fp16 tiles into fp32 (fp16 numeric class).
+        # Not the default: only devices with the extension can run it (see _coopmat_ok).
+        Variant(
+            B,
+            "matmul_prefill",
+            "coopmat",
+            params=(
+                Param("tile_m", (64, 128, 256), 128, "weight rows per workgroup", spec(0)),
+                Param("tile_n", (32, 64, 128), 64, "prompt columns per workgroup", spec(1)),
+                Param("warp_m", (16, 32, 64), 32, "weight rows per subgroup tile", spec(2)),
+                Param("warp_n", (16, 32, 64), 32, "prompt columns per subgroup tile", spec(3)),
+                Param(
+                    "subgroup_size",
+                    (0, 32, 64),
+                    0,
+                    "required subgroup size (wave32 / wave64 on RDNA); 0: the device default",
+                    SUBGROUP_SIZE,
+                ),
+            ),
+            constraints=(
+                _wg_fits("matmul_prefill", fixed=256),  # matmul_coopmat.comp's local size
+                Constraint(
+                    "the device reports VK_KHR_cooperative_matrix (cooperativeMatrix, "
+                    f"shaderFloat16, vulkanMemoryModel) with the subgroup shape {COOPMAT_SHAPE} "
+                    "(lavapipe / Mesa 22 have no cooperative matrices)",
+                    _coopmat_ok,
+                ),
+                Constraint(
+                    "subgroup size <= 64 (a 256-thread workgroup of >= 4 subgroups covers the "
+                    "block's subgroup tiles); a required subgroup_size within the device's "
+                    "subgroup-size-control range",
+                    _coopmat_subgroups,
+                ),
+                Constraint(
+                    "warp_m divides tile_m, warp_n divides tile_n, and the block has at most 16 "
+                    "subgroup tiles (4 per subgroup at wave64)",
+                    _coopmat_tiles,
+                ),
+                Constraint(
+                    "40 x (tile_m + tile_n) halves + 8 KiB of shared memory <= "
+                    "maxComputeSharedMemorySize",
+                    _coopmat_shared,
+                ),
+            ),
+            quant_types=QUANT_TYPES,
+            source="vulkan/matmul_coopmat.comp",
+            numeric="fp16",
+            doc="cooperative-matrix (tensor-core) tiled GEMM with fused dequant to fp16 tiles, "
+            "fp32 accumulation: 16x16x16 multiply-adds, a subgroup per warp_n x warp_m tile",
         ),
         Variant(
             B,
