@@ -17,22 +17,19 @@ for s in x.get("coopmat_shapes", []):
     print("  shape", s)
 d.destroy()
 PY
-timeout ${TEST_TIMEOUT:-35} python3 -m pytest -q -p no:cacheprovider -rfEs --tb=short -m gpu \
-    tests/test_vulkan_coopmat.py -k "matmul or knobs or row_ranges" > "$O/pytest.log" 2>&1
-echo "pytest rc=$?"; tail -5 "$O/pytest.log"
-timeout 20 python3 scripts/vulkan_coopmat_bench.py --shapes 7b --repeats 3 --json \
-    > "$O/gemm_7b.json" 2> "$O/gemm_7b.err"
-echo "gemm rc=$?"
-python3 -c "
-import json; d = json.load(open('$O/gemm_7b.json'))
-for r in d['rows']: print(r['config'], r['N'], r['K'], r['qtype'], r.get('ms'), r.get('tflops'), r.get('nmse_vs_tiled'), r.get('refused', ''))
-" 2>&1 | tee "$O/gemm_7b.txt"
+PT="python3 -m pytest -q -p no:cacheprovider -rfEs --tb=short -m gpu tests/test_vulkan_coopmat.py"
+timeout ${TEST_TIMEOUT:-25} $PT -k "knobs or row_ranges" > "$O/pytest_knobs.log" 2>&1
+echo "pytest knobs rc=$?"; tail -4 "$O/pytest_knobs.log"
+timeout ${TEST_TIMEOUT2:-12} $PT -k "Contract and matmul" -x > "$O/pytest_contract.log" 2>&1
+echo "pytest contract rc=$?"; tail -3 "$O/pytest_contract.log"
+timeout 18 python3 scripts/vulkan_coopmat_bench.py --shapes 7b --repeats 3 2>&1 \
+    | tee "$O/gemm_7b.txt"
 printf 'backend = "vulkan"\n[ops.matmul_prefill]\nvariant = "coopmat"\n' > /tmp/coopmat.toml
 wait_model 1.5b
 B="python3 -m engine bench --backend vulkan --no-promoted --json --model /tmp/models/1.5b.gguf"
 for v in tiled coopmat; do
   cfg=""; [ $v = coopmat ] && cfg="--config /tmp/coopmat.toml"
-  timeout 20 $B $cfg --prompt-tokens 512 --gen-tokens 1 --repeats 2 > "$O/bench_1.5b_$v.json" \
+  timeout 15 $B $cfg --prompt-tokens 512 --gen-tokens 1 --repeats 2 > "$O/bench_1.5b_$v.json" \
       2> "$O/bench_1.5b_$v.err"
   echo "bench $v rc=$?"; python3 -c "import json; r = json.load(open('$O/bench_1.5b_$v.json'))
 print('$v pp512 tok/s', r['results'][0]['prefill_tok_s'])" 2>&1 | tee -a "$O/bench.txt"

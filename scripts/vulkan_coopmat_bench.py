@@ -25,10 +25,10 @@ from engine.tuning import TuningConfig  # noqa: E402
 # (N, K, weight type) of one layer's matmuls (qwen2 Q4_K_M: ffn_down is Q6_K in half the layers)
 SHAPES = {
     "7b": [
-        (4608, 3584, "Q4_K"),
-        (3584, 3584, "Q4_K"),
         (37888, 3584, "Q4_K"),
         (3584, 18944, "Q6_K"),
+        (4608, 3584, "Q4_K"),
+        (3584, 3584, "Q4_K"),
     ],
     "tiny": [(70, 256, "Q4_K")],  # a smoke run on lavapipe
     "1.5b": [
@@ -50,6 +50,13 @@ CONFIGS = {
         "matmul_prefill.variant": "coopmat",
         "matmul_prefill.tile_m": 64,
         "matmul_prefill.tile_n": 64,
+    },
+    "coopmat-bk64": {"matmul_prefill.variant": "coopmat", "matmul_prefill.bk": 64},
+    "coopmat-256x64-w64x32-bk64": {
+        "matmul_prefill.variant": "coopmat",
+        "matmul_prefill.tile_m": 256,
+        "matmul_prefill.warp_m": 64,
+        "matmul_prefill.bk": 64,
     },
     "coopmat-256x64-w64x32": {
         "matmul_prefill.variant": "coopmat",
@@ -80,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     dev = be.device_info()
     rows = []
     for n, k, q in SHAPES[args.shapes]:
-        w = weight(n, k, q, rng)
+        wt = be.load_weight(weight(n, k, q, rng))  # raw blocks: the same for every variant
         x = be.upload(rng.standard_normal((args.tokens, k)).astype(np.float32))
         ref = None
         for name, flat in CONFIGS.items():
@@ -88,9 +95,10 @@ def main(argv: list[str] | None = None) -> int:
             bad = cfg.problems(dev)
             if bad:
                 rows.append({"config": name, "N": n, "K": k, "qtype": q, "refused": bad})
+                if not args.json:
+                    print(rows[-1], flush=True)
                 continue
             be.set_config(cfg)
-            wt = be.load_weight(w)
             out = be.download(be.matmul(x, wt))  # warm: pipelines built
             t0 = time.perf_counter()
             for _ in range(args.repeats):
@@ -99,24 +107,22 @@ def main(argv: list[str] | None = None) -> int:
             dt = (time.perf_counter() - t0) / args.repeats
             ref = out if ref is None else ref
             err = float(np.sum((out - ref) ** 2) / max(float(np.sum(ref**2)), 1e-30))
-            rows.append(
-                {
-                    "config": name,
-                    "N": n,
-                    "K": k,
-                    "qtype": q,
-                    "ms": round(dt * 1e3, 3),
-                    "tflops": round(2 * args.tokens * n * k / dt / 1e12, 1),
-                    "nmse_vs_tiled": err,
-                }
-            )
-            del wt
+            row = {
+                "config": name,
+                "N": n,
+                "K": k,
+                "qtype": q,
+                "ms": round(dt * 1e3, 3),
+                "tflops": round(2 * args.tokens * n * k / dt / 1e12, 1),
+                "nmse_vs_tiled": err,
+            }
+            rows.append(row)
+            if not args.json:
+                print(row, flush=True)
+        del wt
     be.close()
     if args.json:
         print(json.dumps({"device": dev.name, "tokens": args.tokens, "rows": rows}, indent=1))
-    else:
-        for r in rows:
-            print(r)
     return 0
 
 

@@ -62,7 +62,8 @@ def test_coopmat_spirv_builds_with_the_pinned_glslang(tmp_path):
     assert version is not None, "glslangValidator missing: pip install -e .[vulkan] (./dev setup)"
     assert f"glslang Khronos. {pinned_glslang()}" in version, version
     builds = [b for b in all_builds() if b[0] == "matmul_coopmat"]
-    assert sorted(d[0] for _, d in builds) == sorted(f"QTYPE_{q}" for q in QUANT_TYPES)
+    want = sorted((f"BK={bk}", f"QTYPE_{q}") for q in QUANT_TYPES for bk in (32, 64))
+    assert sorted(tuple(sorted(d)) for _, d in builds) == want
     for shader, defines in builds:
         caps = capabilities(spirv.compile_spirv(shader, defines, tmp_path))
         assert set(CAPS.values()) <= caps, (defines, caps)
@@ -210,6 +211,8 @@ KNOBS = [
     {"subgroup_size": 32},
     {"subgroup_size": 64},
     {"tile_m": 64, "tile_n": 64, "warp_m": 32, "warp_n": 32, "subgroup_size": 64},
+    {"bk": 64},
+    {"bk": 64, "tile_m": 256, "tile_n": 64, "warp_m": 64, "warp_n": 32},
 ]
 
 

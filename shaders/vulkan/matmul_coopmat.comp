@@ -15,7 +15,11 @@
 // range: the next row range of a split weight, or the pooled buffer's canaries, follow it).
 //
 // Tunables (specialization constants): 0 TILE_M (weight rows per workgroup), 1 TILE_N (tokens),
-// 2 WARP_M, 3 WARP_N (the subgroup tile, multiples of 16 dividing TILE_M / TILE_N).
+// 2 WARP_M, 3 WARP_N (the subgroup tile, multiples of 16 dividing TILE_M / TILE_N); define BK
+// (k per shared-memory step, 32 or 64: fewer barriers against more shared memory).
+//
+// Shared tiles are f16vec2 (pairs along k): a decoded group of 8 weights is 4 stores, and the
+// matrix loads take their stride in pairs. x is read as vec4 where its rows are 16-byte aligned.
 // Bindings: 0 W (raw GGML blocks of this row range), 1 x, 2 y. Grid: (row tiles, folded into x
 // and y, column tiles in z), as matmul_tiled.comp.
 
@@ -34,6 +38,7 @@ layout(local_size_x = 256) in;
 
 layout(binding = 0) readonly buffer WBuf { uint Wq[]; };
 layout(binding = 1) readonly buffer XBuf { float xs[]; };
+layout(binding = 1) readonly buffer XBuf4 { vec4 xs4[]; };  // the same buffer, 16-byte reads
 layout(binding = 2) writeonly buffer YBuf { float ys[]; };
 
 layout(push_constant) uniform PC {
@@ -49,10 +54,12 @@ layout(push_constant) uniform PC {
 #include "common.glsl"
 #include "dequant.glsl"
 
-#define BK 32u
-// Shared rows of BK halves padded to 40 (80 bytes): 16-byte aligned for the matrix loads and
-// skewed across banks.
-#define SK (BK + 8u)
+#ifndef BK
+#define BK 32
+#endif
+// Shared rows of BK halves padded by 8 (BK 32: 80 bytes): 16-byte aligned for the matrix loads
+// and skewed across banks. SK2: the row stride in f16vec2 pairs.
+#define SK2 ((uint(BK) + 8u) / 2u)
 #define SLOTS 8u  // output fragments staged at once (one per subgroup of a wave32 workgroup)
 
 const uint CM = WARP_M / 16u;  // fragments per subgroup tile along weight rows
@@ -61,8 +68,8 @@ const uint TILES_M = TILE_M / WARP_M;
 const uint WTILES = TILES_M * (TILE_N / WARP_N);
 const uint PASSES = (WTILES + 3u) / 4u;
 
-shared float16_t x_sh[TILE_N * SK];  // [token][k]
-shared float16_t w_sh[TILE_M * SK];  // [weight row][k]
+shared f16vec2 x_sh[TILE_N * SK2];  // [token][k pair]
+shared f16vec2 w_sh[TILE_M * SK2];  // [weight row][k pair]
 shared float c_sh[SLOTS * 256u];     // [slot][token 16][row 16]
 
 #define ACC coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
@@ -76,47 +83,60 @@ void main() {
     ACC acc[PASSES * CN * CM];
     [[unroll]] for (uint i = 0u; i < PASSES * CN * CM; i++) acc[i] = ACC(0.0);
 
-    for (uint k0 = 0u; k0 < pc.K; k0 += BK) {
+    // x rows are 16-byte aligned when K and x_off are multiples of 4 (every real model's K)
+    bool x_vec4 = (pc.K & 3u) == 0u && (pc.x_off & 3u) == 0u;
+    for (uint k0 = 0u; k0 < pc.K; k0 += uint(BK)) {
         // Weights: TILE_M rows x BK / 8 groups of 8, one group per thread per pass; the groups
         // of one row on consecutive threads (they share the block's scales).
-        for (uint e = tid; e < TILE_M * (BK / 8u); e += 256u) {
-            uint r = e / (BK / 8u), q = e % (BK / 8u);
+        for (uint e = tid; e < TILE_M * (uint(BK) / 8u); e += 256u) {
+            uint r = e / (uint(BK) / 8u), q = e % (uint(BK) / 8u);
             uint n = n0 + r, k = k0 + 8u * q;
             vec4 lo = vec4(0.0), hi = vec4(0.0);
             if (n < pc.N && k < pc.K) {
                 uint g = k / 8u;
                 dq8(n * pc.row_bytes + (g / GPB) * QBYTES, g % GPB, pc.K - k, lo, hi);
             }
-            uint s = r * SK + 8u * q;
-            w_sh[s] = float16_t(lo.x);
-            w_sh[s + 1u] = float16_t(lo.y);
-            w_sh[s + 2u] = float16_t(lo.z);
-            w_sh[s + 3u] = float16_t(lo.w);
-            w_sh[s + 4u] = float16_t(hi.x);
-            w_sh[s + 5u] = float16_t(hi.y);
-            w_sh[s + 6u] = float16_t(hi.z);
-            w_sh[s + 7u] = float16_t(hi.w);
+            uint s = r * SK2 + 4u * q;
+            w_sh[s] = f16vec2(lo.xy);
+            w_sh[s + 1u] = f16vec2(lo.zw);
+            w_sh[s + 2u] = f16vec2(hi.xy);
+            w_sh[s + 3u] = f16vec2(hi.zw);
         }
         // Activations: TILE_N tokens x BK, consecutive threads along k (coalesced).
-        for (uint e = tid; e < TILE_N * BK; e += 256u) {
-            uint c = e / BK, kk = e % BK;
-            uint col = c0 + c, k = k0 + kk;
-            float v = (col < pc.T && k < pc.K) ? xs[pc.x_off + col * pc.K + k] : 0.0;
-            x_sh[c * SK + kk] = float16_t(v);
+        if (x_vec4) {
+            for (uint e = tid; e < TILE_N * (uint(BK) / 4u); e += 256u) {
+                uint c = e / (uint(BK) / 4u), k4 = e % (uint(BK) / 4u);
+                uint col = c0 + c, k = k0 + 4u * k4;
+                vec4 v = (col < pc.T && k < pc.K) ? xs4[(pc.x_off + col * pc.K + k) / 4u]
+                                                  : vec4(0.0);
+                x_sh[c * SK2 + 2u * k4] = f16vec2(v.xy);
+                x_sh[c * SK2 + 2u * k4 + 1u] = f16vec2(v.zw);
+            }
+        } else {
+            for (uint e = tid; e < TILE_N * (uint(BK) / 2u); e += 256u) {
+                uint c = e / (uint(BK) / 2u), k2 = e % (uint(BK) / 2u);
+                uint col = c0 + c, k = k0 + 2u * k2;
+                vec2 v = vec2(0.0);
+                if (col < pc.T && k < pc.K) {
+                    uint i = pc.x_off + col * pc.K + k;
+                    v = vec2(xs[i], k + 1u < pc.K ? xs[i + 1u] : 0.0);
+                }
+                x_sh[c * SK2 + k2] = f16vec2(v);
+            }
         }
         barrier();
         [[unroll]] for (uint p = 0u; p < PASSES; p++) {
             uint wt = sg + p * nsg;
             if (wt < WTILES) {
                 uint rm = (wt % TILES_M) * WARP_M, tn = (wt / TILES_M) * WARP_N;
-                [[unroll]] for (uint kk = 0u; kk < BK; kk += 16u) {
+                [[unroll]] for (uint kk = 0u; kk < uint(BK) / 2u; kk += 8u) {  // pairs
                     coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA> a[CN];
                     coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB> b[CM];
                     [[unroll]] for (uint j = 0u; j < CN; j++)
-                        coopMatLoad(a[j], x_sh, (tn + 16u * j) * SK + kk, SK,
+                        coopMatLoad(a[j], x_sh, (tn + 16u * j) * SK2 + kk, SK2,
                                     gl_CooperativeMatrixLayoutRowMajor);
                     [[unroll]] for (uint i = 0u; i < CM; i++)
-                        coopMatLoad(b[i], w_sh, (rm + 16u * i) * SK + kk, SK,
+                        coopMatLoad(b[i], w_sh, (rm + 16u * i) * SK2 + kk, SK2,
                                     gl_CooperativeMatrixLayoutColumnMajor);
                     [[unroll]] for (uint j = 0u; j < CN; j++)
                         [[unroll]] for (uint i = 0u; i < CM; i++)

@@ -4,9 +4,9 @@ Imports nothing from the Vulkan binding: the agent reads this on head nodes with
 Each knob's binding says how it reaches the shader; VulkanBackend builds pipelines by a loop over
 them. Most are specialization constants of a shader in shaders/vulkan (a new value is a new
 pipeline, not a new SPIR-V build; the shader's default for each equals the registry's, checked
-by tests/test_knob_bindings.py); ``matmul_prefill.vec4`` is a define (a new SPIR-V build);
-``subgroup_size`` is set at pipeline creation; ``submit.*`` shapes command recording; the grid
-sizes ``attention.splits``/``splits_prefill`` and ``argmax.slices`` are push constants.
+by tests/test_knob_bindings.py); ``matmul_prefill.vec4`` and ``.bk`` are defines (new SPIR-V
+builds); ``subgroup_size`` is set at pipeline creation; ``submit.*`` shapes command recording;
+the grid sizes ``attention.splits``/``splits_prefill`` and ``argmax.slices`` are push constants.
 Constraints read the device from DeviceInfo (``subgroup_size`` and ``extra``: limits and
 subgroup-size-control ranges, filled by engine.backends.vulkan.device); with no device they only
 check what does not depend on one.
@@ -191,7 +191,7 @@ def _coopmat_tiles(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
 def _coopmat_shared(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
     c = cfg.op("matmul_prefill")
     limit = _extra(dev, "max_shared_memory")
-    need = 2 * 40 * (int(c["tile_m"]) + int(c["tile_n"])) + 8 * 1024
+    need = 2 * (int(c["bk"]) + 8) * (int(c["tile_m"]) + int(c["tile_n"])) + 8 * 1024
     return limit is None or need <= int(limit)
 
 
@@ -380,6 +380,13 @@ REGISTRY.register(
                 Param("warp_m", (16, 32, 64), 32, "weight rows per subgroup tile", spec(2)),
                 Param("warp_n", (16, 32, 64), 32, "prompt columns per subgroup tile", spec(3)),
                 Param(
+                    "bk",
+                    (32, 64),
+                    32,
+                    "k per shared-memory step (fewer barriers against more shared memory)",
+                    define("BK"),
+                ),
+                Param(
                     "subgroup_size",
                     (0, 32, 64),
                     0,
@@ -407,7 +414,7 @@ REGISTRY.register(
                     _coopmat_tiles,
                 ),
                 Constraint(
-                    "40 x (tile_m + tile_n) halves + 8 KiB of shared memory <= "
+                    "(bk + 8) x (tile_m + tile_n) halves + 8 KiB of shared memory <= "
                     "maxComputeSharedMemorySize",
                     _coopmat_shared,
                 ),
