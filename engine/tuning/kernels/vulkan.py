@@ -564,6 +564,40 @@ REGISTRY.register(
     doc="causal GQA attention over the KV cache",
 )
 
+
+def _register_attention_coopmat() -> None:
+    """attention.coopmat: the split variant at decode (its knobs and constraints, whatever they
+    are), tensor-core flash attention (shaders/vulkan/attention_coopmat.comp) for T > 1."""
+    op = REGISTRY.op(B, "attention")
+    split = op.variant("split")
+    coop = Variant(
+        B,
+        "attention",
+        "coopmat",
+        params=split.params,
+        constraints=(
+            *split.constraints,
+            Constraint(
+                f"the device reports VK_KHR_cooperative_matrix with the subgroup shape "
+                f"{COOPMAT_SHAPE} (lavapipe / Mesa 22 have none)",
+                _coopmat_ok,
+            ),
+            Constraint(
+                "34 KiB of shared memory for the flash pass <= maxComputeSharedMemorySize",
+                lambda cfg, dev: int(_extra(dev, "max_shared_memory", 1 << 20)) >= 34 * 1024,
+            ),
+        ),
+        source="vulkan/attention_coopmat.comp",
+        numeric="fp16",
+        doc="prefill: flash attention on cooperative matrices (16 queries x 32 keys per step, "
+        "fp16 Q/K/V/P, fp32 softmax and output; head dims multiples of 16 up to 128); decode "
+        "and other head dims: the split kernel with these knobs",
+    )
+    REGISTRY.register(B, "attention", [*op.variants, coop], op.doc)
+
+
+_register_attention_coopmat()
+
 # two_stage first, so it is the default: one workgroup per row leaves a big GPU idle over a
 # 152k vocabulary; both give np.argmax's answer (first maximum, first NaN).
 REGISTRY.register(
