@@ -52,6 +52,13 @@ CONFIGS = {
         "matmul_prefill.tile_n": 64,
     },
     "coopmat-bk64": {"matmul_prefill.variant": "coopmat", "matmul_prefill.bk": 64},
+    "coopmat-dbuf": {"matmul_prefill.variant": "coopmat", "matmul_prefill.buffers": 2},
+    "coopmat-128x128-w32x64-dbuf": {
+        "matmul_prefill.variant": "coopmat",
+        "matmul_prefill.tile_n": 128,
+        "matmul_prefill.warp_n": 64,
+        "matmul_prefill.buffers": 2,
+    },
     "coopmat-256x64-w64x32-bk64": {
         "matmul_prefill.variant": "coopmat",
         "matmul_prefill.tile_m": 256,

@@ -64,7 +64,12 @@ def test_coopmat_spirv_builds_with_the_pinned_glslang(tmp_path):
     assert version is not None, "glslangValidator missing: pip install -e .[vulkan] (./dev setup)"
     assert f"glslang Khronos. {pinned_glslang()}" in version, version
     builds = [b for b in all_builds() if b[0] == "matmul_coopmat"]
-    want = sorted((f"BK={bk}", f"QTYPE_{q}") for q in QUANT_TYPES for bk in (32, 64))
+    want = sorted(
+        (f"BK={bk}", f"NBUF={nb}", f"QTYPE_{q}")
+        for q in QUANT_TYPES
+        for bk in (32, 64)
+        for nb in (1, 2)
+    )
     assert sorted(tuple(sorted(d)) for _, d in builds) == want
     for shader, defines in builds:
         caps = capabilities(spirv.compile_spirv(shader, defines, tmp_path))
@@ -150,6 +155,8 @@ def test_registry_coopmat_subgroups_and_tiles():
     assert coopmat_problems(h200_like(), tile_m=256, warp_m=16, tile_n=32, warp_n=16)  # 32 tiles
     assert coopmat_problems(h200_like(), tile_n=32, warp_n=64)  # warp_n does not divide tile_n
     assert coopmat_problems(h200_like(max_shared_memory=16384))
+    assert coopmat_problems(h200_like(), buffers=2) == []
+    assert coopmat_problems(h200_like(), buffers=2, bk=64)  # 55 KiB + 8 KiB
 
 
 def test_lavapipe_refuses_coopmat_through_the_constraint():
@@ -226,6 +233,8 @@ KNOBS = [
     {"tile_m": 64, "tile_n": 64, "warp_m": 32, "warp_n": 32, "subgroup_size": 64},
     {"bk": 64},
     {"bk": 64, "tile_m": 256, "tile_n": 64, "warp_m": 64, "warp_n": 32},
+    {"buffers": 2},
+    {"buffers": 2, "tile_n": 128, "warp_n": 64, "subgroup_size": 64},
 ]
 
 

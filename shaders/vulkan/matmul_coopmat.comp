@@ -15,8 +15,10 @@
 // range: the next row range of a split weight, or the pooled buffer's canaries, follow it).
 //
 // Tunables (specialization constants): 0 TILE_M (weight rows per workgroup), 1 TILE_N (tokens),
-// 2 WARP_M, 3 WARP_N (the subgroup tile, multiples of 16 dividing TILE_M / TILE_N); define BK
-// (k per shared-memory step, 32 or 64: fewer barriers against more shared memory).
+// 2 WARP_M, 3 WARP_N (the subgroup tile, multiples of 16 dividing TILE_M / TILE_N); defines BK
+// (k per shared-memory step, 32 or 64: fewer barriers against more shared memory) and NBUF (1,
+// or 2: double-buffered tiles, one barrier per step, the next step decoded after this one's
+// multiply-adds are issued).
 //
 // Shared tiles are f16vec2 (pairs along k): a decoded group of 8 weights is 4 stores, and the
 // matrix loads take their stride in pairs. x is read as vec4 where its rows are 16-byte aligned.
@@ -68,14 +70,58 @@ const uint TILES_M = TILE_M / WARP_M;
 const uint WTILES = TILES_M * (TILE_N / WARP_N);
 const uint PASSES = (WTILES + 3u) / 4u;
 
-shared f16vec2 x_sh[TILE_N * SK2];  // [token][k pair]
-shared f16vec2 w_sh[TILE_M * SK2];  // [weight row][k pair]
+#ifndef NBUF
+#define NBUF 1
+#endif
+shared f16vec2 x_sh[NBUF * TILE_N * SK2];  // [buffer][token][k pair]
+shared f16vec2 w_sh[NBUF * TILE_M * SK2];  // [buffer][weight row][k pair]
 shared float c_sh[SLOTS * 256u];     // [slot][token 16][row 16]
 
 #define ACC coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
 
-void main() {
+// Decode / convert the k-step at k0 into tile buffer buf (offsets wb, xb into w_sh, x_sh).
+void load_tiles(uint k0, uint wb, uint xb, uint n0, uint c0, bool x_vec4) {
     uint tid = gl_LocalInvocationID.x;
+    // Weights: TILE_M rows x BK / 8 groups of 8, one group per thread per pass; the groups of
+    // one row on consecutive threads (they share the block's scales).
+    for (uint e = tid; e < TILE_M * (uint(BK) / 8u); e += 256u) {
+        uint r = e / (uint(BK) / 8u), q = e % (uint(BK) / 8u);
+        uint n = n0 + r, k = k0 + 8u * q;
+        vec4 lo = vec4(0.0), hi = vec4(0.0);
+        if (n < pc.N && k < pc.K) {
+            uint g = k / 8u;
+            dq8(n * pc.row_bytes + (g / GPB) * QBYTES, g % GPB, pc.K - k, lo, hi);
+        }
+        uint s = wb + r * SK2 + 4u * q;
+        w_sh[s] = f16vec2(lo.xy);
+        w_sh[s + 1u] = f16vec2(lo.zw);
+        w_sh[s + 2u] = f16vec2(hi.xy);
+        w_sh[s + 3u] = f16vec2(hi.zw);
+    }
+    // Activations: TILE_N tokens x BK, consecutive threads along k (coalesced).
+    if (x_vec4) {
+        for (uint e = tid; e < TILE_N * (uint(BK) / 4u); e += 256u) {
+            uint c = e / (uint(BK) / 4u), k4 = e % (uint(BK) / 4u);
+            uint col = c0 + c, k = k0 + 4u * k4;
+            vec4 v = (col < pc.T && k < pc.K) ? xs4[(pc.x_off + col * pc.K + k) / 4u] : vec4(0.0);
+            x_sh[xb + c * SK2 + 2u * k4] = f16vec2(v.xy);
+            x_sh[xb + c * SK2 + 2u * k4 + 1u] = f16vec2(v.zw);
+        }
+    } else {
+        for (uint e = tid; e < TILE_N * (uint(BK) / 2u); e += 256u) {
+            uint c = e / (uint(BK) / 2u), k2 = e % (uint(BK) / 2u);
+            uint col = c0 + c, k = k0 + 2u * k2;
+            vec2 v = vec2(0.0);
+            if (col < pc.T && k < pc.K) {
+                uint i = pc.x_off + col * pc.K + k;
+                v = vec2(xs[i], k + 1u < pc.K ? xs[i + 1u] : 0.0);
+            }
+            x_sh[xb + c * SK2 + k2] = f16vec2(v);
+        }
+    }
+}
+
+void main() {
     uint sg = gl_SubgroupID, nsg = gl_NumSubgroups;
     uint n0 = wg_linear() * TILE_M;
     uint c0 = gl_WorkGroupID.z * TILE_N;
@@ -85,46 +131,22 @@ void main() {
 
     // x rows are 16-byte aligned when K and x_off are multiples of 4 (every real model's K)
     bool x_vec4 = (pc.K & 3u) == 0u && (pc.x_off & 3u) == 0u;
-    for (uint k0 = 0u; k0 < pc.K; k0 += uint(BK)) {
-        // Weights: TILE_M rows x BK / 8 groups of 8, one group per thread per pass; the groups
-        // of one row on consecutive threads (they share the block's scales).
-        for (uint e = tid; e < TILE_M * (uint(BK) / 8u); e += 256u) {
-            uint r = e / (uint(BK) / 8u), q = e % (uint(BK) / 8u);
-            uint n = n0 + r, k = k0 + 8u * q;
-            vec4 lo = vec4(0.0), hi = vec4(0.0);
-            if (n < pc.N && k < pc.K) {
-                uint g = k / 8u;
-                dq8(n * pc.row_bytes + (g / GPB) * QBYTES, g % GPB, pc.K - k, lo, hi);
-            }
-            uint s = r * SK2 + 4u * q;
-            w_sh[s] = f16vec2(lo.xy);
-            w_sh[s + 1u] = f16vec2(lo.zw);
-            w_sh[s + 2u] = f16vec2(hi.xy);
-            w_sh[s + 3u] = f16vec2(hi.zw);
-        }
-        // Activations: TILE_N tokens x BK, consecutive threads along k (coalesced).
-        if (x_vec4) {
-            for (uint e = tid; e < TILE_N * (uint(BK) / 4u); e += 256u) {
-                uint c = e / (uint(BK) / 4u), k4 = e % (uint(BK) / 4u);
-                uint col = c0 + c, k = k0 + 4u * k4;
-                vec4 v = (col < pc.T && k < pc.K) ? xs4[(pc.x_off + col * pc.K + k) / 4u]
-                                                  : vec4(0.0);
-                x_sh[c * SK2 + 2u * k4] = f16vec2(v.xy);
-                x_sh[c * SK2 + 2u * k4 + 1u] = f16vec2(v.zw);
-            }
-        } else {
-            for (uint e = tid; e < TILE_N * (uint(BK) / 2u); e += 256u) {
-                uint c = e / (uint(BK) / 2u), k2 = e % (uint(BK) / 2u);
-                uint col = c0 + c, k = k0 + 2u * k2;
-                vec2 v = vec2(0.0);
-                if (col < pc.T && k < pc.K) {
-                    uint i = pc.x_off + col * pc.K + k;
-                    v = vec2(xs[i], k + 1u < pc.K ? xs[i + 1u] : 0.0);
-                }
-                x_sh[c * SK2 + k2] = f16vec2(v);
-            }
-        }
+    uint steps = (pc.K + uint(BK) - 1u) / uint(BK);
+#if NBUF == 2
+    // Double-buffered: step st multiplies buffer st & 1 while it fills the other with step
+    // st + 1; one barrier per step (the other buffer was last read before the previous one).
+    load_tiles(0u, 0u, 0u, n0, c0, x_vec4);
+    barrier();
+#endif
+    for (uint st = 0u; st < steps; st++) {
+#if NBUF == 2
+        uint cur = st & 1u;
+#else
+        uint cur = 0u;
+        load_tiles(st * uint(BK), 0u, 0u, n0, c0, x_vec4);
         barrier();
+#endif
+        uint wb = cur * (TILE_M * SK2), xb = cur * (TILE_N * SK2);
         [[unroll]] for (uint p = 0u; p < PASSES; p++) {
             uint wt = sg + p * nsg;
             if (wt < WTILES) {
@@ -133,10 +155,10 @@ void main() {
                     coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA> a[CN];
                     coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB> b[CM];
                     [[unroll]] for (uint j = 0u; j < CN; j++)
-                        coopMatLoad(a[j], x_sh, (tn + 16u * j) * SK2 + kk, SK2,
+                        coopMatLoad(a[j], x_sh, xb + (tn + 16u * j) * SK2 + kk, SK2,
                                     gl_CooperativeMatrixLayoutRowMajor);
                     [[unroll]] for (uint i = 0u; i < CM; i++)
-                        coopMatLoad(b[i], w_sh, (rm + 16u * i) * SK2 + kk, SK2,
+                        coopMatLoad(b[i], w_sh, wb + (rm + 16u * i) * SK2 + kk, SK2,
                                     gl_CooperativeMatrixLayoutColumnMajor);
                     [[unroll]] for (uint j = 0u; j < CN; j++)
                         [[unroll]] for (uint i = 0u; i < CM; i++)
@@ -145,6 +167,11 @@ void main() {
                 }
             }
         }
+#if NBUF == 2
+        if (st + 1u < steps)
+            load_tiles((st + 1u) * uint(BK), (cur ^ 1u) * (TILE_M * SK2),
+                       (cur ^ 1u) * (TILE_N * SK2), n0, c0, x_vec4);
+#endif
         barrier();
     }
 

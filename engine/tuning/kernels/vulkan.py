@@ -191,7 +191,8 @@ def _coopmat_tiles(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
 def _coopmat_shared(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
     c = cfg.op("matmul_prefill")
     limit = _extra(dev, "max_shared_memory")
-    need = 2 * (int(c["bk"]) + 8) * (int(c["tile_m"]) + int(c["tile_n"])) + 8 * 1024
+    tiles = int(c["buffers"]) * (int(c["bk"]) + 8) * (int(c["tile_m"]) + int(c["tile_n"]))
+    need = 2 * tiles + 8 * 1024
     return limit is None or need <= int(limit)
 
 
@@ -387,6 +388,14 @@ REGISTRY.register(
                     define("BK"),
                 ),
                 Param(
+                    "buffers",
+                    (1, 2),
+                    1,
+                    "tile buffers: 2 decodes the next k-step while this one's multiply-adds "
+                    "run, one barrier per step, twice the tiles' shared memory",
+                    define("NBUF"),
+                ),
+                Param(
                     "subgroup_size",
                     (0, 32, 64),
                     0,
@@ -414,7 +423,7 @@ REGISTRY.register(
                     _coopmat_tiles,
                 ),
                 Constraint(
-                    "(bk + 8) x (tile_m + tile_n) halves + 8 KiB of shared memory <= "
+                    "buffers x (bk + 8) x (tile_m + tile_n) halves + 8 KiB of shared memory <= "
                     "maxComputeSharedMemorySize",
                     _coopmat_shared,
                 ),
