@@ -21,7 +21,7 @@ for s in x.get("coopmat_shapes", []):
 d.destroy()
 PY
 PT="python3 -m pytest -q -p no:cacheprovider -rfEs --tb=short -m gpu tests/test_vulkan_coopmat.py"
-timeout 20 $PT -k "knobs or row_ranges" > "$O/pytest_knobs.log" 2>&1
+timeout 18 $PT -k "knobs or row_ranges" > "$O/pytest_knobs.log" 2>&1
 echo "pytest knobs rc=$?"; tail -4 "$O/pytest_knobs.log"
 printf 'backend = "vulkan"\n[ops.matmul_prefill]\nvariant = "coopmat"\n' > /tmp/coopmat.toml
 printf '[ops.attention]\nvariant = "coopmat"\n' | cat /tmp/coopmat.toml - > /tmp/coopmat_attn.toml
@@ -29,14 +29,18 @@ wait_model 1.5b
 B="python3 -m engine bench --backend vulkan --no-promoted --json --model /tmp/models/1.5b.gguf"
 for v in tiled coopmat coopmat_attn; do
   cfg=""; [ $v != tiled ] && cfg="--config /tmp/$v.toml"
-  timeout 12 $B $cfg --prompt-tokens 512 --gen-tokens 1 --repeats 2 > "$O/bench_1.5b_$v.json" \
+  timeout 15 $B $cfg --prompt-tokens 512 --gen-tokens 1 --repeats 2 > "$O/bench_1.5b_$v.json" \
       2> "$O/bench_1.5b_$v.err"
   echo "bench $v rc=$?"; python3 -c "import json; r = json.load(open('$O/bench_1.5b_$v.json'))
 print('$v pp512 tok/s', r['results'][0]['prefill_tok_s'])" 2>&1 | tee -a "$O/bench.txt"
 done
-timeout 15 python3 scripts/vulkan_coopmat_bench.py --shapes 7b --repeats 3 2>&1 \
+timeout 12 python3 scripts/vulkan_coopmat_bench.py --shapes 7b --repeats 3 2>&1 \
     | tee "$O/gemm_7b.txt"
 timeout 8 $PT -k "attention and not Contract" > "$O/pytest_attention.log" 2>&1
 echo "pytest attention rc=$?"; tail -3 "$O/pytest_attention.log"
+# validate (teacher-forced, fp16 budget) of the tiny synthetic model with both coopmat variants
+timeout 12 python3 -m pytest -q -p no:cacheprovider -rfEs --tb=short tests/test_vulkan_model.py \
+    -k "validate_passes and cfg6" > "$O/pytest_validate.log" 2>&1
+echo "validate coopmat rc=$?"; tail -3 "$O/pytest_validate.log"
 timeout 8 $PT -k "Contract and matmul" > "$O/pytest_contract.log" 2>&1
 echo "pytest contract rc=$?"; tail -3 "$O/pytest_contract.log"
