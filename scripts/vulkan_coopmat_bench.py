@@ -41,6 +41,25 @@ SHAPES = {
 CONFIGS = {
     "tiled": {},
     "coopmat": {"matmul_prefill.variant": "coopmat"},
+    "coopmat-one": {"matmul_prefill.variant": "coopmat", "matmul_prefill.one_tile": True},
+    "coopmat-one-dbuf": {
+        "matmul_prefill.variant": "coopmat",
+        "matmul_prefill.one_tile": True,
+        "matmul_prefill.buffers": 2,
+    },
+    "coopmat-one-128x128-w32x64": {
+        "matmul_prefill.variant": "coopmat",
+        "matmul_prefill.one_tile": True,
+        "matmul_prefill.tile_n": 128,
+        "matmul_prefill.warp_n": 64,
+    },
+    "coopmat-one-256x64-w64x32-bk64": {
+        "matmul_prefill.variant": "coopmat",
+        "matmul_prefill.one_tile": True,
+        "matmul_prefill.tile_m": 256,
+        "matmul_prefill.warp_m": 64,
+        "matmul_prefill.bk": 64,
+    },
     "coopmat-128x128-w32x64": {
         "matmul_prefill.variant": "coopmat",
         "matmul_prefill.tile_n": 128,

@@ -65,10 +65,11 @@ def test_coopmat_spirv_builds_with_the_pinned_glslang(tmp_path):
     assert f"glslang Khronos. {pinned_glslang()}" in version, version
     builds = [b for b in all_builds() if b[0] == "matmul_coopmat"]
     want = sorted(
-        (f"BK={bk}", f"NBUF={nb}", f"QTYPE_{q}")
+        tuple(sorted((f"BK={bk}", f"NBUF={nb}", f"QTYPE_{q}") + one))
         for q in QUANT_TYPES
         for bk in (32, 64)
         for nb in (1, 2)
+        for one in ((), ("ONE_TILE_PER_SUBGROUP",))
     )
     assert sorted(tuple(sorted(d)) for _, d in builds) == want
     for shader, defines in builds:
@@ -168,6 +169,11 @@ def test_registry_coopmat_subgroups_and_tiles():
     assert coopmat_problems(h200_like(), tile_m=256, warp_m=16, tile_n=32, warp_n=16)  # 32 tiles
     assert coopmat_problems(h200_like(), tile_n=32, warp_n=64)  # warp_n does not divide tile_n
     assert coopmat_problems(h200_like(max_shared_memory=16384))
+    assert coopmat_problems(h200_like(), one_tile=True) == []  # 4 x 2 tiles x 32 lanes
+    assert coopmat_problems(h200_like(), one_tile=True, tile_n=128)  # 16 tiles x 32
+    assert coopmat_problems(wave64, one_tile=True)  # the device picks 32 or 64: must be told
+    assert coopmat_problems(wave64, one_tile=True, subgroup_size=32) == []
+    assert coopmat_problems(wave64, one_tile=True, subgroup_size=64, warp_m=64) == []
     assert coopmat_problems(h200_like(), buffers=2) == []
     assert coopmat_problems(h200_like(), buffers=2, bk=64)  # 55 KiB + 8 KiB
 
@@ -248,6 +254,10 @@ KNOBS = [
     {"bk": 64, "tile_m": 256, "tile_n": 64, "warp_m": 64, "warp_n": 32},
     {"buffers": 2},
     {"buffers": 2, "tile_n": 128, "warp_n": 64, "subgroup_size": 64},
+    {"one_tile": True},
+    {"one_tile": True, "tile_m": 256, "warp_m": 64, "bk": 64},
+    {"one_tile": True, "tile_n": 128, "warp_n": 64, "buffers": 2},
+    {"one_tile": True, "warp_m": 64, "subgroup_size": 64},
 ]
 
 

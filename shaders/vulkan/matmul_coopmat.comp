@@ -16,9 +16,9 @@
 //
 // Tunables (specialization constants): 0 TILE_M (weight rows per workgroup), 1 TILE_N (tokens),
 // 2 WARP_M, 3 WARP_N (the subgroup tile, multiples of 16 dividing TILE_M / TILE_N); defines BK
-// (k per shared-memory step, 32 or 64: fewer barriers against more shared memory) and NBUF (1,
+// (k per shared-memory step, 32 or 64: fewer barriers against more shared memory), NBUF (1,
 // or 2: double-buffered tiles, one barrier per step, the next step decoded after this one's
-// multiply-adds are issued).
+// multiply-adds are issued) and ONE_TILE_PER_SUBGROUP (below).
 //
 // Shared tiles are f16vec2 (pairs along k): a decoded group of 8 weights is 4 stores, and the
 // matrix loads take their stride in pairs. x is read as vec4 where its rows are 16-byte aligned.
@@ -68,7 +68,16 @@ const uint CM = WARP_M / 16u;  // fragments per subgroup tile along weight rows
 const uint CN = WARP_N / 16u;  // ... along tokens
 const uint TILES_M = TILE_M / WARP_M;
 const uint WTILES = TILES_M * (TILE_N / WARP_N);
+#ifdef ONE_TILE_PER_SUBGROUP
+// Subgroup s owns subgroup tile s, the only one: the registry admits this build only where the
+// workgroup has exactly WTILES subgroups (256 / subgroup size), so no pass loop, no bounds test
+// and no accumulators idle at wave32.
+const uint PASSES = 1u;
+#define OWNS(wt) true
+#else
 const uint PASSES = (WTILES + 3u) / 4u;
+#define OWNS(wt) ((wt) < WTILES)
+#endif
 
 #ifndef NBUF
 #define NBUF 1
@@ -149,7 +158,7 @@ void main() {
         uint wb = cur * (TILE_M * SK2), xb = cur * (TILE_N * SK2);
         [[unroll]] for (uint p = 0u; p < PASSES; p++) {
             uint wt = sg + p * nsg;
-            if (wt < WTILES) {
+            if (OWNS(wt)) {
                 uint rm = (wt % TILES_M) * WARP_M, tn = (wt / TILES_M) * WARP_N;
                 [[unroll]] for (uint kk = 0u; kk < uint(BK) / 2u; kk += 8u) {  // pairs
                     coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA> a[CN];
@@ -182,7 +191,7 @@ void main() {
             uint slot = (sg % SLOTS) * 256u;
             [[unroll]] for (uint p = 0u; p < PASSES; p++) {
                 uint wt = sg + p * nsg;
-                if (wt < WTILES) {
+                if (OWNS(wt)) {
                     uint rm = (wt % TILES_M) * WARP_M, tn = (wt / TILES_M) * WARP_N;
                     [[unroll]] for (uint j = 0u; j < CN; j++)
                         [[unroll]] for (uint i = 0u; i < CM; i++) {

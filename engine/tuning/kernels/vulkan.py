@@ -188,6 +188,20 @@ def _coopmat_tiles(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
     return tm % wm == 0 and tn % wn == 0 and (tm // wm) * (tn // wn) <= 16
 
 
+def _coopmat_one_tile(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
+    c = cfg.op("matmul_prefill")
+    if not c["one_tile"]:
+        return True
+    tiles = (int(c["tile_m"]) // int(c["warp_m"])) * (int(c["tile_n"]) // int(c["warp_n"]))
+    sg = int(c["subgroup_size"])
+    if sg == 0 and dev is not None:
+        lo, hi = _extra(dev, "min_subgroup_size", 0), _extra(dev, "max_subgroup_size", 0)
+        sg = dev.subgroup_size if lo == hi else 0  # a device that picks 32 or 64 must be told
+    if sg == 0:
+        return dev is None and 256 % tiles == 0 and 256 // tiles in (32, 64)
+    return tiles * sg == 256
+
+
 def _coopmat_shared(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
     c = cfg.op("matmul_prefill")
     limit = _extra(dev, "max_shared_memory")
@@ -389,6 +403,14 @@ REGISTRY.register(
                     define("BK"),
                 ),
                 Param(
+                    "one_tile",
+                    (False, True),
+                    False,
+                    "each subgroup owns exactly one subgroup tile (tiles x subgroup size = 256): "
+                    "no pass loop or idle accumulators",
+                    define("ONE_TILE_PER_SUBGROUP"),
+                ),
+                Param(
                     "buffers",
                     (1, 2),
                     1,
@@ -422,6 +444,11 @@ REGISTRY.register(
                     "warp_m divides tile_m, warp_n divides tile_n, and the block has at most 16 "
                     "subgroup tiles (4 per subgroup at wave64)",
                     _coopmat_tiles,
+                ),
+                Constraint(
+                    "one_tile needs (tile_m / warp_m) x (tile_n / warp_n) x subgroup size = 256, "
+                    "the subgroup size fixed (required, or the device has one size)",
+                    _coopmat_one_tile,
                 ),
                 Constraint(
                     "buffers x (bk + 8) x (tile_m + tile_n) halves + 8 KiB of shared memory <= "
