@@ -40,8 +40,10 @@ for m in $MODELS; do
 print('$m $v pp512 tok/s', r['results'][0]['prefill_tok_s'])" 2>&1 | tee -a "$O/bench.txt"
   done
 done
-timeout $((12 * S)) python3 scripts/vulkan_coopmat_bench.py --shapes 7b --repeats 3 2>&1 \
-    | tee "$O/gemm_7b.txt"
+for sh in 1.5b 7b; do
+  timeout $((12 * S)) python3 scripts/vulkan_coopmat_bench.py --shapes $sh --repeats 3 2>&1 \
+      | tee "$O/gemm_$sh.txt"
+done
 m=${MODELS##* }  # the last (largest) model
 timeout $((15 * S)) python3 scripts/vulkan_profile.py --model /tmp/models/$m.gguf \
     --out "$O/profile" --prompt-tokens 512 --gen-tokens 2 --config '{}' \
