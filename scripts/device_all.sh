@@ -21,7 +21,7 @@ pack() { tar czf "$BACK/.all.tgz" -C "$OUT" . 2>/dev/null && mv "$BACK/.all.tgz"
 ( while sleep 20; do pack; done ) &
 PACKER=$!
 trap 'kill $PACKER 2> /dev/null; pack' EXIT  # an early exit must not leave the loop running
-[ -d /tmp/site/ray ] || tar xzf .fleet/site.tgz -C /tmp/site || exit 1
+[ -d /tmp/site/ray ] || tar xJf .fleet/site.txz -C /tmp/site || exit 1
 MODELS="7b" source scripts/device_vulkan_env.sh || exit 1
 export PYTHONPATH=/tmp/site:/tmp/vk:$PWD PATH=/tmp/site/bin:$PATH
 ( timeout 400 python3 -m engine synth --arch qwen35 --preset 9b --out /tmp/models/qwen35-9b.gguf \
