@@ -22,6 +22,12 @@
 # then a fresh study with two (cards 0 and 1, one device class): trials per hour of each, in
 # $OUT/scaling.txt and $OUT/scaling_logs.tgz; only the two-worker run promotes.
 set -u -o pipefail
+# .fleet/site.txz into /tmp/site: tar through xz where the machine has it, else Python's lzma
+unxz_site() {
+    if command -v xz > /dev/null; then tar xJf .fleet/site.txz -C /tmp/site
+    else python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+        .fleet/site.txz /tmp/site; fi
+}
 OUT=${OUT:-/tmp/out}
 case "${1:-}" in
 prepare)
@@ -46,7 +52,7 @@ run|scaling)
     MODEL=${1:?model}; shift
     mkdir -p "$OUT" /root/fleet/logs /tmp/site
     L=/root/fleet/logs
-    [ -d /tmp/site/ray ] || tar xJf .fleet/site.txz -C /tmp/site || exit 1  # once per machine
+    [ -d /tmp/site/ray ] || unxz_site || exit 1  # once per machine
     MODELS="" source scripts/device_vulkan_env.sh || exit 1
     export PYTHONPATH=/tmp/site:/tmp/vk:$PWD PATH=/tmp/site/bin:$PATH RAY_AUTH_MODE=disabled
     export FLEETTUNE_CACHE=/root/fleet/cache
