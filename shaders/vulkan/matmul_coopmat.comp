@@ -21,7 +21,8 @@
 // multiply-adds are issued) and ONE_TILE_PER_SUBGROUP (below).
 //
 // Shared tiles are f16vec2 (pairs along k): a decoded group of 8 weights is 4 stores, and the
-// matrix loads take their stride in pairs. x is read as vec4 where its rows are 16-byte aligned.
+// matrix loads take their stride in pairs. x is read 4 floats per thread where its rows are
+// 16-byte aligned (one buffer view: an aliased vec4 view of binding 1 is avoided).
 // Bindings: 0 W (raw GGML blocks of this row range), 1 x, 2 y. Grid: (row tiles, folded into x
 // and y, column tiles in z), as matmul_tiled.comp.
 
@@ -40,7 +41,6 @@ layout(local_size_x = 256) in;
 
 layout(binding = 0) readonly buffer WBuf { uint Wq[]; };
 layout(binding = 1) readonly buffer XBuf { float xs[]; };
-layout(binding = 1) readonly buffer XBuf4 { vec4 xs4[]; };  // the same buffer, 16-byte reads
 layout(binding = 2) writeonly buffer YBuf { float ys[]; };
 
 layout(push_constant) uniform PC {
@@ -112,7 +112,11 @@ void load_tiles(uint k0, uint wb, uint xb, uint n0, uint c0, bool x_vec4) {
         for (uint e = tid; e < TILE_N * (uint(BK) / 4u); e += 256u) {
             uint c = e / (uint(BK) / 4u), k4 = e % (uint(BK) / 4u);
             uint col = c0 + c, k = k0 + 4u * k4;
-            vec4 v = (col < pc.T && k < pc.K) ? xs4[(pc.x_off + col * pc.K + k) / 4u] : vec4(0.0);
+            vec4 v = vec4(0.0);
+            if (col < pc.T && k < pc.K) {  // 4 floats of one 16-byte-aligned run
+                uint i = pc.x_off + col * pc.K + k;
+                v = vec4(xs[i], xs[i + 1u], xs[i + 2u], xs[i + 3u]);
+            }
             x_sh[xb + c * SK2 + 2u * k4] = f16vec2(v.xy);
             x_sh[xb + c * SK2 + 2u * k4 + 1u] = f16vec2(v.zw);
         }
