@@ -26,6 +26,7 @@ from engine.tuning import TuningConfig  # noqa: E402
 SHAPES = {
     "7b": [
         (37888, 3584, "Q4_K"),
+        (18944, 3584, "F16"),  # no block decode: the multiply-adds and tile staging alone
         (3584, 18944, "Q6_K"),
         (4608, 3584, "Q4_K"),
         (3584, 3584, "Q4_K"),
