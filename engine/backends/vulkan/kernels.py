@@ -68,12 +68,6 @@ class Pass(NamedTuple):
 PASSES = {
     ("attention", "online"): (("", 5, "IIIIIIIIf"),),
     ("attention", "split"): (("PASS_PARTIAL", 5, "IIIIIIIIIf"), ("PASS_MERGE", 2, "IIIII")),
-    # decode with the split kernel's two passes, prefill with the cooperative-matrix flash pass
-    ("attention", "coopmat"): (
-        ("PASS_PARTIAL", 5, "IIIIIIIIIf", "attention_split"),
-        ("PASS_MERGE", 2, "IIIII", "attention_split"),
-        ("", 5, "IIIIIIIIIf", "", "flash"),
-    ),
     ("argmax", "default"): (("", 2, "IIII"),),
     ("argmax", "two_stage"): (("STAGE_SLICES", 2, "IIIII"), ("STAGE_MERGE", 2, "IIII")),
     ("moe_experts", "dmmv"): (("", 4, "IIIIIIII"), ("PASS_COMBINE", 3, "IIIIII")),
@@ -91,6 +85,17 @@ PASSES = {
         ("PASS_SCAN", 3, "IIIIIII", "", "scan"),
     ),
 }
+
+
+# attention.coopmat: decode with the split variant's passes (whatever they are, from
+# attention_split.comp), prefill with the cooperative-matrix flash pass.
+PASSES[("attention", "coopmat")] = (
+    *(
+        Pass(*p)._replace(shader=Pass(*p).shader or "attention_split")
+        for p in PASSES[("attention", "split")]
+    ),
+    Pass("", 5, "IIIIIIIIIf", "", "flash"),
+)
 
 
 def pass_keys(op: str, variant: str) -> tuple[str, ...]:
