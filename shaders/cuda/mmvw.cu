@@ -12,9 +12,23 @@
 // UNROLL slots per iteration, so UNROLL * RPT weight loads are in flight per thread before any
 // is used. The group's partial sums meet by shuffles (no shared memory, no block barrier).
 // Tunables (defines): TPR threads per row (8, 16, 32), RPT rows per thread, NW warps per
-// block, UNROLL slots per iteration. Rows per block: NW * (32 / TPR) * RPT.
+// block, UNROLL slots per iteration, WLOAD the K types' weight-load hint (vecdot.cuh), MINB
+// blocks per SM that __launch_bounds__ asks registers for (0: none). Rows per block:
+// NW * (32 / TPR) * RPT.
 // Launch: grid nb0 + nb1 + nb2 blocks (block b < nb0 -> matrix 0, then 1, then 2), block NW*32.
 // Types: Q4_0 Q4_1 Q5_0 Q8_0 Q4_K Q6_K (float weights use dmmv). K % 256 == 0 for the K types.
+//
+// Fused epilogues (host knobs matmul_decode.fuse_swiglu / fuse_norm):
+//   mmvw_glu   gate and up of one activation, a block owning 32 rows of each (GLU_TPR lanes a
+//              row: the knob glu_threads_per_row): silu(g) * u and its Q8_1 block (swiglu_q8's
+//              arithmetic) written by the block, no g / u in memory
+//   mmvw_norm  one matrix + residual (as mmvw), then the grid's last block to finish (a ticket)
+//              runs rms_norm_q8 of the whole output row: the next layer's norm, no launch
+// WLOAD: read by vecdot.cuh's wld16 (the K types' weight loads)
+#ifndef WLOAD
+#define WLOAD 0
+#endif
+#include "q8.cuh"
 #include "vecdot.cuh"
 
 #ifndef TPR
@@ -30,11 +44,66 @@
 #define UNROLL 2
 #endif
 
+#ifndef MINB
+#define MINB 0
+#endif
+
 #if TPR != 8 && TPR != 16 && TPR != 32
 #error "TPR must be 8, 16 or 32 (a row's lanes sit inside one warp)"
 #endif
+#if MINB > 0
+#define MMVW_BOUNDS_MINB , MINB
+#else
+#define MMVW_BOUNDS_MINB
+#endif
 
 #define MMVW_GROUPS (NW * 32 / TPR)
+
+#ifndef GLU_TPR
+#define GLU_TPR 8
+#endif
+#if GLU_TPR != 4 && GLU_TPR != 8 && GLU_TPR != 16
+#error "GLU_TPR must be 4, 8 or 16 (mmvw_glu's block is 64 * GLU_TPR threads)"
+#endif
+
+// The R dot products of rows row0.. (clamped to N - 1) by the calling group of G lanes, U
+// slots per lane per iteration; every lane of the group ends with the full sums. The whole group
+// calls it (the shuffles). mmvw: G, R, U = TPR, RPT, UNROLL; mmvw_glu: GLU_TPR, 1, UNROLL.
+template <int QT, int G, int R, int U>
+__device__ __forceinline__ void mmvw_dot(const u8* __restrict__ W, int row_bytes, int N, int K,
+                                         const s8* __restrict__ xq,
+                                         const float2* __restrict__ xds, int row0,
+                                         float (&acc)[R]) {
+    const int lane = threadIdx.x % G;
+    const int ns = VD<QT>::slots(K);
+    const u8* rows[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        rows[r] = W + (size_t)min(row0 + r, N - 1) * row_bytes;
+        acc[r] = 0.f;
+    }
+    for (int s0 = lane; s0 < ns; s0 += G * U) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int s = s0 + u * G;
+            const bool ok = s < ns;
+            const int sc = ok ? s : s0;  // a valid slot, its result dropped: straight-line code
+            const XSlot x = VD<QT>::load(sc, xq, xds);
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const float v = VD<QT>::dot(rows[r], sc, x);
+                acc[r] += ok ? v : 0.f;
+            }
+        }
+    }
+    const unsigned mask =
+        G == 32 ? 0xffffffffu : ((1u << G) - 1u) << ((threadIdx.x & 31) & ~(G - 1));
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+        for (int o = G / 2; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(mask, acc[r], o);
+    }
+}
 
 template <int QT>
 __device__ __forceinline__ void mmvw_rows(const u8* __restrict__ W, int row_bytes, int N, int K,
@@ -44,35 +113,8 @@ __device__ __forceinline__ void mmvw_rows(const u8* __restrict__ W, int row_byte
     const int g = threadIdx.x / TPR, lane = threadIdx.x % TPR;
     const int row0 = (bi * MMVW_GROUPS + g) * RPT;
     if (row0 >= N) return;  // whole groups leave together: the shuffles below stay full
-    const int ns = VD<QT>::slots(K);
-    const u8* rows[RPT];
     float acc[RPT];
-#pragma unroll
-    for (int r = 0; r < RPT; ++r) {
-        rows[r] = W + (size_t)min(row0 + r, N - 1) * row_bytes;
-        acc[r] = 0.f;
-    }
-    for (int s0 = lane; s0 < ns; s0 += TPR * UNROLL) {
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            const int s = s0 + u * TPR;
-            const bool ok = s < ns;
-            const int sc = ok ? s : s0;  // a valid slot, its result dropped: straight-line code
-            const XSlot x = VD<QT>::load(sc, xq, xds);
-#pragma unroll
-            for (int r = 0; r < RPT; ++r) {
-                const float v = VD<QT>::dot(rows[r], sc, x);
-                acc[r] += ok ? v : 0.f;
-            }
-        }
-    }
-    const unsigned mask =
-        TPR == 32 ? 0xffffffffu : ((1u << TPR) - 1u) << ((threadIdx.x & 31) & ~(TPR - 1));
-#pragma unroll
-    for (int r = 0; r < RPT; ++r) {
-#pragma unroll
-        for (int o = TPR / 2; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(mask, acc[r], o);
-    }
+    mmvw_dot<QT, TPR, RPT, UNROLL>(W, row_bytes, N, K, xq, xds, row0, acc);
     if (lane == 0) {
 #pragma unroll
         for (int r = 0; r < RPT; ++r) {
@@ -86,9 +128,46 @@ __device__ __forceinline__ void mmvw_rows(const u8* __restrict__ W, int row_byte
     }
 }
 
+
+// One matrix's rows of this block (the switch of mmvw over the block types).
+__device__ __forceinline__ void mmvw_rows_qt(int qt, const u8* W, int rb, int N, int K,
+                                             const s8* __restrict__ xq,
+                                             const float2* __restrict__ xds, float* Y,
+                                             const float* A, int b) {
+    switch (qt) {
+        case QT_Q4_K: mmvw_rows<QT_Q4_K>(W, rb, N, K, xq, xds, Y, A, b); break;
+        case QT_Q6_K: mmvw_rows<QT_Q6_K>(W, rb, N, K, xq, xds, Y, A, b); break;
+        case QT_Q4_0: mmvw_rows<QT_Q4_0>(W, rb, N, K, xq, xds, Y, A, b); break;
+        case QT_Q4_1: mmvw_rows<QT_Q4_1>(W, rb, N, K, xq, xds, Y, A, b); break;
+        case QT_Q5_0: mmvw_rows<QT_Q5_0>(W, rb, N, K, xq, xds, Y, A, b); break;
+        case QT_Q8_0: mmvw_rows<QT_Q8_0>(W, rb, N, K, xq, xds, Y, A, b); break;
+        default: break;
+    }
+}
+
+// One row's dot product by a group of GLU_TPR lanes (mmvw_glu), by weight type.
+__device__ __forceinline__ float mmvw_glu_dot(int qt, const u8* W, int rb, int N, int K,
+                                              const s8* __restrict__ xq,
+                                              const float2* __restrict__ xds, int row) {
+    float acc[1] = {0.f};
+#define MMVW_GLU_CASE(T) \
+    case T: mmvw_dot<T, GLU_TPR, 1, UNROLL>(W, rb, N, K, xq, xds, row, acc); break;
+    switch (qt) {
+        MMVW_GLU_CASE(QT_Q4_K)
+        MMVW_GLU_CASE(QT_Q6_K)
+        MMVW_GLU_CASE(QT_Q4_0)
+        MMVW_GLU_CASE(QT_Q4_1)
+        MMVW_GLU_CASE(QT_Q5_0)
+        MMVW_GLU_CASE(QT_Q8_0)
+        default: break;
+    }
+#undef MMVW_GLU_CASE
+    return acc[0];
+}
+
 // Matrix i: weights W_i [N_i, row_bytes_i] of GGML type qt_i, output Y_i [N_i], added A_i
 // [N_i] or null. Y_i may be A_i (each element is read, then written, by one thread).
-extern "C" __global__ void __launch_bounds__(NW * 32)
+extern "C" __global__ void __launch_bounds__(NW * 32 MMVW_BOUNDS_MINB)
     mmvw(const s8* __restrict__ xq, const float2* __restrict__ xds, int K, int nb0, int nb1,
          const u8* W0, int rb0, int N0, int qt0, float* Y0, const float* A0,
          const u8* W1, int rb1, int N1, int qt1, float* Y1, const float* A1,
@@ -106,13 +185,65 @@ extern "C" __global__ void __launch_bounds__(NW * 32)
         b -= nb0;
         W = W1, rb = rb1, N = N1, qt = qt1, Y = Y1, A = A1;
     }
-    switch (qt) {
-        case QT_Q4_K: mmvw_rows<QT_Q4_K>(W, rb, N, K, xq, xds, Y, A, b); break;
-        case QT_Q6_K: mmvw_rows<QT_Q6_K>(W, rb, N, K, xq, xds, Y, A, b); break;
-        case QT_Q4_0: mmvw_rows<QT_Q4_0>(W, rb, N, K, xq, xds, Y, A, b); break;
-        case QT_Q4_1: mmvw_rows<QT_Q4_1>(W, rb, N, K, xq, xds, Y, A, b); break;
-        case QT_Q5_0: mmvw_rows<QT_Q5_0>(W, rb, N, K, xq, xds, Y, A, b); break;
-        case QT_Q8_0: mmvw_rows<QT_Q8_0>(W, rb, N, K, xq, xds, Y, A, b); break;
-        default: break;
+    mmvw_rows_qt(qt, W, rb, N, K, xq, xds, Y, A, b);
+}
+
+// gate Wg [N, rbg], up Wu [N, rbu] (types qtg, qtu) on x (Q8_1, K) -> y = silu(x Wg^T) *
+// (x Wu^T) [N] and its Q8_1 blocks yq [N], yds [N / 32]. N % 32 == 0; grid N / 32 blocks, block
+// 64 * GLU_TPR threads: block b's group v < 64 (GLU_TPR lanes) computes gate row 32b + v
+// (v < 32) or up row 32b + v - 32, all 64 in one pass (lanes per row of its own, not TPR: with
+// 32 outputs a block, the grid is small and each block must keep many loads in flight).
+extern "C" __global__ void __launch_bounds__(64 * GLU_TPR)
+    mmvw_glu(const s8* __restrict__ xq, const float2* __restrict__ xds, int K, int N,
+             const u8* Wg, int rbg, int qtg, const u8* Wu, int rbu, int qtu,
+             float* __restrict__ y, s8* __restrict__ yq, float2* __restrict__ yds) {
+    __shared__ __align__(16) float gu[64];
+    pdl_start();
+    const int gi = threadIdx.x / GLU_TPR, b = blockIdx.x;
+    const bool up = gi >= 32;
+    const float acc = mmvw_glu_dot(up ? qtu : qtg, up ? Wu : Wg, up ? rbu : rbg, N, K, xq, xds,
+                                   32 * b + (up ? gi - 32 : gi));
+    if (threadIdx.x % GLU_TPR == 0) gu[gi] = acc;
+    __syncthreads();
+    if (threadIdx.x >= 32) return;
+    // swiglu_q8's arithmetic on one 32-value block: silu(g) * u, then q8_store4 by 8 lanes
+    const int l = threadIdx.x;
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (l < 8) {
+        const float4 a = *(const float4*)(gu + 4 * l), c = *(const float4*)(gu + 32 + 4 * l);
+        v = make_float4(a.x / (1.f + expf(-a.x)) * c.x, a.y / (1.f + expf(-a.y)) * c.y,
+                        a.z / (1.f + expf(-a.z)) * c.z, a.w / (1.f + expf(-a.w)) * c.w);
+#ifdef MUTANT_MMVW_GLU_UP  // planted bug: the product takes gate where up belongs
+        v = make_float4(a.x / (1.f + expf(-a.x)) * a.x, a.y / (1.f + expf(-a.y)) * a.y,
+                        a.z / (1.f + expf(-a.z)) * a.z, a.w / (1.f + expf(-a.w)) * a.w);
+#endif
+        ((float4*)(y + 32 * b))[l] = v;
     }
+    q8_store4(v, yq + 32 * b + 4 * l, yds + b, l & 7, l < 8);
+}
+
+// mmvw for one matrix W [N, rb] (type qt) with the residual A: Y = x W^T + A, then the last
+// block to finish (ticket, zero between launches; that block resets it) normalizes the whole
+// row Y [N] by RMSNorm with weight nw -> h [N] and its Q8_1 form hq, hds (rms_norm_q8's
+// arithmetic, Y read through L2). N % 32 == 0; grid ceil(N / rows per block), block NW * 32.
+extern "C" __global__ void __launch_bounds__(NW * 32 MMVW_BOUNDS_MINB)
+    mmvw_norm(const s8* __restrict__ xq, const float2* __restrict__ xds, int K,
+              const u8* W, int rb, int N, int qt, float* Y, const float* A,
+              const float* __restrict__ nw, float eps, float* __restrict__ h,
+              s8* __restrict__ hq, float2* __restrict__ hds, unsigned int* ticket) {
+    __shared__ bool last;
+    pdl_start();
+    mmvw_rows_qt(qt, W, rb, N, K, xq, xds, Y, A, blockIdx.x);
+    __threadfence();  // this block's rows are visible before its ticket is counted
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(ticket, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+#ifdef MUTANT_MMVW_NORM_EARLY  // planted bug: the norm leaves out the row's last 32 values
+    rms_norm_q8_row<true>(Y, nw, h, hq, hds, N - 32, eps);
+#else
+    rms_norm_q8_row<true>(Y, nw, h, hq, hds, N, eps);
+#endif
+    if (threadIdx.x == 0) *ticket = 0;
 }

@@ -176,6 +176,7 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
         # argmax.multi's per-row tickets: zero between launches (the last block resets its row)
         self._tickets = cp.zeros(_MAX_ARGMAX_ROWS, np.uint32)
         self._head_tickets = cp.zeros(_MAX_ARGMAX_ROWS, np.uint32)  # attn_split_kw's combine
+        self._norm_ticket = cp.zeros(1, np.uint32)  # mmvw_norm's last-block ticket
         self._alpha = np.ones(1, np.float32)
         self._beta = np.zeros(1, np.float32)
         super().__init__(config)
@@ -287,6 +288,7 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
             self._stream.synchronize()
         self._graph, self._k, self._pos_dev, self._profiling = None, {}, None, False
         self._tickets, self._head_tickets, self._pdl = None, None, None
+        self._norm_ticket = None
         self._q8.clear()
         self._events.clear()
         with self._cp.cuda.Device(self._index):
@@ -674,13 +676,94 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
         return y
 
     def ffn(self, h: Any, gate: CudaWeight, up: CudaWeight, down: CudaWeight, r: Any) -> Any:
-        """Under matmul_decode.mmvw: gate and up in one launch, swiglu_q8, down + residual."""
+        """Under matmul_decode.mmvw: gate and up in one launch, swiglu_q8 (or both in one
+        mmvw_glu launch under fuse_swiglu), down + residual."""
         if not self._wide(h, (gate, up)):
             return super().ffn(h, gate, up, down, r)
-        h = self._decode_row(h)
-        g, u = self._empty((1, gate.n)), self._empty((1, up.n))
-        self._mmvw(h, [(gate, g, None), (up, u, None)])
-        return self.matmul_add(self.swiglu(g, u), down, r)
+        return self.matmul_add(self._gate_up(self._decode_row(h), gate, up), down, r)
+
+    def _gate_up(self, h: Any, gate: CudaWeight, up: CudaWeight) -> Any:
+        """silu(h gate^T) * (h up^T) [1, n] of a decode row, its Q8_1 form remembered."""
+        c = self.config.op("matmul_decode")
+        n = gate.n
+        if int(c["fuse_swiglu"]) == 0 or up.n != n or n % 32:
+            g, u = self._empty((1, n)), self._empty((1, up.n))
+            self._mmvw(h, [(gate, g, None), (up, u, None)])
+            return self.swiglu(g, u)
+        xq, xds = self.quantize_q8(h)
+        y = self._empty((1, n))
+        yq, yds = self._q8_buffers(1, n)
+        self._launch(
+            "mmvw", "mmvw_glu", (n // 32,), (64 * int(c["glu_threads_per_row"]),),
+            (
+                xq, xds, np.int32(gate.k), np.int32(n), gate.raw, np.int32(gate.row_bytes),
+                np.int32(_QT[gate.qtype]), up.raw, np.int32(up.row_bytes),
+                np.int32(_QT[up.qtype]), y, yq, yds,
+            ),
+            pdl=True,
+        )  # fmt: skip
+        self._q8_remember(y, yq, yds)
+        return y
+
+    def hook_bypassed_fusions(self, config: TuningConfig) -> list[str]:
+        """matmul_decode's mmvw_glu / mmvw_norm and rope's rope_kv run only unhooked."""
+        out = []
+        dec = config.op("matmul_decode")
+        if dec.variant == "mmvw" and (int(dec["fuse_swiglu"]) or int(dec["fuse_norm"])):
+            out.append("matmul_decode")
+        if int(config.op("rope")["fuse_kv"]):
+            out.append("rope")
+        return out
+
+    def _fuse_norm(self, x: Any, w: CudaWeight, r: Any) -> bool:
+        return (
+            self._wide(x, (w,))
+            and w.raw is not None
+            and int(self.config.op("matmul_decode")["fuse_norm"]) == 1
+            and w.n % 32 == 0
+            and tuple(r.shape) == (1, w.n)
+        )
+
+    def matmul_add_norm(
+        self, x: Any, w: CudaWeight, r: Any, norm: CudaWeight, eps: float
+    ) -> tuple[Any, Any]:
+        """Under matmul_decode.fuse_norm: the projection + residual, then the grid's last block
+        runs the RMSNorm of the new row and its Q8_1 form (mmvw_norm), one launch."""
+        if not self._fuse_norm(x, w, r):
+            return super().matmul_add_norm(x, w, r, norm, eps)
+        xq, xds = self.quantize_q8(self._decode_row(x))
+        r = self._cp.ascontiguousarray(r, dtype=np.float32)
+        c = self.config.op("matmul_decode")
+        rpb = int(c["warps"]) * 32 // int(c["threads_per_row"]) * int(c["rows_per_thread"])
+        y, h = self._empty((1, w.n)), self._empty((1, w.n))
+        hq, hds = self._q8_buffers(1, w.n)
+        self._launch(
+            "mmvw", "mmvw_norm", (math.ceil(w.n / rpb),), (int(c["warps"]) * 32,),
+            (
+                xq, xds, np.int32(w.k), w.raw, np.int32(w.row_bytes), np.int32(w.n),
+                np.int32(_QT[w.qtype]), y, r, norm.f32, np.float32(eps), h, hq, hds,
+                self._norm_ticket,
+            ),
+            pdl=True,
+        )  # fmt: skip
+        self._q8_remember(h, hq, hds)
+        return y, h
+
+    def ffn_norm(
+        self,
+        h: Any,
+        gate: CudaWeight,
+        up: CudaWeight,
+        down: CudaWeight,
+        r: Any,
+        norm: CudaWeight,
+        eps: float,
+    ) -> tuple[Any, Any]:
+        """ffn then the next norm; under fuse_norm the down projection's launch ends in it."""
+        if not self._wide(h, (gate, up)):
+            return super().ffn_norm(h, gate, up, down, r, norm, eps)
+        g = self._gate_up(self._decode_row(h), gate, up)
+        return self.matmul_add_norm(g, down, r, norm, eps)
 
     def _to_f16(self, x: Any) -> Any:
         xh = self._empty(x.shape, np.uint16)

@@ -151,10 +151,52 @@ REGISTRY.register(
                 Param("warps", (1, 2, 4, 8), 4, "warps per block", define("NW")),
                 Param(
                     "unroll",
-                    (1, 2, 4),
+                    (1, 2, 4, 8),
                     2,
                     "slots per lane per iteration (weight loads in flight before use)",
                     define("UNROLL"),
+                ),
+                Param(
+                    "wload",
+                    (0, 1, 2),
+                    0,
+                    "Q4_K / Q6_K weight loads: 0 ld.global.nc; 1 + L1::no_allocate (weights "
+                    "read once leave L1 to the activations); 2 + L2::256B prefetch of the run "
+                    "the neighbouring lanes read next",
+                    define("WLOAD"),
+                ),
+                Param(
+                    "min_blocks",
+                    (0, 2, 4, 8),
+                    0,
+                    "blocks per SM __launch_bounds__ sizes registers for (0: no bound): "
+                    "occupancy, so more loads in flight per SM",
+                    define("MINB"),
+                ),
+                Param(
+                    "fuse_swiglu",
+                    (0, 1),
+                    0,
+                    "1: gate and up in one launch whose blocks own 32 rows of each and write "
+                    "silu(gate) * up and its Q8_1 block (mmvw_glu): no swiglu_q8 launch",
+                    HOST,
+                ),
+                Param(
+                    "glu_threads_per_row",
+                    (4, 8, 16),
+                    8,
+                    "lanes per row of mmvw_glu (fuse_swiglu): its block is the 64 rows of 32 "
+                    "outputs x this many lanes, all in one pass",
+                    define("GLU_TPR"),
+                ),
+                Param(
+                    "fuse_norm",
+                    (0, 1),
+                    0,
+                    "1: the attention-output and down projections (+ residual) end in the "
+                    "next RMSNorm and its Q8_1 form, run by the grid's last block "
+                    "(mmvw_norm): no rms_norm_q8 launch",
+                    HOST,
                 ),
                 Param(
                     "pdl",

@@ -1,0 +1,119 @@
+"""The decode fusions of matmul_decode.mmvw without a GPU (tests/cuda_fake.py): fuse_swiglu and
+fuse_norm reach the host schedule (mmvw_glu and mmvw_norm launched with their kernels'
+signatures and grids, swiglu_q8 and all but the first and last rms_norm_q8 gone), their
+defaults keep today's launches, and the knobs that are -D defines build mmvw.cu with them.
+The kernels themselves run in tests/test_cuda_decode_fused.py (-m gpu)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from engine.backends.cuda import kernels
+from engine.tuning import TuningConfig
+from tests.cuda_fake import FakeCuda
+
+PROMPT = list(range(5, 5 + 12))
+BASE = {"matmul_decode.variant": "mmvw", "rope.fuse_kv": 1}
+
+
+def cfg(**flat) -> TuningConfig:
+    return TuningConfig.from_flat("cuda", flat)
+
+
+def _decode_launches(tiny_model_factory, flat: dict, steps: int = 3) -> tuple[FakeCuda, list]:
+    from engine.gguf_model import open_model
+    from engine.models import build_model
+
+    be = FakeCuda(cfg(**flat))
+    m = build_model(open_model(tiny_model_factory("qwen2", "q4_k_m")), be)
+    cache = m.new_cache(len(PROMPT) + steps + 1)
+    m.prefill(PROMPT, cache)
+    be.launches.clear()
+    tok = be.upload(np.array([1], np.int32))
+    m.forward(tok, 1, len(PROMPT), cache)
+    return be, list(be.launches), m
+
+
+@pytest.mark.parametrize(
+    "knobs",
+    [{}, {"matmul_decode.fuse_swiglu": 1}, {"matmul_decode.fuse_norm": 1},
+     {"matmul_decode.fuse_swiglu": 1, "matmul_decode.fuse_norm": 1,
+      "matmul_decode.threads_per_row": 8, "matmul_decode.rows_per_thread": 4,
+      "matmul_decode.glu_threads_per_row": 16}],
+    ids=["off", "swiglu", "norm", "both"],
+)  # fmt: skip
+def test_fused_decode_launches(tiny_model_factory, knobs):
+    be, launches, m = _decode_launches(tiny_model_factory, BASE | knobs)
+    n = m.spec.n_layers
+    count = Counter(launch.kernel for launch in launches)
+    glu = knobs.get("matmul_decode.fuse_swiglu", 0) == 1
+    norm = knobs.get("matmul_decode.fuse_norm", 0) == 1
+    assert count["mmvw_glu"] == (n if glu else 0)
+    assert count["swiglu_q8"] == (0 if glu else n)
+    assert count["mmvw_norm"] == (2 * n - 1 if norm else 0)  # o and down; the last down not
+    # the first layer's input norm and the output norm stay; the rest end mmvw_norm launches
+    assert count["rms_norm_q8"] == (2 if norm else 2 * n + 1)
+    c = be.config.op("matmul_decode")
+    rpb = int(c["warps"]) * 32 // int(c["threads_per_row"]) * int(c["rows_per_thread"])
+    for launch in launches:
+        if launch.kernel in ("mmvw", "mmvw_norm"):
+            assert launch.block == (int(c["warps"]) * 32, 1, 1)
+        if launch.kernel == "mmvw_glu":
+            assert launch.grid[0] * 32 == m.spec.n_ff, launch.grid  # a block per 32 rows
+            assert launch.block == (64 * int(c["glu_threads_per_row"]), 1, 1)
+        if launch.kernel == "mmvw_norm":
+            N = int(launch.args[5])
+            assert launch.grid[0] == -(-N // rpb)
+            assert launch.args[-1] is be._norm_ticket
+
+
+def test_fusions_fall_back_off_decode(tiny_model_factory):
+    """A prompt (T > 1) under the fused knobs runs the unfused schedule: no fused launch."""
+    from engine.gguf_model import open_model
+    from engine.models import build_model
+
+    flat = BASE | {"matmul_decode.fuse_swiglu": 1, "matmul_decode.fuse_norm": 1}
+    be = FakeCuda(cfg(**flat))
+    m = build_model(open_model(tiny_model_factory("qwen2", "q4_k_m")), be)
+    gen = m.generate(PROMPT, 2, path="batched")
+    assert len(gen.tokens) == 2
+    prefill_kernels = be.kernels_run()
+    assert {"mmvw_glu", "mmvw_norm"} <= prefill_kernels  # the two decode steps
+    be.launches.clear()
+    cache = m.new_cache(len(PROMPT) + 1)
+    m.prefill(PROMPT, cache)
+    assert not {"mmvw_glu", "mmvw_norm"} & be.kernels_run()
+
+
+@pytest.mark.parametrize(
+    "knob,macro",
+    [("wload", "WLOAD"), ("min_blocks", "MINB"), ("unroll", "UNROLL"),
+     ("glu_threads_per_row", "GLU_TPR")],
+)  # fmt: skip
+def test_define_knobs_build_mmvw_with_them(knob, macro):
+    d = cfg(**BASE)
+    assert kernels.modules_for(d)["mmvw"][1][macro] == d.op("matmul_decode")[knob]
+    for value in {"wload": (1, 2), "glu_threads_per_row": (4, 16)}.get(knob, (2, 8)):
+        mods = kernels.modules_for(cfg(**BASE, **{f"matmul_decode.{knob}": value}))
+        assert mods["mmvw"] == ("mmvw.cu", {**mods["mmvw"][1], macro: value})
+        assert mods["mmvw"][1][macro] == value
+
+
+def test_blame_names_the_fused_op_the_hooked_replay_bypasses():
+    """A fault only in mmvw_glu / mmvw_norm / rope_kv is invisible to blame's hooked (unfused)
+    replay; validate then names the op whose fusion is on."""
+    from types import SimpleNamespace
+
+    from engine.validate import _fusion_blame
+
+    be = FakeCuda(cfg())
+    assert be.hook_bypassed_fusions(cfg(**BASE)) == ["rope"]
+    on = cfg(**BASE, **{"matmul_decode.fuse_norm": 1})
+    assert be.hook_bypassed_fusions(on) == ["matmul_decode", "rope"]
+    assert be.hook_bypassed_fusions(cfg(**{"matmul_decode.variant": "mmvw"})) == []
+    b = _fusion_blame(SimpleNamespace(backend=be), on)
+    assert b.op == "matmul_decode" and b.params["fuse_norm"] == 1 and "fused" in b.label
+    assert _fusion_blame(SimpleNamespace(backend=be), cfg()) is None
