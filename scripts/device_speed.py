@@ -93,7 +93,15 @@ VARIANTS |= {
     "mmvw_all_u8_t16": ALL | {"matmul_decode.unroll": 8, "matmul_decode.threads_per_row": 16},
 }  # fmt: skip
 # --sweep: coordinate descent over these knobs, in this order, from the --sweep variant
-SWEEP_KNOBS = ("wload", "threads_per_row", "rows_per_thread", "unroll", "warps", "min_blocks")
+SWEEP_KNOBS = (
+    "wload",
+    "glu_threads_per_row",
+    "threads_per_row",
+    "rows_per_thread",
+    "unroll",
+    "warps",
+    "min_blocks",
+)
 
 
 def config(name: str, backend: str = "cuda") -> TuningConfig:

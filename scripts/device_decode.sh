@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# CUDA decode, second round of issue 14 (mmvw's fused epilogues and load knobs), on the GPU
+# machine in one call (tool `run`, carry [".whl"]), inside BUDGET_S seconds (default 95):
+#   1. GPU tests of mmvw_glu / mmvw_norm (tests/test_cuda_decode_fused.py -k PYTEST_K), and with
+#      MUTANTS=1 the two planted bugs in them (tests/test_mutants.py, slow: every module rebuilt);
+#   2. per model in MODELS (default 1.5b; synthetic qwen2 Q4_K_M written here): bench
+#      mmvw_all against the fused variants, validate fused_all, a knob sweep from fused_all
+#      (SWEEP_KNOBS) and the per-kernel profile of the best setting (scripts/device_speed.py).
+# Output under $OUT/decode/: pytest.log, speed_<preset>.log / .json (rewritten after every step).
+#   BUDGET_S=400 MODELS="1.5b 7b" MUTANTS=1 bash scripts/device_decode.sh     (a full call)
+set -u -o pipefail
+OUT=${OUT:-/tmp/out}; D="$OUT/decode"; mkdir -p "$D"
+T0=$(date +%s); END=$((T0 + ${BUDGET_S:-95}))
+left() { echo $((END - $(date +%s))); }
+export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
+python3 -c "import gguf" 2> /dev/null || python3 -m pip install -q --no-index --no-deps \
+    --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$D/gpu.txt"
+git log --oneline -1 > "$D/commit.txt" 2> /dev/null
+MODELS=${MODELS:-1.5b}
+mkdir -p /tmp/models
+for p in $MODELS; do  # our own .part name, renamed when whole: a present .gguf is complete
+  [ -f /tmp/models/$p.gguf ] || (python3 -m engine synth --preset $p \
+      --out /tmp/models/$p.decode.part.gguf --json > "$D/synth_$p.log" 2>&1 \
+      && mv /tmp/models/$p.decode.part.gguf /tmp/models/$p.gguf) &
+done
+K=${PYTEST_K:-"glu or norm"}
+TESTS="tests/test_cuda_decode_fused.py"
+if [ "${MUTANTS:-0}" = 1 ]; then
+  TESTS="$TESTS tests/test_mutants.py"; K="$K or MMVW_GLU or MMVW_NORM"
+fi
+timeout $(( $(left) * ${TEST_SHARE:-45} / 100 )) python3 -m pytest -q -m gpu -p no:cacheprovider \
+    $TESTS -k "$K" > "$D/pytest.log" 2>&1
+echo "pytest rc $? ($(tail -1 "$D/pytest.log"))"
+grep -E "^(FAILED|ERROR)" "$D/pytest.log" | head -20
+n=$(echo $MODELS | wc -w)
+for p in $MODELS; do
+  DL=$(( $(date +%s) + $(left) / n )); n=$((n - 1))  # this model's share of what is left
+  while [ ! -f /tmp/models/$p.gguf ] && [ "$(left)" -gt 20 ]; do sleep 1; done
+  [ -f /tmp/models/$p.gguf ] || { echo "$p: no model in time"; continue; }
+  timeout $(( DL - $(date +%s) )) python3 scripts/device_speed.py /tmp/models/$p.gguf \
+      --bench "${BENCH:-mmvw_all,fused_all,fused_glu,fused_norm}" \
+      --validate "${VALIDATE:-fused_all}" --profile "${PROFILE:-}" --repeats "${REPEATS:-2}" \
+      --validate-after 2 --sweep "${SWEEP:-fused_all}" \
+      --sweep-knobs "${SWEEP_KNOBS:-wload,glu_threads_per_row,threads_per_row,unroll}" \
+      --deadline $((DL - 8)) --out "$D" 2>&1 | grep -v "it/s\]" | tee "$D/speed_$p.log"
+done
+echo "decode done in $(( $(date +%s) - T0 )) s"
