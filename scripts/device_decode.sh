@@ -24,10 +24,10 @@ for p in $MODELS; do  # our own .part name, renamed when whole: a present .gguf 
       --out /tmp/models/$p.decode.part.gguf --json > "$D/synth_$p.log" 2>&1 \
       && mv /tmp/models/$p.decode.part.gguf /tmp/models/$p.gguf) &
 done
-K=${PYTEST_K:-"glu or norm"}
+K=${PYTEST_K:-"glu or norm or attn_in"}
 TESTS="tests/test_cuda_decode_fused.py"
 if [ "${MUTANTS:-0}" = 1 ]; then
-  TESTS="$TESTS tests/test_mutants.py"; K="$K or MMVW_GLU or MMVW_NORM"
+  TESTS="$TESTS tests/test_mutants.py"; K="$K or MMVW_GLU or MMVW_NORM or MMVW_QKV"
 fi
 timeout $(( $(left) * ${TEST_SHARE:-45} / 100 )) python3 -m pytest -q -m gpu -p no:cacheprovider \
     $TESTS -k "$K" > "$D/pytest.log" 2>&1
@@ -39,7 +39,7 @@ for p in $MODELS; do
   while [ ! -f /tmp/models/$p.gguf ] && [ "$(left)" -gt 20 ]; do sleep 1; done
   [ -f /tmp/models/$p.gguf ] || { echo "$p: no model in time"; continue; }
   timeout $(( DL - $(date +%s) )) python3 scripts/device_speed.py /tmp/models/$p.gguf \
-      --bench "${BENCH:-mmvw_all,fused_all,fused_glu,fused_norm}" \
+      --bench "${BENCH:-mmvw_all,fused_all,fused_glu,fused_norm,fused_rope}" \
       --validate "${VALIDATE:-fused_all}" --profile "${PROFILE:-}" --repeats "${REPEATS:-2}" \
       --validate-after 2 --sweep "${SWEEP:-fused_all}" \
       --sweep-knobs "${SWEEP_KNOBS:-wload,glu_threads_per_row,threads_per_row,unroll}" \

@@ -75,18 +75,21 @@ VARIANTS: dict[str, dict] = {
                                   "matmul_decode.pdl": 1},
 }  # fmt: skip
 # issue 14, second round: mmvw's fused epilogues (SwiGLU + Q8_1 in the gate/up launch; the next
-# RMSNorm + Q8_1 in the o / down launch's last block) and its weight-load knobs
+# RMSNorm + Q8_1 in the o / down launch's last block; rope_kv in the q/k/v launch) and its
+# weight-load knobs
 ALL = VARIANTS["mmvw_all"]
 GLU, NORM = {"matmul_decode.fuse_swiglu": 1}, {"matmul_decode.fuse_norm": 1}
+ROPE = {"matmul_decode.fuse_rope": 1}
 VARIANTS |= {
     "fused_glu": ALL | GLU,
     "fused_norm": ALL | NORM,
-    "fused_all": ALL | GLU | NORM,
-    "fused_all_wl1": ALL | GLU | NORM | {"matmul_decode.wload": 1},
-    "fused_all_wl2": ALL | GLU | NORM | {"matmul_decode.wload": 2},
-    "fused_all_t8r4": ALL | GLU | NORM | {"matmul_decode.threads_per_row": 8,
+    "fused_rope": ALL | ROPE,
+    "fused_all": ALL | GLU | NORM | ROPE,
+    "fused_all_wl1": ALL | GLU | NORM | ROPE | {"matmul_decode.wload": 1},
+    "fused_all_wl2": ALL | GLU | NORM | ROPE | {"matmul_decode.wload": 2},
+    "fused_all_t8r4": ALL | GLU | NORM | ROPE | {"matmul_decode.threads_per_row": 8,
                                           "matmul_decode.rows_per_thread": 4},
-    "fused_all_t16r2u4": ALL | GLU | NORM | {"matmul_decode.threads_per_row": 16,
+    "fused_all_t16r2u4": ALL | GLU | NORM | ROPE | {"matmul_decode.threads_per_row": 16,
                                              "matmul_decode.rows_per_thread": 2,
                                              "matmul_decode.unroll": 4},
     "mmvw_all_wl2": ALL | {"matmul_decode.wload": 2},

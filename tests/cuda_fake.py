@@ -169,6 +169,7 @@ class FakeCuda(CudaBackend):
         self._beta = np.zeros(1, np.float32)
         self._cc = 90
         self._norm_ticket = _dev(np.zeros(1, np.uint32))
+        self._rope_tickets = _dev(np.zeros(1024, np.uint32))
         self._tickets = _dev(np.zeros(64, np.uint32))
         self._head_tickets = _dev(np.zeros(64, np.uint32))
         self.launches: list[Launch] = []

@@ -110,7 +110,16 @@ ROPE_CASES = [  # T, H, Hkv, D, pos0, neox, bias
     (1, 4, 4, 64, 37, False, False),
     (3, 6, 2, 80, 17, True, True),
     (5, 2, 1, 32, 1000, False, True),
+    (1, 6, 2, 80, 17, True, True),  # heads of 80 rows straddle mmvw_qkv's blocks
+    (1, 5, 1, 16, 3, False, False),  # a block holds several heads
 ]
+# decode -> (base config, the knob that fuses): mmvw_qkv is mmvw + rope_kv in one launch
+ATTN_IN_DECODES = {
+    "dmmv": ({"matmul_decode.variant": "dmmv"}, "rope.fuse_kv"),
+    "mmvw": (MMVW, "rope.fuse_kv"),
+    "mmvw_qkv": (MMVW, "matmul_decode.fuse_rope"),
+    "mmvw_qkv_t8r4": (mmvw(threads_per_row=8, rows_per_thread=4), "matmul_decode.fuse_rope"),
+}
 
 
 def _attn_in_inputs(be, rng, T, H, Hkv, D, bias, qtype="Q4_K"):  # noqa: ANN001, ANN202
@@ -124,18 +133,20 @@ def _attn_in_inputs(be, rng, T, H, Hkv, D, bias, qtype="Q4_K"):  # noqa: ANN001,
 
 
 @pytest.mark.parametrize("T,H,Hkv,D,pos0,neox,bias", ROPE_CASES)
-@pytest.mark.parametrize("decode", ["dmmv", "mmvw"])
+@pytest.mark.parametrize("decode", list(ATTN_IN_DECODES))
 def test_attn_in_fused_equals_unfused(be, T, H, Hkv, D, pos0, neox, bias, decode):
-    """rope.fuse_kv = 1 (one rope_kv launch) gives the unfused ops' q and cache (same matmul
-    kernels, same arithmetic), writes only the new cache rows, and refuses a full cache."""
+    """rope.fuse_kv = 1 (one rope_kv launch) and matmul_decode.fuse_rope = 1 (mmvw_qkv: the
+    matmuls and rope_kv in one launch, at T = 1) give the unfused ops' q and cache (same
+    arithmetic), write only the new cache rows, and refuse a full cache; twice in a row (the
+    per-head tickets reset)."""
     rng = np.random.default_rng(T * 1000 + D + pos0)
-    base = {"matmul_decode.variant": decode}
+    base, knob = ATTN_IN_DECODES[decode]
     be.set_config(cfg(**base))
     ws, bs, h, wts, bts = _attn_in_inputs(be, rng, T, H, Hkv, D, bias)
     theta = 1e6 if neox else 1e4
     out = {}
-    for fuse in (0, 1):
-        be.set_config(cfg(**base, **{"rope.fuse_kv": fuse}))
+    for fuse in (0, 1, 1):
+        be.set_config(cfg(**base, **{knob: fuse}))
         cache = be.new_kv_cache(1, pos0 + T + 3, Hkv, D)
         q = be.attn_in(be.upload(h), wts, bts, cache, 0, pos0, (H, Hkv, D), theta, neox)
         out[fuse] = (be.download(q), be.download(cache.k[0]), be.download(cache.v[0]))
@@ -362,7 +373,7 @@ def test_ffn_norm_fused_equals_composed(cp, be):
 
 
 # --- whole models ---------------------------------------------------------------------------
-ALL_FUSED = mmvw(fuse_swiglu=1, fuse_norm=1) | {
+ALL_FUSED = mmvw(fuse_swiglu=1, fuse_norm=1, fuse_rope=1) | {
     "rope.fuse_kv": 1,
     "attention_decode.variant": "split_kw",
     "argmax.variant": "multi",

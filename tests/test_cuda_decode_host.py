@@ -40,10 +40,11 @@ def _decode_launches(tiny_model_factory, flat: dict, steps: int = 3) -> tuple[Fa
 @pytest.mark.parametrize(
     "knobs",
     [{}, {"matmul_decode.fuse_swiglu": 1}, {"matmul_decode.fuse_norm": 1},
+     {"matmul_decode.fuse_rope": 1, "rope.fuse_kv": 0},
      {"matmul_decode.fuse_swiglu": 1, "matmul_decode.fuse_norm": 1,
-      "matmul_decode.threads_per_row": 8, "matmul_decode.rows_per_thread": 4,
-      "matmul_decode.glu_threads_per_row": 16}],
-    ids=["off", "swiglu", "norm", "both"],
+      "matmul_decode.fuse_rope": 1, "matmul_decode.threads_per_row": 8,
+      "matmul_decode.rows_per_thread": 4, "matmul_decode.glu_threads_per_row": 16}],
+    ids=["off", "swiglu", "norm", "rope", "all"],
 )  # fmt: skip
 def test_fused_decode_launches(tiny_model_factory, knobs):
     be, launches, m = _decode_launches(tiny_model_factory, BASE | knobs)
@@ -56,6 +57,14 @@ def test_fused_decode_launches(tiny_model_factory, knobs):
     assert count["mmvw_norm"] == (2 * n - 1 if norm else 0)  # o and down; the last down not
     # the first layer's input norm and the output norm stay; the rest end mmvw_norm launches
     assert count["rms_norm_q8"] == (2 if norm else 2 * n + 1)
+    rope = knobs.get("matmul_decode.fuse_rope", 0) == 1
+    assert count["mmvw_qkv"] == (n if rope else 0)
+    assert count["rope_kv"] == (0 if rope else n)
+    # per layer: q/k/v (+ rope_kv), attention (split + combine), o (+ rms_norm_q8), gate/up
+    # (+ swiglu_q8), down; the next layer's norm after all but the last down; outside the
+    # layers: embedding, the first norm, the output norm, the LM head
+    layer = (1 if rope else 2) + 2 + (1 if norm else 2) + (1 if glu else 2) + 1
+    assert len(launches) == 2 + n * layer + (n - 1) * (0 if norm else 1) + 2, count
     c = be.config.op("matmul_decode")
     rpb = int(c["warps"]) * 32 // int(c["threads_per_row"]) * int(c["rows_per_thread"])
     for launch in launches:
@@ -64,6 +73,11 @@ def test_fused_decode_launches(tiny_model_factory, knobs):
         if launch.kernel == "mmvw_glu":
             assert launch.grid[0] * 32 == m.spec.n_ff, launch.grid  # a block per 32 rows
             assert launch.block == (64 * int(c["glu_threads_per_row"]), 1, 1)
+        if launch.kernel == "mmvw_qkv":
+            H, Hkv, D = m.spec.n_head, m.spec.n_head_kv, m.spec.head_dim
+            nbs = [-(-r // rpb) for r in (H * D, Hkv * D, Hkv * D)]
+            assert launch.grid[0] == sum(nbs) and int(launch.args[3]) == nbs[0]
+            assert launch.args[-1] is be._rope_tickets
         if launch.kernel == "mmvw_norm":
             N = int(launch.args[5])
             assert launch.grid[0] == -(-N // rpb)
@@ -114,6 +128,8 @@ def test_blame_names_the_fused_op_the_hooked_replay_bypasses():
     on = cfg(**BASE, **{"matmul_decode.fuse_norm": 1})
     assert be.hook_bypassed_fusions(on) == ["matmul_decode", "rope"]
     assert be.hook_bypassed_fusions(cfg(**{"matmul_decode.variant": "mmvw"})) == []
+    rope = cfg(**{"matmul_decode.variant": "mmvw", "matmul_decode.fuse_rope": 1})
+    assert be.hook_bypassed_fusions(rope) == ["matmul_decode"]
     b = _fusion_blame(SimpleNamespace(backend=be), on)
     assert b.op == "matmul_decode" and b.params["fuse_norm"] == 1 and "fused" in b.label
     assert _fusion_blame(SimpleNamespace(backend=be), cfg()) is None

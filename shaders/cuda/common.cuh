@@ -263,6 +263,19 @@ template <> __device__ __forceinline__ float dense_get<QT_BF16>(const u8* row, i
     return bf2f(__ldg((const u16*)row + k));
 }
 
+// RoPE of one pair j of a head's D values (xa, xb: bias already added) at position p into
+// out (the head's D outputs): rope_kv's and mmvw_qkv's arithmetic (angle in double).
+__device__ __forceinline__ void rope_pair(float xa, float xb, int j, int D, int p, float theta,
+                                          int neox, float* out) {
+    const double ang = (double)p * pow((double)theta, -2.0 * j / D);
+    double s, c;
+    sincos(ang, &s, &c);
+    const int ia = neox ? j : 2 * j, ib = neox ? j + D / 2 : 2 * j + 1;
+    const double a = xa, b = xb;
+    out[ia] = (float)(a * c - b * s);
+    out[ib] = (float)(a * s + b * c);
+}
+
 // Block-level sums used by many kernels.
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

@@ -24,6 +24,9 @@
 //              arithmetic) written by the block, no g / u in memory
 //   mmvw_norm  one matrix + residual (as mmvw), then the grid's last block to finish (a ticket)
 //              runs rms_norm_q8 of the whole output row: the next layer's norm, no launch
+//   mmvw_qkv   q, k, v + biases (as mmvw), v stored into the KV cache, and each q / k head roped
+//              (into q's output, k's cache row) by the last of its blocks to finish (a ticket
+//              per head): mmvw + rope_kv in one launch (knob fuse_rope)
 // WLOAD: read by vecdot.cuh's wld16 (the K types' weight loads)
 #ifndef WLOAD
 #define WLOAD 0
@@ -246,4 +249,72 @@ extern "C" __global__ void __launch_bounds__(NW * 32 MMVW_BOUNDS_MINB)
     rms_norm_q8_row<true>(Y, nw, h, hq, hds, N, eps);
 #endif
     if (threadIdx.x == 0) *ticket = 0;
+}
+
+// q, k, v of one decode row (T = 1) in one launch (grid nb0 + nb1 + nb2 blocks, as mmvw), each
+// with its bias Ai (or null) added as it stores, then rope_kv's work where it becomes possible:
+// v's rows go straight into the cache row vc[p0]; a block that finds it was the last of a q or
+// k head's blocks to finish (a ticket per head: tickets [H + Hkv], zero between launches, reset
+// by that block) ropes the head (rope_pair, the values read through L2) into qo or kc[p0].
+// Same arithmetic as mmvw then rope_kv. Position: pos_ptr when not null, else pos0.
+extern "C" __global__ void __launch_bounds__(NW * 32 MMVW_BOUNDS_MINB)
+    mmvw_qkv(const s8* __restrict__ xq, const float2* __restrict__ xds, int K, int nb0, int nb1,
+             const u8* W0, int rb0, int qt0, const float* A0, const u8* W1, int rb1, int qt1,
+             const float* A1, const u8* W2, int rb2, int qt2, const float* A2, float* q,
+             float* k, float* qo, float* kc, float* vc, int H, int Hkv, int D, int pos0,
+             const int* pos_ptr, float theta, int neox, unsigned int* tickets) {
+    __shared__ unsigned int done;
+    pdl_start();
+    const int p0 = pos_ptr ? *pos_ptr : pos0;
+    const long long HkvD = (long long)Hkv * D;
+    int b = blockIdx.x, m = 0;
+    if (b >= nb0 + nb1) {
+        b -= nb0 + nb1;
+        m = 2;
+    } else if (b >= nb0) {
+        b -= nb0;
+        m = 1;
+    }
+    const int N = (m == 0 ? H : Hkv) * D;
+    float* Y = m == 0 ? q : m == 1 ? k : vc + p0 * HkvD;
+    mmvw_rows_qt(m == 0 ? qt0 : m == 1 ? qt1 : qt2, m == 0 ? W0 : m == 1 ? W1 : W2,
+                 m == 0 ? rb0 : m == 1 ? rb1 : rb2, N, K, xq, xds, Y,
+                 m == 0 ? A0 : m == 1 ? A1 : A2, b);
+    if (m == 2) return;  // uniform per block: v needs no rope
+    const int rpb = MMVW_GROUPS * RPT;
+    const int r0 = b * rpb, r1 = min(N, r0 + rpb);
+    const int h0 = r0 / D, h1 = (r1 - 1) / D;  // heads this block's rows touch (<= 32 of them)
+    __threadfence();  // this block's rows are visible before its tickets are counted
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned int mask = 0;
+        for (int h = h0; h <= h1; ++h) {
+            const unsigned int want = (unsigned)(((h + 1) * D - 1) / rpb - h * D / rpb + 1);
+            unsigned int* t = tickets + (m == 0 ? h : H + h);
+            if (atomicAdd(t, 1u) == want - 1) {
+                mask |= 1u << (h - h0);
+                *t = 0;  // every block of the head has counted: ready for the next launch
+            }
+        }
+        done = mask;
+    }
+    __syncthreads();
+    const unsigned int mask = done;
+    if (!mask) return;
+    __threadfence();
+    const int half = D / 2;
+    for (int i = 0; i <= h1 - h0; ++i) {
+        if (!((mask >> i) & 1u)) continue;
+        const int h = h0 + i;
+        const float* x = (m == 0 ? q : k) + (long long)h * D;
+        float* out = m == 0 ? qo + (long long)h * D : kc + p0 * HkvD + (long long)h * D;
+        for (int j = threadIdx.x; j < half; j += blockDim.x) {
+            const int ia = neox ? j : 2 * j, ib = neox ? j + half : 2 * j + 1;
+#ifdef MUTANT_MMVW_QKV_POS  // planted bug: the fused RoPE turns k by the previous position
+            rope_pair(__ldcg(x + ia), __ldcg(x + ib), j, D, p0 - (m == 1), theta, neox, out);
+#else
+            rope_pair(__ldcg(x + ia), __ldcg(x + ib), j, D, p0, theta, neox, out);
+#endif
+        }
+    }
 }

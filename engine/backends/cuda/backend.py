@@ -49,6 +49,7 @@ Q6K_PADDED = 224  # bytes of a Q6_K block on the GPU (210 + 14 zero bytes; commo
 _QT = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
 _NULL = np.uint64(0)
 _MAX_ARGMAX_ROWS = 4096  # rows argmax.multi takes in one launch (more: argmax.block's kernel)
+_MAX_ROPE_HEADS = 1024  # q + k heads mmvw_qkv counts (tickets); more: mmvw, then rope_kv
 
 
 def _import_cupy() -> Any:
@@ -177,6 +178,7 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
         self._tickets = cp.zeros(_MAX_ARGMAX_ROWS, np.uint32)
         self._head_tickets = cp.zeros(_MAX_ARGMAX_ROWS, np.uint32)  # attn_split_kw's combine
         self._norm_ticket = cp.zeros(1, np.uint32)  # mmvw_norm's last-block ticket
+        self._rope_tickets = cp.zeros(_MAX_ROPE_HEADS, np.uint32)  # mmvw_qkv's, one per head
         self._alpha = np.ones(1, np.float32)
         self._beta = np.zeros(1, np.float32)
         super().__init__(config)
@@ -288,7 +290,7 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
             self._stream.synchronize()
         self._graph, self._k, self._pos_dev, self._profiling = None, {}, None, False
         self._tickets, self._head_tickets, self._pdl = None, None, None
-        self._norm_ticket = None
+        self._norm_ticket, self._rope_tickets = None, None
         self._q8.clear()
         self._events.clear()
         with self._cp.cuda.Device(self._index):
@@ -638,6 +640,10 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
                 f"KV cache full: writing positions {pos0}..{pos0 + T - 1} "
                 f"into a cache of {cache.capacity}"
             )
+        if wide and self._fuse_rope(heads):
+            return self._mmvw_qkv(
+                self._decode_row(h), wqkv, bias, cache, layer, pos0, heads, theta, neox
+            )
         if wide:
             h = self._decode_row(h)
             q, k, v = (self._empty((T, w.n)) for w in wqkv)
@@ -661,6 +667,57 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
                 q, k, v, bq, bk, bv, qo, cache.k[layer], cache.v[layer], np.int32(T),
                 np.int32(H), np.int32(Hkv), np.int32(D), np.int32(pos0), self._pos_ptr(),
                 np.float32(theta), np.int32(1 if neox else 0),
+            ),
+            pdl=True,
+        )  # fmt: skip
+        return qo
+
+    def _mmvw_rows_per_block(self) -> int:
+        c = self.config.op("matmul_decode")
+        return int(c["warps"]) * 32 // int(c["threads_per_row"]) * int(c["rows_per_thread"])
+
+    def _fuse_rope(self, heads: tuple[int, int, int]) -> bool:
+        """matmul_decode.fuse_rope on a decode row whose heads mmvw_qkv can count and hold."""
+        H, Hkv, D = heads
+        return (
+            int(self.config.op("matmul_decode")["fuse_rope"]) == 1
+            and D % 2 == 0
+            and H + Hkv <= _MAX_ROPE_HEADS
+            and self._mmvw_rows_per_block() // D + 2 <= 32  # heads a block touches: a bitmask
+        )
+
+    def _mmvw_qkv(
+        self,
+        h: Any,
+        wqkv: tuple[CudaWeight, CudaWeight, CudaWeight],
+        bias: tuple[CudaWeight, CudaWeight, CudaWeight] | None,
+        cache: KVCache,
+        layer: int,
+        pos0: int,
+        heads: tuple[int, int, int],
+        theta: float,
+        neox: bool,
+    ) -> Any:
+        """q/k/v + biases, v into the cache, q and k roped (k into the cache): one mmvw_qkv
+        launch (matmul_decode.fuse_rope) for the decode row h [1, C]."""
+        H, Hkv, D = heads
+        xq, xds = self.quantize_q8(h)
+        c = self.config.op("matmul_decode")
+        rpb = self._mmvw_rows_per_block()
+        nbs = [math.ceil(w.n / rpb) for w in wqkv]
+        q, k = self._empty((1, H * D)), self._empty((1, Hkv * D))
+        qo = self._empty((1, H, D))
+        adds = (_NULL,) * 3 if bias is None else tuple(b.f32 for b in bias)
+        mats = []
+        for w, a in zip(wqkv, adds, strict=True):
+            mats += [w.raw, np.int32(w.row_bytes), np.int32(_QT[w.qtype]), a]
+        self._launch(
+            "mmvw", "mmvw_qkv", (sum(nbs),), (int(c["warps"]) * 32,),
+            (
+                xq, xds, np.int32(h.shape[1]), np.int32(nbs[0]), np.int32(nbs[1]), *mats, q, k,
+                qo, cache.k[layer], cache.v[layer], np.int32(H), np.int32(Hkv), np.int32(D),
+                np.int32(pos0), self._pos_ptr(), np.float32(theta), np.int32(1 if neox else 0),
+                self._rope_tickets,
             ),
             pdl=True,
         )  # fmt: skip
@@ -706,10 +763,12 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
         return y
 
     def hook_bypassed_fusions(self, config: TuningConfig) -> list[str]:
-        """matmul_decode's mmvw_glu / mmvw_norm and rope's rope_kv run only unhooked."""
+        """matmul_decode's mmvw_glu / mmvw_norm / mmvw_qkv and rope's rope_kv run only
+        unhooked."""
         out = []
         dec = config.op("matmul_decode")
-        if dec.variant == "mmvw" and (int(dec["fuse_swiglu"]) or int(dec["fuse_norm"])):
+        fused = ("fuse_swiglu", "fuse_norm", "fuse_rope")
+        if dec.variant == "mmvw" and any(int(dec[k]) for k in fused):
             out.append("matmul_decode")
         if int(config.op("rope")["fuse_kv"]):
             out.append("rope")
@@ -734,7 +793,7 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
         xq, xds = self.quantize_q8(self._decode_row(x))
         r = self._cp.ascontiguousarray(r, dtype=np.float32)
         c = self.config.op("matmul_decode")
-        rpb = int(c["warps"]) * 32 // int(c["threads_per_row"]) * int(c["rows_per_thread"])
+        rpb = self._mmvw_rows_per_block()
         y, h = self._empty((1, w.n)), self._empty((1, w.n))
         hq, hds = self._q8_buffers(1, w.n)
         self._launch(

@@ -182,6 +182,15 @@ REGISTRY.register(
                     HOST,
                 ),
                 Param(
+                    "fuse_rope",
+                    (0, 1),
+                    0,
+                    "1: q, k, v with their biases in one launch that also writes v into the KV "
+                    "cache and ropes each q / k head in the last of its blocks to finish "
+                    "(mmvw_qkv): no rope_kv launch",
+                    HOST,
+                ),
+                Param(
                     "glu_threads_per_row",
                     (4, 8, 16),
                     8,
