@@ -29,7 +29,7 @@ TESTS="tests/test_cuda_decode_fused.py"
 if [ "${MUTANTS:-0}" = 1 ]; then
   TESTS="$TESTS tests/test_mutants.py"; K="$K or MMVW_GLU or MMVW_NORM or MMVW_QKV"
 fi
-timeout $(( $(left) * ${TEST_SHARE:-45} / 100 )) python3 -m pytest -v -m gpu -p no:cacheprovider \
+timeout $(( $(left) * ${TEST_SHARE:-45} / 100 )) python3 -m pytest -v -rfE -m gpu -p no:cacheprovider \
     $TESTS -k "$K" > "$D/pytest.log" 2>&1
 echo "pytest rc $? ($(tail -1 "$D/pytest.log"))"
 grep -E "^(FAILED|ERROR)" "$D/pytest.log" | head -20
