@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # CUDA decode, second round of issue 14 (mmvw's fused epilogues and load knobs), on the GPU
 # machine in one call (tool `run`, carry [".whl"]), inside BUDGET_S seconds (default 95):
-#   1. GPU tests of mmvw_glu / mmvw_norm (tests/test_cuda_decode_fused.py -k PYTEST_K), and with
-#      MUTANTS=1 the two planted bugs in them (tests/test_mutants.py, slow: every module rebuilt);
+#   1. GPU tests of mmvw_glu / mmvw_norm / mmvw_qkv and of them under PDL with the weights' L2
+#      prefetch (tests/test_cuda_decode_fused.py, test_cuda_pdl.py -k PYTEST_K), and with
+#      MUTANTS=1 the planted bugs in them (tests/test_mutants.py, slow: every module rebuilt);
 #   2. per model in MODELS (default 1.5b; synthetic qwen2 Q4_K_M written here): bench
 #      mmvw_all against the fused variants, validate fused_all, a knob sweep from fused_all
-#      (SWEEP_KNOBS) and the per-kernel profile of the best setting (scripts/device_speed.py).
+#      (SWEEP_KNOBS) and the per-kernel profile of the best setting (scripts/device_speed.py);
+#   3. on the first model, PDL with and without the weights' L2 prefetch (a process of its own).
 # Output under $OUT/decode/: pytest.log, speed_<preset>.log / .json (rewritten after every step).
 #   BUDGET_S=400 MODELS="1.5b 7b" MUTANTS=1 bash scripts/device_decode.sh     (a full call)
 set -u -o pipefail
@@ -24,18 +26,19 @@ for p in $MODELS; do  # our own .part name, renamed when whole: a present .gguf 
       --out /tmp/models/$p.decode.part.gguf --json > "$D/synth_$p.log" 2>&1 \
       && mv /tmp/models/$p.decode.part.gguf /tmp/models/$p.gguf) &
 done
-K=${PYTEST_K:-"glu or norm or attn_in"}
-TESTS="tests/test_cuda_decode_fused.py"
+K=${PYTEST_K:-"glu or norm or attn_in or fused_prefetch or fused_all"}
+TESTS="tests/test_cuda_decode_fused.py tests/test_cuda_pdl.py"  # PDL last: a fault ends the run
 if [ "${MUTANTS:-0}" = 1 ]; then
   TESTS="$TESTS tests/test_mutants.py"; K="$K or MMVW_GLU or MMVW_NORM or MMVW_QKV"
 fi
-timeout $(( $(left) * ${TEST_SHARE:-45} / 100 )) python3 -m pytest -v -rfE -m gpu -p no:cacheprovider \
-    $TESTS -k "$K" > "$D/pytest.log" 2>&1
+timeout $(( $(left) * ${TEST_SHARE:-40} / 100 )) python3 -m pytest -v -rfE -m gpu \
+    -p no:cacheprovider $TESTS -k "$K" > "$D/pytest.log" 2>&1
 echo "pytest rc $? ($(tail -1 "$D/pytest.log"))"
 grep -E "^(FAILED|ERROR)" "$D/pytest.log" | head -20
 n=$(echo $MODELS | wc -w)
+PDL_S=0; [ "${PDL:-1}" = 1 ] && PDL_S=${PDL_RESERVE:-18}  # seconds kept for the PDL process
 for p in $MODELS; do
-  DL=$(( $(date +%s) + $(left) / n )); n=$((n - 1))  # this model's share of what is left
+  DL=$(( $(date +%s) + ($(left) - PDL_S) / n )); n=$((n - 1))  # this model's share
   while [ ! -f /tmp/models/$p.gguf ] && [ "$(left)" -gt 20 ]; do sleep 1; done
   [ -f /tmp/models/$p.gguf ] || { echo "$p: no model in time"; continue; }
   timeout $(( DL - $(date +%s) )) python3 scripts/device_speed.py /tmp/models/$p.gguf \
@@ -45,4 +48,13 @@ for p in $MODELS; do
       --sweep-knobs "${SWEEP_KNOBS:-wload,glu_threads_per_row,threads_per_row,unroll}" \
       --deadline $((DL - 8)) --out "$D" 2>&1 | grep -v "it/s\]" | tee "$D/speed_$p.log"
 done
+# programmatic dependent launch with the weights' L2 prefetch, in a process of its own (PDL=0:
+# skip); on the first model, with what time is left
+p=${MODELS%% *}
+if [ "${PDL:-1}" = 1 ] && [ -f /tmp/models/$p.gguf ] && [ "$(left)" -gt 15 ]; then
+  timeout $(( $(left) - 1 )) python3 scripts/device_speed.py /tmp/models/$p.gguf \
+      --bench "${PDL_BENCH:-fused_all_pdl_pf,fused_all_pdl,fused_all}" --validate "" \
+      --profile "" --repeats "${REPEATS:-2}" --deadline $((END - 4)) --tag _pdl --out "$D" 2>&1 \
+      | grep -v "it/s\]" | tee "$D/speed_${p}_pdl.log"
+fi
 echo "decode done in $(( $(date +%s) - T0 )) s"

@@ -92,6 +92,12 @@ VARIANTS |= {
     "fused_all_t16r2u4": ALL | GLU | NORM | ROPE | {"matmul_decode.threads_per_row": 16,
                                              "matmul_decode.rows_per_thread": 2,
                                              "matmul_decode.unroll": 4},
+    # programmatic dependent launch, and with it each block's L2 prefetch of its weights before
+    # the wait (prefetch): run in a process of their own, as the other PDL variants
+    "fused_all_pdl": ALL | GLU | NORM | ROPE | {"matmul_decode.pdl": 1},
+    "fused_all_pdl_pf": ALL | GLU | NORM | ROPE | {"matmul_decode.pdl": 1,
+                                                   "matmul_decode.prefetch": 1},
+    "mmvw_all_pdl_pf": ALL | {"matmul_decode.pdl": 1, "matmul_decode.prefetch": 1},
     "mmvw_all_wl2": ALL | {"matmul_decode.wload": 2},
     "mmvw_all_u8_t16": ALL | {"matmul_decode.unroll": 8, "matmul_decode.threads_per_row": 16},
 }  # fmt: skip

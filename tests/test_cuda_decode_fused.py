@@ -391,12 +391,11 @@ FUSED_MODEL_CONFIGS = [
     ALL_FUSED
     | mmvw(warps=8, threads_per_row=16, glu_threads_per_row=16, unroll=8, wload=2, min_blocks=2),
 ]
+FUSED_MODEL_IDS = [*(str(i) for i in range(6)), "fused_all_w8", "fused_all_t16_wl2"]
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama", "qwen3"])
-@pytest.mark.parametrize(
-    "flat", FUSED_MODEL_CONFIGS, ids=[str(i) for i in range(len(FUSED_MODEL_CONFIGS))]
-)
+@pytest.mark.parametrize("flat", FUSED_MODEL_CONFIGS, ids=FUSED_MODEL_IDS)
 def test_fused_decode_graph_equals_eager_and_hooked(be, tiny_model_factory, arch, flat):
     """Graph replay of the fused schedule is bit-equal to eager; the hooked (unfused) schedule
     on the same config gives the same tokens and logits."""
@@ -423,9 +422,7 @@ def test_fused_decode_graph_equals_eager_and_hooked(be, tiny_model_factory, arch
     be.set_config(cfg())
 
 
-@pytest.mark.parametrize(
-    "flat", FUSED_MODEL_CONFIGS, ids=[str(i) for i in range(len(FUSED_MODEL_CONFIGS))]
-)
+@pytest.mark.parametrize("flat", FUSED_MODEL_CONFIGS, ids=FUSED_MODEL_IDS)
 def test_validate_fused_configs(be, tiny_model_path, flat):
     """rope.fuse_kv and split_kw alone against the default reference with the registry's
     budget; the mmvw configs against per-token mmvq decode with the int8 tolerances of

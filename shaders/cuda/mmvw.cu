@@ -13,8 +13,8 @@
 // is used. The group's partial sums meet by shuffles (no shared memory, no block barrier).
 // Tunables (defines): TPR threads per row (8, 16, 32), RPT rows per thread, NW warps per
 // block, UNROLL slots per iteration, WLOAD the K types' weight-load hint (vecdot.cuh), MINB
-// blocks per SM that __launch_bounds__ asks registers for (0: none). Rows per block:
-// NW * (32 / TPR) * RPT.
+// blocks per SM that __launch_bounds__ asks registers for (0: none), PREFETCH 1: an L2
+// prefetch of the block's weight rows before pdl_start(). Rows per block: NW * (32 / TPR) * RPT.
 // Launch: grid nb0 + nb1 + nb2 blocks (block b < nb0 -> matrix 0, then 1, then 2), block NW*32.
 // Types: Q4_0 Q4_1 Q5_0 Q8_0 Q4_K Q6_K (float weights use dmmv). K % 256 == 0 for the K types.
 //
@@ -61,6 +61,24 @@
 #endif
 
 #define MMVW_GROUPS (NW * 32 / TPR)
+
+#ifndef PREFETCH
+#define PREFETCH 0
+#endif
+#define MMVW_RPB (MMVW_GROUPS * RPT)
+
+// PREFETCH: thread 0 asks the L2 for the block's weight rows [row0, row0 + rows) in one bulk
+// request before pdl_start(), so under PDL (matmul_decode.pdl = 1) the weights stream in while
+// the previous kernel finishes. A hint: skipped below sm_90 and for a range not 16-byte aligned.
+__device__ __forceinline__ void l2_prefetch_rows(const u8* W, int rb, int N, int row0, int rows) {
+#if PREFETCH && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (threadIdx.x != 0 || row0 >= N) return;
+    const u8* p = W + (size_t)row0 * rb;
+    const unsigned int bytes = (unsigned int)min(rows, N - row0) * (unsigned int)rb;
+    if ((((size_t)p) & 15) || (bytes & 15)) return;
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#endif
+}
 
 #ifndef GLU_TPR
 #define GLU_TPR 8
@@ -175,6 +193,14 @@ extern "C" __global__ void __launch_bounds__(NW * 32 MMVW_BOUNDS_MINB)
          const u8* W0, int rb0, int N0, int qt0, float* Y0, const float* A0,
          const u8* W1, int rb1, int N1, int qt1, float* Y1, const float* A1,
          const u8* W2, int rb2, int N2, int qt2, float* Y2, const float* A2) {
+#if PREFETCH
+    if (blockIdx.x >= nb0 + nb1)
+        l2_prefetch_rows(W2, rb2, N2, (blockIdx.x - nb0 - nb1) * MMVW_RPB, MMVW_RPB);
+    else if (blockIdx.x >= nb0)
+        l2_prefetch_rows(W1, rb1, N1, (blockIdx.x - nb0) * MMVW_RPB, MMVW_RPB);
+    else
+        l2_prefetch_rows(W0, rb0, N0, blockIdx.x * MMVW_RPB, MMVW_RPB);
+#endif
     pdl_start();
     int b = blockIdx.x;
     const u8* W = W0;
@@ -201,6 +227,10 @@ extern "C" __global__ void __launch_bounds__(64 * GLU_TPR)
              const u8* Wg, int rbg, int qtg, const u8* Wu, int rbu, int qtu,
              float* __restrict__ y, s8* __restrict__ yq, float2* __restrict__ yds) {
     __shared__ __align__(16) float gu[64];
+#if PREFETCH
+    l2_prefetch_rows(Wg, rbg, N, 32 * blockIdx.x, 32);
+    l2_prefetch_rows(Wu, rbu, N, 32 * blockIdx.x, 32);
+#endif
     pdl_start();
     const int gi = threadIdx.x / GLU_TPR, b = blockIdx.x;
     const bool up = gi >= 32;
@@ -235,6 +265,9 @@ extern "C" __global__ void __launch_bounds__(NW * 32 MMVW_BOUNDS_MINB)
               const float* __restrict__ nw, float eps, float* __restrict__ h,
               s8* __restrict__ hq, float2* __restrict__ hds, unsigned int* ticket) {
     __shared__ bool last;
+#if PREFETCH
+    l2_prefetch_rows(W, rb, N, blockIdx.x * MMVW_RPB, MMVW_RPB);
+#endif
     pdl_start();
     mmvw_rows_qt(qt, W, rb, N, K, xq, xds, Y, A, blockIdx.x);
     __threadfence();  // this block's rows are visible before its ticket is counted
@@ -264,6 +297,14 @@ extern "C" __global__ void __launch_bounds__(NW * 32 MMVW_BOUNDS_MINB)
              float* k, float* qo, float* kc, float* vc, int H, int Hkv, int D, int pos0,
              const int* pos_ptr, float theta, int neox, unsigned int* tickets) {
     __shared__ unsigned int done;
+#if PREFETCH
+    if (blockIdx.x >= nb0 + nb1)
+        l2_prefetch_rows(W2, rb2, Hkv * D, (blockIdx.x - nb0 - nb1) * MMVW_RPB, MMVW_RPB);
+    else if (blockIdx.x >= nb0)
+        l2_prefetch_rows(W1, rb1, Hkv * D, (blockIdx.x - nb0) * MMVW_RPB, MMVW_RPB);
+    else
+        l2_prefetch_rows(W0, rb0, H * D, blockIdx.x * MMVW_RPB, MMVW_RPB);
+#endif
     pdl_start();
     const int p0 = pos_ptr ? *pos_ptr : pos0;
     const long long HkvD = (long long)Hkv * D;
@@ -281,7 +322,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32 MMVW_BOUNDS_MINB)
                  m == 0 ? rb0 : m == 1 ? rb1 : rb2, N, K, xq, xds, Y,
                  m == 0 ? A0 : m == 1 ? A1 : A2, b);
     if (m == 2) return;  // uniform per block: v needs no rope
-    const int rpb = MMVW_GROUPS * RPT;
+    const int rpb = MMVW_RPB;
     const int r0 = b * rpb, r1 = min(N, r0 + rpb);
     const int h0 = r0 / D, h1 = (r1 - 1) / D;  // heads this block's rows touch (<= 32 of them)
     __threadfence();  // this block's rows are visible before its tickets are counted

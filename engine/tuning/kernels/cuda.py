@@ -174,6 +174,15 @@ REGISTRY.register(
                     define("MINB"),
                 ),
                 Param(
+                    "prefetch",
+                    (0, 1),
+                    0,
+                    "1: each block asks the L2 for its weight rows (cp.async.bulk.prefetch, "
+                    "sm_90) before it waits for the previous kernel: with pdl = 1 the weights "
+                    "stream in while that kernel finishes",
+                    define("PREFETCH"),
+                ),
+                Param(
                     "fuse_swiglu",
                     (0, 1),
                     0,
