@@ -117,14 +117,26 @@ def config(name: str, backend: str = "cuda") -> TuningConfig:
     return TuningConfig.from_flat(backend, VARIANTS[name])
 
 
-def sweep_order(base: dict, knob: str) -> list[dict]:
-    """The settings of one coordinate step: base with matmul_decode.<knob> at each value the
-    registry allows (the base's own value first)."""
+def sweep_param(base: dict, knob: str):  # noqa: ANN201 - a registry Param
+    """(flat key, registry Param) of a sweep knob: a bare name is matmul_decode's, 'op.knob'
+    any op's, of the variant base chooses (else the op's default variant)."""
     from engine.tuning import REGISTRY
 
-    p = REGISTRY.op("cuda", "matmul_decode").variant("mmvw").param(knob)
-    cur = base.get(f"matmul_decode.{knob}", p.default)
-    return [base | {f"matmul_decode.{knob}": v} for v in [cur, *(c for c in p.choices if c != cur)]]
+    op, name = knob.split(".", 1) if "." in knob else ("matmul_decode", knob)
+    entry = REGISTRY.op("cuda", op)
+    variant = entry.variant(str(base.get(f"{op}.variant", entry.default.name)))
+    names = [p.name for p in variant.params]
+    if name not in names:
+        raise ValueError(f"{op}.{variant.name} has no knob {name!r}; knobs: {', '.join(names)}")
+    return f"{op}.{name}", variant.param(name)
+
+
+def sweep_order(base: dict, knob: str) -> list[dict]:
+    """The settings of one coordinate step: base with the knob at each value the registry
+    allows (the base's own value first)."""
+    key, p = sweep_param(base, knob)
+    cur = base.get(key, p.default)
+    return [base | {key: v} for v in [cur, *(c for c in p.choices if c != cur)]]
 
 
 def decode_profile(eng, n_prompt: int = 512, steps: int = 8) -> dict:  # noqa: ANN001
@@ -168,7 +180,12 @@ def main() -> int:
         f"{', '.join(SWEEP_KNOBS)} from it, tg128 of each setting (runs after the benches); "
         "the best setting is benched, validated and profiled as variant 'swept'",
     )
-    ap.add_argument("--sweep-knobs", default=",".join(SWEEP_KNOBS), help="knobs, in order")
+    ap.add_argument(
+        "--sweep-knobs",
+        default=",".join(SWEEP_KNOBS),
+        help="knobs, in order: a bare name is matmul_decode's, op.knob any op's "
+        "(e.g. attention_decode.splits)",
+    )
     ap.add_argument("--sweep-repeats", type=int, default=1, help="tg128 runs per setting")
     args = ap.parse_args()
     lists = {k: [v for v in getattr(args, k).split(",") if v] for k in ("bench", "validate")}
@@ -177,10 +194,12 @@ def main() -> int:
     if args.sweep and args.sweep not in VARIANTS:
         print(f"unknown --sweep variant {args.sweep}; known: {', '.join(VARIANTS)}")
         return 2
-    if sorted(set(knobs) - set(SWEEP_KNOBS)):
-        print(f"unknown --sweep-knobs {sorted(set(knobs) - set(SWEEP_KNOBS))}; known: "
-              f"{', '.join(SWEEP_KNOBS)}")  # fmt: skip
-        return 2
+    for knob in knobs if args.sweep else ():
+        try:
+            sweep_param(VARIANTS[args.sweep], knob)
+        except Exception as e:  # noqa: BLE001 - the registry's message names what is allowed
+            print(f"--sweep-knobs {knob}: {e}")
+            return 2
     bad = sorted({v for vs in lists.values() for v in vs} - set(VARIANTS))
     if bad:
         print(f"unknown variant(s) {', '.join(bad)}; known: {', '.join(VARIANTS)}")
@@ -270,11 +289,7 @@ def main() -> int:
                     continue
                 if late(f"sweep {knob}"):
                     break
-                short = {
-                    k.split(".", 1)[1]: flat[k]
-                    for k in sorted(flat)
-                    if k.startswith("matmul_decode.") and k != "matmul_decode.variant"
-                }
+                short = {k: flat[k] for k in sorted(flat) if flat[k] != VARIANTS[args.sweep].get(k)}
                 try:
                     be.set_config(TuningConfig.from_flat(args.backend, flat))
                     r = bench(eng.model, [512], 128, args.sweep_repeats, 1).results[0]

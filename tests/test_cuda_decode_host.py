@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from engine.backends.cuda import kernels
-from engine.tuning import TuningConfig
+from engine.tuning import REGISTRY, TuningConfig
 from tests.cuda_fake import FakeCuda
 
 PROMPT = list(range(5, 5 + 12))
@@ -133,3 +133,30 @@ def test_blame_names_the_fused_op_the_hooked_replay_bypasses():
     b = _fusion_blame(SimpleNamespace(backend=be), on)
     assert b.op == "matmul_decode" and b.params["fuse_norm"] == 1 and "fused" in b.label
     assert _fusion_blame(SimpleNamespace(backend=be), cfg()) is None
+
+
+def _device_speed():  # noqa: ANN202 - the script as a module
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "device_speed.py"
+    spec = importlib.util.spec_from_file_location("device_speed", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_device_speed_variants_and_sweep_steps_are_valid_configs():
+    ds = _device_speed()
+    for name in ds.VARIANTS:
+        ds.config(name)  # a ConfigError names a knob the registry does not have
+    base = ds.VARIANTS["fused_all"]
+    steps = ds.sweep_order(base, "glu_threads_per_row")
+    assert [s["matmul_decode.glu_threads_per_row"] for s in steps] == [8, 4, 16]
+    assert all(TuningConfig.from_flat("cuda", s) for s in steps)
+    splits = ds.sweep_order(base, "attention_decode.splits")  # split_kw's knob, base's value first
+    assert splits[0]["attention_decode.splits"] == 8 and len(splits) == 6
+    with pytest.raises(ValueError, match="no knob 'bogus'; knobs: "):
+        ds.sweep_param(base, "bogus")
+    mmvw = REGISTRY.op("cuda", "matmul_decode").variant("mmvw")
+    assert set(ds.SWEEP_KNOBS) <= {p.name for p in mmvw.params}
