@@ -47,7 +47,7 @@ MMVW_CONFIGS = [
         "t16-r2-u8-wl2-mb8",
         {"threads_per_row": 16, "rows_per_thread": 2, "unroll": 8, "wload": 2, "min_blocks": 8},
     ),  # fmt: skip
-    ("t32-r1-u8-wl1-mb2", {"unroll": 8, "wload": 1, "min_blocks": 2}),
+    ("t32-r1-u8-wl1-mb12", {"unroll": 8, "wload": 1, "min_blocks": 12}),
 ]
 
 
@@ -389,7 +389,7 @@ FUSED_MODEL_CONFIGS = [
     # block is rms_norm_q8's 256 threads) and mmvw's lanes per row = mmvw_glu's, one row each
     ALL_FUSED | mmvw(warps=8, threads_per_row=8, glu_threads_per_row=8),
     ALL_FUSED
-    | mmvw(warps=8, threads_per_row=16, glu_threads_per_row=16, unroll=8, wload=2, min_blocks=2),
+    | mmvw(warps=8, threads_per_row=16, glu_threads_per_row=16, unroll=8, wload=2, min_blocks=4),
 ]
 FUSED_MODEL_IDS = [*(str(i) for i in range(6)), "fused_all_w8", "fused_all_t16_wl2"]
 

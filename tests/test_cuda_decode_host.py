@@ -110,7 +110,9 @@ def test_fusions_fall_back_off_decode(tiny_model_factory):
 def test_define_knobs_build_mmvw_with_them(knob, macro):
     d = cfg(**BASE)
     assert kernels.modules_for(d)["mmvw"][1][macro] == d.op("matmul_decode")[knob]
-    for value in {"wload": (1, 2), "glu_threads_per_row": (4, 16)}.get(knob, (2, 8)):
+    for value in {"wload": (1, 2), "glu_threads_per_row": (4, 16), "min_blocks": (4, 16)}.get(
+        knob, (2, 8)
+    ):
         mods = kernels.modules_for(cfg(**BASE, **{f"matmul_decode.{knob}": value}))
         assert mods["mmvw"] == ("mmvw.cu", {**mods["mmvw"][1], macro: value})
         assert mods["mmvw"][1][macro] == value

@@ -167,7 +167,7 @@ REGISTRY.register(
                 ),
                 Param(
                     "min_blocks",
-                    (0, 2, 4, 8),
+                    (0, 4, 8, 12, 16),
                     0,
                     "blocks per SM __launch_bounds__ sizes registers for (0: no bound): "
                     "occupancy, so more loads in flight per SM",
