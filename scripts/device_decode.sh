@@ -45,7 +45,7 @@ for p in $MODELS; do
       --bench "${BENCH:-mmvw_all,fused_all,fused_glu,fused_norm,fused_rope}" \
       --validate "${VALIDATE:-fused_all}" --profile "${PROFILE:-}" --repeats "${REPEATS:-2}" \
       --validate-after 2 --sweep "${SWEEP:-fused_all}" \
-      --sweep-knobs "${SWEEP_KNOBS:-wload,glu_threads_per_row,threads_per_row,unroll,min_blocks}" \
+      --sweep-knobs "${SWEEP_KNOBS:-wload,glu_threads_per_row,glu_unroll,unroll,min_blocks}" \
       --deadline $((DL - 8)) --out "$D" 2>&1 | grep -v "it/s\]" | tee "$D/speed_$p.log"
 done
 # programmatic dependent launch with the weights' L2 prefetch, in a process of its own (PDL=0:

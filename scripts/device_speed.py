@@ -105,6 +105,7 @@ VARIANTS |= {
 SWEEP_KNOBS = (
     "wload",
     "glu_threads_per_row",
+    "glu_unroll",
     "threads_per_row",
     "rows_per_thread",
     "unroll",

@@ -284,8 +284,8 @@ def test_matmul_add_and_ffn(cp, be, cid, knobs, T):
 # --- mmvw_glu (fuse_swiglu) and mmvw_norm (fuse_norm) ----------------------------------------
 GLU_CONFIGS = [
     MMVW_CONFIGS[0],
-    ("t8-r4-w8-u4-g4", MMVW_CONFIGS[1][1] | {"glu_threads_per_row": 4}),
-    ("t16-r2-w1-u1-g16", MMVW_CONFIGS[2][1] | {"glu_threads_per_row": 16}),
+    ("t8-r4-w8-u4-g4-gu8", MMVW_CONFIGS[1][1] | {"glu_threads_per_row": 4, "glu_unroll": 8}),
+    ("t16-r2-w1-u1-g16-gu1", MMVW_CONFIGS[2][1] | {"glu_threads_per_row": 16, "glu_unroll": 1}),
     MMVW_CONFIGS[5],
 ]
 
@@ -352,7 +352,7 @@ def test_mmvw_norm(cp, be, cid, knobs, qtype, N, kb):
 def test_ffn_norm_fused_equals_composed(cp, be):
     """ffn_norm with both fusions is bit-equal to ffn then rms_norm without them where the
     arithmetic order is the same: warps 8 (the norm's block is quantize_act's 256 threads) and
-    8 lanes a row in both mmvw and mmvw_glu."""
+    8 lanes a row and 2 slots an iteration in both mmvw and mmvw_glu."""
     rng = np.random.default_rng(11)
     C, F = 512, 768
     wg, wu = (qtensor(rng, (F, C), "Q4_K", std=0.05) for _ in range(2))
@@ -362,7 +362,7 @@ def test_ffn_norm_fused_equals_composed(cp, be):
     r = rng.standard_normal((1, C)).astype(np.float32)
     out = {}
     for fuse in (0, 1):
-        knobs = {"warps": 8, "threads_per_row": 8, "glu_threads_per_row": 8}
+        knobs = {"warps": 8, "threads_per_row": 8, "glu_threads_per_row": 8, "glu_unroll": 2}
         be.set_config(cfg(**mmvw(fuse_swiglu=fuse, fuse_norm=fuse, **knobs)))
         ws = [be.load_weight(w) for w in (wg, wu, wd, nw)]
         y, hn = be.ffn_norm(be.upload(h), *ws[:3], be.upload(r), ws[3], 1e-6)
@@ -386,10 +386,18 @@ FUSED_MODEL_CONFIGS = [
     MMVW | {"attention_decode.variant": "split_kw", "attention_decode.fuse_combine": 0},
     mmvw(threads_per_row=16, rows_per_thread=2, unroll=1) | {"rope.fuse_kv": 1},
     # hooked (unfused) equals fused where the sums run in the same order: warps 8 (mmvw_norm's
-    # block is rms_norm_q8's 256 threads) and mmvw's lanes per row = mmvw_glu's, one row each
-    ALL_FUSED | mmvw(warps=8, threads_per_row=8, glu_threads_per_row=8),
+    # block is rms_norm_q8's 256 threads) and mmvw's lanes per row and unroll = mmvw_glu's
+    ALL_FUSED | mmvw(warps=8, threads_per_row=8, glu_threads_per_row=8, glu_unroll=2),
     ALL_FUSED
-    | mmvw(warps=8, threads_per_row=16, glu_threads_per_row=16, unroll=8, wload=2, min_blocks=4),
+    | mmvw(
+        warps=8,
+        threads_per_row=16,
+        glu_threads_per_row=16,
+        unroll=8,
+        glu_unroll=8,
+        wload=2,
+        min_blocks=4,
+    ),
 ]
 FUSED_MODEL_IDS = [*(str(i) for i in range(6)), "fused_all_w8", "fused_all_t16_wl2"]
 

@@ -105,7 +105,7 @@ def test_fusions_fall_back_off_decode(tiny_model_factory):
 @pytest.mark.parametrize(
     "knob,macro",
     [("wload", "WLOAD"), ("min_blocks", "MINB"), ("unroll", "UNROLL"),
-     ("glu_threads_per_row", "GLU_TPR")],
+     ("glu_threads_per_row", "GLU_TPR"), ("glu_unroll", "GLU_UNROLL")],
 )  # fmt: skip
 def test_define_knobs_build_mmvw_with_them(knob, macro):
     d = cfg(**BASE)

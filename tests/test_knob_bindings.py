@@ -191,6 +191,7 @@ def _old_cuda_modules(cfg: TuningConfig) -> dict[str, tuple[str, dict]]:
                 "WLOAD": dec["wload"],
                 "MINB": dec["min_blocks"],
                 "GLU_TPR": dec["glu_threads_per_row"],
+                "GLU_UNROLL": dec["glu_unroll"],
                 "PREFETCH": dec["prefetch"],
             },
         )

@@ -20,8 +20,9 @@
 //
 // Fused epilogues (host knobs matmul_decode.fuse_swiglu / fuse_norm):
 //   mmvw_glu   gate and up of one activation, a block owning 32 rows of each (GLU_TPR lanes a
-//              row: the knob glu_threads_per_row): silu(g) * u and its Q8_1 block (swiglu_q8's
-//              arithmetic) written by the block, no g / u in memory
+//              row, GLU_UNROLL slots a lane per iteration: knobs glu_threads_per_row,
+//              glu_unroll): silu(g) * u and its Q8_1 block (swiglu_q8's arithmetic) written by
+//              the block, no g / u in memory
 //   mmvw_norm  one matrix + residual (as mmvw), then the grid's last block to finish (a ticket)
 //              runs rms_norm_q8 of the whole output row: the next layer's norm, no launch
 //   mmvw_qkv   q, k, v + biases (as mmvw), v stored into the KV cache, and each q / k head roped
@@ -83,13 +84,16 @@ __device__ __forceinline__ void l2_prefetch_rows(const u8* W, int rb, int N, int
 #ifndef GLU_TPR
 #define GLU_TPR 8
 #endif
+#ifndef GLU_UNROLL
+#define GLU_UNROLL 4
+#endif
 #if GLU_TPR != 4 && GLU_TPR != 8 && GLU_TPR != 16
 #error "GLU_TPR must be 4, 8 or 16 (mmvw_glu's block is 64 * GLU_TPR threads)"
 #endif
 
 // The R dot products of rows row0.. (clamped to N - 1) by the calling group of G lanes, U
 // slots per lane per iteration; every lane of the group ends with the full sums. The whole group
-// calls it (the shuffles). mmvw: G, R, U = TPR, RPT, UNROLL; mmvw_glu: GLU_TPR, 1, UNROLL.
+// calls it (the shuffles). mmvw: G, R, U = TPR, RPT, UNROLL; mmvw_glu: GLU_TPR, 1, GLU_UNROLL.
 template <int QT, int G, int R, int U>
 __device__ __forceinline__ void mmvw_dot(const u8* __restrict__ W, int row_bytes, int N, int K,
                                          const s8* __restrict__ xq,
@@ -172,7 +176,7 @@ __device__ __forceinline__ float mmvw_glu_dot(int qt, const u8* W, int rb, int N
                                               const float2* __restrict__ xds, int row) {
     float acc[1] = {0.f};
 #define MMVW_GLU_CASE(T) \
-    case T: mmvw_dot<T, GLU_TPR, 1, UNROLL>(W, rb, N, K, xq, xds, row, acc); break;
+    case T: mmvw_dot<T, GLU_TPR, 1, GLU_UNROLL>(W, rb, N, K, xq, xds, row, acc); break;
     switch (qt) {
         MMVW_GLU_CASE(QT_Q4_K)
         MMVW_GLU_CASE(QT_Q6_K)

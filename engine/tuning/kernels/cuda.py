@@ -208,6 +208,14 @@ REGISTRY.register(
                     define("GLU_TPR"),
                 ),
                 Param(
+                    "glu_unroll",
+                    (1, 2, 4, 8),
+                    4,
+                    "slots per lane per iteration in mmvw_glu (its rows are few per block and "
+                    "long per lane: its own depth of loads in flight)",
+                    define("GLU_UNROLL"),
+                ),
+                Param(
                     "fuse_norm",
                     (0, 1),
                     0,
