@@ -71,7 +71,7 @@ def test_fused_decode_launches(tiny_model_factory, knobs):
         if launch.kernel in ("mmvw", "mmvw_norm"):
             assert launch.block == (int(c["warps"]) * 32, 1, 1)
         if launch.kernel == "mmvw_glu":
-            assert launch.grid[0] * 32 == m.spec.n_ff, launch.grid  # a block per 32 rows
+            assert launch.grid[0] == -(-m.spec.n_ff // 32), launch.grid  # a block per 32 rows
             assert launch.block == (64 * int(c["glu_threads_per_row"]), 1, 1)
         if launch.kernel == "mmvw_qkv":
             H, Hkv, D = m.spec.n_head, m.spec.n_head_kv, m.spec.head_dim
@@ -162,3 +162,21 @@ def test_device_speed_variants_and_sweep_steps_are_valid_configs():
         ds.sweep_param(base, "bogus")
     mmvw = REGISTRY.op("cuda", "matmul_decode").variant("mmvw")
     assert set(ds.SWEEP_KNOBS) <= {p.name for p in mmvw.params}
+
+
+def test_ragged_ffn_glu_writes_no_q8_form(tiny_model_factory):
+    """F = 688 (no multiple of 32; ffn_down F16): mmvw_glu still runs, with a null Q8_1 output,
+    and the down projection (float weights) goes through dmmv; o still ends in mmvw_norm."""
+    from engine.gguf_model import open_model
+    from engine.models import build_model
+
+    flat = BASE | {f"matmul_decode.{k}": 1 for k in ("fuse_swiglu", "fuse_norm", "fuse_rope")}
+    be = FakeCuda(cfg(**flat))
+    m = build_model(open_model(tiny_model_factory("qwen2", "q4_k_m", preset="ragged")), be)
+    assert m.spec.n_ff % 32
+    m.generate(PROMPT, 2, path="batched")
+    glu = [launch for launch in be.launches if launch.kernel == "mmvw_glu"]
+    assert glu and all(isinstance(g.args[11], np.uint64) and g.args[11] == 0 for g in glu)
+    assert all(g.grid[0] == -(-m.spec.n_ff // 32) for g in glu)
+    run = be.kernels_run()
+    assert {"mmvw_norm", "mmvw_qkv", "dmmv_f16"} <= run and "swiglu_q8" not in run, sorted(run)

@@ -222,7 +222,8 @@ extern "C" __global__ void __launch_bounds__(NW * 32 MMVW_BOUNDS_MINB)
 }
 
 // gate Wg [N, rbg], up Wu [N, rbu] (types qtg, qtu) on x (Q8_1, K) -> y = silu(x Wg^T) *
-// (x Wu^T) [N] and its Q8_1 blocks yq [N], yds [N / 32]. N % 32 == 0; grid N / 32 blocks, block
+// (x Wu^T) [N] and, when yq is not null (N % 32 == 0), its Q8_1 blocks yq [N], yds [N / 32].
+// Grid ceil(N / 32) blocks (the last one's rows past N are computed, not stored), block
 // 64 * GLU_TPR threads: block b's group v < 64 (GLU_TPR lanes) computes gate row 32b + v
 // (v < 32) or up row 32b + v - 32, all 64 in one pass (lanes per row of its own, not TPR: with
 // 32 outputs a block, the grid is small and each block must keep many loads in flight).
@@ -230,7 +231,7 @@ extern "C" __global__ void __launch_bounds__(64 * GLU_TPR)
     mmvw_glu(const s8* __restrict__ xq, const float2* __restrict__ xds, int K, int N,
              const u8* Wg, int rbg, int qtg, const u8* Wu, int rbu, int qtu,
              float* __restrict__ y, s8* __restrict__ yq, float2* __restrict__ yds) {
-    __shared__ __align__(16) float gu[64];
+    __shared__ float gu[64];
 #if PREFETCH
     l2_prefetch_rows(Wg, rbg, N, 32 * blockIdx.x, 32);
     l2_prefetch_rows(Wu, rbu, N, 32 * blockIdx.x, 32);
@@ -243,20 +244,27 @@ extern "C" __global__ void __launch_bounds__(64 * GLU_TPR)
     if (threadIdx.x % GLU_TPR == 0) gu[gi] = acc;
     __syncthreads();
     if (threadIdx.x >= 32) return;
-    // swiglu_q8's arithmetic on one 32-value block: silu(g) * u, then q8_store4 by 8 lanes
-    const int l = threadIdx.x;
-    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (l < 8) {
-        const float4 a = *(const float4*)(gu + 4 * l), c = *(const float4*)(gu + 32 + 4 * l);
-        v = make_float4(a.x / (1.f + expf(-a.x)) * c.x, a.y / (1.f + expf(-a.y)) * c.y,
-                        a.z / (1.f + expf(-a.z)) * c.z, a.w / (1.f + expf(-a.w)) * c.w);
+    // swiglu_q8's arithmetic, a value a lane: silu(g) * u, then Q8_1 over the warp (the same
+    // d, rounding and integer sum as q8_store4's 8 lanes of 4)
+    const int l = threadIdx.x, n = 32 * b + l;
+    const float a = gu[l], c = gu[32 + l];
 #ifdef MUTANT_MMVW_GLU_UP  // planted bug: the product takes gate where up belongs
-        v = make_float4(a.x / (1.f + expf(-a.x)) * a.x, a.y / (1.f + expf(-a.y)) * a.y,
-                        a.z / (1.f + expf(-a.z)) * a.z, a.w / (1.f + expf(-a.w)) * a.w);
+    const float v = a / (1.f + expf(-a)) * a;
+#else
+    const float v = a / (1.f + expf(-a)) * c;
 #endif
-        ((float4*)(y + 32 * b))[l] = v;
-    }
-    q8_store4(v, yq + 32 * b + 4 * l, yds + b, l & 7, l < 8);
+    if (n < N) y[n] = v;
+    if (yq == nullptr) return;  // N % 32 != 0: no Q8_1 form (its consumer cannot read one)
+    float amax = fabsf(v);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float d = amax / 127.f, id = amax > 0.f ? 127.f / amax : 0.f;
+    const int q = __float2int_rn(v * id);
+    int sq = q;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
+    yq[n] = (s8)q;
+    if (l == 0) yds[b] = make_float2(d, d * (float)sq);
 }
 
 // mmvw for one matrix W [N, rb] (type qt) with the residual A: Y = x W^T + A, then the last

@@ -743,15 +743,16 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
         """silu(h gate^T) * (h up^T) [1, n] of a decode row, its Q8_1 form remembered."""
         c = self.config.op("matmul_decode")
         n = gate.n
-        if int(c["fuse_swiglu"]) == 0 or up.n != n or n % 32:
+        if int(c["fuse_swiglu"]) == 0 or up.n != n:
             g, u = self._empty((1, n)), self._empty((1, up.n))
             self._mmvw(h, [(gate, g, None), (up, u, None)])
             return self.swiglu(g, u)
         xq, xds = self.quantize_q8(h)
         y = self._empty((1, n))
-        yq, yds = self._q8_buffers(1, n)
+        q8 = n % 32 == 0  # else y's consumer (a float-weight down) takes no Q8_1 form
+        yq, yds = self._q8_buffers(1, n) if q8 else (_NULL, _NULL)
         self._launch(
-            "mmvw", "mmvw_glu", (n // 32,), (64 * int(c["glu_threads_per_row"]),),
+            "mmvw", "mmvw_glu", (math.ceil(n / 32),), (64 * int(c["glu_threads_per_row"]),),
             (
                 xq, xds, np.int32(gate.k), np.int32(n), gate.raw, np.int32(gate.row_bytes),
                 np.int32(_QT[gate.qtype]), up.raw, np.int32(up.row_bytes),
@@ -759,7 +760,8 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
             ),
             pdl=True,
         )  # fmt: skip
-        self._q8_remember(y, yq, yds)
+        if q8:
+            self._q8_remember(y, yq, yds)
         return y
 
     def hook_bypassed_fusions(self, config: TuningConfig) -> list[str]:
