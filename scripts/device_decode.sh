@@ -42,10 +42,10 @@ for p in $MODELS; do
   while [ ! -f /tmp/models/$p.gguf ] && [ "$(left)" -gt 20 ]; do sleep 1; done
   [ -f /tmp/models/$p.gguf ] || { echo "$p: no model in time"; continue; }
   timeout $(( DL - $(date +%s) )) python3 scripts/device_speed.py /tmp/models/$p.gguf \
-      --bench "${BENCH:-mmvw_all,fused_all,fused_glu,fused_norm,fused_rope}" \
+      --bench "${BENCH:-mmvw_all,fused_all,fused_all_stage,fused_glu,fused_norm,fused_rope}" \
       --validate "${VALIDATE:-fused_all}" --profile "${PROFILE:-}" --repeats "${REPEATS:-2}" \
       --validate-after 2 --sweep "${SWEEP:-fused_all}" \
-      --sweep-knobs "${SWEEP_KNOBS:-wload,glu_threads_per_row,glu_unroll,unroll,min_blocks}" \
+      --sweep-knobs "${SWEEP_KNOBS:-wload,stage,glu_threads_per_row,glu_unroll,unroll}" \
       --deadline $((DL - 8)) --out "$D" 2>&1 | grep -v "it/s\]" | tee "$D/speed_$p.log"
 done
 # programmatic dependent launch with the weights' L2 prefetch, in a process of its own (PDL=0:
@@ -53,7 +53,7 @@ done
 p=${MODELS%% *}
 if [ "${PDL:-1}" = 1 ] && [ -f /tmp/models/$p.gguf ] && [ "$(left)" -gt 15 ]; then
   timeout $(( $(left) - 1 )) python3 scripts/device_speed.py /tmp/models/$p.gguf \
-      --bench "${PDL_BENCH:-fused_all_pdl_pf,fused_all_pdl,fused_all}" --validate "" \
+      --bench "${PDL_BENCH:-fused_all_pdl_pf,fused_all_pdl_stage,fused_all_pdl}" --validate "" \
       --profile "" --repeats "${REPEATS:-2}" --deadline $((END - 4)) --tag _pdl --out "$D" 2>&1 \
       | grep -v "it/s\]" | tee "$D/speed_${p}_pdl.log"
 fi

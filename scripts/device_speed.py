@@ -98,12 +98,18 @@ VARIANTS |= {
     "fused_all_pdl_pf": ALL | GLU | NORM | ROPE | {"matmul_decode.pdl": 1,
                                                    "matmul_decode.prefetch": 1},
     "mmvw_all_pdl_pf": ALL | {"matmul_decode.pdl": 1, "matmul_decode.prefetch": 1},
+    # each block's weight rows staged in shared memory by one bulk copy (before the PDL wait)
+    "fused_all_stage": ALL | GLU | NORM | ROPE | {"matmul_decode.stage": 1},
+    "fused_all_pdl_stage": ALL | GLU | NORM | ROPE | {"matmul_decode.pdl": 1,
+                                                      "matmul_decode.stage": 1},
+    "mmvw_all_stage": ALL | {"matmul_decode.stage": 1},
     "mmvw_all_wl2": ALL | {"matmul_decode.wload": 2},
     "mmvw_all_u8_t16": ALL | {"matmul_decode.unroll": 8, "matmul_decode.threads_per_row": 16},
 }  # fmt: skip
 # --sweep: coordinate descent over these knobs, in this order, from the --sweep variant
 SWEEP_KNOBS = (
     "wload",
+    "stage",
     "glu_threads_per_row",
     "glu_unroll",
     "threads_per_row",

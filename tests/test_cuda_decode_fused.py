@@ -48,6 +48,12 @@ MMVW_CONFIGS = [
         {"threads_per_row": 16, "rows_per_thread": 2, "unroll": 8, "wload": 2, "min_blocks": 8},
     ),  # fmt: skip
     ("t32-r1-u8-wl1-mb12", {"unroll": 8, "wload": 1, "min_blocks": 12}),
+    # weights staged in shared memory by a bulk copy (stage), with and without the L2 prefetch
+    ("stage", {"stage": 1}),
+    (
+        "t8-r4-w8-stage-pf",
+        {"threads_per_row": 8, "rows_per_thread": 4, "warps": 8, "stage": 1, "prefetch": 1},
+    ),  # fmt: skip
 ]
 
 
@@ -119,6 +125,7 @@ ATTN_IN_DECODES = {
     "mmvw": (MMVW, "rope.fuse_kv"),
     "mmvw_qkv": (MMVW, "matmul_decode.fuse_rope"),
     "mmvw_qkv_t8r4": (mmvw(threads_per_row=8, rows_per_thread=4), "matmul_decode.fuse_rope"),
+    "mmvw_qkv_stage": (mmvw(stage=1, prefetch=1), "matmul_decode.fuse_rope"),
 }
 
 
@@ -287,6 +294,8 @@ GLU_CONFIGS = [
     ("t8-r4-w8-u4-g4-gu8", MMVW_CONFIGS[1][1] | {"glu_threads_per_row": 4, "glu_unroll": 8}),
     ("t16-r2-w1-u1-g16-gu1", MMVW_CONFIGS[2][1] | {"glu_threads_per_row": 16, "glu_unroll": 1}),
     MMVW_CONFIGS[5],
+    ("g2-gu8", {"glu_threads_per_row": 2, "glu_unroll": 8}),
+    MMVW_CONFIGS[8],  # staged weights (mmvw_norm; mmvw_glu reads global)
 ]
 
 
@@ -400,6 +409,7 @@ FUSED_MODEL_CONFIGS = [
         glu_threads_per_row=16,
         unroll=8,
         glu_unroll=8,
+        stage=1,
         wload=2,
         min_blocks=4,
     ),

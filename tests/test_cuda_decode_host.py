@@ -110,7 +110,7 @@ def test_fusions_fall_back_off_decode(tiny_model_factory):
 def test_define_knobs_build_mmvw_with_them(knob, macro):
     d = cfg(**BASE)
     assert kernels.modules_for(d)["mmvw"][1][macro] == d.op("matmul_decode")[knob]
-    for value in {"wload": (1, 2), "glu_threads_per_row": (4, 16), "min_blocks": (4, 16)}.get(
+    for value in {"wload": (1, 2), "glu_threads_per_row": (2, 16), "min_blocks": (4, 16)}.get(
         knob, (2, 8)
     ):
         mods = kernels.modules_for(cfg(**BASE, **{f"matmul_decode.{knob}": value}))
@@ -154,7 +154,7 @@ def test_device_speed_variants_and_sweep_steps_are_valid_configs():
         ds.config(name)  # a ConfigError names a knob the registry does not have
     base = ds.VARIANTS["fused_all"]
     steps = ds.sweep_order(base, "glu_threads_per_row")
-    assert [s["matmul_decode.glu_threads_per_row"] for s in steps] == [8, 4, 16]
+    assert [s["matmul_decode.glu_threads_per_row"] for s in steps] == [8, 2, 4, 16]
     assert all(TuningConfig.from_flat("cuda", s) for s in steps)
     splits = ds.sweep_order(base, "attention_decode.splits")  # split_kw's knob, base's value first
     assert splits[0]["attention_decode.splits"] == 8 and len(splits) == 6
@@ -180,3 +180,17 @@ def test_ragged_ffn_glu_writes_no_q8_form(tiny_model_factory):
     assert all(g.grid[0] == -(-m.spec.n_ff // 32) for g in glu)
     run = be.kernels_run()
     assert {"mmvw_norm", "mmvw_qkv", "dmmv_f16"} <= run and "swiglu_q8" not in run, sorted(run)
+
+
+def test_stage_smem_is_a_blocks_rows_of_the_widest_matrix():
+    from engine.backends.cuda.backend import CudaWeight
+
+    def w(row_bytes: int) -> CudaWeight:
+        return CudaWeight("w", "Q4_K", (8, 256), raw=np.zeros((8, row_bytes), np.uint8))
+
+    be = FakeCuda(cfg(**BASE))
+    assert be._stage_smem((w(144),)) == 0  # stage off: no dynamic shared memory
+    be.set_config(cfg(**BASE, **{"matmul_decode.stage": 1, "matmul_decode.rows_per_thread": 2}))
+    rpb = be._mmvw_rows_per_block()
+    assert rpb == 8 and be._stage_smem((w(144), w(224), w(144))) == 8 * 224
+    assert be._stage_smem((w(232448 // 8),)) == 0  # past the opt-in limit: global reads

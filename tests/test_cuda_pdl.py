@@ -104,7 +104,9 @@ def be():
 
 
 # mmvw's fused epilogues with the weights' L2 prefetch before each kernel's wait (issue 14)
-FUSED = {f"matmul_decode.{k}": 1 for k in ("fuse_swiglu", "fuse_norm", "fuse_rope", "prefetch")}
+FUSED = {
+    f"matmul_decode.{k}": 1 for k in ("fuse_swiglu", "fuse_norm", "fuse_rope", "prefetch", "stage")
+}
 
 
 @pytest.mark.gpu

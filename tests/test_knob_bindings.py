@@ -193,6 +193,7 @@ def _old_cuda_modules(cfg: TuningConfig) -> dict[str, tuple[str, dict]]:
                 "GLU_TPR": dec["glu_threads_per_row"],
                 "GLU_UNROLL": dec["glu_unroll"],
                 "PREFETCH": dec["prefetch"],
+                "STAGE": dec["stage"],
             },
         )
     else:

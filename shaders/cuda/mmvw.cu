@@ -14,7 +14,9 @@
 // Tunables (defines): TPR threads per row (8, 16, 32), RPT rows per thread, NW warps per
 // block, UNROLL slots per iteration, WLOAD the K types' weight-load hint (vecdot.cuh), MINB
 // blocks per SM that __launch_bounds__ asks registers for (0: none), PREFETCH 1: an L2
-// prefetch of the block's weight rows before pdl_start(). Rows per block: NW * (32 / TPR) * RPT.
+// prefetch of the block's weight rows before pdl_start(), STAGE 1: the block's Q4_K / Q6_K rows
+// copied into shared memory (one bulk copy, before pdl_start()) and read from there (the launch
+// gives the dynamic shared memory). Rows per block: NW * (32 / TPR) * RPT.
 // Launch: grid nb0 + nb1 + nb2 blocks (block b < nb0 -> matrix 0, then 1, then 2), block NW*32.
 // Types: Q4_0 Q4_1 Q5_0 Q8_0 Q4_K Q6_K (float weights use dmmv). K % 256 == 0 for the K types.
 //
@@ -81,30 +83,90 @@ __device__ __forceinline__ void l2_prefetch_rows(const u8* W, int rb, int N, int
 #endif
 }
 
+#ifndef STAGE
+#define STAGE 0
+#endif
+
+// STAGE: thread 0 starts one bulk copy (cp.async.bulk, the copy engine, sm_90) of the block's
+// weight rows [row0, row0 + rows) into ws, completing on the mbarrier bar; issued before
+// pdl_start(), so under PDL it overlaps the previous kernel. All of the block's weight bytes are
+// in flight at once without holding registers. Returns (uniformly) whether the block staged:
+// K types only, 16-byte aligned, within the launch's dynamic shared memory; else it reads global.
+__device__ __forceinline__ bool mmvw_stage_start(const u8* W, int rb, int N, int qt, int row0,
+                                                 int rows, u8* ws, unsigned long long* bar) {
+#if STAGE && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if ((qt != QT_Q4_K && qt != QT_Q6_K) || row0 >= N) return false;
+    const u8* p = W + (size_t)row0 * rb;
+    const unsigned int bytes = (unsigned int)min(rows, N - row0) * (unsigned int)rb;
+    unsigned int dyn;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+    if ((((size_t)p) & 15) || (bytes & 15) || bytes > dyn) return false;
+#ifdef MUTANT_MMVW_STAGE_HALF  // planted bug: the copy brings the first half of the rows only
+    const unsigned int cb = (bytes / 2) & ~15u;
+#else
+    const unsigned int cb = bytes;
+#endif
+    if (threadIdx.x == 0) {
+        const unsigned int b = (unsigned int)__cvta_generic_to_shared(bar);
+        const unsigned int d = (unsigned int)__cvta_generic_to_shared(ws);
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(b) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(cb)
+                     : "memory");
+        asm volatile(
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
+            "[%3];" ::"r"(d), "l"(p), "r"(cb), "r"(b)
+            : "memory");
+    }
+    return true;
+#else
+    return false;
+#endif
+}
+
+// Every thread of a staging block waits for its copy (call it uniformly, after pdl_start()).
+__device__ __forceinline__ void mmvw_stage_wait(unsigned long long* bar) {
+#if STAGE && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    __syncthreads();  // the barrier was initialised before anyone waits on it
+    const unsigned int b = (unsigned int)__cvta_generic_to_shared(bar);
+    unsigned int done = 0;
+    while (!done) {
+        asm volatile(
+            "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0; "
+            "selp.u32 %0, 1, 0, p; }"
+            : "=r"(done)
+            : "r"(b)
+            : "memory");
+    }
+#endif
+}
+
 #ifndef GLU_TPR
 #define GLU_TPR 8
 #endif
 #ifndef GLU_UNROLL
 #define GLU_UNROLL 4
 #endif
-#if GLU_TPR != 4 && GLU_TPR != 8 && GLU_TPR != 16
-#error "GLU_TPR must be 4, 8 or 16 (mmvw_glu's block is 64 * GLU_TPR threads)"
+#if GLU_TPR != 2 && GLU_TPR != 4 && GLU_TPR != 8 && GLU_TPR != 16
+#error "GLU_TPR must be 2, 4, 8 or 16 (mmvw_glu's block is 64 * GLU_TPR threads)"
 #endif
 
 // The R dot products of rows row0.. (clamped to N - 1) by the calling group of G lanes, U
 // slots per lane per iteration; every lane of the group ends with the full sums. The whole group
 // calls it (the shuffles). mmvw: G, R, U = TPR, RPT, UNROLL; mmvw_glu: GLU_TPR, 1, GLU_UNROLL.
-template <int QT, int G, int R, int U>
+// S: W is the block's rows staged in shared memory, row rbase first (STAGE).
+template <int QT, int G, int R, int U, bool S = false>
 __device__ __forceinline__ void mmvw_dot(const u8* __restrict__ W, int row_bytes, int N, int K,
                                          const s8* __restrict__ xq,
                                          const float2* __restrict__ xds, int row0,
-                                         float (&acc)[R]) {
+                                         float (&acc)[R], int rbase = 0) {
     const int lane = threadIdx.x % G;
     const int ns = VD<QT>::slots(K);
     const u8* rows[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-        rows[r] = W + (size_t)min(row0 + r, N - 1) * row_bytes;
+        rows[r] = W + (size_t)(min(row0 + r, N - 1) - rbase) * row_bytes;
         acc[r] = 0.f;
     }
     for (int s0 = lane; s0 < ns; s0 += G * U) {
@@ -116,7 +178,7 @@ __device__ __forceinline__ void mmvw_dot(const u8* __restrict__ W, int row_bytes
             const XSlot x = VD<QT>::load(sc, xq, xds);
 #pragma unroll
             for (int r = 0; r < R; ++r) {
-                const float v = VD<QT>::dot(rows[r], sc, x);
+                const float v = VD<QT>::template dot<S>(rows[r], sc, x);
                 acc[r] += ok ? v : 0.f;
             }
         }
@@ -130,7 +192,7 @@ __device__ __forceinline__ void mmvw_dot(const u8* __restrict__ W, int row_bytes
     }
 }
 
-template <int QT>
+template <int QT, bool S = false>
 __device__ __forceinline__ void mmvw_rows(const u8* __restrict__ W, int row_bytes, int N, int K,
                                           const s8* __restrict__ xq,
                                           const float2* __restrict__ xds, float* Y,
@@ -139,7 +201,8 @@ __device__ __forceinline__ void mmvw_rows(const u8* __restrict__ W, int row_byte
     const int row0 = (bi * MMVW_GROUPS + g) * RPT;
     if (row0 >= N) return;  // whole groups leave together: the shuffles below stay full
     float acc[RPT];
-    mmvw_dot<QT, TPR, RPT, UNROLL>(W, row_bytes, N, K, xq, xds, row0, acc);
+    mmvw_dot<QT, TPR, RPT, UNROLL, S>(W, row_bytes, N, K, xq, xds, row0, acc,
+                                      S ? bi * MMVW_RPB : 0);
     if (lane == 0) {
 #pragma unroll
         for (int r = 0; r < RPT; ++r) {
@@ -155,10 +218,18 @@ __device__ __forceinline__ void mmvw_rows(const u8* __restrict__ W, int row_byte
 
 
 // One matrix's rows of this block (the switch of mmvw over the block types).
+// ws: the block's rows staged in shared memory (mmvw_stage_start), else null.
 __device__ __forceinline__ void mmvw_rows_qt(int qt, const u8* W, int rb, int N, int K,
                                              const s8* __restrict__ xq,
                                              const float2* __restrict__ xds, float* Y,
-                                             const float* A, int b) {
+                                             const float* A, int b, const u8* ws = nullptr) {
+#if STAGE
+    if (ws != nullptr) {  // only the K types are staged
+        if (qt == QT_Q4_K) mmvw_rows<QT_Q4_K, true>(ws, rb, N, K, xq, xds, Y, A, b);
+        if (qt == QT_Q6_K) mmvw_rows<QT_Q6_K, true>(ws, rb, N, K, xq, xds, Y, A, b);
+        return;
+    }
+#endif
     switch (qt) {
         case QT_Q4_K: mmvw_rows<QT_Q4_K>(W, rb, N, K, xq, xds, Y, A, b); break;
         case QT_Q6_K: mmvw_rows<QT_Q6_K>(W, rb, N, K, xq, xds, Y, A, b); break;
@@ -197,15 +268,8 @@ extern "C" __global__ void __launch_bounds__(NW * 32 MMVW_BOUNDS_MINB)
          const u8* W0, int rb0, int N0, int qt0, float* Y0, const float* A0,
          const u8* W1, int rb1, int N1, int qt1, float* Y1, const float* A1,
          const u8* W2, int rb2, int N2, int qt2, float* Y2, const float* A2) {
-#if PREFETCH
-    if (blockIdx.x >= nb0 + nb1)
-        l2_prefetch_rows(W2, rb2, N2, (blockIdx.x - nb0 - nb1) * MMVW_RPB, MMVW_RPB);
-    else if (blockIdx.x >= nb0)
-        l2_prefetch_rows(W1, rb1, N1, (blockIdx.x - nb0) * MMVW_RPB, MMVW_RPB);
-    else
-        l2_prefetch_rows(W0, rb0, N0, blockIdx.x * MMVW_RPB, MMVW_RPB);
-#endif
-    pdl_start();
+    extern __shared__ __align__(16) u8 mmvw_ws[];  // STAGE: this block's weight rows
+    __shared__ __align__(8) unsigned long long mmvw_bar;
     int b = blockIdx.x;
     const u8* W = W0;
     int rb = rb0, N = N0, qt = qt0;
@@ -218,7 +282,13 @@ extern "C" __global__ void __launch_bounds__(NW * 32 MMVW_BOUNDS_MINB)
         b -= nb0;
         W = W1, rb = rb1, N = N1, qt = qt1, Y = Y1, A = A1;
     }
-    mmvw_rows_qt(qt, W, rb, N, K, xq, xds, Y, A, b);
+#if PREFETCH
+    l2_prefetch_rows(W, rb, N, b * MMVW_RPB, MMVW_RPB);
+#endif
+    const bool st = mmvw_stage_start(W, rb, N, qt, b * MMVW_RPB, MMVW_RPB, mmvw_ws, &mmvw_bar);
+    pdl_start();
+    if (st) mmvw_stage_wait(&mmvw_bar);
+    mmvw_rows_qt(qt, W, rb, N, K, xq, xds, Y, A, b, st ? mmvw_ws : nullptr);
 }
 
 // gate Wg [N, rbg], up Wu [N, rbu] (types qtg, qtu) on x (Q8_1, K) -> y = silu(x Wg^T) *
@@ -277,11 +347,16 @@ extern "C" __global__ void __launch_bounds__(NW * 32 MMVW_BOUNDS_MINB)
               const float* __restrict__ nw, float eps, float* __restrict__ h,
               s8* __restrict__ hq, float2* __restrict__ hds, unsigned int* ticket) {
     __shared__ bool last;
+    extern __shared__ __align__(16) u8 mmvw_ws[];
+    __shared__ __align__(8) unsigned long long mmvw_bar;
 #if PREFETCH
     l2_prefetch_rows(W, rb, N, blockIdx.x * MMVW_RPB, MMVW_RPB);
 #endif
+    const int b = blockIdx.x;
+    const bool st = mmvw_stage_start(W, rb, N, qt, b * MMVW_RPB, MMVW_RPB, mmvw_ws, &mmvw_bar);
     pdl_start();
-    mmvw_rows_qt(qt, W, rb, N, K, xq, xds, Y, A, blockIdx.x);
+    if (st) mmvw_stage_wait(&mmvw_bar);
+    mmvw_rows_qt(qt, W, rb, N, K, xq, xds, Y, A, b, st ? mmvw_ws : nullptr);
     __threadfence();  // this block's rows are visible before its ticket is counted
     __syncthreads();
     if (threadIdx.x == 0) last = atomicAdd(ticket, 1u) == gridDim.x - 1;
@@ -309,17 +384,8 @@ extern "C" __global__ void __launch_bounds__(NW * 32 MMVW_BOUNDS_MINB)
              float* k, float* qo, float* kc, float* vc, int H, int Hkv, int D, int pos0,
              const int* pos_ptr, float theta, int neox, unsigned int* tickets) {
     __shared__ unsigned int done;
-#if PREFETCH
-    if (blockIdx.x >= nb0 + nb1)
-        l2_prefetch_rows(W2, rb2, Hkv * D, (blockIdx.x - nb0 - nb1) * MMVW_RPB, MMVW_RPB);
-    else if (blockIdx.x >= nb0)
-        l2_prefetch_rows(W1, rb1, Hkv * D, (blockIdx.x - nb0) * MMVW_RPB, MMVW_RPB);
-    else
-        l2_prefetch_rows(W0, rb0, H * D, blockIdx.x * MMVW_RPB, MMVW_RPB);
-#endif
-    pdl_start();
-    const int p0 = pos_ptr ? *pos_ptr : pos0;
-    const long long HkvD = (long long)Hkv * D;
+    extern __shared__ __align__(16) u8 mmvw_ws[];
+    __shared__ __align__(8) unsigned long long mmvw_bar;
     int b = blockIdx.x, m = 0;
     if (b >= nb0 + nb1) {
         b -= nb0 + nb1;
@@ -329,10 +395,19 @@ extern "C" __global__ void __launch_bounds__(NW * 32 MMVW_BOUNDS_MINB)
         m = 1;
     }
     const int N = (m == 0 ? H : Hkv) * D;
+    const u8* W = m == 0 ? W0 : m == 1 ? W1 : W2;
+    const int rb = m == 0 ? rb0 : m == 1 ? rb1 : rb2, qt = m == 0 ? qt0 : m == 1 ? qt1 : qt2;
+#if PREFETCH
+    l2_prefetch_rows(W, rb, N, b * MMVW_RPB, MMVW_RPB);
+#endif
+    const bool st = mmvw_stage_start(W, rb, N, qt, b * MMVW_RPB, MMVW_RPB, mmvw_ws, &mmvw_bar);
+    pdl_start();
+    if (st) mmvw_stage_wait(&mmvw_bar);
+    const int p0 = pos_ptr ? *pos_ptr : pos0;
+    const long long HkvD = (long long)Hkv * D;
     float* Y = m == 0 ? q : m == 1 ? k : vc + p0 * HkvD;
-    mmvw_rows_qt(m == 0 ? qt0 : m == 1 ? qt1 : qt2, m == 0 ? W0 : m == 1 ? W1 : W2,
-                 m == 0 ? rb0 : m == 1 ? rb1 : rb2, N, K, xq, xds, Y,
-                 m == 0 ? A0 : m == 1 ? A1 : A2, b);
+    mmvw_rows_qt(qt, W, rb, N, K, xq, xds, Y, m == 0 ? A0 : m == 1 ? A1 : A2, b,
+                 st ? mmvw_ws : nullptr);
     if (m == 2) return;  // uniform per block: v needs no rope
     const int rpb = MMVW_RPB;
     const int r0 = b * rpb, r1 = min(N, r0 + rpb);

@@ -600,7 +600,7 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
         self._launch(
             "mmvw", "mmvw", (sum(nbs),), (int(c["warps"]) * 32,),
             (xq, xds, np.int32(mats[0][0].k), np.int32(nbs[0]), np.int32(nbs[1]), *args),
-            pdl=True,
+            smem=self._stage_smem(tuple(m[0] for m in mats)), pdl=True,
         )  # fmt: skip
 
     def _wide(self, x: Any, ws: tuple[CudaWeight, ...]) -> bool:
@@ -672,6 +672,18 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
         )  # fmt: skip
         return qo
 
+    def _stage_smem(self, ws: tuple[CudaWeight, ...]) -> int:
+        """Dynamic shared memory of an mmvw launch under matmul_decode.stage: a block's rows of
+        the widest matrix, or 0 (no staging) when that exceeds what a block may opt in to."""
+        if int(self.config.op("matmul_decode")["stage"]) == 0:
+            return 0
+        need = self._mmvw_rows_per_block() * max(w.row_bytes for w in ws)
+        cap = self.__dict__.get("_stage_cap")
+        if cap is None:  # what a block may opt in to, less the kernels' static shared memory
+            extra = self.device_info().extra
+            cap = self._stage_cap = int(extra.get("smem_per_block_optin", 0)) - 1024
+        return need if need <= cap else 0
+
     def _mmvw_rows_per_block(self) -> int:
         c = self.config.op("matmul_decode")
         return int(c["warps"]) * 32 // int(c["threads_per_row"]) * int(c["rows_per_thread"])
@@ -719,7 +731,7 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
                 np.int32(pos0), self._pos_ptr(), np.float32(theta), np.int32(1 if neox else 0),
                 self._rope_tickets,
             ),
-            pdl=True,
+            smem=self._stage_smem(wqkv), pdl=True,
         )  # fmt: skip
         return qo
 
@@ -805,7 +817,7 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
                 np.int32(_QT[w.qtype]), y, r, norm.f32, np.float32(eps), h, hq, hds,
                 self._norm_ticket,
             ),
-            pdl=True,
+            smem=self._stage_smem((w,)), pdl=True,
         )  # fmt: skip
         self._q8_remember(h, hq, hds)
         return y, h

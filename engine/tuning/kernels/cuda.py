@@ -183,6 +183,15 @@ REGISTRY.register(
                     define("PREFETCH"),
                 ),
                 Param(
+                    "stage",
+                    (0, 1),
+                    0,
+                    "1: each block's Q4_K / Q6_K weight rows come into shared memory by one bulk "
+                    "copy (cp.async.bulk, sm_90; issued before the PDL wait) and are read from "
+                    "there: all of a block's weight bytes in flight at once, without registers",
+                    define("STAGE"),
+                ),
+                Param(
                     "fuse_swiglu",
                     (0, 1),
                     0,
@@ -201,10 +210,11 @@ REGISTRY.register(
                 ),
                 Param(
                     "glu_threads_per_row",
-                    (4, 8, 16),
+                    (2, 4, 8, 16),
                     8,
                     "lanes per row of mmvw_glu (fuse_swiglu): its block is the 64 rows of 32 "
-                    "outputs x this many lanes, all in one pass",
+                    "outputs x this many lanes, all in one pass (fewer: more blocks resident, "
+                    "one wave where 8 or 16 lanes take two)",
                     define("GLU_TPR"),
                 ),
                 Param(
