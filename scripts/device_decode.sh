@@ -7,6 +7,8 @@
 #   2. per model in MODELS (default 1.5b; synthetic qwen2 Q4_K_M written here): bench
 #      mmvw_all against the fused variants, validate fused_all, a knob sweep from fused_all
 #      (SWEEP_KNOBS) and the per-kernel profile of the best setting (scripts/device_speed.py);
+#      the shared-memory staging (stage) comes last in each list: new PTX (bulk copy, mbarrier)
+#      whose fault would end the process's later steps
 #   3. on the first model, PDL with and without the weights' L2 prefetch (a process of its own).
 # Output under $OUT/decode/: pytest.log, speed_<preset>.log / .json (rewritten after every step).
 #   BUDGET_S=400 MODELS="1.5b 7b" MUTANTS=1 bash scripts/device_decode.sh     (a full call)
@@ -42,10 +44,10 @@ for p in $MODELS; do
   while [ ! -f /tmp/models/$p.gguf ] && [ "$(left)" -gt 20 ]; do sleep 1; done
   [ -f /tmp/models/$p.gguf ] || { echo "$p: no model in time"; continue; }
   timeout $(( DL - $(date +%s) )) python3 scripts/device_speed.py /tmp/models/$p.gguf \
-      --bench "${BENCH:-mmvw_all,fused_all,fused_all_stage,fused_glu,fused_norm,fused_rope}" \
+      --bench "${BENCH:-mmvw_all,fused_all,fused_glu,fused_norm,fused_rope,fused_all_stage}" \
       --validate "${VALIDATE:-fused_all}" --profile "${PROFILE:-}" --repeats "${REPEATS:-2}" \
       --validate-after 2 --sweep "${SWEEP:-fused_all}" \
-      --sweep-knobs "${SWEEP_KNOBS:-wload,stage,glu_threads_per_row,glu_unroll,unroll}" \
+      --sweep-knobs "${SWEEP_KNOBS:-wload,glu_threads_per_row,glu_unroll,unroll,stage}" \
       --deadline $((DL - 8)) --out "$D" 2>&1 | grep -v "it/s\]" | tee "$D/speed_$p.log"
 done
 # programmatic dependent launch with the weights' L2 prefetch, in a process of its own (PDL=0:
