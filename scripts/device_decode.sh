@@ -9,7 +9,8 @@
 #      (SWEEP_KNOBS) and the per-kernel profile of the best setting (scripts/device_speed.py);
 #      the shared-memory staging (stage) comes last in each list: new PTX (bulk copy, mbarrier)
 #      whose fault would end the process's later steps
-#   3. on the first model, PDL with and without the weights' L2 prefetch (a process of its own).
+#   3. PDL with the weights' L2 prefetch or staging, a process per model (PDL_MODELS, default
+#      the first model; PDL_RESERVE seconds kept for it).
 # Output under $OUT/decode/: pytest.log, speed_<preset>.log / .json (rewritten after every step).
 #   BUDGET_S=400 MODELS="1.5b 7b" MUTANTS=1 bash scripts/device_decode.sh     (a full call)
 set -u -o pipefail
@@ -38,7 +39,7 @@ timeout $(( $(left) * ${TEST_SHARE:-40} / 100 )) python3 -m pytest -v -rfE -m gp
 echo "pytest rc $? ($(tail -1 "$D/pytest.log"))"
 grep -E "^(FAILED|ERROR)" "$D/pytest.log" | head -20
 n=$(echo $MODELS | wc -w)
-PDL_S=0; [ "${PDL:-1}" = 1 ] && PDL_S=${PDL_RESERVE:-18}  # seconds kept for the PDL process
+PDL_S=0; [ "${PDL:-1}" = 1 ] && PDL_S=${PDL_RESERVE:-18}  # seconds kept for the PDL processes
 for p in $MODELS; do
   DL=$(( $(date +%s) + ($(left) - PDL_S) / n )); n=$((n - 1))  # this model's share
   while [ ! -f /tmp/models/$p.gguf ] && [ "$(left)" -gt 20 ]; do sleep 1; done
@@ -50,13 +51,17 @@ for p in $MODELS; do
       --sweep-knobs "${SWEEP_KNOBS:-wload,glu_threads_per_row,glu_unroll,unroll,stage}" \
       --deadline $((DL - 8)) --out "$D" 2>&1 | grep -v "it/s\]" | tee "$D/speed_$p.log"
 done
-# programmatic dependent launch with the weights' L2 prefetch, in a process of its own (PDL=0:
-# skip); on the first model, with what time is left
-p=${MODELS%% *}
-if [ "${PDL:-1}" = 1 ] && [ -f /tmp/models/$p.gguf ] && [ "$(left)" -gt 15 ]; then
-  timeout $(( $(left) - 1 )) python3 scripts/device_speed.py /tmp/models/$p.gguf \
-      --bench "${PDL_BENCH:-fused_all_pdl_pf,fused_all_pdl_stage,fused_all_pdl}" --validate "" \
-      --profile "" --repeats "${REPEATS:-2}" --deadline $((END - 4)) --tag _pdl --out "$D" 2>&1 \
-      | grep -v "it/s\]" | tee "$D/speed_${p}_pdl.log"
-fi
+# programmatic dependent launch with the weights' L2 prefetch or staging, a process per model
+# (PDL=0: skip) for PDL_MODELS (default: the first of MODELS), sharing what time is left
+PM=${PDL_MODELS:-${MODELS%% *}}; n=$(echo $PM | wc -w)
+for p in $PM; do
+  DL=$(( $(date +%s) + $(left) / n )); n=$((n - 1))
+  if [ "${PDL:-1}" = 1 ] && [ -f /tmp/models/$p.gguf ] && [ $(( DL - $(date +%s) )) -gt 15 ]; then
+    timeout $(( DL - $(date +%s) )) python3 scripts/device_speed.py /tmp/models/$p.gguf \
+        --bench "${PDL_BENCH:-mmvw_all_pdl,mmvw_all_pdl_pf,mmvw_all_pdl_stage,fused_all_pdl_pf}" \
+        --validate "${PDL_VALIDATE:-mmvw_all_pdl_pf}" --profile "" --repeats "${REPEATS:-2}" \
+        --deadline $((DL - 4)) --tag _pdl --out "$D" 2>&1 | grep -v "it/s\]" \
+        | tee "$D/speed_${p}_pdl.log"
+  fi
+done
 echo "decode done in $(( $(date +%s) - T0 )) s"

@@ -103,6 +103,8 @@ VARIANTS |= {
     "fused_all_pdl_stage": ALL | GLU | NORM | ROPE | {"matmul_decode.pdl": 1,
                                                       "matmul_decode.stage": 1},
     "mmvw_all_stage": ALL | {"matmul_decode.stage": 1},
+    "mmvw_all_pdl_stage": ALL | {"matmul_decode.pdl": 1, "matmul_decode.stage": 1},
+    "mmvw_all_wl1": ALL | {"matmul_decode.wload": 1},
     "mmvw_all_wl2": ALL | {"matmul_decode.wload": 2},
     "mmvw_all_u8_t16": ALL | {"matmul_decode.unroll": 8, "matmul_decode.threads_per_row": 16},
 }  # fmt: skip
