@@ -31,6 +31,8 @@ from engine.validate import tokenize_prompts, validate  # noqa: E402
 
 MMVW = {"matmul_decode.variant": "mmvw"}
 FUSE = {"rope.fuse_kv": 1}
+RESIDENT = {"matmul_prefill.variant": "resident"}
+ATTG = {"attention_prefill.variant": "gemm"}
 VARIANTS: dict[str, dict] = {
     "default": {},
     "mmvq": {"matmul_decode.variant": "mmvq"},
@@ -68,6 +70,17 @@ VARIANTS: dict[str, dict] = {
                                    "argmax.variant": "multi", "matmul_decode.pdl": 1},
     "mmvw_kw_pdl": MMVW | FUSE | {"attention_decode.variant": "split_kw",
                                   "matmul_decode.pdl": 1},
+    # prefill on tensor cores (issue 14): fp16 weights kept resident, fp16 activations stored
+    # by their producers, attention through cuBLAS
+    "ptc_resident": RESIDENT,
+    "ptc_attn": ATTG,
+    "ptc": RESIDENT | ATTG,
+    "ptc_nofuse": RESIDENT | ATTG | {"matmul_prefill.fuse_f16": 0},
+    "ptc_bq128": RESIDENT | ATTG | {"attention_prefill.block_q": 128},
+    "ptc_bq512": RESIDENT | ATTG | {"attention_prefill.block_q": 512},
+    "ptc_sw8": RESIDENT | ATTG | {"attention_prefill.softmax_warps": 8},
+    "ptc_mmvw_all": RESIDENT | ATTG | MMVW | FUSE | {"attention_decode.variant": "split_kw",
+                                                    "argmax.variant": "multi"},
 }  # fmt: skip
 
 
@@ -93,6 +106,30 @@ def decode_profile(eng, n_prompt: int = 512, steps: int = 8) -> dict:  # noqa: A
         "kernel_ms_per_token": sum(ms.values()),
         "ms_per_token": dict(sorted(ms.items(), key=lambda kv: -kv[1])),
         "calls_per_token": {k: t.calls / steps for k, t in rep.kernels.items()},
+    }
+
+
+def prefill_profile(eng, n_prompt: int = 512) -> dict:  # noqa: ANN001
+    """Per-kernel ms of one prefill of n_prompt tokens (eager, CUDA events; cuBLAS GEMMs as
+    cublas_gemm_f16), after an unprofiled one (first-use copies and compiles out of it)."""
+    m, be = eng.model, eng.model.backend
+    prompt = bench_prompt(n_prompt, m.spec.n_vocab)
+    m.prefill(prompt, m.new_cache(n_prompt + 1))
+    be.synchronize()
+    be.set_profiling(True)
+    be.profile(reset=True)
+    t0 = time.perf_counter()
+    m.prefill(prompt, m.new_cache(n_prompt + 1))
+    be.synchronize()
+    wall = (time.perf_counter() - t0) * 1e3
+    rep = be.profile(reset=True)
+    be.set_profiling(False)
+    ms = {k: t.total_ms for k, t in rep.kernels.items()}
+    return {
+        "wall_ms_profiled": wall,
+        "kernel_ms": sum(ms.values()),
+        "ms": dict(sorted(ms.items(), key=lambda kv: -kv[1])),
+        "calls": {k: t.calls for k, t in rep.kernels.items()},
     }
 
 
@@ -196,7 +233,12 @@ def main() -> int:
         try:
             be.set_config(config(v, args.backend))
             p = decode_profile(eng)
+            pp = prefill_profile(eng)
+            p["prefill"] = pp
             res["profile"][v] = p
+            top = ", ".join(f"{k}={t:.2f}" for k, t in list(pp["ms"].items())[:9])
+            print(f"{name} prefill profile {v:16s} kernels {pp['kernel_ms']:.2f} ms "
+                  f"(wall {pp['wall_ms_profiled']:.1f}): {top}", flush=True)  # fmt: skip
             top = ", ".join(f"{k}={t:.3f}" for k, t in list(p["ms_per_token"].items())[:8])
             print(f"{name} profile {v:16s} {p['launches_per_token']:.0f} launches/token, "
                   f"kernels {p['kernel_ms_per_token']:.3f} ms/token: {top}",

@@ -110,6 +110,7 @@ class CudaWeight:
     shape: tuple[int, ...]
     raw: Any = None  # cupy uint8 [N, row_bytes]
     f32: Any = None  # cupy float32 [N] for norms and biases
+    f16: Any = None  # cupy uint16 [N, K]: matmul_prefill.resident's copy, made at first use
 
     @property
     def n(self) -> int:
@@ -125,7 +126,8 @@ class CudaWeight:
 
     @property
     def nbytes(self) -> int:
-        return int((self.raw if self.raw is not None else self.f32).nbytes)
+        held = int((self.raw if self.raw is not None else self.f32).nbytes)
+        return held + (int(self.f16.nbytes) if self.f16 is not None else 0)
 
 
 @dataclass
@@ -173,6 +175,9 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
         # Q8_1 forms of recent float activations: (x, xq, xds), newest last. Holding x keeps
         # its memory from being reused, so "entry[0] is x" means the quantized form is current.
         self._q8: list[tuple[Any, Any, Any]] = []
+        # fp16 forms of recent float activations (x, xh), newest last, under
+        # matmul_prefill.resident: q, k and v (gate and up) read one conversion; held as _q8's.
+        self._f16: list[tuple[Any, Any]] = []
         # argmax.multi's per-row tickets: zero between launches (the last block resets its row)
         self._tickets = cp.zeros(_MAX_ARGMAX_ROWS, np.uint32)
         self._head_tickets = cp.zeros(_MAX_ARGMAX_ROWS, np.uint32)  # attn_split_kw's combine
@@ -288,6 +293,7 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
         self._graph, self._k, self._pos_dev, self._profiling = None, {}, None, False
         self._tickets, self._head_tickets, self._pdl = None, None, None
         self._q8.clear()
+        self._f16.clear()
         self._events.clear()
         with self._cp.cuda.Device(self._index):
             self._cp.get_default_memory_pool().free_all_blocks()
@@ -316,6 +322,7 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
         self.config = config
         self._graph = None  # a captured step bakes in the old kernels
         self._q8.clear()
+        self._f16.clear()
 
     def _pdl_launcher(self, cfg: TuningConfig) -> Any:
         c = cfg.op("matmul_decode")
@@ -437,6 +444,14 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
             self._q8_remember(out, xq, xds)
             return out
         rpb = int(self.config.op("rms_norm")["rows_per_block"])
+        if x.ndim == 2 and self._fuse_f16(rows):  # the prefill GEMM's fp16 input, same kernel
+            xh = self._empty(x.shape, np.uint16)
+            self._launch(
+                "prefill_f16", "rms_norm_f16", (math.ceil(rows / rpb),), (32 * rpb,),
+                (x, w.f32, out, xh, np.int32(rows), np.int32(D), np.float32(eps)),
+            )  # fmt: skip
+            self._f16_remember(out, xh)
+            return out
         self._launch(
             "elementwise",
             "rms_norm",
@@ -468,6 +483,7 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
             raise ValueError(f"matmul: x has {K} columns, weight {w.name!r} is {w.shape}")
         pre = self.config.op("prefill")
         self._q8_forget(y)
+        self._f16_forget(y)
         x = self._aligned16(x)
         if T == 1:
             dec = self.config.op("matmul_decode")
@@ -484,6 +500,8 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
             v = self.config.op("matmul_prefill")
             if v.variant == "staged":
                 self._staged(x, w, y, int(v["scratch_mb"]) << 20)
+            elif v.variant == "resident":
+                self._resident(x, w, y)
             elif v.variant == "mmq" and w.qtype in BLOCK_TYPES:
                 self._mmq(x, w, y, v)
             elif v.variant == "mmq8" and w.qtype in BLOCK_TYPES:
@@ -683,10 +701,95 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
         return self.matmul_add(self.swiglu(g, u), down, r)
 
     def _to_f16(self, x: Any) -> Any:
+        cached = self._resident_on()
+        if cached:
+            for e in self._f16:  # same memory and shape: made by a producer or a last call
+                if e[0] is x or (
+                    e[0].data.ptr == x.data.ptr and e[0].shape == x.shape and x.flags.c_contiguous
+                ):
+                    return e[1]
         xh = self._empty(x.shape, np.uint16)
         n = int(x.size)
         self._launch("dequant", "f32_to_f16", (self._grid1(n, 256),), (256,), (x, xh, np.int64(n)))
+        if cached:
+            self._f16_remember(x, xh)
         return xh
+
+    # --- matmul_prefill.resident: fp16 weights kept on the GPU, fp16 activations at source --
+    def _resident_on(self) -> bool:
+        return self.config.op("matmul_prefill").variant == "resident"
+
+    def _f16_remember(self, x: Any, xh: Any) -> None:
+        self._f16.append((x, xh))
+        del self._f16[:-4]  # a layer reuses one converted input for at most 3 matmuls
+
+    def _f16_forget(self, y: Any) -> None:
+        """Drop fp16 forms of any array whose memory y overlaps (y is being written)."""
+        if not self._f16:
+            return
+        lo, hi = y.data.ptr, y.data.ptr + y.nbytes
+        self._f16 = [
+            e for e in self._f16 if e[0].data.ptr >= hi or e[0].data.ptr + e[0].nbytes <= lo
+        ]
+
+    def _fuse_f16(self, rows: int) -> bool:
+        """Whether a producer of ``rows`` activation rows also stores their fp16 form: under
+        matmul_prefill.resident with fuse_f16 = 1, for rows the prefill GEMM will read."""
+        c = self.config.op("matmul_prefill")
+        return (
+            c.variant == "resident"
+            and int(c["fuse_f16"]) == 1
+            and rows >= max(2, int(self.config.op("prefill")["gemm_min_t"]))
+        )
+
+    def resident_f16(self, w: CudaWeight) -> Any:
+        """w's fp16 copy [N, K], dequantized once (the staged variant's kernel, all rows)."""
+        if w.f16 is None:
+            N, K = w.n, w.k
+            f16 = self._empty((N, K), np.uint16)
+            per = K // 16 if w.qtype in BLOCK_TYPES else K
+            self._launch(
+                "dequant",
+                f"dequant_f16_{kernels.QTYPE_SUFFIX[w.qtype]}",
+                (self._grid1(N * per, 256),),
+                (256,),
+                (w.raw, np.int32(w.row_bytes), np.int32(K), np.int32(0), np.int32(N), f16),
+            )
+            w.f16 = f16
+        return w.f16
+
+    def _resident(self, x: Any, w: CudaWeight, y: Any) -> None:
+        T, K, N = int(x.shape[0]), w.k, w.n
+        wh, xh = self.resident_f16(w), self._to_f16(x)
+        # column-major view: Y^T[N, T] (ld N) = W[N, K] (op T) x X^T[K, T] (op N)
+        self._gemm(_OP_T, _OP_N, N, T, K, 1.0, wh, K, 0, xh, K, 0, y, N, 0, 1)
+
+    def _gemm(
+        self,
+        ta: int, tb: int, m: int, n: int, k: int, alpha: float,
+        a: Any, lda: int, sa: int, b: Any, ldb: int, sb: int,
+        c: Any, ldc: int, sc: int, batch: int, c_off: int = 0,
+    ) -> None:  # fmt: skip
+        """cuBLAS C = alpha op(A) op(B), column-major, fp16 A and B, fp32 accumulate and C
+        (c_off: floats into c), strided-batched when batch > 1 (strides in elements)."""
+        from cupy.cuda import cublas
+
+        handle = self._cp.cuda.device.get_cublas_handle()
+        al = np.full(1, alpha, np.float32)  # read by cuBLAS at the call (host pointer mode)
+        cp_ = c.data.ptr + 4 * c_off
+        with self._timed("cublas_gemm_f16"):
+            if batch == 1:
+                cublas.gemmEx(
+                    handle, ta, tb, m, n, k, al.ctypes.data, a.data.ptr, _R_16F, lda,
+                    b.data.ptr, _R_16F, ldb, self._beta.ctypes.data, cp_, _R_32F, ldc,
+                    _COMPUTE_32F, _GEMM_DEFAULT,
+                )  # fmt: skip
+            else:
+                cublas.gemmStridedBatchedEx(
+                    handle, ta, tb, m, n, k, al.ctypes.data, a.data.ptr, _R_16F, lda, sa,
+                    b.data.ptr, _R_16F, ldb, sb, self._beta.ctypes.data, cp_, _R_32F, ldc, sc,
+                    batch, _COMPUTE_32F, _GEMM_DEFAULT,
+                )  # fmt: skip
 
     def _staged(self, x: Any, w: CudaWeight, y: Any, scratch_bytes: int) -> None:
         from cupy.cuda import cublas
@@ -830,7 +933,9 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
             )
             return out
         c = self.config.op("attention_prefill")
-        if c.variant == "flash" and D <= 128 and D % 4 == 0:
+        if c.variant == "gemm":
+            self._attn_gemm(q, cache, layer, pos0, out, int(c["block_q"]), int(c["softmax_warps"]))
+        elif c.variant == "flash" and D <= 128 and D % 4 == 0:
             bq, rpw = int(c["block_q"]), int(c["rows_per_warp"])
             smem = 4 * (bq * D + 2 * 32 * (D + 4))
             self._launch(
@@ -858,6 +963,58 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
             warps = int(c["warps"]) if c.variant == "split" else 4
             self._attn_split(q, cache, layer, pos0, out, splits, warps)
         return out
+
+    # Scores of one pass held at most this many bytes (the pass shrinks for long caches).
+    ATTN_GEMM_SCORE_BYTES = 256 << 20
+
+    def _attn_gemm(
+        self, q: Any, cache: KVCache, layer: int, pos0: int, out: Any, block_q: int, warps: int
+    ) -> None:
+        """attention_prefill.gemm (attention_gemm.cu): fp16 packs, then per pass of query rows
+        S = Q K^T, the causal softmax to fp16 P, out = P V, through cuBLAS. Keys past a pass's
+        last query are not multiplied; key counts are padded to 8 (zeros in K, V and P)."""
+        T, H, D = (int(s) for s in q.shape)
+        Hkv = int(cache.k[layer].shape[1])
+        L = pos0 + T
+        Lk = -(-L // 8) * 8
+        qh = self._empty((H, T, D), np.uint16)
+        kh, vh = self._empty((H, Lk, D), np.uint16), self._empty((H, Lk, D), np.uint16)
+        self._launch(
+            "attention_gemm", "attg_pack_q", (self._grid1(T * H * D, 256),), (256,),
+            (q, qh, np.int32(T), np.int32(H), np.int32(D)),
+        )  # fmt: skip
+        self._launch(
+            "attention_gemm", "attg_pack_kv", (self._grid1(H * Lk * D, 256),), (256,),
+            (cache.k[layer], cache.v[layer], kh, vh, np.int32(L), np.int32(Lk), np.int32(H),
+             np.int32(Hkv), np.int32(D)),
+        )  # fmt: skip
+        bq = max(1, min(block_q, T, self.ATTN_GEMM_SCORE_BYTES // (4 * H * Lk)))
+        scale = 1.0 / math.sqrt(D)
+        for t0 in range(0, T, bq):
+            tb = min(bq, T - t0)
+            Lp = -(-(pos0 + t0 + tb) // 8) * 8  # keys the pass's last query sees, padded
+            s = self._empty((H, tb, Lp))
+            p = self._empty((H, tb, Lp), np.uint16)
+            # S_h^T [Lp, tb] (col-major, ld Lp) = K_h [Lp, D] (op T) x Q_h[t0:]^T [D, tb]
+            self._gemm(
+                _OP_T, _OP_N, Lp, tb, D, scale, kh, D, Lk * D,
+                self._offset(qh, t0 * D), D, T * D, s, Lp, tb * Lp, H,
+            )  # fmt: skip
+            rows = H * tb
+            self._launch(
+                "attention_gemm", "attg_softmax", (math.ceil(rows / warps),), (32 * warps,),
+                (s, p, np.int32(rows), np.int32(tb), np.int32(Lp), np.int32(pos0 + t0)),
+            )  # fmt: skip
+            # out[t0:, h]^T [D, tb] (ld H*D) = V_h^T [D, Lp] (op N) x P_h^T [Lp, tb] (op N)
+            self._gemm(
+                _OP_N, _OP_N, D, tb, Lp, 1.0, vh, D, Lk * D, p, Lp, tb * Lp,
+                out, H * D, D, H, c_off=t0 * H * D,
+            )  # fmt: skip
+
+    @staticmethod
+    def _offset(a: Any, elems: int) -> Any:
+        """A flat view of a starting ``elems`` elements in (a GEMM operand's start)."""
+        return a.reshape(-1)[elems:]
 
     def _attn_split(
         self,
@@ -946,6 +1103,14 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
             self._q8_remember(out, xq, xds)
             return out
         th = int(self.config.op("swiglu")["threads"])
+        if gate.ndim == 2 and self._fuse_f16(int(gate.shape[0])):
+            xh = self._empty(gate.shape, np.uint16)
+            self._launch(
+                "prefill_f16", "swiglu_f16", (self._grid1(n, th),), (th,),
+                (gate, up, out, xh, np.int64(n)),
+            )  # fmt: skip
+            self._f16_remember(out, xh)
+            return out
         self._launch(
             "elementwise", "swiglu", (self._grid1(n, th),), (th,), (gate, up, out, np.int64(n))
         )
@@ -1010,6 +1175,7 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
 
         self._stream.synchronize()
         self._q8.clear()  # quantized forms made outside the capture are not in the graph
+        self._f16.clear()
         cp.cuda.set_allocator(alloc)
         self._capturing = True
         self._stream.begin_capture()

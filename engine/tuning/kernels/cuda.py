@@ -323,6 +323,29 @@ REGISTRY.register(
             doc="fused-dequant int8 GEMM on Q8_1 activations: int8 weight tiles with per-16 "
             "scales, mma.sync m16n8k16 s8 -> s32, scaled into float32 per 16 k",
         ),
+        Variant(
+            B,
+            "matmul_prefill",
+            "resident",
+            params=(
+                Param(
+                    "fuse_f16",
+                    (0, 1),
+                    1,
+                    "1: rms_norm and swiglu of a prefill chunk also store the fp16 copy the "
+                    "GEMM reads (prefill_f16.cu), so no separate f32_to_f16 pass; the bits are "
+                    "the same as the pass's",
+                    HOST,
+                ),
+            ),
+            quant_types=ALL_TYPES,
+            source="cuda/prefill_f16.cu",
+            numeric="fp16",
+            doc="staged's arithmetic without its per-GEMM dequantize: each 2-D weight's fp16 "
+            "copy is made once, at its first prefill GEMM, and kept on the GPU (counted in "
+            "memory_report's weights; 7B ~14 GiB more), then one cuBLAS GEMM (fp16 in, fp32 "
+            "accumulate and out)",
+        ),
     ],
 )
 
@@ -526,6 +549,33 @@ REGISTRY.register(
             source="cuda/attention.cu",
             numeric="order_only",
             doc="tiled flash attention in shared memory (head dim <= 128; else the split kernel)",
+        ),
+        Variant(
+            B,
+            "attention_prefill",
+            "gemm",
+            params=(
+                Param(
+                    "block_q",
+                    (64, 128, 256, 512, 1024),
+                    256,
+                    "query tokens per pass; a pass multiplies only the keys its last query "
+                    "sees (causal: fewer passes, more masked work)",
+                    HOST,
+                ),
+                Param(
+                    "softmax_warps",
+                    (1, 2, 4, 8),
+                    4,
+                    "warps (one score row each) per block of the masked softmax",
+                    PUSHED,
+                ),
+            ),
+            source="cuda/attention_gemm.cu",
+            numeric="fp16",
+            doc="tensor cores through cuBLAS: q, k, v to fp16 (each kv head repeated for its "
+            "query heads), S = QK^T per head (strided-batched, fp32 accumulate and out), a "
+            "causal softmax to fp16 P, O = PV written into [T, H, D]; any head dim",
         ),
         Variant(
             B,

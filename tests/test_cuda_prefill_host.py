@@ -1,0 +1,227 @@
+"""Issue 14's tensor-core prefill (matmul_prefill.resident, attention_prefill.gemm) on the CPU:
+the backend's real host code with its kernels and cuBLAS calls emulated in NumPy
+(tests/cuda_fake.py checks every launch against the kernel's signature). What this proves
+without a GPU: the index arithmetic of the strided-batched GEMMs (operands, leading dims,
+strides, the output written straight into [T, H, D]), the passes over query rows, the padded
+key counts, the causal mask, and that fp16 forms and weight copies are made once and reused.
+The kernels themselves run on the H200 in tests/test_cuda_ops.py (-k ptc)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from numpy.lib.stride_tricks import as_strided
+
+from engine.tuning import TuningConfig
+from tests.cuda_fake import FakeCuda
+from tests.op_cases import attention_ref, check, dense, qtensor
+
+F16 = np.float16
+
+
+def _flat(a, off: int = 0, dtype=None) -> np.ndarray:  # noqa: ANN001
+    f = np.asarray(a).reshape(-1)
+    return (f.view(dtype) if dtype is not None else f)[off:]
+
+
+def _h(x: np.ndarray) -> np.ndarray:
+    return np.asarray(x, np.float32).astype(F16).view(np.uint16)
+
+
+def _pack_q(q, qh, T, H, D):  # noqa: ANN001, ANN202, N803
+    qh.reshape(H, T, D)[:] = _h(np.asarray(q).reshape(T, H, D).transpose(1, 0, 2))
+
+
+def _pack_kv(kc, vc, kh, vh, L, Lp, H, Hkv, D):  # noqa: ANN001, ANN202, N803
+    G = H // Hkv
+    for src, dst in ((kc, kh), (vc, vh)):
+        d = dst.reshape(H, Lp, D)
+        d[:] = 0
+        for h in range(H):
+            d[h, :L] = _h(np.asarray(src)[:L, h // G])
+
+
+def _softmax(S, P, rows, tb, Lp, qpos0):  # noqa: ANN001, ANN202, N803
+    s = np.asarray(S).reshape(rows, Lp).astype(np.float64)
+    p = np.zeros((rows, Lp))
+    for r in range(rows):
+        n = int(qpos0) + r % int(tb) + 1
+        e = np.exp(s[r, :n] - s[r, :n].max())
+        p[r, :n] = e / e.sum()
+    P.reshape(rows, Lp)[:] = _h(p)
+
+
+def _dequant_f32(W, row_bytes, K, r0, n, out):  # noqa: ANN001, ANN202, N803
+    rows = np.asarray(W).view(np.float32)[r0 : r0 + n]
+    out.reshape(-1)[: n * K] = _h(rows).reshape(-1)
+
+
+def _to_f16(x, xh, n):  # noqa: ANN001, ANN202
+    _flat(xh)[:n] = _h(_flat(x)[:n])
+
+
+def _rms(x, w, y, rows, D, eps):  # noqa: ANN001, ANN202, N803
+    x2 = np.asarray(x).reshape(rows, D).astype(np.float32)
+    scale = 1.0 / np.sqrt((x2 * x2).mean(-1, keepdims=True) + np.float32(eps))
+    y.reshape(rows, D)[:] = x2 * scale.astype(np.float32) * np.asarray(w)
+    return y.reshape(rows, D)
+
+
+def _rms_f16(x, w, y, yh, rows, D, eps):  # noqa: ANN001, ANN202, N803
+    yh.reshape(rows, D)[:] = _h(_rms(x, w, y, rows, D, eps))
+
+
+def _swiglu(g, u, y, n):  # noqa: ANN001, ANN202
+    g, u = _flat(g)[:n], _flat(u)[:n]
+    _flat(y)[:n] = g / (1 + np.exp(-g)) * u
+
+
+def _swiglu_f16(g, u, y, yh, n):  # noqa: ANN001, ANN202
+    _swiglu(g, u, y, n)
+    _flat(yh)[:n] = _h(_flat(y)[:n])
+
+
+EMULATED = {
+    "attg_pack_q": _pack_q,
+    "attg_pack_kv": _pack_kv,
+    "attg_softmax": _softmax,
+    "dequant_f16_f32": _dequant_f32,
+    "f32_to_f16": _to_f16,
+    "rms_norm": _rms,
+    "rms_norm_f16": _rms_f16,
+    "swiglu": _swiglu,
+    "swiglu_f16": _swiglu_f16,
+}
+
+
+def _op(a, off: int, rows: int, cols: int, ld: int, trans: int, dtype) -> np.ndarray:  # noqa: ANN001
+    """op(M) of a column-major matrix at element off of a (cuBLAS's view of memory)."""
+    rs, cs = (cols, rows) if trans else (rows, cols)
+    f = _flat(a, 0, dtype)
+    assert off + (rs - 1) + (cs - 1) * ld < f.size, "cuBLAS operand reaches past its array"
+    m = as_strided(f[off:], (rs, cs), (f.itemsize, ld * f.itemsize), writeable=False)
+    return m.T if trans else m
+
+
+class EmuCuda(FakeCuda):
+    """FakeCuda whose kernels and cuBLAS calls compute (NumPy)."""
+
+    def _launch(self, mod, name, grid, block, args, smem=0, pdl=False):  # noqa: ANN001, ANN202
+        super()._launch(mod, name, grid, block, args, smem, pdl)
+        assert name in EMULATED, f"no emulation of {name}"
+        EMULATED[name](*args)
+
+    def _gemm(self, ta, tb, m, n, k, alpha, a, lda, sa, b, ldb, sb, c, ldc, sc, batch, c_off=0):  # noqa: ANN001, ANN202, E501, PLR0913
+        super()._gemm(ta, tb, m, n, k, alpha, a, lda, sa, b, ldb, sb, c, ldc, sc, batch, c_off)
+        assert a.dtype == np.uint16 and b.dtype == np.uint16 and c.dtype == np.float32
+        cf = _flat(c)
+        for i in range(batch):
+            A = _op(a, i * sa, m, k, lda, ta, F16).astype(np.float64)
+            B = _op(b, i * sb, k, n, ldb, tb, F16).astype(np.float64)
+            off = c_off + i * sc
+            assert off + (m - 1) + (n - 1) * ldc < cf.size, "cuBLAS writes past its output"
+            C = as_strided(cf[off:], (m, n), (4, 4 * ldc))
+            C[:] = (alpha * A @ B).astype(np.float32)
+
+
+def cfg(**flat) -> TuningConfig:  # noqa: ANN003
+    return TuningConfig.from_flat("cuda", flat)
+
+
+@pytest.mark.parametrize("block_q", [64, 256])
+@pytest.mark.parametrize(
+    "T,H,Hkv,D,pos0",
+    [(2, 2, 1, 64, 0), (5, 4, 2, 64, 0), (70, 12, 2, 128, 0), (130, 7, 1, 64, 9),
+     (67, 4, 4, 80, 200), (3, 2, 1, 256, 5), (9, 6, 3, 36, 1)],
+)  # fmt: skip
+def test_attention_gemm_matches_reference(block_q, T, H, Hkv, D, pos0):
+    be = EmuCuda(cfg(**{"attention_prefill.variant": "gemm", "attention_prefill.block_q": block_q}))
+    rng = np.random.default_rng(T * 7 + pos0)
+    cache = be.new_kv_cache(1, pos0 + T + 3, Hkv, D)
+    L = pos0 + T
+    cache.k[0][:L] = rng.standard_normal((L, Hkv, D))
+    cache.v[0][:L] = rng.standard_normal((L, Hkv, D))
+    cache.k[0][L:] = np.nan  # slots past the keys must never be read
+    cache.v[0][L:] = np.nan
+    q = rng.standard_normal((T, H, D)).astype(np.float32)
+    out = be.attention(be.upload(q), cache, 0, pos0)
+    ref = attention_ref(q, cache.k[0][:L], cache.v[0][:L], pos0)
+    check(np.asarray(out), ref, 5e-5)
+    passes = -(-T // min(block_q, T))
+    assert sum(k.kernel == "attg_softmax" for k in be.launches) == passes
+    assert len(be.gemms) == 2 * passes
+    for args, _kw in be.gemms:  # key counts a multiple of 8: cuBLAS tensor-op alignment
+        assert args[2] % 8 == 0 or args[4] % 8 == 0
+
+
+def test_attention_gemm_pass_shrinks_for_long_caches(monkeypatch):
+    be = EmuCuda(cfg(**{"attention_prefill.variant": "gemm", "attention_prefill.block_q": 1024}))
+    monkeypatch.setattr(EmuCuda, "ATTN_GEMM_SCORE_BYTES", 4 * 2 * 40 * 16)  # 16 query rows
+    rng = np.random.default_rng(3)
+    T, H, Hkv, D, pos0 = 37, 2, 1, 32, 3
+    cache = be.new_kv_cache(1, 40, Hkv, D)
+    cache.k[0][:] = rng.standard_normal(cache.k[0].shape)
+    cache.v[0][:] = rng.standard_normal(cache.v[0].shape)
+    q = rng.standard_normal((T, H, D)).astype(np.float32)
+    out = be.attention(be.upload(q), cache, 0, pos0)
+    check(np.asarray(out), attention_ref(q, cache.k[0], cache.v[0], pos0), 5e-5)
+    assert sum(k.kernel == "attg_softmax" for k in be.launches) == 3  # 16 + 16 + 5 rows
+
+
+@pytest.mark.parametrize("fuse", [0, 1])
+def test_resident_copy_once_and_fp16_forms_reused(fuse):
+    be = EmuCuda(cfg(**{"matmul_prefill.variant": "resident", "matmul_prefill.fuse_f16": fuse}))
+    rng = np.random.default_rng(fuse)
+    T, K = 33, 96
+    nw = be.load_weight(qtensor(rng, (K,), "F32"))
+    qts = [qtensor(rng, (n, K), "F32", std=0.05) for n in (67, 5, 130)]
+    ws = [be.load_weight(qt) for qt in qts]
+    before = [w.nbytes for w in ws]
+    h = be.rms_norm(be.upload(rng.standard_normal((T, K)).astype(np.float32)), nw, 1e-6)
+    for _ in range(2):  # q, k, v twice: one copy per weight, one fp16 form of h
+        ys = [be.matmul(h, w) for w in ws]
+    for y, qt in zip(ys, qts, strict=True):
+        check(np.asarray(y), np.asarray(h, np.float64) @ dense(qt).T, 1e-5)
+    names = [k.kernel for k in be.launches]
+    assert names.count("dequant_f16_f32") == 3
+    assert names.count("f32_to_f16") == (0 if fuse else 1)
+    assert names.count("rms_norm_f16") == fuse and names.count("rms_norm") == 1 - fuse
+    assert [w.nbytes - b for w, b in zip(ws, before, strict=True)] == [
+        2 * n * K for n in (67, 5, 130)
+    ]
+    g = be.swiglu(ys[0], ys[0])
+    assert ("swiglu_f16" in {k.kernel for k in be.launches}) == bool(fuse)
+    be.matmul(g, be.load_weight(qtensor(rng, (3, 67), "F32")))
+    assert [k.kernel for k in be.launches].count("f32_to_f16") == (0 if fuse else 2)
+
+
+def test_fp16_form_dropped_when_memory_is_rewritten():
+    be = EmuCuda(cfg(**{"matmul_prefill.variant": "resident"}))
+    rng = np.random.default_rng(9)
+    x = be.upload(rng.standard_normal((40, 64)).astype(np.float32))
+    w = be.load_weight(qtensor(rng, (64, 64), "F32", std=0.1))
+    be.matmul(x, w)
+    assert be._f16 and be._f16[-1][0].data.ptr == x.data.ptr
+    be.matmul_into(be.upload(rng.standard_normal((40, 64)).astype(np.float32)), w, x)
+    assert not any(e[0].data.ptr == x.data.ptr for e in be._f16), "a stale fp16 form"
+    y = be.matmul(x, w)
+    wd = np.asarray(w.raw).view(np.float32).astype(np.float64)
+    check(np.asarray(y), np.asarray(x, np.float64) @ wd.T, 1e-5)
+
+
+def test_new_paths_are_opt_in():
+    """The registry defaults stay staged GEMMs and flash attention; the new paths build their
+    own modules only when chosen, and attention.cu (decode attention) is built either way."""
+    from engine.backends.cuda import kernels
+
+    d = TuningConfig.default("cuda")
+    assert d.op("matmul_prefill").variant == "staged"
+    assert d.op("attention_prefill").variant == "flash"
+    mods = kernels.modules_for(d)
+    assert "prefill_f16" not in mods and "attention_gemm" not in mods
+    new = kernels.modules_for(
+        cfg(**{"matmul_prefill.variant": "resident", "attention_prefill.variant": "gemm"})
+    )
+    assert new["attention"] == mods["attention"]
+    assert new["attention_gemm"] == ("attention_gemm.cu", {})
+    assert new["prefill_f16"] == ("prefill_f16.cu", {})
