@@ -33,6 +33,7 @@ MMVW = {"matmul_decode.variant": "mmvw"}
 FUSE = {"rope.fuse_kv": 1}
 RESIDENT = {"matmul_prefill.variant": "resident"}
 ATTG = {"attention_prefill.variant": "gemm"}
+TC = {"attention_prefill.variant": "flash_tc"}
 VARIANTS: dict[str, dict] = {
     "default": {},
     "mmvq": {"matmul_decode.variant": "mmvq"},
@@ -79,6 +80,13 @@ VARIANTS: dict[str, dict] = {
     "ptc_bq128": RESIDENT | ATTG | {"attention_prefill.block_q": 128},
     "ptc_bq512": RESIDENT | ATTG | {"attention_prefill.block_q": 512},
     "ptc_sw8": RESIDENT | ATTG | {"attention_prefill.softmax_warps": 8},
+    "ptc_tc": RESIDENT | TC,
+    "ptc_tc_128": RESIDENT | TC | {"attention_prefill.block_q": 128},
+    "ptc_tc_32": RESIDENT | TC | {"attention_prefill.block_q": 32},
+    "ptc_tc_k32": RESIDENT | TC | {"attention_prefill.block_k": 32},
+    "ptc_tc_k128": RESIDENT | TC | {"attention_prefill.block_k": 128},
+    "ptc_tc_mmvw_all": RESIDENT | TC | MMVW | FUSE | {"attention_decode.variant": "split_kw",
+                                                     "argmax.variant": "multi"},
     "ptc_mmvw_all": RESIDENT | ATTG | MMVW | FUSE | {"attention_decode.variant": "split_kw",
                                                     "argmax.variant": "multi"},
 }  # fmt: skip

@@ -288,6 +288,12 @@ ATTN_CONFIGS = [
                        "attention_prefill.softmax_warps": 1}),
     ("ptc-gemm-1024-8", {"attention_prefill.variant": "gemm", "attention_prefill.block_q": 1024,
                          "attention_prefill.softmax_warps": 8}),
+    # one-kernel mma.sync attention; D = 80 and 256 take its gemm fallback
+    ("ptc-flashtc-64-64", {"attention_prefill.variant": "flash_tc"}),
+    ("ptc-flashtc-32-32", {"attention_prefill.variant": "flash_tc",
+                           "attention_prefill.block_q": 32, "attention_prefill.block_k": 32}),
+    ("ptc-flashtc-128-128", {"attention_prefill.variant": "flash_tc",
+                             "attention_prefill.block_q": 128, "attention_prefill.block_k": 128}),
 ]  # fmt: skip
 # fp16 Q, K, V and P into fp32 accumulators (the fp16 numeric class): ~1e-7 measured-size
 # rounding; a missing mask or a wrong head is 1e-2 and up.
@@ -319,7 +325,7 @@ def test_kv_write_and_attention(cp, be, cid, flat, T, H, Hkv, D, pos0):
     nb = NumpyBackend()
     ncache = nb.new_kv_cache(1, cap, Hkv, D)
     ncache.k[0][:], ncache.v[0][:] = kc, vc
-    check(out, nb.attention(q, ncache, 0, pos0), ATTN_F16_NMSE if "gemm" in cid else 1e-9)
+    check(out, nb.attention(q, ncache, 0, pos0), ATTN_F16_NMSE if cid.startswith("ptc") else 1e-9)
     with pytest.raises(ValueError, match="KV cache full"):
         be.kv_write(cache, 0, be.upload(k), be.upload(v), cap - T + 1)
 
@@ -475,11 +481,24 @@ PTC_VALIDATE_CONFIGS = [
     PTC | {"prefill.chunk_tokens": 16, "attention_prefill.block_q": 64},  # chunks with pos0 > 0
     PTC | {"matmul_prefill.fuse_f16": 0, "attention_prefill.softmax_warps": 1},
     {"attention_prefill.variant": "gemm", "prefill.chunk_tokens": 32},  # with staged GEMMs
+    PTC | {"attention_prefill.variant": "flash_tc"},
+    PTC
+    | {
+        "attention_prefill.variant": "flash_tc",
+        "prefill.chunk_tokens": 16,
+        "attention_prefill.block_q": 32,
+        "attention_prefill.block_k": 128,
+    },
 ]
 
 
 @pytest.mark.parametrize(
-    "flat", PTC_VALIDATE_CONFIGS, ids=[f"ptc{i}" for i in range(len(PTC_VALIDATE_CONFIGS))]
+    "flat",
+    PTC_VALIDATE_CONFIGS,
+    ids=[
+        f"ptc{i}-{f.get('attention_prefill.variant', 'flash')}"
+        for i, f in enumerate(PTC_VALIDATE_CONFIGS)
+    ],
 )
 def test_validate_passes_for_ptc_variant(be, tiny_model_path, flat):
     """The tensor-core prefill variants against the per-token reference under their declared
@@ -521,13 +540,14 @@ def test_ptc_f16_producers_and_resident_copy(cp, be):
     assert np.array_equal(y1, y2)
 
 
+@pytest.mark.parametrize("attn", ["gemm", "flash_tc"])
 @pytest.mark.parametrize("arch", ["qwen2", "llama", "qwen3"])
-def test_ptc_model_matches_numpy(be, tiny_model_factory, arch):
+def test_ptc_model_matches_numpy(be, tiny_model_factory, arch, attn):
     from engine.backends.numpy_ref import NumpyBackend
 
     path = tiny_model_factory(arch, "q4_k_m")
     ref = _model(path, NumpyBackend()).generate(PROMPT, 8, path="per_token", keep_logits=True)
-    be.set_config(cfg(**PTC))
+    be.set_config(cfg(**PTC | {"attention_prefill.variant": attn}))
     got = _model(path, be).generate(PROMPT, 8, keep_logits=True)
     assert got.tokens == ref.tokens
     scale = max(1.0, float(np.abs(ref.last_logits).max()))

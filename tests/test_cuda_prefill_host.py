@@ -225,3 +225,26 @@ def test_new_paths_are_opt_in():
     assert new["attention"] == mods["attention"]
     assert new["attention_gemm"] == ("attention_gemm.cu", {})
     assert new["prefill_f16"] == ("prefill_f16.cu", {})
+
+
+@pytest.mark.parametrize("bq,bk", [(32, 32), (64, 64), (128, 128)])
+@pytest.mark.parametrize("D", [32, 64, 96, 128, 80, 256])
+def test_flash_tc_launch_and_fallback(bq, bk, D):
+    """flash_tc launches attn_tc_d<D> (grid, block, shared bytes as attention_tc.cu says) for
+    its head dims and the gemm variant's kernels for the others."""
+    be = FakeCuda(
+        cfg(**{"attention_prefill.variant": "flash_tc", "attention_prefill.block_q": bq,
+               "attention_prefill.block_k": bk})
+    )  # fmt: skip
+    T, H, Hkv, pos0 = 70, 6, 2, 5
+    cache = be.new_kv_cache(1, pos0 + T, Hkv, D)
+    be.attention(be.upload(np.zeros((T, H, D), np.float32)), cache, 0, pos0)
+    names = [k.kernel for k in be.launches]
+    if D in (32, 64, 96, 128):
+        assert names == [f"attn_tc_d{D}"]
+        k = be.launches[0]
+        assert k.grid[:2] == (-(-T // bq), H) and k.block[0] == bq // 16 * 32
+        assert k.defines == {"FBQ": bq, "FBK": bk}
+        assert float(k.args[-1]) == pytest.approx(1.4426950408889634 / np.sqrt(D), rel=1e-6)
+    else:
+        assert names[:2] == ["attg_pack_q", "attg_pack_kv"] and "attg_softmax" in names

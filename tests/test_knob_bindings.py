@@ -229,6 +229,9 @@ def _old_cuda_modules(cfg: TuningConfig) -> dict[str, tuple[str, dict]]:
     k["attention"] = ("attention.cu", flash)
     if ap.variant == "gemm":  # issue 14: its own file; attention.cu still serves decode
         k["attention_gemm"] = ("attention_gemm.cu", {})
+    if ap.variant == "flash_tc":
+        k["attention_tc"] = ("attention_tc.cu", {"FBQ": ap["block_q"], "FBK": ap["block_k"]})
+        k["attention_gemm"] = ("attention_gemm.cu", {})
     # the hybrids' kernels (issue 15), mapped by hand the same way
     k["hybrid"] = ("hybrid.cu", {})
     dn = cfg.op("delta_net")

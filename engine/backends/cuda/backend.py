@@ -48,6 +48,8 @@ Q6K_PADDED = 224  # bytes of a Q6_K block on the GPU (210 + 14 zero bytes; commo
 # GGML type ids, as mmvw.cu's switch reads them (common.cuh QT_*)
 _QT = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
 _NULL = np.uint64(0)
+_TC_HEAD_DIMS = (32, 64, 96, 128)  # attention_tc.cu's kernels
+_ATTG = (256, 4)  # attention_prefill.gemm's defaults (block_q, softmax_warps): flash_tc's fallback
 _MAX_ARGMAX_ROWS = 4096  # rows argmax.multi takes in one launch (more: argmax.block's kernel)
 
 
@@ -933,8 +935,20 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
             )
             return out
         c = self.config.op("attention_prefill")
-        if c.variant == "gemm":
-            self._attn_gemm(q, cache, layer, pos0, out, int(c["block_q"]), int(c["softmax_warps"]))
+        if c.variant == "flash_tc" and D in _TC_HEAD_DIMS:
+            bq, bk = int(c["block_q"]), int(c["block_k"])
+            self._launch(
+                "attention_tc", f"attn_tc_d{D}", (math.ceil(T / bq), H), (bq // 16 * 32,),
+                (
+                    q, cache.k[layer], cache.v[layer], out, np.int32(T), np.int32(H),
+                    np.int32(Hkv), np.int32(pos0), self._pos_ptr(),
+                    np.float32(math.log2(math.e) / math.sqrt(D)),
+                ),
+                smem=(bq + 2 * bk) * (D + 8) * 2,
+            )  # fmt: skip
+        elif c.variant in ("gemm", "flash_tc"):  # flash_tc: other head dims
+            bq, sw = (int(c["block_q"]), int(c["softmax_warps"])) if c.variant == "gemm" else _ATTG
+            self._attn_gemm(q, cache, layer, pos0, out, bq, sw)
         elif c.variant == "flash" and D <= 128 and D % 4 == 0:
             bq, rpw = int(c["block_q"]), int(c["rows_per_warp"])
             smem = 4 * (bq * D + 2 * 32 * (D + 4))

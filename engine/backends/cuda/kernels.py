@@ -181,6 +181,9 @@ def modules_for(cfg: TuningConfig) -> dict[str, tuple[str, dict[str, int]]]:
     if moe.variant == "grouped":  # its decode (T = 1) is the dmmv variant's, with the same knobs
         dmmv = REGISTRY.op("cuda", "moe_experts").variant("dmmv")
         mods["moe"] = (Path(dmmv.source).name, variant_defines(dmmv, moe))
+    if cfg.op("attention_prefill").variant == "flash_tc":  # head dims it has no kernel for
+        gemm = REGISTRY.op("cuda", "attention_prefill").variant("gemm")
+        mods["attention_gemm"] = (Path(gemm.source).name, {})
     if "attention" not in mods:  # attention_prefill lives in another file: decode's kernels
         flash = REGISTRY.op("cuda", "attention_prefill").variant("flash")
         mods["attention"] = (Path(flash.source).name, variant_defines(flash, FLASH_DEFAULT))

@@ -580,6 +580,44 @@ REGISTRY.register(
         Variant(
             B,
             "attention_prefill",
+            "flash_tc",
+            params=(
+                Param(
+                    "block_q",
+                    (32, 64, 128),
+                    64,
+                    "query rows per block, 16 per warp",
+                    define("FBQ"),
+                ),
+                Param("block_k", (32, 64, 128), 64, "keys per shared-memory tile", define("FBK")),
+            ),
+            constraints=(
+                _cc_at_least(80),
+                Constraint(
+                    "flash_tc's shared tiles (block_q + 2 * block_k) x 136 halves fit a block",
+                    lambda cfg, dev: (
+                        cfg.op("attention_prefill").variant != "flash_tc"
+                        or dev is None
+                        or (
+                            _p(cfg, "attention_prefill", "block_q")
+                            + 2 * _p(cfg, "attention_prefill", "block_k")
+                        )
+                        * 136
+                        * 2
+                        <= int(dev.extra.get("smem_per_block_optin", 0) or 49152)
+                    ),
+                ),
+            ),
+            source="cuda/attention_tc.cu",
+            numeric="fp16",
+            doc="one-kernel flash attention on fp16 tensor cores (mma.sync m16n8k16): Q "
+            "fragments in registers, K/V tiles converted from the float32 cache into shared "
+            "memory, online softmax, P rounded to fp16 for P V. Head dims 32/64/96/128 (else "
+            "the gemm variant at its defaults)",
+        ),
+        Variant(
+            B,
+            "attention_prefill",
             "split",
             params=(
                 Param("splits", (1, 2, 4, 8), 1, "key ranges per query", PUSHED),
