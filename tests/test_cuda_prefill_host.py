@@ -81,7 +81,20 @@ def _swiglu_f16(g, u, y, yh, n):  # noqa: ANN001, ANN202
     _flat(yh)[:n] = _h(_flat(y)[:n])
 
 
+def _swiglu_pair(gu, y, yh, T, F):  # noqa: ANN001, ANN202, N803
+    a = np.asarray(gu).reshape(T, 2 * F)
+    g, u = a[:, :F], a[:, F:]
+    y.reshape(T, F)[:] = g / (1 + np.exp(-g)) * u
+    yh.reshape(T, F)[:] = _h(y.reshape(T, F))
+
+
+def _add(a, b, y, n):  # noqa: ANN001, ANN202
+    _flat(y)[:n] = _flat(a)[:n] + _flat(b)[:n]
+
+
 EMULATED = {
+    "swiglu_pair_f16": _swiglu_pair,
+    "add_same": _add,
     "attg_pack_q": _pack_q,
     "attg_pack_kv": _pack_kv,
     "attg_softmax": _softmax,
@@ -248,3 +261,48 @@ def test_flash_tc_launch_and_fallback(bq, bk, D):
         assert float(k.args[-1]) == pytest.approx(1.4426950408889634 / np.sqrt(D), rel=1e-6)
     else:
         assert names[:2] == ["attg_pack_q", "attg_pack_kv"] and "attg_softmax" in names
+
+
+def test_ffn_gate_up_in_one_gemm_and_views_shared():
+    """Under resident + fuse_f16 a prefill chunk's ffn runs gate and up as one GEMM over one
+    [2F, K] fp16 buffer; the unfused path afterwards reads the same copies (no new dequant)."""
+    be = EmuCuda(cfg(**{"matmul_prefill.variant": "resident"}))
+    rng = np.random.default_rng(4)
+    T, C, F = 40, 64, 96
+    qg, qu, qd = (qtensor(rng, s, "F32", std=0.1) for s in ((F, C), (F, C), (C, F)))
+    gate, up, down = (be.load_weight(q) for q in (qg, qu, qd))
+    h = rng.standard_normal((T, C)).astype(np.float32)
+    r = rng.standard_normal((T, C)).astype(np.float32)
+    out = np.asarray(be.ffn(be.upload(h), gate, up, down, be.upload(r)))
+    g64, u64 = h.astype(np.float64) @ dense(qg).T, h.astype(np.float64) @ dense(qu).T
+    ref = r + (g64 / (1 + np.exp(-g64)) * u64) @ dense(qd).T
+    check(out, ref, 1e-5)
+    assert [a[2] for a, _ in be.gemms[:1]] == [2 * F]  # m of the first GEMM: gate and up
+    assert up.f16.data.ptr == gate.f16.data.ptr + F * C * 2
+    n_deq = [k.kernel for k in be.launches].count("dequant_f16_f32")
+    assert n_deq == 3
+    be.swiglu(be.matmul(be.upload(h), gate), be.matmul(be.upload(h), up))  # the hooks' path
+    assert [k.kernel for k in be.launches].count("dequant_f16_f32") == n_deq
+    # copies made apart (that path first) are not paired: ffn then takes two GEMMs
+    be2 = EmuCuda(cfg(**{"matmul_prefill.variant": "resident"}))
+    g2, u2, d2 = (be2.load_weight(q) for q in (qg, qu, qd))
+    be2.matmul(be2.upload(h), g2)
+    out2 = np.asarray(be2.ffn(be2.upload(h), g2, u2, d2, be2.upload(r)))
+    check(out2, ref, 1e-5)
+    assert all(a[2] != 2 * F for a, _ in be2.gemms)
+
+
+def test_flash_tc_shared_memory_constraint():
+    """block_q 128 with block_k 128 needs 104,448 bytes of shared memory: allowed on an H200
+    (232,448 opt-in), refused on an sm_89 card (101,376), naming the rule."""
+    from engine.backends.base import DeviceInfo
+
+    big = cfg(**{"attention_prefill.variant": "flash_tc", "attention_prefill.block_q": 128,
+                 "attention_prefill.block_k": 128})  # fmt: skip
+    h200 = DeviceInfo(
+        "cuda", "H200", "nvidia", "h200", extra={"cc": 90, "smem_per_block_optin": 232448}
+    )
+    ada = DeviceInfo("cuda", "L4", "nvidia", "l4", extra={"cc": 89, "smem_per_block_optin": 101376})
+    assert big.problems(h200) == []
+    assert any("shared tiles" in p for p in big.problems(ada))
+    assert cfg(**{"attention_prefill.variant": "flash_tc"}).problems(ada) == []

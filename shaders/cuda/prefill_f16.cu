@@ -37,3 +37,18 @@ extern "C" __global__ void swiglu_f16(const float* g, const float* u, float* y, 
         yh[i] = f2h(r);
     }
 }
+
+// gu [T, 2F] (gate in columns [0, F), up in [F, 2F): one GEMM of both) -> silu(gate) * up as
+// y [T, F] f32 and yh f16.
+extern "C" __global__ void swiglu_pair_f16(const float* __restrict__ gu, float* __restrict__ y,
+                                           u16* __restrict__ yh, int T, int F) {
+    const long long n = (long long)T * F;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        const long long t = i / F, j = i % F;
+        const float v = gu[t * 2 * F + j];
+        const float r = v / (1.f + expf(-v)) * gu[t * 2 * F + F + j];
+        y[i] = r;
+        yh[i] = f2h(r);
+    }
+}

@@ -180,6 +180,8 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
         # fp16 forms of recent float activations (x, xh), newest last, under
         # matmul_prefill.resident: q, k and v (gate and up) read one conversion; held as _q8's.
         self._f16: list[tuple[Any, Any]] = []
+        # id(gate) -> (the [2F, K] fp16 buffer holding gate's and up's copies, up)
+        self._pairs: dict[int, tuple[Any, CudaWeight]] = {}
         # argmax.multi's per-row tickets: zero between launches (the last block resets its row)
         self._tickets = cp.zeros(_MAX_ARGMAX_ROWS, np.uint32)
         self._head_tickets = cp.zeros(_MAX_ARGMAX_ROWS, np.uint32)  # attn_split_kw's combine
@@ -296,6 +298,7 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
         self._tickets, self._head_tickets, self._pdl = None, None, None
         self._q8.clear()
         self._f16.clear()
+        self._pairs.clear()
         self._events.clear()
         with self._cp.cuda.Device(self._index):
             self._cp.get_default_memory_pool().free_all_blocks()
@@ -694,7 +697,10 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
         return y
 
     def ffn(self, h: Any, gate: CudaWeight, up: CudaWeight, down: CudaWeight, r: Any) -> Any:
-        """Under matmul_decode.mmvw: gate and up in one launch, swiglu_q8, down + residual."""
+        """Under matmul_decode.mmvw: gate and up in one launch, swiglu_q8, down + residual.
+        Under matmul_prefill.resident (fuse_f16) a prefill chunk's gate and up are one GEMM."""
+        if self._pair_ok(h, gate, up):
+            return self.matmul_add(self._gate_up(h, gate, up), down, r)
         if not self._wide(h, (gate, up)):
             return super().ffn(h, gate, up, down, r)
         h = self._decode_row(h)
@@ -744,11 +750,12 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
             and rows >= max(2, int(self.config.op("prefill")["gemm_min_t"]))
         )
 
-    def resident_f16(self, w: CudaWeight) -> Any:
-        """w's fp16 copy [N, K], dequantized once (the staged variant's kernel, all rows)."""
+    def resident_f16(self, w: CudaWeight, into: Any = None) -> Any:
+        """w's fp16 copy [N, K], dequantized once (the staged variant's kernel, all rows);
+        ``into``: where to make it (a view of rows of a larger buffer)."""
         if w.f16 is None:
             N, K = w.n, w.k
-            f16 = self._empty((N, K), np.uint16)
+            f16 = self._empty((N, K), np.uint16) if into is None else into
             per = K // 16 if w.qtype in BLOCK_TYPES else K
             self._launch(
                 "dequant",
@@ -759,6 +766,44 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
             )
             w.f16 = f16
         return w.f16
+
+    def _pair_ok(self, h: Any, gate: CudaWeight, up: CudaWeight) -> bool:
+        """Whether gate and up can run as one GEMM: a prefill chunk under resident + fuse_f16,
+        and their fp16 copies either not made yet or made as one [2F, K] buffer."""
+        if h.ndim != 2 or not self._fuse_f16(int(h.shape[0])):
+            return False
+        if gate.raw is None or up.raw is None or gate.k != up.k or gate.n != up.n:
+            return False
+        if gate.f16 is None and up.f16 is None:
+            return True
+        pair = self._pairs.get(id(gate))
+        return pair is not None and pair[1] is up and gate.f16 is not None
+
+    def _gate_up(self, h: Any, gate: CudaWeight, up: CudaWeight) -> Any:
+        """swiglu(h gate^T, h up^T) as one GEMM into [T, 2F] and swiglu_pair_f16 (which also
+        stores the down projection's fp16 input). The copies of gate and up are the two row
+        halves of one buffer, so the unfused path (validate's hooks) reads the same memory."""
+        h = self._cp.ascontiguousarray(h, dtype=np.float32)
+        T, K, F = int(h.shape[0]), gate.k, gate.n
+        if id(gate) not in self._pairs:
+            buf = self._empty((2 * F, K), np.uint16)
+            self.resident_f16(gate, buf[:F])
+            self.resident_f16(up, buf[F:])
+            self._pairs[id(gate)] = (buf, up)
+            weakref.finalize(gate, self._pairs.pop, id(gate), None)
+        buf = self._pairs[id(gate)][0]
+        gu = self._empty((T, 2 * F))
+        self._gemm(
+            _OP_T, _OP_N, 2 * F, T, K, 1.0, buf, K, 0, self._to_f16(h), K, 0, gu, 2 * F, 0, 1
+        )
+        out, xh = self._empty((T, F)), self._empty((T, F), np.uint16)
+        th = int(self.config.op("swiglu")["threads"])
+        self._launch(
+            "prefill_f16", "swiglu_pair_f16", (self._grid1(T * F, th),), (th,),
+            (gu, out, xh, np.int32(T), np.int32(F)),
+        )  # fmt: skip
+        self._f16_remember(out, xh)
+        return out
 
     def _resident(self, x: Any, w: CudaWeight, y: Any) -> None:
         T, K, N = int(x.shape[0]), w.k, w.n

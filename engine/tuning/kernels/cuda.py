@@ -598,13 +598,14 @@ REGISTRY.register(
                     lambda cfg, dev: (
                         cfg.op("attention_prefill").variant != "flash_tc"
                         or dev is None
+                        or not dev.extra.get("smem_per_block_optin")  # unknown: Ampere+ has 99K
                         or (
                             _p(cfg, "attention_prefill", "block_q")
                             + 2 * _p(cfg, "attention_prefill", "block_k")
                         )
                         * 136
                         * 2
-                        <= int(dev.extra.get("smem_per_block_optin", 0) or 49152)
+                        <= int(dev.extra["smem_per_block_optin"])
                     ),
                 ),
             ),
