@@ -540,6 +540,24 @@ def test_ptc_f16_producers_and_resident_copy(cp, be):
     assert np.array_equal(y1, y2)
 
 
+def test_ptc_flash_tc_stores_o_projection_input(cp, be):
+    """Under resident + fuse_f16, flash_tc also writes its output's fp16 rounding (bit-equal to
+    converting the float32 output), which the o projection's GEMM then reads."""
+    be.set_config(cfg(**PTC | {"attention_prefill.variant": "flash_tc"}))
+    rng = np.random.default_rng(2)
+    T, H, Hkv, D, pos0 = 45, 4, 2, 128, 7
+    cache = be.new_kv_cache(1, pos0 + T, Hkv, D)
+    kv = rng.standard_normal((2, pos0 + T, Hkv, D)).astype(np.float32)
+    be.kv_write(cache, 0, be.upload(kv[0]), be.upload(kv[1]), 0)
+    q = be.upload(rng.standard_normal((T, H, D)).astype(np.float32))
+    out = be.attention(q, cache, 0, pos0)
+    made = be._f16[-1][1]  # the kernel's fp16 output, remembered as the o projection's input
+    form = be._to_f16(out.reshape(T, H * D))
+    assert form is made
+    want = out.get().reshape(T, H * D).astype(np.float16).view(np.uint16)
+    assert np.array_equal(form.get(), want)
+
+
 @pytest.mark.parametrize("attn", ["gemm", "flash_tc"])
 @pytest.mark.parametrize("arch", ["qwen2", "llama", "qwen3"])
 def test_ptc_model_matches_numpy(be, tiny_model_factory, arch, attn):

@@ -259,6 +259,7 @@ def test_flash_tc_launch_and_fallback(bq, bk, D):
         assert k.grid[:2] == (-(-T // bq), H) and k.block[0] == bq // 16 * 32
         assert k.defines == {"FBQ": bq, "FBK": bk}
         assert float(k.args[-1]) == pytest.approx(1.4426950408889634 / np.sqrt(D), rel=1e-6)
+        assert isinstance(k.args[4], np.uint64)  # no fp16 copy of out outside resident
     else:
         assert names[:2] == ["attg_pack_q", "attg_pack_kv"] and "attg_softmax" in names
 
@@ -306,3 +307,15 @@ def test_flash_tc_shared_memory_constraint():
     assert big.problems(h200) == []
     assert any("shared tiles" in p for p in big.problems(ada))
     assert cfg(**{"attention_prefill.variant": "flash_tc"}).problems(ada) == []
+
+
+def test_flash_tc_stores_the_o_projection_input_under_resident():
+    be = FakeCuda(cfg(**{"attention_prefill.variant": "flash_tc",
+                         "matmul_prefill.variant": "resident"}))  # fmt: skip
+    T, H, D = 40, 4, 64
+    cache = be.new_kv_cache(1, T, 2, D)
+    out = be.attention(be.upload(np.zeros((T, H, D), np.float32)), cache, 0, 0)
+    outh = be.launches[-1].args[4]
+    assert outh.dtype == np.uint16 and outh.shape == (T, H * D)
+    assert be._to_f16(out.reshape(T, H * D)) is outh  # the o projection reuses it
+    assert [k.kernel for k in be.launches] == ["attn_tc_d64"]

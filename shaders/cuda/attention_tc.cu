@@ -2,7 +2,8 @@
 // (attention_prefill.flash_tc, engine/tuning/kernels/cuda.py; mma.sync m16n8k16, sm_80+).
 //
 //   out[t, h] = softmax_l(q[t, h] . K[l, h / G] / sqrt(D)) V[l, h / G],  l <= pos0 + t
-//   q [T, H, D], cache [S, Hkv, D] float32, out [T, H, D] float32
+//   q [T, H, D], cache [S, Hkv, D] float32, out [T, H, D] float32 (and, outh non-null, its
+//   fp16 rounding: the o projection's GEMM input under matmul_prefill.resident fuse_f16)
 //
 // A block takes FBQ query rows of one head (16 per warp); Q is rounded to fp16 (pre-scaled by
 // scale * log2(e), so the softmax uses exp2) and held in registers as mma A fragments. Keys go
@@ -54,8 +55,8 @@ __device__ __forceinline__ void tc_mma(float* c, const u32* a, u32 b0, u32 b1) {
 template <int D>
 __device__ __forceinline__ void attn_tc(const float* __restrict__ q, const float* __restrict__ kc,
                                         const float* __restrict__ vc, float* __restrict__ out,
-                                        int T, int H, int Hkv, int pos0, const int* pos_ptr,
-                                        float qscale) {
+                                        u16* __restrict__ outh, int T, int H, int Hkv, int pos0,
+                                        const int* pos_ptr, float qscale) {
     constexpr int LD = D + 8, D4 = D / 4;
     extern __shared__ __align__(16) u16 tc_sm[];
     u16* Qs = tc_sm;
@@ -177,31 +178,34 @@ __device__ __forceinline__ void attn_tc(const float* __restrict__ q, const float
     for (int r = 0; r < 2; ++r) {
         const int t = t0 + warp * 16 + gid + 8 * r;
         if (t >= T) continue;
-        float* orow = out + ((size_t)t * H + h) * D + tig * 2;
+        const size_t e = ((size_t)t * H + h) * D + tig * 2;
 #pragma unroll
-        for (int dt = 0; dt < D / 8; ++dt)
-            *(float2*)(orow + dt * 8) = make_float2(o[dt][2 * r] * l[r], o[dt][2 * r + 1] * l[r]);
+        for (int dt = 0; dt < D / 8; ++dt) {
+            const float a = o[dt][2 * r] * l[r], b = o[dt][2 * r + 1] * l[r];
+            *(float2*)(out + e + dt * 8) = make_float2(a, b);
+            if (outh) *(u32*)(outh + e + dt * 8) = f2h2(a, b);  // the o projection's input
+        }
     }
 }
 
 // One kernel per head dim (the fragment arrays are sized by it).
 extern "C" __global__ void __launch_bounds__(FNW * 32)
-    attn_tc_d32(const float* q, const float* kc, const float* vc, float* out, int T, int H,
-               int Hkv, int pos0, const int* pos_ptr, float qscale) {
-    attn_tc<32>(q, kc, vc, out, T, H, Hkv, pos0, pos_ptr, qscale);
+    attn_tc_d32(const float* q, const float* kc, const float* vc, float* out, u16* outh, int T,
+               int H, int Hkv, int pos0, const int* pos_ptr, float qscale) {
+    attn_tc<32>(q, kc, vc, out, outh, T, H, Hkv, pos0, pos_ptr, qscale);
 }
 extern "C" __global__ void __launch_bounds__(FNW * 32)
-    attn_tc_d64(const float* q, const float* kc, const float* vc, float* out, int T, int H,
-               int Hkv, int pos0, const int* pos_ptr, float qscale) {
-    attn_tc<64>(q, kc, vc, out, T, H, Hkv, pos0, pos_ptr, qscale);
+    attn_tc_d64(const float* q, const float* kc, const float* vc, float* out, u16* outh, int T,
+               int H, int Hkv, int pos0, const int* pos_ptr, float qscale) {
+    attn_tc<64>(q, kc, vc, out, outh, T, H, Hkv, pos0, pos_ptr, qscale);
 }
 extern "C" __global__ void __launch_bounds__(FNW * 32)
-    attn_tc_d96(const float* q, const float* kc, const float* vc, float* out, int T, int H,
-               int Hkv, int pos0, const int* pos_ptr, float qscale) {
-    attn_tc<96>(q, kc, vc, out, T, H, Hkv, pos0, pos_ptr, qscale);
+    attn_tc_d96(const float* q, const float* kc, const float* vc, float* out, u16* outh, int T,
+               int H, int Hkv, int pos0, const int* pos_ptr, float qscale) {
+    attn_tc<96>(q, kc, vc, out, outh, T, H, Hkv, pos0, pos_ptr, qscale);
 }
 extern "C" __global__ void __launch_bounds__(FNW * 32)
-    attn_tc_d128(const float* q, const float* kc, const float* vc, float* out, int T, int H,
-               int Hkv, int pos0, const int* pos_ptr, float qscale) {
-    attn_tc<128>(q, kc, vc, out, T, H, Hkv, pos0, pos_ptr, qscale);
+    attn_tc_d128(const float* q, const float* kc, const float* vc, float* out, u16* outh, int T,
+               int H, int Hkv, int pos0, const int* pos_ptr, float qscale) {
+    attn_tc<128>(q, kc, vc, out, outh, T, H, Hkv, pos0, pos_ptr, qscale);
 }

@@ -982,15 +982,18 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
         c = self.config.op("attention_prefill")
         if c.variant == "flash_tc" and D in _TC_HEAD_DIMS:
             bq, bk = int(c["block_q"]), int(c["block_k"])
+            outh = self._empty((T, H * D), np.uint16) if self._fuse_f16(T) else None
             self._launch(
                 "attention_tc", f"attn_tc_d{D}", (math.ceil(T / bq), H), (bq // 16 * 32,),
                 (
-                    q, cache.k[layer], cache.v[layer], out, np.int32(T), np.int32(H),
-                    np.int32(Hkv), np.int32(pos0), self._pos_ptr(),
+                    q, cache.k[layer], cache.v[layer], out, _NULL if outh is None else outh,
+                    np.int32(T), np.int32(H), np.int32(Hkv), np.int32(pos0), self._pos_ptr(),
                     np.float32(math.log2(math.e) / math.sqrt(D)),
                 ),
                 smem=(bq + 2 * bk) * (D + 8) * 2,
             )  # fmt: skip
+            if outh is not None:  # as the model reshapes it for the o projection
+                self._f16_remember(out.reshape(T, H * D), outh)
         elif c.variant in ("gemm", "flash_tc"):  # flash_tc: other head dims
             bq, sw = (int(c["block_q"]), int(c["softmax_warps"])) if c.variant == "gemm" else _ATTG
             self._attn_gemm(q, cache, layer, pos0, out, bq, sw)
