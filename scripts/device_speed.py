@@ -81,6 +81,7 @@ VARIANTS: dict[str, dict] = {
     "ptc_bq512": RESIDENT | ATTG | {"attention_prefill.block_q": 512},
     "ptc_sw8": RESIDENT | ATTG | {"attention_prefill.softmax_warps": 8},
     "ptc_tc": RESIDENT | TC,
+    "ptc_tc_fkv": RESIDENT | TC | FUSE,  # + bias, both ropes and the KV write in one launch
     "ptc_tc_128": RESIDENT | TC | {"attention_prefill.block_q": 128},
     "ptc_tc_32": RESIDENT | TC | {"attention_prefill.block_q": 32},
     "ptc_tc_k32": RESIDENT | TC | {"attention_prefill.block_k": 32},
