@@ -63,7 +63,8 @@ __device__ __forceinline__ void attn_tc(const float* __restrict__ q, const float
     u16* Ks = Qs + FBQ * LD;
     u16* Vs = Ks + FBK * LD;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid & 31, gid = lane >> 2, tig = lane & 3;
-    const int t0 = blockIdx.x * FBQ, h = blockIdx.y, kvh = h / (H / Hkv);
+    // the last query tiles (the most keys) first: the grid's tail is the short tiles
+    const int t0 = (gridDim.x - 1 - blockIdx.x) * FBQ, h = blockIdx.y, kvh = h / (H / Hkv);
     const int p0 = pos_ptr ? *pos_ptr : pos0;
     for (int i = tid; i < FBQ * D4; i += FNW * 32) {
         const int r = i / D4, c = (i % D4) * 4, t = t0 + r;
