@@ -22,7 +22,6 @@ from engine.tuning.kernels.cuda import BLOCK_TYPES
 
 if TYPE_CHECKING:
     from engine.backends.base import KVCache
-    from engine.backends.cuda.backend import CudaWeight
 
 # cuBLAS / CUDA data-type constants (cublas_api.h, library_types.h)
 _OP_N, _OP_T = 0, 1
@@ -76,7 +75,7 @@ class CudaPrefillOps:
             and rows >= max(2, int(self.config.op("prefill")["gemm_min_t"]))
         )
 
-    def resident_f16(self, w: CudaWeight, into: Any = None) -> Any:
+    def resident_f16(self, w: Any, into: Any = None) -> Any:
         """w's fp16 copy [N, K], dequantized once (the staged variant's kernel, all rows);
         ``into``: where to make it (a view of rows of a larger buffer)."""
         if w.f16 is None:
@@ -93,7 +92,7 @@ class CudaPrefillOps:
             w.f16 = f16
         return w.f16
 
-    def _pair_ok(self, h: Any, gate: CudaWeight, up: CudaWeight) -> bool:
+    def _pair_ok(self, h: Any, gate: Any, up: Any) -> bool:
         """Whether gate and up can run as one GEMM: a prefill chunk under resident + fuse_f16,
         and their fp16 copies either not made yet or made as one [2F, K] buffer."""
         if h.ndim != 2 or not self._fuse_f16(int(h.shape[0])):
@@ -105,7 +104,7 @@ class CudaPrefillOps:
         pair = self._pairs.get(id(gate))
         return pair is not None and pair[1] is up and gate.f16 is not None
 
-    def _gate_up(self, h: Any, gate: CudaWeight, up: CudaWeight) -> Any:
+    def _gate_up(self, h: Any, gate: Any, up: Any) -> Any:
         """swiglu(h gate^T, h up^T) as one GEMM into [T, 2F] and swiglu_pair_f16 (which also
         stores the down projection's fp16 input). The copies of gate and up are the two row
         halves of one buffer, so the unfused path (validate's hooks) reads the same memory."""
@@ -131,7 +130,7 @@ class CudaPrefillOps:
         self._f16_remember(out, xh)
         return out
 
-    def _resident(self, x: Any, w: CudaWeight, y: Any) -> None:
+    def _resident(self, x: Any, w: Any, y: Any) -> None:
         T, K, N = int(x.shape[0]), w.k, w.n
         wh, xh = self.resident_f16(w), self._to_f16(x)
         # column-major view: Y^T[N, T] (ld N) = W[N, K] (op T) x X^T[K, T] (op N)
