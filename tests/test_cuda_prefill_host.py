@@ -319,3 +319,21 @@ def test_flash_tc_stores_the_o_projection_input_under_resident():
     assert outh.dtype == np.uint16 and outh.shape == (T, H * D)
     assert be._to_f16(out.reshape(T, H * D)) is outh  # the o projection reuses it
     assert [k.kernel for k in be.launches] == ["attn_tc_d64"]
+
+
+def test_kernels_are_looked_up_once_per_config():
+    """CudaBackend._fn keeps each RawKernel: RawModule.get_function builds a new one per call."""
+    from engine.backends.cuda.backend import CudaBackend
+
+    class Module:
+        calls = 0
+
+        def get_function(self, name: str) -> tuple:
+            Module.calls += 1
+            return ("kernel", name)
+
+    be = CudaBackend.__new__(CudaBackend)  # no GPU: only the lookup is exercised
+    be._k, be._fns = {"m": Module()}, {}
+    assert be._fn("m", "a") is be._fn("m", "a")
+    be._fn("m", "b")
+    assert Module.calls == 2

@@ -175,6 +175,7 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, Backend):  # mixins: hybrid.py,
         self._prof: dict[str, list[float]] = {}  # kernel name -> [calls, total ms]
         self._events: list[tuple[str, Any, Any]] = []
         self._k: dict[str, Any] = {}
+        self._fns: dict[tuple[str, str], Any] = {}  # (module key, kernel) -> RawKernel of _k
         self._pdl: Any = None  # pdl.Launcher while the config asks for it
         self._pdl_lib: Any = None
         # Q8_1 forms of recent float activations: (x, xq, xds), newest last. Holding x keeps
@@ -298,6 +299,7 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, Backend):  # mixins: hybrid.py,
         with contextlib.suppress(*self._faults()):
             self._stream.synchronize()
         self._graph, self._k, self._pos_dev, self._profiling = None, {}, None, False
+        self._fns = {}
         self._tickets, self._head_tickets, self._pdl = None, None, None
         self._q8.clear()
         self._f16.clear()
@@ -326,6 +328,7 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, Backend):  # mixins: hybrid.py,
             raise ConfigError(f"config is for backend {config.backend!r}, not {self.name!r}")
         config.check(self.device_info())
         self._k = self._build(config)
+        self._fns = {}
         self._pdl = self._pdl_launcher(config)
         self.config = config
         self._graph = None  # a captured step bakes in the old kernels
@@ -350,7 +353,12 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, Backend):  # mixins: hybrid.py,
         }
 
     def _fn(self, mod: str, name: str) -> Any:
-        return self._k[mod].get_function(name)
+        # RawModule.get_function builds a new RawKernel (a driver lookup) on every call, and an
+        # eager prefill makes ~500 launches: each kernel is looked up once per config
+        fn = self._fns.get((mod, name))
+        if fn is None:
+            fn = self._fns[(mod, name)] = self._k[mod].get_function(name)
+        return fn
 
     def _launch(
         self,
