@@ -164,7 +164,7 @@ class FakeCuda(CudaBackend):
         self._k = {}
         self._q8 = []
         self._f16 = []
-        self._pairs = {}
+        self._groups = {}
         self.gemms: list[tuple] = []
         self._alpha = np.ones(1, np.float32)
         self._beta = np.zeros(1, np.float32)

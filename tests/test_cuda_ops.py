@@ -489,6 +489,8 @@ PTC_VALIDATE_CONFIGS = [
         "attention_prefill.block_q": 32,
         "attention_prefill.block_k": 128,
     },
+    # q, k, v in one GEMM and rope_kv_rows (prefill_f16.cu)
+    PTC | {"attention_prefill.variant": "flash_tc", "rope.fuse_kv": 1, "prefill.chunk_tokens": 16},
 ]
 
 
@@ -558,14 +560,14 @@ def test_ptc_flash_tc_stores_o_projection_input(cp, be):
     assert np.array_equal(form.get(), want)
 
 
-@pytest.mark.parametrize("attn", ["gemm", "flash_tc"])
+@pytest.mark.parametrize("attn,fkv", [("gemm", 0), ("flash_tc", 0), ("flash_tc", 1)])
 @pytest.mark.parametrize("arch", ["qwen2", "llama", "qwen3"])
-def test_ptc_model_matches_numpy(be, tiny_model_factory, arch, attn):
+def test_ptc_model_matches_numpy(be, tiny_model_factory, arch, attn, fkv):
     from engine.backends.numpy_ref import NumpyBackend
 
     path = tiny_model_factory(arch, "q4_k_m")
     ref = _model(path, NumpyBackend()).generate(PROMPT, 8, path="per_token", keep_logits=True)
-    be.set_config(cfg(**PTC | {"attention_prefill.variant": attn}))
+    be.set_config(cfg(**PTC | {"attention_prefill.variant": attn, "rope.fuse_kv": fkv}))
     got = _model(path, be).generate(PROMPT, 8, keep_logits=True)
     assert got.tokens == ref.tokens
     scale = max(1.0, float(np.abs(ref.last_logits).max()))

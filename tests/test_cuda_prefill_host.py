@@ -92,7 +92,24 @@ def _add(a, b, y, n):  # noqa: ANN001, ANN202
     _flat(y)[:n] = _flat(a)[:n] + _flat(b)[:n]
 
 
+def _rope_kv_rows(y, ld, bq, bk, bv, qo, kc, vc, T, H, Hkv, D, pos0, theta, neox):  # noqa: ANN001, ANN202, N803, PLR0913
+    from engine.backends.numpy_ref import NumpyBackend
+
+    T, H, Hkv, D, pos0, ld = (int(a) for a in (T, H, Hkv, D, pos0, ld))
+    a = np.asarray(y).reshape(T, ld)
+    parts = [a[:, : H * D], a[:, H * D : (H + Hkv) * D], a[:, (H + Hkv) * D :]]
+    for i, b in enumerate((bq, bk, bv)):
+        if isinstance(b, np.ndarray):
+            parts[i] = parts[i] + b
+    nb = NumpyBackend()
+    qo.reshape(T, H, D)[:] = nb.rope(parts[0].reshape(T, H, D), pos0, float(theta), bool(neox))
+    k = nb.rope(parts[1].reshape(T, Hkv, D), pos0, float(theta), bool(neox))
+    kc.reshape(-1, Hkv * D)[pos0 : pos0 + T] = k.reshape(T, Hkv * D)
+    vc.reshape(-1, Hkv * D)[pos0 : pos0 + T] = parts[2]
+
+
 EMULATED = {
+    "rope_kv_rows": _rope_kv_rows,
     "swiglu_pair_f16": _swiglu_pair,
     "add_same": _add,
     "attg_pack_q": _pack_q,
@@ -337,3 +354,33 @@ def test_kernels_are_looked_up_once_per_config():
     assert be._fn("m", "a") is be._fn("m", "a")
     be._fn("m", "b")
     assert Module.calls == 2
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_attn_in_one_gemm_under_resident_and_fuse_kv(bias):
+    """resident + fuse_f16 + rope.fuse_kv: a prefill chunk's q, k, v are one GEMM over one
+    fp16 buffer and rope_kv_rows (strided rows of that GEMM); q and the cache equal the NumPy
+    backend's unfused attn_in."""
+    from engine.backends.numpy_ref import NumpyBackend
+
+    be = EmuCuda(cfg(**{"matmul_prefill.variant": "resident", "rope.fuse_kv": 1}))
+    rng = np.random.default_rng(int(bias))
+    T, C, H, Hkv, D, pos0 = 40, 64, 4, 2, 16, 3
+    qts = [qtensor(rng, (n * D, C), "F32", std=0.1) for n in (H, Hkv, Hkv)]
+    bts = [qtensor(rng, (n * D,), "F32") for n in (H, Hkv, Hkv)] if bias else None
+    h = rng.standard_normal((T, C)).astype(np.float32)
+    ws = tuple(be.load_weight(q) for q in qts)
+    bs = tuple(be.load_weight(b) for b in bts) if bias else None
+    cache = be.new_kv_cache(1, pos0 + T + 2, Hkv, D)
+    q = be.attn_in(be.upload(h), ws, bs, cache, 0, pos0, (H, Hkv, D), 1e4, True)
+    nb = NumpyBackend()
+    ncache = nb.new_kv_cache(1, pos0 + T + 2, Hkv, D)
+    nws = tuple(nb.load_weight(x) for x in qts)
+    nbs = tuple(nb.load_weight(x) for x in bts) if bias else None
+    ref = nb.attn_in(h, nws, nbs, ncache, 0, pos0, (H, Hkv, D), 1e4, True)
+    check(np.asarray(q), ref, 1e-5)
+    check(np.asarray(cache.k[0]), ncache.k[0], 1e-5)
+    check(np.asarray(cache.v[0]), ncache.v[0], 1e-5)
+    assert [k.kernel for k in be.launches].count("rope_kv_rows") == 1
+    assert len(be.gemms) == 1 and be.gemms[0][0][2] == (H + 2 * Hkv) * D
+    assert ws[1].f16.data.ptr == ws[0].f16.data.ptr + H * D * C * 2  # row blocks of one copy

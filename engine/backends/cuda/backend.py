@@ -184,8 +184,9 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, Backend):  # mixins: hybrid.py,
         # fp16 forms of recent float activations (x, xh), newest last, under
         # matmul_prefill.resident: q, k and v (gate and up) read one conversion; held as _q8's.
         self._f16: list[tuple[Any, Any]] = []
-        # id(gate) -> (the [2F, K] fp16 buffer holding gate's and up's copies, up)
-        self._pairs: dict[int, tuple[Any, CudaWeight]] = {}
+        # id(first weight) -> (one fp16 buffer holding the copies of weights read by one GEMM
+        # (q, k, v; gate, up), those weights): matmul_prefill.resident, prefill.py
+        self._groups: dict[int, tuple[Any, tuple[CudaWeight, ...]]] = {}
         # argmax.multi's per-row tickets: zero between launches (the last block resets its row)
         self._tickets = cp.zeros(_MAX_ARGMAX_ROWS, np.uint32)
         self._head_tickets = cp.zeros(_MAX_ARGMAX_ROWS, np.uint32)  # attn_split_kw's combine
@@ -303,7 +304,7 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, Backend):  # mixins: hybrid.py,
         self._tickets, self._head_tickets, self._pdl = None, None, None
         self._q8.clear()
         self._f16.clear()
-        self._pairs.clear()
+        self._groups.clear()
         self._events.clear()
         with self._cp.cuda.Device(self._index):
             self._cp.get_default_memory_pool().free_all_blocks()
@@ -653,6 +654,8 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, Backend):  # mixins: hybrid.py,
     ) -> Any:
         """q/k/v in one mmvw launch with the biases added as they store (matmul_decode.mmvw),
         and/or bias + both ropes + the KV write in one rope_kv launch (rope.fuse_kv)."""
+        if self._qkv_ok(h, wqkv):  # a prefill chunk under resident: one GEMM (prefill.py)
+            return self._attn_in_rows(h, wqkv, bias, cache, layer, pos0, heads, theta, neox)
         H, Hkv, D = heads
         T = int(h.shape[0])
         fuse = int(self.config.op("rope")["fuse_kv"]) == 1

@@ -36,10 +36,10 @@ ATTG_DEFAULTS = (256, 4)  # attention_prefill.gemm's (block_q, softmax_warps): f
 
 class CudaPrefillOps:
     """Prefill paths of CudaBackend on fp16 tensor cores (this class holds no state: the
-    backend's ``_f16`` list and ``_pairs`` dict are made in its constructor)."""
+    backend's ``_f16`` list and ``_groups`` dict are made in its constructor)."""
 
     _f16: list[tuple[Any, Any]]
-    _pairs: dict[int, tuple[Any, Any]]
+    _groups: dict[int, tuple[Any, tuple[Any, ...]]]
 
     def _f16_lookup(self, x: Any) -> Any:
         for e in self._f16:  # same memory and shape: made by a producer or a last call
@@ -92,35 +92,52 @@ class CudaPrefillOps:
             w.f16 = f16
         return w.f16
 
-    def _pair_ok(self, h: Any, gate: Any, up: Any) -> bool:
-        """Whether gate and up can run as one GEMM: a prefill chunk under resident + fuse_f16,
-        and their fp16 copies either not made yet or made as one [2F, K] buffer."""
+    def _group_ok(self, h: Any, ws: tuple[Any, ...]) -> bool:
+        """Whether matrices ws of one input can run as one GEMM: a prefill chunk under resident
+        + fuse_f16, and their fp16 copies either not made yet or made as one buffer (in order)."""
         if h.ndim != 2 or not self._fuse_f16(int(h.shape[0])):
             return False
-        if gate.raw is None or up.raw is None or gate.k != up.k or gate.n != up.n:
+        if any(w.raw is None or w.k != ws[0].k for w in ws):
             return False
-        if gate.f16 is None and up.f16 is None:
+        if all(w.f16 is None for w in ws):
             return True
-        pair = self._pairs.get(id(gate))
-        return pair is not None and pair[1] is up and gate.f16 is not None
+        group = self._groups.get(id(ws[0]))
+        return (
+            group is not None
+            and len(group[1]) == len(ws)
+            and all(a is b for a, b in zip(group[1], ws, strict=True))
+        )
+
+    def _group_copy(self, ws: tuple[Any, ...]) -> Any:
+        """The fp16 copies of ws as the row blocks of one [sum N, K] buffer, made once (each
+        weight's ``f16`` is its block, so the one-matrix path reads the same memory)."""
+        key = id(ws[0])
+        if key not in self._groups:
+            buf = self._empty((sum(w.n for w in ws), ws[0].k), np.uint16)
+            r0 = 0
+            for w in ws:
+                self.resident_f16(w, buf[r0 : r0 + w.n])
+                r0 += w.n
+            self._groups[key] = (buf, ws)
+            weakref.finalize(ws[0], self._groups.pop, key, None)
+        return self._groups[key][0]
+
+    def _group_gemm(self, h: Any, ws: tuple[Any, ...]) -> Any:
+        """h @ [w1; w2; ...]^T -> [T, sum N] in one GEMM."""
+        h = self._cp.ascontiguousarray(h, dtype=np.float32)
+        T, K, N = int(h.shape[0]), ws[0].k, sum(w.n for w in ws)
+        buf, y = self._group_copy(ws), self._empty((T, N))
+        self._gemm(_OP_T, _OP_N, N, T, K, 1.0, buf, K, 0, self._to_f16(h), K, 0, y, N, 0, 1)
+        return y
+
+    def _pair_ok(self, h: Any, gate: Any, up: Any) -> bool:
+        return gate.n == up.n and self._group_ok(h, (gate, up))
 
     def _gate_up(self, h: Any, gate: Any, up: Any) -> Any:
         """swiglu(h gate^T, h up^T) as one GEMM into [T, 2F] and swiglu_pair_f16 (which also
-        stores the down projection's fp16 input). The copies of gate and up are the two row
-        halves of one buffer, so the unfused path (validate's hooks) reads the same memory."""
-        h = self._cp.ascontiguousarray(h, dtype=np.float32)
-        T, K, F = int(h.shape[0]), gate.k, gate.n
-        if id(gate) not in self._pairs:
-            buf = self._empty((2 * F, K), np.uint16)
-            self.resident_f16(gate, buf[:F])
-            self.resident_f16(up, buf[F:])
-            self._pairs[id(gate)] = (buf, up)
-            weakref.finalize(gate, self._pairs.pop, id(gate), None)
-        buf = self._pairs[id(gate)][0]
-        gu = self._empty((T, 2 * F))
-        self._gemm(
-            _OP_T, _OP_N, 2 * F, T, K, 1.0, buf, K, 0, self._to_f16(h), K, 0, gu, 2 * F, 0, 1
-        )
+        stores the down projection's fp16 input)."""
+        gu = self._group_gemm(h, (gate, up))
+        T, F = int(gu.shape[0]), gate.n
         out, xh = self._empty((T, F)), self._empty((T, F), np.uint16)
         th = int(self.config.op("swiglu")["threads"])
         self._launch(
@@ -129,6 +146,47 @@ class CudaPrefillOps:
         )  # fmt: skip
         self._f16_remember(out, xh)
         return out
+
+    def _qkv_ok(self, h: Any, wqkv: tuple[Any, Any, Any]) -> bool:
+        """attn_in of a prefill chunk as one GEMM and rope_kv_rows: resident + fuse_f16 with
+        rope.fuse_kv (the one launch for bias, both ropes and the KV write)."""
+        return int(self.config.op("rope")["fuse_kv"]) == 1 and self._group_ok(h, wqkv)
+
+    def _attn_in_rows(
+        self,
+        h: Any,
+        wqkv: tuple[Any, Any, Any],
+        bias: tuple[Any, Any, Any] | None,
+        cache: KVCache,
+        layer: int,
+        pos0: int,
+        heads: tuple[int, int, int],
+        theta: float,
+        neox: bool,
+    ) -> Any:
+        """q, k, v in one GEMM into [T, (H + 2 Hkv) D], then rope_kv_rows: q roped into
+        [T, H, D], k (roped) and v into the cache, biases added first."""
+        H, Hkv, D = heads
+        T = int(h.shape[0])
+        if pos0 + T > cache.capacity:
+            raise ValueError(
+                f"KV cache full: writing positions {pos0}..{pos0 + T - 1} "
+                f"into a cache of {cache.capacity}"
+            )
+        y = self._group_gemm(h, wqkv)
+        qo = self._empty((T, H, D))
+        th = int(self.config.op("rope")["threads"])
+        n = T * (H + Hkv) * (D // 2) + T * Hkv * D
+        bq, bk, bv = (_NULL,) * 3 if bias is None else (b.f32 for b in bias)
+        self._launch(
+            "prefill_f16", "rope_kv_rows", (self._grid1(n, th),), (th,),
+            (
+                y, np.int32(int(y.shape[1])), bq, bk, bv, qo, cache.k[layer], cache.v[layer],
+                np.int32(T), np.int32(H), np.int32(Hkv), np.int32(D), np.int32(pos0),
+                np.float32(theta), np.int32(1 if neox else 0),
+            ),
+        )  # fmt: skip
+        return qo
 
     def _resident(self, x: Any, w: Any, y: Any) -> None:
         T, K, N = int(x.shape[0]), w.k, w.n
