@@ -97,7 +97,7 @@ class CudaPrefillOps:
         + fuse_f16, and their fp16 copies either not made yet or made as one buffer (in order)."""
         if h.ndim != 2 or not self._fuse_f16(int(h.shape[0])):
             return False
-        if any(w.raw is None or w.k != ws[0].k for w in ws):
+        if any(w.raw is None or w.k != int(h.shape[1]) for w in ws):  # else matmul says why
             return False
         if all(w.f16 is None for w in ws):
             return True
