@@ -5,7 +5,8 @@
 # while the tests run) scripts/device_speed.py: pp512/tg128 of the registry default against the
 # ptc* variants, validate, and the per-kernel prefill profile (CUDA events) of default and the
 # best variant. Output in $OUT: pytest_ptc_*.log, speed_<preset>.json / .log.
-#   BUDGET_S (default 300), TESTS=0 skips the tests, PRESETS (default "1.5b 7b"),
+#   BUDGET_S (default 300), TESTS=0 skips the tests, MUTANTS=0 the two planted attention bugs
+#   (run last, when 50 s are left), PRESETS (default "1.5b 7b"),
 #   BENCH / VALIDATE / PROFILE: variant lists of scripts/device_speed.py.
 set -u -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -20,6 +21,7 @@ for p in ${PRESETS:-1.5b 7b}; do
       --json > "$OUT/synth_$p.log" 2>&1 && mv /tmp/models/$p.part.gguf /tmp/models/$p.gguf &)
 done
 left() { echo $((END - $(date +%s))); }
+RESERVE=0; [ "${MUTANTS:-1}" = 0 ] || RESERVE=${MUTANT_RESERVE:-55}  # seconds kept for the mutants
 if [ "${TESTS:-1}" != 0 ]; then
   PT="python3 -m pytest -m gpu -v -rfE --tb=short -p no:cacheprovider tests/test_cuda_ops.py"
   for k in "ptc and attention" "ptc and (validate or model or producers or stores)" "ptc and matmul"; do
@@ -32,12 +34,17 @@ BENCH=${BENCH:-default,ptc_tc_fkv,ptc_tc,ptc_resident,ptc_attn,ptc_tc_mmvw_all,p
 for p in ${PRESETS:-1.5b 7b}; do
   while [ ! -f /tmp/models/$p.gguf ] && [ "$(left)" -gt 40 ]; do sleep 1; done
   [ -f /tmp/models/$p.gguf ] || { echo "$p: model not written in time"; continue; }
-  n=$(echo ${PRESETS:-1.5b 7b} | wc -w); share=$(( $(left) - 10 )); [ "$p" = 1.5b ] && [ $n -gt 1 ] && share=$(( share * 2 / 5 ))
+  n=$(echo ${PRESETS:-1.5b 7b} | wc -w); share=$(( $(left) - 10 - RESERVE )); [ "$p" = 1.5b ] && [ $n -gt 1 ] && share=$(( share * 2 / 5 ))
   dl=$(( $(date +%s) + share ))
   timeout $(( share + 8 )) python3 scripts/device_speed.py /tmp/models/$p.gguf --bench "$BENCH" \
       --validate "${VALIDATE:-ptc_tc_fkv,ptc_tc_mmvw_all}" --profile "${PROFILE:-default,ptc_tc_fkv}" \
       --validate-after 2 --profile-early --repeats ${REPEATS:-3} --deadline $dl --out "$OUT" > "$OUT/speed_$p.log" 2>&1
   echo "speed $p rc=$? after $(( $(date +%s) - T0 ))s" | tee -a "$OUT/speed_$p.log"
 done
+if [ "${MUTANTS:-1}" != 0 ] && [ "$(left)" -gt 50 ]; then  # the two planted attention bugs
+  timeout $(( $(left) - 5 )) python3 -m pytest -m gpu -v -rfE --tb=short -p no:cacheprovider \
+      tests/test_mutants.py -k "ATTG_NO_CAUSAL or FLASH_TC_NO_CAUSAL" > "$OUT/pytest_mutants.log" 2>&1
+  echo "pytest mutants rc=$? after $(( $(date +%s) - T0 ))s" | tee -a "$OUT/pytest_mutants.log"
+fi
 cat "$OUT"/speed_*.log | grep -v "^\s*$" | tail -60
 echo "done after $(( $(date +%s) - T0 ))s"
