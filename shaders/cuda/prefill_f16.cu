@@ -39,17 +39,17 @@ extern "C" __global__ void swiglu_f16(const float* g, const float* u, float* y, 
 }
 
 // gu [T, 2F] (gate in columns [0, F), up in [F, 2F): one GEMM of both) -> silu(gate) * up as
-// y [T, F] f32 and yh f16.
+// y [T, F] f32 and yh f16. Grid (x, T): a row per blockIdx.y (no 64-bit division per element).
 extern "C" __global__ void swiglu_pair_f16(const float* __restrict__ gu, float* __restrict__ y,
                                            u16* __restrict__ yh, int T, int F) {
-    const long long n = (long long)T * F;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x) {
-        const long long t = i / F, j = i % F;
-        const float v = gu[t * 2 * F + j];
-        const float r = v / (1.f + expf(-v)) * gu[t * 2 * F + F + j];
-        y[i] = r;
-        yh[i] = f2h(r);
+    const int t = blockIdx.y;
+    const float* g = gu + (size_t)t * 2 * F;
+    const size_t o = (size_t)t * F;
+    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < F; j += gridDim.x * blockDim.x) {
+        const float v = g[j];
+        const float r = v / (1.f + expf(-v)) * g[F + j];
+        y[o + j] = r;
+        yh[o + j] = f2h(r);
     }
 }
 

@@ -142,7 +142,7 @@ class CudaPrefillOps:
         out, xh = self._empty((T, F)), self._empty((T, F), np.uint16)
         th = int(self.config.op("swiglu")["threads"])
         self._launch(
-            "prefill_f16", "swiglu_pair_f16", (self._grid1(T * F, th),), (th,),
+            "prefill_f16", "swiglu_pair_f16", (self._grid1(F, th), T), (th,),
             (gu, out, xh, np.int32(T), np.int32(F)),
         )  # fmt: skip
         self._f16_remember(out, xh)
