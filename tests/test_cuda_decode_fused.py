@@ -316,7 +316,7 @@ def test_mmvw_glu(cp, be, cid, knobs, qg, qu, N, kb):
     hd = be.upload(h)
     be.set_profiling(True)
     for _ in range(2):  # the second call reuses h's Q8_1 form
-        y = be._gate_up(hd, be.load_weight(wg), be.load_weight(wu))
+        y = be._decode_gate_up(hd, be.load_weight(wg), be.load_weight(wu))
         g, u = h.astype(np.float64) @ dense(wg).T, h.astype(np.float64) @ dense(wu).T
         check(y.get(), g / (1 + np.exp(-g)) * u, INT8_NMSE)
         if N % 32:
