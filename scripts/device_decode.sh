@@ -11,7 +11,8 @@
 #      whose fault would end the process's later steps
 #   3. PDL with the weights' L2 prefetch or staging, a process per model (PDL_MODELS, default
 #      the first model; PDL_RESERVE seconds kept for it).
-# Output under $OUT/decode/: pytest.log, speed_<preset>.log / .json (rewritten after every step).
+# Output under $OUT/decode/: pytest.log, speed_<preset>.log / .json (rewritten after every step),
+# speed_<preset>_pdl.*; PACK=1 packs the folder into $OUT/decode.tgz.
 #   BUDGET_S=400 MODELS="1.5b 7b" MUTANTS=1 bash scripts/device_decode.sh     (a full call)
 set -u -o pipefail
 OUT=${OUT:-/tmp/out}; D="$OUT/decode"; mkdir -p "$D"
@@ -65,3 +66,5 @@ for p in $PM; do
   fi
 done
 echo "decode done in $(( $(date +%s) - T0 )) s"
+# PACK=1: one $OUT/decode.tgz instead of the folder (a device call returns at most 8 files)
+if [ "${PACK:-0}" = 1 ]; then tar czf "$OUT/decode.tgz" -C "$OUT" decode && rm -rf "$D"; fi
