@@ -33,7 +33,7 @@ done
 K=${PYTEST_K:-"glu or norm or attn_in or fused_prefetch or fused_all"}
 TESTS="tests/test_cuda_decode_fused.py tests/test_cuda_pdl.py"  # PDL last: a fault ends the run
 if [ "${MUTANTS:-0}" = 1 ]; then
-  TESTS="$TESTS tests/test_mutants.py"; K="$K or MMVW_GLU or MMVW_NORM or MMVW_QKV"
+  TESTS="$TESTS tests/test_mutants.py"; K="$K or MMVW_GLU or MMVW_NORM or MMVW_QKV or MMVW_STAGE"
 fi
 timeout $(( $(left) * ${TEST_SHARE:-40} / 100 )) python3 -m pytest -v -rfE -m gpu \
     -p no:cacheprovider $TESTS -k "$K" > "$D/pytest.log" 2>&1
