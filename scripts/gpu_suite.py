@@ -170,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     files = _select(SUITES[args.suite], args.only, args.skip)
     if not files:
-        print(f"gpu_suite: no file of the {args.suite} suite matches --only/--skip", file=sys.stderr)
+        msg = f"gpu_suite: no file of the {args.suite} suite matches --only/--skip"
+        print(msg, file=sys.stderr)
         return 2
     tallies: list[FileTally] = []
     for f, m, k in files:
