@@ -69,7 +69,7 @@ def load(
     elif config is not None:
         cfg, source = TuningConfig.from_toml(config, backend), f"file:{config}"
     else:
-        cfg = TuningConfig.default_for(backend, device)  # tensor cores where the device has them
+        cfg = TuningConfig.default(backend)
         found = (
             find_promoted(backend, device.device_class, gguf.spec.family) if use_promoted else None
         )

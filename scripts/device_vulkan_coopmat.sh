@@ -25,16 +25,14 @@ PY
 PT="python3 -m pytest -q -p no:cacheprovider -rfEs --tb=short -m gpu tests/test_vulkan_coopmat.py"
 timeout $((16 * S)) $PT -k "knobs or row_ranges" > "$O/pytest_knobs.log" 2>&1
 echo "pytest knobs rc=$?"; tail -4 "$O/pytest_knobs.log"
-# explicit configs: on a device with cooperative matrices the engine's default is coopmat now
-printf 'backend = "vulkan"\n[ops.matmul_prefill]\nvariant = "tiled"\n[ops.attention]\nvariant = "split"\n' \
-    > /tmp/tiled.toml
 printf 'backend = "vulkan"\n[ops.matmul_prefill]\nvariant = "coopmat"\n' > /tmp/coopmat.toml
 printf '[ops.attention]\nvariant = "coopmat"\n' | cat /tmp/coopmat.toml - > /tmp/coopmat_attn.toml
 for m in $MODELS; do
   wait_model $m
   B="python3 -m engine bench --backend vulkan --no-promoted --json --model /tmp/models/$m.gguf"
   for v in tiled coopmat coopmat_attn; do
-    timeout $((15 * S)) $B --config /tmp/$v.toml --prompt-tokens 512 --gen-tokens 1 --repeats 2 \
+    cfg=""; [ $v != tiled ] && cfg="--config /tmp/$v.toml"
+    timeout $((15 * S)) $B $cfg --prompt-tokens 512 --gen-tokens 1 --repeats 2 \
         > "$O/bench_${m}_$v.json" 2> "$O/bench_${m}_$v.err"
     echo "bench $m $v rc=$?"; python3 -c "import json; r = json.load(open('$O/bench_${m}_$v.json'))
 print('$m $v pp512 tok/s', r['results'][0]['prefill_tok_s'])" 2>&1 | tee -a "$O/bench.txt"

@@ -145,19 +145,6 @@ def test_registry_allows_coopmat_only_with_the_extension_and_shape():
         assert p.startswith("attention.coopmat:") and "VK_KHR_cooperative_matrix" in p
 
 
-def test_default_for_prefers_coopmat_where_the_device_allows_it():
-    h200 = TuningConfig.default_for("vulkan", h200_like())
-    assert h200.op("matmul_prefill").variant == "coopmat"
-    assert h200.op("attention").variant == "coopmat"
-    assert h200.replace(**{"matmul_prefill.variant": "tiled", "attention.variant": "split"}) == (
-        TuningConfig.default("vulkan")
-    )
-    lavapipe = h200_like(cooperative_matrix=False, coopmat_shapes=[])
-    assert TuningConfig.default_for("vulkan", lavapipe) == TuningConfig.default("vulkan")
-    assert TuningConfig.default_for("vulkan", None) == TuningConfig.default("vulkan")
-    assert TuningConfig.default("vulkan").op("matmul_prefill").variant == "tiled"
-
-
 def test_registry_coopmat_subgroups_and_tiles():
     wave64 = h200_like(min_subgroup_size=32, max_subgroup_size=64)
     assert coopmat_problems(wave64) == []

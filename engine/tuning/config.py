@@ -53,22 +53,6 @@ class TuningConfig:
         return cls.from_flat(backend, {})
 
     @classmethod
-    def default_for(cls, backend: str, device: DeviceInfo | None) -> TuningConfig:
-        """The default on this device: per op, its preferred variant (Variant.preferred) where
-        the device allows it, else the first. With no device, the device-free default."""
-        cfg = cls.default(backend)
-        if device is None:
-            return cfg
-        for op in REGISTRY.ops(backend):
-            for v in op.variants:
-                if v.preferred:
-                    cand = cfg.replace(**{f"{op.name}.variant": v.name})
-                    if not cand.problems(device):
-                        cfg = cand
-                        break
-        return cfg
-
-    @classmethod
     def from_flat(cls, backend: str, flat: Mapping[str, Any]) -> TuningConfig:
         """Build from {"op.variant": name, "op.param": value}; unknown keys or values raise
         ConfigError naming the key and what is allowed."""

@@ -226,9 +226,6 @@ class Variant:
     # knobs bound to DEFINE: what makes one source file several variants.
     defines: tuple[str, ...] = ()
     numeric: str = ""  # its numeric class: a key of NUMERIC_BUDGETS (required)
-    # Chosen by TuningConfig.default_for where the device allows it (tensor-core kernels on the
-    # devices that have them); the op's first variant stays the device-free default.
-    preferred: bool = False
 
     def bound(self, kind: str) -> tuple[Param, ...]:
         """The knobs that reach the kernel this way."""

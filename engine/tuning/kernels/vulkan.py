@@ -384,8 +384,7 @@ REGISTRY.register(
             "tile_m x tile_n block of y, weights decoded once per tile_n columns",
         ),
         # Tensor cores: GL_KHR_cooperative_matrix, fp16 tiles into fp32 (fp16 numeric class).
-        # Preferred: the default (TuningConfig.default_for) on devices that pass _coopmat_ok;
-        # not the device-free default, which must run everywhere.
+        # Not the default: only devices with the extension can run it (see _coopmat_ok).
         Variant(
             B,
             "matmul_prefill",
@@ -459,7 +458,6 @@ REGISTRY.register(
             quant_types=QUANT_TYPES,
             source="vulkan/matmul_coopmat.comp",
             numeric="fp16",
-            preferred=True,
             doc="cooperative-matrix (tensor-core) tiled GEMM with fused dequant to fp16 tiles, "
             "fp32 accumulation: 16x16x16 multiply-adds, a subgroup per warp_n x warp_m tile",
         ),
@@ -627,7 +625,6 @@ def _register_attention_coopmat() -> None:
         ),
         source="vulkan/attention_coopmat.comp",
         numeric="fp16",
-        preferred=True,
         doc="prefill: flash attention on cooperative matrices (16 queries x 32 keys per step, "
         "fp16 Q/K/V/P, fp32 softmax and output; head dims multiples of 16 up to 128); decode "
         "and other head dims: the split kernel with these knobs",
