@@ -381,6 +381,30 @@ def test_tiny_hybrid_matches_numpy_and_graph_equals_eager(be, tiny_model_factory
             assert np.array_equal(a, b), "graph replay differs from eager decode"
 
 
+# the fused decode schedule: projections three to an mmvw launch, residuals added as they store
+MMVW = {"matmul_decode.variant": "mmvw", "rope.fuse_kv": 1, "argmax.variant": "multi"}
+
+
+@pytest.mark.parametrize("arch", HYBRIDS)
+def test_mmvw_fused_decode_matches_the_hooked_schedule(be, tiny_model_factory, arch):
+    # No hook: matmuls / matmul_add / ffn group the projections into mmvw launches (graph
+    # replay); hooked: one launch per matmul, eager. Same rows, same int8 arithmetic.
+    from engine.validate import compare_logits
+
+    be.set_config(cfg(**MMVW, **F32_PREFILL))
+    m = _model(tiny_model_factory(arch, "q4_k_m"), be)
+    fused = m.generate(PROMPT, 8, keep_logits=True)
+    be.use_graphs = False
+    m.hook = lambda *a: None
+    try:
+        hooked = m.generate(PROMPT, 8, keep_logits=True)
+    finally:
+        m.hook, be.use_graphs = None, True
+    assert fused.tokens == hooked.tokens
+    for a, b in zip(fused.step_logits, hooked.step_logits, strict=True):
+        assert compare_logits(b, a)[2] < 1e-10
+
+
 HYBRID_VALIDATE_CONFIGS = [
     {},
     {"delta_net.state_transposed": False, "prefill.chunk_tokens": 16},
@@ -397,6 +421,10 @@ HYBRID_VALIDATE_CONFIGS = [
     {"moe_experts.variant": "grouped"},
     {"moe_experts.variant": "grouped", "moe_experts.tile_pairs": 4, "delta_net.variant": "chunked",
      "delta_net.chunk": 4, "prefill.chunk_tokens": 24},
+    MMVW,
+    {**MMVW, "matmul_decode.pdl": 1, "matmul_decode.threads_per_row": 16,
+     "matmul_prefill.variant": "mmq8", "prefill.gemm_min_t": 2, "delta_net.variant": "chunked",
+     "moe_experts.variant": "grouped"},
 ]  # fmt: skip
 
 

@@ -291,8 +291,10 @@ def test_moe_grouped_schedule(tile, qtype):
          "prefill.gemm_min_t": 1 << 20, "matmul_decode.variant": "mmvq"},
         {"delta_net.variant": "chunked", "delta_net.chunk": 16, "prefill.chunk_tokens": 24,
          "moe_experts.variant": "grouped", "moe_experts.tile_pairs": 4},
+        {"matmul_decode.variant": "mmvw", "rope.fuse_kv": 1, "prefill.gemm_min_t": 2,
+         "matmul_prefill.variant": "mmq8"},
     ],
-    ids=["dmmv", "mmq", "chunks-mmvq", "chunked-grouped"],
+    ids=["dmmv", "mmq", "chunks-mmvq", "chunked-grouped", "mmvw-mmq8"],
 )  # fmt: skip
 def test_tiny_hybrid_runs_through_the_cuda_host_code(tiny_model_factory, arch, flat):
     from engine.gguf_model import open_model
@@ -315,3 +317,24 @@ def test_tiny_hybrid_runs_through_the_cuda_host_code(tiny_model_factory, arch, f
         want |= {"router_topk", "moe_combine"}
         assert any(k.startswith("moe_q") or k.startswith("moe_f") for k in run), run
     assert want <= run, want - run
+
+
+def test_mmvw_decode_step_groups_the_hybrid_projections(tiny_model_factory):
+    # qwen35 tiny: 3 delta-net layers, 1 attention layer, dense FFN. Per decode token under
+    # mmvw: delta-net in-projections qkv + gate + beta | alpha (2 launches), ssm_out with the
+    # residual (1), FFN gate + up (1) and down with the residual (1); the attention layer's
+    # q + k + v (1), output (1) and FFN (2); the LM head (1): 20, against 32 one per matmul.
+    from engine.gguf_model import open_model
+    from engine.models import build_model
+
+    be = FakeCuda(cfg(**{"matmul_decode.variant": "mmvw", "prefill.gemm_min_t": 1 << 20}))
+    m = build_model(open_model(tiny_model_factory("qwen35", "q4_k_m")), be)
+
+    def mmvw_launches(n: int) -> int:
+        be.launches.clear()
+        m.generate(PROMPT, n)
+        return sum(launch.kernel == "mmvw" for launch in be.launches)
+
+    assert mmvw_launches(3) - mmvw_launches(2) == 20
+    per_token = [launch for launch in be.launches if launch.kernel == "mmvw"]
+    assert all(int(launch.args[3]) + int(launch.args[4]) > 0 for launch in per_token)

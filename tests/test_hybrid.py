@@ -147,3 +147,17 @@ def test_backend_without_hybrid_ops_fails_at_load(tiny_model_factory):
 
     with pytest.raises(UnsupportedError, match="ssm_conv, router_topk"):
         build_model(open_model(tiny_model_factory("qwen3next", "q4_k_m")), DenseOnly())
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "qwen35moe", "qwen3next"])
+def test_fused_trunk_is_the_hooked_trunk_on_numpy(tiny_model_factory, arch):
+    # With no hook the trunk goes through matmuls / matmul_add / ffn, whose base defaults are
+    # the hooked trunk's op calls: the same logits to the bit on a backend that does not fuse.
+    m = build_model(open_model(tiny_model_factory(arch, "q4_k_m")), NumpyBackend())
+    fused = m.generate([5, 17, 99, 3, 42, 7], 3)
+    seen: list[str] = []
+    m.hook = lambda op, label, *rest: seen.append(label)
+    hooked = m.generate([5, 17, 99, 3, 42, 7], 3)
+    assert {"attn_residual", "ffn_residual", "ssm_out", "attn_qkv", "ssm_gated"} <= set(seen)
+    assert fused.tokens == hooked.tokens
+    assert np.array_equal(fused.last_logits, hooked.last_logits)

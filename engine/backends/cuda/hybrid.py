@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from engine.backends.cuda.kernels import QTYPE_SUFFIX
+from engine.tuning.kernels.cuda import BLOCK_TYPES as _MMVW  # the types mmvw.cu decodes
 
 MAX_CONV = 8  # hybrid.cu ssm_conv_state keeps K - 1 <= 7 inputs per channel in registers
 MAX_EXPERTS = 1024  # router_topk: 32 per lane
@@ -38,7 +39,7 @@ def _max_tiles(pairs: int, experts: int, choice: Any) -> int:
 
 
 class CudaHybridOps:
-    """Hybrid ops of CudaBackend (needs its _launch, _empty, _grid1, _pos_ptr, config)."""
+    """Hybrid ops of CudaBackend (needs its _launch, _empty, _grid1, _pos_ptr, _mmvw, config)."""
 
     _cp: Any
     config: Any
@@ -48,6 +49,22 @@ class CudaHybridOps:
 
     def _contig(self, x: Any, dtype: Any = np.float32) -> Any:
         return self._cp.ascontiguousarray(x, dtype=dtype)
+
+    def matmuls(self, x: Any, ws: tuple[Any, ...]) -> tuple[Any, ...]:
+        """Under matmul_decode.mmvw a decode row's block-type projections go three to a launch
+        (mmvw.cu, one Q8_1 form of x); other types, and prefill, through matmul."""
+        if int(x.shape[0]) != 1 or self.config.op("matmul_decode").variant != "mmvw":
+            return tuple(self.matmul(x, w) for w in ws)
+        x = self._decode_row(x)
+        K = int(x.shape[1])
+        outs: list[Any] = [None] * len(ws)
+        wide = [i for i, w in enumerate(ws) if w.raw is not None and w.qtype in _MMVW and w.k == K]
+        for j in range(0, len(wide), 3):
+            group = wide[j : j + 3]
+            for i in group:
+                outs[i] = self._empty((1, ws[i].n))
+            self._mmvw(x, [(ws[i], outs[i], None) for i in group])
+        return tuple(self.matmul(x, w) if y is None else y for w, y in zip(ws, outs, strict=True))
 
     def rope_partial(self, x: Any, pos0: int, theta: float, n_rot: int) -> Any:
         x = self._contig(x)
