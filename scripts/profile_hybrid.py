@@ -58,6 +58,14 @@ class PhaseTracker:
             timed = self.be._timed
             self.be._timed = lambda name: timed(f"{self.phase}|{name}")
 
+    def restore(self) -> None:
+        """Drop the wrappers: the model and backend run as before."""
+        for name in ("_delta_net", "_attention", "_ffn"):
+            self.model.__dict__.pop(name, None)
+        for op in OPS:
+            self.be.__dict__.pop(op, None)
+        self.be.__dict__.pop("_timed", None)
+
     def _layer(self, kind: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def call(*args: Any, **kw: Any) -> Any:
             if kind == "ffn" and self.model.spec.moe is not None:
@@ -143,6 +151,36 @@ def _entries(rep: Any) -> Iterator[tuple[str, float]]:
         yield name, float(k.total_ms)
 
 
+def phase_profile(model: Any, n_prompt: int, n_gen: int) -> dict[str, Any]:
+    """One batched prefill of n_prompt tokens, then n_gen single-token forwards (eager: what a
+    decode step's graph replays), each split by phase (and by kernel on CUDA)."""
+    import numpy as np
+
+    be = model.backend
+    V = model.spec.n_vocab
+    prompt = [(7 + 31 * i) % V for i in range(n_prompt)]
+    model.generate(prompt[:8], 2)  # compile and warm up
+    tr = PhaseTracker(model)
+    cache = model.new_cache(n_prompt + n_gen + 1)
+    with tr.measure() as pre:
+        model.prefill(prompt, cache)
+    with tr.measure() as dec:
+        for t in range(n_gen):
+            ids = be.upload(np.array([prompt[t % n_prompt]], np.int32))
+            model.forward(ids, 1, n_prompt + t, cache)
+    tr.restore()
+    return {
+        "backend": be.name,
+        "config": be.config.flat(),
+        "prompt_tokens": n_prompt,
+        "gen_tokens": n_gen,
+        "prefill_ms": pre["phases"],
+        "decode_ms_per_token": {k: v / n_gen for k, v in dec["phases"].items()},
+        "prefill_kernels_ms": pre["kernels"],
+        "decode_kernels_ms_per_token": {k: v / n_gen for k, v in dec["kernels"].items()},
+    }
+
+
 def _config(backend: str, path: Path | None, sets: list[str]) -> Any:
     from engine.tuning import TuningConfig
 
@@ -181,41 +219,17 @@ def main(argv: list[str] | None = None) -> int:
             f"error: {args.model.name} is not a hybrid model ({model.spec.arch})", file=sys.stderr
         )
         return 2
-    V = model.spec.n_vocab
-    prompt = [(7 + 31 * i) % V for i in range(args.prompt)]
-    model.generate(prompt[:8], 2)  # compile and warm up
-    tr = PhaseTracker(model)
-    cache = model.new_cache(args.prompt + args.gen + 1)
-    with tr.measure() as pre:
-        model.prefill(prompt, cache)
-    # decode: single-token forwards after the prompt (eager: what a step's graph replays)
-    import numpy as np
-
-    with tr.measure() as dec:
-        for t in range(args.gen):
-            ids = be.upload(np.array([prompt[t % len(prompt)]], np.int32))
-            model.forward(ids, 1, args.prompt + t, cache)
-    dec_tok = {k: v / args.gen for k, v in dec["phases"].items()}
-    rows = sorted(set(pre["phases"]) | set(dec_tok))
-    report = {
-        "model": args.model.name,
-        "backend": be.name,
-        "config": be.config.flat(),
-        "prompt_tokens": args.prompt,
-        "gen_tokens": args.gen,
-        "prefill_ms": pre["phases"],
-        "decode_ms_per_token": dec_tok,
-        "prefill_kernels_ms": pre["kernels"],
-        "decode_kernels_ms_per_token": {k: v / args.gen for k, v in dec["kernels"].items()},
-    }
+    report = {"model": args.model.name} | phase_profile(model, args.prompt, args.gen)
+    pre, dec_tok = report["prefill_ms"], report["decode_ms_per_token"]
+    rows = sorted(set(pre) | set(dec_tok))
     if args.json:
         print(json.dumps(report, indent=1))
         return 0
-    tp, td = sum(pre["phases"].values()), sum(dec_tok.values())
+    tp, td = sum(pre.values()), sum(dec_tok.values())
     print(f"{args.model.name} on {be.name}: prefill {args.prompt} tokens, decode ms per token")
     print(f"{'phase':<16}{'prefill ms':>12}{'%':>7}{'decode ms/tok':>15}{'%':>7}")
     for r in rows:
-        p, d = pre["phases"].get(r, 0.0), dec_tok.get(r, 0.0)
+        p, d = pre.get(r, 0.0), dec_tok.get(r, 0.0)
         pp, dp = 100 * p / max(tp, 1e-9), 100 * d / max(td, 1e-9)
         print(f"{r:<16}{p:>12.2f}{pp:>7.1f}{d:>15.3f}{dp:>7.1f}")
     print(f"{'total':<16}{tp:>12.2f}{'':>7}{td:>15.3f}")
