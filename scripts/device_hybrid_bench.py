@@ -1,7 +1,7 @@
 """Hybrid models on the GPU in one process (run by scripts/device_hybrid_bench.sh and the
 helper's device request): load a model once, then per variant of VARIANTS `engine bench`'s
 pp/tg figures, `engine validate`'s verdict (optional: a NumPy reference of a 9B costs minutes),
-and the per-phase profile of scripts/profile_hybrid.py. The JSON (--out/hybrid_<model>.json) is
+and the per-phase profile of scripts/profile_hybrid.py. The JSON (--out/hybrid_<model><tag>.json) is
 rewritten after every step, and no step starts past --deadline (epoch seconds).
 
 usage: python scripts/device_hybrid_bench.py MODEL.gguf [--bench a,b] [--validate a,b]
@@ -61,6 +61,7 @@ def main() -> int:
     ap.add_argument("--deadline", type=float, default=float("inf"), help="epoch seconds")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--backend", default="cuda")
+    ap.add_argument("--tag", default="", help="suffix of the JSON's name (hybrid_<model><tag>)")
     args = ap.parse_args()
     lists = {k: [v for v in getattr(args, k).split(",") if v] for k in ("bench", "validate")}
     lists["profile"] = [v for v in args.profile.split(",") if v]
@@ -72,7 +73,7 @@ def main() -> int:
         print(f"error: {args.model}: no such file")
         return 2
     name = Path(args.model).stem
-    out = Path(args.out) / f"hybrid_{name}.json"
+    out = Path(args.out) / f"hybrid_{name}{args.tag}.json"
     res: dict = {"model": args.model, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
                  "variants": {k: VARIANTS[k] for vs in lists.values() for k in vs},
                  "bench": {}, "validate": {}, "profile": {}, "skipped": []}  # fmt: skip
