@@ -39,9 +39,12 @@ VARIANTS: dict[str, dict] = {
     "chunked": {"delta_net.variant": "chunked"},
     "chunked32": {"delta_net.variant": "chunked", "delta_net.chunk": 32},
     "grouped": {"moe_experts.variant": "grouped"},
+    "moe_q8": {"moe_experts.variant": "mmvq"},  # int8 experts (gate + up + SwiGLU fused)
     "mmq8": {"matmul_prefill.variant": "mmq8"},
     "fast": MMVW | {"matmul_decode.pdl": 1, "delta_net.variant": "chunked",
                     "moe_experts.variant": "grouped", "argmax.variant": "multi"},
+    "fast_q8": MMVW | {"matmul_decode.pdl": 1, "delta_net.variant": "chunked",
+                       "moe_experts.variant": "mmvq", "argmax.variant": "multi"},
 }  # fmt: skip
 
 

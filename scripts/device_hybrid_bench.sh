@@ -8,11 +8,12 @@
 #   BUDGET_S=240 bash scripts/device_hybrid_bench.sh
 # Order (the deadline cuts from the end): per shape (9b, then 35b-a3b) llama-bench pp512/tg128,
 # then ours in one process: bench default, mmvw (projections three to an int8 launch), fast
-# (mmvw + PDL + chunked scan + grouped experts), then the per-phase profiles (default, fast);
+# (mmvw + PDL + chunked scan + grouped experts), fast_q8 (fast with the int8 experts of
+# moe_experts.mmvq), then the per-phase profiles (default, fast);
 # last, validate of default and fast on the 9b (a NumPy reference of a 9B: minutes). All lands
 # in $OUT as it comes: llama_<shape>.json, hybrid_<file>[_validate].json (rewritten per step),
 # ours_<shape>.log, summary.txt.
-#   VARIANTS=default,mmvw,fast PROFILE=default,fast VALIDATE=default,fast SHAPES="9b 35b-a3b"
+#   VARIANTS=default,mmvw,fast,fast_q8 PROFILE=default,fast VALIDATE=default,fast SHAPES="9b 35b-a3b"
 #   BACKEND=numpy SHAPES=tiny: a dry run of the flow on a CPU (tiny: the qwen35moe tiny preset)
 set -u -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /tmp/models
@@ -66,7 +67,7 @@ EOF
     else
         echo "llama-bench $s skipped (no $LB or no time)" | tee -a "$OUT/summary.txt"
     fi
-    ours $s --bench ${VARIANTS:-default,mmvw,fast} --profile ${PROFILE:-default,fast} --repeats 2
+    ours $s --bench ${VARIANTS:-default,mmvw,fast,fast_q8} --profile ${PROFILE:-default,fast} --repeats 2
 done
 case " $SHAPES " in *" 9b "*)
     ours 9b --bench "" --profile "" --validate ${VALIDATE:-default,fast} --tag _validate ;;

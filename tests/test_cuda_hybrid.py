@@ -313,6 +313,62 @@ def test_moe_reads_only_the_chosen_experts(be):
     check(be.download(got), want.astype(np.float64), 1e-10)
 
 
+def _q8_round_trip(a: np.ndarray) -> np.ndarray:
+    """Q8_1 as q8.cu makes it, per row and block of 32: d = max|x| / 127, q = round(x / d)."""
+    b = np.asarray(a, np.float64).reshape(a.shape[0], -1, 32)
+    d = np.abs(b).max(-1, keepdims=True) / 127
+    return (np.round(b / np.where(d > 0, d, 1)) * d).reshape(a.shape)
+
+
+Q8_MOE_CONFIGS = [
+    {"moe_experts.variant": "mmvq"},
+    {"moe_experts.variant": "mmvq", "moe_experts.threads_per_row": 8, "moe_experts.warps": 1},
+    {"moe_experts.variant": "mmvq", "moe_experts.threads_per_row": 32, "moe_experts.warps": 8},
+]
+
+
+@pytest.mark.parametrize("flat", Q8_MOE_CONFIGS, ids=[str(i) for i in range(3)])
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0"])
+@pytest.mark.parametrize("T", [1, 5])
+def test_moe_q8_matches_an_int8_emulation_and_reads_only_chosen_experts(be, qtype, T, flat):
+    """moe_experts.mmvq against NumPy with q8.cu's rounding of x and of the SwiGLU output
+    (so only the float summation order differs); experts 1 and 6 are never chosen and their
+    blocks are all 0xFF (a NaN scale): any read of them poisons the output. Rows off every
+    tile (F = 96 or 256 + C = 512 against 8 to 256 rows per block)."""
+    from tests.op_cases import dense
+
+    be.set_config(cfg(**flat))
+    rng = np.random.default_rng(40 + T)
+    E, k, C = 8, 3, 512
+    F = 256 if qtype.endswith("_K") else 96
+    mats = [qtensor(rng, s, qtype, 0.1) for s in ((E, F, C), (E, F, C), (E, C, F))]
+    Wg, Wu, Wd = (dense(m) for m in mats)
+    allowed = np.array([0, 2, 3, 4, 5, 7])
+    ids = np.stack([rng.choice(allowed, k, replace=False) for _ in range(T)]).astype(np.int32)
+    w = rng.uniform(0.1, 1, (T, k)).astype(np.float32)
+    x = _f32(rng, T, C)
+    xq = _q8_round_trip(x)
+    want = np.zeros((T, C))
+    for t in range(T):
+        for j, e in enumerate(ids[t]):
+            g, u = Wg[e] @ xq[t], Wu[e] @ xq[t]
+            h = _q8_round_trip((g / (1 + np.exp(-g)) * u)[None])[0]
+            want[t] += w[t, j] * (Wd[e] @ h)
+    for m in mats:
+        m.raw.reshape(E, -1)[[1, 6]] = 0xFF
+    be.set_profiling(True)
+    try:
+        got = be.moe_experts(
+            be.upload(x), be.upload(ids), be.upload(w), *(be.load_weight(m) for m in mats)
+        )
+        ran = set(be.profile().kernels)
+    finally:
+        be.set_profiling(False)
+    check(be.download(got), want, 1e-6)
+    assert any(n.startswith("moe_q8_gu_") for n in ran), ran  # gate + up + SwiGLU fused
+    assert any(n.startswith("moe_q8_") and "_gu_" not in n for n in ran), ran  # down
+
+
 GROUPED_CONFIGS = [
     {"moe_experts.variant": "grouped"},
     {"moe_experts.variant": "grouped", "moe_experts.tile_pairs": 4,
@@ -425,6 +481,8 @@ HYBRID_VALIDATE_CONFIGS = [
     {**MMVW, "matmul_decode.pdl": 1, "matmul_decode.threads_per_row": 16,
      "matmul_prefill.variant": "mmq8", "prefill.gemm_min_t": 2, "delta_net.variant": "chunked",
      "moe_experts.variant": "grouped"},
+    {**MMVW, "moe_experts.variant": "mmvq", "moe_experts.threads_per_row": 8,
+     "delta_net.variant": "chunked", "prefill.chunk_tokens": 24},
 ]  # fmt: skip
 
 

@@ -293,8 +293,10 @@ def test_moe_grouped_schedule(tile, qtype):
          "moe_experts.variant": "grouped", "moe_experts.tile_pairs": 4},
         {"matmul_decode.variant": "mmvw", "rope.fuse_kv": 1, "prefill.gemm_min_t": 2,
          "matmul_prefill.variant": "mmq8"},
+        {"matmul_decode.variant": "mmvw", "moe_experts.variant": "mmvq",
+         "moe_experts.threads_per_row": 32, "prefill.gemm_min_t": 1 << 20},
     ],
-    ids=["dmmv", "mmq", "chunks-mmvq", "chunked-grouped", "mmvw-mmq8"],
+    ids=["dmmv", "mmq", "chunks-mmvq", "chunked-grouped", "mmvw-mmq8", "mmvw-moe-q8"],
 )  # fmt: skip
 def test_tiny_hybrid_runs_through_the_cuda_host_code(tiny_model_factory, arch, flat):
     from engine.gguf_model import open_model
@@ -313,6 +315,10 @@ def test_tiny_hybrid_runs_through_the_cuda_host_code(tiny_model_factory, arch, f
     if arch != "qwen35" and flat.get("moe_experts.variant") == "grouped":
         want |= {"moe_sort", "moe_gather", "moe_scatter"}
         assert any(k.startswith("moe_grouped_") for k in run), run
+    if arch != "qwen35" and flat.get("moe_experts.variant") == "mmvq":
+        assert any(k.startswith("moe_q8_gu_") for k in run), run  # gate + up + SwiGLU
+        assert any(k.startswith("moe_q8_") and "_gu_" not in k for k in run), run  # down
+        assert "quantize_q8_1" in run  # the SwiGLU output (and prefill's x) as Q8_1
     if arch != "qwen35":
         want |= {"router_topk", "moe_combine"}
         assert any(k.startswith("moe_q") or k.startswith("moe_f") for k in run), run

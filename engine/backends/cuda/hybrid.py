@@ -33,6 +33,17 @@ def _suffix(qtype: str) -> str:
     return QTYPE_SUFFIX[qtype]
 
 
+def _q8_ok(w: Any) -> bool:
+    """moe_q8.cu decodes w: a stacked block-type weight whose rows split into its slots."""
+    K = int(w.shape[-1])
+    return (
+        len(w.shape) == 3
+        and w.raw is not None
+        and w.qtype in _MMVW
+        and K % (256 if w.qtype in ("Q4_K", "Q6_K") else 32) == 0
+    )
+
+
 def _max_tiles(pairs: int, experts: int, choice: Any) -> int:
     """moe_grouped.cu's tiles of P pairs at most: each expert's last tile may be partial."""
     return math.ceil(pairs / int(choice["tile_pairs"])) + min(experts, pairs)
@@ -278,6 +289,8 @@ class CudaHybridOps:
         E = int(gate.shape[0])
         if c.variant == "grouped" and T > 1 and _max_tiles(T * k, E, c) <= MAX_PAIRS:
             d = self._moe_grouped(x, ids, gate, up, down)
+        elif c.variant == "mmvq" and all(_q8_ok(w) for w in (gate, up, down)):
+            d = self._moe_q8(x, ids, gate, up, down)
         else:
             h = self.swiglu(self._moe_matvec(gate, x, ids, k), self._moe_matvec(up, x, ids, k))
             d = self._moe_matvec(down, h, ids, 1)  # [T * k, C]
@@ -286,6 +299,44 @@ class CudaHybridOps:
             "hybrid", "moe_combine", (self._grid1(T * C, th),), (th,),
             (d, weights, out, np.int32(T), np.int32(C), np.int32(k)),
         )  # fmt: skip
+        return out
+
+    def _moe_q8(self, x: Any, ids: Any, gate: Any, up: Any, down: Any) -> Any:
+        """moe_q8.cu: x as Q8_1 (the form rms_norm made at decode when there is one), gate, up
+        and SwiGLU per pair in one launch (one type) or two + swiglu, its output as Q8_1, then
+        down -> [T * k, C] for moe_combine."""
+        k = int(ids.shape[1])
+        xq, xds = self.quantize_q8(x)
+        F = int(gate.shape[1])
+        if gate.qtype == up.qtype and gate.row_bytes == up.row_bytes:
+            h = self._moe_q8_launch("moe_q8_gu", (gate, up), xq, xds, ids, k)
+        else:
+            g = self._moe_q8_launch("moe_q8", (gate,), xq, xds, ids, k)
+            h = self.swiglu(g, self._moe_q8_launch("moe_q8", (up,), xq, xds, ids, k))
+        if int(h.shape[1]) != F:
+            raise ValueError(f"moe: gate {gate.shape} and up {up.shape} disagree")
+        hq, hds = self.quantize_q8(h)
+        return self._moe_q8_launch("moe_q8", (down,), hq, hds, ids, 1)
+
+    def _moe_q8_launch(
+        self, kernel: str, ws: tuple[Any, ...], xq: Any, xds: Any, ids: Any, x_div: int
+    ) -> Any:
+        """y[p] = expert ids[p] of ws (gate . x, up . x -> SwiGLU for two) -> [pairs, N]."""
+        w = ws[0]
+        E, N, K = (int(s) for s in w.shape)
+        if int(xq.shape[-1]) != K:
+            raise ValueError(f"moe: {w.name} {w.shape} (stacked experts) against x {xq.shape}")
+        pairs = int(ids.size)
+        out = self._empty((pairs, N))
+        c = self.config.op("moe_experts")
+        rows = int(c["warps"]) * 32 // int(c["threads_per_row"])
+        for p0 in range(0, pairs, MAX_PAIRS):
+            self._launch(
+                "moe_q8", f"{kernel}_{_suffix(w.qtype)}",
+                (math.ceil(N / rows), 1, min(MAX_PAIRS, pairs - p0)), (int(c["warps"]) * 32,),
+                (*(v.raw for v in ws), np.int32(w.row_bytes), np.int32(N), np.int32(K), xq, xds,
+                 np.int32(x_div), ids, np.int32(E), np.int32(p0), out),
+            )  # fmt: skip
         return out
 
     def _moe_grouped(self, x: Any, ids: Any, gate: Any, up: Any, down: Any) -> Any:

@@ -108,6 +108,7 @@ _MOE_DMMV = (
 
 # dmmv first, so it stays the default until the grouped GEMM is timed on a GPU (the Vulkan
 # backend lists grouped first). grouped at decode (T == 1) is dmmv: the same kernels and knobs.
+# mmvq: int8 activations (the looser numeric class), so never the default.
 REGISTRY.register(
     B,
     "moe_experts",
@@ -145,6 +146,28 @@ REGISTRY.register(
             doc="prefill (T > 1): a counting sort of the pairs by expert on the device into "
             "tiles, then the batched DMMV per (rows, tile) of the tile's expert on the sorted "
             "rows; decode: the dmmv kernels",
+        ),
+        Variant(
+            B,
+            "moe_experts",
+            "mmvq",
+            params=(
+                Param(
+                    "threads_per_row",
+                    (8, 16, 32),
+                    16,
+                    "lanes splitting an expert row (a group inside one warp; shuffles, no barrier)",
+                    define("TPR"),
+                ),
+                Param("warps", (1, 2, 4, 8), 4, "warps per block", define("NW")),
+            ),
+            quant_types=ALL_TYPES,
+            source="cuda/moe_q8.cu",
+            numeric="int8_activations",
+            doc="the routed experts on Q8_1 activations with integer dot products (mmvw's "
+            "row split, vecdot.cuh): gate, up and SwiGLU of a pair in one launch, down on the "
+            "quantized SwiGLU output, expert picked on the device (graph-safe); decode and "
+            "prefill. Float experts (or gate and up of different types) use the dmmv kernels",
         ),
     ],
     doc="routed experts of a MoE FFN (gate, up, SwiGLU, down, combine)",
