@@ -161,3 +161,29 @@ def test_fused_trunk_is_the_hooked_trunk_on_numpy(tiny_model_factory, arch):
     assert {"attn_residual", "ffn_residual", "ssm_out", "attn_qkv", "ssm_gated"} <= set(seen)
     assert fused.tokens == hooked.tokens
     assert np.array_equal(fused.last_logits, hooked.last_logits)
+
+
+def test_phase_profile_charges_every_phase(tiny_model_factory, capsys):
+    # scripts/profile_hybrid.py on NumPy (wall clock per op): every phase of a MoE hybrid shows,
+    # the wrappers come off afterwards, and the CLI prints the table and refuses a dense file.
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "profile_hybrid.py"
+    spec = importlib.util.spec_from_file_location("profile_hybrid", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    gguf = tiny_model_factory("qwen35moe", "q4_k_m")
+    m = build_model(open_model(gguf), NumpyBackend())
+    rep = mod.phase_profile(m, 24, 3)
+    want = {"dn.proj", "dn.conv", "dn.scan", "dn.norm+out", "attn.proj", "attn.core",
+            "attn.out", "moe.router", "moe.experts", "moe.shared", "other"}  # fmt: skip
+    for what in ("prefill_ms", "decode_ms_per_token"):
+        assert set(rep[what]) == want, what
+        assert all(v > 0 for v in rep[what].values()), rep[what]
+    assert "_delta_net" not in m.__dict__ and "matmul" not in m.backend.__dict__
+    args = ["--model", str(gguf), "--backend", "numpy", "--prompt", "8", "--gen", "2"]
+    assert mod.main(args) == 0
+    assert "dn.scan" in capsys.readouterr().out
+    dense = tiny_model_factory("qwen2", "q4_k_m")
+    assert mod.main(["--model", str(dense), "--backend", "numpy"]) == 2
