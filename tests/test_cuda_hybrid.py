@@ -461,6 +461,28 @@ def test_mmvw_fused_decode_matches_the_hooked_schedule(be, tiny_model_factory, a
         assert compare_logits(b, a)[2] < 1e-10
 
 
+@pytest.mark.parametrize("arch", HYBRIDS)
+def test_pdl_chains_the_hybrid_decode_kernels_without_changing_a_bit(be, tiny_model_factory, arch):
+    # Under matmul_decode.pdl the hybrid kernels (conv, gates, scan, gate, RoPE, router, experts,
+    # combine) are programmatic dependent launches too: same logits to the bit, graph or eager.
+    if be.device_info().extra["cc"] < 90:
+        pytest.skip("programmatic dependent launch needs sm_90")
+    m = _model(tiny_model_factory(arch, "q4_k_m"), be)
+    runs = {}
+    for pdl in (0, 1):
+        be.set_config(cfg(**MMVW, **{"moe_experts.variant": "mmvq", "matmul_decode.pdl": pdl}))
+        assert (be._pdl is not None) == bool(pdl)
+        for graphs in (False, True):
+            be.use_graphs = graphs
+            runs[pdl, graphs] = m.generate(PROMPT, 8, keep_logits=True)
+    be.use_graphs = True
+    base = runs[0, True]
+    for key, g in runs.items():
+        assert g.tokens == base.tokens, key
+        for a, b in zip(g.step_logits, base.step_logits, strict=True):
+            assert np.array_equal(a, b), f"{key}: PDL changed a result"
+
+
 HYBRID_VALIDATE_CONFIGS = [
     {},
     {"delta_net.state_transposed": False, "prefill.chunk_tokens": 16},

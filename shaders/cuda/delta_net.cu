@@ -37,6 +37,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32)
                   const float* __restrict__ beta, float* __restrict__ state,
                   float* __restrict__ o, int T, int Hk, int Hv, int dk, int dv, int grouped,
                   float eps) {
+    pdl_start();  // (matmul_decode.pdl: chained into the decode step's dependent launches)
     const int lane = threadIdx.x & 31;
     const int j = blockIdx.x * NW + threadIdx.x / 32;  // the warp's state column
     const int h = blockIdx.y;

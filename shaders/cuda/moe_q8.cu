@@ -33,6 +33,7 @@ __device__ __forceinline__ void moe_q8_rows(const u8* __restrict__ Wa, const u8*
                                             const float2* __restrict__ xds, int x_div,
                                             const int* __restrict__ ids, int E, int p0,
                                             float* __restrict__ Y) {
+    pdl_start();  // (matmul_decode.pdl: chained into the decode step's dependent launches)
     const int p = p0 + blockIdx.z;
     const int g = threadIdx.x / TPR, lane = threadIdx.x % TPR;
     const int n = blockIdx.x * MOE_Q8_GROUPS + g;

@@ -89,7 +89,7 @@ class CudaHybridOps:
             self._launch(
                 "hybrid", "rope_partial", (self._grid1(n, th),), (th,),
                 (x, out, np.int32(T), np.int32(H), np.int32(D), np.int32(n_rot), np.int32(pos0),
-                 self._pos_ptr(), np.float32(theta)),
+                 self._pos_ptr(), np.float32(theta)), pdl=True,
             )  # fmt: skip
         return out
 
@@ -107,7 +107,7 @@ class CudaHybridOps:
             th = self._threads("sigmoid_mul")
             self._launch(
                 "hybrid", "sigmoid_mul", (self._grid1(n, th),), (th,),
-                (gate, x, out, np.int64(n), np.int32(div)),
+                (gate, x, out, np.int64(n), np.int32(div)), pdl=True,
             )  # fmt: skip
         return out
 
@@ -129,12 +129,12 @@ class CudaHybridOps:
         th = self._threads("ssm_conv")
         self._launch(
             "hybrid", "ssm_conv", (self._grid1(T * Cc, th),), (th,),
-            (x, state, wf, out, np.int32(T), np.int32(Cc), np.int32(K)),
+            (x, state, wf, out, np.int32(T), np.int32(Cc), np.int32(K)), pdl=True,
         )  # fmt: skip
         if K > 1:  # after the conv has read the old state (same stream)
             self._launch(
                 "hybrid", "ssm_conv_state", (math.ceil(Cc / th),), (th,),
-                (x, state, np.int32(T), np.int32(Cc), np.int32(K)),
+                (x, state, np.int32(T), np.int32(Cc), np.int32(K)), pdl=True,
             )  # fmt: skip
         return out
 
@@ -149,7 +149,7 @@ class CudaHybridOps:
             th = self._threads("ssm_gates")
             self._launch(
                 "hybrid", "ssm_gates", (self._grid1(n, th),), (th,),
-                (a, b, dt_bias.f32, ssm_a.f32, g, beta, np.int64(n), np.int32(Hv)),
+                (a, b, dt_bias.f32, ssm_a.f32, g, beta, np.int64(n), np.int32(Hv)), pdl=True,
             )  # fmt: skip
         return g, beta
 
@@ -199,7 +199,7 @@ class CudaHybridOps:
         self._launch(
             mod, "delta_net_seq", (math.ceil(dv / nw), Hv), (32 * nw,),
             (q, k, v, g, beta, state, out, np.int32(T), np.int32(Hk), np.int32(Hv), np.int32(dk),
-             np.int32(dv), grouped, np.float32(eps)),
+             np.int32(dv), grouped, np.float32(eps)), pdl=True,
         )  # fmt: skip
         return out
 
@@ -248,7 +248,7 @@ class CudaHybridOps:
             rpb = int(self.config.op("router_topk")["rows_per_block"])
             self._launch(
                 "hybrid", "router_topk", (math.ceil(T / rpb),), (32 * rpb,),
-                (logits, ids, w, np.int32(T), np.int32(E), np.int32(k)),
+                (logits, ids, w, np.int32(T), np.int32(E), np.int32(k)), pdl=True,
             )  # fmt: skip
         return ids, w
 
@@ -267,7 +267,7 @@ class CudaHybridOps:
                 "moe", f"moe_{_suffix(w.qtype)}",
                 (math.ceil(N / rows), 1, min(MAX_PAIRS, pairs - p0)), (rows * tpr,),
                 (w.raw, np.int32(w.row_bytes), np.int32(N), np.int32(Kw), x, np.int32(x_div),
-                 ids, np.int32(E), np.int32(p0), out),
+                 ids, np.int32(E), np.int32(p0), out), pdl=True,
             )  # fmt: skip
         return out
 
@@ -297,7 +297,7 @@ class CudaHybridOps:
         th = 256  # a memory-bound sum of k rows: not worth a knob
         self._launch(
             "hybrid", "moe_combine", (self._grid1(T * C, th),), (th,),
-            (d, weights, out, np.int32(T), np.int32(C), np.int32(k)),
+            (d, weights, out, np.int32(T), np.int32(C), np.int32(k)), pdl=True,
         )  # fmt: skip
         return out
 
@@ -335,7 +335,7 @@ class CudaHybridOps:
                 "moe_q8", f"{kernel}_{_suffix(w.qtype)}",
                 (math.ceil(N / rows), 1, min(MAX_PAIRS, pairs - p0)), (int(c["warps"]) * 32,),
                 (*(v.raw for v in ws), np.int32(w.row_bytes), np.int32(N), np.int32(K), xq, xds,
-                 np.int32(x_div), ids, np.int32(E), np.int32(p0), out),
+                 np.int32(x_div), ids, np.int32(E), np.int32(p0), out), pdl=True,
             )  # fmt: skip
         return out
 
