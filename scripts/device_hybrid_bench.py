@@ -37,13 +37,15 @@ VARIANTS: dict[str, dict] = {
     "mmvw_t16_r2": MMVW | {"matmul_decode.pdl": 1, "matmul_decode.threads_per_row": 16,
                            "matmul_decode.rows_per_thread": 2},
     "chunked": {"delta_net.variant": "chunked"},
+    "scan_pf4": {"delta_net.prefetch": 4},  # the sequential scan with 4 tokens in flight
+    "scan_pf8": {"delta_net.prefetch": 8},
     "chunked32": {"delta_net.variant": "chunked", "delta_net.chunk": 32},
     "grouped": {"moe_experts.variant": "grouped"},
     "moe_q8": {"moe_experts.variant": "mmvq"},  # int8 experts (gate + up + SwiGLU fused)
     "mmq8": {"matmul_prefill.variant": "mmq8"},
-    "fast": MMVW | {"matmul_decode.pdl": 1, "delta_net.variant": "chunked",
+    "fast": MMVW | {"matmul_decode.pdl": 1, "delta_net.prefetch": 4,
                     "moe_experts.variant": "grouped", "argmax.variant": "multi"},
-    "fast_q8": MMVW | {"matmul_decode.pdl": 1, "delta_net.variant": "chunked",
+    "fast_q8": MMVW | {"matmul_decode.pdl": 1, "delta_net.prefetch": 4,
                        "moe_experts.variant": "mmvq", "argmax.variant": "multi"},
 }  # fmt: skip
 

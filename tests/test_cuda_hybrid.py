@@ -109,6 +109,34 @@ def test_delta_net_matches_numpy(be, transposed, v_order, warps, max_dk, dk, dv,
     assert nmse(s_ref, got) < SCAN_NMSE
 
 
+@pytest.mark.parametrize("prefetch", [2, 4, 8])
+@pytest.mark.parametrize(
+    "warps,max_dk,dk,dv,Hk,Hv", [SCAN_SHAPES[1], SCAN_SHAPES[3], SCAN_SHAPES[6]]
+)
+def test_delta_net_prefetch_is_bit_identical(be, prefetch, warps, max_dk, dk, dv, Hk, Hv):
+    """delta_net.prefetch only moves loads ahead: every output and the carried state equal
+    prefetch 1's to the bit, on calls of T off every ring size (1, 3, 9, 37) and against NumPy."""
+    rng = np.random.default_rng(prefetch * 100 + dk)
+    S0 = _f32(rng, Hv, dk, dv) * 0.3
+    calls = [_scan_inputs(rng, T, Hk, Hv, dk, dv) for T in (37, 1, 3, 9)]
+    outs, states = {}, {}
+    for pf in (1, prefetch):
+        be.set_config(cfg(**{"delta_net.warps": warps, "delta_net.max_dk": max_dk,
+                             "delta_net.prefetch": pf}))  # fmt: skip
+        s_cu = be.upload(np.ascontiguousarray(S0.transpose(0, 2, 1)))
+        outs[pf] = [
+            be.download(be.delta_net(*(be.upload(a) for a in args), s_cu, "tiled", 1e-6))
+            for args in calls
+        ]
+        states[pf] = be.download(s_cu)
+    assert all(np.array_equal(a, b) for a, b in zip(outs[1], outs[prefetch], strict=True))
+    assert np.array_equal(states[1], states[prefetch])
+    s_ref = S0.copy()
+    for args, got in zip(calls, outs[prefetch], strict=True):
+        check(got, NumpyBackend().delta_net(*args, s_ref, "tiled", 1e-6).astype(np.float64),
+              SCAN_NMSE)  # fmt: skip
+
+
 CHUNK_NMSE = 1e-8  # float32 through a triangular solve per chunk: another order, same noise
 
 

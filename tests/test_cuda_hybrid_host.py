@@ -87,11 +87,11 @@ def test_the_fake_refuses_a_wrong_launch():
 
 @pytest.mark.parametrize("transposed", [False, True])
 @pytest.mark.parametrize("warps", [1, 2, 4, 8])
-@pytest.mark.parametrize("max_dk", [64, 128, 256])
-def test_delta_net_launch(warps, max_dk, transposed):
+@pytest.mark.parametrize("max_dk,prefetch", [(64, 1), (128, 4), (256, 8)])
+def test_delta_net_launch(warps, max_dk, prefetch, transposed):
     be = FakeCuda(
         cfg(**{"delta_net.warps": warps, "delta_net.max_dk": max_dk,
-               "delta_net.state_transposed": transposed})
+               "delta_net.state_transposed": transposed, "delta_net.prefetch": prefetch})
     )  # fmt: skip
     rng = np.random.default_rng(0)
     T, Hk, Hv, dk, dv = 3, 2, 6, min(40, max_dk), 33
@@ -102,7 +102,8 @@ def test_delta_net_launch(warps, max_dk, transposed):
     (launch,) = be.launches
     assert launch.kernel == "delta_net_seq" and launch.fname == "delta_net.cu"
     assert launch.grid == (-(-dv // warps), Hv, 1) and launch.block == (32 * warps, 1, 1)
-    assert launch.defines == {"NW": warps, "MAX_DK": max_dk, "STATE_T": int(transposed)}
+    want = {"NW": warps, "MAX_DK": max_dk, "STATE_T": int(transposed), "PF": prefetch}
+    assert launch.defines == want
     assert int(launch.args[-2]) == 0  # tiled
 
 
@@ -125,7 +126,8 @@ def test_delta_net_chunked_schedule(chunk, threads, warps, transposed):
         v, g, beta = _f32(rng, T, Hv, dv), _f32(rng, T, Hv), _f32(rng, T, Hv)
         out = be.delta_net(q, k, v, g, beta, state, "grouped", 1e-6)
         assert out.shape == (T, Hv, dv)
-        want_defines = {"NW": warps, "MAX_DK": 128, "STATE_T": int(transposed), "CHUNK": chunk}
+        want_defines = {"NW": warps, "MAX_DK": 128, "STATE_T": int(transposed), "CHUNK": chunk,
+                        "PF": 1}  # fmt: skip
         assert all(la.fname == "delta_net_chunked.cu" for la in be.launches)
         assert all(la.defines == want_defines for la in be.launches)
         if T == 1:

@@ -228,7 +228,8 @@ def _old_cuda_modules(cfg: TuningConfig) -> dict[str, tuple[str, dict]]:
     # the hybrids' kernels (issue 15), mapped by hand the same way
     k["hybrid"] = ("hybrid.cu", {})
     dn = cfg.op("delta_net")
-    scan = {"NW": dn["warps"], "MAX_DK": dn["max_dk"], "STATE_T": int(dn["state_transposed"])}
+    scan = {"NW": dn["warps"], "MAX_DK": dn["max_dk"], "STATE_T": int(dn["state_transposed"]),
+            "PF": dn["prefetch"]}  # fmt: skip
     if dn.variant == "chunked":  # its module holds the sequential kernel too (decode)
         k["delta_net_chunked"] = ("delta_net_chunked.cu", {**scan, "CHUNK": dn["chunk"]})
     else:

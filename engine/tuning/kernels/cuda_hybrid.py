@@ -35,6 +35,15 @@ _DN_LAYOUT = Param(
     "on a warp-per-column kernel",
     define("STATE_T"),
 )
+_DN_PREFETCH = Param(
+    "prefetch",
+    (1, 2, 4, 8),
+    1,
+    "tokens whose q / k / g / beta / v a warp holds in registers ahead of use (1: loaded as "
+    "each comes): the next tokens' loads fly during this one's warp sums, which is what a "
+    "prefill scan of hundreds of tokens waits on; same arithmetic, bit-identical",
+    define("PF"),
+)
 _DN_MAX_DK = Param(
     "max_dk",
     (64, 128, 256),
@@ -51,7 +60,7 @@ REGISTRY.register(
             B,
             "delta_net",
             "sequential",
-            params=(_DN_WARPS, _DN_LAYOUT, _DN_MAX_DK),
+            params=(_DN_WARPS, _DN_LAYOUT, _DN_MAX_DK, _DN_PREFETCH),
             source="cuda/delta_net.cu",
             numeric="order_only",
             doc="a warp per state column (lanes over its rows, in registers for the call), "
@@ -65,6 +74,7 @@ REGISTRY.register(
                 _DN_WARPS,
                 _DN_LAYOUT,
                 _DN_MAX_DK,
+                _DN_PREFETCH,
                 Param(
                     "chunk",
                     DELTA_NET_CHUNKS,
