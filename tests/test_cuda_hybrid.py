@@ -489,6 +489,25 @@ def test_mmvw_fused_decode_matches_the_hooked_schedule(be, tiny_model_factory, a
         assert compare_logits(b, a)[2] < 1e-10
 
 
+@pytest.mark.parametrize("decode", ["mmvq", "mmvw"])
+@pytest.mark.parametrize("arch", HYBRIDS)
+def test_int8_decode_matches_its_numpy_emulation(be, tiny_model_factory, arch, decode):
+    """The int8 decode of a hybrid (every block-type projection of a decode row on Q8_1
+    activations) against tests/int8_decode.py's NumPy emulation of exactly that rounding, with
+    a float32 prefill on both sides: only float order and rare rounding ties may differ, so a
+    wrong wiring (an output, an input's Q8_1 form, a residual) shows as more than noise."""
+    from tests.int8_decode import Int8Decode
+
+    be.set_config(cfg(**{"matmul_decode.variant": decode}, **F32_PREFILL))
+    path = tiny_model_factory(arch, "q4_k_m")
+    want = _model(path, Int8Decode()).generate(PROMPT, 8, keep_logits=True)
+    got = _model(path, be).generate(PROMPT, 8, keep_logits=True)
+    # a float-noise difference can flip a rare Q8_1 rounding tie (one level of one value):
+    # ~1e-5 after a few steps; the int8 effect itself is ~5e-3 (tests/test_hybrid.py)
+    for i, (a, b) in enumerate(zip(got.step_logits, want.step_logits, strict=True)):
+        assert nmse(b.astype(np.float64), a) < 1e-4, f"decode step {i}: NMSE {nmse(b, a):.3g}"
+
+
 @pytest.mark.parametrize("arch", HYBRIDS)
 def test_pdl_chains_the_hybrid_decode_kernels_without_changing_a_bit(be, tiny_model_factory, arch):
     # Under matmul_decode.pdl the hybrid kernels (conv, gates, scan, gate, RoPE, router, experts,
@@ -546,7 +565,7 @@ def test_validate_passes_hybrid_knobs(be, tiny_model_factory, arch, flat):
     be.set_config(cfg())
     m = _model(tiny_model_factory(arch, "q4_k_m"), be)
     rep = validate(m, cfg(**flat), [PROMPT, PROMPT[:1], list(range(40, 110))], steps=6)
-    assert rep.passed, [p.reasons for p in rep.prompts]
+    assert rep.passed, ([p.reasons for p in rep.prompts], rep.probe, rep.blame)
 
 
 def test_planted_sk_scan_is_rejected_and_blamed(be, tiny_model_factory):
