@@ -7,14 +7,16 @@
 #   bash ../shared/device/llama-bench.sh build      # ~5-6 min, kept while the machine is warm
 #   BUDGET_S=240 bash scripts/device_hybrid_bench.sh
 # Order (the deadline cuts from the end): per shape (9b, then 35b-a3b) llama-bench pp512/tg128,
-# then ours in one process: bench default, mmvw (projections three to an int8 launch), fast
-# (mmvw + PDL + chunked scan + grouped experts), fast_q8 (fast with the int8 experts of
-# moe_experts.mmvq), then the per-phase profiles (default, fast);
-# last, validate of default and fast on the 9b (a NumPy reference of a 9B: minutes). All lands
-# in $OUT as it comes: llama_<shape>.json, hybrid_<file>[_validate].json (rewritten per step),
+# then ours in one process: bench default, mmvw (projections three to an int8 launch), scan_pf4
+# (the scan's token prefetch), fast (mmvw + PDL + prefetch 4 + grouped experts at prefill),
+# fast_q8 (fast with moe_experts.mmvq's int8 experts), then the per-phase profiles (default,
+# fast); last, validate of default and fast on the 9b (a NumPy reference of a 9B: minutes). All
+# lands in $OUT as it comes: llama_<shape>.json, hybrid_<file>[_validate].json (rewritten per step),
 # ours_<shape>.log, summary.txt.
-#   VARIANTS=default,mmvw,fast,fast_q8 PROFILE=default,fast VALIDATE=default,fast SHAPES="9b 35b-a3b"
+#   VARIANTS=default,mmvw,scan_pf4,fast,fast_q8 PROFILE=default,fast VALIDATE=default,fast SHAPES="9b 35b-a3b"
 #   BACKEND=numpy SHAPES=tiny: a dry run of the flow on a CPU (tiny: the qwen35moe tiny preset)
+#   TESTS=1 first runs the hybrid GPU tests of issue 15's speed work (TESTS_S, default 150 s):
+#   int8 decode against its emulation, validate of the fast configs, prefetch, moe mmvq, PDL
 set -u -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /tmp/models
 T0=$(date +%s); END=$((T0 + ${BUDGET_S:-240}))
@@ -38,6 +40,14 @@ synth() {  # SHAPE: once per warm machine; a .part file renamed when whole
 if [ "${1:-}" = synth ]; then for s in $SHAPES; do synth $s; done; exit 0; fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
 git log --oneline -1 > "$OUT/commit.txt" 2>/dev/null
+if [ "${TESTS:-0}" = 1 ]; then  # (the files' synth, if started with `synth &`, runs meanwhile)
+    timeout ${TESTS_S:-150} python3 -m pytest -q -m gpu -p no:cacheprovider -rfE --tb=short \
+        tests/test_cuda_hybrid.py -k "int8_decode or prefetch or moe_q8 or mmvw_fused or \
+        pdl_chains or (validate_passes_hybrid_knobs and (11 or 12 or 13 or 14 or 15))" \
+        > "$OUT/pytest_hybrid.log" 2>&1
+    echo "pytest rc=$? $(tail -1 "$OUT/pytest_hybrid.log")" | tee -a "$OUT/summary.txt"
+    grep -E "^(FAILED|ERROR)" "$OUT/pytest_hybrid.log" | cut -c1-600 | tee -a "$OUT/summary.txt"
+fi
 for s in $SHAPES; do  # a synth started by `synth &` is waited for, not repeated
     while [ ! -f "$(file $s)" ] && pgrep -f "preset $s --out" > /dev/null; do sleep 1; done
     synth $s
@@ -67,7 +77,8 @@ EOF
     else
         echo "llama-bench $s skipped (no $LB or no time)" | tee -a "$OUT/summary.txt"
     fi
-    ours $s --bench ${VARIANTS:-default,mmvw,fast,fast_q8} --profile ${PROFILE:-default,fast} --repeats 2
+    ours $s --bench ${VARIANTS:-default,mmvw,scan_pf4,fast,fast_q8} \
+        --profile ${PROFILE:-default,fast} --repeats 2
 done
 case " $SHAPES " in *" 9b "*)
     ours 9b --bench "" --profile "" --validate ${VALIDATE:-default,fast} --tag _validate ;;

@@ -552,6 +552,8 @@ HYBRID_VALIDATE_CONFIGS = [
      "moe_experts.variant": "grouped"},
     {**MMVW, "moe_experts.variant": "mmvq", "moe_experts.threads_per_row": 8,
      "delta_net.variant": "chunked", "prefill.chunk_tokens": 24},
+    {"matmul_decode.variant": "mmvq", "delta_net.prefetch": 4},  # int8 decode, no fusion
+    {**MMVW, "delta_net.prefetch": 8, "delta_net.max_dk": 256, "matmul_decode.pdl": 1},
 ]  # fmt: skip
 
 
