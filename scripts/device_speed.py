@@ -31,6 +31,9 @@ from engine.validate import tokenize_prompts, validate  # noqa: E402
 
 MMVW = {"matmul_decode.variant": "mmvw"}
 FUSE = {"rope.fuse_kv": 1}
+RESIDENT = {"matmul_prefill.variant": "resident"}
+ATTG = {"attention_prefill.variant": "gemm"}
+TC = {"attention_prefill.variant": "flash_tc"}
 VARIANTS: dict[str, dict] = {
     "default": {},
     "mmvq": {"matmul_decode.variant": "mmvq"},
@@ -68,6 +71,25 @@ VARIANTS: dict[str, dict] = {
                                    "argmax.variant": "multi", "matmul_decode.pdl": 1},
     "mmvw_kw_pdl": MMVW | FUSE | {"attention_decode.variant": "split_kw",
                                   "matmul_decode.pdl": 1},
+    # prefill on tensor cores (issue 14): fp16 weights kept resident, fp16 activations stored
+    # by their producers, attention through cuBLAS
+    "ptc_resident": RESIDENT,
+    "ptc_attn": ATTG,
+    "ptc": RESIDENT | ATTG,
+    "ptc_nofuse": RESIDENT | ATTG | {"matmul_prefill.fuse_f16": 0},
+    "ptc_bq128": RESIDENT | ATTG | {"attention_prefill.block_q": 128},
+    "ptc_bq512": RESIDENT | ATTG | {"attention_prefill.block_q": 512},
+    "ptc_sw8": RESIDENT | ATTG | {"attention_prefill.softmax_warps": 8},
+    "ptc_tc": RESIDENT | TC,
+    "ptc_tc_fkv": RESIDENT | TC | FUSE,  # + bias, both ropes and the KV write in one launch
+    "ptc_tc_128": RESIDENT | TC | {"attention_prefill.block_q": 128},
+    "ptc_tc_32": RESIDENT | TC | {"attention_prefill.block_q": 32},
+    "ptc_tc_k32": RESIDENT | TC | {"attention_prefill.block_k": 32},
+    "ptc_tc_k128": RESIDENT | TC | {"attention_prefill.block_k": 128},
+    "ptc_tc_mmvw_all": RESIDENT | TC | MMVW | FUSE | {"attention_decode.variant": "split_kw",
+                                                     "argmax.variant": "multi"},
+    "ptc_mmvw_all": RESIDENT | ATTG | MMVW | FUSE | {"attention_decode.variant": "split_kw",
+                                                    "argmax.variant": "multi"},
 }  # fmt: skip
 
 
@@ -96,6 +118,35 @@ def decode_profile(eng, n_prompt: int = 512, steps: int = 8) -> dict:  # noqa: A
     }
 
 
+def prefill_profile(eng, n_prompt: int = 512) -> dict:  # noqa: ANN001
+    """Per-kernel ms of one prefill of n_prompt tokens (eager, CUDA events; cuBLAS GEMMs as
+    cublas_gemm_f16), after an unprofiled one (first-use copies and compiles out of it)."""
+    m, be = eng.model, eng.model.backend
+    prompt = bench_prompt(n_prompt, m.spec.n_vocab)
+    m.prefill(prompt, m.new_cache(n_prompt + 1))
+    be.synchronize()
+    t0 = time.perf_counter()  # unprofiled: against kernel_ms, how much is host-side
+    m.prefill(prompt, m.new_cache(n_prompt + 1))
+    be.synchronize()
+    wall_plain = (time.perf_counter() - t0) * 1e3
+    be.set_profiling(True)
+    be.profile(reset=True)
+    t0 = time.perf_counter()
+    m.prefill(prompt, m.new_cache(n_prompt + 1))
+    be.synchronize()
+    wall = (time.perf_counter() - t0) * 1e3
+    rep = be.profile(reset=True)
+    be.set_profiling(False)
+    ms = {k: t.total_ms for k, t in rep.kernels.items()}
+    return {
+        "wall_ms": wall_plain,
+        "wall_ms_profiled": wall,
+        "kernel_ms": sum(ms.values()),
+        "ms": dict(sorted(ms.items(), key=lambda kv: -kv[1])),
+        "calls": {k: t.calls for k, t in rep.kernels.items()},
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model")
@@ -104,6 +155,9 @@ def main() -> int:
     ap.add_argument("--profile", default="default,mmvw_all")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--validate-after", type=int, default=5, help="benches before validating")
+    ap.add_argument(
+        "--profile-early", action="store_true", help="profiles before the benches after the first"
+    )
     ap.add_argument("--deadline", type=float, default=float("inf"), help="epoch seconds")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--tag", default="", help="suffix of the JSON's name (speed_<model><tag>)")
@@ -183,20 +237,19 @@ def main() -> int:
 
     # the first --validate-after benches, every validate, the other benches: the verdicts come
     # before the knob sweep when the deadline cuts the run short
-    for v in lists["bench"][: args.validate_after]:
-        run_bench(v)
-    for v in lists["validate"]:
-        run_validate(v)
-    for v in lists["bench"][args.validate_after :]:
-        run_bench(v)
-
-    for v in lists["profile"]:
+    def run_profile(v: str) -> None:
         if late(f"profile {v}"):
-            continue
+            return
         try:
             be.set_config(config(v, args.backend))
             p = decode_profile(eng)
+            pp = prefill_profile(eng)
+            p["prefill"] = pp
             res["profile"][v] = p
+            top = ", ".join(f"{k}={t:.2f}" for k, t in list(pp["ms"].items())[:9])
+            print(f"{name} prefill profile {v:16s} kernels {pp['kernel_ms']:.2f} ms "
+                  f"(wall {pp['wall_ms']:.1f}, profiled {pp['wall_ms_profiled']:.1f}): {top}",
+                  flush=True)  # fmt: skip
             top = ", ".join(f"{k}={t:.3f}" for k, t in list(p["ms_per_token"].items())[:8])
             print(f"{name} profile {v:16s} {p['launches_per_token']:.0f} launches/token, "
                   f"kernels {p['kernel_ms_per_token']:.3f} ms/token: {top}",
@@ -205,6 +258,20 @@ def main() -> int:
             res["profile"][v] = {"error": traceback.format_exc()}
             print(f"{name} profile {v}: ERROR {e!r}", flush=True)
         save()
+
+    for v in lists["bench"][: args.validate_after]:
+        run_bench(v)
+    for v in lists["validate"]:
+        run_validate(v)
+    if args.profile_early:  # the per-kernel split before the knob sweep's benches
+        for v in lists["profile"]:
+            run_profile(v)
+    for v in lists["bench"][args.validate_after :]:
+        run_bench(v)
+
+    if not args.profile_early:
+        for v in lists["profile"]:
+            run_profile(v)
     if args.json:
         print(json.dumps(res, default=str))
     return 0

@@ -163,6 +163,9 @@ class FakeCuda(CudaBackend):
         self._events = []
         self._k = {}
         self._q8 = []
+        self._f16 = []
+        self._groups = {}
+        self.gemms: list[tuple] = []
         self._alpha = np.ones(1, np.float32)
         self._beta = np.zeros(1, np.float32)
         self._cc = 90
@@ -221,6 +224,10 @@ class FakeCuda(CudaBackend):
         assert all(b >= 1 for b in block) and math.prod(block) <= 1024, block
         assert smem <= self.device_info().extra["smem_per_block_optin"], smem
         self.launches.append(Launch(mod, fname, name, grid, block, tuple(args), defines))
+
+    def _gemm(self, *args: Any, **kw: Any) -> None:
+        """cuBLAS calls are recorded (shapes, strides, operands), not run."""
+        self.gemms.append((args, kw))
 
     def kernels_run(self) -> set[str]:
         return {launch.kernel for launch in self.launches}

@@ -258,6 +258,10 @@ MUTANTS: tuple[Mutant, ...] = (
            "split 1 (the reference's per-token path uses it too)", check="cross_check"),
     Mutant("FLASH_NO_CAUSAL", "cuda", "attention_prefill", "flash attention without the causal "
            "mask inside a block", {"prefill.gemm_min_t": 2}),
+    Mutant("FLASH_TC_NO_CAUSAL", "cuda", "attention_prefill", "tensor-core flash attention "
+           "without the causal mask inside a key tile", {"attention_prefill.variant": "flash_tc"}),
+    Mutant("ATTG_NO_CAUSAL", "cuda", "attention_prefill", "cuBLAS attention's softmax lets every "
+           "query of a pass see the pass's last keys", {"attention_prefill.variant": "gemm"}),
 )  # fmt: skip
 
 

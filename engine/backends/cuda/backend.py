@@ -25,6 +25,15 @@ from engine.backends.base import Backend, DeviceEntry, DeviceInfo, KVCache, Prof
 from engine.backends.cuda import kernels
 from engine.backends.cuda.device import device_class, driver_string
 from engine.backends.cuda.hybrid import CudaHybridOps
+from engine.backends.cuda.prefill import (
+    _COMPUTE_32F,
+    _GEMM_DEFAULT,
+    _OP_N,
+    _OP_T,
+    _R_16F,
+    _R_32F,
+    CudaPrefillOps,
+)
 from engine.errors import BackendUnavailable, EngineError, UnsupportedError
 from engine.tuning.kernels.cuda import ALL_TYPES, BLOCK_TYPES
 
@@ -37,11 +46,7 @@ if TYPE_CHECKING:
 _cp: Any = None
 _STREAMS: dict[int, Any] = {}  # device index -> the one stream every backend on it shares
 
-# cuBLAS / CUDA data-type constants (cublas_api.h, library_types.h)
-_OP_N, _OP_T = 0, 1
-_R_16F, _R_32F = 2, 0
-_COMPUTE_32F = 68
-_GEMM_DEFAULT = -1
+# cuBLAS / CUDA data-type constants: engine/backends/cuda/prefill.py
 
 Q6K_PADDED = 224  # bytes of a Q6_K block on the GPU (210 + 14 zero bytes; common.cuh)
 
@@ -110,6 +115,7 @@ class CudaWeight:
     shape: tuple[int, ...]
     raw: Any = None  # cupy uint8 [N, row_bytes]
     f32: Any = None  # cupy float32 [N] for norms and biases
+    f16: Any = None  # cupy uint16 [N, K]: matmul_prefill.resident's copy, made at first use
 
     @property
     def n(self) -> int:
@@ -125,7 +131,8 @@ class CudaWeight:
 
     @property
     def nbytes(self) -> int:
-        return int((self.raw if self.raw is not None else self.f32).nbytes)
+        held = int((self.raw if self.raw is not None else self.f32).nbytes)
+        return held + (int(self.f16.nbytes) if self.f16 is not None else 0)
 
 
 @dataclass
@@ -139,7 +146,7 @@ class _Graph:
     keep: list = field(default_factory=list)  # every allocation made during capture
 
 
-class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/hybrid.py
+class CudaBackend(CudaHybridOps, CudaPrefillOps, Backend):  # mixins: hybrid.py, prefill.py
     name = "cuda"
 
     def __init__(self, config: TuningConfig | None = None, *, device: int | None = None) -> None:
@@ -168,11 +175,18 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
         self._prof: dict[str, list[float]] = {}  # kernel name -> [calls, total ms]
         self._events: list[tuple[str, Any, Any]] = []
         self._k: dict[str, Any] = {}
+        self._fns: dict[tuple[str, str], Any] = {}  # (module key, kernel) -> RawKernel of _k
         self._pdl: Any = None  # pdl.Launcher while the config asks for it
         self._pdl_lib: Any = None
         # Q8_1 forms of recent float activations: (x, xq, xds), newest last. Holding x keeps
         # its memory from being reused, so "entry[0] is x" means the quantized form is current.
         self._q8: list[tuple[Any, Any, Any]] = []
+        # fp16 forms of recent float activations (x, xh), newest last, under
+        # matmul_prefill.resident: q, k and v (gate and up) read one conversion; held as _q8's.
+        self._f16: list[tuple[Any, Any]] = []
+        # id(first weight) -> (one fp16 buffer holding the copies of weights read by one GEMM
+        # (q, k, v; gate, up), those weights): matmul_prefill.resident, prefill.py
+        self._groups: dict[int, tuple[Any, tuple[CudaWeight, ...]]] = {}
         # argmax.multi's per-row tickets: zero between launches (the last block resets its row)
         self._tickets = cp.zeros(_MAX_ARGMAX_ROWS, np.uint32)
         self._head_tickets = cp.zeros(_MAX_ARGMAX_ROWS, np.uint32)  # attn_split_kw's combine
@@ -286,8 +300,11 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
         with contextlib.suppress(*self._faults()):
             self._stream.synchronize()
         self._graph, self._k, self._pos_dev, self._profiling = None, {}, None, False
+        self._fns = {}
         self._tickets, self._head_tickets, self._pdl = None, None, None
         self._q8.clear()
+        self._f16.clear()
+        self._groups.clear()
         self._events.clear()
         with self._cp.cuda.Device(self._index):
             self._cp.get_default_memory_pool().free_all_blocks()
@@ -312,10 +329,12 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
             raise ConfigError(f"config is for backend {config.backend!r}, not {self.name!r}")
         config.check(self.device_info())
         self._k = self._build(config)
+        self._fns = {}
         self._pdl = self._pdl_launcher(config)
         self.config = config
         self._graph = None  # a captured step bakes in the old kernels
         self._q8.clear()
+        self._f16.clear()
 
     def _pdl_launcher(self, cfg: TuningConfig) -> Any:
         c = cfg.op("matmul_decode")
@@ -335,7 +354,12 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
         }
 
     def _fn(self, mod: str, name: str) -> Any:
-        return self._k[mod].get_function(name)
+        # RawModule.get_function builds a new RawKernel (a driver lookup) on every call, and an
+        # eager prefill makes ~500 launches: each kernel is looked up once per config
+        fn = self._fns.get((mod, name))
+        if fn is None:
+            fn = self._fns[(mod, name)] = self._k[mod].get_function(name)
+        return fn
 
     def _launch(
         self,
@@ -355,6 +379,9 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
             fn.max_dynamic_shared_size_bytes = smem  # opt in beyond the 48 KiB default
         if pdl and self._pdl is not None and not self._profiling:
             self._pdl.launch(fn.kernel.ptr, grid, block, args, smem, self._stream.ptr)  # CUfunction
+            return
+        if not self._profiling:  # no events to record: no context manager per launch
+            fn(grid, block, args, shared_mem=smem)
             return
         with self._timed(name):
             fn(grid, block, args, shared_mem=smem)
@@ -437,6 +464,8 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
             self._q8_remember(out, xq, xds)
             return out
         rpb = int(self.config.op("rms_norm")["rows_per_block"])
+        if x.ndim == 2 and self._fuse_f16(rows):  # and the prefill GEMM's fp16 input
+            return self._rms_norm_f16(x, w, out, eps, rpb)
         self._launch(
             "elementwise",
             "rms_norm",
@@ -468,6 +497,7 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
             raise ValueError(f"matmul: x has {K} columns, weight {w.name!r} is {w.shape}")
         pre = self.config.op("prefill")
         self._q8_forget(y)
+        self._f16_forget(y)
         x = self._aligned16(x)
         if T == 1:
             dec = self.config.op("matmul_decode")
@@ -484,6 +514,8 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
             v = self.config.op("matmul_prefill")
             if v.variant == "staged":
                 self._staged(x, w, y, int(v["scratch_mb"]) << 20)
+            elif v.variant == "resident":
+                self._resident(x, w, y)
             elif v.variant == "mmq" and w.qtype in BLOCK_TYPES:
                 self._mmq(x, w, y, v)
             elif v.variant == "mmq8" and w.qtype in BLOCK_TYPES:
@@ -625,6 +657,8 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
     ) -> Any:
         """q/k/v in one mmvw launch with the biases added as they store (matmul_decode.mmvw),
         and/or bias + both ropes + the KV write in one rope_kv launch (rope.fuse_kv)."""
+        if self._qkv_ok(h, wqkv):  # a prefill chunk under resident: one GEMM (prefill.py)
+            return self._attn_in_rows(h, wqkv, bias, cache, layer, pos0, heads, theta, neox)
         H, Hkv, D = heads
         T = int(h.shape[0])
         fuse = int(self.config.op("rope")["fuse_kv"]) == 1
@@ -674,7 +708,10 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
         return y
 
     def ffn(self, h: Any, gate: CudaWeight, up: CudaWeight, down: CudaWeight, r: Any) -> Any:
-        """Under matmul_decode.mmvw: gate and up in one launch, swiglu_q8, down + residual."""
+        """Under matmul_decode.mmvw: gate and up in one launch, swiglu_q8, down + residual.
+        Under matmul_prefill.resident (fuse_f16) a prefill chunk's gate and up are one GEMM."""
+        if self._pair_ok(h, gate, up):
+            return self.matmul_add(self._gate_up(h, gate, up), down, r)
         if not self._wide(h, (gate, up)):
             return super().ffn(h, gate, up, down, r)
         h = self._decode_row(h)
@@ -683,9 +720,14 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
         return self.matmul_add(self.swiglu(g, u), down, r)
 
     def _to_f16(self, x: Any) -> Any:
+        cached = self._resident_on()  # fp16 forms are kept under matmul_prefill.resident
+        if cached and (hit := self._f16_lookup(x)) is not None:
+            return hit
         xh = self._empty(x.shape, np.uint16)
         n = int(x.size)
         self._launch("dequant", "f32_to_f16", (self._grid1(n, 256),), (256,), (x, xh, np.int64(n)))
+        if cached:
+            self._f16_remember(x, xh)
         return xh
 
     def _staged(self, x: Any, w: CudaWeight, y: Any, scratch_bytes: int) -> None:
@@ -830,7 +872,9 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
             )
             return out
         c = self.config.op("attention_prefill")
-        if c.variant == "flash" and D <= 128 and D % 4 == 0:
+        if c.variant in ("flash_tc", "gemm"):  # tensor cores: prefill.py
+            self._attn_tc(q, cache, layer, pos0, out, c)
+        elif c.variant == "flash" and D <= 128 and D % 4 == 0:
             bq, rpw = int(c["block_q"]), int(c["rows_per_warp"])
             smem = 4 * (bq * D + 2 * 32 * (D + 4))
             self._launch(
@@ -946,6 +990,8 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
             self._q8_remember(out, xq, xds)
             return out
         th = int(self.config.op("swiglu")["threads"])
+        if gate.ndim == 2 and self._fuse_f16(int(gate.shape[0])):  # and the GEMM's fp16 input
+            return self._swiglu_f16(gate, up, out, th)
         self._launch(
             "elementwise", "swiglu", (self._grid1(n, th),), (th,), (gate, up, out, np.int64(n))
         )
@@ -1010,6 +1056,7 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
 
         self._stream.synchronize()
         self._q8.clear()  # quantized forms made outside the capture are not in the graph
+        self._f16.clear()
         cp.cuda.set_allocator(alloc)
         self._capturing = True
         self._stream.begin_capture()

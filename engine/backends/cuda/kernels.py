@@ -165,6 +165,9 @@ def default_choice(op: str, variant: str) -> OpChoice:
 DECODE_FALLBACK = default_choice("matmul_decode", "dmmv")
 # Float expert weights under moe_experts.mmvq (block types only) use moe.cu at its defaults.
 MOE_FALLBACK = default_choice("moe_experts", "dmmv")
+# attention.cu (decode attention) at the flash variant's defaults when attention_prefill names
+# another source file.
+FLASH_DEFAULT = default_choice("attention_prefill", "flash")
 
 
 def modules_for(cfg: TuningConfig) -> dict[str, tuple[str, dict[str, int]]]:
@@ -183,6 +186,12 @@ def modules_for(cfg: TuningConfig) -> dict[str, tuple[str, dict[str, int]]]:
         mods["moe"] = (Path(dmmv.source).name, variant_defines(dmmv, moe))
     elif moe.variant == "mmvq":  # float experts: the dmmv kernels at their defaults
         mods["moe"] = (Path(dmmv.source).name, variant_defines(dmmv, MOE_FALLBACK))
+    if cfg.op("attention_prefill").variant == "flash_tc":  # head dims it has no kernel for
+        gemm = REGISTRY.op("cuda", "attention_prefill").variant("gemm")
+        mods["attention_gemm"] = (Path(gemm.source).name, {})
+    if "attention" not in mods:  # attention_prefill lives in another file: decode's kernels
+        flash = REGISTRY.op("cuda", "attention_prefill").variant("flash")
+        mods["attention"] = (Path(flash.source).name, variant_defines(flash, FLASH_DEFAULT))
     if "decode" not in mods:  # matmul_decode is not dmmv: the float-weight fallback
         dmmv = REGISTRY.op("cuda", "matmul_decode").variant("dmmv")
         mods["decode"] = (Path(dmmv.source).name, variant_defines(dmmv, DECODE_FALLBACK))

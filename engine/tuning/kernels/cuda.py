@@ -323,6 +323,29 @@ REGISTRY.register(
             doc="fused-dequant int8 GEMM on Q8_1 activations: int8 weight tiles with per-16 "
             "scales, mma.sync m16n8k16 s8 -> s32, scaled into float32 per 16 k",
         ),
+        Variant(
+            B,
+            "matmul_prefill",
+            "resident",
+            params=(
+                Param(
+                    "fuse_f16",
+                    (0, 1),
+                    1,
+                    "1: rms_norm and swiglu of a prefill chunk also store the fp16 copy the "
+                    "GEMM reads (prefill_f16.cu), so no separate f32_to_f16 pass; the bits are "
+                    "the same as the pass's",
+                    HOST,
+                ),
+            ),
+            quant_types=ALL_TYPES,
+            source="cuda/prefill_f16.cu",
+            numeric="fp16",
+            doc="staged's arithmetic without its per-GEMM dequantize: each 2-D weight's fp16 "
+            "copy is made once, at its first prefill GEMM, and kept on the GPU (counted in "
+            "memory_report's weights; 7B ~14 GiB more), then one cuBLAS GEMM (fp16 in, fp32 "
+            "accumulate and out)",
+        ),
     ],
 )
 
@@ -526,6 +549,72 @@ REGISTRY.register(
             source="cuda/attention.cu",
             numeric="order_only",
             doc="tiled flash attention in shared memory (head dim <= 128; else the split kernel)",
+        ),
+        Variant(
+            B,
+            "attention_prefill",
+            "gemm",
+            params=(
+                Param(
+                    "block_q",
+                    (64, 128, 256, 512, 1024),
+                    256,
+                    "query tokens per pass; a pass multiplies only the keys its last query "
+                    "sees (causal: fewer passes, more masked work)",
+                    HOST,
+                ),
+                Param(
+                    "softmax_warps",
+                    (1, 2, 4, 8),
+                    4,
+                    "warps (one score row each) per block of the masked softmax",
+                    PUSHED,
+                ),
+            ),
+            source="cuda/attention_gemm.cu",
+            numeric="fp16",
+            doc="tensor cores through cuBLAS: q, k, v to fp16 (each kv head repeated for its "
+            "query heads), S = QK^T per head (strided-batched, fp32 accumulate and out), a "
+            "causal softmax to fp16 P, O = PV written into [T, H, D]; any head dim",
+        ),
+        Variant(
+            B,
+            "attention_prefill",
+            "flash_tc",
+            params=(
+                Param(
+                    "block_q",
+                    (32, 64, 128),
+                    64,
+                    "query rows per block, 16 per warp",
+                    define("FBQ"),
+                ),
+                Param("block_k", (32, 64, 128), 64, "keys per shared-memory tile", define("FBK")),
+            ),
+            constraints=(
+                _cc_at_least(80),
+                Constraint(
+                    "flash_tc's shared tiles (block_q + 2 * block_k) x 136 halves fit a block",
+                    lambda cfg, dev: (
+                        cfg.op("attention_prefill").variant != "flash_tc"
+                        or dev is None
+                        or not dev.extra.get("smem_per_block_optin")  # unknown: Ampere+ has 99K
+                        or (
+                            _p(cfg, "attention_prefill", "block_q")
+                            + 2 * _p(cfg, "attention_prefill", "block_k")
+                        )
+                        * 136
+                        * 2
+                        <= int(dev.extra["smem_per_block_optin"])
+                    ),
+                ),
+            ),
+            source="cuda/attention_tc.cu",
+            numeric="fp16",
+            doc="one-kernel flash attention on fp16 tensor cores (mma.sync m16n8k16): Q "
+            "fragments in registers, K/V tiles converted from the float32 cache into shared "
+            "memory, online softmax, P rounded to fp16 for P V. Head dims 32/64/96/128 (else "
+            "the gemm variant at its defaults)",
         ),
         Variant(
             B,
