@@ -7,13 +7,13 @@
 #   bash ../shared/device/llama-bench.sh build      # ~5-6 min, kept while the machine is warm
 #   BUDGET_S=240 bash scripts/device_hybrid_bench.sh
 # Order (the deadline cuts from the end): per shape (9b, then 35b-a3b) llama-bench pp512/tg128,
-# then ours in one process: bench default, mmvw (projections three to an int8 launch), scan_pf4
-# (the scan's token prefetch), fast (mmvw + PDL + prefetch 4 + grouped experts at prefill),
+# then ours in one process: bench default, mmvw (projections three to an int8 launch), mmvw_pdl,
+# scan_pf4 (the scan's token prefetch), fast (mmvw + prefetch 4 + grouped experts at prefill),
 # fast_q8 (fast with moe_experts.mmvq's int8 experts), then the per-phase profiles (default,
 # fast); last, validate of default and fast on the 9b (a NumPy reference of a 9B: minutes). All
 # lands in $OUT as it comes: llama_<shape>.json, hybrid_<file>[_validate].json (rewritten per step),
 # ours_<shape>.log, summary.txt.
-#   VARIANTS=default,mmvw,scan_pf4,fast,fast_q8 PROFILE=default,fast VALIDATE=default,fast SHAPES="9b 35b-a3b"
+#   VARIANTS=default,mmvw,mmvw_pdl,scan_pf4,fast,fast_q8 PROFILE=default,fast VALIDATE=default,fast SHAPES="9b 35b-a3b"
 #   BACKEND=numpy SHAPES=tiny: a dry run of the flow on a CPU (tiny: the qwen35moe tiny preset)
 #   TESTS=1 first runs the hybrid GPU tests of issue 15's speed work (TESTS_S, default 150 s):
 #   int8 decode against its emulation, validate of the fast configs, prefetch, moe mmvq, PDL
@@ -77,7 +77,7 @@ EOF
     else
         echo "llama-bench $s skipped (no $LB or no time)" | tee -a "$OUT/summary.txt"
     fi
-    ours $s --bench ${VARIANTS:-default,mmvw,scan_pf4,fast,fast_q8} \
+    ours $s --bench ${VARIANTS:-default,mmvw,mmvw_pdl,scan_pf4,fast,fast_q8} \
         --profile ${PROFILE:-default,fast} --repeats 2
 done
 case " $SHAPES " in *" 9b "*)
