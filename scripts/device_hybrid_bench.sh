@@ -16,7 +16,8 @@
 #   VARIANTS=default,mmvw,mmvw_pdl,scan_pf4,fast,fast_q8 PROFILE=default,fast VALIDATE=default,fast SHAPES="9b 35b-a3b"
 #   BACKEND=numpy SHAPES=tiny: a dry run of the flow on a CPU (tiny: the qwen35moe tiny preset)
 #   TESTS=1 first runs the hybrid GPU tests of issue 15's speed work (TESTS_S, default 150 s):
-#   int8 decode against its emulation, validate of the fast configs, prefetch, moe mmvq, PDL
+#   int8 decode against its emulation, validate of the fast configs, prefetch, moe mmvq, PDL;
+#   TESTS_ONLY=1 stops after them
 set -u -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /tmp/models
 T0=$(date +%s); END=$((T0 + ${BUDGET_S:-240}))
@@ -47,6 +48,7 @@ if [ "${TESTS:-0}" = 1 ]; then  # (the files' synth, if started with `synth &`, 
         > "$OUT/pytest_hybrid.log" 2>&1
     echo "pytest rc=$? $(tail -1 "$OUT/pytest_hybrid.log")" | tee -a "$OUT/summary.txt"
     grep -E "^(FAILED|ERROR)" "$OUT/pytest_hybrid.log" | cut -c1-600 | tee -a "$OUT/summary.txt"
+    [ "${TESTS_ONLY:-0}" = 1 ] && exit 0
 fi
 for s in $SHAPES; do  # a synth started by `synth &` is waited for, not repeated
     while [ ! -f "$(file $s)" ] && pgrep -f "preset $s --out" > /dev/null; do sleep 1; done
