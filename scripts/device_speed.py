@@ -8,6 +8,11 @@ what it measured.
 
 usage: python scripts/device_speed.py MODEL.gguf [--bench a,b] [--validate a,b] [--profile a,b]
        [--repeats N] [--deadline EPOCH_S] [--out DIR] [--tag SUFFIX]
+       [--sweep VARIANT [--sweep-knobs k1,k2] [--sweep-repeats N]]
+
+--sweep walks matmul_decode's knobs one at a time from VARIANT (greedy coordinate descent,
+tg128 per setting), then benches, validates and profiles the best setting as 'swept': one
+device call picks the mmvw defaults.
 """
 
 from __future__ import annotations
@@ -91,10 +96,78 @@ VARIANTS: dict[str, dict] = {
     "ptc_mmvw_all": RESIDENT | ATTG | MMVW | FUSE | {"attention_decode.variant": "split_kw",
                                                     "argmax.variant": "multi"},
 }  # fmt: skip
+# issue 14, second round: mmvw's fused epilogues (SwiGLU + Q8_1 in the gate/up launch; the next
+# RMSNorm + Q8_1 in the o / down launch's last block; rope_kv in the q/k/v launch) and its
+# weight-load knobs
+ALL = VARIANTS["mmvw_all"]
+GLU, NORM = {"matmul_decode.fuse_swiglu": 1}, {"matmul_decode.fuse_norm": 1}
+ROPE = {"matmul_decode.fuse_rope": 1}
+VARIANTS |= {
+    "fused_glu": ALL | GLU,
+    "fused_norm": ALL | NORM,
+    "fused_rope": ALL | ROPE,
+    "fused_all": ALL | GLU | NORM | ROPE,
+    "fused_all_wl1": ALL | GLU | NORM | ROPE | {"matmul_decode.wload": 1},
+    "fused_all_wl2": ALL | GLU | NORM | ROPE | {"matmul_decode.wload": 2},
+    "fused_all_t8r4": ALL | GLU | NORM | ROPE | {"matmul_decode.threads_per_row": 8,
+                                          "matmul_decode.rows_per_thread": 4},
+    "fused_all_t16r2u4": ALL | GLU | NORM | ROPE | {"matmul_decode.threads_per_row": 16,
+                                             "matmul_decode.rows_per_thread": 2,
+                                             "matmul_decode.unroll": 4},
+    # programmatic dependent launch, and with it each block's L2 prefetch of its weights before
+    # the wait (prefetch): run in a process of their own, as the other PDL variants
+    "fused_all_pdl": ALL | GLU | NORM | ROPE | {"matmul_decode.pdl": 1},
+    "fused_all_pdl_pf": ALL | GLU | NORM | ROPE | {"matmul_decode.pdl": 1,
+                                                   "matmul_decode.prefetch": 1},
+    "mmvw_all_pdl_pf": ALL | {"matmul_decode.pdl": 1, "matmul_decode.prefetch": 1},
+    # each block's weight rows staged in shared memory by one bulk copy (before the PDL wait)
+    "fused_all_stage": ALL | GLU | NORM | ROPE | {"matmul_decode.stage": 1},
+    "fused_all_pdl_stage": ALL | GLU | NORM | ROPE | {"matmul_decode.pdl": 1,
+                                                      "matmul_decode.stage": 1},
+    "mmvw_all_stage": ALL | {"matmul_decode.stage": 1},
+    "mmvw_all_pdl_stage": ALL | {"matmul_decode.pdl": 1, "matmul_decode.stage": 1},
+    "mmvw_all_wl1": ALL | {"matmul_decode.wload": 1},
+    "mmvw_all_wl2": ALL | {"matmul_decode.wload": 2},
+    "mmvw_all_u8_t16": ALL | {"matmul_decode.unroll": 8, "matmul_decode.threads_per_row": 16},
+}  # fmt: skip
+# --sweep: coordinate descent over these knobs, in this order, from the --sweep variant
+SWEEP_KNOBS = (
+    "wload",
+    "stage",
+    "glu_threads_per_row",
+    "glu_unroll",
+    "threads_per_row",
+    "rows_per_thread",
+    "unroll",
+    "warps",
+    "min_blocks",
+)
 
 
 def config(name: str, backend: str = "cuda") -> TuningConfig:
     return TuningConfig.from_flat(backend, VARIANTS[name])
+
+
+def sweep_param(base: dict, knob: str):  # noqa: ANN201 - a registry Param
+    """(flat key, registry Param) of a sweep knob: a bare name is matmul_decode's, 'op.knob'
+    any op's, of the variant base chooses (else the op's default variant)."""
+    from engine.tuning import REGISTRY
+
+    op, name = knob.split(".", 1) if "." in knob else ("matmul_decode", knob)
+    entry = REGISTRY.op("cuda", op)
+    variant = entry.variant(str(base.get(f"{op}.variant", entry.default.name)))
+    names = [p.name for p in variant.params]
+    if name not in names:
+        raise ValueError(f"{op}.{variant.name} has no knob {name!r}; knobs: {', '.join(names)}")
+    return f"{op}.{name}", variant.param(name)
+
+
+def sweep_order(base: dict, knob: str) -> list[dict]:
+    """The settings of one coordinate step: base with the knob at each value the registry
+    allows (the base's own value first)."""
+    key, p = sweep_param(base, knob)
+    cur = base.get(key, p.default)
+    return [base | {key: v} for v in [cur, *(c for c in p.choices if c != cur)]]
 
 
 def decode_profile(eng, n_prompt: int = 512, steps: int = 8) -> dict:  # noqa: ANN001
@@ -163,9 +236,33 @@ def main() -> int:
     ap.add_argument("--tag", default="", help="suffix of the JSON's name (speed_<model><tag>)")
     ap.add_argument("--json", action="store_true", help="print the result JSON at the end")
     ap.add_argument("--backend", default="cuda", help="cuda; numpy runs 'default' (a dry run)")
+    ap.add_argument(
+        "--sweep",
+        default="",
+        help="a variant: coordinate descent over matmul_decode's "
+        f"{', '.join(SWEEP_KNOBS)} from it, tg128 of each setting (runs after the benches); "
+        "the best setting is benched, validated and profiled as variant 'swept'",
+    )
+    ap.add_argument(
+        "--sweep-knobs",
+        default=",".join(SWEEP_KNOBS),
+        help="knobs, in order: a bare name is matmul_decode's, op.knob any op's "
+        "(e.g. attention_decode.splits)",
+    )
+    ap.add_argument("--sweep-repeats", type=int, default=1, help="tg128 runs per setting")
     args = ap.parse_args()
     lists = {k: [v for v in getattr(args, k).split(",") if v] for k in ("bench", "validate")}
     lists["profile"] = [v for v in args.profile.split(",") if v]
+    knobs = [k for k in args.sweep_knobs.split(",") if k]
+    if args.sweep and args.sweep not in VARIANTS:
+        print(f"unknown --sweep variant {args.sweep}; known: {', '.join(VARIANTS)}")
+        return 2
+    for knob in knobs if args.sweep else ():
+        try:
+            sweep_param(VARIANTS[args.sweep], knob)
+        except Exception as e:  # noqa: BLE001 - the registry's message names what is allowed
+            print(f"--sweep-knobs {knob}: {e}")
+            return 2
     bad = sorted({v for vs in lists.values() for v in vs} - set(VARIANTS))
     if bad:
         print(f"unknown variant(s) {', '.join(bad)}; known: {', '.join(VARIANTS)}")
@@ -268,6 +365,43 @@ def main() -> int:
             run_profile(v)
     for v in lists["bench"][args.validate_after :]:
         run_bench(v)
+
+    if args.sweep:
+        best, best_tg = dict(VARIANTS[args.sweep]), -1.0
+        res["sweep"] = {"from": args.sweep, "settings": []}
+        seen: dict[str, float] = {}
+        for knob in knobs:
+            for flat in sweep_order(best, knob):
+                key = json.dumps(flat, sort_keys=True)
+                if key in seen:
+                    continue
+                if late(f"sweep {knob}"):
+                    break
+                short = {k: flat[k] for k in sorted(flat) if flat[k] != VARIANTS[args.sweep].get(k)}
+                try:
+                    be.set_config(TuningConfig.from_flat(args.backend, flat))
+                    r = bench(eng.model, [512], 128, args.sweep_repeats, 1).results[0]
+                    tg = r.decode_tok_s.median if r.decode_tok_s else 0.0
+                except Exception as e:  # noqa: BLE001 - a setting's failure is its result
+                    tg = 0.0
+                    print(f"{name} sweep {short}: ERROR {e!r}", flush=True)
+                seen[key] = tg
+                res["sweep"]["settings"].append({"knobs": short, "tg128": tg})
+                print(f"{name} sweep {json.dumps(short):90s} tg128 {tg:7.1f}", flush=True)
+                if tg > best_tg:
+                    best, best_tg = flat, tg
+                save()
+        res["sweep"]["best"] = {"flat": best, "tg128": best_tg}
+        VARIANTS["swept"] = best
+        res["variants"]["swept"] = best
+        print(f"{name} sweep best {best_tg:.1f}: {json.dumps(best)}", flush=True)
+        save()
+        run_bench("swept")
+        run_validate("swept")
+        if args.profile_early:
+            run_profile("swept")
+        elif "swept" not in lists["profile"]:
+            lists["profile"].append("swept")
 
     if not args.profile_early:
         for v in lists["profile"]:

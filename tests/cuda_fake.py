@@ -38,6 +38,8 @@ POINTER_DTYPES = {
     "signed char": np.int8,
     "char": np.int8,
     "int8_t": np.int8,
+    "unsigned int": np.uint32,  # ticket counters
+    "unsigned": np.uint32,
 }
 SCALAR_DTYPES = {
     "int": np.int32,
@@ -169,6 +171,10 @@ class FakeCuda(CudaBackend):
         self._alpha = np.ones(1, np.float32)
         self._beta = np.zeros(1, np.float32)
         self._cc = 90
+        self._norm_ticket = _dev(np.zeros(1, np.uint32))
+        self._rope_tickets = _dev(np.zeros(1024, np.uint32))
+        self._tickets = _dev(np.zeros(64, np.uint32))
+        self._head_tickets = _dev(np.zeros(64, np.uint32))
         self.launches: list[Launch] = []
         Backend.__init__(self, config)
         self.set_config(self.config)

@@ -188,6 +188,12 @@ def _old_cuda_modules(cfg: TuningConfig) -> dict[str, tuple[str, dict]]:
                 "RPT": dec["rows_per_thread"],
                 "NW": dec["warps"],
                 "UNROLL": dec["unroll"],
+                "WLOAD": dec["wload"],
+                "MINB": dec["min_blocks"],
+                "GLU_TPR": dec["glu_threads_per_row"],
+                "GLU_UNROLL": dec["glu_unroll"],
+                "PREFETCH": dec["prefetch"],
+                "STAGE": dec["stage"],
             },
         )
     else:

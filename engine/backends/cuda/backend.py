@@ -54,6 +54,7 @@ Q6K_PADDED = 224  # bytes of a Q6_K block on the GPU (210 + 14 zero bytes; commo
 _QT = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
 _NULL = np.uint64(0)
 _MAX_ARGMAX_ROWS = 4096  # rows argmax.multi takes in one launch (more: argmax.block's kernel)
+_MAX_ROPE_HEADS = 1024  # q + k heads mmvw_qkv counts (tickets); more: mmvw, then rope_kv
 
 
 def _import_cupy() -> Any:
@@ -190,6 +191,8 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, Backend):  # mixins: hybrid.py,
         # argmax.multi's per-row tickets: zero between launches (the last block resets its row)
         self._tickets = cp.zeros(_MAX_ARGMAX_ROWS, np.uint32)
         self._head_tickets = cp.zeros(_MAX_ARGMAX_ROWS, np.uint32)  # attn_split_kw's combine
+        self._norm_ticket = cp.zeros(1, np.uint32)  # mmvw_norm's last-block ticket
+        self._rope_tickets = cp.zeros(_MAX_ROPE_HEADS, np.uint32)  # mmvw_qkv's, one per head
         self._alpha = np.ones(1, np.float32)
         self._beta = np.zeros(1, np.float32)
         super().__init__(config)
@@ -302,6 +305,7 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, Backend):  # mixins: hybrid.py,
         self._graph, self._k, self._pos_dev, self._profiling = None, {}, None, False
         self._fns = {}
         self._tickets, self._head_tickets, self._pdl = None, None, None
+        self._norm_ticket, self._rope_tickets = None, None
         self._q8.clear()
         self._f16.clear()
         self._groups.clear()
@@ -628,7 +632,7 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, Backend):  # mixins: hybrid.py,
         self._launch(
             "mmvw", "mmvw", (sum(nbs),), (int(c["warps"]) * 32,),
             (xq, xds, np.int32(mats[0][0].k), np.int32(nbs[0]), np.int32(nbs[1]), *args),
-            pdl=True,
+            smem=self._stage_smem(tuple(m[0] for m in mats)), pdl=True,
         )  # fmt: skip
 
     def _wide(self, x: Any, ws: tuple[CudaWeight, ...]) -> bool:
@@ -670,6 +674,10 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, Backend):  # mixins: hybrid.py,
                 f"KV cache full: writing positions {pos0}..{pos0 + T - 1} "
                 f"into a cache of {cache.capacity}"
             )
+        if wide and self._fuse_rope(heads):
+            return self._mmvw_qkv(
+                self._decode_row(h), wqkv, bias, cache, layer, pos0, heads, theta, neox
+            )
         if wide:
             h = self._decode_row(h)
             q, k, v = (self._empty((T, w.n)) for w in wqkv)
@@ -698,6 +706,69 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, Backend):  # mixins: hybrid.py,
         )  # fmt: skip
         return qo
 
+    def _stage_smem(self, ws: tuple[CudaWeight, ...]) -> int:
+        """Dynamic shared memory of an mmvw launch under matmul_decode.stage: a block's rows of
+        the widest matrix, or 0 (no staging) when that exceeds what a block may opt in to."""
+        if int(self.config.op("matmul_decode")["stage"]) == 0:
+            return 0
+        need = self._mmvw_rows_per_block() * max(w.row_bytes for w in ws)
+        cap = self.__dict__.get("_stage_cap")
+        if cap is None:  # what a block may opt in to, less the kernels' static shared memory
+            extra = self.device_info().extra
+            cap = self._stage_cap = int(extra.get("smem_per_block_optin", 0)) - 1024
+        return need if need <= cap else 0
+
+    def _mmvw_rows_per_block(self) -> int:
+        c = self.config.op("matmul_decode")
+        return int(c["warps"]) * 32 // int(c["threads_per_row"]) * int(c["rows_per_thread"])
+
+    def _fuse_rope(self, heads: tuple[int, int, int]) -> bool:
+        """matmul_decode.fuse_rope on a decode row whose heads mmvw_qkv can count and hold."""
+        H, Hkv, D = heads
+        return (
+            int(self.config.op("matmul_decode")["fuse_rope"]) == 1
+            and D % 2 == 0
+            and H + Hkv <= _MAX_ROPE_HEADS
+            and self._mmvw_rows_per_block() // D + 2 <= 32  # heads a block touches: a bitmask
+        )
+
+    def _mmvw_qkv(
+        self,
+        h: Any,
+        wqkv: tuple[CudaWeight, CudaWeight, CudaWeight],
+        bias: tuple[CudaWeight, CudaWeight, CudaWeight] | None,
+        cache: KVCache,
+        layer: int,
+        pos0: int,
+        heads: tuple[int, int, int],
+        theta: float,
+        neox: bool,
+    ) -> Any:
+        """q/k/v + biases, v into the cache, q and k roped (k into the cache): one mmvw_qkv
+        launch (matmul_decode.fuse_rope) for the decode row h [1, C]."""
+        H, Hkv, D = heads
+        xq, xds = self.quantize_q8(h)
+        c = self.config.op("matmul_decode")
+        rpb = self._mmvw_rows_per_block()
+        nbs = [math.ceil(w.n / rpb) for w in wqkv]
+        q, k = self._empty((1, H * D)), self._empty((1, Hkv * D))
+        qo = self._empty((1, H, D))
+        adds = (_NULL,) * 3 if bias is None else tuple(b.f32 for b in bias)
+        mats = []
+        for w, a in zip(wqkv, adds, strict=True):
+            mats += [w.raw, np.int32(w.row_bytes), np.int32(_QT[w.qtype]), a]
+        self._launch(
+            "mmvw", "mmvw_qkv", (sum(nbs),), (int(c["warps"]) * 32,),
+            (
+                xq, xds, np.int32(h.shape[1]), np.int32(nbs[0]), np.int32(nbs[1]), *mats, q, k,
+                qo, cache.k[layer], cache.v[layer], np.int32(H), np.int32(Hkv), np.int32(D),
+                np.int32(pos0), self._pos_ptr(), np.float32(theta), np.int32(1 if neox else 0),
+                self._rope_tickets,
+            ),
+            smem=self._stage_smem(wqkv), pdl=True,
+        )  # fmt: skip
+        return qo
+
     def matmul_add(self, x: Any, w: CudaWeight, r: Any) -> Any:
         """Under matmul_decode.mmvw a decode row's projection adds the residual as it stores."""
         if not self._wide(x, (w,)) or w.raw is None:
@@ -708,16 +779,101 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, Backend):  # mixins: hybrid.py,
         return y
 
     def ffn(self, h: Any, gate: CudaWeight, up: CudaWeight, down: CudaWeight, r: Any) -> Any:
-        """Under matmul_decode.mmvw: gate and up in one launch, swiglu_q8, down + residual.
-        Under matmul_prefill.resident (fuse_f16) a prefill chunk's gate and up are one GEMM."""
+        """Under matmul_decode.mmvw: gate and up in one launch, swiglu_q8 (or both in one
+        mmvw_glu launch under fuse_swiglu), down + residual. Under matmul_prefill.resident
+        (fuse_f16) a prefill chunk's gate and up are one GEMM."""
         if self._pair_ok(h, gate, up):
             return self.matmul_add(self._gate_up(h, gate, up), down, r)
         if not self._wide(h, (gate, up)):
             return super().ffn(h, gate, up, down, r)
-        h = self._decode_row(h)
-        g, u = self._empty((1, gate.n)), self._empty((1, up.n))
-        self._mmvw(h, [(gate, g, None), (up, u, None)])
-        return self.matmul_add(self.swiglu(g, u), down, r)
+        return self.matmul_add(self._decode_gate_up(self._decode_row(h), gate, up), down, r)
+
+    def _decode_gate_up(self, h: Any, gate: CudaWeight, up: CudaWeight) -> Any:
+        """silu(h gate^T) * (h up^T) [1, n] of a decode row, its Q8_1 form remembered."""
+        c = self.config.op("matmul_decode")
+        n = gate.n
+        if int(c["fuse_swiglu"]) == 0 or up.n != n:
+            g, u = self._empty((1, n)), self._empty((1, up.n))
+            self._mmvw(h, [(gate, g, None), (up, u, None)])
+            return self.swiglu(g, u)
+        xq, xds = self.quantize_q8(h)
+        y = self._empty((1, n))
+        q8 = n % 32 == 0  # else y's consumer (a float-weight down) takes no Q8_1 form
+        yq, yds = self._q8_buffers(1, n) if q8 else (_NULL, _NULL)
+        self._launch(
+            "mmvw", "mmvw_glu", (math.ceil(n / 32),), (64 * int(c["glu_threads_per_row"]),),
+            (
+                xq, xds, np.int32(gate.k), np.int32(n), gate.raw, np.int32(gate.row_bytes),
+                np.int32(_QT[gate.qtype]), up.raw, np.int32(up.row_bytes),
+                np.int32(_QT[up.qtype]), y, yq, yds,
+            ),
+            pdl=True,
+        )  # fmt: skip
+        if q8:
+            self._q8_remember(y, yq, yds)
+        return y
+
+    def hook_bypassed_fusions(self, config: TuningConfig) -> list[str]:
+        """matmul_decode's mmvw_glu / mmvw_norm / mmvw_qkv and rope's rope_kv run only
+        unhooked."""
+        out = []
+        dec = config.op("matmul_decode")
+        fused = ("fuse_swiglu", "fuse_norm", "fuse_rope")
+        if dec.variant == "mmvw" and any(int(dec[k]) for k in fused):
+            out.append("matmul_decode")
+        if int(config.op("rope")["fuse_kv"]):
+            out.append("rope")
+        return out
+
+    def _fuse_norm(self, x: Any, w: CudaWeight, r: Any) -> bool:
+        return (
+            self._wide(x, (w,))
+            and w.raw is not None
+            and int(self.config.op("matmul_decode")["fuse_norm"]) == 1
+            and w.n % 32 == 0
+            and tuple(r.shape) == (1, w.n)
+        )
+
+    def matmul_add_norm(
+        self, x: Any, w: CudaWeight, r: Any, norm: CudaWeight, eps: float
+    ) -> tuple[Any, Any]:
+        """Under matmul_decode.fuse_norm: the projection + residual, then the grid's last block
+        runs the RMSNorm of the new row and its Q8_1 form (mmvw_norm), one launch."""
+        if not self._fuse_norm(x, w, r):
+            return super().matmul_add_norm(x, w, r, norm, eps)
+        xq, xds = self.quantize_q8(self._decode_row(x))
+        r = self._cp.ascontiguousarray(r, dtype=np.float32)
+        c = self.config.op("matmul_decode")
+        rpb = self._mmvw_rows_per_block()
+        y, h = self._empty((1, w.n)), self._empty((1, w.n))
+        hq, hds = self._q8_buffers(1, w.n)
+        self._launch(
+            "mmvw", "mmvw_norm", (math.ceil(w.n / rpb),), (int(c["warps"]) * 32,),
+            (
+                xq, xds, np.int32(w.k), w.raw, np.int32(w.row_bytes), np.int32(w.n),
+                np.int32(_QT[w.qtype]), y, r, norm.f32, np.float32(eps), h, hq, hds,
+                self._norm_ticket,
+            ),
+            smem=self._stage_smem((w,)), pdl=True,
+        )  # fmt: skip
+        self._q8_remember(h, hq, hds)
+        return y, h
+
+    def ffn_norm(
+        self,
+        h: Any,
+        gate: CudaWeight,
+        up: CudaWeight,
+        down: CudaWeight,
+        r: Any,
+        norm: CudaWeight,
+        eps: float,
+    ) -> tuple[Any, Any]:
+        """ffn then the next norm; under fuse_norm the down projection's launch ends in it."""
+        if not self._wide(h, (gate, up)):
+            return super().ffn_norm(h, gate, up, down, r, norm, eps)
+        g = self._decode_gate_up(self._decode_row(h), gate, up)
+        return self.matmul_add_norm(g, down, r, norm, eps)
 
     def _to_f16(self, x: Any) -> Any:
         cached = self._resident_on()  # fp16 forms are kept under matmul_prefill.resident

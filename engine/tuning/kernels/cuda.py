@@ -151,10 +151,88 @@ REGISTRY.register(
                 Param("warps", (1, 2, 4, 8), 4, "warps per block", define("NW")),
                 Param(
                     "unroll",
-                    (1, 2, 4),
+                    (1, 2, 4, 8),
                     2,
                     "slots per lane per iteration (weight loads in flight before use)",
                     define("UNROLL"),
+                ),
+                Param(
+                    "wload",
+                    (0, 1, 2),
+                    0,
+                    "Q4_K / Q6_K weight loads: 0 ld.global.nc; 1 + L1::no_allocate (weights "
+                    "read once leave L1 to the activations); 2 + L2::256B prefetch of the run "
+                    "the neighbouring lanes read next",
+                    define("WLOAD"),
+                ),
+                Param(
+                    "min_blocks",
+                    (0, 4, 8, 12, 16),
+                    0,
+                    "blocks per SM __launch_bounds__ sizes registers for (0: no bound): "
+                    "occupancy, so more loads in flight per SM",
+                    define("MINB"),
+                ),
+                Param(
+                    "prefetch",
+                    (0, 1),
+                    0,
+                    "1: each block asks the L2 for its weight rows (cp.async.bulk.prefetch, "
+                    "sm_90) before it waits for the previous kernel: with pdl = 1 the weights "
+                    "stream in while that kernel finishes",
+                    define("PREFETCH"),
+                ),
+                Param(
+                    "stage",
+                    (0, 1),
+                    0,
+                    "1: each block's Q4_K / Q6_K weight rows come into shared memory by one bulk "
+                    "copy (cp.async.bulk, sm_90; issued before the PDL wait) and are read from "
+                    "there: all of a block's weight bytes in flight at once, without registers",
+                    define("STAGE"),
+                ),
+                Param(
+                    "fuse_swiglu",
+                    (0, 1),
+                    0,
+                    "1: gate and up in one launch whose blocks own 32 rows of each and write "
+                    "silu(gate) * up and its Q8_1 block (mmvw_glu): no swiglu_q8 launch",
+                    HOST,
+                ),
+                Param(
+                    "fuse_rope",
+                    (0, 1),
+                    0,
+                    "1: q, k, v with their biases in one launch that also writes v into the KV "
+                    "cache and ropes each q / k head in the last of its blocks to finish "
+                    "(mmvw_qkv): no rope_kv launch",
+                    HOST,
+                ),
+                Param(
+                    "glu_threads_per_row",
+                    (2, 4, 8, 16),
+                    8,
+                    "lanes per row of mmvw_glu (fuse_swiglu): its block is the 64 rows of 32 "
+                    "outputs x this many lanes, all in one pass (fewer: more blocks resident, "
+                    "one wave where 8 or 16 lanes take two)",
+                    define("GLU_TPR"),
+                ),
+                Param(
+                    "glu_unroll",
+                    (1, 2, 4, 8),
+                    4,
+                    "slots per lane per iteration in mmvw_glu (its rows are few per block and "
+                    "long per lane: its own depth of loads in flight)",
+                    define("GLU_UNROLL"),
+                ),
+                Param(
+                    "fuse_norm",
+                    (0, 1),
+                    0,
+                    "1: the attention-output and down projections (+ residual) end in the "
+                    "next RMSNorm and its Q8_1 form, run by the grid's last block "
+                    "(mmvw_norm): no rms_norm_q8 launch",
+                    HOST,
                 ),
                 Param(
                     "pdl",
