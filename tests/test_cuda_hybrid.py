@@ -214,11 +214,13 @@ def test_delta_net_rejects_a_key_head_wider_than_max_dk(be):
 
 
 # --- conv, gates, sigmoid gate, partial RoPE ----------------------------------------------
+@pytest.mark.parametrize("fuse_step", [0, 1])
 @pytest.mark.parametrize("threads", [128, 1024])
 @pytest.mark.parametrize("K,Cc", [(4, 300), (2, 257), (8, 64)])
 @pytest.mark.parametrize("splits", [[9], [1, 1, 1], [4, 1, 4], [2, 1]])
-def test_ssm_conv_carries_state(be, splits, K, Cc, threads):
-    be.set_config(cfg(**{"ssm_conv.threads": threads}))
+def test_ssm_conv_carries_state(be, splits, K, Cc, threads, fuse_step):
+    # fuse_step: the one-token calls run ssm_conv_step (conv and state in one kernel)
+    be.set_config(cfg(**{"ssm_conv.threads": threads, "ssm_conv.fuse_step": fuse_step}))
     rng = np.random.default_rng(K * Cc + len(splits))
     w = _f32(rng, Cc, K)
     x = _f32(rng, sum(splits), Cc)
@@ -553,7 +555,8 @@ HYBRID_VALIDATE_CONFIGS = [
     {**MMVW, "moe_experts.variant": "mmvq", "moe_experts.threads_per_row": 8,
      "delta_net.variant": "chunked", "prefill.chunk_tokens": 24},
     {"matmul_decode.variant": "mmvq", "delta_net.prefetch": 4},  # int8 decode, no fusion
-    {**MMVW, "delta_net.prefetch": 8, "delta_net.max_dk": 256, "matmul_decode.pdl": 1},
+    {**MMVW, "delta_net.prefetch": 8, "delta_net.max_dk": 256, "matmul_decode.pdl": 1,
+     "ssm_conv.fuse_step": 1},
 ]  # fmt: skip
 
 

@@ -346,3 +346,18 @@ def test_mmvw_decode_step_groups_the_hybrid_projections(tiny_model_factory):
     assert mmvw_launches(3) - mmvw_launches(2) == 20
     per_token = [launch for launch in be.launches if launch.kernel == "mmvw"]
     assert all(int(launch.args[3]) + int(launch.args[4]) > 0 for launch in per_token)
+
+
+def test_conv_fuse_step_runs_one_kernel_for_a_decode_token():
+    # ssm_conv.fuse_step: a one-token call is ssm_conv_step (a thread per channel, the state
+    # updated in the same kernel); longer calls keep ssm_conv + ssm_conv_state.
+    be = FakeCuda(cfg(**{"ssm_conv.fuse_step": 1, "ssm_conv.threads": 128}))
+    rng = np.random.default_rng(2)
+    w = be.load_weight(_f32_weight(_f32(rng, 300, 4)))
+    state = np.zeros((3, 300), np.float32)
+    be.ssm_conv(_f32(rng, 1, 300), state, w)
+    (step,) = be.launches
+    assert step.kernel == "ssm_conv_step" and step.grid[0] * step.block[0] >= 300
+    be.launches.clear()
+    be.ssm_conv(_f32(rng, 2, 300), state, w)
+    assert [launch.kernel for launch in be.launches] == ["ssm_conv", "ssm_conv_state"]

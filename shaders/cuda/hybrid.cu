@@ -1,7 +1,8 @@
 // hybrid.cu: the small ops of the hybrid schedule (engine/hybrid.py) that are not the scan or
 // the expert matmuls. One variant each (engine/tuning/kernels/cuda_hybrid.py); tunables are launch
 // parameters only (threads, rows per block), so changing them never recompiles:
-//   ssm_conv.default      ssm_conv (a thread per output element) then ssm_conv_state
+//   ssm_conv.default      ssm_conv (a thread per output element) then ssm_conv_state; with
+//                         fuse_step a one-token call is ssm_conv_step (conv and state in one)
 //   ssm_gates.default     ssm_gates: g = softplus(a + dt_bias) * ssm_a, beta = sigmoid(b)
 //   sigmoid_mul.default   sigmoid_mul: x * sigmoid(gate), gate per element or per row
 //   rope_partial.pairs    rope_partial: neox RoPE of the first n_rot dims of each head
@@ -55,6 +56,37 @@ extern "C" __global__ void ssm_conv_state(const float* __restrict__ x, float* __
         for (int m = 0; m < MAX_CONV - 1; ++m)  // old[src], indexed by a constant (registers)
             if (m == src) val = old[m];
         state[(size_t)i * Cc + c] = src < K - 1 ? val : x[(size_t)(src - (K - 1)) * Cc + c];
+    }
+}
+
+// One token (decode): ssm_conv and ssm_conv_state in one launch, a thread per channel holding
+// its K-1 old inputs; the same taps in the same order as ssm_conv (bit-identical).
+extern "C" __global__ void ssm_conv_step(const float* __restrict__ x, float* __restrict__ state,
+                                         const float* __restrict__ w, float* __restrict__ y,
+                                         int Cc, int K) {
+    pdl_start();
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= Cc) return;
+    float old[MAX_CONV - 1];
+#pragma unroll
+    for (int i = 0; i < MAX_CONV - 1; ++i) old[i] = i < K - 1 ? state[(size_t)i * Cc + c] : 0.f;
+    const float xc = x[c];
+    float acc = 0.f;
+#pragma unroll
+    for (int j = 0; j < MAX_CONV; ++j) {
+        if (j >= K) break;
+        const float xv = j < K - 1 ? old[j] : xc;
+        acc += __ldg(w + (size_t)c * K + j) * xv;
+    }
+    y[c] = acc / (1.f + expf(-acc));
+#pragma unroll
+    for (int i = 0; i < MAX_CONV - 1; ++i) {  // rows 1.. of the old state, then x
+        if (i >= K - 1) break;
+        float nxt = xc;
+#pragma unroll
+        for (int m = 0; m < MAX_CONV - 1; ++m)
+            if (m == i + 1 && m < K - 1) nxt = old[m];
+        state[(size_t)i * Cc + c] = nxt;
     }
 }
 

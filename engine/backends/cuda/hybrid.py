@@ -127,6 +127,12 @@ class CudaHybridOps:
         if T == 0:
             return out
         th = self._threads("ssm_conv")
+        if T == 1 and K > 1 and int(self.config.op("ssm_conv")["fuse_step"]):
+            self._launch(
+                "hybrid", "ssm_conv_step", (math.ceil(Cc / th),), (th,),
+                (x, state, wf, out, np.int32(Cc), np.int32(K)), pdl=True,
+            )  # fmt: skip
+            return out
         self._launch(
             "hybrid", "ssm_conv", (self._grid1(T * Cc, th),), (th,),
             (x, state, wf, out, np.int32(T), np.int32(Cc), np.int32(K)), pdl=True,

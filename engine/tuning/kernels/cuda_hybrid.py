@@ -184,6 +184,14 @@ REGISTRY.register(
 )
 
 _THREADS = Param("threads", (128, 256, 512, 1024), 256, "threads per block", PUSHED)
+_CONV_STEP = Param(
+    "fuse_step",
+    (0, 1),
+    0,
+    "1: a one-token call (decode) runs conv and state update as one kernel, a thread per "
+    "channel (ssm_conv_step: one launch per delta-net layer fewer; same taps, bit-identical)",
+    PUSHED,
+)
 for _op, _variant, _doc in [
     ("ssm_conv", "default", "causal depthwise conv1d + SiLU, a thread per output; then the state"),
     ("ssm_gates", "default", "softplus decay and sigmoid beta"),
@@ -198,7 +206,7 @@ for _op, _variant, _doc in [
                 B,
                 _op,
                 _variant,
-                params=(_THREADS,),
+                params=(_THREADS, _CONV_STEP) if _op == "ssm_conv" else (_THREADS,),
                 source="cuda/hybrid.cu",
                 numeric="order_only",
                 doc=_doc,
