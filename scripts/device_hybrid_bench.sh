@@ -43,7 +43,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT
 git log --oneline -1 > "$OUT/commit.txt" 2>/dev/null
 if [ "${TESTS:-0}" = 1 ]; then  # (the files' synth, if started with `synth &`, runs meanwhile)
     timeout ${TESTS_S:-150} python3 -m pytest -q -m gpu -p no:cacheprovider -rfE --tb=short \
-        tests/test_cuda_hybrid.py -k "int8_decode or prefetch or moe_q8 or mmvw_fused or \
+        tests/test_cuda_hybrid.py -k "int8_decode or prefetch or moe_q8 or mmvw_fused or ssm_conv or \
         pdl_chains or (validate_passes_hybrid_knobs and (11 or 12 or 13 or 14 or 15))" \
         > "$OUT/pytest_hybrid.log" 2>&1
     echo "pytest rc=$? $(tail -1 "$OUT/pytest_hybrid.log")" | tee -a "$OUT/summary.txt"
