@@ -102,10 +102,13 @@ def _old_vulkan_spec(cfg: TuningConfig, op: str) -> tuple[tuple[int, ...], int]:
     if op == "matmul_prefill":
         if c.variant == "tiled":
             return (int(c["tile_m"]), int(c["tile_n"])), 0
+        if c.variant == "coopmat":  # added after the bindings: tile and subgroup-tile sizes
+            tiles = tuple(int(c[k]) for k in ("tile_m", "tile_n", "warp_m", "warp_n"))
+            return tiles, int(c["subgroup_size"])
         rows = int(c["rows_per_wg"]) if c.variant == "kpar" else 1
         sg = int(c["subgroup_size"]) if c.variant == "kpar" else 0
         return (wg, rows, int(c["max_cols"])), sg
-    if op == "attention" and c.variant == "split":
+    if op == "attention" and c.variant in ("split", "coopmat"):  # coopmat: split's knobs
         return (wg, int(c["key_threads"])), 0
     if op == "delta_net":  # the hybrids' kernels (issue 15) mapped the same way by hand
         base = (wg, int(c["state_transposed"]), int(c["max_dk"]))
