@@ -120,7 +120,7 @@ bench() {
 }
 
 case $MODE in
-suites) FLEET_EXP=${FLEET_EXP:-experiments/hybrid-h200.toml}
+suites) FLEET_EXP=${FLEET_EXP:-experiments/hybrid-9b.toml}
         VK_TESTS=${VK_TESTS:-tests/test_vulkan_coopmat.py tests/test_vulkan_mmvw.py}; suites ;;
 bench) DENSE=${DENSE:-default,mmvw_all,ptc_tc_mmvw_all}; DENSE_VALIDATE=${DENSE_VALIDATE:-ptc_tc_mmvw_all}
        DENSE_PROFILE=${DENSE_PROFILE:-ptc_tc_mmvw_all}; VK_DENSE=${VK_DENSE:-}; bench ;;
