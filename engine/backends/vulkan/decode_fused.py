@@ -1,0 +1,211 @@
+"""The Vulkan backend's int8 decode path and fused decode ops (matmul_decode.mmvw, quantize_act,
+rope.fuse_kv): the port of the CUDA backend's mmvw schedule, as a mixin of VulkanBackend.
+
+Under matmul_decode.mmvw a decode row (T == 1) of a Q4_K / Q6_K matmul reads its activation as
+Q8_1 (shaders/vulkan/q8_1.glsl). rms_norm and swiglu of one row write that form as they store
+(quantize_act's norm and swiglu passes) and remember it, so the matmuls after them need no
+quantize dispatch; q/k/v (and gate/up) go through one mmvw dispatch, the q/k/v biases and the
+residuals are added as mmvw stores. With rope.fuse_kv = 1, RoPE of q and k and the KV write are
+one dispatch. A decode layer is 11 dispatches instead of 19.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from engine.backends.vulkan.kernels import MMVW_TYPES
+
+if TYPE_CHECKING:
+    from engine.backends.base import KVCache
+
+MMVW_GGML = {"Q4_K": 12, "Q6_K": 14}  # mmvw.comp's per-matrix type ids (GGML's)
+NO_ADD = 0xFFFFFFFF
+
+
+def _fold(n: int) -> tuple[int, int, int]:
+    from engine.backends.vulkan.backend import _fold as fold
+
+    return fold(n)
+
+
+class FusedDecode:
+    """Mixin: expects VulkanBackend's _new, _pipe, _as_tensor, stream, config, _q8."""
+
+    # --- Q8_1 activations ---------------------------------------------------------------
+    def _int8(self) -> bool:
+        return self.config.op("matmul_decode").variant == "mmvw"
+
+    def _int8_row(self, n: int) -> bool:
+        """Whether a row of n values gets its Q8_1 form as it is produced."""
+        return self._int8() and n % 32 == 0
+
+    @staticmethod
+    def _q8_words(K: int) -> int:
+        return K // 4 + K // 16
+
+    def _q8_lookup(self, x: Any) -> Any:
+        for src, q8 in self._q8:
+            if src.buf is x.buf and src.offset == x.offset and src.size == x.size:
+                return q8
+        return None
+
+    def _q8_remember(self, x: Any, q8: Any) -> None:
+        self._q8.append((x, q8))
+        del self._q8[:-4]  # a layer reuses one quantized input for at most 3 matmuls
+
+    def quantize_q8(self, x: Any) -> Any:
+        """x, one row of K floats (K % 32 == 0) -> its Q8_1 form (int32 words, 5K/16), reusing
+        the form made when x was produced or last quantized."""
+        hit = self._q8_lookup(x)
+        if hit is not None:
+            return hit
+        K = x.size
+        q8 = self._new((self._q8_words(K),), np.int32)
+        pipe, c = self._pipe("quantize_act")
+        self.stream.dispatch(
+            pipe,
+            (x.buf, q8.buf),
+            (q8.buf,),
+            (K, x.offset, q8.offset),
+            _fold(-(-K // 32 // int(c["wg_size"]))),
+        )
+        self._q8_remember(x, q8)
+        return q8
+
+    # --- the int8 decode matmul -----------------------------------------------------------
+    def _wide(self, x: Any, ws: tuple[Any, ...]) -> bool:
+        """Whether ws can go through mmvw on decode row x."""
+        K = x.shape[-1]
+        return (
+            self._int8()
+            and x.size == K
+            and K % 256 == 0
+            and all(w.qtype in MMVW_TYPES and w.shape[-1] == K and w.parts for w in ws)
+        )
+
+    def _mmvw(self, x: Any, mats: list[tuple[Any, Any, int, Any]]) -> None:
+        """For each (w, y, y_elem, a): y[y_elem + n] = x . w[n] (+ a[n] when a is not None),
+        up to three weight buffers (row ranges count as one each) per dispatch."""
+        q8 = self.quantize_q8(x)
+        pipe, c = self._pipe("matmul_decode", mats[0][0].qtype)
+        rows = int(c["rows_per_wg"])
+        K = x.size
+        jobs = []  # (weight buffer, rows, row bytes, type, y offset, a buffer, a offset)
+        for w, y, y_elem, a in mats:
+            for lease, r0, nr in w.parts:
+                a_buf, a_off = (None, NO_ADD) if a is None else (a.buf, a.offset + r0)
+                jobs.append(
+                    (lease.buf, nr, w.row_bytes, MMVW_GGML[w.qtype], y.offset + y_elem + r0,
+                     a_buf, a_off)
+                )  # fmt: skip
+        y_buf = mats[0][1].buf
+        for i in range(0, len(jobs), 3):
+            part = jobs[i : i + 3]
+            nwg = [-(-j[1] // rows) for j in part] + [0] * (3 - len(part))
+            part += [(part[0][0], 0, 0, 0, 0, None, NO_ADD)] * (3 - len(part))
+            adds = tuple(j[5] if j[5] is not None else y_buf for j in part)
+            push: list[int] = [K, q8.offset, nwg[0], nwg[0] + nwg[1]]
+            for j in part:
+                push += [j[1], j[2], j[3], j[4], j[6]]
+            self.stream.dispatch(
+                pipe,
+                (part[0][0], part[1][0], part[2][0], q8.buf, y_buf, *adds),
+                (y_buf,),
+                tuple(push),
+                _fold(sum(nwg)),
+            )
+
+    # --- fused ops (engine.backends.base) -------------------------------------------------
+    def attn_in(
+        self,
+        h: Any,
+        wqkv: tuple[Any, Any, Any],
+        bias: tuple[Any, Any, Any] | None,
+        cache: KVCache,
+        layer: int,
+        pos0: int,
+        heads: tuple[int, int, int],
+        theta: float,
+        neox: bool,
+    ) -> Any:
+        """q/k/v in one mmvw dispatch with the biases added as they store (matmul_decode.mmvw),
+        and/or both ropes + the KV write in one dispatch (rope.fuse_kv)."""
+        H, Hkv, D = heads
+        h = self._as_tensor(h)
+        T = int(h.shape[0])
+        fuse = int(self.config.op("rope")["fuse_kv"]) == 1 and D % 2 == 0
+        wide = T == 1 and self._wide(h, wqkv)
+        if not (fuse or wide):
+            return super().attn_in(h, wqkv, bias, cache, layer, pos0, heads, theta, neox)
+        if pos0 + T > cache.capacity:
+            raise ValueError(
+                f"KV cache full: writing positions {pos0}..{pos0 + T - 1} "
+                f"into a cache of {cache.capacity}"
+            )
+        if wide:
+            ns = [w.shape[0] for w in wqkv]
+            y = self._new((sum(ns),))
+            offs = (0, ns[0], ns[0] + ns[1])
+            adds = (None,) * 3 if bias is None else tuple(b.f32 for b in bias)
+            self._mmvw(h, [(w, y, o, a) for w, o, a in zip(wqkv, offs, adds, strict=True)])
+            q, k, v = (y[o : o + n] for o, n in zip(offs, ns, strict=True))
+        else:
+            q, k, v = (self.matmul(h, w) for w in wqkv)
+            if bias is not None:
+                q, k, v = (self.add(t, b) for t, b in zip((q, k, v), bias, strict=True))
+        q, k, v = q.reshape((T, H, D)), k.reshape((T, Hkv, D)), v.reshape((T, Hkv, D))
+        if not fuse:
+            q = self.rope(q, pos0, theta, neox)
+            self.kv_write(cache, layer, self.rope(k, pos0, theta, neox), v, pos0)
+            return q
+        return self._rope_kv(q, k, v, cache, layer, pos0, theta, neox)
+
+    def _rope_kv(
+        self, q: Any, k: Any, v: Any, cache: KVCache, layer: int, pos0: int, theta: float,
+        neox: bool,
+    ) -> Any:  # fmt: skip
+        T, H, D = q.shape
+        Hkv = k.shape[1]
+        ck, cv = cache.k[layer], cache.v[layer]
+        if ck.shape[1:] != (Hkv, D):
+            raise ValueError(f"attn_in: k {k.shape} against cache {ck.shape}")
+        table = self._rope_table(theta, D, pos0 + T)
+        qo = self._new((T, H, D))
+        pipe, c = self._pipe("rope.kv")
+        n = T * (H + 2 * Hkv) * (D // 2)
+        self.stream.dispatch(
+            pipe,
+            (q.buf, k.buf, v.buf, table.buf, qo.buf, ck.buf, cv.buf, self.stream.dyn_buf),
+            (qo.buf, ck.buf, cv.buf),
+            (T, H, Hkv, D, q.offset, k.offset, v.offset, qo.offset, ck.offset, cv.offset,
+             self.stream.dyn(pos0), int(bool(neox))),
+            _fold(-(-n // int(c["wg_size"]))),
+        )  # fmt: skip
+        return qo
+
+    def matmul_add(self, x: Any, w: Any, r: Any) -> Any:
+        """Under matmul_decode.mmvw a decode row's projection adds the residual as it stores."""
+        x = self._as_tensor(x)
+        if not (x.shape[0] == 1 and self._wide(x, (w,))):
+            return super().matmul_add(x, w, r)
+        r = self._as_tensor(r)
+        if r.size != w.shape[0]:
+            raise ValueError(f"matmul_add: residual {r.shape} against {w.name} {w.shape}")
+        y = self._new((1, w.shape[0]))
+        self._mmvw(x, [(w, y, 0, r)])
+        return y
+
+    def ffn(self, h: Any, gate: Any, up: Any, down: Any, r: Any) -> Any:
+        """Under matmul_decode.mmvw: gate and up in one dispatch, swiglu + Q8_1, down +
+        residual."""
+        h = self._as_tensor(h)
+        if not (h.shape[0] == 1 and self._wide(h, (gate, up))):
+            return super().ffn(h, gate, up, down, r)
+        ng, nu = gate.shape[0], up.shape[0]
+        y = self._new((ng + nu,))
+        self._mmvw(h, [(gate, y, 0, None), (up, y, ng, None)])
+        g = y[0:ng].reshape((1, ng))
+        u = y[ng : ng + nu].reshape((1, nu))
+        return self.matmul_add(self.swiglu(g, u), down, r)
