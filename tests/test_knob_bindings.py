@@ -95,9 +95,10 @@ def _old_vulkan_spec(cfg: TuningConfig, op: str) -> tuple[tuple[int, ...], int]:
     c = cfg.op(op)
     wg = int(c.as_dict().get("wg_size", 0))
     if op == "matmul_decode":
-        tpr = int(c["threads_per_row"]) if c.variant in ("shmem", "block") else 1
-        rpt = int(c["rows_per_thread"]) if c.variant == "block" else 1
-        sg = int(c["subgroup_size"]) if c.variant in ("subgroup", "block") else 0
+        # mmvw (added with the bindings) maps its knobs as block does
+        tpr = int(c["threads_per_row"]) if c.variant in ("shmem", "block", "mmvw") else 1
+        rpt = int(c["rows_per_thread"]) if c.variant in ("block", "mmvw") else 1
+        sg = int(c["subgroup_size"]) if c.variant in ("subgroup", "block", "mmvw") else 0
         return (wg, int(c["rows_per_wg"]), tpr, rpt), sg
     if op == "matmul_prefill":
         if c.variant == "tiled":

@@ -1,0 +1,231 @@
+"""The Vulkan int8 decode path (matmul_decode.mmvw, quantize_act, rope.fuse_kv) against NumPy:
+lavapipe in CI (subgroup 8), the H200 (subgroup 32) and any device that can require 32 or 64.
+
+mmvw's integer dot products are exact, so it is checked tightly against the float64 product of
+the weights with the Q8_1-rounded activations (computed here), and loosely against the float
+activations; shapes are ragged (rows not a multiple of any rows-per-workgroup or cluster), x is
+a view at every offset mod 4, weights come in row ranges, and canaries sit after every output.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.tuning import REGISTRY, TuningConfig
+from tests.op_cases import check_dot, dense, nmse
+from tests.test_vulkan_helpers import assert_no_validation_errors, make_backend, qtensor
+from tests.test_vulkan_ops import assert_canary_after, poison_free_buffers
+
+MD = "matmul_decode."
+MMVW = {MD + "variant": "mmvw"}
+# Knob samples: the defaults, small clusters with several rows per lane and rows_per_wg not a
+# multiple of what a workgroup covers per pass, one row per workgroup, and the subgroup sizes
+# of NVIDIA (32) and RDNA (64) where the device can require them.
+SAMPLES = [
+    ({}, "default"),
+    ({MD + "threads_per_row": 4, MD + "rows_per_thread": 4, MD + "rows_per_wg": 8}, "t4-r4-w8"),
+    (
+        {MD + "wg_size": 32, MD + "threads_per_row": 8, MD + "rows_per_thread": 1,
+         MD + "rows_per_wg": 16},
+        "wg32-t8-w16",
+    ),
+    ({MD + "wg_size": 128, MD + "rows_per_wg": 1, MD + "rows_per_thread": 1}, "wg128-w1"),
+    ({MD + "subgroup_size": 32, MD + "wg_size": 64, MD + "rows_per_wg": 8}, "sg32"),
+    ({MD + "subgroup_size": 64, MD + "wg_size": 128, MD + "threads_per_row": 16}, "sg64-t16"),
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def vb():
+    be = make_backend()
+    yield be
+    be.close()
+
+
+@pytest.fixture(autouse=True)
+def _clean(vb):
+    vb.set_config(TuningConfig.default("vulkan"))
+    yield
+    assert_no_validation_errors(vb)
+
+
+def _cfg(vb, flat: dict) -> TuningConfig:  # noqa: ANN001
+    cfg = TuningConfig.default("vulkan").replace(**(MMVW | flat))
+    bad = cfg.problems(vb.device_info())
+    if bad:
+        pytest.skip(f"not allowed on this device: {bad}")
+    return cfg
+
+
+def q8_1(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """x [K] as Q8_1 blocks of 32: (rounded values x~ float64, int8 values, scales d)."""
+    b = np.asarray(x, np.float32).reshape(-1, 32)
+    d = np.abs(b).max(1, keepdims=True) / np.float32(127)
+    inv = np.where(d > 0, 1 / np.where(d > 0, d, 1), 0).astype(np.float32)
+    q = np.clip(np.round(b * inv), -127, 127)
+    return (q * d.astype(np.float64)).reshape(-1), q.astype(np.int8).reshape(-1), d.reshape(-1)
+
+
+def _x_view(vb, x: np.ndarray, off: int):  # noqa: ANN001, ANN202
+    buf = vb.upload(np.concatenate([[np.nan] * off, x, [np.nan] * 5]).astype(np.float32))
+    return vb.reshape(vb.rows(buf, off, off + x.size), (1, x.size))
+
+
+@pytest.mark.parametrize("flat", [s[0] for s in SAMPLES], ids=[s[1] for s in SAMPLES])
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
+def test_mmvw_dots_the_rounded_activations(vb, flat, qtype):
+    vb.set_config(_cfg(vb, flat))
+    rng = np.random.default_rng(len(qtype) * 7 + len(flat))
+    for n, k, split in ((1, 256, 0), (37, 768, 0), (130, 512, 9)):
+        w = qtensor(rng, (n, k), qtype)
+        old = vb.max_weight_bytes
+        if split:  # row ranges of 9 rows: each range's y offset, a short last one
+            vb.max_weight_bytes = w.raw.shape[1] * split + 3
+        try:
+            wv = vb.load_weight(w)
+        finally:
+            vb.max_weight_bytes = old
+        assert len(wv.parts) == (-(-n // split) if split else 1)
+        ref_w = dense(w)
+        for off in (0, 1, 2, 3):
+            x = rng.standard_normal(k).astype(np.float32)
+            poison_free_buffers(vb, n)
+            y = vb.matmul(_x_view(vb, x, off), wv)
+            out = vb.download(y)
+            xr, _, _ = q8_1(x)
+            check_dot(out, xr[None], ref_w, 1e-10)  # integer dots: exact up to float sums
+            check_dot(out, x[None], ref_w, 5e-3)  # and close to the float product
+            assert_canary_after(vb, y)
+
+
+def test_three_matrices_and_adds_in_one_dispatch(vb):
+    """q/k/v-like: Q4_K, Q6_K and a Q4_K split into ranges (four jobs: two dispatches) into one
+    output buffer at offsets, biases added to two of them."""
+    vb.set_config(_cfg(vb, {MD + "rows_per_wg": 2}))
+    rng = np.random.default_rng(11)
+    K = 512
+    ws = [qtensor(rng, (n, K), q) for n, q in ((45, "Q4_K"), (13, "Q6_K"), (29, "Q4_K"))]
+    wv = [vb.load_weight(w) for w in ws[:2]]
+    old = vb.max_weight_bytes
+    vb.max_weight_bytes = ws[2].raw.shape[1] * 16
+    try:
+        wv.append(vb.load_weight(ws[2]))
+    finally:
+        vb.max_weight_bytes = old
+    assert [len(w.parts) for w in wv] == [1, 1, 2]
+    adds = [rng.standard_normal(45).astype(np.float32), None, rng.standard_normal(29)]
+    x = rng.standard_normal(K).astype(np.float32)
+    y = vb._new((45 + 13 + 29,))
+    mats = [
+        (w, y, o, None if a is None else vb.upload(a))
+        for w, o, a in zip(wv, (0, 45, 58), adds, strict=True)
+    ]
+    before = vb.stats()["dispatches"]
+    vb._mmvw(vb.upload(x[None]), mats)
+    out = vb.download(y)
+    assert vb.stats()["dispatches"] - before == 3  # quantize + two mmvw
+    xr, _, _ = q8_1(x)
+    for w, o, a in zip(ws, (0, 45, 58), adds, strict=True):
+        seg = out[o : o + w.shape[0]]
+        want = xr @ dense(w).T + (0 if a is None else a)
+        assert nmse(want, seg) < 1e-10, (w.qtype, o)
+
+
+@pytest.mark.parametrize("D", [256, 96])
+def test_norm_and_swiglu_store_their_q8_form(vb, D):
+    """Under mmvw a one-row rms_norm / swiglu stores the float row as before and its Q8_1 form,
+    which the next matmul of that row reads instead of quantizing it again."""
+    rng = np.random.default_rng(D)
+    x = rng.standard_normal((1, D)).astype(np.float32) * 3
+    nw = vb.load_weight(qtensor(rng, (D,), "F32", std=1.0))
+    g, u = (rng.standard_normal((1, D)).astype(np.float32) for _ in range(2))
+    plain = [vb.download(vb.rms_norm(vb.upload(x), nw, 1e-6))]
+    plain.append(vb.download(vb.swiglu(vb.upload(g), vb.upload(u))))
+    vb.set_config(_cfg(vb, {}))
+    for i, t in enumerate(
+        (vb.rms_norm(vb.upload(x), nw, 1e-6), vb.swiglu(vb.upload(g), vb.upload(u)))
+    ):
+        out = vb.download(t)
+        assert np.allclose(out, plain[i], rtol=1e-6, atol=1e-6)
+        q8 = vb._q8_lookup(t)
+        assert q8 is not None
+        words = vb.download(q8).view(np.uint32)
+        qs = words[: D // 4].view(np.int8)
+        ds = words[D // 4 :].view(np.float32).reshape(-1, 2)
+        _, q_ref, d_ref = q8_1(out.reshape(-1))
+        assert np.abs(qs.astype(int) - q_ref).max() <= 1 and (qs != q_ref).sum() <= 2
+        assert np.allclose(ds[:, 0], d_ref, rtol=1e-6)
+        assert np.allclose(ds[:, 1], ds[:, 0] * qs.reshape(-1, 32).sum(1), rtol=1e-5)
+        before = vb.stats()["dispatches"]
+        w = qtensor(rng, (9, D), "Q4_K") if D % 256 == 0 else None
+        if w is not None:  # the matmul reads that form: one dispatch, no quantize
+            vb.matmul(t, vb.load_weight(w))
+            assert vb.stats()["dispatches"] - before == 1
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("T,pos0", [(1, 0), (1, 37), (5, 9)])
+def test_attn_in_fused_matches_unfused(vb, T, pos0, bias):
+    """rope.fuse_kv gives what rope + rope + kv_write give (same arithmetic: bitwise on the
+    default float path), at decode and for a chunk, with and without biases; under mmvw the
+    whole attn_in stays within int8 error of the float path; no cache slot outside the written
+    positions changes."""
+    rng = np.random.default_rng(T * 100 + pos0)
+    C, H, Hkv, D = 256, 4, 2, 64
+    wq = [qtensor(rng, (n, C), q) for n, q in ((H * D, "Q4_K"), (Hkv * D, "Q4_K"),
+                                               (Hkv * D, "Q6_K"))]  # fmt: skip
+    wv = tuple(vb.load_weight(w) for w in wq)
+    bs = tuple(vb.load_weight(qtensor(rng, (w.shape[0],), "F32", std=1.0)) for w in wq)
+    h = rng.standard_normal((T, C)).astype(np.float32)
+    runs = {}
+    for name, flat in (("plain", {}), ("fused", {"rope.fuse_kv": 1}),
+                       ("mmvw", MMVW), ("mmvw_fused", MMVW | {"rope.fuse_kv": 1})):  # fmt: skip
+        vb.set_config(TuningConfig.default("vulkan").replace(**flat))
+        cache = vb.new_kv_cache(1, pos0 + T + 3, Hkv, D)
+        q = vb.attn_in(vb.upload(h), wv, bs if bias else None, cache, 0, pos0, (H, Hkv, D), 1e6,
+                       True)  # fmt: skip
+        runs[name] = (vb.download(q), vb.download(cache.k[0]), vb.download(cache.v[0]))
+    for name, (_, k, v) in runs.items():
+        assert not k[:pos0].any() and not k[pos0 + T :].any(), name
+        assert not v[:pos0].any() and not v[pos0 + T :].any(), name
+    for a, b in zip(runs["plain"], runs["fused"], strict=True):
+        assert np.array_equal(a, b)
+    for name in ("mmvw", "mmvw_fused"):
+        for a, b in zip(runs["plain"], runs[name], strict=True):
+            assert nmse(a, b) < 5e-3, name
+    for a, b in zip(runs["mmvw"], runs["mmvw_fused"], strict=True):
+        assert np.array_equal(a, b)
+
+
+def test_matmul_add_and_ffn_under_mmvw(vb):
+    rng = np.random.default_rng(5)
+    C, F = 256, 512
+    wg, wu = qtensor(rng, (F, C), "Q4_K"), qtensor(rng, (F, C), "Q4_K")
+    wd = qtensor(rng, (C, F), "Q6_K")
+    h = rng.standard_normal((1, C)).astype(np.float32)
+    r = rng.standard_normal((1, C)).astype(np.float32)
+    vb.set_config(_cfg(vb, {}))
+    ws = [vb.load_weight(w) for w in (wg, wu, wd)]
+    before = vb.stats()["dispatches"]
+    out = vb.download(vb.ffn(vb.upload(h), *ws, vb.upload(r)))
+    assert vb.stats()["dispatches"] - before == 4  # quantize, gate+up, swiglu+q8, down+r
+    h64 = h.astype(np.float64)
+    gg, uu = h64 @ dense(wg).T, h64 @ dense(wu).T
+    ref = (gg / (1 + np.exp(-gg)) * uu) @ dense(wd).T + r
+    assert nmse(ref, out) < 5e-3
+    y = vb.download(vb.matmul_add(vb.upload(h), ws[0], vb.upload(np.ones((1, F), np.float32))))
+    assert nmse(h64 @ dense(wg).T + 1, y) < 5e-3
+
+
+def test_registry_classes_and_constraints(vb):
+    v = REGISTRY.op("vulkan", "matmul_decode").variant("mmvw")
+    assert v.numeric == "int8_activations"
+    assert REGISTRY.op("vulkan", "quantize_act").variant("q8_1").numeric == "order_only"
+    sg = vb.device_info().subgroup_size
+    too_wide = [t for t in (4, 8, 16, 32, 64) if t > sg]
+    if too_wide:
+        cfg = TuningConfig.default("vulkan").replace(
+            **MMVW, **{MD + "threads_per_row": too_wide[0]}
+        )
+        assert any("threads_per_row" in p for p in cfg.problems(vb.device_info()))
