@@ -36,6 +36,7 @@ VARIANTS: dict[str, dict] = {
     "fuse_kv": FUSE,
     "mmvw": MMVW,
     "mmvw_fused": MMVW | FUSE,
+    "mmvw_bytes": MMVW | FUSE | {MD + "pair_mul": False},
     "mmvw_r1": MMVW | FUSE | {MD + "rows_per_thread": 1},
     "mmvw_r4_w8": MMVW | FUSE | {MD + "rows_per_thread": 4, MD + "rows_per_wg": 8},
     "mmvw_t16": MMVW | FUSE | {MD + "threads_per_row": 16},

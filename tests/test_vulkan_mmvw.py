@@ -24,6 +24,7 @@ MMVW = {MD + "variant": "mmvw"}
 # of NVIDIA (32) and RDNA (64) where the device can require them.
 SAMPLES = [
     ({}, "default"),
+    ({MD + "pair_mul": False}, "bytes"),
     ({MD + "threads_per_row": 4, MD + "rows_per_thread": 4, MD + "rows_per_wg": 8}, "t4-r4-w8"),
     (
         {MD + "wg_size": 32, MD + "threads_per_row": 8, MD + "rows_per_thread": 1,
@@ -33,6 +34,7 @@ SAMPLES = [
     ({MD + "wg_size": 128, MD + "rows_per_wg": 1, MD + "rows_per_thread": 1}, "wg128-w1"),
     ({MD + "subgroup_size": 32, MD + "wg_size": 64, MD + "rows_per_wg": 8}, "sg32"),
     ({MD + "subgroup_size": 64, MD + "wg_size": 128, MD + "threads_per_row": 16}, "sg64-t16"),
+    ({MD + "subgroup_size": 64, MD + "wg_size": 64, MD + "pair_mul": False}, "sg64-bytes"),
 ]  # fmt: skip
 
 
@@ -229,3 +231,28 @@ def test_registry_classes_and_constraints(vb):
             **MMVW, **{MD + "threads_per_row": too_wide[0]}
         )
         assert any("threads_per_row" in p for p in cfg.problems(vb.device_info()))
+
+
+@pytest.mark.parametrize("H,Hkv,D,pos0", [(4, 2, 64, 37), (7, 1, 96, 5), (2, 2, 128, 0)])
+def test_attention_merge_stores_the_q8_form(vb, H, Hkv, D, pos0):
+    """Under mmvw the decode attention's merge pass also stores its output row as Q8_1 (each
+    workgroup its head's blocks); the output itself is the float path's, bit for bit."""
+    rng = np.random.default_rng(H * D + pos0)
+    cache = vb.new_kv_cache(1, pos0 + 4, Hkv, D)
+    k = rng.standard_normal((pos0 + 1, Hkv, D)).astype(np.float32)
+    v = rng.standard_normal((pos0 + 1, Hkv, D)).astype(np.float32)
+    vb.kv_write(cache, 0, vb.upload(k), vb.upload(v), 0)
+    q = vb.upload(rng.standard_normal((1, H, D)).astype(np.float32))
+    plain = vb.download(vb.attention(q, cache, 0, pos0))
+    vb.set_config(_cfg(vb, {}))
+    out_t = vb.attention(q, cache, 0, pos0)
+    out = vb.download(out_t)
+    assert np.array_equal(out, plain)
+    q8 = vb._q8_lookup(out_t.reshape((1, H * D)))
+    assert q8 is not None
+    words = vb.download(q8).view(np.uint32)
+    n = H * D
+    qs, ds = words[: n // 4].view(np.int8), words[n // 4 :].view(np.float32).reshape(-1, 2)
+    _, q_ref, d_ref = q8_1(out.reshape(-1))
+    assert np.abs(qs.astype(int) - q_ref).max() <= 1 and (qs != q_ref).sum() <= 2
+    assert np.allclose(ds[:, 0], d_ref, rtol=1e-6)

@@ -18,6 +18,14 @@
 // 1 KEY_THREADS (partial pass; divides WG_SIZE). NS is a push constant (<= MAX_SPLITS).
 // Bindings, partial: 0 q [T, H, D], 1 cache k, 2 cache v [S, Hkv, D], 3 dst (partials
 // [T, H, NS, D + 2] or out [T, H, D] when NS == 1), 4 dyn. Merge: 0 partials, 1 out [T, H, D].
+// MERGE_Q8 (the merge under matmul_decode.mmvw, T == 1, D % 32 == 0): the merge also stores
+// out's row [H * D] as Q8_1 (q8_1.glsl; binding 2, word q_off), each workgroup its head's
+// blocks, so the attention-output matmul needs no quantize dispatch.
+#ifdef MERGE_Q8
+#define PASS_MERGE
+#extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
+#endif
 
 layout(constant_id = 0) const uint WG_SIZE = 128;
 layout(constant_id = 1) const uint KEY_THREADS = 8;
@@ -138,6 +146,9 @@ void main() {
 
 layout(binding = 0) readonly buffer PBuf { float ps[]; };
 layout(binding = 1) writeonly buffer OBuf { float os[]; };
+#ifdef MERGE_Q8
+layout(binding = 2) writeonly buffer QBuf { uint q8w[]; };
+#endif
 
 layout(push_constant) uniform PC {
     uint H;
@@ -145,9 +156,16 @@ layout(push_constant) uniform PC {
     uint n_split;
     uint p_off;
     uint o_off;
+#ifdef MERGE_Q8
+    uint q_off;
+#endif
 } pc;
 
 shared float w_sh[MAX_SPLITS];  // exp(m_i - M) per partial, 0 for an empty one
+#ifdef MERGE_Q8
+#include "q8_1.glsl"
+shared float o_sh[MAX_D];
+#endif
 
 void main() {
     uint h = gl_WorkGroupID.x, t = gl_WorkGroupID.y;
@@ -175,7 +193,18 @@ void main() {
         float a = 0.0;
         for (uint i = 0u; i < NS; i++) a += w_sh[i] * ps[pb + i * row + 2u + d];
         os[ob + d] = a / S;
+#ifdef MERGE_Q8
+        o_sh[d] = a / S;
+#endif
     }
+#ifdef MERGE_Q8
+    barrier();
+    if (tid < D / 32u) {
+        float v[32];
+        [[unroll]] for (uint i = 0u; i < 32u; i++) v[i] = o_sh[32u * tid + i];
+        q8_store(pc.q_off, pc.H * D, h * (D / 32u) + tid, v);
+    }
+#endif
 }
 
 #endif  // PASS_MERGE

@@ -14,9 +14,12 @@
 // cluster's partial sums meet by subgroupAdd or a shuffle-xor butterfly (no shared memory).
 // Correct for any subgroup size (8 .. 128: RDNA wave64 included): lanes and clusters come from
 // gl_SubgroupSize. Integer dot products are plain int math (Debian's glslc has no
-// GL_EXT_shader_integer_dot_product).
+// GL_EXT_shader_integer_dot_product): byte by byte, or with PAIR_MUL two products per 32-bit
+// multiply: (w0 + w2 * 2^16) * (x2 + x0 * 2^16) = w0 x2 + (w0 x0 + w2 x2) * 2^16 (mod 2^32),
+// whose high half is read after summing while the low terms stay within +-2^15 (bounds below).
 // Tunables (specialization constants, as matmul_decode.block):
 //   0 WG_SIZE  1 ROWS_PER_WG  2 THREADS_PER_ROW (0: the subgroup)  3 ROWS_PER_THREAD
+// and the define PAIR_MUL (matmul_decode.pair_mul). Both give the same integers.
 // Bindings: 0..2 W_i (raw GGML rows), 3 x as Q8_1 (uint words), 4 y (one buffer, the matrices'
 // outputs at their offsets), 5..7 a_i. Unused matrices have no workgroups (wg1 == wg2 == total).
 // K % 256 == 0; x_off % 4 == 0 (uvec4 loads).
@@ -66,8 +69,12 @@ layout(push_constant) uniform PC {
 // One slot's activations: 16 int8 at run a and 16 at run b, their blocks' (d, d * sum(q)), and the
 // offsets the weight encoding needs (Q6_K: 32 * sum of the run's values).
 struct XS {
+#ifdef PAIR_MUL
+    ivec4 a20, a31, b20, b31;  // per word of a run: x2 + x0 * 2^16, x3 + x1 * 2^16
+#else
     ivec4 a[4];
     ivec4 b[4];
+#endif
     vec2 da;
     vec2 db;
     int oa;
@@ -88,15 +95,26 @@ XS x_runs(uint ka, uint kb, uint ba, uint bb) {
     XS x;
     uint base = pc.x_off >> 2;
     uvec4 ua = xqv[base + (ka >> 4)], ub = xqv[base + (kb >> 4)];
+    ivec4 sa = ivec4(0), sb = ivec4(0);
     [[unroll]] for (uint i = 0u; i < 4u; i++) {
-        x.a[i] = s8x4i(ua[i]);
-        x.b[i] = s8x4i(ub[i]);
+        ivec4 va = s8x4i(ua[i]), vb = s8x4i(ub[i]);
+        sa += va;
+        sb += vb;
+#ifdef PAIR_MUL
+        x.a20[i] = va.z + (va.x << 16);
+        x.a31[i] = va.w + (va.y << 16);
+        x.b20[i] = vb.z + (vb.x << 16);
+        x.b31[i] = vb.w + (vb.y << 16);
+#else
+        x.a[i] = va;
+        x.b[i] = vb;
+#endif
     }
+    x.oa = 32 * hsum(sa);  // Q6_K's -32 offset (unused, so dropped, for Q4_K)
+    x.ob = 32 * hsum(sb);
     uint ds = (pc.x_off + pc.K / 4u) >> 1;
     x.da = xd[ds + ba];
     x.db = xd[ds + bb];
-    x.oa = 0;
-    x.ob = 0;
     return x;
 }
 
@@ -113,11 +131,7 @@ XS x_q4k(uint s) {
 XS x_q6k(uint s) {
     uint b = s >> 3, h = (s >> 2) & 1u, c = (s >> 1) & 1u, lq = s & 1u;
     uint ka = 256u * b + 128u * h + 32u * c + 16u * lq;
-    XS x = x_runs(ka, ka + 64u, 8u * b + 4u * h + c, 8u * b + 4u * h + c + 2u);
-    ivec4 sa = x.a[0] + x.a[1] + x.a[2] + x.a[3], sb = x.b[0] + x.b[1] + x.b[2] + x.b[3];
-    x.oa = 32 * hsum(sa);
-    x.ob = 32 * hsum(sb);
-    return x;
+    return x_runs(ka, ka + 64u, 8u * b + 4u * h + c, 8u * b + 4u * h + c + 2u);
 }
 
 // Q4_K 6-bit scale and min of sub-block j from the 12 scale bytes as 3 words

@@ -24,11 +24,24 @@ float MV_FN(q4k_)(uint row_base, uint s, XS x) {
     uint b4 = (row_base + (s >> 3) * 144u) >> 4;
     uvec4 hd = MV_WV[b4];            // d, dmin | scales[0..3] | scales[4..7] | scales[8..11]
     uvec4 q = MV_WV[b4 + 1u + (s & 7u)];
+#ifdef PAIR_MUL
+    // 8 multiplies per run: high halves sum to <= 8 * 2 * 15 * 127 = 30480, low terms to
+    // <= 8 * 15 * 127 = 15240 < 2^15, so (acc + 2^15) >> 16 is the exact dot
+    int d0 = 0x8000, d1 = 0x8000;
+    [[unroll]] for (uint i = 0u; i < 4u; i++) {
+        d0 += int(q[i] & 0x000F000Fu) * x.a20[i] + int((q[i] >> 8) & 0x000F000Fu) * x.a31[i];
+        d1 += int((q[i] >> 4) & 0x000F000Fu) * x.b20[i] +
+              int((q[i] >> 12) & 0x000F000Fu) * x.b31[i];
+    }
+    d0 >>= 16;
+    d1 >>= 16;
+#else
     int d0 = 0, d1 = 0;
     [[unroll]] for (uint i = 0u; i < 4u; i++) {
         d0 += dot4(q[i] & 0x0F0F0F0Fu, x.a[i]);
         d1 += dot4((q[i] >> 4) & 0x0F0F0F0Fu, x.b[i]);
     }
+#endif
     int sc0, m0, sc1, m1;
     q4k_sm(hd.y, hd.z, hd.w, 2u * p, sc0, m0);
     q4k_sm(hd.y, hd.z, hd.w, 2u * p + 1u, sc1, m1);
@@ -55,8 +68,19 @@ float MV_FN(q6k_)(uint row_base, uint s, XS x) {
     uint sha = 2u * c, shb = 2u * c + 4u;
     int da = -x.oa, db = -x.ob;
     [[unroll]] for (uint i = 0u; i < 4u; i++) {
-        da += dot4((ql[i] & 0x0F0F0F0Fu) | (((qh[i] >> sha) & 0x03030303u) << 4), x.a[i]);
-        db += dot4(((ql[i] >> 4) & 0x0F0F0F0Fu) | (((qh[i] >> shb) & 0x03030303u) << 4), x.b[i]);
+        uint va = (ql[i] & 0x0F0F0F0Fu) | (((qh[i] >> sha) & 0x03030303u) << 4);
+        uint vb = ((ql[i] >> 4) & 0x0F0F0F0Fu) | (((qh[i] >> shb) & 0x03030303u) << 4);
+#ifdef PAIR_MUL
+        // 6-bit values: one word's high halves reach 4 * 63 * 127 = 32004, its low terms
+        // 2 * 63 * 127 = 16002: read per word
+        da += (int(va & 0x00FF00FFu) * x.a20[i] + int((va >> 8) & 0x00FF00FFu) * x.a31[i] +
+               0x8000) >> 16;
+        db += (int(vb & 0x00FF00FFu) * x.b20[i] + int((vb >> 8) & 0x00FF00FFu) * x.b31[i] +
+               0x8000) >> 16;
+#else
+        da += dot4(va, x.a[i]);
+        db += dot4(vb, x.b[i]);
+#endif
     }
     return d * (float(sca * da) * x.da.x + float(scb * db) * x.db.x);
 }

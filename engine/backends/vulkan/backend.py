@@ -983,7 +983,19 @@ class VulkanBackend(FusedDecode, Backend):
             (*offs, dst.offset, self.stream.dyn(pos0), ns, scale),
             (H, ns, T),
         )
-        if ns > 1:
+        if ns > 1 and T == 1 and D % 32 == 0 and self._int8_row(H * D):
+            # the merge stores out's Q8_1 form too: the o projection reads it
+            q8 = self._new((self._q8_words(H * D),), np.int32)
+            merge, _ = self._pipe("attention.merge_q8")
+            self.stream.dispatch(
+                merge,
+                (dst.buf, out.buf, q8.buf),
+                (out.buf, q8.buf),
+                (H, D, ns, dst.offset, out.offset, q8.offset),
+                (H, T, 1),
+            )
+            self._q8_remember(out, q8)
+        elif ns > 1:
             merge, _ = self._pipe("attention.merge")
             self.stream.dispatch(
                 merge, (dst.buf, out.buf), (out.buf,), (H, D, ns, dst.offset, out.offset), (H, T, 1)

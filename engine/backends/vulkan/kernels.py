@@ -71,7 +71,11 @@ class Pass(NamedTuple):
 # the first pass is keyed op, the second op.merge.
 PASSES = {
     ("attention", "online"): (("", 5, "IIIIIIIIf"),),
-    ("attention", "split"): (("PASS_PARTIAL", 5, "IIIIIIIIIf"), ("PASS_MERGE", 2, "IIIII")),
+    ("attention", "split"): (
+        ("PASS_PARTIAL", 5, "IIIIIIIIIf"),
+        ("PASS_MERGE", 2, "IIIII"),
+        ("MERGE_Q8", 3, "IIIIII", "", "merge_q8"),  # under matmul_decode.mmvw
+    ),
     ("argmax", "default"): (("", 2, "IIII"),),
     ("argmax", "two_stage"): (("STAGE_SLICES", 2, "IIIII"), ("STAGE_MERGE", 2, "IIII")),
     ("moe_experts", "dmmv"): (("", 4, "IIIIIIII"), ("PASS_COMBINE", 3, "IIIIII")),
@@ -139,7 +143,7 @@ def programs(op: str, choice: OpChoice, qtype: str = "") -> tuple[Program, ...]:
         # one program for every int8 type (the type is a push constant per matrix); the
         # block DMMV's build for the rest (its constants 0-3 mean the same)
         if qtype in MMVW_TYPES:
-            return (Program("mmvw", (), 8, MMVW_PUSH),)
+            return (Program("mmvw", knob_defines(v, choice), 8, MMVW_PUSH),)
         return (Program("matmul_decode", ("VARIANT_BLOCK", f"QTYPE_{qtype}"), 3, "IIIII"),)
     shader = Path(v.source).stem
     defines = (*v.defines, *((f"QTYPE_{qtype}",) if qtype else ()), *knob_defines(v, choice))

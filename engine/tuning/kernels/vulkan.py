@@ -301,6 +301,14 @@ REGISTRY.register(
                     "rows a lane accumulates at once, sharing each slot's int8 activations",
                     spec(3),
                 ),
+                Param(
+                    "pair_mul",
+                    (False, True),
+                    True,
+                    "two int8 products per 32-bit multiply (16-bit halves, exact) instead of "
+                    "byte-by-byte multiply-adds: fewer integer ops per weight",
+                    define("PAIR_MUL"),
+                ),
                 _SUBGROUP,
             ),
             constraints=(
@@ -344,8 +352,9 @@ REGISTRY.register(
             # Its rounding is budgeted where it is consumed: matmul_decode.mmvw declares
             # int8_activations; a config without mmvw never dispatches it.
             numeric="order_only",
-            doc="float32 activations to Q8_1 blocks (int8 + d + d * sum(q)), a thread per 32-block; "
-            "passes norm (rms_norm + Q8_1) and swiglu (SwiGLU + Q8_1)",
+            doc="float32 activations to Q8_1 blocks (int8 + d + d * sum(q)), a thread per "
+            "32-block; passes norm (rms_norm + Q8_1) and swiglu (SwiGLU + Q8_1); the split "
+            "attention's merge_q8 pass stores the attention output's form the same way",
         )
     ],
     doc="activation quantization feeding matmul_decode.mmvw",
