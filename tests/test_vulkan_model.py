@@ -70,6 +70,15 @@ CONFIGS = [
         "matmul_decode.rows_per_wg": 1,
         "matmul_decode.rows_per_thread": 1,
     },
+    # the int8 decode path with every fusion (norm/SwiGLU/merge Q8_1, q/k/v in one dispatch,
+    # rope + KV write), 4-lane clusters, byte-wise dots
+    {
+        "matmul_decode.variant": "mmvw",
+        "rope.fuse_kv": 1,
+        "matmul_decode.threads_per_row": 4,
+        "matmul_decode.rows_per_thread": 1,
+        "matmul_decode.pair_mul": False,
+    },
     {"matmul_prefill.tile_n": 16},
     {"matmul_prefill.vec4": True, "prefill.chunk_tokens": 64},
     {"matmul_prefill.variant": "tiled", "prefill.chunk_tokens": 64, "matmul_prefill.tile_m": 128},
@@ -135,7 +144,8 @@ def test_validate_passes(vb, tiny_model_path, flat):
         pytest.skip(f"not allowed on this device: {cand.problems(vb.device_info())}")
     rep = validate(model, cand, _prompts(tok), steps=4)
     assert rep.passed, [p.reasons for p in rep.prompts]
-    assert rep.max_abs_diff < 1e-3
+    # float paths agree to float error; int8 activations (mmvw) to their rounding (0.04 here)
+    assert rep.max_abs_diff < (0.2 if "int8_activations" in rep.numeric_classes else 1e-3)
 
 
 @pytest.mark.parametrize(
