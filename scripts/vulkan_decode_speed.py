@@ -37,6 +37,8 @@ VARIANTS: dict[str, dict] = {
     "mmvw": MMVW,
     "mmvw_fused": MMVW | FUSE,
     "mmvw_bytes": MMVW | FUSE | {MD + "pair_mul": False},
+    "mmvw_q8blk": MMVW | FUSE | {"quantize_act.coalesced": False},
+    "mmvw_q8wg128": MMVW | FUSE | {"quantize_act.wg_size": 128},
     "mmvw_r1": MMVW | FUSE | {MD + "rows_per_thread": 1},
     "mmvw_r4_w8": MMVW | FUSE | {MD + "rows_per_thread": 4, MD + "rows_per_wg": 8},
     "mmvw_t16": MMVW | FUSE | {MD + "threads_per_row": 16},

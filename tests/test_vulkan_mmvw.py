@@ -24,7 +24,7 @@ MMVW = {MD + "variant": "mmvw"}
 # of NVIDIA (32) and RDNA (64) where the device can require them.
 SAMPLES = [
     ({}, "default"),
-    ({MD + "pair_mul": False}, "bytes"),
+    ({MD + "pair_mul": False, "quantize_act.coalesced": False}, "bytes-q8block"),
     ({MD + "threads_per_row": 4, MD + "rows_per_thread": 4, MD + "rows_per_wg": 8}, "t4-r4-w8"),
     (
         {MD + "wg_size": 32, MD + "threads_per_row": 8, MD + "rows_per_thread": 1,
@@ -134,17 +134,23 @@ def test_three_matrices_and_adds_in_one_dispatch(vb):
         assert nmse(want, seg) < 1e-10, (w.qtype, o)
 
 
-@pytest.mark.parametrize("D", [256, 96])
-def test_norm_and_swiglu_store_their_q8_form(vb, D):
+@pytest.mark.parametrize(
+    "flat",
+    [{}, {"quantize_act.coalesced": False}, {"quantize_act.wg_size": 32}],
+    ids=["coalesced", "per-block", "coalesced-wg32"],
+)
+@pytest.mark.parametrize("D", [256, 96, 1056])
+def test_norm_and_swiglu_store_their_q8_form(vb, D, flat):
     """Under mmvw a one-row rms_norm / swiglu stores the float row as before and its Q8_1 form,
-    which the next matmul of that row reads instead of quantizing it again."""
+    which the next matmul of that row reads instead of quantizing it again (rows longer than a
+    workgroup: several workgroups, a ragged last one)."""
     rng = np.random.default_rng(D)
     x = rng.standard_normal((1, D)).astype(np.float32) * 3
     nw = vb.load_weight(qtensor(rng, (D,), "F32", std=1.0))
     g, u = (rng.standard_normal((1, D)).astype(np.float32) for _ in range(2))
     plain = [vb.download(vb.rms_norm(vb.upload(x), nw, 1e-6))]
     plain.append(vb.download(vb.swiglu(vb.upload(g), vb.upload(u))))
-    vb.set_config(_cfg(vb, {}))
+    vb.set_config(_cfg(vb, flat))
     for i, t in enumerate(
         (vb.rms_norm(vb.upload(x), nw, 1e-6), vb.swiglu(vb.upload(g), vb.upload(u)))
     ):

@@ -7,7 +7,8 @@
 //   OP_SIGMOID_MUL  y = b * sigmoid(a) (the hybrids' output gates); with bcast > 0, a holds one
 //              gate per row of bcast (the MoE shared expert's [T, 1] gate)
 // SWIGLU_Q8 (quantize_act.q8_1's swiglu pass: OP_SWIGLU with OUT_Q8): a thread per 32-block of one row
-// of n values (n % 32 == 0) writes y and its Q8_1 form (q8_1.glsl) to binding 3 at word q_off.
+// of n values (n % 32 == 0) writes y and its Q8_1 form (q8_1.glsl) to binding 3 at word q_off
+// (with Q8_COALESCED a thread per value).
 // Tunables: 0 WG_SIZE. Bindings: 0 a, 1 b, 2 y.
 
 #extension GL_GOOGLE_include_directive : require
@@ -41,10 +42,24 @@ layout(push_constant) uniform PC {
 
 #include "common.glsl"
 
-#ifdef OUT_Q8
+#if defined(OUT_Q8) && defined(Q8_COALESCED)
 #include "q8_1.glsl"
 
-void main() {
+void main() {  // a value per thread
+    uint e = wg_linear() * WG_SIZE + gl_LocalInvocationID.x;
+    bool live = e < pc.n;
+    float v = 0.0;
+    if (live) {
+        float a = as_[pc.a_off + e];
+        v = a / (1.0 + exp(-a)) * bs[pc.b_off + e];
+        ys[pc.y_off + e] = v;
+    }
+    q8_store_wg(pc.q_off, pc.n, e, live, v);
+}
+#elif defined(OUT_Q8)
+#include "q8_1.glsl"
+
+void main() {  // a 32-block per thread
     uint blk = wg_linear() * WG_SIZE + gl_LocalInvocationID.x;
     if (blk >= pc.n / 32u) return;
     float v[32];

@@ -1,5 +1,6 @@
 #version 450
-// q8_quant.comp: a float row x [K] (K % 32 == 0) as Q8_1 (q8_1.glsl), a thread per 32-block.
+// q8_quant.comp: a float row x [K] (K % 32 == 0) as Q8_1 (q8_1.glsl), a thread per 32-block,
+// or with Q8_COALESCED (quantize_act.coalesced) a thread per value.
 // Used by matmul_decode.mmvw when its activation has no Q8_1 form yet (the fused producers,
 // rms_norm and swiglu under mmvw, write one as they store).
 // Tunables: 0 WG_SIZE. Bindings: 0 x (float), 1 the Q8_1 row (uint words).
@@ -22,10 +23,18 @@ layout(push_constant) uniform PC {
 #include "common.glsl"
 #include "q8_1.glsl"
 
-void main() {
+#ifdef Q8_COALESCED
+void main() {  // a value per thread
+    uint e = wg_linear() * WG_SIZE + gl_LocalInvocationID.x;
+    bool live = e < pc.K;
+    q8_store_wg(pc.q_off, pc.K, e, live, live ? xs[pc.x_off + e] : 0.0);
+}
+#else
+void main() {  // a 32-block per thread
     uint blk = wg_linear() * WG_SIZE + gl_LocalInvocationID.x;
     if (blk >= pc.K / 32u) return;
     float v[32];
     [[unroll]] for (uint i = 0u; i < 32u; i++) v[i] = xs[pc.x_off + 32u * blk + i];
     q8_store(pc.q_off, pc.K, blk, v);
 }
+#endif

@@ -5,7 +5,8 @@
 // Bindings: 0 x, 1 w [D] (float32: 1-D weights are dequantized at load), 2 y.
 // OUT_Q8 (matmul_decode.mmvw's norm pass): y is also written as Q8_1 rows (q8_1.glsl) to
 // binding 3 at word q_off (D % 32 == 0), a thread per 32-block: the next matmul needs no
-// quantize dispatch.
+// quantize dispatch. With Q8_COALESCED (one row): ceil(D / WG_SIZE) workgroups each sum the
+// whole row's squares and store WG_SIZE of its values, a thread per value.
 
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
@@ -40,8 +41,12 @@ layout(push_constant) uniform PC {
 shared float red[WG_SIZE];
 
 void main() {
+#if defined(OUT_Q8) && defined(Q8_COALESCED)
+    uint row = 0u;  // one row; workgroup i stores values i * WG_SIZE .. (each sums the row)
+#else
     uint row = wg_linear();
     if (row >= pc.rows) return;  // uniform per workgroup
+#endif
     uint tid = gl_LocalInvocationID.x;
     uint xb = pc.x_off + row * pc.D, yb = pc.y_off + row * pc.D;
     float ss = 0.0;
@@ -60,7 +65,13 @@ void main() {
 #else
     float scale = inversesqrt(red[0] / float(pc.D) + pc.eps);
 #endif
-#ifdef OUT_Q8
+#if defined(OUT_Q8) && defined(Q8_COALESCED)
+    uint e = wg_linear() * WG_SIZE + tid;
+    bool live = e < pc.D;
+    float v = live ? xs[xb + e] * scale * ws[pc.w_off + e] : 0.0;
+    if (live) ys[yb + e] = v;
+    q8_store_wg(pc.q_off, pc.D, e, live, v);
+#elif defined(OUT_Q8)
     uint qb = pc.q_off + row * q8_row_words(pc.D);
     for (uint blk = tid; blk < pc.D / 32u; blk += WG_SIZE) {
         float v[32];

@@ -523,7 +523,7 @@ class VulkanBackend(FusedDecode, Backend):
                 (x.buf, wt.buf, out.buf, q8.buf),
                 (out.buf, q8.buf),
                 (D, rows, x.offset, wt.offset, out.offset, float(eps), q8.offset),
-                (1, 1, 1),
+                self._q8_grid(D) if self.config.op("quantize_act")["coalesced"] else (1, 1, 1),
             )
             self._q8_remember(out, q8)
             return out
@@ -694,13 +694,13 @@ class VulkanBackend(FusedDecode, Backend):
         n = gate.size
         if n and n == gate.shape[-1] and self._int8_row(n):  # one row: the down input as Q8_1
             out, q8 = self._new(gate.shape), self._new((self._q8_words(n),), np.int32)
-            pipe, c = self._pipe("quantize_act.swiglu")
+            pipe, _ = self._pipe("quantize_act.swiglu")
             self.stream.dispatch(
                 pipe,
                 (gate.buf, up.buf, out.buf, q8.buf),
                 (out.buf, q8.buf),
                 (n, gate.offset, up.offset, out.offset, 0, q8.offset),
-                _fold(-(-n // 32 // int(c["wg_size"]))),
+                self._q8_grid(n),
             )
             self._q8_remember(out, q8)
             return out

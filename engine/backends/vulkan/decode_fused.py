@@ -45,6 +45,13 @@ class FusedDecode:
     def _q8_words(K: int) -> int:
         return K // 4 + K // 16
 
+    def _q8_grid(self, n: int) -> tuple[int, int, int]:
+        """Workgroups of a quantize_act pass over a row of n values: a thread per value
+        (coalesced) or per 32-block."""
+        c = self.config.op("quantize_act")
+        per = int(c["wg_size"]) * (1 if c["coalesced"] else 32)
+        return _fold(-(-n // per))
+
     def _q8_lookup(self, x: Any) -> Any:
         for src, q8 in self._q8:
             if src.buf is x.buf and src.offset == x.offset and src.size == x.size:
@@ -63,13 +70,9 @@ class FusedDecode:
             return hit
         K = x.size
         q8 = self._new((self._q8_words(K),), np.int32)
-        pipe, c = self._pipe("quantize_act")
+        pipe, _ = self._pipe("quantize_act")
         self.stream.dispatch(
-            pipe,
-            (x.buf, q8.buf),
-            (q8.buf,),
-            (K, x.offset, q8.offset),
-            _fold(-(-K // 32 // int(c["wg_size"]))),
+            pipe, (x.buf, q8.buf), (q8.buf,), (K, x.offset, q8.offset), self._q8_grid(K)
         )
         self._q8_remember(x, q8)
         return q8

@@ -346,7 +346,18 @@ REGISTRY.register(
             B,
             "quantize_act",
             "q8_1",
-            params=(_wg(256),),
+            params=(
+                _wg(256),
+                Param(
+                    "coalesced",
+                    (False, True),
+                    True,
+                    "a thread per value (coalesced; block max and sum through shared memory; "
+                    "the norm pass in ceil(D / wg_size) workgroups) instead of a thread per "
+                    "32-block",
+                    define("Q8_COALESCED"),
+                ),
+            ),
             constraints=(_wg_fits("quantize_act"), _shared_fits("quantize_act", 1)),
             source="vulkan/q8_quant.comp",
             # Its rounding is budgeted where it is consumed: matmul_decode.mmvw declares
