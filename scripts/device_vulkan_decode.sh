@@ -13,7 +13,7 @@ S="python3 scripts/vulkan_decode_speed.py --out $OUT"
 wait_model 1.5b
 timeout $(( T0 + ${END_1P5B:-72} - $(date +%s) )) $S /tmp/models/1.5b.gguf \
     --bench default,mmvw,mmvw_fused --validate mmvw_fused --profile default,mmvw_fused \
-    --sweep ${SWEEP-mmvw_bytes,mmvw_q8blk,mmvw_r1,mmvw_t16,mmvw_r4_w8,mmvw_wg128_w8,mmvw_q8wg128,mmvw_t8_w16,fuse_kv} \
+    --sweep ${SWEEP-mmvw_u1,mmvw_u4,mmvw_bytes,mmvw_q8blk,mmvw_r1,mmvw_t16,mmvw_u4_r1,mmvw_r4_w8,mmvw_wg128_w8,mmvw_q8wg128,mmvw_t8_w16,fuse_kv} \
     --deadline $(( T0 + ${END_1P5B:-72} - 6 )) 2>&1 | grep -v '%|' | tee "$OUT/speed_1.5b.log"
 if [[ " $MODELS " == *" 7b "* ]] && grep -q '"path"' "$OUT/synth_7b.log" 2>/dev/null; then
   timeout $(( T0 + ${END:-98} - $(date +%s) )) $S /tmp/models/7b.gguf --bench default,mmvw_fused \

@@ -32,6 +32,8 @@ SAMPLES = [
         "wg32-t8-w16",
     ),
     ({MD + "wg_size": 128, MD + "rows_per_wg": 1, MD + "rows_per_thread": 1}, "wg128-w1"),
+    ({MD + "unroll": 4}, "u4"),
+    ({MD + "unroll": 1, MD + "rows_per_thread": 4, MD + "rows_per_wg": 16}, "u1-r4-w16"),
     ({MD + "subgroup_size": 32, MD + "wg_size": 64, MD + "rows_per_wg": 8}, "sg32"),
     ({MD + "subgroup_size": 64, MD + "wg_size": 128, MD + "threads_per_row": 16}, "sg64-t16"),
     ({MD + "subgroup_size": 64, MD + "wg_size": 64, MD + "pair_mul": False}, "sg64-bytes"),

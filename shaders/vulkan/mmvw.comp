@@ -19,6 +19,7 @@
 // whose high half is read after summing while the low terms stay within +-2^15 (bounds below).
 // Tunables (specialization constants, as matmul_decode.block):
 //   0 WG_SIZE  1 ROWS_PER_WG  2 THREADS_PER_ROW (0: the subgroup)  3 ROWS_PER_THREAD
+//   4 UNROLL (slots per lane per iteration: weight loads in flight before use)
 // and the define PAIR_MUL (matmul_decode.pair_mul). Both give the same integers.
 // Bindings: 0..2 W_i (raw GGML rows), 3 x as Q8_1 (uint words), 4 y (one buffer, the matrices'
 // outputs at their offsets), 5..7 a_i. Unused matrices have no workgroups (wg1 == wg2 == total).
@@ -33,7 +34,8 @@
 layout(constant_id = 0) const uint WG_SIZE = 64;
 layout(constant_id = 1) const uint ROWS_PER_WG = 4;
 layout(constant_id = 2) const uint THREADS_PER_ROW = 0;
-layout(constant_id = 3) const uint ROWS_PER_THREAD = 1;
+layout(constant_id = 3) const uint ROWS_PER_THREAD = 2;
+layout(constant_id = 4) const uint UNROLL = 2;
 layout(local_size_x_id = 0) in;
 
 layout(binding = 0) readonly buffer W0 { uint w0[]; };

@@ -101,17 +101,33 @@ void MV_FN(rows)(uint wgi) {
         uint nr = min(ROWS_PER_THREAD, min(ROWS_PER_WG - r, N - row));  // live rows here
         float acc[ROWS_PER_THREAD];
         [[unroll]] for (uint i = 0u; i < ROWS_PER_THREAD; i++) acc[i] = 0.0;
+        // UNROLL slots per iteration; a slot past the row is computed on a valid one and
+        // dropped (straight-line code: every load of the iteration can be in flight at once)
         if (qt == QT_Q4_K) {
-            for (uint s = lane; s < ns; s += R) {
-                XS x = x_q4k(s);
-                [[unroll]] for (uint i = 0u; i < ROWS_PER_THREAD; i++)
-                    if (i < nr) acc[i] += MV_FN(q4k_)((row + i) * rb, s, x);
+            for (uint s0 = lane; s0 < ns; s0 += R * UNROLL) {
+                [[unroll]] for (uint u = 0u; u < UNROLL; u++) {
+                    uint s = s0 + u * R;
+                    bool ok = s < ns;
+                    uint sc = ok ? s : s0;
+                    XS x = x_q4k(sc);
+                    [[unroll]] for (uint i = 0u; i < ROWS_PER_THREAD; i++) {
+                        float v = MV_FN(q4k_)((row + min(i, nr - 1u)) * rb, sc, x);
+                        acc[i] += ok ? v : 0.0;
+                    }
+                }
             }
         } else {
-            for (uint s = lane; s < ns; s += R) {
-                XS x = x_q6k(s);
-                [[unroll]] for (uint i = 0u; i < ROWS_PER_THREAD; i++)
-                    if (i < nr) acc[i] += MV_FN(q6k_)((row + i) * rb, s, x);
+            for (uint s0 = lane; s0 < ns; s0 += R * UNROLL) {
+                [[unroll]] for (uint u = 0u; u < UNROLL; u++) {
+                    uint s = s0 + u * R;
+                    bool ok = s < ns;
+                    uint sc = ok ? s : s0;
+                    XS x = x_q6k(sc);
+                    [[unroll]] for (uint i = 0u; i < ROWS_PER_THREAD; i++) {
+                        float v = MV_FN(q6k_)((row + min(i, nr - 1u)) * rb, sc, x);
+                        acc[i] += ok ? v : 0.0;
+                    }
+                }
             }
         }
         uint ao = MV_PC(ao);

@@ -302,6 +302,13 @@ REGISTRY.register(
                     spec(3),
                 ),
                 Param(
+                    "unroll",
+                    (1, 2, 4),
+                    2,
+                    "slots per lane per iteration (weight loads in flight before use)",
+                    spec(4),
+                ),
+                Param(
                     "pair_mul",
                     (False, True),
                     True,
