@@ -125,8 +125,10 @@ def test_three_matrices_and_adds_in_one_dispatch(vb):
         (w, y, o, None if a is None else vb.upload(a))
         for w, o, a in zip(wv, (0, 45, 58), adds, strict=True)
     ]
+    xt = vb.upload(x[None])
+    vb.synchronize()
     before = vb.stats()["dispatches"]
-    vb._mmvw(vb.upload(x[None]), mats)
+    vb._mmvw(xt, mats)
     out = vb.download(y)
     assert vb.stats()["dispatches"] - before == 3  # quantize + two mmvw
     xr, _, _ = q8_1(x)
@@ -167,11 +169,14 @@ def test_norm_and_swiglu_store_their_q8_form(vb, D, flat):
         assert np.abs(qs.astype(int) - q_ref).max() <= 1 and (qs != q_ref).sum() <= 2
         assert np.allclose(ds[:, 0], d_ref, rtol=1e-6)
         assert np.allclose(ds[:, 1], ds[:, 0] * qs.reshape(-1, 32).sum(1), rtol=1e-5)
-        before = vb.stats()["dispatches"]
-        w = qtensor(rng, (9, D), "Q4_K") if D % 256 == 0 else None
-        if w is not None:  # the matmul reads that form: one dispatch, no quantize
-            vb.matmul(t, vb.load_weight(w))
+        if D % 256 == 0:  # the matmul reads that form: one dispatch, no quantize
+            w = qtensor(rng, (9, D), "Q4_K")
+            wt = vb.load_weight(w)
+            vb.synchronize()
+            before = vb.stats()["dispatches"]
+            y = vb.download(vb.matmul(t, wt))
             assert vb.stats()["dispatches"] - before == 1
+            check_dot(y, q8_1(out.reshape(-1))[0][None], dense(w), 1e-10)
 
 
 @pytest.mark.parametrize("bias", [False, True])
@@ -217,8 +222,10 @@ def test_matmul_add_and_ffn_under_mmvw(vb):
     r = rng.standard_normal((1, C)).astype(np.float32)
     vb.set_config(_cfg(vb, {}))
     ws = [vb.load_weight(w) for w in (wg, wu, wd)]
+    ht, rt = vb.upload(h), vb.upload(r)
+    vb.synchronize()
     before = vb.stats()["dispatches"]
-    out = vb.download(vb.ffn(vb.upload(h), *ws, vb.upload(r)))
+    out = vb.download(vb.ffn(ht, *ws, rt))
     assert vb.stats()["dispatches"] - before == 4  # quantize, gate+up, swiglu+q8, down+r
     h64 = h.astype(np.float64)
     gg, uu = h64 @ dense(wg).T, h64 @ dense(wu).T
@@ -264,3 +271,41 @@ def test_attention_merge_stores_the_q8_form(vb, H, Hkv, D, pos0):
     _, q_ref, d_ref = q8_1(out.reshape(-1))
     assert np.abs(qs.astype(int) - q_ref).max() <= 1 and (qs != q_ref).sum() <= 2
     assert np.allclose(ds[:, 0], d_ref, rtol=1e-6)
+
+
+@pytest.mark.parametrize("mmvw", [False, True])
+@pytest.mark.parametrize(
+    "T,H,Hkv,D,pos0,splits",
+    [(1, 4, 2, 64, 37, 8), (1, 7, 1, 96, 300, 32), (1, 2, 2, 128, 2, 64), (5, 4, 2, 64, 20, 4)],
+)
+def test_attention_fuse_combine(vb, T, H, Hkv, D, pos0, splits, mmvw):
+    """attention.fuse_combine: the last range of a head merges, in the partial dispatch; the
+    output is the two-dispatch output bit for bit (the same merge code), for decode (more ranges
+    than keys included) and a prefill chunk, repeatedly (the tickets are reset each time), and
+    under mmvw the Q8_1 form is stored as by merge_q8."""
+    rng = np.random.default_rng(T * H + pos0)
+    cache = vb.new_kv_cache(1, pos0 + T + 2, Hkv, D)
+    L = pos0 + T
+    k = rng.standard_normal((L, Hkv, D)).astype(np.float32)
+    v = rng.standard_normal((L, Hkv, D)).astype(np.float32)
+    vb.kv_write(cache, 0, vb.upload(k), vb.upload(v), 0)
+    q = vb.upload(rng.standard_normal((T, H, D)).astype(np.float32))
+    split = {"attention.splits": splits, "attention.splits_prefill": splits}
+    base = MMVW if mmvw else {}
+    vb.set_config(TuningConfig.default("vulkan").replace(**base, **split))
+    want_t = vb.attention(q, cache, 0, pos0)
+    want = vb.download(want_t)
+    want_q8 = vb._q8_lookup(want_t.reshape((T, H * D)))
+    vb.set_config(TuningConfig.default("vulkan").replace(**base, **split, **{
+        "attention.fuse_combine": 1}))  # fmt: skip
+    for _ in range(3):
+        vb.synchronize()
+        before = vb.stats()["dispatches"]
+        got_t = vb.attention(q, cache, 0, pos0)
+        assert np.array_equal(vb.download(got_t), want)
+        assert vb.stats()["dispatches"] - before == 1
+        got_q8 = vb._q8_lookup(got_t.reshape((T, H * D)))
+        assert (got_q8 is None) == (want_q8 is None) == (not mmvw or T > 1)
+        if got_q8 is not None:
+            assert np.array_equal(vb.download(got_q8), vb.download(want_q8))
+    assert not vb.download(vb._ticket_buf).any()

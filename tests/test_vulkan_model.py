@@ -71,10 +71,11 @@ CONFIGS = [
         "matmul_decode.rows_per_thread": 1,
     },
     # the int8 decode path with every fusion (norm/SwiGLU/merge Q8_1, q/k/v in one dispatch,
-    # rope + KV write), 4-lane clusters, byte-wise dots
+    # rope + KV write, attention in one dispatch), 4-lane clusters, byte-wise dots
     {
         "matmul_decode.variant": "mmvw",
         "rope.fuse_kv": 1,
+        "attention.fuse_combine": 1,
         "matmul_decode.threads_per_row": 4,
         "matmul_decode.rows_per_thread": 1,
         "matmul_decode.pair_mul": False,

@@ -168,6 +168,7 @@ class VulkanBackend(FusedDecode, Backend):
         # Q8_1 forms of recent decode rows under matmul_decode.mmvw: (x, q8), newest last. The
         # entry holds x, so its buffer cannot be handed to another tensor while it is here.
         self._q8: list[tuple[VkTensor, VkTensor]] = []
+        self._ticket_buf: VkTensor | None = None  # attention.fuse_combine's tickets (zeroed)
         self.alloc.on_destroy.append(self._invalidate_graph)
         cfg = self.config
         self.config = None  # type: ignore[assignment]
@@ -976,6 +977,9 @@ class VulkanBackend(FusedDecode, Backend):
         if T > MAX_GROUPS:
             raise UnsupportedError(f"vulkan attention: {T} tokens in one call (max {MAX_GROUPS})")
         dst = out if ns == 1 else self._new((T, H, ns, D + 2))  # partials: m, s, acc[D]
+        q8_out = T == 1 and D % 32 == 0 and self._int8_row(H * D)
+        if ns > 1 and int(c["fuse_combine"]):
+            return self._attention_fused(q, cache, layer, pos0, out, dst, ns, q8_out)
         self.stream.dispatch(
             pipe,
             (*bufs, dst.buf, self.stream.dyn_buf),
@@ -983,7 +987,7 @@ class VulkanBackend(FusedDecode, Backend):
             (*offs, dst.offset, self.stream.dyn(pos0), ns, scale),
             (H, ns, T),
         )
-        if ns > 1 and T == 1 and D % 32 == 0 and self._int8_row(H * D):
+        if ns > 1 and q8_out:
             # the merge stores out's Q8_1 form too: the o projection reads it
             q8 = self._new((self._q8_words(H * D),), np.int32)
             merge, _ = self._pipe("attention.merge_q8")

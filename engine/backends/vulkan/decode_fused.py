@@ -11,6 +11,7 @@ one dispatch. A decode layer is 11 dispatches instead of 19.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -187,6 +188,39 @@ class FusedDecode:
             _fold(-(-n // int(c["wg_size"]))),
         )  # fmt: skip
         return qo
+
+    def _tickets(self, n: int) -> Any:
+        """A zeroed uint per (token, head) for attention.fuse_combine; each use leaves it 0."""
+        t = self._ticket_buf
+        if t is None or t.size < n:
+            n = max(n, 1024)
+            t = self._new((n,), np.int32)
+            self.stream.fill(t.buf, 4 * t.offset, 4 * n)
+            self._ticket_buf = t
+        return t
+
+    def _attention_fused(
+        self, q: Any, cache: KVCache, layer: int, pos0: int, out: Any, part: Any, ns: int,
+        q8_out: bool,
+    ) -> Any:  # fmt: skip
+        """attention.split with fuse_combine: the partial pass whose workgroup finishes a head
+        last merges it (attention_split.comp FUSED_MERGE[_Q8])."""
+        T, H, D = q.shape
+        ck, cv = cache.k[layer], cache.v[layer]
+        tk = self._tickets(T * H)
+        q8 = self._new((self._q8_words(H * D),), np.int32) if q8_out else out
+        pipe, _ = self._pipe("attention.fused_q8" if q8_out else "attention.fused")
+        self.stream.dispatch(
+            pipe,
+            (q.buf, ck.buf, cv.buf, part.buf, self.stream.dyn_buf, tk.buf, out.buf, q8.buf),
+            (part.buf, tk.buf, out.buf, q8.buf),
+            (H, ck.shape[1], D, q.offset, ck.offset, cv.offset, part.offset,
+             self.stream.dyn(pos0), ns, 1.0 / math.sqrt(D), out.offset, tk.offset, q8.offset),
+            (H, ns, T),
+        )  # fmt: skip
+        if q8_out:
+            self._q8_remember(out, q8)
+        return out
 
     def matmul_add(self, x: Any, w: Any, r: Any) -> Any:
         """Under matmul_decode.mmvw a decode row's projection adds the residual as it stores."""

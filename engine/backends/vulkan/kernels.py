@@ -75,6 +75,9 @@ PASSES = {
         ("PASS_PARTIAL", 5, "IIIIIIIIIf"),
         ("PASS_MERGE", 2, "IIIII"),
         ("MERGE_Q8", 3, "IIIIII", "", "merge_q8"),  # under matmul_decode.mmvw
+        # fuse_combine: the last range of a head merges (and, under mmvw, stores Q8_1)
+        ("FUSED_MERGE", 8, "IIIIIIIIIfIII", "", "fused"),
+        ("FUSED_MERGE_Q8", 8, "IIIIIIIIIfIII", "", "fused_q8"),
     ),
     ("argmax", "default"): (("", 2, "IIII"),),
     ("argmax", "two_stage"): (("STAGE_SLICES", 2, "IIIII"), ("STAGE_MERGE", 2, "IIII")),

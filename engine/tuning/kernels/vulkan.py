@@ -539,6 +539,15 @@ REGISTRY.register(
                     PUSHED,
                 ),
                 Param(
+                    "fuse_combine",
+                    (0, 1),
+                    0,
+                    "1: a head's last key range to finish merges the ranges (an atomic ticket; "
+                    "under matmul_decode.mmvw it also stores the Q8_1 form): one dispatch "
+                    "instead of two (as CUDA's attention_decode.fuse_combine)",
+                    HOST,
+                ),
+                Param(
                     "key_threads",
                     (1, 2, 4, 8, 16, 32),
                     8,
