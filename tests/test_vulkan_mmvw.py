@@ -100,7 +100,8 @@ def test_mmvw_dots_the_rounded_activations(vb, flat, qtype):
             xr, _, _ = q8_1(x)
             check_dot(out, xr[None], ref_w, 1e-10)  # integer dots: exact up to float sums
             check_dot(out, x[None], ref_w, 5e-3)  # and close to the float product
-            assert_canary_after(vb, y)
+            if y.buf.host is not None:  # canaries need host-visible memory (not the H200's)
+                assert_canary_after(vb, y)
 
 
 def test_three_matrices_and_adds_in_one_dispatch(vb):
