@@ -356,7 +356,9 @@ class VulkanBackend(FusedDecode, Backend):
             variant = config.op(op).variant
             for q in sorted(qtypes) if weighted else [""]:
                 for key, prog, spec, sg in self._programs(config, op, q):
-                    name = f"{op}.{variant}" + key[len(op) :] + (f"[{q}]" if q else "")
+                    # mmvw's one program serves every int8 type: no type in its name
+                    typed = q and prog.shader != "mmvw"
+                    name = f"{op}.{variant}" + key[len(op) :] + (f"[{q}]" if typed else "")
                     ops[(key, q)] = (self.pipes.get(prog, spec, name, sg), config.op(op))
         return ops
 
