@@ -310,3 +310,46 @@ def test_attention_fuse_combine(vb, T, H, Hkv, D, pos0, splits, mmvw):
         if got_q8 is not None:
             assert np.array_equal(vb.download(got_q8), vb.download(want_q8))
     assert not vb.download(vb._ticket_buf).any()
+
+
+@pytest.mark.parametrize("neox", [True, False])
+@pytest.mark.parametrize(
+    "flat",
+    [{}, {MD + "rows_per_thread": 4, MD + "rows_per_wg": 8, MD + "threads_per_row": 4}],
+    ids=["default", "r4-w8-t4"],
+)
+@pytest.mark.parametrize("pos0,bias", [(0, True), (13, False), (40, True)])
+def test_rope_epilogue_is_fused_kv_bit_for_bit(vb, flat, neox, pos0, bias):
+    """matmul_decode.rope_epilogue: q/k/v, biases, both ropes and the KV write in the mmvw
+    dispatch give exactly what mmvw + rope.fuse_kv gives (same sums, same rotation), the
+    cache's other slots untouched; one dispatch after the quantize."""
+    rng = np.random.default_rng(pos0 * 3 + neox)
+    C, H, Hkv, D = 256, 4, 2, 64
+    wq = [qtensor(rng, (n, C), q) for n, q in ((H * D, "Q4_K"), (Hkv * D, "Q6_K"),
+                                               (Hkv * D, "Q4_K"))]  # fmt: skip
+    wv = tuple(vb.load_weight(w) for w in wq)
+    bs = tuple(vb.load_weight(qtensor(rng, (w.shape[0],), "F32", std=1.0)) for w in wq)
+    h = rng.standard_normal((1, C)).astype(np.float32)
+    runs = []
+    for extra in ({"rope.fuse_kv": 1}, {MD + "rope_epilogue": True}):
+        vb.set_config(_cfg(vb, flat | extra))
+        cache = vb.new_kv_cache(1, pos0 + 4, Hkv, D)
+        ht = vb.upload(h)
+        vb.synchronize()
+        before = vb.stats()["dispatches"]
+        q = vb.attn_in(ht, wv, bs if bias else None, cache, 0, pos0, (H, Hkv, D), 1e4, neox)
+        runs.append((vb.download(q), vb.download(cache.k[0]), vb.download(cache.v[0])))
+        n = vb.stats()["dispatches"] - before
+    assert n == 2  # quantize + mmvw with the epilogue
+    for a, b in zip(*runs, strict=True):
+        assert np.array_equal(a, b)
+    _, k, v = runs[1]
+    assert k[pos0].any() and v[pos0].any()
+    assert not np.delete(k, pos0, axis=0).any() and not np.delete(v, pos0, axis=0).any()
+
+
+def test_rope_epilogue_needs_row_pairs(vb):
+    cfg = TuningConfig.default("vulkan").replace(
+        **MMVW, **{MD + "rope_epilogue": True, MD + "rows_per_thread": 1}
+    )
+    assert any("rope_epilogue" in p for p in cfg.problems(None))

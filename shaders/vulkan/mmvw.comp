@@ -21,9 +21,16 @@
 //   0 WG_SIZE  1 ROWS_PER_WG  2 THREADS_PER_ROW (0: the subgroup)  3 ROWS_PER_THREAD
 //   4 UNROLL (slots per lane per iteration: weight loads in flight before use)
 // and the define PAIR_MUL (matmul_decode.pair_mul). Both give the same integers.
-// Bindings: 0..2 W_i (raw GGML rows), 3 x as Q8_1 (uint words), 4 y (one buffer, the matrices'
-// outputs at their offsets), 5..7 a_i. Unused matrices have no workgroups (wg1 == wg2 == total).
+// Bindings: 0..2 W_i (raw GGML rows), 3 x as Q8_1 (uint words), 4 y_0, 5..7 a_i, 8 y_1, 9 y_2
+// (the outputs at their offsets; one buffer may serve all), 10 the RoPE cos/sin table, 11 the
+// dynamic scalars. Unused matrices have no workgroups (wg1 == wg2 == total).
 // K % 256 == 0; x_off % 4 == 0 (uvec4 loads).
+// RoPE epilogue (matmul_decode.rope_epilogue; bits of a matrix's type word): MODE_ROPE rotates
+// pairs of rows as rope.comp does (all dims, pairs (2p, 2p + 1), or with neox (p, p + D/2) of
+// each head: logical rows 2j and 2j + 1 are pair j's, so a lane's ROWS_PER_THREAD (even) rows
+// hold whole pairs), MODE_AT_POS stores at y + pos * N (pos from the dynamic scalars: the KV
+// cache's row). q, k and v of a decode token then go from Q8_1 to qo and the cache in one
+// dispatch.
 
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_basic : require
@@ -51,8 +58,14 @@ layout(binding = 4) writeonly buffer YBuf { float ys[]; };
 layout(binding = 5) readonly buffer A0 { float a0[]; };
 layout(binding = 6) readonly buffer A1 { float a1[]; };
 layout(binding = 7) readonly buffer A2 { float a2[]; };
+layout(binding = 8) writeonly buffer Y1Buf { float ys1[]; };
+layout(binding = 9) writeonly buffer Y2Buf { float ys2[]; };
+layout(binding = 10) readonly buffer CBuf { vec2 cs[]; };
+layout(binding = 11) readonly buffer DBuf { uint dyn[]; };
 
 const uint NO_ADD = 0xFFFFFFFFu;
+const uint MODE_ROPE = 0x100u;  // type-word bits: RoPE epilogue
+const uint MODE_AT_POS = 0x200u;
 const uint QT_Q4_K = 12u;  // GGML type ids
 const uint QT_Q6_K = 14u;
 
@@ -64,6 +77,9 @@ layout(push_constant) uniform PC {
     uint N0, rb0, qt0, y0, ao0;  // rows, bytes per row, type, y offset, a offset or NO_ADD
     uint N1, rb1, qt1, y1, ao1;
     uint N2, rb2, qt2, y2, ao2;
+    uint D;         // head dim (RoPE epilogue)
+    uint neox;      // pairs (p, p + D/2) instead of (2p, 2p + 1)
+    uint pos_slot;  // index of the position in dyn[]
 } pc;
 
 #include "common.glsl"
@@ -158,26 +174,31 @@ uint fsh(uint lo, uint hi, uint sh) { return (lo >> sh) | ((hi << 1u) << (31u - 
 #define MV_W w0
 #define MV_WV w0v
 #define MV_A a0
+#define MV_Y ys
 #include "mmvw_rows.glsl"
 #undef MV_I
 #undef MV_W
 #undef MV_WV
 #undef MV_A
+#undef MV_Y
 
 #define MV_I 1
 #define MV_W w1
 #define MV_WV w1v
 #define MV_A a1
+#define MV_Y ys1
 #include "mmvw_rows.glsl"
 #undef MV_I
 #undef MV_W
 #undef MV_WV
 #undef MV_A
+#undef MV_Y
 
 #define MV_I 2
 #define MV_W w2
 #define MV_WV w2v
 #define MV_A a2
+#define MV_Y ys2
 #include "mmvw_rows.glsl"
 
 void main() {

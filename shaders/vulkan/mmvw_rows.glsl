@@ -1,7 +1,8 @@
 // mmvw_rows.glsl: one matrix's rows of mmvw.comp, instantiated once per weight binding
 // (included three times, no include guard). The includer defines MV_I (0, 1, 2: the suffix of
 // the push-constant fields and of the functions defined here), MV_W / MV_WV (the weight binding
-// as uint / uvec4) and MV_A (the added vector's binding); mmvw.comp declares everything else.
+// as uint / uvec4), MV_A (the added vector's binding) and MV_Y (the output's); mmvw.comp
+// declares everything else.
 
 #define MV_FN(n) MV_XCAT(n, MV_I)
 #define MV_PC(f) MV_XCAT(pc.f, MV_I)
@@ -87,7 +88,9 @@ float MV_FN(q6k_)(uint row_base, uint s, XS x) {
 
 // Rows ROWS_PER_WG * wgi .. of this matrix (see mmvw.comp for the work split).
 void MV_FN(rows)(uint wgi) {
-    uint N = MV_PC(N), rb = MV_PC(rb), qt = MV_PC(qt);
+    uint N = MV_PC(N), rb = MV_PC(rb), qt = MV_PC(qt) & 0xFFu;
+    bool rope = (MV_PC(qt) & MODE_ROPE) != 0u, at_pos = (MV_PC(qt) & MODE_AT_POS) != 0u;
+    uint half_d = pc.D / 2u;
     uint S = gl_SubgroupSize;
     uint R = THREADS_PER_ROW == 0u ? S : min(THREADS_PER_ROW, S);
     uint lane = gl_SubgroupInvocationID & (R - 1u);
@@ -100,7 +103,15 @@ void MV_FN(rows)(uint wgi) {
         if (row >= N) break;  // uniform per cluster: the butterfly stays inside live lanes
         uint nr = min(ROWS_PER_THREAD, min(ROWS_PER_WG - r, N - row));  // live rows here
         float acc[ROWS_PER_THREAD];
-        [[unroll]] for (uint i = 0u; i < ROWS_PER_THREAD; i++) acc[i] = 0.0;
+        uint prow[ROWS_PER_THREAD];  // the rows' physical indices (RoPE pairs: see mmvw.comp)
+        [[unroll]] for (uint i = 0u; i < ROWS_PER_THREAD; i++) {
+            acc[i] = 0.0;
+            uint l = row + min(i, nr - 1u);
+            uint j = l >> 1;  // neox: pair j is (head j / half_d, dims p and p + half_d)
+            prow[i] = rope && pc.neox != 0u
+                          ? (j / half_d) * pc.D + j % half_d + (l & 1u) * half_d
+                          : l;
+        }
         // UNROLL slots per iteration; a slot past the row is computed on a valid one and
         // dropped (straight-line code: every load of the iteration can be in flight at once)
         if (qt == QT_Q4_K) {
@@ -111,7 +122,7 @@ void MV_FN(rows)(uint wgi) {
                     uint sc = ok ? s : s0;
                     XS x = x_q4k(sc);
                     [[unroll]] for (uint i = 0u; i < ROWS_PER_THREAD; i++) {
-                        float v = MV_FN(q4k_)((row + min(i, nr - 1u)) * rb, sc, x);
+                        float v = MV_FN(q4k_)(prow[i] * rb, sc, x);
                         acc[i] += ok ? v : 0.0;
                     }
                 }
@@ -124,7 +135,7 @@ void MV_FN(rows)(uint wgi) {
                     uint sc = ok ? s : s0;
                     XS x = x_q6k(sc);
                     [[unroll]] for (uint i = 0u; i < ROWS_PER_THREAD; i++) {
-                        float v = MV_FN(q6k_)((row + min(i, nr - 1u)) * rb, sc, x);
+                        float v = MV_FN(q6k_)(prow[i] * rb, sc, x);
                         acc[i] += ok ? v : 0.0;
                     }
                 }
@@ -138,9 +149,24 @@ void MV_FN(rows)(uint wgi) {
             } else {
                 for (uint o = R >> 1; o > 0u; o >>= 1) v += subgroupShuffleXor(v, o);
             }
-            if (lane == 0u && i < nr) {
-                uint n = row + i;
-                ys[MV_PC(y) + n] = v + (ao == NO_ADD ? 0.0 : MV_A[ao + n]);
+            acc[i] = v + (ao == NO_ADD ? 0.0 : MV_A[ao + prow[i]]);
+        }
+        if (lane == 0u) {
+            // at_pos: the KV cache's row of the device-side position (N values per position)
+            uint yb = MV_PC(y) + (at_pos ? dyn[pc.pos_slot] * N : 0u);
+            if (rope) {  // logical rows 2j, 2j + 1 are pair j: rotated as rope.comp does
+                uint pos = dyn[pc.pos_slot];
+                [[unroll]] for (uint i = 0u; i + 1u < ROWS_PER_THREAD; i += 2u) {
+                    if (i < nr) {
+                        vec2 c = cs[pos * half_d + ((row + i) >> 1) % half_d];
+                        float x0 = acc[i], x1 = acc[i + 1u];
+                        MV_Y[yb + prow[i]] = x0 * c.x - x1 * c.y;
+                        MV_Y[yb + prow[i + 1u]] = x1 * c.x + x0 * c.y;
+                    }
+                }
+            } else {
+                [[unroll]] for (uint i = 0u; i < ROWS_PER_THREAD; i++)
+                    if (i < nr) MV_Y[yb + prow[i]] = acc[i];
             }
         }
     }

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 MMVW_GGML = {"Q4_K": 12, "Q6_K": 14}  # mmvw.comp's per-matrix type ids (GGML's)
 NO_ADD = 0xFFFFFFFF
+MODE_ROPE, MODE_AT_POS = 0x100, 0x200  # mmvw.comp's RoPE-epilogue bits of a type word
 
 
 def _fold(n: int) -> tuple[int, int, int]:
@@ -89,37 +90,44 @@ class FusedDecode:
             and all(w.qtype in MMVW_TYPES and w.shape[-1] == K and w.parts for w in ws)
         )
 
-    def _mmvw(self, x: Any, mats: list[tuple[Any, Any, int, Any]]) -> None:
-        """For each (w, y, y_elem, a): y[y_elem + n] = x . w[n] (+ a[n] when a is not None),
-        up to three weight buffers (row ranges count as one each) per dispatch."""
+    def _mmvw(
+        self, x: Any, mats: list[tuple[Any, ...]], rope: tuple[Any, int, bool, int] | None = None
+    ) -> None:
+        """For each (w, y, y_elem, a[, mode]): y[y_elem + n] = x . w[n] (+ a[n] when a is not
+        None), up to three weight buffers (row ranges count as one each) per dispatch. mode:
+        MODE_ROPE / MODE_AT_POS bits (the RoPE epilogue; rope = (cos/sin table, head dim, neox,
+        position) then, and every weight in one part)."""
         q8 = self.quantize_q8(x)
         pipe, c = self._pipe("matmul_decode", mats[0][0].qtype)
         rows = int(c["rows_per_wg"])
         K = x.size
-        jobs = []  # (weight buffer, rows, row bytes, type, y offset, a buffer, a offset)
-        for w, y, y_elem, a in mats:
+        jobs = []  # (weight buffer, rows, row bytes, type word, y buffer, y offset, a buf, a off)
+        for w, y, y_elem, a, *mode in mats:
             for lease, r0, nr in w.parts:
                 a_buf, a_off = (None, NO_ADD) if a is None else (a.buf, a.offset + r0)
+                tw = MMVW_GGML[w.qtype] | (mode[0] if mode else 0)
                 jobs.append(
-                    (lease.buf, nr, w.row_bytes, MMVW_GGML[w.qtype], y.offset + y_elem + r0,
-                     a_buf, a_off)
-                )  # fmt: skip
-        y_buf = mats[0][1].buf
+                    (lease.buf, nr, w.row_bytes, tw, y.buf, y.offset + y_elem + r0, a_buf, a_off)
+                )
         for i in range(0, len(jobs), 3):
             part = jobs[i : i + 3]
             nwg = [-(-j[1] // rows) for j in part] + [0] * (3 - len(part))
-            part += [(part[0][0], 0, 0, 0, 0, None, NO_ADD)] * (3 - len(part))
-            adds = tuple(j[5] if j[5] is not None else y_buf for j in part)
+            part += [(part[0][0], 0, 0, 0, part[0][4], 0, None, NO_ADD)] * (3 - len(part))
+            adds = tuple(j[6] if j[6] is not None else j[4] for j in part)
+            ys = [j[4] for j in part]
             push: list[int] = [K, q8.offset, nwg[0], nwg[0] + nwg[1]]
             for j in part:
-                push += [j[1], j[2], j[3], j[4], j[6]]
+                push += [j[1], j[2], j[3], j[5], j[7]]
+            table = rope[0].buf if rope else ys[0]  # unread without the RoPE epilogue
+            push += [rope[1], int(rope[2]), self.stream.dyn(rope[3])] if rope else [0, 0, 0]
             self.stream.dispatch(
                 pipe,
-                (part[0][0], part[1][0], part[2][0], q8.buf, y_buf, *adds),
-                (y_buf,),
+                (part[0][0], part[1][0], part[2][0], q8.buf, ys[0], *adds, ys[1], ys[2], table,
+                 self.stream.dyn_buf),
+                tuple({b.id: b for b in ys}.values()),
                 tuple(push),
                 _fold(sum(nwg)),
-            )
+            )  # fmt: skip
 
     # --- fused ops (engine.backends.base) -------------------------------------------------
     def attn_in(
@@ -148,6 +156,22 @@ class FusedDecode:
                 f"KV cache full: writing positions {pos0}..{pos0 + T - 1} "
                 f"into a cache of {cache.capacity}"
             )
+        c = self.config.op("matmul_decode")
+        if wide and c["rope_epilogue"] and all(len(w.parts) == 1 for w in wqkv) and D % 2 == 0:
+            # q/k/v + biases, both ropes and the KV write in this one dispatch
+            ck, cv = cache.k[layer], cache.v[layer]
+            if ck.shape[1:] != (Hkv, D) or wqkv[0].shape[0] != H * D:
+                raise ValueError(f"attn_in: q/k/v {[w.shape for w in wqkv]} against {ck.shape}")
+            qo = self._new((T, H, D))
+            bq, bk, bv = (None,) * 3 if bias is None else tuple(b.f32 for b in bias)
+            table = self._rope_table(theta, D, pos0 + T)
+            self._mmvw(
+                h,
+                [(wqkv[0], qo, 0, bq, MODE_ROPE), (wqkv[1], ck, 0, bk, MODE_ROPE | MODE_AT_POS),
+                 (wqkv[2], cv, 0, bv, MODE_AT_POS)],
+                (table, D, neox, pos0),
+            )  # fmt: skip
+            return qo
         if wide:
             ns = [w.shape[0] for w in wqkv]
             y = self._new((sum(ns),))

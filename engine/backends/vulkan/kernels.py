@@ -32,7 +32,7 @@ class Program:
 
 DN_PUSH = "IIIIIIIIIIIIIf"  # delta_net.comp's push constants
 ROPE_KV_PUSH = "IIIIIIIIIIII"  # rope.comp FUSE_KV
-MMVW_PUSH = "IIII" + "IIIII" * 3  # mmvw.comp: K, x_off, wg1, wg2, then per matrix
+MMVW_PUSH = "IIII" + "IIIII" * 3 + "III"  # mmvw.comp: K, x_off, wg1, wg2, per matrix, RoPE
 # Weight types mmvw.comp decodes against Q8_1; the variant runs the others as the block DMMV.
 MMVW_TYPES = frozenset({"Q4_K", "Q6_K"})
 
@@ -146,7 +146,7 @@ def programs(op: str, choice: OpChoice, qtype: str = "") -> tuple[Program, ...]:
         # one program for every int8 type (the type is a push constant per matrix); the
         # block DMMV's build for the rest (its constants 0-3 mean the same)
         if qtype in MMVW_TYPES:
-            return (Program("mmvw", knob_defines(v, choice), 8, MMVW_PUSH),)
+            return (Program("mmvw", knob_defines(v, choice), 12, MMVW_PUSH),)
         return (Program("matmul_decode", ("VARIANT_BLOCK", f"QTYPE_{qtype}"), 3, "IIIII"),)
     shader = Path(v.source).stem
     defines = (*v.defines, *((f"QTYPE_{qtype}",) if qtype else ()), *knob_defines(v, choice))
