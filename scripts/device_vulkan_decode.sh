@@ -8,7 +8,7 @@
 T0=$(date +%s)
 export MODELS=${MODELS-1.5b 7b}
 source scripts/device_vulkan_env.sh || exit $?
-timeout ${TEST_TIMEOUT:-25} python3 -m pytest -q -p no:cacheprovider -rfE --tb=short \
+timeout ${TEST_TIMEOUT:-30} python3 -m pytest -q -p no:cacheprovider -rfE --tb=short \
     tests/test_vulkan_mmvw.py 2>&1 | tee "$OUT/pytest_mmvw.log" | tail -6
 S="python3 scripts/vulkan_decode_speed.py --out $OUT"
 wait_model 1.5b

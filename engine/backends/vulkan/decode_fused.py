@@ -1,12 +1,15 @@
 """The Vulkan backend's int8 decode path and fused decode ops (matmul_decode.mmvw, quantize_act,
-rope.fuse_kv): the port of the CUDA backend's mmvw schedule, as a mixin of VulkanBackend.
+rope.fuse_kv, attention.fuse_combine): the port of the CUDA backend's mmvw schedule, as a mixin
+of VulkanBackend.
 
 Under matmul_decode.mmvw a decode row (T == 1) of a Q4_K / Q6_K matmul reads its activation as
-Q8_1 (shaders/vulkan/q8_1.glsl). rms_norm and swiglu of one row write that form as they store
-(quantize_act's norm and swiglu passes) and remember it, so the matmuls after them need no
-quantize dispatch; q/k/v (and gate/up) go through one mmvw dispatch, the q/k/v biases and the
-residuals are added as mmvw stores. With rope.fuse_kv = 1, RoPE of q and k and the KV write are
-one dispatch. A decode layer is 11 dispatches instead of 19.
+Q8_1 (shaders/vulkan/q8_1.glsl). rms_norm, swiglu and the split attention's merge of one row
+write that form as they store and remember it, so the matmuls after them need no quantize
+dispatch; q/k/v (and gate/up) go through one mmvw dispatch, the q/k/v biases and the residuals
+are added as mmvw stores. With rope.fuse_kv = 1, RoPE of q and k and the KV write are one
+dispatch; with matmul_decode.rope_epilogue they happen in the q/k/v dispatch itself; with
+attention.fuse_combine the attention is one dispatch. A decode layer is 8 dispatches instead of
+19 with all of them.
 """
 
 from __future__ import annotations
