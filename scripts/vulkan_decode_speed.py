@@ -1,9 +1,10 @@
 """Vulkan decode speed of the int8 / fused decode variants on one model, in one process (run on
 the GPU machine by /work/device-req-style scripts): tg128 after a 512-token prompt per variant
 (what `engine bench --backend vulkan --no-promoted --prompt-tokens 512 --gen-tokens 128`
-measures), validate of the chosen ones, then GPU time per kernel, dispatches and barriers per
-decode token. The JSON under --out is rewritten after every step; no step starts past
---deadline, so a call that runs out of time still returns what it measured.
+measures). First the GPU time per kernel, dispatches and barriers per decode token of the
+--profile variants, then the benches, validate, the --sweep benches. The JSON under --out is
+rewritten after every step; no step starts past --deadline, so a call that runs out of time
+still returns what it measured.
 
 usage: python scripts/vulkan_decode_speed.py MODEL.gguf [--bench a,b] [--validate a,b]
        [--profile a,b] [--sweep a,b] [--repeats N] [--deadline EPOCH_S] [--out DIR]
@@ -148,6 +149,21 @@ def main() -> int:
             print(f"{name} bench {v}: ERROR {e!r}", flush=True)
         save()
 
+    for v in lists["profile"]:
+        if late(f"profile {v}"):
+            continue
+        try:
+            be.set_config(config(v))
+            p = decode_profile(eng)
+            res["profile"][v] = p
+            top = ", ".join(f"{k}={t:.3f}" for k, t in list(p["ms_per_token"].items())[:8])
+            print(f"{name} profile {v:14s} {p['dispatches_per_token']:.0f} dispatches "
+                  f"{p['barriers_per_token']:.0f} barriers/token, kernels "
+                  f"{p['kernel_ms_per_token']:.3f} ms/token: {top}", flush=True)  # fmt: skip
+        except Exception as e:  # noqa: BLE001
+            res["profile"][v] = {"error": traceback.format_exc()}
+            print(f"{name} profile {v}: ERROR {e!r}", flush=True)
+        save()
     for v in lists["bench"]:
         run_bench(v)
     prompts = tokenize_prompts(eng.tokenizer())
@@ -166,21 +182,6 @@ def main() -> int:
             print(f"{name} validate {v}: ERROR {e!r}", flush=True)
         save()
 
-    for v in lists["profile"]:
-        if late(f"profile {v}"):
-            continue
-        try:
-            be.set_config(config(v))
-            p = decode_profile(eng)
-            res["profile"][v] = p
-            top = ", ".join(f"{k}={t:.3f}" for k, t in list(p["ms_per_token"].items())[:8])
-            print(f"{name} profile {v:14s} {p['dispatches_per_token']:.0f} dispatches "
-                  f"{p['barriers_per_token']:.0f} barriers/token, kernels "
-                  f"{p['kernel_ms_per_token']:.3f} ms/token: {top}", flush=True)  # fmt: skip
-        except Exception as e:  # noqa: BLE001
-            res["profile"][v] = {"error": traceback.format_exc()}
-            print(f"{name} profile {v}: ERROR {e!r}", flush=True)
-        save()
     for v in lists["sweep"]:
         run_bench(v)
     if args.json:
