@@ -164,16 +164,22 @@ class Model:
         watches the activations and the model has no per-head q/k norm."""
         b, s, w = self.backend, self.spec, self.weights
         heads = (s.n_head, s.n_head_kv, s.head_dim)
+        h = b.rms_norm(x, w["blk.0.attn_norm.weight"], s.rms_eps)
         for i in range(s.n_layers):
             p = f"blk.{i}."
-            h = b.rms_norm(x, w[p + "attn_norm.weight"], s.rms_eps)
             wqkv = tuple(w[p + f"attn_{t}.weight"] for t in "qkv")
             bias = tuple(w[p + f"attn_{t}.bias"] for t in "qkv") if s.attn_bias else None
             q = b.attn_in(h, wqkv, bias, cache, i, pos0, heads, s.rope_theta, s.rope_neox)
             a = b.reshape(b.attention(q, cache, i, pos0), (n, s.n_head * s.head_dim))
-            x = b.matmul_add(a, w[p + "attn_output.weight"], x)
-            h = b.rms_norm(x, w[p + "ffn_norm.weight"], s.rms_eps)
-            x = b.ffn(h, *(w[p + f"ffn_{t}.weight"] for t in ("gate", "up", "down")), x)
+            x, h = b.matmul_add_norm(
+                a, w[p + "attn_output.weight"], x, w[p + "ffn_norm.weight"], s.rms_eps
+            )
+            ffn = tuple(w[p + f"ffn_{t}.weight"] for t in ("gate", "up", "down"))
+            if i + 1 < s.n_layers:  # the next layer's input norm ends this layer
+                nxt = w[f"blk.{i + 1}.attn_norm.weight"]
+                x, h = b.ffn_norm(h, *ffn, x, nxt, s.rms_eps)
+            else:
+                x = b.ffn(h, *ffn, x)
         return x
 
     def head(self, x: Tensor, row: int, pos: int) -> Tensor:

@@ -444,6 +444,8 @@ def validate(
         argmax_wrong = probe or any("device argmax" in r for r in rep.reasons)
         if rep.blame is None and argmax_wrong:  # every op's output agreed: the sampler did not
             rep.blame = _argmax_blame(model, candidate)
+        elif rep.blame is None:  # the hooked ops agreed: the fault is in a fused kernel
+            rep.blame = _fusion_blame(model, candidate)
         model.set_config(candidate)
     return rep
 
@@ -452,6 +454,16 @@ def _argmax_blame(model: Model, candidate: TuningConfig) -> Blame:
     op = model.backend.registry_op("argmax", 1)
     choice = candidate.op(op)
     return Blame(op, choice.variant, choice.as_dict(), "greedy token", -1, -1, -1, 0.0, 0.0)
+
+
+def _fusion_blame(model: Model, candidate: TuningConfig) -> Blame | None:
+    """The first registry op whose fused kernels the hooked replay bypasses, if any."""
+    ops = model.backend.hook_bypassed_fusions(candidate)
+    if not ops:
+        return None
+    choice = candidate.op(ops[0])
+    label = "fused schedule (the hooked, unfused ops agree)"
+    return Blame(ops[0], choice.variant, choice.as_dict(), label, -1, -1, -1, 0.0, 0.0)
 
 
 def blame_report(

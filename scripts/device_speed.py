@@ -8,6 +8,11 @@ what it measured.
 
 usage: python scripts/device_speed.py MODEL.gguf [--bench a,b] [--validate a,b] [--profile a,b]
        [--repeats N] [--deadline EPOCH_S] [--out DIR] [--tag SUFFIX]
+       [--sweep VARIANT [--sweep-knobs k1,k2] [--sweep-repeats N]]
+
+--sweep walks matmul_decode's knobs one at a time from VARIANT (greedy coordinate descent,
+tg128 per setting), then benches, validates and profiles the best setting as 'swept': one
+device call picks the mmvw defaults.
 """
 
 from __future__ import annotations
@@ -31,6 +36,9 @@ from engine.validate import tokenize_prompts, validate  # noqa: E402
 
 MMVW = {"matmul_decode.variant": "mmvw"}
 FUSE = {"rope.fuse_kv": 1}
+RESIDENT = {"matmul_prefill.variant": "resident"}
+ATTG = {"attention_prefill.variant": "gemm"}
+TC = {"attention_prefill.variant": "flash_tc"}
 VARIANTS: dict[str, dict] = {
     "default": {},
     "mmvq": {"matmul_decode.variant": "mmvq"},
@@ -68,11 +76,98 @@ VARIANTS: dict[str, dict] = {
                                    "argmax.variant": "multi", "matmul_decode.pdl": 1},
     "mmvw_kw_pdl": MMVW | FUSE | {"attention_decode.variant": "split_kw",
                                   "matmul_decode.pdl": 1},
+    # prefill on tensor cores (issue 14): fp16 weights kept resident, fp16 activations stored
+    # by their producers, attention through cuBLAS
+    "ptc_resident": RESIDENT,
+    "ptc_attn": ATTG,
+    "ptc": RESIDENT | ATTG,
+    "ptc_nofuse": RESIDENT | ATTG | {"matmul_prefill.fuse_f16": 0},
+    "ptc_bq128": RESIDENT | ATTG | {"attention_prefill.block_q": 128},
+    "ptc_bq512": RESIDENT | ATTG | {"attention_prefill.block_q": 512},
+    "ptc_sw8": RESIDENT | ATTG | {"attention_prefill.softmax_warps": 8},
+    "ptc_tc": RESIDENT | TC,
+    "ptc_tc_fkv": RESIDENT | TC | FUSE,  # + bias, both ropes and the KV write in one launch
+    "ptc_tc_128": RESIDENT | TC | {"attention_prefill.block_q": 128},
+    "ptc_tc_32": RESIDENT | TC | {"attention_prefill.block_q": 32},
+    "ptc_tc_k32": RESIDENT | TC | {"attention_prefill.block_k": 32},
+    "ptc_tc_k128": RESIDENT | TC | {"attention_prefill.block_k": 128},
+    "ptc_tc_mmvw_all": RESIDENT | TC | MMVW | FUSE | {"attention_decode.variant": "split_kw",
+                                                     "argmax.variant": "multi"},
+    "ptc_mmvw_all": RESIDENT | ATTG | MMVW | FUSE | {"attention_decode.variant": "split_kw",
+                                                    "argmax.variant": "multi"},
 }  # fmt: skip
+# issue 14, second round: mmvw's fused epilogues (SwiGLU + Q8_1 in the gate/up launch; the next
+# RMSNorm + Q8_1 in the o / down launch's last block; rope_kv in the q/k/v launch) and its
+# weight-load knobs
+ALL = VARIANTS["mmvw_all"]
+GLU, NORM = {"matmul_decode.fuse_swiglu": 1}, {"matmul_decode.fuse_norm": 1}
+ROPE = {"matmul_decode.fuse_rope": 1}
+VARIANTS |= {
+    "fused_glu": ALL | GLU,
+    "fused_norm": ALL | NORM,
+    "fused_rope": ALL | ROPE,
+    "fused_all": ALL | GLU | NORM | ROPE,
+    "fused_all_wl1": ALL | GLU | NORM | ROPE | {"matmul_decode.wload": 1},
+    "fused_all_wl2": ALL | GLU | NORM | ROPE | {"matmul_decode.wload": 2},
+    "fused_all_t8r4": ALL | GLU | NORM | ROPE | {"matmul_decode.threads_per_row": 8,
+                                          "matmul_decode.rows_per_thread": 4},
+    "fused_all_t16r2u4": ALL | GLU | NORM | ROPE | {"matmul_decode.threads_per_row": 16,
+                                             "matmul_decode.rows_per_thread": 2,
+                                             "matmul_decode.unroll": 4},
+    # programmatic dependent launch, and with it each block's L2 prefetch of its weights before
+    # the wait (prefetch): run in a process of their own, as the other PDL variants
+    "fused_all_pdl": ALL | GLU | NORM | ROPE | {"matmul_decode.pdl": 1},
+    "fused_all_pdl_pf": ALL | GLU | NORM | ROPE | {"matmul_decode.pdl": 1,
+                                                   "matmul_decode.prefetch": 1},
+    "mmvw_all_pdl_pf": ALL | {"matmul_decode.pdl": 1, "matmul_decode.prefetch": 1},
+    # each block's weight rows staged in shared memory by one bulk copy (before the PDL wait)
+    "fused_all_stage": ALL | GLU | NORM | ROPE | {"matmul_decode.stage": 1},
+    "fused_all_pdl_stage": ALL | GLU | NORM | ROPE | {"matmul_decode.pdl": 1,
+                                                      "matmul_decode.stage": 1},
+    "mmvw_all_stage": ALL | {"matmul_decode.stage": 1},
+    "mmvw_all_pdl_stage": ALL | {"matmul_decode.pdl": 1, "matmul_decode.stage": 1},
+    "mmvw_all_wl1": ALL | {"matmul_decode.wload": 1},
+    "mmvw_all_wl2": ALL | {"matmul_decode.wload": 2},
+    "mmvw_all_u8_t16": ALL | {"matmul_decode.unroll": 8, "matmul_decode.threads_per_row": 16},
+}  # fmt: skip
+# --sweep: coordinate descent over these knobs, in this order, from the --sweep variant
+SWEEP_KNOBS = (
+    "wload",
+    "stage",
+    "glu_threads_per_row",
+    "glu_unroll",
+    "threads_per_row",
+    "rows_per_thread",
+    "unroll",
+    "warps",
+    "min_blocks",
+)
 
 
 def config(name: str, backend: str = "cuda") -> TuningConfig:
     return TuningConfig.from_flat(backend, VARIANTS[name])
+
+
+def sweep_param(base: dict, knob: str):  # noqa: ANN201 - a registry Param
+    """(flat key, registry Param) of a sweep knob: a bare name is matmul_decode's, 'op.knob'
+    any op's, of the variant base chooses (else the op's default variant)."""
+    from engine.tuning import REGISTRY
+
+    op, name = knob.split(".", 1) if "." in knob else ("matmul_decode", knob)
+    entry = REGISTRY.op("cuda", op)
+    variant = entry.variant(str(base.get(f"{op}.variant", entry.default.name)))
+    names = [p.name for p in variant.params]
+    if name not in names:
+        raise ValueError(f"{op}.{variant.name} has no knob {name!r}; knobs: {', '.join(names)}")
+    return f"{op}.{name}", variant.param(name)
+
+
+def sweep_order(base: dict, knob: str) -> list[dict]:
+    """The settings of one coordinate step: base with the knob at each value the registry
+    allows (the base's own value first)."""
+    key, p = sweep_param(base, knob)
+    cur = base.get(key, p.default)
+    return [base | {key: v} for v in [cur, *(c for c in p.choices if c != cur)]]
 
 
 def decode_profile(eng, n_prompt: int = 512, steps: int = 8) -> dict:  # noqa: ANN001
@@ -96,6 +191,35 @@ def decode_profile(eng, n_prompt: int = 512, steps: int = 8) -> dict:  # noqa: A
     }
 
 
+def prefill_profile(eng, n_prompt: int = 512) -> dict:  # noqa: ANN001
+    """Per-kernel ms of one prefill of n_prompt tokens (eager, CUDA events; cuBLAS GEMMs as
+    cublas_gemm_f16), after an unprofiled one (first-use copies and compiles out of it)."""
+    m, be = eng.model, eng.model.backend
+    prompt = bench_prompt(n_prompt, m.spec.n_vocab)
+    m.prefill(prompt, m.new_cache(n_prompt + 1))
+    be.synchronize()
+    t0 = time.perf_counter()  # unprofiled: against kernel_ms, how much is host-side
+    m.prefill(prompt, m.new_cache(n_prompt + 1))
+    be.synchronize()
+    wall_plain = (time.perf_counter() - t0) * 1e3
+    be.set_profiling(True)
+    be.profile(reset=True)
+    t0 = time.perf_counter()
+    m.prefill(prompt, m.new_cache(n_prompt + 1))
+    be.synchronize()
+    wall = (time.perf_counter() - t0) * 1e3
+    rep = be.profile(reset=True)
+    be.set_profiling(False)
+    ms = {k: t.total_ms for k, t in rep.kernels.items()}
+    return {
+        "wall_ms": wall_plain,
+        "wall_ms_profiled": wall,
+        "kernel_ms": sum(ms.values()),
+        "ms": dict(sorted(ms.items(), key=lambda kv: -kv[1])),
+        "calls": {k: t.calls for k, t in rep.kernels.items()},
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model")
@@ -104,14 +228,41 @@ def main() -> int:
     ap.add_argument("--profile", default="default,mmvw_all")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--validate-after", type=int, default=5, help="benches before validating")
+    ap.add_argument(
+        "--profile-early", action="store_true", help="profiles before the benches after the first"
+    )
     ap.add_argument("--deadline", type=float, default=float("inf"), help="epoch seconds")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--tag", default="", help="suffix of the JSON's name (speed_<model><tag>)")
     ap.add_argument("--json", action="store_true", help="print the result JSON at the end")
     ap.add_argument("--backend", default="cuda", help="cuda; numpy runs 'default' (a dry run)")
+    ap.add_argument(
+        "--sweep",
+        default="",
+        help="a variant: coordinate descent over matmul_decode's "
+        f"{', '.join(SWEEP_KNOBS)} from it, tg128 of each setting (runs after the benches); "
+        "the best setting is benched, validated and profiled as variant 'swept'",
+    )
+    ap.add_argument(
+        "--sweep-knobs",
+        default=",".join(SWEEP_KNOBS),
+        help="knobs, in order: a bare name is matmul_decode's, op.knob any op's "
+        "(e.g. attention_decode.splits)",
+    )
+    ap.add_argument("--sweep-repeats", type=int, default=1, help="tg128 runs per setting")
     args = ap.parse_args()
     lists = {k: [v for v in getattr(args, k).split(",") if v] for k in ("bench", "validate")}
     lists["profile"] = [v for v in args.profile.split(",") if v]
+    knobs = [k for k in args.sweep_knobs.split(",") if k]
+    if args.sweep and args.sweep not in VARIANTS:
+        print(f"unknown --sweep variant {args.sweep}; known: {', '.join(VARIANTS)}")
+        return 2
+    for knob in knobs if args.sweep else ():
+        try:
+            sweep_param(VARIANTS[args.sweep], knob)
+        except Exception as e:  # noqa: BLE001 - the registry's message names what is allowed
+            print(f"--sweep-knobs {knob}: {e}")
+            return 2
     bad = sorted({v for vs in lists.values() for v in vs} - set(VARIANTS))
     if bad:
         print(f"unknown variant(s) {', '.join(bad)}; known: {', '.join(VARIANTS)}")
@@ -183,20 +334,19 @@ def main() -> int:
 
     # the first --validate-after benches, every validate, the other benches: the verdicts come
     # before the knob sweep when the deadline cuts the run short
-    for v in lists["bench"][: args.validate_after]:
-        run_bench(v)
-    for v in lists["validate"]:
-        run_validate(v)
-    for v in lists["bench"][args.validate_after :]:
-        run_bench(v)
-
-    for v in lists["profile"]:
+    def run_profile(v: str) -> None:
         if late(f"profile {v}"):
-            continue
+            return
         try:
             be.set_config(config(v, args.backend))
             p = decode_profile(eng)
+            pp = prefill_profile(eng)
+            p["prefill"] = pp
             res["profile"][v] = p
+            top = ", ".join(f"{k}={t:.2f}" for k, t in list(pp["ms"].items())[:9])
+            print(f"{name} prefill profile {v:16s} kernels {pp['kernel_ms']:.2f} ms "
+                  f"(wall {pp['wall_ms']:.1f}, profiled {pp['wall_ms_profiled']:.1f}): {top}",
+                  flush=True)  # fmt: skip
             top = ", ".join(f"{k}={t:.3f}" for k, t in list(p["ms_per_token"].items())[:8])
             print(f"{name} profile {v:16s} {p['launches_per_token']:.0f} launches/token, "
                   f"kernels {p['kernel_ms_per_token']:.3f} ms/token: {top}",
@@ -205,6 +355,57 @@ def main() -> int:
             res["profile"][v] = {"error": traceback.format_exc()}
             print(f"{name} profile {v}: ERROR {e!r}", flush=True)
         save()
+
+    for v in lists["bench"][: args.validate_after]:
+        run_bench(v)
+    for v in lists["validate"]:
+        run_validate(v)
+    if args.profile_early:  # the per-kernel split before the knob sweep's benches
+        for v in lists["profile"]:
+            run_profile(v)
+    for v in lists["bench"][args.validate_after :]:
+        run_bench(v)
+
+    if args.sweep:
+        best, best_tg = dict(VARIANTS[args.sweep]), -1.0
+        res["sweep"] = {"from": args.sweep, "settings": []}
+        seen: dict[str, float] = {}
+        for knob in knobs:
+            for flat in sweep_order(best, knob):
+                key = json.dumps(flat, sort_keys=True)
+                if key in seen:
+                    continue
+                if late(f"sweep {knob}"):
+                    break
+                short = {k: flat[k] for k in sorted(flat) if flat[k] != VARIANTS[args.sweep].get(k)}
+                try:
+                    be.set_config(TuningConfig.from_flat(args.backend, flat))
+                    r = bench(eng.model, [512], 128, args.sweep_repeats, 1).results[0]
+                    tg = r.decode_tok_s.median if r.decode_tok_s else 0.0
+                except Exception as e:  # noqa: BLE001 - a setting's failure is its result
+                    tg = 0.0
+                    print(f"{name} sweep {short}: ERROR {e!r}", flush=True)
+                seen[key] = tg
+                res["sweep"]["settings"].append({"knobs": short, "tg128": tg})
+                print(f"{name} sweep {json.dumps(short):90s} tg128 {tg:7.1f}", flush=True)
+                if tg > best_tg:
+                    best, best_tg = flat, tg
+                save()
+        res["sweep"]["best"] = {"flat": best, "tg128": best_tg}
+        VARIANTS["swept"] = best
+        res["variants"]["swept"] = best
+        print(f"{name} sweep best {best_tg:.1f}: {json.dumps(best)}", flush=True)
+        save()
+        run_bench("swept")
+        run_validate("swept")
+        if args.profile_early:
+            run_profile("swept")
+        elif "swept" not in lists["profile"]:
+            lists["profile"].append("swept")
+
+    if not args.profile_early:
+        for v in lists["profile"]:
+            run_profile(v)
     if args.json:
         print(json.dumps(res, default=str))
     return 0

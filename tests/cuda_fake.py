@@ -38,6 +38,8 @@ POINTER_DTYPES = {
     "signed char": np.int8,
     "char": np.int8,
     "int8_t": np.int8,
+    "unsigned int": np.uint32,  # ticket counters
+    "unsigned": np.uint32,
 }
 SCALAR_DTYPES = {
     "int": np.int32,
@@ -163,9 +165,16 @@ class FakeCuda(CudaBackend):
         self._events = []
         self._k = {}
         self._q8 = []
+        self._f16 = []
+        self._groups = {}
+        self.gemms: list[tuple] = []
         self._alpha = np.ones(1, np.float32)
         self._beta = np.zeros(1, np.float32)
         self._cc = 90
+        self._norm_ticket = _dev(np.zeros(1, np.uint32))
+        self._rope_tickets = _dev(np.zeros(1024, np.uint32))
+        self._tickets = _dev(np.zeros(64, np.uint32))
+        self._head_tickets = _dev(np.zeros(64, np.uint32))
         self.launches: list[Launch] = []
         Backend.__init__(self, config)
         self.set_config(self.config)
@@ -221,6 +230,10 @@ class FakeCuda(CudaBackend):
         assert all(b >= 1 for b in block) and math.prod(block) <= 1024, block
         assert smem <= self.device_info().extra["smem_per_block_optin"], smem
         self.launches.append(Launch(mod, fname, name, grid, block, tuple(args), defines))
+
+    def _gemm(self, *args: Any, **kw: Any) -> None:
+        """cuBLAS calls are recorded (shapes, strides, operands), not run."""
+        self.gemms.append((args, kw))
 
     def kernels_run(self) -> set[str]:
         return {launch.kernel for launch in self.launches}

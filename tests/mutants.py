@@ -253,6 +253,15 @@ MUTANTS: tuple[Mutant, ...] = (
            {"matmul_decode.variant": "mmvq"}),
     Mutant("MMVW_TAIL_ROWS", "cuda", "matmul_decode", "mmvw skips the ragged last rows",
            {"matmul_decode.variant": "mmvw"}),
+    # mmvw's fused epilogues run only unhooked: validate rejects, blame names the fused op
+    Mutant("MMVW_GLU_UP", "cuda", "matmul_decode", "mmvw_glu multiplies silu(gate) by gate, "
+           "not up", {"matmul_decode.variant": "mmvw", "matmul_decode.fuse_swiglu": 1}),
+    Mutant("MMVW_NORM_EARLY", "cuda", "matmul_decode", "mmvw_norm's RMSNorm leaves out the "
+           "row's last 32 values", {"matmul_decode.variant": "mmvw", "matmul_decode.fuse_norm": 1}),
+    Mutant("MMVW_QKV_POS", "cuda", "matmul_decode", "mmvw_qkv ropes k by the previous "
+           "position", {"matmul_decode.variant": "mmvw", "matmul_decode.fuse_rope": 1}),
+    Mutant("MMVW_STAGE_HALF", "cuda", "matmul_decode", "mmvw's staged bulk copy brings half "
+           "of a block's weight rows", {"matmul_decode.variant": "mmvw", "matmul_decode.stage": 1}),
     Mutant("MMQ_K_SHORT", "cuda", "matmul_prefill", "mmq's K loop one tile short",
            {"matmul_prefill.variant": "mmq", "prefill.gemm_min_t": 2}),
     Mutant("MMQ8_Q4K_MIN", "cuda", "matmul_prefill", "mmq8 drops the Q4_K min term",
@@ -261,6 +270,10 @@ MUTANTS: tuple[Mutant, ...] = (
            "split 1 (the reference's per-token path uses it too)", check="cross_check"),
     Mutant("FLASH_NO_CAUSAL", "cuda", "attention_prefill", "flash attention without the causal "
            "mask inside a block", {"prefill.gemm_min_t": 2}),
+    Mutant("FLASH_TC_NO_CAUSAL", "cuda", "attention_prefill", "tensor-core flash attention "
+           "without the causal mask inside a key tile", {"attention_prefill.variant": "flash_tc"}),
+    Mutant("ATTG_NO_CAUSAL", "cuda", "attention_prefill", "cuBLAS attention's softmax lets every "
+           "query of a pass see the pass's last keys", {"attention_prefill.variant": "gemm"}),
 )  # fmt: skip
 
 

@@ -1,8 +1,9 @@
 """The CUDA decode fusions against the NumPy reference (`pytest -m gpu`): matmul_decode.mmvw
 (every block type, each knob's extremes, ragged N, up to three matrices per launch with bias or
 residual added), rope_kv (rope.fuse_kv) against the unfused ops, attn_combine_q8, the fused ops
-attn_in / matmul_add / ffn, and whole tiny models: graph replay equals eager decode and validate
-passes. Output canaries around every result; inputs unchanged."""
+attn_in / matmul_add / ffn, mmvw_glu (fuse_swiglu) and mmvw_norm (fuse_norm) with the fused
+ops ffn_norm / matmul_add_norm, and whole tiny models: graph replay equals eager decode and
+validate passes. Output canaries around every result; inputs unchanged."""
 
 from __future__ import annotations
 
@@ -41,6 +42,18 @@ MMVW_CONFIGS = [
     ("t16-r2-w1-u1", {"threads_per_row": 16, "rows_per_thread": 2, "warps": 1, "unroll": 1}),
     ("t32-r4-w2-u1", {"threads_per_row": 32, "rows_per_thread": 4, "warps": 2, "unroll": 1}),
     ("t8-r1-w4-u2", {"threads_per_row": 8, "rows_per_thread": 1, "warps": 4, "unroll": 2}),
+    # the load-hint / occupancy / deep-unroll knobs (issue 14): same arithmetic, other loads
+    (
+        "t16-r2-u8-wl2-mb8",
+        {"threads_per_row": 16, "rows_per_thread": 2, "unroll": 8, "wload": 2, "min_blocks": 8},
+    ),  # fmt: skip
+    ("t32-r1-u8-wl1-mb12", {"unroll": 8, "wload": 1, "min_blocks": 12}),
+    # weights staged in shared memory by a bulk copy (stage), with and without the L2 prefetch
+    ("stage", {"stage": 1}),
+    (
+        "t8-r4-w8-stage-pf",
+        {"threads_per_row": 8, "rows_per_thread": 4, "warps": 8, "stage": 1, "prefetch": 1},
+    ),  # fmt: skip
 ]
 
 
@@ -103,7 +116,17 @@ ROPE_CASES = [  # T, H, Hkv, D, pos0, neox, bias
     (1, 4, 4, 64, 37, False, False),
     (3, 6, 2, 80, 17, True, True),
     (5, 2, 1, 32, 1000, False, True),
+    (1, 6, 2, 80, 17, True, True),  # heads of 80 rows straddle mmvw_qkv's blocks
+    (1, 5, 1, 16, 3, False, False),  # a block holds several heads
 ]
+# decode -> (base config, the knob that fuses): mmvw_qkv is mmvw + rope_kv in one launch
+ATTN_IN_DECODES = {
+    "dmmv": ({"matmul_decode.variant": "dmmv"}, "rope.fuse_kv"),
+    "mmvw": (MMVW, "rope.fuse_kv"),
+    "mmvw_qkv": (MMVW, "matmul_decode.fuse_rope"),
+    "mmvw_qkv_t8r4": (mmvw(threads_per_row=8, rows_per_thread=4), "matmul_decode.fuse_rope"),
+    "mmvw_qkv_stage": (mmvw(stage=1, prefetch=1), "matmul_decode.fuse_rope"),
+}
 
 
 def _attn_in_inputs(be, rng, T, H, Hkv, D, bias, qtype="Q4_K"):  # noqa: ANN001, ANN202
@@ -117,18 +140,20 @@ def _attn_in_inputs(be, rng, T, H, Hkv, D, bias, qtype="Q4_K"):  # noqa: ANN001,
 
 
 @pytest.mark.parametrize("T,H,Hkv,D,pos0,neox,bias", ROPE_CASES)
-@pytest.mark.parametrize("decode", ["dmmv", "mmvw"])
+@pytest.mark.parametrize("decode", list(ATTN_IN_DECODES))
 def test_attn_in_fused_equals_unfused(be, T, H, Hkv, D, pos0, neox, bias, decode):
-    """rope.fuse_kv = 1 (one rope_kv launch) gives the unfused ops' q and cache (same matmul
-    kernels, same arithmetic), writes only the new cache rows, and refuses a full cache."""
+    """rope.fuse_kv = 1 (one rope_kv launch) and matmul_decode.fuse_rope = 1 (mmvw_qkv: the
+    matmuls and rope_kv in one launch, at T = 1) give the unfused ops' q and cache (same
+    arithmetic), write only the new cache rows, and refuse a full cache; twice in a row (the
+    per-head tickets reset)."""
     rng = np.random.default_rng(T * 1000 + D + pos0)
-    base = {"matmul_decode.variant": decode}
+    base, knob = ATTN_IN_DECODES[decode]
     be.set_config(cfg(**base))
     ws, bs, h, wts, bts = _attn_in_inputs(be, rng, T, H, Hkv, D, bias)
     theta = 1e6 if neox else 1e4
     out = {}
-    for fuse in (0, 1):
-        be.set_config(cfg(**base, **{"rope.fuse_kv": fuse}))
+    for fuse in (0, 1, 1):
+        be.set_config(cfg(**base, **{knob: fuse}))
         cache = be.new_kv_cache(1, pos0 + T + 3, Hkv, D)
         q = be.attn_in(be.upload(h), wts, bts, cache, 0, pos0, (H, Hkv, D), theta, neox)
         out[fuse] = (be.download(q), be.download(cache.k[0]), be.download(cache.v[0]))
@@ -263,7 +288,110 @@ def test_matmul_add_and_ffn(cp, be, cid, knobs, T):
     check(ma, r + x.astype(np.float64) @ dense(wd).T, limit)
 
 
+# --- mmvw_glu (fuse_swiglu) and mmvw_norm (fuse_norm) ----------------------------------------
+GLU_CONFIGS = [
+    MMVW_CONFIGS[0],
+    ("t8-r4-w8-u4-g4-gu8", MMVW_CONFIGS[1][1] | {"glu_threads_per_row": 4, "glu_unroll": 8}),
+    ("t16-r2-w1-u1-g16-gu1", MMVW_CONFIGS[2][1] | {"glu_threads_per_row": 16, "glu_unroll": 1}),
+    MMVW_CONFIGS[5],
+    ("g2-gu8", {"glu_threads_per_row": 2, "glu_unroll": 8}),
+    MMVW_CONFIGS[8],  # staged weights (mmvw_norm; mmvw_glu reads global)
+]
+
+
+@pytest.mark.parametrize("cid,knobs", GLU_CONFIGS, ids=[c[0] for c in GLU_CONFIGS])
+@pytest.mark.parametrize(
+    "qg,qu,N,kb",
+    [("Q4_K", "Q4_K", 96, 2), ("Q6_K", "Q4_K", 32, 1), ("Q8_0", "Q5_0", 160, 9),
+     ("Q4_K", "Q6_K", 688, 1)],  # 688: the ragged model's F, no Q8_1 form
+)  # fmt: skip
+def test_mmvw_glu(cp, be, cid, knobs, qg, qu, N, kb):
+    """silu(h gate^T) * (h up^T) and its Q8_1 blocks from one mmvw_glu launch (a block owns 32
+    rows of each matrix, whatever the rows per group pass) against float64."""
+    be.set_config(cfg(**mmvw(fuse_swiglu=1, **knobs)))
+    rng = np.random.default_rng(seed_of(cid, qg, qu, N))
+    K = k_for(qg, kb)
+    wg, wu = qtensor(rng, (N, K), qg, std=0.05), qtensor(rng, (N, K), qu, std=0.05)
+    h = rng.standard_normal((1, K)).astype(np.float32)
+    hd = be.upload(h)
+    be.set_profiling(True)
+    for _ in range(2):  # the second call reuses h's Q8_1 form
+        y = be._decode_gate_up(hd, be.load_weight(wg), be.load_weight(wu))
+        g, u = h.astype(np.float64) @ dense(wg).T, h.astype(np.float64) @ dense(wu).T
+        check(y.get(), g / (1 + np.exp(-g)) * u, INT8_NMSE)
+        if N % 32:
+            assert be._q8_lookup(y) is None
+            continue
+        assert be._q8_lookup(y) is not None  # the kernel left y's Q8_1 form
+        yq, yds = be.quantize_q8(y)
+        _check_q8(y.get(), yq, yds)
+    assert np.array_equal(be.download(hd), h), "input changed"
+    ran = be.profile().kernels
+    be.set_profiling(False)
+    assert "mmvw_glu" in ran and "swiglu_q8" not in ran, sorted(ran)
+    be.set_config(cfg())
+
+
+@pytest.mark.parametrize("cid,knobs", GLU_CONFIGS, ids=[c[0] for c in GLU_CONFIGS])
+@pytest.mark.parametrize("qtype,N,kb", [("Q6_K", 96, 2), ("Q4_K", 1056, 1), ("Q8_0", 32, 3)])
+def test_mmvw_norm(cp, be, cid, knobs, qtype, N, kb):
+    """matmul_add_norm in one mmvw_norm launch: y = r + x w^T, h = rms_norm(y) * nw and h's
+    Q8_1 form, against float64; three calls in a row (the ticket resets)."""
+    be.set_config(cfg(**mmvw(fuse_norm=1, **knobs)))
+    rng = np.random.default_rng(seed_of(cid, qtype, N))
+    K = k_for(qtype, kb)
+    w = qtensor(rng, (N, K), qtype, std=0.05)
+    nw = qtensor(rng, (N,), "F32")
+    wt, nwt = be.load_weight(w), be.load_weight(nw)
+    be.set_profiling(True)
+    for i in range(3):
+        x = rng.standard_normal((1, K)).astype(np.float32)
+        r = rng.standard_normal((1, N)).astype(np.float32) * (1 + i)
+        y, h = be.matmul_add_norm(be.upload(x), wt, be.upload(r), nwt, 1e-6)
+        ref = r + x.astype(np.float64) @ dense(w).T
+        check(y.get(), ref, INT8_NMSE)
+        yh = y.get().astype(np.float64)  # the norm of what the kernel stored: float32 close
+        want = yh / np.sqrt((yh**2).mean() + 1e-6) * dense(nw)
+        check(h.get(), want, 1e-10)
+        assert be._q8_lookup(h) is not None  # the kernel left h's Q8_1 form
+        hq, hds = be.quantize_q8(h)
+        _check_q8(h.get(), hq, hds)
+    assert int(be._norm_ticket.get()[0]) == 0
+    ran = be.profile().kernels
+    be.set_profiling(False)
+    assert ran["mmvw_norm"].calls == 3 and "rms_norm_q8" not in ran, sorted(ran)
+    be.set_config(cfg())
+
+
+def test_ffn_norm_fused_equals_composed(cp, be):
+    """ffn_norm with both fusions is bit-equal to ffn then rms_norm without them where the
+    arithmetic order is the same: warps 8 (the norm's block is quantize_act's 256 threads) and
+    8 lanes a row and 2 slots an iteration in both mmvw and mmvw_glu."""
+    rng = np.random.default_rng(11)
+    C, F = 512, 768
+    wg, wu = (qtensor(rng, (F, C), "Q4_K", std=0.05) for _ in range(2))
+    wd = qtensor(rng, (C, F), "Q6_K", std=0.05)
+    nw = qtensor(rng, (C,), "F32")
+    h = rng.standard_normal((1, C)).astype(np.float32)
+    r = rng.standard_normal((1, C)).astype(np.float32)
+    out = {}
+    for fuse in (0, 1):
+        knobs = {"warps": 8, "threads_per_row": 8, "glu_threads_per_row": 8, "glu_unroll": 2}
+        be.set_config(cfg(**mmvw(fuse_swiglu=fuse, fuse_norm=fuse, **knobs)))
+        ws = [be.load_weight(w) for w in (wg, wu, wd, nw)]
+        y, hn = be.ffn_norm(be.upload(h), *ws[:3], be.upload(r), ws[3], 1e-6)
+        out[fuse] = (y.get(), hn.get())
+    assert np.array_equal(out[0][0], out[1][0])
+    assert np.array_equal(out[0][1], out[1][1])
+    be.set_config(cfg())
+
+
 # --- whole models ---------------------------------------------------------------------------
+ALL_FUSED = mmvw(fuse_swiglu=1, fuse_norm=1, fuse_rope=1) | {
+    "rope.fuse_kv": 1,
+    "attention_decode.variant": "split_kw",
+    "argmax.variant": "multi",
+}
 FUSED_MODEL_CONFIGS = [
     {"rope.fuse_kv": 1},
     {"attention_decode.variant": "split_kw"},
@@ -271,13 +399,26 @@ FUSED_MODEL_CONFIGS = [
     MMVW | {"rope.fuse_kv": 1, "attention_decode.variant": "split_kw", "argmax.variant": "multi"},
     MMVW | {"attention_decode.variant": "split_kw", "attention_decode.fuse_combine": 0},
     mmvw(threads_per_row=16, rows_per_thread=2, unroll=1) | {"rope.fuse_kv": 1},
+    # hooked (unfused) equals fused where the sums run in the same order: warps 8 (mmvw_norm's
+    # block is rms_norm_q8's 256 threads) and mmvw's lanes per row and unroll = mmvw_glu's
+    ALL_FUSED | mmvw(warps=8, threads_per_row=8, glu_threads_per_row=8, glu_unroll=2),
+    ALL_FUSED
+    | mmvw(
+        warps=8,
+        threads_per_row=16,
+        glu_threads_per_row=16,
+        unroll=8,
+        glu_unroll=8,
+        stage=1,
+        wload=2,
+        min_blocks=4,
+    ),
 ]
+FUSED_MODEL_IDS = [*(str(i) for i in range(6)), "fused_all_w8", "fused_all_t16_wl2"]
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama", "qwen3"])
-@pytest.mark.parametrize(
-    "flat", FUSED_MODEL_CONFIGS, ids=[str(i) for i in range(len(FUSED_MODEL_CONFIGS))]
-)
+@pytest.mark.parametrize("flat", FUSED_MODEL_CONFIGS, ids=FUSED_MODEL_IDS)
 def test_fused_decode_graph_equals_eager_and_hooked(be, tiny_model_factory, arch, flat):
     """Graph replay of the fused schedule is bit-equal to eager; the hooked (unfused) schedule
     on the same config gives the same tokens and logits."""
@@ -304,9 +445,7 @@ def test_fused_decode_graph_equals_eager_and_hooked(be, tiny_model_factory, arch
     be.set_config(cfg())
 
 
-@pytest.mark.parametrize(
-    "flat", FUSED_MODEL_CONFIGS, ids=[str(i) for i in range(len(FUSED_MODEL_CONFIGS))]
-)
+@pytest.mark.parametrize("flat", FUSED_MODEL_CONFIGS, ids=FUSED_MODEL_IDS)
 def test_validate_fused_configs(be, tiny_model_path, flat):
     """rope.fuse_kv and split_kw alone against the default reference with the registry's
     budget; the mmvw configs against per-token mmvq decode with the int8 tolerances of

@@ -157,6 +157,11 @@ MATMUL_CONFIGS = [
     ("mmq8-64x64-4x1", {"prefill.gemm_min_t": 2, "matmul_prefill.variant": "mmq8",
                         "matmul_prefill.tile_m": 64, "matmul_prefill.tile_n": 64,
                         "matmul_prefill.warps_m": 4, "matmul_prefill.warps_n": 1}, [65]),
+    # ptc: issue 14's tensor-core prefill (resident fp16 weights, fp16 activations at source)
+    ("ptc-resident", {"prefill.gemm_min_t": 2, "matmul_prefill.variant": "resident"},
+     [2, 33, 130]),
+    ("ptc-resident-nofuse", {"prefill.gemm_min_t": 2, "matmul_prefill.variant": "resident",
+                             "matmul_prefill.fuse_f16": 0}, [5, 70]),
 ]  # fmt: skip
 
 
@@ -278,13 +283,27 @@ ATTN_CONFIGS = [
     ("flash-64-2", {"attention_prefill.block_q": 64, "attention_prefill.rows_per_warp": 2}),
     ("split-4-2", {"attention_prefill.variant": "split", "attention_prefill.splits": 4,
                    "attention_prefill.warps": 2}),
+    ("ptc-gemm-256-4", {"attention_prefill.variant": "gemm"}),
+    ("ptc-gemm-64-1", {"attention_prefill.variant": "gemm", "attention_prefill.block_q": 64,
+                       "attention_prefill.softmax_warps": 1}),
+    ("ptc-gemm-1024-8", {"attention_prefill.variant": "gemm", "attention_prefill.block_q": 1024,
+                         "attention_prefill.softmax_warps": 8}),
+    # one-kernel mma.sync attention; D = 80 and 256 take its gemm fallback
+    ("ptc-flashtc-64-64", {"attention_prefill.variant": "flash_tc"}),
+    ("ptc-flashtc-32-32", {"attention_prefill.variant": "flash_tc",
+                           "attention_prefill.block_q": 32, "attention_prefill.block_k": 32}),
+    ("ptc-flashtc-128-128", {"attention_prefill.variant": "flash_tc",
+                             "attention_prefill.block_q": 128, "attention_prefill.block_k": 128}),
 ]  # fmt: skip
+# fp16 Q, K, V and P into fp32 accumulators (the fp16 numeric class): ~1e-7 measured-size
+# rounding; a missing mask or a wrong head is 1e-2 and up.
+ATTN_F16_NMSE = 5e-5
 
 
 ATTN_SHAPES = [
     (1, 2, 1, 64, 0), (1, 4, 2, 64, 37), (1, 28, 4, 128, 600), (5, 4, 2, 64, 0),
     (7, 6, 2, 128, 11), (33, 2, 2, 64, 3), (70, 12, 2, 128, 0), (3, 2, 1, 256, 5),
-    (1, 1, 1, 32, 0),
+    (1, 1, 1, 32, 0), (130, 7, 1, 64, 9), (67, 4, 4, 80, 200),
 ]  # fmt: skip
 # Decode configs only see T == 1 and prefill configs T > 1, as the backend dispatches them.
 ATTN_CASES = [
@@ -306,7 +325,7 @@ def test_kv_write_and_attention(cp, be, cid, flat, T, H, Hkv, D, pos0):
     nb = NumpyBackend()
     ncache = nb.new_kv_cache(1, cap, Hkv, D)
     ncache.k[0][:], ncache.v[0][:] = kc, vc
-    check(out, nb.attention(q, ncache, 0, pos0), 1e-9)
+    check(out, nb.attention(q, ncache, 0, pos0), ATTN_F16_NMSE if cid.startswith("ptc") else 1e-9)
     with pytest.raises(ValueError, match="KV cache full"):
         be.kv_write(cache, 0, be.upload(k), be.upload(v), cap - T + 1)
 
@@ -453,6 +472,106 @@ def test_validate_passes_for_variant(be, tiny_model_path, flat):
     prompts = [PROMPT, PROMPT[:1], list(range(40, 40 + 70))]
     rep = validate(m, cfg(**flat), prompts, steps=6)
     assert rep.passed, [p.reasons for p in rep.prompts]
+
+
+PTC = {"prefill.gemm_min_t": 2, "matmul_prefill.variant": "resident",
+       "attention_prefill.variant": "gemm"}  # fmt: skip
+PTC_VALIDATE_CONFIGS = [
+    PTC,
+    PTC | {"prefill.chunk_tokens": 16, "attention_prefill.block_q": 64},  # chunks with pos0 > 0
+    PTC | {"matmul_prefill.fuse_f16": 0, "attention_prefill.softmax_warps": 1},
+    {"attention_prefill.variant": "gemm", "prefill.chunk_tokens": 32},  # with staged GEMMs
+    PTC | {"attention_prefill.variant": "flash_tc"},
+    PTC
+    | {
+        "attention_prefill.variant": "flash_tc",
+        "prefill.chunk_tokens": 16,
+        "attention_prefill.block_q": 32,
+        "attention_prefill.block_k": 128,
+    },
+    # q, k, v in one GEMM and rope_kv_rows (prefill_f16.cu)
+    PTC | {"attention_prefill.variant": "flash_tc", "rope.fuse_kv": 1, "prefill.chunk_tokens": 16},
+]
+
+
+@pytest.mark.parametrize(
+    "flat",
+    PTC_VALIDATE_CONFIGS,
+    ids=[
+        f"ptc{i}-{f.get('attention_prefill.variant', 'flash')}"
+        for i, f in enumerate(PTC_VALIDATE_CONFIGS)
+    ],
+)
+def test_validate_passes_for_ptc_variant(be, tiny_model_path, flat):
+    """The tensor-core prefill variants against the per-token reference under their declared
+    numeric class (fp16)."""
+    from engine.validate import validate
+
+    be.set_config(cfg())
+    m = _model(tiny_model_path, be)
+    prompts = [PROMPT, PROMPT[:1], list(range(40, 40 + 70))]
+    rep = validate(m, cfg(**flat), prompts, steps=6)
+    assert rep.passed, [p.reasons for p in rep.prompts]
+    assert "fp16" in rep.numeric_classes
+
+
+def test_ptc_f16_producers_and_resident_copy(cp, be):
+    """Under resident + fuse_f16: rms_norm and swiglu of a prefill chunk store the fp16 form
+    the GEMM reads (bit-equal to a conversion of their float32 output), the GEMM reuses it, the
+    weight's fp16 copy is made once and counted in the weight's bytes."""
+    be.set_config(cfg(**PTC))
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((33, 256)).astype(np.float32)
+    nw = be.load_weight(qtensor(rng, (256,), "F32"))
+    h = be.rms_norm(be.upload(x), nw, 1e-6)
+    g = be.swiglu(be.upload(x), be.upload(x[::-1].copy()))
+    for out in (h, g):
+        form = [e[1] for e in be._f16 if e[0] is out]
+        assert form, "no fp16 form stored by the producer"
+        assert np.array_equal(form[0].get(), out.get().astype(np.float16).view(np.uint16))
+    qt = qtensor(rng, (67, 256), "Q4_K", std=0.05)
+    w = be.load_weight(qt)
+    raw_bytes = w.nbytes
+    y1 = be.download(be.matmul(h, w))
+    copy = w.f16
+    assert copy is not None and w.nbytes == raw_bytes + 67 * 256 * 2
+    y2 = be.download(be.matmul(h, w))
+    assert w.f16 is copy, "the fp16 copy was made again"
+    ref = be.download(h).astype(np.float64) @ dense(qt).T
+    check(y1, ref, MATMUL_NMSE)
+    assert np.array_equal(y1, y2)
+
+
+def test_ptc_flash_tc_stores_o_projection_input(cp, be):
+    """Under resident + fuse_f16, flash_tc also writes its output's fp16 rounding (bit-equal to
+    converting the float32 output), which the o projection's GEMM then reads."""
+    be.set_config(cfg(**PTC | {"attention_prefill.variant": "flash_tc"}))
+    rng = np.random.default_rng(2)
+    T, H, Hkv, D, pos0 = 45, 4, 2, 128, 7
+    cache = be.new_kv_cache(1, pos0 + T, Hkv, D)
+    kv = rng.standard_normal((2, pos0 + T, Hkv, D)).astype(np.float32)
+    be.kv_write(cache, 0, be.upload(kv[0]), be.upload(kv[1]), 0)
+    q = be.upload(rng.standard_normal((T, H, D)).astype(np.float32))
+    out = be.attention(q, cache, 0, pos0)
+    made = be._f16[-1][1]  # the kernel's fp16 output, remembered as the o projection's input
+    form = be._to_f16(out.reshape(T, H * D))
+    assert form is made
+    want = out.get().reshape(T, H * D).astype(np.float16).view(np.uint16)
+    assert np.array_equal(form.get(), want)
+
+
+@pytest.mark.parametrize("attn,fkv", [("gemm", 0), ("flash_tc", 0), ("flash_tc", 1)])
+@pytest.mark.parametrize("arch", ["qwen2", "llama", "qwen3"])
+def test_ptc_model_matches_numpy(be, tiny_model_factory, arch, attn, fkv):
+    from engine.backends.numpy_ref import NumpyBackend
+
+    path = tiny_model_factory(arch, "q4_k_m")
+    ref = _model(path, NumpyBackend()).generate(PROMPT, 8, path="per_token", keep_logits=True)
+    be.set_config(cfg(**PTC | {"attention_prefill.variant": attn, "rope.fuse_kv": fkv}))
+    got = _model(path, be).generate(PROMPT, 8, keep_logits=True)
+    assert got.tokens == ref.tokens
+    scale = max(1.0, float(np.abs(ref.last_logits).max()))
+    assert np.abs(got.last_logits - ref.last_logits).max() < 5e-2 * scale
 
 
 INT8_MMVQ = {"matmul_decode.variant": "mmvq"}

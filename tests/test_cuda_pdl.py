@@ -103,15 +103,22 @@ def be():
     return b
 
 
+# mmvw's fused epilogues with the weights' L2 prefetch before each kernel's wait (issue 14)
+FUSED = {
+    f"matmul_decode.{k}": 1 for k in ("fuse_swiglu", "fuse_norm", "fuse_rope", "prefetch", "stage")
+}
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("extra", [{}, FUSED], ids=["mmvw_all", "fused_prefetch"])
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
-def test_pdl_decode_equals_plain_launches(be, tiny_model_factory, arch):
+def test_pdl_decode_equals_plain_launches(be, tiny_model_factory, arch, extra):
     from tests.test_cuda_ops import PROMPT, _model
 
     m = _model(tiny_model_factory(arch, "q4_k_m"), be)
     runs = {}
     for pdl in (0, 1):
-        be.set_config(TuningConfig.from_flat("cuda", PDL | {"matmul_decode.pdl": pdl}))
+        be.set_config(TuningConfig.from_flat("cuda", PDL | extra | {"matmul_decode.pdl": pdl}))
         assert (be._pdl is not None) == bool(pdl)
         for graphs in (False, True):
             be.use_graphs = graphs

@@ -1,6 +1,7 @@
-"""The backend contract's fused ops (attn_in, matmul_add, ffn) default to the unfused op sequence,
-call for call: Model's fused trunk (no hook) and its hooked trunk make the same op calls with
-the same arguments on a backend that does not fuse, so their outputs are identical. No GPU."""
+"""The backend contract's fused ops (attn_in, matmul_add, ffn, matmul_add_norm, ffn_norm) default
+to the unfused op sequence, call for call: Model's fused trunk (no hook) and its hooked trunk
+make the same op calls with the same arguments on a backend that does not fuse, so their outputs
+are identical. No GPU."""
 
 from __future__ import annotations
 

@@ -200,6 +200,12 @@ def _old_cuda_modules(cfg: TuningConfig) -> dict[str, tuple[str, dict]]:
                 "RPT": dec["rows_per_thread"],
                 "NW": dec["warps"],
                 "UNROLL": dec["unroll"],
+                "WLOAD": dec["wload"],
+                "MINB": dec["min_blocks"],
+                "GLU_TPR": dec["glu_threads_per_row"],
+                "GLU_UNROLL": dec["glu_unroll"],
+                "PREFETCH": dec["prefetch"],
+                "STAGE": dec["stage"],
             },
         )
     else:
@@ -231,12 +237,19 @@ def _old_cuda_modules(cfg: TuningConfig) -> dict[str, tuple[str, dict]]:
             f"{pre.variant}.cu",
             {"BM": pre["tile_m"], "BN": pre["tile_n"], "WM": pre["warps_m"], "WN": pre["warps_n"]},
         )
+    if pre.variant == "resident":
+        k["prefill_f16"] = ("prefill_f16.cu", {})
     k["dequant"] = ("dequant.cu", {})
     k["elementwise"] = ("elementwise.cu", {})
     k["fused"] = ("decode_fused.cu", {})
     ap = cfg.op("attention_prefill")
     flash = {"BQ": ap["block_q"], "RPW": ap["rows_per_warp"]} if ap.variant == "flash" else {}
     k["attention"] = ("attention.cu", flash)
+    if ap.variant == "gemm":  # issue 14: its own file; attention.cu still serves decode
+        k["attention_gemm"] = ("attention_gemm.cu", {})
+    if ap.variant == "flash_tc":
+        k["attention_tc"] = ("attention_tc.cu", {"FBQ": ap["block_q"], "FBK": ap["block_k"]})
+        k["attention_gemm"] = ("attention_gemm.cu", {})
     # the hybrids' kernels (issue 15), mapped by hand the same way
     k["hybrid"] = ("hybrid.cu", {})
     dn = cfg.op("delta_net")

@@ -346,6 +346,29 @@ class Backend(ABC):
         g = self.swiglu(self.matmul(h, gate), self.matmul(h, up))
         return self.matmul_add(g, down, r)
 
+    def matmul_add_norm(
+        self, x: Tensor, w: Weight, r: Tensor, norm: Weight, eps: float
+    ) -> tuple[Tensor, Tensor]:
+        """(y, rms_norm(y)) with y = matmul_add(x, w, r): a projection, its residual add and
+        the RMSNorm that reads the new residual stream."""
+        y = self.matmul_add(x, w, r)
+        return y, self.rms_norm(y, norm, eps)
+
+    def ffn_norm(
+        self,
+        h: Tensor,
+        gate: Weight,
+        up: Weight,
+        down: Weight,
+        r: Tensor,
+        norm: Weight,
+        eps: float,
+    ) -> tuple[Tensor, Tensor]:
+        """(y, rms_norm(y)) with y = ffn(h, gate, up, down, r): the feed-forward block and the
+        next layer's input norm."""
+        y = self.ffn(h, gate, up, down, r)
+        return y, self.rms_norm(y, norm, eps)
+
     # --- hybrid ops (qwen35 / qwen3next; engine/hybrid.py). Optional: a backend without them
     # cannot load a hybrid model, and says so at the first op.
     def _no_hybrid(self, op: str) -> UnsupportedError:
@@ -406,6 +429,11 @@ class Backend(ABC):
         if op == "matmul":
             return "matmul_decode" if n == 1 else "matmul_prefill"
         return op
+
+    def hook_bypassed_fusions(self, config: TuningConfig) -> list[str]:
+        """Registry ops of config whose fused kernels only the unhooked schedule runs (blame's
+        hooked replay runs the plain ops, so it cannot see a fault in them); [] by default."""
+        return []
 
     # --- helpers shared by backends -----------------------------------------------------
     def reshape(self, x: Tensor, shape: tuple[int, ...]) -> Tensor:

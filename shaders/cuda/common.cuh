@@ -263,6 +263,19 @@ template <> __device__ __forceinline__ float dense_get<QT_BF16>(const u8* row, i
     return bf2f(__ldg((const u16*)row + k));
 }
 
+// RoPE of one pair j of a head's D values (xa, xb: bias already added) at position p into
+// out (the head's D outputs): rope_kv's and mmvw_qkv's arithmetic (angle in double).
+__device__ __forceinline__ void rope_pair(float xa, float xb, int j, int D, int p, float theta,
+                                          int neox, float* out) {
+    const double ang = (double)p * pow((double)theta, -2.0 * j / D);
+    double s, c;
+    sincos(ang, &s, &c);
+    const int ia = neox ? j : 2 * j, ib = neox ? j + D / 2 : 2 * j + 1;
+    const double a = xa, b = xb;
+    out[ia] = (float)(a * c - b * s);
+    out[ib] = (float)(a * s + b * c);
+}
+
 // Block-level sums used by many kernels.
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -276,12 +289,16 @@ __device__ __forceinline__ float warp_max(float v) {
 }
 
 // Programmatic dependent launch (engine/backends/cuda/pdl.py, sm_90+). A kernel the backend may
-// launch that way calls pdl_start() before touching memory: it waits until the previous grid
-// of the stream has completed (its writes visible), then lets the next grid begin launching
-// (it too waits before reading). Both are no-ops for an ordinary launch and below sm_90.
+// launch that way calls pdl_start() before touching memory: it lets the next grid of the stream
+// begin launching, then waits until the previous grid has completed (its writes visible). The
+// next grid may so start while this one still waits: it too waits before it reads or writes
+// anything, and only reads weights before that (mmvw's prefetch / stage: read-only memory), so
+// a chain of kernels can have its next GEMVs' weights in flight while the current one runs.
+// A grid's dependents launch only once all its blocks have started, so the oldest grid always
+// has every block resident. Both are no-ops for an ordinary launch and below sm_90.
 __device__ __forceinline__ void pdl_start() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }

@@ -44,9 +44,6 @@ extern "C" __global__ void rope_kv(const float* __restrict__ q, const float* __r
         const int j = (int)(e % half);
         const long long th = e / half;  // t * nh + h
         const int t = (int)(th / nh), h = (int)(th % nh);
-        const double ang = (double)(p0 + t) * pow((double)theta, -2.0 * j / D);
-        double s, c;
-        sincos(ang, &s, &c);
         const int ia = neox ? j : 2 * j, ib = neox ? j + half : 2 * j + 1;
         const float* x = isq ? q : k;
         const float* bias = isq ? bq : bk;
@@ -56,10 +53,8 @@ extern "C" __global__ void rope_kv(const float* __restrict__ q, const float* __r
             xa = xa + bias[h * D + ia];
             xb = xb + bias[h * D + ib];
         }
-        const double a = xa, b = xb;
         float* out = isq ? qo + row : kc + (p0 + t) * HkvD + (long long)h * D;
-        out[ia] = (float)(a * c - b * s);
-        out[ib] = (float)(a * s + b * c);
+        rope_pair(xa, xb, j, D, p0 + t, theta, neox, out);
     }
 }
 

@@ -12,9 +12,29 @@
 // UNROLL slots per iteration, so UNROLL * RPT weight loads are in flight per thread before any
 // is used. The group's partial sums meet by shuffles (no shared memory, no block barrier).
 // Tunables (defines): TPR threads per row (8, 16, 32), RPT rows per thread, NW warps per
-// block, UNROLL slots per iteration. Rows per block: NW * (32 / TPR) * RPT.
+// block, UNROLL slots per iteration, WLOAD the K types' weight-load hint (vecdot.cuh), MINB
+// blocks per SM that __launch_bounds__ asks registers for (0: none), PREFETCH 1: an L2
+// prefetch of the block's weight rows before pdl_start(), STAGE 1: the block's Q4_K / Q6_K rows
+// copied into shared memory (one bulk copy, before pdl_start()) and read from there (the launch
+// gives the dynamic shared memory). Rows per block: NW * (32 / TPR) * RPT.
 // Launch: grid nb0 + nb1 + nb2 blocks (block b < nb0 -> matrix 0, then 1, then 2), block NW*32.
 // Types: Q4_0 Q4_1 Q5_0 Q8_0 Q4_K Q6_K (float weights use dmmv). K % 256 == 0 for the K types.
+//
+// Fused epilogues (host knobs matmul_decode.fuse_swiglu / fuse_norm):
+//   mmvw_glu   gate and up of one activation, a block owning 32 rows of each (GLU_TPR lanes a
+//              row, GLU_UNROLL slots a lane per iteration: knobs glu_threads_per_row,
+//              glu_unroll): silu(g) * u and its Q8_1 block (swiglu_q8's arithmetic) written by
+//              the block, no g / u in memory
+//   mmvw_norm  one matrix + residual (as mmvw), then the grid's last block to finish (a ticket)
+//              runs rms_norm_q8 of the whole output row: the next layer's norm, no launch
+//   mmvw_qkv   q, k, v + biases (as mmvw), v stored into the KV cache, and each q / k head roped
+//              (into q's output, k's cache row) by the last of its blocks to finish (a ticket
+//              per head): mmvw + rope_kv in one launch (knob fuse_rope)
+// WLOAD: read by vecdot.cuh's wld16 (the K types' weight loads)
+#ifndef WLOAD
+#define WLOAD 0
+#endif
+#include "q8.cuh"
 #include "vecdot.cuh"
 
 #ifndef TPR
@@ -30,13 +50,149 @@
 #define UNROLL 2
 #endif
 
+#ifndef MINB
+#define MINB 0
+#endif
+
 #if TPR != 8 && TPR != 16 && TPR != 32
 #error "TPR must be 8, 16 or 32 (a row's lanes sit inside one warp)"
+#endif
+#if MINB > 0
+#define MMVW_BOUNDS_MINB , MINB
+#else
+#define MMVW_BOUNDS_MINB
 #endif
 
 #define MMVW_GROUPS (NW * 32 / TPR)
 
-template <int QT>
+#ifndef PREFETCH
+#define PREFETCH 0
+#endif
+#define MMVW_RPB (MMVW_GROUPS * RPT)
+
+// PREFETCH: thread 0 asks the L2 for the block's weight rows [row0, row0 + rows) in one bulk
+// request before pdl_start(), so under PDL (matmul_decode.pdl = 1) the weights stream in while
+// the previous kernel finishes. A hint: skipped below sm_90 and for a range not 16-byte aligned.
+__device__ __forceinline__ void l2_prefetch_rows(const u8* W, int rb, int N, int row0, int rows) {
+#if PREFETCH && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (threadIdx.x != 0 || row0 >= N) return;
+    const u8* p = W + (size_t)row0 * rb;
+    const unsigned int bytes = (unsigned int)min(rows, N - row0) * (unsigned int)rb;
+    if ((((size_t)p) & 15) || (bytes & 15)) return;
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#endif
+}
+
+#ifndef STAGE
+#define STAGE 0
+#endif
+
+// STAGE: thread 0 starts one bulk copy (cp.async.bulk, the copy engine, sm_90) of the block's
+// weight rows [row0, row0 + rows) into ws, completing on the mbarrier bar; issued before
+// pdl_start(), so under PDL it overlaps the previous kernel. All of the block's weight bytes are
+// in flight at once without holding registers. Returns (uniformly) whether the block staged:
+// K types only, 16-byte aligned, within the launch's dynamic shared memory; else it reads global.
+__device__ __forceinline__ bool mmvw_stage_start(const u8* W, int rb, int N, int qt, int row0,
+                                                 int rows, u8* ws, unsigned long long* bar) {
+#if STAGE && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if ((qt != QT_Q4_K && qt != QT_Q6_K) || row0 >= N) return false;
+    const u8* p = W + (size_t)row0 * rb;
+    const unsigned int bytes = (unsigned int)min(rows, N - row0) * (unsigned int)rb;
+    unsigned int dyn;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+    if ((((size_t)p) & 15) || (bytes & 15) || bytes > dyn) return false;
+#ifdef MUTANT_MMVW_STAGE_HALF  // planted bug: the copy brings the first half of the rows only
+    const unsigned int cb = (bytes / 2) & ~15u;
+#else
+    const unsigned int cb = bytes;
+#endif
+    if (threadIdx.x == 0) {
+        const unsigned int b = (unsigned int)__cvta_generic_to_shared(bar);
+        const unsigned int d = (unsigned int)__cvta_generic_to_shared(ws);
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(b) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(cb)
+                     : "memory");
+        asm volatile(
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
+            "[%3];" ::"r"(d), "l"(p), "r"(cb), "r"(b)
+            : "memory");
+    }
+    return true;
+#else
+    return false;
+#endif
+}
+
+// Every thread of a staging block waits for its copy (call it uniformly, after pdl_start()).
+__device__ __forceinline__ void mmvw_stage_wait(unsigned long long* bar) {
+#if STAGE && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    __syncthreads();  // the barrier was initialised before anyone waits on it
+    const unsigned int b = (unsigned int)__cvta_generic_to_shared(bar);
+    unsigned int done = 0;
+    while (!done) {
+        asm volatile(
+            "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0; "
+            "selp.u32 %0, 1, 0, p; }"
+            : "=r"(done)
+            : "r"(b)
+            : "memory");
+    }
+#endif
+}
+
+#ifndef GLU_TPR
+#define GLU_TPR 8
+#endif
+#ifndef GLU_UNROLL
+#define GLU_UNROLL 4
+#endif
+#if GLU_TPR != 2 && GLU_TPR != 4 && GLU_TPR != 8 && GLU_TPR != 16
+#error "GLU_TPR must be 2, 4, 8 or 16 (mmvw_glu's block is 64 * GLU_TPR threads)"
+#endif
+
+// The R dot products of rows row0.. (clamped to N - 1) by the calling group of G lanes, U
+// slots per lane per iteration; every lane of the group ends with the full sums. The whole group
+// calls it (the shuffles). mmvw: G, R, U = TPR, RPT, UNROLL; mmvw_glu: GLU_TPR, 1, GLU_UNROLL.
+// S: W is the block's rows staged in shared memory, row rbase first (STAGE).
+template <int QT, int G, int R, int U, bool S = false>
+__device__ __forceinline__ void mmvw_dot(const u8* __restrict__ W, int row_bytes, int N, int K,
+                                         const s8* __restrict__ xq,
+                                         const float2* __restrict__ xds, int row0,
+                                         float (&acc)[R], int rbase = 0) {
+    const int lane = threadIdx.x % G;
+    const int ns = VD<QT>::slots(K);
+    const u8* rows[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        rows[r] = W + (size_t)(min(row0 + r, N - 1) - rbase) * row_bytes;
+        acc[r] = 0.f;
+    }
+    for (int s0 = lane; s0 < ns; s0 += G * U) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int s = s0 + u * G;
+            const bool ok = s < ns;
+            const int sc = ok ? s : s0;  // a valid slot, its result dropped: straight-line code
+            const XSlot x = VD<QT>::load(sc, xq, xds);
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const float v = VD<QT>::template dot<S>(rows[r], sc, x);
+                acc[r] += ok ? v : 0.f;
+            }
+        }
+    }
+    const unsigned mask =
+        G == 32 ? 0xffffffffu : ((1u << G) - 1u) << ((threadIdx.x & 31) & ~(G - 1));
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+        for (int o = G / 2; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(mask, acc[r], o);
+    }
+}
+
+template <int QT, bool S = false>
 __device__ __forceinline__ void mmvw_rows(const u8* __restrict__ W, int row_bytes, int N, int K,
                                           const s8* __restrict__ xq,
                                           const float2* __restrict__ xds, float* Y,
@@ -44,35 +200,9 @@ __device__ __forceinline__ void mmvw_rows(const u8* __restrict__ W, int row_byte
     const int g = threadIdx.x / TPR, lane = threadIdx.x % TPR;
     const int row0 = (bi * MMVW_GROUPS + g) * RPT;
     if (row0 >= N) return;  // whole groups leave together: the shuffles below stay full
-    const int ns = VD<QT>::slots(K);
-    const u8* rows[RPT];
     float acc[RPT];
-#pragma unroll
-    for (int r = 0; r < RPT; ++r) {
-        rows[r] = W + (size_t)min(row0 + r, N - 1) * row_bytes;
-        acc[r] = 0.f;
-    }
-    for (int s0 = lane; s0 < ns; s0 += TPR * UNROLL) {
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            const int s = s0 + u * TPR;
-            const bool ok = s < ns;
-            const int sc = ok ? s : s0;  // a valid slot, its result dropped: straight-line code
-            const XSlot x = VD<QT>::load(sc, xq, xds);
-#pragma unroll
-            for (int r = 0; r < RPT; ++r) {
-                const float v = VD<QT>::dot(rows[r], sc, x);
-                acc[r] += ok ? v : 0.f;
-            }
-        }
-    }
-    const unsigned mask =
-        TPR == 32 ? 0xffffffffu : ((1u << TPR) - 1u) << ((threadIdx.x & 31) & ~(TPR - 1));
-#pragma unroll
-    for (int r = 0; r < RPT; ++r) {
-#pragma unroll
-        for (int o = TPR / 2; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(mask, acc[r], o);
-    }
+    mmvw_dot<QT, TPR, RPT, UNROLL, S>(W, row_bytes, N, K, xq, xds, row0, acc,
+                                      S ? bi * MMVW_RPB : 0);
     if (lane == 0) {
 #pragma unroll
         for (int r = 0; r < RPT; ++r) {
@@ -86,14 +216,60 @@ __device__ __forceinline__ void mmvw_rows(const u8* __restrict__ W, int row_byte
     }
 }
 
+
+// One matrix's rows of this block (the switch of mmvw over the block types).
+// ws: the block's rows staged in shared memory (mmvw_stage_start), else null.
+__device__ __forceinline__ void mmvw_rows_qt(int qt, const u8* W, int rb, int N, int K,
+                                             const s8* __restrict__ xq,
+                                             const float2* __restrict__ xds, float* Y,
+                                             const float* A, int b, const u8* ws = nullptr) {
+#if STAGE
+    if (ws != nullptr) {  // only the K types are staged
+        if (qt == QT_Q4_K) mmvw_rows<QT_Q4_K, true>(ws, rb, N, K, xq, xds, Y, A, b);
+        if (qt == QT_Q6_K) mmvw_rows<QT_Q6_K, true>(ws, rb, N, K, xq, xds, Y, A, b);
+        return;
+    }
+#endif
+    switch (qt) {
+        case QT_Q4_K: mmvw_rows<QT_Q4_K>(W, rb, N, K, xq, xds, Y, A, b); break;
+        case QT_Q6_K: mmvw_rows<QT_Q6_K>(W, rb, N, K, xq, xds, Y, A, b); break;
+        case QT_Q4_0: mmvw_rows<QT_Q4_0>(W, rb, N, K, xq, xds, Y, A, b); break;
+        case QT_Q4_1: mmvw_rows<QT_Q4_1>(W, rb, N, K, xq, xds, Y, A, b); break;
+        case QT_Q5_0: mmvw_rows<QT_Q5_0>(W, rb, N, K, xq, xds, Y, A, b); break;
+        case QT_Q8_0: mmvw_rows<QT_Q8_0>(W, rb, N, K, xq, xds, Y, A, b); break;
+        default: break;
+    }
+}
+
+// One row's dot product by a group of GLU_TPR lanes (mmvw_glu), by weight type.
+__device__ __forceinline__ float mmvw_glu_dot(int qt, const u8* W, int rb, int N, int K,
+                                              const s8* __restrict__ xq,
+                                              const float2* __restrict__ xds, int row) {
+    float acc[1] = {0.f};
+#define MMVW_GLU_CASE(T) \
+    case T: mmvw_dot<T, GLU_TPR, 1, GLU_UNROLL>(W, rb, N, K, xq, xds, row, acc); break;
+    switch (qt) {
+        MMVW_GLU_CASE(QT_Q4_K)
+        MMVW_GLU_CASE(QT_Q6_K)
+        MMVW_GLU_CASE(QT_Q4_0)
+        MMVW_GLU_CASE(QT_Q4_1)
+        MMVW_GLU_CASE(QT_Q5_0)
+        MMVW_GLU_CASE(QT_Q8_0)
+        default: break;
+    }
+#undef MMVW_GLU_CASE
+    return acc[0];
+}
+
 // Matrix i: weights W_i [N_i, row_bytes_i] of GGML type qt_i, output Y_i [N_i], added A_i
 // [N_i] or null. Y_i may be A_i (each element is read, then written, by one thread).
-extern "C" __global__ void __launch_bounds__(NW * 32)
+extern "C" __global__ void __launch_bounds__(NW * 32 MMVW_BOUNDS_MINB)
     mmvw(const s8* __restrict__ xq, const float2* __restrict__ xds, int K, int nb0, int nb1,
          const u8* W0, int rb0, int N0, int qt0, float* Y0, const float* A0,
          const u8* W1, int rb1, int N1, int qt1, float* Y1, const float* A1,
          const u8* W2, int rb2, int N2, int qt2, float* Y2, const float* A2) {
-    pdl_start();
+    extern __shared__ __align__(16) u8 mmvw_ws[];  // STAGE: this block's weight rows
+    __shared__ __align__(8) unsigned long long mmvw_bar;
     int b = blockIdx.x;
     const u8* W = W0;
     int rb = rb0, N = N0, qt = qt0;
@@ -106,13 +282,167 @@ extern "C" __global__ void __launch_bounds__(NW * 32)
         b -= nb0;
         W = W1, rb = rb1, N = N1, qt = qt1, Y = Y1, A = A1;
     }
-    switch (qt) {
-        case QT_Q4_K: mmvw_rows<QT_Q4_K>(W, rb, N, K, xq, xds, Y, A, b); break;
-        case QT_Q6_K: mmvw_rows<QT_Q6_K>(W, rb, N, K, xq, xds, Y, A, b); break;
-        case QT_Q4_0: mmvw_rows<QT_Q4_0>(W, rb, N, K, xq, xds, Y, A, b); break;
-        case QT_Q4_1: mmvw_rows<QT_Q4_1>(W, rb, N, K, xq, xds, Y, A, b); break;
-        case QT_Q5_0: mmvw_rows<QT_Q5_0>(W, rb, N, K, xq, xds, Y, A, b); break;
-        case QT_Q8_0: mmvw_rows<QT_Q8_0>(W, rb, N, K, xq, xds, Y, A, b); break;
-        default: break;
+#if PREFETCH
+    l2_prefetch_rows(W, rb, N, b * MMVW_RPB, MMVW_RPB);
+#endif
+    const bool st = mmvw_stage_start(W, rb, N, qt, b * MMVW_RPB, MMVW_RPB, mmvw_ws, &mmvw_bar);
+    pdl_start();
+    if (st) mmvw_stage_wait(&mmvw_bar);
+    mmvw_rows_qt(qt, W, rb, N, K, xq, xds, Y, A, b, st ? mmvw_ws : nullptr);
+}
+
+// gate Wg [N, rbg], up Wu [N, rbu] (types qtg, qtu) on x (Q8_1, K) -> y = silu(x Wg^T) *
+// (x Wu^T) [N] and, when yq is not null (N % 32 == 0), its Q8_1 blocks yq [N], yds [N / 32].
+// Grid ceil(N / 32) blocks (the last one's rows past N are computed, not stored), block
+// 64 * GLU_TPR threads: block b's group v < 64 (GLU_TPR lanes) computes gate row 32b + v
+// (v < 32) or up row 32b + v - 32, all 64 in one pass (lanes per row of its own, not TPR: with
+// 32 outputs a block, the grid is small and each block must keep many loads in flight).
+extern "C" __global__ void __launch_bounds__(64 * GLU_TPR)
+    mmvw_glu(const s8* __restrict__ xq, const float2* __restrict__ xds, int K, int N,
+             const u8* Wg, int rbg, int qtg, const u8* Wu, int rbu, int qtu,
+             float* __restrict__ y, s8* __restrict__ yq, float2* __restrict__ yds) {
+    __shared__ float gu[64];
+#if PREFETCH
+    l2_prefetch_rows(Wg, rbg, N, 32 * blockIdx.x, 32);
+    l2_prefetch_rows(Wu, rbu, N, 32 * blockIdx.x, 32);
+#endif
+    pdl_start();
+    const int gi = threadIdx.x / GLU_TPR, b = blockIdx.x;
+    const bool up = gi >= 32;
+    const float acc = mmvw_glu_dot(up ? qtu : qtg, up ? Wu : Wg, up ? rbu : rbg, N, K, xq, xds,
+                                   32 * b + (up ? gi - 32 : gi));
+    if (threadIdx.x % GLU_TPR == 0) gu[gi] = acc;
+    __syncthreads();
+    if (threadIdx.x >= 32) return;
+    // swiglu_q8's arithmetic, a value a lane: silu(g) * u, then Q8_1 over the warp (the same
+    // d, rounding and integer sum as q8_store4's 8 lanes of 4)
+    const int l = threadIdx.x, n = 32 * b + l;
+    const float a = gu[l], c = gu[32 + l];
+#ifdef MUTANT_MMVW_GLU_UP  // planted bug: the product takes gate where up belongs
+    const float v = a / (1.f + expf(-a)) * a;
+#else
+    const float v = a / (1.f + expf(-a)) * c;
+#endif
+    if (n < N) y[n] = v;
+    if (yq == nullptr) return;  // N % 32 != 0: no Q8_1 form (its consumer cannot read one)
+    float amax = fabsf(v);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float d = amax / 127.f, id = amax > 0.f ? 127.f / amax : 0.f;
+    const int q = __float2int_rn(v * id);
+    int sq = q;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
+    yq[n] = (s8)q;
+    if (l == 0) yds[b] = make_float2(d, d * (float)sq);
+}
+
+// mmvw for one matrix W [N, rb] (type qt) with the residual A: Y = x W^T + A, then the last
+// block to finish (ticket, zero between launches; that block resets it) normalizes the whole
+// row Y [N] by RMSNorm with weight nw -> h [N] and its Q8_1 form hq, hds (rms_norm_q8's
+// arithmetic, Y read through L2). N % 32 == 0; grid ceil(N / rows per block), block NW * 32.
+extern "C" __global__ void __launch_bounds__(NW * 32 MMVW_BOUNDS_MINB)
+    mmvw_norm(const s8* __restrict__ xq, const float2* __restrict__ xds, int K,
+              const u8* W, int rb, int N, int qt, float* Y, const float* A,
+              const float* __restrict__ nw, float eps, float* __restrict__ h,
+              s8* __restrict__ hq, float2* __restrict__ hds, unsigned int* ticket) {
+    __shared__ bool last;
+    extern __shared__ __align__(16) u8 mmvw_ws[];
+    __shared__ __align__(8) unsigned long long mmvw_bar;
+#if PREFETCH
+    l2_prefetch_rows(W, rb, N, blockIdx.x * MMVW_RPB, MMVW_RPB);
+#endif
+    const int b = blockIdx.x;
+    const bool st = mmvw_stage_start(W, rb, N, qt, b * MMVW_RPB, MMVW_RPB, mmvw_ws, &mmvw_bar);
+    pdl_start();
+    if (st) mmvw_stage_wait(&mmvw_bar);
+    mmvw_rows_qt(qt, W, rb, N, K, xq, xds, Y, A, b, st ? mmvw_ws : nullptr);
+    __threadfence();  // this block's rows are visible before its ticket is counted
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(ticket, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+#ifdef MUTANT_MMVW_NORM_EARLY  // planted bug: the norm leaves out the row's last 32 values
+    rms_norm_q8_row<true>(Y, nw, h, hq, hds, N - 32, eps);
+#else
+    rms_norm_q8_row<true>(Y, nw, h, hq, hds, N, eps);
+#endif
+    if (threadIdx.x == 0) *ticket = 0;
+}
+
+// q, k, v of one decode row (T = 1) in one launch (grid nb0 + nb1 + nb2 blocks, as mmvw), each
+// with its bias Ai (or null) added as it stores, then rope_kv's work where it becomes possible:
+// v's rows go straight into the cache row vc[p0]; a block that finds it was the last of a q or
+// k head's blocks to finish (a ticket per head: tickets [H + Hkv], zero between launches, reset
+// by that block) ropes the head (rope_pair, the values read through L2) into qo or kc[p0].
+// Same arithmetic as mmvw then rope_kv. Position: pos_ptr when not null, else pos0.
+extern "C" __global__ void __launch_bounds__(NW * 32 MMVW_BOUNDS_MINB)
+    mmvw_qkv(const s8* __restrict__ xq, const float2* __restrict__ xds, int K, int nb0, int nb1,
+             const u8* W0, int rb0, int qt0, const float* A0, const u8* W1, int rb1, int qt1,
+             const float* A1, const u8* W2, int rb2, int qt2, const float* A2, float* q,
+             float* k, float* qo, float* kc, float* vc, int H, int Hkv, int D, int pos0,
+             const int* pos_ptr, float theta, int neox, unsigned int* tickets) {
+    __shared__ unsigned int done;
+    extern __shared__ __align__(16) u8 mmvw_ws[];
+    __shared__ __align__(8) unsigned long long mmvw_bar;
+    int b = blockIdx.x, m = 0;
+    if (b >= nb0 + nb1) {
+        b -= nb0 + nb1;
+        m = 2;
+    } else if (b >= nb0) {
+        b -= nb0;
+        m = 1;
+    }
+    const int N = (m == 0 ? H : Hkv) * D;
+    const u8* W = m == 0 ? W0 : m == 1 ? W1 : W2;
+    const int rb = m == 0 ? rb0 : m == 1 ? rb1 : rb2, qt = m == 0 ? qt0 : m == 1 ? qt1 : qt2;
+#if PREFETCH
+    l2_prefetch_rows(W, rb, N, b * MMVW_RPB, MMVW_RPB);
+#endif
+    const bool st = mmvw_stage_start(W, rb, N, qt, b * MMVW_RPB, MMVW_RPB, mmvw_ws, &mmvw_bar);
+    pdl_start();
+    if (st) mmvw_stage_wait(&mmvw_bar);
+    const int p0 = pos_ptr ? *pos_ptr : pos0;
+    const long long HkvD = (long long)Hkv * D;
+    float* Y = m == 0 ? q : m == 1 ? k : vc + p0 * HkvD;
+    mmvw_rows_qt(qt, W, rb, N, K, xq, xds, Y, m == 0 ? A0 : m == 1 ? A1 : A2, b,
+                 st ? mmvw_ws : nullptr);
+    if (m == 2) return;  // uniform per block: v needs no rope
+    const int rpb = MMVW_RPB;
+    const int r0 = b * rpb, r1 = min(N, r0 + rpb);
+    const int h0 = r0 / D, h1 = (r1 - 1) / D;  // heads this block's rows touch (<= 32 of them)
+    __threadfence();  // this block's rows are visible before its tickets are counted
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned int mask = 0;
+        for (int h = h0; h <= h1; ++h) {
+            const unsigned int want = (unsigned)(((h + 1) * D - 1) / rpb - h * D / rpb + 1);
+            unsigned int* t = tickets + (m == 0 ? h : H + h);
+            if (atomicAdd(t, 1u) == want - 1) {
+                mask |= 1u << (h - h0);
+                *t = 0;  // every block of the head has counted: ready for the next launch
+            }
+        }
+        done = mask;
+    }
+    __syncthreads();
+    const unsigned int mask = done;
+    if (!mask) return;
+    __threadfence();
+    const int half = D / 2;
+    for (int i = 0; i <= h1 - h0; ++i) {
+        if (!((mask >> i) & 1u)) continue;
+        const int h = h0 + i;
+        const float* x = (m == 0 ? q : k) + (long long)h * D;
+        float* out = m == 0 ? qo + (long long)h * D : kc + p0 * HkvD + (long long)h * D;
+        for (int j = threadIdx.x; j < half; j += blockDim.x) {
+            const int ia = neox ? j : 2 * j, ib = neox ? j + half : 2 * j + 1;
+#ifdef MUTANT_MMVW_QKV_POS  // planted bug: the fused RoPE turns k by the previous position
+            rope_pair(__ldcg(x + ia), __ldcg(x + ib), j, D, p0 - (m == 1), theta, neox, out);
+#else
+            rope_pair(__ldcg(x + ia), __ldcg(x + ib), j, D, p0, theta, neox, out);
+#endif
+        }
     }
 }

@@ -15,6 +15,39 @@ __device__ __forceinline__ int dp4a(u32 a, u32 b, int c) { return __dp4a((int)a,
 
 __device__ __forceinline__ uint4 ldg16(const void* p) { return __ldg((const uint4*)p); }
 
+// Weight loads of the K types (mmvw's knob matmul_decode.wload, the define WLOAD): 0 __ldg
+// (ld.global.nc); 1 also L1::no_allocate (weights are read once: keep L1 for the activations);
+// 2 also L2::256B (the L2 fetches the whole 256-byte run a warp's neighbours read next).
+#ifndef WLOAD
+#define WLOAD 0
+#endif
+__device__ __forceinline__ uint4 wld16(const void* p) {
+#if WLOAD == 0
+    return ldg16(p);
+#else
+    uint4 r;
+#if WLOAD == 1
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+#else
+    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+#endif
+    return r;
+#endif
+}
+
+// S: the row lies in shared memory (mmvw's STAGE: a bulk copy put it there), read generically.
+template <bool S> __device__ __forceinline__ uint4 wl16(const u8* p) {
+    return S ? *(const uint4*)p : wld16(p);
+}
+template <bool S> __device__ __forceinline__ int wl_s8(const u8* p) {
+    return S ? (int)*(const s8*)p : (int)(s8)__ldg(p);
+}
+template <bool S> __device__ __forceinline__ float wl_h(const u8* p) {
+    return S ? h2f(*(const u16*)p) : ld_h(p);
+}
+
 // Q4_K sub-block scale and min (6 bits each) of sub-block j from the 12 scale bytes as 3 words.
 __device__ __forceinline__ void q4k_sm(u32 s0, u32 s1, u32 s2, int j, int& sc, int& m) {
     if (j < 4) {
@@ -54,6 +87,7 @@ template <int QT> struct VD {
         x.ob = QT == QT_Q4_1 ? dp4a(0x01010101u, x1.x, dp4a(0x01010101u, x1.y, 0)) : 0;
         return x;
     }
+    template <bool S = false>  // never staged: the 32-value types read global memory
     static __device__ __forceinline__ float dot(const u8* __restrict__ row, int g,
                                                 const XSlot& x) {
         Run8 a, b;
@@ -85,12 +119,13 @@ template <> struct VD<QT_Q4_K> {
         x.oa = x.ob = 0;
         return x;
     }
+    template <bool S = false>
     static __device__ __forceinline__ float dot(const u8* __restrict__ row, int s,
                                                 const XSlot& x) {
         const int b = s >> 3, p = (s >> 1) & 3, h = s & 1;
         const u8* blk = row + 144 * b;
-        const uint4 hd = ldg16(blk);
-        const uint4 q = ldg16(blk + 16 + 32 * p + 16 * h);
+        const uint4 hd = wl16<S>(blk);
+        const uint4 q = wl16<S>(blk + 16 + 32 * p + 16 * h);
         int d0 = dp4a(q.x & 0x0F0F0F0Fu, x.a.x, 0);
         d0 = dp4a(q.y & 0x0F0F0F0Fu, x.a.y, d0);
         d0 = dp4a(q.z & 0x0F0F0F0Fu, x.a.z, d0);
@@ -133,15 +168,16 @@ template <> struct VD<QT_Q6_K> {
         x.ob = dp4a(0x20202020u, x.b.w, ob);
         return x;
     }
+    template <bool S = false>
     static __device__ __forceinline__ float dot(const u8* __restrict__ row, int s,
                                                 const XSlot& x) {
         const int b = s >> 3, h = (s >> 2) & 1, c = (s >> 1) & 1, lq = s & 1;
         const u8* blk = row + 224 * b;
-        const uint4 ql = ldg16(blk + 64 * h + 32 * c + 16 * lq);
-        const uint4 qh = ldg16(blk + 128 + 32 * h + 16 * lq);
+        const uint4 ql = wl16<S>(blk + 64 * h + 32 * c + 16 * lq);
+        const uint4 qh = wl16<S>(blk + 128 + 32 * h + 16 * lq);
         const u8* sc = blk + 192 + 8 * h + lq + 2 * c;
-        const float d = ld_h(blk + 208);
-        const int sca = (s8)__ldg(sc), scb = (s8)__ldg(sc + 4);
+        const float d = wl_h<S>(blk + 208);
+        const int sca = wl_s8<S>(sc), scb = wl_s8<S>(sc + 4);
         const int sha = 2 * c, shb = 2 * c + 4;
         int da = -x.oa, db = -x.ob;
         da = dp4a((ql.x & 0x0F0F0F0Fu) | (((qh.x >> sha) & 0x03030303u) << 4), x.a.x, da);

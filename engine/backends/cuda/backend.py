@@ -25,6 +25,15 @@ from engine.backends.base import Backend, DeviceEntry, DeviceInfo, KVCache, Prof
 from engine.backends.cuda import kernels
 from engine.backends.cuda.device import device_class, driver_string
 from engine.backends.cuda.hybrid import CudaHybridOps
+from engine.backends.cuda.prefill import (
+    _COMPUTE_32F,
+    _GEMM_DEFAULT,
+    _OP_N,
+    _OP_T,
+    _R_16F,
+    _R_32F,
+    CudaPrefillOps,
+)
 from engine.errors import BackendUnavailable, EngineError, UnsupportedError
 from engine.tuning.kernels.cuda import ALL_TYPES, BLOCK_TYPES
 
@@ -37,11 +46,7 @@ if TYPE_CHECKING:
 _cp: Any = None
 _STREAMS: dict[int, Any] = {}  # device index -> the one stream every backend on it shares
 
-# cuBLAS / CUDA data-type constants (cublas_api.h, library_types.h)
-_OP_N, _OP_T = 0, 1
-_R_16F, _R_32F = 2, 0
-_COMPUTE_32F = 68
-_GEMM_DEFAULT = -1
+# cuBLAS / CUDA data-type constants: engine/backends/cuda/prefill.py
 
 Q6K_PADDED = 224  # bytes of a Q6_K block on the GPU (210 + 14 zero bytes; common.cuh)
 
@@ -49,6 +54,7 @@ Q6K_PADDED = 224  # bytes of a Q6_K block on the GPU (210 + 14 zero bytes; commo
 _QT = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
 _NULL = np.uint64(0)
 _MAX_ARGMAX_ROWS = 4096  # rows argmax.multi takes in one launch (more: argmax.block's kernel)
+_MAX_ROPE_HEADS = 1024  # q + k heads mmvw_qkv counts (tickets); more: mmvw, then rope_kv
 
 
 def _import_cupy() -> Any:
@@ -110,6 +116,7 @@ class CudaWeight:
     shape: tuple[int, ...]
     raw: Any = None  # cupy uint8 [N, row_bytes]
     f32: Any = None  # cupy float32 [N] for norms and biases
+    f16: Any = None  # cupy uint16 [N, K]: matmul_prefill.resident's copy, made at first use
 
     @property
     def n(self) -> int:
@@ -125,7 +132,8 @@ class CudaWeight:
 
     @property
     def nbytes(self) -> int:
-        return int((self.raw if self.raw is not None else self.f32).nbytes)
+        held = int((self.raw if self.raw is not None else self.f32).nbytes)
+        return held + (int(self.f16.nbytes) if self.f16 is not None else 0)
 
 
 @dataclass
@@ -139,7 +147,7 @@ class _Graph:
     keep: list = field(default_factory=list)  # every allocation made during capture
 
 
-class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/hybrid.py
+class CudaBackend(CudaHybridOps, CudaPrefillOps, Backend):  # mixins: hybrid.py, prefill.py
     name = "cuda"
 
     def __init__(self, config: TuningConfig | None = None, *, device: int | None = None) -> None:
@@ -168,14 +176,23 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
         self._prof: dict[str, list[float]] = {}  # kernel name -> [calls, total ms]
         self._events: list[tuple[str, Any, Any]] = []
         self._k: dict[str, Any] = {}
+        self._fns: dict[tuple[str, str], Any] = {}  # (module key, kernel) -> RawKernel of _k
         self._pdl: Any = None  # pdl.Launcher while the config asks for it
         self._pdl_lib: Any = None
         # Q8_1 forms of recent float activations: (x, xq, xds), newest last. Holding x keeps
         # its memory from being reused, so "entry[0] is x" means the quantized form is current.
         self._q8: list[tuple[Any, Any, Any]] = []
+        # fp16 forms of recent float activations (x, xh), newest last, under
+        # matmul_prefill.resident: q, k and v (gate and up) read one conversion; held as _q8's.
+        self._f16: list[tuple[Any, Any]] = []
+        # id(first weight) -> (one fp16 buffer holding the copies of weights read by one GEMM
+        # (q, k, v; gate, up), those weights): matmul_prefill.resident, prefill.py
+        self._groups: dict[int, tuple[Any, tuple[CudaWeight, ...]]] = {}
         # argmax.multi's per-row tickets: zero between launches (the last block resets its row)
         self._tickets = cp.zeros(_MAX_ARGMAX_ROWS, np.uint32)
         self._head_tickets = cp.zeros(_MAX_ARGMAX_ROWS, np.uint32)  # attn_split_kw's combine
+        self._norm_ticket = cp.zeros(1, np.uint32)  # mmvw_norm's last-block ticket
+        self._rope_tickets = cp.zeros(_MAX_ROPE_HEADS, np.uint32)  # mmvw_qkv's, one per head
         self._alpha = np.ones(1, np.float32)
         self._beta = np.zeros(1, np.float32)
         super().__init__(config)
@@ -286,8 +303,12 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
         with contextlib.suppress(*self._faults()):
             self._stream.synchronize()
         self._graph, self._k, self._pos_dev, self._profiling = None, {}, None, False
+        self._fns = {}
         self._tickets, self._head_tickets, self._pdl = None, None, None
+        self._norm_ticket, self._rope_tickets = None, None
         self._q8.clear()
+        self._f16.clear()
+        self._groups.clear()
         self._events.clear()
         with self._cp.cuda.Device(self._index):
             self._cp.get_default_memory_pool().free_all_blocks()
@@ -312,10 +333,12 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
             raise ConfigError(f"config is for backend {config.backend!r}, not {self.name!r}")
         config.check(self.device_info())
         self._k = self._build(config)
+        self._fns = {}
         self._pdl = self._pdl_launcher(config)
         self.config = config
         self._graph = None  # a captured step bakes in the old kernels
         self._q8.clear()
+        self._f16.clear()
 
     def _pdl_launcher(self, cfg: TuningConfig) -> Any:
         c = cfg.op("matmul_decode")
@@ -335,7 +358,12 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
         }
 
     def _fn(self, mod: str, name: str) -> Any:
-        return self._k[mod].get_function(name)
+        # RawModule.get_function builds a new RawKernel (a driver lookup) on every call, and an
+        # eager prefill makes ~500 launches: each kernel is looked up once per config
+        fn = self._fns.get((mod, name))
+        if fn is None:
+            fn = self._fns[(mod, name)] = self._k[mod].get_function(name)
+        return fn
 
     def _launch(
         self,
@@ -355,6 +383,9 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
             fn.max_dynamic_shared_size_bytes = smem  # opt in beyond the 48 KiB default
         if pdl and self._pdl is not None and not self._profiling:
             self._pdl.launch(fn.kernel.ptr, grid, block, args, smem, self._stream.ptr)  # CUfunction
+            return
+        if not self._profiling:  # no events to record: no context manager per launch
+            fn(grid, block, args, shared_mem=smem)
             return
         with self._timed(name):
             fn(grid, block, args, shared_mem=smem)
@@ -437,6 +468,8 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
             self._q8_remember(out, xq, xds)
             return out
         rpb = int(self.config.op("rms_norm")["rows_per_block"])
+        if x.ndim == 2 and self._fuse_f16(rows):  # and the prefill GEMM's fp16 input
+            return self._rms_norm_f16(x, w, out, eps, rpb)
         self._launch(
             "elementwise",
             "rms_norm",
@@ -468,6 +501,7 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
             raise ValueError(f"matmul: x has {K} columns, weight {w.name!r} is {w.shape}")
         pre = self.config.op("prefill")
         self._q8_forget(y)
+        self._f16_forget(y)
         x = self._aligned16(x)
         if T == 1:
             dec = self.config.op("matmul_decode")
@@ -484,6 +518,8 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
             v = self.config.op("matmul_prefill")
             if v.variant == "staged":
                 self._staged(x, w, y, int(v["scratch_mb"]) << 20)
+            elif v.variant == "resident":
+                self._resident(x, w, y)
             elif v.variant == "mmq" and w.qtype in BLOCK_TYPES:
                 self._mmq(x, w, y, v)
             elif v.variant == "mmq8" and w.qtype in BLOCK_TYPES:
@@ -596,7 +632,7 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
         self._launch(
             "mmvw", "mmvw", (sum(nbs),), (int(c["warps"]) * 32,),
             (xq, xds, np.int32(mats[0][0].k), np.int32(nbs[0]), np.int32(nbs[1]), *args),
-            pdl=True,
+            smem=self._stage_smem(tuple(m[0] for m in mats)), pdl=True,
         )  # fmt: skip
 
     def _wide(self, x: Any, ws: tuple[CudaWeight, ...]) -> bool:
@@ -625,6 +661,8 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
     ) -> Any:
         """q/k/v in one mmvw launch with the biases added as they store (matmul_decode.mmvw),
         and/or bias + both ropes + the KV write in one rope_kv launch (rope.fuse_kv)."""
+        if self._qkv_ok(h, wqkv):  # a prefill chunk under resident: one GEMM (prefill.py)
+            return self._attn_in_rows(h, wqkv, bias, cache, layer, pos0, heads, theta, neox)
         H, Hkv, D = heads
         T = int(h.shape[0])
         fuse = int(self.config.op("rope")["fuse_kv"]) == 1
@@ -635,6 +673,10 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
             raise ValueError(
                 f"KV cache full: writing positions {pos0}..{pos0 + T - 1} "
                 f"into a cache of {cache.capacity}"
+            )
+        if wide and self._fuse_rope(heads):
+            return self._mmvw_qkv(
+                self._decode_row(h), wqkv, bias, cache, layer, pos0, heads, theta, neox
             )
         if wide:
             h = self._decode_row(h)
@@ -664,6 +706,69 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
         )  # fmt: skip
         return qo
 
+    def _stage_smem(self, ws: tuple[CudaWeight, ...]) -> int:
+        """Dynamic shared memory of an mmvw launch under matmul_decode.stage: a block's rows of
+        the widest matrix, or 0 (no staging) when that exceeds what a block may opt in to."""
+        if int(self.config.op("matmul_decode")["stage"]) == 0:
+            return 0
+        need = self._mmvw_rows_per_block() * max(w.row_bytes for w in ws)
+        cap = self.__dict__.get("_stage_cap")
+        if cap is None:  # what a block may opt in to, less the kernels' static shared memory
+            extra = self.device_info().extra
+            cap = self._stage_cap = int(extra.get("smem_per_block_optin", 0)) - 1024
+        return need if need <= cap else 0
+
+    def _mmvw_rows_per_block(self) -> int:
+        c = self.config.op("matmul_decode")
+        return int(c["warps"]) * 32 // int(c["threads_per_row"]) * int(c["rows_per_thread"])
+
+    def _fuse_rope(self, heads: tuple[int, int, int]) -> bool:
+        """matmul_decode.fuse_rope on a decode row whose heads mmvw_qkv can count and hold."""
+        H, Hkv, D = heads
+        return (
+            int(self.config.op("matmul_decode")["fuse_rope"]) == 1
+            and D % 2 == 0
+            and H + Hkv <= _MAX_ROPE_HEADS
+            and self._mmvw_rows_per_block() // D + 2 <= 32  # heads a block touches: a bitmask
+        )
+
+    def _mmvw_qkv(
+        self,
+        h: Any,
+        wqkv: tuple[CudaWeight, CudaWeight, CudaWeight],
+        bias: tuple[CudaWeight, CudaWeight, CudaWeight] | None,
+        cache: KVCache,
+        layer: int,
+        pos0: int,
+        heads: tuple[int, int, int],
+        theta: float,
+        neox: bool,
+    ) -> Any:
+        """q/k/v + biases, v into the cache, q and k roped (k into the cache): one mmvw_qkv
+        launch (matmul_decode.fuse_rope) for the decode row h [1, C]."""
+        H, Hkv, D = heads
+        xq, xds = self.quantize_q8(h)
+        c = self.config.op("matmul_decode")
+        rpb = self._mmvw_rows_per_block()
+        nbs = [math.ceil(w.n / rpb) for w in wqkv]
+        q, k = self._empty((1, H * D)), self._empty((1, Hkv * D))
+        qo = self._empty((1, H, D))
+        adds = (_NULL,) * 3 if bias is None else tuple(b.f32 for b in bias)
+        mats = []
+        for w, a in zip(wqkv, adds, strict=True):
+            mats += [w.raw, np.int32(w.row_bytes), np.int32(_QT[w.qtype]), a]
+        self._launch(
+            "mmvw", "mmvw_qkv", (sum(nbs),), (int(c["warps"]) * 32,),
+            (
+                xq, xds, np.int32(h.shape[1]), np.int32(nbs[0]), np.int32(nbs[1]), *mats, q, k,
+                qo, cache.k[layer], cache.v[layer], np.int32(H), np.int32(Hkv), np.int32(D),
+                np.int32(pos0), self._pos_ptr(), np.float32(theta), np.int32(1 if neox else 0),
+                self._rope_tickets,
+            ),
+            smem=self._stage_smem(wqkv), pdl=True,
+        )  # fmt: skip
+        return qo
+
     def matmul_add(self, x: Any, w: CudaWeight, r: Any) -> Any:
         """Under matmul_decode.mmvw a decode row's projection adds the residual as it stores."""
         if not self._wide(x, (w,)) or w.raw is None:
@@ -674,18 +779,111 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
         return y
 
     def ffn(self, h: Any, gate: CudaWeight, up: CudaWeight, down: CudaWeight, r: Any) -> Any:
-        """Under matmul_decode.mmvw: gate and up in one launch, swiglu_q8, down + residual."""
+        """Under matmul_decode.mmvw: gate and up in one launch, swiglu_q8 (or both in one
+        mmvw_glu launch under fuse_swiglu), down + residual. Under matmul_prefill.resident
+        (fuse_f16) a prefill chunk's gate and up are one GEMM."""
+        if self._pair_ok(h, gate, up):
+            return self.matmul_add(self._gate_up(h, gate, up), down, r)
         if not self._wide(h, (gate, up)):
             return super().ffn(h, gate, up, down, r)
-        h = self._decode_row(h)
-        g, u = self._empty((1, gate.n)), self._empty((1, up.n))
-        self._mmvw(h, [(gate, g, None), (up, u, None)])
-        return self.matmul_add(self.swiglu(g, u), down, r)
+        return self.matmul_add(self._decode_gate_up(self._decode_row(h), gate, up), down, r)
+
+    def _decode_gate_up(self, h: Any, gate: CudaWeight, up: CudaWeight) -> Any:
+        """silu(h gate^T) * (h up^T) [1, n] of a decode row, its Q8_1 form remembered."""
+        c = self.config.op("matmul_decode")
+        n = gate.n
+        if int(c["fuse_swiglu"]) == 0 or up.n != n:
+            g, u = self._empty((1, n)), self._empty((1, up.n))
+            self._mmvw(h, [(gate, g, None), (up, u, None)])
+            return self.swiglu(g, u)
+        xq, xds = self.quantize_q8(h)
+        y = self._empty((1, n))
+        q8 = n % 32 == 0  # else y's consumer (a float-weight down) takes no Q8_1 form
+        yq, yds = self._q8_buffers(1, n) if q8 else (_NULL, _NULL)
+        self._launch(
+            "mmvw", "mmvw_glu", (math.ceil(n / 32),), (64 * int(c["glu_threads_per_row"]),),
+            (
+                xq, xds, np.int32(gate.k), np.int32(n), gate.raw, np.int32(gate.row_bytes),
+                np.int32(_QT[gate.qtype]), up.raw, np.int32(up.row_bytes),
+                np.int32(_QT[up.qtype]), y, yq, yds,
+            ),
+            pdl=True,
+        )  # fmt: skip
+        if q8:
+            self._q8_remember(y, yq, yds)
+        return y
+
+    def hook_bypassed_fusions(self, config: TuningConfig) -> list[str]:
+        """matmul_decode's mmvw_glu / mmvw_norm / mmvw_qkv and rope's rope_kv run only
+        unhooked."""
+        out = []
+        dec = config.op("matmul_decode")
+        fused = ("fuse_swiglu", "fuse_norm", "fuse_rope")
+        if dec.variant == "mmvw" and any(int(dec[k]) for k in fused):
+            out.append("matmul_decode")
+        if int(config.op("rope")["fuse_kv"]):
+            out.append("rope")
+        return out
+
+    def _fuse_norm(self, x: Any, w: CudaWeight, r: Any) -> bool:
+        return (
+            self._wide(x, (w,))
+            and w.raw is not None
+            and int(self.config.op("matmul_decode")["fuse_norm"]) == 1
+            and w.n % 32 == 0
+            and tuple(r.shape) == (1, w.n)
+        )
+
+    def matmul_add_norm(
+        self, x: Any, w: CudaWeight, r: Any, norm: CudaWeight, eps: float
+    ) -> tuple[Any, Any]:
+        """Under matmul_decode.fuse_norm: the projection + residual, then the grid's last block
+        runs the RMSNorm of the new row and its Q8_1 form (mmvw_norm), one launch."""
+        if not self._fuse_norm(x, w, r):
+            return super().matmul_add_norm(x, w, r, norm, eps)
+        xq, xds = self.quantize_q8(self._decode_row(x))
+        r = self._cp.ascontiguousarray(r, dtype=np.float32)
+        c = self.config.op("matmul_decode")
+        rpb = self._mmvw_rows_per_block()
+        y, h = self._empty((1, w.n)), self._empty((1, w.n))
+        hq, hds = self._q8_buffers(1, w.n)
+        self._launch(
+            "mmvw", "mmvw_norm", (math.ceil(w.n / rpb),), (int(c["warps"]) * 32,),
+            (
+                xq, xds, np.int32(w.k), w.raw, np.int32(w.row_bytes), np.int32(w.n),
+                np.int32(_QT[w.qtype]), y, r, norm.f32, np.float32(eps), h, hq, hds,
+                self._norm_ticket,
+            ),
+            smem=self._stage_smem((w,)), pdl=True,
+        )  # fmt: skip
+        self._q8_remember(h, hq, hds)
+        return y, h
+
+    def ffn_norm(
+        self,
+        h: Any,
+        gate: CudaWeight,
+        up: CudaWeight,
+        down: CudaWeight,
+        r: Any,
+        norm: CudaWeight,
+        eps: float,
+    ) -> tuple[Any, Any]:
+        """ffn then the next norm; under fuse_norm the down projection's launch ends in it."""
+        if not self._wide(h, (gate, up)):
+            return super().ffn_norm(h, gate, up, down, r, norm, eps)
+        g = self._decode_gate_up(self._decode_row(h), gate, up)
+        return self.matmul_add_norm(g, down, r, norm, eps)
 
     def _to_f16(self, x: Any) -> Any:
+        cached = self._resident_on()  # fp16 forms are kept under matmul_prefill.resident
+        if cached and (hit := self._f16_lookup(x)) is not None:
+            return hit
         xh = self._empty(x.shape, np.uint16)
         n = int(x.size)
         self._launch("dequant", "f32_to_f16", (self._grid1(n, 256),), (256,), (x, xh, np.int64(n)))
+        if cached:
+            self._f16_remember(x, xh)
         return xh
 
     def _staged(self, x: Any, w: CudaWeight, y: Any, scratch_bytes: int) -> None:
@@ -830,7 +1028,9 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
             )
             return out
         c = self.config.op("attention_prefill")
-        if c.variant == "flash" and D <= 128 and D % 4 == 0:
+        if c.variant in ("flash_tc", "gemm"):  # tensor cores: prefill.py
+            self._attn_tc(q, cache, layer, pos0, out, c)
+        elif c.variant == "flash" and D <= 128 and D % 4 == 0:
             bq, rpw = int(c["block_q"]), int(c["rows_per_warp"])
             smem = 4 * (bq * D + 2 * 32 * (D + 4))
             self._launch(
@@ -946,6 +1146,8 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
             self._q8_remember(out, xq, xds)
             return out
         th = int(self.config.op("swiglu")["threads"])
+        if gate.ndim == 2 and self._fuse_f16(int(gate.shape[0])):  # and the GEMM's fp16 input
+            return self._swiglu_f16(gate, up, out, th)
         self._launch(
             "elementwise", "swiglu", (self._grid1(n, th),), (th,), (gate, up, out, np.int64(n))
         )
@@ -1010,6 +1212,7 @@ class CudaBackend(CudaHybridOps, Backend):  # hybrid ops: engine/backends/cuda/h
 
         self._stream.synchronize()
         self._q8.clear()  # quantized forms made outside the capture are not in the graph
+        self._f16.clear()
         cp.cuda.set_allocator(alloc)
         self._capturing = True
         self._stream.begin_capture()

@@ -162,6 +162,9 @@ def default_choice(op: str, variant: str) -> OpChoice:
 # Float weights under matmul_decode.mmvq (which decodes block types only) use dmmv at its
 # registry defaults.
 DECODE_FALLBACK = default_choice("matmul_decode", "dmmv")
+# attention.cu (decode attention) at the flash variant's defaults when attention_prefill names
+# another source file.
+FLASH_DEFAULT = default_choice("attention_prefill", "flash")
 
 
 def modules_for(cfg: TuningConfig) -> dict[str, tuple[str, dict[str, int]]]:
@@ -178,6 +181,12 @@ def modules_for(cfg: TuningConfig) -> dict[str, tuple[str, dict[str, int]]]:
     if moe.variant == "grouped":  # its decode (T = 1) is the dmmv variant's, with the same knobs
         dmmv = REGISTRY.op("cuda", "moe_experts").variant("dmmv")
         mods["moe"] = (Path(dmmv.source).name, variant_defines(dmmv, moe))
+    if cfg.op("attention_prefill").variant == "flash_tc":  # head dims it has no kernel for
+        gemm = REGISTRY.op("cuda", "attention_prefill").variant("gemm")
+        mods["attention_gemm"] = (Path(gemm.source).name, {})
+    if "attention" not in mods:  # attention_prefill lives in another file: decode's kernels
+        flash = REGISTRY.op("cuda", "attention_prefill").variant("flash")
+        mods["attention"] = (Path(flash.source).name, variant_defines(flash, FLASH_DEFAULT))
     if "decode" not in mods:  # matmul_decode is not dmmv: the float-weight fallback
         dmmv = REGISTRY.op("cuda", "matmul_decode").variant("dmmv")
         mods["decode"] = (Path(dmmv.source).name, variant_defines(dmmv, DECODE_FALLBACK))

@@ -2,13 +2,14 @@
 CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION attribute may start while the previous
 kernel of the stream is still running, once that kernel's blocks have all executed
 ``griddepcontrol.launch_dependents``; it waits at ``griddepcontrol.wait`` (common.cuh
-``pdl_wait``) until the previous grid has completed and its writes are visible. In a captured
+``pdl_start``, which triggers its own dependents first) until the previous grid has completed
+and its writes are visible. In a captured
 graph this becomes a programmatic edge: the launch latency of the next kernel hides behind the
 tail of the previous one.
 
 CuPy's RawKernel launches through cuLaunchKernel, which takes no attributes, so this module calls
 the driver's cuLaunchKernelEx through ctypes with the CuPy function's handle. Only kernels that
-call ``pdl_wait`` before reading anything may be launched this way (CudaBackend passes
+call ``pdl_start`` before reading anything may be launched this way (CudaBackend passes
 ``pdl=True`` for exactly those). No CuPy import here.
 """
 

@@ -151,10 +151,88 @@ REGISTRY.register(
                 Param("warps", (1, 2, 4, 8), 4, "warps per block", define("NW")),
                 Param(
                     "unroll",
-                    (1, 2, 4),
+                    (1, 2, 4, 8),
                     2,
                     "slots per lane per iteration (weight loads in flight before use)",
                     define("UNROLL"),
+                ),
+                Param(
+                    "wload",
+                    (0, 1, 2),
+                    0,
+                    "Q4_K / Q6_K weight loads: 0 ld.global.nc; 1 + L1::no_allocate (weights "
+                    "read once leave L1 to the activations); 2 + L2::256B prefetch of the run "
+                    "the neighbouring lanes read next",
+                    define("WLOAD"),
+                ),
+                Param(
+                    "min_blocks",
+                    (0, 4, 8, 12, 16),
+                    0,
+                    "blocks per SM __launch_bounds__ sizes registers for (0: no bound): "
+                    "occupancy, so more loads in flight per SM",
+                    define("MINB"),
+                ),
+                Param(
+                    "prefetch",
+                    (0, 1),
+                    0,
+                    "1: each block asks the L2 for its weight rows (cp.async.bulk.prefetch, "
+                    "sm_90) before it waits for the previous kernel: with pdl = 1 the weights "
+                    "stream in while that kernel finishes",
+                    define("PREFETCH"),
+                ),
+                Param(
+                    "stage",
+                    (0, 1),
+                    0,
+                    "1: each block's Q4_K / Q6_K weight rows come into shared memory by one bulk "
+                    "copy (cp.async.bulk, sm_90; issued before the PDL wait) and are read from "
+                    "there: all of a block's weight bytes in flight at once, without registers",
+                    define("STAGE"),
+                ),
+                Param(
+                    "fuse_swiglu",
+                    (0, 1),
+                    0,
+                    "1: gate and up in one launch whose blocks own 32 rows of each and write "
+                    "silu(gate) * up and its Q8_1 block (mmvw_glu): no swiglu_q8 launch",
+                    HOST,
+                ),
+                Param(
+                    "fuse_rope",
+                    (0, 1),
+                    0,
+                    "1: q, k, v with their biases in one launch that also writes v into the KV "
+                    "cache and ropes each q / k head in the last of its blocks to finish "
+                    "(mmvw_qkv): no rope_kv launch",
+                    HOST,
+                ),
+                Param(
+                    "glu_threads_per_row",
+                    (2, 4, 8, 16),
+                    8,
+                    "lanes per row of mmvw_glu (fuse_swiglu): its block is the 64 rows of 32 "
+                    "outputs x this many lanes, all in one pass (fewer: more blocks resident, "
+                    "one wave where 8 or 16 lanes take two)",
+                    define("GLU_TPR"),
+                ),
+                Param(
+                    "glu_unroll",
+                    (1, 2, 4, 8),
+                    4,
+                    "slots per lane per iteration in mmvw_glu (its rows are few per block and "
+                    "long per lane: its own depth of loads in flight)",
+                    define("GLU_UNROLL"),
+                ),
+                Param(
+                    "fuse_norm",
+                    (0, 1),
+                    0,
+                    "1: the attention-output and down projections (+ residual) end in the "
+                    "next RMSNorm and its Q8_1 form, run by the grid's last block "
+                    "(mmvw_norm): no rms_norm_q8 launch",
+                    HOST,
                 ),
                 Param(
                     "pdl",
@@ -322,6 +400,29 @@ REGISTRY.register(
             numeric="int8_activations",
             doc="fused-dequant int8 GEMM on Q8_1 activations: int8 weight tiles with per-16 "
             "scales, mma.sync m16n8k16 s8 -> s32, scaled into float32 per 16 k",
+        ),
+        Variant(
+            B,
+            "matmul_prefill",
+            "resident",
+            params=(
+                Param(
+                    "fuse_f16",
+                    (0, 1),
+                    1,
+                    "1: rms_norm and swiglu of a prefill chunk also store the fp16 copy the "
+                    "GEMM reads (prefill_f16.cu), so no separate f32_to_f16 pass; the bits are "
+                    "the same as the pass's",
+                    HOST,
+                ),
+            ),
+            quant_types=ALL_TYPES,
+            source="cuda/prefill_f16.cu",
+            numeric="fp16",
+            doc="staged's arithmetic without its per-GEMM dequantize: each 2-D weight's fp16 "
+            "copy is made once, at its first prefill GEMM, and kept on the GPU (counted in "
+            "memory_report's weights; 7B ~14 GiB more), then one cuBLAS GEMM (fp16 in, fp32 "
+            "accumulate and out)",
         ),
     ],
 )
@@ -526,6 +627,72 @@ REGISTRY.register(
             source="cuda/attention.cu",
             numeric="order_only",
             doc="tiled flash attention in shared memory (head dim <= 128; else the split kernel)",
+        ),
+        Variant(
+            B,
+            "attention_prefill",
+            "gemm",
+            params=(
+                Param(
+                    "block_q",
+                    (64, 128, 256, 512, 1024),
+                    256,
+                    "query tokens per pass; a pass multiplies only the keys its last query "
+                    "sees (causal: fewer passes, more masked work)",
+                    HOST,
+                ),
+                Param(
+                    "softmax_warps",
+                    (1, 2, 4, 8),
+                    4,
+                    "warps (one score row each) per block of the masked softmax",
+                    PUSHED,
+                ),
+            ),
+            source="cuda/attention_gemm.cu",
+            numeric="fp16",
+            doc="tensor cores through cuBLAS: q, k, v to fp16 (each kv head repeated for its "
+            "query heads), S = QK^T per head (strided-batched, fp32 accumulate and out), a "
+            "causal softmax to fp16 P, O = PV written into [T, H, D]; any head dim",
+        ),
+        Variant(
+            B,
+            "attention_prefill",
+            "flash_tc",
+            params=(
+                Param(
+                    "block_q",
+                    (32, 64, 128),
+                    64,
+                    "query rows per block, 16 per warp",
+                    define("FBQ"),
+                ),
+                Param("block_k", (32, 64, 128), 64, "keys per shared-memory tile", define("FBK")),
+            ),
+            constraints=(
+                _cc_at_least(80),
+                Constraint(
+                    "flash_tc's shared tiles (block_q + 2 * block_k) x 136 halves fit a block",
+                    lambda cfg, dev: (
+                        cfg.op("attention_prefill").variant != "flash_tc"
+                        or dev is None
+                        or not dev.extra.get("smem_per_block_optin")  # unknown: Ampere+ has 99K
+                        or (
+                            _p(cfg, "attention_prefill", "block_q")
+                            + 2 * _p(cfg, "attention_prefill", "block_k")
+                        )
+                        * 136
+                        * 2
+                        <= int(dev.extra["smem_per_block_optin"])
+                    ),
+                ),
+            ),
+            source="cuda/attention_tc.cu",
+            numeric="fp16",
+            doc="one-kernel flash attention on fp16 tensor cores (mma.sync m16n8k16): Q "
+            "fragments in registers, K/V tiles converted from the float32 cache into shared "
+            "memory, online softmax, P rounded to fp16 for P V. Head dims 32/64/96/128 (else "
+            "the gemm variant at its defaults)",
         ),
         Variant(
             B,

@@ -1,0 +1,196 @@
+"""The decode fusions of matmul_decode.mmvw without a GPU (tests/cuda_fake.py): fuse_swiglu and
+fuse_norm reach the host schedule (mmvw_glu and mmvw_norm launched with their kernels'
+signatures and grids, swiglu_q8 and all but the first and last rms_norm_q8 gone), their
+defaults keep today's launches, and the knobs that are -D defines build mmvw.cu with them.
+The kernels themselves run in tests/test_cuda_decode_fused.py (-m gpu)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from engine.backends.cuda import kernels
+from engine.tuning import REGISTRY, TuningConfig
+from tests.cuda_fake import FakeCuda
+
+PROMPT = list(range(5, 5 + 12))
+BASE = {"matmul_decode.variant": "mmvw", "rope.fuse_kv": 1}
+
+
+def cfg(**flat) -> TuningConfig:
+    return TuningConfig.from_flat("cuda", flat)
+
+
+def _decode_launches(tiny_model_factory, flat: dict, steps: int = 3) -> tuple[FakeCuda, list]:
+    from engine.gguf_model import open_model
+    from engine.models import build_model
+
+    be = FakeCuda(cfg(**flat))
+    m = build_model(open_model(tiny_model_factory("qwen2", "q4_k_m")), be)
+    cache = m.new_cache(len(PROMPT) + steps + 1)
+    m.prefill(PROMPT, cache)
+    be.launches.clear()
+    tok = be.upload(np.array([1], np.int32))
+    m.forward(tok, 1, len(PROMPT), cache)
+    return be, list(be.launches), m
+
+
+@pytest.mark.parametrize(
+    "knobs",
+    [{}, {"matmul_decode.fuse_swiglu": 1}, {"matmul_decode.fuse_norm": 1},
+     {"matmul_decode.fuse_rope": 1, "rope.fuse_kv": 0},
+     {"matmul_decode.fuse_swiglu": 1, "matmul_decode.fuse_norm": 1,
+      "matmul_decode.fuse_rope": 1, "matmul_decode.threads_per_row": 8,
+      "matmul_decode.rows_per_thread": 4, "matmul_decode.glu_threads_per_row": 16}],
+    ids=["off", "swiglu", "norm", "rope", "all"],
+)  # fmt: skip
+def test_fused_decode_launches(tiny_model_factory, knobs):
+    be, launches, m = _decode_launches(tiny_model_factory, BASE | knobs)
+    n = m.spec.n_layers
+    count = Counter(launch.kernel for launch in launches)
+    glu = knobs.get("matmul_decode.fuse_swiglu", 0) == 1
+    norm = knobs.get("matmul_decode.fuse_norm", 0) == 1
+    assert count["mmvw_glu"] == (n if glu else 0)
+    assert count["swiglu_q8"] == (0 if glu else n)
+    assert count["mmvw_norm"] == (2 * n - 1 if norm else 0)  # o and down; the last down not
+    # the first layer's input norm and the output norm stay; the rest end mmvw_norm launches
+    assert count["rms_norm_q8"] == (2 if norm else 2 * n + 1)
+    rope = knobs.get("matmul_decode.fuse_rope", 0) == 1
+    assert count["mmvw_qkv"] == (n if rope else 0)
+    assert count["rope_kv"] == (0 if rope else n)
+    # per layer: q/k/v (+ rope_kv), attention (split + combine), o (+ rms_norm_q8), gate/up
+    # (+ swiglu_q8), down; the next layer's norm after all but the last down; outside the
+    # layers: embedding, the first norm, the output norm, the LM head
+    layer = (1 if rope else 2) + 2 + (1 if norm else 2) + (1 if glu else 2) + 1
+    assert len(launches) == 2 + n * layer + (n - 1) * (0 if norm else 1) + 2, count
+    c = be.config.op("matmul_decode")
+    rpb = int(c["warps"]) * 32 // int(c["threads_per_row"]) * int(c["rows_per_thread"])
+    for launch in launches:
+        if launch.kernel in ("mmvw", "mmvw_norm"):
+            assert launch.block == (int(c["warps"]) * 32, 1, 1)
+        if launch.kernel == "mmvw_glu":
+            assert launch.grid[0] == -(-m.spec.n_ff // 32), launch.grid  # a block per 32 rows
+            assert launch.block == (64 * int(c["glu_threads_per_row"]), 1, 1)
+        if launch.kernel == "mmvw_qkv":
+            H, Hkv, D = m.spec.n_head, m.spec.n_head_kv, m.spec.head_dim
+            nbs = [-(-r // rpb) for r in (H * D, Hkv * D, Hkv * D)]
+            assert launch.grid[0] == sum(nbs) and int(launch.args[3]) == nbs[0]
+            assert launch.args[-1] is be._rope_tickets
+        if launch.kernel == "mmvw_norm":
+            N = int(launch.args[5])
+            assert launch.grid[0] == -(-N // rpb)
+            assert launch.args[-1] is be._norm_ticket
+
+
+def test_fusions_fall_back_off_decode(tiny_model_factory):
+    """A prompt (T > 1) under the fused knobs runs the unfused schedule: no fused launch."""
+    from engine.gguf_model import open_model
+    from engine.models import build_model
+
+    flat = BASE | {"matmul_decode.fuse_swiglu": 1, "matmul_decode.fuse_norm": 1}
+    be = FakeCuda(cfg(**flat))
+    m = build_model(open_model(tiny_model_factory("qwen2", "q4_k_m")), be)
+    gen = m.generate(PROMPT, 2, path="batched")
+    assert len(gen.tokens) == 2
+    prefill_kernels = be.kernels_run()
+    assert {"mmvw_glu", "mmvw_norm"} <= prefill_kernels  # the two decode steps
+    be.launches.clear()
+    cache = m.new_cache(len(PROMPT) + 1)
+    m.prefill(PROMPT, cache)
+    assert not {"mmvw_glu", "mmvw_norm"} & be.kernels_run()
+
+
+@pytest.mark.parametrize(
+    "knob,macro",
+    [("wload", "WLOAD"), ("min_blocks", "MINB"), ("unroll", "UNROLL"),
+     ("glu_threads_per_row", "GLU_TPR"), ("glu_unroll", "GLU_UNROLL")],
+)  # fmt: skip
+def test_define_knobs_build_mmvw_with_them(knob, macro):
+    d = cfg(**BASE)
+    assert kernels.modules_for(d)["mmvw"][1][macro] == d.op("matmul_decode")[knob]
+    for value in {"wload": (1, 2), "glu_threads_per_row": (2, 16), "min_blocks": (4, 16)}.get(
+        knob, (2, 8)
+    ):
+        mods = kernels.modules_for(cfg(**BASE, **{f"matmul_decode.{knob}": value}))
+        assert mods["mmvw"] == ("mmvw.cu", {**mods["mmvw"][1], macro: value})
+        assert mods["mmvw"][1][macro] == value
+
+
+def test_blame_names_the_fused_op_the_hooked_replay_bypasses():
+    """A fault only in mmvw_glu / mmvw_norm / rope_kv is invisible to blame's hooked (unfused)
+    replay; validate then names the op whose fusion is on."""
+    from types import SimpleNamespace
+
+    from engine.validate import _fusion_blame
+
+    be = FakeCuda(cfg())
+    assert be.hook_bypassed_fusions(cfg(**BASE)) == ["rope"]
+    on = cfg(**BASE, **{"matmul_decode.fuse_norm": 1})
+    assert be.hook_bypassed_fusions(on) == ["matmul_decode", "rope"]
+    assert be.hook_bypassed_fusions(cfg(**{"matmul_decode.variant": "mmvw"})) == []
+    rope = cfg(**{"matmul_decode.variant": "mmvw", "matmul_decode.fuse_rope": 1})
+    assert be.hook_bypassed_fusions(rope) == ["matmul_decode"]
+    b = _fusion_blame(SimpleNamespace(backend=be), on)
+    assert b.op == "matmul_decode" and b.params["fuse_norm"] == 1 and "fused" in b.label
+    assert _fusion_blame(SimpleNamespace(backend=be), cfg()) is None
+
+
+def _device_speed():  # noqa: ANN202 - the script as a module
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "device_speed.py"
+    spec = importlib.util.spec_from_file_location("device_speed", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_device_speed_variants_and_sweep_steps_are_valid_configs():
+    ds = _device_speed()
+    for name in ds.VARIANTS:
+        ds.config(name)  # a ConfigError names a knob the registry does not have
+    base = ds.VARIANTS["fused_all"]
+    steps = ds.sweep_order(base, "glu_threads_per_row")
+    assert [s["matmul_decode.glu_threads_per_row"] for s in steps] == [8, 2, 4, 16]
+    assert all(TuningConfig.from_flat("cuda", s) for s in steps)
+    splits = ds.sweep_order(base, "attention_decode.splits")  # split_kw's knob, base's value first
+    assert splits[0]["attention_decode.splits"] == 8 and len(splits) == 6
+    with pytest.raises(ValueError, match="no knob 'bogus'; knobs: "):
+        ds.sweep_param(base, "bogus")
+    mmvw = REGISTRY.op("cuda", "matmul_decode").variant("mmvw")
+    assert set(ds.SWEEP_KNOBS) <= {p.name for p in mmvw.params}
+
+
+def test_ragged_ffn_glu_writes_no_q8_form(tiny_model_factory):
+    """F = 688 (no multiple of 32; ffn_down F16): mmvw_glu still runs, with a null Q8_1 output,
+    and the down projection (float weights) goes through dmmv; o still ends in mmvw_norm."""
+    from engine.gguf_model import open_model
+    from engine.models import build_model
+
+    flat = BASE | {f"matmul_decode.{k}": 1 for k in ("fuse_swiglu", "fuse_norm", "fuse_rope")}
+    be = FakeCuda(cfg(**flat))
+    m = build_model(open_model(tiny_model_factory("qwen2", "q4_k_m", preset="ragged")), be)
+    assert m.spec.n_ff % 32
+    m.generate(PROMPT, 2, path="batched")
+    glu = [launch for launch in be.launches if launch.kernel == "mmvw_glu"]
+    assert glu and all(isinstance(g.args[11], np.uint64) and g.args[11] == 0 for g in glu)
+    assert all(g.grid[0] == -(-m.spec.n_ff // 32) for g in glu)
+    run = be.kernels_run()
+    assert {"mmvw_norm", "mmvw_qkv", "dmmv_f16"} <= run and "swiglu_q8" not in run, sorted(run)
+
+
+def test_stage_smem_is_a_blocks_rows_of_the_widest_matrix():
+    from engine.backends.cuda.backend import CudaWeight
+
+    def w(row_bytes: int) -> CudaWeight:
+        return CudaWeight("w", "Q4_K", (8, 256), raw=np.zeros((8, row_bytes), np.uint8))
+
+    be = FakeCuda(cfg(**BASE))
+    assert be._stage_smem((w(144),)) == 0  # stage off: no dynamic shared memory
+    be.set_config(cfg(**BASE, **{"matmul_decode.stage": 1, "matmul_decode.rows_per_thread": 2}))
+    rpb = be._mmvw_rows_per_block()
+    assert rpb == 8 and be._stage_smem((w(144), w(224), w(144))) == 8 * 224
+    assert be._stage_smem((w(232448 // 8),)) == 0  # past the opt-in limit: global reads
