@@ -40,7 +40,7 @@ VARIANTS: dict[str, dict] = {
     "fc": {"attention.fuse_combine": 1},
     "mmvw_all": MMVW | FUSE | {"attention.fuse_combine": 1},
     "mmvw_all_s16": MMVW | FUSE | {"attention.fuse_combine": 1, "attention.splits": 16},
-    "mmvw_epi": MMVW | FUSE | {"attention.fuse_combine": 1, MD + "rope_epilogue": True},
+    "mmvw_epi": MMVW | FUSE | {"attention.fuse_combine": 1, MD + "fuse_rope": 1},
     "mmvw_bytes": MMVW | FUSE | {MD + "pair_mul": False},
     "mmvw_q8blk": MMVW | FUSE | {"quantize_act.coalesced": False},
     "mmvw_u1": MMVW | FUSE | {MD + "unroll": 1},

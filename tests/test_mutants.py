@@ -96,7 +96,7 @@ def test_vulkan_mutant_is_rejected_and_blamed(m, ragged, vulkan_factory):
         {
             "matmul_decode.variant": "mmvw",
             "matmul_decode.threads_per_row": 4,
-            "matmul_decode.rope_epilogue": True,
+            "matmul_decode.fuse_rope": 1,
         },
         {"attention.splits": 1, "attention.splits_prefill": 8, "argmax.slices": 1024},
     ],

@@ -319,8 +319,8 @@ def test_attention_fuse_combine(vb, T, H, Hkv, D, pos0, splits, mmvw):
     ids=["default", "r4-w8-t4"],
 )
 @pytest.mark.parametrize("pos0,bias", [(0, True), (13, False), (40, True)])
-def test_rope_epilogue_is_fused_kv_bit_for_bit(vb, flat, neox, pos0, bias):
-    """matmul_decode.rope_epilogue: q/k/v, biases, both ropes and the KV write in the mmvw
+def test_fuse_rope_is_fused_kv_bit_for_bit(vb, flat, neox, pos0, bias):
+    """matmul_decode.fuse_rope: q/k/v, biases, both ropes and the KV write in the mmvw
     dispatch give exactly what mmvw + rope.fuse_kv gives (same sums, same rotation), the
     cache's other slots untouched; one dispatch after the quantize."""
     rng = np.random.default_rng(pos0 * 3 + neox)
@@ -331,7 +331,7 @@ def test_rope_epilogue_is_fused_kv_bit_for_bit(vb, flat, neox, pos0, bias):
     bs = tuple(vb.load_weight(qtensor(rng, (w.shape[0],), "F32", std=1.0)) for w in wq)
     h = rng.standard_normal((1, C)).astype(np.float32)
     runs = []
-    for extra in ({"rope.fuse_kv": 1}, {MD + "rope_epilogue": True}):
+    for extra in ({"rope.fuse_kv": 1}, {MD + "fuse_rope": 1}):
         vb.set_config(_cfg(vb, flat | extra))
         cache = vb.new_kv_cache(1, pos0 + 4, Hkv, D)
         ht = vb.upload(h)
@@ -348,8 +348,8 @@ def test_rope_epilogue_is_fused_kv_bit_for_bit(vb, flat, neox, pos0, bias):
     assert not np.delete(k, pos0, axis=0).any() and not np.delete(v, pos0, axis=0).any()
 
 
-def test_rope_epilogue_needs_row_pairs(vb):
+def test_fuse_rope_needs_row_pairs(vb):
     cfg = TuningConfig.default("vulkan").replace(
-        **MMVW, **{MD + "rope_epilogue": True, MD + "rows_per_thread": 1}
+        **MMVW, **{MD + "fuse_rope": 1, MD + "rows_per_thread": 1}
     )
-    assert any("rope_epilogue" in p for p in cfg.problems(None))
+    assert any("fuse_rope" in p for p in cfg.problems(None))

@@ -25,7 +25,7 @@
 // (the outputs at their offsets; one buffer may serve all), 10 the RoPE cos/sin table, 11 the
 // dynamic scalars. Unused matrices have no workgroups (wg1 == wg2 == total).
 // K % 256 == 0; x_off % 4 == 0 (uvec4 loads).
-// RoPE epilogue (matmul_decode.rope_epilogue; bits of a matrix's type word): MODE_ROPE rotates
+// RoPE epilogue (matmul_decode.fuse_rope; bits of a matrix's type word): MODE_ROPE rotates
 // pairs of rows as rope.comp does (all dims, pairs (2p, 2p + 1), or with neox (p, p + D/2) of
 // each head: logical rows 2j and 2j + 1 are pair j's, so a lane's ROWS_PER_THREAD (even) rows
 // hold whole pairs), MODE_AT_POS stores at y + pos * N (pos from the dynamic scalars: the KV

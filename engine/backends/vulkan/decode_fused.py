@@ -7,7 +7,7 @@ Q8_1 (shaders/vulkan/q8_1.glsl). rms_norm, swiglu and the split attention's merg
 write that form as they store and remember it, so the matmuls after them need no quantize
 dispatch; q/k/v (and gate/up) go through one mmvw dispatch, the q/k/v biases and the residuals
 are added as mmvw stores. With rope.fuse_kv = 1, RoPE of q and k and the KV write are one
-dispatch; with matmul_decode.rope_epilogue they happen in the q/k/v dispatch itself; with
+dispatch; with matmul_decode.fuse_rope they happen in the q/k/v dispatch itself; with
 attention.fuse_combine the attention is one dispatch. A decode layer is 8 dispatches instead of
 19 with all of them.
 """
@@ -160,7 +160,7 @@ class FusedDecode:
                 f"into a cache of {cache.capacity}"
             )
         c = self.config.op("matmul_decode")
-        if wide and c["rope_epilogue"] and all(len(w.parts) == 1 for w in wqkv) and D % 2 == 0:
+        if wide and int(c["fuse_rope"]) and all(len(w.parts) == 1 for w in wqkv) and D % 2 == 0:
             # q/k/v + biases, both ropes and the KV write in this one dispatch
             ck, cv = cache.k[layer], cache.v[layer]
             if ck.shape[1:] != (Hkv, D) or wqkv[0].shape[0] != H * D:

@@ -132,9 +132,9 @@ def _block_rows_per_thread(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
     return int(c["rows_per_thread"]) <= int(c["rows_per_wg"])
 
 
-def _rope_epilogue_rows(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
+def _fuse_rope_rows(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
     c = cfg.op("matmul_decode")
-    return not c["rope_epilogue"] or int(c["rows_per_thread"]) >= 2
+    return not int(c["fuse_rope"]) or int(c["rows_per_thread"]) >= 2
 
 
 SUBGROUP_FEATURE_SHUFFLE = 0x10  # VkSubgroupFeatureFlagBits
@@ -314,12 +314,12 @@ REGISTRY.register(
                     spec(4),
                 ),
                 Param(
-                    "rope_epilogue",
-                    (False, True),
-                    False,
-                    "q/k/v of a decode token: RoPE of q and k and the KV-cache write in the "
-                    "matmul's store (row pairs per lane; rows_per_thread >= 2): one dispatch for "
-                    "attn_in (rope.fuse_kv then unused there)",
+                    "fuse_rope",
+                    (0, 1),
+                    0,
+                    "1: q, k, v with their biases in one dispatch that also ropes q and k and "
+                    "writes k and v into the KV cache as it stores (a lane's rows are whole RoPE "
+                    "pairs; rows_per_thread >= 2): no rope dispatch (as CUDA's fuse_rope)",
                     HOST,
                 ),
                 Param(
@@ -344,8 +344,8 @@ REGISTRY.register(
                 Constraint("rows_per_thread <= rows_per_wg", _block_rows_per_thread),
                 Constraint("the device has subgroup shuffle operations", _has_shuffle),
                 Constraint(
-                    "rope_epilogue needs rows_per_thread >= 2 (a lane holds whole RoPE pairs)",
-                    _rope_epilogue_rows,
+                    "fuse_rope needs rows_per_thread >= 2 (a lane holds whole RoPE pairs)",
+                    _fuse_rope_rows,
                 ),
             ),
             quant_types=QUANT_TYPES,
