@@ -447,7 +447,10 @@ def test_staging_paths_of_discrete_gpus(tiny_model_path, monkeypatch):
             < 1e-10
         )
         g = open_model(tiny_model_path)
+        before = be.stats()
         a = build_model(g, be).generate(list(range(3, 40)), 10, keep_logits=True)
+        # each step's graph + the token's staging copy replays (keyed on the graph's key)
+        assert be.stats()["replays"] - before["replays"] >= 7
         b = build_model(g, NumpyBackend()).generate(list(range(3, 40)), 10, keep_logits=True)
         assert a.tokens == b.tokens
         assert np.abs(a.last_logits - b.last_logits).max() < 1e-3
