@@ -85,8 +85,10 @@ class HybridModel(Model):
     def trunk(self, ids: Tensor, n: int, pos0: int, cache: HybridCache) -> Tensor:
         """n tokens at positions pos0.. through every layer -> hidden states [n, C]; the K/V of
         the attention layers and the recurrent state of the delta-net layers are updated. Every
-        op's output passes ``_tap`` (validate's blame)."""
+        op's output passes ``_tap`` (validate's blame). With no hook watching, the residual adds
+        go through the backend's fused ops (matmul_add, ffn: by default the same op calls)."""
         b, s, w, tap = self.backend, self.spec, self.weights, self._tap
+        fused = self.hook is None
         x = tap("embedding", "token_embd", -1, b.embedding(w["token_embd.weight"], ids), pos0)
         for i in range(s.n_layers):
             p = f"blk.{i}."
@@ -97,17 +99,30 @@ class HybridModel(Model):
                 b.rms_norm(x, w[p + "attn_norm.weight"], s.rms_eps),
                 pos0,
             )
+            r = x if fused else None  # fused: the mixer's output projection adds x itself
             if s.is_recurrent(i):
-                mix = self._delta_net(h, n, i, pos0, cache)
+                mix = self._delta_net(h, n, i, pos0, cache, r)
             else:
-                mix = self._attention(h, n, i, pos0, cache)
-            x = tap("add", "attn_residual", i, b.add(x, mix), pos0)
+                mix = self._attention(h, n, i, pos0, cache, r)
+            x = mix if fused else tap("add", "attn_residual", i, b.add(x, mix), pos0)
             h = b.rms_norm(x, w[p + "post_attention_norm.weight"], s.rms_eps)
             h = tap("rms_norm", "post_attention_norm", i, h, pos0)
-            x = tap("add", "ffn_residual", i, b.add(x, self._ffn(h, i, pos0)), pos0)
+            if fused and s.moe is None:
+                x = b.ffn(h, *(w[p + f"ffn_{t}.weight"] for t in ("gate", "up", "down")), x)
+            else:
+                x = tap("add", "ffn_residual", i, b.add(x, self._ffn(h, i, pos0)), pos0)
         return x
 
-    def _delta_net(self, h: Tensor, n: int, i: int, pos0: int, cache: HybridCache) -> Tensor:
+    def _out(self, o: Tensor, name: str, i: int, pos0: int, r: Tensor | None) -> Tensor:
+        """The mixer's output projection; with r, r + it through the backend's matmul_add."""
+        wt = self.weights[f"blk.{i}.{name}.weight"]
+        if r is not None:
+            return self.backend.matmul_add(o, wt, r)
+        return self._tap("matmul", name, i, self.backend.matmul(o, wt), pos0)
+
+    def _delta_net(
+        self, h: Tensor, n: int, i: int, pos0: int, cache: HybridCache, r: Tensor | None
+    ) -> Tensor:
         b, w, ssm, p = self.backend, self.weights, self.spec.ssm, f"blk.{i}."
         eps = self.spec.rms_eps
 
@@ -115,17 +130,18 @@ class HybridModel(Model):
             return self._tap(op, label, i, t, pos0)
 
         Hk, Hv, dk, dv = ssm.n_k_heads, ssm.n_v_heads, ssm.head_k_dim, ssm.head_v_dim
-        kd, r = ssm.key_dim, Hv // Hk
-        qkv = tap("matmul", "attn_qkv", b.matmul(h, w[p + "attn_qkv.weight"]))  # [T, 2Kd + Vd]
-        z = tap("matmul", "attn_gate", b.matmul(h, w[p + "attn_gate.weight"]))  # [T, Vd]
-        if p + "ssm_ba.weight" in w:  # qwen3next: per K head [b (r), a (r)], V heads grouped
-            ba = tap("matmul", "ssm_ba", b.matmul(h, w[p + "ssm_ba.weight"]))
-            ba = b.reshape(ba, (n, Hk, 2 * r))
-            beta_in = b.reshape(tap("cols", "ssm_b", b.cols(ba, 0, r)), (n, Hv))
-            alpha = b.reshape(tap("cols", "ssm_a_in", b.cols(ba, r, 2 * r)), (n, Hv))
+        kd, rv = ssm.key_dim, Hv // Hk
+        # the in-projections of h in one matmuls call: [T, 2Kd + Vd], [T, Vd], then b and a
+        ba_names = ("ssm_ba",) if p + "ssm_ba.weight" in w else ("ssm_beta", "ssm_alpha")
+        names = ("attn_qkv", "attn_gate", *ba_names)
+        outs = b.matmuls(h, tuple(w[p + nm + ".weight"] for nm in names))
+        qkv, z, *ba_out = (tap("matmul", nm, t) for nm, t in zip(names, outs, strict=True))
+        if len(ba_out) == 1:  # qwen3next: per K head [b (rv), a (rv)], V heads grouped
+            ba = b.reshape(ba_out[0], (n, Hk, 2 * rv))
+            beta_in = b.reshape(tap("cols", "ssm_b", b.cols(ba, 0, rv)), (n, Hv))
+            alpha = b.reshape(tap("cols", "ssm_a_in", b.cols(ba, rv, 2 * rv)), (n, Hv))
         else:
-            beta_in = tap("matmul", "ssm_beta", b.matmul(h, w[p + "ssm_beta.weight"]))  # [T, Hv]
-            alpha = tap("matmul", "ssm_alpha", b.matmul(h, w[p + "ssm_alpha.weight"]))
+            beta_in, alpha = ba_out  # [T, Hv] each
         g, beta = b.ssm_gates(alpha, beta_in, w[p + "ssm_dt.bias"], w[p + "ssm_a"])
         tap("ssm_gates", "ssm_g", g)
         tap("ssm_gates", "ssm_beta_sigmoid", beta)
@@ -138,22 +154,24 @@ class HybridModel(Model):
         o = b.delta_net(q, k, v, g, beta, cache.ssm[i], ssm.v_order, eps)  # [T, Hv, dv]
         o = tap("delta_net", "ssm_scan", o)
         o = tap("rms_norm", "ssm_norm", b.rms_norm(o, w[p + "ssm_norm.weight"], eps))
-        o = tap("swiglu", "ssm_gated", b.swiglu(b.reshape(z, (n, Hv, dv)), o))  # silu(z) * o
-        o = b.matmul(b.reshape(o, (n, ssm.value_dim)), w[p + "ssm_out.weight"])
-        return tap("matmul", "ssm_out", o)
+        # silu(z) * o on [T, Vd] rows (elementwise; a decode row's int8 form comes with it)
+        o = tap("swiglu", "ssm_gated", b.swiglu(z, b.reshape(o, (n, ssm.value_dim))))
+        return self._out(o, "ssm_out", i, pos0, r)
 
-    def _attention(self, h: Tensor, n: int, i: int, pos0: int, cache: HybridCache) -> Tensor:
+    def _attention(
+        self, h: Tensor, n: int, i: int, pos0: int, cache: HybridCache, r: Tensor | None
+    ) -> Tensor:
         b, s, w, p = self.backend, self.spec, self.weights, f"blk.{i}."
         H, Hkv, D = s.n_head, s.n_head_kv, s.head_dim
 
         def tap(op: str, label: str, t: Tensor) -> Tensor:
             return self._tap(op, label, i, t, pos0)
 
-        qg = tap("matmul", "attn_q", b.matmul(h, w[p + "attn_q.weight"]))
+        qkv = b.matmuls(h, tuple(w[p + f"attn_{t}.weight"] for t in "qkv"))
+        qg, k, v = (tap("matmul", f"attn_{t}", y) for t, y in zip("qkv", qkv, strict=True))
         qg = b.reshape(qg, (n, H, 2 * D))  # [q | gate] per head
         q, gate = tap("cols", "q", b.cols(qg, 0, D)), tap("cols", "q_gate", b.cols(qg, D, 2 * D))
-        k = b.reshape(tap("matmul", "attn_k", b.matmul(h, w[p + "attn_k.weight"])), (n, Hkv, D))
-        v = b.reshape(tap("matmul", "attn_v", b.matmul(h, w[p + "attn_v.weight"])), (n, Hkv, D))
+        k, v = b.reshape(k, (n, Hkv, D)), b.reshape(v, (n, Hkv, D))
         q = tap("rms_norm", "attn_q_norm", b.rms_norm(q, w[p + "attn_q_norm.weight"], s.rms_eps))
         k = tap("rms_norm", "attn_k_norm", b.rms_norm(k, w[p + "attn_k_norm.weight"], s.rms_eps))
         q = tap("rope_partial", "q", b.rope_partial(q, pos0, s.rope_theta, s.rope_dim))
@@ -164,8 +182,7 @@ class HybridModel(Model):
             tap("kv_write", "v_cache", b.rows(cache.v[i], pos0, pos0 + n))
         a = tap("attention", "attn", b.attention(q, cache, i, pos0))  # [T, H, D]
         a = tap("sigmoid_mul", "attn_gated", b.sigmoid_mul(gate, a))
-        o = b.matmul(b.reshape(a, (n, H * D)), w[p + "attn_output.weight"])
-        return tap("matmul", "attn_output", o)
+        return self._out(b.reshape(a, (n, H * D)), "attn_output", i, pos0, r)
 
     def _forced_routes(self, logits: Tensor, i: int, pos0: int) -> Tensor:
         """Push the experts the reference did not choose far down at the positions in
@@ -210,8 +227,8 @@ class HybridModel(Model):
         y = tap("moe_experts", "ffn_moe", y)
         if p + "ffn_up_shexp.weight" not in w:
             return y
-        gate = tap("matmul", "ffn_gate_shexp", b.matmul(h, w[p + "ffn_gate_shexp.weight"]))
-        up = tap("matmul", "ffn_up_shexp", b.matmul(h, w[p + "ffn_up_shexp.weight"]))
+        gate, up = b.matmuls(h, (w[p + "ffn_gate_shexp.weight"], w[p + "ffn_up_shexp.weight"]))
+        gate, up = tap("matmul", "ffn_gate_shexp", gate), tap("matmul", "ffn_up_shexp", up)
         sh = tap("swiglu", "ffn_swiglu_shexp", b.swiglu(gate, up))
         sh = tap("matmul", "ffn_down_shexp", b.matmul(sh, w[p + "ffn_down_shexp.weight"]))
         sgate = tap("matmul", "ffn_gate_inp_shexp", b.matmul(h, w[p + "ffn_gate_inp_shexp.weight"]))

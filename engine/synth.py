@@ -462,20 +462,44 @@ def _make_small(t: TensorPlan, index: int, seed: int) -> np.ndarray:
 
 
 def _submit(
-    pool: ThreadPoolExecutor, t: TensorPlan, index: int, seed: int, fast: bool
+    pool: ThreadPoolExecutor, t: TensorPlan, index: int, seed: int, fast: bool, repeat: bool = False
 ) -> Callable[[], np.ndarray]:
-    """Start generating tensor t; returns a function that waits for it."""
+    """Start generating tensor t; returns a function that waits for it. repeat: only the first
+    chunk is drawn; every later chunk is that chunk's block stream rotated by a random number of
+    blocks (never whole rows), so its rows are new mixes of real blocks at a memcpy's cost (rows
+    of one block have no such mix: drawn in full)."""
     if not fast or len(t.shape) == 1:
         return pool.submit(_make_small, t, index, seed).result
     n, k = t.rows, t.shape[-1]
     out = np.empty((n, row_bytes(t.qtype, k)), dtype=np.uint8)
     rows = max(1, _CHUNK_ELEMS // k)
+    n_chunks = (n + rows - 1) // rows
 
     def fill(chunk: int) -> None:
         r0, r1 = chunk * rows, min(n, (chunk + 1) * rows)
         out[r0:r1] = random_quantized(_tensor_rng(seed, index, chunk), (r1 - r0, k), t.qtype, t.std)
 
-    futures = [pool.submit(fill, c) for c in range((n + rows - 1) // rows)]
+    bb = row_bytes(t.qtype, block_size(t.qtype))  # bytes per block
+    per_row = out.shape[1] // bb
+    if not repeat or n_chunks < 2 or per_row < 2:
+        futures = [pool.submit(fill, c) for c in range(n_chunks)]
+    else:
+        first = pool.submit(fill, 0)
+        base = out[:rows].reshape(-1, bb)
+
+        def rotate(chunk: int) -> None:
+            first.result()
+            nb = len(base)
+            off = 1 + int(_tensor_rng(seed, index, chunk).integers(0, nb - 1))
+            if off % per_row == 0:  # a whole-row shift would copy rows of the first chunk
+                off = off % (nb - 1) + 1
+            r0, r1 = chunk * rows, min(n, (chunk + 1) * rows)
+            dst = out[r0:r1].reshape(-1, bb)
+            head = min(len(dst), nb - off)
+            dst[:head] = base[off : off + head]
+            dst[head:] = base[: len(dst) - head]
+
+        futures = [first] + [pool.submit(rotate, c) for c in range(1, n_chunks)]
 
     def wait() -> np.ndarray:
         for fut in futures:
@@ -537,11 +561,12 @@ def write_synthetic(
                 total=total, unit="B", unit_scale=True, desc=path.name, disable=not progress
             ) as bar,
         ):
-            pending = _submit(pool, plan[0], 0, seed, p.fast)
+            rep = getattr(p, "repeat", False)
+            pending = _submit(pool, plan[0], 0, seed, p.fast, rep)
             for i, t in enumerate(plan):
                 data = pending().reshape(*t.shape[:-1], -1)
                 if i + 1 < len(plan):
-                    pending = _submit(pool, plan[i + 1], i + 1, seed, p.fast)
+                    pending = _submit(pool, plan[i + 1], i + 1, seed, p.fast, rep)
                 writer.write_tensor_data(data)
                 bar.update(t.nbytes)
         writer.close()

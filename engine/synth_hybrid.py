@@ -42,7 +42,8 @@ class HybridPreset:
     n_ctx: int = 32768
     rope_base: float = 1e7
     rms_eps: float = 1e-6
-    fast: bool = False
+    fast: bool = False  # draw quantized blocks directly (engine.synth)
+    repeat: bool = False  # and draw one chunk per tensor, the rest rotated copies (engine.synth)
 
 
 HYBRID_PRESETS: dict[str, HybridPreset] = {
@@ -53,12 +54,13 @@ HYBRID_PRESETS: dict[str, HybridPreset] = {
     ),
     # Qwen3.5-9B-like dense hybrid (32 layers, 8 of them full attention).
     "9b": HybridPreset(
-        32, 4096, 16, 4, 256, 64, 16, 32, 128, 128, 248320, n_ff=12288, fast=True,
+        32, 4096, 16, 4, 256, 64, 16, 32, 128, 128, 248320, n_ff=12288, fast=True, repeat=True,
     ),
-    # Qwen3.5-35B-A3B-like MoE: 256 experts, 8 routed + 1 shared, 40 layers.
+    # Qwen3.5-35B-A3B-like MoE: 256 experts, 8 routed + 1 shared, 40 layers (21 GB at Q4_K_M:
+    # repeat keeps synth near disk speed; every 8 experts are a fresh draw, the rest rotations).
     "35b-a3b": HybridPreset(
         40, 2048, 16, 2, 256, 64, 16, 32, 128, 128, 248320,
-        n_expert=256, n_expert_used=8, n_ff_exp=512, n_ff_shexp=512, fast=True,
+        n_expert=256, n_expert_used=8, n_ff_exp=512, n_ff_shexp=512, fast=True, repeat=True,
     ),
 }  # fmt: skip
 

@@ -12,7 +12,7 @@ python3 -m pip install -q --no-index --no-deps --target /tmp/vk --find-links .gl
 export PYTHONPATH=/tmp/vk:$PWD LD_LIBRARY_PATH=$PWD/.gl/loader:${LD_LIBRARY_PATH:-}
 export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 export VK_ICD_FILENAMES=$VK_DRIVER_FILES FLEETTUNE_SPIRV_CACHE=$PWD/.spv-cache
-export FLEETTUNE_GLSLC=/nonexistent
+export FLEETTUNE_GLSLC=/nonexistent FLEETTUNE_GLSLANG=/nonexistent  # carried SPIR-V only
 # The NVIDIA ICD (libGLX_nvidia) needs libglvnd; Debian's debs, unpacked (carried in .gl).
 for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
 export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json

@@ -3,6 +3,7 @@
     python scripts/gpu_suite.py cuda            # CUDA ops (with the shared contract), CUDA backend
     python scripts/gpu_suite.py vulkan          # the Vulkan suites on whatever driver is set up
     python scripts/gpu_suite.py cuda --json     # the tally as JSON (per file and in total)
+    python scripts/gpu_suite.py cuda --only hybrid   # one part of a suite (--skip: the rest)
 
 Each file runs in its own pytest process with tests/device_fault.py logging every outcome; a
 sticky device error (a CUDA fault, a lost Vulkan device) stops that process after the test that
@@ -140,6 +141,19 @@ def _doc(suite: str, tallies: list[FileTally]) -> dict:
     return {"suite": suite, "files": files, "total": {k: total.get(k, 0) for k in KEYS}}
 
 
+def _select(
+    files: list[tuple[str, str, str | None]], only: str | None, skip: str | None
+) -> list[tuple[str, str, str | None]]:
+    """The suite's files kept by --only (any part matches) and not dropped by --skip."""
+    keep = [p for p in (only or "").split(",") if p]
+    drop = [p for p in (skip or "").split(",") if p]
+    return [
+        e
+        for e in files
+        if (not keep or any(p in e[0] for p in keep)) and not any(p in e[0] for p in drop)
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("suite", choices=sorted(SUITES), help="which GPU suite to run")
@@ -147,9 +161,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=600, help="seconds per pytest process")
     ap.add_argument("--test-timeout", type=float, default=120, help="seconds per test")
     ap.add_argument("--out", help="also write the JSON tally here, rewritten after every file")
+    ap.add_argument(
+        "--only",
+        help="comma-separated parts of file names: run just the suite's files that contain one "
+        "(two cards can split a suite)",
+    )
+    ap.add_argument("--skip", help="comma-separated parts of file names to leave out")
     args = ap.parse_args(argv)
+    files = _select(SUITES[args.suite], args.only, args.skip)
+    if not files:
+        msg = f"gpu_suite: no file of the {args.suite} suite matches --only/--skip"
+        print(msg, file=sys.stderr)
+        return 2
     tallies: list[FileTally] = []
-    for f, m, k in SUITES[args.suite]:
+    for f, m, k in files:
         tallies.append(run_file(f, m, k, args.timeout, args.test_timeout))
         if args.out:  # a caller that runs out of time still has the files done so far
             Path(args.out).write_text(json.dumps(_doc(args.suite, tallies), indent=2))

@@ -109,6 +109,34 @@ def test_delta_net_matches_numpy(be, transposed, v_order, warps, max_dk, dk, dv,
     assert nmse(s_ref, got) < SCAN_NMSE
 
 
+@pytest.mark.parametrize("prefetch", [2, 4, 8])
+@pytest.mark.parametrize(
+    "warps,max_dk,dk,dv,Hk,Hv", [SCAN_SHAPES[1], SCAN_SHAPES[3], SCAN_SHAPES[6]]
+)
+def test_delta_net_prefetch_is_bit_identical(be, prefetch, warps, max_dk, dk, dv, Hk, Hv):
+    """delta_net.prefetch only moves loads ahead: every output and the carried state equal
+    prefetch 1's to the bit, on calls of T off every ring size (1, 3, 9, 37) and against NumPy."""
+    rng = np.random.default_rng(prefetch * 100 + dk)
+    S0 = _f32(rng, Hv, dk, dv) * 0.3
+    calls = [_scan_inputs(rng, T, Hk, Hv, dk, dv) for T in (37, 1, 3, 9)]
+    outs, states = {}, {}
+    for pf in (1, prefetch):
+        be.set_config(cfg(**{"delta_net.warps": warps, "delta_net.max_dk": max_dk,
+                             "delta_net.prefetch": pf}))  # fmt: skip
+        s_cu = be.upload(np.ascontiguousarray(S0.transpose(0, 2, 1)))
+        outs[pf] = [
+            be.download(be.delta_net(*(be.upload(a) for a in args), s_cu, "tiled", 1e-6))
+            for args in calls
+        ]
+        states[pf] = be.download(s_cu)
+    assert all(np.array_equal(a, b) for a, b in zip(outs[1], outs[prefetch], strict=True))
+    assert np.array_equal(states[1], states[prefetch])
+    s_ref = S0.copy()
+    for args, got in zip(calls, outs[prefetch], strict=True):
+        check(got, NumpyBackend().delta_net(*args, s_ref, "tiled", 1e-6).astype(np.float64),
+              SCAN_NMSE)  # fmt: skip
+
+
 CHUNK_NMSE = 1e-8  # float32 through a triangular solve per chunk: another order, same noise
 
 
@@ -186,11 +214,13 @@ def test_delta_net_rejects_a_key_head_wider_than_max_dk(be):
 
 
 # --- conv, gates, sigmoid gate, partial RoPE ----------------------------------------------
+@pytest.mark.parametrize("fuse_step", [0, 1])
 @pytest.mark.parametrize("threads", [128, 1024])
 @pytest.mark.parametrize("K,Cc", [(4, 300), (2, 257), (8, 64)])
 @pytest.mark.parametrize("splits", [[9], [1, 1, 1], [4, 1, 4], [2, 1]])
-def test_ssm_conv_carries_state(be, splits, K, Cc, threads):
-    be.set_config(cfg(**{"ssm_conv.threads": threads}))
+def test_ssm_conv_carries_state(be, splits, K, Cc, threads, fuse_step):
+    # fuse_step: the one-token calls run ssm_conv_step (conv and state in one kernel)
+    be.set_config(cfg(**{"ssm_conv.threads": threads, "ssm_conv.fuse_step": fuse_step}))
     rng = np.random.default_rng(K * Cc + len(splits))
     w = _f32(rng, Cc, K)
     x = _f32(rng, sum(splits), Cc)
@@ -313,6 +343,62 @@ def test_moe_reads_only_the_chosen_experts(be):
     check(be.download(got), want.astype(np.float64), 1e-10)
 
 
+def _q8_round_trip(a: np.ndarray) -> np.ndarray:
+    """Q8_1 as q8.cu makes it, per row and block of 32: d = max|x| / 127, q = round(x / d)."""
+    b = np.asarray(a, np.float64).reshape(a.shape[0], -1, 32)
+    d = np.abs(b).max(-1, keepdims=True) / 127
+    return (np.round(b / np.where(d > 0, d, 1)) * d).reshape(a.shape)
+
+
+Q8_MOE_CONFIGS = [
+    {"moe_experts.variant": "mmvq"},
+    {"moe_experts.variant": "mmvq", "moe_experts.threads_per_row": 8, "moe_experts.warps": 1},
+    {"moe_experts.variant": "mmvq", "moe_experts.threads_per_row": 32, "moe_experts.warps": 8},
+]
+
+
+@pytest.mark.parametrize("flat", Q8_MOE_CONFIGS, ids=[str(i) for i in range(3)])
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0"])
+@pytest.mark.parametrize("T", [1, 5])
+def test_moe_q8_matches_an_int8_emulation_and_reads_only_chosen_experts(be, qtype, T, flat):
+    """moe_experts.mmvq against NumPy with q8.cu's rounding of x and of the SwiGLU output
+    (so only the float summation order differs); experts 1 and 6 are never chosen and their
+    blocks are all 0xFF (a NaN scale): any read of them poisons the output. Rows off every
+    tile (F = 96 or 256 + C = 512 against 8 to 256 rows per block)."""
+    from tests.op_cases import dense
+
+    be.set_config(cfg(**flat))
+    rng = np.random.default_rng(40 + T)
+    E, k, C = 8, 3, 512
+    F = 256 if qtype.endswith("_K") else 96
+    mats = [qtensor(rng, s, qtype, 0.1) for s in ((E, F, C), (E, F, C), (E, C, F))]
+    Wg, Wu, Wd = (dense(m) for m in mats)
+    allowed = np.array([0, 2, 3, 4, 5, 7])
+    ids = np.stack([rng.choice(allowed, k, replace=False) for _ in range(T)]).astype(np.int32)
+    w = rng.uniform(0.1, 1, (T, k)).astype(np.float32)
+    x = _f32(rng, T, C)
+    xq = _q8_round_trip(x)
+    want = np.zeros((T, C))
+    for t in range(T):
+        for j, e in enumerate(ids[t]):
+            g, u = Wg[e] @ xq[t], Wu[e] @ xq[t]
+            h = _q8_round_trip((g / (1 + np.exp(-g)) * u)[None])[0]
+            want[t] += w[t, j] * (Wd[e] @ h)
+    for m in mats:
+        m.raw.reshape(E, -1)[[1, 6]] = 0xFF
+    be.set_profiling(True)
+    try:
+        got = be.moe_experts(
+            be.upload(x), be.upload(ids), be.upload(w), *(be.load_weight(m) for m in mats)
+        )
+        ran = set(be.profile().kernels)
+    finally:
+        be.set_profiling(False)
+    check(be.download(got), want, 1e-6)
+    assert any(n.startswith("moe_q8_gu_") for n in ran), ran  # gate + up + SwiGLU fused
+    assert any(n.startswith("moe_q8_") and "_gu_" not in n for n in ran), ran  # down
+
+
 GROUPED_CONFIGS = [
     {"moe_experts.variant": "grouped"},
     {"moe_experts.variant": "grouped", "moe_experts.tile_pairs": 4,
@@ -381,6 +467,71 @@ def test_tiny_hybrid_matches_numpy_and_graph_equals_eager(be, tiny_model_factory
             assert np.array_equal(a, b), "graph replay differs from eager decode"
 
 
+# the fused decode schedule: projections three to an mmvw launch, residuals added as they store
+MMVW = {"matmul_decode.variant": "mmvw", "rope.fuse_kv": 1, "argmax.variant": "multi"}
+
+
+@pytest.mark.parametrize("arch", HYBRIDS)
+def test_mmvw_fused_decode_matches_the_hooked_schedule(be, tiny_model_factory, arch):
+    # No hook: matmuls / matmul_add / ffn group the projections into mmvw launches (graph
+    # replay); hooked: one launch per matmul, eager. Same rows, same int8 arithmetic.
+    from engine.validate import compare_logits
+
+    be.set_config(cfg(**MMVW, **F32_PREFILL))
+    m = _model(tiny_model_factory(arch, "q4_k_m"), be)
+    fused = m.generate(PROMPT, 8, keep_logits=True)
+    be.use_graphs = False
+    m.hook = lambda *a: None
+    try:
+        hooked = m.generate(PROMPT, 8, keep_logits=True)
+    finally:
+        m.hook, be.use_graphs = None, True
+    assert fused.tokens == hooked.tokens
+    for a, b in zip(fused.step_logits, hooked.step_logits, strict=True):
+        assert compare_logits(b, a)[2] < 1e-10
+
+
+@pytest.mark.parametrize("decode", ["mmvq", "mmvw"])
+@pytest.mark.parametrize("arch", HYBRIDS)
+def test_int8_decode_matches_its_numpy_emulation(be, tiny_model_factory, arch, decode):
+    """The int8 decode of a hybrid (every block-type projection of a decode row on Q8_1
+    activations) against tests/int8_decode.py's NumPy emulation of exactly that rounding, with
+    a float32 prefill on both sides: only float order and rare rounding ties may differ, so a
+    wrong wiring (an output, an input's Q8_1 form, a residual) shows as more than noise."""
+    from tests.int8_decode import Int8Decode
+
+    be.set_config(cfg(**{"matmul_decode.variant": decode}, **F32_PREFILL))
+    path = tiny_model_factory(arch, "q4_k_m")
+    want = _model(path, Int8Decode()).generate(PROMPT, 8, keep_logits=True)
+    got = _model(path, be).generate(PROMPT, 8, keep_logits=True)
+    # a float-noise difference can flip a rare Q8_1 rounding tie (one level of one value):
+    # ~1e-5 after a few steps; the int8 effect itself is ~5e-3 (tests/test_hybrid.py)
+    for i, (a, b) in enumerate(zip(got.step_logits, want.step_logits, strict=True)):
+        assert nmse(b.astype(np.float64), a) < 1e-4, f"decode step {i}: NMSE {nmse(b, a):.3g}"
+
+
+@pytest.mark.parametrize("arch", HYBRIDS)
+def test_pdl_chains_the_hybrid_decode_kernels_without_changing_a_bit(be, tiny_model_factory, arch):
+    # Under matmul_decode.pdl the hybrid kernels (conv, gates, scan, gate, RoPE, router, experts,
+    # combine) are programmatic dependent launches too: same logits to the bit, graph or eager.
+    if be.device_info().extra["cc"] < 90:
+        pytest.skip("programmatic dependent launch needs sm_90")
+    m = _model(tiny_model_factory(arch, "q4_k_m"), be)
+    runs = {}
+    for pdl in (0, 1):
+        be.set_config(cfg(**MMVW, **{"moe_experts.variant": "mmvq", "matmul_decode.pdl": pdl}))
+        assert (be._pdl is not None) == bool(pdl)
+        for graphs in (False, True):
+            be.use_graphs = graphs
+            runs[pdl, graphs] = m.generate(PROMPT, 8, keep_logits=True)
+    be.use_graphs = True
+    base = runs[0, True]
+    for key, g in runs.items():
+        assert g.tokens == base.tokens, key
+        for a, b in zip(g.step_logits, base.step_logits, strict=True):
+            assert np.array_equal(a, b), f"{key}: PDL changed a result"
+
+
 HYBRID_VALIDATE_CONFIGS = [
     {},
     {"delta_net.state_transposed": False, "prefill.chunk_tokens": 16},
@@ -397,6 +548,15 @@ HYBRID_VALIDATE_CONFIGS = [
     {"moe_experts.variant": "grouped"},
     {"moe_experts.variant": "grouped", "moe_experts.tile_pairs": 4, "delta_net.variant": "chunked",
      "delta_net.chunk": 4, "prefill.chunk_tokens": 24},
+    MMVW,
+    {**MMVW, "matmul_decode.pdl": 1, "matmul_decode.threads_per_row": 16,
+     "matmul_prefill.variant": "mmq8", "prefill.gemm_min_t": 2, "delta_net.variant": "chunked",
+     "moe_experts.variant": "grouped"},
+    {**MMVW, "moe_experts.variant": "mmvq", "moe_experts.threads_per_row": 8,
+     "delta_net.variant": "chunked", "prefill.chunk_tokens": 24},
+    {"matmul_decode.variant": "mmvq", "delta_net.prefetch": 4},  # int8 decode, no fusion
+    {**MMVW, "delta_net.prefetch": 8, "delta_net.max_dk": 256, "matmul_decode.pdl": 1,
+     "ssm_conv.fuse_step": 1},
 ]  # fmt: skip
 
 
@@ -410,7 +570,7 @@ def test_validate_passes_hybrid_knobs(be, tiny_model_factory, arch, flat):
     be.set_config(cfg())
     m = _model(tiny_model_factory(arch, "q4_k_m"), be)
     rep = validate(m, cfg(**flat), [PROMPT, PROMPT[:1], list(range(40, 110))], steps=6)
-    assert rep.passed, [p.reasons for p in rep.prompts]
+    assert rep.passed, ([p.reasons for p in rep.prompts], rep.probe, rep.blame)
 
 
 def test_planted_sk_scan_is_rejected_and_blamed(be, tiny_model_factory):

@@ -87,11 +87,11 @@ def test_the_fake_refuses_a_wrong_launch():
 
 @pytest.mark.parametrize("transposed", [False, True])
 @pytest.mark.parametrize("warps", [1, 2, 4, 8])
-@pytest.mark.parametrize("max_dk", [64, 128, 256])
-def test_delta_net_launch(warps, max_dk, transposed):
+@pytest.mark.parametrize("max_dk,prefetch", [(64, 1), (128, 4), (256, 8)])
+def test_delta_net_launch(warps, max_dk, prefetch, transposed):
     be = FakeCuda(
         cfg(**{"delta_net.warps": warps, "delta_net.max_dk": max_dk,
-               "delta_net.state_transposed": transposed})
+               "delta_net.state_transposed": transposed, "delta_net.prefetch": prefetch})
     )  # fmt: skip
     rng = np.random.default_rng(0)
     T, Hk, Hv, dk, dv = 3, 2, 6, min(40, max_dk), 33
@@ -102,7 +102,8 @@ def test_delta_net_launch(warps, max_dk, transposed):
     (launch,) = be.launches
     assert launch.kernel == "delta_net_seq" and launch.fname == "delta_net.cu"
     assert launch.grid == (-(-dv // warps), Hv, 1) and launch.block == (32 * warps, 1, 1)
-    assert launch.defines == {"NW": warps, "MAX_DK": max_dk, "STATE_T": int(transposed)}
+    want = {"NW": warps, "MAX_DK": max_dk, "STATE_T": int(transposed), "PF": prefetch}
+    assert launch.defines == want
     assert int(launch.args[-2]) == 0  # tiled
 
 
@@ -125,7 +126,8 @@ def test_delta_net_chunked_schedule(chunk, threads, warps, transposed):
         v, g, beta = _f32(rng, T, Hv, dv), _f32(rng, T, Hv), _f32(rng, T, Hv)
         out = be.delta_net(q, k, v, g, beta, state, "grouped", 1e-6)
         assert out.shape == (T, Hv, dv)
-        want_defines = {"NW": warps, "MAX_DK": 128, "STATE_T": int(transposed), "CHUNK": chunk}
+        want_defines = {"NW": warps, "MAX_DK": 128, "STATE_T": int(transposed), "CHUNK": chunk,
+                        "PF": 1}  # fmt: skip
         assert all(la.fname == "delta_net_chunked.cu" for la in be.launches)
         assert all(la.defines == want_defines for la in be.launches)
         if T == 1:
@@ -291,8 +293,12 @@ def test_moe_grouped_schedule(tile, qtype):
          "prefill.gemm_min_t": 1 << 20, "matmul_decode.variant": "mmvq"},
         {"delta_net.variant": "chunked", "delta_net.chunk": 16, "prefill.chunk_tokens": 24,
          "moe_experts.variant": "grouped", "moe_experts.tile_pairs": 4},
+        {"matmul_decode.variant": "mmvw", "rope.fuse_kv": 1, "prefill.gemm_min_t": 2,
+         "matmul_prefill.variant": "mmq8"},
+        {"matmul_decode.variant": "mmvw", "moe_experts.variant": "mmvq",
+         "moe_experts.threads_per_row": 32, "prefill.gemm_min_t": 1 << 20},
     ],
-    ids=["dmmv", "mmq", "chunks-mmvq", "chunked-grouped"],
+    ids=["dmmv", "mmq", "chunks-mmvq", "chunked-grouped", "mmvw-mmq8", "mmvw-moe-q8"],
 )  # fmt: skip
 def test_tiny_hybrid_runs_through_the_cuda_host_code(tiny_model_factory, arch, flat):
     from engine.gguf_model import open_model
@@ -311,7 +317,47 @@ def test_tiny_hybrid_runs_through_the_cuda_host_code(tiny_model_factory, arch, f
     if arch != "qwen35" and flat.get("moe_experts.variant") == "grouped":
         want |= {"moe_sort", "moe_gather", "moe_scatter"}
         assert any(k.startswith("moe_grouped_") for k in run), run
+    if arch != "qwen35" and flat.get("moe_experts.variant") == "mmvq":
+        assert any(k.startswith("moe_q8_gu_") for k in run), run  # gate + up + SwiGLU
+        assert any(k.startswith("moe_q8_") and "_gu_" not in k for k in run), run  # down
+        assert "quantize_q8_1" in run  # the SwiGLU output (and prefill's x) as Q8_1
     if arch != "qwen35":
         want |= {"router_topk", "moe_combine"}
         assert any(k.startswith("moe_q") or k.startswith("moe_f") for k in run), run
     assert want <= run, want - run
+
+
+def test_mmvw_decode_step_groups_the_hybrid_projections(tiny_model_factory):
+    # qwen35 tiny: 3 delta-net layers, 1 attention layer, dense FFN. Per decode token under
+    # mmvw: delta-net in-projections qkv + gate + beta | alpha (2 launches), ssm_out with the
+    # residual (1), FFN gate + up (1) and down with the residual (1); the attention layer's
+    # q + k + v (1), output (1) and FFN (2); the LM head (1): 20, against 32 one per matmul.
+    from engine.gguf_model import open_model
+    from engine.models import build_model
+
+    be = FakeCuda(cfg(**{"matmul_decode.variant": "mmvw", "prefill.gemm_min_t": 1 << 20}))
+    m = build_model(open_model(tiny_model_factory("qwen35", "q4_k_m")), be)
+
+    def mmvw_launches(n: int) -> int:
+        be.launches.clear()
+        m.generate(PROMPT, n)
+        return sum(launch.kernel == "mmvw" for launch in be.launches)
+
+    assert mmvw_launches(3) - mmvw_launches(2) == 20
+    per_token = [launch for launch in be.launches if launch.kernel == "mmvw"]
+    assert all(int(launch.args[3]) + int(launch.args[4]) > 0 for launch in per_token)
+
+
+def test_conv_fuse_step_runs_one_kernel_for_a_decode_token():
+    # ssm_conv.fuse_step: a one-token call is ssm_conv_step (a thread per channel, the state
+    # updated in the same kernel); longer calls keep ssm_conv + ssm_conv_state.
+    be = FakeCuda(cfg(**{"ssm_conv.fuse_step": 1, "ssm_conv.threads": 128}))
+    rng = np.random.default_rng(2)
+    w = be.load_weight(_f32_weight(_f32(rng, 300, 4)))
+    state = np.zeros((3, 300), np.float32)
+    be.ssm_conv(_f32(rng, 1, 300), state, w)
+    (step,) = be.launches
+    assert step.kernel == "ssm_conv_step" and step.grid[0] * step.block[0] >= 300
+    be.launches.clear()
+    be.ssm_conv(_f32(rng, 2, 300), state, w)
+    assert [launch.kernel for launch in be.launches] == ["ssm_conv", "ssm_conv_state"]

@@ -79,3 +79,14 @@ def test_hang_is_confined_to_its_test(tmp_path):
     assert (d["passed"], d["failed"], d["errors"]) == (2, 1, 0), d
     assert d["faults"][0]["test"].endswith("test_b_hangs")
     assert "hung" in d["faults"][0]["error"]
+
+
+def test_only_and_skip_split_a_suite(capsys):
+    gs = _runner()
+    cuda = gs.SUITES["cuda"]
+    hybrid = gs._select(cuda, "hybrid", None)
+    rest = gs._select(cuda, None, "hybrid")
+    assert [f for f, _, _ in hybrid] == ["tests/test_cuda_hybrid.py"]
+    assert sorted(hybrid + rest) == sorted(cuda)  # the two halves cover the suite once
+    assert gs.main(["cuda", "--only", "no_such_file"]) == 2
+    assert "no file of the cuda suite" in capsys.readouterr().err

@@ -114,10 +114,13 @@ def _old_vulkan_spec(cfg: TuningConfig, op: str) -> tuple[tuple[int, ...], int]:
     if op == "matmul_prefill":
         if c.variant == "tiled":
             return (int(c["tile_m"]), int(c["tile_n"])), 0
+        if c.variant == "coopmat":  # added after the bindings: tile and subgroup-tile sizes
+            tiles = tuple(int(c[k]) for k in ("tile_m", "tile_n", "warp_m", "warp_n"))
+            return tiles, int(c["subgroup_size"])
         rows = int(c["rows_per_wg"]) if c.variant == "kpar" else 1
         sg = int(c["subgroup_size"]) if c.variant == "kpar" else 0
         return (wg, rows, int(c["max_cols"])), sg
-    if op == "attention" and c.variant == "split":
+    if op == "attention" and c.variant in ("split", "coopmat"):  # coopmat: split's knobs
         return (wg, int(c["key_threads"])), 0
     if op == "delta_net":  # the hybrids' kernels (issue 15) mapped the same way by hand
         base = (wg, int(c["state_transposed"]), int(c["max_dk"]))
@@ -253,12 +256,17 @@ def _old_cuda_modules(cfg: TuningConfig) -> dict[str, tuple[str, dict]]:
     # the hybrids' kernels (issue 15), mapped by hand the same way
     k["hybrid"] = ("hybrid.cu", {})
     dn = cfg.op("delta_net")
-    scan = {"NW": dn["warps"], "MAX_DK": dn["max_dk"], "STATE_T": int(dn["state_transposed"])}
+    scan = {"NW": dn["warps"], "MAX_DK": dn["max_dk"], "STATE_T": int(dn["state_transposed"]),
+            "PF": dn["prefetch"]}  # fmt: skip
     if dn.variant == "chunked":  # its module holds the sequential kernel too (decode)
         k["delta_net_chunked"] = ("delta_net_chunked.cu", {**scan, "CHUNK": dn["chunk"]})
     else:
         k["delta_net"] = ("delta_net.cu", scan)
     me = cfg.op("moe_experts")
+    if me.variant == "mmvq":  # int8 experts; float ones on moe.cu at its defaults
+        k["moe_q8"] = ("moe_q8.cu", {"TPR": me["threads_per_row"], "NW": me["warps"]})
+        k["moe"] = ("moe.cu", {"ROWS": 4, "TPR": 32, "VEC": 2})
+        return k
     dmmv = {"ROWS": me["rows_per_block"], "TPR": me["threads_per_row"], "VEC": me["vec"]}
     k["moe"] = ("moe.cu", dmmv)  # grouped decodes (T = 1) with it
     if me.variant == "grouped":

@@ -272,6 +272,42 @@ def test_fast_path_streams_random_blocks(tmp_path: Path, monkeypatch: pytest.Mon
             assert abs(x.mean() - 1) < 0.1, name
 
 
+def test_repeat_path_rotates_one_drawn_chunk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The big hybrid presets' path: one chunk drawn per tensor, the others rotated copies of it.
+    # Deterministic; within a chunk no row repeats and no chunk repeats another (so experts
+    # differ); scales as drawn; the model still runs to finite, token-dependent logits.
+    from dataclasses import replace
+
+    from engine.backends.numpy_ref import NumpyBackend
+    from engine.gguf_model import GGUFModel
+    from engine.models import build_model
+    from engine.synth_hybrid import HYBRID_PRESETS
+
+    assert HYBRID_PRESETS["35b-a3b"].repeat and HYBRID_PRESETS["9b"].repeat
+    mini = replace(HYBRID_PRESETS["tiny"], n_embd=256, fast=True, repeat=True)
+    monkeypatch.setitem(HYBRID_PRESETS, "repmini", mini)
+    monkeypatch.setattr(synth, "_CHUNK_ELEMS", 256 * 96)  # experts span several chunks
+    a = write_synthetic(tmp_path / "a.gguf", "qwen35moe", "repmini", progress=False)
+    b = write_synthetic(tmp_path / "b.gguf", "qwen35moe", "repmini", progress=False)
+    assert a.read_bytes() == b.read_bytes()
+    w = weights(a)
+    for name, t in {t.name: t for t in tensor_plan("qwen35moe", mini, "q4_k_m")}.items():
+        if t.kind != "weight" or t.rows <= 96:
+            continue
+        x = w[name].reshape(t.rows, -1)
+        chunks = [x[r : r + 96] for r in range(0, t.rows - 95, 96)]
+        assert all(len(np.unique(c, axis=0)) == 96 for c in chunks), name
+        assert len({c.tobytes() for c in chunks}) == len(chunks), name
+        assert abs(x.std() / t.std - 1) < 0.15, name
+    exps = w["blk.0.ffn_up_exps.weight"].reshape(8, -1)
+    assert len(np.unique(exps, axis=0)) == 8
+    model = build_model(GGUFModel(a), NumpyBackend())
+    g = model.generate([5, 17, 99, 3], 4)
+    assert np.isfinite(g.last_logits).all() and len(set(g.tokens)) > 1
+
+
 def test_bad_arguments_name_the_allowed_values(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"'gpt5'.*qwen2, llama, qwen3"):
         write_synthetic(tmp_path / "x.gguf", arch="gpt5")

@@ -81,6 +81,12 @@ CONFIGS = [
         "matmul_decode.pair_mul": False,
     },
     {"matmul_prefill.tile_n": 16},
+    # tensor cores (fp16 numeric class): skipped where the device has no cooperative matrices
+    {
+        "matmul_prefill.variant": "coopmat",
+        "attention.variant": "coopmat",
+        "prefill.chunk_tokens": 64,
+    },
     {"matmul_prefill.vec4": True, "prefill.chunk_tokens": 64},
     {"matmul_prefill.variant": "tiled", "prefill.chunk_tokens": 64, "matmul_prefill.tile_m": 128},
     {
@@ -145,8 +151,8 @@ def test_validate_passes(vb, tiny_model_path, flat):
         pytest.skip(f"not allowed on this device: {cand.problems(vb.device_info())}")
     rep = validate(model, cand, _prompts(tok), steps=4)
     assert rep.passed, [p.reasons for p in rep.prompts]
-    # float paths agree to float error; int8 activations (mmvw) to their rounding (0.04 here)
-    assert rep.max_abs_diff < (0.2 if "int8_activations" in rep.numeric_classes else 1e-3)
+    # float32 variants agree to 1e-3; an fp16 (coopmat) or int8 (mmvw) class to its budget
+    assert rep.max_abs_diff < max(1e-3, REGISTRY.budget(cand)[0].max_abs_diff)
 
 
 @pytest.mark.parametrize(

@@ -336,6 +336,11 @@ class Backend(ABC):
         self.kv_write(cache, layer, k, self.reshape(v, (T, Hkv, D)), pos0)
         return q
 
+    def matmuls(self, x: Tensor, ws: tuple[Weight, ...]) -> tuple[Tensor, ...]:
+        """x @ dequant(w)^T for each w of ws: projections of one activation (a hybrid layer's
+        qkv, gate, beta and alpha), which a backend may run in fewer launches."""
+        return tuple(self.matmul(x, w) for w in ws)
+
     def matmul_add(self, x: Tensor, w: Weight, r: Tensor) -> Tensor:
         """r + x @ dequant(w)^T (the residual add after a projection)."""
         return self.add(r, self.matmul(x, w))

@@ -16,6 +16,11 @@
 //            stride dv, a cache line each), 1 S^T [dv, dk] (a column is contiguous: coalesced).
 //            Read once and written once per call, so decode (T = 1) is where it shows: the
 //            seed's 7x was this choice.
+//   PF       tokens whose inputs (q, k, g, beta, v) sit in registers ahead of use: 1 loads each
+//            token as it comes; 2, 4 or 8 keep a ring of PF tokens, each slot refilled with token
+//            t + PF as soon as token t is consumed, so the loads of the next tokens are in
+//            flight during this one's warp sums (the state's chain never waits on memory).
+//            Same arithmetic in the same order for every PF (bit-identical outputs).
 // q, k [T, Hk, dk], v [T, Hv, dv], g, beta [T, Hv], state [Hv, dk * dv] (read, then written in
 // place), o [T, Hv, dv].
 #include "common.cuh"
@@ -25,6 +30,68 @@
 #endif
 
 #define RPL (MAX_DK / 32)  // rows of a column per lane
+#ifndef PF
+#define PF 1
+#endif
+#if PF != 1 && PF != 2 && PF != 4 && PF != 8
+#error "PF must be 1, 2, 4 or 8"
+#endif
+
+// One token's inputs for the warp of column j of V head h (q/k head kh).
+struct DnIn {
+    float k[RPL], q[RPL];
+    float g, beta, v;
+};
+
+__device__ __forceinline__ void dn_load(DnIn& in, const float* __restrict__ q,
+                                        const float* __restrict__ k, const float* __restrict__ v,
+                                        const float* __restrict__ g,
+                                        const float* __restrict__ beta, int t, int Hk, int Hv,
+                                        int kh, int h, int dk, int dv, int j, int lane) {
+    const float* kt = k + ((size_t)t * Hk + kh) * dk;
+    const float* qt = q + ((size_t)t * Hk + kh) * dk;
+#pragma unroll
+    for (int r = 0; r < RPL; ++r) {
+        const int i = lane + 32 * r;
+        in.k[r] = i < dk ? __ldg(kt + i) : 0.f;
+        in.q[r] = i < dk ? __ldg(qt + i) : 0.f;
+    }
+    const size_t th = (size_t)t * Hv + h;
+    in.g = __ldg(g + th);
+    in.beta = __ldg(beta + th);
+    in.v = __ldg(v + th * dv + j);
+}
+
+// Token t through column j's state s (the gated delta rule), its output into o.
+__device__ __forceinline__ void dn_step(float* s, const DnIn& in, float* __restrict__ o, int t,
+                                        int Hv, int h, int dv, int j, int lane, float eps,
+                                        float inv_sqrt_dk) {
+    float sk = 0.f, sq = 0.f;
+#pragma unroll
+    for (int r = 0; r < RPL; ++r) {
+        sk += in.k[r] * in.k[r];
+        sq += in.q[r] * in.q[r];
+    }
+    const float rk = rsqrtf(warp_sum(sk) + eps);
+    const float rq = rsqrtf(warp_sum(sq) + eps) * inv_sqrt_dk;
+    const float decay = expf(in.g);
+    float pred = 0.f;  // (S^T k)_j, k not yet normalised
+#pragma unroll
+    for (int r = 0; r < RPL; ++r) {
+        s[r] *= decay;
+        pred += s[r] * in.k[r];
+    }
+    pred = warp_sum(pred) * rk;
+    const float u = in.beta * (in.v - pred) * rk;  // k u, k normed
+    float acc = 0.f;
+#pragma unroll
+    for (int r = 0; r < RPL; ++r) {
+        s[r] += in.k[r] * u;
+        acc += s[r] * in.q[r];
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) o[((size_t)t * Hv + h) * dv + j] = acc * rq;
+}
 
 // The state's element (row i, column j) of one head, in the layout the config chose.
 __device__ __forceinline__ size_t state_at(int i, int j, int dk, int dv, bool transposed) {
@@ -37,6 +104,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32)
                   const float* __restrict__ beta, float* __restrict__ state,
                   float* __restrict__ o, int T, int Hk, int Hv, int dk, int dv, int grouped,
                   float eps) {
+    pdl_start();  // (matmul_decode.pdl: chained into the decode step's dependent launches)
     const int lane = threadIdx.x & 31;
     const int j = blockIdx.x * NW + threadIdx.x / 32;  // the warp's state column
     const int h = blockIdx.y;
@@ -60,40 +128,29 @@ extern "C" __global__ void __launch_bounds__(NW * 32)
                       : 0.f;
     }
     const float inv_sqrt_dk = rsqrtf((float)dk);
+#if PF == 1
     for (int t = 0; t < T; ++t) {
-        const float* kt = k + ((size_t)t * Hk + kh) * dk;
-        const float* qt = q + ((size_t)t * Hk + kh) * dk;
-        float kr[RPL], qr[RPL];
-        float sk = 0.f, sq = 0.f;
-#pragma unroll
-        for (int r = 0; r < RPL; ++r) {
-            const int i = lane + 32 * r;
-            kr[r] = i < dk ? __ldg(kt + i) : 0.f;
-            qr[r] = i < dk ? __ldg(qt + i) : 0.f;
-            sk += kr[r] * kr[r];
-            sq += qr[r] * qr[r];
-        }
-        const float rk = rsqrtf(warp_sum(sk) + eps);
-        const float rq = rsqrtf(warp_sum(sq) + eps) * inv_sqrt_dk;
-        const size_t th = (size_t)t * Hv + h;
-        const float decay = expf(__ldg(g + th));
-        float pred = 0.f;  // (S^T k)_j, k not yet normalised
-#pragma unroll
-        for (int r = 0; r < RPL; ++r) {
-            s[r] *= decay;
-            pred += s[r] * kr[r];
-        }
-        pred = warp_sum(pred) * rk;
-        const float u = __ldg(beta + th) * (__ldg(v + th * dv + j) - pred) * rk;  // k u, k normed
-        float acc = 0.f;
-#pragma unroll
-        for (int r = 0; r < RPL; ++r) {
-            s[r] += kr[r] * u;
-            acc += s[r] * qr[r];
-        }
-        acc = warp_sum(acc);
-        if (lane == 0) o[th * dv + j] = acc * rq;
+        DnIn in;
+        dn_load(in, q, k, v, g, beta, t, Hk, Hv, kh, h, dk, dv, j, lane);
+        dn_step(s, in, o, t, Hv, h, dv, j, lane, eps, inv_sqrt_dk);
     }
+#else
+    DnIn ring[PF];  // slot u holds token t0 + u (constant indices after unrolling: registers)
+#pragma unroll
+    for (int u = 0; u < PF; ++u)
+        if (u < T) dn_load(ring[u], q, k, v, g, beta, u, Hk, Hv, kh, h, dk, dv, j, lane);
+    for (int t0 = 0; t0 < T; t0 += PF) {
+#pragma unroll
+        for (int u = 0; u < PF; ++u) {
+            const int t = t0 + u;
+            if (t < T) {
+                dn_step(s, ring[u], o, t, Hv, h, dv, j, lane, eps, inv_sqrt_dk);
+                if (t + PF < T)
+                    dn_load(ring[u], q, k, v, g, beta, t + PF, Hk, Hv, kh, h, dk, dv, j, lane);
+            }
+        }
+    }
+#endif
 #pragma unroll
     for (int r = 0; r < RPL; ++r) {
         const int i = lane + 32 * r;

@@ -15,12 +15,17 @@
 //        delta_net_seq), NW columns per block, grid (ceil(dv / NW), Hv): the chunks in
 //        sequence, and within a chunk the tokens in parallel (a lane per token for U = W - Y S0
 //        and O, the column S0 in shared memory): T / CHUNK dependent steps, not T.
-// Tunables (the registry's delta_net.chunked): NW, MAX_DK, STATE_T as delta_net.cu; CHUNK
+// Tunables (the registry's delta_net.chunked): NW, MAX_DK, STATE_T, PF as delta_net.cu (PF:
+// its decode step's token prefetch, a no-op at T = 1); CHUNK
 // (tokens per chunk; the last is ragged); the prep block size is a launch knob (<= 256).
 // Scratch (h V head, t token of the call): W [Hv, T, dv], Y, GQ, GK [Hv, T, dk],
 // P [Hv, T, CHUNK], GL [Hv, NC] (G_L per chunk).
 #if !defined(NW) || !defined(MAX_DK) || !defined(STATE_T) || !defined(CHUNK)
 #error "delta_net_chunked.cu needs NW, MAX_DK, STATE_T and CHUNK (engine/tuning/kernels/cuda_hybrid.py)"
+#endif
+// delta_net.cu's PF (decode here is one token: nothing to fetch ahead)
+#ifndef PF
+#define PF 1
 #endif
 #include "delta_net.cu"
 

@@ -1,13 +1,16 @@
 // hybrid.cu: the small ops of the hybrid schedule (engine/hybrid.py) that are not the scan or
 // the expert matmuls. One variant each (engine/tuning/kernels/cuda_hybrid.py); tunables are launch
 // parameters only (threads, rows per block), so changing them never recompiles:
-//   ssm_conv.default      ssm_conv (a thread per output element) then ssm_conv_state
+//   ssm_conv.default      ssm_conv (a thread per output element) then ssm_conv_state; with
+//                         fuse_step a one-token call is ssm_conv_step (conv and state in one)
 //   ssm_gates.default     ssm_gates: g = softplus(a + dt_bias) * ssm_a, beta = sigmoid(b)
 //   sigmoid_mul.default   sigmoid_mul: x * sigmoid(gate), gate per element or per row
 //   rope_partial.pairs    rope_partial: neox RoPE of the first n_rot dims of each head
 //   router_topk.default   router_topk: a warp per token: top-k of the logits, softmax over them
 //   moe_experts.dmmv      moe_combine: the weighted sum of a token's k expert outputs
 // pos0 comes as a scalar and a device pointer (non-null wins: the decode graph's position).
+// Every kernel starts with pdl_start() (common.cuh): under matmul_decode.pdl the backend chains
+// them into the decode step's programmatic dependent launches.
 #include "common.cuh"
 
 #define GRID_STRIDE(i, n)                                                              \
@@ -19,6 +22,7 @@
 extern "C" __global__ void ssm_conv(const float* __restrict__ x, const float* __restrict__ state,
                                     const float* __restrict__ w, float* __restrict__ y, int T,
                                     int Cc, int K) {
+    pdl_start();
     GRID_STRIDE(i, (long long)T * Cc) {
         const int t = (int)(i / Cc), c = (int)(i % Cc);
         float acc = 0.f;
@@ -37,6 +41,7 @@ extern "C" __global__ void ssm_conv(const float* __restrict__ x, const float* __
 #define MAX_CONV 8
 extern "C" __global__ void ssm_conv_state(const float* __restrict__ x, float* __restrict__ state,
                                           int T, int Cc, int K) {
+    pdl_start();
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= Cc) return;
     float old[MAX_CONV - 1];
@@ -54,11 +59,43 @@ extern "C" __global__ void ssm_conv_state(const float* __restrict__ x, float* __
     }
 }
 
+// One token (decode): ssm_conv and ssm_conv_state in one launch, a thread per channel holding
+// its K-1 old inputs; the same taps in the same order as ssm_conv (bit-identical).
+extern "C" __global__ void ssm_conv_step(const float* __restrict__ x, float* __restrict__ state,
+                                         const float* __restrict__ w, float* __restrict__ y,
+                                         int Cc, int K) {
+    pdl_start();
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= Cc) return;
+    float old[MAX_CONV - 1];
+#pragma unroll
+    for (int i = 0; i < MAX_CONV - 1; ++i) old[i] = i < K - 1 ? state[(size_t)i * Cc + c] : 0.f;
+    const float xc = x[c];
+    float acc = 0.f;
+#pragma unroll
+    for (int j = 0; j < MAX_CONV; ++j) {
+        if (j >= K) break;
+        const float xv = j < K - 1 ? old[j] : xc;
+        acc += __ldg(w + (size_t)c * K + j) * xv;
+    }
+    y[c] = acc / (1.f + expf(-acc));
+#pragma unroll
+    for (int i = 0; i < MAX_CONV - 1; ++i) {  // rows 1.. of the old state, then x
+        if (i >= K - 1) break;
+        float nxt = xc;
+#pragma unroll
+        for (int m = 0; m < MAX_CONV - 1; ++m)
+            if (m == i + 1 && m < K - 1) nxt = old[m];
+        state[(size_t)i * Cc + c] = nxt;
+    }
+}
+
 // a, b [n] (n = T * Hv), dt_bias, ssm_a [Hv] -> g, beta [n].
 extern "C" __global__ void ssm_gates(const float* __restrict__ a, const float* __restrict__ b,
                                      const float* __restrict__ dt, const float* __restrict__ sa,
                                      float* __restrict__ g, float* __restrict__ beta,
                                      long long n, int Hv) {
+    pdl_start();
     GRID_STRIDE(i, n) {
         const int h = (int)(i % Hv);
         const float x = a[i] + dt[h];
@@ -71,6 +108,7 @@ extern "C" __global__ void ssm_gates(const float* __restrict__ a, const float* _
 // y[i] = x[i] * sigmoid(gate[i / div]): div 1 (same shape) or the row width (a gate per row).
 extern "C" __global__ void sigmoid_mul(const float* __restrict__ gate, const float* __restrict__ x,
                                        float* __restrict__ y, long long n, int div) {
+    pdl_start();
     GRID_STRIDE(i, n) { y[i] = x[i] / (1.f + expf(-gate[i / div])); }
 }
 
@@ -79,6 +117,7 @@ extern "C" __global__ void sigmoid_mul(const float* __restrict__ gate, const flo
 extern "C" __global__ void rope_partial(const float* __restrict__ x, float* __restrict__ y, int T,
                                         int H, int D, int n_rot, int pos0, const int* pos_ptr,
                                         float theta) {
+    pdl_start();
     const int half = n_rot / 2, per = half + (D - n_rot);  // work items per head row
     const int p0 = pos_ptr ? *pos_ptr : pos0;
     GRID_STRIDE(i, (long long)T * H * per) {
@@ -105,6 +144,7 @@ extern "C" __global__ void rope_partial(const float* __restrict__ x, float* __re
 // chosen k (its denominator cancels). A warp per token; lane l owns experts l + 32 m.
 extern "C" __global__ void router_topk(const float* __restrict__ logits, int* __restrict__ ids,
                                        float* __restrict__ w, int T, int E, int k) {
+    pdl_start();
     const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
     if (row >= T) return;
     const float* z = logits + (size_t)row * E;
@@ -143,6 +183,7 @@ extern "C" __global__ void router_topk(const float* __restrict__ logits, int* __
 // d [T * k, C] (expert outputs, token-major), w [T, k] -> out [T, C] = sum_j w[t, j] d[t k + j].
 extern "C" __global__ void moe_combine(const float* __restrict__ d, const float* __restrict__ w,
                                        float* __restrict__ out, int T, int C, int k) {
+    pdl_start();
     GRID_STRIDE(i, (long long)T * C) {
         const long long t = i / C, c = i % C;
         float acc = 0.f;

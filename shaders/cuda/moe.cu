@@ -21,6 +21,7 @@
     extern "C" __global__ void __launch_bounds__(ROWS * TPR)                                \
         moe_##name(const u8* W, int row_bytes, int N, int K, const float* X, int x_div,     \
                    const int* ids, int E, int p0, float* Y) {                               \
+        pdl_start(); /* matmul_decode.pdl: chained into the decode step's launches */       \
         const int p = p0 + blockIdx.z;                                                      \
         const int e = min(max(ids[p], 0), E - 1); /* a corrupt id must not fault */         \
         impl<QT>(W + (size_t)e * N * row_bytes, row_bytes, N, K, X + (size_t)(p / x_div) * K, \

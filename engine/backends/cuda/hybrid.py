@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from engine.backends.cuda.kernels import QTYPE_SUFFIX
+from engine.tuning.kernels.cuda import BLOCK_TYPES as _MMVW  # the types mmvw.cu decodes
 
 MAX_CONV = 8  # hybrid.cu ssm_conv_state keeps K - 1 <= 7 inputs per channel in registers
 MAX_EXPERTS = 1024  # router_topk: 32 per lane
@@ -32,13 +33,24 @@ def _suffix(qtype: str) -> str:
     return QTYPE_SUFFIX[qtype]
 
 
+def _q8_ok(w: Any) -> bool:
+    """moe_q8.cu decodes w: a stacked block-type weight whose rows split into its slots."""
+    K = int(w.shape[-1])
+    return (
+        len(w.shape) == 3
+        and w.raw is not None
+        and w.qtype in _MMVW
+        and K % (256 if w.qtype in ("Q4_K", "Q6_K") else 32) == 0
+    )
+
+
 def _max_tiles(pairs: int, experts: int, choice: Any) -> int:
     """moe_grouped.cu's tiles of P pairs at most: each expert's last tile may be partial."""
     return math.ceil(pairs / int(choice["tile_pairs"])) + min(experts, pairs)
 
 
 class CudaHybridOps:
-    """Hybrid ops of CudaBackend (needs its _launch, _empty, _grid1, _pos_ptr, config)."""
+    """Hybrid ops of CudaBackend (needs its _launch, _empty, _grid1, _pos_ptr, _mmvw, config)."""
 
     _cp: Any
     config: Any
@@ -48,6 +60,22 @@ class CudaHybridOps:
 
     def _contig(self, x: Any, dtype: Any = np.float32) -> Any:
         return self._cp.ascontiguousarray(x, dtype=dtype)
+
+    def matmuls(self, x: Any, ws: tuple[Any, ...]) -> tuple[Any, ...]:
+        """Under matmul_decode.mmvw a decode row's block-type projections go three to a launch
+        (mmvw.cu, one Q8_1 form of x); other types, and prefill, through matmul."""
+        if int(x.shape[0]) != 1 or self.config.op("matmul_decode").variant != "mmvw":
+            return tuple(self.matmul(x, w) for w in ws)
+        x = self._decode_row(x)
+        K = int(x.shape[1])
+        outs: list[Any] = [None] * len(ws)
+        wide = [i for i, w in enumerate(ws) if w.raw is not None and w.qtype in _MMVW and w.k == K]
+        for j in range(0, len(wide), 3):
+            group = wide[j : j + 3]
+            for i in group:
+                outs[i] = self._empty((1, ws[i].n))
+            self._mmvw(x, [(ws[i], outs[i], None) for i in group])
+        return tuple(self.matmul(x, w) if y is None else y for w, y in zip(ws, outs, strict=True))
 
     def rope_partial(self, x: Any, pos0: int, theta: float, n_rot: int) -> Any:
         x = self._contig(x)
@@ -61,7 +89,7 @@ class CudaHybridOps:
             self._launch(
                 "hybrid", "rope_partial", (self._grid1(n, th),), (th,),
                 (x, out, np.int32(T), np.int32(H), np.int32(D), np.int32(n_rot), np.int32(pos0),
-                 self._pos_ptr(), np.float32(theta)),
+                 self._pos_ptr(), np.float32(theta)), pdl=True,
             )  # fmt: skip
         return out
 
@@ -79,7 +107,7 @@ class CudaHybridOps:
             th = self._threads("sigmoid_mul")
             self._launch(
                 "hybrid", "sigmoid_mul", (self._grid1(n, th),), (th,),
-                (gate, x, out, np.int64(n), np.int32(div)),
+                (gate, x, out, np.int64(n), np.int32(div)), pdl=True,
             )  # fmt: skip
         return out
 
@@ -99,14 +127,20 @@ class CudaHybridOps:
         if T == 0:
             return out
         th = self._threads("ssm_conv")
+        if T == 1 and K > 1 and int(self.config.op("ssm_conv")["fuse_step"]):
+            self._launch(
+                "hybrid", "ssm_conv_step", (math.ceil(Cc / th),), (th,),
+                (x, state, wf, out, np.int32(Cc), np.int32(K)), pdl=True,
+            )  # fmt: skip
+            return out
         self._launch(
             "hybrid", "ssm_conv", (self._grid1(T * Cc, th),), (th,),
-            (x, state, wf, out, np.int32(T), np.int32(Cc), np.int32(K)),
+            (x, state, wf, out, np.int32(T), np.int32(Cc), np.int32(K)), pdl=True,
         )  # fmt: skip
         if K > 1:  # after the conv has read the old state (same stream)
             self._launch(
                 "hybrid", "ssm_conv_state", (math.ceil(Cc / th),), (th,),
-                (x, state, np.int32(T), np.int32(Cc), np.int32(K)),
+                (x, state, np.int32(T), np.int32(Cc), np.int32(K)), pdl=True,
             )  # fmt: skip
         return out
 
@@ -121,7 +155,7 @@ class CudaHybridOps:
             th = self._threads("ssm_gates")
             self._launch(
                 "hybrid", "ssm_gates", (self._grid1(n, th),), (th,),
-                (a, b, dt_bias.f32, ssm_a.f32, g, beta, np.int64(n), np.int32(Hv)),
+                (a, b, dt_bias.f32, ssm_a.f32, g, beta, np.int64(n), np.int32(Hv)), pdl=True,
             )  # fmt: skip
         return g, beta
 
@@ -171,7 +205,7 @@ class CudaHybridOps:
         self._launch(
             mod, "delta_net_seq", (math.ceil(dv / nw), Hv), (32 * nw,),
             (q, k, v, g, beta, state, out, np.int32(T), np.int32(Hk), np.int32(Hv), np.int32(dk),
-             np.int32(dv), grouped, np.float32(eps)),
+             np.int32(dv), grouped, np.float32(eps)), pdl=True,
         )  # fmt: skip
         return out
 
@@ -220,7 +254,7 @@ class CudaHybridOps:
             rpb = int(self.config.op("router_topk")["rows_per_block"])
             self._launch(
                 "hybrid", "router_topk", (math.ceil(T / rpb),), (32 * rpb,),
-                (logits, ids, w, np.int32(T), np.int32(E), np.int32(k)),
+                (logits, ids, w, np.int32(T), np.int32(E), np.int32(k)), pdl=True,
             )  # fmt: skip
         return ids, w
 
@@ -239,7 +273,7 @@ class CudaHybridOps:
                 "moe", f"moe_{_suffix(w.qtype)}",
                 (math.ceil(N / rows), 1, min(MAX_PAIRS, pairs - p0)), (rows * tpr,),
                 (w.raw, np.int32(w.row_bytes), np.int32(N), np.int32(Kw), x, np.int32(x_div),
-                 ids, np.int32(E), np.int32(p0), out),
+                 ids, np.int32(E), np.int32(p0), out), pdl=True,
             )  # fmt: skip
         return out
 
@@ -261,14 +295,54 @@ class CudaHybridOps:
         E = int(gate.shape[0])
         if c.variant == "grouped" and T > 1 and _max_tiles(T * k, E, c) <= MAX_PAIRS:
             d = self._moe_grouped(x, ids, gate, up, down)
+        elif c.variant == "mmvq" and all(_q8_ok(w) for w in (gate, up, down)):
+            d = self._moe_q8(x, ids, gate, up, down)
         else:
             h = self.swiglu(self._moe_matvec(gate, x, ids, k), self._moe_matvec(up, x, ids, k))
             d = self._moe_matvec(down, h, ids, 1)  # [T * k, C]
         th = 256  # a memory-bound sum of k rows: not worth a knob
         self._launch(
             "hybrid", "moe_combine", (self._grid1(T * C, th),), (th,),
-            (d, weights, out, np.int32(T), np.int32(C), np.int32(k)),
+            (d, weights, out, np.int32(T), np.int32(C), np.int32(k)), pdl=True,
         )  # fmt: skip
+        return out
+
+    def _moe_q8(self, x: Any, ids: Any, gate: Any, up: Any, down: Any) -> Any:
+        """moe_q8.cu: x as Q8_1 (the form rms_norm made at decode when there is one), gate, up
+        and SwiGLU per pair in one launch (one type) or two + swiglu, its output as Q8_1, then
+        down -> [T * k, C] for moe_combine."""
+        k = int(ids.shape[1])
+        xq, xds = self.quantize_q8(x)
+        F = int(gate.shape[1])
+        if gate.qtype == up.qtype and gate.row_bytes == up.row_bytes:
+            h = self._moe_q8_launch("moe_q8_gu", (gate, up), xq, xds, ids, k)
+        else:
+            g = self._moe_q8_launch("moe_q8", (gate,), xq, xds, ids, k)
+            h = self.swiglu(g, self._moe_q8_launch("moe_q8", (up,), xq, xds, ids, k))
+        if int(h.shape[1]) != F:
+            raise ValueError(f"moe: gate {gate.shape} and up {up.shape} disagree")
+        hq, hds = self.quantize_q8(h)
+        return self._moe_q8_launch("moe_q8", (down,), hq, hds, ids, 1)
+
+    def _moe_q8_launch(
+        self, kernel: str, ws: tuple[Any, ...], xq: Any, xds: Any, ids: Any, x_div: int
+    ) -> Any:
+        """y[p] = expert ids[p] of ws (gate . x, up . x -> SwiGLU for two) -> [pairs, N]."""
+        w = ws[0]
+        E, N, K = (int(s) for s in w.shape)
+        if int(xq.shape[-1]) != K:
+            raise ValueError(f"moe: {w.name} {w.shape} (stacked experts) against x {xq.shape}")
+        pairs = int(ids.size)
+        out = self._empty((pairs, N))
+        c = self.config.op("moe_experts")
+        rows = int(c["warps"]) * 32 // int(c["threads_per_row"])
+        for p0 in range(0, pairs, MAX_PAIRS):
+            self._launch(
+                "moe_q8", f"{kernel}_{_suffix(w.qtype)}",
+                (math.ceil(N / rows), 1, min(MAX_PAIRS, pairs - p0)), (int(c["warps"]) * 32,),
+                (*(v.raw for v in ws), np.int32(w.row_bytes), np.int32(N), np.int32(K), xq, xds,
+                 np.int32(x_div), ids, np.int32(E), np.int32(p0), out), pdl=True,
+            )  # fmt: skip
         return out
 
     def _moe_grouped(self, x: Any, ids: Any, gate: Any, up: Any, down: Any) -> Any:

@@ -110,6 +110,7 @@ def kernel_names(src: str) -> list[str]:
         "DEQ_KERNELS": ["get_rows_{}", "dequant_f16_{}"],
         "MOE_KERNEL": ["moe_{}"],
         "MOE_GROUPED_KERNEL": ["moe_grouped_{}"],
+        "MOE_Q8_KERNELS": ["moe_q8_{}", "moe_q8_gu_{}"],
     }
     for mac, pats in macros.items():
         for arg in re.findall(rf"^{mac}\((\w+),", src, re.M):
@@ -138,7 +139,7 @@ MODULE_OPS = (
     "matmul_prefill",
     "attention_prefill",
     "delta_net",  # delta_net.cu
-    "moe_experts",  # moe.cu (grouped: moe_grouped.cu, and moe.cu for decode)
+    "moe_experts",  # moe.cu (grouped: moe_grouped.cu and moe.cu; mmvq: moe_q8.cu and moe.cu)
 )
 
 
@@ -162,6 +163,8 @@ def default_choice(op: str, variant: str) -> OpChoice:
 # Float weights under matmul_decode.mmvq (which decodes block types only) use dmmv at its
 # registry defaults.
 DECODE_FALLBACK = default_choice("matmul_decode", "dmmv")
+# Float expert weights under moe_experts.mmvq (block types only) use moe.cu at its defaults.
+MOE_FALLBACK = default_choice("moe_experts", "dmmv")
 # attention.cu (decode attention) at the flash variant's defaults when attention_prefill names
 # another source file.
 FLASH_DEFAULT = default_choice("attention_prefill", "flash")
@@ -178,9 +181,11 @@ def modules_for(cfg: TuningConfig) -> dict[str, tuple[str, dict[str, int]]]:
         key = _KEYS.get((op, fname), Path(fname).stem)
         mods[key] = (fname, variant_defines(v, choice))
     moe = cfg.op("moe_experts")
+    dmmv = REGISTRY.op("cuda", "moe_experts").variant("dmmv")
     if moe.variant == "grouped":  # its decode (T = 1) is the dmmv variant's, with the same knobs
-        dmmv = REGISTRY.op("cuda", "moe_experts").variant("dmmv")
         mods["moe"] = (Path(dmmv.source).name, variant_defines(dmmv, moe))
+    elif moe.variant == "mmvq":  # float experts: the dmmv kernels at their defaults
+        mods["moe"] = (Path(dmmv.source).name, variant_defines(dmmv, MOE_FALLBACK))
     if cfg.op("attention_prefill").variant == "flash_tc":  # head dims it has no kernel for
         gemm = REGISTRY.op("cuda", "attention_prefill").variant("gemm")
         mods["attention_gemm"] = (Path(gemm.source).name, {})

@@ -644,7 +644,7 @@ class VulkanBackend(FusedDecode, Backend):
                 )
             return out
         pipe, c = self._pipe("matmul_prefill", w.qtype)
-        if c.variant == "tiled":
+        if c.variant in ("tiled", "coopmat"):  # the same grid and bindings
             per_wg, cols = int(c["tile_m"]), int(c["tile_n"])
         else:
             per_wg = int(c["rows_per_wg"]) if c.variant == "kpar" else int(c["wg_size"])
@@ -964,6 +964,16 @@ class VulkanBackend(FusedDecode, Backend):
         bufs = (q.buf, ck.buf, cv.buf)
         offs = (H, Hkv, D, q.offset, ck.offset, cv.offset)
         scale = 1.0 / math.sqrt(D)
+        if c.variant == "coopmat" and T > 1 and D % 16 == 0 and D <= 128:
+            flash, _ = self._pipe("attention.flash")  # tensor cores; decode takes split below
+            self.stream.dispatch(
+                flash,
+                (*bufs, out.buf, self.stream.dyn_buf),
+                (out.buf,),
+                (*offs, out.offset, self.stream.dyn(pos0), T, scale),
+                (H, -(-T // 16), 1),
+            )
+            return out
         if c.variant == "online":
             self.stream.dispatch(
                 pipe,

@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.backends.vulkan import coopmat
 from engine.backends.vulkan._vk import ffi, vk
 from engine.device_info import DeviceInfo
 from engine.errors import BackendUnavailable, ConfigError
@@ -352,6 +353,12 @@ def _open(instance: Any, messenger: Any, messages: list[str], index: int | None)
             )
             dev_exts.append("VK_EXT_subgroup_size_control")
 
+    # Cooperative matrices (tensor cores) for the coopmat prefill GEMM, where the device has them.
+    cmat = coopmat.query(instance, physical, exts)
+    if cmat.enabled:
+        dev_exts.append(coopmat.EXTENSION)
+    feat_next = coopmat.chain(cmat, feat_next)
+
     families = vk.vkGetPhysicalDeviceQueueFamilyProperties(physical)
     qf = None
     for i, f in enumerate(families):  # prefer a compute queue that also has timestamps
@@ -409,6 +416,8 @@ def _open(instance: Any, messenger: Any, messages: list[str], index: int | None)
         "timestamp_period_ns": float(lim.timestampPeriod),
         "validation": bool(messenger is not None),
         "index": index,  # of physical_devices(): the card this backend opened
+        **cmat.extra(),
+        "coopmat_missing": cmat.why,
     }
     info = DeviceInfo(
         backend="vulkan",

@@ -105,6 +105,17 @@ PASSES = {
 }
 
 
+# attention.coopmat: decode with the split variant's passes (whatever they are, from
+# attention_split.comp), prefill with the cooperative-matrix flash pass.
+PASSES[("attention", "coopmat")] = (
+    *(
+        Pass(*p)._replace(shader=Pass(*p).shader or "attention_split")
+        for p in PASSES[("attention", "split")]
+    ),
+    Pass("", 5, "IIIIIIIIIf", "", "flash"),
+)
+
+
 def pass_keys(op: str, variant: str) -> tuple[str, ...]:
     """The pipeline key of each pass of a variant, in the order programs() returns them."""
     passes = PASSES.get((op, variant))

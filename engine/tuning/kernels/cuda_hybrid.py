@@ -35,6 +35,15 @@ _DN_LAYOUT = Param(
     "on a warp-per-column kernel",
     define("STATE_T"),
 )
+_DN_PREFETCH = Param(
+    "prefetch",
+    (1, 2, 4, 8),
+    1,
+    "tokens whose q / k / g / beta / v a warp holds in registers ahead of use (1: loaded as "
+    "each comes): the next tokens' loads fly during this one's warp sums, which is what a "
+    "prefill scan of hundreds of tokens waits on; same arithmetic, bit-identical",
+    define("PF"),
+)
 _DN_MAX_DK = Param(
     "max_dk",
     (64, 128, 256),
@@ -51,7 +60,7 @@ REGISTRY.register(
             B,
             "delta_net",
             "sequential",
-            params=(_DN_WARPS, _DN_LAYOUT, _DN_MAX_DK),
+            params=(_DN_WARPS, _DN_LAYOUT, _DN_MAX_DK, _DN_PREFETCH),
             source="cuda/delta_net.cu",
             numeric="order_only",
             doc="a warp per state column (lanes over its rows, in registers for the call), "
@@ -65,6 +74,7 @@ REGISTRY.register(
                 _DN_WARPS,
                 _DN_LAYOUT,
                 _DN_MAX_DK,
+                _DN_PREFETCH,
                 Param(
                     "chunk",
                     DELTA_NET_CHUNKS,
@@ -108,6 +118,7 @@ _MOE_DMMV = (
 
 # dmmv first, so it stays the default until the grouped GEMM is timed on a GPU (the Vulkan
 # backend lists grouped first). grouped at decode (T == 1) is dmmv: the same kernels and knobs.
+# mmvq: int8 activations (the looser numeric class), so never the default.
 REGISTRY.register(
     B,
     "moe_experts",
@@ -146,11 +157,41 @@ REGISTRY.register(
             "tiles, then the batched DMMV per (rows, tile) of the tile's expert on the sorted "
             "rows; decode: the dmmv kernels",
         ),
+        Variant(
+            B,
+            "moe_experts",
+            "mmvq",
+            params=(
+                Param(
+                    "threads_per_row",
+                    (8, 16, 32),
+                    16,
+                    "lanes splitting an expert row (a group inside one warp; shuffles, no barrier)",
+                    define("TPR"),
+                ),
+                Param("warps", (1, 2, 4, 8), 4, "warps per block", define("NW")),
+            ),
+            quant_types=ALL_TYPES,
+            source="cuda/moe_q8.cu",
+            numeric="int8_activations",
+            doc="the routed experts on Q8_1 activations with integer dot products (mmvw's "
+            "row split, vecdot.cuh): gate, up and SwiGLU of a pair in one launch, down on the "
+            "quantized SwiGLU output, expert picked on the device (graph-safe); decode and "
+            "prefill. Float experts (or gate and up of different types) use the dmmv kernels",
+        ),
     ],
     doc="routed experts of a MoE FFN (gate, up, SwiGLU, down, combine)",
 )
 
 _THREADS = Param("threads", (128, 256, 512, 1024), 256, "threads per block", PUSHED)
+_CONV_STEP = Param(
+    "fuse_step",
+    (0, 1),
+    0,
+    "1: a one-token call (decode) runs conv and state update as one kernel, a thread per "
+    "channel (ssm_conv_step: one launch per delta-net layer fewer; same taps, bit-identical)",
+    PUSHED,
+)
 for _op, _variant, _doc in [
     ("ssm_conv", "default", "causal depthwise conv1d + SiLU, a thread per output; then the state"),
     ("ssm_gates", "default", "softplus decay and sigmoid beta"),
@@ -165,7 +206,7 @@ for _op, _variant, _doc in [
                 B,
                 _op,
                 _variant,
-                params=(_THREADS,),
+                params=(_THREADS, _CONV_STEP) if _op == "ssm_conv" else (_THREADS,),
                 source="cuda/hybrid.cu",
                 numeric="order_only",
                 doc=_doc,

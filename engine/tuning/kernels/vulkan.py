@@ -4,9 +4,9 @@ Imports nothing from the Vulkan binding: the agent reads this on head nodes with
 Each knob's binding says how it reaches the shader; VulkanBackend builds pipelines by a loop over
 them. Most are specialization constants of a shader in shaders/vulkan (a new value is a new
 pipeline, not a new SPIR-V build; the shader's default for each equals the registry's, checked
-by tests/test_knob_bindings.py); ``matmul_prefill.vec4`` is a define (a new SPIR-V build);
-``subgroup_size`` is set at pipeline creation; ``submit.*`` shapes command recording; the grid
-sizes ``attention.splits``/``splits_prefill`` and ``argmax.slices`` are push constants.
+by tests/test_knob_bindings.py); ``matmul_prefill.vec4`` and ``.bk`` are defines (new SPIR-V
+builds); ``subgroup_size`` is set at pipeline creation; ``submit.*`` shapes command recording;
+the grid sizes ``attention.splits``/``splits_prefill`` and ``argmax.slices`` are push constants.
 Constraints read the device from DeviceInfo (``subgroup_size`` and ``extra``: limits and
 subgroup-size-control ranges, filled by engine.backends.vulkan.device); with no device they only
 check what does not depend on one.
@@ -155,6 +155,64 @@ def _tiles_fit(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
 def _vec4_tiles(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
     c = cfg.op("matmul_prefill")
     return not c["vec4"] or (int(c["tile_m"]) % 64 == 0 and int(c["tile_n"]) % 64 == 0)
+
+
+# The cooperative-matrix shape matmul_coopmat.comp uses (coopmat.shape_name's spelling).
+COOPMAT_SHAPE = "16x16x16:f16*f16+f32=f32"
+
+
+def _coopmat_ok(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
+    if dev is None:
+        return True
+    return bool(_extra(dev, "cooperative_matrix", False)) and COOPMAT_SHAPE in _extra(
+        dev, "coopmat_shapes", []
+    )
+
+
+def _coopmat_subgroups(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
+    """At most 64 lanes (the required size, else any the device may pick), and a required size
+    the device can require of a 256-thread compute shader."""
+    req = int(cfg.op("matmul_prefill")["subgroup_size"])
+    if dev is None:
+        return True
+    if req == 0:
+        return int(_extra(dev, "max_subgroup_size", dev.subgroup_size)) <= 64
+    lo, hi = int(_extra(dev, "min_subgroup_size", 0)), int(_extra(dev, "max_subgroup_size", 0))
+    max_sgs = int(_extra(dev, "max_compute_workgroup_subgroups", 0) or 0)
+    return (
+        bool(_extra(dev, "subgroup_size_control", False))
+        and bool(_extra(dev, "subgroup_size_control_compute", False))
+        and lo <= req <= hi
+        and (max_sgs == 0 or 256 <= max_sgs * req)
+    )
+
+
+def _coopmat_tiles(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
+    c = cfg.op("matmul_prefill")
+    tm, tn, wm, wn = (int(c[k]) for k in ("tile_m", "tile_n", "warp_m", "warp_n"))
+    return tm % wm == 0 and tn % wn == 0 and (tm // wm) * (tn // wn) <= 16
+
+
+def _coopmat_one_tile(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
+    c = cfg.op("matmul_prefill")
+    if not c["one_tile"]:
+        return True
+    tiles = (int(c["tile_m"]) // int(c["warp_m"])) * (int(c["tile_n"]) // int(c["warp_n"]))
+    sg = int(c["subgroup_size"])
+    if sg == 0 and dev is not None:
+        lo, hi = _extra(dev, "min_subgroup_size", 0), _extra(dev, "max_subgroup_size", 0)
+        sg = dev.subgroup_size if lo == hi else 0  # a device that picks 32 or 64 must be told
+    if sg == 0:
+        return dev is None and 256 % tiles == 0 and 256 // tiles in (32, 64)
+    return tiles * sg == 256
+
+
+def _coopmat_shared(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
+    c = cfg.op("matmul_prefill")
+    limit = _extra(dev, "max_shared_memory")
+    tiles = int(c["buffers"]) * (int(c["bk"]) + 8) * (int(c["tile_m"]) + int(c["tile_n"]))
+    need = 2 * tiles + 8 * 1024
+    return limit is None or need <= int(limit)
 
 
 def _wg(default: int, choices: tuple[int, ...] = WG_SIZES) -> Param:
@@ -440,6 +498,84 @@ REGISTRY.register(
             doc="shared-memory tiled GEMM with fused dequant: a 256-thread workgroup owns a "
             "tile_m x tile_n block of y, weights decoded once per tile_n columns",
         ),
+        # Tensor cores: GL_KHR_cooperative_matrix, fp16 tiles into fp32 (fp16 numeric class).
+        # Not the default: only devices with the extension can run it (see _coopmat_ok).
+        Variant(
+            B,
+            "matmul_prefill",
+            "coopmat",
+            params=(
+                Param("tile_m", (64, 128, 256), 128, "weight rows per workgroup", spec(0)),
+                Param("tile_n", (32, 64, 128), 64, "prompt columns per workgroup", spec(1)),
+                Param("warp_m", (16, 32, 64), 32, "weight rows per subgroup tile", spec(2)),
+                Param("warp_n", (16, 32, 64), 32, "prompt columns per subgroup tile", spec(3)),
+                Param(
+                    "bk",
+                    (32, 64),
+                    32,
+                    "k per shared-memory step (fewer barriers against more shared memory)",
+                    define("BK"),
+                ),
+                Param(
+                    "one_tile",
+                    (False, True),
+                    False,
+                    "each subgroup owns exactly one subgroup tile (tiles x subgroup size = 256): "
+                    "no pass loop or idle accumulators",
+                    define("ONE_TILE_PER_SUBGROUP"),
+                ),
+                Param(
+                    "buffers",
+                    (1, 2),
+                    1,
+                    "tile buffers: 2 decodes the next k-step while this one's multiply-adds "
+                    "run, one barrier per step, twice the tiles' shared memory",
+                    define("NBUF"),
+                ),
+                Param(
+                    "subgroup_size",
+                    (0, 32, 64),
+                    0,
+                    "required subgroup size (wave32 / wave64 on RDNA); 0: the device default",
+                    SUBGROUP_SIZE,
+                ),
+            ),
+            constraints=(
+                _wg_fits("matmul_prefill", fixed=256),  # matmul_coopmat.comp's local size
+                Constraint(
+                    "the device reports VK_KHR_cooperative_matrix (cooperativeMatrix, "
+                    f"shaderFloat16, vulkanMemoryModel) with the subgroup shape {COOPMAT_SHAPE} "
+                    "(lavapipe / Mesa 22 have no cooperative matrices)",
+                    _coopmat_ok,
+                ),
+                Constraint(
+                    "subgroup size <= 64 (a 256-thread workgroup of >= 4 subgroups covers the "
+                    "block's subgroup tiles); a required subgroup_size within the device's "
+                    "subgroup-size-control range",
+                    _coopmat_subgroups,
+                ),
+                Constraint(
+                    "warp_m divides tile_m, warp_n divides tile_n, and the block has at most 16 "
+                    "subgroup tiles (4 per subgroup at wave64)",
+                    _coopmat_tiles,
+                ),
+                Constraint(
+                    "one_tile needs (tile_m / warp_m) x (tile_n / warp_n) x subgroup size = 256, "
+                    "the subgroup size fixed (required, or the device has one size)",
+                    _coopmat_one_tile,
+                ),
+                Constraint(
+                    "buffers x (bk + 8) x (tile_m + tile_n) halves + 8 KiB of shared memory <= "
+                    "maxComputeSharedMemorySize",
+                    _coopmat_shared,
+                ),
+            ),
+            quant_types=QUANT_TYPES,
+            source="vulkan/matmul_coopmat.comp",
+            numeric="fp16",
+            doc="cooperative-matrix (tensor-core) tiled GEMM with fused dequant to fp16 tiles, "
+            "fp32 accumulation: 16x16x16 multiply-adds, a subgroup per warp_n x warp_m tile",
+        ),
         Variant(
             B,
             "matmul_prefill",
@@ -597,6 +733,40 @@ REGISTRY.register(
     ],
     doc="causal GQA attention over the KV cache",
 )
+
+
+def _register_attention_coopmat() -> None:
+    """attention.coopmat: the split variant at decode (its knobs and constraints, whatever they
+    are), tensor-core flash attention (shaders/vulkan/attention_coopmat.comp) for T > 1."""
+    op = REGISTRY.op(B, "attention")
+    split = op.variant("split")
+    coop = Variant(
+        B,
+        "attention",
+        "coopmat",
+        params=split.params,
+        constraints=(
+            *split.constraints,
+            Constraint(
+                f"the device reports VK_KHR_cooperative_matrix with the subgroup shape "
+                f"{COOPMAT_SHAPE} (lavapipe / Mesa 22 have none)",
+                _coopmat_ok,
+            ),
+            Constraint(
+                "34 KiB of shared memory for the flash pass <= maxComputeSharedMemorySize",
+                lambda cfg, dev: int(_extra(dev, "max_shared_memory", 1 << 20)) >= 34 * 1024,
+            ),
+        ),
+        source="vulkan/attention_coopmat.comp",
+        numeric="fp16",
+        doc="prefill: flash attention on cooperative matrices (16 queries x 32 keys per step, "
+        "fp16 Q/K/V/P, fp32 softmax and output; head dims multiples of 16 up to 128); decode "
+        "and other head dims: the split kernel with these knobs",
+    )
+    REGISTRY.register(B, "attention", [*op.variants, coop], op.doc)
+
+
+_register_attention_coopmat()
 
 # two_stage first, so it is the default: one workgroup per row leaves a big GPU idle over a
 # 152k vocabulary; both give np.argmax's answer (first maximum, first NaN).

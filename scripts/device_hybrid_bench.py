@@ -1,0 +1,168 @@
+"""Hybrid models on the GPU in one process (run by scripts/device_hybrid_bench.sh and the
+helper's device request): load a model once, then per variant of VARIANTS `engine bench`'s
+pp/tg figures, `engine validate`'s verdict (optional: a NumPy reference of a 9B costs minutes),
+and the per-phase profile of scripts/profile_hybrid.py. The JSON (--out/hybrid_<model><tag>.json) is
+rewritten after every step, and no step starts past --deadline (epoch seconds).
+
+usage: python scripts/device_hybrid_bench.py MODEL.gguf [--bench a,b] [--validate a,b]
+       [--profile a,b] [--prompt 512] [--gen 128] [--repeats N] [--deadline S] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from profile_hybrid import phase_profile  # noqa: E402
+
+from engine.bench import bench  # noqa: E402
+from engine.runtime import load  # noqa: E402
+from engine.tuning import TuningConfig  # noqa: E402
+from engine.validate import tokenize_prompts, validate  # noqa: E402
+
+MMVW = {"matmul_decode.variant": "mmvw"}
+VARIANTS: dict[str, dict] = {
+    "default": {},
+    "mmvq": {"matmul_decode.variant": "mmvq"},
+    "mmvw": MMVW,  # projections three to a launch, residuals added as they store
+    "mmvw_pdl": MMVW | {"matmul_decode.pdl": 1},
+    "mmvw_t16_r2": MMVW | {"matmul_decode.pdl": 1, "matmul_decode.threads_per_row": 16,
+                           "matmul_decode.rows_per_thread": 2},
+    "chunked": {"delta_net.variant": "chunked"},
+    "scan_pf4": {"delta_net.prefetch": 4},  # the sequential scan with 4 tokens in flight
+    "scan_pf8": {"delta_net.prefetch": 8},
+    "chunked32": {"delta_net.variant": "chunked", "delta_net.chunk": 32},
+    "grouped": {"moe_experts.variant": "grouped"},
+    "moe_q8": {"moe_experts.variant": "mmvq"},  # int8 experts (gate + up + SwiGLU fused)
+    "mmq8": {"matmul_prefill.variant": "mmq8"},
+    # on the H200 (9B tg64) mmvw alone 267, mmvw + PDL + chunked + argmax.multi 248: PDL and
+    # argmax.multi stay out of fast until measured apart (mmvw_pdl)
+    "fast": MMVW | {"delta_net.prefetch": 4, "moe_experts.variant": "grouped",
+                    "ssm_conv.fuse_step": 1},
+    "fast_q8": MMVW | {"delta_net.prefetch": 4, "moe_experts.variant": "mmvq",
+                       "ssm_conv.fuse_step": 1},
+    "fast_pdl": MMVW | {"delta_net.prefetch": 4, "moe_experts.variant": "grouped",
+                        "ssm_conv.fuse_step": 1, "matmul_decode.pdl": 1,
+                        "argmax.variant": "multi"},
+}  # fmt: skip
+
+
+def config(name: str, backend: str = "cuda") -> TuningConfig:
+    return TuningConfig.from_flat(backend, VARIANTS[name])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model")
+    ap.add_argument("--bench", default="default,mmvw,mmvw_pdl,chunked,fast")
+    ap.add_argument("--validate", default="")
+    ap.add_argument("--profile", default="default,fast")
+    ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--gen", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--deadline", type=float, default=float("inf"), help="epoch seconds")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--backend", default="cuda")
+    ap.add_argument("--tag", default="", help="suffix of the JSON's name (hybrid_<model><tag>)")
+    args = ap.parse_args()
+    lists = {k: [v for v in getattr(args, k).split(",") if v] for k in ("bench", "validate")}
+    lists["profile"] = [v for v in args.profile.split(",") if v]
+    bad = sorted({v for vs in lists.values() for v in vs} - set(VARIANTS))
+    if bad:
+        print(f"unknown variant(s) {', '.join(bad)}; known: {', '.join(VARIANTS)}")
+        return 2
+    if not Path(args.model).is_file():
+        print(f"error: {args.model}: no such file")
+        return 2
+    name = Path(args.model).stem
+    out = Path(args.out) / f"hybrid_{name}{args.tag}.json"
+    res: dict = {"model": args.model, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+                 "variants": {k: VARIANTS[k] for vs in lists.values() for k in vs},
+                 "bench": {}, "validate": {}, "profile": {}, "skipped": []}  # fmt: skip
+
+    def save() -> None:
+        out.write_text(json.dumps(res, indent=1, default=str))
+
+    def late(what: str) -> bool:
+        if time.time() < args.deadline:
+            return False
+        res["skipped"].append(what)
+        print(f"{name}: past the deadline, skipped {what}", flush=True)
+        save()
+        return True
+
+    t0 = time.time()
+    eng = load(args.model, args.backend, TuningConfig.default(args.backend), use_promoted=False)
+    be = eng.model.backend
+    res["load_s"] = time.time() - t0
+    res["device"] = be.device_info().to_dict()
+    res["memory"] = str(be.memory_report())
+    print(f"== {name}: loaded in {res['load_s']:.1f}s ({res['memory']})", flush=True)
+    save()
+
+    for v in lists["bench"]:
+        if late(f"bench {v}"):
+            continue
+        try:
+            be.set_config(config(v, args.backend))
+            r = bench(eng.model, [args.prompt], args.gen, args.repeats, 1).results[0]
+            res["bench"][v] = {
+                f"pp{args.prompt}": r.prefill_tok_s.median,
+                f"tg{args.gen}": r.decode_tok_s.median if r.decode_tok_s else None,
+                "pp_range": [r.prefill_tok_s.min, r.prefill_tok_s.max],
+                "tg_range": [r.decode_tok_s.min, r.decode_tok_s.max] if r.decode_tok_s else None,
+            }
+            tg = res["bench"][v][f"tg{args.gen}"] or 0
+            print(f"{name} bench {v:12s} pp{args.prompt} {r.prefill_tok_s.median:9.1f}  "
+                  f"tg{args.gen} {tg:7.1f} tok/s", flush=True)  # fmt: skip
+        except Exception as e:  # noqa: BLE001 - one variant's failure is its result
+            res["bench"][v] = {"error": traceback.format_exc()}
+            print(f"{name} bench {v}: ERROR {e!r}", flush=True)
+        save()
+
+    for v in lists["profile"]:
+        if late(f"profile {v}"):
+            continue
+        try:
+            be.set_config(config(v, args.backend))
+            p = phase_profile(eng.model, args.prompt, 8)
+            res["profile"][v] = p
+            for what in ("prefill_ms", "decode_ms_per_token"):
+                row = ", ".join(f"{k}={t:.3f}" for k, t in sorted(p[what].items()))
+                print(f"{name} profile {v} {what}: {row}", flush=True)
+        except Exception as e:  # noqa: BLE001
+            res["profile"][v] = {"error": traceback.format_exc()}
+            print(f"{name} profile {v}: ERROR {e!r}", flush=True)
+        save()
+
+    prompts = tokenize_prompts(eng.tokenizer())
+    ref_cache: dict = {}
+    for v in lists["validate"]:
+        if late(f"validate {v}"):
+            continue
+        try:
+            t1 = time.time()
+            rep = validate(
+                eng.model, config(v, args.backend), prompts, steps=4, ref_cache=ref_cache
+            )
+            res["validate"][v] = rep.to_dict() | {"seconds": time.time() - t1}
+            verdict = "PASS" if rep.passed else "FAIL"
+            print(f"{name} validate {v:12s} {verdict} KLD={rep.kld_max:.3g} "
+                  f"nmse={rep.nmse:.3g} blame {rep.blame}", flush=True)  # fmt: skip
+        except Exception as e:  # noqa: BLE001
+            res["validate"][v] = {"error": traceback.format_exc()}
+            print(f"{name} validate {v}: ERROR {e!r}", flush=True)
+        save()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,31 @@
+"""A NumPy backend whose decode-row matmuls compute like CUDA's int8 decode kernels (mmvq, mmvw;
+numeric class int8_activations): for one token, the activation row of a block-type weight is
+rounded to Q8_1 as q8.cu does it (per 32 values d = max|x| / 127, q = round(x / d)), then a
+float64 product with the dequantized weight. Float weights (routers) stay float. A correct
+variant, not a bug: CUDA's mmvw decode of a model should match it to float noise
+(tests/test_cuda_hybrid.py), and validate should pass it under the int8 budget."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.backends.numpy_ref import NumpyBackend
+
+BLOCK_TYPES = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K"})  # mmvw.cu's
+
+
+def q8_round_trip(a: np.ndarray) -> np.ndarray:
+    """Rows of a [T, K] (K % 32 == 0) through Q8_1 and back, in float64."""
+    b = np.asarray(a, np.float64).reshape(a.shape[0], -1, 32)
+    d = np.abs(b).max(-1, keepdims=True) / 127
+    return (np.round(b / np.where(d > 0, d, 1)) * d).reshape(a.shape)
+
+
+class Int8Decode(NumpyBackend):
+    int8 = True  # off: the plain NumPy reference (one backend serves both runs)
+
+    def matmul(self, x, w):  # noqa: ANN001, ANN201
+        qt = w.qt
+        if not (self.int8 and x.shape[0] == 1 and qt.qtype in BLOCK_TYPES and len(qt.shape) == 2):
+            return super().matmul(x, w)
+        return (q8_round_trip(x) @ w.dense(True).astype(np.float64).T).astype(np.float32)
