@@ -227,6 +227,9 @@ MUTANTS: tuple[Mutant, ...] = (
            "(matmul_prefill.comp)", {"matmul_prefill.variant": "kpar"}),
     Mutant("DMMV_TAIL_ROWS", "vulkan", "matmul_decode", "subgroup DMMV skips rows past the last "
            "multiple of 32 (matmul_decode.comp)", {"matmul_decode.variant": "subgroup"}),
+    Mutant("MMVW_Q4K_MIN", "vulkan", "matmul_decode", "int8 decode matmul: both halves of a "
+           "Q4_K sub-block subtract its min term (mmvw_rows.glsl)",
+           {"matmul_decode.variant": "mmvw"}),
     Mutant("Q4K_SCALE_MIN", "vulkan", "matmul_prefill", "Q4_K sub-blocks 4..7 swap scale and "
            "min (dequant.glsl)"),
     Mutant("Q6K_SCALE", "vulkan", "matmul_prefill", "Q6_K: the second 16 of each 32 reuse the "

@@ -92,6 +92,12 @@ def test_vulkan_mutant_is_rejected_and_blamed(m, ragged, vulkan_factory):
         {"matmul_prefill.tile_m": 32, "matmul_prefill.tile_n": 16},
         {"matmul_decode.variant": "subgroup", "attention.variant": "online"},
         {"matmul_decode.variant": "shmem", "argmax.variant": "default"},
+        {"matmul_decode.variant": "mmvw", "rope.fuse_kv": 1, "attention.fuse_combine": 1},
+        {
+            "matmul_decode.variant": "mmvw",
+            "matmul_decode.threads_per_row": 4,
+            "matmul_decode.fuse_rope": 1,
+        },
         {"attention.splits": 1, "attention.splits_prefill": 8, "argmax.slices": 1024},
     ],
 )

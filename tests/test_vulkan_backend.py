@@ -143,7 +143,9 @@ def test_every_attention_and_argmax_variant_has_its_passes_precompiled():
         for v in REGISTRY.op("vulkan", op).variants:
             cfg = TuningConfig.default("vulkan").replace(**{f"{op}.variant": v.name})
             passes = programs(op, cfg.op(op))
-            want = {"split": 2, "two_stage": 2, "coopmat": 3}.get(v.name, 1)  # coopmat: split's + 1
+            # split: partial, merge, merge_q8 (the merge under matmul_decode.mmvw) and the
+            # fuse_combine partial passes (fused, fused_q8); coopmat: split's + its flash pass
+            want = {"split": 5, "two_stage": 2, "coopmat": 6}.get(v.name, 1)
             assert len(passes) == want
             assert {(p.shader, p.defines) for p in passes} <= builds
 
@@ -445,7 +447,10 @@ def test_staging_paths_of_discrete_gpus(tiny_model_path, monkeypatch):
             < 1e-10
         )
         g = open_model(tiny_model_path)
+        before = be.stats()
         a = build_model(g, be).generate(list(range(3, 40)), 10, keep_logits=True)
+        # each step's graph + the token's staging copy replays (keyed on the graph's key)
+        assert be.stats()["replays"] - before["replays"] >= 7
         b = build_model(g, NumpyBackend()).generate(list(range(3, 40)), 10, keep_logits=True)
         assert a.tokens == b.tokens
         assert np.abs(a.last_logits - b.last_logits).max() < 1e-3

@@ -70,6 +70,16 @@ CONFIGS = [
         "matmul_decode.rows_per_wg": 1,
         "matmul_decode.rows_per_thread": 1,
     },
+    # the int8 decode path with every fusion (norm/SwiGLU/merge Q8_1, q/k/v in one dispatch,
+    # rope + KV write, attention in one dispatch), 4-lane clusters, byte-wise dots
+    {
+        "matmul_decode.variant": "mmvw",
+        "rope.fuse_kv": 1,
+        "attention.fuse_combine": 1,
+        "matmul_decode.threads_per_row": 4,
+        "matmul_decode.rows_per_thread": 1,
+        "matmul_decode.pair_mul": False,
+    },
     {"matmul_prefill.tile_n": 16},
     # tensor cores (fp16 numeric class): skipped where the device has no cooperative matrices
     {
@@ -141,7 +151,7 @@ def test_validate_passes(vb, tiny_model_path, flat):
         pytest.skip(f"not allowed on this device: {cand.problems(vb.device_info())}")
     rep = validate(model, cand, _prompts(tok), steps=4)
     assert rep.passed, [p.reasons for p in rep.prompts]
-    # float32 variants agree to 1e-3; an fp16 class (coopmat) to its registry budget
+    # float32 variants agree to 1e-3; an fp16 (coopmat) or int8 (mmvw) class to its budget
     assert rep.max_abs_diff < max(1e-3, REGISTRY.budget(cand)[0].max_abs_diff)
 
 

@@ -18,6 +18,29 @@
 // 1 KEY_THREADS (partial pass; divides WG_SIZE). NS is a push constant (<= MAX_SPLITS).
 // Bindings, partial: 0 q [T, H, D], 1 cache k, 2 cache v [S, Hkv, D], 3 dst (partials
 // [T, H, NS, D + 2] or out [T, H, D] when NS == 1), 4 dyn. Merge: 0 partials, 1 out [T, H, D].
+// MERGE_Q8 (the merge under matmul_decode.mmvw, T == 1, D % 32 == 0): the merge also stores
+// out's row [H * D] as Q8_1 (q8_1.glsl; binding 2, word q_off), each workgroup its head's
+// blocks, so the attention-output matmul needs no quantize dispatch.
+// FUSED_MERGE (attention.fuse_combine = 1, NS > 1): the partial pass, whose workgroup that
+// finishes a head's ranges last (an atomic ticket per (t, h), reset by that workgroup) merges
+// them as PASS_MERGE does: one dispatch instead of two. Partials and tickets are coherent
+// buffers; each workgroup's writes are made visible (memoryBarrierBuffer) before its ticket.
+// Bindings: 0-4 as the partial pass (3: partials), 5 tickets, 6 out, 7 Q8_1 (FUSED_MERGE_Q8:
+// with MERGE_Q8).
+#ifdef FUSED_MERGE_Q8  // one define for the pass table: both
+#define FUSED_MERGE
+#define MERGE_Q8
+#endif
+#if defined(MERGE_Q8) && !defined(FUSED_MERGE)
+#define PASS_MERGE
+#endif
+#if defined(FUSED_MERGE)
+#define PASS_PARTIAL
+#endif
+#if defined(MERGE_Q8) || defined(FUSED_MERGE)
+#extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
+#endif
 
 layout(constant_id = 0) const uint WG_SIZE = 128;
 layout(constant_id = 1) const uint KEY_THREADS = 8;
@@ -32,7 +55,17 @@ layout(local_size_x_id = 0) in;
 layout(binding = 0) readonly buffer QBuf { float qs[]; };
 layout(binding = 1) readonly buffer KBuf { float ck[]; };
 layout(binding = 2) readonly buffer VBuf { float cv[]; };
+#ifdef FUSED_MERGE
+layout(binding = 3) coherent buffer DstBuf { float dst[]; };
+layout(binding = 5) coherent buffer TBuf { uint tk[]; };
+layout(binding = 6) writeonly buffer OBuf { float os[]; };
+#ifdef MERGE_Q8
+layout(binding = 7) writeonly buffer QBuf8 { uint q8w[]; };
+#endif
+#define PS dst
+#else
 layout(binding = 3) writeonly buffer DstBuf { float dst[]; };
+#endif
 layout(binding = 4) readonly buffer DBuf { uint dyn[]; };
 
 layout(push_constant) uniform PC {
@@ -46,9 +79,62 @@ layout(push_constant) uniform PC {
     uint pos_slot;
     uint n_split;
     float scale;
+#ifdef FUSED_MERGE
+    uint o_off;
+    uint tk_off;
+    uint q8_off;
+#endif
 } pc;
 
 const uint KT = WG_SIZE / KEY_THREADS;  // keys per tile
+#ifdef FUSED_MERGE
+
+// ---- the merge of a head's NS partials at PS[pb ..] into os[ob ..] (and its Q8_1 blocks):
+// every thread of the workgroup calls it (barriers).
+shared float w_sh[MAX_SPLITS];  // exp(m_i - M) per partial, 0 for an empty one
+#ifdef MERGE_Q8
+#include "q8_1.glsl"
+shared float o_sh[MAX_D];
+#endif
+
+void merge_head(uint h, uint pb, uint ob, uint NS, uint D, uint q_off, uint HD) {
+    uint tid = gl_LocalInvocationID.x;
+    uint row = D + 2u;
+    // Empty ranges have s == 0 and are skipped; range 0 is never empty (L >= 1), so M is finite.
+    float M = -1.0 / 0.0;
+    for (uint i = 0u; i < NS; i++) {
+        if (PS[pb + i * row + 1u] > 0.0) M = max(M, PS[pb + i * row]);
+    }
+    for (uint i = tid; i < NS; i += WG_SIZE) {
+        float si = PS[pb + i * row + 1u];
+        w_sh[i] = si > 0.0 ? exp(PS[pb + i * row] - M) : 0.0;
+    }
+    barrier();
+    float S = 0.0;
+#ifdef MUTANT_SPLIT_MERGE_DROPS  // planted bug: the merge forgets partial 1
+    if (NS > 1u) w_sh[1] = 0.0;
+    barrier();
+#endif
+    for (uint i = 0u; i < NS; i++) S += w_sh[i] * PS[pb + i * row + 1u];
+    for (uint d = tid; d < D; d += WG_SIZE) {
+        float a = 0.0;
+        for (uint i = 0u; i < NS; i++) a += w_sh[i] * PS[pb + i * row + 2u + d];
+        os[ob + d] = a / S;
+#ifdef MERGE_Q8
+        o_sh[d] = a / S;
+#endif
+    }
+#ifdef MERGE_Q8
+    barrier();
+    if (tid < D / 32u) {
+        float v[32];
+        [[unroll]] for (uint i = 0u; i < 32u; i++) v[i] = o_sh[32u * tid + i];
+        q8_store(q_off, HD, h * (D / 32u) + tid, v);
+    }
+#endif
+}
+shared bool last_sh;
+#endif
 
 shared float q_sh[MAX_D];
 shared float part[WG_SIZE];  // per-thread slices of the tile's dot products
@@ -130,6 +216,18 @@ void main() {
         uint d = tid + i * WG_SIZE;
         if (d < D) dst[pb + 2u + d] = acc[i];
     }
+#ifdef FUSED_MERGE
+    memoryBarrierBuffer();  // this workgroup's partial is visible before its ticket
+    barrier();
+    uint ti = pc.tk_off + t * pc.H + h;
+    if (tid == 0u) last_sh = atomicAdd(tk[ti], 1u) == NS - 1u;
+    barrier();
+    if (!last_sh) return;  // uniform: a shared flag
+    memoryBarrierBuffer();
+    merge_head(h, pc.dst_off + (t * pc.H + h) * NS * (D + 2u), pc.o_off + (t * pc.H + h) * D, NS,
+               D, pc.q8_off, pc.H * D);
+    if (tid == 0u) tk[ti] = 0u;  // ready for the next dispatch (a replayed graph too)
+#endif
 }
 
 #endif  // PASS_PARTIAL
@@ -138,6 +236,9 @@ void main() {
 
 layout(binding = 0) readonly buffer PBuf { float ps[]; };
 layout(binding = 1) writeonly buffer OBuf { float os[]; };
+#ifdef MERGE_Q8
+layout(binding = 2) writeonly buffer QBuf { uint q8w[]; };
+#endif
 
 layout(push_constant) uniform PC {
     uint H;
@@ -145,23 +246,32 @@ layout(push_constant) uniform PC {
     uint n_split;
     uint p_off;
     uint o_off;
+#ifdef MERGE_Q8
+    uint q_off;
+#endif
 } pc;
 
-shared float w_sh[MAX_SPLITS];  // exp(m_i - M) per partial, 0 for an empty one
+#define PS ps
 
-void main() {
-    uint h = gl_WorkGroupID.x, t = gl_WorkGroupID.y;
+// ---- the merge of a head's NS partials at PS[pb ..] into os[ob ..] (and its Q8_1 blocks):
+// every thread of the workgroup calls it (barriers).
+shared float w_sh[MAX_SPLITS];  // exp(m_i - M) per partial, 0 for an empty one
+#ifdef MERGE_Q8
+#include "q8_1.glsl"
+shared float o_sh[MAX_D];
+#endif
+
+void merge_head(uint h, uint pb, uint ob, uint NS, uint D, uint q_off, uint HD) {
     uint tid = gl_LocalInvocationID.x;
-    uint D = pc.D, NS = pc.n_split, row = D + 2u;
-    uint pb = pc.p_off + (t * pc.H + h) * NS * row;
+    uint row = D + 2u;
     // Empty ranges have s == 0 and are skipped; range 0 is never empty (L >= 1), so M is finite.
     float M = -1.0 / 0.0;
     for (uint i = 0u; i < NS; i++) {
-        if (ps[pb + i * row + 1u] > 0.0) M = max(M, ps[pb + i * row]);
+        if (PS[pb + i * row + 1u] > 0.0) M = max(M, PS[pb + i * row]);
     }
     for (uint i = tid; i < NS; i += WG_SIZE) {
-        float si = ps[pb + i * row + 1u];
-        w_sh[i] = si > 0.0 ? exp(ps[pb + i * row] - M) : 0.0;
+        float si = PS[pb + i * row + 1u];
+        w_sh[i] = si > 0.0 ? exp(PS[pb + i * row] - M) : 0.0;
     }
     barrier();
     float S = 0.0;
@@ -169,13 +279,36 @@ void main() {
     if (NS > 1u) w_sh[1] = 0.0;
     barrier();
 #endif
-    for (uint i = 0u; i < NS; i++) S += w_sh[i] * ps[pb + i * row + 1u];
-    uint ob = pc.o_off + (t * pc.H + h) * D;
+    for (uint i = 0u; i < NS; i++) S += w_sh[i] * PS[pb + i * row + 1u];
     for (uint d = tid; d < D; d += WG_SIZE) {
         float a = 0.0;
-        for (uint i = 0u; i < NS; i++) a += w_sh[i] * ps[pb + i * row + 2u + d];
+        for (uint i = 0u; i < NS; i++) a += w_sh[i] * PS[pb + i * row + 2u + d];
         os[ob + d] = a / S;
+#ifdef MERGE_Q8
+        o_sh[d] = a / S;
+#endif
     }
+#ifdef MERGE_Q8
+    barrier();
+    if (tid < D / 32u) {
+        float v[32];
+        [[unroll]] for (uint i = 0u; i < 32u; i++) v[i] = o_sh[32u * tid + i];
+        q8_store(q_off, HD, h * (D / 32u) + tid, v);
+    }
+#endif
 }
+
+void main() {
+    uint h = gl_WorkGroupID.x, t = gl_WorkGroupID.y;
+    uint D = pc.D, NS = pc.n_split;
+#ifdef MERGE_Q8
+    uint q_off = pc.q_off;
+#else
+    uint q_off = 0u;
+#endif
+    merge_head(h, pc.p_off + (t * pc.H + h) * NS * (D + 2u), pc.o_off + (t * pc.H + h) * D, NS, D,
+               q_off, pc.H * D);
+}
+
 
 #endif  // PASS_MERGE

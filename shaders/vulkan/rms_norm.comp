@@ -3,8 +3,13 @@
 // Used for [T, C] rows and for per-head [T, H, D] (qwen3 q/k norms): rows = T or T * H.
 // Variants: one. Tunables: 0 WG_SIZE (power of two; the sum of squares is a shared-memory tree).
 // Bindings: 0 x, 1 w [D] (float32: 1-D weights are dequantized at load), 2 y.
+// OUT_Q8 (matmul_decode.mmvw's norm pass): y is also written as Q8_1 rows (q8_1.glsl) to
+// binding 3 at word q_off (D % 32 == 0), a thread per 32-block: the next matmul needs no
+// quantize dispatch. With Q8_COALESCED (one row): ceil(D / WG_SIZE) workgroups each sum the
+// whole row's squares and store WG_SIZE of its values, a thread per value.
 
 #extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
 
 layout(constant_id = 0) const uint WG_SIZE = 256;
 layout(local_size_x_id = 0) in;
@@ -12,6 +17,9 @@ layout(local_size_x_id = 0) in;
 layout(binding = 0) readonly buffer XBuf { float xs[]; };
 layout(binding = 1) readonly buffer WBuf { float ws[]; };
 layout(binding = 2) writeonly buffer YBuf { float ys[]; };
+#ifdef OUT_Q8
+layout(binding = 3) writeonly buffer QBuf { uint q8w[]; };
+#endif
 
 layout(push_constant) uniform PC {
     uint D;
@@ -20,15 +28,25 @@ layout(push_constant) uniform PC {
     uint w_off;
     uint y_off;
     float eps;
+#ifdef OUT_Q8
+    uint q_off;
+#endif
 } pc;
 
 #include "common.glsl"
+#ifdef OUT_Q8
+#include "q8_1.glsl"
+#endif
 
 shared float red[WG_SIZE];
 
 void main() {
+#if defined(OUT_Q8) && defined(Q8_COALESCED)
+    uint row = 0u;  // one row; workgroup i stores values i * WG_SIZE .. (each sums the row)
+#else
     uint row = wg_linear();
     if (row >= pc.rows) return;  // uniform per workgroup
+#endif
     uint tid = gl_LocalInvocationID.x;
     uint xb = pc.x_off + row * pc.D, yb = pc.y_off + row * pc.D;
     float ss = 0.0;
@@ -47,7 +65,24 @@ void main() {
 #else
     float scale = inversesqrt(red[0] / float(pc.D) + pc.eps);
 #endif
-#ifdef MUTANT_RMS_WEIGHT_TWICE  // planted bug: the weight applied twice
+#if defined(OUT_Q8) && defined(Q8_COALESCED)
+    uint e = wg_linear() * WG_SIZE + tid;
+    bool live = e < pc.D;
+    float v = live ? xs[xb + e] * scale * ws[pc.w_off + e] : 0.0;
+    if (live) ys[yb + e] = v;
+    q8_store_wg(pc.q_off, pc.D, e, live, v);
+#elif defined(OUT_Q8)
+    uint qb = pc.q_off + row * q8_row_words(pc.D);
+    for (uint blk = tid; blk < pc.D / 32u; blk += WG_SIZE) {
+        float v[32];
+        [[unroll]] for (uint i = 0u; i < 32u; i++) {
+            uint d = 32u * blk + i;
+            v[i] = xs[xb + d] * scale * ws[pc.w_off + d];
+            ys[yb + d] = v[i];
+        }
+        q8_store(qb, pc.D, blk, v);
+    }
+#elif defined(MUTANT_RMS_WEIGHT_TWICE)  // planted bug: the weight applied twice
     for (uint d = tid; d < pc.D; d += WG_SIZE)
         ys[yb + d] = xs[xb + d] * scale * ws[pc.w_off + d] * ws[pc.w_off + d];
 #else

@@ -8,12 +8,42 @@
 // Partial RoPE (the hybrids): only the first n_rot dims rotate (neox pairs (i, i + n_rot/2), the
 // table built over n_rot); threads past the pairs copy dims n_rot .. D-1. n_rot = D: all rotate.
 // Tunables: 0 WG_SIZE. Bindings: 0 x, 1 cos/sin table, 2 y, 3 dynamic scalars.
+// FUSE_KV (rope.fuse_kv = 1, the rope.kv pass): q [T, H, D], k and v [T, Hkv, D] in, RoPE of q
+// to qo, RoPE of k and a copy of v straight into the layer's KV cache [S, Hkv, D] at positions
+// pos0 + t: one dispatch for what rope, rope and kv_write did (all dims rotate). A thread per
+// rotated pair of q or k, or per pair of v values. Bindings: 0 q, 1 k, 2 v, 3 cos/sin table,
+// 4 qo, 5 cache k, 6 cache v, 7 dynamic scalars.
 
 #extension GL_GOOGLE_include_directive : require
 
 layout(constant_id = 0) const uint WG_SIZE = 256;
 layout(local_size_x_id = 0) in;
 
+#ifdef FUSE_KV
+layout(binding = 0) readonly buffer QBuf { float qs[]; };
+layout(binding = 1) readonly buffer KBuf { float ks[]; };
+layout(binding = 2) readonly buffer VBuf { float vs[]; };
+layout(binding = 3) readonly buffer CBuf { vec2 cs[]; };
+layout(binding = 4) writeonly buffer QOBuf { float qo[]; };
+layout(binding = 5) writeonly buffer CKBuf { float ck[]; };
+layout(binding = 6) writeonly buffer CVBuf { float cv[]; };
+layout(binding = 7) readonly buffer DBuf { uint dyn[]; };
+
+layout(push_constant) uniform PC {
+    uint T;
+    uint H;
+    uint Hkv;
+    uint D;
+    uint q_off;
+    uint k_off;
+    uint v_off;
+    uint qo_off;
+    uint ck_off;
+    uint cv_off;
+    uint pos_slot;
+    uint neox;
+} pc;
+#else
 layout(binding = 0) readonly buffer XBuf { float xs[]; };
 layout(binding = 1) readonly buffer CBuf { vec2 cs[]; };
 layout(binding = 2) writeonly buffer YBuf { float ys[]; };
@@ -29,8 +59,43 @@ layout(push_constant) uniform PC {
     uint neox;
     uint n_rot;
 } pc;
+#endif
 
 #include "common.glsl"
+
+#ifdef FUSE_KV
+void main() {
+    uint half_d = pc.D / 2u;
+    uint i = wg_linear() * WG_SIZE + gl_LocalInvocationID.x;
+    uint nq = pc.T * pc.H * half_d, nk = pc.T * pc.Hkv * half_d;
+    if (i >= nq + 2u * nk) return;
+    uint pos0 = dyn[pc.pos_slot];
+    if (i >= nq + nk) {  // v: a pair of values into the cache
+        uint j = 2u * (i - nq - nk);  // element of v [T, Hkv, D]
+        uint dst = pc.cv_off + pos0 * pc.Hkv * pc.D + j;
+        cv[dst] = vs[pc.v_off + j];
+        cv[dst + 1u] = vs[pc.v_off + j + 1u];
+        return;
+    }
+    bool is_q = i < nq;
+    uint e = is_q ? i : i - nq;
+    uint p = e % half_d, th = e / half_d, t = th / (is_q ? pc.H : pc.Hkv);
+    vec2 c = cs[(pos0 + t) * half_d + p];
+    uint i0 = th * pc.D + (pc.neox != 0u ? p : 2u * p);
+    uint i1 = pc.neox != 0u ? i0 + half_d : i0 + 1u;
+    float x0 = is_q ? qs[pc.q_off + i0] : ks[pc.k_off + i0];
+    float x1 = is_q ? qs[pc.q_off + i1] : ks[pc.k_off + i1];
+    float y0 = x0 * c.x - x1 * c.y, y1 = x1 * c.x + x0 * c.y;
+    if (is_q) {
+        qo[pc.qo_off + i0] = y0;
+        qo[pc.qo_off + i1] = y1;
+    } else {
+        uint base = pc.ck_off + pos0 * pc.Hkv * pc.D;
+        ck[base + i0] = y0;
+        ck[base + i1] = y1;
+    }
+}
+#else
 
 void main() {
     uint half_d = pc.n_rot / 2u;
@@ -56,3 +121,4 @@ void main() {
     ys[pc.y_off + i0] = x0 * c.x - x1 * c.y;
     ys[pc.y_off + i1] = x1 * c.x + x0 * c.y;
 }
+#endif

@@ -20,6 +20,7 @@ import numpy as np
 from engine.backends.base import Backend, DeviceEntry, DeviceInfo, KVCache, ProfileReport
 from engine.backends.vulkan import kernels as K
 from engine.backends.vulkan._vk import vk
+from engine.backends.vulkan.decode_fused import FusedDecode
 from engine.backends.vulkan.device import Device, open_device
 from engine.backends.vulkan.memory import Allocator, Buffer, Lease
 from engine.backends.vulkan.pipelines import Pipeline, Pipelines
@@ -136,7 +137,7 @@ def _fold(n: int) -> tuple[int, int, int]:
     return (-(-n // y), y, 1)
 
 
-class VulkanBackend(Backend):
+class VulkanBackend(FusedDecode, Backend):
     name = "vulkan"
 
     def __init__(
@@ -164,6 +165,10 @@ class VulkanBackend(Backend):
         self._rope_tables: dict[tuple[float, int], tuple[VkTensor, int]] = {}
         self._graph: DecodeGraph | None = None
         self._graph_generation = 0  # bumped when a buffer dies or the config changes
+        # Q8_1 forms of recent decode rows under matmul_decode.mmvw: (x, q8), newest last. The
+        # entry holds x, so its buffer cannot be handed to another tensor while it is here.
+        self._q8: list[tuple[VkTensor, VkTensor]] = []
+        self._ticket_buf: VkTensor | None = None  # attention.fuse_combine's tickets (zeroed)
         self.alloc.on_destroy.append(self._invalidate_graph)
         cfg = self.config
         self.config = None  # type: ignore[assignment]
@@ -302,6 +307,7 @@ class VulkanBackend(Backend):
         self.stream.flush()
         self.config = config
         self._ops = ops
+        self._q8.clear()
         self._invalidate_graph(None)
         sub = config.op("submit")
         self.stream.max_nodes = int(sub["max_nodes"])
@@ -334,6 +340,7 @@ class VulkanBackend(Backend):
             "kv_write",
             "attention",
             "argmax",
+            "quantize_act",
             "embedding",
             "matmul_decode",
             "matmul_prefill",
@@ -349,7 +356,9 @@ class VulkanBackend(Backend):
             variant = config.op(op).variant
             for q in sorted(qtypes) if weighted else [""]:
                 for key, prog, spec, sg in self._programs(config, op, q):
-                    name = f"{op}.{variant}" + key[len(op) :] + (f"[{q}]" if q else "")
+                    # mmvw's one program serves every int8 type: no type in its name
+                    typed = q and prog.shader != "mmvw"
+                    name = f"{op}.{variant}" + key[len(op) :] + (f"[{q}]" if typed else "")
                     ops[(key, q)] = (self.pipes.get(prog, spec, name, sg), config.op(op))
         return ops
 
@@ -412,6 +421,7 @@ class VulkanBackend(Backend):
     ) -> tuple[Any, Any]:
         s = self.stream
         s.flush()
+        self._q8.clear()  # quantized forms made outside the capture are not in the graph
         self._graph = None
         owned: list[Lease] = []
         inp = self._new((1,), np.int32)
@@ -508,6 +518,18 @@ class VulkanBackend(Backend):
             raise ValueError(f"rms_norm: weight of {wt.size} values for rows of {D}")
         rows = x.size // D
         out = self._new(x.shape)
+        if rows == 1 and self._int8_row(D):  # the next matmul's Q8_1 input, in this dispatch
+            q8 = self._new((self._q8_words(D),), np.int32)
+            pipe, _ = self._pipe("quantize_act.norm")
+            self.stream.dispatch(
+                pipe,
+                (x.buf, wt.buf, out.buf, q8.buf),
+                (out.buf, q8.buf),
+                (D, rows, x.offset, wt.offset, out.offset, float(eps), q8.offset),
+                self._q8_grid(D) if self.config.op("quantize_act")["coalesced"] else (1, 1, 1),
+            )
+            self._q8_remember(out, q8)
+            return out
         pipe, _ = self._pipe("rms_norm")
         self.stream.dispatch(
             pipe,
@@ -606,6 +628,9 @@ class VulkanBackend(Backend):
         out = self._new((T, N))
         if T == 0:
             return out
+        if T == 1 and self._wide(x, (w,)):
+            self._mmvw(x, [(w, out, 0, None)])
+            return out
         if T == 1:
             pipe, c = self._pipe("matmul_decode", w.qtype)
             rows = int(c["rows_per_wg"])
@@ -669,6 +694,19 @@ class VulkanBackend(Backend):
         gate, up = self._as_tensor(gate), self._as_tensor(up)
         if gate.shape != up.shape:
             raise ValueError(f"swiglu: shapes {gate.shape} and {up.shape} differ")
+        n = gate.size
+        if n and n == gate.shape[-1] and self._int8_row(n):  # one row: the down input as Q8_1
+            out, q8 = self._new(gate.shape), self._new((self._q8_words(n),), np.int32)
+            pipe, _ = self._pipe("quantize_act.swiglu")
+            self.stream.dispatch(
+                pipe,
+                (gate.buf, up.buf, out.buf, q8.buf),
+                (out.buf, q8.buf),
+                (n, gate.offset, up.offset, out.offset, 0, q8.offset),
+                self._q8_grid(n),
+            )
+            self._q8_remember(out, q8)
+            return out
         return self._eltwise("swiglu", gate, up, 0)
 
     def _rope_table(self, theta: float, D: int, n_pos: int) -> VkTensor:
@@ -951,6 +989,9 @@ class VulkanBackend(Backend):
         if T > MAX_GROUPS:
             raise UnsupportedError(f"vulkan attention: {T} tokens in one call (max {MAX_GROUPS})")
         dst = out if ns == 1 else self._new((T, H, ns, D + 2))  # partials: m, s, acc[D]
+        q8_out = T == 1 and D % 32 == 0 and self._int8_row(H * D)
+        if ns > 1 and int(c["fuse_combine"]):
+            return self._attention_fused(q, cache, layer, pos0, out, dst, ns, q8_out)
         self.stream.dispatch(
             pipe,
             (*bufs, dst.buf, self.stream.dyn_buf),
@@ -958,7 +999,19 @@ class VulkanBackend(Backend):
             (*offs, dst.offset, self.stream.dyn(pos0), ns, scale),
             (H, ns, T),
         )
-        if ns > 1:
+        if ns > 1 and q8_out:
+            # the merge stores out's Q8_1 form too: the o projection reads it
+            q8 = self._new((self._q8_words(H * D),), np.int32)
+            merge, _ = self._pipe("attention.merge_q8")
+            self.stream.dispatch(
+                merge,
+                (dst.buf, out.buf, q8.buf),
+                (out.buf, q8.buf),
+                (H, D, ns, dst.offset, out.offset, q8.offset),
+                (H, T, 1),
+            )
+            self._q8_remember(out, q8)
+        elif ns > 1:
             merge, _ = self._pipe("attention.merge")
             self.stream.dispatch(
                 merge, (dst.buf, out.buf), (out.buf,), (H, D, ns, dst.offset, out.offset), (H, T, 1)

@@ -31,6 +31,10 @@ class Program:
 
 
 DN_PUSH = "IIIIIIIIIIIIIf"  # delta_net.comp's push constants
+ROPE_KV_PUSH = "IIIIIIIIIIII"  # rope.comp FUSE_KV
+MMVW_PUSH = "IIII" + "IIIII" * 3 + "III"  # mmvw.comp: K, x_off, wg1, wg2, per matrix, RoPE
+# Weight types mmvw.comp decodes against Q8_1; the variant runs the others as the block DMMV.
+MMVW_TYPES = frozenset({"Q4_K", "Q6_K"})
 
 # op -> (storage buffers, push-constant format) of its single-pass programs
 IO = {
@@ -67,7 +71,14 @@ class Pass(NamedTuple):
 # the first pass is keyed op, the second op.merge.
 PASSES = {
     ("attention", "online"): (("", 5, "IIIIIIIIf"),),
-    ("attention", "split"): (("PASS_PARTIAL", 5, "IIIIIIIIIf"), ("PASS_MERGE", 2, "IIIII")),
+    ("attention", "split"): (
+        ("PASS_PARTIAL", 5, "IIIIIIIIIf"),
+        ("PASS_MERGE", 2, "IIIII"),
+        ("MERGE_Q8", 3, "IIIIII", "", "merge_q8"),  # under matmul_decode.mmvw
+        # fuse_combine: the last range of a head merges (and, under mmvw, stores Q8_1)
+        ("FUSED_MERGE", 8, "IIIIIIIIIfIII", "", "fused"),
+        ("FUSED_MERGE_Q8", 8, "IIIIIIIIIfIII", "", "fused_q8"),
+    ),
     ("argmax", "default"): (("", 2, "IIII"),),
     ("argmax", "two_stage"): (("STAGE_SLICES", 2, "IIIII"), ("STAGE_MERGE", 2, "IIII")),
     ("moe_experts", "dmmv"): (("", 4, "IIIIIIII"), ("PASS_COMBINE", 3, "IIIIII")),
@@ -78,6 +89,13 @@ PASSES = {
         ("PASS_SORT", 2, "IIIII", "", "sort"),
         ("PASS_GEMM", 4, "IIIIIIII", "", "gemm"),
     ),
+    # Q8_1 for matmul_decode.mmvw: a plain quantize, and rms_norm / SwiGLU that also store it
+    ("quantize_act", "q8_1"): (
+        ("", 2, "III"),
+        ("OUT_Q8", 4, "IIIIIfI", "rms_norm", "norm"),
+        ("SWIGLU_Q8", 4, "IIIIII", "eltwise", "swiglu"),
+    ),
+    ("rope", "table"): (("", 4, "IIIIIIII"), ("FUSE_KV", 8, ROPE_KV_PUSH, "", "kv")),
     # decode (T == 1) with the sequential kernel, prefill with the two chunked passes
     ("delta_net", "chunked"): (
         ("", 7, DN_PUSH, "delta_net"),
@@ -135,6 +153,12 @@ def specialization(op: str, choice: OpChoice) -> tuple[tuple[tuple[int, int], ..
 def programs(op: str, choice: OpChoice, qtype: str = "") -> tuple[Program, ...]:
     """Every pass of op's chosen variant for weight type qtype ("" for ops without weights)."""
     v = REGISTRY.op("vulkan", op).variant(choice.variant)
+    if (op, v.name) == ("matmul_decode", "mmvw"):
+        # one program for every int8 type (the type is a push constant per matrix); the
+        # block DMMV's build for the rest (its constants 0-3 mean the same)
+        if qtype in MMVW_TYPES:
+            return (Program("mmvw", knob_defines(v, choice), 12, MMVW_PUSH),)
+        return (Program("matmul_decode", ("VARIANT_BLOCK", f"QTYPE_{qtype}"), 3, "IIIII"),)
     shader = Path(v.source).stem
     defines = (*v.defines, *((f"QTYPE_{qtype}",) if qtype else ()), *knob_defines(v, choice))
     passes = PASSES.get((op, v.name))

@@ -132,6 +132,11 @@ def _block_rows_per_thread(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
     return int(c["rows_per_thread"]) <= int(c["rows_per_wg"])
 
 
+def _fuse_rope_rows(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
+    c = cfg.op("matmul_decode")
+    return not int(c["fuse_rope"]) or int(c["rows_per_thread"]) >= 2
+
+
 SUBGROUP_FEATURE_SHUFFLE = 0x10  # VkSubgroupFeatureFlagBits
 
 
@@ -335,8 +340,118 @@ REGISTRY.register(
             numeric="order_only",
             doc="DMMV, threads_per_row threads per row, shared-memory tree reduction",
         ),
+        # Not the default: int8 activations. The knobs mean what the block variant's do (and
+        # threads_per_row / rows_per_thread what CUDA's mmvw's do); the defaults are block's,
+        # the values measured best for it on the H200.
+        Variant(
+            B,
+            "matmul_decode",
+            "mmvw",
+            params=(
+                _wg(64),
+                _rows_per_wg(4, (1, 2, 4, 8, 16, 32)),
+                Param(
+                    "threads_per_row",
+                    (0, 4, 8, 16, 32, 64),
+                    0,
+                    "lanes of one subgroup per row (0: the whole subgroup)",
+                    spec(2),
+                ),
+                Param(
+                    "rows_per_thread",
+                    (1, 2, 4),
+                    2,
+                    "rows a lane accumulates at once, sharing each slot's int8 activations",
+                    spec(3),
+                ),
+                Param(
+                    "unroll",
+                    (1, 2, 4),
+                    2,
+                    "slots per lane per iteration (weight loads in flight before use)",
+                    spec(4),
+                ),
+                Param(
+                    "fuse_rope",
+                    (0, 1),
+                    0,
+                    "1: q, k, v with their biases in one dispatch that also ropes q and k and "
+                    "writes k and v into the KV cache as it stores (a lane's rows are whole RoPE "
+                    "pairs; rows_per_thread >= 2): no rope dispatch (as CUDA's fuse_rope)",
+                    HOST,
+                ),
+                Param(
+                    "pair_mul",
+                    (False, True),
+                    True,
+                    "two int8 products per 32-bit multiply (16-bit halves, exact) instead of "
+                    "byte-by-byte multiply-adds: fewer integer ops per weight",
+                    define("PAIR_MUL"),
+                ),
+                _SUBGROUP,
+            ),
+            constraints=(
+                _wg_fits("matmul_decode"),
+                _subgroup_divides_wg("matmul_decode"),
+                _subgroup_size_supported("matmul_decode"),
+                Constraint(
+                    "threads_per_row 0 or at most the subgroup size (required or device "
+                    "default): a row's lanes reduce inside one subgroup",
+                    _block_tpr_in_subgroup,
+                ),
+                Constraint("rows_per_thread <= rows_per_wg", _block_rows_per_thread),
+                Constraint("the device has subgroup shuffle operations", _has_shuffle),
+                Constraint(
+                    "fuse_rope needs rows_per_thread >= 2 (a lane holds whole RoPE pairs)",
+                    _fuse_rope_rows,
+                ),
+            ),
+            quant_types=QUANT_TYPES,
+            source="vulkan/mmvw.comp",
+            numeric="int8_activations",
+            doc="Q4_K / Q6_K rows against Q8_1 activations with integer dot products (the port "
+            "of CUDA's mmvw): a row per cluster of subgroup lanes, up to three matrices per "
+            "dispatch (q, k, v; gate, up) and the bias or residual added as it stores; the "
+            "norm and SwiGLU before a matmul write the Q8_1 form (quantize_act). Other weight "
+            "types run the block DMMV on float activations",
+        ),
     ],
     doc="matmul with T == 1 (decode and per-token prefill)",
+)
+
+# The Q8_1 producers of matmul_decode.mmvw: quantize (an activation with no Q8_1 form yet), and
+# the fused rms_norm and SwiGLU that write it as they store (a decode row, width % 32 == 0).
+REGISTRY.register(
+    B,
+    "quantize_act",
+    [
+        Variant(
+            B,
+            "quantize_act",
+            "q8_1",
+            params=(
+                _wg(256),
+                Param(
+                    "coalesced",
+                    (False, True),
+                    True,
+                    "a thread per value (coalesced; block max and sum through shared memory; "
+                    "the norm pass in ceil(D / wg_size) workgroups) instead of a thread per "
+                    "32-block",
+                    define("Q8_COALESCED"),
+                ),
+            ),
+            constraints=(_wg_fits("quantize_act"), _shared_fits("quantize_act", 1)),
+            source="vulkan/q8_quant.comp",
+            # Its rounding is budgeted where it is consumed: matmul_decode.mmvw declares
+            # int8_activations; a config without mmvw never dispatches it.
+            numeric="order_only",
+            doc="float32 activations to Q8_1 blocks (int8 + d + d * sum(q)), a thread per "
+            "32-block; passes norm (rms_norm + Q8_1) and swiglu (SwiGLU + Q8_1); the split "
+            "attention's merge_q8 pass stores the attention output's form the same way",
+        )
+    ],
+    doc="activation quantization feeding matmul_decode.mmvw",
 )
 
 REGISTRY.register(
@@ -507,10 +622,20 @@ _SIMPLE = [
     ("ssm_gates", "default", "ssm_gates.comp", (), "softplus decay and sigmoid beta"),
     ("router_topk", "default", "router_topk.comp", (), "softmax, top-k, renormalised"),
 ]
+# Same name and meaning as CUDA's rope.fuse_kv.
+_FUSE_KV = Param(
+    "fuse_kv",
+    (0, 1),
+    0,
+    "1: RoPE of q and k and the KV-cache write in one dispatch (rope.comp FUSE_KV; the q/k/v "
+    "biases are added by mmvw as it stores, or by add dispatches); same arithmetic",
+    HOST,
+)
 for _op, _variant, _src, _defines, _doc in _SIMPLE:
     _constraints = [_wg_fits(_op)]
     if _op == "rms_norm":
         _constraints.append(_shared_fits(_op, 2))
+    _params = (_wg(256), _FUSE_KV) if _op == "rope" else (_wg(256),)
     REGISTRY.register(
         B,
         _op,
@@ -519,7 +644,7 @@ for _op, _variant, _src, _defines, _doc in _SIMPLE:
                 B,
                 _op,
                 _variant,
-                params=(_wg(256),),
+                params=_params,
                 constraints=tuple(_constraints),
                 quant_types=QUANT_TYPES if _op == "embedding" else None,
                 source=f"vulkan/{_src}",
@@ -566,6 +691,15 @@ REGISTRY.register(
                     "key ranges per query for T > 1 (H x T workgroups already; the partials "
                     "buffer grows with T x splits)",
                     PUSHED,
+                ),
+                Param(
+                    "fuse_combine",
+                    (0, 1),
+                    0,
+                    "1: a head's last key range to finish merges the ranges (an atomic ticket; "
+                    "under matmul_decode.mmvw it also stores the Q8_1 form): one dispatch "
+                    "instead of two (as CUDA's attention_decode.fuse_combine)",
+                    HOST,
                 ),
                 Param(
                     "key_threads",

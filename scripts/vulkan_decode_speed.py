@@ -1,0 +1,195 @@
+"""Vulkan decode speed of the int8 / fused decode variants on one model, in one process (run on
+the GPU machine by /work/device-req-style scripts): tg128 after a 512-token prompt per variant
+(what `engine bench --backend vulkan --no-promoted --prompt-tokens 512 --gen-tokens 128`
+measures). First the GPU time per kernel, dispatches and barriers per decode token of the
+--profile variants, then the benches, validate, the --sweep benches. The JSON under --out is
+rewritten after every step; no step starts past --deadline, so a call that runs out of time
+still returns what it measured.
+
+usage: python scripts/vulkan_decode_speed.py MODEL.gguf [--bench a,b] [--validate a,b]
+       [--profile a,b] [--sweep a,b] [--repeats N] [--deadline EPOCH_S] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine.bench import bench, bench_prompt  # noqa: E402
+from engine.runtime import load  # noqa: E402
+from engine.tuning import TuningConfig  # noqa: E402
+from engine.validate import tokenize_prompts, validate  # noqa: E402
+
+MMVW = {"matmul_decode.variant": "mmvw"}
+FUSE = {"rope.fuse_kv": 1}
+MD = "matmul_decode."
+VARIANTS: dict[str, dict] = {
+    "default": {},
+    "fuse_kv": FUSE,
+    "mmvw": MMVW,
+    "mmvw_fused": MMVW | FUSE,
+    "fc": {"attention.fuse_combine": 1},
+    "mmvw_all": MMVW | FUSE | {"attention.fuse_combine": 1},
+    "mmvw_all_s16": MMVW | FUSE | {"attention.fuse_combine": 1, "attention.splits": 16},
+    "mmvw_epi": MMVW | FUSE | {"attention.fuse_combine": 1, MD + "fuse_rope": 1},
+    "mmvw_bytes": MMVW | FUSE | {MD + "pair_mul": False},
+    "mmvw_q8blk": MMVW | FUSE | {"quantize_act.coalesced": False},
+    "mmvw_u1": MMVW | FUSE | {MD + "unroll": 1},
+    "mmvw_u4": MMVW | FUSE | {MD + "unroll": 4},
+    "mmvw_u4_r1": MMVW | FUSE | {MD + "unroll": 4, MD + "rows_per_thread": 1},
+    "mmvw_q8wg128": MMVW | FUSE | {"quantize_act.wg_size": 128},
+    "mmvw_r1": MMVW | FUSE | {MD + "rows_per_thread": 1},
+    "mmvw_r4_w8": MMVW | FUSE | {MD + "rows_per_thread": 4, MD + "rows_per_wg": 8},
+    "mmvw_t16": MMVW | FUSE | {MD + "threads_per_row": 16},
+    "mmvw_t16_w8": MMVW | FUSE | {MD + "threads_per_row": 16, MD + "rows_per_wg": 8},
+    "mmvw_t8_w16": MMVW | FUSE | {MD + "threads_per_row": 8, MD + "rows_per_wg": 16,
+                                  MD + "wg_size": 128},
+    "mmvw_wg128_w8": MMVW | FUSE | {MD + "wg_size": 128, MD + "rows_per_wg": 8},
+    "mmvw_r1_w2": MMVW | FUSE | {MD + "rows_per_thread": 1, MD + "rows_per_wg": 2},
+}  # fmt: skip
+
+
+def config(name: str) -> TuningConfig:
+    return TuningConfig.from_flat("vulkan", VARIANTS[name])
+
+
+def decode_profile(eng, n_prompt: int = 512, steps: int = 8) -> dict:  # noqa: ANN001
+    """GPU ms per kernel per decode token (timestamps), dispatches and barriers per token."""
+    m, be = eng.model, eng.model.backend
+    cache = m.new_cache(n_prompt + steps + 1)
+    m.prefill(bench_prompt(n_prompt, m.spec.n_vocab), cache)
+    tok = be.upload(np.array([1], np.int32))
+    be.set_profiling(True)
+    be.profile(reset=True)
+    s0 = be.stats()
+    for i in range(steps):
+        tok = be.argmax(m.forward(tok, 1, n_prompt + i, cache))
+    be.synchronize()
+    s1 = be.stats()
+    rep = be.profile(reset=True)
+    be.set_profiling(False)
+    ms = {k: t.total_ms / steps for k, t in rep.kernels.items()}
+    return {
+        "dispatches_per_token": (s1["dispatches"] - s0["dispatches"]) / steps,
+        "barriers_per_token": (s1["barriers"] - s0["barriers"]) / steps,
+        "kernel_ms_per_token": sum(ms.values()),
+        "ms_per_token": dict(sorted(ms.items(), key=lambda kv: -kv[1])),
+        "calls_per_token": {k: t.calls / steps for k, t in rep.kernels.items()},
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model")
+    ap.add_argument("--bench", default="default,mmvw,mmvw_fused")
+    ap.add_argument("--validate", default="mmvw_fused")
+    ap.add_argument("--profile", default="default,mmvw_fused")
+    ap.add_argument("--sweep", default="", help="more benches, after the profiles")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--deadline", type=float, default=float("inf"), help="epoch seconds")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--json", action="store_true", help="print the result JSON at the end")
+    args = ap.parse_args()
+    lists = {k: [v for v in getattr(args, k).split(",") if v] for k in VALID_LISTS}
+    bad = sorted({v for vs in lists.values() for v in vs} - set(VARIANTS))
+    if bad:
+        print(f"unknown variant(s) {', '.join(bad)}; known: {', '.join(VARIANTS)}")
+        return 2
+    name = Path(args.model).stem
+    out = Path(args.out) / f"vkdecode_{name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    res: dict = {"model": args.model, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+                 "variants": {k: VARIANTS[k] for vs in lists.values() for k in vs},
+                 "bench": {}, "validate": {}, "profile": {}, "skipped": []}  # fmt: skip
+
+    def save() -> None:
+        out.write_text(json.dumps(res, indent=1, default=str))
+
+    def late(what: str) -> bool:
+        if time.time() < args.deadline:
+            return False
+        res["skipped"].append(what)
+        print(f"{name}: past the deadline, skipped {what}", flush=True)
+        save()
+        return True
+
+    t0 = time.time()
+    eng = load(args.model, "vulkan", TuningConfig.default("vulkan"), use_promoted=False)
+    be = eng.model.backend
+    res["load_s"] = time.time() - t0
+    res["device"] = be.device_info().to_dict()
+    print(f"== {name}: loaded in {res['load_s']:.1f}s on {be.device_info().name}", flush=True)
+    save()
+
+    def run_bench(v: str) -> None:
+        if late(f"bench {v}"):
+            return
+        try:
+            be.set_config(config(v))
+            r = bench(eng.model, [args.prompt], 128, args.repeats, 1).results[0]
+            res["bench"][v] = {
+                "pp": r.prefill_tok_s.median,
+                "tg128": r.decode_tok_s.median if r.decode_tok_s else None,
+                "tg128_range": [r.decode_tok_s.min, r.decode_tok_s.max] if r.decode_tok_s else None,
+            }
+            print(f"{name} bench {v:14s} pp{args.prompt} {r.prefill_tok_s.median:9.1f}  tg128 "
+                  f"{res['bench'][v]['tg128'] or 0:7.1f} tok/s", flush=True)  # fmt: skip
+        except Exception as e:  # noqa: BLE001 - one variant's failure is its result
+            res["bench"][v] = {"error": traceback.format_exc()}
+            print(f"{name} bench {v}: ERROR {e!r}", flush=True)
+        save()
+
+    for v in lists["profile"]:
+        if late(f"profile {v}"):
+            continue
+        try:
+            be.set_config(config(v))
+            p = decode_profile(eng)
+            res["profile"][v] = p
+            top = ", ".join(f"{k}={t:.3f}" for k, t in list(p["ms_per_token"].items())[:8])
+            print(f"{name} profile {v:14s} {p['dispatches_per_token']:.0f} dispatches "
+                  f"{p['barriers_per_token']:.0f} barriers/token, kernels "
+                  f"{p['kernel_ms_per_token']:.3f} ms/token: {top}", flush=True)  # fmt: skip
+        except Exception as e:  # noqa: BLE001
+            res["profile"][v] = {"error": traceback.format_exc()}
+            print(f"{name} profile {v}: ERROR {e!r}", flush=True)
+        save()
+    for v in lists["bench"]:
+        run_bench(v)
+    prompts = tokenize_prompts(eng.tokenizer())
+    ref_cache: dict = {}
+    for v in lists["validate"]:
+        if late(f"validate {v}"):
+            continue
+        try:
+            rep = validate(eng.model, config(v), prompts, steps=8, ref_cache=ref_cache)
+            res["validate"][v] = rep.to_dict()
+            print(f"{name} validate {v:14s} {'PASS' if rep.passed else 'FAIL'}  "
+                  f"KLD={rep.kld_max:.3g} nmse={rep.nmse:.3g} classes {rep.numeric_classes} "
+                  f"blame {rep.blame} {rep.reasons[:2]}", flush=True)  # fmt: skip
+        except Exception as e:  # noqa: BLE001
+            res["validate"][v] = {"error": traceback.format_exc()}
+            print(f"{name} validate {v}: ERROR {e!r}", flush=True)
+        save()
+
+    for v in lists["sweep"]:
+        run_bench(v)
+    if args.json:
+        print(json.dumps(res, default=str))
+    return 0
+
+
+VALID_LISTS = ("bench", "validate", "profile", "sweep")
+
+if __name__ == "__main__":
+    raise SystemExit(main())
