@@ -22,6 +22,8 @@ from engine.backends.vulkan import kernels as K
 from engine.backends.vulkan._vk import vk
 from engine.backends.vulkan.decode_fused import FusedDecode
 from engine.backends.vulkan.device import Device, open_device
+from engine.backends.vulkan.kernels import MAX_GROUPS
+from engine.backends.vulkan.kernels import fold_groups as _fold
 from engine.backends.vulkan.memory import Allocator, Buffer, Lease
 from engine.backends.vulkan.pipelines import Pipeline, Pipelines
 from engine.backends.vulkan.stream import GraphKey, Stream
@@ -36,7 +38,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MAX_GROUPS = 65535  # guaranteed maxComputeWorkGroupCount per dimension
 STAGING_CHUNK = 64 << 20
 
 
@@ -126,15 +127,6 @@ class VkWeight:
     @property
     def nbytes(self) -> int:
         return sum(p[0].buf.size for p in self.parts) + (self.f32.buf.size if self.f32 else 0)
-
-
-def _fold(n: int) -> tuple[int, int, int]:
-    """n workgroups as an x * y grid (shaders unfold it with wg_linear())."""
-    n = max(int(n), 1)
-    if n <= MAX_GROUPS:
-        return (n, 1, 1)
-    y = -(-n // MAX_GROUPS)
-    return (-(-n // y), y, 1)
 
 
 class VulkanBackend(FusedDecode, Backend):

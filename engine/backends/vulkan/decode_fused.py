@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from engine.backends.vulkan.kernels import MMVW_TYPES
+from engine.backends.vulkan.kernels import fold_groups as _fold
 
 if TYPE_CHECKING:
     from engine.backends.base import KVCache
@@ -27,12 +28,6 @@ if TYPE_CHECKING:
 MMVW_GGML = {"Q4_K": 12, "Q6_K": 14}  # mmvw.comp's per-matrix type ids (GGML's)
 NO_ADD = 0xFFFFFFFF
 MODE_ROPE, MODE_AT_POS = 0x100, 0x200  # mmvw.comp's RoPE-epilogue bits of a type word
-
-
-def _fold(n: int) -> tuple[int, int, int]:
-    from engine.backends.vulkan.backend import _fold as fold
-
-    return fold(n)
 
 
 class FusedDecode:

@@ -17,6 +17,17 @@ from typing import NamedTuple
 from engine.tuning import REGISTRY, OpChoice
 from engine.tuning.registry import DEFINE, SPEC, SUBGROUP, Variant
 
+MAX_GROUPS = 65535  # guaranteed maxComputeWorkGroupCount per dimension
+
+
+def fold_groups(n: int) -> tuple[int, int, int]:
+    """n workgroups as an x * y grid (shaders unfold it with wg_linear())."""
+    n = max(int(n), 1)
+    if n <= MAX_GROUPS:
+        return (n, 1, 1)
+    y = -(-n // MAX_GROUPS)
+    return (-(-n // y), y, 1)
+
 
 @dataclass(frozen=True)
 class Program:
