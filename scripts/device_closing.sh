@@ -7,8 +7,9 @@
 #     CPUs:   llama.cpp's llama-bench built in the background (LLAMA_SH build)
 #     models: qwen2 1.5b / 7b, qwen35 9b, qwen35moe 35b-a3b synthesised in the background
 #     card 0: the fleet on the hybrid 9B (CUDA worker, FLEET_EXP), promotion in promo.bundle;
-#             then the CUDA suite's hybrid file, then the Vulkan GPU tests of the new shaders
-#     card 1: the CUDA suite but its hybrid file (scripts/gpu_suite.py cuda --skip hybrid)
+#             then the CUDA suite's hybrid file
+#     card 1: the CUDA suite but its hybrid file (scripts/gpu_suite.py cuda --skip hybrid), then
+#             the Vulkan GPU tests of the new shaders (VK_TESTS)
 #   bash scripts/device_closing.sh bench    carry .gl .whl .spv-cache
 #     card 0: qwen2 1.5b and 7b: llama-bench, then ours on CUDA (scripts/device_speed.py:
 #             DENSE variants, validate and profile of the best), then ours on Vulkan
@@ -60,19 +61,19 @@ suites() {
             --test-timeout 90 --out "$OUT/suite_cuda.json" > "$OUT/suite_cuda.txt" \
             2> "$OUT/suite_cuda.log"
         stamp "card 1: CUDA suite rc=$?"
+        FLEETTUNE_VK_DEVICE=1 timeout $(upto 200) python3 -m pytest -q -p no:cacheprovider -rfE \
+            --tb=short -m "gpu or not gpu" $VK_TESTS > "$OUT/pytest_vulkan_new.log" 2>&1
+        stamp "card 1: Vulkan new-shader tests rc=$? ($(tail -1 "$OUT/pytest_vulkan_new.log"))"
     }
     lane0() {
         stamp "card 0: fleet on the hybrid 9b ($FLEET_EXP)"
-        NODES="cuda:0" AGENT_TIMEOUT=$(upto ${FLEET_S:-200}) timeout $(upto 300) \
+        NODES="cuda:0" VALIDATE_PROMOTED=0 AGENT_TIMEOUT=$(upto ${FLEET_S:-200}) timeout $(upto 300) \
             bash scripts/fleet_gpu.sh run synthetic:9b:qwen35 $FLEET_EXP > "$OUT/fleet.txt" 2>&1
         stamp "card 0: fleet rc=$?"
         CUDA_VISIBLE_DEVICES=0 timeout $(upto 240) python3 scripts/gpu_suite.py cuda --only hybrid \
             --test-timeout 90 --out "$OUT/suite_cuda_hybrid.json" > "$OUT/suite_cuda_hybrid.txt" \
             2> "$OUT/suite_cuda_hybrid.log"
         stamp "card 0: CUDA hybrid suite rc=$?"
-        FLEETTUNE_VK_DEVICE=0 timeout $(upto 200) python3 -m pytest -q -p no:cacheprovider -rfE \
-            --tb=short -m "gpu or not gpu" $VK_TESTS > "$OUT/pytest_vulkan_new.log" 2>&1
-        stamp "card 0: Vulkan new-shader tests rc=$? ($(tail -1 "$OUT/pytest_vulkan_new.log"))"
     }
     lane0 & L0=$!
     lane1 & L1=$!
@@ -97,12 +98,19 @@ bench() {
                 --deadline $(( $(date +%s) + share )) --out "$OUT" > "$OUT/speed_$p.log" 2>&1
             stamp "card 0: ours CUDA $p rc=$?"
         done
+        # Vulkan on the same card: the registry default, the tensor-core prefill (coopmat GEMM +
+        # flash attention) and the int8 decode with every fusion (vkdec's mmvw_epi)
+        printf 'backend = "vulkan"\n' > /tmp/vk_default.toml
+        printf 'backend = "vulkan"\n[ops.matmul_prefill]\nvariant = "coopmat"\n[ops.attention]\nvariant = "coopmat"\n' \
+            > /tmp/vk_coopmat.toml
+        printf 'backend = "vulkan"\n[ops.matmul_decode]\nvariant = "mmvw"\nfuse_rope = 1\n[ops.rope]\nfuse_kv = 1\n[ops.attention]\nvariant = "split"\nfuse_combine = 1\n' \
+            > /tmp/vk_mmvw_epi.toml
         for p in 1.5b 7b; do
-            for v in $VK_DENSE; do
-                FLEETTUNE_VK_DEVICE=0 timeout $(upto 40) python3 -m engine bench --backend vulkan \
-                    --no-promoted --model /tmp/models/$p.gguf --config "$v" --prompt-tokens 512 \
-                    --gen-tokens 128 --repeats 3 --json > "$OUT/vk_${p}_$(basename $v .toml).json" \
-                    2> "$OUT/vk_${p}_$(basename $v .toml).err"
+            for v in ${VK_DENSE:-default coopmat mmvw_epi}; do
+                FLEETTUNE_VK_DEVICE=0 timeout $(upto 45) python3 -m engine bench --backend vulkan \
+                    --no-promoted --model /tmp/models/$p.gguf --config /tmp/vk_$v.toml \
+                    --prompt-tokens 512 --gen-tokens 128 --repeats 3 --json \
+                    > "$OUT/vk_${p}_$v.json" 2> "$OUT/vk_${p}_$v.err"
                 stamp "card 0: ours Vulkan $p $v rc=$?"
             done
         done
@@ -123,7 +131,7 @@ case $MODE in
 suites) FLEET_EXP=${FLEET_EXP:-experiments/hybrid-9b.toml}
         VK_TESTS=${VK_TESTS:-tests/test_vulkan_coopmat.py tests/test_vulkan_mmvw.py}; suites ;;
 bench) DENSE=${DENSE:-default,mmvw_all,ptc_tc_mmvw_all}; DENSE_VALIDATE=${DENSE_VALIDATE:-ptc_tc_mmvw_all}
-       DENSE_PROFILE=${DENSE_PROFILE:-ptc_tc_mmvw_all}; VK_DENSE=${VK_DENSE:-}; bench ;;
+       DENSE_PROFILE=${DENSE_PROFILE:-ptc_tc_mmvw_all}; bench ;;
 *) sed -n '2,/^set -u/p' "$0" | sed '$d'; exit 2 ;;
 esac
 stamp "done"

@@ -11,7 +11,8 @@
 #   bash scripts/fleet_gpu.sh run MODEL EXP... # there (carry .fleet .gl .spv-cache)
 #   bash scripts/fleet_gpu.sh scaling MODEL EXP TRIALS   # there: 1 then 2 CUDA workers
 #
-# run: NODES (default "cuda:0 vulkan:1") says which backend serves which card. MODEL is an
+# run: NODES (default "cuda:0 vulkan:1") says which backend serves which card;
+# VALIDATE_PROMOTED=0 skips the fresh-process validate (minutes for a 9B's NumPy reference). MODEL is an
 # agent model reference (e.g. synthetic:1.5b) resolved once before the workers
 # start; each EXP an experiment file (its budget.wall_time_s should end it inside the call).
 # $OUT gets studies.db (the Optuna storage: `python -m agent dashboard --storage
@@ -129,9 +130,12 @@ run|scaling)
         done
         tar czf "$OUT/fleet_logs.tgz" -C /root/fleet logs
     done
-    FLEETTUNE_VK_DEVICE=0 CUDA_VISIBLE_DEVICES=0 timeout 90 python3 -m engine validate --backend cuda \
-        --model $M --json > $L/validate_cuda_promoted.json 2> $L/validate_cuda_promoted.err
-    echo "validate cuda promoted rc=$?"
+    if [ "${VALIDATE_PROMOTED:-1}" = 1 ]; then  # 0: the agent's own validate of it is the record
+        FLEETTUNE_VK_DEVICE=0 CUDA_VISIBLE_DEVICES=0 timeout 90 python3 -m engine validate \
+            --backend cuda --model $M --json > $L/validate_cuda_promoted.json \
+            2> $L/validate_cuda_promoted.err
+        echo "validate cuda promoted rc=$?"
+    fi
     tar czf "$OUT/fleet_logs.tgz" -C /root/fleet logs ;;
 *)
     sed -n '2,/^set -u/p' "$0" | sed '$d'; exit 2 ;;
