@@ -4,7 +4,8 @@ validate compares a candidate with the same backend's reference path (per-token,
 kernels), so a bug in a kernel both share (the default rms_norm, RoPE, a dequant) or a driver
 regression passes it. The sentinel runs that reference path against the NumPy backend on a
 small synthetic model of the same architecture (``engine.synth`` preset ``ragged``: row counts
-that are no multiple of any tile), teacher forced, with REFERENCE_BUDGET. The verdict is cached
+that are no multiple of any tile), teacher forced, with REFERENCE_BUDGET (the recurrent hybrid
+families: REFERENCE_BUDGET_RECURRENT). The verdict is cached
 per (backend, device class, driver, engine version, model family): a new driver or engine build
 is a new key and runs it again. A worker whose sentinel fails refuses to tune (worker.evaluator).
 """
@@ -77,6 +78,8 @@ def check(
     from engine.gguf_model import open_model
     from engine.models import build_model
     from engine.synth import ARCHS, write_synthetic
+    from engine.synth_hybrid import HYBRID_ARCHS
+    from engine.tuning.registry import REFERENCE_BUDGET, REFERENCE_BUDGET_RECURRENT
     from engine.validate import cross_check_numpy
 
     dev = backend.device_info()
@@ -101,7 +104,8 @@ def check(
 
     model = build_model(open_model(model_path), backend)
     prompts = [bench_prompt(n, model.spec.n_vocab, seed=11) for n in SENTINEL_PROMPTS]
-    cc = cross_check_numpy(model, prompts, steps=SENTINEL_STEPS)
+    budget = REFERENCE_BUDGET_RECURRENT if family in HYBRID_ARCHS else REFERENCE_BUDGET
+    cc = cross_check_numpy(model, prompts, steps=SENTINEL_STEPS, budget=budget)
     res = SentinelResult(
         cc["passed"], key, cc["kld"], cc["nmse"], cc["max_abs_diff"], cc["reasons"], cc["blame"]
     )

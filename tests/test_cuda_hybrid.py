@@ -560,12 +560,29 @@ HYBRID_VALIDATE_CONFIGS = [
 ]  # fmt: skip
 
 
+# int8 prefill (mmq8) or int8 experts with int8 decode, carried through the recurrent state: the
+# H200 run of 2026-11-30 rejected these at KLD 0.023-0.029 (budget 1e-2; blame ssm_scan /
+# ssm_norm / ssm_gated, layer 2). Not yet told apart: a bug in a combination, or the int8
+# budget (calibrated on dense shapes) too tight for a recurrent state. Issue 15's note.
+_INT8_STATE = "rejected on the H200 (KLD 0.023-0.029 > 1e-2): int8 through the recurrent state"
+REJECTED_ON_H200 = {
+    (12, "qwen35"): _INT8_STATE,
+    (12, "qwen35moe"): _INT8_STATE,
+    (12, "qwen3next"): _INT8_STATE,
+    (13, "qwen3next"): _INT8_STATE,
+}
+
+
 @pytest.mark.parametrize("arch", HYBRIDS)
 @pytest.mark.parametrize(
     "flat", HYBRID_VALIDATE_CONFIGS, ids=[str(i) for i in range(len(HYBRID_VALIDATE_CONFIGS))]
 )
-def test_validate_passes_hybrid_knobs(be, tiny_model_factory, arch, flat):
+def test_validate_passes_hybrid_knobs(be, tiny_model_factory, arch, flat, request):
     from engine.validate import validate
+
+    known = REJECTED_ON_H200.get((HYBRID_VALIDATE_CONFIGS.index(flat), arch))
+    if known:  # strict: the day it passes, this fails and the entry goes
+        request.node.add_marker(pytest.mark.xfail(strict=True, reason=known))
 
     be.set_config(cfg())
     m = _model(tiny_model_factory(arch, "q4_k_m"), be)

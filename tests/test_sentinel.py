@@ -53,3 +53,25 @@ def test_validate_cross_check_disagreement_fails_the_cli(tmp_path, tiny_model_pa
         )  # fmt: skip
     out = capsys.readouterr().out
     assert rc == 1 and "DISAGREES" in out and "rms_norm" in out
+
+
+def test_sentinel_judges_a_hybrid_family_under_the_recurrent_budget(vk, tmp_path):
+    from engine.tuning.registry import REFERENCE_BUDGET, REFERENCE_BUDGET_RECURRENT
+
+    # the 'ragged' hybrid preset exists (a worker loading a qwen35 failed on its absence)
+    res = sentinel.check(vk, "qwen35", "abc123", root=tmp_path)
+    assert res.passed, res.reasons
+    assert (tmp_path / "qwen35-ragged-q4_k_m.gguf").exists()
+    # the scan's float32 drift is above the dense bound and inside the recurrent one
+    assert REFERENCE_BUDGET.kld_max < REFERENCE_BUDGET_RECURRENT.kld_max
+    assert res.kld <= REFERENCE_BUDGET_RECURRENT.kld_max
+    bug = next(m for m in MUTANTS if m.id == "vulkan:RMS_WEIGHT_TWICE")
+    from tests.test_vulkan_helpers import make_backend
+
+    with planted(bug):  # a bug in a kernel both paths share is still far outside it
+        be = make_backend()  # pipelines built while the bug is planted
+        try:
+            bad = sentinel.check(be, "qwen35", "abc123", root=tmp_path, refresh=True)
+        finally:
+            be.close()
+    assert not bad.passed and bad.kld > 100 * REFERENCE_BUDGET_RECURRENT.kld_max
