@@ -11,7 +11,6 @@ usage: python scripts/device_hybrid_bench.py MODEL.gguf [--bench a,b] [--validat
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -24,9 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from profile_hybrid import phase_profile  # noqa: E402
 
 from engine.bench import bench  # noqa: E402
-from engine.runtime import load  # noqa: E402
 from engine.tuning import TuningConfig  # noqa: E402
 from engine.validate import tokenize_prompts, validate  # noqa: E402
+from scripts.speed_record import SpeedRecord  # noqa: E402
 
 MMVW = {"matmul_decode.variant": "mmvw"}
 VARIANTS: dict[str, dict] = {
@@ -84,29 +83,12 @@ def main() -> int:
         return 2
     name = Path(args.model).stem
     out = Path(args.out) / f"hybrid_{name}{args.tag}.json"
-    res: dict = {"model": args.model, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-                 "variants": {k: VARIANTS[k] for vs in lists.values() for k in vs},
-                 "bench": {}, "validate": {}, "profile": {}, "skipped": []}  # fmt: skip
+    variants = {k: VARIANTS[k] for vs in lists.values() for k in vs}
+    rec = SpeedRecord(args.model, out, variants, args.deadline)
+    res, save, late = rec.res, rec.save, rec.late
 
-    def save() -> None:
-        out.write_text(json.dumps(res, indent=1, default=str))
-
-    def late(what: str) -> bool:
-        if time.time() < args.deadline:
-            return False
-        res["skipped"].append(what)
-        print(f"{name}: past the deadline, skipped {what}", flush=True)
-        save()
-        return True
-
-    t0 = time.time()
-    eng = load(args.model, args.backend, TuningConfig.default(args.backend), use_promoted=False)
+    eng = rec.load(args.backend, memory=True)
     be = eng.model.backend
-    res["load_s"] = time.time() - t0
-    res["device"] = be.device_info().to_dict()
-    res["memory"] = str(be.memory_report())
-    print(f"== {name}: loaded in {res['load_s']:.1f}s ({res['memory']})", flush=True)
-    save()
 
     for v in lists["bench"]:
         if late(f"bench {v}"):

@@ -30,9 +30,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.bench import bench, bench_prompt  # noqa: E402
-from engine.runtime import load  # noqa: E402
 from engine.tuning import TuningConfig  # noqa: E402
 from engine.validate import tokenize_prompts, validate  # noqa: E402
+from scripts.speed_record import SpeedRecord  # noqa: E402
 
 MMVW = {"matmul_decode.variant": "mmvw"}
 FUSE = {"rope.fuse_kv": 1}
@@ -269,28 +269,12 @@ def main() -> int:
         return 2
     name = Path(args.model).stem
     out = Path(args.out) / f"speed_{name}{args.tag}.json"
-    res: dict = {"model": args.model, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-                 "variants": {k: VARIANTS[k] for vs in lists.values() for k in vs},
-                 "bench": {}, "validate": {}, "profile": {}, "skipped": []}  # fmt: skip
+    variants = {k: VARIANTS[k] for vs in lists.values() for k in vs}
+    rec = SpeedRecord(args.model, out, variants, args.deadline)
+    res, save, late = rec.res, rec.save, rec.late
 
-    def save() -> None:
-        out.write_text(json.dumps(res, indent=1, default=str))
-
-    def late(what: str) -> bool:
-        if time.time() < args.deadline:
-            return False
-        res["skipped"].append(what)
-        print(f"{name}: past the deadline, skipped {what}", flush=True)
-        save()
-        return True
-
-    t0 = time.time()
-    eng = load(args.model, args.backend, TuningConfig.default(args.backend), use_promoted=False)
+    eng = rec.load(args.backend)
     be = eng.model.backend
-    res["load_s"] = time.time() - t0
-    res["device"] = be.device_info().to_dict()
-    print(f"== {name}: loaded in {res['load_s']:.1f}s", flush=True)
-    save()
 
     prompts = tokenize_prompts(eng.tokenizer())
     ref_cache: dict = {}  # the per-token reference, computed once for every candidate

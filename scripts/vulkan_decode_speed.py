@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import sys
-import time
 import traceback
 from pathlib import Path
 
@@ -25,9 +24,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.bench import bench, bench_prompt  # noqa: E402
-from engine.runtime import load  # noqa: E402
 from engine.tuning import TuningConfig  # noqa: E402
 from engine.validate import tokenize_prompts, validate  # noqa: E402
+from scripts.speed_record import SpeedRecord  # noqa: E402
 
 MMVW = {"matmul_decode.variant": "mmvw"}
 FUSE = {"rope.fuse_kv": 1}
@@ -108,28 +107,12 @@ def main() -> int:
     name = Path(args.model).stem
     out = Path(args.out) / f"vkdecode_{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    res: dict = {"model": args.model, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-                 "variants": {k: VARIANTS[k] for vs in lists.values() for k in vs},
-                 "bench": {}, "validate": {}, "profile": {}, "skipped": []}  # fmt: skip
+    variants = {k: VARIANTS[k] for vs in lists.values() for k in vs}
+    rec = SpeedRecord(args.model, out, variants, args.deadline)
+    res, save, late = rec.res, rec.save, rec.late
 
-    def save() -> None:
-        out.write_text(json.dumps(res, indent=1, default=str))
-
-    def late(what: str) -> bool:
-        if time.time() < args.deadline:
-            return False
-        res["skipped"].append(what)
-        print(f"{name}: past the deadline, skipped {what}", flush=True)
-        save()
-        return True
-
-    t0 = time.time()
-    eng = load(args.model, "vulkan", TuningConfig.default("vulkan"), use_promoted=False)
+    eng = rec.load("vulkan")
     be = eng.model.backend
-    res["load_s"] = time.time() - t0
-    res["device"] = be.device_info().to_dict()
-    print(f"== {name}: loaded in {res['load_s']:.1f}s on {be.device_info().name}", flush=True)
-    save()
 
     def run_bench(v: str) -> None:
         if late(f"bench {v}"):
