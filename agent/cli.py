@@ -151,6 +151,12 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="tell a repeat of a tried config its measured value (COMPLETE) instead of PRUNED",
     )
+    rp.add_argument(
+        "--screen-variants",
+        action="store_true",
+        help="one trial per code variant before the sampler (the experiment's "
+        "sampler.screen_variants)",
+    )
     rp.add_argument("--json", action="store_true", help="the report as JSON, every run included")
 
     tb = sub.add_parser("table", help="build a replay table: measure, or from a study or sweep")

@@ -66,6 +66,10 @@ class SamplerSpec:
     name: str = "tpe"
     seed: int = 0
     startup_trials: int = 5
+    # Before the sampler, one trial per code variant the space opens (each with its registry
+    # defaults, the rest at the baseline): a sampler that settles early cannot leave a whole
+    # variant untried (the H200 fleet-prefill run: 14 trials, `resident` never drawn).
+    screen_variants: bool = False
 
 
 @dataclass(frozen=True)
@@ -355,11 +359,14 @@ def parse_experiment(data: Mapping[str, Any], source: str = "<memory>") -> Exper
     )
 
     s_t = _table("sampler", data.get("sampler", {}))
-    _keys("sampler", s_t, ("name", "seed", "startup_trials"))
+    _keys("sampler", s_t, ("name", "seed", "startup_trials", "screen_variants"))
     sampler = SamplerSpec(
         name=_choice("sampler.name", s_t.get("name", "tpe"), SAMPLERS),
         seed=_int("sampler.seed", s_t.get("seed", 0)),
         startup_trials=_int("sampler.startup_trials", s_t.get("startup_trials", 5), lo=1),
+        screen_variants=_typed(
+            "sampler.screen_variants", s_t.get("screen_variants", False), bool, "true or false"
+        ),
     )
     if sampler.name == "cmaes" and len(objectives) > 1:
         raise ExperimentError(

@@ -52,6 +52,7 @@ class SamplerResult:
     runs: tuple[Run, ...]
     seconds: float
     duplicates: bool = False  # repeats told their config's values (StudyState.tell_duplicates)
+    screen: bool = False  # one trial per code variant first (sampler.screen_variants)
 
     @property
     def reached(self) -> int:
@@ -75,6 +76,7 @@ class SamplerResult:
             "constraints": self.constraints,
             "warm_start": self.warm,
             "tell_duplicates": self.duplicates,
+            "screen_variants": self.screen,
             "seeds": len(self.runs),
             "reached": self.reached,
             "median": _num(med),
@@ -112,12 +114,16 @@ class Replay:
         constraints: bool = True,
         warm: Sequence[warmstart.WarmConfig] = (),
         duplicates: bool = False,
+        screen: bool | None = None,
     ) -> Run:
         from agent.study import CANDIDATE, StudyState
 
+        sp = replace(self.exp.sampler, name=sampler, seed=seed)
+        if screen is not None:  # else the experiment's own setting
+            sp = replace(sp, screen_variants=screen)
         exp = replace(
             self.exp,
-            sampler=replace(self.exp.sampler, name=sampler, seed=seed),
+            sampler=sp,
             budget=replace(self.exp.budget, trials=self.budget),
         )
         storage = optuna.storages.InMemoryStorage()
@@ -210,15 +216,19 @@ def run_samplers(
     constraints: bool = True,
     warm: Sequence[warmstart.WarmConfig] = (),
     duplicates: bool = False,
+    screen: bool = False,
 ) -> list[SamplerResult]:
     logging.getLogger("agent.study").setLevel(logging.WARNING)
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     out = []
     for name in samplers:
         t0 = time.perf_counter()
-        runs = tuple(replay.run(name, seed, constraints, warm, duplicates) for seed in range(seeds))
+        runs = tuple(
+            replay.run(name, seed, constraints, warm, duplicates, screen or None)
+            for seed in range(seeds)
+        )
         dt = time.perf_counter() - t0
-        out.append(SamplerResult(name, constraints, len(warm), runs, dt, duplicates))
+        out.append(SamplerResult(name, constraints, len(warm), runs, dt, duplicates, screen))
     return out
 
 
@@ -254,6 +264,7 @@ def text(rep: dict[str, Any]) -> str:
         tag = "" if r["constraints"] else ", failures not told"
         tag += f", warm start {r['warm_start']}" if r["warm_start"] else ""
         tag += ", duplicates told" if r.get("tell_duplicates") else ""
+        tag += ", variants screened first" if r.get("screen_variants") else ""
         lines.append(
             f"  {r['sampler']:7s}{tag}: median {_fmt(r['median'])} trials "
             f"[Q1 {_fmt(r['q1'])}, Q3 {_fmt(r['q3'])}], reached {r['reached']}/{r['seeds']} "
@@ -297,6 +308,12 @@ def main_args(args: Any) -> dict[str, Any]:
         if not warm:
             raise ExperimentError(f"--warm-from {args.warm_from}: no ok config inside the space")
     results = run_samplers(
-        replay, samplers, args.seeds, not args.no_constraints, warm, args.tell_duplicates
+        replay,
+        samplers,
+        args.seeds,
+        not args.no_constraints,
+        warm,
+        args.tell_duplicates,
+        args.screen_variants,
     )
     return report(replay, results)

@@ -131,6 +131,8 @@ class StudyState:
             params = self.space.params_of(self.baseline) or {}
             self.study.enqueue_trial(params, user_attrs={"role": BASELINE})
             self._warm_start()
+            if self.exp.sampler.screen_variants:
+                self._screen_variants()
         best = attrs.get("best")
         self.best = (
             Best(best["trial"], dict(best["config"]), best.get("metrics", {}))
@@ -198,6 +200,28 @@ class StudyState:
         self.study.set_user_attr("warm_start", [w.to_dict() for w in used])
         if used:
             log.info("%s: warm start from %s", self.name, sorted({w.source for w in used}))
+
+    def _screen_variants(self) -> None:
+        """Enqueue one config per code variant the space opens that the baseline does not run:
+        that variant with its registry defaults (or the space's first choice of a knob whose
+        default the experiment leaves out), every other op at the baseline."""
+        base = TuningConfig.from_flat(self.backend, self.baseline)
+        queued = []
+        for o in self.space.ops:
+            for v in o.variant_dim.choices:
+                if v == self.baseline.get(o.variant_dim.key):
+                    continue
+                flat = base.replace(**{o.variant_dim.key: v}).flat()
+                for d in o.dims_of(str(v)):
+                    if flat.get(d.key) not in d.choices:
+                        flat[d.key] = d.choices[0]
+                params = self.space.params_of(flat)
+                if params is not None:
+                    self.study.enqueue_trial(params, user_attrs={"role": CANDIDATE})
+                    queued.append(f"{o.variant_dim.key}={v}")
+        self.study.set_user_attr("screened_variants", queued)
+        if queued:
+            log.info("%s: screening %d variants first: %s", self.name, len(queued), queued)
 
     @property
     def warm_start(self) -> list[dict[str, Any]]:

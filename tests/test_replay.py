@@ -308,3 +308,35 @@ def test_replay_can_tell_repeats_their_values(tmp_path: Path) -> None:
     res = run_samplers(r, ["tpe"], seeds=6, duplicates=True)[0]
     assert res.reached == 6 and res.to_dict()["tell_duplicates"] is True
     assert all(run.trials is not None and run.trials <= r.budget for run in res.runs)
+
+
+def test_screen_variants_tries_every_variant_right_after_the_baseline() -> None:
+    """sampler.screen_variants: after the baseline, one trial per other code variant of the
+    space, each with its registry defaults; the sampler takes over after them."""
+    exp = load_experiment(EXP)
+    exp = replace(exp, sampler=replace(exp.sampler, screen_variants=True))
+    base = TuningConfig.default("vulkan").flat()
+    st = StudyState(
+        exp, "c", "vulkan", "synthetic:tiny", "", optuna.storages.InMemoryStorage(), base,
+        "default",
+    )  # fmt: skip
+    key = "matmul_decode.variant"
+    others = [v for o in st.space.ops if o.variant_dim.key == key for v in o.variant_dim.choices]
+    others.remove(base[key])
+    assert len(others) >= 2  # the experiment opens several variants
+    seen = []
+    for _ in range(1 + len(others)):
+        trial, flat, role = st.ask()
+        seen.append((flat, role))
+        st.finish(trial, TrialRecord(st.name, trial.number, role, "invalid", config=flat), None)
+        st.flush()
+    assert seen[0][0][key] == base[key] and seen[0][1] == "baseline"
+    assert sorted(f[key] for f, _ in seen[1:]) == sorted(others)
+    for flat, role in seen[1:]:  # each with its registry defaults where the space allows them
+        assert role == "candidate"
+        d = TuningConfig.default("vulkan").replace(**{key: flat[key]}).flat()
+        o = next(o for o in st.space.ops if o.variant_dim.key == key)
+        for dim in o.dims_of(flat[key]):
+            want = d[dim.key] if d[dim.key] in dim.choices else dim.choices[0]
+            assert flat[dim.key] == want, (flat[key], dim.key)
+    assert st.study.user_attrs["screened_variants"] == [f"{key}={v}" for v in others]
