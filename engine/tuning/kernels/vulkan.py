@@ -223,6 +223,15 @@ def _rows_per_wg(default: int, choices: tuple[int, ...] = (1, 2, 4, 8, 16)) -> P
     return Param("rows_per_wg", choices, default, "rows per workgroup", spec(1))
 
 
+# block's and mmvw's row split (the same meaning in both decode variants)
+_LANES_PER_ROW = Param(
+    "threads_per_row",
+    (0, 4, 8, 16, 32, 64),
+    0,
+    "lanes of one subgroup per row (0: the whole subgroup)",
+    spec(2),
+)
+
 _SUBGROUP = Param(
     "subgroup_size",
     SUBGROUP_SIZES,
@@ -263,13 +272,7 @@ REGISTRY.register(
             params=(
                 _wg(64),
                 _rows_per_wg(4, (1, 2, 4, 8, 16, 32)),
-                Param(
-                    "threads_per_row",
-                    (0, 4, 8, 16, 32, 64),
-                    0,
-                    "lanes of one subgroup per row (0: the whole subgroup)",
-                    spec(2),
-                ),
+                _LANES_PER_ROW,
                 Param(
                     "rows_per_thread",
                     (1, 2, 4),
@@ -350,13 +353,7 @@ REGISTRY.register(
             params=(
                 _wg(64),
                 _rows_per_wg(4, (1, 2, 4, 8, 16, 32)),
-                Param(
-                    "threads_per_row",
-                    (0, 4, 8, 16, 32, 64),
-                    0,
-                    "lanes of one subgroup per row (0: the whole subgroup)",
-                    spec(2),
-                ),
+                _LANES_PER_ROW,
                 Param(
                     "rows_per_thread",
                     (1, 2, 4),
