@@ -14,7 +14,6 @@ import argparse
 import os
 import sys
 import time
-import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -85,15 +84,14 @@ def main() -> int:
     out = Path(args.out) / f"hybrid_{name}{args.tag}.json"
     variants = {k: VARIANTS[k] for vs in lists.values() for k in vs}
     rec = SpeedRecord(args.model, out, variants, args.deadline)
-    res, save, late = rec.res, rec.save, rec.late
+    res = rec.res
 
     eng = rec.load(args.backend, memory=True)
     be = eng.model.backend
 
     for v in lists["bench"]:
-        if late(f"bench {v}"):
-            continue
-        try:
+
+        def body(v: str) -> None:
             be.set_config(config(v, args.backend))
             r = bench(eng.model, [args.prompt], args.gen, args.repeats, 1).results[0]
             res["bench"][v] = {
@@ -105,32 +103,26 @@ def main() -> int:
             tg = res["bench"][v][f"tg{args.gen}"] or 0
             print(f"{name} bench {v:12s} pp{args.prompt} {r.prefill_tok_s.median:9.1f}  "
                   f"tg{args.gen} {tg:7.1f} tok/s", flush=True)  # fmt: skip
-        except Exception as e:  # noqa: BLE001 - one variant's failure is its result
-            res["bench"][v] = {"error": traceback.format_exc()}
-            print(f"{name} bench {v}: ERROR {e!r}", flush=True)
-        save()
+
+        rec.step("bench", v, body)
 
     for v in lists["profile"]:
-        if late(f"profile {v}"):
-            continue
-        try:
+
+        def body(v: str) -> None:
             be.set_config(config(v, args.backend))
             p = phase_profile(eng.model, args.prompt, 8)
             res["profile"][v] = p
             for what in ("prefill_ms", "decode_ms_per_token"):
                 row = ", ".join(f"{k}={t:.3f}" for k, t in sorted(p[what].items()))
                 print(f"{name} profile {v} {what}: {row}", flush=True)
-        except Exception as e:  # noqa: BLE001
-            res["profile"][v] = {"error": traceback.format_exc()}
-            print(f"{name} profile {v}: ERROR {e!r}", flush=True)
-        save()
+
+        rec.step("profile", v, body)
 
     prompts = tokenize_prompts(eng.tokenizer())
     ref_cache: dict = {}
     for v in lists["validate"]:
-        if late(f"validate {v}"):
-            continue
-        try:
+
+        def body(v: str) -> None:
             t1 = time.time()
             rep = validate(
                 eng.model, config(v, args.backend), prompts, steps=4, ref_cache=ref_cache
@@ -139,10 +131,8 @@ def main() -> int:
             verdict = "PASS" if rep.passed else "FAIL"
             print(f"{name} validate {v:12s} {verdict} KLD={rep.kld_max:.3g} "
                   f"nmse={rep.nmse:.3g} blame {rep.blame}", flush=True)  # fmt: skip
-        except Exception as e:  # noqa: BLE001
-            res["validate"][v] = {"error": traceback.format_exc()}
-            print(f"{name} validate {v}: ERROR {e!r}", flush=True)
-        save()
+
+        rec.step("validate", v, body)
     return 0
 
 

@@ -22,7 +22,6 @@ import json
 import os
 import sys
 import time
-import traceback
 from pathlib import Path
 
 import numpy as np
@@ -280,9 +279,7 @@ def main() -> int:
     ref_cache: dict = {}  # the per-token reference, computed once for every candidate
 
     def run_bench(v: str) -> None:
-        if late(f"bench {v}"):
-            return
-        try:
+        def body(v: str) -> None:
             be.set_config(config(v, args.backend))
             rep = bench(eng.model, [512], 128, args.repeats, 1)
             r = rep.results[0]
@@ -294,15 +291,11 @@ def main() -> int:
             }
             print(f"{name} bench {v:16s} pp512 {r.prefill_tok_s.median:9.1f}  tg128 "
                   f"{res['bench'][v]['tg128'] or 0:7.1f} tok/s", flush=True)  # fmt: skip
-        except Exception as e:  # noqa: BLE001 - one variant's failure is its result
-            res["bench"][v] = {"error": traceback.format_exc()}
-            print(f"{name} bench {v}: ERROR {e!r}", flush=True)
-        save()
+
+        rec.step("bench", v, body)
 
     def run_validate(v: str) -> None:
-        if late(f"validate {v}"):
-            return
-        try:
+        def body(v: str) -> None:
             t1 = time.time()
             rep = validate(
                 eng.model, config(v, args.backend), prompts, steps=8, ref_cache=ref_cache
@@ -311,17 +304,13 @@ def main() -> int:
             print(f"{name} validate {v:16s} {'PASS' if rep.passed else 'FAIL'}  "
                   f"KLD={rep.kld_max:.3g} nmse={rep.nmse:.3g} mad={rep.max_abs_diff:.3g}  "
                   f"classes {rep.numeric_classes}  blame {rep.blame}", flush=True)  # fmt: skip
-        except Exception as e:  # noqa: BLE001
-            res["validate"][v] = {"error": traceback.format_exc()}
-            print(f"{name} validate {v}: ERROR {e!r}", flush=True)
-        save()
+
+        rec.step("validate", v, body)
 
     # the first --validate-after benches, every validate, the other benches: the verdicts come
     # before the knob sweep when the deadline cuts the run short
     def run_profile(v: str) -> None:
-        if late(f"profile {v}"):
-            return
-        try:
+        def body(v: str) -> None:
             be.set_config(config(v, args.backend))
             p = decode_profile(eng)
             pp = prefill_profile(eng)
@@ -335,10 +324,8 @@ def main() -> int:
             print(f"{name} profile {v:16s} {p['launches_per_token']:.0f} launches/token, "
                   f"kernels {p['kernel_ms_per_token']:.3f} ms/token: {top}",
                   flush=True)  # fmt: skip
-        except Exception as e:  # noqa: BLE001
-            res["profile"][v] = {"error": traceback.format_exc()}
-            print(f"{name} profile {v}: ERROR {e!r}", flush=True)
-        save()
+
+        rec.step("profile", v, body)
 
     for v in lists["bench"][: args.validate_after]:
         run_bench(v)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import time
+import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,19 @@ class SpeedRecord:
         print(f"{self.name}: past the deadline, skipped {what}", flush=True)
         self.save()
         return True
+
+    def step(self, kind: str, variant: str, body: Callable[[str], None]) -> None:
+        """One bench / validate / profile of a variant, skipped past the deadline:
+        body(variant) records its result under res[kind][variant] and prints its line; an
+        exception is that variant's result (its traceback), never the end of the run."""
+        if self.late(f"{kind} {variant}"):
+            return
+        try:
+            body(variant)
+        except Exception as e:  # noqa: BLE001 - one variant's failure is its result
+            self.res[kind][variant] = {"error": traceback.format_exc()}
+            print(f"{self.name} {kind} {variant}: ERROR {e!r}", flush=True)
+        self.save()
 
     def load(self, backend: str, memory: bool = False) -> Any:
         """The engine on the registry defaults (no promoted config), its load time and device

@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import sys
-import traceback
 from pathlib import Path
 
 import numpy as np
@@ -109,15 +108,13 @@ def main() -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     variants = {k: VARIANTS[k] for vs in lists.values() for k in vs}
     rec = SpeedRecord(args.model, out, variants, args.deadline)
-    res, save, late = rec.res, rec.save, rec.late
+    res = rec.res
 
     eng = rec.load("vulkan")
     be = eng.model.backend
 
     def run_bench(v: str) -> None:
-        if late(f"bench {v}"):
-            return
-        try:
+        def body(v: str) -> None:
             be.set_config(config(v))
             r = bench(eng.model, [args.prompt], 128, args.repeats, 1).results[0]
             res["bench"][v] = {
@@ -127,15 +124,12 @@ def main() -> int:
             }
             print(f"{name} bench {v:14s} pp{args.prompt} {r.prefill_tok_s.median:9.1f}  tg128 "
                   f"{res['bench'][v]['tg128'] or 0:7.1f} tok/s", flush=True)  # fmt: skip
-        except Exception as e:  # noqa: BLE001 - one variant's failure is its result
-            res["bench"][v] = {"error": traceback.format_exc()}
-            print(f"{name} bench {v}: ERROR {e!r}", flush=True)
-        save()
+
+        rec.step("bench", v, body)
 
     for v in lists["profile"]:
-        if late(f"profile {v}"):
-            continue
-        try:
+
+        def body(v: str) -> None:
             be.set_config(config(v))
             p = decode_profile(eng)
             res["profile"][v] = p
@@ -143,27 +137,22 @@ def main() -> int:
             print(f"{name} profile {v:14s} {p['dispatches_per_token']:.0f} dispatches "
                   f"{p['barriers_per_token']:.0f} barriers/token, kernels "
                   f"{p['kernel_ms_per_token']:.3f} ms/token: {top}", flush=True)  # fmt: skip
-        except Exception as e:  # noqa: BLE001
-            res["profile"][v] = {"error": traceback.format_exc()}
-            print(f"{name} profile {v}: ERROR {e!r}", flush=True)
-        save()
+
+        rec.step("profile", v, body)
     for v in lists["bench"]:
         run_bench(v)
     prompts = tokenize_prompts(eng.tokenizer())
     ref_cache: dict = {}
     for v in lists["validate"]:
-        if late(f"validate {v}"):
-            continue
-        try:
+
+        def body(v: str) -> None:
             rep = validate(eng.model, config(v), prompts, steps=8, ref_cache=ref_cache)
             res["validate"][v] = rep.to_dict()
             print(f"{name} validate {v:14s} {'PASS' if rep.passed else 'FAIL'}  "
                   f"KLD={rep.kld_max:.3g} nmse={rep.nmse:.3g} classes {rep.numeric_classes} "
                   f"blame {rep.blame} {rep.reasons[:2]}", flush=True)  # fmt: skip
-        except Exception as e:  # noqa: BLE001
-            res["validate"][v] = {"error": traceback.format_exc()}
-            print(f"{name} validate {v}: ERROR {e!r}", flush=True)
-        save()
+
+        rec.step("validate", v, body)
 
     for v in lists["sweep"]:
         run_bench(v)
