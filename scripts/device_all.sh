@@ -14,12 +14,6 @@
 # cal7b.json, hybrid.tgz, suite_cuda.json, the speed files.
 #   bash scripts/device_all.sh
 set -u -o pipefail
-# .fleet/site.txz into /tmp/site: tar through xz where the machine has it, else Python's lzma
-unxz_site() {
-    if command -v xz > /dev/null; then tar xJf .fleet/site.txz -C /tmp/site
-    else python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
-        .fleet/site.txz /tmp/site; fi
-}
 T0=$SECONDS
 BACK=${OUT:-/tmp/out}; export OUT=/tmp/all; mkdir -p "$BACK" "$OUT" /tmp/site /tmp/models
 export PYTHONUNBUFFERED=1
@@ -27,7 +21,7 @@ pack() { tar czf "$BACK/.all.tgz" -C "$OUT" . 2>/dev/null && mv "$BACK/.all.tgz"
 ( while sleep 20; do pack; done ) &
 PACKER=$!
 trap 'kill $PACKER 2> /dev/null; pack' EXIT  # an early exit must not leave the loop running
-[ -d /tmp/site/ray ] || unxz_site || exit 1
+[ -d /tmp/site/ray ] || bash scripts/fleet_gpu.sh unpack || exit 1
 MODELS="7b" source scripts/device_vulkan_env.sh || exit 1
 export PYTHONPATH=/tmp/site:/tmp/vk:$PWD PATH=/tmp/site/bin:$PATH
 ( timeout 400 python3 -m engine synth --arch qwen35 --preset 9b --out /tmp/models/qwen35-9b.gguf \

@@ -30,12 +30,6 @@ trap 'kill $PACKER 2> /dev/null; pack' EXIT
 stamp() { echo "[$(( SECONDS - T0 ))s] $*" | tee -a "$OUT/lanes.txt"; }
 left() { echo $(( ${DEADLINE_S:-560} - (SECONDS - T0) )); }
 upto() { local t=$(( $(left) - 5 )); [ $t -gt $1 ] && t=$1; [ $t -lt 1 ] && t=1; echo $t; }
-# .fleet/site.txz into /tmp/site: tar through xz where the machine has it, else Python's lzma
-unxz_site() {
-    if command -v xz > /dev/null; then tar xJf .fleet/site.txz -C /tmp/site
-    else python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
-        .fleet/site.txz /tmp/site; fi
-}
 python3 -c "import gguf" 2> /dev/null || PYTHONPATH= python3 -m pip install -q --no-index \
     --no-deps --no-compile --target /tmp/site .whl/*.whl
 MODELS="" source scripts/device_vulkan_env.sh || exit 1
@@ -54,7 +48,7 @@ suites() {
         build > "$OUT/llama_build.log" 2>&1; stamp "llama build rc=$?" ) &
     ( synth qwen2 1.5b; synth qwen2 7b; synth qwen35 9b; synth qwen35moe 35b-a3b
       stamp "models: $(ls /tmp/models | tr '\n' ' ')" ) &
-    [ -d /tmp/site/ray ] || unxz_site || exit 1
+    [ -d /tmp/site/ray ] || bash scripts/fleet_gpu.sh unpack || exit 1
     lane1() {
         stamp "card 1: CUDA suite but hybrid"
         CUDA_VISIBLE_DEVICES=1 timeout $(upto 480) python3 scripts/gpu_suite.py cuda --skip hybrid \

@@ -10,6 +10,7 @@
 #   bash scripts/fleet_gpu.sh prepare          # here: .fleet/site.txz, .fleet/main.bundle
 #   bash scripts/fleet_gpu.sh run MODEL EXP... # there (carry .fleet .gl .spv-cache)
 #   bash scripts/fleet_gpu.sh scaling MODEL EXP TRIALS   # there: 1 then 2 CUDA workers
+#   bash scripts/fleet_gpu.sh unpack           # there: only the site into /tmp/site
 #
 # run: NODES (default "cuda:0 vulkan:1") says which backend serves which card;
 # VALIDATE_PROMOTED=0 skips the fresh-process validate (minutes for a 9B's NumPy reference). MODEL is an
@@ -31,6 +32,8 @@ unxz_site() {
 }
 OUT=${OUT:-/tmp/out}
 case "${1:-}" in
+unpack)  # the site into /tmp/site (device_all.sh and device_closing.sh call this too)
+    mkdir -p /tmp/site && unxz_site ;;
 prepare)
     P="--platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64"
     P="$P --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64"
