@@ -195,6 +195,18 @@ def _old_cuda_modules(cfg: TuningConfig) -> dict[str, tuple[str, dict]]:
     dec = cfg.op("matmul_decode")
     if dec.variant == "mmvq":
         k["mmvq"] = ("mmvq.cu", {"NW": dec["warps"], "RPB": dec["rows_per_block"]})
+    elif dec.variant == "mmvf":  # issue 14's float decode GEMV: its knobs map one to one
+        k["mmvf"] = (
+            "mmvf.cu",
+            {
+                "TPR": dec["threads_per_row"],
+                "RPT": dec["rows_per_thread"],
+                "NW": dec["warps"],
+                "UNROLL": dec["unroll"],
+                "WLOAD": dec["wload"],
+                "MINB": dec["min_blocks"],
+            },
+        )
     elif dec.variant == "mmvw":  # added with the bindings: its knobs map one to one
         k["mmvw"] = (
             "mmvw.cu",
@@ -292,7 +304,7 @@ def test_cuda_defines_are_the_old_ones_for_every_knob_value():
     for cfg in each_knob_value("cuda"):
         new = cuda_k.modules_for(cfg)
         old = _old_cuda_modules(cfg)
-        if cfg.op("matmul_decode").variant in ("mmvq", "mmvw"):
+        if cfg.op("matmul_decode").variant in ("mmvq", "mmvw", "mmvf"):
             fname, defines = new.pop("decode")
             dmmv = REGISTRY.op("cuda", "matmul_decode").variant("dmmv")
             assert fname == "dmmv.cu" and defines == {

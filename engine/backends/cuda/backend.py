@@ -24,6 +24,7 @@ import numpy as np
 from engine.backends.base import Backend, DeviceEntry, DeviceInfo, KVCache, ProfileReport
 from engine.backends.cuda import kernels
 from engine.backends.cuda.device import device_class, driver_string
+from engine.backends.cuda.decode_float import CudaFloatDecodeOps
 from engine.backends.cuda.hybrid import CudaHybridOps
 from engine.backends.cuda.prefill import (
     _COMPUTE_32F,
@@ -147,7 +148,7 @@ class _Graph:
     keep: list = field(default_factory=list)  # every allocation made during capture
 
 
-class CudaBackend(CudaHybridOps, CudaPrefillOps, Backend):  # mixins: hybrid.py, prefill.py
+class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  # mixins: see imports
     name = "cuda"
 
     def __init__(self, config: TuningConfig | None = None, *, device: int | None = None) -> None:
@@ -509,6 +510,8 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, Backend):  # mixins: hybrid.py,
                 self._mmvq(x, w, y, dec)
             elif dec.variant == "mmvw" and w.qtype in BLOCK_TYPES:
                 self._mmvw(x, [(w, y, None)])
+            elif dec.variant == "mmvf" and w.qtype in BLOCK_TYPES:
+                self._mmvf(x, [(w, y, None)])
             else:
                 c = dec if dec.variant == "dmmv" else kernels.DECODE_FALLBACK
                 self._dmmv("decode", c, x, w, y, cols=1)
@@ -667,7 +670,8 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, Backend):  # mixins: hybrid.py,
         T = int(h.shape[0])
         fuse = int(self.config.op("rope")["fuse_kv"]) == 1
         wide = self._wide(h, wqkv)
-        if not (fuse or wide):
+        flt = self._mmvf_ok(h, wqkv)  # matmul_decode.mmvf: q/k/v + biases in one launch too
+        if not (fuse or wide or flt):
             return super().attn_in(h, wqkv, bias, cache, layer, pos0, heads, theta, neox)
         if pos0 + T > cache.capacity:
             raise ValueError(
@@ -678,11 +682,12 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, Backend):  # mixins: hybrid.py,
             return self._mmvw_qkv(
                 self._decode_row(h), wqkv, bias, cache, layer, pos0, heads, theta, neox
             )
-        if wide:
+        if wide or flt:
             h = self._decode_row(h)
             q, k, v = (self._empty((T, w.n)) for w in wqkv)
             adds = (None,) * 3 if bias is None else tuple(b.f32 for b in bias)
-            self._mmvw(h, [(w, y, a) for w, y, a in zip(wqkv, (q, k, v), adds, strict=True)])
+            mats = [(w, y, a) for w, y, a in zip(wqkv, (q, k, v), adds, strict=True)]
+            (self._mmvf if flt else self._mmvw)(h, mats)
             bias = None
         else:
             q, k, v = (self.matmul(h, w) for w in wqkv)
@@ -770,7 +775,10 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, Backend):  # mixins: hybrid.py,
         return qo
 
     def matmul_add(self, x: Any, w: CudaWeight, r: Any) -> Any:
-        """Under matmul_decode.mmvw a decode row's projection adds the residual as it stores."""
+        """Under matmul_decode.mmvw / mmvf a decode row's projection adds the residual as it
+        stores."""
+        if self._mmvf_ok(x, (w,)):
+            return self._mmvf_add(x, w, r)
         if not self._wide(x, (w,)) or w.raw is None:
             return super().matmul_add(x, w, r)
         r = self._cp.ascontiguousarray(r, dtype=np.float32)
@@ -784,6 +792,8 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, Backend):  # mixins: hybrid.py,
         (fuse_f16) a prefill chunk's gate and up are one GEMM."""
         if self._pair_ok(h, gate, up):
             return self.matmul_add(self._gate_up(h, gate, up), down, r)
+        if self._mmvf_ok(h, (gate, up)):
+            return self._mmvf_ffn(h, gate, up, down, r)
         if not self._wide(h, (gate, up)):
             return super().ffn(h, gate, up, down, r)
         return self.matmul_add(self._decode_gate_up(self._decode_row(h), gate, up), down, r)

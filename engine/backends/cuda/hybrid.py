@@ -63,7 +63,10 @@ class CudaHybridOps:
 
     def matmuls(self, x: Any, ws: tuple[Any, ...]) -> tuple[Any, ...]:
         """Under matmul_decode.mmvw a decode row's block-type projections go three to a launch
-        (mmvw.cu, one Q8_1 form of x); other types, and prefill, through matmul."""
+        (mmvw.cu, one Q8_1 form of x); under mmvf (mmvf.cu) likewise on the float row; other
+        types, and prefill, through matmul."""
+        if int(x.shape[0]) == 1 and self._mmvf_on():
+            return self._mmvf_many(x, ws)
         if int(x.shape[0]) != 1 or self.config.op("matmul_decode").variant != "mmvw":
             return tuple(self.matmul(x, w) for w in ws)
         x = self._decode_row(x)

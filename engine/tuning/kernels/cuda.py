@@ -56,6 +56,60 @@ REGISTRY.register(
     B,
     "matmul_decode",
     [
+        # mmvf first: the default (float activations, so the sentinel's float-exact path).
+        Variant(
+            B,
+            "matmul_decode",
+            "mmvf",
+            params=(
+                Param(
+                    "threads_per_row",
+                    (8, 16, 32),
+                    16,
+                    "lanes splitting a row (a group inside one warp; shuffles, no barrier)",
+                    define("TPR"),
+                ),
+                Param(
+                    "rows_per_thread",
+                    (1, 2, 4),
+                    2,
+                    "rows a group walks together (one activation load and its sums serve all)",
+                    define("RPT"),
+                ),
+                Param("warps", (1, 2, 4, 8), 4, "warps per block", define("NW")),
+                Param(
+                    "unroll",
+                    (1, 2, 4),
+                    2,
+                    "slots per lane per iteration: unroll * rows_per_thread weight loads issued "
+                    "before any is used",
+                    define("UNROLL"),
+                ),
+                Param(
+                    "wload",
+                    (0, 1, 2),
+                    0,
+                    "Q4_K / Q6_K quant loads: 0 ld.global.nc; 1 + L1::no_allocate (read once: "
+                    "L1 left to the activations); 2 + L2::256B prefetch",
+                    define("WLOAD"),
+                ),
+                Param(
+                    "min_blocks",
+                    (0, 4, 8, 12, 16),
+                    0,
+                    "blocks per SM __launch_bounds__ sizes registers for (0: no bound)",
+                    define("MINB"),
+                ),
+            ),
+            quant_types=ALL_TYPES,
+            source="cuda/mmvf.cu",
+            numeric="order_only",
+            doc="float32 activations and sums (dmmv's arithmetic) in mmvw's shape: a row per "
+            "lane group, 16-byte quant loads, unroll * rows_per_thread loads in flight, quants "
+            "made floats by a byte permute into 2^23's mantissa (no I2F); up to three "
+            "matrices per launch with the bias or residual added as it stores. Float weights "
+            "use dmmv at its defaults",
+        ),
         Variant(
             B,
             "matmul_decode",

@@ -1,0 +1,318 @@
+// mmvf.cu: decode matrix-vector products on float32 activations, up to three matrices per
+// launch, with an added vector in the epilogue (bias or residual).
+//
+//   y_i[n] = sum_k W_i[n, k] x[k] + a_i[n]   (a_i optional), i < 3, x float32 [K]
+//
+// Variant (engine/tuning/kernels/cuda.py): matmul_decode.mmvf, the CUDA default. dmmv's
+// arithmetic class (float32 activations, float32 products and sums: order_only) with mmvw's
+// memory shape: a group of TPR lanes (inside one warp) walks RPT rows; a lane takes every
+// TPR-th slot (Q4_K / Q6_K: 32 weights from one 16-byte load of quants) and UNROLL slots per
+// iteration, issuing all UNROLL * RPT weight loads before it uses any. Partial sums meet by
+// shuffles (no shared memory, no barrier).
+// Why not dmmv: dmmv reads a Q4_K group as one 8-byte load (two 4-byte ones for Q6_K), converts
+// each quant with I2F (a quarter-rate conversion on sm_90) and keeps one group per row in
+// flight; the H200 then streams weights at ~0.7 TB/s. Here a quant becomes a float by one byte
+// permute into the mantissa of 2^23 and one exact subtraction (to_f below), and every slot's
+// activation sums are computed once for all RPT rows.
+// Tunables (defines): TPR lanes per row (8, 16, 32), RPT rows per lane group, NW warps per
+// block, UNROLL slots per lane per iteration, WLOAD the K types' weight-load hint (vecdot.cuh
+// wld16), MINB blocks per SM for __launch_bounds__ (0: none). Rows per block: NW * 32/TPR * RPT.
+// Launch: grid nb0 + nb1 + nb2 blocks (block b < nb0 -> matrix 0, then 1, then 2), block NW*32.
+// Types: Q4_0 Q4_1 Q5_0 Q8_0 Q4_K Q6_K (K % 256 == 0 for the K types); float weights use dmmv.
+#ifndef WLOAD
+#define WLOAD 0
+#endif
+#include "vecdot.cuh"
+
+#ifndef TPR
+#define TPR 16
+#endif
+#ifndef RPT
+#define RPT 2
+#endif
+#ifndef NW
+#define NW 4
+#endif
+#ifndef UNROLL
+#define UNROLL 2
+#endif
+#ifndef MINB
+#define MINB 0
+#endif
+
+#if TPR != 8 && TPR != 16 && TPR != 32
+#error "TPR must be 8, 16 or 32 (a row's lanes sit inside one warp)"
+#endif
+#if MINB > 0
+#define MMVF_BOUNDS_MINB , MINB
+#else
+#define MMVF_BOUNDS_MINB
+#endif
+
+#define MMVF_GROUPS (NW * 32 / TPR)
+#define MMVF_RPB (MMVF_GROUPS * RPT)
+
+// Byte i of w (an unsigned value u < 256) as the float u + 2^23 (exact): the byte goes into the
+// mantissa of 2^23 by one permute; subtracting 2^23 + bias then gives u - bias exactly. Used
+// instead of I2F, which runs at a quarter of the FP32 rate.
+__device__ __forceinline__ float to_f(u32 w, int i, float bias) {
+    return __int_as_float(__byte_perm(w, 0x4B000000u, 0x7440u | (u32)i)) - bias;
+}
+#define MAGIC 8388608.f
+
+// sum over the 4 bytes of w (unsigned, minus bias) times x
+__device__ __forceinline__ float dot4(u32 w, float4 x, float bias, float acc) {
+    acc = fmaf(to_f(w, 0, bias), x.x, acc);
+    acc = fmaf(to_f(w, 1, bias), x.y, acc);
+    acc = fmaf(to_f(w, 2, bias), x.z, acc);
+    return fmaf(to_f(w, 3, bias), x.w, acc);
+}
+
+__device__ __forceinline__ float sum4(float4 v) { return (v.x + v.y) + (v.z + v.w); }
+
+// A slot's activations: 32 floats in two runs of 16 (K types) or 16 in two runs of 8, and
+// each run's sum (the min / offset terms).
+struct FSlot {
+    float4 a[4], b[4];
+    float sa, sb;
+};
+
+__device__ __forceinline__ void load16(const float* __restrict__ p, float4 (&v)[4], float& s) {
+    const float4* q = (const float4*)p;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[i] = __ldg(q + i);
+    s = (sum4(v[0]) + sum4(v[1])) + (sum4(v[2]) + sum4(v[3]));
+}
+
+// Per weight type: slots(K); WS the weight bytes of one slot of one row (loaded first, all of
+// an iteration's at once); wload(row, s); xload(s, x); dot(WS, FSlot) -> the slot's sum.
+template <int QT> struct VF {  // the 32-value block types: slot = common.cuh's group of 16
+    struct WS {
+        Run8 r0, r1;
+    };
+    static __device__ __forceinline__ int slots(int K) { return K / 16; }
+    static __device__ __forceinline__ WS wload(const u8* __restrict__ row, int g) {
+        WS w;
+        decode_group<QT>(row + (size_t)(g / QTraits<QT>::GROUPS) * QTraits<QT>::BYTES,
+                         g % QTraits<QT>::GROUPS, w.r0, w.r1);
+        return w;
+    }
+    static __device__ __forceinline__ FSlot xload(int g, const float* __restrict__ x) {
+        int o0, o1;
+        run_offsets<QT>(g % QTraits<QT>::GROUPS, o0, o1);
+        const int kb = (g / QTraits<QT>::GROUPS) * QTraits<QT>::BK;
+        const float4* p0 = (const float4*)(x + kb + o0);
+        const float4* p1 = (const float4*)(x + kb + o1);
+        FSlot s;
+        s.a[0] = __ldg(p0), s.a[1] = __ldg(p0 + 1), s.b[0] = __ldg(p1), s.b[1] = __ldg(p1 + 1);
+        s.sa = sum4(s.a[0]) + sum4(s.a[1]);
+        s.sb = sum4(s.b[0]) + sum4(s.b[1]);
+        return s;
+    }
+    // Run8 quants are signed bytes: flipping the sign bit makes them u = q + 128
+    static __device__ __forceinline__ float dot(const WS& w, const FSlot& x) {
+        const float bias = MAGIC + 128.f;
+        float qa = dot4(w.r0.q0 ^ 0x80808080u, x.a[0], bias, 0.f);
+        qa = dot4(w.r0.q1 ^ 0x80808080u, x.a[1], bias, qa);
+        float qb = dot4(w.r1.q0 ^ 0x80808080u, x.b[0], bias, 0.f);
+        qb = dot4(w.r1.q1 ^ 0x80808080u, x.b[1], bias, qb);
+        return (w.r0.a * qa + w.r0.b * x.sa) + (w.r1.a * qb + w.r1.b * x.sb);
+    }
+};
+
+// Q4_K slot s = (block b, pair p, half h): qs[32p + 16h ..+16] holds elements 64p + 16h + j
+// (low nibbles, sub-block 2p) and 64p + 32 + 16h + j (high, sub-block 2p + 1); the block's d,
+// dmin and scales come in one more 16-byte load (an L1 hit for all but the first of the
+// block's 8 slots).
+template <> struct VF<QT_Q4_K> {
+    struct WS {
+        uint4 q, hd;
+    };
+    static __device__ __forceinline__ int slots(int K) { return K / 32; }
+    static __device__ __forceinline__ WS wload(const u8* __restrict__ row, int s) {
+        const int b = s >> 3, p = (s >> 1) & 3, h = s & 1;
+        const u8* blk = row + 144 * b;
+        WS w;
+        w.q = wld16(blk + 16 + 32 * p + 16 * h);
+        w.hd = ldg16(blk);  // not wld16: an L1 hit for the block's other slots
+        return w;
+    }
+    static __device__ __forceinline__ FSlot xload(int s, const float* __restrict__ x) {
+        const int b = s >> 3, p = (s >> 1) & 3, h = s & 1;
+        const float* xa = x + 256 * b + 64 * p + 16 * h;
+        FSlot f;
+        load16(xa, f.a, f.sa);
+        load16(xa + 32, f.b, f.sb);
+        return f;
+    }
+    static __device__ __forceinline__ float dot(const WS& w, const FSlot& x, int s) {
+        const int p = (s >> 1) & 3;
+        const u32 q[4] = {w.q.x, w.q.y, w.q.z, w.q.w};
+        float qa = 0.f, qb = 0.f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            qa = dot4(q[i] & 0x0F0F0F0Fu, x.a[i], MAGIC, qa);
+            qb = dot4((q[i] >> 4) & 0x0F0F0F0Fu, x.b[i], MAGIC, qb);
+        }
+        int sc0, m0, sc1, m1;
+        q4k_sm(w.hd.y, w.hd.z, w.hd.w, 2 * p, sc0, m0);
+        q4k_sm(w.hd.y, w.hd.z, w.hd.w, 2 * p + 1, sc1, m1);
+        const float d = h2f((u16)(w.hd.x & 0xFFFF)), dmin = h2f((u16)(w.hd.x >> 16));
+#ifdef MUTANT_MMVF_Q4K_MIN  // planted bug: the high sub-block's min term uses the low one's m
+        m1 = m0;
+#endif
+        return d * ((float)sc0 * qa + (float)sc1 * qb) - dmin * ((float)m0 * x.sa + (float)m1 * x.sb);
+    }
+};
+
+// Q6_K in 224-byte blocks (ql[128] qh[64] scales[16] d pad[14]). Slot s = (b, h, c, lq):
+// ql[64h + 32c + 16lq ..+16] holds elements 128h + 32c + 16lq + j (low nibbles) and the same
+// + 64 (high nibbles); qh[32h + 16lq ..+16] their top two bits (bits 2c and 2c + 4). q - 32.
+template <> struct VF<QT_Q6_K> {
+    struct WS {
+        uint4 ql, qh;
+        float da, db;  // d * scale of each run
+    };
+    static __device__ __forceinline__ int slots(int K) { return K / 32; }
+    static __device__ __forceinline__ WS wload(const u8* __restrict__ row, int s) {
+        const int b = s >> 3, h = (s >> 2) & 1, c = (s >> 1) & 1, lq = s & 1;
+        const u8* blk = row + 224 * b;
+        WS w;
+        w.ql = wld16(blk + 64 * h + 32 * c + 16 * lq);
+        w.qh = wld16(blk + 128 + 32 * h + 16 * lq);
+        const u8* sc = blk + 192 + 8 * h + lq + 2 * c;
+        const float d = ld_h(blk + 208);
+        w.da = d * (float)(signed char)__ldg(sc);
+        w.db = d * (float)(signed char)__ldg(sc + 4);
+        return w;
+    }
+    static __device__ __forceinline__ FSlot xload(int s, const float* __restrict__ x) {
+        const int b = s >> 3, h = (s >> 2) & 1, c = (s >> 1) & 1, lq = s & 1;
+        const float* xa = x + 256 * b + 128 * h + 32 * c + 16 * lq;
+        FSlot f;
+        load16(xa, f.a, f.sa);
+        load16(xa + 64, f.b, f.sb);
+        return f;
+    }
+    static __device__ __forceinline__ float dot(const WS& w, const FSlot& x, int s) {
+        const int c = (s >> 1) & 1;
+        const int sl = 4 - 2 * c, sr = 2 * c;  // top bits 2c -> 4 (low run), 2c + 4 -> 4 (high)
+        const u32 ql[4] = {w.ql.x, w.ql.y, w.ql.z, w.ql.w};
+        const u32 qh[4] = {w.qh.x, w.qh.y, w.qh.z, w.qh.w};
+        const float bias = MAGIC + 32.f;
+        float qa = 0.f, qb = 0.f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const u32 ua = (ql[i] & 0x0F0F0F0Fu) | ((qh[i] << sl) & 0x30303030u);
+            const u32 ub = ((ql[i] >> 4) & 0x0F0F0F0Fu) | ((qh[i] >> sr) & 0x30303030u);
+            qa = dot4(ua, x.a[i], bias, qa);
+            qb = dot4(ub, x.b[i], bias, qb);
+        }
+        return w.da * qa + w.db * qb;
+    }
+};
+
+// The 32-value types' dot takes no slot index; one call shape for all.
+template <int QT>
+__device__ __forceinline__ float vf_dot(const typename VF<QT>::WS& w, const FSlot& x, int s) {
+    if constexpr (QT == QT_Q4_K || QT == QT_Q6_K) {
+        return VF<QT>::dot(w, x, s);
+    } else {
+        return VF<QT>::dot(w, x);
+    }
+}
+
+// The RPT dot products of rows row0.. (clamped to N - 1) by the calling group of TPR lanes;
+// every lane of the group ends with the full sums (the whole group calls it: shuffles).
+template <int QT>
+__device__ __forceinline__ void mmvf_dot(const u8* __restrict__ W, int row_bytes, int N, int K,
+                                         const float* __restrict__ x, int row0,
+                                         float (&acc)[RPT]) {
+    const int lane = threadIdx.x % TPR;
+    const int ns = VF<QT>::slots(K);
+    const u8* rows[RPT];
+#pragma unroll
+    for (int r = 0; r < RPT; ++r) {
+        rows[r] = W + (size_t)min(row0 + r, N - 1) * row_bytes;
+        acc[r] = 0.f;
+    }
+    for (int s0 = lane; s0 < ns; s0 += TPR * UNROLL) {
+        // every weight load of the iteration first, then the activations and the arithmetic
+        typename VF<QT>::WS w[UNROLL][RPT];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const int s = s0 + u * TPR;
+            const int sc = s < ns ? s : s0;  // a valid slot, its result dropped: straight code
+#pragma unroll
+            for (int r = 0; r < RPT; ++r) w[u][r] = VF<QT>::wload(rows[r], sc);
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const int s = s0 + u * TPR;
+            const bool ok = s < ns;
+            const int sc = ok ? s : s0;
+            const FSlot xs = VF<QT>::xload(sc, x);
+#pragma unroll
+            for (int r = 0; r < RPT; ++r) {
+                const float v = vf_dot<QT>(w[u][r], xs, sc);
+                acc[r] += ok ? v : 0.f;
+            }
+        }
+    }
+    const unsigned mask =
+        TPR == 32 ? 0xffffffffu : ((1u << TPR) - 1u) << ((threadIdx.x & 31) & ~(TPR - 1));
+#pragma unroll
+    for (int r = 0; r < RPT; ++r) {
+#pragma unroll
+        for (int o = TPR / 2; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(mask, acc[r], o);
+    }
+}
+
+template <int QT>
+__device__ __forceinline__ void mmvf_rows(const u8* __restrict__ W, int row_bytes, int N, int K,
+                                          const float* __restrict__ x, float* Y, const float* A,
+                                          int bi) {
+    const int g = threadIdx.x / TPR, lane = threadIdx.x % TPR;
+    const int row0 = (bi * MMVF_GROUPS + g) * RPT;
+    if (row0 >= N) return;  // whole groups leave together: the shuffles stay full
+    float acc[RPT];
+    mmvf_dot<QT>(W, row_bytes, N, K, x, row0, acc);
+    if (lane == 0) {
+#pragma unroll
+        for (int r = 0; r < RPT; ++r) {
+            const int n = row0 + r;
+            if (n < N) Y[n] = acc[r] + (A ? A[n] : 0.f);
+        }
+    }
+}
+
+// Matrix i: weights W_i [N_i, row_bytes_i] of GGML type qt_i, output Y_i [N_i], added A_i
+// [N_i] or null. Y_i may be A_i (each element is read, then written, by one thread).
+extern "C" __global__ void __launch_bounds__(NW * 32 MMVF_BOUNDS_MINB)
+    mmvf(const float* __restrict__ x, int K, int nb0, int nb1,
+         const u8* W0, int rb0, int N0, int qt0, float* Y0, const float* A0,
+         const u8* W1, int rb1, int N1, int qt1, float* Y1, const float* A1,
+         const u8* W2, int rb2, int N2, int qt2, float* Y2, const float* A2) {
+    int b = blockIdx.x;
+    const u8* W = W0;
+    int rb = rb0, N = N0, qt = qt0;
+    float* Y = Y0;
+    const float* A = A0;
+    if (b >= nb0 + nb1) {
+        b -= nb0 + nb1;
+        W = W2, rb = rb2, N = N2, qt = qt2, Y = Y2, A = A2;
+    } else if (b >= nb0) {
+        b -= nb0;
+        W = W1, rb = rb1, N = N1, qt = qt1, Y = Y1, A = A1;
+    }
+    pdl_start();
+    switch (qt) {
+        case QT_Q4_K: mmvf_rows<QT_Q4_K>(W, rb, N, K, x, Y, A, b); break;
+        case QT_Q6_K: mmvf_rows<QT_Q6_K>(W, rb, N, K, x, Y, A, b); break;
+        case QT_Q4_0: mmvf_rows<QT_Q4_0>(W, rb, N, K, x, Y, A, b); break;
+        case QT_Q4_1: mmvf_rows<QT_Q4_1>(W, rb, N, K, x, Y, A, b); break;
+        case QT_Q5_0: mmvf_rows<QT_Q5_0>(W, rb, N, K, x, Y, A, b); break;
+        case QT_Q8_0: mmvf_rows<QT_Q8_0>(W, rb, N, K, x, Y, A, b); break;
+        default: break;
+    }
+}
