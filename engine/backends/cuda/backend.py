@@ -23,8 +23,8 @@ import numpy as np
 
 from engine.backends.base import Backend, DeviceEntry, DeviceInfo, KVCache, ProfileReport
 from engine.backends.cuda import kernels
-from engine.backends.cuda.device import device_class, driver_string
 from engine.backends.cuda.decode_float import CudaFloatDecodeOps
+from engine.backends.cuda.device import device_class, driver_string
 from engine.backends.cuda.hybrid import CudaHybridOps
 from engine.backends.cuda.prefill import (
     _COMPUTE_32F,
@@ -148,7 +148,7 @@ class _Graph:
     keep: list = field(default_factory=list)  # every allocation made during capture
 
 
-class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  # mixins: see imports
+class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  # mixins
     name = "cuda"
 
     def __init__(self, config: TuningConfig | None = None, *, device: int | None = None) -> None:
