@@ -253,6 +253,9 @@ MUTANTS: tuple[Mutant, ...] = (
            {"matmul_decode.variant": "mmvq"}),
     Mutant("MMVW_TAIL_ROWS", "cuda", "matmul_decode", "mmvw skips the ragged last rows",
            {"matmul_decode.variant": "mmvw"}),
+    # the default decode matmul: the reference's per-token path runs it too
+    Mutant("MMVF_Q4K_MIN", "cuda", "matmul_decode", "mmvf (the default float decode matmul): "
+           "a Q4_K slot's high sub-block subtracts the low one's min", check="cross_check"),
     # mmvw's fused epilogues run only unhooked: validate rejects, blame names the fused op
     Mutant("MMVW_GLU_UP", "cuda", "matmul_decode", "mmvw_glu multiplies silu(gate) by gate, "
            "not up", {"matmul_decode.variant": "mmvw", "matmul_decode.fuse_swiglu": 1}),
