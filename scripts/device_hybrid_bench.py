@@ -29,6 +29,10 @@ from scripts.speed_record import SpeedRecord  # noqa: E402
 MMVW = {"matmul_decode.variant": "mmvw"}
 VARIANTS: dict[str, dict] = {
     "default": {},
+    "dmmv": {"matmul_decode.variant": "dmmv"},  # the float default before mmvf (issue 14)
+    "mmvf_t32": {"matmul_decode.threads_per_row": 32},  # mmvf (the default) knobs
+    "mmvf_r4": {"matmul_decode.rows_per_thread": 4},
+    "mmvf_u4": {"matmul_decode.unroll": 4},
     "mmvq": {"matmul_decode.variant": "mmvq"},
     "mmvw": MMVW,  # projections three to a launch, residuals added as they store
     "mmvw_pdl": MMVW | {"matmul_decode.pdl": 1},

@@ -40,6 +40,10 @@ ATTG = {"attention_prefill.variant": "gemm"}
 TC = {"attention_prefill.variant": "flash_tc"}
 VARIANTS: dict[str, dict] = {
     "default": {},
+    "dmmv": {"matmul_decode.variant": "dmmv"},  # the float default before mmvf (issue 14)
+    "mmvf_t32": {"matmul_decode.threads_per_row": 32},  # mmvf (the default) knobs
+    "mmvf_r4": {"matmul_decode.rows_per_thread": 4},
+    "mmvf_u4": {"matmul_decode.unroll": 4},
     "mmvq": {"matmul_decode.variant": "mmvq"},
     "fuse_kv": FUSE,
     "mmvw": MMVW,
