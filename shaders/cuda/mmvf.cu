@@ -17,7 +17,8 @@
 // Tunables (defines): TPR lanes per row (8, 16, 32), RPT rows per lane group, NW warps per
 // block, UNROLL slots per lane per iteration, WLOAD the K types' weight-load hint (vecdot.cuh
 // wld16), MINB blocks per SM for __launch_bounds__ (0: none). Rows per block: NW * 32/TPR * RPT.
-// Launch: grid nb0 + nb1 + nb2 blocks (block b < nb0 -> matrix 0, then 1, then 2), block NW*32.
+// Launch: grid nb0 + nb1 + nb2 blocks (block b < nb0 -> matrix 0, then 1, then 2), block NW*32;
+// kernel mmvf (any mix of types) or mmvf_<type> (every matrix of that type).
 // Types: Q4_0 Q4_1 Q5_0 Q8_0 Q4_K Q6_K (K % 256 == 0 for the K types); float weights use dmmv.
 #ifndef WLOAD
 #define WLOAD 0
@@ -120,6 +121,21 @@ template <int QT> struct VF {  // the 32-value block types: slot = common.cuh's 
     }
 };
 
+// Q4_K: the 6-bit scales and mins of sub-blocks 2p and 2p + 1 from the 12 scale bytes (the
+// words s0 s1 s2 of hd.y .z .w) as the bytes of one word: sc(2p), sc(2p + 1), m(2p), m(2p + 1).
+// Sub-blocks 0-3 are the low 6 bits of bytes of s0 (scales) and s1 (mins); 4-7 take their low 4
+// bits from the nibbles of s2 and their top 2 from bits 6-7 of s0 / s1. Both gathers are one
+// byte permute each; p is the same for every slot a lane takes (TPR % 8 == 0).
+__device__ __forceinline__ u32 q4k_scales4(uint4 hd, int p) {
+    const bool lo = p < 2;
+    const u32 j = 2 * (p & 1);  // byte of sub-block 2p within its word
+    const u32 sel = j | ((j + 1) << 4) | ((j + 4) << 8) | ((j + 5) << 12);
+    const u32 L = __byte_perm(lo ? hd.y : hd.w, lo ? hd.z : hd.w, sel);
+    if (lo) return L & 0x3F3F3F3Fu;
+    const u32 H = __byte_perm(hd.y, hd.z, sel);
+    return (L & 0x00000F0Fu) | ((L >> 4) & 0x0F0F0000u) | ((H >> 2) & 0x30303030u);
+}
+
 // Q4_K slot s = (block b, pair p, half h): qs[32p + 16h ..+16] holds elements 64p + 16h + j
 // (low nibbles, sub-block 2p) and 64p + 32 + 16h + j (high, sub-block 2p + 1); the block's d,
 // dmin and scales come in one more 16-byte load (an L1 hit for all but the first of the
@@ -154,14 +170,15 @@ template <> struct VF<QT_Q4_K> {
             qa = dot4(q[i] & 0x0F0F0F0Fu, x.a[i], MAGIC, qa);
             qb = dot4((q[i] >> 4) & 0x0F0F0F0Fu, x.b[i], MAGIC, qb);
         }
-        int sc0, m0, sc1, m1;
-        q4k_sm(w.hd.y, w.hd.z, w.hd.w, 2 * p, sc0, m0);
-        q4k_sm(w.hd.y, w.hd.z, w.hd.w, 2 * p + 1, sc1, m1);
+        const u32 sm = q4k_scales4(w.hd, p);
         const float d = h2f((u16)(w.hd.x & 0xFFFF)), dmin = h2f((u16)(w.hd.x >> 16));
+        const float sc0 = to_f(sm, 0, MAGIC), sc1 = to_f(sm, 1, MAGIC);
 #ifdef MUTANT_MMVF_Q4K_MIN  // planted bug: the high sub-block's min term uses the low one's m
-        m1 = m0;
+        const float m0 = to_f(sm, 2, MAGIC), m1 = m0;
+#else
+        const float m0 = to_f(sm, 2, MAGIC), m1 = to_f(sm, 3, MAGIC);
 #endif
-        return d * ((float)sc0 * qa + (float)sc1 * qb) - dmin * ((float)m0 * x.sa + (float)m1 * x.sb);
+        return d * (sc0 * qa + sc1 * qb) - dmin * (m0 * x.sa + m1 * x.sb);
     }
 };
 
@@ -288,24 +305,32 @@ __device__ __forceinline__ void mmvf_rows(const u8* __restrict__ W, int row_byte
 
 // Matrix i: weights W_i [N_i, row_bytes_i] of GGML type qt_i, output Y_i [N_i], added A_i
 // [N_i] or null. Y_i may be A_i (each element is read, then written, by one thread).
-extern "C" __global__ void __launch_bounds__(NW * 32 MMVF_BOUNDS_MINB)
-    mmvf(const float* __restrict__ x, int K, int nb0, int nb1,
-         const u8* W0, int rb0, int N0, int qt0, float* Y0, const float* A0,
-         const u8* W1, int rb1, int N1, int qt1, float* Y1, const float* A1,
-         const u8* W2, int rb2, int N2, int qt2, float* Y2, const float* A2) {
-    int b = blockIdx.x;
-    const u8* W = W0;
-    int rb = rb0, N = N0, qt = qt0;
-    float* Y = Y0;
-    const float* A = A0;
-    if (b >= nb0 + nb1) {
-        b -= nb0 + nb1;
-        W = W2, rb = rb2, N = N2, qt = qt2, Y = Y2, A = A2;
-    } else if (b >= nb0) {
-        b -= nb0;
-        W = W1, rb = rb1, N = N1, qt = qt1, Y = Y1, A = A1;
-    }
+// mmvf takes any mix of types (a switch per block, registers for the widest type's code);
+// mmvf_<type> serves launches whose matrices are all of one type (its own register budget).
+#define MMVF_ARGS                                                                           \
+    const float *__restrict__ x, int K, int nb0, int nb1, const u8 *W0, int rb0, int N0,   \
+        int qt0, float *Y0, const float *A0, const u8 *W1, int rb1, int N1, int qt1,       \
+        float *Y1, const float *A1, const u8 *W2, int rb2, int N2, int qt2, float *Y2,     \
+        const float *A2
+// This block's matrix (W, rb, N, Y, A) and block index b within it.
+#define MMVF_PICK                                                                           \
+    int b = blockIdx.x;                                                                     \
+    const u8* W = W0;                                                                       \
+    int rb = rb0, N = N0;                                                                   \
+    float* Y = Y0;                                                                          \
+    const float* A = A0;                                                                    \
+    if (b >= nb0 + nb1) {                                                                   \
+        b -= nb0 + nb1;                                                                     \
+        W = W2, rb = rb2, N = N2, Y = Y2, A = A2;                                           \
+    } else if (b >= nb0) {                                                                  \
+        b -= nb0;                                                                           \
+        W = W1, rb = rb1, N = N1, Y = Y1, A = A1;                                           \
+    }                                                                                       \
     pdl_start();
+
+extern "C" __global__ void __launch_bounds__(NW * 32 MMVF_BOUNDS_MINB) mmvf(MMVF_ARGS) {
+    const int qt = blockIdx.x >= nb0 + nb1 ? qt2 : blockIdx.x >= nb0 ? qt1 : qt0;
+    MMVF_PICK
     switch (qt) {
         case QT_Q4_K: mmvf_rows<QT_Q4_K>(W, rb, N, K, x, Y, A, b); break;
         case QT_Q6_K: mmvf_rows<QT_Q6_K>(W, rb, N, K, x, Y, A, b); break;
@@ -316,3 +341,17 @@ extern "C" __global__ void __launch_bounds__(NW * 32 MMVF_BOUNDS_MINB)
         default: break;
     }
 }
+
+#define MMVF_KERNEL(name, QT)                                                               \
+    extern "C" __global__ void __launch_bounds__(NW * 32 MMVF_BOUNDS_MINB)                  \
+        mmvf_##name(MMVF_ARGS) {                                                            \
+        MMVF_PICK                                                                           \
+        mmvf_rows<QT>(W, rb, N, K, x, Y, A, b);                                             \
+    }
+
+MMVF_KERNEL(q4_k, QT_Q4_K)
+MMVF_KERNEL(q6_k, QT_Q6_K)
+MMVF_KERNEL(q4_0, QT_Q4_0)
+MMVF_KERNEL(q4_1, QT_Q4_1)
+MMVF_KERNEL(q5_0, QT_Q5_0)
+MMVF_KERNEL(q8_0, QT_Q8_0)

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from engine.backends.cuda.kernels import QTYPE_SUFFIX
 from engine.tuning.kernels.cuda import BLOCK_TYPES
 
 # GGML type ids as mmvf.cu's switch reads them (common.cuh QT_*)
@@ -52,8 +53,10 @@ class CudaFloatDecodeOps:
         for _ in range(3 - len(mats)):
             nbs.append(0)
             args += [_NULL, np.int32(0), np.int32(0), np.int32(0), _NULL, _NULL]
+        types = {w.qtype for w, _, _ in mats}  # one type: its own kernel (its own registers)
+        name = f"mmvf_{QTYPE_SUFFIX[types.pop()]}" if len(types) == 1 else "mmvf"
         self._launch(
-            "mmvf", "mmvf", (sum(nbs),), (int(c["warps"]) * 32,),
+            "mmvf", name, (sum(nbs),), (int(c["warps"]) * 32,),
             (x, np.int32(mats[0][0].k), np.int32(nbs[0]), np.int32(nbs[1]), *args),
             pdl=True,
         )  # fmt: skip

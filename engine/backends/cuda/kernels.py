@@ -107,6 +107,7 @@ def kernel_names(src: str) -> list[str]:
         "MMQ_KERNEL": ["mmq_{}"],
         "MMQ8_KERNEL": ["mmq8_{}"],
         "MMVQ_KERNEL": ["mmvq_{}"],
+        "MMVF_KERNEL": ["mmvf_{}"],
         "DEQ_KERNELS": ["get_rows_{}", "dequant_f16_{}"],
         "MOE_KERNEL": ["moe_{}"],
         "MOE_GROUPED_KERNEL": ["moe_grouped_{}"],
