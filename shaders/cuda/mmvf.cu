@@ -307,11 +307,6 @@ __device__ __forceinline__ void mmvf_rows(const u8* __restrict__ W, int row_byte
 // [N_i] or null. Y_i may be A_i (each element is read, then written, by one thread).
 // mmvf takes any mix of types (a switch per block, registers for the widest type's code);
 // mmvf_<type> serves launches whose matrices are all of one type (its own register budget).
-#define MMVF_ARGS                                                                           \
-    const float *__restrict__ x, int K, int nb0, int nb1, const u8 *W0, int rb0, int N0,   \
-        int qt0, float *Y0, const float *A0, const u8 *W1, int rb1, int N1, int qt1,       \
-        float *Y1, const float *A1, const u8 *W2, int rb2, int N2, int qt2, float *Y2,     \
-        const float *A2
 // This block's matrix (W, rb, N, Y, A) and block index b within it.
 #define MMVF_PICK                                                                           \
     int b = blockIdx.x;                                                                     \
@@ -328,7 +323,11 @@ __device__ __forceinline__ void mmvf_rows(const u8* __restrict__ W, int row_byte
     }                                                                                       \
     pdl_start();
 
-extern "C" __global__ void __launch_bounds__(NW * 32 MMVF_BOUNDS_MINB) mmvf(MMVF_ARGS) {
+extern "C" __global__ void __launch_bounds__(NW * 32 MMVF_BOUNDS_MINB)
+    mmvf(const float* __restrict__ x, int K, int nb0, int nb1,
+         const u8* W0, int rb0, int N0, int qt0, float* Y0, const float* A0,
+         const u8* W1, int rb1, int N1, int qt1, float* Y1, const float* A1,
+         const u8* W2, int rb2, int N2, int qt2, float* Y2, const float* A2) {
     const int qt = blockIdx.x >= nb0 + nb1 ? qt2 : blockIdx.x >= nb0 ? qt1 : qt0;
     MMVF_PICK
     switch (qt) {
@@ -344,7 +343,10 @@ extern "C" __global__ void __launch_bounds__(NW * 32 MMVF_BOUNDS_MINB) mmvf(MMVF
 
 #define MMVF_KERNEL(name, QT)                                                               \
     extern "C" __global__ void __launch_bounds__(NW * 32 MMVF_BOUNDS_MINB)                  \
-        mmvf_##name(MMVF_ARGS) {                                                            \
+        mmvf_##name(const float* __restrict__ x, int K, int nb0, int nb1, const u8* W0,        \
+                    int rb0, int N0, int qt0, float* Y0, const float* A0, const u8* W1,        \
+                    int rb1, int N1, int qt1, float* Y1, const float* A1, const u8* W2,        \
+                    int rb2, int N2, int qt2, float* Y2, const float* A2) {                    \
         MMVF_PICK                                                                           \
         mmvf_rows<QT>(W, rb, N, K, x, Y, A, b);                                             \
     }
