@@ -59,10 +59,10 @@ SHAPES: dict[str, list[tuple[int, int, str]]] = {
     "7b": [
         (18944, 3584, "Q4_K"),
         (3584, 18944, "Q6_K"),
-        (3584, 18944, "Q4_K"),
-        (3584, 3584, "Q4_K"),
-        (512, 3584, "Q4_K"),
         (152064, 3584, "Q6_K"),
+        (512, 3584, "Q4_K"),
+        (3584, 3584, "Q4_K"),
+        (3584, 18944, "Q4_K"),
     ],
     "1.5b": [(8960, 1536, "Q4_K"), (1536, 8960, "Q6_K"), (151936, 1536, "Q6_K")],
     "other": [(12288, 4096, "Q8_0"), (12288, 4096, "Q5_0"), (12288, 4096, "Q4_0")],
@@ -127,12 +127,11 @@ def bench_shape(be: Any, cp: Any, shape: tuple[int, int, str], names: list[str],
     from engine.tuning import TuningConfig
 
     n, k, qtype = shape
-    w0 = be.load_weight(weight(rng, n, k, qtype))
+    host = weight(rng, n, k, qtype)  # one drawing, uploaded to several places: same bytes
+    w0 = be.load_weight(host)
     nbytes = int(w0.raw.nbytes)
-    copies = [w0] + [
-        be.load_weight(weight(rng, n, k, qtype))
-        for _ in range(min(8, max(1, math.ceil(L2_SPAN / nbytes))) - 1)
-    ]
+    n_copies = min(8, max(1, math.ceil(L2_SPAN / nbytes)))
+    copies = [w0] + [be.load_weight(host) for _ in range(n_copies - 1)]
     x = be.upload(rng.standard_normal((1, k)).astype(np.float32))
     y = cp.empty((1, n), np.float32)
     moved = nbytes + 4 * (k + n)
