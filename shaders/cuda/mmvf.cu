@@ -131,9 +131,10 @@ __device__ __forceinline__ u32 q4k_scales4(uint4 hd, int p) {
     const u32 j = 2 * (p & 1);  // byte of sub-block 2p within its word
     const u32 sel = j | ((j + 1) << 4) | ((j + 4) << 8) | ((j + 5) << 12);
     const u32 L = __byte_perm(lo ? hd.y : hd.w, lo ? hd.z : hd.w, sel);
-    if (lo) return L & 0x3F3F3F3Fu;
     const u32 H = __byte_perm(hd.y, hd.z, sel);
-    return (L & 0x00000F0Fu) | ((L >> 4) & 0x0F0F0000u) | ((H >> 2) & 0x30303030u);
+    // both forms, then a select: every 8 lanes hold all four p, so a branch would diverge
+    const u32 hi = (L & 0x00000F0Fu) | ((L >> 4) & 0x0F0F0000u) | ((H >> 2) & 0x30303030u);
+    return lo ? L & 0x3F3F3F3Fu : hi;
 }
 
 // Q4_K slot s = (block b, pair p, half h): qs[32p + 16h ..+16] holds elements 64p + 16h + j
@@ -254,25 +255,24 @@ __device__ __forceinline__ void mmvf_dot(const u8* __restrict__ W, int row_bytes
         acc[r] = 0.f;
     }
     for (int s0 = lane; s0 < ns; s0 += TPR * UNROLL) {
-        // every weight load of the iteration first, then the activations and the arithmetic
+        // every weight load of the iteration first, then the activations and the arithmetic.
+        // The arithmetic of slots past the row is skipped: in the last iteration whole unroll
+        // steps usually are (a 7B row has 112 Q4_K slots), so the branch is uniform over the
+        // warp and saves their work (their loads read the last slot again: no branch there).
         typename VF<QT>::WS w[UNROLL][RPT];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
-            const int s = s0 + u * TPR;
-            const int sc = s < ns ? s : s0;  // a valid slot, its result dropped: straight code
+            const int s = min(s0 + u * TPR, ns - 1);  // past the row: a valid slot, unused
 #pragma unroll
-            for (int r = 0; r < RPT; ++r) w[u][r] = VF<QT>::wload(rows[r], sc);
+            for (int r = 0; r < RPT; ++r) w[u][r] = VF<QT>::wload(rows[r], s);
         }
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             const int s = s0 + u * TPR;
-            const bool ok = s < ns;
-            const int sc = ok ? s : s0;
-            const FSlot xs = VF<QT>::xload(sc, x);
+            if (s < ns) {
+                const FSlot xs = VF<QT>::xload(s, x);
 #pragma unroll
-            for (int r = 0; r < RPT; ++r) {
-                const float v = vf_dot<QT>(w[u][r], xs, sc);
-                acc[r] += ok ? v : 0.f;
+                for (int r = 0; r < RPT; ++r) acc[r] += vf_dot<QT>(w[u][r], xs, s);
             }
         }
     }
