@@ -122,10 +122,27 @@ def weight(rng: np.random.Generator, n: int, k: int, qtype: str) -> Any:
     return QTensor(f"w_{n}x{k}_{qtype}", qtype, (n, k), raw)
 
 
-def bench_shape(be: Any, cp: Any, shape: tuple[int, int, str], names: list[str], deadline: float,
-                rng: np.random.Generator) -> list[dict]:  # fmt: skip
+def _time_config(be: Any, cp: Any, flat: dict, x: Any, copies: list, y: Any) -> float:
+    """Seconds per matmul of config flat: a CUDA graph of LAUNCHES back-to-back matmul_into
+    calls cycling through the weight copies, best of 5 replays."""
     from engine.tuning import TuningConfig
 
+    stream = be._stream
+    be.set_config(TuningConfig.from_flat("cuda", flat))
+    for w in copies:  # warm: kernels built, mmvw's Q8_1 form of x cached
+        be.matmul_into(x, w, y)
+    be.synchronize()
+    stream.begin_capture()
+    try:
+        for i in range(LAUNCHES):
+            be.matmul_into(x, copies[i % len(copies)], y)
+    finally:
+        graph = stream.end_capture()
+    return _events(cp, stream, lambda: graph.launch(stream), 5) / LAUNCHES
+
+
+def bench_shape(be: Any, cp: Any, shape: tuple[int, int, str], names: list[str], deadline: float,
+                rng: np.random.Generator) -> list[dict]:  # fmt: skip
     n, k, qtype = shape
     host = weight(rng, n, k, qtype)  # one drawing, uploaded to several places: same bytes
     w0 = be.load_weight(host)
@@ -136,21 +153,15 @@ def bench_shape(be: Any, cp: Any, shape: tuple[int, int, str], names: list[str],
     y = cp.empty((1, n), np.float32)
     moved = nbytes + 4 * (k + n)
     rows = []
-    stream = be._stream
     for name in names:
         if time.time() > deadline:
             break
-        be.set_config(TuningConfig.from_flat("cuda", CONFIGS[name]))
-        for w in copies:  # warm: kernels built, mmvw's Q8_1 form of x cached
-            be.matmul_into(x, w, y)
-        be.synchronize()
-        stream.begin_capture()
-        try:
-            for i in range(LAUNCHES):
-                be.matmul_into(x, copies[i % len(copies)], y)
-        finally:
-            graph = stream.end_capture()
-        t = _events(cp, stream, lambda g=graph: g.launch(stream), 5) / LAUNCHES
+        try:  # a config that fails (a build, a launch) is reported and the others go on
+            t = _time_config(be, cp, CONFIGS[name], x, copies, y)
+        except Exception as e:  # noqa: BLE001
+            print(f"{n}x{k} {qtype} {name}: {type(e).__name__}: {e}"[:400], flush=True)
+            rows.append({"shape": f"{n}x{k}", "qtype": qtype, "config": name, "error": str(e)})
+            continue
         row = {"shape": f"{n}x{k}", "qtype": qtype, "config": name, "us": t * 1e6,
                "gbs": moved / t / 1e9, "copies": len(copies)}  # fmt: skip
         rows.append(row)
@@ -202,6 +213,27 @@ def precompile(flats: list[dict]) -> int:
     return len(specs)
 
 
+def summary(rows: list[dict], names: list[str]) -> list[str]:
+    """Per shape: the best config, then each config's GB/s and share of the copy roof; last,
+    each config's mean share over the shapes every config ran on."""
+    out, shares = [], {n: [] for n in names}
+    shapes = list(dict.fromkeys((r["shape"], r["qtype"]) for r in rows))
+    for shape in shapes:
+        got = [r for r in rows if (r["shape"], r["qtype"]) == shape and "gbs" in r]
+        if not got:
+            continue
+        best = max(got, key=lambda r: r["gbs"])
+        out.append(f"{shape[0]} {shape[1]}: best {best['config']} {best['gbs']:.0f} GB/s "
+                   f"({best.get('of_copy', math.nan):.0%} of copy)")  # fmt: skip
+        if len(got) == len(names):
+            for r in got:
+                shares[r["config"]].append(r.get("of_copy", math.nan))
+    for n, v in shares.items():
+        if v:
+            out.append(f"  {n:16} mean {sum(v) / len(v):.1%} of copy over {len(v)} shapes")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, help="directory for gemv.json")
@@ -238,7 +270,12 @@ def main(argv: list[str] | None = None) -> int:
     be = backends.create("cuda")
     cp = be._cp
     sms = int(be.device_info().extra.get("sms", 132))
-    res: dict[str, Any] = {"device": be.device_info().name, **roofs(cp, be._stream, sms)}
+    res: dict[str, Any] = {"device": be.device_info().name}
+    try:
+        res |= roofs(cp, be._stream, sms)
+    except Exception as e:  # noqa: BLE001 - the GEMVs are still worth measuring
+        print(f"roofs: {type(e).__name__}: {e}", flush=True)
+        res |= {"copy_gbs": math.nan, "read_gbs": math.nan}
     print(f"copy {res['copy_gbs']:.0f} GB/s (read + write), read {res['read_gbs']:.0f} GB/s",
           flush=True)  # fmt: skip
     rng = np.random.default_rng(0)
@@ -251,12 +288,14 @@ def main(argv: list[str] | None = None) -> int:
             if a.out:
                 a.out.mkdir(parents=True, exist_ok=True)
                 (a.out / "gemv.json").write_text(json.dumps(res, indent=1))
-    for r in res["rows"]:
+    for r in (r for r in res["rows"] if "gbs" in r):
         r["of_copy"] = r["gbs"] / res["copy_gbs"]
         r["of_read"] = r["gbs"] / res["read_gbs"]
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)
         (a.out / "gemv.json").write_text(json.dumps(res, indent=1))
+    for line in summary(res["rows"], names):
+        print(line)
     if a.json:
         print(json.dumps(res))
     return 0
