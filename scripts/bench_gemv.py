@@ -44,6 +44,8 @@ CONFIGS: dict[str, dict] = {
     "mmvf_u4": _mmvf(unroll=4),
     "mmvf_u1": _mmvf(unroll=1),
     "mmvf_t32_r4_u1": _mmvf(threads_per_row=32, rows_per_thread=4, unroll=1),
+    "mmvf_r8_u1": _mmvf(rows_per_thread=8, unroll=1),
+    "mmvf_t32_r8_u1": _mmvf(threads_per_row=32, rows_per_thread=8, unroll=1),
     "mmvf_t8_r4_u4": _mmvf(threads_per_row=8, rows_per_thread=4, unroll=4),
     "mmvf_wl1": _mmvf(wload=1),
     "mmvf_wl2": _mmvf(wload=2),

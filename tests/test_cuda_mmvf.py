@@ -31,6 +31,7 @@ MMVF_CONFIGS = [
     ("t16-r2-u4-w8-mb8", {"warps": 8, "unroll": 4, "min_blocks": 8}),
     ("t8-r1-u2-w4-mb16", {"threads_per_row": 8, "rows_per_thread": 1, "min_blocks": 16}),
     ("t32-r4-u1-w4", {"threads_per_row": 32, "rows_per_thread": 4, "unroll": 1}),
+    ("t16-r8-u1", {"rows_per_thread": 8, "unroll": 1}),
 ]  # fmt: skip
 
 
