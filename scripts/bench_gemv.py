@@ -52,6 +52,9 @@ CONFIGS: dict[str, dict] = {
     "mmvf_w8": _mmvf(warps=8),
     "mmvf_w2": _mmvf(warps=2),
     "mmvf_mb8": _mmvf(min_blocks=8),
+    "mmvf_xs": _mmvf(xsmem=1),
+    "mmvf_r4_xs": _mmvf(rows_per_thread=4, xsmem=1),
+    "mmvf_t8_r4_u1_w8_xs": _mmvf(threads_per_row=8, rows_per_thread=4, unroll=1, warps=8, xsmem=1),
     "dmmv": {"matmul_decode.variant": "dmmv"},  # the float default before mmvf
     "mmvw": {"matmul_decode.variant": "mmvw"},  # int8 activations: the speed to approach
 }

@@ -32,6 +32,9 @@ MMVF_CONFIGS = [
     ("t8-r1-u2-w4-mb16", {"threads_per_row": 8, "rows_per_thread": 1, "min_blocks": 16}),
     ("t32-r4-u1-w4", {"threads_per_row": 32, "rows_per_thread": 4, "unroll": 1}),
     ("t16-r8-u1", {"rows_per_thread": 8, "unroll": 1}),
+    ("xs-t16-r2", {"xsmem": 1}),  # x from shared memory
+    ("xs-t8-r4-u1-w8", {"xsmem": 1, "threads_per_row": 8, "rows_per_thread": 4, "unroll": 1,
+                        "warps": 8}),
 ]  # fmt: skip
 
 
@@ -112,7 +115,10 @@ def test_mmvf_several_matrices_with_adds(cp, be, cid, knobs, n_mats):
         intact()
 
 
-@pytest.mark.parametrize("cid,knobs", MMVF_CONFIGS[:3], ids=[c[0] for c in MMVF_CONFIGS[:3]])
+FUSED = [*MMVF_CONFIGS[:3], MMVF_CONFIGS[-2]]
+
+
+@pytest.mark.parametrize("cid,knobs", FUSED, ids=[c[0] for c in FUSED])
 def test_mmvf_fused_ops_equal_the_unfused_schedule(cp, be, cid, knobs):
     """matmuls (three to a launch), matmul_add (the residual added as it stores), ffn (gate and
     up in one launch) and attn_in (q/k/v + biases in one launch): bit-equal to the base class's
@@ -148,8 +154,11 @@ def test_mmvf_fused_ops_equal_the_unfused_schedule(cp, be, cid, knobs):
     assert np.array_equal(be.download(c1.v[0]), be.download(c2.v[0]))
 
 
+MODEL = [*MMVF_CONFIGS[:2], MMVF_CONFIGS[-1]]
+
+
 @pytest.mark.parametrize("arch", ["qwen2", "qwen35", "qwen3next"])
-@pytest.mark.parametrize("cid,knobs", MMVF_CONFIGS[:2], ids=[c[0] for c in MMVF_CONFIGS[:2]])
+@pytest.mark.parametrize("cid,knobs", MODEL, ids=[c[0] for c in MODEL])
 def test_mmvf_model_graph_equals_eager_and_hooked(be, tiny_model_factory, arch, cid, knobs):
     """A tiny dense and hybrid model decoding under mmvf: graph replay bit-equal to eager, and
     the hooked (unfused, one launch per matmul) schedule the same tokens and logits."""

@@ -205,6 +205,7 @@ def _old_cuda_modules(cfg: TuningConfig) -> dict[str, tuple[str, dict]]:
                 "UNROLL": dec["unroll"],
                 "WLOAD": dec["wload"],
                 "MINB": dec["min_blocks"],
+                "XS": dec["xsmem"],
             },
         )
     elif dec.variant == "mmvw":  # added with the bindings: its knobs map one to one

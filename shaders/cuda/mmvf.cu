@@ -16,7 +16,8 @@
 // activation sums are computed once for all RPT rows.
 // Tunables (defines): TPR lanes per row (8, 16, 32), RPT rows per lane group, NW warps per
 // block, UNROLL slots per lane per iteration, WLOAD the K types' weight-load hint (vecdot.cuh
-// wld16), MINB blocks per SM for __launch_bounds__ (0: none). Rows per block: NW * 32/TPR * RPT.
+// wld16), MINB blocks per SM for __launch_bounds__ (0: none), XS 1: the block reads x from a
+// copy in shared memory (the launch gives K * 4 bytes). Rows per block: NW * 32/TPR * RPT.
 // Launch: grid nb0 + nb1 + nb2 blocks (block b < nb0 -> matrix 0, then 1, then 2), block NW*32;
 // kernel mmvf (any mix of types) or mmvf_<type> (every matrix of that type).
 // Types: Q4_0 Q4_1 Q5_0 Q8_0 Q4_K Q6_K (K % 256 == 0 for the K types); float weights use dmmv.
@@ -39,6 +40,9 @@
 #endif
 #ifndef MINB
 #define MINB 0
+#endif
+#ifndef XS
+#define XS 0
 #endif
 
 #if TPR != 8 && TPR != 16 && TPR != 32
@@ -78,10 +82,32 @@ struct FSlot {
     float sa, sb;
 };
 
-__device__ __forceinline__ void load16(const float* __restrict__ p, float4 (&v)[4], float& s) {
-    const float4* q = (const float4*)p;
+// XS: the block's copy of x in shared memory, float4 q stored at xswz<QT>(q): within each
+// aligned 8 float4s (128 bytes: the banks once) a rotation by higher bits of q, so the 8 lanes
+// of a quarter warp (the 8 slots of a block: every (p, h) of Q4_K, (h, c, lq) of Q6_K) read
+// 8 different bank groups in each of a slot's loads. A bijection within each 8: the staging
+// loop writes every float4 once.
+template <int QT> __device__ __forceinline__ int xswz(int q) {
+    if (QT == QT_Q4_K) return (q & ~7) | ((q + ((q >> 4) & 3)) & 7);
+    if (QT == QT_Q6_K) return (q & ~7) | ((q + ((q >> 3) & 1) + 2 * ((q >> 5) & 1)) & 7);
+    return q;
+}
+
+// float4 q of x: global (through L1) or, XS, the block's shared copy
+template <int QT> __device__ __forceinline__ float4 xld(const float* __restrict__ x, int q) {
+#if XS
+    return ((const float4*)x)[xswz<QT>(q)];
+#else
+    return __ldg((const float4*)x + q);
+#endif
+}
+
+// 16 floats from float4 q0 on, and their sum
+template <int QT>
+__device__ __forceinline__ void load16(const float* __restrict__ x, int q0, float4 (&v)[4],
+                                       float& s) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) v[i] = __ldg(q + i);
+    for (int i = 0; i < 4; ++i) v[i] = xld<QT>(x, q0 + i);
     s = (sum4(v[0]) + sum4(v[1])) + (sum4(v[2]) + sum4(v[3]));
 }
 
@@ -102,10 +128,10 @@ template <int QT> struct VF {  // the 32-value block types: slot = common.cuh's 
         int o0, o1;
         run_offsets<QT>(g % QTraits<QT>::GROUPS, o0, o1);
         const int kb = (g / QTraits<QT>::GROUPS) * QTraits<QT>::BK;
-        const float4* p0 = (const float4*)(x + kb + o0);
-        const float4* p1 = (const float4*)(x + kb + o1);
+        const int q0 = (kb + o0) / 4, q1 = (kb + o1) / 4;
         FSlot s;
-        s.a[0] = __ldg(p0), s.a[1] = __ldg(p0 + 1), s.b[0] = __ldg(p1), s.b[1] = __ldg(p1 + 1);
+        s.a[0] = xld<QT>(x, q0), s.a[1] = xld<QT>(x, q0 + 1);
+        s.b[0] = xld<QT>(x, q1), s.b[1] = xld<QT>(x, q1 + 1);
         s.sa = sum4(s.a[0]) + sum4(s.a[1]);
         s.sb = sum4(s.b[0]) + sum4(s.b[1]);
         return s;
@@ -156,10 +182,10 @@ template <> struct VF<QT_Q4_K> {
     }
     static __device__ __forceinline__ FSlot xload(int s, const float* __restrict__ x) {
         const int b = s >> 3, p = (s >> 1) & 3, h = s & 1;
-        const float* xa = x + 256 * b + 64 * p + 16 * h;
+        const int q = 64 * b + 16 * p + 4 * h;  // float4 index of x[256b + 64p + 16h]
         FSlot f;
-        load16(xa, f.a, f.sa);
-        load16(xa + 32, f.b, f.sb);
+        load16<QT_Q4_K>(x, q, f.a, f.sa);
+        load16<QT_Q4_K>(x, q + 8, f.b, f.sb);
         return f;
     }
     static __device__ __forceinline__ float dot(const WS& w, const FSlot& x, int s) {
@@ -206,10 +232,10 @@ template <> struct VF<QT_Q6_K> {
     }
     static __device__ __forceinline__ FSlot xload(int s, const float* __restrict__ x) {
         const int b = s >> 3, h = (s >> 2) & 1, c = (s >> 1) & 1, lq = s & 1;
-        const float* xa = x + 256 * b + 128 * h + 32 * c + 16 * lq;
+        const int q = 64 * b + 32 * h + 8 * c + 4 * lq;  // x[256b + 128h + 32c + 16lq]
         FSlot f;
-        load16(xa, f.a, f.sa);
-        load16(xa + 64, f.b, f.sb);
+        load16<QT_Q6_K>(x, q, f.a, f.sa);
+        load16<QT_Q6_K>(x, q + 16, f.b, f.sb);
         return f;
     }
     static __device__ __forceinline__ float dot(const WS& w, const FSlot& x, int s) {
@@ -285,11 +311,28 @@ __device__ __forceinline__ void mmvf_dot(const u8* __restrict__ W, int row_bytes
     }
 }
 
+// XS: the block copies x [K] into shared memory (K * 4 bytes of dynamic shared memory, given
+// by the launch) in xswz order, then its rows read it there. Every thread of the block calls
+// it (the barrier), before any group leaves.
+template <int QT> __device__ __forceinline__ const float* mmvf_x(const float* __restrict__ x,
+                                                                  int K) {
+#if XS
+    extern __shared__ float4 mmvf_xs[];
+    for (int i = threadIdx.x; i < K / 4; i += blockDim.x)
+        mmvf_xs[xswz<QT>(i)] = __ldg((const float4*)x + i);
+    __syncthreads();
+    return (const float*)mmvf_xs;
+#else
+    return x;
+#endif
+}
+
 template <int QT>
 __device__ __forceinline__ void mmvf_rows(const u8* __restrict__ W, int row_bytes, int N, int K,
                                           const float* __restrict__ x, float* Y, const float* A,
                                           int bi) {
     const int g = threadIdx.x / TPR, lane = threadIdx.x % TPR;
+    x = mmvf_x<QT>(x, K);
     const int row0 = (bi * MMVF_GROUPS + g) * RPT;
     if (row0 >= N) return;  // whole groups leave together: the shuffles stay full
     float acc[RPT];

@@ -58,6 +58,7 @@ class CudaFloatDecodeOps:
         self._launch(
             "mmvf", name, (sum(nbs),), (int(c["warps"]) * 32,),
             (x, np.int32(mats[0][0].k), np.int32(nbs[0]), np.int32(nbs[1]), *args),
+            smem=4 * mats[0][0].k if int(c["xsmem"]) else 0,  # xsmem: the block's copy of x
             pdl=True,
         )  # fmt: skip
 

@@ -101,6 +101,15 @@ REGISTRY.register(
                     "blocks per SM __launch_bounds__ sizes registers for (0: no bound)",
                     define("MINB"),
                 ),
+                Param(
+                    "xsmem",
+                    (0, 1),
+                    0,
+                    "1: each block first copies the activation row into shared memory (K * 4 "
+                    "bytes, a bank-conflict-free layout per type) and reads it there instead of "
+                    "through L1, where a slot's 64-byte runs cost a cache line each per load",
+                    define("XS"),
+                ),
             ),
             quant_types=ALL_TYPES,
             source="cuda/mmvf.cu",
