@@ -85,7 +85,11 @@ class CudaHybridOps:
         """Under matmul_decode.float_ssm_in an int8 decode row's delta-net input projections
         take the float dmmv path (the registry default's kernel), the rest stays int8."""
         dec = self.config.op("matmul_decode")
-        if int(x.shape[0]) != 1 or dec.variant == "dmmv" or not int(dec["float_ssm_in"]):
+        if (
+            int(x.shape[0]) != 1
+            or dec.variant not in ("mmvq", "mmvw")  # the float variants (mmvf, dmmv): as is
+            or not int(dec["float_ssm_in"])
+        ):
             return self.matmuls(x, ws)
         x = self._decode_row(x)
         outs = []
