@@ -35,26 +35,29 @@ def _mmvf(**k: int) -> dict:
 
 
 # name -> flat config (the registry's names; defaults where not given)
-CONFIGS: dict[str, dict] = {
-    "mmvf": MMVF,
-    "mmvf_t32": _mmvf(threads_per_row=32),
+CONFIGS: dict[str, dict] = {  # mmvf_*: the registry defaults (threads 32, rows 2, unroll 2,
+    "mmvf": MMVF,  # warps 4) but for the knobs the name gives
+    "mmvf_t16": _mmvf(threads_per_row=16),
+    "mmvf_t16_r4": _mmvf(threads_per_row=16, rows_per_thread=4),
     "mmvf_t8": _mmvf(threads_per_row=8),
-    "mmvf_r1_u4": _mmvf(rows_per_thread=1, unroll=4),
     "mmvf_r4": _mmvf(rows_per_thread=4),
+    "mmvf_r4_u1": _mmvf(rows_per_thread=4, unroll=1),
+    "mmvf_r4_w8": _mmvf(rows_per_thread=4, warps=8),
     "mmvf_u4": _mmvf(unroll=4),
     "mmvf_u1": _mmvf(unroll=1),
-    "mmvf_t32_r4_u1": _mmvf(threads_per_row=32, rows_per_thread=4, unroll=1),
+    "mmvf_r1_u4": _mmvf(rows_per_thread=1, unroll=4),
     "mmvf_r8_u1": _mmvf(rows_per_thread=8, unroll=1),
-    "mmvf_t32_r8_u1": _mmvf(threads_per_row=32, rows_per_thread=8, unroll=1),
-    "mmvf_t8_r4_u4": _mmvf(threads_per_row=8, rows_per_thread=4, unroll=4),
-    "mmvf_wl1": _mmvf(wload=1),
-    "mmvf_wl2": _mmvf(wload=2),
-    "mmvf_w8": _mmvf(warps=8),
-    "mmvf_w2": _mmvf(warps=2),
-    "mmvf_mb8": _mmvf(min_blocks=8),
+    "mmvf_t64": _mmvf(threads_per_row=64),
+    "mmvf_t64_r4_u1": _mmvf(threads_per_row=64, rows_per_thread=4, unroll=1),
+    "mmvf_t128_w8": _mmvf(threads_per_row=128, warps=8),
+    "mmvf_t128_r4_u1_w8": _mmvf(threads_per_row=128, rows_per_thread=4, unroll=1, warps=8),
     "mmvf_xs": _mmvf(xsmem=1),
     "mmvf_r4_xs": _mmvf(rows_per_thread=4, xsmem=1),
+    "mmvf_t16_xs": _mmvf(threads_per_row=16, xsmem=1),
+    "mmvf_t16_r4_xs": _mmvf(threads_per_row=16, rows_per_thread=4, xsmem=1),
     "mmvf_t8_r4_u1_w8_xs": _mmvf(threads_per_row=8, rows_per_thread=4, unroll=1, warps=8, xsmem=1),
+    "mmvf_wl1": _mmvf(wload=1),
+    "mmvf_mb8": _mmvf(min_blocks=8),
     "dmmv": {"matmul_decode.variant": "dmmv"},  # the float default before mmvf
     "mmvw": {"matmul_decode.variant": "mmvw"},  # int8 activations: the speed to approach
 }

@@ -28,11 +28,14 @@ MMVF_CONFIGS = [
                              "warps": 2, "wload": 1, "min_blocks": 4}),
     ("t32-r1-u1-w1-wl2-mb12", {"threads_per_row": 32, "rows_per_thread": 1, "unroll": 1,
                                "warps": 1, "wload": 2, "min_blocks": 12}),
-    ("t16-r2-u4-w8-mb8", {"warps": 8, "unroll": 4, "min_blocks": 8}),
+    ("r2-u4-w8-mb8", {"warps": 8, "unroll": 4, "min_blocks": 8}),
     ("t8-r1-u2-w4-mb16", {"threads_per_row": 8, "rows_per_thread": 1, "min_blocks": 16}),
     ("t32-r4-u1-w4", {"threads_per_row": 32, "rows_per_thread": 4, "unroll": 1}),
-    ("t16-r8-u1", {"rows_per_thread": 8, "unroll": 1}),
-    ("xs-t16-r2", {"xsmem": 1}),  # x from shared memory
+    ("r8-u1", {"rows_per_thread": 8, "unroll": 1}),
+    # a row over 2 / 4 warps, their sums met in shared memory
+    ("t64-r4-u1", {"threads_per_row": 64, "rows_per_thread": 4, "unroll": 1}),
+    ("t128-r2-w8", {"threads_per_row": 128, "warps": 8}),
+    ("xs-t16-r2", {"threads_per_row": 16, "xsmem": 1}),  # x from shared memory
     ("xs-t8-r4-u1-w8", {"xsmem": 1, "threads_per_row": 8, "rows_per_thread": 4, "unroll": 1,
                         "warps": 8}),
 ]  # fmt: skip
@@ -115,7 +118,7 @@ def test_mmvf_several_matrices_with_adds(cp, be, cid, knobs, n_mats):
         intact()
 
 
-FUSED = [*MMVF_CONFIGS[:3], MMVF_CONFIGS[-2]]
+FUSED = [*MMVF_CONFIGS[:3], MMVF_CONFIGS[-2], MMVF_CONFIGS[-3]]
 
 
 @pytest.mark.parametrize("cid,knobs", FUSED, ids=[c[0] for c in FUSED])
@@ -154,7 +157,7 @@ def test_mmvf_fused_ops_equal_the_unfused_schedule(cp, be, cid, knobs):
     assert np.array_equal(be.download(c1.v[0]), be.download(c2.v[0]))
 
 
-MODEL = [*MMVF_CONFIGS[:2], MMVF_CONFIGS[-1]]
+MODEL = [*MMVF_CONFIGS[:2], MMVF_CONFIGS[-1], MMVF_CONFIGS[-4]]
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "qwen35", "qwen3next"])

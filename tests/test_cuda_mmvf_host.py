@@ -34,8 +34,10 @@ def _decode(tiny_model_factory, arch: str, flat: dict):  # noqa: ANN202
 @pytest.mark.parametrize(
     "knobs",
     [{}, {"matmul_decode.threads_per_row": 8, "matmul_decode.rows_per_thread": 4,
-          "matmul_decode.warps": 2}],
-    ids=["defaults", "t8-r4-w2"],
+          "matmul_decode.warps": 2},
+     {"matmul_decode.threads_per_row": 128, "matmul_decode.warps": 8,
+      "matmul_decode.xsmem": 1}],
+    ids=["defaults", "t8-r4-w2", "t128-w8-xs"],
 )  # fmt: skip
 def test_dense_decode_step_is_four_mmvf_launches_a_layer(tiny_model_factory, knobs):
     be, launches, m = _decode(tiny_model_factory, "qwen2", knobs)
@@ -56,6 +58,8 @@ def test_dense_decode_step_is_four_mmvf_launches_a_layer(tiny_model_factory, kno
         types = {int(x.args[7 + 6 * i]) for i in range(3) if Ns[i]}
         assert (x.kernel == "mmvf") == (len(types) > 1), (x.kernel, types)
         assert x.fname == "mmvf.cu" and x.defines["TPR"] == int(c["threads_per_row"])
+        K = int(x.args[1])  # xsmem: the block's copy of x in dynamic shared memory
+        assert x.smem == (4 * K if int(c["xsmem"]) else 0)
 
 
 @pytest.mark.parametrize("arch", ["qwen35", "qwen3next"])

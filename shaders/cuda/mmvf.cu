@@ -5,7 +5,8 @@
 //
 // Variant (engine/tuning/kernels/cuda.py): matmul_decode.mmvf, the CUDA default. dmmv's
 // arithmetic class (float32 activations, float32 products and sums: order_only) with mmvw's
-// memory shape: a group of TPR lanes (inside one warp) walks RPT rows; a lane takes every
+// memory shape: a group of TPR lanes (inside one warp, or TPR / 32 whole warps) walks RPT
+// rows; a lane takes every
 // TPR-th slot (Q4_K / Q6_K: 32 weights from one 16-byte load of quants) and UNROLL slots per
 // iteration, issuing all UNROLL * RPT weight loads before it uses any. Partial sums meet by
 // shuffles (no shared memory, no barrier).
@@ -14,7 +15,9 @@
 // flight; the H200 then streams weights at ~0.7 TB/s. Here a quant becomes a float by one byte
 // permute into the mantissa of 2^23 and one exact subtraction (to_f below), and every slot's
 // activation sums are computed once for all RPT rows.
-// Tunables (defines): TPR lanes per row (8, 16, 32), RPT rows per lane group, NW warps per
+// Tunables (defines): TPR lanes per row (8, 16, 32; 64 and 128: a row's warps meet in shared
+// memory, in a fixed order, so rows are few per block where N is small), RPT rows per lane
+// group, NW warps per
 // block, UNROLL slots per lane per iteration, WLOAD the K types' weight-load hint (vecdot.cuh
 // wld16), MINB blocks per SM for __launch_bounds__ (0: none), XS 1: the block reads x from a
 // copy in shared memory (the launch gives K * 4 bytes). Rows per block: NW * 32/TPR * RPT.
@@ -27,7 +30,7 @@
 #include "vecdot.cuh"
 
 #ifndef TPR
-#define TPR 16
+#define TPR 32
 #endif
 #ifndef RPT
 #define RPT 2
@@ -45,8 +48,11 @@
 #define XS 0
 #endif
 
-#if TPR != 8 && TPR != 16 && TPR != 32
-#error "TPR must be 8, 16 or 32 (a row's lanes sit inside one warp)"
+#if TPR != 8 && TPR != 16 && TPR != 32 && TPR != 64 && TPR != 128
+#error "TPR must be 8, 16, 32, 64 or 128"
+#endif
+#if TPR > NW * 32
+#error "TPR > 32 spans TPR / 32 warps of the block: NW * 32 >= TPR"
 #endif
 #if MINB > 0
 #define MMVF_BOUNDS_MINB , MINB
@@ -302,13 +308,32 @@ __device__ __forceinline__ void mmvf_dot(const u8* __restrict__ W, int row_bytes
             }
         }
     }
+    constexpr int G = TPR < 32 ? TPR : 32;  // the group's lanes within one warp
     const unsigned mask =
-        TPR == 32 ? 0xffffffffu : ((1u << TPR) - 1u) << ((threadIdx.x & 31) & ~(TPR - 1));
+        G == 32 ? 0xffffffffu : ((1u << G) - 1u) << ((threadIdx.x & 31) & ~(G - 1));
 #pragma unroll
     for (int r = 0; r < RPT; ++r) {
 #pragma unroll
-        for (int o = TPR / 2; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(mask, acc[r], o);
+        for (int o = G / 2; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(mask, acc[r], o);
     }
+#if TPR > 32
+    // the group's TPR / 32 warps: each warp's sums through shared memory, added in warp order
+    // by every lane of the group (the whole block calls this: no group leaves early)
+    __shared__ float red[NW][RPT];
+    if ((threadIdx.x & 31) == 0) {
+#pragma unroll
+        for (int r = 0; r < RPT; ++r) red[threadIdx.x / 32][r] = acc[r];
+    }
+    __syncthreads();
+    const int w0 = threadIdx.x / TPR * (TPR / 32);
+#pragma unroll
+    for (int r = 0; r < RPT; ++r) {
+        float v = 0.f;
+#pragma unroll
+        for (int i = 0; i < TPR / 32; ++i) v += red[w0 + i][r];
+        acc[r] = v;
+    }
+#endif
 }
 
 // XS: the block copies x [K] into shared memory (K * 4 bytes of dynamic shared memory, given
@@ -334,7 +359,9 @@ __device__ __forceinline__ void mmvf_rows(const u8* __restrict__ W, int row_byte
     const int g = threadIdx.x / TPR, lane = threadIdx.x % TPR;
     x = mmvf_x<QT>(x, K);
     const int row0 = (bi * MMVF_GROUPS + g) * RPT;
+#if TPR <= 32
     if (row0 >= N) return;  // whole groups leave together: the shuffles stay full
+#endif  // (TPR > 32: every thread reaches the barrier; rows past N are clamped, not written)
     float acc[RPT];
     mmvf_dot<QT>(W, row_bytes, N, K, x, row0, acc);
     if (lane == 0) {

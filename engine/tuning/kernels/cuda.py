@@ -77,9 +77,12 @@ REGISTRY.register(
             params=(
                 Param(
                     "threads_per_row",
-                    (8, 16, 32),
-                    16,
-                    "lanes splitting a row (a group inside one warp; shuffles, no barrier)",
+                    (8, 16, 32, 64, 128),
+                    32,
+                    "lanes splitting a row: a group inside one warp (shuffles, no barrier), or "
+                    "64 / 128 lanes of 2 / 4 warps meeting in shared memory (more blocks where N "
+                    "is small). 32, the default, measured best over the 7B/9B shapes on the H200 "
+                    "(twice the blocks of 16 where N is 3-4k)",
                     define("TPR"),
                 ),
                 Param(
@@ -122,6 +125,16 @@ REGISTRY.register(
                     "bytes, a bank-conflict-free layout per type) and reads it there instead of "
                     "through L1, where a slot's 64-byte runs cost a cache line each per load",
                     define("XS"),
+                ),
+            ),
+            constraints=(
+                Constraint(
+                    "mmvf: threads_per_row <= 32 * warps (a row's warps are in one block)",
+                    lambda cfg, dev: (
+                        cfg.op("matmul_decode").variant != "mmvf"
+                        or _p(cfg, "matmul_decode", "threads_per_row")
+                        <= 32 * _p(cfg, "matmul_decode", "warps")
+                    ),
                 ),
             ),
             quant_types=ALL_TYPES,
