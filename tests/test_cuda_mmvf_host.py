@@ -77,3 +77,18 @@ def test_hybrid_projections_go_three_to_a_launch(tiny_model_factory, arch):
         "dmmv_bf16",
     }
     assert len(mmvf_launches) < len(dmmv_launches)
+
+
+def test_xsmem_row_longer_than_shared_memory_takes_dmmv():
+    """Under xsmem a block holds x in shared memory: a row past what a block may opt in to
+    (the fake H200: 232,448 bytes, 58k floats) goes to dmmv, a shorter one to mmvf."""
+    from engine.gguf_model import QTensor
+    from engine.quantize import random_quantized
+
+    be = FakeCuda(TuningConfig.from_flat("cuda", {"matmul_decode.xsmem": 1}))
+    rng = np.random.default_rng(0)
+    for K, kernel in ((61440, "dmmv_q8_0"), (4096, "mmvf_q8_0")):
+        w = be.load_weight(QTensor("w", "Q8_0", (3, K), random_quantized(rng, (3, K), "Q8_0", 0.1)))
+        be.launches.clear()
+        be.matmul(be.upload(np.ones((1, K), np.float32)), w)
+        assert [x.kernel for x in be.launches] == [kernel]

@@ -510,7 +510,7 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
                 self._mmvq(x, w, y, dec)
             elif dec.variant == "mmvw" and w.qtype in BLOCK_TYPES:
                 self._mmvw(x, [(w, y, None)])
-            elif dec.variant == "mmvf" and w.qtype in BLOCK_TYPES:
+            elif dec.variant == "mmvf" and w.qtype in BLOCK_TYPES and self._mmvf_fits(K):
                 self._mmvf(x, [(w, y, None)])
             else:
                 c = dec if dec.variant == "dmmv" else kernels.DECODE_FALLBACK

@@ -35,8 +35,19 @@ class CudaFloatDecodeOps:
         return (
             int(x.shape[0]) == 1
             and self._mmvf_on()
+            and self._mmvf_fits(K)
             and all(w.raw is not None and w.qtype in BLOCK_TYPES and w.k == K for w in ws)
         )
+
+    def _mmvf_fits(self, K: int) -> bool:
+        """Under xsmem a block holds x (K floats) in shared memory: K must fit what a block may
+        opt in to (the kernel's static shared memory aside); a longer row takes dmmv."""
+        if not int(self.config.op("matmul_decode")["xsmem"]):
+            return True
+        cap = self.__dict__.get("_xs_cap")
+        if cap is None:  # device_info() builds its answer anew: once per backend
+            cap = self._xs_cap = int(self.device_info().extra.get("smem_per_block_optin", 0))
+        return 4 * K <= cap - 1024
 
     def _mmvf(self, x: Any, mats: list[tuple[Any, Any, Any]]) -> None:
         """For each (w, y, a) of up to three: y = x @ w^T (+ a, N floats, when not None), in
