@@ -56,6 +56,10 @@ CONFIGS: dict[str, dict] = {  # mmvf_*: the registry defaults (threads 32, rows 
     "mmvf_t16_xs": _mmvf(threads_per_row=16, xsmem=1),
     "mmvf_t16_r4_xs": _mmvf(threads_per_row=16, rows_per_thread=4, xsmem=1),
     "mmvf_t8_r4_u1_w8_xs": _mmvf(threads_per_row=8, rows_per_thread=4, unroll=1, warps=8, xsmem=1),
+    "mmvf_q4p": _mmvf(q4k_pair=1),
+    "mmvf_q4p_u1": _mmvf(q4k_pair=1, unroll=1),
+    "mmvf_q4p_r4_u1": _mmvf(q4k_pair=1, rows_per_thread=4, unroll=1),
+    "mmvf_q4p_t16_r4_u1": _mmvf(q4k_pair=1, threads_per_row=16, rows_per_thread=4, unroll=1),
     "mmvf_wl1": _mmvf(wload=1),
     "mmvf_mb8": _mmvf(min_blocks=8),
     "dmmv": {"matmul_decode.variant": "dmmv"},  # the float default before mmvf

@@ -38,6 +38,10 @@ MMVF_CONFIGS = [
     ("xs-t16-r2", {"threads_per_row": 16, "xsmem": 1}),  # x from shared memory
     ("xs-t8-r4-u1-w8", {"xsmem": 1, "threads_per_row": 8, "rows_per_thread": 4, "unroll": 1,
                         "warps": 8}),
+    # a Q4_K slot of 64 weights (a sub-block pair)
+    ("q4p", {"q4k_pair": 1}),
+    ("q4p-t16-r4-u1-xs", {"q4k_pair": 1, "threads_per_row": 16, "rows_per_thread": 4,
+                          "unroll": 1, "xsmem": 1}),
 ]  # fmt: skip
 
 
@@ -118,7 +122,12 @@ def test_mmvf_several_matrices_with_adds(cp, be, cid, knobs, n_mats):
         intact()
 
 
-FUSED = [*MMVF_CONFIGS[:3], MMVF_CONFIGS[-2], MMVF_CONFIGS[-3]]
+def _pick(*ids: str) -> list:
+    return [c for c in MMVF_CONFIGS if c[0] in ids]
+
+
+FUSED = _pick("defaults", "t8-r4-u4-w2-wl1-mb4", "t32-r1-u1-w1-wl2-mb12", "xs-t16-r2",
+              "t128-r2-w8", "q4p")  # fmt: skip
 
 
 @pytest.mark.parametrize("cid,knobs", FUSED, ids=[c[0] for c in FUSED])
@@ -157,7 +166,7 @@ def test_mmvf_fused_ops_equal_the_unfused_schedule(cp, be, cid, knobs):
     assert np.array_equal(be.download(c1.v[0]), be.download(c2.v[0]))
 
 
-MODEL = [*MMVF_CONFIGS[:2], MMVF_CONFIGS[-1], MMVF_CONFIGS[-4]]
+MODEL = _pick("defaults", "t8-r4-u4-w2-wl1-mb4", "xs-t8-r4-u1-w8", "t64-r4-u1", "q4p-t16-r4-u1-xs")
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "qwen35", "qwen3next"])

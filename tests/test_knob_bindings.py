@@ -206,6 +206,7 @@ def _old_cuda_modules(cfg: TuningConfig) -> dict[str, tuple[str, dict]]:
                 "WLOAD": dec["wload"],
                 "MINB": dec["min_blocks"],
                 "XS": dec["xsmem"],
+                "Q4P": dec["q4k_pair"],
             },
         )
     elif dec.variant == "mmvw":  # added with the bindings: its knobs map one to one

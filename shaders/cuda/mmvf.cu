@@ -20,7 +20,8 @@
 // group, NW warps per
 // block, UNROLL slots per lane per iteration, WLOAD the K types' weight-load hint (vecdot.cuh
 // wld16), MINB blocks per SM for __launch_bounds__ (0: none), XS 1: the block reads x from a
-// copy in shared memory (the launch gives K * 4 bytes). Rows per block: NW * 32/TPR * RPT.
+// copy in shared memory (the launch gives K * 4 bytes), Q4P 1: a Q4_K slot is a whole
+// sub-block pair (64 weights) instead of half of one. Rows per block: NW * 32/TPR * RPT.
 // Launch: grid nb0 + nb1 + nb2 blocks (block b < nb0 -> matrix 0, then 1, then 2), block NW*32;
 // kernel mmvf (any mix of types) or mmvf_<type> (every matrix of that type).
 // Types: Q4_0 Q4_1 Q5_0 Q8_0 Q4_K Q6_K (K % 256 == 0 for the K types); float weights use dmmv.
@@ -47,6 +48,11 @@
 #ifndef XS
 #define XS 0
 #endif
+#ifndef Q4P
+#define Q4P 0
+#endif
+// Q4P: a Q4_K slot is a sub-block pair (VF<QT_Q4K_PAIR>), not half of one
+#define QT_Q4K_PAIR 112
 
 #if TPR != 8 && TPR != 16 && TPR != 32 && TPR != 64 && TPR != 128
 #error "TPR must be 8, 16, 32, 64 or 128"
@@ -94,7 +100,7 @@ struct FSlot {
 // 8 different bank groups in each of a slot's loads. A bijection within each 8: the staging
 // loop writes every float4 once.
 template <int QT> __device__ __forceinline__ int xswz(int q) {
-    if (QT == QT_Q4_K) return (q & ~7) | ((q + ((q >> 4) & 3)) & 7);
+    if (QT == QT_Q4_K || QT == QT_Q4K_PAIR) return (q & ~7) | ((q + ((q >> 4) & 3)) & 7);
     if (QT == QT_Q6_K) return (q & ~7) | ((q + ((q >> 3) & 1) + 2 * ((q >> 5) & 1)) & 7);
     return q;
 }
@@ -262,10 +268,61 @@ template <> struct VF<QT_Q6_K> {
     }
 };
 
+// Q4P: Q4_K slot s = (block b, pair p): both 16-byte halves of qs[32p ..+32] (elements 64p + j
+// low nibbles, 64p + 32 + j high, j < 32), one header load and one scale decode for 64 weights
+// (half of the header loads, scale work and address arithmetic of VF<QT_Q4_K> per weight).
+struct FSlot2 {
+    float4 a0[4], a1[4], b0[4], b1[4];  // x[64p + 0..15], [16..31], [32..47], [48..63]
+    float sa, sb;
+};
+template <> struct VF<QT_Q4K_PAIR> {
+    struct WS {
+        uint4 q0, q1, hd;
+    };
+    static __device__ __forceinline__ int slots(int K) { return K / 64; }
+    static __device__ __forceinline__ WS wload(const u8* __restrict__ row, int s) {
+        const u8* blk = row + 144 * (s >> 2) + 16 + 32 * (s & 3);
+        WS w;
+        w.q0 = wld16(blk);
+        w.q1 = wld16(blk + 16);
+        w.hd = ldg16(row + 144 * (s >> 2));
+        return w;
+    }
+    static __device__ __forceinline__ FSlot2 xload(int s, const float* __restrict__ x) {
+        const int q = 64 * (s >> 2) + 16 * (s & 3);  // float4 index of x[256b + 64p]
+        FSlot2 f;
+        float s0, s1, s2, s3;
+        load16<QT_Q4K_PAIR>(x, q, f.a0, s0);
+        load16<QT_Q4K_PAIR>(x, q + 4, f.a1, s1);
+        load16<QT_Q4K_PAIR>(x, q + 8, f.b0, s2);
+        load16<QT_Q4K_PAIR>(x, q + 12, f.b1, s3);
+        f.sa = s0 + s1;
+        f.sb = s2 + s3;
+        return f;
+    }
+    static __device__ __forceinline__ float dot(const WS& w, const FSlot2& x, int s) {
+        const u32 q0[4] = {w.q0.x, w.q0.y, w.q0.z, w.q0.w};
+        const u32 q1[4] = {w.q1.x, w.q1.y, w.q1.z, w.q1.w};
+        float qa0 = 0.f, qa1 = 0.f, qb0 = 0.f, qb1 = 0.f;  // four chains (latency)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            qa0 = dot4(q0[i] & 0x0F0F0F0Fu, x.a0[i], MAGIC, qa0);
+            qa1 = dot4(q1[i] & 0x0F0F0F0Fu, x.a1[i], MAGIC, qa1);
+            qb0 = dot4((q0[i] >> 4) & 0x0F0F0F0Fu, x.b0[i], MAGIC, qb0);
+            qb1 = dot4((q1[i] >> 4) & 0x0F0F0F0Fu, x.b1[i], MAGIC, qb1);
+        }
+        const u32 sm = q4k_scales4(w.hd, s & 3);
+        const float d = h2f((u16)(w.hd.x & 0xFFFF)), dmin = h2f((u16)(w.hd.x >> 16));
+        const float sc0 = to_f(sm, 0, MAGIC), sc1 = to_f(sm, 1, MAGIC);
+        const float m0 = to_f(sm, 2, MAGIC), m1 = to_f(sm, 3, MAGIC);
+        return d * (sc0 * (qa0 + qa1) + sc1 * (qb0 + qb1)) - dmin * (m0 * x.sa + m1 * x.sb);
+    }
+};
+
 // The 32-value types' dot takes no slot index; one call shape for all.
-template <int QT>
-__device__ __forceinline__ float vf_dot(const typename VF<QT>::WS& w, const FSlot& x, int s) {
-    if constexpr (QT == QT_Q4_K || QT == QT_Q6_K) {
+template <int QT, typename SlotT>
+__device__ __forceinline__ float vf_dot(const typename VF<QT>::WS& w, const SlotT& x, int s) {
+    if constexpr (QT == QT_Q4_K || QT == QT_Q6_K || QT == QT_Q4K_PAIR) {
         return VF<QT>::dot(w, x, s);
     } else {
         return VF<QT>::dot(w, x);
@@ -302,7 +359,7 @@ __device__ __forceinline__ void mmvf_dot(const u8* __restrict__ W, int row_bytes
         for (int u = 0; u < UNROLL; ++u) {
             const int s = s0 + u * TPR;
             if (s < ns) {
-                const FSlot xs = VF<QT>::xload(s, x);
+                const auto xs = VF<QT>::xload(s, x);
 #pragma unroll
                 for (int r = 0; r < RPT; ++r) acc[r] += vf_dot<QT>(w[u][r], xs, s);
             }
@@ -357,13 +414,14 @@ __device__ __forceinline__ void mmvf_rows(const u8* __restrict__ W, int row_byte
                                           const float* __restrict__ x, float* Y, const float* A,
                                           int bi) {
     const int g = threadIdx.x / TPR, lane = threadIdx.x % TPR;
-    x = mmvf_x<QT>(x, K);
+    constexpr int QE = Q4P && QT == QT_Q4_K ? QT_Q4K_PAIR : QT;  // the slot form of the type
+    x = mmvf_x<QE>(x, K);
     const int row0 = (bi * MMVF_GROUPS + g) * RPT;
 #if TPR <= 32
     if (row0 >= N) return;  // whole groups leave together: the shuffles stay full
 #endif  // (TPR > 32: every thread reaches the barrier; rows past N are clamped, not written)
     float acc[RPT];
-    mmvf_dot<QT>(W, row_bytes, N, K, x, row0, acc);
+    mmvf_dot<QE>(W, row_bytes, N, K, x, row0, acc);
     if (lane == 0) {
 #pragma unroll
         for (int r = 0; r < RPT; ++r) {

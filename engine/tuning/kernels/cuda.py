@@ -126,6 +126,15 @@ REGISTRY.register(
                     "through L1, where a slot's 64-byte runs cost a cache line each per load",
                     define("XS"),
                 ),
+                Param(
+                    "q4k_pair",
+                    (0, 1),
+                    0,
+                    "1: a lane's Q4_K slot is a whole sub-block pair (64 weights, two 16-byte "
+                    "quant loads) instead of half of one: one header load and scale decode per "
+                    "64 weights, not 32",
+                    define("Q4P"),
+                ),
             ),
             constraints=(
                 Constraint(
