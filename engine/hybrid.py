@@ -109,6 +109,8 @@ class HybridModel(Model):
             h = tap("rms_norm", "post_attention_norm", i, h, pos0)
             if fused and s.moe is None:
                 x = b.ffn(h, *(w[p + f"ffn_{t}.weight"] for t in ("gate", "up", "down")), x)
+            elif fused and not self.routes:  # (validate's forced routing: the op-by-op _ffn)
+                x = b.moe_ffn(h, x, *self._moe_weights(i))
             else:
                 x = tap("add", "ffn_residual", i, b.add(x, self._ffn(h, i, pos0)), pos0)
         return x
@@ -200,6 +202,16 @@ class HybridModel(Model):
             mask[t] = -1e4  # exp underflows to 0 in float32 softmax; finite, so no NaN
             mask[t, ids] = 0.0
         return b.add(logits, b.upload(mask))
+
+    def _moe_weights(self, i: int) -> tuple:
+        """moe_ffn's weights of layer i: router, k, (gate, up, down), shared expert or None."""
+        w, p = self.weights, f"blk.{i}."
+        experts = tuple(w[p + f"ffn_{t}_exps.weight"] for t in ("gate", "up", "down"))
+        shared = None
+        if p + "ffn_up_shexp.weight" in w:
+            names = ("gate_inp_shexp", "gate_shexp", "up_shexp", "down_shexp")
+            shared = tuple(w[p + f"ffn_{t}.weight"] for t in names)
+        return w[p + "ffn_gate_inp.weight"], self.spec.moe.n_expert_used, experts, shared
 
     def _ffn(self, h: Tensor, i: int, pos0: int) -> Tensor:
         b, w, moe, p = self.backend, self.weights, self.spec.moe, f"blk.{i}."

@@ -40,6 +40,8 @@ VARIANTS: dict[str, dict] = {
     "chunked32": {"delta_net.variant": "chunked", "delta_net.chunk": 32},
     "grouped": {"moe_experts.variant": "grouped"},
     "moe_q8": {"moe_experts.variant": "mmvq"},  # int8 experts (gate + up + SwiGLU fused)
+    # the MoE FFN op by op at decode (sixteen launches a layer; the default fuses it in three)
+    "moe_unfused": {"moe_experts.fuse_decode": 0},
     "mmq8": {"matmul_prefill.variant": "mmq8"},
     # on the H200 (9B tg64) mmvw alone 267, mmvw + PDL + chunked + argmax.multi 248: PDL and
     # argmax.multi stay out of fast until measured apart (mmvw_pdl)

@@ -428,6 +428,28 @@ class Backend(ABC):
         [E, F, C], down [E, C, F]; x [T, C] -> [T, C]."""
         raise self._no_hybrid("moe_experts")
 
+    def moe_ffn(
+        self,
+        h: Tensor,
+        r: Tensor,
+        router: Weight,
+        k: int,
+        experts: tuple[Weight, Weight, Weight],
+        shared: tuple[Weight, Weight, Weight, Weight] | None = None,
+    ) -> Tensor:
+        """r + a MoE FFN of h: router (logits h @ router^T, router_topk), the routed experts
+        (gate, up, down: moe_experts) and, with shared = (gate_inp_shexp, gate, up, down), the
+        shared expert scaled by sigmoid(h @ gate_inp_shexp^T). The op-by-op schedule of
+        engine/hybrid.py's _ffn, in its order; a backend may run it in fewer launches."""
+        ids, w = self.router_topk(self.matmul(h, router), k)
+        y = self.moe_experts(h, ids, w, *experts)
+        if shared is not None:
+            sg, gate, up, down = shared
+            sh = self.swiglu(*self.matmuls(h, (gate, up)))
+            sh = self.matmul(sh, down)
+            y = self.add(y, self.sigmoid_mul(self.matmul(h, sg), sh))
+        return self.add(r, y)
+
     def registry_op(self, op: str, n: int) -> str:
         """The registry op that runs schedule op ``op`` on n tokens (validate's blame names it);
         backends whose dispatch differs (CUDA: batched DMMV below gemm_min_t) override this."""

@@ -12,6 +12,7 @@
 // Every kernel starts with pdl_start() (common.cuh): under matmul_decode.pdl the backend chains
 // them into the decode step's programmatic dependent launches.
 #include "common.cuh"
+#include "topk.cuh"
 
 #define GRID_STRIDE(i, n)                                                              \
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (n); \
@@ -139,45 +140,13 @@ extern "C" __global__ void rope_partial(const float* __restrict__ x, float* __re
     }
 }
 
-// logits [T, E] (E <= 1024) -> ids [T, k] (largest first, ties to the lower index: a stable
-// sort's order), w [T, k] = softmax of the chosen logits: the full softmax renormalised over the
-// chosen k (its denominator cancels). A warp per token; lane l owns experts l + 32 m.
+// logits [T, E] (E <= 1024) -> ids [T, k], w [T, k]: topk.cuh, a warp per token.
 extern "C" __global__ void router_topk(const float* __restrict__ logits, int* __restrict__ ids,
                                        float* __restrict__ w, int T, int E, int k) {
     pdl_start();
     const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
     if (row >= T) return;
-    const float* z = logits + (size_t)row * E;
-    unsigned taken = 0u;  // bit m: expert lane + 32 m already chosen
-    float mine = 0.f;     // lane r < k: the logit chosen in round r
-    for (int r = 0; r < k; ++r) {
-        float best = 0.f;
-        int bi = 0x7fffffff;
-        for (int m = 0; lane + 32 * m < E; ++m) {
-            const float v = z[lane + 32 * m];
-            if (!((taken >> m) & 1u) && v == v && (bi == 0x7fffffff || v > best)) {  // no NaN
-                best = v;
-                bi = lane + 32 * m;
-            }
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, best, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (oi != 0x7fffffff && (bi == 0x7fffffff || ov > best || (ov == best && oi < bi))) {
-                best = ov;
-                bi = oi;
-            }
-        }
-        if (bi == 0x7fffffff) bi = 0;  // only NaN left: a valid index all the same
-        if ((bi & 31) == lane) taken |= 1u << (bi >> 5);
-        if (lane == r) mine = best;
-        if (lane == 0) ids[(size_t)row * k + r] = bi;
-    }
-    const float top = __shfl_sync(0xffffffffu, mine, 0);  // round 0: the largest
-    const float e = lane < k ? expf(mine - top) : 0.f;
-    const float sum = warp_sum(e);
-    if (lane < k) w[(size_t)row * k + lane] = e / sum;
+    topk_row(logits + (size_t)row * E, E, k, ids + (size_t)row * k, w + (size_t)row * k, lane);
 }
 
 // d [T * k, C] (expert outputs, token-major), w [T, k] -> out [T, C] = sum_j w[t, j] d[t k + j].

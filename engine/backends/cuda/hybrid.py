@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from engine.backends.cuda.kernels import QTYPE_SUFFIX
+from engine.backends.cuda.moe_dec import CudaMoeDecodeOps
 from engine.tuning.kernels.cuda import BLOCK_TYPES as _MMVW  # the types mmvw.cu decodes
 
 MAX_CONV = 8  # hybrid.cu ssm_conv_state keeps K - 1 <= 7 inputs per channel in registers
@@ -49,7 +50,7 @@ def _max_tiles(pairs: int, experts: int, choice: Any) -> int:
     return math.ceil(pairs / int(choice["tile_pairs"])) + min(experts, pairs)
 
 
-class CudaHybridOps:
+class CudaHybridOps(CudaMoeDecodeOps):  # moe_ffn: moe_dec.py
     """Hybrid ops of CudaBackend (needs its _launch, _empty, _grid1, _pos_ptr, _mmvw, config)."""
 
     _cp: Any

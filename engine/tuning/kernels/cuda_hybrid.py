@@ -114,6 +114,16 @@ _MOE_DMMV = (
         "consecutive 16-weight groups per thread per step (load width)",
         define("VEC"),
     ),
+    Param(
+        "fuse_decode",
+        (0, 1),
+        1,
+        "1: a decode token's MoE FFN in three launches (moe_dec.cu, with this variant's rows, "
+        "threads and vec): router logits + shared-expert gate logit + top-k in one, gate + up + "
+        "SwiGLU of the chosen and the shared experts in one, down + weighted combine + gated "
+        "shared expert + residual in one; 0: the op-by-op schedule (sixteen launches)",
+        PUSHED,
+    ),
 )
 
 # dmmv first, so it stays the default until the grouped GEMM is timed on a GPU (the Vulkan
