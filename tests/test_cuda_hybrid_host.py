@@ -323,7 +323,9 @@ def test_tiny_hybrid_runs_through_the_cuda_host_code(tiny_model_factory, arch, f
         assert "quantize_q8_1" in run  # the SwiGLU output (and prefill's x) as Q8_1
     if arch != "qwen35":
         want |= {"router_topk", "moe_combine"}
-        assert any(k.startswith("moe_q") or k.startswith("moe_f") for k in run), run
+        assert any(k.startswith(("moe_q", "moe_f", "moe_grouped_")) for k in run), run
+        if flat.get("moe_experts.variant") != "mmvq":  # decode: fuse_decode's three kernels
+            want |= {"moe_dec_route", "moe_dec_gate_up", "moe_dec_down"}
     assert want <= run, want - run
 
 
@@ -361,3 +363,34 @@ def test_conv_fuse_step_runs_one_kernel_for_a_decode_token():
     be.launches.clear()
     be.ssm_conv(_f32(rng, 2, 300), state, w)
     assert [launch.kernel for launch in be.launches] == ["ssm_conv", "ssm_conv_state"]
+
+
+@pytest.mark.parametrize("arch", ["qwen35moe", "qwen3next"])
+def test_moe_fuse_decode_runs_a_layers_moe_ffn_in_three_launches(tiny_model_factory, arch):
+    # moe_experts.fuse_decode: per decode token and MoE layer, route + gate_up + down (moe_dec.cu)
+    # instead of the op-by-op schedule's fifteen launches; the chosen experts' ids, weights and
+    # the shared expert's gate logit stay on the device, passed from route to the other two.
+    from engine.gguf_model import open_model
+    from engine.models import build_model
+
+    path = tiny_model_factory(arch, "q4_k_m")
+    per_token, last = {}, {}
+    for fuse in (0, 1):
+        be = FakeCuda(cfg(**{"moe_experts.fuse_decode": fuse, "prefill.gemm_min_t": 1 << 20}))
+        m = build_model(open_model(path), be)
+        counts = []
+        for n in (2, 3):
+            be.launches.clear()
+            m.generate(PROMPT, n)
+            counts.append(len(be.launches))
+        per_token[fuse] = counts[1] - counts[0]
+        last[fuse] = [x for x in be.launches if x.kernel.startswith("moe_dec_")]
+    assert not last[0]
+    assert per_token[0] - per_token[1] == 12 * m.spec.n_layers  # every tiny layer is MoE
+    route, gate_up, down = last[1][-3:]
+    assert [route.kernel, gate_up.kernel, down.kernel] == [
+        "moe_dec_route", "moe_dec_gate_up", "moe_dec_down"]  # fmt: skip
+    ids, w, logits = route.args[10], route.args[11], route.args[8]
+    assert gate_up.args[7] is ids and down.args[7] is ids and down.args[8] is w
+    assert down.args[14] is logits and down.args[0] is gate_up.args[-2]  # h
+    assert not isinstance(route.args[4], np.uint64) and not isinstance(down.args[10], np.uint64)

@@ -266,9 +266,11 @@ def _old_cuda_modules(cfg: TuningConfig) -> dict[str, tuple[str, dict]]:
     if me.variant == "mmvq":  # int8 experts; float ones on moe.cu at its defaults
         k["moe_q8"] = ("moe_q8.cu", {"TPR": me["threads_per_row"], "NW": me["warps"]})
         k["moe"] = ("moe.cu", {"ROWS": 4, "TPR": 32, "VEC": 2})
+        k["moe_dec"] = ("moe_dec.cu", k["moe"][1])  # fuse_decode's kernels: moe.cu's knobs
         return k
     dmmv = {"ROWS": me["rows_per_block"], "TPR": me["threads_per_row"], "VEC": me["vec"]}
     k["moe"] = ("moe.cu", dmmv)  # grouped decodes (T = 1) with it
+    k["moe_dec"] = ("moe_dec.cu", dmmv)
     if me.variant == "grouped":
         k["moe_grouped"] = ("moe_grouped.cu", {**dmmv, "TILE_P": me["tile_pairs"]})
     return k

@@ -1,5 +1,5 @@
 // moe_dec.cu: a decode token's MoE FFN (router, routed experts, shared expert, residual) in three
-// launches instead of sixteen (moe_experts.fuse_decode; engine/backends/cuda/moe_dec.py). At
+// launches instead of fifteen (moe_experts.fuse_decode; engine/backends/cuda/moe_dec.py). At
 // decode a 35B-A3B-like model reads ~15 MB of experts per layer: the op-by-op schedule's
 // launches, not the bytes, are what a token waits on.
 //
@@ -124,7 +124,10 @@ extern "C" __global__ void __launch_bounds__(ROWS * TPR)
     const u8* row[1] = {n < E ? Wr + (size_t)n * rb_r : Ws};
     if (n < E || (n == E && Ws)) dot_rows_rt(n < E ? qr : qs, row, &xt, 1, K, lane, v);
     v[0] = row_sum(v[0], red);
-    if (lane == 0 && n <= E) logits[(size_t)t * ldl + n] = v[0];
+    if (lane == 0 && n <= E) {
+        logits[(size_t)t * ldl + n] = v[0];
+        __threadfence();  // visible device-wide before the block's ticket
+    }
     __syncthreads();
     if (threadIdx.x == 0) {
         __threadfence();  // this block's logits are visible before the ticket says so

@@ -1,7 +1,7 @@
 """A decode token's MoE FFN in three launches (shaders/cuda/moe_dec.cu), mixed into CudaBackend
 through CudaHybridOps: the moe_ffn op of engine.backends.base under moe_experts.fuse_decode.
 
-The op-by-op schedule of a qwen35moe layer's FFN is sixteen launches (router matmul, top-k,
+The op-by-op schedule of a qwen35moe layer's FFN is fifteen launches (router matmul, top-k,
 gate, up, SwiGLU, down, combine; the shared expert's gate, up, SwiGLU, down, gate logit,
 sigmoid_mul; two adds); at decode each reads little, so the launches are the cost. Here:
 route (logits + the shared expert's gate logit + top-k in the grid's last block), gate_up (the

@@ -121,7 +121,7 @@ _MOE_DMMV = (
         "1: a decode token's MoE FFN in three launches (moe_dec.cu, with this variant's rows, "
         "threads and vec): router logits + shared-expert gate logit + top-k in one, gate + up + "
         "SwiGLU of the chosen and the shared experts in one, down + weighted combine + gated "
-        "shared expert + residual in one; 0: the op-by-op schedule (sixteen launches)",
+        "shared expert + residual in one; 0: the op-by-op schedule (fifteen launches)",
         PUSHED,
     ),
 )
