@@ -42,6 +42,11 @@ VARIANTS: dict[str, dict] = {
     "moe_q8": {"moe_experts.variant": "mmvq"},  # int8 experts (gate + up + SwiGLU fused)
     # the MoE FFN op by op at decode (sixteen launches a layer; the default fuses it in three)
     "moe_unfused": {"moe_experts.fuse_decode": 0},
+    # the delta-net decode op by op (conv + state, gates, scan, norm, gate: five launches a
+    # layer; the default runs ssm_conv_step and dn_step.cu's delta_net_step)
+    "dn_unfused": {"delta_net.fuse_decode": 0, "ssm_conv.fuse_step": 0},
+    "unfused": {"moe_experts.fuse_decode": 0, "delta_net.fuse_decode": 0,
+                "ssm_conv.fuse_step": 0},  # the decode schedule before moedec
     "mmq8": {"matmul_prefill.variant": "mmq8"},
     # on the H200 (9B tg64) mmvw alone 267, mmvw + PDL + chunked + argmax.multi 248: PDL and
     # argmax.multi stay out of fast until measured apart (mmvw_pdl)

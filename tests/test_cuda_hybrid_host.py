@@ -312,8 +312,9 @@ def test_tiny_hybrid_runs_through_the_cuda_host_code(tiny_model_factory, arch, f
     run = be.kernels_run()
     want = {"delta_net_seq", "ssm_conv", "ssm_conv_state", "ssm_gates", "sigmoid_mul",
             "rope_partial"}  # fmt: skip
-    if flat.get("delta_net.variant") == "chunked":
-        want |= {"delta_net_chunk_prep", "delta_net_chunk_scan"}
+    want |= {"delta_net_step", "ssm_conv_step"}  # decode: delta_net / ssm_conv fused steps
+    if flat.get("delta_net.variant") == "chunked":  # (a decode step is delta_net_step)
+        want = (want - {"delta_net_seq"}) | {"delta_net_chunk_prep", "delta_net_chunk_scan"}
     if arch != "qwen35" and flat.get("moe_experts.variant") == "grouped":
         want |= {"moe_sort", "moe_gather", "moe_scatter"}
         assert any(k.startswith("moe_grouped_") for k in run), run
@@ -394,3 +395,29 @@ def test_moe_fuse_decode_runs_a_layers_moe_ffn_in_three_launches(tiny_model_fact
     assert gate_up.args[7] is ids and down.args[7] is ids and down.args[8] is w
     assert down.args[14] is logits and down.args[0] is gate_up.args[-2]  # h
     assert not isinstance(route.args[4], np.uint64) and not isinstance(down.args[10], np.uint64)
+
+
+def test_delta_net_fuse_decode_runs_a_layers_step_in_one_launch(tiny_model_factory):
+    # delta_net.fuse_decode: per decode token and delta-net layer, delta_net_step (gates, scan
+    # step, gated norm) instead of ssm_gates + delta_net_seq + rms_norm + swiglu; with the conv
+    # step fused too (ssm_conv.fuse_step, default), four launches fewer than the op by op.
+    from engine.gguf_model import open_model
+    from engine.models import build_model
+
+    path = tiny_model_factory("qwen35", "q4_k_m")
+    per_token, kernels = {}, {}
+    for fuse in (0, 1):
+        flat = {"delta_net.fuse_decode": fuse, "ssm_conv.fuse_step": fuse}
+        be = FakeCuda(cfg(**flat, **{"prefill.gemm_min_t": 1 << 20}))
+        m = build_model(open_model(path), be)
+        counts = []
+        for n in (2, 3):
+            be.launches.clear()
+            m.generate(PROMPT, n)
+            counts.append(len(be.launches))
+        per_token[fuse] = counts[1] - counts[0]
+        kernels[fuse] = be.kernels_run()
+    n_dn = sum(m.spec.is_recurrent(i) for i in range(m.spec.n_layers))
+    assert per_token[0] - per_token[1] == 4 * n_dn
+    assert {"delta_net_step", "ssm_conv_step"} <= kernels[1]
+    assert "delta_net_step" not in kernels[0] and "ssm_conv_step" not in kernels[0]

@@ -134,25 +134,34 @@ def _model(path, backend):
     return build_model(open_model(path), backend)
 
 
-@pytest.mark.parametrize("arch", ["qwen35moe", "qwen3next"])
+UNFUSED = {"moe_experts.fuse_decode": 0, "delta_net.fuse_decode": 0, "ssm_conv.fuse_step": 0}
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "qwen35moe", "qwen3next"])
 def test_fused_decode_model_matches_numpy_and_graph_equals_eager(be, tiny_model_factory, arch):
+    # the default (fused MoE FFN, fused delta-net step, fused conv step) and the op-by-op
+    # schedule: the tokens NumPy makes, logits at float32 noise, graph replay == eager decode
     from engine.validate import compare_logits
 
     path = tiny_model_factory(arch, "q4_k_m")
     mn, mc = _model(path, NumpyBackend()), _model(path, be)
     want = mn.generate(PROMPT, 8)
     runs = {}
-    for fuse in (1, 0):
-        be.set_config(cfg(**F32_PREFILL, **{"moe_experts.fuse_decode": fuse}))
+    for fused in (True, False):
+        be.set_config(cfg(**F32_PREFILL, **({} if fused else UNFUSED)))
         for graphs in (False, True):
             be.use_graphs = graphs
-            runs[fuse, graphs] = mc.generate(PROMPT, 8, keep_logits=True)
+            runs[fused, graphs] = mc.generate(PROMPT, 8, keep_logits=True)
     be.use_graphs = True
     for key, g in runs.items():
         assert g.tokens == want.tokens, key
         assert compare_logits(want.last_logits, g.last_logits)[2] < 1e-8, key
-    for a, b in zip(runs[1, True].step_logits, runs[1, False].step_logits, strict=True):
-        assert np.array_equal(a, b), "graph replay differs from eager decode"
+    for fused in (True, False):
+        for a, b in zip(runs[fused, True].step_logits, runs[fused, False].step_logits, strict=True):
+            assert np.array_equal(a, b), f"graph replay differs from eager decode (fused {fused})"
+    if arch == "qwen35":  # no MoE: the fused delta-net and conv steps are bit-identical
+        for a, b in zip(runs[True, True].step_logits, runs[False, True].step_logits, strict=True):
+            assert np.array_equal(a, b), "fused delta-net decode changed a bit"
 
 
 def test_planted_unnormalised_route_is_rejected_and_blamed(be, tiny_model_factory):

@@ -262,6 +262,7 @@ def _old_cuda_modules(cfg: TuningConfig) -> dict[str, tuple[str, dict]]:
         k["delta_net_chunked"] = ("delta_net_chunked.cu", {**scan, "CHUNK": dn["chunk"]})
     else:
         k["delta_net"] = ("delta_net.cu", scan)
+    k["dn_step"] = ("dn_step.cu", {d: scan[d] for d in ("NW", "MAX_DK", "STATE_T")})
     me = cfg.op("moe_experts")
     if me.variant == "mmvq":  # int8 experts; float ones on moe.cu at its defaults
         k["moe_q8"] = ("moe_q8.cu", {"TPR": me["threads_per_row"], "NW": me["warps"]})

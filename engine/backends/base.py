@@ -428,6 +428,30 @@ class Backend(ABC):
         [E, F, C], down [E, C, F]; x [T, C] -> [T, C]."""
         raise self._no_hybrid("moe_experts")
 
+    def delta_net_gated(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        a: Tensor,
+        b: Tensor,
+        dt_bias: Weight,
+        ssm_a: Weight,
+        state: Tensor,
+        v_order: str,
+        eps: float,
+        norm: Weight,
+        z: Tensor,
+    ) -> Tensor:
+        """A delta-net layer after its conv: the gates of a, b (ssm_gates), the scan
+        (delta_net), each head's output RMS-normalised by norm, times silu(z) -> [T, Hv * dv]
+        (z's shape). The op-by-op schedule of engine/hybrid.py, in its order; a backend may
+        run it in fewer launches."""
+        g, beta = self.ssm_gates(a, b, dt_bias, ssm_a)
+        o = self.delta_net(q, k, v, g, beta, state, v_order, eps)
+        o = self.rms_norm(o, norm, eps)
+        return self.swiglu(z, self.reshape(o, tuple(z.shape)))
+
     def moe_ffn(
         self,
         h: Tensor,

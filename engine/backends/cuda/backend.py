@@ -814,8 +814,8 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, Backend):  # mixins: hybrid.py,
         return y
 
     def hook_bypassed_fusions(self, config: TuningConfig) -> list[str]:
-        """matmul_decode's mmvw_glu / mmvw_norm / mmvw_qkv, rope's rope_kv and moe_experts'
-        fused decode run only unhooked."""
+        """matmul_decode's mmvw_glu / mmvw_norm / mmvw_qkv, rope's rope_kv and the fused
+        decode of delta_net and moe_experts run only unhooked."""
         out = []
         dec = config.op("matmul_decode")
         fused = ("fuse_swiglu", "fuse_norm", "fuse_rope")
@@ -823,6 +823,8 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, Backend):  # mixins: hybrid.py,
             out.append("matmul_decode")
         if int(config.op("rope")["fuse_kv"]):
             out.append("rope")
+        if int(config.op("delta_net")["fuse_decode"]):  # delta_net_gated's one launch
+            out.append("delta_net")
         moe = config.op("moe_experts")  # moe_ffn's three launches (moe_dec.py)
         if moe.variant in ("dmmv", "grouped") and int(moe["fuse_decode"]):
             out.append("moe_experts")

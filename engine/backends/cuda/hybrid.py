@@ -28,6 +28,7 @@ MAX_EXPERTS = 1024  # router_topk: 32 per lane
 MAX_TOPK = 32  # router_topk: one chosen logit per lane
 MAX_PAIRS = 65535  # moe.cu: pairs on grid z per launch (moe_grouped.cu: tiles)
 MOE_SORT_THREADS = 1024  # moe_grouped.cu moe_sort: one block
+MAX_DN_HEADS = 1024  # dn_step.cu: one ticket per V head
 
 
 def _suffix(qtype: str) -> str:
@@ -209,6 +210,62 @@ class CudaHybridOps(CudaMoeDecodeOps):  # moe_ffn: moe_dec.py
              np.int32(dv), grouped, np.float32(eps)), pdl=True,
         )  # fmt: skip
         return out
+
+    def delta_net_gated(
+        self,
+        q: Any,
+        k: Any,
+        v: Any,
+        a: Any,
+        b: Any,
+        dt_bias: Any,
+        ssm_a: Any,
+        state: Any,
+        v_order: str,
+        eps: float,
+        norm: Any,
+        z: Any,
+    ) -> Any:
+        """Under delta_net.fuse_decode a one-token call is dn_step.cu's delta_net_step: gates,
+        the scan's step and the gated norm in one launch (bit-identical to the four)."""
+        c = self.config.op("delta_net")
+        T, Hk, dk = (int(s) for s in q.shape)
+        Hv, dv = (int(v.shape[1]), int(v.shape[2])) if v.ndim == 3 else (0, 0)
+        if (
+            T != 1
+            or not int(c["fuse_decode"])
+            or v_order not in ("grouped", "tiled")
+            or dk > int(c["max_dk"])
+            or not 0 < Hv <= MAX_DN_HEADS
+            or Hv % Hk
+            or tuple(k.shape) != tuple(q.shape)
+            or int(v.shape[0]) != 1
+            or int(a.size) != Hv
+            or int(b.size) != Hv
+            or int(dt_bias.f32.size) != Hv
+            or int(ssm_a.f32.size) != Hv
+            or norm.f32 is None
+            or int(norm.f32.size) != dv
+            or int(z.size) != Hv * dv
+            or int(state.size) != Hv * dk * dv
+            or not state.flags.c_contiguous
+        ):
+            return super().delta_net_gated(  # type: ignore[misc]
+                q, k, v, a, b, dt_bias, ssm_a, state, v_order, eps, norm, z
+            )
+        q, k, v, a, b, z = (self._contig(t) for t in (q, k, v, a, b, z))
+        o, y = self._empty((Hv, dv)), self._empty(tuple(z.shape))
+        tickets = getattr(self, "_dn_tickets", None)
+        if tickets is None:  # zero between launches: each head's last block resets its own
+            tickets = self._dn_tickets = self._cp.zeros(MAX_DN_HEADS, np.uint32)
+        nw = int(c["warps"])
+        self._launch(
+            "dn_step", "delta_net_step", (math.ceil(dv / nw), Hv), (32 * nw,),
+            (q, k, v, a, b, dt_bias.f32, ssm_a.f32, state, o, norm.f32, z, y, np.int32(Hk),
+             np.int32(Hv), np.int32(dk), np.int32(dv), np.int32(v_order == "grouped"),
+             np.float32(eps), tickets), pdl=True,
+        )  # fmt: skip
+        return y
 
     def _delta_net_chunked(
         self,

@@ -44,6 +44,15 @@ _DN_PREFETCH = Param(
     "prefill scan of hundreds of tokens waits on; same arithmetic, bit-identical",
     define("PF"),
 )
+_DN_FUSE = Param(
+    "fuse_decode",
+    (0, 1),
+    1,
+    "1: a one-token call (decode) runs the gates, the scan's step and the gated norm "
+    "(rms_norm by ssm_norm, times silu(z)) in one launch (dn_step.cu delta_net_step, the "
+    "scan's defines; bit-identical to the four launches of 0)",
+    PUSHED,
+)
 _DN_MAX_DK = Param(
     "max_dk",
     (64, 128, 256),
@@ -60,7 +69,7 @@ REGISTRY.register(
             B,
             "delta_net",
             "sequential",
-            params=(_DN_WARPS, _DN_LAYOUT, _DN_MAX_DK, _DN_PREFETCH),
+            params=(_DN_WARPS, _DN_LAYOUT, _DN_MAX_DK, _DN_PREFETCH, _DN_FUSE),
             source="cuda/delta_net.cu",
             numeric="order_only",
             doc="a warp per state column (lanes over its rows, in registers for the call), "
@@ -75,6 +84,7 @@ REGISTRY.register(
                 _DN_LAYOUT,
                 _DN_MAX_DK,
                 _DN_PREFETCH,
+                _DN_FUSE,
                 Param(
                     "chunk",
                     DELTA_NET_CHUNKS,
@@ -197,7 +207,7 @@ _THREADS = Param("threads", (128, 256, 512, 1024), 256, "threads per block", PUS
 _CONV_STEP = Param(
     "fuse_step",
     (0, 1),
-    0,
+    1,
     "1: a one-token call (decode) runs conv and state update as one kernel, a thread per "
     "channel (ssm_conv_step: one launch per delta-net layer fewer; same taps, bit-identical)",
     PUSHED,
