@@ -23,6 +23,7 @@ KNOBS = [
     {"moe_experts.rows_per_block": 1, "moe_experts.threads_per_row": 128, "moe_experts.vec": 1},
     {"moe_experts.rows_per_block": 8, "moe_experts.threads_per_row": 16},
     {"moe_experts.rows_per_block": 2, "moe_experts.threads_per_row": 64, "moe_experts.vec": 1},
+    {"moe_experts.rows_per_block": 1, "moe_experts.threads_per_row": 16},  # half a warp: NT 32
 ]
 
 
@@ -91,7 +92,7 @@ SHAPES = [
 ]
 
 
-@pytest.mark.parametrize("flat", KNOBS, ids=[str(i) for i in range(len(KNOBS))])
+@pytest.mark.parametrize("flat", KNOBS, ids=[f"knobs{i}" for i in range(len(KNOBS))])
 @pytest.mark.parametrize("shape", SHAPES, ids=[f"E{s[0]}k{s[1]}{s[5]}" for s in SHAPES])
 @pytest.mark.parametrize("shared", [True, False])
 def test_fused_moe_ffn_matches_numpy_and_the_op_by_op_schedule(be, shape, flat, shared):

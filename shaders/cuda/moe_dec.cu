@@ -105,11 +105,18 @@ __device__ __forceinline__ float row_sum(float v, float* red /* smem [ROWS * TPR
 }
 
 #define RED_N (TPR > 32 ? ROWS * (TPR / 32) : 1)
+// Threads per block: ROWS * TPR, at least a warp (the shuffles name all 32 lanes; the route's
+// top-k is a warp's work). Threads past ROWS thread-rows own no row.
+#define NT (ROWS * TPR < 32 ? 32 : ROWS * TPR)
+#define NO_ROW 0x3fffffff
+__device__ __forceinline__ int row_of_thread() {
+    return threadIdx.x / TPR < ROWS ? blockIdx.x * ROWS + threadIdx.x / TPR : NO_ROW;
+}
 
 // x [T, K]; Wr [E, K] (type qr, rows of rb_r bytes); Ws [1, K] (type qs) or null (no shared
 // expert gate); logits [T, ldl] (ldl >= E + 1); ids, w [T, k]; tickets [T] zero between launches.
-// Grid (ceil((E + 1) / ROWS), T), block ROWS * TPR.
-extern "C" __global__ void __launch_bounds__(ROWS * TPR)
+// Grid (ceil((E + 1) / ROWS), T), block NT.
+extern "C" __global__ void __launch_bounds__(NT)
     moe_dec_route(const float* __restrict__ x, const u8* __restrict__ Wr, int rb_r, int qr,
                   const u8* __restrict__ Ws, int qs, int E, int K, float* logits, int ldl,
                   int* __restrict__ ids, float* __restrict__ w, int k,
@@ -118,7 +125,7 @@ extern "C" __global__ void __launch_bounds__(ROWS * TPR)
     __shared__ bool last;
     pdl_start();
     const int t = blockIdx.y, lane = threadIdx.x % TPR;
-    const int n = blockIdx.x * ROWS + threadIdx.x / TPR;
+    const int n = row_of_thread();
     const float* xt = x + (size_t)t * K;
     float v[MAXR] = {0.f};
     const u8* row[1] = {n < E ? Wr + (size_t)n * rb_r : Ws};
@@ -145,7 +152,7 @@ extern "C" __global__ void __launch_bounds__(ROWS * TPR)
 // x [T, K]; G, U [E, F, K] (type qe, rows of rb_e bytes): the routed experts' gate and up;
 // SG, SU [Fs, K] (type qsh, rows of rb_s) or null: the shared expert's; ids [T, k] ->
 // h [T, k + 1, ldh] (slot k: the shared expert). Grid (ceil(max(F, Fs) / ROWS), k + shared, T).
-extern "C" __global__ void __launch_bounds__(ROWS * TPR)
+extern "C" __global__ void __launch_bounds__(NT)
     moe_dec_gate_up(const float* __restrict__ x, const u8* __restrict__ G,
                     const u8* __restrict__ U, int rb_e, int qe, int F, int E,
                     const int* __restrict__ ids, int k, const u8* __restrict__ SG,
@@ -154,7 +161,7 @@ extern "C" __global__ void __launch_bounds__(ROWS * TPR)
     __shared__ float red[RED_N];
     pdl_start();
     const int j = blockIdx.y, t = blockIdx.z, lane = threadIdx.x % TPR;
-    const int n = blockIdx.x * ROWS + threadIdx.x / TPR;
+    const int n = row_of_thread();
     const bool shared = j == k;
     const int N = shared ? Fs : F;
     const float* xt = x + (size_t)t * K;
@@ -179,7 +186,7 @@ extern "C" __global__ void __launch_bounds__(ROWS * TPR)
 // h [T, k + 1, ldh]; D [E, C, F] (type qe, rows of rb_e); SD [C, Fs] (type qsh, rows of rb_s)
 // or null; ids, w [T, k]; logits [T, ldl] (column E: the shared expert's gate logit); r, out
 // [T, C]. Grid (ceil(C / ROWS), T).
-extern "C" __global__ void __launch_bounds__(ROWS * TPR)
+extern "C" __global__ void __launch_bounds__(NT)
     moe_dec_down(const float* __restrict__ h, int ldh, const u8* __restrict__ D, int rb_e,
                  int qe, int F, int E, const int* __restrict__ ids,
                  const float* __restrict__ w, int k, const u8* __restrict__ SD, int rb_s,
@@ -188,7 +195,7 @@ extern "C" __global__ void __launch_bounds__(ROWS * TPR)
     __shared__ float red[RED_N];
     pdl_start();
     const int t = blockIdx.y, lane = threadIdx.x % TPR;
-    const int c = blockIdx.x * ROWS + threadIdx.x / TPR;
+    const int c = row_of_thread();
     const float* ht = h + (size_t)t * (k + 1) * ldh;
     // fold: the shared expert is row k of the same dot_rows call (same type and width)
     const bool fold = SD && qsh == qe && Fs == F;

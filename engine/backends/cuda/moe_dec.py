@@ -106,6 +106,7 @@ class CudaMoeDecodeOps:
         E, F = int(gate.shape[0]), int(gate.shape[1])
         c = self.config.op("moe_experts")
         rows, tpr = int(c["rows_per_block"]), int(c["threads_per_row"])
+        nt = max(32, rows * tpr)  # moe_dec.cu NT: at least a warp
         sg = sgate = sup = sdown = None
         Fs = 0
         if shared is not None:
@@ -114,7 +115,7 @@ class CudaMoeDecodeOps:
         ldl = E + 1  # logits [T, E + 1]: column E the shared expert's gate logit
         logits, ids, wts = self._empty((T, ldl)), self._empty((T, k), np.int32), self._empty((T, k))
         self._launch(
-            "moe_dec", "moe_dec_route", (math.ceil(ldl / rows), T), (rows * tpr,),
+            "moe_dec", "moe_dec_route", (math.ceil(ldl / rows), T), (nt,),
             (h, router.raw, np.int32(router.row_bytes), np.int32(_QT[router.qtype]),
              _NULL if sg is None else sg.raw, np.int32(_QT[sg.qtype] if sg else 0), np.int32(E),
              np.int32(C), logits, np.int32(ldl), ids, wts, np.int32(k), self._route_tickets()),
@@ -125,7 +126,7 @@ class CudaMoeDecodeOps:
         hh = self._empty((T, k + 1, ldh))
         self._launch(
             "moe_dec", "moe_dec_gate_up", (math.ceil(max(F, Fs) / rows), k + ns, T),
-            (rows * tpr,),
+            (nt,),
             (h, gate.raw, up.raw, np.int32(gate.row_bytes), np.int32(_QT[gate.qtype]),
              np.int32(F), np.int32(E), ids, np.int32(k),
              _NULL if sgate is None else sgate.raw, _NULL if sup is None else sup.raw,
@@ -135,7 +136,7 @@ class CudaMoeDecodeOps:
         )  # fmt: skip
         out = self._empty((T, C))
         self._launch(
-            "moe_dec", "moe_dec_down", (math.ceil(C / rows), T), (rows * tpr,),
+            "moe_dec", "moe_dec_down", (math.ceil(C / rows), T), (nt,),
             (hh, np.int32(ldh), down.raw, np.int32(down.row_bytes), np.int32(_QT[down.qtype]),
              np.int32(F), np.int32(E), ids, wts, np.int32(k),
              _NULL if sdown is None else sdown.raw, np.int32(sdown.row_bytes if sdown else 0),
