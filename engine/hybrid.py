@@ -180,6 +180,13 @@ class HybridModel(Model):
         qg = b.reshape(qg, (n, H, 2 * D))  # [q | gate] per head
         q, gate = tap("cols", "q", b.cols(qg, 0, D)), tap("cols", "q_gate", b.cols(qg, D, 2 * D))
         k, v = b.reshape(k, (n, Hkv, D)), b.reshape(v, (n, Hkv, D))
+        if self.hook is None:  # norms, RoPE and the cache write: one op (fewer launches)
+            q, gate = b.attn_qk_prep(
+                qg, k, v, w[p + "attn_q_norm.weight"], w[p + "attn_k_norm.weight"], s.rms_eps,
+                cache, i, pos0, s.rope_theta, s.rope_dim,
+            )  # fmt: skip
+            a = b.sigmoid_mul(gate, b.attention(q, cache, i, pos0))
+            return self._out(b.reshape(a, (n, H * D)), "attn_output", i, pos0, r)
         q = tap("rms_norm", "attn_q_norm", b.rms_norm(q, w[p + "attn_q_norm.weight"], s.rms_eps))
         k = tap("rms_norm", "attn_k_norm", b.rms_norm(k, w[p + "attn_k_norm.weight"], s.rms_eps))
         q = tap("rope_partial", "q", b.rope_partial(q, pos0, s.rope_theta, s.rope_dim))

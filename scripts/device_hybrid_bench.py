@@ -46,7 +46,8 @@ VARIANTS: dict[str, dict] = {
     # layer; the default runs ssm_conv_step and dn_step.cu's delta_net_step)
     "dn_unfused": {"delta_net.fuse_decode": 0, "ssm_conv.fuse_step": 0},
     "unfused": {"moe_experts.fuse_decode": 0, "delta_net.fuse_decode": 0,
-                "ssm_conv.fuse_step": 0},  # the decode schedule before moedec
+                "ssm_conv.fuse_step": 0, "rope_partial.fuse_qk": 0},  # decode before moedec
+    "qk_unfused": {"rope_partial.fuse_qk": 0},  # attention layers' q/k norms, RoPE, KV apart
     "mmq8": {"matmul_prefill.variant": "mmq8"},
     # on the H200 (9B tg64) mmvw alone 267, mmvw + PDL + chunked + argmax.multi 248: PDL and
     # argmax.multi stay out of fast until measured apart (mmvw_pdl)

@@ -135,12 +135,17 @@ def _model(path, backend):
     return build_model(open_model(path), backend)
 
 
-UNFUSED = {"moe_experts.fuse_decode": 0, "delta_net.fuse_decode": 0, "ssm_conv.fuse_step": 0}
+UNFUSED = {
+    "moe_experts.fuse_decode": 0,
+    "delta_net.fuse_decode": 0,
+    "ssm_conv.fuse_step": 0,
+    "rope_partial.fuse_qk": 0,
+}
 
 
 @pytest.mark.parametrize("arch", ["qwen35", "qwen35moe", "qwen3next"])
 def test_fused_decode_model_matches_numpy_and_graph_equals_eager(be, tiny_model_factory, arch):
-    # the default (fused MoE FFN, fused delta-net step, fused conv step) and the op-by-op
+    # the default (fused MoE FFN, delta-net step, conv step, q/k prep) and the op-by-op
     # schedule: the tokens NumPy makes, logits at float32 noise, graph replay == eager decode
     from engine.validate import compare_logits
 
@@ -160,7 +165,7 @@ def test_fused_decode_model_matches_numpy_and_graph_equals_eager(be, tiny_model_
     for fused in (True, False):
         for a, b in zip(runs[fused, True].step_logits, runs[fused, False].step_logits, strict=True):
             assert np.array_equal(a, b), f"graph replay differs from eager decode (fused {fused})"
-    if arch == "qwen35":  # no MoE: the fused delta-net and conv steps are bit-identical
+    if arch == "qwen35":  # no MoE: the fused delta-net, conv and q/k steps are bit-identical
         for a, b in zip(runs[True, True].step_logits, runs[False, True].step_logits, strict=True):
             assert np.array_equal(a, b), "fused delta-net decode changed a bit"
 

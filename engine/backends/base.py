@@ -428,6 +428,31 @@ class Backend(ABC):
         [E, F, C], down [E, C, F]; x [T, C] -> [T, C]."""
         raise self._no_hybrid("moe_experts")
 
+    def attn_qk_prep(
+        self,
+        qg: Tensor,
+        k: Tensor,
+        v: Tensor,
+        q_norm: Weight,
+        k_norm: Weight,
+        eps: float,
+        cache: KVCache,
+        layer: int,
+        pos0: int,
+        theta: float,
+        n_rot: int,
+    ) -> tuple[Tensor, Tensor]:
+        """A gated-attention layer's inputs: qg [T, H, 2D] ([q | gate] per head), k, v
+        [T, Hkv, D] -> (q RMS-normalised by q_norm and partially roped, the gate); k normalised
+        by k_norm and roped, then k and v stored in the layer's cache at pos0. The op-by-op
+        schedule of engine/hybrid.py; a backend may run it in fewer launches."""
+        D = int(k.shape[-1])
+        q, gate = self.cols(qg, 0, D), self.cols(qg, D, 2 * D)
+        q = self.rope_partial(self.rms_norm(q, q_norm, eps), pos0, theta, n_rot)
+        k = self.rope_partial(self.rms_norm(k, k_norm, eps), pos0, theta, n_rot)
+        self.kv_write(cache, layer, k, v, pos0)
+        return q, gate
+
     def delta_net_gated(
         self,
         q: Tensor,

@@ -825,6 +825,8 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, Backend):  # mixins: hybrid.py,
             out.append("rope")
         if int(config.op("delta_net")["fuse_decode"]):  # delta_net_gated's one launch
             out.append("delta_net")
+        if int(config.op("rope_partial")["fuse_qk"]):  # attn_qk_prep's one launch
+            out.append("rope_partial")
         moe = config.op("moe_experts")  # moe_ffn's three launches (moe_dec.py)
         if moe.variant in ("dmmv", "grouped") and int(moe["fuse_decode"]):
             out.append("moe_experts")

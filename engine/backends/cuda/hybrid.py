@@ -29,6 +29,8 @@ MAX_TOPK = 32  # router_topk: one chosen logit per lane
 MAX_PAIRS = 65535  # moe.cu: pairs on grid z per launch (moe_grouped.cu: tiles)
 MOE_SORT_THREADS = 1024  # moe_grouped.cu moe_sort: one block
 MAX_DN_HEADS = 1024  # dn_step.cu: one ticket per V head
+MAX_PREP_D = 512  # hybrid.cu attn_qk_prep: a head row in shared memory
+PREP_WARPS = 4  # hybrid.cu ATTN_PREP_WARPS: heads per block
 
 
 def _suffix(qtype: str) -> str:
@@ -94,6 +96,52 @@ class CudaHybridOps(CudaMoeDecodeOps):  # moe_ffn: moe_dec.py
                  self._pos_ptr(), np.float32(theta)), pdl=True,
             )  # fmt: skip
         return out
+
+    def attn_qk_prep(
+        self,
+        qg: Any,
+        k: Any,
+        v: Any,
+        q_norm: Any,
+        k_norm: Any,
+        eps: float,
+        cache: Any,
+        layer: int,
+        pos0: int,
+        theta: float,
+        n_rot: int,
+    ) -> tuple[Any, Any]:
+        """Under rope_partial.fuse_qk a one-token call is hybrid.cu's attn_qk_prep: both
+        norms, both RoPEs, the cache write and the q / gate copies in one launch."""
+        T, H, D2 = (int(s) for s in qg.shape)
+        D = D2 // 2
+        Hkv = int(k.shape[1]) if k.ndim == 3 else 0
+        if (
+            T != 1
+            or not int(self.config.op("rope_partial")["fuse_qk"])
+            or D2 % 2
+            or not 0 < D <= MAX_PREP_D
+            or n_rot % 2
+            or not 0 < n_rot <= D
+            or tuple(k.shape) != (1, Hkv, D)
+            or tuple(v.shape) != (1, Hkv, D)
+            or int(q_norm.f32.size) != D
+            or int(k_norm.f32.size) != D
+            or pos0 + 1 > cache.capacity
+            or tuple(cache.k[layer].shape[1:]) != (Hkv, D)
+        ):
+            return super().attn_qk_prep(  # type: ignore[misc]
+                qg, k, v, q_norm, k_norm, eps, cache, layer, pos0, theta, n_rot
+            )
+        qg, k, v = self._contig(qg), self._contig(k), self._contig(v)
+        q, gate = self._empty((1, H, D)), self._empty((1, H, D))
+        self._launch(
+            "hybrid", "attn_qk_prep", (math.ceil((H + Hkv) / PREP_WARPS),), (32 * PREP_WARPS,),
+            (qg, k, v, q_norm.f32, k_norm.f32, q, gate, cache.k[layer], cache.v[layer],
+             np.int32(H), np.int32(Hkv), np.int32(D), np.int32(n_rot), np.int32(pos0),
+             self._pos_ptr(), np.float32(theta), np.float32(eps)), pdl=True,
+        )  # fmt: skip
+        return q, gate
 
     def sigmoid_mul(self, gate: Any, x: Any) -> Any:
         gate, x = self._contig(gate), self._contig(x)

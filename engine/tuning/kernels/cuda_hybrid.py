@@ -212,6 +212,16 @@ _CONV_STEP = Param(
     "channel (ssm_conv_step: one launch per delta-net layer fewer; same taps, bit-identical)",
     PUSHED,
 )
+_QK_PREP = Param(
+    "fuse_qk",
+    (0, 1),
+    1,
+    "1: a one-token call (decode) of a gated-attention layer runs the q / k RMSNorms, both "
+    "partial RoPEs, the KV-cache write and the q / gate copies as one kernel (attn_qk_prep; "
+    "same expressions, bit-identical) instead of seven launches",
+    PUSHED,
+)
+_EXTRA = {"ssm_conv": (_CONV_STEP,), "rope_partial": (_QK_PREP,)}
 for _op, _variant, _doc in [
     ("ssm_conv", "default", "causal depthwise conv1d + SiLU, a thread per output; then the state"),
     ("ssm_gates", "default", "softplus decay and sigmoid beta"),
@@ -226,7 +236,7 @@ for _op, _variant, _doc in [
                 B,
                 _op,
                 _variant,
-                params=(_THREADS, _CONV_STEP) if _op == "ssm_conv" else (_THREADS,),
+                params=(_THREADS, *_EXTRA.get(_op, ())),
                 source="cuda/hybrid.cu",
                 numeric="order_only",
                 doc=_doc,
