@@ -4,7 +4,8 @@ steps), from the backend's profile(): CUDA events per kernel on CUDA, each kerne
 phase whose op launched it; on other backends, wall clock per op with a synchronize around it.
 
 Phases: delta-net layers dn.proj (qkv / gate / beta / alpha projections, gates), dn.conv,
-dn.scan, dn.norm+out (norm, silu gate, ssm_out); attention layers attn.proj, attn.core (q/k
+dn.scan (with delta_net.fuse_decode: also the gates and the gated norm), dn.norm+out (norm, silu
+gate, ssm_out); attention layers attn.proj, attn.core (q/k
 norm, RoPE, cache, attention, gate), attn.out; FFN ffn (dense), moe.router, moe.experts,
 moe.shared (moe.fused: moe_experts.fuse_decode's three kernels, all of a decode token's MoE FFN);
 other (embedding, layer norms, residual adds, LM head, argmax).
@@ -27,14 +28,14 @@ from typing import Any
 # op called inside a layer of a kind -> phase (the outermost op decides; ops inside it, like
 # matmul_add's matmul, are charged to it)
 _DN = {"matmuls": "proj", "matmul": "norm+out", "ssm_gates": "proj", "ssm_conv": "conv",
-       "delta_net": "scan", "rms_norm": "norm+out", "swiglu": "norm+out",
+       "delta_net": "scan", "delta_net_gated": "scan", "rms_norm": "norm+out", "swiglu": "norm+out",
        "matmul_add": "norm+out"}  # fmt: skip
 _ATTN = {"matmuls": "proj", "matmul": "out", "matmul_add": "out"}  # everything else: core
 _MOE = {"router_topk": "router", "moe_experts": "experts"}  # else shared (first matmul: router)
 OPS = ("embedding", "rms_norm", "matmul", "matmuls", "matmul_add", "ffn", "add", "swiglu",
        "argmax", "rope_partial", "sigmoid_mul", "ssm_conv", "ssm_gates", "delta_net",
        "router_topk", "moe_experts", "kv_write", "attention", "cols", "reshape",
-       "rows")  # fmt: skip
+       "rows", "delta_net_gated", "attn_qk_prep")  # fmt: skip
 
 
 class PhaseTracker:
