@@ -50,6 +50,10 @@ VARIANTS: dict[str, dict] = {
     "unfused": {"moe_experts.fuse_decode": 0, "delta_net.fuse_decode": 0,
                 "ssm_conv.fuse_step": 0, "rope_partial.fuse_qk": 0},  # decode before moedec
     "qk_unfused": {"rope_partial.fuse_qk": 0},  # attention layers' q/k norms, RoPE, KV apart
+    # the fused MoE decode kernels (moe_dec.cu) with other moe_experts.dmmv launch shapes
+    "moe_t16": {"moe_experts.threads_per_row": 16, "moe_experts.rows_per_block": 8},
+    "moe_t64": {"moe_experts.threads_per_row": 64, "moe_experts.rows_per_block": 2,
+                "moe_experts.vec": 1},
     "mmq8": {"matmul_prefill.variant": "mmq8"},
     # on the H200 (9B tg64) mmvw alone 267, mmvw + PDL + chunked + argmax.multi 248: PDL and
     # argmax.multi stay out of fast until measured apart (mmvw_pdl)
