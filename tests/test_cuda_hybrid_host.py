@@ -421,3 +421,21 @@ def test_delta_net_fuse_decode_runs_a_layers_step_in_one_launch(tiny_model_facto
     assert per_token[0] - per_token[1] == 4 * n_dn
     assert {"delta_net_step", "ssm_conv_step"} <= kernels[1]
     assert "delta_net_step" not in kernels[0] and "ssm_conv_step" not in kernels[0]
+
+
+def test_blame_names_a_hybrid_fusion_only_once_it_ran(tiny_model_factory):
+    # hook_bypassed_fusions: the fused decode ops of the hybrids are named (for validate's blame
+    # when the hooked, unfused replay agrees) only after this backend ran them: never for a
+    # dense model, whose schedule has none of them
+    from engine.gguf_model import open_model
+    from engine.models import build_model
+
+    be = FakeCuda(cfg(**{"prefill.gemm_min_t": 1 << 20}))
+    assert be.hook_bypassed_fusions(cfg()) == []
+    m = build_model(open_model(tiny_model_factory("qwen35moe", "q4_k_m")), be)
+    m.generate(PROMPT, 2)
+    assert be.hook_bypassed_fusions(cfg()) == ["delta_net", "rope_partial", "moe_experts"]
+    off = {"delta_net.fuse_decode": 0, "rope_partial.fuse_qk": 0, "moe_experts.fuse_decode": 0}
+    assert be.hook_bypassed_fusions(cfg(**off)) == []
+    assert be.hook_bypassed_fusions(cfg(**{"moe_experts.variant": "mmvq"})) == [
+        "delta_net", "rope_partial"]  # fmt: skip

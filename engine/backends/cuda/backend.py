@@ -823,13 +823,17 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, Backend):  # mixins: hybrid.py,
             out.append("matmul_decode")
         if int(config.op("rope")["fuse_kv"]):
             out.append("rope")
-        if int(config.op("delta_net")["fuse_decode"]):  # delta_net_gated's one launch
-            out.append("delta_net")
-        if int(config.op("rope_partial")["fuse_qk"]):  # attn_qk_prep's one launch
-            out.append("rope_partial")
-        moe = config.op("moe_experts")  # moe_ffn's three launches (moe_dec.py)
-        if moe.variant in ("dmmv", "grouped") and int(moe["fuse_decode"]):
-            out.append("moe_experts")
+        # the hybrids' fused decode (hybrid.py, moe_dec.py), where this backend has run it: a
+        # dense model never does, so its blame never names them
+        ran = getattr(self, "_fusions_ran", set())
+        moe = config.op("moe_experts")
+        for op, on in (
+            ("delta_net", int(config.op("delta_net")["fuse_decode"])),
+            ("rope_partial", int(config.op("rope_partial")["fuse_qk"])),
+            ("moe_experts", moe.variant in ("dmmv", "grouped") and int(moe["fuse_decode"])),
+        ):
+            if on and op in ran:
+                out.append(op)
         return out
 
     def _fuse_norm(self, x: Any, w: CudaWeight, r: Any) -> bool:

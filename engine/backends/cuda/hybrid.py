@@ -150,6 +150,7 @@ class CudaHybridOps(CudaMoeDecodeOps):  # moe_ffn: moe_dec.py
             )
         qg, k, v = self._contig(qg), self._contig(k), self._contig(v)
         q, gate = self._empty((1, H, D)), self._empty((1, H, D))
+        self._fused_ran("rope_partial")
         self._launch(
             "hybrid", "attn_qk_prep", (math.ceil((H + Hkv) / PREP_WARPS),), (32 * PREP_WARPS,),
             (qg, k, v, q_norm.f32, k_norm.f32, q, gate, cache.k[layer], cache.v[layer],
@@ -322,6 +323,7 @@ class CudaHybridOps(CudaMoeDecodeOps):  # moe_ffn: moe_dec.py
         if tickets is None:  # zero between launches: each head's last block resets its own
             tickets = self._dn_tickets = self._cp.zeros(MAX_DN_HEADS, np.uint32)
         nw = int(c["warps"])
+        self._fused_ran("delta_net")
         self._launch(
             "dn_step", "delta_net_step", (math.ceil(dv / nw), Hv), (32 * nw,),
             (q, k, v, a, b, dt_bias.f32, ssm_a.f32, state, o, norm.f32, z, y, np.int32(Hk),

@@ -82,6 +82,13 @@ class CudaMoeDecodeOps:
             and _matrix(sdown, C, Fs)
         )
 
+    def _fused_ran(self, op: str) -> None:
+        """Note that a fused decode kernel of op ran (hook_bypassed_fusions names only those)."""
+        ran = getattr(self, "_fusions_ran", None)
+        if ran is None:
+            ran = self._fusions_ran = set()
+        ran.add(op)
+
     def _route_tickets(self) -> Any:
         t = getattr(self, "_moe_tickets", None)
         if t is None:  # zero between launches: the route's last block resets its token's
@@ -112,6 +119,7 @@ class CudaMoeDecodeOps:
         if shared is not None:
             sg, sgate, sup, sdown = shared
             Fs = int(sgate.shape[0])
+        self._fused_ran("moe_experts")
         ldl = E + 1  # logits [T, E + 1]: column E the shared expert's gate logit
         logits, ids, wts = self._empty((T, ldl)), self._empty((T, k), np.int32), self._empty((T, k))
         self._launch(
