@@ -86,6 +86,32 @@ __device__ __forceinline__ void dot_rows_rt(int qt, const u8* const* rows,
     }
 }
 
+// moe_experts.route_vec: this thread's share of an F32 row . x with float4 loads, eight of the
+// row's and eight of x's in flight per lane before the sums (a router row of 2048 floats is
+// two such batches on 32 lanes, where the scalar loop waits on memory once per few elements).
+// Row and x 16-byte aligned, K % 4 == 0 (the caller checks).
+__device__ __forceinline__ float f32_row_x4(const float* __restrict__ row,
+                                            const float* __restrict__ x, int K, int lane) {
+    const float4* w4 = (const float4*)row;
+    const float4* x4 = (const float4*)x;
+    const int K4 = K >> 2;
+    float s = 0.f;
+    for (int c0 = lane; c0 < K4; c0 += 8 * TPR) {
+        float4 wv[8], xv[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            const int c = c0 + u * TPR;
+            const bool in = c < K4;
+            wv[u] = in ? __ldg(w4 + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+            xv[u] = in ? __ldg(x4 + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int u = 0; u < 8; ++u)
+            s += wv[u].x * xv[u].x + wv[u].y * xv[u].y + wv[u].z * xv[u].z + wv[u].w * xv[u].w;
+    }
+    return s;
+}
+
 // Sum v over the TPR threads of a thread-row; the total is valid in the row's lane 0. Every
 // thread of the block calls it (TPR > 32 meets at barriers).
 __device__ __forceinline__ float row_sum(float v, float* red /* smem [ROWS * TPR / 32] */) {
@@ -114,13 +140,14 @@ __device__ __forceinline__ int row_of_thread() {
 }
 
 // x [T, K]; Wr [E, K] (type qr, rows of rb_r bytes); Ws [1, K] (type qs) or null (no shared
-// expert gate); logits [T, ldl] (ldl >= E + 1); ids, w [T, k]; tickets [T] zero between launches.
+// expert gate); logits [T, ldl] (ldl >= E + 1); ids, w [T, k]; tickets [T] zero between launches;
+// vec4: moe_experts.route_vec (f32_row_x4 for F32 rows).
 // Grid (ceil((E + 1) / ROWS), T), block NT.
 extern "C" __global__ void __launch_bounds__(NT)
     moe_dec_route(const float* __restrict__ x, const u8* __restrict__ Wr, int rb_r, int qr,
                   const u8* __restrict__ Ws, int qs, int E, int K, float* logits, int ldl,
                   int* __restrict__ ids, float* __restrict__ w, int k,
-                  unsigned int* tickets) {
+                  unsigned int* tickets, int vec4) {
     __shared__ float red[RED_N];
     __shared__ bool last;
     pdl_start();
@@ -129,7 +156,14 @@ extern "C" __global__ void __launch_bounds__(NT)
     const float* xt = x + (size_t)t * K;
     float v[MAXR] = {0.f};
     const u8* row[1] = {n < E ? Wr + (size_t)n * rb_r : Ws};
-    if (n < E || (n == E && Ws)) dot_rows_rt(n < E ? qr : qs, row, &xt, 1, K, lane, v);
+    if (n < E || (n == E && Ws)) {
+        const int qt = n < E ? qr : qs;
+        if (vec4 && qt == QT_F32 && (K & 3) == 0 && ((size_t)row[0] & 15) == 0 &&
+            ((size_t)xt & 15) == 0)
+            v[0] = f32_row_x4((const float*)row[0], xt, K, lane);
+        else
+            dot_rows_rt(qt, row, &xt, 1, K, lane, v);
+    }
     v[0] = row_sum(v[0], red);
     if (lane == 0 && n <= E) {
         logits[(size_t)t * ldl + n] = v[0];

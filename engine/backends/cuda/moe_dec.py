@@ -126,7 +126,8 @@ class CudaMoeDecodeOps:
             "moe_dec", "moe_dec_route", (math.ceil(ldl / rows), T), (nt,),
             (h, router.raw, np.int32(router.row_bytes), np.int32(_QT[router.qtype]),
              _NULL if sg is None else sg.raw, np.int32(_QT[sg.qtype] if sg else 0), np.int32(E),
-             np.int32(C), logits, np.int32(ldl), ids, wts, np.int32(k), self._route_tickets()),
+             np.int32(C), logits, np.int32(ldl), ids, wts, np.int32(k), self._route_tickets(),
+             np.int32(c["route_vec"])),
             pdl=True,
         )  # fmt: skip
         ns = 1 if shared is not None else 0

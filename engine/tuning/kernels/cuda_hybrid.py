@@ -134,6 +134,15 @@ _MOE_DMMV = (
         "shared expert + residual in one; 0: the op-by-op schedule (fifteen launches)",
         PUSHED,
     ),
+    Param(
+        "route_vec",
+        (0, 1),
+        0,
+        "fuse_decode's route: 1 reads an F32 router row (and the shared expert's gate row) "
+        "with float4 loads, eight in flight per lane before the sums; 0: the scalar loop of "
+        "the dense DMMV (another summation order: order_only either way)",
+        PUSHED,
+    ),
 )
 
 # dmmv first, so it stays the default until the grouped GEMM is timed on a GPU (the Vulkan
