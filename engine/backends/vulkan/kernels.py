@@ -116,6 +116,14 @@ PASSES = {
 }
 
 
+# matmul_prefill.resident (matmul_f16.comp): the GEMM, the one-time fp16 copy of a weight, the
+# activations' fp16 form; one layout of three buffers and matmul_prefill's push constants.
+PASSES[("matmul_prefill", "resident")] = (
+    ("", 3, IO["matmul_prefill"][1]),
+    ("PASS_W16", 3, IO["matmul_prefill"][1], "", "w16"),
+    ("PASS_X16", 3, IO["matmul_prefill"][1], "", "x16"),
+)
+
 # attention.coopmat: decode with the split variant's passes (whatever they are, from
 # attention_split.comp), prefill with the cooperative-matrix flash pass.
 PASSES[("attention", "coopmat")] = (
