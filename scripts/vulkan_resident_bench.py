@@ -1,7 +1,8 @@
 """The Vulkan prefill GEMM alone, by GPU timestamps: matmul_prefill.tiled and .coopmat (dequant
 in the k-loop) against .resident (fp16 copies, shaders/vulkan/matmul_f16.comp) at knob samples,
 on one layer's 7B shapes. TFLOP/s from the GEMM kernel's GPU time; resident's activation
-conversion (x16) and its one-time weight copy (w16) are reported apart; NMSE against tiled.
+conversion (x16) and its one-time weight copy (w16) are reported apart; NMSE against the first
+config run; build_s: set_config plus the first GEMM (pipeline creation, the driver's compile).
 
 usage: python scripts/vulkan_resident_bench.py [--shapes 7b|tiny] [--tokens 512] [--repeats 5]
        [--only NAME ...] [--json]
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -40,16 +42,17 @@ def _res(**knobs: object) -> dict[str, object]:
 
 
 CONFIGS: dict[str, dict[str, object]] = {
-    "tiled": {},
-    "coopmat": {R + "variant": "coopmat"},
-    "coopmat-one-dbuf": {R + "variant": "coopmat", R + "one_tile": True, R + "buffers": 2},
     "resident": _res(),
+    "coopmat": {R + "variant": "coopmat"},
+    "tiled": {},
     "resident-b1": _res(buffers=1),
+    "resident-pairs": _res(smem_pairs=True),
     "resident-bk64": _res(bk=64, buffers=1),
     "resident-64x128-w32x32": _res(tile_m=64, warp_m=32),
     "resident-128x64-w32x32": _res(tile_n=64, warp_m=32),
     "resident-256x128-w64x64": _res(tile_m=256, warp_n=64, buffers=1),
     "resident-128x256-w64x64": _res(tile_n=256, warp_n=64, buffers=1),
+    "coopmat-one-dbuf": {R + "variant": "coopmat", R + "one_tile": True, R + "buffers": 2},
 }
 
 
@@ -72,31 +75,45 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(0)
     be = backends.create("vulkan", device=backends.default_device("vulkan"))
     dev = be.device_info()
+    # Configs outer (the important ones first: NVIDIA's driver may compile a large tile for a
+    # long time), the weights loaded once; resident configs share the fp16 copies.
+    shapes = SHAPES[args.shapes]
+    wts = [be.load_weight(weight(n, k, q, rng)) for n, k, q in shapes]
+    xs = {
+        k: be.upload(rng.standard_normal((args.tokens, k)).astype(np.float32)) for _, k, _ in shapes
+    }
+    refs: dict[int, np.ndarray] = {}
     rows = []
-    for n, k, q in SHAPES[args.shapes]:
-        wt = be.load_weight(weight(n, k, q, rng))
-        x = be.upload(rng.standard_normal((args.tokens, k)).astype(np.float32))
-        flop = 2 * args.tokens * n * k
-        ref = None
-        for name in names:
-            cfg = TuningConfig.default("vulkan").replace(**CONFIGS[name])
+    for name in names:
+        cfg = TuningConfig.default("vulkan").replace(**CONFIGS[name])
+        bad = cfg.problems(dev)
+        if bad:
+            rows.append({"config": name, "refused": bad})
+            if not args.json:
+                print(rows[-1], flush=True)
+            continue
+        t0 = time.perf_counter()
+        try:
+            be.set_config(cfg)
+        except Exception as e:  # noqa: BLE001 - a broken config is a row, not the end
+            rows.append({"config": name, "error": f"{type(e).__name__}: {e}"[:300]})
+            if not args.json:
+                print(rows[-1], flush=True)
+            continue
+        for i, ((n, k, q), wt) in enumerate(zip(shapes, wts, strict=True)):
             row: dict[str, object] = {"config": name, "N": n, "K": k, "qtype": q}
-            bad = cfg.problems(dev)
-            if bad:
-                rows.append(row | {"refused": bad})
-                if not args.json:
-                    print(rows[-1], flush=True)
-                continue
+            x, flop = xs[k], 2 * args.tokens * n * k
             try:
-                be.set_config(cfg)
                 be.set_profiling(True)
                 out = be.download(be.matmul(x, wt))  # pipelines built; resident: the fp16 copy
-            except Exception as e:  # noqa: BLE001 - a broken config is a row, not the end
+            except Exception as e:  # noqa: BLE001
                 rows.append(row | {"error": f"{type(e).__name__}: {e}"[:300]})
                 if not args.json:
                     print(rows[-1], flush=True)
                 continue
             first = {kn: kt.total_ms for kn, kt in be.profile().kernels.items()}
+            if i == 0:
+                row["build_s"] = round(time.perf_counter() - t0, 2)
             for _ in range(args.repeats):
                 be.matmul(x, wt)
             be.synchronize()
@@ -106,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             gemm = sum(v for kname, v in per.items() if ".x16" not in kname)
             x16 = sum(v for kname, v in per.items() if ".x16" in kname)
             w16 = sum(ms for kname, ms in first.items() if ".w16" in kname)
-            ref = out if ref is None else ref
+            ref = refs.setdefault(i, out)
             err = float(np.sum((out - ref) ** 2) / max(float(np.sum(ref**2)), 1e-30))
             row |= {
                 "gemm_ms": round(gemm, 4),
@@ -119,8 +136,6 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             if not args.json:
                 print(row, flush=True)
-        del wt
-        be.set_config(TuningConfig.default("vulkan"))  # drop the fp16 copies
     be.close()
     if args.json:
         print(json.dumps({"device": dev.name, "tokens": args.tokens, "rows": rows}, indent=1))

@@ -25,6 +25,7 @@ from engine.backends.vulkan.kernels import all_builds
 from engine.backends.vulkan.resident import kpad
 from engine.errors import ConfigError
 from engine.tuning import TuningConfig
+from engine.tuning.kernels.vulkan import QUANT_TYPES
 from tests.backend_contract import BackendContract
 from tests.op_cases import dense
 from tests.test_vulkan_coopmat import CAPS, capabilities, h200_like
@@ -40,11 +41,14 @@ def test_resident_programs_build_and_validate(tmp_path):
     assert passes == {"", "PASS_W16", "PASS_X16"}
     assert spirv.compiler_for("matmul_f16")[0] == "glslangValidator"
     tools = Path(sys.executable).parent
+    # one GEMM build per tile-knob combination (no weight type), one PASS_W16 per type, one
+    # PASS_X16
+    assert len(builds) == 2 * 2 * 2 + len(QUANT_TYPES) + 1
     for defines in (
-        ("QTYPE_Q4_K", "BK=32", "NBUF=2"),
-        ("QTYPE_Q6_K", "BK=64", "NBUF=1"),
-        ("QTYPE_Q4_K", "BK=32", "NBUF=2", "PASS_W16"),
-        ("QTYPE_F32", "BK=32", "NBUF=2", "PASS_X16"),
+        ("BK=32", "NBUF=2"),
+        ("BK=64", "NBUF=1", "SMEM_PAIRS"),
+        ("QTYPE_Q4_K", "PASS_W16"),
+        ("PASS_X16",),
     ):
         assert ("matmul_f16", tuple(sorted(defines))) in {(s, tuple(sorted(d))) for s, d in builds}
         code = spirv.compile_spirv("matmul_f16", defines, tmp_path)
@@ -143,6 +147,8 @@ KNOBS = [
     {"tile_m": 64, "tile_n": 64, "warp_m": 16, "warp_n": 32},
     {"tile_m": 128, "tile_n": 256, "warp_m": 64, "warp_n": 64, "buffers": 1},
     {"subgroup_size": 32},
+    {"smem_pairs": True},
+    {"smem_pairs": True, "bk": 64, "buffers": 1, "tile_m": 64, "warp_m": 32, "warp_n": 32},
     {"subgroup_size": 64, "warp_n": 64},  # wave64 (RDNA): 4 tiles x 64 lanes
     {"subgroup_size": 64, "tile_m": 64, "tile_n": 64, "warp_m": 32, "warp_n": 32},
 ]

@@ -19,7 +19,7 @@
 // 16-byte aligned, else through shared memory, bounded (y may be a row range of a wider y).
 //
 // Tunables: specialization constants 0 TILE_M, 1 TILE_N, 2 WARP_M, 3 WARP_N; defines BK (32 or
-// 64), NBUF (1 or 2). Bindings: GEMM 0 W16, 1 x16, 2 y; PASS_W16 0 Wq, 1 -, 2 W16; PASS_X16 0 x,
+// 64), NBUF (1 or 2), SMEM_PAIRS (below). Bindings: GEMM 0 W16, 1 x16, 2 y; PASS_W16 0 Wq, 1 -, 2 W16; PASS_X16 0 x,
 // 1 -, 2 x16 (binding 1 unused: the three programs share one layout of three buffers).
 
 #extension GL_GOOGLE_include_directive : require
@@ -113,7 +113,29 @@ const uint CM = WARP_M / 16u;
 const uint CN = WARP_N / 16u;
 const uint TILES_M = TILE_M / WARP_M;
 
+// SMEM_PAIRS: the shared tiles as f16vec2 (llama.cpp's coopmat layout: matrix loads take their
+// offsets and strides in pairs) instead of uvec4; the same bytes, another element type for the
+// driver's matrix-load lowering.
+#ifdef SMEM_PAIRS
+const uint EW = 4u;  // shared elements per uvec4
+shared f16vec2 sh[NBUF * BUF * EW];
+#define SH_PUT(i, u)                                                              \
+    {                                                                             \
+        uint o_ = EW * (i);                                                       \
+        sh[o_] = unpackFloat2x16((u).x);                                          \
+        sh[o_ + 1u] = unpackFloat2x16((u).y);                                     \
+        sh[o_ + 2u] = unpackFloat2x16((u).z);                                     \
+        sh[o_ + 3u] = unpackFloat2x16((u).w);                                     \
+    }
+#define SH_GET(i)                                                                 \
+    uvec4(packFloat2x16(sh[EW * (i)]), packFloat2x16(sh[EW * (i) + 1u]),          \
+          packFloat2x16(sh[EW * (i) + 2u]), packFloat2x16(sh[EW * (i) + 3u]))
+#else
+const uint EW = 1u;
 shared uvec4 sh[NBUF * BUF];
+#define SH_PUT(i, u) sh[i] = (u);
+#define SH_GET(i) sh[i]
+#endif
 
 #define ACC coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
 
@@ -149,11 +171,11 @@ void main() {
     {                                                                              \
         [[unroll]] for (uint i = 0u; i < LW; i++) {                                \
             uint e = tid + 256u * i;                                               \
-            sh[(b) * BUF + (e / Q) * RS + e % Q] = rw[i];                          \
+            SH_PUT((b) * BUF + (e / Q) * RS + e % Q, rw[i]);                       \
         }                                                                          \
         [[unroll]] for (uint i = 0u; i < LX; i++) {                                \
             uint e = tid + 256u * i;                                               \
-            sh[(b) * BUF + (TILE_M + e / Q) * RS + e % Q] = rx[i];                 \
+            SH_PUT((b) * BUF + (TILE_M + e / Q) * RS + e % Q, rx[i]);              \
         }                                                                          \
     }
 
@@ -172,10 +194,10 @@ void main() {
             coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA> a[CN];
             coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB> b[CM];
             [[unroll]] for (uint j = 0u; j < CN; j++)
-                coopMatLoad(a[j], sh, xb + (tn + 16u * j) * RS + kk, RS,
+                coopMatLoad(a[j], sh, EW * (xb + (tn + 16u * j) * RS + kk), EW * RS,
                             gl_CooperativeMatrixLayoutRowMajor);
             [[unroll]] for (uint i = 0u; i < CM; i++)
-                coopMatLoad(b[i], sh, wb + (rm + 16u * i) * RS + kk, RS,
+                coopMatLoad(b[i], sh, EW * (wb + (rm + 16u * i) * RS + kk), EW * RS,
                             gl_CooperativeMatrixLayoutColumnMajor);
             [[unroll]] for (uint j = 0u; j < CN; j++)
                 [[unroll]] for (uint i = 0u; i < CM; i++)
@@ -208,12 +230,13 @@ void main() {
     uint lane = gl_SubgroupInvocationID, width = gl_SubgroupSize, slot = sg * 64u;
     [[unroll]] for (uint j = 0u; j < CN; j++)
         [[unroll]] for (uint i = 0u; i < CM; i++) {
-            coopMatStore(acc[j * CM + i], sh, slot, 4u, gl_CooperativeMatrixLayoutRowMajor);
+            coopMatStore(acc[j * CM + i], sh, EW * slot, EW * 4u,
+                         gl_CooperativeMatrixLayoutRowMajor);
             subgroupMemoryBarrierShared();
             subgroupBarrier();
             for (uint e = lane; e < 64u; e += width) {  // a row of 16 = 4 uvec4
                 uint col = col0 + 16u * j + e / 4u, n = row0 + 16u * i + 4u * (e % 4u);
-                vec4 v = uintBitsToFloat(sh[slot + e]);
+                vec4 v = uintBitsToFloat(SH_GET(slot + e));
                 if (col < pc.T) {
                     uint o = pc.y_off + col * pc.y_stride + n;
                     [[unroll]] for (uint c = 0u; c < 4u; c++)

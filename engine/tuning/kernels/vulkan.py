@@ -624,6 +624,14 @@ REGISTRY.register(
                     define("NBUF"),
                 ),
                 Param(
+                    "smem_pairs",
+                    (False, True),
+                    False,
+                    "shared tiles as f16vec2 pairs (llama.cpp's coopmat layout) instead of "
+                    "uvec4: the same bytes, another element type for the driver's matrix loads",
+                    define("SMEM_PAIRS"),
+                ),
+                Param(
                     "subgroup_size",
                     (0, 32, 64),
                     0,
