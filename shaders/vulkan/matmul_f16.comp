@@ -15,6 +15,7 @@
 // (BK 32: 80-byte rows, so the 8 rows of a 16-byte-per-lane matrix load hit 8 distinct 4-bank
 // groups), filled with 16-byte (uvec4) global loads that are issued into registers before the
 // current step's multiply-adds (NBUF 2: double-buffered, one barrier per step).
+// Grid: row tiles x token tiles, linear (folded into x * y), token tiles fastest.
 // Results: coopMatStore straight into y where the subgroup tile is whole and y's rows are
 // 16-byte aligned, else through shared memory, bounded (y may be a row range of a wider y).
 //
@@ -141,7 +142,11 @@ shared uvec4 sh[NBUF * BUF];
 
 void main() {
     uint tid = gl_LocalInvocationID.x, sg = gl_SubgroupID;
-    uint n0 = wg_linear() * TILE_M, c0 = gl_WorkGroupID.z * TILE_N;
+    // One linear grid, token tiles fastest: the workgroups of one weight tile run together, so
+    // its rows come from DRAM once and from L2 for the other token tiles (the x tiles are small
+    // and stay in L2 anyway).
+    uint ntok = (pc.T + TILE_N - 1u) / TILE_N, lin = wg_linear();
+    uint n0 = (lin / ntok) * TILE_M, c0 = (lin % ntok) * TILE_N;
     uint q16 = kpad() / 8u;  // uvec4 per fp16 row
     uint steps = kpad() / uint(BK);
     uint rm = (sg % TILES_M) * WARP_M, tn = (sg / TILES_M) * WARP_N;
