@@ -33,6 +33,7 @@ VARIANTS: dict[str, dict] = {
     "mmvq": {"matmul_decode.variant": "mmvq"},
     "mmvw": MMVW,  # projections three to a launch, residuals added as they store
     "mmvw_pdl": MMVW | {"matmul_decode.pdl": 1},
+    "mmvw_fssm": MMVW | {"matmul_decode.float_ssm_in": 1},  # delta-net in-projections float
     "mmvw_t16_r2": MMVW | {"matmul_decode.pdl": 1, "matmul_decode.threads_per_row": 16,
                            "matmul_decode.rows_per_thread": 2},
     "chunked": {"delta_net.variant": "chunked"},

@@ -491,7 +491,7 @@ def test_mmvw_fused_decode_matches_the_hooked_schedule(be, tiny_model_factory, a
         assert compare_logits(b, a)[2] < 1e-10
 
 
-@pytest.mark.parametrize("decode", ["mmvq", "mmvw"])
+@pytest.mark.parametrize("decode", ["mmvq", "mmvw", "mmvq+float_ssm_in", "mmvw+float_ssm_in"])
 @pytest.mark.parametrize("arch", HYBRIDS)
 def test_int8_decode_matches_its_numpy_emulation(be, tiny_model_factory, arch, decode):
     """The int8 decode of a hybrid (every block-type projection of a decode row on Q8_1
@@ -500,9 +500,13 @@ def test_int8_decode_matches_its_numpy_emulation(be, tiny_model_factory, arch, d
     wrong wiring (an output, an input's Q8_1 form, a residual) shows as more than noise."""
     from tests.int8_decode import Int8Decode
 
-    be.set_config(cfg(**{"matmul_decode.variant": decode}, **F32_PREFILL))
+    variant, _, knob = decode.partition("+")
+    flat = {"matmul_decode.variant": variant, **({f"matmul_decode.{knob}": 1} if knob else {})}
+    be.set_config(cfg(**flat, **F32_PREFILL))
     path = tiny_model_factory(arch, "q4_k_m")
-    want = _model(path, Int8Decode()).generate(PROMPT, 8, keep_logits=True)
+    emu = Int8Decode()
+    emu.float_ssm_in = bool(knob)
+    want = _model(path, emu).generate(PROMPT, 8, keep_logits=True)
     got = _model(path, be).generate(PROMPT, 8, keep_logits=True)
     # a float-noise difference can flip a rare Q8_1 rounding tie (one level of one value):
     # ~1e-5 after a few steps; the int8 effect itself is ~5e-3 (tests/test_hybrid.py)

@@ -213,13 +213,14 @@ def test_int8_decode_emulation_passes_validate_under_the_int8_budget(tiny_model_
     assert 1e-5 < rep.nmse < NUMERIC_BUDGETS["int8_activations"].nmse / 2
 
 
-def test_int8_prefill_rounding_alone_exceeds_the_int8_budget_on_the_tiny_qwen35(
+def test_int8_rounding_through_the_recurrence_exceeds_the_int8_budget_on_the_tiny_qwen35(
     tiny_model_factory,
 ):
     # Why the H200 rejects int8 prefill (mmq8) + int8 decode on the tiny qwen35
     # (tests/test_cuda_hybrid.py REJECTED_ON_H200): NumPy with exactly that Q8_1 rounding and
     # no kernel at all lands at KLD ~0.023, the H200's figure; the recurrent state carries the
-    # prefill rows' rounding into every later token. Decode rows alone stay inside (KLD 3e-4).
+    # prefill rows' rounding into every later token. Decode rows alone stay inside (KLD 3e-4)
+    # on this tiny model; the 9B-like shape's int8 decode measured KLD 0.013 on the H200.
     # The int8 budget is calibrated on dense shapes (docs/verify.md) and is not loosened here.
     from engine.tuning.registry import NUMERIC_BUDGETS
     from engine.validate import validate
@@ -242,3 +243,10 @@ def test_int8_prefill_rounding_alone_exceeds_the_int8_budget_on_the_tiny_qwen35(
     rep = validate(m, cand, prompts, steps=6, ref_cache=refs, budgets=int8, edges=False)
     assert not rep.passed
     assert 1.5e-2 < rep.kld_max < 4e-2, rep.kld_max
+    # the recurrence's inputs carry most of it: those projections float (matmul_decode.
+    # float_ssm_in), every other matmul still int8 at prefill and decode: KLD 0.023 -> 0.008
+    # (NMSE 0.016 still just past 0.013; ssm_out float too would make it 0.004)
+    be.float_ssm_in = True
+    mixed = validate(m, cand, prompts, steps=6, ref_cache=refs, budgets=int8, edges=False)
+    assert mixed.kld_max < rep.kld_max / 2, (mixed.kld_max, rep.kld_max)
+    assert mixed.nmse > 1e-4  # still int8 elsewhere: not the float reference
