@@ -249,3 +249,17 @@ def test_planted_w16_bug_is_rejected_by_validate(tiny_model_factory):
         assert rep.passed, rep.reasons
     finally:
         be.close()
+
+
+def test_experiment_searches_the_resident_knobs():
+    """experiments/vulkan-prefill-tc.toml searches resident with every knob of the registry (one
+    knob name from experiment file to shader)."""
+    from agent.experiment import load_experiment
+    from agent.space import build_space
+
+    root = Path(__file__).resolve().parents[1]
+    exp = load_experiment(root / "experiments" / "vulkan-prefill-tc.toml")
+    grid = build_space("vulkan", exp.space_for("vulkan")).grid()
+    assert grid["matmul_prefill.variant"] == ["tiled", "coopmat", "resident"]
+    for knob in ("tile_m", "tile_n", "warp_m", "warp_n", "bk", "buffers", "smem_pairs"):
+        assert len(grid[f"matmul_prefill.resident.{knob}"]) > 1, knob
