@@ -115,6 +115,24 @@ def test_fp16_copy_counts_in_the_weight_bytes():
     assert (kpad(1), kpad(64), kpad(65), kpad(3584)) == (64, 64, 128, 3584)
 
 
+def test_memory_report_counts_and_drops_the_fp16_copy():
+    """On any Vulkan device (lavapipe in CI): an fp16 copy attached to a weight counts in
+    memory_report's weight bytes, and setting a config without resident drops it."""
+    be = make_backend()
+    try:
+        w = qtensor(np.random.default_rng(0), (40, 256), "Q4_K")
+        wt = be.load_weight(w)
+        before = be.memory_report().weight_bytes
+        lease = be.alloc.new(2 * 40 * kpad(256), pooled=False)  # what resident_f16 makes
+        wt.f16 = [(lease, 0, 40)]
+        del lease
+        assert be.memory_report().weight_bytes == before + wt.f16[0][0].buf.size
+        be.set_config(TuningConfig.default("vulkan"))
+        assert wt.f16 is None and be.memory_report().weight_bytes == before
+    finally:
+        be.close()
+
+
 # --- GPU ------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def rb():
@@ -188,16 +206,16 @@ def test_resident_row_ranges_and_memory_report(rb):
     rb.max_weight_bytes = 2 * kpad(512) * 7 + 5  # 7 fp16 rows per range: ragged against 16
     try:
         wt = rb.load_weight(w)
-        before = rb.memory_report().weights
+        before = rb.memory_report().weight_bytes
         x = rng.standard_normal((37, 512)).astype(np.float32)
         out = rb.download(rb.matmul(rb.upload(x), wt))
     finally:
         rb.max_weight_bytes = old
     assert wt.f16 is not None and len(wt.f16) > len(wt.parts)
     assert nmse(_half_ref(x, dense(w)), out) < 1e-9
-    assert rb.memory_report().weights - before >= 2 * 150 * 512
+    assert rb.memory_report().weight_bytes - before >= 2 * 150 * 512
     rb.set_config(TuningConfig.default("vulkan"))
-    assert wt.f16 is None and rb.memory_report().weights == before
+    assert wt.f16 is None and rb.memory_report().weight_bytes == before
 
 
 @pytest.mark.gpu
