@@ -44,6 +44,7 @@ def _res(**knobs: object) -> dict[str, object]:
 
 CONFIGS: dict[str, dict[str, object]] = {
     "resident": _res(),
+    "resident-fill0": _res(fill_groups=0),  # the 128 x 128 tiles on every shape
     "coopmat": {R + "variant": "coopmat"},
     "tiled": {},
     "resident-b1": _res(buffers=1),

@@ -165,6 +165,7 @@ KNOBS = [
     {"tile_m": 64, "tile_n": 64, "warp_m": 16, "warp_n": 32},
     {"tile_m": 128, "tile_n": 256, "warp_m": 64, "warp_n": 64, "buffers": 1},
     {"subgroup_size": 32},
+    {"fill_groups": 512},  # every ragged case below runs the 64 x 64 pipeline
     {"smem_pairs": True},
     {"smem_pairs": True, "bk": 64, "buffers": 1, "tile_m": 64, "warp_m": 32, "warp_n": 32},
     {"subgroup_size": 64, "warp_n": 64},  # wave64 (RDNA): 4 tiles x 64 lanes
@@ -176,7 +177,9 @@ KNOBS = [
 @pytest.mark.parametrize("knobs", KNOBS, ids=lambda k: "-".join(f"{a}{b}" for a, b in k.items()))
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "F16", "Q8_0", "F32"])
 def test_resident_knobs_on_ragged_shapes(rb, knobs, qtype):
-    flat = RESIDENT | {f"matmul_prefill.{k}": v for k, v in knobs.items()}
+    # fill_groups 0: the tile knobs themselves (these small grids would all take 64 x 64)
+    flat = RESIDENT | {"matmul_prefill.fill_groups": 0}
+    flat |= {f"matmul_prefill.{k}": v for k, v in knobs.items()}
     cfg = TuningConfig.default("vulkan").replace(**flat)
     bad = cfg.problems(rb.device_info())
     if bad:
@@ -192,6 +195,32 @@ def test_resident_knobs_on_ragged_shapes(rb, knobs, qtype):
         wd = dense(w)
         assert nmse(x[1:].astype(np.float64) @ wd.T, out) < 5e-4
         assert nmse(_half_ref(x[1:], wd), out) < 1e-9, "beyond fp16 input rounding"
+
+
+@pytest.mark.gpu
+def test_fill_groups_small_tiles_give_the_same_bits(rb):
+    """A grid under fill_groups runs the 64 x 64 pipeline: the profile shows it, and the result
+    is bit-identical to the 128 x 128 tiles' (each element's k order is the same); a grid over
+    it keeps the tile knobs."""
+    rng = np.random.default_rng(5)
+    w = qtensor(rng, (300, 512), "Q4_K")
+    x = rng.standard_normal((130, 512)).astype(np.float32)
+    outs, kernels = {}, {}
+    for fill in (0, 512):
+        rb.set_config(
+            TuningConfig.default("vulkan").replace(
+                **RESIDENT, **{"matmul_prefill.fill_groups": fill}
+            )
+        )
+        wt, xt = rb.load_weight(w), rb.upload(x)
+        rb.set_profiling(True)
+        outs[fill] = rb.download(rb.matmul(xt, wt))
+        kernels[fill] = set(rb.profile().kernels)
+        rb.set_profiling(False)
+    assert not any(".small" in k for k in kernels[0])
+    assert any(".small" in k for k in kernels[512])
+    assert np.array_equal(outs[0], outs[512])
+    assert nmse(_half_ref(x, dense(w)), outs[512]) < 1e-9
 
 
 @pytest.mark.gpu
@@ -279,5 +308,5 @@ def test_experiment_searches_the_resident_knobs():
     exp = load_experiment(root / "experiments" / "vulkan-prefill-tc.toml")
     grid = build_space("vulkan", exp.space_for("vulkan")).grid()
     assert grid["matmul_prefill.variant"] == ["tiled", "coopmat", "resident"]
-    for knob in ("tile_m", "tile_n", "warp_m", "warp_n", "bk", "buffers", "smem_pairs"):
+    for knob in ("tile_m", "tile_n", "warp_m", "warp_n", "bk", "buffers", "fill_groups"):
         assert len(grid[f"matmul_prefill.resident.{knob}"]) > 1, knob

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from engine.backends.vulkan import kernels as K
 from engine.backends.vulkan.kernels import fold_groups as _fold
 
 if TYPE_CHECKING:
@@ -19,6 +20,8 @@ if TYPE_CHECKING:
     from engine.backends.vulkan.memory import Lease
 
 KPAD = 64  # matmul_f16.comp's kpad(): the fp16 rows' length is a multiple of any BK
+SMALL = 64  # fill_groups' tile (weight rows and tokens)
+WARPS = ((16, 32), (32, 32), (16, 16), (32, 64))  # its subgroup tiles: 8, 4, 16, 2 per group
 
 
 def kpad(k: int) -> int:
@@ -26,7 +29,8 @@ def kpad(k: int) -> int:
 
 
 class ResidentPrefill:
-    """Mixin: expects VulkanBackend's alloc, stream, _new, _pipe, max_weight_bytes."""
+    """Mixin: expects VulkanBackend's alloc, stream, dev, pipes, _ops, _new, _pipe,
+    max_weight_bytes."""
 
     def resident_f16(self, w: VkWeight) -> list[tuple[Lease, int, int]]:
         """w's fp16 copy as (lease, row0, nrows) ranges, each within maxStorageBufferRange;
@@ -74,10 +78,37 @@ class ResidentPrefill:
         )
         tm, tn = int(c["tile_m"]), int(c["tile_n"])
         for lease, r0, nr in self.resident_f16(w):
+            groups = -(-nr // tm) * -(-T // tn)
+            if groups < int(c["fill_groups"]) and tm * tn > SMALL * SMALL:
+                small = self._small_gemm(c, w.qtype)
+                if small is not None:
+                    pipe_r, groups = small, -(-nr // SMALL) * -(-T // SMALL)
+                else:
+                    pipe_r = pipe
+            else:
+                pipe_r = pipe
             self.stream.dispatch(
-                pipe,
+                pipe_r,
                 (lease.buf, xh.buf, out.buf),
                 (out.buf,),
                 (K, nr, 0, 0, out.offset + r0, N, T),
-                _fold(-(-nr // tm) * -(-T // tn)),  # token tiles fastest (matmul_f16.comp)
+                _fold(groups),  # token tiles fastest (matmul_f16.comp)
             )
+
+    def _small_gemm(self, c: Any, qtype: str) -> Any:
+        """The GEMM's pipeline with SMALL x SMALL tiles and one subgroup tile per subgroup (the
+        same program and defines, other specialization constants), or None when no warp shape
+        fits the subgroup size."""
+        key = ("matmul_prefill.small", qtype)
+        if key not in self._ops:
+            prog = K.programs("matmul_prefill", c, qtype)[0]
+            _, sg = K.specialization("matmul_prefill", c)
+            lanes = sg or self.dev.info.subgroup_size
+            fits = [(m, n) for m, n in WARPS if (SMALL // m) * (SMALL // n) * lanes == 256]
+            pipe = None
+            if fits:
+                m, n = fits[0]
+                spec = ((0, SMALL), (1, SMALL), (2, m), (3, n))
+                pipe = self.pipes.get(prog, spec, "matmul_prefill.resident.small", sg)
+            self._ops[key] = (pipe, c)
+        return self._ops[key][0]

@@ -624,6 +624,16 @@ REGISTRY.register(
                     define("NBUF"),
                 ),
                 Param(
+                    "fill_groups",
+                    (0, 128, 256, 512),
+                    256,
+                    "a GEMM whose tile grid has fewer workgroups than this runs 64 x 64 tiles "
+                    "(4x the workgroups; the same per-element summation order, so the same "
+                    "bits): the 7B q/o/down projections launch 112 workgroups of 128 x 128 on a "
+                    "132-SM GPU; 0: always the tile knobs",
+                    HOST,
+                ),
+                Param(
                     "smem_pairs",
                     (False, True),
                     False,
