@@ -78,15 +78,12 @@ class ResidentPrefill:
         )
         tm, tn = int(c["tile_m"]), int(c["tile_n"])
         for lease, r0, nr in self.resident_f16(w):
-            groups = -(-nr // tm) * -(-T // tn)
+            groups, pipe_r = -(-nr // tm) * -(-T // tn), pipe
+            small = None
             if groups < int(c["fill_groups"]) and tm * tn > SMALL * SMALL:
-                small = self._small_gemm(c, w.qtype)
-                if small is not None:
-                    pipe_r, groups = small, -(-nr // SMALL) * -(-T // SMALL)
-                else:
-                    pipe_r = pipe
-            else:
-                pipe_r = pipe
+                small = self._small_gemm(c, w.qtype)  # too few workgroups to fill the GPU
+            if small is not None:
+                groups, pipe_r = -(-nr // SMALL) * -(-T // SMALL), small
             self.stream.dispatch(
                 pipe_r,
                 (lease.buf, xh.buf, out.buf),
