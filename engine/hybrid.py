@@ -178,7 +178,6 @@ class HybridModel(Model):
         qkv = b.matmuls(h, tuple(w[p + f"attn_{t}.weight"] for t in "qkv"))
         qg, k, v = (tap("matmul", f"attn_{t}", y) for t, y in zip("qkv", qkv, strict=True))
         qg = b.reshape(qg, (n, H, 2 * D))  # [q | gate] per head
-        q, gate = tap("cols", "q", b.cols(qg, 0, D)), tap("cols", "q_gate", b.cols(qg, D, 2 * D))
         k, v = b.reshape(k, (n, Hkv, D)), b.reshape(v, (n, Hkv, D))
         if self.hook is None:  # norms, RoPE and the cache write: one op (fewer launches)
             q, gate = b.attn_qk_prep(
@@ -187,6 +186,7 @@ class HybridModel(Model):
             )  # fmt: skip
             a = b.sigmoid_mul(gate, b.attention(q, cache, i, pos0))
             return self._out(b.reshape(a, (n, H * D)), "attn_output", i, pos0, r)
+        q, gate = tap("cols", "q", b.cols(qg, 0, D)), tap("cols", "q_gate", b.cols(qg, D, 2 * D))
         q = tap("rms_norm", "attn_q_norm", b.rms_norm(q, w[p + "attn_q_norm.weight"], s.rms_eps))
         k = tap("rms_norm", "attn_k_norm", b.rms_norm(k, w[p + "attn_k_norm.weight"], s.rms_eps))
         q = tap("rope_partial", "q", b.rope_partial(q, pos0, s.rope_theta, s.rope_dim))
