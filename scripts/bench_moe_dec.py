@@ -32,6 +32,8 @@ CONFIGS: dict[str, dict] = {
     "fused_t64": {"moe_experts.threads_per_row": 64, "moe_experts.rows_per_block": 2,
                   "moe_experts.vec": 1},
     "fused_v1": {"moe_experts.vec": 1},
+    "fused_dv1": {"moe_experts.down_vec1": 1},
+    "fused_rv_dv1": {"moe_experts.route_vec": 1, "moe_experts.down_vec1": 1},
 }  # fmt: skip
 
 

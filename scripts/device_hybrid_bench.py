@@ -55,6 +55,7 @@ VARIANTS: dict[str, dict] = {
     "moe_t64": {"moe_experts.threads_per_row": 64, "moe_experts.rows_per_block": 2,
                 "moe_experts.vec": 1},
     "moe_rv": {"moe_experts.route_vec": 1},  # the fused route's float4 router rows
+    "moe_dv1": {"moe_experts.down_vec1": 1},  # the fused down kernel, every lane on short rows
     "mmq8": {"matmul_prefill.variant": "mmq8"},
     # on the H200 (9B tg64) mmvw alone 267, mmvw + PDL + chunked + argmax.multi 248: PDL and
     # argmax.multi stay out of fast until measured apart (mmvw_pdl)

@@ -24,7 +24,7 @@ KNOBS = [
     {"moe_experts.rows_per_block": 8, "moe_experts.threads_per_row": 16},
     {"moe_experts.rows_per_block": 2, "moe_experts.threads_per_row": 64, "moe_experts.vec": 1},
     {"moe_experts.rows_per_block": 1, "moe_experts.threads_per_row": 16},  # half a warp: NT 32
-    {"moe_experts.route_vec": 1},  # float4 router rows
+    {"moe_experts.route_vec": 1, "moe_experts.down_vec1": 1},  # float4 router, short down rows
     {
         "moe_experts.route_vec": 1,
         "moe_experts.rows_per_block": 1,

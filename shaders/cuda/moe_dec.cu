@@ -35,7 +35,7 @@
 // of type QT. The rows' loads of a step are independent, so they are in flight together (the
 // k experts' down rows of one output, gate and up of one expert). For n = 1 this is dmmv.cu's
 // loop for one row and column: the same groups in the same order.
-template <int QT>
+template <int QT, int V>
 __device__ __forceinline__ void dot_rows(const u8* const* rows, const float* const* xs, int n,
                                          int K, int lane, float* s) {
     if constexpr (QT == QT_F32 || QT == QT_F16 || QT == QT_BF16) {
@@ -46,9 +46,9 @@ __device__ __forceinline__ void dot_rows(const u8* const* rows, const float* con
         }
     } else {
         const int NG = K / 16;
-        for (int g0 = lane * VEC; g0 < NG; g0 += TPR * VEC) {
+        for (int g0 = lane * V; g0 < NG; g0 += TPR * V) {
 #pragma unroll
-            for (int jv = 0; jv < VEC; ++jv) {
+            for (int jv = 0; jv < V; ++jv) {
                 const int g = g0 + jv;
                 if (g < NG) {
 #pragma unroll
@@ -69,20 +69,22 @@ __device__ __forceinline__ void dot_rows(const u8* const* rows, const float* con
     }
 }
 
-// dot_rows for a weight type given at run time (uniform per call site but the route's).
+// dot_rows for a weight type given at run time (uniform per call site but the route's), V
+// consecutive groups per lane per step.
+template <int V = VEC>
 __device__ __forceinline__ void dot_rows_rt(int qt, const u8* const* rows,
                                             const float* const* xs, int n, int K, int lane,
                                             float* s) {
     switch (qt) {
-        case QT_Q4_0: dot_rows<QT_Q4_0>(rows, xs, n, K, lane, s); break;
-        case QT_Q4_1: dot_rows<QT_Q4_1>(rows, xs, n, K, lane, s); break;
-        case QT_Q5_0: dot_rows<QT_Q5_0>(rows, xs, n, K, lane, s); break;
-        case QT_Q8_0: dot_rows<QT_Q8_0>(rows, xs, n, K, lane, s); break;
-        case QT_Q4_K: dot_rows<QT_Q4_K>(rows, xs, n, K, lane, s); break;
-        case QT_Q6_K: dot_rows<QT_Q6_K>(rows, xs, n, K, lane, s); break;
-        case QT_F16: dot_rows<QT_F16>(rows, xs, n, K, lane, s); break;
-        case QT_BF16: dot_rows<QT_BF16>(rows, xs, n, K, lane, s); break;
-        default: dot_rows<QT_F32>(rows, xs, n, K, lane, s); break;
+        case QT_Q4_0: dot_rows<QT_Q4_0, V>(rows, xs, n, K, lane, s); break;
+        case QT_Q4_1: dot_rows<QT_Q4_1, V>(rows, xs, n, K, lane, s); break;
+        case QT_Q5_0: dot_rows<QT_Q5_0, V>(rows, xs, n, K, lane, s); break;
+        case QT_Q8_0: dot_rows<QT_Q8_0, V>(rows, xs, n, K, lane, s); break;
+        case QT_Q4_K: dot_rows<QT_Q4_K, V>(rows, xs, n, K, lane, s); break;
+        case QT_Q6_K: dot_rows<QT_Q6_K, V>(rows, xs, n, K, lane, s); break;
+        case QT_F16: dot_rows<QT_F16, V>(rows, xs, n, K, lane, s); break;
+        case QT_BF16: dot_rows<QT_BF16, V>(rows, xs, n, K, lane, s); break;
+        default: dot_rows<QT_F32, V>(rows, xs, n, K, lane, s); break;
     }
 }
 
@@ -219,15 +221,18 @@ extern "C" __global__ void __launch_bounds__(NT)
 
 // h [T, k + 1, ldh]; D [E, C, F] (type qe, rows of rb_e); SD [C, Fs] (type qsh, rows of rb_s)
 // or null; ids, w [T, k]; logits [T, ldl] (column E: the shared expert's gate logit); r, out
-// [T, C]. Grid (ceil(C / ROWS), T).
-extern "C" __global__ void __launch_bounds__(NT)
-    moe_dec_down(const float* __restrict__ h, int ldh, const u8* __restrict__ D, int rb_e,
-                 int qe, int F, int E, const int* __restrict__ ids,
-                 const float* __restrict__ w, int k, const u8* __restrict__ SD, int rb_s,
-                 int qsh, int Fs, const float* __restrict__ logits, int ldl,
-                 const float* __restrict__ r, float* __restrict__ out, int C) {
-    __shared__ float red[RED_N];
-    pdl_start();
+// [T, C]. Grid (ceil(C / ROWS), T). V: groups per lane per step of the routed rows (VEC, or 1
+// in moe_dec_down_v1: moe_experts.down_vec1, a kernel of its own so the default's registers are
+// its own too).
+template <int V>
+__device__ __forceinline__ void down_body(const float* __restrict__ h, int ldh,
+                                          const u8* __restrict__ D, int rb_e, int qe, int F,
+                                          int E, const int* __restrict__ ids,
+                                          const float* __restrict__ w, int k,
+                                          const u8* __restrict__ SD, int rb_s, int qsh, int Fs,
+                                          const float* __restrict__ logits, int ldl,
+                                          const float* __restrict__ r, float* __restrict__ out,
+                                          int C, float* red) {
     const int t = blockIdx.y, lane = threadIdx.x % TPR;
     const int c = row_of_thread();
     const float* ht = h + (size_t)t * (k + 1) * ldh;
@@ -248,7 +253,7 @@ extern "C" __global__ void __launch_bounds__(NT)
             }
             xs[j] = ht + (size_t)j * ldh;
         }
-        dot_rows_rt(qe, rows, xs, nr, F, lane, s);
+        dot_rows_rt<V>(qe, rows, xs, nr, F, lane, s);
         if (SD && !fold) {
             const u8* srow[1] = {SD + (size_t)c * rb_s};
             const float* sx[1] = {ht + (size_t)k * ldh};
@@ -273,4 +278,28 @@ extern "C" __global__ void __launch_bounds__(NT)
         y = acc + v / (1.f + expf(-logits[(size_t)t * ldl + E]));  // sigmoid_mul, then add
     }
     if (lane == 0 && c < C) out[(size_t)t * C + c] = r[(size_t)t * C + c] + y;
+}
+
+extern "C" __global__ void __launch_bounds__(NT)
+    moe_dec_down(const float* __restrict__ h, int ldh, const u8* __restrict__ D, int rb_e,
+                 int qe, int F, int E, const int* __restrict__ ids,
+                 const float* __restrict__ w, int k, const u8* __restrict__ SD, int rb_s,
+                 int qsh, int Fs, const float* __restrict__ logits, int ldl,
+                 const float* __restrict__ r, float* __restrict__ out, int C) {
+    __shared__ float red[RED_N];
+    pdl_start();
+    down_body<VEC>(h, ldh, D, rb_e, qe, F, E, ids, w, k, SD, rb_s, qsh, Fs, logits, ldl, r, out, C,
+                  red);
+}
+
+extern "C" __global__ void __launch_bounds__(NT)
+    moe_dec_down_v1(const float* __restrict__ h, int ldh, const u8* __restrict__ D, int rb_e,
+                    int qe, int F, int E, const int* __restrict__ ids,
+                    const float* __restrict__ w, int k, const u8* __restrict__ SD, int rb_s,
+                    int qsh, int Fs, const float* __restrict__ logits, int ldl,
+                    const float* __restrict__ r, float* __restrict__ out, int C) {
+    __shared__ float red[RED_N];
+    pdl_start();
+    down_body<1>(h, ldh, D, rb_e, qe, F, E, ids, w, k, SD, rb_s, qsh, Fs, logits, ldl, r, out, C,
+                red);
 }

@@ -145,7 +145,8 @@ class CudaMoeDecodeOps:
         )  # fmt: skip
         out = self._empty((T, C))
         self._launch(
-            "moe_dec", "moe_dec_down", (math.ceil(C / rows), T), (nt,),
+            "moe_dec", "moe_dec_down_v1" if int(c["down_vec1"]) else "moe_dec_down",
+            (math.ceil(C / rows), T), (nt,),
             (hh, np.int32(ldh), down.raw, np.int32(down.row_bytes), np.int32(_QT[down.qtype]),
              np.int32(F), np.int32(E), ids, wts, np.int32(k),
              _NULL if sdown is None else sdown.raw, np.int32(sdown.row_bytes if sdown else 0),

@@ -143,6 +143,15 @@ _MOE_DMMV = (
         "the dense DMMV (another summation order: order_only either way)",
         PUSHED,
     ),
+    Param(
+        "down_vec1",
+        (0, 1),
+        0,
+        "fuse_decode's down kernel: 1 walks the routed experts' short rows (F / 16 groups: 32 "
+        "for a 35B-A3B's 512) one group per lane per step, so all threads_per_row lanes work "
+        "where vec 2 leaves half of them idle; another summation order",
+        PUSHED,
+    ),
 )
 
 # dmmv first, so it stays the default until the grouped GEMM is timed on a GPU (the Vulkan
