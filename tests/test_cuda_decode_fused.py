@@ -466,7 +466,8 @@ def test_validate_fused_configs(be, tiny_model_path, flat):
 
 
 def test_base_composition_is_used_where_nothing_fuses(be):
-    """Default config: CudaBackend's fused ops are the base class's sequences."""
+    """Default config (mmvf: q/k/v with their biases in one launch): CudaBackend's attn_in is
+    bit-equal to the base class's sequence."""
     assert type(be).attn_in is not Backend.attn_in  # it overrides, and falls back when not fused
     be.set_config(cfg())
     rng = np.random.default_rng(3)
