@@ -40,12 +40,15 @@ VARIANTS: dict[str, dict] = {
     "chunked32": {"delta_net.variant": "chunked", "delta_net.chunk": 32},
     "grouped": {"moe_experts.variant": "grouped"},
     "moe_q8": {"moe_experts.variant": "mmvq"},  # int8 experts (gate + up + SwiGLU fused)
+    "moe_tc": {"moe_experts.variant": "tc"},  # fp16 tensor-core experts at prefill (moe_tc.cu)
     "mmq8": {"matmul_prefill.variant": "mmq8"},
     # on the H200 (9B tg64) mmvw alone 267, mmvw + PDL + chunked + argmax.multi 248: PDL and
     # argmax.multi stay out of fast until measured apart (mmvw_pdl)
     "fast": MMVW | {"delta_net.prefetch": 4, "moe_experts.variant": "grouped",
                     "ssm_conv.fuse_step": 1},
     "fast_q8": MMVW | {"delta_net.prefetch": 4, "moe_experts.variant": "mmvq",
+                       "ssm_conv.fuse_step": 1},
+    "fast_tc": MMVW | {"delta_net.prefetch": 4, "moe_experts.variant": "tc",
                        "ssm_conv.fuse_step": 1},
     "fast_pdl": MMVW | {"delta_net.prefetch": 4, "moe_experts.variant": "grouped",
                         "ssm_conv.fuse_step": 1, "matmul_decode.pdl": 1,

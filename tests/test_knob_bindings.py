@@ -271,6 +271,8 @@ def _old_cuda_modules(cfg: TuningConfig) -> dict[str, tuple[str, dict]]:
     k["moe"] = ("moe.cu", dmmv)  # grouped decodes (T = 1) with it
     if me.variant == "grouped":
         k["moe_grouped"] = ("moe_grouped.cu", {**dmmv, "TILE_P": me["tile_pairs"]})
+    if me.variant == "tc":  # its dmmv knobs reach moe.cu only (host-bound)
+        k["moe_tc"] = ("moe_tc.cu", {"TILE_P": me["tile_pairs"], "BR": me["block_rows"]})
     return k
 
 

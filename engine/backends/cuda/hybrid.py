@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from engine.backends.cuda.kernels import QTYPE_SUFFIX
+from engine.backends.cuda.moe_tc import MAX_TILES, CudaMoeTcOps, tc_ok, tc_tiles
 from engine.tuning.kernels.cuda import BLOCK_TYPES as _MMVW  # the types mmvw.cu decodes
 
 MAX_CONV = 8  # hybrid.cu ssm_conv_state keeps K - 1 <= 7 inputs per channel in registers
@@ -49,7 +50,7 @@ def _max_tiles(pairs: int, experts: int, choice: Any) -> int:
     return math.ceil(pairs / int(choice["tile_pairs"])) + min(experts, pairs)
 
 
-class CudaHybridOps:
+class CudaHybridOps(CudaMoeTcOps):
     """Hybrid ops of CudaBackend (needs its _launch, _empty, _grid1, _pos_ptr, _mmvw, config)."""
 
     _cp: Any
@@ -293,7 +294,14 @@ class CudaHybridOps:
             return out
         c = self.config.op("moe_experts")
         E = int(gate.shape[0])
-        if c.variant == "grouped" and T > 1 and _max_tiles(T * k, E, c) <= MAX_PAIRS:
+        if (
+            c.variant == "tc"
+            and T > 1
+            and tc_ok(gate, up, down)
+            and tc_tiles(T * k, E, int(c["tile_pairs"])) <= MAX_TILES
+        ):
+            d = self._moe_tc(x, ids, gate, up, down)
+        elif c.variant == "grouped" and T > 1 and _max_tiles(T * k, E, c) <= MAX_PAIRS:
             d = self._moe_grouped(x, ids, gate, up, down)
         elif c.variant == "mmvq" and all(_q8_ok(w) for w in (gate, up, down)):
             d = self._moe_q8(x, ids, gate, up, down)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from engine.tuning.kernels.cuda import ALL_TYPES
 from engine.tuning.kernels.vulkan import DELTA_NET_CHUNKS
-from engine.tuning.registry import PUSHED, REGISTRY, Param, Variant, define
+from engine.tuning.registry import HOST, PUSHED, REGISTRY, Param, Variant, define
 
 B = "cuda"
 
@@ -116,6 +116,12 @@ _MOE_DMMV = (
     ),
 )
 
+# tc's decode knobs: the same values, read by the host to build and launch moe.cu (moe_tc.cu
+# never sees them, so a decode knob's trial does not recompile the tensor-core kernels).
+_MOE_DMMV_HOST = tuple(
+    Param(p.name, p.choices, p.default, p.doc + " (decode)", HOST) for p in _MOE_DMMV
+)
+
 # dmmv first, so it stays the default until the grouped GEMM is timed on a GPU (the Vulkan
 # backend lists grouped first). grouped at decode (T == 1) is dmmv: the same kernels and knobs.
 # mmvq: int8 activations (the looser numeric class), so never the default.
@@ -156,6 +162,39 @@ REGISTRY.register(
             doc="prefill (T > 1): a counting sort of the pairs by expert on the device into "
             "tiles, then the batched DMMV per (rows, tile) of the tile's expert on the sorted "
             "rows; decode: the dmmv kernels",
+        ),
+        Variant(
+            B,
+            "moe_experts",
+            "tc",
+            params=(
+                *_MOE_DMMV_HOST,
+                Param(
+                    "tile_pairs",
+                    (16, 32, 64),
+                    32,
+                    "routed (token, slot) pairs per tile: the n side of the tensor-core tile "
+                    "(an expert's weight window is decoded once per tile; pairs past an "
+                    "expert's count are zeros the mma still multiplies)",
+                    define("TILE_P"),
+                ),
+                Param(
+                    "block_rows",
+                    (64, 128),
+                    64,
+                    "expert weight rows per block (4 warps of block_rows / 4): the m side",
+                    define("BR"),
+                ),
+            ),
+            quant_types=ALL_TYPES,
+            source="cuda/moe_tc.cu",
+            # fp16 weights (decoded in the kernel) and activations into float32 accumulators
+            numeric="fp16",
+            doc="prefill (T > 1), block-type experts: the grouped variant's counting sort, "
+            "then per tile of one expert's pairs gate + up + SwiGLU in one kernel and down in "
+            "another on fp16 tensor cores (mma.sync), Q4_K / Q6_K / ... weights decoded into "
+            "shared memory (no fp16 copy in device memory); decode and float experts: the "
+            "dmmv kernels",
         ),
         Variant(
             B,

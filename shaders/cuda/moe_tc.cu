@@ -1,0 +1,213 @@
+// moe_tc.cu: the routed experts of a MoE FFN at prefill as a grouped GEMM on fp16 tensor cores
+// (moe_experts.tc, engine/tuning/kernels/cuda_hybrid.py; mma.sync m16n8k16, sm_80+).
+//
+// The (token, slot) pairs are sorted by expert and cut into tiles of <= TILE_P pairs by
+// moe_route.cuh's moe_sort (route = [n_tiles, (expert, start, count) x max_tiles, order[P]]).
+// A block takes BR weight rows of one tile's expert, as mmq.cu does for a dense matrix: each
+// 64-wide k window of its rows is read from device memory once, decoded in registers
+// (common.cuh) and written to shared memory as fp16; the tile's activations come in as fp16 too,
+// and 4 warps (BR / 4 weight rows each, all the tile's pairs) accumulate in float32 with
+// ldmatrix + mma. Shared rows are padded to 72 halves (ldmatrix rows on distinct banks).
+//   moe_tc_gu_<type>   gate and up of a tile at once (two weight tiles, two accumulators),
+//                      SwiGLU in registers: H [P, F] fp16 in sorted order. The activation row of
+//                      sorted pair i is x[order[i] / x_div] (float32, rounded while staged).
+//   moe_tc_down_<type> down on H's sorted rows, written to the pair's own row of D [P, C]
+//                      (order[i]: pair order), which moe_combine sums per token.
+// Rows past N, k past K (32-element blocks: K a multiple of 32) and pairs past the tile's count
+// are zeros in shared memory and never stored; tiles past n_tiles return (the grid is sized on
+// the host without reading the routing back).
+// Tunables (defines): TILE_P (pairs per tile: 16, 32, 64), BR (weight rows per block: 64, 128).
+// Grid (ceil(N / BR), max_tiles), block 128.
+#if !defined(TILE_P) || !defined(BR)
+#error "moe_tc.cu needs TILE_P and BR (engine/tuning/kernels/cuda_hybrid.py)"
+#endif
+#include "common.cuh"
+#include "moe_route.cuh"
+#include "tc.cuh"
+
+#define MT_WARPS 4
+#define MT_THREADS (MT_WARPS * 32)
+#define MT_BK 64
+#define MT_LD (MT_BK + 8)
+#define MT_TM (BR / MT_WARPS)  // weight rows per warp
+#define MT_MF (MT_TM / 16)     // its m16 fragments
+#define MT_NF (TILE_P / 8)     // n8 fragments: the tile's pairs
+
+// Weight rows [0, rows) of one expert (W at its first row), k window [k0, k0 + 64) -> Ws.
+template <int QT>
+__device__ __forceinline__ void mt_stage_w(const u8* __restrict__ W, int row_bytes, int rows,
+                                           int K, int k0, u16* Ws) {
+    const int NG = K / 16;
+    for (int i = threadIdx.x; i < BR * 4; i += MT_THREADS) {
+        const int r = i >> 2, g = k0 / 16 + (i & 3);
+        u16* dst = Ws + r * MT_LD;
+        if (r < rows && g < NG) {
+            Run8 r0, r1;
+            int ka, kb;
+            row_group<QT>(W + (size_t)r * row_bytes, g, r0, r1, ka, kb);
+            *(uint4*)(dst + ka - k0) = tc_run_f16(r0);
+            *(uint4*)(dst + kb - k0) = tc_run_f16(r1);
+        } else {  // the 4 groups of a window cover it, in any type's order: zero by position
+            *(uint4*)(dst + 16 * (i & 3)) = make_uint4(0, 0, 0, 0);
+            *(uint4*)(dst + 16 * (i & 3) + 8) = make_uint4(0, 0, 0, 0);
+        }
+    }
+}
+
+// acc[mf][nf] += Ws rows (this warp's) x Xs rows (the tile's pairs) over one 64-wide window.
+__device__ __forceinline__ void mt_window(const u16* Ws, const u16* Xs,
+                                          float (&acc)[MT_MF][MT_NF][4]) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+#pragma unroll
+    for (int kk = 0; kk < MT_BK; kk += 16) {
+        u32 af[MT_MF][4];
+#pragma unroll
+        for (int a = 0; a < MT_MF; ++a)
+            tc_ldsm_x4(af[a], Ws + (warp * MT_TM + a * 16 + (lane & 15)) * MT_LD + kk +
+                                  (lane >> 4) * 8);
+#pragma unroll
+        for (int b = 0; b < MT_NF; b += 2) {
+            u32 r4[4];
+            tc_ldsm_x4(r4, Xs + (b * 8 + (lane & 7) + ((lane >> 4) << 3)) * MT_LD + kk +
+                               ((lane >> 3) & 1) * 8);
+#pragma unroll
+            for (int a = 0; a < MT_MF; ++a) {
+                tc_mma(acc[a][b], af[a], r4[0], r4[1]);
+                tc_mma(acc[a][b + 1], af[a], r4[2], r4[3]);
+            }
+        }
+    }
+}
+
+__device__ __forceinline__ void mt_zero(float (&acc)[MT_MF][MT_NF][4]) {
+#pragma unroll
+    for (int a = 0; a < MT_MF; ++a)
+#pragma unroll
+        for (int b = 0; b < MT_NF; ++b) acc[a][b][0] = acc[a][b][1] = acc[a][b][2] = acc[a][b][3] = 0.f;
+}
+
+// The tile of this block: false past n_tiles (the whole block returns before any barrier).
+__device__ __forceinline__ bool mt_tile(const int* route, int E, int& e, int& start, int& count) {
+    const int tile = blockIdx.y;
+    if (tile >= route[0]) return false;
+    e = min(max(route[1 + 3 * tile], 0), E - 1);
+    start = route[2 + 3 * tile];
+    count = route[3 + 3 * tile];
+    return true;
+}
+
+template <int QT>
+__device__ __forceinline__ void moe_tc_gu(const u8* __restrict__ Wg, const u8* __restrict__ Wu,
+                                          int row_bytes, int N, int K,
+                                          const float* __restrict__ X, int x_div,
+                                          const int* __restrict__ route, int max_tiles, int E,
+                                          u16* __restrict__ H) {
+    __shared__ __align__(16) u16 Gs[BR * MT_LD];
+    __shared__ __align__(16) u16 Us[BR * MT_LD];
+    __shared__ __align__(16) u16 Xs[TILE_P * MT_LD];
+    __shared__ int xrow[TILE_P];
+    int e, start, count;
+    if (!mt_tile(route, E, e, start, count)) return;
+    const int tid = threadIdx.x, n0 = blockIdx.x * BR, rows = min(BR, N - n0);
+    const int* order = route + 1 + 3 * max_tiles;
+    for (int r = tid; r < TILE_P; r += MT_THREADS) xrow[r] = r < count ? order[start + r] / x_div : -1;
+    const size_t w0 = ((size_t)e * N + n0) * row_bytes;
+    float ag[MT_MF][MT_NF][4], au[MT_MF][MT_NF][4];
+    mt_zero(ag);
+    mt_zero(au);
+    __syncthreads();
+    for (int k0 = 0; k0 < K; k0 += MT_BK) {
+        mt_stage_w<QT>(Wg + w0, row_bytes, rows, K, k0, Gs);
+        mt_stage_w<QT>(Wu + w0, row_bytes, rows, K, k0, Us);
+        for (int i = tid; i < TILE_P * 16; i += MT_THREADS) {  // float4 chunks of the pairs' x
+            const int r = i >> 4, c = (i & 15) * 4, t = xrow[r];
+            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (t >= 0 && k0 + c < K) v = __ldg((const float4*)(X + (size_t)t * K + k0 + c));
+            *(uint2*)(Xs + r * MT_LD + c) = make_uint2(f2h2(v.x, v.y), f2h2(v.z, v.w));
+        }
+        __syncthreads();
+        mt_window(Gs, Xs, ag);
+        mt_window(Us, Xs, au);
+        __syncthreads();
+    }
+    const int warp = tid / 32, lane = tid & 31, gid = lane >> 2, tig = lane & 3;
+#pragma unroll
+    for (int a = 0; a < MT_MF; ++a)
+#pragma unroll
+        for (int b = 0; b < MT_NF; ++b)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                const int n = n0 + warp * MT_TM + a * 16 + gid + (c >> 1) * 8;
+                const int p = b * 8 + tig * 2 + (c & 1);
+                if (n < N && p < count) {
+                    const float g = ag[a][b][c];
+                    H[(size_t)(start + p) * N + n] = f2h(g / (1.f + expf(-g)) * au[a][b][c]);
+                }
+            }
+}
+
+template <int QT>
+__device__ __forceinline__ void moe_tc_down(const u8* __restrict__ W, int row_bytes, int N, int K,
+                                            const u16* __restrict__ H,
+                                            const int* __restrict__ route, int max_tiles, int E,
+                                            float* __restrict__ D) {
+    __shared__ __align__(16) u16 Ws[BR * MT_LD];
+    __shared__ __align__(16) u16 Xs[TILE_P * MT_LD];
+    int e, start, count;
+    if (!mt_tile(route, E, e, start, count)) return;
+    const int tid = threadIdx.x, n0 = blockIdx.x * BR, rows = min(BR, N - n0);
+    const size_t w0 = ((size_t)e * N + n0) * row_bytes;
+    float acc[MT_MF][MT_NF][4];
+    mt_zero(acc);
+    for (int k0 = 0; k0 < K; k0 += MT_BK) {
+        mt_stage_w<QT>(W + w0, row_bytes, rows, K, k0, Ws);
+        for (int i = tid; i < TILE_P * 8; i += MT_THREADS) {  // 16-byte chunks of H's rows
+            const int r = i >> 3, c = (i & 7) * 8;
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (r < count && k0 + c < K) v = __ldg((const uint4*)(H + (size_t)(start + r) * K + k0 + c));
+            *(uint4*)(Xs + r * MT_LD + c) = v;
+        }
+        __syncthreads();
+        mt_window(Ws, Xs, acc);
+        __syncthreads();
+    }
+    const int* order = route + 1 + 3 * max_tiles;
+    const int warp = tid / 32, lane = tid & 31, gid = lane >> 2, tig = lane & 3;
+#pragma unroll
+    for (int b = 0; b < MT_NF; ++b)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+            const int p = b * 8 + tig * 2 + (c & 1);
+            if (p >= count) continue;
+#ifdef MUTANT_MOE_TC_UNSORTED  // planted bug: the pair's row of D is its sorted position
+            const size_t row = (size_t)(start + p) * N;
+#else
+            const size_t row = (size_t)order[start + p] * N;
+#endif
+#pragma unroll
+            for (int a = 0; a < MT_MF; ++a) {
+                const int n = n0 + warp * MT_TM + a * 16 + gid + (c >> 1) * 8;
+                if (n < N) D[row + n] = acc[a][b][c];
+            }
+        }
+}
+
+#define MOE_TC_KERNELS(name, QT)                                                               \
+    extern "C" __global__ void __launch_bounds__(MT_THREADS)                                   \
+        moe_tc_gu_##name(const u8* Wg, const u8* Wu, int row_bytes, int N, int K,              \
+                         const float* X, int x_div, const int* route, int max_tiles, int E,    \
+                         u16* H) {                                                             \
+        moe_tc_gu<QT>(Wg, Wu, row_bytes, N, K, X, x_div, route, max_tiles, E, H);              \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(MT_THREADS)                                   \
+        moe_tc_down_##name(const u8* W, int row_bytes, int N, int K, const u16* H,             \
+                           const int* route, int max_tiles, int E, float* D) {                 \
+        moe_tc_down<QT>(W, row_bytes, N, K, H, route, max_tiles, E, D);                        \
+    }
+
+MOE_TC_KERNELS(q4_0, QT_Q4_0)
+MOE_TC_KERNELS(q4_1, QT_Q4_1)
+MOE_TC_KERNELS(q5_0, QT_Q5_0)
+MOE_TC_KERNELS(q8_0, QT_Q8_0)
+MOE_TC_KERNELS(q4_k, QT_Q4_K)
+MOE_TC_KERNELS(q6_k, QT_Q6_K)
