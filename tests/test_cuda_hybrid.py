@@ -482,12 +482,12 @@ def test_moe_tc_matches_an_fp16_emulation_with_skewed_routing(be, qtype, T, flat
     w /= w.sum(axis=1, keepdims=True)
     x = _f32(rng, T, C)
     want16, want = np.zeros((T, C)), np.zeros((T, C))
-    for t in range(T):
-        for j, e in enumerate(ids[t]):
-            g, u = _f16(Wg[e]) @ _f16(x[t]), _f16(Wu[e]) @ _f16(x[t])
-            want16[t] += w[t, j] * (_f16(Wd[e]) @ _f16(g / (1 + np.exp(-g)) * u))
-            g, u = Wg[e] @ x[t], Wu[e] @ x[t]
-            want[t] += w[t, j] * (Wd[e] @ (g / (1 + np.exp(-g)) * u))
+    for e in range(E):  # a token's k experts are distinct: t is unique per expert
+        t, j = np.nonzero(ids == e)
+        for out, r in ((want16, _f16), (want, lambda a: np.asarray(a, np.float64))):
+            xe = r(x[t])
+            g, u = xe @ r(Wg[e]).T, xe @ r(Wu[e]).T
+            out[t] += w[t, j][:, None] * (r(g / (1 + np.exp(-g)) * u) @ r(Wd[e]).T)
     for m in mats:
         m.raw.reshape(E, -1)[[1, 6]] = 0xFF
     be.set_profiling(True)
