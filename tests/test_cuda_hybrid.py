@@ -443,10 +443,11 @@ def test_moe_grouped_matches_numpy_with_skewed_routing(be, qtype, T, flat):
 
 
 TC_CONFIGS = [
-    {"moe_experts.variant": "tc", "moe_experts.tile_pairs": tp, "moe_experts.block_rows": br}
+    {"moe_experts.variant": "tc", "moe_experts.tile_pairs": tp, "moe_experts.block_rows": br,
+     "prefill.gemm_min_t": 2}
     for tp in (16, 32, 64)
     for br in (64, 128)
-]
+]  # fmt: skip
 TC_NMSE = 1e-8  # against its fp16 emulation: float32 sums in another order, h's rare 1-ulp ties
 
 
@@ -525,7 +526,8 @@ def test_planted_moe_tc_unsorted_is_rejected_and_blamed(be, tiny_model_factory):
     from tests.mutants import Mutant, judge
 
     m = Mutant("MOE_TC_UNSORTED", "cuda", "moe_experts", "expert outputs land on the sorted "
-               "rows", {"moe_experts.variant": "tc", "prefill.chunk_tokens": 16})  # fmt: skip
+               "rows", {"moe_experts.variant": "tc", "prefill.chunk_tokens": 16,
+                        "prefill.gemm_min_t": 2})  # fmt: skip
     v = judge(m, tiny_model_factory("qwen35moe", "q4_k_m"))
     assert v.rejected and v.caught_by == "validate", v
     assert v.blamed == "moe_experts", v.blame
@@ -650,7 +652,7 @@ HYBRID_VALIDATE_CONFIGS = [
      "ssm_conv.fuse_step": 1},
     {"moe_experts.variant": "tc"},  # fp16 experts at prefill (its budget)
     {"moe_experts.variant": "tc", "moe_experts.tile_pairs": 16, "moe_experts.block_rows": 128,
-     "delta_net.variant": "chunked", "prefill.chunk_tokens": 24},
+     "delta_net.variant": "chunked", "prefill.chunk_tokens": 24, "prefill.gemm_min_t": 16},
 ]  # fmt: skip
 
 

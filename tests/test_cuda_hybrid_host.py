@@ -290,8 +290,9 @@ def test_moe_grouped_schedule(tile, qtype):
 def test_moe_tc_schedule(tile, rows, gate_type):
     """moe_experts.tc at prefill: the sort, gate + up + SwiGLU in one launch into fp16 sorted
     rows, down from them into pair order, then the combine, over enough tiles for any routing;
-    down of another block type (Q4_K_M's Q6_K) takes its own kernel. Decode, float experts and
-    gate / up of different types: moe.cu's DMMV with the variant's dmmv knobs."""
+    down of another block type (Q4_K_M's Q6_K) takes its own kernel. Decode, chunks shorter than
+    prefill.gemm_min_t, float experts and gate / up of different types: moe.cu's DMMV with the
+    variant's dmmv knobs."""
     be = FakeCuda(
         cfg(
             **{
@@ -299,6 +300,7 @@ def test_moe_tc_schedule(tile, rows, gate_type):
                 "moe_experts.tile_pairs": tile,
                 "moe_experts.block_rows": rows,
                 "moe_experts.rows_per_block": 2,
+                "prefill.gemm_min_t": 2,
             }
         )
     )
@@ -341,6 +343,11 @@ def test_moe_tc_schedule(tile, rows, gate_type):
                        _f32(rng, 5, k), g_, u_, down)  # fmt: skip
         assert not any(la.kernel.startswith("moe_tc_") for la in be.launches)
         assert be.launches[-1].kernel == "moe_combine"
+    be.set_config(be.config.replace(**{"prefill.gemm_min_t": 64}))  # a 37-token chunk: DMMV
+    be.launches.clear()
+    be.moe_experts(_f32(rng, 37, C), rng.integers(0, E, (37, k)).astype(np.int32),
+                   _f32(rng, 37, k), gate, up, down)  # fmt: skip
+    assert [la.kernel for la in be.launches][:2] == [f"moe_{gate_type.lower()}"] * 2
 
 
 @pytest.mark.parametrize("arch", HYBRIDS)
@@ -357,7 +364,8 @@ def test_moe_tc_schedule(tile, rows, gate_type):
          "matmul_prefill.variant": "mmq8"},
         {"matmul_decode.variant": "mmvw", "moe_experts.variant": "mmvq",
          "moe_experts.threads_per_row": 32, "prefill.gemm_min_t": 1 << 20},
-        {"moe_experts.variant": "tc", "moe_experts.tile_pairs": 16, "prefill.chunk_tokens": 24},
+        {"moe_experts.variant": "tc", "moe_experts.tile_pairs": 16, "prefill.chunk_tokens": 24,
+         "prefill.gemm_min_t": 2, "matmul_prefill.variant": "mmq"},  # (no cuBLAS here)
     ],
     ids=["dmmv", "mmq", "chunks-mmvq", "chunked-grouped", "mmvw-mmq8", "mmvw-moe-q8", "tc"],
 )  # fmt: skip

@@ -294,9 +294,9 @@ class CudaHybridOps(CudaMoeTcOps):
             return out
         c = self.config.op("moe_experts")
         E = int(gate.shape[0])
-        if (
+        if (  # tc: the fp16 GEMM's switch of the dense matmuls (float32 DMMV below it)
             c.variant == "tc"
-            and T > 1
+            and T >= max(2, int(self.config.op("prefill")["gemm_min_t"]))
             and tc_ok(gate, up, down)
             and tc_tiles(T * k, E, int(c["tile_pairs"])) <= MAX_TILES
         ):

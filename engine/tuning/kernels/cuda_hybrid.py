@@ -190,11 +190,12 @@ REGISTRY.register(
             source="cuda/moe_tc.cu",
             # fp16 weights (decoded in the kernel) and activations into float32 accumulators
             numeric="fp16",
-            doc="prefill (T > 1), block-type experts: the grouped variant's counting sort, "
+            doc="prefill chunks of >= prefill.gemm_min_t tokens (where the dense matmuls "
+            "switch to fp16 GEMMs), block-type experts: the grouped variant's counting sort, "
             "then per tile of one expert's pairs gate + up + SwiGLU in one kernel and down in "
             "another on fp16 tensor cores (mma.sync), Q4_K / Q6_K / ... weights decoded into "
-            "shared memory (no fp16 copy in device memory); decode and float experts: the "
-            "dmmv kernels",
+            "shared memory (no fp16 copy in device memory); shorter chunks, decode and float "
+            "experts: the dmmv kernels",
         ),
         Variant(
             B,
