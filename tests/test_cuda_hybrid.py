@@ -444,9 +444,10 @@ def test_moe_grouped_matches_numpy_with_skewed_routing(be, qtype, T, flat):
 
 TC_CONFIGS = [
     {"moe_experts.variant": "tc", "moe_experts.tile_pairs": tp, "moe_experts.block_rows": br,
-     "prefill.gemm_min_t": 2}
+     "moe_experts.q4k_window": win, "prefill.gemm_min_t": 2}
     for tp in (16, 32, 64)
     for br in (64, 128)
+    for win in (0, 1)
 ]  # fmt: skip
 TC_NMSE = 1e-8  # against its fp16 emulation: float32 sums in another order, h's rare 1-ulp ties
 

@@ -16,7 +16,9 @@
 // Rows past N, k past K (32-element blocks: K a multiple of 32) and pairs past the tile's count
 // are zeros in shared memory and never stored; tiles past n_tiles return (the grid is sized on
 // the host without reading the routing back).
-// Tunables (defines): TILE_P (pairs per tile: 16, 32, 64), BR (weight rows per block: 64, 128).
+// Tunables (defines): TILE_P (pairs per tile: 16, 32, 64), BR (weight rows per block: 64, 128),
+// WIN_Q4K (1: a thread decodes a Q4_K row's whole window, mt_q4k_window; 0: every type a group
+// of 16 per thread).
 // Grid (ceil(N / BR), max_tiles), block 128.
 #if !defined(TILE_P) || !defined(BR)
 #error "moe_tc.cu needs TILE_P and BR (engine/tuning/kernels/cuda_hybrid.py)"
@@ -33,10 +35,60 @@
 #define MT_MF (MT_TM / 16)     // its m16 fragments
 #define MT_NF (TILE_P / 8)     // n8 fragments: the tile's pairs
 
+#ifndef WIN_Q4K
+#define WIN_Q4K 0
+#endif
+
+// A Q4_K row's 64-wide window [k0, k0 + 64) (sub-blocks 2p, 2p + 1 of its block) -> dst: the
+// same weights as decode_group<QT_Q4_K> of its 4 groups gives, with d, dmin and the two
+// scale / min pairs loaded and converted once and the 32 quant bytes in two 16-byte loads.
+__device__ __forceinline__ void mt_q4k_window(const u8* __restrict__ row, int k0, u16* dst) {
+    const u8* blk = row + (size_t)(k0 >> 8) * QTraits<QT_Q4_K>::BYTES;
+    const int p = (k0 >> 6) & 3;
+    const u32 dd = __ldg((const u32*)blk);
+    const float d = h2f((u16)(dd & 0xFFFF)), dmin = h2f((u16)(dd >> 16));
+    int s0, m0, s1, m1;
+    q4k_scale_min(blk + 4, 2 * p, s0, m0);
+    q4k_scale_min(blk + 4, 2 * p + 1, s1, m1);
+    Run8 lo, hi;  // quant byte j: low nibble element j, high nibble element 32 + j
+    lo.a = d * (float)s0;
+    lo.b = -dmin * (float)m0;
+    hi.a = d * (float)s1;
+    hi.b = -dmin * (float)m1;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const uint4 q = __ldg((const uint4*)(blk + 16 + 32 * p + 16 * h));
+        const u32 w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+            lo.q0 = w[2 * u] & 0x0F0F0F0Fu;
+            lo.q1 = w[2 * u + 1] & 0x0F0F0F0Fu;
+            hi.q0 = (w[2 * u] >> 4) & 0x0F0F0F0Fu;
+            hi.q1 = (w[2 * u + 1] >> 4) & 0x0F0F0F0Fu;
+            *(uint4*)(dst + 16 * h + 8 * u) = tc_run_f16(lo);
+            *(uint4*)(dst + 32 + 16 * h + 8 * u) = tc_run_f16(hi);
+        }
+    }
+}
+
 // Weight rows [0, rows) of one expert (W at its first row), k window [k0, k0 + 64) -> Ws.
+// rot: the thread that takes row 0 of a window-per-thread decode (gate and up of BR = 64 rows
+// on the two halves of the block).
 template <int QT>
 __device__ __forceinline__ void mt_stage_w(const u8* __restrict__ W, int row_bytes, int rows,
-                                           int K, int k0, u16* Ws) {
+                                           int K, int k0, u16* Ws, int rot = 0) {
+    if (QT == QT_Q4_K && WIN_Q4K) {  // a thread per row window (K is a multiple of 256)
+        for (int r = (threadIdx.x + MT_THREADS - rot) % MT_THREADS; r < BR; r += MT_THREADS) {
+            u16* dst = Ws + r * MT_LD;
+            if (r < rows) {
+                mt_q4k_window(W + (size_t)r * row_bytes, k0, dst);
+            } else {
+#pragma unroll
+                for (int c = 0; c < MT_BK; c += 8) *(uint4*)(dst + c) = make_uint4(0, 0, 0, 0);
+            }
+        }
+        return;
+    }
     const int NG = K / 16;
     for (int i = threadIdx.x; i < BR * 4; i += MT_THREADS) {
         const int r = i >> 2, g = k0 / 16 + (i & 3);
@@ -118,7 +170,7 @@ __device__ __forceinline__ void moe_tc_gu(const u8* __restrict__ Wg, const u8* _
     __syncthreads();
     for (int k0 = 0; k0 < K; k0 += MT_BK) {
         mt_stage_w<QT>(Wg + w0, row_bytes, rows, K, k0, Gs);
-        mt_stage_w<QT>(Wu + w0, row_bytes, rows, K, k0, Us);
+        mt_stage_w<QT>(Wu + w0, row_bytes, rows, K, k0, Us, BR % MT_THREADS);
         for (int i = tid; i < TILE_P * 16; i += MT_THREADS) {  // float4 chunks of the pairs' x
             const int r = i >> 4, c = (i & 15) * 4, t = xrow[r];
             float4 v = make_float4(0.f, 0.f, 0.f, 0.f);

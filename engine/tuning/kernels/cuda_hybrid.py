@@ -185,6 +185,15 @@ REGISTRY.register(
                     "expert weight rows per block (4 warps of block_rows / 4): the m side",
                     define("BR"),
                 ),
+                Param(
+                    "q4k_window",
+                    (0, 1),
+                    0,
+                    "1: a thread decodes a Q4_K row's whole 64-wide window (scales converted "
+                    "once, 16-byte quant loads); 0: a 16-weight group per thread, as every "
+                    "other type (same weights either way)",
+                    define("WIN_Q4K"),
+                ),
             ),
             quant_types=ALL_TYPES,
             source="cuda/moe_tc.cu",
