@@ -122,47 +122,14 @@ _MOE_DMMV_HOST = tuple(
     Param(p.name, p.choices, p.default, p.doc + " (decode)", HOST) for p in _MOE_DMMV
 )
 
-# dmmv first, so it stays the default until the grouped GEMM is timed on a GPU (the Vulkan
-# backend lists grouped first). grouped at decode (T == 1) is dmmv: the same kernels and knobs.
+# tc first: the default (H200, 35b-a3b shapes: see the helper report in issue 15); its decode
+# (T == 1) and chunks below prefill.gemm_min_t are dmmv's kernels at dmmv's knob defaults, so the
+# per-token reference path is unchanged. grouped at decode is dmmv too (same kernels and knobs).
 # mmvq: int8 activations (the looser numeric class), so never the default.
 REGISTRY.register(
     B,
     "moe_experts",
     [
-        Variant(
-            B,
-            "moe_experts",
-            "dmmv",
-            params=_MOE_DMMV,
-            quant_types=ALL_TYPES,
-            source="cuda/moe.cu",
-            numeric="order_only",
-            doc="the decode DMMV per (token, chosen expert), the expert picked on the device "
-            "from router_topk's ids (only chosen experts are read; graph-safe), SwiGLU, down, "
-            "then a weighted sum per token (moe_combine)",
-        ),
-        Variant(
-            B,
-            "moe_experts",
-            "grouped",
-            params=(
-                *_MOE_DMMV,
-                Param(
-                    "tile_pairs",
-                    (4, 8, 16, 32),
-                    16,
-                    "routed (token, slot) pairs per tile of the grouped GEMM: each expert "
-                    "row is decoded once per tile (per-thread accumulators: registers)",
-                    define("TILE_P"),
-                ),
-            ),
-            quant_types=ALL_TYPES,
-            source="cuda/moe_grouped.cu",
-            numeric="order_only",
-            doc="prefill (T > 1): a counting sort of the pairs by expert on the device into "
-            "tiles, then the batched DMMV per (rows, tile) of the tile's expert on the sorted "
-            "rows; decode: the dmmv kernels",
-        ),
         Variant(
             B,
             "moe_experts",
@@ -205,6 +172,40 @@ REGISTRY.register(
             "another on fp16 tensor cores (mma.sync), Q4_K / Q6_K / ... weights decoded into "
             "shared memory (no fp16 copy in device memory); shorter chunks, decode and float "
             "experts: the dmmv kernels",
+        ),
+        Variant(
+            B,
+            "moe_experts",
+            "dmmv",
+            params=_MOE_DMMV,
+            quant_types=ALL_TYPES,
+            source="cuda/moe.cu",
+            numeric="order_only",
+            doc="the decode DMMV per (token, chosen expert), the expert picked on the device "
+            "from router_topk's ids (only chosen experts are read; graph-safe), SwiGLU, down, "
+            "then a weighted sum per token (moe_combine)",
+        ),
+        Variant(
+            B,
+            "moe_experts",
+            "grouped",
+            params=(
+                *_MOE_DMMV,
+                Param(
+                    "tile_pairs",
+                    (4, 8, 16, 32),
+                    16,
+                    "routed (token, slot) pairs per tile of the grouped GEMM: each expert "
+                    "row is decoded once per tile (per-thread accumulators: registers)",
+                    define("TILE_P"),
+                ),
+            ),
+            quant_types=ALL_TYPES,
+            source="cuda/moe_grouped.cu",
+            numeric="order_only",
+            doc="prefill (T > 1): a counting sort of the pairs by expert on the device into "
+            "tiles, then the batched DMMV per (rows, tile) of the tile's expert on the sorted "
+            "rows; decode: the dmmv kernels",
         ),
         Variant(
             B,
