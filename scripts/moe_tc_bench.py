@@ -28,7 +28,7 @@ from engine.gguf_model import QTensor  # noqa: E402
 from engine.tuning import TuningConfig  # noqa: E402
 
 CONFIGS: dict[str, dict] = {
-    "dmmv": {},
+    "dmmv": {"moe_experts.variant": "dmmv"},
     "grouped16": {"moe_experts.variant": "grouped", "moe_experts.tile_pairs": 16},
     "grouped32": {"moe_experts.variant": "grouped", "moe_experts.tile_pairs": 32},
     "mmvq": {"moe_experts.variant": "mmvq"},
