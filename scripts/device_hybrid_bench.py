@@ -41,6 +41,7 @@ VARIANTS: dict[str, dict] = {
     "grouped": {"moe_experts.variant": "grouped"},
     "moe_q8": {"moe_experts.variant": "mmvq"},  # int8 experts (gate + up + SwiGLU fused)
     "moe_tc": {"moe_experts.variant": "tc"},  # fp16 tensor-core experts at prefill (moe_tc.cu)
+    "moe_dmmv": {"moe_experts.variant": "dmmv"},  # the per-pair DMMV at prefill (default before tc)
     "mmq8": {"matmul_prefill.variant": "mmq8"},
     # on the H200 (9B tg64) mmvw alone 267, mmvw + PDL + chunked + argmax.multi 248: PDL and
     # argmax.multi stay out of fast until measured apart (mmvw_pdl)
