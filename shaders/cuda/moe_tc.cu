@@ -106,36 +106,47 @@ __device__ __forceinline__ void mt_stage_w(const u8* __restrict__ W, int row_byt
     }
 }
 
-// acc[mf][nf] += Ws rows (this warp's) x Xs rows (the tile's pairs) over one 64-wide window.
-__device__ __forceinline__ void mt_window(const u16* Ws, const u16* Xs,
-                                          float (&acc)[MT_MF][MT_NF][4]) {
+// acc[w][mf][nf] += weight tile w's rows (this warp's) x Xs rows (the tile's pairs) over one
+// 64-wide window, for NWT tiles (gate and up: 2) sharing the pairs' fragments (loaded once).
+template <int NWT>
+__device__ __forceinline__ void mt_window(const u16* const (&Ws)[NWT], const u16* Xs,
+                                          float (&acc)[NWT][MT_MF][MT_NF][4]) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
 #pragma unroll
     for (int kk = 0; kk < MT_BK; kk += 16) {
-        u32 af[MT_MF][4];
+        u32 af[NWT][MT_MF][4];
 #pragma unroll
-        for (int a = 0; a < MT_MF; ++a)
-            tc_ldsm_x4(af[a], Ws + (warp * MT_TM + a * 16 + (lane & 15)) * MT_LD + kk +
-                                  (lane >> 4) * 8);
+        for (int w = 0; w < NWT; ++w)
+#pragma unroll
+            for (int a = 0; a < MT_MF; ++a)
+                tc_ldsm_x4(af[w][a], Ws[w] + (warp * MT_TM + a * 16 + (lane & 15)) * MT_LD + kk +
+                                         (lane >> 4) * 8);
 #pragma unroll
         for (int b = 0; b < MT_NF; b += 2) {
             u32 r4[4];
             tc_ldsm_x4(r4, Xs + (b * 8 + (lane & 7) + ((lane >> 4) << 3)) * MT_LD + kk +
                                ((lane >> 3) & 1) * 8);
 #pragma unroll
-            for (int a = 0; a < MT_MF; ++a) {
-                tc_mma(acc[a][b], af[a], r4[0], r4[1]);
-                tc_mma(acc[a][b + 1], af[a], r4[2], r4[3]);
-            }
+            for (int w = 0; w < NWT; ++w)
+#pragma unroll
+                for (int a = 0; a < MT_MF; ++a) {
+                    tc_mma(acc[w][a][b], af[w][a], r4[0], r4[1]);
+                    tc_mma(acc[w][a][b + 1], af[w][a], r4[2], r4[3]);
+                }
         }
     }
 }
 
-__device__ __forceinline__ void mt_zero(float (&acc)[MT_MF][MT_NF][4]) {
+template <int NWT>
+__device__ __forceinline__ void mt_zero(float (&acc)[NWT][MT_MF][MT_NF][4]) {
 #pragma unroll
-    for (int a = 0; a < MT_MF; ++a)
+    for (int w = 0; w < NWT; ++w)
 #pragma unroll
-        for (int b = 0; b < MT_NF; ++b) acc[a][b][0] = acc[a][b][1] = acc[a][b][2] = acc[a][b][3] = 0.f;
+        for (int a = 0; a < MT_MF; ++a)
+#pragma unroll
+            for (int b = 0; b < MT_NF; ++b)
+#pragma unroll
+                for (int c = 0; c < 4; ++c) acc[w][a][b][c] = 0.f;
 }
 
 // The tile of this block: false past n_tiles (the whole block returns before any barrier).
@@ -164,9 +175,9 @@ __device__ __forceinline__ void moe_tc_gu(const u8* __restrict__ Wg, const u8* _
     const int* order = route + 1 + 3 * max_tiles;
     for (int r = tid; r < TILE_P; r += MT_THREADS) xrow[r] = r < count ? order[start + r] / x_div : -1;
     const size_t w0 = ((size_t)e * N + n0) * row_bytes;
-    float ag[MT_MF][MT_NF][4], au[MT_MF][MT_NF][4];
-    mt_zero(ag);
-    mt_zero(au);
+    float acc[2][MT_MF][MT_NF][4];  // gate, up
+    mt_zero(acc);
+    const u16* const ws[2] = {Gs, Us};
     __syncthreads();
     for (int k0 = 0; k0 < K; k0 += MT_BK) {
         mt_stage_w<QT>(Wg + w0, row_bytes, rows, K, k0, Gs);
@@ -178,8 +189,7 @@ __device__ __forceinline__ void moe_tc_gu(const u8* __restrict__ Wg, const u8* _
             *(uint2*)(Xs + r * MT_LD + c) = make_uint2(f2h2(v.x, v.y), f2h2(v.z, v.w));
         }
         __syncthreads();
-        mt_window(Gs, Xs, ag);
-        mt_window(Us, Xs, au);
+        mt_window(ws, Xs, acc);
         __syncthreads();
     }
     const int warp = tid / 32, lane = tid & 31, gid = lane >> 2, tig = lane & 3;
@@ -192,8 +202,8 @@ __device__ __forceinline__ void moe_tc_gu(const u8* __restrict__ Wg, const u8* _
                 const int n = n0 + warp * MT_TM + a * 16 + gid + (c >> 1) * 8;
                 const int p = b * 8 + tig * 2 + (c & 1);
                 if (n < N && p < count) {
-                    const float g = ag[a][b][c];
-                    H[(size_t)(start + p) * N + n] = f2h(g / (1.f + expf(-g)) * au[a][b][c]);
+                    const float g = acc[0][a][b][c];
+                    H[(size_t)(start + p) * N + n] = f2h(g / (1.f + expf(-g)) * acc[1][a][b][c]);
                 }
             }
 }
@@ -209,8 +219,9 @@ __device__ __forceinline__ void moe_tc_down(const u8* __restrict__ W, int row_by
     if (!mt_tile(route, E, e, start, count)) return;
     const int tid = threadIdx.x, n0 = blockIdx.x * BR, rows = min(BR, N - n0);
     const size_t w0 = ((size_t)e * N + n0) * row_bytes;
-    float acc[MT_MF][MT_NF][4];
+    float acc[1][MT_MF][MT_NF][4];
     mt_zero(acc);
+    const u16* const ws[1] = {Ws};
     for (int k0 = 0; k0 < K; k0 += MT_BK) {
         mt_stage_w<QT>(W + w0, row_bytes, rows, K, k0, Ws);
         for (int i = tid; i < TILE_P * 8; i += MT_THREADS) {  // 16-byte chunks of H's rows
@@ -220,7 +231,7 @@ __device__ __forceinline__ void moe_tc_down(const u8* __restrict__ W, int row_by
             *(uint4*)(Xs + r * MT_LD + c) = v;
         }
         __syncthreads();
-        mt_window(Ws, Xs, acc);
+        mt_window(ws, Xs, acc);
         __syncthreads();
     }
     const int* order = route + 1 + 3 * max_tiles;
@@ -239,7 +250,7 @@ __device__ __forceinline__ void moe_tc_down(const u8* __restrict__ W, int row_by
 #pragma unroll
             for (int a = 0; a < MT_MF; ++a) {
                 const int n = n0 + warp * MT_TM + a * 16 + gid + (c >> 1) * 8;
-                if (n < N) D[row + n] = acc[a][b][c];
+                if (n < N) D[row + n] = acc[0][a][b][c];
             }
         }
 }
