@@ -42,6 +42,9 @@ VARIANTS: dict[str, dict] = {
     "moe_q8": {"moe_experts.variant": "mmvq"},  # int8 experts (gate + up + SwiGLU fused)
     "moe_tc": {"moe_experts.variant": "tc"},  # fp16 tensor-core experts at prefill (moe_tc.cu)
     "moe_dmmv": {"moe_experts.variant": "dmmv"},  # the per-pair DMMV at prefill (default before tc)
+    "moe_tc_wide": {"moe_experts.variant": "tc", "moe_experts.wide_loads": 1},  # 16-byte decodes
+    "moe_tc_wide_win": {"moe_experts.variant": "tc", "moe_experts.wide_loads": 1,
+                        "moe_experts.q4k_window": 1},
     "mmq8": {"matmul_prefill.variant": "mmq8"},
     # on the H200 (9B tg64) mmvw alone 267, mmvw + PDL + chunked + argmax.multi 248: PDL and
     # argmax.multi stay out of fast until measured apart (mmvw_pdl)

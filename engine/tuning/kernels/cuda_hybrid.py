@@ -161,6 +161,15 @@ REGISTRY.register(
                     "other type (same weights either way)",
                     define("WIN_Q4K"),
                 ),
+                Param(
+                    "wide_loads",
+                    (0, 1),
+                    0,
+                    "1: Q4_K / Q6_K groups decoded from 16-byte loads (2 and 4 load "
+                    "instructions, not 8 and 18: a warp's loads hit 8 rows' lines, so L1 "
+                    "passes per instruction bound the narrow decoders); same weights",
+                    define("WIDE"),
+                ),
             ),
             quant_types=ALL_TYPES,
             source="cuda/moe_tc.cu",
