@@ -9,7 +9,7 @@ blocks with sane scales (no quantizer run: a 35B layer is 0.45 GB), so the figur
 not a model. x40 layers is the expert share of a 35b-a3b pp512.
 
 usage: python scripts/moe_tc_bench.py [--tokens 512] [--configs dmmv,tc,...] [--repeats 10]
-       [--experts 256] [--used 8] [--width 2048] [--ff 512] [--json]
+       [--experts 256] [--used 8] [--width 2048] [--ff 512] [--kernels] [--json]
 """
 
 from __future__ import annotations
@@ -71,6 +71,7 @@ def main() -> int:
     ap.add_argument("--used", type=int, default=8)
     ap.add_argument("--width", type=int, default=2048)
     ap.add_argument("--ff", type=int, default=512)
+    ap.add_argument("--kernels", action="store_true", help="and ms per kernel (one call)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     names = [n for n in a.configs.split(",") if n]
@@ -112,6 +113,14 @@ def main() -> int:
             ms = statistics.median(times)
             rows.append({"config": name, "ms": ms, "x40_ms": 40 * ms,
                          "finite": bool(np.isfinite(outs[name]).all())})  # fmt: skip
+            if a.kernels:  # one more call with an event pair around each launch
+                be.set_profiling(True)
+                try:
+                    be.moe_experts(x, ids_d, w_d, *ws)
+                    rep = be.profile()
+                finally:
+                    be.set_profiling(False)
+                rows[-1]["kernels_ms"] = {k: round(v.total_ms, 4) for k, v in rep.kernels.items()}
         except Exception as e:  # noqa: BLE001 - one config's failure is its row
             rows.append({"config": name, "error": f"{type(e).__name__}: {e}"[:300]})
         if not a.json:
