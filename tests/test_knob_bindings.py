@@ -114,7 +114,8 @@ def _old_vulkan_spec(cfg: TuningConfig, op: str) -> tuple[tuple[int, ...], int]:
     if op == "matmul_prefill":
         if c.variant == "tiled":
             return (int(c["tile_m"]), int(c["tile_n"])), 0
-        if c.variant == "coopmat":  # added after the bindings: tile and subgroup-tile sizes
+        # coopmat and resident: added after the bindings, tile and subgroup-tile sizes
+        if c.variant in ("coopmat", "resident"):
             tiles = tuple(int(c[k]) for k in ("tile_m", "tile_n", "warp_m", "warp_n"))
             return tiles, int(c["subgroup_size"])
         rows = int(c["rows_per_wg"]) if c.variant == "kpar" else 1
