@@ -37,7 +37,7 @@ def builds() -> list[tuple[str, dict[str, int]]]:
         ("delta_net.cu", {"NW": 4, "MAX_DK": 128, "STATE_T": 1, "MUTANT_DELTA_NET_SK": 1}),
         ("delta_net_chunked.cu", {"NW": 4, "MAX_DK": 128, "STATE_T": 1, "CHUNK": 64,
                                   "MUTANT_DN_CHUNK_STATE_NOT_STORED": 1}),
-        ("moe_tc.cu", {"TILE_P": 32, "BR": 64, "WIN_Q4K": 0, "WIDE": 0,
+        ("moe_tc.cu", {"TILE_P": 32, "BR": 64, "WIN_Q4K": 0, "WIDE": 0, "DIRECT": 0,
                        "MUTANT_MOE_TC_UNSORTED": 1}),
     ]  # fmt: skip
 

@@ -32,18 +32,20 @@ CONFIGS: dict[str, dict] = {
     "grouped16": {"moe_experts.variant": "grouped", "moe_experts.tile_pairs": 16},
     "grouped32": {"moe_experts.variant": "grouped", "moe_experts.tile_pairs": 32},
     "mmvq": {"moe_experts.variant": "mmvq"},
-    **{  # _w: q4k_window, _L: wide_loads
-        f"tc{tp}_r{br}{'_w' if win else ''}{'_L' if wide else ''}": {
+    **{  # _w: q4k_window, _L: wide_loads, _D: direct
+        f"tc{tp}_r{br}{'_w' if win else ''}{'_L' if wide else ''}{'_D' if direct else ''}": {
             "moe_experts.variant": "tc",
             "moe_experts.tile_pairs": tp,
             "moe_experts.block_rows": br,
             "moe_experts.q4k_window": win,
             "moe_experts.wide_loads": wide,
+            "moe_experts.direct": direct,
         }
         for tp in (16, 32, 64)
         for br in (64, 128)
         for win in (0, 1)
         for wide in (0, 1)
+        for direct in (0, 1)
     },
 }
 _BLOCK = {"Q4_K": (256, 144, (0, 2)), "Q6_K": (256, 210, (208,))}  # elems, bytes, fp16 scales

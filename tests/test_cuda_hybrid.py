@@ -442,15 +442,18 @@ def test_moe_grouped_matches_numpy_with_skewed_routing(be, qtype, T, flat):
     check(be.download(got), want.astype(np.float64), 1e-10)
 
 
-def _tc(tp: int, br: int, win: int = 0, wide: int = 0) -> dict:
+def _tc(tp: int, br: int, win: int = 0, wide: int = 0, direct: int = 0) -> dict:
     return {"moe_experts.variant": "tc", "moe_experts.tile_pairs": tp,
             "moe_experts.block_rows": br, "moe_experts.q4k_window": win,
-            "moe_experts.wide_loads": wide, "prefill.gemm_min_t": 2}  # fmt: skip
+            "moe_experts.wide_loads": wide, "moe_experts.direct": direct,
+            "prefill.gemm_min_t": 2}  # fmt: skip
 
 
-# every tile shape (ids 0-5), then the decoders' knobs at the default tile and an extreme (6-9)
+# every tile shape (ids 0-5), then the decoders' knobs at the default tile and an extreme (6-9),
+# the direct Q4_K fragments (10-12)
 TC_CONFIGS = [_tc(tp, br) for tp in (16, 32, 64) for br in (64, 128)] + [
     _tc(32, 64, win=1), _tc(32, 64, wide=1), _tc(32, 64, win=1, wide=1), _tc(64, 128, 1, 1),
+    _tc(32, 64, wide=1, direct=1), _tc(16, 64, direct=1), _tc(64, 128, wide=1, direct=1),
 ]  # fmt: skip
 TC_NMSE = 1e-8  # against its fp16 emulation: float32 sums in another order, h's rare 1-ulp ties
 

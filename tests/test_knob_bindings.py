@@ -275,7 +275,8 @@ def _old_cuda_modules(cfg: TuningConfig) -> dict[str, tuple[str, dict]]:
     if me.variant == "tc":  # its dmmv knobs reach moe.cu only (host-bound)
         k["moe_tc"] = ("moe_tc.cu", {"TILE_P": me["tile_pairs"], "BR": me["block_rows"],
                                      "WIN_Q4K": me["q4k_window"],
-                                     "WIDE": me["wide_loads"]})  # fmt: skip
+                                     "WIDE": me["wide_loads"],
+                                     "DIRECT": me["direct"]})  # fmt: skip
     return k
 
 

@@ -18,7 +18,8 @@
 // the host without reading the routing back).
 // Tunables (defines): TILE_P (pairs per tile: 16, 32, 64), BR (weight rows per block: 64, 128),
 // WIN_Q4K (1: a thread decodes a Q4_K row's whole window, mt_q4k_window; 0: every type a group
-// of 16 per thread), WIDE (1: Q4_K / Q6_K groups decoded from 16-byte loads, mt_group).
+// of 16 per thread), WIDE (1: Q4_K / Q6_K groups decoded from 16-byte loads, mt_group), DIRECT
+// (1: gate / up of Q4_K decoded straight into mma fragments, moe_tc_gu_direct).
 // Grid (ceil(N / BR), max_tiles), block 128.
 #if !defined(TILE_P) || !defined(BR)
 #error "moe_tc.cu needs TILE_P and BR (engine/tuning/kernels/cuda_hybrid.py)"
@@ -228,12 +229,151 @@ __device__ __forceinline__ bool mt_tile(const int* route, int E, int& e, int& st
     return true;
 }
 
+#ifndef DIRECT
+#define DIRECT 0
+#endif
+
+// DIRECT = 1, gate and up of Q4_K: a warp decodes its own rows straight into mma A fragments
+// (no shared-memory weight tile: its stores and ldmatrix reads were most of the block's shared
+// traffic). In a 64-wide window (sub-blocks 2p, 2p + 1 of a block) lane tig of a row takes the
+// quant bytes 8 tig .. 8 tig + 7; its k16 step s holds elements mt_phys(s, tig) + j, j = 0..3
+// (s = 0, 1: low nibbles of bytes 8 tig + 4 s + j, sub-block 2p; s = 2, 3: high nibbles of
+// bytes 8 tig + 4 (s - 2) + j, sub-block 2p + 1) at the fragment's k positions 2 tig, 2 tig + 1,
+// 2 tig + 8, 2 tig + 9. The pairs' x is staged with the same permutation, so each product
+// pairs the same weight and x as before (a sum over k in another order).
+__device__ __forceinline__ int mt_phys(int s, int t) { return (s >> 1) * 32 + 8 * t + 4 * (s & 1); }
+
+// This lane's raw data of a row window: the block's header and its 8 quant bytes (zeros: a row
+// past N, whose weights then decode to 0).
+__device__ __forceinline__ void mt_q4k_raw(const u8* __restrict__ row, bool ok, int k0, int tig,
+                                           uint4& hdr, uint2& qs) {
+    hdr = make_uint4(0, 0, 0, 0);
+    qs = make_uint2(0, 0);
+    if (ok) {
+        const u8* blk = row + (size_t)(k0 >> 8) * QTraits<QT_Q4_K>::BYTES;
+        hdr = __ldg((const uint4*)blk);
+        qs = __ldg((const uint2*)(blk + 16 + 32 * ((k0 >> 6) & 3) + 8 * tig));
+    }
+}
+
+// f[s][0] = fp16 (j0, j1), f[s][1] = (j2, j3) of k16 step s (a * q + b in float32, rounded once).
+__device__ __forceinline__ void mt_q4k_frag(const uint4& hdr, const uint2& qs, int p,
+                                            u32 (&f)[4][2]) {
+    const float d = h2f((u16)(hdr.x & 0xFFFF)), dmin = h2f((u16)(hdr.x >> 16));
+    int s0, m0, s1, m1;
+    mt_q4k_scale_min(hdr, 2 * p, s0, m0);
+    mt_q4k_scale_min(hdr, 2 * p + 1, s1, m1);
+    const float a[2] = {d * (float)s0, d * (float)s1}, b[2] = {-dmin * (float)m0, -dmin * (float)m1};
+    const u32 w[4] = {qs.x & 0x0F0F0F0Fu, qs.y & 0x0F0F0F0Fu, (qs.x >> 4) & 0x0F0F0F0Fu,
+                      (qs.y >> 4) & 0x0F0F0F0Fu};
+#pragma unroll
+    for (int st = 0; st < 4; ++st) {
+        const u32 x = w[st] ^ 0x80808080u;
+        float v[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) v[j] = fmaf(a[st >> 1], tc_qf(x, 0x7540u + j), b[st >> 1]);
+        f[st][0] = f2h2(v[0], v[1]);
+        f[st][1] = f2h2(v[2], v[3]);
+    }
+}
+
+// moe_tc_gu for Q4_K with DIRECT: same tile, same outputs.
+__device__ __forceinline__ void moe_tc_gu_direct(const u8* __restrict__ Wg,
+                                                 const u8* __restrict__ Wu, int row_bytes, int N,
+                                                 int K, const float* __restrict__ X, int x_div,
+                                                 const int* __restrict__ route, int max_tiles,
+                                                 int E, u16* __restrict__ H) {
+    __shared__ __align__(16) u16 Xs[TILE_P * MT_LD];
+    __shared__ int xrow[TILE_P];
+    int e, start, count;
+    if (!mt_tile(route, E, e, start, count)) return;
+    const int tid = threadIdx.x, n0 = blockIdx.x * BR, rows = min(BR, N - n0);
+    const int warp = tid / 32, lane = tid & 31, gid = lane >> 2, tig = lane & 3;
+    const int* order = route + 1 + 3 * max_tiles;
+    for (int r = tid; r < TILE_P; r += MT_THREADS) xrow[r] = r < count ? order[start + r] / x_div : -1;
+    const u8* base[2] = {Wg + ((size_t)e * N + n0) * row_bytes, Wu + ((size_t)e * N + n0) * row_bytes};
+    uint4 hdr[2][MT_MF][2];  // [gate / up][m16 fragment][row gid / gid + 8]
+    uint2 qs[2][MT_MF][2];
+#pragma unroll
+    for (int w = 0; w < 2; ++w)
+#pragma unroll
+        for (int a = 0; a < MT_MF; ++a)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int lr = warp * MT_TM + a * 16 + gid + 8 * h;
+                mt_q4k_raw(base[w] + (size_t)lr * row_bytes, lr < rows, 0, tig, hdr[w][a][h], qs[w][a][h]);
+            }
+    float acc[2][MT_MF][MT_NF][4];
+    mt_zero(acc);
+    __syncthreads();
+    for (int k0 = 0; k0 < K; k0 += MT_BK) {
+        u32 fr[2][MT_MF][2][4][2];
+#pragma unroll
+        for (int w = 0; w < 2; ++w)
+#pragma unroll
+            for (int a = 0; a < MT_MF; ++a)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    mt_q4k_frag(hdr[w][a][h], qs[w][a][h], (k0 >> 6) & 3, fr[w][a][h]);
+                    const int lr = warp * MT_TM + a * 16 + gid + 8 * h;  // next window in flight
+                    if (k0 + MT_BK < K)
+                        mt_q4k_raw(base[w] + (size_t)lr * row_bytes, lr < rows, k0 + MT_BK, tig,
+                                   hdr[w][a][h], qs[w][a][h]);
+                }
+        for (int i = tid; i < TILE_P * 16; i += MT_THREADS) {  // x, permuted as the fragments
+            const int r = i >> 4, ph = (i & 15) * 4, t = xrow[r];
+            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (t >= 0) v = __ldg((const float4*)(X + (size_t)t * K + k0 + ph));
+            const int st = (ph >> 5) * 2 + ((ph >> 2) & 1), tg = (ph & 31) >> 3;
+            u16* dst = Xs + r * MT_LD + 16 * st + 2 * tg;
+            *(u32*)dst = f2h2(v.x, v.y);
+            *(u32*)(dst + 8) = f2h2(v.z, v.w);
+        }
+        __syncthreads();
+#pragma unroll
+        for (int st = 0; st < 4; ++st)
+#pragma unroll
+            for (int b = 0; b < MT_NF; b += 2) {
+                u32 r4[4];
+                tc_ldsm_x4(r4, Xs + (b * 8 + (lane & 7) + ((lane >> 4) << 3)) * MT_LD + 16 * st +
+                                   ((lane >> 3) & 1) * 8);
+#pragma unroll
+                for (int w = 0; w < 2; ++w)
+#pragma unroll
+                    for (int a = 0; a < MT_MF; ++a) {
+                        const u32 af[4] = {fr[w][a][0][st][0], fr[w][a][1][st][0],
+                                           fr[w][a][0][st][1], fr[w][a][1][st][1]};
+                        tc_mma(acc[w][a][b], af, r4[0], r4[1]);
+                        tc_mma(acc[w][a][b + 1], af, r4[2], r4[3]);
+                    }
+            }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int a = 0; a < MT_MF; ++a)
+#pragma unroll
+        for (int b = 0; b < MT_NF; ++b)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                const int n = n0 + warp * MT_TM + a * 16 + gid + (c >> 1) * 8;
+                const int p = b * 8 + tig * 2 + (c & 1);
+                if (n < N && p < count) {
+                    const float g = acc[0][a][b][c];
+                    H[(size_t)(start + p) * N + n] = f2h(g / (1.f + expf(-g)) * acc[1][a][b][c]);
+                }
+            }
+}
+
 template <int QT>
 __device__ __forceinline__ void moe_tc_gu(const u8* __restrict__ Wg, const u8* __restrict__ Wu,
                                           int row_bytes, int N, int K,
                                           const float* __restrict__ X, int x_div,
                                           const int* __restrict__ route, int max_tiles, int E,
                                           u16* __restrict__ H) {
+    if (DIRECT && QT == QT_Q4_K) {
+        moe_tc_gu_direct(Wg, Wu, row_bytes, N, K, X, x_div, route, max_tiles, E, H);
+        return;
+    }
     __shared__ __align__(16) u16 Gs[BR * MT_LD];
     __shared__ __align__(16) u16 Us[BR * MT_LD];
     __shared__ __align__(16) u16 Xs[TILE_P * MT_LD];

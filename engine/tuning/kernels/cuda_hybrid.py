@@ -170,6 +170,15 @@ REGISTRY.register(
                     "passes per instruction bound the narrow decoders); same weights",
                     define("WIDE"),
                 ),
+                Param(
+                    "direct",
+                    (0, 1),
+                    0,
+                    "1: gate / up of Q4_K decoded by each warp straight into its mma "
+                    "fragments (k permuted alike in the staged x), no shared-memory weight "
+                    "tile; same products, another summation order",
+                    define("DIRECT"),
+                ),
             ),
             quant_types=ALL_TYPES,
             source="cuda/moe_tc.cu",
