@@ -48,7 +48,7 @@ VARIANTS: dict[str, dict] = {
     "moe_tc_wide_win": {"moe_experts.variant": "tc", "moe_experts.wide_loads": 1,
                         "moe_experts.q4k_window": 1},
     "moe_tc_direct": {"moe_experts.variant": "tc", "moe_experts.wide_loads": 1,
-                      "moe_experts.direct": 1},  # Q4_K gate / up straight into mma fragments
+                      "moe_experts.direct": 1},  # Q4_K experts straight into mma fragments
     "mmq8": {"matmul_prefill.variant": "mmq8"},
     # on the H200 (9B tg64) mmvw alone 267, mmvw + PDL + chunked + argmax.multi 248: PDL and
     # argmax.multi stay out of fast until measured apart (mmvw_pdl)

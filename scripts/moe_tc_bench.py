@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
 """One MoE layer's routed experts at prefill on the CUDA backend, per moe_experts config (issue
 15): the Qwen3.5-35B-A3B shapes by default (256 experts, 8 used, width 2048, expert width 512,
-gate / up Q4_K and down Q6_K as Q4_K_M's larger layers have them), T prompt tokens routed by a
-random router, median time of CUDA events around `moe_experts` over the repeats (a row printed
-as each config is done), then each config's NMSE against dmmv's output (float32 throughout; else
-the first config's). Weights are random
-blocks with sane scales (no quantizer run: a 35B layer is 0.45 GB), so the figures are timings,
-not a model. x40 layers is the expert share of a 35b-a3b pp512.
+gate / up Q4_K and down Q6_K as Q4_K_M's larger layers have them, --down Q4_K the others), T
+prompt tokens routed by a random router, median time of CUDA events around `moe_experts` over
+the repeats (a row printed as each config is done), then each config's NMSE against dmmv's
+output (float32 throughout; else the first config's). Weights are random blocks with sane
+scales (no quantizer run: a 35B layer is 0.45 GB), so the figures are timings, not a model. x40
+layers is the expert share of a 35b-a3b pp512.
 
 usage: python scripts/moe_tc_bench.py [--tokens 512] [--configs dmmv,tc,...] [--repeats 10]
-       [--experts 256] [--used 8] [--width 2048] [--ff 512] [--kernels] [--json]
+       [--experts 256] [--used 8] [--width 2048] [--ff 512] [--down Q6_K|Q4_K] [--kernels] [--json]
 """
 
 from __future__ import annotations
@@ -73,6 +73,7 @@ def main() -> int:
     ap.add_argument("--used", type=int, default=8)
     ap.add_argument("--width", type=int, default=2048)
     ap.add_argument("--ff", type=int, default=512)
+    ap.add_argument("--down", default="Q6_K", choices=sorted(_BLOCK), help="down's type")
     ap.add_argument("--kernels", action="store_true", help="and ms per kernel (one call)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
@@ -92,7 +93,7 @@ def main() -> int:
     ws = [
         be.load_weight(random_blocks(rng, (E, F, C), "Q4_K")),
         be.load_weight(random_blocks(rng, (E, F, C), "Q4_K")),
-        be.load_weight(random_blocks(rng, (E, C, F), "Q6_K")),
+        be.load_weight(random_blocks(rng, (E, C, F), a.down)),
     ]
     ids, w = NumpyBackend().router_topk(rng.standard_normal((T, E)).astype(np.float32), k)
     x = be.upload(rng.standard_normal((T, C)).astype(np.float32))

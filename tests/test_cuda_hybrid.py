@@ -463,22 +463,23 @@ def _f16(a: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("flat", TC_CONFIGS, ids=[str(i) for i in range(len(TC_CONFIGS))])
-@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0"])
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q4_Kd", "Q6_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0"])
 @pytest.mark.parametrize("T", [2, 37, 300])
 def test_moe_tc_matches_an_fp16_emulation_with_skewed_routing(be, qtype, T, flat):
     """moe_experts.tc against NumPy with its roundings (x, the decoded weights and the SwiGLU
     output to fp16; float64 sums): expert 2 takes most pairs (at T = 300 several tiles and a
     ragged last one), experts 1 and 6 none (blocks of 0xFF: a NaN scale poisons any read), rows
     (F = 96) and k windows (down's K = 96) off every tile for the 32-element types; Q4_K's down
-    is Q6_K (as Q4_K_M mixes them). The float64 reference of the unrounded model is within the
-    fp16 class of it too."""
+    is Q6_K (as Q4_K_M mixes them; Q4_Kd: Q4_K down too). The float64 reference of the unrounded
+    model is within the fp16 class of it too."""
     from tests.op_cases import dense
 
     be.set_config(cfg(**flat))
     rng = np.random.default_rng(60 + T)
     E, k, C = 8, 3, 512
+    down_type = {"Q4_Kd": "Q4_K", "Q4_K": "Q6_K"}.get(qtype, qtype)
+    qtype = qtype.rstrip("d")
     F = 256 if qtype.endswith("_K") else 96
-    down_type = "Q6_K" if qtype == "Q4_K" else qtype
     mats = [qtensor(rng, (E, F, C), qtype, 0.1), qtensor(rng, (E, F, C), qtype, 0.1),
             qtensor(rng, (E, C, F), down_type, 0.1)]  # fmt: skip
     Wg, Wu, Wd = (dense(m) for m in mats)

@@ -19,7 +19,7 @@
 // Tunables (defines): TILE_P (pairs per tile: 16, 32, 64), BR (weight rows per block: 64, 128),
 // WIN_Q4K (1: a thread decodes a Q4_K row's whole window, mt_q4k_window; 0: every type a group
 // of 16 per thread), WIDE (1: Q4_K / Q6_K groups decoded from 16-byte loads, mt_group), DIRECT
-// (1: gate / up of Q4_K decoded straight into mma fragments, moe_tc_gu_direct).
+// (1: Q4_K experts decoded straight into mma fragments, mt_direct).
 // Grid (ceil(N / BR), max_tiles), block 128.
 #if !defined(TILE_P) || !defined(BR)
 #error "moe_tc.cu needs TILE_P and BR (engine/tuning/kernels/cuda_hybrid.py)"
@@ -233,7 +233,7 @@ __device__ __forceinline__ bool mt_tile(const int* route, int E, int& e, int& st
 #define DIRECT 0
 #endif
 
-// DIRECT = 1, gate and up of Q4_K: a warp decodes its own rows straight into mma A fragments
+// DIRECT = 1, Q4_K experts: a warp decodes its own rows straight into mma A fragments
 // (no shared-memory weight tile: its stores and ldmatrix reads were most of the block's shared
 // traffic). In a 64-wide window (sub-blocks 2p, 2p + 1 of a block) lane tig of a row takes the
 // quant bytes 8 tig .. 8 tig + 7; its k16 step s holds elements mt_phys(s, tig) + j, j = 0..3
@@ -277,12 +277,15 @@ __device__ __forceinline__ void mt_q4k_frag(const uint4& hdr, const uint2& qs, i
     }
 }
 
-// moe_tc_gu for Q4_K with DIRECT: same tile, same outputs.
-__device__ __forceinline__ void moe_tc_gu_direct(const u8* __restrict__ Wg,
-                                                 const u8* __restrict__ Wu, int row_bytes, int N,
-                                                 int K, const float* __restrict__ X, int x_div,
-                                                 const int* __restrict__ route, int max_tiles,
-                                                 int E, u16* __restrict__ H) {
+// moe_tc_gu (NWT = 2: gate and up, x gathered) or moe_tc_down (NWT = 1: H's sorted rows, out to
+// the pairs' rows) for Q4_K with DIRECT: same tiles, same outputs.
+template <int NWT>
+__device__ __forceinline__ void mt_direct(const u8* __restrict__ W0, const u8* __restrict__ W1,
+                                          int row_bytes, int N, int K,
+                                          const float* __restrict__ X, int x_div,
+                                          const u16* __restrict__ Hin,
+                                          const int* __restrict__ route, int max_tiles, int E,
+                                          u16* __restrict__ H, float* __restrict__ D) {
     __shared__ __align__(16) u16 Xs[TILE_P * MT_LD];
     __shared__ int xrow[TILE_P];
     int e, start, count;
@@ -290,26 +293,29 @@ __device__ __forceinline__ void moe_tc_gu_direct(const u8* __restrict__ Wg,
     const int tid = threadIdx.x, n0 = blockIdx.x * BR, rows = min(BR, N - n0);
     const int warp = tid / 32, lane = tid & 31, gid = lane >> 2, tig = lane & 3;
     const int* order = route + 1 + 3 * max_tiles;
-    for (int r = tid; r < TILE_P; r += MT_THREADS) xrow[r] = r < count ? order[start + r] / x_div : -1;
-    const u8* base[2] = {Wg + ((size_t)e * N + n0) * row_bytes, Wu + ((size_t)e * N + n0) * row_bytes};
-    uint4 hdr[2][MT_MF][2];  // [gate / up][m16 fragment][row gid / gid + 8]
-    uint2 qs[2][MT_MF][2];
+    for (int r = tid; r < TILE_P; r += MT_THREADS)  // gate / up: x's row; down: H's
+        xrow[r] = r >= count ? -1 : NWT == 2 ? order[start + r] / x_div : start + r;
+    const u8* base[2] = {W0 + ((size_t)e * N + n0) * row_bytes,
+                         W1 + ((size_t)e * N + n0) * row_bytes};
+    uint4 hdr[NWT][MT_MF][2];  // [weight][m16 fragment][row gid / gid + 8]
+    uint2 qs[NWT][MT_MF][2];
 #pragma unroll
-    for (int w = 0; w < 2; ++w)
+    for (int w = 0; w < NWT; ++w)
 #pragma unroll
         for (int a = 0; a < MT_MF; ++a)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int lr = warp * MT_TM + a * 16 + gid + 8 * h;
-                mt_q4k_raw(base[w] + (size_t)lr * row_bytes, lr < rows, 0, tig, hdr[w][a][h], qs[w][a][h]);
+                mt_q4k_raw(base[w] + (size_t)lr * row_bytes, lr < rows, 0, tig, hdr[w][a][h],
+                           qs[w][a][h]);
             }
-    float acc[2][MT_MF][MT_NF][4];
+    float acc[NWT][MT_MF][MT_NF][4];
     mt_zero(acc);
     __syncthreads();
     for (int k0 = 0; k0 < K; k0 += MT_BK) {
-        u32 fr[2][MT_MF][2][4][2];
+        u32 fr[NWT][MT_MF][2][4][2];
 #pragma unroll
-        for (int w = 0; w < 2; ++w)
+        for (int w = 0; w < NWT; ++w)
 #pragma unroll
             for (int a = 0; a < MT_MF; ++a)
 #pragma unroll
@@ -320,14 +326,22 @@ __device__ __forceinline__ void moe_tc_gu_direct(const u8* __restrict__ Wg,
                         mt_q4k_raw(base[w] + (size_t)lr * row_bytes, lr < rows, k0 + MT_BK, tig,
                                    hdr[w][a][h], qs[w][a][h]);
                 }
-        for (int i = tid; i < TILE_P * 16; i += MT_THREADS) {  // x, permuted as the fragments
+        for (int i = tid; i < TILE_P * 16; i += MT_THREADS) {  // 4 k at a time, permuted alike
             const int r = i >> 4, ph = (i & 15) * 4, t = xrow[r];
-            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (t >= 0) v = __ldg((const float4*)(X + (size_t)t * K + k0 + ph));
+            u32 lo = 0, hi = 0;
+            if (t >= 0 && NWT == 2) {
+                const float4 v = __ldg((const float4*)(X + (size_t)t * K + k0 + ph));
+                lo = f2h2(v.x, v.y);
+                hi = f2h2(v.z, v.w);
+            } else if (t >= 0) {
+                const uint2 v = __ldg((const uint2*)(Hin + (size_t)t * K + k0 + ph));
+                lo = v.x;
+                hi = v.y;
+            }
             const int st = (ph >> 5) * 2 + ((ph >> 2) & 1), tg = (ph & 31) >> 3;
             u16* dst = Xs + r * MT_LD + 16 * st + 2 * tg;
-            *(u32*)dst = f2h2(v.x, v.y);
-            *(u32*)(dst + 8) = f2h2(v.z, v.w);
+            *(u32*)dst = lo;
+            *(u32*)(dst + 8) = hi;
         }
         __syncthreads();
 #pragma unroll
@@ -338,7 +352,7 @@ __device__ __forceinline__ void moe_tc_gu_direct(const u8* __restrict__ Wg,
                 tc_ldsm_x4(r4, Xs + (b * 8 + (lane & 7) + ((lane >> 4) << 3)) * MT_LD + 16 * st +
                                    ((lane >> 3) & 1) * 8);
 #pragma unroll
-                for (int w = 0; w < 2; ++w)
+                for (int w = 0; w < NWT; ++w)
 #pragma unroll
                     for (int a = 0; a < MT_MF; ++a) {
                         const u32 af[4] = {fr[w][a][0][st][0], fr[w][a][1][st][0],
@@ -357,9 +371,16 @@ __device__ __forceinline__ void moe_tc_gu_direct(const u8* __restrict__ Wg,
             for (int c = 0; c < 4; ++c) {
                 const int n = n0 + warp * MT_TM + a * 16 + gid + (c >> 1) * 8;
                 const int p = b * 8 + tig * 2 + (c & 1);
-                if (n < N && p < count) {
+                if (n >= N || p >= count) continue;
+                if (NWT == 2) {
                     const float g = acc[0][a][b][c];
-                    H[(size_t)(start + p) * N + n] = f2h(g / (1.f + expf(-g)) * acc[1][a][b][c]);
+                    H[(size_t)(start + p) * N + n] = f2h(g / (1.f + expf(-g)) * acc[NWT - 1][a][b][c]);
+                } else {
+#ifdef MUTANT_MOE_TC_UNSORTED
+                    D[(size_t)(start + p) * N + n] = acc[0][a][b][c];
+#else
+                    D[(size_t)order[start + p] * N + n] = acc[0][a][b][c];
+#endif
                 }
             }
 }
@@ -371,7 +392,7 @@ __device__ __forceinline__ void moe_tc_gu(const u8* __restrict__ Wg, const u8* _
                                           const int* __restrict__ route, int max_tiles, int E,
                                           u16* __restrict__ H) {
     if (DIRECT && QT == QT_Q4_K) {
-        moe_tc_gu_direct(Wg, Wu, row_bytes, N, K, X, x_div, route, max_tiles, E, H);
+        mt_direct<2>(Wg, Wu, row_bytes, N, K, X, x_div, nullptr, route, max_tiles, E, H, nullptr);
         return;
     }
     __shared__ __align__(16) u16 Gs[BR * MT_LD];
@@ -422,6 +443,10 @@ __device__ __forceinline__ void moe_tc_down(const u8* __restrict__ W, int row_by
                                             const u16* __restrict__ H,
                                             const int* __restrict__ route, int max_tiles, int E,
                                             float* __restrict__ D) {
+    if (DIRECT && QT == QT_Q4_K) {
+        mt_direct<1>(W, W, row_bytes, N, K, nullptr, 1, H, route, max_tiles, E, nullptr, D);
+        return;
+    }
     __shared__ __align__(16) u16 Ws[BR * MT_LD];
     __shared__ __align__(16) u16 Xs[TILE_P * MT_LD];
     int e, start, count;

@@ -174,7 +174,7 @@ REGISTRY.register(
                     "direct",
                     (0, 1),
                     0,
-                    "1: gate / up of Q4_K decoded by each warp straight into its mma "
+                    "1: Q4_K experts (gate, up, down) decoded by each warp straight into its mma "
                     "fragments (k permuted alike in the staged x), no shared-memory weight "
                     "tile; same products, another summation order",
                     define("DIRECT"),
