@@ -262,6 +262,9 @@ MUTANTS: tuple[Mutant, ...] = (
            "position", {"matmul_decode.variant": "mmvw", "matmul_decode.fuse_rope": 1}),
     Mutant("MMVW_STAGE_HALF", "cuda", "matmul_decode", "mmvw's staged bulk copy brings half "
            "of a block's weight rows", {"matmul_decode.variant": "mmvw", "matmul_decode.stage": 1}),
+    Mutant("MMVW_SPLIT_PART", "cuda", "matmul_decode", "mmvw's split-K leaves out the last "
+           "part of each row", {"matmul_decode.variant": "mmvw", "matmul_decode.split_k": 2,
+                                "matmul_decode.split_min_k": 256}),
     Mutant("MMQ_K_SHORT", "cuda", "matmul_prefill", "mmq's K loop one tile short",
            {"matmul_prefill.variant": "mmq", "prefill.gemm_min_t": 2}),
     Mutant("MMQ8_Q4K_MIN", "cuda", "matmul_prefill", "mmq8 drops the Q4_K min term",

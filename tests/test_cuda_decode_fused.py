@@ -54,6 +54,12 @@ MMVW_CONFIGS = [
         "t8-r4-w8-stage-pf",
         {"threads_per_row": 8, "rows_per_thread": 4, "warps": 8, "stage": 1, "prefetch": 1},
     ),  # fmt: skip
+    # split-K of long rows (split_min_k 256: every K type's row here splits), parts of 1-3 slots
+    ("split2", {"split_k": 2, "split_min_k": 256}),
+    (
+        "t8-r2-split4-stage",
+        {"threads_per_row": 8, "rows_per_thread": 2, "split_k": 4, "split_min_k": 256, "stage": 1},
+    ),  # fmt: skip
 ]
 
 
@@ -66,7 +72,7 @@ def mmvw(**knobs) -> dict:
 def test_mmvw_matmul(cp, be, cid, knobs, qtype):
     be.set_config(cfg(**mmvw(**knobs)))
     rng = np.random.default_rng(seed_of(cid, qtype))
-    for N, kb in [(1, 1), (67, 3), (130, 2), (257, 5)]:
+    for N, kb in [(1, 1), (67, 3), (130, 2), (257, 5), (33, 10)]:  # 10: the 32-value types split
         K = k_for(qtype, kb)
         w = qtensor(rng, (N, K), qtype, std=0.05)
         x = rng.standard_normal((1, K)).astype(np.float32)
@@ -296,6 +302,8 @@ GLU_CONFIGS = [
     MMVW_CONFIGS[5],
     ("g2-gu8", {"glu_threads_per_row": 2, "glu_unroll": 8}),
     MMVW_CONFIGS[8],  # staged weights (mmvw_norm; mmvw_glu reads global)
+    MMVW_CONFIGS[9],  # split-K (mmvw_norm's rows per block halve)
+    MMVW_CONFIGS[10],
 ]
 
 
@@ -413,8 +421,10 @@ FUSED_MODEL_CONFIGS = [
         wload=2,
         min_blocks=4,
     ),
+    # split-K (dec8) with the fused norm and PDL off: every mmvw row of the tiny model splits
+    ALL_FUSED | mmvw(split_k=4, split_min_k=256, stage=1, prefetch=1),
 ]
-FUSED_MODEL_IDS = [*(str(i) for i in range(6)), "fused_all_w8", "fused_all_t16_wl2"]
+FUSED_MODEL_IDS = [*(str(i) for i in range(6)), "fused_all_w8", "fused_all_t16_wl2", "split4"]
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama", "qwen3"])

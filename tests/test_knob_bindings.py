@@ -209,6 +209,8 @@ def _old_cuda_modules(cfg: TuningConfig) -> dict[str, tuple[str, dict]]:
                 "GLU_UNROLL": dec["glu_unroll"],
                 "PREFETCH": dec["prefetch"],
                 "STAGE": dec["stage"],
+                "KSPLIT": dec["split_k"],  # issue 14, dec8: split-K of long rows
+                "SPLIT_MINK": dec["split_min_k"],
             },
         )
     else:

@@ -192,6 +192,22 @@ REGISTRY.register(
                     define("STAGE"),
                 ),
                 Param(
+                    "split_k",
+                    (1, 2, 4),
+                    1,
+                    "rows with K >= split_min_k split over this many lane groups of a block, "
+                    "partials summed in shared memory in a fixed order: this many times the "
+                    "blocks and warps on tall-skinny shapes (the down projection)",
+                    define("KSPLIT"),
+                ),
+                Param(
+                    "split_min_k",
+                    (256, 2048, 4096, 8192, 16384),
+                    8192,
+                    "row length from which split_k applies (K >= this; mmvw_qkv never splits)",
+                    define("SPLIT_MINK"),
+                ),
+                Param(
                     "fuse_swiglu",
                     (0, 1),
                     0,
@@ -245,6 +261,15 @@ REGISTRY.register(
                 ),
             ),
             constraints=(
+                Constraint(
+                    "split_k <= warps * 32 / threads_per_row (a part per lane group)",
+                    lambda cfg, dev: (
+                        cfg.op("matmul_decode").variant != "mmvw"
+                        or _p(cfg, "matmul_decode", "split_k")
+                        * _p(cfg, "matmul_decode", "threads_per_row")
+                        <= 32 * _p(cfg, "matmul_decode", "warps")
+                    ),
+                ),
                 Constraint(
                     "matmul_decode.pdl = 1 needs compute capability >= 9.0",
                     lambda cfg, dev: (
