@@ -129,8 +129,24 @@ VARIANTS |= {
     "mmvw_all_wl2": ALL | {"matmul_decode.wload": 2},
     "mmvw_all_u8_t16": ALL | {"matmul_decode.unroll": 8, "matmul_decode.threads_per_row": 16},
 }  # fmt: skip
+# issue 14, helper dec8: the best validated config (ptc_tc_mmvw_all) + mmvw's split-K of the
+# long down-projection rows, and the never-timed PDL / prefetch / stage knobs on it
+BEST = VARIANTS["ptc_tc_mmvw_all"]
+_D = "matmul_decode."
+VARIANTS |= {
+    "dec8_split2": BEST | {_D + "split_k": 2},
+    "dec8_split4": BEST | {_D + "split_k": 4},
+    "dec8_split4_w8": BEST | {_D + "split_k": 4, _D + "warps": 8},
+    "dec8_r2": BEST | {_D + "rows_per_thread": 2},
+    "dec8_pdl": BEST | {_D + "pdl": 1},
+    "dec8_pdl_pf": BEST | {_D + "pdl": 1, _D + "prefetch": 1},
+    "dec8_pdl_stage": BEST | {_D + "pdl": 1, _D + "stage": 1},
+    "dec8_split2_pdl_pf": BEST | {_D + "split_k": 2, _D + "pdl": 1, _D + "prefetch": 1},
+    "dec8_split4_pdl_pf": BEST | {_D + "split_k": 4, _D + "pdl": 1, _D + "prefetch": 1},
+}
 # --sweep: coordinate descent over these knobs, in this order, from the --sweep variant
 SWEEP_KNOBS = (
+    "split_k",
     "wload",
     "stage",
     "glu_threads_per_row",

@@ -149,6 +149,7 @@ class Launch:
     block: tuple[int, ...]
     args: tuple
     defines: dict[str, int]
+    smem: int = 0  # dynamic shared memory bytes
 
 
 class FakeCuda(CudaBackend):
@@ -229,7 +230,7 @@ class FakeCuda(CudaBackend):
         assert all(g >= 1 for g in grid) and grid[0] < 2**31 and max(grid[1:]) <= 65535, grid
         assert all(b >= 1 for b in block) and math.prod(block) <= 1024, block
         assert smem <= self.device_info().extra["smem_per_block_optin"], smem
-        self.launches.append(Launch(mod, fname, name, grid, block, tuple(args), defines))
+        self.launches.append(Launch(mod, fname, name, grid, block, tuple(args), defines, smem))
 
     def _gemm(self, *args: Any, **kw: Any) -> None:
         """cuBLAS calls are recorded (shapes, strides, operands), not run."""

@@ -194,3 +194,54 @@ def test_stage_smem_is_a_blocks_rows_of_the_widest_matrix():
     rpb = be._mmvw_rows_per_block()
     assert rpb == 8 and be._stage_smem((w(144), w(224), w(144))) == 8 * 224
     assert be._stage_smem((w(232448 // 8),)) == 0  # past the opt-in limit: global reads
+
+
+@pytest.mark.parametrize("fuse_norm,min_k", [(0, 256), (1, 256), (1, 2048)])
+def test_split_k_grids_follow_the_kernels_rows_per_block(tiny_model_factory, fuse_norm, min_k):
+    """matmul_decode.split_k (dec8): an mmvw / mmvw_norm launch on rows of K >= split_min_k
+    has split_k times fewer rows per block (mmvw.cu's mmvw_rpb), shorter rows keep them all
+    (tiny: K 256 and 640); mmvw_qkv never splits; the stage's shared memory follows the rows."""
+    knobs = {"matmul_decode.split_k": 2, "matmul_decode.split_min_k": min_k,
+             "matmul_decode.fuse_norm": fuse_norm, "matmul_decode.fuse_rope": 1,
+             "matmul_decode.stage": 1, "matmul_decode.rows_per_thread": 2}  # fmt: skip
+    be, launches, m = _decode_launches(tiny_model_factory, BASE | knobs)
+    rpb = be._mmvw_rows_per_block()
+    assert rpb == 8 and be._mmvw_rows_per_block(min_k - 1) == 8
+    assert be._mmvw_rows_per_block(min_k) == 4
+    seen = Counter()
+    for launch in launches:
+        if launch.kernel == "mmvw":
+            K, ns = int(launch.args[2]), [int(launch.args[i]) for i in (7, 13, 19)]
+            r = rpb // 2 if K >= min_k else rpb
+            assert launch.grid[0] == sum(-(-n // r) for n in ns), (K, ns, launch.grid)
+            assert int(launch.args[3]) == -(-ns[0] // r)
+            rbs = [int(launch.args[i]) for i in (6, 12, 18)]
+            assert launch.smem == r * max(rbs)
+            seen[K >= min_k] += 1
+        if launch.kernel == "mmvw_norm":
+            K, N = int(launch.args[2]), int(launch.args[5])
+            r = rpb // 2 if K >= min_k else rpb
+            assert launch.grid[0] == -(-N // r) and launch.smem == r * int(launch.args[4])
+            seen[K >= min_k] += 1
+        if launch.kernel == "mmvw_qkv":
+            H, Hkv, D = m.spec.n_head, m.spec.n_head_kv, m.spec.head_dim
+            assert launch.grid[0] == sum(-(-n // rpb) for n in (H * D, Hkv * D, Hkv * D))
+            assert launch.smem == rpb * max(int(launch.args[i]) for i in (6, 10, 14))
+    assert seen[min_k <= 640] >= 2 * m.spec.n_layers and not seen[min_k > 640], seen
+
+
+def test_gemv_bench_settings_and_shapes():
+    """scripts/gemv_bench.py: every setting is a valid config, the shapes are a qwen2 layer's."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "gemv_bench.py"
+    spec = importlib.util.spec_from_file_location("gemv_bench", path)
+    gb = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gb)
+    for flat in gb.SETTINGS.values():
+        TuningConfig.from_flat("cuda", flat).check(None)
+    s = gb.shapes("7b")
+    assert s["down_q6k"] == [("Q6_K", 3584, 18944)] and s["qkv"][1] == ("Q4_K", 512, 3584)
+    assert gb.row_bytes("Q6_K", 18944) == 74 * 224 and gb.row_bytes("Q4_K", 3584) == 14 * 144
+    assert gb.main(["--settings", "bogus"]) == 2
