@@ -143,6 +143,8 @@ VARIANTS |= {
     "dec8_pdl_stage": BEST | {_D + "pdl": 1, _D + "stage": 1},
     "dec8_split2_pdl_pf": BEST | {_D + "split_k": 2, _D + "pdl": 1, _D + "prefetch": 1},
     "dec8_split4_pdl_pf": BEST | {_D + "split_k": 4, _D + "pdl": 1, _D + "prefetch": 1},
+    "dec8_split4_all": BEST | {_D + "split_k": 4, _D + "split_min_k": 256},
+    "dec8_qt512": BEST | {"quantize_act.threads": 512},
 }
 # --sweep: coordinate descent over these knobs, in this order, from the --sweep variant
 SWEEP_KNOBS = (

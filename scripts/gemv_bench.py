@@ -49,6 +49,8 @@ SETTINGS: dict[str, dict] = {
     "split2_u4": _k(split_k=2, unroll=4),
     "split4_w8": _k(split_k=4, warps=8),
     "r2_split2": _k(rows_per_thread=2, split_k=2),
+    "split2_all": _k(split_k=2, split_min_k=256),  # the short rows (q/k/v, o, gate/up) too
+    "split4_all": _k(split_k=4, split_min_k=256),
     "stage": _k(stage=1),
     "pdl": _k(pdl=1),
     "pdl_pf": _k(pdl=1, prefetch=1),

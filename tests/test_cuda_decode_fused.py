@@ -421,8 +421,11 @@ FUSED_MODEL_CONFIGS = [
         wload=2,
         min_blocks=4,
     ),
-    # split-K (dec8) with the fused norm and PDL off: every mmvw row of the tiny model splits
-    ALL_FUSED | mmvw(split_k=4, split_min_k=256, stage=1, prefetch=1),
+    # split-K (dec8): every mmvw row of the tiny model splits; the fused norm with warps 8 (its
+    # hooked form sums in the same order), no fuse_swiglu / fuse_rope (mmvw_glu and mmvw_qkv do
+    # not split, their hooked forms would)
+    mmvw(fuse_norm=1, warps=8, split_k=4, split_min_k=256, stage=1, prefetch=1)
+    | {"rope.fuse_kv": 1, "attention_decode.variant": "split_kw", "argmax.variant": "multi"},
 ]
 FUSED_MODEL_IDS = [*(str(i) for i in range(6)), "fused_all_w8", "fused_all_t16_wl2", "split4"]
 
