@@ -245,3 +245,19 @@ def test_gemv_bench_settings_and_shapes():
     assert s["down_q6k"] == [("Q6_K", 3584, 18944)] and s["qkv"][1] == ("Q4_K", 512, 3584)
     assert gb.row_bytes("Q6_K", 18944) == 74 * 224 and gb.row_bytes("Q4_K", 3584) == 14 * 144
     assert gb.main(["--settings", "bogus"]) == 2
+
+
+def test_cuda_precompile_lists_each_distinct_module_once(tmp_path):
+    """scripts/cuda_precompile.py: the union of the configs' modules, each (file, defines) once;
+    a bad list is one line and exit 2."""
+    from scripts.cuda_precompile import main, module_list
+
+    base = {"matmul_decode.variant": "mmvw"}
+    one = module_list([base])
+    two = module_list([base, base | {"matmul_decode.pdl": 1}, base | {"matmul_decode.split_k": 2}])
+    mmvw = [d for f, d in two if f == "mmvw.cu"]
+    assert len(two) == len(one) + 1 and len(mmvw) == 2  # pdl is a host knob: no new build
+    assert {dict(d)["KSPLIT"] for d in mmvw} == {1, 2}
+    bad = tmp_path / "bad.json"
+    bad.write_text("not json")
+    assert main([str(bad)]) == 2
