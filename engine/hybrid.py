@@ -134,7 +134,7 @@ class HybridModel(Model):
         # the in-projections of h in one matmuls call: [T, 2Kd + Vd], [T, Vd], then b and a
         ba_names = ("ssm_ba",) if p + "ssm_ba.weight" in w else ("ssm_beta", "ssm_alpha")
         names = ("attn_qkv", "attn_gate", *ba_names)
-        outs = b.matmuls(h, tuple(w[p + nm + ".weight"] for nm in names))
+        outs = b.ssm_in(h, tuple(w[p + nm + ".weight"] for nm in names))
         qkv, z, *ba_out = (tap("matmul", nm, t) for nm, t in zip(names, outs, strict=True))
         if len(ba_out) == 1:  # qwen3next: per K head [b (rv), a (rv)], V heads grouped
             ba = b.reshape(ba_out[0], (n, Hk, 2 * rv))

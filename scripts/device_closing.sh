@@ -6,7 +6,8 @@
 #                                           LLAMA_SH (../shared/device/llama-bench.sh, copied in)
 #     CPUs:   llama.cpp's llama-bench built in the background (LLAMA_SH build)
 #     models: qwen2 1.5b / 7b, qwen35 9b, qwen35moe 35b-a3b synthesised in the background
-#     card 0: the fleet on the hybrid 9B (CUDA worker, FLEET_EXP), promotion in promo.bundle;
+#     card 0: the fleet on FLEET_MODEL (default the hybrid 9B; CUDA worker, FLEET_EXP), promotion
+#             in promo.bundle;
 #             then the CUDA suite's hybrid file
 #     card 1: the CUDA suite but its hybrid file (scripts/gpu_suite.py cuda --skip hybrid), then
 #             the Vulkan GPU tests of the new shaders (VK_TESTS)
@@ -60,9 +61,9 @@ suites() {
         stamp "card 1: Vulkan new-shader tests rc=$? ($(tail -1 "$OUT/pytest_vulkan_new.log"))"
     }
     lane0() {
-        stamp "card 0: fleet on the hybrid 9b ($FLEET_EXP)"
+        stamp "card 0: fleet on $FLEET_MODEL ($FLEET_EXP)"
         NODES="cuda:0" VALIDATE_PROMOTED=0 AGENT_TIMEOUT=$(upto ${FLEET_S:-200}) timeout $(upto 300) \
-            bash scripts/fleet_gpu.sh run synthetic:9b:qwen35 $FLEET_EXP > "$OUT/fleet.txt" 2>&1
+            bash scripts/fleet_gpu.sh run $FLEET_MODEL $FLEET_EXP > "$OUT/fleet.txt" 2>&1
         stamp "card 0: fleet rc=$?"
         CUDA_VISIBLE_DEVICES=0 timeout $(upto 240) python3 scripts/gpu_suite.py cuda --only hybrid \
             --test-timeout 90 --out "$OUT/suite_cuda_hybrid.json" > "$OUT/suite_cuda_hybrid.txt" \
@@ -122,7 +123,7 @@ bench() {
 }
 
 case $MODE in
-suites) FLEET_EXP=${FLEET_EXP:-experiments/hybrid-9b.toml}
+suites) FLEET_EXP=${FLEET_EXP:-experiments/hybrid-9b.toml} FLEET_MODEL=${FLEET_MODEL:-synthetic:9b:qwen35}
         VK_TESTS=${VK_TESTS:-tests/test_vulkan_coopmat.py tests/test_vulkan_mmvw.py}; suites ;;
 bench) DENSE=${DENSE:-default,mmvw_all,ptc_tc_mmvw_all}; DENSE_VALIDATE=${DENSE_VALIDATE:-ptc_tc_mmvw_all}
        DENSE_PROFILE=${DENSE_PROFILE:-ptc_tc_mmvw_all}; bench ;;

@@ -5,7 +5,8 @@ and the per-phase profile of scripts/profile_hybrid.py. The JSON (--out/hybrid_<
 rewritten after every step, and no step starts past --deadline (epoch seconds).
 
 usage: python scripts/device_hybrid_bench.py MODEL.gguf [--bench a,b] [--validate a,b]
-       [--profile a,b] [--prompt 512] [--gen 128] [--repeats N] [--deadline S] [--out DIR]
+       [--reference v] [--profile a,b] [--prompt 512] [--gen 128] [--repeats N] [--deadline S]
+       [--out DIR]
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ VARIANTS: dict[str, dict] = {
     "mmvq": {"matmul_decode.variant": "mmvq"},
     "mmvw": MMVW,  # projections three to a launch, residuals added as they store
     "mmvw_pdl": MMVW | {"matmul_decode.pdl": 1},
+    "mmvw_fssm": MMVW | {"matmul_decode.float_ssm_in": 1},  # delta-net in-projections float
     "mmvw_t16_r2": MMVW | {"matmul_decode.pdl": 1, "matmul_decode.threads_per_row": 16,
                            "matmul_decode.rows_per_thread": 2},
     "chunked": {"delta_net.variant": "chunked"},
@@ -62,6 +64,12 @@ def main() -> int:
     ap.add_argument("model")
     ap.add_argument("--bench", default="default,mmvw,mmvw_pdl,chunked,fast")
     ap.add_argument("--validate", default="")
+    ap.add_argument(
+        "--reference",
+        default="default",
+        help="the variant validate compares against (e.g. mmvq: do two int8 kernels agree "
+        "where both differ from the float default?)",
+    )
     ap.add_argument("--profile", default="default,fast")
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--gen", type=int, default=128)
@@ -72,6 +80,7 @@ def main() -> int:
     ap.add_argument("--tag", default="", help="suffix of the JSON's name (hybrid_<model><tag>)")
     args = ap.parse_args()
     lists = {k: [v for v in getattr(args, k).split(",") if v] for k in ("bench", "validate")}
+    lists["reference"] = [args.reference]
     lists["profile"] = [v for v in args.profile.split(",") if v]
     bad = sorted({v for vs in lists.values() for v in vs} - set(VARIANTS))
     if bad:
@@ -124,12 +133,14 @@ def main() -> int:
 
         def body(v: str) -> None:
             t1 = time.time()
+            ref = config(args.reference, args.backend)
             rep = validate(
-                eng.model, config(v, args.backend), prompts, steps=4, ref_cache=ref_cache
+                eng.model, config(v, args.backend), prompts, 4, reference=ref, ref_cache=ref_cache
             )
-            res["validate"][v] = rep.to_dict() | {"seconds": time.time() - t1}
+            key = v if args.reference == "default" else f"{v}_vs_{args.reference}"
+            res["validate"][key] = rep.to_dict() | {"seconds": time.time() - t1}
             verdict = "PASS" if rep.passed else "FAIL"
-            print(f"{name} validate {v:12s} {verdict} KLD={rep.kld_max:.3g} "
+            print(f"{name} validate {key:12s} {verdict} KLD={rep.kld_max:.3g} "
                   f"nmse={rep.nmse:.3g} blame {rep.blame}", flush=True)  # fmt: skip
 
         rec.step("validate", v, body)

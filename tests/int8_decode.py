@@ -1,9 +1,11 @@
 """A NumPy backend whose decode-row matmuls compute like CUDA's int8 decode kernels (mmvq, mmvw;
 numeric class int8_activations): for one token, the activation row of a block-type weight is
 rounded to Q8_1 as q8.cu does it (per 32 values d = max|x| / 127, q = round(x / d)), then a
-float64 product with the dequantized weight. Float weights (routers) stay float. A correct
-variant, not a bug: CUDA's mmvw decode of a model should match it to float noise
-(tests/test_cuda_hybrid.py), and validate should pass it under the int8 budget."""
+float64 product with the dequantized weight; with ``prefill`` every row (mmq8), with
+``experts`` the routed experts' input and SwiGLU output (moe_q8.cu); ``float_ssm_in`` keeps a
+delta-net layer's input projections float (matmul_decode.float_ssm_in). Float weights (routers)
+stay float. A correct variant, not a bug: CUDA's int8 paths should match it to float noise
+(tests/test_cuda_hybrid.py); validate judges the rounding itself (tests/test_hybrid.py)."""
 
 from __future__ import annotations
 
@@ -23,9 +25,31 @@ def q8_round_trip(a: np.ndarray) -> np.ndarray:
 
 class Int8Decode(NumpyBackend):
     int8 = True  # off: the plain NumPy reference (one backend serves both runs)
+    prefill = False  # on: prefill rows too (matmul_prefill.mmq8 with gemm_min_t = 2)
+    experts = False  # on: the routed experts too (moe_experts.mmvq: x and the SwiGLU output)
+    float_ssm_in = False  # on: delta-net input projections float (matmul_decode.float_ssm_in)
 
     def matmul(self, x, w):  # noqa: ANN001, ANN201
         qt = w.qt
-        if not (self.int8 and x.shape[0] == 1 and qt.qtype in BLOCK_TYPES and len(qt.shape) == 2):
+        rows = x.shape[0] == 1 or self.prefill
+        if not (self.int8 and rows and qt.qtype in BLOCK_TYPES and len(qt.shape) == 2):
             return super().matmul(x, w)
         return (q8_round_trip(x) @ w.dense(True).astype(np.float64).T).astype(np.float32)
+
+    def ssm_in(self, x, ws):  # noqa: ANN001, ANN201
+        if self.float_ssm_in:
+            return tuple(NumpyBackend.matmul(self, x, w) for w in ws)
+        return super().ssm_in(x, ws)
+
+    def moe_experts(self, x, ids, weights, gate, up, down):  # noqa: ANN001, ANN201
+        if not (self.int8 and self.experts):
+            return super().moe_experts(x, ids, weights, gate, up, down)
+        out = np.zeros(x.shape, np.float64)
+        xq = q8_round_trip(x)
+        for e in np.unique(ids):
+            rows, slot = np.nonzero(ids == e)
+            g = xq[rows] @ self._expert(gate, e).astype(np.float64).T
+            h = g / (1 + np.exp(-g)) * (xq[rows] @ self._expert(up, e).astype(np.float64).T)
+            y = q8_round_trip(h) @ self._expert(down, e).astype(np.float64).T
+            out[rows] += weights[rows, slot][:, None] * y
+        return out.astype(np.float32)

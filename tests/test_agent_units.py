@@ -91,6 +91,22 @@ def test_hybrid_9b_experiment_searches_the_cuda_hybrid_knobs() -> None:
     assert exp.acceptance.target == "decode_tok_s@16"
 
 
+def test_hybrid_35b_experiment_searches_the_moe_decode_knobs() -> None:
+    """experiments/hybrid-35b.toml: the 35B-A3B-like qwen35moe on CUDA, the routed experts'
+    three kernels, the router and the decode kernel; the dense-FFN fusions (a MoE layer has no
+    dense FFN) and the 4x slower chunked scan stay out of a 14-trial budget."""
+    from worker.models import synthetic_args
+
+    exp = load_experiment(ROOT / "experiments" / "hybrid-35b.toml")
+    assert synthetic_args(exp.models[0])[:2] == ("35b-a3b", "qwen35moe")
+    grid = build_space("cuda", exp.space_for("cuda")).grid()
+    assert grid["moe_experts.variant"] == ["dmmv", "grouped", "mmvq"]
+    assert "matmul_decode.mmvw.fuse_swiglu" not in grid  # one value: not searched
+    assert "delta_net.variant" not in grid and "delta_net.chunked.chunk" not in grid
+    assert len(grid["router_topk.default.rows_per_block"]) == 3
+    assert exp.acceptance.target == "decode_tok_s@16" and exp.sampler.screen_variants
+
+
 @pytest.mark.parametrize(
     ("data", "message"),
     [

@@ -211,3 +211,42 @@ def test_int8_decode_emulation_passes_validate_under_the_int8_budget(tiny_model_
     rep = validate(m, cand, prompts, steps=6, ref_cache=refs, budgets=int8, edges=False)
     assert rep.passed, [p.reasons for p in rep.prompts]
     assert 1e-5 < rep.nmse < NUMERIC_BUDGETS["int8_activations"].nmse / 2
+
+
+def test_int8_rounding_through_the_recurrence_exceeds_the_int8_budget_on_the_tiny_qwen35(
+    tiny_model_factory,
+):
+    # Why the H200 rejects int8 prefill (mmq8) + int8 decode on the tiny qwen35
+    # (tests/test_cuda_hybrid.py REJECTED_ON_H200): NumPy with exactly that Q8_1 rounding and
+    # no kernel at all lands at KLD ~0.023, the H200's figure; the recurrent state carries the
+    # prefill rows' rounding into every later token. Decode rows alone stay inside (KLD 3e-4)
+    # on this tiny model; the 9B-like shape's int8 decode measured KLD 0.013 on the H200.
+    # The int8 budget is calibrated on dense shapes (docs/verify.md) and is not loosened here.
+    from engine.tuning.registry import NUMERIC_BUDGETS
+    from engine.validate import validate
+    from tests.int8_decode import Int8Decode
+
+    be = Int8Decode()
+    m = build_model(open_model(tiny_model_factory("qwen35", "q4_k_m")), be)
+    cand = TuningConfig.default("numpy").replace(**{"prefill.chunk_tokens": 512})
+    prompt = [3, 17, 99, 5, 42, 7, 250, 11, 64, 2, 8, 1, 77, 31, 9, 120, 66, 4, 200, 13, 5, 6, 7,
+              8, 90, 91, 92, 93, 14, 15, 16, 18, 19, 20, 21, 22, 23]  # the GPU test's  # fmt: skip
+    prompts = [prompt, prompt[:1], list(range(40, 110))]
+    refs: dict = {}
+    be.int8 = False
+    validate(m, cand, prompts, steps=6, ref_cache=refs, edges=False)
+    be.int8 = True
+    int8 = {c: NUMERIC_BUDGETS["int8_activations"] for c in NUMERIC_BUDGETS}
+    decode_only = validate(m, cand, prompts, steps=6, ref_cache=refs, budgets=int8, edges=False)
+    assert decode_only.passed and decode_only.kld_max < 2e-3
+    be.prefill = True
+    rep = validate(m, cand, prompts, steps=6, ref_cache=refs, budgets=int8, edges=False)
+    assert not rep.passed
+    assert 1.5e-2 < rep.kld_max < 4e-2, rep.kld_max
+    # the recurrence's inputs carry most of it: those projections float (matmul_decode.
+    # float_ssm_in), every other matmul still int8 at prefill and decode: KLD 0.023 -> 0.008
+    # (NMSE 0.016 still just past 0.013; ssm_out float too would make it 0.004)
+    be.float_ssm_in = True
+    mixed = validate(m, cand, prompts, steps=6, ref_cache=refs, budgets=int8, edges=False)
+    assert mixed.kld_max < rep.kld_max / 2, (mixed.kld_max, rep.kld_max)
+    assert mixed.nmse > 1e-4  # still int8 elsewhere: not the float reference

@@ -341,6 +341,12 @@ class Backend(ABC):
         qkv, gate, beta and alpha), which a backend may run in fewer launches."""
         return tuple(self.matmul(x, w) for w in ws)
 
+    def ssm_in(self, x: Tensor, ws: tuple[Weight, ...]) -> tuple[Tensor, ...]:
+        """A gated delta-net layer's input projections of x (q/k/v, z, then beta and alpha):
+        ``matmuls``, unless a backend's knob gives these their own arithmetic (CUDA's
+        matmul_decode.float_ssm_in)."""
+        return self.matmuls(x, ws)
+
     def matmul_add(self, x: Tensor, w: Weight, r: Tensor) -> Tensor:
         """r + x @ dequant(w)^T (the residual add after a projection)."""
         return self.add(r, self.matmul(x, w))

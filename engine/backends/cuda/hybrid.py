@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from engine.backends.cuda import kernels
 from engine.backends.cuda.kernels import QTYPE_SUFFIX
 from engine.tuning.kernels.cuda import BLOCK_TYPES as _MMVW  # the types mmvw.cu decodes
 
@@ -76,6 +77,20 @@ class CudaHybridOps:
                 outs[i] = self._empty((1, ws[i].n))
             self._mmvw(x, [(ws[i], outs[i], None) for i in group])
         return tuple(self.matmul(x, w) if y is None else y for w, y in zip(ws, outs, strict=True))
+
+    def ssm_in(self, x: Any, ws: tuple[Any, ...]) -> tuple[Any, ...]:
+        """Under matmul_decode.float_ssm_in an int8 decode row's delta-net input projections
+        take the float dmmv path (the registry default's kernel), the rest stays int8."""
+        dec = self.config.op("matmul_decode")
+        if int(x.shape[0]) != 1 or dec.variant == "dmmv" or not int(dec["float_ssm_in"]):
+            return self.matmuls(x, ws)
+        x = self._decode_row(x)
+        outs = []
+        for w in ws:
+            y = self._empty((1, w.n))
+            self._dmmv("decode", kernels.DECODE_FALLBACK, x, w, y, cols=1)
+            outs.append(y)
+        return tuple(outs)
 
     def rope_partial(self, x: Any, pos0: int, theta: float, n_rot: int) -> Any:
         x = self._contig(x)

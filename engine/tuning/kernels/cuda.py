@@ -52,6 +52,19 @@ REGISTRY.register_prefill(
 )
 
 # --- decode matmul ------------------------------------------------------------------------
+# A gated delta-net layer's input projections (q/k/v, the output gate z, beta and alpha) feed
+# its recurrent state, which carries their rounding into every later token: in NumPy with
+# exactly CUDA's Q8_1 rounding, keeping them float takes the tiny qwen35 from KLD 0.023 (past
+# the int8 budget) to 0.004 (tests/test_hybrid.py). Both int8 decode variants have the knob.
+_FLOAT_SSM_IN = Param(
+    "float_ssm_in",
+    (0, 1),
+    0,
+    "1: a hybrid's delta-net input projections (attn_qkv, attn_gate, ssm_ba / ssm_beta / "
+    "ssm_alpha) of a decode row take the float dmmv path; the other block-type matmuls stay "
+    "int8 (no effect on models without delta-net layers)",
+    HOST,
+)
 REGISTRY.register(
     B,
     "matmul_decode",
@@ -120,6 +133,7 @@ REGISTRY.register(
                     define("NW"),
                 ),
                 Param("rows_per_block", (1, 2, 4, 8), 1, "weight rows per block", define("RPB")),
+                _FLOAT_SSM_IN,
             ),
             quant_types=ALL_TYPES,
             source="cuda/mmvq.cu",
@@ -259,6 +273,7 @@ REGISTRY.register(
                     "cuda/pdl.py)",
                     HOST,
                 ),
+                _FLOAT_SSM_IN,
             ),
             constraints=(
                 Constraint(
