@@ -20,7 +20,7 @@ if [ ! -f $M ]; then M=/tmp/dec8_m15.gguf
   [ -f $M ] || (python3 -m engine synth --preset 1.5b --out /tmp/dec8_m15.part.gguf > "$D/synth.log" 2>&1 \
     && mv /tmp/dec8_m15.part.gguf $M) &
 fi
-SETTINGS=base,split2,split4,split2_all,split4_all,r2,u4,split2_u4,pdl,pdl_pf,pdl_stage,stage,split4_w8,r2_split2,w8,wl1,pdl_split2,t16r2,mb8,r4
+SETTINGS=base,split2,split4,split2_all,split4_all,r2,u4,r2_split2,t16r2u1,t16u1,t16r2u1_split4,pdl,pdl_pf,pdl_stage,stage,split2_u4,split4_w8,w8,wl1,pdl_split2,t16r2,mb8,r4
 CONFIGS=ptc_tc_mmvw_all,dec8_split4,dec8_pdl_pf,dec8_split2,dec8_split4_pdl_pf,dec8_pdl,dec8_pdl_stage,dec8_split4_all,dec8_r2,dec8_qt512
 python3 - > /tmp/dec8_cfgs.json <<PY
 import json

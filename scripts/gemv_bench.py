@@ -44,6 +44,10 @@ SETTINGS: dict[str, dict] = {
     "wl1": _k(wload=1),
     "mb8": _k(min_blocks=8),
     "t16r2": _k(threads_per_row=16, rows_per_thread=2),
+    # no idle slots on K = 1536 / 3584 (48 / 112 slots of 32 weights: 16 lanes x 1 divides both)
+    "t16u1": _k(threads_per_row=16, unroll=1),
+    "t16r2u1": _k(threads_per_row=16, rows_per_thread=2, unroll=1),
+    "t16r2u1_split4": _k(threads_per_row=16, rows_per_thread=2, unroll=1, split_k=4),
     "split2": _k(split_k=2),
     "split4": _k(split_k=4),
     "split2_u4": _k(split_k=2, unroll=4),
