@@ -146,6 +146,23 @@ VARIANTS |= {
     "dec8_split4_all": BEST | {_D + "split_k": 4, _D + "split_min_k": 256},
     "dec8_qt512": BEST | {"quantize_act.threads": 512},
 }
+# second round (after the checkpoint: split_k 2 was +3% on the 1.5B, PDL / stage / r2 lost; the
+# decode attention is ~15 us a layer on the 1.5B, the largest non-GEMV cost): split_kw's kv_early
+# (V rows loaded with K rows) and more key ranges, with and without split_k 2 (7B: without)
+_A = "attention_decode."
+S2 = BEST | {_D + "split_k": 2}
+VARIANTS |= {
+    "dec8_ke": BEST | {_A + "kv_early": 1},
+    "dec8_ke_s16": BEST | {_A + "kv_early": 1, _A + "splits": 16},
+    "dec8_s16": BEST | {_A + "splits": 16},
+    "dec8_s32": BEST | {_A + "splits": 32},
+    "dec8_s2_ke": S2 | {_A + "kv_early": 1},
+    "dec8_s2_ke_s16": S2 | {_A + "kv_early": 1, _A + "splits": 16},
+    "dec8_s2_ke_s32": S2 | {_A + "kv_early": 1, _A + "splits": 32},
+    "dec8_s2_s16": S2 | {_A + "splits": 16},
+    "dec8_s2_ke_s16_w8": S2 | {_A + "kv_early": 1, _A + "splits": 16, _A + "warps": 8},
+    "dec8_s2_ke_s16_g4": S2 | {_A + "kv_early": 1, _A + "splits": 16, _A + "lanes_per_key": 4},
+}
 # --sweep: coordinate descent over these knobs, in this order, from the --sweep variant
 SWEEP_KNOBS = (
     "split_k",

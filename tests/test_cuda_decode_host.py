@@ -261,3 +261,13 @@ def test_cuda_precompile_lists_each_distinct_module_once(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text("not json")
     assert main([str(bad)]) == 2
+
+
+@pytest.mark.parametrize("ke", [0, 1])
+def test_split_kw_kv_early_reaches_the_kernel(tiny_model_factory, ke):
+    """attention_decode.kv_early (dec8) is attn_split_kw's last argument (the fake checks the
+    launch against the kernel's signature)."""
+    flat = BASE | {"attention_decode.variant": "split_kw", "attention_decode.kv_early": ke}
+    _, launches, m = _decode_launches(tiny_model_factory, flat)
+    kw = [launch for launch in launches if launch.kernel == "attn_split_kw"]
+    assert len(kw) == m.spec.n_layers and all(int(k.args[-1]) == ke for k in kw)

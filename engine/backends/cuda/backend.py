@@ -1028,8 +1028,9 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, Backend):  # mixins: hybrid.py,
             G = G if G and D % (4 * G) == 0 and D <= 32 * G else 0  # else attn_split serves
             q = self._aligned16(q) if G else q  # float4 loads of q
             fc = bool(G) and int(c["fuse_combine"]) == 1 and H <= _MAX_ARGMAX_ROWS
+            ke = bool(G) and int(c["kv_early"]) == 1
             self._attn_split(
-                q, cache, layer, pos0, out, int(c["splits"]), int(c["warps"]), q8, G, fc
+                q, cache, layer, pos0, out, int(c["splits"]), int(c["warps"]), q8, G, fc, ke
             )
             return out
         c = self.config.op("attention_prefill")
@@ -1076,6 +1077,7 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, Backend):  # mixins: hybrid.py,
         q8: bool = False,
         lanes_per_key: int = 0,
         fuse_combine: bool = False,
+        kv_early: bool = False,
     ) -> None:
         T, H, D = (int(s) for s in q.shape)
         Hkv = int(cache.k[layer].shape[1])
@@ -1092,7 +1094,7 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, Backend):  # mixins: hybrid.py,
                     np.int32(D), np.int32(lanes_per_key), np.int32(pos0), self._pos_ptr(),
                     np.float32(1.0 / math.sqrt(D)), out if fuse_combine else _NULL,
                     _NULL if xq is None else xq, _NULL if xds is None else xds,
-                    self._head_tickets,
+                    self._head_tickets, np.int32(1 if kv_early else 0),
                 ),
                 smem=4 * warps * (D + 2), pdl=True,
             )  # fmt: skip

@@ -632,6 +632,14 @@ REGISTRY.register(
                     "Q8_1 form under int8 decode): one launch instead of two",
                     PUSHED,
                 ),
+                Param(
+                    "kv_early",
+                    (0, 1),
+                    0,
+                    "1: each step's V rows are loaded with its K rows, before the scores' "
+                    "reduction (one memory round trip a step instead of two; same arithmetic)",
+                    PUSHED,
+                ),
             ),
             source="cuda/attention.cu",
             numeric="order_only",
