@@ -162,6 +162,9 @@ VARIANTS |= {
     "dec8_s2_s16": S2 | {_A + "splits": 16},
     "dec8_s2_ke_s16_w8": S2 | {_A + "kv_early": 1, _A + "splits": 16, _A + "warps": 8},
     "dec8_s2_ke_s16_g4": S2 | {_A + "kv_early": 1, _A + "splits": 16, _A + "lanes_per_key": 4},
+    # + q/k/v, biases, RoPE and the KV write in one launch (mmvw_qkv; never timed on its own)
+    "dec8_s2_fr": S2 | {_D + "fuse_rope": 1},
+    "dec8_s2_ke_s16_fr": S2 | {_A + "kv_early": 1, _A + "splits": 16, _D + "fuse_rope": 1},
 }
 # --sweep: coordinate descent over these knobs, in this order, from the --sweep variant
 SWEEP_KNOBS = (
