@@ -54,6 +54,20 @@ MMVW_CONFIGS = [
         "t8-r4-w8-stage-pf",
         {"threads_per_row": 8, "rows_per_thread": 4, "warps": 8, "stage": 1, "prefetch": 1},
     ),  # fmt: skip
+    # wide Q4_K slots (64 weights a lane), alone and with split-K / stage / 8 lanes a row
+    ("wide", {"q4k_wide": 1}),
+    (
+        "wide-t8-r2-u1-split2-stage",
+        {
+            "q4k_wide": 1,
+            "threads_per_row": 8,
+            "rows_per_thread": 2,
+            "unroll": 1,
+            "split_k": 2,
+            "split_min_k": 256,
+            "stage": 1,
+        },
+    ),  # fmt: skip
     # split-K of long rows (split_min_k 256: every K type's row here splits), parts of 1-3 slots
     ("split2", {"split_k": 2, "split_min_k": 256}),
     (
@@ -333,8 +347,9 @@ GLU_CONFIGS = [
     MMVW_CONFIGS[5],
     ("g2-gu8", {"glu_threads_per_row": 2, "glu_unroll": 8}),
     MMVW_CONFIGS[8],  # staged weights (mmvw_norm; mmvw_glu reads global)
-    MMVW_CONFIGS[9],  # split-K (mmvw_norm's rows per block halve)
-    MMVW_CONFIGS[10],
+    MMVW_CONFIGS[9],  # wide Q4_K slots (mmvw_glu's dots too)
+    MMVW_CONFIGS[11],  # split-K (mmvw_norm's rows per block halve)
+    MMVW_CONFIGS[12],
 ]
 
 
@@ -455,7 +470,7 @@ FUSED_MODEL_CONFIGS = [
     # split-K (dec8): every mmvw row of the tiny model splits; the fused norm with warps 8 (its
     # hooked form sums in the same order), no fuse_swiglu / fuse_rope (mmvw_glu and mmvw_qkv do
     # not split, their hooked forms would)
-    mmvw(fuse_norm=1, warps=8, split_k=4, split_min_k=256, stage=1, prefetch=1)
+    mmvw(fuse_norm=1, warps=8, split_k=4, split_min_k=256, stage=1, prefetch=1, q4k_wide=1)
     | {
         "rope.fuse_kv": 1,
         "attention_decode.variant": "split_kw",

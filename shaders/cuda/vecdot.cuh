@@ -101,6 +101,74 @@ template <int QT> struct VD {
     }
 };
 
+#ifndef Q4K_WIDE
+#define Q4K_WIDE 0
+#endif
+// A wide Q4_K slot's activations (Q4K_WIDE): 64 int8 in four 16-byte runs, two Q8_1 scales.
+struct XSlotW {
+    uint4 a, b, c, d;
+    float2 da, db;
+};
+
+#if Q4K_WIDE
+// Q4K_WIDE (mmvw's knob q4k_wide): slot s = all 32 qs bytes of pair p = s & 3 of block s >> 2,
+// two 16-byte loads: sub-blocks 2p (low nibbles) and 2p + 1 (high), 64 weights against 64
+// contiguous activations. Per 16 weight bytes half the header loads, scale decodes, Q8_1 scale
+// loads and float work of the narrow slot below, and both halves' min term in one slot.
+template <> struct VD<QT_Q4_K> {
+    static __device__ __forceinline__ int slots(int K) { return K / 64; }
+    static __device__ __forceinline__ XSlotW load(int s, const s8* __restrict__ xq,
+                                                  const float2* __restrict__ xds) {
+        const int b = s >> 2, p = s & 3;
+        const s8* x0 = xq + 256 * b + 64 * p;
+        XSlotW x;
+        x.a = ldg16(x0);
+        x.b = ldg16(x0 + 16);
+        x.c = ldg16(x0 + 32);
+        x.d = ldg16(x0 + 48);
+        x.da = __ldg(xds + 8 * b + 2 * p);
+        x.db = __ldg(xds + 8 * b + 2 * p + 1);
+        return x;
+    }
+    template <bool S = false>
+    static __device__ __forceinline__ float dot(const u8* __restrict__ row, int s,
+                                                const XSlotW& x) {
+        const int b = s >> 2, p = s & 3;
+        const u8* blk = row + 144 * b;
+        const uint4 hd = wl16<S>(blk);
+        const uint4 q0 = wl16<S>(blk + 16 + 32 * p), q1 = wl16<S>(blk + 32 + 32 * p);
+        const u32 M = 0x0F0F0F0Fu;
+        int d0 = dp4a(q0.x & M, x.a.x, 0);
+        d0 = dp4a(q0.y & M, x.a.y, d0);
+        d0 = dp4a(q0.z & M, x.a.z, d0);
+        d0 = dp4a(q0.w & M, x.a.w, d0);
+        d0 = dp4a(q1.x & M, x.b.x, d0);
+        d0 = dp4a(q1.y & M, x.b.y, d0);
+        d0 = dp4a(q1.z & M, x.b.z, d0);
+        d0 = dp4a(q1.w & M, x.b.w, d0);
+#ifdef MUTANT_Q4K_WIDE_HIGH  // planted bug: the second run's high nibbles meet the first's x
+        const uint4 xd = x.c;
+#else
+        const uint4 xd = x.d;
+#endif
+        int d1 = dp4a((q0.x >> 4) & M, x.c.x, 0);
+        d1 = dp4a((q0.y >> 4) & M, x.c.y, d1);
+        d1 = dp4a((q0.z >> 4) & M, x.c.z, d1);
+        d1 = dp4a((q0.w >> 4) & M, x.c.w, d1);
+        d1 = dp4a((q1.x >> 4) & M, xd.x, d1);
+        d1 = dp4a((q1.y >> 4) & M, xd.y, d1);
+        d1 = dp4a((q1.z >> 4) & M, xd.z, d1);
+        d1 = dp4a((q1.w >> 4) & M, xd.w, d1);
+        int sc0, m0, sc1, m1;
+        q4k_sm(hd.y, hd.z, hd.w, 2 * p, sc0, m0);
+        q4k_sm(hd.y, hd.z, hd.w, 2 * p + 1, sc1, m1);
+        const float d = h2f((u16)(hd.x & 0xFFFF)), dmin = h2f((u16)(hd.x >> 16));
+        float v = d * ((float)(sc0 * d0) * x.da.x + (float)(sc1 * d1) * x.db.x);
+        v -= dmin * ((float)m0 * x.da.y + (float)m1 * x.db.y);
+        return v;
+    }
+};
+#else
 // Q4_K: slot s = 16 bytes of qs: 16 low nibbles (sub-block 2p, half h) and 16 high (2p + 1);
 // the block's d, dmin and 12 scale bytes come in one more 16-byte load (an L1 hit for all but
 // the first of the block's 8 slots). The min term uses d * sum(q) of the Q8_1 block and is
@@ -143,6 +211,7 @@ template <> struct VD<QT_Q4_K> {
         return v;
     }
 };
+#endif
 
 // Q6_K in 224-byte blocks (ql[128] qh[64] scales[16] d pad[14]). Slot s = (b, h, c, lq):
 // ql[64h + 32c + 16lq ..+16] holds quarter c (low nibbles) and c + 2 (high), qh[32h + 16lq

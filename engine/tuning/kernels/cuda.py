@@ -206,6 +206,16 @@ REGISTRY.register(
                     define("STAGE"),
                 ),
                 Param(
+                    "q4k_wide",
+                    (0, 1),
+                    0,
+                    "1: a lane's Q4_K slot is all 32 quant bytes of a sub-block pair (64 "
+                    "weights, two 16-byte loads) instead of 16: half the header, scale and "
+                    "activation-scale work per weight byte (the kernel runs at a fixed slot "
+                    "rate, so Q4_K streams fewer bytes a second than Q6_K)",
+                    define("Q4K_WIDE"),
+                ),
+                Param(
                     "split_k",
                     (1, 2, 4),
                     1,
