@@ -17,8 +17,8 @@ if [ ! -f $M ]; then M=/tmp/dec8_m15.gguf
   [ -f $M ] || (python3 -m engine synth --preset 1.5b --out /tmp/dec8_m15.part.gguf > "$D/synth2.log" 2>&1 \
     && mv /tmp/dec8_m15.part.gguf $M) &
 fi
-CONFIGS=ptc_tc_mmvw_all,dec8_s2_w_ke_s16,dec8_s2_ke_s16,dec8_s2_w,dec8_split2,dec8_s2_ke,dec8_s2_s16,dec8_s2_ke_s32,dec8_s2_ke_s16_fr,dec8_w,dec8_s2_fr,dec8_s2_ke_s16_w8,dec8_s2_ke_s16_g4,dec8_ke,dec8_s16,dec8_s32,dec8_ke_s16
-SETTINGS=base,wide,wide_u1,wide_t16,wide_t16u1,wide_split2,wide_t8,wide_u4,split2
+CONFIGS=ptc_tc_mmvw_all,dec8_s2_w_ke_s16,dec8_s2_ke_s16,dec8_s2_w,dec8_split2,dec8_s2_ke,dec8_s2_s16,dec8_s2_ke_s32,dec8_s2_ke_s16_fr,dec8_w,dec8_w4,dec8_s2_fr,dec8_s2_ke_s16_w8,dec8_s2_ke_s16_g4,dec8_ke,dec8_s16,dec8_s32,dec8_ke_s16
+SETTINGS=base,wide,wide4,wide_u1,wide_t16,wide_t16u1,wide_split2,wide_t8,wide_u4,split2
 python3 - > /tmp/dec8_cfgs2.json <<PY
 import json
 from scripts.device_speed import VARIANTS

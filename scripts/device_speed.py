@@ -167,11 +167,14 @@ VARIANTS |= {
     "dec8_s2_ke_s16_fr": S2 | {_A + "kv_early": 1, _A + "splits": 16, _D + "fuse_rope": 1},
     # 64-weight Q4_K slots (the kernel runs at ~130 G slots/s whatever the type: Q4_K at 2.4
     # TB/s, Q6_K at 3.5 on the 7B's shapes)
-    "dec8_w": BEST | {_D + "q4k_wide": 1},
-    "dec8_w_ke_s16": BEST | {_D + "q4k_wide": 1, _A + "kv_early": 1, _A + "splits": 16},
-    "dec8_s2_w": S2 | {_D + "q4k_wide": 1},
-    "dec8_s2_w_ke_s16": S2 | {_D + "q4k_wide": 1, _A + "kv_early": 1, _A + "splits": 16},
-}
+    "dec8_w4": BEST | {_D + "q4k_wide": 1},
+    "dec8_w": BEST | {_D + "q4k_wide": 1, _D + "q6k_wide": 1},
+    "dec8_w_ke_s16": BEST | {_D + "q4k_wide": 1, _D + "q6k_wide": 1, _A + "kv_early": 1,
+                             _A + "splits": 16},
+    "dec8_s2_w": S2 | {_D + "q4k_wide": 1, _D + "q6k_wide": 1},
+    "dec8_s2_w_ke_s16": S2 | {_D + "q4k_wide": 1, _D + "q6k_wide": 1, _A + "kv_early": 1,
+                              _A + "splits": 16},
+}  # fmt: skip
 # --sweep: coordinate descent over these knobs, in this order, from the --sweep variant
 SWEEP_KNOBS = (
     "split_k",

@@ -268,6 +268,9 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("Q4K_WIDE_HIGH", "cuda", "matmul_decode", "mmvw's wide Q4_K slot multiplies its "
            "second run's high nibbles by the first run's activations",
            {"matmul_decode.variant": "mmvw", "matmul_decode.q4k_wide": 1}),
+    Mutant("Q6K_WIDE_SCALE", "cuda", "matmul_decode", "mmvw's wide Q6_K slot scales its "
+           "second high run by the first one's scale",
+           {"matmul_decode.variant": "mmvw", "matmul_decode.q6k_wide": 1}),
     Mutant("ATTN_KV_EARLY_K", "cuda", "attention_decode", "split_kw's early V loads read the "
            "K cache", {"attention_decode.variant": "split_kw", "attention_decode.kv_early": 1}),
     Mutant("MMQ_K_SHORT", "cuda", "matmul_prefill", "mmq's K loop one tile short",

@@ -55,11 +55,12 @@ MMVW_CONFIGS = [
         {"threads_per_row": 8, "rows_per_thread": 4, "warps": 8, "stage": 1, "prefetch": 1},
     ),  # fmt: skip
     # wide Q4_K slots (64 weights a lane), alone and with split-K / stage / 8 lanes a row
-    ("wide", {"q4k_wide": 1}),
+    ("wide", {"q4k_wide": 1, "q6k_wide": 1}),
     (
         "wide-t8-r2-u1-split2-stage",
         {
             "q4k_wide": 1,
+            "q6k_wide": 1,
             "threads_per_row": 8,
             "rows_per_thread": 2,
             "unroll": 1,
@@ -470,7 +471,16 @@ FUSED_MODEL_CONFIGS = [
     # split-K (dec8): every mmvw row of the tiny model splits; the fused norm with warps 8 (its
     # hooked form sums in the same order), no fuse_swiglu / fuse_rope (mmvw_glu and mmvw_qkv do
     # not split, their hooked forms would)
-    mmvw(fuse_norm=1, warps=8, split_k=4, split_min_k=256, stage=1, prefetch=1, q4k_wide=1)
+    mmvw(
+        fuse_norm=1,
+        warps=8,
+        split_k=4,
+        split_min_k=256,
+        stage=1,
+        prefetch=1,
+        q4k_wide=1,
+        q6k_wide=1,
+    )
     | {
         "rope.fuse_kv": 1,
         "attention_decode.variant": "split_kw",

@@ -211,7 +211,8 @@ def _old_cuda_modules(cfg: TuningConfig) -> dict[str, tuple[str, dict]]:
                 "STAGE": dec["stage"],
                 "KSPLIT": dec["split_k"],  # issue 14, dec8: split-K of long rows
                 "SPLIT_MINK": dec["split_min_k"],
-                "Q4K_WIDE": dec["q4k_wide"],  # dec8: 64-weight Q4_K slots
+                "Q4K_WIDE": dec["q4k_wide"],  # dec8: 64-weight Q4_K / Q6_K slots
+                "Q6K_WIDE": dec["q6k_wide"],
             },
         )
     else:

@@ -37,12 +37,16 @@
 //              (into q's output, k's cache row) by the last of its blocks to finish (a ticket
 //              per head): mmvw + rope_kv in one launch (knob fuse_rope)
 // WLOAD: read by vecdot.cuh's wld16 (the K types' weight loads); Q4K_WIDE (knob q4k_wide):
-// vecdot.cuh's 64-weight Q4_K slot (32 qs bytes a lane per slot instead of 16)
+// vecdot.cuh's 64-weight Q4_K slot (32 qs bytes a lane per slot instead of 16); Q6K_WIDE
+// (q6k_wide) its 64-weight Q6_K slot
 #ifndef WLOAD
 #define WLOAD 0
 #endif
 #ifndef Q4K_WIDE
 #define Q4K_WIDE 0
+#endif
+#ifndef Q6K_WIDE
+#define Q6K_WIDE 0
 #endif
 #include "q8.cuh"
 #include "vecdot.cuh"
@@ -203,7 +207,7 @@ __device__ __forceinline__ void mmvw_dot(const u8* __restrict__ W, int row_bytes
             const int s = s0 + u * G;
             const bool ok = s < ns;
             const int sc = ok ? s : s0;  // a valid slot, its result dropped: straight-line code
-            const auto x = VD<QT>::load(sc, xq, xds);  // XSlot (XSlotW: wide Q4_K)
+            const auto x = VD<QT>::load(sc, xq, xds);  // XSlot, or a wide type's
 #pragma unroll
             for (int r = 0; r < R; ++r) {
                 const float v = VD<QT>::template dot<S>(rows[r], sc, x);

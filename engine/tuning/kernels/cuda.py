@@ -216,6 +216,14 @@ REGISTRY.register(
                     define("Q4K_WIDE"),
                 ),
                 Param(
+                    "q6k_wide",
+                    (0, 1),
+                    0,
+                    "1: a lane's Q6_K slot is 64 weights (32 bytes of ql, 32 of qh, four "
+                    "scales) instead of 32: half the per-slot work per weight byte",
+                    define("Q6K_WIDE"),
+                ),
+                Param(
                     "split_k",
                     (1, 2, 4),
                     1,
