@@ -109,6 +109,8 @@ class HybridModel(Model):
             h = tap("rms_norm", "post_attention_norm", i, h, pos0)
             if fused and s.moe is None:
                 x = b.ffn(h, *(w[p + f"ffn_{t}.weight"] for t in ("gate", "up", "down")), x)
+            elif fused and not self.routes:  # (validate's forced routing: the op-by-op _ffn)
+                x = b.moe_ffn(h, x, *self._moe_weights(i))
             else:
                 x = tap("add", "ffn_residual", i, b.add(x, self._ffn(h, i, pos0)), pos0)
         return x
@@ -142,15 +144,21 @@ class HybridModel(Model):
             alpha = b.reshape(tap("cols", "ssm_a_in", b.cols(ba, rv, 2 * rv)), (n, Hv))
         else:
             beta_in, alpha = ba_out  # [T, Hv] each
-        g, beta = b.ssm_gates(alpha, beta_in, w[p + "ssm_dt.bias"], w[p + "ssm_a"])
-        tap("ssm_gates", "ssm_g", g)
-        tap("ssm_gates", "ssm_beta_sigmoid", beta)
         conv_w = w[p + "ssm_conv1d.weight"]
         qkv = tap("ssm_conv", "ssm_conv", b.ssm_conv(qkv, cache.conv[i], conv_w))
         q = b.reshape(tap("cols", "ssm_q", b.cols(qkv, 0, kd)), (n, Hk, dk))
         k = b.reshape(tap("cols", "ssm_k", b.cols(qkv, kd, 2 * kd)), (n, Hk, dk))
         v = tap("cols", "ssm_v", b.cols(qkv, 2 * kd, 2 * kd + ssm.value_dim))
         v = b.reshape(v, (n, Hv, dv))
+        if self.hook is None:  # gates, scan, norm and output gate: one op (fewer launches)
+            o = b.delta_net_gated(
+                q, k, v, alpha, beta_in, w[p + "ssm_dt.bias"], w[p + "ssm_a"], cache.ssm[i],
+                ssm.v_order, eps, w[p + "ssm_norm.weight"], z,
+            )  # fmt: skip
+            return self._out(o, "ssm_out", i, pos0, r)
+        g, beta = b.ssm_gates(alpha, beta_in, w[p + "ssm_dt.bias"], w[p + "ssm_a"])
+        tap("ssm_gates", "ssm_g", g)
+        tap("ssm_gates", "ssm_beta_sigmoid", beta)
         o = b.delta_net(q, k, v, g, beta, cache.ssm[i], ssm.v_order, eps)  # [T, Hv, dv]
         o = tap("delta_net", "ssm_scan", o)
         o = tap("rms_norm", "ssm_norm", b.rms_norm(o, w[p + "ssm_norm.weight"], eps))
@@ -170,8 +178,15 @@ class HybridModel(Model):
         qkv = b.matmuls(h, tuple(w[p + f"attn_{t}.weight"] for t in "qkv"))
         qg, k, v = (tap("matmul", f"attn_{t}", y) for t, y in zip("qkv", qkv, strict=True))
         qg = b.reshape(qg, (n, H, 2 * D))  # [q | gate] per head
-        q, gate = tap("cols", "q", b.cols(qg, 0, D)), tap("cols", "q_gate", b.cols(qg, D, 2 * D))
         k, v = b.reshape(k, (n, Hkv, D)), b.reshape(v, (n, Hkv, D))
+        if self.hook is None:  # norms, RoPE and the cache write: one op (fewer launches)
+            q, gate = b.attn_qk_prep(
+                qg, k, v, w[p + "attn_q_norm.weight"], w[p + "attn_k_norm.weight"], s.rms_eps,
+                cache, i, pos0, s.rope_theta, s.rope_dim,
+            )  # fmt: skip
+            a = b.sigmoid_mul(gate, b.attention(q, cache, i, pos0))
+            return self._out(b.reshape(a, (n, H * D)), "attn_output", i, pos0, r)
+        q, gate = tap("cols", "q", b.cols(qg, 0, D)), tap("cols", "q_gate", b.cols(qg, D, 2 * D))
         q = tap("rms_norm", "attn_q_norm", b.rms_norm(q, w[p + "attn_q_norm.weight"], s.rms_eps))
         k = tap("rms_norm", "attn_k_norm", b.rms_norm(k, w[p + "attn_k_norm.weight"], s.rms_eps))
         q = tap("rope_partial", "q", b.rope_partial(q, pos0, s.rope_theta, s.rope_dim))
@@ -200,6 +215,16 @@ class HybridModel(Model):
             mask[t] = -1e4  # exp underflows to 0 in float32 softmax; finite, so no NaN
             mask[t, ids] = 0.0
         return b.add(logits, b.upload(mask))
+
+    def _moe_weights(self, i: int) -> tuple:
+        """moe_ffn's weights of layer i: router, k, (gate, up, down), shared expert or None."""
+        w, p = self.weights, f"blk.{i}."
+        experts = tuple(w[p + f"ffn_{t}_exps.weight"] for t in ("gate", "up", "down"))
+        shared = None
+        if p + "ffn_up_shexp.weight" in w:
+            names = ("gate_inp_shexp", "gate_shexp", "up_shexp", "down_shexp")
+            shared = tuple(w[p + f"ffn_{t}.weight"] for t in names)
+        return w[p + "ffn_gate_inp.weight"], self.spec.moe.n_expert_used, experts, shared
 
     def _ffn(self, h: Tensor, i: int, pos0: int) -> Tensor:
         b, w, moe, p = self.backend, self.weights, self.spec.moe, f"blk.{i}."

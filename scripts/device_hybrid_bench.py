@@ -42,6 +42,20 @@ VARIANTS: dict[str, dict] = {
     "chunked32": {"delta_net.variant": "chunked", "delta_net.chunk": 32},
     "grouped": {"moe_experts.variant": "grouped"},
     "moe_q8": {"moe_experts.variant": "mmvq"},  # int8 experts (gate + up + SwiGLU fused)
+    # the MoE FFN op by op at decode (sixteen launches a layer; the default fuses it in three)
+    "moe_unfused": {"moe_experts.fuse_decode": 0},
+    # the delta-net decode op by op (conv + state, gates, scan, norm, gate: five launches a
+    # layer; the default runs ssm_conv_step and dn_step.cu's delta_net_step)
+    "dn_unfused": {"delta_net.fuse_decode": 0, "ssm_conv.fuse_step": 0},
+    "unfused": {"moe_experts.fuse_decode": 0, "delta_net.fuse_decode": 0,
+                "ssm_conv.fuse_step": 0, "rope_partial.fuse_qk": 0},  # decode before moedec
+    "qk_unfused": {"rope_partial.fuse_qk": 0},  # attention layers' q/k norms, RoPE, KV apart
+    # the fused MoE decode kernels (moe_dec.cu) with other moe_experts.dmmv launch shapes
+    "moe_t16": {"moe_experts.threads_per_row": 16, "moe_experts.rows_per_block": 8},
+    "moe_t64": {"moe_experts.threads_per_row": 64, "moe_experts.rows_per_block": 2,
+                "moe_experts.vec": 1},
+    "moe_rv": {"moe_experts.route_vec": 1},  # the fused route's float4 router rows
+    "moe_dv1": {"moe_experts.down_vec1": 1},  # the fused down kernel, every lane on short rows
     "mmq8": {"matmul_prefill.variant": "mmq8"},
     # on the H200 (9B tg64) mmvw alone 267, mmvw + PDL + chunked + argmax.multi 248: PDL and
     # argmax.multi stay out of fast until measured apart (mmvw_pdl)

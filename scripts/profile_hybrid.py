@@ -4,9 +4,11 @@ steps), from the backend's profile(): CUDA events per kernel on CUDA, each kerne
 phase whose op launched it; on other backends, wall clock per op with a synchronize around it.
 
 Phases: delta-net layers dn.proj (qkv / gate / beta / alpha projections, gates), dn.conv,
-dn.scan, dn.norm+out (norm, silu gate, ssm_out); attention layers attn.proj, attn.core (q/k
+dn.scan (with delta_net.fuse_decode: also the gates and the gated norm), dn.norm+out (norm, silu
+gate, ssm_out); attention layers attn.proj, attn.core (q/k
 norm, RoPE, cache, attention, gate), attn.out; FFN ffn (dense), moe.router, moe.experts,
-moe.shared; other (embedding, layer norms, residual adds, LM head, argmax).
+moe.shared (moe.fused: moe_experts.fuse_decode's three kernels, all of a decode token's MoE FFN);
+other (embedding, layer norms, residual adds, LM head, argmax).
 
     python scripts/profile_hybrid.py --model M.gguf [--backend cuda] [--config C.toml]
         [--set op.knob=value ...] [--prompt 512] [--gen 16] [--json]
@@ -26,14 +28,14 @@ from typing import Any
 # op called inside a layer of a kind -> phase (the outermost op decides; ops inside it, like
 # matmul_add's matmul, are charged to it)
 _DN = {"matmuls": "proj", "matmul": "norm+out", "ssm_gates": "proj", "ssm_conv": "conv",
-       "delta_net": "scan", "rms_norm": "norm+out", "swiglu": "norm+out",
+       "delta_net": "scan", "delta_net_gated": "scan", "rms_norm": "norm+out", "swiglu": "norm+out",
        "matmul_add": "norm+out"}  # fmt: skip
 _ATTN = {"matmuls": "proj", "matmul": "out", "matmul_add": "out"}  # everything else: core
 _MOE = {"router_topk": "router", "moe_experts": "experts"}  # else shared (first matmul: router)
 OPS = ("embedding", "rms_norm", "matmul", "matmuls", "matmul_add", "ffn", "add", "swiglu",
        "argmax", "rope_partial", "sigmoid_mul", "ssm_conv", "ssm_gates", "delta_net",
        "router_topk", "moe_experts", "kv_write", "attention", "cols", "reshape",
-       "rows")  # fmt: skip
+       "rows", "delta_net_gated", "attn_qk_prep")  # fmt: skip
 
 
 class PhaseTracker:
@@ -54,6 +56,8 @@ class PhaseTracker:
         for op in OPS:
             if hasattr(self.be, op):
                 setattr(self.be, op, self._op(op, getattr(self.be, op)))
+        if hasattr(self.be, "moe_ffn"):  # the MoE FFN as one op (moe_experts.fuse_decode)
+            self.be.moe_ffn = self._moe_ffn(self.be.moe_ffn)
         if self.cuda:
             timed = self.be._timed
             self.be._timed = lambda name: timed(f"{self.phase}|{name}")
@@ -62,7 +66,7 @@ class PhaseTracker:
         """Drop the wrappers: the model and backend run as before."""
         for name in ("_delta_net", "_attention", "_ffn"):
             self.model.__dict__.pop(name, None)
-        for op in OPS:
+        for op in (*OPS, "moe_ffn"):
             self.be.__dict__.pop(op, None)
         self.be.__dict__.pop("_timed", None)
 
@@ -76,6 +80,19 @@ class PhaseTracker:
                 return fn(*args, **kw)
             finally:
                 self.kind = ""
+
+        return call
+
+    def _moe_ffn(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """Inside moe_ffn the ops of its op-by-op form are charged as in _ffn; the fused
+        kernels, launched by no op, to moe.fused."""
+
+        def call(*args: Any, **kw: Any) -> Any:
+            self.kind, self.moe_matmuls, self.phase = "moe", 0, "moe.fused"
+            try:
+                return fn(*args, **kw)
+            finally:
+                self.kind, self.phase = "", "other"
 
         return call
 
@@ -94,6 +111,10 @@ class PhaseTracker:
         if self.kind == "ffn":
             return "ffn"
         return "other"
+
+    def _after_op(self) -> str:
+        """The phase of launches made by no op: the fused MoE FFN's inside moe_ffn."""
+        return "moe.fused" if self.kind == "moe" else "other"
 
     def _op(self, op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def call(*args: Any, **kw: Any) -> Any:
@@ -114,7 +135,7 @@ class PhaseTracker:
                     e = self.wall.setdefault(self.phase, [0, 0.0])
                     e[0] += 1
                     e[1] += 1e3 * (time.perf_counter() - t0)
-                self.phase = "other"
+                self.phase = self._after_op()
 
         return call
 

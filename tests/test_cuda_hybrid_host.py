@@ -312,8 +312,9 @@ def test_tiny_hybrid_runs_through_the_cuda_host_code(tiny_model_factory, arch, f
     run = be.kernels_run()
     want = {"delta_net_seq", "ssm_conv", "ssm_conv_state", "ssm_gates", "sigmoid_mul",
             "rope_partial"}  # fmt: skip
-    if flat.get("delta_net.variant") == "chunked":
-        want |= {"delta_net_chunk_prep", "delta_net_chunk_scan"}
+    want |= {"delta_net_step", "ssm_conv_step"}  # decode: delta_net / ssm_conv fused steps
+    if flat.get("delta_net.variant") == "chunked":  # (a decode step is delta_net_step)
+        want = (want - {"delta_net_seq"}) | {"delta_net_chunk_prep", "delta_net_chunk_scan"}
     if arch != "qwen35" and flat.get("moe_experts.variant") == "grouped":
         want |= {"moe_sort", "moe_gather", "moe_scatter"}
         assert any(k.startswith("moe_grouped_") for k in run), run
@@ -323,7 +324,9 @@ def test_tiny_hybrid_runs_through_the_cuda_host_code(tiny_model_factory, arch, f
         assert "quantize_q8_1" in run  # the SwiGLU output (and prefill's x) as Q8_1
     if arch != "qwen35":
         want |= {"router_topk", "moe_combine"}
-        assert any(k.startswith("moe_q") or k.startswith("moe_f") for k in run), run
+        assert any(k.startswith(("moe_q", "moe_f", "moe_grouped_")) for k in run), run
+        if flat.get("moe_experts.variant") != "mmvq":  # decode: fuse_decode's three kernels
+            want |= {"moe_dec_route", "moe_dec_gate_up", "moe_dec_down"}
     assert want <= run, want - run
 
 
@@ -361,3 +364,100 @@ def test_conv_fuse_step_runs_one_kernel_for_a_decode_token():
     be.launches.clear()
     be.ssm_conv(_f32(rng, 2, 300), state, w)
     assert [launch.kernel for launch in be.launches] == ["ssm_conv", "ssm_conv_state"]
+
+
+@pytest.mark.parametrize("arch", ["qwen35moe", "qwen3next"])
+def test_moe_fuse_decode_runs_a_layers_moe_ffn_in_three_launches(tiny_model_factory, arch):
+    # moe_experts.fuse_decode: per decode token and MoE layer, route + gate_up + down (moe_dec.cu)
+    # instead of the op-by-op schedule's fifteen launches; the chosen experts' ids, weights and
+    # the shared expert's gate logit stay on the device, passed from route to the other two.
+    from engine.gguf_model import open_model
+    from engine.models import build_model
+
+    path = tiny_model_factory(arch, "q4_k_m")
+    per_token, last = {}, {}
+    for fuse in (0, 1):
+        be = FakeCuda(cfg(**{"moe_experts.fuse_decode": fuse, "prefill.gemm_min_t": 1 << 20}))
+        m = build_model(open_model(path), be)
+        counts = []
+        for n in (2, 3):
+            be.launches.clear()
+            m.generate(PROMPT, n)
+            counts.append(len(be.launches))
+        per_token[fuse] = counts[1] - counts[0]
+        last[fuse] = [x for x in be.launches if x.kernel.startswith("moe_dec_")]
+    assert not last[0]
+    assert per_token[0] - per_token[1] == 12 * m.spec.n_layers  # every tiny layer is MoE
+    route, gate_up, down = last[1][-3:]
+    assert [route.kernel, gate_up.kernel, down.kernel] == [
+        "moe_dec_route", "moe_dec_gate_up", "moe_dec_down"]  # fmt: skip
+    ids, w, logits = route.args[10], route.args[11], route.args[8]
+    assert gate_up.args[7] is ids and down.args[7] is ids and down.args[8] is w
+    assert down.args[14] is logits and down.args[0] is gate_up.args[-2]  # h
+    assert not isinstance(route.args[4], np.uint64) and not isinstance(down.args[10], np.uint64)
+
+
+def test_delta_net_fuse_decode_runs_a_layers_step_in_one_launch(tiny_model_factory):
+    # delta_net.fuse_decode: per decode token and delta-net layer, delta_net_step (gates, scan
+    # step, gated norm) instead of ssm_gates + delta_net_seq + rms_norm + swiglu; with the conv
+    # step fused too (ssm_conv.fuse_step, default), four launches fewer than the op by op.
+    from engine.gguf_model import open_model
+    from engine.models import build_model
+
+    path = tiny_model_factory("qwen35", "q4_k_m")
+    per_token, kernels = {}, {}
+    for fuse in (0, 1):
+        flat = {"delta_net.fuse_decode": fuse, "ssm_conv.fuse_step": fuse}
+        be = FakeCuda(cfg(**flat, **{"prefill.gemm_min_t": 1 << 20}))
+        m = build_model(open_model(path), be)
+        counts = []
+        for n in (2, 3):
+            be.launches.clear()
+            m.generate(PROMPT, n)
+            counts.append(len(be.launches))
+        per_token[fuse] = counts[1] - counts[0]
+        kernels[fuse] = be.kernels_run()
+    n_dn = sum(m.spec.is_recurrent(i) for i in range(m.spec.n_layers))
+    assert per_token[0] - per_token[1] == 4 * n_dn
+    assert {"delta_net_step", "ssm_conv_step"} <= kernels[1]
+    assert "delta_net_step" not in kernels[0] and "ssm_conv_step" not in kernels[0]
+
+
+def test_blame_names_a_hybrid_fusion_only_once_it_ran(tiny_model_factory):
+    # hook_bypassed_fusions: the fused decode ops of the hybrids are named (for validate's blame
+    # when the hooked, unfused replay agrees) only after this backend ran them: never for a
+    # dense model, whose schedule has none of them
+    from engine.gguf_model import open_model
+    from engine.models import build_model
+
+    be = FakeCuda(cfg(**{"prefill.gemm_min_t": 1 << 20}))
+    assert be.hook_bypassed_fusions(cfg()) == []
+    m = build_model(open_model(tiny_model_factory("qwen35moe", "q4_k_m")), be)
+    m.generate(PROMPT, 2)
+    assert be.hook_bypassed_fusions(cfg()) == ["delta_net", "rope_partial", "moe_experts"]
+    off = {"delta_net.fuse_decode": 0, "rope_partial.fuse_qk": 0, "moe_experts.fuse_decode": 0}
+    assert be.hook_bypassed_fusions(cfg(**off)) == []
+    assert be.hook_bypassed_fusions(cfg(**{"moe_experts.variant": "mmvq"})) == [
+        "delta_net", "rope_partial"]  # fmt: skip
+
+
+def test_bench_moe_dec_configs_and_launches():
+    # scripts/bench_moe_dec.py: every config is a valid CUDA config, its 35B-A3B-like layer runs
+    # through the fused host code as three launches, and an unknown config is refused (exit 2)
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "bench_moe_dec.py"
+    spec = importlib.util.spec_from_file_location("bench_moe_dec", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    for flat in mod.CONFIGS.values():
+        TuningConfig.from_flat("cuda", flat)
+    router, experts, shared = mod._weights(np.random.default_rng(0), True)
+    be = FakeCuda(cfg())
+    x = np.ones((1, mod.C), np.float32)
+    ex, sh = (tuple(be.load_weight(t) for t in ws) for ws in (experts, shared))
+    be.moe_ffn(x, x, be.load_weight(router), mod.K_USED, ex, sh)
+    assert [launch.kernel for launch in be.launches] == [
+        "moe_dec_route", "moe_dec_gate_up", "moe_dec_down"]  # fmt: skip
+    assert mod.main(["--configs", "nope"]) == 2

@@ -114,7 +114,8 @@ def _old_vulkan_spec(cfg: TuningConfig, op: str) -> tuple[tuple[int, ...], int]:
     if op == "matmul_prefill":
         if c.variant == "tiled":
             return (int(c["tile_m"]), int(c["tile_n"])), 0
-        if c.variant == "coopmat":  # added after the bindings: tile and subgroup-tile sizes
+        # coopmat and resident: added after the bindings, tile and subgroup-tile sizes
+        if c.variant in ("coopmat", "resident"):
             tiles = tuple(int(c[k]) for k in ("tile_m", "tile_n", "warp_m", "warp_n"))
             return tiles, int(c["subgroup_size"])
         rows = int(c["rows_per_wg"]) if c.variant == "kpar" else 1
@@ -266,13 +267,16 @@ def _old_cuda_modules(cfg: TuningConfig) -> dict[str, tuple[str, dict]]:
         k["delta_net_chunked"] = ("delta_net_chunked.cu", {**scan, "CHUNK": dn["chunk"]})
     else:
         k["delta_net"] = ("delta_net.cu", scan)
+    k["dn_step"] = ("dn_step.cu", {d: scan[d] for d in ("NW", "MAX_DK", "STATE_T")})
     me = cfg.op("moe_experts")
     if me.variant == "mmvq":  # int8 experts; float ones on moe.cu at its defaults
         k["moe_q8"] = ("moe_q8.cu", {"TPR": me["threads_per_row"], "NW": me["warps"]})
         k["moe"] = ("moe.cu", {"ROWS": 4, "TPR": 32, "VEC": 2})
+        k["moe_dec"] = ("moe_dec.cu", k["moe"][1])  # fuse_decode's kernels: moe.cu's knobs
         return k
     dmmv = {"ROWS": me["rows_per_block"], "TPR": me["threads_per_row"], "VEC": me["vec"]}
     k["moe"] = ("moe.cu", dmmv)  # grouped decodes (T = 1) with it
+    k["moe_dec"] = ("moe_dec.cu", dmmv)
     if me.variant == "grouped":
         k["moe_grouped"] = ("moe_grouped.cu", {**dmmv, "TILE_P": me["tile_pairs"]})
     return k

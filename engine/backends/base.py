@@ -434,6 +434,77 @@ class Backend(ABC):
         [E, F, C], down [E, C, F]; x [T, C] -> [T, C]."""
         raise self._no_hybrid("moe_experts")
 
+    def attn_qk_prep(
+        self,
+        qg: Tensor,
+        k: Tensor,
+        v: Tensor,
+        q_norm: Weight,
+        k_norm: Weight,
+        eps: float,
+        cache: KVCache,
+        layer: int,
+        pos0: int,
+        theta: float,
+        n_rot: int,
+    ) -> tuple[Tensor, Tensor]:
+        """A gated-attention layer's inputs: qg [T, H, 2D] ([q | gate] per head), k, v
+        [T, Hkv, D] -> (q RMS-normalised by q_norm and partially roped, the gate); k normalised
+        by k_norm and roped, then k and v stored in the layer's cache at pos0. The op-by-op
+        schedule of engine/hybrid.py; a backend may run it in fewer launches."""
+        D = int(k.shape[-1])
+        q, gate = self.cols(qg, 0, D), self.cols(qg, D, 2 * D)
+        q = self.rope_partial(self.rms_norm(q, q_norm, eps), pos0, theta, n_rot)
+        k = self.rope_partial(self.rms_norm(k, k_norm, eps), pos0, theta, n_rot)
+        self.kv_write(cache, layer, k, v, pos0)
+        return q, gate
+
+    def delta_net_gated(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        a: Tensor,
+        b: Tensor,
+        dt_bias: Weight,
+        ssm_a: Weight,
+        state: Tensor,
+        v_order: str,
+        eps: float,
+        norm: Weight,
+        z: Tensor,
+    ) -> Tensor:
+        """A delta-net layer after its conv: the gates of a, b (ssm_gates), the scan
+        (delta_net), each head's output RMS-normalised by norm, times silu(z) -> [T, Hv * dv]
+        (z's shape). The op-by-op schedule of engine/hybrid.py, in its order; a backend may
+        run it in fewer launches."""
+        g, beta = self.ssm_gates(a, b, dt_bias, ssm_a)
+        o = self.delta_net(q, k, v, g, beta, state, v_order, eps)
+        o = self.rms_norm(o, norm, eps)
+        return self.swiglu(z, self.reshape(o, tuple(z.shape)))
+
+    def moe_ffn(
+        self,
+        h: Tensor,
+        r: Tensor,
+        router: Weight,
+        k: int,
+        experts: tuple[Weight, Weight, Weight],
+        shared: tuple[Weight, Weight, Weight, Weight] | None = None,
+    ) -> Tensor:
+        """r + a MoE FFN of h: router (logits h @ router^T, router_topk), the routed experts
+        (gate, up, down: moe_experts) and, with shared = (gate_inp_shexp, gate, up, down), the
+        shared expert scaled by sigmoid(h @ gate_inp_shexp^T). The op-by-op schedule of
+        engine/hybrid.py's _ffn, in its order; a backend may run it in fewer launches."""
+        ids, w = self.router_topk(self.matmul(h, router), k)
+        y = self.moe_experts(h, ids, w, *experts)
+        if shared is not None:
+            sg, gate, up, down = shared
+            sh = self.swiglu(*self.matmuls(h, (gate, up)))
+            sh = self.matmul(sh, down)
+            y = self.add(y, self.sigmoid_mul(self.matmul(h, sg), sh))
+        return self.add(r, y)
+
     def registry_op(self, op: str, n: int) -> str:
         """The registry op that runs schedule op ``op`` on n tokens (validate's blame names it);
         backends whose dispatch differs (CUDA: batched DMMV below gemm_min_t) override this."""

@@ -8,10 +8,12 @@
 //   rope_partial.pairs    rope_partial: neox RoPE of the first n_rot dims of each head
 //   router_topk.default   router_topk: a warp per token: top-k of the logits, softmax over them
 //   moe_experts.dmmv      moe_combine: the weighted sum of a token's k expert outputs
+//   rope_partial.fuse_qk  attn_qk_prep: a decode token's q / k norms, RoPE, KV write, q and gate
 // pos0 comes as a scalar and a device pointer (non-null wins: the decode graph's position).
 // Every kernel starts with pdl_start() (common.cuh): under matmul_decode.pdl the backend chains
 // them into the decode step's programmatic dependent launches.
 #include "common.cuh"
+#include "topk.cuh"
 
 #define GRID_STRIDE(i, n)                                                              \
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (n); \
@@ -139,45 +141,13 @@ extern "C" __global__ void rope_partial(const float* __restrict__ x, float* __re
     }
 }
 
-// logits [T, E] (E <= 1024) -> ids [T, k] (largest first, ties to the lower index: a stable
-// sort's order), w [T, k] = softmax of the chosen logits: the full softmax renormalised over the
-// chosen k (its denominator cancels). A warp per token; lane l owns experts l + 32 m.
+// logits [T, E] (E <= 1024) -> ids [T, k], w [T, k]: topk.cuh, a warp per token.
 extern "C" __global__ void router_topk(const float* __restrict__ logits, int* __restrict__ ids,
                                        float* __restrict__ w, int T, int E, int k) {
     pdl_start();
     const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
     if (row >= T) return;
-    const float* z = logits + (size_t)row * E;
-    unsigned taken = 0u;  // bit m: expert lane + 32 m already chosen
-    float mine = 0.f;     // lane r < k: the logit chosen in round r
-    for (int r = 0; r < k; ++r) {
-        float best = 0.f;
-        int bi = 0x7fffffff;
-        for (int m = 0; lane + 32 * m < E; ++m) {
-            const float v = z[lane + 32 * m];
-            if (!((taken >> m) & 1u) && v == v && (bi == 0x7fffffff || v > best)) {  // no NaN
-                best = v;
-                bi = lane + 32 * m;
-            }
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, best, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (oi != 0x7fffffff && (bi == 0x7fffffff || ov > best || (ov == best && oi < bi))) {
-                best = ov;
-                bi = oi;
-            }
-        }
-        if (bi == 0x7fffffff) bi = 0;  // only NaN left: a valid index all the same
-        if ((bi & 31) == lane) taken |= 1u << (bi >> 5);
-        if (lane == r) mine = best;
-        if (lane == 0) ids[(size_t)row * k + r] = bi;
-    }
-    const float top = __shfl_sync(0xffffffffu, mine, 0);  // round 0: the largest
-    const float e = lane < k ? expf(mine - top) : 0.f;
-    const float sum = warp_sum(e);
-    if (lane < k) w[(size_t)row * k + lane] = e / sum;
+    topk_row(logits + (size_t)row * E, E, k, ids + (size_t)row * k, w + (size_t)row * k, lane);
 }
 
 // d [T * k, C] (expert outputs, token-major), w [T, k] -> out [T, C] = sum_j w[t, j] d[t k + j].
@@ -189,5 +159,64 @@ extern "C" __global__ void moe_combine(const float* __restrict__ d, const float*
         float acc = 0.f;
         for (int j = 0; j < k; ++j) acc += w[t * k + j] * d[(t * k + j) * C + c];
         out[i] = acc;
+    }
+}
+
+// rope_partial.fuse_qk: a decode token's gated-attention inputs in one launch, bit-identical to
+// rms_norm (elementwise.cu) of q and k by their norms, rope_partial of both, kv_write of k and v
+// and the contiguous copies of q and of the gate that the op-by-op schedule's views cost.
+// qg [H, 2D] ([q | gate] per head), k, v [Hkv, D] (one token), qn, kn [D] -> q [H, D] roped,
+// gate [H, D], the cache rows at position p0 (kc, vc [S, Hkv * D]). A warp per q head and per
+// k head (which also copies its v row); its normalised row goes through shared memory, where
+// the lanes meet for the RoPE pairs. Block: 32 * ATTN_PREP_WARPS threads; D <= ATTN_PREP_MAX_D.
+#define ATTN_PREP_WARPS 4
+#define ATTN_PREP_MAX_D 512
+extern "C" __global__ void __launch_bounds__(32 * ATTN_PREP_WARPS)
+    attn_qk_prep(const float* __restrict__ qg, const float* __restrict__ k,
+                 const float* __restrict__ v, const float* __restrict__ qn,
+                 const float* __restrict__ kn, float* __restrict__ q, float* __restrict__ gate,
+                 float* __restrict__ kc, float* __restrict__ vc, int H, int Hkv, int D,
+                 int n_rot, int pos0, const int* pos_ptr, float theta, float eps) {
+    __shared__ float rowbuf[ATTN_PREP_WARPS][ATTN_PREP_MAX_D];
+    pdl_start();
+    const int wi = threadIdx.x / 32, lane = threadIdx.x & 31;
+    const int row = blockIdx.x * ATTN_PREP_WARPS + wi;  // q heads 0 .. H-1, then k heads
+    if (row >= H + Hkv) return;  // a whole warp; no block-level barrier below
+    const bool isq = row < H;
+    const int hh = isq ? row : row - H;
+    const int p0 = pos_ptr ? *pos_ptr : pos0;
+    const float* xr = isq ? qg + (size_t)hh * 2 * D : k + (size_t)hh * D;
+    const float* w = isq ? qn : kn;
+    float s = 0.f;  // rms_norm's row
+    for (int i = lane; i < D; i += 32) s += xr[i] * xr[i];
+    s = warp_sum(s);
+    const float scale = rsqrtf(s / (float)D + eps);
+    float* buf = rowbuf[wi];
+    for (int i = lane; i < D; i += 32) buf[i] = xr[i] * scale * w[i];
+    __syncwarp();
+    float* out = isq ? q + (size_t)hh * D : kc + ((size_t)p0 * Hkv + hh) * D;
+    const int half = n_rot / 2;
+    for (int e = lane; e < half + (D - n_rot); e += 32) {  // rope_partial's work items
+        if (e >= half) {
+            const int d = n_rot + (e - half);
+            out[d] = buf[d];
+            continue;
+        }
+#ifdef MUTANT_QK_PREP_ROPE_AHEAD
+        const double ang = (double)(p0 + 1) * pow((double)theta, -2.0 * e / n_rot);  // planted
+#else
+        const double ang = (double)p0 * pow((double)theta, -2.0 * e / n_rot);
+#endif
+        double sn, cs;
+        sincos(ang, &sn, &cs);
+        const double a = buf[e], b = buf[e + half];
+        out[e] = (float)(a * cs - b * sn);
+        out[e + half] = (float)(a * sn + b * cs);
+    }
+    if (isq) {  // the gate, contiguous
+        for (int i = lane; i < D; i += 32) gate[(size_t)hh * D + i] = xr[D + i];
+    } else {  // v into the cache
+        float* vo = vc + ((size_t)p0 * Hkv + hh) * D;
+        for (int i = lane; i < D; i += 32) vo[i] = v[(size_t)hh * D + i];
     }
 }

@@ -819,8 +819,8 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, Backend):  # mixins: hybrid.py,
         return y
 
     def hook_bypassed_fusions(self, config: TuningConfig) -> list[str]:
-        """matmul_decode's mmvw_glu / mmvw_norm / mmvw_qkv and rope's rope_kv run only
-        unhooked."""
+        """matmul_decode's mmvw_glu / mmvw_norm / mmvw_qkv, rope's rope_kv and the fused
+        decode of delta_net and moe_experts run only unhooked."""
         out = []
         dec = config.op("matmul_decode")
         fused = ("fuse_swiglu", "fuse_norm", "fuse_rope")
@@ -828,6 +828,17 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, Backend):  # mixins: hybrid.py,
             out.append("matmul_decode")
         if int(config.op("rope")["fuse_kv"]):
             out.append("rope")
+        # the hybrids' fused decode (hybrid.py, moe_dec.py), where this backend has run it: a
+        # dense model never does, so its blame never names them
+        ran = getattr(self, "_fusions_ran", set())
+        moe = config.op("moe_experts")
+        for op, on in (
+            ("delta_net", int(config.op("delta_net")["fuse_decode"])),
+            ("rope_partial", int(config.op("rope_partial")["fuse_qk"])),
+            ("moe_experts", moe.variant in ("dmmv", "grouped") and int(moe["fuse_decode"])),
+        ):
+            if on and op in ran:
+                out.append(op)
         return out
 
     def _fuse_norm(self, x: Any, w: CudaWeight, r: Any) -> bool:

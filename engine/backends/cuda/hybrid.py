@@ -21,6 +21,7 @@ import numpy as np
 
 from engine.backends.cuda import kernels
 from engine.backends.cuda.kernels import QTYPE_SUFFIX
+from engine.backends.cuda.moe_dec import CudaMoeDecodeOps
 from engine.tuning.kernels.cuda import BLOCK_TYPES as _MMVW  # the types mmvw.cu decodes
 
 MAX_CONV = 8  # hybrid.cu ssm_conv_state keeps K - 1 <= 7 inputs per channel in registers
@@ -28,6 +29,9 @@ MAX_EXPERTS = 1024  # router_topk: 32 per lane
 MAX_TOPK = 32  # router_topk: one chosen logit per lane
 MAX_PAIRS = 65535  # moe.cu: pairs on grid z per launch (moe_grouped.cu: tiles)
 MOE_SORT_THREADS = 1024  # moe_grouped.cu moe_sort: one block
+MAX_DN_HEADS = 1024  # dn_step.cu: one ticket per V head
+MAX_PREP_D = 512  # hybrid.cu attn_qk_prep: a head row in shared memory
+PREP_WARPS = 4  # hybrid.cu ATTN_PREP_WARPS: heads per block
 
 
 def _suffix(qtype: str) -> str:
@@ -50,7 +54,7 @@ def _max_tiles(pairs: int, experts: int, choice: Any) -> int:
     return math.ceil(pairs / int(choice["tile_pairs"])) + min(experts, pairs)
 
 
-class CudaHybridOps:
+class CudaHybridOps(CudaMoeDecodeOps):  # moe_ffn: moe_dec.py
     """Hybrid ops of CudaBackend (needs its _launch, _empty, _grid1, _pos_ptr, _mmvw, config)."""
 
     _cp: Any
@@ -107,6 +111,53 @@ class CudaHybridOps:
                  self._pos_ptr(), np.float32(theta)), pdl=True,
             )  # fmt: skip
         return out
+
+    def attn_qk_prep(
+        self,
+        qg: Any,
+        k: Any,
+        v: Any,
+        q_norm: Any,
+        k_norm: Any,
+        eps: float,
+        cache: Any,
+        layer: int,
+        pos0: int,
+        theta: float,
+        n_rot: int,
+    ) -> tuple[Any, Any]:
+        """Under rope_partial.fuse_qk a one-token call is hybrid.cu's attn_qk_prep: both
+        norms, both RoPEs, the cache write and the q / gate copies in one launch."""
+        T, H, D2 = (int(s) for s in qg.shape)
+        D = D2 // 2
+        Hkv = int(k.shape[1]) if k.ndim == 3 else 0
+        if (
+            T != 1
+            or not int(self.config.op("rope_partial")["fuse_qk"])
+            or D2 % 2
+            or not 0 < D <= MAX_PREP_D
+            or n_rot % 2
+            or not 0 < n_rot <= D
+            or tuple(k.shape) != (1, Hkv, D)
+            or tuple(v.shape) != (1, Hkv, D)
+            or int(q_norm.f32.size) != D
+            or int(k_norm.f32.size) != D
+            or pos0 + 1 > cache.capacity
+            or tuple(cache.k[layer].shape[1:]) != (Hkv, D)
+        ):
+            return super().attn_qk_prep(  # type: ignore[misc]
+                qg, k, v, q_norm, k_norm, eps, cache, layer, pos0, theta, n_rot
+            )
+        qg, k, v = self._contig(qg), self._contig(k), self._contig(v)
+        q, gate = self._empty((1, H, D)), self._empty((1, H, D))
+        self._fused_ran("rope_partial")
+        self._launch(
+            "hybrid", "attn_qk_prep", (math.ceil((H + Hkv) / PREP_WARPS),), (32 * PREP_WARPS,),
+            (qg, k, v, q_norm.f32, k_norm.f32, q, gate, cache.k[layer], cache.v[layer],
+             np.int32(H), np.int32(Hkv), np.int32(D), np.int32(n_rot), np.int32(pos0),
+             self._pos_ptr(), np.float32(theta), np.float32(eps)), pdl=True,
+        )  # fmt: skip
+        return q, gate
 
     def sigmoid_mul(self, gate: Any, x: Any) -> Any:
         gate, x = self._contig(gate), self._contig(x)
@@ -223,6 +274,63 @@ class CudaHybridOps:
              np.int32(dv), grouped, np.float32(eps)), pdl=True,
         )  # fmt: skip
         return out
+
+    def delta_net_gated(
+        self,
+        q: Any,
+        k: Any,
+        v: Any,
+        a: Any,
+        b: Any,
+        dt_bias: Any,
+        ssm_a: Any,
+        state: Any,
+        v_order: str,
+        eps: float,
+        norm: Any,
+        z: Any,
+    ) -> Any:
+        """Under delta_net.fuse_decode a one-token call is dn_step.cu's delta_net_step: gates,
+        the scan's step and the gated norm in one launch (bit-identical to the four)."""
+        c = self.config.op("delta_net")
+        T, Hk, dk = (int(s) for s in q.shape)
+        Hv, dv = (int(v.shape[1]), int(v.shape[2])) if v.ndim == 3 else (0, 0)
+        if (
+            T != 1
+            or not int(c["fuse_decode"])
+            or v_order not in ("grouped", "tiled")
+            or dk > int(c["max_dk"])
+            or not 0 < Hv <= MAX_DN_HEADS
+            or Hv % Hk
+            or tuple(k.shape) != tuple(q.shape)
+            or int(v.shape[0]) != 1
+            or int(a.size) != Hv
+            or int(b.size) != Hv
+            or int(dt_bias.f32.size) != Hv
+            or int(ssm_a.f32.size) != Hv
+            or norm.f32 is None
+            or int(norm.f32.size) != dv
+            or int(z.size) != Hv * dv
+            or int(state.size) != Hv * dk * dv
+            or not state.flags.c_contiguous
+        ):
+            return super().delta_net_gated(  # type: ignore[misc]
+                q, k, v, a, b, dt_bias, ssm_a, state, v_order, eps, norm, z
+            )
+        q, k, v, a, b, z = (self._contig(t) for t in (q, k, v, a, b, z))
+        o, y = self._empty((Hv, dv)), self._empty(tuple(z.shape))
+        tickets = getattr(self, "_dn_tickets", None)
+        if tickets is None:  # zero between launches: each head's last block resets its own
+            tickets = self._dn_tickets = self._cp.zeros(MAX_DN_HEADS, np.uint32)
+        nw = int(c["warps"])
+        self._fused_ran("delta_net")
+        self._launch(
+            "dn_step", "delta_net_step", (math.ceil(dv / nw), Hv), (32 * nw,),
+            (q, k, v, a, b, dt_bias.f32, ssm_a.f32, state, o, norm.f32, z, y, np.int32(Hk),
+             np.int32(Hv), np.int32(dk), np.int32(dv), np.int32(v_order == "grouped"),
+             np.float32(eps), tickets), pdl=True,
+        )  # fmt: skip
+        return y
 
     def _delta_net_chunked(
         self,

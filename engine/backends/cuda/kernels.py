@@ -186,6 +186,13 @@ def modules_for(cfg: TuningConfig) -> dict[str, tuple[str, dict[str, int]]]:
         mods["moe"] = (Path(dmmv.source).name, variant_defines(dmmv, moe))
     elif moe.variant == "mmvq":  # float experts: the dmmv kernels at their defaults
         mods["moe"] = (Path(dmmv.source).name, variant_defines(dmmv, MOE_FALLBACK))
+    # moe_experts.fuse_decode's kernels, built with the expert DMMV's rows / threads / vec
+    mods["moe_dec"] = ("moe_dec.cu", mods["moe"][1])
+    # delta_net.fuse_decode's step (it includes delta_net.cu), with the scan's layout defines
+    dn = cfg.op("delta_net")
+    dnv = REGISTRY.op("cuda", "delta_net").variant(dn.variant)
+    scan = variant_defines(dnv, dn)
+    mods["dn_step"] = ("dn_step.cu", {d: scan[d] for d in ("NW", "MAX_DK", "STATE_T")})
     if cfg.op("attention_prefill").variant == "flash_tc":  # head dims it has no kernel for
         gemm = REGISTRY.op("cuda", "attention_prefill").variant("gemm")
         mods["attention_gemm"] = (Path(gemm.source).name, {})

@@ -26,6 +26,7 @@ from engine.backends.vulkan.kernels import MAX_GROUPS
 from engine.backends.vulkan.kernels import fold_groups as _fold
 from engine.backends.vulkan.memory import Allocator, Buffer, Lease
 from engine.backends.vulkan.pipelines import Pipeline, Pipelines
+from engine.backends.vulkan.resident import ResidentPrefill
 from engine.backends.vulkan.stream import GraphKey, Stream
 from engine.errors import ConfigError, EngineError, KernelCompileError, UnsupportedError
 from engine.tuning.kernels.vulkan import QUANT_TYPES
@@ -123,13 +124,17 @@ class VkWeight:
     row_bytes: int = 0
     parts: list[tuple[Lease, int, int]] = field(default_factory=list)  # (lease, row0, nrows)
     f32: VkTensor | None = None
+    # matmul_prefill.resident: the fp16 copy [N, Kp] in row ranges (lease, row0, nrows), made
+    # at the first prefill GEMM (engine/backends/vulkan/resident.py)
+    f16: list[tuple[Lease, int, int]] | None = None
 
     @property
     def nbytes(self) -> int:
-        return sum(p[0].buf.size for p in self.parts) + (self.f32.buf.size if self.f32 else 0)
+        f16 = sum(p[0].buf.size for p in self.f16 or ())
+        return sum(p[0].buf.size for p in self.parts) + (self.f32.buf.size if self.f32 else 0) + f16
 
 
-class VulkanBackend(FusedDecode, Backend):
+class VulkanBackend(ResidentPrefill, FusedDecode, Backend):
     name = "vulkan"
 
     def __init__(
@@ -299,6 +304,8 @@ class VulkanBackend(FusedDecode, Backend):
         self.stream.flush()
         self.config = config
         self._ops = ops
+        if config.op("matmul_prefill").variant != "resident":
+            self.drop_resident()  # the fp16 copies go with the variant that reads them
         self._q8.clear()
         self._invalidate_graph(None)
         sub = config.op("submit")
@@ -636,6 +643,9 @@ class VulkanBackend(FusedDecode, Backend):
                 )
             return out
         pipe, c = self._pipe("matmul_prefill", w.qtype)
+        if c.variant == "resident":
+            self.resident_matmul(x, w, out, pipe, c)
+            return out
         if c.variant in ("tiled", "coopmat"):  # the same grid and bindings
             per_wg, cols = int(c["tile_m"]), int(c["tile_n"])
         else:

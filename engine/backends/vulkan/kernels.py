@@ -116,6 +116,14 @@ PASSES = {
 }
 
 
+# matmul_prefill.resident (matmul_f16.comp): the GEMM, the one-time fp16 copy of a weight, the
+# activations' fp16 form; one layout of three buffers and matmul_prefill's push constants.
+PASSES[("matmul_prefill", "resident")] = (
+    ("", 3, IO["matmul_prefill"][1]),
+    ("PASS_W16", 3, IO["matmul_prefill"][1], "", "w16"),
+    ("PASS_X16", 3, IO["matmul_prefill"][1], "", "x16"),
+)
+
 # attention.coopmat: decode with the split variant's passes (whatever they are, from
 # attention_split.comp), prefill with the cooperative-matrix flash pass.
 PASSES[("attention", "coopmat")] = (
@@ -178,14 +186,15 @@ def programs(op: str, choice: OpChoice, qtype: str = "") -> tuple[Program, ...]:
         return (Program(shader, defines, n, push),)
     out = []
     for p in (Pass(*p) for p in passes):
-        out.append(
-            Program(
-                p.shader or shader,
-                (*defines, p.define) if p.define else defines,
-                p.n_bindings,
-                p.push,
-            )
-        )
+        ds = (*defines, p.define) if p.define else defines
+        if (op, v.name) == ("matmul_prefill", "resident"):
+            # each program takes only the defines it reads: the fp16 GEMM no weight type, the
+            # two conversions no tile knob (fewer SPIR-V builds and driver compiles)
+            keep = ("QTYPE_", "PASS_") if p.define == "PASS_W16" else ("PASS_",)
+            if not p.define:
+                keep = tuple(x.split("=")[0] for x in knob_defines(v, choice)) or ("-",)
+            ds = tuple(d for d in ds if d.startswith(keep))
+        out.append(Program(p.shader or shader, ds, p.n_bindings, p.push))
     return tuple(out)
 
 

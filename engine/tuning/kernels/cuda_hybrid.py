@@ -44,6 +44,15 @@ _DN_PREFETCH = Param(
     "prefill scan of hundreds of tokens waits on; same arithmetic, bit-identical",
     define("PF"),
 )
+_DN_FUSE = Param(
+    "fuse_decode",
+    (0, 1),
+    1,
+    "1: a one-token call (decode) runs the gates, the scan's step and the gated norm "
+    "(rms_norm by ssm_norm, times silu(z)) in one launch (dn_step.cu delta_net_step, the "
+    "scan's defines; bit-identical to the four launches of 0)",
+    PUSHED,
+)
 _DN_MAX_DK = Param(
     "max_dk",
     (64, 128, 256),
@@ -60,7 +69,7 @@ REGISTRY.register(
             B,
             "delta_net",
             "sequential",
-            params=(_DN_WARPS, _DN_LAYOUT, _DN_MAX_DK, _DN_PREFETCH),
+            params=(_DN_WARPS, _DN_LAYOUT, _DN_MAX_DK, _DN_PREFETCH, _DN_FUSE),
             source="cuda/delta_net.cu",
             numeric="order_only",
             doc="a warp per state column (lanes over its rows, in registers for the call), "
@@ -75,6 +84,7 @@ REGISTRY.register(
                 _DN_LAYOUT,
                 _DN_MAX_DK,
                 _DN_PREFETCH,
+                _DN_FUSE,
                 Param(
                     "chunk",
                     DELTA_NET_CHUNKS,
@@ -113,6 +123,34 @@ _MOE_DMMV = (
         2,
         "consecutive 16-weight groups per thread per step (load width)",
         define("VEC"),
+    ),
+    Param(
+        "fuse_decode",
+        (0, 1),
+        1,
+        "1: a decode token's MoE FFN in three launches (moe_dec.cu, with this variant's rows, "
+        "threads and vec): router logits + shared-expert gate logit + top-k in one, gate + up + "
+        "SwiGLU of the chosen and the shared experts in one, down + weighted combine + gated "
+        "shared expert + residual in one; 0: the op-by-op schedule (fifteen launches)",
+        PUSHED,
+    ),
+    Param(
+        "route_vec",
+        (0, 1),
+        0,
+        "fuse_decode's route: 1 reads an F32 router row (and the shared expert's gate row) "
+        "with float4 loads, eight in flight per lane before the sums; 0: the scalar loop of "
+        "the dense DMMV (another summation order: order_only either way)",
+        PUSHED,
+    ),
+    Param(
+        "down_vec1",
+        (0, 1),
+        0,
+        "fuse_decode's down kernel: 1 walks the routed experts' short rows (F / 16 groups: 32 "
+        "for a 35B-A3B's 512) one group per lane per step, so all threads_per_row lanes work "
+        "where vec 2 leaves half of them idle; another summation order",
+        PUSHED,
     ),
 )
 
@@ -187,11 +225,21 @@ _THREADS = Param("threads", (128, 256, 512, 1024), 256, "threads per block", PUS
 _CONV_STEP = Param(
     "fuse_step",
     (0, 1),
-    0,
+    1,
     "1: a one-token call (decode) runs conv and state update as one kernel, a thread per "
     "channel (ssm_conv_step: one launch per delta-net layer fewer; same taps, bit-identical)",
     PUSHED,
 )
+_QK_PREP = Param(
+    "fuse_qk",
+    (0, 1),
+    1,
+    "1: a one-token call (decode) of a gated-attention layer runs the q / k RMSNorms, both "
+    "partial RoPEs, the KV-cache write and the q / gate copies as one kernel (attn_qk_prep; "
+    "same expressions, bit-identical) instead of seven launches",
+    PUSHED,
+)
+_EXTRA = {"ssm_conv": (_CONV_STEP,), "rope_partial": (_QK_PREP,)}
 for _op, _variant, _doc in [
     ("ssm_conv", "default", "causal depthwise conv1d + SiLU, a thread per output; then the state"),
     ("ssm_gates", "default", "softplus decay and sigmoid beta"),
@@ -206,7 +254,7 @@ for _op, _variant, _doc in [
                 B,
                 _op,
                 _variant,
-                params=(_THREADS, _CONV_STEP) if _op == "ssm_conv" else (_THREADS,),
+                params=(_THREADS, *_EXTRA.get(_op, ())),
                 source="cuda/hybrid.cu",
                 numeric="order_only",
                 doc=_doc,

@@ -215,6 +215,30 @@ def _coopmat_shared(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
     return limit is None or need <= int(limit)
 
 
+def _resident_tiles(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
+    """Whole subgroup tiles, and exactly one per subgroup of the 256 threads: the subgroup size
+    required, or the device's only one (with no device: 32 or 64 lanes per tile)."""
+    c = cfg.op("matmul_prefill")
+    tm, tn, wm, wn = (int(c[k]) for k in ("tile_m", "tile_n", "warp_m", "warp_n"))
+    if tm % wm or tn % wn:
+        return False
+    tiles = (tm // wm) * (tn // wn)
+    sg = int(c["subgroup_size"])
+    if sg == 0 and dev is not None:
+        lo, hi = _extra(dev, "min_subgroup_size", 0), _extra(dev, "max_subgroup_size", 0)
+        sg = dev.subgroup_size if lo == hi else 0
+    if sg == 0:
+        return dev is None and 256 % tiles == 0 and 256 // tiles in (32, 64)
+    return tiles * sg == 256
+
+
+def _resident_shared(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
+    c = cfg.op("matmul_prefill")
+    limit = _extra(dev, "max_shared_memory")
+    need = 2 * int(c["buffers"]) * (int(c["bk"]) + 8) * (int(c["tile_m"]) + int(c["tile_n"]))
+    return limit is None or need <= int(limit)
+
+
 def _wg(default: int, choices: tuple[int, ...] = WG_SIZES) -> Param:
     return Param("wg_size", choices, default, "workgroup size (local_size_x)", spec(0))
 
@@ -572,6 +596,92 @@ REGISTRY.register(
             numeric="fp16",
             doc="cooperative-matrix (tensor-core) tiled GEMM with fused dequant to fp16 tiles, "
             "fp32 accumulation: 16x16x16 multiply-adds, a subgroup per warp_n x warp_m tile",
+        ),
+        # Tensor cores without dequant in the k-loop: fp16 copies made once (as CUDA's
+        # matmul_prefill.resident). Not the default: cooperative-matrix devices only.
+        Variant(
+            B,
+            "matmul_prefill",
+            "resident",
+            params=(
+                Param("tile_m", (64, 128, 256), 128, "weight rows per workgroup", spec(0)),
+                Param("tile_n", (64, 128, 256), 128, "prompt columns per workgroup", spec(1)),
+                Param("warp_m", (16, 32, 64), 64, "weight rows per subgroup tile", spec(2)),
+                Param("warp_n", (16, 32, 64), 32, "prompt columns per subgroup tile", spec(3)),
+                Param(
+                    "bk",
+                    (32, 64),
+                    32,
+                    "k per shared-memory step (fewer barriers against more shared memory)",
+                    define("BK"),
+                ),
+                Param(
+                    "buffers",
+                    (1, 2),
+                    2,
+                    "tile buffers: 2 stores the next k-step's tiles (fetched into registers "
+                    "before this step's multiply-adds) into the other, one barrier per step",
+                    define("NBUF"),
+                ),
+                Param(
+                    "fill_groups",
+                    (0, 128, 256, 512),
+                    256,
+                    "a GEMM whose tile grid has fewer workgroups than this runs 64 x 64 tiles "
+                    "(4x the workgroups; the same per-element summation order, so the same "
+                    "bits): the 7B q/o/down projections launch 112 workgroups of 128 x 128 on a "
+                    "132-SM GPU; 0: always the tile knobs",
+                    HOST,
+                ),
+                Param(
+                    "smem_pairs",
+                    (False, True),
+                    False,
+                    "shared tiles as f16vec2 pairs (llama.cpp's coopmat layout) instead of "
+                    "uvec4: the same bytes, another element type for the driver's matrix loads",
+                    define("SMEM_PAIRS"),
+                ),
+                Param(
+                    "subgroup_size",
+                    (0, 32, 64),
+                    0,
+                    "required subgroup size (wave32 / wave64 on RDNA); 0: the device default",
+                    SUBGROUP_SIZE,
+                ),
+            ),
+            constraints=(
+                _wg_fits("matmul_prefill", fixed=256),  # matmul_f16.comp's local size
+                Constraint(
+                    "the device reports VK_KHR_cooperative_matrix (cooperativeMatrix, "
+                    f"shaderFloat16, vulkanMemoryModel) with the subgroup shape {COOPMAT_SHAPE} "
+                    "(lavapipe / Mesa 22 have no cooperative matrices)",
+                    _coopmat_ok,
+                ),
+                Constraint(
+                    "subgroup size <= 64; a required subgroup_size within the device's "
+                    "subgroup-size-control range",
+                    _coopmat_subgroups,
+                ),
+                Constraint(
+                    "warp_m divides tile_m, warp_n divides tile_n, and (tile_m / warp_m) x "
+                    "(tile_n / warp_n) x subgroup size = 256 (one subgroup tile per subgroup; "
+                    "the subgroup size required, or the device has one size)",
+                    _resident_tiles,
+                ),
+                Constraint(
+                    "buffers x (bk + 8) x (tile_m + tile_n) halves of shared memory <= "
+                    "maxComputeSharedMemorySize",
+                    _resident_shared,
+                ),
+            ),
+            quant_types=QUANT_TYPES,
+            source="vulkan/matmul_f16.comp",
+            numeric="fp16",
+            doc="each 2-D weight dequantized once to an fp16 copy [N, Kp] kept on the device "
+            "(counted in memory_report's weights; 7B ~14 GiB more), activations converted to "
+            "fp16 per GEMM, then a cooperative-matrix GEMM with no dequant in its k-loop: "
+            "16-byte tile loads into double-buffered shared memory, one warp_m x warp_n tile "
+            "of 16x16 fp32 accumulators per subgroup",
         ),
         Variant(
             B,

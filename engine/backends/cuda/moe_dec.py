@@ -1,0 +1,157 @@
+"""A decode token's MoE FFN in three launches (shaders/cuda/moe_dec.cu), mixed into CudaBackend
+through CudaHybridOps: the moe_ffn op of engine.backends.base under moe_experts.fuse_decode.
+
+The op-by-op schedule of a qwen35moe layer's FFN is fifteen launches (router matmul, top-k,
+gate, up, SwiGLU, down, combine; the shared expert's gate, up, SwiGLU, down, gate logit,
+sigmoid_mul; two adds); at decode each reads little, so the launches are the cost. Here:
+route (logits + the shared expert's gate logit + top-k in the grid's last block), gate_up (the
+chosen and the shared experts' gate, up and SwiGLU) and down (down projections, weighted
+combine, gated shared expert, residual). Everything stays on the device: graph-safe.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+MAX_ROUTE_EXPERTS = 1024  # topk.cuh: 32 experts per lane
+MAX_ROWS = 12  # moe_dec.cu MAXR: the routed experts (+ the shared one) one thread dots at once
+MAX_TOKENS = 64  # route tickets (decode is one token; the kernels take T)
+# GGML type ids (common.cuh QT_*), the kernels' run-time weight type
+_QT = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14,
+       "BF16": 30}  # fmt: skip
+_NULL = np.uint64(0)
+
+
+def _stacked(w: Any, E: int) -> bool:
+    return w.raw is not None and len(w.shape) == 3 and int(w.shape[0]) == E and w.qtype in _QT
+
+
+def _matrix(w: Any, n: int | None, k: int) -> bool:
+    return (
+        w.raw is not None
+        and len(w.shape) == 2
+        and w.qtype in _QT
+        and int(w.shape[1]) == k
+        and (n is None or int(w.shape[0]) == n)
+    )
+
+
+class CudaMoeDecodeOps:
+    """moe_ffn of CudaBackend (needs its _launch, _empty, _cp, _aligned16, config)."""
+
+    _cp: Any
+    config: Any
+
+    def _moe_dec_on(
+        self, h: Any, r: Any, router: Any, k: int, experts: tuple, shared: tuple | None
+    ) -> bool:
+        """Whether moe_dec.cu runs this call: a decode row, the knob on a float variant, and
+        weights the kernels decode (else the op-by-op schedule)."""
+        c = self.config.op("moe_experts")
+        if c.variant not in ("dmmv", "grouped") or not int(c["fuse_decode"]):
+            return False
+        if h.ndim != 2 or int(h.shape[0]) != 1 or tuple(r.shape) != tuple(h.shape):
+            return False
+        C = int(h.shape[1])
+        gate, up, down = experts
+        E = int(gate.shape[0]) if len(gate.shape) == 3 else 0
+        if not (0 < E <= MAX_ROUTE_EXPERTS and 0 < k <= min(E, MAX_ROWS - 1)):
+            return False
+        if router.qtype not in _QT or not _matrix(router, E, C):
+            return False
+        if not all(_stacked(w, E) for w in experts) or gate.qtype != up.qtype:
+            return False
+        F = int(gate.shape[1])
+        if tuple(gate.shape) != (E, F, C) or tuple(up.shape) != (E, F, C):
+            return False
+        if tuple(down.shape) != (E, C, F) or gate.row_bytes != up.row_bytes:
+            return False
+        if shared is None:
+            return True
+        sg, sgate, sup, sdown = shared
+        Fs = int(sgate.shape[0])
+        return (
+            _matrix(sg, 1, C)
+            and _matrix(sgate, Fs, C)
+            and _matrix(sup, Fs, C)
+            and sgate.qtype == sup.qtype
+            and sgate.row_bytes == sup.row_bytes
+            and _matrix(sdown, C, Fs)
+        )
+
+    def _fused_ran(self, op: str) -> None:
+        """Note that a fused decode kernel of op ran (hook_bypassed_fusions names only those)."""
+        ran = getattr(self, "_fusions_ran", None)
+        if ran is None:
+            ran = self._fusions_ran = set()
+        ran.add(op)
+
+    def _route_tickets(self) -> Any:
+        t = getattr(self, "_moe_tickets", None)
+        if t is None:  # zero between launches: the route's last block resets its token's
+            t = self._moe_tickets = self._cp.zeros(MAX_TOKENS, np.uint32)
+        return t
+
+    def moe_ffn(
+        self,
+        h: Any,
+        r: Any,
+        router: Any,
+        k: int,
+        experts: tuple,
+        shared: tuple | None = None,
+    ) -> Any:
+        if not self._moe_dec_on(h, r, router, k, experts, shared):
+            return super().moe_ffn(h, r, router, k, experts, shared)  # type: ignore[misc]
+        h = self._aligned16(self._cp.ascontiguousarray(h, dtype=np.float32))
+        r = self._cp.ascontiguousarray(r, dtype=np.float32)
+        T, C = (int(s) for s in h.shape)
+        gate, up, down = experts
+        E, F = int(gate.shape[0]), int(gate.shape[1])
+        c = self.config.op("moe_experts")
+        rows, tpr = int(c["rows_per_block"]), int(c["threads_per_row"])
+        nt = max(32, rows * tpr)  # moe_dec.cu NT: at least a warp
+        sg = sgate = sup = sdown = None
+        Fs = 0
+        if shared is not None:
+            sg, sgate, sup, sdown = shared
+            Fs = int(sgate.shape[0])
+        self._fused_ran("moe_experts")
+        ldl = E + 1  # logits [T, E + 1]: column E the shared expert's gate logit
+        logits, ids, wts = self._empty((T, ldl)), self._empty((T, k), np.int32), self._empty((T, k))
+        self._launch(
+            "moe_dec", "moe_dec_route", (math.ceil(ldl / rows), T), (nt,),
+            (h, router.raw, np.int32(router.row_bytes), np.int32(_QT[router.qtype]),
+             _NULL if sg is None else sg.raw, np.int32(_QT[sg.qtype] if sg else 0), np.int32(E),
+             np.int32(C), logits, np.int32(ldl), ids, wts, np.int32(k), self._route_tickets(),
+             np.int32(c["route_vec"])),
+            pdl=True,
+        )  # fmt: skip
+        ns = 1 if shared is not None else 0
+        ldh = -(-max(F, Fs) // 4) * 4  # float4 rows
+        hh = self._empty((T, k + 1, ldh))
+        self._launch(
+            "moe_dec", "moe_dec_gate_up", (math.ceil(max(F, Fs) / rows), k + ns, T),
+            (nt,),
+            (h, gate.raw, up.raw, np.int32(gate.row_bytes), np.int32(_QT[gate.qtype]),
+             np.int32(F), np.int32(E), ids, np.int32(k),
+             _NULL if sgate is None else sgate.raw, _NULL if sup is None else sup.raw,
+             np.int32(sgate.row_bytes if sgate else 0), np.int32(_QT[sgate.qtype] if sgate else 0),
+             np.int32(Fs), np.int32(C), hh, np.int32(ldh)),
+            pdl=True,
+        )  # fmt: skip
+        out = self._empty((T, C))
+        self._launch(
+            "moe_dec", "moe_dec_down_v1" if int(c["down_vec1"]) else "moe_dec_down",
+            (math.ceil(C / rows), T), (nt,),
+            (hh, np.int32(ldh), down.raw, np.int32(down.row_bytes), np.int32(_QT[down.qtype]),
+             np.int32(F), np.int32(E), ids, wts, np.int32(k),
+             _NULL if sdown is None else sdown.raw, np.int32(sdown.row_bytes if sdown else 0),
+             np.int32(_QT[sdown.qtype] if sdown else 0), np.int32(Fs), logits, np.int32(ldl),
+             r, out, np.int32(C)),
+            pdl=True,
+        )  # fmt: skip
+        return out

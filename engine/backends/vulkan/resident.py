@@ -1,0 +1,111 @@
+"""matmul_prefill.resident on Vulkan: the prefill GEMM on fp16 copies (shaders/vulkan/
+matmul_f16.comp), a mixin of VulkanBackend.
+
+A 2-D weight's fp16 copy [N, Kp] (Kp: K rounded up to 64, zero-padded, so the GEMM's k-loop has
+no bounds test) is made by the PASS_W16 program at the weight's first prefill GEMM and kept
+(VkWeight.f16, counted in memory_report's weights); each GEMM converts its activations to the
+same padded fp16 form (PASS_X16) and runs the cooperative-matrix GEMM per row range. The copies
+are dropped when a config without the variant is set.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from engine.backends.vulkan import kernels as K
+from engine.backends.vulkan.kernels import fold_groups as _fold
+
+if TYPE_CHECKING:
+    from engine.backends.vulkan.backend import VkTensor, VkWeight
+    from engine.backends.vulkan.memory import Lease
+
+KPAD = 64  # matmul_f16.comp's kpad(): the fp16 rows' length is a multiple of any BK
+SMALL = 64  # fill_groups' tile (weight rows and tokens)
+WARPS = ((16, 32), (32, 32), (16, 16), (32, 64))  # its subgroup tiles: 8, 4, 16, 2 per group
+
+
+def kpad(k: int) -> int:
+    return -(-k // KPAD) * KPAD
+
+
+class ResidentPrefill:
+    """Mixin: expects VulkanBackend's alloc, stream, dev, pipes, _ops, _new, _pipe,
+    max_weight_bytes."""
+
+    def resident_f16(self, w: VkWeight) -> list[tuple[Lease, int, int]]:
+        """w's fp16 copy as (lease, row0, nrows) ranges, each within maxStorageBufferRange;
+        made once (a dispatch per range, in stream order before the GEMMs that read it)."""
+        if w.f16 is not None:
+            return w.f16
+        K = w.shape[-1]
+        kp = kpad(K)
+        per = max(1, self.max_weight_bytes // (2 * kp))
+        pipe, _ = self._pipe("matmul_prefill.w16", w.qtype)
+        out: list[tuple[Lease, int, int]] = []
+        for lease, r0, nr in w.parts:
+            for s0 in range(0, nr, per):
+                ns = min(per, nr - s0)
+                h = self.alloc.new(2 * kp * ns, pooled=False)
+                self.stream.dispatch(
+                    pipe,
+                    (lease.buf, lease.buf, h.buf),
+                    (h.buf,),
+                    (K, ns, w.row_bytes, s0, 0, 0, 0),
+                    _fold(-(-ns * (kp // 8) // 256)),
+                )
+                out.append((h, r0 + s0, ns))
+        w.f16 = out
+        return out
+
+    def drop_resident(self) -> None:
+        for w in self._tracked("_live_weights"):
+            if getattr(w, "f16", None) is not None:
+                w.f16 = None
+
+    def resident_matmul(self, x: VkTensor, w: VkWeight, out: VkTensor, pipe: Any, c: Any) -> None:
+        """out [T, N] = x [T, K] @ W^T through the fp16 copies (T > 1)."""
+        T, K = x.shape[0], x.shape[-1]
+        N = w.shape[0]
+        kp = kpad(K)
+        xh = self._new((T * kp // 2,))  # fp16 pairs in float32 words
+        x16, _ = self._pipe("matmul_prefill.x16", w.qtype)
+        self.stream.dispatch(
+            x16,
+            (x.buf, x.buf, xh.buf),
+            (xh.buf,),
+            (K, 0, 0, x.offset, 0, 0, T),
+            _fold(-(-T * (kp // 8) // 256)),
+        )
+        tm, tn = int(c["tile_m"]), int(c["tile_n"])
+        for lease, r0, nr in self.resident_f16(w):
+            groups, pipe_r = -(-nr // tm) * -(-T // tn), pipe
+            small = None
+            if groups < int(c["fill_groups"]) and tm * tn > SMALL * SMALL:
+                small = self._small_gemm(c, w.qtype)  # too few workgroups to fill the GPU
+            if small is not None:
+                groups, pipe_r = -(-nr // SMALL) * -(-T // SMALL), small
+            self.stream.dispatch(
+                pipe_r,
+                (lease.buf, xh.buf, out.buf),
+                (out.buf,),
+                (K, nr, 0, 0, out.offset + r0, N, T),
+                _fold(groups),  # token tiles fastest (matmul_f16.comp)
+            )
+
+    def _small_gemm(self, c: Any, qtype: str) -> Any:
+        """The GEMM's pipeline with SMALL x SMALL tiles and one subgroup tile per subgroup (the
+        same program and defines, other specialization constants), or None when no warp shape
+        fits the subgroup size."""
+        key = ("matmul_prefill.small", qtype)
+        if key not in self._ops:
+            prog = K.programs("matmul_prefill", c, qtype)[0]
+            _, sg = K.specialization("matmul_prefill", c)
+            lanes = sg or self.dev.info.subgroup_size
+            fits = [(m, n) for m, n in WARPS if (SMALL // m) * (SMALL // n) * lanes == 256]
+            pipe = None
+            if fits:
+                m, n = fits[0]
+                spec = ((0, SMALL), (1, SMALL), (2, m), (3, n))
+                pipe = self.pipes.get(prog, spec, "matmul_prefill.resident.small", sg)
+            self._ops[key] = (pipe, c)
+        return self._ops[key][0]

@@ -1,0 +1,146 @@
+"""MoE decode FFN microbenchmark on the GPU (issue 15): one token's MoE FFN of a 35B-A3B-like
+layer (256 experts of 512 x 2048, 8 routed, a shared expert, F32 router; Q4_K experts, the routed
+down Q6_K with --down-q6k) through Backend.moe_ffn, per config: the fused decode (moe_dec.cu, three
+launches) with its knobs, and the op-by-op schedule (fifteen).
+
+Each config is timed as a CUDA graph of LAYERS back-to-back moe_ffn calls, each on its own
+random activation (so its own routing: the experts read do not all sit in the L2), best of 5
+replays; us per call. Prints one line per config; --json prints the rows as JSON.
+
+  python3 scripts/bench_moe_dec.py [--configs fused,unfused,...] [--down-q6k] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+E, K_USED, F, C = 256, 8, 512, 2048
+LAYERS = 40
+CONFIGS: dict[str, dict] = {
+    "fused": {},
+    "unfused": {"moe_experts.fuse_decode": 0},
+    "fused_rv": {"moe_experts.route_vec": 1},
+    "fused_t16": {"moe_experts.threads_per_row": 16, "moe_experts.rows_per_block": 8},
+    "fused_t64": {"moe_experts.threads_per_row": 64, "moe_experts.rows_per_block": 2,
+                  "moe_experts.vec": 1},
+    "fused_v1": {"moe_experts.vec": 1},
+    "fused_dv1": {"moe_experts.down_vec1": 1},
+    "fused_rv_dv1": {"moe_experts.route_vec": 1, "moe_experts.down_vec1": 1},
+}  # fmt: skip
+
+
+def _weights(rng: np.random.Generator, down_q6k: bool) -> tuple:
+    """Router, experts (gate, up, down) and shared expert as QTensors of random valid blocks."""
+    from engine.gguf_model import QTensor
+    from engine.quantize import random_quantized
+
+    def q(name: str, shape: tuple[int, ...], qtype: str) -> QTensor:
+        rows, k = int(np.prod(shape[:-1])), shape[-1]
+        m = min(rows, 4096)  # drawn once, repeated: the bytes, not their values, are timed
+        raw = random_quantized(rng, (m, k), qtype, 0.02)
+        raw = np.resize(raw, (rows, raw.shape[1])) if rows > m else raw
+        return QTensor(name, qtype, shape, raw)
+
+    def f32(name: str, a: np.ndarray) -> QTensor:
+        a = np.ascontiguousarray(a, np.float32)
+        return QTensor(name, "F32", a.shape, a.view(np.uint8).reshape(a.shape[0], -1))
+
+    router = f32("router", rng.standard_normal((E, C)) * 0.05)
+    experts = (q("gate", (E, F, C), "Q4_K"), q("up", (E, F, C), "Q4_K"),
+               q("down", (E, C, F), "Q6_K" if down_q6k else "Q4_K"))  # fmt: skip
+    shared = (f32("sg", rng.standard_normal((1, C)) * 0.05), q("sgate", (F, C), "Q4_K"),
+              q("sup", (F, C), "Q4_K"), q("sdown", (C, F), "Q4_K"))  # fmt: skip
+    return router, experts, shared
+
+
+def _graph_us(be: Any, cp: Any, call: Any) -> float:
+    """us per call of LAYERS calls captured as one graph (allocations kept by the graph)."""
+    keep: list = []
+    pool = cp.get_default_memory_pool()
+
+    def alloc(size: int) -> Any:
+        mem = pool.malloc(size)
+        keep.append(mem)
+        return mem
+
+    stream = be._stream
+    for i in range(2):  # warm: kernels built, tickets allocated
+        call(i)
+    be.synchronize()
+    cp.cuda.set_allocator(alloc)
+    stream.begin_capture()
+    try:
+        for i in range(LAYERS):
+            call(i)
+    finally:
+        graph = stream.end_capture()
+        cp.cuda.set_allocator(pool.malloc)
+    best = float("inf")
+    for _ in range(5):
+        e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+        e0.record(stream)
+        graph.launch(stream)
+        e1.record(stream)
+        e1.synchronize()
+        best = min(best, cp.cuda.get_elapsed_time(e0, e1) * 1e3 / LAYERS)
+    return best
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--down-q6k", action="store_true", help="the routed down projection as Q6_K")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    names = [c for c in args.configs.split(",") if c]
+    bad = [c for c in names if c not in CONFIGS]
+    if bad or not names:
+        print(f"error: unknown config(s) {', '.join(bad) or '(none)'}; known: {', '.join(CONFIGS)}",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    from engine import backends
+    from engine.errors import BackendUnavailable
+    from engine.tuning import TuningConfig
+
+    try:
+        be = backends.create("cuda")
+    except BackendUnavailable as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    cp = be._cp
+    rng = np.random.default_rng(0)
+    router, experts, shared = _weights(rng, args.down_q6k)
+    wr = be.load_weight(router)
+    we = tuple(be.load_weight(t) for t in experts)
+    ws = tuple(be.load_weight(t) for t in shared)
+    hs = [be.upload(rng.standard_normal((1, C)).astype(np.float32)) for _ in range(LAYERS)]
+    r = be.upload(rng.standard_normal((1, C)).astype(np.float32))
+    rows = []
+    for name in names:
+        be.set_config(TuningConfig.from_flat("cuda", CONFIGS[name]))
+        try:
+            us = _graph_us(be, cp, lambda i: be.moe_ffn(hs[i], r, wr, K_USED, we, ws))
+        except Exception as e:  # noqa: BLE001 - a failing config is its row; the others go on
+            rows.append({"config": name, "error": f"{type(e).__name__}: {e}"[:300]})
+            print(f"{name}: {rows[-1]['error']}", flush=True)
+            continue
+        rows.append({"config": name, "us_per_ffn": us, "flat": CONFIGS[name]})
+        if not args.json:
+            print(f"moe ffn {name:10s} {us:8.2f} us/layer  x{LAYERS} = {us * LAYERS / 1e3:.3f} ms",
+                  flush=True)  # fmt: skip
+    if args.json:
+        print(json.dumps({"E": E, "k": K_USED, "F": F, "C": C, "down_q6k": args.down_q6k,
+                          "rows": rows}, indent=1))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""The Vulkan prefill GEMM alone, by GPU timestamps: matmul_prefill.tiled and .coopmat (dequant
+in the k-loop) against .resident (fp16 copies, shaders/vulkan/matmul_f16.comp) at knob samples,
+on one layer's 7B shapes. TFLOP/s from the GEMM kernel's GPU time (the fastest of --repeats: a
+shared GPU inflates some); resident's activation conversion (x16) and its one-time weight copy
+(w16) are reported apart; NMSE against the first config run; build_s: set_config plus the first
+GEMM (pipeline creation, the driver's compile). $FLEETTUNE_VK_DEVICE picks the GPU.
+
+usage: python scripts/vulkan_resident_bench.py [--shapes 7b|tiny] [--tokens 512] [--repeats 5]
+       [--only NAME ...] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine import backends  # noqa: E402
+from engine.tuning import TuningConfig  # noqa: E402
+from scripts.vulkan_coopmat_bench import weight  # noqa: E402
+
+# (N, K, weight type): attn_output, ffn_up, ffn_down (Q6_K in half the layers), gate+up fused
+SHAPES = {
+    "7b": [
+        (3584, 3584, "Q4_K"),
+        (18944, 3584, "Q4_K"),
+        (3584, 18944, "Q6_K"),
+        (37888, 3584, "Q4_K"),
+    ],
+    "tiny": [(70, 256, "Q4_K")],  # a smoke run on lavapipe
+}
+R = "matmul_prefill."
+
+
+def _res(**knobs: object) -> dict[str, object]:
+    return {R + "variant": "resident"} | {R + k: v for k, v in knobs.items()}
+
+
+CONFIGS: dict[str, dict[str, object]] = {
+    "resident": _res(),
+    "resident-fill0": _res(fill_groups=0),  # the 128 x 128 tiles on every shape
+    "coopmat": {R + "variant": "coopmat"},
+    "tiled": {},
+    "resident-b1": _res(buffers=1),
+    "resident-pairs": _res(smem_pairs=True),
+    "resident-bk64": _res(bk=64, buffers=1),
+    "resident-64x128-w32x32": _res(tile_m=64, warp_m=32),
+    "resident-128x64-w32x32": _res(tile_n=64, warp_m=32),
+    "resident-256x128-w64x64": _res(tile_m=256, warp_n=64, buffers=1),
+    "resident-128x256-w64x64": _res(tile_n=256, warp_n=64, buffers=1),
+    "coopmat-one-dbuf": {R + "variant": "coopmat", R + "one_tile": True, R + "buffers": 2},
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shapes", choices=sorted(SHAPES), default="7b")
+    ap.add_argument("--tokens", type=int, default=512)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--only", action="append", default=None, help="config names (repeatable)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    if args.tokens < 2 or args.repeats < 1:
+        print("--tokens: at least 2, --repeats: at least 1", file=sys.stderr)
+        return 2
+    names = args.only or list(CONFIGS)
+    unknown = [n for n in names if n not in CONFIGS]
+    if unknown:
+        print(f"--only: unknown config {unknown[0]!r}; known: {list(CONFIGS)}", file=sys.stderr)
+        return 2
+    rng = np.random.default_rng(0)
+    be = backends.create("vulkan", device=backends.default_device("vulkan"))
+    dev = be.device_info()
+    # Configs outer (the important ones first: NVIDIA's driver may compile a large tile for a
+    # long time), the weights loaded once; resident configs share the fp16 copies.
+    shapes = SHAPES[args.shapes]
+    wts = [be.load_weight(weight(n, k, q, rng)) for n, k, q in shapes]
+    xs = {
+        k: be.upload(rng.standard_normal((args.tokens, k)).astype(np.float32)) for _, k, _ in shapes
+    }
+    refs: dict[int, np.ndarray] = {}
+    rows = []
+    for name in names:
+        cfg = TuningConfig.default("vulkan").replace(**CONFIGS[name])
+        bad = cfg.problems(dev)
+        if bad:
+            rows.append({"config": name, "refused": bad})
+            if not args.json:
+                print(rows[-1], flush=True)
+            continue
+        t0 = time.perf_counter()
+        try:
+            be.set_config(cfg)
+        except Exception as e:  # noqa: BLE001 - a broken config is a row, not the end
+            rows.append({"config": name, "error": f"{type(e).__name__}: {e}"[:300]})
+            if not args.json:
+                print(rows[-1], flush=True)
+            continue
+        for i, ((n, k, q), wt) in enumerate(zip(shapes, wts, strict=True)):
+            row: dict[str, object] = {"config": name, "N": n, "K": k, "qtype": q}
+            x, flop = xs[k], 2 * args.tokens * n * k
+            try:
+                be.set_profiling(True)
+                out = be.download(be.matmul(x, wt))  # pipelines built; resident: the fp16 copy
+            except Exception as e:  # noqa: BLE001
+                rows.append(row | {"error": f"{type(e).__name__}: {e}"[:300]})
+                if not args.json:
+                    print(rows[-1], flush=True)
+                continue
+            first = {kn: kt.total_ms for kn, kt in be.profile().kernels.items()}
+            if i == 0:
+                row["build_s"] = round(time.perf_counter() - t0, 2)
+            # the fastest of the repeats: a GPU shared with other work inflates some of them
+            gemm = x16 = float("inf")
+            for _ in range(args.repeats):
+                be.matmul(x, wt)
+                be.synchronize()
+                per = {kname: kt.total_ms for kname, kt in be.profile().kernels.items()}
+                gemm = min(gemm, sum(v for kname, v in per.items() if ".x16" not in kname))
+                x16 = min(x16, sum(v for kname, v in per.items() if ".x16" in kname))
+            be.set_profiling(False)
+            w16 = sum(ms for kname, ms in first.items() if ".w16" in kname)
+            ref = refs.setdefault(i, out)
+            err = float(np.sum((out - ref) ** 2) / max(float(np.sum(ref**2)), 1e-30))
+            row |= {
+                "gemm_ms": round(gemm, 4),
+                "tflops": round(flop / (gemm * 1e-3) / 1e12, 1),
+                "x16_ms": round(x16, 4),
+                "tflops_with_x16": round(flop / ((gemm + x16) * 1e-3) / 1e12, 1),
+                "w16_once_ms": round(w16, 3),
+                "nmse_vs_first": err,
+            }
+            rows.append(row)
+            if not args.json:
+                print(row, flush=True)
+    be.close()
+    if args.json:
+        print(json.dumps({"device": dev.name, "tokens": args.tokens, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

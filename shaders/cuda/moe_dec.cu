@@ -1,0 +1,305 @@
+// moe_dec.cu: a decode token's MoE FFN (router, routed experts, shared expert, residual) in three
+// launches instead of fifteen (moe_experts.fuse_decode; engine/backends/cuda/moe_dec.py). At
+// decode a 35B-A3B-like model reads ~15 MB of experts per layer: the op-by-op schedule's
+// launches, not the bytes, are what a token waits on.
+//
+//   moe_dec_route     logits[t, e] = Wr[e] . x[t] (e < E) and the shared expert's gate logit
+//                     logits[t, E] = Ws[0] . x[t]; the token's last block (a ticket) then runs
+//                     the top-k + renormalised softmax on them (topk.cuh) -> ids, w.
+//   moe_dec_gate_up   h[t, j] = silu(G_e x[t]) * (U_e x[t]) for the k chosen experts e = ids[t, j]
+//                     (only their rows are read) and, as slot k, the shared expert's.
+//   moe_dec_down      out[t] = r[t] + (sum_j w[t, j] D_e h[t, j] + sigmoid(logits[t, E]) *
+//                     Dshared h[t, k]): the down projections, the weighted combine, the gated
+//                     shared expert and the residual add, in the op-by-op schedule's order.
+// Float activations throughout (the order_only class, as moe.cu): each row's dot product is a
+// thread-row of TPR threads over 16-weight groups, VEC per step, then the row's reduction, as in
+// dmmv.cu, so the knobs of moe_experts.dmmv (ROWS, TPR, VEC) tune these kernels too. Weight
+// types are runtime arguments (GGML ids, common.cuh QT_*): the routed and the shared experts
+// may differ (Q4_K_M gives some layers' ffn_down_exps Q6_K, never the shared expert's).
+#include "common.cuh"
+#include "topk.cuh"
+
+#if !defined(ROWS) || !defined(TPR) || !defined(VEC)
+#error "moe_dec.cu needs ROWS, TPR and VEC (engine/tuning/kernels/cuda_hybrid.py)"
+#endif
+
+#ifdef MUTANT_MOE_DEC_UNNORMALISED
+#define RENORM false  // planted bug: the fused route's top-k weights never renormalised
+#else
+#define RENORM true
+#endif
+
+#define MAXR 12  // rows one thread-row dots at once: k routed experts + the shared one (host)
+
+// s[i] += this thread's share (lane of TPR) of rows[i] . xs[i] over K, i < n <= MAXR, every row
+// of type QT. The rows' loads of a step are independent, so they are in flight together (the
+// k experts' down rows of one output, gate and up of one expert). For n = 1 this is dmmv.cu's
+// loop for one row and column: the same groups in the same order.
+template <int QT, int V>
+__device__ __forceinline__ void dot_rows(const u8* const* rows, const float* const* xs, int n,
+                                         int K, int lane, float* s) {
+    if constexpr (QT == QT_F32 || QT == QT_F16 || QT == QT_BF16) {
+        for (int kk = lane; kk < K; kk += TPR) {
+#pragma unroll
+            for (int i = 0; i < MAXR; ++i)
+                if (i < n) s[i] += dense_get<QT>(rows[i], kk) * __ldg(xs[i] + kk);
+        }
+    } else {
+        const int NG = K / 16;
+        for (int g0 = lane * V; g0 < NG; g0 += TPR * V) {
+#pragma unroll
+            for (int jv = 0; jv < V; ++jv) {
+                const int g = g0 + jv;
+                if (g < NG) {
+#pragma unroll
+                    for (int i = 0; i < MAXR; ++i) {
+                        if (i < n) {
+                            Run8 a, b;
+                            int k0, k1;
+                            row_group<QT>(rows[i], g, a, b, k0, k1);
+                            const float4* x0 = (const float4*)(xs[i] + k0);
+                            const float4* x1 = (const float4*)(xs[i] + k1);
+                            s[i] += run_dot(a, __ldg(x0), __ldg(x0 + 1)) +
+                                    run_dot(b, __ldg(x1), __ldg(x1 + 1));
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+// dot_rows for a weight type given at run time (uniform per call site but the route's), V
+// consecutive groups per lane per step.
+template <int V = VEC>
+__device__ __forceinline__ void dot_rows_rt(int qt, const u8* const* rows,
+                                            const float* const* xs, int n, int K, int lane,
+                                            float* s) {
+    switch (qt) {
+        case QT_Q4_0: dot_rows<QT_Q4_0, V>(rows, xs, n, K, lane, s); break;
+        case QT_Q4_1: dot_rows<QT_Q4_1, V>(rows, xs, n, K, lane, s); break;
+        case QT_Q5_0: dot_rows<QT_Q5_0, V>(rows, xs, n, K, lane, s); break;
+        case QT_Q8_0: dot_rows<QT_Q8_0, V>(rows, xs, n, K, lane, s); break;
+        case QT_Q4_K: dot_rows<QT_Q4_K, V>(rows, xs, n, K, lane, s); break;
+        case QT_Q6_K: dot_rows<QT_Q6_K, V>(rows, xs, n, K, lane, s); break;
+        case QT_F16: dot_rows<QT_F16, V>(rows, xs, n, K, lane, s); break;
+        case QT_BF16: dot_rows<QT_BF16, V>(rows, xs, n, K, lane, s); break;
+        default: dot_rows<QT_F32, V>(rows, xs, n, K, lane, s); break;
+    }
+}
+
+// moe_experts.route_vec: this thread's share of an F32 row . x with float4 loads, eight of the
+// row's and eight of x's in flight per lane before the sums (a router row of 2048 floats is
+// two such batches on 32 lanes, where the scalar loop waits on memory once per few elements).
+// Row and x 16-byte aligned, K % 4 == 0 (the caller checks).
+__device__ __forceinline__ float f32_row_x4(const float* __restrict__ row,
+                                            const float* __restrict__ x, int K, int lane) {
+    const float4* w4 = (const float4*)row;
+    const float4* x4 = (const float4*)x;
+    const int K4 = K >> 2;
+    float s = 0.f;
+    for (int c0 = lane; c0 < K4; c0 += 8 * TPR) {
+        float4 wv[8], xv[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            const int c = c0 + u * TPR;
+            const bool in = c < K4;
+            wv[u] = in ? __ldg(w4 + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+            xv[u] = in ? __ldg(x4 + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int u = 0; u < 8; ++u)
+            s += wv[u].x * xv[u].x + wv[u].y * xv[u].y + wv[u].z * xv[u].z + wv[u].w * xv[u].w;
+    }
+    return s;
+}
+
+// Sum v over the TPR threads of a thread-row; the total is valid in the row's lane 0. Every
+// thread of the block calls it (TPR > 32 meets at barriers).
+__device__ __forceinline__ float row_sum(float v, float* red /* smem [ROWS * TPR / 32] */) {
+#pragma unroll
+    for (int o = (TPR < 32 ? TPR : 32) / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (TPR > 32) {
+        const int lane = threadIdx.x % TPR, r = threadIdx.x / TPR, w = lane / 32;
+        if ((lane & 31) == 0) red[r * (TPR / 32) + w] = v;
+        __syncthreads();
+        if (lane == 0) {
+            v = 0.f;
+            for (int i = 0; i < TPR / 32; ++i) v += red[r * (TPR / 32) + i];
+        }
+        __syncthreads();  // red is reused by the next call
+    }
+    return v;
+}
+
+#define RED_N (TPR > 32 ? ROWS * (TPR / 32) : 1)
+// Threads per block: ROWS * TPR, at least a warp (the shuffles name all 32 lanes; the route's
+// top-k is a warp's work). Threads past ROWS thread-rows own no row.
+#define NT (ROWS * TPR < 32 ? 32 : ROWS * TPR)
+#define NO_ROW 0x3fffffff
+__device__ __forceinline__ int row_of_thread() {
+    return threadIdx.x / TPR < ROWS ? blockIdx.x * ROWS + threadIdx.x / TPR : NO_ROW;
+}
+
+// x [T, K]; Wr [E, K] (type qr, rows of rb_r bytes); Ws [1, K] (type qs) or null (no shared
+// expert gate); logits [T, ldl] (ldl >= E + 1); ids, w [T, k]; tickets [T] zero between launches;
+// vec4: moe_experts.route_vec (f32_row_x4 for F32 rows).
+// Grid (ceil((E + 1) / ROWS), T), block NT.
+extern "C" __global__ void __launch_bounds__(NT)
+    moe_dec_route(const float* __restrict__ x, const u8* __restrict__ Wr, int rb_r, int qr,
+                  const u8* __restrict__ Ws, int qs, int E, int K, float* logits, int ldl,
+                  int* __restrict__ ids, float* __restrict__ w, int k,
+                  unsigned int* tickets, int vec4) {
+    __shared__ float red[RED_N];
+    __shared__ bool last;
+    pdl_start();
+    const int t = blockIdx.y, lane = threadIdx.x % TPR;
+    const int n = row_of_thread();
+    const float* xt = x + (size_t)t * K;
+    float v[MAXR] = {0.f};
+    const u8* row[1] = {n < E ? Wr + (size_t)n * rb_r : Ws};
+    if (n < E || (n == E && Ws)) {
+        const int qt = n < E ? qr : qs;
+        if (vec4 && qt == QT_F32 && (K & 3) == 0 && ((size_t)row[0] & 15) == 0 &&
+            ((size_t)xt & 15) == 0)
+            v[0] = f32_row_x4((const float*)row[0], xt, K, lane);
+        else
+            dot_rows_rt(qt, row, &xt, 1, K, lane, v);
+    }
+    v[0] = row_sum(v[0], red);
+    if (lane == 0 && n <= E) {
+        logits[(size_t)t * ldl + n] = v[0];
+        __threadfence();  // visible device-wide before the block's ticket
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();  // this block's logits are visible before the ticket says so
+        last = atomicAdd(tickets + t, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    if (threadIdx.x < 32)
+        topk_row(logits + (size_t)t * ldl, E, k, ids + (size_t)t * k, w + (size_t)t * k,
+                 threadIdx.x, RENORM);
+    if (threadIdx.x == 0) tickets[t] = 0;  // ready for the next launch (graph replay)
+}
+
+// x [T, K]; G, U [E, F, K] (type qe, rows of rb_e bytes): the routed experts' gate and up;
+// SG, SU [Fs, K] (type qsh, rows of rb_s) or null: the shared expert's; ids [T, k] ->
+// h [T, k + 1, ldh] (slot k: the shared expert). Grid (ceil(max(F, Fs) / ROWS), k + shared, T).
+extern "C" __global__ void __launch_bounds__(NT)
+    moe_dec_gate_up(const float* __restrict__ x, const u8* __restrict__ G,
+                    const u8* __restrict__ U, int rb_e, int qe, int F, int E,
+                    const int* __restrict__ ids, int k, const u8* __restrict__ SG,
+                    const u8* __restrict__ SU, int rb_s, int qsh, int Fs, int K,
+                    float* __restrict__ h, int ldh) {
+    __shared__ float red[RED_N];
+    pdl_start();
+    const int j = blockIdx.y, t = blockIdx.z, lane = threadIdx.x % TPR;
+    const int n = row_of_thread();
+    const bool shared = j == k;
+    const int N = shared ? Fs : F;
+    const float* xt = x + (size_t)t * K;
+    float s[MAXR] = {0.f};
+    if (n < N) {
+        const u8* rows[2];
+        if (shared) {
+            rows[0] = SG + (size_t)n * rb_s;
+            rows[1] = SU + (size_t)n * rb_s;
+        } else {
+            const int e = min(max(ids[(size_t)t * k + j], 0), E - 1);  // a corrupt id: no fault
+            rows[0] = G + ((size_t)e * F + n) * rb_e;
+            rows[1] = U + ((size_t)e * F + n) * rb_e;
+        }
+        const float* xs[2] = {xt, xt};
+        dot_rows_rt(shared ? qsh : qe, rows, xs, 2, K, lane, s);
+    }
+    const float g = row_sum(s[0], red), u = row_sum(s[1], red);
+    if (lane == 0 && n < N) h[((size_t)t * (k + 1) + j) * ldh + n] = g / (1.f + expf(-g)) * u;
+}
+
+// h [T, k + 1, ldh]; D [E, C, F] (type qe, rows of rb_e); SD [C, Fs] (type qsh, rows of rb_s)
+// or null; ids, w [T, k]; logits [T, ldl] (column E: the shared expert's gate logit); r, out
+// [T, C]. Grid (ceil(C / ROWS), T). V: groups per lane per step of the routed rows (VEC, or 1
+// in moe_dec_down_v1: moe_experts.down_vec1, a kernel of its own so the default's registers are
+// its own too).
+template <int V>
+__device__ __forceinline__ void down_body(const float* __restrict__ h, int ldh,
+                                          const u8* __restrict__ D, int rb_e, int qe, int F,
+                                          int E, const int* __restrict__ ids,
+                                          const float* __restrict__ w, int k,
+                                          const u8* __restrict__ SD, int rb_s, int qsh, int Fs,
+                                          const float* __restrict__ logits, int ldl,
+                                          const float* __restrict__ r, float* __restrict__ out,
+                                          int C, float* red) {
+    const int t = blockIdx.y, lane = threadIdx.x % TPR;
+    const int c = row_of_thread();
+    const float* ht = h + (size_t)t * (k + 1) * ldh;
+    // fold: the shared expert is row k of the same dot_rows call (same type and width)
+    const bool fold = SD && qsh == qe && Fs == F;
+    const int nr = k + (fold ? 1 : 0);
+    float s[MAXR] = {0.f}, sh[MAXR] = {0.f};
+    if (c < C) {
+        const u8* rows[MAXR];
+        const float* xs[MAXR];
+#pragma unroll
+        for (int j = 0; j < MAXR; ++j) {
+            if (j < k) {
+                const int e = min(max(ids[(size_t)t * k + j], 0), E - 1);
+                rows[j] = D + ((size_t)e * C + c) * rb_e;
+            } else {
+                rows[j] = SD + (size_t)c * rb_s;  // only read as row k when folded
+            }
+            xs[j] = ht + (size_t)j * ldh;
+        }
+        dot_rows_rt<V>(qe, rows, xs, nr, F, lane, s);
+        if (SD && !fold) {
+            const u8* srow[1] = {SD + (size_t)c * rb_s};
+            const float* sx[1] = {ht + (size_t)k * ldh};
+            dot_rows_rt(qsh, srow, sx, 1, Fs, lane, sh);
+        }
+    }
+    float acc = 0.f;  // moe_combine's sum, in its order
+#pragma unroll
+    for (int j = 0; j < MAXR; ++j) {
+        if (j < k) {
+            const float v = row_sum(s[j], red);
+            acc += w[(size_t)t * k + j] * v;
+        }
+    }
+    float y = acc;
+    if (SD) {
+        float sv = sh[0];
+#pragma unroll
+        for (int j = 0; j < MAXR; ++j)  // s[k], indexed by a constant (registers)
+            if (fold && j == k) sv = s[j];
+        const float v = row_sum(sv, red);
+        y = acc + v / (1.f + expf(-logits[(size_t)t * ldl + E]));  // sigmoid_mul, then add
+    }
+    if (lane == 0 && c < C) out[(size_t)t * C + c] = r[(size_t)t * C + c] + y;
+}
+
+extern "C" __global__ void __launch_bounds__(NT)
+    moe_dec_down(const float* __restrict__ h, int ldh, const u8* __restrict__ D, int rb_e,
+                 int qe, int F, int E, const int* __restrict__ ids,
+                 const float* __restrict__ w, int k, const u8* __restrict__ SD, int rb_s,
+                 int qsh, int Fs, const float* __restrict__ logits, int ldl,
+                 const float* __restrict__ r, float* __restrict__ out, int C) {
+    __shared__ float red[RED_N];
+    pdl_start();
+    down_body<VEC>(h, ldh, D, rb_e, qe, F, E, ids, w, k, SD, rb_s, qsh, Fs, logits, ldl, r, out, C,
+                  red);
+}
+
+extern "C" __global__ void __launch_bounds__(NT)
+    moe_dec_down_v1(const float* __restrict__ h, int ldh, const u8* __restrict__ D, int rb_e,
+                    int qe, int F, int E, const int* __restrict__ ids,
+                    const float* __restrict__ w, int k, const u8* __restrict__ SD, int rb_s,
+                    int qsh, int Fs, const float* __restrict__ logits, int ldl,
+                    const float* __restrict__ r, float* __restrict__ out, int C) {
+    __shared__ float red[RED_N];
+    pdl_start();
+    down_body<1>(h, ldh, D, rb_e, qe, F, E, ids, w, k, SD, rb_s, qsh, Fs, logits, ldl, r, out, C,
+                red);
+}

@@ -1,0 +1,44 @@
+// topk.cuh: the MoE router's top-k of one token, a warp's work (hybrid.cu router_topk and
+// moe_dec.cu's fused route, whose grid's last block reads logits other blocks wrote: hence the
+// L2 loads, __ldcg, which read what any block stored before a fence).
+#pragma once
+#include "common.cuh"
+
+// z [E] (E <= 1024) -> ids [k] (largest first, ties to the lower index: a stable sort's order),
+// w [k] = softmax of the chosen logits: the full softmax renormalised over the chosen k (its
+// denominator cancels). Called by all 32 lanes of a warp; lane l owns experts l + 32 m.
+// renorm false is a planted bug only (moe_dec.cu's MUTANT_MOE_DEC_UNNORMALISED: exp(z - max)
+// of the chosen, never divided by their sum).
+__device__ __forceinline__ void topk_row(const float* z, int E, int k, int* __restrict__ ids,
+                                         float* __restrict__ w, int lane, bool renorm = true) {
+    unsigned taken = 0u;  // bit m: expert lane + 32 m already chosen
+    float mine = 0.f;     // lane r < k: the logit chosen in round r
+    for (int r = 0; r < k; ++r) {
+        float best = 0.f;
+        int bi = 0x7fffffff;
+        for (int m = 0; lane + 32 * m < E; ++m) {
+            const float v = __ldcg(z + lane + 32 * m);
+            if (!((taken >> m) & 1u) && v == v && (bi == 0x7fffffff || v > best)) {  // no NaN
+                best = v;
+                bi = lane + 32 * m;
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (oi != 0x7fffffff && (bi == 0x7fffffff || ov > best || (ov == best && oi < bi))) {
+                best = ov;
+                bi = oi;
+            }
+        }
+        if (bi == 0x7fffffff) bi = 0;  // only NaN left: a valid index all the same
+        if ((bi & 31) == lane) taken |= 1u << (bi >> 5);
+        if (lane == r) mine = best;
+        if (lane == 0) ids[r] = bi;
+    }
+    const float top = __shfl_sync(0xffffffffu, mine, 0);  // round 0: the largest
+    const float e = lane < k ? expf(mine - top) : 0.f;
+    const float sum = warp_sum(e);
+    if (lane < k) w[lane] = renorm ? e / sum : e;
+}

@@ -1,0 +1,254 @@
+#version 450
+// matmul_f16.comp: matmul_prefill.resident, the prefill GEMM on fp16 copies (no dequant in the
+// k-loop), y[T, N] = x[T, K] @ W[N, K]^T through GL_KHR_cooperative_matrix 16x16x16 fp16 into
+// fp32. Three programs (defines):
+//
+//   PASS_W16   W's raw GGML rows -> an fp16 copy [N, Kp] (Kp = K rounded up to 64, zero-padded),
+//              made once per weight and kept (the backend counts it in memory_report's weights).
+//   PASS_X16   x [T, K] float32 -> fp16 [T, Kp], zero-padded (per GEMM; ~6 bytes per element).
+//   (none)     the GEMM on the two copies: k runs to Kp with no bounds test (the pads are zeros).
+//
+// GEMM tiling: a 256-thread workgroup owns TILE_M weight rows x TILE_N tokens; each subgroup owns
+// exactly one WARP_M x WARP_N subgroup tile (the registry admits only tilings with tiles x
+// subgroup size = 256: wave32 or wave64 each get a full set of accumulators, none idle), i.e.
+// (WARP_M / 16) x (WARP_N / 16) accumulators. Shared tiles are rows of BK halves padded by 8
+// (BK 32: 80-byte rows, so the 8 rows of a 16-byte-per-lane matrix load hit 8 distinct 4-bank
+// groups), filled with 16-byte (uvec4) global loads that are issued into registers before the
+// current step's multiply-adds (NBUF 2: double-buffered, one barrier per step).
+// Grid: row tiles x token tiles, linear (folded into x * y), token tiles fastest.
+// Results: coopMatStore straight into y where the subgroup tile is whole and y's rows are
+// 16-byte aligned, else through shared memory, bounded (y may be a row range of a wider y).
+//
+// Tunables: specialization constants 0 TILE_M, 1 TILE_N, 2 WARP_M, 3 WARP_N; defines BK (32 or
+// 64), NBUF (1 or 2), SMEM_PAIRS (below). Bindings: GEMM 0 W16, 1 x16, 2 y; PASS_W16 0 Wq, 1 -, 2 W16; PASS_X16 0 x,
+// 1 -, 2 x16 (binding 1 unused: the three programs share one layout of three buffers).
+
+#extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
+#extension GL_KHR_cooperative_matrix : require
+#extension GL_KHR_memory_scope_semantics : require
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+
+layout(constant_id = 0) const uint TILE_M = 128;
+layout(constant_id = 1) const uint TILE_N = 128;
+layout(constant_id = 2) const uint WARP_M = 64;
+layout(constant_id = 3) const uint WARP_N = 32;
+layout(local_size_x = 256) in;
+
+// K: weights per row; N: rows (this range); row_bytes: raw bytes per row (PASS_W16);
+// x_off: element offset of x[0, 0] (PASS_X16) or of the first raw row (PASS_W16, in rows);
+// y_off, y_stride: y[0, row 0] and the elements per y row (GEMM); T: tokens.
+layout(push_constant) uniform PC {
+    uint K;
+    uint N;
+    uint row_bytes;
+    uint x_off;
+    uint y_off;
+    uint y_stride;
+    uint T;
+} pc;
+
+#include "common.glsl"
+
+// Kp: K rounded up to 64 halves, the row length of both fp16 copies.
+uint kpad() { return (pc.K + 63u) & ~63u; }
+
+#if defined(PASS_W16)
+layout(binding = 0) readonly buffer WBuf { uint Wq[]; };
+layout(binding = 2) writeonly buffer HBuf { uvec4 wh[]; };
+#include "dequant.glsl"
+
+void main() {
+    uint g8 = kpad() / 8u;  // groups of 8 per fp16 row
+    uint e = wg_linear() * 256u + gl_LocalInvocationID.x;
+    if (e >= pc.N * g8) return;
+    uint r = e / g8, q = e % g8, k = 8u * q;
+    vec4 lo = vec4(0.0), hi = vec4(0.0);
+    if (k < pc.K) {
+        uint g = k / 8u;
+        dq8((pc.x_off + r) * pc.row_bytes + (g / GPB) * QBYTES, g % GPB, pc.K - k, lo, hi);
+    }
+#ifdef MUTANT_W16_GROUP  // planted bug: each group of 8 stored with its halves swapped
+    wh[e] = uvec4(packHalf2x16(hi.xy), packHalf2x16(hi.zw), packHalf2x16(lo.xy),
+                  packHalf2x16(lo.zw));
+#else
+    wh[e] = uvec4(packHalf2x16(lo.xy), packHalf2x16(lo.zw), packHalf2x16(hi.xy),
+                  packHalf2x16(hi.zw));
+#endif
+}
+
+#elif defined(PASS_X16)
+layout(binding = 0) readonly buffer XBuf { float xs[]; };
+layout(binding = 2) writeonly buffer HBuf { uvec4 xh[]; };
+
+void main() {
+    uint g8 = kpad() / 8u;
+    uint e = wg_linear() * 256u + gl_LocalInvocationID.x;
+    if (e >= pc.T * g8) return;
+    uint t = e / g8, k = 8u * (e % g8);
+    float v[8];
+    [[unroll]] for (uint i = 0u; i < 8u; i++)
+        v[i] = k + i < pc.K ? xs[pc.x_off + t * pc.K + k + i] : 0.0;
+    xh[e] = uvec4(packHalf2x16(vec2(v[0], v[1])), packHalf2x16(vec2(v[2], v[3])),
+                  packHalf2x16(vec2(v[4], v[5])), packHalf2x16(vec2(v[6], v[7])));
+}
+
+#else  // the GEMM
+layout(binding = 0) readonly buffer WBuf { uvec4 wh[]; };
+layout(binding = 1) readonly buffer XBuf { uvec4 xh[]; };
+layout(binding = 2) writeonly buffer YBuf { float ys[]; };
+
+#ifndef BK
+#define BK 32
+#endif
+#ifndef NBUF
+#define NBUF 2
+#endif
+const uint RS = (uint(BK) + 8u) / 8u;       // shared row stride in uvec4 (8 halves)
+const uint Q = uint(BK) / 8u;               // uvec4 per row per k-step
+const uint LW = TILE_M * Q / 256u;          // weight uvec4 per thread per step
+const uint LX = TILE_N * Q / 256u;          // token uvec4 per thread per step
+const uint BUF = (TILE_M + TILE_N) * RS;    // one buffer: weight rows, then token rows
+const uint CM = WARP_M / 16u;
+const uint CN = WARP_N / 16u;
+const uint TILES_M = TILE_M / WARP_M;
+
+// SMEM_PAIRS: the shared tiles as f16vec2 (llama.cpp's coopmat layout: matrix loads take their
+// offsets and strides in pairs) instead of uvec4; the same bytes, another element type for the
+// driver's matrix-load lowering.
+#ifdef SMEM_PAIRS
+const uint EW = 4u;  // shared elements per uvec4
+shared f16vec2 sh[NBUF * BUF * EW];
+#define SH_PUT(i, u)                                                              \
+    {                                                                             \
+        uint o_ = EW * (i);                                                       \
+        sh[o_] = unpackFloat2x16((u).x);                                          \
+        sh[o_ + 1u] = unpackFloat2x16((u).y);                                     \
+        sh[o_ + 2u] = unpackFloat2x16((u).z);                                     \
+        sh[o_ + 3u] = unpackFloat2x16((u).w);                                     \
+    }
+#define SH_GET(i)                                                                 \
+    uvec4(packFloat2x16(sh[EW * (i)]), packFloat2x16(sh[EW * (i) + 1u]),          \
+          packFloat2x16(sh[EW * (i) + 2u]), packFloat2x16(sh[EW * (i) + 3u]))
+#else
+const uint EW = 1u;
+shared uvec4 sh[NBUF * BUF];
+#define SH_PUT(i, u) sh[i] = (u);
+#define SH_GET(i) sh[i]
+#endif
+
+#define ACC coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
+
+void main() {
+    uint tid = gl_LocalInvocationID.x, sg = gl_SubgroupID;
+    // One linear grid, token tiles fastest: the workgroups of one weight tile run together, so
+    // its rows come from DRAM once and from L2 for the other token tiles (the x tiles are small
+    // and stay in L2 anyway).
+    uint ntok = (pc.T + TILE_N - 1u) / TILE_N, lin = wg_linear();
+    uint n0 = (lin / ntok) * TILE_M, c0 = (lin % ntok) * TILE_N;
+    uint q16 = kpad() / 8u;  // uvec4 per fp16 row
+    uint steps = kpad() / uint(BK);
+    uint rm = (sg % TILES_M) * WARP_M, tn = (sg / TILES_M) * WARP_N;
+
+    ACC acc[CN * CM];
+    [[unroll]] for (uint i = 0u; i < CN * CM; i++) acc[i] = ACC(0.0);
+
+    // Each thread's slots: element e = tid + 256 i of the tile, row e / Q, uvec4 e % Q; rows
+    // past N or T load zeros (their products are never stored).
+    uvec4 rw[LW], rx[LX];
+    [[unroll]] for (uint i = 0u; i < LW; i++) rw[i] = uvec4(0u);
+    [[unroll]] for (uint i = 0u; i < LX; i++) rx[i] = uvec4(0u);
+
+#define FETCH(st)                                                                  \
+    {                                                                              \
+        uint kq = (st) * Q;                                                        \
+        [[unroll]] for (uint i = 0u; i < LW; i++) {                                \
+            uint e = tid + 256u * i, r = n0 + e / Q;                               \
+            rw[i] = r < pc.N ? wh[r * q16 + kq + e % Q] : uvec4(0u);               \
+        }                                                                          \
+        [[unroll]] for (uint i = 0u; i < LX; i++) {                                \
+            uint e = tid + 256u * i, c = c0 + e / Q;                               \
+            rx[i] = c < pc.T ? xh[c * q16 + kq + e % Q] : uvec4(0u);               \
+        }                                                                          \
+    }
+#define STASH(b)                                                                   \
+    {                                                                              \
+        [[unroll]] for (uint i = 0u; i < LW; i++) {                                \
+            uint e = tid + 256u * i;                                               \
+            SH_PUT((b) * BUF + (e / Q) * RS + e % Q, rw[i]);                       \
+        }                                                                          \
+        [[unroll]] for (uint i = 0u; i < LX; i++) {                                \
+            uint e = tid + 256u * i;                                               \
+            SH_PUT((b) * BUF + (TILE_M + e / Q) * RS + e % Q, rx[i]);              \
+        }                                                                          \
+    }
+
+    FETCH(0u);
+    STASH(0u);
+    barrier();
+    for (uint st = 0u; st < steps; st++) {
+#if NBUF == 2
+        uint cur = st & 1u;
+#else
+        uint cur = 0u;
+#endif
+        if (st + 1u < steps) FETCH(st + 1u);  // global loads in flight over the multiply-adds
+        uint wb = cur * BUF, xb = wb + TILE_M * RS;
+        [[unroll]] for (uint kk = 0u; kk < Q; kk += 2u) {  // 16 k = 2 uvec4
+            coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA> a[CN];
+            coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB> b[CM];
+            [[unroll]] for (uint j = 0u; j < CN; j++)
+                coopMatLoad(a[j], sh, EW * (xb + (tn + 16u * j) * RS + kk), EW * RS,
+                            gl_CooperativeMatrixLayoutRowMajor);
+            [[unroll]] for (uint i = 0u; i < CM; i++)
+                coopMatLoad(b[i], sh, EW * (wb + (rm + 16u * i) * RS + kk), EW * RS,
+                            gl_CooperativeMatrixLayoutColumnMajor);
+            [[unroll]] for (uint j = 0u; j < CN; j++)
+                [[unroll]] for (uint i = 0u; i < CM; i++)
+                    acc[j * CM + i] = coopMatMulAdd(a[j], b[i], acc[j * CM + i]);
+        }
+        if (st + 1u < steps) {
+#if NBUF == 2
+            STASH(cur ^ 1u);  // last read in step st - 1, before that step's barrier
+#else
+            barrier();  // every subgroup is done reading the one buffer
+            STASH(0u);
+#endif
+        }
+        barrier();
+    }
+
+    // y: straight from the accumulators where the subgroup tile is whole and 16-byte aligned,
+    // else through this subgroup's 16 x 16 float slot of sh (free now: the loop ended on a
+    // barrier), bounded.
+    uint row0 = n0 + rm, col0 = c0 + tn;
+    bool aligned = (pc.y_off & 3u) == 0u && (pc.y_stride & 3u) == 0u;
+    if (aligned && row0 + WARP_M <= pc.N && col0 + WARP_N <= pc.T) {
+        [[unroll]] for (uint j = 0u; j < CN; j++)
+            [[unroll]] for (uint i = 0u; i < CM; i++)
+                coopMatStore(acc[j * CM + i], ys,
+                             pc.y_off + (col0 + 16u * j) * pc.y_stride + row0 + 16u * i,
+                             pc.y_stride, gl_CooperativeMatrixLayoutRowMajor);
+        return;
+    }
+    uint lane = gl_SubgroupInvocationID, width = gl_SubgroupSize, slot = sg * 64u;
+    [[unroll]] for (uint j = 0u; j < CN; j++)
+        [[unroll]] for (uint i = 0u; i < CM; i++) {
+            coopMatStore(acc[j * CM + i], sh, EW * slot, EW * 4u,
+                         gl_CooperativeMatrixLayoutRowMajor);
+            subgroupMemoryBarrierShared();
+            subgroupBarrier();
+            for (uint e = lane; e < 64u; e += width) {  // a row of 16 = 4 uvec4
+                uint col = col0 + 16u * j + e / 4u, n = row0 + 16u * i + 4u * (e % 4u);
+                vec4 v = uintBitsToFloat(SH_GET(slot + e));
+                if (col < pc.T) {
+                    uint o = pc.y_off + col * pc.y_stride + n;
+                    [[unroll]] for (uint c = 0u; c < 4u; c++)
+                        if (n + c < pc.N) ys[o + c] = v[c];
+                }
+            }
+            subgroupBarrier();  // the slot is read before the next store
+        }
+}
+#endif
