@@ -20,7 +20,8 @@
 //                              floats: no bank conflicts on 16-byte reads) and each warp keeps RPW queries'
 //                              running max, sum and output in registers. Lanes own keys for
 //                              the scores and head dims for P.V. Needs D <= 128, D % 4 == 0.
-// Tunables: SPLITS, WARPS, LANES_PER_KEY, FUSE_COMBINE, KV_EARLY (launch), BQ and RPW (attn_flash).
+// Tunables: SPLITS, WARPS, LANES_PER_KEY, FUSE_COMBINE, KV_EARLY (launch), BQ and RPW
+// (attn_flash).
 // pos0 comes as a scalar and a device pointer (non-null wins: the decode graph's position).
 #include "common.cuh"
 
