@@ -44,7 +44,7 @@ if [ -f $M ]; then
 else echo "no 1.5B model at $(el) s" | tee -a "$D/summary2.txt"; fi
 LEFT=$((97 - $(el)))
 [ $LEFT -gt 8 ] && timeout $LEFT python3 -m pytest -q -m gpu -p no:cacheprovider -rfE --tb=short \
-  tests/test_mutants.py -k "ATTN_KV_EARLY_K or MMVW_SPLIT_PART" > "$D/pytest2_mutants.log" 2>&1
+  tests/test_mutants.py -k "ATTN_KV_EARLY_K or MMVW_SPLIT_PART or Q4K_WIDE_HIGH or Q6K_WIDE_SCALE" > "$D/pytest2_mutants.log" 2>&1
 echo "mutants rc=$? $(tail -1 "$D/pytest2_mutants.log" 2>/dev/null) at $(el) s" | tee -a "$D/summary2.txt"
 grep -hE "^(FAILED|ERROR)" "$D"/pytest2*.log | head -20 | cut -c1-300 >> "$D/summary2.txt"
 cat "$D/gemv2.log" "$D/times2.log" 2>/dev/null | cut -c1-700 | tail -30
