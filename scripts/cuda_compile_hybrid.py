@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Compile every knob combination of every variant of the hybrids' CUDA modules (delta_net.cu,
-delta_net_chunked.cu, moe.cu, hybrid.cu) with nvcc to PTX, and the planted scan bugs: a compile
-check on a machine without a GPU (the sources are inlined as NVRTC sees them: no include path).
+delta_net_chunked.cu, moe.cu, moe_grouped.cu, moe_tc.cu, hybrid.cu) with nvcc to PTX, and the
+planted bugs: a compile check on a machine without a GPU (the sources are inlined as NVRTC sees
+them: no include path).
 
     python scripts/cuda_compile_hybrid.py [--nvcc /usr/local/cuda/bin/nvcc] [--arch sm_90] [--json]
 """
@@ -36,6 +37,8 @@ def builds() -> list[tuple[str, dict[str, int]]]:
         ("delta_net.cu", {"NW": 4, "MAX_DK": 128, "STATE_T": 1, "MUTANT_DELTA_NET_SK": 1}),
         ("delta_net_chunked.cu", {"NW": 4, "MAX_DK": 128, "STATE_T": 1, "CHUNK": 64,
                                   "MUTANT_DN_CHUNK_STATE_NOT_STORED": 1}),
+        ("moe_tc.cu", {"TILE_P": 32, "BR": 64, "WIN_Q4K": 0, "WIDE": 0, "DIRECT": 0,
+                       "MUTANT_MOE_TC_UNSORTED": 1}),
     ]  # fmt: skip
 
 

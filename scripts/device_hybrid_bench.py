@@ -42,6 +42,13 @@ VARIANTS: dict[str, dict] = {
     "chunked32": {"delta_net.variant": "chunked", "delta_net.chunk": 32},
     "grouped": {"moe_experts.variant": "grouped"},
     "moe_q8": {"moe_experts.variant": "mmvq"},  # int8 experts (gate + up + SwiGLU fused)
+    "moe_tc": {"moe_experts.variant": "tc"},  # fp16 tensor-core experts at prefill (moe_tc.cu)
+    "moe_dmmv": {"moe_experts.variant": "dmmv"},  # the per-pair DMMV at prefill (default before tc)
+    "moe_tc_wide": {"moe_experts.variant": "tc", "moe_experts.wide_loads": 1},  # 16-byte decodes
+    "moe_tc_wide_win": {"moe_experts.variant": "tc", "moe_experts.wide_loads": 1,
+                        "moe_experts.q4k_window": 1},
+    "moe_tc_direct": {"moe_experts.variant": "tc", "moe_experts.wide_loads": 1,
+                      "moe_experts.direct": 1},  # Q4_K experts straight into mma fragments
     # the MoE FFN op by op at decode (sixteen launches a layer; the default fuses it in three)
     "moe_unfused": {"moe_experts.fuse_decode": 0},
     # the delta-net decode op by op (conv + state, gates, scan, norm, gate: five launches a
@@ -59,11 +66,12 @@ VARIANTS: dict[str, dict] = {
     "mmq8": {"matmul_prefill.variant": "mmq8"},
     # on the H200 (9B tg64) mmvw alone 267, mmvw + PDL + chunked + argmax.multi 248: PDL and
     # argmax.multi stay out of fast until measured apart (mmvw_pdl)
-    "fast": MMVW | {"delta_net.prefetch": 4, "moe_experts.variant": "grouped",
+    # experts: tc (the default since the moepf run: 1.07 ms a 35b-a3b layer, grouped 11.7)
+    "fast": MMVW | {"delta_net.prefetch": 4, "moe_experts.variant": "tc",
                     "ssm_conv.fuse_step": 1},
     "fast_q8": MMVW | {"delta_net.prefetch": 4, "moe_experts.variant": "mmvq",
                        "ssm_conv.fuse_step": 1},
-    "fast_pdl": MMVW | {"delta_net.prefetch": 4, "moe_experts.variant": "grouped",
+    "fast_pdl": MMVW | {"delta_net.prefetch": 4, "moe_experts.variant": "tc",
                         "ssm_conv.fuse_step": 1, "matmul_decode.pdl": 1,
                         "argmax.variant": "multi"},
 }  # fmt: skip

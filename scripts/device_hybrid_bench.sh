@@ -8,7 +8,7 @@
 #   BUDGET_S=240 bash scripts/device_hybrid_bench.sh
 # Order (the deadline cuts from the end): per shape (9b, then 35b-a3b) llama-bench pp512/tg128,
 # then ours in one process: bench default, mmvw (projections three to an int8 launch), mmvw_pdl,
-# scan_pf4 (the scan's token prefetch), fast (mmvw + prefetch 4 + grouped experts at prefill),
+# scan_pf4 (the scan's token prefetch), fast (mmvw + prefetch 4 + tc experts at prefill),
 # fast_q8 (fast with moe_experts.mmvq's int8 experts), then the per-phase profiles (default,
 # fast); last, validate of default and fast on the 9b (a NumPy reference of a 9B: minutes). All
 # lands in $OUT as it comes: llama_<shape>.json, hybrid_<file>[_validate].json (rewritten per step),

@@ -31,3 +31,25 @@ def candidate() -> TuningConfig:
 def fp16_budgets() -> dict[str, Budget]:
     """Every class judged by the fp16 budget, the CUDA default's class."""
     return {c: NUMERIC_BUDGETS["fp16"] for c in NUMERIC_BUDGETS}
+
+
+def _r16(a: np.ndarray) -> np.ndarray:
+    return np.asarray(a).astype(np.float16).astype(np.float64)
+
+
+class Fp16Experts(Fp16Prefill):
+    """And the routed experts as CUDA's moe_experts.tc computes them (the default) for chunks of
+    at least ``gemm_min_t`` tokens: x, the decoded expert rows and the SwiGLU output rounded to
+    float16, the products in float64."""
+
+    def moe_experts(self, x, ids, weights, gate, up, down):  # noqa: ANN001, ANN201
+        if x.shape[0] < GEMM_MIN_T:
+            return super().moe_experts(x, ids, weights, gate, up, down)
+        out = np.zeros(x.shape)
+        for e in np.unique(ids):
+            rows, slot = np.nonzero(ids == e)
+            xe = _r16(x[rows])
+            g, u = xe @ _r16(self._expert(gate, e)).T, xe @ _r16(self._expert(up, e)).T
+            h = _r16(g / (1 + np.exp(-g)) * u)
+            out[rows] += weights[rows, slot][:, None] * (h @ _r16(self._expert(down, e)).T)
+        return out.astype(np.float32)

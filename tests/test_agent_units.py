@@ -73,6 +73,17 @@ def test_hybrid_experiments_search_the_hybrid_variants(
         assert "delta_net.chunked.chunk" in build_space("numpy", exp.space_for("numpy")).grid()
 
 
+def test_moe_experiment_searches_the_cuda_tensor_core_experts() -> None:
+    """experiments/moe.toml on CUDA: moe_experts.tc with both of its own knobs next to the
+    grouped DMMV's tile (each variant's tile_pairs within its registry choices)."""
+    exp = load_experiment(ROOT / "experiments" / "moe.toml")
+    grid = build_space("cuda", exp.space_for("cuda")).grid()
+    assert "tc" in grid["moe_experts.variant"]
+    assert grid["moe_experts.tc.tile_pairs"] == [16, 32, 64]
+    assert grid["moe_experts.tc.block_rows"] == [64, 128]
+    assert grid["moe_experts.grouped.tile_pairs"] == [8, 16, 32]
+
+
 def test_hybrid_9b_experiment_searches_the_cuda_hybrid_knobs() -> None:
     """experiments/hybrid-9b.toml: the 9B-like qwen35 on CUDA, with the decode kernels (mmvw
     runs the hybrid projections fused), both scans with chunk, the int8 prefill GEMM; every
@@ -100,7 +111,8 @@ def test_hybrid_35b_experiment_searches_the_moe_decode_knobs() -> None:
     exp = load_experiment(ROOT / "experiments" / "hybrid-35b.toml")
     assert synthetic_args(exp.models[0])[:2] == ("35b-a3b", "qwen35moe")
     grid = build_space("cuda", exp.space_for("cuda")).grid()
-    assert grid["moe_experts.variant"] == ["dmmv", "grouped", "mmvq"]
+    assert grid["moe_experts.variant"] == ["tc", "dmmv", "grouped", "mmvq"]
+    assert grid["moe_experts.tc.wide_loads"] == [0, 1]  # the tensor-core experts' decoders
     assert "matmul_decode.mmvw.fuse_swiglu" not in grid  # one value: not searched
     assert "delta_net.variant" not in grid and "delta_net.chunked.chunk" not in grid
     assert len(grid["router_topk.default.rows_per_block"]) == 3

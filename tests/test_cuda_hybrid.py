@@ -6,7 +6,9 @@ whole tiny qwen35 / qwen35moe / qwen3next models against NumPy on both prefill p
 replay against eager decode, validate passing the knobs, `engine validate|bench --backend cuda`
 on a hybrid file, and the planted S k scan bug rejected and blamed on delta_net; the chunked
 scan (delta_net.chunked) against NumPy and the sequential kernel, and its planted state bug;
-the grouped expert GEMM (moe_experts.grouped) on skewed routing with never-chosen experts."""
+the grouped expert GEMM (moe_experts.grouped) on skewed routing with never-chosen experts, and
+its tensor-core form (moe_experts.tc: every knob, against an fp16 emulation; decode bit-equal to
+dmmv; validate of the tiny models; its planted unsorted-output bug rejected and blamed)."""
 
 from __future__ import annotations
 
@@ -440,6 +442,105 @@ def test_moe_grouped_matches_numpy_with_skewed_routing(be, qtype, T, flat):
     check(be.download(got), want.astype(np.float64), 1e-10)
 
 
+def _tc(tp: int, br: int, win: int = 0, wide: int = 0, direct: int = 0) -> dict:
+    return {"moe_experts.variant": "tc", "moe_experts.tile_pairs": tp,
+            "moe_experts.block_rows": br, "moe_experts.q4k_window": win,
+            "moe_experts.wide_loads": wide, "moe_experts.direct": direct,
+            "prefill.gemm_min_t": 2}  # fmt: skip
+
+
+# every tile shape (ids 0-5), then the decoders' knobs at the default tile and an extreme (6-9),
+# the direct Q4_K fragments (10-12)
+TC_CONFIGS = [_tc(tp, br) for tp in (16, 32, 64) for br in (64, 128)] + [
+    _tc(32, 64, win=1), _tc(32, 64, wide=1), _tc(32, 64, win=1, wide=1), _tc(64, 128, 1, 1),
+    _tc(32, 64, wide=1, direct=1), _tc(16, 64, direct=1), _tc(64, 128, wide=1, direct=1),
+]  # fmt: skip
+TC_NMSE = 1e-8  # against its fp16 emulation: float32 sums in another order, h's rare 1-ulp ties
+
+
+def _f16(a: np.ndarray) -> np.ndarray:
+    return np.asarray(a).astype(np.float16).astype(np.float64)
+
+
+@pytest.mark.parametrize("flat", TC_CONFIGS, ids=[str(i) for i in range(len(TC_CONFIGS))])
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q4_Kd", "Q6_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0"])
+@pytest.mark.parametrize("T", [2, 37, 300])
+def test_moe_tc_matches_an_fp16_emulation_with_skewed_routing(be, qtype, T, flat):
+    """moe_experts.tc against NumPy with its roundings (x, the decoded weights and the SwiGLU
+    output to fp16; float64 sums): expert 2 takes most pairs (at T = 300 several tiles and a
+    ragged last one), experts 1 and 6 none (blocks of 0xFF: a NaN scale poisons any read), rows
+    (F = 96) and k windows (down's K = 96) off every tile for the 32-element types; Q4_K's down
+    is Q6_K (as Q4_K_M mixes them; Q4_Kd: Q4_K down too). The float64 reference of the unrounded
+    model is within the fp16 class of it too."""
+    from tests.op_cases import dense
+
+    be.set_config(cfg(**flat))
+    rng = np.random.default_rng(60 + T)
+    E, k, C = 8, 3, 512
+    down_type = {"Q4_Kd": "Q4_K", "Q4_K": "Q6_K"}.get(qtype, qtype)
+    qtype = qtype.rstrip("d")
+    F = 256 if qtype.endswith("_K") else 96
+    mats = [qtensor(rng, (E, F, C), qtype, 0.1), qtensor(rng, (E, F, C), qtype, 0.1),
+            qtensor(rng, (E, C, F), down_type, 0.1)]  # fmt: skip
+    Wg, Wu, Wd = (dense(m) for m in mats)
+    ids = np.empty((T, k), np.int32)
+    for t in range(T):  # distinct experts per token; 2 in almost every token
+        others = rng.permutation([0, 3, 4, 5, 7])
+        ids[t] = [2, *others[: k - 1]] if t % 5 else others[:k]
+    w = rng.uniform(0.1, 1, (T, k)).astype(np.float32)
+    w /= w.sum(axis=1, keepdims=True)
+    x = _f32(rng, T, C)
+    want16, want = np.zeros((T, C)), np.zeros((T, C))
+    for e in range(E):  # a token's k experts are distinct: t is unique per expert
+        t, j = np.nonzero(ids == e)
+        for out, r in ((want16, _f16), (want, lambda a: np.asarray(a, np.float64))):
+            xe = r(x[t])
+            g, u = xe @ r(Wg[e]).T, xe @ r(Wu[e]).T
+            out[t] += w[t, j][:, None] * (r(g / (1 + np.exp(-g)) * u) @ r(Wd[e]).T)
+    for m in mats:
+        m.raw.reshape(E, -1)[[1, 6]] = 0xFF
+    be.set_profiling(True)
+    try:
+        got = be.moe_experts(
+            be.upload(x), be.upload(ids), be.upload(w), *(be.load_weight(m) for m in mats)
+        )
+        ran = set(be.profile().kernels)
+    finally:
+        be.set_profiling(False)
+    got = be.download(got)
+    check(got, want16, TC_NMSE)
+    check(got, want, 1e-4)
+    assert f"moe_tc_gu_{qtype.lower()}" in ran and f"moe_tc_down_{down_type.lower()}" in ran, ran
+
+
+def test_moe_tc_decode_is_the_dmmv_kernels_bit_for_bit(be):
+    """At T = 1 moe_experts.tc runs moe.cu with its dmmv knobs: the dmmv variant's output."""
+    rng = np.random.default_rng(61)
+    E, k, C, F = 8, 3, 512, 256
+    mats = [qtensor(rng, s, "Q4_K", 0.1) for s in ((E, F, C), (E, F, C), (E, C, F))]
+    x, w = _f32(rng, 1, C), np.full((1, k), 1 / k, np.float32)
+    ids = np.array([[2, 5, 0]], np.int32)
+    outs = []
+    for flat in ({"moe_experts.variant": "dmmv"}, {"moe_experts.variant": "tc"}):
+        be.set_config(cfg(**flat))
+        ws = [be.load_weight(m) for m in mats]
+        outs.append(be.download(be.moe_experts(be.upload(x), be.upload(ids), be.upload(w), *ws)))
+    assert np.array_equal(outs[0], outs[1])
+
+
+def test_planted_moe_tc_unsorted_is_rejected_and_blamed(be, tiny_model_factory):
+    """moe_tc.cu's down kernel writing a pair's output to its sorted position (the permutation
+    never undone), planted: validate of the tc candidate rejects it and blames moe_experts."""
+    from tests.mutants import Mutant, judge
+
+    m = Mutant("MOE_TC_UNSORTED", "cuda", "moe_experts", "expert outputs land on the sorted "
+               "rows", {"moe_experts.variant": "tc", "prefill.chunk_tokens": 16,
+                        "prefill.gemm_min_t": 2})  # fmt: skip
+    v = judge(m, tiny_model_factory("qwen35moe", "q4_k_m"))
+    assert v.rejected and v.caught_by == "validate", v
+    assert v.blamed == "moe_experts", v.blame
+
+
 # --- whole models -------------------------------------------------------------------------
 def _model(path, backend):
     from engine.gguf_model import open_model
@@ -561,6 +662,9 @@ HYBRID_VALIDATE_CONFIGS = [
     {"matmul_decode.variant": "mmvq", "delta_net.prefetch": 4},  # int8 decode, no fusion
     {**MMVW, "delta_net.prefetch": 8, "delta_net.max_dk": 256, "matmul_decode.pdl": 1,
      "ssm_conv.fuse_step": 1},
+    {"moe_experts.variant": "tc"},  # fp16 experts at prefill (its budget)
+    {"moe_experts.variant": "tc", "moe_experts.tile_pairs": 16, "moe_experts.block_rows": 128,
+     "delta_net.variant": "chunked", "prefill.chunk_tokens": 24, "prefill.gemm_min_t": 16},
 ]  # fmt: skip
 
 

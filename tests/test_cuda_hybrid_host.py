@@ -62,7 +62,7 @@ def test_signatures_are_parsed_for_every_kernel():
     from engine.backends.cuda import kernels
 
     for fname in ("delta_net.cu", "delta_net_chunked.cu", "hybrid.cu", "moe.cu", "dmmv.cu",
-                  "elementwise.cu"):  # fmt: skip
+                  "elementwise.cu", "moe_tc.cu"):  # fmt: skip
         names = kernels.kernel_names(kernels.source(fname))
         sigs = signatures(fname)
         assert set(names) <= set(sigs), (fname, set(names) - set(sigs))
@@ -71,6 +71,8 @@ def test_signatures_are_parsed_for_every_kernel():
     assert chunked["delta_net_seq"] == signatures("delta_net.cu")["delta_net_seq"]
     assert len(chunked["delta_net_chunk_prep"]) == 18 and len(chunked["delta_net_chunk_scan"]) == 12
     assert len(signatures("moe.cu")["moe_q4_k"]) == 10
+    assert len(signatures("moe_tc.cu")["moe_tc_gu_q6_k"]) == 11
+    assert len(signatures("moe_tc.cu")["moe_tc_down_q4_0"]) == 9
 
 
 def test_the_fake_refuses_a_wrong_launch():
@@ -283,6 +285,73 @@ def test_moe_grouped_schedule(tile, qtype):
         assert be.launches[7].args[0] is scatter.args[-1]
 
 
+@pytest.mark.parametrize(("tile", "rows"), [(16, 64), (32, 128), (64, 64)])
+@pytest.mark.parametrize("gate_type", ["Q4_K", "Q8_0"])
+def test_moe_tc_schedule(tile, rows, gate_type):
+    """moe_experts.tc at prefill: the sort, gate + up + SwiGLU in one launch into fp16 sorted
+    rows, down from them into pair order, then the combine, over enough tiles for any routing;
+    down of another block type (Q4_K_M's Q6_K) takes its own kernel. Decode, chunks shorter than
+    prefill.gemm_min_t, float experts and gate / up of different types: moe.cu's DMMV with the
+    variant's dmmv knobs."""
+    be = FakeCuda(
+        cfg(
+            **{
+                "moe_experts.variant": "tc",
+                "moe_experts.tile_pairs": tile,
+                "moe_experts.block_rows": rows,
+                "moe_experts.rows_per_block": 2,
+                "prefill.gemm_min_t": 2,
+            }
+        )
+    )
+    rng = np.random.default_rng(6)
+    E, F, C, k = 8, 256, 512, 3
+    gate, up = (be.load_weight(qtensor(rng, (E, F, C), gate_type, 0.1)) for _ in range(2))
+    down = be.load_weight(qtensor(rng, (E, C, F), "Q6_K", 0.1))
+    for T in (1, 2, 37):
+        be.launches.clear()
+        ids = rng.integers(0, E, (T, k)).astype(np.int32)
+        out = be.moe_experts(_f32(rng, T, C), ids, _f32(rng, T, k), gate, up, down)
+        assert out.shape == (T, C)
+        names = [la.kernel for la in be.launches]
+        g = gate_type.lower()
+        if T == 1:
+            assert names == [f"moe_{g}", f"moe_{g}", "swiglu", "moe_q6_k", "moe_combine"], names
+            assert be.launches[0].defines == {"ROWS": 2, "TPR": 32, "VEC": 2}
+            continue
+        assert names == ["moe_sort", f"moe_tc_gu_{g}", "moe_tc_down_q6_k", "moe_combine"], names
+        P = T * k
+        max_tiles = -(-P // tile) + min(E, P)
+        sort, gu, dn, comb = be.launches
+        assert all(la.fname == "moe_tc.cu" for la in (sort, gu, dn))
+        assert gu.defines == dn.defines == {
+            "TILE_P": tile, "BR": rows, "WIN_Q4K": 0, "WIDE": 0, "DIRECT": 0,
+        }  # fmt: skip
+        route = sort.args[-1]
+        assert route.size == 1 + 3 * max_tiles + P
+        assert [int(a) for a in sort.args[1:4]] == [P, E, max_tiles]
+        assert gu.grid == (-(-F // rows), max_tiles, 1) and gu.block == (128, 1, 1)
+        assert dn.grid == (-(-C // rows), max_tiles, 1) and dn.block == (128, 1, 1)
+        assert [int(a) for a in gu.args[3:5]] == [F, C] and int(gu.args[6]) == k
+        assert [int(a) for a in dn.args[2:4]] == [C, F]
+        h = gu.args[-1]
+        assert h.dtype == np.uint16 and h.shape == (P, F) and dn.args[4] is h
+        assert gu.args[7] is dn.args[5] is route and int(gu.args[8]) == int(dn.args[6]) == max_tiles
+        assert dn.args[-1].shape == (P, C) and comb.args[0] is dn.args[-1]
+    mixed = be.load_weight(qtensor(rng, (E, F, C), "Q4_0", 0.1))  # gate and up of two types
+    for g_, u_ in ((gate, mixed), (be.load_weight(qtensor(rng, (E, F, C), "F16", 0.1)),) * 2):
+        be.launches.clear()
+        be.moe_experts(_f32(rng, 5, C), rng.integers(0, E, (5, k)).astype(np.int32),
+                       _f32(rng, 5, k), g_, u_, down)  # fmt: skip
+        assert not any(la.kernel.startswith("moe_tc_") for la in be.launches)
+        assert be.launches[-1].kernel == "moe_combine"
+    be.set_config(be.config.replace(**{"prefill.gemm_min_t": 64}))  # a 37-token chunk: DMMV
+    be.launches.clear()
+    be.moe_experts(_f32(rng, 37, C), rng.integers(0, E, (37, k)).astype(np.int32),
+                   _f32(rng, 37, k), gate, up, down)  # fmt: skip
+    assert [la.kernel for la in be.launches][:2] == [f"moe_{gate_type.lower()}"] * 2
+
+
 @pytest.mark.parametrize("arch", HYBRIDS)
 @pytest.mark.parametrize(
     "flat",
@@ -297,8 +366,10 @@ def test_moe_grouped_schedule(tile, qtype):
          "matmul_prefill.variant": "mmq8"},
         {"matmul_decode.variant": "mmvw", "moe_experts.variant": "mmvq",
          "moe_experts.threads_per_row": 32, "prefill.gemm_min_t": 1 << 20},
+        {"moe_experts.variant": "tc", "moe_experts.tile_pairs": 16, "prefill.chunk_tokens": 24,
+         "prefill.gemm_min_t": 2, "matmul_prefill.variant": "mmq"},  # (no cuBLAS here)
     ],
-    ids=["dmmv", "mmq", "chunks-mmvq", "chunked-grouped", "mmvw-mmq8", "mmvw-moe-q8"],
+    ids=["dmmv", "mmq", "chunks-mmvq", "chunked-grouped", "mmvw-mmq8", "mmvw-moe-q8", "tc"],
 )  # fmt: skip
 def test_tiny_hybrid_runs_through_the_cuda_host_code(tiny_model_factory, arch, flat):
     from engine.gguf_model import open_model
@@ -318,13 +389,17 @@ def test_tiny_hybrid_runs_through_the_cuda_host_code(tiny_model_factory, arch, f
     if arch != "qwen35" and flat.get("moe_experts.variant") == "grouped":
         want |= {"moe_sort", "moe_gather", "moe_scatter"}
         assert any(k.startswith("moe_grouped_") for k in run), run
+    if arch != "qwen35" and flat.get("moe_experts.variant") == "tc":
+        want |= {"moe_sort"}
+        assert any(k.startswith("moe_tc_gu_") for k in run), run
+        assert any(k.startswith("moe_tc_down_") for k in run), run
     if arch != "qwen35" and flat.get("moe_experts.variant") == "mmvq":
         assert any(k.startswith("moe_q8_gu_") for k in run), run  # gate + up + SwiGLU
         assert any(k.startswith("moe_q8_") and "_gu_" not in k for k in run), run  # down
         assert "quantize_q8_1" in run  # the SwiGLU output (and prefill's x) as Q8_1
     if arch != "qwen35":
         want |= {"router_topk", "moe_combine"}
-        assert any(k.startswith(("moe_q", "moe_f", "moe_grouped_")) for k in run), run
+        assert any(k.startswith(("moe_q", "moe_f", "moe_grouped_", "moe_tc_")) for k in run), run
         if flat.get("moe_experts.variant") != "mmvq":  # decode: fuse_decode's three kernels
             want |= {"moe_dec_route", "moe_dec_gate_up", "moe_dec_down"}
     assert want <= run, want - run

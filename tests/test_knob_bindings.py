@@ -279,6 +279,11 @@ def _old_cuda_modules(cfg: TuningConfig) -> dict[str, tuple[str, dict]]:
     k["moe_dec"] = ("moe_dec.cu", dmmv)
     if me.variant == "grouped":
         k["moe_grouped"] = ("moe_grouped.cu", {**dmmv, "TILE_P": me["tile_pairs"]})
+    if me.variant == "tc":  # its dmmv knobs reach moe.cu only (host-bound)
+        k["moe_tc"] = ("moe_tc.cu", {"TILE_P": me["tile_pairs"], "BR": me["block_rows"],
+                                     "WIN_Q4K": me["q4k_window"],
+                                     "WIDE": me["wide_loads"],
+                                     "DIRECT": me["direct"]})  # fmt: skip
     return k
 
 

@@ -14,7 +14,7 @@ from engine.gguf_model import open_model
 from engine.models import build_model
 from engine.runtime import load
 from engine.validate import near_tie_routes, tokenize_prompts, validate
-from tests.fp16_prefill import Fp16Prefill, candidate, fp16_budgets
+from tests.fp16_prefill import Fp16Experts, Fp16Prefill, candidate, fp16_budgets
 
 
 def test_near_tie_routes_take_the_reference_top_k_below_the_bound():
@@ -68,6 +68,17 @@ def test_fp16_prefill_routing_flip_is_a_near_tie_not_a_kernel_bug(moe_path):
     rep = validate(model, candidate(), prompts, steps=4, budgets=fp16_budgets(), edges=False)
     assert rep.passed, rep.reasons
     assert rep.prompts[0].routes_forced > 0 and rep.nmse < 1e-4
+
+
+def test_fp16_experts_pass_validate_under_the_fp16_budget(moe_path):
+    """moe_experts.tc's arithmetic (fp16 x, expert rows and SwiGLU output; tests/fp16_prefill.py)
+    on top of the fp16 GEMM: a correct candidate validate must pass in the fp16 class."""
+    model = build_model(open_model(moe_path), Fp16Experts())
+    rep = validate(
+        model, candidate(), _long_prompt(moe_path), steps=4, budgets=fp16_budgets(), edges=False
+    )
+    assert rep.passed, rep.reasons
+    assert rep.nmse < 1e-4, rep.nmse
 
 
 class WrongKth(Fp16Prefill):

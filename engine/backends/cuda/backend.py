@@ -835,7 +835,7 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, Backend):  # mixins: hybrid.py,
         for op, on in (
             ("delta_net", int(config.op("delta_net")["fuse_decode"])),
             ("rope_partial", int(config.op("rope_partial")["fuse_qk"])),
-            ("moe_experts", moe.variant in ("dmmv", "grouped") and int(moe["fuse_decode"])),
+            ("moe_experts", moe.variant in ("dmmv", "grouped", "tc") and int(moe["fuse_decode"])),
         ):
             if on and op in ran:
                 out.append(op)

@@ -22,6 +22,7 @@ import numpy as np
 from engine.backends.cuda import kernels
 from engine.backends.cuda.kernels import QTYPE_SUFFIX
 from engine.backends.cuda.moe_dec import CudaMoeDecodeOps
+from engine.backends.cuda.moe_tc import MAX_TILES, CudaMoeTcOps, tc_ok, tc_tiles
 from engine.tuning.kernels.cuda import BLOCK_TYPES as _MMVW  # the types mmvw.cu decodes
 
 MAX_CONV = 8  # hybrid.cu ssm_conv_state keeps K - 1 <= 7 inputs per channel in registers
@@ -54,7 +55,7 @@ def _max_tiles(pairs: int, experts: int, choice: Any) -> int:
     return math.ceil(pairs / int(choice["tile_pairs"])) + min(experts, pairs)
 
 
-class CudaHybridOps(CudaMoeDecodeOps):  # moe_ffn: moe_dec.py
+class CudaHybridOps(CudaMoeTcOps, CudaMoeDecodeOps):  # moe_tc.py, moe_ffn: moe_dec.py
     """Hybrid ops of CudaBackend (needs its _launch, _empty, _grid1, _pos_ptr, _mmvw, config)."""
 
     _cp: Any
@@ -416,7 +417,14 @@ class CudaHybridOps(CudaMoeDecodeOps):  # moe_ffn: moe_dec.py
             return out
         c = self.config.op("moe_experts")
         E = int(gate.shape[0])
-        if c.variant == "grouped" and T > 1 and _max_tiles(T * k, E, c) <= MAX_PAIRS:
+        if (  # tc: the fp16 GEMM's switch of the dense matmuls (float32 DMMV below it)
+            c.variant == "tc"
+            and T >= max(2, int(self.config.op("prefill")["gemm_min_t"]))
+            and tc_ok(gate, up, down)
+            and tc_tiles(T * k, E, int(c["tile_pairs"])) <= MAX_TILES
+        ):
+            d = self._moe_tc(x, ids, gate, up, down)
+        elif c.variant == "grouped" and T > 1 and _max_tiles(T * k, E, c) <= MAX_PAIRS:
             d = self._moe_grouped(x, ids, gate, up, down)
         elif c.variant == "mmvq" and all(_q8_ok(w) for w in (gate, up, down)):
             d = self._moe_q8(x, ids, gate, up, down)

@@ -110,6 +110,7 @@ def kernel_names(src: str) -> list[str]:
         "DEQ_KERNELS": ["get_rows_{}", "dequant_f16_{}"],
         "MOE_KERNEL": ["moe_{}"],
         "MOE_GROUPED_KERNEL": ["moe_grouped_{}"],
+        "MOE_TC_KERNELS": ["moe_tc_gu_{}", "moe_tc_down_{}"],
         "MOE_Q8_KERNELS": ["moe_q8_{}", "moe_q8_gu_{}"],
     }
     for mac, pats in macros.items():
@@ -139,7 +140,7 @@ MODULE_OPS = (
     "matmul_prefill",
     "attention_prefill",
     "delta_net",  # delta_net.cu
-    "moe_experts",  # moe.cu (grouped: moe_grouped.cu and moe.cu; mmvq: moe_q8.cu and moe.cu)
+    "moe_experts",  # moe.cu (+ moe_grouped.cu, moe_tc.cu or moe_q8.cu for those variants)
 )
 
 
@@ -182,7 +183,7 @@ def modules_for(cfg: TuningConfig) -> dict[str, tuple[str, dict[str, int]]]:
         mods[key] = (fname, variant_defines(v, choice))
     moe = cfg.op("moe_experts")
     dmmv = REGISTRY.op("cuda", "moe_experts").variant("dmmv")
-    if moe.variant == "grouped":  # its decode (T = 1) is the dmmv variant's, with the same knobs
+    if moe.variant in ("grouped", "tc"):  # decode (T = 1) is the dmmv variant's, same knobs
         mods["moe"] = (Path(dmmv.source).name, variant_defines(dmmv, moe))
     elif moe.variant == "mmvq":  # float experts: the dmmv kernels at their defaults
         mods["moe"] = (Path(dmmv.source).name, variant_defines(dmmv, MOE_FALLBACK))

@@ -51,7 +51,7 @@ class CudaMoeDecodeOps:
         """Whether moe_dec.cu runs this call: a decode row, the knob on a float variant, and
         weights the kernels decode (else the op-by-op schedule)."""
         c = self.config.op("moe_experts")
-        if c.variant not in ("dmmv", "grouped") or not int(c["fuse_decode"]):
+        if c.variant not in ("dmmv", "grouped", "tc") or not int(c["fuse_decode"]):
             return False
         if h.ndim != 2 or int(h.shape[0]) != 1 or tuple(r.shape) != tuple(h.shape):
             return False

@@ -16,7 +16,6 @@ from engine.backends.vulkan import kernels as K
 from engine.backends.vulkan.kernels import fold_groups as _fold
 
 if TYPE_CHECKING:
-    from engine.backends.vulkan.backend import VkTensor, VkWeight
     from engine.backends.vulkan.memory import Lease
 
 KPAD = 64  # matmul_f16.comp's kpad(): the fp16 rows' length is a multiple of any BK
@@ -32,7 +31,7 @@ class ResidentPrefill:
     """Mixin: expects VulkanBackend's alloc, stream, dev, pipes, _ops, _new, _pipe,
     max_weight_bytes."""
 
-    def resident_f16(self, w: VkWeight) -> list[tuple[Lease, int, int]]:
+    def resident_f16(self, w: Any) -> list[tuple[Lease, int, int]]:
         """w's fp16 copy as (lease, row0, nrows) ranges, each within maxStorageBufferRange;
         made once (a dispatch per range, in stream order before the GEMMs that read it)."""
         if w.f16 is not None:
@@ -62,7 +61,7 @@ class ResidentPrefill:
             if getattr(w, "f16", None) is not None:
                 w.f16 = None
 
-    def resident_matmul(self, x: VkTensor, w: VkWeight, out: VkTensor, pipe: Any, c: Any) -> None:
+    def resident_matmul(self, x: Any, w: Any, out: Any, pipe: Any, c: Any) -> None:
         """out [T, N] = x [T, K] @ W^T through the fp16 copies (T > 1)."""
         T, K = x.shape[0], x.shape[-1]
         N = w.shape[0]

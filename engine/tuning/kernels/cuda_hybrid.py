@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from engine.tuning.kernels.cuda import ALL_TYPES
 from engine.tuning.kernels.vulkan import DELTA_NET_CHUNKS
-from engine.tuning.registry import PUSHED, REGISTRY, Param, Variant, define
+from engine.tuning.registry import HOST, PUSHED, REGISTRY, Param, Variant, define
 
 B = "cuda"
 
@@ -154,13 +154,81 @@ _MOE_DMMV = (
     ),
 )
 
-# dmmv first, so it stays the default until the grouped GEMM is timed on a GPU (the Vulkan
-# backend lists grouped first). grouped at decode (T == 1) is dmmv: the same kernels and knobs.
+# tc's decode knobs: the same values, read by the host to build and launch moe.cu (moe_tc.cu
+# never sees them, so a decode knob's trial does not recompile the tensor-core kernels).
+_MOE_DMMV_HOST = tuple(
+    Param(p.name, p.choices, p.default, p.doc + " (decode)", HOST) for p in _MOE_DMMV
+)
+
+# tc first: the default (H200, 35b-a3b shapes: see the helper report in issue 15); its decode
+# (T == 1) and chunks below prefill.gemm_min_t are dmmv's kernels at dmmv's knob defaults, so the
+# per-token reference path is unchanged. grouped at decode is dmmv too (same kernels and knobs).
 # mmvq: int8 activations (the looser numeric class), so never the default.
 REGISTRY.register(
     B,
     "moe_experts",
     [
+        Variant(
+            B,
+            "moe_experts",
+            "tc",
+            params=(
+                *_MOE_DMMV_HOST,
+                Param(
+                    "tile_pairs",
+                    (16, 32, 64),
+                    32,
+                    "routed (token, slot) pairs per tile: the n side of the tensor-core tile "
+                    "(an expert's weight window is decoded once per tile; pairs past an "
+                    "expert's count are zeros the mma still multiplies)",
+                    define("TILE_P"),
+                ),
+                Param(
+                    "block_rows",
+                    (64, 128),
+                    64,
+                    "expert weight rows per block (4 warps of block_rows / 4): the m side",
+                    define("BR"),
+                ),
+                Param(
+                    "q4k_window",
+                    (0, 1),
+                    0,
+                    "1: a thread decodes a Q4_K row's whole 64-wide window (scales converted "
+                    "once, 16-byte quant loads); 0: a 16-weight group per thread, as every "
+                    "other type (same weights either way)",
+                    define("WIN_Q4K"),
+                ),
+                Param(
+                    "wide_loads",
+                    (0, 1),
+                    0,
+                    "1: Q4_K / Q6_K groups decoded from 16-byte loads (2 and 4 load "
+                    "instructions, not 8 and 18: a warp's loads hit 8 rows' lines, so L1 "
+                    "passes per instruction bound the narrow decoders); same weights",
+                    define("WIDE"),
+                ),
+                Param(
+                    "direct",
+                    (0, 1),
+                    0,
+                    "1: Q4_K experts (gate, up, down) decoded by each warp straight into its mma "
+                    "fragments (k permuted alike in the staged x), no shared-memory weight "
+                    "tile; same products, another summation order",
+                    define("DIRECT"),
+                ),
+            ),
+            quant_types=ALL_TYPES,
+            source="cuda/moe_tc.cu",
+            # fp16 weights (decoded in the kernel) and activations into float32 accumulators
+            numeric="fp16",
+            doc="prefill chunks of >= prefill.gemm_min_t tokens (where the dense matmuls "
+            "switch to fp16 GEMMs), block-type experts: the grouped variant's counting sort, "
+            "then per tile of one expert's pairs gate + up + SwiGLU in one kernel and down in "
+            "another on fp16 tensor cores (mma.sync), Q4_K / Q6_K / ... weights decoded into "
+            "shared memory (no fp16 copy in device memory); shorter chunks, decode and float "
+            "experts: the dmmv kernels",
+        ),
         Variant(
             B,
             "moe_experts",
