@@ -133,8 +133,55 @@ VARIANTS |= {
     "mmvw_all_wl2": ALL | {"matmul_decode.wload": 2},
     "mmvw_all_u8_t16": ALL | {"matmul_decode.unroll": 8, "matmul_decode.threads_per_row": 16},
 }  # fmt: skip
+# issue 14, helper dec8: the best validated config (ptc_tc_mmvw_all) + mmvw's split-K of the
+# long down-projection rows, and the never-timed PDL / prefetch / stage knobs on it
+BEST = VARIANTS["ptc_tc_mmvw_all"]
+_D = "matmul_decode."
+VARIANTS |= {
+    "dec8_split2": BEST | {_D + "split_k": 2},
+    "dec8_split4": BEST | {_D + "split_k": 4},
+    "dec8_split4_w8": BEST | {_D + "split_k": 4, _D + "warps": 8},
+    "dec8_r2": BEST | {_D + "rows_per_thread": 2},
+    "dec8_pdl": BEST | {_D + "pdl": 1},
+    "dec8_pdl_pf": BEST | {_D + "pdl": 1, _D + "prefetch": 1},
+    "dec8_pdl_stage": BEST | {_D + "pdl": 1, _D + "stage": 1},
+    "dec8_split2_pdl_pf": BEST | {_D + "split_k": 2, _D + "pdl": 1, _D + "prefetch": 1},
+    "dec8_split4_pdl_pf": BEST | {_D + "split_k": 4, _D + "pdl": 1, _D + "prefetch": 1},
+    "dec8_split4_all": BEST | {_D + "split_k": 4, _D + "split_min_k": 256},
+    "dec8_qt512": BEST | {"quantize_act.threads": 512},
+}
+# second round (after the checkpoint: split_k 2 was +3% on the 1.5B, PDL / stage / r2 lost; the
+# decode attention is ~15 us a layer on the 1.5B, the largest non-GEMV cost): split_kw's kv_early
+# (V rows loaded with K rows) and more key ranges, with and without split_k 2 (7B: without)
+_A = "attention_decode."
+S2 = BEST | {_D + "split_k": 2}
+VARIANTS |= {
+    "dec8_ke": BEST | {_A + "kv_early": 1},
+    "dec8_ke_s16": BEST | {_A + "kv_early": 1, _A + "splits": 16},
+    "dec8_s16": BEST | {_A + "splits": 16},
+    "dec8_s32": BEST | {_A + "splits": 32},
+    "dec8_s2_ke": S2 | {_A + "kv_early": 1},
+    "dec8_s2_ke_s16": S2 | {_A + "kv_early": 1, _A + "splits": 16},
+    "dec8_s2_ke_s32": S2 | {_A + "kv_early": 1, _A + "splits": 32},
+    "dec8_s2_s16": S2 | {_A + "splits": 16},
+    "dec8_s2_ke_s16_w8": S2 | {_A + "kv_early": 1, _A + "splits": 16, _A + "warps": 8},
+    "dec8_s2_ke_s16_g4": S2 | {_A + "kv_early": 1, _A + "splits": 16, _A + "lanes_per_key": 4},
+    # + q/k/v, biases, RoPE and the KV write in one launch (mmvw_qkv; never timed on its own)
+    "dec8_s2_fr": S2 | {_D + "fuse_rope": 1},
+    "dec8_s2_ke_s16_fr": S2 | {_A + "kv_early": 1, _A + "splits": 16, _D + "fuse_rope": 1},
+    # 64-weight Q4_K slots (the kernel runs at ~130 G slots/s whatever the type: Q4_K at 2.4
+    # TB/s, Q6_K at 3.5 on the 7B's shapes)
+    "dec8_w4": BEST | {_D + "q4k_wide": 1},
+    "dec8_w": BEST | {_D + "q4k_wide": 1, _D + "q6k_wide": 1},
+    "dec8_w_ke_s16": BEST | {_D + "q4k_wide": 1, _D + "q6k_wide": 1, _A + "kv_early": 1,
+                             _A + "splits": 16},
+    "dec8_s2_w": S2 | {_D + "q4k_wide": 1, _D + "q6k_wide": 1},
+    "dec8_s2_w_ke_s16": S2 | {_D + "q4k_wide": 1, _D + "q6k_wide": 1, _A + "kv_early": 1,
+                              _A + "splits": 16},
+}  # fmt: skip
 # --sweep: coordinate descent over these knobs, in this order, from the --sweep variant
 SWEEP_KNOBS = (
+    "split_k",
     "wload",
     "stage",
     "glu_threads_per_row",

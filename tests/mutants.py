@@ -265,6 +265,17 @@ MUTANTS: tuple[Mutant, ...] = (
            "position", {"matmul_decode.variant": "mmvw", "matmul_decode.fuse_rope": 1}),
     Mutant("MMVW_STAGE_HALF", "cuda", "matmul_decode", "mmvw's staged bulk copy brings half "
            "of a block's weight rows", {"matmul_decode.variant": "mmvw", "matmul_decode.stage": 1}),
+    Mutant("MMVW_SPLIT_PART", "cuda", "matmul_decode", "mmvw's split-K leaves out the last "
+           "part of each row", {"matmul_decode.variant": "mmvw", "matmul_decode.split_k": 2,
+                                "matmul_decode.split_min_k": 256}),
+    Mutant("Q4K_WIDE_HIGH", "cuda", "matmul_decode", "mmvw's wide Q4_K slot multiplies its "
+           "second run's high nibbles by the first run's activations",
+           {"matmul_decode.variant": "mmvw", "matmul_decode.q4k_wide": 1}),
+    Mutant("Q6K_WIDE_SCALE", "cuda", "matmul_decode", "mmvw's wide Q6_K slot scales its "
+           "second high run by the first one's scale",
+           {"matmul_decode.variant": "mmvw", "matmul_decode.q6k_wide": 1}),
+    Mutant("ATTN_KV_EARLY_K", "cuda", "attention_decode", "split_kw's early V loads read the "
+           "K cache", {"attention_decode.variant": "split_kw", "attention_decode.kv_early": 1}),
     Mutant("MMQ_K_SHORT", "cuda", "matmul_prefill", "mmq's K loop one tile short",
            {"matmul_prefill.variant": "mmq", "prefill.gemm_min_t": 2}),
     Mutant("MMQ8_Q4K_MIN", "cuda", "matmul_prefill", "mmq8 drops the Q4_K min term",

@@ -54,6 +54,27 @@ MMVW_CONFIGS = [
         "t8-r4-w8-stage-pf",
         {"threads_per_row": 8, "rows_per_thread": 4, "warps": 8, "stage": 1, "prefetch": 1},
     ),  # fmt: skip
+    # wide Q4_K slots (64 weights a lane), alone and with split-K / stage / 8 lanes a row
+    ("wide", {"q4k_wide": 1, "q6k_wide": 1}),
+    (
+        "wide-t8-r2-u1-split2-stage",
+        {
+            "q4k_wide": 1,
+            "q6k_wide": 1,
+            "threads_per_row": 8,
+            "rows_per_thread": 2,
+            "unroll": 1,
+            "split_k": 2,
+            "split_min_k": 256,
+            "stage": 1,
+        },
+    ),  # fmt: skip
+    # split-K of long rows (split_min_k 256: every K type's row here splits), parts of 1-3 slots
+    ("split2", {"split_k": 2, "split_min_k": 256}),
+    (
+        "t8-r2-split4-stage",
+        {"threads_per_row": 8, "rows_per_thread": 2, "split_k": 4, "split_min_k": 256, "stage": 1},
+    ),  # fmt: skip
 ]
 
 
@@ -66,7 +87,7 @@ def mmvw(**knobs) -> dict:
 def test_mmvw_matmul(cp, be, cid, knobs, qtype):
     be.set_config(cfg(**mmvw(**knobs)))
     rng = np.random.default_rng(seed_of(cid, qtype))
-    for N, kb in [(1, 1), (67, 3), (130, 2), (257, 5)]:
+    for N, kb in [(1, 1), (67, 3), (130, 2), (257, 5), (33, 10)]:  # 10: the 32-value types split
         K = k_for(qtype, kb)
         w = qtensor(rng, (N, K), qtype, std=0.05)
         x = rng.standard_normal((1, K)).astype(np.float32)
@@ -241,6 +262,37 @@ def test_attention_decode_split_kw(be, G, splits, warps, H, Hkv, D, pos0, fc):
     be.set_config(cfg())
 
 
+@pytest.mark.parametrize("fc", [0, 1])
+@pytest.mark.parametrize("G", [4, 8, 16])
+@pytest.mark.parametrize("splits,warps", [(8, 4), (32, 8), (1, 1)])
+@pytest.mark.parametrize("H,Hkv,D,pos0", KW_SHAPES)
+def test_attention_decode_split_kw_kv_early(be, G, splits, warps, H, Hkv, D, pos0, fc):
+    """split_kw's kv_early (dec8: V rows loaded with the K rows) computes exactly what the
+    late loads compute, and both match float64; twice (the tickets reset)."""
+    from tests.op_cases import attention_ref
+
+    rng = np.random.default_rng(G * 31 + splits + D + pos0)
+    q = rng.standard_normal((1, H, D)).astype(np.float32)
+    k = rng.standard_normal((pos0 + 1, Hkv, D)).astype(np.float32)
+    v = rng.standard_normal((pos0 + 1, Hkv, D)).astype(np.float32)
+    cache = be.new_kv_cache(1, pos0 + 3, Hkv, D)
+    be.kv_write(cache, 0, be.upload(k), be.upload(v), 0)
+    ref = attention_ref(q, be.download(cache.k[0]), be.download(cache.v[0]), pos0)
+    outs = []
+    for ke in (0, 1):
+        be.set_config(cfg(**{"attention_decode.variant": "split_kw",
+                             "attention_decode.lanes_per_key": G,
+                             "attention_decode.splits": splits,
+                             "attention_decode.warps": warps,
+                             "attention_decode.fuse_combine": fc,
+                             "attention_decode.kv_early": ke}))  # fmt: skip
+        for _ in range(2):
+            outs.append(be.download(be.attention(be.upload(q), cache, 0, pos0)))
+            check(outs[-1], ref, 1e-9)
+    assert all(np.array_equal(outs[0], o) for o in outs[1:])
+    be.set_config(cfg())
+
+
 @pytest.mark.parametrize("blocks,threads", [(64, 256), (8, 1024), (256, 128)])
 @pytest.mark.parametrize("T,V", [(1, 1), (1, 151936), (3, 1000), (2, 33), (1, 152064)])
 def test_argmax_multi_first_maximum(be, blocks, threads, T, V):
@@ -296,6 +348,9 @@ GLU_CONFIGS = [
     MMVW_CONFIGS[5],
     ("g2-gu8", {"glu_threads_per_row": 2, "glu_unroll": 8}),
     MMVW_CONFIGS[8],  # staged weights (mmvw_norm; mmvw_glu reads global)
+    MMVW_CONFIGS[9],  # wide Q4_K slots (mmvw_glu's dots too)
+    MMVW_CONFIGS[11],  # split-K (mmvw_norm's rows per block halve)
+    MMVW_CONFIGS[12],
 ]
 
 
@@ -413,8 +468,27 @@ FUSED_MODEL_CONFIGS = [
         wload=2,
         min_blocks=4,
     ),
+    # split-K (dec8): every mmvw row of the tiny model splits; the fused norm with warps 8 (its
+    # hooked form sums in the same order), no fuse_swiglu / fuse_rope (mmvw_glu and mmvw_qkv do
+    # not split, their hooked forms would)
+    mmvw(
+        fuse_norm=1,
+        warps=8,
+        split_k=4,
+        split_min_k=256,
+        stage=1,
+        prefetch=1,
+        q4k_wide=1,
+        q6k_wide=1,
+    )
+    | {
+        "rope.fuse_kv": 1,
+        "attention_decode.variant": "split_kw",
+        "argmax.variant": "multi",
+        "attention_decode.kv_early": 1,
+    },
 ]
-FUSED_MODEL_IDS = [*(str(i) for i in range(6)), "fused_all_w8", "fused_all_t16_wl2"]
+FUSED_MODEL_IDS = [*(str(i) for i in range(6)), "fused_all_w8", "fused_all_t16_wl2", "split4"]
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama", "qwen3"])

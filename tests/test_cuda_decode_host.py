@@ -105,14 +105,15 @@ def test_fusions_fall_back_off_decode(tiny_model_factory):
 @pytest.mark.parametrize(
     "knob,macro",
     [("wload", "WLOAD"), ("min_blocks", "MINB"), ("unroll", "UNROLL"),
-     ("glu_threads_per_row", "GLU_TPR"), ("glu_unroll", "GLU_UNROLL")],
+     ("glu_threads_per_row", "GLU_TPR"), ("glu_unroll", "GLU_UNROLL"), ("q4k_wide", "Q4K_WIDE"),
+     ("q6k_wide", "Q6K_WIDE"), ("split_k", "KSPLIT")],
 )  # fmt: skip
 def test_define_knobs_build_mmvw_with_them(knob, macro):
     d = cfg(**BASE)
     assert kernels.modules_for(d)["mmvw"][1][macro] == d.op("matmul_decode")[knob]
-    for value in {"wload": (1, 2), "glu_threads_per_row": (2, 16), "min_blocks": (4, 16)}.get(
-        knob, (2, 8)
-    ):
+    values = {"wload": (1, 2), "glu_threads_per_row": (2, 16), "min_blocks": (4, 16),
+              "q4k_wide": (1,), "q6k_wide": (1,), "split_k": (2, 4)}  # fmt: skip
+    for value in values.get(knob, (2, 8)):
         mods = kernels.modules_for(cfg(**BASE, **{f"matmul_decode.{knob}": value}))
         assert mods["mmvw"] == ("mmvw.cu", {**mods["mmvw"][1], macro: value})
         assert mods["mmvw"][1][macro] == value
@@ -194,3 +195,80 @@ def test_stage_smem_is_a_blocks_rows_of_the_widest_matrix():
     rpb = be._mmvw_rows_per_block()
     assert rpb == 8 and be._stage_smem((w(144), w(224), w(144))) == 8 * 224
     assert be._stage_smem((w(232448 // 8),)) == 0  # past the opt-in limit: global reads
+
+
+@pytest.mark.parametrize("fuse_norm,min_k", [(0, 256), (1, 256), (1, 2048)])
+def test_split_k_grids_follow_the_kernels_rows_per_block(tiny_model_factory, fuse_norm, min_k):
+    """matmul_decode.split_k (dec8): an mmvw / mmvw_norm launch on rows of K >= split_min_k
+    has split_k times fewer rows per block (mmvw.cu's mmvw_rpb), shorter rows keep them all
+    (tiny: K 256 and 640); mmvw_qkv never splits; the stage's shared memory follows the rows."""
+    knobs = {"matmul_decode.split_k": 2, "matmul_decode.split_min_k": min_k,
+             "matmul_decode.fuse_norm": fuse_norm, "matmul_decode.fuse_rope": 1,
+             "matmul_decode.stage": 1, "matmul_decode.rows_per_thread": 2}  # fmt: skip
+    be, launches, m = _decode_launches(tiny_model_factory, BASE | knobs)
+    rpb = be._mmvw_rows_per_block()
+    assert rpb == 8 and be._mmvw_rows_per_block(min_k - 1) == 8
+    assert be._mmvw_rows_per_block(min_k) == 4
+    seen = Counter()
+    for launch in launches:
+        if launch.kernel == "mmvw":
+            K, ns = int(launch.args[2]), [int(launch.args[i]) for i in (7, 13, 19)]
+            r = rpb // 2 if K >= min_k else rpb
+            assert launch.grid[0] == sum(-(-n // r) for n in ns), (K, ns, launch.grid)
+            assert int(launch.args[3]) == -(-ns[0] // r)
+            rbs = [int(launch.args[i]) for i in (6, 12, 18)]
+            assert launch.smem == r * max(rbs)
+            seen[K >= min_k] += 1
+        if launch.kernel == "mmvw_norm":
+            K, N = int(launch.args[2]), int(launch.args[5])
+            r = rpb // 2 if K >= min_k else rpb
+            assert launch.grid[0] == -(-N // r) and launch.smem == r * int(launch.args[4])
+            seen[K >= min_k] += 1
+        if launch.kernel == "mmvw_qkv":
+            H, Hkv, D = m.spec.n_head, m.spec.n_head_kv, m.spec.head_dim
+            assert launch.grid[0] == sum(-(-n // rpb) for n in (H * D, Hkv * D, Hkv * D))
+            assert launch.smem == rpb * max(int(launch.args[i]) for i in (6, 10, 14))
+    assert seen[min_k <= 640] >= 2 * m.spec.n_layers and not seen[min_k > 640], seen
+
+
+def test_gemv_bench_settings_and_shapes():
+    """scripts/gemv_bench.py: every setting is a valid config, the shapes are a qwen2 layer's."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "gemv_bench.py"
+    spec = importlib.util.spec_from_file_location("gemv_bench", path)
+    gb = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gb)
+    for flat in gb.SETTINGS.values():
+        TuningConfig.from_flat("cuda", flat).check(None)
+    s = gb.shapes("7b")
+    assert s["down_q6k"] == [("Q6_K", 3584, 18944)] and s["qkv"][1] == ("Q4_K", 512, 3584)
+    assert gb.row_bytes("Q6_K", 18944) == 74 * 224 and gb.row_bytes("Q4_K", 3584) == 14 * 144
+    assert gb.main(["--settings", "bogus"]) == 2
+
+
+def test_cuda_precompile_lists_each_distinct_module_once(tmp_path):
+    """scripts/cuda_precompile.py: the union of the configs' modules, each (file, defines) once;
+    a bad list is one line and exit 2."""
+    from scripts.cuda_precompile import main, module_list
+
+    base = {"matmul_decode.variant": "mmvw"}
+    one = module_list([base])
+    two = module_list([base, base | {"matmul_decode.pdl": 1}, base | {"matmul_decode.split_k": 2}])
+    mmvw = [d for f, d in two if f == "mmvw.cu"]
+    assert len(two) == len(one) + 1 and len(mmvw) == 2  # pdl is a host knob: no new build
+    assert {dict(d)["KSPLIT"] for d in mmvw} == {1, 2}
+    bad = tmp_path / "bad.json"
+    bad.write_text("not json")
+    assert main([str(bad)]) == 2
+
+
+@pytest.mark.parametrize("ke", [0, 1])
+def test_split_kw_kv_early_reaches_the_kernel(tiny_model_factory, ke):
+    """attention_decode.kv_early (dec8) is attn_split_kw's last argument (the fake checks the
+    launch against the kernel's signature)."""
+    flat = BASE | {"attention_decode.variant": "split_kw", "attention_decode.kv_early": ke}
+    _, launches, m = _decode_launches(tiny_model_factory, flat)
+    kw = [launch for launch in launches if launch.kernel == "attn_split_kw"]
+    assert len(kw) == m.spec.n_layers and all(int(k.args[-1]) == ke for k in kw)

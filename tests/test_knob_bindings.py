@@ -224,6 +224,10 @@ def _old_cuda_modules(cfg: TuningConfig) -> dict[str, tuple[str, dict]]:
                 "GLU_UNROLL": dec["glu_unroll"],
                 "PREFETCH": dec["prefetch"],
                 "STAGE": dec["stage"],
+                "KSPLIT": dec["split_k"],  # issue 14, dec8: split-K of long rows
+                "SPLIT_MINK": dec["split_min_k"],
+                "Q4K_WIDE": dec["q4k_wide"],  # dec8: 64-weight Q4_K / Q6_K slots
+                "Q6K_WIDE": dec["q6k_wide"],
             },
         )
     else:

@@ -11,13 +11,17 @@
 //                              attention_prefill.split (grid z = query token).
 //   attention_decode.split_kw  attn_split_kw + attn_combine: as split, G lanes per key and
 //                              32 / G keys per warp step (LANES_PER_KEY, launch), decode only;
-//                              with FUSE_COMBINE the last range of a head combines (1 launch).
+//                              with FUSE_COMBINE the last range of a head combines (1 launch);
+//                              with KV_EARLY (kv_early) a step's V row is loaded with its K row,
+//                              before the score's reduction: one memory round trip a step, not
+//                              two (the same values in the same order).
 //   attention_prefill.flash    attn_flash: a block takes BQ query tokens of one head, stages 32
 //                              keys and values at a time in shared memory (rows padded by four
 //                              floats: no bank conflicts on 16-byte reads) and each warp keeps RPW queries'
 //                              running max, sum and output in registers. Lanes own keys for
 //                              the scores and head dims for P.V. Needs D <= 128, D % 4 == 0.
-// Tunables: SPLITS, WARPS, LANES_PER_KEY, FUSE_COMBINE (launch), BQ and RPW (attn_flash).
+// Tunables: SPLITS, WARPS, LANES_PER_KEY, FUSE_COMBINE, KV_EARLY (launch), BQ and RPW
+// (attn_flash).
 // pos0 comes as a scalar and a device pointer (non-null wins: the decode graph's position).
 #include "common.cuh"
 
@@ -111,7 +115,8 @@ extern "C" __global__ void attn_split_kw(const float* __restrict__ q, const floa
                                          const float* __restrict__ vc, float* part, float* ml,
                                          int H, int Hkv, int D, int G, int pos0,
                                          const int* pos_ptr, float scale, float* out,
-                                         signed char* xq, float2* xds, unsigned int* tickets) {
+                                         signed char* xq, float2* xds, unsigned int* tickets,
+                                         int kv_early) {
     extern __shared__ float sm[];  // [nwarps][D + 2]
     pdl_start();
     const int s = blockIdx.x, h = blockIdx.y, nsplit = gridDim.x;
@@ -135,11 +140,13 @@ extern "C" __global__ void attn_split_kw(const float* __restrict__ q, const floa
         const int j = j0 + kg;
         const bool ok = j < ke;
         const size_t row = ((size_t)(ok ? j : j0) * Hkv + kvh) * D + d0;
+        float4 ve[KW_DPL / 4];  // kv_early: the V row, loaded before the score is known
         float sd = 0.f;
 #pragma unroll
         for (int i = 0; i < KW_DPL; i += 4) {
             if (i < dpl) {
                 const float4 k4 = *(const float4*)(kc + row + i);
+                if (kv_early) ve[i / 4] = *(const float4*)(vc + row + i);  // row is valid
                 sd += qv[i] * k4.x + qv[i + 1] * k4.y + qv[i + 2] * k4.z + qv[i + 3] * k4.w;
             }
         }
@@ -150,7 +157,12 @@ extern "C" __global__ void attn_split_kw(const float* __restrict__ q, const floa
 #pragma unroll
             for (int i = 0; i < KW_DPL; i += 4) {
                 if (i < dpl) {
-                    const float4 v4 = *(const float4*)(vc + row + i);
+#ifdef MUTANT_ATTN_KV_EARLY_K  // planted bug: the early "V" row is read from the K cache
+                    const float4 v4 = kv_early ? *(const float4*)(kc + row + i)
+                                               : *(const float4*)(vc + row + i);
+#else
+                    const float4 v4 = kv_early ? ve[i / 4] : *(const float4*)(vc + row + i);
+#endif
                     acc[i] = acc[i] * corr + p * v4.x;
                     acc[i + 1] = acc[i + 1] * corr + p * v4.y;
                     acc[i + 2] = acc[i + 2] * corr + p * v4.z;

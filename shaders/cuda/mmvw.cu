@@ -17,6 +17,12 @@
 // prefetch of the block's weight rows before pdl_start(), STAGE 1: the block's Q4_K / Q6_K rows
 // copied into shared memory (one bulk copy, before pdl_start()) and read from there (the launch
 // gives the dynamic shared memory). Rows per block: NW * (32 / TPR) * RPT.
+// KSPLIT (split-K, knob split_k) > 1: rows with K >= SPLIT_MINK (knob split_min_k: the long
+// rows of the down projection) are split over KSPLIT groups of the block, each walking a range
+// of the row's slots; their partial sums meet in shared memory in a fixed order
+// (deterministic). Such a launch has KSPLIT times fewer rows per block, so KSPLIT times more
+// blocks and warps streaming the same bytes: tall-skinny shapes (N 1536-3584, K 8960-18944)
+// otherwise leave the SMs short of loads in flight. mmvw_qkv never splits (its K is short).
 // Launch: grid nb0 + nb1 + nb2 blocks (block b < nb0 -> matrix 0, then 1, then 2), block NW*32.
 // Types: Q4_0 Q4_1 Q5_0 Q8_0 Q4_K Q6_K (float weights use dmmv). K % 256 == 0 for the K types.
 //
@@ -30,9 +36,17 @@
 //   mmvw_qkv   q, k, v + biases (as mmvw), v stored into the KV cache, and each q / k head roped
 //              (into q's output, k's cache row) by the last of its blocks to finish (a ticket
 //              per head): mmvw + rope_kv in one launch (knob fuse_rope)
-// WLOAD: read by vecdot.cuh's wld16 (the K types' weight loads)
+// WLOAD: read by vecdot.cuh's wld16 (the K types' weight loads); Q4K_WIDE (knob q4k_wide):
+// vecdot.cuh's 64-weight Q4_K slot (32 qs bytes a lane per slot instead of 16); Q6K_WIDE
+// (q6k_wide) its 64-weight Q6_K slot
 #ifndef WLOAD
 #define WLOAD 0
+#endif
+#ifndef Q4K_WIDE
+#define Q4K_WIDE 0
+#endif
+#ifndef Q6K_WIDE
+#define Q6K_WIDE 0
 #endif
 #include "q8.cuh"
 #include "vecdot.cuh"
@@ -69,6 +83,23 @@
 #define PREFETCH 0
 #endif
 #define MMVW_RPB (MMVW_GROUPS * RPT)
+
+#ifndef KSPLIT
+#define KSPLIT 1
+#endif
+#ifndef SPLIT_MINK
+#define SPLIT_MINK 8192
+#endif
+#if KSPLIT != 1 && KSPLIT != 2 && KSPLIT != 4
+#error "KSPLIT must be 1, 2 or 4"
+#endif
+#if MMVW_GROUPS % KSPLIT != 0
+#error "KSPLIT must divide the block's lane groups (NW * 32 / TPR)"
+#endif
+// Whether a launch on rows of K values splits them (uniform over the grid), and its rows per
+// block; the host (CudaBackend._mmvw_rows_per_block) computes the same.
+__device__ __forceinline__ bool mmvw_split(int K) { return KSPLIT > 1 && K >= SPLIT_MINK; }
+__device__ __forceinline__ int mmvw_rpb(bool split) { return split ? MMVW_RPB / KSPLIT : MMVW_RPB; }
 
 // PREFETCH: thread 0 asks the L2 for the block's weight rows [row0, row0 + rows) in one bulk
 // request before pdl_start(), so under PDL (matmul_decode.pdl = 1) the weights stream in while
@@ -160,22 +191,23 @@ template <int QT, int G, int R, int U, bool S = false>
 __device__ __forceinline__ void mmvw_dot(const u8* __restrict__ W, int row_bytes, int N, int K,
                                          const s8* __restrict__ xq,
                                          const float2* __restrict__ xds, int row0,
-                                         float (&acc)[R], int rbase = 0) {
+                                         float (&acc)[R], int rbase = 0, int sb = 0,
+                                         int se = -1) {
     const int lane = threadIdx.x % G;
-    const int ns = VD<QT>::slots(K);
+    const int ns = se < 0 ? VD<QT>::slots(K) : se;  // slots [sb, ns) of the row
     const u8* rows[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
         rows[r] = W + (size_t)(min(row0 + r, N - 1) - rbase) * row_bytes;
         acc[r] = 0.f;
     }
-    for (int s0 = lane; s0 < ns; s0 += G * U) {
+    for (int s0 = sb + lane; s0 < ns; s0 += G * U) {
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int s = s0 + u * G;
             const bool ok = s < ns;
             const int sc = ok ? s : s0;  // a valid slot, its result dropped: straight-line code
-            const XSlot x = VD<QT>::load(sc, xq, xds);
+            const auto x = VD<QT>::load(sc, xq, xds);  // XSlot, or a wide type's
 #pragma unroll
             for (int r = 0; r < R; ++r) {
                 const float v = VD<QT>::template dot<S>(rows[r], sc, x);
@@ -192,11 +224,54 @@ __device__ __forceinline__ void mmvw_dot(const u8* __restrict__ W, int row_bytes
     }
 }
 
+// split (mmvw_split): KSPLIT groups per row set, group g walks part g / (MMVW_GROUPS / KSPLIT)
+// of the slots (consecutive ranges, as even as the count allows); partials meet in shared memory,
+// summed in part order by part 0's group. Every thread of the block calls it (a barrier).
+template <int QT, bool S>
+__device__ __forceinline__ void mmvw_rows_split(const u8* __restrict__ W, int row_bytes, int N,
+                                                int K, const s8* __restrict__ xq,
+                                                const float2* __restrict__ xds, float* Y,
+                                                const float* A, int bi) {
+    constexpr int RG = MMVW_GROUPS / KSPLIT;  // row groups per block
+    __shared__ float part[KSPLIT > 1 ? MMVW_GROUPS * RPT : 1];
+    const int g = threadIdx.x / TPR, lane = threadIdx.x % TPR;
+    const int rg = g % RG, kp = g / RG;
+    const int row0 = (bi * RG + rg) * RPT;  // past N: clamped reads, nothing stored
+    const int ns = VD<QT>::slots(K);
+    const int per = (ns + KSPLIT - 1) / KSPLIT;  // any cut is exact: slots are independent
+#ifdef MUTANT_MMVW_SPLIT_PART  // planted bug: the last part of each row is left out
+    const int sb = kp * per, se = kp == KSPLIT - 1 ? sb : min(ns, sb + per);
+#else
+    const int sb = kp * per, se = min(ns, sb + per);
+#endif
+    float acc[RPT];
+    mmvw_dot<QT, TPR, RPT, UNROLL, S>(W, row_bytes, N, K, xq, xds, row0, acc,
+                                      S ? bi * (MMVW_RPB / KSPLIT) : 0, min(sb, se), se);
+    if (lane == 0) {
+#pragma unroll
+        for (int r = 0; r < RPT; ++r) part[(kp * RG + rg) * RPT + r] = acc[r];
+    }
+    __syncthreads();
+    if (kp != 0 || lane != 0) return;
+#pragma unroll
+    for (int r = 0; r < RPT; ++r) {
+        const int n = row0 + r;
+        float v = 0.f;
+#pragma unroll
+        for (int k = 0; k < KSPLIT; ++k) v += part[(k * RG + rg) * RPT + r];
+        if (n < N) Y[n] = v + (A ? A[n] : 0.f);
+    }
+}
+
 template <int QT, bool S = false>
 __device__ __forceinline__ void mmvw_rows(const u8* __restrict__ W, int row_bytes, int N, int K,
                                           const s8* __restrict__ xq,
                                           const float2* __restrict__ xds, float* Y,
-                                          const float* A, int bi) {
+                                          const float* A, int bi, bool split = false) {
+    if (KSPLIT > 1 && split) {
+        mmvw_rows_split<QT, S>(W, row_bytes, N, K, xq, xds, Y, A, bi);
+        return;
+    }
     const int g = threadIdx.x / TPR, lane = threadIdx.x % TPR;
     const int row0 = (bi * MMVW_GROUPS + g) * RPT;
     if (row0 >= N) return;  // whole groups leave together: the shuffles below stay full
@@ -222,21 +297,22 @@ __device__ __forceinline__ void mmvw_rows(const u8* __restrict__ W, int row_byte
 __device__ __forceinline__ void mmvw_rows_qt(int qt, const u8* W, int rb, int N, int K,
                                              const s8* __restrict__ xq,
                                              const float2* __restrict__ xds, float* Y,
-                                             const float* A, int b, const u8* ws = nullptr) {
+                                             const float* A, int b, const u8* ws = nullptr,
+                                             bool sp = false) {
 #if STAGE
     if (ws != nullptr) {  // only the K types are staged
-        if (qt == QT_Q4_K) mmvw_rows<QT_Q4_K, true>(ws, rb, N, K, xq, xds, Y, A, b);
-        if (qt == QT_Q6_K) mmvw_rows<QT_Q6_K, true>(ws, rb, N, K, xq, xds, Y, A, b);
+        if (qt == QT_Q4_K) mmvw_rows<QT_Q4_K, true>(ws, rb, N, K, xq, xds, Y, A, b, sp);
+        if (qt == QT_Q6_K) mmvw_rows<QT_Q6_K, true>(ws, rb, N, K, xq, xds, Y, A, b, sp);
         return;
     }
 #endif
     switch (qt) {
-        case QT_Q4_K: mmvw_rows<QT_Q4_K>(W, rb, N, K, xq, xds, Y, A, b); break;
-        case QT_Q6_K: mmvw_rows<QT_Q6_K>(W, rb, N, K, xq, xds, Y, A, b); break;
-        case QT_Q4_0: mmvw_rows<QT_Q4_0>(W, rb, N, K, xq, xds, Y, A, b); break;
-        case QT_Q4_1: mmvw_rows<QT_Q4_1>(W, rb, N, K, xq, xds, Y, A, b); break;
-        case QT_Q5_0: mmvw_rows<QT_Q5_0>(W, rb, N, K, xq, xds, Y, A, b); break;
-        case QT_Q8_0: mmvw_rows<QT_Q8_0>(W, rb, N, K, xq, xds, Y, A, b); break;
+        case QT_Q4_K: mmvw_rows<QT_Q4_K>(W, rb, N, K, xq, xds, Y, A, b, sp); break;
+        case QT_Q6_K: mmvw_rows<QT_Q6_K>(W, rb, N, K, xq, xds, Y, A, b, sp); break;
+        case QT_Q4_0: mmvw_rows<QT_Q4_0>(W, rb, N, K, xq, xds, Y, A, b, sp); break;
+        case QT_Q4_1: mmvw_rows<QT_Q4_1>(W, rb, N, K, xq, xds, Y, A, b, sp); break;
+        case QT_Q5_0: mmvw_rows<QT_Q5_0>(W, rb, N, K, xq, xds, Y, A, b, sp); break;
+        case QT_Q8_0: mmvw_rows<QT_Q8_0>(W, rb, N, K, xq, xds, Y, A, b, sp); break;
         default: break;
     }
 }
@@ -282,13 +358,15 @@ extern "C" __global__ void __launch_bounds__(NW * 32 MMVW_BOUNDS_MINB)
         b -= nb0;
         W = W1, rb = rb1, N = N1, qt = qt1, Y = Y1, A = A1;
     }
+    const bool sp = mmvw_split(K);
+    const int rpb = mmvw_rpb(sp);
 #if PREFETCH
-    l2_prefetch_rows(W, rb, N, b * MMVW_RPB, MMVW_RPB);
+    l2_prefetch_rows(W, rb, N, b * rpb, rpb);
 #endif
-    const bool st = mmvw_stage_start(W, rb, N, qt, b * MMVW_RPB, MMVW_RPB, mmvw_ws, &mmvw_bar);
+    const bool st = mmvw_stage_start(W, rb, N, qt, b * rpb, rpb, mmvw_ws, &mmvw_bar);
     pdl_start();
     if (st) mmvw_stage_wait(&mmvw_bar);
-    mmvw_rows_qt(qt, W, rb, N, K, xq, xds, Y, A, b, st ? mmvw_ws : nullptr);
+    mmvw_rows_qt(qt, W, rb, N, K, xq, xds, Y, A, b, st ? mmvw_ws : nullptr, sp);
 }
 
 // gate Wg [N, rbg], up Wu [N, rbu] (types qtg, qtu) on x (Q8_1, K) -> y = silu(x Wg^T) *
@@ -349,14 +427,16 @@ extern "C" __global__ void __launch_bounds__(NW * 32 MMVW_BOUNDS_MINB)
     __shared__ bool last;
     extern __shared__ __align__(16) u8 mmvw_ws[];
     __shared__ __align__(8) unsigned long long mmvw_bar;
+    const bool sp = mmvw_split(K);
+    const int rpb = mmvw_rpb(sp);
 #if PREFETCH
-    l2_prefetch_rows(W, rb, N, blockIdx.x * MMVW_RPB, MMVW_RPB);
+    l2_prefetch_rows(W, rb, N, blockIdx.x * rpb, rpb);
 #endif
     const int b = blockIdx.x;
-    const bool st = mmvw_stage_start(W, rb, N, qt, b * MMVW_RPB, MMVW_RPB, mmvw_ws, &mmvw_bar);
+    const bool st = mmvw_stage_start(W, rb, N, qt, b * rpb, rpb, mmvw_ws, &mmvw_bar);
     pdl_start();
     if (st) mmvw_stage_wait(&mmvw_bar);
-    mmvw_rows_qt(qt, W, rb, N, K, xq, xds, Y, A, b, st ? mmvw_ws : nullptr);
+    mmvw_rows_qt(qt, W, rb, N, K, xq, xds, Y, A, b, st ? mmvw_ws : nullptr, sp);
     __threadfence();  // this block's rows are visible before its ticket is counted
     __syncthreads();
     if (threadIdx.x == 0) last = atomicAdd(ticket, 1u) == gridDim.x - 1;

@@ -101,6 +101,74 @@ template <int QT> struct VD {
     }
 };
 
+#ifndef Q4K_WIDE
+#define Q4K_WIDE 0
+#endif
+// A wide Q4_K slot's activations (Q4K_WIDE): 64 int8 in four 16-byte runs, two Q8_1 scales.
+struct XSlotW {
+    uint4 a, b, c, d;
+    float2 da, db;
+};
+
+#if Q4K_WIDE
+// Q4K_WIDE (mmvw's knob q4k_wide): slot s = all 32 qs bytes of pair p = s & 3 of block s >> 2,
+// two 16-byte loads: sub-blocks 2p (low nibbles) and 2p + 1 (high), 64 weights against 64
+// contiguous activations. Per 16 weight bytes half the header loads, scale decodes, Q8_1 scale
+// loads and float work of the narrow slot below, and both halves' min term in one slot.
+template <> struct VD<QT_Q4_K> {
+    static __device__ __forceinline__ int slots(int K) { return K / 64; }
+    static __device__ __forceinline__ XSlotW load(int s, const s8* __restrict__ xq,
+                                                  const float2* __restrict__ xds) {
+        const int b = s >> 2, p = s & 3;
+        const s8* x0 = xq + 256 * b + 64 * p;
+        XSlotW x;
+        x.a = ldg16(x0);
+        x.b = ldg16(x0 + 16);
+        x.c = ldg16(x0 + 32);
+        x.d = ldg16(x0 + 48);
+        x.da = __ldg(xds + 8 * b + 2 * p);
+        x.db = __ldg(xds + 8 * b + 2 * p + 1);
+        return x;
+    }
+    template <bool S = false>
+    static __device__ __forceinline__ float dot(const u8* __restrict__ row, int s,
+                                                const XSlotW& x) {
+        const int b = s >> 2, p = s & 3;
+        const u8* blk = row + 144 * b;
+        const uint4 hd = wl16<S>(blk);
+        const uint4 q0 = wl16<S>(blk + 16 + 32 * p), q1 = wl16<S>(blk + 32 + 32 * p);
+        const u32 M = 0x0F0F0F0Fu;
+        int d0 = dp4a(q0.x & M, x.a.x, 0);
+        d0 = dp4a(q0.y & M, x.a.y, d0);
+        d0 = dp4a(q0.z & M, x.a.z, d0);
+        d0 = dp4a(q0.w & M, x.a.w, d0);
+        d0 = dp4a(q1.x & M, x.b.x, d0);
+        d0 = dp4a(q1.y & M, x.b.y, d0);
+        d0 = dp4a(q1.z & M, x.b.z, d0);
+        d0 = dp4a(q1.w & M, x.b.w, d0);
+#ifdef MUTANT_Q4K_WIDE_HIGH  // planted bug: the second run's high nibbles meet the first's x
+        const uint4 xd = x.c;
+#else
+        const uint4 xd = x.d;
+#endif
+        int d1 = dp4a((q0.x >> 4) & M, x.c.x, 0);
+        d1 = dp4a((q0.y >> 4) & M, x.c.y, d1);
+        d1 = dp4a((q0.z >> 4) & M, x.c.z, d1);
+        d1 = dp4a((q0.w >> 4) & M, x.c.w, d1);
+        d1 = dp4a((q1.x >> 4) & M, xd.x, d1);
+        d1 = dp4a((q1.y >> 4) & M, xd.y, d1);
+        d1 = dp4a((q1.z >> 4) & M, xd.z, d1);
+        d1 = dp4a((q1.w >> 4) & M, xd.w, d1);
+        int sc0, m0, sc1, m1;
+        q4k_sm(hd.y, hd.z, hd.w, 2 * p, sc0, m0);
+        q4k_sm(hd.y, hd.z, hd.w, 2 * p + 1, sc1, m1);
+        const float d = h2f((u16)(hd.x & 0xFFFF)), dmin = h2f((u16)(hd.x >> 16));
+        float v = d * ((float)(sc0 * d0) * x.da.x + (float)(sc1 * d1) * x.db.x);
+        v -= dmin * ((float)m0 * x.da.y + (float)m1 * x.db.y);
+        return v;
+    }
+};
+#else
 // Q4_K: slot s = 16 bytes of qs: 16 low nibbles (sub-block 2p, half h) and 16 high (2p + 1);
 // the block's d, dmin and 12 scale bytes come in one more 16-byte load (an L1 hit for all but
 // the first of the block's 8 slots). The min term uses d * sum(q) of the Q8_1 block and is
@@ -143,7 +211,81 @@ template <> struct VD<QT_Q4_K> {
         return v;
     }
 };
+#endif
 
+#ifndef Q6K_WIDE
+#define Q6K_WIDE 0
+#endif
+// A wide Q6_K slot's activations (Q6K_WIDE): runs a (ql low nibbles) and b (high), 32 int8 each
+// as two 16-byte halves, their Q8_1 scales, and each 16's dp4a against 0x20 (the -32 offset).
+struct XSlot6W {
+    uint4 a0, a1, b0, b1;
+    float2 da, db;
+    int oa0, oa1, ob0, ob1;
+};
+
+#if Q6K_WIDE
+// Q6K_WIDE (mmvw's knob q6k_wide): slot s = (b, h, c) = both lq halves of the narrow slot
+// below: ql[64h + 32c ..+32] and qh[32h ..+32] in four 16-byte loads, 64 weights against two
+// 32-value runs of activations (one Q8_1 block each); half the per-slot work per weight byte.
+template <> struct VD<QT_Q6_K> {
+    static __device__ __forceinline__ int slots(int K) { return K / 64; }
+    static __device__ __forceinline__ int off(uint4 v) {
+        int o = dp4a(0x20202020u, v.x, 0);
+        o = dp4a(0x20202020u, v.y, o);
+        o = dp4a(0x20202020u, v.z, o);
+        return dp4a(0x20202020u, v.w, o);
+    }
+    static __device__ __forceinline__ XSlot6W load(int s, const s8* __restrict__ xq,
+                                                   const float2* __restrict__ xds) {
+        const int b = s >> 2, h = (s >> 1) & 1, c = s & 1;
+        const s8* x0 = xq + 256 * b + 128 * h + 32 * c;
+        XSlot6W x;
+        x.a0 = ldg16(x0);
+        x.a1 = ldg16(x0 + 16);
+        x.b0 = ldg16(x0 + 64);
+        x.b1 = ldg16(x0 + 80);
+        x.da = __ldg(xds + 8 * b + 4 * h + c);
+        x.db = __ldg(xds + 8 * b + 4 * h + c + 2);
+        x.oa0 = off(x.a0), x.oa1 = off(x.a1), x.ob0 = off(x.b0), x.ob1 = off(x.b1);
+        return x;
+    }
+    // 16 values: ql's nibbles (shift 0 or 4) with qh's 2 bits at sh, against x, less 32 * sum x
+    static __device__ __forceinline__ int run16(uint4 ql, uint4 qh, int lo, int sh, uint4 x,
+                                                int o) {
+        int d = -o;
+        d = dp4a(((ql.x >> lo) & 0x0F0F0F0Fu) | (((qh.x >> sh) & 0x03030303u) << 4), x.x, d);
+        d = dp4a(((ql.y >> lo) & 0x0F0F0F0Fu) | (((qh.y >> sh) & 0x03030303u) << 4), x.y, d);
+        d = dp4a(((ql.z >> lo) & 0x0F0F0F0Fu) | (((qh.z >> sh) & 0x03030303u) << 4), x.z, d);
+        d = dp4a(((ql.w >> lo) & 0x0F0F0F0Fu) | (((qh.w >> sh) & 0x03030303u) << 4), x.w, d);
+        return d;
+    }
+    template <bool S = false>
+    static __device__ __forceinline__ float dot(const u8* __restrict__ row, int s,
+                                                const XSlot6W& x) {
+        const int b = s >> 2, h = (s >> 1) & 1, c = s & 1;
+        const u8* blk = row + 224 * b;
+        const uint4 ql0 = wl16<S>(blk + 64 * h + 32 * c), ql1 = wl16<S>(blk + 64 * h + 32 * c + 16);
+        const uint4 qh0 = wl16<S>(blk + 128 + 32 * h), qh1 = wl16<S>(blk + 128 + 32 * h + 16);
+        const u8* sc = blk + 192 + 8 * h + 2 * c;  // lq 0, 1 at sc[0], sc[1]; +64 at sc[4], sc[5]
+        const float d = wl_h<S>(blk + 208);
+        const int sa0 = wl_s8<S>(sc), sa1 = wl_s8<S>(sc + 1);
+        const int sb0 = wl_s8<S>(sc + 4), sb1 = wl_s8<S>(sc + 5);
+        const int sha = 2 * c, shb = 2 * c + 4;
+        const int da0 = run16(ql0, qh0, 0, sha, x.a0, x.oa0);
+        const int da1 = run16(ql1, qh1, 0, sha, x.a1, x.oa1);
+        const int db0 = run16(ql0, qh0, 4, shb, x.b0, x.ob0);
+#ifdef MUTANT_Q6K_WIDE_SCALE  // planted bug: the second high run takes the first one's scale
+        const int sbx = sb0;
+#else
+        const int sbx = sb1;
+#endif
+        const int db1 = run16(ql1, qh1, 4, shb, x.b1, x.ob1);
+        return d * ((float)(sa0 * da0 + sa1 * da1) * x.da.x +
+                    (float)(sb0 * db0 + sbx * db1) * x.db.x);
+    }
+};
+#else
 // Q6_K in 224-byte blocks (ql[128] qh[64] scales[16] d pad[14]). Slot s = (b, h, c, lq):
 // ql[64h + 32c + 16lq ..+16] holds quarter c (low nibbles) and c + 2 (high), qh[32h + 16lq
 // ..+16] their top bits; the -32 offset is a dp4a of the activations against 0x20202020.
@@ -191,3 +333,4 @@ template <> struct VD<QT_Q6_K> {
         return d * ((float)(sca * da) * x.da.x + (float)(scb * db) * x.db.x);
     }
 };
+#endif

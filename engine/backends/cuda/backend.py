@@ -622,7 +622,7 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         types only; every w has x's K."""
         xq, xds = self.quantize_q8(x)
         c = self.config.op("matmul_decode")
-        rpb = int(c["warps"]) * 32 // int(c["threads_per_row"]) * int(c["rows_per_thread"])
+        rpb = self._mmvw_rows_per_block(mats[0][0].k)
         nbs, args = [], []
         for w, y, a in mats:
             self._q8_forget(y)
@@ -635,7 +635,7 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         self._launch(
             "mmvw", "mmvw", (sum(nbs),), (int(c["warps"]) * 32,),
             (xq, xds, np.int32(mats[0][0].k), np.int32(nbs[0]), np.int32(nbs[1]), *args),
-            smem=self._stage_smem(tuple(m[0] for m in mats)), pdl=True,
+            smem=self._stage_smem(tuple(m[0] for m in mats), rpb), pdl=True,
         )  # fmt: skip
 
     def _wide(self, x: Any, ws: tuple[CudaWeight, ...]) -> bool:
@@ -711,21 +711,26 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         )  # fmt: skip
         return qo
 
-    def _stage_smem(self, ws: tuple[CudaWeight, ...]) -> int:
-        """Dynamic shared memory of an mmvw launch under matmul_decode.stage: a block's rows of
-        the widest matrix, or 0 (no staging) when that exceeds what a block may opt in to."""
+    def _stage_smem(self, ws: tuple[CudaWeight, ...], rpb: int | None = None) -> int:
+        """Dynamic shared memory of an mmvw launch under matmul_decode.stage: a block's rows
+        (rpb, default the unsplit count) of the widest matrix, or 0 (no staging) when that
+        exceeds what a block may opt in to."""
         if int(self.config.op("matmul_decode")["stage"]) == 0:
             return 0
-        need = self._mmvw_rows_per_block() * max(w.row_bytes for w in ws)
+        need = (rpb or self._mmvw_rows_per_block()) * max(w.row_bytes for w in ws)
         cap = self.__dict__.get("_stage_cap")
         if cap is None:  # what a block may opt in to, less the kernels' static shared memory
             extra = self.device_info().extra
             cap = self._stage_cap = int(extra.get("smem_per_block_optin", 0)) - 1024
         return need if need <= cap else 0
 
-    def _mmvw_rows_per_block(self) -> int:
+    def _mmvw_rows_per_block(self, k: int = 0) -> int:
+        """Rows per block of an mmvw / mmvw_norm launch on rows of k values (mmvw.cu's
+        mmvw_rpb: split_k divides them from split_min_k on); k = 0: unsplit (mmvw_qkv)."""
         c = self.config.op("matmul_decode")
-        return int(c["warps"]) * 32 // int(c["threads_per_row"]) * int(c["rows_per_thread"])
+        rpb = int(c["warps"]) * 32 // int(c["threads_per_row"]) * int(c["rows_per_thread"])
+        split = int(c["split_k"])
+        return rpb // split if split > 1 and k >= int(c["split_min_k"]) else rpb
 
     def _fuse_rope(self, heads: tuple[int, int, int]) -> bool:
         """matmul_decode.fuse_rope on a decode row whose heads mmvw_qkv can count and hold."""
@@ -865,7 +870,7 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         xq, xds = self.quantize_q8(self._decode_row(x))
         r = self._cp.ascontiguousarray(r, dtype=np.float32)
         c = self.config.op("matmul_decode")
-        rpb = self._mmvw_rows_per_block()
+        rpb = self._mmvw_rows_per_block(w.k)
         y, h = self._empty((1, w.n)), self._empty((1, w.n))
         hq, hds = self._q8_buffers(1, w.n)
         self._launch(
@@ -875,7 +880,7 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
                 np.int32(_QT[w.qtype]), y, r, norm.f32, np.float32(eps), h, hq, hds,
                 self._norm_ticket,
             ),
-            smem=self._stage_smem((w,)), pdl=True,
+            smem=self._stage_smem((w,), rpb), pdl=True,
         )  # fmt: skip
         self._q8_remember(h, hq, hds)
         return y, h
@@ -1044,8 +1049,9 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
             G = G if G and D % (4 * G) == 0 and D <= 32 * G else 0  # else attn_split serves
             q = self._aligned16(q) if G else q  # float4 loads of q
             fc = bool(G) and int(c["fuse_combine"]) == 1 and H <= _MAX_ARGMAX_ROWS
+            ke = bool(G) and int(c["kv_early"]) == 1
             self._attn_split(
-                q, cache, layer, pos0, out, int(c["splits"]), int(c["warps"]), q8, G, fc
+                q, cache, layer, pos0, out, int(c["splits"]), int(c["warps"]), q8, G, fc, ke
             )
             return out
         c = self.config.op("attention_prefill")
@@ -1092,6 +1098,7 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         q8: bool = False,
         lanes_per_key: int = 0,
         fuse_combine: bool = False,
+        kv_early: bool = False,
     ) -> None:
         T, H, D = (int(s) for s in q.shape)
         Hkv = int(cache.k[layer].shape[1])
@@ -1108,7 +1115,7 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
                     np.int32(D), np.int32(lanes_per_key), np.int32(pos0), self._pos_ptr(),
                     np.float32(1.0 / math.sqrt(D)), out if fuse_combine else _NULL,
                     _NULL if xq is None else xq, _NULL if xds is None else xds,
-                    self._head_tickets,
+                    self._head_tickets, np.int32(1 if kv_early else 0),
                 ),
                 smem=4 * warps * (D + 2), pdl=True,
             )  # fmt: skip

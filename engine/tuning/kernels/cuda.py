@@ -292,6 +292,40 @@ REGISTRY.register(
                     define("STAGE"),
                 ),
                 Param(
+                    "q4k_wide",
+                    (0, 1),
+                    0,
+                    "1: a lane's Q4_K slot is all 32 quant bytes of a sub-block pair (64 "
+                    "weights, two 16-byte loads) instead of 16: half the header, scale and "
+                    "activation-scale work per weight byte (the kernel runs at a fixed slot "
+                    "rate, so Q4_K streams fewer bytes a second than Q6_K)",
+                    define("Q4K_WIDE"),
+                ),
+                Param(
+                    "q6k_wide",
+                    (0, 1),
+                    0,
+                    "1: a lane's Q6_K slot is 64 weights (32 bytes of ql, 32 of qh, four "
+                    "scales) instead of 32: half the per-slot work per weight byte",
+                    define("Q6K_WIDE"),
+                ),
+                Param(
+                    "split_k",
+                    (1, 2, 4),
+                    1,
+                    "rows with K >= split_min_k split over this many lane groups of a block, "
+                    "partials summed in shared memory in a fixed order: this many times the "
+                    "blocks and warps on tall-skinny shapes (the down projection)",
+                    define("KSPLIT"),
+                ),
+                Param(
+                    "split_min_k",
+                    (256, 2048, 4096, 8192, 16384),
+                    8192,
+                    "row length from which split_k applies (K >= this; mmvw_qkv never splits)",
+                    define("SPLIT_MINK"),
+                ),
+                Param(
                     "fuse_swiglu",
                     (0, 1),
                     0,
@@ -346,6 +380,15 @@ REGISTRY.register(
                 _FLOAT_SSM_IN,
             ),
             constraints=(
+                Constraint(
+                    "split_k <= warps * 32 / threads_per_row (a part per lane group)",
+                    lambda cfg, dev: (
+                        cfg.op("matmul_decode").variant != "mmvw"
+                        or _p(cfg, "matmul_decode", "split_k")
+                        * _p(cfg, "matmul_decode", "threads_per_row")
+                        <= 32 * _p(cfg, "matmul_decode", "warps")
+                    ),
+                ),
                 Constraint(
                     "matmul_decode.pdl = 1 needs compute capability >= 9.0",
                     lambda cfg, dev: (
@@ -691,6 +734,14 @@ REGISTRY.register(
                     1,
                     "1: a head's last key range to finish combines the ranges (and writes the "
                     "Q8_1 form under int8 decode): one launch instead of two",
+                    PUSHED,
+                ),
+                Param(
+                    "kv_early",
+                    (0, 1),
+                    0,
+                    "1: each step's V rows are loaded with its K rows, before the scores' "
+                    "reduction (one memory round trip a step instead of two; same arithmetic)",
                     PUSHED,
                 ),
             ),
