@@ -85,8 +85,8 @@ def test_moe_experiment_searches_the_cuda_tensor_core_experts() -> None:
 
 
 def test_hybrid_9b_experiment_searches_the_cuda_hybrid_knobs() -> None:
-    """experiments/hybrid-9b.toml: the 9B-like qwen35 on CUDA, with the decode kernels (mmvw
-    runs the hybrid projections fused), both scans with chunk, the int8 prefill GEMM; every
+    """experiments/hybrid-9b.toml: the 9B-like qwen35 on CUDA, with the decode kernels (the
+    float mmvf default and mmvw both run the hybrid projections fused), both scans with chunk, the int8 prefill GEMM; every
     searched value is one the registry accepts, and decode is the target."""
     from worker.models import synthetic_args
 
@@ -94,8 +94,9 @@ def test_hybrid_9b_experiment_searches_the_cuda_hybrid_knobs() -> None:
     assert tuple(exp.backends) == ("cuda",)
     assert synthetic_args(exp.models[0])[:2] == ("9b", "qwen35")
     grid = build_space("cuda", exp.space_for("cuda")).grid()
-    assert grid["matmul_decode.variant"] == ["dmmv", "mmvq", "mmvw"]
+    assert grid["matmul_decode.variant"] == ["mmvf", "dmmv", "mmvw"]  # mmvf: the default
     assert grid["matmul_decode.mmvw.pdl"] == [0, 1]
+    assert grid["matmul_decode.mmvf.q4k_pair"] == [0, 1]
     assert grid["delta_net.variant"] == ["sequential", "chunked"]
     assert grid["delta_net.chunked.chunk"] == [32, 64]
     assert "mmq8" in grid["matmul_prefill.variant"]
