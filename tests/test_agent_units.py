@@ -86,8 +86,9 @@ def test_moe_experiment_searches_the_cuda_tensor_core_experts() -> None:
 
 def test_hybrid_9b_experiment_searches_the_cuda_hybrid_knobs() -> None:
     """experiments/hybrid-9b.toml: the 9B-like qwen35 on CUDA, with the decode kernels (the
-    float mmvf default and mmvw both run the hybrid projections fused), both scans with chunk, the int8 prefill GEMM; every
-    searched value is one the registry accepts, and decode is the target."""
+    float mmvf default and mmvw both run the hybrid projections fused), both scans with chunk,
+    the int8 prefill GEMM; every searched value is one the registry accepts, and decode is the
+    target."""
     from worker.models import synthetic_args
 
     exp = load_experiment(ROOT / "experiments" / "hybrid-9b.toml")
