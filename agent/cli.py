@@ -398,7 +398,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (agent.loop.stop_on_sigterm)
-        term = str(e) == f"signal {signal.SIGTERM}"
+        loop = sys.modules.get("agent.loop")  # only `run` installs the SIGTERM handler
+        term = loop.stopped_by_sigterm(e) if loop else False
         print(
             f"stopped by {'SIGTERM' if term else 'Ctrl-C'}: trials in flight were recorded as "
             "interrupted; run again to resume",

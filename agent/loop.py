@@ -646,6 +646,17 @@ class Agent:
         )
 
 
+# The SIGTERM that stopped this process, if one did: the KeyboardInterrupt stop_on_sigterm raises
+# can reach the CLI re-raised without its message (seen with a trial in flight), so the exit
+# code (143, not Ctrl-C's 130) is read from here.
+_SIGTERM_SEEN: list[int] = []
+
+
+def stopped_by_sigterm(e: BaseException) -> bool:
+    """Whether the KeyboardInterrupt e ending a run came from SIGTERM rather than Ctrl-C."""
+    return str(e) == f"signal {signal.SIGTERM}" or bool(_SIGTERM_SEEN)
+
+
 @contextmanager
 def stop_on_sigterm(ignore: bool = False) -> Iterator[None]:
     """SIGTERM (``ray job stop``, systemd, kill) ends the run like Ctrl-C: a KeyboardInterrupt,
@@ -655,6 +666,7 @@ def stop_on_sigterm(ignore: bool = False) -> Iterator[None]:
         return
 
     def stop(signum: int, frame: Any) -> None:
+        _SIGTERM_SEEN.append(signum)
         raise KeyboardInterrupt(f"signal {signum}")
 
     handler = signal.SIG_IGN if ignore else stop

@@ -298,7 +298,9 @@ def test_agent_stopped_by_a_signal_leaves_no_running_trial_nor_ray(
 ) -> None:
     """Ctrl-C (SIGINT to the whole process group) or SIGTERM: the agent records its in-flight
     trials as interrupted, stops its workers and its embedded Ray, and exits 130 / 143."""
-    exp = write_experiment(tmp_path / "exp.toml", str(tiny_model_path), trials=7, pairs=16)
+    # 200 pairs: ~3 s a trial on an idle 2-core machine, so trials are still in flight when the
+    # signal comes (at 16 pairs an idle CI machine ran all 7 in 2 s and the agent exited 0 first)
+    exp = write_experiment(tmp_path / "exp.toml", str(tiny_model_path), trials=7, pairs=200)
     storage = str(tmp_path / "studies.journal")
     cmd = [sys.executable, "-m", "agent", "run", str(exp), "--storage", storage, "--no-promote"]
     log_path = tmp_path / "agent.log"

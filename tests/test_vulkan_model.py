@@ -87,6 +87,7 @@ CONFIGS = [
         "attention.variant": "coopmat",
         "prefill.chunk_tokens": 64,
     },
+    {"matmul_prefill.variant": "resident", "prefill.chunk_tokens": 64},  # fp16 weight copies
     {"matmul_prefill.vec4": True, "prefill.chunk_tokens": 64},
     {"matmul_prefill.variant": "tiled", "prefill.chunk_tokens": 64, "matmul_prefill.tile_m": 128},
     {
