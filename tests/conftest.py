@@ -101,3 +101,17 @@ def faults() -> Iterator[None]:
     testing.install()
     yield
     testing.uninstall()
+
+
+@pytest.fixture(scope="module")
+def cuda_be():
+    """A CUDA backend per test module (GPU tests); skipped where CuPy or a CUDA device is
+    missing (CI has neither: those tests are marked gpu and deselected there)."""
+    pytest.importorskip("cupy", reason="CuPy is not installed")
+    from engine import backends
+    from engine.errors import BackendUnavailable
+
+    try:
+        return backends.create("cuda")
+    except BackendUnavailable as e:
+        pytest.skip(f"cuda backend not usable here: {e}")

@@ -24,14 +24,8 @@ def cp():
 
 
 @pytest.fixture(scope="module")
-def be(cp):
-    from engine import backends
-    from engine.errors import BackendUnavailable
-
-    try:
-        return backends.create("cuda")
-    except BackendUnavailable as e:
-        pytest.skip(f"cuda backend not usable here: {e}")
+def be(cuda_be):
+    return cuda_be
 
 
 BLOCK_QTYPES = ["Q8_0", "Q5_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"]

@@ -55,16 +55,9 @@ def cp():
 
 
 @pytest.fixture(scope="module")
-def be(cp):
-    from engine import backends
-    from engine.errors import BackendUnavailable
-
-    try:
-        b = backends.create("cuda")
-    except BackendUnavailable as e:
-        pytest.skip(f"cuda backend not usable here: {e}")
-    yield b
-    b.set_config(cfg())
+def be(cuda_be):
+    yield cuda_be
+    cuda_be.set_config(cfg())
 
 
 def test_mmvf_is_the_default_and_float_exact():

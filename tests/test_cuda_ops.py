@@ -37,17 +37,6 @@ def cp():
     return pytest.importorskip("cupy", reason="CuPy is not installed")
 
 
-@pytest.fixture(scope="module")
-def cuda_be(cp):
-    from engine import backends
-    from engine.errors import BackendUnavailable
-
-    try:
-        return backends.create("cuda")
-    except BackendUnavailable as e:
-        pytest.skip(f"cuda backend not usable here: {e}")
-
-
 @pytest.fixture
 def be(cuda_be):
     return cuda_be

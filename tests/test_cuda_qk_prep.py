@@ -19,15 +19,8 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
-def be():
-    pytest.importorskip("cupy", reason="CuPy is not installed")
-    from engine import backends
-    from engine.errors import BackendUnavailable
-
-    try:
-        return backends.create("cuda")
-    except BackendUnavailable as e:
-        pytest.skip(f"cuda backend not usable here: {e}")
+def be(cuda_be):
+    return cuda_be
 
 
 def cfg(**flat) -> TuningConfig:
