@@ -305,7 +305,14 @@ def test_agent_stopped_by_a_signal_leaves_no_running_trial_nor_ray(
     cmd = [sys.executable, "-m", "agent", "run", str(exp), "--storage", storage, "--no-promote"]
     log_path = tmp_path / "agent.log"
     p = subprocess.Popen(
-        cmd, cwd=ROOT, stdout=log_path.open("w"), stderr=subprocess.STDOUT, start_new_session=True
+        cmd,
+        cwd=ROOT,
+        stdout=log_path.open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        # as from a terminal: a test run started in the background (`cmd &`) inherits SIGINT
+        # ignored, and Python then installs no KeyboardInterrupt handler in the agent
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         # the agent's own log says when trial 1 is done: a cheap read (opening the storage on
