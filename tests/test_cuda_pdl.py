@@ -109,8 +109,11 @@ FUSED = {
 }
 
 
+GQA = {"attention_decode.variant": "gqa"}  # its first tile's cache rows read before the wait
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("extra", [{}, FUSED], ids=["mmvw_all", "fused_prefetch"])
+@pytest.mark.parametrize("extra", [{}, FUSED, GQA], ids=["mmvw_all", "fused_prefetch", "gqa"])
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
 def test_pdl_decode_equals_plain_launches(be, tiny_model_factory, arch, extra):
     from tests.test_cuda_ops import PROMPT, _model

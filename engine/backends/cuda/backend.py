@@ -1045,6 +1045,9 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         if T == 1:
             c = self.config.op("attention_decode")
             q8 = self._int8_decode() and D % 32 == 0  # the o projection's Q8_1 input, fused
+            if c.variant == "gqa" and self._gqa_fits(H, Hkv, D, int(c["warps"])):
+                self._attn_gqa(q, cache, layer, pos0, out, c, q8)
+                return out
             G = int(c["lanes_per_key"]) if c.variant == "split_kw" else 0
             G = G if G and D % (4 * G) == 0 and D <= 32 * G else 0  # else attn_split serves
             q = self._aligned16(q) if G else q  # float4 loads of q
@@ -1085,6 +1088,56 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
             warps = int(c["warps"]) if c.variant == "split" else 4
             self._attn_split(q, cache, layer, pos0, out, splits, warps)
         return out
+
+    @staticmethod
+    def _gqa_fits(H: int, Hkv: int, D: int, warps: int) -> bool:
+        """attn_gqa's limits (attn_decode.cu): D % 4 == 0, D <= 128, a group of at most 4 q
+        heads a warp and 32 a block; other shapes take attn_split."""
+        G = H // Hkv
+        return D % 4 == 0 and D <= 128 and G <= min(32, 4 * warps) and H % Hkv == 0
+
+    def _attn_gqa(
+        self, q: Any, cache: KVCache, layer: int, pos0: int, out: Any, c: Any, q8: bool
+    ) -> None:
+        """attention_decode.gqa: a block per (key range, KV head) for the group's q heads, the
+        KV head's last range combining (fuse_combine; + Q8_1 under int8 decode)."""
+        T, H, D = (int(s) for s in q.shape)
+        Hkv = int(cache.k[layer].shape[1])
+        splits, warps = int(c["splits"]), int(c["warps"])
+        fc = int(c["fuse_combine"]) == 1 and Hkv <= _MAX_ARGMAX_ROWS
+        part = self._empty((T, H, splits, D))
+        ml = self._empty((T, H, splits, 2))
+        xq = xds = None
+        if fc and q8:
+            xq, xds = self._q8_buffers(T, H * D)
+        smem = 4 * (2 * 32 * (D + 4) + (H // Hkv) * D)
+        self._launch(
+            "attn_decode", "attn_gqa", (splits, Hkv), (32 * warps,),
+            (
+                self._aligned16(q), cache.k[layer], cache.v[layer], part, ml, np.int32(H),
+                np.int32(Hkv), np.int32(D), np.int32(pos0), self._pos_ptr(),
+                np.float32(1.0 / math.sqrt(D)), out if fc else _NULL,
+                _NULL if xq is None else xq, _NULL if xds is None else xds,
+                self._head_tickets, np.int32(int(c["early"])),
+            ),
+            smem=smem, pdl=True,
+        )  # fmt: skip
+        if fc:
+            if xq is not None:
+                self._q8_remember(out.reshape(T, H * D), xq, xds)
+            return
+        if q8:
+            xq, xds = self._q8_buffers(T, H * D)
+            self._launch(
+                "fused", "attn_combine_q8", (H, T), (min(128, max(32, D)),),
+                (part, ml, out, xq, xds, np.int32(H), np.int32(D), np.int32(splits)), pdl=True,
+            )  # fmt: skip
+            self._q8_remember(out.reshape(T, H * D), xq, xds)
+            return
+        self._launch(
+            "attention", "attn_combine", (H, T), (min(128, max(32, D)),),
+            (part, ml, out, np.int32(H), np.int32(D), np.int32(splits)),
+        )  # fmt: skip
 
     def _attn_split(
         self,

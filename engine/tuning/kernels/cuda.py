@@ -750,6 +750,51 @@ REGISTRY.register(
             doc="split with several keys per warp step (float4 loads, a shorter dependent "
             "chain per warp); same partials and combine",
         ),
+        Variant(
+            B,
+            "attention_decode",
+            "gqa",
+            params=(
+                Param(
+                    "splits",
+                    (4, 8, 16, 32, 64),
+                    16,
+                    "key ranges per KV head (blocks = splits x KV heads)",
+                    PUSHED,
+                ),
+                Param(
+                    "warps",
+                    (1, 2, 4, 8),
+                    4,
+                    "warps per block, each taking q heads of the group (needs group size "
+                    "<= 4 x warps, else split runs)",
+                    PUSHED,
+                ),
+                Param(
+                    "fuse_combine",
+                    (0, 1),
+                    1,
+                    "1: a KV head's last key range to finish combines its q heads' ranges (and "
+                    "writes the Q8_1 form under int8 decode): one launch instead of two",
+                    PUSHED,
+                ),
+                Param(
+                    "early",
+                    (0, 1),
+                    1,
+                    "1: the first tile's cache rows below the current position are loaded "
+                    "before the PDL wait (they overlap the previous kernel under "
+                    "matmul_decode.pdl; same values)",
+                    PUSHED,
+                ),
+            ),
+            source="cuda/attn_decode.cu",
+            numeric="order_only",
+            doc="one block per (key range, KV head) for all q heads of the group: K and V read "
+            "once per group into shared memory 32 keys at a time, lane = key for the scores, "
+            "lane = 4 dims for P.V; same partials and combine as split (head dim <= 128, "
+            "D % 4 == 0)",
+        ),
     ],
 )
 REGISTRY.register(

