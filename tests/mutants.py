@@ -278,6 +278,8 @@ MUTANTS: tuple[Mutant, ...] = (
            "K cache", {"attention_decode.variant": "split_kw", "attention_decode.kv_early": 1}),
     Mutant("ATTN_GQA_HEAD0", "cuda", "attention_decode", "attn_gqa weighs every head's V rows "
            "by the group's first head's probabilities", {"attention_decode.variant": "gqa"}),
+    Mutant("NORM_ROW_WEIGHT", "cuda", "rms_norm", "rms_norm_row reads the norm weight one "
+           "float4 late", {"rms_norm.variant": "block"}),
     Mutant("MMQ_K_SHORT", "cuda", "matmul_prefill", "mmq's K loop one tile short",
            {"matmul_prefill.variant": "mmq", "prefill.gemm_min_t": 2}),
     Mutant("MMQ8_Q4K_MIN", "cuda", "matmul_prefill", "mmq8 drops the Q4_K min term",

@@ -70,3 +70,38 @@ def test_gqa_falls_back_to_split():
     be.launches.clear()
     be.attention(q, cache, 0, 5)
     assert [launch.kernel for launch in be.launches] == ["attn_split", "attn_combine"]
+
+
+# --- rms_norm.block (shaders/cuda/norm_decode.cu) ---------------------------------------------
+@pytest.mark.parametrize("dec", ["mmvf", "mmvw"])
+@pytest.mark.parametrize("threads", [128, 512])
+def test_norm_block_launches(tiny_model_factory, dec, threads):
+    """rms_norm.block: every decode norm is one rms_norm_row launch (under int8 decode with the
+    Q8_1 buffers, else null), none of the warp / rms_norm_q8 kernels."""
+    flat = {"matmul_decode.variant": dec, "rms_norm.variant": "block",
+            "rms_norm.threads": threads}  # fmt: skip
+    launches, m = _decode_launches(tiny_model_factory, flat)
+    rows = [launch for launch in launches if launch.kernel == "rms_norm_row"]
+    assert len(rows) == 2 * m.spec.n_layers + 1  # two a layer and the output norm
+    assert all(r.grid == (1, 1, 1) and r.block == (threads, 1, 1) for r in rows)
+    q8 = [not isinstance(r.args[3], np.uint64) for r in rows]  # null: np.uint64(0)
+    assert all(q8) if dec == "mmvw" else not any(q8)
+    kernels = {launch.kernel for launch in launches}
+    assert not kernels & {"rms_norm", "rms_norm_q8"}
+
+
+def test_norm_block_long_rows_take_the_warp_kernel():
+    be = FakeCuda(TuningConfig.from_flat("cuda", {"rms_norm.variant": "block",
+                                                  "rms_norm.threads": 128}))  # fmt: skip
+    w = be.load_weight(_norm_weight(8192))
+    be.launches.clear()
+    be.rms_norm(be.upload(np.ones((1, 8192), np.float32)), w, 1e-6)
+    be.rms_norm(be.upload(np.ones((3, 4096), np.float32)), be.load_weight(_norm_weight(4096)), 1e-6)
+    assert [launch.kernel for launch in be.launches] == ["rms_norm", "rms_norm_row"]
+    assert be.launches[1].grid == (3, 1, 1)
+
+
+def _norm_weight(n: int):
+    from tests.op_cases import qtensor
+
+    return qtensor(np.random.default_rng(n), (n,), "F32")

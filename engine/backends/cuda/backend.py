@@ -459,6 +459,16 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         D = int(x.shape[-1])
         rows = int(x.size // D)
         out = self._empty(x.shape)
+        c = self.config.op("rms_norm")
+        blk = c.variant == "block" and D % 4 == 0 and D <= 32 * int(c["threads"])
+        if rows == 1 and x.ndim == 2 and D % 32 == 0 and self._int8_decode() and blk:
+            xq, xds = self._q8_buffers(1, D)  # rms_norm.block: the row in registers
+            self._launch(
+                "norm_decode", "rms_norm_row", (1,), (int(c["threads"]),),
+                (x, w.f32, out, xq, xds, np.int32(D), np.float32(eps)), pdl=True,
+            )  # fmt: skip
+            self._q8_remember(out, xq, xds)
+            return out
         if rows == 1 and x.ndim == 2 and D % 32 == 0 and self._int8_decode():
             xq, xds = self._q8_buffers(1, D)  # one decode row: norm and Q8_1 in one kernel
             th = int(self.config.op("quantize_act")["threads"])
@@ -468,9 +478,15 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
             )  # fmt: skip
             self._q8_remember(out, xq, xds)
             return out
-        rpb = int(self.config.op("rms_norm")["rows_per_block"])
+        rpb = int(c["rows_per_block"]) if c.variant == "warp" else 4  # else warp's default
         if x.ndim == 2 and self._fuse_f16(rows):  # and the prefill GEMM's fp16 input
             return self._rms_norm_f16(x, w, out, eps, rpb)
+        if blk:
+            self._launch(
+                "norm_decode", "rms_norm_row", (rows,), (int(c["threads"]),),
+                (x, w.f32, out, _NULL, _NULL, np.int32(D), np.float32(eps)), pdl=True,
+            )  # fmt: skip
+            return out
         self._launch(
             "elementwise",
             "rms_norm",

@@ -127,6 +127,7 @@ FIXED_MODULES = {
     "elementwise": "elementwise.cu",
     "fused": "decode_fused.cu",
     "attn_decode": "attn_decode.cu",  # attention_decode.gqa (launch knobs only)
+    "norm_decode": "norm_decode.cu",  # rms_norm.block (launch knobs only)
     "hybrid": "hybrid.cu",  # the hybrids' small ops (engine/backends/cuda/hybrid.py)
 }
 # The module key the backend launches from, per (op, source file) where it is not the file's

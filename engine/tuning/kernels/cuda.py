@@ -629,7 +629,27 @@ REGISTRY.register(
             source="cuda/elementwise.cu",
             numeric="order_only",
             doc="one warp per row of the last dim ([T, C] and per-head [T, H, D])",
-        )
+        ),
+        Variant(
+            B,
+            "rms_norm",
+            "block",
+            params=(
+                Param(
+                    "threads",
+                    (128, 256, 512),
+                    256,
+                    "threads of the block that takes one row (rows longer than 32 x threads "
+                    "values take the warp kernel)",
+                    PUSHED,
+                ),
+            ),
+            source="cuda/norm_decode.cu",
+            numeric="order_only",
+            doc="one block per row, x and w loaded once into registers before the reduction "
+            "(one memory round trip); under int8 decode it also writes the row's Q8_1 form "
+            "(rms_norm_q8's arithmetic and order)",
+        ),
     ],
 )
 _FUSE_KV = Param(
