@@ -105,3 +105,15 @@ def _norm_weight(n: int):
     from tests.op_cases import qtensor
 
     return qtensor(np.random.default_rng(n), (n,), "F32")
+
+
+def test_float_pdl_launches(tiny_model_factory):
+    """matmul_decode.mmvf's pdl: the float decode's kernels that start with pdl_start are the
+    ones launched with pdl=True (the fake checks each launch's signature as CudaBackend's)."""
+    flat = {"matmul_decode.pdl": 1, "rms_norm.variant": "block", "rope.fuse_kv": 1,
+            "attention_decode.variant": "gqa"}  # fmt: skip
+    launches, m = _decode_launches(tiny_model_factory, flat)
+    kinds = Counter(launch.kernel for launch in launches)
+    n = m.spec.n_layers
+    assert kinds["rms_norm_row"] == 2 * n + 1 and kinds["attn_gqa"] == n
+    assert kinds["rope_kv"] == n and kinds["swiglu"] == n

@@ -71,8 +71,9 @@ def test_kernel_params_use_each_arguments_width():
         kernel_params((np.float64(1.0),))  # CuPy would pass 8 bytes: no kernel here takes one
 
 
-def test_pdl_needs_sm90():
-    cfg = TuningConfig.from_flat("cuda", {"matmul_decode.variant": "mmvw", "matmul_decode.pdl": 1})
+@pytest.mark.parametrize("dec", ["mmvw", "mmvf"])
+def test_pdl_needs_sm90(dec):
+    cfg = TuningConfig.from_flat("cuda", {"matmul_decode.variant": dec, "matmul_decode.pdl": 1})
     a100 = DeviceInfo("cuda", "NVIDIA A100", "nvidia", "a100", extra={"cc": 80})
     h200 = DeviceInfo("cuda", "NVIDIA H200", "nvidia", "h200", extra={"cc": 90})
     assert any("9.0" in p for p in cfg.problems(a100))
@@ -148,4 +149,36 @@ def test_pdl_validate_passes(be, tiny_model_path):
     rep = validate(m, cand, [PROMPT, PROMPT[:1]], steps=6,
                    tol=Tolerances(max_abs_diff=0.2, nmse=1e-3), reference=ref)  # fmt: skip
     assert rep.passed, [p.reasons for p in rep.prompts]
+    be.set_config(TuningConfig.default("cuda"))
+
+
+# the float decode (matmul_decode.mmvf) with its PDL-launched neighbours (dec15): rms_norm.block,
+# rope_kv, attention_decode.gqa (its first tile read before the wait), swiglu, argmax.multi
+FLOAT_PDL = {
+    "rms_norm.variant": "block",
+    "rope.fuse_kv": 1,
+    "attention_decode.variant": "gqa",
+    "argmax.variant": "multi",
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_float_pdl_decode_equals_plain_launches(be, tiny_model_factory, arch):
+    from tests.test_cuda_ops import PROMPT, _model
+
+    m = _model(tiny_model_factory(arch, "q4_k_m"), be)
+    runs = {}
+    for pdl in (0, 1):
+        be.set_config(TuningConfig.from_flat("cuda", FLOAT_PDL | {"matmul_decode.pdl": pdl}))
+        assert (be._pdl is not None) == bool(pdl)
+        for graphs in (False, True):
+            be.use_graphs = graphs
+            runs[pdl, graphs] = m.generate(PROMPT, 10, keep_logits=True)
+    be.use_graphs = True
+    base = runs[0, True]
+    for key, g in runs.items():
+        assert g.tokens == base.tokens, key
+        for a, b in zip(g.step_logits, base.step_logits, strict=True):
+            assert np.array_equal(a, b), f"{key}: PDL changed a result"
     be.set_config(TuningConfig.default("cuda"))

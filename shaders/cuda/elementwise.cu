@@ -45,6 +45,7 @@ extern "C" __global__ void add_bias(const float* a, const float* b, float* y, lo
 }
 
 extern "C" __global__ void swiglu(const float* g, const float* u, float* y, long long n) {
+    pdl_start();  // a decode row's swiglu may be launched with PDL (matmul_decode.mmvf pdl)
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x) {
         const float v = g[i];

@@ -343,7 +343,7 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
 
     def _pdl_launcher(self, cfg: TuningConfig) -> Any:
         c = cfg.op("matmul_decode")
-        if c.variant != "mmvw" or int(c["pdl"]) == 0 or self._cc < 90:
+        if c.variant not in ("mmvw", "mmvf") or int(c["pdl"]) == 0 or self._cc < 90:
             return None
         if self._pdl_lib is None:
             from engine.backends.cuda.pdl import Launcher
@@ -1246,8 +1246,9 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         if gate.ndim == 2 and self._fuse_f16(int(gate.shape[0])):  # and the GEMM's fp16 input
             return self._swiglu_f16(gate, up, out, th)
         self._launch(
-            "elementwise", "swiglu", (self._grid1(n, th),), (th,), (gate, up, out, np.int64(n))
-        )
+            "elementwise", "swiglu", (self._grid1(n, th),), (th,), (gate, up, out, np.int64(n)),
+            pdl=True,
+        )  # fmt: skip
         return out
 
     def argmax(self, logits: Any) -> Any:

@@ -135,8 +135,26 @@ REGISTRY.register(
                     "64 weights, not 32",
                     define("Q4P"),
                 ),
+                Param(
+                    "pdl",
+                    (0, 1),
+                    0,
+                    "1: programmatic dependent launch (sm_90+) of the decode kernels that "
+                    "start with pdl_start (mmvf, rms_norm.block, rope_kv, attention_decode.gqa, "
+                    "swiglu, argmax.multi): each launch overlaps the tail of the one before",
+                    HOST,
+                ),
             ),
             constraints=(
+                Constraint(
+                    "matmul_decode.pdl = 1 needs compute capability >= 9.0",
+                    lambda cfg, dev: (
+                        cfg.op("matmul_decode").variant != "mmvf"
+                        or _p(cfg, "matmul_decode", "pdl") == 0
+                        or dev is None
+                        or int(dev.extra.get("cc", 0)) >= 90
+                    ),
+                ),
                 Constraint(
                     "mmvf: threads_per_row <= 32 * warps (a row's warps are in one block)",
                     lambda cfg, dev: (
