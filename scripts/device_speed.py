@@ -179,6 +179,29 @@ VARIANTS |= {
     "dec8_s2_w_ke_s16": S2 | {_D + "q4k_wide": 1, _D + "q6k_wide": 1, _A + "kv_early": 1,
                               _A + "splits": 16},
 }  # fmt: skip
+# helper dec15 (issue 14): the grouped decode attention (attention_decode.gqa: a block per key
+# range and KV head for the group's q heads, K/V staged once, fused combine), the one-block
+# register RMSNorm (rms_norm.block) and PDL on the float path (matmul_decode.mmvf pdl)
+_GQA = {_A + "variant": "gqa"}
+_NB = {"rms_norm.variant": "block"}
+F15 = _GQA | _NB | FUSE
+VARIANTS |= {
+    "f15_gqa": _GQA,
+    "f15_norm": _NB,
+    "f15_fkv": FUSE,
+    "f15_all": F15,
+    "f15_all_pdl": F15 | {_D + "pdl": 1},
+    "f15_all_pdl_ne": F15 | {_D + "pdl": 1, _A + "early": 0},
+    "f15_all_s8": F15 | {_A + "splits": 8},
+    "f15_all_s32": F15 | {_A + "splits": 32},
+    "f15_all_w2": F15 | {_A + "warps": 2},
+    "d15": S2 | _GQA | _NB,
+    "d15_gqa": S2 | _GQA,
+    "d15_norm": S2 | _NB,
+    "d15_pdl": S2 | _GQA | _NB | {_D + "pdl": 1},
+    "d15_s8": S2 | _GQA | _NB | {_A + "splits": 8},
+    "d15_s32": S2 | _GQA | _NB | {_A + "splits": 32},
+}
 # --sweep: coordinate descent over these knobs, in this order, from the --sweep variant
 SWEEP_KNOBS = (
     "split_k",

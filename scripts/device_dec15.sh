@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# helper dec15 (issue 14) on the GPU machine, ~97 s, from the repo root (.whl carried if gguf is
+# missing). Writes $OUT/dec15/: pytest.log (attention_decode.gqa, rms_norm.block, float PDL GPU
+# tests), times.log / decode_times_1.5b.json (per-kernel decode time and tg64 of the float
+# default, dec8_split2 and the dec15 configs on the 1.5B synth), mutants.log (ATTN_GQA_HEAD0,
+# NORM_ROW_WEIGHT), times7b.log if a 7B file is there in time.
+set -u -o pipefail
+OUT=${OUT:-/tmp/out}; D="$OUT/dec15"; mkdir -p "$D"
+T0=$(date +%s)
+el() { echo $(( $(date +%s) - T0 )); }
+export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
+python3 -c "import gguf" 2> /dev/null || python3 -m pip install -q --no-index --no-deps \
+    --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+git log --oneline -1 > "$D/commit.txt" 2>/dev/null
+M=/tmp/models/1.5b.gguf
+if [ ! -f $M ]; then M=/tmp/dec15_m15.gguf
+  [ -f $M ] || (python3 -m engine synth --preset 1.5b --out /tmp/dec15_m15.part.gguf > "$D/synth.log" 2>&1 \
+    && mv /tmp/dec15_m15.part.gguf $M) &
+fi
+CONFIGS=default,f15_all,f15_all_pdl,dec8_split2,d15,d15_pdl,f15_gqa,f15_norm,f15_fkv,f15_all_s8,f15_all_s32,f15_all_pdl_ne,f15_all_w2,d15_gqa,d15_norm,d15_s8,d15_s32
+python3 - > /tmp/dec15_cfgs.json <<PY
+import json
+from scripts.device_speed import VARIANTS
+print(json.dumps([VARIANTS[n] for n in "$CONFIGS".split(",")]))
+PY
+for i in 0 1 2 3 4 5; do
+  python3 scripts/cuda_precompile.py /tmp/dec15_cfgs.json --part $i/6 >> "$D/precompile.log" 2>&1 &
+done
+timeout 38 python3 -m pytest -q -m gpu -p no:cacheprovider -rfE --tb=short --maxfail=3 \
+  tests/test_cuda_attn_decode.py tests/test_cuda_norm_decode.py \
+  tests/test_cuda_pdl.py -k "gqa or norm or float" > "$D/pytest.log" 2>&1
+echo "pytest rc=$? $(tail -1 "$D/pytest.log") at $(el) s" | tee "$D/summary.txt"
+for i in $(seq 15); do [ -f $M ] && break; sleep 1; done
+if [ -f $M ]; then
+  timeout 38 python3 scripts/decode_times.py $M --out "$D" --configs "$CONFIGS" \
+    --profile f15_all,d15 --gen 64 --repeats 2 --steps 3 \
+    --deadline $(( $(date +%s) + 34 )) > "$D/times.log" 2>&1
+  echo "times rc=$? at $(el) s" | tee -a "$D/summary.txt"
+else echo "no 1.5B model at $(el) s" | tee -a "$D/summary.txt"; fi
+LEFT=$((96 - $(el)))
+[ $LEFT -gt 8 ] && timeout $LEFT python3 -m pytest -q -m gpu -p no:cacheprovider -rfE --tb=short \
+  tests/test_mutants.py -k "ATTN_GQA_HEAD0 or NORM_ROW_WEIGHT" > "$D/mutants.log" 2>&1
+echo "mutants rc=$? $(tail -1 "$D/mutants.log" 2>/dev/null) at $(el) s" | tee -a "$D/summary.txt"
+grep -hE "^(FAILED|ERROR)" "$D"/pytest.log "$D"/mutants.log 2>/dev/null | head -20 | cut -c1-300 >> "$D/summary.txt"
+cat "$D/times.log" 2>/dev/null | cut -c1-700 | tail -30
+echo "done at $(el) s"
