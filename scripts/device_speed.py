@@ -201,6 +201,11 @@ VARIANTS |= {
     "d15_pdl": S2 | _GQA | _NB | {_D + "pdl": 1},
     "d15_s8": S2 | _GQA | _NB | {_A + "splits": 8},
     "d15_s32": S2 | _GQA | _NB | {_A + "splits": 32},
+    # + q/k RoPE and the KV write inside the attention kernel (no rope_kv launch)
+    "f15_all_fr": F15 | {_A + "fuse_rope": 1},
+    "f15_all_fr_pdl": F15 | {_A + "fuse_rope": 1, _D + "pdl": 1},
+    "d15_fr": S2 | _GQA | _NB | {_A + "fuse_rope": 1},
+    "d15_fr_pdl": S2 | _GQA | _NB | {_A + "fuse_rope": 1, _D + "pdl": 1},
 }
 # --sweep: coordinate descent over these knobs, in this order, from the --sweep variant
 SWEEP_KNOBS = (

@@ -276,8 +276,10 @@ MUTANTS: tuple[Mutant, ...] = (
            {"matmul_decode.variant": "mmvw", "matmul_decode.q6k_wide": 1}),
     Mutant("ATTN_KV_EARLY_K", "cuda", "attention_decode", "split_kw's early V loads read the "
            "K cache", {"attention_decode.variant": "split_kw", "attention_decode.kv_early": 1}),
-    Mutant("ATTN_GQA_HEAD0", "cuda", "attention_decode", "attn_gqa weighs every head's V rows "
-           "by the group's first head's probabilities", {"attention_decode.variant": "gqa"}),
+    Mutant("ATTN_GQA_Q0", "cuda", "attention_decode", "attn_gqa scores every head of a KV "
+           "group with the group's first q head", {"attention_decode.variant": "gqa"}),
+    Mutant("ATTN_GQA_ROPE_SIN", "cuda", "attention_decode", "attn_gqa's fused RoPE turns by "
+           "minus the angle", {"attention_decode.variant": "gqa", "attention_decode.fuse_rope": 1}),
     Mutant("NORM_ROW_WEIGHT", "cuda", "rms_norm", "rms_norm_row reads the norm weight one "
            "float4 late", {"rms_norm.variant": "block"}),
     Mutant("MMQ_K_SHORT", "cuda", "matmul_prefill", "mmq's K loop one tile short",

@@ -46,7 +46,7 @@ def test_gqa_launches(tiny_model_factory, dec, fc, early, splits, warps):
     gqa = [launch for launch in launches if launch.kernel == "attn_gqa"]
     assert len(gqa) == n
     assert all(g.grid == (splits, hkv, 1) and g.block == (32 * warps, 1, 1) for g in gqa)
-    assert all(int(g.args[-1]) == early for g in gqa)
+    assert all(int(g.args[-5]) == early for g in gqa)  # then knew, vnew, theta, neox
     count = Counter(launch.kernel for launch in launches)
     combine = "attn_combine_q8" if dec == "mmvw" else "attn_combine"
     assert count[combine] == (0 if fc else n)
@@ -117,3 +117,25 @@ def test_float_pdl_launches(tiny_model_factory):
     n = m.spec.n_layers
     assert kinds["rms_norm_row"] == 2 * n + 1 and kinds["attn_gqa"] == n
     assert kinds["rope_kv"] == n and kinds["swiglu"] == n
+
+
+@pytest.mark.parametrize("dec", ["mmvf", "mmvw"])
+def test_gqa_fuse_rope_launches(tiny_model_factory, dec):
+    """attention_decode.fuse_rope: no rope / rope_kv / kv_write launch at decode; attn_gqa gets
+    the k and v projections (non-null) and the rope arguments."""
+    flat = GQA | {"matmul_decode.variant": dec, "attention_decode.fuse_rope": 1,
+                  "rope.fuse_kv": 1}  # fmt: skip
+    launches, m = _decode_launches(tiny_model_factory, flat)
+    count = Counter(launch.kernel for launch in launches)
+    assert count["attn_gqa"] == m.spec.n_layers
+    assert count["rope_kv"] == count["rope"] == count["kv_write"] == 0
+    gqa = [launch for launch in launches if launch.kernel == "attn_gqa"]
+    assert all(not isinstance(g.args[-4], np.uint64) for g in gqa)  # knew
+    assert all(int(g.args[-1]) == int(m.spec.rope_neox) for g in gqa)
+
+
+def test_gqa_fuse_rope_is_a_bypassed_fusion():
+    be = FakeCuda(TuningConfig.from_flat("cuda", GQA))
+    on = TuningConfig.from_flat("cuda", GQA | {"attention_decode.fuse_rope": 1})
+    assert "attention_decode" in be.hook_bypassed_fusions(on)
+    assert "attention_decode" not in be.hook_bypassed_fusions(be.config)

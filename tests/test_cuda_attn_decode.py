@@ -129,3 +129,32 @@ def test_validate_gqa(be, tiny_model_path, flat):
     rep = validate(m, cfg(**flat), [PROMPT, PROMPT[:1], list(range(40, 110))], steps=6)
     assert rep.passed, [p.reasons for p in rep.prompts]
     be.set_config(cfg())
+
+
+ROPE_CONFIGS = [  # (fused, unfused): attn_gqa's RoPE + KV write against rope_kv's
+    (GQA | {"attention_decode.fuse_rope": 1}, GQA | {"rope.fuse_kv": 1}),
+    (
+        _gqa(4, 2, 1, 0) | {"attention_decode.fuse_rope": 1, "matmul_decode.variant": "mmvw"},
+        _gqa(4, 2, 1, 0) | {"rope.fuse_kv": 1, "matmul_decode.variant": "mmvw"},
+    ),
+]
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+@pytest.mark.parametrize("pair", ROPE_CONFIGS, ids=["mmvf", "mmvw_s4_w2"])
+def test_gqa_fuse_rope_equals_rope_kv(be, tiny_model_factory, arch, pair):
+    """attention_decode.fuse_rope (q, k RoPE and the KV write inside attn_gqa) decodes to the
+    bit what rope_kv + attn_gqa decode (rope_pair's arithmetic), eager and replayed."""
+    m = _model(tiny_model_factory(arch, "q4_k_m"), be)
+    runs = []
+    for flat in pair:
+        be.set_config(cfg(**flat))
+        for graphs in (False, True):
+            be.use_graphs = graphs
+            runs.append(m.generate(PROMPT, 10, keep_logits=True))
+    be.use_graphs = True
+    for r in runs[1:]:
+        assert r.tokens == runs[0].tokens
+        for a, b in zip(r.step_logits, runs[0].step_logits, strict=True):
+            assert np.array_equal(a, b), "fused RoPE + KV write differs from rope_kv"
+    be.set_config(cfg())

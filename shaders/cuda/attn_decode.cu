@@ -17,6 +17,10 @@
 // With early = 1 the first tile's rows below the current position (written by earlier decode
 // steps, never by the kernels this one may overlap under PDL) are loaded before the PDL wait,
 // so the cache reads overlap the previous kernel; the current row and q come after the wait.
+// With knew non-null (knob fuse_rope) q and knew are the projections before RoPE (biases added):
+// each block ropes its group's q heads as it stages them (rope_pair's arithmetic, the angles
+// once per block), and the block whose range holds the current position writes that position's
+// roped k row and vnew's row into the cache before reading it: rope_kv's work, no launch.
 // Needs D % 4 == 0, D <= 128, G <= 4 * warps, G <= 32 (else the host runs attn_split).
 // Tunables (launch): SPLITS (grid x), warps, fuse_combine (out), early.
 #include "common.cuh"
@@ -56,11 +60,11 @@ __device__ __forceinline__ void load_rows(float4* ks, float4* vs, const float4* 
 
 // grid (SPLITS, Hkv), block warps * 32, dynamic smem (2 * KT * (D + 4) + G * D) floats.
 // q [H, D] (16-byte aligned), cache [S, Hkv, D]; part [H, SPLITS, D], ml [H, SPLITS, 2].
-extern "C" __global__ void attn_gqa(const float* __restrict__ q, const float* __restrict__ kc,
-                                    const float* __restrict__ vc, float* part, float* ml, int H,
+extern "C" __global__ void attn_gqa(const float* __restrict__ q, float* kc, float* vc, float* part, float* ml, int H,
                                     int Hkv, int D, int pos0, const int* pos_ptr, float scale,
                                     float* out, signed char* xq, float2* xds,
-                                    unsigned int* tickets, int early) {
+                                    unsigned int* tickets, int early, const float* knew,
+                                    const float* vnew, float theta, int neox) {
     extern __shared__ float4 sm4[];
     const int G = H / Hkv, D4 = D / 4, RS = D4 + 1;  // K / V rows padded by one float4
     float4* ks = sm4;           // [KT][RS]
@@ -80,11 +84,52 @@ extern "C" __global__ void attn_gqa(const float* __restrict__ q, const float* __
     const int e0 = min(ke, kb + KT), settled = early ? min(e0, L - 1) : kb;
     if (settled > kb) load_rows(ks, vs, k4, v4, rstride, D4, RS, kb, kb, settled);
     pdl_wait();
-    if (e0 > max(kb, settled)) load_rows(ks, vs, k4, v4, rstride, D4, RS, kb, max(kb, settled), e0);
-    for (int i = threadIdx.x; i < G * D4; i += blockDim.x) {
-        const float4 v = ((const float4*)q)[(size_t)kvh * G * D4 + i];
-        qs[i] = make_float4(v.x * scale, v.y * scale, v.z * scale, v.w * scale);
+    if (knew) {  // fuse_rope: q, k unroped; this position's k, v rows not yet in the cache
+        __shared__ double cs[64][2];  // cos, sin of pair j at position L - 1 (D <= 128)
+        const int half = D / 2;
+        for (int j = threadIdx.x; j < half; j += blockDim.x) {
+            const double ang = (double)(L - 1) * pow((double)theta, -2.0 * j / D);
+            sincos(ang, &cs[j][1], &cs[j][0]);
+        }
+        __syncthreads();
+        const bool owner = kb <= L - 1 && L - 1 < ke;  // the range holding the current key
+        const int nq = G * half, nk = owner ? half : 0;
+        float* qf = (float*)qs;
+        for (int i = threadIdx.x; i < nq + nk; i += blockDim.x) {
+            const bool isq = i < nq;
+            const int g = isq ? i / half : 0, j = isq ? i % half : i - nq;
+            const float* x = isq ? q + (size_t)(kvh * G + g) * D : knew + (size_t)kvh * D;
+            const int ia = neox ? j : 2 * j, ib = neox ? j + half : 2 * j + 1;
+            const double a = x[ia], b = x[ib], c = cs[j][0], sn = cs[j][1];
+#ifdef MUTANT_ATTN_GQA_ROPE_SIN  // planted bug: the rotation's sine term with the wrong sign
+            const float ra = (float)(a * c + b * sn), rb = (float)(b * c - a * sn);
+#else
+            const float ra = (float)(a * c - b * sn), rb = (float)(a * sn + b * c);  // rope_pair
+#endif
+            if (isq) {
+                qf[g * D + ia] = ra * scale;
+                qf[g * D + ib] = rb * scale;
+            } else {
+                float* kr = kc + ((size_t)(L - 1) * Hkv + kvh) * D;
+                kr[ia] = ra;
+                kr[ib] = rb;
+            }
+        }
+        if (owner)
+            for (int d = threadIdx.x; d < D; d += blockDim.x)
+                vc[((size_t)(L - 1) * Hkv + kvh) * D + d] = vnew[(size_t)kvh * D + d];
+        __syncthreads();  // the rows just written are read below by other threads of the block
+    } else {
+        for (int i = threadIdx.x; i < G * D4; i += blockDim.x) {
+#ifdef MUTANT_ATTN_GQA_Q0  // planted bug: every head of the group scores with its first q head
+            const float4 v = ((const float4*)q)[(size_t)kvh * G * D4 + i % D4];
+#else
+            const float4 v = ((const float4*)q)[(size_t)kvh * G * D4 + i];
+#endif
+            qs[i] = make_float4(v.x * scale, v.y * scale, v.z * scale, v.w * scale);
+        }
     }
+    if (e0 > max(kb, settled)) load_rows(ks, vs, k4, v4, rstride, D4, RS, kb, max(kb, settled), e0);
     __syncthreads();
     float m[HPW_MAX], l[HPW_MAX];
     float4 acc[HPW_MAX];
@@ -133,11 +178,7 @@ extern "C" __global__ void attn_gqa(const float* __restrict__ q, const float* __
 #pragma unroll
             for (int hh = 0; hh < HPW_MAX; ++hh) {
                 if (warp + hh * nw >= G) continue;
-#ifdef MUTANT_ATTN_GQA_HEAD0  // planted bug: every head of the group weighs V by head 0's p
-                const float pj = __shfl_sync(0xffffffffu, p[0], j);
-#else
                 const float pj = __shfl_sync(0xffffffffu, p[hh], j);
-#endif
                 acc[hh].x = fmaf(pj, vf.x, acc[hh].x);
                 acc[hh].y = fmaf(pj, vf.y, acc[hh].y);
                 acc[hh].z = fmaf(pj, vf.z, acc[hh].z);

@@ -138,6 +138,22 @@ class CudaWeight:
 
 
 @dataclass
+class _PendingQ:
+    """attn_in's q under attention_decode.gqa's fuse_rope: the decode row's q [1, H, D], k and
+    v [1, Hkv * D] as the projections left them (biases added), RoPE and the KV write not yet
+    done; only attention() of the same cache, layer and position takes it (attn_gqa does both)."""
+
+    q: Any
+    k: Any
+    v: Any
+    cache: KVCache
+    layer: int
+    pos0: int
+    theta: float
+    neox: bool
+
+
+@dataclass
 class _Graph:
     cache: weakref.ref
     config: TuningConfig
@@ -705,6 +721,8 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
             mats = [(w, y, a) for w, y, a in zip(wqkv, (q, k, v), adds, strict=True)]
             (self._mmvf if flt else self._mmvw)(h, mats)
             bias = None
+            if self._gqa_rope(heads):  # the attention kernel ropes q, k and writes the cache
+                return _PendingQ(q.reshape(T, H, D), k, v, cache, layer, pos0, theta, neox)
         else:
             q, k, v = (self.matmul(h, w) for w in wqkv)
         if not fuse:
@@ -854,6 +872,9 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
             out.append("matmul_decode")
         if int(config.op("rope")["fuse_kv"]):
             out.append("rope")
+        att = config.op("attention_decode")
+        if att.variant == "gqa" and int(att["fuse_rope"]):
+            out.append("attention_decode")  # RoPE + KV write inside attn_gqa
         # the hybrids' fused decode (hybrid.py, moe_dec.py), where this backend has run it: a
         # dense model never does, so its blame never names them
         ran = getattr(self, "_fusions_ran", set())
@@ -1053,6 +1074,13 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         )
 
     def attention(self, q: Any, cache: KVCache, layer: int, pos0: int) -> Any:
+        if isinstance(q, _PendingQ):  # attn_in left RoPE and the KV write to attn_gqa
+            if q.cache is not cache or q.layer != layer or q.pos0 != pos0:
+                raise ValueError("attention: a pending q of another cache, layer or position")
+            out = self._empty(tuple(int(s) for s in q.q.shape))
+            c = self.config.op("attention_decode")
+            self._attn_gqa(q.q, cache, layer, pos0, out, c, self._int8_decode(), rope=q)
+            return out
         q = self._cp.ascontiguousarray(q)
         T, H, D = (int(s) for s in q.shape)
         Hkv = int(cache.k[layer].shape[1])
@@ -1105,6 +1133,16 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
             self._attn_split(q, cache, layer, pos0, out, splits, warps)
         return out
 
+    def _gqa_rope(self, heads: tuple[int, int, int]) -> bool:
+        """attention_decode.gqa's fuse_rope on a decode row attn_gqa takes."""
+        c = self.config.op("attention_decode")
+        return (
+            c.variant == "gqa"
+            and int(c["fuse_rope"]) == 1
+            and int(c["fuse_combine"]) == 1
+            and self._gqa_fits(*heads, int(c["warps"]))
+        )
+
     @staticmethod
     def _gqa_fits(H: int, Hkv: int, D: int, warps: int) -> bool:
         """attn_gqa's limits (attn_decode.cu): D % 4 == 0, D <= 128, a group of at most 4 q
@@ -1113,14 +1151,28 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         return D % 4 == 0 and D <= 128 and G <= min(32, 4 * warps) and H % Hkv == 0
 
     def _attn_gqa(
-        self, q: Any, cache: KVCache, layer: int, pos0: int, out: Any, c: Any, q8: bool
+        self,
+        q: Any,
+        cache: KVCache,
+        layer: int,
+        pos0: int,
+        out: Any,
+        c: Any,
+        q8: bool,
+        rope: _PendingQ | None = None,
     ) -> None:
         """attention_decode.gqa: a block per (key range, KV head) for the group's q heads, the
-        KV head's last range combining (fuse_combine; + Q8_1 under int8 decode)."""
+        KV head's last range combining (fuse_combine; + Q8_1 under int8 decode). rope: q, k
+        unroped, the kernel ropes them and writes the position's k, v rows (fuse_rope)."""
         T, H, D = (int(s) for s in q.shape)
         Hkv = int(cache.k[layer].shape[1])
         splits, warps = int(c["splits"]), int(c["warps"])
         fc = int(c["fuse_combine"]) == 1 and Hkv <= _MAX_ARGMAX_ROWS
+        q8 = q8 and D % 32 == 0
+        rk = (_NULL, _NULL, np.float32(0), np.int32(0))
+        if rope is not None:
+            assert fc, "fuse_rope needs fuse_combine (_gqa_rope)"
+            rk = (rope.k, rope.v, np.float32(rope.theta), np.int32(1 if rope.neox else 0))
         part = self._empty((T, H, splits, D))
         ml = self._empty((T, H, splits, 2))
         xq = xds = None
@@ -1134,7 +1186,7 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
                 np.int32(Hkv), np.int32(D), np.int32(pos0), self._pos_ptr(),
                 np.float32(1.0 / math.sqrt(D)), out if fc else _NULL,
                 _NULL if xq is None else xq, _NULL if xds is None else xds,
-                self._head_tickets, np.int32(int(c["early"])),
+                self._head_tickets, np.int32(int(c["early"])), *rk,
             ),
             smem=smem, pdl=True,
         )  # fmt: skip

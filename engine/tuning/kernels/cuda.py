@@ -825,6 +825,15 @@ REGISTRY.register(
                     "matmul_decode.pdl; same values)",
                     PUSHED,
                 ),
+                Param(
+                    "fuse_rope",
+                    (0, 1),
+                    0,
+                    "1 (with fuse_combine): q and k RoPE and the current position's KV-cache "
+                    "write done by the attention kernel from the q/k/v projections' outputs "
+                    "(rope_kv's arithmetic; no rope / rope_kv / kv_write launch)",
+                    HOST,
+                ),
             ),
             source="cuda/attn_decode.cu",
             numeric="order_only",
