@@ -60,11 +60,12 @@ __device__ __forceinline__ void load_rows(float4* ks, float4* vs, const float4* 
 
 // grid (SPLITS, Hkv), block warps * 32, dynamic smem (2 * KT * (D + 4) + G * D) floats.
 // q [H, D] (16-byte aligned), cache [S, Hkv, D]; part [H, SPLITS, D], ml [H, SPLITS, 2].
-extern "C" __global__ void attn_gqa(const float* __restrict__ q, float* kc, float* vc, float* part, float* ml, int H,
-                                    int Hkv, int D, int pos0, const int* pos_ptr, float scale,
-                                    float* out, signed char* xq, float2* xds,
-                                    unsigned int* tickets, int early, const float* knew,
-                                    const float* vnew, float theta, int neox) {
+extern "C" __global__ void attn_gqa(const float* __restrict__ q, float* kc, float* vc,
+                                    float* part, float* ml, int H, int Hkv, int D, int pos0,
+                                    const int* pos_ptr, float scale, float* out,
+                                    signed char* xq, float2* xds, unsigned int* tickets,
+                                    int early, const float* knew, const float* vnew,
+                                    float theta, int neox) {
     extern __shared__ float4 sm4[];
     const int G = H / Hkv, D4 = D / 4, RS = D4 + 1;  // K / V rows padded by one float4
     float4* ks = sm4;           // [KT][RS]

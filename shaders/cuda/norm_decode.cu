@@ -14,9 +14,9 @@
 
 #define NMAX 8  // float4s a thread holds at most
 
-extern "C" __global__ void __launch_bounds__(512) rms_norm_row(const float* __restrict__ x, const float* __restrict__ w,
-                                        float* __restrict__ y, signed char* __restrict__ xq,
-                                        float2* __restrict__ xds, int D, float eps) {
+extern "C" __global__ void __launch_bounds__(512)
+    rms_norm_row(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y,
+                 signed char* __restrict__ xq, float2* __restrict__ xds, int D, float eps) {
     __shared__ float red[32];
     pdl_start();
     const int row = blockIdx.x, nw = blockDim.x / 32, lane = threadIdx.x & 31;

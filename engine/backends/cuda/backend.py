@@ -477,6 +477,7 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         out = self._empty(x.shape)
         c = self.config.op("rms_norm")
         blk = c.variant == "block" and D % 4 == 0 and D <= 32 * int(c["threads"])
+        x = self._aligned16(x) if blk else x  # float4 rows (a view may start anywhere)
         if rows == 1 and x.ndim == 2 and D % 32 == 0 and self._int8_decode() and blk:
             xq, xds = self._q8_buffers(1, D)  # rms_norm.block: the row in registers
             self._launch(
