@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # helper dec15 (issue 14) on the GPU machine, ~97 s, from the repo root (.whl carried if gguf is
-# missing). Writes $OUT/dec15/: pytest.log (attention_decode.gqa, rms_norm.block, float PDL GPU
-# tests), times.log / decode_times_1.5b.json (per-kernel decode time and tg64 of the float
-# default, dec8_split2 and the dec15 configs on the 1.5B synth), mutants.log (ATTN_GQA_Q0,
-# ATTN_GQA_ROPE_SIN, NORM_ROW_WEIGHT), times7b.log if a 7B file is there in time.
+# missing). Writes $OUT/dec15/: pytest.log (attention_decode.gqa, rms_norm.block GPU tests),
+# times.log / decode_times_1.5b.json (per-kernel decode time and tg64 of the float default,
+# dec8_split2 and the dec15 configs on the 1.5B synth), pytest_glu.log (mmvf fuse_swiglu,
+# float PDL), mutants.log (ATTN_GQA_Q0, ATTN_GQA_ROPE_SIN, NORM_ROW_WEIGHT, MMVF_GLU_GATE).
 set -u -o pipefail
 OUT=${OUT:-/tmp/out}; D="$OUT/dec15"; mkdir -p "$D"
 T0=$(date +%s)
@@ -17,7 +17,7 @@ if [ ! -f $M ]; then M=/tmp/dec15_m15.gguf
   [ -f $M ] || (python3 -m engine synth --preset 1.5b --out /tmp/dec15_m15.part.gguf > "$D/synth.log" 2>&1 \
     && mv /tmp/dec15_m15.part.gguf $M) &
 fi
-CONFIGS=default,f15_all,f15_all_fr,f15_all_pdl,f15_all_fr_pdl,dec8_split2,d15,d15_fr,d15_pdl,d15_fr_pdl,f15_gqa,f15_norm,f15_fkv,f15_all_s8,f15_all_s32,f15_all_pdl_ne,f15_all_w2,d15_gqa,d15_norm,d15_s8,d15_s32
+CONFIGS=default,f15_all,f15_all_fr,f15_all_fr_glu,f15_all_pdl,f15_all_fr_pdl,f15_all_fr_glu_pdl,dec8_split2,d15,d15_fr,d15_pdl,d15_fr_pdl,f15_gqa,f15_norm,f15_fkv,f15_all_s8,f15_all_s32,f15_all_pdl_ne,f15_all_w2,f15_glu,d15_gqa,d15_norm,d15_s8,d15_s32
 python3 - > /tmp/dec15_cfgs.json <<PY
 import json
 from scripts.device_speed import VARIANTS
@@ -27,20 +27,24 @@ for i in 0 1 2 3 4 5; do
   python3 scripts/cuda_precompile.py /tmp/dec15_cfgs.json --part $i/6 >> "$D/precompile.log" 2>&1 &
 done
 timeout 38 python3 -m pytest -q -m gpu -p no:cacheprovider -rfE --tb=short --maxfail=3 \
-  tests/test_cuda_attn_decode.py tests/test_cuda_norm_decode.py \
-  tests/test_cuda_pdl.py -k "gqa or norm or float" > "$D/pytest.log" 2>&1
+  tests/test_cuda_attn_decode.py tests/test_cuda_norm_decode.py > "$D/pytest.log" 2>&1
 echo "pytest rc=$? $(tail -1 "$D/pytest.log") at $(el) s" | tee "$D/summary.txt"
 for i in $(seq 15); do [ -f $M ] && break; sleep 1; done
 if [ -f $M ]; then
   timeout 38 python3 scripts/decode_times.py $M --out "$D" --configs "$CONFIGS" \
-    --profile f15_all_fr,d15_fr --gen 64 --repeats 2 --steps 3 \
+    --profile f15_all_fr_glu,d15_fr --gen 64 --repeats 2 --steps 3 \
     --deadline $(( $(date +%s) + 34 )) > "$D/times.log" 2>&1
   echo "times rc=$? at $(el) s" | tee -a "$D/summary.txt"
 else echo "no 1.5B model at $(el) s" | tee -a "$D/summary.txt"; fi
 LEFT=$((96 - $(el)))
+[ $LEFT -gt 8 ] && timeout $((LEFT / 2)) python3 -m pytest -q -m gpu -p no:cacheprovider -rfE \
+  --tb=short --maxfail=3 tests/test_cuda_mmvf_glu.py tests/test_cuda_pdl.py -k "glu or float" \
+  > "$D/pytest_glu.log" 2>&1
+echo "glu/pdl pytest rc=$? $(tail -1 "$D/pytest_glu.log") at $(el) s" | tee -a "$D/summary.txt"
+LEFT=$((96 - $(el)))
 [ $LEFT -gt 8 ] && timeout $LEFT python3 -m pytest -q -m gpu -p no:cacheprovider -rfE --tb=short \
-  tests/test_mutants.py -k "ATTN_GQA_Q0 or ATTN_GQA_ROPE_SIN or NORM_ROW_WEIGHT" > "$D/mutants.log" 2>&1
+  tests/test_mutants.py -k "ATTN_GQA_Q0 or ATTN_GQA_ROPE_SIN or NORM_ROW_WEIGHT or MMVF_GLU_GATE" > "$D/mutants.log" 2>&1
 echo "mutants rc=$? $(tail -1 "$D/mutants.log" 2>/dev/null) at $(el) s" | tee -a "$D/summary.txt"
-grep -hE "^(FAILED|ERROR)" "$D"/pytest.log "$D"/mutants.log 2>/dev/null | head -20 | cut -c1-300 >> "$D/summary.txt"
+grep -hE "^(FAILED|ERROR)" "$D"/pytest.log "$D"/pytest_glu.log "$D"/mutants.log 2>/dev/null | head -20 | cut -c1-300 >> "$D/summary.txt"
 cat "$D/times.log" 2>/dev/null | cut -c1-700 | tail -30
 echo "done at $(el) s"

@@ -206,6 +206,10 @@ VARIANTS |= {
     "f15_all_fr_pdl": F15 | {_A + "fuse_rope": 1, _D + "pdl": 1},
     "d15_fr": S2 | _GQA | _NB | {_A + "fuse_rope": 1},
     "d15_fr_pdl": S2 | _GQA | _NB | {_A + "fuse_rope": 1, _D + "pdl": 1},
+    # + gate, up and SwiGLU in one mmvf launch (mmvf_glu)
+    "f15_glu": {_D + "fuse_swiglu": 1},
+    "f15_all_fr_glu": F15 | {_A + "fuse_rope": 1, _D + "fuse_swiglu": 1},
+    "f15_all_fr_glu_pdl": F15 | {_A + "fuse_rope": 1, _D + "fuse_swiglu": 1, _D + "pdl": 1},
 }
 # --sweep: coordinate descent over these knobs, in this order, from the --sweep variant
 SWEEP_KNOBS = (

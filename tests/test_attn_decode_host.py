@@ -139,3 +139,21 @@ def test_gqa_fuse_rope_is_a_bypassed_fusion():
     on = TuningConfig.from_flat("cuda", GQA | {"attention_decode.fuse_rope": 1})
     assert "attention_decode" in be.hook_bypassed_fusions(on)
     assert "attention_decode" not in be.hook_bypassed_fusions(be.config)
+
+
+# --- matmul_decode.mmvf fuse_swiglu (mmvf_glu) ------------------------------------------------
+@pytest.mark.parametrize("rpt,fused", [(2, True), (4, True), (1, False)])
+def test_mmvf_glu_launches(tiny_model_factory, rpt, fused):
+    """fuse_swiglu: one mmvf_glu launch a layer instead of the gate/up launch and swiglu (odd
+    rows_per_thread: the two launches); a bypassed fusion for blame."""
+    flat = {"matmul_decode.fuse_swiglu": 1, "matmul_decode.rows_per_thread": rpt}
+    launches, m = _decode_launches(tiny_model_factory, flat)
+    count = Counter(launch.kernel for launch in launches)
+    glu = [launch for launch in launches if launch.kernel.startswith("mmvf_glu_")]
+    n = m.spec.n_layers
+    assert len(glu) == (n if fused else 0)
+    assert count["swiglu"] == (0 if fused else n)
+    per = 4 * 32 // 32 * rpt // 2  # warps 4, threads_per_row 32
+    assert all(g.grid[0] == -(-m.spec.n_ff // per) for g in glu)
+    be = FakeCuda(TuningConfig.from_flat("cuda", flat))
+    assert "matmul_decode" in be.hook_bypassed_fusions(be.config)

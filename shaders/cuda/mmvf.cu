@@ -331,16 +331,20 @@ __device__ __forceinline__ float vf_dot(const typename VF<QT>::WS& w, const Slot
 
 // The RPT dot products of rows row0.. (clamped to N - 1) by the calling group of TPR lanes;
 // every lane of the group ends with the full sums (the whole group calls it: shuffles).
+// W2 non-null (mmvf_glu): rows r < RPT / 2 are W's rows row0 + r, the others W2's rows
+// row0 + r - RPT / 2 (gate and up of the same outputs, one activation load for both).
 template <int QT>
 __device__ __forceinline__ void mmvf_dot(const u8* __restrict__ W, int row_bytes, int N, int K,
                                          const float* __restrict__ x, int row0,
-                                         float (&acc)[RPT]) {
+                                         float (&acc)[RPT], const u8* __restrict__ W2 = nullptr) {
     const int lane = threadIdx.x % TPR;
     const int ns = VF<QT>::slots(K);
     const u8* rows[RPT];
 #pragma unroll
     for (int r = 0; r < RPT; ++r) {
-        rows[r] = W + (size_t)min(row0 + r, N - 1) * row_bytes;
+        const bool second = W2 != nullptr && r >= RPT / 2;
+        const int n = second ? row0 + r - RPT / 2 : row0 + r;
+        rows[r] = (second ? W2 : W) + (size_t)min(n, N - 1) * row_bytes;
         acc[r] = 0.f;
     }
     for (int s0 = lane; s0 < ns; s0 += TPR * UNROLL) {
@@ -485,3 +489,53 @@ MMVF_KERNEL(q4_0, QT_Q4_0)
 MMVF_KERNEL(q4_1, QT_Q4_1)
 MMVF_KERNEL(q5_0, QT_Q5_0)
 MMVF_KERNEL(q8_0, QT_Q8_0)
+
+// matmul_decode.mmvf fuse_swiglu: y[n] = silu(gate[n] . x) * (up[n] . x), gate and up of one
+// type and shape; a lane group walks RPT / 2 rows of each together (RPT even), so the block
+// count is the gate launch's alone and no gate / up output goes through memory. silu * up as
+// elementwise.cu's swiglu computes it (the same bits).
+#define MMVF_GLU_KERNEL(name, QT)                                                           \
+    extern "C" __global__ void __launch_bounds__(NW * 32 MMVF_BOUNDS_MINB)                  \
+        mmvf_glu_##name(const float* __restrict__ x, int K, const u8* Wg, const u8* Wu,       \
+                        int rb, int N, float* Y) {                                          \
+        pdl_start();                                                                        \
+        mmvf_glu_rows<QT>(Wg, Wu, rb, N, K, x, Y, blockIdx.x);                              \
+    }
+
+template <int QT>
+__device__ __forceinline__ void mmvf_glu_rows(const u8* __restrict__ Wg, const u8* __restrict__ Wu,
+                                              int row_bytes, int N, int K,
+                                              const float* __restrict__ x, float* Y, int bi) {
+    static_assert(RPT % 2 == 0, "mmvf_glu pairs gate and up rows: RPT even");
+    constexpr int H = RPT / 2;
+    const int g = threadIdx.x / TPR, lane = threadIdx.x % TPR;
+    constexpr int QE = Q4P && QT == QT_Q4_K ? QT_Q4K_PAIR : QT;
+    x = mmvf_x<QE>(x, K);
+    const int row0 = (bi * MMVF_GROUPS + g) * H;
+#if TPR <= 32
+    if (row0 >= N) return;
+#endif
+    float acc[RPT];
+    mmvf_dot<QE>(Wg, row_bytes, N, K, x, row0, acc, Wu);
+    if (lane == 0) {
+#pragma unroll
+        for (int r = 0; r < H; ++r) {
+            const int n = row0 + r;
+#ifdef MUTANT_MMVF_GLU_GATE  // planted bug: silu(gate) times gate, not up
+            const float v = acc[r], u = acc[r];
+#else
+            const float v = acc[r], u = acc[r + H];
+#endif
+            if (n < N) Y[n] = v / (1.f + expf(-v)) * u;
+        }
+    }
+}
+
+#if RPT % 2 == 0
+MMVF_GLU_KERNEL(q4_k, QT_Q4_K)
+MMVF_GLU_KERNEL(q6_k, QT_Q6_K)
+MMVF_GLU_KERNEL(q4_0, QT_Q4_0)
+MMVF_GLU_KERNEL(q4_1, QT_Q4_1)
+MMVF_GLU_KERNEL(q5_0, QT_Q5_0)
+MMVF_GLU_KERNEL(q8_0, QT_Q8_0)
+#endif

@@ -871,6 +871,8 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         fused = ("fuse_swiglu", "fuse_norm", "fuse_rope")
         if dec.variant == "mmvw" and any(int(dec[k]) for k in fused):
             out.append("matmul_decode")
+        if dec.variant == "mmvf" and int(dec["fuse_swiglu"]):  # mmvf_glu
+            out.append("matmul_decode")
         if int(config.op("rope")["fuse_kv"]):
             out.append("rope")
         att = config.op("attention_decode")

@@ -94,8 +94,22 @@ class CudaFloatDecodeOps:
         return y
 
     def _mmvf_ffn(self, h: Any, gate: Any, up: Any, down: Any, r: Any) -> Any:
-        """r + down(swiglu(h gate^T, h up^T)) of a decode row: gate and up in one launch."""
+        """r + down(swiglu(h gate^T, h up^T)) of a decode row: gate and up in one launch (under
+        fuse_swiglu with the SwiGLU: mmvf_glu)."""
         h = self._decode_row(h)
+        c = self.config.op("matmul_decode")
+        rpt = int(c["rows_per_thread"])
+        if int(c["fuse_swiglu"]) and rpt % 2 == 0 and gate.qtype == up.qtype and gate.n == up.n:
+            y = self._empty((1, gate.n))
+            per = int(c["warps"]) * 32 // int(c["threads_per_row"]) * rpt // 2  # outputs a block
+            self._launch(
+                "mmvf", f"mmvf_glu_{QTYPE_SUFFIX[gate.qtype]}", (math.ceil(gate.n / per),),
+                (int(c["warps"]) * 32,),
+                (h, np.int32(gate.k), gate.raw, up.raw, np.int32(gate.row_bytes),
+                 np.int32(gate.n), y),
+                smem=4 * gate.k if int(c["xsmem"]) else 0, pdl=True,
+            )  # fmt: skip
+            return self.matmul_add(y, down, r)
         g, u = self._empty((1, gate.n)), self._empty((1, up.n))
         self._mmvf(h, [(gate, g, None), (up, u, None)])
         return self.matmul_add(self.swiglu(g, u), down, r)

@@ -108,6 +108,7 @@ def kernel_names(src: str) -> list[str]:
         "MMQ8_KERNEL": ["mmq8_{}"],
         "MMVQ_KERNEL": ["mmvq_{}"],
         "MMVF_KERNEL": ["mmvf_{}"],
+        "MMVF_GLU_KERNEL": ["mmvf_glu_{}"],
         "DEQ_KERNELS": ["get_rows_{}", "dequant_f16_{}"],
         "MOE_KERNEL": ["moe_{}"],
         "MOE_GROUPED_KERNEL": ["moe_grouped_{}"],

@@ -136,6 +136,15 @@ REGISTRY.register(
                     define("Q4P"),
                 ),
                 Param(
+                    "fuse_swiglu",
+                    (0, 1),
+                    0,
+                    "1: gate, up and silu(gate) * up of a decode row in one launch (mmvf_glu: a "
+                    "lane group walks rows_per_thread / 2 rows of each; needs rows_per_thread "
+                    "even and gate, up of one type, else the two launches run)",
+                    HOST,
+                ),
+                Param(
                     "pdl",
                     (0, 1),
                     0,
