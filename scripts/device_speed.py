@@ -210,6 +210,7 @@ VARIANTS |= {
     "f15_glu": {_D + "fuse_swiglu": 1},
     "f15_all_fr_glu": F15 | {_A + "fuse_rope": 1, _D + "fuse_swiglu": 1},
     "f15_all_fr_glu_pdl": F15 | {_A + "fuse_rope": 1, _D + "fuse_swiglu": 1, _D + "pdl": 1},
+    "d15_fr_glu": S2 | _GQA | _NB | {_A + "fuse_rope": 1, _D + "fuse_swiglu": 1},
 }
 # --sweep: coordinate descent over these knobs, in this order, from the --sweep variant
 SWEEP_KNOBS = (
