@@ -12,8 +12,10 @@
 // for the softmax, lane = 4 dims for P.V (V from shared memory, p broadcast by shuffles).
 // Online softmax over the range's tiles; partials [H, SPLITS, D] and (max, sum) as attn_split's,
 // so attn_combine / attn_combine_q8 merge them, or with out non-null the KV head's last range to
-// finish (a ticket per KV head, reset by that block) combines its G heads, and with xq non-null
-// writes out's Q8_1 blocks (attn_combine_q8's arithmetic): one launch for the decode attention.
+// finish (a ticket per KV head, reset by that block) combines its G heads (the ranges' (max,
+// sum) staged in shared memory, every range's partial of an output float4 in flight at once),
+// and with xq non-null writes out's Q8_1 blocks (q8.cuh's q8_store4: quantize_q8_1's
+// rounding): one launch for the decode attention.
 // With early = 1 the first tile's rows below the current position (written by earlier decode
 // steps, never by the kernels this one may overlap under PDL) are loaded before the PDL wait,
 // so the cache reads overlap the previous kernel; the current row and q come after the wait.
@@ -23,7 +25,7 @@
 // roped k row and vnew's row into the cache before reading it: rope_kv's work, no launch.
 // Needs D % 4 == 0, D <= 128, G <= 4 * warps, G <= 32 (else the host runs attn_split).
 // Tunables (launch): SPLITS (grid x), warps, fuse_combine (out), early.
-#include "common.cuh"
+#include "q8.cuh"
 
 #define NEG_INF __int_as_float(0xff800000)
 #define KT 32       // keys per tile: one per lane in the scores
@@ -45,20 +47,40 @@ __device__ __forceinline__ float dot4f(float4 a, float4 b, float acc) {
     return fmaf(a.x, b.x, fmaf(a.y, b.y, fmaf(a.z, b.z, fmaf(a.w, b.w, acc))));
 }
 
-// keys [lo, hi) of the tile starting at t0 into ks / vs (rows of RS float4s)
+// keys [lo, hi) of the tile starting at t0 into ks / vs (rows of RS float4s): LU float4s of
+// K and of V a thread, all loads issued before any store (one memory round trip a tile at
+// 128 threads and D = 128; a plain loop waited for each pair in turn)
+#define LU 8
 __device__ __forceinline__ void load_rows(float4* ks, float4* vs, const float4* k4,
                                           const float4* v4, size_t rstride, int D4, int RS,
                                           int t0, int lo, int hi) {
     const int n = (hi - lo) * D4;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const int j = lo - t0 + i / D4, c = i % D4;
-        const size_t g = (size_t)(t0 + j) * rstride + c;
-        ks[j * RS + c] = k4[g];
-        vs[j * RS + c] = v4[g];
+    for (int i0 = threadIdx.x; i0 < n; i0 += LU * blockDim.x) {
+        float4 kr[LU], vr[LU];
+#pragma unroll
+        for (int u = 0; u < LU; ++u) {
+            const int i = i0 + u * blockDim.x;
+            if (i < n) {
+                const int j = lo - t0 + i / D4, c = i % D4;
+                const size_t g = (size_t)(t0 + j) * rstride + c;
+                kr[u] = k4[g];
+                vr[u] = v4[g];
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < LU; ++u) {
+            const int i = i0 + u * blockDim.x;
+            if (i < n) {
+                const int j = lo - t0 + i / D4, c = i % D4;
+                ks[j * RS + c] = kr[u];
+                vs[j * RS + c] = vr[u];
+            }
+        }
     }
 }
 
-// grid (SPLITS, Hkv), block warps * 32, dynamic smem (2 * KT * (D + 4) + G * D) floats.
+// grid (SPLITS, Hkv), block warps * 32, dynamic smem max(2 * KT * (D + 4) + G * D, 2 * G * SPLITS)
+// floats.
 // q [H, D] (16-byte aligned), cache [S, Hkv, D]; part [H, SPLITS, D], ml [H, SPLITS, 2].
 extern "C" __global__ void attn_gqa(const float* __restrict__ q, float* kc, float* vc,
                                     float* part, float* ml, int H, int Hkv, int D, int pos0,
@@ -200,54 +222,69 @@ extern "C" __global__ void attn_gqa(const float* __restrict__ q, float* kc, floa
     }
     if (!out) return;
     __shared__ bool last;
-    __shared__ float hm[GMAX], hinv[GMAX];
+    __shared__ float hinv[GMAX];
     __threadfence();  // this block's partials are visible before its ticket is counted
     __syncthreads();
     if (threadIdx.x == 0) last = atomicAdd(tickets + kvh, 1u) == (unsigned)(nsplit - 1);
     __syncthreads();
     if (!last) return;
     __threadfence();
-    for (int g = threadIdx.x; g < G; g += blockDim.x) {
-        const float* pm = ml + 2 * (size_t)(kvh * G + g) * nsplit;
-        float M = NEG_INF;
-        for (int r = 0; r < nsplit; ++r) M = fmaxf(M, __ldcg(pm + 2 * r));
-        float Ls = 0.f;
-        for (int r = 0; r < nsplit; ++r) {
-            const float mr = __ldcg(pm + 2 * r);
-            if (mr != NEG_INF) Ls += __ldcg(pm + 2 * r + 1) * expf(mr - M);
-        }
-        hm[g] = M;
-        hinv[g] = 1.f / Ls;
+    // The group's (max, sum) pairs into shared memory (the K / V tiles' space) in one round
+    // trip; a warp per head: its max over the ranges, 1 / sum, and a weight per range
+    // exp(m_r - max) (0 for an empty range) in place of m_r.
+    const int nml = G * nsplit;  // [G][nsplit]
+    float* wts = (float*)sm4;
+    float* sums = wts + nml;
+    for (int i = threadIdx.x; i < nml; i += blockDim.x) {
+        const float2 v = __ldcg((const float2*)ml + (size_t)kvh * nml + i);
+        wts[i] = v.x;
+        sums[i] = v.y;
     }
     __syncthreads();
-    const int n = G * D;
-    for (int e0 = 0; e0 < n; e0 += blockDim.x) {  // whole warps: the Q8_1 shuffles
-        const int e = e0 + threadIdx.x, g = e / D, d = e - g * D;
-        const bool ok = e < n;
-        float a = 0.f;
+    for (int g = warp; g < G; g += nw) {
+        float* wg = wts + g * nsplit;
+        float M = NEG_INF;
+        for (int r = lane; r < nsplit; r += 32) M = fmaxf(M, wg[r]);
+        M = warp_max(M);
+        float Ls = 0.f;
+        for (int r = lane; r < nsplit; r += 32) {
+            const float mr = wg[r], w = mr != NEG_INF ? expf(mr - M) : 0.f;
+            Ls += sums[g * nsplit + r] * w;
+            wg[r] = w;  // each lane rewrites only the entries it read
+        }
+        Ls = warp_sum(Ls);
+        if (lane == 0) hinv[g] = 1.f / Ls;
+    }
+    __syncthreads();
+    // outputs 4 at a time: every range's partial of a float4 in flight before the sums
+    const int n4 = G * D4;
+    const float4* p4 = (const float4*)part + (size_t)kvh * G * nsplit * D4;
+    for (int e0 = 0; e0 < n4; e0 += blockDim.x) {  // whole warps: the Q8_1 shuffles
+        const int e = e0 + threadIdx.x, g = e / D4, d4 = e - g * D4;
+        const bool ok = e < n4;
+        float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
         if (ok) {
-            const size_t o = (size_t)(kvh * G + g) * nsplit;
-            const float M = hm[g];
-            for (int r = 0; r < nsplit; ++r) {
-                const float mr = __ldcg(ml + 2 * (o + r));
-                if (mr != NEG_INF) a += __ldcg(part + (o + r) * D + d) * expf(mr - M);
-            }
-            a = a * hinv[g];
-        }
-        const size_t oe = (size_t)kvh * n + e;  // = (kvh * G + g) * D + d
-        if (xq) {  // warps cover 32 consecutive values (D % 32 == 0)
-            const float amax = warp_max(fabsf(a));
-            const float dq = amax / 127.f, id = amax > 0.f ? 127.f / amax : 0.f;
-            const int qv = __float2int_rn(a * id);
-            int sq = qv;
+            const float* wg = wts + g * nsplit;
+            const float4* pg = p4 + (size_t)g * nsplit * D4 + d4;
+            for (int r0 = 0; r0 < nsplit; r0 += LU) {
+                float4 pv[LU];
 #pragma unroll
-            for (int o = 16; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
-            if (ok) {
-                xq[oe] = (signed char)qv;
-                if (lane == 0) xds[oe / 32] = make_float2(dq, dq * (float)sq);
+                for (int u = 0; u < LU; ++u)
+                    pv[u] = r0 + u < nsplit ? __ldcg(pg + (size_t)(r0 + u) * D4)
+                                            : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+                for (int u = 0; u < LU; ++u) {
+                    const float w = r0 + u < nsplit ? wg[r0 + u] : 0.f;
+                    a.x = fmaf(pv[u].x, w, a.x), a.y = fmaf(pv[u].y, w, a.y);
+                    a.z = fmaf(pv[u].z, w, a.z), a.w = fmaf(pv[u].w, w, a.w);
+                }
             }
+            const float inv = hinv[g];
+            a = make_float4(a.x * inv, a.y * inv, a.z * inv, a.w * inv);
         }
-        if (ok) out[oe] = a;
+        const size_t oe = (size_t)kvh * n4 + e;  // float4 index: ((kvh * G + g) * D) / 4 + d4
+        if (xq) q8_store4(a, xq + 4 * oe, xds + oe / 8, (int)(oe & 7), ok);  // D % 32 == 0
+        if (ok) ((float4*)out)[oe] = a;
     }
     if (threadIdx.x == 0) tickets[kvh] = 0;
 }

@@ -1181,7 +1181,8 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         xq = xds = None
         if fc and q8:
             xq, xds = self._q8_buffers(T, H * D)
-        smem = 4 * (2 * 32 * (D + 4) + (H // Hkv) * D)
+        # K / V tiles and q; the combine reuses it for the group's (max, sum) pairs
+        smem = 4 * max(2 * 32 * (D + 4) + (H // Hkv) * D, 2 * (H // Hkv) * splits)
         self._launch(
             "attn_decode", "attn_gqa", (splits, Hkv), (32 * warps,),
             (
