@@ -56,7 +56,7 @@ def test_fused_decode_launches(tiny_model_factory, knobs):
     assert count["swiglu_q8"] == (0 if glu else n)
     assert count["mmvw_norm"] == (2 * n - 1 if norm else 0)  # o and down; the last down not
     # the first layer's input norm and the output norm stay; the rest end mmvw_norm launches
-    assert count["rms_norm_q8"] == (2 if norm else 2 * n + 1)
+    assert count["rms_norm_q8"] + count["rms_norm_row"] == (2 if norm else 2 * n + 1)
     rope = knobs.get("matmul_decode.fuse_rope", 0) == 1
     assert count["mmvw_qkv"] == (n if rope else 0)
     assert count["rope_kv"] == (0 if rope else n)

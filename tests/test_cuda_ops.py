@@ -212,7 +212,7 @@ def test_embedding(cp, be, qtype, T):
 @pytest.mark.parametrize("rpb", [1, 4, 8])
 @pytest.mark.parametrize("shape", [(1, 7), (3, 896), (5, 4, 64), (1, 2, 128), (33, 257)])
 def test_rms_norm(be, shape, rpb):
-    be.set_config(cfg(**{"rms_norm.rows_per_block": rpb}))
+    be.set_config(cfg(**{"rms_norm.variant": "warp", "rms_norm.rows_per_block": rpb}))
     rng = np.random.default_rng(len(shape))
     x = rng.standard_normal(shape).astype(np.float32) * 3
     w = qtensor(rng, (shape[-1],), "F32")
@@ -356,7 +356,8 @@ def test_quantize_q8_1(be, T, K, threads):
 def test_rms_norm_q8_fused(be, D, threads):
     """One decode row under mmvq: the fused kernel's float output equals rms_norm's, and the
     Q8_1 form it leaves is what matmul then uses (no second quantization)."""
-    be.set_config(cfg(**{"matmul_decode.variant": "mmvq", "quantize_act.threads": threads}))
+    be.set_config(cfg(**{"matmul_decode.variant": "mmvq", "quantize_act.threads": threads,
+                         "rms_norm.variant": "warp"}))  # fmt: skip
     rng = np.random.default_rng(D + threads)
     x = rng.standard_normal((1, D)).astype(np.float32)
     w = qtensor(rng, (D,), "F32")
