@@ -126,7 +126,7 @@ class Position:
 
     def __str__(self) -> str:
         unit = "GB/s" if self.metric == "decode" else "TFLOP/s"
-        s = f"{self.achieved:,.0f} {unit}" if unit == "GB/s" else f"{self.achieved:,.1f} {unit}"
+        s = f"{self.achieved:.3g} {unit}"
         if self.fraction is not None:
             s += f" ({self.fraction:.0%} of {self.ceiling:,.0f}; ceiling {self.ceiling_tok_s:,.0f}"
             s += " tok/s)"
