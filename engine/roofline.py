@@ -133,31 +133,21 @@ class Position:
         return s
 
 
+def _position(metric: str, per: float, tok_s: float, ceil: float | None, unit: float) -> Position:
+    rate = per * tok_s / unit
+    return Position(metric, per, rate, ceil, rate / ceil if ceil else None,
+                    ceil * unit / per if ceil else None)  # fmt: skip
+
+
 def decode_position(
     work: Work, prompt_tokens: int, gen_tokens: int, tok_s: float, ceilings: Ceilings | None
 ) -> Position:
     per = work.decode_bytes(prompt_tokens + gen_tokens / 2)  # the mean context of the run
-    ceil = ceilings.copy_gb_s if ceilings else None
-    return Position(
-        "decode",
-        per,
-        per * tok_s / 1e9,
-        ceil,
-        per * tok_s / 1e9 / ceil if ceil else None,
-        ceil * 1e9 / per if ceil else None,
-    )
+    return _position("decode", per, tok_s, ceilings.copy_gb_s if ceilings else None, 1e9)
 
 
 def prefill_position(
     work: Work, prompt_tokens: int, tok_s: float, ceilings: Ceilings | None
 ) -> Position:
     per = work.prefill_flops(prompt_tokens / 2)  # causal: a token meets half the prompt
-    ceil = ceilings.fp16_tflops if ceilings else None
-    return Position(
-        "prefill",
-        per,
-        per * tok_s / 1e12,
-        ceil,
-        per * tok_s / 1e12 / ceil if ceil else None,
-        ceil * 1e12 / per if ceil else None,
-    )
+    return _position("prefill", per, tok_s, ceilings.fp16_tflops if ceilings else None, 1e12)
