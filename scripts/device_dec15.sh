@@ -12,10 +12,11 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
 python3 -c "import gguf" 2> /dev/null || python3 -m pip install -q --no-index --no-deps \
     --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 git log --oneline -1 > "$D/commit.txt" 2>/dev/null
-M=/tmp/models/1.5b.gguf
-if [ ! -f $M ]; then M=/tmp/dec15_m15.gguf
-  [ -f $M ] || (python3 -m engine synth --preset 1.5b --out /tmp/dec15_m15.part.gguf > "$D/synth.log" 2>&1 \
-    && mv /tmp/dec15_m15.part.gguf $M) &
+P=${PRESET:-1.5b}  # PRESET=7b: the 7B synth (~1 min to write: give it a call of its own)
+M=/tmp/models/$P.gguf
+if [ ! -f $M ]; then M=/tmp/dec15_$P.gguf
+  [ -f $M ] || (python3 -m engine synth --preset $P --out /tmp/dec15_$P.part.gguf > "$D/synth.log" 2>&1 \
+    && mv /tmp/dec15_$P.part.gguf $M) &
 fi
 CONFIGS=default,warp_norm,f15_fkv,f15_all,f15_all_fr,f15_all_fr_glu,dec8_split2,dec8_split2_warp,d15,d15_fr,d15_fr_glu,f15_all_s8,f15_all_s32,f15_all_fr_s8,d15_s8,d15_fr_s8,f15_glu,f15_all_fr_glu_pdl,d15_fr_pdl,f15_all_pdl_ne
 python3 - > /tmp/dec15_cfgs.json <<PY
@@ -29,7 +30,7 @@ done
 timeout 38 python3 -m pytest -q -m gpu -p no:cacheprovider -rfE --tb=short --maxfail=3 \
   tests/test_cuda_attn_decode.py tests/test_cuda_norm_decode.py > "$D/pytest.log" 2>&1
 echo "pytest rc=$? $(tail -1 "$D/pytest.log") at $(el) s" | tee "$D/summary.txt"
-for i in $(seq 15); do [ -f $M ] && break; sleep 1; done
+for i in $(seq ${WAIT_MODEL_S:-15}); do [ -f $M ] && break; sleep 1; done
 if [ -f $M ]; then
   timeout 38 python3 scripts/decode_times.py $M --out "$D" --configs "$CONFIGS" \
     --profile f15_all_fr_glu,d15_fr --gen 64 --repeats 2 --steps 3 \
