@@ -54,19 +54,20 @@ def test_gqa_launches(tiny_model_factory, dec, fc, early, splits, warps):
 
 
 @pytest.mark.parametrize("H,Hkv,D,warps,ok", [
-    (12, 2, 128, 4, True), (28, 4, 128, 1, False), (28, 4, 128, 2, True), (4, 2, 256, 4, False),
+    (12, 2, 128, 4, True), (28, 4, 128, 1, False), (28, 4, 128, 2, True), (4, 2, 256, 4, True),
+    (4, 2, 264, 4, False),
     (3, 1, 80, 1, True), (2, 2, 66, 4, False), (64, 1, 64, 8, False), (32, 1, 64, 8, True),
 ])  # fmt: skip
 def test_gqa_limits(H, Hkv, D, warps, ok):
-    """The shapes attn_gqa takes (D % 4 == 0, D <= 128, group <= 4 x warps and <= 32); the
+    """The shapes attn_gqa takes (D % 4 == 0, D <= 256, group <= 4 x warps and <= 32); the
     host sends the others to attn_split."""
     assert FakeCuda._gqa_fits(H, Hkv, D, warps) is ok
 
 
 def test_gqa_falls_back_to_split():
     be = FakeCuda(TuningConfig.from_flat("cuda", GQA))
-    q = be.upload(np.zeros((1, 4, 256), np.float32))
-    cache = be.new_kv_cache(1, 8, 2, 256)
+    q = be.upload(np.zeros((1, 4, 264), np.float32))
+    cache = be.new_kv_cache(1, 8, 2, 264)
     be.launches.clear()
     be.attention(q, cache, 0, 5)
     assert [launch.kernel for launch in be.launches] == ["attn_split", "attn_combine"]

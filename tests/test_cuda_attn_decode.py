@@ -1,5 +1,5 @@
 """attention_decode.gqa (shaders/cuda/attn_decode.cu) against float64 NumPy (`pytest -m gpu`):
-ragged shapes (group sizes 1-16, head dims 32-128, positions that leave key ranges empty or
+ragged shapes (group sizes 1-16, head dims 32-256, positions that leave key ranges empty or
 end a tile short), every knob's extremes, twice per config (the per-KV-head tickets reset);
 early loads equal late ones to the bit; under int8 decode the fused combine leaves the Q8_1
 form the o projection reads; whole tiny models: graph replay equals eager, PDL equals plain
@@ -18,7 +18,8 @@ pytestmark = pytest.mark.gpu
 GQA = {"attention_decode.variant": "gqa"}
 SHAPES = [  # H, Hkv, D, pos0
     (12, 2, 128, 511), (28, 4, 128, 600), (4, 2, 64, 37), (3, 1, 80, 9), (1, 1, 32, 0),
-    (14, 2, 64, 100), (16, 1, 128, 70), (8, 8, 128, 40), (7, 1, 96, 639),
+    (14, 2, 64, 100), (16, 1, 128, 70), (8, 8, 128, 40), (7, 1, 96, 639), (16, 2, 256, 300),
+    (8, 1, 256, 33), (2, 1, 160, 64),
 ]  # fmt: skip
 KNOBS = [  # splits, warps, fuse_combine, early
     (16, 4, 1, 1), (4, 4, 0, 0), (64, 8, 1, 0), (8, 2, 0, 1), (32, 1, 1, 1),
@@ -50,7 +51,7 @@ def _gqa(splits: int, warps: int, fc: int, early: int) -> dict:
 @pytest.mark.parametrize("splits,warps,fc,early", KNOBS)
 @pytest.mark.parametrize("H,Hkv,D,pos0", SHAPES)
 def test_attention_decode_gqa(be, H, Hkv, D, pos0, splits, warps, fc, early):
-    """Against float64; G > 4 x warps (or D > 128) takes attn_split, also checked here."""
+    """Against float64; G > 4 x warps (or D > 256) takes attn_split, also checked here."""
     q, k, v = _inputs(H, Hkv, D, pos0)
     cache = be.new_kv_cache(1, pos0 + 3, Hkv, D)
     be.kv_write(cache, 0, be.upload(k), be.upload(v), 0)

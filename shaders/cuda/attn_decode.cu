@@ -9,7 +9,7 @@
 // reduce -> softmax steps. Here a block stages a tile of KT = 32 keys' K and V rows in shared
 // memory (every load of the tile in flight at once), then each warp takes G / warps q heads:
 // lane = key for the scores (the K row read from shared memory, q broadcast), a warp max / sum
-// for the softmax, lane = 4 dims for P.V (V from shared memory, p broadcast by shuffles).
+// for the softmax, lane = 4 dims (and 4 more past 128) for P.V (V from shared memory, p broadcast by shuffles).
 // Online softmax over the range's tiles; partials [H, SPLITS, D] and (max, sum) as attn_split's,
 // so attn_combine / attn_combine_q8 merge them, or with out non-null the KV head's last range to
 // finish (a ticket per KV head, reset by that block) combines its G heads (the ranges' (max,
@@ -23,7 +23,7 @@
 // each block ropes its group's q heads as it stages them (rope_pair's arithmetic, the angles
 // once per block), and the block whose range holds the current position writes that position's
 // roped k row and vnew's row into the cache before reading it: rope_kv's work, no launch.
-// Needs D % 4 == 0, D <= 128, G <= 4 * warps, G <= 32 (else the host runs attn_split).
+// Needs D % 4 == 0, D <= 256, G <= 4 * warps, G <= 32 (else the host runs attn_split).
 // Tunables (launch): SPLITS (grid x), warps, fuse_combine (out), early.
 #include "q8.cuh"
 
@@ -31,6 +31,7 @@
 #define KT 32       // keys per tile: one per lane in the scores
 #define HPW_MAX 4   // q heads a warp holds at most
 #define GMAX 32     // q heads a KV group may have
+#define DL 2        // float4s of an output row a lane holds: D <= 256
 
 __device__ __forceinline__ void pdl_trigger() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -108,7 +109,7 @@ extern "C" __global__ void attn_gqa(const float* __restrict__ q, float* kc, floa
     if (settled > kb) load_rows(ks, vs, k4, v4, rstride, D4, RS, kb, kb, settled);
     pdl_wait();
     if (knew) {  // fuse_rope: q, k unroped; this position's k, v rows not yet in the cache
-        __shared__ double cs[64][2];  // cos, sin of pair j at position L - 1 (D <= 128)
+        __shared__ double cs[128][2];  // cos, sin of pair j at position L - 1 (D <= 256)
         const int half = D / 2;
         for (int j = threadIdx.x; j < half; j += blockDim.x) {
             const double ang = (double)(L - 1) * pow((double)theta, -2.0 * j / D);
@@ -155,12 +156,13 @@ extern "C" __global__ void attn_gqa(const float* __restrict__ q, float* kc, floa
     if (e0 > max(kb, settled)) load_rows(ks, vs, k4, v4, rstride, D4, RS, kb, max(kb, settled), e0);
     __syncthreads();
     float m[HPW_MAX], l[HPW_MAX];
-    float4 acc[HPW_MAX];
+    float4 acc[HPW_MAX][DL];  // float4s lane and lane + 32 of each head's output
 #pragma unroll
     for (int hh = 0; hh < HPW_MAX; ++hh) {
         m[hh] = NEG_INF;
         l[hh] = 0.f;
-        acc[hh] = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int c2 = 0; c2 < DL; ++c2) acc[hh][c2] = make_float4(0.f, 0.f, 0.f, 0.f);
     }
     for (int t0 = kb; t0 < ke; t0 += KT) {
         const int nv = min(KT, ke - t0);  // keys of this tile
@@ -192,20 +194,32 @@ extern "C" __global__ void attn_gqa(const float* __restrict__ q, float* kc, floa
             const float corr = expf(m[hh] - mn);
             p[hh] = lane < nv ? expf(sv - mn) : 0.f;
             l[hh] = l[hh] * corr + warp_sum(p[hh]);
-            acc[hh].x *= corr, acc[hh].y *= corr, acc[hh].z *= corr, acc[hh].w *= corr;
+#pragma unroll
+            for (int c2 = 0; c2 < DL; ++c2) {
+                float4& a = acc[hh][c2];
+                a.x *= corr, a.y *= corr, a.z *= corr, a.w *= corr;
+            }
             m[hh] = mn;
         }
-        const bool dl = lane < D4;
         for (int j = 0; j < nv; ++j) {
-            const float4 vf = dl ? vs[j * RS + lane] : make_float4(0.f, 0.f, 0.f, 0.f);
+            float4 vf[DL];
+#pragma unroll
+            for (int c2 = 0; c2 < DL; ++c2)
+                vf[c2] = lane + 32 * c2 < D4 ? vs[j * RS + lane + 32 * c2]
+                                             : make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
             for (int hh = 0; hh < HPW_MAX; ++hh) {
                 if (warp + hh * nw >= G) continue;
                 const float pj = __shfl_sync(0xffffffffu, p[hh], j);
-                acc[hh].x = fmaf(pj, vf.x, acc[hh].x);
-                acc[hh].y = fmaf(pj, vf.y, acc[hh].y);
-                acc[hh].z = fmaf(pj, vf.z, acc[hh].z);
-                acc[hh].w = fmaf(pj, vf.w, acc[hh].w);
+#pragma unroll
+                for (int c2 = 0; c2 < DL; ++c2) {
+                    if (32 * c2 >= D4) break;  // warp-uniform: no lane holds this float4
+                    float4& a = acc[hh][c2];
+                    a.x = fmaf(pj, vf[c2].x, a.x);
+                    a.y = fmaf(pj, vf[c2].y, a.y);
+                    a.z = fmaf(pj, vf[c2].z, a.z);
+                    a.w = fmaf(pj, vf[c2].w, a.w);
+                }
             }
         }
     }
@@ -214,7 +228,9 @@ extern "C" __global__ void attn_gqa(const float* __restrict__ q, float* kc, floa
         const int g = warp + hh * nw;
         if (g >= G) continue;
         const size_t o = (size_t)(kvh * G + g) * nsplit + s;
-        if (lane < D4) ((float4*)part)[o * D4 + lane] = acc[hh];
+#pragma unroll
+        for (int c2 = 0; c2 < DL; ++c2)
+            if (lane + 32 * c2 < D4) ((float4*)part)[o * D4 + lane + 32 * c2] = acc[hh][c2];
         if (lane == 0) {
             ml[2 * o] = m[hh];
             ml[2 * o + 1] = l[hh];

@@ -1148,10 +1148,10 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
 
     @staticmethod
     def _gqa_fits(H: int, Hkv: int, D: int, warps: int) -> bool:
-        """attn_gqa's limits (attn_decode.cu): D % 4 == 0, D <= 128, a group of at most 4 q
+        """attn_gqa's limits (attn_decode.cu): D % 4 == 0, D <= 256, a group of at most 4 q
         heads a warp and 32 a block; other shapes take attn_split."""
         G = H // Hkv
-        return D % 4 == 0 and D <= 128 and G <= min(32, 4 * warps) and H % Hkv == 0
+        return D % 4 == 0 and D <= 256 and G <= min(32, 4 * warps) and H % Hkv == 0
 
     def _attn_gqa(
         self,

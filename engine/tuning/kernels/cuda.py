@@ -848,7 +848,7 @@ REGISTRY.register(
             numeric="order_only",
             doc="one block per (key range, KV head) for all q heads of the group: K and V read "
             "once per group into shared memory 32 keys at a time, lane = key for the scores, "
-            "lane = 4 dims for P.V; same partials and combine as split (head dim <= 128, "
+            "lane = 4 (8) dims for P.V; same partials and combine as split (head dim <= 256, "
             "D % 4 == 0)",
         ),
     ],
