@@ -9,7 +9,8 @@
 // reduce -> softmax steps. Here a block stages a tile of KT = 32 keys' K and V rows in shared
 // memory (every load of the tile in flight at once), then each warp takes G / warps q heads:
 // lane = key for the scores (the K row read from shared memory, q broadcast), a warp max / sum
-// for the softmax, lane = 4 dims (and 4 more past 128) for P.V (V from shared memory, p broadcast by shuffles).
+// for the softmax, lane = 4 dims (and 4 more past 128) for P.V (V from shared memory, p
+// broadcast by shuffles).
 // Online softmax over the range's tiles; partials [H, SPLITS, D] and (max, sum) as attn_split's,
 // so attn_combine / attn_combine_q8 merge them, or with out non-null the KV head's last range to
 // finish (a ticket per KV head, reset by that block) combines its G heads (the ranges' (max,
