@@ -216,6 +216,8 @@ VARIANTS |= {
     "dec8_split2_warp": S2 | {"rms_norm.variant": "warp"},
     "f15_all_fr_s8": F15 | {_A + "fuse_rope": 1, _A + "splits": 8},
     "d15_fr_s8": S2 | _GQA | _NB | {_A + "fuse_rope": 1, _A + "splits": 8},
+    "norm_t128": {"rms_norm.threads": 128},
+    "norm_t512": {"rms_norm.threads": 512},
 }
 # --sweep: coordinate descent over these knobs, in this order, from the --sweep variant
 SWEEP_KNOBS = (
