@@ -194,6 +194,38 @@ def kernel_check(model: Model, ref: dict, variants: list[str]) -> dict:
     return out
 
 
+def validate_borrowing(
+    model: Model, cand: Any, prompts: list[list[int]], reference: Any, cache: dict, steps: int = 4
+) -> dict:
+    """validate of ``cand`` prompt by prompt (the caller's and the edge prompts) with the
+    proposed drift-explained routing (engine.hybrid's route_ref) on in the prompt: a routing
+    whose top-k differs from the reference's while the candidate's router logits agree with the
+    reference's within the class's op_nmse is borrowed, as route_tie's near-ties are."""
+    from engine.tuning.registry import REGISTRY
+    from engine.validate import edge_prompts, reference_run, validate
+
+    budget, _ = REGISTRY.budget(cand)
+    ps = [list(p) for p in prompts if p]
+    seen = {tuple(p) for p in ps}
+    ps += [p for p in edge_prompts(cand, model.spec.n_vocab) if tuple(p) not in seen]
+    out = {"passed": True, "kld": 0.0, "nmse": 0.0, "borrowed": 0, "reasons": []}
+    model.routes_borrowed = 0
+    for p in ps:
+        ref = reference_run(model, reference, p, steps, cache)
+        model.route_ref = {key: z for key, z in ref.router.items() if key[1] < len(p)}
+        model.route_nmse = budget.op_nmse
+        try:
+            rep = validate(model, cand, [p], steps, reference=reference, ref_cache=cache,
+                           edges=False, blame_failures=False)  # fmt: skip
+        finally:
+            model.route_ref = {}
+        out["passed"] &= rep.passed
+        out["kld"], out["nmse"] = max(out["kld"], rep.kld_max), max(out["nmse"], rep.nmse)
+        out["reasons"] += [f"prompt of {len(p)}: {r}" for r in rep.reasons]
+    out["borrowed"] = model.routes_borrowed
+    return out
+
+
 def _cuda(args: argparse.Namespace) -> dict:
     from device_hybrid_bench import config
 
@@ -207,11 +239,6 @@ def _cuda(args: argparse.Namespace) -> dict:
     model, out = eng.model, {}
     print(f"loaded {args.model} in {time.time() - t0:.1f} s", flush=True)
     default = TuningConfig.default(args.backend)
-    for v in [v for v in args.bench.split(",") if v]:  # pp / tg tok/s, one run after a warm-up
-        model.set_config(config(v, args.backend))
-        r = bench(model, [512], args.gen, 1, 1).results[0]
-        out.setdefault("bench", {})[v] = [r.prefill_tok_s.median, r.decode_tok_s.median]
-        print(f"bench {v:16s} pp512 {r.prefill_tok_s.median:9.1f} tok/s", flush=True)
     prompt = bench_prompt(args.tokens, model.spec.n_vocab, seed=args.seed)
     cands = {n: (model, config(n, args.backend)) for n in args.candidates.split(",") if n}
     if cands:
@@ -232,6 +259,18 @@ def _cuda(args: argparse.Namespace) -> dict:
               f"NMSE {rep.nmse:.3g} (worst prompt {worst.prompt_tokens} tokens; routes forced "
               f"{sum(p.routes_forced for p in rep.prompts)}) blame {rep.blame} "
               f"{time.time() - t1:.1f} s", flush=True)  # fmt: skip
+    for v in [v for v in args.validate_borrowing.split(",") if v]:
+        t1 = time.time()
+        r = validate_borrowing(model, config(v, args.backend), prompts, default, cache)
+        out.setdefault("validate_borrowing", {})[v] = r
+        print(f"validate+borrowing {v:16s} {'PASS' if r['passed'] else 'FAIL'} KLD {r['kld']:.3g} "
+              f"NMSE {r['nmse']:.3g} drift-explained routings borrowed {r['borrowed']} "
+              f"{r['reasons'][:2]} {time.time() - t1:.1f} s", flush=True)  # fmt: skip
+    for v in [v for v in args.bench.split(",") if v]:  # pp / tg tok/s, one run after a warm-up
+        model.set_config(config(v, args.backend))
+        r = bench(model, [512], args.gen, 1, 1).results[0]
+        out.setdefault("bench", {})[v] = [r.prefill_tok_s.median, r.decode_tok_s.median]
+        print(f"bench {v:16s} pp512 {r.prefill_tok_s.median:9.1f} tok/s", flush=True)
     return out
 
 
@@ -252,6 +291,10 @@ def main() -> int:
     ap.add_argument("--json", default=None, help="write the results here")
     ap.add_argument("--bench", default="", help="GPU: variants to bench (pp512) first")
     ap.add_argument("--validate", default="", help="GPU: variants to validate last")
+    ap.add_argument(
+        "--validate-borrowing", default="",
+        help="GPU: variants to validate with drift-explained routings borrowed (proposed)",
+    )  # fmt: skip
     ap.add_argument("--blame", action="store_true", help="GPU: blame validate's failures")
     ap.add_argument("--gen", type=int, default=8, help="GPU: bench's decode tokens")
     args = ap.parse_args()
