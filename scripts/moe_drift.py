@@ -195,19 +195,24 @@ def kernel_check(model: Model, ref: dict, variants: list[str]) -> dict:
 
 
 def validate_borrowing(
-    model: Model, cand: Any, prompts: list[list[int]], reference: Any, cache: dict, steps: int = 4
-) -> dict:
+    model: Model, cand: Any, prompts: list[list[int]], reference: Any = None,
+    cache: dict | None = None, steps: int = 4, budgets: dict | None = None, edges: bool = True,
+) -> dict:  # fmt: skip
     """validate of ``cand`` prompt by prompt (the caller's and the edge prompts) with the
     proposed drift-explained routing (engine.hybrid's route_ref) on in the prompt: a routing
     whose top-k differs from the reference's while the candidate's router logits agree with the
     reference's within the class's op_nmse is borrowed, as route_tie's near-ties are."""
+    from engine.tuning import TuningConfig
     from engine.tuning.registry import REGISTRY
     from engine.validate import edge_prompts, reference_run, validate
 
-    budget, _ = REGISTRY.budget(cand)
+    budget, _ = REGISTRY.budget(cand, budgets)
+    reference = reference or TuningConfig.default(cand.backend)
+    cache = {} if cache is None else cache
     ps = [list(p) for p in prompts if p]
     seen = {tuple(p) for p in ps}
-    ps += [p for p in edge_prompts(cand, model.spec.n_vocab) if tuple(p) not in seen]
+    if edges:
+        ps += [p for p in edge_prompts(cand, model.spec.n_vocab) if tuple(p) not in seen]
     out = {"passed": True, "kld": 0.0, "nmse": 0.0, "borrowed": 0, "reasons": []}
     model.routes_borrowed = 0
     for p in ps:
@@ -216,7 +221,7 @@ def validate_borrowing(
         model.route_nmse = budget.op_nmse
         try:
             rep = validate(model, cand, [p], steps, reference=reference, ref_cache=cache,
-                           edges=False, blame_failures=False)  # fmt: skip
+                           budgets=budgets, edges=False, blame_failures=False)  # fmt: skip
         finally:
             model.route_ref = {}
         out["passed"] &= rep.passed
