@@ -242,6 +242,11 @@ def _cuda(args: argparse.Namespace) -> dict:
     t0 = time.time()
     eng = load(args.model, args.backend, TuningConfig.default(args.backend), use_promoted=False)
     model, out = eng.model, {}
+
+    def save() -> None:  # after every step: a run cut by its timeout keeps what it measured
+        if args.json:
+            Path(args.json).write_text(json.dumps(out, indent=1, default=str))
+
     print(f"loaded {args.model} in {time.time() - t0:.1f} s", flush=True)
     default = TuningConfig.default(args.backend)
     prompt = bench_prompt(args.tokens, model.spec.n_vocab, seed=args.seed)
@@ -253,6 +258,7 @@ def _cuda(args: argparse.Namespace) -> dict:
         out["tie"] = drift(model, "per_token", cands, prompt, args.route_tie, ref=rec)
         if args.force_all:
             out["all"] = drift(model, "per_token", cands, prompt, args.route_tie, True, rec)
+        save()
     prompts, cache = tokenize_prompts(eng.tokenizer()), {}
     for v in [v for v in args.validate.split(",") if v]:
         t1 = time.time()
@@ -264,6 +270,7 @@ def _cuda(args: argparse.Namespace) -> dict:
               f"NMSE {rep.nmse:.3g} (worst prompt {worst.prompt_tokens} tokens; routes forced "
               f"{sum(p.routes_forced for p in rep.prompts)}) blame {rep.blame} "
               f"{time.time() - t1:.1f} s", flush=True)  # fmt: skip
+        save()
     for v in [v for v in args.validate_borrowing.split(",") if v]:
         t1 = time.time()
         r = validate_borrowing(model, config(v, args.backend), prompts, default, cache)
@@ -271,11 +278,13 @@ def _cuda(args: argparse.Namespace) -> dict:
         print(f"validate+borrowing {v:16s} {'PASS' if r['passed'] else 'FAIL'} KLD {r['kld']:.3g} "
               f"NMSE {r['nmse']:.3g} drift-explained routings borrowed {r['borrowed']} "
               f"{r['reasons'][:2]} {time.time() - t1:.1f} s", flush=True)  # fmt: skip
+        save()
     for v in [v for v in args.bench.split(",") if v]:  # pp / tg tok/s, one run after a warm-up
         model.set_config(config(v, args.backend))
         r = bench(model, [512], args.gen, 1, 1).results[0]
         out.setdefault("bench", {})[v] = [r.prefill_tok_s.median, r.decode_tok_s.median]
         print(f"bench {v:16s} pp512 {r.prefill_tok_s.median:9.1f} tok/s", flush=True)
+        save()
     return out
 
 
@@ -315,7 +324,7 @@ def main() -> int:
             return 2
         args.candidates = "default,moe_tc" if args.candidates is None else args.candidates
         out = _cuda(args)
-    if args.json:
+    if args.json:  # (the GPU flow also writes it after every step)
         Path(args.json).write_text(json.dumps(out, indent=1))
     return 0
 
