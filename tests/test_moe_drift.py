@@ -15,6 +15,7 @@ from engine.backends.numpy_ref import NumpyBackend
 from engine.gguf_model import open_model
 from engine.models import build_model
 from engine.runtime import load
+from engine.tuning import TuningConfig
 from engine.validate import tokenize_prompts, validate
 from scripts.moe_drift import validate_borrowing
 from tests.fp16_prefill import (
@@ -24,6 +25,7 @@ from tests.fp16_prefill import (
     candidate,
     fp16_budgets,
 )
+from tests.hybrid_mutants import MUTANTS as HYBRID_MUTANTS
 from tests.test_validate_routing import WrongKth
 
 
@@ -119,3 +121,17 @@ def test_fp16_experts_emulation_records_magnitudes_and_h_rounding(moe_path):
         assert 0 < st["h"] < 65504 and 0 < st["h_round_nmse"] < 1e-6
     err = np.sum((outs[0] - outs[1]) ** 2) / np.sum(outs[1] ** 2)
     assert 0 < err < 1e-6
+
+
+@pytest.mark.parametrize("name", sorted(HYBRID_MUTANTS))
+def test_drift_explained_routing_still_rejects_the_hybrid_mutants(tiny_model_factory, name):
+    """Each planted hybrid bug (tests/hybrid_mutants.py) on the MoE qwen3next, judged under the
+    fp16 class with route_tie off and drift-explained routing on: still rejected."""
+    cls = HYBRID_MUTANTS[name]
+    model = build_model(open_model(tiny_model_factory("qwen3next", "q4_k_m")), cls())
+    flat = {"prefill.chunk_tokens": 8} | getattr(cls, "candidate", {})
+    got = validate_borrowing(
+        model, TuningConfig.from_flat("numpy", flat), [list(range(3, 3 + n)) for n in (5, 37)],
+        budgets=_no_route_tie(), edges=False,
+    )  # fmt: skip
+    assert not got["passed"], name
