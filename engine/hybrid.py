@@ -71,7 +71,8 @@ class HybridModel(Model):
         # top-k, the reference's choice is borrowed (see _forced_routes)
         self.route_ref: dict[tuple[int, int], np.ndarray] = {}
         self.route_nmse = 0.0
-        self.routes_borrowed = 0  # drift-explained borrowings so far
+        # drift-explained borrowings so far: (layer, position, reference k-th minus (k+1)-th gap)
+        self.routes_borrowed: list[tuple[int, int, float]] = []
 
     def new_cache(self, capacity: int) -> HybridCache:
         s, b, ssm = self.spec, self.backend, self.spec.ssm
@@ -242,7 +243,8 @@ class HybridModel(Model):
                 err = float(np.sum((zc - zr) ** 2) / max(float(np.sum(zr * zr)), 1e-30))
                 if own != set(ref_ids.tolist()) and err <= self.route_nmse:
                     ids = ref_ids
-                    self.routes_borrowed += 1
+                    srt = np.sort(zr)[::-1]
+                    self.routes_borrowed.append((i, pos0 + t, float(srt[k - 1] - srt[k])))
             out.append((t, ids))
         return out
 

@@ -214,7 +214,7 @@ def validate_borrowing(
     if edges:
         ps += [p for p in edge_prompts(cand, model.spec.n_vocab) if tuple(p) not in seen]
     out = {"passed": True, "kld": 0.0, "nmse": 0.0, "borrowed": 0, "reasons": []}
-    model.routes_borrowed = 0
+    model.routes_borrowed = []
     for p in ps:
         ref = reference_run(model, reference, p, steps, cache)
         model.route_ref = {key: z for key, z in ref.router.items() if key[1] < len(p)}
@@ -227,7 +227,8 @@ def validate_borrowing(
         out["passed"] &= rep.passed
         out["kld"], out["nmse"] = max(out["kld"], rep.kld_max), max(out["nmse"], rep.nmse)
         out["reasons"] += [f"prompt of {len(p)}: {r}" for r in rep.reasons]
-    out["borrowed"] = model.routes_borrowed
+    out["borrowed"] = len(model.routes_borrowed)
+    out["borrowed_at"] = [(i, pos, round(g, 4)) for i, pos, g in model.routes_borrowed]
     return out
 
 
@@ -277,6 +278,7 @@ def _cuda(args: argparse.Namespace) -> dict:
         out.setdefault("validate_borrowing", {})[v] = r
         print(f"validate+borrowing {v:16s} {'PASS' if r['passed'] else 'FAIL'} KLD {r['kld']:.3g} "
               f"NMSE {r['nmse']:.3g} drift-explained routings borrowed {r['borrowed']} "
+              f"(layer, position, reference gap) {r['borrowed_at'][:8]} "
               f"{r['reasons'][:2]} {time.time() - t1:.1f} s", flush=True)  # fmt: skip
         save()
     for v in [v for v in args.bench.split(",") if v]:  # pp / tg tok/s, one run after a warm-up
