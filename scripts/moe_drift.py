@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine.model import Model  # noqa: E402
 from engine.validate import kl_divergence, near_tie_routes  # noqa: E402
 
+EMULATIONS = ("default_emu", "tc_emu", "tc_f32h_emu")  # tests/fp16_prefill.py's, in _cpu
 LABELS = ("post_attention_norm", "ffn_gate_inp", "ffn_moe", "ffn_residual")
 
 
@@ -150,7 +151,7 @@ def _cpu(args: argparse.Namespace) -> dict:
     cfg = candidate().replace(**{f"matmul_{p}.variant": "ondemand" for p in ("prefill", "decode")})
     ref = build_model(gguf, NumpyBackend())
     ref.set_config(cfg)
-    names = {"default_emu": Fp16Prefill, "tc_emu": Fp16Experts, "tc_f32h_emu": Fp16ExpertsF32H}
+    names = dict(zip(EMULATIONS, (Fp16Prefill, Fp16Experts, Fp16ExpertsF32H), strict=True))
     cands = {}
     for n in args.candidates.split(","):
         m = build_model(gguf, names[n]())
@@ -318,13 +319,24 @@ def main() -> int:
         print("error: --tokens and --layers must be >= 1")
         return 2
     if args.backend == "numpy" and not args.variants:
-        args.candidates = args.candidates or "default_emu,tc_emu,tc_f32h_emu"
+        args.candidates = args.candidates or ",".join(EMULATIONS)
+        bad = sorted(set(args.candidates.split(",")) - set(EMULATIONS))
+        if bad:
+            print(f"error: unknown emulation(s) {', '.join(bad)}; known: {', '.join(EMULATIONS)}")
+            return 2
         out = _cpu(args)
     else:
         if not args.model or not Path(args.model).is_file():
             print(f"error: --model {args.model}: no such file")
             return 2
         args.candidates = "default,moe_tc" if args.candidates is None else args.candidates
+        from device_hybrid_bench import VARIANTS
+
+        names = [args.candidates, args.bench, args.validate, args.validate_borrowing]
+        bad = sorted({v for n in names for v in n.split(",") if v} - set(VARIANTS))
+        if bad:
+            print(f"error: unknown variant(s) {', '.join(bad)}; known: {', '.join(VARIANTS)}")
+            return 2
         out = _cuda(args)
     if args.json:  # (the GPU flow also writes it after every step)
         Path(args.json).write_text(json.dumps(out, indent=1))
