@@ -43,6 +43,7 @@ SUITES: dict[str, list[tuple[str, str, str | None]]] = {
         ("tests/test_cuda_attn_decode.py", "gpu", None),  # attention_decode.gqa (+ fuse_rope)
         ("tests/test_cuda_norm_decode.py", "gpu", None),  # rms_norm.block (the default)
         ("tests/test_cuda_mmvf_glu.py", "gpu", None),  # mmvf fuse_swiglu (mmvf_glu)
+        ("tests/test_cuda_moe_drift.py", "gpu", None),  # tc under drift-explained routing
         ("tests/test_cuda_backend.py", "gpu or not gpu", None),
     ],
     "vulkan": [
