@@ -30,10 +30,20 @@
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 
+#ifdef FIXED_TILES
+// The tiles as compile-time constants (FT_M, FT_N, FT_WM, FT_WN) instead of specialization
+// constants: scripts/vulkan_probe.py compares the two (is a spec-constant-sized accumulator
+// array kept in registers by the driver?).
+const uint TILE_M = FT_M;
+const uint TILE_N = FT_N;
+const uint WARP_M = FT_WM;
+const uint WARP_N = FT_WN;
+#else
 layout(constant_id = 0) const uint TILE_M = 128;
 layout(constant_id = 1) const uint TILE_N = 128;
 layout(constant_id = 2) const uint WARP_M = 64;
 layout(constant_id = 3) const uint WARP_N = 32;
+#endif
 layout(local_size_x = 256) in;
 
 // K: weights per row; N: rows (this range); row_bytes: raw bytes per row (PASS_W16);
