@@ -302,55 +302,59 @@ class Runner:
                     return self.emit("lds", skipped="budget")
                 self.emit("lds", **self.mma_run(16, 16, 16, f16, 8, lds=e))
 
-    def gemm(self, T: int = 512, N: int = 18944, K: int = 3584) -> None:
+    def gemm(self) -> None:
         if not self._coopmat_ok("16x16x16:f16*f16+f32=f32"):
             return
         pr = self.pr
         rng = np.random.default_rng(1)
+        T, N, K = 512, 18944, 3584  # 7B ffn_up; then q/o's 3584 rows (112 tiles of 128 x 128)
         w = (rng.standard_normal((N, K)) * 0.05).astype(np.float16)
         x = rng.standard_normal((T, K)).astype(np.float16)
         wb, xb, yb = pr.buffer(w.nbytes), pr.buffer(x.nbytes), pr.buffer(T * N * 4)
         pr.upload(wb, w)
         pr.upload(xb, x)
         ref = x.astype(np.float32) @ w[:512].astype(np.float32).T  # the first 512 rows
-        flop = 2.0 * T * N * K
-        for tiles in P.GEMM_TILES:
+        for name, tiles, bk, nbuf, threads, fixed in P.GEMM_CONFIGS:
             tm, tn, wm, wn = tiles
-            if (tm // wm) * (tn // wn) * self.sg != 256:
-                self.emit("gemm", tiles=tiles, skipped=f"not one tile per subgroup at {self.sg}")
+            if (tm // wm) * (tn // wn) * self.sg != threads:
+                self.emit("gemm", config=name, skipped=f"not one tile per subgroup at {self.sg}")
                 continue
-            for how in ("spec", "fixed"):
+            for how in ("spec", "fixed") if fixed else ("spec",):
                 if self.left() < 0:
                     return self.emit("gemm", skipped="budget")
                 if how == "spec":
-                    p, layout, dsl, dt = pr.pipeline(
-                        "matmul_f16", ("BK=32", "NBUF=2"), 3, 28, {0: tm, 1: tn, 2: wm, 3: wn}
-                    )
+                    spec = {0: tm, 1: tn, 2: wm, 3: wn}
+                    defs = P.gemm_defines(bk, nbuf, threads)
                 else:
-                    p, layout, dsl, dt = pr.pipeline(
-                        "matmul_f16", P.fixed_tile_defines(*tiles), 3, 28, {}
-                    )
+                    spec, defs = {}, P.fixed_tile_defines(tiles, bk, nbuf, threads)
+                p, layout, dsl, dt = pr.pipeline("matmul_f16", defs, 3, 28, spec)
                 ds = pr.dset(dsl, [wb, xb, yb])
-                push = struct.pack("<7I", K, N, 0, 0, 0, N, T)
-                ng = (-(-N // tm)) * (-(-T // tn))
-                item = ("dispatch", p, layout, ds, push, (ng, 1, 1))
-                first = pr.run([item])
-                runs = [pr.run([item]) for _ in range(3)]
-                y = pr.download(yb, T * N * 4).view(np.float32).reshape(T, N)[:, :512]
-                nmse = float(np.sum((y - ref) ** 2) / np.sum(ref**2))
-                best = min(r.gpu_ms for r in runs)
-                self.emit(
-                    "gemm",
-                    shape=[T, N, K],
-                    tiles=tiles,
-                    tiles_as=how,
-                    tflops=round(flop / best / 1e9, 1),
-                    gpu_ms=[round(r.gpu_ms, 3) for r in runs],
-                    host_ms=[round(r.host_ms, 3) for r in runs],
-                    first_gpu_ms=round(first.gpu_ms, 3),
-                    create_s=round(dt, 3),
-                    nmse_512_rows=nmse,
-                )
+                for n in (N, 3584) if how == "spec" else (N,):
+                    push = struct.pack("<7I", K, n, 0, 0, 0, N, T)
+                    ng = (-(-n // tm)) * (-(-T // tn))
+                    item = ("dispatch", p, layout, ds, push, (ng, 1, 1))
+                    first = pr.run([item])
+                    runs = [pr.run([item]) for _ in range(3)]
+                    y = pr.download(yb, T * N * 4).view(np.float32).reshape(T, N)[:, :512]
+                    nmse = float(np.sum((y - ref) ** 2) / np.sum(ref**2))
+                    best = min(r.gpu_ms for r in runs)
+                    self.emit(
+                        "gemm",
+                        config=name,
+                        shape=[T, n, K],
+                        tiles=tiles,
+                        bk=bk,
+                        buffers=nbuf,
+                        threads=threads,
+                        tiles_as=how,
+                        groups=ng,
+                        tflops=round(2.0 * T * n * K / best / 1e9, 1),
+                        gpu_ms=[round(r.gpu_ms, 3) for r in runs],
+                        host_ms=[round(r.host_ms, 3) for r in runs],
+                        first_gpu_ms=round(first.gpu_ms, 3),
+                        create_s=round(dt, 3),
+                        nmse_512_rows=nmse,
+                    )
 
     def copy(self) -> None:
         pr = self.pr

@@ -19,8 +19,10 @@
 // Results: coopMatStore straight into y where the subgroup tile is whole and y's rows are
 // 16-byte aligned, else through shared memory, bounded (y may be a row range of a wider y).
 //
-// Tunables: specialization constants 0 TILE_M, 1 TILE_N, 2 WARP_M, 3 WARP_N; defines BK (32 or
-// 64), NBUF (1 or 2), SMEM_PAIRS (below). Bindings: GEMM 0 W16, 1 x16, 2 y; PASS_W16 0 Wq, 1 -, 2 W16; PASS_X16 0 x,
+// Tunables: specialization constants 0 TILE_M, 1 TILE_N, 2 WARP_M, 3 WARP_N; defines BK (16, 32
+// or 64: BK 16 rows are 48 bytes, still 8 distinct 4-bank groups), NBUF (1 or 2), SMEM_PAIRS
+// (below), WG_THREADS (the GEMM's workgroup: 128 threads of 64 x 64 subgroup tiles is
+// llama.cpp's coopmat shape, 16 accumulators per subgroup). Bindings: GEMM 0 W16, 1 x16, 2 y; PASS_W16 0 Wq, 1 -, 2 W16; PASS_X16 0 x,
 // 1 -, 2 x16 (binding 1 unused: the three programs share one layout of three buffers).
 
 #extension GL_GOOGLE_include_directive : require
@@ -44,7 +46,14 @@ layout(constant_id = 1) const uint TILE_N = 128;
 layout(constant_id = 2) const uint WARP_M = 64;
 layout(constant_id = 3) const uint WARP_N = 32;
 #endif
-layout(local_size_x = 256) in;
+// WG_THREADS: the GEMM's workgroup size (128, 256 or 512; the registry admits tilings with
+// (TILE_M / WARP_M) x (TILE_N / WARP_N) x subgroup size = WG_THREADS); the two conversion passes
+// are always 256.
+#if !defined(WG_THREADS) || defined(PASS_W16) || defined(PASS_X16)
+#undef WG_THREADS
+#define WG_THREADS 256
+#endif
+layout(local_size_x = WG_THREADS) in;
 
 // K: weights per row; N: rows (this range); row_bytes: raw bytes per row (PASS_W16);
 // x_off: element offset of x[0, 0] (PASS_X16) or of the first raw row (PASS_W16, in rows);
@@ -117,19 +126,22 @@ layout(binding = 2) writeonly buffer YBuf { float ys[]; };
 #endif
 const uint RS = (uint(BK) + 8u) / 8u;       // shared row stride in uvec4 (8 halves)
 const uint Q = uint(BK) / 8u;               // uvec4 per row per k-step
-const uint LW = TILE_M * Q / 256u;          // weight uvec4 per thread per step
-const uint LX = TILE_N * Q / 256u;          // token uvec4 per thread per step
+const uint LW = TILE_M * Q / WG_THREADS;    // weight uvec4 per thread per step
+const uint LX = TILE_N * Q / WG_THREADS;    // token uvec4 per thread per step
 const uint BUF = (TILE_M + TILE_N) * RS;    // one buffer: weight rows, then token rows
 const uint CM = WARP_M / 16u;
 const uint CN = WARP_N / 16u;
 const uint TILES_M = TILE_M / WARP_M;
+// The tiles, or (if larger) a 16 x 16 fp32 result slot (64 uvec4) per subgroup of at least 32
+// lanes for the bounded stores.
+const uint SH_LEN = NBUF * BUF > (WG_THREADS / 32u) * 64u ? NBUF * BUF : (WG_THREADS / 32u) * 64u;
 
 // SMEM_PAIRS: the shared tiles as f16vec2 (llama.cpp's coopmat layout: matrix loads take their
 // offsets and strides in pairs) instead of uvec4; the same bytes, another element type for the
 // driver's matrix-load lowering.
 #ifdef SMEM_PAIRS
 const uint EW = 4u;  // shared elements per uvec4
-shared f16vec2 sh[NBUF * BUF * EW];
+shared f16vec2 sh[SH_LEN * EW];
 #define SH_PUT(i, u)                                                              \
     {                                                                             \
         uint o_ = EW * (i);                                                       \
@@ -143,7 +155,7 @@ shared f16vec2 sh[NBUF * BUF * EW];
           packFloat2x16(sh[EW * (i) + 2u]), packFloat2x16(sh[EW * (i) + 3u]))
 #else
 const uint EW = 1u;
-shared uvec4 sh[NBUF * BUF];
+shared uvec4 sh[SH_LEN];
 #define SH_PUT(i, u) sh[i] = (u);
 #define SH_GET(i) sh[i]
 #endif
@@ -174,22 +186,22 @@ void main() {
     {                                                                              \
         uint kq = (st) * Q;                                                        \
         [[unroll]] for (uint i = 0u; i < LW; i++) {                                \
-            uint e = tid + 256u * i, r = n0 + e / Q;                               \
+            uint e = tid + WG_THREADS * i, r = n0 + e / Q;                         \
             rw[i] = r < pc.N ? wh[r * q16 + kq + e % Q] : uvec4(0u);               \
         }                                                                          \
         [[unroll]] for (uint i = 0u; i < LX; i++) {                                \
-            uint e = tid + 256u * i, c = c0 + e / Q;                               \
+            uint e = tid + WG_THREADS * i, c = c0 + e / Q;                         \
             rx[i] = c < pc.T ? xh[c * q16 + kq + e % Q] : uvec4(0u);               \
         }                                                                          \
     }
 #define STASH(b)                                                                   \
     {                                                                              \
         [[unroll]] for (uint i = 0u; i < LW; i++) {                                \
-            uint e = tid + 256u * i;                                               \
+            uint e = tid + WG_THREADS * i;                                         \
             SH_PUT((b) * BUF + (e / Q) * RS + e % Q, rw[i]);                       \
         }                                                                          \
         [[unroll]] for (uint i = 0u; i < LX; i++) {                                \
-            uint e = tid + 256u * i;                                               \
+            uint e = tid + WG_THREADS * i;                                         \
             SH_PUT((b) * BUF + (TILE_M + e / Q) * RS + e % Q, rx[i]);              \
         }                                                                          \
     }

@@ -26,7 +26,22 @@ from engine.backends.vulkan.spirv import compile_spirv
 MMA_SHAPES = ((16, 16, 16), (16, 8, 16), (16, 8, 8))
 MMA_NACC = (1, 2, 4, 8, 16)
 LDS_ELEMS = (1, 2, 3)  # float16_t, f16vec2, uvec4 shared arrays
-GEMM_TILES = ((128, 128, 64, 32), (128, 128, 32, 64), (128, 64, 32, 32), (64, 128, 32, 32))
+# The resident GEMM (matmul_f16.comp) as the engine builds it: (name, (tile_m, tile_n, warp_m,
+# warp_n), bk, buffers, threads, also with compile-time tiles)
+GEMM_CONFIGS = (
+    ("default", (128, 128, 64, 32), 32, 2, 256, True),
+    ("llama-128t", (128, 128, 64, 64), 32, 2, 128, True),
+    ("llama-128t-bk16", (128, 128, 64, 64), 16, 2, 128, False),
+    ("256x128-bk16", (256, 128, 64, 64), 16, 2, 256, False),
+    ("128x256-bk16", (128, 256, 64, 64), 16, 2, 256, False),
+    ("512t-w32", (128, 128, 32, 32), 32, 2, 512, False),
+    ("64x64-128t", (64, 64, 32, 32), 32, 2, 128, False),
+    ("default-b1", (128, 128, 64, 32), 32, 1, 256, False),
+)
+
+
+def gemm_defines(bk: int, nbuf: int, threads: int) -> tuple[str, ...]:
+    return tuple(sorted((f"BK={bk}", f"NBUF={nbuf}", f"WG_THREADS={threads}")))
 
 
 def mma_defines(m: int, n: int, k: int, f16acc: bool, nacc: int | None, lds: int = 0) -> tuple:
@@ -37,8 +52,12 @@ def mma_defines(m: int, n: int, k: int, f16acc: bool, nacc: int | None, lds: int
     return tuple(sorted(d))
 
 
-def fixed_tile_defines(tm: int, tn: int, wm: int, wn: int) -> tuple[str, ...]:
-    return tuple(sorted(("FIXED_TILES", f"FT_M={tm}", f"FT_N={tn}", f"FT_WM={wm}", f"FT_WN={wn}")))
+def fixed_tile_defines(
+    tiles: tuple[int, int, int, int], bk: int, nbuf: int, threads: int
+) -> tuple[str, ...]:
+    tm, tn, wm, wn = tiles
+    fixed = ("FIXED_TILES", f"FT_M={tm}", f"FT_N={tn}", f"FT_WM={wm}", f"FT_WN={wn}")
+    return tuple(sorted(fixed + gemm_defines(bk, nbuf, threads)))
 
 
 def probe_builds() -> list[tuple[str, tuple[str, ...]]]:
@@ -50,7 +69,9 @@ def probe_builds() -> list[tuple[str, tuple[str, ...]]]:
     for f16 in (False, True):
         for e in LDS_ELEMS:
             out.append(("probe_mma", mma_defines(16, 16, 16, f16, 8, e)))
-    out += [("matmul_f16", fixed_tile_defines(*t)) for t in GEMM_TILES]
+    for _, tiles, bk, nbuf, threads, fixed in GEMM_CONFIGS:
+        if fixed:
+            out.append(("matmul_f16", fixed_tile_defines(tiles, bk, nbuf, threads)))
     return sorted(set(out))
 
 

@@ -94,13 +94,18 @@ class ResidentPrefill:
     def _small_gemm(self, c: Any, qtype: str) -> Any:
         """The GEMM's pipeline with SMALL x SMALL tiles and one subgroup tile per subgroup (the
         same program and defines, other specialization constants), or None when no warp shape
-        fits the subgroup size."""
+        fits the subgroup size and the threads knob (or a thread would load a partial run)."""
         key = ("matmul_prefill.small", qtype)
         if key not in self._ops:
             prog = K.programs("matmul_prefill", c, qtype)[0]
             _, sg = K.specialization("matmul_prefill", c)
             lanes = sg or self.dev.info.subgroup_size
-            fits = [(m, n) for m, n in WARPS if (SMALL // m) * (SMALL // n) * lanes == 256]
+            threads, q = int(c["threads"]), int(c["bk"]) // 8
+            fits = [
+                (m, n)
+                for m, n in WARPS
+                if (SMALL // m) * (SMALL // n) * lanes == threads and (SMALL * q) % threads == 0
+            ]
             pipe = None
             if fits:
                 m, n = fits[0]
