@@ -42,7 +42,7 @@ from engine.backends.vulkan import probe as P  # noqa: E402
 from engine.backends.vulkan._vk import vk  # noqa: E402
 from engine.backends.vulkan.device import open_device  # noqa: E402
 
-SECTIONS = ("info", "clocks", "timing", "mma", "sustain", "lds", "gemm", "copy", "shapes")
+SECTIONS = ("info", "clocks", "timing", "mma", "gemm", "sustain", "copy", "lds", "shapes")
 SMI = "clocks.sm,clocks.mem,clocks.max.sm,pstate,power.draw,utilization.gpu,temperature.gpu"
 
 
@@ -97,7 +97,7 @@ class Runner:
             subgroup=i.subgroup_size,
             sg_range=[i.extra.get("min_subgroup_size"), i.extra.get("max_subgroup_size")],
             coopmat=self.coopmat,
-            shapes=sorted(self.shapes),
+            shapes_enumerated=self.pr.coopmat_order(),
             max_shared=i.extra.get("max_shared_memory"),
             ts_period_ns=self.dev.timestamp_period,
             ts_bits=self.dev.timestamp_bits,
@@ -314,7 +314,10 @@ class Runner:
         pr.upload(wb, w)
         pr.upload(xb, x)
         ref = x.astype(np.float32) @ w[:512].astype(np.float32).T  # the first 512 rows
-        for name, tiles, bk, nbuf, threads, fixed in P.GEMM_CONFIGS:
+        for name, tiles, bk, nbuf, threads, mma_n, fixed in P.GEMM_CONFIGS:
+            if mma_n == 8 and "16x8x16:f16*f16+f32=f32" not in self.shapes:
+                self.emit("gemm", config=name, skipped="no 16x8x16 fp32-accumulator shape")
+                continue
             tm, tn, wm, wn = tiles
             if (tm // wm) * (tn // wn) * self.sg != threads:
                 self.emit("gemm", config=name, skipped=f"not one tile per subgroup at {self.sg}")
@@ -324,9 +327,9 @@ class Runner:
                     return self.emit("gemm", skipped="budget")
                 if how == "spec":
                     spec = {0: tm, 1: tn, 2: wm, 3: wn}
-                    defs = P.gemm_defines(bk, nbuf, threads)
+                    defs = P.gemm_defines(bk, nbuf, threads, mma_n)
                 else:
-                    spec, defs = {}, P.fixed_tile_defines(tiles, bk, nbuf, threads)
+                    spec, defs = {}, P.fixed_tile_defines(tiles, bk, nbuf, threads, mma_n)
                 p, layout, dsl, dt = pr.pipeline("matmul_f16", defs, 3, 28, spec)
                 ds = pr.dset(dsl, [wb, xb, yb])
                 for n in (N, 3584) if how == "spec" else (N,):

@@ -28,7 +28,7 @@ from engine.tuning import TuningConfig
 from engine.tuning.kernels.vulkan import QUANT_TYPES
 from tests.backend_contract import BackendContract
 from tests.op_cases import dense
-from tests.test_vulkan_coopmat import CAPS, capabilities, h200_like
+from tests.test_vulkan_coopmat import CAPS, COOPMAT_SHAPE, capabilities, h200_like
 from tests.test_vulkan_helpers import make_backend, nmse, qtensor
 
 RESIDENT = {"matmul_prefill.variant": "resident"}
@@ -43,12 +43,12 @@ def test_resident_programs_build_and_validate(tmp_path):
     tools = Path(sys.executable).parent
     # one GEMM build per define-knob combination (bk 3 x buffers 2 x smem_pairs 2 x threads 3;
     # no weight type), one PASS_W16 per type, one PASS_X16
-    assert len(builds) == 3 * 2 * 2 * 3 + len(QUANT_TYPES) + 1
+    assert len(builds) == 3 * 2 * 2 * 3 * 2 + len(QUANT_TYPES) + 1  # ... x mma_n 2
     for defines in (
-        ("BK=32", "NBUF=2", "WG_THREADS=256"),
-        ("BK=64", "NBUF=1", "SMEM_PAIRS", "WG_THREADS=256"),
-        ("BK=16", "NBUF=2", "WG_THREADS=128"),
-        ("BK=32", "NBUF=2", "WG_THREADS=512"),
+        ("BK=32", "MMA_N=16", "NBUF=2", "WG_THREADS=256"),
+        ("BK=64", "MMA_N=16", "NBUF=1", "SMEM_PAIRS", "WG_THREADS=256"),
+        ("BK=16", "MMA_N=8", "NBUF=2", "WG_THREADS=128"),
+        ("BK=32", "MMA_N=16", "NBUF=2", "WG_THREADS=512"),
         ("QTYPE_Q4_K", "PASS_W16"),
         ("PASS_X16",),
     ):
@@ -106,6 +106,10 @@ def test_registry_resident_threads_and_bk16():
     assert resident_problems(wave64, subgroup_size=64, threads=128, tile_n=64, warp_n=64) == []
     assert resident_problems(None, threads=128, warp_m=64, warp_n=64) == []
     assert resident_problems(None, threads=128, warp_m=16, warp_n=16)  # 64 tiles of 2 lanes
+    # mma_n 8 (16x8x16) only where the device lists that shape
+    assert resident_problems(h, mma_n=8) == []  # h200_like lists it
+    (p,) = resident_problems(h200_like(coopmat_shapes=[COOPMAT_SHAPE]), mma_n=8)
+    assert "16x8x16" in p
 
 
 def test_lavapipe_refuses_resident_through_the_constraint():
@@ -197,6 +201,8 @@ KNOBS = [
     {"threads": 128, "warp_m": 64, "warp_n": 64, "bk": 16},
     {"tile_m": 256, "warp_m": 64, "warp_n": 64, "bk": 16},  # double-buffered in 36 KiB
     {"threads": 512, "warp_m": 32, "warp_n": 32},
+    {"mma_n": 8},  # 16x8x16: half-row result slots on the bounded path
+    {"mma_n": 8, "threads": 128, "warp_m": 64, "warp_n": 64, "bk": 16},
     {"threads": 128, "subgroup_size": 64, "tile_n": 64, "warp_n": 64},  # wave64: 2 tiles
 ]
 
@@ -336,5 +342,6 @@ def test_experiment_searches_the_resident_knobs():
     exp = load_experiment(root / "experiments" / "vulkan-prefill-tc.toml")
     grid = build_space("vulkan", exp.space_for("vulkan")).grid()
     assert grid["matmul_prefill.variant"] == ["tiled", "coopmat", "resident"]
-    for knob in ("tile_m", "tile_n", "warp_m", "warp_n", "bk", "buffers", "fill_groups", "threads"):
+    knobs = ("tile_m", "tile_n", "warp_m", "warp_n", "bk", "buffers", "fill_groups", "threads")
+    for knob in (*knobs, "mma_n"):
         assert len(grid[f"matmul_prefill.resident.{knob}"]) > 1, knob

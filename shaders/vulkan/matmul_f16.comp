@@ -22,8 +22,9 @@
 // Tunables: specialization constants 0 TILE_M, 1 TILE_N, 2 WARP_M, 3 WARP_N; defines BK (16, 32
 // or 64: BK 16 rows are 48 bytes, still 8 distinct 4-bank groups), NBUF (1 or 2), SMEM_PAIRS
 // (below), WG_THREADS (the GEMM's workgroup: 128 threads of 64 x 64 subgroup tiles is
-// llama.cpp's coopmat shape, 16 accumulators per subgroup). Bindings: GEMM 0 W16, 1 x16, 2 y; PASS_W16 0 Wq, 1 -, 2 W16; PASS_X16 0 x,
-// 1 -, 2 x16 (binding 1 unused: the three programs share one layout of three buffers).
+// llama.cpp's coopmat shape, 16 accumulators per subgroup), MMA_N (below). Bindings: GEMM 0
+// W16, 1 x16, 2 y; PASS_W16 0 Wq, 1 -, 2 W16; PASS_X16 0 x, 1 -, 2 x16 (binding 1 unused: the
+// three programs share one layout of three buffers).
 
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
@@ -124,12 +125,18 @@ layout(binding = 2) writeonly buffer YBuf { float ys[]; };
 #ifndef NBUF
 #define NBUF 2
 #endif
+// MMA_N: the weight-row side of each multiply-add (16: 16x16x16; 8: 16x8x16, mma.sync's native
+// m16n8k16 on NVIDIA, the shape llama.cpp takes when a driver lists it first); the token side
+// is always 16.
+#ifndef MMA_N
+#define MMA_N 16
+#endif
 const uint RS = (uint(BK) + 8u) / 8u;       // shared row stride in uvec4 (8 halves)
 const uint Q = uint(BK) / 8u;               // uvec4 per row per k-step
 const uint LW = TILE_M * Q / WG_THREADS;    // weight uvec4 per thread per step
 const uint LX = TILE_N * Q / WG_THREADS;    // token uvec4 per thread per step
 const uint BUF = (TILE_M + TILE_N) * RS;    // one buffer: weight rows, then token rows
-const uint CM = WARP_M / 16u;
+const uint CM = WARP_M / MMA_N;
 const uint CN = WARP_N / 16u;
 const uint TILES_M = TILE_M / WARP_M;
 // The tiles, or (if larger) a 16 x 16 fp32 result slot (64 uvec4) per subgroup of at least 32
@@ -160,7 +167,7 @@ shared uvec4 sh[SH_LEN];
 #define SH_GET(i) sh[i]
 #endif
 
-#define ACC coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
+#define ACC coopmat<float, gl_ScopeSubgroup, 16, MMA_N, gl_MatrixUseAccumulator>
 
 void main() {
     uint tid = gl_LocalInvocationID.x, sg = gl_SubgroupID;
@@ -219,12 +226,12 @@ void main() {
         uint wb = cur * BUF, xb = wb + TILE_M * RS;
         [[unroll]] for (uint kk = 0u; kk < Q; kk += 2u) {  // 16 k = 2 uvec4
             coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA> a[CN];
-            coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB> b[CM];
+            coopmat<float16_t, gl_ScopeSubgroup, 16, MMA_N, gl_MatrixUseB> b[CM];
             [[unroll]] for (uint j = 0u; j < CN; j++)
                 coopMatLoad(a[j], sh, EW * (xb + (tn + 16u * j) * RS + kk), EW * RS,
                             gl_CooperativeMatrixLayoutRowMajor);
             [[unroll]] for (uint i = 0u; i < CM; i++)
-                coopMatLoad(b[i], sh, EW * (wb + (rm + 16u * i) * RS + kk), EW * RS,
+                coopMatLoad(b[i], sh, EW * (wb + (rm + MMA_N * i) * RS + kk), EW * RS,
                             gl_CooperativeMatrixLayoutColumnMajor);
             [[unroll]] for (uint j = 0u; j < CN; j++)
                 [[unroll]] for (uint i = 0u; i < CM; i++)
@@ -250,7 +257,7 @@ void main() {
         [[unroll]] for (uint j = 0u; j < CN; j++)
             [[unroll]] for (uint i = 0u; i < CM; i++)
                 coopMatStore(acc[j * CM + i], ys,
-                             pc.y_off + (col0 + 16u * j) * pc.y_stride + row0 + 16u * i,
+                             pc.y_off + (col0 + 16u * j) * pc.y_stride + row0 + MMA_N * i,
                              pc.y_stride, gl_CooperativeMatrixLayoutRowMajor);
         return;
     }
@@ -262,9 +269,9 @@ void main() {
             subgroupMemoryBarrierShared();
             subgroupBarrier();
             for (uint e = lane; e < 64u; e += width) {  // a row of 16 = 4 uvec4
-                uint col = col0 + 16u * j + e / 4u, n = row0 + 16u * i + 4u * (e % 4u);
+                uint col = col0 + 16u * j + e / 4u, n = row0 + MMA_N * i + 4u * (e % 4u);
                 vec4 v = uintBitsToFloat(SH_GET(slot + e));
-                if (col < pc.T) {
+                if (col < pc.T && 4u * (e % 4u) < MMA_N) {  // MMA_N 8: half a slot row
                     uint o = pc.y_off + col * pc.y_stride + n;
                     [[unroll]] for (uint c = 0u; c < 4u; c++)
                         if (n + c < pc.N) ys[o + c] = v[c];

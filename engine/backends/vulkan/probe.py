@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from engine.backends.vulkan import coopmat
 from engine.backends.vulkan._vk import ffi, vk
 from engine.backends.vulkan.device import Device
 from engine.backends.vulkan.spirv import compile_spirv
@@ -27,21 +28,23 @@ MMA_SHAPES = ((16, 16, 16), (16, 8, 16), (16, 8, 8))
 MMA_NACC = (1, 2, 4, 8, 16)
 LDS_ELEMS = (1, 2, 3)  # float16_t, f16vec2, uvec4 shared arrays
 # The resident GEMM (matmul_f16.comp) as the engine builds it: (name, (tile_m, tile_n, warp_m,
-# warp_n), bk, buffers, threads, also with compile-time tiles)
+# warp_n), bk, buffers, threads, mma_n, also with compile-time tiles)
 GEMM_CONFIGS = (
-    ("default", (128, 128, 64, 32), 32, 2, 256, True),
-    ("llama-128t", (128, 128, 64, 64), 32, 2, 128, True),
-    ("llama-128t-bk16", (128, 128, 64, 64), 16, 2, 128, False),
-    ("256x128-bk16", (256, 128, 64, 64), 16, 2, 256, False),
-    ("128x256-bk16", (128, 256, 64, 64), 16, 2, 256, False),
-    ("512t-w32", (128, 128, 32, 32), 32, 2, 512, False),
-    ("64x64-128t", (64, 64, 32, 32), 32, 2, 128, False),
-    ("default-b1", (128, 128, 64, 32), 32, 1, 256, False),
+    ("default", (128, 128, 64, 32), 32, 2, 256, 16, True),
+    ("llama-128t", (128, 128, 64, 64), 32, 2, 128, 16, True),
+    ("default-n8", (128, 128, 64, 32), 32, 2, 256, 8, False),
+    ("llama-128t-n8", (128, 128, 64, 64), 32, 2, 128, 8, False),
+    ("llama-128t-bk16", (128, 128, 64, 64), 16, 2, 128, 16, False),
+    ("256x128-bk16", (256, 128, 64, 64), 16, 2, 256, 16, False),
+    ("128x256-bk16", (128, 256, 64, 64), 16, 2, 256, 16, False),
+    ("512t-w32", (128, 128, 32, 32), 32, 2, 512, 16, False),
+    ("64x64-128t", (64, 64, 32, 32), 32, 2, 128, 16, False),
+    ("default-b1", (128, 128, 64, 32), 32, 1, 256, 16, False),
 )
 
 
-def gemm_defines(bk: int, nbuf: int, threads: int) -> tuple[str, ...]:
-    return tuple(sorted((f"BK={bk}", f"NBUF={nbuf}", f"WG_THREADS={threads}")))
+def gemm_defines(bk: int, nbuf: int, threads: int, mma_n: int) -> tuple[str, ...]:
+    return tuple(sorted((f"BK={bk}", f"NBUF={nbuf}", f"WG_THREADS={threads}", f"MMA_N={mma_n}")))
 
 
 def mma_defines(m: int, n: int, k: int, f16acc: bool, nacc: int | None, lds: int = 0) -> tuple:
@@ -53,11 +56,11 @@ def mma_defines(m: int, n: int, k: int, f16acc: bool, nacc: int | None, lds: int
 
 
 def fixed_tile_defines(
-    tiles: tuple[int, int, int, int], bk: int, nbuf: int, threads: int
+    tiles: tuple[int, int, int, int], bk: int, nbuf: int, threads: int, mma_n: int
 ) -> tuple[str, ...]:
     tm, tn, wm, wn = tiles
     fixed = ("FIXED_TILES", f"FT_M={tm}", f"FT_N={tn}", f"FT_WM={wm}", f"FT_WN={wn}")
-    return tuple(sorted(fixed + gemm_defines(bk, nbuf, threads)))
+    return tuple(sorted(fixed + gemm_defines(bk, nbuf, threads, mma_n)))
 
 
 def probe_builds() -> list[tuple[str, tuple[str, ...]]]:
@@ -69,9 +72,9 @@ def probe_builds() -> list[tuple[str, tuple[str, ...]]]:
     for f16 in (False, True):
         for e in LDS_ELEMS:
             out.append(("probe_mma", mma_defines(16, 16, 16, f16, 8, e)))
-    for _, tiles, bk, nbuf, threads, fixed in GEMM_CONFIGS:
+    for _, tiles, bk, nbuf, threads, mma_n, fixed in GEMM_CONFIGS:
         if fixed:
-            out.append(("matmul_f16", fixed_tile_defines(tiles, bk, nbuf, threads)))
+            out.append(("matmul_f16", fixed_tile_defines(tiles, bk, nbuf, threads, mma_n)))
     return sorted(set(out))
 
 
@@ -120,6 +123,23 @@ class Probe:
         )
         self.objs: list[tuple[str, Any]] = []
         self.layouts: dict[tuple[int, int], tuple[Any, Any]] = {}
+
+    def coopmat_order(self) -> list[str]:
+        """The subgroup-scope shapes in the driver's enumeration order (llama.cpp takes the
+        first fp16 one)."""
+        fn_name = b"vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR"
+        ptr = vk.lib.vkGetInstanceProcAddr(self.dev.instance, fn_name)
+        if ptr == ffi.NULL:
+            return []
+        fn = ffi.cast("PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR", ptr)
+        count = ffi.new("uint32_t*")
+        if fn(self.dev.physical, count, ffi.NULL) != vk.VK_SUCCESS or count[0] == 0:
+            return []
+        props = ffi.new("VkCooperativeMatrixPropertiesKHR[]", count[0])
+        for i in range(count[0]):
+            props[i].sType = vk.VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_KHR
+        fn(self.dev.physical, count, props)
+        return [f"{coopmat.shape_name(props[i])}@scope{props[i].scope}" for i in range(count[0])]
 
     # --- memory ---------------------------------------------------------------------------
     def memory_types(self) -> list[tuple[int, int, int]]:

@@ -237,6 +237,15 @@ def _resident_tiles(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
     return tiles * sg == threads
 
 
+COOPMAT_SHAPE_N8 = "16x8x16:f16*f16+f32=f32"
+
+
+def _resident_mma_shape(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
+    if int(cfg.op("matmul_prefill")["mma_n"]) == 16 or dev is None:
+        return True
+    return COOPMAT_SHAPE_N8 in _extra(dev, "coopmat_shapes", [])
+
+
 def _resident_threads_fit(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
     return _device_takes_wg(int(cfg.op("matmul_prefill")["threads"]), dev)
 
@@ -627,6 +636,14 @@ REGISTRY.register(
                     define("BK"),
                 ),
                 Param(
+                    "mma_n",
+                    (16, 8),
+                    16,
+                    "weight rows per multiply-add: 16 (16x16x16) or 8 (16x8x16, NVIDIA's native "
+                    "mma.sync shape; the device must list it)",
+                    define("MMA_N"),
+                ),
+                Param(
                     "threads",
                     (128, 256, 512),
                     256,
@@ -670,6 +687,10 @@ REGISTRY.register(
                 ),
             ),
             constraints=(
+                Constraint(
+                    f"mma_n 8 needs the device to list {COOPMAT_SHAPE_N8}",
+                    _resident_mma_shape,
+                ),
                 Constraint(
                     "threads <= the device's maxComputeWorkGroupInvocations / size[0]",
                     _resident_threads_fit,
