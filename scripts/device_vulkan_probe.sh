@@ -13,12 +13,12 @@ O=$OUT
 nvidia-smi -q -d CLOCK,PERFORMANCE 2>&1 | head -70 > "$O/smi_before.txt"
 grep -iE "^\s+(SM|Memory|Graphics)\s+:|Idle|Active|Slowdown|Power Cap|Performance State" \
     "$O/smi_before.txt" | head -24
-timeout ${PROBE_TIMEOUT:-58} python3 scripts/vulkan_probe.py --budget ${PROBE_BUDGET:-44} \
+timeout ${PROBE_TIMEOUT:-54} python3 scripts/vulkan_probe.py --budget ${PROBE_BUDGET:-40} \
     --json "$O/probe.json" 2>&1 | tee "$O/probe.log" | cut -c1-700
 echo "probe rc=$? at $(( $(date +%s) - T0 )) s"
 nvidia-smi -q -d CLOCK,PERFORMANCE 2>&1 | head -70 > "$O/smi_after.txt"
-timeout ${TEST_TIMEOUT:-16} python3 -m pytest -q -p no:cacheprovider -rfEs --tb=short -m gpu \
-    tests/test_vulkan_resident.py -k "knobs and (threads or bk16) and (Q4_K or F16)" \
+timeout ${TEST_TIMEOUT:-20} python3 -m pytest -q -p no:cacheprovider -rfEs --tb=short -m gpu \
+    tests/test_vulkan_resident.py -k "knobs and (threads or bk16 or mma_n) and (Q4_K or F16)" \
     > "$O/pytest_resident.log" 2>&1
 echo "pytest resident rc=$? at $(( $(date +%s) - T0 )) s"; tail -4 "$O/pytest_resident.log"
 wait_model 1.5b
