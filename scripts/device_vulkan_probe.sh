@@ -13,14 +13,20 @@ O=$OUT
 nvidia-smi -q -d CLOCK,PERFORMANCE 2>&1 | head -70 > "$O/smi_before.txt"
 grep -iE "^\s+(SM|Memory|Graphics)\s+:|Idle|Active|Slowdown|Power Cap|Performance State" \
     "$O/smi_before.txt" | head -24
-timeout ${PROBE_TIMEOUT:-54} python3 scripts/vulkan_probe.py --budget ${PROBE_BUDGET:-40} \
+timeout ${PROBE_TIMEOUT:-50} python3 scripts/vulkan_probe.py --budget ${PROBE_BUDGET:-36} \
     --json "$O/probe.json" 2>&1 | tee "$O/probe.log" | cut -c1-700
 echo "probe rc=$? at $(( $(date +%s) - T0 )) s"
 nvidia-smi -q -d CLOCK,PERFORMANCE 2>&1 | head -70 > "$O/smi_after.txt"
-timeout ${TEST_TIMEOUT:-20} python3 -m pytest -q -p no:cacheprovider -rfEs --tb=short -m gpu \
+timeout ${TEST_TIMEOUT:-18} python3 -m pytest -q -p no:cacheprovider -rfEs --tb=short -m gpu \
     tests/test_vulkan_resident.py -k "knobs and (threads or bk16 or mma_n) and (Q4_K or F16)" \
     > "$O/pytest_resident.log" 2>&1
 echo "pytest resident rc=$? at $(( $(date +%s) - T0 )) s"; tail -4 "$O/pytest_resident.log"
+# the tiled vec4 m128 build hung NVIDIA's compiler past 90 s (early call): now unrolled 8 k-slices
+# at a time above the 4 x 4 register block
+timeout ${VEC4_TIMEOUT:-15} python3 -m pytest -q -p no:cacheprovider -rfEs --tb=short \
+    tests/test_vulkan_ops.py -k "matmul_prefill_variants and tiled-vec4-m128" \
+    > "$O/pytest_vec4_m128.log" 2>&1
+echo "pytest tiled-vec4-m128 rc=$? at $(( $(date +%s) - T0 )) s"; tail -2 "$O/pytest_vec4_m128.log"
 wait_model 1.5b
 left=$(( T0 + ${END:-97} - $(date +%s) ))
 if (( left > 12 )); then
