@@ -3,6 +3,7 @@
 
   info     device, driver, cooperative-matrix shapes, memory types, timestamp period
   clocks   nvidia-smi's SM / memory clocks, P-state, power (idle, under load, after)
+  bar      copy and GEMM on device-only vs BAR memory, fresh and after the CPU touched it
   timing   empty-submit round trip; one small dispatch by host wall vs GPU timestamps; 100
            dispatches in one command buffer with and without barriers (per-dispatch cost);
            pipeline creation time; first vs second run of a new pipeline
@@ -42,7 +43,7 @@ from engine.backends.vulkan import probe as P  # noqa: E402
 from engine.backends.vulkan._vk import vk  # noqa: E402
 from engine.backends.vulkan.device import open_device  # noqa: E402
 
-SECTIONS = ("info", "clocks", "timing", "mma", "gemm", "sustain", "copy", "lds", "shapes")
+SECTIONS = ("info", "clocks", "bar", "gemm", "copy", "timing", "sustain", "lds", "mma", "shapes")
 SMI = "clocks.sm,clocks.mem,clocks.max.sm,pstate,power.draw,utilization.gpu,temperature.gpu"
 
 
@@ -302,6 +303,72 @@ class Runner:
                     return self.emit("lds", skipped="budget")
                 self.emit("lds", **self.mma_run(16, 16, 16, f16, 8, lds=e))
 
+    def _best_ms(self, item: tuple) -> float:
+        return round(min(self.pr.run([item]).gpu_ms for _ in range(3)), 3)
+
+    def bar(self) -> None:
+        """Does the CPU touching a BAR-mapped (device-local, host-visible) buffer slow the GPU's
+        later access to it? Copy bandwidth and the default GEMM on the engine's device type
+        against the BAR type, fresh and after the CPU read / wrote it through the mapping."""
+        pr = self.pr
+        near = self.dev.mem.near
+        dev_t = self.dev.mem.device
+        size = 64 << 20
+        p, layout, dsl, _ = pr.pipeline("probe_copy", ("COPY",), 2, 8, {0: 256})
+        push = struct.pack("<II", size // 16, 0xFFFFFFFF)
+
+        def copy_gbs(src: P.Buf, dst: P.Buf) -> float:
+            ds = pr.dset(dsl, [src, dst])
+            item = ("dispatch", p, layout, ds, push, (132 * 32, 1, 1))
+            pr.run([item] * 2)
+            t = min(pr.run([item] * 10).gpu_ms for _ in range(2))
+            return round(10 * 2 * size / t / 1e6, 1)
+
+        for t in dict.fromkeys(x for x in (dev_t, near) if x is not None):
+            src, dst = pr.buffer(size, t), pr.buffer(size, t)
+            pr.upload(src, np.ones(size // 4, np.float32))
+            row = {
+                "mem_type": t,
+                "engine_device_type": t == dev_t,
+                "fresh_gb_s": copy_gbs(src, dst),
+            }
+            if dst.host is not None:
+                t0 = time.perf_counter()
+                pr.download(dst, size, via_map=True)
+                row["cpu_read_dst_s"] = round(time.perf_counter() - t0, 3)
+                row["after_cpu_read_dst_gb_s"] = copy_gbs(src, dst)
+                pr.upload(src, np.ones(size // 4, np.float32), via_map=True)
+                row["after_cpu_write_src_gb_s"] = copy_gbs(src, dst)
+                row["swapped_gb_s"] = copy_gbs(dst, src)  # read the read-back buffer
+            self.emit("bar", **row)
+            pr.free(src)
+            pr.free(dst)
+        if not self._coopmat_ok("16x16x16:f16*f16+f32=f32"):
+            return
+        rng = np.random.default_rng(2)
+        T, N, K = 512, 18944, 3584
+        wb, xb = pr.buffer(N * K * 2), pr.buffer(T * K * 2)
+        pr.upload(wb, (rng.standard_normal((N, K)) * 0.05).astype(np.float16))
+        pr.upload(xb, rng.standard_normal((T, K)).astype(np.float16))
+        gp, glayout, gdsl, _ = pr.pipeline(
+            "matmul_f16", P.gemm_defines(32, 2, 256, 16), 3, 28, {0: 128, 1: 128, 2: 64, 3: 32}
+        )
+        push = struct.pack("<7I", K, N, 0, 0, 0, N, T)
+        for t in dict.fromkeys(x for x in (dev_t, near) if x is not None):
+            yb = pr.buffer(T * N * 4, t)
+            item = ("dispatch", gp, glayout, pr.dset(gdsl, [wb, xb, yb]), push, (592, 1, 1))
+            pr.run([item])
+            row = {"y_mem_type": t, "fresh_ms": self._best_ms(item)}
+            pr.download(yb, T * N * 4)
+            row["after_staging_download_ms"] = self._best_ms(item)
+            if yb.host is not None:
+                pr.download(yb, T * N * 4, via_map=True)
+                row["after_cpu_read_through_map_ms"] = self._best_ms(item)
+            self.emit("bar", gemm="default 128x128 w64x32, 7B ffn_up", **row)
+            pr.free(yb)
+        pr.free(wb)
+        pr.free(xb)
+
     def gemm(self) -> None:
         if not self._coopmat_ok("16x16x16:f16*f16+f32=f32"):
             return
@@ -313,7 +380,10 @@ class Runner:
         wb, xb, yb = pr.buffer(w.nbytes), pr.buffer(x.nbytes), pr.buffer(T * N * 4)
         pr.upload(wb, w)
         pr.upload(xb, x)
-        ref = x.astype(np.float32) @ w[:512].astype(np.float32).T  # the first 512 rows
+        # rows spread over the whole weight (a kernel that skipped tiles must not pass); y is
+        # filled with NaN before each config
+        rows = np.r_[np.arange(0, 3584, 16), np.arange(3584, N, 64)]
+        ref = x.astype(np.float32) @ w[rows].astype(np.float32).T
         for name, tiles, bk, nbuf, threads, mma_n, fixed in P.GEMM_CONFIGS:
             if mma_n == 8 and "16x8x16:f16*f16+f32=f32" not in self.shapes:
                 self.emit("gemm", config=name, skipped="no 16x8x16 fp32-accumulator shape")
@@ -336,10 +406,13 @@ class Runner:
                     push = struct.pack("<7I", K, n, 0, 0, 0, N, T)
                     ng = (-(-n // tm)) * (-(-T // tn))
                     item = ("dispatch", p, layout, ds, push, (ng, 1, 1))
+                    pr.run([("fill", yb, T * N * 4, 0x7FC00000)])
                     first = pr.run([item])
                     runs = [pr.run([item]) for _ in range(3)]
-                    y = pr.download(yb, T * N * 4).view(np.float32).reshape(T, N)[:, :512]
-                    nmse = float(np.sum((y - ref) ** 2) / np.sum(ref**2))
+                    y = pr.download(yb, T * N * 4).view(np.float32).reshape(T, N)
+                    m = rows < n
+                    d = y[:, rows[m]] - ref[:, m]
+                    nmse = float(np.sum(d**2) / np.sum(ref[:, m] ** 2))
                     best = min(r.gpu_ms for r in runs)
                     self.emit(
                         "gemm",
@@ -356,7 +429,7 @@ class Runner:
                         host_ms=[round(r.host_ms, 3) for r in runs],
                         first_gpu_ms=round(first.gpu_ms, 3),
                         create_s=round(dt, 3),
-                        nmse_512_rows=nmse,
+                        nmse_sampled_rows=nmse,
                     )
 
     def copy(self) -> None:
@@ -424,6 +497,7 @@ def main(argv: list[str] | None = None) -> int:
                     "info": r.info,
                     "clocks": r.clocks,
                     "timing": r.timing,
+                    "bar": r.bar,
                     "mma": r.mma,
                     "sustain": r.sustain,
                     "lds": r.lds,

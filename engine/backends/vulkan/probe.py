@@ -180,21 +180,35 @@ class Probe:
         self.objs.append(("buf", b))
         return b
 
-    def upload(self, b: Buf, data: np.ndarray) -> None:
+    def upload(self, b: Buf, data: np.ndarray, via_map: bool = False) -> None:
+        """Through a staging copy, or (via_map, b host-visible) by the CPU through b's
+        mapping."""
         raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
-        if b.host is not None:
+        if via_map and b.host is not None:
             b.host[: raw.size] = raw
             return
         st = self.buffer(raw.size, host=True)
         st.host[:] = raw
         self.run([("copy", st, b, raw.size)])
+        self.free(st)
 
-    def download(self, b: Buf, nbytes: int) -> np.ndarray:
-        if b.host is not None:
+    def download(self, b: Buf, nbytes: int, via_map: bool = False) -> np.ndarray:
+        if via_map and b.host is not None:
             return b.host[:nbytes].copy()
         st = self.buffer(nbytes, host=True)
         self.run([("copy", b, st, nbytes)])
-        return st.host[:nbytes].copy()
+        out = st.host[:nbytes].copy()
+        self.free(st)
+        return out
+
+    def free(self, b: Buf) -> None:
+        d = self.dev.device
+        self.objs = [(k, o) for k, o in self.objs if o is not b]
+        if b.host is not None:
+            vk.vkUnmapMemory(d, b.memory)
+            b.host = None
+        vk.vkDestroyBuffer(d, b.handle, None)
+        vk.vkFreeMemory(d, b.memory, None)
 
     # --- pipelines ------------------------------------------------------------------------
     def _layout(self, n: int, push: int) -> tuple[Any, Any]:
@@ -297,7 +311,8 @@ class Probe:
     # --- running --------------------------------------------------------------------------
     def run(self, items: list[tuple], barriers: bool = True, timestamps: bool = True) -> Timed:
         """Record, submit and wait for one command buffer of items: ("dispatch", pipeline,
-        layout, dset, push bytes, (gx, gy, gz)) or ("copy", src, dst, nbytes). ``barriers``: a
+        layout, dset, push bytes, (gx, gy, gz)), ("copy", src, dst, nbytes) or ("fill", dst,
+        nbytes, 32-bit word). ``barriers``: a
         memory barrier between consecutive items."""
         d = self.dev.device
         lib = vk.lib
@@ -357,6 +372,9 @@ class Probe:
                         ffi.from_buffer(push),
                     )
                 lib.vkCmdDispatch(cmd, *groups)
+            elif it[0] == "fill":
+                _, dst, nbytes, word = it
+                lib.vkCmdFillBuffer(cmd, dst.handle, 0, nbytes, word)
             else:
                 _, src, dst, nbytes = it
                 region = ffi.new("VkBufferCopy*", {"srcOffset": 0, "dstOffset": 0, "size": nbytes})
