@@ -11,13 +11,13 @@ export MODELS=${MODELS-1.5b 7b}
 source scripts/device_vulkan_env.sh || exit $?
 O=$OUT
 timeout ${PROBE_TIMEOUT:-40} python3 scripts/vulkan_probe.py --budget ${PROBE_BUDGET:-26} \
-    --only info --only bar --only gemm --only copy --json "$O/probe.json" 2>&1 \
+    --only info --only bar --only gemm --only lds --only copy --json "$O/probe.json" 2>&1 \
     | tee "$O/probe.log" | cut -c1-600
 echo "probe rc=$? at $(( $(date +%s) - T0 )) s"
 S="python3 scripts/vulkan_decode_speed.py --validate '' --sweep '' --repeats 1"
 wait_model 1.5b
 timeout $(( T0 + ${END_1P5B:-70} - $(date +%s) )) bash -c "$S /tmp/models/1.5b.gguf --out $O \
-    --profile default --bench default,res,res_128t,res_n8,res_mmvw_epi \
+    --profile default --bench default,res,res_direct,res_halves,res_128t,res_mmvw_epi \
     --deadline $(( T0 + ${END_1P5B:-70} - 3 ))" 2>&1 | grep -v '%|' | tee "$O/speed_1.5b.log"
 mkdir -p "$O/rebar"
 FLEETTUNE_VK_REBAR=1 timeout $(( T0 + ${END_AB:-84} - $(date +%s) )) bash -c "$S \
@@ -25,7 +25,7 @@ FLEETTUNE_VK_REBAR=1 timeout $(( T0 + ${END_AB:-84} - $(date +%s) )) bash -c "$S
     --deadline $(( T0 + ${END_AB:-84} - 2 ))" 2>&1 | grep -v '%|' | tee "$O/speed_1.5b_rebar.log"
 if grep -q '"path"' "$OUT/synth_7b.log" 2>/dev/null; then
   timeout $(( T0 + ${END:-99} - $(date +%s) )) bash -c "$S /tmp/models/7b.gguf --out $O \
-      --profile '' --bench res_128t,default --deadline $(( T0 + ${END:-99} - 2 ))" 2>&1 \
+      --profile '' --bench res,res_direct,default --deadline $(( T0 + ${END:-99} - 2 ))" 2>&1 \
       | grep -v '%|' | tee "$O/speed_7b.log"
 else
   echo "7b synth not ready at $(( $(date +%s) - T0 )) s" | tee "$O/speed_7b.log"

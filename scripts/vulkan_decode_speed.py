@@ -62,6 +62,8 @@ VARIANTS |= {
     "res_128t": RES | {MP + "threads": 128, MP + "warp_n": 64},
     "res_n8": RES | {MP + "mma_n": 8},
     "res_512t": RES | {MP + "threads": 512, MP + "warp_m": 32, MP + "warp_n": 32},
+    "res_direct": RES | {MP + "threads": 128, MP + "warp_n": 64, MP + "direct": True},
+    "res_halves": RES | {MP + "smem_halves": True},
     "coopmat": {"matmul_prefill.variant": "coopmat", "attention.variant": "coopmat"},
     "res_mmvw_epi": RES | VARIANTS["mmvw_epi"],
 }

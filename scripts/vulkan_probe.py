@@ -384,7 +384,7 @@ class Runner:
         # filled with NaN before each config
         rows = np.r_[np.arange(0, 3584, 16), np.arange(3584, N, 64)]
         ref = x.astype(np.float32) @ w[rows].astype(np.float32).T
-        for name, tiles, bk, nbuf, threads, mma_n, fixed in P.GEMM_CONFIGS:
+        for name, tiles, bk, nbuf, threads, mma_n, extra, fixed in P.GEMM_CONFIGS:
             if mma_n == 8 and "16x8x16:f16*f16+f32=f32" not in self.shapes:
                 self.emit("gemm", config=name, skipped="no 16x8x16 fp32-accumulator shape")
                 continue
@@ -397,9 +397,9 @@ class Runner:
                     return self.emit("gemm", skipped="budget")
                 if how == "spec":
                     spec = {0: tm, 1: tn, 2: wm, 3: wn}
-                    defs = P.gemm_defines(bk, nbuf, threads, mma_n)
+                    defs = P.gemm_defines(bk, nbuf, threads, mma_n, extra)
                 else:
-                    spec, defs = {}, P.fixed_tile_defines(tiles, bk, nbuf, threads, mma_n)
+                    spec, defs = {}, P.fixed_tile_defines(tiles, bk, nbuf, threads, mma_n, extra)
                 p, layout, dsl, dt = pr.pipeline("matmul_f16", defs, 3, 28, spec)
                 ds = pr.dset(dsl, [wb, xb, yb])
                 for n in (N, 3584) if how == "spec" else (N,):

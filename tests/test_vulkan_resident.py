@@ -41,14 +41,17 @@ def test_resident_programs_build_and_validate(tmp_path):
     assert passes == {"", "PASS_W16", "PASS_X16"}
     assert spirv.compiler_for("matmul_f16")[0] == "glslangValidator"
     tools = Path(sys.executable).parent
-    # one GEMM build per define-knob combination (bk 3 x buffers 2 x smem_pairs 2 x threads 3;
-    # no weight type), one PASS_W16 per type, one PASS_X16
-    assert len(builds) == 3 * 2 * 2 * 3 * 2 + len(QUANT_TYPES) + 1  # ... x mma_n 2
+    # one GEMM build per define-knob combination (bk 3 x buffers 2 x shared element type 3 x
+    # threads 3 x mma_n 2, and direct: bk 3 x threads 3 x mma_n 2; no weight type), one
+    # PASS_W16 per type, one PASS_X16
+    assert len(builds) == 3 * 2 * 3 * 3 * 2 + 3 * 3 * 2 + len(QUANT_TYPES) + 1
     for defines in (
         ("BK=32", "MMA_N=16", "NBUF=2", "WG_THREADS=256"),
         ("BK=64", "MMA_N=16", "NBUF=1", "SMEM_PAIRS", "WG_THREADS=256"),
         ("BK=16", "MMA_N=8", "NBUF=2", "WG_THREADS=128"),
         ("BK=32", "MMA_N=16", "NBUF=2", "WG_THREADS=512"),
+        ("BK=32", "MMA_N=16", "NBUF=2", "SMEM_HALVES", "WG_THREADS=256"),
+        ("BK=32", "DIRECT", "MMA_N=16", "WG_THREADS=128"),
         ("QTYPE_Q4_K", "PASS_W16"),
         ("PASS_X16",),
     ):
@@ -106,6 +109,9 @@ def test_registry_resident_threads_and_bk16():
     assert resident_problems(wave64, subgroup_size=64, threads=128, tile_n=64, warp_n=64) == []
     assert resident_problems(None, threads=128, warp_m=64, warp_n=64) == []
     assert resident_problems(None, threads=128, warp_m=16, warp_n=16)  # 64 tiles of 2 lanes
+    assert resident_problems(h, smem_pairs=True, smem_halves=True)
+    # direct: no shared tiles, so 256 x 128 at bk 64 fits (only the result slots count)
+    assert resident_problems(h, direct=True, tile_m=256, warp_m=64, warp_n=64, bk=64) == []
     # mma_n 8 (16x8x16) only where the device lists that shape
     assert resident_problems(h, mma_n=8) == []  # h200_like lists it
     (p,) = resident_problems(h200_like(coopmat_shapes=[COOPMAT_SHAPE]), mma_n=8)
@@ -201,6 +207,9 @@ KNOBS = [
     {"threads": 128, "warp_m": 64, "warp_n": 64, "bk": 16},
     {"tile_m": 256, "warp_m": 64, "warp_n": 64, "bk": 16},  # double-buffered in 36 KiB
     {"threads": 512, "warp_m": 32, "warp_n": 32},
+    {"smem_halves": True},
+    {"direct": True, "threads": 128, "warp_n": 64},  # pad rows read, never stored
+    {"direct": True, "tile_m": 64, "tile_n": 64, "warp_m": 32, "warp_n": 32, "threads": 128},
     {"mma_n": 8},  # 16x8x16: half-row result slots on the bounded path
     {"mma_n": 8, "threads": 128, "warp_m": 64, "warp_n": 64, "bk": 16},
     {"threads": 128, "subgroup_size": 64, "tile_n": 64, "warp_n": 64},  # wave64: 2 tiles
@@ -343,5 +352,5 @@ def test_experiment_searches_the_resident_knobs():
     grid = build_space("vulkan", exp.space_for("vulkan")).grid()
     assert grid["matmul_prefill.variant"] == ["tiled", "coopmat", "resident"]
     knobs = ("tile_m", "tile_n", "warp_m", "warp_n", "bk", "buffers", "fill_groups", "threads")
-    for knob in (*knobs, "mma_n"):
+    for knob in (*knobs, "mma_n", "smem_halves", "direct"):
         assert len(grid[f"matmul_prefill.resident.{knob}"]) > 1, knob

@@ -22,9 +22,9 @@
 // Tunables: specialization constants 0 TILE_M, 1 TILE_N, 2 WARP_M, 3 WARP_N; defines BK (16, 32
 // or 64: BK 16 rows are 48 bytes, still 8 distinct 4-bank groups), NBUF (1 or 2), SMEM_PAIRS
 // (below), WG_THREADS (the GEMM's workgroup: 128 threads of 64 x 64 subgroup tiles is
-// llama.cpp's coopmat shape, 16 accumulators per subgroup), MMA_N (below). Bindings: GEMM 0
-// W16, 1 x16, 2 y; PASS_W16 0 Wq, 1 -, 2 W16; PASS_X16 0 x, 1 -, 2 x16 (binding 1 unused: the
-// three programs share one layout of three buffers).
+// llama.cpp's coopmat shape, 16 accumulators per subgroup), MMA_N, SMEM_HALVES, DIRECT
+// (below). Bindings: GEMM 0 W16, 1 x16, 2 y; PASS_W16 0 Wq, 1 -, 2 W16; PASS_X16 0 x, 1 -,
+// 2 x16 (binding 1 unused: the three programs share one layout of three buffers).
 
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
@@ -141,7 +141,11 @@ const uint CN = WARP_N / 16u;
 const uint TILES_M = TILE_M / WARP_M;
 // The tiles, or (if larger) a 16 x 16 fp32 result slot (64 uvec4) per subgroup of at least 32
 // lanes for the bounded stores.
+#ifdef DIRECT  // no shared tiles (below): only the result slots
+const uint SH_LEN = (WG_THREADS / 32u) * 64u;
+#else
 const uint SH_LEN = NBUF * BUF > (WG_THREADS / 32u) * 64u ? NBUF * BUF : (WG_THREADS / 32u) * 64u;
+#endif
 
 // SMEM_PAIRS: the shared tiles as f16vec2 (llama.cpp's coopmat layout: matrix loads take their
 // offsets and strides in pairs) instead of uvec4; the same bytes, another element type for the
@@ -160,6 +164,28 @@ shared f16vec2 sh[SH_LEN * EW];
 #define SH_GET(i)                                                                 \
     uvec4(packFloat2x16(sh[EW * (i)]), packFloat2x16(sh[EW * (i) + 1u]),          \
           packFloat2x16(sh[EW * (i) + 2u]), packFloat2x16(sh[EW * (i) + 3u]))
+#elif defined(SMEM_HALVES)
+// SMEM_HALVES: the shared tiles as float16_t, the matrices' own element type (strides and
+// offsets in halves).
+const uint EW = 8u;
+shared float16_t sh[SH_LEN * EW];
+#define SH_PUT(i, u)                                                              \
+    {                                                                             \
+        uint o_ = EW * (i);                                                       \
+        f16vec2 p0_ = unpackFloat2x16((u).x), p1_ = unpackFloat2x16((u).y);       \
+        f16vec2 p2_ = unpackFloat2x16((u).z), p3_ = unpackFloat2x16((u).w);       \
+        sh[o_] = p0_.x;                                                           \
+        sh[o_ + 1u] = p0_.y;                                                      \
+        sh[o_ + 2u] = p1_.x;                                                      \
+        sh[o_ + 3u] = p1_.y;                                                      \
+        sh[o_ + 4u] = p2_.x;                                                      \
+        sh[o_ + 5u] = p2_.y;                                                      \
+        sh[o_ + 6u] = p3_.x;                                                      \
+        sh[o_ + 7u] = p3_.y;                                                      \
+    }
+#define SH_H2(j) packFloat2x16(f16vec2(sh[j], sh[(j) + 1u]))
+#define SH_GET(i)                                                                 \
+    uvec4(SH_H2(EW * (i)), SH_H2(EW * (i) + 2u), SH_H2(EW * (i) + 4u), SH_H2(EW * (i) + 6u))
 #else
 const uint EW = 1u;
 shared uvec4 sh[SH_LEN];
@@ -183,6 +209,28 @@ void main() {
     ACC acc[CN * CM];
     [[unroll]] for (uint i = 0u; i < CN * CM; i++) acc[i] = ACC(0.0);
 
+#ifdef DIRECT
+    // DIRECT: every subgroup loads its matrices straight from the fp16 copies (L1 / L2 serve
+    // the reuse between subgroups and workgroups): no shared tiles, no barriers. The copies'
+    // allocations are padded to 256 rows (engine/backends/vulkan/resident.py), so a ragged
+    // tile reads pad rows, whose products are never stored.
+    for (uint st = 0u; st < steps; st++) {
+        [[unroll]] for (uint kk = 0u; kk < Q; kk += 2u) {  // 16 k = 2 uvec4
+            uint kq = st * Q + kk;
+            coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA> a[CN];
+            coopmat<float16_t, gl_ScopeSubgroup, 16, MMA_N, gl_MatrixUseB> b[CM];
+            [[unroll]] for (uint j = 0u; j < CN; j++)
+                coopMatLoad(a[j], xh, (c0 + tn + 16u * j) * q16 + kq, q16,
+                            gl_CooperativeMatrixLayoutRowMajor);
+            [[unroll]] for (uint i = 0u; i < CM; i++)
+                coopMatLoad(b[i], wh, (n0 + rm + MMA_N * i) * q16 + kq, q16,
+                            gl_CooperativeMatrixLayoutColumnMajor);
+            [[unroll]] for (uint j = 0u; j < CN; j++)
+                [[unroll]] for (uint i = 0u; i < CM; i++)
+                    acc[j * CM + i] = coopMatMulAdd(a[j], b[i], acc[j * CM + i]);
+        }
+    }
+#else
     // Each thread's slots: element e = tid + 256 i of the tile, row e / Q, uvec4 e % Q; rows
     // past N or T load zeros (their products are never stored).
     uvec4 rw[LW], rx[LX];
@@ -247,6 +295,8 @@ void main() {
         }
         barrier();
     }
+
+#endif
 
     // y: straight from the accumulators where the subgroup tile is whole and 16-byte aligned,
     // else through this subgroup's 16 x 16 float slot of sh (free now: the loop ended on a

@@ -246,6 +246,11 @@ def _resident_mma_shape(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
     return COOPMAT_SHAPE_N8 in _extra(dev, "coopmat_shapes", [])
 
 
+def _resident_one_smem_type(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
+    c = cfg.op("matmul_prefill")
+    return not (c["smem_pairs"] and c["smem_halves"])
+
+
 def _resident_threads_fit(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
     return _device_takes_wg(int(cfg.op("matmul_prefill")["threads"]), dev)
 
@@ -254,6 +259,8 @@ def _resident_shared(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
     c = cfg.op("matmul_prefill")
     limit = _extra(dev, "max_shared_memory")
     tiles = 2 * int(c["buffers"]) * (int(c["bk"]) + 8) * (int(c["tile_m"]) + int(c["tile_n"]))
+    if c["direct"]:
+        tiles = 0  # no shared tiles
     slots = 16 * 64 * (int(c["threads"]) // 32)  # matmul_f16.comp's SH_LEN: result slots
     return limit is None or max(tiles, slots) <= int(limit)
 
@@ -636,6 +643,22 @@ REGISTRY.register(
                     define("BK"),
                 ),
                 Param(
+                    "smem_halves",
+                    (False, True),
+                    False,
+                    "shared tiles as float16_t, the matrices' own element type (strides and "
+                    "offsets in halves) instead of uvec4",
+                    define("SMEM_HALVES"),
+                ),
+                Param(
+                    "direct",
+                    (False, True),
+                    False,
+                    "no shared tiles: each subgroup loads its matrices straight from the fp16 "
+                    "copies (L1/L2 serve the reuse), no barriers; bk sets the k per loop step",
+                    define("DIRECT"),
+                ),
+                Param(
                     "mma_n",
                     (16, 8),
                     16,
@@ -687,6 +710,10 @@ REGISTRY.register(
                 ),
             ),
             constraints=(
+                Constraint(
+                    "at most one of smem_pairs, smem_halves (the shared element type)",
+                    _resident_one_smem_type,
+                ),
                 Constraint(
                     f"mma_n 8 needs the device to list {COOPMAT_SHAPE_N8}",
                     _resident_mma_shape,
