@@ -11,7 +11,8 @@ export MODELS=${MODELS-1.5b 7b}
 source scripts/device_vulkan_env.sh || exit $?
 O=$OUT
 timeout ${PROBE_TIMEOUT:-40} python3 scripts/vulkan_probe.py --budget ${PROBE_BUDGET:-26} \
-    --only info --only bar --only gemm --only lds --only copy --json "$O/probe.json" 2>&1 \
+    --only info --only bar --only gemm --only lds --only copy --only timing --json "$O/probe.json" \
+    2>&1 \
     | tee "$O/probe.log" | cut -c1-600
 echo "probe rc=$? at $(( $(date +%s) - T0 )) s"
 S="python3 scripts/vulkan_decode_speed.py --validate '' --sweep '' --repeats 1"

@@ -214,6 +214,14 @@ class Runner:
                 sum_of_stamps_ms=round(sum(t.per_dispatch_ms), 3),
                 host_ms=round(t.host_ms, 3),
             )
+            if barriers:
+                t = pr.run([item] * 100, compute_only=True)
+                self.emit(
+                    "timing",
+                    what="... barriers with compute stages only (no transfer)",
+                    gpu_ms=round(t.gpu_ms, 3),
+                    per_dispatch_us=round(10 * t.gpu_ms, 2),
+                )
             t = pr.run([item] * 100, barriers=barriers, timestamps=False)
             self.emit(
                 "timing",

@@ -324,11 +324,17 @@ class Probe:
         return ds
 
     # --- running --------------------------------------------------------------------------
-    def run(self, items: list[tuple], barriers: bool = True, timestamps: bool = True) -> Timed:
+    def run(
+        self,
+        items: list[tuple],
+        barriers: bool = True,
+        timestamps: bool = True,
+        compute_only: bool = False,
+    ) -> Timed:
         """Record, submit and wait for one command buffer of items: ("dispatch", pipeline,
         layout, dset, push bytes, (gx, gy, gz)), ("copy", src, dst, nbytes) or ("fill", dst,
         nbytes, 32-bit word). ``barriers``: a
-        memory barrier between consecutive items."""
+        memory barrier between consecutive items (``compute_only``: its stages compute only)."""
         d = self.dev.device
         lib = vk.lib
         cmd = vk.vkAllocateCommandBuffers(
@@ -353,6 +359,7 @@ class Probe:
             )
             vk.vkCmdResetQueryPool(cmd, qp, 0, nq)
         stages = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT
+        between = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT if compute_only else stages
         mb = vk.VkMemoryBarrier(
             srcAccessMask=vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT,
             dstAccessMask=vk.VK_ACCESS_SHADER_READ_BIT
@@ -366,8 +373,8 @@ class Probe:
             lib.vkCmdWriteTimestamp(cmd, top, qp, 0)
         sets = ffi.new("VkDescriptorSet[1]")
         for j, it in enumerate(items):
-            if j and barriers:
-                vk.vkCmdPipelineBarrier(cmd, stages, stages, 0, 1, [mb], 0, None, 0, None)
+            if j and barriers:  # the engine's (compute + transfer), or compute to compute
+                vk.vkCmdPipelineBarrier(cmd, between, between, 0, 1, [mb], 0, None, 0, None)
             if qp is not None:
                 lib.vkCmdWriteTimestamp(cmd, bottom, qp, 2 + 2 * j)
             if it[0] == "dispatch":
