@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import struct
@@ -67,7 +68,12 @@ class Runner:
     def __init__(self, budget: float) -> None:
         self.t0 = time.perf_counter()
         self.budget = budget
-        self.dev = open_device(None)
+        os.environ["FLEETTUNE_VK_STATS"] = "1"  # registers / spills per pipeline, if offered
+        try:
+            self.dev = open_device(None)
+        except Exception:  # noqa: BLE001 - the statistics extension must not cost the run
+            os.environ.pop("FLEETTUNE_VK_STATS")
+            self.dev = open_device(None)
         self.pr = P.Probe(self.dev)
         self.rows: list[dict[str, Any]] = []
         self.sg = int(self.dev.info.subgroup_size)
@@ -129,6 +135,9 @@ class Runner:
             defs = P.mma_defines(m, n, k, f16, nacc, lds)
             spec = {0: wg} | ({} if nacc else {1: spec_nacc})
             p, layout, dsl, dt = self.pr.pipeline("probe_mma", defs, 2, 4, spec)
+            stats = self.pr.statistics(p)
+            if stats and lds:
+                self.emit("lds", nacc=nacc, f16=f16, elem=lds, statistics=stats)
             ds = self.pr.dset(dsl, [self.ops, self.out])
             self.mma_cache[key] = (p, layout, ds, dt)
         return self.mma_cache[key]
@@ -409,6 +418,9 @@ class Runner:
                 else:
                     spec, defs = {}, P.fixed_tile_defines(tiles, bk, nbuf, threads, mma_n, extra)
                 p, layout, dsl, dt = pr.pipeline("matmul_f16", defs, 3, 28, spec)
+                stats = pr.statistics(p)
+                if stats:
+                    self.emit("gemm", config=name, tiles_as=how, statistics=stats)
                 ds = pr.dset(dsl, [wb, xb, yb])
                 for n in (N, 3584) if how == "spec" else (N,):
                     push = struct.pack("<7I", K, n, 0, 0, 0, N, T)

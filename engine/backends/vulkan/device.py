@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 VENDORS = {0x10DE: "nvidia", 0x1002: "amd", 0x8086: "intel", 0x10005: "mesa", 0x13B5: "arm"}
 VALIDATION_LAYER = "VK_LAYER_KHRONOS_validation"
+STATS_EXTENSION = "VK_KHR_pipeline_executable_properties"
 
 
 def device_class(vendor_id: int, name: str) -> str:
@@ -386,6 +387,18 @@ def _open(instance: Any, messenger: Any, messages: list[str], index: int | None)
         dev_exts.append(coopmat.EXTENSION)
     feat_next = coopmat.chain(cmat, feat_next)
 
+    # Pipeline statistics (registers, spills per shader) for scripts/vulkan_probe.py only:
+    # FLEETTUNE_VK_STATS=1 enables VK_KHR_pipeline_executable_properties where offered.
+    stats = bool(os.environ.get("FLEETTUNE_VK_STATS")) and STATS_EXTENSION in exts
+    if stats:
+        stats_feat = vk.VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR(
+            sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR,
+            pNext=feat_next,
+            pipelineExecutableInfo=vk.VK_TRUE,
+        )
+        feat_next = stats_feat
+        dev_exts.append(STATS_EXTENSION)
+
     families = vk.vkGetPhysicalDeviceQueueFamilyProperties(physical)
     qf = None
     for i, f in enumerate(families):  # prefer a compute queue that also has timestamps
@@ -446,6 +459,7 @@ def _open(instance: Any, messenger: Any, messages: list[str], index: int | None)
         "index": index,  # of physical_devices(): the card this backend opened
         **cmat.extra(),
         "coopmat_missing": cmat.why,
+        "pipeline_statistics": stats,
     }
     info = DeviceInfo(
         backend="vulkan",

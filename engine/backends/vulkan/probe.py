@@ -285,18 +285,72 @@ class Probe:
             pName="main",
             pSpecializationInfo=info,
         )
+        flags = self.capture_flag()
         t0 = time.perf_counter()
         p = vk.vkCreateComputePipelines(
             d,
             vk.VK_NULL_HANDLE,
             1,
-            [vk.VkComputePipelineCreateInfo(stage=stage, layout=layout)],
+            [vk.VkComputePipelineCreateInfo(flags=flags, stage=stage, layout=layout)],
             None,
         )[0]
         dt = time.perf_counter() - t0
         vk.vkDestroyShaderModule(d, module, None)
         self.objs.append(("pipe", p))
         return p, layout, dsl, dt
+
+    def capture_flag(self) -> int:
+        if self.dev.info.extra.get("pipeline_statistics"):
+            return vk.VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR
+        return 0
+
+    def statistics(self, pipeline: Any) -> dict[str, Any]:
+        """The driver's statistics of the pipeline's executables (NVIDIA: registers, local
+        memory / spills, shared memory...), where the device was opened with
+        FLEETTUNE_VK_STATS=1 and offers them; {} otherwise."""
+        if not self.capture_flag():
+            return {}
+        try:
+            return self._statistics(pipeline)
+        except Exception as e:  # noqa: BLE001 - a diagnostic must not end the section
+            return {"error": f"{type(e).__name__}: {e}"[:200]}
+
+    def _statistics(self, pipeline: Any) -> dict[str, Any]:
+        d = self.dev.device
+        fp = vk.lib.vkGetDeviceProcAddr(d, b"vkGetPipelineExecutablePropertiesKHR")
+        fs = vk.lib.vkGetDeviceProcAddr(d, b"vkGetPipelineExecutableStatisticsKHR")
+        if fp == ffi.NULL or fs == ffi.NULL:
+            return {}
+        fprops = ffi.cast("PFN_vkGetPipelineExecutablePropertiesKHR", fp)
+        fstats = ffi.cast("PFN_vkGetPipelineExecutableStatisticsKHR", fs)
+        info = ffi.new("VkPipelineInfoKHR*")
+        info.sType = vk.VK_STRUCTURE_TYPE_PIPELINE_INFO_KHR
+        info.pipeline = pipeline
+        n = ffi.new("uint32_t*")
+        if fprops(d, info, n, ffi.NULL) != vk.VK_SUCCESS:
+            return {}
+        out: dict[str, Any] = {}
+        for e in range(n[0]):
+            ei = ffi.new("VkPipelineExecutableInfoKHR*")
+            ei.sType = vk.VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_INFO_KHR
+            ei.pipeline = pipeline
+            ei.executableIndex = e
+            m = ffi.new("uint32_t*")
+            if fstats(d, ei, m, ffi.NULL) != vk.VK_SUCCESS or m[0] == 0:
+                continue
+            arr = ffi.new("VkPipelineExecutableStatisticKHR[]", m[0])
+            for i in range(m[0]):
+                arr[i].sType = vk.VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_STATISTIC_KHR
+            fstats(d, ei, m, arr)
+            for i in range(m[0]):
+                st = arr[i]
+                v = st.value
+                fmt = int(st.format)  # 0 bool32, 1 int64, 2 uint64, 3 float64
+                val = (bool(v.b32), int(v.i64), int(v.u64), float(v.f64))[min(fmt, 3)]
+                name = ffi.string(st.name)
+                name = name.decode() if isinstance(name, bytes) else str(name)
+                out[f"{e}:{name}" if n[0] > 1 else name] = val
+        return out
 
     def dset(self, dsl: Any, bufs: list[Buf]) -> Any:
         d = self.dev.device
