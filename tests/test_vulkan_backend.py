@@ -471,7 +471,7 @@ H200_HEAPS = [96665 << 20, 143771 << 20]
 
 def test_discrete_gpu_keeps_tensors_out_of_the_bar():
     """A discrete GPU's tensors go to device-only memory even with resizable BAR (a BAR page the
-    CPU has read made later GPU writes ~6 GB/s on the H200), staging and downloads to cached
+    CPU has read was followed by 4x slower GEMMs on the H200), staging and downloads to cached
     system memory, the dynamic scalars to the BAR; FLEETTUNE_VK_REBAR=1 restores the unified
     choice; an integrated / CPU device with one host-visible device heap stays unified."""
     from engine.backends.vulkan.device import MemoryTypes, choose_memory_types

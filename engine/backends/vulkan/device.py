@@ -297,11 +297,10 @@ def choose_memory_types(
     biggest = max((heaps[t[2]] for t in local), default=0)
     near = next((i for i, f, _ in local if f & hv and f & hc), None)
     # Unified: host-visible device-local memory as large as the device's biggest heap (lavapipe,
-    # integrated GPUs). Not on a discrete GPU with resizable BAR: on the H200 (NVIDIA 580) a
-    # BAR-mapped buffer the CPU has read runs later GPU writes to it at ~6 GB/s (the probe's
-    # GEMM went from 2.1 to 8.4 ms after one download through the mapping, the extra time
-    # proportional to the bytes of y), and downloads read uncached over PCIe; tensors live in
-    # device-only memory there and move through staging copies.
+    # integrated GPUs). Not on a discrete GPU with resizable BAR: on the H200 (NVIDIA 580)
+    # every GEMM after the probe's first download through a BAR mapping ran 4x slower (2.1 ->
+    # 8.4 ms; docs/BENCHMARKS.md), and downloads read uncached over PCIe; tensors live in
+    # device-only memory there and move through staging copies, as most Vulkan engines do.
     if not discrete or rebar_requested():
         for i, flags, heap in local:
             if flags & hv and flags & hc and heaps[heap] >= 0.9 * biggest:
