@@ -381,6 +381,9 @@ class Runner:
             if yb.host is not None:
                 pr.download(yb, T * N * 4, via_map=True)
                 row["after_cpu_read_through_map_ms"] = self._best_ms(item)
+            # a slowdown of the whole GPU (clocks) would show here too; of the buffer, not
+            row["mma_tflops_now"] = self.mma_run(16, 16, 16, False, 8, target_ms=3.0)["tflops"]
+            row["smi_now"] = smi()
             self.emit("bar", gemm="default 128x128 w64x32, 7B ffn_up", **row)
             pr.free(yb)
         pr.free(wb)
