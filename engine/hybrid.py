@@ -62,7 +62,8 @@ class HybridModel(Model):
             self.weights[name] = backend.load_weight(qt)
         head = "token_embd.weight" if self.spec.tied_embeddings else "output.weight"
         self.lm_head = self.weights[head]
-        self.hook = None  # validate's blame (see Model)
+        self.hook = None  # validate's blame and replay (see Model)
+        self.state_hook = None
         # validate's teacher-forced routing: (layer, position) -> the reference's expert ids
         self.routes: dict[tuple[int, int], np.ndarray] = {}
 
@@ -146,6 +147,7 @@ class HybridModel(Model):
             beta_in, alpha = ba_out  # [T, Hv] each
         conv_w = w[p + "ssm_conv1d.weight"]
         qkv = tap("ssm_conv", "ssm_conv", b.ssm_conv(qkv, cache.conv[i], conv_w))
+        self._tap_state("ssm_conv", "conv_state", i, cache.conv, pos0 + n - 1)
         q = b.reshape(tap("cols", "ssm_q", b.cols(qkv, 0, kd)), (n, Hk, dk))
         k = b.reshape(tap("cols", "ssm_k", b.cols(qkv, kd, 2 * kd)), (n, Hk, dk))
         v = tap("cols", "ssm_v", b.cols(qkv, 2 * kd, 2 * kd + ssm.value_dim))
@@ -157,10 +159,11 @@ class HybridModel(Model):
             )  # fmt: skip
             return self._out(o, "ssm_out", i, pos0, r)
         g, beta = b.ssm_gates(alpha, beta_in, w[p + "ssm_dt.bias"], w[p + "ssm_a"])
-        tap("ssm_gates", "ssm_g", g)
-        tap("ssm_gates", "ssm_beta_sigmoid", beta)
+        g = tap("ssm_gates", "ssm_g", g)
+        beta = tap("ssm_gates", "ssm_beta_sigmoid", beta)
         o = b.delta_net(q, k, v, g, beta, cache.ssm[i], ssm.v_order, eps)  # [T, Hv, dv]
         o = tap("delta_net", "ssm_scan", o)
+        self._tap_state("delta_net", "ssm_state", i, cache.ssm, pos0 + n - 1)
         o = tap("rms_norm", "ssm_norm", b.rms_norm(o, w[p + "ssm_norm.weight"], eps))
         # silu(z) * o on [T, Vd] rows (elementwise; a decode row's int8 form comes with it)
         o = tap("swiglu", "ssm_gated", b.swiglu(z, b.reshape(o, (n, ssm.value_dim))))
@@ -240,7 +243,8 @@ class HybridModel(Model):
         logits = tap("matmul", "ffn_gate_inp", b.matmul(h, w[p + "ffn_gate_inp.weight"]))
         logits = self._forced_routes(logits, i, pos0)
         ids, weights = b.router_topk(logits, moe.n_expert_used)
-        tap("router_topk", "router_weights", weights)
+        ids = tap("router_topk", "router_ids", ids)
+        weights = tap("router_topk", "router_weights", weights)
         y = b.moe_experts(
             h,
             ids,

@@ -512,6 +512,14 @@ class Backend(ABC):
             return "matmul_decode" if n == 1 else "matmul_prefill"
         return op
 
+    def numeric_classes(self, config: TuningConfig) -> dict[str, str]:
+        """{registry op: numeric class} of config's variants, as validate and its op-level replay
+        judge them: the registry's declarations (a test backend that emulates other arithmetic,
+        tests/int8_decode.py, declares it here)."""
+        from engine.tuning.registry import REGISTRY
+
+        return REGISTRY.numeric_classes(config)
+
     def hook_bypassed_fusions(self, config: TuningConfig) -> list[str]:
         """Registry ops of config whose fused kernels only the unhooked schedule runs (blame's
         hooked replay runs the plain ops, so it cannot see a fault in them); [] by default."""

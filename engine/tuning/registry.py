@@ -9,7 +9,7 @@ the agent can read the whole space on a head node that has no GPU library instal
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from engine.device_info import DeviceInfo
@@ -188,6 +188,53 @@ REFERENCE_BUDGET_RECURRENT = Budget(
 )
 
 
+# End-to-end bounds of the recurrent hybrids (gated delta-net: qwen35, qwen35moe, qwen3next),
+# where they are measured looser than the dense shapes'. A correct int8-activation path carries
+# its Q8_1 rounding through the recurrent state into every later token: on the H200 (2026-11-30,
+# scripts/device_hybrid_bench.py --validate) the 9B-like qwen35 synth's int8 decode (mmvw, mmvq,
+# float_ssm_in) measured KLD 9.8e-3..1.12e-2 (mean 7.6e-3..8.8e-3), NMSE 1.18e-2..1.34e-2, and
+# the tiny hybrids' int8 prefill + decode configs KLD 0.023-0.029. NumPy with exactly that Q8_1
+# rounding (tests/int8_decode.py, no kernel at all; prompts 37/1/70, 6 steps, chunk 512 and 8)
+# measures on the tiny qwen35 / qwen35moe / qwen3next KLD up to 0.025 / 0.029 / 0.029, mean
+# 2.2e-3, NMSE up to 0.058, max |diff| 0.81. Bounds ~2x the worst (mean: ~2x the 9B's). This alone
+# would also pass the seed's S^T k scan (tiny qwen35: KLD 0.010-0.017, NMSE 0.022-0.036): on a
+# hybrid the op-level replay (engine.replay) is what rejects such a bug -- the scan, judged on the
+# reference's inputs under its own class (order_only, op_nmse 1e-8), is at per-op NMSE 0.03-0.09
+# -- and the end-to-end bound stays for what replay cannot see (fused kernels that run only
+# unhooked). Only bounds an experiment left at the registry's value are widened (end_to_end).
+RECURRENT_END_TO_END: dict[str, dict[str, float]] = {
+    "int8_activations": {"kld_max": 6e-2, "kld_mean": 2e-2, "nmse": 1.2e-1, "max_abs_diff": 1.6},
+}
+
+
+def end_to_end(table: dict[str, Budget] | None, recurrent: bool) -> dict[str, Budget]:
+    """The per-class table validate judges logits by: ``table`` (the registry's when None), with
+    RECURRENT_END_TO_END's bounds for a recurrent model where ``table`` keeps the registry's value
+    (an experiment's tightened bound stays). op_nmse is never widened: replay judges each op on
+    the reference's inputs, where nothing compounds."""
+    table = dict(table or NUMERIC_BUDGETS)
+    if not recurrent:
+        return table
+    for cls, wide in RECURRENT_END_TO_END.items():
+        b, reg = table[cls], NUMERIC_BUDGETS[cls]
+        untouched = [k for k in wide if getattr(b, k) == getattr(reg, k)]
+        table[cls] = replace(b, **{k: max(wide[k], getattr(b, k)) for k in untouched})
+    return table
+
+
+def loosest(
+    classes: Iterable[str], budgets: dict[str, Budget] | None = None
+) -> tuple[Budget, list[str]]:
+    """The loosest budget over numeric ``classes`` in ``budgets`` (the registry's when None), and
+    the sorted classes."""
+    table = budgets or NUMERIC_BUDGETS
+    names = sorted(set(classes))
+    out = table[names[0]]
+    for c in names[1:]:
+        out = out.loosest(table[c])
+    return out, names
+
+
 @dataclass(frozen=True)
 class Param:
     """One knob. ``choices`` lists the allowed values, ``default`` is one of them; ``binding``
@@ -320,12 +367,7 @@ class Registry:
     ) -> tuple[Budget, list[str]]:
         """The loosest budget over the classes of the chosen variants (``budgets`` replaces the
         registry's per class, e.g. an experiment's tightened ones), and those classes."""
-        table = budgets or NUMERIC_BUDGETS
-        classes = sorted(set(self.numeric_classes(config).values()))
-        out = table[classes[0]]
-        for c in classes[1:]:
-            out = out.loosest(table[c])
-        return out, classes
+        return loosest(self.numeric_classes(config).values(), budgets)
 
     def unregister(self, backend: str, op: str) -> None:
         self._ops.pop((backend, op), None)
