@@ -21,9 +21,11 @@ at its own op. K/V rows are judged (``kv_write``: what landed in the cache) but 
 row is a function of its own, replaced, inputs, so the cache differs from the reference's only
 by kv_write's judged error and nothing compounds through it.
 
-NMSE is per token position (row): sum (c - r)^2 / sum r^2 of one row, so an error confined to one
-token of a long chunk (a ragged edge) is not averaged away; a row whose reference is near zero
-is normalised by a floor of 1e-6 of the call's mean row energy.
+NMSE is per token position (row): sum (c - r)^2 of one row over the larger of its own reference
+energy sum r^2 and the call's mean row energy. Per row, so an error confined to one token of a
+long chunk (a ragged edge) is not averaged away over the chunk; the mean as a floor, so a row that
+is near zero by cancellation (a 1-wide router or shared-expert gate row) is not judged by its
+own tiny norm. A decode call (one row) is the usual whole-tensor NMSE.
 
 Memory: reference rows are kept as float32 on the host for one segment of the stream at a time
 (the candidate's prefill chunks grouped to at least ``SEGMENT_TOKENS``, the decode steps with
@@ -46,7 +48,6 @@ from engine.tuning.registry import NUMERIC_BUDGETS, Budget
 SEGMENT_TOKENS = 128  # prompt tokens recorded per reference pass (whole candidate chunks)
 JUDGED_ONLY = frozenset({"kv_write"})  # compared, not replaced (see the module docstring)
 STATES = frozenset({"ssm_state", "conv_state"})
-ROW_FLOOR = 1e-6  # of the call's mean row energy: the NMSE denominator of a near-zero row
 
 
 @dataclass
@@ -92,6 +93,28 @@ class ReplayResult:
                 f"op-level replay: {len(bad)} op(s) over their class's op_nmse on the "
                 f"reference's inputs; first: {self.first} > {self.bound_of(self.first.op):g}"
             )
+        return out
+
+    def lines(self, top: int = 6) -> list[str]:
+        """Human summary: the verdict, the worst op and the per-op worst NMSE against its bound."""
+        w = self.worst
+        head = f"op-level replay: {'PASS' if self.passed else 'FAIL'}"
+        if w is not None:
+            head += (
+                f"  worst op {w.op} ({w.variant}, {w.numeric}): NMSE {w.nmse:.3g} against "
+                f"op_nmse {w.bound:g} (layer {w.layer} {w.label}, token {w.token})"
+            )
+        out = [head]
+        if self.ops:
+            out.append(
+                "    per op (worst NMSE / bound): "
+                + ", ".join(f"{s.op} {s.nmse:.2g}/{s.bound:g}" for s in self.ops[:top])
+                + (f" (+{len(self.ops) - top} more)" if len(self.ops) > top else "")
+            )
+        if self.first is not None:
+            out.append(f"    first op over its bound: {self.first}")
+        if self.unmatched:
+            out.append(f"    not compared (no reference rows): {', '.join(self.unmatched[:4])}")
         return out
 
     def bound_of(self, op: str) -> float:
@@ -227,7 +250,7 @@ class _Candidate:
         bad = ~np.isfinite(c64)
         diff = np.where(bad, np.inf, np.abs(np.nan_to_num(c64) - r64))
         energy = np.sum(r64 * r64, axis=1)
-        denom = np.maximum(energy, max(ROW_FLOOR * float(energy.mean()), 1e-30))
+        denom = np.maximum(energy, max(float(energy.mean()), 1e-30))
         with np.errstate(invalid="ignore", over="ignore"):
             row_nmse = np.sum(np.where(bad, np.inf, diff * diff), axis=1) / denom
         row_nmse = np.where(np.isnan(row_nmse), np.inf, row_nmse)
