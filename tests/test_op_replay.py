@@ -153,3 +153,27 @@ def test_int8_emulation_passes_on_the_other_tiny_hybrids(tiny_model_factory, arc
     rep = _int8(tiny_model_factory(arch, "q4_k_m"), chunk=8)
     assert rep.passed, rep.reasons
     assert rep.replay.passed and rep.replay.worst.numeric == "int8_activations"
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_vulkan_replay_compares_states_across_layouts(tiny_model_factory, transposed):
+    """The reference keeps S (Vulkan's default), a state_transposed candidate S^T in its cache:
+    replay compares both as S and hands the candidate the reference's state in its own layout,
+    so a correct candidate passes in either layout; a state put back in the wrong layout would
+    not (the decode steps after it would read S^T as S)."""
+    import engine.replay as R
+    from tests.test_vulkan_helpers import make_backend
+
+    be = make_backend()
+    try:
+        m = build_model(open_model(tiny_model_factory("qwen35", "q4_k_m")), be)
+        ref = TuningConfig.default("vulkan")
+        flat = {"delta_net.state_transposed": transposed, "prefill.chunk_tokens": 8}
+        cand = ref.replace(**flat)
+        tokens = m.forced_run(PROMPT[:13], 4, "per_token").tokens
+        r = R.replay(m, ref, cand, PROMPT[:13], tokens, 4)
+        ops = {s.op: s for s in r.ops}
+        assert r.passed and not r.unmatched, r.lines()
+        assert ops["delta_net"].nmse < 1e-10 and ops["delta_net"].uses > 0
+    finally:
+        be.close()
