@@ -56,6 +56,11 @@ def test_int8_emulation_of_the_tiny_qwen35_passes_with_replay(tiny_model_factory
     d = json.loads(json.dumps(rep.to_dict()))  # the JSON of `engine validate --json`
     assert d["replay"]["passed"] and d["replay"]["worst"]["bound"] == INT8.op_nmse
     assert {o["op"] for o in d["replay"]["ops"]} >= {"delta_net", "matmul_decode"}
+    from worker.evaluator import validate_summary
+    from worker.records import ValidateSummary
+
+    rec = ValidateSummary.from_dict(json.loads(json.dumps(validate_summary(rep).to_dict())))
+    assert rec.replay["worst"]["op"] == rep.replay.worst.op  # what a trial record keeps
 
 
 SkInt8 = type("SkInt8", (SkNotStk, Int8Candidate), {})  # the seed's bug beside int8 rounding

@@ -69,10 +69,12 @@ class Budget:
     """What validate admits for one numeric class, on the teacher-forced logits of every compared
     position (engine.validate): KL(ref || cand) of the softmax in float64 (worst position and mean),
     NMSE and max |diff| of the logits, and the top-1/top-2 margin of the reference below which a
-    position is a near-tie (its top-1 may differ). ``op_nmse`` is blame's per-op bound: the first
-    op whose activations differ by more names the failure. ``route_tie``: a MoE router's k-th minus
-    (k+1)-th logit in the reference below which its expert choice is a near-tie that the candidate
-    then borrows (teacher-forced routing, engine.validate); 0 borrows none."""
+    position is a near-tie (its top-1 may differ). ``op_nmse`` is the per-op bound of an op whose
+    variant has this class: op-level replay (engine.replay) rejects an op whose output, on the
+    reference's own inputs, differs by more; blame names the first op past it. ``route_tie``: a
+    MoE router's k-th minus (k+1)-th logit in the reference below which its expert choice is a
+    near-tie that the candidate then borrows (teacher-forced routing, engine.validate); 0 borrows
+    none."""
 
     kld_max: float
     kld_mean: float
