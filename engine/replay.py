@@ -166,15 +166,23 @@ class _Reference:
     def __init__(self, model: Model, config: TuningConfig, state_positions: set[int]) -> None:
         self.model = model
         self.rows: dict[tuple[str, str, int], dict[int, np.ndarray]] = {}
+        self.pending: list[tuple[tuple[str, str, int], Any, int]] = []
         self.state_positions = state_positions
         self.transposed = _transposed(config)
 
     def __call__(self, op: str, label: str, layer: int, t: Any, pos0: int) -> None:
-        a = self.model.backend.download(t)
-        a = a.reshape(a.shape[0], -1)
-        store = self.rows.setdefault((op, label, layer), {})
-        for j in range(a.shape[0]):
-            store[pos0 + j] = a[j]
+        # downloaded at the token's end (flush): no host sync between one op and the next. Ops
+        # return new tensors (the backend contract); the in-place states go through state().
+        self.pending.append(((op, label, layer), t, pos0))
+
+    def flush(self) -> None:
+        for key, t, pos0 in self.pending:
+            a = self.model.backend.download(t)
+            a = a.reshape(a.shape[0], -1)
+            store = self.rows.setdefault(key, {})
+            for j in range(a.shape[0]):
+                store[pos0 + j] = a[j]
+        self.pending.clear()
 
     def state(self, op: str, label: str, layer: int, states: list, pos: int) -> None:
         if pos in self.state_positions:
@@ -351,8 +359,10 @@ def replay(
                 x = model.trunk(b.rows(ids, pos, pos + 1), 1, pos, ref_cache)
                 if pos == P - 1:
                     model.head(x, 0, pos)
+                rec.flush()
             for pos, tok in decode if last else ():
                 model.forward(b.upload(np.asarray([tok], np.int32)), 1, pos, ref_cache)
+                rec.flush()
             model.set_config(candidate)
             judge.ref = rec
             model.hook, model.state_hook = judge, judge.state
