@@ -46,6 +46,7 @@ from engine.tuning import TuningConfig
 from engine.tuning.registry import NUMERIC_BUDGETS, Budget
 
 SEGMENT_TOKENS = 128  # prompt tokens recorded per reference pass (whole candidate chunks)
+CACHE_BYTES = 4 << 30  # reference recordings kept across candidates in validate's ref_cache
 JUDGED_ONLY = frozenset({"kv_write"})  # compared, not replaced (see the module docstring)
 STATES = frozenset({"ssm_state", "conv_state"})
 
@@ -168,12 +169,17 @@ class _Reference:
         self.rows: dict[tuple[str, str, int], dict[int, np.ndarray]] = {}
         self.pending: list[tuple[tuple[str, str, int], Any, int]] = []
         self.state_positions = state_positions
+        self.keep = False  # a cached recording: the candidate reads rows without dropping them
         self.transposed = _transposed(config)
 
     def __call__(self, op: str, label: str, layer: int, t: Any, pos0: int) -> None:
         # downloaded at the token's end (flush): no host sync between one op and the next. Ops
         # return new tensors (the backend contract); the in-place states go through state().
         self.pending.append(((op, label, layer), t, pos0))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(r.nbytes for store in self.rows.values() for r in store.values())
 
     def flush(self) -> None:
         for key, t, pos0 in self.pending:
@@ -219,6 +225,7 @@ class _Candidate:
         self.stats: dict[str, OpStat] = {}
         self.first: Blame | None = None
         self.unmatched: set[str] = set()
+        self.used: set[tuple[str, str, int]] = set()
         self.transposed = _transposed(config)
         self.classes = model.backend.numeric_classes(config)
 
@@ -231,7 +238,9 @@ class _Candidate:
         if any(pos0 + j not in store for j in range(n)):
             self.unmatched.add(f"{op} {label} layer {layer}")
             return None
-        r = np.stack([store.pop(pos0 + j) for j in range(n)])
+        take = store.get if self.ref.keep else store.pop
+        r = np.stack([take(pos0 + j) for j in range(n)])
+        self.used.add((op, label, layer))
         self._judge(op, label, layer, n, c.reshape(n, -1), r, pos0)
         if op in JUDGED_ONLY:
             return None
@@ -244,7 +253,8 @@ class _Candidate:
         if pos not in store:
             self.unmatched.add(f"{op} {label} layer {layer}")
             return
-        r = store.pop(pos)
+        r = store[pos] if self.ref.keep else store.pop(pos)
+        self.used.add((op, label, layer))
         a = b.download(states[layer])
         c = _canonical(self.model, label, a, self.transposed).reshape(1, -1)
         self._judge(op, label, layer, 1, c, r[None, :], pos)
@@ -331,10 +341,18 @@ def replay(
     tokens: list[int],
     steps: int,
     budgets: dict[str, Budget] | None = None,
+    cache: dict[Any, Any] | None = None,
+    cache_bytes: int = CACHE_BYTES,
 ) -> ReplayResult:
     """Replay ``prompt`` then ``steps`` forced decode tokens (``tokens``: the reference's
     greedy continuation, as validate's teacher forcing) op by op; leaves the model on the
-    candidate config with no hooks. ``budgets``: per-class table (op_nmse is read from it)."""
+    candidate config with no hooks. ``budgets``: per-class table (op_nmse is read from it).
+
+    ``cache`` (validate's ref_cache: one dict per loaded model) keeps whole reference
+    recordings, by (reference config, prompt, tokens, candidate chunk), while they fit in
+    ``cache_bytes`` all together: the per-token hooked reference pass is most of a replay's
+    cost, and an agent's study validates many candidates against one reference. A recording that
+    would not fit (the first one measures the bytes per position) streams in segments."""
     if not prompt:
         raise ValueError("empty prompt: at least one token is needed")
     if len(tokens) < steps:
@@ -345,24 +363,33 @@ def replay(
     ids = b.upload(np.asarray(prompt, dtype=np.int32))
     decode = [(P + i, tokens[i]) for i in range(steps - 1)]  # forced_run's decode forwards
     chunk_ends = {min(c0 + chunk, P) - 1 for c0 in range(0, P, chunk)}
-    ref_cache, cand_cache = model.new_cache(P + steps), model.new_cache(P + steps)
-    segs = segments(P, chunk)
+    cand_cache = model.new_cache(P + steps)
+    ref_key = ("replay", tuple(sorted(reference.flat().items())), tuple(prompt),
+               tuple(tokens[: steps - 1]), chunk)  # fmt: skip
+    cached = cache.get(ref_key) if cache is not None else None
+    whole = cached is not None or _fits(cache, P + steps, cache_bytes)
+    segs = [list(range(0, P, chunk))] if whole else segments(P, chunk)
     judge = _Candidate(model, candidate, table)
     try:
         for k, starts in enumerate(segs):
             last = k == len(segs) - 1
-            lo, hi = starts[0], min(starts[-1] + chunk, P)
-            model.set_config(reference)
-            rec = _Reference(model, reference, chunk_ends | {p for p, _ in decode})
-            model.hook, model.state_hook = rec, rec.state
-            for pos in range(lo, hi):
-                x = model.trunk(b.rows(ids, pos, pos + 1), 1, pos, ref_cache)
-                if pos == P - 1:
-                    model.head(x, 0, pos)
-                rec.flush()
-            for pos, tok in decode if last else ():
-                model.forward(b.upload(np.asarray([tok], np.int32)), 1, pos, ref_cache)
-                rec.flush()
+            rec = cached
+            if rec is None:
+                if k == 0:
+                    ref_cache = model.new_cache(P + steps)
+                model.set_config(reference)
+                rec = _Reference(model, reference, chunk_ends | {p for p, _ in decode})
+                rec.keep = whole and cache is not None
+                model.hook, model.state_hook = rec, rec.state
+                for pos in range(starts[0], min(starts[-1] + chunk, P)):
+                    x = model.trunk(b.rows(ids, pos, pos + 1), 1, pos, ref_cache)
+                    if pos == P - 1:
+                        model.head(x, 0, pos)
+                    rec.flush()
+                for pos, tok in decode if last else ():
+                    model.forward(b.upload(np.asarray([tok], np.int32)), 1, pos, ref_cache)
+                    rec.flush()
+                _remember(cache, ref_key, rec, P + steps if last else 0, k == 0)
             model.set_config(candidate)
             judge.ref = rec
             model.hook, model.state_hook = judge, judge.state
@@ -374,8 +401,33 @@ def replay(
             for pos, tok in decode if last else ():
                 model.forward(b.upload(np.asarray([tok], np.int32)), 1, pos, cand_cache)
             # taps the reference recorded and the candidate never made
-            judge.unmatched |= {f"{o} {lb} layer {ly}" for (o, lb, ly), v in rec.rows.items() if v}
+            left = {key for key, v in rec.rows.items() if v and not rec.keep}
+            left |= {key for key in rec.rows if key not in judge.used}
+            judge.unmatched |= {f"{o} {lb} layer {ly}" for o, lb, ly in left}
     finally:
         model.hook, model.state_hook = None, None
         model.set_config(candidate)
     return judge.result()
+
+
+_BPP, _USED = ("replay", "bytes_per_position"), ("replay", "bytes_cached")
+
+
+def _fits(cache: dict | None, positions: int, cache_bytes: int) -> bool:
+    """Whether a whole recording of ``positions`` would fit the cache's byte budget (unknown
+    until a first recording measured the bytes per position)."""
+    if cache is None or _BPP not in cache:
+        return False
+    return cache.get(_USED, 0) + cache[_BPP] * positions <= cache_bytes
+
+
+def _remember(cache: dict | None, key: Any, rec: _Reference, positions: int, first: bool) -> None:
+    """Measure bytes per position (a first, streamed recording) and keep a whole one."""
+    if cache is None:
+        return
+    if _BPP not in cache and first and rec.rows:
+        n = max(len(v) for v in rec.rows.values())  # positions this segment recorded
+        cache[_BPP] = rec.nbytes / max(n, 1)
+    if rec.keep and positions:
+        cache[key] = rec
+        cache[_USED] = cache.get(_USED, 0) + rec.nbytes

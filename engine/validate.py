@@ -385,7 +385,8 @@ def validate(
     caller) holds reference runs by (reference config, prompt, steps): the per-token reference
     is the slow half of a validate and does not change between candidates; one computed before
     any candidate ran is also the safer one (a candidate that corrupted device state cannot
-    bend it). ``replay_ops``: run the op-level replay (engine.replay) on every prompt."""
+    bend it); it keeps the replay's reference recordings too, within engine.replay's
+    CACHE_BYTES. ``replay_ops``: run the op-level replay (engine.replay) on every prompt."""
     reference = reference or TuningConfig.default(candidate.backend)
     op_classes = model.backend.numeric_classes(candidate)
     budget, classes = loosest(op_classes.values(), end_to_end(budgets, model.spec.hybrid))
@@ -443,7 +444,7 @@ def validate(
     replays = []
     if replay_ops:  # each op on the reference's inputs (routing forced nowhere: inputs agree)
         replays = [
-            replay(model, reference, candidate, p, ref.tokens, steps, budgets)
+            replay(model, reference, candidate, p, ref.tokens, steps, budgets, ref_cache)
             for p, ref in zip(all_prompts, refs, strict=True)
         ]
     replayed = merge(replays) if replays else None

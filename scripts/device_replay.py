@@ -43,6 +43,7 @@ def main() -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--backend", default="cuda")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--again", action="store_true", help="validate with replay a second time")
     args = ap.parse_args()
     if not Path(args.model).is_file():
         print(f"error: {args.model}: no such file")
@@ -66,9 +67,12 @@ def main() -> int:
     t2 = time.time()
     plain = validate(m, cand, prompts, args.steps, replay_ops=False, **kw)
     t3 = time.time()
-    rep = validate(m, cand, prompts, args.steps, **kw)
+    rep = validate(m, cand, prompts, args.steps, **kw)  # records the replay's references
     t4 = time.time()
     secs = {"first_validate": t2 - t1, "validate": t3 - t2, "validate_replay": t4 - t3}
+    if args.again:  # the agent's steady state: recordings kept in ref_cache (if they fit)
+        validate(m, cand, prompts, args.steps, **kw)
+        secs["validate_replay_cached"] = time.time() - t4
     r = rep.replay
     print(f"{args.name}: {'PASS' if rep.passed else 'FAIL'}  end to end "
           f"{'pass' if plain.passed else 'FAIL'}: KLD {rep.kld_max:.3g} NMSE {rep.nmse:.3g} "
@@ -80,7 +84,8 @@ def main() -> int:
         print(f"  reason: {reason[:300]}")
     print(
         f"  time: first validate (references) {secs['first_validate']:.1f}s, validate "
-        f"{secs['validate']:.1f}s, with replay {secs['validate_replay']:.1f}s; prompts "
+        f"{secs['validate']:.1f}s, with replay {secs['validate_replay']:.1f}s, again "
+        f"{secs.get('validate_replay_cached', -1):.1f}s; prompts "
         f"{[p.prompt_tokens for p in rep.prompts]} tokens, {args.steps} steps",
         flush=True,
     )

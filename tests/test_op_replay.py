@@ -182,3 +182,37 @@ def test_vulkan_replay_compares_states_across_layouts(tiny_model_factory, transp
         assert ops["delta_net"].nmse < 1e-10 and ops["delta_net"].uses > 0
     finally:
         be.close()
+
+
+def test_cached_reference_recordings_keep_the_verdicts(tiny_model_factory, monkeypatch):
+    """validate's ref_cache keeps the replay's reference recordings (per prompt and candidate
+    chunk): a later candidate replays against them with no reference pass, and a bug
+    validated after an honest candidate is still rejected by replay."""
+    import engine.replay as R
+
+    path = tiny_model_factory("qwen35", "q4_k_m")
+    honest = build_model(open_model(path), NumpyBackend())
+    cand = TuningConfig.default("numpy").replace(**{"prefill.chunk_tokens": 8})
+    cache: dict = {}
+    kw = {"steps": 4, "edges": False, "ref_cache": cache}
+
+    def kept() -> list:
+        return [k for k in cache if k[0] == "replay" and len(k) == 5]
+
+    # the first prompt's recording measures the bytes per position; the later ones are kept
+    assert validate(honest, cand, PROMPTS, **kw).passed and len(kept()) == len(PROMPTS) - 1
+    assert validate(honest, cand, PROMPTS, **kw).passed and len(kept()) == len(PROMPTS)
+    assert cache[R._USED] == sum(cache[k].nbytes for k in kept())
+
+    def no_reference_pass(*a, **k):  # noqa: ANN002, ANN003, ANN202
+        raise AssertionError("a cached recording was recorded again")
+
+    monkeypatch.setattr(R._Reference, "__init__", no_reference_pass)
+    bad = build_model(open_model(path), SkNotStk())
+    rep = validate(bad, cand, PROMPTS, **kw | {"blame_failures": False})
+    assert not rep.passed and rep.replay.first.op == "delta_net"
+    assert all(cache[k].rows for k in kept())  # read, not consumed
+    monkeypatch.undo()
+    small = R.replay(honest, TuningConfig.default("numpy"), cand, PROMPT, [1] * 4, 4,
+                     cache={R._BPP: 1e9}, cache_bytes=1)  # fmt: skip
+    assert small.passed  # over the byte budget: streamed in segments, not kept
