@@ -48,7 +48,6 @@ from engine.tuning.registry import NUMERIC_BUDGETS, Budget
 SEGMENT_TOKENS = 128  # prompt tokens recorded per reference pass (whole candidate chunks)
 CACHE_BYTES = 4 << 30  # reference recordings kept across candidates in validate's ref_cache
 JUDGED_ONLY = frozenset({"kv_write"})  # compared, not replaced (see the module docstring)
-STATES = frozenset({"ssm_state", "conv_state"})
 
 
 @dataclass
@@ -80,7 +79,8 @@ class ReplayResult:
     passed: bool
     ops: list[OpStat]  # per registry op, the worst first (by nmse / bound)
     first: Blame | None = None  # the first use over its bound, in the candidate's order
-    unmatched: list[str] = field(default_factory=list)  # taps the reference did not record
+    # taps one side made and the other did not (fails: an op not compared is not vouched for)
+    unmatched: list[str] = field(default_factory=list)
 
     @property
     def worst(self) -> OpStat | None:
@@ -94,6 +94,8 @@ class ReplayResult:
                 f"op-level replay: {len(bad)} op(s) over their class's op_nmse on the "
                 f"reference's inputs; first: {self.first} > {self.bound_of(self.first.op):g}"
             )
+        if self.unmatched:
+            out.append(f"op-level replay: not compared (one side only): {self.unmatched[:4]}")
         return out
 
     def lines(self, top: int = 6) -> list[str]:
@@ -115,7 +117,7 @@ class ReplayResult:
         if self.first is not None:
             out.append(f"    first op over its bound: {self.first}")
         if self.unmatched:
-            out.append(f"    not compared (no reference rows): {', '.join(self.unmatched[:4])}")
+            out.append(f"    not compared (one side only): {', '.join(self.unmatched[:4])}")
         return out
 
     def bound_of(self, op: str) -> float:
@@ -312,7 +314,7 @@ class _Candidate:
     def result(self) -> ReplayResult:
         stats = list(self.stats.values())
         return ReplayResult(
-            all(s.passed for s in stats) and self.first is None,
+            all(s.passed for s in stats) and self.first is None and not self.unmatched,
             _ranked(stats),
             self.first,
             sorted(self.unmatched),
