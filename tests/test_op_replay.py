@@ -160,6 +160,22 @@ def test_int8_emulation_passes_on_the_other_tiny_hybrids(tiny_model_factory, arc
     assert rep.replay.passed and rep.replay.worst.numeric == "int8_activations"
 
 
+def test_int8_experts_pass_with_the_recurrent_route_tie(tiny_model_factory):
+    """int8 experts too (moe_experts.mmvq's rounding), chunk 24, edge prompts: under int8's
+    dense route_tie (8e-2) the drift swapped an expert at a reference gap of 0.082 (layer 2,
+    position 23 of the 70-token prompt: KLD 0.066); the recurrent route_tie borrows it."""
+    be = Int8Candidate()
+    be.experts = True
+    m = build_model(open_model(tiny_model_factory("qwen35moe", "q4_k_m")), be)
+    cand = TuningConfig.default("numpy").replace(**{"prefill.chunk_tokens": 24, **INT8_CANDIDATE})
+    rep = validate(m, cand, PROMPTS, steps=6)
+    assert rep.passed, rep.reasons
+    assert rep.tolerances["route_tie"] == RECURRENT_END_TO_END["int8_activations"]["route_tie"]
+    ops = {s.op: s for s in rep.replay.ops}
+    assert ops["moe_experts"].numeric == "int8_activations" and ops["moe_experts"].nmse > 1e-5
+    assert ops["router_topk"].nmse == 0.0  # the reference's logits: the same experts, exactly
+
+
 @pytest.mark.parametrize("transposed", [False, True])
 def test_vulkan_replay_compares_states_across_layouts(tiny_model_factory, transposed):
     """The reference keeps S (Vulkan's default), a state_transposed candidate S^T in its cache:

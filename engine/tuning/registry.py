@@ -203,9 +203,21 @@ REFERENCE_BUDGET_RECURRENT = Budget(
 # hybrid the op-level replay (engine.replay) is what rejects such a bug -- the scan, judged on the
 # reference's inputs under its own class (order_only, op_nmse 1e-8), is at per-op NMSE 0.03-0.09
 # -- and the end-to-end bound stays for what replay cannot see (fused kernels that run only
-# unhooked). Only bounds an experiment left at the registry's value are widened (end_to_end).
+# unhooked). route_tie: the same drift moves a MoE hybrid's router logits by up to 0.44 (int8
+# prefill + decode rows) and 0.62 (int8 experts too) on the tiny qwen35moe (NumPy emulation,
+# chunk 24 / 512, edge prompts; median 0.025), so int8's 8e-2 let a correct candidate swap an
+# expert at a reference gap of 0.082 (KLD 0.066 at that position, 2e-3 elsewhere): ~2x the
+# largest move. Replay judges the router (ids and weights) on the reference's own logits, where
+# a correct top-k picks the same experts. Only bounds an experiment left at the registry's value
+# are widened (end_to_end).
 RECURRENT_END_TO_END: dict[str, dict[str, float]] = {
-    "int8_activations": {"kld_max": 6e-2, "kld_mean": 2e-2, "nmse": 1.2e-1, "max_abs_diff": 1.6},
+    "int8_activations": {
+        "kld_max": 6e-2,
+        "kld_mean": 2e-2,
+        "nmse": 1.2e-1,
+        "max_abs_diff": 1.6,
+        "route_tie": 1.2,
+    },
 }
 
 
