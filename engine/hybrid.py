@@ -90,6 +90,9 @@ class HybridModel(Model):
         go through the backend's fused ops (matmul_add, ffn: by default the same op calls)."""
         b, s, w, tap = self.backend, self.spec, self.weights, self._tap
         fused = self.hook is None
+        # validate's forced routes at these positions (only they need the op-by-op MoE FFN: a
+        # decode step with none runs the fused MoE decode even when the prompt had some)
+        forced = any(pos0 <= p < pos0 + n for _, p in self.routes)
         x = tap("embedding", "token_embd", -1, b.embedding(w["token_embd.weight"], ids), pos0)
         for i in range(s.n_layers):
             p = f"blk.{i}."
@@ -110,7 +113,7 @@ class HybridModel(Model):
             h = tap("rms_norm", "post_attention_norm", i, h, pos0)
             if fused and s.moe is None:
                 x = b.ffn(h, *(w[p + f"ffn_{t}.weight"] for t in ("gate", "up", "down")), x)
-            elif fused and not self.routes:  # (validate's forced routing: the op-by-op _ffn)
+            elif fused and not forced:  # (validate's forced routing: the op-by-op _ffn)
                 x = b.moe_ffn(h, x, *self._moe_weights(i))
             else:
                 x = tap("add", "ffn_residual", i, b.add(x, self._ffn(h, i, pos0)), pos0)

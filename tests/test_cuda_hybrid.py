@@ -753,6 +753,27 @@ def test_planted_sk_scan_beside_int8_is_rejected_by_replay(be, tiny_model_factor
     assert v.blamed == "delta_net", v.blame
 
 
+# The hybrids' fused decode kernels run only unhooked: replay cannot see them, the end-to-end
+# check must, also under the recurrent int8 bound (KLD 6e-2, route_tie 1.2) of an int8 candidate.
+FUSED_UNDER_INT8 = [
+    ("DN_STEP_UNGATED", "delta_net", "qwen35"),
+    ("QK_PREP_ROPE_AHEAD", "rope_partial", "qwen35"),
+    ("MOE_DEC_UNNORMALISED", "moe_experts", "qwen35moe"),
+]
+
+
+@pytest.mark.parametrize("name,op,arch", FUSED_UNDER_INT8, ids=[f[0] for f in FUSED_UNDER_INT8])
+def test_fused_decode_mutants_beside_int8_are_rejected_end_to_end(
+    be, tiny_model_factory, name, op, arch
+):
+    from tests.mutants import Mutant, judge
+
+    m = Mutant(name, "cuda", op, "a fused decode kernel's bug, beside int8 decode rows", MMVW)
+    v = judge(m, tiny_model_factory(arch, "q4_k_m"))
+    assert v.rejected and not v.replay_failed, v  # the end-to-end check, not replay
+    assert v.blamed == op, v.blame
+
+
 def _cli(*args: str) -> dict:
     r = subprocess.run(
         [sys.executable, "-m", "engine", *args, "--backend", "cuda", "--json"],
