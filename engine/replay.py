@@ -233,8 +233,7 @@ class _Candidate:
 
     def __call__(self, op: str, label: str, layer: int, t: Any, pos0: int) -> Any:
         b = self.model.backend
-        c = b.download(t)
-        n = int(c.shape[0])
+        n = int(t.shape[0])
         assert self.ref is not None
         store = self.ref.rows.get((op, label, layer), {})
         if any(pos0 + j not in store for j in range(n)):
@@ -243,10 +242,11 @@ class _Candidate:
         take = store.get if self.ref.keep else store.pop
         r = np.stack([take(pos0 + j) for j in range(n)])
         self.used.add((op, label, layer))
-        self._judge(op, label, layer, n, c.reshape(n, -1), r, pos0)
-        if op in JUDGED_ONLY:
-            return None
-        return b.upload(r.reshape(c.shape).astype(c.dtype, copy=False))
+        shape = tuple(int(d) for d in t.shape)
+        ref = b.upload(r.reshape(shape))  # the reference's value: compared on the device
+        err, energy = b.row_errors(t, ref, r)
+        self._judge(op, label, layer, n, err, energy, pos0, lambda j: _row(b, t, n, j), r)
+        return None if op in JUDGED_ONLY else ref
 
     def state(self, op: str, label: str, layer: int, states: list, pos: int) -> None:
         b = self.model.backend
@@ -258,25 +258,37 @@ class _Candidate:
         r = store[pos] if self.ref.keep else store.pop(pos)
         self.used.add((op, label, layer))
         a = b.download(states[layer])
-        c = _canonical(self.model, label, a, self.transposed).reshape(1, -1)
-        self._judge(op, label, layer, 1, c, r[None, :], pos)
+        c = _canonical(self.model, label, a, self.transposed).reshape(1, -1).astype(np.float64)
+        d, r64 = c - r[None, :], r[None, :].astype(np.float64)
+        err, energy = np.einsum("ij,ij->i", d, d), np.einsum("ij,ij->i", r64, r64)
+        self._judge(op, label, layer, 1, err, energy, pos, lambda j: c[0], r[None, :])
         ref = _layout(self.model, label, r, self.transposed).reshape(a.shape).astype(a.dtype)
         states[layer] = b.upload(ref)
 
     def _judge(
-        self, op: str, label: str, layer: int, n: int, c: np.ndarray, r: np.ndarray, pos0: int
+        self,
+        op: str,
+        label: str,
+        layer: int,
+        n: int,
+        err: np.ndarray,
+        energy: np.ndarray,
+        pos0: int,
+        row: Any,
+        r: np.ndarray,
     ) -> None:
-        c64, r64 = c.astype(np.float64), r.astype(np.float64)
-        bad = ~np.isfinite(c64)
-        diff = np.where(bad, np.inf, np.abs(np.nan_to_num(c64) - r64))
-        energy = np.sum(r64 * r64, axis=1)
-        denom = np.maximum(energy, max(float(energy.mean()), 1e-30))
+        """err, energy: per row sum (c - r)^2 and sum r^2; ``row(j)`` the candidate's row j
+        (read only for the worst row: where its largest |diff| is)."""
+        denom = np.maximum(energy, max(float(np.mean(energy)), 1e-30))
         with np.errstate(invalid="ignore", over="ignore"):
-            row_nmse = np.sum(np.where(bad, np.inf, diff * diff), axis=1) / denom
-        row_nmse = np.where(np.isnan(row_nmse), np.inf, row_nmse)
+            row_nmse = err / denom
+        row_nmse = np.where(np.isfinite(row_nmse), row_nmse, np.inf)  # NaN / Inf outputs
         j = int(np.argmax(row_nmse))
         nmse = float(row_nmse[j])
-        col = int(np.argmax(diff[j]))
+        with np.errstate(invalid="ignore"):
+            diff = np.abs(np.asarray(row(j), np.float64) - r[j].astype(np.float64))
+        diff = np.where(np.isfinite(diff), diff, np.inf)
+        col = int(np.argmax(diff))
         reg = self.model.backend.registry_op(op, n)
         s = self.stats.get(reg)
         if s is None:
@@ -287,13 +299,13 @@ class _Candidate:
         s.uses += 1
         if nmse > s.nmse:
             s.nmse, s.label, s.layer, s.token = nmse, label, layer, pos0 + j
-            s.column, s.abs_diff = col, float(diff[j, col])
+            s.column, s.abs_diff = col, float(diff[col])
         if not nmse <= s.bound:
             s.failed += 1
             if self.first is None:
                 params = self._params(reg, n)
                 self.first = Blame(
-                    reg, s.variant, params, label, layer, pos0 + j, col, float(diff[j, col]), nmse
+                    reg, s.variant, params, label, layer, pos0 + j, col, float(diff[col]), nmse
                 )
 
     def _variant(self, reg: str) -> str:
@@ -319,6 +331,11 @@ class _Candidate:
             self.first,
             sorted(self.unmatched),
         )
+
+
+def _row(b: Any, t: Any, n: int, j: int) -> np.ndarray:
+    """Row j of t [n, ...], flat, on the host."""
+    return b.download(b.rows(b.reshape(t, (n, -1)), j, j + 1))[0]
 
 
 def segments(n_prompt: int, chunk: int, min_tokens: int = SEGMENT_TOKENS) -> list[list[int]]:

@@ -520,6 +520,16 @@ class Backend(ABC):
 
         return REGISTRY.numeric_classes(config)
 
+    def row_errors(self, t: Tensor, ref: Tensor, ref_host: np.ndarray) -> np.ndarray:
+        """[2, n] float64: per row of t [n, ...], sum (t - ref)^2 and sum ref^2 (op-level
+        replay's comparison; ``ref`` is ``ref_host`` on the device). Here on the host; a backend
+        may compute it where the tensors are and download 2n numbers."""
+        n = int(t.shape[0])
+        c = self.download(t).reshape(n, -1).astype(np.float64)
+        r = np.asarray(ref_host).reshape(n, -1).astype(np.float64)
+        d = c - r
+        return np.stack([np.einsum("ij,ij->i", d, d), np.einsum("ij,ij->i", r, r)])
+
     def hook_bypassed_fusions(self, config: TuningConfig) -> list[str]:
         """Registry ops of config whose fused kernels only the unhooked schedule runs (blame's
         hooked replay runs the plain ops, so it cannot see a fault in them); [] by default."""
