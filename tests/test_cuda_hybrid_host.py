@@ -325,7 +325,7 @@ def test_moe_tc_schedule(tile, rows, gate_type):
         sort, gu, dn, comb = be.launches
         assert all(la.fname == "moe_tc.cu" for la in (sort, gu, dn))
         assert gu.defines == dn.defines == {
-            "TILE_P": tile, "BR": rows, "WIN_Q4K": 0, "WIDE": 0, "DIRECT": 0,
+            "TILE_P": tile, "BR": rows, "WIN_Q4K": 0, "WIDE": 1, "DIRECT": 1,
         }  # fmt: skip
         route = sort.args[-1]
         assert route.size == 1 + 3 * max_tiles + P

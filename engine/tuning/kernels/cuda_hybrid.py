@@ -160,28 +160,19 @@ _MOE_DMMV_HOST = tuple(
     Param(p.name, p.choices, p.default, p.doc + " (decode)", HOST) for p in _MOE_DMMV
 )
 
-# dmmv first: the default. tc (12x faster experts at a 35b-a3b pp512) passes validate on the
-# tiny models but not on the realistic 35b-a3b (H200, 2026-11-30: KLD 4.1e-4 against fp16's
-# 1e-4, blame moe_experts tc layer 35, per-op NMSE 3.4e-3): a searched variant until that is
-# understood. Its decode (T == 1) and chunks below prefill.gemm_min_t are dmmv's kernels at dmmv's
-# knob defaults. grouped at decode is dmmv too (same kernels and knobs).
+# tc first: the default (fp16 tensor-core experts at prefill, 6.7x the per-pair DMMV at a
+# 35b-a3b pp512 on the H200, 8.0x with wide_loads + direct). It failed validate on the realistic
+# 35b-a3b until validate borrowed drift-explained routings (engine.validate): the kernel agrees
+# with dmmv to NMSE 2.7e-7 on the reference's own inputs at every layer, and the failure was 6
+# routing flips outside route_tie across 10 prompts, each with the router's logits within the
+# fp16 op bound (scripts/moe_drift.py, docs/verify.md). Its decode (T == 1), the per-token
+# reference and chunks below prefill.gemm_min_t run dmmv's kernels at dmmv's knob defaults.
+# grouped at decode is dmmv too (same kernels and knobs).
 # mmvq: int8 activations (the looser numeric class), so never the default.
 REGISTRY.register(
     B,
     "moe_experts",
     [
-        Variant(
-            B,
-            "moe_experts",
-            "dmmv",
-            params=_MOE_DMMV,
-            quant_types=ALL_TYPES,
-            source="cuda/moe.cu",
-            numeric="order_only",
-            doc="the decode DMMV per (token, chosen expert), the expert picked on the device "
-            "from router_topk's ids (only chosen experts are read; graph-safe), SwiGLU, down, "
-            "then a weighted sum per token (moe_combine)",
-        ),
         Variant(
             B,
             "moe_experts",
@@ -216,7 +207,7 @@ REGISTRY.register(
                 Param(
                     "wide_loads",
                     (0, 1),
-                    0,
+                    1,
                     "1: Q4_K / Q6_K groups decoded from 16-byte loads (2 and 4 load "
                     "instructions, not 8 and 18: a warp's loads hit 8 rows' lines, so L1 "
                     "passes per instruction bound the narrow decoders); same weights",
@@ -225,7 +216,7 @@ REGISTRY.register(
                 Param(
                     "direct",
                     (0, 1),
-                    0,
+                    1,
                     "1: Q4_K experts (gate, up, down) decoded by each warp straight into its mma "
                     "fragments (k permuted alike in the staged x), no shared-memory weight "
                     "tile; same products, another summation order",
@@ -242,6 +233,18 @@ REGISTRY.register(
             "another on fp16 tensor cores (mma.sync), Q4_K / Q6_K / ... weights decoded into "
             "shared memory (no fp16 copy in device memory); shorter chunks, decode and float "
             "experts: the dmmv kernels",
+        ),
+        Variant(
+            B,
+            "moe_experts",
+            "dmmv",
+            params=_MOE_DMMV,
+            quant_types=ALL_TYPES,
+            source="cuda/moe.cu",
+            numeric="order_only",
+            doc="the decode DMMV per (token, chosen expert), the expert picked on the device "
+            "from router_topk's ids (only chosen experts are read; graph-safe), SwiGLU, down, "
+            "then a weighted sum per token (moe_combine)",
         ),
         Variant(
             B,
