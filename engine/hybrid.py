@@ -145,17 +145,17 @@ class HybridModel(Model):
         else:
             beta_in, alpha = ba_out  # [T, Hv] each
         conv_w = w[p + "ssm_conv1d.weight"]
+        if self.hook is None:  # conv, gates, scan, norm and output gate: one op (fewer launches)
+            o = b.delta_net_conv_gated(
+                qkv, cache.conv[i], conv_w, Hk, dk, alpha, beta_in, w[p + "ssm_dt.bias"],
+                w[p + "ssm_a"], cache.ssm[i], ssm.v_order, eps, w[p + "ssm_norm.weight"], z,
+            )  # fmt: skip
+            return self._out(o, "ssm_out", i, pos0, r)
         qkv = tap("ssm_conv", "ssm_conv", b.ssm_conv(qkv, cache.conv[i], conv_w))
         q = b.reshape(tap("cols", "ssm_q", b.cols(qkv, 0, kd)), (n, Hk, dk))
         k = b.reshape(tap("cols", "ssm_k", b.cols(qkv, kd, 2 * kd)), (n, Hk, dk))
         v = tap("cols", "ssm_v", b.cols(qkv, 2 * kd, 2 * kd + ssm.value_dim))
         v = b.reshape(v, (n, Hv, dv))
-        if self.hook is None:  # gates, scan, norm and output gate: one op (fewer launches)
-            o = b.delta_net_gated(
-                q, k, v, alpha, beta_in, w[p + "ssm_dt.bias"], w[p + "ssm_a"], cache.ssm[i],
-                ssm.v_order, eps, w[p + "ssm_norm.weight"], z,
-            )  # fmt: skip
-            return self._out(o, "ssm_out", i, pos0, r)
         g, beta = b.ssm_gates(alpha, beta_in, w[p + "ssm_dt.bias"], w[p + "ssm_a"])
         tap("ssm_gates", "ssm_g", g)
         tap("ssm_gates", "ssm_beta_sigmoid", beta)

@@ -539,3 +539,118 @@ def test_bench_moe_dec_configs_and_launches():
     assert [launch.kernel for launch in be.launches] == [
         "moe_dec_route", "moe_dec_gate_up", "moe_dec_down"]  # fmt: skip
     assert mod.main(["--configs", "nope"]) == 2
+
+
+def _decode_launches(be, m, n: int = 3) -> list:
+    """The launches of the n-th generated token (n - 1 tokens' launches subtracted)."""
+    be.launches.clear()
+    m.generate(PROMPT, n - 1)
+    before = len(be.launches)
+    be.launches.clear()
+    m.generate(PROMPT, n)
+    return be.launches[before:]
+
+
+@pytest.mark.parametrize("v_order_arch", ["qwen35", "qwen3next"])
+def test_delta_net_fuse_conv_runs_conv_and_step_in_one_launch(tiny_model_factory, v_order_arch):
+    # delta_net.fuse_conv: per decode token and delta-net layer, delta_net_conv_step reads the
+    # raw q/k/v projection (an mmvf output) and the layer's conv state itself: no ssm_conv_step
+    # (nor the three column copies, which the fake does not count) and no delta_net_step.
+    from engine.gguf_model import open_model
+    from engine.models import build_model
+
+    path = tiny_model_factory(v_order_arch, "q4_k_m")
+    per_token = {}
+    for fuse in (0, 1):
+        be = FakeCuda(cfg(**{"delta_net.fuse_conv": fuse, "prefill.gemm_min_t": 1 << 20}))
+        m = build_model(open_model(path), be)
+        step = _decode_launches(be, m)
+        per_token[fuse] = len(step)
+        names = [x.kernel for x in step]
+        n_dn = sum(m.spec.is_recurrent(i) for i in range(m.spec.n_layers))
+        if fuse:
+            fused = [x for x in step if x.kernel == "delta_net_conv_step"]
+            assert len(fused) == n_dn and "ssm_conv_step" not in names
+            assert "delta_net_step" not in names
+            ssm = m.spec.ssm
+            Cc = 2 * ssm.key_dim + ssm.value_dim
+            for x in fused:  # qkv: the raw projection row, the conv state [K-1, Cc]
+                assert x.args[0].shape == (1, Cc) and x.args[1].shape == (ssm.d_conv - 1, Cc)
+                assert x.grid[:2] == (ssm.head_v_dim // 4, ssm.n_v_heads)  # warps 4
+                assert int(x.args[-3]) == (ssm.v_order == "grouped")
+        else:
+            assert names.count("ssm_conv_step") == names.count("delta_net_step") == n_dn
+    assert per_token[0] - per_token[1] == n_dn
+
+
+def test_delta_net_fuse_conv_leaves_prefill_and_hooked_runs_as_they_were(tiny_model_factory):
+    # a prefill chunk (T > 1) and the hooked replay take the op-by-op schedule under the knob
+    from engine.gguf_model import open_model
+    from engine.models import build_model
+
+    be = FakeCuda(cfg(**{"delta_net.fuse_conv": 1, "prefill.gemm_min_t": 1 << 20}))
+    m = build_model(open_model(tiny_model_factory("qwen35", "q4_k_m")), be)
+    be.launches.clear()
+    m.prefill(PROMPT[:9], m.new_cache(16))
+    names = {x.kernel for x in be.launches}
+    assert "delta_net_conv_step" not in names and {"ssm_conv", "delta_net_seq"} <= names
+
+
+def test_delta_net_fuse_ba_stacks_beta_and_alpha_into_one_mmvf_launch(tiny_model_factory):
+    # delta_net.fuse_ba: a qwen35 decode row's four input projections in one mmvf launch, the
+    # third matrix the [beta; alpha] stack (made once per layer, reused every token)
+    from engine.gguf_model import open_model
+    from engine.models import build_model
+
+    path = tiny_model_factory("qwen35", "q4_k_m")
+    mmvf = {}
+    for fuse in (0, 1):
+        be = FakeCuda(cfg(**{"delta_net.fuse_ba": fuse, "prefill.gemm_min_t": 1 << 20}))
+        m = build_model(open_model(path), be)
+        step = _decode_launches(be, m)
+        mmvf[fuse] = [x for x in step if x.kernel.startswith("mmvf")]
+        if fuse:
+            stacks = be._ba_stacks
+            n_dn = sum(m.spec.is_recurrent(i) for i in range(m.spec.n_layers))
+            assert len(stacks) == n_dn  # once per layer, not per token
+            Hv, C = m.spec.ssm.n_v_heads, m.spec.n_embd
+            for cat, beta, alpha in ((c, b(), a()) for c, b, a in stacks.values()):
+                assert cat.shape == (2 * Hv, C) and cat.raw.shape[0] == 2 * Hv
+                np.testing.assert_array_equal(cat.raw[:Hv], beta.raw)
+                np.testing.assert_array_equal(cat.raw[Hv:], alpha.raw)
+    n_dn = sum(m.spec.is_recurrent(i) for i in range(m.spec.n_layers))
+    assert len(mmvf[0]) - len(mmvf[1]) == n_dn
+
+
+def test_delta_net_fuse_ba_keeps_beta_and_alpha_apart_in_its_output():
+    # the stacked product's halves come back as beta then alpha, each [1, Hv]
+    be = FakeCuda(cfg(**{"delta_net.fuse_ba": 1}))
+    rng = np.random.default_rng(5)
+    C, Hv = 256, 6
+    ws = tuple(be.load_weight(qtensor(rng, (n, C), "Q8_0")) for n in (40, 24, Hv, Hv))
+    outs = be.ssm_in(_f32(rng, 1, C), ws)
+    assert [tuple(o.shape) for o in outs] == [(1, 40), (1, 24), (1, Hv), (1, Hv)]
+    (launch,) = be.launches
+    assert launch.kernel.startswith("mmvf")
+    assert outs[2].base is outs[3].base is not None  # views of one [1, 2 Hv] product
+
+
+def test_delta_net_fuse_ba_makes_no_stack_while_a_graph_is_captured():
+    # a copy made during a capture would be a graph node (not done until a replay): the stack
+    # waits for a call outside the capture, the captured call takes two launches
+    be = FakeCuda(cfg(**{"delta_net.fuse_ba": 1}))
+    rng = np.random.default_rng(6)
+    ws = tuple(be.load_weight(qtensor(rng, (n, 256), "Q4_0")) for n in (40, 24, 5, 5))
+    x = _f32(rng, 1, 256)
+    be._capturing = True
+    be.ssm_in(x, ws)
+    assert len(be.launches) == 2 and not be._ba_stacks
+    be._capturing = False
+    be.launches.clear()
+    be.ssm_in(x, ws)
+    assert len(be.launches) == 1 and len(be._ba_stacks) == 1
+    ws = None  # the weights gone: their stack with them
+    import gc
+
+    gc.collect()
+    assert not be._ba_stacks

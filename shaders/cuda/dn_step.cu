@@ -90,3 +90,121 @@ extern "C" __global__ void __launch_bounds__(NW * 32)
     }
     if (lane == 0) tickets[h] = 0;  // ready for the next layer / replay
 }
+
+// delta_net.fuse_conv: the conv step (hybrid.cu ssm_conv_step's expressions) folded in front of
+// delta_net_step, so a decode token's delta-net from the raw q/k/v projection is one launch
+// (the op-by-op schedule: ssm_conv_step, three column copies, delta_net_step). Each block
+// convolves what it reads from the old conv state: its K head's q and k channels (into shared
+// memory) and its warps' v channels. The conv state of a K head's channels (its q, k and the v
+// of the V heads that share it) is rewritten by the last of those heads' blocks to finish
+// (a ticket per K head, tickets[MAX_DN_HEADS + kh]): every reader of the old state is done.
+#define DN_MAX_CONV 8  // hybrid.cu MAX_CONV: K - 1 <= 7 taps of the state per channel
+#define DN_TICKETS 1024  // engine/backends/cuda/hybrid.py MAX_DN_HEADS: the K heads' tickets
+
+// Tap j of channel c meets the state's row j (j < K - 1), tap K - 1 the new input.
+__device__ __forceinline__ float dn_conv_at(const float* __restrict__ xr, const float* cs,
+                                            const float* __restrict__ cw, int c, int Cc, int K) {
+    float acc = 0.f;
+#pragma unroll
+    for (int j = 0; j < DN_MAX_CONV; ++j) {
+        if (j >= K) break;
+        const float xv = j < K - 1 ? cs[(size_t)j * Cc + c] : xr[c];
+        acc += __ldg(cw + (size_t)c * K + j) * xv;
+    }
+    return acc / (1.f + expf(-acc));
+}
+
+// xr [Cc] (Cc = 2 Hk dk + Hv dv: the attn_qkv row before the conv), cs [K-1, Cc] the conv state,
+// cw [Cc, K]; the rest as delta_net_step; tickets [2 * DN_TICKETS] zero between launches.
+extern "C" __global__ void __launch_bounds__(NW * 32)
+    delta_net_conv_step(const float* __restrict__ xr, float* cs, const float* __restrict__ cw,
+                        int K, const float* __restrict__ a, const float* __restrict__ b,
+                        const float* __restrict__ dt, const float* __restrict__ sa,
+                        float* __restrict__ state, float* o, const float* __restrict__ nw,
+                        const float* __restrict__ z, float* __restrict__ y, int Hk, int Hv,
+                        int dk, int dv, int grouped, float eps, unsigned int* tickets) {
+    __shared__ float qk[2 * MAX_DK];  // the K head's convolved q [dk], then k [dk]
+    __shared__ bool last, last_group;
+    pdl_start();
+    const int lane = threadIdx.x & 31;
+    const int j = blockIdx.x * NW + threadIdx.x / 32;
+    const int h = blockIdx.y;
+    const int rv = Hv / Hk;
+    const int kh = grouped ? h / rv : h % Hk;
+    const int kd = Hk * dk, Cc = 2 * kd + Hv * dv;
+    for (int t = threadIdx.x; t < 2 * dk; t += blockDim.x) {
+        const int c = (t < dk ? kh * dk + t : kd + kh * dk + t - dk);
+        qk[t] = dn_conv_at(xr, cs, cw, c, Cc, K);
+    }
+    const float vj = j < dv ? dn_conv_at(xr, cs, cw, 2 * kd + h * dv + j, Cc, K) : 0.f;
+    __syncthreads();  // (and this block's reads of the conv state are done)
+    if (j < dv) {
+        const float xg = a[h] + dt[h];
+        const float softplus = fmaxf(xg, 0.f) + log1pf(expf(-fabsf(xg)));
+        const float g = softplus * sa[h];
+        const float beta = 1.f / (1.f + expf(-b[h]));
+        float* sh = state + (size_t)h * dk * dv;
+        const bool transposed = STATE_T != 0;
+        float s[RPL];
+#pragma unroll
+        for (int r = 0; r < RPL; ++r) {
+            const int i = lane + 32 * r;
+            s[r] = i < dk ? sh[state_at(i, j, dk, dv, transposed)] : 0.f;
+        }
+        DnIn in;
+#pragma unroll
+        for (int r = 0; r < RPL; ++r) {
+            const int i = lane + 32 * r;
+            in.k[r] = i < dk ? qk[dk + i] : 0.f;
+            in.q[r] = i < dk ? qk[i] : 0.f;
+        }
+        in.g = g;
+        in.beta = beta;
+        in.v = vj;
+        dn_step(s, in, o, 0, Hv, h, dv, j, lane, eps, rsqrtf((float)dk));
+#pragma unroll
+        for (int r = 0; r < RPL; ++r) {
+            const int i = lane + 32 * r;
+            if (i < dk) sh[state_at(i, j, dk, dv, transposed)] = s[r];
+        }
+        if (lane == 0) __threadfence();  // o[h, j] visible device-wide before the ticket
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(tickets + h, 1u) == gridDim.x - 1;
+        last_group = atomicAdd(tickets + DN_TICKETS + kh, 1u) == gridDim.x * rv - 1;
+    }
+    __syncthreads();
+    if (last_group) {  // the K head's channels: state <- [state rows 1..K-2; x]
+        const int n = 2 * dk + rv * dv;
+        for (int t = threadIdx.x; t < n; t += blockDim.x) {
+            int c;
+            if (t < 2 * dk) {
+                c = t < dk ? kh * dk + t : kd + kh * dk + t - dk;
+            } else {
+                const int m = (t - 2 * dk) / dv, hv = grouped ? kh * rv + m : kh + m * Hk;
+                c = 2 * kd + hv * dv + (t - 2 * dk) % dv;
+            }
+            for (int r = 0; r + 1 < K - 1; ++r)
+                cs[(size_t)r * Cc + c] = cs[(size_t)(r + 1) * Cc + c];
+            if (K > 1) cs[(size_t)(K - 2) * Cc + c] = xr[c];
+        }
+        if (threadIdx.x == 0) tickets[DN_TICKETS + kh] = 0;
+    }
+    if (!last || threadIdx.x >= 32) return;
+    __threadfence();
+    const float* xo = o + (size_t)h * dv;
+    float ss = 0.f;
+    for (int i = lane; i < dv; i += 32) {
+        const float xv = __ldcg(xo + i);
+        ss += xv * xv;
+    }
+    ss = warp_sum(ss);
+    const float scale = rsqrtf(ss / (float)dv + eps);
+    for (int i = lane; i < dv; i += 32) {
+        const float on = __ldcg(xo + i) * scale * nw[i];
+        const float zv = z[(size_t)h * dv + i];
+        y[(size_t)h * dv + i] = zv / (1.f + expf(-zv)) * on;
+    }
+    if (lane == 0) tickets[h] = 0;
+}

@@ -53,6 +53,25 @@ _DN_FUSE = Param(
     "scan's defines; bit-identical to the four launches of 0)",
     PUSHED,
 )
+_DN_FUSE_CONV = Param(
+    "fuse_conv",
+    (0, 1),
+    0,
+    "1 (with fuse_decode): a one-token call runs the conv step too (dn_step.cu "
+    "delta_net_conv_step: ssm_conv_step's taps in each block, q / k / v read from the raw "
+    "projection row, the conv state rewritten by each K head's last block), one launch per "
+    "delta-net layer instead of five (conv, three column copies, the step); same expressions",
+    PUSHED,
+)
+_DN_FUSE_BA = Param(
+    "fuse_ba",
+    (0, 1),
+    0,
+    "1: under matmul_decode.mmvf a decode row's beta and alpha projections (qwen35's "
+    "ssm_beta, ssm_alpha: [Hv, C] each, one type) go through mmvf as one stacked [2 Hv, C] "
+    "matrix, so the four input projections are one launch, not two; same rows, same dots",
+    PUSHED,
+)
 _DN_MAX_DK = Param(
     "max_dk",
     (64, 128, 256),
@@ -60,6 +79,7 @@ _DN_MAX_DK = Param(
     "register array per warp for a state column, max_dk / 32 per lane (must be >= the K head dim)",
     define("MAX_DK"),
 )
+_DN_DECODE = (_DN_FUSE, _DN_FUSE_CONV, _DN_FUSE_BA)  # the decode step's launch knobs
 
 REGISTRY.register(
     B,
@@ -69,7 +89,7 @@ REGISTRY.register(
             B,
             "delta_net",
             "sequential",
-            params=(_DN_WARPS, _DN_LAYOUT, _DN_MAX_DK, _DN_PREFETCH, _DN_FUSE),
+            params=(_DN_WARPS, _DN_LAYOUT, _DN_MAX_DK, _DN_PREFETCH, *_DN_DECODE),
             source="cuda/delta_net.cu",
             numeric="order_only",
             doc="a warp per state column (lanes over its rows, in registers for the call), "
@@ -84,7 +104,7 @@ REGISTRY.register(
                 _DN_LAYOUT,
                 _DN_MAX_DK,
                 _DN_PREFETCH,
-                _DN_FUSE,
+                *_DN_DECODE,
                 Param(
                     "chunk",
                     DELTA_NET_CHUNKS,
