@@ -67,6 +67,13 @@ VARIANTS: dict[str, dict] = {
                 "moe_experts.vec": 1},
     "moe_rv": {"moe_experts.route_vec": 1},  # the fused route's float4 router rows
     "moe_dv1": {"moe_experts.down_vec1": 1},  # the fused down kernel, every lane on short rows
+    # helper hdec: the delta-net decode from the raw projection row in one launch (conv
+    # folded in: no ssm_conv_step, no column copies), beta / alpha stacked into one mmvf launch
+    "dn_fconv": {"delta_net.fuse_conv": 1},
+    "dn_fba": {"delta_net.fuse_ba": 1},
+    "dn_fused": {"delta_net.fuse_conv": 1, "delta_net.fuse_ba": 1},
+    "dn_fused_rv_dv1": {"delta_net.fuse_conv": 1, "delta_net.fuse_ba": 1,
+                        "moe_experts.route_vec": 1, "moe_experts.down_vec1": 1},
     "mmq8": {"matmul_prefill.variant": "mmq8"},
     # on the H200 (9B tg64) mmvw alone 267, mmvw + PDL + chunked + argmax.multi 248: PDL and
     # argmax.multi stay out of fast until measured apart (mmvw_pdl)
