@@ -2,8 +2,9 @@
 # Helper hdec's GPU checkpoint (issue 15, hybrid decode launches), ~100 s on one H200, from the
 # repository root: the two synthetic hybrids written in the background while the GPU tests of
 # delta_net.fuse_conv / fuse_ba run, then per model (9b qwen35, 35b-a3b qwen35moe) one process of
-# scripts/hybrid_decode_times.py: the queued per-kernel decode profile of default and dn_fused,
-# and tg128 of default against the new knobs (two interleaved rounds). Output: $OUT/hdec/.
+# scripts/hybrid_decode_times.py: the queued per-kernel decode profile of default and of the new
+# knobs, and tg128 (64-token prompt) of default against them (two interleaved rounds).
+# Output: $OUT/hdec/.
 set -u -o pipefail
 OUT=${OUT:-/tmp/out}/hdec; mkdir -p "$OUT" /tmp/models
 T0=$(date +%s); END=$((T0 + ${BUDGET_S:-100}))
@@ -18,19 +19,21 @@ synth() {  # ARCH PRESET
 }
 (synth qwen35 9b; synth qwen35moe 35b-a3b) &
 SYN=$!
-timeout 25 python3 -m pytest -q -m gpu -p no:cacheprovider -rfE --tb=short \
-    tests/test_cuda_dn_conv.py -k "True or Q4_K or Q6_K" > "$OUT/pytest.log" 2>&1
+timeout 30 python3 -m pytest -q -m gpu -p no:cacheprovider -rfE --tb=short \
+    tests/test_cuda_dn_conv.py -k "not False" > "$OUT/pytest.log" 2>&1  # (S^T layout: default)
 echo "pytest rc=$? $(tail -1 "$OUT/pytest.log")"
 grep -E "^(FAILED|ERROR)|Error|assert" "$OUT/pytest.log" | head -20 | cut -c1-300
-run() {  # FILE BENCH_CONFIGS: until 45 s before the end for the 9b, the end for the 35b
-    local dl=$2; shift 2
-    while [ ! -f "$1" ] && kill -0 $SYN 2> /dev/null; do sleep 1; done
-    [ -f "$1" ] || { echo "no $1"; return; }
-    timeout $((dl - $(date +%s) + 8)) python3 scripts/hybrid_decode_times.py "$1" \
-        --profile default,dn_fused --bench "$BENCH" --out "$OUT" --deadline $dl "$@" \
-        2>&1 | tee "$OUT/$(basename $1 .gguf).log" | head -150
+run() {  # FILE DEADLINE (epoch s; no step starts after it); $PROF, $BENCH: the configs
+    local f=$1 dl=$2
+    while [ ! -f "$f" ] && kill -0 $SYN 2> /dev/null; do sleep 1; done
+    [ -f "$f" ] || { echo "no $f"; return; }
+    timeout $((dl - $(date +%s) + 8)) python3 scripts/hybrid_decode_times.py "$f" \
+        --profile "$PROF" --bench "$BENCH" --prompt 64 --steps 3 --out "$OUT" --deadline $dl \
+        2>&1 | tee "$OUT/$(basename $f .gguf).log" | head -150
 }
-BENCH=default,dn_fconv,dn_fba,dn_fused run /tmp/models/qwen35-9b.gguf $((END - 50))
-BENCH=default,dn_fused,dn_fused_rv_dv1 run /tmp/models/qwen35moe-35b-a3b.gguf $((END - 8))
+PROF=default,hdec_all BENCH=default,dn_fconv,dn_fba,hdec_all,hdec_w8 \
+    run /tmp/models/qwen35-9b.gguf $((END - 50))
+PROF=default,hdec_all_rv_ws BENCH=default,hdec_all,hdec_all_rv,hdec_all_rv_ws,hdec_all_rv_dv1 \
+    run /tmp/models/qwen35moe-35b-a3b.gguf $((END - 8))
 wait $SYN 2> /dev/null
 echo "total $(( $(date +%s) - T0 )) s"

@@ -654,3 +654,51 @@ def test_delta_net_fuse_ba_makes_no_stack_while_a_graph_is_captured():
 
     gc.collect()
     assert not be._ba_stacks
+
+
+@pytest.mark.parametrize("arch", ["qwen35moe", "qwen3next"])
+def test_moe_fuse_norm_ends_each_moe_layer_with_the_next_layers_norm(tiny_model_factory, arch):
+    # moe_experts.fuse_norm: every MoE layer but the last ends in moe_dec_down_norm, whose
+    # normalised row is what the next layer's first projection reads; rms_norm launches go
+    from engine.gguf_model import open_model
+    from engine.models import build_model
+
+    path = tiny_model_factory(arch, "q4_k_m")
+    per_token = {}
+    for fuse in (0, 1):
+        be = FakeCuda(cfg(**{"moe_experts.fuse_norm": fuse, "prefill.gemm_min_t": 1 << 20}))
+        m = build_model(open_model(path), be)
+        step = _decode_launches(be, m)
+        per_token[fuse] = len(step)
+        downs = [i for i, x in enumerate(step) if x.kernel.startswith("moe_dec_down")]
+        assert len(downs) == m.spec.n_layers
+        names = [step[i].kernel for i in downs]
+        if fuse:
+            assert names == ["moe_dec_down_norm"] * (m.spec.n_layers - 1) + ["moe_dec_down"]
+            for i in downs[:-1]:
+                hn = step[i].args[-2]
+                reads = [a for a in step[i + 1].args if isinstance(a, np.ndarray)]
+                assert step[i + 1].kernel != "rms_norm"
+                assert any(np.shares_memory(a, hn) for a in reads)
+        else:
+            assert all(step[i + 1].kernel == "rms_norm" for i in downs[:-1])
+    assert per_token[0] - per_token[1] == m.spec.n_layers - 1
+
+
+@pytest.mark.parametrize("fuse_norm", [0, 1])
+def test_moe_down_wsum_launches_one_down_kernel_with_or_without_the_norm(
+    tiny_model_factory, fuse_norm
+):
+    # moe_experts.down_wsum: moe_dec_down_w serves both; its norm arguments null without
+    from engine.gguf_model import open_model
+    from engine.models import build_model
+
+    flat = {"moe_experts.down_wsum": 1, "moe_experts.fuse_norm": fuse_norm,
+            "prefill.gemm_min_t": 1 << 20}  # fmt: skip
+    be = FakeCuda(cfg(**flat))
+    m = build_model(open_model(tiny_model_factory("qwen35moe", "q4_k_m")), be)
+    step = _decode_launches(be, m)
+    downs = [x for x in step if x.kernel.startswith("moe_dec_down")]
+    assert [x.kernel for x in downs] == ["moe_dec_down_w"] * m.spec.n_layers
+    normed = [not isinstance(x.args[-4], np.uint64) for x in downs]
+    assert normed == [bool(fuse_norm)] * (m.spec.n_layers - 1) + [False]

@@ -535,6 +535,22 @@ class Backend(ABC):
             y = self.add(y, self.sigmoid_mul(self.matmul(h, sg), sh))
         return self.add(r, y)
 
+    def moe_ffn_norm(
+        self,
+        h: Tensor,
+        r: Tensor,
+        router: Weight,
+        k: int,
+        experts: tuple[Weight, Weight, Weight],
+        shared: tuple[Weight, Weight, Weight, Weight] | None,
+        norm: Weight,
+        eps: float,
+    ) -> tuple[Tensor, Tensor]:
+        """(y, rms_norm(y)) with y = moe_ffn(h, r, ...): the MoE block and the next layer's
+        input norm (as ffn_norm for the dense FFN)."""
+        y = self.moe_ffn(h, r, router, k, experts, shared)
+        return y, self.rms_norm(y, norm, eps)
+
     def registry_op(self, op: str, n: int) -> str:
         """The registry op that runs schedule op ``op`` on n tokens (validate's blame names it);
         backends whose dispatch differs (CUDA: batched DMMV below gemm_min_t) override this."""

@@ -164,6 +164,25 @@ _MOE_DMMV = (
         PUSHED,
     ),
     Param(
+        "fuse_norm",
+        (0, 1),
+        0,
+        "fuse_decode's down kernel: 1 ends with the next layer's input RMSNorm of the new "
+        "residual row (the token's last block, all its threads: rms_norm's one warp is "
+        "latency-bound on a decode row), one launch per MoE layer fewer; 0: rms_norm after it",
+        PUSHED,
+    ),
+    Param(
+        "down_wsum",
+        (0, 1),
+        0,
+        "fuse_decode's down kernel as a weighted sum per lane (moe_dec_down_w): each lane "
+        "adds w_j times its share of every routed expert's row (four experts' loads in flight) "
+        "and the gated shared expert's, then one reduction per output, instead of a reduction "
+        "per expert with k + 1 rows' decodes held at once; another summation order",
+        PUSHED,
+    ),
+    Param(
         "down_vec1",
         (0, 1),
         0,
