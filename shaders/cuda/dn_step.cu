@@ -132,6 +132,16 @@ extern "C" __global__ void __launch_bounds__(NW * 32)
     const int rv = Hv / Hk;
     const int kh = grouped ? h / rv : h % Hk;
     const int kd = Hk * dk, Cc = 2 * kd + Hv * dv;
+    float* sh = state + (size_t)h * dk * dv;
+    const bool transposed = STATE_T != 0;
+    float s[RPL];  // the state column's loads first: in flight during the conv
+#pragma unroll
+    for (int r = 0; r < RPL; ++r) {
+        const int i = lane + 32 * r;
+        s[r] = i < dk && j < dv ? sh[state_at(i, j, dk, dv, transposed)] : 0.f;
+    }
+    const float xg = a[h] + dt[h];
+    const float bh = b[h], sah = sa[h];
     for (int t = threadIdx.x; t < 2 * dk; t += blockDim.x) {
         const int c = (t < dk ? kh * dk + t : kd + kh * dk + t - dk);
         qk[t] = dn_conv_at(xr, cs, cw, c, Cc, K);
@@ -139,18 +149,9 @@ extern "C" __global__ void __launch_bounds__(NW * 32)
     const float vj = j < dv ? dn_conv_at(xr, cs, cw, 2 * kd + h * dv + j, Cc, K) : 0.f;
     __syncthreads();  // (and this block's reads of the conv state are done)
     if (j < dv) {
-        const float xg = a[h] + dt[h];
         const float softplus = fmaxf(xg, 0.f) + log1pf(expf(-fabsf(xg)));
-        const float g = softplus * sa[h];
-        const float beta = 1.f / (1.f + expf(-b[h]));
-        float* sh = state + (size_t)h * dk * dv;
-        const bool transposed = STATE_T != 0;
-        float s[RPL];
-#pragma unroll
-        for (int r = 0; r < RPL; ++r) {
-            const int i = lane + 32 * r;
-            s[r] = i < dk ? sh[state_at(i, j, dk, dv, transposed)] : 0.f;
-        }
+        const float g = softplus * sah;
+        const float beta = 1.f / (1.f + expf(-bh));
         DnIn in;
 #pragma unroll
         for (int r = 0; r < RPL; ++r) {
