@@ -19,8 +19,9 @@ synth() {  # ARCH PRESET
 }
 (synth qwen35 9b; synth qwen35moe 35b-a3b) &
 SYN=$!
-timeout 30 python3 -m pytest -q -m gpu -p no:cacheprovider -rfE --tb=short \
-    tests/test_cuda_dn_conv.py -k "not False" > "$OUT/pytest.log" 2>&1  # (S^T layout: default)
+V=tests/test_cuda_hybrid.py::test_validate_passes_hybrid_knobs  # (and S^T layout: the default)
+timeout 40 python3 -m pytest -q -m gpu -p no:cacheprovider -rfE --tb=short "$V[18-qwen35moe]" \
+    "$V[18-qwen35]" tests/test_cuda_dn_conv.py -k "not False" > "$OUT/pytest.log" 2>&1
 echo "pytest rc=$? $(tail -1 "$OUT/pytest.log")"
 grep -E "^(FAILED|ERROR)|Error|assert" "$OUT/pytest.log" | head -20 | cut -c1-300
 run() {  # FILE DEADLINE (epoch s; no step starts after it); $PROF, $BENCH: the configs
@@ -33,7 +34,8 @@ run() {  # FILE DEADLINE (epoch s; no step starts after it); $PROF, $BENCH: the 
 }
 PROF=default,hdec_all BENCH=default,dn_fconv,dn_fba,hdec_all,hdec_w8 \
     run /tmp/models/qwen35-9b.gguf $((END - 50))
-PROF=default,hdec_all_rv_ws BENCH=default,hdec_all,hdec_all_rv,hdec_all_rv_ws,hdec_all_rv_dv1 \
+PROF=default,hdec_all_rv_ws \
+    BENCH=default,hdec_all,hdec_all_rv,hdec_all_rv_ws,hdec_all_rv_dv1,hdec_all_rv_ws_t16 \
     run /tmp/models/qwen35moe-35b-a3b.gguf $((END - 8))
 wait $SYN 2> /dev/null
 echo "total $(( $(date +%s) - T0 )) s"
