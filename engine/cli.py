@@ -265,6 +265,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             )
         lines.append(s)
     doc = rep.to_dict()
+    doc["roofline"] = _roofline(eng, rep, lines)
     if args.profile:
         from engine.bench import bench_prompt, measure
 
@@ -288,6 +289,33 @@ def cmd_bench(args: argparse.Namespace) -> int:
             )
     _emit(args, doc, "\n".join(lines))
     return 0
+
+
+def _roofline(eng: Any, rep: Any, lines: list[str]) -> list[dict[str, Any]]:
+    """Each bench figure's roofline position (engine.roofline), appended to ``lines``."""
+    from engine.roofline import (
+        CEILINGS,
+        decode_position,
+        gguf_tensors,
+        model_work,
+        prefill_position,
+    )
+
+    work = model_work(eng.gguf.spec, gguf_tensors(eng.gguf))
+    ceil = CEILINGS.get(rep.device["device_class"])
+    out = []
+    for r in rep.results:
+        pos = [prefill_position(work, r.prompt_tokens, r.prefill_tok_s.median, ceil)]
+        if r.decode_tok_s:
+            d = decode_position(work, r.prompt_tokens, rep.gen_tokens, r.decode_tok_s.median, ceil)
+            pos.append(d)
+        out.append({"prompt_tokens": r.prompt_tokens, **{p.metric: p.to_dict() for p in pos}})
+        lines.append(
+            f"  roofline pp{r.prompt_tokens}: " + "; ".join(f"{p.metric} {p}" for p in pos)
+        )
+    if ceil is None:
+        lines.append(f"  (no measured ceilings for {rep.device['device_class']}: engine.roofline)")
+    return out
 
 
 def cmd_models(args: argparse.Namespace) -> int:
@@ -328,19 +356,27 @@ def cmd_info(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
     from engine.gguf_model import open_model
+    from engine.roofline import gguf_tensors, model_work
     from engine.runtime import resolve_model_path
 
     m = open_model(resolve_model_path(args.model))
+    work = model_work(m.spec, gguf_tensors(m))
     obj = {
         "path": str(m.path),
         "bytes": m.file_bytes,
         "spec": asdict(m.spec),
         "quant_types": m.quant_summary(),
+        "work_per_token": asdict(work),
     }
     text = "\n".join(
         [f"{m.path} ({m.file_bytes / 2**20:.1f} MiB)"]
         + [f"  {k}: {v}" for k, v in asdict(m.spec).items()]
         + [f"  tensors: {m.quant_summary()}"]
+        + [
+            f"  per token: decode reads {work.weight_bytes / 1e9:.3f} GB of weights "
+            f"+ {work.kv_bytes_per_pos / 1e3:.1f} kB of KV per context position; prefill "
+            f"computes {work.matmul_flops / 1e9:.2f} GFLOP of GEMMs"
+        ]
     )
     _emit(args, obj, text)
     return 0

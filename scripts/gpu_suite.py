@@ -36,12 +36,22 @@ SUITES: dict[str, list[tuple[str, str, str | None]]] = {
         ("tests/test_cuda_decode_fused.py", "gpu", None),  # mmvw, rope_kv, the fused ops
         ("tests/test_cuda_hybrid.py", "gpu", None),  # delta-net, conv, MoE kernels and models
         ("tests/test_cuda_pdl.py", "gpu", None),  # programmatic dependent launch
+        ("tests/test_cuda_mmvf.py", "gpu", None),  # the float decode GEMV (the default)
+        ("tests/test_cuda_moe_dec.py", "gpu", None),  # the fused MoE decode
+        ("tests/test_cuda_dn_step.py", "gpu", None),  # the fused delta-net decode step
+        ("tests/test_cuda_qk_prep.py", "gpu", None),  # q/k norm + partial RoPE in one launch
         ("tests/test_cuda_backend.py", "gpu or not gpu", None),
     ],
     "vulkan": [
         ("tests/test_vulkan_ops.py", "not gpu and not slow", None),  # with TestVulkanContract
         ("tests/test_vulkan_backend.py", "not gpu and not slow", None),
         ("tests/test_vulkan_model.py", "not gpu and not slow", None),
+        ("tests/test_vulkan_mmvw.py", "not gpu and not slow", None),
+        ("tests/test_vulkan_hybrid.py", "not gpu and not slow", None),
+        ("tests/test_vulkan_delta_net.py", "not gpu and not slow", None),
+        ("tests/test_vulkan_helpers.py", "not gpu and not slow", None),
+        ("tests/test_vulkan_coopmat.py", "gpu or not gpu", None),  # cooperative matrix: GPU
+        ("tests/test_vulkan_resident.py", "gpu or not gpu", None),
         ("tests/test_device_contract.py", "not gpu", "Vulkan"),
     ],
 }

@@ -754,3 +754,36 @@ def test_trial_record_reads_older_records_and_round_trips() -> None:
         "cpu-0",
         1e-4,
     )
+
+
+def test_aa_run_settles_before_the_worker_gets_trials(tmp_path) -> None:
+    """A first A/A run far off (the hybrid-9b fleet's 101%) is measured again; the last run's
+    bias is the noise; a bias that stays is kept after AA_RUNS runs."""
+    from dataclasses import replace
+
+    from agent.fleet import Slot
+    from agent.loop import AA_RUNS, AA_SETTLE, Agent, RunOptions
+    from agent.phase import Phase
+    from agent.storage import StorageRef
+    from worker.records import EvalResult, Outcome, PairedSamples
+
+    exp = load_experiment(ROOT / "experiments" / "quickstart.toml")
+    opts = RunOptions(StorageRef(f"sqlite:///{tmp_path}/s.db", "sqlite", tmp_path / "s.db"))
+    agent = Agent(exp, replace(opts, local=True))
+    slot = Slot("w0", "cpu", ("numpy",))
+
+    def aa(ratio: float) -> EvalResult:
+        s = PairedSamples("decode_tok_s@16", (100.0 * ratio,) * 3, (100.0,) * 3)
+        return EvalResult(Outcome.OK, None, {}, {}, samples=(s,))
+
+    agent.got_aa(slot, "m", aa(2.01))  # a cold first run
+    assert "m" not in slot.noise and slot.setup == [(Phase.AA, "m")]
+    slot.setup.clear()
+    agent.got_aa(slot, "m", aa(1.01))
+    assert slot.noise["m"]["decode_tok_s@16"] == pytest.approx(0.01) and not slot.setup
+    other = Slot("w1", "cpu", ("numpy",))  # a bias that stays is that worker's noise
+    for run in range(1, AA_RUNS + 1):
+        agent.got_aa(other, "m", aa(1.0 + 2 * AA_SETTLE))
+        assert other.setup == ([(Phase.AA, "m")] if run < AA_RUNS else [])
+        other.setup.clear()
+    assert other.noise["m"]["decode_tok_s@16"] == pytest.approx(2 * AA_SETTLE)

@@ -90,3 +90,17 @@ def test_only_and_skip_split_a_suite(capsys):
     assert sorted(hybrid + rest) == sorted(cuda)  # the two halves cover the suite once
     assert gs.main(["cuda", "--only", "no_such_file"]) == 2
     assert "no file of the cuda suite" in capsys.readouterr().err
+
+
+def test_every_gpu_test_file_is_in_a_suite():
+    """A GPU test file missing from SUITES never runs on the device (eight were, 2026-12-01)."""
+    gs = _runner()
+    listed = {f for suite in gs.SUITES.values() for f, _, _ in suite}
+    tests = gs.ROOT / "tests"
+    gpu = {
+        f"tests/{p.name}"
+        for p in tests.glob("test_*.py")
+        if p.name != "test_gpu_suite.py"
+        and ("mark.gpu" in p.read_text() or p.name.startswith("test_vulkan_"))
+    }
+    assert gpu - listed == set()
