@@ -32,7 +32,7 @@ run() {  # FILE DEADLINE (epoch s; no step starts after it); $PROF, $BENCH: the 
         --profile "$PROF" --bench "$BENCH" --prompt 64 --steps 3 --out "$OUT" --deadline $dl \
         2>&1 | tee "$OUT/$(basename $f .gguf).log" | head -150
 }
-PROF=default,hdec_all BENCH=default,dn_fconv,dn_fba,hdec_all,hdec_w8 \
+PROF=default,hdec_all BENCH=default,dn_fconv,dn_fba,hdec_all,hdec_w8,hdec_am \
     run /tmp/models/qwen35-9b.gguf $((END - 50))
 PROF=default,hdec_all_rv_ws \
     BENCH=default,hdec_all,hdec_all_rv,hdec_all_rv_ws,hdec_all_rv_dv1,hdec_all_rv_ws_t16 \

@@ -78,6 +78,7 @@ VARIANTS: dict[str, dict] = {
     "hdec_all": HDEC,
     "hdec_w8": HDEC | {"delta_net.warps": 8},  # the fused step's blocks: 8 state columns
     "hdec_w2": HDEC | {"delta_net.warps": 2},
+    "hdec_am": HDEC | {"argmax.variant": "multi"},  # (dense decode's: 98 us a token at 248k)
     "hdec_all_rv": HDEC | {"moe_experts.route_vec": 1},
     "hdec_all_rv_dv1": HDEC | {"moe_experts.route_vec": 1, "moe_experts.down_vec1": 1},
     # the MoE down kernel as one weighted sum per lane (no per-expert reductions, no spills)
