@@ -383,7 +383,10 @@ def test_tiny_hybrid_runs_through_the_cuda_host_code(tiny_model_factory, arch, f
     run = be.kernels_run()
     want = {"delta_net_seq", "ssm_conv", "ssm_conv_state", "ssm_gates", "sigmoid_mul",
             "rope_partial"}  # fmt: skip
-    want |= {"delta_net_step", "ssm_conv_step"}  # decode: delta_net / ssm_conv fused steps
+    if int(cfg(**flat).op("delta_net")["fuse_conv"]):  # decode: the conv folded into the step
+        want.add("delta_net_conv_step")
+    else:  # decode: delta_net / ssm_conv fused steps
+        want |= {"delta_net_step", "ssm_conv_step"}
     if flat.get("delta_net.variant") == "chunked":  # (a decode step is delta_net_step)
         want = (want - {"delta_net_seq"}) | {"delta_net_chunk_prep", "delta_net_chunk_scan"}
     if arch != "qwen35" and flat.get("moe_experts.variant") == "grouped":
@@ -485,7 +488,8 @@ def test_delta_net_fuse_decode_runs_a_layers_step_in_one_launch(tiny_model_facto
     path = tiny_model_factory("qwen35", "q4_k_m")
     per_token, kernels = {}, {}
     for fuse in (0, 1):
-        flat = {"delta_net.fuse_decode": fuse, "ssm_conv.fuse_step": fuse}
+        flat = {"delta_net.fuse_decode": fuse, "ssm_conv.fuse_step": fuse,
+                "delta_net.fuse_conv": 0}  # fmt: skip
         be = FakeCuda(cfg(**flat, **{"prefill.gemm_min_t": 1 << 20}))
         m = build_model(open_model(path), be)
         counts = []
