@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Helper hdec's GPU checkpoint (issue 15, hybrid decode launches), ~100 s on one H200, from the
 # repository root: the two synthetic hybrids written in the background while the GPU tests of
-# delta_net.fuse_conv / fuse_ba run, then per model (9b qwen35, 35b-a3b qwen35moe) one process of
+# delta_net.fuse_conv / fuse_ba run, then per model (35b-a3b qwen35moe, 9b qwen35) one process of
 # scripts/hybrid_decode_times.py: the queued per-kernel decode profile of default and of the new
 # knobs, and tg128 (64-token prompt) of default against them (two interleaved rounds).
 # Output: $OUT/hdec/.
@@ -17,7 +17,7 @@ synth() {  # ARCH PRESET
     [ -f "$f" ] || { python3 -m engine synth --arch $1 --preset $2 --out ${f%.gguf}.part.gguf \
         > "$OUT/synth_$2.log" 2>&1 && mv ${f%.gguf}.part.gguf "$f"; }
 }
-(synth qwen35 9b; synth qwen35moe 35b-a3b) &
+(synth qwen35moe 35b-a3b; synth qwen35 9b) &
 SYN=$!
 V=tests/test_cuda_hybrid.py::test_validate_passes_hybrid_knobs  # (and S^T layout: the default)
 timeout 40 python3 -m pytest -q -m gpu -p no:cacheprovider -rfE --tb=short "$V[18-qwen35moe]" \
@@ -28,14 +28,16 @@ run() {  # FILE DEADLINE (epoch s; no step starts after it); $PROF, $BENCH: the 
     local f=$1 dl=$2
     while [ ! -f "$f" ] && kill -0 $SYN 2> /dev/null; do sleep 1; done
     [ -f "$f" ] || { echo "no $f"; return; }
-    timeout $((dl - $(date +%s) + 8)) python3 scripts/hybrid_decode_times.py "$f" \
+    local t=$((dl - $(date +%s) + 12))  # (a load of the 35B alone is ~21 s)
+    [ $t -gt 25 ] || { echo "no time for $f"; return; }
+    timeout $t python3 scripts/hybrid_decode_times.py "$f" \
         --profile "$PROF" --bench "$BENCH" --prompt 64 --steps 3 --out "$OUT" --deadline $dl \
         2>&1 | tee "$OUT/$(basename $f .gguf).log" | head -150
 }
-PROF=default,hdec_all BENCH=default,dn_fconv,dn_fba,hdec_all,hdec_w8,hdec_am \
-    run /tmp/models/qwen35-9b.gguf $((END - 50))
 PROF=default,hdec_all_rv_ws \
     BENCH=default,hdec_all,hdec_all_rv,hdec_all_rv_ws,hdec_all_rv_dv1,hdec_all_rv_ws_t16 \
-    run /tmp/models/qwen35moe-35b-a3b.gguf $((END - 8))
+    run /tmp/models/qwen35moe-35b-a3b.gguf $((T0 + 58))
+PROF=default,hdec_all BENCH=default,dn_fconv,dn_fba,hdec_all,hdec_w8,hdec_am \
+    run /tmp/models/qwen35-9b.gguf $((END - 12))
 wait $SYN 2> /dev/null
 echo "total $(( $(date +%s) - T0 )) s"
