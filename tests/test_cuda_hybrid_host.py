@@ -706,3 +706,43 @@ def test_moe_down_wsum_launches_one_down_kernel_with_or_without_the_norm(
     assert [x.kernel for x in downs] == ["moe_dec_down_w"] * m.spec.n_layers
     normed = [not isinstance(x.args[-4], np.uint64) for x in downs]
     assert normed == [bool(fuse_norm)] * (m.spec.n_layers - 1) + [False]
+
+
+def test_phase_profile_charges_the_fused_decode_kernels_to_their_phases(tiny_model_factory):
+    # scripts/profile_hybrid.py's phase at each CUDA launch of a decode step under the hdec
+    # knobs: the conv-folded delta-net step to dn.scan, the stacked projections to dn.proj, the
+    # MoE kernels (with the norm tail) to moe.fused
+    import importlib.util
+    from pathlib import Path
+
+    from engine.gguf_model import open_model
+    from engine.models import build_model
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "profile_hybrid.py"
+    spec = importlib.util.spec_from_file_location("profile_hybrid", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    flat = {"delta_net.fuse_conv": 1, "delta_net.fuse_ba": 1, "moe_experts.fuse_norm": 1,
+            "prefill.gemm_min_t": 1 << 20}  # fmt: skip
+    be = FakeCuda(cfg(**flat))
+    m = build_model(open_model(tiny_model_factory("qwen35moe", "q4_k_m")), be)
+    m.generate(PROMPT, 2)  # (beta / alpha stacked by the prefill)
+    tracker = mod.PhaseTracker(m)
+    seen: dict[str, set] = {}
+    launch = FakeCuda._launch
+
+    def spy(self, mod_, name, *a, **kw):
+        seen.setdefault(name, set()).add(tracker.phase)
+        return launch(self, mod_, name, *a, **kw)
+
+    try:
+        FakeCuda._launch = spy
+        m.forward(be.upload(np.array([3], np.int32)), 1, len(PROMPT) + 2, m.new_cache(64))
+    finally:
+        FakeCuda._launch = launch
+        tracker.restore()
+    assert seen["delta_net_conv_step"] == {"dn.scan"}
+    assert {"moe_dec_route", "moe_dec_gate_up", "moe_dec_down_norm"} <= set(seen)
+    for k in ("moe_dec_route", "moe_dec_gate_up", "moe_dec_down_norm", "moe_dec_down"):
+        assert seen[k] == {"moe.fused"}, (k, seen[k])
+    assert "dn.proj" in {p for k, ps in seen.items() if k.startswith("mmvf") for p in ps}
