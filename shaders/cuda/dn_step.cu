@@ -95,21 +95,28 @@ extern "C" __global__ void __launch_bounds__(NW * 32)
 // delta_net_step, so a decode token's delta-net from the raw q/k/v projection is one launch
 // (the op-by-op schedule: ssm_conv_step, three column copies, delta_net_step). Each block
 // convolves what it reads from the old conv state: its K head's q and k channels (into shared
-// memory) and its warps' v channels. The conv state of a K head's channels (its q, k and the v
-// of the V heads that share it) is rewritten by the last of those heads' blocks to finish
-// (a ticket per K head, tickets[MAX_DN_HEADS + kh]): every reader of the old state is done.
+// memory, with their input windows) and its warps' v channels (a window in registers). A v
+// channel has one reader, its column's warp, which writes its new state right away; the q / k
+// channels of a K head are read by every block of the V heads sharing it, so the last of those
+// blocks to finish (a ticket per K head, tickets[DN_TICKETS + kh]) writes their new state from
+// its shared windows (stores only: the H200 run of 2026-12-01 measured 17.5 us a call when that
+// block reloaded and shifted the state channel by channel, a chain of round trips).
 #define DN_MAX_CONV 8  // hybrid.cu MAX_CONV: K - 1 <= 7 taps of the state per channel
 #define DN_TICKETS 1024  // engine/backends/cuda/hybrid.py MAX_DN_HEADS: the K heads' tickets
 
-// Tap j of channel c meets the state's row j (j < K - 1), tap K - 1 the new input.
-__device__ __forceinline__ float dn_conv_at(const float* __restrict__ xr, const float* cs,
-                                            const float* __restrict__ cw, int c, int Cc, int K) {
+// Channel c's input window into win (rows 0..K-2 the state, K-1 the new input; all loads first)
+// -> the conv + SiLU: tap j meets win[j].
+__device__ __forceinline__ float dn_conv_win(const float* __restrict__ xr, const float* cs,
+                                             const float* __restrict__ cw, int c, int Cc, int K,
+                                             float* win) {
+#pragma unroll
+    for (int j = 0; j < DN_MAX_CONV; ++j)
+        win[j] = j < K - 1 ? cs[(size_t)j * Cc + c] : (j == K - 1 ? xr[c] : 0.f);
     float acc = 0.f;
 #pragma unroll
     for (int j = 0; j < DN_MAX_CONV; ++j) {
         if (j >= K) break;
-        const float xv = j < K - 1 ? cs[(size_t)j * Cc + c] : xr[c];
-        acc += __ldg(cw + (size_t)c * K + j) * xv;
+        acc += __ldg(cw + (size_t)c * K + j) * win[j];
     }
     return acc / (1.f + expf(-acc));
 }
@@ -124,6 +131,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32)
                         const float* __restrict__ z, float* __restrict__ y, int Hk, int Hv,
                         int dk, int dv, int grouped, float eps, unsigned int* tickets) {
     __shared__ float qk[2 * MAX_DK];  // the K head's convolved q [dk], then k [dk]
+    __shared__ float qk_win[DN_MAX_CONV - 1][2 * MAX_DK];  // their windows' rows 1..K-1
     __shared__ bool last, last_group;
     pdl_start();
     const int lane = threadIdx.x & 31;
@@ -142,11 +150,26 @@ extern "C" __global__ void __launch_bounds__(NW * 32)
     }
     const float xg = a[h] + dt[h];
     const float bh = b[h], sah = sa[h];
+    float win[DN_MAX_CONV];
     for (int t = threadIdx.x; t < 2 * dk; t += blockDim.x) {
         const int c = (t < dk ? kh * dk + t : kd + kh * dk + t - dk);
-        qk[t] = dn_conv_at(xr, cs, cw, c, Cc, K);
+        qk[t] = dn_conv_win(xr, cs, cw, c, Cc, K, win);
+#pragma unroll
+        for (int r = 0; r < DN_MAX_CONV - 1; ++r)
+            if (r < K - 1) qk_win[r][t] = win[r + 1];  // (the new state's row r)
     }
-    const float vj = j < dv ? dn_conv_at(xr, cs, cw, 2 * kd + h * dv + j, Cc, K) : 0.f;
+    float vj = 0.f;
+    if (j < dv) {  // the v channel's only reader: its new state written here
+        const int c = 2 * kd + h * dv + j;
+        vj = dn_conv_win(xr, cs, cw, c, Cc, K, win);
+        if (lane < K - 1) {
+            float nxt = 0.f;
+#pragma unroll
+            for (int r = 0; r < DN_MAX_CONV - 1; ++r)  // win[lane + 1], constant indices
+                if (r == lane) nxt = win[r + 1];
+            cs[(size_t)lane * Cc + c] = nxt;
+        }
+    }
     __syncthreads();  // (and this block's reads of the conv state are done)
     if (j < dv) {
         const float softplus = fmaxf(xg, 0.f) + log1pf(expf(-fabsf(xg)));
@@ -176,19 +199,11 @@ extern "C" __global__ void __launch_bounds__(NW * 32)
         last_group = atomicAdd(tickets + DN_TICKETS + kh, 1u) == gridDim.x * rv - 1;
     }
     __syncthreads();
-    if (last_group) {  // the K head's channels: state <- [state rows 1..K-2; x]
-        const int n = 2 * dk + rv * dv;
-        for (int t = threadIdx.x; t < n; t += blockDim.x) {
-            int c;
-            if (t < 2 * dk) {
-                c = t < dk ? kh * dk + t : kd + kh * dk + t - dk;
-            } else {
-                const int m = (t - 2 * dk) / dv, hv = grouped ? kh * rv + m : kh + m * Hk;
-                c = 2 * kd + hv * dv + (t - 2 * dk) % dv;
-            }
-            for (int r = 0; r + 1 < K - 1; ++r)
-                cs[(size_t)r * Cc + c] = cs[(size_t)(r + 1) * Cc + c];
-            if (K > 1) cs[(size_t)(K - 2) * Cc + c] = xr[c];
+    if (last_group) {  // the K head's q / k channels: state <- their windows' rows 1..K-1
+        for (int e = threadIdx.x; e < (K - 1) * 2 * dk; e += blockDim.x) {
+            const int r = e / (2 * dk), t = e % (2 * dk);
+            const int c = t < dk ? kh * dk + t : kd + kh * dk + t - dk;
+            cs[(size_t)r * Cc + c] = qk_win[r][t];
         }
         if (threadIdx.x == 0) tickets[DN_TICKETS + kh] = 0;
     }
