@@ -63,10 +63,14 @@ _DN_FUSE_CONV = Param(
     "delta-net layer instead of five (conv, three column copies, the step); same expressions",
     PUSHED,
 )
+# fuse_ba on by default: H200, 2026-12-01 (helper hdec's second call, qwen35 9B synth, tg128 after
+# a 64-token prompt, one process): 222.2 tok/s against 213.6 off; per-kernel decode time (queued)
+# mmvf 132 -> 108 launches a token, 2,885 -> 2,693 us; bit-identical (tests/test_cuda_dn_conv.py
+# on the H200) and validate config 18 of tests/test_cuda_hybrid.py passed with it.
 _DN_FUSE_BA = Param(
     "fuse_ba",
     (0, 1),
-    0,
+    1,
     "1: under matmul_decode.mmvf a decode row's beta and alpha projections (qwen35's "
     "ssm_beta, ssm_alpha: [Hv, C] each, one type) go through mmvf as one stacked [2 Hv, C] "
     "matrix, so the four input projections are one launch, not two; same rows, same dots",
