@@ -37,7 +37,7 @@ run() {  # FILE DEADLINE (epoch s; no step starts after it); $PROF, $BENCH: the 
 }
 PROF=default,hdec_all_rv_ws BENCH=default,hdec_all,hdec_all_rv_ws,hdec_all_rv_ws_t16 \
     run /tmp/models/qwen35moe-35b-a3b.gguf $((T0 + 55))
-PROF=hdec_all BENCH=default,dn_fconv,dn_fba,hdec_all \
+PROF=hdec_all BENCH=default,dn_nofba,dn_fconv,hdec_all \
     run /tmp/models/qwen35-9b.gguf $((END - 10))
 wait $SYN 2> /dev/null
 echo "total $(( $(date +%s) - T0 )) s"

@@ -71,7 +71,8 @@ VARIANTS: dict[str, dict] = {
     # helper hdec: the delta-net decode from the raw projection row in one launch (conv
     # folded in: no ssm_conv_step, no column copies), beta / alpha stacked into one mmvf launch
     "dn_fconv": {"delta_net.fuse_conv": 1},
-    "dn_fba": {"delta_net.fuse_ba": 1},
+    "dn_fba": {"delta_net.fuse_ba": 1},  # (the default since the hdec call: 213.6 -> 222.2)
+    "dn_nofba": {"delta_net.fuse_ba": 0},
     "dn_fused": {"delta_net.fuse_conv": 1, "delta_net.fuse_ba": 1},
     # and the MoE down kernel ending in the next layer's input norm; with the float4 router
     # rows and the down kernel's one-group-per-lane walk
