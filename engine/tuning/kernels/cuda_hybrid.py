@@ -53,6 +53,29 @@ _DN_FUSE = Param(
     "scan's defines; bit-identical to the four launches of 0)",
     PUSHED,
 )
+_DN_FUSE_CONV = Param(
+    "fuse_conv",
+    (0, 1),
+    0,
+    "1 (with fuse_decode): a one-token call runs the conv step too (dn_step.cu "
+    "delta_net_conv_step: ssm_conv_step's taps in each block, q / k / v read from the raw "
+    "projection row, the conv state rewritten by each K head's last block), one launch per "
+    "delta-net layer instead of five (conv, three column copies, the step); same expressions",
+    PUSHED,
+)
+# fuse_ba on by default: H200, 2026-12-01 (helper hdec's second call, qwen35 9B synth, tg128 after
+# a 64-token prompt, one process): 222.2 tok/s against 213.6 off; per-kernel decode time (queued)
+# mmvf 132 -> 108 launches a token, 2,885 -> 2,693 us; bit-identical (tests/test_cuda_dn_conv.py
+# on the H200) and validate config 18 of tests/test_cuda_hybrid.py passed with it.
+_DN_FUSE_BA = Param(
+    "fuse_ba",
+    (0, 1),
+    1,
+    "1: under matmul_decode.mmvf a decode row's beta and alpha projections (qwen35's "
+    "ssm_beta, ssm_alpha: [Hv, C] each, one type) go through mmvf as one stacked [2 Hv, C] "
+    "matrix, so the four input projections are one launch, not two; same rows, same dots",
+    PUSHED,
+)
 _DN_MAX_DK = Param(
     "max_dk",
     (64, 128, 256),
@@ -60,6 +83,7 @@ _DN_MAX_DK = Param(
     "register array per warp for a state column, max_dk / 32 per lane (must be >= the K head dim)",
     define("MAX_DK"),
 )
+_DN_DECODE = (_DN_FUSE, _DN_FUSE_CONV, _DN_FUSE_BA)  # the decode step's launch knobs
 
 REGISTRY.register(
     B,
@@ -69,7 +93,7 @@ REGISTRY.register(
             B,
             "delta_net",
             "sequential",
-            params=(_DN_WARPS, _DN_LAYOUT, _DN_MAX_DK, _DN_PREFETCH, _DN_FUSE),
+            params=(_DN_WARPS, _DN_LAYOUT, _DN_MAX_DK, _DN_PREFETCH, *_DN_DECODE),
             source="cuda/delta_net.cu",
             numeric="order_only",
             doc="a warp per state column (lanes over its rows, in registers for the call), "
@@ -84,7 +108,7 @@ REGISTRY.register(
                 _DN_LAYOUT,
                 _DN_MAX_DK,
                 _DN_PREFETCH,
-                _DN_FUSE,
+                *_DN_DECODE,
                 Param(
                     "chunk",
                     DELTA_NET_CHUNKS,
@@ -141,6 +165,25 @@ _MOE_DMMV = (
         "fuse_decode's route: 1 reads an F32 router row (and the shared expert's gate row) "
         "with float4 loads, eight in flight per lane before the sums; 0: the scalar loop of "
         "the dense DMMV (another summation order: order_only either way)",
+        PUSHED,
+    ),
+    Param(
+        "fuse_norm",
+        (0, 1),
+        0,
+        "fuse_decode's down kernel: 1 ends with the next layer's input RMSNorm of the new "
+        "residual row (the token's last block, all its threads: rms_norm's one warp is "
+        "latency-bound on a decode row), one launch per MoE layer fewer; 0: rms_norm after it",
+        PUSHED,
+    ),
+    Param(
+        "down_wsum",
+        (0, 1),
+        0,
+        "fuse_decode's down kernel as a weighted sum per lane (moe_dec_down_w): each lane "
+        "adds w_j times its share of every routed expert's row (four experts' loads in flight) "
+        "and the gated shared expert's, then one reduction per output, instead of a reduction "
+        "per expert with k + 1 rows' decodes held at once; another summation order",
         PUSHED,
     ),
     Param(
