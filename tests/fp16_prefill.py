@@ -37,19 +37,47 @@ def _r16(a: np.ndarray) -> np.ndarray:
     return np.asarray(a).astype(np.float16).astype(np.float64)
 
 
+FP16_TINY = 2.0**-14  # the smallest normal fp16: below it fp16 keeps fewer bits (subnormals)
+
+
 class Fp16Experts(Fp16Prefill):
-    """And the routed experts as CUDA's moe_experts.tc computes them (the default) for chunks of
-    at least ``gemm_min_t`` tokens: x, the decoded expert rows and the SwiGLU output rounded to
-    float16, the products in float64."""
+    """And the routed experts as CUDA's moe_experts.tc computes them for chunks of at least
+    ``gemm_min_t`` tokens: x, the decoded expert rows and the SwiGLU output H rounded to
+    float16, the products in float64. ``stats`` (one dict a call) keeps the magnitudes fp16 has
+    to hold: max |x|, |g|, |u|, |H|, the fraction of nonzero |H| below fp16's smallest normal,
+    and H's rounding error as an NMSE."""
+
+    round_h = True
+
+    def __init__(self, *a, **kw) -> None:  # noqa: ANN002, ANN003
+        super().__init__(*a, **kw)
+        self.stats: list[dict[str, float]] = []
 
     def moe_experts(self, x, ids, weights, gate, up, down):  # noqa: ANN001, ANN201
         if x.shape[0] < GEMM_MIN_T:
             return super().moe_experts(x, ids, weights, gate, up, down)
         out = np.zeros(x.shape)
+        st = {"x": float(np.abs(x).max()), "g": 0.0, "u": 0.0, "h": 0.0}
+        tiny = n = err = energy = 0.0
         for e in np.unique(ids):
             rows, slot = np.nonzero(ids == e)
             xe = _r16(x[rows])
             g, u = xe @ _r16(self._expert(gate, e)).T, xe @ _r16(self._expert(up, e)).T
-            h = _r16(g / (1 + np.exp(-g)) * u)
+            h = g / (1 + np.exp(-g)) * u
+            h16 = _r16(h)
+            st["g"], st["u"] = max(st["g"], np.abs(g).max()), max(st["u"], np.abs(u).max())
+            st["h"] = max(st["h"], np.abs(h).max())
+            tiny += np.count_nonzero((np.abs(h) < FP16_TINY) & (h != 0))
+            n, err, energy = n + h.size, err + np.sum((h16 - h) ** 2), energy + np.sum(h * h)
+            h = h16 if self.round_h else h
             out[rows] += weights[rows, slot][:, None] * (h @ _r16(self._expert(down, e)).T)
+        self.stats.append(
+            st | {"h_subnormal_frac": tiny / max(n, 1), "h_round_nmse": err / max(energy, 1e-300)}
+        )
         return out.astype(np.float32)
+
+
+class Fp16ExpertsF32H(Fp16Experts):
+    """Fp16Experts with H kept in float32 (the down GEMM's other operand still fp16)."""
+
+    round_h = False

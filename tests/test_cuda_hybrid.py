@@ -658,6 +658,14 @@ HYBRID_VALIDATE_CONFIGS = [
     {"moe_experts.variant": "tc"},  # fp16 experts at prefill (its budget)
     {"moe_experts.variant": "tc", "moe_experts.tile_pairs": 16, "moe_experts.block_rows": 128,
      "delta_net.variant": "chunked", "prefill.chunk_tokens": 24, "prefill.gemm_min_t": 16},
+    # helper hdec's decode launches: conv folded into the delta-net step, beta / alpha stacked,
+    # the MoE down ending in the next norm, float4 router rows, the weighted-sum down
+    {"delta_net.fuse_conv": 1, "delta_net.fuse_ba": 1, "moe_experts.fuse_norm": 1,
+     "moe_experts.route_vec": 1, "moe_experts.down_wsum": 1},
+    {"delta_net.fuse_conv": 1, "delta_net.fuse_ba": 1, "moe_experts.fuse_norm": 1,
+     "moe_experts.down_wsum": 1, "moe_experts.threads_per_row": 16,
+     "moe_experts.rows_per_block": 8, "delta_net.state_transposed": False,
+     "delta_net.warps": 2},
 ]  # fmt: skip
 
 

@@ -483,6 +483,36 @@ class Backend(ABC):
         o = self.rms_norm(o, norm, eps)
         return self.swiglu(z, self.reshape(o, tuple(z.shape)))
 
+    def delta_net_conv_gated(
+        self,
+        qkv: Tensor,
+        conv_state: Tensor,
+        conv_w: Weight,
+        n_k_heads: int,
+        head_k_dim: int,
+        a: Tensor,
+        b: Tensor,
+        dt_bias: Weight,
+        ssm_a: Weight,
+        state: Tensor,
+        v_order: str,
+        eps: float,
+        norm: Weight,
+        z: Tensor,
+    ) -> Tensor:
+        """A delta-net layer from its raw q/k/v projection qkv [T, 2 Hk dk + Hv dv]: ssm_conv
+        (conv_state updated in place), the q / k / v columns, then delta_net_gated. The
+        op-by-op schedule of engine/hybrid.py, in its order; a backend may run it in fewer
+        launches."""
+        n, kd = int(qkv.shape[0]), n_k_heads * head_k_dim
+        Hv = int(a.shape[-1])
+        dv = int(z.shape[-1]) // Hv
+        x = self.ssm_conv(qkv, conv_state, conv_w)
+        q = self.reshape(self.cols(x, 0, kd), (n, n_k_heads, head_k_dim))
+        k = self.reshape(self.cols(x, kd, 2 * kd), (n, n_k_heads, head_k_dim))
+        v = self.reshape(self.cols(x, 2 * kd, 2 * kd + Hv * dv), (n, Hv, dv))
+        return self.delta_net_gated(q, k, v, a, b, dt_bias, ssm_a, state, v_order, eps, norm, z)
+
     def moe_ffn(
         self,
         h: Tensor,
@@ -504,6 +534,22 @@ class Backend(ABC):
             sh = self.matmul(sh, down)
             y = self.add(y, self.sigmoid_mul(self.matmul(h, sg), sh))
         return self.add(r, y)
+
+    def moe_ffn_norm(
+        self,
+        h: Tensor,
+        r: Tensor,
+        router: Weight,
+        k: int,
+        experts: tuple[Weight, Weight, Weight],
+        shared: tuple[Weight, Weight, Weight, Weight] | None,
+        norm: Weight,
+        eps: float,
+    ) -> tuple[Tensor, Tensor]:
+        """(y, rms_norm(y)) with y = moe_ffn(h, r, ...): the MoE block and the next layer's
+        input norm (as ffn_norm for the dense FFN)."""
+        y = self.moe_ffn(h, r, router, k, experts, shared)
+        return y, self.rms_norm(y, norm, eps)
 
     def registry_op(self, op: str, n: int) -> str:
         """The registry op that runs schedule op ``op`` on n tokens (validate's blame names it);
