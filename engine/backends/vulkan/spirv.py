@@ -155,7 +155,7 @@ def compile_spirv(shader: str, defines: tuple[str, ...] = (), root: Path | None 
 
 def main(argv: list[str] | None = None) -> int:
     from engine.backends.vulkan.kernels import all_builds
-    from engine.backends.vulkan.probe import PROBE_BUILDS
+    from engine.backends.vulkan.probe_builds import PROBE_BUILDS
 
     ap = argparse.ArgumentParser(description="precompile every Vulkan shader build to SPIR-V")
     ap.add_argument("--out", type=Path, default=None, help="cache dir (default: the usual one)")
