@@ -202,8 +202,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
         rep.passed = False  # a reference that disagrees with NumPy cannot vouch for anything
     lines = [
         f"validate {args.backend} on {rep.device_class}: {'PASS' if rep.passed else 'FAIL'}  "
-        f"(numeric classes {', '.join(rep.numeric_classes)}: KLD <= {budget.kld_max:g}, "
-        f"NMSE <= {rep.tolerances['nmse']:g}, near-tie {budget.near_tie:g})"
+        f"(numeric classes {', '.join(rep.numeric_classes)}: KLD <= "
+        f"{rep.tolerances['kld_max']:g}, NMSE <= {rep.tolerances['nmse']:g}, near-tie "
+        f"{rep.tolerances['near_tie']:g})"
     ]
     for p in rep.prompts:
         lines.append(
@@ -215,6 +216,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
             + "".join(f"\n    {r}" for r in p.reasons)
         )
     lines += [f"  {r}" for r in rep.probe]
+    if rep.replay is not None:
+        lines += [f"  {r}" for r in rep.replay.lines()]
     if cross:
         verdict = "agrees" if cross["passed"] else "DISAGREES"
         lines.append(

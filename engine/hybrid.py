@@ -12,9 +12,11 @@ Kd = Hk dk, Vd = Hv dv.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
-from engine.backends.base import Backend, HybridCache, Tensor
+from engine.backends.base import Backend, HybridCache, Tensor, Weight
 from engine.errors import UnsupportedError
 from engine.gguf_model import GGUFModel, QTensor
 from engine.model import Model
@@ -62,7 +64,8 @@ class HybridModel(Model):
             self.weights[name] = backend.load_weight(qt)
         head = "token_embd.weight" if self.spec.tied_embeddings else "output.weight"
         self.lm_head = self.weights[head]
-        self.hook = None  # validate's blame (see Model)
+        self.hook = None  # validate's blame and replay (see Model)
+        self.state_hook = None
         # validate's teacher-forced routing: (layer, position) -> the reference's expert ids
         self.routes: dict[tuple[int, int], np.ndarray] = {}
         # drift-explained routing (proposed for validate, issue 15; off while empty): the
@@ -93,10 +96,10 @@ class HybridModel(Model):
     def trunk(self, ids: Tensor, n: int, pos0: int, cache: HybridCache) -> Tensor:
         """n tokens at positions pos0.. through every layer -> hidden states [n, C]; the K/V of
         the attention layers and the recurrent state of the delta-net layers are updated. Every
-        op's output passes ``_tap`` (validate's blame). With no hook watching, the residual adds
-        go through the backend's fused ops (matmul_add, ffn: by default the same op calls)."""
+        op's output passes ``_tap`` (validate's blame). With no hook watching, _trunk_fused."""
+        if self.hook is None:
+            return self._trunk_fused(ids, n, pos0, cache)
         b, s, w, tap = self.backend, self.spec, self.weights, self._tap
-        fused = self.hook is None
         x = tap("embedding", "token_embd", -1, b.embedding(w["token_embd.weight"], ids), pos0)
         for i in range(s.n_layers):
             p = f"blk.{i}."
@@ -107,32 +110,68 @@ class HybridModel(Model):
                 b.rms_norm(x, w[p + "attn_norm.weight"], s.rms_eps),
                 pos0,
             )
-            r = x if fused else None  # fused: the mixer's output projection adds x itself
             if s.is_recurrent(i):
-                mix = self._delta_net(h, n, i, pos0, cache, r)
+                mix = self._delta_net(h, n, i, pos0, cache)
             else:
-                mix = self._attention(h, n, i, pos0, cache, r)
-            x = mix if fused else tap("add", "attn_residual", i, b.add(x, mix), pos0)
+                mix = self._attention(h, n, i, pos0, cache)
+            x = tap("add", "attn_residual", i, b.add(x, mix), pos0)
             h = b.rms_norm(x, w[p + "post_attention_norm.weight"], s.rms_eps)
             h = tap("rms_norm", "post_attention_norm", i, h, pos0)
-            if fused and s.moe is None:
-                x = b.ffn(h, *(w[p + f"ffn_{t}.weight"] for t in ("gate", "up", "down")), x)
-            elif fused and not self.routes and not self.route_ref:  # (forced: op-by-op _ffn)
-                x = b.moe_ffn(h, x, *self._moe_weights(i))
-            else:
-                x = tap("add", "ffn_residual", i, b.add(x, self._ffn(h, i, pos0)), pos0)
+            x = tap("add", "ffn_residual", i, b.add(x, self._ffn(h, i, pos0)), pos0)
         return x
 
-    def _out(self, o: Tensor, name: str, i: int, pos0: int, r: Tensor | None) -> Tensor:
-        """The mixer's output projection; with r, r + it through the backend's matmul_add."""
+    def _trunk_fused(self, ids: Tensor, n: int, pos0: int, cache: HybridCache) -> Tensor:
+        """trunk with no hook watching: the mixers' and FFNs' residual adds, and the norm that
+        reads each new residual stream, go through the backend's fused ops (matmul_add_norm,
+        ffn_norm, moe_ffn_norm, the mixers' own: by default the same op calls in the same
+        order, so only a backend that fuses runs fewer launches)."""
+        b, s, w, eps = self.backend, self.spec, self.weights, self.spec.rms_eps
+        x = b.embedding(w["token_embd.weight"], ids)
+        h = b.rms_norm(x, w["blk.0.attn_norm.weight"], eps)
+        for i in range(s.n_layers):
+            p = f"blk.{i}."
+            post = w[p + "post_attention_norm.weight"]
+            if s.is_recurrent(i):  # (x + the mixer's output, its post-attention norm)
+                x, h = self._delta_net(h, n, i, pos0, cache, x, post)
+            else:
+                x, h = self._attention(h, n, i, pos0, cache, x, post)
+            nxt = w[f"blk.{i + 1}.attn_norm.weight"] if i + 1 < s.n_layers else None
+            if s.moe is None:
+                ffn = tuple(w[p + f"ffn_{t}.weight"] for t in ("gate", "up", "down"))
+                if nxt is None:
+                    return b.ffn(h, *ffn, x)
+                x, h = b.ffn_norm(h, *ffn, x, nxt, eps)
+            elif not self.routes and not self.route_ref:  # (forced routing: op-by-op _ffn)
+                moe = self._moe_weights(i)
+                if nxt is None:
+                    return b.moe_ffn(h, x, *moe)
+                x, h = b.moe_ffn_norm(h, x, *moe, nxt, eps)
+            else:
+                x = b.add(x, self._ffn(h, i, pos0))
+                if nxt is not None:
+                    h = b.rms_norm(x, nxt, eps)
+        return x
+
+    def _out(
+        self, o: Tensor, name: str, i: int, pos0: int, r: Tensor | None, norm: Weight | None
+    ) -> Any:
+        """The mixer's output projection; with r (the fused trunk), (r + it, its RMSNorm by
+        norm) through the backend's matmul_add_norm."""
         wt = self.weights[f"blk.{i}.{name}.weight"]
         if r is not None:
-            return self.backend.matmul_add(o, wt, r)
+            return self.backend.matmul_add_norm(o, wt, r, norm, self.spec.rms_eps)
         return self._tap("matmul", name, i, self.backend.matmul(o, wt), pos0)
 
     def _delta_net(
-        self, h: Tensor, n: int, i: int, pos0: int, cache: HybridCache, r: Tensor | None
-    ) -> Tensor:
+        self,
+        h: Tensor,
+        n: int,
+        i: int,
+        pos0: int,
+        cache: HybridCache,
+        r: Tensor | None = None,
+        norm: Weight | None = None,
+    ) -> Any:
         b, w, ssm, p = self.backend, self.weights, self.spec.ssm, f"blk.{i}."
         eps = self.spec.rms_eps
 
@@ -153,30 +192,39 @@ class HybridModel(Model):
         else:
             beta_in, alpha = ba_out  # [T, Hv] each
         conv_w = w[p + "ssm_conv1d.weight"]
+        if self.hook is None:  # conv, gates, scan, norm and output gate: one op (fewer launches)
+            o = b.delta_net_conv_gated(
+                qkv, cache.conv[i], conv_w, Hk, dk, alpha, beta_in, w[p + "ssm_dt.bias"],
+                w[p + "ssm_a"], cache.ssm[i], ssm.v_order, eps, w[p + "ssm_norm.weight"], z,
+            )  # fmt: skip
+            return self._out(o, "ssm_out", i, pos0, r, norm)
         qkv = tap("ssm_conv", "ssm_conv", b.ssm_conv(qkv, cache.conv[i], conv_w))
+        self._tap_state("ssm_conv", "conv_state", i, cache.conv, pos0 + n - 1)
         q = b.reshape(tap("cols", "ssm_q", b.cols(qkv, 0, kd)), (n, Hk, dk))
         k = b.reshape(tap("cols", "ssm_k", b.cols(qkv, kd, 2 * kd)), (n, Hk, dk))
         v = tap("cols", "ssm_v", b.cols(qkv, 2 * kd, 2 * kd + ssm.value_dim))
         v = b.reshape(v, (n, Hv, dv))
-        if self.hook is None:  # gates, scan, norm and output gate: one op (fewer launches)
-            o = b.delta_net_gated(
-                q, k, v, alpha, beta_in, w[p + "ssm_dt.bias"], w[p + "ssm_a"], cache.ssm[i],
-                ssm.v_order, eps, w[p + "ssm_norm.weight"], z,
-            )  # fmt: skip
-            return self._out(o, "ssm_out", i, pos0, r)
         g, beta = b.ssm_gates(alpha, beta_in, w[p + "ssm_dt.bias"], w[p + "ssm_a"])
-        tap("ssm_gates", "ssm_g", g)
-        tap("ssm_gates", "ssm_beta_sigmoid", beta)
+        g = tap("ssm_gates", "ssm_g", g)
+        beta = tap("ssm_gates", "ssm_beta_sigmoid", beta)
         o = b.delta_net(q, k, v, g, beta, cache.ssm[i], ssm.v_order, eps)  # [T, Hv, dv]
         o = tap("delta_net", "ssm_scan", o)
+        self._tap_state("delta_net", "ssm_state", i, cache.ssm, pos0 + n - 1)
         o = tap("rms_norm", "ssm_norm", b.rms_norm(o, w[p + "ssm_norm.weight"], eps))
         # silu(z) * o on [T, Vd] rows (elementwise; a decode row's int8 form comes with it)
         o = tap("swiglu", "ssm_gated", b.swiglu(z, b.reshape(o, (n, ssm.value_dim))))
-        return self._out(o, "ssm_out", i, pos0, r)
+        return self._out(o, "ssm_out", i, pos0, r, norm)
 
     def _attention(
-        self, h: Tensor, n: int, i: int, pos0: int, cache: HybridCache, r: Tensor | None
-    ) -> Tensor:
+        self,
+        h: Tensor,
+        n: int,
+        i: int,
+        pos0: int,
+        cache: HybridCache,
+        r: Tensor | None = None,
+        norm: Weight | None = None,
+    ) -> Any:
         b, s, w, p = self.backend, self.spec, self.weights, f"blk.{i}."
         H, Hkv, D = s.n_head, s.n_head_kv, s.head_dim
 
@@ -193,7 +241,7 @@ class HybridModel(Model):
                 cache, i, pos0, s.rope_theta, s.rope_dim,
             )  # fmt: skip
             a = b.sigmoid_mul(gate, b.attention(q, cache, i, pos0))
-            return self._out(b.reshape(a, (n, H * D)), "attn_output", i, pos0, r)
+            return self._out(b.reshape(a, (n, H * D)), "attn_output", i, pos0, r, norm)
         q, gate = tap("cols", "q", b.cols(qg, 0, D)), tap("cols", "q_gate", b.cols(qg, D, 2 * D))
         q = tap("rms_norm", "attn_q_norm", b.rms_norm(q, w[p + "attn_q_norm.weight"], s.rms_eps))
         k = tap("rms_norm", "attn_k_norm", b.rms_norm(k, w[p + "attn_k_norm.weight"], s.rms_eps))
@@ -205,7 +253,7 @@ class HybridModel(Model):
             tap("kv_write", "v_cache", b.rows(cache.v[i], pos0, pos0 + n))
         a = tap("attention", "attn", b.attention(q, cache, i, pos0))  # [T, H, D]
         a = tap("sigmoid_mul", "attn_gated", b.sigmoid_mul(gate, a))
-        return self._out(b.reshape(a, (n, H * D)), "attn_output", i, pos0, r)
+        return self._out(b.reshape(a, (n, H * D)), "attn_output", i, pos0, r, norm)
 
     def _forced_routes(self, logits: Tensor, i: int, pos0: int) -> Tensor:
         """Push the experts the reference did not choose far down at the positions in
@@ -272,7 +320,8 @@ class HybridModel(Model):
         logits = tap("matmul", "ffn_gate_inp", b.matmul(h, w[p + "ffn_gate_inp.weight"]))
         logits = self._forced_routes(logits, i, pos0)
         ids, weights = b.router_topk(logits, moe.n_expert_used)
-        tap("router_topk", "router_weights", weights)
+        ids = tap("router_topk", "router_ids", ids)
+        weights = tap("router_topk", "router_weights", weights)
         y = b.moe_experts(
             h,
             ids,

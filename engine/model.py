@@ -20,6 +20,8 @@ from engine.gguf_model import GGUFModel, ModelSpec
 from engine.tuning import TuningConfig
 
 PREFILL_PATHS = ("batched", "per_token")
+# (op, label, layer, states, pos): Model._tap_state's hook
+StateHook = Callable[[str, str, int, list, int], None]
 
 
 @dataclass
@@ -60,8 +62,10 @@ class Model:
         self.weights = {n: backend.load_weight(gguf.tensor(n)) for n in gguf.model_tensor_names()}
         head = "token_embd.weight" if self.spec.tied_embeddings else "output.weight"
         self.lm_head = self.weights[head]
-        # validate's blame: called with (op, label, layer, tensor, pos0) after every op
-        self.hook: Callable[[str, str, int, Tensor, int], None] | None = None
+        # validate's blame and replay: called with (op, label, layer, tensor, pos0) after every
+        # op; a tensor it returns replaces the op's output downstream (engine.replay)
+        self.hook: Callable[[str, str, int, Tensor, int], Tensor | None] | None = None
+        self.state_hook: StateHook | None = None  # hybrids' recurrent state (see _tap_state)
 
     @property
     def config(self) -> TuningConfig:
@@ -76,10 +80,20 @@ class Model:
 
     # --- forward ------------------------------------------------------------------------
     def _tap(self, op: str, label: str, layer: int, t: Tensor, pos0: int) -> Tensor:
-        """Hand an op's output to ``self.hook`` (validate's blame) and return it unchanged."""
+        """Hand an op's output to ``self.hook`` (validate's blame and replay); returns it, or the
+        tensor the hook gave back in its place (replay: the reference's value)."""
         if self.hook is not None:
-            self.hook(op, label, layer, t, pos0)
+            out = self.hook(op, label, layer, t, pos0)
+            if out is not None:
+                return out
         return t
+
+    def _tap_state(self, op: str, label: str, layer: int, states: list, pos: int) -> None:
+        """After op updated ``states[layer]`` in place (a recurrent state: the state after token
+        position ``pos``), hand it to ``self.state_hook``, which may put another tensor of the
+        same layout at ``states[layer]`` (replay: the reference's state)."""
+        if self.state_hook is not None:
+            self.state_hook(op, label, layer, states, pos)
 
     def trunk(self, ids: Tensor, n: int, pos0: int, cache: KVCache) -> Tensor:
         """n tokens (ids [n] int32 on the device) at positions pos0.. through every layer ->

@@ -15,16 +15,30 @@ MoE routing near-ties: where the reference's k-th minus (k+1)-th router logit is
 budget's ``route_tie``, the candidate is made to choose the reference's experts (with its own
 weights), the routing analogue of the top-1 near-tie: rounding that moves a router logit across
 a near-tie swaps a whole expert (one such flip measured NMSE 0.25 under an fp16 GEMM, where the
-same run with the choice borrowed is NMSE 5e-5; scripts/moe_fp16_flip.py). Decode positions
+same run with the choice borrowed is NMSE 5e-5; scripts/moe_fp16_flip.py). Over the prompt the
+choice is also borrowed where the drift explains it: the candidate's router row agrees with the
+reference's within the budget's ``op_nmse`` yet picks another top-k (engine.hybrid
+_drift_routes). route_tie, calibrated on a 4-layer, 8-expert model, does not cover a correct
+fp16 path on the 40-layer, 256-expert 35B-A3B, whose router moves up to 0.041 by its last layers
+(scripts/moe_drift.py, docs/verify.md); a wrong router GEMM moves the row by more than op_nmse
+and a wrong top-k kernel moves no logit, so neither is borrowed. Decode positions
 with a forced choice run without graph replay (a replayed graph would keep the captured mask);
 free-running generation (graphs) is forced only in the prompt, and a parting after a routing
 near-tie at a decode step is excused like one at a top-1 near-tie.
+
+Op-level replay (engine.replay) then judges every hooked op of the candidate on the reference's
+own inputs, each under its own variant's numeric class (``op_nmse``): what rejects a bug. The
+end-to-end logits bound stays (a model-level failure still rejects, and fused kernels that run
+only unhooked are seen only there); on recurrent hybrids it is the measured, looser
+RECURRENT_END_TO_END of the registry, since a correct int8 path carries its rounding through the
+recurrent state (docs/verify.md). A candidate passes when both pass.
 
 Free-running greedy generation is also run and reported; it fails only when the two texts part
 where the reference was not a near-tie. Prompts: the caller's, plus seeded random prompts whose
 lengths sit on the candidate's chunk and tile edges (n - 1, n, n + 1 of max_cols, chunk_tokens,
 gemm_min_t, tile_n ...), so a bug that shows only at a ragged chunk is not missed. On failure,
-blame (engine.blame) names the first op that diverges.
+replay's first op over its bound is blamed; when every op passes replay, blame (engine.blame)
+names the first op that diverges end to end.
 """
 
 from __future__ import annotations
@@ -37,8 +51,9 @@ import numpy as np
 from engine.blame import Blame, blame
 from engine.model import ForcedRun, Model
 from engine.models import build_model
+from engine.replay import ReplayResult, merge, replay
 from engine.tuning import TuningConfig
-from engine.tuning.registry import REFERENCE_BUDGET, REGISTRY, Budget
+from engine.tuning.registry import REFERENCE_BUDGET, Budget, end_to_end, loosest
 
 # Fixed prompts: a short one, one longer than small prefill chunks (several chunks, a ragged last
 # chunk), code, and a single character (one-token prompts exercise the T == 1 prefill edge).
@@ -123,6 +138,9 @@ class ValidateReport:
     cross_check: dict[str, Any] | None = None
     blame: Blame | None = None
     probe: list[str] = field(default_factory=list)  # argmax probe failures
+    replay: ReplayResult | None = None  # op-level replay over every prompt (None: not run)
+    # drift-explained routings borrowed over every prompt: (layer, position, reference gap)
+    routes_borrowed: list[tuple[int, int, float]] = field(default_factory=list)
 
     @property
     def max_abs_diff(self) -> float:
@@ -139,6 +157,8 @@ class ValidateReport:
     @property
     def reasons(self) -> list[str]:
         out = [r for p in self.prompts for r in p.reasons] + list(self.probe)
+        if self.replay is not None:
+            out += self.replay.reasons()
         if self.cross_check is not None and not self.cross_check.get("passed", True):
             out += [f"cross-check: {r}" for r in self.cross_check.get("reasons", [])]
         return out
@@ -151,6 +171,7 @@ class ValidateReport:
             self.kld_max,
         )
         d["blame"] = self.blame.to_dict() if self.blame else None
+        d["replay"] = self.replay.to_dict() if self.replay else None
         return d
 
 
@@ -362,6 +383,8 @@ def validate(
     budgets: dict[str, Budget] | None = None,
     edges: bool = True,
     blame_failures: bool = True,
+    replay_ops: bool = True,
+    drift_routes: bool = True,
 ) -> ValidateReport:
     """Judge ``candidate`` against the reference on each tokenized prompt (plus edge prompts
     when ``edges``); leaves the model on the candidate.
@@ -371,9 +394,11 @@ def validate(
     caller) holds reference runs by (reference config, prompt, steps): the per-token reference
     is the slow half of a validate and does not change between candidates; one computed before
     any candidate ran is also the safer one (a candidate that corrupted device state cannot
-    bend it)."""
+    bend it); it keeps the replay's reference recordings too, within engine.replay's
+    CACHE_BYTES. ``replay_ops``: run the op-level replay (engine.replay) on every prompt."""
     reference = reference or TuningConfig.default(candidate.backend)
-    budget, classes = REGISTRY.budget(candidate, budgets)
+    op_classes = model.backend.numeric_classes(candidate)
+    budget, classes = loosest(op_classes.values(), end_to_end(budgets, model.spec.hybrid))
     if tol is not None:
         budget = tol.apply(budget)
     all_prompts = [list(p) for p in prompts if p]
@@ -385,7 +410,7 @@ def validate(
     model.set_config(candidate)
     chunk = candidate.prefill_chunk
     moe = model.spec.moe
-    results, routes_of = [], []
+    results, routes_of, borrowed_all = [], [], []
     for p, ref in zip(all_prompts, refs, strict=True):
         P = len(p)
         sample = sample_positions(P, min(chunk, column_tile(candidate)))
@@ -393,9 +418,16 @@ def validate(
         routes_of.append(routes)
         graphs = not any(pos >= P for _, pos in routes)
         _set_routes(model, routes)
+        if moe and drift_routes:  # drift-explained routing over the prompt (hybrid _drift_routes)
+            model.route_ref = {key: z for key, z in ref.router.items() if key[1] < P}
+            model.route_nmse, model.routes_borrowed = budget.op_nmse, []
         cand = model.forced_run(
             p, steps, "batched", forced=ref.tokens, sample=frozenset(sample), graphs=graphs
         )
+        borrowed = list(getattr(model, "routes_borrowed", []))
+        borrowed_all += borrowed
+        if moe:
+            model.route_ref = {}
         positions = sorted(cand.logits)
         stats, reasons, nan, inf, checked, agree = judge(ref, cand, positions, budget)
         _set_routes(model, {key: v for key, v in routes.items() if key[1] < P})  # graphs decode
@@ -421,13 +453,21 @@ def validate(
                 P, len(stats), max(s.max_abs_diff for s in stats), idx,
                 max(s.nmse for s in stats), max(s.kld for s in stats),
                 float(np.mean([s.kld for s in stats])), checked, agree, nan, inf,
-                list(ref.tokens), free, ag, not reasons, reasons, worst, len(routes),
+                list(ref.tokens), free, ag, not reasons, reasons, worst,
+                len(routes) + len(borrowed),
             )
         )  # fmt: skip
     probe = argmax_probe(model, model.spec.n_vocab)
+    replays = []
+    if replay_ops:  # each op on the reference's inputs (routing forced nowhere: inputs agree)
+        replays = [
+            replay(model, reference, candidate, p, ref.tokens, steps, budgets, ref_cache)
+            for p, ref in zip(all_prompts, refs, strict=True)
+        ]
+    replayed = merge(replays) if replays else None
     dev = model.backend.device_info()
     rep = ValidateReport(
-        all(r.passed for r in results) and not probe,
+        all(r.passed for r in results) and not probe and (replayed is None or replayed.passed),
         candidate.backend,
         dev.device_class,
         candidate.flat(),
@@ -436,8 +476,14 @@ def validate(
         steps,
         results,
         probe=probe,
+        replay=replayed,
+        routes_borrowed=borrowed_all,
     )
-    if not rep.passed and blame_failures:
+    # replays is [] without replay_ops
+    failing = [(len(p), r.first) for p, r in zip(all_prompts, replays, strict=False) if r.first]
+    if failing and blame_failures:  # on the reference's inputs: the op itself, no drift
+        rep.blame = min(failing, key=lambda f: f[0])[1]
+    elif not rep.passed and blame_failures:
         rep.blame = blame_report(
             model, reference, candidate, all_prompts, results, budget, steps, routes_of
         )

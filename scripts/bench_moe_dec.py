@@ -34,6 +34,11 @@ CONFIGS: dict[str, dict] = {
     "fused_v1": {"moe_experts.vec": 1},
     "fused_dv1": {"moe_experts.down_vec1": 1},
     "fused_rv_dv1": {"moe_experts.route_vec": 1, "moe_experts.down_vec1": 1},
+    # helper hdec: the down kernel as one weighted sum per lane (moe_dec_down_w)
+    "fused_ws": {"moe_experts.down_wsum": 1},
+    "fused_rv_ws": {"moe_experts.route_vec": 1, "moe_experts.down_wsum": 1},
+    "fused_rv_ws_t16": {"moe_experts.route_vec": 1, "moe_experts.down_wsum": 1,
+                        "moe_experts.threads_per_row": 16, "moe_experts.rows_per_block": 8},
 }  # fmt: skip
 
 

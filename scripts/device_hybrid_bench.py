@@ -28,6 +28,7 @@ from engine.validate import tokenize_prompts, validate  # noqa: E402
 from scripts.speed_record import SpeedRecord  # noqa: E402
 
 MMVW = {"matmul_decode.variant": "mmvw"}
+HDEC = {"delta_net.fuse_conv": 1, "delta_net.fuse_ba": 1, "moe_experts.fuse_norm": 1}
 VARIANTS: dict[str, dict] = {
     "default": {},
     "dmmv": {"matmul_decode.variant": "dmmv"},  # the float default before mmvf (issue 14)
@@ -67,6 +68,25 @@ VARIANTS: dict[str, dict] = {
                 "moe_experts.vec": 1},
     "moe_rv": {"moe_experts.route_vec": 1},  # the fused route's float4 router rows
     "moe_dv1": {"moe_experts.down_vec1": 1},  # the fused down kernel, every lane on short rows
+    # helper hdec: the delta-net decode from the raw projection row in one launch (conv
+    # folded in: no ssm_conv_step, no column copies), beta / alpha stacked into one mmvf launch
+    "dn_fconv": {"delta_net.fuse_conv": 1},
+    "dn_fba": {"delta_net.fuse_ba": 1},  # (the default since the hdec call: 213.6 -> 222.2)
+    "dn_nofba": {"delta_net.fuse_ba": 0},
+    "dn_fused": {"delta_net.fuse_conv": 1, "delta_net.fuse_ba": 1},
+    # and the MoE down kernel ending in the next layer's input norm; with the float4 router
+    # rows and the down kernel's one-group-per-lane walk
+    "hdec_all": HDEC,
+    "hdec_w8": HDEC | {"delta_net.warps": 8},  # the fused step's blocks: 8 state columns
+    "hdec_w2": HDEC | {"delta_net.warps": 2},
+    "hdec_am": HDEC | {"argmax.variant": "multi"},  # (dense decode's: 98 us a token at 248k)
+    "hdec_all_rv": HDEC | {"moe_experts.route_vec": 1},
+    "hdec_all_rv_dv1": HDEC | {"moe_experts.route_vec": 1, "moe_experts.down_vec1": 1},
+    # the MoE down kernel as one weighted sum per lane (no per-expert reductions, no spills)
+    "hdec_all_rv_ws": HDEC | {"moe_experts.route_vec": 1, "moe_experts.down_wsum": 1},
+    "hdec_all_rv_ws_t16": HDEC | {"moe_experts.route_vec": 1, "moe_experts.down_wsum": 1,
+                                  "moe_experts.threads_per_row": 16,
+                                  "moe_experts.rows_per_block": 8},
     "mmq8": {"matmul_prefill.variant": "mmq8"},
     # on the H200 (9B tg64) mmvw alone 267, mmvw + PDL + chunked + argmax.multi 248: PDL and
     # argmax.multi stay out of fast until measured apart (mmvw_pdl)

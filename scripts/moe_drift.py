@@ -199,38 +199,20 @@ def validate_borrowing(
     model: Model, cand: Any, prompts: list[list[int]], reference: Any = None,
     cache: dict | None = None, steps: int = 4, budgets: dict | None = None, edges: bool = True,
 ) -> dict:  # fmt: skip
-    """validate of ``cand`` prompt by prompt (the caller's and the edge prompts) with the
-    proposed drift-explained routing (engine.hybrid's route_ref) on in the prompt: a routing
-    whose top-k differs from the reference's while the candidate's router logits agree with the
-    reference's within the class's op_nmse is borrowed, as route_tie's near-ties are."""
-    from engine.tuning import TuningConfig
-    from engine.tuning.registry import REGISTRY
-    from engine.validate import edge_prompts, reference_run, validate
+    """validate of ``cand`` (which borrows drift-explained routings over the prompt: engine.hybrid
+    route_ref), summed up with the borrowings it made."""
+    from engine.validate import validate
 
-    budget, _ = REGISTRY.budget(cand, budgets)
-    reference = reference or TuningConfig.default(cand.backend)
-    cache = {} if cache is None else cache
-    ps = [list(p) for p in prompts if p]
-    seen = {tuple(p) for p in ps}
-    if edges:
-        ps += [p for p in edge_prompts(cand, model.spec.n_vocab) if tuple(p) not in seen]
-    out = {"passed": True, "kld": 0.0, "nmse": 0.0, "borrowed": 0, "reasons": []}
-    model.routes_borrowed = []
-    for p in ps:
-        ref = reference_run(model, reference, p, steps, cache)
-        model.route_ref = {key: z for key, z in ref.router.items() if key[1] < len(p)}
-        model.route_nmse = budget.op_nmse
-        try:
-            rep = validate(model, cand, [p], steps, reference=reference, ref_cache=cache,
-                           budgets=budgets, edges=False, blame_failures=False)  # fmt: skip
-        finally:
-            model.route_ref = {}
-        out["passed"] &= rep.passed
-        out["kld"], out["nmse"] = max(out["kld"], rep.kld_max), max(out["nmse"], rep.nmse)
-        out["reasons"] += [f"prompt of {len(p)}: {r}" for r in rep.reasons]
-    out["borrowed"] = len(model.routes_borrowed)
-    out["borrowed_at"] = [(i, pos, round(g, 4)) for i, pos, g in model.routes_borrowed]
-    return out
+    rep = validate(model, cand, prompts, steps, reference=reference, ref_cache=cache,
+                   budgets=budgets, edges=edges, blame_failures=False)  # fmt: skip
+    return {
+        "passed": rep.passed,
+        "kld": rep.kld_max,
+        "nmse": rep.nmse,
+        "reasons": rep.reasons,
+        "borrowed": len(rep.routes_borrowed),
+        "borrowed_at": [(i, pos, round(g, 4)) for i, pos, g in rep.routes_borrowed],
+    }
 
 
 def _cuda(args: argparse.Namespace) -> dict:

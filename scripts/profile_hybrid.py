@@ -4,8 +4,9 @@ steps), from the backend's profile(): CUDA events per kernel on CUDA, each kerne
 phase whose op launched it; on other backends, wall clock per op with a synchronize around it.
 
 Phases: delta-net layers dn.proj (qkv / gate / beta / alpha projections, gates), dn.conv,
-dn.scan (with delta_net.fuse_decode: also the gates and the gated norm), dn.norm+out (norm, silu
-gate, ssm_out); attention layers attn.proj, attn.core (q/k
+dn.scan (with delta_net.fuse_decode: also the gates and the gated norm; with fuse_conv also the
+conv), dn.norm+out (norm, silu gate, ssm_out, the post-attention norm); attention layers
+attn.proj, attn.core (q/k
 norm, RoPE, cache, attention, gate), attn.out; FFN ffn (dense), moe.router, moe.experts,
 moe.shared (moe.fused: moe_experts.fuse_decode's three kernels, all of a decode token's MoE FFN);
 other (embedding, layer norms, residual adds, LM head, argmax).
@@ -29,13 +30,17 @@ from typing import Any
 # matmul_add's matmul, are charged to it)
 _DN = {"matmuls": "proj", "matmul": "norm+out", "ssm_gates": "proj", "ssm_conv": "conv",
        "delta_net": "scan", "delta_net_gated": "scan", "rms_norm": "norm+out", "swiglu": "norm+out",
-       "matmul_add": "norm+out"}  # fmt: skip
-_ATTN = {"matmuls": "proj", "matmul": "out", "matmul_add": "out"}  # everything else: core
+       "matmul_add": "norm+out", "matmul_add_norm": "norm+out", "ssm_in": "proj",
+       "delta_net_conv_gated": "scan"}  # fmt: skip
+# (matmul_add_norm: the output projection and the post-attention norm after it)
+_THROUGH = ("delta_net_conv_gated",)  # op by op (no fusion) its inner ops keep their phases
+_ATTN = {"matmuls": "proj", "matmul": "out", "matmul_add": "out", "matmul_add_norm": "out"}
 _MOE = {"router_topk": "router", "moe_experts": "experts"}  # else shared (first matmul: router)
 OPS = ("embedding", "rms_norm", "matmul", "matmuls", "matmul_add", "ffn", "add", "swiglu",
        "argmax", "rope_partial", "sigmoid_mul", "ssm_conv", "ssm_gates", "delta_net",
        "router_topk", "moe_experts", "kv_write", "attention", "cols", "reshape",
-       "rows", "delta_net_gated", "attn_qk_prep")  # fmt: skip
+       "rows", "delta_net_gated", "attn_qk_prep", "ssm_in", "delta_net_conv_gated",
+       "matmul_add_norm", "ffn_norm")  # fmt: skip
 
 
 class PhaseTracker:
@@ -56,8 +61,9 @@ class PhaseTracker:
         for op in OPS:
             if hasattr(self.be, op):
                 setattr(self.be, op, self._op(op, getattr(self.be, op)))
-        if hasattr(self.be, "moe_ffn"):  # the MoE FFN as one op (moe_experts.fuse_decode)
-            self.be.moe_ffn = self._moe_ffn(self.be.moe_ffn)
+        for op in ("moe_ffn", "moe_ffn_norm"):  # the MoE FFN as one op (fuse_decode)
+            if hasattr(self.be, op):
+                setattr(self.be, op, self._moe_ffn(getattr(self.be, op)))
         if self.cuda:
             timed = self.be._timed
             self.be._timed = lambda name: timed(f"{self.phase}|{name}")
@@ -66,7 +72,7 @@ class PhaseTracker:
         """Drop the wrappers: the model and backend run as before."""
         for name in ("_delta_net", "_attention", "_ffn"):
             self.model.__dict__.pop(name, None)
-        for op in (*OPS, "moe_ffn"):
+        for op in (*OPS, "moe_ffn", "moe_ffn_norm"):
             self.be.__dict__.pop(op, None)
         self.be.__dict__.pop("_timed", None)
 
@@ -97,7 +103,7 @@ class PhaseTracker:
         return call
 
     def _phase_of(self, op: str) -> str:
-        if op == "ffn":
+        if op in ("ffn", "ffn_norm"):
             return "ffn"
         if self.kind == "dn":
             return "dn." + _DN.get(op, "proj" if op in ("cols",) else "norm+out")
@@ -120,6 +126,12 @@ class PhaseTracker:
         def call(*args: Any, **kw: Any) -> Any:
             if self.depth:
                 return fn(*args, **kw)
+            if op in _THROUGH:  # its own launches to its phase, its inner ops to theirs
+                self.phase = self._phase_of(op)
+                try:
+                    return fn(*args, **kw)
+                finally:
+                    self.phase = self._after_op()
             self.phase = self._phase_of(op)
             self.depth += 1
             t0 = 0.0

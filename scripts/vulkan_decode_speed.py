@@ -54,6 +54,19 @@ VARIANTS: dict[str, dict] = {
     "mmvw_wg128_w8": MMVW | FUSE | {MD + "wg_size": 128, MD + "rows_per_wg": 8},
     "mmvw_r1_w2": MMVW | FUSE | {MD + "rows_per_thread": 1, MD + "rows_per_wg": 2},
 }  # fmt: skip
+# prefill on tensor cores (vkh): the resident fp16 GEMM and coopmat flash attention
+RES = {"matmul_prefill.variant": "resident", "attention.variant": "coopmat"}
+MP = "matmul_prefill."
+VARIANTS |= {
+    "res": RES,
+    "res_128t": RES | {MP + "threads": 128, MP + "warp_n": 64},
+    "res_n8": RES | {MP + "mma_n": 8},
+    "res_512t": RES | {MP + "threads": 512, MP + "warp_m": 32, MP + "warp_n": 32},
+    "res_direct": RES | {MP + "threads": 128, MP + "warp_n": 64, MP + "direct": True},
+    "res_halves": RES | {MP + "smem_halves": True},
+    "coopmat": {"matmul_prefill.variant": "coopmat", "attention.variant": "coopmat"},
+    "res_mmvw_epi": RES | VARIANTS["mmvw_epi"],
+}
 
 
 def config(name: str) -> TuningConfig:

@@ -53,3 +53,28 @@ class Int8Decode(NumpyBackend):
             y = q8_round_trip(h) @ self._expert(down, e).astype(np.float64).T
             out[rows] += weights[rows, slot][:, None] * y
         return out.astype(np.float32)
+
+
+class Int8Candidate(Int8Decode):
+    """Int8Decode's rounding only under the candidate's ``matmul_decode.ondemand`` (as the
+    mutation suite plants decode-path bugs): one backend then serves validate's float reference
+    (cached_f32) and the int8 candidate, also in op-level replay, which switches between the two
+    configs. It declares what it computes: the block-type matmuls as int8_activations, so
+    validate judges them (and only them) under that class."""
+
+    @property
+    def int8(self) -> bool:  # type: ignore[override]
+        return self.config.op("matmul_decode").variant == "ondemand"
+
+    def numeric_classes(self, config):  # noqa: ANN001, ANN201
+        out = super().numeric_classes(config)
+        if config.op("matmul_decode").variant == "ondemand":
+            out["matmul_decode"] = "int8_activations"
+            if self.prefill:
+                out["matmul_prefill"] = "int8_activations"
+            if self.experts:
+                out["moe_experts"] = "int8_activations"
+        return out
+
+
+INT8_CANDIDATE = {"matmul_decode.variant": "ondemand"}  # the flat knob that turns it on

@@ -182,6 +182,10 @@ class Mutant:
     candidate: dict[str, Any] = field(default_factory=dict)  # flat config it is judged under
     check: str = "validate"  # or cross_check: a bug in a kernel both paths share
     plant: type | None = None  # NumPy: the backend subclass
+    # validate's op-level replay must fail it (engine.replay): the bug is in an op the hook
+    # sees. False: the argmax (not a hooked op; the device-argmax check and probe see it) and
+    # fused kernels that run only unhooked (seen end to end)
+    op_level: bool = True
 
     @property
     def id(self) -> str:
@@ -193,7 +197,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("DROP_LAST_COLUMN", "numpy", "matmul_prefill", "batched matmul leaves the last column "
            "(token) of every chunk unwritten", _NP, plant=DropLastColumn),
     Mutant("STALE_ARGMAX", "numpy", "argmax", "the batched prefill's greedy token is read from a "
-           "stale argmax buffer", _NP, plant=StaleArgmax),
+           "stale argmax buffer", _NP, plant=StaleArgmax, op_level=False),
     Mutant("PREFILL_TAIL_ROWS", "numpy", "matmul_prefill", "batched matmul drops the ragged last "
            "64-row tile", _NP, plant=PrefillTailRows),
     Mutant("DECODE_TAIL_ROWS", "numpy", "matmul_decode", "DMMV skips rows past the last multiple "
@@ -213,7 +217,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("KV_WRITE_OFF_BY_ONE", "numpy", "kv_write", "a batched chunk's K/V land one position "
            "late", _NP, plant=KvWriteOffByOne),
     Mutant("ARGMAX_LAST_TIE", "numpy", "argmax", "ties go to the last maximum", _NP,
-           plant=ArgmaxLastTie),
+           plant=ArgmaxLastTie, op_level=False),
     Mutant("DECODE_ATTN_DROPS_RANGE", "numpy", "attention", "decode attention loses one of its "
            "key ranges (a split-KV merge dropping a split)", _NP,
            plant=DecodeAttentionDropsRange),
@@ -243,7 +247,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("SPLIT_MERGE_DROPS", "vulkan", "attention", "split-KV merge forgets partial 1 "
            "(attention_split.comp)"),
     Mutant("ARGMAX_LAST_TIE", "vulkan", "argmax", "two-stage argmax breaks ties to the last "
-           "maximum"),
+           "maximum", op_level=False),
     Mutant("RMS_WEIGHT_TWICE", "vulkan", "rms_norm", "the default rms_norm applies its weight "
            "twice (both validate paths share it)", check="cross_check"),
     Mutant("RMS_EPS_FIXED", "vulkan", "rms_norm", "the default rms_norm ignores the model's eps "
@@ -258,11 +262,14 @@ MUTANTS: tuple[Mutant, ...] = (
            "a Q4_K slot's high sub-block subtracts the low one's min", check="cross_check"),
     # mmvw's fused epilogues run only unhooked: validate rejects, blame names the fused op
     Mutant("MMVW_GLU_UP", "cuda", "matmul_decode", "mmvw_glu multiplies silu(gate) by gate, "
-           "not up", {"matmul_decode.variant": "mmvw", "matmul_decode.fuse_swiglu": 1}),
+           "not up", {"matmul_decode.variant": "mmvw", "matmul_decode.fuse_swiglu": 1},
+           op_level=False),
     Mutant("MMVW_NORM_EARLY", "cuda", "matmul_decode", "mmvw_norm's RMSNorm leaves out the "
-           "row's last 32 values", {"matmul_decode.variant": "mmvw", "matmul_decode.fuse_norm": 1}),
+           "row's last 32 values", {"matmul_decode.variant": "mmvw", "matmul_decode.fuse_norm": 1},
+           op_level=False),
     Mutant("MMVW_QKV_POS", "cuda", "matmul_decode", "mmvw_qkv ropes k by the previous "
-           "position", {"matmul_decode.variant": "mmvw", "matmul_decode.fuse_rope": 1}),
+           "position", {"matmul_decode.variant": "mmvw", "matmul_decode.fuse_rope": 1},
+           op_level=False),
     Mutant("MMVW_STAGE_HALF", "cuda", "matmul_decode", "mmvw's staged bulk copy brings half "
            "of a block's weight rows", {"matmul_decode.variant": "mmvw", "matmul_decode.stage": 1}),
     Mutant("MMVW_SPLIT_PART", "cuda", "matmul_decode", "mmvw's split-K leaves out the last "
@@ -324,6 +331,8 @@ class Verdict:
     kld: float
     nmse: float
     reasons: list[str]
+    replay_failed: bool = False  # validate's op-level replay rejected it
+    replay_worst: str = ""  # replay's worst op: "op NMSE / bound"
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -356,10 +365,12 @@ def judge(m: Mutant, model_path: Any, make_backend: Any = None, steps: int = 4) 
                                cc["reasons"][:3])  # fmt: skip
             cand = TuningConfig.default(m.backend).replace(**m.candidate)
             rep = validate(model, cand, ps, steps=steps)
-            b = rep.blame
+            b, r = rep.blame, rep.replay
+            w = r.worst if r else None
             return Verdict(m.id, not rep.passed, "validate" if not rep.passed else "",
                            b.op if b else None, str(b) if b else "", rep.kld_max, rep.nmse,
-                           rep.reasons[:3])  # fmt: skip
+                           rep.reasons[:3], r is not None and not r.passed,
+                           f"{w.op} {w.nmse:.3g} / {w.bound:g}" if w else "")  # fmt: skip
         finally:
             close = getattr(be, "close", None)
             if close is not None:

@@ -113,7 +113,7 @@ def test_hybrid_35b_experiment_searches_the_moe_decode_knobs() -> None:
     exp = load_experiment(ROOT / "experiments" / "hybrid-35b.toml")
     assert synthetic_args(exp.models[0])[:2] == ("35b-a3b", "qwen35moe")
     grid = build_space("cuda", exp.space_for("cuda")).grid()
-    assert grid["moe_experts.variant"] == ["dmmv", "tc", "grouped", "mmvq"]
+    assert grid["moe_experts.variant"] == ["tc", "dmmv", "grouped", "mmvq"]  # tc: the default
     assert grid["moe_experts.tc.wide_loads"] == [0, 1]  # the tensor-core experts' decoders
     assert "matmul_decode.mmvw.fuse_swiglu" not in grid  # one value: not searched
     assert "delta_net.variant" not in grid and "delta_net.chunked.chunk" not in grid

@@ -65,10 +65,12 @@ def test_validate_pass_and_fail_exit_codes(capsys, tiny_model_path, tmp_path):
     )
     rep = json.loads(out)
     assert code == 0 and rep["passed"] and rep["candidate"]["prefill.chunk_tokens"] == 8
+    worst = rep["replay"]["worst"]  # op-level replay: the worst op, its NMSE and its bound
+    assert rep["replay"]["passed"] and worst["nmse"] <= worst["bound"] == 1e-8
     code, out, _ = run_cli(
         capsys, "validate", "--model", str(tiny_model_path), "--steps", "2", "--max-abs-diff", "0"
     )
-    assert code == 1 and "FAIL" in out
+    assert code == 1 and "FAIL" in out and "op-level replay: PASS  worst op" in out
 
 
 def test_bench_json(capsys, tiny_model_path):

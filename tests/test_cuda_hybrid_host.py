@@ -325,7 +325,7 @@ def test_moe_tc_schedule(tile, rows, gate_type):
         sort, gu, dn, comb = be.launches
         assert all(la.fname == "moe_tc.cu" for la in (sort, gu, dn))
         assert gu.defines == dn.defines == {
-            "TILE_P": tile, "BR": rows, "WIN_Q4K": 0, "WIDE": 0, "DIRECT": 0,
+            "TILE_P": tile, "BR": rows, "WIN_Q4K": 0, "WIDE": 1, "DIRECT": 1,
         }  # fmt: skip
         route = sort.args[-1]
         assert route.size == 1 + 3 * max_tiles + P
@@ -383,7 +383,10 @@ def test_tiny_hybrid_runs_through_the_cuda_host_code(tiny_model_factory, arch, f
     run = be.kernels_run()
     want = {"delta_net_seq", "ssm_conv", "ssm_conv_state", "ssm_gates", "sigmoid_mul",
             "rope_partial"}  # fmt: skip
-    want |= {"delta_net_step", "ssm_conv_step"}  # decode: delta_net / ssm_conv fused steps
+    if int(cfg(**flat).op("delta_net")["fuse_conv"]):  # decode: the conv folded into the step
+        want.add("delta_net_conv_step")
+    else:  # decode: delta_net / ssm_conv fused steps
+        want |= {"delta_net_step", "ssm_conv_step"}
     if flat.get("delta_net.variant") == "chunked":  # (a decode step is delta_net_step)
         want = (want - {"delta_net_seq"}) | {"delta_net_chunk_prep", "delta_net_chunk_scan"}
     if arch != "qwen35" and flat.get("moe_experts.variant") == "grouped":
@@ -401,7 +404,8 @@ def test_tiny_hybrid_runs_through_the_cuda_host_code(tiny_model_factory, arch, f
         want |= {"router_topk", "moe_combine"}
         assert any(k.startswith(("moe_q", "moe_f", "moe_grouped_", "moe_tc_")) for k in run), run
         if flat.get("moe_experts.variant") != "mmvq":  # decode: fuse_decode's three kernels
-            want |= {"moe_dec_route", "moe_dec_gate_up", "moe_dec_down"}
+            want |= {"moe_dec_route", "moe_dec_gate_up"}
+            assert any(k.startswith("moe_dec_down") for k in run), run
     assert want <= run, want - run
 
 
@@ -455,7 +459,8 @@ def test_moe_fuse_decode_runs_a_layers_moe_ffn_in_three_launches(tiny_model_fact
         # dmmv: the op-by-op schedule counted below (the default mmvf groups the shared
         # expert's gate and up into one launch: 14, not 15)
         be = FakeCuda(cfg(**{"moe_experts.fuse_decode": fuse, "prefill.gemm_min_t": 1 << 20,
-                             "matmul_decode.variant": "dmmv"}))  # fmt: skip
+                             "matmul_decode.variant": "dmmv", "moe_experts.fuse_norm": 0,
+                             "moe_experts.down_wsum": 0}))  # fmt: skip
         m = build_model(open_model(path), be)
         counts = []
         for n in (2, 3):
@@ -485,7 +490,8 @@ def test_delta_net_fuse_decode_runs_a_layers_step_in_one_launch(tiny_model_facto
     path = tiny_model_factory("qwen35", "q4_k_m")
     per_token, kernels = {}, {}
     for fuse in (0, 1):
-        flat = {"delta_net.fuse_decode": fuse, "ssm_conv.fuse_step": fuse}
+        flat = {"delta_net.fuse_decode": fuse, "ssm_conv.fuse_step": fuse,
+                "delta_net.fuse_conv": 0}  # fmt: skip
         be = FakeCuda(cfg(**flat, **{"prefill.gemm_min_t": 1 << 20}))
         m = build_model(open_model(path), be)
         counts = []
@@ -532,10 +538,214 @@ def test_bench_moe_dec_configs_and_launches():
     for flat in mod.CONFIGS.values():
         TuningConfig.from_flat("cuda", flat)
     router, experts, shared = mod._weights(np.random.default_rng(0), True)
-    be = FakeCuda(cfg())
+    be = FakeCuda(cfg(**{"moe_experts.down_wsum": 0}))
     x = np.ones((1, mod.C), np.float32)
     ex, sh = (tuple(be.load_weight(t) for t in ws) for ws in (experts, shared))
     be.moe_ffn(x, x, be.load_weight(router), mod.K_USED, ex, sh)
     assert [launch.kernel for launch in be.launches] == [
         "moe_dec_route", "moe_dec_gate_up", "moe_dec_down"]  # fmt: skip
     assert mod.main(["--configs", "nope"]) == 2
+
+
+def _decode_launches(be, m, n: int = 3) -> list:
+    """The launches of the n-th generated token (n - 1 tokens' launches subtracted)."""
+    be.launches.clear()
+    m.generate(PROMPT, n - 1)
+    before = len(be.launches)
+    be.launches.clear()
+    m.generate(PROMPT, n)
+    return be.launches[before:]
+
+
+@pytest.mark.parametrize("v_order_arch", ["qwen35", "qwen3next"])
+def test_delta_net_fuse_conv_runs_conv_and_step_in_one_launch(tiny_model_factory, v_order_arch):
+    # delta_net.fuse_conv: per decode token and delta-net layer, delta_net_conv_step reads the
+    # raw q/k/v projection (an mmvf output) and the layer's conv state itself: no ssm_conv_step
+    # (nor the three column copies, which the fake does not count) and no delta_net_step.
+    from engine.gguf_model import open_model
+    from engine.models import build_model
+
+    path = tiny_model_factory(v_order_arch, "q4_k_m")
+    per_token = {}
+    for fuse in (0, 1):
+        be = FakeCuda(cfg(**{"delta_net.fuse_conv": fuse, "prefill.gemm_min_t": 1 << 20}))
+        m = build_model(open_model(path), be)
+        step = _decode_launches(be, m)
+        per_token[fuse] = len(step)
+        names = [x.kernel for x in step]
+        n_dn = sum(m.spec.is_recurrent(i) for i in range(m.spec.n_layers))
+        if fuse:
+            fused = [x for x in step if x.kernel == "delta_net_conv_step"]
+            assert len(fused) == n_dn and "ssm_conv_step" not in names
+            assert "delta_net_step" not in names
+            ssm = m.spec.ssm
+            Cc = 2 * ssm.key_dim + ssm.value_dim
+            for x in fused:  # qkv: the raw projection row, the conv state [K-1, Cc]
+                assert x.args[0].shape == (1, Cc) and x.args[1].shape == (ssm.d_conv - 1, Cc)
+                assert x.grid[:2] == (ssm.head_v_dim // 4, ssm.n_v_heads)  # warps 4
+                assert int(x.args[-3]) == (ssm.v_order == "grouped")
+        else:
+            assert names.count("ssm_conv_step") == names.count("delta_net_step") == n_dn
+    assert per_token[0] - per_token[1] == n_dn
+
+
+def test_delta_net_fuse_conv_leaves_prefill_and_hooked_runs_as_they_were(tiny_model_factory):
+    # a prefill chunk (T > 1) and the hooked replay take the op-by-op schedule under the knob
+    from engine.gguf_model import open_model
+    from engine.models import build_model
+
+    be = FakeCuda(cfg(**{"delta_net.fuse_conv": 1, "prefill.gemm_min_t": 1 << 20}))
+    m = build_model(open_model(tiny_model_factory("qwen35", "q4_k_m")), be)
+    be.launches.clear()
+    m.prefill(PROMPT[:9], m.new_cache(16))
+    names = {x.kernel for x in be.launches}
+    assert "delta_net_conv_step" not in names and {"ssm_conv", "delta_net_seq"} <= names
+
+
+def test_delta_net_fuse_ba_stacks_beta_and_alpha_into_one_mmvf_launch(tiny_model_factory):
+    # delta_net.fuse_ba: a qwen35 decode row's four input projections in one mmvf launch, the
+    # third matrix the [beta; alpha] stack (made once per layer, reused every token)
+    from engine.gguf_model import open_model
+    from engine.models import build_model
+
+    path = tiny_model_factory("qwen35", "q4_k_m")
+    mmvf = {}
+    for fuse in (0, 1):
+        be = FakeCuda(cfg(**{"delta_net.fuse_ba": fuse, "prefill.gemm_min_t": 1 << 20}))
+        m = build_model(open_model(path), be)
+        step = _decode_launches(be, m)
+        mmvf[fuse] = [x for x in step if x.kernel.startswith("mmvf")]
+        if fuse:
+            stacks = be._ba_stacks
+            n_dn = sum(m.spec.is_recurrent(i) for i in range(m.spec.n_layers))
+            assert len(stacks) == n_dn  # once per layer, not per token
+            Hv, C = m.spec.ssm.n_v_heads, m.spec.n_embd
+            for cat, beta, alpha in ((c, b(), a()) for c, b, a in stacks.values()):
+                assert cat.shape == (2 * Hv, C) and cat.raw.shape[0] == 2 * Hv
+                np.testing.assert_array_equal(cat.raw[:Hv], beta.raw)
+                np.testing.assert_array_equal(cat.raw[Hv:], alpha.raw)
+    n_dn = sum(m.spec.is_recurrent(i) for i in range(m.spec.n_layers))
+    assert len(mmvf[0]) - len(mmvf[1]) == n_dn
+
+
+def test_delta_net_fuse_ba_keeps_beta_and_alpha_apart_in_its_output():
+    # the stacked product's halves come back as beta then alpha, each [1, Hv]
+    be = FakeCuda(cfg(**{"delta_net.fuse_ba": 1}))
+    rng = np.random.default_rng(5)
+    C, Hv = 256, 6
+    ws = tuple(be.load_weight(qtensor(rng, (n, C), "Q8_0")) for n in (40, 24, Hv, Hv))
+    outs = be.ssm_in(_f32(rng, 1, C), ws)
+    assert [tuple(o.shape) for o in outs] == [(1, 40), (1, 24), (1, Hv), (1, Hv)]
+    (launch,) = be.launches
+    assert launch.kernel.startswith("mmvf")
+    assert outs[2].base is outs[3].base is not None  # views of one [1, 2 Hv] product
+
+
+def test_delta_net_fuse_ba_makes_no_stack_while_a_graph_is_captured():
+    # a copy made during a capture would be a graph node (not done until a replay): the stack
+    # waits for a call outside the capture, the captured call takes two launches
+    be = FakeCuda(cfg(**{"delta_net.fuse_ba": 1}))
+    rng = np.random.default_rng(6)
+    ws = tuple(be.load_weight(qtensor(rng, (n, 256), "Q4_0")) for n in (40, 24, 5, 5))
+    x = _f32(rng, 1, 256)
+    be._capturing = True
+    be.ssm_in(x, ws)
+    assert len(be.launches) == 2 and not be._ba_stacks
+    be._capturing = False
+    be.launches.clear()
+    be.ssm_in(x, ws)
+    assert len(be.launches) == 1 and len(be._ba_stacks) == 1
+    ws = None  # the weights gone: their stack with them
+    import gc
+
+    gc.collect()
+    assert not be._ba_stacks
+
+
+@pytest.mark.parametrize("arch", ["qwen35moe", "qwen3next"])
+def test_moe_fuse_norm_ends_each_moe_layer_with_the_next_layers_norm(tiny_model_factory, arch):
+    # moe_experts.fuse_norm: every MoE layer but the last ends in moe_dec_down_norm, whose
+    # normalised row is what the next layer's first projection reads; rms_norm launches go
+    from engine.gguf_model import open_model
+    from engine.models import build_model
+
+    path = tiny_model_factory(arch, "q4_k_m")
+    per_token = {}
+    for fuse in (0, 1):
+        be = FakeCuda(cfg(**{"moe_experts.fuse_norm": fuse, "prefill.gemm_min_t": 1 << 20,
+                             "moe_experts.down_wsum": 0}))  # fmt: skip
+        m = build_model(open_model(path), be)
+        step = _decode_launches(be, m)
+        per_token[fuse] = len(step)
+        downs = [i for i, x in enumerate(step) if x.kernel.startswith("moe_dec_down")]
+        assert len(downs) == m.spec.n_layers
+        names = [step[i].kernel for i in downs]
+        if fuse:
+            assert names == ["moe_dec_down_norm"] * (m.spec.n_layers - 1) + ["moe_dec_down"]
+            for i in downs[:-1]:
+                hn = step[i].args[-2]
+                reads = [a for a in step[i + 1].args if isinstance(a, np.ndarray)]
+                assert step[i + 1].kernel != "rms_norm"
+                assert any(np.shares_memory(a, hn) for a in reads)
+        else:
+            assert all(step[i + 1].kernel == "rms_norm" for i in downs[:-1])
+    assert per_token[0] - per_token[1] == m.spec.n_layers - 1
+
+
+@pytest.mark.parametrize("fuse_norm", [0, 1])
+def test_moe_down_wsum_launches_one_down_kernel_with_or_without_the_norm(
+    tiny_model_factory, fuse_norm
+):
+    # moe_experts.down_wsum: moe_dec_down_w serves both; its norm arguments null without
+    from engine.gguf_model import open_model
+    from engine.models import build_model
+
+    flat = {"moe_experts.down_wsum": 1, "moe_experts.fuse_norm": fuse_norm,
+            "prefill.gemm_min_t": 1 << 20}  # fmt: skip
+    be = FakeCuda(cfg(**flat))
+    m = build_model(open_model(tiny_model_factory("qwen35moe", "q4_k_m")), be)
+    step = _decode_launches(be, m)
+    downs = [x for x in step if x.kernel.startswith("moe_dec_down")]
+    assert [x.kernel for x in downs] == ["moe_dec_down_w"] * m.spec.n_layers
+    normed = [not isinstance(x.args[-4], np.uint64) for x in downs]
+    assert normed == [bool(fuse_norm)] * (m.spec.n_layers - 1) + [False]
+
+
+def test_phase_profile_charges_the_fused_decode_kernels_to_their_phases(tiny_model_factory):
+    # scripts/profile_hybrid.py's phase at each CUDA launch of a decode step under the hdec
+    # knobs: the conv-folded delta-net step to dn.scan, the stacked projections to dn.proj, the
+    # MoE kernels (with the norm tail) to moe.fused
+    import importlib.util
+    from pathlib import Path
+
+    from engine.gguf_model import open_model
+    from engine.models import build_model
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "profile_hybrid.py"
+    spec = importlib.util.spec_from_file_location("profile_hybrid", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    flat = {"delta_net.fuse_conv": 1, "delta_net.fuse_ba": 1, "moe_experts.fuse_norm": 1,
+            "moe_experts.down_wsum": 0, "prefill.gemm_min_t": 1 << 20}  # fmt: skip
+    be = FakeCuda(cfg(**flat))
+    m = build_model(open_model(tiny_model_factory("qwen35moe", "q4_k_m")), be)
+    m.generate(PROMPT, 2)  # (beta / alpha stacked by the prefill)
+    tracker = mod.PhaseTracker(m)
+    seen: dict[str, set] = {}
+    launch = FakeCuda._launch
+
+    def spy(self, mod_, name, *a, **kw):
+        seen.setdefault(name, set()).add(tracker.phase)
+        return launch(self, mod_, name, *a, **kw)
+
+    try:
+        FakeCuda._launch = spy
+        m.forward(be.upload(np.array([3], np.int32)), 1, len(PROMPT) + 2, m.new_cache(64))
+    finally:
+        FakeCuda._launch = launch
+        tracker.restore()
+    assert seen["delta_net_conv_step"] == {"dn.scan"}
+    assert {"moe_dec_route", "moe_dec_gate_up", "moe_dec_down_norm"} <= set(seen)
+    for k in ("moe_dec_route", "moe_dec_gate_up", "moe_dec_down_norm", "moe_dec_down"):
+        assert seen[k] == {"moe.fused"}, (k, seen[k])
+    assert "dn.proj" in {p for k, ps in seen.items() if k.startswith("mmvf") for p in ps}

@@ -41,12 +41,13 @@ def test_honest_chunked_scan_passes(tiny_model_factory):
 CHUNKED = "delta_net_chunked_no_intra_mask"
 
 
+# (op, output) each bug is blamed on: a recurrent state is part of its op's output
 BLAMED = {
-    "delta_net_Sk_not_STk": "delta_net",
-    "state_not_carried_to_decode": "delta_net",
-    "conv_state_off_by_one": "ssm_conv",
-    "router_topk_unnormalised": "router_topk",
-    "delta_net_chunked_no_intra_mask": "delta_net",
+    "delta_net_Sk_not_STk": ("delta_net", "ssm_scan"),
+    "state_not_carried_to_decode": ("delta_net", "ssm_state"),
+    "conv_state_off_by_one": ("ssm_conv", "conv_state"),
+    "router_topk_unnormalised": ("router_topk", "router_weights"),
+    "delta_net_chunked_no_intra_mask": ("delta_net", "ssm_scan"),
 }
 
 
@@ -55,7 +56,9 @@ def test_validate_rejects_prefill_mutant_and_blames_its_op(tiny_model_factory, n
     rep = _validate(tiny_model_factory("qwen3next", "q4_k_m"), MUTANTS[name])
     assert not rep.passed, name
     assert any(p.reasons for p in rep.prompts)
-    assert rep.blame is not None and rep.blame.op == BLAMED[name], str(rep.blame)
+    # op-level replay rejects it on the reference's own inputs and names op and output
+    assert rep.replay is not None and not rep.replay.passed, rep.replay
+    assert rep.blame is not None and (rep.blame.op, rep.blame.label) == BLAMED[name], rep.blame
 
 
 @pytest.mark.parametrize("name", ["delta_net_Sk_not_STk", "router_topk_unnormalised"])
@@ -107,3 +110,4 @@ def test_vulkan_chunked_scan_mutants_are_rejected_and_blamed(tiny_model_factory,
         return
     assert not rep.passed, name
     assert rep.blame is not None and rep.blame.op == VULKAN_MUTANTS[name], str(rep.blame)
+    assert rep.replay is not None and not rep.replay.passed, rep.replay

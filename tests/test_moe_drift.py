@@ -65,12 +65,13 @@ def test_drift_routes_borrow_only_an_in_class_differing_top_k(moe_path):
 
 
 def test_drift_explained_routing_borrows_an_fp16_flip(moe_path):
-    """Without route_tie the fp16 GEMM's flip fails validate (test_validate_routing); with the
-    drift-explained borrowing alone (no fixed tie bound) it passes, far under the budget."""
+    """Without route_tie the fp16 GEMM's flip fails validate unless validate borrows the
+    drift-explained routing (its default); with it the candidate passes, far under the budget."""
     model = build_model(open_model(moe_path), Fp16Prefill())
     prompts = _long_prompt(moe_path)
-    rep = validate(model, candidate(), prompts, steps=4, budgets=_no_route_tie(), edges=False)
-    assert not rep.passed
+    rep = validate(model, candidate(), prompts, steps=4, budgets=_no_route_tie(), edges=False,
+                   drift_routes=False)  # fmt: skip
+    assert not rep.passed and not rep.routes_borrowed
     got = validate_borrowing(model, candidate(), prompts, budgets=_no_route_tie(), edges=False)
     assert got["passed"], got["reasons"]
     assert got["borrowed"] > 0 and got["nmse"] < 1e-4

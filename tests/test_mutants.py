@@ -25,6 +25,8 @@ def _assert_caught(m: Mutant, path, **kw) -> None:  # noqa: ANN001
     assert v.rejected, f"{m.id} ({m.what}) passed {m.check}: KLD {v.kld:.3g} NMSE {v.nmse:.3g}"
     assert v.caught_by == m.check
     assert v.blamed == m.blamed, f"{m.id}: blame named {v.blame!r}, the bug is in {m.blamed}"
+    if m.check == "validate" and m.op_level:  # on the reference's inputs, under its own class
+        assert v.replay_failed, f"{m.id}: op-level replay passed it (worst {v.replay_worst})"
 
 
 def test_suite_has_at_least_25_mutants_over_three_backends():

@@ -124,12 +124,15 @@ def test_spirv_cache_carried_to_a_machine_without_glslc(tmp_path, monkeypatch):
 def test_precompile_covers_every_build(tmp_path):
     from engine.backends.vulkan import spirv
     from engine.backends.vulkan.kernels import all_builds
+    from engine.backends.vulkan.probe import PROBE_BUILDS
 
     if spirv.glslc_version(spirv._glslc()) is None:
         pytest.skip("glslc not installed")
     out = tmp_path / "all"
     assert spirv.main(["--out", str(out)]) == 0
-    assert len(list(out.glob("*/*.spv"))) == len(all_builds())
+    # the backend's builds and scripts/vulkan_probe.py's microbenchmarks, none shared
+    assert not set(all_builds()) & set(PROBE_BUILDS)
+    assert len(list(out.glob("*/*.spv"))) == len(all_builds()) + len(PROBE_BUILDS)
 
 
 def test_every_attention_and_argmax_variant_has_its_passes_precompiled():
@@ -457,3 +460,35 @@ def test_staging_paths_of_discrete_gpus(tiny_model_path, monkeypatch):
         assert_no_validation_errors(be)
     finally:
         be.close()
+
+
+# The H200's memory types through NVIDIA 580 (scripts/vulkan_probe.py, 2026-12-01): (index,
+# property flags, heap), heaps in MiB. Type 4 is resizable BAR (device-local, host-visible,
+# coherent) on the 141 GiB device heap.
+H200_TYPES = [(0, 0x0, 0), (1, 0x1, 1), (2, 0x6, 0), (3, 0xE, 0), (4, 0x7, 1)]
+H200_HEAPS = [96665 << 20, 143771 << 20]
+
+
+def test_discrete_gpu_keeps_tensors_out_of_the_bar():
+    """A discrete GPU's tensors go to device-only memory even with resizable BAR (a BAR page the
+    CPU has read was followed by 4x slower GEMMs on the H200), staging and downloads to cached
+    system memory, the dynamic scalars to the BAR; FLEETTUNE_VK_REBAR=1 restores the unified
+    choice; an integrated / CPU device with one host-visible device heap stays unified."""
+    from engine.backends.vulkan.device import MemoryTypes, choose_memory_types
+
+    assert choose_memory_types(H200_TYPES, H200_HEAPS, True) == MemoryTypes(1, 3, False, 4)
+    assert choose_memory_types(H200_TYPES, H200_HEAPS, False) == MemoryTypes(4, 4, True, 4)
+    lavapipe = [(0, 0xF, 0)]
+    assert choose_memory_types(lavapipe, [2 << 30], False) == MemoryTypes(0, 0, True, 0)
+    # a discrete GPU with a 256 MiB BAR window only: device-only tensors, the window for scalars
+    window = [(0, 0x1, 0), (1, 0x6, 1), (2, 0x7, 2)]
+    heaps = [24 << 30, 64 << 30, 256 << 20]
+    assert choose_memory_types(window, heaps, True) == MemoryTypes(0, 1, False, 2)
+    assert choose_memory_types(window, heaps, False) == MemoryTypes(0, 1, False, 2)
+
+
+def test_rebar_override(monkeypatch):
+    from engine.backends.vulkan.device import MemoryTypes, choose_memory_types
+
+    monkeypatch.setenv("FLEETTUNE_VK_REBAR", "1")
+    assert choose_memory_types(H200_TYPES, H200_HEAPS, True) == MemoryTypes(4, 4, True, 4)

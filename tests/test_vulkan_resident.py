@@ -28,7 +28,7 @@ from engine.tuning import TuningConfig
 from engine.tuning.kernels.vulkan import QUANT_TYPES
 from tests.backend_contract import BackendContract
 from tests.op_cases import dense
-from tests.test_vulkan_coopmat import CAPS, capabilities, h200_like
+from tests.test_vulkan_coopmat import CAPS, COOPMAT_SHAPE, capabilities, h200_like
 from tests.test_vulkan_helpers import make_backend, nmse, qtensor
 
 RESIDENT = {"matmul_prefill.variant": "resident"}
@@ -41,12 +41,17 @@ def test_resident_programs_build_and_validate(tmp_path):
     assert passes == {"", "PASS_W16", "PASS_X16"}
     assert spirv.compiler_for("matmul_f16")[0] == "glslangValidator"
     tools = Path(sys.executable).parent
-    # one GEMM build per tile-knob combination (no weight type), one PASS_W16 per type, one
-    # PASS_X16
-    assert len(builds) == 2 * 2 * 2 + len(QUANT_TYPES) + 1
+    # one GEMM build per define-knob combination (bk 3 x buffers 2 x shared element type 3 x
+    # threads 3 x mma_n 2, and direct: bk 3 x threads 3 x mma_n 2; no weight type), one
+    # PASS_W16 per type, one PASS_X16
+    assert len(builds) == 3 * 2 * 3 * 3 * 2 + 3 * 3 * 2 + len(QUANT_TYPES) + 1
     for defines in (
-        ("BK=32", "NBUF=2"),
-        ("BK=64", "NBUF=1", "SMEM_PAIRS"),
+        ("BK=32", "MMA_N=16", "NBUF=2", "WG_THREADS=256"),
+        ("BK=64", "MMA_N=16", "NBUF=1", "SMEM_PAIRS", "WG_THREADS=256"),
+        ("BK=16", "MMA_N=8", "NBUF=2", "WG_THREADS=128"),
+        ("BK=32", "MMA_N=16", "NBUF=2", "WG_THREADS=512"),
+        ("BK=32", "MMA_N=16", "NBUF=2", "SMEM_HALVES", "WG_THREADS=256"),
+        ("BK=32", "DIRECT", "MMA_N=16", "WG_THREADS=128"),
         ("QTYPE_Q4_K", "PASS_W16"),
         ("PASS_X16",),
     ):
@@ -83,6 +88,34 @@ def test_registry_resident_needs_coopmat_and_one_tile_per_subgroup():
     # shared memory: 2 x (64 + 8) x (256 + 128) halves = 108 KiB > 48 KiB
     assert resident_problems(h200_like(), bk=64, tile_m=256, warp_m=64, warp_n=64)
     assert resident_problems(h200_like(), bk=64, buffers=1) == []
+
+
+def test_registry_resident_threads_and_bk16():
+    """threads: one subgroup tile per subgroup of that many threads, and every thread loads
+    whole 16-byte runs of both tiles; the result slots (1 KiB per wave32 subgroup) count in
+    shared memory."""
+    h = h200_like()
+    # llama.cpp's coopmat shape: 128 threads, four 64 x 64 tiles
+    assert resident_problems(h, threads=128, warp_m=64, warp_n=64) == []
+    assert resident_problems(h, threads=128)  # 8 tiles of 32 lanes need 256 threads
+    # 256 x 128 double-buffered fits 48 KiB only at bk 16 (2 x 24 x 384 halves = 36 KiB)
+    big = {"tile_m": 256, "warp_m": 64, "warp_n": 64}
+    assert resident_problems(h, **big) != []
+    assert resident_problems(h, bk=16, **big) == []
+    # 512 threads: 16 tiles; bk 16 leaves 64-row tiles 128 runs for 512 threads: refused
+    assert resident_problems(h, threads=512, warp_m=32, warp_n=32) == []
+    assert resident_problems(h, threads=512, tile_m=64, tile_n=64, warp_m=16, warp_n=16, bk=16)
+    wave64 = h200_like(min_subgroup_size=32, max_subgroup_size=64)
+    assert resident_problems(wave64, subgroup_size=64, threads=128, tile_n=64, warp_n=64) == []
+    assert resident_problems(None, threads=128, warp_m=64, warp_n=64) == []
+    assert resident_problems(None, threads=128, warp_m=16, warp_n=16)  # 64 tiles of 2 lanes
+    assert resident_problems(h, smem_pairs=True, smem_halves=True)
+    # direct: no shared tiles, so 256 x 128 at bk 64 fits (only the result slots count)
+    assert resident_problems(h, direct=True, tile_m=256, warp_m=64, warp_n=64, bk=64) == []
+    # mma_n 8 (16x8x16) only where the device lists that shape
+    assert resident_problems(h, mma_n=8) == []  # h200_like lists it
+    (p,) = resident_problems(h200_like(coopmat_shapes=[COOPMAT_SHAPE]), mma_n=8)
+    assert "16x8x16" in p
 
 
 def test_lavapipe_refuses_resident_through_the_constraint():
@@ -170,6 +203,16 @@ KNOBS = [
     {"smem_pairs": True, "bk": 64, "buffers": 1, "tile_m": 64, "warp_m": 32, "warp_n": 32},
     {"subgroup_size": 64, "warp_n": 64},  # wave64 (RDNA): 4 tiles x 64 lanes
     {"subgroup_size": 64, "tile_m": 64, "tile_n": 64, "warp_m": 32, "warp_n": 32},
+    {"threads": 128, "warp_m": 64, "warp_n": 64},  # llama.cpp's coopmat shape
+    {"threads": 128, "warp_m": 64, "warp_n": 64, "bk": 16},
+    {"tile_m": 256, "warp_m": 64, "warp_n": 64, "bk": 16},  # double-buffered in 36 KiB
+    {"threads": 512, "warp_m": 32, "warp_n": 32},
+    {"smem_halves": True},
+    {"direct": True, "threads": 128, "warp_n": 64},  # pad rows read, never stored
+    {"direct": True, "tile_m": 64, "tile_n": 64, "warp_m": 32, "warp_n": 32, "threads": 128},
+    {"mma_n": 8},  # 16x8x16: half-row result slots on the bounded path
+    {"mma_n": 8, "threads": 128, "warp_m": 64, "warp_n": 64, "bk": 16},
+    {"threads": 128, "subgroup_size": 64, "tile_n": 64, "warp_n": 64},  # wave64: 2 tiles
 ]
 
 
@@ -308,5 +351,6 @@ def test_experiment_searches_the_resident_knobs():
     exp = load_experiment(root / "experiments" / "vulkan-prefill-tc.toml")
     grid = build_space("vulkan", exp.space_for("vulkan")).grid()
     assert grid["matmul_prefill.variant"] == ["tiled", "coopmat", "resident"]
-    for knob in ("tile_m", "tile_n", "warp_m", "warp_n", "bk", "buffers", "fill_groups"):
+    knobs = ("tile_m", "tile_n", "warp_m", "warp_n", "bk", "buffers", "fill_groups", "threads")
+    for knob in (*knobs, "mma_n", "smem_halves", "direct"):
         assert len(grid[f"matmul_prefill.resident.{knob}"]) > 1, knob

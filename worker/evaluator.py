@@ -310,6 +310,7 @@ def validate_summary(report: object) -> ValidateSummary:
         numeric_classes=tuple(report.numeric_classes),
         blame=report.blame.to_dict() if report.blame else None,
         reasons=tuple(report.reasons),
+        replay=report.replay.to_dict() if report.replay else None,
         prompts=tuple(
             PromptDiff(
                 prompt_tokens=p.prompt_tokens,

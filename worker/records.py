@@ -214,6 +214,9 @@ class ValidateSummary:
     blame: dict[str, Any] | None = None  # engine.blame.Blame.to_dict(): the first divergence
     reasons: tuple[str, ...] = ()
     prompts: tuple[PromptDiff, ...] = ()
+    # engine.replay.ReplayResult.to_dict(): per-op worst NMSE and bound on the reference's
+    # inputs (None in records from before op-level replay)
+    replay: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -483,6 +483,36 @@ class Backend(ABC):
         o = self.rms_norm(o, norm, eps)
         return self.swiglu(z, self.reshape(o, tuple(z.shape)))
 
+    def delta_net_conv_gated(
+        self,
+        qkv: Tensor,
+        conv_state: Tensor,
+        conv_w: Weight,
+        n_k_heads: int,
+        head_k_dim: int,
+        a: Tensor,
+        b: Tensor,
+        dt_bias: Weight,
+        ssm_a: Weight,
+        state: Tensor,
+        v_order: str,
+        eps: float,
+        norm: Weight,
+        z: Tensor,
+    ) -> Tensor:
+        """A delta-net layer from its raw q/k/v projection qkv [T, 2 Hk dk + Hv dv]: ssm_conv
+        (conv_state updated in place), the q / k / v columns, then delta_net_gated. The
+        op-by-op schedule of engine/hybrid.py, in its order; a backend may run it in fewer
+        launches."""
+        n, kd = int(qkv.shape[0]), n_k_heads * head_k_dim
+        Hv = int(a.shape[-1])
+        dv = int(z.shape[-1]) // Hv
+        x = self.ssm_conv(qkv, conv_state, conv_w)
+        q = self.reshape(self.cols(x, 0, kd), (n, n_k_heads, head_k_dim))
+        k = self.reshape(self.cols(x, kd, 2 * kd), (n, n_k_heads, head_k_dim))
+        v = self.reshape(self.cols(x, 2 * kd, 2 * kd + Hv * dv), (n, Hv, dv))
+        return self.delta_net_gated(q, k, v, a, b, dt_bias, ssm_a, state, v_order, eps, norm, z)
+
     def moe_ffn(
         self,
         h: Tensor,
@@ -505,12 +535,46 @@ class Backend(ABC):
             y = self.add(y, self.sigmoid_mul(self.matmul(h, sg), sh))
         return self.add(r, y)
 
+    def moe_ffn_norm(
+        self,
+        h: Tensor,
+        r: Tensor,
+        router: Weight,
+        k: int,
+        experts: tuple[Weight, Weight, Weight],
+        shared: tuple[Weight, Weight, Weight, Weight] | None,
+        norm: Weight,
+        eps: float,
+    ) -> tuple[Tensor, Tensor]:
+        """(y, rms_norm(y)) with y = moe_ffn(h, r, ...): the MoE block and the next layer's
+        input norm (as ffn_norm for the dense FFN)."""
+        y = self.moe_ffn(h, r, router, k, experts, shared)
+        return y, self.rms_norm(y, norm, eps)
+
     def registry_op(self, op: str, n: int) -> str:
         """The registry op that runs schedule op ``op`` on n tokens (validate's blame names it);
         backends whose dispatch differs (CUDA: batched DMMV below gemm_min_t) override this."""
         if op == "matmul":
             return "matmul_decode" if n == 1 else "matmul_prefill"
         return op
+
+    def numeric_classes(self, config: TuningConfig) -> dict[str, str]:
+        """{registry op: numeric class} of config's variants, as validate and its op-level replay
+        judge them: the registry's declarations (a test backend that emulates other arithmetic,
+        tests/int8_decode.py, declares it here)."""
+        from engine.tuning.registry import REGISTRY
+
+        return REGISTRY.numeric_classes(config)
+
+    def row_errors(self, t: Tensor, ref: Tensor, ref_host: np.ndarray) -> np.ndarray:
+        """[2, n] float64: per row of t [n, ...], sum (t - ref)^2 and sum ref^2 (op-level
+        replay's comparison; ``ref`` is ``ref_host`` on the device). Here on the host; a backend
+        may compute it where the tensors are and download 2n numbers."""
+        n = int(t.shape[0])
+        c = self.download(t).reshape(n, -1).astype(np.float64)
+        r = np.asarray(ref_host).reshape(n, -1).astype(np.float64)
+        d = c - r
+        return np.stack([np.einsum("ij,ij->i", d, d), np.einsum("ij,ij->i", r, r)])
 
     def hook_bypassed_fusions(self, config: TuningConfig) -> list[str]:
         """Registry ops of config whose fused kernels only the unhooked schedule runs (blame's

@@ -303,3 +303,164 @@ extern "C" __global__ void __launch_bounds__(NT)
     down_body<1>(h, ldh, D, rb_e, qe, F, E, ids, w, k, SD, rb_s, qsh, Fs, logits, ldl, r, out, C,
                 red);
 }
+
+// moe_experts.fuse_norm: moe_dec_down (or _v1) and then the next layer's input norm of the new
+// residual row: the token's last block to finish its outputs (a ticket per token, reset by it)
+// normalises out[t] by nw into hn[t] with all its threads (a warp alone walking a 2048-4096
+// row is latency-bound: ~10 us on the H200, elementwise.cu rms_norm's cost at decode).
+// tickets [T] zero between launches.
+__device__ __forceinline__ void down_norm_tail(const float* out, const float* __restrict__ nw,
+                                               float eps, float* __restrict__ hn, int C,
+                                               unsigned int* tickets) {
+    __shared__ bool last;
+    __shared__ float part[NT / 32];
+    const int t = blockIdx.y, lane = threadIdx.x & 31, wid = threadIdx.x / 32;
+    __threadfence();  // this thread's outputs visible device-wide before the ticket
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(tickets + t, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const float* xr = out + (size_t)t * C;
+    float s = 0.f;
+    for (int i = threadIdx.x; i < C; i += NT) {
+        const float v = __ldcg(xr + i);
+        s += v * v;
+    }
+    s = warp_sum(s);
+    if (lane == 0) part[wid] = s;
+    __syncthreads();
+    s = 0.f;
+#pragma unroll
+    for (int i = 0; i < NT / 32; ++i) s += part[i];
+    const float scale = rsqrtf(s / (float)C + eps);
+    float* yr = hn + (size_t)t * C;
+    for (int i = threadIdx.x; i < C; i += NT) yr[i] = __ldcg(xr + i) * scale * nw[i];
+    if (threadIdx.x == 0) tickets[t] = 0;  // ready for the next launch (graph replay)
+}
+
+extern "C" __global__ void __launch_bounds__(NT)
+    moe_dec_down_norm(const float* __restrict__ h, int ldh, const u8* __restrict__ D, int rb_e,
+                      int qe, int F, int E, const int* __restrict__ ids,
+                      const float* __restrict__ w, int k, const u8* __restrict__ SD, int rb_s,
+                      int qsh, int Fs, const float* __restrict__ logits, int ldl,
+                      const float* __restrict__ r, float* out, int C,
+                      const float* __restrict__ nw, float eps, float* __restrict__ hn,
+                      unsigned int* tickets) {
+    __shared__ float red[RED_N];
+    pdl_start();
+    down_body<VEC>(h, ldh, D, rb_e, qe, F, E, ids, w, k, SD, rb_s, qsh, Fs, logits, ldl, r, out, C,
+                   red);
+    down_norm_tail(out, nw, eps, hn, C, tickets);
+}
+
+extern "C" __global__ void __launch_bounds__(NT)
+    moe_dec_down_v1_norm(const float* __restrict__ h, int ldh, const u8* __restrict__ D,
+                         int rb_e, int qe, int F, int E, const int* __restrict__ ids,
+                         const float* __restrict__ w, int k, const u8* __restrict__ SD,
+                         int rb_s, int qsh, int Fs, const float* __restrict__ logits, int ldl,
+                         const float* __restrict__ r, float* out, int C,
+                         const float* __restrict__ nw, float eps, float* __restrict__ hn,
+                         unsigned int* tickets) {
+    __shared__ float red[RED_N];
+    pdl_start();
+    down_body<1>(h, ldh, D, rb_e, qe, F, E, ids, w, k, SD, rb_s, qsh, Fs, logits, ldl, r, out, C,
+                 red);
+    down_norm_tail(out, nw, eps, hn, C, tickets);
+}
+
+// moe_experts.down_wsum: the down kernel as a weighted sum per lane. A thread-row (TPR lanes)
+// owns output c; each lane accumulates w_j * (its groups of D_{e_j}[c] . h_j) over the k routed
+// experts (j unrolled by four: their loads in flight together) and sigmoid(shared logit) *
+// (its groups of the shared expert's row . h_k), then one reduction per output, where
+// moe_dec_down reduces each expert's row apart and keeps k + 1 rows' decodes in registers.
+// Another summation order (order_only). nw null: no norm tail; else moe_experts.fuse_norm's.
+template <int QT>
+__device__ __forceinline__ float row_dot(const u8* __restrict__ row, const float* __restrict__ x,
+                                         int K, int lane) {
+    float p = 0.f;
+    if constexpr (QT == QT_F32 || QT == QT_F16 || QT == QT_BF16) {
+        for (int kk = lane; kk < K; kk += TPR) p += dense_get<QT>(row, kk) * __ldg(x + kk);
+    } else {
+        for (int g = lane; g < K / 16; g += TPR) {
+            Run8 a, b;
+            int k0, k1;
+            row_group<QT>(row, g, a, b, k0, k1);
+            const float4* x0 = (const float4*)(x + k0);
+            const float4* x1 = (const float4*)(x + k1);
+            p += run_dot(a, __ldg(x0), __ldg(x0 + 1)) + run_dot(b, __ldg(x1), __ldg(x1 + 1));
+        }
+    }
+    return p;
+}
+
+template <int QT>
+__device__ __forceinline__ float routed_wsum(const float* __restrict__ ht, int ldh,
+                                             const u8* __restrict__ D, int rb_e, int F, int E,
+                                             const int* __restrict__ ids,
+                                             const float* __restrict__ w, int k, int C, int c,
+                                             int lane) {
+    float acc = 0.f;
+#pragma unroll 4
+    for (int j = 0; j < k; ++j) {
+        const int e = min(max(__ldg(ids + j), 0), E - 1);  // a corrupt id: no fault
+        acc += __ldg(w + j) * row_dot<QT>(D + ((size_t)e * C + c) * rb_e, ht + (size_t)j * ldh,
+                                          F, lane);
+    }
+    return acc;
+}
+
+__device__ __forceinline__ float row_dot_rt(int qt, const u8* row, const float* x, int K,
+                                            int lane) {
+    switch (qt) {
+        case QT_Q4_0: return row_dot<QT_Q4_0>(row, x, K, lane);
+        case QT_Q4_1: return row_dot<QT_Q4_1>(row, x, K, lane);
+        case QT_Q5_0: return row_dot<QT_Q5_0>(row, x, K, lane);
+        case QT_Q8_0: return row_dot<QT_Q8_0>(row, x, K, lane);
+        case QT_Q4_K: return row_dot<QT_Q4_K>(row, x, K, lane);
+        case QT_Q6_K: return row_dot<QT_Q6_K>(row, x, K, lane);
+        case QT_F16: return row_dot<QT_F16>(row, x, K, lane);
+        case QT_BF16: return row_dot<QT_BF16>(row, x, K, lane);
+        default: return row_dot<QT_F32>(row, x, K, lane);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(NT)
+    moe_dec_down_w(const float* __restrict__ h, int ldh, const u8* __restrict__ D, int rb_e,
+                   int qe, int F, int E, const int* __restrict__ ids,
+                   const float* __restrict__ w, int k, const u8* __restrict__ SD, int rb_s,
+                   int qsh, int Fs, const float* __restrict__ logits, int ldl,
+                   const float* __restrict__ r, float* out, int C,
+                   const float* __restrict__ nw, float eps, float* __restrict__ hn,
+                   unsigned int* tickets) {
+    __shared__ float red[RED_N];
+    pdl_start();
+    const int t = blockIdx.y, lane = threadIdx.x % TPR;
+    const int c = row_of_thread();
+    const float* ht = h + (size_t)t * (k + 1) * ldh;
+    const int* it = ids + (size_t)t * k;
+    const float* wt = w + (size_t)t * k;
+    float v = 0.f;
+    if (c < C) {
+#define RW(Q) routed_wsum<Q>(ht, ldh, D, rb_e, F, E, it, wt, k, C, c, lane)
+        switch (qe) {
+            case QT_Q4_0: v = RW(QT_Q4_0); break;
+            case QT_Q4_1: v = RW(QT_Q4_1); break;
+            case QT_Q5_0: v = RW(QT_Q5_0); break;
+            case QT_Q8_0: v = RW(QT_Q8_0); break;
+            case QT_Q4_K: v = RW(QT_Q4_K); break;
+            case QT_Q6_K: v = RW(QT_Q6_K); break;
+            case QT_F16: v = RW(QT_F16); break;
+            case QT_BF16: v = RW(QT_BF16); break;
+            default: v = RW(QT_F32); break;
+        }
+#undef RW
+        if (SD) {
+            const float sg = 1.f / (1.f + expf(-logits[(size_t)t * ldl + E]));
+            v += sg * row_dot_rt(qsh, SD + (size_t)c * rb_s, ht + (size_t)k * ldh, Fs, lane);
+        }
+    }
+    v = row_sum(v, red);
+    if (lane == 0 && c < C) out[(size_t)t * C + c] = r[(size_t)t * C + c] + v;
+    if (nw) down_norm_tail(out, nw, eps, hn, C, tickets);
+}

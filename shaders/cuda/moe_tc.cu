@@ -40,7 +40,7 @@
 #define WIN_Q4K 0
 #endif
 #ifndef WIDE
-#define WIDE 0
+#define WIDE 1
 #endif
 
 // Byte i (0..15) of a 16-byte value held in registers.
@@ -230,7 +230,7 @@ __device__ __forceinline__ bool mt_tile(const int* route, int E, int& e, int& st
 }
 
 #ifndef DIRECT
-#define DIRECT 0
+#define DIRECT 1
 #endif
 
 // DIRECT = 1, Q4_K experts: a warp decodes its own rows straight into mma A fragments

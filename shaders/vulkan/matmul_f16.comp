@@ -19,9 +19,12 @@
 // Results: coopMatStore straight into y where the subgroup tile is whole and y's rows are
 // 16-byte aligned, else through shared memory, bounded (y may be a row range of a wider y).
 //
-// Tunables: specialization constants 0 TILE_M, 1 TILE_N, 2 WARP_M, 3 WARP_N; defines BK (32 or
-// 64), NBUF (1 or 2), SMEM_PAIRS (below). Bindings: GEMM 0 W16, 1 x16, 2 y; PASS_W16 0 Wq, 1 -, 2 W16; PASS_X16 0 x,
-// 1 -, 2 x16 (binding 1 unused: the three programs share one layout of three buffers).
+// Tunables: specialization constants 0 TILE_M, 1 TILE_N, 2 WARP_M, 3 WARP_N; defines BK (16, 32
+// or 64: BK 16 rows are 48 bytes, still 8 distinct 4-bank groups), NBUF (1 or 2), SMEM_PAIRS
+// (below), WG_THREADS (the GEMM's workgroup: 128 threads of 64 x 64 subgroup tiles is
+// llama.cpp's coopmat shape, 16 accumulators per subgroup), MMA_N, SMEM_HALVES, DIRECT
+// (below). Bindings: GEMM 0 W16, 1 x16, 2 y; PASS_W16 0 Wq, 1 -, 2 W16; PASS_X16 0 x, 1 -,
+// 2 x16 (binding 1 unused: the three programs share one layout of three buffers).
 
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
@@ -30,11 +33,28 @@
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 
+#ifdef FIXED_TILES
+// The tiles as compile-time constants (FT_M, FT_N, FT_WM, FT_WN) instead of specialization
+// constants: scripts/vulkan_probe.py compares the two (is a spec-constant-sized accumulator
+// array kept in registers by the driver?).
+const uint TILE_M = FT_M;
+const uint TILE_N = FT_N;
+const uint WARP_M = FT_WM;
+const uint WARP_N = FT_WN;
+#else
 layout(constant_id = 0) const uint TILE_M = 128;
 layout(constant_id = 1) const uint TILE_N = 128;
 layout(constant_id = 2) const uint WARP_M = 64;
 layout(constant_id = 3) const uint WARP_N = 32;
-layout(local_size_x = 256) in;
+#endif
+// WG_THREADS: the GEMM's workgroup size (128, 256 or 512; the registry admits tilings with
+// (TILE_M / WARP_M) x (TILE_N / WARP_N) x subgroup size = WG_THREADS); the two conversion passes
+// are always 256.
+#if !defined(WG_THREADS) || defined(PASS_W16) || defined(PASS_X16)
+#undef WG_THREADS
+#define WG_THREADS 256
+#endif
+layout(local_size_x = WG_THREADS) in;
 
 // K: weights per row; N: rows (this range); row_bytes: raw bytes per row (PASS_W16);
 // x_off: element offset of x[0, 0] (PASS_X16) or of the first raw row (PASS_W16, in rows);
@@ -105,21 +125,34 @@ layout(binding = 2) writeonly buffer YBuf { float ys[]; };
 #ifndef NBUF
 #define NBUF 2
 #endif
+// MMA_N: the weight-row side of each multiply-add (16: 16x16x16; 8: 16x8x16, mma.sync's native
+// m16n8k16 on NVIDIA, the shape llama.cpp takes when a driver lists it first); the token side
+// is always 16.
+#ifndef MMA_N
+#define MMA_N 16
+#endif
 const uint RS = (uint(BK) + 8u) / 8u;       // shared row stride in uvec4 (8 halves)
 const uint Q = uint(BK) / 8u;               // uvec4 per row per k-step
-const uint LW = TILE_M * Q / 256u;          // weight uvec4 per thread per step
-const uint LX = TILE_N * Q / 256u;          // token uvec4 per thread per step
+const uint LW = TILE_M * Q / WG_THREADS;    // weight uvec4 per thread per step
+const uint LX = TILE_N * Q / WG_THREADS;    // token uvec4 per thread per step
 const uint BUF = (TILE_M + TILE_N) * RS;    // one buffer: weight rows, then token rows
-const uint CM = WARP_M / 16u;
+const uint CM = WARP_M / MMA_N;
 const uint CN = WARP_N / 16u;
 const uint TILES_M = TILE_M / WARP_M;
+// The tiles, or (if larger) a 16 x 16 fp32 result slot (64 uvec4) per subgroup of at least 32
+// lanes for the bounded stores.
+#ifdef DIRECT  // no shared tiles (below): only the result slots
+const uint SH_LEN = (WG_THREADS / 32u) * 64u;
+#else
+const uint SH_LEN = NBUF * BUF > (WG_THREADS / 32u) * 64u ? NBUF * BUF : (WG_THREADS / 32u) * 64u;
+#endif
 
 // SMEM_PAIRS: the shared tiles as f16vec2 (llama.cpp's coopmat layout: matrix loads take their
 // offsets and strides in pairs) instead of uvec4; the same bytes, another element type for the
 // driver's matrix-load lowering.
 #ifdef SMEM_PAIRS
 const uint EW = 4u;  // shared elements per uvec4
-shared f16vec2 sh[NBUF * BUF * EW];
+shared f16vec2 sh[SH_LEN * EW];
 #define SH_PUT(i, u)                                                              \
     {                                                                             \
         uint o_ = EW * (i);                                                       \
@@ -131,14 +164,36 @@ shared f16vec2 sh[NBUF * BUF * EW];
 #define SH_GET(i)                                                                 \
     uvec4(packFloat2x16(sh[EW * (i)]), packFloat2x16(sh[EW * (i) + 1u]),          \
           packFloat2x16(sh[EW * (i) + 2u]), packFloat2x16(sh[EW * (i) + 3u]))
+#elif defined(SMEM_HALVES)
+// SMEM_HALVES: the shared tiles as float16_t, the matrices' own element type (strides and
+// offsets in halves).
+const uint EW = 8u;
+shared float16_t sh[SH_LEN * EW];
+#define SH_PUT(i, u)                                                              \
+    {                                                                             \
+        uint o_ = EW * (i);                                                       \
+        f16vec2 p0_ = unpackFloat2x16((u).x), p1_ = unpackFloat2x16((u).y);       \
+        f16vec2 p2_ = unpackFloat2x16((u).z), p3_ = unpackFloat2x16((u).w);       \
+        sh[o_] = p0_.x;                                                           \
+        sh[o_ + 1u] = p0_.y;                                                      \
+        sh[o_ + 2u] = p1_.x;                                                      \
+        sh[o_ + 3u] = p1_.y;                                                      \
+        sh[o_ + 4u] = p2_.x;                                                      \
+        sh[o_ + 5u] = p2_.y;                                                      \
+        sh[o_ + 6u] = p3_.x;                                                      \
+        sh[o_ + 7u] = p3_.y;                                                      \
+    }
+#define SH_H2(j) packFloat2x16(f16vec2(sh[j], sh[(j) + 1u]))
+#define SH_GET(i)                                                                 \
+    uvec4(SH_H2(EW * (i)), SH_H2(EW * (i) + 2u), SH_H2(EW * (i) + 4u), SH_H2(EW * (i) + 6u))
 #else
 const uint EW = 1u;
-shared uvec4 sh[NBUF * BUF];
+shared uvec4 sh[SH_LEN];
 #define SH_PUT(i, u) sh[i] = (u);
 #define SH_GET(i) sh[i]
 #endif
 
-#define ACC coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
+#define ACC coopmat<float, gl_ScopeSubgroup, 16, MMA_N, gl_MatrixUseAccumulator>
 
 void main() {
     uint tid = gl_LocalInvocationID.x, sg = gl_SubgroupID;
@@ -154,6 +209,28 @@ void main() {
     ACC acc[CN * CM];
     [[unroll]] for (uint i = 0u; i < CN * CM; i++) acc[i] = ACC(0.0);
 
+#ifdef DIRECT
+    // DIRECT: every subgroup loads its matrices straight from the fp16 copies (L1 / L2 serve
+    // the reuse between subgroups and workgroups): no shared tiles, no barriers. The copies'
+    // allocations are padded to 256 rows (engine/backends/vulkan/resident.py), so a ragged
+    // tile reads pad rows, whose products are never stored.
+    for (uint st = 0u; st < steps; st++) {
+        [[unroll]] for (uint kk = 0u; kk < Q; kk += 2u) {  // 16 k = 2 uvec4
+            uint kq = st * Q + kk;
+            coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA> a[CN];
+            coopmat<float16_t, gl_ScopeSubgroup, 16, MMA_N, gl_MatrixUseB> b[CM];
+            [[unroll]] for (uint j = 0u; j < CN; j++)
+                coopMatLoad(a[j], xh, (c0 + tn + 16u * j) * q16 + kq, q16,
+                            gl_CooperativeMatrixLayoutRowMajor);
+            [[unroll]] for (uint i = 0u; i < CM; i++)
+                coopMatLoad(b[i], wh, (n0 + rm + MMA_N * i) * q16 + kq, q16,
+                            gl_CooperativeMatrixLayoutColumnMajor);
+            [[unroll]] for (uint j = 0u; j < CN; j++)
+                [[unroll]] for (uint i = 0u; i < CM; i++)
+                    acc[j * CM + i] = coopMatMulAdd(a[j], b[i], acc[j * CM + i]);
+        }
+    }
+#else
     // Each thread's slots: element e = tid + 256 i of the tile, row e / Q, uvec4 e % Q; rows
     // past N or T load zeros (their products are never stored).
     uvec4 rw[LW], rx[LX];
@@ -164,22 +241,22 @@ void main() {
     {                                                                              \
         uint kq = (st) * Q;                                                        \
         [[unroll]] for (uint i = 0u; i < LW; i++) {                                \
-            uint e = tid + 256u * i, r = n0 + e / Q;                               \
+            uint e = tid + WG_THREADS * i, r = n0 + e / Q;                         \
             rw[i] = r < pc.N ? wh[r * q16 + kq + e % Q] : uvec4(0u);               \
         }                                                                          \
         [[unroll]] for (uint i = 0u; i < LX; i++) {                                \
-            uint e = tid + 256u * i, c = c0 + e / Q;                               \
+            uint e = tid + WG_THREADS * i, c = c0 + e / Q;                         \
             rx[i] = c < pc.T ? xh[c * q16 + kq + e % Q] : uvec4(0u);               \
         }                                                                          \
     }
 #define STASH(b)                                                                   \
     {                                                                              \
         [[unroll]] for (uint i = 0u; i < LW; i++) {                                \
-            uint e = tid + 256u * i;                                               \
+            uint e = tid + WG_THREADS * i;                                         \
             SH_PUT((b) * BUF + (e / Q) * RS + e % Q, rw[i]);                       \
         }                                                                          \
         [[unroll]] for (uint i = 0u; i < LX; i++) {                                \
-            uint e = tid + 256u * i;                                               \
+            uint e = tid + WG_THREADS * i;                                         \
             SH_PUT((b) * BUF + (TILE_M + e / Q) * RS + e % Q, rx[i]);              \
         }                                                                          \
     }
@@ -197,12 +274,12 @@ void main() {
         uint wb = cur * BUF, xb = wb + TILE_M * RS;
         [[unroll]] for (uint kk = 0u; kk < Q; kk += 2u) {  // 16 k = 2 uvec4
             coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA> a[CN];
-            coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB> b[CM];
+            coopmat<float16_t, gl_ScopeSubgroup, 16, MMA_N, gl_MatrixUseB> b[CM];
             [[unroll]] for (uint j = 0u; j < CN; j++)
                 coopMatLoad(a[j], sh, EW * (xb + (tn + 16u * j) * RS + kk), EW * RS,
                             gl_CooperativeMatrixLayoutRowMajor);
             [[unroll]] for (uint i = 0u; i < CM; i++)
-                coopMatLoad(b[i], sh, EW * (wb + (rm + 16u * i) * RS + kk), EW * RS,
+                coopMatLoad(b[i], sh, EW * (wb + (rm + MMA_N * i) * RS + kk), EW * RS,
                             gl_CooperativeMatrixLayoutColumnMajor);
             [[unroll]] for (uint j = 0u; j < CN; j++)
                 [[unroll]] for (uint i = 0u; i < CM; i++)
@@ -219,6 +296,8 @@ void main() {
         barrier();
     }
 
+#endif
+
     // y: straight from the accumulators where the subgroup tile is whole and 16-byte aligned,
     // else through this subgroup's 16 x 16 float slot of sh (free now: the loop ended on a
     // barrier), bounded.
@@ -228,7 +307,7 @@ void main() {
         [[unroll]] for (uint j = 0u; j < CN; j++)
             [[unroll]] for (uint i = 0u; i < CM; i++)
                 coopMatStore(acc[j * CM + i], ys,
-                             pc.y_off + (col0 + 16u * j) * pc.y_stride + row0 + 16u * i,
+                             pc.y_off + (col0 + 16u * j) * pc.y_stride + row0 + MMA_N * i,
                              pc.y_stride, gl_CooperativeMatrixLayoutRowMajor);
         return;
     }
@@ -240,9 +319,9 @@ void main() {
             subgroupMemoryBarrierShared();
             subgroupBarrier();
             for (uint e = lane; e < 64u; e += width) {  // a row of 16 = 4 uvec4
-                uint col = col0 + 16u * j + e / 4u, n = row0 + 16u * i + 4u * (e % 4u);
+                uint col = col0 + 16u * j + e / 4u, n = row0 + MMA_N * i + 4u * (e % 4u);
                 vec4 v = uintBitsToFloat(SH_GET(slot + e));
-                if (col < pc.T) {
+                if (col < pc.T && 4u * (e % 4u) < MMA_N) {  // MMA_N 8: half a slot row
                     uint o = pc.y_off + col * pc.y_stride + n;
                     [[unroll]] for (uint c = 0u; c < 4u; c++)
                         if (n + c < pc.N) ys[o + c] = v[c];

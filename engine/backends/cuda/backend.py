@@ -863,6 +863,15 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
             self._q8_remember(y, yq, yds)
         return y
 
+    def row_errors(self, t: Any, ref: Any, ref_host: np.ndarray) -> np.ndarray:
+        """On the device (the backend's stream is current): op-level replay compares a 9B's
+        activations without moving them to the host."""
+        cp, n = self._cp, int(t.shape[0])
+        c = cp.ascontiguousarray(t).reshape(n, -1).astype(cp.float64)
+        r = cp.ascontiguousarray(ref).reshape(n, -1).astype(cp.float64)
+        d = c - r
+        return self.download(cp.stack([(d * d).sum(axis=1), (r * r).sum(axis=1)]))
+
     def hook_bypassed_fusions(self, config: TuningConfig) -> list[str]:
         """matmul_decode's mmvw_glu / mmvw_norm / mmvw_qkv, rope's rope_kv and the fused
         decode of delta_net and moe_experts run only unhooked."""

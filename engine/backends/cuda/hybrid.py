@@ -15,6 +15,8 @@ Cc conv channels, E experts, F expert width, C model width.
 from __future__ import annotations
 
 import math
+import weakref
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -33,6 +35,28 @@ MOE_SORT_THREADS = 1024  # moe_grouped.cu moe_sort: one block
 MAX_DN_HEADS = 1024  # dn_step.cu: one ticket per V head
 MAX_PREP_D = 512  # hybrid.cu attn_qk_prep: a head row in shared memory
 PREP_WARPS = 4  # hybrid.cu ATTN_PREP_WARPS: heads per block
+
+
+@dataclass
+class _Stacked:
+    """Two block-type weights' rows stacked (delta_net.fuse_ba): what mmvf reads of a weight."""
+
+    name: str
+    qtype: str
+    shape: tuple[int, int]
+    raw: Any
+
+    @property
+    def n(self) -> int:
+        return self.shape[0]
+
+    @property
+    def k(self) -> int:
+        return self.shape[1]
+
+    @property
+    def row_bytes(self) -> int:
+        return int(self.raw.shape[1])
 
 
 def _suffix(qtype: str) -> str:
@@ -90,6 +114,10 @@ class CudaHybridOps(CudaMoeTcOps, CudaMoeDecodeOps):  # moe_tc.py, moe_ffn: moe_
         """Under matmul_decode.float_ssm_in an int8 decode row's delta-net input projections
         take the float dmmv path (the registry default's kernel), the rest stays int8."""
         dec = self.config.op("matmul_decode")
+        if len(ws) == 4 and int(self.config.op("delta_net")["fuse_ba"]):
+            stack = self._ba_stack(ws[2], ws[3])
+            if stack is not None and self._mmvf_ok(x, ws):
+                return self._ssm_in_ba(x, ws, stack)
         if (
             int(x.shape[0]) != 1
             or dec.variant not in ("mmvq", "mmvw")  # the float variants (mmvf, dmmv): as is
@@ -103,6 +131,43 @@ class CudaHybridOps(CudaMoeTcOps, CudaMoeDecodeOps):  # moe_tc.py, moe_ffn: moe_
             self._dmmv("decode", kernels.DECODE_FALLBACK, x, w, y, cols=1)
             outs.append(y)
         return tuple(outs)
+
+    def _ba_stack(self, beta: Any, alpha: Any) -> Any:
+        """delta_net.fuse_ba's [beta; alpha] rows (one type and shape, block weights): made at
+        the first call outside a graph capture (a prefill's, before the decode graph: a copy
+        made while capturing would be a node of the graph, not done), None until then."""
+        stacks = self.__dict__.setdefault("_ba_stacks", {})
+        key = (id(beta), id(alpha))
+        hit = stacks.get(key)
+        if hit is not None and hit[1]() is beta and hit[2]() is alpha:
+            return hit[0]
+        if (
+            self._capturing
+            or beta.raw is None
+            or alpha.raw is None
+            or len(beta.shape) != 2
+            or tuple(beta.shape) != tuple(alpha.shape)
+            or beta.qtype != alpha.qtype
+            or beta.row_bytes != alpha.row_bytes
+        ):
+            return None
+        n = int(beta.shape[0])
+        raw = self._empty((2 * n, beta.row_bytes), np.uint8)
+        raw[:n], raw[n:] = beta.raw, alpha.raw
+        stack = _Stacked(beta.name + "+alpha", beta.qtype, (2 * n, int(beta.shape[1])), raw)
+        drop = lambda _: stacks.pop(key, None)  # noqa: E731 - a weight gone: its stack too
+        stacks[key] = (stack, weakref.ref(beta, drop), weakref.ref(alpha, drop))
+        return stack
+
+    def _ssm_in_ba(self, x: Any, ws: tuple[Any, ...], stack: Any) -> tuple[Any, ...]:
+        """qkv, z and the [beta; alpha] stack in one mmvf launch; beta and alpha come back as
+        views of the stacked product (the same rows' float32 dots as two matrices)."""
+        qkv, z = ws[0], ws[1]
+        x = self._decode_row(x)
+        n = stack.n // 2
+        yq, yz, yba = self._empty((1, qkv.n)), self._empty((1, z.n)), self._empty((1, 2 * n))
+        self._mmvf(x, [(qkv, yq, None), (z, yz, None), (stack, yba, None)])
+        return yq, yz, yba[:, :n], yba[:, n:]
 
     def rope_partial(self, x: Any, pos0: int, theta: float, n_rot: int) -> Any:
         x = self._contig(x)
@@ -337,6 +402,76 @@ class CudaHybridOps(CudaMoeTcOps, CudaMoeDecodeOps):  # moe_tc.py, moe_ffn: moe_
             (q, k, v, a, b, dt_bias.f32, ssm_a.f32, state, o, norm.f32, z, y, np.int32(Hk),
              np.int32(Hv), np.int32(dk), np.int32(dv), np.int32(v_order == "grouped"),
              np.float32(eps), tickets), pdl=True,
+        )  # fmt: skip
+        return y
+
+    def delta_net_conv_gated(
+        self,
+        qkv: Any,
+        conv_state: Any,
+        conv_w: Any,
+        n_k_heads: int,
+        head_k_dim: int,
+        a: Any,
+        b: Any,
+        dt_bias: Any,
+        ssm_a: Any,
+        state: Any,
+        v_order: str,
+        eps: float,
+        norm: Any,
+        z: Any,
+    ) -> Any:
+        """Under delta_net.fuse_conv (with fuse_decode) a one-token call is dn_step.cu's
+        delta_net_conv_step: the conv step, gates, the scan's step and the gated norm in one
+        launch, q / k / v read from the raw projection row (no column copies)."""
+        c = self.config.op("delta_net")
+        Hk, dk = n_k_heads, head_k_dim
+        Hv = int(a.shape[-1]) if a.ndim else 0
+        dv = int(z.shape[-1]) // Hv if Hv else 0
+        Cc = 2 * Hk * dk + Hv * dv
+        K = int(conv_w.shape[-1]) if len(conv_w.shape) == 2 else 0
+        if (
+            int(qkv.shape[0]) != 1
+            or not int(c["fuse_conv"])
+            or not int(c["fuse_decode"])
+            or v_order not in ("grouped", "tiled")
+            or not 0 < dk <= int(c["max_dk"])
+            or not 0 < Hv <= MAX_DN_HEADS
+            or Hv % Hk
+            or tuple(qkv.shape) != (1, Cc)
+            or conv_w.qtype != "F32"
+            or conv_w.raw is None
+            or tuple(conv_w.shape) != (Cc, K)
+            or not 1 < K <= MAX_CONV
+            or int(conv_state.size) != (K - 1) * Cc
+            or not conv_state.flags.c_contiguous
+            or int(a.size) != Hv
+            or int(b.size) != Hv
+            or int(dt_bias.f32.size) != Hv
+            or int(ssm_a.f32.size) != Hv
+            or norm.f32 is None
+            or int(norm.f32.size) != dv
+            or int(z.size) != Hv * dv
+            or int(state.size) != Hv * dk * dv
+            or not state.flags.c_contiguous
+        ):
+            return super().delta_net_conv_gated(  # type: ignore[misc]
+                qkv, conv_state, conv_w, n_k_heads, head_k_dim, a, b, dt_bias, ssm_a, state,
+                v_order, eps, norm, z,
+            )  # fmt: skip
+        qkv, a, b, z = (self._contig(t) for t in (qkv, a, b, z))
+        o, y = self._empty((Hv, dv)), self._empty(tuple(z.shape))
+        tickets = getattr(self, "_dnc_tickets", None)
+        if tickets is None:  # [V heads | K heads], zero between launches (the last block resets)
+            tickets = self._dnc_tickets = self._cp.zeros(2 * MAX_DN_HEADS, np.uint32)
+        nw = int(c["warps"])
+        self._fused_ran("delta_net")
+        self._launch(
+            "dn_step", "delta_net_conv_step", (math.ceil(dv / nw), Hv), (32 * nw,),
+            (qkv, conv_state, conv_w.raw.view(np.float32), np.int32(K), a, b, dt_bias.f32,
+             ssm_a.f32, state, o, norm.f32, z, y, np.int32(Hk), np.int32(Hv), np.int32(dk),
+             np.int32(dv), np.int32(v_order == "grouped"), np.float32(eps), tickets), pdl=True,
         )  # fmt: skip
         return y
 

@@ -106,6 +106,20 @@ class CudaMoeDecodeOps:
     ) -> Any:
         if not self._moe_dec_on(h, r, router, k, experts, shared):
             return super().moe_ffn(h, r, router, k, experts, shared)  # type: ignore[misc]
+        return self._moe_dec(h, r, router, k, experts, shared)
+
+    def _moe_dec(
+        self,
+        h: Any,
+        r: Any,
+        router: Any,
+        k: int,
+        experts: tuple,
+        shared: tuple | None,
+        norm: Any = None,
+        eps: float = 0.0,
+    ) -> Any:
+        """moe_dec.cu's three launches -> r + the MoE FFN of h; with norm, (that, its norm)."""
         h = self._aligned16(self._cp.ascontiguousarray(h, dtype=np.float32))
         r = self._cp.ascontiguousarray(r, dtype=np.float32)
         T, C = (int(s) for s in h.shape)
@@ -144,14 +158,52 @@ class CudaMoeDecodeOps:
             pdl=True,
         )  # fmt: skip
         out = self._empty((T, C))
+        kernel = "moe_dec_down_v1" if int(c["down_vec1"]) else "moe_dec_down"
+        tail: tuple = ()
+        if norm is not None:  # moe_experts.fuse_norm: the next layer's input norm in the tail
+            hn = self._empty((T, C))
+            kernel += "_norm"
+            tail = (norm.f32, np.float32(eps), hn, self._norm_tickets())
+        if int(c["down_wsum"]):  # one kernel, the norm tail where its weights are not null
+            kernel = "moe_dec_down_w"
+            tail = tail or (_NULL, np.float32(0.0), _NULL, _NULL)
         self._launch(
-            "moe_dec", "moe_dec_down_v1" if int(c["down_vec1"]) else "moe_dec_down",
-            (math.ceil(C / rows), T), (nt,),
+            "moe_dec", kernel, (math.ceil(C / rows), T), (nt,),
             (hh, np.int32(ldh), down.raw, np.int32(down.row_bytes), np.int32(_QT[down.qtype]),
              np.int32(F), np.int32(E), ids, wts, np.int32(k),
              _NULL if sdown is None else sdown.raw, np.int32(sdown.row_bytes if sdown else 0),
              np.int32(_QT[sdown.qtype] if sdown else 0), np.int32(Fs), logits, np.int32(ldl),
-             r, out, np.int32(C)),
+             r, out, np.int32(C), *tail),
             pdl=True,
         )  # fmt: skip
-        return out
+        return out if norm is None else (out, hn)
+
+    def _norm_tickets(self) -> Any:
+        t = getattr(self, "_moe_norm_tickets", None)
+        if t is None:  # zero between launches: the down kernel's last block resets its token's
+            t = self._moe_norm_tickets = self._cp.zeros(MAX_TOKENS, np.uint32)
+        return t
+
+    def moe_ffn_norm(
+        self,
+        h: Any,
+        r: Any,
+        router: Any,
+        k: int,
+        experts: tuple,
+        shared: tuple | None,
+        norm: Any,
+        eps: float,
+    ) -> tuple[Any, Any]:
+        """Under moe_experts.fuse_norm (with fuse_decode) the down kernel's last block runs the
+        next layer's input norm too: three launches for the MoE FFN and the norm."""
+        if (
+            not self._moe_dec_on(h, r, router, k, experts, shared)  # (the variants with the knob)
+            or not int(self.config.op("moe_experts")["fuse_norm"])
+            or norm.f32 is None
+            or int(norm.f32.size) != int(h.shape[-1])
+        ):
+            return super().moe_ffn_norm(  # type: ignore[misc]
+                h, r, router, k, experts, shared, norm, eps
+            )
+        return self._moe_dec(h, r, router, k, experts, shared, norm, eps)

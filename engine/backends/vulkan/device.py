@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 VENDORS = {0x10DE: "nvidia", 0x1002: "amd", 0x8086: "intel", 0x10005: "mesa", 0x13B5: "arm"}
 VALIDATION_LAYER = "VK_LAYER_KHRONOS_validation"
+STATS_EXTENSION = "VK_KHR_pipeline_executable_properties"
 
 
 def device_class(vendor_id: int, name: str) -> str:
@@ -68,8 +69,11 @@ def driver_version_str(vendor_id: int, v: int) -> str:
 @dataclass
 class MemoryTypes:
     device: int  # for tensors and weights
-    host: int  # host-visible + coherent: staging, downloads, dynamic scalars
+    host: int  # host-visible + coherent (cached where offered): staging, downloads
     unified: bool  # `device` is host-visible too: upload by memcpy, no staging copies
+    # device-local + host-visible + coherent (a BAR window, resizable BAR, unified memory): small
+    # buffers the CPU writes and the GPU reads each submit (dynamic scalars); None: `host`
+    near: int | None = None
 
 
 @dataclass
@@ -263,30 +267,53 @@ def _pick_physical(instance: Any, index: int | None) -> tuple[int, Any]:
     return best, devices[best]
 
 
-def _memory_types(physical: Any) -> MemoryTypes:
+def rebar_requested() -> bool:
+    """FLEETTUNE_VK_REBAR=1: a discrete GPU's tensors in host-visible device memory (resizable
+    BAR) as before 2026-12-01, for A/B runs (see _memory_types)."""
+    return os.environ.get("FLEETTUNE_VK_REBAR", "") not in ("", "0")
+
+
+def _memory_types(physical: Any, discrete: bool = False) -> MemoryTypes:
     mp = vk.vkGetPhysicalDeviceMemoryProperties(physical)
     types = [
-        (i, mp.memoryTypes[i].propertyFlags, mp.memoryTypes[i].heapIndex)
+        (i, int(mp.memoryTypes[i].propertyFlags), int(mp.memoryTypes[i].heapIndex))
         for i in range(mp.memoryTypeCount)
     ]
-    heaps = [mp.memoryHeaps[i].size for i in range(mp.memoryHeapCount)]
-    dl, hv, hc = (
+    heaps = [int(mp.memoryHeaps[i].size) for i in range(mp.memoryHeapCount)]
+    return choose_memory_types(types, heaps, discrete)
+
+
+def choose_memory_types(
+    types: list[tuple[int, int, int]], heaps: list[int], discrete: bool
+) -> MemoryTypes:
+    """The memory types to use, from (index, property flags, heap) per type and heap sizes."""
+    dl, hv, hc, cached = (
         vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT,
         vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT,
         vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT,
+        vk.VK_MEMORY_PROPERTY_HOST_CACHED_BIT,
     )
     local = [t for t in types if t[1] & dl]
     biggest = max((heaps[t[2]] for t in local), default=0)
+    near = next((i for i, f, _ in local if f & hv and f & hc), None)
     # Unified: host-visible device-local memory as large as the device's biggest heap (lavapipe,
-    # integrated GPUs, full resizable BAR). A 256 MiB BAR window does not count.
-    for i, flags, heap in local:
-        if flags & hv and flags & hc and heaps[heap] >= 0.9 * biggest:
-            return MemoryTypes(i, i, True)
-    device = max(local, key=lambda t: heaps[t[2]])[0] if local else types[0][0]
-    host = next((i for i, f, _ in types if f & hv and f & hc and not f & dl), None)
-    if host is None:
-        host = next(i for i, f, _ in types if f & hv and f & hc)
-    return MemoryTypes(device, host, False)
+    # integrated GPUs). Not on a discrete GPU with resizable BAR: on the H200 (NVIDIA 580)
+    # every GEMM after the probe's first download through a BAR mapping ran 4x slower (2.1 ->
+    # 8.4 ms; docs/BENCHMARKS.md), and downloads read uncached over PCIe; tensors live in
+    # device-only memory there and move through staging copies, as most Vulkan engines do.
+    if not discrete or rebar_requested():
+        for i, flags, heap in local:
+            if flags & hv and flags & hc and heaps[heap] >= 0.9 * biggest:
+                return MemoryTypes(i, i, True, i)
+    # the first device-only type of the biggest heap (device-local + host-visible as a fallback)
+    device = (
+        min(local, key=lambda t: (-heaps[t[2]], bool(t[1] & hv), t[0]))[0] if local else types[0][0]
+    )
+    sysmem = [(i, f) for i, f, _ in types if f & hv and f & hc and not f & dl]
+    if not sysmem:
+        sysmem = [(i, f) for i, f, _ in types if f & hv and f & hc]
+    host = min(sysmem, key=lambda t: (not t[1] & cached, t[0]))[0]  # cached: CPU reads
+    return MemoryTypes(device, host, False, near)
 
 
 def open_device(index: int | None = None) -> Device:
@@ -359,6 +386,18 @@ def _open(instance: Any, messenger: Any, messages: list[str], index: int | None)
         dev_exts.append(coopmat.EXTENSION)
     feat_next = coopmat.chain(cmat, feat_next)
 
+    # Pipeline statistics (registers, spills per shader) for scripts/vulkan_probe.py only:
+    # FLEETTUNE_VK_STATS=1 enables VK_KHR_pipeline_executable_properties where offered.
+    stats = bool(os.environ.get("FLEETTUNE_VK_STATS")) and STATS_EXTENSION in exts
+    if stats:
+        stats_feat = vk.VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR(
+            sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR,
+            pNext=feat_next,
+            pipelineExecutableInfo=vk.VK_TRUE,
+        )
+        feat_next = stats_feat
+        dev_exts.append(STATS_EXTENSION)
+
     families = vk.vkGetPhysicalDeviceQueueFamilyProperties(physical)
     qf = None
     for i, f in enumerate(families):  # prefer a compute queue that also has timestamps
@@ -380,7 +419,7 @@ def _open(instance: Any, messenger: Any, messages: list[str], index: int | None)
             f"{props.deviceName}: vkCreateDevice failed ({type(e).__name__})"
         ) from None
     queue = vk.vkGetDeviceQueue(device, qf, 0)
-    mem = _memory_types(physical)
+    mem = _memory_types(physical, props.deviceType == vk.VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU)
     lim = props.limits
     name = props.deviceName if isinstance(props.deviceName, str) else ffi.string(props.deviceName)
     vendor = VENDORS.get(props.vendorID, hex(props.vendorID))
@@ -413,11 +452,13 @@ def _open(instance: Any, messenger: Any, messages: list[str], index: int | None)
             ssc is not None and ssc.requiredSubgroupSizeStages & vk.VK_SHADER_STAGE_COMPUTE_BIT
         ),
         "unified_memory": mem.unified,
+        "memory_types": {"device": mem.device, "host": mem.host, "near": mem.near},
         "timestamp_period_ns": float(lim.timestampPeriod),
         "validation": bool(messenger is not None),
         "index": index,  # of physical_devices(): the card this backend opened
         **cmat.extra(),
         "coopmat_missing": cmat.why,
+        "pipeline_statistics": stats,
     }
     info = DeviceInfo(
         backend="vulkan",

@@ -48,12 +48,13 @@ class Buffer:
     """A storage buffer owned by the Allocator. ``host`` is a uint8 NumPy view of its memory
     when host-visible. Users hold a Lease, never the Buffer alone."""
 
-    __slots__ = ("id", "handle", "memory", "size", "host", "host_visible", "epoch")
+    __slots__ = ("id", "handle", "memory", "size", "host", "host_visible", "near", "epoch")
 
-    def __init__(self, dev: Device, size: int, host_visible: bool) -> None:
+    def __init__(self, dev: Device, size: int, host_visible: bool, near: bool = False) -> None:
         self.id = next(_ids)
         self.size = size
         self.host_visible = host_visible
+        self.near = near and host_visible and dev.mem.near is not None
         self.epoch = -1  # last recording that used it (see Stream)
         self.handle = vk.vkCreateBuffer(
             dev.device,
@@ -61,7 +62,9 @@ class Buffer:
             None,
         )
         req = vk.vkGetBufferMemoryRequirements(dev.device, self.handle)
-        type_index = dev.mem.host if host_visible else dev.mem.device
+        type_index = dev.mem.device
+        if host_visible:
+            type_index = dev.mem.near if self.near else dev.mem.host
         if not req.memoryTypeBits & (1 << type_index):
             vk.vkDestroyBuffer(dev.device, self.handle, None)
             raise EngineError(f"vulkan: memory type {type_index} cannot back a storage buffer")
@@ -110,23 +113,29 @@ class Allocator:
     def __init__(self, dev: Device) -> None:
         self.dev = dev
         self.closed = False
-        self.free: dict[tuple[int, bool], list[tuple[int, Buffer]]] = {}  # min-heaps by id
+        self.free: dict[tuple[int, bool, bool], list[tuple[int, Buffer]]] = {}  # heaps by id
         self.all: dict[int, Buffer] = {}
         self.bytes_allocated = 0
         self.on_destroy: list[Any] = []  # callbacks(buffer): caches keyed by buffer ids
         self.capture: list[Lease] | None = None  # while set, every new lease is also kept here
 
-    def new(self, nbytes: int, host_visible: bool = False, pooled: bool = True) -> Lease:
+    def new(
+        self, nbytes: int, host_visible: bool = False, pooled: bool = True, near: bool = False
+    ) -> Lease:
+        """A buffer of at least nbytes: device memory, or host-visible memory (staging and
+        downloads; ``near``: device-local host-visible where the device has it, for small
+        buffers the CPU writes and the GPU reads every submit)."""
         size = size_class(nbytes) if pooled else max(256, (nbytes + 255) & ~255)
+        near = near and host_visible and self.dev.mem.near is not None
         if pooled:
-            heap = self.free.get((size, host_visible))
+            heap = self.free.get((size, host_visible, near))
             if heap:
                 return self._hand_out(Lease(self, heapq.heappop(heap)[1], True))
         try:
-            b = Buffer(self.dev, size, host_visible)
+            b = Buffer(self.dev, size, host_visible, near)
         except EngineError:
             self.trim()  # give pooled memory back, then try once more
-            b = Buffer(self.dev, size, host_visible)
+            b = Buffer(self.dev, size, host_visible, near)
         self.bytes_allocated += size
         self.all[b.id] = b
         return self._hand_out(Lease(self, b, pooled))
@@ -137,7 +146,7 @@ class Allocator:
         return lease
 
     def release(self, b: Buffer) -> None:
-        heapq.heappush(self.free.setdefault((b.size, b.host_visible), []), (b.id, b))
+        heapq.heappush(self.free.setdefault((b.size, b.host_visible, b.near), []), (b.id, b))
 
     def destroy(self, b: Buffer) -> None:
         if self.all.pop(b.id, None) is None:

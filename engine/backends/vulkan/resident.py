@@ -27,6 +27,14 @@ def kpad(k: int) -> int:
     return -(-k // KPAD) * KPAD
 
 
+ROWPAD = 256  # the fp16 copies' rows are allocated in multiples of this (the largest tile):
+# matmul_f16.comp's DIRECT loads whole tiles, a ragged one reading pad rows it never stores
+
+
+def rpad(n: int) -> int:
+    return -(-n // ROWPAD) * ROWPAD
+
+
 class ResidentPrefill:
     """Mixin: expects VulkanBackend's alloc, stream, dev, pipes, _ops, _new, _pipe,
     max_weight_bytes."""
@@ -44,7 +52,7 @@ class ResidentPrefill:
         for lease, r0, nr in w.parts:
             for s0 in range(0, nr, per):
                 ns = min(per, nr - s0)
-                h = self.alloc.new(2 * kp * ns, pooled=False)
+                h = self.alloc.new(2 * kp * rpad(ns), pooled=False)
                 self.stream.dispatch(
                     pipe,
                     (lease.buf, lease.buf, h.buf),
@@ -66,7 +74,7 @@ class ResidentPrefill:
         T, K = x.shape[0], x.shape[-1]
         N = w.shape[0]
         kp = kpad(K)
-        xh = self._new((T * kp // 2,))  # fp16 pairs in float32 words
+        xh = self._new((rpad(T) * kp // 2,))  # fp16 pairs in float32 words
         x16, _ = self._pipe("matmul_prefill.x16", w.qtype)
         self.stream.dispatch(
             x16,
@@ -94,13 +102,18 @@ class ResidentPrefill:
     def _small_gemm(self, c: Any, qtype: str) -> Any:
         """The GEMM's pipeline with SMALL x SMALL tiles and one subgroup tile per subgroup (the
         same program and defines, other specialization constants), or None when no warp shape
-        fits the subgroup size."""
+        fits the subgroup size and the threads knob (or a thread would load a partial run)."""
         key = ("matmul_prefill.small", qtype)
         if key not in self._ops:
             prog = K.programs("matmul_prefill", c, qtype)[0]
             _, sg = K.specialization("matmul_prefill", c)
             lanes = sg or self.dev.info.subgroup_size
-            fits = [(m, n) for m, n in WARPS if (SMALL // m) * (SMALL // n) * lanes == 256]
+            threads, q = int(c["threads"]), int(c["bk"]) // 8
+            fits = [
+                (m, n)
+                for m, n in WARPS
+                if (SMALL // m) * (SMALL // n) * lanes == threads and (SMALL * q) % threads == 0
+            ]
             pipe = None
             if fits:
                 m, n = fits[0]

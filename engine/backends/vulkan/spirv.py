@@ -155,12 +155,13 @@ def compile_spirv(shader: str, defines: tuple[str, ...] = (), root: Path | None 
 
 def main(argv: list[str] | None = None) -> int:
     from engine.backends.vulkan.kernels import all_builds
+    from engine.backends.vulkan.probe_builds import PROBE_BUILDS
 
     ap = argparse.ArgumentParser(description="precompile every Vulkan shader build to SPIR-V")
     ap.add_argument("--out", type=Path, default=None, help="cache dir (default: the usual one)")
     args = ap.parse_args(argv)
     root = args.out or cache_dir()
-    builds = all_builds()
+    builds = all_builds() + PROBE_BUILDS  # the microbenchmarks' too (scripts/vulkan_probe.py)
     for shader, defines in builds:
         compile_spirv(shader, defines, root)
     print(f"{len(builds)} SPIR-V builds in {root}")

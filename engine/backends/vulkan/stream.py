@@ -118,7 +118,8 @@ class Stream:
             None,
         )
         self.fence = vk.vkCreateFence(d, vk.VkFenceCreateInfo(), None)
-        self.dyn_lease = alloc.new(DYN_SLOTS * 4, host_visible=True, pooled=False)
+        # written by the CPU each submit, read by many dispatches: device-local where mappable
+        self.dyn_lease = alloc.new(DYN_SLOTS * 4, host_visible=True, pooled=False, near=True)
         self.dyn_buf = self.dyn_lease.buf
         self.dyn_host = self.dyn_buf.host.view(np.uint32)
         self.nodes: list[Node] = []

@@ -53,6 +53,29 @@ _DN_FUSE = Param(
     "scan's defines; bit-identical to the four launches of 0)",
     PUSHED,
 )
+_DN_FUSE_CONV = Param(
+    "fuse_conv",
+    (0, 1),
+    0,
+    "1 (with fuse_decode): a one-token call runs the conv step too (dn_step.cu "
+    "delta_net_conv_step: ssm_conv_step's taps in each block, q / k / v read from the raw "
+    "projection row, the conv state rewritten by each K head's last block), one launch per "
+    "delta-net layer instead of five (conv, three column copies, the step); same expressions",
+    PUSHED,
+)
+# fuse_ba on by default: H200, 2026-12-01 (helper hdec's second call, qwen35 9B synth, tg128 after
+# a 64-token prompt, one process): 222.2 tok/s against 213.6 off; per-kernel decode time (queued)
+# mmvf 132 -> 108 launches a token, 2,885 -> 2,693 us; bit-identical (tests/test_cuda_dn_conv.py
+# on the H200) and validate config 18 of tests/test_cuda_hybrid.py passed with it.
+_DN_FUSE_BA = Param(
+    "fuse_ba",
+    (0, 1),
+    1,
+    "1: under matmul_decode.mmvf a decode row's beta and alpha projections (qwen35's "
+    "ssm_beta, ssm_alpha: [Hv, C] each, one type) go through mmvf as one stacked [2 Hv, C] "
+    "matrix, so the four input projections are one launch, not two; same rows, same dots",
+    PUSHED,
+)
 _DN_MAX_DK = Param(
     "max_dk",
     (64, 128, 256),
@@ -60,6 +83,7 @@ _DN_MAX_DK = Param(
     "register array per warp for a state column, max_dk / 32 per lane (must be >= the K head dim)",
     define("MAX_DK"),
 )
+_DN_DECODE = (_DN_FUSE, _DN_FUSE_CONV, _DN_FUSE_BA)  # the decode step's launch knobs
 
 REGISTRY.register(
     B,
@@ -69,7 +93,7 @@ REGISTRY.register(
             B,
             "delta_net",
             "sequential",
-            params=(_DN_WARPS, _DN_LAYOUT, _DN_MAX_DK, _DN_PREFETCH, _DN_FUSE),
+            params=(_DN_WARPS, _DN_LAYOUT, _DN_MAX_DK, _DN_PREFETCH, *_DN_DECODE),
             source="cuda/delta_net.cu",
             numeric="order_only",
             doc="a warp per state column (lanes over its rows, in registers for the call), "
@@ -84,7 +108,7 @@ REGISTRY.register(
                 _DN_LAYOUT,
                 _DN_MAX_DK,
                 _DN_PREFETCH,
-                _DN_FUSE,
+                *_DN_DECODE,
                 Param(
                     "chunk",
                     DELTA_NET_CHUNKS,
@@ -144,6 +168,25 @@ _MOE_DMMV = (
         PUSHED,
     ),
     Param(
+        "fuse_norm",
+        (0, 1),
+        0,
+        "fuse_decode's down kernel: 1 ends with the next layer's input RMSNorm of the new "
+        "residual row (the token's last block, all its threads: rms_norm's one warp is "
+        "latency-bound on a decode row), one launch per MoE layer fewer; 0: rms_norm after it",
+        PUSHED,
+    ),
+    Param(
+        "down_wsum",
+        (0, 1),
+        0,
+        "fuse_decode's down kernel as a weighted sum per lane (moe_dec_down_w): each lane "
+        "adds w_j times its share of every routed expert's row (four experts' loads in flight) "
+        "and the gated shared expert's, then one reduction per output, instead of a reduction "
+        "per expert with k + 1 rows' decodes held at once; another summation order",
+        PUSHED,
+    ),
+    Param(
         "down_vec1",
         (0, 1),
         0,
@@ -160,28 +203,19 @@ _MOE_DMMV_HOST = tuple(
     Param(p.name, p.choices, p.default, p.doc + " (decode)", HOST) for p in _MOE_DMMV
 )
 
-# dmmv first: the default. tc (12x faster experts at a 35b-a3b pp512) passes validate on the
-# tiny models but not on the realistic 35b-a3b (H200, 2026-11-30: KLD 4.1e-4 against fp16's
-# 1e-4, blame moe_experts tc layer 35, per-op NMSE 3.4e-3): a searched variant until that is
-# understood. Its decode (T == 1) and chunks below prefill.gemm_min_t are dmmv's kernels at dmmv's
-# knob defaults. grouped at decode is dmmv too (same kernels and knobs).
+# tc first: the default (fp16 tensor-core experts at prefill, 6.7x the per-pair DMMV at a
+# 35b-a3b pp512 on the H200, 8.0x with wide_loads + direct). It failed validate on the realistic
+# 35b-a3b until validate borrowed drift-explained routings (engine.validate): the kernel agrees
+# with dmmv to NMSE 2.7e-7 on the reference's own inputs at every layer, and the failure was 6
+# routing flips outside route_tie across 10 prompts, each with the router's logits within the
+# fp16 op bound (scripts/moe_drift.py, docs/verify.md). Its decode (T == 1), the per-token
+# reference and chunks below prefill.gemm_min_t run dmmv's kernels at dmmv's knob defaults.
+# grouped at decode is dmmv too (same kernels and knobs).
 # mmvq: int8 activations (the looser numeric class), so never the default.
 REGISTRY.register(
     B,
     "moe_experts",
     [
-        Variant(
-            B,
-            "moe_experts",
-            "dmmv",
-            params=_MOE_DMMV,
-            quant_types=ALL_TYPES,
-            source="cuda/moe.cu",
-            numeric="order_only",
-            doc="the decode DMMV per (token, chosen expert), the expert picked on the device "
-            "from router_topk's ids (only chosen experts are read; graph-safe), SwiGLU, down, "
-            "then a weighted sum per token (moe_combine)",
-        ),
         Variant(
             B,
             "moe_experts",
@@ -216,7 +250,7 @@ REGISTRY.register(
                 Param(
                     "wide_loads",
                     (0, 1),
-                    0,
+                    1,
                     "1: Q4_K / Q6_K groups decoded from 16-byte loads (2 and 4 load "
                     "instructions, not 8 and 18: a warp's loads hit 8 rows' lines, so L1 "
                     "passes per instruction bound the narrow decoders); same weights",
@@ -225,7 +259,7 @@ REGISTRY.register(
                 Param(
                     "direct",
                     (0, 1),
-                    0,
+                    1,
                     "1: Q4_K experts (gate, up, down) decoded by each warp straight into its mma "
                     "fragments (k permuted alike in the staged x), no shared-memory weight "
                     "tile; same products, another summation order",
@@ -242,6 +276,18 @@ REGISTRY.register(
             "another on fp16 tensor cores (mma.sync), Q4_K / Q6_K / ... weights decoded into "
             "shared memory (no fp16 copy in device memory); shorter chunks, decode and float "
             "experts: the dmmv kernels",
+        ),
+        Variant(
+            B,
+            "moe_experts",
+            "dmmv",
+            params=_MOE_DMMV,
+            quant_types=ALL_TYPES,
+            source="cuda/moe.cu",
+            numeric="order_only",
+            doc="the decode DMMV per (token, chosen expert), the expert picked on the device "
+            "from router_topk's ids (only chosen experts are read; graph-safe), SwiGLU, down, "
+            "then a weighted sum per token (moe_combine)",
         ),
         Variant(
             B,

@@ -223,20 +223,46 @@ def _resident_tiles(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
     if tm % wm or tn % wn:
         return False
     tiles = (tm // wm) * (tn // wn)
+    threads = int(c["threads"])
+    # every thread loads whole 16-byte runs of both tiles each k-step (no remainder)
+    q = int(c["bk"]) // 8
+    if (tm * q) % threads or (tn * q) % threads:
+        return False
     sg = int(c["subgroup_size"])
     if sg == 0 and dev is not None:
         lo, hi = _extra(dev, "min_subgroup_size", 0), _extra(dev, "max_subgroup_size", 0)
         sg = dev.subgroup_size if lo == hi else 0
     if sg == 0:
-        return dev is None and 256 % tiles == 0 and 256 // tiles in (32, 64)
-    return tiles * sg == 256
+        return dev is None and threads % tiles == 0 and threads // tiles in (32, 64)
+    return tiles * sg == threads
+
+
+COOPMAT_SHAPE_N8 = "16x8x16:f16*f16+f32=f32"
+
+
+def _resident_mma_shape(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
+    if int(cfg.op("matmul_prefill")["mma_n"]) == 16 or dev is None:
+        return True
+    return COOPMAT_SHAPE_N8 in _extra(dev, "coopmat_shapes", [])
+
+
+def _resident_one_smem_type(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
+    c = cfg.op("matmul_prefill")
+    return not (c["smem_pairs"] and c["smem_halves"])
+
+
+def _resident_threads_fit(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
+    return _device_takes_wg(int(cfg.op("matmul_prefill")["threads"]), dev)
 
 
 def _resident_shared(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
     c = cfg.op("matmul_prefill")
     limit = _extra(dev, "max_shared_memory")
-    need = 2 * int(c["buffers"]) * (int(c["bk"]) + 8) * (int(c["tile_m"]) + int(c["tile_n"]))
-    return limit is None or need <= int(limit)
+    tiles = 2 * int(c["buffers"]) * (int(c["bk"]) + 8) * (int(c["tile_m"]) + int(c["tile_n"]))
+    if c["direct"]:
+        tiles = 0  # no shared tiles
+    slots = 16 * 64 * (int(c["threads"]) // 32)  # matmul_f16.comp's SH_LEN: result slots
+    return limit is None or max(tiles, slots) <= int(limit)
 
 
 def _wg(default: int, choices: tuple[int, ...] = WG_SIZES) -> Param:
@@ -610,10 +636,44 @@ REGISTRY.register(
                 Param("warp_n", (16, 32, 64), 32, "prompt columns per subgroup tile", spec(3)),
                 Param(
                     "bk",
-                    (32, 64),
+                    (16, 32, 64),
                     32,
-                    "k per shared-memory step (fewer barriers against more shared memory)",
+                    "k per shared-memory step (fewer barriers against more shared memory; 16: "
+                    "room for double-buffered 256-row tiles in 48 KiB)",
                     define("BK"),
+                ),
+                Param(
+                    "smem_halves",
+                    (False, True),
+                    False,
+                    "shared tiles as float16_t, the matrices' own element type (strides and "
+                    "offsets in halves) instead of uvec4",
+                    define("SMEM_HALVES"),
+                ),
+                Param(
+                    "direct",
+                    (False, True),
+                    False,
+                    "no shared tiles: each subgroup loads its matrices straight from the fp16 "
+                    "copies (L1/L2 serve the reuse), no barriers; bk sets the k per loop step",
+                    define("DIRECT"),
+                ),
+                Param(
+                    "mma_n",
+                    (16, 8),
+                    16,
+                    "weight rows per multiply-add: 16 (16x16x16) or 8 (16x8x16, NVIDIA's native "
+                    "mma.sync shape; the device must list it)",
+                    define("MMA_N"),
+                ),
+                Param(
+                    "threads",
+                    (128, 256, 512),
+                    256,
+                    "the GEMM's workgroup size: (tile_m / warp_m) x (tile_n / warp_n) subgroup "
+                    "tiles of that many lanes each (128 = four 64 x 64 tiles of 16 "
+                    "accumulators, llama.cpp's coopmat shape)",
+                    define("WG_THREADS"),
                 ),
                 Param(
                     "buffers",
@@ -650,7 +710,18 @@ REGISTRY.register(
                 ),
             ),
             constraints=(
-                _wg_fits("matmul_prefill", fixed=256),  # matmul_f16.comp's local size
+                Constraint(
+                    "at most one of smem_pairs, smem_halves (the shared element type)",
+                    _resident_one_smem_type,
+                ),
+                Constraint(
+                    f"mma_n 8 needs the device to list {COOPMAT_SHAPE_N8}",
+                    _resident_mma_shape,
+                ),
+                Constraint(
+                    "threads <= the device's maxComputeWorkGroupInvocations / size[0]",
+                    _resident_threads_fit,
+                ),
                 Constraint(
                     "the device reports VK_KHR_cooperative_matrix (cooperativeMatrix, "
                     f"shaderFloat16, vulkanMemoryModel) with the subgroup shape {COOPMAT_SHAPE} "
@@ -663,14 +734,15 @@ REGISTRY.register(
                     _coopmat_subgroups,
                 ),
                 Constraint(
-                    "warp_m divides tile_m, warp_n divides tile_n, and (tile_m / warp_m) x "
-                    "(tile_n / warp_n) x subgroup size = 256 (one subgroup tile per subgroup; "
-                    "the subgroup size required, or the device has one size)",
+                    "warp_m divides tile_m, warp_n divides tile_n, (tile_m / warp_m) x "
+                    "(tile_n / warp_n) x subgroup size = threads (one subgroup tile per "
+                    "subgroup; the subgroup size required, or the device has one size), and "
+                    "threads divides tile_m x bk / 8 and tile_n x bk / 8",
                     _resident_tiles,
                 ),
                 Constraint(
-                    "buffers x (bk + 8) x (tile_m + tile_n) halves of shared memory <= "
-                    "maxComputeSharedMemorySize",
+                    "max(buffers x (bk + 8) x (tile_m + tile_n) halves, threads / 32 result "
+                    "slots of 1 KiB) of shared memory <= maxComputeSharedMemorySize",
                     _resident_shared,
                 ),
             ),

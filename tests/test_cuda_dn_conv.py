@@ -1,0 +1,156 @@
+"""delta_net.fuse_conv, delta_net.fuse_ba, moe_experts.fuse_norm and down_wsum on the GPU
+(`pytest -m gpu`): a decode token's conv step, gates, scan step and gated norm in one launch
+(shaders/cuda/dn_step.cu delta_net_conv_step) against the op-by-op CUDA schedule (ssm_conv_step,
+the column copies, delta_net_step: outputs, delta-net state and conv state equal to the bit,
+several steps on carried states) and the NumPy reference, over both state layouts and V-head
+orders, conv widths and ragged head dims; qwen35's beta / alpha projections stacked into one mmvf
+launch against the two-launch schedule (bit-equal) and NumPy; the MoE down kernel ending in the
+next layer's input norm against moe_ffn + rms_norm, and its weighted-sum form, against NumPy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.backends.numpy_ref import NumpyBackend
+from engine.gguf_model import QTensor
+from engine.tuning import TuningConfig
+from tests.op_cases import check, qtensor
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def be(cuda_be):
+    return cuda_be
+
+
+def cfg(**flat) -> TuningConfig:
+    return TuningConfig.from_flat("cuda", flat)
+
+
+def _f32(name: str, a) -> QTensor:
+    a = np.ascontiguousarray(a, np.float32)
+    return QTensor(name, "F32", a.shape, a.view(np.uint8).reshape(-1, 4 * a.shape[-1]))
+
+
+# (warps, max_dk, K, dk, dv, Hk, Hv): dv off the warp count, dk == max_dk, Hv == Hk, K 2..8,
+# the 9b / 35b-a3b heads last
+SHAPES = [
+    (1, 64, 2, 16, 16, 2, 6),
+    (4, 128, 4, 40, 24, 2, 6),
+    (8, 128, 5, 128, 128, 2, 4),
+    (2, 256, 8, 200, 96, 3, 3),
+    (4, 64, 3, 64, 33, 1, 4),
+    (4, 128, 4, 128, 128, 16, 32),
+]
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("v_order", ["grouped", "tiled"])
+@pytest.mark.parametrize("warps,max_dk,K,dk,dv,Hk,Hv", SHAPES)
+def test_conv_fused_step_is_the_op_by_op_schedule_to_the_bit(
+    be, transposed, v_order, warps, max_dk, K, dk, dv, Hk, Hv
+):
+    rng = np.random.default_rng(dk * 7 + dv + Hv + K)
+    f = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    Cc = 2 * Hk * dk + Hv * dv
+    knobs = {"delta_net.warps": warps, "delta_net.max_dk": max_dk,
+             "delta_net.state_transposed": transposed}  # fmt: skip
+    conv_w = _f32("conv", f(Cc, K) * 0.5)
+    dt = _f32("dt", rng.uniform(-1, 1, Hv))
+    sa = _f32("a", -np.exp(rng.uniform(-1, 1, Hv)))
+    nw = _f32("n", rng.uniform(0.5, 1.5, dv))
+    s0 = f(Hv, dk, dv) * 0.1
+    c0 = f(K - 1, Cc)
+    ref = NumpyBackend()
+    rw = [ref.load_weight(t) for t in (conv_w, dt, sa, nw)]
+    s_ref, c_ref = s0.copy(), c0.copy()
+    init = np.ascontiguousarray(s0.transpose(0, 2, 1)) if transposed else s0
+    states = {n: (be.upload(init), be.upload(c0)) for n in ("fused", "plain")}
+    for step in range(3):
+        qkv, a, b, z = f(1, Cc), f(1, Hv), f(1, Hv), f(1, Hv * dv)
+        outs = {}
+        for name, fuse in (("fused", 1), ("plain", 0)):
+            be.set_config(cfg(**knobs, **{"delta_net.fuse_conv": fuse}))
+            w = [be.load_weight(t) for t in (conv_w, dt, sa, nw)]
+            s, c = states[name]
+            outs[name] = be.download(be.delta_net_conv_gated(
+                be.upload(qkv), c, w[0], Hk, dk, be.upload(a), be.upload(b), w[1], w[2], s,
+                v_order, 1e-6, w[3], be.upload(z)))  # fmt: skip
+        assert np.array_equal(outs["fused"], outs["plain"]), f"step {step}"
+        for i, what in enumerate(("state", "conv state")):
+            got, want = (be.download(states[n][i]) for n in ("fused", "plain"))
+            assert np.array_equal(got, want), f"{what}, step {step}"
+        want = ref.delta_net_conv_gated(qkv, c_ref, rw[0], Hk, dk, a, b, rw[1], rw[2], s_ref,
+                                        v_order, 1e-6, rw[3], z)  # fmt: skip
+        check(outs["fused"], np.asarray(want, np.float64), 1e-10)
+        np.testing.assert_array_equal(be.download(states["fused"][1]), c_ref)
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0", "Q4_0"])
+@pytest.mark.parametrize("C,N,Hv", [(256, 96, 32), (512, 40, 6), (4096, 160, 32)])
+def test_stacked_beta_alpha_is_the_two_launch_schedule_to_the_bit(be, qtype, C, N, Hv):
+    rng = np.random.default_rng(C + N + Hv)
+    qts = [qtensor(rng, (n, C), qtype, name=f"w{i}") for i, n in enumerate((N, N // 2, Hv, Hv))]
+    x = rng.standard_normal((1, C)).astype(np.float32)
+    outs = {}
+    for fuse in (1, 0):
+        be.set_config(cfg(**{"delta_net.fuse_ba": fuse}))
+        ws = tuple(be.load_weight(t) for t in qts)
+        be.ssm_in(be.upload(rng.standard_normal((2, C)).astype(np.float32)), ws)  # (a prefill)
+        outs[fuse] = [be.download(y) for y in be.ssm_in(be.upload(x), ws)]
+    for got, want, qt in zip(outs[1], outs[0], qts, strict=True):
+        assert np.array_equal(got, want), qt.name
+        check(got, x.astype(np.float64) @ qt.dequantize().T.astype(np.float64), 1e-10)
+
+
+# (E, k, C, F, routed type, down type, shared): ragged C (not a multiple of the 32 lanes), the
+# 35B-A3B's k and down types, no shared expert
+MOE_SHAPES = [
+    (8, 2, 320, 96, "Q8_0", "Q8_0", True),
+    (64, 8, 1024, 256, "Q4_K", "Q6_K", True),
+    (16, 3, 256, 64, "Q4_0", "Q4_0", False),
+]
+
+
+DOWN_KNOBS = [{}, {"moe_experts.down_vec1": 1}, {"moe_experts.down_wsum": 1},
+              {"moe_experts.down_wsum": 1, "moe_experts.threads_per_row": 16,
+               "moe_experts.rows_per_block": 8}]  # fmt: skip
+
+
+@pytest.mark.parametrize("knobs", DOWN_KNOBS, ids=["down", "vec1", "wsum", "wsum-t16"])
+@pytest.mark.parametrize("E,k,C,F,qe,qd,shared", MOE_SHAPES)
+def test_moe_down_norm_is_moe_ffn_then_rms_norm(be, E, k, C, F, qe, qd, shared, knobs):
+    rng = np.random.default_rng(E + k + C)
+    mats = [qtensor(rng, s, q, 0.1) for s, q in (((E, F, C), qe), ((E, F, C), qe),
+                                                 ((E, C, F), qd))]  # fmt: skip
+    router = _f32("router", rng.standard_normal((E, C)) * 0.05)
+    sh = None
+    if shared:
+        sh = (_f32("sg", rng.standard_normal((1, C)) * 0.1),
+              *(qtensor(rng, s, "Q8_0", 0.1) for s in ((F, C), (F, C), (C, F))))  # fmt: skip
+    norm = _f32("norm", rng.uniform(0.5, 1.5, C))
+    ref = NumpyBackend()
+    ins = rng.standard_normal((2, 2, 1, C)).astype(np.float32)  # (h, r) per step
+    outs = {}
+    for fuse in (1, 0):
+        be.set_config(cfg(**knobs, **{"moe_experts.fuse_norm": fuse}))
+        ld = be.load_weight
+        for step in range(2):  # (the ticket reset: a second call on the same tickets)
+            h, r = ins[step]
+            y, hn = be.moe_ffn_norm(be.upload(h), be.upload(r), ld(router), k,
+                                    tuple(ld(m) for m in mats),
+                                    None if sh is None else tuple(ld(t) for t in sh),
+                                    ld(norm), 1e-6)  # fmt: skip
+            outs[fuse, step] = (be.download(y), be.download(hn))
+    for step in range(2):  # y to the bit (one down kernel); its norm summed by the block
+        assert np.array_equal(outs[1, step][0], outs[0, step][0]), f"step {step}"
+        check(outs[1, step][1], outs[0, step][1].astype(np.float64), 1e-12)
+    h, r = ins[0]
+    wy, whn = ref.moe_ffn_norm(h, r, ref.load_weight(router), k,
+                               tuple(ref.load_weight(m) for m in mats),
+                               None if sh is None else tuple(ref.load_weight(t) for t in sh),
+                               ref.load_weight(norm), 1e-6)  # fmt: skip
+    check(outs[1, 0][0], np.asarray(wy, np.float64), 1e-10)
+    check(outs[1, 0][1], np.asarray(whn, np.float64), 1e-10)
