@@ -211,13 +211,13 @@ VARIANTS |= {
     "f15_all_fr_glu": F15 | {_A + "fuse_rope": 1, _D + "fuse_swiglu": 1},
     "f15_all_fr_glu_pdl": F15 | {_A + "fuse_rope": 1, _D + "fuse_swiglu": 1, _D + "pdl": 1},
     "d15_fr_glu": S2 | _GQA | _NB | {_A + "fuse_rope": 1, _D + "fuse_swiglu": 1},
-    # the defaults before rms_norm.block (the warp kernel), for comparison
+    # the warp norm named (the default), for comparison with rms_norm.block
     "warp_norm": {"rms_norm.variant": "warp"},
     "dec8_split2_warp": S2 | {"rms_norm.variant": "warp"},
     "f15_all_fr_s8": F15 | {_A + "fuse_rope": 1, _A + "splits": 8},
     "d15_fr_s8": S2 | _GQA | _NB | {_A + "fuse_rope": 1, _A + "splits": 8},
-    "norm_t128": {"rms_norm.threads": 128},
-    "norm_t512": {"rms_norm.threads": 512},
+    "norm_t128": _NB | {"rms_norm.threads": 128},
+    "norm_t512": _NB | {"rms_norm.threads": 512},
 }
 # --sweep: coordinate descent over these knobs, in this order, from the --sweep variant
 SWEEP_KNOBS = (

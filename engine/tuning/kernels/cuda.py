@@ -649,6 +649,17 @@ REGISTRY.register(
         Variant(
             B,
             "rms_norm",
+            "warp",
+            params=(
+                Param("rows_per_block", (1, 2, 4, 8), 4, "rows (one warp each) per block", PUSHED),
+            ),
+            source="cuda/elementwise.cu",
+            numeric="order_only",
+            doc="one warp per row of the last dim ([T, C] and per-head [T, H, D])",
+        ),
+        Variant(
+            B,
+            "rms_norm",
             "block",
             params=(
                 Param(
@@ -665,17 +676,6 @@ REGISTRY.register(
             doc="one block per row, x and w loaded once into registers before the reduction "
             "(one memory round trip); under int8 decode it also writes the row's Q8_1 form "
             "(rms_norm_q8's arithmetic and order)",
-        ),
-        Variant(
-            B,
-            "rms_norm",
-            "warp",
-            params=(
-                Param("rows_per_block", (1, 2, 4, 8), 4, "rows (one warp each) per block", PUSHED),
-            ),
-            source="cuda/elementwise.cu",
-            numeric="order_only",
-            doc="one warp per row of the last dim ([T, C] and per-head [T, H, D])",
         ),
     ],
 )
