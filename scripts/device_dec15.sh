@@ -18,7 +18,7 @@ if [ ! -f $M ]; then M=/tmp/dec15_$P.gguf
   [ -f $M ] || (python3 -m engine synth --preset $P --out /tmp/dec15_$P.part.gguf > "$D/synth.log" 2>&1 \
     && mv /tmp/dec15_$P.part.gguf $M) &
 fi
-CONFIGS=default,f15_norm,f15_fkv,f15_all,f15_all_fr,f15_all_fr_glu,dec8_split2,dec8_split2_warp,d15,d15_fr,d15_fr_glu,f15_all_s8,f15_all_s32,f15_all_fr_s8,d15_s8,d15_fr_s8,f15_glu,f15_all_fr_glu_pdl,d15_fr_pdl,f15_all_pdl_ne,norm_t128,norm_t512
+CONFIGS=default,f15_norm,f15_fkv,f15_all,f15_all_fr,f15_all_fr_glu,dec8_split2,d15_norm,d15,d15_fr,d15_fr_glu,f15_all_s8,f15_all_s32,f15_all_fr_s8,d15_s8,d15_fr_s8,f15_glu,f15_all_fr_glu_pdl,d15_fr_pdl,f15_all_pdl_ne,norm_t128,norm_t512
 python3 - > /tmp/dec15_cfgs.json <<PY
 import json
 from scripts.device_speed import VARIANTS
