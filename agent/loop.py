@@ -239,10 +239,11 @@ class Agent:
 
     def _loop(self) -> None:
         while True:
-            self.leases.check()
-            self.runner.dispatch_idle()  # asks dispatch_work for each worker's next calls
-            self._flush()  # storage writes of finished trials, while workers run the next ones
-            self._write_status("running")
+            with signals_held():  # a storage write is never cut in half by Ctrl-C / SIGTERM
+                self.leases.check()
+                self.runner.dispatch_idle()  # asks dispatch_work for each worker's next calls
+                self._flush()  # storage writes of finished trials, while workers run the next
+                self._write_status("running")
             if not self.runner.wait():  # hands results back to got_* / lost
                 return
 
@@ -691,6 +692,33 @@ def stop_on_sigterm(ignore: bool = False) -> Iterator[None]:
         signal.signal(signal.SIGTERM, old_term)
         if old_int is not None:
             signal.signal(signal.SIGINT, old_int)
+
+
+@contextmanager
+def signals_held() -> Iterator[None]:
+    """Ctrl-C and SIGTERM wait for the end of the block, then act as they would have: the agent's
+    storage writes (Optuna's journal takes a file lock and renames files) are not interrupted
+    half way. A SIGTERM inside the journal's lock release once left the agent exiting 1 on a
+    FileNotFoundError instead of 143 with its trials recorded as interrupted."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got: list[int] = []
+
+    def hold(signum: int, frame: Any) -> None:
+        got.append(signum)
+
+    old = {s: signal.signal(s, hold) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        for s in got[:1]:  # the first one, as its own handler would have taken it
+            if callable(old[s]):
+                old[s](s, None)
+            elif old[s] == signal.SIG_DFL:
+                signal.raise_signal(s)
 
 
 def confirmation_ok(conf: Confirmation | None) -> bool:

@@ -787,3 +787,29 @@ def test_aa_run_settles_before_the_worker_gets_trials(tmp_path) -> None:
         assert other.setup == ([(Phase.AA, "m")] if run < AA_RUNS else [])
         other.setup.clear()
     assert other.noise["m"]["decode_tok_s@16"] == pytest.approx(2 * AA_SETTLE)
+
+
+def test_signals_held_wait_for_the_end_of_a_storage_write() -> None:
+    """A SIGTERM or Ctrl-C inside signals_held() is taken at its end, by the handler that was
+    in place (a SIGTERM once cut Optuna's journal lock release in half: exit 1, not 143)."""
+    import os
+    import signal
+
+    from agent.loop import signals_held, stop_on_sigterm
+
+    done = []
+    with stop_on_sigterm(), pytest.raises(KeyboardInterrupt, match="signal 15"):
+        with signals_held():
+            os.kill(os.getpid(), signal.SIGTERM)
+            done.append("write")  # not interrupted
+    assert done == ["write"]
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt), signals_held():
+            os.kill(os.getpid(), signal.SIGINT)
+            done.append("write 2")
+    finally:
+        signal.signal(signal.SIGINT, old)
+    assert done == ["write", "write 2"]
+    with signals_held():  # nothing pending: no exception
+        pass
