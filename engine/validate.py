@@ -491,7 +491,11 @@ def validate(
         if rep.blame is None and argmax_wrong:  # every op's output agreed: the sampler did not
             rep.blame = _argmax_blame(model, candidate)
         elif rep.blame is None:  # the hooked ops agreed: the fault is in a fused kernel
-            rep.blame = _fusion_blame(model, candidate)
+            failed = [p for p, r in zip(all_prompts, results, strict=True) if not r.passed]
+            bad = min(failed, key=len) if failed else None  # the cheapest to run again
+            rep.blame = _fusion_blame(
+                model, candidate, bad, steps, reference, ref_cache, budgets, tol
+            )
         model.set_config(candidate)
     return rep
 
@@ -502,14 +506,45 @@ def _argmax_blame(model: Model, candidate: TuningConfig) -> Blame:
     return Blame(op, choice.variant, choice.as_dict(), "greedy token", -1, -1, -1, 0.0, 0.0)
 
 
-def _fusion_blame(model: Model, candidate: TuningConfig) -> Blame | None:
-    """The first registry op whose fused kernels the hooked replay bypasses, if any."""
+def _fusion_blame(
+    model: Model,
+    candidate: TuningConfig,
+    prompt: list[int] | None = None,
+    steps: int = 0,
+    reference: TuningConfig | None = None,
+    ref_cache: dict[Any, Any] | None = None,
+    budgets: dict[str, Budget] | None = None,
+    tol: Tolerances | None = None,
+) -> Blame | None:
+    """The registry op whose fused kernels (which the hooked replay bypasses) the failure is in:
+    with several, the one whose fusions turned off (its ``fuse_*`` knobs at 0) let the failing
+    ``prompt`` pass end to end; else the first one."""
     ops = model.backend.hook_bypassed_fusions(candidate)
     if not ops:
         return None
-    choice = candidate.op(ops[0])
-    label = "fused schedule (the hooked, unfused ops agree)"
-    return Blame(ops[0], choice.variant, choice.as_dict(), label, -1, -1, -1, 0.0, 0.0)
+    culprit, label = ops[0], "fused schedule (the hooked, unfused ops agree)"
+    tries = [(op, off) for op in ops if (off := _fusions_off(candidate, op)) is not None]
+    for op, off in tries if prompt is not None and len(ops) > 1 else []:
+        rep = validate(
+            model, off, [prompt], steps, tol=tol, reference=reference, ref_cache=ref_cache,
+            budgets=budgets, edges=False, blame_failures=False, replay_ops=False,
+        )  # fmt: skip
+        model.set_config(candidate)
+        if rep.passed:
+            culprit = op
+            label = f"fused schedule: passes with {op}'s fusions off (the hooked ops agree)"
+            break
+    choice = candidate.op(culprit)
+    return Blame(culprit, choice.variant, choice.as_dict(), label, -1, -1, -1, 0.0, 0.0)
+
+
+def _fusions_off(candidate: TuningConfig, op: str) -> TuningConfig | None:
+    """``candidate`` with ``op``'s fuse_* knobs at 0; None when it has none on."""
+    flat = candidate.flat()
+    on = [k for k, v in flat.items() if k.startswith(f"{op}.fuse_") and v]
+    if not on:
+        return None
+    return TuningConfig.from_flat(candidate.backend, {**flat, **dict.fromkeys(on, 0)})
 
 
 def blame_report(

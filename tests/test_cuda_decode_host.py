@@ -272,3 +272,27 @@ def test_split_kw_kv_early_reaches_the_kernel(tiny_model_factory, ke):
     _, launches, m = _decode_launches(tiny_model_factory, flat)
     kw = [launch for launch in launches if launch.kernel == "attn_split_kw"]
     assert len(kw) == m.spec.n_layers and all(int(k.args[-1]) == ke for k in kw)
+
+
+def test_fusion_blame_bisects_several_fused_ops(monkeypatch):
+    """With several fused ops on, blame names the one whose fusions turned off let the failing
+    prompt pass (the planted QK_PREP_ROPE_AHEAD was blamed on delta_net, the first one)."""
+    from types import SimpleNamespace
+
+    import engine.validate as V
+
+    be = FakeCuda(cfg())
+    on = cfg(**BASE, **{"matmul_decode.fuse_norm": 1})  # matmul_decode and rope fused
+    assert be.hook_bypassed_fusions(on) == ["matmul_decode", "rope"]
+    tried = []
+
+    def fake_validate(model, cand, prompts, steps, **kw):  # noqa: ANN001, ANN003, ANN202
+        tried.append(cand.flat())
+        return SimpleNamespace(passed=cand.op("rope")["fuse_kv"] == 0)  # the fault is rope_kv
+
+    monkeypatch.setattr(V, "validate", fake_validate)
+    model = SimpleNamespace(backend=be, set_config=lambda c: None)
+    b = V._fusion_blame(model, on, [1, 2, 3], 4)
+    assert b.op == "rope" and "rope's fusions off" in b.label
+    assert tried[0]["matmul_decode.fuse_norm"] == 0 and tried[0]["rope.fuse_kv"] == 1
+    assert tried[1]["rope.fuse_kv"] == 0 and tried[1]["matmul_decode.fuse_norm"] == 1
