@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import sqlite3
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +41,7 @@ DRIVER_PACKAGES = {
     "MySQLdb": "mysqlclient",
 }
 CONNECT_TIMEOUT_S = 10
+SCHEMA_RACE_TRIES = 3  # opens of a new database racing another process on its schema
 SCHEMES = "journal:///path, sqlite:///path, postgresql://user@host/db, or a file path"
 
 
@@ -81,7 +83,19 @@ class StorageRef:
             return JournalStorage(JournalFileBackend(str(self.path)))
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-        return optuna.storages.RDBStorage(self.url, engine_kwargs=engine_kwargs(self))
+        from sqlalchemy.exc import IntegrityError
+
+        for attempt in range(SCHEMA_RACE_TRIES):
+            try:
+                return optuna.storages.RDBStorage(self.url, engine_kwargs=engine_kwargs(self))
+            except IntegrityError:
+                # Two processes creating the schema of a new database at once: one loses the
+                # race on CREATE TABLE (PostgreSQL: duplicate key in pg_type for
+                # alembic_version, seen in CI); the schema is there when it tries again.
+                if attempt == SCHEMA_RACE_TRIES - 1:
+                    raise
+                time.sleep(0.2 * (attempt + 1))
+        raise AssertionError("unreachable")
 
 
 def engine_kwargs(ref: StorageRef) -> dict:

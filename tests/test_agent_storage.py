@@ -284,3 +284,28 @@ def test_agent_whose_lease_is_taken_over_stops_without_writing(
     assert late == []  # nothing written by the old holder after the take-over settled
     assert holder_of(storage, study._study_id).agent == taken["agent"]
     assert sum(t.user_attrs.get("outcome") == "ok" for t in study.trials) < 8
+
+
+def test_open_tries_again_after_losing_the_schema_race(tmp_path, monkeypatch) -> None:
+    """A new database whose schema another process is creating at the same moment: the loser's
+    CREATE TABLE fails (PostgreSQL: duplicate key in pg_type, seen in CI); open tries again."""
+    import optuna
+    from sqlalchemy.exc import IntegrityError
+
+    from agent import storage as S
+
+    real, calls = optuna.storages.RDBStorage, []
+
+    def racing(url, **kw):  # noqa: ANN001, ANN003, ANN202
+        calls.append(url)
+        if len(calls) == 1:
+            raise IntegrityError("CREATE TABLE alembic_version", {}, Exception("duplicate key"))
+        return real(url, **kw)
+
+    monkeypatch.setattr(optuna.storages, "RDBStorage", racing)
+    ref = S.parse_storage(f"sqlite:///{tmp_path}/s.db")
+    assert ref.open() is not None and len(calls) == 2
+    calls.clear()
+    monkeypatch.setattr(S, "SCHEMA_RACE_TRIES", 1)
+    with pytest.raises(IntegrityError):
+        ref.open()
