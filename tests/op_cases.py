@@ -101,3 +101,14 @@ def attention_ref(q: np.ndarray, kc: np.ndarray, vc: np.ndarray, pos0: int) -> n
             p = np.exp(s - s.max())
             ref[t, h] = (p / p.sum()) @ vc[:L, kv]
     return ref
+
+
+def assert_graph_equals_eager(be, model, prompt: list[int], steps: int = 10) -> None:  # noqa: ANN001
+    """The backend's CUDA-graph decode gives the eager decode's tokens and logits, to the bit."""
+    be.use_graphs = False
+    eager = model.generate(prompt, steps, keep_logits=True)
+    be.use_graphs = True
+    graph = model.generate(prompt, steps, keep_logits=True)
+    assert graph.tokens == eager.tokens
+    for a, b in zip(graph.step_logits, eager.step_logits, strict=True):
+        assert np.array_equal(a, b), "graph replay differs from eager decode"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.op_cases import attention_ref, check, dense, qtensor
+from tests.op_cases import assert_graph_equals_eager, attention_ref, check, dense, qtensor
 from tests.test_cuda_ops import INT8_NMSE, PROMPT, _check_q8, _model, cfg
 
 pytestmark = pytest.mark.gpu
@@ -110,13 +110,7 @@ MODEL_CONFIGS = [
 def test_gqa_model_graph_equals_eager(be, tiny_model_factory, arch, flat):
     m = _model(tiny_model_factory(arch, "q4_k_m"), be)
     be.set_config(cfg(**flat))
-    be.use_graphs = False
-    eager = m.generate(PROMPT, 10, keep_logits=True)
-    be.use_graphs = True
-    graph = m.generate(PROMPT, 10, keep_logits=True)
-    assert graph.tokens == eager.tokens
-    for a, b in zip(graph.step_logits, eager.step_logits, strict=True):
-        assert np.array_equal(a, b), "graph replay differs from eager decode"
+    assert_graph_equals_eager(be, m, PROMPT)
     be.set_config(cfg())
 
 
