@@ -67,6 +67,16 @@ VARIANTS |= {
     "coopmat": {"matmul_prefill.variant": "coopmat", "attention.variant": "coopmat"},
     "res_mmvw_epi": RES | VARIANTS["mmvw_epi"],
 }
+# vkspd: the resident GEMM with its bounded store unrolled (accumulators kept in registers)
+SU = RES | {MP + "store_unrolled": True}
+VARIANTS |= {
+    "res_su": SU,
+    "res_su_128t": SU | {MP + "threads": 128, MP + "warp_n": 64},
+    "res_su_512t": SU | {MP + "threads": 512, MP + "warp_m": 32, MP + "warp_n": 32},
+    "res_su_direct": SU | {MP + "threads": 128, MP + "warp_n": 64, MP + "direct": True},
+    "res_su_bk64": SU | {MP + "bk": 64, MP + "buffers": 1},
+    "res_su_epi": SU | VARIANTS["mmvw_epi"],
+}
 
 
 def config(name: str) -> TuningConfig:

@@ -42,9 +42,9 @@ def test_resident_programs_build_and_validate(tmp_path):
     assert spirv.compiler_for("matmul_f16")[0] == "glslangValidator"
     tools = Path(sys.executable).parent
     # one GEMM build per define-knob combination (bk 3 x buffers 2 x shared element type 3 x
-    # threads 3 x mma_n 2, and direct: bk 3 x threads 3 x mma_n 2; no weight type), one
-    # PASS_W16 per type, one PASS_X16
-    assert len(builds) == 3 * 2 * 3 * 3 * 2 + 3 * 3 * 2 + len(QUANT_TYPES) + 1
+    # threads 3 x mma_n 2, and direct: bk 3 x threads 3 x mma_n 2; each x store_unrolled 2; no
+    # weight type), one PASS_W16 per type, one PASS_X16
+    assert len(builds) == 2 * (3 * 2 * 3 * 3 * 2 + 3 * 3 * 2) + len(QUANT_TYPES) + 1
     for defines in (
         ("BK=32", "MMA_N=16", "NBUF=2", "WG_THREADS=256"),
         ("BK=64", "MMA_N=16", "NBUF=1", "SMEM_PAIRS", "WG_THREADS=256"),
@@ -52,6 +52,8 @@ def test_resident_programs_build_and_validate(tmp_path):
         ("BK=32", "MMA_N=16", "NBUF=2", "WG_THREADS=512"),
         ("BK=32", "MMA_N=16", "NBUF=2", "SMEM_HALVES", "WG_THREADS=256"),
         ("BK=32", "DIRECT", "MMA_N=16", "WG_THREADS=128"),
+        ("BK=32", "MMA_N=16", "NBUF=2", "STORE_UNROLLED", "WG_THREADS=256"),
+        ("BK=32", "DIRECT", "MMA_N=16", "STORE_UNROLLED", "WG_THREADS=128"),
         ("QTYPE_Q4_K", "PASS_W16"),
         ("PASS_X16",),
     ):
@@ -213,6 +215,13 @@ KNOBS = [
     {"mma_n": 8},  # 16x8x16: half-row result slots on the bounded path
     {"mma_n": 8, "threads": 128, "warp_m": 64, "warp_n": 64, "bk": 16},
     {"threads": 128, "subgroup_size": 64, "tile_n": 64, "warp_n": 64},  # wave64: 2 tiles
+    # the bounded store with a fixed trip count: wave32, wave64 (one round), direct, 16x8x16
+    {"store_unrolled": True},
+    {"store_unrolled": True, "subgroup_size": 32},
+    {"store_unrolled": True, "subgroup_size": 64, "warp_n": 64},
+    {"store_unrolled": True, "direct": True, "threads": 128, "warp_n": 64},
+    {"store_unrolled": True, "mma_n": 8},
+    {"store_unrolled": True, "threads": 128, "warp_m": 64, "warp_n": 64},
 ]
 
 

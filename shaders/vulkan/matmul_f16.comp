@@ -23,7 +23,9 @@
 // or 64: BK 16 rows are 48 bytes, still 8 distinct 4-bank groups), NBUF (1 or 2), SMEM_PAIRS
 // (below), WG_THREADS (the GEMM's workgroup: 128 threads of 64 x 64 subgroup tiles is
 // llama.cpp's coopmat shape, 16 accumulators per subgroup), MMA_N, SMEM_HALVES, DIRECT
-// (below). Bindings: GEMM 0 W16, 1 x16, 2 y; PASS_W16 0 Wq, 1 -, 2 W16; PASS_X16 0 x, 1 -,
+// (below), STORE_UNROLLED (the bounded store's lane loop with a compile-time trip count: with
+// a loop bounded by gl_SubgroupSize inside the accumulator loops, NVIDIA's compiler kept the
+// whole acc[] array in local memory, "Local Memory Size" = the accumulators' bytes). Bindings: GEMM 0 W16, 1 x16, 2 y; PASS_W16 0 Wq, 1 -, 2 W16; PASS_X16 0 x, 1 -,
 // 2 x16 (binding 1 unused: the three programs share one layout of three buffers).
 
 #extension GL_GOOGLE_include_directive : require
@@ -318,7 +320,15 @@ void main() {
                          gl_CooperativeMatrixLayoutRowMajor);
             subgroupMemoryBarrierShared();
             subgroupBarrier();
+#ifdef STORE_UNROLLED
+            // a compile-time trip count (subgroups of 32 or 64 lanes: two rounds cover the
+            // slot's 64 uvec4): the driver unrolls these loops and keeps acc[] in registers
+            [[unroll]] for (uint r = 0u; r < 2u; r++) {
+                uint e = lane + r * width;
+                if (e >= 64u) continue;
+#else
             for (uint e = lane; e < 64u; e += width) {  // a row of 16 = 4 uvec4
+#endif
                 uint col = col0 + 16u * j + e / 4u, n = row0 + MMA_N * i + 4u * (e % 4u);
                 vec4 v = uintBitsToFloat(SH_GET(slot + e));
                 if (col < pc.T && 4u * (e % 4u) < MMA_N) {  // MMA_N 8: half a slot row

@@ -459,14 +459,18 @@ class VulkanBackend(ResidentPrefill, FusedDecode, Backend):
         return logits, nt
 
     # --- profiling ----------------------------------------------------------------------
-    def set_profiling(self, on: bool = True) -> None:
+    def set_profiling(self, on: bool = True, grid: bool = False) -> None:
         """Per-kernel GPU timestamps (a query pair around every dispatch); UnsupportedError
-        when the device's compute queue has no timestamps."""
+        when the device's compute queue has no timestamps. ``grid``: kernel names carry the
+        dispatch grid (``name@gx.gy.gz``), so each GEMM shape is its own row."""
         if on and not self.dev.timestamp_bits:
             raise UnsupportedError(
                 f"{self.dev.info.name}: its compute queue has no timestamps; no kernel profile"
             )
         self.stream.flush()
+        if bool(grid) != self.stream.profile_grid:
+            self.stream.clear_replay()  # recorded command buffers carry the old names
+            self.stream.profile_grid = bool(grid)
         self.stream.profiling = bool(on)
 
     def profile(self, reset: bool = True) -> ProfileReport:

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+CAPTURE_STATISTICS = 0x40  # VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR
 REQUIRE_FULL_SUBGROUPS = 0x2  # VK_PIPELINE_SHADER_STAGE_CREATE_REQUIRE_FULL_SUBGROUPS_BIT
 SETS_PER_POOL = 256
 
@@ -130,6 +131,8 @@ class Pipelines:
             pData=ffi.from_buffer(data),
         )
         pnext, flags = None, 0
+        # FLEETTUNE_VK_STATS=1 (device.py): registers / local memory per pipeline, for profiles
+        capture = CAPTURE_STATISTICS if self.dev.info.extra.get("pipeline_statistics") else 0
         if subgroup_size:
             if not self.dev.subgroup_control:
                 raise KernelCompileError(
@@ -154,7 +157,7 @@ class Pipelines:
                 self.dev.device,
                 vk.VK_NULL_HANDLE,
                 1,
-                [vk.VkComputePipelineCreateInfo(stage=stage, layout=layout)],
+                [vk.VkComputePipelineCreateInfo(stage=stage, layout=layout, flags=capture)],
                 None,
             )[0]
         except vk.VkError as e:
@@ -254,3 +257,42 @@ class Pipelines:
             vk.vkDestroyDescriptorPool(d, pool, None)
         self.pipelines, self.layouts, self.modules, self.pools = {}, {}, {}, []
         self.sets, self.sets_of, self.set_pool = {}, {}, {}
+
+
+def executable_statistics(d: Any, pipeline: Any) -> dict[str, Any]:
+    """The driver's statistics of a pipeline created with CAPTURE_STATISTICS (NVIDIA: register
+    count, local memory = spills, shared memory), by executable; {} where not offered."""
+    fp = vk.lib.vkGetDeviceProcAddr(d, b"vkGetPipelineExecutablePropertiesKHR")
+    fs = vk.lib.vkGetDeviceProcAddr(d, b"vkGetPipelineExecutableStatisticsKHR")
+    if fp == ffi.NULL or fs == ffi.NULL:
+        return {}
+    fprops = ffi.cast("PFN_vkGetPipelineExecutablePropertiesKHR", fp)
+    fstats = ffi.cast("PFN_vkGetPipelineExecutableStatisticsKHR", fs)
+    info = ffi.new("VkPipelineInfoKHR*")
+    info.sType = vk.VK_STRUCTURE_TYPE_PIPELINE_INFO_KHR
+    info.pipeline = pipeline
+    n = ffi.new("uint32_t*")
+    if fprops(d, info, n, ffi.NULL) != vk.VK_SUCCESS:
+        return {}
+    out: dict[str, Any] = {}
+    for e in range(n[0]):
+        ei = ffi.new("VkPipelineExecutableInfoKHR*")
+        ei.sType = vk.VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_INFO_KHR
+        ei.pipeline = pipeline
+        ei.executableIndex = e
+        m = ffi.new("uint32_t*")
+        if fstats(d, ei, m, ffi.NULL) != vk.VK_SUCCESS or m[0] == 0:
+            continue
+        arr = ffi.new("VkPipelineExecutableStatisticKHR[]", m[0])
+        for i in range(m[0]):
+            arr[i].sType = vk.VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_STATISTIC_KHR
+        fstats(d, ei, m, arr)
+        for i in range(m[0]):
+            st = arr[i]
+            v = st.value
+            fmt = int(st.format)  # 0 bool32, 1 int64, 2 uint64, 3 float64
+            val = (bool(v.b32), int(v.i64), int(v.u64), float(v.f64))[min(fmt, 3)]
+            name = ffi.string(st.name)
+            name = name.decode() if isinstance(name, bytes) else str(name)
+            out[f"{e}:{name}" if n[0] > 1 else name] = val
+    return out

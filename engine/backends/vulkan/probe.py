@@ -21,6 +21,7 @@ import numpy as np
 from engine.backends.vulkan import coopmat
 from engine.backends.vulkan._vk import ffi, vk
 from engine.backends.vulkan.device import Device
+from engine.backends.vulkan.pipelines import executable_statistics
 from engine.backends.vulkan.probe_builds import (  # noqa: F401 - the probe's names
     GEMM_CONFIGS,
     LDS_ELEMS,
@@ -254,41 +255,7 @@ class Probe:
             return {"error": f"{type(e).__name__}: {e}"[:200]}
 
     def _statistics(self, pipeline: Any) -> dict[str, Any]:
-        d = self.dev.device
-        fp = vk.lib.vkGetDeviceProcAddr(d, b"vkGetPipelineExecutablePropertiesKHR")
-        fs = vk.lib.vkGetDeviceProcAddr(d, b"vkGetPipelineExecutableStatisticsKHR")
-        if fp == ffi.NULL or fs == ffi.NULL:
-            return {}
-        fprops = ffi.cast("PFN_vkGetPipelineExecutablePropertiesKHR", fp)
-        fstats = ffi.cast("PFN_vkGetPipelineExecutableStatisticsKHR", fs)
-        info = ffi.new("VkPipelineInfoKHR*")
-        info.sType = vk.VK_STRUCTURE_TYPE_PIPELINE_INFO_KHR
-        info.pipeline = pipeline
-        n = ffi.new("uint32_t*")
-        if fprops(d, info, n, ffi.NULL) != vk.VK_SUCCESS:
-            return {}
-        out: dict[str, Any] = {}
-        for e in range(n[0]):
-            ei = ffi.new("VkPipelineExecutableInfoKHR*")
-            ei.sType = vk.VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_INFO_KHR
-            ei.pipeline = pipeline
-            ei.executableIndex = e
-            m = ffi.new("uint32_t*")
-            if fstats(d, ei, m, ffi.NULL) != vk.VK_SUCCESS or m[0] == 0:
-                continue
-            arr = ffi.new("VkPipelineExecutableStatisticKHR[]", m[0])
-            for i in range(m[0]):
-                arr[i].sType = vk.VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_STATISTIC_KHR
-            fstats(d, ei, m, arr)
-            for i in range(m[0]):
-                st = arr[i]
-                v = st.value
-                fmt = int(st.format)  # 0 bool32, 1 int64, 2 uint64, 3 float64
-                val = (bool(v.b32), int(v.i64), int(v.u64), float(v.f64))[min(fmt, 3)]
-                name = ffi.string(st.name)
-                name = name.decode() if isinstance(name, bytes) else str(name)
-                out[f"{e}:{name}" if n[0] > 1 else name] = val
-        return out
+        return executable_statistics(self.dev.device, pipeline)
 
     def dset(self, dsl: Any, bufs: list[Buf]) -> Any:
         d = self.dev.device

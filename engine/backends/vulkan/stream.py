@@ -133,6 +133,8 @@ class Stream:
         self.cache: OrderedDict[tuple[Any, ...], Recorded] = OrderedDict()
         self.profiling = False
         self.profile: dict[str, list[float]] = {}  # name -> [calls, total ns]
+        # names carry the dispatch grid ("name@gx.gy.gz"): one GEMM shape apart from another
+        self.profile_grid = False
         self.timeout_s = 600.0
         self.broken: str | None = None
         self.inflight: InFlight | None = None
@@ -285,7 +287,9 @@ class Stream:
                 lib.vkCmdDispatch(cmd, *n.groups)
                 if qp is not None:
                     lib.vkCmdWriteTimestamp(cmd, bottom, qp, 2 * len(names) + 1)
-                    names.append(p.name)
+                    names.append(
+                        f"{p.name}@{'.'.join(map(str, n.groups))}" if self.profile_grid else p.name
+                    )
             elif n.kind == FILL:
                 off, size, value = n.args
                 lib.vkCmdFillBuffer(cmd, n.bufs[0], off, size, value)

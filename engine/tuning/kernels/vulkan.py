@@ -702,6 +702,16 @@ REGISTRY.register(
                     define("SMEM_PAIRS"),
                 ),
                 Param(
+                    "store_unrolled",
+                    (False, True),
+                    False,
+                    "the bounded result store's lane loop with a compile-time trip count "
+                    "(subgroups of 32 / 64: two rounds), so the driver can unroll the "
+                    "accumulator loops around it and keep the accumulators in registers; the "
+                    "same stores, the same bits",
+                    define("STORE_UNROLLED"),
+                ),
+                Param(
                     "subgroup_size",
                     (0, 32, 64),
                     0,
