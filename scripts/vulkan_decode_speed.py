@@ -76,6 +76,7 @@ VARIANTS |= {
     "res_su_direct": SU | {MP + "threads": 128, MP + "warp_n": 64, MP + "direct": True},
     "res_su_bk64": SU | {MP + "bk": 64, MP + "buffers": 1},
     "res_su_epi": SU | VARIANTS["mmvw_epi"],
+    "coopmat_su": VARIANTS["coopmat"] | {MP + "store_unrolled": True},
 }
 
 

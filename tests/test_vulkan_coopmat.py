@@ -65,11 +65,12 @@ def test_coopmat_spirv_builds_with_the_pinned_glslang(tmp_path):
     assert f"glslang Khronos. {pinned_glslang()}" in version, version
     builds = [b for b in all_builds() if b[0] == "matmul_coopmat"]
     want = sorted(
-        tuple(sorted((f"BK={bk}", f"NBUF={nb}", f"QTYPE_{q}") + one))
+        tuple(sorted((f"BK={bk}", f"NBUF={nb}", f"QTYPE_{q}") + one + su))
         for q in QUANT_TYPES
         for bk in (32, 64)
         for nb in (1, 2)
         for one in ((), ("ONE_TILE_PER_SUBGROUP",))
+        for su in ((), ("STORE_UNROLLED",))
     )
     assert sorted(tuple(sorted(d)) for _, d in builds) == want
     for shader, defines in builds:
@@ -161,6 +162,11 @@ def test_registry_coopmat_subgroups_and_tiles():
     assert coopmat_problems(wave64, one_tile=True)  # the device picks 32 or 64: must be told
     assert coopmat_problems(wave64, one_tile=True, subgroup_size=32) == []
     assert coopmat_problems(wave64, one_tile=True, subgroup_size=64, warp_m=64) == []
+    # store_unrolled: subgroups of 32 lanes or more (8-lane rounds would miss elements)
+    assert coopmat_problems(wave64, store_unrolled=True) == []
+    narrow = h200_like(min_subgroup_size=16)
+    assert coopmat_problems(narrow, store_unrolled=True)
+    assert coopmat_problems(narrow, store_unrolled=True, subgroup_size=32) == []
     assert coopmat_problems(h200_like(), buffers=2) == []
     assert coopmat_problems(h200_like(), buffers=2, bk=64)  # 55 KiB + 8 KiB
 
@@ -245,6 +251,10 @@ KNOBS = [
     {"one_tile": True, "tile_m": 256, "warp_m": 64, "bk": 64},
     {"one_tile": True, "tile_n": 128, "warp_n": 64, "buffers": 2},
     {"one_tile": True, "warp_m": 64, "subgroup_size": 64},
+    # the bounded store with a fixed trip count (8 rounds at wave32, 4 used at wave64)
+    {"store_unrolled": True},
+    {"store_unrolled": True, "subgroup_size": 64},
+    {"store_unrolled": True, "one_tile": True, "buffers": 2},
 ]
 
 

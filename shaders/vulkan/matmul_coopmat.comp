@@ -18,7 +18,8 @@
 // 2 WARP_M, 3 WARP_N (the subgroup tile, multiples of 16 dividing TILE_M / TILE_N); defines BK
 // (k per shared-memory step, 32 or 64: fewer barriers against more shared memory), NBUF (1,
 // or 2: double-buffered tiles, one barrier per step, the next step decoded after this one's
-// multiply-adds are issued) and ONE_TILE_PER_SUBGROUP (below).
+// multiply-adds are issued), ONE_TILE_PER_SUBGROUP (below) and STORE_UNROLLED (the bounded
+// store's lane loop with a compile-time trip count, subgroups of 32 or more lanes).
 //
 // Shared tiles are f16vec2 (pairs along k): a decoded group of 8 weights is 4 stores, and the
 // matrix loads take their stride in pairs. x is read 4 floats per thread where its rows are
@@ -204,7 +205,16 @@ void main() {
                             subgroupMemoryBarrierShared();
                             subgroupBarrier();
                             uint col0 = c0 + tn + 16u * j, row0 = n0 + rm + 16u * i;
+#ifdef STORE_UNROLLED
+                            // a compile-time trip count (subgroups of at least 32 lanes): the
+                            // driver unrolls the accumulator loops around it (acc[] stays in
+                            // registers, not local memory)
+                            [[unroll]] for (uint r = 0u; r < 8u; r++) {
+                                uint e = lane + r * width;
+                                if (e >= 256u) continue;
+#else
                             for (uint e = lane; e < 256u; e += width) {
+#endif
                                 uint col = col0 + e / 16u, n = row0 + e % 16u;
                                 if (col < pc.T && n < pc.N)
                                     ys[pc.y_off + col * pc.y_stride + n] = c_sh[slot + e];

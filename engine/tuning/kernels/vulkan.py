@@ -215,6 +215,16 @@ def _coopmat_shared(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
     return limit is None or need <= int(limit)
 
 
+def _coopmat_store_unrolled(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
+    """STORE_UNROLLED's fixed lane rounds (matmul_coopmat.comp: 8 over a 256-float fragment,
+    matmul_f16.comp: 2 over 64 uvec4) cover a fragment only with 32 lanes or more."""
+    c = cfg.op("matmul_prefill")
+    if not c["store_unrolled"] or dev is None:
+        return True
+    sg = int(c["subgroup_size"]) or int(_extra(dev, "min_subgroup_size", 0) or dev.subgroup_size)
+    return sg >= 32
+
+
 def _resident_tiles(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
     """Whole subgroup tiles, and exactly one per subgroup of the 256 threads: the subgroup size
     required, or the device's only one (with no device: 32 or 64 lanes per tile)."""
@@ -580,6 +590,15 @@ REGISTRY.register(
                     define("NBUF"),
                 ),
                 Param(
+                    "store_unrolled",
+                    (False, True),
+                    False,
+                    "the bounded result store's lane loop with a compile-time trip count "
+                    "(subgroups of at least 32 lanes), so the driver can unroll the accumulator "
+                    "loops around it and keep the accumulators in registers; the same bits",
+                    define("STORE_UNROLLED"),
+                ),
+                Param(
                     "subgroup_size",
                     (0, 32, 64),
                     0,
@@ -615,6 +634,11 @@ REGISTRY.register(
                     "buffers x (bk + 8) x (tile_m + tile_n) halves + 8 KiB of shared memory <= "
                     "maxComputeSharedMemorySize",
                     _coopmat_shared,
+                ),
+                Constraint(
+                    "store_unrolled needs subgroups of at least 32 lanes (the required size, "
+                    "else the device's smallest)",
+                    _coopmat_store_unrolled,
                 ),
             ),
             quant_types=QUANT_TYPES,
@@ -754,6 +778,11 @@ REGISTRY.register(
                     "max(buffers x (bk + 8) x (tile_m + tile_n) halves, threads / 32 result "
                     "slots of 1 KiB) of shared memory <= maxComputeSharedMemorySize",
                     _resident_shared,
+                ),
+                Constraint(
+                    "store_unrolled needs subgroups of at least 32 lanes (the required size, "
+                    "else the device's smallest)",
+                    _coopmat_store_unrolled,
                 ),
             ),
             quant_types=QUANT_TYPES,
