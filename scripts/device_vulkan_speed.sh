@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Vulkan prefill / decode per kernel on the H200 (issue 14, helper vkspd), ~100 s. Carry .gl and
 # .spv-cache (scripts/device_vulkan_env.sh). Writes under $OUT:
-#   the resident and coopmat GEMMs' store_unrolled GPU tests (wave32 here; wave64 samples skip), run while
+#   the resident and coopmat GEMMs' store_unrolled GPU tests (wave32 here; wave64 samples
+#   skip), run while
 #   the 1.5B synth is written; then scripts/vulkan_profile.py on 1.5B: GPU us per kernel and
 #   dispatch grid per pass (prefill 512, decode per token), the prefill GEMMs' TFLOP/s, and each
 #   pipeline's registers / local memory (--stats), for CONFIGS (vulkan_decode_speed.py names).
