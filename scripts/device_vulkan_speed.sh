@@ -2,7 +2,7 @@
 # Vulkan prefill / decode per kernel on the H200 (issue 14, helper vkspd), ~100 s. Carry .gl and
 # .spv-cache (scripts/device_vulkan_env.sh). Writes under $OUT:
 #   the resident and coopmat GEMMs' store_unrolled GPU tests (wave32 here; wave64 samples
-#   skip), run while
+#   skip) and rms_norm.fuse_add's, run while
 #   the 1.5B synth is written; then scripts/vulkan_profile.py on 1.5B: GPU us per kernel and
 #   dispatch grid per pass (prefill 512, decode per token), the prefill GEMMs' TFLOP/s, and each
 #   pipeline's registers / local memory (--stats), for CONFIGS (vulkan_decode_speed.py names).
@@ -13,13 +13,13 @@ export MODELS=${MODELS-1.5b}
 source scripts/device_vulkan_env.sh || exit $?
 nvidia-smi --query-gpu=clocks.sm,clocks.mem,pstate,power.draw,clocks_throttle_reasons.active \
     --format=csv > "$OUT/smi_before.txt" 2>&1
-K=${TESTS_K-store_unrolled and (Q4_K or Q6_K or F16)}
-timeout ${TEST_TIMEOUT:-35} python3 -m pytest -q -p no:cacheprovider -rfE --tb=short -m gpu \
-    tests/test_vulkan_resident.py tests/test_vulkan_coopmat.py -k "$K" 2>&1 \
-    | tee "$OUT/pytest_store_unrolled.log" | tail -6
+K=${TESTS_K-(store_unrolled and (Q4_K or Q6_K or F16)) or fuse_add or bit_for_bit}
+timeout ${TEST_TIMEOUT:-35} python3 -m pytest -q -p no:cacheprovider -rfE --tb=short \
+    -m "gpu or not gpu" -k "$K" tests/test_vulkan_resident.py tests/test_vulkan_coopmat.py \
+    tests/test_vulkan_fused_norm.py 2>&1 | tee "$OUT/pytest.log" | tail -6
 echo "tests done at $(( $(date +%s) - T0 )) s"
 wait_model 1.5b
-C=${CONFIGS-res_su,default,res,coopmat_su,res_su_128t,res_su_epi,coopmat,res_su_512t}
+C=${CONFIGS-res_su,default,res,res_su_fa,coopmat_su,fa,res_su_epi_fa,res_su_128t,res_su_512t}
 timeout $(( T0 + ${END:-97} - $(date +%s) )) python3 scripts/vulkan_profile.py \
     --model /tmp/models/1.5b.gguf --grid --stats --gen-tokens 16 --repeats 2 --top 14 \
     $(for c in ${C//,/ }; do printf -- '--config %s ' "$c"; done) --out "$OUT" \

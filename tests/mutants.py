@@ -252,6 +252,9 @@ MUTANTS: tuple[Mutant, ...] = (
            "twice (both validate paths share it)", check="cross_check"),
     Mutant("RMS_EPS_FIXED", "vulkan", "rms_norm", "the default rms_norm ignores the model's eps "
            "(1e-5 for 1e-6)", check="cross_check"),
+    Mutant("ADD_NORM_NO_RES", "vulkan", "rms_norm", "rms_norm.fuse_add's norm leaves the "
+           "residual out of the normed row (rms_norm.comp ADD_RES)", {"rms_norm.fuse_add": 1},
+           op_level=False),
     # CUDA (gpu-marked): #ifdef MUTANT_<NAME> in shaders/cuda
     Mutant("MMVQ_TAIL_ROWS", "cuda", "matmul_decode", "mmvq skips the ragged last rows",
            {"matmul_decode.variant": "mmvq"}),

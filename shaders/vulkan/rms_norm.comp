@@ -7,6 +7,9 @@
 // binding 3 at word q_off (D % 32 == 0), a thread per 32-block: the next matmul needs no
 // quantize dispatch. With Q8_COALESCED (one row): ceil(D / WG_SIZE) workgroups each sum the
 // whole row's squares and store WG_SIZE of its values, a thread per value.
+// ADD_RES (rms_norm.fuse_add's pass "add"): the residual add before the norm in the same
+// dispatch: s = r + x is stored to binding 4 at s_off (the new residual stream, the same bits
+// as the add kernel's r + x) and y = rms_norm(s) * w; binding 3 is r at r_off.
 
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
@@ -20,6 +23,10 @@ layout(binding = 2) writeonly buffer YBuf { float ys[]; };
 #ifdef OUT_Q8
 layout(binding = 3) writeonly buffer QBuf { uint q8w[]; };
 #endif
+#ifdef ADD_RES
+layout(binding = 3) readonly buffer RBuf { float rs[]; };
+layout(binding = 4) writeonly buffer SBuf { float ss_out[]; };
+#endif
 
 layout(push_constant) uniform PC {
     uint D;
@@ -30,6 +37,10 @@ layout(push_constant) uniform PC {
     float eps;
 #ifdef OUT_Q8
     uint q_off;
+#endif
+#ifdef ADD_RES
+    uint r_off;
+    uint s_off;
 #endif
 } pc;
 
@@ -50,10 +61,19 @@ void main() {
     uint tid = gl_LocalInvocationID.x;
     uint xb = pc.x_off + row * pc.D, yb = pc.y_off + row * pc.D;
     float ss = 0.0;
+#ifdef ADD_RES
+    uint rb = pc.r_off + row * pc.D, sb = pc.s_off + row * pc.D;
+    for (uint d = tid; d < pc.D; d += WG_SIZE) {
+        float v = rs[rb + d] + xs[xb + d];
+        ss_out[sb + d] = v;
+        ss += v * v;
+    }
+#else
     for (uint d = tid; d < pc.D; d += WG_SIZE) {
         float v = xs[xb + d];
         ss += v * v;
     }
+#endif
     red[tid] = ss;
     barrier();
     for (uint s = WG_SIZE / 2u; s > 0u; s >>= 1) {
@@ -82,6 +102,15 @@ void main() {
         }
         q8_store(qb, pc.D, blk, v);
     }
+#elif defined(ADD_RES)
+    // each thread reads back only the sums it stored itself: no barrier needed
+#ifdef MUTANT_ADD_NORM_NO_RES  // planted bug: the norm of x alone, the residual left out
+    for (uint d = tid; d < pc.D; d += WG_SIZE)
+        ys[yb + d] = xs[xb + d] * scale * ws[pc.w_off + d];
+#else
+    for (uint d = tid; d < pc.D; d += WG_SIZE)
+        ys[yb + d] = (rs[rb + d] + xs[xb + d]) * scale * ws[pc.w_off + d];
+#endif
 #elif defined(MUTANT_RMS_WEIGHT_TWICE)  // planted bug: the weight applied twice
     for (uint d = tid; d < pc.D; d += WG_SIZE)
         ys[yb + d] = xs[xb + d] * scale * ws[pc.w_off + d] * ws[pc.w_off + d];

@@ -22,6 +22,7 @@ from engine.backends.vulkan import kernels as K
 from engine.backends.vulkan._vk import vk
 from engine.backends.vulkan.decode_fused import FusedDecode
 from engine.backends.vulkan.device import Device, open_device
+from engine.backends.vulkan.fused_norm import FusedNorm
 from engine.backends.vulkan.kernels import MAX_GROUPS
 from engine.backends.vulkan.kernels import fold_groups as _fold
 from engine.backends.vulkan.memory import Allocator, Buffer, Lease
@@ -134,7 +135,7 @@ class VkWeight:
         return sum(p[0].buf.size for p in self.parts) + (self.f32.buf.size if self.f32 else 0) + f16
 
 
-class VulkanBackend(ResidentPrefill, FusedDecode, Backend):
+class VulkanBackend(ResidentPrefill, FusedNorm, FusedDecode, Backend):
     name = "vulkan"
 
     def __init__(

@@ -116,6 +116,10 @@ PASSES = {
 }
 
 
+# rms_norm: the plain norm, and with rms_norm.fuse_add the residual add before it (ADD_RES: r and
+# the sum's buffer as bindings 3 and 4, their offsets after eps)
+PASSES[("rms_norm", "default")] = (("", *IO["rms_norm"]), ("ADD_RES", 5, "IIIIIfII", "", "add"))
+
 # matmul_prefill.resident (matmul_f16.comp): the GEMM, the one-time fp16 copy of a weight, the
 # activations' fp16 form; one layout of three buffers and matmul_prefill's push constants.
 PASSES[("matmul_prefill", "resident")] = (

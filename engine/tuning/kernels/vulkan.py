@@ -849,11 +849,22 @@ _FUSE_KV = Param(
     "biases are added by mmvw as it stores, or by add dispatches); same arithmetic",
     HOST,
 )
+# The residual add before each RMSNorm (after the o and down projections) in the norm's
+# dispatch: engine.backends.vulkan.fused_norm (CUDA fuses it into its matmuls instead).
+_FUSE_ADD = Param(
+    "fuse_add",
+    (0, 1),
+    0,
+    "1: the residual add before an RMSNorm (attention output and FFN residuals) in the norm's "
+    "dispatch (rms_norm.comp ADD_RES): it stores the sum and the normed row; same arithmetic",
+    HOST,
+)
 for _op, _variant, _src, _defines, _doc in _SIMPLE:
     _constraints = [_wg_fits(_op)]
     if _op == "rms_norm":
         _constraints.append(_shared_fits(_op, 2))
     _params = (_wg(256), _FUSE_KV) if _op == "rope" else (_wg(256),)
+    _params = (_wg(256), _FUSE_ADD) if _op == "rms_norm" else _params
     REGISTRY.register(
         B,
         _op,
