@@ -78,8 +78,8 @@ VARIANTS |= {
     "res_su_epi": SU | VARIANTS["mmvw_epi"],
     "coopmat_su": VARIANTS["coopmat"] | {MP + "store_unrolled": True},
 }
-# vkspd: the residual add in the next norm's dispatch, RoPE + KV write in one (prefill and decode)
-FA = {"rms_norm.fuse_add": 1, "rope.fuse_kv": 1}
+# vkspd: the residual add in the next norm's dispatch, RoPE + KV write + q/k/v biases in one
+FA = {"rms_norm.fuse_add": 1, "rope.fuse_kv": 1, "rope.fuse_bias": 1}
 VARIANTS |= {"fa": FA, "res_su_fa": SU | FA, "res_su_epi_fa": VARIANTS["res_su_epi"] | FA}
 
 

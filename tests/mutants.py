@@ -255,6 +255,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("ADD_NORM_NO_RES", "vulkan", "rms_norm", "rms_norm.fuse_add's norm leaves the "
            "residual out of the normed row (rms_norm.comp ADD_RES)", {"rms_norm.fuse_add": 1},
            op_level=False),
+    Mutant("ROPE_BIAS_KQ", "vulkan", "rope", "rope.fuse_bias adds q's bias to k (rope.comp "
+           "FUSE_BIAS)", {"rope.fuse_kv": 1, "rope.fuse_bias": 1}, op_level=False),
     # CUDA (gpu-marked): #ifdef MUTANT_<NAME> in shaders/cuda
     Mutant("MMVQ_TAIL_ROWS", "cuda", "matmul_decode", "mmvq skips the ragged last rows",
            {"matmul_decode.variant": "mmvq"}),

@@ -101,7 +101,7 @@ def test_vulkan_mutant_is_rejected_and_blamed(m, ragged, vulkan_factory):
             "matmul_decode.fuse_rope": 1,
         },
         {"attention.splits": 1, "attention.splits_prefill": 8, "argmax.slices": 1024},
-        {"rms_norm.fuse_add": 1, "rope.fuse_kv": 1},
+        {"rms_norm.fuse_add": 1, "rope.fuse_kv": 1, "rope.fuse_bias": 1},
     ],
 )
 def test_vulkan_correct_variants_pass(flat, ragged, vulkan_factory):

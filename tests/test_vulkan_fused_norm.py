@@ -1,5 +1,6 @@
 """rms_norm.fuse_add on Vulkan (engine/backends/vulkan/fused_norm.py, rms_norm.comp ADD_RES): the
-residual add before an RMSNorm in the norm's dispatch. Same arithmetic as add + rms_norm, so the
+residual add before an RMSNorm in the norm's dispatch; rope.fuse_bias (rope.comp FUSE_BIAS): the
+q/k/v bias adds in the RoPE + KV-write dispatch. Same arithmetic as add + rms_norm, so the
 fused results are compared bit for bit with the unfused ops, on ragged shapes (rows not a
 multiple of the workgroup, row views at odd offsets), at workgroup sizes from 32 to 512, with a
 canary after the outputs; plus NumPy, the dispatch count, the int8 decode path left alone, the
@@ -108,6 +109,48 @@ def test_matmul_add_norm_and_ffn_norm_fused_equal_unfused(vb, T):
             ]
         for p, f in zip(outs["mmvw"], outs["mmvw_fuse"], strict=True):
             assert np.array_equal(p, f)
+
+
+@pytest.mark.parametrize("wg", [32, 256])
+@pytest.mark.parametrize("T,pos0,heads", [(1, 0, (4, 2, 64)), (1, 37, (6, 2, 32)),
+                                          (5, 9, (4, 4, 64)), (70, 3, (6, 2, 32))])  # fmt: skip
+def test_rope_fuse_bias_equals_adds_then_rope_kv(vb, T, pos0, heads, wg):
+    """rope.fuse_bias: the q/k/v bias adds inside the RoPE + KV-write dispatch give the bits
+    of three add dispatches and the plain fused RoPE + KV write (normal and neox pairing, GQA,
+    decode rows and chunks), three dispatches fewer; no other cache slot changes."""
+    H, Hkv, D = heads
+    C = 128
+    rng = np.random.default_rng(T + pos0 + H)
+    wq = [qtensor(rng, (n, C), "Q8_0") for n in (H * D, Hkv * D, Hkv * D)]
+    bq = [qtensor(rng, (w.shape[0],), "F32", std=1.0) for w in wq]
+    h = rng.standard_normal((T, C)).astype(np.float32)
+    for neox in (False, True):
+        runs, counts = {}, {}
+        for name, flat in (("kv", {"rope.fuse_kv": 1}),
+                           ("bias", {"rope.fuse_kv": 1, "rope.fuse_bias": 1})):  # fmt: skip
+            vb.set_config(_cfg(flat | {"rope.wg_size": wg}))
+            ws = tuple(vb.load_weight(w) for w in wq)
+            bs = tuple(vb.load_weight(b) for b in bq)
+            cache = vb.new_kv_cache(1, pos0 + T + 2, Hkv, D)
+            ht = vb.upload(h)
+            vb.synchronize()
+            before = vb.stats()["dispatches"]
+            q = vb.attn_in(ht, ws, bs, cache, 0, pos0, (H, Hkv, D), 1e4, neox)
+            vb.synchronize()
+            counts[name] = vb.stats()["dispatches"] - before
+            runs[name] = (vb.download(q), vb.download(cache.k[0]), vb.download(cache.v[0]))
+        assert counts["kv"] - counts["bias"] == 3
+        for a, b in zip(runs["kv"], runs["bias"], strict=True):
+            assert np.array_equal(a, b)
+        _, k, v = runs["bias"]
+        assert not k[:pos0].any() and not k[pos0 + T :].any()
+        v_ref = h.astype(np.float64) @ dense(wq[2]).T + dense(bq[2])
+        assert nmse(v_ref.reshape(T, Hkv, D), v[pos0 : pos0 + T]) < 1e-9
+
+
+def test_rope_fuse_bias_needs_fuse_kv(vb):
+    bad = _cfg({"rope.fuse_bias": 1}).problems(vb.device_info())
+    assert len(bad) == 1 and "fuse_bias needs fuse_kv" in bad[0]
 
 
 def test_registry_knob_and_pass(vb):

@@ -13,6 +13,9 @@
 // pos0 + t: one dispatch for what rope, rope and kv_write did (all dims rotate). A thread per
 // rotated pair of q or k, or per pair of v values. Bindings: 0 q, 1 k, 2 v, 3 cos/sin table,
 // 4 qo, 5 cache k, 6 cache v, 7 dynamic scalars.
+// FUSE_BIAS (with FUSE_KV: rope.fuse_bias = 1, the rope.kv_bias pass): the q, k and v biases
+// (bindings 8, 9, 10, one value per element of a row) are added as q, k, v are read, as the add
+// kernel would (x + b, the same bits): three add dispatches fewer per layer.
 
 #extension GL_GOOGLE_include_directive : require
 
@@ -28,6 +31,11 @@ layout(binding = 4) writeonly buffer QOBuf { float qo[]; };
 layout(binding = 5) writeonly buffer CKBuf { float ck[]; };
 layout(binding = 6) writeonly buffer CVBuf { float cv[]; };
 layout(binding = 7) readonly buffer DBuf { uint dyn[]; };
+#ifdef FUSE_BIAS
+layout(binding = 8) readonly buffer BQBuf { float bq[]; };
+layout(binding = 9) readonly buffer BKBuf { float bk[]; };
+layout(binding = 10) readonly buffer BVBuf { float bv[]; };
+#endif
 
 layout(push_constant) uniform PC {
     uint T;
@@ -42,6 +50,11 @@ layout(push_constant) uniform PC {
     uint cv_off;
     uint pos_slot;
     uint neox;
+#ifdef FUSE_BIAS
+    uint bq_off;
+    uint bk_off;
+    uint bv_off;
+#endif
 } pc;
 #else
 layout(binding = 0) readonly buffer XBuf { float xs[]; };
@@ -64,6 +77,21 @@ layout(push_constant) uniform PC {
 #include "common.glsl"
 
 #ifdef FUSE_KV
+// x + its bias (the add kernel's a + b), or x
+#ifdef FUSE_BIAS
+#define QB(i, x) ((x) + bq[pc.bq_off + (i) % (pc.H * pc.D)])
+#ifdef MUTANT_ROPE_BIAS_KQ  // planted bug: k takes q's bias
+#define KB(i, x) ((x) + bq[pc.bq_off + (i) % (pc.Hkv * pc.D)])
+#else
+#define KB(i, x) ((x) + bk[pc.bk_off + (i) % (pc.Hkv * pc.D)])
+#endif
+#define VB(i, x) ((x) + bv[pc.bv_off + (i) % (pc.Hkv * pc.D)])
+#else
+#define QB(i, x) (x)
+#define KB(i, x) (x)
+#define VB(i, x) (x)
+#endif
+
 void main() {
     uint half_d = pc.D / 2u;
     uint i = wg_linear() * WG_SIZE + gl_LocalInvocationID.x;
@@ -73,8 +101,8 @@ void main() {
     if (i >= nq + nk) {  // v: a pair of values into the cache
         uint j = 2u * (i - nq - nk);  // element of v [T, Hkv, D]
         uint dst = pc.cv_off + pos0 * pc.Hkv * pc.D + j;
-        cv[dst] = vs[pc.v_off + j];
-        cv[dst + 1u] = vs[pc.v_off + j + 1u];
+        cv[dst] = VB(j, vs[pc.v_off + j]);
+        cv[dst + 1u] = VB(j + 1u, vs[pc.v_off + j + 1u]);
         return;
     }
     bool is_q = i < nq;
@@ -83,8 +111,8 @@ void main() {
     vec2 c = cs[(pos0 + t) * half_d + p];
     uint i0 = th * pc.D + (pc.neox != 0u ? p : 2u * p);
     uint i1 = pc.neox != 0u ? i0 + half_d : i0 + 1u;
-    float x0 = is_q ? qs[pc.q_off + i0] : ks[pc.k_off + i0];
-    float x1 = is_q ? qs[pc.q_off + i1] : ks[pc.k_off + i1];
+    float x0 = is_q ? QB(i0, qs[pc.q_off + i0]) : KB(i0, ks[pc.k_off + i0]);
+    float x1 = is_q ? QB(i1, qs[pc.q_off + i1]) : KB(i1, ks[pc.k_off + i1]);
     float y0 = x0 * c.x - x1 * c.y, y1 = x1 * c.x + x0 * c.y;
     if (is_q) {
         qo[pc.qo_off + i0] = y0;

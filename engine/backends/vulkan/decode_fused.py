@@ -179,6 +179,9 @@ class FusedDecode:
             q, k, v = (y[o : o + n] for o, n in zip(offs, ns, strict=True))
         else:
             q, k, v = (self.matmul(h, w) for w in wqkv)
+            if bias is not None and fuse and int(self.config.op("rope")["fuse_bias"]):
+                q, k, v = q.reshape((T, H, D)), k.reshape((T, Hkv, D)), v.reshape((T, Hkv, D))
+                return self._rope_kv(q, k, v, cache, layer, pos0, theta, neox, bias)
             if bias is not None:
                 q, k, v = (self.add(t, b) for t, b in zip((q, k, v), bias, strict=True))
         q, k, v = q.reshape((T, H, D)), k.reshape((T, Hkv, D)), v.reshape((T, Hkv, D))
@@ -190,8 +193,10 @@ class FusedDecode:
 
     def _rope_kv(
         self, q: Any, k: Any, v: Any, cache: KVCache, layer: int, pos0: int, theta: float,
-        neox: bool,
+        neox: bool, bias: tuple[Any, Any, Any] | None = None,
     ) -> Any:  # fmt: skip
+        """RoPE of q and k and the KV write in one dispatch; with bias (rope.fuse_bias) the
+        q/k/v bias adds too."""
         T, H, D = q.shape
         Hkv = k.shape[1]
         ck, cv = cache.k[layer], cache.v[layer]
@@ -199,16 +204,20 @@ class FusedDecode:
             raise ValueError(f"attn_in: k {k.shape} against cache {ck.shape}")
         table = self._rope_table(theta, D, pos0 + T)
         qo = self._new((T, H, D))
-        pipe, c = self._pipe("rope.kv")
+        pipe, c = self._pipe("rope.kv_bias" if bias is not None else "rope.kv")
         n = T * (H + 2 * Hkv) * (D // 2)
+        bufs = (q.buf, k.buf, v.buf, table.buf, qo.buf, ck.buf, cv.buf, self.stream.dyn_buf)
+        push = (T, H, Hkv, D, q.offset, k.offset, v.offset, qo.offset, ck.offset, cv.offset,
+                self.stream.dyn(pos0), int(bool(neox)))  # fmt: skip
+        if bias is not None:
+            bs = tuple(b.f32 for b in bias)
+            if [b.size for b in bs] != [H * D, Hkv * D, Hkv * D]:
+                raise ValueError(f"attn_in: biases {[b.size for b in bs]} for q/k/v rows")
+            bufs += tuple(b.buf for b in bs)
+            push += tuple(b.offset for b in bs)
         self.stream.dispatch(
-            pipe,
-            (q.buf, k.buf, v.buf, table.buf, qo.buf, ck.buf, cv.buf, self.stream.dyn_buf),
-            (qo.buf, ck.buf, cv.buf),
-            (T, H, Hkv, D, q.offset, k.offset, v.offset, qo.offset, ck.offset, cv.offset,
-             self.stream.dyn(pos0), int(bool(neox))),
-            _fold(-(-n // int(c["wg_size"]))),
-        )  # fmt: skip
+            pipe, bufs, (qo.buf, ck.buf, cv.buf), push, _fold(-(-n // int(c["wg_size"])))
+        )
         return qo
 
     def _tickets(self, n: int) -> Any:

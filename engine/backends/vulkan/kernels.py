@@ -70,7 +70,7 @@ IO = {
 class Pass(NamedTuple):
     """A program of a multi-pass variant."""
 
-    define: str  # "" for none
+    define: str  # "" for none; several separated by spaces
     n_bindings: int
     push: str
     shader: str = ""  # another shader than the variant's source ("" for its own)
@@ -106,7 +106,11 @@ PASSES = {
         ("OUT_Q8", 4, "IIIIIfI", "rms_norm", "norm"),
         ("SWIGLU_Q8", 4, "IIIIII", "eltwise", "swiglu"),
     ),
-    ("rope", "table"): (("", 4, "IIIIIIII"), ("FUSE_KV", 8, ROPE_KV_PUSH, "", "kv")),
+    ("rope", "table"): (
+        ("", 4, "IIIIIIII"),
+        ("FUSE_KV", 8, ROPE_KV_PUSH, "", "kv"),
+        ("FUSE_KV FUSE_BIAS", 11, ROPE_KV_PUSH + "III", "", "kv_bias"),  # rope.fuse_bias
+    ),
     # decode (T == 1) with the sequential kernel, prefill with the two chunked passes
     ("delta_net", "chunked"): (
         ("", 7, DN_PUSH, "delta_net"),
@@ -190,7 +194,7 @@ def programs(op: str, choice: OpChoice, qtype: str = "") -> tuple[Program, ...]:
         return (Program(shader, defines, n, push),)
     out = []
     for p in (Pass(*p) for p in passes):
-        ds = (*defines, p.define) if p.define else defines
+        ds = (*defines, *p.define.split())  # a pass may add several defines
         if (op, v.name) == ("matmul_prefill", "resident"):
             # each program takes only the defines it reads: the fp16 GEMM no weight type, the
             # two conversions no tile knob (fewer SPIR-V builds and driver compiles)

@@ -849,6 +849,16 @@ _FUSE_KV = Param(
     "biases are added by mmvw as it stores, or by add dispatches); same arithmetic",
     HOST,
 )
+# With fuse_kv, the q/k/v bias adds in the same dispatch (Vulkan only).
+_FUSE_BIAS = Param(
+    "fuse_bias",
+    (0, 1),
+    0,
+    "1 (with fuse_kv = 1): the q, k and v bias adds happen in the RoPE + KV-write dispatch as it "
+    "reads q, k and v (rope.comp FUSE_BIAS): three add dispatches fewer per layer; same "
+    "arithmetic",
+    HOST,
+)
 # The residual add before each RMSNorm (after the o and down projections) in the norm's
 # dispatch: engine.backends.vulkan.fused_norm (CUDA fuses it into its matmuls instead).
 _FUSE_ADD = Param(
@@ -861,9 +871,18 @@ _FUSE_ADD = Param(
 )
 for _op, _variant, _src, _defines, _doc in _SIMPLE:
     _constraints = [_wg_fits(_op)]
+    if _op == "rope":
+        _constraints.append(
+            Constraint(
+                "fuse_bias needs fuse_kv (the bias adds ride on the RoPE + KV-write dispatch)",
+                lambda cfg, dev: (
+                    not int(cfg.op("rope")["fuse_bias"]) or int(cfg.op("rope")["fuse_kv"]) == 1
+                ),
+            )
+        )
     if _op == "rms_norm":
         _constraints.append(_shared_fits(_op, 2))
-    _params = (_wg(256), _FUSE_KV) if _op == "rope" else (_wg(256),)
+    _params = (_wg(256), _FUSE_KV, _FUSE_BIAS) if _op == "rope" else (_wg(256),)
     _params = (_wg(256), _FUSE_ADD) if _op == "rms_norm" else _params
     REGISTRY.register(
         B,
