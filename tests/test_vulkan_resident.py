@@ -250,6 +250,30 @@ def test_resident_knobs_on_ragged_shapes(rb, knobs, qtype):
 
 
 @pytest.mark.gpu
+def test_projections_of_one_input_share_its_fp16_form(rb):
+    """q, k, v (or gate, up) of one x convert it to fp16 once (one PASS_X16 for three GEMMs),
+    with the bits of GEMMs on separate copies of x; a view of other rows is converted anew."""
+    rng = np.random.default_rng(11)
+    ws = [qtensor(rng, (n, 512), "Q4_K") for n in (256, 64, 64)]
+    x = rng.standard_normal((41, 512)).astype(np.float32)
+    rb.set_config(TuningConfig.default("vulkan").replace(**RESIDENT))
+    wt = [rb.load_weight(w) for w in ws]
+    for w in wt:  # the one-time fp16 weight copies, before counting
+        rb.matmul(rb.upload(x), w)
+    rb.synchronize()
+    xt = rb.upload(x)
+    rb.synchronize()
+    before = rb.stats()["dispatches"]
+    shared = [rb.download(rb.matmul(xt, w)) for w in wt]
+    assert rb.stats()["dispatches"] - before == 1 + 3
+    apart = [rb.download(rb.matmul(rb.upload(x), w)) for w in wt]
+    for a, b in zip(shared, apart, strict=True):
+        assert np.array_equal(a, b)
+    view = rb.download(rb.matmul(rb.rows(xt, 1, 41), wt[0]))
+    assert np.array_equal(view, shared[0][1:])
+
+
+@pytest.mark.gpu
 def test_fill_groups_small_tiles_give_the_same_bits(rb):
     """A grid under fill_groups runs the 64 x 64 pipeline: the profile shows it, and the result
     is bit-identical to the 128 x 128 tiles' (each element's k order is the same); a grid over

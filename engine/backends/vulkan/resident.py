@@ -65,6 +65,7 @@ class ResidentPrefill:
         return out
 
     def drop_resident(self) -> None:
+        self.__dict__.pop("_x16_seen", None)
         for w in self._tracked("_live_weights"):
             if getattr(w, "f16", None) is not None:
                 w.f16 = None
@@ -73,16 +74,7 @@ class ResidentPrefill:
         """out [T, N] = x [T, K] @ W^T through the fp16 copies (T > 1)."""
         T, K = x.shape[0], x.shape[-1]
         N = w.shape[0]
-        kp = kpad(K)
-        xh = self._new((rpad(T) * kp // 2,))  # fp16 pairs in float32 words
-        x16, _ = self._pipe("matmul_prefill.x16", w.qtype)
-        self.stream.dispatch(
-            x16,
-            (x.buf, x.buf, xh.buf),
-            (xh.buf,),
-            (K, 0, 0, x.offset, 0, 0, T),
-            _fold(-(-T * (kp // 8) // 256)),
-        )
+        xh = self._x16_of(x, w.qtype)
         tm, tn = int(c["tile_m"]), int(c["tile_n"])
         for lease, r0, nr in self.resident_f16(w):
             groups, pipe_r = -(-nr // tm) * -(-T // tn), pipe
@@ -98,6 +90,28 @@ class ResidentPrefill:
                 (K, nr, 0, 0, out.offset + r0, N, T),
                 _fold(groups),  # token tiles fastest (matmul_f16.comp)
             )
+
+    def _x16_of(self, x: Any, qtype: str) -> Any:
+        """x's padded fp16 form (PASS_X16), made once for the projections that share x (q, k,
+        v; gate, up): the pairs remembered hold x, so its buffer cannot be reused meanwhile."""
+        T, K = x.shape[0], x.shape[-1]
+        seen = self.__dict__.setdefault("_x16_seen", [])
+        for src, xh in seen:
+            if src.buf is x.buf and src.offset == x.offset and src.shape == x.shape:
+                return xh
+        kp = kpad(K)
+        xh = self._new((rpad(T) * kp // 2,))  # fp16 pairs in float32 words
+        x16, _ = self._pipe("matmul_prefill.x16", qtype)
+        self.stream.dispatch(
+            x16,
+            (x.buf, x.buf, xh.buf),
+            (xh.buf,),
+            (K, 0, 0, x.offset, 0, 0, T),
+            _fold(-(-T * (kp // 8) // 256)),
+        )
+        seen.append((x, xh))
+        del seen[:-2]  # a layer's inputs: the norm's output feeds at most 3 GEMMs in a row
+        return xh
 
     def _small_gemm(self, c: Any, qtype: str) -> Any:
         """The GEMM's pipeline with SMALL x SMALL tiles and one subgroup tile per subgroup (the
