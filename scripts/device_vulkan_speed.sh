@@ -14,7 +14,7 @@ source scripts/device_vulkan_env.sh || exit $?
 nvidia-smi --query-gpu=clocks.sm,clocks.mem,pstate,power.draw,clocks_throttle_reasons.active \
     --format=csv > "$OUT/smi_before.txt" 2>&1
 K=${TESTS_K-(store_unrolled and (Q4_K or Q6_K or F16)) or fuse or bit_for_bit or fp16_form}
-timeout ${TEST_TIMEOUT:-35} python3 -m pytest -q -p no:cacheprovider -rfE --tb=short \
+timeout ${TEST_TIMEOUT:-40} python3 -m pytest -q -p no:cacheprovider -rfE --tb=short \
     -m "gpu or not gpu" -k "$K" tests/test_vulkan_resident.py tests/test_vulkan_coopmat.py \
     tests/test_vulkan_fused_norm.py 2>&1 | tee "$OUT/pytest.log" | tail -6
 echo "tests done at $(( $(date +%s) - T0 )) s"
