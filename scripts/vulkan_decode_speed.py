@@ -81,6 +81,10 @@ VARIANTS |= {
 # vkspd: the residual add in the next norm's dispatch, RoPE + KV write + q/k/v biases in one
 FA = {"rms_norm.fuse_add": 1, "rope.fuse_kv": 1, "rope.fuse_bias": 1}
 VARIANTS |= {"fa": FA, "res_su_fa": SU | FA, "res_su_epi_fa": VARIANTS["res_su_epi"] | FA}
+# ... and the prefill submitted in pieces as it is recorded (the GPU starts before Python ends)
+K64 = {"submit.prefill_kick": 64}
+VARIANTS |= {"fa_k64": FA | K64, "res_su_fa_k64": SU | FA | K64,
+             "res_su_epi_fa_k64": VARIANTS["res_su_epi_fa"] | K64}  # fmt: skip
 # the float32 tiled GEMM (the device-free default) with vec4 register blocks of 8 x 8
 VARIANTS |= {"tv128_fa": FA | {MP + "vec4": True, MP + "tile_m": 128, MP + "tile_n": 128}}
 

@@ -120,12 +120,20 @@ def profile_config(
     walls: dict[str, list[float]] = {"prefill": [], "decode": []}
     for _ in range(max(repeats, 1)):
         be.synchronize()
-        t0 = time.perf_counter()
+        s0, t0 = be.stats(), time.perf_counter()
         cache, tok = prefill()
-        t1 = time.perf_counter()
+        s1, t1 = be.stats(), time.perf_counter()
         decode(cache, tok)
+        s2 = be.stats()
         walls["prefill"].append(t1 - t0)
         walls["decode"].append((time.perf_counter() - t1) / max(gen, 1))
+        # host side of the last untimed run: recording, vkQueueSubmit, fence waits (ms per pass
+        # or per token), command buffers recorded and replayed
+        for phase, a, b, div in (("prefill", s0, s1, 1), ("decode", s1, s2, max(gen, 1))):
+            rec[phase]["host"] = {
+                k: (b[k] - a[k]) / div * (1e3 if k.endswith("_s") else 1)
+                for k in ("record_s", "submit_s", "wait_s", "recorded", "replays", "submits")
+            }
     for phase, w in walls.items():
         rec[phase]["wall_ms"] = 1e3 * statistics.median(w)
         rec[phase]["wall_ms_all"] = [round(1e3 * x, 3) for x in w]
@@ -199,6 +207,13 @@ def print_run(name: str, rec: dict[str, Any], top: int) -> None:
             f"== {name} {phase}{unit}: wall {r['wall_ms']:.3f} ms ({r['tok_s'] or 0:.1f} tok/s), "
             f"GPU {r['gpu_ms']:.3f} ms{extra}; {r['dispatches']:.0f} dispatches, "
             f"{r['barriers']:.0f} barriers, {r['submits']:.1f} submits",
+            flush=True,
+        )
+        h = r.get("host", {})
+        print(
+            f"   host (untimed run): record {h.get('record_s', 0):.2f} ms, submit "
+            f"{h.get('submit_s', 0):.2f} ms, fence wait {h.get('wait_s', 0):.2f} ms, "
+            f"{h.get('recorded', 0):.1f} recorded, {h.get('replays', 0):.1f} replayed",
             flush=True,
         )
         for k in r["kernels"][:top]:

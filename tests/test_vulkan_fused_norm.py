@@ -153,6 +153,40 @@ def test_rope_fuse_bias_needs_fuse_kv(vb):
     assert len(bad) == 1 and "fuse_bias needs fuse_kv" in bad[0]
 
 
+def test_prefill_kick_submits_early_with_the_same_bits(tiny_model_path):
+    """submit.prefill_kick: the prefill is submitted in pieces as the host records it (never
+    waiting for the device), with the logits of one submission per forward; decode steps are
+    untouched (their graph is still captured and replayed)."""
+    from engine.bench import bench_prompt
+    from engine.runtime import load
+
+    eng = load(tiny_model_path, "vulkan", _cfg({}), use_promoted=False)
+    m, be = eng.model, eng.backend
+    prompt = bench_prompt(45, m.spec.n_vocab)
+    outs, submits = {}, {}
+    for kick in (0, 32):
+        m.set_config(_cfg({"submit.prefill_kick": kick}))
+        cache = m.new_cache(64)
+        be.synchronize()
+        s0 = be.stats()
+        logits = [be.download(m.prefill(prompt, cache))]
+        submits[kick] = be.stats()["submits"] - s0["submits"]
+        tok = be.upload(np.array([5], np.int32))
+
+        def step(t, p, cache=cache):  # noqa: ANN001, ANN202
+            lg = m.forward(t, 1, p, cache)
+            return lg, be.argmax(lg)
+
+        for i in range(4):
+            lg, tok = be.decode_step(step, tok, len(prompt) + i, cache)
+            logits.append(be.download(lg))
+        outs[kick] = logits
+    assert submits[0] == 1 and submits[32] > 1
+    for a, b in zip(outs[0], outs[32], strict=True):
+        assert np.array_equal(a, b)
+    eng.backend.close()
+
+
 def test_registry_knob_and_pass(vb):
     from engine.backends.vulkan.kernels import all_builds, pass_keys
 

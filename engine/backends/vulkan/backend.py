@@ -650,6 +650,7 @@ class VulkanBackend(ResidentPrefill, FusedNorm, FusedDecode, Backend):
         pipe, c = self._pipe("matmul_prefill", w.qtype)
         if c.variant == "resident":
             self.resident_matmul(x, w, out, pipe, c)
+            self._kick()
             return out
         if c.variant in ("tiled", "coopmat"):  # the same grid and bindings
             per_wg, cols = int(c["tile_m"]), int(c["tile_n"])
@@ -666,7 +667,14 @@ class VulkanBackend(ResidentPrefill, FusedNorm, FusedDecode, Backend):
                 (Kw, nr, w.row_bytes, x.offset, out.offset + r0, N, T),
                 (gx, gy, chunks),
             )
+        self._kick()
         return out
+
+    def _kick(self) -> None:
+        """submit.prefill_kick: submit the recorded prefill nodes early (Stream.kick)."""
+        n = int(self.config.op("submit")["prefill_kick"])
+        if n:
+            self.stream.kick(n)
 
     def _eltwise(
         self, op: str, a: VkTensor, b: VkTensor, bcast: int, shape: tuple[int, ...] | None = None

@@ -370,6 +370,18 @@ class Stream:
         if wait:
             self.wait()
 
+    def kick(self, min_nodes: int) -> bool:
+        """Submit the recorded nodes without waiting when there are at least min_nodes and the
+        device is idle (no submission in flight, or its fence signalled): the GPU starts on them
+        while the host records the rest. Never blocks; True when it submitted."""
+        if len(self.nodes) < min_nodes or self.broken:
+            return False
+        f = self.inflight
+        if f is not None and vk.vkGetFenceStatus(self.dev.device, self.fence) != vk.VK_SUCCESS:
+            return False
+        self.flush(wait=False)
+        return True
+
     def graph_key(self) -> GraphKey:
         """The replay key of the nodes recorded so far, for a caller that records the same list
         again (a decode graph): hand it back with ``use_key``."""

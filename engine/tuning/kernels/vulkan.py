@@ -1080,6 +1080,16 @@ REGISTRY.register(
                     "reuse the command buffer of an identical recorded graph (decode step)",
                     HOST,
                 ),
+                Param(
+                    "prefill_kick",
+                    (0, 32, 64, 128, 256),
+                    0,
+                    "after a prefill matmul (T > 1), submit what is recorded without waiting "
+                    "once it is at least this many dispatches and the device has finished the "
+                    "previous submission: the GPU starts while Python records the rest of the "
+                    "forward (0: one submission per forward, at the download)",
+                    HOST,
+                ),
             ),
             source="engine/backends/vulkan/stream.py",
             numeric="order_only",
