@@ -187,6 +187,27 @@ def test_prefill_kick_submits_early_with_the_same_bits(tiny_model_path):
     eng.backend.close()
 
 
+def test_stream_kick_submits_only_when_the_device_is_idle(vb):
+    """Stream.kick never waits: below min_nodes it does nothing; with a submission in flight it
+    submits once that submission's fence has signalled (polled, not waited on)."""
+    import time
+
+    vb.set_config(_cfg({}))
+    x = vb.upload(np.ones(4096, np.float32))
+    ys = [vb.add(x, x) for _ in range(3)]
+    assert not vb.stream.kick(4) and len(vb.stream.nodes) == 3
+    vb.stream.flush(wait=False)  # in flight now
+    ys += [vb.add(x, x) for _ in range(3)]
+    for _ in range(200):  # the fence signals within milliseconds; kick must not block on it
+        if vb.stream.kick(3):
+            break
+        time.sleep(0.01)
+    else:
+        raise AssertionError("kick never submitted after the device went idle")
+    assert not vb.stream.nodes
+    assert all(np.array_equal(vb.download(y), np.full(4096, 2, np.float32)) for y in ys)
+
+
 def test_registry_knob_and_pass(vb):
     from engine.backends.vulkan.kernels import all_builds, pass_keys
 

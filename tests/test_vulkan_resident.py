@@ -215,8 +215,9 @@ KNOBS = [
     {"mma_n": 8},  # 16x8x16: half-row result slots on the bounded path
     {"mma_n": 8, "threads": 128, "warp_m": 64, "warp_n": 64, "bk": 16},
     {"threads": 128, "subgroup_size": 64, "tile_n": 64, "warp_n": 64},  # wave64: 2 tiles
-    # the bounded store with a fixed trip count: wave32, wave64 (one round), direct, 16x8x16
-    {"store_unrolled": True},
+    # the bounded store with a fixed trip count (the default): wave32, wave64 (one round),
+    # direct, 16x8x16; and the lane loop bounded by the subgroup size
+    {"store_unrolled": False},
     {"store_unrolled": True, "subgroup_size": 32},
     {"store_unrolled": True, "subgroup_size": 64, "warp_n": 64},
     {"store_unrolled": True, "direct": True, "threads": 128, "warp_n": 64},

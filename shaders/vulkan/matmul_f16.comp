@@ -25,7 +25,8 @@
 // llama.cpp's coopmat shape, 16 accumulators per subgroup), MMA_N, SMEM_HALVES, DIRECT
 // (below), STORE_UNROLLED (the bounded store's lane loop with a compile-time trip count: with
 // a loop bounded by gl_SubgroupSize inside the accumulator loops, NVIDIA's compiler kept the
-// whole acc[] array in local memory, "Local Memory Size" = the accumulators' bytes). Bindings: GEMM 0 W16, 1 x16, 2 y; PASS_W16 0 Wq, 1 -, 2 W16; PASS_X16 0 x, 1 -,
+// whole acc[] array in local memory, "Local Memory Size" = the accumulators' bytes).
+// Bindings: GEMM 0 W16, 1 x16, 2 y; PASS_W16 0 Wq, 1 -, 2 W16; PASS_X16 0 x, 1 -,
 // 2 x16 (binding 1 unused: the three programs share one layout of three buffers).
 
 #extension GL_GOOGLE_include_directive : require
