@@ -187,25 +187,29 @@ def test_prefill_kick_submits_early_with_the_same_bits(tiny_model_path):
     eng.backend.close()
 
 
-def test_stream_kick_submits_only_when_the_device_is_idle(vb):
-    """Stream.kick never waits: below min_nodes it does nothing; with a submission in flight it
-    submits once that submission's fence has signalled (polled, not waited on)."""
+def test_stream_kick_submits_pieces_in_order(vb):
+    """Stream.kick: below min_nodes nothing happens; at min_nodes the nodes go to the device
+    without waiting for them, recorded while the previous piece may still run and submitted
+    after it (dependent pieces: each reads the one before); idle() polls the fence."""
     import time
 
     vb.set_config(_cfg({}))
-    x = vb.upload(np.ones(4096, np.float32))
-    ys = [vb.add(x, x) for _ in range(3)]
-    assert not vb.stream.kick(4) and len(vb.stream.nodes) == 3
-    vb.stream.flush(wait=False)  # in flight now
-    ys += [vb.add(x, x) for _ in range(3)]
-    for _ in range(200):  # the fence signals within milliseconds; kick must not block on it
-        if vb.stream.kick(3):
+    x = vb.upload(np.ones(1 << 16, np.float32))
+    assert not vb.stream.kick(1) and vb.stream.idle()
+    y = x
+    for _ in range(3):  # three pieces of a chain y = y + x
+        y = vb.add(y, x)
+        assert not vb.stream.kick(3)
+        y = vb.add(y, x)
+        y = vb.add(y, x)
+        assert vb.stream.kick(3) and not vb.stream.nodes
+    for _ in range(500):
+        if vb.stream.idle():
             break
         time.sleep(0.01)
     else:
-        raise AssertionError("kick never submitted after the device went idle")
-    assert not vb.stream.nodes
-    assert all(np.array_equal(vb.download(y), np.full(4096, 2, np.float32)) for y in ys)
+        raise AssertionError("the fence never signalled")
+    assert np.array_equal(vb.download(y), np.full(1 << 16, 10, np.float32))
 
 
 def test_registry_knob_and_pass(vb):

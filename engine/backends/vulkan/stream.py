@@ -335,10 +335,11 @@ class Stream:
             if wait:
                 self.wait()
             return
-        # The previous submission reads the dynamic scalars and may be the command buffer about
-        # to be replayed: it must be complete before either is touched.
-        self.wait()
-        self.dyn_host[: len(self.dyn_values)] = np.asarray(self.dyn_values, dtype=np.uint32)
+        # Recorded first, while the previous submission may still run (the host's recording
+        # overlaps the device's work: a prefill submitted in pieces, submit.prefill_kick). The
+        # previous submission reads the dynamic scalars and may be the command buffer about to
+        # be replayed: it must be complete before either is touched, and before a cached
+        # command buffer is freed.
         rec, keep = None, self.replay
         if keep:
             nk = self.nodes_key
@@ -362,8 +363,16 @@ class Stream:
             self.host_s["record"] += time.perf_counter() - t0
             if keep:
                 self.cache[key] = rec
-                while len(self.cache) > REPLAY_ENTRIES:
-                    self._free(self.cache.popitem(last=False)[1])
+        try:
+            self.wait()
+        except EngineError:
+            if not keep:
+                self._free(rec)
+            raise
+        if keep:
+            while len(self.cache) > REPLAY_ENTRIES:  # none in flight now
+                self._free(self.cache.popitem(last=False)[1])
+        self.dyn_host[: len(self.dyn_values)] = np.asarray(self.dyn_values, dtype=np.uint32)
         self.stats["submits"] += 1
         self.stats["dispatches"] += sum(1 for n in nodes if n.kind == DISPATCH)
         flight = InFlight(rec, keep, self.keepalive)
@@ -379,17 +388,19 @@ class Stream:
             self.wait()
 
     def kick(self, min_nodes: int) -> bool:
-        """Submit the recorded nodes without waiting when there are at least min_nodes and the
-        device is idle (no submission in flight, or its fence signalled): the GPU starts on them
-        while the host records the rest. Never blocks; True when it submitted."""
+        """Submit the recorded nodes without waiting for them once there are at least min_nodes
+        (True when it submitted): their command buffer is recorded while the previous piece
+        runs, then submitted as soon as that one is done (flush), so the device works while
+        the host builds and records the rest."""
         if len(self.nodes) < min_nodes or self.broken:
-            return False
-        f = self.inflight
-        # the raw call: the binding's wrapper returns None on success and raises VkNotReady
-        if f is not None and vk.lib.vkGetFenceStatus(self.dev.device, self.fence) != 0:
             return False
         self.flush(wait=False)
         return True
+
+    def idle(self) -> bool:
+        """Whether no submission is in flight or its fence has signalled (never blocks)."""
+        # the raw call: the binding's wrapper returns None on success and raises VkNotReady
+        return self.inflight is None or vk.lib.vkGetFenceStatus(self.dev.device, self.fence) == 0
 
     def graph_key(self) -> GraphKey:
         """The replay key of the nodes recorded so far, for a caller that records the same list
