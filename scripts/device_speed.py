@@ -219,8 +219,19 @@ VARIANTS |= {
     "norm_t128": _NB | {"rms_norm.threads": 128},
     "norm_t512": _NB | {"rms_norm.threads": 512},
 }
+# helper gemv (issue 14): mmvw's Q4_K / Q6_K launches as mmvw_stream (matmul_decode.stream =
+# the ring's stages: persistent blocks, bulk-copied shared-memory stages; same arithmetic)
+VARIANTS |= {
+    "gemv_s2": S2 | {_D + "stream": 2},
+    "gemv_s3": S2 | {_D + "stream": 3},
+    "gemv_s4": S2 | {_D + "stream": 4},
+    "gemv_s4_k1": BEST | {_D + "stream": 4},  # without split_k
+    "gemv_s3_w8": S2 | {_D + "stream": 3, _D + "warps": 8},
+    "gemv_s4_b2": S2 | {_D + "stream": 4, _D + "stream_blocks": 2},
+}  # fmt: skip
 # --sweep: coordinate descent over these knobs, in this order, from the --sweep variant
 SWEEP_KNOBS = (
+    "stream",
     "split_k",
     "wload",
     "stage",

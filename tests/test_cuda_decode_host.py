@@ -296,3 +296,49 @@ def test_fusion_blame_bisects_several_fused_ops(monkeypatch):
     assert b.op == "rope" and "rope's fusions off" in b.label
     assert tried[0]["matmul_decode.fuse_norm"] == 0 and tried[0]["rope.fuse_kv"] == 1
     assert tried[1]["rope.fuse_kv"] == 0 and tried[1]["matmul_decode.fuse_norm"] == 1
+
+
+@pytest.mark.parametrize("split", [1, 2])
+def test_stream_plan_and_launches(tiny_model_factory, split):
+    """matmul_decode.stream: the decode step's Q4_K / Q6_K mmvw launches become mmvw_stream
+    (its signature checked by the fake), the grid at most the row sets and SMs x blocks per SM,
+    the ring within a block's shared memory; other types, or the knob off, keep mmvw."""
+    from engine.backends.cuda.backend import CudaWeight
+
+    flat = BASE | {"matmul_decode.stream": 4, "matmul_decode.split_k": split}
+    be, launches, _ = _decode_launches(tiny_model_factory, flat)
+    streamed = [launch for launch in launches if launch.kernel == "mmvw_stream"]
+    assert streamed, Counter(launch.kernel for launch in launches)
+    for launch in streamed:
+        nsets, stages, stage_bytes = (int(a) for a in launch.args[5:8])
+        assert 1 <= launch.grid[0] <= nsets and 2 <= stages <= 4
+        assert launch.smem == stages * stage_bytes and stage_bytes % 16 == 0
+
+    def plan(qtype: str, n: int, k: int, **knobs: int) -> tuple[int, int, int] | None:
+        be.set_config(cfg(**BASE, **{f"matmul_decode.{a}": v for a, v in knobs.items()}))
+        rb = k // 256 * {"Q4_K": 144, "Q6_K": 224, "Q8_0": 272}[qtype]
+        w = CudaWeight("w", qtype, (n, k), raw=be.upload(np.zeros((n, rb), np.uint8)))
+        rpb = be._mmvw_rows_per_block(k)
+        return be._stream_plan((w,), rpb, -(-n // rpb))
+
+    # 7B gate: 4 rows of 2016 bytes a set, 4 stages (32 KB): 6 blocks an SM by shared memory
+    assert plan("Q4_K", 18944, 3584, stream=4) == (132 * 6, 4, 4 * 2016)
+    assert plan("Q4_K", 18944, 3584, stream=4, stream_blocks=2) == (264, 4, 4 * 2016)
+    # 7B down: 4 rows of 10656 bytes; 8 stages do not fit a block: 5 (213 KB), one block an SM
+    assert plan("Q4_K", 3584, 18944, stream=8) == (132, 5, 4 * 10656)
+    assert plan("Q6_K", 7, 512, stream=2) == (2, 2, 4 * 448)  # fewer sets than SMs
+    assert plan("Q4_K", 3584, 18944, stream=0) is None
+    assert plan("Q8_0", 64, 512, stream=4) is None
+    be.set_config(
+        cfg(
+            **BASE,
+            **{
+                "matmul_decode.stream": 2,
+                "matmul_decode.rows_per_thread": 4,
+                "matmul_decode.threads_per_row": 8,
+                "matmul_decode.warps": 8,
+            },
+        )
+    )
+    w = CudaWeight("w", "Q6_K", (8, 1 << 16), raw=be.upload(np.zeros((8, 256 * 224), np.uint8)))
+    assert be._stream_plan((w,), 128, 1) is None  # two stages of 128 such rows cannot fit

@@ -369,6 +369,128 @@ extern "C" __global__ void __launch_bounds__(NW * 32 MMVW_BOUNDS_MINB)
     mmvw_rows_qt(qt, W, rb, N, K, xq, xds, Y, A, b, st ? mmvw_ws : nullptr, sp);
 }
 
+// mmvw_stream (host knob matmul_decode.stream = the ring's stages, stream_blocks): mmvw's
+// launch of Q4_K / Q6_K matrices with persistent blocks, each walking the row sets (a block's
+// rows under mmvw, one contiguous run of weight bytes) q = blockIdx.x, + gridDim.x, ... < nsets
+// through a ring of `stages` shared-memory stages of stage_bytes each, filled by bulk copies
+// (cp.async.bulk, sm_90, completing on a per-stage mbarrier). Thread 0 keeps stages - 1 sets
+// ahead in flight while the block computes one: the weight stream never waits for a block to
+// start, and a block's bytes in flight do not hold registers (mmvw's stage knob copied one set
+// per block and then waited, all of its bytes at once). Each set is computed by mmvw_rows on
+// the staged rows: the same arithmetic as mmvw, bit for bit, split_k included.
+#ifndef MMVW_STREAM_MAX
+#define MMVW_STREAM_MAX 8  // stages at most (the host caps the knob by shared memory)
+#endif
+struct MmvwSet {
+    const u8* W;
+    int rb, N, qt, bi;
+    float* Y;
+    const float* A;
+};
+
+__device__ __forceinline__ MmvwSet mmvw_set(int q, int nb0, int nb1, const u8* W0, int rb0,
+                                            int N0, int qt0, float* Y0, const float* A0,
+                                            const u8* W1, int rb1, int N1, int qt1, float* Y1,
+                                            const float* A1, const u8* W2, int rb2, int N2,
+                                            int qt2, float* Y2, const float* A2) {
+    if (q >= nb0 + nb1) return {W2, rb2, N2, qt2, q - nb0 - nb1, Y2, A2};
+    if (q >= nb0) return {W1, rb1, N1, qt1, q - nb0, Y1, A1};
+    return {W0, rb0, N0, qt0, q, Y0, A0};
+}
+
+// Thread 0: set s's rows [bi * rpb, + rpb) clamped to N (one contiguous run) into stage dst,
+// its completion counted on bar (armed for the bytes first).
+__device__ __forceinline__ void mmvw_stream_issue(const MmvwSet& s, int rpb, u8* dst,
+                                                  unsigned long long* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const int row0 = s.bi * rpb;
+    const unsigned int bytes = (unsigned int)min(rpb, s.N - row0) * (unsigned int)s.rb;
+#ifdef MUTANT_MMVW_STREAM_SHORT  // planted bug: each copy leaves out the set's last 16 bytes
+    const unsigned int cb = bytes - 16;
+#else
+    const unsigned int cb = bytes;
+#endif
+    const unsigned int b = (unsigned int)__cvta_generic_to_shared(bar);
+    const unsigned int d = (unsigned int)__cvta_generic_to_shared(dst);
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(cb)
+                 : "memory");
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
+        "[%3];" ::"r"(d), "l"(s.W + (size_t)row0 * s.rb), "r"(cb), "r"(b)
+        : "memory");
+#endif
+}
+
+// Every thread waits until phase `parity` of bar has completed (its stage's bytes landed).
+__device__ __forceinline__ void mmvw_stream_wait(unsigned long long* bar, unsigned int parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const unsigned int b = (unsigned int)__cvta_generic_to_shared(bar);
+    unsigned int done = 0;
+    while (!done) {
+        asm volatile(
+            "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; "
+            "selp.u32 %0, 1, 0, p; }"
+            : "=r"(done)
+            : "r"(b), "r"(parity)
+            : "memory");
+    }
+#endif
+}
+
+// Matrix i as mmvw's (every W_i Q4_K or Q6_K, 16-byte aligned; row bytes multiples of 16);
+// nsets = nb0 + nb1 + nb2 row sets of mmvw_rpb rows; grid <= nsets persistent blocks, block
+// NW * 32, dynamic shared memory stages * stage_bytes (stage_bytes >= rpb * max row bytes, a
+// multiple of 16), 2 <= stages <= MMVW_STREAM_MAX.
+extern "C" __global__ void __launch_bounds__(NW * 32 MMVW_BOUNDS_MINB)
+    mmvw_stream(const s8* __restrict__ xq, const float2* __restrict__ xds, int K, int nb0,
+                int nb1, int nsets, int stages, int stage_bytes,
+                const u8* W0, int rb0, int N0, int qt0, float* Y0, const float* A0,
+                const u8* W1, int rb1, int N1, int qt1, float* Y1, const float* A1,
+                const u8* W2, int rb2, int N2, int qt2, float* Y2, const float* A2) {
+    extern __shared__ __align__(16) u8 mmvw_ws[];
+    __shared__ __align__(8) unsigned long long full[MMVW_STREAM_MAX];
+#define MMVW_SET(q)                                                                          \
+    mmvw_set(q, nb0, nb1, W0, rb0, N0, qt0, Y0, A0, W1, rb1, N1, qt1, Y1, A1, W2, rb2, N2, qt2, \
+             Y2, A2)
+    const bool sp = mmvw_split(K);
+    const int rpb = mmvw_rpb(sp);
+    const int G = gridDim.x;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (threadIdx.x == 0) {
+        for (int st = 0; st < stages; ++st) {
+            const unsigned int b = (unsigned int)__cvta_generic_to_shared(&full[st]);
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(b) : "memory");
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        // the weights are read-only: the first sets stream in before the PDL wait
+        for (int st = 0, q = blockIdx.x; st < stages && q < nsets; ++st, q += G)
+            mmvw_stream_issue(MMVW_SET(q), rpb, mmvw_ws + (size_t)st * stage_bytes, &full[st]);
+    }
+#endif
+    pdl_start();
+    __syncthreads();  // the barriers are initialised before anyone waits on them
+    for (int i = 0, q = blockIdx.x; q < nsets; ++i, q += G) {
+        const int st = i % stages;
+        mmvw_stream_wait(&full[st], (unsigned int)(i / stages) & 1u);
+        const MmvwSet s = MMVW_SET(q);
+        const u8* ws = mmvw_ws + (size_t)st * stage_bytes;
+        if (s.qt == QT_Q4_K)
+            mmvw_rows<QT_Q4_K, true>(ws, s.rb, s.N, K, xq, xds, s.Y, s.A, s.bi, sp);
+        else
+            mmvw_rows<QT_Q6_K, true>(ws, s.rb, s.N, K, xq, xds, s.Y, s.A, s.bi, sp);
+        __syncthreads();  // stage st is read by everyone before it is refilled
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        const int qn = q + stages * G;
+        if (threadIdx.x == 0 && qn < nsets) {
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            mmvw_stream_issue(MMVW_SET(qn), rpb, mmvw_ws + (size_t)st * stage_bytes, &full[st]);
+        }
+#endif
+    }
+#undef MMVW_SET
+}
+
 // gate Wg [N, rbg], up Wu [N, rbu] (types qtg, qtu) on x (Q8_1, K) -> y = silu(x Wg^T) *
 // (x Wu^T) [N] and, when yq is not null (N % 32 == 0), its Q8_1 blocks yq [N], yds [N / 32].
 // Grid ceil(N / 32) blocks (the last one's rows past N are computed, not stored), block

@@ -665,6 +665,16 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         for _ in range(3 - len(mats)):
             nbs.append(0)
             args += [_NULL, np.int32(0), np.int32(0), np.int32(0), _NULL, _NULL]
+        plan = self._stream_plan(tuple(m[0] for m in mats), rpb, sum(nbs))
+        if plan is not None:
+            grid, stages, stage_bytes = plan
+            self._launch(
+                "mmvw", "mmvw_stream", (grid,), (int(c["warps"]) * 32,),
+                (xq, xds, np.int32(mats[0][0].k), np.int32(nbs[0]), np.int32(nbs[1]),
+                 np.int32(sum(nbs)), np.int32(stages), np.int32(stage_bytes), *args),
+                smem=stages * stage_bytes, pdl=True,
+            )  # fmt: skip
+            return
         self._launch(
             "mmvw", "mmvw", (sum(nbs),), (int(c["warps"]) * 32,),
             (xq, xds, np.int32(mats[0][0].k), np.int32(nbs[0]), np.int32(nbs[1]), *args),
@@ -758,6 +768,38 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
             extra = self.device_info().extra
             cap = self._stage_cap = int(extra.get("smem_per_block_optin", 0)) - 1024
         return need if need <= cap else 0
+
+    def _stream_plan(
+        self, ws: tuple[CudaWeight, ...], rpb: int, nsets: int
+    ) -> tuple[int, int, int] | None:
+        """(grid, stages, stage bytes) of an mmvw_stream launch (matmul_decode.stream: the
+        ring's stages, stream_blocks: persistent blocks per SM, 0 = as many as fit), or None:
+        the knob is off, a matrix is not Q4_K / Q6_K or not 16-byte aligned, or two stages of
+        a block's rows do not fit in a block's shared memory (then plain mmvw)."""
+        c = self.config.op("matmul_decode")
+        stages = int(c["stream"])
+        if stages == 0 or not all(w.qtype in ("Q4_K", "Q6_K") for w in ws):
+            return None
+        if any(int(w.raw.data.ptr) % 16 or w.row_bytes % 16 for w in ws):
+            return None
+        extra = self.device_info().extra
+        stage_bytes = rpb * max(w.row_bytes for w in ws)
+        # the kernel's static shared memory (barriers, split_k's partials) and 1 KiB a block
+        # the driver reserves: 2 KiB of margin
+        stages = min(stages, (int(extra.get("smem_per_block_optin", 0)) - 2048) // stage_bytes)
+        if stages < 2:
+            return None
+        threads = int(c["warps"]) * 32
+        per_sm = min(
+            int(extra.get("smem_per_sm", 0)) // (stages * stage_bytes + 2048),
+            2048 // threads,  # threads per SM
+            65536 // (64 * threads),  # registers, at mmvw's <= 64 a thread
+            32,
+        )
+        if int(c["stream_blocks"]) > 0:
+            per_sm = min(per_sm, int(c["stream_blocks"]))
+        grid = min(nsets, max(1, per_sm) * int(extra.get("sms", 1)))
+        return grid, stages, stage_bytes
 
     def _mmvw_rows_per_block(self, k: int = 0) -> int:
         """Rows per block of an mmvw / mmvw_norm launch on rows of k values (mmvw.cu's

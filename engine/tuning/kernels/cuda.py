@@ -156,6 +156,15 @@ REGISTRY.register(
             ),
             constraints=(
                 Constraint(
+                    "matmul_decode.stream > 0 needs compute capability >= 9.0 (bulk copies)",
+                    lambda cfg, dev: (
+                        cfg.op("matmul_decode").variant != "mmvw"
+                        or _p(cfg, "matmul_decode", "stream") == 0
+                        or dev is None
+                        or int(dev.extra.get("cc", 0)) >= 90
+                    ),
+                ),
+                Constraint(
                     "matmul_decode.pdl = 1 needs compute capability >= 9.0",
                     lambda cfg, dev: (
                         cfg.op("matmul_decode").variant != "mmvf"
@@ -396,6 +405,24 @@ REGISTRY.register(
                     HOST,
                 ),
                 Param(
+                    "stream",
+                    (0, 2, 3, 4, 6, 8),
+                    0,
+                    "Q4_K / Q6_K launches (mmvw's, not its fused epilogues) as mmvw_stream: "
+                    "persistent blocks stream their row sets through a ring of this many "
+                    "shared-memory stages filled by bulk copies (sm_90), the next sets' bytes in "
+                    "flight while one is computed; same arithmetic as mmvw (0: off)",
+                    HOST,
+                ),
+                Param(
+                    "stream_blocks",
+                    (0, 1, 2, 4, 8),
+                    0,
+                    "persistent mmvw_stream blocks per SM (0: as many as shared memory, threads "
+                    "and registers allow)",
+                    HOST,
+                ),
+                Param(
                     "pdl",
                     (0, 1),
                     0,
@@ -414,6 +441,15 @@ REGISTRY.register(
                         or _p(cfg, "matmul_decode", "split_k")
                         * _p(cfg, "matmul_decode", "threads_per_row")
                         <= 32 * _p(cfg, "matmul_decode", "warps")
+                    ),
+                ),
+                Constraint(
+                    "matmul_decode.stream > 0 needs compute capability >= 9.0 (bulk copies)",
+                    lambda cfg, dev: (
+                        cfg.op("matmul_decode").variant != "mmvw"
+                        or _p(cfg, "matmul_decode", "stream") == 0
+                        or dev is None
+                        or int(dev.extra.get("cc", 0)) >= 90
                     ),
                 ),
                 Constraint(
