@@ -16,25 +16,28 @@ python3 -c "import gguf" 2> /dev/null || python3 -m pip install -q --no-index --
     --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 git log --oneline -1 > "$D/commit.txt" 2>/dev/null
 nvidia-smi --query-gpu=index,name,clocks.sm,clocks.mem --format=csv > "$D/gpu.txt" 2>&1
-SETTINGS=${GEMV_SETTINGS:-base,s2,s3,s4,s6,s4_b2,split2,s2_split2,s4_split2,s3_w8_split2,s4_w8_split4,s3_r2,s3_t16r2u1,s4_u4,s4_pdl,wide,stage}
-CONFIGS=${GEMV_CONFIGS:-dec8_split2,gemv_s3,gemv_s4,gemv_s3_w8}
+SETTINGS=${GEMV_SETTINGS:-base,s3,s4,s3x,s4x,split2,s4_split2,s3x_split2,s4x_b2,s4_b2,s2,s6,s3x_w8_split2,s3_w8_split2,s3x_r2,s3x_u4,s4_pdl,s3_t16r2u1,s4_w8_split4,wide,stage}
+CONFIGS=${GEMV_CONFIGS:-dec8_split2,gemv_s4,gemv_s4x,gemv_s3x}
 python3 - > /tmp/gemv_cfgs.json <<PY
 import json
 from scripts.gemv_bench import SETTINGS
 from scripts.device_speed import VARIANTS
-print(json.dumps([SETTINGS[n] for n in "$SETTINGS".split(",")] + [VARIANTS[n] for n in "$CONFIGS".split(",")]))
+from tests.test_cuda_mmvw_stream import STREAM_CONFIGS, STREAM_MODEL, knobs
+tests = [knobs(**k) for _, k in STREAM_CONFIGS] + [STREAM_MODEL, {"matmul_decode.variant": "mmvq"}]
+print(json.dumps(tests + [SETTINGS[n] for n in "$SETTINGS".split(",")] + [VARIANTS[n] for n in "$CONFIGS".split(",")]))
 PY
 PIDS=()
 for i in 0 1 2 3 4 5 6 7; do
   python3 scripts/cuda_precompile.py /tmp/gemv_cfgs.json --part $i/8 >> "$D/precompile.log" 2>&1 &
   PIDS+=($!)
 done
-for p in "${PIDS[@]}"; do while kill -0 $p 2> /dev/null && [ $(el) -lt 20 ]; do sleep 1; done; done
-echo "precompile: $(grep -c modules "$D/precompile.log")/8 parts done at $(el) s" | tee "$D/summary.txt"
-# 1) GEMV bandwidth per shape and setting (both presets, one process)
-timeout 42 python3 scripts/gemv_bench.py --out "$D" --preset 7b,1.5b --calls 30 --repeats 3 \
-  --settings $SETTINGS --deadline $(( $(date +%s) + 36 )) > "$D/gemv.log" 2>&1
-echo "gemv rc=$? at $(el) s" | tee -a "$D/summary.txt"
+# 1) GEMV bandwidth per shape and setting (both presets, one process; it builds what the
+#    background builds have not reached yet)
+timeout 40 python3 scripts/gemv_bench.py --out "$D" --preset 7b,1.5b --calls 30 --repeats 3 \
+  --settings $SETTINGS --deadline $(( $(date +%s) + 34 )) > "$D/gemv.log" 2>&1
+echo "gemv rc=$? at $(el) s" | tee "$D/summary.txt"
+for p in "${PIDS[@]}"; do while kill -0 $p 2> /dev/null && [ $(el) -lt 48 ]; do sleep 1; done; done
+echo "precompile: $(grep -c modules "$D/precompile.log")/8 parts done at $(el) s" | tee -a "$D/summary.txt"
 # 2) GPU tests of the stream kernel (the planted bug last in the file)
 LEFT=$((92 - $(el))); [ $LEFT -gt 40 ] && LEFT=40
 timeout $LEFT python3 -m pytest -q -m gpu -p no:cacheprovider -rfE --tb=short \

@@ -228,10 +228,13 @@ VARIANTS |= {
     "gemv_s4_k1": BEST | {_D + "stream": 4},  # without split_k
     "gemv_s3_w8": S2 | {_D + "stream": 3, _D + "warps": 8},
     "gemv_s4_b2": S2 | {_D + "stream": 4, _D + "stream_blocks": 2},
+    "gemv_s3x": S2 | {_D + "stream": 3, _D + "stream_x": 1},
+    "gemv_s4x": S2 | {_D + "stream": 4, _D + "stream_x": 1},
 }  # fmt: skip
 # --sweep: coordinate descent over these knobs, in this order, from the --sweep variant
 SWEEP_KNOBS = (
     "stream",
+    "stream_x",
     "split_k",
     "wload",
     "stage",

@@ -84,6 +84,14 @@ SETTINGS: dict[str, dict] = {
     "s3_t16r2u1": _k(stream=3, threads_per_row=16, rows_per_thread=2, unroll=1),
     "s4_u4": _k(stream=4, unroll=4),
     "s4_pdl": _k(stream=4, pdl=1),
+    # + the activations as shared-memory planes (stream_x)
+    "s3x": _k(stream=3, stream_x=1),
+    "s4x": _k(stream=4, stream_x=1),
+    "s4x_b2": _k(stream=4, stream_x=1, stream_blocks=2),
+    "s3x_split2": _k(stream=3, stream_x=1, split_k=2),
+    "s3x_w8_split2": _k(stream=3, stream_x=1, warps=8, split_k=2),
+    "s3x_r2": _k(stream=3, stream_x=1, rows_per_thread=2),
+    "s3x_u4": _k(stream=3, stream_x=1, unroll=4),
 }
 Q4K_ROW, Q6K_ROW = 144, 224  # bytes per 256 weights (Q6_K as loaded: padded to 224)
 L2_DEFEAT = 256 << 20  # bytes of weight copies a shape rotates through (H200 L2: 50 MB)

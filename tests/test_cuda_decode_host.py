@@ -310,11 +310,12 @@ def test_stream_plan_and_launches(tiny_model_factory, split):
     streamed = [launch for launch in launches if launch.kernel == "mmvw_stream"]
     assert streamed, Counter(launch.kernel for launch in launches)
     for launch in streamed:
-        nsets, stages, stage_bytes = (int(a) for a in launch.args[5:8])
+        nsets, stages, stage_bytes, x4, x6 = (int(a) for a in launch.args[5:10])
         assert 1 <= launch.grid[0] <= nsets and 2 <= stages <= 4
         assert launch.smem == stages * stage_bytes and stage_bytes % 16 == 0
+        assert x4 == x6 == -1  # stream_x off
 
-    def plan(qtype: str, n: int, k: int, **knobs: int) -> tuple[int, int, int] | None:
+    def plan(qtype: str, n: int, k: int, **knobs: int) -> tuple | None:
         be.set_config(cfg(**BASE, **{f"matmul_decode.{a}": v for a, v in knobs.items()}))
         rb = k // 256 * {"Q4_K": 144, "Q6_K": 224, "Q8_0": 272}[qtype]
         w = CudaWeight("w", qtype, (n, k), raw=be.upload(np.zeros((n, rb), np.uint8)))
@@ -322,11 +323,17 @@ def test_stream_plan_and_launches(tiny_model_factory, split):
         return be._stream_plan((w,), rpb, -(-n // rpb))
 
     # 7B gate: 4 rows of 2016 bytes a set, 4 stages (32 KB): 6 blocks an SM by shared memory
-    assert plan("Q4_K", 18944, 3584, stream=4) == (132 * 6, 4, 4 * 2016)
-    assert plan("Q4_K", 18944, 3584, stream=4, stream_blocks=2) == (264, 4, 4 * 2016)
+    assert plan("Q4_K", 18944, 3584, stream=4) == (132 * 6, 4, 8064, -1, -1, 4 * 8064)
+    assert plan("Q4_K", 18944, 3584, stream=4, stream_blocks=2)[0] == 264
     # 7B down: 4 rows of 10656 bytes; 8 stages do not fit a block: 5 (213 KB), one block an SM
-    assert plan("Q4_K", 3584, 18944, stream=8) == (132, 5, 4 * 10656)
-    assert plan("Q6_K", 7, 512, stream=2) == (2, 2, 4 * 448)  # fewer sets than SMs
+    assert plan("Q4_K", 3584, 18944, stream=8) == (132, 5, 42624, -1, -1, 5 * 42624)
+    assert plan("Q6_K", 7, 512, stream=2) == (2, 2, 1792, -1, -1, 3584)  # fewer sets than SMs
+    # stream_x: the planes (56 bytes a slot of 32) after the ring, counted in the fit
+    xs = 56 * 18944 // 32
+    assert plan("Q4_K", 3584, 18944, stream=8, stream_x=1) == (132, 4, 42624, 4 * 42624, -1,
+                                                               4 * 42624 + xs)  # fmt: skip
+    assert plan("Q6_K", 64, 512, stream=2, stream_x=1)[3:5] == (-1, 2 * 1792)
+    assert plan("Q4_K", 64, 512, stream=2, stream_x=1, q4k_wide=1)[3:] == (-1, -1, 2 * 1152)
     assert plan("Q4_K", 3584, 18944, stream=0) is None
     assert plan("Q8_0", 64, 512, stream=4) is None
     be.set_config(

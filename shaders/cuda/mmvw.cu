@@ -183,16 +183,53 @@ __device__ __forceinline__ void mmvw_stage_wait(unsigned long long* bar) {
 #error "GLU_TPR must be 2, 4, 8 or 16 (mmvw_glu's block is 64 * GLU_TPR threads)"
 #endif
 
+// mmvw_stream's x planes (stream_x): a narrow K-type slot's activations as mmvw_dot reads
+// them (VD<QT>::load, bit for bit), built once per block in shared memory as planes over the
+// row's ns slots: a [ns] uint4, b [ns] uint4, (da, db) [ns] float4, (oa, ob) [ns] int2 (56 bytes
+// a slot). A lane's slot is then three or four conflict-free 16-byte shared loads instead of
+// two half-used L1 lines and two scale loads.
+__device__ __forceinline__ void xpl_store(u8* xp, int ns, int s, const XSlot& x) {
+    ((uint4*)xp)[s] = x.a;
+    ((uint4*)xp)[ns + s] = x.b;
+    ((float4*)xp)[2 * ns + s] = make_float4(x.da.x, x.da.y, x.db.x, x.db.y);
+    ((int2*)(xp + 48 * (size_t)ns))[s] = make_int2(x.oa, x.ob);
+}
+__device__ __forceinline__ XSlot xpl_load(const u8* xp, int ns, int s) {
+    XSlot x;
+    x.a = ((const uint4*)xp)[s];
+    x.b = ((const uint4*)xp)[ns + s];
+    const float4 d = ((const float4*)xp)[2 * ns + s];
+    x.da = make_float2(d.x, d.y);
+    x.db = make_float2(d.z, d.w);
+    const int2 o = ((const int2*)(xp + 48 * (size_t)ns))[s];
+    x.oa = o.x;
+    x.ob = o.y;
+    return x;
+}
+template <int QT, bool XS> struct XLoad {  // global activations (mmvw)
+    static __device__ __forceinline__ auto get(int s, const s8* __restrict__ xq,
+                                               const float2* __restrict__ xds, const u8*, int) {
+        return VD<QT>::load(s, xq, xds);
+    }
+};
+template <int QT> struct XLoad<QT, true> {  // x planes (narrow K types only)
+    static __device__ __forceinline__ XSlot get(int s, const s8*, const float2*, const u8* xp,
+                                                int ns) {
+        return xpl_load(xp, ns, s);
+    }
+};
+
 // The R dot products of rows row0.. (clamped to N - 1) by the calling group of G lanes, U
 // slots per lane per iteration; every lane of the group ends with the full sums. The whole group
 // calls it (the shuffles). mmvw: G, R, U = TPR, RPT, UNROLL; mmvw_glu: GLU_TPR, 1, GLU_UNROLL.
-// S: W is the block's rows staged in shared memory, row rbase first (STAGE).
-template <int QT, int G, int R, int U, bool S = false>
+// S: W is the block's rows staged in shared memory, row rbase first (STAGE). XS: the slots'
+// activations come from x planes xp (mmvw_stream's stream_x), not xq / xds.
+template <int QT, int G, int R, int U, bool S = false, bool XS = false>
 __device__ __forceinline__ void mmvw_dot(const u8* __restrict__ W, int row_bytes, int N, int K,
                                          const s8* __restrict__ xq,
                                          const float2* __restrict__ xds, int row0,
                                          float (&acc)[R], int rbase = 0, int sb = 0,
-                                         int se = -1) {
+                                         int se = -1, const u8* xp = nullptr) {
     const int lane = threadIdx.x % G;
     const int ns = se < 0 ? VD<QT>::slots(K) : se;  // slots [sb, ns) of the row
     const u8* rows[R];
@@ -207,7 +244,7 @@ __device__ __forceinline__ void mmvw_dot(const u8* __restrict__ W, int row_bytes
             const int s = s0 + u * G;
             const bool ok = s < ns;
             const int sc = ok ? s : s0;  // a valid slot, its result dropped: straight-line code
-            const auto x = VD<QT>::load(sc, xq, xds);  // XSlot, or a wide type's
+            const auto x = XLoad<QT, XS>::get(sc, xq, xds, xp, VD<QT>::slots(K));
 #pragma unroll
             for (int r = 0; r < R; ++r) {
                 const float v = VD<QT>::template dot<S>(rows[r], sc, x);
@@ -227,11 +264,12 @@ __device__ __forceinline__ void mmvw_dot(const u8* __restrict__ W, int row_bytes
 // split (mmvw_split): KSPLIT groups per row set, group g walks part g / (MMVW_GROUPS / KSPLIT)
 // of the slots (consecutive ranges, as even as the count allows); partials meet in shared memory,
 // summed in part order by part 0's group. Every thread of the block calls it (a barrier).
-template <int QT, bool S>
+template <int QT, bool S, bool XS = false>
 __device__ __forceinline__ void mmvw_rows_split(const u8* __restrict__ W, int row_bytes, int N,
                                                 int K, const s8* __restrict__ xq,
                                                 const float2* __restrict__ xds, float* Y,
-                                                const float* A, int bi) {
+                                                const float* A, int bi,
+                                                const u8* xp = nullptr) {
     constexpr int RG = MMVW_GROUPS / KSPLIT;  // row groups per block
     __shared__ float part[KSPLIT > 1 ? MMVW_GROUPS * RPT : 1];
     const int g = threadIdx.x / TPR, lane = threadIdx.x % TPR;
@@ -245,8 +283,8 @@ __device__ __forceinline__ void mmvw_rows_split(const u8* __restrict__ W, int ro
     const int sb = kp * per, se = min(ns, sb + per);
 #endif
     float acc[RPT];
-    mmvw_dot<QT, TPR, RPT, UNROLL, S>(W, row_bytes, N, K, xq, xds, row0, acc,
-                                      S ? bi * (MMVW_RPB / KSPLIT) : 0, min(sb, se), se);
+    mmvw_dot<QT, TPR, RPT, UNROLL, S, XS>(W, row_bytes, N, K, xq, xds, row0, acc,
+                                          S ? bi * (MMVW_RPB / KSPLIT) : 0, min(sb, se), se, xp);
     if (lane == 0) {
 #pragma unroll
         for (int r = 0; r < RPT; ++r) part[(kp * RG + rg) * RPT + r] = acc[r];
@@ -263,21 +301,22 @@ __device__ __forceinline__ void mmvw_rows_split(const u8* __restrict__ W, int ro
     }
 }
 
-template <int QT, bool S = false>
+template <int QT, bool S = false, bool XS = false>
 __device__ __forceinline__ void mmvw_rows(const u8* __restrict__ W, int row_bytes, int N, int K,
                                           const s8* __restrict__ xq,
                                           const float2* __restrict__ xds, float* Y,
-                                          const float* A, int bi, bool split = false) {
+                                          const float* A, int bi, bool split = false,
+                                          const u8* xp = nullptr) {
     if (KSPLIT > 1 && split) {
-        mmvw_rows_split<QT, S>(W, row_bytes, N, K, xq, xds, Y, A, bi);
+        mmvw_rows_split<QT, S, XS>(W, row_bytes, N, K, xq, xds, Y, A, bi, xp);
         return;
     }
     const int g = threadIdx.x / TPR, lane = threadIdx.x % TPR;
     const int row0 = (bi * MMVW_GROUPS + g) * RPT;
     if (row0 >= N) return;  // whole groups leave together: the shuffles below stay full
     float acc[RPT];
-    mmvw_dot<QT, TPR, RPT, UNROLL, S>(W, row_bytes, N, K, xq, xds, row0, acc,
-                                      S ? bi * MMVW_RPB : 0);
+    mmvw_dot<QT, TPR, RPT, UNROLL, S, XS>(W, row_bytes, N, K, xq, xds, row0, acc,
+                                          S ? bi * MMVW_RPB : 0, 0, -1, xp);
     if (lane == 0) {
 #pragma unroll
         for (int r = 0; r < RPT; ++r) {
@@ -440,10 +479,12 @@ __device__ __forceinline__ void mmvw_stream_wait(unsigned long long* bar, unsign
 // Matrix i as mmvw's (every W_i Q4_K or Q6_K, 16-byte aligned; row bytes multiples of 16);
 // nsets = nb0 + nb1 + nb2 row sets of mmvw_rpb rows; grid <= nsets persistent blocks, block
 // NW * 32, dynamic shared memory stages * stage_bytes (stage_bytes >= rpb * max row bytes, a
-// multiple of 16), 2 <= stages <= MMVW_STREAM_MAX.
+// multiple of 16), 2 <= stages <= MMVW_STREAM_MAX, then the x planes: x4 / x6 the byte offsets
+// of the Q4_K / Q6_K slots' planes (56 * K / 32 bytes each), -1: none (global activations;
+// always -1 for a wide slot type).
 extern "C" __global__ void __launch_bounds__(NW * 32 MMVW_BOUNDS_MINB)
     mmvw_stream(const s8* __restrict__ xq, const float2* __restrict__ xds, int K, int nb0,
-                int nb1, int nsets, int stages, int stage_bytes,
+                int nb1, int nsets, int stages, int stage_bytes, int x4, int x6,
                 const u8* W0, int rb0, int N0, int qt0, float* Y0, const float* A0,
                 const u8* W1, int rb1, int N1, int qt1, float* Y1, const float* A1,
                 const u8* W2, int rb2, int N2, int qt2, float* Y2, const float* A2) {
@@ -469,16 +510,40 @@ extern "C" __global__ void __launch_bounds__(NW * 32 MMVW_BOUNDS_MINB)
     }
 #endif
     pdl_start();
-    __syncthreads();  // the barriers are initialised before anyone waits on them
+    const int nxs = K / 32;  // narrow K-type slots of a row
+#if !Q4K_WIDE
+    if (x4 >= 0)
+        for (int t = threadIdx.x; t < nxs; t += blockDim.x)
+            xpl_store(mmvw_ws + x4, nxs, t, VD<QT_Q4_K>::load(t, xq, xds));
+#endif
+#if !Q6K_WIDE
+    if (x6 >= 0)
+        for (int t = threadIdx.x; t < nxs; t += blockDim.x)
+            xpl_store(mmvw_ws + x6, nxs, t, VD<QT_Q6_K>::load(t, xq, xds));
+#endif
+    __syncthreads();  // the barriers are initialised (and the x planes written) before use
     for (int i = 0, q = blockIdx.x; q < nsets; ++i, q += G) {
         const int st = i % stages;
         mmvw_stream_wait(&full[st], (unsigned int)(i / stages) & 1u);
         const MmvwSet s = MMVW_SET(q);
         const u8* ws = mmvw_ws + (size_t)st * stage_bytes;
-        if (s.qt == QT_Q4_K)
-            mmvw_rows<QT_Q4_K, true>(ws, s.rb, s.N, K, xq, xds, s.Y, s.A, s.bi, sp);
-        else
-            mmvw_rows<QT_Q6_K, true>(ws, s.rb, s.N, K, xq, xds, s.Y, s.A, s.bi, sp);
+        if (s.qt == QT_Q4_K) {
+#if !Q4K_WIDE
+            if (x4 >= 0)
+                mmvw_rows<QT_Q4_K, true, true>(ws, s.rb, s.N, K, xq, xds, s.Y, s.A, s.bi, sp,
+                                               mmvw_ws + x4);
+            else
+#endif
+                mmvw_rows<QT_Q4_K, true>(ws, s.rb, s.N, K, xq, xds, s.Y, s.A, s.bi, sp);
+        } else {
+#if !Q6K_WIDE
+            if (x6 >= 0)
+                mmvw_rows<QT_Q6_K, true, true>(ws, s.rb, s.N, K, xq, xds, s.Y, s.A, s.bi, sp,
+                                               mmvw_ws + x6);
+            else
+#endif
+                mmvw_rows<QT_Q6_K, true>(ws, s.rb, s.N, K, xq, xds, s.Y, s.A, s.bi, sp);
+        }
         __syncthreads();  // stage st is read by everyone before it is refilled
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
         const int qn = q + stages * G;

@@ -55,6 +55,7 @@ Q6K_PADDED = 224  # bytes of a Q6_K block on the GPU (210 + 14 zero bytes; commo
 _QT = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
 _NULL = np.uint64(0)
 _MAX_ARGMAX_ROWS = 4096  # rows argmax.multi takes in one launch (more: argmax.block's kernel)
+_WIDE = {"Q4_K": "q4k_wide", "Q6_K": "q6k_wide"}  # a type's 64-weight slot knob (no x planes)
 _MAX_ROPE_HEADS = 1024  # q + k heads mmvw_qkv counts (tickets); more: mmvw, then rope_kv
 
 
@@ -667,12 +668,13 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
             args += [_NULL, np.int32(0), np.int32(0), np.int32(0), _NULL, _NULL]
         plan = self._stream_plan(tuple(m[0] for m in mats), rpb, sum(nbs))
         if plan is not None:
-            grid, stages, stage_bytes = plan
+            grid, stages, stage_bytes, x4, x6, smem = plan
             self._launch(
                 "mmvw", "mmvw_stream", (grid,), (int(c["warps"]) * 32,),
                 (xq, xds, np.int32(mats[0][0].k), np.int32(nbs[0]), np.int32(nbs[1]),
-                 np.int32(sum(nbs)), np.int32(stages), np.int32(stage_bytes), *args),
-                smem=stages * stage_bytes, pdl=True,
+                 np.int32(sum(nbs)), np.int32(stages), np.int32(stage_bytes), np.int32(x4),
+                 np.int32(x6), *args),
+                smem=smem, pdl=True,
             )  # fmt: skip
             return
         self._launch(
@@ -771,11 +773,13 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
 
     def _stream_plan(
         self, ws: tuple[CudaWeight, ...], rpb: int, nsets: int
-    ) -> tuple[int, int, int] | None:
-        """(grid, stages, stage bytes) of an mmvw_stream launch (matmul_decode.stream: the
-        ring's stages, stream_blocks: persistent blocks per SM, 0 = as many as fit), or None:
-        the knob is off, a matrix is not Q4_K / Q6_K or not 16-byte aligned, or two stages of
-        a block's rows do not fit in a block's shared memory (then plain mmvw)."""
+    ) -> tuple[int, int, int, int, int, int] | None:
+        """(grid, stages, stage bytes, x4, x6, shared bytes) of an mmvw_stream launch
+        (matmul_decode.stream: the ring's stages; stream_blocks: persistent blocks per SM, 0 =
+        as many as fit; stream_x: the activations as shared-memory planes after the ring, x4 /
+        x6 their byte offsets for the Q4_K / Q6_K slots or -1), or None: the knob is off, a
+        matrix is not Q4_K / Q6_K or not 16-byte aligned, or two stages of a block's rows (and
+        the planes) do not fit in a block's shared memory (then plain mmvw)."""
         c = self.config.op("matmul_decode")
         stages = int(c["stream"])
         if stages == 0 or not all(w.qtype in ("Q4_K", "Q6_K") for w in ws):
@@ -784,14 +788,22 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
             return None
         extra = self.device_info().extra
         stage_bytes = rpb * max(w.row_bytes for w in ws)
+        planes = []  # (type, narrow slots): the x planes stream_x builds, 56 bytes a slot
+        if int(c["stream_x"]):
+            types = {w.qtype for w in ws}
+            planes = [t for t in ("Q4_K", "Q6_K") if t in types and not int(c[_WIDE[t]])]
+        xbytes = len(planes) * 56 * (ws[0].k // 32)
         # the kernel's static shared memory (barriers, split_k's partials) and 1 KiB a block
         # the driver reserves: 2 KiB of margin
-        stages = min(stages, (int(extra.get("smem_per_block_optin", 0)) - 2048) // stage_bytes)
+        cap = int(extra.get("smem_per_block_optin", 0)) - 2048 - xbytes
+        stages = min(stages, cap // stage_bytes)
         if stages < 2:
             return None
+        off = {t: stages * stage_bytes + i * 56 * (ws[0].k // 32) for i, t in enumerate(planes)}
+        smem = stages * stage_bytes + xbytes
         threads = int(c["warps"]) * 32
         per_sm = min(
-            int(extra.get("smem_per_sm", 0)) // (stages * stage_bytes + 2048),
+            int(extra.get("smem_per_sm", 0)) // (smem + 2048),
             2048 // threads,  # threads per SM
             65536 // (64 * threads),  # registers, at mmvw's <= 64 a thread
             32,
@@ -799,7 +811,7 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         if int(c["stream_blocks"]) > 0:
             per_sm = min(per_sm, int(c["stream_blocks"]))
         grid = min(nsets, max(1, per_sm) * int(extra.get("sms", 1)))
-        return grid, stages, stage_bytes
+        return grid, stages, stage_bytes, off.get("Q4_K", -1), off.get("Q6_K", -1), smem
 
     def _mmvw_rows_per_block(self, k: int = 0) -> int:
         """Rows per block of an mmvw / mmvw_norm launch on rows of k values (mmvw.cu's

@@ -423,6 +423,15 @@ REGISTRY.register(
                     HOST,
                 ),
                 Param(
+                    "stream_x",
+                    (0, 1),
+                    0,
+                    "1: each mmvw_stream block first lays the activations out in shared memory "
+                    "as planes a slot's lanes read in conflict-free 16-byte loads (narrow Q4_K / "
+                    "Q6_K slots; the values mmvw reads, bit for bit)",
+                    HOST,
+                ),
+                Param(
                     "pdl",
                     (0, 1),
                     0,
