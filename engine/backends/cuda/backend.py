@@ -786,7 +786,9 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
             return None
         if any(int(w.raw.data.ptr) % 16 or w.row_bytes % 16 for w in ws):
             return None
-        extra = self.device_info().extra
+        extra = self.__dict__.get("_extra")
+        if extra is None:  # device_info asks the driver: once, not per decode launch
+            extra = self._extra = self.device_info().extra
         stage_bytes = rpb * max(w.row_bytes for w in ws)
         planes = []  # (type, narrow slots): the x planes stream_x builds, 56 bytes a slot
         if int(c["stream_x"]):
