@@ -2,10 +2,11 @@
 # helper gemv (issue 14) on the GPU machine, < 100 s, from the repo root (.whl carried if gguf is
 # missing). Writes $OUT/gemv/:
 #   gemv.log / gemv_bench.json  mmvw us and weight GB/s per 7B / 1.5B decode shape: the defaults
-#                               and split2 against mmvw_stream (matmul_decode.stream) settings
-#   pytest.log                  tests/test_cuda_mmvw_stream.py (bit-equal to mmvw, NumPy int8
-#                               class, tiny model graph = eager + validate, planted short copy)
-#   times.log                   tg64 of dec8_split2 against gemv_s* on the 1.5B, if time is left
+#                               and split2 against q4k_lean / q4k_kernel / stream settings
+#   pytest.log                  tests/test_cuda_mmvw_q4k.py, then test_cuda_mmvw_stream.py
+#                               (against mmvw and the NumPy int8 class, tiny model graph = eager
+#                               + validate, planted bugs)
+#   times.log                   tg64 of dec8_split2 against gemv_* on the 1.5B, if time is left
 # The benchmark's NVRTC builds run in the background (CPU) first.
 set -u -o pipefail
 OUT=${OUT:-/tmp/out}; D="$OUT/gemv"; mkdir -p "$D"
@@ -16,14 +17,15 @@ python3 -c "import gguf" 2> /dev/null || python3 -m pip install -q --no-index --
     --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 git log --oneline -1 > "$D/commit.txt" 2>/dev/null
 nvidia-smi --query-gpu=index,name,clocks.sm,clocks.mem --format=csv > "$D/gpu.txt" 2>&1
-SETTINGS=${GEMV_SETTINGS:-base,s3,s4,s3x,s4x,split2,s4_split2,s3x_split2,s4x_b2,s4_b2,s2,s6,s3x_w8_split2,s3_w8_split2,s3x_r2,s3x_u4,s4_pdl,s3_t16r2u1,s4_w8_split4,wide,stage}
-CONFIGS=${GEMV_CONFIGS:-dec8_split2,gemv_s4,gemv_s4x,gemv_s3x}
+SETTINGS=${GEMV_SETTINGS:-base,split2,lean,k4,lk,lk_mb12,lk_mb16,lk_split2,lk_u4,lk_w8,lk_wide,lk_wide_split2,lk_stage_lm,stage,s3x,s3x_r2}
+CONFIGS=${GEMV_CONFIGS:-dec8_split2,gemv_lk,gemv_lk_mb12,gemv_lk_stage_lm}
 python3 - > /tmp/gemv_cfgs.json <<PY
 import json
 from scripts.gemv_bench import SETTINGS
 from scripts.device_speed import VARIANTS
-from tests.test_cuda_mmvw_stream import STREAM_CONFIGS, STREAM_MODEL, knobs
-tests = [knobs(**k) for _, k in STREAM_CONFIGS] + [STREAM_MODEL, {"matmul_decode.variant": "mmvq"}]
+from tests.test_cuda_mmvw_q4k import CONFIGS, Q4K_MODEL, knobs
+tests = [knobs(**k, **e) for _, k in CONFIGS for e in ({}, {"q4k_lean": 1})]
+tests += [Q4K_MODEL, {"matmul_decode.variant": "mmvq"}]
 print(json.dumps(tests + [SETTINGS[n] for n in "$SETTINGS".split(",")] + [VARIANTS[n] for n in "$CONFIGS".split(",")]))
 PY
 PIDS=()
@@ -41,13 +43,13 @@ echo "precompile: $(grep -c modules "$D/precompile.log")/8 parts done at $(el) s
 # 2) GPU tests of the stream kernel (the planted bug last in the file)
 LEFT=$((92 - $(el))); [ $LEFT -gt 40 ] && LEFT=40
 timeout $LEFT python3 -m pytest -q -m gpu -p no:cacheprovider -rfE --tb=short \
-  tests/test_cuda_mmvw_stream.py > "$D/pytest.log" 2>&1
+  tests/test_cuda_mmvw_q4k.py tests/test_cuda_mmvw_stream.py > "$D/pytest.log" 2>&1
 echo "pytest rc=$? $(tail -1 "$D/pytest.log") at $(el) s" | tee -a "$D/summary.txt"
 # 3) tg64 on the 1.5B when another script left its model and time is left
 M=/tmp/models/1.5b.gguf; [ -f $M ] || M=/tmp/dec8_m15.gguf; [ -f $M ] || M=/tmp/attn_1.5b.gguf
 LEFT=$((95 - $(el)))
 if [ -f $M ] && [ $LEFT -gt 15 ]; then
-  timeout $LEFT python3 scripts/decode_times.py $M --out "$D" --configs "$CONFIGS" --profile gemv_s4 --gen 64 \
+  timeout $LEFT python3 scripts/decode_times.py $M --out "$D" --configs "$CONFIGS" --profile gemv_lk --gen 64 \
     --repeats 1 --steps 2 --deadline $(( $(date +%s) + LEFT - 4 )) > "$D/times.log" 2>&1
   echo "times rc=$? at $(el) s" | tee -a "$D/summary.txt"
 else echo "no 1.5B model or time ($LEFT s)" | tee -a "$D/summary.txt"; fi

@@ -230,9 +230,20 @@ VARIANTS |= {
     "gemv_s4_b2": S2 | {_D + "stream": 4, _D + "stream_blocks": 2},
     "gemv_s3x": S2 | {_D + "stream": 3, _D + "stream_x": 1},
     "gemv_s4x": S2 | {_D + "stream": 4, _D + "stream_x": 1},
+    # Q4_K decoded branch-free (q4k_lean) in a kernel built for Q4_K alone (q4k_kernel)
+    "gemv_lk": S2 | {_D + "q4k_lean": 1, _D + "q4k_kernel": 1},
+    "gemv_lk_mb12": S2 | {_D + "q4k_lean": 1, _D + "q4k_kernel": 1, _D + "min_blocks": 12},
+    "gemv_lean": S2 | {_D + "q4k_lean": 1},
+    "gemv_k4": S2 | {_D + "q4k_kernel": 1},
+    # + the LM head (only) staged in shared memory by bulk copies
+    "gemv_lk_stage_lm": S2 | {_D + "q4k_lean": 1, _D + "q4k_kernel": 1, _D + "stage": 1,
+                              _D + "stage_min_rows": 65536},
+    "gemv_stage_lm": S2 | {_D + "stage": 1, _D + "stage_min_rows": 65536},
 }  # fmt: skip
 # --sweep: coordinate descent over these knobs, in this order, from the --sweep variant
 SWEEP_KNOBS = (
+    "q4k_lean",
+    "q4k_kernel",
     "stream",
     "stream_x",
     "split_k",

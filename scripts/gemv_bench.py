@@ -92,6 +92,20 @@ SETTINGS: dict[str, dict] = {
     "s3x_w8_split2": _k(stream=3, stream_x=1, warps=8, split_k=2),
     "s3x_r2": _k(stream=3, stream_x=1, rows_per_thread=2),
     "s3x_u4": _k(stream=3, stream_x=1, unroll=4),
+    # Q4_K decoded branch-free (q4k_lean) and the Q4_K-only kernel (q4k_kernel: fewer registers,
+    # more warps an SM; the gemv checkpoint's rate followed warps per SM)
+    "lean": _k(q4k_lean=1),
+    "k4": _k(q4k_kernel=1),
+    "lk": _k(q4k_lean=1, q4k_kernel=1),
+    "lk_mb12": _k(q4k_lean=1, q4k_kernel=1, min_blocks=12),
+    "lk_mb16": _k(q4k_lean=1, q4k_kernel=1, min_blocks=16),
+    "lk_split2": _k(q4k_lean=1, q4k_kernel=1, split_k=2),
+    "lk_u4": _k(q4k_lean=1, q4k_kernel=1, unroll=4),
+    "lk_w8": _k(q4k_lean=1, q4k_kernel=1, warps=8),
+    "lk_wide": _k(q4k_lean=1, q4k_kernel=1, q4k_wide=1),
+    "lk_wide_split2": _k(q4k_lean=1, q4k_kernel=1, q4k_wide=1, split_k=2),
+    "lk_stage": _k(q4k_lean=1, q4k_kernel=1, stage=1),
+    "lk_stage_lm": _k(q4k_lean=1, q4k_kernel=1, stage=1, stage_min_rows=65536),
 }
 Q4K_ROW, Q6K_ROW = 144, 224  # bytes per 256 weights (Q6_K as loaded: padded to 224)
 L2_DEFEAT = 256 << 20  # bytes of weight copies a shape rotates through (H200 L2: 50 MB)

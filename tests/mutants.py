@@ -272,6 +272,11 @@ MUTANTS: tuple[Mutant, ...] = (
            op_level=False),
     Mutant("MMVW_STAGE_HALF", "cuda", "matmul_decode", "mmvw's staged bulk copy brings half "
            "of a block's weight rows", {"matmul_decode.variant": "mmvw", "matmul_decode.stage": 1}),
+    Mutant("Q4K_LEAN_SCALE", "cuda", "matmul_decode", "mmvw's branch-free Q4_K scale decode "
+           "(q4k_lean) gives a pair's odd sub-block the even one's scale",
+           {"matmul_decode.variant": "mmvw", "matmul_decode.q4k_lean": 1}),
+    Mutant("MMVW_Q4K_ROW0", "cuda", "matmul_decode", "mmvw_q4k (q4k_kernel) computes the next "
+           "block's rows", {"matmul_decode.variant": "mmvw", "matmul_decode.q4k_kernel": 1}),
     Mutant("MMVW_STREAM_SHORT", "cuda", "matmul_decode", "mmvw_stream's bulk copies each "
            "leave out their row set's last 16 bytes (stale shared memory read instead)",
            {"matmul_decode.variant": "mmvw", "matmul_decode.stream": 2}),

@@ -106,13 +106,13 @@ def test_fusions_fall_back_off_decode(tiny_model_factory):
     "knob,macro",
     [("wload", "WLOAD"), ("min_blocks", "MINB"), ("unroll", "UNROLL"),
      ("glu_threads_per_row", "GLU_TPR"), ("glu_unroll", "GLU_UNROLL"), ("q4k_wide", "Q4K_WIDE"),
-     ("q6k_wide", "Q6K_WIDE"), ("split_k", "KSPLIT")],
+     ("q6k_wide", "Q6K_WIDE"), ("split_k", "KSPLIT"), ("q4k_lean", "Q4K_LEAN")],
 )  # fmt: skip
 def test_define_knobs_build_mmvw_with_them(knob, macro):
     d = cfg(**BASE)
     assert kernels.modules_for(d)["mmvw"][1][macro] == d.op("matmul_decode")[knob]
     values = {"wload": (1, 2), "glu_threads_per_row": (2, 16), "min_blocks": (4, 16),
-              "q4k_wide": (1,), "q6k_wide": (1,), "split_k": (2, 4)}  # fmt: skip
+              "q4k_wide": (1,), "q6k_wide": (1,), "split_k": (2, 4), "q4k_lean": (1,)}  # fmt: skip
     for value in values.get(knob, (2, 8)):
         mods = kernels.modules_for(cfg(**BASE, **{f"matmul_decode.{knob}": value}))
         assert mods["mmvw"] == ("mmvw.cu", {**mods["mmvw"][1], macro: value})
@@ -349,3 +349,36 @@ def test_stream_plan_and_launches(tiny_model_factory, split):
     )
     w = CudaWeight("w", "Q6_K", (8, 1 << 16), raw=be.upload(np.zeros((8, 256 * 224), np.uint8)))
     assert be._stream_plan((w,), 128, 1) is None  # two stages of 128 such rows cannot fit
+
+
+def test_q4k_kernel_takes_the_all_q4k_launches(tiny_model_factory):
+    """matmul_decode.q4k_kernel: an mmvw launch of Q4_K matrices only runs mmvw_q4k (same
+    signature, checked by the fake); a launch with another type keeps mmvw."""
+    from engine.backends.cuda.backend import _QT
+
+    be, launches, _ = _decode_launches(tiny_model_factory, BASE | {"matmul_decode.q4k_kernel": 1})
+    kinds = Counter(launch.kernel for launch in launches)
+    assert kinds["mmvw_q4k"] > 0, kinds
+    for launch in launches:
+        if launch.kernel not in ("mmvw", "mmvw_q4k"):
+            continue
+        # (N, qt) of the three matrices; N = 0: no matrix
+        mats = [(int(launch.args[7 + 6 * i]), int(launch.args[8 + 6 * i])) for i in range(3)]
+        all_q4k = all(qt == _QT["Q4_K"] for n, qt in mats if n > 0)
+        assert (launch.kernel == "mmvw_q4k") == all_q4k, (launch.kernel, mats)
+    _, off, _ = _decode_launches(tiny_model_factory, BASE)
+    assert not any(launch.kernel == "mmvw_q4k" for launch in off)
+
+
+def test_stage_min_rows_stages_only_the_large_launches(tiny_model_factory):
+    """matmul_decode.stage_min_rows: under stage = 1, launches of fewer rows get no shared
+    memory (mmvw_stage_start then reads global memory); the LM head (vocab rows) keeps it."""
+    flat = BASE | {"matmul_decode.stage": 1}
+    _, staged, m = _decode_launches(tiny_model_factory, flat)
+    vocab = m.spec.n_vocab
+    _, big, _ = _decode_launches(tiny_model_factory, flat | {"matmul_decode.stage_min_rows": 32768})
+    mm = [launch for launch in staged if launch.kernel == "mmvw"]
+    assert mm and all(launch.smem > 0 for launch in mm)
+    for launch in (launch for launch in big if launch.kernel == "mmvw"):
+        rows = sum(int(launch.args[7 + 6 * i]) for i in range(3))
+        assert (launch.smem > 0) == (rows >= 32768), (rows, launch.smem, vocab)

@@ -228,6 +228,7 @@ def _old_cuda_modules(cfg: TuningConfig) -> dict[str, tuple[str, dict]]:
                 "SPLIT_MINK": dec["split_min_k"],
                 "Q4K_WIDE": dec["q4k_wide"],  # dec8: 64-weight Q4_K / Q6_K slots
                 "Q6K_WIDE": dec["q6k_wide"],
+                "Q4K_LEAN": dec["q4k_lean"],  # gemv: branch-free Q4_K scales
             },
         )
     else:

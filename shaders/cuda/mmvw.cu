@@ -38,12 +38,16 @@
 //              per head): mmvw + rope_kv in one launch (knob fuse_rope)
 // WLOAD: read by vecdot.cuh's wld16 (the K types' weight loads); Q4K_WIDE (knob q4k_wide):
 // vecdot.cuh's 64-weight Q4_K slot (32 qs bytes a lane per slot instead of 16); Q6K_WIDE
-// (q6k_wide) its 64-weight Q6_K slot
+// (q6k_wide) its 64-weight Q6_K slot; Q4K_LEAN (knob q4k_lean): vecdot.cuh's branch-free Q4_K
+// scale decode and shift-free high nibbles (the same integers, fewer instructions)
 #ifndef WLOAD
 #define WLOAD 0
 #endif
 #ifndef Q4K_WIDE
 #define Q4K_WIDE 0
+#endif
+#ifndef Q4K_LEAN
+#define Q4K_LEAN 0
 #endif
 #ifndef Q6K_WIDE
 #define Q6K_WIDE 0
@@ -406,6 +410,50 @@ extern "C" __global__ void __launch_bounds__(NW * 32 MMVW_BOUNDS_MINB)
     pdl_start();
     if (st) mmvw_stage_wait(&mmvw_bar);
     mmvw_rows_qt(qt, W, rb, N, K, xq, xds, Y, A, b, st ? mmvw_ws : nullptr, sp);
+}
+
+// mmvw_q4k (host knob matmul_decode.q4k_kernel): mmvw for a launch whose matrices are all
+// Q4_K, built for that type alone. mmvw's registers are the most any of its six types' code
+// needs (Q6_K's); the Q4_K code alone needs fewer, so more warps fit on an SM (the checkpoint:
+// warps per SM, not bytes in flight, set the rate). Same arguments, arithmetic and output.
+extern "C" __global__ void __launch_bounds__(NW * 32 MMVW_BOUNDS_MINB)
+    mmvw_q4k(const s8* __restrict__ xq, const float2* __restrict__ xds, int K, int nb0, int nb1,
+             const u8* W0, int rb0, int N0, int qt0, float* Y0, const float* A0,
+             const u8* W1, int rb1, int N1, int qt1, float* Y1, const float* A1,
+             const u8* W2, int rb2, int N2, int qt2, float* Y2, const float* A2) {
+    extern __shared__ __align__(16) u8 mmvw_ws[];
+    __shared__ __align__(8) unsigned long long mmvw_bar;
+    int b = blockIdx.x;
+    const u8* W = W0;
+    int rb = rb0, N = N0;
+    float* Y = Y0;
+    const float* A = A0;
+    if (b >= nb0 + nb1) {
+        b -= nb0 + nb1;
+        W = W2, rb = rb2, N = N2, Y = Y2, A = A2;
+    } else if (b >= nb0) {
+        b -= nb0;
+        W = W1, rb = rb1, N = N1, Y = Y1, A = A1;
+    }
+    const bool sp = mmvw_split(K);
+    const int rpb = mmvw_rpb(sp);
+#if PREFETCH
+    l2_prefetch_rows(W, rb, N, b * rpb, rpb);
+#endif
+    const bool st = mmvw_stage_start(W, rb, N, QT_Q4_K, b * rpb, rpb, mmvw_ws, &mmvw_bar);
+    pdl_start();
+    if (st) mmvw_stage_wait(&mmvw_bar);
+#if STAGE
+    if (st) {
+        mmvw_rows<QT_Q4_K, true>(mmvw_ws, rb, N, K, xq, xds, Y, A, b, sp);
+        return;
+    }
+#endif
+#ifdef MUTANT_MMVW_Q4K_ROW0  // planted bug: the kernel's blocks start one row set late
+    mmvw_rows<QT_Q4_K>(W, rb, N, K, xq, xds, Y, A, b + (b + 1 < nb0 ? 1 : 0), sp);
+#else
+    mmvw_rows<QT_Q4_K>(W, rb, N, K, xq, xds, Y, A, b, sp);
+#endif
 }
 
 // mmvw_stream (host knob matmul_decode.stream = the ring's stages, stream_blocks): mmvw's

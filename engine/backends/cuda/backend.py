@@ -677,8 +677,10 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
                 smem=smem, pdl=True,
             )  # fmt: skip
             return
+        # matmul_decode.q4k_kernel: all Q4_K -> mmvw built for that type alone (fewer registers)
+        q4k = int(c["q4k_kernel"]) and all(m[0].qtype == "Q4_K" for m in mats)
         self._launch(
-            "mmvw", "mmvw", (sum(nbs),), (int(c["warps"]) * 32,),
+            "mmvw", "mmvw_q4k" if q4k else "mmvw", (sum(nbs),), (int(c["warps"]) * 32,),
             (xq, xds, np.int32(mats[0][0].k), np.int32(nbs[0]), np.int32(nbs[1]), *args),
             smem=self._stage_smem(tuple(m[0] for m in mats), rpb), pdl=True,
         )  # fmt: skip
@@ -762,8 +764,9 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         """Dynamic shared memory of an mmvw launch under matmul_decode.stage: a block's rows
         (rpb, default the unsplit count) of the widest matrix, or 0 (no staging) when that
         exceeds what a block may opt in to."""
-        if int(self.config.op("matmul_decode")["stage"]) == 0:
-            return 0
+        c = self.config.op("matmul_decode")
+        if int(c["stage"]) == 0 or sum(w.n for w in ws) < int(c["stage_min_rows"]):
+            return 0  # no shared memory: the kernel reads global memory (stage_start declines)
         need = (rpb or self._mmvw_rows_per_block()) * max(w.row_bytes for w in ws)
         cap = self.__dict__.get("_stage_cap")
         if cap is None:  # what a block may opt in to, less the kernels' static shared memory

@@ -328,6 +328,15 @@ REGISTRY.register(
                     define("STAGE"),
                 ),
                 Param(
+                    "stage_min_rows",
+                    (0, 32768, 65536),
+                    0,
+                    "stage = 1 stages only launches of at least this many rows (the LM head: "
+                    "the gemv checkpoint's 7B LM head went from 3.49 to 4.09 TB/s staged while "
+                    "the down projections lost 5-12 us); smaller launches read global memory",
+                    HOST,
+                ),
+                Param(
                     "q4k_wide",
                     (0, 1),
                     0,
@@ -420,6 +429,25 @@ REGISTRY.register(
                     0,
                     "persistent mmvw_stream blocks per SM (0: as many as shared memory, threads "
                     "and registers allow)",
+                    HOST,
+                ),
+                Param(
+                    "q4k_lean",
+                    (0, 1),
+                    0,
+                    "1: Q4_K slots decode their sub-block scales branch-free (a warp's lanes hold "
+                    "different sub-block pairs: q4k_sm's branch ran both sides) and the high "
+                    "nibbles' dot product without shifts (dp4a of unsigned 16 x nibble bytes, "
+                    "/ 16): the same integers, about a fifth fewer instructions a slot",
+                    define("Q4K_LEAN"),
+                ),
+                Param(
+                    "q4k_kernel",
+                    (0, 1),
+                    0,
+                    "1: an mmvw launch whose matrices are all Q4_K runs mmvw_q4k, mmvw built for "
+                    "Q4_K alone: fewer registers than the six-type kernel, so more warps an SM "
+                    "(the rate followed warps per SM at the gemv checkpoint)",
                     HOST,
                 ),
                 Param(
