@@ -232,7 +232,8 @@ VARIANTS |= {
     "gemv_s4x": S2 | {_D + "stream": 4, _D + "stream_x": 1},
     # Q4_K decoded branch-free (q4k_lean) in a kernel built for Q4_K alone (q4k_kernel)
     "gemv_lk": S2 | {_D + "q4k_lean": 1, _D + "q4k_kernel": 1},
-    "gemv_lk_mb12": S2 | {_D + "q4k_lean": 1, _D + "q4k_kernel": 1, _D + "min_blocks": 12},
+    "gemv_lk_mb12": S2 | {_D + "q4k_lean": 1, _D + "q4k_kernel": 1, _D + "q4k_min_blocks": 12},
+    "gemv_lk_mb16": S2 | {_D + "q4k_lean": 1, _D + "q4k_kernel": 1, _D + "q4k_min_blocks": 16},
     "gemv_lean": S2 | {_D + "q4k_lean": 1},
     "gemv_k4": S2 | {_D + "q4k_kernel": 1},
     # + the LM head (only) staged in shared memory by bulk copies

@@ -106,13 +106,15 @@ def test_fusions_fall_back_off_decode(tiny_model_factory):
     "knob,macro",
     [("wload", "WLOAD"), ("min_blocks", "MINB"), ("unroll", "UNROLL"),
      ("glu_threads_per_row", "GLU_TPR"), ("glu_unroll", "GLU_UNROLL"), ("q4k_wide", "Q4K_WIDE"),
-     ("q6k_wide", "Q6K_WIDE"), ("split_k", "KSPLIT"), ("q4k_lean", "Q4K_LEAN")],
+     ("q6k_wide", "Q6K_WIDE"), ("split_k", "KSPLIT"), ("q4k_lean", "Q4K_LEAN"),
+     ("q4k_min_blocks", "Q4K_MINB")],
 )  # fmt: skip
 def test_define_knobs_build_mmvw_with_them(knob, macro):
     d = cfg(**BASE)
     assert kernels.modules_for(d)["mmvw"][1][macro] == d.op("matmul_decode")[knob]
     values = {"wload": (1, 2), "glu_threads_per_row": (2, 16), "min_blocks": (4, 16),
-              "q4k_wide": (1,), "q6k_wide": (1,), "split_k": (2, 4), "q4k_lean": (1,)}  # fmt: skip
+              "q4k_wide": (1,), "q6k_wide": (1,), "split_k": (2, 4), "q4k_lean": (1,),
+              "q4k_min_blocks": (12, 16)}  # fmt: skip
     for value in values.get(knob, (2, 8)):
         mods = kernels.modules_for(cfg(**BASE, **{f"matmul_decode.{knob}": value}))
         assert mods["mmvw"] == ("mmvw.cu", {**mods["mmvw"][1], macro: value})

@@ -21,8 +21,8 @@ MMVW = {"matmul_decode.variant": "mmvw"}
 CONFIGS = [
     ("defaults", {}),
     ("split2", {"split_k": 2, "split_min_k": 256}),
-    ("t16-r2-u1-mb16", {"threads_per_row": 16, "rows_per_thread": 2, "unroll": 1,
-                        "min_blocks": 16}),
+    ("t16-r2-u1-q4kmb16", {"threads_per_row": 16, "rows_per_thread": 2, "unroll": 1,
+                        "q4k_min_blocks": 16}),
     ("t8-r4-w8-u4-stage", {"threads_per_row": 8, "rows_per_thread": 4, "warps": 8, "unroll": 4,
                            "stage": 1}),
     ("wide-split4", {"q4k_wide": 1, "split_k": 4, "split_min_k": 256}),

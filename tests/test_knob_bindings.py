@@ -229,6 +229,7 @@ def _old_cuda_modules(cfg: TuningConfig) -> dict[str, tuple[str, dict]]:
                 "Q4K_WIDE": dec["q4k_wide"],  # dec8: 64-weight Q4_K / Q6_K slots
                 "Q6K_WIDE": dec["q6k_wide"],
                 "Q4K_LEAN": dec["q4k_lean"],  # gemv: branch-free Q4_K scales
+                "Q4K_MINB": dec["q4k_min_blocks"],
             },
         )
     else:

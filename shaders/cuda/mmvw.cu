@@ -415,8 +415,19 @@ extern "C" __global__ void __launch_bounds__(NW * 32 MMVW_BOUNDS_MINB)
 // mmvw_q4k (host knob matmul_decode.q4k_kernel): mmvw for a launch whose matrices are all
 // Q4_K, built for that type alone. mmvw's registers are the most any of its six types' code
 // needs (Q6_K's); the Q4_K code alone needs fewer, so more warps fit on an SM (the checkpoint:
-// warps per SM, not bytes in flight, set the rate). Same arguments, arithmetic and output.
-extern "C" __global__ void __launch_bounds__(NW * 32 MMVW_BOUNDS_MINB)
+// warps per SM, not bytes in flight, set the rate), and Q4K_MINB bounds it alone (with
+// q4k_lean, 16 blocks of 4 warps fit in 32 registers; Q6_K's code would spill there). Same
+// arguments, arithmetic and output.
+// Q4K_MINB (knob q4k_min_blocks): mmvw_q4k's own blocks per SM bound (0: MINB's)
+#ifndef Q4K_MINB
+#define Q4K_MINB 0
+#endif
+#if Q4K_MINB > 0
+#define MMVW_Q4K_BOUNDS , Q4K_MINB
+#else
+#define MMVW_Q4K_BOUNDS MMVW_BOUNDS_MINB
+#endif
+extern "C" __global__ void __launch_bounds__(NW * 32 MMVW_Q4K_BOUNDS)
     mmvw_q4k(const s8* __restrict__ xq, const float2* __restrict__ xds, int K, int nb0, int nb1,
              const u8* W0, int rb0, int N0, int qt0, float* Y0, const float* A0,
              const u8* W1, int rb1, int N1, int qt1, float* Y1, const float* A1,

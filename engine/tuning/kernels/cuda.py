@@ -451,6 +451,14 @@ REGISTRY.register(
                     HOST,
                 ),
                 Param(
+                    "q4k_min_blocks",
+                    (0, 8, 12, 16),
+                    0,
+                    "blocks per SM mmvw_q4k's __launch_bounds__ sizes registers for (0: "
+                    "min_blocks'); its own, since Q6_K's code spills where Q4_K's does not",
+                    define("Q4K_MINB"),
+                ),
+                Param(
                     "stream_x",
                     (0, 1),
                     0,
