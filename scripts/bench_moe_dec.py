@@ -7,7 +7,7 @@ Each config is timed as a CUDA graph of LAYERS back-to-back moe_ffn calls, each 
 random activation (so its own routing: the experts read do not all sit in the L2), best of 5
 replays; us per call. Prints one line per config; --json prints the rows as JSON.
 
-  python3 scripts/bench_moe_dec.py [--configs fused,unfused,...] [--down-q6k] [--json]
+  python3 scripts/bench_moe_dec.py [--configs fused,unfused,...] [--down-q6k] [--kernels] [--json]
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 E, K_USED, F, C = 256, 8, 512, 2048
 LAYERS = 40
+RV_TK = {"moe_experts.route_vec": 1, "moe_experts.topk_regs": 1}
 CONFIGS: dict[str, dict] = {
     "fused": {},
     "unfused": {"moe_experts.fuse_decode": 0},
@@ -39,6 +40,25 @@ CONFIGS: dict[str, dict] = {
     "fused_rv_ws": {"moe_experts.route_vec": 1, "moe_experts.down_wsum": 1},
     "fused_rv_ws_t16": {"moe_experts.route_vec": 1, "moe_experts.down_wsum": 1,
                         "moe_experts.threads_per_row": 16, "moe_experts.rows_per_block": 8},
+    # helper moedec (sixth session): the route's top-k from registers, the down kernel with a
+    # warp per expert slot (rows_per_block outputs a block), and the launch shapes of the
+    # route and gate_up kernels that the split down kernel leaves to threads_per_row / vec
+    "fused_tk": {"moe_experts.topk_regs": 1},
+    "fused_rv_tk": RV_TK,
+    "fused_rv_tk_ws": RV_TK | {"moe_experts.down_wsum": 1},
+    "fused_split": {"moe_experts.down_split": 1},
+    "fused_rv_tk_split": RV_TK | {"moe_experts.down_split": 1},
+    "fused_rv_tk_split_r2": RV_TK | {"moe_experts.down_split": 1,
+                                     "moe_experts.rows_per_block": 2},
+    "fused_rv_tk_split_r8": RV_TK | {"moe_experts.down_split": 1,
+                                     "moe_experts.rows_per_block": 8},
+    "fused_rv_tk_split_t64": RV_TK | {"moe_experts.down_split": 1,
+                                      "moe_experts.threads_per_row": 64, "moe_experts.vec": 1},
+    "fused_rv_tk_split_t64v2": RV_TK | {"moe_experts.down_split": 1,
+                                        "moe_experts.threads_per_row": 64},
+    "fused_rv_tk_split_t128": RV_TK | {"moe_experts.down_split": 1,
+                                       "moe_experts.threads_per_row": 128,
+                                       "moe_experts.rows_per_block": 2, "moe_experts.vec": 1},
 }  # fmt: skip
 
 
@@ -99,11 +119,42 @@ def _graph_us(be: Any, cp: Any, call: Any) -> float:
     return best
 
 
+_SPIN = r"""
+extern "C" __global__ void spin(long long cycles) {
+    const long long t0 = clock64();
+    while (clock64() - t0 < cycles) {}
+}
+"""
+
+
+def _kernel_us(be: Any, cp: Any, call: Any) -> dict[str, float]:
+    """us per call of each kernel: LAYERS eager calls queued behind a spin kernel (so the host's
+    launches are all enqueued before the GPU reaches them; scripts/decode_times.py's method),
+    an event pair around each launch: a kernel's time plus the GPU's gap before it."""
+    spin = cp.RawKernel(_SPIN, "spin")
+    be.set_profiling(True)
+    try:
+        be.profile(reset=True)
+        with be._stream:
+            spin((1,), (1,), (np.int64(40_000_000),))  # ~20 ms: the host enqueues meanwhile
+        for i in range(LAYERS):
+            call(i)
+        rep = be.profile(reset=True)
+    finally:
+        be.set_profiling(False)
+    return {k: round(t.total_ms * 1e3 / LAYERS, 2) for k, t in rep.kernels.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--down-q6k", action="store_true", help="the routed down projection as Q6_K")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument(
+        "--kernels",
+        action="store_true",
+        help="also each kernel's us per call (queued eager launches, events)",
+    )
     args = ap.parse_args(argv)
     names = [c for c in args.configs.split(",") if c]
     bad = [c for c in names if c not in CONFIGS]
@@ -138,9 +189,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: {rows[-1]['error']}", flush=True)
             continue
         rows.append({"config": name, "us_per_ffn": us, "flat": CONFIGS[name]})
+        if args.kernels:
+            rows[-1]["kernel_us"] = _kernel_us(be, cp, lambda i: be.moe_ffn(hs[i], r, wr, K_USED,
+                                                                            we, ws))  # fmt: skip
         if not args.json:
-            print(f"moe ffn {name:10s} {us:8.2f} us/layer  x{LAYERS} = {us * LAYERS / 1e3:.3f} ms",
-                  flush=True)  # fmt: skip
+            per = "".join(f"  {k} {v:.1f}" for k, v in rows[-1].get("kernel_us", {}).items())
+            print(f"moe ffn {name:10s} {us:8.2f} us/layer  x{LAYERS} = {us * LAYERS / 1e3:.3f} ms"
+                  f"{per}", flush=True)  # fmt: skip
     if args.json:
         print(json.dumps({"E": E, "k": K_USED, "F": F, "C": C, "down_q6k": args.down_q6k,
                           "rows": rows}, indent=1))  # fmt: skip

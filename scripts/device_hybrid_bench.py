@@ -29,6 +29,7 @@ from scripts.speed_record import SpeedRecord  # noqa: E402
 
 MMVW = {"matmul_decode.variant": "mmvw"}
 HDEC = {"delta_net.fuse_conv": 1, "delta_net.fuse_ba": 1, "moe_experts.fuse_norm": 1}
+RV_TK = {"moe_experts.route_vec": 1, "moe_experts.topk_regs": 1}
 VARIANTS: dict[str, dict] = {
     "default": {},
     "dmmv": {"matmul_decode.variant": "dmmv"},  # the float default before mmvf (issue 14)
@@ -87,6 +88,19 @@ VARIANTS: dict[str, dict] = {
     "hdec_all_rv_ws_t16": HDEC | {"moe_experts.route_vec": 1, "moe_experts.down_wsum": 1,
                                   "moe_experts.threads_per_row": 16,
                                   "moe_experts.rows_per_block": 8},
+    # helper moedec (sixth session): the route's top-k from registers (topk_regs), the down
+    # kernel with a warp per expert slot (down_split), programmatic dependent launch
+    "hdec_rv_tk_ws": HDEC | RV_TK | {"moe_experts.down_wsum": 1},
+    "hdec_rv_tk_split": HDEC | RV_TK | {"moe_experts.down_split": 1},
+    "hdec_rv_tk_split_r8": HDEC | RV_TK | {"moe_experts.down_split": 1,
+                                           "moe_experts.rows_per_block": 8},
+    "hdec_rv_tk_split_t64": HDEC | RV_TK | {"moe_experts.down_split": 1,
+                                            "moe_experts.threads_per_row": 64,
+                                            "moe_experts.vec": 1},
+    "hdec_all_rv_ws_pdl": HDEC | {"moe_experts.route_vec": 1, "moe_experts.down_wsum": 1,
+                                  "matmul_decode.pdl": 1},
+    "hdec_rv_tk_split_pdl": HDEC | RV_TK | {"moe_experts.down_split": 1,
+                                            "matmul_decode.pdl": 1},
     "mmq8": {"matmul_prefill.variant": "mmq8"},
     # on the H200 (9B tg64) mmvw alone 267, mmvw + PDL + chunked + argmax.multi 248: PDL and
     # argmax.multi stay out of fast until measured apart (mmvw_pdl)

@@ -712,6 +712,33 @@ def test_moe_down_wsum_launches_one_down_kernel_with_or_without_the_norm(
     assert normed == [bool(fuse_norm)] * (m.spec.n_layers - 1) + [False]
 
 
+@pytest.mark.parametrize("fuse_norm", [0, 1])
+@pytest.mark.parametrize("rows", [1, 4, 8])
+def test_moe_down_split_launches_a_warp_per_expert_slot(tiny_model_factory, fuse_norm, rows):
+    # moe_experts.down_split: moe_dec_down_s, a block of k (+ 1 shared) warps per rows_per_block
+    # outputs, over down_wsum when both are on; topk_regs is the route's last argument
+    from engine.gguf_model import open_model
+    from engine.models import build_model
+
+    flat = {"moe_experts.down_split": 1, "moe_experts.down_wsum": 1,
+            "moe_experts.fuse_norm": fuse_norm, "moe_experts.rows_per_block": rows,
+            "moe_experts.topk_regs": 1, "prefill.gemm_min_t": 1 << 20}  # fmt: skip
+    be = FakeCuda(cfg(**flat))
+    m = build_model(open_model(tiny_model_factory("qwen35moe", "q4_k_m")), be)
+    step = _decode_launches(be, m)
+    downs = [x for x in step if x.kernel.startswith("moe_dec_down")]
+    assert [x.kernel for x in downs] == ["moe_dec_down_s"] * m.spec.n_layers
+    k = int(downs[0].args[9])
+    shared = not isinstance(downs[0].args[10], np.uint64)
+    C = int(downs[0].args[18])
+    for x in downs:
+        assert x.block[0] == 32 * (k + int(shared)) and tuple(x.grid[:2]) == (-(-C // rows), 1)
+    normed = [not isinstance(x.args[-4], np.uint64) for x in downs]
+    assert normed == [bool(fuse_norm)] * (m.spec.n_layers - 1) + [False]
+    routes = [x for x in step if x.kernel == "moe_dec_route"]
+    assert routes and all(int(x.args[-1]) == 1 for x in routes)
+
+
 def test_phase_profile_charges_the_fused_decode_kernels_to_their_phases(tiny_model_factory):
     # scripts/profile_hybrid.py's phase at each CUDA launch of a decode step under the hdec
     # knobs: the conv-folded delta-net step to dn.scan, the stacked projections to dn.proj, the

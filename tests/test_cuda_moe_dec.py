@@ -30,7 +30,14 @@ KNOBS = [
         "moe_experts.rows_per_block": 1,
         "moe_experts.threads_per_row": 128,
     },
-]
+    {"moe_experts.topk_regs": 1},  # the route's top-k from registers
+    {"moe_experts.down_split": 1},  # a warp per expert slot, 4 outputs a block
+    # 8 outputs a block (a partial last tile where C % 8), with the other route knobs
+    {"moe_experts.down_split": 1, "moe_experts.rows_per_block": 8,
+     "moe_experts.topk_regs": 1, "moe_experts.route_vec": 1},
+    {"moe_experts.down_split": 1, "moe_experts.rows_per_block": 1,
+     "moe_experts.threads_per_row": 64, "moe_experts.vec": 1},
+]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +95,10 @@ SHAPES = [
     (256, 8, 512, 256, 256, "Q4_K", "Q4_K", "Q4_K"),
     (60, 11, 320, 160, 224, "Q4_0", "Q5_0", "Q4_1"),
     (16, 4, 256, 64, 64, "F16", "BF16", "F32"),
+    # rows past 32 groups (F / 16 = 48, the shared Fs / 16 = 38: a lane walks two), odd k
+    (20, 7, 256, 768, 608, "Q4_K", "Q4_K", "Q8_0"),
+    # float experts, C = 100 (not a multiple of 8 outputs: a partial tile), E, k, F all odd
+    (13, 3, 100, 40, 24, "F32", "F16", "BF16"),
 ]
 
 
@@ -179,3 +190,102 @@ def test_planted_unnormalised_route_is_rejected_and_blamed(be, tiny_model_factor
     v = judge(m, tiny_model_factory("qwen35moe", "q4_k_m"))
     assert v.rejected and v.caught_by == "validate", v
     assert v.blamed == "moe_experts", v.blame
+
+
+def _tied_layer(rng, E, k, C, F):
+    """Exact small-integer router rows (sums exact in any order) and h, so experts k - 1 and
+    E - 2 tie exactly for the k-th place (the first k - 1 above, the rest below): ties go to
+    the lower index, the NumPy reference's stable sort."""
+    h = rng.integers(-2, 3, (1, C)).astype(np.float32)
+    h[0, 0] = 4.0
+    router = np.zeros((E, C), np.float32)
+    router[:, 0] = 0.25 * (np.arange(E) % 3)  # the rest: logits 0, 1, 2 (each far below 8)
+    router[: k - 1, 0] = 3.0 + 0.0625 * np.arange(k - 1)  # clear winners: logits 12 and up
+    router[k - 1, 0] = router[E - 2, 0] = 2.75  # the tie: 11 = 11
+    router[k - 1, 1:] = router[E - 2, 1:] = 0.0
+    mats = tuple(qtensor(rng, s, "Q8_0", 0.1) for s in ((E, F, C), (E, F, C), (E, C, F)))
+    return h, _f32w(router), mats
+
+
+@pytest.mark.parametrize("E,k", [(40, 8), (256, 8), (300, 5)])
+def test_topk_regs_breaks_ties_to_the_lower_index_like_numpy(be, E, k):
+    rng = np.random.default_rng(E + k)
+    C, F = 256, 64
+    h, router, mats = _tied_layer(rng, E, k, C, F)
+    r = rng.standard_normal((1, C)).astype(np.float32)
+    want = _run(NumpyBackend(), h, r, router, k, mats, None)
+    got = {}
+    for regs in (0, 1):
+        be.set_config(cfg(**{"moe_experts.topk_regs": regs}))
+        got[regs] = _run(be, h, r, router, k, mats, None)
+        check(got[regs], want.astype(np.float64), 1e-10)
+    assert np.array_equal(got[0], got[1])  # same ids, same weights, same down kernel
+
+
+def _with_mutant(name: str, flat: dict, body):
+    from tests.mutants import Mutant, planted
+
+    with planted(Mutant(name, "cuda", "moe_experts", name, {})):
+        from tests.backend_params import open_backend
+
+        b = open_backend("cuda")
+        try:
+            b.set_config(cfg(**flat))
+            return body(b)
+        finally:
+            getattr(b, "close", lambda: None)()
+
+
+def test_planted_topk_regs_tie_to_the_higher_index_is_caught(be):
+    """MUTANT_MOE_TOPK_REGS_TIE (topk.cuh, topk_row_regs only): the tie test's layer then
+    differs from NumPy, while the scalar top-k (topk_regs 0) in the same build does not."""
+    E, k, C, F = 40, 8, 256, 64
+    rng = np.random.default_rng(E + k)
+    h, router, mats = _tied_layer(rng, E, k, C, F)
+    r = rng.standard_normal((1, C)).astype(np.float32)
+    want = _run(NumpyBackend(), h, r, router, k, mats, None).astype(np.float64)
+    bad = _with_mutant("MOE_TOPK_REGS_TIE", {"moe_experts.topk_regs": 1},
+                       lambda b: _run(b, h, r, router, k, mats, None))  # fmt: skip
+    ok = _with_mutant("MOE_TOPK_REGS_TIE", {"moe_experts.topk_regs": 0},
+                      lambda b: _run(b, h, r, router, k, mats, None))  # fmt: skip
+    check(ok, want, 1e-10)
+    with pytest.raises(AssertionError):
+        check(bad, want, 1e-10)
+
+
+def test_planted_down_split_one_pass_is_caught_on_rows_past_32_groups(be):
+    """MUTANT_MOE_DOWN_SPLIT_ONE_PASS (moe_dec_down_s: one group per lane, rows cut at 512):
+    the F = 768 shape differs from NumPy; the 35B-A3B's F = 512 would not show it."""
+    E, k, C, F, Fs, qe, qd, qs = SHAPES[-2]
+    rng = np.random.default_rng(E * 7 + k)
+    router, mats, sh = _layer(rng, E, C, F, Fs, qe, qd, qs)
+    h, r = rng.standard_normal((2, 1, C)).astype(np.float32)
+    want = _run(NumpyBackend(), h, r, router, k, mats, sh).astype(np.float64)
+    bad = _with_mutant("MOE_DOWN_SPLIT_ONE_PASS", {"moe_experts.down_split": 1},
+                       lambda b: _run(b, h, r, router, k, mats, sh))  # fmt: skip
+    with pytest.raises(AssertionError):
+        check(bad, want, 1e-10)
+
+
+DOWN_SPLIT = {"moe_experts.down_split": 1, "moe_experts.topk_regs": 1,
+              "moe_experts.route_vec": 1, "moe_experts.fuse_norm": 1}  # fmt: skip
+
+
+def test_down_split_model_matches_numpy_and_graph_equals_eager(be, tiny_model_factory):
+    # the whole tiny qwen35moe under the new knobs: NumPy's tokens, graph replay == eager
+    from engine.validate import compare_logits
+
+    path = tiny_model_factory("qwen35moe", "q4_k_m")
+    want = _model(path, NumpyBackend()).generate(PROMPT, 8)
+    mc = _model(path, be)
+    runs = {}
+    be.set_config(cfg(**F32_PREFILL, **DOWN_SPLIT))
+    for graphs in (False, True):
+        be.use_graphs = graphs
+        runs[graphs] = mc.generate(PROMPT, 8, keep_logits=True)
+    be.use_graphs = True
+    for g in runs.values():
+        assert g.tokens == want.tokens
+        assert compare_logits(want.last_logits, g.last_logits)[2] < 1e-8
+    for a, b in zip(runs[True].step_logits, runs[False].step_logits, strict=True):
+        assert np.array_equal(a, b), "graph replay differs from eager decode (down_split)"

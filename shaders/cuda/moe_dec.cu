@@ -143,13 +143,13 @@ __device__ __forceinline__ int row_of_thread() {
 
 // x [T, K]; Wr [E, K] (type qr, rows of rb_r bytes); Ws [1, K] (type qs) or null (no shared
 // expert gate); logits [T, ldl] (ldl >= E + 1); ids, w [T, k]; tickets [T] zero between launches;
-// vec4: moe_experts.route_vec (f32_row_x4 for F32 rows).
+// vec4: moe_experts.route_vec (f32_row_x4 for F32 rows); topk_regs: moe_experts.topk_regs.
 // Grid (ceil((E + 1) / ROWS), T), block NT.
 extern "C" __global__ void __launch_bounds__(NT)
     moe_dec_route(const float* __restrict__ x, const u8* __restrict__ Wr, int rb_r, int qr,
                   const u8* __restrict__ Ws, int qs, int E, int K, float* logits, int ldl,
                   int* __restrict__ ids, float* __restrict__ w, int k,
-                  unsigned int* tickets, int vec4) {
+                  unsigned int* tickets, int vec4, int topk_regs) {
     __shared__ float red[RED_N];
     __shared__ bool last;
     pdl_start();
@@ -179,9 +179,14 @@ extern "C" __global__ void __launch_bounds__(NT)
     __syncthreads();
     if (!last) return;
     __threadfence();
-    if (threadIdx.x < 32)
-        topk_row(logits + (size_t)t * ldl, E, k, ids + (size_t)t * k, w + (size_t)t * k,
-                 threadIdx.x, RENORM);
+    if (threadIdx.x < 32) {
+        if (topk_regs)  // moe_experts.topk_regs: the logits into registers once
+            topk_row_regs(logits + (size_t)t * ldl, E, k, ids + (size_t)t * k,
+                          w + (size_t)t * k, threadIdx.x, RENORM);
+        else
+            topk_row(logits + (size_t)t * ldl, E, k, ids + (size_t)t * k, w + (size_t)t * k,
+                     threadIdx.x, RENORM);
+    }
     if (threadIdx.x == 0) tickets[t] = 0;  // ready for the next launch (graph replay)
 }
 
@@ -313,8 +318,9 @@ __device__ __forceinline__ void down_norm_tail(const float* out, const float* __
                                                float eps, float* __restrict__ hn, int C,
                                                unsigned int* tickets) {
     __shared__ bool last;
-    __shared__ float part[NT / 32];
-    const int t = blockIdx.y, lane = threadIdx.x & 31, wid = threadIdx.x / 32;
+    __shared__ float part[32];
+    // nt: blockDim.x (NT for the thread-row kernels, 32 (k + 1) for moe_dec_down_s)
+    const int t = blockIdx.y, lane = threadIdx.x & 31, wid = threadIdx.x / 32, nt = blockDim.x;
     __threadfence();  // this thread's outputs visible device-wide before the ticket
     __syncthreads();
     if (threadIdx.x == 0) last = atomicAdd(tickets + t, 1u) == gridDim.x - 1;
@@ -323,7 +329,7 @@ __device__ __forceinline__ void down_norm_tail(const float* out, const float* __
     __threadfence();
     const float* xr = out + (size_t)t * C;
     float s = 0.f;
-    for (int i = threadIdx.x; i < C; i += NT) {
+    for (int i = threadIdx.x; i < C; i += nt) {
         const float v = __ldcg(xr + i);
         s += v * v;
     }
@@ -331,11 +337,10 @@ __device__ __forceinline__ void down_norm_tail(const float* out, const float* __
     if (lane == 0) part[wid] = s;
     __syncthreads();
     s = 0.f;
-#pragma unroll
-    for (int i = 0; i < NT / 32; ++i) s += part[i];
+    for (int i = 0; i < nt / 32; ++i) s += part[i];
     const float scale = rsqrtf(s / (float)C + eps);
     float* yr = hn + (size_t)t * C;
-    for (int i = threadIdx.x; i < C; i += NT) yr[i] = __ldcg(xr + i) * scale * nw[i];
+    for (int i = threadIdx.x; i < C; i += nt) yr[i] = __ldcg(xr + i) * scale * nw[i];
     if (threadIdx.x == 0) tickets[t] = 0;  // ready for the next launch (graph replay)
 }
 
@@ -462,5 +467,105 @@ extern "C" __global__ void __launch_bounds__(NT)
     }
     v = row_sum(v, red);
     if (lane == 0 && c < C) out[(size_t)t * C + c] = r[(size_t)t * C + c] + v;
+    if (nw) down_norm_tail(out, nw, eps, hn, C, tickets);
+}
+
+// moe_experts.down_split: the down kernel with a warp per expert slot. A block owns ROWS
+// consecutive outputs and has k (+ 1: the shared expert) warps; warp j walks slot j's ROWS down
+// rows (expert ids[j]'s, or the shared expert's as slot k), lane l over groups l, l + 32, ...,
+// the ROWS rows' loads of a group in flight together, then a warp sum per row into shared
+// memory; the block's first ROWS threads combine them (w_j in slot order, the sigmoid-gated
+// shared expert, the residual: moe_dec_down's expressions). moe_dec_down's thread-row holds all
+// k + 1 rows of one output (their decodes at once, spilling on sm_90); here 9x the threads each
+// hold one group of ROWS rows: a token's down pass waits on about one batch of loads. With
+// F / 16 <= 32 (a 35B-A3B's 512) and threads_per_row 32 the sums are moe_dec_down_v1's, in its
+// order. nw null: no norm tail; else moe_experts.fuse_norm's.
+template <int QT, int R>
+__device__ __forceinline__ void warp_rows(const u8* __restrict__ row0, int rb, int nr,
+                                          const float* __restrict__ x, int K, int lane,
+                                          float* s) {
+    if constexpr (QT == QT_F32 || QT == QT_F16 || QT == QT_BF16) {
+        for (int kk = lane; kk < K; kk += 32) {
+            const float xv = __ldg(x + kk);
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+                if (r < nr) s[r] += dense_get<QT>(row0 + (size_t)r * rb, kk) * xv;
+        }
+    } else {
+        const int NG = K / 16;
+#ifdef MUTANT_MOE_DOWN_SPLIT_ONE_PASS
+        const int NGW = min(NG, 32);  // planted bug: one group per lane (rows past 512 dropped)
+#else
+        const int NGW = NG;
+#endif
+        for (int g = lane; g < NGW; g += 32) {
+            Run8 a[R], b[R];
+            int k0 = 0, k1 = 0;
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+                if (r < nr) row_group<QT>(row0 + (size_t)r * rb, g, a[r], b[r], k0, k1);
+            const float4* x0 = (const float4*)(x + k0);
+            const float4* x1 = (const float4*)(x + k1);
+            const float4 xa = __ldg(x0), xb = __ldg(x0 + 1), xc = __ldg(x1), xd = __ldg(x1 + 1);
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+                if (r < nr) s[r] += run_dot(a[r], xa, xb) + run_dot(b[r], xc, xd);
+        }
+    }
+}
+
+__device__ __forceinline__ void warp_rows_rt(int qt, const u8* row0, int rb, int nr,
+                                             const float* x, int K, int lane, float* s) {
+    switch (qt) {
+        case QT_Q4_0: warp_rows<QT_Q4_0, ROWS>(row0, rb, nr, x, K, lane, s); break;
+        case QT_Q4_1: warp_rows<QT_Q4_1, ROWS>(row0, rb, nr, x, K, lane, s); break;
+        case QT_Q5_0: warp_rows<QT_Q5_0, ROWS>(row0, rb, nr, x, K, lane, s); break;
+        case QT_Q8_0: warp_rows<QT_Q8_0, ROWS>(row0, rb, nr, x, K, lane, s); break;
+        case QT_Q4_K: warp_rows<QT_Q4_K, ROWS>(row0, rb, nr, x, K, lane, s); break;
+        case QT_Q6_K: warp_rows<QT_Q6_K, ROWS>(row0, rb, nr, x, K, lane, s); break;
+        case QT_F16: warp_rows<QT_F16, ROWS>(row0, rb, nr, x, K, lane, s); break;
+        case QT_BF16: warp_rows<QT_BF16, ROWS>(row0, rb, nr, x, K, lane, s); break;
+        default: warp_rows<QT_F32, ROWS>(row0, rb, nr, x, K, lane, s); break;
+    }
+}
+
+// Arguments: moe_dec_down_w's. Grid (ceil(C / ROWS), T), block 32 (k + (SD ? 1 : 0)), k < MAXR.
+extern "C" __global__ void __launch_bounds__(32 * MAXR)
+    moe_dec_down_s(const float* __restrict__ h, int ldh, const u8* __restrict__ D, int rb_e,
+                   int qe, int F, int E, const int* __restrict__ ids,
+                   const float* __restrict__ w, int k, const u8* __restrict__ SD, int rb_s,
+                   int qsh, int Fs, const float* __restrict__ logits, int ldl,
+                   const float* __restrict__ r, float* out, int C,
+                   const float* __restrict__ nw, float eps, float* __restrict__ hn,
+                   unsigned int* tickets) {
+    __shared__ float part[MAXR][ROWS];
+    pdl_start();
+    const int t = blockIdx.y, j = threadIdx.x / 32, lane = threadIdx.x & 31;
+    const int c0 = blockIdx.x * ROWS, nr = min(ROWS, C - c0);
+    const float* ht = h + (size_t)t * (k + 1) * ldh;
+    float s[ROWS];
+#pragma unroll
+    for (int i = 0; i < ROWS; ++i) s[i] = 0.f;
+    if (j < k) {
+        const int e = min(max(__ldg(ids + (size_t)t * k + j), 0), E - 1);  // corrupt id: no fault
+        warp_rows_rt(qe, D + ((size_t)e * C + c0) * rb_e, rb_e, nr, ht + (size_t)j * ldh, F,
+                     lane, s);
+    } else if (SD) {
+        warp_rows_rt(qsh, SD + (size_t)c0 * rb_s, rb_s, nr, ht + (size_t)k * ldh, Fs, lane, s);
+    }
+#pragma unroll
+    for (int i = 0; i < ROWS; ++i) {
+        const float v = warp_sum(s[i]);
+        if (lane == 0) part[j][i] = v;
+    }
+    __syncthreads();
+    if (threadIdx.x < nr) {
+        const int c = c0 + threadIdx.x;
+        float acc = 0.f;  // moe_combine's sum, in its order
+        for (int jj = 0; jj < k; ++jj) acc += w[(size_t)t * k + jj] * part[jj][threadIdx.x];
+        float y = acc;
+        if (SD) y = acc + part[k][threadIdx.x] / (1.f + expf(-logits[(size_t)t * ldl + E]));
+        out[(size_t)t * C + c] = r[(size_t)t * C + c] + y;
+    }
     if (nw) down_norm_tail(out, nw, eps, hn, C, tickets);
 }

@@ -141,7 +141,7 @@ class CudaMoeDecodeOps:
             (h, router.raw, np.int32(router.row_bytes), np.int32(_QT[router.qtype]),
              _NULL if sg is None else sg.raw, np.int32(_QT[sg.qtype] if sg else 0), np.int32(E),
              np.int32(C), logits, np.int32(ldl), ids, wts, np.int32(k), self._route_tickets(),
-             np.int32(c["route_vec"])),
+             np.int32(c["route_vec"]), np.int32(c["topk_regs"])),
             pdl=True,
         )  # fmt: skip
         ns = 1 if shared is not None else 0
@@ -164,11 +164,15 @@ class CudaMoeDecodeOps:
             hn = self._empty((T, C))
             kernel += "_norm"
             tail = (norm.f32, np.float32(eps), hn, self._norm_tickets())
-        if int(c["down_wsum"]):  # one kernel, the norm tail where its weights are not null
+        block = nt
+        if int(c["down_split"]):  # a warp per expert slot, rows_per_block outputs a block
+            kernel, block = "moe_dec_down_s", 32 * (k + ns)
+            tail = tail or (_NULL, np.float32(0.0), _NULL, _NULL)
+        elif int(c["down_wsum"]):  # one kernel, the norm tail where its weights are not null
             kernel = "moe_dec_down_w"
             tail = tail or (_NULL, np.float32(0.0), _NULL, _NULL)
         self._launch(
-            "moe_dec", kernel, (math.ceil(C / rows), T), (nt,),
+            "moe_dec", kernel, (math.ceil(C / rows), T), (block,),
             (hh, np.int32(ldh), down.raw, np.int32(down.row_bytes), np.int32(_QT[down.qtype]),
              np.int32(F), np.int32(E), ids, wts, np.int32(k),
              _NULL if sdown is None else sdown.raw, np.int32(sdown.row_bytes if sdown else 0),

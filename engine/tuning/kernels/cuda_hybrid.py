@@ -187,6 +187,27 @@ _MOE_DMMV = (
         PUSHED,
     ),
     Param(
+        "topk_regs",
+        (0, 1),
+        0,
+        "fuse_decode's route: 1 runs the last block's top-k on the token's logits loaded once "
+        "into registers (all of a lane's loads in flight together; topk.cuh topk_row_regs), "
+        "where 0 reads them from L2 again in each of the k rounds, a few at a time; same "
+        "rounds, comparisons and ties: the same ids and weights",
+        PUSHED,
+    ),
+    Param(
+        "down_split",
+        (0, 1),
+        0,
+        "fuse_decode's down kernel with a warp per expert slot (moe_dec_down_s): a block of "
+        "k (+ 1 shared) warps owns rows_per_block outputs, each warp walks its slot's rows "
+        "(their loads in flight together) and the block combines the warp sums; 9x the "
+        "threads of moe_dec_down, each holding one row group, not k + 1 (threads_per_row, vec "
+        "and down_wsum / down_vec1 do not apply to it); another summation order",
+        PUSHED,
+    ),
+    Param(
         "down_vec1",
         (0, 1),
         0,
