@@ -7,7 +7,8 @@ Each config is timed as a CUDA graph of LAYERS back-to-back moe_ffn calls, each 
 random activation (so its own routing: the experts read do not all sit in the L2), best of 5
 replays; us per call. Prints one line per config; --json prints the rows as JSON.
 
-  python3 scripts/bench_moe_dec.py [--configs fused,unfused,...] [--down-q6k] [--kernels] [--json]
+  python3 scripts/bench_moe_dec.py [--configs fused,unfused,...] [--down-q6k] [--check] [--kernels]
+      [--json]
 """
 
 from __future__ import annotations
@@ -151,6 +152,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--down-q6k", action="store_true", help="the routed down projection as Q6_K")
     ap.add_argument("--json", action="store_true")
     ap.add_argument(
+        "--check",
+        action="store_true",
+        help="also each config's NMSE against the NumPy reference on the first layer's input",
+    )
+    ap.add_argument(
         "--kernels",
         action="store_true",
         help="also each kernel's us per call (queued eager launches, events)",
@@ -179,6 +185,16 @@ def main(argv: list[str] | None = None) -> int:
     ws = tuple(be.load_weight(t) for t in shared)
     hs = [be.upload(rng.standard_normal((1, C)).astype(np.float32)) for _ in range(LAYERS)]
     r = be.upload(rng.standard_normal((1, C)).astype(np.float32))
+    want = None
+    if args.check:  # NumPy reads only the chosen experts' rows: about a second
+        from engine.backends.numpy_ref import NumpyBackend
+
+        ref = NumpyBackend()
+        h0 = be.download(hs[0]).astype(np.float32)
+        out = ref.moe_ffn(h0, be.download(r), ref.load_weight(router), K_USED,
+                          tuple(ref.load_weight(t) for t in experts),
+                          tuple(ref.load_weight(t) for t in shared))  # fmt: skip
+        want = np.asarray(out, np.float64)
     rows = []
     for name in names:
         be.set_config(TuningConfig.from_flat("cuda", CONFIGS[name]))
@@ -189,11 +205,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: {rows[-1]['error']}", flush=True)
             continue
         rows.append({"config": name, "us_per_ffn": us, "flat": CONFIGS[name]})
+        if want is not None:
+            be.set_config(TuningConfig.from_flat("cuda", CONFIGS[name]))
+            got = be.download(be.moe_ffn(hs[0], r, wr, K_USED, we, ws)).astype(np.float64)
+            rows[-1]["nmse"] = float(np.sum((got - want) ** 2) / max(np.sum(want**2), 1e-30))
         if args.kernels:
             rows[-1]["kernel_us"] = _kernel_us(be, cp, lambda i: be.moe_ffn(hs[i], r, wr, K_USED,
                                                                             we, ws))  # fmt: skip
         if not args.json:
             per = "".join(f"  {k} {v:.1f}" for k, v in rows[-1].get("kernel_us", {}).items())
+            if "nmse" in rows[-1]:
+                per = f"  nmse {rows[-1]['nmse']:.2g}" + per
             print(f"moe ffn {name:10s} {us:8.2f} us/layer  x{LAYERS} = {us * LAYERS / 1e3:.3f} ms"
                   f"{per}", flush=True)  # fmt: skip
     if args.json:
