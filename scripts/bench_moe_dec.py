@@ -60,6 +60,13 @@ CONFIGS: dict[str, dict] = {
     "fused_rv_tk_split_t128": RV_TK | {"moe_experts.down_split": 1,
                                        "moe_experts.threads_per_row": 128,
                                        "moe_experts.rows_per_block": 2, "moe_experts.vec": 1},
+    "fused_rb128_tk": {"moe_experts.route_block": 128, "moe_experts.topk_regs": 1},
+    "fused_rb256_tk": {"moe_experts.route_block": 256, "moe_experts.topk_regs": 1},
+    "fused_rb128_tk_split": {"moe_experts.route_block": 128, "moe_experts.topk_regs": 1,
+                             "moe_experts.down_split": 1},
+    "fused_rb128_tk_split_t64v2": {"moe_experts.route_block": 128, "moe_experts.topk_regs": 1,
+                                   "moe_experts.down_split": 1,
+                                   "moe_experts.threads_per_row": 64},
 }  # fmt: skip
 
 

@@ -739,6 +739,31 @@ def test_moe_down_split_launches_a_warp_per_expert_slot(tiny_model_factory, fuse
     assert routes and all(int(x.args[-1]) == 1 for x in routes)
 
 
+@pytest.mark.parametrize("threads", [128, 256])
+def test_moe_route_block_launches_a_block_per_router_row(tiny_model_factory, threads):
+    # moe_experts.route_block: moe_dec_route_r, E (+ 1: the shared expert's gate) blocks of
+    # route_block threads, its ids / weights / logits the ones gate_up and down read
+    from engine.gguf_model import open_model
+    from engine.models import build_model
+
+    flat = {"moe_experts.route_block": threads, "moe_experts.topk_regs": 1,
+            "prefill.gemm_min_t": 1 << 20}  # fmt: skip
+    be = FakeCuda(cfg(**flat))
+    m = build_model(open_model(tiny_model_factory("qwen35moe", "q4_k_m")), be)
+    step = _decode_launches(be, m)
+    routes = [x for x in step if x.kernel.startswith("moe_dec_route")]
+    assert [x.kernel for x in routes] == ["moe_dec_route_r"] * m.spec.n_layers
+    for x in routes:
+        E, shared = int(x.args[4]), not isinstance(x.args[3], np.uint64)
+        assert x.block[0] == threads and tuple(x.grid[:2]) == (E + int(shared), 1)
+        assert int(x.args[-1]) == 1  # topk_regs
+    i = step.index(routes[0])
+    gate_up, down = step[i + 1], step[i + 2]
+    ids, w, logits = routes[0].args[8], routes[0].args[9], routes[0].args[6]
+    assert gate_up.args[7] is ids and down.args[7] is ids and down.args[8] is w
+    assert down.args[14] is logits
+
+
 def test_phase_profile_charges_the_fused_decode_kernels_to_their_phases(tiny_model_factory):
     # scripts/profile_hybrid.py's phase at each CUDA launch of a decode step under the hdec
     # knobs: the conv-folded delta-net step to dn.scan, the stacked projections to dn.proj, the

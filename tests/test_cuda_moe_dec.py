@@ -37,6 +37,10 @@ KNOBS = [
      "moe_experts.topk_regs": 1, "moe_experts.route_vec": 1},
     {"moe_experts.down_split": 1, "moe_experts.rows_per_block": 1,
      "moe_experts.threads_per_row": 64, "moe_experts.vec": 1},
+    # a block per router row (moe_dec_route_r)
+    {"moe_experts.route_block": 128, "moe_experts.topk_regs": 1},
+    {"moe_experts.route_block": 256, "moe_experts.down_split": 1,
+     "moe_experts.threads_per_row": 64},
 ]  # fmt: skip
 
 
@@ -267,11 +271,16 @@ def test_planted_down_split_one_pass_is_caught_on_rows_past_32_groups(be):
         check(bad, want, 1e-10)
 
 
-DOWN_SPLIT = {"moe_experts.down_split": 1, "moe_experts.topk_regs": 1,
-              "moe_experts.route_vec": 1, "moe_experts.fuse_norm": 1}  # fmt: skip
+DOWN_SPLIT = [
+    {"moe_experts.down_split": 1, "moe_experts.topk_regs": 1, "moe_experts.route_vec": 1,
+     "moe_experts.fuse_norm": 1},
+    {"moe_experts.down_split": 1, "moe_experts.topk_regs": 1, "moe_experts.route_block": 128,
+     "moe_experts.fuse_norm": 1, "moe_experts.rows_per_block": 8},
+]  # fmt: skip
 
 
-def test_down_split_model_matches_numpy_and_graph_equals_eager(be, tiny_model_factory):
+@pytest.mark.parametrize("flat", DOWN_SPLIT, ids=["rv", "rb128"])
+def test_down_split_model_matches_numpy_and_graph_equals_eager(be, tiny_model_factory, flat):
     # the whole tiny qwen35moe under the new knobs: NumPy's tokens, graph replay == eager
     from engine.validate import compare_logits
 
@@ -279,7 +288,7 @@ def test_down_split_model_matches_numpy_and_graph_equals_eager(be, tiny_model_fa
     want = _model(path, NumpyBackend()).generate(PROMPT, 8)
     mc = _model(path, be)
     runs = {}
-    be.set_config(cfg(**F32_PREFILL, **DOWN_SPLIT))
+    be.set_config(cfg(**F32_PREFILL, **flat))
     for graphs in (False, True):
         be.use_graphs = graphs
         runs[graphs] = mc.generate(PROMPT, 8, keep_logits=True)
@@ -289,3 +298,19 @@ def test_down_split_model_matches_numpy_and_graph_equals_eager(be, tiny_model_fa
         assert compare_logits(want.last_logits, g.last_logits)[2] < 1e-8
     for a, b in zip(runs[True].step_logits, runs[False].step_logits, strict=True):
         assert np.array_equal(a, b), "graph replay differs from eager decode (down_split)"
+
+
+def test_planted_route_block_half_row_is_caught(be):
+    """MUTANT_MOE_ROUTE_BLOCK_HALF (moe_dec_route_r: a row's logit from its first warp only):
+    other experts chosen, the layer differs from NumPy."""
+    E, k, C, F, Fs, qe, qd, qs = SHAPES[2]  # 256 experts, top-8, C 512: 4 warps a row
+    rng = np.random.default_rng(E * 7 + k)
+    router, mats, sh = _layer(rng, E, C, F, Fs, qe, qd, qs, skew=False)
+    h, r = rng.standard_normal((2, 1, C)).astype(np.float32)
+    want = _run(NumpyBackend(), h, r, router, k, mats, sh).astype(np.float64)
+    flat = {"moe_experts.route_block": 128}
+    bad = _with_mutant("MOE_ROUTE_BLOCK_HALF", flat, lambda b: _run(b, h, r, router, k, mats, sh))
+    with pytest.raises(AssertionError):
+        check(bad, want, 1e-10)
+    be.set_config(cfg(**flat))  # the production build of the same config passes
+    check(_run(be, h, r, router, k, mats, sh), want, 1e-10)

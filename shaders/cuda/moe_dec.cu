@@ -190,6 +190,67 @@ extern "C" __global__ void __launch_bounds__(NT)
     if (threadIdx.x == 0) tickets[t] = 0;  // ready for the next launch (graph replay)
 }
 
+// moe_experts.route_block: the route with one router row per block of blockDim.x threads
+// (128 or 256), a lane's float4 loads of its row and of x (K / 4 / blockDim.x each: 4 or 2 for
+// a 2048-wide row) in flight together, a block sum; E (+ 1) blocks, so the whole router's rows
+// are loading at once where moe_dec_route's ceil((E + 1) / ROWS) blocks walk theirs in batches.
+// The grid's last block (ticket) runs the top-k (topk_regs as in moe_dec_route). F32 router
+// and shared gate rows, K % 4 == 0, 16-byte aligned (the host checks; else moe_dec_route).
+// Grid (E + (Ws ? 1 : 0), T), block 128 or 256.
+extern "C" __global__ void __launch_bounds__(256)
+    moe_dec_route_r(const float* __restrict__ x, const u8* __restrict__ Wr, int rb_r,
+                    const u8* __restrict__ Ws, int E, int K, float* logits, int ldl,
+                    int* __restrict__ ids, float* __restrict__ w, int k, unsigned int* tickets,
+                    int topk_regs) {
+    __shared__ float part[8];
+    __shared__ bool last;
+    pdl_start();
+    const int n = blockIdx.x, t = blockIdx.y, nt = blockDim.x;
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    const float4* w4 = (const float4*)(n < E ? Wr + (size_t)n * rb_r : Ws);
+    const float4* x4 = (const float4*)(x + (size_t)t * K);
+    const int K4 = K >> 2;
+    float s = 0.f;
+    for (int c0 = threadIdx.x; c0 < K4; c0 += 4 * nt) {
+        float4 wv[4], xv[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int c = c0 + u * nt;
+            const bool in = c < K4;
+            wv[u] = in ? __ldg(w4 + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+            xv[u] = in ? __ldg(x4 + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+            s += wv[u].x * xv[u].x + wv[u].y * xv[u].y + wv[u].z * xv[u].z + wv[u].w * xv[u].w;
+    }
+    s = warp_sum(s);
+    if (lane == 0) part[wid] = s;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float v = 0.f;
+        for (int i = 0; i < nt / 32; ++i) v += part[i];
+#ifdef MUTANT_MOE_ROUTE_BLOCK_HALF
+        v = part[0];  // planted bug: the row's first warp's share only
+#endif
+        logits[(size_t)t * ldl + n] = v;
+        __threadfence();  // this block's logit is visible before the ticket says so
+        last = atomicAdd(tickets + t, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    if (threadIdx.x < 32) {
+        if (topk_regs)
+            topk_row_regs(logits + (size_t)t * ldl, E, k, ids + (size_t)t * k,
+                          w + (size_t)t * k, threadIdx.x, RENORM);
+        else
+            topk_row(logits + (size_t)t * ldl, E, k, ids + (size_t)t * k, w + (size_t)t * k,
+                     threadIdx.x, RENORM);
+    }
+    if (threadIdx.x == 0) tickets[t] = 0;  // ready for the next launch (graph replay)
+}
+
 // x [T, K]; G, U [E, F, K] (type qe, rows of rb_e bytes): the routed experts' gate and up;
 // SG, SU [Fs, K] (type qsh, rows of rb_s) or null: the shared expert's; ids [T, k] ->
 // h [T, k + 1, ldh] (slot k: the shared expert). Grid (ceil(max(F, Fs) / ROWS), k + shared, T).

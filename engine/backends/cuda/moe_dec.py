@@ -25,6 +25,12 @@ _QT = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 1
 _NULL = np.uint64(0)
 
 
+def _addr(a: Any) -> int:
+    """A device array's address (a host array's in the CPU tests' fake backend)."""
+    ptr = getattr(getattr(a, "data", None), "ptr", None)
+    return int(ptr) if ptr is not None else int(a.ctypes.data)
+
+
 def _stacked(w: Any, E: int) -> bool:
     return w.raw is not None and len(w.shape) == 3 and int(w.shape[0]) == E and w.qtype in _QT
 
@@ -136,14 +142,24 @@ class CudaMoeDecodeOps:
         self._fused_ran("moe_experts")
         ldl = E + 1  # logits [T, E + 1]: column E the shared expert's gate logit
         logits, ids, wts = self._empty((T, ldl)), self._empty((T, k), np.int32), self._empty((T, k))
-        self._launch(
-            "moe_dec", "moe_dec_route", (math.ceil(ldl / rows), T), (nt,),
-            (h, router.raw, np.int32(router.row_bytes), np.int32(_QT[router.qtype]),
-             _NULL if sg is None else sg.raw, np.int32(_QT[sg.qtype] if sg else 0), np.int32(E),
-             np.int32(C), logits, np.int32(ldl), ids, wts, np.int32(k), self._route_tickets(),
-             np.int32(c["route_vec"]), np.int32(c["topk_regs"])),
-            pdl=True,
-        )  # fmt: skip
+        if self._route_block_on(int(c["route_block"]), router, sg, C):
+            self._launch(
+                "moe_dec", "moe_dec_route_r", (E + (0 if sg is None else 1), T),
+                (int(c["route_block"]),),
+                (h, router.raw, np.int32(router.row_bytes), _NULL if sg is None else sg.raw,
+                 np.int32(E), np.int32(C), logits, np.int32(ldl), ids, wts, np.int32(k),
+                 self._route_tickets(), np.int32(c["topk_regs"])),
+                pdl=True,
+            )  # fmt: skip
+        else:
+            self._launch(
+                "moe_dec", "moe_dec_route", (math.ceil(ldl / rows), T), (nt,),
+                (h, router.raw, np.int32(router.row_bytes), np.int32(_QT[router.qtype]),
+                 _NULL if sg is None else sg.raw, np.int32(_QT[sg.qtype] if sg else 0),
+                 np.int32(E), np.int32(C), logits, np.int32(ldl), ids, wts, np.int32(k),
+                 self._route_tickets(), np.int32(c["route_vec"]), np.int32(c["topk_regs"])),
+                pdl=True,
+            )  # fmt: skip
         ns = 1 if shared is not None else 0
         ldh = -(-max(F, Fs) // 4) * 4  # float4 rows
         hh = self._empty((T, k + 1, ldh))
@@ -181,6 +197,15 @@ class CudaMoeDecodeOps:
             pdl=True,
         )  # fmt: skip
         return out if norm is None else (out, hn)
+
+    def _route_block_on(self, threads: int, router: Any, sg: Any, C: int) -> bool:
+        """moe_experts.route_block's kernel: F32 rows of 16-byte-aligned starts and lengths."""
+        if not threads or C % 4:
+            return False
+        return all(
+            w.qtype == "F32" and _addr(w.raw) % 16 == 0 and int(w.row_bytes) % 16 == 0
+            for w in ((router,) if sg is None else (router, sg))
+        )
 
     def _norm_tickets(self) -> Any:
         t = getattr(self, "_moe_norm_tickets", None)

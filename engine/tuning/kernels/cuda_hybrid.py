@@ -197,6 +197,17 @@ _MOE_DMMV = (
         PUSHED,
     ),
     Param(
+        "route_block",
+        (0, 128, 256),
+        0,
+        "fuse_decode's route: 128 / 256 runs each router row (and the shared expert's gate "
+        "row) in a block of that many threads (moe_dec_route_r: a lane's float4 loads in "
+        "flight together, E + 1 blocks); 0: moe_dec_route, rows_per_block rows of "
+        "threads_per_row lanes a block; F32 router rows only (else 0's kernel); another "
+        "summation order",
+        PUSHED,
+    ),
+    Param(
         "down_split",
         (0, 1),
         0,
