@@ -27,7 +27,8 @@ E, K_USED, F, C = 256, 8, 512, 2048
 LAYERS = 40
 RV_TK = {"moe_experts.route_vec": 1, "moe_experts.topk_regs": 1}
 CONFIGS: dict[str, dict] = {
-    "fused": {},
+    "fused": {},  # the registry defaults (route_vec and down_wsum on since the sixth session)
+    "fused_plain": {"moe_experts.route_vec": 0, "moe_experts.down_wsum": 0},  # the default before
     "unfused": {"moe_experts.fuse_decode": 0},
     "fused_rv": {"moe_experts.route_vec": 1},
     "fused_t16": {"moe_experts.threads_per_row": 16, "moe_experts.rows_per_block": 8},

@@ -114,7 +114,9 @@ MOE_SHAPES = [
 ]
 
 
-DOWN_KNOBS = [{}, {"moe_experts.down_vec1": 1}, {"moe_experts.down_wsum": 1},
+DOWN_KNOBS = [{"moe_experts.down_wsum": 0},
+              {"moe_experts.down_vec1": 1, "moe_experts.down_wsum": 0},
+              {"moe_experts.down_wsum": 1},
               {"moe_experts.down_wsum": 1, "moe_experts.threads_per_row": 16,
                "moe_experts.rows_per_block": 8},
               {"moe_experts.down_split": 1, "moe_experts.topk_regs": 1},

@@ -19,12 +19,14 @@ pytestmark = pytest.mark.gpu
 PROMPT = [3, 17, 99, 5, 42, 7, 250, 11, 64, 2, 8, 1, 77, 31, 9, 120, 66, 4, 200, 13]
 F32_PREFILL = {"prefill.gemm_min_t": 1 << 20}
 KNOBS = [
-    {},
+    {},  # the default: route_vec, down_wsum
+    {"moe_experts.route_vec": 0, "moe_experts.down_wsum": 0},  # the scalar route, moe_dec_down
     {"moe_experts.rows_per_block": 1, "moe_experts.threads_per_row": 128, "moe_experts.vec": 1},
     {"moe_experts.rows_per_block": 8, "moe_experts.threads_per_row": 16},
     {"moe_experts.rows_per_block": 2, "moe_experts.threads_per_row": 64, "moe_experts.vec": 1},
     {"moe_experts.rows_per_block": 1, "moe_experts.threads_per_row": 16},  # half a warp: NT 32
-    {"moe_experts.route_vec": 1, "moe_experts.down_vec1": 1},  # float4 router, short down rows
+    # float4 router, short down rows
+    {"moe_experts.route_vec": 1, "moe_experts.down_vec1": 1, "moe_experts.down_wsum": 0},
     {
         "moe_experts.route_vec": 1,
         "moe_experts.rows_per_block": 1,

@@ -53,10 +53,14 @@ _DN_FUSE = Param(
     "scan's defines; bit-identical to the four launches of 0)",
     PUSHED,
 )
+# fuse_conv on by default: H200, 2026-12-01 (sixth session's early call, qwen35moe 35B-A3B synth:
+# hdec_all_rv_ws, this with moe_experts.route_vec, down_wsum and fuse_norm, tg128 261.5 against
+# the default's 224.3, validate PASS at the default's KLD 4.98e-5; bit-identical to the two
+# launches in tests/test_cuda_dn_conv.py).
 _DN_FUSE_CONV = Param(
     "fuse_conv",
     (0, 1),
-    0,
+    1,
     "1 (with fuse_decode): a one-token call runs the conv step too (dn_step.cu "
     "delta_net_conv_step: ssm_conv_step's taps in each block, q / k / v read from the raw "
     "projection row, the conv state rewritten by each K head's last block), one launch per "
@@ -158,28 +162,33 @@ _MOE_DMMV = (
         "shared expert + residual in one; 0: the op-by-op schedule (fifteen launches)",
         PUSHED,
     ),
+    # on by default with route_vec, down_wsum, fuse_norm and delta_net.fuse_conv: H200,
+    # 2026-12-01 (sixth session's early call, qwen35moe 35B-A3B synth, one process): tg128
+    # 261.5 tok/s against 224.3 (llama.cpp 247.7), validate PASS (KLD 4.98e-5, the default's)
     Param(
         "route_vec",
         (0, 1),
-        0,
+        1,
         "fuse_decode's route: 1 reads an F32 router row (and the shared expert's gate row) "
         "with float4 loads, eight in flight per lane before the sums; 0: the scalar loop of "
         "the dense DMMV (another summation order: order_only either way)",
         PUSHED,
     ),
+    # (on: see route_vec)
     Param(
         "fuse_norm",
         (0, 1),
-        0,
+        1,
         "fuse_decode's down kernel: 1 ends with the next layer's input RMSNorm of the new "
         "residual row (the token's last block, all its threads: rms_norm's one warp is "
         "latency-bound on a decode row), one launch per MoE layer fewer; 0: rms_norm after it",
         PUSHED,
     ),
+    # (on: see route_vec)
     Param(
         "down_wsum",
         (0, 1),
-        0,
+        1,
         "fuse_decode's down kernel as a weighted sum per lane (moe_dec_down_w): each lane "
         "adds w_j times its share of every routed expert's row (four experts' loads in flight) "
         "and the gated shared expert's, then one reduction per output, instead of a reduction "
