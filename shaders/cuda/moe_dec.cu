@@ -11,6 +11,10 @@
 //   moe_dec_down      out[t] = r[t] + (sum_j w[t, j] D_e h[t, j] + sigmoid(logits[t, E]) *
 //                     Dshared h[t, k]): the down projections, the weighted combine, the gated
 //                     shared expert and the residual add, in the op-by-op schedule's order.
+// Knob variants (moe_experts.*, engine/tuning/kernels/cuda_hybrid.py): route_vec (float4 router
+// rows), topk_regs (the last block's top-k on logits held in registers, topk.cuh), route_block
+// (moe_dec_route_r: a block per router row), down_wsum (moe_dec_down_w: a weighted sum per lane),
+// down_split (moe_dec_down_s: a warp per expert slot), down_vec1, fuse_norm (the *_norm tails).
 // Float activations throughout (the order_only class, as moe.cu): each row's dot product is a
 // thread-row of TPR threads over 16-weight groups, VEC per step, then the row's reduction, as in
 // dmmv.cu, so the knobs of moe_experts.dmmv (ROWS, TPR, VEC) tune these kernels too. Weight
