@@ -68,6 +68,17 @@ CONFIGS: dict[str, dict] = {
     "fused_rb128_tk_split_t64v2": {"moe_experts.route_block": 128, "moe_experts.topk_regs": 1,
                                    "moe_experts.down_split": 1,
                                    "moe_experts.threads_per_row": 64},
+    # the post-attention norm then the FFN (moe_ffn_prenorm: names ending in _pre*): its own
+    # rms_norm launch (pre0) or folded into the route (pre1, moe_experts.fuse_pre_norm)
+    "rb128_tk_split_pre0": {"moe_experts.route_block": 128, "moe_experts.topk_regs": 1,
+                            "moe_experts.down_split": 1},
+    "rb128_tk_split_pre1": {"moe_experts.route_block": 128, "moe_experts.topk_regs": 1,
+                            "moe_experts.down_split": 1, "moe_experts.fuse_pre_norm": 1},
+    "rb128_tk_split_pre1_pdl": {"moe_experts.route_block": 128, "moe_experts.topk_regs": 1,
+                                "moe_experts.down_split": 1, "moe_experts.fuse_pre_norm": 1,
+                                "matmul_decode.pdl": 1},
+    "rb256_tk_split_pre1": {"moe_experts.route_block": 256, "moe_experts.topk_regs": 1,
+                            "moe_experts.down_split": 1, "moe_experts.fuse_pre_norm": 1},
 }  # fmt: skip
 
 
@@ -93,6 +104,13 @@ def _weights(rng: np.random.Generator, down_q6k: bool) -> tuple:
     shared = (f32("sg", rng.standard_normal((1, C)) * 0.05), q("sgate", (F, C), "Q4_K"),
               q("sup", (F, C), "Q4_K"), q("sdown", (C, F), "Q4_K"))  # fmt: skip
     return router, experts, shared
+
+
+def _norm_weight(rng: np.random.Generator) -> Any:
+    from engine.gguf_model import QTensor
+
+    a = rng.uniform(0.5, 1.5, C).astype(np.float32)
+    return QTensor("post_attention_norm", "F32", a.shape, a.view(np.uint8).reshape(1, -1))
 
 
 def _graph_us(be: Any, cp: Any, call: Any) -> float:
@@ -193,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     ws = tuple(be.load_weight(t) for t in shared)
     hs = [be.upload(rng.standard_normal((1, C)).astype(np.float32)) for _ in range(LAYERS)]
     r = be.upload(rng.standard_normal((1, C)).astype(np.float32))
+    pre = be.load_weight(_norm_weight(rng))
     want = None
     if args.check:  # NumPy reads only the chosen experts' rows: about a second
         from engine.backends.numpy_ref import NumpyBackend
@@ -203,23 +222,28 @@ def main(argv: list[str] | None = None) -> int:
                           tuple(ref.load_weight(t) for t in experts),
                           tuple(ref.load_weight(t) for t in shared))  # fmt: skip
         want = np.asarray(out, np.float64)
+
+    def call_of(name: str) -> Any:
+        if "_pre" in name:  # x = hs[i] the residual row, normed by pre (in the route or apart)
+            return lambda i: be.moe_ffn_prenorm(hs[i], pre, wr, K_USED, we, ws, None, 1e-6)
+        return lambda i: be.moe_ffn(hs[i], r, wr, K_USED, we, ws)
+
     rows = []
     for name in names:
         be.set_config(TuningConfig.from_flat("cuda", CONFIGS[name]))
         try:
-            us = _graph_us(be, cp, lambda i: be.moe_ffn(hs[i], r, wr, K_USED, we, ws))
+            us = _graph_us(be, cp, call_of(name))
         except Exception as e:  # noqa: BLE001 - a failing config is its row; the others go on
             rows.append({"config": name, "error": f"{type(e).__name__}: {e}"[:300]})
             print(f"{name}: {rows[-1]['error']}", flush=True)
             continue
         rows.append({"config": name, "us_per_ffn": us, "flat": CONFIGS[name]})
-        if want is not None:
+        if want is not None and "_pre" not in name:  # (want: moe_ffn of hs[0] and r)
             be.set_config(TuningConfig.from_flat("cuda", CONFIGS[name]))
-            got = be.download(be.moe_ffn(hs[0], r, wr, K_USED, we, ws)).astype(np.float64)
+            got = be.download(call_of(name)(0)).astype(np.float64)
             rows[-1]["nmse"] = float(np.sum((got - want) ** 2) / max(np.sum(want**2), 1e-30))
         if args.kernels:
-            rows[-1]["kernel_us"] = _kernel_us(be, cp, lambda i: be.moe_ffn(hs[i], r, wr, K_USED,
-                                                                            we, ws))  # fmt: skip
+            rows[-1]["kernel_us"] = _kernel_us(be, cp, call_of(name))
         if not args.json:
             per = "".join(f"  {k} {v:.1f}" for k, v in rows[-1].get("kernel_us", {}).items())
             if "nmse" in rows[-1]:

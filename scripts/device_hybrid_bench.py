@@ -107,6 +107,15 @@ VARIANTS: dict[str, dict] = {
                                     "moe_experts.threads_per_row": 64},
     "hdec_rb_tk_split_pdl": HDEC | {"moe_experts.route_block": 128, "moe_experts.topk_regs": 1,
                                     "moe_experts.down_split": 1, "matmul_decode.pdl": 1},
+    # and the post-attention norm folded into the route (fuse_pre_norm)
+    "rb_tk_split_pre": {"moe_experts.route_block": 128, "moe_experts.topk_regs": 1,
+                        "moe_experts.down_split": 1, "moe_experts.fuse_pre_norm": 1},
+    "rb_tk_ws_pre": {"moe_experts.route_block": 128, "moe_experts.topk_regs": 1,
+                     "moe_experts.fuse_pre_norm": 1},
+    "rb_tk_split_pre_pdl": {"moe_experts.route_block": 128, "moe_experts.topk_regs": 1,
+                            "moe_experts.down_split": 1, "moe_experts.fuse_pre_norm": 1,
+                            "matmul_decode.pdl": 1},
+    "tk": {"moe_experts.topk_regs": 1},  # the default + the register top-k alone
     "hdec_all_rv_ws_pdl": HDEC | {"moe_experts.route_vec": 1, "moe_experts.down_wsum": 1,
                                   "matmul_decode.pdl": 1},
     "hdec_rv_tk_split_pdl": HDEC | RV_TK | {"moe_experts.down_split": 1,

@@ -764,6 +764,43 @@ def test_moe_route_block_launches_a_block_per_router_row(tiny_model_factory, thr
     assert down.args[14] is logits
 
 
+@pytest.mark.parametrize("arch", ["qwen35moe", "qwen3next"])
+@pytest.mark.parametrize("threads", [0, 128])
+def test_moe_fuse_pre_norm_folds_the_post_attention_norm_into_the_route(
+    tiny_model_factory, arch, threads
+):
+    # moe_experts.fuse_pre_norm: the mixer's output projection is a plain matmul_add, the route
+    # (moe_dec_route_rn, route_block threads or 256) reads the residual row and the
+    # post-attention norm's weights and writes the normed row gate_up reads: one launch per
+    # MoE layer fewer, no rms_norm between the projection and the route
+    from engine.gguf_model import open_model
+    from engine.models import build_model
+
+    path = tiny_model_factory(arch, "q4_k_m")
+    per_token = {}
+    for fuse in (0, 1):
+        flat = {"moe_experts.fuse_pre_norm": fuse, "moe_experts.route_block": threads,
+                "prefill.gemm_min_t": 1 << 20}  # fmt: skip
+        be = FakeCuda(cfg(**flat))
+        m = build_model(open_model(path), be)
+        step = _decode_launches(be, m)
+        per_token[fuse] = len(step)
+        routes = [j for j, x in enumerate(step) if x.kernel.startswith("moe_dec_route")]
+        assert len(routes) == m.spec.n_layers
+        for j in routes:
+            if fuse:
+                assert step[j].kernel == "moe_dec_route_rn"
+                assert step[j].block[0] == (threads or 256)
+                assert step[j - 1].kernel.startswith("mmvf")  # the output projection
+                hn = step[j].args[3]
+                assert step[j + 1].kernel == "moe_dec_gate_up" and step[j + 1].args[0] is hn
+                w = m.weights[f"blk.{routes.index(j)}.post_attention_norm.weight"]
+                assert step[j].args[1] is w.f32
+            else:
+                assert step[j - 1].kernel in NORM_KERNELS
+    assert per_token[0] - per_token[1] == m.spec.n_layers
+
+
 def test_phase_profile_charges_the_fused_decode_kernels_to_their_phases(tiny_model_factory):
     # scripts/profile_hybrid.py's phase at each CUDA launch of a decode step under the hdec
     # knobs: the conv-folded delta-net step to dn.scan, the stacked projections to dn.proj, the

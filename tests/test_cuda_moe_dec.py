@@ -278,10 +278,12 @@ DOWN_SPLIT = [
      "moe_experts.fuse_norm": 1},
     {"moe_experts.down_split": 1, "moe_experts.topk_regs": 1, "moe_experts.route_block": 128,
      "moe_experts.fuse_norm": 1, "moe_experts.rows_per_block": 8},
+    {"moe_experts.down_split": 1, "moe_experts.topk_regs": 1, "moe_experts.route_block": 128,
+     "moe_experts.fuse_pre_norm": 1},
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("flat", DOWN_SPLIT, ids=["rv", "rb128"])
+@pytest.mark.parametrize("flat", DOWN_SPLIT, ids=["rv", "rb128", "rb128-pre"])
 def test_down_split_model_matches_numpy_and_graph_equals_eager(be, tiny_model_factory, flat):
     # the whole tiny qwen35moe under the new knobs: NumPy's tokens, graph replay == eager
     from engine.validate import compare_logits
@@ -316,3 +318,58 @@ def test_planted_route_block_half_row_is_caught(be):
         check(bad, want, 1e-10)
     be.set_config(cfg(**flat))  # the production build of the same config passes
     check(_run(be, h, r, router, k, mats, sh), want, 1e-10)
+
+
+def _prenorm(b, x, pre, router, k, mats, sh, norm):
+    ld = b.load_weight
+    out = b.moe_ffn_prenorm(b.upload(x), ld(pre), ld(router), k, tuple(ld(m) for m in mats),
+                            None if sh is None else tuple(ld(t) for t in sh),
+                            None if norm is None else ld(norm), 1e-6)  # fmt: skip
+    return tuple(b.download(o) for o in out) if norm is not None else (b.download(out),)
+
+
+PRE_KNOBS = [
+    {"moe_experts.route_block": 256},  # the rms_norm block's threads: to the bit
+    {"moe_experts.route_block": 128, "moe_experts.topk_regs": 1, "moe_experts.down_split": 1},
+    {"moe_experts.route_block": 0, "moe_experts.fuse_norm": 0},  # 256 threads; norm apart
+]
+
+
+@pytest.mark.parametrize("knobs", PRE_KNOBS, ids=["rb256", "rb128-split", "rb0-nofn"])
+@pytest.mark.parametrize("shape", SHAPES, ids=[f"E{s[0]}k{s[1]}{s[5]}" for s in SHAPES])
+@pytest.mark.parametrize("scale", [1.0, 1e-4], ids=["x1", "tiny"])  # tiny: eps matters
+def test_fuse_pre_norm_route_is_the_norm_then_the_moe_ffn(be, shape, knobs, scale):
+    E, k, C, F, Fs, qe, qd, qs = shape
+    rng = np.random.default_rng(E * 5 + k)
+    router, mats, sh = _layer(rng, E, C, F, Fs, qe, qd, qs)
+    pre, norm = (_f32w(rng.uniform(0.5, 1.5, C), nm) for nm in ("pre", "norm"))
+    x = (rng.standard_normal((1, C)) * scale).astype(np.float32)
+    ref = NumpyBackend()
+    for nrm in (None, norm):
+        want = _prenorm(ref, x, pre, router, k, mats, sh, nrm)
+        be.set_config(cfg(**knobs, **{"moe_experts.fuse_pre_norm": 1}))
+        got = _prenorm(be, x, pre, router, k, mats, sh, nrm)
+        be.set_config(cfg(**knobs, **{"moe_experts.fuse_pre_norm": 0}))
+        plain = _prenorm(be, x, pre, router, k, mats, sh, nrm)
+        for g, p_, w_ in zip(got, plain, want, strict=True):
+            check(g, np.asarray(w_, np.float64), 1e-10)
+            if knobs["moe_experts.route_block"] == 256:  # rms_norm_row's sums, its threads
+                assert np.array_equal(g, p_)
+            else:
+                assert np.allclose(g, p_, rtol=1e-5, atol=1e-5)
+
+
+def test_planted_route_norm_without_eps_is_caught_on_a_tiny_row(be):
+    """MUTANT_MOE_ROUTE_NORM_NO_EPS (moe_dec_route_rn: rsqrt(mean square) without eps): a row
+    whose mean square is below eps differs from NumPy."""
+    E, k, C, F, Fs, qe, qd, qs = SHAPES[1]
+    rng = np.random.default_rng(11)
+    router, mats, sh = _layer(rng, E, C, F, Fs, qe, qd, qs)
+    pre = _f32w(np.ones(C), "pre")
+    x = (rng.standard_normal((1, C)) * 1e-4).astype(np.float32)
+    want = np.asarray(_prenorm(NumpyBackend(), x, pre, router, k, mats, sh, None)[0], np.float64)
+    flat = {"moe_experts.fuse_pre_norm": 1, "moe_experts.route_block": 128}
+    bad = _with_mutant("MOE_ROUTE_NORM_NO_EPS", flat,
+                       lambda b: _prenorm(b, x, pre, router, k, mats, sh, None)[0])  # fmt: skip
+    with pytest.raises(AssertionError):
+        check(bad, want, 1e-10)

@@ -200,20 +200,46 @@ extern "C" __global__ void __launch_bounds__(NT)
 // are loading at once where moe_dec_route's ceil((E + 1) / ROWS) blocks walk theirs in batches.
 // The grid's last block (ticket) runs the top-k (topk_regs as in moe_dec_route). F32 router
 // and shared gate rows, K % 4 == 0, 16-byte aligned (the host checks; else moe_dec_route).
+// NORM (moe_dec_route_rn, moe_experts.fuse_pre_norm): x is the residual row y and every block
+// first takes its RMSNorm scale (norm_decode.cu rms_norm_row's sums in its order: the same
+// scale at the same thread count), then dots its row with h = y * scale * nw, which block 0
+// also stores for gate_up: the post-attention norm's launch folded into the route.
 // Grid (E + (Ws ? 1 : 0), T), block 128 or 256.
-extern "C" __global__ void __launch_bounds__(256)
-    moe_dec_route_r(const float* __restrict__ x, const u8* __restrict__ Wr, int rb_r,
-                    const u8* __restrict__ Ws, int E, int K, float* logits, int ldl,
-                    int* __restrict__ ids, float* __restrict__ w, int k, unsigned int* tickets,
-                    int topk_regs) {
+template <bool NORM>
+__device__ __forceinline__ void route_row(const float* __restrict__ x,
+                                          const float* __restrict__ nw, float eps,
+                                          float* __restrict__ hout, const u8* __restrict__ Wr,
+                                          int rb_r, const u8* __restrict__ Ws, int E, int K,
+                                          float* logits, int ldl, int* __restrict__ ids,
+                                          float* __restrict__ w, int k, unsigned int* tickets,
+                                          int topk_regs) {
     __shared__ float part[8];
     __shared__ bool last;
-    pdl_start();
     const int n = blockIdx.x, t = blockIdx.y, nt = blockDim.x;
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     const float4* w4 = (const float4*)(n < E ? Wr + (size_t)n * rb_r : Ws);
     const float4* x4 = (const float4*)(x + (size_t)t * K);
     const int K4 = K >> 2;
+    float scale = 1.f;
+    if constexpr (NORM) {  // rms_norm_row's sum of squares, its order
+        float ss = 0.f;
+        for (int i = threadIdx.x; i < K4; i += nt) {
+            const float4 v = x4[i];
+            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        }
+        ss = warp_sum(ss);
+        if (lane == 0) part[wid] = ss;
+        __syncthreads();
+        ss = 0.f;
+        for (int i = 0; i < nt / 32; ++i) ss += part[i];
+        scale = rsqrtf(ss / (float)K + eps);
+#ifdef MUTANT_MOE_ROUTE_NORM_NO_EPS
+        scale = rsqrtf(ss / (float)K);  // planted bug: the norm without its epsilon
+#endif
+        __syncthreads();  // part is reused below
+    }
+    const float4* n4 = (const float4*)nw;
+    float4* h4 = NORM ? (float4*)(hout + (size_t)t * K) : nullptr;
     float s = 0.f;
     for (int c0 = threadIdx.x; c0 < K4; c0 += 4 * nt) {
         float4 wv[4], xv[4];
@@ -222,7 +248,15 @@ extern "C" __global__ void __launch_bounds__(256)
             const int c = c0 + u * nt;
             const bool in = c < K4;
             wv[u] = in ? __ldg(w4 + c) : make_float4(0.f, 0.f, 0.f, 0.f);
-            xv[u] = in ? __ldg(x4 + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+            if constexpr (NORM) {
+                const float4 a = in ? x4[c] : make_float4(0.f, 0.f, 0.f, 0.f);
+                const float4 b = in ? __ldg(n4 + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+                xv[u] = make_float4(a.x * scale * b.x, a.y * scale * b.y, a.z * scale * b.z,
+                                    a.w * scale * b.w);  // rms_norm_row's expression
+                if (n == 0 && in) h4[c] = xv[u];
+            } else {
+                xv[u] = in ? __ldg(x4 + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
         }
 #pragma unroll
         for (int u = 0; u < 4; ++u)
@@ -253,6 +287,29 @@ extern "C" __global__ void __launch_bounds__(256)
                      threadIdx.x, RENORM);
     }
     if (threadIdx.x == 0) tickets[t] = 0;  // ready for the next launch (graph replay)
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    moe_dec_route_r(const float* __restrict__ x, const u8* __restrict__ Wr, int rb_r,
+                    const u8* __restrict__ Ws, int E, int K, float* logits, int ldl,
+                    int* __restrict__ ids, float* __restrict__ w, int k, unsigned int* tickets,
+                    int topk_regs) {
+    pdl_start();
+    route_row<false>(x, nullptr, 0.f, nullptr, Wr, rb_r, Ws, E, K, logits, ldl, ids, w, k,
+                     tickets, topk_regs);
+}
+
+// y [T, K] the residual stream, nw [K] its norm's weights -> hout [T, K] = rms_norm(y) * nw
+// (for gate_up), and the route of hout; the other arguments moe_dec_route_r's.
+extern "C" __global__ void __launch_bounds__(256)
+    moe_dec_route_rn(const float* __restrict__ y, const float* __restrict__ nw, float eps,
+                     float* __restrict__ hout, const u8* __restrict__ Wr, int rb_r,
+                     const u8* __restrict__ Ws, int E, int K, float* logits, int ldl,
+                     int* __restrict__ ids, float* __restrict__ w, int k, unsigned int* tickets,
+                     int topk_regs) {
+    pdl_start();
+    route_row<true>(y, nw, eps, hout, Wr, rb_r, Ws, E, K, logits, ldl, ids, w, k, tickets,
+                    topk_regs);
 }
 
 // x [T, K]; G, U [E, F, K] (type qe, rows of rb_e bytes): the routed experts' gate and up;

@@ -217,6 +217,17 @@ _MOE_DMMV = (
         PUSHED,
     ),
     Param(
+        "fuse_pre_norm",
+        (0, 1),
+        0,
+        "fuse_decode's route: 1 folds the post-attention RMSNorm into it (moe_dec_route_rn: "
+        "each router-row block takes the residual row's norm scale itself, rms_norm_row's "
+        "sums in its order, block 0 stores the normed row for gate_up), one launch per MoE "
+        "layer fewer; a block per router row of route_block threads (256 where route_block "
+        "is 0); F32 routers (else the norm's own launch)",
+        PUSHED,
+    ),
+    Param(
         "down_split",
         (0, 1),
         0,
