@@ -671,6 +671,9 @@ HYBRID_VALIDATE_CONFIGS = [
     {"delta_net.fuse_conv": 1, "delta_net.fuse_ba": 1, "moe_experts.fuse_norm": 1,
      "moe_experts.route_vec": 1, "moe_experts.topk_regs": 1, "moe_experts.down_split": 1,
      "moe_experts.rows_per_block": 8},
+    # and the post-attention norm in a block-per-row route
+    {"moe_experts.topk_regs": 1, "moe_experts.down_split": 1, "moe_experts.route_block": 128,
+     "moe_experts.fuse_pre_norm": 1},
 ]  # fmt: skip
 
 
