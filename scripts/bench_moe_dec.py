@@ -26,6 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 E, K_USED, F, C = 256, 8, 512, 2048
 LAYERS = 40
 RV_TK = {"moe_experts.route_vec": 1, "moe_experts.topk_regs": 1}
+ALL6 = {"moe_experts.route_block": 128, "moe_experts.topk_regs": 1, "moe_experts.down_split": 1,
+        "moe_experts.gate_up_pair": 1}  # fmt: skip
 CONFIGS: dict[str, dict] = {
     "fused": {},  # the registry defaults (route_vec and down_wsum on since the sixth session)
     "fused_plain": {"moe_experts.route_vec": 0, "moe_experts.down_wsum": 0},  # the default before
@@ -68,6 +70,11 @@ CONFIGS: dict[str, dict] = {
     "fused_rb128_tk_split_t64v2": {"moe_experts.route_block": 128, "moe_experts.topk_regs": 1,
                                    "moe_experts.down_split": 1,
                                    "moe_experts.threads_per_row": 64},
+    # gate and up sharing x's loads (gate_up_pair), with the other knobs
+    "fused_gp": {"moe_experts.gate_up_pair": 1},
+    "fused_gp_t64": {"moe_experts.gate_up_pair": 1, "moe_experts.threads_per_row": 64},
+    "rb128_tk_split_gp": ALL6,
+    "rb128_tk_split_gp_t64": ALL6 | {"moe_experts.threads_per_row": 64},
     # the post-attention norm then the FFN (moe_ffn_prenorm: names ending in _pre*): its own
     # rms_norm launch (pre0) or folded into the route (pre1, moe_experts.fuse_pre_norm)
     "rb128_tk_split_pre0": {"moe_experts.route_block": 128, "moe_experts.topk_regs": 1,
@@ -77,6 +84,9 @@ CONFIGS: dict[str, dict] = {
     "rb128_tk_split_pre1_pdl": {"moe_experts.route_block": 128, "moe_experts.topk_regs": 1,
                                 "moe_experts.down_split": 1, "moe_experts.fuse_pre_norm": 1,
                                 "matmul_decode.pdl": 1},
+    "rb128_tk_split_gp_pre1": ALL6 | {"moe_experts.fuse_pre_norm": 1},
+    "rb128_tk_split_gp_pre1_t64": ALL6 | {"moe_experts.fuse_pre_norm": 1,
+                                          "moe_experts.threads_per_row": 64},
     "rb256_tk_split_pre1": {"moe_experts.route_block": 256, "moe_experts.topk_regs": 1,
                             "moe_experts.down_split": 1, "moe_experts.fuse_pre_norm": 1},
 }  # fmt: skip

@@ -30,6 +30,8 @@ from scripts.speed_record import SpeedRecord  # noqa: E402
 MMVW = {"matmul_decode.variant": "mmvw"}
 HDEC = {"delta_net.fuse_conv": 1, "delta_net.fuse_ba": 1, "moe_experts.fuse_norm": 1}
 RV_TK = {"moe_experts.route_vec": 1, "moe_experts.topk_regs": 1}
+MOE6 = {"moe_experts.route_block": 128, "moe_experts.topk_regs": 1, "moe_experts.down_split": 1,
+        "moe_experts.gate_up_pair": 1, "moe_experts.fuse_pre_norm": 1}  # fmt: skip
 VARIANTS: dict[str, dict] = {
     "default": {},
     # the default before the sixth session's flip (hdec_all_rv_ws's knobs off)
@@ -116,6 +118,12 @@ VARIANTS: dict[str, dict] = {
                             "moe_experts.down_split": 1, "moe_experts.fuse_pre_norm": 1,
                             "matmul_decode.pdl": 1},
     "tk": {"moe_experts.topk_regs": 1},  # the default + the register top-k alone
+    # everything of the sixth session: block route + register top-k + the norm folded in,
+    # paired gate / up, a warp per expert slot in down; gate_up at 64 lanes a row; with PDL
+    "moe6": MOE6,
+    "moe6_t64": MOE6 | {"moe_experts.threads_per_row": 64},
+    "moe6_pdl": MOE6 | {"matmul_decode.pdl": 1},
+    "moe6_t64_pdl": MOE6 | {"moe_experts.threads_per_row": 64, "matmul_decode.pdl": 1},
     "hdec_all_rv_ws_pdl": HDEC | {"moe_experts.route_vec": 1, "moe_experts.down_wsum": 1,
                                   "matmul_decode.pdl": 1},
     "hdec_rv_tk_split_pdl": HDEC | RV_TK | {"moe_experts.down_split": 1,

@@ -739,6 +739,19 @@ def test_moe_down_split_launches_a_warp_per_expert_slot(tiny_model_factory, fuse
     assert routes and all(int(x.args[-1]) == 1 for x in routes)
 
 
+def test_moe_gate_up_pair_launches_its_kernel_on_the_same_grid(tiny_model_factory):
+    from engine.gguf_model import open_model
+    from engine.models import build_model
+
+    launches = {}
+    for pair in (0, 1):
+        be = FakeCuda(cfg(**{"moe_experts.gate_up_pair": pair, "prefill.gemm_min_t": 1 << 20}))
+        m = build_model(open_model(tiny_model_factory("qwen35moe", "q4_k_m")), be)
+        launches[pair] = [x for x in _decode_launches(be, m) if "gate_up" in x.kernel]
+    assert [x.kernel for x in launches[1]] == ["moe_dec_gate_up_p"] * m.spec.n_layers
+    assert [(x.grid, x.block) for x in launches[1]] == [(x.grid, x.block) for x in launches[0]]
+
+
 @pytest.mark.parametrize("threads", [128, 256])
 def test_moe_route_block_launches_a_block_per_router_row(tiny_model_factory, threads):
     # moe_experts.route_block: moe_dec_route_r, E (+ 1: the shared expert's gate) blocks of

@@ -43,6 +43,8 @@ KNOBS = [
     {"moe_experts.route_block": 128, "moe_experts.topk_regs": 1},
     {"moe_experts.route_block": 256, "moe_experts.down_split": 1,
      "moe_experts.threads_per_row": 64},
+    # gate and up of an output sharing x's loads (moe_dec_gate_up_p)
+    {"moe_experts.gate_up_pair": 1, "moe_experts.threads_per_row": 64},
 ]  # fmt: skip
 
 
@@ -371,5 +373,36 @@ def test_planted_route_norm_without_eps_is_caught_on_a_tiny_row(be):
     flat = {"moe_experts.fuse_pre_norm": 1, "moe_experts.route_block": 128}
     bad = _with_mutant("MOE_ROUTE_NORM_NO_EPS", flat,
                        lambda b: _prenorm(b, x, pre, router, k, mats, sh, None)[0])  # fmt: skip
+    with pytest.raises(AssertionError):
+        check(bad, want, 1e-10)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=[f"E{s[0]}k{s[1]}{s[5]}" for s in SHAPES])
+@pytest.mark.parametrize(
+    "knobs", [{}, {"moe_experts.threads_per_row": 16, "moe_experts.rows_per_block": 8,
+                   "moe_experts.vec": 1}], ids=["t32", "t16v1"]
+)  # fmt: skip
+def test_gate_up_pair_is_gate_up_to_the_bit(be, shape, knobs):
+    E, k, C, F, Fs, qe, qd, qs = shape
+    rng = np.random.default_rng(E * 3 + k)
+    router, mats, sh = _layer(rng, E, C, F, Fs, qe, qd, qs)
+    h, r = rng.standard_normal((2, 1, C)).astype(np.float32)
+    got = {}
+    for pair in (0, 1):
+        be.set_config(cfg(**knobs, **{"moe_experts.gate_up_pair": pair}))
+        got[pair] = _run(be, h, r, router, k, mats, sh)
+    assert np.array_equal(got[0], got[1])
+    check(got[1], _run(NumpyBackend(), h, r, router, k, mats, sh).astype(np.float64), 1e-10)
+
+
+def test_planted_gate_up_pair_swapped_runs_are_caught(be):
+    """MUTANT_MOE_GATE_UP_PAIR_SWAP (dot_pair: each group's two runs meet the other's x)."""
+    E, k, C, F, Fs, qe, qd, qs = SHAPES[1]
+    rng = np.random.default_rng(E * 3 + k)
+    router, mats, sh = _layer(rng, E, C, F, Fs, qe, qd, qs)
+    h, r = rng.standard_normal((2, 1, C)).astype(np.float32)
+    want = _run(NumpyBackend(), h, r, router, k, mats, sh).astype(np.float64)
+    bad = _with_mutant("MOE_GATE_UP_PAIR_SWAP", {"moe_experts.gate_up_pair": 1},
+                       lambda b: _run(b, h, r, router, k, mats, sh))  # fmt: skip
     with pytest.raises(AssertionError):
         check(bad, want, 1e-10)

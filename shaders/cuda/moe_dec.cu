@@ -14,7 +14,8 @@
 // Knob variants (moe_experts.*, engine/tuning/kernels/cuda_hybrid.py): route_vec (float4 router
 // rows), topk_regs (the last block's top-k on logits held in registers, topk.cuh), route_block
 // (moe_dec_route_r: a block per router row), down_wsum (moe_dec_down_w: a weighted sum per lane),
-// down_split (moe_dec_down_s: a warp per expert slot), down_vec1, fuse_norm (the *_norm tails).
+// down_split (moe_dec_down_s: a warp per expert slot), down_vec1, fuse_norm (the *_norm tails),
+// gate_up_pair (moe_dec_gate_up_p), fuse_pre_norm (moe_dec_route_rn).
 // Float activations throughout (the order_only class, as moe.cu): each row's dot product is a
 // thread-row of TPR threads over 16-weight groups, VEC per step, then the row's reduction, as in
 // dmmv.cu, so the knobs of moe_experts.dmmv (ROWS, TPR, VEC) tune these kernels too. Weight
@@ -312,6 +313,64 @@ extern "C" __global__ void __launch_bounds__(256)
                     topk_regs);
 }
 
+// moe_experts.gate_up_pair: dot_rows for the gate and up rows of one output, which share x:
+// each group's x (four float4) loaded once for both rows, where dot_rows loads it per row (it
+// cannot know two rows' x are one); fewer loads and registers in flight for the same bytes of
+// weights. The same groups, in the same order, with the same expressions: sg, su are dot_rows'
+// s[0], s[1] to the bit.
+template <int QT, int V>
+__device__ __forceinline__ void dot_pair(const u8* __restrict__ rg, const u8* __restrict__ ru,
+                                         const float* __restrict__ x, int K, int lane,
+                                         float& sg, float& su) {
+    if constexpr (QT == QT_F32 || QT == QT_F16 || QT == QT_BF16) {
+        for (int kk = lane; kk < K; kk += TPR) {
+            const float xv = __ldg(x + kk);
+            sg += dense_get<QT>(rg, kk) * xv;
+            su += dense_get<QT>(ru, kk) * xv;
+        }
+    } else {
+        const int NG = K / 16;
+        for (int g0 = lane * V; g0 < NG; g0 += TPR * V) {
+#pragma unroll
+            for (int jv = 0; jv < V; ++jv) {
+                const int g = g0 + jv;
+                if (g < NG) {
+                    Run8 a, b, c, d;
+                    int k0, k1;
+                    row_group<QT>(rg, g, a, b, k0, k1);
+                    row_group<QT>(ru, g, c, d, k0, k1);
+#ifdef MUTANT_MOE_GATE_UP_PAIR_SWAP
+                    const float4* x0 = (const float4*)(x + k1);  // planted bug: runs swapped
+                    const float4* x1 = (const float4*)(x + k0);
+#else
+                    const float4* x0 = (const float4*)(x + k0);
+                    const float4* x1 = (const float4*)(x + k1);
+#endif
+                    const float4 xa = __ldg(x0), xb = __ldg(x0 + 1);
+                    const float4 xc = __ldg(x1), xd = __ldg(x1 + 1);
+                    sg += run_dot(a, xa, xb) + run_dot(b, xc, xd);
+                    su += run_dot(c, xa, xb) + run_dot(d, xc, xd);
+                }
+            }
+        }
+    }
+}
+
+__device__ __forceinline__ void dot_pair_rt(int qt, const u8* rg, const u8* ru, const float* x,
+                                            int K, int lane, float& sg, float& su) {
+    switch (qt) {
+        case QT_Q4_0: dot_pair<QT_Q4_0, VEC>(rg, ru, x, K, lane, sg, su); break;
+        case QT_Q4_1: dot_pair<QT_Q4_1, VEC>(rg, ru, x, K, lane, sg, su); break;
+        case QT_Q5_0: dot_pair<QT_Q5_0, VEC>(rg, ru, x, K, lane, sg, su); break;
+        case QT_Q8_0: dot_pair<QT_Q8_0, VEC>(rg, ru, x, K, lane, sg, su); break;
+        case QT_Q4_K: dot_pair<QT_Q4_K, VEC>(rg, ru, x, K, lane, sg, su); break;
+        case QT_Q6_K: dot_pair<QT_Q6_K, VEC>(rg, ru, x, K, lane, sg, su); break;
+        case QT_F16: dot_pair<QT_F16, VEC>(rg, ru, x, K, lane, sg, su); break;
+        case QT_BF16: dot_pair<QT_BF16, VEC>(rg, ru, x, K, lane, sg, su); break;
+        default: dot_pair<QT_F32, VEC>(rg, ru, x, K, lane, sg, su); break;
+    }
+}
+
 // x [T, K]; G, U [E, F, K] (type qe, rows of rb_e bytes): the routed experts' gate and up;
 // SG, SU [Fs, K] (type qsh, rows of rb_s) or null: the shared expert's; ids [T, k] ->
 // h [T, k + 1, ldh] (slot k: the shared expert). Grid (ceil(max(F, Fs) / ROWS), k + shared, T).
@@ -343,6 +402,36 @@ extern "C" __global__ void __launch_bounds__(NT)
         dot_rows_rt(shared ? qsh : qe, rows, xs, 2, K, lane, s);
     }
     const float g = row_sum(s[0], red), u = row_sum(s[1], red);
+    if (lane == 0 && n < N) h[((size_t)t * (k + 1) + j) * ldh + n] = g / (1.f + expf(-g)) * u;
+}
+
+// moe_experts.gate_up_pair: moe_dec_gate_up with dot_pair (x loaded once for gate and up).
+extern "C" __global__ void __launch_bounds__(NT)
+    moe_dec_gate_up_p(const float* __restrict__ x, const u8* __restrict__ G,
+                      const u8* __restrict__ U, int rb_e, int qe, int F, int E,
+                      const int* __restrict__ ids, int k, const u8* __restrict__ SG,
+                      const u8* __restrict__ SU, int rb_s, int qsh, int Fs, int K,
+                      float* __restrict__ h, int ldh) {
+    __shared__ float red[RED_N];
+    pdl_start();
+    const int j = blockIdx.y, t = blockIdx.z, lane = threadIdx.x % TPR;
+    const int n = row_of_thread();
+    const bool shared = j == k;
+    const int N = shared ? Fs : F;
+    float sg = 0.f, su = 0.f;
+    if (n < N) {
+        const u8 *rg, *ru;
+        if (shared) {
+            rg = SG + (size_t)n * rb_s;
+            ru = SU + (size_t)n * rb_s;
+        } else {
+            const int e = min(max(ids[(size_t)t * k + j], 0), E - 1);  // a corrupt id: no fault
+            rg = G + ((size_t)e * F + n) * rb_e;
+            ru = U + ((size_t)e * F + n) * rb_e;
+        }
+        dot_pair_rt(shared ? qsh : qe, rg, ru, x + (size_t)t * K, K, lane, sg, su);
+    }
+    const float g = row_sum(sg, red), u = row_sum(su, red);
     if (lane == 0 && n < N) h[((size_t)t * (k + 1) + j) * ldh + n] = g / (1.f + expf(-g)) * u;
 }
 

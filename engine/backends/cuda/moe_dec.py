@@ -179,8 +179,9 @@ class CudaMoeDecodeOps:
         ns = 1 if shared is not None else 0
         ldh = -(-max(F, Fs) // 4) * 4  # float4 rows
         hh = self._empty((T, k + 1, ldh))
+        gate_up = "moe_dec_gate_up_p" if int(c["gate_up_pair"]) else "moe_dec_gate_up"
         self._launch(
-            "moe_dec", "moe_dec_gate_up", (math.ceil(max(F, Fs) / rows), k + ns, T),
+            "moe_dec", gate_up, (math.ceil(max(F, Fs) / rows), k + ns, T),
             (nt,),
             (h, gate.raw, up.raw, np.int32(gate.row_bytes), np.int32(_QT[gate.qtype]),
              np.int32(F), np.int32(E), ids, np.int32(k),

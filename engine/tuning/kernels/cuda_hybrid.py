@@ -228,6 +228,15 @@ _MOE_DMMV = (
         PUSHED,
     ),
     Param(
+        "gate_up_pair",
+        (0, 1),
+        0,
+        "fuse_decode's gate_up kernel: 1 loads each group's x once for the gate and up rows "
+        "of an output (moe_dec_gate_up_p), where 0 loads it per row; fewer loads and "
+        "registers for the same weight bytes; same sums in the same order, bit-identical",
+        PUSHED,
+    ),
+    Param(
         "down_split",
         (0, 1),
         0,
