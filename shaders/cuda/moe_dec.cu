@@ -538,11 +538,26 @@ __device__ __forceinline__ void down_norm_tail(const float* out, const float* __
     __syncthreads();
     if (!last) return;
     __threadfence();
+    // The row's values of this thread (i = threadIdx.x + r nt) into registers with all their
+    // loads in flight (and nw's), then the rest of a row longer than NV nt in a loop: each
+    // thread still sums its values in increasing i, as a plain loop would, where a plain
+    // loop waited on L2 every few values (16 values a thread at nt 128 and C 2048).
+    constexpr int NV = 16;
     const float* xr = out + (size_t)t * C;
+    float v[NV], wv[NV];
+#pragma unroll
+    for (int r = 0; r < NV; ++r) {
+        const int i = threadIdx.x + r * nt;
+        v[r] = i < C ? __ldcg(xr + i) : 0.f;
+        wv[r] = i < C ? __ldg(nw + i) : 0.f;
+    }
     float s = 0.f;
-    for (int i = threadIdx.x; i < C; i += nt) {
-        const float v = __ldcg(xr + i);
-        s += v * v;
+#pragma unroll
+    for (int r = 0; r < NV; ++r)
+        if (threadIdx.x + r * nt < C) s += v[r] * v[r];
+    for (int i = threadIdx.x + NV * nt; i < C; i += nt) {
+        const float x = __ldcg(xr + i);
+        s += x * x;
     }
     s = warp_sum(s);
     if (lane == 0) part[wid] = s;
@@ -551,7 +566,12 @@ __device__ __forceinline__ void down_norm_tail(const float* out, const float* __
     for (int i = 0; i < nt / 32; ++i) s += part[i];
     const float scale = rsqrtf(s / (float)C + eps);
     float* yr = hn + (size_t)t * C;
-    for (int i = threadIdx.x; i < C; i += nt) yr[i] = __ldcg(xr + i) * scale * nw[i];
+#pragma unroll
+    for (int r = 0; r < NV; ++r) {
+        const int i = threadIdx.x + r * nt;
+        if (i < C) yr[i] = v[r] * scale * wv[r];
+    }
+    for (int i = threadIdx.x + NV * nt; i < C; i += nt) yr[i] = __ldcg(xr + i) * scale * nw[i];
     if (threadIdx.x == 0) tickets[t] = 0;  // ready for the next launch (graph replay)
 }
 
