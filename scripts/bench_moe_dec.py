@@ -172,8 +172,10 @@ def _kernel_us(be: Any, cp: Any, call: Any) -> dict[str, float]:
     be.set_profiling(True)
     try:
         be.profile(reset=True)
-        with be._stream:
-            spin((1,), (1,), (np.int64(40_000_000),))  # ~20 ms: the host enqueues meanwhile
+        # on the current stream, the backend's (CudaBackend made it current): a `with
+        # be._stream:` block would leave another stream current after it, and every later
+        # launch (and graph capture) off the backend's stream
+        spin((1,), (1,), (np.int64(40_000_000),))  # ~20 ms: the host enqueues meanwhile
         for i in range(LAYERS):
             call(i)
         rep = be.profile(reset=True)

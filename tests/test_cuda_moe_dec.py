@@ -32,7 +32,7 @@ KNOBS = [
         "moe_experts.rows_per_block": 1,
         "moe_experts.threads_per_row": 128,
     },
-    {"moe_experts.topk_regs": 1},  # the route's top-k from registers
+    {"moe_experts.topk_regs": 0},  # the route's top-k from L2 each round (the default: regs)
     {"moe_experts.down_split": 1},  # a warp per expert slot, 4 outputs a block
     # 8 outputs a block (a partial last tile where C % 8), with the other route knobs
     {"moe_experts.down_split": 1, "moe_experts.rows_per_block": 8,

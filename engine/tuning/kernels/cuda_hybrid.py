@@ -195,10 +195,14 @@ _MOE_DMMV = (
         "per expert with k + 1 rows' decodes held at once; another summation order",
         PUSHED,
     ),
+    # topk_regs on by default: the same ids and weights as 0 by construction (same rounds,
+    # comparisons and ties), so validate's verdict is 0's; H200, 2026-12-01 (helper moedec's
+    # checkpoint, scripts/bench_moe_dec.py at the 35B-A3B's shape): NMSE against NumPy 1.1e-14
+    # with and without it (tests/test_cuda_moe_dec.py checks the bits, ties included)
     Param(
         "topk_regs",
         (0, 1),
-        0,
+        1,
         "fuse_decode's route: 1 runs the last block's top-k on the token's logits loaded once "
         "into registers (all of a lane's loads in flight together; topk.cuh topk_row_regs), "
         "where 0 reads them from L2 again in each of the k rounds, a few at a time; same "
