@@ -230,18 +230,22 @@ def test_topk_regs_breaks_ties_to_the_lower_index_like_numpy(be, E, k):
     assert np.array_equal(got[0], got[1])  # same ids, same weights, same down kernel
 
 
-def _with_mutant(name: str, flat: dict, body):
+def _with_mutant(be, name: str, flat: dict, body):
+    """body(be) under config flat with only be's moe_dec module rebuilt with MUTANT_<name>
+    (these plants live in moe_dec.cu and the topk.cuh it includes): one module's build, where
+    a planted backend rebuilds every module (minutes of a GPU suite for five tests)."""
+    from engine.backends.cuda import kernels
     from tests.mutants import Mutant, planted
 
+    be.set_config(cfg(**flat))
+    fname, defines = kernels.modules_for(be.config)["moe_dec"]
     with planted(Mutant(name, "cuda", "moe_experts", name, {})):
-        from tests.backend_params import open_backend
-
-        b = open_backend("cuda")
-        try:
-            b.set_config(cfg(**flat))
-            return body(b)
-        finally:
-            getattr(b, "close", lambda: None)()
+        mod = kernels.module(be._cp, be._cc, fname, defines)
+    be._k, be._fns, be._graph = {**be._k, "moe_dec": mod}, {}, None
+    try:
+        return body(be)
+    finally:
+        be.set_config(cfg())  # the production modules back (cached)
 
 
 def test_planted_topk_regs_tie_to_the_higher_index_is_caught(be):
@@ -252,9 +256,9 @@ def test_planted_topk_regs_tie_to_the_higher_index_is_caught(be):
     h, router, mats = _tied_layer(rng, E, k, C, F)
     r = rng.standard_normal((1, C)).astype(np.float32)
     want = _run(NumpyBackend(), h, r, router, k, mats, None).astype(np.float64)
-    bad = _with_mutant("MOE_TOPK_REGS_TIE", {"moe_experts.topk_regs": 1},
+    bad = _with_mutant(be, "MOE_TOPK_REGS_TIE", {"moe_experts.topk_regs": 1},
                        lambda b: _run(b, h, r, router, k, mats, None))  # fmt: skip
-    ok = _with_mutant("MOE_TOPK_REGS_TIE", {"moe_experts.topk_regs": 0},
+    ok = _with_mutant(be, "MOE_TOPK_REGS_TIE", {"moe_experts.topk_regs": 0},
                       lambda b: _run(b, h, r, router, k, mats, None))  # fmt: skip
     check(ok, want, 1e-10)
     with pytest.raises(AssertionError):
@@ -269,7 +273,7 @@ def test_planted_down_split_one_pass_is_caught_on_rows_past_32_groups(be):
     router, mats, sh = _layer(rng, E, C, F, Fs, qe, qd, qs)
     h, r = rng.standard_normal((2, 1, C)).astype(np.float32)
     want = _run(NumpyBackend(), h, r, router, k, mats, sh).astype(np.float64)
-    bad = _with_mutant("MOE_DOWN_SPLIT_ONE_PASS", {"moe_experts.down_split": 1},
+    bad = _with_mutant(be, "MOE_DOWN_SPLIT_ONE_PASS", {"moe_experts.down_split": 1},
                        lambda b: _run(b, h, r, router, k, mats, sh))  # fmt: skip
     with pytest.raises(AssertionError):
         check(bad, want, 1e-10)
@@ -315,7 +319,8 @@ def test_planted_route_block_half_row_is_caught(be):
     h, r = rng.standard_normal((2, 1, C)).astype(np.float32)
     want = _run(NumpyBackend(), h, r, router, k, mats, sh).astype(np.float64)
     flat = {"moe_experts.route_block": 128}
-    bad = _with_mutant("MOE_ROUTE_BLOCK_HALF", flat, lambda b: _run(b, h, r, router, k, mats, sh))
+    bad = _with_mutant(be, "MOE_ROUTE_BLOCK_HALF", flat,
+                       lambda b: _run(b, h, r, router, k, mats, sh))  # fmt: skip
     with pytest.raises(AssertionError):
         check(bad, want, 1e-10)
     be.set_config(cfg(**flat))  # the production build of the same config passes
@@ -371,7 +376,7 @@ def test_planted_route_norm_without_eps_is_caught_on_a_tiny_row(be):
     x = (rng.standard_normal((1, C)) * 1e-4).astype(np.float32)
     want = np.asarray(_prenorm(NumpyBackend(), x, pre, router, k, mats, sh, None)[0], np.float64)
     flat = {"moe_experts.fuse_pre_norm": 1, "moe_experts.route_block": 128}
-    bad = _with_mutant("MOE_ROUTE_NORM_NO_EPS", flat,
+    bad = _with_mutant(be, "MOE_ROUTE_NORM_NO_EPS", flat,
                        lambda b: _prenorm(b, x, pre, router, k, mats, sh, None)[0])  # fmt: skip
     with pytest.raises(AssertionError):
         check(bad, want, 1e-10)
@@ -402,7 +407,7 @@ def test_planted_gate_up_pair_swapped_runs_are_caught(be):
     router, mats, sh = _layer(rng, E, C, F, Fs, qe, qd, qs)
     h, r = rng.standard_normal((2, 1, C)).astype(np.float32)
     want = _run(NumpyBackend(), h, r, router, k, mats, sh).astype(np.float64)
-    bad = _with_mutant("MOE_GATE_UP_PAIR_SWAP", {"moe_experts.gate_up_pair": 1},
+    bad = _with_mutant(be, "MOE_GATE_UP_PAIR_SWAP", {"moe_experts.gate_up_pair": 1},
                        lambda b: _run(b, h, r, router, k, mats, sh))  # fmt: skip
     with pytest.raises(AssertionError):
         check(bad, want, 1e-10)
