@@ -30,7 +30,10 @@ ALL6 = {"moe_experts.route_block": 128, "moe_experts.topk_regs": 1, "moe_experts
         "moe_experts.gate_up_pair": 1}  # fmt: skip
 CONFIGS: dict[str, dict] = {
     "fused": {},  # the registry defaults (route_vec and down_wsum on since the sixth session)
-    "fused_plain": {"moe_experts.route_vec": 0, "moe_experts.down_wsum": 0},  # the default before
+    "fused_plain": {"moe_experts.route_vec": 0, "moe_experts.down_wsum": 0},
+    "fused_notk": {"moe_experts.topk_regs": 0},  # the default's top-k reading L2 each round
+    "fused_pre6": {"moe_experts.route_vec": 0, "moe_experts.down_wsum": 0,
+                   "moe_experts.topk_regs": 0},  # the default before the sixth session
     "unfused": {"moe_experts.fuse_decode": 0},
     "fused_rv": {"moe_experts.route_vec": 1},
     "fused_t16": {"moe_experts.threads_per_row": 16, "moe_experts.rows_per_block": 8},

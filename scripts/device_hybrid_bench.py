@@ -36,7 +36,8 @@ VARIANTS: dict[str, dict] = {
     "default": {},
     # the default before the sixth session's flip (hdec_all_rv_ws's knobs off)
     "pre6": {"delta_net.fuse_conv": 0, "moe_experts.fuse_norm": 0, "moe_experts.route_vec": 0,
-             "moe_experts.down_wsum": 0},
+             "moe_experts.down_wsum": 0, "moe_experts.topk_regs": 0},
+    "notk": {"moe_experts.topk_regs": 0},  # the default but the route's top-k from L2
     "dmmv": {"matmul_decode.variant": "dmmv"},  # the float default before mmvf (issue 14)
     "mmvf_t32": {"matmul_decode.threads_per_row": 32},  # mmvf (the default) knobs
     "mmvf_r4": {"matmul_decode.rows_per_thread": 4},
