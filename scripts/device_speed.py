@@ -240,6 +240,9 @@ VARIANTS |= {
     "gemv_lk_stage_lm": S2 | {_D + "q4k_lean": 1, _D + "q4k_kernel": 1, _D + "stage": 1,
                               _D + "stage_min_rows": 65536},
     "gemv_stage_lm": S2 | {_D + "stage": 1, _D + "stage_min_rows": 65536},
+    "gemv_lk_mb16_stage_lm": S2 | {_D + "q4k_lean": 1, _D + "q4k_kernel": 1,
+                                   _D + "q4k_min_blocks": 16, _D + "stage": 1,
+                                   _D + "stage_min_rows": 65536},
 }  # fmt: skip
 # --sweep: coordinate descent over these knobs, in this order, from the --sweep variant
 SWEEP_KNOBS = (
