@@ -23,6 +23,7 @@ import numpy as np
 
 from engine.backends.base import Backend, DeviceEntry, DeviceInfo, KVCache, ProfileReport
 from engine.backends.cuda import kernels
+from engine.backends.cuda.attn_tile import launch_attn_tile, tile_fits
 from engine.backends.cuda.decode_float import CudaFloatDecodeOps
 from engine.backends.cuda.device import device_class, driver_string
 from engine.backends.cuda.hybrid import CudaHybridOps
@@ -1103,6 +1104,12 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
             q8 = self._int8_decode() and D % 32 == 0  # the o projection's Q8_1 input, fused
             if c.variant == "gqa" and self._gqa_fits(H, Hkv, D, int(c["warps"])):
                 self._attn_gqa(q, cache, layer, pos0, out, c, q8)
+                return out
+            if c.variant == "tile" and tile_fits(H, Hkv, D, int(c["warps"]), _MAX_ARGMAX_ROWS):
+                k, v = cache.k[layer], cache.v[layer]
+                xq = launch_attn_tile(self, q, k, v, out, pos0, c, q8)
+                if xq is not None:
+                    self._q8_remember(out.reshape(T, H * D), *xq)
                 return out
             G = int(c["lanes_per_key"]) if c.variant == "split_kw" else 0
             G = G if G and D % (4 * G) == 0 and D <= 32 * G else 0  # else attn_split serves

@@ -1,0 +1,66 @@
+"""attention_decode.tile's host side (shaders/cuda/attn_tile.cu): which shapes the kernel takes
+and its one launch per decode layer. CudaBackend.attention calls these; no CuPy import here.
+
+The kernel cuts key ranges from the position on the device (a fixed grid of SPLITS x Hkv
+blocks, the ones past the position's ranges exiting), so a captured decode graph serves every
+position; the KV head's last range combines, so there is no second launch.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+KT = 32  # keys per shared-memory tile (attn_tile.cu)
+HPW = 4  # q heads a warp holds at most
+
+
+def tile_fits(H: int, Hkv: int, D: int, warps: int, max_tickets: int) -> bool:
+    """attn_tile's limits: D % 32 == 0 (the swizzle and the Q8_1 blocks), D <= 256, a group
+    of at most 4 q heads a warp and 32 a block, a ticket per KV head."""
+    if Hkv <= 0 or H % Hkv:
+        return False
+    G = H // Hkv
+    return D % 32 == 0 and D <= 256 and G <= min(32, HPW * warps) and Hkv <= max_tickets
+
+
+def smem_bytes(G: int, D: int) -> int:
+    """q [G, D] and two stages of K and V tiles [KT, D]: float32."""
+    return 4 * (G + 4 * KT) * D
+
+
+def ranges(L: int, splits: int, min_keys: int) -> tuple[int, int]:
+    """(chunk, active ranges) for L keys: the kernel's own arithmetic, for tests and the
+    bench's figures."""
+    chunk = max(min_keys, math.ceil(math.ceil(L / splits) / KT) * KT)
+    return chunk, math.ceil(L / chunk)
+
+
+def launch_attn_tile(
+    be: Any, q: Any, k: Any, v: Any, out: Any, pos0: int, c: Any, q8: bool
+) -> tuple[Any, Any] | None:
+    """One attn_tile launch of a decode row q [1, H, D] over the cache layer's k, v [S, Hkv,
+    D] into out [1, H, D]; q8: also out's Q8_1 form, returned as (xq, xds) for the backend to
+    remember (else None). be: the CudaBackend (its launch, buffers, position pointer)."""
+    T, H, D = (int(s) for s in q.shape)
+    Hkv = int(k.shape[1])
+    splits, warps = int(c["splits"]), int(c["warps"])
+    part = be._empty((T, H, splits, D))
+    ml = be._empty((T, H, splits, 2))
+    xq = xds = None
+    if q8:
+        xq, xds = be._q8_buffers(T, H * D)
+    null = np.uint64(0)
+    be._launch(
+        "attn_tile", "attn_tile", (splits, Hkv), (32 * warps,),
+        (
+            be._aligned16(q), k, v, part, ml, np.int32(H), np.int32(Hkv), np.int32(D),
+            np.int32(pos0), be._pos_ptr(), np.float32(1.0 / math.sqrt(D)),
+            np.int32(int(c["min_keys"])), out, null if xq is None else xq,
+            null if xds is None else xds, be._head_tickets,
+        ),
+        smem=smem_bytes(H // Hkv, D), pdl=True,
+    )  # fmt: skip
+    return None if xq is None else (xq, xds)

@@ -1,0 +1,255 @@
+// attn_tile.cu: decode attention (one query token) over the float32 KV cache, built for latency:
+// a block per (KV head, key range) computes every q head of the group from one read of the
+// range's K and V, and the ranges are cut from the position at run time.
+//
+//   out[h] = softmax_l(q[h] . K[l, h / G] / sqrt(D)) V[l, h / G],  l <= pos,  G = H / Hkv
+//
+// Variant (engine/tuning/kernels/cuda.py): attention_decode.tile. Why not split / split_kw /
+// gqa: those walk a key range in a chain of dependent steps (load a key, reduce, exp, load its
+// V: two memory round trips per step, ~5 steps a block at 550 keys), so a call costs ~15 us at
+// any context. Here:
+// - ranges: chunk = max(min_keys, ceil(L / SPLITS) rounded up to a 32-key tile); the first
+//   nact = ceil(L / chunk) blocks of a KV head take a range each, the others exit at once. A
+//   fixed grid (SPLITS x Hkv) so one captured graph serves every position, few ranges (and a
+//   cheap combine) at short contexts, SPLITS ranges at long ones.
+// - loads: a tile of KT = 32 keys' K and V rows goes to shared memory by cp.async, every 16-byte
+//   copy of the tile in flight at once, and the next tile's copies are issued before the current
+//   one is computed (two stages). Rows are stored XOR-swizzled (float4 c of key j at column
+//   c ^ (j & 7)): lane = key reads of K and lane = dims reads of V are both free of bank
+//   conflicts without padding (needs D % 32 == 0).
+// - compute: warp w takes q heads w, w + warps, ... (G <= 4 x warps): lane = key for the scores
+//   (q broadcast from shared memory), a warp max / sum for the online softmax, lane = float4 of
+//   dims for P.V (p broadcast by shuffles).
+// - combine: one range: the block writes out directly. Else every range writes its partial
+//   (unnormalized acc, max, sum) and the KV head's last range to finish (a ticket per KV head,
+//   reset by that block) merges them, each thread one float4 of the group's output, its ranges'
+//   (max, sum) and partials loaded together (one round trip per 8 ranges); with xq non-null it
+//   writes out's Q8_1 blocks (q8_store4: quantize_q8_1's rounding).
+// Needs D % 32 == 0, D <= 256, G <= 4 x warps, G <= 32, Hkv <= the ticket count (else the host
+// runs attn_split_kw / attn_split).
+// Tunables (launch): SPLITS (grid x), min_keys, warps.
+#include "q8.cuh"
+
+#define NEG_INF __int_as_float(0xff800000)
+#define KT 32     // keys per tile: one per lane in the scores
+#define HPW 4     // q heads a warp holds at most
+#define DL 2      // float4s of an output row a lane holds: D <= 256
+#define CU 8      // ranges the combine loads at once
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+    unsigned s;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(s) : "l"(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void cp_wait1() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+
+__device__ __forceinline__ float dot4f(float4 a, float4 b, float acc) {
+    return fmaf(a.x, b.x, fmaf(a.y, b.y, fmaf(a.z, b.z, fmaf(a.w, b.w, acc))));
+}
+
+// Keys [t0, t0 + nv) of KV head kvh into stage st ([KT][D4] K rows, then [KT][D4] V rows).
+__device__ __forceinline__ void issue_tile(float4* st, const float4* k4, const float4* v4,
+                                           size_t rstride, int D4, int t0, int nv) {
+    const int n = nv * D4;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const int j = i / D4, c = i - j * D4;
+        const size_t g = (size_t)(t0 + j) * rstride + c;
+        const int o = j * D4 + (c ^ (j & 7));
+        cp_async16(st + o, k4 + g);
+        cp_async16(st + KT * D4 + o, v4 + g);
+    }
+}
+
+// grid (SPLITS, Hkv), block warps * 32, dynamic smem (G + 4 * KT) * D floats.
+// q [H, D] (16-byte aligned), cache [S, Hkv, D]; part [H, SPLITS, D], ml [H, SPLITS, 2];
+// out [H, D]; xq / xds: out's Q8_1 form or null; tickets [Hkv], zero between launches.
+extern "C" __global__ void attn_tile(const float* __restrict__ q, const float* __restrict__ kc,
+                                     const float* __restrict__ vc, float* part, float* ml,
+                                     int H, int Hkv, int D, int pos0, const int* pos_ptr,
+                                     float scale, int min_keys, float* out, signed char* xq,
+                                     float2* xds, unsigned int* tickets) {
+    extern __shared__ float4 sm4[];
+    const int G = H / Hkv, D4 = D / 4;
+    const int s = blockIdx.x, kvh = blockIdx.y, nsplit = gridDim.x;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    float4* qs = sm4;            // [G][D4], unscaled (the score is scaled)
+    float4* tiles = qs + G * D4;  // 2 stages of [2][KT][D4]
+    pdl_start();
+    const int L = (pos_ptr ? *pos_ptr : pos0) + 1;
+    int chunk = (L + nsplit - 1) / nsplit;
+    chunk = max(min_keys, (chunk + KT - 1) / KT * KT);
+    const int nact = (L + chunk - 1) / chunk;  // <= nsplit
+    if (s >= nact) return;  // block-uniform: no ticket, nothing written
+    const int kb = s * chunk, ke = min(L, kb + chunk), ntile = (ke - kb + KT - 1) / KT;
+    const size_t rstride = (size_t)Hkv * D4;  // float4s from one key's row to the next
+    const float4* k4 = (const float4*)kc + (size_t)kvh * D4;
+    const float4* v4 = (const float4*)vc + (size_t)kvh * D4;
+    // group 0: q and tile 0; group 1: tile 1 (maybe empty); then one group per tile
+    for (int i = threadIdx.x; i < G * D4; i += blockDim.x)
+        cp_async16(qs + i, (const float4*)q + (size_t)kvh * G * D4 + i);
+    issue_tile(tiles, k4, v4, rstride, D4, kb, min(KT, ke - kb));
+    cp_commit();
+    if (ntile > 1) issue_tile(tiles + 2 * KT * D4, k4, v4, rstride, D4, kb + KT, min(KT, ke - kb - KT));
+    cp_commit();
+
+    float m[HPW], l[HPW];
+    float4 acc[HPW][DL];  // float4s lane and lane + 32 of each head's output
+#pragma unroll
+    for (int hh = 0; hh < HPW; ++hh) {
+        m[hh] = NEG_INF;
+        l[hh] = 0.f;
+#pragma unroll
+        for (int c2 = 0; c2 < DL; ++c2) acc[hh][c2] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    const int sw = lane & 7;  // this lane's key's swizzle in the scores
+    for (int t = 0; t < ntile; ++t) {
+        cp_wait1();  // all groups but the newest: tile t (and q) landed
+        __syncthreads();
+        const float4* ks = tiles + (t & 1) * 2 * KT * D4;
+        const float4* vs = ks + KT * D4;
+        const int t0 = kb + t * KT, nv = min(KT, ke - t0);
+        float sc[HPW];
+#pragma unroll
+        for (int hh = 0; hh < HPW; ++hh) sc[hh] = 0.f;
+        const float4* kr = ks + lane * D4;  // lanes past nv read stale rows: masked below
+        for (int c = 0; c < D4; ++c) {
+            const float4 kf = kr[c ^ sw];
+#pragma unroll
+            for (int hh = 0; hh < HPW; ++hh) {
+                const int g = warp + hh * nw;
+                if (g < G) sc[hh] = dot4f(qs[g * D4 + c], kf, sc[hh]);
+            }
+        }
+        float p[HPW];
+#pragma unroll
+        for (int hh = 0; hh < HPW; ++hh) {
+            const int g = warp + hh * nw;
+            p[hh] = 0.f;
+            if (g >= G) continue;  // warp-uniform
+            const float sv = lane < nv ? sc[hh] * scale : NEG_INF;
+            const float mn = fmaxf(m[hh], warp_max(sv));  // finite: the tile has a key
+            const float corr = expf(m[hh] - mn);
+            p[hh] = lane < nv ? expf(sv - mn) : 0.f;
+            l[hh] = l[hh] * corr + warp_sum(p[hh]);
+#pragma unroll
+            for (int c2 = 0; c2 < DL; ++c2) {
+                float4& a = acc[hh][c2];
+                a.x *= corr, a.y *= corr, a.z *= corr, a.w *= corr;
+            }
+            m[hh] = mn;
+        }
+        for (int j = 0; j < nv; ++j) {
+            float4 vf[DL];
+#pragma unroll
+            for (int c2 = 0; c2 < DL; ++c2) {
+                const int c = lane + 32 * c2;
+#ifdef MUTANT_ATTN_TILE_SWIZZLE  // planted bug: V rows read without the swizzle
+                vf[c2] = c < D4 ? vs[j * D4 + c] : make_float4(0.f, 0.f, 0.f, 0.f);
+#else
+                vf[c2] = c < D4 ? vs[j * D4 + (c ^ (j & 7))] : make_float4(0.f, 0.f, 0.f, 0.f);
+#endif
+            }
+#pragma unroll
+            for (int hh = 0; hh < HPW; ++hh) {
+                if (warp + hh * nw >= G) continue;
+                const float pj = __shfl_sync(0xffffffffu, p[hh], j);
+#pragma unroll
+                for (int c2 = 0; c2 < DL; ++c2) {
+                    if (32 * c2 >= D4) break;  // warp-uniform: no lane holds this float4
+                    float4& a = acc[hh][c2];
+                    a.x = fmaf(pj, vf[c2].x, a.x);
+                    a.y = fmaf(pj, vf[c2].y, a.y);
+                    a.z = fmaf(pj, vf[c2].z, a.z);
+                    a.w = fmaf(pj, vf[c2].w, a.w);
+                }
+            }
+        }
+        __syncthreads();  // every warp is done with stage t & 1
+        if (t + 2 < ntile) {
+            const int n0 = t0 + 2 * KT;
+            issue_tile(tiles + (t & 1) * 2 * KT * D4, k4, v4, rstride, D4, n0, min(KT, ke - n0));
+        }
+        cp_commit();  // possibly empty: keeps "tile t + 1 is the second newest group"
+    }
+    const size_t ho = (size_t)kvh * G * D4;  // float4 index of the group's first output
+    if (nact == 1) {  // one range: normalize and write, no partials, no ticket
+#pragma unroll
+        for (int hh = 0; hh < HPW; ++hh) {
+            const int g = warp + hh * nw;
+            if (g >= G) continue;  // warp-uniform
+            const float inv = 1.f / l[hh];
+#pragma unroll
+            for (int c2 = 0; c2 < DL; ++c2) {
+                if (32 * c2 >= D4) break;
+                const int c = lane + 32 * c2;
+                const float4 a = acc[hh][c2];
+                const float4 o = make_float4(a.x * inv, a.y * inv, a.z * inv, a.w * inv);
+                const size_t oe = ho + (size_t)g * D4 + c;
+                if (xq) q8_store4(o, xq + 4 * oe, xds + oe / 8, (int)(oe & 7), c < D4);
+                if (c < D4) ((float4*)out)[oe] = o;
+            }
+        }
+        return;
+    }
+#pragma unroll
+    for (int hh = 0; hh < HPW; ++hh) {
+        const int g = warp + hh * nw;
+        if (g >= G) continue;
+        const size_t o = (size_t)(kvh * G + g) * nsplit + s;
+#pragma unroll
+        for (int c2 = 0; c2 < DL; ++c2)
+            if (lane + 32 * c2 < D4) ((float4*)part)[o * D4 + lane + 32 * c2] = acc[hh][c2];
+        if (lane == 0) ((float2*)ml)[o] = make_float2(m[hh], l[hh]);
+    }
+    __shared__ bool last;
+    __threadfence();  // this block's partials are visible before its ticket is counted
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(tickets + kvh, 1u) == (unsigned)(nact - 1);
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    // a thread per output float4 (whole warps: the Q8_1 shuffles), online over the ranges
+    const int n4 = G * D4;
+    for (int e0 = 0; e0 < n4; e0 += blockDim.x) {
+        const int e = e0 + threadIdx.x, g = e / D4, c = e - g * D4;
+        const bool ok = e < n4;
+        float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+        float M = NEG_INF, Ls = 0.f;
+        if (ok) {
+            const size_t o = (size_t)(kvh * G + g) * nsplit;
+            const float2* pm = (const float2*)ml + o;
+            const float4* pp = (const float4*)part + o * D4 + c;
+            for (int r0 = 0; r0 < nact; r0 += CU) {
+                float2 mr[CU];
+                float4 pv[CU];
+#pragma unroll
+                for (int u = 0; u < CU; ++u) {
+                    const bool in = r0 + u < nact;
+                    mr[u] = in ? __ldcg(pm + r0 + u) : make_float2(NEG_INF, 0.f);
+                    pv[u] = in ? __ldcg(pp + (size_t)(r0 + u) * D4) : make_float4(0.f, 0.f, 0.f, 0.f);
+                }
+                float Mn = M;
+#pragma unroll
+                for (int u = 0; u < CU; ++u) Mn = fmaxf(Mn, mr[u].x);  // finite: range 0 has keys
+                const float cw = M == NEG_INF ? 0.f : expf(M - Mn);
+                a = make_float4(a.x * cw, a.y * cw, a.z * cw, a.w * cw);
+                Ls *= cw;
+#pragma unroll
+                for (int u = 0; u < CU; ++u) {
+                    const float w = mr[u].x == NEG_INF ? 0.f : expf(mr[u].x - Mn);
+                    Ls = fmaf(mr[u].y, w, Ls);
+                    a.x = fmaf(pv[u].x, w, a.x), a.y = fmaf(pv[u].y, w, a.y);
+                    a.z = fmaf(pv[u].z, w, a.z), a.w = fmaf(pv[u].w, w, a.w);
+                }
+                M = Mn;
+            }
+            const float inv = 1.f / Ls;
+            a = make_float4(a.x * inv, a.y * inv, a.z * inv, a.w * inv);
+        }
+        const size_t oe = ho + e;
+        if (xq) q8_store4(a, xq + 4 * oe, xds + oe / 8, (int)(oe & 7), ok);  // D % 32 == 0
+        if (ok) ((float4*)out)[oe] = a;
+    }
+    if (threadIdx.x == 0) tickets[kvh] = 0;
+}
