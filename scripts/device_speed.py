@@ -219,6 +219,15 @@ VARIANTS |= {
     "norm_t128": _NB | {"rms_norm.threads": 128},
     "norm_t512": _NB | {"rms_norm.threads": 512},
 }
+# helper attn (issue 14): attention_decode.tile (a block per KV head and key range cut from the
+# position, cp.async K/V tiles, fused combine) on dec8_split2, and its knobs
+_TILE = {_A + "variant": "tile"}
+VARIANTS |= {
+    "d16_attn": S2 | _TILE,
+    "d16_attn_m32": S2 | _TILE | {_A + "min_keys": 32},
+    "d16_attn_w8": S2 | _TILE | {_A + "warps": 8},
+    "f16_attn": _TILE,  # on the float defaults
+}
 # --sweep: coordinate descent over these knobs, in this order, from the --sweep variant
 SWEEP_KNOBS = (
     "split_k",
