@@ -18,8 +18,9 @@
 //   c ^ (j & 7)): lane = key reads of K and lane = dims reads of V are both free of bank
 //   conflicts without padding (needs D % 32 == 0).
 // - compute: warp w takes q heads w, w + warps, ... (G <= 4 x warps): lane = key for the scores
-//   (q broadcast from shared memory), a warp max / sum for the online softmax, lane = float4 of
-//   dims for P.V (p broadcast by shuffles).
+//   (q broadcast from shared memory, two accumulators), a warp max a tile for the online
+//   softmax (each lane sums its own keys' p; one warp sum at the end), lane = float4 of dims
+//   for P.V (p broadcast by shuffles).
 // - combine: one range: the block writes out directly. Else every range writes its partial
 //   (unnormalized acc, max, sum) and the KV head's last range to finish (a ticket per KV head,
 //   reset by that block) merges them, each thread one float4 of the group's output, its ranges'
@@ -109,16 +110,20 @@ extern "C" __global__ void attn_tile(const float* __restrict__ q, const float* _
         const float4* ks = tiles + (t & 1) * 2 * KT * D4;
         const float4* vs = ks + KT * D4;
         const int t0 = kb + t * KT, nv = min(KT, ke - t0);
-        float sc[HPW];
+        // two accumulators a head (even / odd float4s): half the dependent FMA chain
+        float sc[HPW], sc1[HPW];
 #pragma unroll
-        for (int hh = 0; hh < HPW; ++hh) sc[hh] = 0.f;
+        for (int hh = 0; hh < HPW; ++hh) sc[hh] = sc1[hh] = 0.f;
         const float4* kr = ks + lane * D4;  // lanes past nv read stale rows: masked below
-        for (int c = 0; c < D4; ++c) {
-            const float4 kf = kr[c ^ sw];
+        for (int c = 0; c < D4; c += 2) {  // D4 % 8 == 0
+            const float4 kf = kr[c ^ sw], kf1 = kr[(c + 1) ^ sw];
 #pragma unroll
             for (int hh = 0; hh < HPW; ++hh) {
                 const int g = warp + hh * nw;
-                if (g < G) sc[hh] = dot4f(qs[g * D4 + c], kf, sc[hh]);
+                if (g < G) {
+                    sc[hh] = dot4f(qs[g * D4 + c], kf, sc[hh]);
+                    sc1[hh] = dot4f(qs[g * D4 + c + 1], kf1, sc1[hh]);
+                }
             }
         }
         float p[HPW];
@@ -127,11 +132,11 @@ extern "C" __global__ void attn_tile(const float* __restrict__ q, const float* _
             const int g = warp + hh * nw;
             p[hh] = 0.f;
             if (g >= G) continue;  // warp-uniform
-            const float sv = lane < nv ? sc[hh] * scale : NEG_INF;
+            const float sv = lane < nv ? (sc[hh] + sc1[hh]) * scale : NEG_INF;
             const float mn = fmaxf(m[hh], warp_max(sv));  // finite: the tile has a key
             const float corr = expf(m[hh] - mn);
             p[hh] = lane < nv ? expf(sv - mn) : 0.f;
-            l[hh] = l[hh] * corr + warp_sum(p[hh]);
+            l[hh] = l[hh] * corr + p[hh];  // this lane's keys' sum: reduced once, at the end
 #pragma unroll
             for (int c2 = 0; c2 < DL; ++c2) {
                 float4& a = acc[hh][c2];
@@ -172,6 +177,9 @@ extern "C" __global__ void attn_tile(const float* __restrict__ q, const float* _
         }
         cp_commit();  // possibly empty: keeps "tile t + 1 is the second newest group"
     }
+#pragma unroll
+    for (int hh = 0; hh < HPW; ++hh)
+        if (warp + hh * nw < G) l[hh] = warp_sum(l[hh]);  // warp-uniform
     const size_t ho = (size_t)kvh * G * D4;  // float4 index of the group's first output
     if (nact == 1) {  // one range: normalize and write, no partials, no ticket
 #pragma unroll
