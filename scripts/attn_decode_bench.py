@@ -46,6 +46,7 @@ BENCH = {  # name -> attention_decode knobs over dec8_split2
     "tile_m32_w8": {_A + "variant": "tile", _A + "min_keys": 32, _A + "warps": 8},
     "tile_s16": {_A + "variant": "tile", _A + "splits": 16},
     "tile_s64": {_A + "variant": "tile", _A + "splits": 64},
+    "tile_nofc": {_A + "variant": "tile", _A + "fuse_combine": 0},
 }
 BASE = "dec8_split2"
 COLD_BYTES = 256 << 20

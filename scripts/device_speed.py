@@ -227,6 +227,9 @@ VARIANTS |= {
     "d16_attn_m32": S2 | _TILE | {_A + "min_keys": 32},
     "d16_attn_w8": S2 | _TILE | {_A + "warps": 8},
     "f16_attn": _TILE,  # on the float defaults
+    "d16_attn_nofc": S2 | _TILE | {_A + "fuse_combine": 0},
+    # + q/k/v, biases, RoPE and the KV write in one mmvw launch (mmvw_qkv): no rope_kv launch
+    "d16_attn_fr": S2 | _TILE | {_D + "fuse_rope": 1},
 }
 # --sweep: coordinate descent over these knobs, in this order, from the --sweep variant
 SWEEP_KNOBS = (

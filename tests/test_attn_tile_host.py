@@ -36,13 +36,17 @@ def _decode_launches(tiny_model_factory, flat: dict) -> tuple[list, object]:
 
 
 @pytest.mark.parametrize("dec", ["mmvf", "mmvw"])
-@pytest.mark.parametrize("splits,min_keys,warps", [(32, 64, 4), (8, 32, 2), (128, 256, 8)])
-def test_tile_launches(tiny_model_factory, dec, splits, min_keys, warps):
+@pytest.mark.parametrize("splits,min_keys,warps,fc", [
+    (32, 64, 4, 1), (8, 32, 2, 1), (128, 256, 8, 1), (32, 64, 4, 0),
+])  # fmt: skip
+def test_tile_launches(tiny_model_factory, dec, splits, min_keys, warps, fc):
+    """One attn_tile a layer; fuse_combine 0: out and the Q8_1 buffers null, then a combine."""
     flat = TILE | {
         "matmul_decode.variant": dec,
         "attention_decode.splits": splits,
         "attention_decode.min_keys": min_keys,
         "attention_decode.warps": warps,
+        "attention_decode.fuse_combine": fc,
     }
     launches, m = _decode_launches(tiny_model_factory, flat)
     n, hkv, hd = m.spec.n_layers, m.spec.n_head_kv, m.spec.head_dim
@@ -52,11 +56,14 @@ def test_tile_launches(tiny_model_factory, dec, splits, min_keys, warps):
     assert all(int(t.args[11]) == min_keys for t in tiles)
     assert all(t.smem == smem_bytes(m.spec.n_head // hkv, hd) for t in tiles)
     q8 = [not isinstance(t.args[13], np.uint64) for t in tiles]  # xq; null: np.uint64(0)
-    assert all(q8) if dec == "mmvw" else not any(q8)
+    assert all(q8) if dec == "mmvw" and fc else not any(q8)
+    assert all(isinstance(t.args[12], np.uint64) != bool(fc) for t in tiles)  # out
     count = Counter(launch.kernel for launch in launches)
-    assert count["attn_combine"] == count["attn_combine_q8"] == 0
+    combine = "attn_combine_q8" if dec == "mmvw" else "attn_combine"
+    assert count[combine] == (0 if fc else n)
     assert count["attn_split"] == count["attn_split_kw"] == count["attn_gqa"] == 0
-    after = [launches[i + 1].kernel for i, x in enumerate(launches) if x.kernel == "attn_tile"]
+    skip = 1 if fc else 2  # the o projection after the kernel (and its combine)
+    after = [launches[i + skip].kernel for i, x in enumerate(launches) if x.kernel == "attn_tile"]
     assert all(a.startswith(dec) for a in after)  # the o projection: no quantize (Q8_1 form)
 
 

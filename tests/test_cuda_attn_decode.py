@@ -163,38 +163,40 @@ TILE_SHAPES = [  # H, Hkv, D, pos0: groups 1, 2, 4, 6, 7 (and 8, 16); one or man
     (4, 2, 64, 37), (8, 8, 128, 40), (16, 1, 128, 70), (16, 2, 256, 300), (8, 2, 32, 1000),
     (6, 1, 64, 2100), (4, 1, 128, 31), (4, 1, 128, 32), (3, 1, 80, 9),
 ]  # fmt: skip
-TILE_KNOBS = [(32, 64, 4), (8, 32, 2), (128, 32, 8), (16, 256, 4), (64, 32, 4)]
+TILE_KNOBS = [(32, 64, 4, 1), (8, 32, 2, 1), (128, 32, 8, 1), (16, 256, 4, 1), (64, 32, 4, 0)]
 
 
-def _tile(splits: int, min_keys: int, warps: int) -> dict:
+def _tile(splits: int, min_keys: int, warps: int, fc: int = 1) -> dict:
     return TILE | {
         "attention_decode.splits": splits,
         "attention_decode.min_keys": min_keys,
         "attention_decode.warps": warps,
+        "attention_decode.fuse_combine": fc,
     }
 
 
-@pytest.mark.parametrize("splits,min_keys,warps", TILE_KNOBS)
+@pytest.mark.parametrize("splits,min_keys,warps,fc", TILE_KNOBS)
 @pytest.mark.parametrize("H,Hkv,D,pos0", TILE_SHAPES)
-def test_attention_decode_tile(be, H, Hkv, D, pos0, splits, min_keys, warps):
+def test_attention_decode_tile(be, H, Hkv, D, pos0, splits, min_keys, warps, fc):
     """Against float64, twice per config (the per-KV-head tickets reset); shapes the kernel
     cannot take (D % 32 != 0, group > 4 x warps) run attn_split, also checked here."""
     q, k, v = _inputs(H, Hkv, D, pos0)
     cache = be.new_kv_cache(1, pos0 + 3, Hkv, D)
     be.kv_write(cache, 0, be.upload(k), be.upload(v), 0)
     ref = attention_ref(q, be.download(cache.k[0]), be.download(cache.v[0]), pos0)
-    be.set_config(cfg(**_tile(splits, min_keys, warps)))
+    be.set_config(cfg(**_tile(splits, min_keys, warps, fc)))
     for _ in range(2):
         check(be.download(be.attention(be.upload(q), cache, 0, pos0)), ref, 1e-9)
     be.set_config(cfg())
 
 
+@pytest.mark.parametrize("fc", [1, 0])
 @pytest.mark.parametrize("H,Hkv,D,pos0", [(12, 2, 128, 0), (28, 4, 128, 600), (4, 2, 64, 37)])
-def test_attention_decode_tile_leaves_the_q8_form(be, H, Hkv, D, pos0):
-    """Under matmul_decode.mmvw the kernel (one range or the combine) writes the output's Q8_1
-    form, which the o projection then reads."""
+def test_attention_decode_tile_leaves_the_q8_form(be, H, Hkv, D, pos0, fc):
+    """Under matmul_decode.mmvw the kernel (one range or the combine; fc 0: attn_combine_q8)
+    writes the output's Q8_1 form, which the o projection then reads."""
     q, k, v = _inputs(H, Hkv, D, pos0)
-    be.set_config(cfg(**TILE | {"matmul_decode.variant": "mmvw"}))
+    be.set_config(cfg(**_tile(32, 64, 4, fc) | {"matmul_decode.variant": "mmvw"}))
     cache = be.new_kv_cache(1, pos0 + 2, Hkv, D)
     be.kv_write(cache, 0, be.upload(k), be.upload(v), 0)
     out = be.attention(be.upload(q), cache, 0, pos0)
@@ -209,13 +211,13 @@ def test_attention_decode_tile_leaves_the_q8_form(be, H, Hkv, D, pos0):
 
 TILE_MODEL_CONFIGS = [
     TILE,
-    _tile(8, 32, 2),
+    _tile(8, 32, 2, 0),
     TILE | {"matmul_decode.variant": "mmvw", "rope.fuse_kv": 1, "argmax.variant": "multi"},
 ]
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
-@pytest.mark.parametrize("flat", TILE_MODEL_CONFIGS, ids=["tile", "tile_s8_m32_w2", "tile_mmvw"])
+@pytest.mark.parametrize("flat", TILE_MODEL_CONFIGS, ids=["tile", "tile_nofc", "tile_mmvw"])
 def test_tile_model_graph_equals_eager(be, tiny_model_factory, arch, flat):
     m = _model(tiny_model_factory(arch, "q4_k_m"), be)
     be.set_config(cfg(**flat))
@@ -223,7 +225,7 @@ def test_tile_model_graph_equals_eager(be, tiny_model_factory, arch, flat):
     be.set_config(cfg())
 
 
-@pytest.mark.parametrize("flat", TILE_MODEL_CONFIGS[:2], ids=["tile", "tile_s8_m32_w2"])
+@pytest.mark.parametrize("flat", TILE_MODEL_CONFIGS[:2], ids=["tile", "tile_nofc"])
 def test_validate_tile(be, tiny_model_path, flat):
     """The float configs against the default reference with the registry's budget."""
     from engine.validate import validate

@@ -21,14 +21,17 @@
 //   (q broadcast from shared memory, two accumulators), a warp max a tile for the online
 //   softmax (each lane sums its own keys' p; one warp sum at the end), lane = float4 of dims
 //   for P.V (p broadcast by shuffles).
-// - combine: one range: the block writes out directly. Else every range writes its partial
+// - combine (out non-null, fuse_combine): one range: the block writes out directly. Else every
+//   range writes its partial
 //   (unnormalized acc, max, sum) and the KV head's last range to finish (a ticket per KV head,
 //   reset by that block) merges them, each thread one float4 of the group's output, its ranges'
 //   (max, sum) and partials loaded together (one round trip per 8 ranges); with xq non-null it
-//   writes out's Q8_1 blocks (q8_store4: quantize_q8_1's rounding).
+//   writes out's Q8_1 blocks (q8_store4: quantize_q8_1's rounding). With out null every block
+//   writes its partial, the ranges past the position an empty one (max -inf), for attn_combine
+//   / attn_combine_q8 (a second launch: no fence, atomic or serial tail in this one).
 // Needs D % 32 == 0, D <= 256, G <= 4 x warps, G <= 32, Hkv <= the ticket count (else the host
 // runs attn_split_kw / attn_split).
-// Tunables (launch): SPLITS (grid x), min_keys, warps.
+// Tunables (launch): SPLITS (grid x), min_keys, warps, fuse_combine (out).
 #include "q8.cuh"
 
 #define NEG_INF __int_as_float(0xff800000)
@@ -64,7 +67,7 @@ __device__ __forceinline__ void issue_tile(float4* st, const float4* k4, const f
 
 // grid (SPLITS, Hkv), block warps * 32, dynamic smem (G + 4 * KT) * D floats.
 // q [H, D] (16-byte aligned), cache [S, Hkv, D]; part [H, SPLITS, D], ml [H, SPLITS, 2];
-// out [H, D]; xq / xds: out's Q8_1 form or null; tickets [Hkv], zero between launches.
+// out [H, D] or null; xq / xds: out's Q8_1 form or null; tickets [Hkv], zero between launches.
 extern "C" __global__ void attn_tile(const float* __restrict__ q, const float* __restrict__ kc,
                                      const float* __restrict__ vc, float* part, float* ml,
                                      int H, int Hkv, int D, int pos0, const int* pos_ptr,
@@ -81,7 +84,12 @@ extern "C" __global__ void attn_tile(const float* __restrict__ q, const float* _
     int chunk = (L + nsplit - 1) / nsplit;
     chunk = max(min_keys, (chunk + KT - 1) / KT * KT);
     const int nact = (L + chunk - 1) / chunk;  // <= nsplit
-    if (s >= nact) return;  // block-uniform: no ticket, nothing written
+    if (s >= nact) {  // block-uniform: no ticket; for a separate combine, an empty range
+        if (!out)
+            for (int g = threadIdx.x; g < G; g += blockDim.x)
+                ((float2*)ml)[(size_t)(kvh * G + g) * nsplit + s] = make_float2(NEG_INF, 0.f);
+        return;
+    }
     const int kb = s * chunk, ke = min(L, kb + chunk), ntile = (ke - kb + KT - 1) / KT;
     const size_t rstride = (size_t)Hkv * D4;  // float4s from one key's row to the next
     const float4* k4 = (const float4*)kc + (size_t)kvh * D4;
@@ -181,7 +189,7 @@ extern "C" __global__ void attn_tile(const float* __restrict__ q, const float* _
     for (int hh = 0; hh < HPW; ++hh)
         if (warp + hh * nw < G) l[hh] = warp_sum(l[hh]);  // warp-uniform
     const size_t ho = (size_t)kvh * G * D4;  // float4 index of the group's first output
-    if (nact == 1) {  // one range: normalize and write, no partials, no ticket
+    if (nact == 1 && out) {  // one range: normalize and write, no partials, no ticket
 #pragma unroll
         for (int hh = 0; hh < HPW; ++hh) {
             const int g = warp + hh * nw;
@@ -210,6 +218,7 @@ extern "C" __global__ void attn_tile(const float* __restrict__ q, const float* _
             if (lane + 32 * c2 < D4) ((float4*)part)[o * D4 + lane + 32 * c2] = acc[hh][c2];
         if (lane == 0) ((float2*)ml)[o] = make_float2(m[hh], l[hh]);
     }
+    if (!out) return;  // fuse_combine 0: attn_combine(_q8) merges every range
     __shared__ bool last;
     __threadfence();  // this block's partials are visible before its ticket is counted
     __syncthreads();

@@ -41,12 +41,13 @@ def ranges(L: int, splits: int, min_keys: int) -> tuple[int, int]:
 def launch_attn_tile(
     be: Any, q: Any, k: Any, v: Any, out: Any, pos0: int, c: Any, q8: bool
 ) -> tuple[Any, Any] | None:
-    """One attn_tile launch of a decode row q [1, H, D] over the cache layer's k, v [S, Hkv,
-    D] into out [1, H, D]; q8: also out's Q8_1 form, returned as (xq, xds) for the backend to
-    remember (else None). be: the CudaBackend (its launch, buffers, position pointer)."""
+    """attn_tile's launch of a decode row q [1, H, D] over the cache layer's k, v [S, Hkv, D]
+    into out [1, H, D] (fuse_combine 0: then attn_combine's or, under q8, attn_combine_q8's);
+    q8: also out's Q8_1 form, returned as (xq, xds) for the backend to remember (else None).
+    be: the CudaBackend (its launch, buffers, position pointer)."""
     T, H, D = (int(s) for s in q.shape)
     Hkv = int(k.shape[1])
-    splits, warps = int(c["splits"]), int(c["warps"])
+    splits, warps, fc = int(c["splits"]), int(c["warps"]), int(c["fuse_combine"]) == 1
     part = be._empty((T, H, splits, D))
     ml = be._empty((T, H, splits, 2))
     xq = xds = None
@@ -58,9 +59,21 @@ def launch_attn_tile(
         (
             be._aligned16(q), k, v, part, ml, np.int32(H), np.int32(Hkv), np.int32(D),
             np.int32(pos0), be._pos_ptr(), np.float32(1.0 / math.sqrt(D)),
-            np.int32(int(c["min_keys"])), out, null if xq is None else xq,
-            null if xds is None else xds, be._head_tickets,
+            np.int32(int(c["min_keys"])), out if fc else null,
+            null if xq is None or not fc else xq, null if xds is None or not fc else xds,
+            be._head_tickets,
         ),
         smem=smem_bytes(H // Hkv, D), pdl=True,
     )  # fmt: skip
+    threads = min(128, max(32, D))
+    if not fc and q8:
+        be._launch(
+            "fused", "attn_combine_q8", (H, T), (threads,),
+            (part, ml, out, xq, xds, np.int32(H), np.int32(D), np.int32(splits)), pdl=True,
+        )  # fmt: skip
+    elif not fc:
+        be._launch(
+            "attention", "attn_combine", (H, T), (threads,),
+            (part, ml, out, np.int32(H), np.int32(D), np.int32(splits)),
+        )  # fmt: skip
     return None if xq is None else (xq, xds)

@@ -882,6 +882,15 @@ REGISTRY.register(
                     "<= 4 x warps, else split runs)",
                     PUSHED,
                 ),
+                Param(
+                    "fuse_combine",
+                    (0, 1),
+                    1,
+                    "1: the KV head's last range combines (one range: writes out at once); "
+                    "0: every range writes a partial and attn_combine(_q8) merges them (a "
+                    "second launch, no fence / atomic / serial tail in the first)",
+                    PUSHED,
+                ),
             ),
             source="cuda/attn_tile.cu",
             numeric="order_only",
