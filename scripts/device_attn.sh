@@ -18,7 +18,7 @@ if [ ! -f $M ]; then M=/tmp/attn_1.5b.gguf
   [ -f $M ] || (python3 -m engine synth --preset 1.5b --out /tmp/attn_1.5b.part.gguf > "$D/synth.log" 2>&1 \
     && mv /tmp/attn_1.5b.part.gguf $M) &
 fi
-CONFIGS=dec8_split2,d16_attn,d16_attn_m32,f16_attn
+CONFIGS=dec8_split2,d16_attn,d16_attn_nofc,d16_attn_fr,d16_attn_w8,f16_attn
 python3 - > /tmp/attn_cfgs.json <<PY
 import json
 from scripts.device_speed import VARIANTS
@@ -42,7 +42,7 @@ echo "pytest rc=$? $(tail -1 "$D/pytest.log") at $(el) s" | tee -a "$D/summary.t
 for i in $(seq 10); do [ -f $M ] && break; sleep 1; done
 LEFT=$((96 - $(el)))
 if [ -f $M ] && [ $LEFT -gt 12 ]; then
-  timeout $LEFT python3 scripts/decode_times.py $M --out "$D" --configs dec8_split2,d16_attn,d16_attn_m32 \
+  timeout $LEFT python3 scripts/decode_times.py $M --out "$D" --configs dec8_split2,d16_attn,d16_attn_nofc,d16_attn_fr,d16_attn_w8 \
     --profile dec8_split2,d16_attn --gen 64 --repeats 2 --steps 3 \
     --deadline $(( $(date +%s) + LEFT - 6 )) > "$D/times.log" 2>&1
   echo "times rc=$? at $(el) s" | tee -a "$D/summary.txt"
