@@ -26,24 +26,34 @@ extra = [{}, {"attention_decode.variant": "tile"},
          {"attention_decode.variant": "tile", "matmul_decode.variant": "mmvw"}]
 print(json.dumps([VARIANTS[n] for n in "$CONFIGS".split(",")] + extra))
 PY
-for i in 0 1 2 3 4; do
-  python3 scripts/cuda_precompile.py /tmp/attn_cfgs.json --part $i/5 >> "$D/precompile.log" 2>&1 &
+PIDS=""
+for i in 0 1 2 3 4 5; do
+  python3 scripts/cuda_precompile.py /tmp/attn_cfgs.json --part $i/6 >> "$D/precompile.log" 2>&1 &
+  PIDS="$PIDS $!"
 done
 echo '[{"attention_decode.variant": "tile"}]' > /tmp/attn_mut.json
-FLEETTUNE_MUTANT=ATTN_TILE_SWIZZLE python3 scripts/cuda_precompile.py /tmp/attn_mut.json \
-  >> "$D/precompile_mutant.log" 2>&1 &
-timeout 28 python3 scripts/attn_decode_bench.py --contexts 512,2048,128,8192 --deadline 20 \
-  --out "$D/bench.json" \
-  > "$D/bench.log" 2>&1
-echo "bench rc=$? at $(el) s" | tee "$D/summary.txt"
-timeout 36 python3 -m pytest -q -m gpu -p no:cacheprovider -rfE --tb=short --maxfail=5 \
+for i in 0 1 2 3; do
+  FLEETTUNE_MUTANT=ATTN_TILE_SWIZZLE python3 scripts/cuda_precompile.py /tmp/attn_mut.json \
+    --part $i/4 >> "$D/precompile_mutant.log" 2>&1 &
+done
+# the bench's first config would compile every module in turn: let the parts finish first
+for i in $(seq 25); do
+  ALIVE=0; for p in $PIDS; do kill -0 $p 2> /dev/null && ALIVE=1; done
+  [ $ALIVE = 0 ] && break
+  sleep 1
+done
+echo "precompiled at $(el) s" | tee "$D/summary.txt"
+timeout 25 python3 scripts/attn_decode_bench.py --contexts 512,2048,128,8192 --deadline 18 \
+  --out "$D/bench.json" > "$D/bench.log" 2>&1
+echo "bench rc=$? at $(el) s" | tee -a "$D/summary.txt"
+timeout 30 python3 -m pytest -q -m gpu -p no:cacheprovider -rfE --tb=short --maxfail=5 \
   tests/test_cuda_attn_decode.py -k "tile" > "$D/pytest.log" 2>&1
 echo "pytest rc=$? $(tail -1 "$D/pytest.log") at $(el) s" | tee -a "$D/summary.txt"
 for i in $(seq 10); do [ -f $M ] && break; sleep 1; done
 LEFT=$((96 - $(el)))
 if [ -f $M ] && [ $LEFT -gt 12 ]; then
-  timeout $LEFT python3 scripts/decode_times.py $M --out "$D" --configs dec8_split2,d16_attn,d16_attn_nofc,d16_attn_fr,d16_attn_w8 \
-    --profile dec8_split2,d16_attn --gen 64 --repeats 2 --steps 3 \
+  timeout $LEFT python3 scripts/decode_times.py $M --out "$D" \
+    --configs dec8_split2,d16_attn,d16_attn_nofc,d16_attn_fr,d16_attn_w8 --profile dec8_split2,d16_attn --gen 64 --repeats 2 --steps 3 \
     --deadline $(( $(date +%s) + LEFT - 6 )) > "$D/times.log" 2>&1
   echo "times rc=$? at $(el) s" | tee -a "$D/summary.txt"
 else echo "no 1.5B model or no time ($LEFT s) at $(el) s" | tee -a "$D/summary.txt"; fi
