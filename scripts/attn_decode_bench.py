@@ -56,6 +56,17 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
 
+def attention_ref(q: np.ndarray, k: np.ndarray, v: np.ndarray, pos0: int) -> np.ndarray:
+    """float64 decode attention: q [1, H, D] over k, v [S, Hkv, D] rows 0..pos0 -> [1, H, D]."""
+    H, Hkv = q.shape[1], k.shape[1]
+    kk = k[: pos0 + 1].astype(np.float64).repeat(H // Hkv, axis=1)  # [L, H, D]
+    s = np.einsum("hd,lhd->hl", q[0].astype(np.float64), kk) / np.sqrt(q.shape[2])
+    p = np.exp(s - s.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    vv = v[: pos0 + 1].astype(np.float64).repeat(H // Hkv, axis=1)
+    return np.einsum("hl,lhd->hd", p, vv)[None]
+
+
 def _timed_graph(be, step, pos0: int, cache, repeats: int) -> float:  # noqa: ANN001
     """Median ms of one launch of a captured graph of step (CudaBackend._capture)."""
     cp = be._cp
@@ -78,7 +89,6 @@ def _timed_graph(be, step, pos0: int, cache, repeats: int) -> float:  # noqa: AN
 def bench_case(be, shape: str, ctx: int, names: list[str], calls: int, repeats: int) -> list:  # noqa: ANN001
     """Rows {shape, ctx, variant, nmse, us_hot, us_cold, gbps} for one shape and context."""
     from engine.tuning import TuningConfig
-    from tests.op_cases import attention_ref
 
     cp = be._cp
     H, Hkv, D = SHAPES[shape]
