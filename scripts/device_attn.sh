@@ -2,8 +2,9 @@
 # helper attn (issue 14) on the GPU machine, ~97 s, from the repo root (.whl carried if gguf is
 # missing). Writes $OUT/attn/: bench.log / bench.json (scripts/attn_decode_bench.py: every
 # attention_decode variant alone, us a call at contexts 128-8192, 1.5B and 7B shapes),
-# pytest.log (attention_decode.tile GPU tests, the planted ATTN_TILE_SWIZZLE last), times.log /
-# decode_times_*.json (per-kernel decode time and tg64 of dec8_split2 against d16_attn, 1.5B).
+# times.log / decode_times_*.json (per-kernel decode time and tg64 of dec8_split2 against the
+# d16_attn configs, 1.5B), pytest.log (attention_decode.tile GPU tests, with the time left; the
+# planted ATTN_TILE_SWIZZLE last).
 set -u -o pipefail
 OUT=${OUT:-/tmp/out}; D="$OUT/attn"; mkdir -p "$D"
 T0=$(date +%s)
@@ -18,7 +19,7 @@ if [ ! -f $M ]; then M=/tmp/attn_1.5b.gguf
   [ -f $M ] || (python3 -m engine synth --preset 1.5b --out /tmp/attn_1.5b.part.gguf > "$D/synth.log" 2>&1 \
     && mv /tmp/attn_1.5b.part.gguf $M) &
 fi
-CONFIGS=dec8_split2,d16_attn,d16_attn_nofc,d16_attn_fr,d16_attn_w8,f16_attn
+CONFIGS=dec8_split2,d16_attn,d16_attn_rope,d16_attn_nofc,d16_attn_fr,d16_attn_w8,f16_attn
 python3 - > /tmp/attn_cfgs.json <<PY
 import json
 from scripts.device_speed import VARIANTS
@@ -43,20 +44,21 @@ for i in $(seq 25); do
   sleep 1
 done
 echo "precompiled at $(el) s" | tee "$D/summary.txt"
-timeout 25 python3 scripts/attn_decode_bench.py --contexts 512,2048,128,8192 --deadline 18 \
+timeout 20 python3 scripts/attn_decode_bench.py --contexts 512,2048,128,8192 --deadline 13 \
   --out "$D/bench.json" > "$D/bench.log" 2>&1
 echo "bench rc=$? at $(el) s" | tee -a "$D/summary.txt"
-timeout 30 python3 -m pytest -q -m gpu -p no:cacheprovider -rfE --tb=short --maxfail=5 \
+for i in $(seq 10); do [ -f $M ] && break; sleep 1; done
+if [ -f $M ]; then
+  timeout 32 python3 scripts/decode_times.py $M --out "$D" \
+    --configs dec8_split2,d16_attn,d16_attn_rope,d16_attn_nofc,d16_attn_fr,d16_attn_w8 \
+    --profile dec8_split2,d16_attn --gen 64 --repeats 2 --steps 3 \
+    --deadline $(( $(date +%s) + 27 )) > "$D/times.log" 2>&1
+  echo "times rc=$? at $(el) s" | tee -a "$D/summary.txt"
+else echo "no 1.5B model at $(el) s" | tee -a "$D/summary.txt"; fi
+LEFT=$((97 - $(el))); [ $LEFT -lt 5 ] && LEFT=5
+timeout $LEFT python3 -m pytest -v -m gpu -p no:cacheprovider -rfE --tb=short --maxfail=5 \
   tests/test_cuda_attn_decode.py -k "tile" > "$D/pytest.log" 2>&1
 echo "pytest rc=$? $(tail -1 "$D/pytest.log") at $(el) s" | tee -a "$D/summary.txt"
-for i in $(seq 10); do [ -f $M ] && break; sleep 1; done
-LEFT=$((96 - $(el)))
-if [ -f $M ] && [ $LEFT -gt 12 ]; then
-  timeout $LEFT python3 scripts/decode_times.py $M --out "$D" \
-    --configs dec8_split2,d16_attn,d16_attn_nofc,d16_attn_fr,d16_attn_w8 --profile dec8_split2,d16_attn --gen 64 --repeats 2 --steps 3 \
-    --deadline $(( $(date +%s) + LEFT - 6 )) > "$D/times.log" 2>&1
-  echo "times rc=$? at $(el) s" | tee -a "$D/summary.txt"
-else echo "no 1.5B model or no time ($LEFT s) at $(el) s" | tee -a "$D/summary.txt"; fi
 grep -hE "^(FAILED|ERROR)" "$D"/pytest.log 2>/dev/null | head -20 | cut -c1-300 >> "$D/summary.txt"
 cat "$D/bench.log" | cut -c1-200 | tail -90
 cat "$D/times.log" 2>/dev/null | cut -c1-700 | tail -12

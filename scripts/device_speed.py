@@ -230,6 +230,9 @@ VARIANTS |= {
     "d16_attn_nofc": S2 | _TILE | {_A + "fuse_combine": 0},
     # + q/k/v, biases, RoPE and the KV write in one mmvw launch (mmvw_qkv): no rope_kv launch
     "d16_attn_fr": S2 | _TILE | {_D + "fuse_rope": 1},
+    # + q/k RoPE and the KV write inside attn_tile (while its tiles load): no rope_kv launch
+    "d16_attn_rope": S2 | _TILE | {_A + "fuse_rope": 1},
+    "f16_attn_rope": _TILE | {_A + "fuse_rope": 1},
 }
 # --sweep: coordinate descent over these knobs, in this order, from the --sweep variant
 SWEEP_KNOBS = (

@@ -144,3 +144,30 @@ def test_tile_arithmetic_equals_the_reference(H, Hkv, D, pos0, splits, min_keys)
     ref = attention_ref(q, k, v, pos0)[0]
     err = np.sum((got - ref) ** 2) / np.sum(ref**2)
     assert err < 1e-10, err
+
+
+@pytest.mark.parametrize("dec", ["mmvf", "mmvw"])
+def test_tile_fuse_rope_launches(tiny_model_factory, dec):
+    """attention_decode.tile fuse_rope: no rope / rope_kv / kv_write launch at decode; attn_tile
+    gets the k and v projections (non-null), theta and the neox flag; a bypassed fusion."""
+    flat = TILE | {"matmul_decode.variant": dec, "attention_decode.fuse_rope": 1,
+                   "rope.fuse_kv": 1}  # fmt: skip
+    launches, m = _decode_launches(tiny_model_factory, flat)
+    count = Counter(launch.kernel for launch in launches)
+    assert count["attn_tile"] == m.spec.n_layers
+    assert count["rope_kv"] == count["rope"] == count["kv_write"] == 0
+    tiles = [launch for launch in launches if launch.kernel == "attn_tile"]
+    assert all(not isinstance(t.args[-4], np.uint64) for t in tiles)  # knew
+    assert all(not isinstance(t.args[-3], np.uint64) for t in tiles)  # vnew
+    assert all(int(t.args[-1]) == int(m.spec.rope_neox) for t in tiles)
+    be = FakeCuda(TuningConfig.from_flat("cuda", flat))
+    assert "attention_decode" in be.hook_bypassed_fusions(be.config)
+    off = TuningConfig.from_flat("cuda", TILE | {"matmul_decode.variant": dec})
+    assert "attention_decode" not in be.hook_bypassed_fusions(off)
+
+
+def test_tile_without_fuse_rope_passes_null_projections(tiny_model_factory):
+    launches, _ = _decode_launches(tiny_model_factory, TILE | {"rope.fuse_kv": 1})
+    tiles = [launch for launch in launches if launch.kernel == "attn_tile"]
+    assert tiles and all(isinstance(t.args[-4], np.uint64) for t in tiles)
+    assert Counter(launch.kernel for launch in launches)["rope_kv"] == len(tiles)

@@ -237,6 +237,44 @@ def test_validate_tile(be, tiny_model_path, flat):
     be.set_config(cfg())
 
 
+TILE_ROPE_CONFIGS = [  # (fused, unfused): attn_tile's RoPE + KV write against rope_kv's
+    (TILE | {"attention_decode.fuse_rope": 1}, TILE | {"rope.fuse_kv": 1}),
+    (
+        _tile(8, 32, 2, 0) | {"attention_decode.fuse_rope": 1, "matmul_decode.variant": "mmvw"},
+        _tile(8, 32, 2, 0) | {"rope.fuse_kv": 1, "matmul_decode.variant": "mmvw"},
+    ),
+    (  # one 128-key range: the current key in its fourth tile, put in by the tile loop
+        _tile(32, 128, 4) | {"attention_decode.fuse_rope": 1},
+        _tile(32, 128, 4) | {"rope.fuse_kv": 1},
+    ),
+]
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+@pytest.mark.parametrize(
+    "pair", TILE_ROPE_CONFIGS, ids=["mmvf", "mmvw_s8_m32_w2_nofc", "mmvf_m128_long"]
+)
+def test_tile_fuse_rope_equals_rope_kv(be, tiny_model_factory, arch, pair):
+    """attention_decode.tile fuse_rope (q, k RoPE and the KV write inside attn_tile) decodes to
+    the bit what rope_kv + attn_tile decode (rope_pair's arithmetic), eager and replayed. The
+    current key lands in a range's first or second tile (37-token prompt: put in before the
+    loop) or, with min_keys 128 and a 111-token prompt, its fourth (put in by the loop)."""
+    m = _model(tiny_model_factory(arch, "q4_k_m"), be)
+    prompt = PROMPT * 3 if pair is TILE_ROPE_CONFIGS[2] else PROMPT
+    runs = []
+    for flat in pair:
+        be.set_config(cfg(**flat))
+        for graphs in (False, True):
+            be.use_graphs = graphs
+            runs.append(m.generate(prompt, 10, keep_logits=True))
+    be.use_graphs = True
+    for r in runs[1:]:
+        assert r.tokens == runs[0].tokens
+        for a, b in zip(r.step_logits, runs[0].step_logits, strict=True):
+            assert np.array_equal(a, b), "fused RoPE + KV write differs from rope_kv"
+    be.set_config(cfg())
+
+
 def test_attention_decode_tile_planted_swizzle_is_caught(be, monkeypatch):
     """The kernel test above rejects the planted MUTANT_ATTN_TILE_SWIZZLE (V rows read without
     the swizzle): the same case, built with the bug, is far from float64."""

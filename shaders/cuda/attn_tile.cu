@@ -31,7 +31,7 @@
 //   / attn_combine_q8 (a second launch: no fence, atomic or serial tail in this one).
 // Needs D % 32 == 0, D <= 256, G <= 4 x warps, G <= 32, Hkv <= the ticket count (else the host
 // runs attn_split_kw / attn_split).
-// Tunables (launch): SPLITS (grid x), min_keys, warps, fuse_combine (out).
+// Tunables (launch): SPLITS (grid x), min_keys, warps, fuse_combine (out), fuse_rope (knew).
 #include "q8.cuh"
 
 #define NEG_INF __int_as_float(0xff800000)
@@ -52,12 +52,14 @@ __device__ __forceinline__ float dot4f(float4 a, float4 b, float acc) {
     return fmaf(a.x, b.x, fmaf(a.y, b.y, fmaf(a.z, b.z, fmaf(a.w, b.w, acc))));
 }
 
-// Keys [t0, t0 + nv) of KV head kvh into stage st ([KT][D4] K rows, then [KT][D4] V rows).
+// Keys [t0, t0 + nv) of KV head kvh into stage st ([KT][D4] K rows, then [KT][D4] V rows),
+// but key skip (fuse_rope: the current key, put there by put_row).
 __device__ __forceinline__ void issue_tile(float4* st, const float4* k4, const float4* v4,
-                                           size_t rstride, int D4, int t0, int nv) {
+                                           size_t rstride, int D4, int t0, int nv, int skip) {
     const int n = nv * D4;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         const int j = i / D4, c = i - j * D4;
+        if (t0 + j == skip) continue;
         const size_t g = (size_t)(t0 + j) * rstride + c;
         const int o = j * D4 + (c ^ (j & 7));
         cp_async16(st + o, k4 + g);
@@ -65,20 +67,37 @@ __device__ __forceinline__ void issue_tile(float4* st, const float4* k4, const f
     }
 }
 
-// grid (SPLITS, Hkv), block warps * 32, dynamic smem (G + 4 * KT) * D floats.
+// fuse_rope: the current key's K and V rows (shared kr, vr) into row j of stage st.
+__device__ __forceinline__ void put_row(float4* st, const float* kr, const float* vr, int j,
+                                        int D4) {
+    for (int c = threadIdx.x; c < D4; c += blockDim.x) {
+        const int o = j * D4 + (c ^ (j & 7));
+        st[o] = ((const float4*)kr)[c];
+        st[KT * D4 + o] = ((const float4*)vr)[c];
+    }
+}
+
+// grid (SPLITS, Hkv), block warps * 32, dynamic smem (G + 4 * KT + 2) * D floats.
 // q [H, D] (16-byte aligned), cache [S, Hkv, D]; part [H, SPLITS, D], ml [H, SPLITS, 2];
 // out [H, D] or null; xq / xds: out's Q8_1 form or null; tickets [Hkv], zero between launches.
-extern "C" __global__ void attn_tile(const float* __restrict__ q, const float* __restrict__ kc,
-                                     const float* __restrict__ vc, float* part, float* ml,
-                                     int H, int Hkv, int D, int pos0, const int* pos_ptr,
-                                     float scale, int min_keys, float* out, signed char* xq,
-                                     float2* xds, unsigned int* tickets) {
+// knew non-null (fuse_rope): q and knew [Hkv, D] are the projections before RoPE (biases
+// added), vnew [Hkv, D]: every block ropes its group's q (rope_pair's arithmetic, the angles
+// once a block, while its tiles load), and the block whose range ends at the current key
+// writes that key's roped k row and v row into the cache and into its tile (rope_kv's work).
+extern "C" __global__ void attn_tile(const float* __restrict__ q, float* kc, float* vc,
+                                     float* part, float* ml, int H, int Hkv, int D, int pos0,
+                                     const int* pos_ptr, float scale, int min_keys, float* out,
+                                     signed char* xq, float2* xds, unsigned int* tickets,
+                                     const float* knew, const float* vnew, float theta,
+                                     int neox) {
     extern __shared__ float4 sm4[];
     const int G = H / Hkv, D4 = D / 4;
     const int s = blockIdx.x, kvh = blockIdx.y, nsplit = gridDim.x;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     float4* qs = sm4;            // [G][D4], unscaled (the score is scaled)
     float4* tiles = qs + G * D4;  // 2 stages of [2][KT][D4]
+    float* krow = (float*)(tiles + 4 * KT * D4);  // fuse_rope: the current key's rows [D]
+    float* vrow = krow + D;
     pdl_start();
     const int L = (pos_ptr ? *pos_ptr : pos0) + 1;
     int chunk = (L + nsplit - 1) / nsplit;
@@ -94,13 +113,50 @@ extern "C" __global__ void attn_tile(const float* __restrict__ q, const float* _
     const size_t rstride = (size_t)Hkv * D4;  // float4s from one key's row to the next
     const float4* k4 = (const float4*)kc + (size_t)kvh * D4;
     const float4* v4 = (const float4*)vc + (size_t)kvh * D4;
+    const int cur = L - 1;  // the current key: in the last range (ke == L)
+    const bool fr = knew != nullptr, owner = fr && ke == L;
+    const int skip = owner ? cur : -1, tc = (cur - kb) / KT;  // tc: the owner's tile of cur
     // group 0: q and tile 0; group 1: tile 1 (maybe empty); then one group per tile
-    for (int i = threadIdx.x; i < G * D4; i += blockDim.x)
-        cp_async16(qs + i, (const float4*)q + (size_t)kvh * G * D4 + i);
-    issue_tile(tiles, k4, v4, rstride, D4, kb, min(KT, ke - kb));
+    if (!fr)
+        for (int i = threadIdx.x; i < G * D4; i += blockDim.x)
+            cp_async16(qs + i, (const float4*)q + (size_t)kvh * G * D4 + i);
+    issue_tile(tiles, k4, v4, rstride, D4, kb, min(KT, ke - kb), skip);
     cp_commit();
-    if (ntile > 1) issue_tile(tiles + 2 * KT * D4, k4, v4, rstride, D4, kb + KT, min(KT, ke - kb - KT));
+    if (ntile > 1)
+        issue_tile(tiles + 2 * KT * D4, k4, v4, rstride, D4, kb + KT, min(KT, ke - kb - KT), skip);
     cp_commit();
+    if (fr) {  // while the tiles load: rope q (and the owner's k row), rope_kv's arithmetic
+        __shared__ double cs[128][2];  // cos, sin of pair j at position cur (D <= 256)
+        const int half = D / 2;
+        for (int j = threadIdx.x; j < half; j += blockDim.x) {
+            const double ang = (double)cur * pow((double)theta, -2.0 * j / D);
+            sincos(ang, &cs[j][1], &cs[j][0]);
+        }
+        __syncthreads();
+        const int nq = G * half, nk = owner ? half : 0;
+        float* qf = (float*)qs;
+        float* kcur = kc + ((size_t)cur * Hkv + kvh) * D;
+        for (int i = threadIdx.x; i < nq + nk; i += blockDim.x) {
+            const bool isq = i < nq;
+            const int g = isq ? i / half : 0, j = isq ? i % half : i - nq;
+            const float* x = isq ? q + (size_t)(kvh * G + g) * D : knew + (size_t)kvh * D;
+            const int ia = neox ? j : 2 * j, ib = neox ? j + half : 2 * j + 1;
+            const double a = x[ia], b = x[ib], c = cs[j][0], sn = cs[j][1];
+            const float ra = (float)(a * c - b * sn), rb = (float)(a * sn + b * c);  // rope_pair
+            float* dst = isq ? qf + g * D : krow;
+            dst[ia] = ra;
+            dst[ib] = rb;
+            if (!isq) kcur[ia] = ra, kcur[ib] = rb;
+        }
+        if (owner)
+            for (int d = threadIdx.x; d < D; d += blockDim.x) {
+                const float vv = vnew[(size_t)kvh * D + d];
+                vrow[d] = vv;
+                vc[((size_t)cur * Hkv + kvh) * D + d] = vv;
+            }
+        __syncthreads();  // krow / vrow are copied by other threads
+        if (owner && tc <= 1) put_row(tiles + tc * 2 * KT * D4, krow, vrow, cur - kb - tc * KT, D4);
+    }
 
     float m[HPW], l[HPW];
     float4 acc[HPW][DL];  // float4s lane and lane + 32 of each head's output
@@ -181,7 +237,9 @@ extern "C" __global__ void attn_tile(const float* __restrict__ q, const float* _
         __syncthreads();  // every warp is done with stage t & 1
         if (t + 2 < ntile) {
             const int n0 = t0 + 2 * KT;
-            issue_tile(tiles + (t & 1) * 2 * KT * D4, k4, v4, rstride, D4, n0, min(KT, ke - n0));
+            float4* st = tiles + (t & 1) * 2 * KT * D4;
+            issue_tile(st, k4, v4, rstride, D4, n0, min(KT, ke - n0), skip);
+            if (owner && t + 2 == tc) put_row(st, krow, vrow, cur - n0, D4);
         }
         cp_commit();  // possibly empty: keeps "tile t + 1 is the second newest group"
     }

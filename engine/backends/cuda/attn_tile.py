@@ -27,8 +27,9 @@ def tile_fits(H: int, Hkv: int, D: int, warps: int, max_tickets: int) -> bool:
 
 
 def smem_bytes(G: int, D: int) -> int:
-    """q [G, D] and two stages of K and V tiles [KT, D]: float32."""
-    return 4 * (G + 4 * KT) * D
+    """q [G, D], two stages of K and V tiles [KT, D] and fuse_rope's current K and V rows [D]:
+    float32."""
+    return 4 * (G + 4 * KT + 2) * D
 
 
 def ranges(L: int, splits: int, min_keys: int) -> tuple[int, int]:
@@ -39,12 +40,13 @@ def ranges(L: int, splits: int, min_keys: int) -> tuple[int, int]:
 
 
 def launch_attn_tile(
-    be: Any, q: Any, k: Any, v: Any, out: Any, pos0: int, c: Any, q8: bool
+    be: Any, q: Any, k: Any, v: Any, out: Any, pos0: int, c: Any, q8: bool, rope: Any = None
 ) -> tuple[Any, Any] | None:
     """attn_tile's launch of a decode row q [1, H, D] over the cache layer's k, v [S, Hkv, D]
     into out [1, H, D] (fuse_combine 0: then attn_combine's or, under q8, attn_combine_q8's);
     q8: also out's Q8_1 form, returned as (xq, xds) for the backend to remember (else None).
-    be: the CudaBackend (its launch, buffers, position pointer)."""
+    be: the CudaBackend (its launch, buffers, position pointer). rope (fuse_rope): the
+    backend's _PendingQ, q unroped; the kernel ropes q and k and writes the position's rows."""
     T, H, D = (int(s) for s in q.shape)
     Hkv = int(k.shape[1])
     splits, warps, fc = int(c["splits"]), int(c["warps"]), int(c["fuse_combine"]) == 1
@@ -54,6 +56,9 @@ def launch_attn_tile(
     if q8:
         xq, xds = be._q8_buffers(T, H * D)
     null = np.uint64(0)
+    rk = (null, null, np.float32(0), np.int32(0))
+    if rope is not None:
+        rk = (rope.k, rope.v, np.float32(rope.theta), np.int32(1 if rope.neox else 0))
     be._launch(
         "attn_tile", "attn_tile", (splits, Hkv), (32 * warps,),
         (
@@ -61,7 +66,7 @@ def launch_attn_tile(
             np.int32(pos0), be._pos_ptr(), np.float32(1.0 / math.sqrt(D)),
             np.int32(int(c["min_keys"])), out if fc else null,
             null if xq is None or not fc else xq, null if xds is None or not fc else xds,
-            be._head_tickets,
+            be._head_tickets, *rk,
         ),
         smem=smem_bytes(H // Hkv, D), pdl=True,
     )  # fmt: skip

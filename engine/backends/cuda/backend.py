@@ -886,8 +886,8 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         if int(config.op("rope")["fuse_kv"]):
             out.append("rope")
         att = config.op("attention_decode")
-        if att.variant == "gqa" and int(att["fuse_rope"]):
-            out.append("attention_decode")  # RoPE + KV write inside attn_gqa
+        if att.variant in ("gqa", "tile") and int(att["fuse_rope"]):
+            out.append("attention_decode")  # RoPE + KV write inside attn_gqa / attn_tile
         # the hybrids' fused decode (hybrid.py, moe_dec.py), where this backend has run it: a
         # dense model never does, so its blame never names them
         ran = getattr(self, "_fusions_ran", set())
@@ -1092,6 +1092,15 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
                 raise ValueError("attention: a pending q of another cache, layer or position")
             out = self._empty(tuple(int(s) for s in q.q.shape))
             c = self.config.op("attention_decode")
+            if c.variant == "tile":
+                T, H, D = (int(s) for s in q.q.shape)
+                xq = launch_attn_tile(
+                    self, q.q, cache.k[layer], cache.v[layer], out, pos0, c,
+                    self._int8_decode(), rope=q,
+                )  # fmt: skip
+                if xq is not None:
+                    self._q8_remember(out.reshape(T, H * D), *xq)
+                return out
             self._attn_gqa(q.q, cache, layer, pos0, out, c, self._int8_decode(), rope=q)
             return out
         q = self._cp.ascontiguousarray(q)
@@ -1153,8 +1162,11 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         return out
 
     def _gqa_rope(self, heads: tuple[int, int, int]) -> bool:
-        """attention_decode.gqa's fuse_rope on a decode row attn_gqa takes."""
+        """attention_decode.gqa's (or .tile's) fuse_rope on a decode row its kernel takes."""
         c = self.config.op("attention_decode")
+        if c.variant == "tile":
+            fits = tile_fits(*heads, int(c["warps"]), _MAX_ARGMAX_ROWS)
+            return int(c["fuse_rope"]) == 1 and fits
         return (
             c.variant == "gqa"
             and int(c["fuse_rope"]) == 1

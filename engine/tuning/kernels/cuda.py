@@ -891,6 +891,15 @@ REGISTRY.register(
                     "second launch, no fence / atomic / serial tail in the first)",
                     PUSHED,
                 ),
+                Param(
+                    "fuse_rope",
+                    (0, 1),
+                    0,
+                    "1: q and k RoPE and the current position's KV-cache write done by the "
+                    "attention kernel from the q/k/v projections' outputs (rope_kv's "
+                    "arithmetic, while the tiles load; no rope / rope_kv / kv_write launch)",
+                    HOST,
+                ),
             ),
             source="cuda/attn_tile.cu",
             numeric="order_only",
