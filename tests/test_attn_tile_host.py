@@ -2,7 +2,7 @@
 once a decode layer (grid SPLITS x Hkv, the kernel's signature checked by tests/cuda_fake.py) and
 no combine, leaves the Q8_1 form under int8 decode, sends the shapes it cannot take to
 attn_split; the kernel's range cutting covers every key once; and a NumPy model of the kernel's
-arithmetic (ranges, 32-key tiles, the online softmax, the combine 8 ranges at a time) equals the
+arithmetic (ranges, 32-key tiles, the online softmax, the combine 16 ranges at a time) equals the
 reference on ragged shapes, so a wrong merge formula shows here before it reaches a device. The
 kernel itself runs in tests/test_cuda_attn_decode.py (-m gpu)."""
 
@@ -119,12 +119,12 @@ def _tile_model(q, k, v, pos0: int, splits: int, min_keys: int) -> np.ndarray:
                 m = mn
             parts.append((m, lsum, acc))
         M, Ls, a = -np.inf, np.float32(0), np.zeros(D, np.float32)
-        for r0 in range(0, nact, 8):  # the combine: 8 ranges at a time, rescaled online
-            chunk8 = parts[r0 : r0 + 8]
-            Mn = max(M, *(p[0] for p in chunk8))
+        for r0 in range(0, nact, 16):  # the combine: 16 ranges at a time, rescaled online
+            group = parts[r0 : r0 + 16]
+            Mn = max(M, *(p[0] for p in group))
             cw = np.float32(0 if M == -np.inf else np.exp(M - Mn))
             a, Ls = a * cw, Ls * cw
-            for mr, lr, pr in chunk8:
+            for mr, lr, pr in group:
                 w = np.float32(np.exp(mr - Mn))
                 Ls, a = Ls + lr * w, a + pr * w
             M = Mn

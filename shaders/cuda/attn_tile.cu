@@ -25,7 +25,7 @@
 //   range writes its partial
 //   (unnormalized acc, max, sum) and the KV head's last range to finish (a ticket per KV head,
 //   reset by that block) merges them, each thread one float4 of the group's output, its ranges'
-//   (max, sum) and partials loaded together (one round trip per 8 ranges); with xq non-null it
+//   (max, sum) and partials loaded together (one round trip per 16 ranges); with xq non-null it
 //   writes out's Q8_1 blocks (q8_store4: quantize_q8_1's rounding). With out null every block
 //   writes its partial, the ranges past the position an empty one (max -inf), for attn_combine
 //   / attn_combine_q8 (a second launch: no fence, atomic or serial tail in this one).
@@ -38,7 +38,7 @@
 #define KT 32     // keys per tile: one per lane in the scores
 #define HPW 4     // q heads a warp holds at most
 #define DL 2      // float4s of an output row a lane holds: D <= 256
-#define CU 8      // ranges the combine loads at once
+#define CU 16     // ranges the combine loads at once
 
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
     unsigned s;
