@@ -37,7 +37,7 @@ def _decode_launches(tiny_model_factory, flat: dict) -> tuple[list, object]:
 
 @pytest.mark.parametrize("dec", ["mmvf", "mmvw"])
 @pytest.mark.parametrize("splits,min_keys,warps,fc", [
-    (32, 64, 4, 1), (8, 32, 2, 1), (128, 256, 8, 1), (32, 64, 4, 0),
+    (32, 64, 4, 1), (8, 32, 2, 1), (128, 256, 8, 1), (32, 64, 4, 0), (1, 32, 1, 1),
 ])  # fmt: skip
 def test_tile_launches(tiny_model_factory, dec, splits, min_keys, warps, fc):
     """One attn_tile a layer; fuse_combine 0: out and the Q8_1 buffers null, then a combine."""
@@ -70,7 +70,7 @@ def test_tile_launches(tiny_model_factory, dec, splits, min_keys, warps, fc):
 @pytest.mark.parametrize("H,Hkv,D,warps,ok", [
     (12, 2, 128, 4, True), (28, 4, 128, 2, True), (28, 4, 128, 1, False), (16, 2, 256, 2, True),
     (4, 2, 288, 4, False), (4, 2, 80, 4, False), (2, 2, 32, 2, True), (32, 1, 64, 8, True),
-    (64, 1, 64, 8, False), (6, 4, 64, 4, False),
+    (64, 1, 64, 8, False), (6, 4, 64, 4, False), (4, 1, 128, 1, True), (5, 1, 128, 1, False),
 ])  # fmt: skip
 def test_tile_limits(H, Hkv, D, warps, ok):
     assert tile_fits(H, Hkv, D, warps, 4096) is ok

@@ -860,7 +860,7 @@ REGISTRY.register(
             params=(
                 Param(
                     "splits",
-                    (8, 16, 32, 64, 128),
+                    (1, 2, 4, 8, 16, 32, 64, 128),
                     32,
                     "key ranges per KV head at most (grid x; blocks past the position's "
                     "ranges exit at once)",
@@ -876,7 +876,7 @@ REGISTRY.register(
                 ),
                 Param(
                     "warps",
-                    (2, 4, 8),
+                    (1, 2, 4, 8),
                     4,
                     "warps per block, each taking q heads of the group (needs group size "
                     "<= 4 x warps, else split runs)",
