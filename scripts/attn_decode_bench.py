@@ -38,14 +38,13 @@ BENCH = {  # name -> attention_decode knobs over dec8_split2
     "split_kw": {},  # dec8_split2's own: split_kw, splits 8, warps 4, 8 lanes a key, fused
     "split_kw_ke_s16": {_A + "kv_early": 1, _A + "splits": 16},
     "gqa": {_A + "variant": "gqa"},
-    "tile": {_A + "variant": "tile"},
+    "tile": {_A + "variant": "tile"},  # splits 32, min_keys 64, warps 8, fused combine
+    "tile_w4": {_A + "variant": "tile", _A + "warps": 4},
     "tile_m32": {_A + "variant": "tile", _A + "min_keys": 32},
     "tile_m128": {_A + "variant": "tile", _A + "min_keys": 128},
-    "tile_w8": {_A + "variant": "tile", _A + "warps": 8},
-    "tile_w2": {_A + "variant": "tile", _A + "warps": 2},
-    "tile_m32_w8": {_A + "variant": "tile", _A + "min_keys": 32, _A + "warps": 8},
     "tile_s16": {_A + "variant": "tile", _A + "splits": 16},
     "tile_s64": {_A + "variant": "tile", _A + "splits": 64},
+    "tile_s64_m32": {_A + "variant": "tile", _A + "splits": 64, _A + "min_keys": 32},
     "tile_nofc": {_A + "variant": "tile", _A + "fuse_combine": 0},
 }
 BASE = "dec8_split2"

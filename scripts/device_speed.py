@@ -223,9 +223,11 @@ VARIANTS |= {
 # position, cp.async K/V tiles, fused combine) on dec8_split2, and its knobs
 _TILE = {_A + "variant": "tile"}
 VARIANTS |= {
-    "d16_attn": S2 | _TILE,
+    "d16_attn": S2 | _TILE,  # warps 8 since the checkpoint (4: 528.5, 8: 565.1 tok/s)
     "d16_attn_m32": S2 | _TILE | {_A + "min_keys": 32},
     "d16_attn_w8": S2 | _TILE | {_A + "warps": 8},
+    "d16_attn_w4": S2 | _TILE | {_A + "warps": 4},
+    "d16_attn_s64_m32": S2 | _TILE | {_A + "splits": 64, _A + "min_keys": 32},
     "f16_attn": _TILE,  # on the float defaults
     "d16_attn_nofc": S2 | _TILE | {_A + "fuse_combine": 0},
     # + q/k/v, biases, RoPE and the KV write in one mmvw launch (mmvw_qkv): no rope_kv launch

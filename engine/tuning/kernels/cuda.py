@@ -877,7 +877,7 @@ REGISTRY.register(
                 Param(
                     "warps",
                     (1, 2, 4, 8),
-                    4,
+                    8,
                     "warps per block, each taking q heads of the group (needs group size "
                     "<= 4 x warps, else split runs)",
                     PUSHED,
