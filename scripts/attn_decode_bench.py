@@ -46,6 +46,8 @@ BENCH = {  # name -> attention_decode knobs over dec8_split2
     "tile_s64": {_A + "variant": "tile", _A + "splits": 64},
     "tile_s64_m32": {_A + "variant": "tile", _A + "splits": 64, _A + "min_keys": 32},
     "tile_nofc": {_A + "variant": "tile", _A + "fuse_combine": 0},
+    "tile_st1": {_A + "variant": "tile", _A + "stages": 1},
+    "tile_m32_st1": {_A + "variant": "tile", _A + "min_keys": 32, _A + "stages": 1},
 }
 BASE = "dec8_split2"
 COLD_BYTES = 256 << 20

@@ -228,6 +228,9 @@ VARIANTS |= {
     "d16_attn_w8": S2 | _TILE | {_A + "warps": 8},
     "d16_attn_w4": S2 | _TILE | {_A + "warps": 4},
     "d16_attn_s64_m32": S2 | _TILE | {_A + "splits": 64, _A + "min_keys": 32},
+    # one shared-memory stage (36 KiB, no opt-in beyond 48): is the 71 KiB block the cost?
+    "d16_attn_st1": S2 | _TILE | {_A + "stages": 1},
+    "d16_attn_m32_st1": S2 | _TILE | {_A + "min_keys": 32, _A + "stages": 1},
     "f16_attn": _TILE,  # on the float defaults
     "d16_attn_nofc": S2 | _TILE | {_A + "fuse_combine": 0},
     # + q/k/v, biases, RoPE and the KV write in one mmvw launch (mmvw_qkv): no rope_kv launch

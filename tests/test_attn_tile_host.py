@@ -36,10 +36,10 @@ def _decode_launches(tiny_model_factory, flat: dict) -> tuple[list, object]:
 
 
 @pytest.mark.parametrize("dec", ["mmvf", "mmvw"])
-@pytest.mark.parametrize("splits,min_keys,warps,fc", [
-    (32, 64, 4, 1), (8, 32, 2, 1), (128, 256, 8, 1), (32, 64, 4, 0), (1, 32, 1, 1),
+@pytest.mark.parametrize("splits,min_keys,warps,fc,stages", [
+    (32, 64, 4, 1, 2), (8, 32, 2, 1, 1), (128, 256, 8, 1, 2), (32, 64, 4, 0, 1), (1, 32, 1, 1, 2),
 ])  # fmt: skip
-def test_tile_launches(tiny_model_factory, dec, splits, min_keys, warps, fc):
+def test_tile_launches(tiny_model_factory, dec, splits, min_keys, warps, fc, stages):
     """One attn_tile a layer; fuse_combine 0: out and the Q8_1 buffers null, then a combine."""
     flat = TILE | {
         "matmul_decode.variant": dec,
@@ -47,17 +47,19 @@ def test_tile_launches(tiny_model_factory, dec, splits, min_keys, warps, fc):
         "attention_decode.min_keys": min_keys,
         "attention_decode.warps": warps,
         "attention_decode.fuse_combine": fc,
+        "attention_decode.stages": stages,
     }
     launches, m = _decode_launches(tiny_model_factory, flat)
     n, hkv, hd = m.spec.n_layers, m.spec.n_head_kv, m.spec.head_dim
     tiles = [launch for launch in launches if launch.kernel == "attn_tile"]
     assert len(tiles) == n
     assert all(t.grid == (splits, hkv, 1) and t.block == (32 * warps, 1, 1) for t in tiles)
-    assert all(int(t.args[11]) == min_keys for t in tiles)
-    assert all(t.smem == smem_bytes(m.spec.n_head // hkv, hd) for t in tiles)
-    q8 = [not isinstance(t.args[13], np.uint64) for t in tiles]  # xq; null: np.uint64(0)
+    assert all(int(t.args[11]) == min_keys and int(t.args[12]) == stages for t in tiles)
+    assert all(t.smem == smem_bytes(m.spec.n_head // hkv, hd, stages) for t in tiles)
+    assert smem_bytes(6, 128, 1) < 48 * 1024 < smem_bytes(6, 128, 2)
+    q8 = [not isinstance(t.args[14], np.uint64) for t in tiles]  # xq; null: np.uint64(0)
     assert all(q8) if dec == "mmvw" and fc else not any(q8)
-    assert all(isinstance(t.args[12], np.uint64) != bool(fc) for t in tiles)  # out
+    assert all(isinstance(t.args[13], np.uint64) != bool(fc) for t in tiles)  # out
     count = Counter(launch.kernel for launch in launches)
     combine = "attn_combine_q8" if dec == "mmvw" else "attn_combine"
     assert count[combine] == (0 if fc else n)

@@ -163,30 +163,32 @@ TILE_SHAPES = [  # H, Hkv, D, pos0: groups 1, 2, 4, 6, 7 (and 8, 16); one or man
     (4, 2, 64, 37), (8, 8, 128, 40), (16, 1, 128, 70), (16, 2, 256, 300), (8, 2, 32, 1000),
     (6, 1, 64, 2100), (4, 1, 128, 31), (4, 1, 128, 32), (3, 1, 80, 9),
 ]  # fmt: skip
-TILE_KNOBS = [
-    (32, 64, 4, 1), (8, 32, 2, 1), (128, 32, 8, 1), (16, 256, 4, 1), (64, 32, 4, 0), (1, 32, 1, 1),
+TILE_KNOBS = [  # splits, min_keys, warps, fuse_combine, stages
+    (32, 64, 4, 1, 2), (8, 32, 2, 1, 2), (128, 32, 8, 1, 2), (16, 256, 4, 1, 2), (64, 32, 4, 0, 2),
+    (1, 32, 1, 1, 2), (16, 128, 8, 1, 1), (64, 32, 8, 0, 1),
 ]  # fmt: skip
 
 
-def _tile(splits: int, min_keys: int, warps: int, fc: int = 1) -> dict:
+def _tile(splits: int, min_keys: int, warps: int, fc: int = 1, stages: int = 2) -> dict:
     return TILE | {
         "attention_decode.splits": splits,
         "attention_decode.min_keys": min_keys,
         "attention_decode.warps": warps,
         "attention_decode.fuse_combine": fc,
+        "attention_decode.stages": stages,
     }
 
 
-@pytest.mark.parametrize("splits,min_keys,warps,fc", TILE_KNOBS)
+@pytest.mark.parametrize("splits,min_keys,warps,fc,stages", TILE_KNOBS)
 @pytest.mark.parametrize("H,Hkv,D,pos0", TILE_SHAPES)
-def test_attention_decode_tile(be, H, Hkv, D, pos0, splits, min_keys, warps, fc):
+def test_attention_decode_tile(be, H, Hkv, D, pos0, splits, min_keys, warps, fc, stages):
     """Against float64, twice per config (the per-KV-head tickets reset); shapes the kernel
     cannot take (D % 32 != 0, group > 4 x warps) run attn_split, also checked here."""
     q, k, v = _inputs(H, Hkv, D, pos0)
     cache = be.new_kv_cache(1, pos0 + 3, Hkv, D)
     be.kv_write(cache, 0, be.upload(k), be.upload(v), 0)
     ref = attention_ref(q, be.download(cache.k[0]), be.download(cache.v[0]), pos0)
-    be.set_config(cfg(**_tile(splits, min_keys, warps, fc)))
+    be.set_config(cfg(**_tile(splits, min_keys, warps, fc, stages)))
     for _ in range(2):
         check(be.download(be.attention(be.upload(q), cache, 0, pos0)), ref, 1e-9)
     be.set_config(cfg())
@@ -249,12 +251,18 @@ TILE_ROPE_CONFIGS = [  # (fused, unfused): attn_tile's RoPE + KV write against r
         _tile(32, 128, 4) | {"attention_decode.fuse_rope": 1},
         _tile(32, 128, 4) | {"rope.fuse_kv": 1},
     ),
+    (  # the same with one stage: the loop's refill of stage 0 puts it in
+        _tile(32, 128, 8, 1, 1) | {"attention_decode.fuse_rope": 1},
+        _tile(32, 128, 8, 1, 1) | {"rope.fuse_kv": 1},
+    ),
 ]
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
 @pytest.mark.parametrize(
-    "pair", TILE_ROPE_CONFIGS, ids=["mmvf", "mmvw_s8_m32_w2_nofc", "mmvf_m128_long"]
+    "pair",
+    TILE_ROPE_CONFIGS,
+    ids=["mmvf", "mmvw_s8_m32_w2_nofc", "mmvf_m128_long", "mmvf_m128_long_st1"],
 )
 def test_tile_fuse_rope_equals_rope_kv(be, tiny_model_factory, arch, pair):
     """attention_decode.tile fuse_rope (q, k RoPE and the KV write inside attn_tile) decodes to
@@ -262,7 +270,7 @@ def test_tile_fuse_rope_equals_rope_kv(be, tiny_model_factory, arch, pair):
     current key lands in a range's first or second tile (37-token prompt: put in before the
     loop) or, with min_keys 128 and a 111-token prompt, its fourth (put in by the loop)."""
     m = _model(tiny_model_factory(arch, "q4_k_m"), be)
-    prompt = PROMPT * 3 if pair is TILE_ROPE_CONFIGS[2] else PROMPT
+    prompt = PROMPT * 3 if pair in TILE_ROPE_CONFIGS[2:] else PROMPT
     runs = []
     for flat in pair:
         be.set_config(cfg(**flat))

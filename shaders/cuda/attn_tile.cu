@@ -13,8 +13,8 @@
 //   fixed grid (SPLITS x Hkv) so one captured graph serves every position, few ranges (and a
 //   cheap combine) at short contexts, SPLITS ranges at long ones.
 // - loads: a tile of KT = 32 keys' K and V rows goes to shared memory by cp.async, every 16-byte
-//   copy of the tile in flight at once, and the next tile's copies are issued before the current
-//   one is computed (two stages). Rows are stored XOR-swizzled (float4 c of key j at column
+//   copy of the tile in flight at once, and (stages 2) the next tile's copies are issued before
+//   the current one is computed. Rows are stored XOR-swizzled (float4 c of key j at column
 //   c ^ (j & 7)): lane = key reads of K and lane = dims reads of V are both free of bank
 //   conflicts without padding (needs D % 32 == 0).
 // - compute: warp w takes q heads w, w + warps, ... (G <= 4 x warps): lane = key for the scores
@@ -31,7 +31,8 @@
 //   / attn_combine_q8 (a second launch: no fence, atomic or serial tail in this one).
 // Needs D % 32 == 0, D <= 256, G <= 4 x warps, G <= 32, Hkv <= the ticket count (else the host
 // runs attn_split_kw / attn_split).
-// Tunables (launch): SPLITS (grid x), min_keys, warps, fuse_combine (out), fuse_rope (knew).
+// Tunables (launch): SPLITS (grid x), min_keys, warps, stages, fuse_combine (out), fuse_rope
+// (knew).
 #include "q8.cuh"
 
 #define NEG_INF __int_as_float(0xff800000)
@@ -47,6 +48,7 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
 }
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void cp_wait1() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+__device__ __forceinline__ void cp_wait0() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
 
 __device__ __forceinline__ float dot4f(float4 a, float4 b, float acc) {
     return fmaf(a.x, b.x, fmaf(a.y, b.y, fmaf(a.z, b.z, fmaf(a.w, b.w, acc))));
@@ -77,7 +79,9 @@ __device__ __forceinline__ void put_row(float4* st, const float* kr, const float
     }
 }
 
-// grid (SPLITS, Hkv), block warps * 32, dynamic smem (G + 4 * KT + 2) * D floats.
+// grid (SPLITS, Hkv), block warps * 32, dynamic smem (G + 2 * stages * KT + 2) * D floats;
+// stages 2: tile t + 1 loads while tile t is computed, 1: half the shared memory (under the
+// 48 KiB default at D = 128), each tile loaded after the last one's compute.
 // q [H, D] (16-byte aligned), cache [S, Hkv, D]; part [H, SPLITS, D], ml [H, SPLITS, 2];
 // out [H, D] or null; xq / xds: out's Q8_1 form or null; tickets [Hkv], zero between launches.
 // knew non-null (fuse_rope): q and knew [Hkv, D] are the projections before RoPE (biases
@@ -86,7 +90,8 @@ __device__ __forceinline__ void put_row(float4* st, const float* kr, const float
 // writes that key's roped k row and v row into the cache and into its tile (rope_kv's work).
 extern "C" __global__ void attn_tile(const float* __restrict__ q, float* kc, float* vc,
                                      float* part, float* ml, int H, int Hkv, int D, int pos0,
-                                     const int* pos_ptr, float scale, int min_keys, float* out,
+                                     const int* pos_ptr, float scale, int min_keys, int nst,
+                                     float* out,
                                      signed char* xq, float2* xds, unsigned int* tickets,
                                      const float* knew, const float* vnew, float theta,
                                      int neox) {
@@ -95,8 +100,8 @@ extern "C" __global__ void attn_tile(const float* __restrict__ q, float* kc, flo
     const int s = blockIdx.x, kvh = blockIdx.y, nsplit = gridDim.x;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     float4* qs = sm4;            // [G][D4], unscaled (the score is scaled)
-    float4* tiles = qs + G * D4;  // 2 stages of [2][KT][D4]
-    float* krow = (float*)(tiles + 4 * KT * D4);  // fuse_rope: the current key's rows [D]
+    float4* tiles = qs + G * D4;  // nst (1 or 2) stages of [2][KT][D4]
+    float* krow = (float*)(tiles + nst * 2 * KT * D4);  // fuse_rope: the current key's rows
     float* vrow = krow + D;
     pdl_start();
     const int L = (pos_ptr ? *pos_ptr : pos0) + 1;
@@ -116,13 +121,13 @@ extern "C" __global__ void attn_tile(const float* __restrict__ q, float* kc, flo
     const int cur = L - 1;  // the current key: in the last range (ke == L)
     const bool fr = knew != nullptr, owner = fr && ke == L;
     const int skip = owner ? cur : -1, tc = (cur - kb) / KT;  // tc: the owner's tile of cur
-    // group 0: q and tile 0; group 1: tile 1 (maybe empty); then one group per tile
+    // group 0: q and tile 0; group 1: tile 1 under 2 stages (maybe empty); then one a tile
     if (!fr)
         for (int i = threadIdx.x; i < G * D4; i += blockDim.x)
             cp_async16(qs + i, (const float4*)q + (size_t)kvh * G * D4 + i);
     issue_tile(tiles, k4, v4, rstride, D4, kb, min(KT, ke - kb), skip);
     cp_commit();
-    if (ntile > 1)
+    if (nst == 2 && ntile > 1)
         issue_tile(tiles + 2 * KT * D4, k4, v4, rstride, D4, kb + KT, min(KT, ke - kb - KT), skip);
     cp_commit();
     if (fr) {  // while the tiles load: rope q (and the owner's k row), rope_kv's arithmetic
@@ -155,7 +160,7 @@ extern "C" __global__ void attn_tile(const float* __restrict__ q, float* kc, flo
                 vc[((size_t)cur * Hkv + kvh) * D + d] = vv;
             }
         __syncthreads();  // krow / vrow are copied by other threads
-        if (owner && tc <= 1) put_row(tiles + tc * 2 * KT * D4, krow, vrow, cur - kb - tc * KT, D4);
+        if (owner && tc < nst) put_row(tiles + tc * 2 * KT * D4, krow, vrow, cur - kb - tc * KT, D4);
     }
 
     float m[HPW], l[HPW];
@@ -169,9 +174,12 @@ extern "C" __global__ void attn_tile(const float* __restrict__ q, float* kc, flo
     }
     const int sw = lane & 7;  // this lane's key's swizzle in the scores
     for (int t = 0; t < ntile; ++t) {
-        cp_wait1();  // all groups but the newest: tile t (and q) landed
+        if (nst == 2)
+            cp_wait1();  // all groups but the newest: tile t (and q) landed
+        else
+            cp_wait0();
         __syncthreads();
-        const float4* ks = tiles + (t & 1) * 2 * KT * D4;
+        const float4* ks = tiles + (t % nst) * 2 * KT * D4;
         const float4* vs = ks + KT * D4;
         const int t0 = kb + t * KT, nv = min(KT, ke - t0);
         // two accumulators a head (even / odd float4s): half the dependent FMA chain
@@ -234,12 +242,12 @@ extern "C" __global__ void attn_tile(const float* __restrict__ q, float* kc, flo
                 }
             }
         }
-        __syncthreads();  // every warp is done with stage t & 1
-        if (t + 2 < ntile) {
-            const int n0 = t0 + 2 * KT;
-            float4* st = tiles + (t & 1) * 2 * KT * D4;
+        __syncthreads();  // every warp is done with stage t % nst
+        if (t + nst < ntile) {
+            const int n0 = t0 + nst * KT;
+            float4* st = tiles + (t % nst) * 2 * KT * D4;
             issue_tile(st, k4, v4, rstride, D4, n0, min(KT, ke - n0), skip);
-            if (owner && t + 2 == tc) put_row(st, krow, vrow, cur - n0, D4);
+            if (owner && t + nst == tc) put_row(st, krow, vrow, cur - n0, D4);
         }
         cp_commit();  // possibly empty: keeps "tile t + 1 is the second newest group"
     }

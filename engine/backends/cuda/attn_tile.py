@@ -26,10 +26,10 @@ def tile_fits(H: int, Hkv: int, D: int, warps: int, max_tickets: int) -> bool:
     return D % 32 == 0 and D <= 256 and G <= min(32, HPW * warps) and Hkv <= max_tickets
 
 
-def smem_bytes(G: int, D: int) -> int:
-    """q [G, D], two stages of K and V tiles [KT, D] and fuse_rope's current K and V rows [D]:
+def smem_bytes(G: int, D: int, stages: int = 2) -> int:
+    """q [G, D], stages x K and V tiles [KT, D] and fuse_rope's current K and V rows [D]:
     float32."""
-    return 4 * (G + 4 * KT + 2) * D
+    return 4 * (G + 2 * stages * KT + 2) * D
 
 
 def ranges(L: int, splits: int, min_keys: int) -> tuple[int, int]:
@@ -50,6 +50,7 @@ def launch_attn_tile(
     T, H, D = (int(s) for s in q.shape)
     Hkv = int(k.shape[1])
     splits, warps, fc = int(c["splits"]), int(c["warps"]), int(c["fuse_combine"]) == 1
+    stages = int(c["stages"])
     part = be._empty((T, H, splits, D))
     ml = be._empty((T, H, splits, 2))
     xq = xds = None
@@ -64,11 +65,11 @@ def launch_attn_tile(
         (
             be._aligned16(q), k, v, part, ml, np.int32(H), np.int32(Hkv), np.int32(D),
             np.int32(pos0), be._pos_ptr(), np.float32(1.0 / math.sqrt(D)),
-            np.int32(int(c["min_keys"])), out if fc else null,
+            np.int32(int(c["min_keys"])), np.int32(stages), out if fc else null,
             null if xq is None or not fc else xq, null if xds is None or not fc else xds,
             be._head_tickets, *rk,
         ),
-        smem=smem_bytes(H // Hkv, D), pdl=True,
+        smem=smem_bytes(H // Hkv, D, stages), pdl=True,
     )  # fmt: skip
     threads = min(128, max(32, D))
     if not fc and q8:

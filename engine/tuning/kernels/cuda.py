@@ -883,6 +883,14 @@ REGISTRY.register(
                     PUSHED,
                 ),
                 Param(
+                    "stages",
+                    (1, 2),
+                    2,
+                    "shared-memory tile stages: 2 loads a range's next 32-key tile while one is "
+                    "computed; 1 halves the shared memory (under 48 KiB at head dim 128)",
+                    PUSHED,
+                ),
+                Param(
                     "fuse_combine",
                     (0, 1),
                     1,
