@@ -187,7 +187,8 @@ extern "C" __global__ void attn_tile(const float* __restrict__ q, float* kc, flo
 #pragma unroll
         for (int hh = 0; hh < HPW; ++hh) sc[hh] = sc1[hh] = 0.f;
         const float4* kr = ks + lane * D4;  // lanes past nv read stale rows: masked below
-        for (int c = 0; c < D4; c += 2) {  // D4 % 8 == 0
+#pragma unroll 4
+        for (int c = 0; c < D4; c += 2) {  // D4 % 8 == 0: 8 float4 loads a step in flight
             const float4 kf = kr[c ^ sw], kf1 = kr[(c + 1) ^ sw];
 #pragma unroll
             for (int hh = 0; hh < HPW; ++hh) {
@@ -216,6 +217,7 @@ extern "C" __global__ void attn_tile(const float* __restrict__ q, float* kc, flo
             }
             m[hh] = mn;
         }
+#pragma unroll 8  // 8 keys' V loads and p shuffles in flight before their FMAs
         for (int j = 0; j < nv; ++j) {
             float4 vf[DL];
 #pragma unroll
