@@ -4,7 +4,9 @@
 # attention_decode variant alone, us a call at contexts 128-8192, 1.5B and 7B shapes),
 # times.log / decode_times_*.json (per-kernel decode time and tg64 of dec8_split2 against the
 # d16_attn configs, 1.5B), pytest.log (attention_decode.tile GPU tests, with the time left; the
-# planted ATTN_TILE_SWIZZLE last).
+# planted ATTN_TILE_SWIZZLE last). CONFIGS (scripts/device_speed.py names) and PRECOMPILE_S
+# (how long the bench waits for the parallel precompile) may be set; the checkpoint of commit
+# d70a48d ran the configs of its BENCHMARKS.md section, with the bench cut by a compile.
 set -u -o pipefail
 OUT=${OUT:-/tmp/out}; D="$OUT/attn"; mkdir -p "$D"
 T0=$(date +%s)
@@ -19,7 +21,7 @@ if [ ! -f $M ]; then M=/tmp/attn_1.5b.gguf
   [ -f $M ] || (python3 -m engine synth --preset 1.5b --out /tmp/attn_1.5b.part.gguf > "$D/synth.log" 2>&1 \
     && mv /tmp/attn_1.5b.part.gguf $M) &
 fi
-CONFIGS=dec8_split2,d16_attn,d16_attn_rope,d16_attn_nofc,d16_attn_fr,d16_attn_w8,f16_attn
+CONFIGS=${CONFIGS:-dec8_split2,d16_attn,d16_attn_m32,d16_attn_st1,d16_attn_m32_st1,d16_attn_s64_m32}
 python3 - > /tmp/attn_cfgs.json <<PY
 import json
 from scripts.device_speed import VARIANTS
@@ -38,7 +40,7 @@ for i in 0 1 2 3; do
     --part $i/4 >> "$D/precompile_mutant.log" 2>&1 &
 done
 # the bench's first config would compile every module in turn: let the parts finish first
-for i in $(seq 25); do
+for i in $(seq ${PRECOMPILE_S:-25}); do
   ALIVE=0; for p in $PIDS; do kill -0 $p 2> /dev/null && ALIVE=1; done
   [ $ALIVE = 0 ] && break
   sleep 1
@@ -50,8 +52,7 @@ echo "bench rc=$? at $(el) s" | tee -a "$D/summary.txt"
 for i in $(seq 10); do [ -f $M ] && break; sleep 1; done
 if [ -f $M ]; then
   timeout 32 python3 scripts/decode_times.py $M --out "$D" \
-    --configs dec8_split2,d16_attn,d16_attn_rope,d16_attn_nofc,d16_attn_fr,d16_attn_w8 \
-    --profile dec8_split2,d16_attn --gen 64 --repeats 2 --steps 3 \
+    --configs "$CONFIGS" --profile dec8_split2,d16_attn --gen 64 --repeats 2 --steps 3 \
     --deadline $(( $(date +%s) + 27 )) > "$D/times.log" 2>&1
   echo "times rc=$? at $(el) s" | tee -a "$D/summary.txt"
 else echo "no 1.5B model at $(el) s" | tee -a "$D/summary.txt"; fi
