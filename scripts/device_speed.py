@@ -244,6 +244,26 @@ VARIANTS |= {
                                    _D + "q4k_min_blocks": 16, _D + "stage": 1,
                                    _D + "stage_min_rows": 65536},
 }  # fmt: skip
+# helper attn (issue 14): attention_decode.tile (a block per KV head and key range cut from the
+# position, cp.async K/V tiles, fused combine) on dec8_split2, and its knobs
+_TILE = {_A + "variant": "tile"}
+VARIANTS |= {
+    "d16_attn": S2 | _TILE,  # warps 8 since the checkpoint (4: 528.5, 8: 565.1 tok/s)
+    "d16_attn_m32": S2 | _TILE | {_A + "min_keys": 32},
+    "d16_attn_w8": S2 | _TILE | {_A + "warps": 8},
+    "d16_attn_w4": S2 | _TILE | {_A + "warps": 4},
+    "d16_attn_s64_m32": S2 | _TILE | {_A + "splits": 64, _A + "min_keys": 32},
+    # one shared-memory stage (36 KiB, no opt-in beyond 48): is the 71 KiB block the cost?
+    "d16_attn_st1": S2 | _TILE | {_A + "stages": 1},
+    "d16_attn_m32_st1": S2 | _TILE | {_A + "min_keys": 32, _A + "stages": 1},
+    "f16_attn": _TILE,  # on the float defaults
+    "d16_attn_nofc": S2 | _TILE | {_A + "fuse_combine": 0},
+    # + q/k/v, biases, RoPE and the KV write in one mmvw launch (mmvw_qkv): no rope_kv launch
+    "d16_attn_fr": S2 | _TILE | {_D + "fuse_rope": 1},
+    # + q/k RoPE and the KV write inside attn_tile (while its tiles load): no rope_kv launch
+    "d16_attn_rope": S2 | _TILE | {_A + "fuse_rope": 1},
+    "f16_attn_rope": _TILE | {_A + "fuse_rope": 1},
+}
 # --sweep: coordinate descent over these knobs, in this order, from the --sweep variant
 SWEEP_KNOBS = (
     "q4k_lean",

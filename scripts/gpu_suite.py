@@ -41,7 +41,7 @@ SUITES: dict[str, list[tuple[str, str, str | None]]] = {
         ("tests/test_cuda_dn_step.py", "gpu", None),  # the fused delta-net decode step
         ("tests/test_cuda_dn_conv.py", "gpu", None),  # conv-folded step, stacked b/a, MoE norm
         ("tests/test_cuda_qk_prep.py", "gpu", None),  # q/k norm + partial RoPE in one launch
-        ("tests/test_cuda_attn_decode.py", "gpu", None),  # attention_decode.gqa (+ fuse_rope)
+        ("tests/test_cuda_attn_decode.py", "gpu", None),  # attention_decode.gqa, .tile
         ("tests/test_cuda_norm_decode.py", "gpu", None),  # rms_norm.block
         ("tests/test_cuda_mmvf_glu.py", "gpu", None),  # mmvf fuse_swiglu (mmvf_glu)
         ("tests/test_cuda_moe_drift.py", "gpu", None),  # tc under drift-explained routing

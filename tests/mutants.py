@@ -295,6 +295,8 @@ MUTANTS: tuple[Mutant, ...] = (
            "group with the group's first q head", {"attention_decode.variant": "gqa"}),
     Mutant("ATTN_GQA_ROPE_SIN", "cuda", "attention_decode", "attn_gqa's fused RoPE turns by "
            "minus the angle", {"attention_decode.variant": "gqa", "attention_decode.fuse_rope": 1}),
+    Mutant("ATTN_TILE_SWIZZLE", "cuda", "attention_decode", "attn_tile reads its V rows "
+           "without the shared-memory swizzle", {"attention_decode.variant": "tile"}),
     Mutant("MMVF_GLU_GATE", "cuda", "matmul_decode", "mmvf_glu multiplies silu(gate) by gate, "
            "not up", {"matmul_decode.fuse_swiglu": 1}),
     Mutant("NORM_ROW_WEIGHT", "cuda", "rms_norm", "rms_norm_row reads the norm weight one "

@@ -60,10 +60,13 @@ def test_fused_decode_launches(tiny_model_factory, knobs):
     rope = knobs.get("matmul_decode.fuse_rope", 0) == 1
     assert count["mmvw_qkv"] == (n if rope else 0)
     assert count["rope_kv"] == (0 if rope else n)
-    # per layer: q/k/v (+ rope_kv), attention (split + combine), o (+ rms_norm_q8), gate/up
-    # (+ swiglu_q8), down; the next layer's norm after all but the last down; outside the
-    # layers: embedding, the first norm, the output norm, the LM head
-    layer = (1 if rope else 2) + 2 + (1 if norm else 2) + (1 if glu else 2) + 1
+    # per layer: q/k/v (+ rope_kv), attention (the default variant's: split + combine, or
+    # tile's one launch), o (+ rms_norm_q8), gate/up (+ swiglu_q8), down; the next layer's norm
+    # after all but the last down; outside the layers: embedding, the first norm, the output
+    # norm, the LM head
+    att = 1 if be.config.op("attention_decode").variant == "tile" else 2
+    assert sum(v for k, v in count.items() if k.startswith("attn_")) == att * n
+    layer = (1 if rope else 2) + att + (1 if norm else 2) + (1 if glu else 2) + 1
     assert len(launches) == 2 + n * layer + (n - 1) * (0 if norm else 1) + 2, count
     c = be.config.op("matmul_decode")
     rpb = int(c["warps"]) * 32 // int(c["threads_per_row"]) * int(c["rows_per_thread"])

@@ -23,6 +23,7 @@ import numpy as np
 
 from engine.backends.base import Backend, DeviceEntry, DeviceInfo, KVCache, ProfileReport
 from engine.backends.cuda import kernels
+from engine.backends.cuda.attn_tile import launch_attn_tile, tile_fits
 from engine.backends.cuda.decode_float import CudaFloatDecodeOps
 from engine.backends.cuda.device import device_class, driver_string
 from engine.backends.cuda.hybrid import CudaHybridOps
@@ -944,8 +945,8 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         if int(config.op("rope")["fuse_kv"]):
             out.append("rope")
         att = config.op("attention_decode")
-        if att.variant == "gqa" and int(att["fuse_rope"]):
-            out.append("attention_decode")  # RoPE + KV write inside attn_gqa
+        if att.variant in ("gqa", "tile") and int(att["fuse_rope"]):
+            out.append("attention_decode")  # RoPE + KV write inside attn_gqa / attn_tile
         # the hybrids' fused decode (hybrid.py, moe_dec.py), where this backend has run it: a
         # dense model never does, so its blame never names them
         ran = getattr(self, "_fusions_ran", set())
@@ -1150,6 +1151,15 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
                 raise ValueError("attention: a pending q of another cache, layer or position")
             out = self._empty(tuple(int(s) for s in q.q.shape))
             c = self.config.op("attention_decode")
+            if c.variant == "tile":
+                T, H, D = (int(s) for s in q.q.shape)
+                xq = launch_attn_tile(
+                    self, q.q, cache.k[layer], cache.v[layer], out, pos0, c,
+                    self._int8_decode(), rope=q,
+                )  # fmt: skip
+                if xq is not None:
+                    self._q8_remember(out.reshape(T, H * D), *xq)
+                return out
             self._attn_gqa(q.q, cache, layer, pos0, out, c, self._int8_decode(), rope=q)
             return out
         q = self._cp.ascontiguousarray(q)
@@ -1162,6 +1172,12 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
             q8 = self._int8_decode() and D % 32 == 0  # the o projection's Q8_1 input, fused
             if c.variant == "gqa" and self._gqa_fits(H, Hkv, D, int(c["warps"])):
                 self._attn_gqa(q, cache, layer, pos0, out, c, q8)
+                return out
+            if c.variant == "tile" and tile_fits(H, Hkv, D, int(c["warps"]), _MAX_ARGMAX_ROWS):
+                k, v = cache.k[layer], cache.v[layer]
+                xq = launch_attn_tile(self, q, k, v, out, pos0, c, q8)
+                if xq is not None:
+                    self._q8_remember(out.reshape(T, H * D), *xq)
                 return out
             G = int(c["lanes_per_key"]) if c.variant == "split_kw" else 0
             G = G if G and D % (4 * G) == 0 and D <= 32 * G else 0  # else attn_split serves
@@ -1205,8 +1221,11 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         return out
 
     def _gqa_rope(self, heads: tuple[int, int, int]) -> bool:
-        """attention_decode.gqa's fuse_rope on a decode row attn_gqa takes."""
+        """attention_decode.gqa's (or .tile's) fuse_rope on a decode row its kernel takes."""
         c = self.config.op("attention_decode")
+        if c.variant == "tile":
+            fits = tile_fits(*heads, int(c["warps"]), _MAX_ARGMAX_ROWS)
+            return int(c["fuse_rope"]) == 1 and fits
         return (
             c.variant == "gqa"
             and int(c["fuse_rope"]) == 1

@@ -934,6 +934,70 @@ REGISTRY.register(
             "lane = 4 (8) dims for P.V; same partials and combine as split (head dim <= 256, "
             "D % 4 == 0)",
         ),
+        Variant(
+            B,
+            "attention_decode",
+            "tile",
+            params=(
+                Param(
+                    "splits",
+                    (1, 2, 4, 8, 16, 32, 64, 128),
+                    32,
+                    "key ranges per KV head at most (grid x; blocks past the position's "
+                    "ranges exit at once)",
+                    PUSHED,
+                ),
+                Param(
+                    "min_keys",
+                    (32, 64, 128, 256),
+                    64,
+                    "keys a range takes at least: short contexts use ceil(pos / min_keys) "
+                    "ranges (a cheaper combine), long ones all splits",
+                    PUSHED,
+                ),
+                Param(
+                    "warps",
+                    (1, 2, 4, 8),
+                    8,
+                    "warps per block, each taking q heads of the group (needs group size "
+                    "<= 4 x warps, else split runs)",
+                    PUSHED,
+                ),
+                Param(
+                    "stages",
+                    (1, 2),
+                    2,
+                    "shared-memory tile stages: 2 loads a range's next 32-key tile while one is "
+                    "computed; 1 halves the shared memory (under 48 KiB at head dim 128)",
+                    PUSHED,
+                ),
+                Param(
+                    "fuse_combine",
+                    (0, 1),
+                    1,
+                    "1: the KV head's last range combines (one range: writes out at once); "
+                    "0: every range writes a partial and attn_combine(_q8) merges them (a "
+                    "second launch, no fence / atomic / serial tail in the first)",
+                    PUSHED,
+                ),
+                Param(
+                    "fuse_rope",
+                    (0, 1),
+                    0,
+                    "1: q and k RoPE and the current position's KV-cache write done by the "
+                    "attention kernel from the q/k/v projections' outputs (rope_kv's "
+                    "arithmetic, while the tiles load; no rope / rope_kv / kv_write launch)",
+                    HOST,
+                ),
+            ),
+            source="cuda/attn_tile.cu",
+            numeric="order_only",
+            doc="a block per (KV head, key range cut from the position at run time) for all q "
+            "heads of the group: 32-key K/V tiles by cp.async in two stages (the next tile in "
+            "flight while one is computed), swizzled shared rows, lane = key for the scores, "
+            "lane = 4 dims for P.V; one range writes out, more ranges combine in the KV head's "
+            "last block (+ Q8_1 under int8 decode): one launch (D % 32 == 0, D <= 256)",
+        ),
     ],
 )
 REGISTRY.register(
