@@ -128,19 +128,27 @@ class HybridModel(Model):
         b, s, w, eps = self.backend, self.spec, self.weights, self.spec.rms_eps
         x = b.embedding(w["token_embd.weight"], ids)
         h = b.rms_norm(x, w["blk.0.attn_norm.weight"], eps)
+        # a backend that folds the post-attention norm into its MoE op (moe_ffn_prenorm) gets
+        # the residual stream alone from the mixers
+        prenorm = s.moe is not None and not self.routes and not self.route_ref and b.moe_prenorm(n)
         for i in range(s.n_layers):
             p = f"blk.{i}."
             post = w[p + "post_attention_norm.weight"]
             if s.is_recurrent(i):  # (x + the mixer's output, its post-attention norm)
-                x, h = self._delta_net(h, n, i, pos0, cache, x, post)
+                x, h = self._delta_net(h, n, i, pos0, cache, x, None if prenorm else post)
             else:
-                x, h = self._attention(h, n, i, pos0, cache, x, post)
+                x, h = self._attention(h, n, i, pos0, cache, x, None if prenorm else post)
             nxt = w[f"blk.{i + 1}.attn_norm.weight"] if i + 1 < s.n_layers else None
             if s.moe is None:
                 ffn = tuple(w[p + f"ffn_{t}.weight"] for t in ("gate", "up", "down"))
                 if nxt is None:
                     return b.ffn(h, *ffn, x)
                 x, h = b.ffn_norm(h, *ffn, x, nxt, eps)
+            elif prenorm:  # the post-attention norm, the MoE FFN and the next layer's norm
+                out = b.moe_ffn_prenorm(x, post, *self._moe_weights(i), nxt, eps)
+                if nxt is None:
+                    return out
+                x, h = out
             elif not self.routes and not self.route_ref:  # (forced routing: op-by-op _ffn)
                 moe = self._moe_weights(i)
                 if nxt is None:
@@ -156,8 +164,10 @@ class HybridModel(Model):
         self, o: Tensor, name: str, i: int, pos0: int, r: Tensor | None, norm: Weight | None
     ) -> Any:
         """The mixer's output projection; with r (the fused trunk), (r + it, its RMSNorm by
-        norm) through the backend's matmul_add_norm."""
+        norm) through the backend's matmul_add_norm; with r and no norm, (r + it, None)."""
         wt = self.weights[f"blk.{i}.{name}.weight"]
+        if r is not None and norm is None:
+            return self.backend.matmul_add(o, wt, r), None
         if r is not None:
             return self.backend.matmul_add_norm(o, wt, r, norm, self.spec.rms_eps)
         return self._tap("matmul", name, i, self.backend.matmul(o, wt), pos0)

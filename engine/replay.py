@@ -57,7 +57,7 @@ class OpStat:
     op: str  # registry op, e.g. matmul_decode
     variant: str
     numeric: str  # the variant's numeric class
-    bound: float  # that class's op_nmse
+    bound: float  # that class's op_nmse, or the reference's class's for the op where looser
     nmse: float  # worst per-position NMSE over its uses
     label: str  # where the worst one was
     layer: int
@@ -221,7 +221,13 @@ class _Candidate:
     """Candidate side: compare each op output with the reference's rows, hand back the
     reference's value in its place, keep per-op statistics and the first use over its bound."""
 
-    def __init__(self, model: Model, config: TuningConfig, table: dict[str, Budget]) -> None:
+    def __init__(
+        self,
+        model: Model,
+        config: TuningConfig,
+        table: dict[str, Budget],
+        reference: TuningConfig | None = None,
+    ) -> None:
         self.model, self.config, self.table = model, config, table
         self.ref: _Reference | None = None  # the current segment's recording
         self.stats: dict[str, OpStat] = {}
@@ -230,6 +236,10 @@ class _Candidate:
         self.used: set[tuple[str, str, int]] = set()
         self.transposed = _transposed(config)
         self.classes = model.backend.numeric_classes(config)
+        # the reference's own classes: an int8 reference (validate --reference mmvq) records
+        # rows with int8 error in them, so a float op of the candidate is judged against those
+        # rows by the looser of the two classes (the float default as reference: no change)
+        self.ref_classes = model.backend.numeric_classes(reference) if reference else {}
 
     def __call__(self, op: str, label: str, layer: int, t: Any, pos0: int) -> Any:
         b = self.model.backend
@@ -294,7 +304,9 @@ class _Candidate:
         if s is None:
             numeric = self.classes.get(reg, "order_only")  # schedule-only ops: float32
             variant = self._variant(reg)
-            bound = self.table[numeric].op_nmse
+            # the reference ran this op one token at a time: its registry op is the n = 1 one
+            ref_numeric = self.ref_classes.get(self.model.backend.registry_op(op, 1), "order_only")
+            bound = max(self.table[numeric].op_nmse, self.table[ref_numeric].op_nmse)
             s = self.stats[reg] = OpStat(reg, variant, numeric, bound, -1.0, "", -1, -1, -1, 0.0)
         s.uses += 1
         if nmse > s.nmse:
@@ -388,7 +400,7 @@ def replay(
     cached = cache.get(ref_key) if cache is not None else None
     whole = cached is not None or _fits(cache, P + steps, cache_bytes)
     segs = [list(range(0, P, chunk))] if whole else segments(P, chunk)
-    judge = _Candidate(model, candidate, table)
+    judge = _Candidate(model, candidate, table, reference)
     try:
         for k, starts in enumerate(segs):
             last = k == len(segs) - 1

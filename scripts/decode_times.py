@@ -6,8 +6,8 @@ each event pair brackets the kernel's execution (plus the GPU's own gap between 
 kernels). Also tg (graph replay, engine.bench) per config for comparison.
 
 usage: python scripts/decode_times.py MODEL.gguf [--configs a,b] [--prompt 512] [--gen 64]
-       [--steps 4] [--repeats 2] [--deadline EPOCH_S] [--out DIR] [--json]
-Config names are scripts/device_speed.py's VARIANTS.
+       [--steps 4] [--repeats 2] [--deadline EPOCH_S] [--out DIR] [--json] [--hybrid]
+Config names are scripts/device_speed.py's VARIANTS (--hybrid: scripts/device_hybrid_bench.py's).
 """
 
 from __future__ import annotations
@@ -79,10 +79,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--deadline", type=float, default=0.0)
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument(
+        "--hybrid",
+        action="store_true",
+        help="config names are scripts/device_hybrid_bench.py's (the qwen35 / qwen35moe ones)",
+    )
     a = ap.parse_args(argv)
+    variants, config_of = VARIANTS, config
+    if a.hybrid:
+        import device_hybrid_bench as hb  # (scripts/ is on the path: this script's folder)
+
+        variants, config_of = hb.VARIANTS, hb.config
     names = [n for n in a.configs.split(",") if n]
     prof = [n for n in a.profile.split(",") if n] or names[:1]
-    bad = [n for n in names + prof if n not in VARIANTS]
+    bad = [n for n in names + prof if n not in variants]
     if bad or not Path(a.model).is_file():
         print(f"decode_times: unknown config {bad} or no model file {a.model}")
         return 2
@@ -107,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"deadline: {n} and later not run", flush=True)
             break
         try:
-            be.set_config(config(n))
+            be.set_config(config_of(n))
             if n in prof:
                 p = rec["profile"][n] = queued_profile(eng, a.prompt, a.steps, cycles)
                 top = ", ".join(f"{k} {v}" for k, v in list(p["us_per_token"].items())[:12])

@@ -29,8 +29,15 @@ from scripts.speed_record import SpeedRecord  # noqa: E402
 
 MMVW = {"matmul_decode.variant": "mmvw"}
 HDEC = {"delta_net.fuse_conv": 1, "delta_net.fuse_ba": 1, "moe_experts.fuse_norm": 1}
+RV_TK = {"moe_experts.route_vec": 1, "moe_experts.topk_regs": 1}
+MOE6 = {"moe_experts.route_block": 128, "moe_experts.topk_regs": 1, "moe_experts.down_split": 1,
+        "moe_experts.gate_up_pair": 1, "moe_experts.fuse_pre_norm": 1}  # fmt: skip
 VARIANTS: dict[str, dict] = {
     "default": {},
+    # the default before the sixth session's flip (hdec_all_rv_ws's knobs off)
+    "pre6": {"delta_net.fuse_conv": 0, "moe_experts.fuse_norm": 0, "moe_experts.route_vec": 0,
+             "moe_experts.down_wsum": 0, "moe_experts.topk_regs": 0},
+    "notk": {"moe_experts.topk_regs": 0},  # the default but the route's top-k from L2
     "dmmv": {"matmul_decode.variant": "dmmv"},  # the float default before mmvf (issue 14)
     "mmvf_t32": {"matmul_decode.threads_per_row": 32},  # mmvf (the default) knobs
     "mmvf_r4": {"matmul_decode.rows_per_thread": 4},
@@ -87,6 +94,41 @@ VARIANTS: dict[str, dict] = {
     "hdec_all_rv_ws_t16": HDEC | {"moe_experts.route_vec": 1, "moe_experts.down_wsum": 1,
                                   "moe_experts.threads_per_row": 16,
                                   "moe_experts.rows_per_block": 8},
+    # helper moedec (sixth session): the route's top-k from registers (topk_regs), the down
+    # kernel with a warp per expert slot (down_split), programmatic dependent launch
+    "hdec_rv_tk_ws": HDEC | RV_TK | {"moe_experts.down_wsum": 1},
+    "hdec_rv_tk_split": HDEC | RV_TK | {"moe_experts.down_split": 1},
+    "hdec_rv_tk_split_r8": HDEC | RV_TK | {"moe_experts.down_split": 1,
+                                           "moe_experts.rows_per_block": 8},
+    "hdec_rv_tk_split_t64": HDEC | RV_TK | {"moe_experts.down_split": 1,
+                                            "moe_experts.threads_per_row": 64,
+                                            "moe_experts.vec": 1},
+    "hdec_rb_tk_split": HDEC | {"moe_experts.route_block": 128, "moe_experts.topk_regs": 1,
+                                "moe_experts.down_split": 1},
+    "hdec_rb_tk_split_t64": HDEC | {"moe_experts.route_block": 128, "moe_experts.topk_regs": 1,
+                                    "moe_experts.down_split": 1,
+                                    "moe_experts.threads_per_row": 64},
+    "hdec_rb_tk_split_pdl": HDEC | {"moe_experts.route_block": 128, "moe_experts.topk_regs": 1,
+                                    "moe_experts.down_split": 1, "matmul_decode.pdl": 1},
+    # and the post-attention norm folded into the route (fuse_pre_norm)
+    "rb_tk_split_pre": {"moe_experts.route_block": 128, "moe_experts.topk_regs": 1,
+                        "moe_experts.down_split": 1, "moe_experts.fuse_pre_norm": 1},
+    "rb_tk_ws_pre": {"moe_experts.route_block": 128, "moe_experts.topk_regs": 1,
+                     "moe_experts.fuse_pre_norm": 1},
+    "rb_tk_split_pre_pdl": {"moe_experts.route_block": 128, "moe_experts.topk_regs": 1,
+                            "moe_experts.down_split": 1, "moe_experts.fuse_pre_norm": 1,
+                            "matmul_decode.pdl": 1},
+    "tk": {"moe_experts.topk_regs": 1},  # the default + the register top-k alone
+    # everything of the sixth session: block route + register top-k + the norm folded in,
+    # paired gate / up, a warp per expert slot in down; gate_up at 64 lanes a row; with PDL
+    "moe6": MOE6,
+    "moe6_t64": MOE6 | {"moe_experts.threads_per_row": 64},
+    "moe6_pdl": MOE6 | {"matmul_decode.pdl": 1},
+    "moe6_t64_pdl": MOE6 | {"moe_experts.threads_per_row": 64, "matmul_decode.pdl": 1},
+    "hdec_all_rv_ws_pdl": HDEC | {"moe_experts.route_vec": 1, "moe_experts.down_wsum": 1,
+                                  "matmul_decode.pdl": 1},
+    "hdec_rv_tk_split_pdl": HDEC | RV_TK | {"moe_experts.down_split": 1,
+                                            "matmul_decode.pdl": 1},
     "mmq8": {"matmul_prefill.variant": "mmq8"},
     # on the H200 (9B tg64) mmvw alone 267, mmvw + PDL + chunked + argmax.multi 248: PDL and
     # argmax.multi stay out of fast until measured apart (mmvw_pdl)

@@ -219,8 +219,57 @@ VARIANTS |= {
     "norm_t128": _NB | {"rms_norm.threads": 128},
     "norm_t512": _NB | {"rms_norm.threads": 512},
 }
+# helper gemv (issue 14): mmvw's Q4_K / Q6_K launches as mmvw_stream (matmul_decode.stream =
+# the ring's stages: persistent blocks, bulk-copied shared-memory stages; same arithmetic)
+VARIANTS |= {
+    "gemv_s2": S2 | {_D + "stream": 2},
+    "gemv_s3": S2 | {_D + "stream": 3},
+    "gemv_s4": S2 | {_D + "stream": 4},
+    "gemv_s4_k1": BEST | {_D + "stream": 4},  # without split_k
+    "gemv_s3_w8": S2 | {_D + "stream": 3, _D + "warps": 8},
+    "gemv_s4_b2": S2 | {_D + "stream": 4, _D + "stream_blocks": 2},
+    "gemv_s3x": S2 | {_D + "stream": 3, _D + "stream_x": 1},
+    "gemv_s4x": S2 | {_D + "stream": 4, _D + "stream_x": 1},
+    # Q4_K decoded branch-free (q4k_lean) in a kernel built for Q4_K alone (q4k_kernel)
+    "gemv_lk": S2 | {_D + "q4k_lean": 1, _D + "q4k_kernel": 1},
+    "gemv_lk_mb12": S2 | {_D + "q4k_lean": 1, _D + "q4k_kernel": 1, _D + "q4k_min_blocks": 12},
+    "gemv_lk_mb16": S2 | {_D + "q4k_lean": 1, _D + "q4k_kernel": 1, _D + "q4k_min_blocks": 16},
+    "gemv_lean": S2 | {_D + "q4k_lean": 1},
+    "gemv_k4": S2 | {_D + "q4k_kernel": 1},
+    # + the LM head (only) staged in shared memory by bulk copies
+    "gemv_lk_stage_lm": S2 | {_D + "q4k_lean": 1, _D + "q4k_kernel": 1, _D + "stage": 1,
+                              _D + "stage_min_rows": 65536},
+    "gemv_stage_lm": S2 | {_D + "stage": 1, _D + "stage_min_rows": 65536},
+    "gemv_lk_mb16_stage_lm": S2 | {_D + "q4k_lean": 1, _D + "q4k_kernel": 1,
+                                   _D + "q4k_min_blocks": 16, _D + "stage": 1,
+                                   _D + "stage_min_rows": 65536},
+}  # fmt: skip
+# helper attn (issue 14): attention_decode.tile (a block per KV head and key range cut from the
+# position, cp.async K/V tiles, fused combine) on dec8_split2, and its knobs
+_TILE = {_A + "variant": "tile"}
+VARIANTS |= {
+    "d16_attn": S2 | _TILE,  # warps 8 since the checkpoint (4: 528.5, 8: 565.1 tok/s)
+    "d16_attn_m32": S2 | _TILE | {_A + "min_keys": 32},
+    "d16_attn_w8": S2 | _TILE | {_A + "warps": 8},
+    "d16_attn_w4": S2 | _TILE | {_A + "warps": 4},
+    "d16_attn_s64_m32": S2 | _TILE | {_A + "splits": 64, _A + "min_keys": 32},
+    # one shared-memory stage (36 KiB, no opt-in beyond 48): is the 71 KiB block the cost?
+    "d16_attn_st1": S2 | _TILE | {_A + "stages": 1},
+    "d16_attn_m32_st1": S2 | _TILE | {_A + "min_keys": 32, _A + "stages": 1},
+    "f16_attn": _TILE,  # on the float defaults
+    "d16_attn_nofc": S2 | _TILE | {_A + "fuse_combine": 0},
+    # + q/k/v, biases, RoPE and the KV write in one mmvw launch (mmvw_qkv): no rope_kv launch
+    "d16_attn_fr": S2 | _TILE | {_D + "fuse_rope": 1},
+    # + q/k RoPE and the KV write inside attn_tile (while its tiles load): no rope_kv launch
+    "d16_attn_rope": S2 | _TILE | {_A + "fuse_rope": 1},
+    "f16_attn_rope": _TILE | {_A + "fuse_rope": 1},
+}
 # --sweep: coordinate descent over these knobs, in this order, from the --sweep variant
 SWEEP_KNOBS = (
+    "q4k_lean",
+    "q4k_kernel",
+    "stream",
+    "stream_x",
     "split_k",
     "wload",
     "stage",

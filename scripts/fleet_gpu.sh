@@ -65,6 +65,12 @@ run|scaling)
         rm -rf /root/promo && git clone -q .fleet/main.bundle /root/promo -b main
         git -C /root/promo config user.name "fleettune agent"
         git -C /root/promo config user.email agent@fleettune.invalid
+        # this checkout's .git is whatever the machine was given (a stale commit: promotions'
+        # engine_commit read aa9087f+dirty); point its HEAD at the bundle's main without
+        # touching the files, so engine_commit is main's commit, '+dirty' only if they differ
+        [ -d .git ] && git fetch -q .fleet/main.bundle main 2> /dev/null \
+            && git reset -q FETCH_HEAD && echo "engine checkout: $(git rev-parse --short HEAD)$(
+                git status --porcelain -- engine shaders | grep -q . && echo ' +dirty')"
     else
         echo "no git on this machine: the agent runs with --no-promote"; PROMOTE=--no-promote
     fi

@@ -9,7 +9,8 @@ step's graph replays, PDL edges included under matmul_decode.pdl), median of --r
 replays: us per call and weight GB/s (bytes of the weights read / time).
 
 usage: python scripts/gemv_bench.py [--preset 7b,1.5b] [--settings base,split2,...]
-       [--calls 40] [--repeats 5] [--deadline EPOCH_S] [--out DIR] [--json]
+       [--shapes gate_up,down_q4k,...] [--calls 40] [--repeats 5] [--deadline EPOCH_S]
+       [--out DIR] [--json]
 """
 
 from __future__ import annotations
@@ -69,6 +70,43 @@ SETTINGS: dict[str, dict] = {
     "pdl_pf": _k(pdl=1, prefetch=1),
     "pdl_stage": _k(pdl=1, stage=1),
     "pdl_split2": _k(pdl=1, split_k=2),
+    # mmvw_stream (stream = ring stages): persistent blocks, bulk-copied shared-memory stages
+    "s2": _k(stream=2),
+    "s3": _k(stream=3),
+    "s4": _k(stream=4),
+    "s6": _k(stream=6),
+    "s4_b2": _k(stream=4, stream_blocks=2),
+    "s2_split2": _k(stream=2, split_k=2),
+    "s4_split2": _k(stream=4, split_k=2),
+    "s3_w8_split2": _k(stream=3, warps=8, split_k=2),
+    "s4_w8_split4": _k(stream=4, warps=8, split_k=4),
+    "s3_r2": _k(stream=3, rows_per_thread=2),
+    "s3_t16r2u1": _k(stream=3, threads_per_row=16, rows_per_thread=2, unroll=1),
+    "s4_u4": _k(stream=4, unroll=4),
+    "s4_pdl": _k(stream=4, pdl=1),
+    # + the activations as shared-memory planes (stream_x)
+    "s3x": _k(stream=3, stream_x=1),
+    "s4x": _k(stream=4, stream_x=1),
+    "s4x_b2": _k(stream=4, stream_x=1, stream_blocks=2),
+    "s3x_split2": _k(stream=3, stream_x=1, split_k=2),
+    "s3x_w8_split2": _k(stream=3, stream_x=1, warps=8, split_k=2),
+    "s3x_r2": _k(stream=3, stream_x=1, rows_per_thread=2),
+    "s3x_u4": _k(stream=3, stream_x=1, unroll=4),
+    # Q4_K decoded branch-free (q4k_lean) and the Q4_K-only kernel (q4k_kernel: fewer registers,
+    # more warps an SM; the gemv checkpoint's rate followed warps per SM)
+    "lean": _k(q4k_lean=1),
+    "k4": _k(q4k_kernel=1),
+    "lk": _k(q4k_lean=1, q4k_kernel=1),
+    "lk_mb12": _k(q4k_lean=1, q4k_kernel=1, q4k_min_blocks=12),
+    "lk_mb16": _k(q4k_lean=1, q4k_kernel=1, q4k_min_blocks=16),
+    "lk_split2": _k(q4k_lean=1, q4k_kernel=1, split_k=2),
+    "lk_mb16_split2": _k(q4k_lean=1, q4k_kernel=1, q4k_min_blocks=16, split_k=2),
+    "lk_u4": _k(q4k_lean=1, q4k_kernel=1, unroll=4),
+    "lk_w8": _k(q4k_lean=1, q4k_kernel=1, warps=8),
+    "lk_wide": _k(q4k_lean=1, q4k_kernel=1, q4k_wide=1),
+    "lk_wide_split2": _k(q4k_lean=1, q4k_kernel=1, q4k_wide=1, split_k=2),
+    "lk_stage": _k(q4k_lean=1, q4k_kernel=1, stage=1),
+    "lk_stage_lm": _k(q4k_lean=1, q4k_kernel=1, stage=1, stage_min_rows=65536),
 }
 Q4K_ROW, Q6K_ROW = 144, 224  # bytes per 256 weights (Q6_K as loaded: padded to 224)
 L2_DEFEAT = 256 << 20  # bytes of weight copies a shape rotates through (H200 L2: 50 MB)
@@ -171,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--preset", default="7b,1.5b")
     ap.add_argument("--settings", default=",".join(SETTINGS))
+    ap.add_argument("--shapes", default="", help="only these shapes (e.g. gate_up,down_q4k)")
     ap.add_argument("--calls", type=int, default=40)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--deadline", type=float, default=0.0, help="epoch s: no setting starts past")
@@ -179,7 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     presets = [p for p in a.preset.split(",") if p]
     names = [n for n in a.settings.split(",") if n]
+    only = [n for n in a.shapes.split(",") if n]
     bad = [p for p in presets if p not in PRESETS] + [n for n in names if n not in SETTINGS]
+    bad += [n for n in only if n not in shapes("1.5b")]
     if bad:
         print(f"gemv_bench: unknown preset or setting {bad}; settings: {', '.join(SETTINGS)}")
         return 2
@@ -194,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         (p, name): ShapeSet(cp, be, mats, seed=i)
         for p in presets
         for i, (name, mats) in enumerate(shapes(p).items())
+        if not only or name in only
     }
     for n in names:
         if a.deadline and time.time() > a.deadline:

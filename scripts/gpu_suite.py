@@ -41,10 +41,12 @@ SUITES: dict[str, list[tuple[str, str, str | None]]] = {
         ("tests/test_cuda_dn_step.py", "gpu", None),  # the fused delta-net decode step
         ("tests/test_cuda_dn_conv.py", "gpu", None),  # conv-folded step, stacked b/a, MoE norm
         ("tests/test_cuda_qk_prep.py", "gpu", None),  # q/k norm + partial RoPE in one launch
-        ("tests/test_cuda_attn_decode.py", "gpu", None),  # attention_decode.gqa (+ fuse_rope)
+        ("tests/test_cuda_attn_decode.py", "gpu", None),  # attention_decode.gqa, .tile
         ("tests/test_cuda_norm_decode.py", "gpu", None),  # rms_norm.block
         ("tests/test_cuda_mmvf_glu.py", "gpu", None),  # mmvf fuse_swiglu (mmvf_glu)
         ("tests/test_cuda_moe_drift.py", "gpu", None),  # tc under drift-explained routing
+        ("tests/test_cuda_mmvw_stream.py", "gpu", None),  # mmvw_stream (matmul_decode.stream)
+        ("tests/test_cuda_mmvw_q4k.py", "gpu", None),  # q4k_lean, q4k_kernel (mmvw_q4k)
         ("tests/test_cuda_backend.py", "gpu or not gpu", None),
     ],
     "vulkan": [

@@ -61,7 +61,7 @@ class PhaseTracker:
         for op in OPS:
             if hasattr(self.be, op):
                 setattr(self.be, op, self._op(op, getattr(self.be, op)))
-        for op in ("moe_ffn", "moe_ffn_norm"):  # the MoE FFN as one op (fuse_decode)
+        for op in ("moe_ffn", "moe_ffn_norm", "moe_ffn_prenorm"):  # the MoE FFN as one op
             if hasattr(self.be, op):
                 setattr(self.be, op, self._moe_ffn(getattr(self.be, op)))
         if self.cuda:
@@ -72,7 +72,7 @@ class PhaseTracker:
         """Drop the wrappers: the model and backend run as before."""
         for name in ("_delta_net", "_attention", "_ffn"):
             self.model.__dict__.pop(name, None)
-        for op in (*OPS, "moe_ffn", "moe_ffn_norm"):
+        for op in (*OPS, "moe_ffn", "moe_ffn_norm", "moe_ffn_prenorm"):
             self.be.__dict__.pop(op, None)
         self.be.__dict__.pop("_timed", None)
 

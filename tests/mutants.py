@@ -277,6 +277,14 @@ MUTANTS: tuple[Mutant, ...] = (
            op_level=False),
     Mutant("MMVW_STAGE_HALF", "cuda", "matmul_decode", "mmvw's staged bulk copy brings half "
            "of a block's weight rows", {"matmul_decode.variant": "mmvw", "matmul_decode.stage": 1}),
+    Mutant("Q4K_LEAN_SCALE", "cuda", "matmul_decode", "mmvw's branch-free Q4_K scale decode "
+           "(q4k_lean) gives a pair's odd sub-block the even one's scale",
+           {"matmul_decode.variant": "mmvw", "matmul_decode.q4k_lean": 1}),
+    Mutant("MMVW_Q4K_ROW0", "cuda", "matmul_decode", "mmvw_q4k (q4k_kernel) computes the next "
+           "block's rows", {"matmul_decode.variant": "mmvw", "matmul_decode.q4k_kernel": 1}),
+    Mutant("MMVW_STREAM_SHORT", "cuda", "matmul_decode", "mmvw_stream's bulk copies each "
+           "leave out their row set's last 16 bytes (stale shared memory read instead)",
+           {"matmul_decode.variant": "mmvw", "matmul_decode.stream": 2}),
     Mutant("MMVW_SPLIT_PART", "cuda", "matmul_decode", "mmvw's split-K leaves out the last "
            "part of each row", {"matmul_decode.variant": "mmvw", "matmul_decode.split_k": 2,
                                 "matmul_decode.split_min_k": 256}),
@@ -292,6 +300,8 @@ MUTANTS: tuple[Mutant, ...] = (
            "group with the group's first q head", {"attention_decode.variant": "gqa"}),
     Mutant("ATTN_GQA_ROPE_SIN", "cuda", "attention_decode", "attn_gqa's fused RoPE turns by "
            "minus the angle", {"attention_decode.variant": "gqa", "attention_decode.fuse_rope": 1}),
+    Mutant("ATTN_TILE_SWIZZLE", "cuda", "attention_decode", "attn_tile reads its V rows "
+           "without the shared-memory swizzle", {"attention_decode.variant": "tile"}),
     Mutant("MMVF_GLU_GATE", "cuda", "matmul_decode", "mmvf_glu multiplies silu(gate) by gate, "
            "not up", {"matmul_decode.fuse_swiglu": 1}),
     Mutant("NORM_ROW_WEIGHT", "cuda", "rms_norm", "rms_norm_row reads the norm weight one "

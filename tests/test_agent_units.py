@@ -106,15 +106,19 @@ def test_hybrid_9b_experiment_searches_the_cuda_hybrid_knobs() -> None:
 
 def test_hybrid_35b_experiment_searches_the_moe_decode_knobs() -> None:
     """experiments/hybrid-35b.toml: the 35B-A3B-like qwen35moe on CUDA, the routed experts'
-    three kernels, the router and the decode kernel; the dense-FFN fusions (a MoE layer has no
-    dense FFN) and the 4x slower chunked scan stay out of a 14-trial budget."""
+    fused decode's kernels, the router and the decode GEMV; prefill variants slower than tc, the
+    dense-FFN fusions (a MoE layer has no dense FFN) and the 4x slower chunked scan stay out of
+    a short budget."""
     from worker.models import synthetic_args
 
     exp = load_experiment(ROOT / "experiments" / "hybrid-35b.toml")
     assert synthetic_args(exp.models[0])[:2] == ("35b-a3b", "qwen35moe")
     grid = build_space("cuda", exp.space_for("cuda")).grid()
-    assert grid["moe_experts.variant"] == ["tc", "dmmv", "grouped", "mmvq"]  # tc: the default
-    assert grid["moe_experts.tc.wide_loads"] == [0, 1]  # the tensor-core experts' decoders
+    assert "moe_experts.variant" not in grid  # tc alone: the validated prefill default
+    for knob in ("route_block", "topk_regs", "down_split", "gate_up_pair", "fuse_pre_norm"):
+        assert len(grid[f"moe_experts.tc.{knob}"]) > 1  # the new fused-decode kernels
+    assert "moe_experts.tc.fuse_decode" not in grid  # pinned: the unfused decode is slower
+    assert grid["matmul_decode.variant"] == ["mmvf", "mmvw"]
     assert "matmul_decode.mmvw.fuse_swiglu" not in grid  # one value: not searched
     assert "delta_net.variant" not in grid and "delta_net.chunked.chunk" not in grid
     assert len(grid["router_topk.default.rows_per_block"]) == 3

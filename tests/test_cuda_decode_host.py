@@ -60,10 +60,13 @@ def test_fused_decode_launches(tiny_model_factory, knobs):
     rope = knobs.get("matmul_decode.fuse_rope", 0) == 1
     assert count["mmvw_qkv"] == (n if rope else 0)
     assert count["rope_kv"] == (0 if rope else n)
-    # per layer: q/k/v (+ rope_kv), attention (split + combine), o (+ rms_norm_q8), gate/up
-    # (+ swiglu_q8), down; the next layer's norm after all but the last down; outside the
-    # layers: embedding, the first norm, the output norm, the LM head
-    layer = (1 if rope else 2) + 2 + (1 if norm else 2) + (1 if glu else 2) + 1
+    # per layer: q/k/v (+ rope_kv), attention (the default variant's: split + combine, or
+    # tile's one launch), o (+ rms_norm_q8), gate/up (+ swiglu_q8), down; the next layer's norm
+    # after all but the last down; outside the layers: embedding, the first norm, the output
+    # norm, the LM head
+    att = 1 if be.config.op("attention_decode").variant == "tile" else 2
+    assert sum(v for k, v in count.items() if k.startswith("attn_")) == att * n
+    layer = (1 if rope else 2) + att + (1 if norm else 2) + (1 if glu else 2) + 1
     assert len(launches) == 2 + n * layer + (n - 1) * (0 if norm else 1) + 2, count
     c = be.config.op("matmul_decode")
     rpb = int(c["warps"]) * 32 // int(c["threads_per_row"]) * int(c["rows_per_thread"])
@@ -106,13 +109,15 @@ def test_fusions_fall_back_off_decode(tiny_model_factory):
     "knob,macro",
     [("wload", "WLOAD"), ("min_blocks", "MINB"), ("unroll", "UNROLL"),
      ("glu_threads_per_row", "GLU_TPR"), ("glu_unroll", "GLU_UNROLL"), ("q4k_wide", "Q4K_WIDE"),
-     ("q6k_wide", "Q6K_WIDE"), ("split_k", "KSPLIT")],
+     ("q6k_wide", "Q6K_WIDE"), ("split_k", "KSPLIT"), ("q4k_lean", "Q4K_LEAN"),
+     ("q4k_min_blocks", "Q4K_MINB")],
 )  # fmt: skip
 def test_define_knobs_build_mmvw_with_them(knob, macro):
     d = cfg(**BASE)
     assert kernels.modules_for(d)["mmvw"][1][macro] == d.op("matmul_decode")[knob]
     values = {"wload": (1, 2), "glu_threads_per_row": (2, 16), "min_blocks": (4, 16),
-              "q4k_wide": (1,), "q6k_wide": (1,), "split_k": (2, 4)}  # fmt: skip
+              "q4k_wide": (1,), "q6k_wide": (1,), "split_k": (2, 4), "q4k_lean": (1,),
+              "q4k_min_blocks": (12, 16)}  # fmt: skip
     for value in values.get(knob, (2, 8)):
         mods = kernels.modules_for(cfg(**BASE, **{f"matmul_decode.{knob}": value}))
         assert mods["mmvw"] == ("mmvw.cu", {**mods["mmvw"][1], macro: value})
@@ -296,3 +301,89 @@ def test_fusion_blame_bisects_several_fused_ops(monkeypatch):
     assert b.op == "rope" and "rope's fusions off" in b.label
     assert tried[0]["matmul_decode.fuse_norm"] == 0 and tried[0]["rope.fuse_kv"] == 1
     assert tried[1]["rope.fuse_kv"] == 0 and tried[1]["matmul_decode.fuse_norm"] == 1
+
+
+@pytest.mark.parametrize("split", [1, 2])
+def test_stream_plan_and_launches(tiny_model_factory, split):
+    """matmul_decode.stream: the decode step's Q4_K / Q6_K mmvw launches become mmvw_stream
+    (its signature checked by the fake), the grid at most the row sets and SMs x blocks per SM,
+    the ring within a block's shared memory; other types, or the knob off, keep mmvw."""
+    from engine.backends.cuda.backend import CudaWeight
+
+    flat = BASE | {"matmul_decode.stream": 4, "matmul_decode.split_k": split}
+    be, launches, _ = _decode_launches(tiny_model_factory, flat)
+    streamed = [launch for launch in launches if launch.kernel == "mmvw_stream"]
+    assert streamed, Counter(launch.kernel for launch in launches)
+    for launch in streamed:
+        nsets, stages, stage_bytes, x4, x6 = (int(a) for a in launch.args[5:10])
+        assert 1 <= launch.grid[0] <= nsets and 2 <= stages <= 4
+        assert launch.smem == stages * stage_bytes and stage_bytes % 16 == 0
+        assert x4 == x6 == -1  # stream_x off
+
+    def plan(qtype: str, n: int, k: int, **knobs: int) -> tuple | None:
+        be.set_config(cfg(**BASE, **{f"matmul_decode.{a}": v for a, v in knobs.items()}))
+        rb = k // 256 * {"Q4_K": 144, "Q6_K": 224, "Q8_0": 272}[qtype]
+        w = CudaWeight("w", qtype, (n, k), raw=be.upload(np.zeros((n, rb), np.uint8)))
+        rpb = be._mmvw_rows_per_block(k)
+        return be._stream_plan((w,), rpb, -(-n // rpb))
+
+    # 7B gate: 4 rows of 2016 bytes a set, 4 stages (32 KB): 6 blocks an SM by shared memory
+    assert plan("Q4_K", 18944, 3584, stream=4) == (132 * 6, 4, 8064, -1, -1, 4 * 8064)
+    assert plan("Q4_K", 18944, 3584, stream=4, stream_blocks=2)[0] == 264
+    # 7B down: 4 rows of 10656 bytes; 8 stages do not fit a block: 5 (213 KB), one block an SM
+    assert plan("Q4_K", 3584, 18944, stream=8) == (132, 5, 42624, -1, -1, 5 * 42624)
+    assert plan("Q6_K", 7, 512, stream=2) == (2, 2, 1792, -1, -1, 3584)  # fewer sets than SMs
+    # stream_x: the planes (56 bytes a slot of 32) after the ring, counted in the fit
+    xs = 56 * 18944 // 32
+    assert plan("Q4_K", 3584, 18944, stream=8, stream_x=1) == (132, 4, 42624, 4 * 42624, -1,
+                                                               4 * 42624 + xs)  # fmt: skip
+    assert plan("Q6_K", 64, 512, stream=2, stream_x=1)[3:5] == (-1, 2 * 1792)
+    assert plan("Q4_K", 64, 512, stream=2, stream_x=1, q4k_wide=1)[3:] == (-1, -1, 2 * 1152)
+    assert plan("Q4_K", 3584, 18944, stream=0) is None
+    assert plan("Q8_0", 64, 512, stream=4) is None
+    be.set_config(
+        cfg(
+            **BASE,
+            **{
+                "matmul_decode.stream": 2,
+                "matmul_decode.rows_per_thread": 4,
+                "matmul_decode.threads_per_row": 8,
+                "matmul_decode.warps": 8,
+            },
+        )
+    )
+    w = CudaWeight("w", "Q6_K", (8, 1 << 16), raw=be.upload(np.zeros((8, 256 * 224), np.uint8)))
+    assert be._stream_plan((w,), 128, 1) is None  # two stages of 128 such rows cannot fit
+
+
+def test_q4k_kernel_takes_the_all_q4k_launches(tiny_model_factory):
+    """matmul_decode.q4k_kernel: an mmvw launch of Q4_K matrices only runs mmvw_q4k (same
+    signature, checked by the fake); a launch with another type keeps mmvw."""
+    from engine.backends.cuda.backend import _QT
+
+    be, launches, _ = _decode_launches(tiny_model_factory, BASE | {"matmul_decode.q4k_kernel": 1})
+    kinds = Counter(launch.kernel for launch in launches)
+    assert kinds["mmvw_q4k"] > 0, kinds
+    for launch in launches:
+        if launch.kernel not in ("mmvw", "mmvw_q4k"):
+            continue
+        # (N, qt) of the three matrices; N = 0: no matrix
+        mats = [(int(launch.args[7 + 6 * i]), int(launch.args[8 + 6 * i])) for i in range(3)]
+        all_q4k = all(qt == _QT["Q4_K"] for n, qt in mats if n > 0)
+        assert (launch.kernel == "mmvw_q4k") == all_q4k, (launch.kernel, mats)
+    _, off, _ = _decode_launches(tiny_model_factory, BASE)
+    assert not any(launch.kernel == "mmvw_q4k" for launch in off)
+
+
+def test_stage_min_rows_stages_only_the_large_launches(tiny_model_factory):
+    """matmul_decode.stage_min_rows: under stage = 1, launches of fewer rows get no shared
+    memory (mmvw_stage_start then reads global memory); the LM head (vocab rows) keeps it."""
+    flat = BASE | {"matmul_decode.stage": 1}
+    _, staged, m = _decode_launches(tiny_model_factory, flat)
+    vocab = m.spec.n_vocab
+    _, big, _ = _decode_launches(tiny_model_factory, flat | {"matmul_decode.stage_min_rows": 32768})
+    mm = [launch for launch in staged if launch.kernel == "mmvw"]
+    assert mm and all(launch.smem > 0 for launch in mm)
+    for launch in (launch for launch in big if launch.kernel == "mmvw"):
+        rows = sum(int(launch.args[7 + 6 * i]) for i in range(3))
+        assert (launch.smem > 0) == (rows >= 32768), (rows, launch.smem, vocab)

@@ -114,12 +114,18 @@ MOE_SHAPES = [
 ]
 
 
-DOWN_KNOBS = [{}, {"moe_experts.down_vec1": 1}, {"moe_experts.down_wsum": 1},
+DOWN_KNOBS = [{"moe_experts.down_wsum": 0},
+              {"moe_experts.down_vec1": 1, "moe_experts.down_wsum": 0},
+              {"moe_experts.down_wsum": 1},
               {"moe_experts.down_wsum": 1, "moe_experts.threads_per_row": 16,
-               "moe_experts.rows_per_block": 8}]  # fmt: skip
+               "moe_experts.rows_per_block": 8},
+              {"moe_experts.down_split": 1, "moe_experts.topk_regs": 1},
+              {"moe_experts.down_split": 1, "moe_experts.rows_per_block": 8}]  # fmt: skip
 
 
-@pytest.mark.parametrize("knobs", DOWN_KNOBS, ids=["down", "vec1", "wsum", "wsum-t16"])
+@pytest.mark.parametrize(
+    "knobs", DOWN_KNOBS, ids=["down", "vec1", "wsum", "wsum-t16", "split", "split-r8"]
+)
 @pytest.mark.parametrize("E,k,C,F,qe,qd,shared", MOE_SHAPES)
 def test_moe_down_norm_is_moe_ffn_then_rms_norm(be, E, k, C, F, qe, qd, shared, knobs):
     rng = np.random.default_rng(E + k + C)

@@ -666,6 +666,14 @@ HYBRID_VALIDATE_CONFIGS = [
      "moe_experts.down_wsum": 1, "moe_experts.threads_per_row": 16,
      "moe_experts.rows_per_block": 8, "delta_net.state_transposed": False,
      "delta_net.warps": 2},
+    # helper moedec (sixth session): the route's top-k from registers, a warp per expert slot
+    # in the MoE down kernel (8 outputs a block)
+    {"delta_net.fuse_conv": 1, "delta_net.fuse_ba": 1, "moe_experts.fuse_norm": 1,
+     "moe_experts.route_vec": 1, "moe_experts.topk_regs": 1, "moe_experts.down_split": 1,
+     "moe_experts.rows_per_block": 8},
+    # and the post-attention norm in a block-per-row route
+    {"moe_experts.topk_regs": 1, "moe_experts.down_split": 1, "moe_experts.route_block": 128,
+     "moe_experts.fuse_pre_norm": 1},
 ]  # fmt: skip
 
 

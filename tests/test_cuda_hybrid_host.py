@@ -712,6 +712,108 @@ def test_moe_down_wsum_launches_one_down_kernel_with_or_without_the_norm(
     assert normed == [bool(fuse_norm)] * (m.spec.n_layers - 1) + [False]
 
 
+@pytest.mark.parametrize("fuse_norm", [0, 1])
+@pytest.mark.parametrize("rows", [1, 4, 8])
+def test_moe_down_split_launches_a_warp_per_expert_slot(tiny_model_factory, fuse_norm, rows):
+    # moe_experts.down_split: moe_dec_down_s, a block of k (+ 1 shared) warps per rows_per_block
+    # outputs, over down_wsum when both are on; topk_regs is the route's last argument
+    from engine.gguf_model import open_model
+    from engine.models import build_model
+
+    flat = {"moe_experts.down_split": 1, "moe_experts.down_wsum": 1,
+            "moe_experts.fuse_norm": fuse_norm, "moe_experts.rows_per_block": rows,
+            "moe_experts.topk_regs": 1, "prefill.gemm_min_t": 1 << 20}  # fmt: skip
+    be = FakeCuda(cfg(**flat))
+    m = build_model(open_model(tiny_model_factory("qwen35moe", "q4_k_m")), be)
+    step = _decode_launches(be, m)
+    downs = [x for x in step if x.kernel.startswith("moe_dec_down")]
+    assert [x.kernel for x in downs] == ["moe_dec_down_s"] * m.spec.n_layers
+    k = int(downs[0].args[9])
+    shared = not isinstance(downs[0].args[10], np.uint64)
+    C = int(downs[0].args[18])
+    for x in downs:
+        assert x.block[0] == 32 * (k + int(shared)) and tuple(x.grid[:2]) == (-(-C // rows), 1)
+    normed = [not isinstance(x.args[-4], np.uint64) for x in downs]
+    assert normed == [bool(fuse_norm)] * (m.spec.n_layers - 1) + [False]
+    routes = [x for x in step if x.kernel == "moe_dec_route"]
+    assert routes and all(int(x.args[-1]) == 1 for x in routes)
+
+
+def test_moe_gate_up_pair_launches_its_kernel_on_the_same_grid(tiny_model_factory):
+    from engine.gguf_model import open_model
+    from engine.models import build_model
+
+    launches = {}
+    for pair in (0, 1):
+        be = FakeCuda(cfg(**{"moe_experts.gate_up_pair": pair, "prefill.gemm_min_t": 1 << 20}))
+        m = build_model(open_model(tiny_model_factory("qwen35moe", "q4_k_m")), be)
+        launches[pair] = [x for x in _decode_launches(be, m) if "gate_up" in x.kernel]
+    assert [x.kernel for x in launches[1]] == ["moe_dec_gate_up_p"] * m.spec.n_layers
+    assert [(x.grid, x.block) for x in launches[1]] == [(x.grid, x.block) for x in launches[0]]
+
+
+@pytest.mark.parametrize("threads", [128, 256])
+def test_moe_route_block_launches_a_block_per_router_row(tiny_model_factory, threads):
+    # moe_experts.route_block: moe_dec_route_r, E (+ 1: the shared expert's gate) blocks of
+    # route_block threads, its ids / weights / logits the ones gate_up and down read
+    from engine.gguf_model import open_model
+    from engine.models import build_model
+
+    flat = {"moe_experts.route_block": threads, "moe_experts.topk_regs": 1,
+            "prefill.gemm_min_t": 1 << 20}  # fmt: skip
+    be = FakeCuda(cfg(**flat))
+    m = build_model(open_model(tiny_model_factory("qwen35moe", "q4_k_m")), be)
+    step = _decode_launches(be, m)
+    routes = [x for x in step if x.kernel.startswith("moe_dec_route")]
+    assert [x.kernel for x in routes] == ["moe_dec_route_r"] * m.spec.n_layers
+    for x in routes:
+        E, shared = int(x.args[4]), not isinstance(x.args[3], np.uint64)
+        assert x.block[0] == threads and tuple(x.grid[:2]) == (E + int(shared), 1)
+        assert int(x.args[-1]) == 1  # topk_regs
+    i = step.index(routes[0])
+    gate_up, down = step[i + 1], step[i + 2]
+    ids, w, logits = routes[0].args[8], routes[0].args[9], routes[0].args[6]
+    assert gate_up.args[7] is ids and down.args[7] is ids and down.args[8] is w
+    assert down.args[14] is logits
+
+
+@pytest.mark.parametrize("arch", ["qwen35moe", "qwen3next"])
+@pytest.mark.parametrize("threads", [0, 128])
+def test_moe_fuse_pre_norm_folds_the_post_attention_norm_into_the_route(
+    tiny_model_factory, arch, threads
+):
+    # moe_experts.fuse_pre_norm: the mixer's output projection is a plain matmul_add, the route
+    # (moe_dec_route_rn, route_block threads or 256) reads the residual row and the
+    # post-attention norm's weights and writes the normed row gate_up reads: one launch per
+    # MoE layer fewer, no rms_norm between the projection and the route
+    from engine.gguf_model import open_model
+    from engine.models import build_model
+
+    path = tiny_model_factory(arch, "q4_k_m")
+    per_token = {}
+    for fuse in (0, 1):
+        flat = {"moe_experts.fuse_pre_norm": fuse, "moe_experts.route_block": threads,
+                "prefill.gemm_min_t": 1 << 20}  # fmt: skip
+        be = FakeCuda(cfg(**flat))
+        m = build_model(open_model(path), be)
+        step = _decode_launches(be, m)
+        per_token[fuse] = len(step)
+        routes = [j for j, x in enumerate(step) if x.kernel.startswith("moe_dec_route")]
+        assert len(routes) == m.spec.n_layers
+        for j in routes:
+            if fuse:
+                assert step[j].kernel == "moe_dec_route_rn"
+                assert step[j].block[0] == (threads or 256)
+                assert step[j - 1].kernel.startswith("mmvf")  # the output projection
+                hn = step[j].args[3]
+                assert step[j + 1].kernel == "moe_dec_gate_up" and step[j + 1].args[0] is hn
+                w = m.weights[f"blk.{routes.index(j)}.post_attention_norm.weight"]
+                assert step[j].args[1] is w.f32
+            else:
+                assert step[j - 1].kernel in NORM_KERNELS
+    assert per_token[0] - per_token[1] == m.spec.n_layers
+
+
 def test_phase_profile_charges_the_fused_decode_kernels_to_their_phases(tiny_model_factory):
     # scripts/profile_hybrid.py's phase at each CUDA launch of a decode step under the hdec
     # knobs: the conv-folded delta-net step to dn.scan, the stacked projections to dn.proj, the

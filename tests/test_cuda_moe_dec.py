@@ -19,18 +19,33 @@ pytestmark = pytest.mark.gpu
 PROMPT = [3, 17, 99, 5, 42, 7, 250, 11, 64, 2, 8, 1, 77, 31, 9, 120, 66, 4, 200, 13]
 F32_PREFILL = {"prefill.gemm_min_t": 1 << 20}
 KNOBS = [
-    {},
+    {},  # the default: route_vec, down_wsum
+    {"moe_experts.route_vec": 0, "moe_experts.down_wsum": 0},  # the scalar route, moe_dec_down
     {"moe_experts.rows_per_block": 1, "moe_experts.threads_per_row": 128, "moe_experts.vec": 1},
     {"moe_experts.rows_per_block": 8, "moe_experts.threads_per_row": 16},
     {"moe_experts.rows_per_block": 2, "moe_experts.threads_per_row": 64, "moe_experts.vec": 1},
     {"moe_experts.rows_per_block": 1, "moe_experts.threads_per_row": 16},  # half a warp: NT 32
-    {"moe_experts.route_vec": 1, "moe_experts.down_vec1": 1},  # float4 router, short down rows
+    # float4 router, short down rows
+    {"moe_experts.route_vec": 1, "moe_experts.down_vec1": 1, "moe_experts.down_wsum": 0},
     {
         "moe_experts.route_vec": 1,
         "moe_experts.rows_per_block": 1,
         "moe_experts.threads_per_row": 128,
     },
-]
+    {"moe_experts.topk_regs": 0},  # the route's top-k from L2 each round (the default: regs)
+    {"moe_experts.down_split": 1},  # a warp per expert slot, 4 outputs a block
+    # 8 outputs a block (a partial last tile where C % 8), with the other route knobs
+    {"moe_experts.down_split": 1, "moe_experts.rows_per_block": 8,
+     "moe_experts.topk_regs": 1, "moe_experts.route_vec": 1},
+    {"moe_experts.down_split": 1, "moe_experts.rows_per_block": 1,
+     "moe_experts.threads_per_row": 64, "moe_experts.vec": 1},
+    # a block per router row (moe_dec_route_r)
+    {"moe_experts.route_block": 128, "moe_experts.topk_regs": 1},
+    {"moe_experts.route_block": 256, "moe_experts.down_split": 1,
+     "moe_experts.threads_per_row": 64},
+    # gate and up of an output sharing x's loads (moe_dec_gate_up_p)
+    {"moe_experts.gate_up_pair": 1, "moe_experts.threads_per_row": 64},
+]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +103,10 @@ SHAPES = [
     (256, 8, 512, 256, 256, "Q4_K", "Q4_K", "Q4_K"),
     (60, 11, 320, 160, 224, "Q4_0", "Q5_0", "Q4_1"),
     (16, 4, 256, 64, 64, "F16", "BF16", "F32"),
+    # rows past 32 groups (F / 16 = 48, the shared Fs / 16 = 38: a lane walks two), odd k
+    (20, 7, 256, 768, 608, "Q4_K", "Q4_K", "Q8_0"),
+    # float experts, C = 100 (not a multiple of 8 outputs: a partial tile), E, k, F all odd
+    (13, 3, 100, 40, 24, "F32", "F16", "BF16"),
 ]
 
 
@@ -179,3 +198,216 @@ def test_planted_unnormalised_route_is_rejected_and_blamed(be, tiny_model_factor
     v = judge(m, tiny_model_factory("qwen35moe", "q4_k_m"))
     assert v.rejected and v.caught_by == "validate", v
     assert v.blamed == "moe_experts", v.blame
+
+
+def _tied_layer(rng, E, k, C, F):
+    """Exact small-integer router rows (sums exact in any order) and h, so experts k - 1 and
+    E - 2 tie exactly for the k-th place (the first k - 1 above, the rest below): ties go to
+    the lower index, the NumPy reference's stable sort."""
+    h = rng.integers(-2, 3, (1, C)).astype(np.float32)
+    h[0, 0] = 4.0
+    router = np.zeros((E, C), np.float32)
+    router[:, 0] = 0.25 * (np.arange(E) % 3)  # the rest: logits 0, 1, 2 (each far below 8)
+    router[: k - 1, 0] = 3.0 + 0.0625 * np.arange(k - 1)  # clear winners: logits 12 and up
+    router[k - 1, 0] = router[E - 2, 0] = 2.75  # the tie: 11 = 11
+    router[k - 1, 1:] = router[E - 2, 1:] = 0.0
+    mats = tuple(qtensor(rng, s, "Q8_0", 0.1) for s in ((E, F, C), (E, F, C), (E, C, F)))
+    return h, _f32w(router), mats
+
+
+@pytest.mark.parametrize("E,k", [(40, 8), (256, 8), (300, 5)])
+def test_topk_regs_breaks_ties_to_the_lower_index_like_numpy(be, E, k):
+    rng = np.random.default_rng(E + k)
+    C, F = 256, 64
+    h, router, mats = _tied_layer(rng, E, k, C, F)
+    r = rng.standard_normal((1, C)).astype(np.float32)
+    want = _run(NumpyBackend(), h, r, router, k, mats, None)
+    got = {}
+    for regs in (0, 1):
+        be.set_config(cfg(**{"moe_experts.topk_regs": regs}))
+        got[regs] = _run(be, h, r, router, k, mats, None)
+        check(got[regs], want.astype(np.float64), 1e-10)
+    assert np.array_equal(got[0], got[1])  # same ids, same weights, same down kernel
+
+
+def _with_mutant(be, name: str, flat: dict, body):
+    """body(be) under config flat with only be's moe_dec module rebuilt with MUTANT_<name>
+    (these plants live in moe_dec.cu and the topk.cuh it includes): one module's build, where
+    a planted backend rebuilds every module (minutes of a GPU suite for five tests)."""
+    from engine.backends.cuda import kernels
+    from tests.mutants import Mutant, planted
+
+    be.set_config(cfg(**flat))
+    fname, defines = kernels.modules_for(be.config)["moe_dec"]
+    with planted(Mutant(name, "cuda", "moe_experts", name, {})):
+        mod = kernels.module(be._cp, be._cc, fname, defines)
+    be._k, be._fns, be._graph = {**be._k, "moe_dec": mod}, {}, None
+    try:
+        return body(be)
+    finally:
+        be.set_config(cfg())  # the production modules back (cached)
+
+
+def test_planted_topk_regs_tie_to_the_higher_index_is_caught(be):
+    """MUTANT_MOE_TOPK_REGS_TIE (topk.cuh, topk_row_regs only): the tie test's layer then
+    differs from NumPy, while the scalar top-k (topk_regs 0) in the same build does not."""
+    E, k, C, F = 40, 8, 256, 64
+    rng = np.random.default_rng(E + k)
+    h, router, mats = _tied_layer(rng, E, k, C, F)
+    r = rng.standard_normal((1, C)).astype(np.float32)
+    want = _run(NumpyBackend(), h, r, router, k, mats, None).astype(np.float64)
+    bad = _with_mutant(be, "MOE_TOPK_REGS_TIE", {"moe_experts.topk_regs": 1},
+                       lambda b: _run(b, h, r, router, k, mats, None))  # fmt: skip
+    ok = _with_mutant(be, "MOE_TOPK_REGS_TIE", {"moe_experts.topk_regs": 0},
+                      lambda b: _run(b, h, r, router, k, mats, None))  # fmt: skip
+    check(ok, want, 1e-10)
+    with pytest.raises(AssertionError):
+        check(bad, want, 1e-10)
+
+
+def test_planted_down_split_one_pass_is_caught_on_rows_past_32_groups(be):
+    """MUTANT_MOE_DOWN_SPLIT_ONE_PASS (moe_dec_down_s: one group per lane, rows cut at 512):
+    the F = 768 shape differs from NumPy; the 35B-A3B's F = 512 would not show it."""
+    E, k, C, F, Fs, qe, qd, qs = SHAPES[-2]
+    rng = np.random.default_rng(E * 7 + k)
+    router, mats, sh = _layer(rng, E, C, F, Fs, qe, qd, qs)
+    h, r = rng.standard_normal((2, 1, C)).astype(np.float32)
+    want = _run(NumpyBackend(), h, r, router, k, mats, sh).astype(np.float64)
+    bad = _with_mutant(be, "MOE_DOWN_SPLIT_ONE_PASS", {"moe_experts.down_split": 1},
+                       lambda b: _run(b, h, r, router, k, mats, sh))  # fmt: skip
+    with pytest.raises(AssertionError):
+        check(bad, want, 1e-10)
+
+
+DOWN_SPLIT = [
+    {"moe_experts.down_split": 1, "moe_experts.topk_regs": 1, "moe_experts.route_vec": 1,
+     "moe_experts.fuse_norm": 1},
+    {"moe_experts.down_split": 1, "moe_experts.topk_regs": 1, "moe_experts.route_block": 128,
+     "moe_experts.fuse_norm": 1, "moe_experts.rows_per_block": 8},
+    {"moe_experts.down_split": 1, "moe_experts.topk_regs": 1, "moe_experts.route_block": 128,
+     "moe_experts.fuse_pre_norm": 1},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("flat", DOWN_SPLIT, ids=["rv", "rb128", "rb128-pre"])
+def test_down_split_model_matches_numpy_and_graph_equals_eager(be, tiny_model_factory, flat):
+    # the whole tiny qwen35moe under the new knobs: NumPy's tokens, graph replay == eager
+    from engine.validate import compare_logits
+
+    path = tiny_model_factory("qwen35moe", "q4_k_m")
+    want = _model(path, NumpyBackend()).generate(PROMPT, 8)
+    mc = _model(path, be)
+    runs = {}
+    be.set_config(cfg(**F32_PREFILL, **flat))
+    for graphs in (False, True):
+        be.use_graphs = graphs
+        runs[graphs] = mc.generate(PROMPT, 8, keep_logits=True)
+    be.use_graphs = True
+    for g in runs.values():
+        assert g.tokens == want.tokens
+        assert compare_logits(want.last_logits, g.last_logits)[2] < 1e-8
+    for a, b in zip(runs[True].step_logits, runs[False].step_logits, strict=True):
+        assert np.array_equal(a, b), "graph replay differs from eager decode (down_split)"
+
+
+def test_planted_route_block_half_row_is_caught(be):
+    """MUTANT_MOE_ROUTE_BLOCK_HALF (moe_dec_route_r: a row's logit from its first warp only):
+    other experts chosen, the layer differs from NumPy."""
+    E, k, C, F, Fs, qe, qd, qs = SHAPES[2]  # 256 experts, top-8, C 512: 4 warps a row
+    rng = np.random.default_rng(E * 7 + k)
+    router, mats, sh = _layer(rng, E, C, F, Fs, qe, qd, qs, skew=False)
+    h, r = rng.standard_normal((2, 1, C)).astype(np.float32)
+    want = _run(NumpyBackend(), h, r, router, k, mats, sh).astype(np.float64)
+    flat = {"moe_experts.route_block": 128}
+    bad = _with_mutant(be, "MOE_ROUTE_BLOCK_HALF", flat,
+                       lambda b: _run(b, h, r, router, k, mats, sh))  # fmt: skip
+    with pytest.raises(AssertionError):
+        check(bad, want, 1e-10)
+    be.set_config(cfg(**flat))  # the production build of the same config passes
+    check(_run(be, h, r, router, k, mats, sh), want, 1e-10)
+
+
+def _prenorm(b, x, pre, router, k, mats, sh, norm):
+    ld = b.load_weight
+    out = b.moe_ffn_prenorm(b.upload(x), ld(pre), ld(router), k, tuple(ld(m) for m in mats),
+                            None if sh is None else tuple(ld(t) for t in sh),
+                            None if norm is None else ld(norm), 1e-6)  # fmt: skip
+    return tuple(b.download(o) for o in out) if norm is not None else (b.download(out),)
+
+
+PRE_KNOBS = [
+    {"moe_experts.route_block": 256},  # the rms_norm block's threads: to the bit
+    {"moe_experts.route_block": 128, "moe_experts.topk_regs": 1, "moe_experts.down_split": 1},
+    {"moe_experts.route_block": 0, "moe_experts.fuse_norm": 0},  # 256 threads; norm apart
+]
+
+
+@pytest.mark.parametrize("knobs", PRE_KNOBS, ids=["rb256", "rb128-split", "rb0-nofn"])
+@pytest.mark.parametrize("shape", SHAPES, ids=[f"E{s[0]}k{s[1]}{s[5]}" for s in SHAPES])
+@pytest.mark.parametrize("scale", [1.0, 1e-4], ids=["x1", "tiny"])  # tiny: eps matters
+def test_fuse_pre_norm_route_is_the_norm_then_the_moe_ffn(be, shape, knobs, scale):
+    E, k, C, F, Fs, qe, qd, qs = shape
+    rng = np.random.default_rng(E * 5 + k)
+    router, mats, sh = _layer(rng, E, C, F, Fs, qe, qd, qs)
+    pre, norm = (_f32w(rng.uniform(0.5, 1.5, C), nm) for nm in ("pre", "norm"))
+    x = (rng.standard_normal((1, C)) * scale).astype(np.float32)
+    ref = NumpyBackend()
+    for nrm in (None, norm):
+        want = _prenorm(ref, x, pre, router, k, mats, sh, nrm)
+        be.set_config(cfg(**knobs, **{"moe_experts.fuse_pre_norm": 1}))
+        got = _prenorm(be, x, pre, router, k, mats, sh, nrm)
+        be.set_config(cfg(**knobs, **{"moe_experts.fuse_pre_norm": 0}))
+        plain = _prenorm(be, x, pre, router, k, mats, sh, nrm)
+        for g, p_, w_ in zip(got, plain, want, strict=True):
+            check(g, np.asarray(w_, np.float64), 1e-10)
+            if knobs["moe_experts.route_block"] == 256:  # rms_norm_row's sums, its threads
+                assert np.array_equal(g, p_)
+            else:
+                assert np.allclose(g, p_, rtol=1e-5, atol=1e-5)
+
+
+def test_planted_route_norm_without_eps_is_caught_on_a_tiny_row(be):
+    """MUTANT_MOE_ROUTE_NORM_NO_EPS (moe_dec_route_rn: rsqrt(mean square) without eps): a row
+    whose mean square is below eps differs from NumPy."""
+    E, k, C, F, Fs, qe, qd, qs = SHAPES[1]
+    rng = np.random.default_rng(11)
+    router, mats, sh = _layer(rng, E, C, F, Fs, qe, qd, qs)
+    pre = _f32w(np.ones(C), "pre")
+    x = (rng.standard_normal((1, C)) * 1e-4).astype(np.float32)
+    want = np.asarray(_prenorm(NumpyBackend(), x, pre, router, k, mats, sh, None)[0], np.float64)
+    flat = {"moe_experts.fuse_pre_norm": 1, "moe_experts.route_block": 128}
+    bad = _with_mutant(be, "MOE_ROUTE_NORM_NO_EPS", flat,
+                       lambda b: _prenorm(b, x, pre, router, k, mats, sh, None)[0])  # fmt: skip
+    with pytest.raises(AssertionError):
+        check(bad, want, 1e-10)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=[f"E{s[0]}k{s[1]}{s[5]}" for s in SHAPES])
+@pytest.mark.parametrize(
+    "knobs", [{}, {"moe_experts.threads_per_row": 16, "moe_experts.rows_per_block": 8,
+                   "moe_experts.vec": 1}], ids=["t32", "t16v1"]
+)  # fmt: skip
+def test_gate_up_pair_is_gate_up_to_the_bit(be, shape, knobs):
+    E, k, C, F, Fs, qe, qd, qs = shape
+    rng = np.random.default_rng(E * 3 + k)
+    router, mats, sh = _layer(rng, E, C, F, Fs, qe, qd, qs)
+    h, r = rng.standard_normal((2, 1, C)).astype(np.float32)
+    got = {}
+    for pair in (0, 1):
+        be.set_config(cfg(**knobs, **{"moe_experts.gate_up_pair": pair}))
+        got[pair] = _run(be, h, r, router, k, mats, sh)
+    assert np.array_equal(got[0], got[1])
+    check(got[1], _run(NumpyBackend(), h, r, router, k, mats, sh).astype(np.float64), 1e-10)
+
+
+def test_planted_gate_up_pair_swapped_runs_are_caught(be):
+    """MUTANT_MOE_GATE_UP_PAIR_SWAP (dot_pair: each group's two runs meet the other's x)."""
+    E, k, C, F, Fs, qe, qd, qs = SHAPES[1]
+    rng = np.random.default_rng(E * 3 + k)
+    router, mats, sh = _layer(rng, E, C, F, Fs, qe, qd, qs)
+    h, r = rng.standard_normal((2, 1, C)).astype(np.float32)
+    want = _run(NumpyBackend(), h, r, router, k, mats, sh).astype(np.float64)
+    bad = _with_mutant(be, "MOE_GATE_UP_PAIR_SWAP", {"moe_experts.gate_up_pair": 1},
+                       lambda b: _run(b, h, r, router, k, mats, sh))  # fmt: skip
+    with pytest.raises(AssertionError):
+        check(bad, want, 1e-10)

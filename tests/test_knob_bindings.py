@@ -228,6 +228,8 @@ def _old_cuda_modules(cfg: TuningConfig) -> dict[str, tuple[str, dict]]:
                 "SPLIT_MINK": dec["split_min_k"],
                 "Q4K_WIDE": dec["q4k_wide"],  # dec8: 64-weight Q4_K / Q6_K slots
                 "Q6K_WIDE": dec["q6k_wide"],
+                "Q4K_LEAN": dec["q4k_lean"],  # gemv: branch-free Q4_K scales
+                "Q4K_MINB": dec["q4k_min_blocks"],
             },
         )
     else:
@@ -265,6 +267,7 @@ def _old_cuda_modules(cfg: TuningConfig) -> dict[str, tuple[str, dict]]:
     k["elementwise"] = ("elementwise.cu", {})
     k["fused"] = ("decode_fused.cu", {})
     k["attn_decode"] = ("attn_decode.cu", {})  # attention_decode.gqa: launch knobs only
+    k["attn_tile"] = ("attn_tile.cu", {})  # attention_decode.tile: launch knobs only
     k["norm_decode"] = ("norm_decode.cu", {})  # rms_norm.block: launch knobs only
     ap = cfg.op("attention_prefill")
     flash = {"BQ": ap["block_q"], "RPW": ap["rows_per_warp"]} if ap.variant == "flash" else {}

@@ -232,3 +232,37 @@ def test_cached_reference_recordings_keep_the_verdicts(tiny_model_factory, monke
     small = R.replay(honest, TuningConfig.default("numpy"), cand, PROMPT, [1] * 4, 4,
                      cache={R._BPP: 1e9}, cache_bytes=1)  # fmt: skip
     assert small.passed  # over the byte budget: streamed in segments, not kept
+
+
+def test_an_int8_reference_loosens_the_float_ops_judged_against_it(tiny_model_path):
+    """validate --reference mmvq (tests/test_cuda_ops.py's int8 paths): the reference records
+    every row through its int8 decode matmul, so the candidate's float batched matmul differs
+    from those rows by the reference's own int8 error. It is judged by the looser of its class
+    and the reference's (int8_activations), not by order_only's 1e-8 (red on the H200); a float
+    reference keeps order_only's bound, and a real bug stays over the loosened one."""
+    be = Int8Candidate()  # int8 decode rows only under INT8_CANDIDATE, float prefill rows
+    m = build_model(open_model(tiny_model_path), be)
+    ref = TuningConfig.default("numpy").replace(**INT8_CANDIDATE)
+    cand = ref.replace(**{"prefill.chunk_tokens": 8})
+    m.set_config(ref)
+    tokens = m.forced_run(PROMPT, 4, "per_token").tokens
+    r = replay(m, ref, cand, PROMPT, tokens, 4)
+    ops = {s.op: s for s in r.ops}
+    mp = ops["matmul_prefill"]
+    assert mp.numeric == "order_only" and mp.bound == INT8.op_nmse
+    assert NUMERIC_BUDGETS["order_only"].op_nmse < mp.nmse < INT8.op_nmse  # the int8 error
+    assert r.passed, r.reasons()
+    float_ref = replay(m, TuningConfig.default("numpy"), cand, PROMPT, tokens, 4)
+    assert {s.op: s for s in float_ref.ops}["matmul_prefill"].bound == (
+        NUMERIC_BUDGETS["order_only"].op_nmse
+    )
+
+    class Off(Int8Candidate):  # batched matmuls off by 10%: far outside int8's rounding
+        def matmul(self, x, w):  # noqa: ANN001, ANN202
+            out = super().matmul(x, w)
+            return out * np.float32(1.1) if x.shape[0] > 1 else out
+
+    bad = build_model(open_model(tiny_model_path), Off())
+    bad.set_config(ref)
+    r = replay(bad, ref, cand, PROMPT, tokens, 4)
+    assert not r.passed and r.first.op == "matmul_prefill"

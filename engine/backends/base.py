@@ -551,6 +551,31 @@ class Backend(ABC):
         y = self.moe_ffn(h, r, router, k, experts, shared)
         return y, self.rms_norm(y, norm, eps)
 
+    def moe_prenorm(self, n: int) -> bool:
+        """Whether moe_ffn_prenorm folds the post-attention norm into the MoE FFN for n tokens
+        (the hybrid trunk then hands it the residual stream; default: no, the mixer's
+        matmul_add_norm runs the norm)."""
+        return False
+
+    def moe_ffn_prenorm(
+        self,
+        x: Tensor,
+        pre: Weight,
+        router: Weight,
+        k: int,
+        experts: tuple[Weight, Weight, Weight],
+        shared: tuple[Weight, Weight, Weight, Weight] | None,
+        norm: Weight | None,
+        eps: float,
+    ) -> Any:
+        """moe_ffn_norm of rms_norm(x, pre) with residual x: the post-attention norm, the MoE
+        block and (norm not None) the next layer's input norm -> (y, rms_norm(y, norm)); with
+        norm None, y alone."""
+        h = self.rms_norm(x, pre, eps)
+        if norm is None:
+            return self.moe_ffn(h, x, router, k, experts, shared)
+        return self.moe_ffn_norm(h, x, router, k, experts, shared, norm, eps)
+
     def registry_op(self, op: str, n: int) -> str:
         """The registry op that runs schedule op ``op`` on n tokens (validate's blame names it);
         backends whose dispatch differs (CUDA: batched DMMV below gemm_min_t) override this."""

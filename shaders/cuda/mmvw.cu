@@ -38,12 +38,16 @@
 //              per head): mmvw + rope_kv in one launch (knob fuse_rope)
 // WLOAD: read by vecdot.cuh's wld16 (the K types' weight loads); Q4K_WIDE (knob q4k_wide):
 // vecdot.cuh's 64-weight Q4_K slot (32 qs bytes a lane per slot instead of 16); Q6K_WIDE
-// (q6k_wide) its 64-weight Q6_K slot
+// (q6k_wide) its 64-weight Q6_K slot; Q4K_LEAN (knob q4k_lean): vecdot.cuh's branch-free Q4_K
+// scale decode and shift-free high nibbles (the same integers, fewer instructions)
 #ifndef WLOAD
 #define WLOAD 0
 #endif
 #ifndef Q4K_WIDE
 #define Q4K_WIDE 0
+#endif
+#ifndef Q4K_LEAN
+#define Q4K_LEAN 0
 #endif
 #ifndef Q6K_WIDE
 #define Q6K_WIDE 0
@@ -183,16 +187,53 @@ __device__ __forceinline__ void mmvw_stage_wait(unsigned long long* bar) {
 #error "GLU_TPR must be 2, 4, 8 or 16 (mmvw_glu's block is 64 * GLU_TPR threads)"
 #endif
 
+// mmvw_stream's x planes (stream_x): a narrow K-type slot's activations as mmvw_dot reads
+// them (VD<QT>::load, bit for bit), built once per block in shared memory as planes over the
+// row's ns slots: a [ns] uint4, b [ns] uint4, (da, db) [ns] float4, (oa, ob) [ns] int2 (56 bytes
+// a slot). A lane's slot is then three or four conflict-free 16-byte shared loads instead of
+// two half-used L1 lines and two scale loads.
+__device__ __forceinline__ void xpl_store(u8* xp, int ns, int s, const XSlot& x) {
+    ((uint4*)xp)[s] = x.a;
+    ((uint4*)xp)[ns + s] = x.b;
+    ((float4*)xp)[2 * ns + s] = make_float4(x.da.x, x.da.y, x.db.x, x.db.y);
+    ((int2*)(xp + 48 * (size_t)ns))[s] = make_int2(x.oa, x.ob);
+}
+__device__ __forceinline__ XSlot xpl_load(const u8* xp, int ns, int s) {
+    XSlot x;
+    x.a = ((const uint4*)xp)[s];
+    x.b = ((const uint4*)xp)[ns + s];
+    const float4 d = ((const float4*)xp)[2 * ns + s];
+    x.da = make_float2(d.x, d.y);
+    x.db = make_float2(d.z, d.w);
+    const int2 o = ((const int2*)(xp + 48 * (size_t)ns))[s];
+    x.oa = o.x;
+    x.ob = o.y;
+    return x;
+}
+template <int QT, bool XS> struct XLoad {  // global activations (mmvw)
+    static __device__ __forceinline__ auto get(int s, const s8* __restrict__ xq,
+                                               const float2* __restrict__ xds, const u8*, int) {
+        return VD<QT>::load(s, xq, xds);
+    }
+};
+template <int QT> struct XLoad<QT, true> {  // x planes (narrow K types only)
+    static __device__ __forceinline__ XSlot get(int s, const s8*, const float2*, const u8* xp,
+                                                int ns) {
+        return xpl_load(xp, ns, s);
+    }
+};
+
 // The R dot products of rows row0.. (clamped to N - 1) by the calling group of G lanes, U
 // slots per lane per iteration; every lane of the group ends with the full sums. The whole group
 // calls it (the shuffles). mmvw: G, R, U = TPR, RPT, UNROLL; mmvw_glu: GLU_TPR, 1, GLU_UNROLL.
-// S: W is the block's rows staged in shared memory, row rbase first (STAGE).
-template <int QT, int G, int R, int U, bool S = false>
+// S: W is the block's rows staged in shared memory, row rbase first (STAGE). XS: the slots'
+// activations come from x planes xp (mmvw_stream's stream_x), not xq / xds.
+template <int QT, int G, int R, int U, bool S = false, bool XS = false>
 __device__ __forceinline__ void mmvw_dot(const u8* __restrict__ W, int row_bytes, int N, int K,
                                          const s8* __restrict__ xq,
                                          const float2* __restrict__ xds, int row0,
                                          float (&acc)[R], int rbase = 0, int sb = 0,
-                                         int se = -1) {
+                                         int se = -1, const u8* xp = nullptr) {
     const int lane = threadIdx.x % G;
     const int ns = se < 0 ? VD<QT>::slots(K) : se;  // slots [sb, ns) of the row
     const u8* rows[R];
@@ -207,7 +248,7 @@ __device__ __forceinline__ void mmvw_dot(const u8* __restrict__ W, int row_bytes
             const int s = s0 + u * G;
             const bool ok = s < ns;
             const int sc = ok ? s : s0;  // a valid slot, its result dropped: straight-line code
-            const auto x = VD<QT>::load(sc, xq, xds);  // XSlot, or a wide type's
+            const auto x = XLoad<QT, XS>::get(sc, xq, xds, xp, VD<QT>::slots(K));
 #pragma unroll
             for (int r = 0; r < R; ++r) {
                 const float v = VD<QT>::template dot<S>(rows[r], sc, x);
@@ -227,11 +268,12 @@ __device__ __forceinline__ void mmvw_dot(const u8* __restrict__ W, int row_bytes
 // split (mmvw_split): KSPLIT groups per row set, group g walks part g / (MMVW_GROUPS / KSPLIT)
 // of the slots (consecutive ranges, as even as the count allows); partials meet in shared memory,
 // summed in part order by part 0's group. Every thread of the block calls it (a barrier).
-template <int QT, bool S>
+template <int QT, bool S, bool XS = false>
 __device__ __forceinline__ void mmvw_rows_split(const u8* __restrict__ W, int row_bytes, int N,
                                                 int K, const s8* __restrict__ xq,
                                                 const float2* __restrict__ xds, float* Y,
-                                                const float* A, int bi) {
+                                                const float* A, int bi,
+                                                const u8* xp = nullptr) {
     constexpr int RG = MMVW_GROUPS / KSPLIT;  // row groups per block
     __shared__ float part[KSPLIT > 1 ? MMVW_GROUPS * RPT : 1];
     const int g = threadIdx.x / TPR, lane = threadIdx.x % TPR;
@@ -245,8 +287,8 @@ __device__ __forceinline__ void mmvw_rows_split(const u8* __restrict__ W, int ro
     const int sb = kp * per, se = min(ns, sb + per);
 #endif
     float acc[RPT];
-    mmvw_dot<QT, TPR, RPT, UNROLL, S>(W, row_bytes, N, K, xq, xds, row0, acc,
-                                      S ? bi * (MMVW_RPB / KSPLIT) : 0, min(sb, se), se);
+    mmvw_dot<QT, TPR, RPT, UNROLL, S, XS>(W, row_bytes, N, K, xq, xds, row0, acc,
+                                          S ? bi * (MMVW_RPB / KSPLIT) : 0, min(sb, se), se, xp);
     if (lane == 0) {
 #pragma unroll
         for (int r = 0; r < RPT; ++r) part[(kp * RG + rg) * RPT + r] = acc[r];
@@ -263,21 +305,22 @@ __device__ __forceinline__ void mmvw_rows_split(const u8* __restrict__ W, int ro
     }
 }
 
-template <int QT, bool S = false>
+template <int QT, bool S = false, bool XS = false>
 __device__ __forceinline__ void mmvw_rows(const u8* __restrict__ W, int row_bytes, int N, int K,
                                           const s8* __restrict__ xq,
                                           const float2* __restrict__ xds, float* Y,
-                                          const float* A, int bi, bool split = false) {
+                                          const float* A, int bi, bool split = false,
+                                          const u8* xp = nullptr) {
     if (KSPLIT > 1 && split) {
-        mmvw_rows_split<QT, S>(W, row_bytes, N, K, xq, xds, Y, A, bi);
+        mmvw_rows_split<QT, S, XS>(W, row_bytes, N, K, xq, xds, Y, A, bi, xp);
         return;
     }
     const int g = threadIdx.x / TPR, lane = threadIdx.x % TPR;
     const int row0 = (bi * MMVW_GROUPS + g) * RPT;
     if (row0 >= N) return;  // whole groups leave together: the shuffles below stay full
     float acc[RPT];
-    mmvw_dot<QT, TPR, RPT, UNROLL, S>(W, row_bytes, N, K, xq, xds, row0, acc,
-                                      S ? bi * MMVW_RPB : 0);
+    mmvw_dot<QT, TPR, RPT, UNROLL, S, XS>(W, row_bytes, N, K, xq, xds, row0, acc,
+                                          S ? bi * MMVW_RPB : 0, 0, -1, xp);
     if (lane == 0) {
 #pragma unroll
         for (int r = 0; r < RPT; ++r) {
@@ -367,6 +410,209 @@ extern "C" __global__ void __launch_bounds__(NW * 32 MMVW_BOUNDS_MINB)
     pdl_start();
     if (st) mmvw_stage_wait(&mmvw_bar);
     mmvw_rows_qt(qt, W, rb, N, K, xq, xds, Y, A, b, st ? mmvw_ws : nullptr, sp);
+}
+
+// mmvw_q4k (host knob matmul_decode.q4k_kernel): mmvw for a launch whose matrices are all
+// Q4_K, built for that type alone. mmvw's registers are the most any of its six types' code
+// needs (Q6_K's); the Q4_K code alone needs fewer, so more warps fit on an SM (the checkpoint:
+// warps per SM, not bytes in flight, set the rate), and Q4K_MINB bounds it alone (with
+// q4k_lean, 16 blocks of 4 warps fit in 32 registers; Q6_K's code would spill there). Same
+// arguments, arithmetic and output.
+// Q4K_MINB (knob q4k_min_blocks): mmvw_q4k's own blocks per SM bound (0: MINB's)
+#ifndef Q4K_MINB
+#define Q4K_MINB 0
+#endif
+#if Q4K_MINB > 0
+#define MMVW_Q4K_BOUNDS , Q4K_MINB
+#else
+#define MMVW_Q4K_BOUNDS MMVW_BOUNDS_MINB
+#endif
+extern "C" __global__ void __launch_bounds__(NW * 32 MMVW_Q4K_BOUNDS)
+    mmvw_q4k(const s8* __restrict__ xq, const float2* __restrict__ xds, int K, int nb0, int nb1,
+             const u8* W0, int rb0, int N0, int qt0, float* Y0, const float* A0,
+             const u8* W1, int rb1, int N1, int qt1, float* Y1, const float* A1,
+             const u8* W2, int rb2, int N2, int qt2, float* Y2, const float* A2) {
+    extern __shared__ __align__(16) u8 mmvw_ws[];
+    __shared__ __align__(8) unsigned long long mmvw_bar;
+    int b = blockIdx.x;
+    const u8* W = W0;
+    int rb = rb0, N = N0;
+    float* Y = Y0;
+    const float* A = A0;
+    if (b >= nb0 + nb1) {
+        b -= nb0 + nb1;
+        W = W2, rb = rb2, N = N2, Y = Y2, A = A2;
+    } else if (b >= nb0) {
+        b -= nb0;
+        W = W1, rb = rb1, N = N1, Y = Y1, A = A1;
+    }
+    const bool sp = mmvw_split(K);
+    const int rpb = mmvw_rpb(sp);
+#if PREFETCH
+    l2_prefetch_rows(W, rb, N, b * rpb, rpb);
+#endif
+    const bool st = mmvw_stage_start(W, rb, N, QT_Q4_K, b * rpb, rpb, mmvw_ws, &mmvw_bar);
+    pdl_start();
+    if (st) mmvw_stage_wait(&mmvw_bar);
+#if STAGE
+    if (st) {
+        mmvw_rows<QT_Q4_K, true>(mmvw_ws, rb, N, K, xq, xds, Y, A, b, sp);
+        return;
+    }
+#endif
+#ifdef MUTANT_MMVW_Q4K_ROW0  // planted bug: the kernel's blocks start one row set late
+    mmvw_rows<QT_Q4_K>(W, rb, N, K, xq, xds, Y, A, b + (b + 1 < nb0 ? 1 : 0), sp);
+#else
+    mmvw_rows<QT_Q4_K>(W, rb, N, K, xq, xds, Y, A, b, sp);
+#endif
+}
+
+// mmvw_stream (host knob matmul_decode.stream = the ring's stages, stream_blocks): mmvw's
+// launch of Q4_K / Q6_K matrices with persistent blocks, each walking the row sets (a block's
+// rows under mmvw, one contiguous run of weight bytes) q = blockIdx.x, + gridDim.x, ... < nsets
+// through a ring of `stages` shared-memory stages of stage_bytes each, filled by bulk copies
+// (cp.async.bulk, sm_90, completing on a per-stage mbarrier). Thread 0 keeps stages - 1 sets
+// ahead in flight while the block computes one: the weight stream never waits for a block to
+// start, and a block's bytes in flight do not hold registers (mmvw's stage knob copied one set
+// per block and then waited, all of its bytes at once). Each set is computed by mmvw_rows on
+// the staged rows: the same arithmetic as mmvw, bit for bit, split_k included.
+#ifndef MMVW_STREAM_MAX
+#define MMVW_STREAM_MAX 8  // stages at most (the host caps the knob by shared memory)
+#endif
+struct MmvwSet {
+    const u8* W;
+    int rb, N, qt, bi;
+    float* Y;
+    const float* A;
+};
+
+__device__ __forceinline__ MmvwSet mmvw_set(int q, int nb0, int nb1, const u8* W0, int rb0,
+                                            int N0, int qt0, float* Y0, const float* A0,
+                                            const u8* W1, int rb1, int N1, int qt1, float* Y1,
+                                            const float* A1, const u8* W2, int rb2, int N2,
+                                            int qt2, float* Y2, const float* A2) {
+    if (q >= nb0 + nb1) return {W2, rb2, N2, qt2, q - nb0 - nb1, Y2, A2};
+    if (q >= nb0) return {W1, rb1, N1, qt1, q - nb0, Y1, A1};
+    return {W0, rb0, N0, qt0, q, Y0, A0};
+}
+
+// Thread 0: set s's rows [bi * rpb, + rpb) clamped to N (one contiguous run) into stage dst,
+// its completion counted on bar (armed for the bytes first).
+__device__ __forceinline__ void mmvw_stream_issue(const MmvwSet& s, int rpb, u8* dst,
+                                                  unsigned long long* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const int row0 = s.bi * rpb;
+    const unsigned int bytes = (unsigned int)min(rpb, s.N - row0) * (unsigned int)s.rb;
+#ifdef MUTANT_MMVW_STREAM_SHORT  // planted bug: each copy leaves out the set's last 16 bytes
+    const unsigned int cb = bytes - 16;
+#else
+    const unsigned int cb = bytes;
+#endif
+    const unsigned int b = (unsigned int)__cvta_generic_to_shared(bar);
+    const unsigned int d = (unsigned int)__cvta_generic_to_shared(dst);
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(cb)
+                 : "memory");
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
+        "[%3];" ::"r"(d), "l"(s.W + (size_t)row0 * s.rb), "r"(cb), "r"(b)
+        : "memory");
+#endif
+}
+
+// Every thread waits until phase `parity` of bar has completed (its stage's bytes landed).
+__device__ __forceinline__ void mmvw_stream_wait(unsigned long long* bar, unsigned int parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const unsigned int b = (unsigned int)__cvta_generic_to_shared(bar);
+    unsigned int done = 0;
+    while (!done) {
+        asm volatile(
+            "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; "
+            "selp.u32 %0, 1, 0, p; }"
+            : "=r"(done)
+            : "r"(b), "r"(parity)
+            : "memory");
+    }
+#endif
+}
+
+// Matrix i as mmvw's (every W_i Q4_K or Q6_K, 16-byte aligned; row bytes multiples of 16);
+// nsets = nb0 + nb1 + nb2 row sets of mmvw_rpb rows; grid <= nsets persistent blocks, block
+// NW * 32, dynamic shared memory stages * stage_bytes (stage_bytes >= rpb * max row bytes, a
+// multiple of 16), 2 <= stages <= MMVW_STREAM_MAX, then the x planes: x4 / x6 the byte offsets
+// of the Q4_K / Q6_K slots' planes (56 * K / 32 bytes each), -1: none (global activations;
+// always -1 for a wide slot type).
+extern "C" __global__ void __launch_bounds__(NW * 32 MMVW_BOUNDS_MINB)
+    mmvw_stream(const s8* __restrict__ xq, const float2* __restrict__ xds, int K, int nb0,
+                int nb1, int nsets, int stages, int stage_bytes, int x4, int x6,
+                const u8* W0, int rb0, int N0, int qt0, float* Y0, const float* A0,
+                const u8* W1, int rb1, int N1, int qt1, float* Y1, const float* A1,
+                const u8* W2, int rb2, int N2, int qt2, float* Y2, const float* A2) {
+    extern __shared__ __align__(16) u8 mmvw_ws[];
+    __shared__ __align__(8) unsigned long long full[MMVW_STREAM_MAX];
+#define MMVW_SET(q)                                                                          \
+    mmvw_set(q, nb0, nb1, W0, rb0, N0, qt0, Y0, A0, W1, rb1, N1, qt1, Y1, A1, W2, rb2, N2, qt2, \
+             Y2, A2)
+    const bool sp = mmvw_split(K);
+    const int rpb = mmvw_rpb(sp);
+    const int G = gridDim.x;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (threadIdx.x == 0) {
+        for (int st = 0; st < stages; ++st) {
+            const unsigned int b = (unsigned int)__cvta_generic_to_shared(&full[st]);
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(b) : "memory");
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        // the weights are read-only: the first sets stream in before the PDL wait
+        for (int st = 0, q = blockIdx.x; st < stages && q < nsets; ++st, q += G)
+            mmvw_stream_issue(MMVW_SET(q), rpb, mmvw_ws + (size_t)st * stage_bytes, &full[st]);
+    }
+#endif
+    pdl_start();
+    const int nxs = K / 32;  // narrow K-type slots of a row
+#if !Q4K_WIDE
+    if (x4 >= 0)
+        for (int t = threadIdx.x; t < nxs; t += blockDim.x)
+            xpl_store(mmvw_ws + x4, nxs, t, VD<QT_Q4_K>::load(t, xq, xds));
+#endif
+#if !Q6K_WIDE
+    if (x6 >= 0)
+        for (int t = threadIdx.x; t < nxs; t += blockDim.x)
+            xpl_store(mmvw_ws + x6, nxs, t, VD<QT_Q6_K>::load(t, xq, xds));
+#endif
+    __syncthreads();  // the barriers are initialised (and the x planes written) before use
+    for (int i = 0, q = blockIdx.x; q < nsets; ++i, q += G) {
+        const int st = i % stages;
+        mmvw_stream_wait(&full[st], (unsigned int)(i / stages) & 1u);
+        const MmvwSet s = MMVW_SET(q);
+        const u8* ws = mmvw_ws + (size_t)st * stage_bytes;
+        if (s.qt == QT_Q4_K) {
+#if !Q4K_WIDE
+            if (x4 >= 0)
+                mmvw_rows<QT_Q4_K, true, true>(ws, s.rb, s.N, K, xq, xds, s.Y, s.A, s.bi, sp,
+                                               mmvw_ws + x4);
+            else
+#endif
+                mmvw_rows<QT_Q4_K, true>(ws, s.rb, s.N, K, xq, xds, s.Y, s.A, s.bi, sp);
+        } else {
+#if !Q6K_WIDE
+            if (x6 >= 0)
+                mmvw_rows<QT_Q6_K, true, true>(ws, s.rb, s.N, K, xq, xds, s.Y, s.A, s.bi, sp,
+                                               mmvw_ws + x6);
+            else
+#endif
+                mmvw_rows<QT_Q6_K, true>(ws, s.rb, s.N, K, xq, xds, s.Y, s.A, s.bi, sp);
+        }
+        __syncthreads();  // stage st is read by everyone before it is refilled
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        const int qn = q + stages * G;
+        if (threadIdx.x == 0 && qn < nsets) {
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            mmvw_stream_issue(MMVW_SET(qn), rpb, mmvw_ws + (size_t)st * stage_bytes, &full[st]);
+        }
+#endif
+    }
+#undef MMVW_SET
 }
 
 // gate Wg [N, rbg], up Wu [N, rbu] (types qtg, qtu) on x (Q8_1, K) -> y = silu(x Wg^T) *

@@ -11,6 +11,11 @@
 //   moe_dec_down      out[t] = r[t] + (sum_j w[t, j] D_e h[t, j] + sigmoid(logits[t, E]) *
 //                     Dshared h[t, k]): the down projections, the weighted combine, the gated
 //                     shared expert and the residual add, in the op-by-op schedule's order.
+// Knob variants (moe_experts.*, engine/tuning/kernels/cuda_hybrid.py): route_vec (float4 router
+// rows), topk_regs (the last block's top-k on logits held in registers, topk.cuh), route_block
+// (moe_dec_route_r: a block per router row), down_wsum (moe_dec_down_w: a weighted sum per lane),
+// down_split (moe_dec_down_s: a warp per expert slot), down_vec1, fuse_norm (the *_norm tails),
+// gate_up_pair (moe_dec_gate_up_p), fuse_pre_norm (moe_dec_route_rn).
 // Float activations throughout (the order_only class, as moe.cu): each row's dot product is a
 // thread-row of TPR threads over 16-weight groups, VEC per step, then the row's reduction, as in
 // dmmv.cu, so the knobs of moe_experts.dmmv (ROWS, TPR, VEC) tune these kernels too. Weight
@@ -143,13 +148,13 @@ __device__ __forceinline__ int row_of_thread() {
 
 // x [T, K]; Wr [E, K] (type qr, rows of rb_r bytes); Ws [1, K] (type qs) or null (no shared
 // expert gate); logits [T, ldl] (ldl >= E + 1); ids, w [T, k]; tickets [T] zero between launches;
-// vec4: moe_experts.route_vec (f32_row_x4 for F32 rows).
+// vec4: moe_experts.route_vec (f32_row_x4 for F32 rows); topk_regs: moe_experts.topk_regs.
 // Grid (ceil((E + 1) / ROWS), T), block NT.
 extern "C" __global__ void __launch_bounds__(NT)
     moe_dec_route(const float* __restrict__ x, const u8* __restrict__ Wr, int rb_r, int qr,
                   const u8* __restrict__ Ws, int qs, int E, int K, float* logits, int ldl,
                   int* __restrict__ ids, float* __restrict__ w, int k,
-                  unsigned int* tickets, int vec4) {
+                  unsigned int* tickets, int vec4, int topk_regs) {
     __shared__ float red[RED_N];
     __shared__ bool last;
     pdl_start();
@@ -179,10 +184,191 @@ extern "C" __global__ void __launch_bounds__(NT)
     __syncthreads();
     if (!last) return;
     __threadfence();
-    if (threadIdx.x < 32)
-        topk_row(logits + (size_t)t * ldl, E, k, ids + (size_t)t * k, w + (size_t)t * k,
-                 threadIdx.x, RENORM);
+    if (threadIdx.x < 32) {
+        if (topk_regs)  // moe_experts.topk_regs: the logits into registers once
+            topk_row_regs(logits + (size_t)t * ldl, E, k, ids + (size_t)t * k,
+                          w + (size_t)t * k, threadIdx.x, RENORM);
+        else
+            topk_row(logits + (size_t)t * ldl, E, k, ids + (size_t)t * k, w + (size_t)t * k,
+                     threadIdx.x, RENORM);
+    }
     if (threadIdx.x == 0) tickets[t] = 0;  // ready for the next launch (graph replay)
+}
+
+// moe_experts.route_block: the route with one router row per block of blockDim.x threads
+// (128 or 256), a lane's float4 loads of its row and of x (K / 4 / blockDim.x each: 4 or 2 for
+// a 2048-wide row) in flight together, a block sum; E (+ 1) blocks, so the whole router's rows
+// are loading at once where moe_dec_route's ceil((E + 1) / ROWS) blocks walk theirs in batches.
+// The grid's last block (ticket) runs the top-k (topk_regs as in moe_dec_route). F32 router
+// and shared gate rows, K % 4 == 0, 16-byte aligned (the host checks; else moe_dec_route).
+// NORM (moe_dec_route_rn, moe_experts.fuse_pre_norm): x is the residual row y and every block
+// first takes its RMSNorm scale (norm_decode.cu rms_norm_row's sums in its order: the same
+// scale at the same thread count), then dots its row with h = y * scale * nw, which block 0
+// also stores for gate_up: the post-attention norm's launch folded into the route.
+// Grid (E + (Ws ? 1 : 0), T), block 128 or 256.
+template <bool NORM>
+__device__ __forceinline__ void route_row(const float* __restrict__ x,
+                                          const float* __restrict__ nw, float eps,
+                                          float* __restrict__ hout, const u8* __restrict__ Wr,
+                                          int rb_r, const u8* __restrict__ Ws, int E, int K,
+                                          float* logits, int ldl, int* __restrict__ ids,
+                                          float* __restrict__ w, int k, unsigned int* tickets,
+                                          int topk_regs) {
+    __shared__ float part[8];
+    __shared__ bool last;
+    const int n = blockIdx.x, t = blockIdx.y, nt = blockDim.x;
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    const float4* w4 = (const float4*)(n < E ? Wr + (size_t)n * rb_r : Ws);
+    const float4* x4 = (const float4*)(x + (size_t)t * K);
+    const int K4 = K >> 2;
+    float scale = 1.f;
+    if constexpr (NORM) {  // rms_norm_row's sum of squares, its order
+        float ss = 0.f;
+        for (int i = threadIdx.x; i < K4; i += nt) {
+            const float4 v = x4[i];
+            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        }
+        ss = warp_sum(ss);
+        if (lane == 0) part[wid] = ss;
+        __syncthreads();
+        ss = 0.f;
+        for (int i = 0; i < nt / 32; ++i) ss += part[i];
+        scale = rsqrtf(ss / (float)K + eps);
+#ifdef MUTANT_MOE_ROUTE_NORM_NO_EPS
+        scale = rsqrtf(ss / (float)K);  // planted bug: the norm without its epsilon
+#endif
+        __syncthreads();  // part is reused below
+    }
+    const float4* n4 = (const float4*)nw;
+    float4* h4 = NORM ? (float4*)(hout + (size_t)t * K) : nullptr;
+    float s = 0.f;
+    for (int c0 = threadIdx.x; c0 < K4; c0 += 4 * nt) {
+        float4 wv[4], xv[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int c = c0 + u * nt;
+            const bool in = c < K4;
+            wv[u] = in ? __ldg(w4 + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+            if constexpr (NORM) {
+                const float4 a = in ? x4[c] : make_float4(0.f, 0.f, 0.f, 0.f);
+                const float4 b = in ? __ldg(n4 + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+                xv[u] = make_float4(a.x * scale * b.x, a.y * scale * b.y, a.z * scale * b.z,
+                                    a.w * scale * b.w);  // rms_norm_row's expression
+                if (n == 0 && in) h4[c] = xv[u];
+            } else {
+                xv[u] = in ? __ldg(x4 + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+            s += wv[u].x * xv[u].x + wv[u].y * xv[u].y + wv[u].z * xv[u].z + wv[u].w * xv[u].w;
+    }
+    s = warp_sum(s);
+    if (lane == 0) part[wid] = s;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float v = 0.f;
+        for (int i = 0; i < nt / 32; ++i) v += part[i];
+#ifdef MUTANT_MOE_ROUTE_BLOCK_HALF
+        v = part[0];  // planted bug: the row's first warp's share only
+#endif
+        logits[(size_t)t * ldl + n] = v;
+        __threadfence();  // this block's logit is visible before the ticket says so
+        last = atomicAdd(tickets + t, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    if (threadIdx.x < 32) {
+        if (topk_regs)
+            topk_row_regs(logits + (size_t)t * ldl, E, k, ids + (size_t)t * k,
+                          w + (size_t)t * k, threadIdx.x, RENORM);
+        else
+            topk_row(logits + (size_t)t * ldl, E, k, ids + (size_t)t * k, w + (size_t)t * k,
+                     threadIdx.x, RENORM);
+    }
+    if (threadIdx.x == 0) tickets[t] = 0;  // ready for the next launch (graph replay)
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    moe_dec_route_r(const float* __restrict__ x, const u8* __restrict__ Wr, int rb_r,
+                    const u8* __restrict__ Ws, int E, int K, float* logits, int ldl,
+                    int* __restrict__ ids, float* __restrict__ w, int k, unsigned int* tickets,
+                    int topk_regs) {
+    pdl_start();
+    route_row<false>(x, nullptr, 0.f, nullptr, Wr, rb_r, Ws, E, K, logits, ldl, ids, w, k,
+                     tickets, topk_regs);
+}
+
+// y [T, K] the residual stream, nw [K] its norm's weights -> hout [T, K] = rms_norm(y) * nw
+// (for gate_up), and the route of hout; the other arguments moe_dec_route_r's.
+extern "C" __global__ void __launch_bounds__(256)
+    moe_dec_route_rn(const float* __restrict__ y, const float* __restrict__ nw, float eps,
+                     float* __restrict__ hout, const u8* __restrict__ Wr, int rb_r,
+                     const u8* __restrict__ Ws, int E, int K, float* logits, int ldl,
+                     int* __restrict__ ids, float* __restrict__ w, int k, unsigned int* tickets,
+                     int topk_regs) {
+    pdl_start();
+    route_row<true>(y, nw, eps, hout, Wr, rb_r, Ws, E, K, logits, ldl, ids, w, k, tickets,
+                    topk_regs);
+}
+
+// moe_experts.gate_up_pair: dot_rows for the gate and up rows of one output, which share x:
+// each group's x (four float4) loaded once for both rows, where dot_rows loads it per row (it
+// cannot know two rows' x are one); fewer loads and registers in flight for the same bytes of
+// weights. The same groups, in the same order, with the same expressions: sg, su are dot_rows'
+// s[0], s[1] to the bit.
+template <int QT, int V>
+__device__ __forceinline__ void dot_pair(const u8* __restrict__ rg, const u8* __restrict__ ru,
+                                         const float* __restrict__ x, int K, int lane,
+                                         float& sg, float& su) {
+    if constexpr (QT == QT_F32 || QT == QT_F16 || QT == QT_BF16) {
+        for (int kk = lane; kk < K; kk += TPR) {
+            const float xv = __ldg(x + kk);
+            sg += dense_get<QT>(rg, kk) * xv;
+            su += dense_get<QT>(ru, kk) * xv;
+        }
+    } else {
+        const int NG = K / 16;
+        for (int g0 = lane * V; g0 < NG; g0 += TPR * V) {
+#pragma unroll
+            for (int jv = 0; jv < V; ++jv) {
+                const int g = g0 + jv;
+                if (g < NG) {
+                    Run8 a, b, c, d;
+                    int k0, k1;
+                    row_group<QT>(rg, g, a, b, k0, k1);
+                    row_group<QT>(ru, g, c, d, k0, k1);
+#ifdef MUTANT_MOE_GATE_UP_PAIR_SWAP
+                    const float4* x0 = (const float4*)(x + k1);  // planted bug: runs swapped
+                    const float4* x1 = (const float4*)(x + k0);
+#else
+                    const float4* x0 = (const float4*)(x + k0);
+                    const float4* x1 = (const float4*)(x + k1);
+#endif
+                    const float4 xa = __ldg(x0), xb = __ldg(x0 + 1);
+                    const float4 xc = __ldg(x1), xd = __ldg(x1 + 1);
+                    sg += run_dot(a, xa, xb) + run_dot(b, xc, xd);
+                    su += run_dot(c, xa, xb) + run_dot(d, xc, xd);
+                }
+            }
+        }
+    }
+}
+
+__device__ __forceinline__ void dot_pair_rt(int qt, const u8* rg, const u8* ru, const float* x,
+                                            int K, int lane, float& sg, float& su) {
+    switch (qt) {
+        case QT_Q4_0: dot_pair<QT_Q4_0, VEC>(rg, ru, x, K, lane, sg, su); break;
+        case QT_Q4_1: dot_pair<QT_Q4_1, VEC>(rg, ru, x, K, lane, sg, su); break;
+        case QT_Q5_0: dot_pair<QT_Q5_0, VEC>(rg, ru, x, K, lane, sg, su); break;
+        case QT_Q8_0: dot_pair<QT_Q8_0, VEC>(rg, ru, x, K, lane, sg, su); break;
+        case QT_Q4_K: dot_pair<QT_Q4_K, VEC>(rg, ru, x, K, lane, sg, su); break;
+        case QT_Q6_K: dot_pair<QT_Q6_K, VEC>(rg, ru, x, K, lane, sg, su); break;
+        case QT_F16: dot_pair<QT_F16, VEC>(rg, ru, x, K, lane, sg, su); break;
+        case QT_BF16: dot_pair<QT_BF16, VEC>(rg, ru, x, K, lane, sg, su); break;
+        default: dot_pair<QT_F32, VEC>(rg, ru, x, K, lane, sg, su); break;
+    }
 }
 
 // x [T, K]; G, U [E, F, K] (type qe, rows of rb_e bytes): the routed experts' gate and up;
@@ -216,6 +402,36 @@ extern "C" __global__ void __launch_bounds__(NT)
         dot_rows_rt(shared ? qsh : qe, rows, xs, 2, K, lane, s);
     }
     const float g = row_sum(s[0], red), u = row_sum(s[1], red);
+    if (lane == 0 && n < N) h[((size_t)t * (k + 1) + j) * ldh + n] = g / (1.f + expf(-g)) * u;
+}
+
+// moe_experts.gate_up_pair: moe_dec_gate_up with dot_pair (x loaded once for gate and up).
+extern "C" __global__ void __launch_bounds__(NT)
+    moe_dec_gate_up_p(const float* __restrict__ x, const u8* __restrict__ G,
+                      const u8* __restrict__ U, int rb_e, int qe, int F, int E,
+                      const int* __restrict__ ids, int k, const u8* __restrict__ SG,
+                      const u8* __restrict__ SU, int rb_s, int qsh, int Fs, int K,
+                      float* __restrict__ h, int ldh) {
+    __shared__ float red[RED_N];
+    pdl_start();
+    const int j = blockIdx.y, t = blockIdx.z, lane = threadIdx.x % TPR;
+    const int n = row_of_thread();
+    const bool shared = j == k;
+    const int N = shared ? Fs : F;
+    float sg = 0.f, su = 0.f;
+    if (n < N) {
+        const u8 *rg, *ru;
+        if (shared) {
+            rg = SG + (size_t)n * rb_s;
+            ru = SU + (size_t)n * rb_s;
+        } else {
+            const int e = min(max(ids[(size_t)t * k + j], 0), E - 1);  // a corrupt id: no fault
+            rg = G + ((size_t)e * F + n) * rb_e;
+            ru = U + ((size_t)e * F + n) * rb_e;
+        }
+        dot_pair_rt(shared ? qsh : qe, rg, ru, x + (size_t)t * K, K, lane, sg, su);
+    }
+    const float g = row_sum(sg, red), u = row_sum(su, red);
     if (lane == 0 && n < N) h[((size_t)t * (k + 1) + j) * ldh + n] = g / (1.f + expf(-g)) * u;
 }
 
@@ -313,29 +529,49 @@ __device__ __forceinline__ void down_norm_tail(const float* out, const float* __
                                                float eps, float* __restrict__ hn, int C,
                                                unsigned int* tickets) {
     __shared__ bool last;
-    __shared__ float part[NT / 32];
-    const int t = blockIdx.y, lane = threadIdx.x & 31, wid = threadIdx.x / 32;
+    __shared__ float part[32];
+    // nt: blockDim.x (NT for the thread-row kernels, 32 (k + 1) for moe_dec_down_s)
+    const int t = blockIdx.y, lane = threadIdx.x & 31, wid = threadIdx.x / 32, nt = blockDim.x;
     __threadfence();  // this thread's outputs visible device-wide before the ticket
     __syncthreads();
     if (threadIdx.x == 0) last = atomicAdd(tickets + t, 1u) == gridDim.x - 1;
     __syncthreads();
     if (!last) return;
     __threadfence();
+    // The row's values of this thread (i = threadIdx.x + r nt) into registers with all their
+    // loads in flight (and nw's), then the rest of a row longer than NV nt in a loop: each
+    // thread still sums its values in increasing i, as a plain loop would, where a plain
+    // loop waited on L2 every few values (16 values a thread at nt 128 and C 2048).
+    constexpr int NV = 16;
     const float* xr = out + (size_t)t * C;
+    float v[NV], wv[NV];
+#pragma unroll
+    for (int r = 0; r < NV; ++r) {
+        const int i = threadIdx.x + r * nt;
+        v[r] = i < C ? __ldcg(xr + i) : 0.f;
+        wv[r] = i < C ? __ldg(nw + i) : 0.f;
+    }
     float s = 0.f;
-    for (int i = threadIdx.x; i < C; i += NT) {
-        const float v = __ldcg(xr + i);
-        s += v * v;
+#pragma unroll
+    for (int r = 0; r < NV; ++r)
+        if (threadIdx.x + r * nt < C) s += v[r] * v[r];
+    for (int i = threadIdx.x + NV * nt; i < C; i += nt) {
+        const float x = __ldcg(xr + i);
+        s += x * x;
     }
     s = warp_sum(s);
     if (lane == 0) part[wid] = s;
     __syncthreads();
     s = 0.f;
-#pragma unroll
-    for (int i = 0; i < NT / 32; ++i) s += part[i];
+    for (int i = 0; i < nt / 32; ++i) s += part[i];
     const float scale = rsqrtf(s / (float)C + eps);
     float* yr = hn + (size_t)t * C;
-    for (int i = threadIdx.x; i < C; i += NT) yr[i] = __ldcg(xr + i) * scale * nw[i];
+#pragma unroll
+    for (int r = 0; r < NV; ++r) {
+        const int i = threadIdx.x + r * nt;
+        if (i < C) yr[i] = v[r] * scale * wv[r];
+    }
+    for (int i = threadIdx.x + NV * nt; i < C; i += nt) yr[i] = __ldcg(xr + i) * scale * nw[i];
     if (threadIdx.x == 0) tickets[t] = 0;  // ready for the next launch (graph replay)
 }
 
@@ -462,5 +698,105 @@ extern "C" __global__ void __launch_bounds__(NT)
     }
     v = row_sum(v, red);
     if (lane == 0 && c < C) out[(size_t)t * C + c] = r[(size_t)t * C + c] + v;
+    if (nw) down_norm_tail(out, nw, eps, hn, C, tickets);
+}
+
+// moe_experts.down_split: the down kernel with a warp per expert slot. A block owns ROWS
+// consecutive outputs and has k (+ 1: the shared expert) warps; warp j walks slot j's ROWS down
+// rows (expert ids[j]'s, or the shared expert's as slot k), lane l over groups l, l + 32, ...,
+// the ROWS rows' loads of a group in flight together, then a warp sum per row into shared
+// memory; the block's first ROWS threads combine them (w_j in slot order, the sigmoid-gated
+// shared expert, the residual: moe_dec_down's expressions). moe_dec_down's thread-row holds all
+// k + 1 rows of one output (their decodes at once, spilling on sm_90); here 9x the threads each
+// hold one group of ROWS rows: a token's down pass waits on about one batch of loads. With
+// F / 16 <= 32 (a 35B-A3B's 512) and threads_per_row 32 the sums are moe_dec_down_v1's, in its
+// order. nw null: no norm tail; else moe_experts.fuse_norm's.
+template <int QT, int R>
+__device__ __forceinline__ void warp_rows(const u8* __restrict__ row0, int rb, int nr,
+                                          const float* __restrict__ x, int K, int lane,
+                                          float* s) {
+    if constexpr (QT == QT_F32 || QT == QT_F16 || QT == QT_BF16) {
+        for (int kk = lane; kk < K; kk += 32) {
+            const float xv = __ldg(x + kk);
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+                if (r < nr) s[r] += dense_get<QT>(row0 + (size_t)r * rb, kk) * xv;
+        }
+    } else {
+        const int NG = K / 16;
+#ifdef MUTANT_MOE_DOWN_SPLIT_ONE_PASS
+        const int NGW = min(NG, 32);  // planted bug: one group per lane (rows past 512 dropped)
+#else
+        const int NGW = NG;
+#endif
+        for (int g = lane; g < NGW; g += 32) {
+            Run8 a[R], b[R];
+            int k0 = 0, k1 = 0;
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+                if (r < nr) row_group<QT>(row0 + (size_t)r * rb, g, a[r], b[r], k0, k1);
+            const float4* x0 = (const float4*)(x + k0);
+            const float4* x1 = (const float4*)(x + k1);
+            const float4 xa = __ldg(x0), xb = __ldg(x0 + 1), xc = __ldg(x1), xd = __ldg(x1 + 1);
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+                if (r < nr) s[r] += run_dot(a[r], xa, xb) + run_dot(b[r], xc, xd);
+        }
+    }
+}
+
+__device__ __forceinline__ void warp_rows_rt(int qt, const u8* row0, int rb, int nr,
+                                             const float* x, int K, int lane, float* s) {
+    switch (qt) {
+        case QT_Q4_0: warp_rows<QT_Q4_0, ROWS>(row0, rb, nr, x, K, lane, s); break;
+        case QT_Q4_1: warp_rows<QT_Q4_1, ROWS>(row0, rb, nr, x, K, lane, s); break;
+        case QT_Q5_0: warp_rows<QT_Q5_0, ROWS>(row0, rb, nr, x, K, lane, s); break;
+        case QT_Q8_0: warp_rows<QT_Q8_0, ROWS>(row0, rb, nr, x, K, lane, s); break;
+        case QT_Q4_K: warp_rows<QT_Q4_K, ROWS>(row0, rb, nr, x, K, lane, s); break;
+        case QT_Q6_K: warp_rows<QT_Q6_K, ROWS>(row0, rb, nr, x, K, lane, s); break;
+        case QT_F16: warp_rows<QT_F16, ROWS>(row0, rb, nr, x, K, lane, s); break;
+        case QT_BF16: warp_rows<QT_BF16, ROWS>(row0, rb, nr, x, K, lane, s); break;
+        default: warp_rows<QT_F32, ROWS>(row0, rb, nr, x, K, lane, s); break;
+    }
+}
+
+// Arguments: moe_dec_down_w's. Grid (ceil(C / ROWS), T), block 32 (k + (SD ? 1 : 0)), k < MAXR.
+extern "C" __global__ void __launch_bounds__(32 * MAXR)
+    moe_dec_down_s(const float* __restrict__ h, int ldh, const u8* __restrict__ D, int rb_e,
+                   int qe, int F, int E, const int* __restrict__ ids,
+                   const float* __restrict__ w, int k, const u8* __restrict__ SD, int rb_s,
+                   int qsh, int Fs, const float* __restrict__ logits, int ldl,
+                   const float* __restrict__ r, float* out, int C,
+                   const float* __restrict__ nw, float eps, float* __restrict__ hn,
+                   unsigned int* tickets) {
+    __shared__ float part[MAXR][ROWS];
+    pdl_start();
+    const int t = blockIdx.y, j = threadIdx.x / 32, lane = threadIdx.x & 31;
+    const int c0 = blockIdx.x * ROWS, nr = min(ROWS, C - c0);
+    const float* ht = h + (size_t)t * (k + 1) * ldh;
+    float s[ROWS];
+#pragma unroll
+    for (int i = 0; i < ROWS; ++i) s[i] = 0.f;
+    if (j < k) {
+        const int e = min(max(__ldg(ids + (size_t)t * k + j), 0), E - 1);  // corrupt id: no fault
+        warp_rows_rt(qe, D + ((size_t)e * C + c0) * rb_e, rb_e, nr, ht + (size_t)j * ldh, F,
+                     lane, s);
+    } else if (SD) {
+        warp_rows_rt(qsh, SD + (size_t)c0 * rb_s, rb_s, nr, ht + (size_t)k * ldh, Fs, lane, s);
+    }
+#pragma unroll
+    for (int i = 0; i < ROWS; ++i) {
+        const float v = warp_sum(s[i]);
+        if (lane == 0) part[j][i] = v;
+    }
+    __syncthreads();
+    if (threadIdx.x < nr) {
+        const int c = c0 + threadIdx.x;
+        float acc = 0.f;  // moe_combine's sum, in its order
+        for (int jj = 0; jj < k; ++jj) acc += w[(size_t)t * k + jj] * part[jj][threadIdx.x];
+        float y = acc;
+        if (SD) y = acc + part[k][threadIdx.x] / (1.f + expf(-logits[(size_t)t * ldl + E]));
+        out[(size_t)t * C + c] = r[(size_t)t * C + c] + y;
+    }
     if (nw) down_norm_tail(out, nw, eps, hn, C, tickets);
 }

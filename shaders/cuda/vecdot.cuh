@@ -60,6 +60,41 @@ __device__ __forceinline__ void q4k_sm(u32 s0, u32 s1, u32 s2, int j, int& sc, i
     }
 }
 
+#ifndef Q4K_LEAN
+#define Q4K_LEAN 0
+#endif
+// Q4K_LEAN (mmvw's knob q4k_lean): sub-blocks 2p and 2p + 1's scales and mins from the 3 scale
+// words, branch-free (q4k_sm branches on j < 4: lanes of one warp hold different pairs, so a
+// warp ran both sides): the four 6-bit scales (mins) of pair half p >> 1 packed one a byte,
+// then bytes 2 (p & 1) and 2 (p & 1) + 1. The same integers as q4k_sm.
+__device__ __forceinline__ void q4k_sm_pair(u32 s0, u32 s1, u32 s2, int p, int& sc0, int& sc1,
+                                            int& m0, int& m1) {
+    const u32 M = 0x0F0F0F0Fu, H = 0x30303030u;
+    const bool hi = p >= 2;
+    const u32 a = hi ? (s2 & M) | ((s0 >> 2) & H) : s0 & 0x3F3F3F3Fu;
+    const u32 b = hi ? ((s2 >> 4) & M) | ((s1 >> 2) & H) : s1 & 0x3F3F3F3Fu;
+    const int sh = 16 * (p & 1);
+#ifdef MUTANT_Q4K_LEAN_SCALE  // planted bug: the odd sub-block takes the even one's scale
+    sc0 = (a >> sh) & 0xFF, sc1 = (a >> sh) & 0xFF;
+#else
+    sc0 = (a >> sh) & 0xFF, sc1 = (a >> (sh + 8)) & 0xFF;
+#endif
+    m0 = (b >> sh) & 0xFF, m1 = (b >> (sh + 8)) & 0xFF;
+}
+
+// sum over 4 words of (the high nibbles of q, as 16 x nibble) x (signed x): dp4a with unsigned
+// weight bytes (dp4a.u32.s32), then / 16, exact (every term is a multiple of 16): the high
+// nibbles' dot product without a shift per word.
+__device__ __forceinline__ int dp4a_hi4(uint4 q, uint4 x) {
+    const u32 H = 0xF0F0F0F0u;
+    int d = 0;
+    asm("dp4a.u32.s32 %0, %1, %2, %0;" : "+r"(d) : "r"(q.x & H), "r"(x.x));
+    asm("dp4a.u32.s32 %0, %1, %2, %0;" : "+r"(d) : "r"(q.y & H), "r"(x.y));
+    asm("dp4a.u32.s32 %0, %1, %2, %0;" : "+r"(d) : "r"(q.z & H), "r"(x.z));
+    asm("dp4a.u32.s32 %0, %1, %2, %0;" : "+r"(d) : "r"(q.w & H), "r"(x.w));
+    return d >> 4;
+}
+
 // A slot's activations: two 16-byte runs (K types) or two 8-byte runs (the others), their
 // Q8_1 scales and the sums the weight offsets need.
 struct XSlot {
@@ -151,6 +186,11 @@ template <> struct VD<QT_Q4_K> {
 #else
         const uint4 xd = x.d;
 #endif
+#if Q4K_LEAN
+        const int d1 = dp4a_hi4(q0, x.c) + dp4a_hi4(q1, xd);
+        int sc0, m0, sc1, m1;
+        q4k_sm_pair(hd.y, hd.z, hd.w, p, sc0, sc1, m0, m1);
+#else
         int d1 = dp4a((q0.x >> 4) & M, x.c.x, 0);
         d1 = dp4a((q0.y >> 4) & M, x.c.y, d1);
         d1 = dp4a((q0.z >> 4) & M, x.c.z, d1);
@@ -162,6 +202,7 @@ template <> struct VD<QT_Q4_K> {
         int sc0, m0, sc1, m1;
         q4k_sm(hd.y, hd.z, hd.w, 2 * p, sc0, m0);
         q4k_sm(hd.y, hd.z, hd.w, 2 * p + 1, sc1, m1);
+#endif
         const float d = h2f((u16)(hd.x & 0xFFFF)), dmin = h2f((u16)(hd.x >> 16));
         float v = d * ((float)(sc0 * d0) * x.da.x + (float)(sc1 * d1) * x.db.x);
         v -= dmin * ((float)m0 * x.da.y + (float)m1 * x.db.y);
@@ -198,6 +239,15 @@ template <> struct VD<QT_Q4_K> {
         d0 = dp4a(q.y & 0x0F0F0F0Fu, x.a.y, d0);
         d0 = dp4a(q.z & 0x0F0F0F0Fu, x.a.z, d0);
         d0 = dp4a(q.w & 0x0F0F0F0Fu, x.a.w, d0);
+#if Q4K_LEAN  // no shifts, no divergent branches: the same integers and float expressions
+        const int d1 = dp4a_hi4(q, x.b);
+        int sc0, m0, sc1, m1;
+        q4k_sm_pair(hd.y, hd.z, hd.w, p, sc0, sc1, m0, m1);
+        const float d = h2f((u16)(hd.x & 0xFFFF)), dmin = h2f((u16)(hd.x >> 16));
+        const float v = d * ((float)(sc0 * d0) * x.da.x + (float)(sc1 * d1) * x.db.x);
+        const float t = dmin * ((float)m0 * x.da.y + (float)m1 * x.db.y);
+        return h == 0 ? v - t : v;
+#else
         int d1 = dp4a((q.x >> 4) & 0x0F0F0F0Fu, x.b.x, 0);
         d1 = dp4a((q.y >> 4) & 0x0F0F0F0Fu, x.b.y, d1);
         d1 = dp4a((q.z >> 4) & 0x0F0F0F0Fu, x.b.z, d1);
@@ -209,6 +259,7 @@ template <> struct VD<QT_Q4_K> {
         float v = d * ((float)(sc0 * d0) * x.da.x + (float)(sc1 * d1) * x.db.x);
         if (h == 0) v -= dmin * ((float)m0 * x.da.y + (float)m1 * x.db.y);
         return v;
+#endif
     }
 };
 #endif

@@ -23,6 +23,7 @@ import numpy as np
 
 from engine.backends.base import Backend, DeviceEntry, DeviceInfo, KVCache, ProfileReport
 from engine.backends.cuda import kernels
+from engine.backends.cuda.attn_tile import launch_attn_tile, tile_fits
 from engine.backends.cuda.decode_float import CudaFloatDecodeOps
 from engine.backends.cuda.device import device_class, driver_string
 from engine.backends.cuda.hybrid import CudaHybridOps
@@ -55,6 +56,7 @@ Q6K_PADDED = 224  # bytes of a Q6_K block on the GPU (210 + 14 zero bytes; commo
 _QT = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
 _NULL = np.uint64(0)
 _MAX_ARGMAX_ROWS = 4096  # rows argmax.multi takes in one launch (more: argmax.block's kernel)
+_WIDE = {"Q4_K": "q4k_wide", "Q6_K": "q6k_wide"}  # a type's 64-weight slot knob (no x planes)
 _MAX_ROPE_HEADS = 1024  # q + k heads mmvw_qkv counts (tickets); more: mmvw, then rope_kv
 
 
@@ -665,8 +667,21 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         for _ in range(3 - len(mats)):
             nbs.append(0)
             args += [_NULL, np.int32(0), np.int32(0), np.int32(0), _NULL, _NULL]
+        plan = self._stream_plan(tuple(m[0] for m in mats), rpb, sum(nbs))
+        if plan is not None:
+            grid, stages, stage_bytes, x4, x6, smem = plan
+            self._launch(
+                "mmvw", "mmvw_stream", (grid,), (int(c["warps"]) * 32,),
+                (xq, xds, np.int32(mats[0][0].k), np.int32(nbs[0]), np.int32(nbs[1]),
+                 np.int32(sum(nbs)), np.int32(stages), np.int32(stage_bytes), np.int32(x4),
+                 np.int32(x6), *args),
+                smem=smem, pdl=True,
+            )  # fmt: skip
+            return
+        # matmul_decode.q4k_kernel: all Q4_K -> mmvw built for that type alone (fewer registers)
+        q4k = int(c["q4k_kernel"]) and all(m[0].qtype == "Q4_K" for m in mats)
         self._launch(
-            "mmvw", "mmvw", (sum(nbs),), (int(c["warps"]) * 32,),
+            "mmvw", "mmvw_q4k" if q4k else "mmvw", (sum(nbs),), (int(c["warps"]) * 32,),
             (xq, xds, np.int32(mats[0][0].k), np.int32(nbs[0]), np.int32(nbs[1]), *args),
             smem=self._stage_smem(tuple(m[0] for m in mats), rpb), pdl=True,
         )  # fmt: skip
@@ -750,14 +765,59 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         """Dynamic shared memory of an mmvw launch under matmul_decode.stage: a block's rows
         (rpb, default the unsplit count) of the widest matrix, or 0 (no staging) when that
         exceeds what a block may opt in to."""
-        if int(self.config.op("matmul_decode")["stage"]) == 0:
-            return 0
+        c = self.config.op("matmul_decode")
+        if int(c["stage"]) == 0 or sum(w.n for w in ws) < int(c["stage_min_rows"]):
+            return 0  # no shared memory: the kernel reads global memory (stage_start declines)
         need = (rpb or self._mmvw_rows_per_block()) * max(w.row_bytes for w in ws)
         cap = self.__dict__.get("_stage_cap")
         if cap is None:  # what a block may opt in to, less the kernels' static shared memory
             extra = self.device_info().extra
             cap = self._stage_cap = int(extra.get("smem_per_block_optin", 0)) - 1024
         return need if need <= cap else 0
+
+    def _stream_plan(
+        self, ws: tuple[CudaWeight, ...], rpb: int, nsets: int
+    ) -> tuple[int, int, int, int, int, int] | None:
+        """(grid, stages, stage bytes, x4, x6, shared bytes) of an mmvw_stream launch
+        (matmul_decode.stream: the ring's stages; stream_blocks: persistent blocks per SM, 0 =
+        as many as fit; stream_x: the activations as shared-memory planes after the ring, x4 /
+        x6 their byte offsets for the Q4_K / Q6_K slots or -1), or None: the knob is off, a
+        matrix is not Q4_K / Q6_K or not 16-byte aligned, or two stages of a block's rows (and
+        the planes) do not fit in a block's shared memory (then plain mmvw)."""
+        c = self.config.op("matmul_decode")
+        stages = int(c["stream"])
+        if stages == 0 or not all(w.qtype in ("Q4_K", "Q6_K") for w in ws):
+            return None
+        if any(int(w.raw.data.ptr) % 16 or w.row_bytes % 16 for w in ws):
+            return None
+        extra = self.__dict__.get("_extra")
+        if extra is None:  # device_info asks the driver: once, not per decode launch
+            extra = self._extra = self.device_info().extra
+        stage_bytes = rpb * max(w.row_bytes for w in ws)
+        planes = []  # (type, narrow slots): the x planes stream_x builds, 56 bytes a slot
+        if int(c["stream_x"]):
+            types = {w.qtype for w in ws}
+            planes = [t for t in ("Q4_K", "Q6_K") if t in types and not int(c[_WIDE[t]])]
+        xbytes = len(planes) * 56 * (ws[0].k // 32)
+        # the kernel's static shared memory (barriers, split_k's partials) and 1 KiB a block
+        # the driver reserves: 2 KiB of margin
+        cap = int(extra.get("smem_per_block_optin", 0)) - 2048 - xbytes
+        stages = min(stages, cap // stage_bytes)
+        if stages < 2:
+            return None
+        off = {t: stages * stage_bytes + i * 56 * (ws[0].k // 32) for i, t in enumerate(planes)}
+        smem = stages * stage_bytes + xbytes
+        threads = int(c["warps"]) * 32
+        per_sm = min(
+            int(extra.get("smem_per_sm", 0)) // (smem + 2048),
+            2048 // threads,  # threads per SM
+            65536 // (64 * threads),  # registers, at mmvw's <= 64 a thread
+            32,
+        )
+        if int(c["stream_blocks"]) > 0:
+            per_sm = min(per_sm, int(c["stream_blocks"]))
+        grid = min(nsets, max(1, per_sm) * int(extra.get("sms", 1)))
+        return grid, stages, stage_bytes, off.get("Q4_K", -1), off.get("Q6_K", -1), smem
 
     def _mmvw_rows_per_block(self, k: int = 0) -> int:
         """Rows per block of an mmvw / mmvw_norm launch on rows of k values (mmvw.cu's
@@ -885,8 +945,8 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         if int(config.op("rope")["fuse_kv"]):
             out.append("rope")
         att = config.op("attention_decode")
-        if att.variant == "gqa" and int(att["fuse_rope"]):
-            out.append("attention_decode")  # RoPE + KV write inside attn_gqa
+        if att.variant in ("gqa", "tile") and int(att["fuse_rope"]):
+            out.append("attention_decode")  # RoPE + KV write inside attn_gqa / attn_tile
         # the hybrids' fused decode (hybrid.py, moe_dec.py), where this backend has run it: a
         # dense model never does, so its blame never names them
         ran = getattr(self, "_fusions_ran", set())
@@ -1091,6 +1151,15 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
                 raise ValueError("attention: a pending q of another cache, layer or position")
             out = self._empty(tuple(int(s) for s in q.q.shape))
             c = self.config.op("attention_decode")
+            if c.variant == "tile":
+                T, H, D = (int(s) for s in q.q.shape)
+                xq = launch_attn_tile(
+                    self, q.q, cache.k[layer], cache.v[layer], out, pos0, c,
+                    self._int8_decode(), rope=q,
+                )  # fmt: skip
+                if xq is not None:
+                    self._q8_remember(out.reshape(T, H * D), *xq)
+                return out
             self._attn_gqa(q.q, cache, layer, pos0, out, c, self._int8_decode(), rope=q)
             return out
         q = self._cp.ascontiguousarray(q)
@@ -1103,6 +1172,12 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
             q8 = self._int8_decode() and D % 32 == 0  # the o projection's Q8_1 input, fused
             if c.variant == "gqa" and self._gqa_fits(H, Hkv, D, int(c["warps"])):
                 self._attn_gqa(q, cache, layer, pos0, out, c, q8)
+                return out
+            if c.variant == "tile" and tile_fits(H, Hkv, D, int(c["warps"]), _MAX_ARGMAX_ROWS):
+                k, v = cache.k[layer], cache.v[layer]
+                xq = launch_attn_tile(self, q, k, v, out, pos0, c, q8)
+                if xq is not None:
+                    self._q8_remember(out.reshape(T, H * D), *xq)
                 return out
             G = int(c["lanes_per_key"]) if c.variant == "split_kw" else 0
             G = G if G and D % (4 * G) == 0 and D <= 32 * G else 0  # else attn_split serves
@@ -1146,8 +1221,11 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         return out
 
     def _gqa_rope(self, heads: tuple[int, int, int]) -> bool:
-        """attention_decode.gqa's fuse_rope on a decode row attn_gqa takes."""
+        """attention_decode.gqa's (or .tile's) fuse_rope on a decode row its kernel takes."""
         c = self.config.op("attention_decode")
+        if c.variant == "tile":
+            fits = tile_fits(*heads, int(c["warps"]), _MAX_ARGMAX_ROWS)
+            return int(c["fuse_rope"]) == 1 and fits
         return (
             c.variant == "gqa"
             and int(c["fuse_rope"]) == 1

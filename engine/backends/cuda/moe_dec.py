@@ -25,6 +25,12 @@ _QT = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 1
 _NULL = np.uint64(0)
 
 
+def _addr(a: Any) -> int:
+    """A device array's address (a host array's in the CPU tests' fake backend)."""
+    ptr = getattr(getattr(a, "data", None), "ptr", None)
+    return int(ptr) if ptr is not None else int(a.ctypes.data)
+
+
 def _stacked(w: Any, E: int) -> bool:
     return w.raw is not None and len(w.shape) == 3 and int(w.shape[0]) == E and w.qtype in _QT
 
@@ -118,10 +124,16 @@ class CudaMoeDecodeOps:
         shared: tuple | None,
         norm: Any = None,
         eps: float = 0.0,
+        pre: Any = None,
     ) -> Any:
-        """moe_dec.cu's three launches -> r + the MoE FFN of h; with norm, (that, its norm)."""
-        h = self._aligned16(self._cp.ascontiguousarray(h, dtype=np.float32))
+        """moe_dec.cu's three launches -> r + the MoE FFN of h; with norm, (that, its norm).
+        With pre (moe_experts.fuse_pre_norm), h is None: the route computes h = rms_norm(r) *
+        pre (moe_dec_route_rn) and stores it for gate_up."""
         r = self._cp.ascontiguousarray(r, dtype=np.float32)
+        if pre is not None:
+            r = self._aligned16(r)
+            h = self._empty(r.shape)
+        h = self._aligned16(self._cp.ascontiguousarray(h, dtype=np.float32))
         T, C = (int(s) for s in h.shape)
         gate, up, down = experts
         E, F = int(gate.shape[0]), int(gate.shape[1])
@@ -136,19 +148,40 @@ class CudaMoeDecodeOps:
         self._fused_ran("moe_experts")
         ldl = E + 1  # logits [T, E + 1]: column E the shared expert's gate logit
         logits, ids, wts = self._empty((T, ldl)), self._empty((T, k), np.int32), self._empty((T, k))
-        self._launch(
-            "moe_dec", "moe_dec_route", (math.ceil(ldl / rows), T), (nt,),
-            (h, router.raw, np.int32(router.row_bytes), np.int32(_QT[router.qtype]),
-             _NULL if sg is None else sg.raw, np.int32(_QT[sg.qtype] if sg else 0), np.int32(E),
-             np.int32(C), logits, np.int32(ldl), ids, wts, np.int32(k), self._route_tickets(),
-             np.int32(c["route_vec"])),
-            pdl=True,
-        )  # fmt: skip
+        if pre is not None:  # the post-attention norm in the route (moe_prenorm checked it)
+            self._launch(
+                "moe_dec", "moe_dec_route_rn", (E + (0 if sg is None else 1), T),
+                (int(c["route_block"]) or 256,),
+                (r, pre.f32, np.float32(eps), h, router.raw, np.int32(router.row_bytes),
+                 _NULL if sg is None else sg.raw, np.int32(E), np.int32(C), logits,
+                 np.int32(ldl), ids, wts, np.int32(k), self._route_tickets(),
+                 np.int32(c["topk_regs"])),
+                pdl=True,
+            )  # fmt: skip
+        elif self._route_block_on(int(c["route_block"]), router, sg, C):
+            self._launch(
+                "moe_dec", "moe_dec_route_r", (E + (0 if sg is None else 1), T),
+                (int(c["route_block"]),),
+                (h, router.raw, np.int32(router.row_bytes), _NULL if sg is None else sg.raw,
+                 np.int32(E), np.int32(C), logits, np.int32(ldl), ids, wts, np.int32(k),
+                 self._route_tickets(), np.int32(c["topk_regs"])),
+                pdl=True,
+            )  # fmt: skip
+        else:
+            self._launch(
+                "moe_dec", "moe_dec_route", (math.ceil(ldl / rows), T), (nt,),
+                (h, router.raw, np.int32(router.row_bytes), np.int32(_QT[router.qtype]),
+                 _NULL if sg is None else sg.raw, np.int32(_QT[sg.qtype] if sg else 0),
+                 np.int32(E), np.int32(C), logits, np.int32(ldl), ids, wts, np.int32(k),
+                 self._route_tickets(), np.int32(c["route_vec"]), np.int32(c["topk_regs"])),
+                pdl=True,
+            )  # fmt: skip
         ns = 1 if shared is not None else 0
         ldh = -(-max(F, Fs) // 4) * 4  # float4 rows
         hh = self._empty((T, k + 1, ldh))
+        gate_up = "moe_dec_gate_up_p" if int(c["gate_up_pair"]) else "moe_dec_gate_up"
         self._launch(
-            "moe_dec", "moe_dec_gate_up", (math.ceil(max(F, Fs) / rows), k + ns, T),
+            "moe_dec", gate_up, (math.ceil(max(F, Fs) / rows), k + ns, T),
             (nt,),
             (h, gate.raw, up.raw, np.int32(gate.row_bytes), np.int32(_QT[gate.qtype]),
              np.int32(F), np.int32(E), ids, np.int32(k),
@@ -164,11 +197,15 @@ class CudaMoeDecodeOps:
             hn = self._empty((T, C))
             kernel += "_norm"
             tail = (norm.f32, np.float32(eps), hn, self._norm_tickets())
-        if int(c["down_wsum"]):  # one kernel, the norm tail where its weights are not null
+        block = nt
+        if int(c["down_split"]):  # a warp per expert slot, rows_per_block outputs a block
+            kernel, block = "moe_dec_down_s", 32 * (k + ns)
+            tail = tail or (_NULL, np.float32(0.0), _NULL, _NULL)
+        elif int(c["down_wsum"]):  # one kernel, the norm tail where its weights are not null
             kernel = "moe_dec_down_w"
             tail = tail or (_NULL, np.float32(0.0), _NULL, _NULL)
         self._launch(
-            "moe_dec", kernel, (math.ceil(C / rows), T), (nt,),
+            "moe_dec", kernel, (math.ceil(C / rows), T), (block,),
             (hh, np.int32(ldh), down.raw, np.int32(down.row_bytes), np.int32(_QT[down.qtype]),
              np.int32(F), np.int32(E), ids, wts, np.int32(k),
              _NULL if sdown is None else sdown.raw, np.int32(sdown.row_bytes if sdown else 0),
@@ -177,6 +214,55 @@ class CudaMoeDecodeOps:
             pdl=True,
         )  # fmt: skip
         return out if norm is None else (out, hn)
+
+    def _route_block_on(self, threads: int, router: Any, sg: Any, C: int) -> bool:
+        """moe_experts.route_block's kernel: F32 rows of 16-byte-aligned starts and lengths."""
+        if not threads or C % 4:
+            return False
+        return all(
+            w.qtype == "F32" and _addr(w.raw) % 16 == 0 and int(w.row_bytes) % 16 == 0
+            for w in ((router,) if sg is None else (router, sg))
+        )
+
+    def moe_prenorm(self, n: int) -> bool:
+        c = self.config.op("moe_experts")
+        on = c.variant in ("dmmv", "grouped", "tc") and int(c["fuse_decode"])
+        return bool(n == 1 and on and int(c["fuse_pre_norm"]))
+
+    def moe_ffn_prenorm(
+        self,
+        x: Any,
+        pre: Any,
+        router: Any,
+        k: int,
+        experts: tuple,
+        shared: tuple | None,
+        norm: Any,
+        eps: float,
+    ) -> Any:
+        """Under moe_experts.fuse_pre_norm the route kernel (moe_dec_route_rn, a block per
+        router row) normalises x itself: the post-attention norm's launch folded into it; with
+        fuse_norm the down kernel's tail runs the next layer's norm too."""
+        c = self.config.op("moe_experts")
+        C = int(x.shape[-1])
+        sg = None if shared is None else shared[0]
+        ok = (
+            self.moe_prenorm(int(x.shape[0]) if x.ndim == 2 else 0)
+            and self._moe_dec_on(x, x, router, k, experts, shared)
+            and pre.f32 is not None
+            and int(pre.f32.size) == C
+            and self._route_block_on(int(c["route_block"]) or 256, router, sg, C)
+        )
+        if not ok:
+            return super().moe_ffn_prenorm(  # type: ignore[misc]
+                x, pre, router, k, experts, shared, norm, eps
+            )
+        if norm is None:
+            return self._moe_dec(None, x, router, k, experts, shared, pre=pre, eps=eps)
+        if int(c["fuse_norm"]) and norm.f32 is not None and int(norm.f32.size) == C:
+            return self._moe_dec(None, x, router, k, experts, shared, norm, eps, pre=pre)
+        y = self._moe_dec(None, x, router, k, experts, shared, pre=pre, eps=eps)
+        return y, self.rms_norm(y, norm, eps)  # type: ignore[attr-defined]
 
     def _norm_tickets(self) -> Any:
         t = getattr(self, "_moe_norm_tickets", None)

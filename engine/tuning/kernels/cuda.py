@@ -156,6 +156,15 @@ REGISTRY.register(
             ),
             constraints=(
                 Constraint(
+                    "matmul_decode.stream > 0 needs compute capability >= 9.0 (bulk copies)",
+                    lambda cfg, dev: (
+                        cfg.op("matmul_decode").variant != "mmvw"
+                        or _p(cfg, "matmul_decode", "stream") == 0
+                        or dev is None
+                        or int(dev.extra.get("cc", 0)) >= 90
+                    ),
+                ),
+                Constraint(
                     "matmul_decode.pdl = 1 needs compute capability >= 9.0",
                     lambda cfg, dev: (
                         cfg.op("matmul_decode").variant != "mmvf"
@@ -319,6 +328,15 @@ REGISTRY.register(
                     define("STAGE"),
                 ),
                 Param(
+                    "stage_min_rows",
+                    (0, 32768, 65536),
+                    0,
+                    "stage = 1 stages only launches of at least this many rows (the LM head: "
+                    "the gemv checkpoint's 7B LM head went from 3.49 to 4.09 TB/s staged while "
+                    "the down projections lost 5-12 us); smaller launches read global memory",
+                    HOST,
+                ),
+                Param(
                     "q4k_wide",
                     (0, 1),
                     0,
@@ -396,6 +414,60 @@ REGISTRY.register(
                     HOST,
                 ),
                 Param(
+                    "stream",
+                    (0, 2, 3, 4, 6, 8),
+                    0,
+                    "Q4_K / Q6_K launches (mmvw's, not its fused epilogues) as mmvw_stream: "
+                    "persistent blocks stream their row sets through a ring of this many "
+                    "shared-memory stages filled by bulk copies (sm_90), the next sets' bytes in "
+                    "flight while one is computed; same arithmetic as mmvw (0: off)",
+                    HOST,
+                ),
+                Param(
+                    "stream_blocks",
+                    (0, 1, 2, 4, 8),
+                    0,
+                    "persistent mmvw_stream blocks per SM (0: as many as shared memory, threads "
+                    "and registers allow)",
+                    HOST,
+                ),
+                Param(
+                    "q4k_lean",
+                    (0, 1),
+                    0,
+                    "1: Q4_K slots decode their sub-block scales branch-free (a warp's lanes hold "
+                    "different sub-block pairs: q4k_sm's branch ran both sides) and the high "
+                    "nibbles' dot product without shifts (dp4a of unsigned 16 x nibble bytes, "
+                    "/ 16): the same integers, about a fifth fewer instructions a slot",
+                    define("Q4K_LEAN"),
+                ),
+                Param(
+                    "q4k_kernel",
+                    (0, 1),
+                    0,
+                    "1: an mmvw launch whose matrices are all Q4_K runs mmvw_q4k, mmvw built for "
+                    "Q4_K alone: fewer registers than the six-type kernel, so more warps an SM "
+                    "(the rate followed warps per SM at the gemv checkpoint)",
+                    HOST,
+                ),
+                Param(
+                    "q4k_min_blocks",
+                    (0, 8, 12, 16),
+                    0,
+                    "blocks per SM mmvw_q4k's __launch_bounds__ sizes registers for (0: "
+                    "min_blocks'); its own, since Q6_K's code spills where Q4_K's does not",
+                    define("Q4K_MINB"),
+                ),
+                Param(
+                    "stream_x",
+                    (0, 1),
+                    0,
+                    "1: each mmvw_stream block first lays the activations out in shared memory "
+                    "as planes a slot's lanes read in conflict-free 16-byte loads (narrow Q4_K / "
+                    "Q6_K slots; the values mmvw reads, bit for bit)",
+                    HOST,
+                ),
+                Param(
                     "pdl",
                     (0, 1),
                     0,
@@ -414,6 +486,15 @@ REGISTRY.register(
                         or _p(cfg, "matmul_decode", "split_k")
                         * _p(cfg, "matmul_decode", "threads_per_row")
                         <= 32 * _p(cfg, "matmul_decode", "warps")
+                    ),
+                ),
+                Constraint(
+                    "matmul_decode.stream > 0 needs compute capability >= 9.0 (bulk copies)",
+                    lambda cfg, dev: (
+                        cfg.op("matmul_decode").variant != "mmvw"
+                        or _p(cfg, "matmul_decode", "stream") == 0
+                        or dev is None
+                        or int(dev.extra.get("cc", 0)) >= 90
                     ),
                 ),
                 Constraint(
@@ -852,6 +933,70 @@ REGISTRY.register(
             "once per group into shared memory 32 keys at a time, lane = key for the scores, "
             "lane = 4 (8) dims for P.V; same partials and combine as split (head dim <= 256, "
             "D % 4 == 0)",
+        ),
+        Variant(
+            B,
+            "attention_decode",
+            "tile",
+            params=(
+                Param(
+                    "splits",
+                    (1, 2, 4, 8, 16, 32, 64, 128),
+                    32,
+                    "key ranges per KV head at most (grid x; blocks past the position's "
+                    "ranges exit at once)",
+                    PUSHED,
+                ),
+                Param(
+                    "min_keys",
+                    (32, 64, 128, 256),
+                    64,
+                    "keys a range takes at least: short contexts use ceil(pos / min_keys) "
+                    "ranges (a cheaper combine), long ones all splits",
+                    PUSHED,
+                ),
+                Param(
+                    "warps",
+                    (1, 2, 4, 8),
+                    8,
+                    "warps per block, each taking q heads of the group (needs group size "
+                    "<= 4 x warps, else split runs)",
+                    PUSHED,
+                ),
+                Param(
+                    "stages",
+                    (1, 2),
+                    2,
+                    "shared-memory tile stages: 2 loads a range's next 32-key tile while one is "
+                    "computed; 1 halves the shared memory (under 48 KiB at head dim 128)",
+                    PUSHED,
+                ),
+                Param(
+                    "fuse_combine",
+                    (0, 1),
+                    1,
+                    "1: the KV head's last range combines (one range: writes out at once); "
+                    "0: every range writes a partial and attn_combine(_q8) merges them (a "
+                    "second launch, no fence / atomic / serial tail in the first)",
+                    PUSHED,
+                ),
+                Param(
+                    "fuse_rope",
+                    (0, 1),
+                    0,
+                    "1: q and k RoPE and the current position's KV-cache write done by the "
+                    "attention kernel from the q/k/v projections' outputs (rope_kv's "
+                    "arithmetic, while the tiles load; no rope / rope_kv / kv_write launch)",
+                    HOST,
+                ),
+            ),
+            source="cuda/attn_tile.cu",
+            numeric="order_only",
+            doc="a block per (KV head, key range cut from the position at run time) for all q "
+            "heads of the group: 32-key K/V tiles by cp.async in two stages (the next tile in "
+            "flight while one is computed), swizzled shared rows, lane = key for the scores, "
+            "lane = 4 dims for P.V; one range writes out, more ranges combine in the KV head's "
+            "last block (+ Q8_1 under int8 decode): one launch (D % 32 == 0, D <= 256)",
         ),
     ],
 )

@@ -53,10 +53,14 @@ _DN_FUSE = Param(
     "scan's defines; bit-identical to the four launches of 0)",
     PUSHED,
 )
+# fuse_conv on by default: H200, 2026-12-01 (sixth session's early call, qwen35moe 35B-A3B synth:
+# hdec_all_rv_ws, this with moe_experts.route_vec, down_wsum and fuse_norm, tg128 261.5 against
+# the default's 224.3, validate PASS at the default's KLD 4.98e-5; bit-identical to the two
+# launches in tests/test_cuda_dn_conv.py).
 _DN_FUSE_CONV = Param(
     "fuse_conv",
     (0, 1),
-    0,
+    1,
     "1 (with fuse_decode): a one-token call runs the conv step too (dn_step.cu "
     "delta_net_conv_step: ssm_conv_step's taps in each block, q / k / v read from the raw "
     "projection row, the conv state rewritten by each K head's last block), one launch per "
@@ -158,32 +162,93 @@ _MOE_DMMV = (
         "shared expert + residual in one; 0: the op-by-op schedule (fifteen launches)",
         PUSHED,
     ),
+    # on by default with route_vec, down_wsum, fuse_norm and delta_net.fuse_conv: H200,
+    # 2026-12-01 (sixth session's early call, qwen35moe 35B-A3B synth, one process): tg128
+    # 261.5 tok/s against 224.3 (llama.cpp 247.7), validate PASS (KLD 4.98e-5, the default's)
     Param(
         "route_vec",
         (0, 1),
-        0,
+        1,
         "fuse_decode's route: 1 reads an F32 router row (and the shared expert's gate row) "
         "with float4 loads, eight in flight per lane before the sums; 0: the scalar loop of "
         "the dense DMMV (another summation order: order_only either way)",
         PUSHED,
     ),
+    # (on: see route_vec)
     Param(
         "fuse_norm",
         (0, 1),
-        0,
+        1,
         "fuse_decode's down kernel: 1 ends with the next layer's input RMSNorm of the new "
         "residual row (the token's last block, all its threads: rms_norm's one warp is "
         "latency-bound on a decode row), one launch per MoE layer fewer; 0: rms_norm after it",
         PUSHED,
     ),
+    # (on: see route_vec)
     Param(
         "down_wsum",
         (0, 1),
-        0,
+        1,
         "fuse_decode's down kernel as a weighted sum per lane (moe_dec_down_w): each lane "
         "adds w_j times its share of every routed expert's row (four experts' loads in flight) "
         "and the gated shared expert's, then one reduction per output, instead of a reduction "
         "per expert with k + 1 rows' decodes held at once; another summation order",
+        PUSHED,
+    ),
+    # topk_regs on by default: the same ids and weights as 0 by construction (same rounds,
+    # comparisons and ties), so validate's verdict is 0's; H200, 2026-12-01 (helper moedec's
+    # checkpoint, scripts/bench_moe_dec.py at the 35B-A3B's shape): NMSE against NumPy 1.1e-14
+    # with and without it (tests/test_cuda_moe_dec.py checks the bits, ties included)
+    Param(
+        "topk_regs",
+        (0, 1),
+        1,
+        "fuse_decode's route: 1 runs the last block's top-k on the token's logits loaded once "
+        "into registers (all of a lane's loads in flight together; topk.cuh topk_row_regs), "
+        "where 0 reads them from L2 again in each of the k rounds, a few at a time; same "
+        "rounds, comparisons and ties: the same ids and weights",
+        PUSHED,
+    ),
+    Param(
+        "route_block",
+        (0, 128, 256),
+        0,
+        "fuse_decode's route: 128 / 256 runs each router row (and the shared expert's gate "
+        "row) in a block of that many threads (moe_dec_route_r: a lane's float4 loads in "
+        "flight together, E + 1 blocks); 0: moe_dec_route, rows_per_block rows of "
+        "threads_per_row lanes a block; F32 router rows only (else 0's kernel); another "
+        "summation order",
+        PUSHED,
+    ),
+    Param(
+        "fuse_pre_norm",
+        (0, 1),
+        0,
+        "fuse_decode's route: 1 folds the post-attention RMSNorm into it (moe_dec_route_rn: "
+        "each router-row block takes the residual row's norm scale itself, rms_norm_row's "
+        "sums in its order, block 0 stores the normed row for gate_up), one launch per MoE "
+        "layer fewer; a block per router row of route_block threads (256 where route_block "
+        "is 0); F32 routers (else the norm's own launch)",
+        PUSHED,
+    ),
+    Param(
+        "gate_up_pair",
+        (0, 1),
+        0,
+        "fuse_decode's gate_up kernel: 1 loads each group's x once for the gate and up rows "
+        "of an output (moe_dec_gate_up_p), where 0 loads it per row; fewer loads and "
+        "registers for the same weight bytes; same sums in the same order, bit-identical",
+        PUSHED,
+    ),
+    Param(
+        "down_split",
+        (0, 1),
+        0,
+        "fuse_decode's down kernel with a warp per expert slot (moe_dec_down_s): a block of "
+        "k (+ 1 shared) warps owns rows_per_block outputs, each warp walks its slot's rows "
+        "(their loads in flight together) and the block combines the warp sums; 9x the "
+        "threads of moe_dec_down, each holding one row group, not k + 1 (threads_per_row, vec "
+        "and down_wsum / down_vec1 do not apply to it); another summation order",
         PUSHED,
     ),
     Param(
