@@ -19,7 +19,7 @@ timeout ${TEST_TIMEOUT:-40} python3 -m pytest -q -p no:cacheprovider -rfE --tb=s
     tests/test_vulkan_fused_norm.py 2>&1 | tee "$OUT/pytest.log" | tail -6
 echo "tests done at $(( $(date +%s) - T0 )) s"
 wait_model 1.5b
-C=${CONFIGS-default,res_su_fa_k64,res_su_epi_fa_k64,fa_k64,res_su_fa,res_su,res_su_128t}
+C=${CONFIGS-default,res_su_fa_k64,res_su_epi_fa_k64,res_su_int8_fa_k64,fa_k64,res_su_fa,res_su}
 timeout $(( T0 + ${END:-97} - $(date +%s) )) python3 scripts/vulkan_profile.py \
     --model /tmp/models/1.5b.gguf --grid --stats --gen-tokens 16 --repeats 2 --top 14 \
     $(for c in ${C//,/ }; do printf -- '--config %s ' "$c"; done) --out "$OUT" \
