@@ -8,14 +8,9 @@
 # (how long the bench waits for the parallel precompile) may be set; the checkpoint of commit
 # d70a48d ran the configs of its BENCHMARKS.md section, with the bench cut by a compile.
 set -u -o pipefail
-OUT=${OUT:-/tmp/out}; D="$OUT/attn"; mkdir -p "$D"
-T0=$(date +%s)
-el() { echo $(( $(date +%s) - T0 )); }
-export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
-python3 -c "import gguf" 2> /dev/null || python3 -m pip install -q --no-index --no-deps \
-    --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-git log --oneline -1 > "$D/commit.txt" 2>/dev/null
-nvidia-smi --query-gpu=index,name,clocks.sm,clocks.mem --format=csv > "$D/gpu.txt" 2>&1
+. scripts/device_common.sh
+device_begin attn
+gpu_txt
 M=/tmp/models/1.5b.gguf
 if [ ! -f $M ]; then M=/tmp/attn_1.5b.gguf
   [ -f $M ] || (python3 -m engine synth --preset 1.5b --out /tmp/attn_1.5b.part.gguf > "$D/synth.log" 2>&1 \

@@ -5,13 +5,8 @@
 # dec8_split2 and the dec15 configs on the 1.5B synth), pytest_glu.log (mmvf fuse_swiglu,
 # float PDL), mutants.log (ATTN_GQA_Q0, ATTN_GQA_ROPE_SIN, NORM_ROW_WEIGHT, MMVF_GLU_GATE).
 set -u -o pipefail
-OUT=${OUT:-/tmp/out}; D="$OUT/dec15"; mkdir -p "$D"
-T0=$(date +%s)
-el() { echo $(( $(date +%s) - T0 )); }
-export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
-python3 -c "import gguf" 2> /dev/null || python3 -m pip install -q --no-index --no-deps \
-    --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-git log --oneline -1 > "$D/commit.txt" 2>/dev/null
+. scripts/device_common.sh
+device_begin dec15
 P=${PRESET:-1.5b}  # PRESET=7b: the 7B synth (~1 min to write: give it a call of its own)
 M=/tmp/models/$P.gguf
 if [ ! -f $M ]; then M=/tmp/dec15_$P.gguf

@@ -7,14 +7,9 @@
 #                                   kernel) and tg64 of the candidate configs on the 1.5B synth
 # The benchmarks' NVRTC builds run in the background (CPU) while the tests use the GPU.
 set -u -o pipefail
-OUT=${OUT:-/tmp/out}; D="$OUT/dec8"; mkdir -p "$D"
-T0=$(date +%s)
-el() { echo $(( $(date +%s) - T0 )); }
-export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
-python3 -c "import gguf" 2> /dev/null || python3 -m pip install -q --no-index --no-deps \
-    --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-git log --oneline -1 > "$D/commit.txt" 2>/dev/null
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv > "$D/gpu.txt" 2>&1
+. scripts/device_common.sh
+device_begin dec8
+gpu_txt name,clocks.sm,clocks.mem
 M=/tmp/models/1.5b.gguf  # device_speed.sh's file when a script before us wrote it
 if [ ! -f $M ]; then M=/tmp/dec8_m15.gguf
   [ -f $M ] || (python3 -m engine synth --preset 1.5b --out /tmp/dec8_m15.part.gguf > "$D/synth.log" 2>&1 \

@@ -5,13 +5,8 @@
 # decode_times_*.json (per-kernel decode time and tg64 of the second-round configs on the 1.5B
 # synth), pytest2_mutants.log (the planted ATTN_KV_EARLY_K and MMVW_SPLIT_PART).
 set -u -o pipefail
-OUT=${OUT:-/tmp/out}; D="$OUT/dec8"; mkdir -p "$D"
-T0=$(date +%s)
-el() { echo $(( $(date +%s) - T0 )); }
-export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
-python3 -c "import gguf" 2> /dev/null || python3 -m pip install -q --no-index --no-deps \
-    --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-git log --oneline -1 > "$D/commit2.txt" 2>/dev/null
+. scripts/device_common.sh
+device_begin dec8 commit2.txt
 M=/tmp/models/1.5b.gguf
 if [ ! -f $M ]; then M=/tmp/dec8_m15.gguf
   [ -f $M ] || (python3 -m engine synth --preset 1.5b --out /tmp/dec8_m15.part.gguf > "$D/synth2.log" 2>&1 \

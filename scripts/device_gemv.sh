@@ -9,14 +9,9 @@
 #   times.log                   tg64 of dec8_split2 against gemv_* on the 1.5B, if time is left
 # The benchmark's NVRTC builds run in the background (CPU) first.
 set -u -o pipefail
-OUT=${OUT:-/tmp/out}; D="$OUT/gemv"; mkdir -p "$D"
-T0=$(date +%s)
-el() { echo $(( $(date +%s) - T0 )); }
-export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
-python3 -c "import gguf" 2> /dev/null || python3 -m pip install -q --no-index --no-deps \
-    --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-git log --oneline -1 > "$D/commit.txt" 2>/dev/null
-nvidia-smi --query-gpu=index,name,clocks.sm,clocks.mem --format=csv > "$D/gpu.txt" 2>&1
+. scripts/device_common.sh
+device_begin gemv
+gpu_txt
 SETTINGS=${GEMV_SETTINGS:-base,split2,lean,k4,lk,lk_mb12,lk_mb16,lk_split2,lk_mb16_split2,lk_u4,lk_w8,lk_wide,lk_wide_split2,lk_stage_lm,stage,s3x,s3x_r2}
 CONFIGS=${GEMV_CONFIGS:-dec8_split2,gemv_lk,gemv_lk_mb16,gemv_lk_stage_lm}
 python3 - > /tmp/gemv_cfgs.json <<PY

@@ -115,3 +115,9 @@ def cuda_be():
         return backends.create("cuda")
     except BackendUnavailable as e:
         pytest.skip(f"cuda backend not usable here: {e}")
+
+
+@pytest.fixture(scope="module")
+def cp():
+    """The cupy module (GPU tests); skipped where CuPy is not installed."""
+    return pytest.importorskip("cupy", reason="CuPy is not installed")

@@ -113,13 +113,18 @@ class DevArray(np.ndarray):
     def data(self) -> _Ptr:  # type: ignore[override]
         return _Ptr(self.ctypes.data)
 
+    def get(self) -> np.ndarray:
+        """CuPy's copy to the host."""
+        return np.array(self, copy=True)
+
 
 def _dev(a: np.ndarray) -> DevArray:
     return a.view(DevArray)
 
 
 class _NpCupy:
-    """The few CuPy calls the backend's host code makes, on NumPy (allocations are zeros)."""
+    """The few CuPy calls the backend's host code (and tests/cuda_decode_cases.py) makes, on
+    NumPy (allocations are zeros)."""
 
     @staticmethod
     def ascontiguousarray(a: Any, dtype: Any = None) -> DevArray:
@@ -238,3 +243,19 @@ class FakeCuda(CudaBackend):
 
     def kernels_run(self) -> set[str]:
         return {launch.kernel for launch in self.launches}
+
+
+def decode_step(path: Any, flat: dict, prompt: list[int]) -> tuple[list[Launch], Any]:
+    """(the launches of one decode token after prompt's prefill, the model): the GGUF at path
+    on a FakeCuda under the flat config."""
+    from engine.gguf_model import open_model
+    from engine.models import build_model
+    from engine.tuning import TuningConfig
+
+    be = FakeCuda(TuningConfig.from_flat("cuda", flat))
+    m = build_model(open_model(path), be)
+    cache = m.new_cache(len(prompt) + 2)
+    m.prefill(prompt, cache)
+    be.launches.clear()
+    m.forward(be.upload(np.array([1], np.int32)), 1, len(prompt), cache)
+    return list(be.launches), m

@@ -12,23 +12,14 @@ import numpy as np
 import pytest
 
 from engine.tuning import TuningConfig
-from tests.cuda_fake import FakeCuda
+from tests.cuda_fake import FakeCuda, decode_step
 
 PROMPT = list(range(5, 5 + 12))
 GQA = {"attention_decode.variant": "gqa"}
 
 
 def _decode_launches(tiny_model_factory, flat: dict) -> tuple[list, object]:
-    from engine.gguf_model import open_model
-    from engine.models import build_model
-
-    be = FakeCuda(TuningConfig.from_flat("cuda", flat))
-    m = build_model(open_model(tiny_model_factory("qwen2", "q4_k_m")), be)
-    cache = m.new_cache(len(PROMPT) + 2)
-    m.prefill(PROMPT, cache)
-    be.launches.clear()
-    m.forward(be.upload(np.array([1], np.int32)), 1, len(PROMPT), cache)
-    return list(be.launches), m
+    return decode_step(tiny_model_factory("qwen2", "q4_k_m"), flat, PROMPT)
 
 
 @pytest.mark.parametrize("dec", ["mmvf", "mmvw"])

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.cuda_decode_cases import assert_decode_alike, assert_validates
 from tests.op_cases import assert_graph_equals_eager, attention_ref, check, dense, qtensor
 from tests.test_cuda_ops import INT8_NMSE, PROMPT, _check_q8, _model, cfg
 
@@ -40,6 +41,29 @@ def _inputs(H: int, Hkv: int, D: int, pos0: int):
     return q, k, v
 
 
+def _case(be, H: int, Hkv: int, D: int, pos0: int, room: int = 3):  # noqa: ANN001, ANN202
+    """(q, a KV cache of pos0 + room positions holding _inputs' keys and values 0..pos0,
+    attention of q at pos0 over it in float64)."""
+    q, k, v = _inputs(H, Hkv, D, pos0)
+    cache = be.new_kv_cache(1, pos0 + room, Hkv, D)
+    be.kv_write(cache, 0, be.upload(k), be.upload(v), 0)
+    return q, cache, attention_ref(q, be.download(cache.k[0]), be.download(cache.v[0]), pos0)
+
+
+def _q8_form(be, flat: dict, H: int, Hkv: int, D: int, pos0: int, what: str):  # noqa: ANN001, ANN202
+    """Attention under flat (an int8 decode config) against float64; its output, as the o
+    projection reads it ([1, H * D]), must have a Q8_1 form: the output."""
+    be.set_config(cfg(**flat))
+    q, cache, ref = _case(be, H, Hkv, D, pos0, room=2)
+    out = be.attention(be.upload(q), cache, 0, pos0)
+    check(be.download(out), ref, 1e-9)
+    a = be.reshape(out, (1, H * D))
+    hit = be._q8_lookup(a)
+    assert hit is not None, f"{what} attention under int8 decode left no Q8_1 form"
+    _check_q8(be.download(a), *hit)
+    return a
+
+
 def _gqa(splits: int, warps: int, fc: int, early: int) -> dict:
     return GQA | {
         "attention_decode.splits": splits,
@@ -53,10 +77,7 @@ def _gqa(splits: int, warps: int, fc: int, early: int) -> dict:
 @pytest.mark.parametrize("H,Hkv,D,pos0", SHAPES)
 def test_attention_decode_gqa(be, H, Hkv, D, pos0, splits, warps, fc, early):
     """Against float64; G > 4 x warps (or D > 256) takes attn_split, also checked here."""
-    q, k, v = _inputs(H, Hkv, D, pos0)
-    cache = be.new_kv_cache(1, pos0 + 3, Hkv, D)
-    be.kv_write(cache, 0, be.upload(k), be.upload(v), 0)
-    ref = attention_ref(q, be.download(cache.k[0]), be.download(cache.v[0]), pos0)
+    q, cache, ref = _case(be, H, Hkv, D, pos0)
     be.set_config(cfg(**_gqa(splits, warps, fc, early)))
     for _ in range(2):
         check(be.download(be.attention(be.upload(q), cache, 0, pos0)), ref, 1e-9)
@@ -65,9 +86,7 @@ def test_attention_decode_gqa(be, H, Hkv, D, pos0, splits, warps, fc, early):
 
 @pytest.mark.parametrize("H,Hkv,D,pos0", SHAPES[:4])
 def test_attention_decode_gqa_early_is_bit_equal(be, H, Hkv, D, pos0):
-    q, k, v = _inputs(H, Hkv, D, pos0)
-    cache = be.new_kv_cache(1, pos0 + 3, Hkv, D)
-    be.kv_write(cache, 0, be.upload(k), be.upload(v), 0)
+    q, cache, _ = _case(be, H, Hkv, D, pos0)
     outs = []
     for early in (0, 1):
         be.set_config(cfg(**_gqa(16, 4, 1, early)))
@@ -81,17 +100,7 @@ def test_attention_decode_gqa_early_is_bit_equal(be, H, Hkv, D, pos0):
 def test_attention_decode_gqa_leaves_the_q8_form(be, H, Hkv, D, pos0, fc):
     """Under matmul_decode.mmvw the (fused or separate) combine writes the output's Q8_1 form,
     which the o projection then reads."""
-    q, k, v = _inputs(H, Hkv, D, pos0)
-    be.set_config(cfg(**_gqa(16, 4, fc, 1) | {"matmul_decode.variant": "mmvw"}))
-    cache = be.new_kv_cache(1, pos0 + 2, Hkv, D)
-    be.kv_write(cache, 0, be.upload(k), be.upload(v), 0)
-    out = be.attention(be.upload(q), cache, 0, pos0)
-    ref = attention_ref(q, be.download(cache.k[0]), be.download(cache.v[0]), pos0)
-    check(be.download(out), ref, 1e-9)
-    a = be.reshape(out, (1, H * D))
-    hit = be._q8_lookup(a)
-    assert hit is not None, "gqa attention under int8 decode left no Q8_1 form"
-    _check_q8(be.download(a), *hit)
+    a = _q8_form(be, _gqa(16, 4, fc, 1) | {"matmul_decode.variant": "mmvw"}, H, Hkv, D, pos0, "gqa")
     rng = np.random.default_rng(7)
     w = qtensor(rng, (67, H * D), "Q4_K", std=0.05)
     y = be.download(be.matmul(a, be.load_weight(w)))
@@ -118,13 +127,7 @@ def test_gqa_model_graph_equals_eager(be, tiny_model_factory, arch, flat):
 @pytest.mark.parametrize("flat", MODEL_CONFIGS[:2], ids=["gqa", "gqa_s4_w1_nofc"])
 def test_validate_gqa(be, tiny_model_path, flat):
     """The float configs against the default reference with the registry's budget."""
-    from engine.validate import validate
-
-    be.set_config(cfg())
-    m = _model(tiny_model_path, be)
-    rep = validate(m, cfg(**flat), [PROMPT, PROMPT[:1], list(range(40, 110))], steps=6)
-    assert rep.passed, [p.reasons for p in rep.prompts]
-    be.set_config(cfg())
+    assert_validates(be, tiny_model_path, flat)
 
 
 ROPE_CONFIGS = [  # (fused, unfused): attn_gqa's RoPE + KV write against rope_kv's
@@ -142,18 +145,7 @@ def test_gqa_fuse_rope_equals_rope_kv(be, tiny_model_factory, arch, pair):
     """attention_decode.fuse_rope (q, k RoPE and the KV write inside attn_gqa) decodes to the
     bit what rope_kv + attn_gqa decode (rope_pair's arithmetic), eager and replayed."""
     m = _model(tiny_model_factory(arch, "q4_k_m"), be)
-    runs = []
-    for flat in pair:
-        be.set_config(cfg(**flat))
-        for graphs in (False, True):
-            be.use_graphs = graphs
-            runs.append(m.generate(PROMPT, 10, keep_logits=True))
-    be.use_graphs = True
-    for r in runs[1:]:
-        assert r.tokens == runs[0].tokens
-        for a, b in zip(r.step_logits, runs[0].step_logits, strict=True):
-            assert np.array_equal(a, b), "fused RoPE + KV write differs from rope_kv"
-    be.set_config(cfg())
+    assert_decode_alike(be, m, pair, PROMPT, "fused RoPE + KV write differs from rope_kv")
 
 
 # --- attention_decode.tile (shaders/cuda/attn_tile.cu) ----------------------------------------
@@ -184,10 +176,7 @@ def _tile(splits: int, min_keys: int, warps: int, fc: int = 1, stages: int = 2) 
 def test_attention_decode_tile(be, H, Hkv, D, pos0, splits, min_keys, warps, fc, stages):
     """Against float64, twice per config (the per-KV-head tickets reset); shapes the kernel
     cannot take (D % 32 != 0, group > 4 x warps) run attn_split, also checked here."""
-    q, k, v = _inputs(H, Hkv, D, pos0)
-    cache = be.new_kv_cache(1, pos0 + 3, Hkv, D)
-    be.kv_write(cache, 0, be.upload(k), be.upload(v), 0)
-    ref = attention_ref(q, be.download(cache.k[0]), be.download(cache.v[0]), pos0)
+    q, cache, ref = _case(be, H, Hkv, D, pos0)
     be.set_config(cfg(**_tile(splits, min_keys, warps, fc, stages)))
     for _ in range(2):
         check(be.download(be.attention(be.upload(q), cache, 0, pos0)), ref, 1e-9)
@@ -199,17 +188,7 @@ def test_attention_decode_tile(be, H, Hkv, D, pos0, splits, min_keys, warps, fc,
 def test_attention_decode_tile_leaves_the_q8_form(be, H, Hkv, D, pos0, fc):
     """Under matmul_decode.mmvw the kernel (one range or the combine; fc 0: attn_combine_q8)
     writes the output's Q8_1 form, which the o projection then reads."""
-    q, k, v = _inputs(H, Hkv, D, pos0)
-    be.set_config(cfg(**_tile(32, 64, 4, fc) | {"matmul_decode.variant": "mmvw"}))
-    cache = be.new_kv_cache(1, pos0 + 2, Hkv, D)
-    be.kv_write(cache, 0, be.upload(k), be.upload(v), 0)
-    out = be.attention(be.upload(q), cache, 0, pos0)
-    ref = attention_ref(q, be.download(cache.k[0]), be.download(cache.v[0]), pos0)
-    check(be.download(out), ref, 1e-9)
-    a = be.reshape(out, (1, H * D))
-    hit = be._q8_lookup(a)
-    assert hit is not None, "tile attention under int8 decode left no Q8_1 form"
-    _check_q8(be.download(a), *hit)
+    _q8_form(be, _tile(32, 64, 4, fc) | {"matmul_decode.variant": "mmvw"}, H, Hkv, D, pos0, "tile")
     be.set_config(cfg())
 
 
@@ -232,13 +211,7 @@ def test_tile_model_graph_equals_eager(be, tiny_model_factory, arch, flat):
 @pytest.mark.parametrize("flat", TILE_MODEL_CONFIGS[:2], ids=["tile", "tile_nofc"])
 def test_validate_tile(be, tiny_model_path, flat):
     """The float configs against the default reference with the registry's budget."""
-    from engine.validate import validate
-
-    be.set_config(cfg())
-    m = _model(tiny_model_path, be)
-    rep = validate(m, cfg(**flat), [PROMPT, PROMPT[:1], list(range(40, 110))], steps=6)
-    assert rep.passed, [p.reasons for p in rep.prompts]
-    be.set_config(cfg())
+    assert_validates(be, tiny_model_path, flat)
 
 
 TILE_ROPE_CONFIGS = [  # (fused, unfused): attn_tile's RoPE + KV write against rope_kv's
@@ -271,18 +244,7 @@ def test_tile_fuse_rope_equals_rope_kv(be, tiny_model_factory, arch, pair):
     loop) or, with min_keys 128 and a 111-token prompt, its fourth (put in by the loop)."""
     m = _model(tiny_model_factory(arch, "q4_k_m"), be)
     prompt = PROMPT * 3 if pair in TILE_ROPE_CONFIGS[2:] else PROMPT
-    runs = []
-    for flat in pair:
-        be.set_config(cfg(**flat))
-        for graphs in (False, True):
-            be.use_graphs = graphs
-            runs.append(m.generate(prompt, 10, keep_logits=True))
-    be.use_graphs = True
-    for r in runs[1:]:
-        assert r.tokens == runs[0].tokens
-        for a, b in zip(r.step_logits, runs[0].step_logits, strict=True):
-            assert np.array_equal(a, b), "fused RoPE + KV write differs from rope_kv"
-    be.set_config(cfg())
+    assert_decode_alike(be, m, pair, prompt, "fused RoPE + KV write differs from rope_kv")
 
 
 def test_attention_decode_tile_planted_swizzle_is_caught(be, monkeypatch):
@@ -292,10 +254,7 @@ def test_attention_decode_tile_planted_swizzle_is_caught(be, monkeypatch):
     from engine.backends.planted import ENV
 
     H, Hkv, D, pos0 = 12, 2, 128, 511
-    q, k, v = _inputs(H, Hkv, D, pos0)
-    cache = be.new_kv_cache(1, pos0 + 3, Hkv, D)
-    be.kv_write(cache, 0, be.upload(k), be.upload(v), 0)
-    ref = attention_ref(q, be.download(cache.k[0]), be.download(cache.v[0]), pos0)
+    q, cache, ref = _case(be, H, Hkv, D, pos0)
     monkeypatch.setenv(ENV, "ATTN_TILE_SWIZZLE")
     kernels.clear_cache()
     try:

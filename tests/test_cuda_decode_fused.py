@@ -19,11 +19,6 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
-def cp():
-    return pytest.importorskip("cupy", reason="CuPy is not installed")
-
-
-@pytest.fixture(scope="module")
 def be(cuda_be):
     return cuda_be
 

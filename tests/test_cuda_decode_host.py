@@ -387,3 +387,37 @@ def test_stage_min_rows_stages_only_the_large_launches(tiny_model_factory):
     for launch in (launch for launch in big if launch.kernel == "mmvw"):
         rows = sum(int(launch.args[7 + 6 * i]) for i in range(3))
         assert (launch.smem > 0) == (rows >= 32768), (rows, launch.smem, vocab)
+
+
+@pytest.mark.parametrize(
+    "knobs,kernel",
+    [({}, "mmvw"), ({"q4k_kernel": 1}, "mmvw_q4k"), ({"stream": 2, "stream_x": 1}, "mmvw_stream")],
+)
+def test_gpu_matmul_helpers_launch_what_their_tests_name(knobs, kernel):
+    """tests/cuda_decode_cases.py's run_matmul and run_three (the GPU tests of mmvw_q4k and
+    mmvw_stream) on the fake: the knobs reach the kernel they test, run_three is one launch of
+    its three matrices with the bias and the residual, the canaries and inputs intact."""
+    from tests.cuda_decode_cases import mmvw_knobs, run_matmul, run_three
+    from tests.op_cases import qtensor
+
+    be = FakeCuda(cfg(**BASE))
+    cp = be._cp
+    rng = np.random.default_rng(0)
+    w = qtensor(rng, (67, 512), "Q4_K", std=0.05)
+    x = rng.standard_normal((1, 512)).astype(np.float32)
+
+    def matmuls() -> list:  # after the activations' quantize_q8_1
+        return [launch for launch in be.launches if launch.kernel.startswith("mmvw")]
+
+    assert run_matmul(cp, be, mmvw_knobs(**knobs), w, x).shape == (1, 67)
+    assert [launch.kernel for launch in matmuls()] == [kernel]
+    ws = [qtensor(rng, (n, 512), "Q4_K", std=0.05) for n in (131, 1, 66)]
+    bias = qtensor(rng, (131,), "F32")
+    res = rng.standard_normal((1, 66)).astype(np.float32)
+    be.launches.clear()
+    outs = run_three(cp, be, mmvw_knobs(**knobs), ws, x, bias, res)
+    assert [y.shape for y in outs] == [(1, 131), (1, 1), (1, 66)]
+    (launch,) = matmuls()
+    assert launch.kernel == kernel
+    if kernel != "mmvw_stream":  # (its arguments are laid out otherwise)
+        assert [int(launch.args[7 + 6 * i]) for i in range(3)] == [131, 1, 66]

@@ -548,6 +548,15 @@ def test_bench_moe_dec_configs_and_launches():
     assert mod.main(["--configs", "nope"]) == 2
 
 
+def _moe_model(tiny_model_factory, flat: dict) -> tuple[FakeCuda, object]:
+    """The tiny qwen35moe on a FakeCuda under flat: (backend, model)."""
+    from engine.gguf_model import open_model
+    from engine.models import build_model
+
+    be = FakeCuda(cfg(**flat))
+    return be, build_model(open_model(tiny_model_factory("qwen35moe", "q4_k_m")), be)
+
+
 def _decode_launches(be, m, n: int = 3) -> list:
     """The launches of the n-th generated token (n - 1 tokens' launches subtracted)."""
     be.launches.clear()
@@ -698,13 +707,9 @@ def test_moe_down_wsum_launches_one_down_kernel_with_or_without_the_norm(
     tiny_model_factory, fuse_norm
 ):
     # moe_experts.down_wsum: moe_dec_down_w serves both; its norm arguments null without
-    from engine.gguf_model import open_model
-    from engine.models import build_model
-
     flat = {"moe_experts.down_wsum": 1, "moe_experts.fuse_norm": fuse_norm,
             "prefill.gemm_min_t": 1 << 20}  # fmt: skip
-    be = FakeCuda(cfg(**flat))
-    m = build_model(open_model(tiny_model_factory("qwen35moe", "q4_k_m")), be)
+    be, m = _moe_model(tiny_model_factory, flat)
     step = _decode_launches(be, m)
     downs = [x for x in step if x.kernel.startswith("moe_dec_down")]
     assert [x.kernel for x in downs] == ["moe_dec_down_w"] * m.spec.n_layers
@@ -717,14 +722,10 @@ def test_moe_down_wsum_launches_one_down_kernel_with_or_without_the_norm(
 def test_moe_down_split_launches_a_warp_per_expert_slot(tiny_model_factory, fuse_norm, rows):
     # moe_experts.down_split: moe_dec_down_s, a block of k (+ 1 shared) warps per rows_per_block
     # outputs, over down_wsum when both are on; topk_regs is the route's last argument
-    from engine.gguf_model import open_model
-    from engine.models import build_model
-
     flat = {"moe_experts.down_split": 1, "moe_experts.down_wsum": 1,
             "moe_experts.fuse_norm": fuse_norm, "moe_experts.rows_per_block": rows,
             "moe_experts.topk_regs": 1, "prefill.gemm_min_t": 1 << 20}  # fmt: skip
-    be = FakeCuda(cfg(**flat))
-    m = build_model(open_model(tiny_model_factory("qwen35moe", "q4_k_m")), be)
+    be, m = _moe_model(tiny_model_factory, flat)
     step = _decode_launches(be, m)
     downs = [x for x in step if x.kernel.startswith("moe_dec_down")]
     assert [x.kernel for x in downs] == ["moe_dec_down_s"] * m.spec.n_layers
@@ -740,13 +741,10 @@ def test_moe_down_split_launches_a_warp_per_expert_slot(tiny_model_factory, fuse
 
 
 def test_moe_gate_up_pair_launches_its_kernel_on_the_same_grid(tiny_model_factory):
-    from engine.gguf_model import open_model
-    from engine.models import build_model
-
     launches = {}
     for pair in (0, 1):
-        be = FakeCuda(cfg(**{"moe_experts.gate_up_pair": pair, "prefill.gemm_min_t": 1 << 20}))
-        m = build_model(open_model(tiny_model_factory("qwen35moe", "q4_k_m")), be)
+        flat = {"moe_experts.gate_up_pair": pair, "prefill.gemm_min_t": 1 << 20}
+        be, m = _moe_model(tiny_model_factory, flat)
         launches[pair] = [x for x in _decode_launches(be, m) if "gate_up" in x.kernel]
     assert [x.kernel for x in launches[1]] == ["moe_dec_gate_up_p"] * m.spec.n_layers
     assert [(x.grid, x.block) for x in launches[1]] == [(x.grid, x.block) for x in launches[0]]
@@ -756,13 +754,9 @@ def test_moe_gate_up_pair_launches_its_kernel_on_the_same_grid(tiny_model_factor
 def test_moe_route_block_launches_a_block_per_router_row(tiny_model_factory, threads):
     # moe_experts.route_block: moe_dec_route_r, E (+ 1: the shared expert's gate) blocks of
     # route_block threads, its ids / weights / logits the ones gate_up and down read
-    from engine.gguf_model import open_model
-    from engine.models import build_model
-
     flat = {"moe_experts.route_block": threads, "moe_experts.topk_regs": 1,
             "prefill.gemm_min_t": 1 << 20}  # fmt: skip
-    be = FakeCuda(cfg(**flat))
-    m = build_model(open_model(tiny_model_factory("qwen35moe", "q4_k_m")), be)
+    be, m = _moe_model(tiny_model_factory, flat)
     step = _decode_launches(be, m)
     routes = [x for x in step if x.kernel.startswith("moe_dec_route")]
     assert [x.kernel for x in routes] == ["moe_dec_route_r"] * m.spec.n_layers

@@ -50,11 +50,6 @@ def mmvf(**knobs) -> dict:
 
 
 @pytest.fixture(scope="module")
-def cp():
-    return pytest.importorskip("cupy", reason="CuPy is not installed")
-
-
-@pytest.fixture(scope="module")
 def be(cuda_be):
     yield cuda_be
     cuda_be.set_config(cfg())

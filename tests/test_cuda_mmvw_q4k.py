@@ -12,12 +12,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.cuda_decode_cases import assert_model_runs_and_validates, run_three, three_refs
+from tests.cuda_decode_cases import mmvw_knobs as knobs
+from tests.cuda_decode_cases import run_matmul as _run
 from tests.op_cases import check, check_dot, dense, qtensor, seed_of
-from tests.test_cuda_ops import INT8_NMSE, PROMPT, _model, cfg, guarded
+from tests.test_cuda_ops import INT8_NMSE, cfg
 
 pytestmark = pytest.mark.gpu
 
-MMVW = {"matmul_decode.variant": "mmvw"}
 CONFIGS = [
     ("defaults", {}),
     ("split2", {"split_k": 2, "split_min_k": 256}),
@@ -31,29 +33,10 @@ CONFIGS = [
 SHAPES = [(1, 1), (67, 3), (130, 14), (257, 74), (1031, 2)]  # (N, K in Q4_K blocks)
 
 
-def knobs(**k) -> dict:
-    return MMVW | {f"matmul_decode.{n}": v for n, v in k.items()}
-
-
-@pytest.fixture(scope="module")
-def cp():
-    return pytest.importorskip("cupy", reason="CuPy is not installed")
-
-
 @pytest.fixture(scope="module")
 def be(cuda_be):
     yield cuda_be
     cuda_be.set_config(cfg())
-
-
-def _run(cp, be, flat: dict, w, x: np.ndarray) -> np.ndarray:
-    be.set_config(cfg(**flat))
-    y, intact = guarded(cp, (1, w.shape[0]))
-    xd = be.upload(x)
-    be.matmul_into(xd, be.load_weight(w), y)
-    intact()
-    assert np.array_equal(be.download(xd), x), "input changed"
-    return y.get()
 
 
 @pytest.mark.parametrize("cid,kn", CONFIGS, ids=[c[0] for c in CONFIGS])
@@ -86,22 +69,11 @@ def test_q4k_kernel_several_matrices_with_adds(cp, be):
     res = rng.standard_normal((1, 66)).astype(np.float32)
     for types in (("Q4_K", "Q4_K", "Q4_K"), ("Q4_K", "Q6_K", "Q4_K")):
         ws = [qtensor(rng, (N, K), t, std=0.05) for t, N in zip(types, (131, 1, 66), strict=True)]
-        refs = [x.astype(np.float64) @ dense(w).T for w in ws]
-        refs[0] = refs[0] + dense(bias)
-        refs[2] = refs[2] + res
-        outs = {}
-        for name, flat in (("mmvw", knobs()), ("q4k", knobs(q4k_kernel=1, q4k_lean=1))):
-            be.set_config(cfg(**flat))
-            adds = [be.load_weight(bias).f32, None, be.upload(res)]
-            mats, ys = [], []
-            for w, a in zip(ws, adds, strict=True):
-                y, intact = guarded(cp, (1, w.shape[0]))
-                mats.append((be.load_weight(w), y, a))
-                ys.append((y, intact))
-            be._mmvw(be.upload(x), mats)
-            outs[name] = [y.get() for y, _ in ys]
-            for _, intact in ys:
-                intact()
+        refs = three_refs(ws, x, bias, res)
+        outs = {
+            name: run_three(cp, be, flat, ws, x, bias, res)
+            for name, flat in (("mmvw", knobs()), ("q4k", knobs(q4k_kernel=1, q4k_lean=1)))
+        }
         for a, b, ref in zip(outs["mmvw"], outs["q4k"], refs, strict=True):
             check(b, ref, INT8_NMSE)
             assert np.abs(a - b).max() <= 1e-5 * (np.abs(a).max() + 1e-6)
@@ -115,31 +87,8 @@ Q4K_MODEL = knobs(q4k_lean=1, q4k_kernel=1, split_k=2) | {
 
 
 def test_q4k_model_graph_equals_eager_and_validates(be, tiny_model_factory, monkeypatch):
-    from engine.validate import Tolerances, validate
-
     path = tiny_model_factory("qwen2", "q4_k_m")
-    be.set_config(cfg(**Q4K_MODEL))
-    m = _model(path, be)
-    names: list[str] = []
-    launch = be._launch
-    monkeypatch.setattr(
-        be, "_launch", lambda mod, name, *a, **k: (names.append(name), launch(mod, name, *a, **k))
-    )
-    be.use_graphs = False
-    eager = m.generate(PROMPT, 8, keep_logits=True)
-    assert "mmvw_q4k" in names, sorted(set(names))
-    monkeypatch.setattr(be, "_launch", launch)
-    be.use_graphs = True
-    graph = m.generate(PROMPT, 8, keep_logits=True)
-    assert graph.tokens == eager.tokens
-    for a, b in zip(graph.step_logits, eager.step_logits, strict=True):
-        assert np.array_equal(a, b), "graph replay differs from eager decode"
-    be.set_config(cfg())
-    m = _model(path, be)
-    tol = Tolerances(max_abs_diff=0.2, nmse=1e-3)
-    ref = cfg(**{"matmul_decode.variant": "mmvq"})
-    rep = validate(m, cfg(**Q4K_MODEL), [PROMPT, PROMPT[:1]], steps=6, tol=tol, reference=ref)
-    assert rep.passed, [p.reasons for p in rep.prompts]
+    assert_model_runs_and_validates(be, path, Q4K_MODEL, "mmvw_q4k", monkeypatch)
 
 
 @pytest.mark.parametrize(

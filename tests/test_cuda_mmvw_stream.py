@@ -12,12 +12,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.cuda_decode_cases import assert_model_runs_and_validates, run_three, three_refs
+from tests.cuda_decode_cases import mmvw_knobs as knobs
+from tests.cuda_decode_cases import run_matmul as _run
 from tests.op_cases import check, check_dot, dense, qtensor, seed_of
-from tests.test_cuda_ops import INT8_NMSE, PROMPT, _model, cfg, guarded
+from tests.test_cuda_ops import INT8_NMSE, cfg
 
 pytestmark = pytest.mark.gpu
 
-MMVW = {"matmul_decode.variant": "mmvw"}
 STREAM_CONFIGS = [
     ("s2", {"stream": 2}),
     ("s3-b1", {"stream": 3, "stream_blocks": 1}),  # few blocks: each ring wraps many times
@@ -38,29 +40,10 @@ STREAM_CONFIGS = [
 SHAPES = [(1, 1), (67, 3), (130, 14), (257, 37), (4099, 1)]
 
 
-def knobs(**k) -> dict:
-    return MMVW | {f"matmul_decode.{n}": v for n, v in k.items()}
-
-
-@pytest.fixture(scope="module")
-def cp():
-    return pytest.importorskip("cupy", reason="CuPy is not installed")
-
-
 @pytest.fixture(scope="module")
 def be(cuda_be):
     yield cuda_be
     cuda_be.set_config(cfg())
-
-
-def _run(cp, be, flat: dict, w, x: np.ndarray) -> np.ndarray:
-    be.set_config(cfg(**flat))
-    y, intact = guarded(cp, (1, w.shape[0]))
-    xd = be.upload(x)
-    be.matmul_into(xd, be.load_weight(w), y)
-    intact()
-    assert np.array_equal(be.download(xd), x), "input changed"
-    return y.get()
 
 
 @pytest.mark.parametrize("cid,kn", STREAM_CONFIGS, ids=[c[0] for c in STREAM_CONFIGS])
@@ -97,22 +80,12 @@ def test_stream_several_matrices_with_adds(cp, be, cid, kn):
     ws = [qtensor(rng, (N, K), t, std=0.05) for t, N, _ in specs]
     bias = qtensor(rng, (131,), "F32")
     res = rng.standard_normal((1, 66)).astype(np.float32)
-    outs = {}
-    for name, flat in (("mmvw", {k: v for k, v in kn.items() if "stream" not in k}), ("s", kn)):
-        be.set_config(cfg(**knobs(**flat)))
-        adds = [be.load_weight(bias).f32, None, be.upload(res)]
-        mats, ys = [], []
-        for w, a in zip(ws, adds, strict=True):
-            y, intact = guarded(cp, (1, w.shape[0]))
-            mats.append((be.load_weight(w), y, a))
-            ys.append((y, intact))
-        be._mmvw(be.upload(x), mats)
-        outs[name] = [y.get() for y, _ in ys]
-        for _, intact in ys:
-            intact()
-    refs = [x.astype(np.float64) @ dense(w).T for w in ws]
-    refs[0] = refs[0] + dense(bias)
-    refs[2] = refs[2] + res
+    plain = {k: v for k, v in kn.items() if "stream" not in k}
+    outs = {
+        name: run_three(cp, be, knobs(**flat), ws, x, bias, res)
+        for name, flat in (("mmvw", plain), ("s", kn))
+    }
+    refs = three_refs(ws, x, bias, res)
     for a, b, ref in zip(outs["mmvw"], outs["s"], refs, strict=True):
         assert np.array_equal(a, b), "stream differs from mmvw"
         check(b, ref, INT8_NMSE)
@@ -136,31 +109,8 @@ STREAM_MODEL = knobs(stream=4, split_k=2, stream_x=1) | {
 
 
 def test_stream_model_graph_equals_eager_and_validates(be, tiny_model_factory, monkeypatch):
-    from engine.validate import Tolerances, validate
-
     path = tiny_model_factory("qwen2", "q4_k_m")
-    be.set_config(cfg(**STREAM_MODEL))
-    m = _model(path, be)
-    names: list[str] = []
-    launch = be._launch
-    monkeypatch.setattr(
-        be, "_launch", lambda mod, name, *a, **k: (names.append(name), launch(mod, name, *a, **k))
-    )
-    be.use_graphs = False
-    eager = m.generate(PROMPT, 8, keep_logits=True)
-    assert "mmvw_stream" in names, sorted(set(names))
-    monkeypatch.setattr(be, "_launch", launch)
-    be.use_graphs = True
-    graph = m.generate(PROMPT, 8, keep_logits=True)
-    assert graph.tokens == eager.tokens
-    for a, b in zip(graph.step_logits, eager.step_logits, strict=True):
-        assert np.array_equal(a, b), "graph replay differs from eager decode"
-    be.set_config(cfg())
-    m = _model(path, be)
-    tol = Tolerances(max_abs_diff=0.2, nmse=1e-3)
-    ref = cfg(**{"matmul_decode.variant": "mmvq"})
-    rep = validate(m, cfg(**STREAM_MODEL), [PROMPT, PROMPT[:1]], steps=6, tol=tol, reference=ref)
-    assert rep.passed, [p.reasons for p in rep.prompts]
+    assert_model_runs_and_validates(be, path, STREAM_MODEL, "mmvw_stream", monkeypatch)
 
 
 def test_planted_short_copy_is_caught(cp, be, monkeypatch):

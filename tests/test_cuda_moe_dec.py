@@ -248,6 +248,27 @@ def _with_mutant(be, name: str, flat: dict, body):
         be.set_config(cfg())  # the production modules back (cached)
 
 
+def _assert_caught(be, name: str, flat: dict, body, want: np.ndarray) -> None:  # noqa: ANN001
+    """body(be) under the planted MUTANT_<name> (_with_mutant) is far from want."""
+    bad = _with_mutant(be, name, flat, body)
+    with pytest.raises(AssertionError):
+        check(bad, want, 1e-10)
+
+
+def _layer_case(shape: tuple, seed: int, skew: bool = True):  # noqa: ANN202
+    """A random MoE layer of shape (SHAPES) and its input: (run(b) -> the layer on backend b,
+    NumPy's result in float64)."""
+    E, k, C, F, Fs, qe, qd, qs = shape
+    rng = np.random.default_rng(seed)
+    router, mats, sh = _layer(rng, E, C, F, Fs, qe, qd, qs, skew=skew)
+    h, r = rng.standard_normal((2, 1, C)).astype(np.float32)
+
+    def run(b):  # noqa: ANN001, ANN202
+        return _run(b, h, r, router, k, mats, sh)
+
+    return run, run(NumpyBackend()).astype(np.float64)
+
+
 def test_planted_topk_regs_tie_to_the_higher_index_is_caught(be):
     """MUTANT_MOE_TOPK_REGS_TIE (topk.cuh, topk_row_regs only): the tie test's layer then
     differs from NumPy, while the scalar top-k (topk_regs 0) in the same build does not."""
@@ -256,27 +277,19 @@ def test_planted_topk_regs_tie_to_the_higher_index_is_caught(be):
     h, router, mats = _tied_layer(rng, E, k, C, F)
     r = rng.standard_normal((1, C)).astype(np.float32)
     want = _run(NumpyBackend(), h, r, router, k, mats, None).astype(np.float64)
-    bad = _with_mutant(be, "MOE_TOPK_REGS_TIE", {"moe_experts.topk_regs": 1},
-                       lambda b: _run(b, h, r, router, k, mats, None))  # fmt: skip
+    _assert_caught(be, "MOE_TOPK_REGS_TIE", {"moe_experts.topk_regs": 1},
+                   lambda b: _run(b, h, r, router, k, mats, None), want)  # fmt: skip
     ok = _with_mutant(be, "MOE_TOPK_REGS_TIE", {"moe_experts.topk_regs": 0},
                       lambda b: _run(b, h, r, router, k, mats, None))  # fmt: skip
     check(ok, want, 1e-10)
-    with pytest.raises(AssertionError):
-        check(bad, want, 1e-10)
 
 
 def test_planted_down_split_one_pass_is_caught_on_rows_past_32_groups(be):
     """MUTANT_MOE_DOWN_SPLIT_ONE_PASS (moe_dec_down_s: one group per lane, rows cut at 512):
     the F = 768 shape differs from NumPy; the 35B-A3B's F = 512 would not show it."""
-    E, k, C, F, Fs, qe, qd, qs = SHAPES[-2]
-    rng = np.random.default_rng(E * 7 + k)
-    router, mats, sh = _layer(rng, E, C, F, Fs, qe, qd, qs)
-    h, r = rng.standard_normal((2, 1, C)).astype(np.float32)
-    want = _run(NumpyBackend(), h, r, router, k, mats, sh).astype(np.float64)
-    bad = _with_mutant(be, "MOE_DOWN_SPLIT_ONE_PASS", {"moe_experts.down_split": 1},
-                       lambda b: _run(b, h, r, router, k, mats, sh))  # fmt: skip
-    with pytest.raises(AssertionError):
-        check(bad, want, 1e-10)
+    E, k = SHAPES[-2][:2]
+    run, want = _layer_case(SHAPES[-2], E * 7 + k)
+    _assert_caught(be, "MOE_DOWN_SPLIT_ONE_PASS", {"moe_experts.down_split": 1}, run, want)
 
 
 DOWN_SPLIT = [
@@ -313,18 +326,12 @@ def test_down_split_model_matches_numpy_and_graph_equals_eager(be, tiny_model_fa
 def test_planted_route_block_half_row_is_caught(be):
     """MUTANT_MOE_ROUTE_BLOCK_HALF (moe_dec_route_r: a row's logit from its first warp only):
     other experts chosen, the layer differs from NumPy."""
-    E, k, C, F, Fs, qe, qd, qs = SHAPES[2]  # 256 experts, top-8, C 512: 4 warps a row
-    rng = np.random.default_rng(E * 7 + k)
-    router, mats, sh = _layer(rng, E, C, F, Fs, qe, qd, qs, skew=False)
-    h, r = rng.standard_normal((2, 1, C)).astype(np.float32)
-    want = _run(NumpyBackend(), h, r, router, k, mats, sh).astype(np.float64)
+    E, k = SHAPES[2][:2]  # 256 experts, top-8, C 512: 4 warps a row
+    run, want = _layer_case(SHAPES[2], E * 7 + k, skew=False)
     flat = {"moe_experts.route_block": 128}
-    bad = _with_mutant(be, "MOE_ROUTE_BLOCK_HALF", flat,
-                       lambda b: _run(b, h, r, router, k, mats, sh))  # fmt: skip
-    with pytest.raises(AssertionError):
-        check(bad, want, 1e-10)
+    _assert_caught(be, "MOE_ROUTE_BLOCK_HALF", flat, run, want)
     be.set_config(cfg(**flat))  # the production build of the same config passes
-    check(_run(be, h, r, router, k, mats, sh), want, 1e-10)
+    check(run(be), want, 1e-10)
 
 
 def _prenorm(b, x, pre, router, k, mats, sh, norm):
@@ -376,10 +383,8 @@ def test_planted_route_norm_without_eps_is_caught_on_a_tiny_row(be):
     x = (rng.standard_normal((1, C)) * 1e-4).astype(np.float32)
     want = np.asarray(_prenorm(NumpyBackend(), x, pre, router, k, mats, sh, None)[0], np.float64)
     flat = {"moe_experts.fuse_pre_norm": 1, "moe_experts.route_block": 128}
-    bad = _with_mutant(be, "MOE_ROUTE_NORM_NO_EPS", flat,
-                       lambda b: _prenorm(b, x, pre, router, k, mats, sh, None)[0])  # fmt: skip
-    with pytest.raises(AssertionError):
-        check(bad, want, 1e-10)
+    _assert_caught(be, "MOE_ROUTE_NORM_NO_EPS", flat,
+                   lambda b: _prenorm(b, x, pre, router, k, mats, sh, None)[0], want)  # fmt: skip
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=[f"E{s[0]}k{s[1]}{s[5]}" for s in SHAPES])
@@ -402,12 +407,6 @@ def test_gate_up_pair_is_gate_up_to_the_bit(be, shape, knobs):
 
 def test_planted_gate_up_pair_swapped_runs_are_caught(be):
     """MUTANT_MOE_GATE_UP_PAIR_SWAP (dot_pair: each group's two runs meet the other's x)."""
-    E, k, C, F, Fs, qe, qd, qs = SHAPES[1]
-    rng = np.random.default_rng(E * 3 + k)
-    router, mats, sh = _layer(rng, E, C, F, Fs, qe, qd, qs)
-    h, r = rng.standard_normal((2, 1, C)).astype(np.float32)
-    want = _run(NumpyBackend(), h, r, router, k, mats, sh).astype(np.float64)
-    bad = _with_mutant(be, "MOE_GATE_UP_PAIR_SWAP", {"moe_experts.gate_up_pair": 1},
-                       lambda b: _run(b, h, r, router, k, mats, sh))  # fmt: skip
-    with pytest.raises(AssertionError):
-        check(bad, want, 1e-10)
+    E, k = SHAPES[1][:2]
+    run, want = _layer_case(SHAPES[1], E * 3 + k)
+    _assert_caught(be, "MOE_GATE_UP_PAIR_SWAP", {"moe_experts.gate_up_pair": 1}, run, want)

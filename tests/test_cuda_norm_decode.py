@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.cuda_decode_cases import assert_validates
 from tests.op_cases import assert_graph_equals_eager, check, dense, qtensor
 from tests.test_cuda_ops import INT8_NMSE, PROMPT, _check_q8, _model, cfg
 
@@ -85,10 +86,4 @@ def test_norm_block_model_graph_equals_eager(be, tiny_model_factory, arch, flat)
 
 @pytest.mark.parametrize("flat", CONFIGS[:2], ids=["block", "block_gqa_fkv"])
 def test_validate_norm_block(be, tiny_model_path, flat):
-    from engine.validate import validate
-
-    be.set_config(cfg())
-    m = _model(tiny_model_path, be)
-    rep = validate(m, cfg(**flat), [PROMPT, PROMPT[:1], list(range(40, 110))], steps=6)
-    assert rep.passed, [p.reasons for p in rep.prompts]
-    be.set_config(cfg())
+    assert_validates(be, tiny_model_path, flat)

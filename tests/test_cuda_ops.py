@@ -32,11 +32,6 @@ INT8_NMSE = 5e-3
 SENTINEL = 1234.5
 
 
-@pytest.fixture(scope="module")
-def cp():
-    return pytest.importorskip("cupy", reason="CuPy is not installed")
-
-
 @pytest.fixture
 def be(cuda_be):
     return cuda_be

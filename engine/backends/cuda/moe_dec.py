@@ -259,10 +259,15 @@ class CudaMoeDecodeOps:
             )
         if norm is None:
             return self._moe_dec(None, x, router, k, experts, shared, pre=pre, eps=eps)
-        if int(c["fuse_norm"]) and norm.f32 is not None and int(norm.f32.size) == C:
+        if self._norm_in_down(norm, C):
             return self._moe_dec(None, x, router, k, experts, shared, norm, eps, pre=pre)
         y = self._moe_dec(None, x, router, k, experts, shared, pre=pre, eps=eps)
         return y, self.rms_norm(y, norm, eps)  # type: ignore[attr-defined]
+
+    def _norm_in_down(self, norm: Any, C: int) -> bool:
+        """moe_experts.fuse_norm: the down kernel's tail runs norm (a float row of C weights)."""
+        on = int(self.config.op("moe_experts")["fuse_norm"])
+        return bool(on) and norm.f32 is not None and int(norm.f32.size) == C
 
     def _norm_tickets(self) -> Any:
         t = getattr(self, "_moe_norm_tickets", None)
@@ -285,9 +290,7 @@ class CudaMoeDecodeOps:
         next layer's input norm too: three launches for the MoE FFN and the norm."""
         if (
             not self._moe_dec_on(h, r, router, k, experts, shared)  # (the variants with the knob)
-            or not int(self.config.op("moe_experts")["fuse_norm"])
-            or norm.f32 is None
-            or int(norm.f32.size) != int(h.shape[-1])
+            or not self._norm_in_down(norm, int(h.shape[-1]))
         ):
             return super().moe_ffn_norm(  # type: ignore[misc]
                 h, r, router, k, experts, shared, norm, eps

@@ -156,15 +156,6 @@ REGISTRY.register(
             ),
             constraints=(
                 Constraint(
-                    "matmul_decode.stream > 0 needs compute capability >= 9.0 (bulk copies)",
-                    lambda cfg, dev: (
-                        cfg.op("matmul_decode").variant != "mmvw"
-                        or _p(cfg, "matmul_decode", "stream") == 0
-                        or dev is None
-                        or int(dev.extra.get("cc", 0)) >= 90
-                    ),
-                ),
-                Constraint(
                     "matmul_decode.pdl = 1 needs compute capability >= 9.0",
                     lambda cfg, dev: (
                         cfg.op("matmul_decode").variant != "mmvf"
@@ -762,6 +753,20 @@ REGISTRY.register(
         ),
     ],
 )
+
+
+def _group_warps(default: int) -> Param:
+    """attention_decode.gqa's and .tile's warps: the q heads of a KV head's group over them."""
+    return Param(
+        "warps",
+        (1, 2, 4, 8),
+        default,
+        "warps per block, each taking q heads of the group (needs group size "
+        "<= 4 x warps, else split runs)",
+        PUSHED,
+    )
+
+
 _FUSE_KV = Param(
     "fuse_kv",
     (0, 1),
@@ -892,14 +897,7 @@ REGISTRY.register(
                     "key ranges per KV head (blocks = splits x KV heads)",
                     PUSHED,
                 ),
-                Param(
-                    "warps",
-                    (1, 2, 4, 8),
-                    4,
-                    "warps per block, each taking q heads of the group (needs group size "
-                    "<= 4 x warps, else split runs)",
-                    PUSHED,
-                ),
+                _group_warps(4),
                 Param(
                     "fuse_combine",
                     (0, 1),
@@ -955,14 +953,7 @@ REGISTRY.register(
                     "ranges (a cheaper combine), long ones all splits",
                     PUSHED,
                 ),
-                Param(
-                    "warps",
-                    (1, 2, 4, 8),
-                    8,
-                    "warps per block, each taking q heads of the group (needs group size "
-                    "<= 4 x warps, else split runs)",
-                    PUSHED,
-                ),
+                _group_warps(8),
                 Param(
                     "stages",
                     (1, 2),
