@@ -228,6 +228,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         )
     if rep.blame is not None:
         lines.append(f"  first divergence: {rep.blame}")
+    lines.append("  time: " + ", ".join(f"{k} {v:.1f} s" for k, v in rep.seconds.items()))
     _emit(args, rep.to_dict(), "\n".join(lines))
     return 0 if rep.passed else 1
 

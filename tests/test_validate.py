@@ -203,3 +203,26 @@ def test_experiment_budget_reaches_validate(tiny_model_path):
     rep = validate(m, cand, PROMPTS[1:2], steps=2, budgets=plan.budget_table(), edges=False)
     assert rep.tolerances["nmse"] == 0.0
     assert not rep.passed and any("NMSE" in r for r in rep.reasons)
+
+
+def test_validate_reports_where_its_time_goes(tiny_model_path):
+    """Each phase's wall seconds (a 35B-A3B trial on the H200 spent 145 of 148 s validating):
+    in the report, its JSON and the trial record the agent keeps."""
+    import json
+    import time
+
+    from worker.evaluator import validate_summary
+    from worker.records import ValidateSummary
+
+    m = build_model(open_model(tiny_model_path), NumpyBackend())
+    t0 = time.perf_counter()
+    rep = validate(m, TuningConfig.default("numpy"), [[3, 17, 99, 5]], steps=3)
+    wall = time.perf_counter() - t0
+    assert list(rep.seconds) == ["reference", "candidate", "probe", "replay"]
+    assert all(v >= 0 for v in rep.seconds.values())
+    assert rep.seconds["reference"] > 0 and rep.seconds["replay"] > 0
+    assert sum(rep.seconds.values()) <= wall + 1e-3
+    assert json.loads(json.dumps(rep.to_dict()))["seconds"] == rep.seconds
+    rec = ValidateSummary.from_dict(json.loads(json.dumps(validate_summary(rep).to_dict())))
+    assert rec.seconds == rep.seconds
+    assert ValidateSummary.from_dict({"passed": True}).seconds == {}  # an older record

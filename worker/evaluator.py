@@ -311,6 +311,7 @@ def validate_summary(report: object) -> ValidateSummary:
         blame=report.blame.to_dict() if report.blame else None,
         reasons=tuple(report.reasons),
         replay=report.replay.to_dict() if report.replay else None,
+        seconds=dict(report.seconds),
         prompts=tuple(
             PromptDiff(
                 prompt_tokens=p.prompt_tokens,

@@ -217,11 +217,13 @@ class ValidateSummary:
     # engine.replay.ReplayResult.to_dict(): per-op worst NMSE and bound on the reference's
     # inputs (None in records from before op-level replay)
     replay: dict[str, Any] | None = None
+    seconds: dict[str, float] = field(default_factory=dict)  # wall seconds per validate phase
 
     def to_dict(self) -> dict[str, Any]:
         return {
             **{f.name: getattr(self, f.name) for f in fields(self)},
             "tolerances": dict(self.tolerances),
+            "seconds": dict(self.seconds),
             "numeric_classes": (
                 list(self.numeric_classes) if self.numeric_classes is not None else None
             ),
@@ -234,6 +236,7 @@ class ValidateSummary:
         kw = known_fields(cls, d, passed=False)
         kw["passed"] = bool(kw["passed"])
         kw["tolerances"] = dict(kw.get("tolerances") or {})
+        kw["seconds"] = dict(kw.get("seconds") or {})
         if kw.get("numeric_classes") is not None:
             kw["numeric_classes"] = tuple(kw["numeric_classes"])
         kw["reasons"] = tuple(kw.get("reasons") or ())
