@@ -35,6 +35,7 @@ the candidate's chunk ends. The backend switches between the two configs once pe
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -46,7 +47,22 @@ from engine.tuning import TuningConfig
 from engine.tuning.registry import NUMERIC_BUDGETS, Budget
 
 SEGMENT_TOKENS = 128  # prompt tokens recorded per reference pass (whole candidate chunks)
-CACHE_BYTES = 4 << 30  # reference recordings kept across candidates in validate's ref_cache
+CACHE_FLOOR = 4 << 30  # reference recordings kept across candidates in validate's ref_cache
+
+
+def cache_bytes() -> int:
+    """The recordings' byte budget: a quarter of this machine's memory, at least 4 GiB. The
+    9B-like qwen35 records ~14 MB a position (its ~450-position prompt set: ~6 GB), so a fixed
+    4 GiB recorded its long prompts again for every candidate (a 35B-A3B trial on the H200:
+    145 s of validate); a GPU node has 128 GiB or more."""
+    try:
+        phys = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # no sysconf (Windows) or no such name
+        phys = 0
+    return max(CACHE_FLOOR, phys // 4)
+
+
+CACHE_BYTES = cache_bytes()
 JUDGED_ONLY = frozenset({"kv_write"})  # compared, not replaced (see the module docstring)
 
 

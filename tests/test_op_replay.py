@@ -266,3 +266,21 @@ def test_an_int8_reference_loosens_the_float_ops_judged_against_it(tiny_model_pa
     bad.set_config(ref)
     r = replay(bad, ref, cand, PROMPT, tokens, 4)
     assert not r.passed and r.first.op == "matmul_prefill"
+
+
+def test_recording_budget_is_a_quarter_of_memory_at_least_4_gib(monkeypatch):
+    """A GPU node (128 GiB) keeps 32 GiB of reference recordings: a 9B-like study's whole prompt
+    set (~6 GB) is recorded once, not again for every candidate; a small machine keeps 4 GiB."""
+    import engine.replay as R
+
+    pages = {"SC_PAGE_SIZE": 4096}
+    monkeypatch.setattr(R.os, "sysconf", lambda name: pages.get(name, (128 << 30) // 4096))
+    assert R.cache_bytes() == 32 << 30
+    monkeypatch.setattr(R.os, "sysconf", lambda name: pages.get(name, (8 << 30) // 4096))
+    assert R.cache_bytes() == 4 << 30
+
+    def missing(name):  # noqa: ANN001, ANN202
+        raise ValueError(name)
+
+    monkeypatch.setattr(R.os, "sysconf", missing)
+    assert R.cache_bytes() == R.CACHE_FLOOR
