@@ -68,6 +68,24 @@ def test_mmq_needs_ampere():
     assert any("compute capability" in p for p in c.problems(old))
 
 
+@pytest.mark.parametrize(
+    ("variant", "knob", "value"), [("mmvf", "pdl", 1), ("mmvw", "pdl", 1), ("mmvw", "stream", 3)]
+)
+def test_decode_launch_features_need_hopper(variant, knob, value):
+    """PDL and mmvw_stream's bulk copies are sm_90 features: refused on an A100, allowed on an
+    H200, and the knob left at 0 asks nothing of the device."""
+    from engine.backends.base import DeviceInfo
+
+    a100 = DeviceInfo("cuda", "A100", "nvidia", "a100", extra={"cc": 80})
+    h200 = DeviceInfo("cuda", "H200", "nvidia", "h200", extra={"cc": 90})
+    flat = {"matmul_decode.variant": variant}
+    on = TuningConfig.from_flat("cuda", flat | {f"matmul_decode.{knob}": value})
+    assert any(f"matmul_decode.{knob} != 0 needs compute capability >= 9.0" in p
+               for p in on.problems(a100))  # fmt: skip
+    assert on.problems(h200) == []
+    assert TuningConfig.from_flat("cuda", flat).problems(a100) == []
+
+
 def test_registry_module_imports_no_cupy():
     code = (
         "import sys; import engine.tuning.kernels.cuda, engine.backends.cuda; "

@@ -36,6 +36,19 @@ def _p(cfg, op: str, name: str) -> int:  # noqa: ANN001 - TuningConfig
     return int(cfg.op(op)[name])
 
 
+def _knob_needs_cc(variant: str, knob: str, cc: int, why: str = "") -> Constraint:
+    """matmul_decode.<knob> != 0 under ``variant`` needs compute capability >= cc."""
+    return Constraint(
+        f"matmul_decode.{knob} != 0 needs compute capability >= {cc // 10}.{cc % 10}{why}",
+        lambda cfg, dev: (
+            cfg.op("matmul_decode").variant != variant
+            or _p(cfg, "matmul_decode", knob) == 0
+            or dev is None
+            or int(dev.extra.get("cc", 0)) >= cc
+        ),
+    )
+
+
 # --- engine schedule -----------------------------------------------------------------------
 REGISTRY.register_prefill(
     B,
@@ -155,15 +168,7 @@ REGISTRY.register(
                 ),
             ),
             constraints=(
-                Constraint(
-                    "matmul_decode.pdl = 1 needs compute capability >= 9.0",
-                    lambda cfg, dev: (
-                        cfg.op("matmul_decode").variant != "mmvf"
-                        or _p(cfg, "matmul_decode", "pdl") == 0
-                        or dev is None
-                        or int(dev.extra.get("cc", 0)) >= 90
-                    ),
-                ),
+                _knob_needs_cc("mmvf", "pdl", 90),
                 Constraint(
                     "mmvf: threads_per_row <= 32 * warps (a row's warps are in one block)",
                     lambda cfg, dev: (
@@ -479,24 +484,8 @@ REGISTRY.register(
                         <= 32 * _p(cfg, "matmul_decode", "warps")
                     ),
                 ),
-                Constraint(
-                    "matmul_decode.stream > 0 needs compute capability >= 9.0 (bulk copies)",
-                    lambda cfg, dev: (
-                        cfg.op("matmul_decode").variant != "mmvw"
-                        or _p(cfg, "matmul_decode", "stream") == 0
-                        or dev is None
-                        or int(dev.extra.get("cc", 0)) >= 90
-                    ),
-                ),
-                Constraint(
-                    "matmul_decode.pdl = 1 needs compute capability >= 9.0",
-                    lambda cfg, dev: (
-                        cfg.op("matmul_decode").variant != "mmvw"
-                        or _p(cfg, "matmul_decode", "pdl") == 0
-                        or dev is None
-                        or int(dev.extra.get("cc", 0)) >= 90
-                    ),
-                ),
+                _knob_needs_cc("mmvw", "stream", 90, " (bulk copies)"),
+                _knob_needs_cc("mmvw", "pdl", 90),
             ),
             quant_types=ALL_TYPES,
             source="cuda/mmvw.cu",
