@@ -242,7 +242,7 @@ class _Candidate:
         model: Model,
         config: TuningConfig,
         table: dict[str, Budget],
-        reference: TuningConfig | None = None,
+        reference: TuningConfig,
     ) -> None:
         self.model, self.config, self.table = model, config, table
         self.ref: _Reference | None = None  # the current segment's recording
@@ -255,7 +255,7 @@ class _Candidate:
         # the reference's own classes: an int8 reference (validate --reference mmvq) records
         # rows with int8 error in them, so a float op of the candidate is judged against those
         # rows by the looser of the two classes (the float default as reference: no change)
-        self.ref_classes = model.backend.numeric_classes(reference) if reference else {}
+        self.ref_classes = model.backend.numeric_classes(reference)
 
     def __call__(self, op: str, label: str, layer: int, t: Any, pos0: int) -> Any:
         b = self.model.backend

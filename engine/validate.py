@@ -487,7 +487,6 @@ def validate(
         probe=probe,
         replay=replayed,
         routes_borrowed=borrowed_all,
-        seconds=clock.seconds,
     )
     # replays is [] without replay_ops
     failing = [(len(p), r.first) for p, r in zip(all_prompts, replays, strict=False) if r.first]
@@ -508,6 +507,7 @@ def validate(
             )
         model.set_config(candidate)
         clock.lap("blame")
+    rep.seconds = clock.seconds
     return rep
 
 
