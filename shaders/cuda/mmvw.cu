@@ -772,3 +772,4 @@ extern "C" __global__ void __launch_bounds__(NW * 32 MMVW_BOUNDS_MINB)
         }
     }
 }
+#include "mmvw_pipe.cuh"

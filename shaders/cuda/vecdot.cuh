@@ -136,6 +136,50 @@ template <int QT> struct VD {
     }
 };
 
+// The narrow Q4_K slot (32 weights) as free functions on registers, shared by VD<QT_Q4_K> (when
+// not Q4K_WIDE) and mmvw_pipe.cuh (always narrow): its activations, and its contribution from
+// the block header hd (16 bytes) and the slot's 16 qs bytes q, already loaded.
+__device__ __forceinline__ XSlot q4k_xload(int s, const s8* __restrict__ xq,
+                                           const float2* __restrict__ xds) {
+    const int b = s >> 3, p = (s >> 1) & 3, h = s & 1;
+    const int k0 = 256 * b + 64 * p + 16 * h;
+    XSlot x;
+    x.a = ldg16(xq + k0);
+    x.b = ldg16(xq + k0 + 32);
+    x.da = __ldg(xds + 8 * b + 2 * p);
+    x.db = __ldg(xds + 8 * b + 2 * p + 1);
+    x.oa = x.ob = 0;
+    return x;
+}
+__device__ __forceinline__ float q4k_slot(uint4 hd, uint4 q, int s, const XSlot& x) {
+    const int p = (s >> 1) & 3, h = s & 1;
+    int d0 = dp4a(q.x & 0x0F0F0F0Fu, x.a.x, 0);
+    d0 = dp4a(q.y & 0x0F0F0F0Fu, x.a.y, d0);
+    d0 = dp4a(q.z & 0x0F0F0F0Fu, x.a.z, d0);
+    d0 = dp4a(q.w & 0x0F0F0F0Fu, x.a.w, d0);
+#if Q4K_LEAN  // no shifts, no divergent branches: the same integers and float expressions
+    const int d1 = dp4a_hi4(q, x.b);
+    int sc0, m0, sc1, m1;
+    q4k_sm_pair(hd.y, hd.z, hd.w, p, sc0, sc1, m0, m1);
+    const float d = h2f((u16)(hd.x & 0xFFFF)), dmin = h2f((u16)(hd.x >> 16));
+    const float v = d * ((float)(sc0 * d0) * x.da.x + (float)(sc1 * d1) * x.db.x);
+    const float t = dmin * ((float)m0 * x.da.y + (float)m1 * x.db.y);
+    return h == 0 ? v - t : v;
+#else
+    int d1 = dp4a((q.x >> 4) & 0x0F0F0F0Fu, x.b.x, 0);
+    d1 = dp4a((q.y >> 4) & 0x0F0F0F0Fu, x.b.y, d1);
+    d1 = dp4a((q.z >> 4) & 0x0F0F0F0Fu, x.b.z, d1);
+    d1 = dp4a((q.w >> 4) & 0x0F0F0F0Fu, x.b.w, d1);
+    int sc0, m0, sc1, m1;
+    q4k_sm(hd.y, hd.z, hd.w, 2 * p, sc0, m0);
+    q4k_sm(hd.y, hd.z, hd.w, 2 * p + 1, sc1, m1);
+    const float d = h2f((u16)(hd.x & 0xFFFF)), dmin = h2f((u16)(hd.x >> 16));
+    float v = d * ((float)(sc0 * d0) * x.da.x + (float)(sc1 * d1) * x.db.x);
+    if (h == 0) v -= dmin * ((float)m0 * x.da.y + (float)m1 * x.db.y);
+    return v;
+#endif
+}
+
 #ifndef Q4K_WIDE
 #define Q4K_WIDE 0
 #endif
@@ -218,51 +262,55 @@ template <> struct VD<QT_Q4_K> {
     static __device__ __forceinline__ int slots(int K) { return K / 32; }
     static __device__ __forceinline__ XSlot load(int s, const s8* __restrict__ xq,
                                                  const float2* __restrict__ xds) {
-        const int b = s >> 3, p = (s >> 1) & 3, h = s & 1;
-        const int k0 = 256 * b + 64 * p + 16 * h;
-        XSlot x;
-        x.a = ldg16(xq + k0);
-        x.b = ldg16(xq + k0 + 32);
-        x.da = __ldg(xds + 8 * b + 2 * p);
-        x.db = __ldg(xds + 8 * b + 2 * p + 1);
-        x.oa = x.ob = 0;
-        return x;
+        return q4k_xload(s, xq, xds);
     }
     template <bool S = false>
     static __device__ __forceinline__ float dot(const u8* __restrict__ row, int s,
                                                 const XSlot& x) {
-        const int b = s >> 3, p = (s >> 1) & 3, h = s & 1;
-        const u8* blk = row + 144 * b;
-        const uint4 hd = wl16<S>(blk);
-        const uint4 q = wl16<S>(blk + 16 + 32 * p + 16 * h);
-        int d0 = dp4a(q.x & 0x0F0F0F0Fu, x.a.x, 0);
-        d0 = dp4a(q.y & 0x0F0F0F0Fu, x.a.y, d0);
-        d0 = dp4a(q.z & 0x0F0F0F0Fu, x.a.z, d0);
-        d0 = dp4a(q.w & 0x0F0F0F0Fu, x.a.w, d0);
-#if Q4K_LEAN  // no shifts, no divergent branches: the same integers and float expressions
-        const int d1 = dp4a_hi4(q, x.b);
-        int sc0, m0, sc1, m1;
-        q4k_sm_pair(hd.y, hd.z, hd.w, p, sc0, sc1, m0, m1);
-        const float d = h2f((u16)(hd.x & 0xFFFF)), dmin = h2f((u16)(hd.x >> 16));
-        const float v = d * ((float)(sc0 * d0) * x.da.x + (float)(sc1 * d1) * x.db.x);
-        const float t = dmin * ((float)m0 * x.da.y + (float)m1 * x.db.y);
-        return h == 0 ? v - t : v;
-#else
-        int d1 = dp4a((q.x >> 4) & 0x0F0F0F0Fu, x.b.x, 0);
-        d1 = dp4a((q.y >> 4) & 0x0F0F0F0Fu, x.b.y, d1);
-        d1 = dp4a((q.z >> 4) & 0x0F0F0F0Fu, x.b.z, d1);
-        d1 = dp4a((q.w >> 4) & 0x0F0F0F0Fu, x.b.w, d1);
-        int sc0, m0, sc1, m1;
-        q4k_sm(hd.y, hd.z, hd.w, 2 * p, sc0, m0);
-        q4k_sm(hd.y, hd.z, hd.w, 2 * p + 1, sc1, m1);
-        const float d = h2f((u16)(hd.x & 0xFFFF)), dmin = h2f((u16)(hd.x >> 16));
-        float v = d * ((float)(sc0 * d0) * x.da.x + (float)(sc1 * d1) * x.db.x);
-        if (h == 0) v -= dmin * ((float)m0 * x.da.y + (float)m1 * x.db.y);
-        return v;
-#endif
+        const u8* blk = row + 144 * (s >> 3);
+        return q4k_slot(wl16<S>(blk), wl16<S>(blk + 16 + 32 * ((s >> 1) & 3) + 16 * (s & 1)),
+                        s, x);
     }
 };
 #endif
+
+// The narrow Q6_K slot (32 weights; slot s = (b, h, c, lq), layout below) as free functions on
+// registers, shared by VD<QT_Q6_K> (when not Q6K_WIDE) and mmvw_pipe.cuh: its activations with
+// the -32 offsets' sums, and its contribution from ql / qh (16 bytes each), the two scales and d.
+__device__ __forceinline__ XSlot q6k_xload(int s, const s8* __restrict__ xq,
+                                           const float2* __restrict__ xds) {
+    const int b = s >> 3, h = (s >> 2) & 1, c = (s >> 1) & 1, lq = s & 1;
+    const int ka = 256 * b + 128 * h + 32 * c + 16 * lq;
+    XSlot x;
+    x.a = ldg16(xq + ka);
+    x.b = ldg16(xq + ka + 64);
+    x.da = __ldg(xds + 8 * b + 4 * h + c);
+    x.db = __ldg(xds + 8 * b + 4 * h + c + 2);
+    int oa = dp4a(0x20202020u, x.a.x, 0);
+    oa = dp4a(0x20202020u, x.a.y, oa);
+    oa = dp4a(0x20202020u, x.a.z, oa);
+    x.oa = dp4a(0x20202020u, x.a.w, oa);
+    int ob = dp4a(0x20202020u, x.b.x, 0);
+    ob = dp4a(0x20202020u, x.b.y, ob);
+    ob = dp4a(0x20202020u, x.b.z, ob);
+    x.ob = dp4a(0x20202020u, x.b.w, ob);
+    return x;
+}
+__device__ __forceinline__ float q6k_slot(uint4 ql, uint4 qh, int sca, int scb, float d, int s,
+                                          const XSlot& x) {
+    const int c = (s >> 1) & 1;
+    const int sha = 2 * c, shb = 2 * c + 4;
+    int da = -x.oa, db = -x.ob;
+    da = dp4a((ql.x & 0x0F0F0F0Fu) | (((qh.x >> sha) & 0x03030303u) << 4), x.a.x, da);
+    da = dp4a((ql.y & 0x0F0F0F0Fu) | (((qh.y >> sha) & 0x03030303u) << 4), x.a.y, da);
+    da = dp4a((ql.z & 0x0F0F0F0Fu) | (((qh.z >> sha) & 0x03030303u) << 4), x.a.z, da);
+    da = dp4a((ql.w & 0x0F0F0F0Fu) | (((qh.w >> sha) & 0x03030303u) << 4), x.a.w, da);
+    db = dp4a(((ql.x >> 4) & 0x0F0F0F0Fu) | (((qh.x >> shb) & 0x03030303u) << 4), x.b.x, db);
+    db = dp4a(((ql.y >> 4) & 0x0F0F0F0Fu) | (((qh.y >> shb) & 0x03030303u) << 4), x.b.y, db);
+    db = dp4a(((ql.z >> 4) & 0x0F0F0F0Fu) | (((qh.z >> shb) & 0x03030303u) << 4), x.b.z, db);
+    db = dp4a(((ql.w >> 4) & 0x0F0F0F0Fu) | (((qh.w >> shb) & 0x03030303u) << 4), x.b.w, db);
+    return d * ((float)(sca * da) * x.da.x + (float)(scb * db) * x.db.x);
+}
 
 #ifndef Q6K_WIDE
 #define Q6K_WIDE 0
@@ -344,22 +392,7 @@ template <> struct VD<QT_Q6_K> {
     static __device__ __forceinline__ int slots(int K) { return K / 32; }
     static __device__ __forceinline__ XSlot load(int s, const s8* __restrict__ xq,
                                                  const float2* __restrict__ xds) {
-        const int b = s >> 3, h = (s >> 2) & 1, c = (s >> 1) & 1, lq = s & 1;
-        const int ka = 256 * b + 128 * h + 32 * c + 16 * lq;
-        XSlot x;
-        x.a = ldg16(xq + ka);
-        x.b = ldg16(xq + ka + 64);
-        x.da = __ldg(xds + 8 * b + 4 * h + c);
-        x.db = __ldg(xds + 8 * b + 4 * h + c + 2);
-        int oa = dp4a(0x20202020u, x.a.x, 0);
-        oa = dp4a(0x20202020u, x.a.y, oa);
-        oa = dp4a(0x20202020u, x.a.z, oa);
-        x.oa = dp4a(0x20202020u, x.a.w, oa);
-        int ob = dp4a(0x20202020u, x.b.x, 0);
-        ob = dp4a(0x20202020u, x.b.y, ob);
-        ob = dp4a(0x20202020u, x.b.z, ob);
-        x.ob = dp4a(0x20202020u, x.b.w, ob);
-        return x;
+        return q6k_xload(s, xq, xds);
     }
     template <bool S = false>
     static __device__ __forceinline__ float dot(const u8* __restrict__ row, int s,
@@ -369,19 +402,7 @@ template <> struct VD<QT_Q6_K> {
         const uint4 ql = wl16<S>(blk + 64 * h + 32 * c + 16 * lq);
         const uint4 qh = wl16<S>(blk + 128 + 32 * h + 16 * lq);
         const u8* sc = blk + 192 + 8 * h + lq + 2 * c;
-        const float d = wl_h<S>(blk + 208);
-        const int sca = wl_s8<S>(sc), scb = wl_s8<S>(sc + 4);
-        const int sha = 2 * c, shb = 2 * c + 4;
-        int da = -x.oa, db = -x.ob;
-        da = dp4a((ql.x & 0x0F0F0F0Fu) | (((qh.x >> sha) & 0x03030303u) << 4), x.a.x, da);
-        da = dp4a((ql.y & 0x0F0F0F0Fu) | (((qh.y >> sha) & 0x03030303u) << 4), x.a.y, da);
-        da = dp4a((ql.z & 0x0F0F0F0Fu) | (((qh.z >> sha) & 0x03030303u) << 4), x.a.z, da);
-        da = dp4a((ql.w & 0x0F0F0F0Fu) | (((qh.w >> sha) & 0x03030303u) << 4), x.a.w, da);
-        db = dp4a(((ql.x >> 4) & 0x0F0F0F0Fu) | (((qh.x >> shb) & 0x03030303u) << 4), x.b.x, db);
-        db = dp4a(((ql.y >> 4) & 0x0F0F0F0Fu) | (((qh.y >> shb) & 0x03030303u) << 4), x.b.y, db);
-        db = dp4a(((ql.z >> 4) & 0x0F0F0F0Fu) | (((qh.z >> shb) & 0x03030303u) << 4), x.b.z, db);
-        db = dp4a(((ql.w >> 4) & 0x0F0F0F0Fu) | (((qh.w >> shb) & 0x03030303u) << 4), x.b.w, db);
-        return d * ((float)(sca * da) * x.da.x + (float)(scb * db) * x.db.x);
+        return q6k_slot(ql, qh, wl_s8<S>(sc), wl_s8<S>(sc + 4), wl_h<S>(blk + 208), s, x);
     }
 };
 #endif

@@ -667,6 +667,17 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         for _ in range(3 - len(mats)):
             nbs.append(0)
             args += [_NULL, np.int32(0), np.int32(0), np.int32(0), _NULL, _NULL]
+        pipe = self._pipe_plan(tuple(m[0] for m in mats))
+        if pipe is not None:  # matmul_decode.pipe: before stream and q4k_kernel
+            name, prpb, ks = pipe
+            pnb = [math.ceil(m[0].n / prpb) for m in mats] + [0] * (3 - len(mats))
+            self._launch(
+                "mmvw", name, (sum(pnb),), (int(c["warps"]) * 32,),
+                (xq, xds, np.int32(mats[0][0].k), np.int32(pnb[0]), np.int32(pnb[1]),
+                 np.int32(prpb), np.int32(ks), *args),
+                pdl=True,
+            )  # fmt: skip
+            return
         plan = self._stream_plan(tuple(m[0] for m in mats), rpb, sum(nbs))
         if plan is not None:
             grid, stages, stage_bytes, x4, x6, smem = plan
@@ -774,6 +785,22 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
             extra = self.device_info().extra
             cap = self._stage_cap = int(extra.get("smem_per_block_optin", 0)) - 1024
         return need if need <= cap else 0
+
+    def _pipe_plan(self, ws: tuple[CudaWeight, ...]) -> tuple[str, int, int] | None:
+        """(kernel, rows per block, K-parts) of an mmvw_pipe launch (matmul_decode.pipe > 0),
+        or None: the knob is off or a matrix is not Q4_K / Q6_K. Rows of K >= split_min_k split
+        into pipe_split parts over pipe_rows / pipe_split rows a block (as split_k divides
+        mmvw's); one type throughout gets the kernel built for it alone (fewer registers)."""
+        c = self.config.op("matmul_decode")
+        if int(c["pipe"]) == 0:
+            return None
+        types = {w.qtype for w in ws}
+        if not types <= {"Q4_K", "Q6_K"}:
+            return None
+        rows, split = int(c["pipe_rows"]), int(c["pipe_split"])
+        ks = split if split > 1 and ws[0].k >= int(c["split_min_k"]) else 1
+        name = "mmvw_pipe" if len(types) > 1 else f"mmvw_pipe_{kernels.QTYPE_SUFFIX[min(types)]}"
+        return name, max(1, rows // ks), ks
 
     def _stream_plan(
         self, ws: tuple[CudaWeight, ...], rpb: int, nsets: int

@@ -1,0 +1,200 @@
+// mmvw_pipe.cuh (included by mmvw.cu; host knob matmul_decode.pipe = PIPE_D): mmvw's launch of
+// Q4_K / Q6_K matrices with each lane group streaming many rows through a ring of PIPE_D weight
+// loads held in registers.
+//
+// Why: mmvw gives each lane group one row (or RPT rows) and 1-2 slots of it per lane on the
+// layer shapes (K 1536-3584: 48-112 slots a row over 32 lanes), so a warp issues ~1 KB of
+// loads, waits a full memory latency, computes, and exits: a launch runs in waves of
+// (latency + compute + block start), 3-4 waves on the 1.5B's gate+up, and the SM is idle on
+// memory between them. Here a block owns PIPE rows (rpb, knob pipe_rows) and each lane group
+// ("worker", PIPE_TPR lanes, knob pipe_lanes) walks its rows' slots as one flat sequence of
+// items (row, chunk of PIPE_TPR slots) with the loads of the next PIPE_D items always in
+// flight: each item's refill is issued as it is consumed, across row ends, so the stream never
+// drains inside a block. The weights are read-only, so the first PIPE_D items are requested
+// before pdl_start() (under PDL they overlap the previous kernel).
+// Split (ks > 1, knob pipe_split, rows with K >= split_min_k): the block's workers are ks K-parts
+// x (workers / ks) row groups; partials meet in shared memory, summed in part order (fixed:
+// deterministic). Slots of a part: consecutive chunks, as even as the count allows.
+// Arithmetic: vecdot.cuh's narrow slots (q4k_slot, q6k_slot: mmvw's, Q4K_LEAN honoured);
+// with ks = 1 a lane sums its slots in mmvw's order (mmvw with TPR = PIPE_TPR, RPT 1, UNROLL 1)
+// and the group meets by the same shuffles.
+// Launch: grid nb0 + nb1 + nb2 blocks as mmvw (rpb rows a block), block NW * 32 threads;
+// rpb * ks <= PIPE_PART_MAX; ks divides NW * 32 / PIPE_TPR. K % 256 == 0. A lane's registers
+// hold PIPE_D items: 8 words each (Q4_K), 11 (Q6_K).
+#pragma once
+
+#ifndef PIPE_D
+#define PIPE_D 0
+#endif
+#define PIPE_DEPTH (PIPE_D > 0 ? PIPE_D : 1)  // pipe = 0: built at depth 1, never launched
+#ifndef PIPE_TPR
+#define PIPE_TPR 16
+#endif
+#if PIPE_TPR != 8 && PIPE_TPR != 16 && PIPE_TPR != 32
+#error "PIPE_TPR must be 8, 16 or 32 (a worker's lanes sit inside one warp)"
+#endif
+#define PIPE_WORKERS (NW * 32 / PIPE_TPR)
+#define PIPE_PART_MAX 128  // rpb * ks: the host's pipe_rows (<= 128)
+
+// One item's weight registers for a lane: Q4_K the block header and the slot's 16 qs bytes;
+// Q6_K ql, qh, the 8 scale bytes of the slot's half (h) and the word holding d.
+template <int QT> struct PipeW;
+template <> struct PipeW<QT_Q4_K> {
+    uint4 h, q;
+    static __device__ __forceinline__ PipeW get(const u8* __restrict__ row, int s) {
+        const u8* blk = row + 144 * (s >> 3);
+        return {wld16(blk), wld16(blk + 16 + 32 * ((s >> 1) & 3) + 16 * (s & 1))};
+    }
+    __device__ __forceinline__ float dot(int s, const s8* __restrict__ xq,
+                                         const float2* __restrict__ xds) const {
+        return q4k_slot(h, q, s, q4k_xload(s, xq, xds));
+    }
+};
+template <> struct PipeW<QT_Q6_K> {
+    uint4 ql, qh;
+    uint2 sc;
+    u32 dw;
+    static __device__ __forceinline__ PipeW get(const u8* __restrict__ row, int s) {
+        const int h = (s >> 2) & 1, c = (s >> 1) & 1, lq = s & 1;
+        const u8* blk = row + 224 * (s >> 3);
+        PipeW w;
+        w.ql = wld16(blk + 64 * h + 32 * c + 16 * lq);
+        w.qh = wld16(blk + 128 + 32 * h + 16 * lq);
+        w.sc = __ldg((const uint2*)(blk + 192 + 8 * h));
+        w.dw = __ldg((const u32*)(blk + 208));
+        return w;
+    }
+    __device__ __forceinline__ float dot(int s, const s8* __restrict__ xq,
+                                         const float2* __restrict__ xds) const {
+        const int i = 8 * ((s & 1) + 2 * ((s >> 1) & 1));  // scale bytes lq + 2c and + 4
+        const int sca = (int)(s8)(sc.x >> i), scb = (int)(s8)(sc.y >> i);
+        return q6k_slot(ql, qh, sca, scb, h2f((u16)(dw & 0xFFFF)), s, q6k_xload(s, xq, xds));
+    }
+};
+
+// The block's rows [bi * rpb, + rpb) of W (clamped to N: reads of row N - 1, nothing stored)
+// into Y (+ A), ks K-parts (1: no split). Every thread of the block calls it (split: a barrier).
+// Calls pdl_start() once, after its first loads.
+template <int QT>
+__device__ __forceinline__ void mmvw_pipe_rows(const u8* __restrict__ W, int rb, int N, int K,
+                                               const s8* __restrict__ xq,
+                                               const float2* __restrict__ xds, float* Y,
+                                               const float* A, int bi, int rpb, int ks,
+                                               float* part) {
+    constexpr int G = PIPE_TPR, D = PIPE_DEPTH;
+    const int wk = threadIdx.x / G, lane = threadIdx.x % G;
+    const int RG = PIPE_WORKERS / ks;  // row groups
+    const int rg = wk % RG, kp = wk / RG;
+    const int ns = K / 32;             // narrow slots a row (both types)
+    const int nc = (ns + G - 1) / G;   // chunks of G slots a row
+    const int cpp = (nc + ks - 1) / ks;
+    const int c0 = min(nc, kp * cpp);
+    int c1 = min(nc, c0 + cpp);
+#ifdef MUTANT_MMVW_PIPE_CHUNK  // planted bug: each part leaves out its last chunk of slots
+    c1 = max(c0, c1 - 1);
+#endif
+    const int nci = c1 - c0;  // chunks of this worker's part
+    const int rpg = (rpb + RG - 1) / RG;
+    const int lr0 = min(rpb, rg * rpg), lr1 = min(rpb, lr0 + rpg);  // block-local rows
+    const int r0 = bi * rpb;
+    const int nit = (lr1 - lr0) * nci;  // items: (row, chunk) in row-major order
+    PipeW<QT> buf[D];
+    int lrl = lr0, cl = c0;  // the load cursor
+    auto row_of = [&](int lr) { return W + (size_t)min(r0 + lr, N - 1) * rb; };
+    auto slot_of = [&](int c) {
+        const int s = c * G + lane;
+        return s < ns ? s : c * G;  // a valid slot, its result dropped
+    };
+#pragma unroll
+    for (int j = 0; j < D; ++j) {
+        if (j < nit) {
+            buf[j] = PipeW<QT>::get(row_of(lrl), slot_of(cl));
+            if (++cl == c1) cl = c0, ++lrl;
+        }
+    }
+    pdl_start();
+    const unsigned mask =
+        G == 32 ? 0xffffffffu : ((1u << G) - 1u) << ((threadIdx.x & 31) & ~(G - 1));
+    float acc = 0.f;
+    int lrc = lr0, cc = c0;  // the compute cursor
+    for (int t0 = 0; t0 < nit; t0 += D) {
+#pragma unroll
+        for (int j = 0; j < D; ++j) {
+            if (t0 + j < nit) {
+                const int s = cc * G + lane;
+                const float v = buf[j].dot(slot_of(cc), xq, xds);
+                acc += s < ns ? v : 0.f;
+                if (t0 + j + D < nit) {  // the refill: D items stay in flight
+                    buf[j] = PipeW<QT>::get(row_of(lrl), slot_of(cl));
+                    if (++cl == c1) cl = c0, ++lrl;
+                }
+                if (++cc == c1) {  // the row's part is complete
+#pragma unroll
+                    for (int o = G / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(mask, acc, o);
+                    if (lane == 0) {
+                        const int n = r0 + lrc;
+                        if (ks > 1) part[kp * rpb + lrc] = acc;
+                        else if (n < N) Y[n] = acc + (A ? A[n] : 0.f);
+                    }
+                    acc = 0.f;
+                    cc = c0, ++lrc;
+                }
+            }
+        }
+    }
+    if (ks == 1) return;  // uniform over the launch
+    if (nci == 0 && lane == 0)  // a part with no slots (ks > chunks): its partials are zero
+        for (int lr = lr0; lr < lr1; ++lr) part[kp * rpb + lr] = 0.f;
+    __syncthreads();
+    for (int lr = threadIdx.x; lr < rpb; lr += blockDim.x) {
+        const int n = r0 + lr;
+        if (n >= N) continue;
+        float v = 0.f;
+        for (int k = 0; k < ks; ++k) v += part[k * rpb + lr];
+        Y[n] = v + (A ? A[n] : 0.f);
+    }
+}
+
+// Matrix i as mmvw's, every W_i Q4_K or Q6_K; rpb rows a block in ks K-parts (the host's
+// _pipe_plan: pipe_rows / ks and pipe_split from split_min_k on, else pipe_rows and 1). Y_i may
+// be A_i (each element is read, then written, by one thread). TYPES: 1 every matrix Q4_K, 2
+// every one Q6_K, 3 either (the kernel's registers are its widest path's: a launch of one type
+// gets the kernel built for that type alone, as many warps an SM as its own path allows).
+template <int TYPES>
+__device__ __forceinline__ void mmvw_pipe_body(
+    const s8* __restrict__ xq, const float2* __restrict__ xds, int K, int nb0, int nb1, int rpb,
+    int ks, const u8* W0, int rb0, int N0, int qt0, float* Y0, const float* A0, const u8* W1,
+    int rb1, int N1, int qt1, float* Y1, const float* A1, const u8* W2, int rb2, int N2, int qt2,
+    float* Y2, const float* A2) {
+    __shared__ float part[PIPE_PART_MAX];
+    int b = blockIdx.x;
+    const u8* W = W0;
+    int rb = rb0, N = N0, qt = qt0;
+    float* Y = Y0;
+    const float* A = A0;
+    if (b >= nb0 + nb1) {
+        b -= nb0 + nb1;
+        W = W2, rb = rb2, N = N2, qt = qt2, Y = Y2, A = A2;
+    } else if (b >= nb0) {
+        b -= nb0;
+        W = W1, rb = rb1, N = N1, qt = qt1, Y = Y1, A = A1;
+    }
+    if (TYPES == 1 || (TYPES == 3 && qt == QT_Q4_K))
+        mmvw_pipe_rows<QT_Q4_K>(W, rb, N, K, xq, xds, Y, A, b, rpb, ks, part);
+    else
+        mmvw_pipe_rows<QT_Q6_K>(W, rb, N, K, xq, xds, Y, A, b, rpb, ks, part);
+}
+
+#define MMVW_PIPE_KERNEL(name, types)                                                          \
+    extern "C" __global__ void __launch_bounds__(NW * 32 MMVW_BOUNDS_MINB) name(              \
+        const s8* __restrict__ xq, const float2* __restrict__ xds, int K, int nb0, int nb1,    \
+        int rpb, int ks, const u8* W0, int rb0, int N0, int qt0, float* Y0, const float* A0,   \
+        const u8* W1, int rb1, int N1, int qt1, float* Y1, const float* A1, const u8* W2,      \
+        int rb2, int N2, int qt2, float* Y2, const float* A2) {                                \
+        mmvw_pipe_body<types>(xq, xds, K, nb0, nb1, rpb, ks, W0, rb0, N0, qt0, Y0, A0, W1,     \
+                              rb1, N1, qt1, Y1, A1, W2, rb2, N2, qt2, Y2, A2);                 \
+    }
+MMVW_PIPE_KERNEL(mmvw_pipe_q4k, 1)
+MMVW_PIPE_KERNEL(mmvw_pipe_q6k, 2)
+MMVW_PIPE_KERNEL(mmvw_pipe, 3)
+#undef MMVW_PIPE_KERNEL
