@@ -123,6 +123,13 @@ SETTINGS: dict[str, dict] = {
     "p4_s4_t8": _k(pipe=4, pipe_split=4, pipe_lanes=8),
     "p4_s4_lean": _k(pipe=4, pipe_split=4, q4k_lean=1),
     "p3_s4_lean": _k(pipe=3, pipe_split=4, q4k_lean=1),
+    # + pipe_wide: 64-weight Q4_K items (8 lanes a row cover what 16 narrow ones do)
+    "p2w_s4": _k(pipe=2, pipe_wide=1, pipe_lanes=8, pipe_split=4, q4k_lean=1),
+    "p3w_s4": _k(pipe=3, pipe_wide=1, pipe_lanes=8, pipe_split=4, q4k_lean=1),
+    "p4w_s4": _k(pipe=4, pipe_wide=1, pipe_lanes=8, pipe_split=4, q4k_lean=1),
+    "p3w_s8": _k(pipe=3, pipe_wide=1, pipe_lanes=8, pipe_split=8, q4k_lean=1),
+    "p3w_s4_t16": _k(pipe=3, pipe_wide=1, pipe_split=4, q4k_lean=1),
+    "p3w_s4_r64": _k(pipe=3, pipe_wide=1, pipe_lanes=8, pipe_split=4, q4k_lean=1, pipe_rows=64),
 }
 Q4K_ROW, Q6K_ROW = 144, 224  # bytes per 256 weights (Q6_K as loaded: padded to 224)
 L2_DEFEAT = 256 << 20  # bytes of weight copies a shape rotates through (H200 L2: 50 MB)

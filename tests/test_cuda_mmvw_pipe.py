@@ -2,10 +2,11 @@
 weight loads in flight in registers) on the GPU (`pytest -m gpu`): Q4_K and Q6_K on ragged
 shapes (rows not a multiple of a block's, K of one to 74 blocks, parts with no slots when
 pipe_split exceeds a row's chunks) against the NumPy reference within the int8 class and against
-mmvw with the same lanes a row (the same slots in the same order: equal to float-contraction
-noise); several matrices of mixed types with adds in one launch; canaries around every output;
-a whole tiny model's graph replay equals eager decode and validate passes; the planted
-MMVW_PIPE_CHUNK is caught. Host-side launches: tests/test_cuda_decode_host.py."""
+mmvw with the same lanes a row and slot width (pipe_wide: q4k_wide's; the same slots in the
+same order: equal to float-contraction noise); several matrices of mixed types with adds in one
+launch; canaries around every output; a whole tiny model's graph replay equals eager decode and
+validate passes; the planted MMVW_PIPE_CHUNK is caught. Host side:
+tests/test_cuda_mmvw_pipe_host.py."""
 
 from __future__ import annotations
 
@@ -29,6 +30,11 @@ CONFIGS = [
                           "split_min_k": 256}),
     ("p4-t8-r128-split4", {"pipe": 4, "pipe_lanes": 8, "pipe_rows": 128, "pipe_split": 4,
                            "split_min_k": 256}),
+    ("p3-wide-t8", {"pipe": 3, "pipe_wide": 1, "pipe_lanes": 8}),
+    ("p2-wide-lean-split4", {"pipe": 2, "pipe_wide": 1, "q4k_lean": 1, "pipe_split": 4,
+                             "split_min_k": 256, "pipe_rows": 8}),
+    ("p4-wide-t32-split8-w8", {"pipe": 4, "pipe_wide": 1, "pipe_lanes": 32, "pipe_split": 8,
+                               "warps": 8, "split_min_k": 256}),
 ]  # fmt: skip
 SHAPES = [(1, 1), (67, 3), (130, 14), (257, 74), (1031, 2)]  # (N, K in 256-weight blocks)
 
@@ -45,6 +51,8 @@ def test_pipe_matches_reference_and_mmvw(cp, be, cid, kn, qtype):
     rng = np.random.default_rng(seed_of(cid, qtype))
     lanes = kn.get("pipe_lanes", 16)
     plain = {k: v for k, v in kn.items() if not k.startswith("pipe")}
+    if kn.get("pipe_wide") and qtype == "Q4_K":  # the pipe's slots: q4k_wide's
+        plain["q4k_wide"] = 1
     for N, kb in SHAPES:
         K = 256 * kb
         w = qtensor(rng, (N, K), qtype, std=0.05)
@@ -78,22 +86,7 @@ def test_pipe_several_matrices_with_adds(cp, be):
                 check(out, ref, INT8_NMSE)
 
 
-def test_pipe_launches_the_kernel_of_its_types(cp, be, monkeypatch):
-    rng = np.random.default_rng(9)
-    names: list[str] = []
-    launch = be._launch
-    monkeypatch.setattr(
-        be, "_launch", lambda mod, name, *a, **k: (names.append(name), launch(mod, name, *a, **k))
-    )
-    x = rng.standard_normal((1, 256)).astype(np.float32)
-    for qtype in ("Q4_K", "Q6_K", "Q8_0"):
-        _run(cp, be, knobs(pipe=4), qtensor(rng, (40, 256), qtype, std=0.05), x)
-    assert [n for n in names if n.startswith("mmvw")] == [
-        "mmvw_pipe_q4k", "mmvw_pipe_q6k", "mmvw"
-    ], names  # fmt: skip
-
-
-PIPE_MODEL = knobs(pipe=4, pipe_split=4, split_k=2) | {
+PIPE_MODEL = knobs(pipe=4, pipe_split=4, split_k=2, split_min_k=256) | {
     "rope.fuse_kv": 1,
     "attention_decode.variant": "split_kw",
     "argmax.variant": "multi",

@@ -15,9 +15,10 @@
 // Split (ks > 1, knob pipe_split, rows with K >= split_min_k): the block's workers are ks K-parts
 // x (workers / ks) row groups; partials meet in shared memory, summed in part order (fixed:
 // deterministic). Slots of a part: consecutive chunks, as even as the count allows.
-// Arithmetic: vecdot.cuh's narrow slots (q4k_slot, q6k_slot: mmvw's, Q4K_LEAN honoured);
-// with ks = 1 a lane sums its slots in mmvw's order (mmvw with TPR = PIPE_TPR, RPT 1, UNROLL 1)
-// and the group meets by the same shuffles.
+// Arithmetic: vecdot.cuh's narrow slots (q4k_slot, q6k_slot: mmvw's, Q4K_LEAN honoured), or
+// for Q4_K under PIPE_WIDE (knob pipe_wide) its wide one (q4kw_slot: mmvw's under q4k_wide);
+// with ks = 1 a lane sums its slots in mmvw's order (mmvw with TPR = PIPE_TPR, RPT 1, UNROLL 1,
+// less mmvw's + 0 for a slot past the row) and the group meets by the same shuffles.
 // Launch: grid nb0 + nb1 + nb2 blocks as mmvw (rpb rows a block), block NW * 32 threads;
 // rpb * ks <= PIPE_PART_MAX; ks divides NW * 32 / PIPE_TPR. K % 256 == 0. A lane's registers
 // hold PIPE_D items: 8 words each (Q4_K), 11 (Q6_K).
@@ -37,26 +38,52 @@
 #define PIPE_PART_MAX 128  // rpb * ks: the host's pipe_rows (<= 128)
 
 // One item's weight registers for a lane: Q4_K the block header and the slot's 16 qs bytes;
-// Q6_K ql, qh, the 8 scale bytes of the slot's half (h) and the word holding d.
+// Q6_K ql, qh, the 8 scale bytes of the slot's half (h) and the word holding d. A chunk is G
+// consecutive slots of SPW weights (whole blocks of BLK bytes) and l the lane's slot in it: a
+// slot's offsets from its chunk's start depend on l alone (loop-invariant), its weights on the
+// chunk pointer, its activations on xq + SPW G c and xds + SPW / 32 G c (vecdot's slot
+// functions read the low bits of l below a block, which a chunk start leaves as the slot's).
 template <int QT> struct PipeW;
+#ifndef PIPE_WIDE
+#define PIPE_WIDE 0
+#endif
+#if PIPE_WIDE
+// pipe_wide: a Q4_K item is vecdot's wide slot (64 weights: the pair's 32 qs bytes), half the
+// header, scale and float work per weight byte of the narrow one; a chunk is G / 4 blocks.
 template <> struct PipeW<QT_Q4_K> {
-    uint4 h, q;
-    static __device__ __forceinline__ PipeW get(const u8* __restrict__ row, int s) {
-        const u8* blk = row + 144 * (s >> 3);
-        return {wld16(blk), wld16(blk + 16 + 32 * ((s >> 1) & 3) + 16 * (s & 1))};
+    static constexpr int BLK = 144, SPW = 64;
+    uint4 h, q0, q1;
+    static __device__ __forceinline__ PipeW get(const u8* __restrict__ cp, int l) {
+        const u8* blk = cp + 144 * (l >> 2);
+        return {wld16(blk), wld16(blk + 16 + 32 * (l & 3)), wld16(blk + 32 + 32 * (l & 3))};
     }
-    __device__ __forceinline__ float dot(int s, const s8* __restrict__ xq,
+    __device__ __forceinline__ float dot(int l, const s8* __restrict__ xq,
                                          const float2* __restrict__ xds) const {
-        return q4k_slot(h, q, s, q4k_xload(s, xq, xds));
+        return q4kw_slot(h, q0, q1, l, q4kw_xload(l, xq, xds));
     }
 };
+#else
+template <> struct PipeW<QT_Q4_K> {
+    static constexpr int BLK = 144, SPW = 32;
+    uint4 h, q;
+    static __device__ __forceinline__ PipeW get(const u8* __restrict__ cp, int l) {
+        const u8* blk = cp + 144 * (l >> 3);
+        return {wld16(blk), wld16(blk + 16 + 32 * ((l >> 1) & 3) + 16 * (l & 1))};
+    }
+    __device__ __forceinline__ float dot(int l, const s8* __restrict__ xq,
+                                         const float2* __restrict__ xds) const {
+        return q4k_slot(h, q, l, q4k_xload(l, xq, xds));
+    }
+};
+#endif
 template <> struct PipeW<QT_Q6_K> {
+    static constexpr int BLK = 224, SPW = 32;
     uint4 ql, qh;
     uint2 sc;
     u32 dw;
-    static __device__ __forceinline__ PipeW get(const u8* __restrict__ row, int s) {
-        const int h = (s >> 2) & 1, c = (s >> 1) & 1, lq = s & 1;
-        const u8* blk = row + 224 * (s >> 3);
+    static __device__ __forceinline__ PipeW get(const u8* __restrict__ cp, int l) {
+        const int h = (l >> 2) & 1, c = (l >> 1) & 1, lq = l & 1;
+        const u8* blk = cp + 224 * (l >> 3);
         PipeW w;
         w.ql = wld16(blk + 64 * h + 32 * c + 16 * lq);
         w.qh = wld16(blk + 128 + 32 * h + 16 * lq);
@@ -64,11 +91,11 @@ template <> struct PipeW<QT_Q6_K> {
         w.dw = __ldg((const u32*)(blk + 208));
         return w;
     }
-    __device__ __forceinline__ float dot(int s, const s8* __restrict__ xq,
+    __device__ __forceinline__ float dot(int l, const s8* __restrict__ xq,
                                          const float2* __restrict__ xds) const {
-        const int i = 8 * ((s & 1) + 2 * ((s >> 1) & 1));  // scale bytes lq + 2c and + 4
+        const int i = 8 * ((l & 1) + 2 * ((l >> 1) & 1));  // scale bytes lq + 2c and + 4
         const int sca = (int)(s8)(sc.x >> i), scb = (int)(s8)(sc.y >> i);
-        return q6k_slot(ql, qh, sca, scb, h2f((u16)(dw & 0xFFFF)), s, q6k_xload(s, xq, xds));
+        return q6k_slot(ql, qh, sca, scb, h2f((u16)(dw & 0xFFFF)), l, q6k_xload(l, xq, xds));
     }
 };
 
@@ -82,11 +109,14 @@ __device__ __forceinline__ void mmvw_pipe_rows(const u8* __restrict__ W, int rb,
                                                const float* A, int bi, int rpb, int ks,
                                                float* part) {
     constexpr int G = PIPE_TPR, D = PIPE_DEPTH;
+    constexpr int SPW = PipeW<QT>::SPW;          // weights a slot
+    constexpr int CB = PipeW<QT>::BLK * G * SPW / 256;  // bytes of a chunk
     const int wk = threadIdx.x / G, lane = threadIdx.x % G;
     const int RG = PIPE_WORKERS / ks;  // row groups
     const int rg = wk % RG, kp = wk / RG;
-    const int ns = K / 32;             // narrow slots a row (both types)
+    const int ns = K / SPW;            // slots a row
     const int nc = (ns + G - 1) / G;   // chunks of G slots a row
+    const bool tail = lane >= ns - (nc - 1) * G;  // this lane has no slot in a row's last chunk
     const int cpp = (nc + ks - 1) / ks;
     const int c0 = min(nc, kp * cpp);
     int c1 = min(nc, c0 + cpp);
@@ -99,17 +129,24 @@ __device__ __forceinline__ void mmvw_pipe_rows(const u8* __restrict__ W, int rb,
     const int r0 = bi * rpb;
     const int nit = (lr1 - lr0) * nci;  // items: (row, chunk) in row-major order
     PipeW<QT> buf[D];
-    int lrl = lr0, cl = c0;  // the load cursor
-    auto row_of = [&](int lr) { return W + (size_t)min(r0 + lr, N - 1) * rb; };
-    auto slot_of = [&](int c) {
-        const int s = c * G + lane;
-        return s < ns ? s : c * G;  // a valid slot, its result dropped
+    // the load cursor: chunk cl of block-local row lrl at pl. A lane with no slot in a row's
+    // last chunk neither loads (its slot would lie past the row) nor computes there: every
+    // other lane's offsets stay loop-invariant (no clamped slot index in the address math)
+    int lrl = lr0, cl = c0;
+    const u8* pl = W + (size_t)min(r0 + lrl, N - 1) * rb + (size_t)c0 * CB;
+    auto next = [&]() {
+        if (++cl == c1) {
+            cl = c0, ++lrl;
+            pl = W + (size_t)min(r0 + lrl, N - 1) * rb + (size_t)c0 * CB;
+        } else {
+            pl += CB;
+        }
     };
 #pragma unroll
     for (int j = 0; j < D; ++j) {
         if (j < nit) {
-            buf[j] = PipeW<QT>::get(row_of(lrl), slot_of(cl));
-            if (++cl == c1) cl = c0, ++lrl;
+            if (!(tail && cl == nc - 1)) buf[j] = PipeW<QT>::get(pl, lane);
+            next();
         }
     }
     pdl_start();
@@ -121,12 +158,11 @@ __device__ __forceinline__ void mmvw_pipe_rows(const u8* __restrict__ W, int rb,
 #pragma unroll
         for (int j = 0; j < D; ++j) {
             if (t0 + j < nit) {
-                const int s = cc * G + lane;
-                const float v = buf[j].dot(slot_of(cc), xq, xds);
-                acc += s < ns ? v : 0.f;
+                if (!(tail && cc == nc - 1))
+                    acc += buf[j].dot(lane, xq + SPW * G * cc, xds + SPW / 32 * G * cc);
                 if (t0 + j + D < nit) {  // the refill: D items stay in flight
-                    buf[j] = PipeW<QT>::get(row_of(lrl), slot_of(cl));
-                    if (++cl == c1) cl = c0, ++lrl;
+                    if (!(tail && cl == nc - 1)) buf[j] = PipeW<QT>::get(pl, lane);
+                    next();
                 }
                 if (++cc == c1) {  // the row's part is complete
 #pragma unroll
@@ -185,16 +221,27 @@ __device__ __forceinline__ void mmvw_pipe_body(
         mmvw_pipe_rows<QT_Q6_K>(W, rb, N, K, xq, xds, Y, A, b, rpb, ks, part);
 }
 
-#define MMVW_PIPE_KERNEL(name, types)                                                          \
-    extern "C" __global__ void __launch_bounds__(NW * 32 MMVW_BOUNDS_MINB) name(              \
-        const s8* __restrict__ xq, const float2* __restrict__ xds, int K, int nb0, int nb1,    \
-        int rpb, int ks, const u8* W0, int rb0, int N0, int qt0, float* Y0, const float* A0,   \
-        const u8* W1, int rb1, int N1, int qt1, float* Y1, const float* A1, const u8* W2,      \
-        int rb2, int N2, int qt2, float* Y2, const float* A2) {                                \
-        mmvw_pipe_body<types>(xq, xds, K, nb0, nb1, rpb, ks, W0, rb0, N0, qt0, Y0, A0, W1,     \
-                              rb1, N1, qt1, Y1, A1, W2, rb2, N2, qt2, Y2, A2);                 \
-    }
-MMVW_PIPE_KERNEL(mmvw_pipe_q4k, 1)
-MMVW_PIPE_KERNEL(mmvw_pipe_q6k, 2)
-MMVW_PIPE_KERNEL(mmvw_pipe, 3)
-#undef MMVW_PIPE_KERNEL
+extern "C" __global__ void __launch_bounds__(NW * 32 MMVW_BOUNDS_MINB)
+    mmvw_pipe_q4k(const s8* __restrict__ xq, const float2* __restrict__ xds, int K, int nb0,
+        int nb1, int rpb, int ks, const u8* W0, int rb0, int N0, int qt0, float* Y0,
+        const float* A0, const u8* W1, int rb1, int N1, int qt1, float* Y1, const float* A1,
+        const u8* W2, int rb2, int N2, int qt2, float* Y2, const float* A2) {
+    mmvw_pipe_body<1>(xq, xds, K, nb0, nb1, rpb, ks, W0, rb0, N0, qt0, Y0, A0, W1, rb1, N1,
+                       qt1, Y1, A1, W2, rb2, N2, qt2, Y2, A2);
+}
+extern "C" __global__ void __launch_bounds__(NW * 32 MMVW_BOUNDS_MINB)
+    mmvw_pipe_q6k(const s8* __restrict__ xq, const float2* __restrict__ xds, int K, int nb0,
+        int nb1, int rpb, int ks, const u8* W0, int rb0, int N0, int qt0, float* Y0,
+        const float* A0, const u8* W1, int rb1, int N1, int qt1, float* Y1, const float* A1,
+        const u8* W2, int rb2, int N2, int qt2, float* Y2, const float* A2) {
+    mmvw_pipe_body<2>(xq, xds, K, nb0, nb1, rpb, ks, W0, rb0, N0, qt0, Y0, A0, W1, rb1, N1,
+                       qt1, Y1, A1, W2, rb2, N2, qt2, Y2, A2);
+}
+extern "C" __global__ void __launch_bounds__(NW * 32 MMVW_BOUNDS_MINB)
+    mmvw_pipe(const s8* __restrict__ xq, const float2* __restrict__ xds, int K, int nb0,
+        int nb1, int rpb, int ks, const u8* W0, int rb0, int N0, int qt0, float* Y0,
+        const float* A0, const u8* W1, int rb1, int N1, int qt1, float* Y1, const float* A1,
+        const u8* W2, int rb2, int N2, int qt2, float* Y2, const float* A2) {
+    mmvw_pipe_body<3>(xq, xds, K, nb0, nb1, rpb, ks, W0, rb0, N0, qt0, Y0, A0, W1, rb1, N1,
+                       qt1, Y1, A1, W2, rb2, N2, qt2, Y2, A2);
+}

@@ -189,68 +189,78 @@ struct XSlotW {
     float2 da, db;
 };
 
+// The wide Q4_K slot (64 weights) as free functions on registers, shared by VD<QT_Q4_K> under
+// Q4K_WIDE and mmvw_pipe.cuh's pipe_wide: slot s = all 32 qs bytes of pair p = s & 3 of block
+// s >> 2 (q0, q1: two 16-byte loads), sub-blocks 2p (low nibbles) and 2p + 1 (high), 64 weights
+// against 64 contiguous activations. Per 16 weight bytes half the header loads, scale decodes,
+// Q8_1 scale loads and float work of the narrow slot, and both halves' min term in one slot.
+__device__ __forceinline__ XSlotW q4kw_xload(int s, const s8* __restrict__ xq,
+                                             const float2* __restrict__ xds) {
+    const int b = s >> 2, p = s & 3;
+    const s8* x0 = xq + 256 * b + 64 * p;
+    XSlotW x;
+    x.a = ldg16(x0);
+    x.b = ldg16(x0 + 16);
+    x.c = ldg16(x0 + 32);
+    x.d = ldg16(x0 + 48);
+    x.da = __ldg(xds + 8 * b + 2 * p);
+    x.db = __ldg(xds + 8 * b + 2 * p + 1);
+    return x;
+}
+__device__ __forceinline__ float q4kw_slot(uint4 hd, uint4 q0, uint4 q1, int s,
+                                           const XSlotW& x) {
+    const int p = s & 3;
+    const u32 M = 0x0F0F0F0Fu;
+    int d0 = dp4a(q0.x & M, x.a.x, 0);
+    d0 = dp4a(q0.y & M, x.a.y, d0);
+    d0 = dp4a(q0.z & M, x.a.z, d0);
+    d0 = dp4a(q0.w & M, x.a.w, d0);
+    d0 = dp4a(q1.x & M, x.b.x, d0);
+    d0 = dp4a(q1.y & M, x.b.y, d0);
+    d0 = dp4a(q1.z & M, x.b.z, d0);
+    d0 = dp4a(q1.w & M, x.b.w, d0);
+#ifdef MUTANT_Q4K_WIDE_HIGH  // planted bug: the second run's high nibbles meet the first's x
+    const uint4 xd = x.c;
+#else
+    const uint4 xd = x.d;
+#endif
+#if Q4K_LEAN
+    const int d1 = dp4a_hi4(q0, x.c) + dp4a_hi4(q1, xd);
+    int sc0, m0, sc1, m1;
+    q4k_sm_pair(hd.y, hd.z, hd.w, p, sc0, sc1, m0, m1);
+#else
+    int d1 = dp4a((q0.x >> 4) & M, x.c.x, 0);
+    d1 = dp4a((q0.y >> 4) & M, x.c.y, d1);
+    d1 = dp4a((q0.z >> 4) & M, x.c.z, d1);
+    d1 = dp4a((q0.w >> 4) & M, x.c.w, d1);
+    d1 = dp4a((q1.x >> 4) & M, xd.x, d1);
+    d1 = dp4a((q1.y >> 4) & M, xd.y, d1);
+    d1 = dp4a((q1.z >> 4) & M, xd.z, d1);
+    d1 = dp4a((q1.w >> 4) & M, xd.w, d1);
+    int sc0, m0, sc1, m1;
+    q4k_sm(hd.y, hd.z, hd.w, 2 * p, sc0, m0);
+    q4k_sm(hd.y, hd.z, hd.w, 2 * p + 1, sc1, m1);
+#endif
+    const float d = h2f((u16)(hd.x & 0xFFFF)), dmin = h2f((u16)(hd.x >> 16));
+    float v = d * ((float)(sc0 * d0) * x.da.x + (float)(sc1 * d1) * x.db.x);
+    v -= dmin * ((float)m0 * x.da.y + (float)m1 * x.db.y);
+    return v;
+}
+
 #if Q4K_WIDE
-// Q4K_WIDE (mmvw's knob q4k_wide): slot s = all 32 qs bytes of pair p = s & 3 of block s >> 2,
-// two 16-byte loads: sub-blocks 2p (low nibbles) and 2p + 1 (high), 64 weights against 64
-// contiguous activations. Per 16 weight bytes half the header loads, scale decodes, Q8_1 scale
-// loads and float work of the narrow slot below, and both halves' min term in one slot.
+// Q4K_WIDE (mmvw's knob q4k_wide): vecdot's slot is the wide one above.
 template <> struct VD<QT_Q4_K> {
     static __device__ __forceinline__ int slots(int K) { return K / 64; }
     static __device__ __forceinline__ XSlotW load(int s, const s8* __restrict__ xq,
                                                   const float2* __restrict__ xds) {
-        const int b = s >> 2, p = s & 3;
-        const s8* x0 = xq + 256 * b + 64 * p;
-        XSlotW x;
-        x.a = ldg16(x0);
-        x.b = ldg16(x0 + 16);
-        x.c = ldg16(x0 + 32);
-        x.d = ldg16(x0 + 48);
-        x.da = __ldg(xds + 8 * b + 2 * p);
-        x.db = __ldg(xds + 8 * b + 2 * p + 1);
-        return x;
+        return q4kw_xload(s, xq, xds);
     }
     template <bool S = false>
     static __device__ __forceinline__ float dot(const u8* __restrict__ row, int s,
                                                 const XSlotW& x) {
-        const int b = s >> 2, p = s & 3;
-        const u8* blk = row + 144 * b;
-        const uint4 hd = wl16<S>(blk);
-        const uint4 q0 = wl16<S>(blk + 16 + 32 * p), q1 = wl16<S>(blk + 32 + 32 * p);
-        const u32 M = 0x0F0F0F0Fu;
-        int d0 = dp4a(q0.x & M, x.a.x, 0);
-        d0 = dp4a(q0.y & M, x.a.y, d0);
-        d0 = dp4a(q0.z & M, x.a.z, d0);
-        d0 = dp4a(q0.w & M, x.a.w, d0);
-        d0 = dp4a(q1.x & M, x.b.x, d0);
-        d0 = dp4a(q1.y & M, x.b.y, d0);
-        d0 = dp4a(q1.z & M, x.b.z, d0);
-        d0 = dp4a(q1.w & M, x.b.w, d0);
-#ifdef MUTANT_Q4K_WIDE_HIGH  // planted bug: the second run's high nibbles meet the first's x
-        const uint4 xd = x.c;
-#else
-        const uint4 xd = x.d;
-#endif
-#if Q4K_LEAN
-        const int d1 = dp4a_hi4(q0, x.c) + dp4a_hi4(q1, xd);
-        int sc0, m0, sc1, m1;
-        q4k_sm_pair(hd.y, hd.z, hd.w, p, sc0, sc1, m0, m1);
-#else
-        int d1 = dp4a((q0.x >> 4) & M, x.c.x, 0);
-        d1 = dp4a((q0.y >> 4) & M, x.c.y, d1);
-        d1 = dp4a((q0.z >> 4) & M, x.c.z, d1);
-        d1 = dp4a((q0.w >> 4) & M, x.c.w, d1);
-        d1 = dp4a((q1.x >> 4) & M, xd.x, d1);
-        d1 = dp4a((q1.y >> 4) & M, xd.y, d1);
-        d1 = dp4a((q1.z >> 4) & M, xd.z, d1);
-        d1 = dp4a((q1.w >> 4) & M, xd.w, d1);
-        int sc0, m0, sc1, m1;
-        q4k_sm(hd.y, hd.z, hd.w, 2 * p, sc0, m0);
-        q4k_sm(hd.y, hd.z, hd.w, 2 * p + 1, sc1, m1);
-#endif
-        const float d = h2f((u16)(hd.x & 0xFFFF)), dmin = h2f((u16)(hd.x >> 16));
-        float v = d * ((float)(sc0 * d0) * x.da.x + (float)(sc1 * d1) * x.db.x);
-        v -= dmin * ((float)m0 * x.da.y + (float)m1 * x.db.y);
-        return v;
+        const u8* blk = row + 144 * (s >> 2) + 32 * (s & 3);
+        return q4kw_slot(wl16<S>(row + 144 * (s >> 2)), wl16<S>(blk + 16), wl16<S>(blk + 32), s,
+                         x);
     }
 };
 #else

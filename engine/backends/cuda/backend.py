@@ -57,6 +57,7 @@ _QT = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
 _NULL = np.uint64(0)
 _MAX_ARGMAX_ROWS = 4096  # rows argmax.multi takes in one launch (more: argmax.block's kernel)
 _WIDE = {"Q4_K": "q4k_wide", "Q6_K": "q6k_wide"}  # a type's 64-weight slot knob (no x planes)
+_PIPE_KERNEL = {"Q4_K": "mmvw_pipe_q4k", "Q6_K": "mmvw_pipe_q6k"}  # one type: its own build
 _MAX_ROPE_HEADS = 1024  # q + k heads mmvw_qkv counts (tickets); more: mmvw, then rope_kv
 
 
@@ -799,7 +800,7 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
             return None
         rows, split = int(c["pipe_rows"]), int(c["pipe_split"])
         ks = split if split > 1 and ws[0].k >= int(c["split_min_k"]) else 1
-        name = "mmvw_pipe" if len(types) > 1 else f"mmvw_pipe_{kernels.QTYPE_SUFFIX[min(types)]}"
+        name = "mmvw_pipe" if len(types) > 1 else _PIPE_KERNEL[min(types)]
         return name, max(1, rows // ks), ks
 
     def _stream_plan(

@@ -508,6 +508,15 @@ REGISTRY.register(
                     "16 divides the 48 / 112 / 592 slots of K = 1536 / 3584 / 18944)",
                     define("PIPE_TPR"),
                 ),
+                Param(
+                    "pipe_wide",
+                    (0, 1),
+                    0,
+                    "1: an mmvw_pipe Q4_K item is 64 weights (the sub-block pair's 32 qs bytes, "
+                    "q4k_wide's slot): half the header, scale and float work per weight byte; "
+                    "8 lanes a row then cover what 16 narrow ones do",
+                    define("PIPE_WIDE"),
+                ),
                 _FLOAT_SSM_IN,
             ),
             constraints=(
