@@ -21,20 +21,24 @@ from tests.test_cuda_ops import INT8_NMSE, cfg
 
 pytestmark = pytest.mark.gpu
 
+# pipe_fill 0 (no shrinking of small launches' blocks) except where named: the ragged shapes
+# then give workers several rows each, so the load cursor runs across row ends
 CONFIGS = [
-    ("p4", {"pipe": 4}),
-    ("p2-split4-all", {"pipe": 2, "pipe_split": 4, "split_min_k": 256}),
-    ("p3-split8-r16-all", {"pipe": 3, "pipe_split": 8, "pipe_rows": 16, "split_min_k": 256}),
-    ("p6-r4-lean", {"pipe": 6, "pipe_rows": 4, "q4k_lean": 1}),
-    ("p4-t32-w8-split2", {"pipe": 4, "pipe_lanes": 32, "warps": 8, "pipe_split": 2,
-                          "split_min_k": 256}),
-    ("p4-t8-r128-split4", {"pipe": 4, "pipe_lanes": 8, "pipe_rows": 128, "pipe_split": 4,
-                           "split_min_k": 256}),
-    ("p3-wide-t8", {"pipe": 3, "pipe_wide": 1, "pipe_lanes": 8}),
+    ("p4", {"pipe": 4, "pipe_fill": 0}),
+    ("p3-wide-t8", {"pipe": 3, "pipe_wide": 1, "pipe_lanes": 8, "pipe_fill": 0}),
+    ("p2-split4-all", {"pipe": 2, "pipe_split": 4, "split_min_k": 256, "pipe_fill": 0}),
+    ("p4-fill2", {"pipe": 4}),
+    ("p3-split8-r16-all", {"pipe": 3, "pipe_split": 8, "pipe_rows": 16, "split_min_k": 256,
+                           "pipe_fill": 0}),
+    ("p6-r4-lean", {"pipe": 6, "pipe_rows": 4, "q4k_lean": 1, "pipe_fill": 0}),
     ("p2-wide-lean-split4", {"pipe": 2, "pipe_wide": 1, "q4k_lean": 1, "pipe_split": 4,
-                             "split_min_k": 256, "pipe_rows": 8}),
+                             "split_min_k": 256, "pipe_rows": 8, "pipe_fill": 0}),
+    ("p4-t32-w8-split2", {"pipe": 4, "pipe_lanes": 32, "warps": 8, "pipe_split": 2,
+                          "split_min_k": 256, "pipe_fill": 0}),
+    ("p4-t8-r128-split4", {"pipe": 4, "pipe_lanes": 8, "pipe_rows": 128, "pipe_split": 4,
+                           "split_min_k": 256, "pipe_fill": 0}),
     ("p4-wide-t32-split8-w8", {"pipe": 4, "pipe_wide": 1, "pipe_lanes": 32, "pipe_split": 8,
-                               "warps": 8, "split_min_k": 256}),
+                               "warps": 8, "split_min_k": 256, "pipe_fill": 0}),
 ]  # fmt: skip
 SHAPES = [(1, 1), (67, 3), (130, 14), (257, 74), (1031, 2)]  # (N, K in 256-weight blocks)
 
@@ -80,7 +84,10 @@ def test_pipe_several_matrices_with_adds(cp, be):
     for types in kinds:
         ws = [qtensor(rng, (N, K), t, std=0.05) for t, N in zip(types, (131, 1, 66), strict=True)]
         refs = three_refs(ws, x, bias, res)
-        for flat in (knobs(pipe=4), knobs(pipe=3, pipe_split=4, split_min_k=256, pipe_rows=8)):
+        for flat in (
+            knobs(pipe=4),
+            knobs(pipe=3, pipe_split=4, split_min_k=256, pipe_rows=8, pipe_fill=0),
+        ):
             outs = run_three(cp, be, flat, ws, x, bias, res)
             for out, ref in zip(outs, refs, strict=True):
                 check(out, ref, INT8_NMSE)
@@ -106,7 +113,7 @@ def test_planted_pipe_chunk_is_caught(cp, be, monkeypatch):
     x = rng.standard_normal((1, 1024)).astype(np.float32)
     want = _run(cp, be, knobs(), w, x)
     monkeypatch.setenv(ENV, "MMVW_PIPE_CHUNK")
-    got = _run(cp, be, knobs(pipe=4), w, x)
+    got = _run(cp, be, knobs(pipe=4, pipe_fill=0), w, x)
     monkeypatch.delenv(ENV)
     be.set_config(cfg())
     assert np.abs(got - want).max() > 1e-3 * np.abs(want).max(), "MMVW_PIPE_CHUNK went unnoticed"

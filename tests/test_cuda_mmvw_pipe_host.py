@@ -51,7 +51,7 @@ def launch(be: FakeCuda, ws: list[CudaWeight]):  # noqa: ANN201 - a cuda_fake La
      (("Q4_K", "Q8_0"), "mmvw")],
 )  # fmt: skip
 def test_pipe_kernel_follows_the_launchs_types(types, kernel):
-    be = FakeCuda(cfg(pipe=4))
+    be = FakeCuda(cfg(pipe=4, pipe_fill=0))
     ns = (100, 7, 33)[: len(types)]
     mm = launch(be, [weight(t, n, 512) for t, n in zip(types, ns, strict=True)])
     assert mm.kernel == kernel
@@ -71,13 +71,28 @@ def test_pipe_kernel_follows_the_launchs_types(types, kernel):
 )
 def test_pipe_split_divides_rows_per_block(rows, split, min_k, k):
     """Rows of K >= split_min_k: pipe_split parts over pipe_rows / pipe_split rows a block (at
-    least one); shorter rows keep pipe_rows and one part."""
-    be = FakeCuda(cfg(pipe=3, pipe_rows=rows, pipe_split=split, split_min_k=min_k, warps=8))
+    least one); shorter rows keep pipe_rows and one part (pipe_fill 0: no shrinking)."""
+    be = FakeCuda(
+        cfg(pipe=3, pipe_rows=rows, pipe_split=split, split_min_k=min_k, warps=8, pipe_fill=0)
+    )
     mm = launch(be, [weight("Q4_K", 1536, k)])
     ks = split if k >= min_k else 1
     rpb = max(1, rows // ks)
     assert (int(mm.args[5]), int(mm.args[6])) == (rpb, ks)
     assert mm.grid[0] == -(-1536 // rpb) and rpb * ks <= 128  # the kernel's partials
+
+
+@pytest.mark.parametrize(
+    "fill,n,rpb",
+    [(2, 2048, 7), (1, 2048, 15), (0, 2048, 32), (2, 17920, 32), (8, 1536, 1), (2, 100, 1)],
+)
+def test_pipe_fill_shrinks_the_rows_of_small_launches(fill, n, rpb):
+    """A launch pipe_rows (32) would give fewer than pipe_fill blocks an SM (the fake H200:
+    132) gets ceil(rows / (pipe_fill * SMs)) rows a block; larger ones keep pipe_rows."""
+    be = FakeCuda(cfg(pipe=4, pipe_fill=fill))
+    mm = launch(be, [weight("Q4_K", n, 1536)])
+    assert int(mm.args[5]) == rpb and mm.grid[0] == -(-n // rpb)
+    assert fill == 0 or mm.grid[0] >= min(n, fill * 132)
 
 
 def test_tiny_model_decode_routes_its_gemvs_through_pipe(tiny_model_factory, monkeypatch):

@@ -791,7 +791,9 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         """(kernel, rows per block, K-parts) of an mmvw_pipe launch (matmul_decode.pipe > 0),
         or None: the knob is off or a matrix is not Q4_K / Q6_K. Rows of K >= split_min_k split
         into pipe_split parts over pipe_rows / pipe_split rows a block (as split_k divides
-        mmvw's); one type throughout gets the kernel built for it alone (fewer registers)."""
+        mmvw's); a launch that would have fewer than pipe_fill blocks an SM gets fewer rows a
+        block (q/k/v and o: 2-3k rows); one type throughout gets the kernel built for it alone
+        (fewer registers)."""
         c = self.config.op("matmul_decode")
         if int(c["pipe"]) == 0:
             return None
@@ -800,8 +802,19 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
             return None
         rows, split = int(c["pipe_rows"]), int(c["pipe_split"])
         ks = split if split > 1 and ws[0].k >= int(c["split_min_k"]) else 1
+        rpb = max(1, rows // ks)
+        want = int(c["pipe_fill"]) * int(self._dev_extra().get("sms", 1))
+        if sum(-(-w.n // rpb) for w in ws) < want:  # a small launch: fewer rows a block
+            rpb = max(1, sum(w.n for w in ws) // want)
         name = "mmvw_pipe" if len(types) > 1 else _PIPE_KERNEL[min(types)]
-        return name, max(1, rows // ks), ks
+        return name, rpb, ks
+
+    def _dev_extra(self) -> dict:
+        """device_info().extra, asked of the driver once (not per decode launch)."""
+        extra = self.__dict__.get("_extra")
+        if extra is None:
+            extra = self._extra = self.device_info().extra
+        return extra
 
     def _stream_plan(
         self, ws: tuple[CudaWeight, ...], rpb: int, nsets: int
@@ -818,9 +831,7 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
             return None
         if any(int(w.raw.data.ptr) % 16 or w.row_bytes % 16 for w in ws):
             return None
-        extra = self.__dict__.get("_extra")
-        if extra is None:  # device_info asks the driver: once, not per decode launch
-            extra = self._extra = self.device_info().extra
+        extra = self._dev_extra()
         stage_bytes = rpb * max(w.row_bytes for w in ws)
         planes = []  # (type, narrow slots): the x planes stream_x builds, 56 bytes a slot
         if int(c["stream_x"]):

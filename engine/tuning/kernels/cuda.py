@@ -501,6 +501,15 @@ REGISTRY.register(
                     HOST,
                 ),
                 Param(
+                    "pipe_fill",
+                    (0, 1, 2, 4, 8),
+                    2,
+                    "mmvw_pipe: a launch that pipe_rows would give fewer than this many blocks "
+                    "an SM gets fewer rows a block, down to one (the 1.5B's q/k/v: 2048 rows, 64 "
+                    "blocks of 32 on 132 SMs); 0: pipe_rows always",
+                    HOST,
+                ),
+                Param(
                     "pipe_lanes",
                     (8, 16, 32),
                     16,
