@@ -11,7 +11,7 @@ set -u -o pipefail
 . scripts/device_common.sh
 device_begin gemv
 gpu_txt
-SETTINGS=${GEMV_SETTINGS:-base,split2,lk_split2,p4,p4_s4,p3_s4,p2_s4,p4_s8,p4_s4_r16,p4_s4_r64,p4_s4_lean,p3w_s4,p2w_s4,p4w_s4,p3w_s8,p3w_s4_r64,p4_s8_w8,p4_s4_t32}
+SETTINGS=${GEMV_SETTINGS:-base,split2,p3w_s4,p4_s4,p2w_s4,p4w_s4,p3_s4,p4_s4_lean,p3w_s8,p4,p4_s8,p3w_s4_r64,p4_s4_r16,p4_s4_r64,lk_split2,p2_s4,p4_s8_w8,p4_s4_t32}
 CONFIGS=${GEMV_CONFIGS:-dec8_split2,gemv_p4,gemv_p3w,gemv_p3,gemv_p2w}
 M=/tmp/gemv_1.5b.gguf
 ( [ -f $M ] || python3 -m engine synth --preset 1.5b --out $M > "$D/synth.log" 2>&1 ) &
@@ -34,11 +34,11 @@ for i in 0 1 2 3 4 5 6 7; do
   python3 scripts/cuda_precompile.py /tmp/gemv_cfgs.json --part $i/8 >> "$D/precompile.log" 2>&1 &
 done
 # 1) GEMV bandwidth per shape and setting
-timeout 38 python3 scripts/gemv_bench.py --out "$D" --preset 7b,1.5b --calls 20 --repeats 3 \
-  --settings $SETTINGS --deadline $(( $(date +%s) + 32 )) > "$D/gemv.log" 2>&1
+timeout 34 python3 scripts/gemv_bench.py --out "$D" --preset 7b,1.5b --calls 20 --repeats 3 \
+  --settings $SETTINGS --deadline $(( $(date +%s) + 29 )) > "$D/gemv.log" 2>&1
 echo "gemv rc=$? at $(el) s" | tee "$D/summary.txt"
 # 2) GPU tests of mmvw_pipe (the model and planted-bug tests last in the file)
-timeout 25 python3 -m pytest -q -m gpu -p no:cacheprovider -rfE --tb=short \
+timeout 26 python3 -m pytest -q -m gpu -p no:cacheprovider -rfE --tb=short \
   tests/test_cuda_mmvw_pipe.py > "$D/pytest.log" 2>&1
 echo "pytest rc=$? $(tail -1 "$D/pytest.log") at $(el) s" | tee -a "$D/summary.txt"
 # 3) tg128 on the 1.5B: dec8_split2 against the pipe configs, validate gemv_p4, profile

@@ -49,20 +49,31 @@ def be(cuda_be):
     cuda_be.set_config(cfg())
 
 
+@pytest.fixture(scope="module")
+def cases():
+    """qtype -> [(w, x, dense w)] on SHAPES, made once (quantizing is the slow part)."""
+    out = {}
+    for qtype in ("Q4_K", "Q6_K"):
+        rng = np.random.default_rng(seed_of("pipe", qtype))
+        out[qtype] = []
+        for N, kb in SHAPES:
+            w = qtensor(rng, (N, 256 * kb), qtype, std=0.05)
+            x = rng.standard_normal((1, 256 * kb)).astype(np.float32)
+            out[qtype].append((w, x, dense(w)))
+    return out
+
+
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
 @pytest.mark.parametrize("cid,kn", CONFIGS, ids=[c[0] for c in CONFIGS])
-def test_pipe_matches_reference_and_mmvw(cp, be, cid, kn, qtype):
-    rng = np.random.default_rng(seed_of(cid, qtype))
+def test_pipe_matches_reference_and_mmvw(cp, be, cases, cid, kn, qtype):
     lanes = kn.get("pipe_lanes", 16)
     plain = {k: v for k, v in kn.items() if not k.startswith("pipe")}
     if kn.get("pipe_wide") and qtype == "Q4_K":  # the pipe's slots: q4k_wide's
         plain["q4k_wide"] = 1
-    for N, kb in SHAPES:
-        K = 256 * kb
-        w = qtensor(rng, (N, K), qtype, std=0.05)
-        x = rng.standard_normal((1, K)).astype(np.float32)
+    for w, x, wd in cases[qtype]:
+        N, K = w.shape
         got = _run(cp, be, knobs(**kn), w, x)
-        check_dot(got, x, dense(w), INT8_NMSE)
+        check_dot(got, x, wd, INT8_NMSE)
         # mmvw with the pipe's lanes a row walks the same slots: one part sums in its order
         ref = _run(cp, be, knobs(**plain, threads_per_row=lanes, unroll=1), w, x)
         scale = np.abs(ref).max() + 1e-6
