@@ -27,7 +27,7 @@ CONFIGS = [
     ("p4", {"pipe": 4, "pipe_fill": 0}),
     ("p3-wide-t8", {"pipe": 3, "pipe_wide": 1, "pipe_lanes": 8, "pipe_fill": 0}),
     ("p2-split4-all", {"pipe": 2, "pipe_split": 4, "split_min_k": 256, "pipe_fill": 0}),
-    ("p4-fill2", {"pipe": 4}),
+    ("p4-fill", {"pipe": 4}),  # pipe_fill at its default
     ("p3-split8-r16-all", {"pipe": 3, "pipe_split": 8, "pipe_rows": 16, "split_min_k": 256,
                            "pipe_fill": 0}),
     ("p6-r4-lean", {"pipe": 6, "pipe_rows": 4, "q4k_lean": 1, "pipe_fill": 0}),

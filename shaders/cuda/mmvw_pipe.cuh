@@ -18,10 +18,12 @@
 // Arithmetic: vecdot.cuh's narrow slots (q4k_slot, q6k_slot: mmvw's, Q4K_LEAN honoured), or
 // for Q4_K under PIPE_WIDE (knob pipe_wide) its wide one (q4kw_slot: mmvw's under q4k_wide);
 // with ks = 1 a lane sums its slots in mmvw's order (mmvw with TPR = PIPE_TPR, RPT 1, UNROLL 1,
-// less mmvw's + 0 for a slot past the row) and the group meets by the same shuffles.
+// plus + 0 for a slot past the row) and the lanes' partials meet in mmvw's xor-shuffle order
+// (through shared memory: no shuffles in the item loop).
 // Launch: grid nb0 + nb1 + nb2 blocks as mmvw (rpb rows a block), block NW * 32 threads;
-// rpb * ks <= PIPE_PART_MAX; ks divides NW * 32 / PIPE_TPR. K % 256 == 0. A lane's registers
-// hold PIPE_D items: 8 words each (Q4_K), 11 (Q6_K).
+// dynamic shared memory rpb * ks * PIPE_TPR floats (a lane's partial of each row and part);
+// ks divides NW * 32 / PIPE_TPR. K % 256 == 0. A lane's registers hold PIPE_D items: 8 words
+// each (Q4_K), 12 (wide Q4_K), 11 (Q6_K).
 #pragma once
 
 #ifndef PIPE_D
@@ -35,7 +37,6 @@
 #error "PIPE_TPR must be 8, 16 or 32 (a worker's lanes sit inside one warp)"
 #endif
 #define PIPE_WORKERS (NW * 32 / PIPE_TPR)
-#define PIPE_PART_MAX 128  // rpb * ks: the host's pipe_rows (<= 128)
 
 // One item's weight registers for a lane: Q4_K the block header and the slot's 16 qs bytes;
 // Q6_K ql, qh, the 8 scale bytes of the slot's half (h) and the word holding d. A chunk is G
@@ -100,16 +101,21 @@ template <> struct PipeW<QT_Q6_K> {
 };
 
 // The block's rows [bi * rpb, + rpb) of W (clamped to N: reads of row N - 1, nothing stored)
-// into Y (+ A), ks K-parts (1: no split). Every thread of the block calls it (split: a barrier).
-// Calls pdl_start() once, after its first loads.
+// into Y (+ A), ks K-parts (1: no split). Every thread of the block calls it (a barrier).
+// lp: rpb * ks * G floats of shared memory, a lane's partial sum of each (part, row). Calls
+// pdl_start() once, after its first loads.
+// The item loop is straight-line code (every condition a select or a predicated load / store,
+// no shuffles): the compiler overlaps the D items of a round. The checkpoint's first build,
+// with a branch per item and the group's shuffles at each row end, ran one item's dependent
+// chain at a time (~0.6 us an item per lane group on the q/k/v shapes, 3x slower than mmvw).
 template <int QT>
 __device__ __forceinline__ void mmvw_pipe_rows(const u8* __restrict__ W, int rb, int N, int K,
                                                const s8* __restrict__ xq,
                                                const float2* __restrict__ xds, float* Y,
                                                const float* A, int bi, int rpb, int ks,
-                                               float* part) {
+                                               float* lp) {
     constexpr int G = PIPE_TPR, D = PIPE_DEPTH;
-    constexpr int SPW = PipeW<QT>::SPW;          // weights a slot
+    constexpr int SPW = PipeW<QT>::SPW;                 // weights a slot
     constexpr int CB = PipeW<QT>::BLK * G * SPW / 256;  // bytes of a chunk
     const int wk = threadIdx.x / G, lane = threadIdx.x % G;
     const int RG = PIPE_WORKERS / ks;  // row groups
@@ -128,66 +134,65 @@ __device__ __forceinline__ void mmvw_pipe_rows(const u8* __restrict__ W, int rb,
     const int lr0 = min(rpb, rg * rpg), lr1 = min(rpb, lr0 + rpg);  // block-local rows
     const int r0 = bi * rpb;
     const int nit = (lr1 - lr0) * nci;  // items: (row, chunk) in row-major order
-    PipeW<QT> buf[D];
+    PipeW<QT> buf[D] = {};
     // the load cursor: chunk cl of block-local row lrl at pl. A lane with no slot in a row's
-    // last chunk neither loads (its slot would lie past the row) nor computes there: every
-    // other lane's offsets stay loop-invariant (no clamped slot index in the address math)
+    // last chunk does not load there (its slot would lie past the row); its dot is computed on
+    // stale registers against a valid activation slot and dropped
     int lrl = lr0, cl = c0;
     const u8* pl = W + (size_t)min(r0 + lrl, N - 1) * rb + (size_t)c0 * CB;
-    auto next = [&]() {
-        if (++cl == c1) {
-            cl = c0, ++lrl;
-            pl = W + (size_t)min(r0 + lrl, N - 1) * rb + (size_t)c0 * CB;
-        } else {
-            pl += CB;
-        }
-    };
 #pragma unroll
     for (int j = 0; j < D; ++j) {
-        if (j < nit) {
-            if (!(tail && cl == nc - 1)) buf[j] = PipeW<QT>::get(pl, lane);
-            next();
-        }
+        if (j < nit && !(tail && cl == nc - 1)) buf[j] = PipeW<QT>::get(pl, lane);
+        const bool wrap = cl + 1 == c1;
+        cl = wrap ? c0 : cl + 1;
+        lrl += wrap;
+        pl = wrap ? W + (size_t)min(r0 + lrl, N - 1) * rb + (size_t)c0 * CB : pl + CB;
     }
     pdl_start();
-    const unsigned mask =
-        G == 32 ? 0xffffffffu : ((1u << G) - 1u) << ((threadIdx.x & 31) & ~(G - 1));
     float acc = 0.f;
     int lrc = lr0, cc = c0;  // the compute cursor
+    float* const lpw = lp + (size_t)kp * rpb * G + lane;  // this lane's partial of row lr: [lr G]
     for (int t0 = 0; t0 < nit; t0 += D) {
 #pragma unroll
         for (int j = 0; j < D; ++j) {
-            if (t0 + j < nit) {
-                if (!(tail && cc == nc - 1))
-                    acc += buf[j].dot(lane, xq + SPW * G * cc, xds + SPW / 32 * G * cc);
-                if (t0 + j + D < nit) {  // the refill: D items stay in flight
-                    if (!(tail && cl == nc - 1)) buf[j] = PipeW<QT>::get(pl, lane);
-                    next();
-                }
-                if (++cc == c1) {  // the row's part is complete
-#pragma unroll
-                    for (int o = G / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(mask, acc, o);
-                    if (lane == 0) {
-                        const int n = r0 + lrc;
-                        if (ks > 1) part[kp * rpb + lrc] = acc;
-                        else if (n < N) Y[n] = acc + (A ? A[n] : 0.f);
-                    }
-                    acc = 0.f;
-                    cc = c0, ++lrc;
-                }
-            }
+            const bool valid = t0 + j < nit;
+            const bool own = !(tail && cc == nc - 1);
+            const float v = buf[j].dot(own ? lane : 0, xq + SPW * G * cc, xds + SPW / 32 * G * cc);
+            acc += valid && own ? v : 0.f;
+            // the refill: D items stay in flight (predicated loads)
+            if (t0 + j + D < nit && !(tail && cl == nc - 1)) buf[j] = PipeW<QT>::get(pl, lane);
+            const bool wrap = cl + 1 == c1;
+            cl = wrap ? c0 : cl + 1;
+            lrl += wrap;
+            pl = wrap ? W + (size_t)min(r0 + lrl, N - 1) * rb + (size_t)c0 * CB : pl + CB;
+            // the row's part complete: the lane's partial to shared memory (predicated store)
+            const bool end = cc + 1 == c1;
+            if (valid && end) lpw[lrc * G] = acc;
+            acc = end ? 0.f : acc;
+            lrc += end;
+            cc = end ? c0 : cc + 1;
         }
     }
-    if (ks == 1) return;  // uniform over the launch
-    if (nci == 0 && lane == 0)  // a part with no slots (ks > chunks): its partials are zero
-        for (int lr = lr0; lr < lr1; ++lr) part[kp * rpb + lr] = 0.f;
+    if (nci == 0)  // a part with no slots (ks > chunks): its partials are zero
+        for (int lr = lr0; lr < lr1; ++lr) lpw[lr * G] = 0.f;
     __syncthreads();
+    // a thread a row: each part's G lane partials summed in the order of mmvw's xor-shuffle
+    // tree (lane 0's view: v[l] += v[l + o], o = G / 2 .. 1), then the parts in order
     for (int lr = threadIdx.x; lr < rpb; lr += blockDim.x) {
         const int n = r0 + lr;
         if (n >= N) continue;
-        float v = 0.f;
-        for (int k = 0; k < ks; ++k) v += part[k * rpb + lr];
-        Y[n] = v + (A ? A[n] : 0.f);
+        float y = 0.f;
+        for (int k = 0; k < ks; ++k) {
+            float v[G];
+#pragma unroll
+            for (int l = 0; l < G; ++l) v[l] = lp[((size_t)k * rpb + lr) * G + l];
+#pragma unroll
+            for (int o = G / 2; o > 0; o >>= 1)
+#pragma unroll
+                for (int l = 0; l < o; ++l) v[l] += v[l + o];
+            y += v[0];
+        }
+        Y[n] = y + (A ? A[n] : 0.f);
     }
 }
 
@@ -202,7 +207,8 @@ __device__ __forceinline__ void mmvw_pipe_body(
     int ks, const u8* W0, int rb0, int N0, int qt0, float* Y0, const float* A0, const u8* W1,
     int rb1, int N1, int qt1, float* Y1, const float* A1, const u8* W2, int rb2, int N2, int qt2,
     float* Y2, const float* A2) {
-    __shared__ float part[PIPE_PART_MAX];
+    extern __shared__ __align__(16) u8 mmvw_ws[];  // rpb * ks * PIPE_TPR floats (the host's)
+    float* const part = (float*)mmvw_ws;
     int b = blockIdx.x;
     const u8* W = W0;
     int rb = rb0, N = N0, qt = qt0;

@@ -676,7 +676,7 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
                 "mmvw", name, (sum(pnb),), (int(c["warps"]) * 32,),
                 (xq, xds, np.int32(mats[0][0].k), np.int32(pnb[0]), np.int32(pnb[1]),
                  np.int32(prpb), np.int32(ks), *args),
-                pdl=True,
+                smem=4 * prpb * ks * int(c["pipe_lanes"]), pdl=True,
             )  # fmt: skip
             return
         plan = self._stream_plan(tuple(m[0] for m in mats), rpb, sum(nbs))
@@ -793,7 +793,7 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         into pipe_split parts over pipe_rows / pipe_split rows a block (as split_k divides
         mmvw's); a launch that would have fewer than pipe_fill blocks an SM gets fewer rows a
         block (q/k/v and o: 2-3k rows); one type throughout gets the kernel built for it alone
-        (fewer registers)."""
+        (fewer registers). The launch's shared memory: a float per lane, part and row."""
         c = self.config.op("matmul_decode")
         if int(c["pipe"]) == 0:
             return None

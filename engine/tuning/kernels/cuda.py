@@ -503,10 +503,11 @@ REGISTRY.register(
                 Param(
                     "pipe_fill",
                     (0, 1, 2, 4, 8),
-                    2,
+                    8,
                     "mmvw_pipe: a launch that pipe_rows would give fewer than this many blocks "
                     "an SM gets fewer rows a block, down to one (the 1.5B's q/k/v: 2048 rows, 64 "
-                    "blocks of 32 on 132 SMs); 0: pipe_rows always",
+                    "blocks of 32 on 132 SMs; at the checkpoint 16 rows a block ran q/k/v twice "
+                    "as fast as 32, and 8 warps a block faster than 4); 0: pipe_rows always",
                     HOST,
                 ),
                 Param(
