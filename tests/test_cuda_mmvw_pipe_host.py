@@ -167,3 +167,85 @@ def test_mmvw_compiles_for_sm90_with_pipe(tmp_path, defines):
     assert r.returncode == 0, r.stderr[-2000:]
     ptx = (tmp_path / "m.ptx").read_text()
     assert all(f".entry {k}(" in ptx for k in ("mmvw_pipe", "mmvw_pipe_q4k", "mmvw_pipe_q6k"))
+
+
+# --- the kernels themselves on the CPU (tests/cuda_emul.py: g++ behind a CUDA shim) ----------
+EMUL_BUILDS = {
+    "p4": {"NW": 4, "PIPE_D": 4, "PIPE_TPR": 16},
+    "p3-wide-lean-t8": {"NW": 4, "PIPE_D": 3, "PIPE_TPR": 8, "PIPE_WIDE": 1, "Q4K_LEAN": 1},
+    "p2-t32-w8": {"NW": 8, "PIPE_D": 2, "PIPE_TPR": 32},
+    "p6-lean": {"NW": 4, "PIPE_D": 6, "PIPE_TPR": 16, "Q4K_LEAN": 1},
+}
+EMUL_SHAPES = [(1, 1), (67, 3), (130, 14), (9, 35), (3, 74)]  # (N, K in 256-weight blocks)
+
+
+@pytest.fixture(scope="module")
+def emul_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("pipe_emul")
+
+
+def _xq(x: np.ndarray) -> np.ndarray:
+    """x as the kernel reads it (the emulator's Q8_1, float32 as q8.cu rounds), in float64."""
+    from tests.cuda_emul import q8_1
+
+    q, ds = q8_1(x.reshape(-1))
+    return (q.reshape(-1, 32) * ds[:, :1].astype(np.float64)).reshape(-1)
+
+
+def _emul_case(rng, qtype: str, n: int, kb: int):  # noqa: ANN202
+    from tests.op_cases import dense, qtensor
+
+    w = qtensor(rng, (n, 256 * kb), qtype, std=0.05)
+    x = rng.standard_normal((1, 256 * kb)).astype(np.float32)
+    return w, np.asarray(FakeCuda().load_weight(w).raw), x, dense(w)  # Q6_K padded as loaded
+
+
+@pytest.mark.parametrize(
+    "build,rpb,ks",
+    [("p4", 8, 1), ("p4", 32, 1), ("p3-wide-lean-t8", 4, 4), ("p3-wide-lean-t8", 7, 2),
+     ("p2-t32-w8", 3, 8), ("p6-lean", 16, 2), ("p6-lean", 1, 8)],
+)  # fmt: skip
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
+def test_emulated_pipe_matches_the_int8_reference(emul_dir, build, rpb, ks, qtype):
+    """The real kernel (every row of ragged shapes: rows not a multiple of the block's, K of one
+    to 74 blocks, parts with no slots) equals x's Q8_1 form times the dequantized weights to
+    float32 rounding (the reference rounds x as q8.cu does: float64 rounding of x / d would
+    move a few values across a .5); shared memory starts as NaN, so an unwritten partial
+    shows."""
+    from tests import cuda_emul
+
+    exe = cuda_emul.build(EMUL_BUILDS[build], emul_dir)
+    rng = np.random.default_rng(len(build) * 31 + rpb * 7 + ks)
+    for n, kb in EMUL_SHAPES:
+        _, raw, x, wd = _emul_case(rng, qtype, n, kb)
+        (y,) = cuda_emul.run(exe, _PIPE[qtype], x, [(qtype, raw, None)], rpb, ks, emul_dir)
+        ref = _xq(x) @ wd.T
+        assert np.isfinite(y).all(), f"{n}x{256 * kb}: rows not written"
+        err = np.abs(y - ref).max() / np.abs(ref).max()
+        assert err < 2e-6, f"{qtype} {n}x{256 * kb}: relative error {err:.3g}"
+
+
+def test_emulated_mixed_launch_with_adds(emul_dir):
+    """mmvw_pipe (mixed types) on three matrices, a bias on the first, a residual on the last."""
+    from tests import cuda_emul
+
+    exe = cuda_emul.build(EMUL_BUILDS["p4"], emul_dir)
+    rng = np.random.default_rng(21)
+    cases = [_emul_case(rng, t, n, 6) for t, n in (("Q4_K", 131), ("Q6_K", 1), ("Q4_K", 66))]
+    x = cases[0][2]
+    adds = [rng.standard_normal(131).astype(np.float32), None, rng.standard_normal(66)]
+    mats = [(c[0].qtype, c[1], a) for c, a in zip(cases, adds, strict=True)]
+    outs = cuda_emul.run(exe, "mmvw_pipe", x, mats, 16, 1, emul_dir)
+    for (_, _, _, wd), a, y in zip(cases, adds, outs, strict=True):
+        ref = _xq(x) @ wd.T + (0 if a is None else a)
+        assert np.abs(y - ref).max() <= 2e-6 * np.abs(ref).max()
+
+
+def test_emulated_planted_chunk_bug_is_caught(emul_dir):
+    from tests import cuda_emul
+
+    exe = cuda_emul.build(EMUL_BUILDS["p4"] | {"MUTANT_MMVW_PIPE_CHUNK": 1}, emul_dir)
+    _, raw, x, wd = _emul_case(np.random.default_rng(4), "Q4_K", 40, 14)
+    (y,) = cuda_emul.run(exe, "mmvw_pipe_q4k", x, [("Q4_K", raw, None)], 8, 2, emul_dir)
+    ref = _xq(x) @ wd.T
+    assert np.abs(y - ref).max() > 1e-2 * np.abs(ref).max(), "MMVW_PIPE_CHUNK went unnoticed"
