@@ -11,7 +11,7 @@ set -u -o pipefail
 . scripts/device_common.sh
 device_begin gemv
 gpu_txt
-SETTINGS=${GEMV_SETTINGS:-base,split2,p3w_s4,p4_s4,p2w_s4,p4w_s4,p3_s4,p4_s4_lean,p3w_s8,p4,p4_s8,p3w_s4_r64,p4_s4_r16,p4_s4_r64,lk_split2,p2_s4,p4_s8_w8,p4_s4_t32}
+SETTINGS=${GEMV_SETTINGS:-base,split2,p3w_s4,p4_s4,p2w_s4,p4w_s4,p3_s4,p4_s4_lean,p3w_s8,p3w_s4_w8,p4_s4_f0,p4_s4_f4,p3w_s4_r64,p4_s4_r16,lk_split2,p4_s8_w8,p4_s4_t32}
 CONFIGS=${GEMV_CONFIGS:-dec8_split2,gemv_p4,gemv_p3w,gemv_p3,gemv_p2w}
 M=/tmp/gemv_1.5b.gguf
 ( [ -f $M ] || python3 -m engine synth --preset 1.5b --out $M > "$D/synth.log" 2>&1 ) &

@@ -130,6 +130,10 @@ SETTINGS: dict[str, dict] = {
     "p3w_s8": _k(pipe=3, pipe_wide=1, pipe_lanes=8, pipe_split=8, q4k_lean=1),
     "p3w_s4_t16": _k(pipe=3, pipe_wide=1, pipe_split=4, q4k_lean=1),
     "p3w_s4_r64": _k(pipe=3, pipe_wide=1, pipe_lanes=8, pipe_split=4, q4k_lean=1, pipe_rows=64),
+    # pipe_fill (default 8 blocks an SM for small launches): 0 keeps pipe_rows, 4 between
+    "p4_s4_f0": _k(pipe=4, pipe_split=4, pipe_fill=0),
+    "p4_s4_f4": _k(pipe=4, pipe_split=4, pipe_fill=4),
+    "p3w_s4_w8": _k(pipe=3, pipe_wide=1, pipe_lanes=8, pipe_split=8, q4k_lean=1, warps=8),
 }
 Q4K_ROW, Q6K_ROW = 144, 224  # bytes per 256 weights (Q6_K as loaded: padded to 224)
 L2_DEFEAT = 256 << 20  # bytes of weight copies a shape rotates through (H200 L2: 50 MB)
