@@ -129,7 +129,7 @@ run|scaling)
         cp -r /root/promo/configs/. configs/ && find configs -name '*.toml' | tee $L/promoted.txt
     fi
     tar czf "$OUT/fleet_logs.tgz" -C /root/fleet logs
-    for node in $NODES; do
+    for node in ${BENCH_NODES-$NODES}; do  # BENCH_NODES="": no fresh-process benches
         be=${node%%:*}; card=${node##*:}
         for tag in default promoted; do
             flag=""; [ $tag = default ] && flag=--no-promoted
