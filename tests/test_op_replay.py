@@ -307,3 +307,25 @@ def test_cuda_row_stats_match_the_hosts_and_come_back_in_one_transfer() -> None:
         assert g.shape == (4, c.shape[0])
         np.testing.assert_array_equal(g, want)
     assert np.isnan(got[1][0, 2]) and got[1][3, 2] == 7  # NaN's row: its column found
+
+
+def test_vulkan_row_stats_are_read_after_the_op_that_follows_overwrites() -> None:
+    """Vulkan's row_stats copies the output in the stream's order and reads it at stats_host:
+    the host's numbers even when the tensor is overwritten in between (the next op's write)."""
+    from engine.backends.base import Backend
+    from tests.test_vulkan_helpers import make_backend
+
+    be = make_backend()
+    try:
+        rng = np.random.default_rng(5)
+        c = rng.standard_normal((3, 40)).astype(np.float32)
+        r = c + rng.standard_normal(c.shape).astype(np.float32) * 1e-2
+        t = be.upload(c)
+        pending = be.row_stats(t, be.upload(r), r)
+        z = be.upload(np.zeros_like(c))
+        be.stream.copy(z.buf, 4 * z.offset, t.buf, 4 * t.offset, c.nbytes)
+        (got,) = be.stats_host([pending])
+        np.testing.assert_array_equal(got, Backend.row_stats(be, c, r, r))
+        assert not np.any(be.download(t))  # it was overwritten after the copy
+    finally:
+        be.close()
