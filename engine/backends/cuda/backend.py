@@ -24,6 +24,7 @@ import numpy as np
 from engine.backends.base import Backend, DeviceEntry, DeviceInfo, KVCache, ProfileReport
 from engine.backends.cuda import kernels
 from engine.backends.cuda.attn_tile import launch_attn_tile, tile_fits
+from engine.backends.cuda.attn_vec import launch_attn_vec, vec_fits
 from engine.backends.cuda.decode_float import CudaFloatDecodeOps
 from engine.backends.cuda.device import device_class, driver_string
 from engine.backends.cuda.hybrid import CudaHybridOps
@@ -1176,6 +1177,12 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
             if c.variant == "tile" and tile_fits(H, Hkv, D, int(c["warps"]), _MAX_ARGMAX_ROWS):
                 k, v = cache.k[layer], cache.v[layer]
                 xq = launch_attn_tile(self, q, k, v, out, pos0, c, q8)
+                if xq is not None:
+                    self._q8_remember(out.reshape(T, H * D), *xq)
+                return out
+            if c.variant == "vec" and vec_fits(H, Hkv, D, _MAX_ARGMAX_ROWS):
+                k, v = cache.k[layer], cache.v[layer]
+                xq = launch_attn_vec(self, q, k, v, out, pos0, c, q8)
                 if xq is not None:
                     self._q8_remember(out.reshape(T, H * D), *xq)
                 return out

@@ -1,0 +1,306 @@
+// attn_vec.cu: attention_decode.vec, decode attention (one query token) over the float32 KV
+// cache with every K / V load of a warp's round in flight at once, registers only (no K / V
+// tiles in shared memory: 4 KiB of it for the block's merge).
+//
+//   out[h] = softmax_l(q[h] . K[l, h / G] / sqrt(D)) V[l, h / G],  l <= pos,  G = H / Hkv
+//
+// Why: split / split_kw walk a range as a chain of load -> reduce -> softmax steps (one memory
+// round trip or two a step) and read each KV head's rows once per q head; gqa / tile stage
+// 32-key tiles in 35-70 KiB of shared memory. Decode attention moves ~1 MB: it is one memory
+// round trip if enough of it is requested at once (Little's law: ~1 MB in flight), so here each
+// warp loads KU = 8 keys' K and V rows (a lane = 4 dims of every row, 2 x 8 float4 in flight a
+// lane) and scores them against all GP (padded group) q heads of the KV head at once:
+//   - scores: GP x KU dot products of 4 dims a lane, summed over the warp by a reduce-scatter
+//     butterfly (5 steps, 62 shuffles at GP = 8 instead of 64 x 5), leaving lane l the sums of
+//     the (head, key) pairs NV l .. NV l + NV - 1 (NV = GP KU / 32, head-major);
+//   - softmax: per head, the max of the round over the head's lanes, the running (max, sum) of
+//     the warp's rounds (online softmax), p = exp(s - max) in the lane holding s;
+//   - P.V: acc[g] (the lane's 4 dims of head g) += p[g][u] V[u], p broadcast by shuffles.
+// A block is nw warps; the warps take interleaved rounds of the block's key range and merge
+// (max, sum, acc) in shared memory in warp order (a fixed order: graph == eager bit for bit).
+// The range is cut from the position on the device: chunk = max(min_keys, ceil(L / SPLITS))
+// rounded up to nw KU keys, ranges past L exit at once, so one captured graph serves every
+// position. One range: the block normalizes and writes out; more: each writes an unnormalized
+// partial [H, SPLITS, D] and (max, sum), and the KV head's last range to finish (a ticket per KV
+// head, reset by that block) combines them, every range of an output float4 in flight at once;
+// with xq non-null it also writes out's Q8_1 blocks (q8_store4: quantize_q8_1's rounding).
+// Needs D % 4 == 0, D <= 128 (a lane = 4 dims), G <= GP (attn_vec4: 4, attn_vec8: 8).
+#include "q8.cuh"
+
+#define NEG_INF __int_as_float(0xff800000)
+#define KU 8        // keys a warp loads and scores at once
+#define VCU 16      // ranges the combine loads at once
+#define VNW_MAX 8   // warps a block may have
+
+__device__ __forceinline__ float dot4v(float4 a, float4 b) {
+    return fmaf(a.x, b.x, fmaf(a.y, b.y, fmaf(a.z, b.z, a.w * b.w)));
+}
+__device__ __forceinline__ float4 axpy4(float a, float4 x, float4 y) {
+    return make_float4(fmaf(a, x.x, y.x), fmaf(a, x.y, y.y), fmaf(a, x.z, y.z), fmaf(a, x.w, y.w));
+}
+__device__ __forceinline__ float4 scale4(float4 x, float a) {
+    return make_float4(x.x * a, x.y * a, x.z * a, x.w * a);
+}
+
+// one step of the warp's reduce-scatter of sv[0 .. 2 HH): lanes exchange halves across offset O
+template <int O, int HH>
+__device__ __forceinline__ void rs_step(float* sv, int lane) {
+    const bool up = lane & O;
+#pragma unroll
+    for (int i = 0; i < HH; ++i) {
+        const float send = up ? sv[i] : sv[i + HH];
+        const float keep = up ? sv[i + HH] : sv[i];
+        sv[i] = keep + __shfl_xor_sync(0xffffffffu, send, O);
+    }
+}
+
+// grid (SPLITS, Hkv), block nw * 32 (nw <= VNW_MAX). q [H, D] (16-byte aligned), cache
+// [S, Hkv, D]; part [H, SPLITS, D], ml [H, SPLITS, 2]; out [H, D] (+ Q8_1 xq / xds).
+template <int GP>
+__device__ __forceinline__ void attn_vec_body(const float* __restrict__ q, const float* kc,
+                                              const float* vc, float* part, float* ml, int H,
+                                              int Hkv, int D, int pos0, const int* pos_ptr,
+                                              float scale, int min_keys, float* out,
+                                              signed char* xq, float2* xds,
+                                              unsigned int* tickets) {
+    constexpr int N = GP * KU, NV = N / 32, LPH = KU / NV;  // LPH: lanes holding a head's keys
+    static_assert(N % 32 == 0 && KU % NV == 0, "GP x KU: a multiple of 32, NV <= KU");
+    __shared__ float4 sacc[GP * 32];         // the block's merged acc [GP][D4]
+    __shared__ float sm_m[VNW_MAX][GP], sm_l[VNW_MAX][GP];
+    __shared__ bool last;
+    const int G = H / Hkv, D4 = D / 4;
+    const int s = blockIdx.x, kvh = blockIdx.y, nsplit = gridDim.x;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    pdl_start();
+    const int L = (pos_ptr ? *pos_ptr : pos0) + 1;
+    const int step = nw * KU;
+    int chunk = max(min_keys, (L + nsplit - 1) / nsplit);
+    chunk = (chunk + step - 1) / step * step;
+    const int nact = (L + chunk - 1) / chunk;  // <= nsplit
+    if (s >= nact) {  // block-uniform: no ticket; for a separate combine, an empty range
+        if (!out)
+            for (int g = threadIdx.x; g < G; g += blockDim.x)
+                ((float2*)ml)[(size_t)(kvh * G + g) * nsplit + s] = make_float2(NEG_INF, 0.f);
+        return;
+    }
+    const int kb = s * chunk, ke = min(L, kb + chunk);
+    const bool dl = lane < D4;  // this lane holds dims 4 lane .. 4 lane + 3
+    const size_t rs = (size_t)Hkv * D;
+    const float* kbase = kc + (size_t)kvh * D + 4 * lane;
+    const float* vbase = vc + (size_t)kvh * D + 4 * lane;
+    float4 qv[GP];
+#pragma unroll
+    for (int g = 0; g < GP; ++g) {
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (g < G && dl) v = ((const float4*)q)[(size_t)(kvh * G + g) * D4 + lane];
+        qv[g] = scale4(v, scale);
+    }
+    float m[GP];      // running max of head g (the same in every lane)
+    float lown = 0.f, mo = NEG_INF;  // this lane's own head: its share of the sum, the max
+    float4 acc[GP];
+#pragma unroll
+    for (int g = 0; g < GP; ++g) {
+        m[g] = NEG_INF;
+        acc[g] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    for (int j0 = kb + warp * KU; j0 < ke; j0 += step) {
+        float4 kr[KU], vr[KU];
+#pragma unroll
+        for (int u = 0; u < KU; ++u) {  // every load of the round issued before any use
+            const bool ok = dl && j0 + u < ke;
+            kr[u] = ok ? *(const float4*)(kbase + (size_t)(j0 + u) * rs)
+                       : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int u = 0; u < KU; ++u) {
+            const bool ok = dl && j0 + u < ke;
+            vr[u] = ok ? *(const float4*)(vbase + (size_t)(j0 + u) * rs)
+                       : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+        float sv[N];  // partial scores, head-major: sv[g * KU + u]
+#pragma unroll
+        for (int g = 0; g < GP; ++g)
+#pragma unroll
+            for (int u = 0; u < KU; ++u) sv[g * KU + u] = dot4v(qv[g], kr[u]);
+        // reduce-scatter: after the step of offset o, a lane with bit o set keeps the upper
+        // half; in the end lane l holds the full sums of entries NV l + i
+        rs_step<16, N / 2>(sv, lane);
+        rs_step<8, N / 4>(sv, lane);
+        rs_step<4, N / 8>(sv, lane);
+        rs_step<2, N / 16>(sv, lane);
+        rs_step<1, N / 32>(sv, lane);
+        // this lane's NV scores: head gm = NV lane / KU, keys u0 .. u0 + NV - 1
+        const int e0 = NV * lane, u0 = e0 % KU;
+        float rmax = NEG_INF;
+#pragma unroll
+        for (int i = 0; i < NV; ++i) {
+            if (j0 + u0 + i >= ke) sv[i] = NEG_INF;  // past the range: no weight
+            rmax = fmaxf(rmax, sv[i]);
+        }
+#pragma unroll
+        for (int o = 1; o < LPH; o <<= 1) rmax = fmaxf(rmax, __shfl_xor_sync(0xffffffffu, rmax, o));
+        float p[NV];
+        float psum = 0.f;
+        float mnew[GP], corr[GP];  // per head: the new running max, the old sums' factor
+#pragma unroll
+        for (int g = 0; g < GP; ++g) {
+            const float rg = __shfl_sync(0xffffffffu, rmax, g * LPH);
+            mnew[g] = fmaxf(m[g], rg);
+            corr[g] = mnew[g] == NEG_INF ? 1.f : expf(m[g] - mnew[g]);  // m = -inf: 0
+        }
+        // the lane's own head: the same max and factor as mnew / corr of that head
+        const float mown = fmaxf(mo, rmax), cown = mown == NEG_INF ? 1.f : expf(mo - mown);
+        mo = mown;
+#pragma unroll
+        for (int i = 0; i < NV; ++i) {
+            p[i] = sv[i] == NEG_INF ? 0.f : expf(sv[i] - mown);
+            psum += p[i];
+        }
+        lown = lown * cown + psum;  // the lane holds the same head every round
+#pragma unroll
+        for (int g = 0; g < GP; ++g) {
+            float4 a = scale4(acc[g], corr[g]);
+#pragma unroll
+            for (int u = 0; u < KU; ++u) {
+                const int e = g * KU + u;  // entry e sits in lane e / NV, slot e % NV
+                const float pj = __shfl_sync(0xffffffffu, p[e % NV], e / NV);
+                a = axpy4(pj, vr[u], a);
+            }
+            acc[g] = a;
+            m[g] = mnew[g];
+        }
+    }
+    // the warp's (max, sum) per head: sums over the head's lanes, then from its first lane
+    float lsum = lown;
+#pragma unroll
+    for (int o = 1; o < LPH; o <<= 1) lsum += __shfl_xor_sync(0xffffffffu, lsum, o);
+#pragma unroll
+    for (int g = 0; g < GP; ++g) {
+        const float lg = __shfl_sync(0xffffffffu, lsum, g * LPH);
+        if (lane == 0) sm_m[warp][g] = m[g], sm_l[warp][g] = lg;
+    }
+    __syncthreads();
+    // block merge: M = max over warps; each warp's acc scaled by exp(m_w - M), summed in warp
+    // order into sacc
+    float wsc[GP];
+#pragma unroll
+    for (int g = 0; g < GP; ++g) {
+        float M = NEG_INF;
+        for (int w = 0; w < nw; ++w) M = fmaxf(M, sm_m[w][g]);
+        wsc[g] = m[g] == NEG_INF ? 0.f : expf(m[g] - M);
+    }
+    for (int w = 0; w < nw; ++w) {
+        if (warp == w && dl)
+#pragma unroll
+            for (int g = 0; g < GP; ++g) {
+                const float4 a = scale4(acc[g], wsc[g]);
+                if (w == 0) {
+                    sacc[g * 32 + lane] = a;
+                } else {
+                    const float4 b = sacc[g * 32 + lane];
+                    sacc[g * 32 + lane] = make_float4(b.x + a.x, b.y + a.y, b.z + a.z, b.w + a.w);
+                }
+            }
+        __syncthreads();
+    }
+    const int n4 = G * D4;
+    const size_t ho = (size_t)kvh * G * D4;  // float4 index of the group's first output
+    // the block's (max, sum) of head g: every thread recomputes it from sm_m / sm_l
+    if (nact == 1 && out) {  // one range: normalize and write out, no partials, no ticket
+        for (int e00 = 0; e00 < n4; e00 += blockDim.x) {  // whole warps: the Q8_1 shuffles
+            const int e = e00 + threadIdx.x, g = e / D4, c = e - g * D4;
+            const bool ok = e < n4;
+            float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (ok) {
+                float M = NEG_INF, Ls = 0.f;
+                for (int w = 0; w < nw; ++w) M = fmaxf(M, sm_m[w][g]);
+                for (int w = 0; w < nw; ++w)
+                    if (sm_m[w][g] != NEG_INF) Ls += sm_l[w][g] * expf(sm_m[w][g] - M);
+                o = scale4(sacc[g * 32 + c], 1.f / Ls);
+            }
+            const size_t oe = ho + e;
+            if (xq) q8_store4(o, xq + 4 * oe, xds + oe / 8, (int)(oe & 7), ok);
+            if (ok) ((float4*)out)[oe] = o;
+        }
+        return;
+    }
+    for (int e = threadIdx.x; e < n4; e += blockDim.x) {
+        const int g = e / D4, c = e - g * D4;
+        const size_t o = (size_t)(kvh * G + g) * nsplit + s;
+        ((float4*)part)[o * D4 + c] = sacc[g * 32 + c];
+        if (c == 0) {
+            float M = NEG_INF, Ls = 0.f;
+            for (int w = 0; w < nw; ++w) M = fmaxf(M, sm_m[w][g]);
+            for (int w = 0; w < nw; ++w)
+                if (sm_m[w][g] != NEG_INF) Ls += sm_l[w][g] * expf(sm_m[w][g] - M);
+            ((float2*)ml)[o] = make_float2(M, Ls);
+        }
+    }
+    if (!out) return;  // fuse_combine 0: attn_combine(_q8) merges the ranges
+    __threadfence();   // this block's partials are visible before its ticket is counted
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(tickets + kvh, 1u) == (unsigned)(nact - 1);
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int e00 = 0; e00 < n4; e00 += blockDim.x) {  // whole warps: the Q8_1 shuffles
+        const int e = e00 + threadIdx.x, g = e / D4, c = e - g * D4;
+        const bool ok = e < n4;
+        float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (ok) {
+            const size_t o = (size_t)(kvh * G + g) * nsplit;
+            const float2* pm = (const float2*)ml + o;
+            const float4* pp = (const float4*)part + o * D4 + c;
+            float M = NEG_INF, Ls = 0.f;
+            for (int r0 = 0; r0 < nact; r0 += VCU) {
+                float2 mr[VCU];
+                float4 pv[VCU];
+#pragma unroll
+                for (int u = 0; u < VCU; ++u) {
+                    const bool in = r0 + u < nact;
+                    mr[u] = in ? __ldcg(pm + r0 + u) : make_float2(NEG_INF, 0.f);
+                    pv[u] = in ? __ldcg(pp + (size_t)(r0 + u) * D4)
+                               : make_float4(0.f, 0.f, 0.f, 0.f);
+                }
+                float Mn = M;
+#pragma unroll
+                for (int u = 0; u < VCU; ++u) Mn = fmaxf(Mn, mr[u].x);  // range 0 has keys
+                const float cw = M == NEG_INF ? 0.f : expf(M - Mn);
+                a = scale4(a, cw);
+                Ls *= cw;
+#pragma unroll
+                for (int u = 0; u < VCU; ++u) {
+#ifdef MUTANT_ATTN_VEC_COMBINE_W  // planted bug: the combine forgets each range's weight
+                    const float w = mr[u].x == NEG_INF ? 0.f : 1.f;
+#else
+                    const float w = mr[u].x == NEG_INF ? 0.f : expf(mr[u].x - Mn);
+#endif
+                    Ls = fmaf(mr[u].y, w, Ls);
+                    a = axpy4(w, pv[u], a);
+                }
+                M = Mn;
+            }
+            a = scale4(a, 1.f / Ls);
+        }
+        const size_t oe = ho + e;
+        if (xq) q8_store4(a, xq + 4 * oe, xds + oe / 8, (int)(oe & 7), ok);  // D % 32 == 0
+        if (ok) ((float4*)out)[oe] = a;
+    }
+    if (threadIdx.x == 0) tickets[kvh] = 0;
+}
+
+// the group padded to 4 (attn_vec4) or 8 (attn_vec8) q heads
+extern "C" __global__ void __launch_bounds__(VNW_MAX * 32)
+    attn_vec4(const float* __restrict__ q, const float* kc, const float* vc, float* part,
+              float* ml, int H, int Hkv, int D, int pos0, const int* pos_ptr, float scale,
+              int min_keys, float* out, signed char* xq, float2* xds, unsigned int* tickets) {
+    attn_vec_body<4>(q, kc, vc, part, ml, H, Hkv, D, pos0, pos_ptr, scale, min_keys, out, xq,
+                     xds, tickets);
+}
+extern "C" __global__ void __launch_bounds__(VNW_MAX * 32)
+    attn_vec8(const float* __restrict__ q, const float* kc, const float* vc, float* part,
+              float* ml, int H, int Hkv, int D, int pos0, const int* pos_ptr, float scale,
+              int min_keys, float* out, signed char* xq, float2* xds, unsigned int* tickets) {
+    attn_vec_body<8>(q, kc, vc, part, ml, H, Hkv, D, pos0, pos_ptr, scale, min_keys, out, xq,
+                     xds, tickets);
+}

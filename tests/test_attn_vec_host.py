@@ -1,0 +1,167 @@
+"""attention_decode.vec (shaders/cuda/attn_vec.cu) without a GPU: the host launches attn_vec4 /
+attn_vec8 once a decode layer (grid SPLITS x Hkv, the kernel's signature checked by
+tests/cuda_fake.py) and no combine, leaves the Q8_1 form under int8 decode, sends the shapes it
+cannot take to attn_split; the kernel's range cutting covers every key once; and a NumPy model of
+the kernel's arithmetic (ranges of whole 8-key rounds, warps taking interleaved rounds with their
+own online softmax, the block's merge in warp order, the combine 16 ranges at a time) equals the
+reference on ragged shapes (groups 1-8, contexts that end a round or a range short), so a wrong
+merge formula shows here before it reaches a device. The kernel itself runs in
+tests/test_cuda_attn_vec.py (-m gpu)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from engine.backends.cuda.attn_vec import KU, kernel_name, ranges, vec_fits
+from engine.tuning import TuningConfig
+from tests.cuda_fake import FakeCuda, decode_step
+from tests.op_cases import attention_ref
+
+PROMPT = list(range(5, 5 + 12))
+VEC = {"attention_decode.variant": "vec"}
+
+
+@pytest.mark.parametrize("dec", ["mmvf", "mmvw"])
+@pytest.mark.parametrize("splits,min_keys,warps,fc", [
+    (64, 32, 4, 1), (8, 8, 1, 1), (256, 128, 8, 1), (16, 32, 2, 0), (8, 16, 4, 0),
+])  # fmt: skip
+def test_vec_launches(tiny_model_factory, dec, splits, min_keys, warps, fc):
+    """One attn_vec a layer; fuse_combine 0: out and the Q8_1 buffers null, then a combine."""
+    flat = VEC | {
+        "matmul_decode.variant": dec,
+        "attention_decode.splits": splits,
+        "attention_decode.min_keys": min_keys,
+        "attention_decode.warps": warps,
+        "attention_decode.fuse_combine": fc,
+    }
+    launches, m = decode_step(tiny_model_factory("qwen2", "q4_k_m"), flat, PROMPT)
+    n, hkv = m.spec.n_layers, m.spec.n_head_kv
+    name = kernel_name(m.spec.n_head // hkv)
+    vecs = [launch for launch in launches if launch.kernel == name]
+    assert len(vecs) == n
+    assert all(t.grid == (splits, hkv, 1) and t.block == (32 * warps, 1, 1) for t in vecs)
+    assert all(int(t.args[11]) == min_keys and t.smem == 0 for t in vecs)
+    q8 = [not isinstance(t.args[13], np.uint64) for t in vecs]  # xq; null: np.uint64(0)
+    assert all(q8) if dec == "mmvw" and fc else not any(q8)
+    assert all(isinstance(t.args[12], np.uint64) != bool(fc) for t in vecs)  # out
+    count = Counter(launch.kernel for launch in launches)
+    combine = "attn_combine_q8" if dec == "mmvw" else "attn_combine"
+    assert count[combine] == (0 if fc else n)
+    assert count["attn_split"] == count["attn_split_kw"] == count["attn_tile"] == 0
+    skip = 1 if fc else 2  # the o projection after the kernel (and its combine)
+    after = [launches[i + skip].kernel for i, x in enumerate(launches) if x.kernel == name]
+    assert all(a.startswith(dec) for a in after)  # the o projection: no quantize (Q8_1 form)
+
+
+@pytest.mark.parametrize("H,Hkv,D,ok", [
+    (12, 2, 128, True), (28, 4, 128, True), (14, 2, 64, True), (16, 2, 128, True),
+    (18, 2, 128, False), (4, 2, 256, False), (4, 2, 132, False), (4, 2, 66, False),
+    (1, 1, 32, True), (6, 4, 64, False), (40, 8, 128, True), (64, 8, 128, True),
+])  # fmt: skip
+def test_vec_limits(H, Hkv, D, ok):
+    assert vec_fits(H, Hkv, D, 4096) is ok
+
+
+@pytest.mark.parametrize("G,name", [(1, "attn_vec4"), (4, "attn_vec4"), (5, "attn_vec8"),
+                                    (6, "attn_vec8"), (7, "attn_vec8"), (8, "attn_vec8")])  # fmt: skip
+def test_vec_kernel_per_group(G, name):
+    assert kernel_name(G) == name
+
+
+def test_vec_falls_back_to_split():
+    be = FakeCuda(TuningConfig.from_flat("cuda", VEC))
+    q = be.upload(np.zeros((1, 4, 160), np.float32))
+    cache = be.new_kv_cache(1, 8, 2, 160)
+    be.launches.clear()
+    be.attention(q, cache, 0, 5)
+    assert [launch.kernel for launch in be.launches] == ["attn_split", "attn_combine"]
+
+
+@pytest.mark.parametrize("H,Hkv,name", [(12, 2, "attn_vec8"), (28, 4, "attn_vec8"),
+                                        (8, 2, "attn_vec4")])  # fmt: skip
+def test_vec_launch_on_the_model_shapes(H, Hkv, name):
+    """The 1.5B / 7B head shapes take attn_vec8 with the registry's defaults."""
+    be = FakeCuda(TuningConfig.from_flat("cuda", VEC))
+    q = be.upload(np.zeros((1, H, 128), np.float32))
+    cache = be.new_kv_cache(1, 700, Hkv, 128)
+    be.launches.clear()
+    be.attention(q, cache, 0, 600)
+    assert [(x.kernel, x.grid) for x in be.launches] == [(name, (64, Hkv, 1))]
+
+
+@pytest.mark.parametrize("splits", [8, 16, 64, 256])
+@pytest.mark.parametrize("min_keys", [8, 32, 128])
+@pytest.mark.parametrize("warps", [1, 4, 8])
+def test_ranges_cover_every_key_once(splits, min_keys, warps):
+    """Every active range is non-empty (the combine's max is finite), they tile [0, L), there
+    are at most splits of them, and chunks are whole rounds of the block's warps."""
+    for L in [*range(1, 200), 511, 512, 513, 2047, 2048, 8191, 8193, 40_000]:
+        chunk, nact = ranges(L, splits, min_keys, warps)
+        assert 1 <= nact <= splits and chunk % (warps * KU) == 0
+        assert (nact - 1) * chunk < L <= nact * chunk
+
+
+def _online(m, lsum, acc, sc, vv):  # noqa: ANN001, ANN202
+    """One online-softmax step of scores sc [n] and values vv [n, D] (n may be 0)."""
+    if len(sc) == 0:
+        return m, lsum, acc
+    mn = max(m, sc.max())
+    corr = np.float32(np.exp(m - mn)) if m != -np.inf else np.float32(0)
+    p = np.exp(sc - mn).astype(np.float32)
+    return mn, lsum * corr + p.sum(), acc * corr + p @ vv
+
+
+def _vec_model(q, k, v, pos0: int, splits: int, min_keys: int, warps: int) -> np.ndarray:
+    """attn_vec's arithmetic in float32 NumPy: q [H, D], k, v [S, Hkv, D] -> out [H, D]."""
+    H, D = q.shape
+    Hkv = k.shape[1]
+    G, L = H // Hkv, pos0 + 1
+    chunk, nact = ranges(L, splits, min_keys, warps)
+    scale = np.float32(1 / np.sqrt(D))
+    out = np.zeros((H, D), np.float32)
+    for h in range(H):
+        kv = h // G
+        qs = q[h] * scale
+        parts = []
+        for s in range(nact):
+            kb, ke = s * chunk, min(L, (s + 1) * chunk)
+            ws = []  # each warp's (max, sum, acc) over its interleaved rounds
+            for w in range(warps):
+                m, lsum, acc = -np.inf, np.float32(0), np.zeros(D, np.float32)
+                for j0 in range(kb + w * KU, ke, warps * KU):
+                    j1 = min(j0 + KU, ke)
+                    m, lsum, acc = _online(m, lsum, acc, k[j0:j1, kv] @ qs, v[j0:j1, kv])
+                ws.append((m, lsum, acc))
+            M = max(x[0] for x in ws)  # the block's merge, in warp order
+            wsc = [np.float32(0) if x[0] == -np.inf else np.float32(np.exp(x[0] - M)) for x in ws]
+            acc = sum((x[2] * c for x, c in zip(ws, wsc, strict=True)), np.zeros(D, np.float32))
+            parts.append((M, sum(x[1] * c for x, c in zip(ws, wsc, strict=True)), acc))
+        M, Ls, a = -np.inf, np.float32(0), np.zeros(D, np.float32)
+        for r0 in range(0, nact, 16):  # the combine: 16 ranges at a time, rescaled online
+            group = parts[r0 : r0 + 16]
+            Mn = max(M, *(p[0] for p in group))
+            cw = np.float32(0 if M == -np.inf else np.exp(M - Mn))
+            a, Ls = a * cw, Ls * cw
+            for mr, lr, pr in group:
+                w = np.float32(np.exp(mr - Mn))
+                Ls, a = Ls + lr * w, a + pr * w
+            M = Mn
+        out[h] = a / Ls
+    return out
+
+
+@pytest.mark.parametrize("H,Hkv,D", [(12, 2, 128), (28, 4, 64), (4, 4, 32), (8, 2, 32), (7, 1, 64)])
+@pytest.mark.parametrize("pos0", [0, 7, 8, 100, 517, 1300])
+@pytest.mark.parametrize("splits,min_keys,warps", [(64, 32, 4), (8, 8, 1), (256, 8, 8), (16, 128, 2)])
+def test_vec_arithmetic_equals_the_reference(H, Hkv, D, pos0, splits, min_keys, warps):
+    rng = np.random.default_rng(H + D + pos0)
+    q = rng.standard_normal((1, H, D)).astype(np.float32)
+    k = (2 * rng.standard_normal((pos0 + 1, Hkv, D))).astype(np.float32)
+    v = rng.standard_normal((pos0 + 1, Hkv, D)).astype(np.float32)
+    got = _vec_model(q[0], k, v, pos0, splits, min_keys, warps)
+    ref = attention_ref(q, k, v, pos0)[0]
+    err = np.sum((got - ref) ** 2) / np.sum(ref**2)
+    assert err < 1e-10, err
