@@ -1,0 +1,115 @@
+"""attention_decode.vec (shaders/cuda/attn_vec.cu) against float64 NumPy (`pytest -m gpu`):
+ragged shapes (groups 1, 3, 5, 6, 7, 8 over attn_vec4 / attn_vec8, head dims 32-128, contexts
+that end an 8-key round, a block's round of warps or a range short, one range and up to 256),
+every knob's extremes, twice per config (the per-KV-head tickets reset); under int8 decode the
+kernel (one range, or its fused combine, or attn_combine_q8) leaves the Q8_1 form the o
+projection reads; whole tiny models: graph replay equals eager, validate passes; the planted
+ATTN_VEC_COMBINE_W is caught."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.cuda_decode_cases import assert_validates
+from tests.op_cases import assert_graph_equals_eager, check
+from tests.test_cuda_attn_decode import _case, _q8_form
+from tests.test_cuda_ops import PROMPT, _model, cfg
+
+pytestmark = pytest.mark.gpu
+
+VEC = {"attention_decode.variant": "vec"}
+SHAPES = [  # H, Hkv, D, pos0: groups 6 and 7 (the 1.5B / 7B, 0.5B) first, then 1, 3, 5, 8
+    (12, 2, 128, 511), (28, 4, 128, 600), (12, 2, 128, 0), (28, 4, 128, 2500), (7, 1, 96, 639),
+    (14, 2, 64, 100), (6, 1, 128, 37), (3, 1, 80, 9), (5, 1, 128, 1000), (16, 2, 128, 70),
+    (8, 8, 128, 40), (1, 1, 32, 0), (4, 2, 64, 7), (4, 2, 64, 8), (40, 8, 128, 333),
+]  # fmt: skip
+KNOBS = [  # splits, min_keys, warps, fuse_combine
+    (64, 32, 4, 1), (8, 8, 1, 1), (256, 8, 8, 1), (16, 128, 2, 1), (64, 32, 4, 0), (8, 16, 8, 0),
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def be(cuda_be):
+    return cuda_be
+
+
+def _vec(splits: int, min_keys: int, warps: int, fc: int = 1) -> dict:
+    return VEC | {
+        "attention_decode.splits": splits,
+        "attention_decode.min_keys": min_keys,
+        "attention_decode.warps": warps,
+        "attention_decode.fuse_combine": fc,
+    }
+
+
+@pytest.mark.parametrize("splits,min_keys,warps,fc", KNOBS)
+@pytest.mark.parametrize("H,Hkv,D,pos0", SHAPES)
+def test_attention_decode_vec(be, H, Hkv, D, pos0, splits, min_keys, warps, fc):
+    """Against float64, twice per config (the per-KV-head tickets reset)."""
+    q, cache, ref = _case(be, H, Hkv, D, pos0)
+    be.set_config(cfg(**_vec(splits, min_keys, warps, fc)))
+    names: list[str] = []
+    launch = be._launch
+    be._launch = lambda mod, name, *a, **k: (names.append(name), launch(mod, name, *a, **k))
+    try:
+        for _ in range(2):
+            check(be.download(be.attention(be.upload(q), cache, 0, pos0)), ref, 1e-9)
+    finally:
+        del be._launch
+    assert names[0] == ("attn_vec4" if H // Hkv <= 4 else "attn_vec8"), names
+    be.set_config(cfg())
+
+
+@pytest.mark.parametrize("fc", [1, 0])
+@pytest.mark.parametrize("H,Hkv,D,pos0", [(12, 2, 128, 0), (28, 4, 128, 600), (4, 2, 64, 37),
+                                          (7, 1, 128, 300)])  # fmt: skip
+def test_attention_decode_vec_leaves_the_q8_form(be, H, Hkv, D, pos0, fc):
+    """Under matmul_decode.mmvw the kernel (one range or the combine; fc 0: attn_combine_q8)
+    writes the output's Q8_1 form, which the o projection then reads."""
+    _q8_form(be, _vec(64, 32, 4, fc) | {"matmul_decode.variant": "mmvw"}, H, Hkv, D, pos0, "vec")
+    be.set_config(cfg())
+
+
+MODEL_CONFIGS = [
+    VEC,
+    _vec(8, 8, 1, 0),
+    VEC | {"matmul_decode.variant": "mmvw", "rope.fuse_kv": 1, "argmax.variant": "multi"},
+]
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+@pytest.mark.parametrize("flat", MODEL_CONFIGS, ids=["vec", "vec_s8_m8_w1_nofc", "vec_mmvw"])
+def test_vec_model_graph_equals_eager(be, tiny_model_factory, arch, flat):
+    m = _model(tiny_model_factory(arch, "q4_k_m"), be)
+    be.set_config(cfg(**flat))
+    assert_graph_equals_eager(be, m, PROMPT)
+    be.set_config(cfg())
+
+
+@pytest.mark.parametrize("flat", MODEL_CONFIGS[:2], ids=["vec", "vec_s8_m8_w1_nofc"])
+def test_validate_vec(be, tiny_model_path, flat):
+    """The float configs against the default reference with the registry's budget."""
+    assert_validates(be, tiny_model_path, flat)
+
+
+def test_attention_decode_vec_planted_combine_is_caught(be, monkeypatch):
+    """The kernel test above rejects the planted MUTANT_ATTN_VEC_COMBINE_W (the combine adds the
+    ranges' partials unweighted): the same case, built with the bug, is far from float64."""
+    from engine.backends.cuda import kernels
+    from engine.backends.planted import ENV
+
+    H, Hkv, D, pos0 = 12, 2, 128, 511
+    q, cache, ref = _case(be, H, Hkv, D, pos0)
+    monkeypatch.setenv(ENV, "ATTN_VEC_COMBINE_W")
+    kernels.clear_cache()
+    try:
+        be.set_config(cfg(**VEC))
+        out = be.download(be.attention(be.upload(q), cache, 0, pos0))
+        with pytest.raises(AssertionError, match="NMSE"):
+            check(out, ref, 1e-9)
+    finally:
+        monkeypatch.delenv(ENV)
+        kernels.clear_cache()
+        be.set_config(cfg())
+    assert np.isfinite(out).all()
