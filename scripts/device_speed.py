@@ -276,6 +276,10 @@ VARIANTS |= {
     "d17_vec_s32": S2 | _VEC | {_A + "splits": 32},
     "d17_vec_nofc": S2 | _VEC | {_A + "fuse_combine": 0},
     "f17_vec": _VEC,  # on the float defaults
+    # + q/k RoPE and the KV write inside attn_vec (each lane its own dims' angles): no rope_kv
+    "d17_vec_rope": S2 | _VEC | {_A + "fuse_rope": 1},
+    "d17_vec_w2_rope": S2 | _VEC | {_A + "warps": 2, _A + "fuse_rope": 1},
+    "f17_vec_rope": _VEC | {_A + "fuse_rope": 1},
 }
 # --sweep: coordinate descent over these knobs, in this order, from the --sweep variant
 SWEEP_KNOBS = (

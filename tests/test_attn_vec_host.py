@@ -166,3 +166,59 @@ def test_vec_arithmetic_equals_the_reference(H, Hkv, D, pos0, splits, min_keys, 
     ref = attention_ref(q, k, v, pos0)[0]
     err = np.sum((got - ref) ** 2) / np.sum(ref**2)
     assert err < 1e-10, err
+
+
+@pytest.mark.parametrize("dec", ["mmvf", "mmvw"])
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_vec_fuse_rope_launches(tiny_model_factory, dec, arch):
+    """attention_decode.vec fuse_rope: no rope / rope_kv / kv_write launch at decode; the _rope
+    build gets the k and v projections (non-null), theta and the neox flag; a bypassed fusion."""
+    flat = VEC | {"matmul_decode.variant": dec, "attention_decode.fuse_rope": 1,
+                  "rope.fuse_kv": 1}  # fmt: skip
+    launches, m = decode_step(tiny_model_factory(arch, "q4_k_m"), flat, PROMPT)
+    name = kernel_name(m.spec.n_head // m.spec.n_head_kv, rope=True)
+    count = Counter(launch.kernel for launch in launches)
+    assert count[name] == m.spec.n_layers
+    assert count["rope_kv"] == count["rope"] == count["kv_write"] == 0
+    vecs = [launch for launch in launches if launch.kernel == name]
+    assert all(not isinstance(t.args[-4], np.uint64) for t in vecs)  # knew
+    assert all(not isinstance(t.args[-3], np.uint64) for t in vecs)  # vnew
+    assert all(int(t.args[-1]) == int(m.spec.rope_neox) for t in vecs)
+    be = FakeCuda(TuningConfig.from_flat("cuda", flat))
+    assert "attention_decode" in be.hook_bypassed_fusions(be.config)
+    off = TuningConfig.from_flat("cuda", VEC | {"matmul_decode.variant": dec})
+    assert "attention_decode" not in be.hook_bypassed_fusions(off)
+
+
+def test_vec_without_fuse_rope_passes_null_projections(tiny_model_factory):
+    launches, m = decode_step(tiny_model_factory("qwen2", "q4_k_m"), VEC | {"rope.fuse_kv": 1},
+                              PROMPT)  # fmt: skip
+    name = kernel_name(m.spec.n_head // m.spec.n_head_kv)
+    vecs = [launch for launch in launches if launch.kernel == name]
+    assert vecs and all(isinstance(t.args[-4], np.uint64) for t in vecs)
+    assert Counter(launch.kernel for launch in launches)["rope_kv"] == len(vecs)
+
+
+@pytest.mark.parametrize("D,ok", [(128, True), (64, True), (96, True), (100, False), (36, False)])
+def test_vec_fuse_rope_limits(D, ok):
+    """fuse_rope with a head dim it cannot take: the unfused path (rope_kv) runs instead."""
+    from engine.backends.cuda.attn_vec import rope_fits
+
+    assert rope_fits(D) is ok
+    be = FakeCuda(TuningConfig.from_flat("cuda", VEC | {"attention_decode.fuse_rope": 1}))
+    assert be._gqa_rope((4, 2, D)) is (ok and vec_fits(4, 2, D, 4096))
+
+
+def test_attn_decode_bench_vec_configs_exist():
+    """Every vec bench entry is dec8_split2 with valid attention_decode.vec knobs, and the
+    d17 speed configs are valid configs."""
+    from scripts.attn_decode_bench import BASE, BENCH
+    from scripts.device_speed import VARIANTS
+
+    for name, flat in BENCH.items():
+        if name.startswith("vec"):
+            cfg = TuningConfig.from_flat("cuda", VARIANTS[BASE] | flat)
+            assert cfg.op("attention_decode").variant == "vec"
+    for name in [n for n in VARIANTS if n.startswith(("d17_", "f17_"))]:
+        cfg = TuningConfig.from_flat("cuda", VARIANTS[name])
+        assert cfg.op("attention_decode").variant == "vec", name

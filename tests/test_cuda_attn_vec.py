@@ -3,15 +3,17 @@ ragged shapes (groups 1, 3, 5, 6, 7, 8 over attn_vec4 / attn_vec8, head dims 32-
 that end an 8-key round, a block's round of warps or a range short, one range and up to 256),
 every knob's extremes, twice per config (the per-KV-head tickets reset); under int8 decode the
 kernel (one range, or its fused combine, or attn_combine_q8) leaves the Q8_1 form the o
-projection reads; whole tiny models: graph replay equals eager, validate passes; the planted
-ATTN_VEC_COMBINE_W is caught."""
+projection reads; whole tiny models: graph replay equals eager, validate passes, fuse_rope
+decodes to the bit what rope_kv + attn_vec decode (normal and neox RoPE, the current key in
+different warps, rounds and ranges); the planted ATTN_VEC_COMBINE_W and ATTN_VEC_ROPE_K are
+caught."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from tests.cuda_decode_cases import assert_validates
+from tests.cuda_decode_cases import assert_decode_alike, assert_validates
 from tests.op_cases import assert_graph_equals_eager, check
 from tests.test_cuda_attn_decode import _case, _q8_form
 from tests.test_cuda_ops import PROMPT, _model, cfg
@@ -113,3 +115,50 @@ def test_attention_decode_vec_planted_combine_is_caught(be, monkeypatch):
         kernels.clear_cache()
         be.set_config(cfg())
     assert np.isfinite(out).all()
+
+
+ROPE_PAIRS = [  # (fused, unfused): attn_vec's RoPE + KV write against rope_kv's
+    (VEC | {"attention_decode.fuse_rope": 1}, VEC | {"rope.fuse_kv": 1}),
+    (  # int8 decode, a separate combine, one warp a block: the current key in many ranges
+        _vec(8, 8, 1, 0) | {"attention_decode.fuse_rope": 1, "matmul_decode.variant": "mmvw"},
+        _vec(8, 8, 1, 0) | {"rope.fuse_kv": 1, "matmul_decode.variant": "mmvw"},
+    ),
+    (  # one 128-key range of 2 warps: the current key in a later round of either warp
+        _vec(16, 128, 2) | {"attention_decode.fuse_rope": 1},
+        _vec(16, 128, 2) | {"rope.fuse_kv": 1},
+    ),
+    (  # 8 warps, 64-key ranges
+        _vec(64, 64, 8) | {"attention_decode.fuse_rope": 1, "matmul_decode.variant": "mmvw"},
+        _vec(64, 64, 8) | {"rope.fuse_kv": 1, "matmul_decode.variant": "mmvw"},
+    ),
+]
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+@pytest.mark.parametrize("pair", ROPE_PAIRS, ids=["vec", "mmvw_s8_m8_w1_nofc", "m128_w2",
+                                                  "mmvw_m64_w8"])  # fmt: skip
+@pytest.mark.parametrize("long", [False, True], ids=["p12", "p111"])
+def test_vec_fuse_rope_equals_rope_kv(be, tiny_model_factory, arch, pair, long):
+    """attention_decode.vec fuse_rope (q, k RoPE and the KV write inside attn_vec) decodes to
+    the bit what rope_kv + attn_vec decode (rope_pair's arithmetic), eager and replayed."""
+    m = _model(tiny_model_factory(arch, "q4_k_m"), be)
+    prompt = PROMPT * 9 + PROMPT[:3] if long else PROMPT
+    assert_decode_alike(be, m, pair, prompt, "fused RoPE + KV write differs from rope_kv")
+
+
+def test_vec_planted_rope_k_is_caught(be, tiny_model_factory, monkeypatch):
+    """The fuse_rope test above rejects the planted MUTANT_ATTN_VEC_ROPE_K (the current key
+    scored unroped, though written roped): the fused decode's logits differ from rope_kv's."""
+    from engine.backends.cuda import kernels
+    from engine.backends.planted import ENV
+
+    m = _model(tiny_model_factory("qwen2", "q4_k_m"), be)
+    monkeypatch.setenv(ENV, "ATTN_VEC_ROPE_K")
+    kernels.clear_cache()
+    try:
+        with pytest.raises(AssertionError):
+            assert_decode_alike(be, m, ROPE_PAIRS[0], PROMPT, "fused RoPE differs")
+    finally:
+        monkeypatch.delenv(ENV)
+        kernels.clear_cache()
+        be.set_config(cfg())

@@ -24,7 +24,13 @@
 // partial [H, SPLITS, D] and (max, sum), and the KV head's last range to finish (a ticket per KV
 // head, reset by that block) combines them, every range of an output float4 in flight at once;
 // with xq non-null it also writes out's Q8_1 blocks (q8_store4: quantize_q8_1's rounding).
-// Needs D % 4 == 0, D <= 128 (a lane = 4 dims), G <= GP (attn_vec4: 4, attn_vec8: 8).
+// With knew non-null (knob fuse_rope) q, knew and vnew are the projections before RoPE (biases
+// added): each lane ropes its 4 dims of the group's q heads (rope_pair's arithmetic, the angles
+// of its own dims in double; neox pairs' other half from the lane D4 / 2 away), and the block
+// whose range holds the current position ropes that key's k row the same way, scores it from
+// registers and writes it and vnew's row into the cache: rope_kv's work, no launch.
+// Needs D % 4 == 0, D <= 128 (a lane = 4 dims), G <= GP (attn_vec4: 4, attn_vec8: 8); fuse_rope
+// also D % 8 == 0.
 #include "q8.cuh"
 
 #define NEG_INF __int_as_float(0xff800000)
@@ -54,15 +60,63 @@ __device__ __forceinline__ void rs_step(float* sv, int lane) {
     }
 }
 
+// RoPE of this lane's 4 dims x (dims 4 lane ..) of a head's row at position p: rope_pair's
+// arithmetic. Normal pairs (2j, 2j + 1) sit in the lane; neox pairs (j, j + D / 2) pair the lane
+// with the lane D4 / 2 away (every lane takes part in the shuffles). cs: the lane's
+// cos / sin (normal: pairs 2 lane, 2 lane + 1 in .x / .y; neox: dims 4 lane + t mod D / 2).
+struct RopeCS {
+    double c[4], s[4];
+};
+__device__ __forceinline__ RopeCS rope_cs(int lane, int D, int p, float theta, int neox) {
+    RopeCS r;
+    const int half = D / 2;
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+        const int j = neox ? (4 * lane + t) % half : 2 * lane + t / 2;
+        if (!neox && (t & 1)) {  // the pair's second dim: the same angle
+            r.c[t] = r.c[t - 1], r.s[t] = r.s[t - 1];
+            continue;
+        }
+        const double ang = (double)p * pow((double)theta, -2.0 * j / D);
+        sincos(ang, &r.s[t], &r.c[t]);
+    }
+    return r;
+}
+__device__ __forceinline__ float4 rope4(float4 x, const RopeCS& r, int lane, int D4, int neox) {
+    const int hl = D4 / 2;  // lanes between a neox pair's halves
+    const int src = lane < hl ? lane + hl : lane - hl;
+    const float yx = __shfl_sync(0xffffffffu, x.x, src), yy = __shfl_sync(0xffffffffu, x.y, src);
+    const float yz = __shfl_sync(0xffffffffu, x.z, src), yw = __shfl_sync(0xffffffffu, x.w, src);
+    if (!neox) {
+        const double a0 = x.x, b0 = x.y, a1 = x.z, b1 = x.w;
+        return make_float4((float)(a0 * r.c[0] - b0 * r.s[0]), (float)(a0 * r.s[0] + b0 * r.c[0]),
+                           (float)(a1 * r.c[2] - b1 * r.s[2]), (float)(a1 * r.s[2] + b1 * r.c[2]));
+    }
+    const float xs[4] = {x.x, x.y, x.z, x.w}, ys[4] = {yx, yy, yz, yw};
+    float o[4];
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+        if (lane < hl) {  // the pair's first half: a = x, b = the partner
+            const double a = xs[t], b = ys[t];
+            o[t] = (float)(a * r.c[t] - b * r.s[t]);
+        } else {  // the second half: a = the partner, b = x
+            const double a = ys[t], b = xs[t];
+            o[t] = (float)(a * r.s[t] + b * r.c[t]);
+        }
+    }
+    return make_float4(o[0], o[1], o[2], o[3]);
+}
+
 // grid (SPLITS, Hkv), block nw * 32 (nw <= VNW_MAX). q [H, D] (16-byte aligned), cache
 // [S, Hkv, D]; part [H, SPLITS, D], ml [H, SPLITS, 2]; out [H, D] (+ Q8_1 xq / xds).
-template <int GP>
-__device__ __forceinline__ void attn_vec_body(const float* __restrict__ q, const float* kc,
-                                              const float* vc, float* part, float* ml, int H,
-                                              int Hkv, int D, int pos0, const int* pos_ptr,
-                                              float scale, int min_keys, float* out,
-                                              signed char* xq, float2* xds,
-                                              unsigned int* tickets) {
+template <int GP, bool FR>
+__device__ __forceinline__ void attn_vec_body(const float* __restrict__ q, float* kc, float* vc,
+                                              float* part, float* ml, int H, int Hkv, int D,
+                                              int pos0, const int* pos_ptr, float scale,
+                                              int min_keys, float* out, signed char* xq,
+                                              float2* xds, unsigned int* tickets,
+                                              const float* knew, const float* vnew, float theta,
+                                              int neox) {
     constexpr int N = GP * KU, NV = N / 32, LPH = KU / NV;  // LPH: lanes holding a head's keys
     static_assert(N % 32 == 0 && KU % NV == 0, "GP x KU: a multiple of 32, NV <= KU");
     __shared__ float4 sacc[GP * 32];         // the block's merged acc [GP][D4]
@@ -86,14 +140,41 @@ __device__ __forceinline__ void attn_vec_body(const float* __restrict__ q, const
     const int kb = s * chunk, ke = min(L, kb + chunk);
     const bool dl = lane < D4;  // this lane holds dims 4 lane .. 4 lane + 3
     const size_t rs = (size_t)Hkv * D;
-    const float* kbase = kc + (size_t)kvh * D + 4 * lane;
-    const float* vbase = vc + (size_t)kvh * D + 4 * lane;
+    float* kbase = kc + (size_t)kvh * D + 4 * lane;
+    float* vbase = vc + (size_t)kvh * D + 4 * lane;
+    const int cur = L - 1;  // the current key: in the last range
+    constexpr bool fr = FR;  // knew non-null
+    const bool owner = fr && ke == L;
+    float4 kcur = make_float4(0.f, 0.f, 0.f, 0.f), vcur = kcur;  // fuse_rope: its rows
+    if (fr && dl)  // the first round's rows into L2 while the angles are computed
+        for (int u = 0; u < KU; ++u)
+            if (kb + warp * KU + u < ke && kb + warp * KU + u != cur) {
+                const size_t o = (size_t)(kb + warp * KU + u) * rs;
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(kbase + o));
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(vbase + o));
+            }
+    RopeCS cs;
+    if (fr) cs = rope_cs(lane, D, cur, theta, neox);
     float4 qv[GP];
 #pragma unroll
     for (int g = 0; g < GP; ++g) {
         float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
         if (g < G && dl) v = ((const float4*)q)[(size_t)(kvh * G + g) * D4 + lane];
+        if (fr && g < G) v = rope4(v, cs, lane, D4, neox);  // warp-uniform
         qv[g] = scale4(v, scale);
+    }
+    if (owner) {  // block-uniform: rope the current key's k, write it and v into the cache
+        float4 kn = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (dl) kn = ((const float4*)knew)[(size_t)kvh * D4 + lane], vcur = ((const float4*)vnew)[(size_t)kvh * D4 + lane];
+#ifdef MUTANT_ATTN_VEC_ROPE_K  // planted bug: the current key scored unroped
+        kcur = kn;
+#else
+        kcur = rope4(kn, cs, lane, D4, neox);
+#endif
+        if (warp == 0 && dl) {
+            *(float4*)(kbase + (size_t)cur * rs) = rope4(kn, cs, lane, D4, neox);
+            *(float4*)(vbase + (size_t)cur * rs) = vcur;
+        }
     }
     float m[GP];      // running max of head g (the same in every lane)
     float lown = 0.f, mo = NEG_INF;  // this lane's own head: its share of the sum, the max
@@ -110,12 +191,14 @@ __device__ __forceinline__ void attn_vec_body(const float* __restrict__ q, const
             const bool ok = dl && j0 + u < ke;
             kr[u] = ok ? *(const float4*)(kbase + (size_t)(j0 + u) * rs)
                        : make_float4(0.f, 0.f, 0.f, 0.f);
+            if (owner && j0 + u == cur) kr[u] = kcur;  // not in the cache before this kernel
         }
 #pragma unroll
         for (int u = 0; u < KU; ++u) {
             const bool ok = dl && j0 + u < ke;
             vr[u] = ok ? *(const float4*)(vbase + (size_t)(j0 + u) * rs)
                        : make_float4(0.f, 0.f, 0.f, 0.f);
+            if (owner && j0 + u == cur) vr[u] = vcur;
         }
         float sv[N];  // partial scores, head-major: sv[g * KU + u]
 #pragma unroll
@@ -289,18 +372,36 @@ __device__ __forceinline__ void attn_vec_body(const float* __restrict__ q, const
     if (threadIdx.x == 0) tickets[kvh] = 0;
 }
 
-// the group padded to 4 (attn_vec4) or 8 (attn_vec8) q heads
+// the group padded to 4 (attn_vec4*) or 8 (attn_vec8*) q heads; *_rope: fuse_rope (knew non-null)
 extern "C" __global__ void __launch_bounds__(VNW_MAX * 32)
-    attn_vec4(const float* __restrict__ q, const float* kc, const float* vc, float* part,
-              float* ml, int H, int Hkv, int D, int pos0, const int* pos_ptr, float scale,
-              int min_keys, float* out, signed char* xq, float2* xds, unsigned int* tickets) {
-    attn_vec_body<4>(q, kc, vc, part, ml, H, Hkv, D, pos0, pos_ptr, scale, min_keys, out, xq,
-                     xds, tickets);
+    attn_vec4(const float* __restrict__ q, float* kc, float* vc, float* part, float* ml, int H,
+        int Hkv, int D, int pos0, const int* pos_ptr, float scale, int min_keys, float* out,
+        signed char* xq, float2* xds, unsigned int* tickets, const float* knew,
+        const float* vnew, float theta, int neox) {
+    attn_vec_body<4, false>(q, kc, vc, part, ml, H, Hkv, D, pos0, pos_ptr, scale, min_keys, out,
+                          xq, xds, tickets, knew, vnew, theta, neox);
 }
 extern "C" __global__ void __launch_bounds__(VNW_MAX * 32)
-    attn_vec8(const float* __restrict__ q, const float* kc, const float* vc, float* part,
-              float* ml, int H, int Hkv, int D, int pos0, const int* pos_ptr, float scale,
-              int min_keys, float* out, signed char* xq, float2* xds, unsigned int* tickets) {
-    attn_vec_body<8>(q, kc, vc, part, ml, H, Hkv, D, pos0, pos_ptr, scale, min_keys, out, xq,
-                     xds, tickets);
+    attn_vec8(const float* __restrict__ q, float* kc, float* vc, float* part, float* ml, int H,
+        int Hkv, int D, int pos0, const int* pos_ptr, float scale, int min_keys, float* out,
+        signed char* xq, float2* xds, unsigned int* tickets, const float* knew,
+        const float* vnew, float theta, int neox) {
+    attn_vec_body<8, false>(q, kc, vc, part, ml, H, Hkv, D, pos0, pos_ptr, scale, min_keys, out,
+                          xq, xds, tickets, knew, vnew, theta, neox);
+}
+extern "C" __global__ void __launch_bounds__(VNW_MAX * 32)
+    attn_vec4_rope(const float* __restrict__ q, float* kc, float* vc, float* part, float* ml, int H,
+        int Hkv, int D, int pos0, const int* pos_ptr, float scale, int min_keys, float* out,
+        signed char* xq, float2* xds, unsigned int* tickets, const float* knew,
+        const float* vnew, float theta, int neox) {
+    attn_vec_body<4, true>(q, kc, vc, part, ml, H, Hkv, D, pos0, pos_ptr, scale, min_keys, out,
+                          xq, xds, tickets, knew, vnew, theta, neox);
+}
+extern "C" __global__ void __launch_bounds__(VNW_MAX * 32)
+    attn_vec8_rope(const float* __restrict__ q, float* kc, float* vc, float* part, float* ml, int H,
+        int Hkv, int D, int pos0, const int* pos_ptr, float scale, int min_keys, float* out,
+        signed char* xq, float2* xds, unsigned int* tickets, const float* knew,
+        const float* vnew, float theta, int neox) {
+    attn_vec_body<8, true>(q, kc, vc, part, ml, H, Hkv, D, pos0, pos_ptr, scale, min_keys, out,
+                          xq, xds, tickets, knew, vnew, theta, neox);
 }

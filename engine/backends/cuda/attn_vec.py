@@ -27,9 +27,15 @@ def vec_fits(H: int, Hkv: int, D: int, max_tickets: int) -> bool:
     return D % 4 == 0 and D <= 128 and H // Hkv <= GP_MAX and Hkv <= max_tickets
 
 
-def kernel_name(G: int) -> str:
-    """attn_vec4 for groups of up to 4 q heads (padded to 4), attn_vec8 up to 8."""
-    return "attn_vec4" if G <= 4 else "attn_vec8"
+def kernel_name(G: int, rope: bool = False) -> str:
+    """attn_vec4 for groups of up to 4 q heads (padded to 4), attn_vec8 up to 8; the _rope
+    builds under fuse_rope."""
+    return ("attn_vec4" if G <= 4 else "attn_vec8") + ("_rope" if rope else "")
+
+
+def rope_fits(D: int) -> bool:
+    """fuse_rope's extra limit: a neox pair's halves start on float4 boundaries."""
+    return D % 8 == 0
 
 
 def ranges(L: int, splits: int, min_keys: int, warps: int) -> tuple[int, int]:
@@ -41,12 +47,13 @@ def ranges(L: int, splits: int, min_keys: int, warps: int) -> tuple[int, int]:
 
 
 def launch_attn_vec(
-    be: Any, q: Any, k: Any, v: Any, out: Any, pos0: int, c: Any, q8: bool
+    be: Any, q: Any, k: Any, v: Any, out: Any, pos0: int, c: Any, q8: bool, rope: Any = None
 ) -> tuple[Any, Any] | None:
     """attn_vec's launch of a decode row q [1, H, D] over the cache layer's k, v [S, Hkv, D]
     into out [1, H, D] (fuse_combine 0: then attn_combine's or, under q8, attn_combine_q8's);
     q8: also out's Q8_1 form, returned as (xq, xds) for the backend to remember (else None).
-    be: the CudaBackend (its launch, buffers, position pointer)."""
+    be: the CudaBackend (its launch, buffers, position pointer). rope (fuse_rope): the
+    backend's _PendingQ, q unroped; the kernel ropes q and k and writes the position's rows."""
     T, H, D = (int(s) for s in q.shape)
     Hkv = int(k.shape[1])
     splits, warps, fc = int(c["splits"]), int(c["warps"]), int(c["fuse_combine"]) == 1
@@ -56,14 +63,17 @@ def launch_attn_vec(
     if q8:
         xq, xds = be._q8_buffers(T, H * D)
     null = np.uint64(0)
+    rk = (null, null, np.float32(0), np.int32(0))
+    if rope is not None:
+        rk = (rope.k, rope.v, np.float32(rope.theta), np.int32(1 if rope.neox else 0))
     be._launch(
-        "attn_vec", kernel_name(H // Hkv), (splits, Hkv), (32 * warps,),
+        "attn_vec", kernel_name(H // Hkv, rope is not None), (splits, Hkv), (32 * warps,),
         (
             be._aligned16(q), k, v, part, ml, np.int32(H), np.int32(Hkv), np.int32(D),
             np.int32(pos0), be._pos_ptr(), np.float32(1.0 / math.sqrt(D)),
             np.int32(int(c["min_keys"])), out if fc else null,
             null if xq is None or not fc else xq, null if xds is None or not fc else xds,
-            be._head_tickets,
+            be._head_tickets, *rk,
         ),
         pdl=True,
     )  # fmt: skip

@@ -24,7 +24,7 @@ import numpy as np
 from engine.backends.base import Backend, DeviceEntry, DeviceInfo, KVCache, ProfileReport
 from engine.backends.cuda import kernels
 from engine.backends.cuda.attn_tile import launch_attn_tile, tile_fits
-from engine.backends.cuda.attn_vec import launch_attn_vec, vec_fits
+from engine.backends.cuda.attn_vec import launch_attn_vec, rope_fits, vec_fits
 from engine.backends.cuda.decode_float import CudaFloatDecodeOps
 from engine.backends.cuda.device import device_class, driver_string
 from engine.backends.cuda.hybrid import CudaHybridOps
@@ -946,8 +946,8 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         if int(config.op("rope")["fuse_kv"]):
             out.append("rope")
         att = config.op("attention_decode")
-        if att.variant in ("gqa", "tile") and int(att["fuse_rope"]):
-            out.append("attention_decode")  # RoPE + KV write inside attn_gqa / attn_tile
+        if att.variant in ("gqa", "tile", "vec") and int(att["fuse_rope"]):
+            out.append("attention_decode")  # RoPE + KV write inside attn_gqa / tile / vec
         # the hybrids' fused decode (hybrid.py, moe_dec.py), where this backend has run it: a
         # dense model never does, so its blame never names them
         ran = getattr(self, "_fusions_ran", set())
@@ -1152,6 +1152,15 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
                 raise ValueError("attention: a pending q of another cache, layer or position")
             out = self._empty(tuple(int(s) for s in q.q.shape))
             c = self.config.op("attention_decode")
+            if c.variant == "vec":
+                T, H, D = (int(s) for s in q.q.shape)
+                xq = launch_attn_vec(
+                    self, q.q, cache.k[layer], cache.v[layer], out, pos0, c,
+                    self._int8_decode() and D % 32 == 0, rope=q,
+                )  # fmt: skip
+                if xq is not None:
+                    self._q8_remember(out.reshape(T, H * D), *xq)
+                return out
             if c.variant == "tile":
                 T, H, D = (int(s) for s in q.q.shape)
                 xq = launch_attn_tile(
@@ -1230,6 +1239,9 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
     def _gqa_rope(self, heads: tuple[int, int, int]) -> bool:
         """attention_decode.gqa's (or .tile's) fuse_rope on a decode row its kernel takes."""
         c = self.config.op("attention_decode")
+        if c.variant == "vec":
+            fits = vec_fits(*heads, _MAX_ARGMAX_ROWS) and rope_fits(heads[2])
+            return int(c["fuse_rope"]) == 1 and fits
         if c.variant == "tile":
             fits = tile_fits(*heads, int(c["warps"]), _MAX_ARGMAX_ROWS)
             return int(c["fuse_rope"]) == 1 and fits

@@ -1015,6 +1015,16 @@ REGISTRY.register(
                     "0: every range writes a partial and attn_combine(_q8) merges them",
                     PUSHED,
                 ),
+                Param(
+                    "fuse_rope",
+                    (0, 1),
+                    0,
+                    "1: q and k RoPE and the current position's KV-cache write done by the "
+                    "attention kernel from the q/k/v projections' outputs (rope_kv's "
+                    "arithmetic, each lane its own dims' angles; no rope / rope_kv / kv_write "
+                    "launch; head dim % 8 == 0)",
+                    HOST,
+                ),
             ),
             source="cuda/attn_vec.cu",
             numeric="order_only",
