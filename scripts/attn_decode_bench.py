@@ -56,6 +56,9 @@ BENCH = {  # name -> attention_decode knobs over dec8_split2
     "vec_m64": {_A + "variant": "vec", _A + "min_keys": 64},
     "vec_s128_m16": {_A + "variant": "vec", _A + "splits": 128, _A + "min_keys": 16},
     "vec_nofc": {_A + "variant": "vec", _A + "fuse_combine": 0},
+    "vec_cl": {_A + "variant": "vec", _A + "cluster": 1},  # 8 ranges, warps 4
+    "vec_cl_w8": {_A + "variant": "vec", _A + "cluster": 1, _A + "warps": 8},
+    "vec_cl_w2": {_A + "variant": "vec", _A + "cluster": 1, _A + "warps": 2},
 }
 BASE = "dec8_split2"
 COLD_BYTES = 256 << 20

@@ -280,6 +280,11 @@ VARIANTS |= {
     "d17_vec_rope": S2 | _VEC | {_A + "fuse_rope": 1},
     "d17_vec_w2_rope": S2 | _VEC | {_A + "warps": 2, _A + "fuse_rope": 1},
     "f17_vec_rope": _VEC | {_A + "fuse_rope": 1},
+    # a cluster of 8 ranges a KV head, merged in distributed shared memory (no fence / ticket)
+    "d17_vec_cl": S2 | _VEC | {_A + "cluster": 1},
+    "d17_vec_cl_w8": S2 | _VEC | {_A + "cluster": 1, _A + "warps": 8},
+    "d17_vec_cl_rope": S2 | _VEC | {_A + "cluster": 1, _A + "fuse_rope": 1},
+    "d17_vec_cl_w8_rope": S2 | _VEC | {_A + "cluster": 1, _A + "warps": 8, _A + "fuse_rope": 1},
 }
 # --sweep: coordinate descent over these knobs, in this order, from the --sweep variant
 SWEEP_KNOBS = (

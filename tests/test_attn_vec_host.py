@@ -15,7 +15,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from engine.backends.cuda.attn_vec import KU, kernel_name, ranges, vec_fits
+from engine.backends.cuda.attn_vec import KU, VCL, kernel_name, ranges, vec_fits
 from engine.tuning import TuningConfig
 from tests.cuda_fake import FakeCuda, decode_step
 from tests.op_cases import attention_ref
@@ -40,6 +40,7 @@ def test_vec_launches(tiny_model_factory, dec, splits, min_keys, warps, fc):
     launches, m = decode_step(tiny_model_factory("qwen2", "q4_k_m"), flat, PROMPT)
     n, hkv = m.spec.n_layers, m.spec.n_head_kv
     name = kernel_name(m.spec.n_head // hkv)
+    assert not any(x.kernel.startswith("attn_vec") and x.kernel != name for x in launches)
     vecs = [launch for launch in launches if launch.kernel == name]
     assert len(vecs) == n
     assert all(t.grid == (splits, hkv, 1) and t.block == (32 * warps, 1, 1) for t in vecs)
@@ -222,3 +223,47 @@ def test_attn_decode_bench_vec_configs_exist():
     for name in [n for n in VARIANTS if n.startswith(("d17_", "f17_"))]:
         cfg = TuningConfig.from_flat("cuda", VARIANTS[name])
         assert cfg.op("attention_decode").variant == "vec", name
+
+
+@pytest.mark.parametrize("dec", ["mmvf", "mmvw"])
+@pytest.mark.parametrize("warps,fc,rope", [(4, 1, 0), (1, 0, 0), (8, 1, 1), (2, 0, 1)])
+def test_vec_cluster_launches(tiny_model_factory, dec, warps, fc, rope):
+    """cluster: one attn_vec*_c(_rope) a layer on a grid of VCL x Hkv (the cluster's size,
+    whatever splits says), no partial buffers, out and (int8) the Q8_1 form always written,
+    no combine launch, whatever fuse_combine says."""
+    flat = VEC | {
+        "matmul_decode.variant": dec,
+        "attention_decode.cluster": 1,
+        "attention_decode.splits": 64,
+        "attention_decode.warps": warps,
+        "attention_decode.fuse_combine": fc,
+        "attention_decode.fuse_rope": rope,
+        "rope.fuse_kv": 1,
+    }
+    launches, m = decode_step(tiny_model_factory("qwen2", "q4_k_m"), flat, PROMPT)
+    n, hkv = m.spec.n_layers, m.spec.n_head_kv
+    name = kernel_name(m.spec.n_head // hkv, rope=bool(rope), cluster=True)
+    vecs = [x for x in launches if x.kernel == name]
+    assert len(vecs) == n
+    assert all(t.grid == (VCL, hkv, 1) and t.block == (32 * warps, 1, 1) for t in vecs)
+    assert all(isinstance(t.args[3], np.uint64) and isinstance(t.args[4], np.uint64) for t in vecs)
+    assert not any(isinstance(t.args[12], np.uint64) for t in vecs)  # out
+    q8 = [not isinstance(t.args[13], np.uint64) for t in vecs]
+    assert all(q8) if dec == "mmvw" else not any(q8)
+    count = Counter(x.kernel for x in launches)
+    assert count["attn_combine"] == count["attn_combine_q8"] == 0
+    assert count["rope_kv"] == (0 if rope else n)
+
+
+def test_vec_cluster_needs_sm90():
+    """Thread-block clusters are an sm_90 feature: refused on an A100, allowed on an H200; the
+    knob at 0 asks nothing of the device."""
+    from engine.backends.base import DeviceInfo
+
+    a100 = DeviceInfo("cuda", "A100", "nvidia", "a100", extra={"cc": 80})
+    h200 = DeviceInfo("cuda", "H200", "nvidia", "h200", extra={"cc": 90})
+    on = TuningConfig.from_flat("cuda", VEC | {"attention_decode.cluster": 1})
+    assert any("attention_decode.cluster != 0 needs compute capability >= 9.0" in p
+               for p in on.problems(a100))  # fmt: skip
+    assert on.problems(h200) == []
+    assert TuningConfig.from_flat("cuda", VEC).problems(a100) == []

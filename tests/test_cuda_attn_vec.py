@@ -26,8 +26,9 @@ SHAPES = [  # H, Hkv, D, pos0: groups 6 and 7 (the 1.5B / 7B, 0.5B) first, then 
     (14, 2, 64, 100), (6, 1, 128, 37), (3, 1, 80, 9), (5, 1, 128, 1000), (16, 2, 128, 70),
     (8, 8, 128, 40), (1, 1, 32, 0), (4, 2, 64, 7), (4, 2, 64, 8), (40, 8, 128, 333),
 ]  # fmt: skip
-KNOBS = [  # splits, min_keys, warps, fuse_combine
-    (64, 32, 4, 1), (8, 8, 1, 1), (256, 8, 8, 1), (16, 128, 2, 1), (64, 32, 4, 0), (8, 16, 8, 0),
+KNOBS = [  # splits, min_keys, warps, fuse_combine, cluster
+    (64, 32, 4, 1, 0), (8, 8, 1, 1, 0), (256, 8, 8, 1, 0), (16, 128, 2, 1, 0), (64, 32, 4, 0, 0),
+    (8, 16, 8, 0, 0), (64, 32, 4, 1, 1), (8, 8, 1, 0, 1), (64, 128, 8, 1, 1), (8, 16, 2, 1, 1),
 ]  # fmt: skip
 
 
@@ -36,21 +37,22 @@ def be(cuda_be):
     return cuda_be
 
 
-def _vec(splits: int, min_keys: int, warps: int, fc: int = 1) -> dict:
+def _vec(splits: int, min_keys: int, warps: int, fc: int = 1, cl: int = 0) -> dict:
     return VEC | {
         "attention_decode.splits": splits,
         "attention_decode.min_keys": min_keys,
         "attention_decode.warps": warps,
         "attention_decode.fuse_combine": fc,
+        "attention_decode.cluster": cl,
     }
 
 
-@pytest.mark.parametrize("splits,min_keys,warps,fc", KNOBS)
+@pytest.mark.parametrize("splits,min_keys,warps,fc,cl", KNOBS)
 @pytest.mark.parametrize("H,Hkv,D,pos0", SHAPES)
-def test_attention_decode_vec(be, H, Hkv, D, pos0, splits, min_keys, warps, fc):
+def test_attention_decode_vec(be, H, Hkv, D, pos0, splits, min_keys, warps, fc, cl):
     """Against float64, twice per config (the per-KV-head tickets reset)."""
     q, cache, ref = _case(be, H, Hkv, D, pos0)
-    be.set_config(cfg(**_vec(splits, min_keys, warps, fc)))
+    be.set_config(cfg(**_vec(splits, min_keys, warps, fc, cl)))
     names: list[str] = []
     launch = be._launch
     be._launch = lambda mod, name, *a, **k: (names.append(name), launch(mod, name, *a, **k))
@@ -59,17 +61,18 @@ def test_attention_decode_vec(be, H, Hkv, D, pos0, splits, min_keys, warps, fc):
             check(be.download(be.attention(be.upload(q), cache, 0, pos0)), ref, 1e-9)
     finally:
         del be._launch
-    assert names[0] == ("attn_vec4" if H // Hkv <= 4 else "attn_vec8"), names
+    assert names[0] == ("attn_vec4" if H // Hkv <= 4 else "attn_vec8") + ("_c" if cl else ""), names
     be.set_config(cfg())
 
 
-@pytest.mark.parametrize("fc", [1, 0])
+@pytest.mark.parametrize("fc,cl", [(1, 0), (0, 0), (1, 1)])
 @pytest.mark.parametrize("H,Hkv,D,pos0", [(12, 2, 128, 0), (28, 4, 128, 600), (4, 2, 64, 37),
                                           (7, 1, 128, 300)])  # fmt: skip
-def test_attention_decode_vec_leaves_the_q8_form(be, H, Hkv, D, pos0, fc):
-    """Under matmul_decode.mmvw the kernel (one range or the combine; fc 0: attn_combine_q8)
-    writes the output's Q8_1 form, which the o projection then reads."""
-    _q8_form(be, _vec(64, 32, 4, fc) | {"matmul_decode.variant": "mmvw"}, H, Hkv, D, pos0, "vec")
+def test_attention_decode_vec_leaves_the_q8_form(be, H, Hkv, D, pos0, fc, cl):
+    """Under matmul_decode.mmvw the kernel (one range or the combine; fc 0: attn_combine_q8;
+    cluster: the cluster's merge) writes the output's Q8_1 form, which the o projection reads."""
+    flat = _vec(64, 32, 4, fc, cl) | {"matmul_decode.variant": "mmvw"}
+    _q8_form(be, flat, H, Hkv, D, pos0, "vec")
     be.set_config(cfg())
 
 
@@ -77,11 +80,14 @@ MODEL_CONFIGS = [
     VEC,
     _vec(8, 8, 1, 0),
     VEC | {"matmul_decode.variant": "mmvw", "rope.fuse_kv": 1, "argmax.variant": "multi"},
+    _vec(64, 8, 1, 1, 1) | {"matmul_decode.variant": "mmvw", "rope.fuse_kv": 1},
 ]
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
-@pytest.mark.parametrize("flat", MODEL_CONFIGS, ids=["vec", "vec_s8_m8_w1_nofc", "vec_mmvw"])
+@pytest.mark.parametrize(
+    "flat", MODEL_CONFIGS, ids=["vec", "vec_s8_m8_w1_nofc", "vec_mmvw", "vec_cluster_m8_w1"]
+)
 def test_vec_model_graph_equals_eager(be, tiny_model_factory, arch, flat):
     m = _model(tiny_model_factory(arch, "q4_k_m"), be)
     be.set_config(cfg(**flat))
@@ -131,12 +137,16 @@ ROPE_PAIRS = [  # (fused, unfused): attn_vec's RoPE + KV write against rope_kv's
         _vec(64, 64, 8) | {"attention_decode.fuse_rope": 1, "matmul_decode.variant": "mmvw"},
         _vec(64, 64, 8) | {"rope.fuse_kv": 1, "matmul_decode.variant": "mmvw"},
     ),
+    (  # a cluster of one-warp blocks: the current key in the last active range of 8
+        _vec(8, 8, 1, 1, 1) | {"attention_decode.fuse_rope": 1, "matmul_decode.variant": "mmvw"},
+        _vec(8, 8, 1, 1, 1) | {"rope.fuse_kv": 1, "matmul_decode.variant": "mmvw"},
+    ),
 ]
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
 @pytest.mark.parametrize("pair", ROPE_PAIRS, ids=["vec", "mmvw_s8_m8_w1_nofc", "m128_w2",
-                                                  "mmvw_m64_w8"])  # fmt: skip
+                                                  "mmvw_m64_w8", "mmvw_cluster_w1"])  # fmt: skip
 @pytest.mark.parametrize("long", [False, True], ids=["p12", "p111"])
 def test_vec_fuse_rope_equals_rope_kv(be, tiny_model_factory, arch, pair, long):
     """attention_decode.vec fuse_rope (q, k RoPE and the KV write inside attn_vec) decodes to

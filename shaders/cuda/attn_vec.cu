@@ -107,9 +107,43 @@ __device__ __forceinline__ float4 rope4(float4 x, const RopeCS& r, int lane, int
     return make_float4(o[0], o[1], o[2], o[3]);
 }
 
+// thread-block clusters (sm_90): VCL blocks of a KV head, their shared memory read by each other
+#define VCL 8
+__device__ __forceinline__ void cluster_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;"
+                 ::: "memory");
+#endif
+}
+__device__ __forceinline__ unsigned dsmem_addr(const void* p, int rank) {
+    unsigned a = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    unsigned l;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(l) : "l"(p));
+    asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(l), "r"(rank));
+#endif
+    return a;
+}
+__device__ __forceinline__ float dsmem_ld(const float* p, int rank) {
+    float v = 0.f;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(dsmem_addr(p, rank)) : "memory");
+#endif
+    return v;
+}
+__device__ __forceinline__ float4 dsmem_ld4(const float4* p, int rank) {
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "r"(dsmem_addr(p, rank)) : "memory");
+#endif
+    return v;
+}
+
 // grid (SPLITS, Hkv), block nw * 32 (nw <= VNW_MAX). q [H, D] (16-byte aligned), cache
 // [S, Hkv, D]; part [H, SPLITS, D], ml [H, SPLITS, 2]; out [H, D] (+ Q8_1 xq / xds).
-template <int GP, bool FR>
+template <int GP, bool FR, bool CL>
 __device__ __forceinline__ void attn_vec_body(const float* __restrict__ q, float* kc, float* vc,
                                               float* part, float* ml, int H, int Hkv, int D,
                                               int pos0, const int* pos_ptr, float scale,
@@ -131,20 +165,20 @@ __device__ __forceinline__ void attn_vec_body(const float* __restrict__ q, float
     int chunk = max(min_keys, (L + nsplit - 1) / nsplit);
     chunk = (chunk + step - 1) / step * step;
     const int nact = (L + chunk - 1) / chunk;  // <= nsplit
-    if (s >= nact) {  // block-uniform: no ticket; for a separate combine, an empty range
+    if (!CL && s >= nact) {  // block-uniform: no ticket; for a separate combine, an empty range
         if (!out)
             for (int g = threadIdx.x; g < G; g += blockDim.x)
                 ((float2*)ml)[(size_t)(kvh * G + g) * nsplit + s] = make_float2(NEG_INF, 0.f);
         return;
     }
-    const int kb = s * chunk, ke = min(L, kb + chunk);
+    const int kb = s * chunk, ke = min(L, kb + chunk);  // cluster: kb >= ke past nact
     const bool dl = lane < D4;  // this lane holds dims 4 lane .. 4 lane + 3
     const size_t rs = (size_t)Hkv * D;
     float* kbase = kc + (size_t)kvh * D + 4 * lane;
     float* vbase = vc + (size_t)kvh * D + 4 * lane;
     const int cur = L - 1;  // the current key: in the last range
     constexpr bool fr = FR;  // knew non-null
-    const bool owner = fr && ke == L;
+    const bool owner = fr && s == nact - 1;
     float4 kcur = make_float4(0.f, 0.f, 0.f, 0.f), vcur = kcur;  // fuse_rope: its rows
     if (fr && dl)  // the first round's rows into L2 while the angles are computed
         for (int u = 0; u < KU; ++u)
@@ -288,6 +322,49 @@ __device__ __forceinline__ void attn_vec_body(const float* __restrict__ q, float
     }
     const int n4 = G * D4;
     const size_t ho = (size_t)kvh * G * D4;  // float4 index of the group's first output
+    if (CL) {  // cluster: the 8 ranges of the KV head merge through distributed shared memory
+        __shared__ float bm[GP], bl[GP];  // this block's (max, sum) per head
+        if (threadIdx.x < GP) {
+            const int g = threadIdx.x;
+            float M = NEG_INF, Ls = 0.f;
+            for (int w = 0; w < nw; ++w) M = fmaxf(M, sm_m[w][g]);
+            for (int w = 0; w < nw; ++w)
+                if (sm_m[w][g] != NEG_INF) Ls += sm_l[w][g] * expf(sm_m[w][g] - M);
+            bm[g] = M, bl[g] = Ls;  // a range past the position: (-inf, 0), sacc 0
+        }
+        cluster_sync();  // every block's sacc, bm, bl written
+        const int nc = gridDim.x;  // == the cluster's size: a cluster per KV head
+        for (int e00 = s * blockDim.x; e00 < n4; e00 += nc * blockDim.x) {  // whole warps
+            const int e = e00 + threadIdx.x, g = e / D4, c = e - g * D4;
+            const bool ok = e < n4;
+            float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (ok) {
+                float mr[VCL], lr[VCL];
+                float4 pr[VCL];
+#pragma unroll
+                for (int r = 0; r < VCL; ++r) {
+                    mr[r] = dsmem_ld(&bm[g], r);
+                    lr[r] = dsmem_ld(&bl[g], r);
+                    pr[r] = dsmem_ld4(&sacc[g * 32 + c], r);
+                }
+                float M = NEG_INF, Ls = 0.f;
+#pragma unroll
+                for (int r = 0; r < VCL; ++r) M = fmaxf(M, mr[r]);  // range 0 has keys
+#pragma unroll
+                for (int r = 0; r < VCL; ++r) {
+                    const float w = mr[r] == NEG_INF ? 0.f : expf(mr[r] - M);
+                    Ls = fmaf(lr[r], w, Ls);
+                    a = axpy4(w, pr[r], a);
+                }
+                a = scale4(a, 1.f / Ls);
+            }
+            const size_t oe = ho + e;
+            if (xq) q8_store4(a, xq + 4 * oe, xds + oe / 8, (int)(oe & 7), ok);
+            if (ok) ((float4*)out)[oe] = a;
+        }
+        cluster_sync();  // no block leaves while another reads its shared memory
+        return;
+    }
     // the block's (max, sum) of head g: every thread recomputes it from sm_m / sm_l
     if (nact == 1 && out) {  // one range: normalize and write out, no partials, no ticket
         for (int e00 = 0; e00 < n4; e00 += blockDim.x) {  // whole warps: the Q8_1 shuffles
@@ -378,30 +455,64 @@ extern "C" __global__ void __launch_bounds__(VNW_MAX * 32)
         int Hkv, int D, int pos0, const int* pos_ptr, float scale, int min_keys, float* out,
         signed char* xq, float2* xds, unsigned int* tickets, const float* knew,
         const float* vnew, float theta, int neox) {
-    attn_vec_body<4, false>(q, kc, vc, part, ml, H, Hkv, D, pos0, pos_ptr, scale, min_keys, out,
-                          xq, xds, tickets, knew, vnew, theta, neox);
+    attn_vec_body<4, false, false>(q, kc, vc, part, ml, H, Hkv, D, pos0, pos_ptr, scale, min_keys,
+                                 out, xq, xds, tickets, knew, vnew, theta, neox);
 }
 extern "C" __global__ void __launch_bounds__(VNW_MAX * 32)
     attn_vec8(const float* __restrict__ q, float* kc, float* vc, float* part, float* ml, int H,
         int Hkv, int D, int pos0, const int* pos_ptr, float scale, int min_keys, float* out,
         signed char* xq, float2* xds, unsigned int* tickets, const float* knew,
         const float* vnew, float theta, int neox) {
-    attn_vec_body<8, false>(q, kc, vc, part, ml, H, Hkv, D, pos0, pos_ptr, scale, min_keys, out,
-                          xq, xds, tickets, knew, vnew, theta, neox);
+    attn_vec_body<8, false, false>(q, kc, vc, part, ml, H, Hkv, D, pos0, pos_ptr, scale, min_keys,
+                                 out, xq, xds, tickets, knew, vnew, theta, neox);
 }
 extern "C" __global__ void __launch_bounds__(VNW_MAX * 32)
     attn_vec4_rope(const float* __restrict__ q, float* kc, float* vc, float* part, float* ml, int H,
         int Hkv, int D, int pos0, const int* pos_ptr, float scale, int min_keys, float* out,
         signed char* xq, float2* xds, unsigned int* tickets, const float* knew,
         const float* vnew, float theta, int neox) {
-    attn_vec_body<4, true>(q, kc, vc, part, ml, H, Hkv, D, pos0, pos_ptr, scale, min_keys, out,
-                          xq, xds, tickets, knew, vnew, theta, neox);
+    attn_vec_body<4, true, false>(q, kc, vc, part, ml, H, Hkv, D, pos0, pos_ptr, scale, min_keys,
+                                 out, xq, xds, tickets, knew, vnew, theta, neox);
 }
 extern "C" __global__ void __launch_bounds__(VNW_MAX * 32)
     attn_vec8_rope(const float* __restrict__ q, float* kc, float* vc, float* part, float* ml, int H,
         int Hkv, int D, int pos0, const int* pos_ptr, float scale, int min_keys, float* out,
         signed char* xq, float2* xds, unsigned int* tickets, const float* knew,
         const float* vnew, float theta, int neox) {
-    attn_vec_body<8, true>(q, kc, vc, part, ml, H, Hkv, D, pos0, pos_ptr, scale, min_keys, out,
-                          xq, xds, tickets, knew, vnew, theta, neox);
+    attn_vec_body<8, true, false>(q, kc, vc, part, ml, H, Hkv, D, pos0, pos_ptr, scale, min_keys,
+                                 out, xq, xds, tickets, knew, vnew, theta, neox);
 }
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900  // clusters: sm_90 and later
+extern "C" __global__ void __launch_bounds__(VNW_MAX * 32) __cluster_dims__(VCL, 1, 1)
+    attn_vec4_c(const float* __restrict__ q, float* kc, float* vc, float* part, float* ml, int H,
+        int Hkv, int D, int pos0, const int* pos_ptr, float scale, int min_keys, float* out,
+        signed char* xq, float2* xds, unsigned int* tickets, const float* knew,
+        const float* vnew, float theta, int neox) {
+    attn_vec_body<4, false, true>(q, kc, vc, part, ml, H, Hkv, D, pos0, pos_ptr, scale, min_keys,
+                                 out, xq, xds, tickets, knew, vnew, theta, neox);
+}
+extern "C" __global__ void __launch_bounds__(VNW_MAX * 32) __cluster_dims__(VCL, 1, 1)
+    attn_vec8_c(const float* __restrict__ q, float* kc, float* vc, float* part, float* ml, int H,
+        int Hkv, int D, int pos0, const int* pos_ptr, float scale, int min_keys, float* out,
+        signed char* xq, float2* xds, unsigned int* tickets, const float* knew,
+        const float* vnew, float theta, int neox) {
+    attn_vec_body<8, false, true>(q, kc, vc, part, ml, H, Hkv, D, pos0, pos_ptr, scale, min_keys,
+                                 out, xq, xds, tickets, knew, vnew, theta, neox);
+}
+extern "C" __global__ void __launch_bounds__(VNW_MAX * 32) __cluster_dims__(VCL, 1, 1)
+    attn_vec4_c_rope(const float* __restrict__ q, float* kc, float* vc, float* part, float* ml, int H,
+        int Hkv, int D, int pos0, const int* pos_ptr, float scale, int min_keys, float* out,
+        signed char* xq, float2* xds, unsigned int* tickets, const float* knew,
+        const float* vnew, float theta, int neox) {
+    attn_vec_body<4, true, true>(q, kc, vc, part, ml, H, Hkv, D, pos0, pos_ptr, scale, min_keys,
+                                 out, xq, xds, tickets, knew, vnew, theta, neox);
+}
+extern "C" __global__ void __launch_bounds__(VNW_MAX * 32) __cluster_dims__(VCL, 1, 1)
+    attn_vec8_c_rope(const float* __restrict__ q, float* kc, float* vc, float* part, float* ml, int H,
+        int Hkv, int D, int pos0, const int* pos_ptr, float scale, int min_keys, float* out,
+        signed char* xq, float2* xds, unsigned int* tickets, const float* knew,
+        const float* vnew, float theta, int neox) {
+    attn_vec_body<8, true, true>(q, kc, vc, part, ml, H, Hkv, D, pos0, pos_ptr, scale, min_keys,
+                                 out, xq, xds, tickets, knew, vnew, theta, neox);
+}
+#endif

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 KU = 8  # keys a warp loads and scores at once (attn_vec.cu)
+VCL = 8  # blocks of a KV head's thread-block cluster under the cluster knob (attn_vec*_c)
 GP_MAX = 8  # q heads of a KV group the kernel takes at most (attn_vec8)
 
 
@@ -27,10 +28,11 @@ def vec_fits(H: int, Hkv: int, D: int, max_tickets: int) -> bool:
     return D % 4 == 0 and D <= 128 and H // Hkv <= GP_MAX and Hkv <= max_tickets
 
 
-def kernel_name(G: int, rope: bool = False) -> str:
-    """attn_vec4 for groups of up to 4 q heads (padded to 4), attn_vec8 up to 8; the _rope
-    builds under fuse_rope."""
-    return ("attn_vec4" if G <= 4 else "attn_vec8") + ("_rope" if rope else "")
+def kernel_name(G: int, rope: bool = False, cluster: bool = False) -> str:
+    """attn_vec4 for groups of up to 4 q heads (padded to 4), attn_vec8 up to 8; the _c builds
+    under cluster, the _rope builds under fuse_rope."""
+    base = "attn_vec4" if G <= 4 else "attn_vec8"
+    return base + ("_c" if cluster else "") + ("_rope" if rope else "")
 
 
 def rope_fits(D: int) -> bool:
@@ -57,17 +59,22 @@ def launch_attn_vec(
     T, H, D = (int(s) for s in q.shape)
     Hkv = int(k.shape[1])
     splits, warps, fc = int(c["splits"]), int(c["warps"]), int(c["fuse_combine"]) == 1
-    part = be._empty((T, H, splits, D))
-    ml = be._empty((T, H, splits, 2))
+    cl = int(c["cluster"]) == 1
     xq = xds = None
     if q8:
         xq, xds = be._q8_buffers(T, H * D)
     null = np.uint64(0)
+    if cl:  # a cluster of VCL ranges a KV head, merged in shared memory: no partials
+        splits, fc = VCL, True
+        part = ml = null
+    else:
+        part = be._empty((T, H, splits, D))
+        ml = be._empty((T, H, splits, 2))
     rk = (null, null, np.float32(0), np.int32(0))
     if rope is not None:
         rk = (rope.k, rope.v, np.float32(rope.theta), np.int32(1 if rope.neox else 0))
     be._launch(
-        "attn_vec", kernel_name(H // Hkv, rope is not None), (splits, Hkv), (32 * warps,),
+        "attn_vec", kernel_name(H // Hkv, rope is not None, cl), (splits, Hkv), (32 * warps,),
         (
             be._aligned16(q), k, v, part, ml, np.int32(H), np.int32(Hkv), np.int32(D),
             np.int32(pos0), be._pos_ptr(), np.float32(1.0 / math.sqrt(D)),

@@ -97,7 +97,7 @@ def kernel_names(src: str) -> list[str]:
         n
         for n in re.findall(
             r'extern\s+"C"\s+__global__\s+void\s+'
-            r"(?:__launch_bounds__\((?:[^()]|\([^()]*\))*\)\s*)?(\w+)\s*\(",
+            r"(?:(?:__launch_bounds__|__cluster_dims__)\((?:[^()]|\([^()]*\))*\)\s*)*(\w+)\s*\(",
             src,
         )
         if n != "__launch_bounds__"

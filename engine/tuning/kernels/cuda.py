@@ -1025,6 +1025,26 @@ REGISTRY.register(
                     "launch; head dim % 8 == 0)",
                     HOST,
                 ),
+                Param(
+                    "cluster",
+                    (0, 1),
+                    0,
+                    "1: a KV head's keys in 8 ranges, one thread-block cluster (sm_90) that "
+                    "merges them through distributed shared memory: no partials in global "
+                    "memory, no fence, ticket or last block (splits and fuse_combine unused)",
+                    PUSHED,
+                ),
+            ),
+            constraints=(
+                Constraint(
+                    "attention_decode.cluster != 0 needs compute capability >= 9.0",
+                    lambda cfg, dev: (
+                        cfg.op("attention_decode").variant != "vec"
+                        or _p(cfg, "attention_decode", "cluster") == 0
+                        or dev is None
+                        or int(dev.extra.get("cc", 0)) >= 90
+                    ),
+                ),
             ),
             source="cuda/attn_vec.cu",
             numeric="order_only",
