@@ -59,6 +59,8 @@ BENCH = {  # name -> attention_decode knobs over dec8_split2
     "vec_cl": {_A + "variant": "vec", _A + "cluster": 1},  # 8 ranges, warps 4
     "vec_cl_w8": {_A + "variant": "vec", _A + "cluster": 1, _A + "warps": 8},
     "vec_cl_w2": {_A + "variant": "vec", _A + "cluster": 1, _A + "warps": 2},
+    "vec_cl_w8_pf": {_A + "variant": "vec", _A + "cluster": 1, _A + "warps": 8, _A + "prefetch": 1},
+    "vec_cl_pf": {_A + "variant": "vec", _A + "cluster": 1, _A + "prefetch": 1},
 }
 BASE = "dec8_split2"
 COLD_BYTES = 256 << 20

@@ -19,7 +19,7 @@ if [ ! -f $M ]; then M=/tmp/attn_1.5b.gguf
   [ -f $M ] || (python3 -m engine synth --preset 1.5b --out /tmp/attn_1.5b.part.gguf > "$D/synth.log" 2>&1 \
     && mv /tmp/attn_1.5b.part.gguf $M) &
 fi
-VARIANTS=${VARIANTS:-split_kw,tile,vec,vec_cl,vec_cl_w8,vec_w2,vec_w1_m8,vec_nofc}
+VARIANTS=${VARIANTS:-split_kw,tile,vec,vec_cl,vec_cl_w8,vec_cl_w8_pf,vec_w2,vec_w1_m8,vec_nofc}
 CONFIGS=${CONFIGS:-dec8_split2,d17_vec,d17_vec_cl_w8,d17_vec_rope,d17_vec_cl_w8_rope}
 python3 - > /tmp/attn_cfgs.json <<PY
 import json

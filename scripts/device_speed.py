@@ -285,6 +285,11 @@ VARIANTS |= {
     "d17_vec_cl_w8": S2 | _VEC | {_A + "cluster": 1, _A + "warps": 8},
     "d17_vec_cl_rope": S2 | _VEC | {_A + "cluster": 1, _A + "fuse_rope": 1},
     "d17_vec_cl_w8_rope": S2 | _VEC | {_A + "cluster": 1, _A + "warps": 8, _A + "fuse_rope": 1},
+    # + the later rounds' rows prefetched into L2 at the start
+    "d17_vec_cl_w8_pf": S2 | _VEC | {_A + "cluster": 1, _A + "warps": 8, _A + "prefetch": 1},
+    "d17_vec_cl_w8_pf_rope": S2
+    | _VEC
+    | {_A + "cluster": 1, _A + "warps": 8, _A + "prefetch": 1, _A + "fuse_rope": 1},
 }
 # --sweep: coordinate descent over these knobs, in this order, from the --sweep variant
 SWEEP_KNOBS = (

@@ -36,6 +36,7 @@ def test_vec_launches(tiny_model_factory, dec, splits, min_keys, warps, fc):
         "attention_decode.min_keys": min_keys,
         "attention_decode.warps": warps,
         "attention_decode.fuse_combine": fc,
+        "attention_decode.prefetch": int(warps == 1),
     }
     launches, m = decode_step(tiny_model_factory("qwen2", "q4_k_m"), flat, PROMPT)
     n, hkv = m.spec.n_layers, m.spec.n_head_kv
@@ -45,6 +46,7 @@ def test_vec_launches(tiny_model_factory, dec, splits, min_keys, warps, fc):
     assert len(vecs) == n
     assert all(t.grid == (splits, hkv, 1) and t.block == (32 * warps, 1, 1) for t in vecs)
     assert all(int(t.args[11]) == min_keys and t.smem == 0 for t in vecs)
+    assert all(int(t.args[-1]) == int(warps == 1) for t in vecs)  # prefetch
     q8 = [not isinstance(t.args[13], np.uint64) for t in vecs]  # xq; null: np.uint64(0)
     assert all(q8) if dec == "mmvw" and fc else not any(q8)
     assert all(isinstance(t.args[12], np.uint64) != bool(fc) for t in vecs)  # out
@@ -182,9 +184,10 @@ def test_vec_fuse_rope_launches(tiny_model_factory, dec, arch):
     assert count[name] == m.spec.n_layers
     assert count["rope_kv"] == count["rope"] == count["kv_write"] == 0
     vecs = [launch for launch in launches if launch.kernel == name]
-    assert all(not isinstance(t.args[-4], np.uint64) for t in vecs)  # knew
-    assert all(not isinstance(t.args[-3], np.uint64) for t in vecs)  # vnew
-    assert all(int(t.args[-1]) == int(m.spec.rope_neox) for t in vecs)
+    assert all(not isinstance(t.args[-5], np.uint64) for t in vecs)  # knew
+    assert all(not isinstance(t.args[-4], np.uint64) for t in vecs)  # vnew
+    assert all(int(t.args[-2]) == int(m.spec.rope_neox) for t in vecs)
+    assert all(int(t.args[-1]) == 0 for t in vecs)  # prefetch
     be = FakeCuda(TuningConfig.from_flat("cuda", flat))
     assert "attention_decode" in be.hook_bypassed_fusions(be.config)
     off = TuningConfig.from_flat("cuda", VEC | {"matmul_decode.variant": dec})
@@ -196,7 +199,7 @@ def test_vec_without_fuse_rope_passes_null_projections(tiny_model_factory):
                               PROMPT)  # fmt: skip
     name = kernel_name(m.spec.n_head // m.spec.n_head_kv)
     vecs = [launch for launch in launches if launch.kernel == name]
-    assert vecs and all(isinstance(t.args[-4], np.uint64) for t in vecs)
+    assert vecs and all(isinstance(t.args[-5], np.uint64) for t in vecs)
     assert Counter(launch.kernel for launch in launches)["rope_kv"] == len(vecs)
 
 

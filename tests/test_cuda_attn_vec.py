@@ -26,9 +26,10 @@ SHAPES = [  # H, Hkv, D, pos0: groups 6 and 7 (the 1.5B / 7B, 0.5B) first, then 
     (14, 2, 64, 100), (6, 1, 128, 37), (3, 1, 80, 9), (5, 1, 128, 1000), (16, 2, 128, 70),
     (8, 8, 128, 40), (1, 1, 32, 0), (4, 2, 64, 7), (4, 2, 64, 8), (40, 8, 128, 333),
 ]  # fmt: skip
-KNOBS = [  # splits, min_keys, warps, fuse_combine, cluster
-    (64, 32, 4, 1, 0), (8, 8, 1, 1, 0), (256, 8, 8, 1, 0), (16, 128, 2, 1, 0), (64, 32, 4, 0, 0),
-    (8, 16, 8, 0, 0), (64, 32, 4, 1, 1), (8, 8, 1, 0, 1), (64, 128, 8, 1, 1), (8, 16, 2, 1, 1),
+KNOBS = [  # splits, min_keys, warps, fuse_combine, cluster, prefetch
+    (64, 32, 4, 1, 0, 0), (8, 8, 1, 1, 0, 1), (256, 8, 8, 1, 0, 0), (16, 128, 2, 1, 0, 1),
+    (64, 32, 4, 0, 0, 0), (8, 16, 8, 0, 0, 1), (64, 32, 4, 1, 1, 0), (8, 8, 1, 0, 1, 1),
+    (64, 128, 8, 1, 1, 0), (8, 16, 2, 1, 1, 1),
 ]  # fmt: skip
 
 
@@ -37,8 +38,9 @@ def be(cuda_be):
     return cuda_be
 
 
-def _vec(splits: int, min_keys: int, warps: int, fc: int = 1, cl: int = 0) -> dict:
+def _vec(splits: int, min_keys: int, warps: int, fc: int = 1, cl: int = 0, pf: int = 0) -> dict:
     return VEC | {
+        "attention_decode.prefetch": pf,
         "attention_decode.splits": splits,
         "attention_decode.min_keys": min_keys,
         "attention_decode.warps": warps,
@@ -47,12 +49,12 @@ def _vec(splits: int, min_keys: int, warps: int, fc: int = 1, cl: int = 0) -> di
     }
 
 
-@pytest.mark.parametrize("splits,min_keys,warps,fc,cl", KNOBS)
+@pytest.mark.parametrize("splits,min_keys,warps,fc,cl,pf", KNOBS)
 @pytest.mark.parametrize("H,Hkv,D,pos0", SHAPES)
-def test_attention_decode_vec(be, H, Hkv, D, pos0, splits, min_keys, warps, fc, cl):
+def test_attention_decode_vec(be, H, Hkv, D, pos0, splits, min_keys, warps, fc, cl, pf):
     """Against float64, twice per config (the per-KV-head tickets reset)."""
     q, cache, ref = _case(be, H, Hkv, D, pos0)
-    be.set_config(cfg(**_vec(splits, min_keys, warps, fc, cl)))
+    be.set_config(cfg(**_vec(splits, min_keys, warps, fc, cl, pf)))
     names: list[str] = []
     launch = be._launch
     be._launch = lambda mod, name, *a, **k: (names.append(name), launch(mod, name, *a, **k))
@@ -138,8 +140,8 @@ ROPE_PAIRS = [  # (fused, unfused): attn_vec's RoPE + KV write against rope_kv's
         _vec(64, 64, 8) | {"rope.fuse_kv": 1, "matmul_decode.variant": "mmvw"},
     ),
     (  # a cluster of one-warp blocks: the current key in the last active range of 8
-        _vec(8, 8, 1, 1, 1) | {"attention_decode.fuse_rope": 1, "matmul_decode.variant": "mmvw"},
-        _vec(8, 8, 1, 1, 1) | {"rope.fuse_kv": 1, "matmul_decode.variant": "mmvw"},
+        _vec(8, 8, 1, 1, 1, 1) | {"attention_decode.fuse_rope": 1, "matmul_decode.variant": "mmvw"},
+        _vec(8, 8, 1, 1, 1, 1) | {"rope.fuse_kv": 1, "matmul_decode.variant": "mmvw"},
     ),
 ]
 

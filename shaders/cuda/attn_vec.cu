@@ -141,6 +141,18 @@ __device__ __forceinline__ float4 dsmem_ld4(const float4* p, int rank) {
     return v;
 }
 
+// rows [j0, j1) of a KV head's K and V (D floats each, rs floats apart) into L2: a lane a
+// 128-byte line (the current key's row, rewritten by fuse_rope, may be fetched: harmless)
+__device__ __forceinline__ void prefetch_rows(const float* kh, const float* vh, int j0, int j1,
+                                              size_t rs, int D, int lane) {
+    const int lpr = (D + 31) / 32;  // lines a row
+    for (int i = lane; i < (j1 - j0) * lpr; i += 32) {
+        const size_t o = (size_t)(j0 + i / lpr) * rs + 32 * (i % lpr);
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(kh + o));
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(vh + o));
+    }
+}
+
 // grid (SPLITS, Hkv), block nw * 32 (nw <= VNW_MAX). q [H, D] (16-byte aligned), cache
 // [S, Hkv, D]; part [H, SPLITS, D], ml [H, SPLITS, 2]; out [H, D] (+ Q8_1 xq / xds).
 template <int GP, bool FR, bool CL>
@@ -150,7 +162,7 @@ __device__ __forceinline__ void attn_vec_body(const float* __restrict__ q, float
                                               int min_keys, float* out, signed char* xq,
                                               float2* xds, unsigned int* tickets,
                                               const float* knew, const float* vnew, float theta,
-                                              int neox) {
+                                              int neox, int prefetch) {
     constexpr int N = GP * KU, NV = N / 32, LPH = KU / NV;  // LPH: lanes holding a head's keys
     static_assert(N % 32 == 0 && KU % NV == 0, "GP x KU: a multiple of 32, NV <= KU");
     __shared__ float4 sacc[GP * 32];         // the block's merged acc [GP][D4]
@@ -180,13 +192,17 @@ __device__ __forceinline__ void attn_vec_body(const float* __restrict__ q, float
     constexpr bool fr = FR;  // knew non-null
     const bool owner = fr && s == nact - 1;
     float4 kcur = make_float4(0.f, 0.f, 0.f, 0.f), vcur = kcur;  // fuse_rope: its rows
-    if (fr && dl)  // the first round's rows into L2 while the angles are computed
-        for (int u = 0; u < KU; ++u)
-            if (kb + warp * KU + u < ke && kb + warp * KU + u != cur) {
-                const size_t o = (size_t)(kb + warp * KU + u) * rs;
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(kbase + o));
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(vbase + o));
-            }
+    // prefetch: the warp's later rounds' rows into L2 now, so those rounds wait on L2, not
+    // DRAM; fuse_rope: the first round's too, while the angles are computed
+    if (prefetch || fr) {
+        const float* kh = kc + (size_t)kvh * D;
+        const float* vh = vc + (size_t)kvh * D;
+        const int j1 = kb + warp * KU;
+        if (fr) prefetch_rows(kh, vh, j1, min(ke, j1 + KU), rs, D, lane);
+        if (prefetch)
+            for (int j0 = j1 + step; j0 < ke; j0 += step)
+                prefetch_rows(kh, vh, j0, min(ke, j0 + KU), rs, D, lane);
+    }
     RopeCS cs;
     if (fr) cs = rope_cs(lane, D, cur, theta, neox);
     float4 qv[GP];
@@ -454,65 +470,73 @@ extern "C" __global__ void __launch_bounds__(VNW_MAX * 32)
     attn_vec4(const float* __restrict__ q, float* kc, float* vc, float* part, float* ml, int H,
         int Hkv, int D, int pos0, const int* pos_ptr, float scale, int min_keys, float* out,
         signed char* xq, float2* xds, unsigned int* tickets, const float* knew,
-        const float* vnew, float theta, int neox) {
+        const float* vnew, float theta, int neox, int prefetch) {
     attn_vec_body<4, false, false>(q, kc, vc, part, ml, H, Hkv, D, pos0, pos_ptr, scale, min_keys,
-                                 out, xq, xds, tickets, knew, vnew, theta, neox);
+                                 out, xq, xds, tickets, knew, vnew,
+                                 theta, neox, prefetch);
 }
 extern "C" __global__ void __launch_bounds__(VNW_MAX * 32)
     attn_vec8(const float* __restrict__ q, float* kc, float* vc, float* part, float* ml, int H,
         int Hkv, int D, int pos0, const int* pos_ptr, float scale, int min_keys, float* out,
         signed char* xq, float2* xds, unsigned int* tickets, const float* knew,
-        const float* vnew, float theta, int neox) {
+        const float* vnew, float theta, int neox, int prefetch) {
     attn_vec_body<8, false, false>(q, kc, vc, part, ml, H, Hkv, D, pos0, pos_ptr, scale, min_keys,
-                                 out, xq, xds, tickets, knew, vnew, theta, neox);
+                                 out, xq, xds, tickets, knew, vnew,
+                                 theta, neox, prefetch);
 }
 extern "C" __global__ void __launch_bounds__(VNW_MAX * 32)
     attn_vec4_rope(const float* __restrict__ q, float* kc, float* vc, float* part, float* ml, int H,
         int Hkv, int D, int pos0, const int* pos_ptr, float scale, int min_keys, float* out,
         signed char* xq, float2* xds, unsigned int* tickets, const float* knew,
-        const float* vnew, float theta, int neox) {
+        const float* vnew, float theta, int neox, int prefetch) {
     attn_vec_body<4, true, false>(q, kc, vc, part, ml, H, Hkv, D, pos0, pos_ptr, scale, min_keys,
-                                 out, xq, xds, tickets, knew, vnew, theta, neox);
+                                 out, xq, xds, tickets, knew, vnew,
+                                 theta, neox, prefetch);
 }
 extern "C" __global__ void __launch_bounds__(VNW_MAX * 32)
     attn_vec8_rope(const float* __restrict__ q, float* kc, float* vc, float* part, float* ml, int H,
         int Hkv, int D, int pos0, const int* pos_ptr, float scale, int min_keys, float* out,
         signed char* xq, float2* xds, unsigned int* tickets, const float* knew,
-        const float* vnew, float theta, int neox) {
+        const float* vnew, float theta, int neox, int prefetch) {
     attn_vec_body<8, true, false>(q, kc, vc, part, ml, H, Hkv, D, pos0, pos_ptr, scale, min_keys,
-                                 out, xq, xds, tickets, knew, vnew, theta, neox);
+                                 out, xq, xds, tickets, knew, vnew,
+                                 theta, neox, prefetch);
 }
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900  // clusters: sm_90 and later
 extern "C" __global__ void __launch_bounds__(VNW_MAX * 32) __cluster_dims__(VCL, 1, 1)
     attn_vec4_c(const float* __restrict__ q, float* kc, float* vc, float* part, float* ml, int H,
         int Hkv, int D, int pos0, const int* pos_ptr, float scale, int min_keys, float* out,
         signed char* xq, float2* xds, unsigned int* tickets, const float* knew,
-        const float* vnew, float theta, int neox) {
+        const float* vnew, float theta, int neox, int prefetch) {
     attn_vec_body<4, false, true>(q, kc, vc, part, ml, H, Hkv, D, pos0, pos_ptr, scale, min_keys,
-                                 out, xq, xds, tickets, knew, vnew, theta, neox);
+                                 out, xq, xds, tickets, knew, vnew,
+                                 theta, neox, prefetch);
 }
 extern "C" __global__ void __launch_bounds__(VNW_MAX * 32) __cluster_dims__(VCL, 1, 1)
     attn_vec8_c(const float* __restrict__ q, float* kc, float* vc, float* part, float* ml, int H,
         int Hkv, int D, int pos0, const int* pos_ptr, float scale, int min_keys, float* out,
         signed char* xq, float2* xds, unsigned int* tickets, const float* knew,
-        const float* vnew, float theta, int neox) {
+        const float* vnew, float theta, int neox, int prefetch) {
     attn_vec_body<8, false, true>(q, kc, vc, part, ml, H, Hkv, D, pos0, pos_ptr, scale, min_keys,
-                                 out, xq, xds, tickets, knew, vnew, theta, neox);
+                                 out, xq, xds, tickets, knew, vnew,
+                                 theta, neox, prefetch);
 }
 extern "C" __global__ void __launch_bounds__(VNW_MAX * 32) __cluster_dims__(VCL, 1, 1)
     attn_vec4_c_rope(const float* __restrict__ q, float* kc, float* vc, float* part, float* ml, int H,
         int Hkv, int D, int pos0, const int* pos_ptr, float scale, int min_keys, float* out,
         signed char* xq, float2* xds, unsigned int* tickets, const float* knew,
-        const float* vnew, float theta, int neox) {
+        const float* vnew, float theta, int neox, int prefetch) {
     attn_vec_body<4, true, true>(q, kc, vc, part, ml, H, Hkv, D, pos0, pos_ptr, scale, min_keys,
-                                 out, xq, xds, tickets, knew, vnew, theta, neox);
+                                 out, xq, xds, tickets, knew, vnew,
+                                 theta, neox, prefetch);
 }
 extern "C" __global__ void __launch_bounds__(VNW_MAX * 32) __cluster_dims__(VCL, 1, 1)
     attn_vec8_c_rope(const float* __restrict__ q, float* kc, float* vc, float* part, float* ml, int H,
         int Hkv, int D, int pos0, const int* pos_ptr, float scale, int min_keys, float* out,
         signed char* xq, float2* xds, unsigned int* tickets, const float* knew,
-        const float* vnew, float theta, int neox) {
+        const float* vnew, float theta, int neox, int prefetch) {
     attn_vec_body<8, true, true>(q, kc, vc, part, ml, H, Hkv, D, pos0, pos_ptr, scale, min_keys,
-                                 out, xq, xds, tickets, knew, vnew, theta, neox);
+                                 out, xq, xds, tickets, knew, vnew,
+                                 theta, neox, prefetch);
 }
 #endif

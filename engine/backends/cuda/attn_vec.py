@@ -80,7 +80,7 @@ def launch_attn_vec(
             np.int32(pos0), be._pos_ptr(), np.float32(1.0 / math.sqrt(D)),
             np.int32(int(c["min_keys"])), out if fc else null,
             null if xq is None or not fc else xq, null if xds is None or not fc else xds,
-            be._head_tickets, *rk,
+            be._head_tickets, *rk, np.int32(int(c["prefetch"])),
         ),
         pdl=True,
     )  # fmt: skip

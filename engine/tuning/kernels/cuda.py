@@ -1034,6 +1034,15 @@ REGISTRY.register(
                     "memory, no fence, ticket or last block (splits and fuse_combine unused)",
                     PUSHED,
                 ),
+                Param(
+                    "prefetch",
+                    (0, 1),
+                    0,
+                    "1: each warp asks L2 for the rows of all its rounds after the first at the "
+                    "start (prefetch.global.L2), so a range of several rounds waits on DRAM "
+                    "once; same values",
+                    PUSHED,
+                ),
             ),
             constraints=(
                 Constraint(
