@@ -111,8 +111,8 @@ __device__ __forceinline__ float4 rope4(float4 x, const RopeCS& r, int lane, int
 #define VCL 8
 __device__ __forceinline__ void cluster_sync() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;"
-                 ::: "memory");
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
 #endif
 }
 __device__ __forceinline__ unsigned dsmem_addr(const void* p, int rank) {
@@ -127,7 +127,8 @@ __device__ __forceinline__ unsigned dsmem_addr(const void* p, int rank) {
 __device__ __forceinline__ float dsmem_ld(const float* p, int rank) {
     float v = 0.f;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(dsmem_addr(p, rank)) : "memory");
+    asm volatile("ld.shared::cluster.f32 %0, [%1];"
+                 : "=f"(v) : "r"(dsmem_addr(p, rank)) : "memory");
 #endif
     return v;
 }
@@ -215,14 +216,18 @@ __device__ __forceinline__ void attn_vec_body(const float* __restrict__ q, float
     }
     if (owner) {  // block-uniform: rope the current key's k, write it and v into the cache
         float4 kn = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (dl) kn = ((const float4*)knew)[(size_t)kvh * D4 + lane], vcur = ((const float4*)vnew)[(size_t)kvh * D4 + lane];
+        if (dl) {
+            kn = ((const float4*)knew)[(size_t)kvh * D4 + lane];
+            vcur = ((const float4*)vnew)[(size_t)kvh * D4 + lane];
+        }
+        const float4 kro = rope4(kn, cs, lane, D4, neox);  // every lane: the shuffles
 #ifdef MUTANT_ATTN_VEC_ROPE_K  // planted bug: the current key scored unroped
         kcur = kn;
 #else
-        kcur = rope4(kn, cs, lane, D4, neox);
+        kcur = kro;
 #endif
         if (warp == 0 && dl) {
-            *(float4*)(kbase + (size_t)cur * rs) = rope4(kn, cs, lane, D4, neox);
+            *(float4*)(kbase + (size_t)cur * rs) = kro;
             *(float4*)(vbase + (size_t)cur * rs) = vcur;
         }
     }
@@ -467,8 +472,8 @@ __device__ __forceinline__ void attn_vec_body(const float* __restrict__ q, float
 
 // the group padded to 4 (attn_vec4*) or 8 (attn_vec8*) q heads; *_rope: fuse_rope (knew non-null)
 extern "C" __global__ void __launch_bounds__(VNW_MAX * 32)
-    attn_vec4(const float* __restrict__ q, float* kc, float* vc, float* part, float* ml, int H,
-        int Hkv, int D, int pos0, const int* pos_ptr, float scale, int min_keys, float* out,
+    attn_vec4(const float* __restrict__ q, float* kc, float* vc, float* part, float* ml,
+        int H, int Hkv, int D, int pos0, const int* pos_ptr, float scale, int min_keys, float* out,
         signed char* xq, float2* xds, unsigned int* tickets, const float* knew,
         const float* vnew, float theta, int neox, int prefetch) {
     attn_vec_body<4, false, false>(q, kc, vc, part, ml, H, Hkv, D, pos0, pos_ptr, scale, min_keys,
@@ -476,8 +481,8 @@ extern "C" __global__ void __launch_bounds__(VNW_MAX * 32)
                                  theta, neox, prefetch);
 }
 extern "C" __global__ void __launch_bounds__(VNW_MAX * 32)
-    attn_vec8(const float* __restrict__ q, float* kc, float* vc, float* part, float* ml, int H,
-        int Hkv, int D, int pos0, const int* pos_ptr, float scale, int min_keys, float* out,
+    attn_vec8(const float* __restrict__ q, float* kc, float* vc, float* part, float* ml,
+        int H, int Hkv, int D, int pos0, const int* pos_ptr, float scale, int min_keys, float* out,
         signed char* xq, float2* xds, unsigned int* tickets, const float* knew,
         const float* vnew, float theta, int neox, int prefetch) {
     attn_vec_body<8, false, false>(q, kc, vc, part, ml, H, Hkv, D, pos0, pos_ptr, scale, min_keys,
@@ -485,8 +490,8 @@ extern "C" __global__ void __launch_bounds__(VNW_MAX * 32)
                                  theta, neox, prefetch);
 }
 extern "C" __global__ void __launch_bounds__(VNW_MAX * 32)
-    attn_vec4_rope(const float* __restrict__ q, float* kc, float* vc, float* part, float* ml, int H,
-        int Hkv, int D, int pos0, const int* pos_ptr, float scale, int min_keys, float* out,
+    attn_vec4_rope(const float* __restrict__ q, float* kc, float* vc, float* part, float* ml,
+        int H, int Hkv, int D, int pos0, const int* pos_ptr, float scale, int min_keys, float* out,
         signed char* xq, float2* xds, unsigned int* tickets, const float* knew,
         const float* vnew, float theta, int neox, int prefetch) {
     attn_vec_body<4, true, false>(q, kc, vc, part, ml, H, Hkv, D, pos0, pos_ptr, scale, min_keys,
@@ -494,8 +499,8 @@ extern "C" __global__ void __launch_bounds__(VNW_MAX * 32)
                                  theta, neox, prefetch);
 }
 extern "C" __global__ void __launch_bounds__(VNW_MAX * 32)
-    attn_vec8_rope(const float* __restrict__ q, float* kc, float* vc, float* part, float* ml, int H,
-        int Hkv, int D, int pos0, const int* pos_ptr, float scale, int min_keys, float* out,
+    attn_vec8_rope(const float* __restrict__ q, float* kc, float* vc, float* part, float* ml,
+        int H, int Hkv, int D, int pos0, const int* pos_ptr, float scale, int min_keys, float* out,
         signed char* xq, float2* xds, unsigned int* tickets, const float* knew,
         const float* vnew, float theta, int neox, int prefetch) {
     attn_vec_body<8, true, false>(q, kc, vc, part, ml, H, Hkv, D, pos0, pos_ptr, scale, min_keys,
@@ -503,36 +508,40 @@ extern "C" __global__ void __launch_bounds__(VNW_MAX * 32)
                                  theta, neox, prefetch);
 }
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900  // clusters: sm_90 and later
-extern "C" __global__ void __launch_bounds__(VNW_MAX * 32) __cluster_dims__(VCL, 1, 1)
-    attn_vec4_c(const float* __restrict__ q, float* kc, float* vc, float* part, float* ml, int H,
-        int Hkv, int D, int pos0, const int* pos_ptr, float scale, int min_keys, float* out,
+extern "C" __global__ void __launch_bounds__(VNW_MAX * 32)
+    __cluster_dims__(VCL, 1, 1)
+    attn_vec4_c(const float* __restrict__ q, float* kc, float* vc, float* part, float* ml,
+        int H, int Hkv, int D, int pos0, const int* pos_ptr, float scale, int min_keys, float* out,
         signed char* xq, float2* xds, unsigned int* tickets, const float* knew,
         const float* vnew, float theta, int neox, int prefetch) {
     attn_vec_body<4, false, true>(q, kc, vc, part, ml, H, Hkv, D, pos0, pos_ptr, scale, min_keys,
                                  out, xq, xds, tickets, knew, vnew,
                                  theta, neox, prefetch);
 }
-extern "C" __global__ void __launch_bounds__(VNW_MAX * 32) __cluster_dims__(VCL, 1, 1)
-    attn_vec8_c(const float* __restrict__ q, float* kc, float* vc, float* part, float* ml, int H,
-        int Hkv, int D, int pos0, const int* pos_ptr, float scale, int min_keys, float* out,
+extern "C" __global__ void __launch_bounds__(VNW_MAX * 32)
+    __cluster_dims__(VCL, 1, 1)
+    attn_vec8_c(const float* __restrict__ q, float* kc, float* vc, float* part, float* ml,
+        int H, int Hkv, int D, int pos0, const int* pos_ptr, float scale, int min_keys, float* out,
         signed char* xq, float2* xds, unsigned int* tickets, const float* knew,
         const float* vnew, float theta, int neox, int prefetch) {
     attn_vec_body<8, false, true>(q, kc, vc, part, ml, H, Hkv, D, pos0, pos_ptr, scale, min_keys,
                                  out, xq, xds, tickets, knew, vnew,
                                  theta, neox, prefetch);
 }
-extern "C" __global__ void __launch_bounds__(VNW_MAX * 32) __cluster_dims__(VCL, 1, 1)
-    attn_vec4_c_rope(const float* __restrict__ q, float* kc, float* vc, float* part, float* ml, int H,
-        int Hkv, int D, int pos0, const int* pos_ptr, float scale, int min_keys, float* out,
+extern "C" __global__ void __launch_bounds__(VNW_MAX * 32)
+    __cluster_dims__(VCL, 1, 1)
+    attn_vec4_c_rope(const float* __restrict__ q, float* kc, float* vc, float* part, float* ml,
+        int H, int Hkv, int D, int pos0, const int* pos_ptr, float scale, int min_keys, float* out,
         signed char* xq, float2* xds, unsigned int* tickets, const float* knew,
         const float* vnew, float theta, int neox, int prefetch) {
     attn_vec_body<4, true, true>(q, kc, vc, part, ml, H, Hkv, D, pos0, pos_ptr, scale, min_keys,
                                  out, xq, xds, tickets, knew, vnew,
                                  theta, neox, prefetch);
 }
-extern "C" __global__ void __launch_bounds__(VNW_MAX * 32) __cluster_dims__(VCL, 1, 1)
-    attn_vec8_c_rope(const float* __restrict__ q, float* kc, float* vc, float* part, float* ml, int H,
-        int Hkv, int D, int pos0, const int* pos_ptr, float scale, int min_keys, float* out,
+extern "C" __global__ void __launch_bounds__(VNW_MAX * 32)
+    __cluster_dims__(VCL, 1, 1)
+    attn_vec8_c_rope(const float* __restrict__ q, float* kc, float* vc, float* part, float* ml,
+        int H, int Hkv, int D, int pos0, const int* pos_ptr, float scale, int min_keys, float* out,
         signed char* xq, float2* xds, unsigned int* tickets, const float* knew,
         const float* vnew, float theta, int neox, int prefetch) {
     attn_vec_body<8, true, true>(q, kc, vc, part, ml, H, Hkv, D, pos0, pos_ptr, scale, min_keys,
