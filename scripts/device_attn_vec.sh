@@ -20,7 +20,7 @@ if [ ! -f $M ]; then M=/tmp/attn_1.5b.gguf
     && mv /tmp/attn_1.5b.part.gguf $M) &
 fi
 VARIANTS=${VARIANTS:-split_kw,tile,vec,vec_cl,vec_cl_w8,vec_cl_w8_pf,vec_w2,vec_w1_m8,vec_nofc}
-CONFIGS=${CONFIGS:-dec8_split2,d17_vec,d17_vec_cl_w8,d17_vec_rope,d17_vec_cl_w8_rope}
+CONFIGS=${CONFIGS:-dec8_split2,d17_vec,d17_vec_cl_w8,d17_vec_cl_w8_rope,d17_vec_rope}
 python3 - > /tmp/attn_cfgs.json <<PY
 import json
 from scripts.attn_decode_bench import BASE, BENCH
@@ -47,7 +47,7 @@ for i in 0 1 2; do
   FLEETTUNE_MUTANT=ATTN_VEC_ROPE_K python3 scripts/cuda_precompile.py /tmp/attn_mut2.json \
     --part $i/3 >> "$D/precompile_mutant.log" 2>&1 &
 done
-for i in $(seq ${PRECOMPILE_S:-8}); do
+for i in $(seq ${PRECOMPILE_S:-20}); do
   ALIVE=0; for p in $PIDS; do kill -0 $p 2> /dev/null && ALIVE=1; done
   [ $ALIVE = 0 ] && break
   sleep 1
@@ -57,19 +57,19 @@ PYT="python3 -m pytest -q -m gpu -p no:cacheprovider -rfE --tb=short --maxfail=5
 timeout 20 $PYT tests/test_cuda_attn_vec.py -k "test_attention_decode_vec and not q8 and not planted" \
   > "$D/pytest_kernel.log" 2>&1
 echo "pytest kernel rc=$? $(tail -1 "$D/pytest_kernel.log") at $(el) s" | tee -a "$D/summary.txt"
-timeout 20 python3 scripts/attn_decode_bench.py --contexts 512,128,2048 --shapes 1.5b,7b \
-  --variants "$VARIANTS" --calls 32 --repeats 3 --deadline 13 --out "$D/bench.json" \
+timeout 18 python3 scripts/attn_decode_bench.py --contexts 512,128,2048 --shapes 1.5b,7b \
+  --variants "$VARIANTS" --calls 32 --repeats 3 --deadline 11 --out "$D/bench.json" \
   > "$D/bench.log" 2>&1
 echo "bench rc=$? at $(el) s" | tee -a "$D/summary.txt"
 for i in $(seq 10); do [ -f $M ] && break; sleep 1; done
 if [ -f $M ]; then
-  LEFT=$((80 - $(el))); [ $LEFT -lt 30 ] && LEFT=30
+  LEFT=$((85 - $(el))); [ $LEFT -lt 25 ] && LEFT=25
   timeout $LEFT python3 scripts/device_speed.py $M --bench "$CONFIGS" --validate d17_vec_cl_w8_rope,d17_vec \
-    --profile "" --repeats 1 --validate-after 5 --deadline $(( $(date +%s) + LEFT - 6 )) \
+    --profile "" --repeats 1 --validate-after 4 --deadline $(( $(date +%s) + LEFT - 6 )) \
     --out "$D" > "$D/speed.log" 2>&1
   echo "speed rc=$? at $(el) s" | tee -a "$D/summary.txt"
 else echo "no 1.5B model at $(el) s" | tee -a "$D/summary.txt"; fi
-LEFT=$((97 - $(el))); [ $LEFT -lt 12 ] && LEFT=12
+LEFT=$((97 - $(el))); [ $LEFT -lt 10 ] && LEFT=10
 timeout $LEFT $PYT tests/test_cuda_attn_vec.py -k "not test_attention_decode_vec or q8 or planted" \
   > "$D/pytest.log" 2>&1
 echo "pytest rest rc=$? $(tail -1 "$D/pytest.log") at $(el) s" | tee -a "$D/summary.txt"
@@ -77,4 +77,5 @@ grep -hE "^(FAILED|ERROR)" "$D"/pytest*.log 2>/dev/null | head -20 | cut -c1-300
 cut -c1-200 "$D/bench.log" | tail -60
 grep -E "bench|validate|PASS|FAIL|attn|rms|rope|swiglu" "$D/speed.log" 2>/dev/null | cut -c1-300 | tail -20
 cat "$D/summary.txt"
+for p in $(jobs -p); do kill $p 2> /dev/null; done  # this script's own precompiles, if any
 echo "done at $(el) s"
