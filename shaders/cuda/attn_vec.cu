@@ -294,7 +294,7 @@ __device__ __forceinline__ void attn_vec_body(const float* __restrict__ q, float
             p[i] = sv[i] == NEG_INF ? 0.f : expf(sv[i] - mown);
             psum += p[i];
         }
-        lown = lown * cown + psum;  // the lane holds the same head every round
+        lown = fmaf(lown, cown, psum);  // the lane holds the same head every round
 #pragma unroll
         for (int g = 0; g < GP; ++g) {
             float4 a = scale4(acc[g], corr[g]);
@@ -331,13 +331,8 @@ __device__ __forceinline__ void attn_vec_body(const float* __restrict__ q, float
         if (warp == w && dl)
 #pragma unroll
             for (int g = 0; g < GP; ++g) {
-                const float4 a = scale4(acc[g], wsc[g]);
-                if (w == 0) {
-                    sacc[g * 32 + lane] = a;
-                } else {
-                    const float4 b = sacc[g * 32 + lane];
-                    sacc[g * 32 + lane] = make_float4(b.x + a.x, b.y + a.y, b.z + a.z, b.w + a.w);
-                }
+                float4& o = sacc[g * 32 + lane];  // explicit fmaf: the same rounding in every build
+                o = w == 0 ? scale4(acc[g], wsc[g]) : axpy4(wsc[g], acc[g], o);
             }
         __syncthreads();
     }
@@ -350,7 +345,7 @@ __device__ __forceinline__ void attn_vec_body(const float* __restrict__ q, float
             float M = NEG_INF, Ls = 0.f;
             for (int w = 0; w < nw; ++w) M = fmaxf(M, sm_m[w][g]);
             for (int w = 0; w < nw; ++w)
-                if (sm_m[w][g] != NEG_INF) Ls += sm_l[w][g] * expf(sm_m[w][g] - M);
+                if (sm_m[w][g] != NEG_INF) Ls = fmaf(sm_l[w][g], expf(sm_m[w][g] - M), Ls);
             bm[g] = M, bl[g] = Ls;  // a range past the position: (-inf, 0), sacc 0
         }
         cluster_sync();  // every block's sacc, bm, bl written
@@ -396,7 +391,7 @@ __device__ __forceinline__ void attn_vec_body(const float* __restrict__ q, float
                 float M = NEG_INF, Ls = 0.f;
                 for (int w = 0; w < nw; ++w) M = fmaxf(M, sm_m[w][g]);
                 for (int w = 0; w < nw; ++w)
-                    if (sm_m[w][g] != NEG_INF) Ls += sm_l[w][g] * expf(sm_m[w][g] - M);
+                    if (sm_m[w][g] != NEG_INF) Ls = fmaf(sm_l[w][g], expf(sm_m[w][g] - M), Ls);
                 o = scale4(sacc[g * 32 + c], 1.f / Ls);
             }
             const size_t oe = ho + e;
@@ -413,7 +408,7 @@ __device__ __forceinline__ void attn_vec_body(const float* __restrict__ q, float
             float M = NEG_INF, Ls = 0.f;
             for (int w = 0; w < nw; ++w) M = fmaxf(M, sm_m[w][g]);
             for (int w = 0; w < nw; ++w)
-                if (sm_m[w][g] != NEG_INF) Ls += sm_l[w][g] * expf(sm_m[w][g] - M);
+                if (sm_m[w][g] != NEG_INF) Ls = fmaf(sm_l[w][g], expf(sm_m[w][g] - M), Ls);
             ((float2*)ml)[o] = make_float2(M, Ls);
         }
     }
