@@ -130,6 +130,7 @@ class StudyState:
                 self.study.set_user_attr(k, v)
             params = self.space.params_of(self.baseline) or {}
             self.study.enqueue_trial(params, user_attrs={"role": BASELINE})
+            self._start_configs()
             self._warm_start()
             if self.exp.sampler.screen_variants:
                 self._screen_variants()
@@ -184,6 +185,32 @@ class StudyState:
             n += 1
         return n
 
+    def _start_configs(self) -> None:
+        """Enqueue, after the baseline, the experiment's [[start]] configs of this backend (each
+        the baseline with its overrides); recorded in the study's ``started`` attr."""
+        queued = []
+        for st in self.exp.start:
+            if st.backend != self.backend:
+                continue
+            flat = {**self.baseline, **st.config}
+            params = self.space.params_of(flat)
+            # (checked at load; a promoted baseline can still put it outside); a knob of a
+            # variant the config does not run would be dropped, not tried
+            ran = (
+                set()
+                if params is None
+                else {o.variant_dim.key for o in self.space.ops}
+                | {d.key for o in self.space.ops for d in o.dims_of(str(flat[o.variant_dim.key]))}
+            )
+            if params is None or not set(st.config) <= ran:
+                log.warning("%s: start %r is outside the space here: skipped", self.name, st.name)
+                continue
+            self.study.enqueue_trial(params, user_attrs={"role": CANDIDATE, "start": st.name})
+            queued.append(st.name)
+        self.study.set_user_attr("started", queued)
+        if queued:
+            log.info("%s: trying the experiment's start configs first: %s", self.name, queued)
+
     def _warm_start(self) -> None:
         """Enqueue, after the baseline, the best configs of this experiment on other device
         classes (agent/warmstart.py); recorded in the study's ``warm_start`` attr."""
@@ -222,6 +249,11 @@ class StudyState:
         self.study.set_user_attr("screened_variants", queued)
         if queued:
             log.info("%s: screening %d variants first: %s", self.name, len(queued), queued)
+
+    @property
+    def started(self) -> list[str]:
+        """The experiment's [[start]] configs enqueued after the baseline, by name."""
+        return list(self.study.user_attrs.get("started", []))
 
     @property
     def warm_start(self) -> list[dict[str, Any]]:

@@ -145,6 +145,17 @@ class _NpCupy:
     def full(shape: Any, value: Any, dtype: Any = np.float32) -> DevArray:
         return _dev(np.full(shape, value, dtype))
 
+    float64 = np.float64
+    abs = staticmethod(np.abs)
+
+    @staticmethod
+    def stack(arrays: Any) -> DevArray:
+        return _dev(np.stack(arrays))
+
+    @staticmethod
+    def concatenate(arrays: Any) -> DevArray:
+        return _dev(np.concatenate(arrays))
+
 
 @dataclass
 class Launch:

@@ -284,3 +284,26 @@ def test_recording_budget_is_a_quarter_of_memory_at_least_4_gib(monkeypatch):
 
     monkeypatch.setattr(R.os, "sysconf", missing)
     assert R.cache_bytes() == R.CACHE_FLOOR
+
+
+def test_cuda_row_stats_match_the_hosts_and_come_back_in_one_transfer() -> None:
+    """CudaBackend.row_stats (on the device, no wait) gives the base backend's host numbers
+    per row (a NaN row included) and stats_host splits one download back into each use's."""
+    from engine.backends.base import Backend
+    from tests.cuda_fake import FakeCuda
+
+    be = FakeCuda()
+    rng = np.random.default_rng(3)
+    cases = [rng.standard_normal((n, w)).astype(np.float32) for n, w in ((1, 64), (5, 33))]
+    cases[1][2, 7] = np.nan
+    refs = [c + rng.standard_normal(c.shape).astype(np.float32) * 1e-3 for c in cases]
+    pend = [be.row_stats(be.upload(c), be.upload(r), r) for c, r in zip(cases, refs, strict=True)]
+    downloads = []
+    be.download = lambda t: downloads.append(t.shape) or np.array(t)  # type: ignore[method-assign]
+    got = be.stats_host(pend)
+    assert len(downloads) == 1
+    for c, r, g in zip(cases, refs, got, strict=True):
+        want = Backend.row_stats(be, c, r, r)
+        assert g.shape == (4, c.shape[0])
+        np.testing.assert_array_equal(g, want)
+    assert np.isnan(got[1][0, 2]) and got[1][3, 2] == 7  # NaN's row: its column found

@@ -21,7 +21,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from engine.backends.base import Backend, DeviceEntry, DeviceInfo, KVCache, ProfileReport
+from engine.backends.base import (
+    Backend,
+    DeviceEntry,
+    DeviceInfo,
+    KVCache,
+    ProfileReport,
+    row_stats_of,
+)
 from engine.backends.cuda import kernels
 from engine.backends.cuda.attn_tile import launch_attn_tile, tile_fits
 from engine.backends.cuda.attn_vec import launch_attn_vec, rope_fits, vec_fits
@@ -924,14 +931,23 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
             self._q8_remember(y, yq, yds)
         return y
 
-    def row_errors(self, t: Any, ref: Any, ref_host: np.ndarray) -> np.ndarray:
-        """On the device (the backend's stream is current): op-level replay compares a 9B's
-        activations without moving them to the host."""
+    def row_stats(self, t: Any, ref: Any, ref_host: np.ndarray) -> Any:
+        """On the device (the backend's stream is current), no host wait: op-level replay
+        compares a 35B's activations op by op, and a download per op stalled the stream (a
+        35B-A3B trial's replay: 76 s of its 85)."""
         cp, n = self._cp, int(t.shape[0])
         c = cp.ascontiguousarray(t).reshape(n, -1).astype(cp.float64)
-        r = cp.ascontiguousarray(ref).reshape(n, -1).astype(cp.float64)
-        d = c - r
-        return self.download(cp.stack([(d * d).sum(axis=1), (r * r).sum(axis=1)]))
+        return row_stats_of(cp, c, cp.ascontiguousarray(ref).reshape(n, -1).astype(cp.float64))
+
+    def stats_host(self, stats: list[Any]) -> list[np.ndarray]:
+        if not stats:
+            return []
+        flat = self.download(self._cp.concatenate([s.reshape(-1) for s in stats]))
+        out, at = [], 0
+        for s in stats:
+            out.append(flat[at : at + s.size].reshape(s.shape))
+            at += s.size
+        return out
 
     def hook_bypassed_fusions(self, config: TuningConfig) -> list[str]:
         """matmul_decode's mmvw_glu / mmvw_norm / mmvw_qkv, rope's rope_kv and the fused
