@@ -270,3 +270,90 @@ def test_vec_cluster_needs_sm90():
                for p in on.problems(a100))  # fmt: skip
     assert on.problems(h200) == []
     assert TuningConfig.from_flat("cuda", VEC).problems(a100) == []
+
+
+def _warp_rounds(q, k, v, scale, G: int, GP: int, rounds: list[tuple[int, int]]):  # noqa: ANN001, ANN202
+    """attn_vec's warp, lane by lane in NumPy (shaders/cuda/attn_vec.cu's index arithmetic):
+    32 lanes of 4 dims, each round's KU keys scored against GP padded heads, the reduce-scatter
+    butterfly, the per-head max over the head's lanes, p broadcast from the holding lane.
+    rounds: (j0, ke) per round. Returns (m [GP], l [GP], acc [GP, D])."""
+    D = q.shape[1]
+    N, NV = GP * KU, GP * KU // 32
+    LPH = KU // NV
+    lanes = np.arange(32)
+    qv = np.zeros((32, GP, 4), np.float32)  # lane, head, its 4 dims (0 past D)
+    for g in range(G):
+        qv[: D // 4, g] = (q[g] * scale).reshape(-1, 4)
+    m = np.full(GP, -np.inf, np.float32)
+    mo = np.full(32, -np.inf, np.float32)
+    lown = np.zeros(32, np.float32)
+    acc = np.zeros((32, GP, 4), np.float32)
+    for j0, ke in rounds:
+        kr = np.zeros((32, KU, 4), np.float32)
+        vr = np.zeros((32, KU, 4), np.float32)
+        for u in range(KU):
+            if j0 + u < ke:
+                kr[: D // 4, u] = k[j0 + u].reshape(-1, 4)
+                vr[: D // 4, u] = v[j0 + u].reshape(-1, 4)
+        sv = np.einsum("lgd,lud->lgu", qv, kr).reshape(32, N)  # head-major g * KU + u
+        for st in range(5):  # rs_step<16 >> st, N >> (st + 1)>
+            o, h = 16 >> st, N >> (st + 1)
+            up = (lanes & o) != 0
+            send = np.where(up[:, None], sv[:, :h], sv[:, h : 2 * h])
+            keep = np.where(up[:, None], sv[:, h : 2 * h], sv[:, :h])
+            sv = keep + send[lanes ^ o]
+        sv = sv[:, :NV].copy()
+        e0 = NV * lanes
+        u0 = e0 % KU
+        for i in range(NV):
+            sv[j0 + u0 + i >= ke, i] = -np.inf
+        rmax = sv.max(axis=1)
+        o = 1
+        while o < LPH:
+            rmax = np.maximum(rmax, rmax[lanes ^ o])
+            o <<= 1
+        mnew = np.maximum(m, rmax[np.arange(GP) * LPH])
+        with np.errstate(invalid="ignore"):
+            corr = np.where(mnew == -np.inf, 1, np.exp(m - mnew)).astype(np.float32)
+        mown = np.maximum(mo, rmax)
+        with np.errstate(invalid="ignore"):
+            cown = np.where(mown == -np.inf, 1, np.exp(mo - mown)).astype(np.float32)
+        mo = mown
+        p = np.where(sv == -np.inf, 0, np.exp(sv - mown[:, None])).astype(np.float32)
+        lown = lown * cown + p.sum(axis=1)
+        for g in range(GP):
+            a = acc[:, g] * corr[g]
+            for u in range(KU):
+                e = g * KU + u
+                a = a + p[e // NV, e % NV] * vr[:, u]
+            acc[:, g] = a
+        m = mnew
+    lsum = lown.copy()
+    o = 1
+    while o < LPH:
+        lsum = lsum + lsum[lanes ^ o]
+        o <<= 1
+    lg = lsum[np.arange(GP) * LPH]
+    return m, lg, acc[: D // 4].transpose(1, 0, 2).reshape(GP, D)
+
+
+@pytest.mark.parametrize("G,D", [(6, 128), (7, 128), (8, 64), (3, 96), (1, 32), (4, 128)])
+@pytest.mark.parametrize("rounds", [[(0, 8)], [(0, 5)], [(0, 8), (32, 40)], [(3, 9), (40, 41)]])
+def test_vec_warp_lane_arithmetic(G, D, rounds):
+    """The kernel's lane-level index arithmetic (which lane holds which (head, key) score after
+    the butterfly, which lanes share a head's max and sum, where p is broadcast from) gives each
+    head's online-softmax state over the warp's keys: max, sum and unnormalized P.V."""
+    GP = 4 if G <= 4 else 8
+    rng = np.random.default_rng(G * D + len(rounds))
+    q = rng.standard_normal((G, D)).astype(np.float32)
+    k = (2 * rng.standard_normal((64, D))).astype(np.float32)
+    v = rng.standard_normal((64, D)).astype(np.float32)
+    scale = np.float32(1 / np.sqrt(D))
+    m, lsum, acc = _warp_rounds(q, k, v, scale, G, GP, rounds)
+    keys = [j for j0, ke in rounds for j in range(j0, min(ke, j0 + KU))]
+    s = (k[keys].astype(np.float64) @ q.T.astype(np.float64)) * float(scale)  # [keys, G]
+    ref_m = s.max(axis=0)
+    p = np.exp(s - ref_m)
+    np.testing.assert_allclose(m[:G], ref_m, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(lsum[:G], p.sum(axis=0), rtol=1e-5)
+    np.testing.assert_allclose(acc[:G], p.T @ v[keys], rtol=1e-4, atol=1e-4)
