@@ -357,3 +357,69 @@ def test_vec_warp_lane_arithmetic(G, D, rounds):
     np.testing.assert_allclose(m[:G], ref_m, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(lsum[:G], p.sum(axis=0), rtol=1e-5)
     np.testing.assert_allclose(acc[:G], p.T @ v[keys], rtol=1e-4, atol=1e-4)
+
+
+def _rope_ref(x: np.ndarray, p: int, theta: float, neox: bool) -> np.ndarray:
+    """rope_pair (shaders/cuda/common.cuh) over a row x [D], in float64 then float32."""
+    D = x.shape[0]
+    out = np.zeros(D, np.float32)
+    for j in range(D // 2):
+        ang = p * theta ** (-2.0 * j / D)
+        c, s = np.cos(ang), np.sin(ang)
+        ia, ib = (j, j + D // 2) if neox else (2 * j, 2 * j + 1)
+        a, b = float(x[ia]), float(x[ib])
+        out[ia], out[ib] = np.float32(a * c - b * s), np.float32(a * s + b * c)
+    return out
+
+
+def _rope_lanes(x: np.ndarray, p: int, theta: float, neox: bool) -> np.ndarray:
+    """attn_vec's rope_cs + rope4 lane by lane: lane l holds dims 4 l .. 4 l + 3; its angles
+    (normal: pairs 2 l, 2 l + 1; neox: dims mod D / 2); a neox partner D4 / 2 lanes away."""
+    D = x.shape[0]
+    D4, half = D // 4, D // 2
+    hl = D4 // 2
+    xs = np.zeros((32, 4), np.float32)
+    xs[:D4] = x.reshape(D4, 4)
+    out = np.zeros((32, 4), np.float32)
+    for lane in range(D4):
+        c, s = np.zeros(4), np.zeros(4)
+        for t in range(4):
+            j = (4 * lane + t) % half if neox else 2 * lane + t // 2
+            ang = p * theta ** (-2.0 * j / D)
+            c[t], s[t] = np.cos(ang), np.sin(ang)
+        src = lane + hl if lane < hl else lane - hl
+        y = xs[src]
+        for t in range(4):
+            if not neox:
+                a, b = float(xs[lane, t & 2]), float(xs[lane, (t & 2) + 1])
+                o = a * c[t] - b * s[t] if t % 2 == 0 else a * s[t] + b * c[t]
+            elif lane < hl:
+                o = float(xs[lane, t]) * c[t] - float(y[t]) * s[t]
+            else:
+                o = float(y[t]) * s[t] + float(xs[lane, t]) * c[t]
+            out[lane, t] = np.float32(o)
+    return out[:D4].reshape(D)
+
+
+@pytest.mark.parametrize("D", [32, 64, 96, 128])
+@pytest.mark.parametrize("neox", [False, True])
+@pytest.mark.parametrize("p", [0, 1, 37, 4095])
+def test_vec_rope_lane_arithmetic(D, neox, p):
+    """fuse_rope's per-lane RoPE (angles of the lane's own dims, the neox partner lane) equals
+    rope_pair's over the whole row, to the bit (the same float64 arithmetic)."""
+    x = np.random.default_rng(D + p).standard_normal(D).astype(np.float32)
+    got = _rope_lanes(x, p, 1_000_000.0, neox)
+    assert np.array_equal(got, _rope_ref(x, p, 1_000_000.0, neox))
+
+
+@pytest.mark.parametrize("n4", [8, 96, 192, 224, 256, 448, 1024])
+@pytest.mark.parametrize("threads", [32, 64, 128, 256])
+def test_vec_cluster_outputs_split_over_ranks(n4, threads):
+    """The cluster's merge: rank r takes float4s r x threads + i, stepping VCL x threads (whole
+    warps, Q8_1 blocks of 8 float4 inside one warp): every output exactly once."""
+    seen = Counter()
+    for r in range(VCL):
+        for e00 in range(r * threads, n4, VCL * threads):
+            assert e00 % 32 == 0
+            seen.update(e for e in range(e00, e00 + threads) if e < n4)
+    assert sorted(seen) == list(range(n4)) and set(seen.values()) == {1}
