@@ -423,3 +423,19 @@ def test_vec_cluster_outputs_split_over_ranks(n4, threads):
             assert e00 % 32 == 0
             seen.update(e for e in range(e00, e00 + threads) if e < n4)
     assert sorted(seen) == list(range(n4)) and set(seen.values()) == {1}
+
+
+def test_fleet_decode_searches_vec():
+    """experiments/fleet-decode.toml offers attention_decode.vec with its knobs (a knob renamed
+    in the registry fails here rather than as a study that never tries it)."""
+    from pathlib import Path
+
+    from agent.experiment import load_experiment
+    from agent.space import build_space
+
+    exp = load_experiment(Path(__file__).resolve().parents[1] / "experiments/fleet-decode.toml")
+    grid = build_space("cuda", exp.space_for("cuda")).grid()
+    assert "vec" in grid["attention_decode.variant"]
+    for knob, values in [("cluster", [0, 1]), ("warps", [2, 4, 8]), ("prefetch", [0, 1]),
+                         ("fuse_rope", [0, 1])]:  # fmt: skip
+        assert grid[f"attention_decode.vec.{knob}"] == values, knob
