@@ -22,7 +22,8 @@ from engine.backends.cuda import kernels
 from engine.backends.cuda.backend import CudaBackend
 
 _PLAIN = re.compile(
-    r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\((?:[^()]|\([^()]*\))*\)\s*)?'
+    r'extern\s+"C"\s+__global__\s+void\s+'
+    r"(?:(?:__launch_bounds__|__cluster_dims__)\((?:[^()]|\([^()]*\))*\)\s*)*"
     r"(\w+)\s*\(([^)]*)\)"
 )
 _MACRO = re.compile(r"^#define\s+(\w+)\(\s*name\b[^)]*\)((?:[^\n]*\\\n)*[^\n]*)", re.M)

@@ -31,6 +31,7 @@ from engine.backends.base import (
 )
 from engine.backends.cuda import kernels
 from engine.backends.cuda.attn_tile import launch_attn_tile, tile_fits
+from engine.backends.cuda.attn_vec import launch_attn_vec, rope_fits, vec_fits
 from engine.backends.cuda.decode_float import CudaFloatDecodeOps
 from engine.backends.cuda.device import device_class, driver_string
 from engine.backends.cuda.hybrid import CudaHybridOps
@@ -961,8 +962,8 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         if int(config.op("rope")["fuse_kv"]):
             out.append("rope")
         att = config.op("attention_decode")
-        if att.variant in ("gqa", "tile") and int(att["fuse_rope"]):
-            out.append("attention_decode")  # RoPE + KV write inside attn_gqa / attn_tile
+        if att.variant in ("gqa", "tile", "vec") and int(att["fuse_rope"]):
+            out.append("attention_decode")  # RoPE + KV write inside attn_gqa / tile / vec
         # the hybrids' fused decode (hybrid.py, moe_dec.py), where this backend has run it: a
         # dense model never does, so its blame never names them
         ran = getattr(self, "_fusions_ran", set())
@@ -1167,6 +1168,15 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
                 raise ValueError("attention: a pending q of another cache, layer or position")
             out = self._empty(tuple(int(s) for s in q.q.shape))
             c = self.config.op("attention_decode")
+            if c.variant == "vec":
+                T, H, D = (int(s) for s in q.q.shape)
+                xq = launch_attn_vec(
+                    self, q.q, cache.k[layer], cache.v[layer], out, pos0, c,
+                    self._int8_decode() and D % 32 == 0, rope=q,
+                )  # fmt: skip
+                if xq is not None:
+                    self._q8_remember(out.reshape(T, H * D), *xq)
+                return out
             if c.variant == "tile":
                 T, H, D = (int(s) for s in q.q.shape)
                 xq = launch_attn_tile(
@@ -1192,6 +1202,12 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
             if c.variant == "tile" and tile_fits(H, Hkv, D, int(c["warps"]), _MAX_ARGMAX_ROWS):
                 k, v = cache.k[layer], cache.v[layer]
                 xq = launch_attn_tile(self, q, k, v, out, pos0, c, q8)
+                if xq is not None:
+                    self._q8_remember(out.reshape(T, H * D), *xq)
+                return out
+            if c.variant == "vec" and vec_fits(H, Hkv, D, _MAX_ARGMAX_ROWS):
+                k, v = cache.k[layer], cache.v[layer]
+                xq = launch_attn_vec(self, q, k, v, out, pos0, c, q8)
                 if xq is not None:
                     self._q8_remember(out.reshape(T, H * D), *xq)
                 return out
@@ -1239,6 +1255,9 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
     def _gqa_rope(self, heads: tuple[int, int, int]) -> bool:
         """attention_decode.gqa's (or .tile's) fuse_rope on a decode row its kernel takes."""
         c = self.config.op("attention_decode")
+        if c.variant == "vec":
+            fits = vec_fits(*heads, _MAX_ARGMAX_ROWS) and rope_fits(heads[2])
+            return int(c["fuse_rope"]) == 1 and fits
         if c.variant == "tile":
             fits = tile_fits(*heads, int(c["warps"]), _MAX_ARGMAX_ROWS)
             return int(c["fuse_rope"]) == 1 and fits
