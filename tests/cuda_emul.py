@@ -97,7 +97,32 @@ static std::vector<char> slurp(const char* path) {
 // argv: kernel name, input file, output file. Input: int32 K, nmat, rpb, ks, then per matrix
 // N, qt, row bytes, has_add; then xq [K] int8, xds [K / 32] float2, then per matrix its
 // weights [N, row bytes] and (has_add) its add [N] float32. Output: each matrix's y [N].
+// Each PipeW<QT>::xoff(l) is where its slot function reads lane l's activations: a tail
+// lane's pointer (base - xoff) must land on the chunk's first slot.
+template <class X> static bool same(const X& a, const X& b) {
+    return !std::memcmp(&a, &b, sizeof a);
+}
+static void check_xoff() {
+    static s8 xq[8192];
+    static float2 xds[256];
+    for (int i = 0; i < 8192; ++i) xq[i] = (s8)(i * 7 + i / 251);
+    for (int i = 0; i < 256; ++i) xds[i] = make_float2((float)i, (float)-i);
+    for (int l = 0; l < PIPE_TPR; ++l) {
+        const int2 o4 = PipeW<QT_Q4_K>::xoff(l), o6 = PipeW<QT_Q6_K>::xoff(l);
+#if PIPE_WIDE
+        const bool ok4 = same(q4kw_xload(l, xq, xds), q4kw_xload(0, xq + o4.x, xds + o4.y));
+#else
+        const bool ok4 = same(q4k_xload(l, xq, xds), q4k_xload(0, xq + o4.x, xds + o4.y));
+#endif
+        const bool ok6 = same(q6k_xload(l, xq, xds), q6k_xload(0, xq + o6.x, xds + o6.y));
+        if (!ok4 || !ok6) {
+            std::fprintf(stderr, "xoff(%d) is not the slot's activation offset\n", l);
+            std::exit(3);
+        }
+    }
+}
 int main(int argc, char** argv) {
+    check_xoff();
     const std::string name = argv[1];
     Kern k = name == "mmvw_pipe_q4k" ? mmvw_pipe_q4k : name == "mmvw_pipe_q6k" ? mmvw_pipe_q6k
                                                                                 : mmvw_pipe;

@@ -62,6 +62,9 @@ template <> struct PipeW<QT_Q4_K> {
                                          const float2* __restrict__ xds) const {
         return q4kw_slot(h, q0, q1, l, q4kw_xload(l, xq, xds));
     }
+    static __device__ __forceinline__ int2 xoff(int l) {  // q4kw_xload's x, xds offsets
+        return make_int2(256 * (l >> 2) + 64 * (l & 3), 8 * (l >> 2) + 2 * (l & 3));
+    }
 };
 #else
 template <> struct PipeW<QT_Q4_K> {
@@ -74,6 +77,10 @@ template <> struct PipeW<QT_Q4_K> {
     __device__ __forceinline__ float dot(int l, const s8* __restrict__ xq,
                                          const float2* __restrict__ xds) const {
         return q4k_slot(h, q, l, q4k_xload(l, xq, xds));
+    }
+    static __device__ __forceinline__ int2 xoff(int l) {  // q4k_xload's x, xds offsets
+        const int p = (l >> 1) & 3;
+        return make_int2(256 * (l >> 3) + 64 * p + 16 * (l & 1), 8 * (l >> 3) + 2 * p);
     }
 };
 #endif
@@ -97,6 +104,11 @@ template <> struct PipeW<QT_Q6_K> {
         const int i = 8 * ((l & 1) + 2 * ((l >> 1) & 1));  // scale bytes lq + 2c and + 4
         const int sca = (int)(s8)(sc.x >> i), scb = (int)(s8)(sc.y >> i);
         return q6k_slot(ql, qh, sca, scb, h2f((u16)(dw & 0xFFFF)), l, q6k_xload(l, xq, xds));
+    }
+    static __device__ __forceinline__ int2 xoff(int l) {  // q6k_xload's x, xds offsets
+        const int h = (l >> 2) & 1, c = (l >> 1) & 1;
+        return make_int2(256 * (l >> 3) + 128 * h + 32 * c + 16 * (l & 1),
+                         8 * (l >> 3) + 4 * h + c);
     }
 };
 
@@ -133,44 +145,53 @@ __device__ __forceinline__ void mmvw_pipe_rows(const u8* __restrict__ W, int rb,
     const int rpg = (rpb + RG - 1) / RG;
     const int lr0 = min(rpb, rg * rpg), lr1 = min(rpb, lr0 + rpg);  // block-local rows
     const int r0 = bi * rpb;
-    const int nit = (lr1 - lr0) * nci;  // items: (row, chunk) in row-major order
+    const int lre = min(lr1, max(lr0, N - r0));  // rows past N: not walked
+    const int nit = (lre - lr0) * nci;           // items: (row, chunk) in row-major order
     PipeW<QT> buf[D] = {};
-    // the load cursor: chunk cl of block-local row lrl at pl. A lane with no slot in a row's
-    // last chunk does not load there (its slot would lie past the row); its dot is computed on
-    // stale registers against a valid activation slot and dropped
-    int lrl = lr0, cl = c0;
-    const u8* pl = W + (size_t)min(r0 + lrl, N - 1) * rb + (size_t)c0 * CB;
+    // the load cursor: chunk cl at pl, stepping CB bytes, or rstep from a part's last chunk to
+    // the next row's first. A lane with no slot in a row's last chunk does not load there (its
+    // slot would lie past the row); its dot runs on stale registers against the chunk's first
+    // activation slot (xt, st: the lane's own offsets land there) and is dropped
+    const int rstep = rb - (nci - 1) * CB;
+    int cl = c0;
+    const u8* pl = W + (size_t)(r0 + lr0) * rb + (size_t)c0 * CB;
 #pragma unroll
     for (int j = 0; j < D; ++j) {
         if (j < nit && !(tail && cl == nc - 1)) buf[j] = PipeW<QT>::get(pl, lane);
         const bool wrap = cl + 1 == c1;
         cl = wrap ? c0 : cl + 1;
-        lrl += wrap;
-        pl = wrap ? W + (size_t)min(r0 + lrl, N - 1) * rb + (size_t)c0 * CB : pl + CB;
+        pl += wrap ? rstep : CB;
     }
     pdl_start();
+    constexpr int XC = SPW * G, SC = SPW / 32 * G;  // a chunk's activation bytes, scale pairs
+    const int2 xo = PipeW<QT>::xoff(lane);
+    const s8* const xt = xq + XC * (nc - 1) - xo.x;
+    const float2* const st = xds + SC * (nc - 1) - xo.y;
+    const s8* xc = xq + XC * c0;  // the compute cursor: chunk cc's activations, row lrc
+    const float2* sc = xds + SC * c0;
     float acc = 0.f;
-    int lrc = lr0, cc = c0;  // the compute cursor
+    int lrc = lr0, cc = c0;
     float* const lpw = lp + (size_t)kp * rpb * G + lane;  // this lane's partial of row lr: [lr G]
     for (int t0 = 0; t0 < nit; t0 += D) {
 #pragma unroll
         for (int j = 0; j < D; ++j) {
             const bool valid = t0 + j < nit;
             const bool own = !(tail && cc == nc - 1);
-            const float v = buf[j].dot(own ? lane : 0, xq + SPW * G * cc, xds + SPW / 32 * G * cc);
+            const float v = buf[j].dot(lane, own ? xc : xt, own ? sc : st);
             acc += valid && own ? v : 0.f;
             // the refill: D items stay in flight (predicated loads)
             if (t0 + j + D < nit && !(tail && cl == nc - 1)) buf[j] = PipeW<QT>::get(pl, lane);
             const bool wrap = cl + 1 == c1;
             cl = wrap ? c0 : cl + 1;
-            lrl += wrap;
-            pl = wrap ? W + (size_t)min(r0 + lrl, N - 1) * rb + (size_t)c0 * CB : pl + CB;
+            pl += wrap ? rstep : CB;
             // the row's part complete: the lane's partial to shared memory (predicated store)
             const bool end = cc + 1 == c1;
             if (valid && end) lpw[lrc * G] = acc;
             acc = end ? 0.f : acc;
             lrc += end;
             cc = end ? c0 : cc + 1;
+            xc += end ? -XC * (nci - 1) : XC;
+            sc += end ? -SC * (nci - 1) : SC;
         }
     }
     if (nci == 0)  // a part with no slots (ks > chunks): its partials are zero
