@@ -142,6 +142,13 @@ PASSES[("attention", "coopmat")] = (
     Pass("", 5, "IIIIIIIIIf", "", "flash"),
 )
 
+# attention.flash: the same, with attention_flash.comp's pass for T > 1 (64 queries a
+# workgroup, softmax across a subgroup's lanes, the output in registers)
+PASSES[("attention", "flash")] = (
+    *PASSES[("attention", "coopmat")][:-1],
+    Pass("", 5, "IIIIIIIIIf", "", "flash"),
+)
+
 
 def pass_keys(op: str, variant: str) -> tuple[str, ...]:
     """The pipeline key of each pass of a variant, in the order programs() returns them."""

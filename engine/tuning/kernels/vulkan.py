@@ -985,6 +985,14 @@ REGISTRY.register(
 )
 
 
+def _flash_subgroups(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
+    if dev is None:
+        return True
+    lo = int(_extra(dev, "min_subgroup_size", 0) or dev.subgroup_size)
+    hi = int(_extra(dev, "max_subgroup_size", 0) or dev.subgroup_size)
+    return 16 <= lo and hi <= 64
+
+
 def _register_attention_coopmat() -> None:
     """attention.coopmat: the split variant at decode (its knobs and constraints, whatever they
     are), tensor-core flash attention (shaders/vulkan/attention_coopmat.comp) for T > 1."""
@@ -1013,7 +1021,31 @@ def _register_attention_coopmat() -> None:
         "fp16 Q/K/V/P, fp32 softmax and output; head dims multiples of 16 up to 128); decode "
         "and other head dims: the split kernel with these knobs",
     )
-    REGISTRY.register(B, "attention", [*op.variants, coop], op.doc)
+    flash = Variant(
+        B,
+        "attention",
+        "flash",
+        params=split.params,
+        constraints=(
+            *coop.constraints[:-1],
+            Constraint(
+                "44 KiB of shared memory for the flash pass <= maxComputeSharedMemorySize",
+                lambda cfg, dev: int(_extra(dev, "max_shared_memory", 1 << 20)) >= 44 * 1024,
+            ),
+            Constraint(
+                "the device's subgroups of 16 to 64 lanes (a 16-query row's keys split over "
+                "lane / 16)",
+                _flash_subgroups,
+            ),
+        ),
+        source="vulkan/attention_flash.comp",
+        numeric="fp16",
+        doc="prefill: flash attention on cooperative matrices, 128 threads per 64 queries x "
+        "32 keys per step (a 16-query fragment per subgroup), the softmax across a subgroup's "
+        "lanes with shuffles, the output in fp32 accumulators rescaled by a broadcast matrix; "
+        "head dims multiples of 16 up to 128; decode and other head dims: the split kernel",
+    )
+    REGISTRY.register(B, "attention", [*op.variants, coop, flash], op.doc)
 
 
 _register_attention_coopmat()
