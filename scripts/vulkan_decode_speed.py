@@ -88,6 +88,10 @@ VARIANTS |= {"fa_k64": FA | K64, "res_su_fa_k64": SU | FA | K64,
              # int8 decode without fuse_combine (its fused split attention: 30 us a layer
              # against 13 + 9 for split + merge at the vkspd checkpoint)
              "res_su_int8_fa_k64": SU | MMVW | FA | K64 | {MD + "fuse_rope": 1}}  # fmt: skip
+# vk (issue 14): attention.flash's prefill pass (64 queries a workgroup, output in registers)
+FL = {"attention.variant": "flash"}
+VARIANTS |= {"res_su_fa_k64_fl": VARIANTS["res_su_fa_k64"] | FL,
+             "res_su_int8_fa_k64_fl": VARIANTS["res_su_int8_fa_k64"] | FL}  # fmt: skip
 # the float32 tiled GEMM (the device-free default) with vec4 register blocks of 8 x 8
 VARIANTS |= {"tv128_fa": FA | {MP + "vec4": True, MP + "tile_m": 128, MP + "tile_n": 128}}
 

@@ -55,6 +55,20 @@ CONFIGS: dict[str, dict[str, object]] = {
     "resident-256x128-w64x64": _res(tile_m=256, warp_n=64, buffers=1),
     "resident-128x256-w64x64": _res(tile_n=256, warp_n=64, buffers=1),
     "coopmat-one-dbuf": {R + "variant": "coopmat", R + "one_tile": True, R + "buffers": 2},
+    # vk (issue 14): the 7B shapes after store_unrolled, one hypothesis a row. Global-load
+    # latency exposed with one step of prefetch and one workgroup an SM: a longer or shorter
+    # k step, more subgroups or workgroups per SM (128 threads of 64 x 64 is ~2 an SM by
+    # registers); the shared traffic per multiply-add (64 x 64 subgroup tiles)
+    "res-bk16": _res(bk=16),
+    "res-128t": _res(threads=128, warp_n=64),
+    "res-128t-bk16": _res(threads=128, warp_n=64, bk=16),
+    "res-128t-bk64-b1": _res(threads=128, warp_n=64, bk=64, buffers=1),
+    "res-512t": _res(threads=512, warp_m=32, warp_n=32),
+    "res-256x128-bk16": _res(tile_m=256, warp_n=64, bk=16),
+    "res-128x256-bk16": _res(tile_n=256, warp_n=64, bk=16),
+    "res-128x64-128t": _res(tile_n=64, threads=128),
+    "res-n8": _res(mma_n=8),
+    "res-direct-128t": _res(threads=128, warp_n=64, direct=True),
 }
 
 

@@ -61,7 +61,7 @@ layout(push_constant) uniform PC {
 #define MAX_DF (MAX_D / 16u)
 #define NF 4u               // 16-query fragments per workgroup
 #define BQ (16u * NF)
-#define BKV 32u
+#define BKV 32u  // keys per block: two 16-key fragments (step 2 is written for two)
 #define RD ((MAX_D + 8u) / 8u)  // uvec4 per Q/K/V row (136 halves: odd 16-byte count)
 #define RS ((BKV + 4u) / 4u)    // uvec4 per S row (36 floats)
 #define RP ((BKV + 8u) / 8u)    // uvec4 per P row (40 halves)
@@ -146,22 +146,26 @@ void main() {
             }
             barrier();
             if (!live) continue;
-            // 2: S = Q K^T, 16 queries x 32 keys as two 16 x 16 fragments
-            [[unroll]] for (uint j = 0u; j < BKV / 16u; j++) {
-                FRAG_C s = FRAG_C(0.0);
-                [[unroll]] for (uint dc = 0u; dc < MAX_DF; dc++) {
-                    if (dc < DF) {
-                        FRAG_A qa;
-                        FRAG_B kt;
-                        coopMatLoad(qa, q_sh, 16u * f * RD + 2u * dc, RD,
-                                    gl_CooperativeMatrixLayoutRowMajor);
-                        coopMatLoad(kt, k_sh, 16u * j * RD + 2u * dc, RD,
-                                    gl_CooperativeMatrixLayoutColumnMajor);
-                        s = coopMatMulAdd(qa, kt, s);
-                    }
+            // 2: S = Q K^T, 16 queries x 32 keys as two 16 x 16 fragments (each Q fragment
+            // loaded once for both)
+            FRAG_C s0 = FRAG_C(0.0);
+            FRAG_C s1 = FRAG_C(0.0);
+            [[unroll]] for (uint dc = 0u; dc < MAX_DF; dc++) {
+                if (dc < DF) {
+                    FRAG_A qa;
+                    FRAG_B k0;
+                    FRAG_B k1;  // one declarator each: glslang 13.1.1 mistypes a second one
+                    coopMatLoad(qa, q_sh, 16u * f * RD + 2u * dc, RD,
+                                gl_CooperativeMatrixLayoutRowMajor);
+                    coopMatLoad(k0, k_sh, 2u * dc, RD, gl_CooperativeMatrixLayoutColumnMajor);
+                    coopMatLoad(k1, k_sh, 16u * RD + 2u * dc, RD,
+                                gl_CooperativeMatrixLayoutColumnMajor);
+                    s0 = coopMatMulAdd(qa, k0, s0);
+                    s1 = coopMatMulAdd(qa, k1, s1);
                 }
-                coopMatStore(s, r_sh, reg + 4u * j, RS, gl_CooperativeMatrixLayoutRowMajor);
             }
+            coopMatStore(s0, r_sh, reg, RS, gl_CooperativeMatrixLayoutRowMajor);
+            coopMatStore(s1, r_sh, reg + 4u, RS, gl_CooperativeMatrixLayoutRowMajor);
             subgroupMemoryBarrierShared();
             subgroupBarrier();
             // 3: online softmax over the lanes of each row
