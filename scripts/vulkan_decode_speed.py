@@ -91,7 +91,10 @@ VARIANTS |= {"fa_k64": FA | K64, "res_su_fa_k64": SU | FA | K64,
 # vk (issue 14): attention.flash's prefill pass (64 queries a workgroup, output in registers)
 FL = {"attention.variant": "flash"}
 VARIANTS |= {"res_su_fa_k64_fl": VARIANTS["res_su_fa_k64"] | FL,
-             "res_su_int8_fa_k64_fl": VARIANTS["res_su_int8_fa_k64"] | FL}  # fmt: skip
+             "res_su_int8_fa_k64_fl": VARIANTS["res_su_int8_fa_k64"] | FL,
+             # ... and the GEMM's tile loads two k-steps ahead
+             "res_su_int8_fa_k64_fl_pf2": VARIANTS["res_su_int8_fa_k64"] | FL
+             | {MP + "prefetch": 2}}  # fmt: skip
 # the float32 tiled GEMM (the device-free default) with vec4 register blocks of 8 x 8
 VARIANTS |= {"tv128_fa": FA | {MP + "vec4": True, MP + "tile_m": 128, MP + "tile_n": 128}}
 

@@ -69,6 +69,11 @@ CONFIGS: dict[str, dict[str, object]] = {
     "res-128x64-128t": _res(tile_n=64, threads=128),
     "res-n8": _res(mma_n=8),
     "res-direct-128t": _res(threads=128, warp_n=64, direct=True),
+    # matmul_prefill.prefetch 2: the tile loads issued two k-steps ahead
+    "res-pf2": _res(prefetch=2),
+    "res-128t-pf2": _res(threads=128, warp_n=64, prefetch=2),
+    "res-pf2-bk16": _res(prefetch=2, bk=16),
+    "res-128x256-bk16-pf2": _res(tile_n=256, warp_n=64, bk=16, prefetch=2),
 }
 
 

@@ -42,17 +42,18 @@ def test_resident_programs_build_and_validate(tmp_path):
     assert spirv.compiler_for("matmul_f16")[0] == "glslangValidator"
     tools = Path(sys.executable).parent
     # one GEMM build per define-knob combination (bk 3 x buffers 2 x shared element type 3 x
-    # threads 3 x mma_n 2, and direct: bk 3 x threads 3 x mma_n 2; each x store_unrolled 2; no
-    # weight type), one PASS_W16 per type, one PASS_X16
-    assert len(builds) == 2 * (3 * 2 * 3 * 3 * 2 + 3 * 3 * 2) + len(QUANT_TYPES) + 1
+    # threads 3 x mma_n 2 x prefetch 2, and direct: bk 3 x threads 3 x mma_n 2; each x
+    # store_unrolled 2; no weight type), one PASS_W16 per type, one PASS_X16
+    assert len(builds) == 2 * (3 * 2 * 3 * 3 * 2 * 2 + 3 * 3 * 2) + len(QUANT_TYPES) + 1
     for defines in (
-        ("BK=32", "MMA_N=16", "NBUF=2", "WG_THREADS=256"),
-        ("BK=64", "MMA_N=16", "NBUF=1", "SMEM_PAIRS", "WG_THREADS=256"),
-        ("BK=16", "MMA_N=8", "NBUF=2", "WG_THREADS=128"),
-        ("BK=32", "MMA_N=16", "NBUF=2", "WG_THREADS=512"),
-        ("BK=32", "MMA_N=16", "NBUF=2", "SMEM_HALVES", "WG_THREADS=256"),
+        ("BK=32", "MMA_N=16", "NBUF=2", "PREFETCH=1", "WG_THREADS=256"),
+        ("BK=32", "MMA_N=16", "NBUF=2", "PREFETCH=2", "STORE_UNROLLED", "WG_THREADS=256"),
+        ("BK=64", "MMA_N=16", "NBUF=1", "SMEM_PAIRS", "PREFETCH=1", "WG_THREADS=256"),
+        ("BK=16", "MMA_N=8", "NBUF=2", "PREFETCH=1", "WG_THREADS=128"),
+        ("BK=32", "MMA_N=16", "NBUF=2", "PREFETCH=1", "WG_THREADS=512"),
+        ("BK=32", "MMA_N=16", "NBUF=2", "SMEM_HALVES", "PREFETCH=1", "WG_THREADS=256"),
         ("BK=32", "DIRECT", "MMA_N=16", "WG_THREADS=128"),
-        ("BK=32", "MMA_N=16", "NBUF=2", "STORE_UNROLLED", "WG_THREADS=256"),
+        ("BK=32", "MMA_N=16", "NBUF=2", "STORE_UNROLLED", "PREFETCH=1", "WG_THREADS=256"),
         ("BK=32", "DIRECT", "MMA_N=16", "STORE_UNROLLED", "WG_THREADS=128"),
         ("QTYPE_Q4_K", "PASS_W16"),
         ("PASS_X16",),
@@ -298,6 +299,46 @@ def test_fill_groups_small_tiles_give_the_same_bits(rb):
     assert any(".small" in k for k in kernels[512])
     assert np.array_equal(outs[0], outs[512])
     assert nmse(_half_ref(x, dense(w)), outs[512]) < 1e-9
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        {"bk": 64, "tile_m": 64, "tile_n": 64, "warp_m": 32, "warp_n": 32, "threads": 128},
+        {},
+        {"threads": 128, "warp_n": 64, "bk": 16},
+        {"subgroup_size": 64, "warp_n": 64},  # wave64 (skipped on a device fixed at 32)
+    ],
+    ids=lambda k: "-".join(f"{a}{b}" for a, b in k.items()) or "default",
+)
+def test_prefetch_two_gives_the_same_bits(rb, knobs):
+    """matmul_prefill.prefetch 2 (two register sets, the step loop unrolled by two) against 1:
+    bit-identical on k-step counts 1 to 5 (odd ones end in the loop's first half; bk 64 makes
+    them) and ragged T, N, and within fp16 rounding of NumPy."""
+    flat = RESIDENT | {"matmul_prefill.fill_groups": 0}
+    flat |= {f"matmul_prefill.{k}": v for k, v in knobs.items()}
+    cfgs = [TuningConfig.default("vulkan").replace(**flat, **{"matmul_prefill.prefetch": p})
+            for p in (1, 2)]  # fmt: skip
+    bad = cfgs[1].problems(rb.device_info())
+    if bad:
+        pytest.skip(f"not allowed on this device: {bad}")
+    rng = np.random.default_rng(9)
+    for T, n, K in ((70, 45, 37), (3, 130, 150), (129, 67, 300), (41, 200, 256)):
+        w = qtensor(rng, (n, K), "F32")
+        x = rng.standard_normal((T, K)).astype(np.float32)
+        outs = []
+        for cfg in cfgs:
+            rb.set_config(cfg)
+            outs.append(rb.download(rb.matmul(rb.upload(x), rb.load_weight(w))))
+        assert np.array_equal(outs[0], outs[1]), (T, n, K)
+        assert nmse(_half_ref(x, dense(w)), outs[1]) < 1e-9
+
+
+def test_registry_prefetch_needs_double_buffers():
+    assert resident_problems(h200_like(), prefetch=2) == []
+    assert resident_problems(h200_like(), prefetch=2, buffers=1)
+    assert resident_problems(h200_like(), prefetch=2, direct=True, threads=128, warp_n=64)
 
 
 @pytest.mark.gpu

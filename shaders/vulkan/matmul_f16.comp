@@ -128,6 +128,9 @@ layout(binding = 2) writeonly buffer YBuf { float ys[]; };
 #ifndef NBUF
 #define NBUF 2
 #endif
+#ifndef PREFETCH
+#define PREFETCH 1
+#endif
 // MMA_N: the weight-row side of each multiply-add (16: 16x16x16; 8: 16x8x16, mma.sync's native
 // m16n8k16 on NVIDIA, the shape llama.cpp takes when a driver lists it first); the token side
 // is always 16.
@@ -240,30 +243,76 @@ void main() {
     [[unroll]] for (uint i = 0u; i < LW; i++) rw[i] = uvec4(0u);
     [[unroll]] for (uint i = 0u; i < LX; i++) rx[i] = uvec4(0u);
 
-#define FETCH(st)                                                                  \
+#define FETCH_TO(st, RW, RX)                                                                  \
     {                                                                              \
         uint kq = (st) * Q;                                                        \
         [[unroll]] for (uint i = 0u; i < LW; i++) {                                \
             uint e = tid + WG_THREADS * i, r = n0 + e / Q;                         \
-            rw[i] = r < pc.N ? wh[r * q16 + kq + e % Q] : uvec4(0u);               \
+            RW[i] = r < pc.N ? wh[r * q16 + kq + e % Q] : uvec4(0u);               \
         }                                                                          \
         [[unroll]] for (uint i = 0u; i < LX; i++) {                                \
             uint e = tid + WG_THREADS * i, c = c0 + e / Q;                         \
-            rx[i] = c < pc.T ? xh[c * q16 + kq + e % Q] : uvec4(0u);               \
+            RX[i] = c < pc.T ? xh[c * q16 + kq + e % Q] : uvec4(0u);               \
         }                                                                          \
     }
-#define STASH(b)                                                                   \
+#define STASH_FROM(b, RW, RX)                                                                   \
     {                                                                              \
         [[unroll]] for (uint i = 0u; i < LW; i++) {                                \
             uint e = tid + WG_THREADS * i;                                         \
-            SH_PUT((b) * BUF + (e / Q) * RS + e % Q, rw[i]);                       \
+            SH_PUT((b) * BUF + (e / Q) * RS + e % Q, RW[i]);                       \
         }                                                                          \
         [[unroll]] for (uint i = 0u; i < LX; i++) {                                \
             uint e = tid + WG_THREADS * i;                                         \
-            SH_PUT((b) * BUF + (TILE_M + e / Q) * RS + e % Q, rx[i]);              \
+            SH_PUT((b) * BUF + (TILE_M + e / Q) * RS + e % Q, RX[i]);              \
+        }                                                                          \
+    }
+#define FETCH(st) FETCH_TO(st, rw, rx)
+#define STASH(b) STASH_FROM(b, rw, rx)
+
+// one k-step's multiply-adds on shared buffer `cur`
+#define MMA_STEP(cur)                                                              \
+    {                                                                              \
+        uint wb = (cur) * BUF, xb = wb + TILE_M * RS;                              \
+        [[unroll]] for (uint kk = 0u; kk < Q; kk += 2u) { /* 16 k = 2 uvec4 */     \
+            coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA> a[CN];     \
+            coopmat<float16_t, gl_ScopeSubgroup, 16, MMA_N, gl_MatrixUseB> b[CM];  \
+            [[unroll]] for (uint j = 0u; j < CN; j++)                              \
+                coopMatLoad(a[j], sh, EW * (xb + (tn + 16u * j) * RS + kk), EW * RS,   \
+                            gl_CooperativeMatrixLayoutRowMajor);                   \
+            [[unroll]] for (uint i = 0u; i < CM; i++)                              \
+                coopMatLoad(b[i], sh, EW * (wb + (rm + MMA_N * i) * RS + kk), EW * RS, \
+                            gl_CooperativeMatrixLayoutColumnMajor);                \
+            [[unroll]] for (uint j = 0u; j < CN; j++)                              \
+                [[unroll]] for (uint i = 0u; i < CM; i++)                          \
+                    acc[j * CM + i] = coopMatMulAdd(a[j], b[i], acc[j * CM + i]);  \
         }                                                                          \
     }
 
+#if PREFETCH == 2 && NBUF == 2
+    // PREFETCH 2: the global loads of step st + 2 are issued before step st's multiply-adds
+    // (two register sets: rw / rx hold even steps, rw2 / rx2 odd ones), so each load has two
+    // steps of multiply-adds to arrive instead of one; the step loop is unrolled by two so
+    // both sets are indexed at compile time. The same shared buffers and barriers, the same
+    // products in the same order: the same bits.
+    uvec4 rw2[LW], rx2[LX];
+    [[unroll]] for (uint i = 0u; i < LW; i++) rw2[i] = uvec4(0u);
+    [[unroll]] for (uint i = 0u; i < LX; i++) rx2[i] = uvec4(0u);
+    FETCH(0u);
+    STASH(0u);
+    if (1u < steps) FETCH_TO(1u, rw2, rx2);
+    barrier();
+    for (uint st = 0u; st < steps; st += 2u) {
+        if (st + 2u < steps) FETCH(st + 2u);  // rw / rx: step st's data went to buffer 0
+        MMA_STEP(0u);
+        if (st + 1u < steps) STASH_FROM(1u, rw2, rx2);  // buffer 1: last read in step st - 1
+        barrier();
+        if (st + 1u >= steps) break;
+        if (st + 3u < steps) FETCH_TO(st + 3u, rw2, rx2);
+        MMA_STEP(1u);
+        if (st + 2u < steps) STASH(0u);  // buffer 0: last read above, before the barrier
+        barrier();
+    }
+#else
     FETCH(0u);
     STASH(0u);
     barrier();
@@ -274,20 +323,7 @@ void main() {
         uint cur = 0u;
 #endif
         if (st + 1u < steps) FETCH(st + 1u);  // global loads in flight over the multiply-adds
-        uint wb = cur * BUF, xb = wb + TILE_M * RS;
-        [[unroll]] for (uint kk = 0u; kk < Q; kk += 2u) {  // 16 k = 2 uvec4
-            coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA> a[CN];
-            coopmat<float16_t, gl_ScopeSubgroup, 16, MMA_N, gl_MatrixUseB> b[CM];
-            [[unroll]] for (uint j = 0u; j < CN; j++)
-                coopMatLoad(a[j], sh, EW * (xb + (tn + 16u * j) * RS + kk), EW * RS,
-                            gl_CooperativeMatrixLayoutRowMajor);
-            [[unroll]] for (uint i = 0u; i < CM; i++)
-                coopMatLoad(b[i], sh, EW * (wb + (rm + MMA_N * i) * RS + kk), EW * RS,
-                            gl_CooperativeMatrixLayoutColumnMajor);
-            [[unroll]] for (uint j = 0u; j < CN; j++)
-                [[unroll]] for (uint i = 0u; i < CM; i++)
-                    acc[j * CM + i] = coopMatMulAdd(a[j], b[i], acc[j * CM + i]);
-        }
+        MMA_STEP(cur);
         if (st + 1u < steps) {
 #if NBUF == 2
             STASH(cur ^ 1u);  // last read in step st - 1, before that step's barrier
@@ -298,6 +334,7 @@ void main() {
         }
         barrier();
     }
+#endif
 
 #endif
 

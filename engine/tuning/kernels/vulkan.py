@@ -261,6 +261,11 @@ def _resident_one_smem_type(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
     return not (c["smem_pairs"] and c["smem_halves"])
 
 
+def _resident_prefetch(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
+    c = cfg.op("matmul_prefill")
+    return int(c["prefetch"]) == 1 or (int(c["buffers"]) == 2 and not c["direct"])
+
+
 def _resident_threads_fit(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
     return _device_takes_wg(int(cfg.op("matmul_prefill")["threads"]), dev)
 
@@ -709,6 +714,15 @@ REGISTRY.register(
                     define("NBUF"),
                 ),
                 Param(
+                    "prefetch",
+                    (1, 2),
+                    1,
+                    "k-steps ahead that the tile loads are issued (2: two register sets, each "
+                    "load has two steps of multiply-adds to arrive instead of one, the step "
+                    "loop unrolled by two; the same bits); 2 needs buffers 2 and shared tiles",
+                    define("PREFETCH"),
+                ),
+                Param(
                     "fill_groups",
                     (0, 128, 256, 512),
                     256,
@@ -749,6 +763,10 @@ REGISTRY.register(
                 Constraint(
                     "at most one of smem_pairs, smem_halves (the shared element type)",
                     _resident_one_smem_type,
+                ),
+                Constraint(
+                    "prefetch 2 needs buffers 2 and shared tiles (not direct)",
+                    _resident_prefetch,
                 ),
                 Constraint(
                     f"mma_n 8 needs the device to list {COOPMAT_SHAPE_N8}",
