@@ -171,13 +171,15 @@ void main() {
             // 3: online softmax over the lanes of each row
             float sv[16];
             float mx = NEG_INF;
-            [[unroll]] for (uint c = 0u; c < 16u; c++) {
-                uint col = c0 + c;
-                bool see = c < ncol && valid && kb + col <= last;
-                float x = c < ncol ? uintBitsToFloat(r_sh[reg + r * RS + col / 4u][col % 4u])
-                                   : 0.0;
-                sv[c] = see ? x : NEG_INF;
-                mx = max(mx, sv[c]);
+            [[unroll]] for (uint u = 0u; u < 4u; u++) {  // whole uvec4 (c0 is a multiple of 8)
+                vec4 x4 = 4u * u < ncol ? uintBitsToFloat(r_sh[reg + r * RS + c0 / 4u + u])
+                                        : vec4(0.0);
+                [[unroll]] for (uint c = 0u; c < 4u; c++) {
+                    uint col = c0 + 4u * u + c;
+                    bool see = 4u * u < ncol && valid && kb + col <= last;
+                    sv[4u * u + c] = see ? x4[c] : NEG_INF;
+                    mx = max(mx, sv[4u * u + c]);
+                }
             }
             for (uint w = 16u; w < gl_SubgroupSize; w <<= 1u)
                 mx = max(mx, subgroupShuffleXor(mx, w));
