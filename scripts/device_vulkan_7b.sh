@@ -27,7 +27,7 @@ timeout $(( T0 + ${PROFILE_END:-80} - $(date +%s) )) python3 scripts/vulkan_prof
 echo "profile done at $(( $(date +%s) - T0 )) s"
 G=${GEMMS-resident,res-pf2,res-128t,res-128t-pf2,res-bk16,res-pf2-bk16,res-128t-bk16,res-256x128-bk16,res-128x256-bk16,res-128x256-bk16-pf2,res-512t,res-128x64-128t,res-n8,resident-bk64,res-direct-128t}
 timeout $(( T0 + ${END:-97} - $(date +%s) )) python3 scripts/vulkan_resident_bench.py \
-    --repeats 3 $(for c in ${G//,/ }; do printf -- '--only %s ' "$c"; done) 2>&1 \
+    --repeats 3 --stats $(for c in ${G//,/ }; do printf -- '--only %s ' "$c"; done) 2>&1 \
     | tee "$OUT/gemm_7b.log"
 nvidia-smi --query-gpu=clocks.sm,clocks.mem,pstate,power.draw,clocks_throttle_reasons.active \
     --format=csv > "$OUT/smi_after.txt" 2>&1

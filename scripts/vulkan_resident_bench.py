@@ -6,13 +6,17 @@ shared GPU inflates some); resident's activation conversion (x16) and its one-ti
 GEMM (pipeline creation, the driver's compile). $FLEETTUNE_VK_DEVICE picks the GPU.
 
 usage: python scripts/vulkan_resident_bench.py [--shapes 7b|tiny] [--tokens 512] [--repeats 5]
-       [--only NAME ...] [--json]
+       [--only NAME ...] [--stats] [--json]
+
+--stats: each GEMM pipeline's registers and local memory from the driver (FLEETTUNE_VK_STATS=1,
+VK_KHR_pipeline_executable_properties), one row per program and specialization.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -77,12 +81,35 @@ CONFIGS: dict[str, dict[str, object]] = {
 }
 
 
+def gemm_stats(be: object, seen: set) -> list[dict[str, object]]:
+    """Registers and local memory of each GEMM pipeline built since (not the fp16 conversions;
+    ``seen`` collects the keys reported)."""
+    from engine.backends.vulkan.pipelines import executable_statistics
+
+    out: list[dict[str, object]] = []
+    for key, p in be.pipes.pipelines.items():  # type: ignore[attr-defined]
+        program, spec, sg = key
+        if not p.name.startswith("matmul_prefill") or ".x16" in p.name or ".w16" in p.name:
+            continue
+        if key in seen:
+            continue
+        seen.add(key)
+        st = executable_statistics(be.dev.device, p.handle)  # type: ignore[attr-defined]
+        keep = {k: v for k, v in st.items() if "Register" in k or "Local" in k}
+        out.append(
+            {"kernel": p.name, "defines": list(program.defines), "spec": dict(spec), "sg": sg}
+            | {"stats": keep or st}
+        )
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", choices=sorted(SHAPES), default="7b")
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--only", action="append", default=None, help="config names (repeatable)")
+    ap.add_argument("--stats", action="store_true", help="registers / local memory per GEMM")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     if args.tokens < 2 or args.repeats < 1:
@@ -93,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"--only: unknown config {unknown[0]!r}; known: {list(CONFIGS)}", file=sys.stderr)
         return 2
+    if args.stats:  # read by device.py when the device opens
+        os.environ["FLEETTUNE_VK_STATS"] = "1"
     rng = np.random.default_rng(0)
     be = backends.create("vulkan", device=backends.default_device("vulkan"))
     dev = be.device_info()
@@ -104,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         k: be.upload(rng.standard_normal((args.tokens, k)).astype(np.float32)) for _, k, _ in shapes
     }
     refs: dict[int, np.ndarray] = {}
+    seen: set = set()
     rows = []
     for name in names:
         cfg = TuningConfig.default("vulkan").replace(**CONFIGS[name])
@@ -158,6 +188,11 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             if not args.json:
                 print(row, flush=True)
+        if args.stats:  # this config's pipelines (printed now: a timeout may end the run)
+            for r in gemm_stats(be, seen):
+                rows.append({"config": name} | r)
+                if not args.json:
+                    print(rows[-1], flush=True)
     be.close()
     if args.json:
         print(json.dumps({"device": dev.name, "tokens": args.tokens, "rows": rows}, indent=1))
