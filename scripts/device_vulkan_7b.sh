@@ -2,7 +2,7 @@
 # Vulkan 7B prefill on the H200 (issue 14, helper vk), ~100 s. Carry .gl and .spv-cache (rebuilt
 # with `python -m engine.backends.vulkan.spirv --out .spv-cache`; scripts/device_vulkan_env.sh).
 # Writes under $OUT/vk:
-#   pytest.log    the GPU tests of attention.flash and matmul_prefill.prefetch (wave32 here)
+#   pytest.log    the GPU tests of attention.flash, matmul_prefill.prefetch and split_k (wave32)
 #   profile_7b.log / vulkan_profile.json   scripts/vulkan_profile.py on the 7B synth: prefill 512
 #                 and decode wall, GPU us per kernel and grid, the GEMMs' TFLOP/s, registers and
 #                 local memory per pipeline (--stats), for CONFIGS (vulkan_decode_speed.py names)
@@ -15,17 +15,18 @@ mkdir -p "$OUT"
 source scripts/device_vulkan_env.sh || exit $?
 nvidia-smi --query-gpu=clocks.sm,clocks.mem,pstate,power.draw,clocks_throttle_reasons.active \
     --format=csv > "$OUT/smi_before.txt" 2>&1
-timeout ${TEST_TIMEOUT:-25} python3 -m pytest -q -p no:cacheprovider -rfE --tb=short -m gpu \
-    -k "flash_attention or prefetch" tests/test_vulkan_flash.py tests/test_vulkan_resident.py 2>&1 | tee "$OUT/pytest.log" | tail -8
+timeout ${TEST_TIMEOUT:-28} python3 -m pytest -q -p no:cacheprovider -rfE --tb=short -m gpu \
+    -k "flash_attention or prefetch or split_k" tests/test_vulkan_flash.py \
+    tests/test_vulkan_resident.py 2>&1 | tee "$OUT/pytest.log" | tail -8
 echo "tests done at $(( $(date +%s) - T0 )) s"
 wait_model 7b
-C=${CONFIGS-res_su_int8_fa_k64_fl,res_su_int8_fa_k64,res_su_int8_fa_k64_fl_pf2}
-timeout $(( T0 + ${PROFILE_END:-80} - $(date +%s) )) python3 scripts/vulkan_profile.py \
+C=${CONFIGS-res_su_int8_fa_k64_fl,res_su_int8_fa_k64_fl_pf2_sk3,res_su_int8_fa_k64}
+timeout $(( T0 + ${PROFILE_END:-74} - $(date +%s) )) python3 scripts/vulkan_profile.py \
     --model /tmp/models/7b.gguf --grid --stats --gen-tokens 8 --repeats 2 --top 18 \
     $(for c in ${C//,/ }; do printf -- '--config %s ' "$c"; done) --out "$OUT" \
-    --deadline $(( T0 + ${PROFILE_END:-80} - 18 )) 2>&1 | grep -v '%|' | tee "$OUT/profile_7b.log"
+    --deadline $(( T0 + ${PROFILE_END:-74} - 14 )) 2>&1 | grep -v '%|' | tee "$OUT/profile_7b.log"
 echo "profile done at $(( $(date +%s) - T0 )) s"
-G=${GEMMS-resident,res-pf2,res-128t,res-128t-pf2,res-bk16,res-pf2-bk16,res-128t-bk16,res-256x128-bk16,res-128x256-bk16,res-128x256-bk16-pf2,res-512t,res-128x64-128t,res-n8,resident-bk64,res-direct-128t}
+G=${GEMMS-resident,res-sk2,res-sk3,res-pf2,res-pf2-sk3,resident-fill0,res-128t,res-128t-pf2,res-sk4,res-bk16,res-128x256-bk16,res-128x256-bk16-pf2,res-512t,res-128x64-128t,res-n8,res-direct-128t,resident-bk64}
 timeout $(( T0 + ${END:-97} - $(date +%s) )) python3 scripts/vulkan_resident_bench.py \
     --repeats 3 --stats $(for c in ${G//,/ }; do printf -- '--only %s ' "$c"; done) 2>&1 \
     | tee "$OUT/gemm_7b.log"

@@ -94,7 +94,10 @@ VARIANTS |= {"res_su_fa_k64_fl": VARIANTS["res_su_fa_k64"] | FL,
              "res_su_int8_fa_k64_fl": VARIANTS["res_su_int8_fa_k64"] | FL,
              # ... and the GEMM's tile loads two k-steps ahead
              "res_su_int8_fa_k64_fl_pf2": VARIANTS["res_su_int8_fa_k64"] | FL
-             | {MP + "prefetch": 2}}  # fmt: skip
+             | {MP + "prefetch": 2},
+             # ... and the small grids (7B q/o/down) split over 3 k-ranges, not 64 x 64 tiles
+             "res_su_int8_fa_k64_fl_pf2_sk3": VARIANTS["res_su_int8_fa_k64"] | FL
+             | {MP + "prefetch": 2, MP + "split_k": 3}}  # fmt: skip
 # the float32 tiled GEMM (the device-free default) with vec4 register blocks of 8 x 8
 VARIANTS |= {"tv128_fa": FA | {MP + "vec4": True, MP + "tile_m": 128, MP + "tile_n": 128}}
 

@@ -78,6 +78,12 @@ CONFIGS: dict[str, dict[str, object]] = {
     "res-128t-pf2": _res(threads=128, warp_n=64, prefetch=2),
     "res-pf2-bk16": _res(prefetch=2, bk=16),
     "res-128x256-bk16-pf2": _res(tile_n=256, warp_n=64, bk=16, prefetch=2),
+    # matmul_prefill.split_k: grids under fill_groups (the 7B q/o/down) keep the 128 x 128
+    # tiles over 2-4 k-ranges instead of the 64 x 64 tiles
+    "res-sk2": _res(split_k=2),
+    "res-sk3": _res(split_k=3),
+    "res-sk4": _res(split_k=4),
+    "res-pf2-sk3": _res(prefetch=2, split_k=3),
 }
 
 

@@ -38,13 +38,13 @@ RESIDENT = {"matmul_prefill.variant": "resident"}
 def test_resident_programs_build_and_validate(tmp_path):
     builds = [b for b in all_builds() if b[0] == "matmul_f16"]
     passes = {next((d for d in ds if d.startswith("PASS_")), "") for _, ds in builds}
-    assert passes == {"", "PASS_W16", "PASS_X16"}
+    assert passes == {"", "PASS_W16", "PASS_X16", "PASS_KSUM"}
     assert spirv.compiler_for("matmul_f16")[0] == "glslangValidator"
     tools = Path(sys.executable).parent
     # one GEMM build per define-knob combination (bk 3 x buffers 2 x shared element type 3 x
     # threads 3 x mma_n 2 x prefetch 2, and direct: bk 3 x threads 3 x mma_n 2; each x
-    # store_unrolled 2; no weight type), one PASS_W16 per type, one PASS_X16
-    assert len(builds) == 2 * (3 * 2 * 3 * 3 * 2 * 2 + 3 * 3 * 2) + len(QUANT_TYPES) + 1
+    # store_unrolled 2; no weight type), one PASS_W16 per type, one PASS_X16, one PASS_KSUM
+    assert len(builds) == 2 * (3 * 2 * 3 * 3 * 2 * 2 + 3 * 3 * 2) + len(QUANT_TYPES) + 2
     for defines in (
         ("BK=32", "MMA_N=16", "NBUF=2", "PREFETCH=1", "WG_THREADS=256"),
         ("BK=32", "MMA_N=16", "NBUF=2", "PREFETCH=2", "STORE_UNROLLED", "WG_THREADS=256"),
@@ -333,6 +333,44 @@ def test_prefetch_two_gives_the_same_bits(rb, knobs):
             outs.append(rb.download(rb.matmul(rb.upload(x), rb.load_weight(w))))
         assert np.array_equal(outs[0], outs[1]), (T, n, K)
         assert nmse(_half_ref(x, dense(w)), outs[1]) < 1e-9
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("split", [2, 3, 4])
+@pytest.mark.parametrize("knobs", [{}, {"prefetch": 2}, {"bk": 64, "buffers": 1},
+                                   {"direct": True, "threads": 128, "warp_n": 64}])  # fmt: skip
+def test_split_k_sums_the_ranges(rb, split, knobs):
+    """matmul_prefill.split_k under fill_groups: the 128 x 128 GEMM over k-ranges (the profile
+    shows the ksum pass), within fp16 input rounding of NumPy on k of 1 to 10 steps (ranges of
+    unequal length, a one-step k not split), ragged T and N, x at an offset, and a weight in
+    row ranges (each range's sum lands in its own columns)."""
+    flat = RESIDENT | {"matmul_prefill.fill_groups": 512, "matmul_prefill.split_k": split}
+    flat |= {f"matmul_prefill.{k}": v for k, v in knobs.items()}
+    cfg = TuningConfig.default("vulkan").replace(**flat)
+    bad = cfg.problems(rb.device_info())
+    if bad:
+        pytest.skip(f"not allowed on this device: {bad}")
+    rb.set_config(cfg)
+    rng = np.random.default_rng(split)
+    for T, n, K, ranges in ((70, 45, 20, False), (3, 130, 150, False), (129, 67, 300, True),
+                            (41, 200, 256, False)):  # fmt: skip
+        w = qtensor(rng, (n, K), "F32")
+        x = rng.standard_normal((T + 1, K)).astype(np.float32)
+        old = rb.max_weight_bytes
+        if ranges:
+            rb.max_weight_bytes = 4 * K * 29 + 3  # 29 raw rows a range
+        try:
+            wt = rb.load_weight(w)
+            rb.set_profiling(True)
+            out = rb.download(rb.matmul(rb.rows(rb.upload(x), 1, T + 1), wt))
+            kernels = set(rb.profile().kernels)
+            rb.set_profiling(False)
+        finally:
+            rb.max_weight_bytes = old
+        assert out.shape == (T, n) and np.isfinite(out).all()
+        assert nmse(_half_ref(x[1:], dense(w)), out) < 1e-9, (T, n, K)
+        steps = kpad(K) // knobs.get("bk", 32)  # one k-step (bk 64, K 20): not split
+        assert any(".ksum" in k for k in kernels) == (steps > 1), (K, kernels)
 
 
 def test_registry_prefetch_needs_double_buffers():

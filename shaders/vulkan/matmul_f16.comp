@@ -26,6 +26,7 @@
 // (below), STORE_UNROLLED (the bounded store's lane loop with a compile-time trip count: with
 // a loop bounded by gl_SubgroupSize inside the accumulator loops, NVIDIA's compiler kept the
 // whole acc[] array in local memory, "Local Memory Size" = the accumulators' bytes).
+//   PASS_KSUM  split_k's sum of the k-ranges' partials into y (below).
 // Bindings: GEMM 0 W16, 1 x16, 2 y; PASS_W16 0 Wq, 1 -, 2 W16; PASS_X16 0 x, 1 -,
 // 2 x16 (binding 1 unused: the three programs share one layout of three buffers).
 
@@ -115,6 +116,22 @@ void main() {
         v[i] = k + i < pc.K ? xs[pc.x_off + t * pc.K + k + i] : 0.0;
     xh[e] = uvec4(packHalf2x16(vec2(v[0], v[1])), packHalf2x16(vec2(v[2], v[3])),
                   packHalf2x16(vec2(v[4], v[5])), packHalf2x16(vec2(v[6], v[7])));
+}
+
+#elif defined(PASS_KSUM)
+// matmul_prefill.split_k's sum: y[t, n] = the sum of the K k-ranges' partials, in range
+// order. Bindings: 0 the partials [K, T, N] at x_off, 2 y.
+layout(binding = 0) readonly buffer PBuf { float part[]; };
+layout(binding = 2) writeonly buffer YBuf { float ys[]; };
+
+void main() {
+    uint e = wg_linear() * 256u + gl_LocalInvocationID.x;
+    if (e >= pc.T * pc.N) return;
+    uint t = e / pc.N, n = e % pc.N;
+    uint o = pc.y_off + t * pc.y_stride + n;
+    float v = 0.0;
+    for (uint s = 0u; s < pc.K; s++) v += part[pc.x_off + s * pc.T * pc.N + e];
+    ys[o] = v;
 }
 
 #else  // the GEMM
@@ -209,7 +226,15 @@ void main() {
     uint ntok = (pc.T + TILE_N - 1u) / TILE_N, lin = wg_linear();
     uint n0 = (lin / ntok) * TILE_M, c0 = (lin % ntok) * TILE_N;
     uint q16 = kpad() / 8u;  // uvec4 per fp16 row
-    uint steps = kpad() / uint(BK);
+    // split_k: row_bytes (unused by the GEMM otherwise) = k-steps per range, range z of the
+    // grid (the host dispatches only non-empty ranges), whose partial sums go z x T x y_stride
+    // floats further on (a [ranges, T, N] buffer; PASS_KSUM sums it into y). 0: all of k.
+    uint steps = kpad() / uint(BK), kbase = 0u;
+    if (pc.row_bytes != 0u) {
+        kbase = gl_WorkGroupID.z * pc.row_bytes;
+        steps = min(steps - kbase, pc.row_bytes);
+    }
+    uint y_off = pc.y_off + gl_WorkGroupID.z * pc.T * pc.y_stride;
     uint rm = (sg % TILES_M) * WARP_M, tn = (sg / TILES_M) * WARP_N;
 
     ACC acc[CN * CM];
@@ -222,7 +247,7 @@ void main() {
     // tile reads pad rows, whose products are never stored.
     for (uint st = 0u; st < steps; st++) {
         [[unroll]] for (uint kk = 0u; kk < Q; kk += 2u) {  // 16 k = 2 uvec4
-            uint kq = st * Q + kk;
+            uint kq = (kbase + st) * Q + kk;
             coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA> a[CN];
             coopmat<float16_t, gl_ScopeSubgroup, 16, MMA_N, gl_MatrixUseB> b[CM];
             [[unroll]] for (uint j = 0u; j < CN; j++)
@@ -243,9 +268,9 @@ void main() {
     [[unroll]] for (uint i = 0u; i < LW; i++) rw[i] = uvec4(0u);
     [[unroll]] for (uint i = 0u; i < LX; i++) rx[i] = uvec4(0u);
 
-#define FETCH_TO(st, RW, RX)                                                                  \
+#define FETCH_TO(st, RW, RX)                                                       \
     {                                                                              \
-        uint kq = (st) * Q;                                                        \
+        uint kq = (kbase + (st)) * Q;                                              \
         [[unroll]] for (uint i = 0u; i < LW; i++) {                                \
             uint e = tid + WG_THREADS * i, r = n0 + e / Q;                         \
             RW[i] = r < pc.N ? wh[r * q16 + kq + e % Q] : uvec4(0u);               \
@@ -255,7 +280,7 @@ void main() {
             RX[i] = c < pc.T ? xh[c * q16 + kq + e % Q] : uvec4(0u);               \
         }                                                                          \
     }
-#define STASH_FROM(b, RW, RX)                                                                   \
+#define STASH_FROM(b, RW, RX)                                                      \
     {                                                                              \
         [[unroll]] for (uint i = 0u; i < LW; i++) {                                \
             uint e = tid + WG_THREADS * i;                                         \
@@ -342,12 +367,12 @@ void main() {
     // else through this subgroup's 16 x 16 float slot of sh (free now: the loop ended on a
     // barrier), bounded.
     uint row0 = n0 + rm, col0 = c0 + tn;
-    bool aligned = (pc.y_off & 3u) == 0u && (pc.y_stride & 3u) == 0u;
+    bool aligned = (y_off & 3u) == 0u && (pc.y_stride & 3u) == 0u;
     if (aligned && row0 + WARP_M <= pc.N && col0 + WARP_N <= pc.T) {
         [[unroll]] for (uint j = 0u; j < CN; j++)
             [[unroll]] for (uint i = 0u; i < CM; i++)
                 coopMatStore(acc[j * CM + i], ys,
-                             pc.y_off + (col0 + 16u * j) * pc.y_stride + row0 + MMA_N * i,
+                             y_off + (col0 + 16u * j) * pc.y_stride + row0 + MMA_N * i,
                              pc.y_stride, gl_CooperativeMatrixLayoutRowMajor);
         return;
     }
@@ -370,7 +395,7 @@ void main() {
                 uint col = col0 + 16u * j + e / 4u, n = row0 + MMA_N * i + 4u * (e % 4u);
                 vec4 v = uintBitsToFloat(SH_GET(slot + e));
                 if (col < pc.T && 4u * (e % 4u) < MMA_N) {  // MMA_N 8: half a slot row
-                    uint o = pc.y_off + col * pc.y_stride + n;
+                    uint o = y_off + col * pc.y_stride + n;
                     [[unroll]] for (uint c = 0u; c < 4u; c++)
                         if (n + c < pc.N) ys[o + c] = v[c];
                 }

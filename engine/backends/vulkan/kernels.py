@@ -130,6 +130,7 @@ PASSES[("matmul_prefill", "resident")] = (
     ("", 3, IO["matmul_prefill"][1]),
     ("PASS_W16", 3, IO["matmul_prefill"][1], "", "w16"),
     ("PASS_X16", 3, IO["matmul_prefill"][1], "", "x16"),
+    ("PASS_KSUM", 3, IO["matmul_prefill"][1], "", "ksum"),  # split_k's sum of the k-ranges
 )
 
 # attention.coopmat: decode with the split variant's passes (whatever they are, from

@@ -733,6 +733,16 @@ REGISTRY.register(
                     HOST,
                 ),
                 Param(
+                    "split_k",
+                    (1, 2, 3, 4),
+                    1,
+                    "a GEMM whose tile grid has fewer workgroups than fill_groups keeps its "
+                    "tiles and splits k into this many ranges instead (a grid dimension; each "
+                    "range's fp32 partial sums, then one pass adds them in range order); 1: the "
+                    "64 x 64 tiles of fill_groups (the 7B q/o/down at pp512: 112 workgroups)",
+                    HOST,
+                ),
+                Param(
                     "smem_pairs",
                     (False, True),
                     False,
