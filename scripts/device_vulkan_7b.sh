@@ -2,7 +2,8 @@
 # Vulkan 7B prefill on the H200 (issue 14, helper vk), ~100 s. Carry .gl and .spv-cache (rebuilt
 # with `python -m engine.backends.vulkan.spirv --out .spv-cache`; scripts/device_vulkan_env.sh).
 # Writes under $OUT/vk:
-#   pytest.log    the GPU tests of attention.flash, matmul_prefill.prefetch and split_k (wave32)
+#   pytest.log    the GPU tests of attention.flash, matmul_prefill.prefetch and split_k (wave32),
+#                 validate of the tiny model with all three (test_vulkan_model cfg9)
 #   profile_7b.log / vulkan_profile.json   scripts/vulkan_profile.py on the 7B synth: prefill 512
 #                 and decode wall, GPU us per kernel and grid, the GEMMs' TFLOP/s, registers and
 #                 local memory per pipeline (--stats), for CONFIGS (vulkan_decode_speed.py names)
@@ -15,9 +16,9 @@ mkdir -p "$OUT"
 source scripts/device_vulkan_env.sh || exit $?
 nvidia-smi --query-gpu=clocks.sm,clocks.mem,pstate,power.draw,clocks_throttle_reasons.active \
     --format=csv > "$OUT/smi_before.txt" 2>&1
-timeout ${TEST_TIMEOUT:-28} python3 -m pytest -q -p no:cacheprovider -rfE --tb=short -m gpu \
-    -k "flash_attention or prefetch or split_k" tests/test_vulkan_flash.py \
-    tests/test_vulkan_resident.py 2>&1 | tee "$OUT/pytest.log" | tail -8
+timeout ${TEST_TIMEOUT:-30} python3 -m pytest -q -p no:cacheprovider -rfE --tb=short \
+    -m "gpu or not gpu" -k "flash_attention or prefetch or split_k or cfg9" tests/test_vulkan_flash.py \
+    tests/test_vulkan_resident.py tests/test_vulkan_model.py 2>&1 | tee "$OUT/pytest.log" | tail -8
 echo "tests done at $(( $(date +%s) - T0 )) s"
 wait_model 7b
 C=${CONFIGS-res_su_int8_fa_k64_fl,res_su_int8_fa_k64_fl_pf2_sk3,res_su_int8_fa_k64}
