@@ -373,10 +373,21 @@ def test_split_k_sums_the_ranges(rb, split, knobs):
         assert any(".ksum" in k for k in kernels) == (steps > 1), (K, kernels)
 
 
-def test_registry_prefetch_needs_double_buffers():
-    assert resident_problems(h200_like(), prefetch=2) == []
-    assert resident_problems(h200_like(), prefetch=2, buffers=1)
-    assert resident_problems(h200_like(), prefetch=2, direct=True, threads=128, warp_n=64)
+def test_prefetch_two_is_the_default_and_applies_to_double_buffers_only():
+    """prefetch 2 is the measured default; with one buffer or direct loads the shader runs the
+    one-ahead loop (allowed, the same program text), so older configs stay valid."""
+    from engine.backends.vulkan.kernels import programs
+
+    assert TuningConfig.default("vulkan").replace(**RESIDENT).op("matmul_prefill")["prefetch"] == 2
+    assert resident_problems(h200_like(), buffers=1) == []
+    assert resident_problems(h200_like(), direct=True, threads=128, warp_n=64) == []
+    src = Path(spirv.__file__).resolve().parents[3] / "shaders/vulkan/matmul_f16.comp"
+    assert "#if PREFETCH == 2 && NBUF == 2" in src.read_text()
+    direct = TuningConfig.default("vulkan").replace(
+        **RESIDENT, **{"matmul_prefill.direct": True, "matmul_prefill.threads": 128,
+                       "matmul_prefill.warp_n": 64})  # fmt: skip
+    (gemm, *_) = programs("matmul_prefill", direct.op("matmul_prefill"), "Q4_K")
+    assert not any(d.startswith("PREFETCH") for d in gemm.defines)
 
 
 @pytest.mark.gpu

@@ -146,7 +146,7 @@ layout(binding = 2) writeonly buffer YBuf { float ys[]; };
 #define NBUF 2
 #endif
 #ifndef PREFETCH
-#define PREFETCH 1
+#define PREFETCH 2  // the registry's default (with NBUF 1 or DIRECT, the one-ahead loop)
 #endif
 // MMA_N: the weight-row side of each multiply-add (16: 16x16x16; 8: 16x8x16, mma.sync's native
 // m16n8k16 on NVIDIA, the shape llama.cpp takes when a driver lists it first); the token side

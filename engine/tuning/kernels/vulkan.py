@@ -261,11 +261,6 @@ def _resident_one_smem_type(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
     return not (c["smem_pairs"] and c["smem_halves"])
 
 
-def _resident_prefetch(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
-    c = cfg.op("matmul_prefill")
-    return int(c["prefetch"]) == 1 or (int(c["buffers"]) == 2 and not c["direct"])
-
-
 def _resident_threads_fit(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
     return _device_takes_wg(int(cfg.op("matmul_prefill")["threads"]), dev)
 
@@ -716,10 +711,15 @@ REGISTRY.register(
                 Param(
                     "prefetch",
                     (1, 2),
-                    1,
+                    # 2 (helper vk checkpoint, H200, 7B shapes at T = 512, GPU timestamps,
+                    # scripts/vulkan_resident_bench.py): 3584x3584 82 -> 96, 18944x3584 137 ->
+                    # 156, 3584x18944 75 -> 90, 37888x3584 151 -> 169 TFLOP/s; the 7B pp512
+                    # prefill GEMMs 70.2 -> 60.7 ms (scripts/vulkan_profile.py,
+                    # res_su_int8_fa_k64_fl -> _pf2); bit-identical to 1 in the GPU tests
+                    2,
                     "k-steps ahead that the tile loads are issued (2: two register sets, each "
                     "load has two steps of multiply-adds to arrive instead of one, the step "
-                    "loop unrolled by two; the same bits); 2 needs buffers 2 and shared tiles",
+                    "loop unrolled by two; the same bits); with buffers 1 or direct it is 1",
                     define("PREFETCH"),
                 ),
                 Param(
@@ -773,10 +773,6 @@ REGISTRY.register(
                 Constraint(
                     "at most one of smem_pairs, smem_halves (the shared element type)",
                     _resident_one_smem_type,
-                ),
-                Constraint(
-                    "prefetch 2 needs buffers 2 and shared tiles (not direct)",
-                    _resident_prefetch,
                 ),
                 Constraint(
                     f"mma_n 8 needs the device to list {COOPMAT_SHAPE_N8}",
