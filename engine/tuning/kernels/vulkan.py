@@ -736,10 +736,11 @@ REGISTRY.register(
                     "split_k",
                     (1, 2, 3, 4),
                     1,
-                    "a GEMM whose tile grid has fewer workgroups than fill_groups keeps its "
-                    "tiles and splits k into this many ranges instead (a grid dimension; each "
-                    "range's fp32 partial sums, then one pass adds them in range order); 1: the "
-                    "64 x 64 tiles of fill_groups (the 7B q/o/down at pp512: 112 workgroups)",
+                    "a GEMM whose grid is still under fill_groups workgroups after the 64 x "
+                    "64 tiles (the 7B k/v at pp512: 64 on a 132-SM GPU, 76 us each at the vk "
+                    "checkpoint) splits k into up to this many ranges, as many as fill the "
+                    "grid (a grid dimension; each range's fp32 partial sums, then one pass "
+                    "adds them in range order); 1: no split. Unmeasured",
                     HOST,
                 ),
                 Param(
