@@ -21,13 +21,13 @@ timeout ${TEST_TIMEOUT:-30} python3 -m pytest -q -p no:cacheprovider -rfE --tb=s
     tests/test_vulkan_resident.py tests/test_vulkan_model.py 2>&1 | tee "$OUT/pytest.log" | tail -8
 echo "tests done at $(( $(date +%s) - T0 )) s"
 wait_model 7b
-C=${CONFIGS-res_su_int8_fa_k64_fl,res_su_int8_fa_k64_fl_pf2_sk3,res_su_int8_fa_k64}
+C=${CONFIGS-res_su_int8_fa_k64_fl,res_su_int8_fa_k64_fl_ms,res_su_int8_fa_k64_fl_sk4,res_su_int8_fa_k64_fl_ms_sk4}
 timeout $(( T0 + ${PROFILE_END:-74} - $(date +%s) )) python3 scripts/vulkan_profile.py \
     --model /tmp/models/7b.gguf --grid --stats --gen-tokens 8 --repeats 2 --top 18 \
     $(for c in ${C//,/ }; do printf -- '--config %s ' "$c"; done) --out "$OUT" \
     --deadline $(( T0 + ${PROFILE_END:-74} - 14 )) 2>&1 | grep -v '%|' | tee "$OUT/profile_7b.log"
 echo "profile done at $(( $(date +%s) - T0 )) s"
-G=${GEMMS-resident,res-sk2,res-sk3,res-pf2,res-pf2-sk3,resident-fill0,res-128t,res-128t-pf2,res-sk4,res-bk16,res-128x256-bk16,res-128x256-bk16-pf2,res-512t,res-128x64-128t,res-n8,res-direct-128t,resident-bk64}
+G=${GEMMS-resident,res-pf2-bk16,res-sk2,res-sk4,resident-fill0,res-128t}
 timeout $(( T0 + ${END:-97} - $(date +%s) )) python3 scripts/vulkan_resident_bench.py \
     --repeats 3 --stats $(for c in ${G//,/ }; do printf -- '--only %s ' "$c"; done) 2>&1 \
     | tee "$OUT/gemm_7b.log"

@@ -29,13 +29,15 @@ from engine import backends  # noqa: E402
 from engine.tuning import TuningConfig  # noqa: E402
 from scripts.vulkan_coopmat_bench import weight  # noqa: E402
 
-# (N, K, weight type): attn_output, ffn_up, ffn_down (Q6_K in half the layers), gate+up fused
+# (N, K, weight type): attn_output, ffn_up, ffn_down (Q6_K in half the layers), gate+up fused,
+# attn_k / attn_v (64 workgroups of 64 x 64 at T = 512: split_k's case)
 SHAPES = {
     "7b": [
         (3584, 3584, "Q4_K"),
         (18944, 3584, "Q4_K"),
         (3584, 18944, "Q6_K"),
         (37888, 3584, "Q4_K"),
+        (512, 3584, "Q4_K"),
     ],
     "tiny": [(70, 256, "Q4_K")],  # a smoke run on lavapipe
 }

@@ -9,6 +9,7 @@ H200 through NVIDIA's Vulkan) check the op against float64 NumPy on ragged shape
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ import numpy as np
 import pytest
 
 from engine.backends.vulkan import spirv
-from engine.backends.vulkan.kernels import all_builds
+from engine.backends.vulkan.kernels import all_builds, programs
 from engine.errors import ConfigError
 from engine.tuning import TuningConfig
 from tests.op_cases import attention_ref
@@ -29,13 +30,24 @@ FLASH = {"attention.variant": "flash"}
 
 def test_flash_pass_builds_with_glslang_and_validates(tmp_path):
     builds = [b for b in all_builds() if b[0] == "attention_flash"]
-    assert len(builds) == 1
+    assert sorted(d for _, d in builds) == [(), ("MATRIX_SCALE",)]
+    # matrix_scale reaches the flash pass only (the split passes keep their builds)
+    cfg = TuningConfig.default("vulkan").replace(**FLASH, **{"attention.matrix_scale": True})
+    progs = programs("attention", cfg.op("attention"))
+    assert [p.defines for p in progs if p.shader == "attention_flash"] == [("MATRIX_SCALE",)]
+    assert all("MATRIX_SCALE" not in p.defines for p in progs if p.shader != "attention_flash")
     assert spirv.compiler_for("attention_flash")[0] == "glslangValidator"
-    code = spirv.compile_spirv(*builds[0], tmp_path)
-    path = tmp_path / "flash.spv"
-    path.write_bytes(code)
-    val = Path(sys.executable).parent / "spirv-val"
-    subprocess.run([val, "--target-env", "vulkan1.3", path], check=True)
+    tools = Path(sys.executable).parent
+    for _, defines in builds:
+        code = spirv.compile_spirv("attention_flash", defines, tmp_path)
+        path = tmp_path / "flash.spv"
+        path.write_bytes(code)
+        subprocess.run([tools / "spirv-val", "--target-env", "vulkan1.3", path], check=True)
+        dis = subprocess.run([tools / "spirv-dis", path], capture_output=True, text=True).stdout
+        # a multiply whose result is a cooperative matrix: only with MATRIX_SCALE
+        mats = set(re.findall(r"(%\w+) = OpTypeCooperativeMatrixKHR", dis))
+        muls = {m for m in re.findall(r"= OpFMul (%\w+) ", dis) if m in mats}
+        assert bool(muls) == ("MATRIX_SCALE" in defines), defines
 
 
 def test_registry_allows_flash_only_with_coopmat_and_shared_memory():
@@ -77,6 +89,7 @@ def cb():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("matrix_scale", [False, True])
 @pytest.mark.parametrize(
     "T,H,Hkv,D,pos0",
     [
@@ -90,10 +103,12 @@ def cb():
         (1, 14, 2, 128, 549),  # decode: the split kernel
     ],
 )
-def test_flash_attention(cb, T, H, Hkv, D, pos0):
+def test_flash_attention(cb, T, H, Hkv, D, pos0, matrix_scale):
     """Against float64 NumPy. The cache rows past the last visible key hold NaN, which the pass
     must never multiply into its output, and q is a row view at an offset."""
-    cfg = TuningConfig.default("vulkan").replace(**FLASH)
+    cfg = TuningConfig.default("vulkan").replace(
+        **FLASH, **{"attention.matrix_scale": matrix_scale}
+    )
     bad = cfg.problems(cb.device_info())
     if bad:
         pytest.skip(f"not allowed on this device: {bad}")

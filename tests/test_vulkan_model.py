@@ -93,6 +93,7 @@ CONFIGS = [
         "attention.variant": "flash",
         "matmul_prefill.prefetch": 2,
         "matmul_prefill.split_k": 3,
+        "attention.matrix_scale": True,
         "prefill.chunk_tokens": 64,
     },
     {"matmul_prefill.vec4": True, "prefill.chunk_tokens": 64},

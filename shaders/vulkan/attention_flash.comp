@@ -18,6 +18,9 @@
 //      an accumulator's elements sit in the same lanes and slots for every matrix of its type,
 //      so the broadcast matrix scales each element by its own row's alpha with no knowledge of
 //      the driver's layout; then O += P V
+// MATRIX_SCALE (attention.matrix_scale): the rescale as one component-wise multiply of two
+// matrices instead of a loop over the lane's elements (the H200's driver gave the loop's
+// pipeline 256 bytes of local memory, the 8 output accumulators' size).
 // Only subgroup barriers inside a subgroup's steps 2-4. At the end O *= (1 / l) the same way
 // and goes out through the region, rows t < T only.
 //
@@ -211,7 +214,11 @@ void main() {
             coopMatLoad(am, r_sh, reg + BC, 4u, gl_CooperativeMatrixLayoutRowMajor);
             [[unroll]] for (uint dc = 0u; dc < MAX_DF; dc++) {
                 if (dc < DF) {
+#ifdef MATRIX_SCALE
+                    o[dc] = o[dc] * am;  // component-wise (OpFMul of two matrices)
+#else
                     [[unroll]] for (uint i = 0u; i < am.length(); i++) o[dc][i] *= am[i];
+#endif
                 }
             }
             [[unroll]] for (uint kc = 0u; kc < BKV / 16u; kc++) {
@@ -240,7 +247,11 @@ void main() {
             subgroupBarrier();  // the broadcast is read before the first output overwrites it
             [[unroll]] for (uint dc = 0u; dc < MAX_DF; dc++) {
                 if (dc < DF) {
+#ifdef MATRIX_SCALE
+                    o[dc] = o[dc] * inv;
+#else
                     [[unroll]] for (uint i = 0u; i < inv.length(); i++) o[dc][i] *= inv[i];
+#endif
                     coopMatStore(o[dc], r_sh, reg, RS, gl_CooperativeMatrixLayoutRowMajor);
                     subgroupMemoryBarrierShared();
                     subgroupBarrier();

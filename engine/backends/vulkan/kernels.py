@@ -214,6 +214,8 @@ def programs(op: str, choice: OpChoice, qtype: str = "") -> tuple[Program, ...]:
                 ds = tuple(d for d in ds if not d.startswith(("NBUF", "SMEM_", "PREFETCH")))
             elif "SMEM_PAIRS" in ds:  # with smem_halves too: refused by the registry anyway
                 ds = tuple(d for d in ds if d != "SMEM_HALVES")
+        if (op, v.name) == ("attention", "flash") and p.shader:
+            ds = tuple(d for d in ds if d != "MATRIX_SCALE")  # the split passes' own builds
         out.append(Program(p.shader or shader, ds, p.n_bindings, p.push))
     return tuple(out)
 

@@ -1050,7 +1050,18 @@ def _register_attention_coopmat() -> None:
         B,
         "attention",
         "flash",
-        params=split.params,
+        params=(
+            *split.params,
+            Param(
+                "matrix_scale",
+                (False, True),
+                False,
+                "the flash pass rescales its output accumulators by one component-wise "
+                "multiply of two matrices instead of a loop over each lane's elements (the "
+                "H200's driver gave the loop's pipeline 256 B of local memory); unmeasured",
+                define("MATRIX_SCALE"),
+            ),
+        ),
         constraints=(
             *coop.constraints[:-1],
             Constraint(
