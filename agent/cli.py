@@ -1,7 +1,8 @@
 """``python -m agent``: run an experiment, list studies, check an experiment file.
 
     python -m agent run experiments/quickstart.toml [--storage URL] [--promote-repo PATH]
-                        [--budget N] [--address HOST:PORT | --local] [--no-promote] [--json]
+                        [--budget N] [--wall-time S]
+                        [--address HOST:PORT | --local] [--no-promote] [--json]
                         [--dashboard [PORT]]
     python -m agent status [--storage URL] [--json]
     python -m agent check experiments/X.toml
@@ -70,6 +71,13 @@ def _parser() -> argparse.ArgumentParser:
         "to (default: the experiment's [promote] repo: this checkout or a scratch repo)",
     )
     r.add_argument("--budget", type=int, help="trials per study (overrides budget.trials)")
+    r.add_argument(
+        "--wall-time",
+        type=float,
+        metavar="S",
+        help="seconds after which no new trial starts (overrides budget.wall_time_s; the "
+        "trials in flight finish, then the agent decides and promotes)",
+    )
     where = r.add_mutually_exclusive_group()
     where.add_argument(
         "--address", help="Ray cluster address (default: $RAY_ADDRESS, else embedded)"
@@ -195,6 +203,8 @@ def _run(args: argparse.Namespace) -> int:
     exp = load_experiment(args.experiment)
     if args.budget is not None and args.budget < 1:
         raise EngineError("--budget must be >= 1")
+    if args.wall_time is not None and not args.wall_time > 0:
+        raise EngineError("--wall-time must be > 0 seconds")
     storage = parse_storage(args.storage)
     check_storage(storage)  # before Ray starts: a bad --storage costs nothing
     if args.dashboard is not None:
@@ -204,6 +214,7 @@ def _run(args: argparse.Namespace) -> int:
         lease=lease.WAIT if args.wait else lease.TAKE_OVER if args.take_over else lease.ERROR,
         promote_repo=args.promote_repo.resolve() if args.promote_repo else None,
         budget=args.budget,
+        wall_time_s=args.wall_time,
         address=args.address,
         promote=not args.no_promote,
         local=args.local,

@@ -27,6 +27,7 @@ __all__ = [  # the space rules are re-exported: callers import them from here
     "ExperimentError",
     "OpRule",
     "ParamRule",
+    "StartConfig",
     "load_experiment",
     "parse_experiment",
 ]
@@ -73,6 +74,18 @@ class SamplerSpec:
 
 
 @dataclass(frozen=True)
+class StartConfig:
+    """A config to try right after the baseline (``[[start]]``): a point measured by hand
+    (a microbenchmark, a profile) that a short budget should not leave to the sampler's luck.
+    ``config`` holds flat ``op.knob`` overrides on the baseline; the trial is validated and
+    benched like any other, and must be inside the space."""
+
+    name: str
+    backend: str
+    config: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class PromoteSpec:
     enabled: bool = True
     repo: str = "project"  # "project": this checkout; "scratch": a git repo under the cache
@@ -95,6 +108,7 @@ class Experiment:
     sampler: SamplerSpec
     promote: PromoteSpec
     description: str = ""
+    start: tuple[StartConfig, ...] = ()
     warnings: tuple[str, ...] = field(default=(), compare=False)
     # Each backend's search space, resolved against the registry once, at load: (backend,
     # ordinal, SearchSpace); ordinal: built for CMA-ES (agent.space.build_space).
@@ -306,6 +320,7 @@ def parse_experiment(data: Mapping[str, Any], source: str = "<memory>") -> Exper
         "acceptance",
         "sampler",
         "promote",
+        "start",
     )
     _keys("experiment", data, top)
     name = _typed("name", data.get("name", Path(source).stem), str, "a string")
@@ -397,8 +412,32 @@ def parse_experiment(data: Mapping[str, Any], source: str = "<memory>") -> Exper
         sampler=sampler,
         promote=promote,
         description=_typed("description", data.get("description", ""), str, "a string"),
+        start=_starts(data.get("start", []), backends),
     )
     return _check_against_registry(exp)
+
+
+def _starts(value: Any, backends: tuple[str, ...]) -> tuple[StartConfig, ...]:
+    """[[start]] tables: name, backend (the experiment's only one may be left out), config."""
+    if not isinstance(value, list):
+        raise ExperimentError("start must be an array of [[start]] tables")
+    out, names = [], set()
+    for i, item in enumerate(value):
+        where = f"start[{i}]"
+        t = _table(where, item)
+        _keys(where, t, ("name", "backend", "config"))
+        name = _typed(f"{where}.name", t.get("name", f"start{i}"), str, "a string")
+        if name in names:
+            raise ExperimentError(f"{where}.name = {name!r}: used twice")
+        names.add(name)
+        if "backend" not in t and len(backends) != 1:
+            raise ExperimentError(f"{where}.backend: required (this experiment has several)")
+        backend = _choice(f"{where}.backend", t.get("backend", backends[0]), backends)
+        config = _table(f"{where}.config", t.get("config"))
+        if not config:
+            raise ExperimentError(f"{where}.config: at least one 'op.knob' = value")
+        out.append(StartConfig(name, backend, dict(config)))
+    return tuple(out)
 
 
 def _check_against_registry(exp: Experiment) -> Experiment:
@@ -414,13 +453,39 @@ def _check_against_registry(exp: Experiment) -> Experiment:
         if backend not in REGISTRY.backends():
             warnings.append(f"backend {backend!r} has no kernels registered here: skipped")
             continue
-        spaces.append((backend, ordinal, build_space(backend, exp.space_for(backend), ordinal)))
+        space = build_space(backend, exp.space_for(backend), ordinal)
+        spaces.append((backend, ordinal, space))
+        for st in exp.start:
+            if st.backend == backend:
+                _check_start(st, space)
     for s in exp.space:
         if s.backend not in exp.backends:
             raise ExperimentError(
                 f"space.{s.backend}: backend not in backends = {list(exp.backends)}"
             )
     return Experiment(**{**exp.__dict__, "warnings": tuple(warnings), "spaces": tuple(spaces)})
+
+
+def _check_start(st: StartConfig, space: SearchSpace) -> None:
+    """Each knob a start config sets must be searched by the space with that value among its
+    choices (else its trial could not be asked for: Optuna enqueues params, not configs)."""
+    allowed: dict[str, set[Any]] = {}
+    for o in space.ops:
+        allowed.setdefault(o.variant_dim.key, set()).update(o.variant_dim.choices)
+        for _, dims in o.params:
+            for d in dims:
+                allowed.setdefault(d.key, set()).update(d.choices)
+    for key, value in st.config.items():
+        if key not in allowed:
+            raise ExperimentError(
+                f"start {st.name!r}: {key} is not a knob of the {st.backend} space "
+                "(an 'op.knob' the space searches or pins)"
+            )
+        if value not in allowed[key]:
+            raise ExperimentError(
+                f"start {st.name!r}: {key} = {value!r} is outside the space's choices "
+                f"{sorted(allowed[key], key=str)}"
+            )
 
 
 def load_experiment(path: str | Path) -> Experiment:

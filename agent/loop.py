@@ -70,6 +70,7 @@ class RunOptions:
     storage: StorageRef
     promote_repo: Path | None = None  # None: from the experiment's [promote] repo
     budget: int | None = None  # overrides budget.trials
+    wall_time_s: float | None = None  # overrides budget.wall_time_s
     address: str | None = None
     promote: bool = True
     setup: Callable[[], None] | None = None  # test-only: registers extra backends everywhere
@@ -103,6 +104,8 @@ class Agent:
     def __init__(self, exp: Experiment, opts: RunOptions) -> None:
         if opts.budget is not None:
             exp = replace(exp, budget=replace(exp.budget, trials=opts.budget))
+        if opts.wall_time_s is not None:
+            exp = replace(exp, budget=replace(exp.budget, wall_time_s=opts.wall_time_s))
         self.exp = exp
         self.opts = opts
         self.studies: dict[tuple[str, str], StudyState] = {}

@@ -130,6 +130,7 @@ class StudyState:
                 self.study.set_user_attr(k, v)
             params = self.space.params_of(self.baseline) or {}
             self.study.enqueue_trial(params, user_attrs={"role": BASELINE})
+            self._start_configs()
             self._warm_start()
             if self.exp.sampler.screen_variants:
                 self._screen_variants()
@@ -184,6 +185,26 @@ class StudyState:
             n += 1
         return n
 
+    def _start_configs(self) -> None:
+        """Enqueue, after the baseline, the experiment's [[start]] configs of this backend (each
+        the baseline with its overrides); recorded in the study's ``started`` attr."""
+        queued = []
+        for st in self.exp.start:
+            if st.backend != self.backend:
+                continue
+            flat = self._in_space(st.config)
+            params = self.space.params_of(flat)
+            if params is None or any(flat.get(k) != v for k, v in st.config.items()):
+                # (checked at load; a promoted baseline can still put it outside): a knob of a
+                # variant the config does not run would be dropped, not tried
+                log.warning("%s: start %r is outside the space here: skipped", self.name, st.name)
+                continue
+            self.study.enqueue_trial(params, user_attrs={"role": CANDIDATE, "start": st.name})
+            queued.append(st.name)
+        self.study.set_user_attr("started", queued)
+        if queued:
+            log.info("%s: trying the experiment's start configs first: %s", self.name, queued)
+
     def _warm_start(self) -> None:
         """Enqueue, after the baseline, the best configs of this experiment on other device
         classes (agent/warmstart.py); recorded in the study's ``warm_start`` attr."""
@@ -205,23 +226,34 @@ class StudyState:
         """Enqueue one config per code variant the space opens that the baseline does not run:
         that variant with its registry defaults (or the space's first choice of a knob whose
         default the experiment leaves out), every other op at the baseline."""
-        base = TuningConfig.from_flat(self.backend, self.baseline)
         queued = []
         for o in self.space.ops:
             for v in o.variant_dim.choices:
                 if v == self.baseline.get(o.variant_dim.key):
                     continue
-                flat = base.replace(**{o.variant_dim.key: v}).flat()
-                for d in o.dims_of(str(v)):
-                    if flat.get(d.key) not in d.choices:
-                        flat[d.key] = d.choices[0]
-                params = self.space.params_of(flat)
+                params = self.space.params_of(self._in_space({o.variant_dim.key: v}))
                 if params is not None:
                     self.study.enqueue_trial(params, user_attrs={"role": CANDIDATE})
                     queued.append(f"{o.variant_dim.key}={v}")
         self.study.set_user_attr("screened_variants", queued)
         if queued:
             log.info("%s: screening %d variants first: %s", self.name, len(queued), queued)
+
+    def _in_space(self, changes: dict[str, Any]) -> dict[str, Any]:
+        """The baseline with ``changes`` (a changed variant brings its registry defaults), then
+        each knob of the chosen variants that the space does not allow at that value at the
+        space's first choice: the nearest config the sampler can ask for."""
+        flat = TuningConfig.from_flat(self.backend, self.baseline).replace(**changes).flat()
+        for o in self.space.ops:
+            for d in o.dims_of(str(flat.get(o.variant_dim.key))):
+                if flat.get(d.key) not in d.choices and d.key not in changes:
+                    flat[d.key] = d.choices[0]
+        return flat
+
+    @property
+    def started(self) -> list[str]:
+        """The experiment's [[start]] configs enqueued after the baseline, by name."""
+        return list(self.study.user_attrs.get("started", []))
 
     @property
     def warm_start(self) -> list[dict[str, Any]]:

@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from engine.backends.base import row_stats_of
 from engine.blame import Blame
 from engine.model import Model
 from engine.tuning import TuningConfig
@@ -256,6 +257,9 @@ class _Candidate:
         # rows with int8 error in them, so a float op of the candidate is judged against those
         # rows by the looser of the two classes (the float default as reference: no change)
         self.ref_classes = model.backend.numeric_classes(reference)
+        # uses compared but not judged yet: (op, label, layer, n, pos0, row stats), judged in
+        # order by flush() at the end of each forward, so no op waits for a download
+        self.pending: list[tuple[str, str, int, int, int, Any]] = []
 
     def __call__(self, op: str, label: str, layer: int, t: Any, pos0: int) -> Any:
         b = self.model.backend
@@ -270,8 +274,7 @@ class _Candidate:
         self.used.add((op, label, layer))
         shape = tuple(int(d) for d in t.shape)
         ref = b.upload(r.reshape(shape))  # the reference's value: compared on the device
-        err, energy = b.row_errors(t, ref, r)
-        self._judge(op, label, layer, n, err, energy, pos0, lambda j: _row(b, t, n, j), r)
+        self.pending.append((op, label, layer, n, pos0, b.row_stats(t, ref, r)))
         return None if op in JUDGED_ONLY else ref
 
     def state(self, op: str, label: str, layer: int, states: list, pos: int) -> None:
@@ -285,36 +288,34 @@ class _Candidate:
         self.used.add((op, label, layer))
         a = b.download(states[layer])
         c = _canonical(self.model, label, a, self.transposed).reshape(1, -1).astype(np.float64)
-        d, r64 = c - r[None, :], r[None, :].astype(np.float64)
-        err, energy = np.einsum("ij,ij->i", d, d), np.einsum("ij,ij->i", r64, r64)
-        self._judge(op, label, layer, 1, err, energy, pos, lambda j: c[0], r[None, :])
+        self.pending.append((op, label, layer, 1, pos, row_stats_of(np, c, r[None, :])))
         ref = _layout(self.model, label, r, self.transposed).reshape(a.shape).astype(a.dtype)
         states[layer] = b.upload(ref)
 
-    def _judge(
-        self,
-        op: str,
-        label: str,
-        layer: int,
-        n: int,
-        err: np.ndarray,
-        energy: np.ndarray,
-        pos0: int,
-        row: Any,
-        r: np.ndarray,
-    ) -> None:
-        """err, energy: per row sum (c - r)^2 and sum r^2; ``row(j)`` the candidate's row j
-        (read only for the worst row: where its largest |diff| is)."""
+    def flush(self) -> None:
+        """Judge the pending uses, in the order they ran (one download for all of them)."""
+        if not self.pending:
+            return
+        dev = [i for i, p in enumerate(self.pending) if not isinstance(p[5], np.ndarray)]
+        host = self.model.backend.stats_host([self.pending[i][5] for i in dev])
+        stats = [p[5] for p in self.pending]
+        for i, h in zip(dev, host, strict=True):
+            stats[i] = h
+        for (op, label, layer, n, pos0, _), st in zip(self.pending, stats, strict=True):
+            self._judge(op, label, layer, n, np.asarray(st, np.float64), pos0)
+        self.pending.clear()
+
+    def _judge(self, op: str, label: str, layer: int, n: int, stats: np.ndarray, pos0: int) -> None:
+        """stats [4, n]: per row sum (c - r)^2, sum r^2, max |c - r| and its column."""
+        err, energy, maxabs, cols = stats
         denom = np.maximum(energy, max(float(np.mean(energy)), 1e-30))
         with np.errstate(invalid="ignore", over="ignore"):
             row_nmse = err / denom
         row_nmse = np.where(np.isfinite(row_nmse), row_nmse, np.inf)  # NaN / Inf outputs
         j = int(np.argmax(row_nmse))
         nmse = float(row_nmse[j])
-        with np.errstate(invalid="ignore"):
-            diff = np.abs(np.asarray(row(j), np.float64) - r[j].astype(np.float64))
-        diff = np.where(np.isfinite(diff), diff, np.inf)
-        col = int(np.argmax(diff))
+        col = int(cols[j])
+        abs_diff = float(maxabs[j]) if np.isfinite(maxabs[j]) else float("inf")
         reg = self.model.backend.registry_op(op, n)
         s = self.stats.get(reg)
         if s is None:
@@ -327,13 +328,13 @@ class _Candidate:
         s.uses += 1
         if nmse > s.nmse:
             s.nmse, s.label, s.layer, s.token = nmse, label, layer, pos0 + j
-            s.column, s.abs_diff = col, float(diff[col])
+            s.column, s.abs_diff = col, abs_diff
         if not nmse <= s.bound:
             s.failed += 1
             if self.first is None:
                 params = self._params(reg, n)
                 self.first = Blame(
-                    reg, s.variant, params, label, layer, pos0 + j, col, float(diff[col]), nmse
+                    reg, s.variant, params, label, layer, pos0 + j, col, abs_diff, nmse
                 )
 
     def _variant(self, reg: str) -> str:
@@ -352,6 +353,7 @@ class _Candidate:
         return params
 
     def result(self) -> ReplayResult:
+        self.flush()
         stats = list(self.stats.values())
         return ReplayResult(
             all(s.passed for s in stats) and self.first is None and not self.unmatched,
@@ -359,11 +361,6 @@ class _Candidate:
             self.first,
             sorted(self.unmatched),
         )
-
-
-def _row(b: Any, t: Any, n: int, j: int) -> np.ndarray:
-    """Row j of t [n, ...], flat, on the host."""
-    return b.download(b.rows(b.reshape(t, (n, -1)), j, j + 1))[0]
 
 
 def segments(n_prompt: int, chunk: int, min_tokens: int = SEGMENT_TOKENS) -> list[list[int]]:
@@ -445,8 +442,10 @@ def replay(
                 x = model.trunk(b.rows(ids, c0, c1), c1 - c0, c0, cand_cache)
                 if c1 == P:
                     model.head(x, c1 - 1 - c0, P - 1)
+                judge.flush()
             for pos, tok in decode if last else ():
                 model.forward(b.upload(np.asarray([tok], np.int32)), 1, pos, cand_cache)
+                judge.flush()
             # taps the reference recorded and the candidate never made
             left = {key for key, v in rec.rows.items() if v and not rec.keep}
             left |= {key for key in rec.rows if key not in judge.used}

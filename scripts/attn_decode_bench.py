@@ -48,6 +48,19 @@ BENCH = {  # name -> attention_decode knobs over dec8_split2
     "tile_nofc": {_A + "variant": "tile", _A + "fuse_combine": 0},
     "tile_st1": {_A + "variant": "tile", _A + "stages": 1},
     "tile_m32_st1": {_A + "variant": "tile", _A + "min_keys": 32, _A + "stages": 1},
+    "vec": {_A + "variant": "vec"},  # splits 64, min_keys 32, warps 4, fused combine
+    "vec_w2": {_A + "variant": "vec", _A + "warps": 2},
+    "vec_w8": {_A + "variant": "vec", _A + "warps": 8},
+    "vec_w1_m8": {_A + "variant": "vec", _A + "warps": 1, _A + "min_keys": 8},
+    "vec_w2_m16": {_A + "variant": "vec", _A + "warps": 2, _A + "min_keys": 16},
+    "vec_m64": {_A + "variant": "vec", _A + "min_keys": 64},
+    "vec_s128_m16": {_A + "variant": "vec", _A + "splits": 128, _A + "min_keys": 16},
+    "vec_nofc": {_A + "variant": "vec", _A + "fuse_combine": 0},
+    "vec_cl": {_A + "variant": "vec", _A + "cluster": 1},  # 8 ranges, warps 4
+    "vec_cl_w8": {_A + "variant": "vec", _A + "cluster": 1, _A + "warps": 8},
+    "vec_cl_w2": {_A + "variant": "vec", _A + "cluster": 1, _A + "warps": 2},
+    "vec_cl_w8_pf": {_A + "variant": "vec", _A + "cluster": 1, _A + "warps": 8, _A + "prefetch": 1},
+    "vec_cl_pf": {_A + "variant": "vec", _A + "cluster": 1, _A + "prefetch": 1},
 }
 BASE = "dec8_split2"
 COLD_BYTES = 256 << 20

@@ -264,6 +264,33 @@ VARIANTS |= {
     "d16_attn_rope": S2 | _TILE | {_A + "fuse_rope": 1},
     "f16_attn_rope": _TILE | {_A + "fuse_rope": 1},
 }
+# helper attn (issue 14, second round): attention_decode.vec (registers only: a warp's 8-key
+# round of K / V in flight at once, the KV group scored together, 4 KiB of shared memory)
+_VEC = {_A + "variant": "vec"}
+VARIANTS |= {
+    "d17_vec": S2 | _VEC,  # splits 64, min_keys 32, warps 4, fused combine
+    "d17_vec_w2": S2 | _VEC | {_A + "warps": 2},
+    "d17_vec_w8": S2 | _VEC | {_A + "warps": 8},
+    "d17_vec_w1_m8": S2 | _VEC | {_A + "warps": 1, _A + "min_keys": 8},
+    "d17_vec_m64": S2 | _VEC | {_A + "min_keys": 64},
+    "d17_vec_s32": S2 | _VEC | {_A + "splits": 32},
+    "d17_vec_nofc": S2 | _VEC | {_A + "fuse_combine": 0},
+    "f17_vec": _VEC,  # on the float defaults
+    # + q/k RoPE and the KV write inside attn_vec (each lane its own dims' angles): no rope_kv
+    "d17_vec_rope": S2 | _VEC | {_A + "fuse_rope": 1},
+    "d17_vec_w2_rope": S2 | _VEC | {_A + "warps": 2, _A + "fuse_rope": 1},
+    "f17_vec_rope": _VEC | {_A + "fuse_rope": 1},
+    # a cluster of 8 ranges a KV head, merged in distributed shared memory (no fence / ticket)
+    "d17_vec_cl": S2 | _VEC | {_A + "cluster": 1},
+    "d17_vec_cl_w8": S2 | _VEC | {_A + "cluster": 1, _A + "warps": 8},
+    "d17_vec_cl_rope": S2 | _VEC | {_A + "cluster": 1, _A + "fuse_rope": 1},
+    "d17_vec_cl_w8_rope": S2 | _VEC | {_A + "cluster": 1, _A + "warps": 8, _A + "fuse_rope": 1},
+    # + the later rounds' rows prefetched into L2 at the start
+    "d17_vec_cl_w8_pf": S2 | _VEC | {_A + "cluster": 1, _A + "warps": 8, _A + "prefetch": 1},
+    "d17_vec_cl_w8_pf_rope": S2
+    | _VEC
+    | {_A + "cluster": 1, _A + "warps": 8, _A + "prefetch": 1, _A + "fuse_rope": 1},
+}
 # --sweep: coordinate descent over these knobs, in this order, from the --sweep variant
 SWEEP_KNOBS = (
     "q4k_lean",

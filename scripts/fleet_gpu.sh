@@ -13,8 +13,9 @@
 #   bash scripts/fleet_gpu.sh unpack           # there: only the site into /tmp/site
 #
 # run: NODES (default "cuda:0 vulkan:1") says which backend serves which card;
-# VALIDATE_PROMOTED=0 skips the fresh-process validate (minutes for a 9B's NumPy reference). MODEL is an
-# agent model reference (e.g. synthetic:1.5b) resolved once before the workers
+# AGENT_ARGS: more `agent run` flags (e.g. "--budget 6 --wall-time 300", so the agent ends
+# itself, decides and promotes inside the call); VALIDATE_PROMOTED=0 skips the fresh-process
+# validate (minutes for a 9B's NumPy reference). MODEL is an agent model reference (e.g. synthetic:1.5b) resolved once before the workers
 # start; each EXP an experiment file (its budget.wall_time_s should end it inside the call).
 # $OUT gets studies.db (the Optuna storage: `python -m agent dashboard --storage
 # sqlite:///.device/N/studies.db`), promo.bundle (the agent's promotion commits:
@@ -116,7 +117,7 @@ run|scaling)
         name=$(basename "$exp" .toml)
         echo "== agent run $exp"
         timeout ${AGENT_TIMEOUT:-240} python3 -m agent run "$exp" --address 127.0.0.1:6379 \
-            --storage sqlite:////root/fleet/studies.db $PROMOTE \
+            --storage sqlite:////root/fleet/studies.db $PROMOTE ${AGENT_ARGS:-} \
             > $L/agent_$name.txt 2> $L/agent_$name.log
         echo "agent rc=$?"; tail -25 $L/agent_$name.txt
         cp /root/fleet/studies.db "$OUT/"
@@ -128,7 +129,7 @@ run|scaling)
         cp -r /root/promo/configs/. configs/ && find configs -name '*.toml' | tee $L/promoted.txt
     fi
     tar czf "$OUT/fleet_logs.tgz" -C /root/fleet logs
-    for node in $NODES; do
+    for node in ${BENCH_NODES-$NODES}; do  # BENCH_NODES="": no fresh-process benches
         be=${node%%:*}; card=${node##*:}
         for tag in default promoted; do
             flag=""; [ $tag = default ] && flag=--no-promoted

@@ -48,6 +48,7 @@ SUITES: dict[str, list[tuple[str, str, str | None]]] = {
         ("tests/test_cuda_mmvw_stream.py", "gpu", None),  # mmvw_stream (matmul_decode.stream)
         ("tests/test_cuda_mmvw_q4k.py", "gpu", None),  # q4k_lean, q4k_kernel (mmvw_q4k)
         ("tests/test_cuda_backend.py", "gpu or not gpu", None),
+        ("tests/test_cuda_attn_vec.py", "gpu", None),  # attention_decode.vec
     ],
     "vulkan": [
         ("tests/test_vulkan_ops.py", "not gpu and not slow", None),  # with TestVulkanContract

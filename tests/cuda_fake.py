@@ -22,7 +22,8 @@ from engine.backends.cuda import kernels
 from engine.backends.cuda.backend import CudaBackend
 
 _PLAIN = re.compile(
-    r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\((?:[^()]|\([^()]*\))*\)\s*)?'
+    r'extern\s+"C"\s+__global__\s+void\s+'
+    r"(?:(?:__launch_bounds__|__cluster_dims__)\((?:[^()]|\([^()]*\))*\)\s*)*"
     r"(\w+)\s*\(([^)]*)\)"
 )
 _MACRO = re.compile(r"^#define\s+(\w+)\(\s*name\b[^)]*\)((?:[^\n]*\\\n)*[^\n]*)", re.M)
@@ -143,6 +144,17 @@ class _NpCupy:
     @staticmethod
     def full(shape: Any, value: Any, dtype: Any = np.float32) -> DevArray:
         return _dev(np.full(shape, value, dtype))
+
+    float64 = np.float64
+    abs = staticmethod(np.abs)
+
+    @staticmethod
+    def stack(arrays: Any) -> DevArray:
+        return _dev(np.stack(arrays))
+
+    @staticmethod
+    def concatenate(arrays: Any) -> DevArray:
+        return _dev(np.concatenate(arrays))
 
 
 @dataclass

@@ -115,6 +115,22 @@ def test_cli_run_local(
     assert e.value.code == 2
 
 
+def test_cli_wall_time_stops_new_trials(
+    tiny_model_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """--wall-time overrides budget.wall_time_s: past it no new trial starts (3 budgeted, the
+    first still runs); a non-positive one is refused before anything starts."""
+    path = tmp_path / "x.toml"
+    path.write_text(tomli_w.dumps(_experiment(str(tiny_model_path))))
+    storage = tmp_path / "s.journal"
+    argv = ["run", str(path), "--local", "--storage", str(storage), "--no-promote", "--json"]
+    assert main([*argv, "--wall-time", "0"]) == 2
+    assert "--wall-time must be > 0" in capsys.readouterr().err and not storage.exists()
+    main([*argv, "--wall-time", "0.001"])
+    out = json.loads(capsys.readouterr().out)
+    assert out["studies"][0]["evaluated"] < 3 and out["studies"][0]["budget"] == 3
+
+
 # ``python -m agent`` (agent/__main__.py) with Ray's modules reported once the run is over.
 _NO_RAY = """
 import json, sys

@@ -4,6 +4,7 @@ TOML, promotion into a git repository, Ray auth and the node bootstrap command."
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import tomllib
@@ -817,3 +818,27 @@ def test_signals_held_wait_for_the_end_of_a_storage_write() -> None:
     assert done == ["write", "write 2"]
     with signals_held():  # nothing pending: no exception
         pass
+
+
+@pytest.mark.parametrize(
+    ("start", "expect"),
+    [
+        ([{"name": "a", "config": {"matmul.nope": 1}}], "start 'a': matmul.nope is not a knob"),
+        ([{"name": "a", "config": {"matmul_decode.variant": "warp9"}}], "outside the space's"),
+        ([{"name": "a", "config": {}}], "start[0].config: at least one"),
+        ([{"name": "a", "backend": "cuda", "config": {"x.y": 1}}], "start[0].backend"),
+        ([{"name": "a", "config": {"matmul_decode.variant": "ondemand"}}] * 2, "used twice"),
+        ({"name": "a"}, "start must be an array"),
+    ],
+)
+def test_a_bad_start_config_is_refused_at_load(start: object, expect: str) -> None:
+    with pytest.raises(ExperimentError, match=re.escape(expect)):
+        parse_experiment(_exp(start=start))
+
+
+def test_a_start_config_inside_the_space_loads() -> None:
+    start = [{"name": "a", "config": {"matmul_decode.variant": "ondemand"}}]
+    exp = parse_experiment(_exp(start=start))
+    assert [(s.name, s.backend, s.config) for s in exp.start] == [
+        ("a", "numpy", {"matmul_decode.variant": "ondemand"})
+    ]

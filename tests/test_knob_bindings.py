@@ -268,6 +268,7 @@ def _old_cuda_modules(cfg: TuningConfig) -> dict[str, tuple[str, dict]]:
     k["fused"] = ("decode_fused.cu", {})
     k["attn_decode"] = ("attn_decode.cu", {})  # attention_decode.gqa: launch knobs only
     k["attn_tile"] = ("attn_tile.cu", {})  # attention_decode.tile: launch knobs only
+    k["attn_vec"] = ("attn_vec.cu", {})  # attention_decode.vec: launch knobs only
     k["norm_decode"] = ("norm_decode.cu", {})  # rms_norm.block: launch knobs only
     ap = cfg.op("attention_prefill")
     flash = {"BQ": ap["block_q"], "RPW": ap["rows_per_warp"]} if ap.variant == "flash" else {}

@@ -284,3 +284,48 @@ def test_recording_budget_is_a_quarter_of_memory_at_least_4_gib(monkeypatch):
 
     monkeypatch.setattr(R.os, "sysconf", missing)
     assert R.cache_bytes() == R.CACHE_FLOOR
+
+
+def test_cuda_row_stats_match_the_hosts_and_come_back_in_one_transfer() -> None:
+    """CudaBackend.row_stats (on the device, no wait) gives the base backend's host numbers
+    per row (a NaN row included) and stats_host splits one download back into each use's."""
+    from engine.backends.base import Backend
+    from tests.cuda_fake import FakeCuda
+
+    be = FakeCuda()
+    rng = np.random.default_rng(3)
+    cases = [rng.standard_normal((n, w)).astype(np.float32) for n, w in ((1, 64), (5, 33))]
+    cases[1][2, 7] = np.nan
+    refs = [c + rng.standard_normal(c.shape).astype(np.float32) * 1e-3 for c in cases]
+    pend = [be.row_stats(be.upload(c), be.upload(r), r) for c, r in zip(cases, refs, strict=True)]
+    downloads = []
+    be.download = lambda t: downloads.append(t.shape) or np.array(t)  # type: ignore[method-assign]
+    got = be.stats_host(pend)
+    assert len(downloads) == 1
+    for c, r, g in zip(cases, refs, got, strict=True):
+        want = Backend.row_stats(be, c, r, r)
+        assert g.shape == (4, c.shape[0])
+        np.testing.assert_array_equal(g, want)
+    assert np.isnan(got[1][0, 2]) and got[1][3, 2] == 7  # NaN's row: its column found
+
+
+def test_vulkan_row_stats_are_read_after_the_op_that_follows_overwrites() -> None:
+    """Vulkan's row_stats copies the output in the stream's order and reads it at stats_host:
+    the host's numbers even when the tensor is overwritten in between (the next op's write)."""
+    from engine.backends.base import Backend
+    from tests.test_vulkan_helpers import make_backend
+
+    be = make_backend()
+    try:
+        rng = np.random.default_rng(5)
+        c = rng.standard_normal((3, 40)).astype(np.float32)
+        r = c + rng.standard_normal(c.shape).astype(np.float32) * 1e-2
+        t = be.upload(c)
+        pending = be.row_stats(t, be.upload(r), r)
+        z = be.upload(np.zeros_like(c))
+        be.stream.copy(z.buf, 4 * z.offset, t.buf, 4 * t.offset, c.nbytes)
+        (got,) = be.stats_host([pending])
+        np.testing.assert_array_equal(got, Backend.row_stats(be, c, r, r))
+        assert not np.any(be.download(t))  # it was overwritten after the copy
+    finally:
+        be.close()

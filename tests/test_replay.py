@@ -10,7 +10,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from agent.experiment import ExperimentError, load_experiment
+from agent.experiment import ExperimentError, StartConfig, load_experiment
 from agent.records import TrialRecord
 from agent.replay import effective, prepare, run_samplers, warm_from
 from agent.space import build_space, config_key, space_configs
@@ -340,3 +340,48 @@ def test_screen_variants_tries_every_variant_right_after_the_baseline() -> None:
             want = d[dim.key] if d[dim.key] in dim.choices else dim.choices[0]
             assert flat[dim.key] == want, (flat[key], dim.key)
     assert st.study.user_attrs["screened_variants"] == [f"{key}={v}" for v in others]
+
+
+def test_start_configs_run_right_after_the_baseline() -> None:
+    """[[start]]: each start config (the baseline with its overrides) is the next trial after
+    the baseline, in file order, before the sampler; the study records their names."""
+    exp = load_experiment(EXP)
+    o = next(o for o in exp.search_space("vulkan").ops if len(o.variant_dim.choices) > 1)
+    base = TuningConfig.default("vulkan").flat()
+    other = next(v for v in o.variant_dim.choices if v != base[o.variant_dim.key])
+    starts = (StartConfig("mine", "vulkan", {o.variant_dim.key: other}),)
+    st = StudyState(
+        replace(exp, start=starts), "c", "vulkan", "synthetic:tiny", "",
+        optuna.storages.InMemoryStorage(), base, "default",
+    )  # fmt: skip
+    seen = []
+    for _ in range(2):
+        trial, flat, role = st.ask()
+        seen.append((flat, role))
+        st.finish(trial, TrialRecord(st.name, trial.number, role, "invalid", config=flat), None)
+        st.flush()
+    assert seen[0][1] == "baseline" and seen[0][0][o.variant_dim.key] == base[o.variant_dim.key]
+    assert seen[1][1] == "candidate" and seen[1][0][o.variant_dim.key] == other
+    assert st.started == ["mine"]
+
+
+def test_a_start_config_that_switches_variant_gets_that_variants_defaults() -> None:
+    """hybrid-35b's starts switch matmul_decode to mmvw, whose knobs the float baseline does not
+    carry: each is enqueued with mmvw's registry defaults (the seventh session's fleet skipped
+    them as outside the space), and the trial runs exactly the start's values."""
+    exp = load_experiment(Path(__file__).parents[1] / "experiments" / "hybrid-35b.toml")
+    base = TuningConfig.default("cuda").flat()
+    st = StudyState(
+        exp, "h200", "cuda", "synthetic:35b-a3b:qwen35moe", "",
+        optuna.storages.InMemoryStorage(), base, "default",
+    )  # fmt: skip
+    assert st.started == [s.name for s in exp.start]
+    trial, flat, role = st.ask()
+    st.finish(trial, TrialRecord(st.name, trial.number, role, "invalid", config=flat), None)
+    st.flush()
+    for start in exp.start:
+        trial, flat, role = st.ask()
+        assert role == "candidate" and trial.user_attrs.get("start") == start.name
+        assert {k: flat[k] for k in start.config} == start.config
+        st.finish(trial, TrialRecord(st.name, trial.number, role, "invalid", config=flat), None)
+        st.flush()

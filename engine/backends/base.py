@@ -591,15 +591,18 @@ class Backend(ABC):
 
         return REGISTRY.numeric_classes(config)
 
-    def row_errors(self, t: Tensor, ref: Tensor, ref_host: np.ndarray) -> np.ndarray:
-        """[2, n] float64: per row of t [n, ...], sum (t - ref)^2 and sum ref^2 (op-level
-        replay's comparison; ``ref`` is ``ref_host`` on the device). Here on the host; a backend
-        may compute it where the tensors are and download 2n numbers."""
+    def row_stats(self, t: Tensor, ref: Tensor, ref_host: np.ndarray) -> Any:
+        """Op-level replay's comparison of t [n, ...] with ``ref`` (``ref_host`` on the device)
+        per row: [4, n] float64 of sum (t - ref)^2, sum ref^2, max |t - ref| and its column.
+        Here on the host; a backend may compute it where the tensors are and hand back a
+        device array without waiting: ``stats_host`` downloads many of them at once."""
         n = int(t.shape[0])
         c = self.download(t).reshape(n, -1).astype(np.float64)
-        r = np.asarray(ref_host).reshape(n, -1).astype(np.float64)
-        d = c - r
-        return np.stack([np.einsum("ij,ij->i", d, d), np.einsum("ij,ij->i", r, r)])
+        return row_stats_of(np, c, np.asarray(ref_host).reshape(n, -1).astype(np.float64))
+
+    def stats_host(self, stats: list[Any]) -> list[np.ndarray]:
+        """row_stats' results on the host, in order (one transfer where the backend can)."""
+        return [np.asarray(s) for s in stats]
 
     def hook_bypassed_fusions(self, config: TuningConfig) -> list[str]:
         """Registry ops of config whose fused kernels only the unhooked schedule runs (blame's
@@ -618,3 +621,10 @@ class Backend(ABC):
     def cols(self, x: Tensor, start: int, stop: int) -> Tensor:
         """Elements start..stop-1 of the last dim of x (a contiguous copy)."""
         return x[..., start:stop].copy()
+
+
+def row_stats_of(xp: Any, c: Any, r: Any) -> Any:
+    """row_stats with array module ``xp`` (numpy or cupy) on float64 [n, w] rows."""
+    d = c - r
+    a = xp.abs(d)
+    return xp.stack([(d * d).sum(axis=1), (r * r).sum(axis=1), a.max(axis=1), a.argmax(axis=1)])

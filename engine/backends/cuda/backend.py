@@ -21,9 +21,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from engine.backends.base import Backend, DeviceEntry, DeviceInfo, KVCache, ProfileReport
+from engine.backends.base import (
+    Backend,
+    DeviceEntry,
+    DeviceInfo,
+    KVCache,
+    ProfileReport,
+    row_stats_of,
+)
 from engine.backends.cuda import kernels
 from engine.backends.cuda.attn_tile import launch_attn_tile, tile_fits
+from engine.backends.cuda.attn_vec import launch_attn_vec, rope_fits, vec_fits
 from engine.backends.cuda.decode_float import CudaFloatDecodeOps
 from engine.backends.cuda.device import device_class, driver_string
 from engine.backends.cuda.hybrid import CudaHybridOps
@@ -923,14 +931,23 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
             self._q8_remember(y, yq, yds)
         return y
 
-    def row_errors(self, t: Any, ref: Any, ref_host: np.ndarray) -> np.ndarray:
-        """On the device (the backend's stream is current): op-level replay compares a 9B's
-        activations without moving them to the host."""
+    def row_stats(self, t: Any, ref: Any, ref_host: np.ndarray) -> Any:
+        """On the device (the backend's stream is current), no host wait: op-level replay
+        compares a 35B's activations op by op, and a download per op stalled the stream (a
+        35B-A3B trial's replay: 76 s of its 85)."""
         cp, n = self._cp, int(t.shape[0])
         c = cp.ascontiguousarray(t).reshape(n, -1).astype(cp.float64)
-        r = cp.ascontiguousarray(ref).reshape(n, -1).astype(cp.float64)
-        d = c - r
-        return self.download(cp.stack([(d * d).sum(axis=1), (r * r).sum(axis=1)]))
+        return row_stats_of(cp, c, cp.ascontiguousarray(ref).reshape(n, -1).astype(cp.float64))
+
+    def stats_host(self, stats: list[Any]) -> list[np.ndarray]:
+        if not stats:
+            return []
+        flat = self.download(self._cp.concatenate([s.reshape(-1) for s in stats]))
+        out, at = [], 0
+        for s in stats:
+            out.append(flat[at : at + s.size].reshape(s.shape))
+            at += s.size
+        return out
 
     def hook_bypassed_fusions(self, config: TuningConfig) -> list[str]:
         """matmul_decode's mmvw_glu / mmvw_norm / mmvw_qkv, rope's rope_kv and the fused
@@ -945,8 +962,8 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         if int(config.op("rope")["fuse_kv"]):
             out.append("rope")
         att = config.op("attention_decode")
-        if att.variant in ("gqa", "tile") and int(att["fuse_rope"]):
-            out.append("attention_decode")  # RoPE + KV write inside attn_gqa / attn_tile
+        if att.variant in ("gqa", "tile", "vec") and int(att["fuse_rope"]):
+            out.append("attention_decode")  # RoPE + KV write inside attn_gqa / tile / vec
         # the hybrids' fused decode (hybrid.py, moe_dec.py), where this backend has run it: a
         # dense model never does, so its blame never names them
         ran = getattr(self, "_fusions_ran", set())
@@ -1151,6 +1168,15 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
                 raise ValueError("attention: a pending q of another cache, layer or position")
             out = self._empty(tuple(int(s) for s in q.q.shape))
             c = self.config.op("attention_decode")
+            if c.variant == "vec":
+                T, H, D = (int(s) for s in q.q.shape)
+                xq = launch_attn_vec(
+                    self, q.q, cache.k[layer], cache.v[layer], out, pos0, c,
+                    self._int8_decode() and D % 32 == 0, rope=q,
+                )  # fmt: skip
+                if xq is not None:
+                    self._q8_remember(out.reshape(T, H * D), *xq)
+                return out
             if c.variant == "tile":
                 T, H, D = (int(s) for s in q.q.shape)
                 xq = launch_attn_tile(
@@ -1176,6 +1202,12 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
             if c.variant == "tile" and tile_fits(H, Hkv, D, int(c["warps"]), _MAX_ARGMAX_ROWS):
                 k, v = cache.k[layer], cache.v[layer]
                 xq = launch_attn_tile(self, q, k, v, out, pos0, c, q8)
+                if xq is not None:
+                    self._q8_remember(out.reshape(T, H * D), *xq)
+                return out
+            if c.variant == "vec" and vec_fits(H, Hkv, D, _MAX_ARGMAX_ROWS):
+                k, v = cache.k[layer], cache.v[layer]
+                xq = launch_attn_vec(self, q, k, v, out, pos0, c, q8)
                 if xq is not None:
                     self._q8_remember(out.reshape(T, H * D), *xq)
                 return out
@@ -1223,6 +1255,9 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
     def _gqa_rope(self, heads: tuple[int, int, int]) -> bool:
         """attention_decode.gqa's (or .tile's) fuse_rope on a decode row its kernel takes."""
         c = self.config.op("attention_decode")
+        if c.variant == "vec":
+            fits = vec_fits(*heads, _MAX_ARGMAX_ROWS) and rope_fits(heads[2])
+            return int(c["fuse_rope"]) == 1 and fits
         if c.variant == "tile":
             fits = tile_fits(*heads, int(c["warps"]), _MAX_ARGMAX_ROWS)
             return int(c["fuse_rope"]) == 1 and fits

@@ -97,7 +97,7 @@ def kernel_names(src: str) -> list[str]:
         n
         for n in re.findall(
             r'extern\s+"C"\s+__global__\s+void\s+'
-            r"(?:__launch_bounds__\((?:[^()]|\([^()]*\))*\)\s*)?(\w+)\s*\(",
+            r"(?:(?:__launch_bounds__|__cluster_dims__)\((?:[^()]|\([^()]*\))*\)\s*)*(\w+)\s*\(",
             src,
         )
         if n != "__launch_bounds__"
@@ -129,6 +129,7 @@ FIXED_MODULES = {
     "fused": "decode_fused.cu",
     "attn_decode": "attn_decode.cu",  # attention_decode.gqa (launch knobs only)
     "attn_tile": "attn_tile.cu",  # attention_decode.tile (launch knobs only)
+    "attn_vec": "attn_vec.cu",  # attention_decode.vec (launch knobs only)
     "norm_decode": "norm_decode.cu",  # rms_norm.block (launch knobs only)
     "hybrid": "hybrid.cu",  # the hybrids' small ops (engine/backends/cuda/hybrid.py)
 }

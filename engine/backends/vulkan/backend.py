@@ -17,7 +17,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from engine.backends.base import Backend, DeviceEntry, DeviceInfo, KVCache, ProfileReport
+from engine.backends.base import (
+    Backend,
+    DeviceEntry,
+    DeviceInfo,
+    KVCache,
+    ProfileReport,
+    row_stats_of,
+)
 from engine.backends.vulkan import kernels as K
 from engine.backends.vulkan._vk import vk
 from engine.backends.vulkan.decode_fused import FusedDecode
@@ -244,6 +251,23 @@ class VulkanBackend(ResidentPrefill, FusedNorm, FusedDecode, Backend):
             self.stream.flush()
             raw = staging.buf.host[:n].copy()
         return raw.view(t.dtype).reshape(t.shape)
+
+    def row_stats(self, t: VkTensor, ref: Any, ref_host: np.ndarray) -> Any:
+        """Op-level replay's comparison, downloaded later: t is copied into its own staging
+        buffer in the stream's order and stats_host reads every copy after one flush (a
+        download per hooked op waited on a fence each: most of a lavapipe replay's time)."""
+        if isinstance(t, np.ndarray):
+            return super().row_stats(t, ref, ref_host)
+        n = 4 * t.size
+        staging = self.alloc.new(n, host_visible=True)
+        if n:
+            self.stream.copy(t.buf, 4 * t.offset, staging.buf, 0, n)
+        return _RowsAfterFlush(staging, n, t.shape, t.dtype, ref_host)
+
+    def stats_host(self, stats: list[Any]) -> list[np.ndarray]:
+        if any(isinstance(s, _RowsAfterFlush) for s in stats):
+            self.stream.flush()
+        return [s.stats() if isinstance(s, _RowsAfterFlush) else np.asarray(s) for s in stats]
 
     def synchronize(self) -> None:
         self.stream.flush()
@@ -1100,3 +1124,20 @@ class VulkanBackend(ResidentPrefill, FusedNorm, FusedDecode, Backend):
             self.close()
         except Exception:  # noqa: BLE001 - interpreter shutdown: the binding may be gone
             pass
+
+
+@dataclass
+class _RowsAfterFlush:
+    """A replayed op's output copied to host-visible staging, read after the stream flushed."""
+
+    staging: Lease
+    nbytes: int
+    shape: tuple[int, ...]
+    dtype: Any
+    ref_host: np.ndarray
+
+    def stats(self) -> np.ndarray:
+        raw = self.staging.buf.host[: self.nbytes].copy().view(self.dtype)
+        n = int(self.shape[0])
+        c = raw.reshape(n, -1).astype(np.float64)
+        return row_stats_of(np, c, np.asarray(self.ref_host).reshape(n, -1).astype(np.float64))

@@ -978,6 +978,92 @@ REGISTRY.register(
             "lane = 4 dims for P.V; one range writes out, more ranges combine in the KV head's "
             "last block (+ Q8_1 under int8 decode): one launch (D % 32 == 0, D <= 256)",
         ),
+        Variant(
+            B,
+            "attention_decode",
+            "vec",
+            params=(
+                Param(
+                    "splits",
+                    (8, 16, 32, 64, 128, 256),
+                    64,
+                    "key ranges per KV head at most (grid x; blocks past the position's "
+                    "ranges exit at once)",
+                    PUSHED,
+                ),
+                Param(
+                    "min_keys",
+                    (8, 16, 32, 64, 128),
+                    32,
+                    "keys a range takes at least (rounded up to warps x 8): short contexts "
+                    "use fewer ranges (a cheaper combine), long ones all splits",
+                    PUSHED,
+                ),
+                Param(
+                    "warps",
+                    (1, 2, 4, 8),
+                    4,
+                    "warps per block, each taking 8-key rounds of the block's range (merged "
+                    "in shared memory in warp order)",
+                    PUSHED,
+                ),
+                Param(
+                    "fuse_combine",
+                    (0, 1),
+                    1,
+                    "1: the KV head's last range combines (one range: writes out at once); "
+                    "0: every range writes a partial and attn_combine(_q8) merges them",
+                    PUSHED,
+                ),
+                Param(
+                    "fuse_rope",
+                    (0, 1),
+                    0,
+                    "1: q and k RoPE and the current position's KV-cache write done by the "
+                    "attention kernel from the q/k/v projections' outputs (rope_kv's "
+                    "arithmetic, each lane its own dims' angles; no rope / rope_kv / kv_write "
+                    "launch; head dim % 8 == 0)",
+                    HOST,
+                ),
+                Param(
+                    "cluster",
+                    (0, 1),
+                    0,
+                    "1: a KV head's keys in 8 ranges, one thread-block cluster (sm_90) that "
+                    "merges them through distributed shared memory: no partials in global "
+                    "memory, no fence, ticket or last block (splits and fuse_combine unused)",
+                    PUSHED,
+                ),
+                Param(
+                    "prefetch",
+                    (0, 1),
+                    0,
+                    "1: each warp asks L2 for the rows of all its rounds after the first at the "
+                    "start (prefetch.global.L2), so a range of several rounds waits on DRAM "
+                    "once; same values",
+                    PUSHED,
+                ),
+            ),
+            constraints=(
+                Constraint(
+                    "attention_decode.cluster != 0 needs compute capability >= 9.0",
+                    lambda cfg, dev: (
+                        cfg.op("attention_decode").variant != "vec"
+                        or _p(cfg, "attention_decode", "cluster") == 0
+                        or dev is None
+                        or int(dev.extra.get("cc", 0)) >= 90
+                    ),
+                ),
+            ),
+            source="cuda/attn_vec.cu",
+            numeric="order_only",
+            doc="a block per (KV head, key range cut from the position at run time) for all q "
+            "heads of the group, registers only: a warp loads 8 keys' K and V rows at once "
+            "(a lane = 4 dims), scores them against the whole group (a reduce-scatter "
+            "butterfly over the warp), online softmax, P.V with p broadcast by shuffles; "
+            "one range writes out, more combine in the KV head's last block (+ Q8_1 under "
+            "int8 decode): one launch (D % 4 == 0, D <= 128, group <= 8)",
+        ),
     ],
 )
 REGISTRY.register(
