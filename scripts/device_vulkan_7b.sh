@@ -27,7 +27,7 @@ timeout $(( T0 + ${PROFILE_END:-74} - $(date +%s) )) python3 scripts/vulkan_prof
     $(for c in ${C//,/ }; do printf -- '--config %s ' "$c"; done) --out "$OUT" \
     --deadline $(( T0 + ${PROFILE_END:-74} - 14 )) 2>&1 | grep -v '%|' | tee "$OUT/profile_7b.log"
 echo "profile done at $(( $(date +%s) - T0 )) s"
-G=${GEMMS-resident,res-pf2-bk16,res-sk2,res-sk4,resident-fill0,res-128t}
+G=${GEMMS-resident,res-fill64,res-fill64-sk4,res-sk4,res-bk16-fill64-sk4,res-pf2-bk16,resident-fill0,res-128t}
 timeout $(( T0 + ${END:-97} - $(date +%s) )) python3 scripts/vulkan_resident_bench.py \
     --repeats 3 --stats $(for c in ${G//,/ }; do printf -- '--only %s ' "$c"; done) 2>&1 \
     | tee "$OUT/gemm_7b.log"

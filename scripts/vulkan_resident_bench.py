@@ -86,6 +86,12 @@ CONFIGS: dict[str, dict[str, object]] = {
     "res-sk3": _res(split_k=3),
     "res-sk4": _res(split_k=4),
     "res-pf2-sk3": _res(prefetch=2, split_k=3),
+    # after the checkpoint (prefetch 2 the default): q/o/down (112 workgroups) on the 128 x 128
+    # tiles, k/v (16) on 64 x 64, at bk 32 and 16 (no 64 x 64 tiling fits bk 16 at 256 threads:
+    # k/v there stay on 16 workgroups unless split_k)
+    "res-fill64": _res(fill_groups=64),
+    "res-fill64-sk4": _res(fill_groups=64, split_k=4),
+    "res-bk16-fill64-sk4": _res(fill_groups=64, bk=16, split_k=4),
 }
 
 
