@@ -88,6 +88,23 @@ VARIANTS |= {"fa_k64": FA | K64, "res_su_fa_k64": SU | FA | K64,
              # int8 decode without fuse_combine (its fused split attention: 30 us a layer
              # against 13 + 9 for split + merge at the vkspd checkpoint)
              "res_su_int8_fa_k64": SU | MMVW | FA | K64 | {MD + "fuse_rope": 1}}  # fmt: skip
+# vk (issue 14): attention.flash's prefill pass (64 queries a workgroup, output in registers)
+FL = {"attention.variant": "flash"}
+VARIANTS |= {"res_su_fa_k64_fl": VARIANTS["res_su_fa_k64"] | FL,
+             "res_su_int8_fa_k64_fl": VARIANTS["res_su_int8_fa_k64"] | FL,
+             # ... and the GEMM's tile loads two k-steps ahead
+             "res_su_int8_fa_k64_fl_pf2": VARIANTS["res_su_int8_fa_k64"] | FL
+             | {MP + "prefetch": 2},
+             # ... and the small grids (7B q/o/down) split over 3 k-ranges, not 64 x 64 tiles
+             "res_su_int8_fa_k64_fl_pf2_sk3": VARIANTS["res_su_int8_fa_k64"] | FL
+             | {MP + "prefetch": 2, MP + "split_k": 3}}  # fmt: skip
+# after the vk checkpoint (prefetch 2 is the default now): flash's rescale as one matrix
+# multiply (its loop had 256 B of local memory), the 7B k/v grids split over 4 k-ranges
+MS = {"attention.matrix_scale": True}
+VARIANTS |= {"res_su_int8_fa_k64_fl_ms": VARIANTS["res_su_int8_fa_k64_fl"] | MS,
+             "res_su_int8_fa_k64_fl_sk4": VARIANTS["res_su_int8_fa_k64_fl"] | {MP + "split_k": 4},
+             "res_su_int8_fa_k64_fl_ms_sk4": VARIANTS["res_su_int8_fa_k64_fl"] | MS
+             | {MP + "split_k": 4}}  # fmt: skip
 # the float32 tiled GEMM (the device-free default) with vec4 register blocks of 8 x 8
 VARIANTS |= {"tv128_fa": FA | {MP + "vec4": True, MP + "tile_m": 128, MP + "tile_n": 128}}
 

@@ -6,13 +6,17 @@ shared GPU inflates some); resident's activation conversion (x16) and its one-ti
 GEMM (pipeline creation, the driver's compile). $FLEETTUNE_VK_DEVICE picks the GPU.
 
 usage: python scripts/vulkan_resident_bench.py [--shapes 7b|tiny] [--tokens 512] [--repeats 5]
-       [--only NAME ...] [--json]
+       [--only NAME ...] [--stats] [--json]
+
+--stats: each GEMM pipeline's registers and local memory from the driver (FLEETTUNE_VK_STATS=1,
+VK_KHR_pipeline_executable_properties), one row per program and specialization.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -25,13 +29,15 @@ from engine import backends  # noqa: E402
 from engine.tuning import TuningConfig  # noqa: E402
 from scripts.vulkan_coopmat_bench import weight  # noqa: E402
 
-# (N, K, weight type): attn_output, ffn_up, ffn_down (Q6_K in half the layers), gate+up fused
+# (N, K, weight type): attn_output, ffn_up, ffn_down (Q6_K in half the layers), gate+up fused,
+# attn_k / attn_v (64 workgroups of 64 x 64 at T = 512: split_k's case)
 SHAPES = {
     "7b": [
         (3584, 3584, "Q4_K"),
         (18944, 3584, "Q4_K"),
         (3584, 18944, "Q6_K"),
         (37888, 3584, "Q4_K"),
+        (512, 3584, "Q4_K"),
     ],
     "tiny": [(70, 256, "Q4_K")],  # a smoke run on lavapipe
 }
@@ -55,7 +61,60 @@ CONFIGS: dict[str, dict[str, object]] = {
     "resident-256x128-w64x64": _res(tile_m=256, warp_n=64, buffers=1),
     "resident-128x256-w64x64": _res(tile_n=256, warp_n=64, buffers=1),
     "coopmat-one-dbuf": {R + "variant": "coopmat", R + "one_tile": True, R + "buffers": 2},
+    # vk (issue 14): the 7B shapes after store_unrolled, one hypothesis a row. Global-load
+    # latency exposed with one step of prefetch and one workgroup an SM: a longer or shorter
+    # k step, more subgroups or workgroups per SM (128 threads of 64 x 64 is ~2 an SM by
+    # registers); the shared traffic per multiply-add (64 x 64 subgroup tiles)
+    "res-bk16": _res(bk=16),
+    "res-128t": _res(threads=128, warp_n=64),
+    "res-128t-bk16": _res(threads=128, warp_n=64, bk=16),
+    "res-128t-bk64-b1": _res(threads=128, warp_n=64, bk=64, buffers=1),
+    "res-512t": _res(threads=512, warp_m=32, warp_n=32),
+    "res-256x128-bk16": _res(tile_m=256, warp_n=64, bk=16),
+    "res-128x256-bk16": _res(tile_n=256, warp_n=64, bk=16),
+    "res-128x64-128t": _res(tile_n=64, threads=128),
+    "res-n8": _res(mma_n=8),
+    "res-direct-128t": _res(threads=128, warp_n=64, direct=True),
+    # matmul_prefill.prefetch 2: the tile loads issued two k-steps ahead
+    "res-pf2": _res(prefetch=2),
+    "res-128t-pf2": _res(threads=128, warp_n=64, prefetch=2),
+    "res-pf2-bk16": _res(prefetch=2, bk=16),
+    "res-128x256-bk16-pf2": _res(tile_n=256, warp_n=64, bk=16, prefetch=2),
+    # matmul_prefill.split_k: grids under fill_groups (the 7B q/o/down) keep the 128 x 128
+    # tiles over 2-4 k-ranges instead of the 64 x 64 tiles
+    "res-sk2": _res(split_k=2),
+    "res-sk3": _res(split_k=3),
+    "res-sk4": _res(split_k=4),
+    "res-pf2-sk3": _res(prefetch=2, split_k=3),
+    # after the checkpoint (prefetch 2 the default): q/o/down (112 workgroups) on the 128 x 128
+    # tiles, k/v (16) on 64 x 64, at bk 32 and 16 (no 64 x 64 tiling fits bk 16 at 256 threads:
+    # k/v there stay on 16 workgroups unless split_k)
+    "res-fill64": _res(fill_groups=64),
+    "res-fill64-sk4": _res(fill_groups=64, split_k=4),
+    "res-bk16-fill64-sk4": _res(fill_groups=64, bk=16, split_k=4),
 }
+
+
+def gemm_stats(be: object, seen: set) -> list[dict[str, object]]:
+    """Registers and local memory of each GEMM pipeline built since (not the fp16 conversions;
+    ``seen`` collects the keys reported)."""
+    from engine.backends.vulkan.pipelines import executable_statistics
+
+    out: list[dict[str, object]] = []
+    for key, p in be.pipes.pipelines.items():  # type: ignore[attr-defined]
+        program, spec, sg = key
+        if not p.name.startswith("matmul_prefill") or ".x16" in p.name or ".w16" in p.name:
+            continue
+        if key in seen:
+            continue
+        seen.add(key)
+        st = executable_statistics(be.dev.device, p.handle)  # type: ignore[attr-defined]
+        keep = {k: v for k, v in st.items() if "Register" in k or "Local" in k}
+        out.append(
+            {"kernel": p.name, "defines": list(program.defines), "spec": dict(spec), "sg": sg}
+            | {"stats": keep or st}
+        )
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--only", action="append", default=None, help="config names (repeatable)")
+    ap.add_argument("--stats", action="store_true", help="registers / local memory per GEMM")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     if args.tokens < 2 or args.repeats < 1:
@@ -74,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"--only: unknown config {unknown[0]!r}; known: {list(CONFIGS)}", file=sys.stderr)
         return 2
+    if args.stats:  # read by device.py when the device opens
+        os.environ["FLEETTUNE_VK_STATS"] = "1"
     rng = np.random.default_rng(0)
     be = backends.create("vulkan", device=backends.default_device("vulkan"))
     dev = be.device_info()
@@ -85,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         k: be.upload(rng.standard_normal((args.tokens, k)).astype(np.float32)) for _, k, _ in shapes
     }
     refs: dict[int, np.ndarray] = {}
+    seen: set = set()
     rows = []
     for name in names:
         cfg = TuningConfig.default("vulkan").replace(**CONFIGS[name])
@@ -139,6 +202,11 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             if not args.json:
                 print(row, flush=True)
+        if args.stats:  # this config's pipelines (printed now: a timeout may end the run)
+            for r in gemm_stats(be, seen):
+                rows.append({"config": name} | r)
+                if not args.json:
+                    print(rows[-1], flush=True)
     be.close()
     if args.json:
         print(json.dumps({"device": dev.name, "tokens": args.tokens, "rows": rows}, indent=1))

@@ -121,7 +121,7 @@ def _old_vulkan_spec(cfg: TuningConfig, op: str) -> tuple[tuple[int, ...], int]:
         rows = int(c["rows_per_wg"]) if c.variant == "kpar" else 1
         sg = int(c["subgroup_size"]) if c.variant == "kpar" else 0
         return (wg, rows, int(c["max_cols"])), sg
-    if op == "attention" and c.variant in ("split", "coopmat"):  # coopmat: split's knobs
+    if op == "attention" and c.variant in ("split", "coopmat", "flash"):  # split's knobs
         return (wg, int(c["key_threads"])), 0
     if op == "delta_net":  # the hybrids' kernels (issue 15) mapped the same way by hand
         base = (wg, int(c["state_transposed"]), int(c["max_dk"]))

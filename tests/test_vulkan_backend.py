@@ -147,8 +147,9 @@ def test_every_attention_and_argmax_variant_has_its_passes_precompiled():
             cfg = TuningConfig.default("vulkan").replace(**{f"{op}.variant": v.name})
             passes = programs(op, cfg.op(op))
             # split: partial, merge, merge_q8 (the merge under matmul_decode.mmvw) and the
-            # fuse_combine partial passes (fused, fused_q8); coopmat: split's + its flash pass
-            want = {"split": 5, "two_stage": 2, "coopmat": 6}.get(v.name, 1)
+            # fuse_combine partial passes (fused, fused_q8); coopmat and flash: split's + a
+            # flash pass
+            want = {"split": 5, "two_stage": 2, "coopmat": 6, "flash": 6}.get(v.name, 1)
             assert len(passes) == want
             assert {(p.shader, p.defines) for p in passes} <= builds
 

@@ -88,6 +88,14 @@ CONFIGS = [
         "prefill.chunk_tokens": 64,
     },
     {"matmul_prefill.variant": "resident", "prefill.chunk_tokens": 64},  # fp16 weight copies
+    {  # helper vk: flash attention, GEMM loads two steps ahead, small grids split over k
+        "matmul_prefill.variant": "resident",
+        "attention.variant": "flash",
+        "matmul_prefill.prefetch": 2,
+        "matmul_prefill.split_k": 3,
+        "attention.matrix_scale": True,
+        "prefill.chunk_tokens": 64,
+    },
     {"matmul_prefill.vec4": True, "prefill.chunk_tokens": 64},
     {"matmul_prefill.variant": "tiled", "prefill.chunk_tokens": 64, "matmul_prefill.tile_m": 128},
     {

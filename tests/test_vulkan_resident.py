@@ -38,21 +38,22 @@ RESIDENT = {"matmul_prefill.variant": "resident"}
 def test_resident_programs_build_and_validate(tmp_path):
     builds = [b for b in all_builds() if b[0] == "matmul_f16"]
     passes = {next((d for d in ds if d.startswith("PASS_")), "") for _, ds in builds}
-    assert passes == {"", "PASS_W16", "PASS_X16"}
+    assert passes == {"", "PASS_W16", "PASS_X16", "PASS_KSUM"}
     assert spirv.compiler_for("matmul_f16")[0] == "glslangValidator"
     tools = Path(sys.executable).parent
     # one GEMM build per define-knob combination (bk 3 x buffers 2 x shared element type 3 x
-    # threads 3 x mma_n 2, and direct: bk 3 x threads 3 x mma_n 2; each x store_unrolled 2; no
-    # weight type), one PASS_W16 per type, one PASS_X16
-    assert len(builds) == 2 * (3 * 2 * 3 * 3 * 2 + 3 * 3 * 2) + len(QUANT_TYPES) + 1
+    # threads 3 x mma_n 2 x prefetch 2, and direct: bk 3 x threads 3 x mma_n 2; each x
+    # store_unrolled 2; no weight type), one PASS_W16 per type, one PASS_X16, one PASS_KSUM
+    assert len(builds) == 2 * (3 * 2 * 3 * 3 * 2 * 2 + 3 * 3 * 2) + len(QUANT_TYPES) + 2
     for defines in (
-        ("BK=32", "MMA_N=16", "NBUF=2", "WG_THREADS=256"),
-        ("BK=64", "MMA_N=16", "NBUF=1", "SMEM_PAIRS", "WG_THREADS=256"),
-        ("BK=16", "MMA_N=8", "NBUF=2", "WG_THREADS=128"),
-        ("BK=32", "MMA_N=16", "NBUF=2", "WG_THREADS=512"),
-        ("BK=32", "MMA_N=16", "NBUF=2", "SMEM_HALVES", "WG_THREADS=256"),
+        ("BK=32", "MMA_N=16", "NBUF=2", "PREFETCH=1", "WG_THREADS=256"),
+        ("BK=32", "MMA_N=16", "NBUF=2", "PREFETCH=2", "STORE_UNROLLED", "WG_THREADS=256"),
+        ("BK=64", "MMA_N=16", "NBUF=1", "SMEM_PAIRS", "PREFETCH=1", "WG_THREADS=256"),
+        ("BK=16", "MMA_N=8", "NBUF=2", "PREFETCH=1", "WG_THREADS=128"),
+        ("BK=32", "MMA_N=16", "NBUF=2", "PREFETCH=1", "WG_THREADS=512"),
+        ("BK=32", "MMA_N=16", "NBUF=2", "SMEM_HALVES", "PREFETCH=1", "WG_THREADS=256"),
         ("BK=32", "DIRECT", "MMA_N=16", "WG_THREADS=128"),
-        ("BK=32", "MMA_N=16", "NBUF=2", "STORE_UNROLLED", "WG_THREADS=256"),
+        ("BK=32", "MMA_N=16", "NBUF=2", "STORE_UNROLLED", "PREFETCH=1", "WG_THREADS=256"),
         ("BK=32", "DIRECT", "MMA_N=16", "STORE_UNROLLED", "WG_THREADS=128"),
         ("QTYPE_Q4_K", "PASS_W16"),
         ("PASS_X16",),
@@ -298,6 +299,95 @@ def test_fill_groups_small_tiles_give_the_same_bits(rb):
     assert any(".small" in k for k in kernels[512])
     assert np.array_equal(outs[0], outs[512])
     assert nmse(_half_ref(x, dense(w)), outs[512]) < 1e-9
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        {"bk": 64, "tile_m": 64, "tile_n": 64, "warp_m": 32, "warp_n": 32, "threads": 128},
+        {},
+        {"threads": 128, "warp_n": 64, "bk": 16},
+        {"subgroup_size": 64, "warp_n": 64},  # wave64 (skipped on a device fixed at 32)
+    ],
+    ids=lambda k: "-".join(f"{a}{b}" for a, b in k.items()) or "default",
+)
+def test_prefetch_two_gives_the_same_bits(rb, knobs):
+    """matmul_prefill.prefetch 2 (two register sets, the step loop unrolled by two) against 1:
+    bit-identical on k-step counts 1 to 5 (odd ones end in the loop's first half; bk 64 makes
+    them) and ragged T, N, and within fp16 rounding of NumPy."""
+    flat = RESIDENT | {"matmul_prefill.fill_groups": 0}
+    flat |= {f"matmul_prefill.{k}": v for k, v in knobs.items()}
+    cfgs = [TuningConfig.default("vulkan").replace(**flat, **{"matmul_prefill.prefetch": p})
+            for p in (1, 2)]  # fmt: skip
+    bad = cfgs[1].problems(rb.device_info())
+    if bad:
+        pytest.skip(f"not allowed on this device: {bad}")
+    rng = np.random.default_rng(9)
+    for T, n, K in ((70, 45, 37), (3, 130, 150), (129, 67, 300), (41, 200, 256)):
+        w = qtensor(rng, (n, K), "F32")
+        x = rng.standard_normal((T, K)).astype(np.float32)
+        outs = []
+        for cfg in cfgs:
+            rb.set_config(cfg)
+            outs.append(rb.download(rb.matmul(rb.upload(x), rb.load_weight(w))))
+        assert np.array_equal(outs[0], outs[1]), (T, n, K)
+        assert nmse(_half_ref(x, dense(w)), outs[1]) < 1e-9
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("split", [2, 3, 4])
+@pytest.mark.parametrize("knobs", [{}, {"prefetch": 1}, {"bk": 64, "buffers": 1},
+                                   {"direct": True, "threads": 128, "warp_n": 64}])  # fmt: skip
+def test_split_k_sums_the_ranges(rb, split, knobs):
+    """matmul_prefill.split_k: a grid still under fill_groups after the 64 x 64 tiles runs
+    them over k-ranges (the profile shows the ksum pass), within fp16 input rounding of NumPy
+    on k of 1 to 10 steps (ranges of unequal length, a one-step k not split), ragged T and N,
+    x at an offset, and a weight in row ranges (each range's sum lands in its own columns)."""
+    flat = RESIDENT | {"matmul_prefill.fill_groups": 512, "matmul_prefill.split_k": split}
+    flat |= {f"matmul_prefill.{k}": v for k, v in knobs.items()}
+    cfg = TuningConfig.default("vulkan").replace(**flat)
+    bad = cfg.problems(rb.device_info())
+    if bad:
+        pytest.skip(f"not allowed on this device: {bad}")
+    rb.set_config(cfg)
+    rng = np.random.default_rng(split)
+    for T, n, K, ranges in ((70, 45, 20, False), (3, 130, 150, False), (129, 67, 300, True),
+                            (41, 200, 256, False)):  # fmt: skip
+        w = qtensor(rng, (n, K), "F32")
+        x = rng.standard_normal((T + 1, K)).astype(np.float32)
+        old = rb.max_weight_bytes
+        if ranges:
+            rb.max_weight_bytes = 4 * K * 29 + 3  # 29 raw rows a range
+        try:
+            wt = rb.load_weight(w)
+            rb.set_profiling(True)
+            out = rb.download(rb.matmul(rb.rows(rb.upload(x), 1, T + 1), wt))
+            kernels = set(rb.profile().kernels)
+            rb.set_profiling(False)
+        finally:
+            rb.max_weight_bytes = old
+        assert out.shape == (T, n) and np.isfinite(out).all()
+        assert nmse(_half_ref(x[1:], dense(w)), out) < 1e-9, (T, n, K)
+        steps = kpad(K) // knobs.get("bk", 32)  # one k-step (bk 64, K 20): not split
+        assert any(".ksum" in k for k in kernels) == (steps > 1), (K, kernels)
+
+
+def test_prefetch_two_is_the_default_and_applies_to_double_buffers_only():
+    """prefetch 2 is the measured default; with one buffer or direct loads the shader runs the
+    one-ahead loop (allowed, the same program text), so older configs stay valid."""
+    from engine.backends.vulkan.kernels import programs
+
+    assert TuningConfig.default("vulkan").replace(**RESIDENT).op("matmul_prefill")["prefetch"] == 2
+    assert resident_problems(h200_like(), buffers=1) == []
+    assert resident_problems(h200_like(), direct=True, threads=128, warp_n=64) == []
+    src = Path(spirv.__file__).resolve().parents[3] / "shaders/vulkan/matmul_f16.comp"
+    assert "#if PREFETCH == 2 && NBUF == 2" in src.read_text()
+    direct = TuningConfig.default("vulkan").replace(
+        **RESIDENT, **{"matmul_prefill.direct": True, "matmul_prefill.threads": 128,
+                       "matmul_prefill.warp_n": 64})  # fmt: skip
+    (gemm, *_) = programs("matmul_prefill", direct.op("matmul_prefill"), "Q4_K")
+    assert not any(d.startswith("PREFETCH") for d in gemm.defines)
 
 
 @pytest.mark.gpu

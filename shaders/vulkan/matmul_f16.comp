@@ -26,6 +26,7 @@
 // (below), STORE_UNROLLED (the bounded store's lane loop with a compile-time trip count: with
 // a loop bounded by gl_SubgroupSize inside the accumulator loops, NVIDIA's compiler kept the
 // whole acc[] array in local memory, "Local Memory Size" = the accumulators' bytes).
+//   PASS_KSUM  split_k's sum of the k-ranges' partials into y (below).
 // Bindings: GEMM 0 W16, 1 x16, 2 y; PASS_W16 0 Wq, 1 -, 2 W16; PASS_X16 0 x, 1 -,
 // 2 x16 (binding 1 unused: the three programs share one layout of three buffers).
 
@@ -117,6 +118,22 @@ void main() {
                   packHalf2x16(vec2(v[4], v[5])), packHalf2x16(vec2(v[6], v[7])));
 }
 
+#elif defined(PASS_KSUM)
+// matmul_prefill.split_k's sum: y[t, n] = the sum of the K k-ranges' partials, in range
+// order. Bindings: 0 the partials [K, T, N] at x_off, 2 y.
+layout(binding = 0) readonly buffer PBuf { float part[]; };
+layout(binding = 2) writeonly buffer YBuf { float ys[]; };
+
+void main() {
+    uint e = wg_linear() * 256u + gl_LocalInvocationID.x;
+    if (e >= pc.T * pc.N) return;
+    uint t = e / pc.N, n = e % pc.N;
+    uint o = pc.y_off + t * pc.y_stride + n;
+    float v = 0.0;
+    for (uint s = 0u; s < pc.K; s++) v += part[pc.x_off + s * pc.T * pc.N + e];
+    ys[o] = v;
+}
+
 #else  // the GEMM
 layout(binding = 0) readonly buffer WBuf { uvec4 wh[]; };
 layout(binding = 1) readonly buffer XBuf { uvec4 xh[]; };
@@ -127,6 +144,9 @@ layout(binding = 2) writeonly buffer YBuf { float ys[]; };
 #endif
 #ifndef NBUF
 #define NBUF 2
+#endif
+#ifndef PREFETCH
+#define PREFETCH 2  // the registry's default (with NBUF 1 or DIRECT, the one-ahead loop)
 #endif
 // MMA_N: the weight-row side of each multiply-add (16: 16x16x16; 8: 16x8x16, mma.sync's native
 // m16n8k16 on NVIDIA, the shape llama.cpp takes when a driver lists it first); the token side
@@ -206,7 +226,15 @@ void main() {
     uint ntok = (pc.T + TILE_N - 1u) / TILE_N, lin = wg_linear();
     uint n0 = (lin / ntok) * TILE_M, c0 = (lin % ntok) * TILE_N;
     uint q16 = kpad() / 8u;  // uvec4 per fp16 row
-    uint steps = kpad() / uint(BK);
+    // split_k: row_bytes (unused by the GEMM otherwise) = k-steps per range, range z of the
+    // grid (the host dispatches only non-empty ranges), whose partial sums go z x T x y_stride
+    // floats further on (a [ranges, T, N] buffer; PASS_KSUM sums it into y). 0: all of k.
+    uint steps = kpad() / uint(BK), kbase = 0u;
+    if (pc.row_bytes != 0u) {
+        kbase = gl_WorkGroupID.z * pc.row_bytes;
+        steps = min(steps - kbase, pc.row_bytes);
+    }
+    uint y_off = pc.y_off + gl_WorkGroupID.z * pc.T * pc.y_stride;
     uint rm = (sg % TILES_M) * WARP_M, tn = (sg / TILES_M) * WARP_N;
 
     ACC acc[CN * CM];
@@ -219,7 +247,7 @@ void main() {
     // tile reads pad rows, whose products are never stored.
     for (uint st = 0u; st < steps; st++) {
         [[unroll]] for (uint kk = 0u; kk < Q; kk += 2u) {  // 16 k = 2 uvec4
-            uint kq = st * Q + kk;
+            uint kq = (kbase + st) * Q + kk;
             coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA> a[CN];
             coopmat<float16_t, gl_ScopeSubgroup, 16, MMA_N, gl_MatrixUseB> b[CM];
             [[unroll]] for (uint j = 0u; j < CN; j++)
@@ -240,30 +268,76 @@ void main() {
     [[unroll]] for (uint i = 0u; i < LW; i++) rw[i] = uvec4(0u);
     [[unroll]] for (uint i = 0u; i < LX; i++) rx[i] = uvec4(0u);
 
-#define FETCH(st)                                                                  \
+#define FETCH_TO(st, RW, RX)                                                       \
     {                                                                              \
-        uint kq = (st) * Q;                                                        \
+        uint kq = (kbase + (st)) * Q;                                              \
         [[unroll]] for (uint i = 0u; i < LW; i++) {                                \
             uint e = tid + WG_THREADS * i, r = n0 + e / Q;                         \
-            rw[i] = r < pc.N ? wh[r * q16 + kq + e % Q] : uvec4(0u);               \
+            RW[i] = r < pc.N ? wh[r * q16 + kq + e % Q] : uvec4(0u);               \
         }                                                                          \
         [[unroll]] for (uint i = 0u; i < LX; i++) {                                \
             uint e = tid + WG_THREADS * i, c = c0 + e / Q;                         \
-            rx[i] = c < pc.T ? xh[c * q16 + kq + e % Q] : uvec4(0u);               \
+            RX[i] = c < pc.T ? xh[c * q16 + kq + e % Q] : uvec4(0u);               \
         }                                                                          \
     }
-#define STASH(b)                                                                   \
+#define STASH_FROM(b, RW, RX)                                                      \
     {                                                                              \
         [[unroll]] for (uint i = 0u; i < LW; i++) {                                \
             uint e = tid + WG_THREADS * i;                                         \
-            SH_PUT((b) * BUF + (e / Q) * RS + e % Q, rw[i]);                       \
+            SH_PUT((b) * BUF + (e / Q) * RS + e % Q, RW[i]);                       \
         }                                                                          \
         [[unroll]] for (uint i = 0u; i < LX; i++) {                                \
             uint e = tid + WG_THREADS * i;                                         \
-            SH_PUT((b) * BUF + (TILE_M + e / Q) * RS + e % Q, rx[i]);              \
+            SH_PUT((b) * BUF + (TILE_M + e / Q) * RS + e % Q, RX[i]);              \
+        }                                                                          \
+    }
+#define FETCH(st) FETCH_TO(st, rw, rx)
+#define STASH(b) STASH_FROM(b, rw, rx)
+
+// one k-step's multiply-adds on shared buffer `cur`
+#define MMA_STEP(cur)                                                              \
+    {                                                                              \
+        uint wb = (cur) * BUF, xb = wb + TILE_M * RS;                              \
+        [[unroll]] for (uint kk = 0u; kk < Q; kk += 2u) { /* 16 k = 2 uvec4 */     \
+            coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA> a[CN];     \
+            coopmat<float16_t, gl_ScopeSubgroup, 16, MMA_N, gl_MatrixUseB> b[CM];  \
+            [[unroll]] for (uint j = 0u; j < CN; j++)                              \
+                coopMatLoad(a[j], sh, EW * (xb + (tn + 16u * j) * RS + kk), EW * RS,   \
+                            gl_CooperativeMatrixLayoutRowMajor);                   \
+            [[unroll]] for (uint i = 0u; i < CM; i++)                              \
+                coopMatLoad(b[i], sh, EW * (wb + (rm + MMA_N * i) * RS + kk), EW * RS, \
+                            gl_CooperativeMatrixLayoutColumnMajor);                \
+            [[unroll]] for (uint j = 0u; j < CN; j++)                              \
+                [[unroll]] for (uint i = 0u; i < CM; i++)                          \
+                    acc[j * CM + i] = coopMatMulAdd(a[j], b[i], acc[j * CM + i]);  \
         }                                                                          \
     }
 
+#if PREFETCH == 2 && NBUF == 2
+    // PREFETCH 2: the global loads of step st + 2 are issued before step st's multiply-adds
+    // (two register sets: rw / rx hold even steps, rw2 / rx2 odd ones), so each load has two
+    // steps of multiply-adds to arrive instead of one; the step loop is unrolled by two so
+    // both sets are indexed at compile time. The same shared buffers and barriers, the same
+    // products in the same order: the same bits.
+    uvec4 rw2[LW], rx2[LX];
+    [[unroll]] for (uint i = 0u; i < LW; i++) rw2[i] = uvec4(0u);
+    [[unroll]] for (uint i = 0u; i < LX; i++) rx2[i] = uvec4(0u);
+    FETCH(0u);
+    STASH(0u);
+    if (1u < steps) FETCH_TO(1u, rw2, rx2);
+    barrier();
+    for (uint st = 0u; st < steps; st += 2u) {
+        if (st + 2u < steps) FETCH(st + 2u);  // rw / rx: step st's data went to buffer 0
+        MMA_STEP(0u);
+        if (st + 1u < steps) STASH_FROM(1u, rw2, rx2);  // buffer 1: last read in step st - 1
+        barrier();
+        if (st + 1u >= steps) break;
+        if (st + 3u < steps) FETCH_TO(st + 3u, rw2, rx2);
+        MMA_STEP(1u);
+        if (st + 2u < steps) STASH(0u);  // buffer 0: last read above, before the barrier
+        barrier();
+    }
+#else
     FETCH(0u);
     STASH(0u);
     barrier();
@@ -274,20 +348,7 @@ void main() {
         uint cur = 0u;
 #endif
         if (st + 1u < steps) FETCH(st + 1u);  // global loads in flight over the multiply-adds
-        uint wb = cur * BUF, xb = wb + TILE_M * RS;
-        [[unroll]] for (uint kk = 0u; kk < Q; kk += 2u) {  // 16 k = 2 uvec4
-            coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA> a[CN];
-            coopmat<float16_t, gl_ScopeSubgroup, 16, MMA_N, gl_MatrixUseB> b[CM];
-            [[unroll]] for (uint j = 0u; j < CN; j++)
-                coopMatLoad(a[j], sh, EW * (xb + (tn + 16u * j) * RS + kk), EW * RS,
-                            gl_CooperativeMatrixLayoutRowMajor);
-            [[unroll]] for (uint i = 0u; i < CM; i++)
-                coopMatLoad(b[i], sh, EW * (wb + (rm + MMA_N * i) * RS + kk), EW * RS,
-                            gl_CooperativeMatrixLayoutColumnMajor);
-            [[unroll]] for (uint j = 0u; j < CN; j++)
-                [[unroll]] for (uint i = 0u; i < CM; i++)
-                    acc[j * CM + i] = coopMatMulAdd(a[j], b[i], acc[j * CM + i]);
-        }
+        MMA_STEP(cur);
         if (st + 1u < steps) {
 #if NBUF == 2
             STASH(cur ^ 1u);  // last read in step st - 1, before that step's barrier
@@ -298,6 +359,7 @@ void main() {
         }
         barrier();
     }
+#endif
 
 #endif
 
@@ -305,12 +367,12 @@ void main() {
     // else through this subgroup's 16 x 16 float slot of sh (free now: the loop ended on a
     // barrier), bounded.
     uint row0 = n0 + rm, col0 = c0 + tn;
-    bool aligned = (pc.y_off & 3u) == 0u && (pc.y_stride & 3u) == 0u;
+    bool aligned = (y_off & 3u) == 0u && (pc.y_stride & 3u) == 0u;
     if (aligned && row0 + WARP_M <= pc.N && col0 + WARP_N <= pc.T) {
         [[unroll]] for (uint j = 0u; j < CN; j++)
             [[unroll]] for (uint i = 0u; i < CM; i++)
                 coopMatStore(acc[j * CM + i], ys,
-                             pc.y_off + (col0 + 16u * j) * pc.y_stride + row0 + MMA_N * i,
+                             y_off + (col0 + 16u * j) * pc.y_stride + row0 + MMA_N * i,
                              pc.y_stride, gl_CooperativeMatrixLayoutRowMajor);
         return;
     }
@@ -333,7 +395,7 @@ void main() {
                 uint col = col0 + 16u * j + e / 4u, n = row0 + MMA_N * i + 4u * (e % 4u);
                 vec4 v = uintBitsToFloat(SH_GET(slot + e));
                 if (col < pc.T && 4u * (e % 4u) < MMA_N) {  // MMA_N 8: half a slot row
-                    uint o = pc.y_off + col * pc.y_stride + n;
+                    uint o = y_off + col * pc.y_stride + n;
                     [[unroll]] for (uint c = 0u; c < 4u; c++)
                         if (n + c < pc.N) ys[o + c] = v[c];
                 }

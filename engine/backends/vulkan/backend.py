@@ -1003,14 +1003,15 @@ class VulkanBackend(ResidentPrefill, FusedNorm, FusedDecode, Backend):
         bufs = (q.buf, ck.buf, cv.buf)
         offs = (H, Hkv, D, q.offset, ck.offset, cv.offset)
         scale = 1.0 / math.sqrt(D)
-        if c.variant == "coopmat" and T > 1 and D % 16 == 0 and D <= 128:
+        if c.variant in ("coopmat", "flash") and T > 1 and D % 16 == 0 and D <= 128:
             flash, _ = self._pipe("attention.flash")  # tensor cores; decode takes split below
+            bq = 64 if c.variant == "flash" else 16  # queries per workgroup
             self.stream.dispatch(
                 flash,
                 (*bufs, out.buf, self.stream.dyn_buf),
                 (out.buf,),
                 (*offs, out.offset, self.stream.dyn(pos0), T, scale),
-                (H, -(-T // 16), 1),
+                (H, -(-T // bq), 1),
             )
             return out
         if c.variant == "online":

@@ -130,6 +130,7 @@ PASSES[("matmul_prefill", "resident")] = (
     ("", 3, IO["matmul_prefill"][1]),
     ("PASS_W16", 3, IO["matmul_prefill"][1], "", "w16"),
     ("PASS_X16", 3, IO["matmul_prefill"][1], "", "x16"),
+    ("PASS_KSUM", 3, IO["matmul_prefill"][1], "", "ksum"),  # split_k's sum of the k-ranges
 )
 
 # attention.coopmat: decode with the split variant's passes (whatever they are, from
@@ -139,6 +140,13 @@ PASSES[("attention", "coopmat")] = (
         Pass(*p)._replace(shader=Pass(*p).shader or "attention_split")
         for p in PASSES[("attention", "split")]
     ),
+    Pass("", 5, "IIIIIIIIIf", "", "flash"),
+)
+
+# attention.flash: the same, with attention_flash.comp's pass for T > 1 (64 queries a
+# workgroup, softmax across a subgroup's lanes, the output in registers)
+PASSES[("attention", "flash")] = (
+    *PASSES[("attention", "coopmat")][:-1],
     Pass("", 5, "IIIIIIIIIf", "", "flash"),
 )
 
@@ -203,9 +211,11 @@ def programs(op: str, choice: OpChoice, qtype: str = "") -> tuple[Program, ...]:
                 keep = tuple(x.split("=")[0] for x in knob_defines(v, choice)) or ("-",)
             ds = tuple(d for d in ds if d.startswith(keep))
             if not p.define and "DIRECT" in ds:  # no shared tiles: their knobs do not apply
-                ds = tuple(d for d in ds if not d.startswith(("NBUF", "SMEM_")))
+                ds = tuple(d for d in ds if not d.startswith(("NBUF", "SMEM_", "PREFETCH")))
             elif "SMEM_PAIRS" in ds:  # with smem_halves too: refused by the registry anyway
                 ds = tuple(d for d in ds if d != "SMEM_HALVES")
+        if (op, v.name) == ("attention", "flash") and p.shader:
+            ds = tuple(d for d in ds if d != "MATRIX_SCALE")  # the split passes' own builds
         out.append(Program(p.shader or shader, ds, p.n_bindings, p.push))
     return tuple(out)
 

@@ -78,11 +78,17 @@ class ResidentPrefill:
         tm, tn = int(c["tile_m"]), int(c["tile_n"])
         for lease, r0, nr in self.resident_f16(w):
             groups, pipe_r = -(-nr // tm) * -(-T // tn), pipe
+            fill = int(c["fill_groups"])
             small = None
-            if groups < int(c["fill_groups"]) and tm * tn > SMALL * SMALL:
+            if groups < fill and tm * tn > SMALL * SMALL:
                 small = self._small_gemm(c, w.qtype)  # too few workgroups to fill the GPU
             if small is not None:
                 groups, pipe_r = -(-nr // SMALL) * -(-T // SMALL), small
+            if groups < fill and int(c["split_k"]) > 1:  # still too few (the 7B k/v: 64)
+                ranges = min(int(c["split_k"]), -(-fill // groups))
+                dims = (K, nr, r0, N, T)
+                if self._split_k(xh, lease, out, pipe_r, c, w.qtype, dims, groups, ranges):
+                    continue
             self.stream.dispatch(
                 pipe_r,
                 (lease.buf, xh.buf, out.buf),
@@ -90,6 +96,40 @@ class ResidentPrefill:
                 (K, nr, 0, 0, out.offset + r0, N, T),
                 _fold(groups),  # token tiles fastest (matmul_f16.comp)
             )
+
+    def _split_k(
+        self, xh: Any, lease: Any, out: Any, pipe: Any, c: Any, qtype: str,
+        dims: tuple[int, int, int, int, int], groups: int, want: int,
+    ) -> bool:  # fmt: skip
+        """split_k: the GEMM (pipe: the main or the fill_groups tiles) over up to ``want``
+        k-ranges of whole k-steps (a grid dimension; matmul_f16.comp reads the steps per range
+        from row_bytes) into fp32 partials [ranges, T, nr], then PASS_KSUM adds them in range
+        order into out's rows r0 .. r0 + nr. False when k has one step (nothing to split).
+        dims: K, nr, r0, N, T."""
+        K, nr, r0, N, T = dims
+        steps = kpad(K) // int(c["bk"])
+        per = -(-steps // min(want, steps))
+        ranges = -(-steps // per)  # every range non-empty
+        if ranges < 2:
+            return False
+        part = self._new((ranges, T, nr))
+        x, y, _ = _fold(groups)
+        self.stream.dispatch(
+            pipe,
+            (lease.buf, xh.buf, part.buf),
+            (part.buf,),
+            (K, nr, per, 0, part.offset, nr, T),
+            (x, y, ranges),
+        )
+        ksum, _ = self._pipe("matmul_prefill.ksum", qtype)
+        self.stream.dispatch(
+            ksum,
+            (part.buf, part.buf, out.buf),
+            (out.buf,),
+            (ranges, nr, 0, part.offset, out.offset + r0, N, T),
+            _fold(-(-T * nr // 256)),
+        )
+        return True
 
     def _x16_of(self, x: Any, qtype: str) -> Any:
         """x's padded fp16 form (PASS_X16), made once for the projections that share x (q, k,

@@ -709,13 +709,40 @@ REGISTRY.register(
                     define("NBUF"),
                 ),
                 Param(
+                    "prefetch",
+                    (1, 2),
+                    # 2 (helper vk checkpoint, H200, 7B shapes at T = 512, GPU timestamps,
+                    # scripts/vulkan_resident_bench.py): 3584x3584 82 -> 96, 18944x3584 137 ->
+                    # 156, 3584x18944 75 -> 90, 37888x3584 151 -> 169 TFLOP/s; the 7B pp512
+                    # prefill GEMMs 70.2 -> 60.7 ms (scripts/vulkan_profile.py,
+                    # res_su_int8_fa_k64_fl -> _pf2); bit-identical to 1 in the GPU tests
+                    2,
+                    "k-steps ahead that the tile loads are issued (2: two register sets, each "
+                    "load has two steps of multiply-adds to arrive instead of one, the step "
+                    "loop unrolled by two; the same bits); with buffers 1 or direct it is 1",
+                    define("PREFETCH"),
+                ),
+                Param(
                     "fill_groups",
-                    (0, 128, 256, 512),
+                    (0, 64, 128, 256, 512),
                     256,
                     "a GEMM whose tile grid has fewer workgroups than this runs 64 x 64 tiles "
                     "(4x the workgroups; the same per-element summation order, so the same "
                     "bits): the 7B q/o/down projections launch 112 workgroups of 128 x 128 on a "
-                    "132-SM GPU; 0: always the tile knobs",
+                    "132-SM GPU, k/v 16; 0: always the tile knobs; 64: q/o/down on the tiles, "
+                    "k/v on 64 x 64 (at bk 16 + prefetch 2 the 128 x 128 tiles ran q/o 115 and "
+                    "down 98 TFLOP/s on 112 workgroups against 96 / 90 for 64 x 64 at bk 32)",
+                    HOST,
+                ),
+                Param(
+                    "split_k",
+                    (1, 2, 3, 4),
+                    1,
+                    "a GEMM whose grid is still under fill_groups workgroups after the 64 x "
+                    "64 tiles (the 7B k/v at pp512: 64 on a 132-SM GPU, 76 us each at the vk "
+                    "checkpoint) splits k into up to this many ranges, as many as fill the "
+                    "grid (a grid dimension; each range's fp32 partial sums, then one pass "
+                    "adds them in range order); 1: no split. Unmeasured",
                     HOST,
                 ),
                 Param(
@@ -985,6 +1012,14 @@ REGISTRY.register(
 )
 
 
+def _flash_subgroups(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
+    if dev is None:
+        return True
+    lo = int(_extra(dev, "min_subgroup_size", 0) or dev.subgroup_size)
+    hi = int(_extra(dev, "max_subgroup_size", 0) or dev.subgroup_size)
+    return 16 <= lo and hi <= 64
+
+
 def _register_attention_coopmat() -> None:
     """attention.coopmat: the split variant at decode (its knobs and constraints, whatever they
     are), tensor-core flash attention (shaders/vulkan/attention_coopmat.comp) for T > 1."""
@@ -1013,7 +1048,42 @@ def _register_attention_coopmat() -> None:
         "fp16 Q/K/V/P, fp32 softmax and output; head dims multiples of 16 up to 128); decode "
         "and other head dims: the split kernel with these knobs",
     )
-    REGISTRY.register(B, "attention", [*op.variants, coop], op.doc)
+    flash = Variant(
+        B,
+        "attention",
+        "flash",
+        params=(
+            *split.params,
+            Param(
+                "matrix_scale",
+                (False, True),
+                False,
+                "the flash pass rescales its output accumulators by one component-wise "
+                "multiply of two matrices instead of a loop over each lane's elements (the "
+                "H200's driver gave the loop's pipeline 256 B of local memory); unmeasured",
+                define("MATRIX_SCALE"),
+            ),
+        ),
+        constraints=(
+            *coop.constraints[:-1],
+            Constraint(
+                "44 KiB of shared memory for the flash pass <= maxComputeSharedMemorySize",
+                lambda cfg, dev: int(_extra(dev, "max_shared_memory", 1 << 20)) >= 44 * 1024,
+            ),
+            Constraint(
+                "the device's subgroups of 16 to 64 lanes (a 16-query row's keys split over "
+                "lane / 16)",
+                _flash_subgroups,
+            ),
+        ),
+        source="vulkan/attention_flash.comp",
+        numeric="fp16",
+        doc="prefill: flash attention on cooperative matrices, 128 threads per 64 queries x "
+        "32 keys per step (a 16-query fragment per subgroup), the softmax across a subgroup's "
+        "lanes with shuffles, the output in fp32 accumulators rescaled by a broadcast matrix; "
+        "head dims multiples of 16 up to 128; decode and other head dims: the split kernel",
+    )
+    REGISTRY.register(B, "attention", [*op.variants, coop, flash], op.doc)
 
 
 _register_attention_coopmat()

@@ -1,0 +1,133 @@
+"""attention.flash: prefill flash attention on cooperative matrices, 64 queries a workgroup
+(shaders/vulkan/attention_flash.comp), the split kernel at decode.
+
+Host tests (no device): the pass builds with the pinned glslang and spirv-val accepts it; the
+registry admits the variant only with cooperative matrices and 44 KiB of shared memory; on
+lavapipe (CI) set_config refuses it and the backend stays usable. GPU tests (marked gpu; the
+H200 through NVIDIA's Vulkan) check the op against float64 NumPy on ragged shapes.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.backends.vulkan import spirv
+from engine.backends.vulkan.kernels import all_builds, programs
+from engine.errors import ConfigError
+from engine.tuning import TuningConfig
+from tests.op_cases import attention_ref
+from tests.test_vulkan_coopmat import h200_like
+from tests.test_vulkan_helpers import make_backend, nmse, require_vulkan
+
+FLASH = {"attention.variant": "flash"}
+
+
+def test_flash_pass_builds_with_glslang_and_validates(tmp_path):
+    builds = [b for b in all_builds() if b[0] == "attention_flash"]
+    assert sorted(d for _, d in builds) == [(), ("MATRIX_SCALE",)]
+    # matrix_scale reaches the flash pass only (the split passes keep their builds)
+    cfg = TuningConfig.default("vulkan").replace(**FLASH, **{"attention.matrix_scale": True})
+    progs = programs("attention", cfg.op("attention"))
+    assert [p.defines for p in progs if p.shader == "attention_flash"] == [("MATRIX_SCALE",)]
+    assert all("MATRIX_SCALE" not in p.defines for p in progs if p.shader != "attention_flash")
+    assert spirv.compiler_for("attention_flash")[0] == "glslangValidator"
+    tools = Path(sys.executable).parent
+    for _, defines in builds:
+        code = spirv.compile_spirv("attention_flash", defines, tmp_path)
+        path = tmp_path / "flash.spv"
+        path.write_bytes(code)
+        subprocess.run([tools / "spirv-val", "--target-env", "vulkan1.3", path], check=True)
+        dis = subprocess.run([tools / "spirv-dis", path], capture_output=True, text=True).stdout
+        # a multiply whose result is a cooperative matrix: only with MATRIX_SCALE
+        mats = set(re.findall(r"(%\w+) = OpTypeCooperativeMatrixKHR", dis))
+        muls = {m for m in re.findall(r"= OpFMul (%\w+) ", dis) if m in mats}
+        assert bool(muls) == ("MATRIX_SCALE" in defines), defines
+
+
+def test_registry_allows_flash_only_with_coopmat_and_shared_memory():
+    cfg = TuningConfig.default("vulkan").replace(**FLASH)
+    assert cfg.problems(h200_like()) == []
+    assert cfg.problems(h200_like(min_subgroup_size=32, max_subgroup_size=64)) == []  # RDNA
+    for dev in (
+        h200_like(cooperative_matrix=False, coopmat_shapes=[]),
+        h200_like(max_shared_memory=32768),
+        h200_like(min_subgroup_size=32, max_subgroup_size=128),
+        h200_like(min_subgroup_size=8),
+    ):
+        (p,) = cfg.problems(dev)
+        assert p.startswith("attention.flash:")
+
+
+def test_lavapipe_refuses_flash_through_the_constraint():
+    require_vulkan()
+    be = make_backend()
+    try:
+        if be.device_info().extra.get("cooperative_matrix"):
+            pytest.skip("this device has cooperative matrices (the GPU tests cover it)")
+        with pytest.raises(ConfigError, match="attention.flash: the device reports"):
+            be.set_config(TuningConfig.default("vulkan").replace(**FLASH))
+        assert be.config.op("attention").variant == "split"
+    finally:
+        be.close()
+
+
+@pytest.fixture(scope="module")
+def cb():
+    be = make_backend()
+    dev = be.device_info()
+    if not dev.extra.get("cooperative_matrix"):
+        be.close()
+        pytest.skip(f"{dev.name}: no cooperative matrices ({dev.extra.get('coopmat_missing')})")
+    yield be
+    be.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("matrix_scale", [False, True])
+@pytest.mark.parametrize(
+    "T,H,Hkv,D,pos0",
+    [
+        (37, 4, 2, 64, 0),  # one ragged query tile, GQA
+        (130, 14, 2, 128, 549),  # three tiles, the last of 2 queries, a long earlier context
+        (64, 7, 1, 128, 0),  # exactly one tile, GQA 7 (the 7B's ratio)
+        (65, 2, 1, 16, 3),  # one output fragment, a one-query last tile
+        (33, 4, 4, 128, 31),  # no GQA, keys ragged against the 32-key block
+        (200, 2, 2, 96, 0),  # D 96: six output fragments of eight
+        (6, 7, 1, 80, 45),  # D not a multiple of 16: the split kernel
+        (1, 14, 2, 128, 549),  # decode: the split kernel
+    ],
+)
+def test_flash_attention(cb, T, H, Hkv, D, pos0, matrix_scale):
+    """Against float64 NumPy. The cache rows past the last visible key hold NaN, which the pass
+    must never multiply into its output, and q is a row view at an offset."""
+    cfg = TuningConfig.default("vulkan").replace(
+        **FLASH, **{"attention.matrix_scale": matrix_scale}
+    )
+    bad = cfg.problems(cb.device_info())
+    if bad:
+        pytest.skip(f"not allowed on this device: {bad}")
+    cb.set_config(cfg)
+    rng = np.random.default_rng(T * 1000 + pos0 + D)
+    L = pos0 + T
+    kc = rng.standard_normal((L + 40, Hkv, D)).astype(np.float32)
+    vc = rng.standard_normal((L + 40, Hkv, D)).astype(np.float32)
+    kc[L:], vc[L:] = np.nan, np.nan
+    q = 2.0 * rng.standard_normal((T + 2, H, D)).astype(np.float32)
+    cache = cb.new_kv_cache(1, L + 40, Hkv, D)
+    cb.kv_write(cache, 0, cb.upload(kc), cb.upload(vc), 0)
+    out = cb.download(cb.attention(cb.rows(cb.upload(q), 1, T + 1), cache, 0, pos0))
+    assert out.shape == (T, H, D) and np.isfinite(out).all()
+    ref = attention_ref(q[1 : T + 1], kc[:L], vc[:L], pos0)
+    limit = 1e-9 if (T == 1 or D % 16) else 2e-5  # split: float32; flash: fp16 tiles
+    assert nmse(ref, out) < limit
+    # the same as the coopmat variant's pass (16 queries a workgroup) within fp16 rounding
+    if T > 1 and D % 16 == 0:
+        cb.set_config(TuningConfig.default("vulkan").replace(**{"attention.variant": "coopmat"}))
+        old = cb.download(cb.attention(cb.rows(cb.upload(q), 1, T + 1), cache, 0, pos0))
+        assert nmse(old, out) < 2e-5
