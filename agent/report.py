@@ -232,7 +232,7 @@ def study_summary(
         promotion_error=promotion_error,
         best_candidate=best_candidate(exp, st) if is_base else None,
         warm_start=tuple(st.warm_start),
-        started=tuple(st.started),
+        start_configs=tuple(st.start_configs),
     )
 
 

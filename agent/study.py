@@ -187,7 +187,7 @@ class StudyState:
 
     def _start_configs(self) -> None:
         """Enqueue, after the baseline, the experiment's [[start]] configs of this backend (each
-        the baseline with its overrides); recorded in the study's ``started`` attr."""
+        the baseline with its overrides); recorded in the study's ``start_configs`` attr."""
         queued = []
         for st in self.exp.start:
             if st.backend != self.backend:
@@ -199,9 +199,11 @@ class StudyState:
                 # variant the config does not run would be dropped, not tried
                 log.warning("%s: start %r is outside the space here: skipped", self.name, st.name)
                 continue
-            self.study.enqueue_trial(params, user_attrs={"role": CANDIDATE, "start": st.name})
+            self.study.enqueue_trial(
+                params, user_attrs={"role": CANDIDATE, "start_config": st.name}
+            )
             queued.append(st.name)
-        self.study.set_user_attr("started", queued)
+        self.study.set_user_attr("start_configs", queued)
         if queued:
             log.info("%s: trying the experiment's start configs first: %s", self.name, queued)
 
@@ -251,9 +253,9 @@ class StudyState:
         return flat
 
     @property
-    def started(self) -> list[str]:
+    def start_configs(self) -> list[str]:
         """The experiment's [[start]] configs enqueued after the baseline, by name."""
-        return list(self.study.user_attrs.get("started", []))
+        return list(self.study.user_attrs.get("start_configs", []))
 
     @property
     def warm_start(self) -> list[dict[str, Any]]:

@@ -29,7 +29,7 @@ class StudySummary:
     promotion_error: str = ""
     best_candidate: dict[str, Any] | None = None  # when nothing was accepted: the closest miss
     warm_start: tuple[dict[str, Any], ...] = ()  # configs of other classes enqueued first
-    started: tuple[str, ...] = ()  # the experiment's [[start]] configs enqueued first
+    start_configs: tuple[str, ...] = ()  # the experiment's [[start]] configs enqueued first
 
 
 @dataclass(frozen=True)
@@ -68,8 +68,8 @@ class RunSummary:
         for s in self.studies:
             outs = ", ".join(f"{k} {v}" for k, v in sorted(s.outcomes.items()))
             lines.append(f"  {s.study} ({s.backend}): {s.evaluated}/{s.budget} trials; {outs}")
-            if s.started:
-                lines.append(f"    start configs tried first: {', '.join(s.started)}")
+            if s.start_configs:
+                lines.append(f"    start configs tried first: {', '.join(s.start_configs)}")
             if s.warm_start:
                 src = ", ".join(sorted({str(w["from"]) for w in s.warm_start}))
                 lines.append(f"    warm start: {len(s.warm_start)} configs from {src} tried first")

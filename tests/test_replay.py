@@ -362,7 +362,7 @@ def test_start_configs_run_right_after_the_baseline() -> None:
         st.flush()
     assert seen[0][1] == "baseline" and seen[0][0][o.variant_dim.key] == base[o.variant_dim.key]
     assert seen[1][1] == "candidate" and seen[1][0][o.variant_dim.key] == other
-    assert st.started == ["mine"]
+    assert st.start_configs == ["mine"]
 
 
 def test_a_start_config_that_switches_variant_gets_that_variants_defaults() -> None:
@@ -375,13 +375,13 @@ def test_a_start_config_that_switches_variant_gets_that_variants_defaults() -> N
         exp, "h200", "cuda", "synthetic:35b-a3b:qwen35moe", "",
         optuna.storages.InMemoryStorage(), base, "default",
     )  # fmt: skip
-    assert st.started == [s.name for s in exp.start]
+    assert st.start_configs == [s.name for s in exp.start]
     trial, flat, role = st.ask()
     st.finish(trial, TrialRecord(st.name, trial.number, role, "invalid", config=flat), None)
     st.flush()
     for start in exp.start:
         trial, flat, role = st.ask()
-        assert role == "candidate" and trial.user_attrs.get("start") == start.name
+        assert role == "candidate" and trial.user_attrs.get("start_config") == start.name
         assert {k: flat[k] for k in start.config} == start.config
         st.finish(trial, TrialRecord(st.name, trial.number, role, "invalid", config=flat), None)
         st.flush()
