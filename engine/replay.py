@@ -31,6 +31,12 @@ Memory: reference rows are kept as float32 on the host for one segment of the st
 (the candidate's prefill chunks grouped to at least ``SEGMENT_TOKENS``, the decode steps with
 the last one) and each row is dropped once the candidate consumed it; states are kept only at
 the candidate's chunk ends. The backend switches between the two configs once per segment.
+
+Time: the candidate's comparisons (``Backend.row_stats``: per row the squared error, the
+reference energy, the largest |diff| and its column) are queued where the tensors are and judged
+after each forward from one download (``stats_host``), so no hooked op waits for the host. A
+35B-A3B candidate on the H200 still spends ~60 s here: ~10^5 hooked op uses over validate's
+prompts, each an eager op and its comparison (docs/BENCHMARKS.md, Fleet on GPUs).
 """
 
 from __future__ import annotations
