@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.backends.base import row_stats_of
+from engine.backends.base import host_row_stats
 from engine.blame import Blame
 from engine.model import Model
 from engine.tuning import TuningConfig
@@ -293,8 +293,8 @@ class _Candidate:
         r = store[pos] if self.ref.keep else store.pop(pos)
         self.used.add((op, label, layer))
         a = b.download(states[layer])
-        c = _canonical(self.model, label, a, self.transposed).reshape(1, -1).astype(np.float64)
-        self.pending.append((op, label, layer, 1, pos, row_stats_of(np, c, r[None, :])))
+        c = _canonical(self.model, label, a, self.transposed).reshape(1, -1)
+        self.pending.append((op, label, layer, 1, pos, host_row_stats(c, r[None, :])))
         ref = _layout(self.model, label, r, self.transposed).reshape(a.shape).astype(a.dtype)
         states[layer] = b.upload(ref)
 

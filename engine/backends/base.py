@@ -596,9 +596,7 @@ class Backend(ABC):
         per row: [4, n] float64 of sum (t - ref)^2, sum ref^2, max |t - ref| and its column.
         Here on the host; a backend may compute it where the tensors are and hand back a
         device array without waiting: ``stats_host`` downloads many of them at once."""
-        n = int(t.shape[0])
-        c = self.download(t).reshape(n, -1).astype(np.float64)
-        return row_stats_of(np, c, np.asarray(ref_host).reshape(n, -1).astype(np.float64))
+        return host_row_stats(self.download(t), ref_host)
 
     def stats_host(self, stats: list[Any]) -> list[np.ndarray]:
         """row_stats' results on the host, in order (one transfer where the backend can)."""
@@ -621,6 +619,13 @@ class Backend(ABC):
     def cols(self, x: Tensor, start: int, stop: int) -> Tensor:
         """Elements start..stop-1 of the last dim of x (a contiguous copy)."""
         return x[..., start:stop].copy()
+
+
+def host_row_stats(out: np.ndarray, ref_host: np.ndarray) -> np.ndarray:
+    """row_stats on the host of an op's output [n, ...] against the reference's rows."""
+    n = int(out.shape[0])
+    c = np.asarray(out).reshape(n, -1).astype(np.float64)
+    return row_stats_of(np, c, np.asarray(ref_host).reshape(n, -1).astype(np.float64))
 
 
 def row_stats_of(xp: Any, c: Any, r: Any) -> Any:

@@ -23,7 +23,7 @@ from engine.backends.base import (
     DeviceInfo,
     KVCache,
     ProfileReport,
-    row_stats_of,
+    host_row_stats,
 )
 from engine.backends.vulkan import kernels as K
 from engine.backends.vulkan._vk import vk
@@ -1138,6 +1138,4 @@ class _RowsAfterFlush:
 
     def stats(self) -> np.ndarray:
         raw = self.staging.buf.host[: self.nbytes].copy().view(self.dtype)
-        n = int(self.shape[0])
-        c = raw.reshape(n, -1).astype(np.float64)
-        return row_stats_of(np, c, np.asarray(self.ref_host).reshape(n, -1).astype(np.float64))
+        return host_row_stats(raw.reshape(self.shape), self.ref_host)
