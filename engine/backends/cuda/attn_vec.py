@@ -84,15 +84,6 @@ def launch_attn_vec(
         ),
         pdl=True,
     )  # fmt: skip
-    threads = min(128, max(32, D))
-    if not fc and q8:
-        be._launch(
-            "fused", "attn_combine_q8", (H, T), (threads,),
-            (part, ml, out, xq, xds, np.int32(H), np.int32(D), np.int32(splits)), pdl=True,
-        )  # fmt: skip
-    elif not fc:
-        be._launch(
-            "attention", "attn_combine", (H, T), (threads,),
-            (part, ml, out, np.int32(H), np.int32(D), np.int32(splits)),
-        )  # fmt: skip
+    if not fc:
+        be._attn_combine(part, ml, out, splits, xq, xds)
     return None if xq is None else (xq, xds)

@@ -1359,18 +1359,10 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
             if xq is not None:
                 self._q8_remember(out.reshape(T, H * D), xq, xds)
             return
-        if q8:
-            xq, xds = self._q8_buffers(T, H * D)
-            self._launch(
-                "fused", "attn_combine_q8", (H, T), (min(128, max(32, D)),),
-                (part, ml, out, xq, xds, np.int32(H), np.int32(D), np.int32(splits)), pdl=True,
-            )  # fmt: skip
+        xq, xds = self._q8_buffers(T, H * D) if q8 else (None, None)
+        self._attn_combine(part, ml, out, splits, xq, xds)
+        if xq is not None:
             self._q8_remember(out.reshape(T, H * D), xq, xds)
-            return
-        self._launch(
-            "attention", "attn_combine", (H, T), (min(128, max(32, D)),),
-            (part, ml, out, np.int32(H), np.int32(D), np.int32(splits)),
-        )  # fmt: skip
 
     def _attn_split(
         self,
@@ -1431,18 +1423,28 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
                 ),
                 smem=4 * warps * (D + 2),
             )
-        if q8:  # combine and quantize: out's Q8_1 form for the next matmul, no extra launch
-            xq, xds = self._q8_buffers(T, H * D)
+        # q8: combine and quantize, out's Q8_1 form for the next matmul, no extra launch
+        xq, xds = self._q8_buffers(T, H * D) if q8 else (None, None)
+        self._attn_combine(part, ml, out, splits, xq, xds)
+        if xq is not None:
+            self._q8_remember(out.reshape(T, H * D), xq, xds)
+
+    def _attn_combine(
+        self, part: Any, ml: Any, out: Any, splits: int, xq: Any = None, xds: Any = None
+    ) -> None:
+        """Split decode attention's combine of the per-range partials part [T, H, splits, D]
+        and their (max, sum) ml into out [T, H, D]; with xq / xds also out's Q8_1 form."""
+        T, H, D = (int(s) for s in out.shape)
+        dims = (np.int32(H), np.int32(D), np.int32(splits))
+        if xq is not None:
             self._launch(
                 "fused", "attn_combine_q8", (H, T), (min(128, max(32, D)),),
-                (part, ml, out, xq, xds, np.int32(H), np.int32(D), np.int32(splits)), pdl=True,
+                (part, ml, out, xq, xds, *dims), pdl=True,
             )  # fmt: skip
-            self._q8_remember(out.reshape(T, H * D), xq, xds)
-            return
-        self._launch(
-            "attention", "attn_combine", (H, T), (min(128, max(32, D)),),
-            (part, ml, out, np.int32(H), np.int32(D), np.int32(splits)),
-        )  # fmt: skip
+        else:
+            self._launch(
+                "attention", "attn_combine", (H, T), (min(128, max(32, D)),), (part, ml, out, *dims)
+            )
 
     def swiglu(self, gate: Any, up: Any) -> Any:
         gate = self._cp.ascontiguousarray(gate)
