@@ -105,6 +105,16 @@ VARIANTS |= {"res_su_int8_fa_k64_fl_ms": VARIANTS["res_su_int8_fa_k64_fl"] | MS,
              "res_su_int8_fa_k64_fl_sk4": VARIANTS["res_su_int8_fa_k64_fl"] | {MP + "split_k": 4},
              "res_su_int8_fa_k64_fl_ms_sk4": VARIANTS["res_su_int8_fa_k64_fl"] | MS
              | {MP + "split_k": 4}}  # fmt: skip
+# vk (issue 14, early8: fill_groups 64 ran the 7B q/o 136 -> 82 us, down 760 -> 467 us in the
+# GEMM bench): q/o/down on the 128 x 128 tiles (fill_groups 32: the 1.5B's 48 workgroups too),
+# k/v on 64 x 64; split_k per shape (split_groups): grids of at most half of it split into
+# split_groups // grid ranges (1.5B q/o/down 48 -> 2 x 48, k/v 32 -> 4 x 32; 7B k/v 64 -> 2 x 64)
+BEST = VARIANTS["res_su_int8_fa_k64_fl_ms"]
+F32 = BEST | {MP + "fill_groups": 32}
+SG = {MP + "split_k": 4, MP + "split_groups": 128}
+VARIANTS |= {"fl_ms_f64": BEST | {MP + "fill_groups": 64}, "fl_ms_f32": F32,
+             "fl_ms_f32_sg128": F32 | SG, "fl_ms_f32_sg256": F32 | SG | {MP + "split_groups": 256},
+             "fl_ms_f32_sg128_k32": F32 | SG | {"submit.prefill_kick": 32}}  # fmt: skip
 # the float32 tiled GEMM (the device-free default) with vec4 register blocks of 8 x 8
 VARIANTS |= {"tv128_fa": FA | {MP + "vec4": True, MP + "tile_m": 128, MP + "tile_n": 128}}
 

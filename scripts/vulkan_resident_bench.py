@@ -5,7 +5,7 @@ shared GPU inflates some); resident's activation conversion (x16) and its one-ti
 (w16) are reported apart; NMSE against the first config run; build_s: set_config plus the first
 GEMM (pipeline creation, the driver's compile). $FLEETTUNE_VK_DEVICE picks the GPU.
 
-usage: python scripts/vulkan_resident_bench.py [--shapes 7b|tiny] [--tokens 512] [--repeats 5]
+usage: python scripts/vulkan_resident_bench.py [--shapes 7b|1.5b|tiny] [--tokens 512] [--repeats 5]
        [--only NAME ...] [--stats] [--json]
 
 --stats: each GEMM pipeline's registers and local memory from the driver (FLEETTUNE_VK_STATS=1,
@@ -38,6 +38,13 @@ SHAPES = {
         (3584, 18944, "Q6_K"),
         (37888, 3584, "Q4_K"),
         (512, 3584, "Q4_K"),
+    ],
+    # the 1.5B: q/o, gate (or up), down, k/v (48, 280, 48 and 8 workgroups of 128 x 128)
+    "1.5b": [
+        (1536, 1536, "Q4_K"),
+        (8960, 1536, "Q4_K"),
+        (1536, 8960, "Q6_K"),
+        (256, 1536, "Q4_K"),
     ],
     "tiny": [(70, 256, "Q4_K")],  # a smoke run on lavapipe
 }
@@ -92,6 +99,13 @@ CONFIGS: dict[str, dict[str, object]] = {
     "res-fill64": _res(fill_groups=64),
     "res-fill64-sk4": _res(fill_groups=64, split_k=4),
     "res-bk16-fill64-sk4": _res(fill_groups=64, bk=16, split_k=4),
+    # vk (issue 14): split_k per shape (split_groups): the 1.5B's q/o/down on 48 workgroups
+    # of 128 x 128 split 2 (one wave), its k/v on 64 x 64 split 4; the 7B's q/o/down unsplit
+    "res-fill32": _res(fill_groups=32),
+    "res-fill32-sg96-sk4": _res(fill_groups=32, split_groups=96, split_k=4),
+    "res-fill32-sg128-sk4": _res(fill_groups=32, split_groups=128, split_k=4),
+    "res-fill32-sg256-sk4": _res(fill_groups=32, split_groups=256, split_k=4),
+    "res-fill32-sg256-sk3": _res(fill_groups=32, split_groups=256, split_k=3),
 }
 
 

@@ -148,8 +148,8 @@ def test_every_attention_and_argmax_variant_has_its_passes_precompiled():
             passes = programs(op, cfg.op(op))
             # split: partial, merge, merge_q8 (the merge under matmul_decode.mmvw) and the
             # fuse_combine partial passes (fused, fused_q8); coopmat and flash: split's + a
-            # flash pass
-            want = {"split": 5, "two_stage": 2, "coopmat": 6, "flash": 6}.get(v.name, 1)
+            # flash pass; flash also its key-split pass (attention.key_chunk)
+            want = {"split": 5, "two_stage": 2, "coopmat": 6, "flash": 7}.get(v.name, 1)
             assert len(passes) == want
             assert {(p.shader, p.defines) for p in passes} <= builds
 

@@ -30,11 +30,15 @@ FLASH = {"attention.variant": "flash"}
 
 def test_flash_pass_builds_with_glslang_and_validates(tmp_path):
     builds = [b for b in all_builds() if b[0] == "attention_flash"]
-    assert sorted(d for _, d in builds) == [(), ("MATRIX_SCALE",)]
+    assert sorted(d for _, d in builds) == [
+        (), ("KEY_SPLIT",), ("MATRIX_SCALE",), ("MATRIX_SCALE", "KEY_SPLIT")
+    ]  # fmt: skip
     # matrix_scale reaches the flash pass only (the split passes keep their builds)
     cfg = TuningConfig.default("vulkan").replace(**FLASH, **{"attention.matrix_scale": True})
     progs = programs("attention", cfg.op("attention"))
-    assert [p.defines for p in progs if p.shader == "attention_flash"] == [("MATRIX_SCALE",)]
+    assert [p.defines for p in progs if p.shader == "attention_flash"] == [
+        ("MATRIX_SCALE",), ("MATRIX_SCALE", "KEY_SPLIT")
+    ]  # fmt: skip
     assert all("MATRIX_SCALE" not in p.defines for p in progs if p.shader != "attention_flash")
     assert spirv.compiler_for("attention_flash")[0] == "glslangValidator"
     tools = Path(sys.executable).parent
@@ -131,3 +135,80 @@ def test_flash_attention(cb, T, H, Hkv, D, pos0, matrix_scale):
         cb.set_config(TuningConfig.default("vulkan").replace(**{"attention.variant": "coopmat"}))
         old = cb.download(cb.attention(cb.rows(cb.upload(q), 1, T + 1), cache, 0, pos0))
         assert nmse(old, out) < 2e-5
+
+
+SPLIT_CASES = [
+    (37, 4, 2, 64, 0),  # one tile: ranges of 32 keys (chunk 64 -> 1 range: the plain pass)
+    (130, 14, 2, 128, 549),  # three tiles, a long earlier context: ranges sized from pos0 + T
+    (200, 2, 2, 96, 0),  # four tiles, the last of 8 queries
+    (512, 2, 1, 128, 0),  # the 1.5B's pp512 tiles (8), GQA 2
+    (257, 7, 1, 16, 31),  # one output fragment, ragged keys against the 32-key block
+]
+
+
+def _split_run(cb, T, H, Hkv, D, pos0, chunk, scale=False):  # noqa: ANN001, ANN202
+    """(out, reference, kernels) of attention with key_chunk = chunk."""
+    cfg = TuningConfig.default("vulkan").replace(
+        **FLASH, **{"attention.key_chunk": chunk, "attention.matrix_scale": scale}
+    )
+    bad = cfg.problems(cb.device_info())
+    if bad:
+        pytest.skip(f"not allowed on this device: {bad}")
+    cb.set_config(cfg)
+    rng = np.random.default_rng(T * 1000 + pos0 + D)
+    L = pos0 + T
+    kc = rng.standard_normal((L + 40, Hkv, D)).astype(np.float32)
+    vc = rng.standard_normal((L + 40, Hkv, D)).astype(np.float32)
+    kc[L:], vc[L:] = np.nan, np.nan
+    q = 2.0 * rng.standard_normal((T + 2, H, D)).astype(np.float32)
+    cache = cb.new_kv_cache(1, L + 40, Hkv, D)
+    cb.kv_write(cache, 0, cb.upload(kc), cb.upload(vc), 0)
+    cb.set_profiling(True)
+    out = cb.download(cb.attention(cb.rows(cb.upload(q), 1, T + 1), cache, 0, pos0))
+    kernels = set(cb.profile().kernels)
+    cb.set_profiling(False)
+    return out, attention_ref(q[1 : T + 1], kc[:L], vc[:L], pos0), kernels
+
+
+def _accepts(out: np.ndarray, ref: np.ndarray) -> bool:
+    return bool(np.isfinite(out).all()) and nmse(ref, out) < 2e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("chunk", [64, 128, 256])
+@pytest.mark.parametrize("T,H,Hkv,D,pos0", SPLIT_CASES)
+def test_flash_key_split(cb, T, H, Hkv, D, pos0, chunk):
+    """attention.key_chunk: the flash pass over ceil(T / chunk) key ranges and the split
+    kernel's merge, against float64 NumPy (NaN past the last key, q at an offset); one range
+    is the plain pass."""
+    out, ref, kernels = _split_run(cb, T, H, Hkv, D, pos0, chunk, scale=chunk == 128)
+    assert out.shape == (T, H, D) and _accepts(out, ref)
+    split = -(-T // chunk) > 1
+    assert any(k.startswith("attention.flash_split") for k in kernels) == split, kernels
+    assert any(k.startswith("attention.merge") for k in kernels) == split, kernels
+
+
+@pytest.mark.gpu
+def test_planted_dropped_key_range_is_rejected(cb, monkeypatch):
+    """The check above rejects a merge told one key range fewer (the last range's keys lost)."""
+    from engine.backends.vulkan.backend import VulkanBackend
+
+    real = VulkanBackend._flash_split
+
+    def short(self, q, bufs, offs, out, dims, pos0):  # noqa: ANN001, ANN202
+        dispatch = self.stream.dispatch
+
+        def fewer(p, b, w, push, grid):  # noqa: ANN001, ANN202
+            if p is self._pipe("attention.merge")[0]:
+                push = (push[0], push[1], push[2] - 1, *push[3:])
+            return dispatch(p, b, w, push, grid)
+
+        self.stream.dispatch = fewer
+        try:
+            return real(self, q, bufs, offs, out, dims, pos0)
+        finally:
+            del self.stream.dispatch
+
+    monkeypatch.setattr(VulkanBackend, "_flash_split", short)
+    out, ref, _ = _split_run(cb, 512, 2, 1, 128, 0, 128)
+    assert not _accepts(out, ref)

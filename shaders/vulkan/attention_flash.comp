@@ -23,6 +23,13 @@
 // pipeline 256 bytes of local memory, the 8 output accumulators' size).
 // Only subgroup barriers inside a subgroup's steps 2-4. At the end O *= (1 / l) the same way
 // and goes out through the region, rows t < T only.
+// KEY_SPLIT (attention.key_chunk): the keys split over gl_WorkGroupID.z < NS ranges of whole
+// 32-key blocks (a tile's last query tile walked 16 blocks of the 1.5B's 512 keys one after the
+// other on 96 workgroups: a 64 x 32 block every ~5.5 us). Range sp covers blocks from sp x C,
+// C = 32 ceil(ceil((pos0 + T) / NS) / 32) keys (from the position, so a replayed graph stays
+// valid), clipped to the tile's keys (an empty range runs no block). Each writes its rows'
+// partials as attention_split.comp's partial pass does, [T, H, NS, D + 2] = (m, l, O not
+// divided by l; l = 0 for a row that saw no key), and its PASS_MERGE combines them.
 //
 // Bindings: 0 q [T, H, D], 1 cache k, 2 cache v [S, Hkv, D], 3 out [T, H, D], 4 dyn. D: a
 // multiple of 16, at most MAX_D (the host sends other head dims to the split kernel).
@@ -58,6 +65,9 @@ layout(push_constant) uniform PC {
     uint pos_slot;
     uint T;
     float scale;
+#ifdef KEY_SPLIT
+    uint NS;  // key ranges (grid z); out_off is the partials' offset
+#endif
 } pc;
 
 #define MAX_D 128u
@@ -104,6 +114,13 @@ void main() {
     uint pos0 = dyn[pc.pos_slot];
     uint nq = min(BQ, pc.T - t0);  // queries of this tile
     uint L = pos0 + t0 + nq;       // keys the tile's last query sees
+    uint kb0 = 0u;                 // this workgroup's first key
+#ifdef KEY_SPLIT
+    uint sp = gl_WorkGroupID.z;
+    uint C = BKV * ((((pos0 + pc.T + pc.NS - 1u) / pc.NS) + BKV - 1u) / BKV);
+    kb0 = min(sp * C, L);
+    L = min(L, kb0 + C);
+#endif
     uint kv_stride = pc.Hkv * D;
 
     // Q (scaled) -> fp16, zero rows past T
@@ -132,7 +149,7 @@ void main() {
         FRAG_C o[MAX_DF];
         [[unroll]] for (uint dc = 0u; dc < MAX_DF; dc++) o[dc] = FRAG_C(0.0);
 
-        for (uint kb = 0u; kb < L; kb += BKV) {
+        for (uint kb = kb0; kb < L; kb += BKV) {
             barrier();  // the previous block's K, V (and at first Q) reads and writes are done
             // 1: K, V rows kb .. kb + BKV - 1
             for (uint e = tid; e < BKV * G8; e += 128u) {
@@ -239,7 +256,17 @@ void main() {
         if (live) {
             // O / l through the region (16 x 16 fp32 at a stride of RS uvec4), rows t < T
             subgroupBarrier();
+#ifdef KEY_SPLIT
+            put_row(reg, r, part, nparts, 1.0);  // the merge divides
+            uint ps = pc.NS * (D + 2u);          // a (t, h) row of partials
+            uint tr = t0 + 16u * f + r;
+            if (part == 0u && tr < pc.T) {
+                outs[pc.out_off + (tr * pc.H + h) * ps + sp * (D + 2u)] = m;
+                outs[pc.out_off + (tr * pc.H + h) * ps + sp * (D + 2u) + 1u] = l;
+            }
+#else
             put_row(reg, r, part, nparts, l > 0.0 ? 1.0 / l : 0.0);
+#endif
             subgroupMemoryBarrierShared();
             subgroupBarrier();
             FRAG_C inv;
@@ -265,7 +292,12 @@ void main() {
                         uint row = e / 4u, t = t0 + 16u * f + row;
                         if (t < pc.T) {
                             vec4 v = uintBitsToFloat(r_sh[reg + row * RS + e % 4u]);
+#ifdef KEY_SPLIT
+                            uint a = pc.out_off + (t * pc.H + h) * ps + sp * (D + 2u) + 2u
+                                + 16u * dc + 4u * (e % 4u);
+#else
                             uint a = pc.out_off + (t * pc.H + h) * D + 16u * dc + 4u * (e % 4u);
+#endif
                             outs[a] = v.x;
                             outs[a + 1u] = v.y;
                             outs[a + 2u] = v.z;

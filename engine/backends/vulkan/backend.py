@@ -45,6 +45,8 @@ if TYPE_CHECKING:
     from engine.gguf_model import QTensor
     from engine.tuning import TuningConfig
 
+KEY_SPLITS = 64  # attention_split.comp's MAX_SPLITS: the partials its merge weighs
+
 log = logging.getLogger(__name__)
 
 STAGING_CHUNK = 64 << 20
@@ -1006,6 +1008,10 @@ class VulkanBackend(ResidentPrefill, FusedNorm, FusedDecode, Backend):
         if c.variant in ("coopmat", "flash") and T > 1 and D % 16 == 0 and D <= 128:
             flash, _ = self._pipe("attention.flash")  # tensor cores; decode takes split below
             bq = 64 if c.variant == "flash" else 16  # queries per workgroup
+            chunk = int(c["key_chunk"]) if c.variant == "flash" else 0
+            ns = min(KEY_SPLITS, -(-T // chunk)) if chunk else 1
+            if ns > 1:  # from T, not pos0: the shader sizes the ranges (replays stay valid)
+                return self._flash_split(q, bufs, offs, out, (T, H, D, ns, scale), pos0)
             self.stream.dispatch(
                 flash,
                 (*bufs, out.buf, self.stream.dyn_buf),
@@ -1056,6 +1062,29 @@ class VulkanBackend(ResidentPrefill, FusedNorm, FusedDecode, Backend):
             self.stream.dispatch(
                 merge, (dst.buf, out.buf), (out.buf,), (H, D, ns, dst.offset, out.offset), (H, T, 1)
             )
+        return out
+
+    def _flash_split(
+        self, q: VkTensor, bufs: tuple, offs: tuple, out: VkTensor, dims: tuple, pos0: int
+    ) -> VkTensor:
+        """attention.key_chunk: the flash pass over ns key ranges into the split kernel's
+        partials [T, H, ns, D + 2], then its merge into out. dims: T, H, D, ns, scale."""
+        T, H, D, ns, scale = dims
+        if T > MAX_GROUPS:
+            raise UnsupportedError(f"vulkan attention: {T} tokens in one call (max {MAX_GROUPS})")
+        part = self._new((T, H, ns, D + 2))
+        split, _ = self._pipe("attention.flash_split")
+        self.stream.dispatch(
+            split,
+            (*bufs, part.buf, self.stream.dyn_buf),
+            (part.buf,),
+            (*offs, part.offset, self.stream.dyn(pos0), T, scale, ns),
+            (H, -(-T // 64), ns),
+        )
+        merge, _ = self._pipe("attention.merge")
+        self.stream.dispatch(
+            merge, (part.buf, out.buf), (out.buf,), (H, D, ns, part.offset, out.offset), (H, T, 1)
+        )
         return out
 
     def argmax(self, logits: VkTensor) -> VkTensor:

@@ -148,6 +148,8 @@ PASSES[("attention", "coopmat")] = (
 PASSES[("attention", "flash")] = (
     *PASSES[("attention", "coopmat")][:-1],
     Pass("", 5, "IIIIIIIIIf", "", "flash"),
+    # attention.key_chunk: the keys over NS ranges into the split kernel's partials (its merge)
+    Pass("KEY_SPLIT", 5, "IIIIIIIIIfI", "", "flash_split"),
 )
 
 

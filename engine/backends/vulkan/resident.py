@@ -35,6 +35,17 @@ def rpad(n: int) -> int:
     return -(-n // ROWPAD) * ROWPAD
 
 
+def split_ranges(groups: int, fill: int, split_k: int, split_groups: int) -> int:
+    """The k-ranges wanted for a grid of ``groups`` workgroups (1: no split): split_groups 0
+    keeps split_k's first rule (a grid under fill_groups, ranges rounded up to reach it), else
+    as many whole copies of the grid as fit in split_groups (rounded down: one wave)."""
+    if split_k < 2:
+        return 1
+    if split_groups == 0:
+        return min(split_k, -(-fill // groups)) if groups < fill else 1
+    return max(1, min(split_k, split_groups // groups))
+
+
 class ResidentPrefill:
     """Mixin: expects VulkanBackend's alloc, stream, dev, pipes, _ops, _new, _pipe,
     max_weight_bytes."""
@@ -84,8 +95,8 @@ class ResidentPrefill:
                 small = self._small_gemm(c, w.qtype)  # too few workgroups to fill the GPU
             if small is not None:
                 groups, pipe_r = -(-nr // SMALL) * -(-T // SMALL), small
-            if groups < fill and int(c["split_k"]) > 1:  # still too few (the 7B k/v: 64)
-                ranges = min(int(c["split_k"]), -(-fill // groups))
+            ranges = split_ranges(groups, fill, int(c["split_k"]), int(c["split_groups"]))
+            if ranges > 1:  # still too few workgroups (the 7B k/v: 64)
                 dims = (K, nr, r0, N, T)
                 if self._split_k(xh, lease, out, pipe_r, c, w.qtype, dims, groups, ranges):
                     continue

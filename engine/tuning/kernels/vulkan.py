@@ -724,7 +724,7 @@ REGISTRY.register(
                 ),
                 Param(
                     "fill_groups",
-                    (0, 64, 128, 256, 512),
+                    (0, 32, 64, 128, 256, 512),
                     256,
                     "a GEMM whose tile grid has fewer workgroups than this runs 64 x 64 tiles "
                     "(4x the workgroups; the same per-element summation order, so the same "
@@ -743,6 +743,19 @@ REGISTRY.register(
                     "checkpoint) splits k into up to this many ranges, as many as fill the "
                     "grid (a grid dimension; each range's fp32 partial sums, then one pass "
                     "adds them in range order); 1: no split. Unmeasured",
+                    HOST,
+                ),
+                Param(
+                    "split_groups",
+                    (0, 96, 128, 192, 256),
+                    0,
+                    "split_k per shape (the 1.5B's q/o/down on 48 workgroups of 128 x 128): a "
+                    "grid, after the fill_groups step, of at most half this many workgroups "
+                    "splits k into groups // this ranges (at most split_k), on whichever tiles "
+                    "it runs, so the split grid stays within one wave of one workgroup an SM "
+                    "(128: the 1.5B's q/o/down 48 -> 96, its k/v on 64 x 64 32 -> 128; the "
+                    "7B's 112 unsplit); 0: split_k's own rule (grids under fill_groups, ranges "
+                    "rounded up to reach it)",
                     HOST,
                 ),
                 Param(
@@ -1062,6 +1075,17 @@ def _register_attention_coopmat() -> None:
                 "multiply of two matrices instead of a loop over each lane's elements (the "
                 "H200's driver gave the loop's pipeline 256 B of local memory); unmeasured",
                 define("MATRIX_SCALE"),
+            ),
+            Param(
+                "key_chunk",
+                (0, 64, 128, 256),
+                0,
+                "prefill keys per workgroup: the keys split into ceil(T / this) ranges (at "
+                "most 64, sized from pos0 + T by the shader), each range's partial softmax "
+                "written as the split kernel's and merged by its merge pass, so a long tile's "
+                "key blocks run on several workgroups (the 1.5B at pp512: 96 workgroups, the "
+                "last query tile 16 blocks in a row); 0: one workgroup per query tile",
+                HOST,
             ),
         ),
         constraints=(
