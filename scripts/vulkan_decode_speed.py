@@ -115,6 +115,12 @@ SG = {MP + "split_k": 4, MP + "split_groups": 128}
 VARIANTS |= {"fl_ms_f64": BEST | {MP + "fill_groups": 64}, "fl_ms_f32": F32,
              "fl_ms_f32_sg128": F32 | SG, "fl_ms_f32_sg256": F32 | SG | {MP + "split_groups": 256},
              "fl_ms_f32_sg128_k32": F32 | SG | {"submit.prefill_kick": 32}}  # fmt: skip
+# ... and flash attention's keys over ranges of key_chunk (the 1.5B: 96 workgroups, the last
+# query tile's 16 key blocks in a row, 88 us a layer)
+KC = "attention.key_chunk"
+VARIANTS |= {"fl_ms_kc128": BEST | {KC: 128}, "fl_ms_f32_sg128_kc128": F32 | SG | {KC: 128},
+             "fl_ms_f32_sg128_kc64": F32 | SG | {KC: 64},
+             "fl_ms_f32_sg128_kc256": F32 | SG | {KC: 256}}  # fmt: skip
 # the float32 tiled GEMM (the device-free default) with vec4 register blocks of 8 x 8
 VARIANTS |= {"tv128_fa": FA | {MP + "vec4": True, MP + "tile_m": 128, MP + "tile_n": 128}}
 

@@ -175,7 +175,7 @@ def _accepts(out: np.ndarray, ref: np.ndarray) -> bool:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("chunk", [64, 128, 256])
+@pytest.mark.parametrize("chunk", [32, 64, 128, 256])
 @pytest.mark.parametrize("T,H,Hkv,D,pos0", SPLIT_CASES)
 def test_flash_key_split(cb, T, H, Hkv, D, pos0, chunk):
     """attention.key_chunk: the flash pass over ceil(T / chunk) key ranges and the split

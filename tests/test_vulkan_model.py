@@ -109,6 +109,16 @@ CONFIGS = [
         "argmax.slices": 1,
         "embedding.wg_size": 32,
     },
+    {  # helper vk (issue 14): flash's keys over ranges of 32 (the 45-token prompt: 2), split_k
+        # per shape on the 128 x 128 tiles (every tiny grid under split_groups / 2)
+        "matmul_prefill.variant": "resident",
+        "attention.variant": "flash",
+        "attention.key_chunk": 32,
+        "attention.matrix_scale": True,
+        "matmul_prefill.fill_groups": 32,
+        "matmul_prefill.split_groups": 256,
+        "matmul_prefill.split_k": 4,
+    },
 ]
 
 

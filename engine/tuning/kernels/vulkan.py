@@ -1078,7 +1078,7 @@ def _register_attention_coopmat() -> None:
             ),
             Param(
                 "key_chunk",
-                (0, 64, 128, 256),
+                (0, 32, 64, 128, 256),
                 0,
                 "prefill keys per workgroup: the keys split into ceil(T / this) ranges (at "
                 "most 64, sized from pos0 + T by the shader), each range's partial softmax "
