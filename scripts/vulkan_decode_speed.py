@@ -121,6 +121,12 @@ KC = "attention.key_chunk"
 VARIANTS |= {"fl_ms_kc128": BEST | {KC: 128}, "fl_ms_f32_sg128_kc128": F32 | SG | {KC: 128},
              "fl_ms_f32_sg128_kc64": F32 | SG | {KC: 64},
              "fl_ms_f32_sg128_kc256": F32 | SG | {KC: 256}}  # fmt: skip
+# ... and the prefill's pieces queued behind the one in flight (submit.prefill_ahead: the GPU
+# idled between the 1.5B's 8 pieces, wall 22.9 ms over 20.8 of kernels)
+AH = {"submit.prefill_ahead": True, "submit.prefill_kick": 32}
+VARIANTS |= {"fl_ms_ah32": BEST | AH, "fl_ms_f32_sg128_kc128_ah32": F32 | SG | {KC: 128} | AH,
+             "fl_ms_f32_sg128_kc128_ah16": F32 | SG | {KC: 128} | AH
+             | {"submit.prefill_kick": 16}}  # fmt: skip
 # the float32 tiled GEMM (the device-free default) with vec4 register blocks of 8 x 8
 VARIANTS |= {"tv128_fa": FA | {MP + "vec4": True, MP + "tile_m": 128, MP + "tile_n": 128}}
 

@@ -698,9 +698,10 @@ class VulkanBackend(ResidentPrefill, FusedNorm, FusedDecode, Backend):
 
     def _kick(self) -> None:
         """submit.prefill_kick: submit the recorded prefill nodes early (Stream.kick)."""
-        n = int(self.config.op("submit")["prefill_kick"])
+        c = self.config.op("submit")
+        n = int(c["prefill_kick"])
         if n:
-            self.stream.kick(n)
+            self.stream.kick(n, ahead=bool(c["prefill_ahead"]))
 
     def _eltwise(
         self, op: str, a: VkTensor, b: VkTensor, bcast: int, shape: tuple[int, ...] | None = None

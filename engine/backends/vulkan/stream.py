@@ -15,9 +15,13 @@ that makes device writes visible to host reads.
 
 One submission may stay in flight while the next is recorded: a submit forced by the node budget
 or a full dynamic-scalar table (the middle of a long prefill) does not wait, so Python records
-the next chunk while the device runs this one. Everything that touches memory the device may
-still use waits first: the next submit (it rewrites the dynamic scalars and may replay the same
-command buffer), host reads and writes, destroying buffers or command buffers, profile reads.
+the next chunk while the device runs this one. ``kick(ahead=True)`` (submit.prefill_ahead)
+queues a prefill piece behind the one in flight instead of waiting for it (no idle gap between
+pieces): a one-time command buffer with its own fence, its dynamic scalars in slots after those
+of the pieces still in flight (the table is reset only by a waiting submit). Everything that
+touches memory the device may still use waits first: the next submit (it rewrites the dynamic
+scalars and may replay the same command buffer), host reads and writes, destroying buffers or
+command buffers, profile reads.
 Device-side ordering between submissions is the leading barrier of every command buffer.
 """
 
@@ -138,6 +142,11 @@ class Stream:
         self.timeout_s = 600.0
         self.broken: str | None = None
         self.inflight: InFlight | None = None
+        # kick(ahead=True): earlier pieces still in flight (each with its fence), spare fences,
+        # and the dynamic slots already written for them
+        self.older: list[tuple[InFlight, Any]] = []
+        self.spare_fences: list[Any] = []
+        self.dyn_sent = 0
         self.nodes_key: tuple[list[Node], int, GraphKey] | None = None
         self.stats = {"submits": 0, "replays": 0, "recorded": 0, "dispatches": 0, "barriers": 0}
         # Host seconds spent recording command buffers, in vkQueueSubmit and blocked on fences:
@@ -387,19 +396,56 @@ class Stream:
         if wait:
             self.wait()
 
-    def kick(self, min_nodes: int) -> bool:
+    def kick(self, min_nodes: int, ahead: bool = False) -> bool:
         """Submit the recorded nodes without waiting for them once there are at least min_nodes
         (True when it submitted): their command buffer is recorded while the previous piece
         runs, then submitted as soon as that one is done (flush), so the device works while
-        the host builds and records the rest."""
+        the host builds and records the rest. ahead: submitted at once, queued behind the
+        pieces in flight (_submit_ahead)."""
         if len(self.nodes) < min_nodes or self.broken:
             return False
-        self.flush(wait=False)
+        if ahead and self.nodes_key is None:
+            self._submit_ahead()
+        else:
+            self.flush(wait=False)
         return True
+
+    def _submit_ahead(self) -> None:
+        """The recorded nodes as a one-time command buffer (never replayed: it may still be
+        pending when an equal graph comes), submitted behind the submissions in flight with a
+        fence of its own; only its own dynamic slots are written (the others are being read)."""
+        nodes, self.nodes = self.nodes, []
+        t0 = time.perf_counter()
+        rec = self._record(nodes, False)
+        self.host_s["record"] += time.perf_counter() - t0
+        n = len(self.dyn_values)
+        self.dyn_host[self.dyn_sent : n] = np.asarray(self.dyn_values[self.dyn_sent :], np.uint32)
+        self.stats["submits"] += 1
+        self.stats["dispatches"] += sum(1 for x in nodes if x.kind == DISPATCH)
+        if self.inflight is not None:  # it keeps its fence; this piece takes another
+            self.older.append((self.inflight, self.fence))
+            self.inflight = None
+            self.fence = (
+                self.spare_fences.pop()
+                if self.spare_fences
+                else vk.vkCreateFence(self.dev.device, vk.VkFenceCreateInfo(), None)
+            )
+        flight = InFlight(rec, False, self.keepalive)
+        values = self.dyn_values
+        self._reset()
+        self.dyn_values, self.dyn_sent = values, n  # later pieces take the slots after these
+        try:
+            self._submit(rec.cmd)
+        except EngineError:
+            self._free(rec)
+            raise
+        self.inflight = flight
 
     def idle(self) -> bool:
         """Whether no submission is in flight or its fence has signalled (never blocks)."""
         # the raw call: the binding's wrapper returns None on success and raises VkNotReady
+        # the last submission's fence: earlier ones complete before it (each command buffer's
+        # leading barrier orders it after everything submitted earlier)
         return self.inflight is None or vk.lib.vkGetFenceStatus(self.dev.device, self.fence) == 0
 
     def graph_key(self) -> GraphKey:
@@ -414,6 +460,15 @@ class Stream:
 
     def wait(self) -> None:
         """Wait for the submission in flight, if any (host reads and writes come after this)."""
+        while self.older:  # kick(ahead=True)'s earlier pieces, in submission order
+            f, fence = self.older.pop(0)
+            try:
+                self._wait_fence(fence)
+                if f.rec.query_pool is not None:
+                    self._read_profile(f.rec)
+            finally:
+                self._free(f.rec)
+                self.spare_fences.append(fence)
         f = self.inflight
         if f is None:
             return
@@ -447,11 +502,11 @@ class Stream:
             )
             raise EngineError(self.broken) from None
 
-    def _wait_fence(self) -> None:
+    def _wait_fence(self, fence: Any = None) -> None:
         d = self.dev.device
         t0 = time.perf_counter()
         try:
-            vk.vkWaitForFences(d, 1, [self.fence], vk.VK_TRUE, int(self.timeout_s * 1e9))
+            vk.vkWaitForFences(d, 1, [fence or self.fence], vk.VK_TRUE, int(self.timeout_s * 1e9))
             self.host_s["wait"] += time.perf_counter() - t0
         except vk.VkTimeout:
             self.broken = (
@@ -490,6 +545,7 @@ class Stream:
     def _reset(self) -> None:
         self.nodes_key = None
         self.dyn_values = []
+        self.dyn_sent = 0
         self.pending_r.clear()
         self.pending_w.clear()
         self.keepalive = []
@@ -528,5 +584,6 @@ class Stream:
             except EngineError:
                 pass
         self.clear_replay()
-        vk.vkDestroyFence(d, self.fence, None)
+        for fence in (self.fence, *self.spare_fences, *(f for _, f in self.older)):
+            vk.vkDestroyFence(d, fence, None)
         vk.vkDestroyCommandPool(d, self.pool, None)

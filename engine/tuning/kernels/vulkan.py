@@ -1178,12 +1178,22 @@ REGISTRY.register(
                 ),
                 Param(
                     "prefill_kick",
-                    (0, 32, 64, 128, 256),
+                    (0, 16, 32, 64, 128, 256),
                     0,
                     "after a prefill matmul (T > 1), submit what is recorded without waiting "
                     "once it is at least this many dispatches and the device has finished the "
                     "previous submission: the GPU starts while Python records the rest of the "
                     "forward (0: one submission per forward, at the download)",
+                    HOST,
+                ),
+                Param(
+                    "prefill_ahead",
+                    (False, True),
+                    False,
+                    "prefill_kick's pieces queued behind the one in flight (one-time command "
+                    "buffers, a fence each) instead of waiting for it before each submit: no "
+                    "idle GPU between pieces (the 1.5B at pp512: 8 pieces, wall 2 ms over the "
+                    "GPU's 20.8 ms)",
                     HOST,
                 ),
             ),
