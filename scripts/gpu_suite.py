@@ -64,6 +64,7 @@ SUITES: dict[str, list[tuple[str, str, str | None]]] = {
         ("tests/test_vulkan_flash.py", "gpu or not gpu", None),  # attention.flash
         ("tests/test_vulkan_resident_split.py", "gpu or not gpu", None),  # split_groups
         ("tests/test_vulkan_stream_ahead.py", "not gpu and not slow", None),  # prefill_ahead
+        ("tests/test_vulkan_fuse_x16.py", "gpu or not gpu", None),  # fuse_x16
         ("tests/test_vulkan_fused_norm.py", "not gpu and not slow", None),
         ("tests/test_device_contract.py", "not gpu", "Vulkan"),
     ],

@@ -127,6 +127,10 @@ AH = {"submit.prefill_ahead": True, "submit.prefill_kick": 32}
 VARIANTS |= {"fl_ms_ah32": BEST | AH, "fl_ms_f32_sg128_kc128_ah32": F32 | SG | {KC: 128} | AH,
              "fl_ms_f32_sg128_kc128_ah16": F32 | SG | {KC: 128} | AH
              | {"submit.prefill_kick": 16}}  # fmt: skip
+# ... and the add + norm and SwiGLU store the next GEMMs' fp16 input (no x16 dispatches)
+X16 = {MP + "fuse_x16": True}
+VARIANTS |= {"fl_ms_x16": BEST | X16, "fl_ms_f32_sg128_kc128_x16": F32 | SG | {KC: 128} | X16,
+             "fl_ms_f32_sg128_kc128_ah32_x16": F32 | SG | {KC: 128} | AH | X16}  # fmt: skip
 # the float32 tiled GEMM (the device-free default) with vec4 register blocks of 8 x 8
 VARIANTS |= {"tv128_fa": FA | {MP + "vec4": True, MP + "tile_m": 128, MP + "tile_n": 128}}
 

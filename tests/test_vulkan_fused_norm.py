@@ -215,7 +215,7 @@ def test_stream_kick_submits_pieces_in_order(vb):
 def test_registry_knob_and_pass(vb):
     from engine.backends.vulkan.kernels import all_builds, pass_keys
 
-    assert pass_keys("rms_norm", "default") == ("rms_norm", "rms_norm.add")
+    assert pass_keys("rms_norm", "default") == ("rms_norm", "rms_norm.add", "rms_norm.add_x16")
     assert ("rms_norm", ("ADD_RES",)) in all_builds()
     p = TuningConfig.default("vulkan").op("rms_norm")
     assert p["fuse_add"] == 0  # off by default until the device run decides

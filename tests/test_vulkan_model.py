@@ -110,7 +110,8 @@ CONFIGS = [
         "embedding.wg_size": 32,
     },
     {  # helper vk (issue 14): flash's keys over ranges of 32 (the 45-token prompt: 2), split_k
-        # per shape on the 128 x 128 tiles (every tiny grid under split_groups / 2)
+        # per shape on the 128 x 128 tiles (every tiny grid under split_groups / 2), fuse_x16,
+        # prefill_ahead
         "matmul_prefill.variant": "resident",
         "attention.variant": "flash",
         "attention.key_chunk": 32,
@@ -118,6 +119,10 @@ CONFIGS = [
         "matmul_prefill.fill_groups": 32,
         "matmul_prefill.split_groups": 256,
         "matmul_prefill.split_k": 4,
+        "matmul_prefill.fuse_x16": True,  # the norm and SwiGLU store the GEMMs' fp16 input
+        "rms_norm.fuse_add": 1,
+        "submit.prefill_kick": 16,  # pieces queued ahead
+        "submit.prefill_ahead": True,
     },
 ]
 

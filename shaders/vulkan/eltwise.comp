@@ -9,6 +9,9 @@
 // SWIGLU_Q8 (quantize_act.q8_1's swiglu pass: OP_SWIGLU with OUT_Q8): a thread per 32-block of one row
 // of n values (n % 32 == 0) writes y and its Q8_1 form (q8_1.glsl) to binding 3 at word q_off
 // (with Q8_COALESCED a thread per value).
+// OUT_F16 (with OP_SWIGLU; matmul_prefill.fuse_x16): rows of cols values; a thread per pair of
+// columns also writes them as the resident GEMM's padded fp16 input (matmul_f16.comp PASS_X16's
+// layout: [rows, kp] halves, zeros past cols) to binding 3 at word h_off.
 // Tunables: 0 WG_SIZE. Bindings: 0 a, 1 b, 2 y.
 
 #extension GL_GOOGLE_include_directive : require
@@ -28,6 +31,9 @@ layout(binding = 2) writeonly buffer YBuf { float ys[]; };
 #ifdef OUT_Q8
 layout(binding = 3) writeonly buffer QBuf { uint q8w[]; };
 #endif
+#ifdef OUT_F16
+layout(binding = 3) writeonly buffer HBuf { uint hs[]; };
+#endif
 
 layout(push_constant) uniform PC {
     uint n;
@@ -37,6 +43,11 @@ layout(push_constant) uniform PC {
     uint bcast;
 #ifdef OUT_Q8
     uint q_off;
+#endif
+#ifdef OUT_F16
+    uint cols;
+    uint kp;
+    uint h_off;
 #endif
 } pc;
 
@@ -70,6 +81,24 @@ void main() {  // a 32-block per thread
         ys[pc.y_off + e] = v[i];
     }
     q8_store(pc.q_off, pc.n, blk, v);
+}
+#elif defined(OUT_F16)
+void main() {  // a pair of columns per thread, pads included
+    uint e = wg_linear() * WG_SIZE + gl_LocalInvocationID.x;
+    uint hp = pc.kp / 2u;
+    if (e >= (pc.n / pc.cols) * hp) return;
+    uint t = e / hp, c = 2u * (e % hp);
+    float v[2];
+    [[unroll]] for (uint i = 0u; i < 2u; i++) {
+        v[i] = 0.0;
+        if (c + i < pc.cols) {
+            uint o = t * pc.cols + c + i;
+            float a = as_[pc.a_off + o];
+            v[i] = a / (1.0 + exp(-a)) * bs[pc.b_off + o];
+            ys[pc.y_off + o] = v[i];
+        }
+    }
+    hs[pc.h_off + e] = packHalf2x16(vec2(v[0], v[1]));
 }
 #else
 void main() {

@@ -10,6 +10,9 @@
 // ADD_RES (rms_norm.fuse_add's pass "add"): the residual add before the norm in the same
 // dispatch: s = r + x is stored to binding 4 at s_off (the new residual stream, the same bits
 // as the add kernel's r + x) and y = rms_norm(s) * w; binding 3 is r at r_off.
+// OUT_F16 (with ADD_RES; matmul_prefill.fuse_x16): y's rows also as the resident GEMM's padded
+// fp16 input (matmul_f16.comp PASS_X16's layout: [rows, kp] halves, zeros past D, a word per
+// pair) to binding 5 at word h_off: the next GEMMs need no conversion dispatch.
 
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
@@ -26,6 +29,9 @@ layout(binding = 3) writeonly buffer QBuf { uint q8w[]; };
 #ifdef ADD_RES
 layout(binding = 3) readonly buffer RBuf { float rs[]; };
 layout(binding = 4) writeonly buffer SBuf { float ss_out[]; };
+#ifdef OUT_F16
+layout(binding = 5) writeonly buffer HBuf { uint hs[]; };
+#endif
 #endif
 
 layout(push_constant) uniform PC {
@@ -41,6 +47,10 @@ layout(push_constant) uniform PC {
 #ifdef ADD_RES
     uint r_off;
     uint s_off;
+#ifdef OUT_F16
+    uint kp;
+    uint h_off;
+#endif
 #endif
 } pc;
 
@@ -110,6 +120,15 @@ void main() {
 #else
     for (uint d = tid; d < pc.D; d += WG_SIZE)
         ys[yb + d] = (rs[rb + d] + xs[xb + d]) * scale * ws[pc.w_off + d];
+#endif
+#ifdef OUT_F16
+    for (uint p = tid; p < pc.kp / 2u; p += WG_SIZE) {  // the same expression as y's
+        uint d = 2u * p;
+        float v0 = d < pc.D ? (rs[rb + d] + xs[xb + d]) * scale * ws[pc.w_off + d] : 0.0;
+        float v1 = d + 1u < pc.D
+            ? (rs[rb + d + 1u] + xs[xb + d + 1u]) * scale * ws[pc.w_off + d + 1u] : 0.0;
+        hs[pc.h_off + row * (pc.kp / 2u) + p] = packHalf2x16(vec2(v0, v1));
+    }
 #endif
 #elif defined(MUTANT_RMS_WEIGHT_TWICE)  // planted bug: the weight applied twice
     for (uint d = tid; d < pc.D; d += WG_SIZE)

@@ -749,6 +749,19 @@ class VulkanBackend(ResidentPrefill, FusedNorm, FusedDecode, Backend):
             )
             self._q8_remember(out, q8)
             return out
+        if gate.ndim == 2 and n and self.x16_fused(gate.shape[0]):  # matmul_prefill.fuse_x16
+            out = self._new(gate.shape)
+            xh, kp = self.x16_for(out)
+            pipe, c = self._pipe("swiglu.x16")
+            T, cols = gate.shape
+            self.stream.dispatch(
+                pipe,
+                (gate.buf, up.buf, out.buf, xh.buf),
+                (out.buf, xh.buf),
+                (n, gate.offset, up.offset, out.offset, 0, cols, kp, xh.offset),
+                _fold(-(-T * (kp // 2) // int(c["wg_size"]))),
+            )
+            return out
         return self._eltwise("swiglu", gate, up, 0)
 
     def _rope_table(self, theta: float, D: int, n_pos: int) -> VkTensor:

@@ -32,6 +32,18 @@ class FusedNorm:
             raise ValueError(f"add_rms_norm: r {r.shape}, x {x.shape}, weight {wt.size}")
         s, out = self._new(x.shape), self._new(x.shape)
         rows = x.size // D
+        if x.ndim == 2 and self.x16_fused(rows):  # the GEMMs' fp16 input too (fuse_x16)
+            xh, kp = self.x16_for(out)
+            pipe, _ = self._pipe("rms_norm.add_x16")
+            self.stream.dispatch(
+                pipe,
+                (x.buf, wt.buf, out.buf, r.buf, s.buf, xh.buf),
+                (out.buf, s.buf, xh.buf),
+                (D, rows, x.offset, wt.offset, out.offset, float(eps), r.offset, s.offset, kp,
+                 xh.offset),
+                _fold(rows),
+            )  # fmt: skip
+            return s, out
         pipe, _ = self._pipe("rms_norm.add")
         self.stream.dispatch(
             pipe,

@@ -122,7 +122,14 @@ PASSES = {
 
 # rms_norm: the plain norm, and with rms_norm.fuse_add the residual add before it (ADD_RES: r and
 # the sum's buffer as bindings 3 and 4, their offsets after eps)
-PASSES[("rms_norm", "default")] = (("", *IO["rms_norm"]), ("ADD_RES", 5, "IIIIIfII", "", "add"))
+PASSES[("rms_norm", "default")] = (
+    ("", *IO["rms_norm"]),
+    ("ADD_RES", 5, "IIIIIfII", "", "add"),
+    # matmul_prefill.fuse_x16: and the normed rows as the resident GEMM's fp16 input (binding 5)
+    ("ADD_RES OUT_F16", 6, "IIIIIfIIII", "", "add_x16"),
+)
+# swiglu; with matmul_prefill.fuse_x16 its prefill rows also as the resident GEMM's fp16 input
+PASSES[("swiglu", "default")] = (("", *IO["swiglu"]), ("OUT_F16", 4, "IIIIIIII", "", "x16"))
 
 # matmul_prefill.resident (matmul_f16.comp): the GEMM, the one-time fp16 copy of a weight, the
 # activations' fp16 form; one layout of three buffers and matmul_prefill's push constants.

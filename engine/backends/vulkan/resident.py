@@ -164,6 +164,22 @@ class ResidentPrefill:
         del seen[:-2]  # a layer's inputs: the norm's output feeds at most 3 GEMMs in a row
         return xh
 
+    def x16_fused(self, rows: int) -> bool:
+        """matmul_prefill.fuse_x16 applies: the resident variant, a prefill (rows > 1)."""
+        c = self.config.op("matmul_prefill")
+        return c.variant == "resident" and bool(c["fuse_x16"]) and rows > 1
+
+    def x16_for(self, y: Any) -> tuple[Any, int]:
+        """(xh, kp): the padded fp16 form of y [T, K] that the op about to be dispatched writes
+        alongside y, remembered as y's (the next GEMMs on y find it as _x16_of's)."""
+        T, K = y.shape[0], y.shape[-1]
+        kp = kpad(K)
+        xh = self._new((rpad(T) * kp // 2,))  # fp16 pairs in float32 words, as _x16_of's
+        seen = self.__dict__.setdefault("_x16_seen", [])
+        seen.append((y, xh))
+        del seen[:-2]
+        return xh, kp
+
     def _small_gemm(self, c: Any, qtype: str) -> Any:
         """The GEMM's pipeline with SMALL x SMALL tiles and one subgroup tile per subgroup (the
         same program and defines, other specialization constants), or None when no warp shape

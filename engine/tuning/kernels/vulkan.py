@@ -746,6 +746,16 @@ REGISTRY.register(
                     HOST,
                 ),
                 Param(
+                    "fuse_x16",
+                    (False, True),
+                    False,
+                    "the prefill's residual add + RMSNorm (rms_norm.fuse_add) and SwiGLU also "
+                    "store their rows as the next GEMMs' padded fp16 input (PASS_X16's "
+                    "layout): no conversion dispatch and barrier before q/k/v, gate/up and down "
+                    "(the 1.5B at pp512: 84 of 112 x16 dispatches, ~0.4 ms of GPU time)",
+                    HOST,
+                ),
+                Param(
                     "split_groups",
                     (0, 96, 128, 192, 256),
                     0,
