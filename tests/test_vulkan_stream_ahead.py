@@ -58,11 +58,14 @@ def eng(tiny_model_path):
     e.backend.close()
 
 
-@pytest.mark.parametrize("kick", [16, 32])
+@pytest.mark.parametrize("kick", [16, 32, 64])
 def test_ahead_pieces_give_the_same_logits(eng, kick):
+    """kick 64: with submit.max_nodes 64 the node budget's own submits come between the pieces
+    queued ahead."""
     ref, one = _logits(eng, {})
-    got, pieces = _logits(eng, AHEAD | {"submit.prefill_kick": kick})
-    assert one == 1 and pieces > 2
+    extra = {"submit.max_nodes": 64} if kick == 64 else {}
+    got, pieces = _logits(eng, AHEAD | {"submit.prefill_kick": kick} | extra)
+    assert one == 1 and pieces >= 2
     for a, b in zip(ref, got, strict=True):
         assert np.array_equal(a, b)
     st = eng.backend.stream
@@ -99,6 +102,30 @@ def test_chain_of_pieces_queued_ahead():
         assert len(be.stream.older) >= 1 or be.stream.idle()
         assert np.array_equal(be.download(y), np.full(1 << 16, 5, np.float32))
         assert not be.stream.older and len(be.stream.spare_fences) >= 1
+        assert_no_validation_errors(be)
+    finally:
+        be.close()
+
+
+def test_pieces_ahead_around_a_waiting_submit():
+    """Dynamic slots across the two kinds of submit: a piece queued ahead, a flush (its slots
+    from 0, not waited for), another piece ahead (whose slots from 0 again would be read by the
+    flush's submission: it waits for it first); each KV write lands at its own position."""
+    be = make_backend()
+    try:
+        be.set_config(_cfg({}))
+        cache = be.new_kv_cache(1, 8, 1, 16)
+        rows = [np.full((1, 1, 16), i + 1, np.float32) for i in range(5)]
+        for i, r in enumerate(rows):
+            be.kv_write(cache, 0, be.upload(r), be.upload(-r), i)
+            if i % 2 == 0:
+                assert be.stream.kick(1, ahead=True)
+            else:
+                be.stream.flush(wait=False)
+                assert be.stream.dyn_pinned > 0
+        k = be.download(cache.k[0])
+        assert np.array_equal(k[:5, 0, 0], np.arange(1, 6, dtype=np.float32))
+        assert not k[5:].any() and be.stream.dyn_pinned == 0
         assert_no_validation_errors(be)
     finally:
         be.close()

@@ -147,6 +147,7 @@ class Stream:
         self.older: list[tuple[InFlight, Any]] = []
         self.spare_fences: list[Any] = []
         self.dyn_sent = 0
+        self.dyn_pinned = 0  # slots 0 .. this read by a submission in flight from flush()
         self.nodes_key: tuple[list[Node], int, GraphKey] | None = None
         self.stats = {"submits": 0, "replays": 0, "recorded": 0, "dispatches": 0, "barriers": 0}
         # Host seconds spent recording command buffers, in vkQueueSubmit and blocked on fences:
@@ -340,7 +341,10 @@ class Stream:
         nodes, self.nodes = self.nodes, []
         key = None
         if not nodes:
+            # slots a submission in flight may still read stay out of the next piece's way
+            pinned = len(self.dyn_values) if self.inflight is not None else 0
             self._reset()
+            self.dyn_pinned = max(self.dyn_pinned, pinned)
             if wait:
                 self.wait()
             return
@@ -385,6 +389,7 @@ class Stream:
         self.stats["submits"] += 1
         self.stats["dispatches"] += sum(1 for n in nodes if n.kind == DISPATCH)
         flight = InFlight(rec, keep, self.keepalive)
+        pinned = len(self.dyn_values)
         self._reset()
         try:
             self._submit(rec.cmd)
@@ -393,6 +398,7 @@ class Stream:
                 self._free(rec)
             raise
         self.inflight = flight
+        self.dyn_pinned = pinned  # its slots, from 0: a piece queued ahead waits for it first
         if wait:
             self.wait()
 
@@ -418,6 +424,8 @@ class Stream:
         t0 = time.perf_counter()
         rec = self._record(nodes, False)
         self.host_s["record"] += time.perf_counter() - t0
+        if self.dyn_pinned:  # a flush()'s submission reads slots this piece reuses: wait once
+            self.wait()
         n = len(self.dyn_values)
         self.dyn_host[self.dyn_sent : n] = np.asarray(self.dyn_values[self.dyn_sent :], np.uint32)
         self.stats["submits"] += 1
@@ -469,6 +477,7 @@ class Stream:
             finally:
                 self._free(f.rec)
                 self.spare_fences.append(fence)
+        self.dyn_pinned = 0  # nothing in flight reads the table after this wait
         f = self.inflight
         if f is None:
             return
