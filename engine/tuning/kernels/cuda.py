@@ -858,19 +858,12 @@ for _op, _name, _doc, _extra in [
             )
         ],
     )
+# multi is the default: one block streamed the 35B-A3B's 248k vocabulary in 92 us a decode token
+# (3% of it) and the 1.5B's 152k in ~55 us; multi takes ~11 us (docs/BENCHMARKS.md, eighth session)
 REGISTRY.register(
     B,
     "argmax",
     [
-        Variant(
-            B,
-            "argmax",
-            "block",
-            params=(Param("threads", (256, 512, 1024), 1024, "threads per row", PUSHED),),
-            source="cuda/elementwise.cu",
-            numeric="order_only",
-            doc="one block per row; first maximum wins",
-        ),
         Variant(
             B,
             "argmax",
@@ -883,6 +876,15 @@ REGISTRY.register(
             numeric="order_only",
             doc="many blocks per row in one launch (the last block to finish reduces their "
             "partials); first maximum wins. One block streams a 152k vocabulary at ~15 GB/s",
+        ),
+        Variant(
+            B,
+            "argmax",
+            "block",
+            params=(Param("threads", (256, 512, 1024), 1024, "threads per row", PUSHED),),
+            source="cuda/elementwise.cu",
+            numeric="order_only",
+            doc="one block per row; first maximum wins",
         ),
     ],
 )
