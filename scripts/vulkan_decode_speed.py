@@ -131,6 +131,15 @@ VARIANTS |= {"fl_ms_ah32": BEST | AH, "fl_ms_f32_sg128_kc128_ah32": F32 | SG | {
 X16 = {MP + "fuse_x16": True}
 VARIANTS |= {"fl_ms_x16": BEST | X16, "fl_ms_f32_sg128_kc128_x16": F32 | SG | {KC: 128} | X16,
              "fl_ms_f32_sg128_kc128_ah32_x16": F32 | SG | {KC: 128} | AH | X16}  # fmt: skip
+# The best measured (helper vk's checkpoint, H200, 7B pp512, scripts/vulkan_profile.py): the
+# resident GEMM per shape (fill_groups 32, split_groups 128, split_k 4: the defaults now),
+# flash attention without key ranges (they cost the 7B 148 + 21 us a layer against 135), the
+# pieces queued ahead, the fp16 GEMM input from the norm and SwiGLU: 7,501 -> ~9,300 tok/s
+# (fl_ms_f32_sg128_kc128_ah32_x16, with key ranges, 9,308). The 1.5B is unmeasured with them.
+VARIANTS |= {"fl_ms_f32_sg128_ah32": F32 | SG | AH, "fl_ms_f32_sg128_ah32_x16": F32 | SG | AH | X16,
+             "fl_ms_f32_sg128_kc128_ah32_x16_k16": F32 | SG | {KC: 128} | AH | X16
+             | {"submit.prefill_kick": 16}}  # fmt: skip
+VARIANTS["best"] = VARIANTS["fl_ms_f32_sg128_ah32_x16"]
 # the float32 tiled GEMM (the device-free default) with vec4 register blocks of 8 x 8
 VARIANTS |= {"tv128_fa": FA | {MP + "vec4": True, MP + "tile_m": 128, MP + "tile_n": 128}}
 

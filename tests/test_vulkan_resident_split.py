@@ -45,9 +45,10 @@ def test_split_ranges_per_shape(groups, fill, split_k, split_groups, want):
     assert split_ranges(groups, fill, split_k, split_groups) == want
 
 
-def test_split_groups_is_registered_off_by_default():
+def test_split_per_shape_is_the_resident_default():
+    """fill_groups 32, split_groups 128, split_k 4: measured per shape (the registry's note)."""
     cfg = TuningConfig.default("vulkan").replace(**RESIDENT).op("matmul_prefill")
-    assert cfg["split_groups"] == 0 and cfg["split_k"] == 1
+    assert (cfg["fill_groups"], cfg["split_groups"], cfg["split_k"]) == (32, 128, 4)
     for fill, sg in ((32, 128), (64, 256), (0, 96)):
         c = TuningConfig.default("vulkan").replace(
             **RESIDENT, **{MP + "fill_groups": fill, MP + "split_groups": sg, MP + "split_k": 4}
