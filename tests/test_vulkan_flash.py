@@ -184,8 +184,9 @@ def test_flash_key_split(cb, T, H, Hkv, D, pos0, chunk):
     out, ref, kernels = _split_run(cb, T, H, Hkv, D, pos0, chunk, scale=chunk == 128)
     assert out.shape == (T, H, D) and _accepts(out, ref)
     split = -(-T // chunk) > 1
-    assert any(k.startswith("attention.flash_split") for k in kernels) == split, kernels
-    assert any(k.startswith("attention.merge") for k in kernels) == split, kernels
+    # pipeline names: attention.flash.flash_split, attention.split.merge (the H200's profile)
+    assert any(".flash_split" in k for k in kernels) == split, kernels
+    assert any(k.endswith(".merge") for k in kernels) == split, kernels
 
 
 @pytest.mark.gpu
