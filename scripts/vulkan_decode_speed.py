@@ -128,7 +128,7 @@ VARIANTS |= {"fl_ms_ah32": BEST | AH, "fl_ms_f32_sg128_kc128_ah32": F32 | SG | {
              "fl_ms_f32_sg128_kc128_ah16": F32 | SG | {KC: 128} | AH
              | {"submit.prefill_kick": 16}}  # fmt: skip
 # ... and the add + norm and SwiGLU store the next GEMMs' fp16 input (no x16 dispatches)
-X16 = {MP + "fuse_x16": True}
+X16 = {MP + "fuse_x16": 1}
 VARIANTS |= {"fl_ms_x16": BEST | X16, "fl_ms_f32_sg128_kc128_x16": F32 | SG | {KC: 128} | X16,
              "fl_ms_f32_sg128_kc128_ah32_x16": F32 | SG | {KC: 128} | AH | X16}  # fmt: skip
 # The best measured (helper vk's checkpoint, H200, 7B pp512, scripts/vulkan_profile.py): the

@@ -39,6 +39,23 @@ def test_fused_passes_build_and_validate(tmp_path):
         subprocess.run([tools / "spirv-val", "--target-env", "vulkan1.3", path], check=True)
 
 
+def test_blame_can_turn_it_off():
+    """The hooked replay bypasses the fused norm's fp16 rows: validate's blame lists the
+    resident GEMM's op and turns fuse_x16 off like any fuse_* knob (an int for that)."""
+    from engine.validate import _fusions_off
+
+    be = make_backend()
+    try:
+        on = TuningConfig.default("vulkan").replace(**RES, **{MP + "fuse_x16": 1})
+        assert "matmul_prefill" in be.hook_bypassed_fusions(on)
+        assert "matmul_prefill" not in be.hook_bypassed_fusions(
+            TuningConfig.default("vulkan").replace(**RES)
+        )
+        assert _fusions_off(on, "matmul_prefill").op("matmul_prefill")["fuse_x16"] == 0
+    finally:
+        be.close()
+
+
 @pytest.fixture(scope="module")
 def rb():
     be = make_backend()
@@ -56,7 +73,7 @@ def _half_ref(x: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 def _run(rb, fuse: bool, T: int, D: int, seed: int):  # noqa: ANN001, ANN202
     """(normed rows, GEMM on them, swiglu rows, GEMM on them, x16 dispatches, the inputs)."""
-    rb.set_config(TuningConfig.default("vulkan").replace(**RES, **{MP + "fuse_x16": fuse}))
+    rb.set_config(TuningConfig.default("vulkan").replace(**RES, **{MP + "fuse_x16": int(fuse)}))
     rng = np.random.default_rng(seed)
     r = rng.standard_normal((T, D)).astype(np.float32)
     x = rng.standard_normal((T, D)).astype(np.float32)
@@ -117,7 +134,7 @@ def test_model_logits_with_fused_x16(rb, tiny_model_path):
     m = build_model(open_model(tiny_model_path), rb)
     outs = []
     for fuse in (False, True):
-        m.set_config(TuningConfig.default("vulkan").replace(**RES, **{MP + "fuse_x16": fuse}))
+        m.set_config(TuningConfig.default("vulkan").replace(**RES, **{MP + "fuse_x16": int(fuse)}))
         prompt = bench_prompt(45, m.spec.n_vocab)
         outs.append(rb.download(m.prefill(prompt, m.new_cache(64))))
     assert nmse(outs[0], outs[1]) < 1e-10

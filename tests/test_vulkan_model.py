@@ -119,7 +119,7 @@ CONFIGS = [
         "matmul_prefill.fill_groups": 32,
         "matmul_prefill.split_groups": 256,
         "matmul_prefill.split_k": 4,
-        "matmul_prefill.fuse_x16": True,  # the norm and SwiGLU store the GEMMs' fp16 input
+        "matmul_prefill.fuse_x16": 1,  # the norm and SwiGLU store the GEMMs' fp16 input
         "rms_norm.fuse_add": 1,
         "submit.prefill_kick": 16,  # pieces queued ahead
         "submit.prefill_ahead": True,

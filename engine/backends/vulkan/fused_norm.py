@@ -76,9 +76,13 @@ class FusedNorm:
 
     def hook_bypassed_fusions(self, config: Any) -> list[str]:
         """Registry ops whose fused kernels only the unhooked schedule runs (validate's blame
-        turns their fuse_* knobs off one at a time): rms_norm.fuse_add, rope.fuse_kv and mmvw's
-        fuse_rope (attn_in, matmul_add_norm and ffn_norm are the fused trunk's ops)."""
+        turns their fuse_* knobs off one at a time): rms_norm.fuse_add, rope.fuse_kv, mmvw's
+        fuse_rope and the resident GEMM's fuse_x16 (its input from the fused add + norm;
+        attn_in, matmul_add_norm and ffn_norm are the fused trunk's ops)."""
         out = []
+        pre = config.op("matmul_prefill")
+        if pre.variant == "resident" and int(pre["fuse_x16"]):  # the fused norm's fp16 rows
+            out.append("matmul_prefill")
         dec = config.op("matmul_decode")
         if dec.variant == "mmvw" and int(dec["fuse_rope"]):
             out.append("matmul_decode")

@@ -751,8 +751,8 @@ REGISTRY.register(
                 ),
                 Param(
                     "fuse_x16",
-                    (False, True),
-                    False,
+                    (0, 1),  # an int as every fuse_* knob (validate's blame sets them to 0)
+                    0,
                     "the prefill's residual add + RMSNorm (rms_norm.fuse_add) and SwiGLU also "
                     "store their rows as the next GEMMs' padded fp16 input (PASS_X16's "
                     "layout): no conversion dispatch and barrier before q/k/v, gate/up and down "
