@@ -15,6 +15,6 @@ fi
 source scripts/device_vulkan_env.sh || exit $?
 wait_model "$P"
 python3 scripts/vulkan_decode_speed.py /tmp/models/$P.gguf --profile "" --bench "" \
-    --validate "${CONFIGS:-fl_ms_f32_sg128_kc128_ah32_x16,res_su_int8_fa_k64_fl_ms}" \
+    --validate "${CONFIGS:-best,res_su_int8_fa_k64_fl_ms}" \
     --out "$OUT" 2>&1 | tee "$OUT/validate_$P.log" | grep validate
 echo "done in $(( $(date +%s) - T0 )) s"
