@@ -32,6 +32,9 @@ HDEC = {"delta_net.fuse_conv": 1, "delta_net.fuse_ba": 1, "moe_experts.fuse_norm
 RV_TK = {"moe_experts.route_vec": 1, "moe_experts.topk_regs": 1}
 MOE6 = {"moe_experts.route_block": 128, "moe_experts.topk_regs": 1, "moe_experts.down_split": 1,
         "moe_experts.gate_up_pair": 1, "moe_experts.fuse_pre_norm": 1}  # fmt: skip
+PRE = {"moe_experts.route_block": 128, "moe_experts.topk_regs": 1, "moe_experts.down_split": 1,
+       "moe_experts.fuse_pre_norm": 1}  # rb_tk_split_pre  # fmt: skip
+M35 = {"moe_experts.dec_wide": 1, "moe_experts.l2_prefetch": 1}
 VARIANTS: dict[str, dict] = {
     "default": {},
     # the default before the sixth session's flip (hdec_all_rv_ws's knobs off)
@@ -129,6 +132,14 @@ VARIANTS: dict[str, dict] = {
                                   "matmul_decode.pdl": 1},
     "hdec_rv_tk_split_pdl": HDEC | RV_TK | {"moe_experts.down_split": 1,
                                             "matmul_decode.pdl": 1},
+    # helper moe35 (seventh session): rb_tk_split_pre with Q4_K / Q6_K groups from 16-byte
+    # loads (dec_wide), gate_up prefetching the down matrices into L2 (l2_prefetch), the split
+    # down built for 3 blocks an SM (split_occupancy 3); with paired gate / up; with PDL
+    "moe35_w": PRE | {"moe_experts.dec_wide": 1},
+    "moe35_wpf": PRE | M35,
+    "moe35": PRE | M35 | {"moe_experts.split_occupancy": 3},
+    "moe35_gp": PRE | M35 | {"moe_experts.split_occupancy": 3, "moe_experts.gate_up_pair": 1},
+    "moe35_pdl": PRE | M35 | {"moe_experts.split_occupancy": 3, "matmul_decode.pdl": 1},
     "mmq8": {"matmul_prefill.variant": "mmq8"},
     # on the H200 (9B tg64) mmvw alone 267, mmvw + PDL + chunked + argmax.multi 248: PDL and
     # argmax.multi stay out of fast until measured apart (mmvw_pdl)

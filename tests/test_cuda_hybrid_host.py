@@ -477,7 +477,7 @@ def test_moe_fuse_decode_runs_a_layers_moe_ffn_in_three_launches(tiny_model_fact
         "moe_dec_route", "moe_dec_gate_up", "moe_dec_down"]  # fmt: skip
     ids, w, logits = route.args[10], route.args[11], route.args[8]
     assert gate_up.args[7] is ids and down.args[7] is ids and down.args[8] is w
-    assert down.args[14] is logits and down.args[0] is gate_up.args[-2]  # h
+    assert down.args[14] is logits and down.args[0] is gate_up.args[15]  # h
     assert not isinstance(route.args[4], np.uint64) and not isinstance(down.args[10], np.uint64)
 
 
@@ -846,3 +846,62 @@ def test_phase_profile_charges_the_fused_decode_kernels_to_their_phases(tiny_mod
     for k in ("moe_dec_route", "moe_dec_gate_up", "moe_dec_down_norm", "moe_dec_down"):
         assert seen[k] == {"moe.fused"}, (k, seen[k])
     assert "dn.proj" in {p for k, ps in seen.items() if k.startswith("mmvf") for p in ps}
+
+
+@pytest.mark.parametrize("pair", [0, 1])
+def test_moe_l2_prefetch_hands_gate_up_the_down_matrices_its_slots_read(tiny_model_factory, pair):
+    # moe_experts.l2_prefetch: gate_up (either kernel) gets the routed down stack and the
+    # shared expert's down (the very arrays the down kernel reads), null pointers when off
+    launches = {}
+    for pf in (0, 1):
+        flat = {"moe_experts.l2_prefetch": pf, "moe_experts.gate_up_pair": pair,
+                "moe_experts.down_split": 1, "prefill.gemm_min_t": 1 << 20}  # fmt: skip
+        be, m = _moe_model(tiny_model_factory, flat)
+        launches[pf] = [x for x in _decode_launches(be, m) if x.kernel.startswith("moe_dec_")]
+    off = [x for x in launches[0] if "gate_up" in x.kernel]
+    assert off and all(isinstance(x.args[17], np.uint64) for x in off)
+    assert all(isinstance(x.args[19], np.uint64) for x in off)
+    step = launches[1]
+    for i, x in enumerate(step):
+        if "gate_up" not in x.kernel:
+            continue
+        down = step[i + 1]
+        assert down.kernel == "moe_dec_down_s"
+        assert x.args[17] is down.args[2] and int(x.args[18]) == int(down.args[3])  # D
+        assert x.args[19] is down.args[10] and int(x.args[20]) == int(down.args[11])  # SD
+    on = [x for x in step if "gate_up" in x.kernel]
+    assert [(a.kernel, a.grid, a.block) for a in on] == [(a.kernel, a.grid, a.block) for a in off]
+
+
+def test_moe_dec_wide_is_a_define_of_moe_dec_alone(tiny_model_factory):
+    # moe_experts.dec_wide: DEC_WIDE in the moe_dec.cu build (qwide.cuh), moe.cu's defines
+    # (the op-by-op DMMV's) untouched, so a trial of it does not rebuild moe.cu
+    from engine.backends.cuda import kernels
+
+    for variant in ("dmmv", "grouped", "tc"):
+        mods = {}
+        for wide in (0, 1):
+            flat = {"moe_experts.variant": variant, "moe_experts.dec_wide": wide}
+            mods[wide] = kernels.modules_for(cfg(**flat))
+        assert mods[1]["moe_dec"][1]["DEC_WIDE"] == 1 and mods[0]["moe_dec"][1]["DEC_WIDE"] == 0
+        assert mods[0]["moe"] == mods[1]["moe"] and "DEC_WIDE" not in mods[1]["moe"][1]
+    flat = {"moe_experts.dec_wide": 1, "prefill.gemm_min_t": 1 << 20}
+    be, m = _moe_model(tiny_model_factory, flat)
+    decs = [x for x in _decode_launches(be, m) if x.kernel.startswith("moe_dec_")]
+    assert decs and all(x.defines["DEC_WIDE"] == 1 for x in decs)
+
+
+def test_moe_split_occupancy_launches_the_bounded_split_kernel(tiny_model_factory):
+    # moe_experts.split_occupancy 3: moe_dec_down_s9 (k + shared <= 9 warps) on down_s's grid,
+    # block and arguments
+    launches = {}
+    for occ in (0, 3):
+        flat = {"moe_experts.down_split": 1, "moe_experts.split_occupancy": occ,
+                "prefill.gemm_min_t": 1 << 20}  # fmt: skip
+        be, m = _moe_model(tiny_model_factory, flat)
+        launches[occ] = [x for x in _decode_launches(be, m) if "down" in x.kernel]
+    assert launches[0] and {x.kernel for x in launches[0]} == {"moe_dec_down_s"}
+    assert {x.kernel for x in launches[3]} == {"moe_dec_down_s9"}
+    assert all(x.block[0] <= 32 * 9 for x in launches[3])
+    assert [(x.grid, x.block, len(x.args)) for x in launches[3]] == [
+        (x.grid, x.block, len(x.args)) for x in launches[0]]  # fmt: skip

@@ -260,6 +260,38 @@ _MOE_DMMV = (
         "where vec 2 leaves half of them idle; another summation order",
         PUSHED,
     ),
+    # helper moe35 (seventh session): off until measured on the H200
+    Param(
+        "dec_wide",
+        (0, 1),
+        0,
+        "fuse_decode's kernels (moe_dec.cu, qwide.cuh): 1 decodes a Q4_K group from its "
+        "block's 16-byte header and 8 quant bytes (2 loads, not 8) and a Q6_K group from "
+        "16-byte ql / qh / scale loads (4, not 18): the decode kernels queue on load "
+        "instructions, not bytes; same weights, same sums: bit-identical (moe_dec.cu's "
+        "DEC_WIDE define, set by the CUDA backend's modules_for: moe.cu does not rebuild)",
+        HOST,
+    ),
+    Param(
+        "l2_prefetch",
+        (0, 1),
+        0,
+        "fuse_decode's gate_up kernel: 1 has each block prefetch into L2 its share of the "
+        "down matrices its slot's down pass reads (the chosen expert's, the shared one's), so "
+        "the down kernel's loads meet L2 while gate_up, latency-bound, spends the spare "
+        "bandwidth; a hint: bit-identical",
+        PUSHED,
+    ),
+    Param(
+        "split_occupancy",
+        (0, 3),
+        0,
+        "down_split's kernel: 3 runs moe_dec_down_s9, compiled for 3 blocks of 9 warps an SM "
+        "(72 registers, where the compiler's 80 leave 2: 396 of a 2048-wide layer's 512 "
+        "blocks at once, not 264) where k + shared <= 9; it spills at rows_per_block 8; "
+        "the same code: bit-identical",
+        PUSHED,
+    ),
 )
 
 # tc's decode knobs: the same values, read by the host to build and launch moe.cu (moe_tc.cu
