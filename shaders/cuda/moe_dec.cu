@@ -230,14 +230,13 @@ __device__ __forceinline__ void route_row(const float* __restrict__ x,
     const float4* w4 = (const float4*)(n < E ? Wr + (size_t)n * rb_r : Ws);
     const float4* x4 = (const float4*)(x + (size_t)t * K);
     const int K4 = K >> 2;
-    // The row's first batch of weights (all of a 2048-wide row at 128 threads) in flight before
-    // the norm's loads and barriers: its device-memory wait overlaps them (the loop's first
-    // step uses it; same loads, same sums).
-    // With NORM the first batch's x (and norm weights) too: the norm's sums start from them.
+    // The first batch of the row's weights (all of a 2048-wide row at 128 threads) and of the
+    // norm's weights in flight before the PDL wait (read-only: under matmul_decode.pdl their
+    // wait overlaps the previous grid's tail) and before the norm's loads and barriers, then
+    // the first batch of x, from which the norm's sums start; the dot loop's first step uses
+    // them all: the same loads and sums as a loop that loads each as it comes.
     const float4 z4 = make_float4(0.f, 0.f, 0.f, 0.f);
     const float4* n4 = (const float4*)nw;
-    // Weights (router row, norm weights) are read-only: loaded before the PDL wait (pdl_start),
-    // so under matmul_decode.pdl their wait overlaps the previous grid's tail; x after it.
     float4 w0[4], x0[4], n0[4];
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
@@ -248,7 +247,10 @@ __device__ __forceinline__ void route_row(const float* __restrict__ x,
     pdl_start();
     if constexpr (NORM) {
 #pragma unroll
-        for (int u = 0; u < 4; ++u) x0[u] = threadIdx.x + u * nt < K4 ? x4[threadIdx.x + u * nt] : z4;
+        for (int u = 0; u < 4; ++u) {
+            const int c = threadIdx.x + u * nt;
+            x0[u] = c < K4 ? x4[c] : z4;
+        }
     }
     float scale = 1.f;
     if constexpr (NORM) {  // rms_norm_row's sum of squares, its order
@@ -405,7 +407,7 @@ __device__ __forceinline__ void dot_pair_rt(int qt, const u8* rg, const u8* ru, 
     }
 }
 
-// moe_experts.prefetch: this block's share of the bytes [base, base + bytes) into L2, a
+// moe_experts.l2_prefetch: this block's share of the bytes [base, base + bytes) into L2, a
 // 128-byte line per thread per step (prefetch.global.L2: a hint, no registers held, nothing
 // waits on it). The gate_up grid's ceil(F / ROWS) blocks of slot j split the down matrix that
 // slot's down pass reads, so the down kernel's loads meet L2, not device memory: gate_up,
@@ -433,7 +435,7 @@ __device__ __forceinline__ void prefetch_down(const u8* D, int rb_d, const u8* S
 // x [T, K]; G, U [E, F, K] (type qe, rows of rb_e bytes): the routed experts' gate and up;
 // SG, SU [Fs, K] (type qsh, rows of rb_s) or null: the shared expert's; ids [T, k] ->
 // h [T, k + 1, ldh] (slot k: the shared expert). D (rows of rb_d), SD (rb_sd): the down
-// matrices moe_experts.prefetch brings into L2 (D null: no prefetch). Grid
+// matrices moe_experts.l2_prefetch brings into L2 (D null: no prefetch). Grid
 // (ceil(max(F, Fs) / ROWS), k + shared, T).
 extern "C" __global__ void __launch_bounds__(NT)
     moe_dec_gate_up(const float* __restrict__ x, const u8* __restrict__ G,
