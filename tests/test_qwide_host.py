@@ -1,0 +1,120 @@
+"""qwide.cuh (moe_experts.dec_wide: Q4_K / Q6_K groups of the fused MoE decode kernels read
+through 16-byte loads) on the CPU: the real header and common.cuh built by g++ behind
+tests/cuda_emul.py's CUDA shim, every group of random-byte blocks (every scale and min bit
+pattern, any f16 d) decoded by dec_row_group and by common.cuh's row_group, which the narrow
+kernels use: the same Run8 (quants, scale, offset: bytes compared) and the same element
+offsets. The planted MUTANT_MOE_DEC_WIDE_Q6_SCALE (an odd Q6_K group taking its pair's scale)
+is caught. The GPU side (the kernels under the knob, bit-identical to it off) is
+tests/test_cuda_moe_dec.py."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.backends.cuda.kernels import SHADERS
+from tests import cuda_emul
+
+pytestmark = pytest.mark.skipif(cuda_emul.GXX is None, reason="needs g++")
+
+_DRIVER = r"""
+#include <cstdlib>
+static std::vector<char> slurp(const char* path) {
+    FILE* f = std::fopen(path, "rb");
+    std::fseek(f, 0, SEEK_END);
+    std::vector<char> b(std::ftell(f));
+    std::fseek(f, 0, SEEK_SET);
+    if (std::fread(b.data(), 1, b.size(), f) != b.size()) std::abort();
+    std::fclose(f);
+    return b;
+}
+template <int QT> static int mismatches(const u8* rows, int nrows, int nblk) {
+    const int rb = nblk * QTraits<QT>::BYTES, ng = nblk * QTraits<QT>::GROUPS;
+    int bad = 0;
+    for (int r = 0; r < nrows; ++r)
+        for (int g = 0; g < ng; ++g) {
+            Run8 a0, a1, b0, b1;
+            int ka0, ka1, kb0, kb1;
+            row_group<QT>(rows + (size_t)r * rb, g, a0, a1, ka0, ka1);
+            dec_row_group<QT>(rows + (size_t)r * rb, g, b0, b1, kb0, kb1);
+            bad += std::memcmp(&a0, &b0, sizeof a0) || std::memcmp(&a1, &b1, sizeof a1) ||
+                   ka0 != kb0 || ka1 != kb1;
+        }
+    return bad;
+}
+// argv: input file: int32 nrows, nblk, then Q4_K rows [nrows, nblk * 144], Q6_K rows
+// [nrows, nblk * 224]. Prints the groups whose decodes differ: "<q4k> <q6k>".
+int main(int argc, char** argv) {
+    std::vector<char> in = slurp(argv[1]);
+    const int* h = (const int*)in.data();
+    const int nrows = h[0], nblk = h[1];
+    const size_t n4 = (size_t)nrows * nblk * 144, n6 = (size_t)nrows * nblk * 224;
+    u8* q4 = (u8*)std::aligned_alloc(16, n4);
+    u8* q6 = (u8*)std::aligned_alloc(16, n6);
+    std::memcpy(q4, in.data() + 8, n4);
+    std::memcpy(q6, in.data() + 8 + n4, n6);
+    std::printf("%d %d\n", mismatches<QT_Q4_K>(q4, nrows, nblk),
+                mismatches<QT_Q6_K>(q6, nrows, nblk));
+    return 0;
+}
+"""
+
+
+def _source() -> str:
+    common = (SHADERS / "common.cuh").read_text().replace("#pragma once", "")
+    for pat, rep, f in cuda_emul._SUBS:
+        if f == "common.cuh":
+            common, n = re.subn(pat, rep, common)
+            assert n > 0, f"common.cuh: no {pat!r} to replace (the emulation is out of date)"
+    qwide = (SHADERS / "qwide.cuh").read_text()
+    qwide = qwide.replace("#pragma once", "").replace('#include "common.cuh"', "")
+    return cuda_emul._SHIM + common + qwide + _DRIVER
+
+
+def _build(defines: dict[str, int], out_dir: Path) -> Path:
+    src = _source()
+    flags = [f"-D{k}={v}" for k, v in sorted(defines.items())]
+    key = hashlib.sha256((src + " ".join(flags)).encode()).hexdigest()[:16]
+    exe = out_dir / f"qwide_{key}"
+    if not exe.exists():
+        cpp = out_dir / f"qwide_{key}.cpp"
+        cpp.write_text(src)
+        cmd = [str(cuda_emul.GXX), "-std=c++20", "-O1", "-w", *flags, "-o", str(exe), str(cpp)]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+    return exe
+
+
+def _mismatches(exe: Path, work: Path, seed: int) -> tuple[int, int]:
+    rng = np.random.default_rng(seed)
+    nrows, nblk = 6, 3  # 3 blocks a row: groups of later blocks take the block offsets too
+    q4 = rng.integers(0, 256, (nrows, nblk * 144), dtype=np.uint8)
+    q6 = rng.integers(0, 256, (nrows, nblk * 224), dtype=np.uint8)
+    path = work / "blocks.bin"
+    path.write_bytes(np.array([nrows, nblk], np.int32).tobytes() + q4.tobytes() + q6.tobytes())
+    r = subprocess.run([str(exe), str(path)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    a, b = (int(v) for v in r.stdout.split())
+    return a, b
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("qwide")
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_wide_groups_decode_to_the_narrow_groups_bits(work, seed):
+    exe = _build({"DEC_WIDE": 1}, work)
+    assert _mismatches(exe, work, seed) == (0, 0)
+
+
+def test_planted_wide_q6k_scale_is_caught(work):
+    exe = _build({"DEC_WIDE": 1, "MUTANT_MOE_DEC_WIDE_Q6_SCALE": 1}, work)
+    q4k, q6k = _mismatches(exe, work, 0)
+    assert q4k == 0 and q6k > 0  # half the Q6_K groups (the odd ones) take the wrong scale
