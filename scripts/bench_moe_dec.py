@@ -108,6 +108,11 @@ CONFIGS: dict[str, dict] = {
     "wpfo_gp_pre1_pdl": PRE1 | WPF | {"moe_experts.split_occupancy": 3,
                                       "moe_experts.gate_up_pair": 1, "matmul_decode.pdl": 1},
     "wpfo_pre1_pdl": PRE1 | WPF | {"moe_experts.split_occupancy": 3, "matmul_decode.pdl": 1},
+    # the split down at 8 outputs a block, 2 blocks an SM (moe_dec_down_s9r8: one wave)
+    "o2_pre1": PRE1 | {"moe_experts.split_occupancy": 2},
+    "wpfo2_pre1": PRE1 | WPF | {"moe_experts.split_occupancy": 2},
+    "wpfo2_gp_pre1": PRE1 | WPF | {"moe_experts.split_occupancy": 2,
+                                   "moe_experts.gate_up_pair": 1},
 }  # fmt: skip
 
 

@@ -140,6 +140,8 @@ VARIANTS: dict[str, dict] = {
     "moe35": PRE | M35 | {"moe_experts.split_occupancy": 3},
     "moe35_gp": PRE | M35 | {"moe_experts.split_occupancy": 3, "moe_experts.gate_up_pair": 1},
     "moe35_pdl": PRE | M35 | {"moe_experts.split_occupancy": 3, "matmul_decode.pdl": 1},
+    "moe35_o2": PRE | M35 | {"moe_experts.split_occupancy": 2},  # 8 outputs a block, one wave
+    "moe35_o2_gp": PRE | M35 | {"moe_experts.split_occupancy": 2, "moe_experts.gate_up_pair": 1},
     "mmq8": {"matmul_prefill.variant": "mmq8"},
     # on the H200 (9B tg64) mmvw alone 267, mmvw + PDL + chunked + argmax.multi 248: PDL and
     # argmax.multi stay out of fast until measured apart (mmvw_pdl)

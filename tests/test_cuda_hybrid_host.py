@@ -894,14 +894,19 @@ def test_moe_dec_wide_is_a_define_of_moe_dec_alone(tiny_model_factory):
 def test_moe_split_occupancy_launches_the_bounded_split_kernel(tiny_model_factory):
     # moe_experts.split_occupancy 3: moe_dec_down_s9 (k + shared <= 9 warps) on down_s's grid,
     # block and arguments
+    # and 2: moe_dec_down_s9r8 on ceil(C / 8) blocks whatever rows_per_block
     launches = {}
-    for occ in (0, 3):
+    for occ in (0, 2, 3):
         flat = {"moe_experts.down_split": 1, "moe_experts.split_occupancy": occ,
                 "prefill.gemm_min_t": 1 << 20}  # fmt: skip
         be, m = _moe_model(tiny_model_factory, flat)
         launches[occ] = [x for x in _decode_launches(be, m) if "down" in x.kernel]
     assert launches[0] and {x.kernel for x in launches[0]} == {"moe_dec_down_s"}
     assert {x.kernel for x in launches[3]} == {"moe_dec_down_s9"}
-    assert all(x.block[0] <= 32 * 9 for x in launches[3])
+    assert {x.kernel for x in launches[2]} == {"moe_dec_down_s9r8"}
+    assert all(x.block[0] <= 32 * 9 for x in launches[3] + launches[2])
     assert [(x.grid, x.block, len(x.args)) for x in launches[3]] == [
         (x.grid, x.block, len(x.args)) for x in launches[0]]  # fmt: skip
+    C = int(launches[2][0].args[18])
+    assert [x.grid[:2] for x in launches[2]] == [(-(-C // 8), 1)] * len(launches[2])
+    assert [x.block for x in launches[2]] == [x.block for x in launches[0]]

@@ -812,45 +812,47 @@ __device__ __forceinline__ void warp_rows(const u8* __restrict__ row0, int rb, i
     }
 }
 
+template <int R>
 __device__ __forceinline__ void warp_rows_rt(int qt, const u8* row0, int rb, int nr,
                                              const float* x, int K, int lane, float* s) {
     switch (qt) {
-        case QT_Q4_0: warp_rows<QT_Q4_0, ROWS>(row0, rb, nr, x, K, lane, s); break;
-        case QT_Q4_1: warp_rows<QT_Q4_1, ROWS>(row0, rb, nr, x, K, lane, s); break;
-        case QT_Q5_0: warp_rows<QT_Q5_0, ROWS>(row0, rb, nr, x, K, lane, s); break;
-        case QT_Q8_0: warp_rows<QT_Q8_0, ROWS>(row0, rb, nr, x, K, lane, s); break;
-        case QT_Q4_K: warp_rows<QT_Q4_K, ROWS>(row0, rb, nr, x, K, lane, s); break;
-        case QT_Q6_K: warp_rows<QT_Q6_K, ROWS>(row0, rb, nr, x, K, lane, s); break;
-        case QT_F16: warp_rows<QT_F16, ROWS>(row0, rb, nr, x, K, lane, s); break;
-        case QT_BF16: warp_rows<QT_BF16, ROWS>(row0, rb, nr, x, K, lane, s); break;
-        default: warp_rows<QT_F32, ROWS>(row0, rb, nr, x, K, lane, s); break;
+        case QT_Q4_0: warp_rows<QT_Q4_0, R>(row0, rb, nr, x, K, lane, s); break;
+        case QT_Q4_1: warp_rows<QT_Q4_1, R>(row0, rb, nr, x, K, lane, s); break;
+        case QT_Q5_0: warp_rows<QT_Q5_0, R>(row0, rb, nr, x, K, lane, s); break;
+        case QT_Q8_0: warp_rows<QT_Q8_0, R>(row0, rb, nr, x, K, lane, s); break;
+        case QT_Q4_K: warp_rows<QT_Q4_K, R>(row0, rb, nr, x, K, lane, s); break;
+        case QT_Q6_K: warp_rows<QT_Q6_K, R>(row0, rb, nr, x, K, lane, s); break;
+        case QT_F16: warp_rows<QT_F16, R>(row0, rb, nr, x, K, lane, s); break;
+        case QT_BF16: warp_rows<QT_BF16, R>(row0, rb, nr, x, K, lane, s); break;
+        default: warp_rows<QT_F32, R>(row0, rb, nr, x, K, lane, s); break;
     }
 }
 
 // Arguments: moe_dec_down_w's. Grid (ceil(C / ROWS), T), block 32 (k + (SD ? 1 : 0)), k < MAXR.
+template <int R>
 __device__ __forceinline__ void down_split_body(
     const float* __restrict__ h, int ldh, const u8* __restrict__ D, int rb_e, int qe, int F,
     int E, const int* __restrict__ ids, const float* __restrict__ w, int k,
     const u8* __restrict__ SD, int rb_s, int qsh, int Fs, const float* __restrict__ logits,
     int ldl, const float* __restrict__ r, float* out, int C, const float* __restrict__ nw,
     float eps, float* __restrict__ hn, unsigned int* tickets) {
-    __shared__ float part[MAXR][ROWS];
+    __shared__ float part[MAXR][R];
     pdl_start();
     const int t = blockIdx.y, j = threadIdx.x / 32, lane = threadIdx.x & 31;
-    const int c0 = blockIdx.x * ROWS, nr = min(ROWS, C - c0);
+    const int c0 = blockIdx.x * R, nr = min(R, C - c0);
     const float* ht = h + (size_t)t * (k + 1) * ldh;
-    float s[ROWS];
+    float s[R];
 #pragma unroll
-    for (int i = 0; i < ROWS; ++i) s[i] = 0.f;
+    for (int i = 0; i < R; ++i) s[i] = 0.f;
     if (j < k) {
         const int e = min(max(__ldg(ids + (size_t)t * k + j), 0), E - 1);  // corrupt id: no fault
-        warp_rows_rt(qe, D + ((size_t)e * C + c0) * rb_e, rb_e, nr, ht + (size_t)j * ldh, F,
+        warp_rows_rt<R>(qe, D + ((size_t)e * C + c0) * rb_e, rb_e, nr, ht + (size_t)j * ldh, F,
                      lane, s);
     } else if (SD) {
-        warp_rows_rt(qsh, SD + (size_t)c0 * rb_s, rb_s, nr, ht + (size_t)k * ldh, Fs, lane, s);
+        warp_rows_rt<R>(qsh, SD + (size_t)c0 * rb_s, rb_s, nr, ht + (size_t)k * ldh, Fs, lane, s);
     }
 #pragma unroll
-    for (int i = 0; i < ROWS; ++i) {
+    for (int i = 0; i < R; ++i) {
         const float v = warp_sum(s[i]);
         if (lane == 0) part[j][i] = v;
     }
@@ -874,8 +876,8 @@ extern "C" __global__ void __launch_bounds__(32 * MAXR)
                    const float* __restrict__ r, float* out, int C,
                    const float* __restrict__ nw, float eps, float* __restrict__ hn,
                    unsigned int* tickets) {
-    down_split_body(h, ldh, D, rb_e, qe, F, E, ids, w, k, SD, rb_s, qsh, Fs, logits, ldl, r, out,
-                    C, nw, eps, hn, tickets);
+    down_split_body<ROWS>(h, ldh, D, rb_e, qe, F, E, ids, w, k, SD, rb_s, qsh, Fs, logits, ldl, r,
+                          out, C, nw, eps, hn, tickets);
 }
 
 // moe_experts.split_occupancy 3: moe_dec_down_s compiled for 3 blocks of 9 warps an SM (k +
@@ -890,6 +892,24 @@ extern "C" __global__ void __launch_bounds__(32 * 9, 3)
                     const float* __restrict__ r, float* out, int C,
                     const float* __restrict__ nw, float eps, float* __restrict__ hn,
                     unsigned int* tickets) {
-    down_split_body(h, ldh, D, rb_e, qe, F, E, ids, w, k, SD, rb_s, qsh, Fs, logits, ldl, r, out,
-                    C, nw, eps, hn, tickets);
+    down_split_body<ROWS>(h, ldh, D, rb_e, qe, F, E, ids, w, k, SD, rb_s, qsh, Fs, logits, ldl, r,
+                          out, C, nw, eps, hn, tickets);
+}
+
+// moe_experts.split_occupancy 2: the split down with 8 outputs a block whatever rows_per_block
+// (which shapes gate_up too: 8 there makes 576 blocks of 256 threads, two waves), compiled
+// for 2 blocks of 9 warps an SM (112 registers, where the compiler's own 128 leave 1 and
+// __launch_bounds__(288, 2) spills): a 2048-wide layer's 256 blocks in one wave on 132 SMs, a
+// lane's 8 rows' loads in flight together. The same code at R = 8: moe_dec_down_s at
+// rows_per_block 8 to the bit. Blocks of up to 9 warps (k + shared <= 9; the host checks).
+extern "C" __global__ void __maxnreg__(112)
+    moe_dec_down_s9r8(const float* __restrict__ h, int ldh, const u8* __restrict__ D, int rb_e,
+                      int qe, int F, int E, const int* __restrict__ ids,
+                      const float* __restrict__ w, int k, const u8* __restrict__ SD, int rb_s,
+                      int qsh, int Fs, const float* __restrict__ logits, int ldl,
+                      const float* __restrict__ r, float* out, int C,
+                      const float* __restrict__ nw, float eps, float* __restrict__ hn,
+                      unsigned int* tickets) {
+    down_split_body<8>(h, ldh, D, rb_e, qe, F, E, ids, w, k, SD, rb_s, qsh, Fs, logits, ldl, r,
+                       out, C, nw, eps, hn, tickets);
 }

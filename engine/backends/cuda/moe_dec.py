@@ -202,17 +202,20 @@ class CudaMoeDecodeOps:
             hn = self._empty((T, C))
             kernel += "_norm"
             tail = (norm.f32, np.float32(eps), hn, self._norm_tickets())
-        block = nt
+        block, per_block = nt, rows
         if int(c["down_split"]):  # a warp per expert slot, rows_per_block outputs a block
             kernel, block = "moe_dec_down_s", 32 * (k + ns)
-            if int(c["split_occupancy"]) == 3 and k + ns <= 9:  # built for 3 blocks an SM
+            occ = int(c["split_occupancy"]) if k + ns <= 9 else 0
+            if occ == 3:  # built for 3 blocks an SM
                 kernel = "moe_dec_down_s9"
+            elif occ == 2:  # 8 outputs a block, built for 2 blocks an SM
+                kernel, per_block = "moe_dec_down_s9r8", 8
             tail = tail or (_NULL, np.float32(0.0), _NULL, _NULL)
         elif int(c["down_wsum"]):  # one kernel, the norm tail where its weights are not null
             kernel = "moe_dec_down_w"
             tail = tail or (_NULL, np.float32(0.0), _NULL, _NULL)
         self._launch(
-            "moe_dec", kernel, (math.ceil(C / rows), T), (block,),
+            "moe_dec", kernel, (math.ceil(C / per_block), T), (block,),
             (hh, np.int32(ldh), down.raw, np.int32(down.row_bytes), np.int32(_QT[down.qtype]),
              np.int32(F), np.int32(E), ids, wts, np.int32(k),
              _NULL if sdown is None else sdown.raw, np.int32(sdown.row_bytes if sdown else 0),

@@ -284,12 +284,14 @@ _MOE_DMMV = (
     ),
     Param(
         "split_occupancy",
-        (0, 3),
+        (0, 2, 3),
         0,
-        "down_split's kernel: 3 runs moe_dec_down_s9, compiled for 3 blocks of 9 warps an SM "
-        "(72 registers, where the compiler's 80 leave 2: 396 of a 2048-wide layer's 512 "
-        "blocks at once, not 264) where k + shared <= 9; it spills at rows_per_block 8; "
-        "the same code: bit-identical",
+        "down_split's kernel where k + shared <= 9 warps: 3 runs moe_dec_down_s9, compiled "
+        "for 3 blocks an SM (72 registers, where the compiler's 80 leave 2: 396 of a "
+        "2048-wide layer's 512 blocks at once, not 264; it spills at rows_per_block 8); 2 runs "
+        "moe_dec_down_s9r8, 8 outputs a block whatever rows_per_block, compiled for 2 blocks "
+        "an SM (112 registers: the 256 blocks in one wave); 0: moe_dec_down_s; the same "
+        "sums: bit-identical to moe_dec_down_s at the same outputs a block",
         PUSHED,
     ),
 )
