@@ -1,6 +1,6 @@
 """qwide.cuh (moe_experts.dec_wide: Q4_K / Q6_K groups of the fused MoE decode kernels read
-through 16-byte loads) on the CPU: the real header and common.cuh built by g++ behind
-tests/cuda_emul.py's CUDA shim, every group of random-byte blocks (every scale and min bit
+through 16-byte loads) on the CPU: the real header and common.cuh built by g++ behind a
+small CUDA shim, every group of random-byte blocks (every scale and min bit
 pattern, any f16 d) decoded by dec_row_group and by common.cuh's row_group, which the narrow
 kernels use: the same Run8 (quants, scale, offset: bytes compared) and the same element
 offsets. The planted MUTANT_MOE_DEC_WIDE_Q6_SCALE (an odd Q6_K group taking its pair's scale)
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -18,9 +19,59 @@ import numpy as np
 import pytest
 
 from engine.backends.cuda.kernels import SHADERS
-from tests import cuda_emul
 
-pytestmark = pytest.mark.skipif(cuda_emul.GXX is None, reason="needs g++")
+GXX = shutil.which("g++")  # dev's APT_PKGS
+
+# A CUDA shim for g++: the qualifiers away, the vector types, __ldg a load, __vsub4 per byte,
+# the f16 conversion in host code (common.cuh's asm replaced by _SUBS, which must all apply)
+_SHIM = r"""
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+using std::max;
+using std::min;
+#define __device__
+#define __forceinline__ inline
+#define __global__
+#define __restrict__ __restrict
+#define __shared__
+#define __align__(n)
+#define __launch_bounds__(...)
+struct uint4 { unsigned x, y, z, w; };
+struct uint2 { unsigned x, y; };
+struct int2 { int x, y; };
+struct float2 { float x, y; };
+struct float4 { float x, y, z, w; };
+inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
+inline float2 make_float2(float a, float b) { return {a, b}; }
+inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
+inline int2 make_int2(int a, int b) { return {a, b}; }
+template <class T> inline T __ldg(const T* p) { return *p; }
+template <class T> inline T __shfl_xor_sync(unsigned, T, int) { std::abort(); }
+inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
+inline unsigned __vsub4(unsigned a, unsigned b) {  // per-byte a - b, wrapping
+    unsigned r = 0;
+    for (int i = 0; i < 4; ++i) r |= ((a >> 8 * i) - (b >> 8 * i) & 0xFFu) << 8 * i;
+    return r;
+}
+inline float emu_h2f(unsigned short h) {
+    const int s = h >> 15, e = (h >> 10) & 31, m = h & 1023;
+    float v = e == 0 ? std::ldexp((float)m, -24) : e == 31 ? (m ? NAN : INFINITY)
+                                                            : std::ldexp((float)(m | 1024), e - 25);
+    return s ? -v : v;
+}
+"""
+
+_SUBS = [
+    (r'asm\("cvt\.f32\.f16 %0, %1;" : "=f"\(f\) : "h"\(h\)\);', "f = emu_h2f(h);"),
+    (r'asm\("cvt\.rn\.f16\.f32 %0, %1;" : "=h"\(h\) : "f"\(f\)\);', "std::abort();"),
+    (r'asm\("cvt\.rn\.f16x2\.f32 %0, %1, %2;" : "=r"\(r\) : "f"\(hi\), "f"\(lo\)\);',
+     "std::abort();"),
+]  # fmt: skip
 
 _DRIVER = r"""
 #include <cstdlib>
@@ -67,16 +118,16 @@ int main(int argc, char** argv) {
 
 def _source() -> str:
     common = (SHADERS / "common.cuh").read_text().replace("#pragma once", "")
-    for pat, rep, f in cuda_emul._SUBS:
-        if f == "common.cuh":
-            common, n = re.subn(pat, rep, common)
-            assert n > 0, f"common.cuh: no {pat!r} to replace (the emulation is out of date)"
+    for pat, rep in _SUBS:
+        common, n = re.subn(pat, rep, common)
+        assert n > 0, f"common.cuh: no {pat!r} to replace (the emulation is out of date)"
     qwide = (SHADERS / "qwide.cuh").read_text()
     qwide = qwide.replace("#pragma once", "").replace('#include "common.cuh"', "")
-    return cuda_emul._SHIM + common + qwide + _DRIVER
+    return _SHIM + common + qwide + _DRIVER
 
 
 def _build(defines: dict[str, int], out_dir: Path) -> Path:
+    assert GXX, "g++ not found: ./dev's APT_PKGS installs it"
     src = _source()
     flags = [f"-D{k}={v}" for k, v in sorted(defines.items())]
     key = hashlib.sha256((src + " ".join(flags)).encode()).hexdigest()[:16]
@@ -84,7 +135,7 @@ def _build(defines: dict[str, int], out_dir: Path) -> Path:
     if not exe.exists():
         cpp = out_dir / f"qwide_{key}.cpp"
         cpp.write_text(src)
-        cmd = [str(cuda_emul.GXX), "-std=c++20", "-O1", "-w", *flags, "-o", str(exe), str(cpp)]
+        cmd = [str(GXX), "-std=c++20", "-O1", "-w", *flags, "-o", str(exe), str(cpp)]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr[-3000:]
     return exe
