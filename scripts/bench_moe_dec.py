@@ -31,6 +31,7 @@ ALL6 = {"moe_experts.route_block": 128, "moe_experts.topk_regs": 1, "moe_experts
 PRE1 = {"moe_experts.route_block": 128, "moe_experts.topk_regs": 1, "moe_experts.down_split": 1,
         "moe_experts.fuse_pre_norm": 1}  # fmt: skip
 WPF = {"moe_experts.dec_wide": 1, "moe_experts.l2_prefetch": 1}
+W2PFFC = {"moe_experts.dec_wide": 2, "moe_experts.l2_prefetch": 1, "moe_experts.dec_fcvt": 1}
 CONFIGS: dict[str, dict] = {
     "fused": {},  # the registry defaults (route_vec and down_wsum on since the sixth session)
     "fused_plain": {"moe_experts.route_vec": 0, "moe_experts.down_wsum": 0},
@@ -108,6 +109,14 @@ CONFIGS: dict[str, dict] = {
     "wpfo_gp_pre1_pdl": PRE1 | WPF | {"moe_experts.split_occupancy": 3,
                                       "moe_experts.gate_up_pair": 1, "matmul_decode.pdl": 1},
     "wpfo_pre1_pdl": PRE1 | WPF | {"moe_experts.split_occupancy": 3, "matmul_decode.pdl": 1},
+    # after the checkpoint (dec_wide 1 slowed gate_up, sped the down; l2_prefetch won alone):
+    # the wide groups in the down kernels only (dec_wide 2), bytes to floats without I2F
+    "w2_pre1": PRE1 | {"moe_experts.dec_wide": 2},
+    "fc_pre1": PRE1 | {"moe_experts.dec_fcvt": 1},
+    "w2pf_pre1": PRE1 | {"moe_experts.dec_wide": 2, "moe_experts.l2_prefetch": 1},
+    "w2pffc_pre1": PRE1 | W2PFFC,
+    "w2pffc_gp_pre1": PRE1 | W2PFFC | {"moe_experts.gate_up_pair": 1},
+    "w2pffc_o2_pre1": PRE1 | W2PFFC | {"moe_experts.split_occupancy": 2},
     # the split down at 8 outputs a block, 2 blocks an SM (moe_dec_down_s9r8: one wave)
     "o2_pre1": PRE1 | {"moe_experts.split_occupancy": 2},
     "wpfo2_pre1": PRE1 | WPF | {"moe_experts.split_occupancy": 2},

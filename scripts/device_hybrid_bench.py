@@ -35,6 +35,7 @@ MOE6 = {"moe_experts.route_block": 128, "moe_experts.topk_regs": 1, "moe_experts
 PRE = {"moe_experts.route_block": 128, "moe_experts.topk_regs": 1, "moe_experts.down_split": 1,
        "moe_experts.fuse_pre_norm": 1}  # rb_tk_split_pre  # fmt: skip
 M35 = {"moe_experts.dec_wide": 1, "moe_experts.l2_prefetch": 1}
+M35B = {"moe_experts.dec_wide": 2, "moe_experts.l2_prefetch": 1, "moe_experts.dec_fcvt": 1}
 VARIANTS: dict[str, dict] = {
     "default": {},
     # the default before the sixth session's flip (hdec_all_rv_ws's knobs off)
@@ -140,6 +141,12 @@ VARIANTS: dict[str, dict] = {
     "moe35": PRE | M35 | {"moe_experts.split_occupancy": 3},
     "moe35_gp": PRE | M35 | {"moe_experts.split_occupancy": 3, "moe_experts.gate_up_pair": 1},
     "moe35_pdl": PRE | M35 | {"moe_experts.split_occupancy": 3, "matmul_decode.pdl": 1},
+    # after moe35's checkpoint (dec_wide 1 slowed gate_up and sped the down; split_occupancy 3
+    # slowed the down; l2_prefetch won alone): the wide groups in the down kernels only,
+    # gate_up's prefetch, bytes to floats without I2F (dec_fcvt); the experiment's first start
+    "moe35_w2pf": PRE | {"moe_experts.dec_wide": 2, "moe_experts.l2_prefetch": 1},
+    "moe35_best": PRE | M35B,
+    "moe35_best_gp": PRE | M35B | {"moe_experts.gate_up_pair": 1},
     "moe35_o2": PRE | M35 | {"moe_experts.split_occupancy": 2},  # 8 outputs a block, one wave
     "moe35_o2_gp": PRE | M35 | {"moe_experts.split_occupancy": 2, "moe_experts.gate_up_pair": 1},
     "mmq8": {"matmul_prefill.variant": "mmq8"},

@@ -878,17 +878,21 @@ def test_moe_dec_wide_is_a_define_of_moe_dec_alone(tiny_model_factory):
     # (the op-by-op DMMV's) untouched, so a trial of it does not rebuild moe.cu
     from engine.backends.cuda import kernels
 
+    # (and dec_fcvt: DEC_FCVT, the same way)
     for variant in ("dmmv", "grouped", "tc"):
         mods = {}
-        for wide in (0, 1):
-            flat = {"moe_experts.variant": variant, "moe_experts.dec_wide": wide}
+        for wide, fcvt in ((0, 0), (1, 1), (2, 0)):
+            flat = {"moe_experts.variant": variant, "moe_experts.dec_wide": wide,
+                    "moe_experts.dec_fcvt": fcvt}  # fmt: skip
             mods[wide] = kernels.modules_for(cfg(**flat))
-        assert mods[1]["moe_dec"][1]["DEC_WIDE"] == 1 and mods[0]["moe_dec"][1]["DEC_WIDE"] == 0
-        assert mods[0]["moe"] == mods[1]["moe"] and "DEC_WIDE" not in mods[1]["moe"][1]
-    flat = {"moe_experts.dec_wide": 1, "prefill.gemm_min_t": 1 << 20}
+            assert mods[wide]["moe_dec"][1]["DEC_WIDE"] == wide
+            assert mods[wide]["moe_dec"][1]["DEC_FCVT"] == fcvt
+        assert mods[0]["moe"] == mods[1]["moe"] == mods[2]["moe"]
+        assert not {"DEC_WIDE", "DEC_FCVT"} & set(mods[1]["moe"][1])
+    flat = {"moe_experts.dec_wide": 2, "moe_experts.dec_fcvt": 1, "prefill.gemm_min_t": 1 << 20}
     be, m = _moe_model(tiny_model_factory, flat)
     decs = [x for x in _decode_launches(be, m) if x.kernel.startswith("moe_dec_")]
-    assert decs and all(x.defines["DEC_WIDE"] == 1 for x in decs)
+    assert decs and all(x.defines["DEC_WIDE"] == 2 and x.defines["DEC_FCVT"] == 1 for x in decs)
 
 
 def test_moe_split_occupancy_launches_the_bounded_split_kernel(tiny_model_factory):

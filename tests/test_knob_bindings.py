@@ -296,7 +296,7 @@ def _old_cuda_modules(cfg: TuningConfig) -> dict[str, tuple[str, dict]]:
         return k
     dmmv = {"ROWS": me["rows_per_block"], "TPR": me["threads_per_row"], "VEC": me["vec"]}
     k["moe"] = ("moe.cu", dmmv)  # grouped decodes (T = 1) with it
-    k["moe_dec"] = ("moe_dec.cu", {**dmmv, "DEC_WIDE": me["dec_wide"]})  # (moe_dec.cu's own)
+    k["moe_dec"] = ("moe_dec.cu", {**dmmv, "DEC_WIDE": me["dec_wide"], "DEC_FCVT": me["dec_fcvt"]})
     if me.variant == "grouped":
         k["moe_grouped"] = ("moe_grouped.cu", {**dmmv, "TILE_P": me["tile_pairs"]})
     if me.variant == "tc":  # its dmmv knobs reach moe.cu only (host-bound)
@@ -314,7 +314,7 @@ OLD_SOURCE_DEFAULTS = {
     "mmq.cu": {"BM": 128, "BN": 128, "WM": 2, "WN": 4},
     "mmq8.cu": {"BM": 128, "BN": 128, "WM": 2, "WN": 4},
     "attention.cu": {"BQ": 16, "RPW": 4},
-    "moe_dec.cu": {"DEC_WIDE": 0},
+    "moe_dec.cu": {"DEC_WIDE": 0, "DEC_FCVT": 0},
 }
 
 

@@ -4,7 +4,9 @@ small CUDA shim, every group of random-byte blocks (every scale and min bit
 pattern, any f16 d) decoded by dec_row_group and by common.cuh's row_group, which the narrow
 kernels use: the same Run8 (quants, scale, offset: bytes compared) and the same element
 offsets. The planted MUTANT_MOE_DEC_WIDE_Q6_SCALE (an odd Q6_K group taking its pair's scale)
-is caught. The GPU side (the kernels under the knob, bit-identical to it off) is
+is caught. And run_dot_x (moe_experts.dec_fcvt: bytes to floats by a byte permute and an
+FADD) against run_dot on random runs: the same float to the bit; MUTANT_MOE_DEC_FCVT_UNSIGNED
+caught. The GPU side (the kernels under the knob, bit-identical to it off) is
 tests/test_cuda_moe_dec.py."""
 
 from __future__ import annotations
@@ -53,6 +55,12 @@ inline int2 make_int2(int a, int b) { return {a, b}; }
 template <class T> inline T __ldg(const T* p) { return *p; }
 template <class T> inline T __shfl_xor_sync(unsigned, T, int) { std::abort(); }
 inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {  // PRMT: bytes of {y, x}
+    const unsigned long long v = (unsigned long long)y << 32 | x;
+    unsigned r = 0;
+    for (int i = 0; i < 4; ++i) r |= (unsigned)(v >> 8 * ((s >> 4 * i) & 7) & 0xFFu) << 8 * i;
+    return r;
+}
 inline unsigned __vsub4(unsigned a, unsigned b) {  // per-byte a - b, wrapping
     unsigned r = 0;
     for (int i = 0; i < 4; ++i) r |= ((a >> 8 * i) - (b >> 8 * i) & 0xFFu) << 8 * i;
@@ -84,7 +92,7 @@ static std::vector<char> slurp(const char* path) {
     std::fclose(f);
     return b;
 }
-template <int QT> static int mismatches(const u8* rows, int nrows, int nblk) {
+template <int QT, bool W> static int mismatches(const u8* rows, int nrows, int nblk) {
     const int rb = nblk * QTraits<QT>::BYTES, ng = nblk * QTraits<QT>::GROUPS;
     int bad = 0;
     for (int r = 0; r < nrows; ++r)
@@ -92,25 +100,45 @@ template <int QT> static int mismatches(const u8* rows, int nrows, int nblk) {
             Run8 a0, a1, b0, b1;
             int ka0, ka1, kb0, kb1;
             row_group<QT>(rows + (size_t)r * rb, g, a0, a1, ka0, ka1);
-            dec_row_group<QT>(rows + (size_t)r * rb, g, b0, b1, kb0, kb1);
+            dec_row_group<QT, W>(rows + (size_t)r * rb, g, b0, b1, kb0, kb1);
             bad += std::memcmp(&a0, &b0, sizeof a0) || std::memcmp(&a1, &b1, sizeof a1) ||
                    ka0 != kb0 || ka1 != kb1;
         }
     return bad;
 }
-// argv: input file: int32 nrows, nblk, then Q4_K rows [nrows, nblk * 144], Q6_K rows
-// [nrows, nblk * 224]. Prints the groups whose decodes differ: "<q4k> <q6k>".
+// run_dot_x (dec_fcvt) against run_dot on n runs of random quants, scales and x: the count
+// whose results differ in a bit.
+static int dot_mismatches(const unsigned* q, const float* f, int n) {
+    int bad = 0;
+    for (int i = 0; i < n; ++i, q += 2, f += 10) {
+        const Run8 r = {q[0], q[1], f[0], f[1]};
+        const float4 x0 = make_float4(f[2], f[3], f[4], f[5]);
+        const float4 x1 = make_float4(f[6], f[7], f[8], f[9]);
+        const float a = run_dot(r, x0, x1), b = run_dot_x(r, x0, x1);
+        bad += std::memcmp(&a, &b, sizeof a) != 0;
+    }
+    return bad;
+}
+// argv: input file: int32 nrows, nblk, ndot, then Q4_K rows [nrows, nblk * 144], Q6_K rows
+// [nrows, nblk * 224], ndot runs' quants [ndot, 2] u32 and floats [ndot, 10]. Prints the
+// groups whose decodes differ and the runs whose dots differ: "<q4k> <q6k> <dot>".
 int main(int argc, char** argv) {
     std::vector<char> in = slurp(argv[1]);
     const int* h = (const int*)in.data();
-    const int nrows = h[0], nblk = h[1];
+    const int nrows = h[0], nblk = h[1], ndot = h[2];
     const size_t n4 = (size_t)nrows * nblk * 144, n6 = (size_t)nrows * nblk * 224;
     u8* q4 = (u8*)std::aligned_alloc(16, n4);
     u8* q6 = (u8*)std::aligned_alloc(16, n6);
-    std::memcpy(q4, in.data() + 8, n4);
-    std::memcpy(q6, in.data() + 8 + n4, n6);
-    std::printf("%d %d\n", mismatches<QT_Q4_K>(q4, nrows, nblk),
-                mismatches<QT_Q6_K>(q6, nrows, nblk));
+    std::memcpy(q4, in.data() + 12, n4);
+    std::memcpy(q6, in.data() + 12 + n4, n6);
+    const char* d = in.data() + 12 + n4 + n6;
+    std::vector<unsigned> dq(2 * (size_t)ndot);
+    std::vector<float> df(10 * (size_t)ndot);
+    std::memcpy(dq.data(), d, 8 * (size_t)ndot);
+    std::memcpy(df.data(), d + 8 * (size_t)ndot, 40 * (size_t)ndot);
+    std::printf("%d %d %d\n", mismatches<QT_Q4_K, true>(q4, nrows, nblk),
+                mismatches<QT_Q6_K, true>(q6, nrows, nblk),
+                dot_mismatches(dq.data(), df.data(), ndot));
     return 0;
 }
 """
@@ -141,17 +169,25 @@ def _build(defines: dict[str, int], out_dir: Path) -> Path:
     return exe
 
 
-def _mismatches(exe: Path, work: Path, seed: int) -> tuple[int, int]:
+def _mismatches(exe: Path, work: Path, seed: int) -> tuple[int, int, int]:
+    """(Q4_K groups, Q6_K groups, run dots) that differ between the wide / fcvt paths and
+    common.cuh's."""
     rng = np.random.default_rng(seed)
     nrows, nblk = 6, 3  # 3 blocks a row: groups of later blocks take the block offsets too
     q4 = rng.integers(0, 256, (nrows, nblk * 144), dtype=np.uint8)
     q6 = rng.integers(0, 256, (nrows, nblk * 224), dtype=np.uint8)
+    ndot = 4096  # every byte value in every position, scales and x of any sign and size
+    dq = rng.integers(0, 1 << 32, (ndot, 2), dtype=np.uint64).astype(np.uint32)
+    df = rng.standard_normal((ndot, 10)) * np.exp2(rng.integers(-20, 20, (ndot, 10)))
     path = work / "blocks.bin"
-    path.write_bytes(np.array([nrows, nblk], np.int32).tobytes() + q4.tobytes() + q6.tobytes())
+    head = np.array([nrows, nblk, ndot], np.int32).tobytes()
+    path.write_bytes(
+        head + q4.tobytes() + q6.tobytes() + dq.tobytes() + df.astype(np.float32).tobytes()
+    )
     r = subprocess.run([str(exe), str(path)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr[-2000:]
-    a, b = (int(v) for v in r.stdout.split())
-    return a, b
+    a, b, c = (int(v) for v in r.stdout.split())
+    return a, b, c
 
 
 @pytest.fixture(scope="module")
@@ -160,12 +196,18 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-def test_wide_groups_decode_to_the_narrow_groups_bits(work, seed):
-    exe = _build({"DEC_WIDE": 1}, work)
-    assert _mismatches(exe, work, seed) == (0, 0)
+def test_wide_groups_and_fcvt_dots_are_the_narrow_ones_to_the_bit(work, seed):
+    exe = _build({}, work)
+    assert _mismatches(exe, work, seed) == (0, 0, 0)
 
 
 def test_planted_wide_q6k_scale_is_caught(work):
-    exe = _build({"DEC_WIDE": 1, "MUTANT_MOE_DEC_WIDE_Q6_SCALE": 1}, work)
-    q4k, q6k = _mismatches(exe, work, 0)
-    assert q4k == 0 and q6k > 0  # half the Q6_K groups (the odd ones) take the wrong scale
+    exe = _build({"MUTANT_MOE_DEC_WIDE_Q6_SCALE": 1}, work)
+    q4k, q6k, dots = _mismatches(exe, work, 0)
+    assert q4k == 0 and q6k > 0 and dots == 0  # the odd Q6_K groups take the wrong scale
+
+
+def test_planted_fcvt_unsigned_is_caught(work):
+    exe = _build({"MUTANT_MOE_DEC_FCVT_UNSIGNED": 1}, work)
+    q4k, q6k, dots = _mismatches(exe, work, 0)
+    assert q4k == q6k == 0 and dots > 3000  # every byte 128 too high (of 4096 runs)

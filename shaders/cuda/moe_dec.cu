@@ -30,7 +30,16 @@
 #ifndef DEC_WIDE
 #define DEC_WIDE 0
 #endif
+// moe_experts.dec_fcvt (set by the host too): DEC_FCVT 1 runs qwide.cuh's run_dot_x (signed
+// bytes to floats by a byte permute and an FADD, not I2F) where 0 runs common.cuh's run_dot
+#ifndef DEC_FCVT
+#define DEC_FCVT 0
+#endif
 #include "qwide.cuh"
+// DEC_WIDE 1: every kernel's groups wide; 2: only the split and weighted-sum down kernels'
+// (moe_dec_down_s*, moe_dec_down_w: a group of each row a lane, where gate_up's lanes walk
+// several groups and the header's byte extraction costs more than the loads it saves)
+constexpr bool kWideUp = DEC_WIDE == 1, kWideDown = DEC_WIDE != 0;
 #include "topk.cuh"
 
 #if !defined(ROWS) || !defined(TPR) || !defined(VEC)
@@ -70,11 +79,11 @@ __device__ __forceinline__ void dot_rows(const u8* const* rows, const float* con
                         if (i < n) {
                             Run8 a, b;
                             int k0, k1;
-                            dec_row_group<QT>(rows[i], g, a, b, k0, k1);
+                            dec_row_group<QT, kWideUp>(rows[i], g, a, b, k0, k1);
                             const float4* x0 = (const float4*)(xs[i] + k0);
                             const float4* x1 = (const float4*)(xs[i] + k1);
-                            s[i] += run_dot(a, __ldg(x0), __ldg(x0 + 1)) +
-                                    run_dot(b, __ldg(x1), __ldg(x1 + 1));
+                            s[i] += dec_run_dot(a, __ldg(x0), __ldg(x0 + 1)) +
+                                    dec_run_dot(b, __ldg(x1), __ldg(x1 + 1));
                         }
                     }
                 }
@@ -373,8 +382,8 @@ __device__ __forceinline__ void dot_pair(const u8* __restrict__ rg, const u8* __
                 if (g < NG) {
                     Run8 a, b, c, d;
                     int k0, k1;
-                    dec_row_group<QT>(rg, g, a, b, k0, k1);
-                    dec_row_group<QT>(ru, g, c, d, k0, k1);
+                    dec_row_group<QT, kWideUp>(rg, g, a, b, k0, k1);
+                    dec_row_group<QT, kWideUp>(ru, g, c, d, k0, k1);
 #ifdef MUTANT_MOE_GATE_UP_PAIR_SWAP
                     const float4* x0 = (const float4*)(x + k1);  // planted bug: runs swapped
                     const float4* x1 = (const float4*)(x + k0);
@@ -384,8 +393,8 @@ __device__ __forceinline__ void dot_pair(const u8* __restrict__ rg, const u8* __
 #endif
                     const float4 xa = __ldg(x0), xb = __ldg(x0 + 1);
                     const float4 xc = __ldg(x1), xd = __ldg(x1 + 1);
-                    sg += run_dot(a, xa, xb) + run_dot(b, xc, xd);
-                    su += run_dot(c, xa, xb) + run_dot(d, xc, xd);
+                    sg += dec_run_dot(a, xa, xb) + dec_run_dot(b, xc, xd);
+                    su += dec_run_dot(c, xa, xb) + dec_run_dot(d, xc, xd);
                 }
             }
         }
@@ -688,10 +697,11 @@ __device__ __forceinline__ float row_dot(const u8* __restrict__ row, const float
         for (int g = lane; g < K / 16; g += TPR) {
             Run8 a, b;
             int k0, k1;
-            dec_row_group<QT>(row, g, a, b, k0, k1);
+            dec_row_group<QT, kWideDown>(row, g, a, b, k0, k1);
             const float4* x0 = (const float4*)(x + k0);
             const float4* x1 = (const float4*)(x + k1);
-            p += run_dot(a, __ldg(x0), __ldg(x0 + 1)) + run_dot(b, __ldg(x1), __ldg(x1 + 1));
+            p += dec_run_dot(a, __ldg(x0), __ldg(x0 + 1)) +
+                 dec_run_dot(b, __ldg(x1), __ldg(x1 + 1));
         }
     }
     return p;
@@ -801,13 +811,14 @@ __device__ __forceinline__ void warp_rows(const u8* __restrict__ row0, int rb, i
             int k0 = 0, k1 = 0;
 #pragma unroll
             for (int r = 0; r < R; ++r)
-                if (r < nr) dec_row_group<QT>(row0 + (size_t)r * rb, g, a[r], b[r], k0, k1);
+                if (r < nr)
+                    dec_row_group<QT, kWideDown>(row0 + (size_t)r * rb, g, a[r], b[r], k0, k1);
             const float4* x0 = (const float4*)(x + k0);
             const float4* x1 = (const float4*)(x + k1);
             const float4 xa = __ldg(x0), xb = __ldg(x0 + 1), xc = __ldg(x1), xd = __ldg(x1 + 1);
 #pragma unroll
             for (int r = 0; r < R; ++r)
-                if (r < nr) s[r] += run_dot(a[r], xa, xb) + run_dot(b[r], xc, xd);
+                if (r < nr) s[r] += dec_run_dot(a[r], xa, xb) + dec_run_dot(b[r], xc, xd);
         }
     }
 }

@@ -14,6 +14,9 @@
 #ifndef DEC_WIDE
 #define DEC_WIDE 0
 #endif
+#ifndef DEC_FCVT
+#define DEC_FCVT 0
+#endif
 
 // Byte i (0..15) of a 16-byte value held in registers.
 __device__ __forceinline__ int qw_byte(const uint4& v, int i) {
@@ -32,9 +35,10 @@ __device__ __forceinline__ void qw_q4k_scale_min(const uint4& hdr, int j, int& s
     }
 }
 
-template <int QT>
+// W: the wide loads (moe_dec.cu passes DEC_WIDE's choice for the kernel at hand).
+template <int QT, bool W>
 __device__ __forceinline__ void dec_group(const u8* __restrict__ blk, int gi, Run8& r0, Run8& r1) {
-    if constexpr (!DEC_WIDE || (QT != QT_Q4_K && QT != QT_Q6_K)) {
+    if constexpr (!W || (QT != QT_Q4_K && QT != QT_Q6_K)) {
         decode_group<QT>(blk, gi, r0, r1);
     } else if constexpr (QT == QT_Q4_K) {
         const int p = gi >> 2, i = gi & 3;
@@ -80,13 +84,42 @@ __device__ __forceinline__ void dec_group(const u8* __restrict__ blk, int gi, Ru
 }
 
 // row_group with dec_group's loads.
-template <int QT>
+template <int QT, bool W>
 __device__ __forceinline__ void dec_row_group(const u8* row, int g, Run8& r0, Run8& r1, int& k0,
                                               int& k1) {
     const int b = g / QTraits<QT>::GROUPS, gi = g % QTraits<QT>::GROUPS;
-    dec_group<QT>(row + (size_t)b * QTraits<QT>::BYTES, gi, r0, r1);
+    dec_group<QT, W>(row + (size_t)b * QTraits<QT>::BYTES, gi, r0, r1);
     int o0, o1;
     run_offsets<QT>(gi, o0, o1);
     k0 = b * QTraits<QT>::BK + o0;
     k1 = b * QTraits<QT>::BK + o1;
+}
+
+// moe_experts.dec_fcvt (DEC_FCVT 1): run_dot (common.cuh) with each signed byte made a float
+// without I2F (a quarter-rate conversion: 16 a group, which the decode kernels' lanes queue on
+// once their loads are few): byte b of w ^ 0x80808080 is b's value + 128, placed by one
+// byte permute under the exponent of 2^23 (the float 2^23 + v + 128, exact) and one FADD of
+// -(2^23 + 128), exact too: the same floats, in the same expression: run_dot to the bit.
+__device__ __forceinline__ float sbyte_x(u32 wx, int i) {  // wx = w ^ 0x80808080
+#ifdef MUTANT_MOE_DEC_FCVT_UNSIGNED
+    return __uint_as_float(__byte_perm(wx, 0x4B000000u, 0x7650 + i)) - 8388608.f;  // planted bug
+#else
+    return __uint_as_float(__byte_perm(wx, 0x4B000000u, 0x7650 + i)) - 8388736.f;
+#endif
+}
+
+__device__ __forceinline__ float run_dot_x(const Run8& r, float4 x0, float4 x1) {
+    const u32 p = r.q0 ^ 0x80808080u, q = r.q1 ^ 0x80808080u;
+    const float qx = sbyte_x(p, 0) * x0.x + sbyte_x(p, 1) * x0.y + sbyte_x(p, 2) * x0.z +
+                     sbyte_x(p, 3) * x0.w + sbyte_x(q, 0) * x1.x + sbyte_x(q, 1) * x1.y +
+                     sbyte_x(q, 2) * x1.z + sbyte_x(q, 3) * x1.w;
+    const float sx = (x0.x + x0.y) + (x0.z + x0.w) + (x1.x + x1.y) + (x1.z + x1.w);
+    return r.a * qx + r.b * sx;
+}
+
+__device__ __forceinline__ float dec_run_dot(const Run8& r, float4 x0, float4 x1) {
+    if constexpr (DEC_FCVT != 0)
+        return run_dot_x(r, x0, x1);
+    else
+        return run_dot(r, x0, x1);
 }

@@ -195,8 +195,9 @@ def modules_for(cfg: TuningConfig) -> dict[str, tuple[str, dict[str, int]]]:
         mods["moe"] = (Path(dmmv.source).name, variant_defines(dmmv, MOE_FALLBACK))
     # moe_experts.fuse_decode's kernels, built with the expert DMMV's rows / threads / vec
     dec = dict(mods["moe"][1])
-    if moe.variant in ("dmmv", "grouped", "tc"):  # moe_experts.dec_wide: moe_dec.cu's alone
+    if moe.variant in ("dmmv", "grouped", "tc"):  # dec_wide, dec_fcvt: moe_dec.cu's alone
         dec["DEC_WIDE"] = int(moe["dec_wide"])
+        dec["DEC_FCVT"] = int(moe["dec_fcvt"])
     mods["moe_dec"] = ("moe_dec.cu", dec)
     # delta_net.fuse_decode's step (it includes delta_net.cu), with the scan's layout defines
     dn = cfg.op("delta_net")

@@ -261,15 +261,29 @@ _MOE_DMMV = (
         PUSHED,
     ),
     # helper moe35 (seventh session): off until measured on the H200
+    # (H200, moe35's checkpoint, one 35B-A3B layer, Q4_K down: 1 made gate_up 14.8 -> 16.4 us
+    # and the split down 14.6 -> 13.3 (queued eager), the layer 30.07 -> 30.16 us: hence 2)
     Param(
         "dec_wide",
-        (0, 1),
+        (0, 1, 2),
         0,
         "fuse_decode's kernels (moe_dec.cu, qwide.cuh): 1 decodes a Q4_K group from its "
         "block's 16-byte header and 8 quant bytes (2 loads, not 8) and a Q6_K group from "
-        "16-byte ql / qh / scale loads (4, not 18): the decode kernels queue on load "
-        "instructions, not bytes; same weights, same sums: bit-identical (moe_dec.cu's "
-        "DEC_WIDE define, set by the CUDA backend's modules_for: moe.cu does not rebuild)",
+        "16-byte ql / qh / scale loads (4, not 18) in every kernel, 2 in the split and "
+        "weighted-sum down kernels only (gate_up's lanes walk several groups, where the "
+        "header's byte extraction costs more than the loads it saves); same weights, same "
+        "sums: bit-identical (moe_dec.cu's DEC_WIDE define, set by the CUDA backend's "
+        "modules_for: moe.cu does not rebuild)",
+        HOST,
+    ),
+    Param(
+        "dec_fcvt",
+        (0, 1),
+        0,
+        "fuse_decode's kernels: 1 makes each quant byte a float by a byte permute and an FADD "
+        "(qwide.cuh run_dot_x: the exact float 2^23 + v + 128 minus 2^23 + 128) where "
+        "run_dot converts with I2F, a quarter-rate instruction, 16 a group: the same floats "
+        "in the same expressions, bit-identical (moe_dec.cu's DEC_FCVT define, as dec_wide)",
         HOST,
     ),
     Param(
