@@ -32,6 +32,8 @@ HDEC = {"delta_net.fuse_conv": 1, "delta_net.fuse_ba": 1, "moe_experts.fuse_norm
 RV_TK = {"moe_experts.route_vec": 1, "moe_experts.topk_regs": 1}
 MOE6 = {"moe_experts.route_block": 128, "moe_experts.topk_regs": 1, "moe_experts.down_split": 1,
         "moe_experts.gate_up_pair": 1, "moe_experts.fuse_pre_norm": 1}  # fmt: skip
+RB_PRE = {"moe_experts.route_block": 128, "moe_experts.topk_regs": 1,  # rb_tk_split_pre
+          "moe_experts.down_split": 1, "moe_experts.fuse_pre_norm": 1}  # fmt: skip
 VARIANTS: dict[str, dict] = {
     "default": {},
     # the default before the sixth session's flip (hdec_all_rv_ws's knobs off)
@@ -118,6 +120,13 @@ VARIANTS: dict[str, dict] = {
     "rb_tk_split_pre_pdl": {"moe_experts.route_block": 128, "moe_experts.topk_regs": 1,
                             "moe_experts.down_split": 1, "moe_experts.fuse_pre_norm": 1,
                             "matmul_decode.pdl": 1},
+    # helper dn (seventh session): the delta-net decode step as a thread-block cluster per K
+    # head (dn_clu.cu: delta_net.step_cluster blocks per V head, step_lanes lanes a column)
+    "dn_c4": RB_PRE | {"delta_net.step_cluster": 4, "delta_net.step_lanes": 8},
+    "dn_c2": RB_PRE | {"delta_net.step_cluster": 2, "delta_net.step_lanes": 8},
+    "dn_c4_l16": RB_PRE | {"delta_net.step_cluster": 4, "delta_net.step_lanes": 16},
+    "dn_c4_pdl": RB_PRE | {"delta_net.step_cluster": 4, "delta_net.step_lanes": 8,
+                           "matmul_decode.pdl": 1},
     "tk": {"moe_experts.topk_regs": 1},  # the default + the register top-k alone
     # everything of the sixth session: block route + register top-k + the norm folded in,
     # paired gate / up, a warp per expert slot in down; gate_up at 64 lanes a row; with PDL
