@@ -21,7 +21,9 @@
 // in another order (order_only). q, k L2-normalised in the kernel, as delta_net.cu does.
 // Defines: MAX_DK, STATE_T (the delta_net variant's), DCL blocks per V head, DG lanes per column.
 // Kernels dn_clu_r1 / _r2 / _r4: RV = Hv / Hk (the cluster's second dimension).
+#ifndef DNC_EMUL
 #include "common.cuh"
+#endif
 
 #if !defined(MAX_DK) || !defined(STATE_T) || !defined(DCL) || !defined(DG)
 #error "dn_clu.cu needs MAX_DK, STATE_T, DCL and DG (engine/tuning/kernels/cuda_hybrid.py)"
@@ -37,18 +39,32 @@
 #define DNC_MAX_CONV 8         // hybrid.cu MAX_CONV: K - 1 <= 7 taps of the state per channel
 #define DNC_THREADS 512  // the most a block may have (the host checks): 128 registers a thread
 
+// A block's shared memory: one struct (the host emulation gives each block its own).
+struct DncShared {
+    float qk[2 * MAX_DK];  // the K head's convolved q [dk], then k [dk]
+    float qk_win[DNC_MAX_CONV - 1][2 * MAX_DK];  // (the first block) their new conv state
+    float red[DNC_THREADS / 32];
+    float part;  // this block's sum of squares of its outputs (read cluster-wide)
+};
+#ifdef DNC_EMUL
+#define DNC_SHARED(v) DncShared& v = *emu_block_shared<DncShared>()
+#else
+#define DNC_SHARED(v) __shared__ DncShared v
+#endif
+
 __device__ __forceinline__ float group_sum(float v) {
 #pragma unroll
     for (int o = DG / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
 
+// (DNC_EMUL: tests/dn_clu_emul.py's host build, a block's threads as std::threads)
 __device__ __forceinline__ void dnc_cluster_sync() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
     asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-#else
-    __syncthreads();
+#elif defined(DNC_EMUL)
+    emu_cluster_sync();
 #endif
 }
 
@@ -60,6 +76,8 @@ __device__ __forceinline__ float dnc_dsmem_ld(const float* p, int rank) {
     asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(l) : "l"(p));
     asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(l), "r"(rank));
     asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(a) : "memory");
+#elif defined(DNC_EMUL)
+    v = *emu_dsmem(p, rank);
 #endif
     return v;
 }
@@ -112,10 +130,8 @@ __device__ __forceinline__ void dn_clu_body(const float* __restrict__ xr, float*
                                             const float* __restrict__ z, float* __restrict__ y,
                                             int Hk, int Hv, int dk, int dv, int grouped,
                                             float eps) {
-    __shared__ float qk[2 * MAX_DK];  // the K head's convolved q [dk], then k [dk]
-    __shared__ float qk_win[DNC_MAX_CONV - 1][2 * MAX_DK];  // (the first block) their new state
-    __shared__ float red[DNC_THREADS / 32];
-    __shared__ float part;  // this block's sum of squares of its outputs (read cluster-wide)
+    DNC_SHARED(sm);
+    float* qk = sm.qk;
     const int tid = threadIdx.x, lane = tid & 31, g = tid % DG, cl = tid / DG;
     const int cpb = (dv + DCL - 1) / DCL;
     const int bx = blockIdx.x, vr = blockIdx.y % RV, kh = blockIdx.y / RV;
@@ -145,20 +161,19 @@ __device__ __forceinline__ void dn_clu_body(const float* __restrict__ xr, float*
         if (writer) {
 #pragma unroll
             for (int r = 0; r < DNC_MAX_CONV - 1; ++r)
-                if (r < K - 1) qk_win[r][t] = win[r + 1];
+                if (r < K - 1) sm.qk_win[r][t] = win[r + 1];
         }
     }
-    float vj = 0.f;
+    float vj = 0.f, nxt = 0.f;
     if (col) {  // the v channel's only readers: its group, which writes its new state
         const int c = 2 * kd + h * dv + j;
         vj = dnc_conv(xr, cs, cw, c, Cc, K, win);
-        float nxt = 0.f;
 #pragma unroll
         for (int r = 0; r < DNC_MAX_CONV - 1; ++r)  // win[g + 1], constant indices
             if (r == g) nxt = win[r + 1];
-        __syncwarp(__activemask());  // every lane of the group has read the old rows
-        if (g < K - 1) cs[(size_t)g * Cc + c] = nxt;
     }
+    __syncwarp();  // every lane of the group has read the old rows
+    if (col && g < K - 1) cs[(size_t)g * Cc + 2 * kd + h * dv + j] = nxt;
     __syncthreads();  // qk complete
     // the gates (ssm_gates' expressions) and the scan's step (delta_net.cu dn_step's), a column
     // per group of DG lanes; every lane runs the shuffles (zeros off the columns)
@@ -201,27 +216,27 @@ __device__ __forceinline__ void dn_clu_body(const float* __restrict__ xr, float*
     // the gated norm: this block's sum of squares, then the head's over its DCL blocks
     float ss = col && g == 0 ? o * o : 0.f;
     ss = warp_sum(ss);
-    if (lane == 0) red[tid / 32] = ss;
+    if (lane == 0) sm.red[tid / 32] = ss;
     __syncthreads();
     if (tid == 0) {
         float p = 0.f;
-        for (int w = 0; w < (int)(blockDim.x / 32); ++w) p += red[w];
-        part = p;
+        for (int w = 0; w < (int)(blockDim.x / 32); ++w) p += sm.red[w];
+        sm.part = p;
     }
     dnc_cluster_sync();  // every part written; every block's reads of the old conv state done
     if (writer) {
         for (int e = tid; e < (K - 1) * 2 * dk; e += blockDim.x) {
             const int r = e / (2 * dk), t = e % (2 * dk);
             const int c = t < dk ? kh * dk + t : kd + kh * dk + t - dk;
-            cs[(size_t)r * Cc + c] = qk_win[r][t];
+            cs[(size_t)r * Cc + c] = sm.qk_win[r][t];
         }
     }
     float tot = 0.f;
 #ifdef MUTANT_DN_CLU_LOCAL_NORM
-    tot = part * DCL;  // planted bug: each block normalises by its own columns' sum
+    tot = sm.part * DCL;  // planted bug: each block normalises by its own columns' sum
 #else
 #pragma unroll
-    for (int x = 0; x < DCL; ++x) tot += dnc_dsmem_ld(&part, vr * DCL + x);
+    for (int x = 0; x < DCL; ++x) tot += dnc_dsmem_ld(&sm.part, vr * DCL + x);
 #endif
     const float scale = rsqrtf(tot / (float)dv + eps);
     if (col && g == 0) {
