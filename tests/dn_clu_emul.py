@@ -26,6 +26,7 @@ _SHIM = r"""
 #include <cstdlib>
 #include <cstring>
 #include <math.h>
+#include <optional>
 #include <thread>
 #include <vector>
 #define __device__
@@ -60,6 +61,9 @@ inline float warp_sum(float v) {
 }
 inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
 inline void emu_cluster_sync() { emu_cbar->arrive_and_wait(); }
+thread_local std::optional<std::barrier<>::arrival_token> emu_token;
+inline void emu_cluster_arrive() { emu_token.emplace(emu_cbar->arrive()); }
+inline void emu_cluster_wait() { emu_cbar->wait(std::move(*emu_token)); }
 template <class T> inline T* emu_block_shared() { return (T*)emu_smem; }
 inline const float* emu_dsmem(const float* p, int rank) {
     return (const float*)(emu_cluster[rank] + ((const char*)p - emu_smem));

@@ -68,6 +68,23 @@ __device__ __forceinline__ void dnc_cluster_sync() {
 #endif
 }
 
+// the exit barrier in two halves: arrive once this block's reads of the others' shared memory
+// are done, wait (before leaving) after its last stores, which so overlap the others' arrivals
+__device__ __forceinline__ void dnc_cluster_arrive() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#elif defined(DNC_EMUL)
+    emu_cluster_arrive();
+#endif
+}
+__device__ __forceinline__ void dnc_cluster_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#elif defined(DNC_EMUL)
+    emu_cluster_wait();
+#endif
+}
+
 // *p in the shared memory of the cluster's block rank
 __device__ __forceinline__ float dnc_dsmem_ld(const float* p, int rank) {
     float v = *p;
@@ -238,12 +255,13 @@ __device__ __forceinline__ void dn_clu_body(const float* __restrict__ xr, float*
 #pragma unroll
     for (int x = 0; x < DCL; ++x) tot += dnc_dsmem_ld(&sm.part, vr * DCL + x);
 #endif
+    dnc_cluster_arrive();  // done with the others' parts
     const float scale = rsqrtf(tot / (float)dv + eps);
     if (col && g == 0) {
         const float on = o * scale * nwj;
         y[(size_t)h * dv + j] = zj / (1.f + expf(-zj)) * on;
     }
-    dnc_cluster_sync();  // no block leaves while another reads its part
+    dnc_cluster_wait();  // no block leaves while another may read its part
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900  // no clusters: built, never launched (the
