@@ -892,3 +892,15 @@ def test_delta_net_step_cluster_falls_back_where_no_cluster_fits():
     assert be._dn_clu_launch(c, 4, 12, 64, 64) is None  # rv 3
     be._cc = 89
     assert be._dn_clu_launch(c, 4, 8, 64, 64) is None
+
+
+def test_delta_net_step_cluster_needs_sm_90():
+    from engine.backends.base import DeviceInfo
+    from engine.errors import ConfigError
+
+    dev = {cc: DeviceInfo("cuda", "gpu", "nvidia", "gpu", extra={"cc": cc}) for cc in (80, 90)}
+    c = cfg(**{"delta_net.step_cluster": 2})
+    c.check(dev[90])
+    cfg().check(dev[80])
+    with pytest.raises(ConfigError, match="step_cluster"):
+        c.check(dev[80])

@@ -13,7 +13,15 @@ from __future__ import annotations
 
 from engine.tuning.kernels.cuda import ALL_TYPES
 from engine.tuning.kernels.vulkan import DELTA_NET_CHUNKS
-from engine.tuning.registry import HOST, PUSHED, REGISTRY, Param, Variant, define
+from engine.tuning.registry import (
+    HOST,
+    PUSHED,
+    REGISTRY,
+    Constraint,
+    Param,
+    Variant,
+    define,
+)
 
 B = "cuda"
 
@@ -107,6 +115,14 @@ _DN_STEP_LANES = Param(
     "sums take log2(lanes) shuffles; a block is dv / step_cluster * lanes threads, <= 512)",
     PUSHED,
 )
+_DN_CLUSTER_CC = Constraint(
+    "delta_net.step_cluster != 0 needs compute capability >= 9.0 (thread-block clusters)",
+    lambda cfg, dev: (
+        int(cfg.op("delta_net")["step_cluster"]) == 0
+        or dev is None
+        or int(dev.extra.get("cc", 0)) >= 90
+    ),
+)
 _DN_DECODE = (  # the decode step's launch knobs
     _DN_FUSE, _DN_FUSE_CONV, _DN_FUSE_BA, _DN_STEP_CLUSTER, _DN_STEP_LANES,
 )  # fmt: skip
@@ -120,6 +136,7 @@ REGISTRY.register(
             "delta_net",
             "sequential",
             params=(_DN_WARPS, _DN_LAYOUT, _DN_MAX_DK, _DN_PREFETCH, *_DN_DECODE),
+            constraints=(_DN_CLUSTER_CC,),
             source="cuda/delta_net.cu",
             numeric="order_only",
             doc="a warp per state column (lanes over its rows, in registers for the call), "
@@ -152,6 +169,7 @@ REGISTRY.register(
                     PUSHED,
                 ),
             ),
+            constraints=(_DN_CLUSTER_CC,),
             source="cuda/delta_net_chunked.cu",
             # float32 like the sequential kernel, another summation order: a triangular solve
             # per chunk and the state carried chunk to chunk
