@@ -244,20 +244,6 @@ VARIANTS |= {
                                    _D + "q4k_min_blocks": 16, _D + "stage": 1,
                                    _D + "stage_min_rows": 65536},
 }  # fmt: skip
-# helper gemv (issue 14, seventh session): mmvw_pipe (matmul_decode.pipe: register-pipelined
-# row streaming a lane group) on dec8_split2; pipe_split for the down projections
-_P = {_D + "pipe_split": 4}
-_W = {_D + "pipe_wide": 1, _D + "pipe_lanes": 8, _D + "q4k_lean": 1}
-VARIANTS |= {
-    "gemv_p4": S2 | _P | {_D + "pipe": 4},
-    "gemv_p3": S2 | _P | {_D + "pipe": 3},
-    "gemv_p4_lean": S2 | _P | {_D + "pipe": 4, _D + "q4k_lean": 1},
-    "gemv_p4_r16": S2 | _P | {_D + "pipe": 4, _D + "pipe_rows": 16},
-    "gemv_p4_s8": S2 | {_D + "pipe": 4, _D + "pipe_split": 8},
-    # + pipe_wide (64-weight Q4_K items, 8 lanes a row) and q4k_lean
-    "gemv_p3w": S2 | _P | _W | {_D + "pipe": 3},
-    "gemv_p2w": S2 | _P | _W | {_D + "pipe": 2},
-}
 # helper attn (issue 14): attention_decode.tile (a block per KV head and key range cut from the
 # position, cp.async K/V tiles, fused combine) on dec8_split2, and its knobs
 _TILE = {_A + "variant": "tile"}
@@ -309,11 +295,6 @@ VARIANTS |= {
 SWEEP_KNOBS = (
     "q4k_lean",
     "q4k_kernel",
-    "pipe",
-    "pipe_wide",
-    "pipe_lanes",
-    "pipe_split",
-    "pipe_rows",
     "stream",
     "stream_x",
     "split_k",

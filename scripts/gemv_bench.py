@@ -107,33 +107,6 @@ SETTINGS: dict[str, dict] = {
     "lk_wide_split2": _k(q4k_lean=1, q4k_kernel=1, q4k_wide=1, split_k=2),
     "lk_stage": _k(q4k_lean=1, q4k_kernel=1, stage=1),
     "lk_stage_lm": _k(q4k_lean=1, q4k_kernel=1, stage=1, stage_min_rows=65536),
-    # mmvw_pipe (pipe = items in flight a lane): a block owns pipe_rows rows, each 16-lane group
-    # streams its rows' slots with the next loads always in flight; pN_sM: pipe N, pipe_split M
-    # (rows of K >= 8192 in M parts over pipe_rows / M rows a block); rR: pipe_rows R
-    "p4": _k(pipe=4),
-    "p2_s4": _k(pipe=2, pipe_split=4),
-    "p3_s4": _k(pipe=3, pipe_split=4),
-    "p4_s4": _k(pipe=4, pipe_split=4),
-    "p6_s4": _k(pipe=6, pipe_split=4),
-    "p4_s8": _k(pipe=4, pipe_split=8),
-    "p4_s4_r16": _k(pipe=4, pipe_split=4, pipe_rows=16),
-    "p4_s4_r64": _k(pipe=4, pipe_split=4, pipe_rows=64),
-    "p4_s8_w8": _k(pipe=4, pipe_split=8, warps=8),
-    "p4_s4_t32": _k(pipe=4, pipe_split=4, pipe_lanes=32),
-    "p4_s4_t8": _k(pipe=4, pipe_split=4, pipe_lanes=8),
-    "p4_s4_lean": _k(pipe=4, pipe_split=4, q4k_lean=1),
-    "p3_s4_lean": _k(pipe=3, pipe_split=4, q4k_lean=1),
-    # + pipe_wide: 64-weight Q4_K items (8 lanes a row cover what 16 narrow ones do)
-    "p2w_s4": _k(pipe=2, pipe_wide=1, pipe_lanes=8, pipe_split=4, q4k_lean=1),
-    "p3w_s4": _k(pipe=3, pipe_wide=1, pipe_lanes=8, pipe_split=4, q4k_lean=1),
-    "p4w_s4": _k(pipe=4, pipe_wide=1, pipe_lanes=8, pipe_split=4, q4k_lean=1),
-    "p3w_s8": _k(pipe=3, pipe_wide=1, pipe_lanes=8, pipe_split=8, q4k_lean=1),
-    "p3w_s4_t16": _k(pipe=3, pipe_wide=1, pipe_split=4, q4k_lean=1),
-    "p3w_s4_r64": _k(pipe=3, pipe_wide=1, pipe_lanes=8, pipe_split=4, q4k_lean=1, pipe_rows=64),
-    # pipe_fill (default 8 blocks an SM for small launches): 0 keeps pipe_rows, 4 between
-    "p4_s4_f0": _k(pipe=4, pipe_split=4, pipe_fill=0),
-    "p4_s4_f4": _k(pipe=4, pipe_split=4, pipe_fill=4),
-    "p3w_s4_w8": _k(pipe=3, pipe_wide=1, pipe_lanes=8, pipe_split=8, q4k_lean=1, warps=8),
 }
 Q4K_ROW, Q6K_ROW = 144, 224  # bytes per 256 weights (Q6_K as loaded: padded to 224)
 L2_DEFEAT = 256 << 20  # bytes of weight copies a shape rotates through (H200 L2: 50 MB)

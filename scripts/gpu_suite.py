@@ -47,7 +47,6 @@ SUITES: dict[str, list[tuple[str, str, str | None]]] = {
         ("tests/test_cuda_moe_drift.py", "gpu", None),  # tc under drift-explained routing
         ("tests/test_cuda_mmvw_stream.py", "gpu", None),  # mmvw_stream (matmul_decode.stream)
         ("tests/test_cuda_mmvw_q4k.py", "gpu", None),  # q4k_lean, q4k_kernel (mmvw_q4k)
-        ("tests/test_cuda_mmvw_pipe.py", "gpu", None),  # mmvw_pipe (matmul_decode.pipe)
         ("tests/test_cuda_backend.py", "gpu or not gpu", None),
         ("tests/test_cuda_attn_vec.py", "gpu", None),  # attention_decode.vec
         ("tests/test_cuda_dn_clu.py", "gpu", None),  # delta_net.step_cluster (dn_clu.cu)

@@ -285,9 +285,6 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("MMVW_STREAM_SHORT", "cuda", "matmul_decode", "mmvw_stream's bulk copies each "
            "leave out their row set's last 16 bytes (stale shared memory read instead)",
            {"matmul_decode.variant": "mmvw", "matmul_decode.stream": 2}),
-    Mutant("MMVW_PIPE_CHUNK", "cuda", "matmul_decode", "mmvw_pipe (pipe) leaves out the last "
-           "chunk of slots of each row part", {"matmul_decode.variant": "mmvw",
-                                               "matmul_decode.pipe": 4}),
     Mutant("MMVW_SPLIT_PART", "cuda", "matmul_decode", "mmvw's split-K leaves out the last "
            "part of each row", {"matmul_decode.variant": "mmvw", "matmul_decode.split_k": 2,
                                 "matmul_decode.split_min_k": 256}),

@@ -230,9 +230,6 @@ def _old_cuda_modules(cfg: TuningConfig) -> dict[str, tuple[str, dict]]:
                 "Q6K_WIDE": dec["q6k_wide"],
                 "Q4K_LEAN": dec["q4k_lean"],  # gemv: branch-free Q4_K scales
                 "Q4K_MINB": dec["q4k_min_blocks"],
-                "PIPE_D": dec["pipe"],  # gemv (seventh session): mmvw_pipe
-                "PIPE_TPR": dec["pipe_lanes"],
-                "PIPE_WIDE": dec["pipe_wide"],
             },
         )
     else:

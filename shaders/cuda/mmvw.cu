@@ -52,17 +52,6 @@
 #ifndef Q6K_WIDE
 #define Q6K_WIDE 0
 #endif
-// PIPE_D (knob pipe: 0 off), PIPE_TPR (pipe_lanes), PIPE_WIDE (pipe_wide): mmvw_pipe.cuh's
-// register-pipelined row streaming, included at the end of this file
-#ifndef PIPE_D
-#define PIPE_D 0
-#endif
-#ifndef PIPE_TPR
-#define PIPE_TPR 16
-#endif
-#ifndef PIPE_WIDE
-#define PIPE_WIDE 0
-#endif
 #include "q8.cuh"
 #include "vecdot.cuh"
 
@@ -783,4 +772,3 @@ extern "C" __global__ void __launch_bounds__(NW * 32 MMVW_BOUNDS_MINB)
         }
     }
 }
-#include "mmvw_pipe.cuh"

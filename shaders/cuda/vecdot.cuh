@@ -136,9 +136,9 @@ template <int QT> struct VD {
     }
 };
 
-// The narrow Q4_K slot (32 weights) as free functions on registers, shared by VD<QT_Q4_K> (when
-// not Q4K_WIDE) and mmvw_pipe.cuh (always narrow): its activations, and its contribution from
-// the block header hd (16 bytes) and the slot's 16 qs bytes q, already loaded.
+// The narrow Q4_K slot (32 weights) as free functions on registers, used by VD<QT_Q4_K> (when
+// not Q4K_WIDE): its activations, and its contribution from the block header hd (16 bytes) and
+// the slot's 16 qs bytes q, already loaded.
 __device__ __forceinline__ XSlot q4k_xload(int s, const s8* __restrict__ xq,
                                            const float2* __restrict__ xds) {
     const int b = s >> 3, p = (s >> 1) & 3, h = s & 1;
@@ -189,8 +189,8 @@ struct XSlotW {
     float2 da, db;
 };
 
-// The wide Q4_K slot (64 weights) as free functions on registers, shared by VD<QT_Q4_K> under
-// Q4K_WIDE and mmvw_pipe.cuh's pipe_wide: slot s = all 32 qs bytes of pair p = s & 3 of block
+// The wide Q4_K slot (64 weights) as free functions on registers, used by VD<QT_Q4_K> under
+// Q4K_WIDE: slot s = all 32 qs bytes of pair p = s & 3 of block
 // s >> 2 (q0, q1: two 16-byte loads), sub-blocks 2p (low nibbles) and 2p + 1 (high), 64 weights
 // against 64 contiguous activations. Per 16 weight bytes half the header loads, scale decodes,
 // Q8_1 scale loads and float work of the narrow slot, and both halves' min term in one slot.
@@ -285,7 +285,7 @@ template <> struct VD<QT_Q4_K> {
 #endif
 
 // The narrow Q6_K slot (32 weights; slot s = (b, h, c, lq), layout below) as free functions on
-// registers, shared by VD<QT_Q6_K> (when not Q6K_WIDE) and mmvw_pipe.cuh: its activations with
+// registers, used by VD<QT_Q6_K> (when not Q6K_WIDE): its activations with
 // the -32 offsets' sums, and its contribution from ql / qh (16 bytes each), the two scales and d.
 __device__ __forceinline__ XSlot q6k_xload(int s, const s8* __restrict__ xq,
                                            const float2* __restrict__ xds) {

@@ -65,7 +65,6 @@ _QT = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
 _NULL = np.uint64(0)
 _MAX_ARGMAX_ROWS = 4096  # rows argmax.multi takes in one launch (more: argmax.block's kernel)
 _WIDE = {"Q4_K": "q4k_wide", "Q6_K": "q6k_wide"}  # a type's 64-weight slot knob (no x planes)
-_PIPE_KERNEL = {"Q4_K": "mmvw_pipe_q4k", "Q6_K": "mmvw_pipe_q6k"}  # one type: its own build
 _MAX_ROPE_HEADS = 1024  # q + k heads mmvw_qkv counts (tickets); more: mmvw, then rope_kv
 
 
@@ -676,17 +675,6 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         for _ in range(3 - len(mats)):
             nbs.append(0)
             args += [_NULL, np.int32(0), np.int32(0), np.int32(0), _NULL, _NULL]
-        pipe = self._pipe_plan(tuple(m[0] for m in mats))
-        if pipe is not None:  # matmul_decode.pipe: before stream and q4k_kernel
-            name, prpb, ks = pipe
-            pnb = [math.ceil(m[0].n / prpb) for m in mats] + [0] * (3 - len(mats))
-            self._launch(
-                "mmvw", name, (sum(pnb),), (int(c["warps"]) * 32,),
-                (xq, xds, np.int32(mats[0][0].k), np.int32(pnb[0]), np.int32(pnb[1]),
-                 np.int32(prpb), np.int32(ks), *args),
-                smem=4 * prpb * ks * int(c["pipe_lanes"]), pdl=True,
-            )  # fmt: skip
-            return
         plan = self._stream_plan(tuple(m[0] for m in mats), rpb, sum(nbs))
         if plan is not None:
             grid, stages, stage_bytes, x4, x6, smem = plan
@@ -794,28 +782,6 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
             extra = self.device_info().extra
             cap = self._stage_cap = int(extra.get("smem_per_block_optin", 0)) - 1024
         return need if need <= cap else 0
-
-    def _pipe_plan(self, ws: tuple[CudaWeight, ...]) -> tuple[str, int, int] | None:
-        """(kernel, rows per block, K-parts) of an mmvw_pipe launch (matmul_decode.pipe > 0),
-        or None: the knob is off or a matrix is not Q4_K / Q6_K. Rows of K >= split_min_k split
-        into pipe_split parts over pipe_rows / pipe_split rows a block (as split_k divides
-        mmvw's); a launch that would have fewer than pipe_fill blocks an SM gets fewer rows a
-        block (q/k/v and o: 2-3k rows); one type throughout gets the kernel built for it alone
-        (fewer registers). The launch's shared memory: a float per lane, part and row."""
-        c = self.config.op("matmul_decode")
-        if int(c["pipe"]) == 0:
-            return None
-        types = {w.qtype for w in ws}
-        if not types <= {"Q4_K", "Q6_K"}:
-            return None
-        rows, split = int(c["pipe_rows"]), int(c["pipe_split"])
-        ks = split if split > 1 and ws[0].k >= int(c["split_min_k"]) else 1
-        rpb = max(1, rows // ks)
-        want = int(c["pipe_fill"]) * int(self._dev_extra().get("sms", 1))
-        if sum(-(-w.n // rpb) for w in ws) < want:  # a small launch: fewer rows a block
-            rpb = max(1, sum(w.n for w in ws) // want)
-        name = "mmvw_pipe" if len(types) > 1 else _PIPE_KERNEL[min(types)]
-        return name, rpb, ks
 
     def _dev_extra(self) -> dict:
         """device_info().extra, asked of the driver once (not per decode launch)."""

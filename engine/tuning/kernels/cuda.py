@@ -472,74 +472,9 @@ REGISTRY.register(
                     "cuda/pdl.py)",
                     HOST,
                 ),
-                Param(
-                    "pipe",
-                    (0, 2, 3, 4, 6),
-                    0,
-                    "Q4_K / Q6_K launches (mmvw's, not its fused epilogues) as mmvw_pipe: a "
-                    "block owns pipe_rows rows and each lane group streams its rows' slots with "
-                    "this many items' weight loads in flight in registers, refilled as each is "
-                    "used, across row ends (mmvw's warps load 1-2 slots, wait and exit: a launch "
-                    "runs in waves); takes precedence over stream and q4k_kernel (0: off)",
-                    define("PIPE_D"),
-                ),
-                Param(
-                    "pipe_rows",
-                    (4, 8, 16, 32, 64, 128),
-                    32,
-                    "rows a block of mmvw_pipe (pipe > 0) owns, divided by pipe_split where "
-                    "that applies",
-                    HOST,
-                ),
-                Param(
-                    "pipe_split",
-                    (1, 2, 4, 8),
-                    1,
-                    "mmvw_pipe: rows with K >= split_min_k split over this many lane groups of "
-                    "a block, partials summed in shared memory in a fixed order (the down "
-                    "projections: N rows too few to fill the card)",
-                    HOST,
-                ),
-                Param(
-                    "pipe_fill",
-                    (0, 1, 2, 4, 8),
-                    8,
-                    "mmvw_pipe: a launch that pipe_rows would give fewer than this many blocks "
-                    "an SM gets fewer rows a block, down to one (the 1.5B's q/k/v: 2048 rows, 64 "
-                    "blocks of 32 on 132 SMs; at the checkpoint 16 rows a block ran q/k/v twice "
-                    "as fast as 32, and 8 warps a block faster than 4); 0: pipe_rows always",
-                    HOST,
-                ),
-                Param(
-                    "pipe_lanes",
-                    (8, 16, 32),
-                    16,
-                    "lanes of an mmvw_pipe lane group (a row's slots in chunks of this many; "
-                    "16 divides the 48 / 112 / 592 slots of K = 1536 / 3584 / 18944)",
-                    define("PIPE_TPR"),
-                ),
-                Param(
-                    "pipe_wide",
-                    (0, 1),
-                    0,
-                    "1: an mmvw_pipe Q4_K item is 64 weights (the sub-block pair's 32 qs bytes, "
-                    "q4k_wide's slot): half the header, scale and float work per weight byte; "
-                    "8 lanes a row then cover what 16 narrow ones do",
-                    define("PIPE_WIDE"),
-                ),
                 _FLOAT_SSM_IN,
             ),
             constraints=(
-                Constraint(
-                    "pipe_split <= warps * 32 / pipe_lanes (a part per lane group)",
-                    lambda cfg, dev: (
-                        cfg.op("matmul_decode").variant != "mmvw"
-                        or _p(cfg, "matmul_decode", "pipe") == 0
-                        or _p(cfg, "matmul_decode", "pipe_split")
-                        * _p(cfg, "matmul_decode", "pipe_lanes")
-                        <= 32 * _p(cfg, "matmul_decode", "warps")
-                    ),
-                ),
                 Constraint(
                     "split_k <= warps * 32 / threads_per_row (a part per lane group)",
                     lambda cfg, dev: (
@@ -858,19 +793,12 @@ for _op, _name, _doc, _extra in [
             )
         ],
     )
+# multi is the default: one block streamed the 35B-A3B's 248k vocabulary in 92 us a decode token
+# (3% of it) and the 1.5B's 152k in ~55 us; multi takes ~11 us (docs/BENCHMARKS.md, eighth session)
 REGISTRY.register(
     B,
     "argmax",
     [
-        Variant(
-            B,
-            "argmax",
-            "block",
-            params=(Param("threads", (256, 512, 1024), 1024, "threads per row", PUSHED),),
-            source="cuda/elementwise.cu",
-            numeric="order_only",
-            doc="one block per row; first maximum wins",
-        ),
         Variant(
             B,
             "argmax",
@@ -883,6 +811,15 @@ REGISTRY.register(
             numeric="order_only",
             doc="many blocks per row in one launch (the last block to finish reduces their "
             "partials); first maximum wins. One block streams a 152k vocabulary at ~15 GB/s",
+        ),
+        Variant(
+            B,
+            "argmax",
+            "block",
+            params=(Param("threads", (256, 512, 1024), 1024, "threads per row", PUSHED),),
+            source="cuda/elementwise.cu",
+            numeric="order_only",
+            doc="one block per row; first maximum wins",
         ),
     ],
 )
