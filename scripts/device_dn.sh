@@ -5,7 +5,8 @@
 #   1. scripts/bench_dn_step.py: us per call of the 35B's delta-net decode step, the ticket kernel
 #      (delta_net_conv_step, the default) against the cluster configs, each checked against NumPy;
 #   2. scripts/hybrid_decode_times.py on the 35B synth (16-token prompt, tg64 as the experiment's
-#      objective): the queued per-kernel profile and tg of rb_tk_split_pre against dn_c4 / dn_c2
+#      objective): the queued per-kernel profile of dn_c4 (rb_tk_split_pre's: early8/h35.log)
+#      and tg of rb_tk_split_pre against dn_c4 / dn_c2
 #      (rb_tk_split_pre + the cluster step), interleaved rounds; during its model load
 #      (GPU idle) the cluster step's GPU tests on the 35B's heads and a ragged shape.
 # Output: $OUT/dn/.
@@ -48,7 +49,7 @@ while [ ! -f $F ] && kill -0 $SYN 2> /dev/null; do sleep 1; done
 echo "synth at $(( $(date +%s) - T0 )) s"
 if [ -f $F ]; then
     timeout $((END - $(date +%s) - 2)) python3 scripts/hybrid_decode_times.py $F \
-        --profile rb_tk_split_pre,dn_c4 --bench rb_tk_split_pre,dn_c4,dn_c2 \
+        --profile dn_c4 --bench rb_tk_split_pre,dn_c4,dn_c2 \
         --prompt 16 --gen 64 --steps 3 --rounds 2 --out "$OUT" --deadline $((END - 6)) \
         > "$OUT/h35.log" 2>&1 &
     H35=$!
