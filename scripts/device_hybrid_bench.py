@@ -127,6 +127,9 @@ VARIANTS: dict[str, dict] = {
     "dn_c4_l16": RB_PRE | {"delta_net.step_cluster": 4, "delta_net.step_lanes": 16},
     "dn_c4_pdl": RB_PRE | {"delta_net.step_cluster": 4, "delta_net.step_lanes": 8,
                            "matmul_decode.pdl": 1},
+    # the default + the cluster step alone (the 9B dense hybrid: no MoE knobs)
+    "dn_c4_alone": {"delta_net.step_cluster": 4, "delta_net.step_lanes": 8},
+    "dn_c2_alone": {"delta_net.step_cluster": 2, "delta_net.step_lanes": 8},
     "tk": {"moe_experts.topk_regs": 1},  # the default + the register top-k alone
     # everything of the sixth session: block route + register top-k + the norm folded in,
     # paired gate / up, a warp per expert slot in down; gate_up at 64 lanes a row; with PDL
