@@ -8,7 +8,7 @@ conv state and weights (60 MB of state: past the L2, as between a model's layers
 replays; us per call. --check: each config's output and state NMSE against NumPy on layer 0.
 
   python3 scripts/bench_dn_step.py [--configs tickets,c4_l8,...] [--preset 35b-a3b] [--check]
-      [--json]
+      [--floor] [--json]
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--preset", default="35b-a3b")
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--floor", action="store_true", help="also an empty kernel's us a launch")
     a = ap.parse_args(argv)
     from engine.synth_hybrid import HYBRID_PRESETS
 
@@ -118,6 +119,18 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         if not a.json:
             print(" ".join(f"{k}={v}" for k, v in row.items()), flush=True)
+    if a.floor:  # an empty kernel on the cluster step's grid: the graph's per-launch floor
+        empty = cp.RawKernel('extern "C" __global__ void dn_empty() {}', "dn_empty")
+        grid = (4, Hv)
+
+        def nop(i: int) -> None:
+            empty(grid, (256,), ())
+
+        rows.append(
+            {"config": "floor", "kernel": "dn_empty", "us": round(_graph_us(be, cp, nop), 2)}
+        )
+        if not a.json:
+            print(" ".join(f"{k}={v}" for k, v in rows[-1].items()), flush=True)
     if a.json:
         print(json.dumps(rows))
     return 0
