@@ -914,3 +914,61 @@ def test_moe_split_occupancy_launches_the_bounded_split_kernel(tiny_model_factor
     C = int(launches[2][0].args[18])
     assert [x.grid[:2] for x in launches[2]] == [(-(-C // 8), 1)] * len(launches[2])
     assert [x.block for x in launches[2]] == [x.block for x in launches[0]]
+
+
+@pytest.mark.parametrize("v_order_arch", ["qwen35", "qwen3next"])
+@pytest.mark.parametrize("n,lanes", [(1, 8), (2, 16), (4, 8)])
+def test_delta_net_step_cluster_launches_a_cluster_per_k_head(
+    tiny_model_factory, v_order_arch, n, lanes
+):
+    # delta_net.step_cluster: per decode token and delta-net layer one dn_clu_r<rv> launch
+    # (dn_clu.cu) in place of delta_net_conv_step, grid (n, Hv), dv / n columns of `lanes`
+    # threads each in whole warps; prefill keeps the op-by-op schedule
+    from engine.gguf_model import open_model
+    from engine.models import build_model
+
+    path = tiny_model_factory(v_order_arch, "q4_k_m")
+    be = FakeCuda(cfg(**{"delta_net.step_cluster": n, "delta_net.step_lanes": lanes,
+                         "prefill.gemm_min_t": 1 << 20}))  # fmt: skip
+    m = build_model(open_model(path), be)
+    step = _decode_launches(be, m)
+    names = [x.kernel for x in step]
+    ssm = m.spec.ssm
+    rv = ssm.n_v_heads // ssm.n_k_heads
+    n_dn = sum(m.spec.is_recurrent(i) for i in range(m.spec.n_layers))
+    clu = [x for x in step if x.kernel == f"dn_clu_r{rv}"]
+    assert len(clu) == n_dn and "delta_net_conv_step" not in names
+    Cc = 2 * ssm.key_dim + ssm.value_dim
+    for x in clu:
+        assert x.args[0].shape == (1, Cc) and x.args[1].shape == (ssm.d_conv - 1, Cc)
+        assert x.grid[:2] == (n, ssm.n_v_heads)
+        assert x.block[0] == -(-(-(-ssm.head_v_dim // n) * lanes) // 32) * 32
+        assert int(x.args[-2]) == (ssm.v_order == "grouped")
+    be.launches.clear()
+    m.prefill(PROMPT[:9], m.new_cache(16))
+    assert not any(x.kernel.startswith("dn_clu") for x in be.launches)
+
+
+def test_delta_net_step_cluster_falls_back_where_no_cluster_fits():
+    # a cluster past 8 blocks (4 V heads per K head x 4), a block past 512 threads, below sm_90:
+    # delta_net_conv_step's launch; otherwise the cluster kernel of that rv
+    be = FakeCuda(cfg())
+    c = cfg(**{"delta_net.step_cluster": 4, "delta_net.step_lanes": 32}).op("delta_net")
+    assert be._dn_clu_launch(c, 4, 8, 128, 128) is None  # 32 columns x 32 lanes
+    assert be._dn_clu_launch(c, 2, 8, 64, 64) is None  # rv 4 x 4 blocks
+    assert be._dn_clu_launch(c, 4, 8, 64, 64) == ("dn_clu_r2", (4, 8), (512,))
+    assert be._dn_clu_launch(c, 4, 12, 64, 64) is None  # rv 3
+    be._cc = 89
+    assert be._dn_clu_launch(c, 4, 8, 64, 64) is None
+
+
+def test_delta_net_step_cluster_needs_sm_90():
+    from engine.backends.base import DeviceInfo
+    from engine.errors import ConfigError
+
+    dev = {cc: DeviceInfo("cuda", "gpu", "nvidia", "gpu", extra={"cc": cc}) for cc in (80, 90)}
+    c = cfg(**{"delta_net.step_cluster": 2})
+    c.check(dev[90])
+    cfg().check(dev[80])
+    with pytest.raises(ConfigError, match="step_cluster"):
+        c.check(dev[80])

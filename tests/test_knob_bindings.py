@@ -288,6 +288,9 @@ def _old_cuda_modules(cfg: TuningConfig) -> dict[str, tuple[str, dict]]:
     else:
         k["delta_net"] = ("delta_net.cu", scan)
     k["dn_step"] = ("dn_step.cu", {d: scan[d] for d in ("NW", "MAX_DK", "STATE_T")})
+    if dn["step_cluster"]:  # helper dn's cluster step
+        clu = {"DCL": dn["step_cluster"], "DG": dn["step_lanes"]}
+        k["dn_clu"] = ("dn_clu.cu", {"MAX_DK": dn["max_dk"], "STATE_T": scan["STATE_T"], **clu})
     me = cfg.op("moe_experts")
     if me.variant == "mmvq":  # int8 experts; float ones on moe.cu at its defaults
         k["moe_q8"] = ("moe_q8.cu", {"TPR": me["threads_per_row"], "NW": me["warps"]})

@@ -13,7 +13,15 @@ from __future__ import annotations
 
 from engine.tuning.kernels.cuda import ALL_TYPES
 from engine.tuning.kernels.vulkan import DELTA_NET_CHUNKS
-from engine.tuning.registry import HOST, PUSHED, REGISTRY, Param, Variant, define
+from engine.tuning.registry import (
+    HOST,
+    PUSHED,
+    REGISTRY,
+    Constraint,
+    Param,
+    Variant,
+    define,
+)
 
 B = "cuda"
 
@@ -87,7 +95,37 @@ _DN_MAX_DK = Param(
     "register array per warp for a state column, max_dk / 32 per lane (must be >= the K head dim)",
     define("MAX_DK"),
 )
-_DN_DECODE = (_DN_FUSE, _DN_FUSE_CONV, _DN_FUSE_BA)  # the decode step's launch knobs
+# step_cluster / step_lanes: helper dn (issue 15), off until measured on the H200 (the 35B-A3B's
+# delta_net_conv_step was 12.3 us a call, a chain of round trips over 2 MB of state).
+_DN_STEP_CLUSTER = Param(
+    "step_cluster",
+    (0, 1, 2, 4),
+    0,
+    "with fuse_conv: 0 runs dn_step.cu's delta_net_conv_step (a warp per column, global "
+    "tickets); n > 0 runs dn_clu.cu instead: a thread-block cluster per K head (its V heads x "
+    "n blocks of dv / n columns), the gated norm summed through distributed shared memory "
+    "(sm_90; H heads x n blocks); same expressions, the sums of squares in another order",
+    PUSHED,
+)
+_DN_STEP_LANES = Param(
+    "step_lanes",
+    (8, 16, 32),
+    8,
+    "with step_cluster: lanes per state column (each holds max_dk / lanes rows; a column's "
+    "sums take log2(lanes) shuffles; a block is dv / step_cluster * lanes threads, <= 512)",
+    PUSHED,
+)
+_DN_CLUSTER_CC = Constraint(
+    "delta_net.step_cluster != 0 needs compute capability >= 9.0 (thread-block clusters)",
+    lambda cfg, dev: (
+        int(cfg.op("delta_net")["step_cluster"]) == 0
+        or dev is None
+        or int(dev.extra.get("cc", 0)) >= 90
+    ),
+)
+_DN_DECODE = (  # the decode step's launch knobs
+    _DN_FUSE, _DN_FUSE_CONV, _DN_FUSE_BA, _DN_STEP_CLUSTER, _DN_STEP_LANES,
+)  # fmt: skip
 
 REGISTRY.register(
     B,
@@ -98,6 +136,7 @@ REGISTRY.register(
             "delta_net",
             "sequential",
             params=(_DN_WARPS, _DN_LAYOUT, _DN_MAX_DK, _DN_PREFETCH, *_DN_DECODE),
+            constraints=(_DN_CLUSTER_CC,),
             source="cuda/delta_net.cu",
             numeric="order_only",
             doc="a warp per state column (lanes over its rows, in registers for the call), "
@@ -130,6 +169,7 @@ REGISTRY.register(
                     PUSHED,
                 ),
             ),
+            constraints=(_DN_CLUSTER_CC,),
             source="cuda/delta_net_chunked.cu",
             # float32 like the sequential kernel, another summation order: a triangular solve
             # per chunk and the state carried chunk to chunk
