@@ -195,9 +195,10 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("qwide")
 
 
+@pytest.mark.parametrize("fcvt", [0, 1])  # (the wide groups' scales converted either way)
 @pytest.mark.parametrize("seed", [0, 1])
-def test_wide_groups_and_fcvt_dots_are_the_narrow_ones_to_the_bit(work, seed):
-    exe = _build({}, work)
+def test_wide_groups_and_fcvt_dots_are_the_narrow_ones_to_the_bit(work, seed, fcvt):
+    exe = _build({"DEC_FCVT": fcvt}, work)
     assert _mismatches(exe, work, seed) == (0, 0, 0)
 
 

@@ -35,6 +35,15 @@ __device__ __forceinline__ void qw_q4k_scale_min(const uint4& hdr, int j, int& s
     }
 }
 
+// A small int (|v| < 2^22) as a float: I2F (DEC_FCVT 0) or the exact 2^23 + v + 128 from the
+// bits minus 2^23 + 128 (DEC_FCVT 1: an integer add and an FADD; see run_dot_x below).
+__device__ __forceinline__ float dec_i2f(int v) {
+    if constexpr (DEC_FCVT != 0)
+        return __uint_as_float(0x4B000000u + (u32)(v + 128)) - 8388736.f;
+    else
+        return (float)v;
+}
+
 // W: the wide loads (moe_dec.cu passes DEC_WIDE's choice for the kernel at hand).
 template <int QT, bool W>
 __device__ __forceinline__ void dec_group(const u8* __restrict__ blk, int gi, Run8& r0, Run8& r1) {
@@ -52,10 +61,10 @@ __device__ __forceinline__ void dec_group(const u8* __restrict__ blk, int gi, Ru
         r0.q1 = w.y & 0x0F0F0F0Fu;
         r1.q0 = (w.x >> 4) & 0x0F0F0F0Fu;
         r1.q1 = (w.y >> 4) & 0x0F0F0F0Fu;
-        r0.a = d * (float)s0;
-        r0.b = -dmin * (float)m0;
-        r1.a = d * (float)s1;
-        r1.b = -dmin * (float)m1;
+        r0.a = d * dec_i2f(s0);
+        r0.b = -dmin * dec_i2f(m0);
+        r1.a = d * dec_i2f(s1);
+        r1.b = -dmin * dec_i2f(m1);
     } else {  // Q6_K (224-byte blocks on the GPU: every field 16-byte aligned)
         const int h = gi >> 3, qd = (gi >> 1) & 3, l0 = 16 * (gi & 1);
         const uint4 ql = __ldg((const uint4*)(blk + 64 * h + l0 + 32 * (qd & 1)));
@@ -66,7 +75,7 @@ __device__ __forceinline__ void dec_group(const u8* __restrict__ blk, int gi, Ru
 #else
         const int si = 8 * h + (gi & 1) + 2 * qd;
 #endif
-        const float a = ld_h(blk + 208) * (float)(signed char)qw_byte(sc, si);
+        const float a = ld_h(blk + 208) * dec_i2f((signed char)qw_byte(sc, si));
         const int ls = 4 * (qd >> 1), hs = 2 * qd;
         const u32 lw[4] = {ql.x, ql.y, ql.z, ql.w}, hw[4] = {qh.x, qh.y, qh.z, qh.w};
         u32 q[4];

@@ -322,8 +322,9 @@ _MOE_DMMV = (
         0,
         "fuse_decode's kernels: 1 makes each quant byte a float by a byte permute and an FADD "
         "(qwide.cuh run_dot_x: the exact float 2^23 + v + 128 minus 2^23 + 128) where "
-        "run_dot converts with I2F, a quarter-rate instruction, 16 a group: the same floats "
-        "in the same expressions, bit-identical (moe_dec.cu's DEC_FCVT define, as dec_wide)",
+        "run_dot converts with I2F, a quarter-rate instruction, 16 a group (and dec_wide's "
+        "scales the same way): the same floats in the same expressions, bit-identical "
+        "(moe_dec.cu's DEC_FCVT define, as dec_wide)",
         HOST,
     ),
     Param(
