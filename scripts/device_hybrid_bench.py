@@ -156,6 +156,9 @@ VARIANTS: dict[str, dict] = {
     # gate_up's prefetch, bytes to floats without I2F (dec_fcvt); the experiment's first start
     "moe35_w2pf": RB_PRE | {"moe_experts.dec_wide": 2, "moe_experts.l2_prefetch": 1},
     "moe35_best": RB_PRE | M35B,
+    # the eighth session's hybrid-35b first start, benched beside the fleet (rb_tk_split_pre's
+    # topk_regs included here)
+    "dn_c4_moe35": RB_PRE | M35B | {"delta_net.step_cluster": 4, "delta_net.step_lanes": 8},
     "moe35_best_gp": RB_PRE | M35B | {"moe_experts.gate_up_pair": 1},
     "moe35_o2": RB_PRE | M35 | {"moe_experts.split_occupancy": 2},  # 8 outputs a block, one wave
     "moe35_o2_gp": RB_PRE | M35 | {"moe_experts.split_occupancy": 2, "moe_experts.gate_up_pair": 1},
