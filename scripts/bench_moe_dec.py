@@ -28,6 +28,10 @@ LAYERS = 40
 RV_TK = {"moe_experts.route_vec": 1, "moe_experts.topk_regs": 1}
 ALL6 = {"moe_experts.route_block": 128, "moe_experts.topk_regs": 1, "moe_experts.down_split": 1,
         "moe_experts.gate_up_pair": 1}  # fmt: skip
+PRE1 = {"moe_experts.route_block": 128, "moe_experts.topk_regs": 1, "moe_experts.down_split": 1,
+        "moe_experts.fuse_pre_norm": 1}  # fmt: skip
+WPF = {"moe_experts.dec_wide": 1, "moe_experts.l2_prefetch": 1}
+W2PFFC = {"moe_experts.dec_wide": 2, "moe_experts.l2_prefetch": 1, "moe_experts.dec_fcvt": 1}
 CONFIGS: dict[str, dict] = {
     "fused": {},  # the registry defaults (route_vec and down_wsum on since the sixth session)
     "fused_plain": {"moe_experts.route_vec": 0, "moe_experts.down_wsum": 0},
@@ -92,6 +96,32 @@ CONFIGS: dict[str, dict] = {
                                           "moe_experts.threads_per_row": 64},
     "rb256_tk_split_pre1": {"moe_experts.route_block": 256, "moe_experts.topk_regs": 1,
                             "moe_experts.down_split": 1, "moe_experts.fuse_pre_norm": 1},
+    # helper moe35 (seventh session): Q4_K / Q6_K groups from 16-byte loads (dec_wide), gate_up
+    # prefetching the down matrices into L2 (l2_prefetch), down_s built for 3 blocks an SM
+    # (split_occupancy 3), on rb128_tk_split_pre1 (the experiment's rb_tk_split_pre)
+    "w_pre1": PRE1 | {"moe_experts.dec_wide": 1},
+    "pf_pre1": PRE1 | {"moe_experts.l2_prefetch": 1},
+    "o3_pre1": PRE1 | {"moe_experts.split_occupancy": 3},
+    "wpf_pre1": PRE1 | WPF,
+    "wpfo_pre1": PRE1 | WPF | {"moe_experts.split_occupancy": 3},
+    "wpfo_gp_pre1": PRE1 | WPF | {"moe_experts.split_occupancy": 3,
+                                  "moe_experts.gate_up_pair": 1},
+    "wpfo_gp_pre1_pdl": PRE1 | WPF | {"moe_experts.split_occupancy": 3,
+                                      "moe_experts.gate_up_pair": 1, "matmul_decode.pdl": 1},
+    "wpfo_pre1_pdl": PRE1 | WPF | {"moe_experts.split_occupancy": 3, "matmul_decode.pdl": 1},
+    # after the checkpoint (dec_wide 1 slowed gate_up, sped the down; l2_prefetch won alone):
+    # the wide groups in the down kernels only (dec_wide 2), bytes to floats without I2F
+    "w2_pre1": PRE1 | {"moe_experts.dec_wide": 2},
+    "fc_pre1": PRE1 | {"moe_experts.dec_fcvt": 1},
+    "w2pf_pre1": PRE1 | {"moe_experts.dec_wide": 2, "moe_experts.l2_prefetch": 1},
+    "w2pffc_pre1": PRE1 | W2PFFC,
+    "w2pffc_gp_pre1": PRE1 | W2PFFC | {"moe_experts.gate_up_pair": 1},
+    "w2pffc_o2_pre1": PRE1 | W2PFFC | {"moe_experts.split_occupancy": 2},
+    # the split down at 8 outputs a block, 2 blocks an SM (moe_dec_down_s9r8: one wave)
+    "o2_pre1": PRE1 | {"moe_experts.split_occupancy": 2},
+    "wpfo2_pre1": PRE1 | WPF | {"moe_experts.split_occupancy": 2},
+    "wpfo2_gp_pre1": PRE1 | WPF | {"moe_experts.split_occupancy": 2,
+                                   "moe_experts.gate_up_pair": 1},
 }  # fmt: skip
 
 

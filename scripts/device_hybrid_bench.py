@@ -32,6 +32,10 @@ HDEC = {"delta_net.fuse_conv": 1, "delta_net.fuse_ba": 1, "moe_experts.fuse_norm
 RV_TK = {"moe_experts.route_vec": 1, "moe_experts.topk_regs": 1}
 MOE6 = {"moe_experts.route_block": 128, "moe_experts.topk_regs": 1, "moe_experts.down_split": 1,
         "moe_experts.gate_up_pair": 1, "moe_experts.fuse_pre_norm": 1}  # fmt: skip
+RB_PRE = {"moe_experts.route_block": 128, "moe_experts.topk_regs": 1,  # rb_tk_split_pre
+          "moe_experts.down_split": 1, "moe_experts.fuse_pre_norm": 1}  # fmt: skip
+M35 = {"moe_experts.dec_wide": 1, "moe_experts.l2_prefetch": 1}
+M35B = {"moe_experts.dec_wide": 2, "moe_experts.l2_prefetch": 1, "moe_experts.dec_fcvt": 1}
 VARIANTS: dict[str, dict] = {
     "default": {},
     # the default before the sixth session's flip (hdec_all_rv_ws's knobs off)
@@ -118,6 +122,16 @@ VARIANTS: dict[str, dict] = {
     "rb_tk_split_pre_pdl": {"moe_experts.route_block": 128, "moe_experts.topk_regs": 1,
                             "moe_experts.down_split": 1, "moe_experts.fuse_pre_norm": 1,
                             "matmul_decode.pdl": 1},
+    # helper dn (seventh session): the delta-net decode step as a thread-block cluster per K
+    # head (dn_clu.cu: delta_net.step_cluster blocks per V head, step_lanes lanes a column)
+    "dn_c4": RB_PRE | {"delta_net.step_cluster": 4, "delta_net.step_lanes": 8},
+    "dn_c2": RB_PRE | {"delta_net.step_cluster": 2, "delta_net.step_lanes": 8},
+    "dn_c4_l16": RB_PRE | {"delta_net.step_cluster": 4, "delta_net.step_lanes": 16},
+    "dn_c4_pdl": RB_PRE | {"delta_net.step_cluster": 4, "delta_net.step_lanes": 8,
+                           "matmul_decode.pdl": 1},
+    # the default + the cluster step alone (the 9B dense hybrid: no MoE knobs)
+    "dn_c4_alone": {"delta_net.step_cluster": 4, "delta_net.step_lanes": 8},
+    "dn_c2_alone": {"delta_net.step_cluster": 2, "delta_net.step_lanes": 8},
     "tk": {"moe_experts.topk_regs": 1},  # the default + the register top-k alone
     # everything of the sixth session: block route + register top-k + the norm folded in,
     # paired gate / up, a warp per expert slot in down; gate_up at 64 lanes a row; with PDL
@@ -129,6 +143,25 @@ VARIANTS: dict[str, dict] = {
                                   "matmul_decode.pdl": 1},
     "hdec_rv_tk_split_pdl": HDEC | RV_TK | {"moe_experts.down_split": 1,
                                             "matmul_decode.pdl": 1},
+    # helper moe35 (seventh session): rb_tk_split_pre with Q4_K / Q6_K groups from 16-byte
+    # loads (dec_wide), gate_up prefetching the down matrices into L2 (l2_prefetch), the split
+    # down built for 3 blocks an SM (split_occupancy 3); with paired gate / up; with PDL
+    "moe35_w": RB_PRE | {"moe_experts.dec_wide": 1},
+    "moe35_wpf": RB_PRE | M35,
+    "moe35": RB_PRE | M35 | {"moe_experts.split_occupancy": 3},
+    "moe35_gp": RB_PRE | M35 | {"moe_experts.split_occupancy": 3, "moe_experts.gate_up_pair": 1},
+    "moe35_pdl": RB_PRE | M35 | {"moe_experts.split_occupancy": 3, "matmul_decode.pdl": 1},
+    # after moe35's checkpoint (dec_wide 1 slowed gate_up and sped the down; split_occupancy 3
+    # slowed the down; l2_prefetch won alone): the wide groups in the down kernels only,
+    # gate_up's prefetch, bytes to floats without I2F (dec_fcvt); the experiment's first start
+    "moe35_w2pf": RB_PRE | {"moe_experts.dec_wide": 2, "moe_experts.l2_prefetch": 1},
+    "moe35_best": RB_PRE | M35B,
+    # the eighth session's hybrid-35b first start, benched beside the fleet (rb_tk_split_pre's
+    # topk_regs included here)
+    "dn_c4_moe35": RB_PRE | M35B | {"delta_net.step_cluster": 4, "delta_net.step_lanes": 8},
+    "moe35_best_gp": RB_PRE | M35B | {"moe_experts.gate_up_pair": 1},
+    "moe35_o2": RB_PRE | M35 | {"moe_experts.split_occupancy": 2},  # 8 outputs a block, one wave
+    "moe35_o2_gp": RB_PRE | M35 | {"moe_experts.split_occupancy": 2, "moe_experts.gate_up_pair": 1},
     "mmq8": {"matmul_prefill.variant": "mmq8"},
     # on the H200 (9B tg64) mmvw alone 267, mmvw + PDL + chunked + argmax.multi 248: PDL and
     # argmax.multi stay out of fast until measured apart (mmvw_pdl)

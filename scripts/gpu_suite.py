@@ -49,6 +49,7 @@ SUITES: dict[str, list[tuple[str, str, str | None]]] = {
         ("tests/test_cuda_mmvw_q4k.py", "gpu", None),  # q4k_lean, q4k_kernel (mmvw_q4k)
         ("tests/test_cuda_backend.py", "gpu or not gpu", None),
         ("tests/test_cuda_attn_vec.py", "gpu", None),  # attention_decode.vec
+        ("tests/test_cuda_dn_clu.py", "gpu", None),  # delta_net.step_cluster (dn_clu.cu)
     ],
     "vulkan": [
         ("tests/test_vulkan_ops.py", "not gpu and not slow", None),  # with TestVulkanContract

@@ -23,7 +23,7 @@ from engine.backends.cuda.backend import CudaBackend
 
 _PLAIN = re.compile(
     r'extern\s+"C"\s+__global__\s+void\s+'
-    r"(?:(?:__launch_bounds__|__cluster_dims__)\((?:[^()]|\([^()]*\))*\)\s*)*"
+    r"(?:(?:__launch_bounds__|__cluster_dims__|__maxnreg__)\((?:[^()]|\([^()]*\))*\)\s*)*"
     r"(\w+)\s*\(([^)]*)\)"
 )
 _MACRO = re.compile(r"^#define\s+(\w+)\(\s*name\b[^)]*\)((?:[^\n]*\\\n)*[^\n]*)", re.M)

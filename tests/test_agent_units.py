@@ -122,6 +122,7 @@ def test_hybrid_35b_experiment_searches_the_moe_decode_knobs() -> None:
     assert grid["matmul_decode.variant"] == ["mmvf", "mmvw"]
     assert "matmul_decode.mmvw.fuse_swiglu" not in grid  # one value: not searched
     assert "delta_net.variant" not in grid and "delta_net.chunked.chunk" not in grid
+    assert grid["delta_net.sequential.step_cluster"] == [0, 2, 4]  # dn_clu.cu (helper dn)
     assert len(grid["router_topk.default.rows_per_block"]) == 3
     assert exp.acceptance.target == "decode_tok_s@16" and exp.sampler.screen_variants
 

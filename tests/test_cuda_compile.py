@@ -69,6 +69,13 @@ def configs() -> list[dict]:
                     flat = _fit(op.name, v, p, value)
                     if flat is not None:
                         out.append(flat)
+    # dn_clu.cu's defines come from host knobs (delta_net.step_cluster, step_lanes) and the
+    # scan's max_dk / state_transposed: every value, the extremes of max_dk
+    for n, lanes in itertools.product((1, 2, 4), (8, 16, 32)):
+        out.append({"delta_net.step_cluster": n, "delta_net.step_lanes": lanes})
+    for mdk, t in itertools.product((64, 256), (False, True)):
+        out.append({"delta_net.step_cluster": 4, "delta_net.max_dk": mdk,
+                    "delta_net.state_transposed": t})  # fmt: skip
     return out
 
 

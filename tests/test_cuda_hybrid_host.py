@@ -477,7 +477,7 @@ def test_moe_fuse_decode_runs_a_layers_moe_ffn_in_three_launches(tiny_model_fact
         "moe_dec_route", "moe_dec_gate_up", "moe_dec_down"]  # fmt: skip
     ids, w, logits = route.args[10], route.args[11], route.args[8]
     assert gate_up.args[7] is ids and down.args[7] is ids and down.args[8] is w
-    assert down.args[14] is logits and down.args[0] is gate_up.args[-2]  # h
+    assert down.args[14] is logits and down.args[0] is gate_up.args[15]  # h
     assert not isinstance(route.args[4], np.uint64) and not isinstance(down.args[10], np.uint64)
 
 
@@ -846,3 +846,129 @@ def test_phase_profile_charges_the_fused_decode_kernels_to_their_phases(tiny_mod
     for k in ("moe_dec_route", "moe_dec_gate_up", "moe_dec_down_norm", "moe_dec_down"):
         assert seen[k] == {"moe.fused"}, (k, seen[k])
     assert "dn.proj" in {p for k, ps in seen.items() if k.startswith("mmvf") for p in ps}
+
+
+@pytest.mark.parametrize("pair", [0, 1])
+def test_moe_l2_prefetch_hands_gate_up_the_down_matrices_its_slots_read(tiny_model_factory, pair):
+    # moe_experts.l2_prefetch: gate_up (either kernel) gets the routed down stack and the
+    # shared expert's down (the very arrays the down kernel reads), null pointers when off
+    launches = {}
+    for pf in (0, 1):
+        flat = {"moe_experts.l2_prefetch": pf, "moe_experts.gate_up_pair": pair,
+                "moe_experts.down_split": 1, "prefill.gemm_min_t": 1 << 20}  # fmt: skip
+        be, m = _moe_model(tiny_model_factory, flat)
+        launches[pf] = [x for x in _decode_launches(be, m) if x.kernel.startswith("moe_dec_")]
+    off = [x for x in launches[0] if "gate_up" in x.kernel]
+    assert off and all(isinstance(x.args[17], np.uint64) for x in off)
+    assert all(isinstance(x.args[19], np.uint64) for x in off)
+    step = launches[1]
+    for i, x in enumerate(step):
+        if "gate_up" not in x.kernel:
+            continue
+        down = step[i + 1]
+        assert down.kernel == "moe_dec_down_s"
+        assert x.args[17] is down.args[2] and int(x.args[18]) == int(down.args[3])  # D
+        assert x.args[19] is down.args[10] and int(x.args[20]) == int(down.args[11])  # SD
+    on = [x for x in step if "gate_up" in x.kernel]
+    assert [(a.kernel, a.grid, a.block) for a in on] == [(a.kernel, a.grid, a.block) for a in off]
+
+
+def test_moe_dec_wide_is_a_define_of_moe_dec_alone(tiny_model_factory):
+    # moe_experts.dec_wide: DEC_WIDE in the moe_dec.cu build (qwide.cuh), moe.cu's defines
+    # (the op-by-op DMMV's) untouched, so a trial of it does not rebuild moe.cu
+    from engine.backends.cuda import kernels
+
+    # (and dec_fcvt: DEC_FCVT, the same way)
+    for variant in ("dmmv", "grouped", "tc"):
+        mods = {}
+        for wide, fcvt in ((0, 0), (1, 1), (2, 0)):
+            flat = {"moe_experts.variant": variant, "moe_experts.dec_wide": wide,
+                    "moe_experts.dec_fcvt": fcvt}  # fmt: skip
+            mods[wide] = kernels.modules_for(cfg(**flat))
+            assert mods[wide]["moe_dec"][1]["DEC_WIDE"] == wide
+            assert mods[wide]["moe_dec"][1]["DEC_FCVT"] == fcvt
+        assert mods[0]["moe"] == mods[1]["moe"] == mods[2]["moe"]
+        assert not {"DEC_WIDE", "DEC_FCVT"} & set(mods[1]["moe"][1])
+    flat = {"moe_experts.dec_wide": 2, "moe_experts.dec_fcvt": 1, "prefill.gemm_min_t": 1 << 20}
+    be, m = _moe_model(tiny_model_factory, flat)
+    decs = [x for x in _decode_launches(be, m) if x.kernel.startswith("moe_dec_")]
+    assert decs and all(x.defines["DEC_WIDE"] == 2 and x.defines["DEC_FCVT"] == 1 for x in decs)
+
+
+def test_moe_split_occupancy_launches_the_bounded_split_kernel(tiny_model_factory):
+    # moe_experts.split_occupancy 3: moe_dec_down_s9 (k + shared <= 9 warps) on down_s's grid,
+    # block and arguments
+    # and 2: moe_dec_down_s9r8 on ceil(C / 8) blocks whatever rows_per_block
+    launches = {}
+    for occ in (0, 2, 3):
+        flat = {"moe_experts.down_split": 1, "moe_experts.split_occupancy": occ,
+                "prefill.gemm_min_t": 1 << 20}  # fmt: skip
+        be, m = _moe_model(tiny_model_factory, flat)
+        launches[occ] = [x for x in _decode_launches(be, m) if "down" in x.kernel]
+    assert launches[0] and {x.kernel for x in launches[0]} == {"moe_dec_down_s"}
+    assert {x.kernel for x in launches[3]} == {"moe_dec_down_s9"}
+    assert {x.kernel for x in launches[2]} == {"moe_dec_down_s9r8"}
+    assert all(x.block[0] <= 32 * 9 for x in launches[3] + launches[2])
+    assert [(x.grid, x.block, len(x.args)) for x in launches[3]] == [
+        (x.grid, x.block, len(x.args)) for x in launches[0]]  # fmt: skip
+    C = int(launches[2][0].args[18])
+    assert [x.grid[:2] for x in launches[2]] == [(-(-C // 8), 1)] * len(launches[2])
+    assert [x.block for x in launches[2]] == [x.block for x in launches[0]]
+
+
+@pytest.mark.parametrize("v_order_arch", ["qwen35", "qwen3next"])
+@pytest.mark.parametrize("n,lanes", [(1, 8), (2, 16), (4, 8)])
+def test_delta_net_step_cluster_launches_a_cluster_per_k_head(
+    tiny_model_factory, v_order_arch, n, lanes
+):
+    # delta_net.step_cluster: per decode token and delta-net layer one dn_clu_r<rv> launch
+    # (dn_clu.cu) in place of delta_net_conv_step, grid (n, Hv), dv / n columns of `lanes`
+    # threads each in whole warps; prefill keeps the op-by-op schedule
+    from engine.gguf_model import open_model
+    from engine.models import build_model
+
+    path = tiny_model_factory(v_order_arch, "q4_k_m")
+    be = FakeCuda(cfg(**{"delta_net.step_cluster": n, "delta_net.step_lanes": lanes,
+                         "prefill.gemm_min_t": 1 << 20}))  # fmt: skip
+    m = build_model(open_model(path), be)
+    step = _decode_launches(be, m)
+    names = [x.kernel for x in step]
+    ssm = m.spec.ssm
+    rv = ssm.n_v_heads // ssm.n_k_heads
+    n_dn = sum(m.spec.is_recurrent(i) for i in range(m.spec.n_layers))
+    clu = [x for x in step if x.kernel == f"dn_clu_r{rv}"]
+    assert len(clu) == n_dn and "delta_net_conv_step" not in names
+    Cc = 2 * ssm.key_dim + ssm.value_dim
+    for x in clu:
+        assert x.args[0].shape == (1, Cc) and x.args[1].shape == (ssm.d_conv - 1, Cc)
+        assert x.grid[:2] == (n, ssm.n_v_heads)
+        assert x.block[0] == -(-(-(-ssm.head_v_dim // n) * lanes) // 32) * 32
+        assert int(x.args[-2]) == (ssm.v_order == "grouped")
+    be.launches.clear()
+    m.prefill(PROMPT[:9], m.new_cache(16))
+    assert not any(x.kernel.startswith("dn_clu") for x in be.launches)
+
+
+def test_delta_net_step_cluster_falls_back_where_no_cluster_fits():
+    # a cluster past 8 blocks (4 V heads per K head x 4), a block past 512 threads, below sm_90:
+    # delta_net_conv_step's launch; otherwise the cluster kernel of that rv
+    be = FakeCuda(cfg())
+    c = cfg(**{"delta_net.step_cluster": 4, "delta_net.step_lanes": 32}).op("delta_net")
+    assert be._dn_clu_launch(c, 4, 8, 128, 128) is None  # 32 columns x 32 lanes
+    assert be._dn_clu_launch(c, 2, 8, 64, 64) is None  # rv 4 x 4 blocks
+    assert be._dn_clu_launch(c, 4, 8, 64, 64) == ("dn_clu_r2", (4, 8), (512,))
+    assert be._dn_clu_launch(c, 4, 12, 64, 64) is None  # rv 3
+    be._cc = 89
+    assert be._dn_clu_launch(c, 4, 8, 64, 64) is None
+
+
+def test_delta_net_step_cluster_needs_sm_90():
+    from engine.backends.base import DeviceInfo
+    from engine.errors import ConfigError
+
+    dev = {cc: DeviceInfo("cuda", "gpu", "nvidia", "gpu", extra={"cc": cc}) for cc in (80, 90)}
+    c = cfg(**{"delta_net.step_cluster": 2})
+    c.check(dev[90])
+    cfg().check(dev[80])
+    with pytest.raises(ConfigError, match="step_cluster"):
+        c.check(dev[80])

@@ -410,3 +410,92 @@ def test_planted_gate_up_pair_swapped_runs_are_caught(be):
     E, k = SHAPES[1][:2]
     run, want = _layer_case(SHAPES[1], E * 3 + k)
     _assert_caught(be, "MOE_GATE_UP_PAIR_SWAP", {"moe_experts.gate_up_pair": 1}, run, want)
+
+
+# moe_experts.dec_wide (qwide.cuh: Q4_K / Q6_K groups from 16-byte loads), dec_fcvt (bytes to
+# floats without I2F), l2_prefetch (gate_up prefetching the down matrices into L2) and
+# split_occupancy (moe_dec_down_s9, moe_dec_down_s9r8) under
+# each kernel they reach: the thread-row route / gate_up / down, the pair gate_up, the per-lane
+# weighted-sum down, the split down (k + shared up to 12 warps: down_s9 only where <= 9)
+WIDE_BASE = [
+    {"moe_experts.route_vec": 0, "moe_experts.down_wsum": 0},  # moe_dec_down (rows folded)
+    {},  # moe_dec_down_w
+    {"moe_experts.route_block": 128, "moe_experts.down_split": 1, "moe_experts.gate_up_pair": 1},
+    {"moe_experts.down_split": 1, "moe_experts.rows_per_block": 8, "moe_experts.vec": 1},
+    {"moe_experts.down_vec1": 1, "moe_experts.down_wsum": 0, "moe_experts.threads_per_row": 64,
+     "moe_experts.rows_per_block": 2},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("base", WIDE_BASE, ids=[f"base{i}" for i in range(len(WIDE_BASE))])
+@pytest.mark.parametrize("shape", SHAPES, ids=[f"E{s[0]}k{s[1]}{s[5]}" for s in SHAPES])
+def test_dec_wide_and_l2_prefetch_are_bit_identical_and_match_numpy(be, shape, base):
+    run, want = _layer_case(shape, shape[0] * 11 + shape[1])
+    # (dec_wide, l2_prefetch, split_occupancy, dec_fcvt)
+    got = {}
+    keys = [(0, 0, 0, 0), (1, 0, 0, 0), (0, 1, 0, 0), (1, 1, 0, 0), (0, 0, 0, 1), (2, 1, 0, 1),
+            (1, 1, 0, 1)]  # fmt: skip
+    if base.get("moe_experts.down_split"):  # moe_dec_down_s9 / _s9r8 (split_occupancy 3 / 2)
+        keys += [(0, 0, 3, 0), (1, 1, 3, 0), (1, 1, 2, 0), (2, 1, 2, 1)]
+    for wide, pf, occ, fcvt in keys:
+        be.set_config(cfg(**base, **{"moe_experts.dec_wide": wide, "moe_experts.l2_prefetch": pf,
+                                     "moe_experts.split_occupancy": occ,
+                                     "moe_experts.dec_fcvt": fcvt}))  # fmt: skip
+        got[wide, pf, occ, fcvt] = run(be)
+    for key in keys:
+        if key[2] == 2 and base.get("moe_experts.rows_per_block") != 8:
+            check(got[key], want, 1e-10)  # 8 outputs a block: another split of the rows
+            continue
+        if key != keys[0]:
+            assert np.array_equal(got[key], got[keys[0]]), key
+    check(got[keys[0]], want, 1e-10)
+
+
+def test_planted_dec_wide_q6k_scale_is_caught(be):
+    """MUTANT_MOE_DEC_WIDE_Q6_SCALE (qwide.cuh: an odd Q6_K group takes its pair's scale): the
+    layer with a Q6_K routed down differs from NumPy under dec_wide, not under the narrow
+    decode of the same build."""
+    E, k = SHAPES[1][:2]
+    run, want = _layer_case(SHAPES[1], E * 13 + k)
+    flat = {"moe_experts.down_split": 1, "moe_experts.route_block": 128}
+    _assert_caught(be, "MOE_DEC_WIDE_Q6_SCALE", flat | {"moe_experts.dec_wide": 1}, run, want)
+    ok = _with_mutant(be, "MOE_DEC_WIDE_Q6_SCALE", flat | {"moe_experts.dec_wide": 0}, run)
+    check(ok, want, 1e-10)
+
+
+def test_planted_dec_fcvt_unsigned_is_caught(be):
+    """MUTANT_MOE_DEC_FCVT_UNSIGNED (qwide.cuh run_dot_x: every quant byte read 128 too high)
+    under dec_fcvt; the I2F conversion (dec_fcvt 0) of the same build is right."""
+    E, k = SHAPES[2][:2]
+    run, want = _layer_case(SHAPES[2], E * 17 + k)
+    flat = {"moe_experts.down_split": 1, "moe_experts.dec_wide": 2}
+    _assert_caught(be, "MOE_DEC_FCVT_UNSIGNED", flat | {"moe_experts.dec_fcvt": 1}, run, want)
+    ok = _with_mutant(be, "MOE_DEC_FCVT_UNSIGNED", flat | {"moe_experts.dec_fcvt": 0}, run)
+    check(ok, want, 1e-10)
+
+
+WIDE_MODEL = {"moe_experts.route_block": 128, "moe_experts.topk_regs": 1,
+              "moe_experts.down_split": 1, "moe_experts.fuse_pre_norm": 1,
+              "moe_experts.dec_wide": 2, "moe_experts.l2_prefetch": 1,
+              "moe_experts.dec_fcvt": 1}  # fmt: skip
+
+
+def test_dec_wide_prefetch_model_matches_numpy_and_graph_equals_eager(be, tiny_model_factory):
+    # the whole tiny qwen35moe (Q4_K_M: Q4_K experts, Q6_K downs in some layers) under the
+    # new knobs: NumPy's tokens, graph replay == eager decode
+    from engine.validate import compare_logits
+
+    path = tiny_model_factory("qwen35moe", "q4_k_m")
+    want = _model(path, NumpyBackend()).generate(PROMPT, 8)
+    mc = _model(path, be)
+    runs = {}
+    be.set_config(cfg(**F32_PREFILL, **WIDE_MODEL))
+    for graphs in (False, True):
+        be.use_graphs = graphs
+        runs[graphs] = mc.generate(PROMPT, 8, keep_logits=True)
+    be.use_graphs = True
+    for g in runs.values():
+        assert g.tokens == want.tokens
+        assert compare_logits(want.last_logits, g.last_logits)[2] < 1e-8
+    for a, b in zip(runs[True].step_logits, runs[False].step_logits, strict=True):
+        assert np.array_equal(a, b), "graph replay differs from eager decode (dec_wide)"

@@ -288,6 +288,9 @@ def _old_cuda_modules(cfg: TuningConfig) -> dict[str, tuple[str, dict]]:
     else:
         k["delta_net"] = ("delta_net.cu", scan)
     k["dn_step"] = ("dn_step.cu", {d: scan[d] for d in ("NW", "MAX_DK", "STATE_T")})
+    if dn["step_cluster"]:  # helper dn's cluster step
+        clu = {"DCL": dn["step_cluster"], "DG": dn["step_lanes"]}
+        k["dn_clu"] = ("dn_clu.cu", {"MAX_DK": dn["max_dk"], "STATE_T": scan["STATE_T"], **clu})
     me = cfg.op("moe_experts")
     if me.variant == "mmvq":  # int8 experts; float ones on moe.cu at its defaults
         k["moe_q8"] = ("moe_q8.cu", {"TPR": me["threads_per_row"], "NW": me["warps"]})
@@ -296,7 +299,7 @@ def _old_cuda_modules(cfg: TuningConfig) -> dict[str, tuple[str, dict]]:
         return k
     dmmv = {"ROWS": me["rows_per_block"], "TPR": me["threads_per_row"], "VEC": me["vec"]}
     k["moe"] = ("moe.cu", dmmv)  # grouped decodes (T = 1) with it
-    k["moe_dec"] = ("moe_dec.cu", dmmv)
+    k["moe_dec"] = ("moe_dec.cu", {**dmmv, "DEC_WIDE": me["dec_wide"], "DEC_FCVT": me["dec_fcvt"]})
     if me.variant == "grouped":
         k["moe_grouped"] = ("moe_grouped.cu", {**dmmv, "TILE_P": me["tile_pairs"]})
     if me.variant == "tc":  # its dmmv knobs reach moe.cu only (host-bound)
@@ -314,6 +317,7 @@ OLD_SOURCE_DEFAULTS = {
     "mmq.cu": {"BM": 128, "BN": 128, "WM": 2, "WN": 4},
     "mmq8.cu": {"BM": 128, "BN": 128, "WM": 2, "WN": 4},
     "attention.cu": {"BQ": 16, "RPW": 4},
+    "moe_dec.cu": {"DEC_WIDE": 0, "DEC_FCVT": 0},
 }
 
 

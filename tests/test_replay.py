@@ -366,10 +366,13 @@ def test_start_configs_run_right_after_the_baseline() -> None:
 
 
 def test_a_start_config_that_switches_variant_gets_that_variants_defaults() -> None:
-    """hybrid-35b's starts switch matmul_decode to mmvw, whose knobs the float baseline does not
-    carry: each is enqueued with mmvw's registry defaults (the seventh session's fleet skipped
-    them as outside the space), and the trial runs exactly the start's values."""
+    """A hybrid-35b start that switches matmul_decode to mmvw (the seventh session's), whose
+    knobs the float baseline does not carry: it is enqueued with mmvw's registry defaults (that
+    fleet skipped it as outside the space), and every start runs exactly its own values."""
     exp = load_experiment(Path(__file__).parents[1] / "experiments" / "hybrid-35b.toml")
+    mmvw = {"matmul_decode.variant": "mmvw", "matmul_decode.threads_per_row": 32,
+            "moe_experts.route_block": 128}  # fmt: skip
+    exp = replace(exp, start=(*exp.start, StartConfig("mmvw_rb128", "cuda", mmvw)))
     base = TuningConfig.default("cuda").flat()
     st = StudyState(
         exp, "h200", "cuda", "synthetic:35b-a3b:qwen35moe", "",
@@ -385,3 +388,6 @@ def test_a_start_config_that_switches_variant_gets_that_variants_defaults() -> N
         assert {k: flat[k] for k in start.config} == start.config
         st.finish(trial, TrialRecord(st.name, trial.number, role, "invalid", config=flat), None)
         st.flush()
+    d = TuningConfig.default("cuda").replace(**mmvw).flat()  # mmvw's own knobs at its defaults
+    own = [k for k in d if k.startswith("matmul_decode.") and k not in base]
+    assert own and all(flat[k] == d[k] for k in own), {k: (flat[k], d[k]) for k in own}

@@ -15,13 +15,31 @@
 // rows), topk_regs (the last block's top-k on logits held in registers, topk.cuh), route_block
 // (moe_dec_route_r: a block per router row), down_wsum (moe_dec_down_w: a weighted sum per lane),
 // down_split (moe_dec_down_s: a warp per expert slot), down_vec1, fuse_norm (the *_norm tails),
-// gate_up_pair (moe_dec_gate_up_p), fuse_pre_norm (moe_dec_route_rn).
+// gate_up_pair (moe_dec_gate_up_p), fuse_pre_norm (moe_dec_route_rn), dec_wide (qwide.cuh:
+// 16-byte loads of Q4_K / Q6_K groups), l2_prefetch (gate_up brings the down matrices into
+// L2), split_occupancy (moe_dec_down_s9: down_s built for 3 blocks an SM).
 // Float activations throughout (the order_only class, as moe.cu): each row's dot product is a
 // thread-row of TPR threads over 16-weight groups, VEC per step, then the row's reduction, as in
 // dmmv.cu, so the knobs of moe_experts.dmmv (ROWS, TPR, VEC) tune these kernels too. Weight
 // types are runtime arguments (GGML ids, common.cuh QT_*): the routed and the shared experts
 // may differ (Q4_K_M gives some layers' ffn_down_exps Q6_K, never the shared expert's).
 #include "common.cuh"
+
+// moe_experts.dec_wide (set by the host's modules_for): DEC_WIDE 1 decodes Q4_K / Q6_K groups
+// through 16-byte loads (qwide.cuh dec_row_group)
+#ifndef DEC_WIDE
+#define DEC_WIDE 0
+#endif
+// moe_experts.dec_fcvt (set by the host too): DEC_FCVT 1 runs qwide.cuh's run_dot_x (signed
+// bytes to floats by a byte permute and an FADD, not I2F) where 0 runs common.cuh's run_dot
+#ifndef DEC_FCVT
+#define DEC_FCVT 0
+#endif
+#include "qwide.cuh"
+// DEC_WIDE 1: every kernel's groups wide; 2: only the split and weighted-sum down kernels'
+// (moe_dec_down_s*, moe_dec_down_w: a group of each row a lane, where gate_up's lanes walk
+// several groups and the header's byte extraction costs more than the loads it saves)
+constexpr bool kWideUp = DEC_WIDE == 1, kWideDown = DEC_WIDE != 0;
 #include "topk.cuh"
 
 #if !defined(ROWS) || !defined(TPR) || !defined(VEC)
@@ -61,11 +79,11 @@ __device__ __forceinline__ void dot_rows(const u8* const* rows, const float* con
                         if (i < n) {
                             Run8 a, b;
                             int k0, k1;
-                            row_group<QT>(rows[i], g, a, b, k0, k1);
+                            dec_row_group<QT, kWideUp>(rows[i], g, a, b, k0, k1);
                             const float4* x0 = (const float4*)(xs[i] + k0);
                             const float4* x1 = (const float4*)(xs[i] + k1);
-                            s[i] += run_dot(a, __ldg(x0), __ldg(x0 + 1)) +
-                                    run_dot(b, __ldg(x1), __ldg(x1 + 1));
+                            s[i] += dec_run_dot(a, __ldg(x0), __ldg(x0 + 1)) +
+                                    dec_run_dot(b, __ldg(x1), __ldg(x1 + 1));
                         }
                     }
                 }
@@ -221,10 +239,39 @@ __device__ __forceinline__ void route_row(const float* __restrict__ x,
     const float4* w4 = (const float4*)(n < E ? Wr + (size_t)n * rb_r : Ws);
     const float4* x4 = (const float4*)(x + (size_t)t * K);
     const int K4 = K >> 2;
+    // The first batch of the row's weights (all of a 2048-wide row at 128 threads) and of the
+    // norm's weights in flight before the PDL wait (read-only: under matmul_decode.pdl their
+    // wait overlaps the previous grid's tail) and before the norm's loads and barriers, then
+    // the first batch of x, from which the norm's sums start; the dot loop's first step uses
+    // them all: the same loads and sums as a loop that loads each as it comes.
+    const float4 z4 = make_float4(0.f, 0.f, 0.f, 0.f);
+    const float4* n4 = (const float4*)nw;
+    float4 w0[4], x0[4], n0[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+        const int c = threadIdx.x + u * nt;
+        w0[u] = c < K4 ? __ldg(w4 + c) : z4;
+        if constexpr (NORM) n0[u] = c < K4 ? __ldg(n4 + c) : z4;
+    }
+    pdl_start();
+    if constexpr (NORM) {
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int c = threadIdx.x + u * nt;
+            x0[u] = c < K4 ? x4[c] : z4;
+        }
+    }
     float scale = 1.f;
     if constexpr (NORM) {  // rms_norm_row's sum of squares, its order
         float ss = 0.f;
-        for (int i = threadIdx.x; i < K4; i += nt) {
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            if (threadIdx.x + u * nt < K4) {
+                const float4 v = x0[u];
+                ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+            }
+        }
+        for (int i = threadIdx.x + 4 * nt; i < K4; i += nt) {
             const float4 v = x4[i];
             ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
         }
@@ -239,7 +286,6 @@ __device__ __forceinline__ void route_row(const float* __restrict__ x,
 #endif
         __syncthreads();  // part is reused below
     }
-    const float4* n4 = (const float4*)nw;
     float4* h4 = NORM ? (float4*)(hout + (size_t)t * K) : nullptr;
     float s = 0.f;
     for (int c0 = threadIdx.x; c0 < K4; c0 += 4 * nt) {
@@ -248,10 +294,11 @@ __device__ __forceinline__ void route_row(const float* __restrict__ x,
         for (int u = 0; u < 4; ++u) {
             const int c = c0 + u * nt;
             const bool in = c < K4;
-            wv[u] = in ? __ldg(w4 + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+            const bool first = c0 == threadIdx.x;  // the batch loaded above
+            wv[u] = first ? w0[u] : in ? __ldg(w4 + c) : z4;
             if constexpr (NORM) {
-                const float4 a = in ? x4[c] : make_float4(0.f, 0.f, 0.f, 0.f);
-                const float4 b = in ? __ldg(n4 + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+                const float4 a = first ? x0[u] : in ? x4[c] : z4;
+                const float4 b = first ? n0[u] : in ? __ldg(n4 + c) : z4;
                 xv[u] = make_float4(a.x * scale * b.x, a.y * scale * b.y, a.z * scale * b.z,
                                     a.w * scale * b.w);  // rms_norm_row's expression
                 if (n == 0 && in) h4[c] = xv[u];
@@ -295,7 +342,6 @@ extern "C" __global__ void __launch_bounds__(256)
                     const u8* __restrict__ Ws, int E, int K, float* logits, int ldl,
                     int* __restrict__ ids, float* __restrict__ w, int k, unsigned int* tickets,
                     int topk_regs) {
-    pdl_start();
     route_row<false>(x, nullptr, 0.f, nullptr, Wr, rb_r, Ws, E, K, logits, ldl, ids, w, k,
                      tickets, topk_regs);
 }
@@ -308,7 +354,6 @@ extern "C" __global__ void __launch_bounds__(256)
                      const u8* __restrict__ Ws, int E, int K, float* logits, int ldl,
                      int* __restrict__ ids, float* __restrict__ w, int k, unsigned int* tickets,
                      int topk_regs) {
-    pdl_start();
     route_row<true>(y, nw, eps, hout, Wr, rb_r, Ws, E, K, logits, ldl, ids, w, k, tickets,
                     topk_regs);
 }
@@ -337,8 +382,8 @@ __device__ __forceinline__ void dot_pair(const u8* __restrict__ rg, const u8* __
                 if (g < NG) {
                     Run8 a, b, c, d;
                     int k0, k1;
-                    row_group<QT>(rg, g, a, b, k0, k1);
-                    row_group<QT>(ru, g, c, d, k0, k1);
+                    dec_row_group<QT, kWideUp>(rg, g, a, b, k0, k1);
+                    dec_row_group<QT, kWideUp>(ru, g, c, d, k0, k1);
 #ifdef MUTANT_MOE_GATE_UP_PAIR_SWAP
                     const float4* x0 = (const float4*)(x + k1);  // planted bug: runs swapped
                     const float4* x1 = (const float4*)(x + k0);
@@ -348,8 +393,8 @@ __device__ __forceinline__ void dot_pair(const u8* __restrict__ rg, const u8* __
 #endif
                     const float4 xa = __ldg(x0), xb = __ldg(x0 + 1);
                     const float4 xc = __ldg(x1), xd = __ldg(x1 + 1);
-                    sg += run_dot(a, xa, xb) + run_dot(b, xc, xd);
-                    su += run_dot(c, xa, xb) + run_dot(d, xc, xd);
+                    sg += dec_run_dot(a, xa, xb) + dec_run_dot(b, xc, xd);
+                    su += dec_run_dot(c, xa, xb) + dec_run_dot(d, xc, xd);
                 }
             }
         }
@@ -371,15 +416,43 @@ __device__ __forceinline__ void dot_pair_rt(int qt, const u8* rg, const u8* ru, 
     }
 }
 
+// moe_experts.l2_prefetch: this block's share of the bytes [base, base + bytes) into L2, a
+// 128-byte line per thread per step (prefetch.global.L2: a hint, no registers held, nothing
+// waits on it). The gate_up grid's ceil(F / ROWS) blocks of slot j split the down matrix that
+// slot's down pass reads, so the down kernel's loads meet L2, not device memory: gate_up,
+// latency-bound at ~0.7 TB/s, has the bandwidth to spare.
+__device__ __forceinline__ void l2_prefetch_share(const u8* base, size_t bytes, int part,
+                                                  int nparts) {
+    const size_t chunk = ((bytes + nparts - 1) / nparts + 127) & ~(size_t)127;
+    const size_t lo = (size_t)part * chunk, hi = min(bytes, lo + chunk);
+    for (size_t o = lo + (size_t)threadIdx.x * 128; o < hi; o += (size_t)blockDim.x * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(base + o));
+}
+
+// Slot j's down matrix: D [E, C, F] expert ids[j]'s C rows of rb_d bytes (contiguous), or the
+// shared expert's SD [C, Fs] for slot k (SD null: none). C = gate_up's K.
+__device__ __forceinline__ void prefetch_down(const u8* D, int rb_d, const u8* SD, int rb_sd,
+                                              int C, int E, const int* it, int k, int j) {
+    if (j < k) {
+        const int e = min(max(it[j], 0), E - 1);
+        l2_prefetch_share(D + (size_t)e * C * rb_d, (size_t)C * rb_d, blockIdx.x, gridDim.x);
+    } else if (SD) {
+        l2_prefetch_share(SD, (size_t)C * rb_sd, blockIdx.x, gridDim.x);
+    }
+}
+
 // x [T, K]; G, U [E, F, K] (type qe, rows of rb_e bytes): the routed experts' gate and up;
 // SG, SU [Fs, K] (type qsh, rows of rb_s) or null: the shared expert's; ids [T, k] ->
-// h [T, k + 1, ldh] (slot k: the shared expert). Grid (ceil(max(F, Fs) / ROWS), k + shared, T).
+// h [T, k + 1, ldh] (slot k: the shared expert). D (rows of rb_d), SD (rb_sd): the down
+// matrices moe_experts.l2_prefetch brings into L2 (D null: no prefetch). Grid
+// (ceil(max(F, Fs) / ROWS), k + shared, T).
 extern "C" __global__ void __launch_bounds__(NT)
     moe_dec_gate_up(const float* __restrict__ x, const u8* __restrict__ G,
                     const u8* __restrict__ U, int rb_e, int qe, int F, int E,
                     const int* __restrict__ ids, int k, const u8* __restrict__ SG,
                     const u8* __restrict__ SU, int rb_s, int qsh, int Fs, int K,
-                    float* __restrict__ h, int ldh) {
+                    float* __restrict__ h, int ldh, const u8* D, int rb_d,
+                    const u8* SD, int rb_sd) {
     __shared__ float red[RED_N];
     pdl_start();
     const int j = blockIdx.y, t = blockIdx.z, lane = threadIdx.x % TPR;
@@ -387,6 +460,7 @@ extern "C" __global__ void __launch_bounds__(NT)
     const bool shared = j == k;
     const int N = shared ? Fs : F;
     const float* xt = x + (size_t)t * K;
+    if (D) prefetch_down(D, rb_d, SD, rb_sd, K, E, ids + (size_t)t * k, k, j);
     float s[MAXR] = {0.f};
     if (n < N) {
         const u8* rows[2];
@@ -411,13 +485,15 @@ extern "C" __global__ void __launch_bounds__(NT)
                       const u8* __restrict__ U, int rb_e, int qe, int F, int E,
                       const int* __restrict__ ids, int k, const u8* __restrict__ SG,
                       const u8* __restrict__ SU, int rb_s, int qsh, int Fs, int K,
-                      float* __restrict__ h, int ldh) {
+                      float* __restrict__ h, int ldh, const u8* D, int rb_d,
+                      const u8* SD, int rb_sd) {
     __shared__ float red[RED_N];
     pdl_start();
     const int j = blockIdx.y, t = blockIdx.z, lane = threadIdx.x % TPR;
     const int n = row_of_thread();
     const bool shared = j == k;
     const int N = shared ? Fs : F;
+    if (D) prefetch_down(D, rb_d, SD, rb_sd, K, E, ids + (size_t)t * k, k, j);
     float sg = 0.f, su = 0.f;
     if (n < N) {
         const u8 *rg, *ru;
@@ -621,10 +697,11 @@ __device__ __forceinline__ float row_dot(const u8* __restrict__ row, const float
         for (int g = lane; g < K / 16; g += TPR) {
             Run8 a, b;
             int k0, k1;
-            row_group<QT>(row, g, a, b, k0, k1);
+            dec_row_group<QT, kWideDown>(row, g, a, b, k0, k1);
             const float4* x0 = (const float4*)(x + k0);
             const float4* x1 = (const float4*)(x + k1);
-            p += run_dot(a, __ldg(x0), __ldg(x0 + 1)) + run_dot(b, __ldg(x1), __ldg(x1 + 1));
+            p += dec_run_dot(a, __ldg(x0), __ldg(x0 + 1)) +
+                 dec_run_dot(b, __ldg(x1), __ldg(x1 + 1));
         }
     }
     return p;
@@ -734,58 +811,59 @@ __device__ __forceinline__ void warp_rows(const u8* __restrict__ row0, int rb, i
             int k0 = 0, k1 = 0;
 #pragma unroll
             for (int r = 0; r < R; ++r)
-                if (r < nr) row_group<QT>(row0 + (size_t)r * rb, g, a[r], b[r], k0, k1);
+                if (r < nr)
+                    dec_row_group<QT, kWideDown>(row0 + (size_t)r * rb, g, a[r], b[r], k0, k1);
             const float4* x0 = (const float4*)(x + k0);
             const float4* x1 = (const float4*)(x + k1);
             const float4 xa = __ldg(x0), xb = __ldg(x0 + 1), xc = __ldg(x1), xd = __ldg(x1 + 1);
 #pragma unroll
             for (int r = 0; r < R; ++r)
-                if (r < nr) s[r] += run_dot(a[r], xa, xb) + run_dot(b[r], xc, xd);
+                if (r < nr) s[r] += dec_run_dot(a[r], xa, xb) + dec_run_dot(b[r], xc, xd);
         }
     }
 }
 
+template <int R>
 __device__ __forceinline__ void warp_rows_rt(int qt, const u8* row0, int rb, int nr,
                                              const float* x, int K, int lane, float* s) {
     switch (qt) {
-        case QT_Q4_0: warp_rows<QT_Q4_0, ROWS>(row0, rb, nr, x, K, lane, s); break;
-        case QT_Q4_1: warp_rows<QT_Q4_1, ROWS>(row0, rb, nr, x, K, lane, s); break;
-        case QT_Q5_0: warp_rows<QT_Q5_0, ROWS>(row0, rb, nr, x, K, lane, s); break;
-        case QT_Q8_0: warp_rows<QT_Q8_0, ROWS>(row0, rb, nr, x, K, lane, s); break;
-        case QT_Q4_K: warp_rows<QT_Q4_K, ROWS>(row0, rb, nr, x, K, lane, s); break;
-        case QT_Q6_K: warp_rows<QT_Q6_K, ROWS>(row0, rb, nr, x, K, lane, s); break;
-        case QT_F16: warp_rows<QT_F16, ROWS>(row0, rb, nr, x, K, lane, s); break;
-        case QT_BF16: warp_rows<QT_BF16, ROWS>(row0, rb, nr, x, K, lane, s); break;
-        default: warp_rows<QT_F32, ROWS>(row0, rb, nr, x, K, lane, s); break;
+        case QT_Q4_0: warp_rows<QT_Q4_0, R>(row0, rb, nr, x, K, lane, s); break;
+        case QT_Q4_1: warp_rows<QT_Q4_1, R>(row0, rb, nr, x, K, lane, s); break;
+        case QT_Q5_0: warp_rows<QT_Q5_0, R>(row0, rb, nr, x, K, lane, s); break;
+        case QT_Q8_0: warp_rows<QT_Q8_0, R>(row0, rb, nr, x, K, lane, s); break;
+        case QT_Q4_K: warp_rows<QT_Q4_K, R>(row0, rb, nr, x, K, lane, s); break;
+        case QT_Q6_K: warp_rows<QT_Q6_K, R>(row0, rb, nr, x, K, lane, s); break;
+        case QT_F16: warp_rows<QT_F16, R>(row0, rb, nr, x, K, lane, s); break;
+        case QT_BF16: warp_rows<QT_BF16, R>(row0, rb, nr, x, K, lane, s); break;
+        default: warp_rows<QT_F32, R>(row0, rb, nr, x, K, lane, s); break;
     }
 }
 
 // Arguments: moe_dec_down_w's. Grid (ceil(C / ROWS), T), block 32 (k + (SD ? 1 : 0)), k < MAXR.
-extern "C" __global__ void __launch_bounds__(32 * MAXR)
-    moe_dec_down_s(const float* __restrict__ h, int ldh, const u8* __restrict__ D, int rb_e,
-                   int qe, int F, int E, const int* __restrict__ ids,
-                   const float* __restrict__ w, int k, const u8* __restrict__ SD, int rb_s,
-                   int qsh, int Fs, const float* __restrict__ logits, int ldl,
-                   const float* __restrict__ r, float* out, int C,
-                   const float* __restrict__ nw, float eps, float* __restrict__ hn,
-                   unsigned int* tickets) {
-    __shared__ float part[MAXR][ROWS];
+template <int R>
+__device__ __forceinline__ void down_split_body(
+    const float* __restrict__ h, int ldh, const u8* __restrict__ D, int rb_e, int qe, int F,
+    int E, const int* __restrict__ ids, const float* __restrict__ w, int k,
+    const u8* __restrict__ SD, int rb_s, int qsh, int Fs, const float* __restrict__ logits,
+    int ldl, const float* __restrict__ r, float* out, int C, const float* __restrict__ nw,
+    float eps, float* __restrict__ hn, unsigned int* tickets) {
+    __shared__ float part[MAXR][R];
     pdl_start();
     const int t = blockIdx.y, j = threadIdx.x / 32, lane = threadIdx.x & 31;
-    const int c0 = blockIdx.x * ROWS, nr = min(ROWS, C - c0);
+    const int c0 = blockIdx.x * R, nr = min(R, C - c0);
     const float* ht = h + (size_t)t * (k + 1) * ldh;
-    float s[ROWS];
+    float s[R];
 #pragma unroll
-    for (int i = 0; i < ROWS; ++i) s[i] = 0.f;
+    for (int i = 0; i < R; ++i) s[i] = 0.f;
     if (j < k) {
         const int e = min(max(__ldg(ids + (size_t)t * k + j), 0), E - 1);  // corrupt id: no fault
-        warp_rows_rt(qe, D + ((size_t)e * C + c0) * rb_e, rb_e, nr, ht + (size_t)j * ldh, F,
+        warp_rows_rt<R>(qe, D + ((size_t)e * C + c0) * rb_e, rb_e, nr, ht + (size_t)j * ldh, F,
                      lane, s);
     } else if (SD) {
-        warp_rows_rt(qsh, SD + (size_t)c0 * rb_s, rb_s, nr, ht + (size_t)k * ldh, Fs, lane, s);
+        warp_rows_rt<R>(qsh, SD + (size_t)c0 * rb_s, rb_s, nr, ht + (size_t)k * ldh, Fs, lane, s);
     }
 #pragma unroll
-    for (int i = 0; i < ROWS; ++i) {
+    for (int i = 0; i < R; ++i) {
         const float v = warp_sum(s[i]);
         if (lane == 0) part[j][i] = v;
     }
@@ -799,4 +877,50 @@ extern "C" __global__ void __launch_bounds__(32 * MAXR)
         out[(size_t)t * C + c] = r[(size_t)t * C + c] + y;
     }
     if (nw) down_norm_tail(out, nw, eps, hn, C, tickets);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * MAXR)
+    moe_dec_down_s(const float* __restrict__ h, int ldh, const u8* __restrict__ D, int rb_e,
+                   int qe, int F, int E, const int* __restrict__ ids,
+                   const float* __restrict__ w, int k, const u8* __restrict__ SD, int rb_s,
+                   int qsh, int Fs, const float* __restrict__ logits, int ldl,
+                   const float* __restrict__ r, float* out, int C,
+                   const float* __restrict__ nw, float eps, float* __restrict__ hn,
+                   unsigned int* tickets) {
+    down_split_body<ROWS>(h, ldh, D, rb_e, qe, F, E, ids, w, k, SD, rb_s, qsh, Fs, logits, ldl, r,
+                          out, C, nw, eps, hn, tickets);
+}
+
+// moe_experts.split_occupancy 3: moe_dec_down_s compiled for 3 blocks of 9 warps an SM (k +
+// shared <= 9; 72 registers, no spills at rows_per_block 4) where the compiler's own count
+// (80) leaves 2: a 2048-wide layer's 512 blocks (rows_per_block 4) then start 396 at once, not
+// 264. The same code: bit-identical.
+extern "C" __global__ void __launch_bounds__(32 * 9, 3)
+    moe_dec_down_s9(const float* __restrict__ h, int ldh, const u8* __restrict__ D, int rb_e,
+                    int qe, int F, int E, const int* __restrict__ ids,
+                    const float* __restrict__ w, int k, const u8* __restrict__ SD, int rb_s,
+                    int qsh, int Fs, const float* __restrict__ logits, int ldl,
+                    const float* __restrict__ r, float* out, int C,
+                    const float* __restrict__ nw, float eps, float* __restrict__ hn,
+                    unsigned int* tickets) {
+    down_split_body<ROWS>(h, ldh, D, rb_e, qe, F, E, ids, w, k, SD, rb_s, qsh, Fs, logits, ldl, r,
+                          out, C, nw, eps, hn, tickets);
+}
+
+// moe_experts.split_occupancy 2: the split down with 8 outputs a block whatever rows_per_block
+// (which shapes gate_up too: 8 there makes 576 blocks of 256 threads, two waves), compiled
+// for 2 blocks of 9 warps an SM (112 registers, where the compiler's own 128 leave 1 and
+// __launch_bounds__(288, 2) spills): a 2048-wide layer's 256 blocks in one wave on 132 SMs, a
+// lane's 8 rows' loads in flight together. The same code at R = 8: moe_dec_down_s at
+// rows_per_block 8 to the bit. Blocks of up to 9 warps (k + shared <= 9; the host checks).
+extern "C" __global__ void __maxnreg__(112)
+    moe_dec_down_s9r8(const float* __restrict__ h, int ldh, const u8* __restrict__ D, int rb_e,
+                      int qe, int F, int E, const int* __restrict__ ids,
+                      const float* __restrict__ w, int k, const u8* __restrict__ SD, int rb_s,
+                      int qsh, int Fs, const float* __restrict__ logits, int ldl,
+                      const float* __restrict__ r, float* out, int C,
+                      const float* __restrict__ nw, float eps, float* __restrict__ hn,
+                      unsigned int* tickets) {
+    down_split_body<8>(h, ldh, D, rb_e, qe, F, E, ids, w, k, SD, rb_s, qsh, Fs, logits, ldl, r,
+                       out, C, nw, eps, hn, tickets);
 }

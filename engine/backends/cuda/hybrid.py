@@ -33,6 +33,7 @@ MAX_TOPK = 32  # router_topk: one chosen logit per lane
 MAX_PAIRS = 65535  # moe.cu: pairs on grid z per launch (moe_grouped.cu: tiles)
 MOE_SORT_THREADS = 1024  # moe_grouped.cu moe_sort: one block
 MAX_DN_HEADS = 1024  # dn_step.cu: one ticket per V head
+DN_CLU_THREADS = 512  # dn_clu.cu DNC_THREADS: its __launch_bounds__
 MAX_PREP_D = 512  # hybrid.cu attn_qk_prep: a head row in shared memory
 PREP_WARPS = 4  # hybrid.cu ATTN_PREP_WARPS: heads per block
 
@@ -461,6 +462,17 @@ class CudaHybridOps(CudaMoeTcOps, CudaMoeDecodeOps):  # moe_tc.py, moe_ffn: moe_
                 v_order, eps, norm, z,
             )  # fmt: skip
         qkv, a, b, z = (self._contig(t) for t in (qkv, a, b, z))
+        clu = self._dn_clu_launch(c, Hk, Hv, dk, dv)
+        if clu is not None:  # delta_net.step_cluster: dn_clu.cu, a cluster per K head
+            y = self._empty(tuple(z.shape))
+            self._fused_ran("delta_net")
+            self._launch(
+                "dn_clu", clu[0], clu[1], clu[2],
+                (qkv, conv_state, conv_w.raw.view(np.float32), np.int32(K), a, b, dt_bias.f32,
+                 ssm_a.f32, state, norm.f32, z, y, np.int32(Hk), np.int32(Hv), np.int32(dk),
+                 np.int32(dv), np.int32(v_order == "grouped"), np.float32(eps)), pdl=True,
+            )  # fmt: skip
+            return y
         o, y = self._empty((Hv, dv)), self._empty(tuple(z.shape))
         tickets = getattr(self, "_dnc_tickets", None)
         if tickets is None:  # [V heads | K heads], zero between launches (the last block resets)
@@ -474,6 +486,19 @@ class CudaHybridOps(CudaMoeTcOps, CudaMoeDecodeOps):  # moe_tc.py, moe_ffn: moe_
              np.int32(dv), np.int32(v_order == "grouped"), np.float32(eps), tickets), pdl=True,
         )  # fmt: skip
         return y
+
+    def _dn_clu_launch(
+        self, c: Any, Hk: int, Hv: int, dk: int, dv: int
+    ) -> tuple[str, tuple[int, int], tuple[int]] | None:
+        """(kernel, grid, block) of dn_clu.cu under delta_net.step_cluster, or None where it
+        does not apply (off, below sm_90, V heads per K head not 1 / 2 / 4, a cluster past 8
+        blocks, a block past DN_CLU_THREADS): then delta_net_conv_step runs."""
+        n, lanes = int(c["step_cluster"]), int(c["step_lanes"])
+        rv = Hv // Hk
+        threads = math.ceil(math.ceil(dv / n) * lanes / 32) * 32 if n else 0
+        if not n or self._cc < 90 or rv not in (1, 2, 4) or n * rv > 8 or threads > DN_CLU_THREADS:
+            return None
+        return f"dn_clu_r{rv}", (n, Hv), (threads,)
 
     def _delta_net_chunked(
         self,

@@ -194,12 +194,18 @@ def modules_for(cfg: TuningConfig) -> dict[str, tuple[str, dict[str, int]]]:
     elif moe.variant == "mmvq":  # float experts: the dmmv kernels at their defaults
         mods["moe"] = (Path(dmmv.source).name, variant_defines(dmmv, MOE_FALLBACK))
     # moe_experts.fuse_decode's kernels, built with the expert DMMV's rows / threads / vec
-    mods["moe_dec"] = ("moe_dec.cu", mods["moe"][1])
+    dec = dict(mods["moe"][1])
+    if moe.variant in ("dmmv", "grouped", "tc"):  # dec_wide, dec_fcvt: moe_dec.cu's alone
+        dec["DEC_WIDE"] = int(moe["dec_wide"])
+        dec["DEC_FCVT"] = int(moe["dec_fcvt"])
+    mods["moe_dec"] = ("moe_dec.cu", dec)
     # delta_net.fuse_decode's step (it includes delta_net.cu), with the scan's layout defines
     dn = cfg.op("delta_net")
     dnv = REGISTRY.op("cuda", "delta_net").variant(dn.variant)
     scan = variant_defines(dnv, dn)
     mods["dn_step"] = ("dn_step.cu", {d: scan[d] for d in ("NW", "MAX_DK", "STATE_T")})
+    if int(dn["step_cluster"]):  # delta_net.step_cluster's kernels, the scan's layout
+        mods["dn_clu"] = ("dn_clu.cu", dn_clu_defines(scan, dn))
     if cfg.op("attention_prefill").variant == "flash_tc":  # head dims it has no kernel for
         gemm = REGISTRY.op("cuda", "attention_prefill").variant("gemm")
         mods["attention_gemm"] = (Path(gemm.source).name, {})
@@ -210,6 +216,17 @@ def modules_for(cfg: TuningConfig) -> dict[str, tuple[str, dict[str, int]]]:
         dmmv = REGISTRY.op("cuda", "matmul_decode").variant("dmmv")
         mods["decode"] = (Path(dmmv.source).name, variant_defines(dmmv, DECODE_FALLBACK))
     return mods
+
+
+def dn_clu_defines(scan: dict[str, int], dn: OpChoice) -> dict[str, int]:
+    """dn_clu.cu's defines: the scan's MAX_DK and STATE_T, delta_net.step_cluster (DCL) and
+    step_lanes (DG)."""
+    return {
+        "MAX_DK": scan["MAX_DK"],
+        "STATE_T": scan["STATE_T"],
+        "DCL": int(dn["step_cluster"]),
+        "DG": int(dn["step_lanes"]),
+    }
 
 
 def clear_cache() -> None:

@@ -180,6 +180,11 @@ class CudaMoeDecodeOps:
         ldh = -(-max(F, Fs) // 4) * 4  # float4 rows
         hh = self._empty((T, k + 1, ldh))
         gate_up = "moe_dec_gate_up_p" if int(c["gate_up_pair"]) else "moe_dec_gate_up"
+        # moe_experts.l2_prefetch: gate_up's blocks bring the down matrices into L2 (D null: off)
+        pf = (_NULL, np.int32(0), _NULL, np.int32(0))
+        if int(c["l2_prefetch"]):
+            pf = (down.raw, np.int32(down.row_bytes), _NULL if sdown is None else sdown.raw,
+                  np.int32(sdown.row_bytes if sdown else 0))  # fmt: skip
         self._launch(
             "moe_dec", gate_up, (math.ceil(max(F, Fs) / rows), k + ns, T),
             (nt,),
@@ -187,7 +192,7 @@ class CudaMoeDecodeOps:
              np.int32(F), np.int32(E), ids, np.int32(k),
              _NULL if sgate is None else sgate.raw, _NULL if sup is None else sup.raw,
              np.int32(sgate.row_bytes if sgate else 0), np.int32(_QT[sgate.qtype] if sgate else 0),
-             np.int32(Fs), np.int32(C), hh, np.int32(ldh)),
+             np.int32(Fs), np.int32(C), hh, np.int32(ldh), *pf),
             pdl=True,
         )  # fmt: skip
         out = self._empty((T, C))
@@ -197,15 +202,20 @@ class CudaMoeDecodeOps:
             hn = self._empty((T, C))
             kernel += "_norm"
             tail = (norm.f32, np.float32(eps), hn, self._norm_tickets())
-        block = nt
+        block, per_block = nt, rows
         if int(c["down_split"]):  # a warp per expert slot, rows_per_block outputs a block
             kernel, block = "moe_dec_down_s", 32 * (k + ns)
+            occ = int(c["split_occupancy"]) if k + ns <= 9 else 0
+            if occ == 3:  # built for 3 blocks an SM
+                kernel = "moe_dec_down_s9"
+            elif occ == 2:  # 8 outputs a block, built for 2 blocks an SM
+                kernel, per_block = "moe_dec_down_s9r8", 8
             tail = tail or (_NULL, np.float32(0.0), _NULL, _NULL)
         elif int(c["down_wsum"]):  # one kernel, the norm tail where its weights are not null
             kernel = "moe_dec_down_w"
             tail = tail or (_NULL, np.float32(0.0), _NULL, _NULL)
         self._launch(
-            "moe_dec", kernel, (math.ceil(C / rows), T), (block,),
+            "moe_dec", kernel, (math.ceil(C / per_block), T), (block,),
             (hh, np.int32(ldh), down.raw, np.int32(down.row_bytes), np.int32(_QT[down.qtype]),
              np.int32(F), np.int32(E), ids, wts, np.int32(k),
              _NULL if sdown is None else sdown.raw, np.int32(sdown.row_bytes if sdown else 0),

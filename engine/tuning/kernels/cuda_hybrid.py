@@ -13,7 +13,15 @@ from __future__ import annotations
 
 from engine.tuning.kernels.cuda import ALL_TYPES
 from engine.tuning.kernels.vulkan import DELTA_NET_CHUNKS
-from engine.tuning.registry import HOST, PUSHED, REGISTRY, Param, Variant, define
+from engine.tuning.registry import (
+    HOST,
+    PUSHED,
+    REGISTRY,
+    Constraint,
+    Param,
+    Variant,
+    define,
+)
 
 B = "cuda"
 
@@ -87,7 +95,37 @@ _DN_MAX_DK = Param(
     "register array per warp for a state column, max_dk / 32 per lane (must be >= the K head dim)",
     define("MAX_DK"),
 )
-_DN_DECODE = (_DN_FUSE, _DN_FUSE_CONV, _DN_FUSE_BA)  # the decode step's launch knobs
+# step_cluster / step_lanes: helper dn (issue 15), off until measured on the H200 (the 35B-A3B's
+# delta_net_conv_step was 12.3 us a call, a chain of round trips over 2 MB of state).
+_DN_STEP_CLUSTER = Param(
+    "step_cluster",
+    (0, 1, 2, 4),
+    0,
+    "with fuse_conv: 0 runs dn_step.cu's delta_net_conv_step (a warp per column, global "
+    "tickets); n > 0 runs dn_clu.cu instead: a thread-block cluster per K head (its V heads x "
+    "n blocks of dv / n columns), the gated norm summed through distributed shared memory "
+    "(sm_90; H heads x n blocks); same expressions, the sums of squares in another order",
+    PUSHED,
+)
+_DN_STEP_LANES = Param(
+    "step_lanes",
+    (8, 16, 32),
+    8,
+    "with step_cluster: lanes per state column (each holds max_dk / lanes rows; a column's "
+    "sums take log2(lanes) shuffles; a block is dv / step_cluster * lanes threads, <= 512)",
+    PUSHED,
+)
+_DN_CLUSTER_CC = Constraint(
+    "delta_net.step_cluster != 0 needs compute capability >= 9.0 (thread-block clusters)",
+    lambda cfg, dev: (
+        int(cfg.op("delta_net")["step_cluster"]) == 0
+        or dev is None
+        or int(dev.extra.get("cc", 0)) >= 90
+    ),
+)
+_DN_DECODE = (  # the decode step's launch knobs
+    _DN_FUSE, _DN_FUSE_CONV, _DN_FUSE_BA, _DN_STEP_CLUSTER, _DN_STEP_LANES,
+)  # fmt: skip
 
 REGISTRY.register(
     B,
@@ -98,6 +136,7 @@ REGISTRY.register(
             "delta_net",
             "sequential",
             params=(_DN_WARPS, _DN_LAYOUT, _DN_MAX_DK, _DN_PREFETCH, *_DN_DECODE),
+            constraints=(_DN_CLUSTER_CC,),
             source="cuda/delta_net.cu",
             numeric="order_only",
             doc="a warp per state column (lanes over its rows, in registers for the call), "
@@ -130,6 +169,7 @@ REGISTRY.register(
                     PUSHED,
                 ),
             ),
+            constraints=(_DN_CLUSTER_CC,),
             source="cuda/delta_net_chunked.cu",
             # float32 like the sequential kernel, another summation order: a triangular solve
             # per chunk and the state carried chunk to chunk
@@ -258,6 +298,55 @@ _MOE_DMMV = (
         "fuse_decode's down kernel: 1 walks the routed experts' short rows (F / 16 groups: 32 "
         "for a 35B-A3B's 512) one group per lane per step, so all threads_per_row lanes work "
         "where vec 2 leaves half of them idle; another summation order",
+        PUSHED,
+    ),
+    # helper moe35 (seventh session): off until measured on the H200
+    # (H200, moe35's checkpoint, one 35B-A3B layer, Q4_K down: 1 made gate_up 14.8 -> 16.4 us
+    # and the split down 14.6 -> 13.3 (queued eager), the layer 30.07 -> 30.16 us: hence 2)
+    Param(
+        "dec_wide",
+        (0, 1, 2),
+        0,
+        "fuse_decode's kernels (moe_dec.cu, qwide.cuh): 1 decodes a Q4_K group from its "
+        "block's 16-byte header and 8 quant bytes (2 loads, not 8) and a Q6_K group from "
+        "16-byte ql / qh / scale loads (4, not 18) in every kernel, 2 in the split and "
+        "weighted-sum down kernels only (gate_up's lanes walk several groups, where the "
+        "header's byte extraction costs more than the loads it saves); same weights, same "
+        "sums: bit-identical (moe_dec.cu's DEC_WIDE define, set by the CUDA backend's "
+        "modules_for: moe.cu does not rebuild)",
+        HOST,
+    ),
+    Param(
+        "dec_fcvt",
+        (0, 1),
+        0,
+        "fuse_decode's kernels: 1 makes each quant byte a float by a byte permute and an FADD "
+        "(qwide.cuh run_dot_x: the exact float 2^23 + v + 128 minus 2^23 + 128) where "
+        "run_dot converts with I2F, a quarter-rate instruction, 16 a group (and dec_wide's "
+        "scales the same way): the same floats in the same expressions, bit-identical "
+        "(moe_dec.cu's DEC_FCVT define, as dec_wide)",
+        HOST,
+    ),
+    Param(
+        "l2_prefetch",
+        (0, 1),
+        0,
+        "fuse_decode's gate_up kernel: 1 has each block prefetch into L2 its share of the "
+        "down matrices its slot's down pass reads (the chosen expert's, the shared one's), so "
+        "the down kernel's loads meet L2 while gate_up, latency-bound, spends the spare "
+        "bandwidth; a hint: bit-identical",
+        PUSHED,
+    ),
+    Param(
+        "split_occupancy",
+        (0, 2, 3),
+        0,
+        "down_split's kernel where k + shared <= 9 warps: 3 runs moe_dec_down_s9, compiled "
+        "for 3 blocks an SM (72 registers, where the compiler's 80 leave 2: 396 of a "
+        "2048-wide layer's 512 blocks at once, not 264; it spills at rows_per_block 8); 2 runs "
+        "moe_dec_down_s9r8, 8 outputs a block whatever rows_per_block, compiled for 2 blocks "
+        "an SM (112 registers: the 256 blocks in one wave); 0: moe_dec_down_s; the same "
+        "sums: bit-identical to moe_dec_down_s at the same outputs a block",
         PUSHED,
     ),
 )
