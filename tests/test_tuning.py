@@ -3,6 +3,8 @@ constraints, and promoted-config lookup."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from engine.errors import ConfigError
@@ -61,6 +63,20 @@ def test_toml_round_trip(tmp_path):
     assert "chunk_tokens = 40" in only and "rope" not in only
     p.write_text(only)
     assert TuningConfig.from_toml(p) == cfg
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted((Path(__file__).parents[1] / "configs").glob("*/*.toml")),
+    ids=lambda p: f"{p.parent.name}/{p.name}",
+)
+def test_committed_promoted_configs_load(path):
+    """Every promoted file on main loads against today's registry: a knob removed or renamed,
+    or a value no longer allowed, fails here rather than on the GPU node that loads it (the
+    eighth session removed matmul_decode.pipe*)."""
+    cfg = TuningConfig.from_toml(path)
+    assert cfg.backend in REGISTRY.backends() and cfg.ops
+    assert find_promoted(cfg.backend, path.parent.name, path.stem, path.parents[1]) is not None
 
 
 def test_toml_errors_name_the_file(tmp_path):
