@@ -171,6 +171,23 @@ __device__ __forceinline__ void q4k_scale_min(const u8* sc, int j, int& s, int& 
         m = (__ldg(sc + j + 4) >> 4) | ((__ldg(sc + j) >> 6) << 4);
     }
 }
+
+// Byte i (0..15) of a 16-byte value held in registers.
+__device__ __forceinline__ int u4_byte(const uint4& v, int i) {
+    const u32 w = i < 4 ? v.x : i < 8 ? v.y : i < 12 ? v.z : v.w;
+    return (int)((w >> (8 * (i & 3))) & 0xFFu);
+}
+
+// q4k_scale_min on a Q4_K block's 16-byte header in registers (scales at bytes 4..15).
+__device__ __forceinline__ void q4k_scale_min_u4(const uint4& hdr, int j, int& s, int& m) {
+    if (j < 4) {
+        s = u4_byte(hdr, 4 + j) & 63;
+        m = u4_byte(hdr, 8 + j) & 63;
+    } else {
+        s = (u4_byte(hdr, 8 + j) & 0xF) | ((u4_byte(hdr, j) >> 6) << 4);
+        m = (u4_byte(hdr, 8 + j) >> 4) | ((u4_byte(hdr, 4 + j) >> 6) << 4);
+    }
+}
 template <> __device__ __forceinline__ void decode_group<QT_Q4_K>(const u8* blk, int gi, Run8& r0,
                                                                   Run8& r1) {
     const int p = gi >> 2, i = gi & 3;

@@ -43,23 +43,6 @@
 #define WIDE 1
 #endif
 
-// Byte i (0..15) of a 16-byte value held in registers.
-__device__ __forceinline__ int mt_byte(const uint4& v, int i) {
-    const u32 w = i < 4 ? v.x : i < 8 ? v.y : i < 12 ? v.z : v.w;
-    return (int)((w >> (8 * (i & 3))) & 0xFFu);
-}
-
-// q4k_scale_min (common.cuh) on the block's 16-byte header in registers (scales at bytes 4..15).
-__device__ __forceinline__ void mt_q4k_scale_min(const uint4& hdr, int j, int& s, int& m) {
-    if (j < 4) {
-        s = mt_byte(hdr, 4 + j) & 63;
-        m = mt_byte(hdr, 8 + j) & 63;
-    } else {
-        s = (mt_byte(hdr, 8 + j) & 0xF) | ((mt_byte(hdr, j) >> 6) << 4);
-        m = (mt_byte(hdr, 8 + j) >> 4) | ((mt_byte(hdr, 4 + j) >> 6) << 4);
-    }
-}
-
 // decode_group (common.cuh) in few wide loads, for WIDE = 1: a Q4_K group reads its block's
 // 16-byte header and 8 quant bytes (2 loads, not 8); a Q6_K group its 16 ql, 16 qh and the 16
 // scales as 16-byte loads and d (4 loads, not 18). A warp's loads touch 8 rows' lines each, so
@@ -74,8 +57,8 @@ __device__ __forceinline__ void mt_group(const u8* __restrict__ blk, int gi, Run
         const uint2 w = __ldg((const uint2*)(blk + 16 + 32 * p + 8 * i));
         const float d = h2f((u16)(hdr.x & 0xFFFF)), dmin = h2f((u16)(hdr.x >> 16));
         int s0, m0, s1, m1;
-        mt_q4k_scale_min(hdr, 2 * p, s0, m0);
-        mt_q4k_scale_min(hdr, 2 * p + 1, s1, m1);
+        q4k_scale_min_u4(hdr, 2 * p, s0, m0);
+        q4k_scale_min_u4(hdr, 2 * p + 1, s1, m1);
         r0.q0 = w.x & 0x0F0F0F0Fu;
         r0.q1 = w.y & 0x0F0F0F0Fu;
         r1.q0 = (w.x >> 4) & 0x0F0F0F0Fu;
@@ -89,7 +72,7 @@ __device__ __forceinline__ void mt_group(const u8* __restrict__ blk, int gi, Run
         const uint4 ql = __ldg((const uint4*)(blk + 64 * h + l0 + 32 * (qd & 1)));
         const uint4 qh = __ldg((const uint4*)(blk + 128 + 32 * h + l0));
         const uint4 sc = __ldg((const uint4*)(blk + 192));
-        const float a = ld_h(blk + 208) * (float)(signed char)mt_byte(sc, 8 * h + (gi & 1) + 2 * qd);
+        const float a = ld_h(blk + 208) * (float)(signed char)u4_byte(sc, 8 * h + (gi & 1) + 2 * qd);
         const int ls = 4 * (qd >> 1), hs = 2 * qd;
         const u32 lw[4] = {ql.x, ql.y, ql.z, ql.w}, hw[4] = {qh.x, qh.y, qh.z, qh.w};
         u32 q[4];
@@ -115,8 +98,8 @@ __device__ __forceinline__ void mt_q4k_window(const u8* __restrict__ row, int k0
     const uint4 hdr = __ldg((const uint4*)blk);  // d, dmin, scales: one load
     const float d = h2f((u16)(hdr.x & 0xFFFF)), dmin = h2f((u16)(hdr.x >> 16));
     int s0, m0, s1, m1;
-    mt_q4k_scale_min(hdr, 2 * p, s0, m0);
-    mt_q4k_scale_min(hdr, 2 * p + 1, s1, m1);
+    q4k_scale_min_u4(hdr, 2 * p, s0, m0);
+    q4k_scale_min_u4(hdr, 2 * p + 1, s1, m1);
     Run8 lo, hi;  // quant byte j: low nibble element j, high nibble element 32 + j
     lo.a = d * (float)s0;
     lo.b = -dmin * (float)m0;
@@ -261,8 +244,8 @@ __device__ __forceinline__ void mt_q4k_frag(const uint4& hdr, const uint2& qs, i
                                             u32 (&f)[4][2]) {
     const float d = h2f((u16)(hdr.x & 0xFFFF)), dmin = h2f((u16)(hdr.x >> 16));
     int s0, m0, s1, m1;
-    mt_q4k_scale_min(hdr, 2 * p, s0, m0);
-    mt_q4k_scale_min(hdr, 2 * p + 1, s1, m1);
+    q4k_scale_min_u4(hdr, 2 * p, s0, m0);
+    q4k_scale_min_u4(hdr, 2 * p + 1, s1, m1);
     const float a[2] = {d * (float)s0, d * (float)s1}, b[2] = {-dmin * (float)m0, -dmin * (float)m1};
     const u32 w[4] = {qs.x & 0x0F0F0F0Fu, qs.y & 0x0F0F0F0Fu, (qs.x >> 4) & 0x0F0F0F0Fu,
                       (qs.y >> 4) & 0x0F0F0F0Fu};

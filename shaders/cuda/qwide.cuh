@@ -18,23 +18,6 @@
 #define DEC_FCVT 0
 #endif
 
-// Byte i (0..15) of a 16-byte value held in registers.
-__device__ __forceinline__ int qw_byte(const uint4& v, int i) {
-    const u32 w = i < 4 ? v.x : i < 8 ? v.y : i < 12 ? v.z : v.w;
-    return (int)((w >> (8 * (i & 3))) & 0xFFu);
-}
-
-// q4k_scale_min on the block's 16-byte header in registers (scales at bytes 4..15).
-__device__ __forceinline__ void qw_q4k_scale_min(const uint4& hdr, int j, int& s, int& m) {
-    if (j < 4) {
-        s = qw_byte(hdr, 4 + j) & 63;
-        m = qw_byte(hdr, 8 + j) & 63;
-    } else {
-        s = (qw_byte(hdr, 8 + j) & 0xF) | ((qw_byte(hdr, j) >> 6) << 4);
-        m = (qw_byte(hdr, 8 + j) >> 4) | ((qw_byte(hdr, 4 + j) >> 6) << 4);
-    }
-}
-
 // A small int (|v| < 2^22) as a float: I2F (DEC_FCVT 0) or the exact 2^23 + v + 128 from the
 // bits minus 2^23 + 128 (DEC_FCVT 1: an integer add and an FADD; see run_dot_x below).
 __device__ __forceinline__ float dec_i2f(int v) {
@@ -55,8 +38,8 @@ __device__ __forceinline__ void dec_group(const u8* __restrict__ blk, int gi, Ru
         const uint2 w = __ldg((const uint2*)(blk + 16 + 32 * p + 8 * i));
         const float d = h2f((u16)(hdr.x & 0xFFFF)), dmin = h2f((u16)(hdr.x >> 16));
         int s0, m0, s1, m1;
-        qw_q4k_scale_min(hdr, 2 * p, s0, m0);
-        qw_q4k_scale_min(hdr, 2 * p + 1, s1, m1);
+        q4k_scale_min_u4(hdr, 2 * p, s0, m0);
+        q4k_scale_min_u4(hdr, 2 * p + 1, s1, m1);
         r0.q0 = w.x & 0x0F0F0F0Fu;
         r0.q1 = w.y & 0x0F0F0F0Fu;
         r1.q0 = (w.x >> 4) & 0x0F0F0F0Fu;
@@ -75,7 +58,7 @@ __device__ __forceinline__ void dec_group(const u8* __restrict__ blk, int gi, Ru
 #else
         const int si = 8 * h + (gi & 1) + 2 * qd;
 #endif
-        const float a = ld_h(blk + 208) * dec_i2f((signed char)qw_byte(sc, si));
+        const float a = ld_h(blk + 208) * dec_i2f((signed char)u4_byte(sc, si));
         const int ls = 4 * (qd >> 1), hs = 2 * qd;
         const u32 lw[4] = {ql.x, ql.y, ql.z, ql.w}, hw[4] = {qh.x, qh.y, qh.z, qh.w};
         u32 q[4];
