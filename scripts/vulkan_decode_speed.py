@@ -132,7 +132,7 @@ X16 = {MP + "fuse_x16": 1}
 VARIANTS |= {"fl_ms_x16": BEST | X16, "fl_ms_f32_sg128_kc128_x16": F32 | SG | {KC: 128} | X16,
              "fl_ms_f32_sg128_kc128_ah32_x16": F32 | SG | {KC: 128} | AH | X16}  # fmt: skip
 # The best measured (helper vk's checkpoint, H200, 7B pp512, scripts/vulkan_profile.py): the
-# resident GEMM per shape (fill_groups 32, split_groups 128, split_k 4: the defaults now),
+# resident GEMM per shape (fill_groups 32, split_groups 128, split_k 4, set here explicitly),
 # flash attention without key ranges (they cost the 7B 148 + 21 us a layer against 135), the
 # pieces queued ahead, the fp16 GEMM input from the norm and SwiGLU: 7,501 -> ~9,300 tok/s
 # (fl_ms_f32_sg128_kc128_ah32_x16, with key ranges, 9,308). The 1.5B is unmeasured with them.

@@ -725,11 +725,11 @@ REGISTRY.register(
                 Param(
                     "fill_groups",
                     (0, 32, 64, 128, 256, 512),
-                    # 32 with split_groups 128, split_k 4 (helper vk's checkpoint, H200, pp512:
-                    # the 7B's q/o/down on 128 x 128 227 us against 367 on 64 x 64, its prefill
-                    # 7,501 -> 8,929 tok/s; the 1.5B's GEMMs alone, scripts/vulkan_resident_bench
-                    # .py: down 181 -> 125 us, k/v 21 -> 14, q/o 32 -> 33)
-                    32,
+                    # 256 until an end-to-end run shows better: fill_groups 64 alone took the
+                    # 7B's pp512 7,501 -> 9,072 tok/s and 32 with split_groups 128, split_k 4
+                    # to 8,929 (vk checkpoint, H200); the 1.5B with the latter (scripts/
+                    # vulkan_decode_speed.py best) read 17,036 in the closing run, not validated
+                    256,
                     "a GEMM whose tile grid has fewer workgroups than this runs 64 x 64 tiles "
                     "(4x the workgroups; the same per-element summation order, so the same "
                     "bits): the 7B q/o/down projections launch 112 workgroups of 128 x 128 on a "
@@ -741,7 +741,7 @@ REGISTRY.register(
                 Param(
                     "split_k",
                     (1, 2, 3, 4),
-                    4,
+                    1,
                     "a GEMM whose grid is still under fill_groups workgroups after the 64 x "
                     "64 tiles (the 7B k/v at pp512: 64 on a 132-SM GPU, 76 us each at the vk "
                     "checkpoint) splits k into up to this many ranges, as many as fill the "
@@ -762,7 +762,7 @@ REGISTRY.register(
                 Param(
                     "split_groups",
                     (0, 96, 128, 192, 256),
-                    128,
+                    0,
                     "split_k per shape (the 1.5B's q/o/down on 48 workgroups of 128 x 128): a "
                     "grid, after the fill_groups step, of at most half this many workgroups "
                     "splits k into groups // this ranges (at most split_k), on whichever tiles "
