@@ -18,13 +18,14 @@
 // the host without reading the routing back).
 // Tunables (defines): TILE_P (pairs per tile: 16, 32, 64), BR (weight rows per block: 64, 128),
 // WIN_Q4K (1: a thread decodes a Q4_K row's whole window, mt_q4k_window; 0: every type a group
-// of 16 per thread), WIDE (1: Q4_K / Q6_K groups decoded from 16-byte loads, mt_group), DIRECT
-// (1: Q4_K experts decoded straight into mma fragments, mt_direct).
+// of 16 per thread), WIDE (1: Q4_K / Q6_K groups decoded from 16-byte loads, qwide.cuh's
+// dec_group), DIRECT (1: Q4_K experts decoded straight into mma fragments, mt_direct).
 // Grid (ceil(N / BR), max_tiles), block 128.
 #if !defined(TILE_P) || !defined(BR)
 #error "moe_tc.cu needs TILE_P and BR (engine/tuning/kernels/cuda_hybrid.py)"
 #endif
 #include "common.cuh"
+#include "qwide.cuh"
 #include "moe_route.cuh"
 #include "tc.cuh"
 
@@ -42,52 +43,6 @@
 #ifndef WIDE
 #define WIDE 1
 #endif
-
-// decode_group (common.cuh) in few wide loads, for WIDE = 1: a Q4_K group reads its block's
-// 16-byte header and 8 quant bytes (2 loads, not 8); a Q6_K group its 16 ql, 16 qh and the 16
-// scales as 16-byte loads and d (4 loads, not 18). A warp's loads touch 8 rows' lines each, so
-// the L1 passes per load, not the bytes, are what the narrow decoders cost here. Same weights.
-template <int QT>
-__device__ __forceinline__ void mt_group(const u8* __restrict__ blk, int gi, Run8& r0, Run8& r1) {
-    if (!WIDE || (QT != QT_Q4_K && QT != QT_Q6_K)) {
-        decode_group<QT>(blk, gi, r0, r1);
-    } else if (QT == QT_Q4_K) {
-        const int p = gi >> 2, i = gi & 3;
-        const uint4 hdr = __ldg((const uint4*)blk);
-        const uint2 w = __ldg((const uint2*)(blk + 16 + 32 * p + 8 * i));
-        const float d = h2f((u16)(hdr.x & 0xFFFF)), dmin = h2f((u16)(hdr.x >> 16));
-        int s0, m0, s1, m1;
-        q4k_scale_min_u4(hdr, 2 * p, s0, m0);
-        q4k_scale_min_u4(hdr, 2 * p + 1, s1, m1);
-        r0.q0 = w.x & 0x0F0F0F0Fu;
-        r0.q1 = w.y & 0x0F0F0F0Fu;
-        r1.q0 = (w.x >> 4) & 0x0F0F0F0Fu;
-        r1.q1 = (w.y >> 4) & 0x0F0F0F0Fu;
-        r0.a = d * (float)s0;
-        r0.b = -dmin * (float)m0;
-        r1.a = d * (float)s1;
-        r1.b = -dmin * (float)m1;
-    } else {  // Q6_K (224-byte blocks on the GPU: every field 16-byte aligned)
-        const int h = gi >> 3, qd = (gi >> 1) & 3, l0 = 16 * (gi & 1);
-        const uint4 ql = __ldg((const uint4*)(blk + 64 * h + l0 + 32 * (qd & 1)));
-        const uint4 qh = __ldg((const uint4*)(blk + 128 + 32 * h + l0));
-        const uint4 sc = __ldg((const uint4*)(blk + 192));
-        const float a = ld_h(blk + 208) * (float)(signed char)u4_byte(sc, 8 * h + (gi & 1) + 2 * qd);
-        const int ls = 4 * (qd >> 1), hs = 2 * qd;
-        const u32 lw[4] = {ql.x, ql.y, ql.z, ql.w}, hw[4] = {qh.x, qh.y, qh.z, qh.w};
-        u32 q[4];
-#pragma unroll
-        for (int w = 0; w < 4; ++w)
-            q[w] = __vsub4(((lw[w] >> ls) & 0x0F0F0F0Fu) | (((hw[w] >> hs) & 0x03030303u) << 4),
-                           0x20202020u);
-        r0.q0 = q[0];
-        r0.q1 = q[1];
-        r1.q0 = q[2];
-        r1.q1 = q[3];
-        r0.a = r1.a = a;
-        r0.b = r1.b = 0.f;
-    }
-}
 
 // A Q4_K row's 64-wide window [k0, k0 + 64) (sub-blocks 2p, 2p + 1 of its block) -> dst: the
 // same weights as decode_group<QT_Q4_K> of its 4 groups gives, with d, dmin and the two
@@ -146,7 +101,8 @@ __device__ __forceinline__ void mt_stage_w(const u8* __restrict__ W, int row_byt
         if (r < rows && g < NG) {
             const int b = g / QTraits<QT>::GROUPS, gi = g % QTraits<QT>::GROUPS;
             Run8 r0, r1;
-            mt_group<QT>(W + (size_t)r * row_bytes + (size_t)b * QTraits<QT>::BYTES, gi, r0, r1);
+            const u8* blk = W + (size_t)r * row_bytes + (size_t)b * QTraits<QT>::BYTES;
+            dec_group<QT, WIDE != 0>(blk, gi, r0, r1);
             int o0, o1;  // row_group's element offsets
             run_offsets<QT>(gi, o0, o1);
             const int kb0 = b * QTraits<QT>::BK - k0;
