@@ -27,7 +27,14 @@ from engine.tuning import TuningConfig
 from engine.tuning.kernels.vulkan import COOPMAT_SHAPE, QUANT_TYPES
 from tests.backend_contract import BackendContract
 from tests.op_cases import dense
-from tests.test_vulkan_helpers import make_backend, nmse, qtensor, require_vulkan
+from tests.test_vulkan_helpers import (
+    coopmat_fixture,
+    half_ref,
+    make_backend,
+    nmse,
+    qtensor,
+    require_vulkan,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 SPIRV_MAGIC = 0x07230203
@@ -196,15 +203,7 @@ def test_lavapipe_refuses_coopmat_through_the_constraint():
 
 
 # --- GPU: the kernel against NumPy ----------------------------------------------------------------
-@pytest.fixture(scope="module")
-def cb():
-    be = make_backend()
-    dev = be.device_info()
-    if not dev.extra.get("cooperative_matrix"):
-        be.close()
-        pytest.skip(f"{dev.name}: no cooperative matrices ({dev.extra.get('coopmat_missing')})")
-    yield be
-    be.close()
+cb = coopmat_fixture("cb")
 
 
 @pytest.mark.gpu
@@ -224,14 +223,6 @@ class TestCoopmatContract(BackendContract):
 
 def _k_for(qtype: str, blocks: int) -> int:
     return (256 if qtype.endswith("_K") else 32 if qtype.startswith("Q") else 37) * blocks
-
-
-def _half_ref(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """The product of the fp16-rounded operands in float64: what the kernel computes up to fp32
-    accumulation order."""
-    xh = x.astype(np.float16).astype(np.float64)
-    wh = w.astype(np.float16).astype(np.float64)
-    return xh @ wh.T
 
 
 KNOBS = [
@@ -277,7 +268,7 @@ def test_coopmat_knobs_on_ragged_shapes(cb, knobs, qtype):
         assert out.shape == (T, n) and np.isfinite(out).all()
         wd = dense(w)
         assert nmse(x.astype(np.float64) @ wd.T, out) < 5e-4
-        assert nmse(_half_ref(x, wd), out) < 1e-9, "beyond fp16 input rounding"
+        assert nmse(half_ref(x, wd), out) < 1e-9, "beyond fp16 input rounding"
 
 
 @pytest.mark.gpu
@@ -296,7 +287,7 @@ def test_coopmat_weight_split_into_row_ranges(cb):
     assert len(wt.parts) > 1
     x = rng.standard_normal((37, 256)).astype(np.float32)
     out = cb.download(cb.matmul(cb.upload(x), wt))
-    assert nmse(_half_ref(x, dense(w)), out) < 1e-9
+    assert nmse(half_ref(x, dense(w)), out) < 1e-9
 
 
 # --- GPU: attention.coopmat (flash attention for T > 1, the split kernel at decode) --------------

@@ -23,7 +23,7 @@ from engine.errors import ConfigError
 from engine.tuning import TuningConfig
 from tests.op_cases import attention_ref
 from tests.test_vulkan_coopmat import h200_like
-from tests.test_vulkan_helpers import make_backend, nmse, require_vulkan
+from tests.test_vulkan_helpers import coopmat_fixture, make_backend, nmse, require_vulkan
 
 FLASH = {"attention.variant": "flash"}
 
@@ -81,15 +81,7 @@ def test_lavapipe_refuses_flash_through_the_constraint():
         be.close()
 
 
-@pytest.fixture(scope="module")
-def cb():
-    be = make_backend()
-    dev = be.device_info()
-    if not dev.extra.get("cooperative_matrix"):
-        be.close()
-        pytest.skip(f"{dev.name}: no cooperative matrices ({dev.extra.get('coopmat_missing')})")
-    yield be
-    be.close()
+cb = coopmat_fixture("cb")
 
 
 @pytest.mark.gpu

@@ -23,7 +23,7 @@ from engine.backends.vulkan import resident, spirv
 from engine.backends.vulkan.kernels import all_builds
 from engine.tuning import TuningConfig
 from tests.op_cases import dense
-from tests.test_vulkan_helpers import make_backend, nmse, qtensor
+from tests.test_vulkan_helpers import coopmat_fixture, half_ref, make_backend, nmse, qtensor
 
 MP = "matmul_prefill."
 RES = {MP + "variant": "resident", "rms_norm.fuse_add": 1}
@@ -56,19 +56,7 @@ def test_blame_can_turn_it_off():
         be.close()
 
 
-@pytest.fixture(scope="module")
-def rb():
-    be = make_backend()
-    dev = be.device_info()
-    if not dev.extra.get("cooperative_matrix"):
-        be.close()
-        pytest.skip(f"{dev.name}: no cooperative matrices ({dev.extra.get('coopmat_missing')})")
-    yield be
-    be.close()
-
-
-def _half_ref(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    return x.astype(np.float16).astype(np.float64) @ w.astype(np.float16).astype(np.float64).T
+rb = coopmat_fixture("rb")
 
 
 def _run(rb, fuse: bool, T: int, D: int, seed: int):  # noqa: ANN001, ANN202
@@ -106,8 +94,8 @@ def test_fused_x16_rows_feed_the_gemms(rb, T, D):
     assert x16_0 == 2 and x16_1 == 0
     assert np.array_equal(y0, y1) and np.array_equal(h0, h1)
     assert nmse(o10, o11) < 1e-12 and nmse(o20, o21) < 1e-12
-    assert nmse(_half_ref(y1, w1), o11) < 1e-9
-    assert nmse(_half_ref(h1, w2), o21) < 1e-9
+    assert nmse(half_ref(y1, w1), o11) < 1e-9
+    assert nmse(half_ref(h1, w2), o21) < 1e-9
 
 
 @pytest.mark.gpu
@@ -122,7 +110,7 @@ def test_planted_wrong_stride_is_rejected(rb, monkeypatch):
 
     monkeypatch.setattr(resident.ResidentPrefill, "x16_for", wide)
     y, o1, h, o2, _, (w1, w2) = _run(rb, True, 41, 200, 3)
-    assert not (nmse(_half_ref(y, w1), o1) < 1e-9 and nmse(_half_ref(h, w2), o2) < 1e-9)
+    assert not (nmse(half_ref(y, w1), o1) < 1e-9 and nmse(half_ref(h, w2), o2) < 1e-9)
 
 
 @pytest.mark.gpu

@@ -36,3 +36,26 @@ def qtensor(
 
 
 nmse = op_cases.nmse
+
+
+def coopmat_fixture(name: str):  # noqa: ANN201 - a pytest fixture
+    """A module-scoped fixture NAME: a Vulkan backend on a device with cooperative matrices (the
+    GPU tests of the fp16 GEMMs and flash attention), the module's tests skipped, with the
+    device's reason, where it has none (lavapipe)."""
+
+    def backend():  # noqa: ANN202
+        be = make_backend()
+        dev = be.device_info()
+        if not dev.extra.get("cooperative_matrix"):
+            be.close()
+            pytest.skip(f"{dev.name}: no cooperative matrices ({dev.extra.get('coopmat_missing')})")
+        yield be
+        be.close()
+
+    return pytest.fixture(scope="module", name=name)(backend)
+
+
+def half_ref(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """x @ w.T of the fp16-rounded operands in float64: what an fp16 GEMM computes up to its
+    fp32 accumulation order."""
+    return x.astype(np.float16).astype(np.float64) @ w.astype(np.float16).astype(np.float64).T

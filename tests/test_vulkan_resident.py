@@ -29,7 +29,7 @@ from engine.tuning.kernels.vulkan import QUANT_TYPES
 from tests.backend_contract import BackendContract
 from tests.op_cases import dense
 from tests.test_vulkan_coopmat import CAPS, COOPMAT_SHAPE, capabilities, h200_like
-from tests.test_vulkan_helpers import make_backend, nmse, qtensor
+from tests.test_vulkan_helpers import coopmat_fixture, half_ref, make_backend, nmse, qtensor
 
 RESIDENT = {"matmul_prefill.variant": "resident"}
 MP_SPLIT = "matmul_prefill.split_k"
@@ -171,25 +171,12 @@ def test_memory_report_counts_and_drops_the_fp16_copy():
 
 
 # --- GPU ------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def rb():
-    be = make_backend()
-    dev = be.device_info()
-    if not dev.extra.get("cooperative_matrix"):
-        be.close()
-        pytest.skip(f"{dev.name}: no cooperative matrices ({dev.extra.get('coopmat_missing')})")
-    yield be
-    be.close()
+rb = coopmat_fixture("rb")
 
 
 def _k_for(qtype: str, blocks: int) -> int:
     # F16 / F32 rows of 37 x blocks: K not a multiple of 8, the fp16 rows' zero pad is read
     return (256 if qtype.endswith("_K") else 32 if qtype.startswith("Q") else 37) * blocks
-
-
-def _half_ref(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    xh = x.astype(np.float16).astype(np.float64)
-    return xh @ w.astype(np.float16).astype(np.float64).T
 
 
 KNOBS = [
@@ -249,7 +236,7 @@ def test_resident_knobs_on_ragged_shapes(rb, knobs, qtype):
         assert out.shape == (T, n) and np.isfinite(out).all()
         wd = dense(w)
         assert nmse(x[1:].astype(np.float64) @ wd.T, out) < 5e-4
-        assert nmse(_half_ref(x[1:], wd), out) < 1e-9, "beyond fp16 input rounding"
+        assert nmse(half_ref(x[1:], wd), out) < 1e-9, "beyond fp16 input rounding"
 
 
 @pytest.mark.gpu
@@ -300,7 +287,7 @@ def test_fill_groups_small_tiles_give_the_same_bits(rb):
     assert not any(".small" in k for k in kernels[0])
     assert any(".small" in k for k in kernels[512])
     assert np.array_equal(outs[0], outs[512])
-    assert nmse(_half_ref(x, dense(w)), outs[512]) < 1e-9
+    assert nmse(half_ref(x, dense(w)), outs[512]) < 1e-9
 
 
 @pytest.mark.gpu
@@ -334,7 +321,7 @@ def test_prefetch_two_gives_the_same_bits(rb, knobs):
             rb.set_config(cfg)
             outs.append(rb.download(rb.matmul(rb.upload(x), rb.load_weight(w))))
         assert np.array_equal(outs[0], outs[1]), (T, n, K)
-        assert nmse(_half_ref(x, dense(w)), outs[1]) < 1e-9
+        assert nmse(half_ref(x, dense(w)), outs[1]) < 1e-9
 
 
 @pytest.mark.gpu
@@ -370,7 +357,7 @@ def test_split_k_sums_the_ranges(rb, split, knobs):
         finally:
             rb.max_weight_bytes = old
         assert out.shape == (T, n) and np.isfinite(out).all()
-        assert nmse(_half_ref(x[1:], dense(w)), out) < 1e-9, (T, n, K)
+        assert nmse(half_ref(x[1:], dense(w)), out) < 1e-9, (T, n, K)
         steps = kpad(K) // knobs.get("bk", 32)  # one k-step (bk 64, K 20): not split
         assert any(".ksum" in k for k in kernels) == (steps > 1), (K, kernels)
 
@@ -410,7 +397,7 @@ def test_resident_row_ranges_and_memory_report(rb):
     finally:
         rb.max_weight_bytes = old
     assert wt.f16 is not None and len(wt.f16) > len(wt.parts)
-    assert nmse(_half_ref(x, dense(w)), out) < 1e-9
+    assert nmse(half_ref(x, dense(w)), out) < 1e-9
     assert rb.memory_report().weight_bytes - before >= 2 * 150 * 512
     rb.set_config(TuningConfig.default("vulkan"))
     assert wt.f16 is None and rb.memory_report().weight_bytes == before

@@ -19,7 +19,7 @@ from engine.backends.vulkan import resident
 from engine.backends.vulkan.resident import kpad, split_ranges
 from engine.tuning import TuningConfig
 from tests.op_cases import dense
-from tests.test_vulkan_helpers import make_backend, nmse, qtensor
+from tests.test_vulkan_helpers import coopmat_fixture, half_ref, nmse, qtensor
 
 MP = "matmul_prefill."
 RESIDENT = {MP + "variant": "resident"}
@@ -60,20 +60,7 @@ def test_split_per_shape_is_registered_off_by_default():
 
 
 # --- GPU ------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def rb():
-    be = make_backend()
-    dev = be.device_info()
-    if not dev.extra.get("cooperative_matrix"):
-        be.close()
-        pytest.skip(f"{dev.name}: no cooperative matrices ({dev.extra.get('coopmat_missing')})")
-    yield be
-    be.close()
-
-
-def _half_ref(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    xh = x.astype(np.float16).astype(np.float64)
-    return xh @ w.astype(np.float16).astype(np.float64).T
+rb = coopmat_fixture("rb")
 
 
 # (T, n, K): k of 2 to 18 steps of 32 (K padded to 64), ragged T and n; grids of 1 to 20
@@ -105,7 +92,7 @@ def _run(rb, flat: dict, seed: int):  # noqa: ANN001, ANN202
         out = rb.download(rb.matmul(rb.rows(rb.upload(x), 1, T + 1), wt))
         kernels = set(rb.profile().kernels)
         rb.set_profiling(False)
-        yield (T, n, K), out, _half_ref(x[1:], dense(w)), kernels
+        yield (T, n, K), out, half_ref(x[1:], dense(w)), kernels
 
 
 @pytest.mark.gpu
