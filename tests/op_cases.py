@@ -22,6 +22,12 @@ def qtensor(
     return QTensor(name, qtype, tuple(shape), raw)
 
 
+def f32_tensor(name: str, a: np.ndarray) -> QTensor:
+    """An F32 weight holding a (rows of the last axis), as a GGUF file would."""
+    a = np.ascontiguousarray(a, np.float32)
+    return QTensor(name, "F32", a.shape, a.view(np.uint8).reshape(-1, 4 * a.shape[-1]))
+
+
 def dense(qt: QTensor) -> np.ndarray:
     """The weight as float64, dequantized by gguf-py (independent of the engine's decoders)."""
     out = dequantize(qt.raw, GGMLQuantizationType[qt.qtype])

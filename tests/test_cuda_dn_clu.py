@@ -12,9 +12,8 @@ import numpy as np
 import pytest
 
 from engine.backends.numpy_ref import NumpyBackend
-from engine.gguf_model import QTensor
 from engine.tuning import TuningConfig
-from tests.op_cases import check
+from tests.op_cases import check, f32_tensor
 
 pytestmark = pytest.mark.gpu
 
@@ -26,11 +25,6 @@ def be(cuda_be):
 
 def cfg(**flat) -> TuningConfig:
     return TuningConfig.from_flat("cuda", flat)
-
-
-def _f32(name: str, a) -> QTensor:
-    a = np.ascontiguousarray(a, np.float32)
-    return QTensor(name, "F32", a.shape, a.view(np.uint8).reshape(-1, 4 * a.shape[-1]))
 
 
 # (step_cluster, step_lanes, max_dk, K, dk, dv, Hk, Hv): dv off the blocks and lanes, dk below
@@ -58,10 +52,10 @@ def test_cluster_step_is_the_reference_and_the_ticket_kernel(
     Cc = 2 * Hk * dk + Hv * dv
     knobs = {"delta_net.max_dk": max_dk, "delta_net.state_transposed": transposed,
              "delta_net.step_lanes": lanes}  # fmt: skip
-    conv_w = _f32("conv", f(Cc, K) * 0.5)
-    dt = _f32("dt", rng.uniform(-1, 1, Hv))
-    sa = _f32("a", -np.exp(rng.uniform(-1, 1, Hv)))
-    nw = _f32("n", rng.uniform(0.5, 1.5, dv))
+    conv_w = f32_tensor("conv", f(Cc, K) * 0.5)
+    dt = f32_tensor("dt", rng.uniform(-1, 1, Hv))
+    sa = f32_tensor("a", -np.exp(rng.uniform(-1, 1, Hv)))
+    nw = f32_tensor("n", rng.uniform(0.5, 1.5, dv))
     s0 = f(Hv, dk, dv) * 0.1
     c0 = f(K - 1, Cc)
     ref = NumpyBackend()

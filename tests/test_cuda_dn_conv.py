@@ -13,9 +13,8 @@ import numpy as np
 import pytest
 
 from engine.backends.numpy_ref import NumpyBackend
-from engine.gguf_model import QTensor
 from engine.tuning import TuningConfig
-from tests.op_cases import check, qtensor
+from tests.op_cases import check, f32_tensor, qtensor
 
 pytestmark = pytest.mark.gpu
 
@@ -27,11 +26,6 @@ def be(cuda_be):
 
 def cfg(**flat) -> TuningConfig:
     return TuningConfig.from_flat("cuda", flat)
-
-
-def _f32(name: str, a) -> QTensor:
-    a = np.ascontiguousarray(a, np.float32)
-    return QTensor(name, "F32", a.shape, a.view(np.uint8).reshape(-1, 4 * a.shape[-1]))
 
 
 # (warps, max_dk, K, dk, dv, Hk, Hv): dv off the warp count, dk == max_dk, Hv == Hk, K 2..8,
@@ -57,10 +51,10 @@ def test_conv_fused_step_is_the_op_by_op_schedule_to_the_bit(
     Cc = 2 * Hk * dk + Hv * dv
     knobs = {"delta_net.warps": warps, "delta_net.max_dk": max_dk,
              "delta_net.state_transposed": transposed}  # fmt: skip
-    conv_w = _f32("conv", f(Cc, K) * 0.5)
-    dt = _f32("dt", rng.uniform(-1, 1, Hv))
-    sa = _f32("a", -np.exp(rng.uniform(-1, 1, Hv)))
-    nw = _f32("n", rng.uniform(0.5, 1.5, dv))
+    conv_w = f32_tensor("conv", f(Cc, K) * 0.5)
+    dt = f32_tensor("dt", rng.uniform(-1, 1, Hv))
+    sa = f32_tensor("a", -np.exp(rng.uniform(-1, 1, Hv)))
+    nw = f32_tensor("n", rng.uniform(0.5, 1.5, dv))
     s0 = f(Hv, dk, dv) * 0.1
     c0 = f(K - 1, Cc)
     ref = NumpyBackend()
@@ -131,12 +125,12 @@ def test_moe_down_norm_is_moe_ffn_then_rms_norm(be, E, k, C, F, qe, qd, shared, 
     rng = np.random.default_rng(E + k + C)
     mats = [qtensor(rng, s, q, 0.1) for s, q in (((E, F, C), qe), ((E, F, C), qe),
                                                  ((E, C, F), qd))]  # fmt: skip
-    router = _f32("router", rng.standard_normal((E, C)) * 0.05)
+    router = f32_tensor("router", rng.standard_normal((E, C)) * 0.05)
     sh = None
     if shared:
-        sh = (_f32("sg", rng.standard_normal((1, C)) * 0.1),
+        sh = (f32_tensor("sg", rng.standard_normal((1, C)) * 0.1),
               *(qtensor(rng, s, "Q8_0", 0.1) for s in ((F, C), (F, C), (C, F))))  # fmt: skip
-    norm = _f32("norm", rng.uniform(0.5, 1.5, C))
+    norm = f32_tensor("norm", rng.uniform(0.5, 1.5, C))
     ref = NumpyBackend()
     ins = rng.standard_normal((2, 2, 1, C)).astype(np.float32)  # (h, r) per step
     outs = {}

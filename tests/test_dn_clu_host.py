@@ -13,16 +13,10 @@ import numpy as np
 import pytest
 
 from engine.backends.numpy_ref import NumpyBackend
-from engine.gguf_model import QTensor
 from tests import dn_clu_emul as emul
-from tests.op_cases import nmse
+from tests.op_cases import f32_tensor, nmse
 
 pytestmark = pytest.mark.skipif(emul.GXX is None, reason="needs g++ (the kernel's host build)")
-
-
-def _f32(name: str, a) -> QTensor:
-    a = np.ascontiguousarray(a, np.float32)
-    return QTensor(name, "F32", a.shape, a.view(np.uint8).reshape(-1, 4 * a.shape[-1]))
 
 
 def _steps(tmp_path, n, lanes, max_dk, K, dk, dv, Hk, Hv, transposed, v_order, mutant=None):
@@ -38,7 +32,9 @@ def _steps(tmp_path, n, lanes, max_dk, K, dk, dv, Hk, Hv, transposed, v_order, m
     sa = (-np.exp(rng.uniform(-1, 1, Hv))).astype(np.float32)
     nw = rng.uniform(0.5, 1.5, dv).astype(np.float32)
     ref = NumpyBackend()
-    rw = [ref.load_weight(_f32(nm, t)) for nm, t in (("c", cw), ("d", dt), ("a", sa), ("n", nw))]
+    rw = [
+        ref.load_weight(f32_tensor(nm, t)) for nm, t in (("c", cw), ("d", dt), ("a", sa), ("n", nw))
+    ]
     s_ref, c_ref = f(Hv, dk, dv) * 0.1, f(K - 1, Cc)
     s_dev = np.ascontiguousarray(s_ref.transpose(0, 2, 1)) if transposed else s_ref.copy()
     c_dev = c_ref.copy()
