@@ -102,24 +102,8 @@ cb = coopmat_fixture("cb")
 def test_flash_attention(cb, T, H, Hkv, D, pos0, matrix_scale):
     """Against float64 NumPy. The cache rows past the last visible key hold NaN, which the pass
     must never multiply into its output, and q is a row view at an offset."""
-    cfg = TuningConfig.default("vulkan").replace(
-        **FLASH, **{"attention.matrix_scale": matrix_scale}
-    )
-    bad = cfg.problems(cb.device_info())
-    if bad:
-        pytest.skip(f"not allowed on this device: {bad}")
-    cb.set_config(cfg)
-    rng = np.random.default_rng(T * 1000 + pos0 + D)
-    L = pos0 + T
-    kc = rng.standard_normal((L + 40, Hkv, D)).astype(np.float32)
-    vc = rng.standard_normal((L + 40, Hkv, D)).astype(np.float32)
-    kc[L:], vc[L:] = np.nan, np.nan
-    q = 2.0 * rng.standard_normal((T + 2, H, D)).astype(np.float32)
-    cache = cb.new_kv_cache(1, L + 40, Hkv, D)
-    cb.kv_write(cache, 0, cb.upload(kc), cb.upload(vc), 0)
-    out = cb.download(cb.attention(cb.rows(cb.upload(q), 1, T + 1), cache, 0, pos0))
+    out, ref, _, (q, cache) = _flash_run(cb, T, H, Hkv, D, pos0, 0, matrix_scale)
     assert out.shape == (T, H, D) and np.isfinite(out).all()
-    ref = attention_ref(q[1 : T + 1], kc[:L], vc[:L], pos0)
     limit = 1e-9 if (T == 1 or D % 16) else 2e-5  # split: float32; flash: fp16 tiles
     assert nmse(ref, out) < limit
     # the same as the coopmat variant's pass (16 queries a workgroup) within fp16 rounding
@@ -138,8 +122,9 @@ SPLIT_CASES = [
 ]
 
 
-def _split_run(cb, T, H, Hkv, D, pos0, chunk, scale=False):  # noqa: ANN001, ANN202
-    """(out, reference, kernels) of attention with key_chunk = chunk."""
+def _flash_run(cb, T, H, Hkv, D, pos0, chunk, scale=False):  # noqa: ANN001, ANN202
+    """(out, reference, kernels, (q, cache)) of attention.flash with key_chunk = chunk: a cache
+    whose rows past the last visible key hold NaN, q a row view at an offset."""
     cfg = TuningConfig.default("vulkan").replace(
         **FLASH, **{"attention.key_chunk": chunk, "attention.matrix_scale": scale}
     )
@@ -159,7 +144,7 @@ def _split_run(cb, T, H, Hkv, D, pos0, chunk, scale=False):  # noqa: ANN001, ANN
     out = cb.download(cb.attention(cb.rows(cb.upload(q), 1, T + 1), cache, 0, pos0))
     kernels = set(cb.profile().kernels)
     cb.set_profiling(False)
-    return out, attention_ref(q[1 : T + 1], kc[:L], vc[:L], pos0), kernels
+    return out, attention_ref(q[1 : T + 1], kc[:L], vc[:L], pos0), kernels, (q, cache)
 
 
 def _accepts(out: np.ndarray, ref: np.ndarray) -> bool:
@@ -173,7 +158,7 @@ def test_flash_key_split(cb, T, H, Hkv, D, pos0, chunk):
     """attention.key_chunk: the flash pass over ceil(T / chunk) key ranges and the split
     kernel's merge, against float64 NumPy (NaN past the last key, q at an offset); one range
     is the plain pass."""
-    out, ref, kernels = _split_run(cb, T, H, Hkv, D, pos0, chunk, scale=chunk == 128)
+    out, ref, kernels, _ = _flash_run(cb, T, H, Hkv, D, pos0, chunk, scale=chunk == 128)
     assert out.shape == (T, H, D) and _accepts(out, ref)
     split = -(-T // chunk) > 1
     # pipeline names: attention.flash.flash_split, attention.split.merge (the H200's profile)
@@ -203,5 +188,5 @@ def test_planted_dropped_key_range_is_rejected(cb, monkeypatch):
             del self.stream.dispatch
 
     monkeypatch.setattr(VulkanBackend, "_flash_split", short)
-    out, ref, _ = _split_run(cb, 512, 2, 1, 128, 0, 128)
+    out, ref, _, _ = _flash_run(cb, 512, 2, 1, 128, 0, 128)
     assert not _accepts(out, ref)
