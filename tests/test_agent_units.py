@@ -18,7 +18,7 @@ from agent.acceptance import decide
 from agent.experiment import ExperimentError, load_experiment, parse_experiment
 from agent.promote import PromotionRefused, evidence_toml, promote
 from agent.space import build_space, config_key
-from agent.stats import aa_noise, paired_ratio
+from agent.stats import aa_noise, order_bounds, paired_ratio
 from engine.tuning import TuningConfig
 from engine.tuning.promoted import find_promoted
 from worker import ray_auth
@@ -242,6 +242,22 @@ def test_paired_ratio_bounds() -> None:
     cold[0] *= 0.3
     assert aa_noise(cold, best[:5]) == pytest.approx(0.0)
     assert aa_noise(best * 1.04, best) == pytest.approx(0.04)  # a bias every pair shows
+
+
+def test_paired_ratio_bounds_hold_under_burst_contention() -> None:
+    """Pairs slowed in bursts (a contended CI machine, one side's runs hit): the A/A run that CI
+    accepted at x1.33 with a t/bootstrap lower bound of 1.04. The sign test's bound is the
+    smallest pair at 5 pairs, so every pair has to clear the threshold; at 16 pairs the 5th."""
+    best = [100.0] * 5
+    burst = [100.0 * r for r in (1.481, 1.831, 1.481, 1.013, 1.027)]
+    est = paired_ratio(burst, best)
+    assert est.ratio == pytest.approx(1.331, abs=1e-3)
+    assert est.lower == pytest.approx(1.013) and est.upper == pytest.approx(1.831)
+    acc = parse_experiment(_exp(acceptance={"min_gain": 0.02})).acceptance
+    assert not decide(_result(burst, best), acc, {}).accepted
+    logs = np.log(np.arange(1.0, 17.0))
+    assert order_bounds(logs, 0.95) == (pytest.approx(np.log(5.0)), pytest.approx(np.log(12.0)))
+    assert order_bounds(logs[:3], 0.95) == (0.0, pytest.approx(np.log(3.0)))
 
 
 def test_acceptance_needs_the_bound_above_gain_and_noise() -> None:

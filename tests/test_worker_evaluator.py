@@ -22,11 +22,16 @@ BPLAN = BenchPlan((Objective("prefill_tok_s", 24), Objective("decode_tok_s", 8, 
 
 @pytest.fixture(scope="module")
 def faulty(tiny_model_path: Path) -> Iterator[tuple[Evaluator, str]]:
+    """The evaluator as a worker runs it: one BLAS thread (a Ray worker's num_cpus=0, agent
+    --local's threadpool limit), so a busy CI machine slows whole runs, not half a GEMM."""
+    from threadpoolctl import threadpool_limits
+
     testing.install()
     ev = Evaluator(testing.NAME, "test-0")
     ref = str(tiny_model_path)
     assert ev.load(ref) == "qwen2"
-    yield ev, ref
+    with threadpool_limits(limits=1):
+        yield ev, ref
     testing.uninstall()
 
 
