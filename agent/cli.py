@@ -413,7 +413,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         term = loop.stopped_by_sigterm(e) if loop else False
         print(
             f"stopped by {'SIGTERM' if term else 'Ctrl-C'}: trials in flight were recorded as "
-            "interrupted; run again to resume",
+            "interrupted, a best accepted before the stop was promoted (the log says where); "
+            "run again to resume",
             file=sys.stderr,
         )
         return 128 + (signal.SIGTERM if term else signal.SIGINT)

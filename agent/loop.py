@@ -203,6 +203,7 @@ class Agent:
                         except Exception as e:  # noqa: BLE001 - a write the signal cut in two
                             log.warning("%s: a storage write failed while stopping: %s", st.name, e)
                         st.settle_running(STOPPED)  # whatever was asked but not yet dispatched
+                    self._promote_on_stop()
                 self._flush()
                 self._write_status("interrupted" if stopped else "finished")
             finally:
@@ -211,6 +212,17 @@ class Agent:
                     leases.release()
                 if self.opts.shutdown:
                     self.runner.shutdown()
+
+    def _promote_on_stop(self) -> None:
+        """A stopped run still promotes each study's best that was accepted (and confirmed)
+        before the stop, as its end would have: a deadline's SIGTERM (a fleet call's timeout,
+        ``ray job stop``) must not cost a verified win. A candidate still awaiting confirmation
+        was recorded interrupted above and is not promoted."""
+        for st in self.studies.values():
+            try:
+                self._finalize(st)
+            except Exception as e:  # noqa: BLE001 - the stop goes on; a rerun promotes it
+                log.warning("%s: not promoted while stopping: %s", st.name, e)
 
     def _abandon_in_flight(self) -> None:
         for p in self.runner.drain():

@@ -97,6 +97,59 @@ def test_local_run_finds_promotes_and_resumes_without_ray(
     assert sum(r.outcome.spends_budget for r in _records(storage)) == 5
 
 
+@pytest.mark.usefixtures("faults")
+def test_a_stopped_run_promotes_the_best_it_accepted(
+    tiny_model_path: Path, repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C / SIGTERM (a KeyboardInterrupt in the loop) after a trial was accepted, with
+    another trial queued: the queued one is recorded interrupted and the accepted best is still
+    promoted, as the end of the run would have (last session's fleet call lost a promotion to
+    its own timeout until a rerun)."""
+    from agent.local import LocalRunner
+    from agent.promote import promote
+
+    slow = TuningConfig.default(testing.NAME).replace(**{"matmul_prefill.variant": "slow"})
+    promote(repo, "cpu-sim", "qwen2", slow, {"seeded": True})  # the baseline: a slowed matmul
+    data = _experiment(str(tiny_model_path))
+    data |= {
+        "backends": [testing.NAME],
+        "space": {
+            testing.NAME: {
+                "matmul_prefill": {"variants": ["slow", "cached_f32"]},
+                "prefill": {"chunk_tokens": [8, 16, 32]},
+            }
+        },
+        "budget": {"trials": 6, "trial_timeout_s": 120},
+        "sampler": {"name": "grid", "seed": 0},
+    }
+    exp = parse_experiment(data)
+    agents = []
+    real_wait = LocalRunner.wait
+
+    def wait(self: LocalRunner) -> bool:
+        agents.append(self.strategy)
+        won = [
+            st
+            for st in self.strategy.studies.values()
+            if st.best.trial is not None and st.best.trial != st.baseline_trial()
+        ]
+        if won and self.pending:
+            raise KeyboardInterrupt
+        return real_wait(self)
+
+    monkeypatch.setattr(LocalRunner, "wait", wait)
+    storage = str(tmp_path / "studies.journal")
+    opts = RunOptions(parse_storage(storage), promote_repo=repo, local=True, setup=testing.install)
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(exp, opts)
+    found = find_promoted(testing.NAME, "cpu-sim", "qwen2", root=repo / "configs")
+    assert found is not None and found[0].op("matmul_prefill").variant == "cached_f32"
+    (promotion,) = agents[-1].promotions.values()
+    assert promotion["action"] == "committed" and promotion["commit"]
+    outcomes = [r.outcome for r in _records(storage)]
+    assert Outcome.INTERRUPTED in outcomes, outcomes
+
+
 def test_cli_run_local(
     tiny_model_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
