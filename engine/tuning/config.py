@@ -189,27 +189,15 @@ class TuningConfig:
         return self
 
     def to_toml(self, only_changed: bool = False) -> str:
-        """TOML text (a promotion's [evidence] table is appended by the agent)."""
-        lines = [f"backend = {_toml_value(self.backend)}"]
+        """TOML text (tomli-w; a promotion's [evidence] table is appended by the agent)."""
+        import tomli_w
+
         default = TuningConfig.default(self.backend).flat() if only_changed else {}
+        ops: dict[str, dict[str, Any]] = {}
         for op, c in self.ops:
             items = [("variant", c.variant), *c.params]
             if only_changed:
                 items = [(k, v) for k, v in items if default.get(f"{op}.{k}") != v]
-                if not items:
-                    continue
-            lines.append(f"\n[ops.{op}]")
-            lines += [f"{k} = {_toml_value(v)}" for k, v in items]
-        return "\n".join(lines) + "\n"
-
-
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int | float):
-        return repr(v)
-    if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(v, list | tuple):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    raise TypeError(f"cannot write {type(v).__name__} to TOML")
+            if items:
+                ops[op] = dict(items)
+        return tomli_w.dumps({"backend": self.backend, "ops": ops})
