@@ -14,7 +14,8 @@
 #
 # run: NODES (default "cuda:0 vulkan:1") says which backend serves which card;
 # AGENT_ARGS: more `agent run` flags (e.g. "--budget 6 --wall-time 300", so the agent ends
-# itself, decides and promotes inside the call); VALIDATE_PROMOTED=0 skips the fresh-process
+# itself, decides and promotes inside the call; AGENT_TIMEOUT's SIGTERM, if it comes first,
+# records the trials in flight interrupted and still promotes an accepted best); VALIDATE_PROMOTED=0 skips the fresh-process
 # validate (minutes for a 9B's NumPy reference). MODEL is an agent model reference (e.g. synthetic:1.5b) resolved once before the workers
 # start; each EXP an experiment file (its budget.wall_time_s should end it inside the call).
 # $OUT gets studies.db (the Optuna storage: `python -m agent dashboard --storage
