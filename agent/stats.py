@@ -7,10 +7,11 @@ roughly normal), a percentile bootstrap over pairs (no normality assumed, but ov
 for few pairs: with 5 pairs it alone accepts a no-op candidate a few times in a hundred), and the
 sign test's order-statistic interval for the median ratio (distribution-free: a lower bound of
 the k-th smallest r_i, the smallest for 7 pairs or fewer). The third is there for contended
-devices, where runs are slowed in bursts: on a loaded 2-core CI machine an A/A run of 5 pairs
-read r = [1.48, 1.83, 1.48, 1.01, 1.03], x1.33 with a t/bootstrap lower bound of 1.04, and was
-accepted; its smallest pair says no. A/A noise is the same computation with the best config on
-both sides: how far from 1 the ratio lands when nothing changed.
+devices, where runs are slowed in bursts: CI's 2-core machine accepted an A/A run of 5 pairs at
+x1.36 (t/bootstrap lower bound 1.05); its reproduction beside CPU hogs read
+r = [1.48, 1.83, 1.48, 1.01, 1.03], x1.33 with a lower bound of 1.04, whose smallest pair says no.
+A/A noise is the same computation with the best config on both sides: how far from 1 the ratio
+lands when nothing changed.
 """
 
 from __future__ import annotations
