@@ -83,14 +83,16 @@ def test_sk_scan_under_int8_passes_end_to_end_but_fails_replay(tiny_model_factor
 
 
 def test_replayed_ops_see_the_reference_inputs_so_error_does_not_compound(tiny_model_path):
-    """A candidate whose batched matmuls are off by a relative 1e-4: end to end that error
+    """A candidate whose batched matmuls are off by a relative 3e-4: end to end that error
     spreads into every later op; in replay only the matmul shows it, the ops after it are
-    given the reference's values and agree to float noise."""
+    given the reference's values and agree to float noise. (At 1e-4 the NMSE, 1.0e-8, sat on
+    order_only's bound itself; a fresh install of today (numpy 2.4.6) put one use of 70 just
+    under it.)"""
 
     class Noisy(NumpyBackend):
         def matmul(self, x, w):  # noqa: ANN001, ANN202
             out = super().matmul(x, w)
-            return out * np.float32(1 + 1e-4) if x.shape[0] > 1 else out
+            return out * np.float32(1 + 3e-4) if x.shape[0] > 1 else out
 
     m = build_model(open_model(tiny_model_path), Noisy())
     ref = TuningConfig.default("numpy")
@@ -98,8 +100,8 @@ def test_replayed_ops_see_the_reference_inputs_so_error_does_not_compound(tiny_m
     tokens = m.forced_run(PROMPT, 4, "per_token").tokens
     r = replay(m, ref, cand, PROMPT, tokens, 4)
     ops = {s.op: s for s in r.ops}
-    assert 5e-9 < ops["matmul_prefill"].nmse < 2e-8  # (1e-4)^2, in every use
-    assert ops["matmul_prefill"].failed == ops["matmul_prefill"].uses  # over order_only's 1e-8
+    assert 5e-8 < ops["matmul_prefill"].nmse < 2e-7  # (3e-4)^2, in every use
+    assert ops["matmul_prefill"].failed == ops["matmul_prefill"].uses  # 9x order_only's 1e-8
     for op in ("rms_norm", "attention", "swiglu", "add", "rope"):
         assert ops[op].nmse < 1e-12, (op, ops[op].nmse)
     assert not r.passed and r.first.op == "matmul_prefill" and r.first.layer == 0
