@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent.space_rules import BackendSpace, ExperimentError, OpRule, ParamRule
-from worker.records import BenchPlan, Objective, ValidatePlan
+from worker.records import BenchPlan, MemoryPlan, Objective, ValidatePlan
 
 if TYPE_CHECKING:
     from agent.space import SearchSpace
@@ -109,6 +109,7 @@ class Experiment:
     promote: PromoteSpec
     description: str = ""
     start: tuple[StartConfig, ...] = ()
+    memory: MemoryPlan = field(default_factory=MemoryPlan)
     warnings: tuple[str, ...] = field(default=(), compare=False)
     # Each backend's search space, resolved against the registry once, at load: (backend,
     # ordinal, SearchSpace); ordinal: built for CMA-ES (agent.space.build_space).
@@ -321,6 +322,7 @@ def parse_experiment(data: Mapping[str, Any], source: str = "<memory>") -> Exper
         "sampler",
         "promote",
         "start",
+        "memory",
     )
     _keys("experiment", data, top)
     name = _typed("name", data.get("name", Path(source).stem), str, "a string")
@@ -413,8 +415,31 @@ def parse_experiment(data: Mapping[str, Any], source: str = "<memory>") -> Exper
         promote=promote,
         description=_typed("description", data.get("description", ""), str, "a string"),
         start=_starts(data.get("start", []), backends),
+        memory=_memory(data.get("memory", {})),
     )
     return _check_against_registry(exp)
+
+
+def _memory(value: Any) -> MemoryPlan:
+    """[memory]: context_tokens (the context the experiment serves), and budget_bytes, or a
+    reserve (reserve_bytes, or reserve_fraction of the device's memory) under the device's."""
+    t = _table("memory", value)
+    _keys("memory", t, ("context_tokens", "budget_bytes", "reserve_bytes", "reserve_fraction"))
+    d = MemoryPlan()
+    if "budget_bytes" in t and ("reserve_bytes" in t or "reserve_fraction" in t):
+        raise ExperimentError(
+            "memory: budget_bytes is a fixed budget; a reserve applies only without it: "
+            "give one or the other"
+        )
+    budget = t.get("budget_bytes")
+    return MemoryPlan(
+        context_tokens=_int("memory.context_tokens", t.get("context_tokens", d.context_tokens), 1),
+        budget_bytes=None if budget is None else _int("memory.budget_bytes", budget, lo=1),
+        reserve_bytes=_int("memory.reserve_bytes", t.get("reserve_bytes", 0)),
+        reserve_fraction=_num(
+            "memory.reserve_fraction", t.get("reserve_fraction", d.reserve_fraction), 0.0, 0.9
+        ),
+    )
 
 
 def _starts(value: Any, backends: tuple[str, ...]) -> tuple[StartConfig, ...]:

@@ -153,6 +153,30 @@ class ValidatePlan:
 
 
 @dataclass(frozen=True)
+class MemoryPlan:
+    """The memory a trial may hold (an experiment's ``[memory]`` table): the context it serves
+    (KV cache / recurrent state sized for ``context_tokens``) and a budget in bytes. The budget is
+    ``budget_bytes`` when set, else the device's memory less ``reserve_bytes`` (0: the reserve is
+    ``reserve_fraction`` of the device's memory). A config whose estimated footprint is over the
+    budget is infeasible before it compiles; a measured footprint over it is rejected."""
+
+    context_tokens: int = 4096
+    budget_bytes: int | None = None
+    reserve_bytes: int = 0
+    reserve_fraction: float = 0.1
+
+    def budget_for(self, device_memory_bytes: int) -> int | None:
+        """The byte budget on a device with ``device_memory_bytes`` (None: no budget is known,
+        a fixed one not set and the device's memory not reported)."""
+        if self.budget_bytes is not None:
+            return self.budget_bytes
+        if device_memory_bytes <= 0:
+            return None
+        reserve = self.reserve_bytes or int(device_memory_bytes * self.reserve_fraction)
+        return max(device_memory_bytes - reserve, 0)
+
+
+@dataclass(frozen=True)
 class PairedSamples:
     """Per objective: candidate[i] and best[i] were measured back to back in pair i."""
 
@@ -261,6 +285,10 @@ class EvalResult:
     gpu: dict[str, Any] | None = None  # worker.gpustate.sample() after the trial, when known
     # a promoted baseline: its sentinel key then and now, and whether it was re-validated
     revalidation: dict[str, Any] | None = None
+    # the candidate's device footprint measured after its bench: engine.device_info.MemoryReport
+    # .to_dict() plus "driver_bytes" (the driver's own figure, where the backend has one) and
+    # "budget_bytes"; None where the backend cannot report memory (never zeros)
+    memory: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
