@@ -226,7 +226,11 @@ def test_cli_run_local_coordinate(
     path.write_text(tomli_w.dumps(exp))
     storage = tmp_path / "s.journal"
     argv = ["run", str(path), "--local", "--storage", str(storage), "--no-promote", "--json"]
-    assert main(argv) == 0
+    assert main([*argv, "--model", "synthetic:tiny"]) == 2  # not the experiment's: nothing runs
+    err = capsys.readouterr().err
+    assert "--model synthetic:tiny: not one of the experiment's models" in err
+    assert err.count("\n") == 1 and not storage.exists()
+    assert main([*argv, "--model", str(tiny_model_path)]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["studies"][0]["evaluated"] == 3
     ran = [r for r in _records(str(storage)) if r.outcome is Outcome.OK]

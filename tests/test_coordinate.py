@@ -226,3 +226,32 @@ def test_after_a_move_the_walk_goes_on_from_the_dimension_that_moved_it() -> Non
     assert [f["prefill.chunk_tokens"] for f in order[:4]] == [32, 8, 16, 64]
     assert order[4]["matmul_decode.variant"] == "ondemand"
     assert (order[5]["prefill.chunk_tokens"], order[5]["delta_net.variant"]) == (32, "chunked")
+
+
+def test_decode_h200_holds_the_hand_path_and_its_neighbourhood_fits_the_budget() -> None:
+    """experiments/decode-h200.toml: the hand-found best (d17_vec_cl_w8) and the steps on its
+    path are start configs inside the CUDA space, and the baseline, the starts and every
+    one-step neighbour of the best fit the trial budget (one device call per model)."""
+    from pathlib import Path
+
+    from agent.experiment import load_experiment
+
+    exp = load_experiment(Path(__file__).resolve().parents[1] / "experiments/decode-h200.toml")
+    starts = {s.name: s.config for s in exp.start}
+    assert list(starts)[-1] == "d17_vec_cl_w8" and {"dec8_split2", "d17_vec", "ptc_tc"} <= set(
+        starts
+    )
+    best = TuningConfig.default("cuda").replace(**starts["d17_vec_cl_w8"])
+    assert best.op("attention_decode").variant == "vec"
+    assert (
+        best.flat()["attention_decode.cluster"] == 1 and best.flat()["attention_decode.warps"] == 8
+    )
+    assert best.flat()["matmul_decode.split_k"] == 2 and best.problems() == []
+    space = exp.search_space("cuda")
+    params = space.params_of(best.flat())
+    assert params is not None
+    sampler = CoordinateSampler(space)
+    around = list(sampler.neighbours(params))
+    assert len({config_key(p) for _, p in around}) == len(around)
+    assert 1 + len(starts) + len(around) <= exp.budget.trials
+    assert exp.sampler.name == "coordinate" and exp.acceptance.target == "decode_tok_s@512"
