@@ -3,7 +3,7 @@ process (a benchmark, a test) loads cubins instead of spending its time budget i
 in the background while the GPU does something else; --part i/n takes every n-th module from
 the i-th, so n processes share the list.
 
-usage: python scripts/cuda_precompile.py CONFIGS.json [--part 0/1]
+usage: python tools/cuda_precompile.py CONFIGS.json [--part 0/1]
 CONFIGS.json: a JSON list of flat configs ({"matmul_decode.variant": "mmvw", ...}).
 """
 

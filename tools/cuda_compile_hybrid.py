@@ -4,7 +4,7 @@ delta_net_chunked.cu, moe.cu, moe_grouped.cu, moe_tc.cu, hybrid.cu) with nvcc to
 planted bugs: a compile check on a machine without a GPU (the sources are inlined as NVRTC sees
 them: no include path).
 
-    python scripts/cuda_compile_hybrid.py [--nvcc /usr/local/cuda/bin/nvcc] [--arch sm_90] [--json]
+    python tools/cuda_compile_hybrid.py [--nvcc /usr/local/cuda/bin/nvcc] [--arch sm_90] [--json]
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ norm, RoPE, cache, attention, gate), attn.out; FFN ffn (dense), moe.router, moe.
 moe.shared (moe.fused: moe_experts.fuse_decode's three kernels, all of a decode token's MoE FFN);
 other (embedding, layer norms, residual adds, LM head, argmax).
 
-    python scripts/profile_hybrid.py --model M.gguf [--backend cuda] [--config C.toml]
+    python tools/profile_hybrid.py --model M.gguf [--backend cuda] [--config C.toml]
         [--set op.knob=value ...] [--prompt 512] [--gen 16] [--json]
 """
 

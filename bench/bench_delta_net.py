@@ -4,7 +4,7 @@ dk = dv = 128): the sequential scan for every state layout (S, S^T) x wg_size, a
 the chunked variant runs on the sequential kernel), after checking each config against the
 NumPy reference on a ragged length (two chunks and 3 tokens).
 
-    python scripts/bench_delta_net.py [--preset 9b] [--tokens 512] [--repeats 20]
+    python bench/bench_delta_net.py [--preset 9b] [--tokens 512] [--repeats 20]
         [--variant sequential|chunked] [--json]
 """
 

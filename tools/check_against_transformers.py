@@ -4,7 +4,7 @@ loading the same GGUF (it dequantizes the weights into PyTorch and runs its own 
 Not part of the test suite (it needs torch + transformers, ~1 GB); run by hand in a separate
 environment:
     python3 -m venv /tmp/tfenv && /tmp/tfenv/bin/pip install torch==2.13.0 transformers gguf
-    /tmp/tfenv/bin/python scripts/check_against_transformers.py MODEL.gguf \
+    /tmp/tfenv/bin/python tools/check_against_transformers.py MODEL.gguf \
         --engine-python .venv/bin/python
 Prints both token lists and exits 1 if the greedy tokens differ.
 """

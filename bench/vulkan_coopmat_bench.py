@@ -2,7 +2,7 @@
 alone, weights made by tiling a few properly quantized rows): TFLOP/s of matmul_prefill.tiled
 against .coopmat at its knob samples, and the coopmat result's NMSE against tiled.
 
-usage: python scripts/vulkan_coopmat_bench.py [--shapes 7b|1.5b] [--tokens 512] [--json]
+usage: python bench/vulkan_coopmat_bench.py [--shapes 7b|1.5b] [--tokens 512] [--json]
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ shared GPU inflates some); resident's activation conversion (x16) and its one-ti
 (w16) are reported apart; NMSE against the first config run; build_s: set_config plus the first
 GEMM (pipeline creation, the driver's compile). $FLEETTUNE_VK_DEVICE picks the GPU.
 
-usage: python scripts/vulkan_resident_bench.py [--shapes 7b|1.5b|tiny] [--tokens 512] [--repeats 5]
+usage: python bench/vulkan_resident_bench.py [--shapes 7b|1.5b|tiny] [--tokens 512] [--repeats 5]
        [--only NAME ...] [--stats] [--json]
 
 --stats: each GEMM pipeline's registers and local memory from the driver (FLEETTUNE_VK_STATS=1,
@@ -25,9 +25,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.vulkan_coopmat_bench import weight  # noqa: E402
 from engine import backends  # noqa: E402
 from engine.tuning import TuningConfig  # noqa: E402
-from scripts.vulkan_coopmat_bench import weight  # noqa: E402
 
 # (N, K, weight type): attn_output, ffn_up, ffn_down (Q6_K in half the layers), gate+up fused,
 # attn_k / attn_v (64 workgroups of 64 x 64 at T = 512: split_k's case)

@@ -18,7 +18,7 @@
            specialization constants vs compile-time constants; NMSE against NumPy
   copy     16-byte copy and read-only streams over 1 GiB, per device-local memory type
 
-usage: python scripts/vulkan_probe.py [--only SECTION ...] [--budget S] [--json OUT.json]
+usage: python tools/vulkan_probe.py [--only SECTION ...] [--budget S] [--json OUT.json]
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ Each config is timed as a CUDA graph of LAYERS back-to-back calls, each on its o
 conv state and weights (60 MB of state: past the L2, as between a model's layers), best of 5
 replays; us per call. --check: each config's output and state NMSE against NumPy on layer 0.
 
-  python3 scripts/bench_dn_step.py [--configs tickets,c4_l8,...] [--preset 35b-a3b] [--check]
+  python3 bench/bench_dn_step.py [--configs tickets,c4_l8,...] [--preset 35b-a3b] [--check]
       [--floor] [--json]
 """
 
@@ -23,7 +23,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scripts.bench_moe_dec import _graph_us  # noqa: E402
+from bench.bench_moe_dec import _graph_us  # noqa: E402
 
 LAYERS = 30
 PDL = {"matmul_decode.pdl": 1}

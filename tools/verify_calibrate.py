@@ -3,8 +3,8 @@
 of a backend on one model: the numbers the numeric-class budgets in engine/tuning/registry.py
 are calibrated from (docs/verify.md).
 
-  python scripts/verify_calibrate.py --backend vulkan --model /tmp/ragged.gguf --mutants
-  python scripts/verify_calibrate.py --backend cuda --model /tmp/models/7b.gguf \
+  python tools/verify_calibrate.py --backend vulkan --model /tmp/ragged.gguf --mutants
+  python tools/verify_calibrate.py --backend cuda --model /tmp/models/7b.gguf \
       --variants matmul_decode.mmvq,matmul_prefill.mmq8 --json > 7b.json
 
 Candidates: each variant of every op with its defaults, and every numeric knob at its smallest

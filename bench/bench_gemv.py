@@ -7,7 +7,7 @@ over enough copies of the weight that they do not fit the L2 (the weights stream
 in a decode step). GB/s counts the bytes the kernel must read: the weight as stored on the GPU
 (Q6_K blocks padded to 224 bytes) plus x and y. Prints one line per measurement and writes JSON.
 
-  python3 scripts/bench_gemv.py --out DIR [--configs mmvf,dmmv,...] [--shapes 7b,9b] \
+  python3 bench/bench_gemv.py --out DIR [--configs mmvf,dmmv,...] [--shapes 7b,9b] \
       [--deadline UNIX_S] [--json]
 """
 

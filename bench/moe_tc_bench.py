@@ -8,7 +8,7 @@ output (float32 throughout; else the first config's). Weights are random blocks 
 scales (no quantizer run: a 35B layer is 0.45 GB), so the figures are timings, not a model. x40
 layers is the expert share of a 35b-a3b pp512.
 
-usage: python scripts/moe_tc_bench.py [--tokens 512] [--configs dmmv,tc,...] [--repeats 10]
+usage: python bench/moe_tc_bench.py [--tokens 512] [--configs dmmv,tc,...] [--repeats 10]
        [--experts 256] [--used 8] [--width 2048] [--ff 512] [--down Q6_K|Q4_K] [--kernels] [--json]
 """
 

@@ -5,7 +5,7 @@ the GPU comparison of issue 15 needs (llama-bench on synthetic files).
 
 Not part of the test suite (llama-cpp-python compiles llama.cpp, ~15 min on 2 cores); by hand:
     python3 -m venv /tmp/llvenv && /tmp/llvenv/bin/pip install llama-cpp-python numpy
-    /tmp/llvenv/bin/python scripts/check_hybrid_against_llamacpp.py MODEL.gguf \
+    /tmp/llvenv/bin/python tools/check_hybrid_against_llamacpp.py MODEL.gguf \
         --engine-python .venv/bin/python
 Exits 1 if the NMSE exceeds --max-nmse or the greedy tokens differ.
 """

@@ -8,7 +8,7 @@ Each (setting, shape) is timed as a CUDA graph of --calls back-to-back launches 
 step's graph replays, PDL edges included under matmul_decode.pdl), median of --repeats
 replays: us per call and weight GB/s (bytes of the weights read / time).
 
-usage: python scripts/gemv_bench.py [--preset 7b,1.5b] [--settings base,split2,...]
+usage: python bench/gemv_bench.py [--preset 7b,1.5b] [--settings base,split2,...]
        [--shapes gate_up,down_q4k,...] [--calls 40] [--repeats 5] [--deadline EPOCH_S]
        [--out DIR] [--json]
 """

@@ -2,7 +2,7 @@
 build while FLEETTUNE_MUTANT is set) for the programs some configs use, so a GPU machine with no
 shader compiler can run that mutant's test from a carried cache.
 
-usage: python scripts/spirv_mutant.py --mutant NAME --out DIR [--config JSON ...]
+usage: python tests/spirv_mutant.py --mutant NAME --out DIR [--config JSON ...]
        (the default config is always included)
 """
 

@@ -8,11 +8,11 @@ on the device, as in decode) with CUDA events, median of --repeats launches:
 - cold: the calls walk over enough layers that their K/V (>= 256 MB, at most 64 layers) does not
   fit in the H200's 50 MB L2, as in decode, where ~35 MB (1.5B) of weights stream between two
   attention calls.
-The config is scripts/device_speed.py's dec8_split2 (int8 decode: the kernels also write the
-output's Q8_1 form) with the variant's attention_decode knobs. GB/s: the K/V bytes a call reads
-(2 x L x Hkv x D x 4) over its cold time.
+The config is dec8_split2 (experiments/decode-h200.toml's start of that name; int8 decode: the
+kernels also write the output's Q8_1 form) with the variant's attention_decode knobs. GB/s: the
+K/V bytes a call reads (2 x L x Hkv x D x 4) over its cold time.
 
-usage: python scripts/attn_decode_bench.py [--contexts 128,512,2048,8192] [--shapes 1.5b,7b]
+usage: python bench/attn_decode_bench.py [--contexts 128,512,2048,8192] [--shapes 1.5b,7b]
        [--variants a,b] [--calls 64] [--repeats 5] [--deadline S] [--out FILE] [--json]
 """
 
@@ -29,8 +29,6 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from scripts.device_speed import VARIANTS  # noqa: E402
 
 SHAPES = {"1.5b": (12, 2, 128), "7b": (28, 4, 128)}  # H, Hkv, D
 _A = "attention_decode."
@@ -62,7 +60,14 @@ BENCH = {  # name -> attention_decode knobs over dec8_split2
     "vec_cl_w8_pf": {_A + "variant": "vec", _A + "cluster": 1, _A + "warps": 8, _A + "prefetch": 1},
     "vec_cl_pf": {_A + "variant": "vec", _A + "cluster": 1, _A + "prefetch": 1},
 }
-BASE = "dec8_split2"
+BASE = {  # dec8_split2 (experiments/decode-h200.toml): the int8 decode path, split-K 2
+    "matmul_prefill.variant": "resident",
+    "attention_prefill.variant": "flash_tc",
+    "matmul_decode.variant": "mmvw",
+    "rope.fuse_kv": 1,
+    "attention_decode.variant": "split_kw",
+    "matmul_decode.split_k": 2,
+}
 COLD_BYTES = 256 << 20
 
 
@@ -120,7 +125,7 @@ def bench_case(be, shape: str, ctx: int, names: list[str], calls: int, repeats: 
     n_cold = max(calls, n_layers)
     rows = []
     for name in names:
-        be.set_config(TuningConfig.from_flat("cuda", VARIANTS[BASE] | BENCH[name]))
+        be.set_config(TuningConfig.from_flat("cuda", BASE | BENCH[name]))
         got = be.download(be.attention(q, cache, 0, pos0)).astype(np.float64)
         nmse = float(np.sum((got - ref) ** 2) / np.sum(ref**2))
 

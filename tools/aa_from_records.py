@@ -7,7 +7,7 @@ effect of the candidate) and scaled by sqrt(n / (n - 1)) (centring on a mean of 
 spread). What is left is the pairing's own noise on that device, for that objective: an A/A
 draw is then n residuals resampled from one pool, with true ratio 1.
 
-  python scripts/aa_from_records.py docs/fleet-gpu/*.db --out tests/data/h200-pair-noise.json
+  python tools/aa_from_records.py docs/fleet-gpu/*.db --out tests/data/h200-pair-noise.json
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ registry's constraints reject on any device, and those that run the same code as
 (same effective config: the chunk resolved, knobs no kernel reads dropped) though the flat config
 differs, which the agent's de-duplication does not catch.
 
-    PYTHONPATH=. python scripts/space_stats.py experiments/*.toml [--samples 200] [--json]
+    PYTHONPATH=. python tools/space_stats.py experiments/*.toml [--samples 200] [--json]
 
 --before applies the unread-knob rule of the tree before issue 11 (HEAD 03e9fcf: Vulkan's
 prefill.max_cols was not read by the tiled GEMM), to measure that tree with this script.

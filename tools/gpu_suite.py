@@ -1,9 +1,9 @@
 """Run a GPU test suite so that a device fault is confined to the test that caused it.
 
-    python scripts/gpu_suite.py cuda            # CUDA ops (with the shared contract), CUDA backend
-    python scripts/gpu_suite.py vulkan          # the Vulkan suites on whatever driver is set up
-    python scripts/gpu_suite.py cuda --json     # the tally as JSON (per file and in total)
-    python scripts/gpu_suite.py cuda --only hybrid   # one part of a suite (--skip: the rest)
+    python tools/gpu_suite.py cuda            # CUDA ops (with the shared contract), CUDA backend
+    python tools/gpu_suite.py vulkan          # the Vulkan suites on whatever driver is set up
+    python tools/gpu_suite.py cuda --json     # the tally as JSON (per file and in total)
+    python tools/gpu_suite.py cuda --only hybrid   # one part of a suite (--skip: the rest)
 
 Each file runs in its own pytest process with tests/device_fault.py logging every outcome; a
 sticky device error (a CUDA fault, a lost Vulkan device) stops that process after the test that

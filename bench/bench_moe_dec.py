@@ -7,7 +7,7 @@ Each config is timed as a CUDA graph of LAYERS back-to-back moe_ffn calls, each 
 random activation (so its own routing: the experts read do not all sit in the L2), best of 5
 replays; us per call. Prints one line per config; --json prints the rows as JSON.
 
-  python3 scripts/bench_moe_dec.py [--configs fused,unfused,...] [--down-q6k] [--check] [--kernels]
+  python3 bench/bench_moe_dec.py [--configs fused,unfused,...] [--down-q6k] [--check] [--kernels]
       [--json]
 """
 
@@ -199,8 +199,9 @@ extern "C" __global__ void spin(long long cycles) {
 
 def _kernel_us(be: Any, cp: Any, call: Any) -> dict[str, float]:
     """us per call of each kernel: LAYERS eager calls queued behind a spin kernel (so the host's
-    launches are all enqueued before the GPU reaches them; scripts/decode_times.py's method),
-    an event pair around each launch: a kernel's time plus the GPU's gap before it."""
+    launches are all enqueued before the GPU reaches them; the method of scripts/decode_times.py,
+    in git history), an event pair around each launch: a kernel's time plus the GPU's gap before
+    it."""
     spin = cp.RawKernel(_SPIN, "spin")
     be.set_profiling(True)
     try:
