@@ -1,11 +1,11 @@
 """Coordinate descent as an Optuna sampler (``sampler.name = "coordinate"``).
 
-From the best completed trial (the baseline until a candidate beats it), vary one dimension of
-the search space at a time through its choices, every other dimension at the incumbent's value;
-as soon as a trial beats the incumbent it becomes the centre, and the walk goes on from the
-dimension that moved it (cyclic coordinate descent: a knob's sweep is finished before the next
-knob, then the next ones, wrapping around). What the hand sweeps of scripts/device_speed.py did,
-as a sampler: every trial is the agent's, with its validation, pairing and record.
+From the best completed trial (the baseline until a candidate beats it), vary one dimension of the
+search space at a time through its choices, every other dimension at the incumbent's value; as soon
+as a trial beats the incumbent it becomes the centre, and the walk goes on from the dimension that
+moved it (cyclic coordinate descent: a knob's sweep is finished before the next knob, then the next
+ones, wrapping around). What the hand sweeps of scripts/device_speed.py (git history) did, as a
+sampler: every trial is the agent's, with its validation, pairing and record.
 
 A dimension is an op's variant or a knob of the variant the incumbent runs; a variant switch
 brings the new variant's knobs at their registry defaults (the space's first choice where the

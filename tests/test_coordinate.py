@@ -1,7 +1,8 @@
 """Coordinate descent (agent/coordinate.py) through the agent's own study (agent/study.py): one
-dimension at a time from the incumbent, a move to a better trial, failed configs tried but never
-a centre, and a finite space run to exhaustion without a repeat. And grid, the other exhaustive
-sampler, covers the batched-prefill tile table that engine/sweep.py's ``--grid prefill`` ran."""
+dimension at a time from the incumbent, a move to a better trial, failed configs tried but never a
+centre, and a finite space run to exhaustion without a repeat. And grid, the other exhaustive
+sampler, covers the batched-prefill tile table that engine/sweep.py's ``--grid prefill`` ran (git
+history)."""
 
 from __future__ import annotations
 
@@ -157,8 +158,8 @@ def test_coordinate_sampler_in_the_factory_and_the_experiment_format() -> None:
 
 
 def _prefill_tile_table(backend: str) -> set[str]:
-    """engine/sweep.py's --grid prefill table, from the registry: every column tile of every
-    variant of the batched-prefill matmuls (max_cols >= 8; a GEMM's tile_m x tile_n)."""
+    """engine/sweep.py's --grid prefill table (git history), from the registry: every column
+    tile of every variant of the batched-prefill matmuls (max_cols >= 8; tile_m x tile_n)."""
     out = set()
     ops = {o.name: o for o in REGISTRY.ops(backend)}
     for op in (ops[n] for n in ("matmul_prefill", "matmul_batched") if n in ops):
