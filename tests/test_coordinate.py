@@ -256,3 +256,44 @@ def test_decode_h200_holds_the_hand_path_and_its_neighbourhood_fits_the_budget()
     assert len({config_key(p) for _, p in around}) == len(around)
     assert 1 + len(starts) + len(around) <= exp.budget.trials
     assert exp.sampler.name == "coordinate" and exp.acceptance.target == "decode_tok_s@512"
+
+
+@pytest.mark.parametrize("backend", ["numpy", "vulkan", "cuda"])
+def test_neighbours_of_the_defaults_cover_every_variant_and_knob_of_the_registry(backend: str):
+    """What engine/sweep.py's one-step sample covered (git history), from the coordinate walk's
+    first centre: over the whole registry of a backend (``space = "all"``), the one-dimension
+    neighbours of the default config switch each op to each other variant (its knobs at their
+    defaults) and move each knob of the default variants to each other choice; each is a config
+    the registry resolves."""
+    exp = parse_experiment(
+        {
+            "models": ["synthetic:tiny"],
+            "backends": [backend],
+            "objectives": [{"metric": "decode_tok_s", "prompt_tokens": 16}],
+            "space": {backend: "all"},
+            "sampler": {"name": "coordinate"},
+        }
+    )
+    space = exp.search_space(backend)
+    default = TuningConfig.default(backend)
+    params = space.params_of(default.flat())
+    assert params is not None
+    moves = list(CoordinateSampler(space).neighbours(params))
+    want = set()
+    for op in REGISTRY.ops(backend):
+        for v in op.variants:
+            if v is not op.default:
+                want.add((f"{op.name}.variant", v.name))
+        for p in op.default.params:
+            want |= {
+                (f"{op.name}.{op.default.name}.{p.name}", c) for c in p.choices if c != p.default
+            }
+    assert {(dim, p[dim]) for dim, p in moves} == want
+    for dim, p in moves:
+        flat = space.suggest(optuna.trial.FixedTrial(p), default.flat())
+        assert sum(flat[k] != v for k, v in default.flat().items() if k in flat) >= 1
+        op = dim.partition(".")[0]
+        if dim.endswith(".variant"):  # the new variant's knobs at their registry defaults
+            v = REGISTRY.op(backend, op).variant(p[dim])
+            assert all(flat[f"{op}.{k.name}"] == k.default for k in v.params), (dim, p[dim])
+        TuningConfig.from_flat(backend, flat)  # resolves (a ConfigError names the knob)
