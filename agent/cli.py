@@ -23,6 +23,7 @@ embedded Ray with this machine's devices.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import signal
@@ -69,6 +70,12 @@ def _parser() -> argparse.ArgumentParser:
         type=Path,
         help="git repository to commit promoted configs "
         "to (default: the experiment's [promote] repo: this checkout or a scratch repo)",
+    )
+    r.add_argument(
+        "--model",
+        action="append",
+        metavar="M",
+        help="only this one of the experiment's models (repeatable): a device call per model",
     )
     r.add_argument("--budget", type=int, help="trials per study (overrides budget.trials)")
     r.add_argument(
@@ -201,6 +208,13 @@ def _run(args: argparse.Namespace) -> int:
     from agent.storage import check_storage, parse_storage
 
     exp = load_experiment(args.experiment)
+    if args.model:
+        unknown = [m for m in args.model if m not in exp.models]
+        if unknown:
+            raise EngineError(
+                f"--model {unknown[0]}: not one of the experiment's models {list(exp.models)}"
+            )
+        exp = dataclasses.replace(exp, models=tuple(m for m in exp.models if m in args.model))
     if args.budget is not None and args.budget < 1:
         raise EngineError("--budget must be >= 1")
     if args.wall_time is not None and not args.wall_time > 0:

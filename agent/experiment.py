@@ -33,7 +33,7 @@ __all__ = [  # the space rules are re-exported: callers import them from here
 ]
 
 METRICS = ("prefill_tok_s", "decode_tok_s")
-SAMPLERS = ("tpe", "grid", "random", "cmaes", "nsga2")
+SAMPLERS = ("tpe", "grid", "coordinate", "random", "cmaes", "nsga2")
 PROMOTE_REPOS = ("project", "scratch")
 KNOWN_BACKENDS = ("numpy", "vulkan", "cuda")
 

@@ -1,4 +1,4 @@
-"""Optuna samplers by experiment name: tpe (default), grid, random, cmaes, nsga2."""
+"""Optuna samplers by experiment name: tpe (default), grid, coordinate, random, cmaes, nsga2."""
 
 from __future__ import annotations
 
@@ -31,6 +31,12 @@ def make_sampler(exp: Experiment, space: SearchSpace) -> optuna.samplers.BaseSam
         return optuna.samplers.RandomSampler(seed=s.seed)
     if s.name == "grid":
         return _AskTellGrid(space.grid(), seed=s.seed)
+    if s.name == "coordinate":
+        from agent.coordinate import CoordinateSampler
+
+        names = [o.name for o in exp.objectives]
+        target = names.index(exp.acceptance.target) if exp.acceptance.target in names else 0
+        return CoordinateSampler(space, target=target, seed=s.seed)
     if s.name == "nsga2":
         pop = max(4, min(50, exp.budget.trials // 3))
         return optuna.samplers.NSGAIISampler(seed=s.seed, population_size=pop)

@@ -11,21 +11,20 @@ the budget's ``near_tie``), NMSE, max |diff|, NaN/Inf. The candidate's device ar
 first maximum of its own logits at every step (exact). The budget is the loosest of the numeric
 classes of the candidate's variants (engine.tuning.registry.NUMERIC_BUDGETS).
 
-MoE routing near-ties: where the reference's k-th minus (k+1)-th router logit is below the
-budget's ``route_tie``, the candidate is made to choose the reference's experts (with its own
-weights), the routing analogue of the top-1 near-tie: rounding that moves a router logit across
-a near-tie swaps a whole expert (one such flip measured NMSE 0.25 under an fp16 GEMM, where the
-same run with the choice borrowed is NMSE 5e-5; scripts/moe_fp16_flip.py). Over the prompt the
-choice is also borrowed where the drift explains it: the candidate's router row agrees with the
-reference's within the budget's ``op_nmse`` yet picks another top-k (engine.hybrid
-_drift_routes). route_tie, calibrated on a 4-layer, 8-expert model, does not cover a correct
-fp16 path on the 40-layer, 256-expert 35B-A3B, whose router moves up to 0.041 by its last layers
-(scripts/moe_drift.py, docs/verify.md); a wrong router GEMM moves the row by more than op_nmse
-and a wrong top-k kernel moves no logit, so neither is borrowed. Decode positions
-with a forced choice run without graph replay (a replayed graph would keep the captured mask);
-free-running generation (graphs) is forced only in the prompt, and a parting after a routing
-near-tie at a decode step is excused like one at a top-1 near-tie.
-
+MoE routing near-ties: where the reference's k-th minus (k+1)-th router logit is below the budget's
+``route_tie``, the candidate is made to choose the reference's experts (with its own weights), the
+routing analogue of the top-1 near-tie: rounding that moves a router logit across a near-tie swaps a
+whole expert (one such flip measured NMSE 0.25 under an fp16 GEMM, where the same run with the
+choice borrowed is NMSE 5e-5; scripts/moe_fp16_flip.py, in git history). Over the prompt the choice
+is also borrowed where the drift explains it: the candidate's router row agrees with the reference's
+within the budget's ``op_nmse`` yet picks another top-k (engine.hybrid _drift_routes). route_tie,
+calibrated on a 4-layer, 8-expert model, does not cover a correct fp16 path on the 40-layer,
+256-expert 35B-A3B, whose router moves up to 0.041 by its last layers (scripts/moe_drift.py in git
+history, docs/verify.md); a wrong router GEMM moves the row by more than op_nmse and a wrong top-k
+kernel moves no logit, so neither is borrowed. Decode positions with a forced choice run without
+graph replay (a replayed graph would keep the captured mask); free-running generation (graphs) is
+forced only in the prompt, and a parting after a routing near-tie at a decode step is excused like
+one at a top-1 near-tie.
 Op-level replay (engine.replay) then judges every hooked op of the candidate on the reference's
 own inputs, each under its own variant's numeric class (``op_nmse``): what rejects a bug. The
 end-to-end logits bound stays (a model-level failure still rejects, and fused kernels that run

@@ -34,7 +34,7 @@ unxz_site() {
 }
 OUT=${OUT:-/tmp/out}
 case "${1:-}" in
-unpack)  # the site into /tmp/site (device_all.sh and device_closing.sh call this too)
+unpack)  # the site into /tmp/site (for a device call that runs its own commands)
     mkdir -p /tmp/site && unxz_site ;;
 prepare)
     P="--platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64"

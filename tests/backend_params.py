@@ -12,7 +12,7 @@ from engine import backends
 
 def open_backend(name: str):  # noqa: ANN201 - engine.backends.base.Backend
     """The backend on the device an entry point would open: the suites are entry points, so
-    an operator's FLEETTUNE_VK_DEVICE (scripts/device_verify.sh) picks their Vulkan card."""
+    an operator's FLEETTUNE_VK_DEVICE (tools/gpu_suite.py's runs) picks their Vulkan card."""
     return backends.create(name, device=backends.default_device(name))
 
 

@@ -2,7 +2,7 @@
 
 A CUDA kernel fault (misaligned or illegal address, launch failure ...) or a lost Vulkan device
 is sticky: every later call in the process fails, so one bad kernel turns the rest of a run into
-errors; a hung kernel stops the run outright. With FLEETTUNE_TEST_LOG set (scripts/gpu_suite.py
+errors; a hung kernel stops the run outright. With FLEETTUNE_TEST_LOG set (tools/gpu_suite.py
 sets it), each test's start and outcome are appended there as JSON lines, and the first fault
 stops the session after the test that raised it. With FLEETTUNE_TEST_TIMEOUT (seconds) set, a
 test that runs longer ends the process (faulthandler prints where it hung); the log's last

@@ -1,13 +1,16 @@
 """A NumPy backend whose batched prefill matmul computes like CUDA's default staged GEMM (numeric
 class fp16): for chunks of at least ``gemm_min_t`` tokens, activations and dequantized weights
 rounded to float16, then a float64 product. A correct variant, not a bug: validate must pass it
-under the fp16 budget (tests/test_validate_routing.py; scripts/moe_fp16_flip.py)."""
+under the fp16 budget (tests/test_validate_routing.py)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 
 from engine.backends.numpy_ref import NumpyBackend
+from engine.model import Model
 from engine.tuning import TuningConfig
 from engine.tuning.registry import NUMERIC_BUDGETS, Budget
 
@@ -81,3 +84,23 @@ class Fp16ExpertsF32H(Fp16Experts):
     """Fp16Experts with H kept in float32 (the down GEMM's other operand still fp16)."""
 
     round_h = False
+
+
+def validate_borrowing(
+    model: Model, cand: Any, prompts: list[list[int]], reference: Any = None,
+    cache: dict | None = None, steps: int = 4, budgets: dict | None = None, edges: bool = True,
+) -> dict:  # fmt: skip
+    """validate of ``cand`` (which borrows drift-explained routings over the prompt: engine.hybrid
+    route_ref), summed up with the borrowings it made (issue 15's diagnosis of moe_experts.tc)."""
+    from engine.validate import validate
+
+    rep = validate(model, cand, prompts, steps, reference=reference, ref_cache=cache,
+                   budgets=budgets, edges=edges, blame_failures=False)  # fmt: skip
+    return {
+        "passed": rep.passed,
+        "kld": rep.kld_max,
+        "nmse": rep.nmse,
+        "reasons": rep.reasons,
+        "borrowed": len(rep.routes_borrowed),
+        "borrowed_at": [(i, pos, round(g, 4)) for i, pos, g in rep.routes_borrowed],
+    }

@@ -1,6 +1,6 @@
 """The standing mutation suite: planted bugs of the kinds that really happen, each of which the
 verifier must reject and blame on the op it lives in (tests/test_mutants.py; the table in
-docs/verify.md; scripts/verify_calibrate.py --mutants prints their numbers).
+docs/verify.md; tools/verify_calibrate.py --mutants prints their numbers).
 
 NumPy bugs are planted by subclassing the reference backend (a test-only hook); Vulkan and CUDA
 bugs are ``#ifdef MUTANT_<NAME>`` blocks in the shipped shaders, compiled in only when

@@ -71,7 +71,7 @@ RECORDED = Path(__file__).parent / "data" / "h200-pair-noise.json"
 
 def recorded_false_accept_rate(pool: list[float], pairs: int, seed: int) -> float:
     """A/A decisions whose pairs are drawn from the per-pair noise recorded on the H200
-    (scripts/aa_from_records.py): the candidate's pairs and the worker's A/A run each resample
+    (tools/aa_from_records.py): the candidate's pairs and the worker's A/A run each resample
     ``pairs`` residuals, true ratio 1."""
     rng = np.random.default_rng(seed)
     acc = Acceptance(target="m", min_gain=0.02, resamples=400)

@@ -213,3 +213,27 @@ def test_local_run_never_imports_ray(tiny_model_path: Path, tmp_path: Path) -> N
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads(r.stdout)["studies"][0]["evaluated"] == 1
     assert json.loads(r.stderr.strip().splitlines()[-1]) == {"rc": 0, "ray": []}
+
+
+def test_cli_run_local_coordinate(
+    tiny_model_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """``sampler.name = "coordinate"`` end to end: the baseline, then chunk_tokens one choice at
+    a time (the space's order) on the tiny model; each trial measured, none repeated."""
+    exp = _experiment(str(tiny_model_path))
+    exp["sampler"] = {"name": "coordinate"}
+    path = tmp_path / "x.toml"
+    path.write_text(tomli_w.dumps(exp))
+    storage = tmp_path / "s.journal"
+    argv = ["run", str(path), "--local", "--storage", str(storage), "--no-promote", "--json"]
+    assert main([*argv, "--model", "synthetic:tiny"]) == 2  # not the experiment's: nothing runs
+    err = capsys.readouterr().err
+    assert "--model synthetic:tiny: not one of the experiment's models" in err
+    assert err.count("\n") == 1 and not storage.exists()
+    assert main([*argv, "--model", str(tiny_model_path)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["studies"][0]["evaluated"] == 3
+    ran = [r for r in _records(str(storage)) if r.outcome is Outcome.OK]
+    chunks = [r.config["prefill.chunk_tokens"] for r in ran]
+    assert chunks[0] == TuningConfig.default("numpy").flat()["prefill.chunk_tokens"]
+    assert chunks[1:] == [c for c in [1, 8, 16, 32] if c != chunks[0]][:2]

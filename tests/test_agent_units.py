@@ -474,7 +474,7 @@ def _study(storage, sampler: str = "tpe"):  # noqa: ANN001, ANN202
     return StudyState(exp, "cpu", "numpy", "synthetic:tiny", "qwen2", storage, base, "default")
 
 
-@pytest.mark.parametrize("sampler", ["tpe", "random", "grid", "nsga2", "cmaes"])
+@pytest.mark.parametrize("sampler", ["tpe", "random", "grid", "coordinate", "nsga2", "cmaes"])
 def test_samplers_never_repeat_a_config(sampler: str) -> None:
     import optuna
 

@@ -169,9 +169,9 @@ def test_tile_without_fuse_rope_passes_null_projections(tiny_model_factory):
 @pytest.mark.parametrize("argv", [["--shapes", "3b"], ["--contexts", "5,x"], ["--calls", "0"],
                                   ["--variants", "tile,nope"], ["--contexts", "0"]])  # fmt: skip
 def test_attn_decode_bench_rejects_bad_input(argv, capsys):
-    """scripts/attn_decode_bench.py: one line naming the problem and exit 2, before any GPU
+    """bench/attn_decode_bench.py: one line naming the problem and exit 2, before any GPU
     work (no CuPy on this machine)."""
-    from scripts.attn_decode_bench import main
+    from bench.attn_decode_bench import main
 
     assert main(argv) == 2
     out = capsys.readouterr().out.strip().splitlines()
@@ -180,8 +180,8 @@ def test_attn_decode_bench_rejects_bad_input(argv, capsys):
 
 def test_attn_decode_bench_configs_exist():
     """Every bench entry is dec8_split2 with valid attention_decode knobs."""
-    from scripts.attn_decode_bench import BASE, BENCH
-    from scripts.device_speed import VARIANTS
+    from bench.attn_decode_bench import BASE, BENCH
 
+    assert BASE["matmul_decode.split_k"] == 2
     for flat in BENCH.values():
-        TuningConfig.from_flat("cuda", VARIANTS[BASE] | flat)
+        TuningConfig.from_flat("cuda", BASE | flat)

@@ -214,18 +214,14 @@ def test_vec_fuse_rope_limits(D, ok):
 
 
 def test_attn_decode_bench_vec_configs_exist():
-    """Every vec bench entry is dec8_split2 with valid attention_decode.vec knobs, and the
-    d17 speed configs are valid configs."""
-    from scripts.attn_decode_bench import BASE, BENCH
-    from scripts.device_speed import VARIANTS
+    """Every vec bench entry is dec8_split2 with valid attention_decode.vec knobs (the d17 speed
+    configs are experiments/decode-h200.toml's starts, checked where the experiment loads)."""
+    from bench.attn_decode_bench import BASE, BENCH
 
     for name, flat in BENCH.items():
         if name.startswith("vec"):
-            cfg = TuningConfig.from_flat("cuda", VARIANTS[BASE] | flat)
+            cfg = TuningConfig.from_flat("cuda", BASE | flat)
             assert cfg.op("attention_decode").variant == "vec"
-    for name in [n for n in VARIANTS if n.startswith(("d17_", "f17_"))]:
-        cfg = TuningConfig.from_flat("cuda", VARIANTS[name])
-        assert cfg.op("attention_decode").variant == "vec", name
 
 
 @pytest.mark.parametrize("dec", ["mmvf", "mmvw"])

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from engine.backends.cuda import kernels
-from engine.tuning import REGISTRY, TuningConfig
+from engine.tuning import TuningConfig
 from tests.cuda_fake import FakeCuda
 
 PROMPT = list(range(5, 5 + 12))
@@ -143,33 +143,6 @@ def test_blame_names_the_fused_op_the_hooked_replay_bypasses():
     assert _fusion_blame(SimpleNamespace(backend=be), cfg()) is None
 
 
-def _device_speed():  # noqa: ANN202 - the script as a module
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "scripts" / "device_speed.py"
-    spec = importlib.util.spec_from_file_location("device_speed", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_device_speed_variants_and_sweep_steps_are_valid_configs():
-    ds = _device_speed()
-    for name in ds.VARIANTS:
-        ds.config(name)  # a ConfigError names a knob the registry does not have
-    base = ds.VARIANTS["fused_all"]
-    steps = ds.sweep_order(base, "glu_threads_per_row")
-    assert [s["matmul_decode.glu_threads_per_row"] for s in steps] == [8, 2, 4, 16]
-    assert all(TuningConfig.from_flat("cuda", s) for s in steps)
-    splits = ds.sweep_order(base, "attention_decode.splits")  # split_kw's knob, base's value first
-    assert splits[0]["attention_decode.splits"] == 8 and len(splits) == 6
-    with pytest.raises(ValueError, match="no knob 'bogus'; knobs: "):
-        ds.sweep_param(base, "bogus")
-    mmvw = REGISTRY.op("cuda", "matmul_decode").variant("mmvw")
-    assert set(ds.SWEEP_KNOBS) <= {p.name for p in mmvw.params}
-
-
 def test_ragged_ffn_glu_writes_no_q8_form(tiny_model_factory):
     """F = 688 (no multiple of 32; ffn_down F16): mmvw_glu still runs, with a null Q8_1 output,
     and the down projection (float weights) goes through dmmv; o still ends in mmvw_norm."""
@@ -237,11 +210,11 @@ def test_split_k_grids_follow_the_kernels_rows_per_block(tiny_model_factory, fus
 
 
 def test_gemv_bench_settings_and_shapes():
-    """scripts/gemv_bench.py: every setting is a valid config, the shapes are a qwen2 layer's."""
+    """bench/gemv_bench.py: every setting is a valid config, the shapes are a qwen2 layer's."""
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "gemv_bench.py"
+    path = Path(__file__).resolve().parents[1] / "bench" / "gemv_bench.py"
     spec = importlib.util.spec_from_file_location("gemv_bench", path)
     gb = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gb)
@@ -254,9 +227,9 @@ def test_gemv_bench_settings_and_shapes():
 
 
 def test_cuda_precompile_lists_each_distinct_module_once(tmp_path):
-    """scripts/cuda_precompile.py: the union of the configs' modules, each (file, defines) once;
+    """tools/cuda_precompile.py: the union of the configs' modules, each (file, defines) once;
     a bad list is one line and exit 2."""
-    from scripts.cuda_precompile import main, module_list
+    from tools.cuda_precompile import main, module_list
 
     base = {"matmul_decode.variant": "mmvw"}
     one = module_list([base])

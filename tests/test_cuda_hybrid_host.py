@@ -527,12 +527,12 @@ def test_blame_names_a_hybrid_fusion_only_once_it_ran(tiny_model_factory):
 
 
 def test_bench_moe_dec_configs_and_launches():
-    # scripts/bench_moe_dec.py: every config is a valid CUDA config, its 35B-A3B-like layer runs
+    # bench/bench_moe_dec.py: every config is a valid CUDA config, its 35B-A3B-like layer runs
     # through the fused host code as three launches, and an unknown config is refused (exit 2)
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "bench_moe_dec.py"
+    path = Path(__file__).resolve().parents[1] / "bench" / "bench_moe_dec.py"
     spec = importlib.util.spec_from_file_location("bench_moe_dec", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -809,7 +809,7 @@ def test_moe_fuse_pre_norm_folds_the_post_attention_norm_into_the_route(
 
 
 def test_phase_profile_charges_the_fused_decode_kernels_to_their_phases(tiny_model_factory):
-    # scripts/profile_hybrid.py's phase at each CUDA launch of a decode step under the hdec
+    # tools/profile_hybrid.py's phase at each CUDA launch of a decode step under the hdec
     # knobs: the conv-folded delta-net step to dn.scan, the stacked projections to dn.proj, the
     # MoE kernels (with the norm tail) to moe.fused
     import importlib.util
@@ -818,7 +818,7 @@ def test_phase_profile_charges_the_fused_decode_kernels_to_their_phases(tiny_mod
     from engine.gguf_model import open_model
     from engine.models import build_model
 
-    path = Path(__file__).resolve().parent.parent / "scripts" / "profile_hybrid.py"
+    path = Path(__file__).resolve().parent.parent / "tools" / "profile_hybrid.py"
     spec = importlib.util.spec_from_file_location("profile_hybrid", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

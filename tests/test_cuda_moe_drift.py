@@ -1,7 +1,7 @@
-"""moe_experts.tc under validate's proposed drift-explained routing (`pytest -m gpu`; issue 15,
-scripts/moe_drift.py): with route_tie off, the CUDA tc candidate on the tiny qwen35moe passes
-once routings its in-class router drift flips are borrowed, and borrows none where its router
-logits match the reference's top-k; the planted unsorted-output bug still fails."""
+"""moe_experts.tc under validate's proposed drift-explained routing (`pytest -m gpu`; issue 15, the
+diagnosis of scripts/moe_drift.py, in git history): with route_tie off, the CUDA tc candidate on the
+tiny qwen35moe passes once routings its in-class router drift flips are borrowed, and borrows none
+where its router logits match the reference's top-k; the planted unsorted-output bug still fails."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from engine.gguf_model import open_model
 from engine.models import build_model
 from engine.tuning import TuningConfig
 from engine.tuning.registry import NUMERIC_BUDGETS
-from scripts.moe_drift import validate_borrowing
+from tests.fp16_prefill import validate_borrowing
 
 pytestmark = pytest.mark.gpu
 

@@ -1,6 +1,6 @@
 """Programmatic dependent launch (engine/backends/cuda/pdl.py, knob matmul_decode.pdl): the ctypes
 structures match cuda.h, arguments are marshalled with CuPy's widths, the knob needs sm_90; on a
-GPU (`-m gpu`, its own process in scripts/device_speed.sh: a wrong launch can crash it) the
+GPU (`-m gpu`, its own process under tools/gpu_suite.py: a wrong launch can crash it) the
 decode with PDL equals the decode without, eager and replayed."""
 
 from __future__ import annotations

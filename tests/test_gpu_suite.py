@@ -1,4 +1,4 @@
-"""scripts/gpu_suite.py confines a sticky device fault to the test that raised it (no GPU needed:
+"""tools/gpu_suite.py confines a sticky device fault to the test that raised it (no GPU needed:
 a fake test module plays a context that every call fails on after the fault)."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def test_d_real_failure():
 
 
 def _runner():
-    path = Path(__file__).resolve().parent.parent / "scripts" / "gpu_suite.py"
+    path = Path(__file__).resolve().parent.parent / "tools" / "gpu_suite.py"
     spec = importlib.util.spec_from_file_location("gpu_suite", path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules["gpu_suite"] = mod  # dataclasses look their module up there

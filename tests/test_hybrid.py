@@ -164,12 +164,12 @@ def test_fused_trunk_is_the_hooked_trunk_on_numpy(tiny_model_factory, arch):
 
 
 def test_phase_profile_charges_every_phase(tiny_model_factory, capsys):
-    # scripts/profile_hybrid.py on NumPy (wall clock per op): every phase of a MoE hybrid shows,
+    # tools/profile_hybrid.py on NumPy (wall clock per op): every phase of a MoE hybrid shows,
     # the wrappers come off afterwards, and the CLI prints the table and refuses a dense file.
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parent.parent / "scripts" / "profile_hybrid.py"
+    path = Path(__file__).resolve().parent.parent / "tools" / "profile_hybrid.py"
     spec = importlib.util.spec_from_file_location("profile_hybrid", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

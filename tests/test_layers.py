@@ -24,7 +24,6 @@ _ABOVE_BACKENDS = (
     "engine.bench",
     "engine.cli",
     "engine.__main__",
-    "engine.sweep",
     "engine.checkpoints",
     "engine.synth",
 )
@@ -180,9 +179,29 @@ def test_the_device_pin_is_read_in_one_place():
     """FLEETTUNE_VK_DEVICE, as a value code uses (not prose in a docstring), appears only in
     engine.backends.default_device's table: no backend reads it, nobody writes it."""
     uses = []
-    for pkg in (*PACKAGES, "scripts", "deploy"):
+    for pkg in (*PACKAGES, "tools", "bench", "deploy"):
         for path in sorted((ROOT / pkg).rglob("*.py")):
             for node in ast.walk(ast.parse(path.read_text(), str(path))):
                 if isinstance(node, ast.Constant) and node.value == "FLEETTUNE_VK_DEVICE":
                     uses.append(str(path.relative_to(ROOT)))
     assert uses == ["engine/backends/__init__.py"]
+
+
+def test_tests_import_no_lab_and_scripts_holds_only_the_fleet_tool():
+    """The lab left the tree (issue 29): no test imports from scripts/ (product tools live in
+    tools/, microbenchmarks in bench/), and scripts/ holds only the fleet's GPU driver and the
+    environment it sources."""
+    bad = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            bad += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.split(".")[0] == "scripts"]
+    assert not bad, bad
+    assert sorted(p.name for p in (ROOT / "scripts").iterdir()) == [
+        "device_vulkan_env.sh",
+        "fleet_gpu.sh",
+    ]

@@ -1,8 +1,8 @@
-"""Issue 15's diagnosis of moe_experts.tc on the 35b-a3b (scripts/moe_drift.py): the NumPy
-emulations of its arithmetic (tests/fp16_prefill.py) and the proposed drift-explained routing of
-validate (engine.hybrid's route_ref): a routing the candidate's in-class router drift flips is
-borrowed from the reference; a router fault (logits moved past op_nmse, or a wrong top-k on
-right logits) is not."""
+"""Issue 15's diagnosis of moe_experts.tc on the 35b-a3b (scripts/moe_drift.py, in git history): the
+NumPy emulations of its arithmetic (tests/fp16_prefill.py) and the proposed drift-explained routing
+of validate (engine.hybrid's route_ref): a routing the candidate's in-class router drift flips is
+borrowed from the reference; a router fault (logits moved past op_nmse, or a wrong top-k on right
+logits) is not."""
 
 from __future__ import annotations
 
@@ -17,13 +17,13 @@ from engine.models import build_model
 from engine.runtime import load
 from engine.tuning import TuningConfig
 from engine.validate import tokenize_prompts, validate
-from scripts.moe_drift import validate_borrowing
 from tests.fp16_prefill import (
     Fp16Experts,
     Fp16ExpertsF32H,
     Fp16Prefill,
     candidate,
     fp16_budgets,
+    validate_borrowing,
 )
 from tests.hybrid_mutants import MUTANTS as HYBRID_MUTANTS
 from tests.test_validate_routing import WrongKth

@@ -130,7 +130,7 @@ def test_precompile_covers_every_build(tmp_path):
         pytest.skip("glslc not installed")
     out = tmp_path / "all"
     assert spirv.main(["--out", str(out)]) == 0
-    # the backend's builds and scripts/vulkan_probe.py's microbenchmarks, none shared
+    # the backend's builds and tools/vulkan_probe.py's microbenchmarks, none shared
     assert not set(all_builds()) & set(PROBE_BUILDS)
     assert len(list(out.glob("*/*.spv"))) == len(all_builds()) + len(PROBE_BUILDS)
 
@@ -463,7 +463,7 @@ def test_staging_paths_of_discrete_gpus(tiny_model_path, monkeypatch):
         be.close()
 
 
-# The H200's memory types through NVIDIA 580 (scripts/vulkan_probe.py, 2026-12-01): (index,
+# The H200's memory types through NVIDIA 580 (tools/vulkan_probe.py, 2026-12-01): (index,
 # property flags, heap), heaps in MiB. Type 4 is resizable BAR (device-local, host-visible,
 # coherent) on the 141 GiB device heap.
 H200_TYPES = [(0, 0x0, 0), (1, 0x1, 1), (2, 0x6, 0), (3, 0xE, 0), (4, 0x7, 1)]

@@ -424,7 +424,7 @@ W16_GROUP = "W16_GROUP"  # matmul_f16.comp: PASS_W16 stores each group of 8 halv
 @pytest.mark.gpu
 def test_planted_w16_bug_is_rejected_by_validate(tiny_model_factory):
     """The mutation suite's check on the planted bug (its SPIR-V precompiled where no compiler
-    is: scripts/spirv_mutant.py); the correct variant passes the same check."""
+    is: tests/spirv_mutant.py); the correct variant passes the same check."""
     from tests.mutants import Mutant, judge
     from tests.test_mutants import RAGGED
 

@@ -105,7 +105,7 @@ class Budget:
 
 # Numeric classes: what a variant changes about the arithmetic against the reference path
 # (per-token prefill, default kernels, float32 accumulation). Budgets are calibrated by
-# measurement (scripts/verify_calibrate.py, docs/verify.md): the largest value seen over every
+# measurement (tools/verify_calibrate.py, docs/verify.md): the largest value seen over every
 # correct variant and prompt, times a margin, and far below the smallest planted bug.
 NUMERIC_BUDGETS: dict[str, Budget] = {
     # Same arithmetic, other summation order / blocking (float32 throughout). Measured worst over
@@ -128,10 +128,11 @@ NUMERIC_BUDGETS: dict[str, Budget] = {
     # carries rounding in its state), where the same models with an fp32 prefill path agree to
     # NMSE 1e-11. Bounds ~2x the worst; the nearest planted bug outside order_only (a Q6_K
     # scale) is NMSE 0.0097 on the 2-layer ragged model. route_tie: on the tiny qwen35moe synth
-    # (scripts/moe_fp16_flip.py, a CPU emulation of the staged GEMM) fp16 moves router logits by
-    # up to 8.8e-3 and every first routing flip of a prompt sat at a reference gap <= 5e-3 (each
-    # flipped a whole expert: NMSE 0.25); with the choice borrowed below 1e-2 all 50 prompts
-    # pass at NMSE 5.3e-5 (scripts/moe_forced_routing.py). ~2x the largest move.
+    # (scripts/moe_fp16_flip.py in git history, a CPU emulation of the staged GEMM) fp16 moves
+    # router logits by up to 8.8e-3 and every first routing flip of a prompt sat at a reference gap
+    # <= 5e-3 (each flipped a whole expert: NMSE 0.25); with the choice borrowed below 1e-2 all 50
+    # prompts pass at NMSE 5.3e-5 (scripts/moe_forced_routing.py in git history). ~2x the largest
+    # move.
     "fp16": Budget(
         kld_max=1e-4,
         kld_mean=5e-5,
@@ -154,12 +155,12 @@ NUMERIC_BUDGETS: dict[str, Budget] = {
     # Activations quantized to int8 blocks (Q8_1) against float weights' dequant: per-op NMSE
     # 3e-5..5e-5 on the H200 (issue 18; llama.cpp's own gate for quantized matmul is 5e-4).
     # End to end the rounding compounds with depth and width. Measured on the H200 (2026-11-30,
-    # scripts/device_int8_gate.sh: mmvq and mmq8 with every knob extreme, prompts 1/5/37/70,
-    # teacher-forced): ragged synth worst KLD 7.1e-5, NMSE 1.4e-4; 1.5B synth worst KLD 1.5e-3
-    # (mean 8.6e-4), NMSE 3.0e-3, max |diff| 0.28; 7B synth worst KLD 4.7e-3 (mean 3.2e-3), NMSE
-    # 6.4e-3, max |diff| 0.50, first op past 2e-3 per-op NMSE: swiglu (layer 10) for mmvq,
-    # attention (layer 6) for mmq8; every top-1 outside near-ties equal on both shapes.
-    # Bounds ~2x the worst over both shapes; the nearest planted int8 bug (mmvq dropping the
+    # scripts/device_int8_gate.sh in git history: mmvq and mmq8 with every knob extreme, prompts
+    # 1/5/37/70, teacher-forced): ragged synth worst KLD 7.1e-5, NMSE 1.4e-4; 1.5B synth worst KLD
+    # 1.5e-3 (mean 8.6e-4), NMSE 3.0e-3, max |diff| 0.28; 7B synth worst KLD 4.7e-3 (mean 3.2e-3),
+    # NMSE 6.4e-3, max |diff| 0.50, first op past 2e-3 per-op NMSE: swiglu (layer 10) for mmvq,
+    # attention (layer 6) for mmq8; every top-1 outside near-ties equal on both shapes. Bounds ~2x
+    # the worst over both shapes; the nearest planted int8 bug (mmvq dropping the
     # tail rows) is KLD 0.052, NMSE 0.146, max |diff| 4.5 on the 2-layer ragged model alone.
     "int8_activations": Budget(
         kld_max=1e-2,
@@ -193,10 +194,11 @@ REFERENCE_BUDGET_RECURRENT = Budget(
 # End-to-end bounds of the recurrent hybrids (gated delta-net: qwen35, qwen35moe, qwen3next),
 # where they are measured looser than the dense shapes'. A correct int8-activation path carries
 # its Q8_1 rounding through the recurrent state into every later token: on the H200 (2026-11-30,
-# scripts/device_hybrid_bench.py --validate) the 9B-like qwen35 synth's int8 decode (mmvw, mmvq,
-# float_ssm_in) measured KLD 9.8e-3..1.12e-2 (mean 7.6e-3..8.8e-3), NMSE 1.18e-2..1.34e-2, and
-# the tiny hybrids' int8 prefill + decode configs KLD 0.023-0.029. NumPy with exactly that Q8_1
-# rounding (tests/int8_decode.py, no kernel at all; prompts 37/1/70, 6 steps, chunk 512 and 8)
+# scripts/device_hybrid_bench.py --validate, in git history) the 9B-like qwen35 synth's int8 decode
+# (mmvw, mmvq, float_ssm_in) measured KLD 9.8e-3..1.12e-2 (mean 7.6e-3..8.8e-3), NMSE
+# 1.18e-2..1.34e-2, and the tiny hybrids' int8 prefill + decode configs KLD 0.023-0.029. NumPy with
+# exactly that Q8_1 rounding (tests/int8_decode.py, no kernel at all; prompts 37/1/70, 6 steps,
+# chunk 512 and 8)
 # measures on the tiny qwen35 / qwen35moe / qwen3next KLD up to 0.025 / 0.029 / 0.029, mean
 # 2.2e-3, NMSE up to 0.058, max |diff| 0.81. Bounds ~2x the worst (mean: ~2x the 9B's). This alone
 # would also pass the seed's S^T k scan (tiny qwen35: KLD 0.010-0.017, NMSE 0.022-0.036): on a

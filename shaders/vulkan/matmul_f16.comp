@@ -39,7 +39,7 @@
 
 #ifdef FIXED_TILES
 // The tiles as compile-time constants (FT_M, FT_N, FT_WM, FT_WN) instead of specialization
-// constants: scripts/vulkan_probe.py compares the two (is a spec-constant-sized accumulator
+// constants: tools/vulkan_probe.py compares the two (is a spec-constant-sized accumulator
 // array kept in registers by the driver?).
 const uint TILE_M = FT_M;
 const uint TILE_N = FT_N;

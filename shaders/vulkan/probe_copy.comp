@@ -1,5 +1,5 @@
 #version 450
-// probe_copy.comp: a microbenchmark, not a kernel of the engine (scripts/vulkan_probe.py).
+// probe_copy.comp: a microbenchmark, not a kernel of the engine (tools/vulkan_probe.py).
 // Device-memory bandwidth with 16-byte loads, grid-stride: COPY dst[i] = src[i]; else a read-only
 // stream (what decode's weight reads are): each thread sums what it reads and stores one word
 // only when the sum is the impossible value in push constant `magic` (so the loads stay live).

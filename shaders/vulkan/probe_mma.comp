@@ -1,5 +1,5 @@
 #version 450
-// probe_mma.comp: a microbenchmark, not a kernel of the engine (scripts/vulkan_probe.py). Pure
+// probe_mma.comp: a microbenchmark, not a kernel of the engine (tools/vulkan_probe.py). Pure
 // cooperative-matrix multiply-add throughput with the operands in registers: each subgroup loads
 // one A (CM_M x CM_K) and one B (CM_K x CM_N) once, then runs ITERS x NACC independent
 // coopMatMulAdd chains (NACC accumulators, so NACC products are in flight per subgroup) and stores

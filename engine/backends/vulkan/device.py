@@ -386,7 +386,7 @@ def _open(instance: Any, messenger: Any, messages: list[str], index: int | None)
         dev_exts.append(coopmat.EXTENSION)
     feat_next = coopmat.chain(cmat, feat_next)
 
-    # Pipeline statistics (registers, spills per shader) for scripts/vulkan_probe.py only:
+    # Pipeline statistics (registers, spills per shader) for tools/vulkan_probe.py only:
     # FLEETTUNE_VK_STATS=1 enables VK_KHR_pipeline_executable_properties where offered.
     stats = bool(os.environ.get("FLEETTUNE_VK_STATS")) and STATS_EXTENSION in exts
     if stats:

@@ -1,4 +1,4 @@
-"""A bare runner for Vulkan microbenchmarks (scripts/vulkan_probe.py): buffers of a chosen memory
+"""A bare runner for Vulkan microbenchmarks (tools/vulkan_probe.py): buffers of a chosen memory
 type, pipelines from the probe shaders, and command buffers timed three ways at once: GPU
 timestamps around the whole batch (TOP_OF_PIPE then BOTTOM_OF_PIPE), per-dispatch timestamps
 (BOTTOM_OF_PIPE pairs, as engine.backends.vulkan.stream records them), and the host's wall time

@@ -1,4 +1,4 @@
-"""What the Vulkan probe (engine.backends.vulkan.probe, scripts/vulkan_probe.py) compiles: its
+"""What the Vulkan probe (engine.backends.vulkan.probe, tools/vulkan_probe.py) compiles: its
 configs and ``PROBE_BUILDS``, every (shader, defines) pair. A leaf module: ``python -m
 engine.backends.vulkan.spirv`` precompiles these with the backend's builds without importing the
 probe (which imports spirv to compile)."""

@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="cache dir (default: the usual one)")
     args = ap.parse_args(argv)
     root = args.out or cache_dir()
-    builds = all_builds() + PROBE_BUILDS  # the microbenchmarks' too (scripts/vulkan_probe.py)
+    builds = all_builds() + PROBE_BUILDS  # the microbenchmarks' too (tools/vulkan_probe.py)
     for shader, defines in builds:
         compile_spirv(shader, defines, root)
     print(f"{len(builds)} SPIR-V builds in {root}")

@@ -237,7 +237,7 @@ _MOE_DMMV = (
     ),
     # topk_regs on by default: the same ids and weights as 0 by construction (same rounds,
     # comparisons and ties), so validate's verdict is 0's; H200, 2026-12-01 (helper moedec's
-    # checkpoint, scripts/bench_moe_dec.py at the 35B-A3B's shape): NMSE against NumPy 1.1e-14
+    # checkpoint, bench/bench_moe_dec.py at the 35B-A3B's shape): NMSE against NumPy 1.1e-14
     # with and without it (tests/test_cuda_moe_dec.py checks the bits, ties included)
     Param(
         "topk_regs",
@@ -362,9 +362,9 @@ _MOE_DMMV_HOST = tuple(
 # 35b-a3b until validate borrowed drift-explained routings (engine.validate): the kernel agrees
 # with dmmv to NMSE 2.7e-7 on the reference's own inputs at every layer, and the failure was 6
 # routing flips outside route_tie across 10 prompts, each with the router's logits within the
-# fp16 op bound (scripts/moe_drift.py, docs/verify.md). Its decode (T == 1), the per-token
-# reference and chunks below prefill.gemm_min_t run dmmv's kernels at dmmv's knob defaults.
-# grouped at decode is dmmv too (same kernels and knobs).
+# fp16 op bound (scripts/moe_drift.py in git history, docs/verify.md). Its decode (T == 1), the
+# per-token reference and chunks below prefill.gemm_min_t run dmmv's kernels at dmmv's knob
+# defaults. grouped at decode is dmmv too (same kernels and knobs).
 # mmvq: int8 activations (the looser numeric class), so never the default.
 REGISTRY.register(
     B,

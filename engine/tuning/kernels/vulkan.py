@@ -712,9 +712,9 @@ REGISTRY.register(
                     "prefetch",
                     (1, 2),
                     # 2 (helper vk checkpoint, H200, 7B shapes at T = 512, GPU timestamps,
-                    # scripts/vulkan_resident_bench.py): 3584x3584 82 -> 96, 18944x3584 137 ->
+                    # bench/vulkan_resident_bench.py): 3584x3584 82 -> 96, 18944x3584 137 ->
                     # 156, 3584x18944 75 -> 90, 37888x3584 151 -> 169 TFLOP/s; the 7B pp512
-                    # prefill GEMMs 70.2 -> 60.7 ms (scripts/vulkan_profile.py,
+                    # prefill GEMMs 70.2 -> 60.7 ms (scripts/vulkan_profile.py (git history),
                     # res_su_int8_fa_k64_fl -> _pf2); bit-identical to 1 in the GPU tests
                     2,
                     "k-steps ahead that the tile loads are issued (2: two register sets, each "
