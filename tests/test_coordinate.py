@@ -239,7 +239,7 @@ def test_decode_h200_holds_the_hand_path_and_its_neighbourhood_fits_the_budget()
 
     exp = load_experiment(Path(__file__).resolve().parents[1] / "experiments/decode-h200.toml")
     starts = {s.name: s.config for s in exp.start}
-    assert list(starts)[-1] == "d17_vec_cl_w8" and {"dec8_split2", "d17_vec", "ptc_tc"} <= set(
+    assert list(starts)[-1] == "d17_vec_cl_w8" and {"dec8_split2", "d17_vec", "tc_attn"} <= set(
         starts
     )
     best = TuningConfig.default("cuda").replace(**starts["d17_vec_cl_w8"])
@@ -248,6 +248,9 @@ def test_decode_h200_holds_the_hand_path_and_its_neighbourhood_fits_the_budget()
         best.flat()["attention_decode.cluster"] == 1 and best.flat()["attention_decode.warps"] == 8
     )
     assert best.flat()["matmul_decode.split_k"] == 2 and best.problems() == []
+    # a 16 GiB card's budget: the starts hold the weights quantized (no resident fp16 copies)
+    assert all("matmul_prefill.variant" not in c for c in starts.values())
+    assert exp.memory.context_tokens == 4096 and exp.memory.budget_bytes < 16 * 2**30
     space = exp.search_space("cuda")
     params = space.params_of(best.flat())
     assert params is not None
