@@ -161,3 +161,30 @@ def test_engine_default_context_is_the_experiments() -> None:
     from worker.records import MemoryPlan
 
     assert DEFAULT_CONTEXT == MemoryPlan().context_tokens
+
+
+def test_objective_at_the_served_context() -> None:
+    """``prompt_tokens = "served"``: decode measured at the [memory] context (the prompt fills
+    it less the generated tokens), named by its length; the target may name it as @served."""
+    from agent.experiment import ExperimentError, parse_experiment
+    from worker.records import Objective
+
+    served = {"metric": "decode_tok_s", "prompt_tokens": "served", "gen_tokens": 8}
+    data = {
+        "models": ["synthetic:tiny"],
+        "backends": ["numpy"],
+        "objectives": [{"metric": "decode_tok_s", "prompt_tokens": 16}, served],
+        "memory": {"context_tokens": 96},
+        "acceptance": {"target": "decode_tok_s@served"},
+    }
+    exp = parse_experiment(data)
+    assert exp.objectives[1] == Objective("decode_tok_s", 88, 8)
+    assert exp.acceptance.target == "decode_tok_s@88" and exp.bench.objectives == exp.objectives
+    default = parse_experiment({**data, "memory": {}, "acceptance": {}})
+    assert default.objectives[1].prompt_tokens == DEFAULT_CONTEXT - 8
+    with pytest.raises(ExperimentError, match="context_tokens 8 leaves no prompt before 8"):
+        parse_experiment({**data, "memory": {"context_tokens": 8}})
+    with pytest.raises(
+        ExperimentError, match=r'prompt_tokens = \'all\': a number of tokens or "served"'
+    ):
+        parse_experiment({**data, "objectives": [{**served, "prompt_tokens": "all"}]})
