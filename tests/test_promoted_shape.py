@@ -147,6 +147,12 @@ def test_engine_says_which_promoted_file_it_loaded_and_why(
     assert f"config: file:{mine} (--config)" in capsys.readouterr().out
     assert main([*argv, "--repeats", "1", "--no-promoted", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["config_source"]["kind"] == "default"
+    model = ["--model", str(tiny_model_path), "--json"]
+    assert main(["run", *model, "--prompt", "Hi", "--max-tokens", "2"]) == 0
+    assert json.loads(capsys.readouterr().out)["config_source"]["path"] == str(q)
+    assert main(["run", *model, "--prompt", "Hi", "--max-tokens", "2", "--context", "8192"]) == 0
+    src = json.loads(capsys.readouterr().out)["config_source"]
+    assert src["path"] == str(q) and "context 4096 < serving 8192" in src["reason"]
 
 
 def test_context_flag_refuses_nonsense(capsys, tiny_model_path: Path) -> None:
