@@ -395,18 +395,21 @@ def cmd_info(args: argparse.Namespace) -> int:
     from engine.gguf_model import open_model
     from engine.roofline import gguf_tensors, model_work
     from engine.runtime import resolve_model_path
+    from engine.tuning.shape import shape_of
 
     m = open_model(resolve_model_path(args.model))
     work = model_work(m.spec, gguf_tensors(m))
+    shape = shape_of(m)
     obj = {
         "path": str(m.path),
         "bytes": m.file_bytes,
+        "shape_key": shape.key,  # what promoted configs are keyed by (configs/README.md)
         "spec": asdict(m.spec),
         "quant_types": m.quant_summary(),
         "work_per_token": asdict(work),
     }
     text = "\n".join(
-        [f"{m.path} ({m.file_bytes / 2**20:.1f} MiB)"]
+        [f"{m.path} ({m.file_bytes / 2**20:.1f} MiB)", f"  shape key: {shape.key}"]
         + [f"  {k}: {v}" for k, v in asdict(m.spec).items()]
         + [f"  tensors: {m.quant_summary()}"]
         + [

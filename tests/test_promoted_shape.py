@@ -148,6 +148,8 @@ def test_engine_says_which_promoted_file_it_loaded_and_why(
     assert main([*argv, "--repeats", "1", "--no-promoted", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["config_source"]["kind"] == "default"
     model = ["--model", str(tiny_model_path), "--json"]
+    assert main(["info", *model]) == 0
+    assert json.loads(capsys.readouterr().out)["shape_key"] == TINY.key
     assert main(["run", *model, "--prompt", "Hi", "--max-tokens", "2"]) == 0
     assert json.loads(capsys.readouterr().out)["config_source"]["path"] == str(q)
     assert main(["run", *model, "--prompt", "Hi", "--max-tokens", "2", "--context", "8192"]) == 0
