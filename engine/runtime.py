@@ -37,7 +37,7 @@ class ConfigSource:
     shape_key: str = ""  # the model's shape (engine/tuning/shape.py)
     context_tokens: int = 0  # the context served, which chose among promoted files
 
-    def __str__(self) -> str:  # "default", "promoted:<path>", "file:<path>", "given"
+    def __str__(self) -> str:  # default, promoted:<path>, file:<path> or given
         return f"{self.kind}:{self.path}" if self.path else self.kind
 
     def to_dict(self) -> dict[str, Any]:
@@ -52,7 +52,7 @@ class Engine:
 
     @property
     def config_source(self) -> str:
-        """ "default", "promoted:<path>", "file:<path>" or "given"."""
+        """The source in one word: default, promoted:<path>, file:<path> or given."""
         return str(self.source)
 
     @property
