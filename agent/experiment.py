@@ -238,25 +238,45 @@ def _space(value: Any) -> tuple[BackendSpace, ...]:
     return tuple(out)
 
 
-def _objectives(value: Any) -> tuple[Objective, ...]:
+SERVED = "served"  # [[objectives]] prompt_tokens = "served": at the [memory] context
+
+
+def _objectives(value: Any, context_tokens: int) -> tuple[tuple[Objective, ...], dict[str, str]]:
+    """The objectives, and each served one's alias (``decode_tok_s@served`` -> its name).
+    ``prompt_tokens = "served"`` measures at the context the experiment serves: the prompt is
+    ``context_tokens - gen_tokens`` long, so the last step attends over the whole context."""
     if not isinstance(value, list) or not value:
         raise ExperimentError("objectives must be a non-empty array of [[objectives]] tables")
-    out = []
+    out, aliases = [], {}
     for i, item in enumerate(value):
         where = f"objectives[{i}]"
         item = _table(where, item)
         _keys(where, item, ("metric", "prompt_tokens", "gen_tokens"))
         metric = _choice(f"{where}.metric", item.get("metric"), METRICS)
-        n = _int(f"{where}.prompt_tokens", item.get("prompt_tokens", 16), lo=1)
         default_gen = 16 if metric == "decode_tok_s" else 1
         gen = _int(f"{where}.gen_tokens", item.get("gen_tokens", default_gen), lo=1)
         if metric == "decode_tok_s" and gen < 2:
             raise ExperimentError(f"{where}.gen_tokens = {gen}: decode needs at least 2 tokens")
+        prompt = item.get("prompt_tokens", 16)
+        if prompt == SERVED:
+            if context_tokens - gen < 1:
+                raise ExperimentError(
+                    f'{where}.prompt_tokens = "served": memory.context_tokens {context_tokens} '
+                    f"leaves no prompt before {gen} generated tokens"
+                )
+            n = context_tokens - gen
+            aliases[f"{metric}@{SERVED}"] = f"{metric}@{n}"
+        else:
+            if isinstance(prompt, str):
+                raise ExperimentError(
+                    f'{where}.prompt_tokens = {prompt!r}: a number of tokens or "served"'
+                )
+            n = _int(f"{where}.prompt_tokens", prompt, lo=1)
         out.append(Objective(metric, n, gen))
     names = [o.name for o in out]
     if len(set(names)) != len(names):
         raise ExperimentError(f"objectives: duplicates in {names}")
-    return tuple(out)
+    return tuple(out), aliases
 
 
 def _validate(value: Any) -> ValidatePlan:
@@ -338,7 +358,8 @@ def parse_experiment(data: Mapping[str, Any], source: str = "<memory>") -> Exper
         _choice("backends[]", b, known_backends())
     classes_raw = data.get("device_classes", "all")
     classes = None if classes_raw == "all" else _str_list("device_classes", classes_raw)
-    objectives = _objectives(data.get("objectives"))
+    memory = _memory(data.get("memory", {}))
+    objectives, served = _objectives(data.get("objectives"), memory.context_tokens)
 
     bench_t = _table("bench", data.get("bench", {}))
     _keys("bench", bench_t, ("pairs", "warmup"))
@@ -365,6 +386,7 @@ def parse_experiment(data: Mapping[str, Any], source: str = "<memory>") -> Exper
         ("target", "min_gain", "confidence", "max_regression", "resamples", "confirm"),
     )
     target = acc_t.get("target", objectives[0].name)
+    target = served.get(target, target)  # "decode_tok_s@served": the served objective's name
     _choice("acceptance.target", target, tuple(o.name for o in objectives))
     acceptance = Acceptance(
         target=target,
@@ -415,7 +437,7 @@ def parse_experiment(data: Mapping[str, Any], source: str = "<memory>") -> Exper
         promote=promote,
         description=_typed("description", data.get("description", ""), str, "a string"),
         start=_starts(data.get("start", []), backends),
-        memory=_memory(data.get("memory", {})),
+        memory=memory,
     )
     return _check_against_registry(exp)
 

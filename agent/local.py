@@ -136,7 +136,7 @@ class LocalRunner(Runner):
             if phase is Phase.INFO:
                 slot.info = ev.info()
             elif phase is Phase.LOAD:
-                self.strategy.got_family(slot, model, ev.load(model))
+                self.strategy.got_model(slot, model, ev.load(model))
             else:
                 self.strategy.got_aa(slot, model, ev.evaluate(*args))
         except Exception as e:  # noqa: BLE001 - the device or the model cannot be used

@@ -37,6 +37,7 @@ from agent.study import BASELINE, StudyState, study_name
 from agent.summary import RunSummary
 from engine.errors import EngineError
 from engine.tuning import REGISTRY, TuningConfig
+from engine.tuning.shape import ModelShape
 from worker.device import engine_commit
 from worker.records import EvalResult, Outcome
 
@@ -360,7 +361,9 @@ class Agent:
         self.runner.send(p)
 
     # --- decide and tell (the runner calls these) ----------------------------------------
-    def got_family(self, slot: Slot, model: str, family: str) -> None:
+    def got_model(self, slot: Slot, model: str, shape: ModelShape) -> None:
+        """A worker loaded ``model`` (its shape class): the study starts, from the promoted config
+        nearest to that shape and the experiment's served context, else the defaults."""
         key = (slot.device_class, model)
         if key in self.studies:
             return
@@ -368,22 +371,23 @@ class Agent:
 
         baseline = TuningConfig.default(slot.backend)
         source = "default"
-        found = find_promoted(
-            slot.backend, slot.device_class, family, root=self.promote_repo() / "configs"
-        )
+        ctx = self.exp.memory.context_tokens
+        root = self.promote_repo() / "configs"
+        found = find_promoted(slot.backend, slot.device_class, shape, ctx, root=root)
         if found:
-            baseline, path = found
-            source = f"promoted:{path}"
+            baseline, source = found.config, f"promoted:{found.path}"
+            log.info("%s on %s: baseline %s (%s)", model, slot.device_class, source, found.reason)
         st = StudyState(
             self.exp,
             slot.device_class,
             slot.backend,
             model,
-            family,
+            shape.family,
             self.storage,
             baseline.flat(),
             source,
         )
+        st.shape = shape
         if st.interrupted_on_resume:
             log.info("%s: resumed; %d interrupted trials failed", st.name, st.interrupted_on_resume)
         if st.space_changed:
@@ -592,8 +596,12 @@ class Agent:
         from agent.promote import PromotionRefused, promote, still_there
         from engine.tuning.promoted import promoted_path
 
+        if st.shape is None:  # got_model sets it: a study the agent started always has one
+            self.promotion_errors[st.name] = "no model shape to key the promotion by"
+            return
         repo, branch = self.promote_repo().resolve(), self.exp.promote.branch
-        rel = promoted_path(st.device_class, st.family, repo / "configs").relative_to(repo)
+        ctx = self.exp.memory.context_tokens
+        rel = promoted_path(st.device_class, st.shape, ctx, repo / "configs").relative_to(repo)
         note = ""
         try:
             cfg = st.resolve(st.best.config)
@@ -614,7 +622,8 @@ class Agent:
             prom = promote(
                 repo,
                 st.device_class,
-                st.family,
+                st.shape,
+                ctx,
                 cfg,
                 report.evidence(self.exp, self.opts.storage.display, st, rec),
                 branch,

@@ -1,12 +1,14 @@
-"""Promotion: write ``configs/<device class>/<model family>.toml`` with its evidence and commit it
-to the main branch of the promote repository, touching nothing else.
+"""Promotion: write ``configs/<device class>/<family>/<shape key>.ctx<context>.toml`` (keyed by
+what it was tuned on: engine/tuning/promoted.py) with its evidence and commit it to the main
+branch of the promote repository, touching nothing else.
 
 Refuses (``PromotionRefused``, a clear message, nothing written) when the repository is missing,
 not git, not on the promotion branch, when the index already holds staged changes (the commit
 would carry them), or when the config file itself has uncommitted edits or is untracked (a
 hand-written file). A commit that fails (hook, identity, timeout) is rolled back: the file is
 unstaged and restored. The file is a TuningConfig TOML (``backend`` + ``[ops.*]``) plus an
-``[evidence]`` table that ``TuningConfig.from_toml`` ignores.
+``[evidence]`` table that ``TuningConfig.from_toml`` ignores; its ``tuned_on`` table records the
+model shape and the served context that the path is keyed by.
 
 A promotion belongs to a (repository, branch): ``still_there`` tells whether a recorded one is
 on that branch now (its commit reachable, the file at the branch head holding its config).
@@ -23,7 +25,8 @@ from typing import Any
 
 from engine.errors import EngineError
 from engine.tuning import TuningConfig
-from engine.tuning.promoted import promoted_path
+from engine.tuning.promoted import promoted_path, tuned_on
+from engine.tuning.shape import ModelShape
 
 
 class PromotionRefused(EngineError):
@@ -60,8 +63,9 @@ def _git(repo: Path, *args: str, check: bool = True) -> str:
 
 def config_text(config: TuningConfig, evidence: dict[str, Any]) -> str:
     header = (
-        "# Promoted by the fleettune agent. The engine loads this for its device class and model\n"
-        "# family at start-up; --config overrides it. [evidence] says why it won.\n"
+        "# Promoted by the fleettune agent. The engine loads the promoted config nearest to its\n"
+        "# device class, model shape and served context at start-up ([evidence.tuned_on] says\n"
+        "# what this one was tuned on); --config overrides it. [evidence] says why it won.\n"
     )
     return header + config.to_toml() + "\n" + evidence_toml({"evidence": evidence})
 
@@ -172,24 +176,28 @@ def _flat(data: dict[str, Any]) -> dict[str, Any]:
 def promote(
     repo: Path,
     device_class: str,
-    family: str,
+    shape: ModelShape,
+    context_tokens: int,
     config: TuningConfig,
     evidence: dict[str, Any],
     branch: str = "main",
 ) -> Promotion:
-    """Write and commit the promoted config; returns where and which commit."""
+    """Write and commit the config promoted for this device class, model shape and served
+    context (recorded in the evidence's ``tuned_on``); returns where and which commit."""
     repo = repo.resolve()
-    path = promoted_path(device_class, family, repo / "configs")
+    path = promoted_path(device_class, shape, context_tokens, repo / "configs")
     rel = path.relative_to(repo)
     check_repo(repo, rel, branch)
+    evidence = {"tuned_on": tuned_on(shape, context_tokens), **evidence}  # the path's key
     text = config_text(config, evidence)
     message = (
-        f"promote {device_class}/{family}: {evidence.get('target', '')} "
+        f"promote {device_class}/{shape.family}/{shape.key} ctx{context_tokens}: "
+        f"{evidence.get('target', '')} "
         f"x{evidence.get('ratio', 0):.3f} (lower bound {evidence.get('lower_bound', 0):.3f}), "
         f"{evidence.get('study', '')} trial {evidence.get('trial', '')}"
     )
     before = _git(repo, "rev-parse", "--verify", "-q", "HEAD", check=False)
-    new_dirs = [d for d in (path.parent, path.parent.parent) if not d.exists()]
+    new_dirs = [d for d in (path.parent, *path.parents[1:3]) if not d.exists()]
     path.parent.mkdir(parents=True, exist_ok=True)
     old = path.read_text() if path.exists() else None
 

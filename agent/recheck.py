@@ -1,11 +1,12 @@
 """Re-validation of promoted configs when the drift-sentinel key changed.
 
-A promoted config (configs/<device class>/<family>.toml) records in its ``[evidence]`` the
-sentinel key it was validated under (engine.sentinel.cache_key: backend, device class, driver,
-engine version, family). Under the same key the verdict stands; under another one (a new driver,
-a new engine build) it is no longer evidence, and the config is validated again before it is
-trusted: teacher-forced ``engine.validate`` with the registry's class budgets, on the model named
-in the evidence when it is on this machine, else on a synthetic model of the config's family.
+A promoted config (configs/<device class>/<family>/<shape key>.ctx<N>.toml) records in its
+``[evidence]`` the sentinel key it was validated under (engine.sentinel.cache_key: backend,
+device class, driver, engine version, family). Under the same key the verdict stands; under
+another one (a new driver, a new engine build) it is no longer evidence, and the config is
+validated again before it is trusted: teacher-forced ``engine.validate`` with the registry's
+class budgets, on the model named in the evidence when it is on this machine, else on a
+synthetic model of the config's family.
 
 ``python -m agent recheck`` does it for every promoted config of this machine's device classes;
 the worker (worker/evaluator.py) does it for a promoted study baseline.
@@ -106,7 +107,7 @@ def recheck_file(
     if cfg.backend != backend.name:
         return None
     evidence = read_evidence(path)
-    family = str(evidence.get("model_family") or path.stem)
+    family = str(evidence.get("model_family") or path.parent.name)
     dev = backend.device_info()
     now = cache_key(backend.name, dev.device_class, dev.driver, engine_version, family)
     then = evidence_key(evidence, cfg.backend)
@@ -142,7 +143,8 @@ def recheck_all(
             folder = root / b.device_info().device_class
         except Exception as e:  # noqa: BLE001 - no device, no driver, no library: one line
             raise EngineError(f"backend {name} is not usable here: {e}") from None
-        for path in sorted(folder.glob("*.toml")) if folder.is_dir() else []:
+        # configs/<class>/<family>/<shape key>.ctx<N>.toml (engine/tuning/promoted.py)
+        for path in sorted(folder.glob("*/*.toml")) if folder.is_dir() else []:
             r = recheck_file(path, b, engine_version, force)
             if r is not None:
                 out.append(r)

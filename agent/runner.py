@@ -277,7 +277,7 @@ class RayRunner(Runner):
         if p.phase is Phase.INFO:
             self._got_info(slot, value)
         elif p.phase is Phase.LOAD:
-            self.strategy.got_family(slot, p.model, value)
+            self.strategy.got_model(slot, p.model, value)
         elif p.phase is Phase.AA:
             self.strategy.got_aa(slot, p.model, value)
         else:

@@ -25,6 +25,7 @@ from agent.records import Outcome, TrialRecord
 from agent.samplers import make_sampler
 from agent.space import SearchSpace, config_key, space_configs
 from engine.tuning import TuningConfig
+from engine.tuning.shape import ModelShape
 from worker.models import model_label
 
 log = logging.getLogger(__name__)
@@ -70,6 +71,7 @@ class StudyState:
         self.backend = backend
         self.model = model
         self.family = family
+        self.shape: ModelShape | None = None  # the model's shape class: keys its promotion
         self.name = study_name(exp.name, device_class, model)
         self.space: SearchSpace = exp.search_space(backend)  # resolved once, at load
         self.study = optuna.create_study(

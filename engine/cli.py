@@ -32,9 +32,26 @@ def _common(p: argparse.ArgumentParser, model: bool = True) -> None:
     p.add_argument(
         "--no-promoted",
         action="store_true",
-        help="ignore configs/<device class>/<family>.toml; use registry defaults",
+        help="ignore configs/<device class>/<family>/; use registry defaults",
+    )
+    p.add_argument(
+        "--context",
+        type=_positive_int,
+        default=None,
+        help="the context this run serves: picks the promoted config tuned nearest to it "
+        "(default 4096, an experiment's default [memory] context_tokens)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _positive_int(s: str) -> int:
+    try:
+        n = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}")
+    return n
 
 
 def _csv_ints(s: str) -> list[int]:
@@ -137,11 +154,23 @@ def _emit(args: argparse.Namespace, obj: dict[str, Any], text: str) -> None:
 def _load(args: argparse.Namespace):  # noqa: ANN202
     from engine.backends import default_device
     from engine.runtime import load
+    from engine.tuning.promoted import DEFAULT_CONTEXT
 
     device = args.device if args.device is not None else default_device(args.backend)
     return load(
-        args.model, args.backend, args.config, use_promoted=not args.no_promoted, device=device
+        args.model,
+        args.backend,
+        args.config,
+        use_promoted=not args.no_promoted,
+        device=device,
+        context_tokens=args.context or DEFAULT_CONTEXT,
     )
+
+
+def _source_line(eng: Any) -> str:
+    """Which config ran and why (a promoted one: the file and how near it is)."""
+    s = eng.source
+    return f"  config: {s} ({s.reason}); model shape {s.shape_key}, serving {s.context_tokens}"
 
 
 def _check_context(n_ctx: int, prompt: int, gen: int, what: str) -> None:
@@ -172,6 +201,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         "model": eng.gguf.spec.name,
         "backend": args.backend,
         "config": eng.config_source,
+        "config_source": eng.source.to_dict(),
         "prompt": args.prompt,
         "prompt_tokens": ids,
         "tokens": g.tokens,
@@ -229,7 +259,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if rep.blame is not None:
         lines.append(f"  first divergence: {rep.blame}")
     lines.append("  time: " + ", ".join(f"{k} {v:.1f} s" for k, v in rep.seconds.items()))
-    _emit(args, rep.to_dict(), "\n".join(lines))
+    lines.append(_source_line(eng))
+    _emit(args, {**rep.to_dict(), "config_source": eng.source.to_dict()}, "\n".join(lines))
     return 0 if rep.passed else 1
 
 
@@ -268,7 +299,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 f"[{r.decode_tok_s.min:.2f}..{r.decode_tok_s.max:.2f}]"
             )
         lines.append(s)
+    lines.append(_source_line(eng))
     doc = rep.to_dict()
+    doc["config_source"] = eng.source.to_dict()
     doc["roofline"] = _roofline(eng, rep, lines)
     if args.profile:
         from engine.bench import bench_prompt, measure
@@ -362,18 +395,21 @@ def cmd_info(args: argparse.Namespace) -> int:
     from engine.gguf_model import open_model
     from engine.roofline import gguf_tensors, model_work
     from engine.runtime import resolve_model_path
+    from engine.tuning.shape import shape_of
 
     m = open_model(resolve_model_path(args.model))
     work = model_work(m.spec, gguf_tensors(m))
+    shape = shape_of(m)
     obj = {
         "path": str(m.path),
         "bytes": m.file_bytes,
+        "shape_key": shape.key,  # what promoted configs are keyed by (configs/README.md)
         "spec": asdict(m.spec),
         "quant_types": m.quant_summary(),
         "work_per_token": asdict(work),
     }
     text = "\n".join(
-        [f"{m.path} ({m.file_bytes / 2**20:.1f} MiB)"]
+        [f"{m.path} ({m.file_bytes / 2**20:.1f} MiB)", f"  shape key: {shape.key}"]
         + [f"  {k}: {v}" for k, v in asdict(m.spec).items()]
         + [f"  tensors: {m.quant_summary()}"]
         + [

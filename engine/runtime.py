@@ -1,22 +1,24 @@
 """Loading an engine instance: model file (path or known checkpoint name) + backend + config.
 
-Config precedence: an explicit config (``--config``) > the promoted config for the device class
-and model family (configs/) > the registry defaults.
+Config precedence: an explicit config (``--config``) > the promoted config nearest to the model's
+shape and the served context for the device class and family (configs/, engine/tuning/promoted.py)
+> the registry defaults. ``Engine.source`` says which and why.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from engine import backends
 from engine.gguf_model import GGUFModel, open_model
 from engine.model import Model
 from engine.models import build_model
 from engine.tuning import TuningConfig
-from engine.tuning.promoted import find_promoted
+from engine.tuning.promoted import DEFAULT_CONTEXT, configs_dir, find_promoted
+from engine.tuning.shape import ModelShape, shape_of
 
 if TYPE_CHECKING:
     from engine.tokenizer import Tokenizer
@@ -24,11 +26,38 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class ConfigSource:
+    """Where the loaded config came from and why: kind "default", "promoted", "file" (--config)
+    or "given" (a TuningConfig passed in)."""
+
+    kind: str
+    path: str = ""
+    reason: str = ""
+    shape_key: str = ""  # the model's shape (engine/tuning/shape.py)
+    context_tokens: int = 0  # the context served, which chose among promoted files
+
+    def __str__(self) -> str:  # default, promoted:<path>, file:<path> or given
+        return f"{self.kind}:{self.path}" if self.path else self.kind
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source": str(self), **asdict(self)}
+
+
 @dataclass
 class Engine:
     model: Model
     gguf: GGUFModel
-    config_source: str  # "default", "promoted:<path>" or "file:<path>" / "given"
+    source: ConfigSource
+
+    @property
+    def config_source(self) -> str:
+        """The source in one word: default, promoted:<path>, file:<path> or given."""
+        return str(self.source)
+
+    @property
+    def shape(self) -> ModelShape:
+        return shape_of(self.gguf)
 
     @property
     def backend(self):  # noqa: ANN201 - engine.backends.base.Backend
@@ -57,28 +86,42 @@ def load(
     config: TuningConfig | str | Path | None = None,
     use_promoted: bool = True,
     device: int | None = None,
+    context_tokens: int = DEFAULT_CONTEXT,
 ) -> Engine:
-    """``device``: an index of the backend's ``list_devices()`` (None: its default choice)."""
+    """``device``: an index of the backend's ``list_devices()`` (None: its default choice).
+    ``context_tokens``: the context this engine serves, which picks among promoted configs."""
     path = resolve_model_path(model)
     gguf = open_model(path)
     be = backends.create(backend, device=device)
     device = be.device_info()
-    source = "default"
+    shape = shape_of(gguf)
     if isinstance(config, TuningConfig):
-        cfg, source = config, "given"
+        cfg, source = config, ConfigSource("given", reason="passed in")
     elif config is not None:
-        cfg, source = TuningConfig.from_toml(config, backend), f"file:{config}"
+        cfg = TuningConfig.from_toml(config, backend)
+        source = ConfigSource("file", str(config), "--config")
     else:
         cfg = TuningConfig.default(backend)
-        found = (
-            find_promoted(backend, device.device_class, gguf.spec.family) if use_promoted else None
-        )
-        if found:
-            cfg, p = found
-            source = f"promoted:{p}"
+        source = ConfigSource("default", reason="--no-promoted")
+        if use_promoted:
+            found = find_promoted(backend, device.device_class, shape, context_tokens)
+            if found:
+                cfg = found.config
+                source = ConfigSource("promoted", str(found.path), found.reason)
+            else:
+                where = configs_dir() / device.device_class / gguf.spec.family
+                source = ConfigSource(
+                    "default", reason=f"no promoted config for backend {backend} in {where}"
+                )
+    source = replace(source, shape_key=shape.key, context_tokens=context_tokens)
     cfg.check(device)
     be.set_config(cfg)
     log.info(
-        "loading %s on %s (%s), config: %s", path.name, device.name, device.device_class, source
+        "loading %s on %s (%s), config: %s (%s)",
+        path.name,
+        device.name,
+        device.device_class,
+        source,
+        source.reason,
     )
     return Engine(build_model(gguf, be), gguf, source)

@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFWriter, LlamaFileType, TokenType
@@ -30,10 +31,14 @@ from engine.quantize import QK_K, block_size, quantize, random_quantized, row_by
 from engine.synth_hybrid import (
     HYBRID_ARCHS,
     HYBRID_PRESETS,
+    MOE_ARCHS,
     HybridPreset,
     add_hybrid_metadata,
     hybrid_plan,
 )
+
+if TYPE_CHECKING:
+    from engine.tuning.shape import ModelShape
 
 ARCHS = ("qwen2", "llama", "qwen3", *HYBRID_ARCHS)
 
@@ -115,6 +120,55 @@ def _check_choice(what: str, value: object, allowed: Sequence[str]) -> None:
 def head_dim(arch: str, preset: Preset) -> int:
     """Attention head width D for this arch and shape."""
     return QWEN3_HEAD_DIM if arch == "qwen3" else preset.n_embd // preset.n_head
+
+
+def preset_shape(arch: str, preset: str, quant_mix: str = "q4_k_m") -> ModelShape:
+    """The shape class (engine.tuning.shape) of the file ``write_synthetic`` writes for these
+    arguments, without writing it (the 35b-a3b file is 21 GB): what a synthetic run tuned on."""
+    from engine.gguf_model import HYBRID_ARCHITECTURES, ModelSpec, MoESpec, SSMSpec
+    from engine.tuning.shape import file_type_name, model_shape
+
+    _check_choice("architecture", arch, ARCHS)
+    presets = HYBRID_PRESETS if arch in HYBRID_ARCHS else PRESETS
+    _check_choice(f"preset for {arch}", preset, tuple(presets))
+    _check_choice("quant mix", quant_mix, QUANT_MIXES)
+    p = presets[preset]
+    hybrid: dict = {}
+    if isinstance(p, HybridPreset):
+        ssm = SSMSpec(
+            p.d_conv, p.n_k_heads, p.n_v_heads, p.head_k_dim, p.head_v_dim,
+            HYBRID_ARCHITECTURES[arch],
+        )  # fmt: skip
+        moe = (
+            MoESpec(p.n_expert, p.n_expert_used, p.n_ff_exp, p.n_ff_shexp)
+            if arch in MOE_ARCHS
+            else None
+        )
+        recurrent = tuple((i + 1) % p.interval != 0 for i in range(p.n_layer))
+        hybrid = {"ssm": ssm, "moe": moe, "recurrent": recurrent, "rope_dim": p.rope_dim}
+        d = p.head_dim
+    else:
+        d = head_dim(arch, p)
+    spec = ModelSpec(
+        arch=arch,
+        name=f"synthetic-{arch}-{preset}-{quant_mix}",
+        n_layers=p.n_layer,
+        n_embd=p.n_embd,
+        n_ff=p.n_ff,
+        n_head=p.n_head,
+        n_head_kv=p.n_head_kv,
+        head_dim=d,
+        n_vocab=p.n_vocab,
+        n_ctx_train=p.n_ctx,
+        rope_theta=p.rope_base,
+        rms_eps=p.rms_eps,
+        rope_neox=arch != "llama",
+        attn_bias=False,
+        qk_norm=False,
+        tied_embeddings=False,
+        **hybrid,
+    )
+    return model_shape(spec, file_type_name(int(_FILE_TYPES[quant_mix])))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import optuna
@@ -19,9 +20,12 @@ from agent.experiment import parse_experiment
 from agent.loop import RunOptions, run_experiment
 from agent.records import Outcome, TrialRecord
 from agent.storage import parse_storage
+from engine.synth import preset_shape
 from engine.tuning import TuningConfig
 from engine.tuning.promoted import find_promoted
 from worker import testing
+
+TINY = preset_shape("qwen2", "tiny")  # tiny_model_path's shape
 
 
 def _experiment(model: str) -> dict:
@@ -57,10 +61,12 @@ def test_local_run_finds_promotes_and_resumes_without_ray(
     from agent.promote import promote
 
     slow = TuningConfig.default(testing.NAME).replace(**{"matmul_prefill.variant": "slow"})
-    promote(repo, "cpu-sim", "qwen2", slow, {"seeded": True})
+    seed = promote(repo, "cpu-sim", TINY, 8192, slow, {"seeded": True})
+    seed_text = seed.path.read_text()
     data = _experiment(str(tiny_model_path))
     variants = ["cached_f32", "slow", "wrong", "nocompile", "raises"]
     data |= {
+        "memory": {"context_tokens": 2048},  # the seed, tuned at 8192, is the nearest above
         "backends": [testing.NAME],
         "space": {testing.NAME: {"matmul_prefill": {"variants": variants}}},
         "budget": {"trials": 5, "trial_timeout_s": 120},
@@ -76,8 +82,18 @@ def test_local_run_finds_promotes_and_resumes_without_ray(
     assert s.device_class == "cpu-sim" and s.evaluated == 5, summary.text()
     assert s.changed["matmul_prefill.variant"] == ["slow", "cached_f32"], summary.text()
     assert s.ratio > 1.05 and s.promotion and s.promotion["commit"]
-    found = find_promoted(testing.NAME, "cpu-sim", "qwen2", root=repo / "configs")
-    assert found is not None and found[0].op("matmul_prefill").variant == "cached_f32"
+    # promoted under the model's shape and the served context, which its evidence records
+    found = find_promoted(testing.NAME, "cpu-sim", TINY, 2048, root=repo / "configs")
+    assert found is not None and found.config.op("matmul_prefill").variant == "cached_f32"
+    assert found.path == repo / f"configs/cpu-sim/qwen2/{TINY.key}.ctx2048.toml"
+    assert found.path == Path(s.promotion["path"])
+    assert found.reason == f"exact shape {TINY.key}; context 2048 = serving 2048"
+    evidence = tomllib.loads(found.path.read_text())["evidence"]
+    assert evidence["baseline_source"] == f"promoted:{seed.path}"
+    tuned = evidence["tuned_on"]
+    assert tuned["shape_key"] == TINY.key and tuned["context_tokens"] == 2048
+    assert tuned["dims"] == dict(TINY.dims) and tuned["quant"] == "q4_k_m"
+    assert seed.path.read_text() == seed_text  # the 8192 promotion stays as it was
     ran = [r for r in _records(storage) if r.outcome.spends_budget]
     recs = {r.config.get("matmul_prefill.variant"): r for r in ran}
     assert recs["slow"].role == "baseline" and recs["slow"].worker.backend == testing.NAME
@@ -109,7 +125,7 @@ def test_a_stopped_run_promotes_the_best_it_accepted(
     from agent.promote import promote
 
     slow = TuningConfig.default(testing.NAME).replace(**{"matmul_prefill.variant": "slow"})
-    promote(repo, "cpu-sim", "qwen2", slow, {"seeded": True})  # the baseline: a slowed matmul
+    promote(repo, "cpu-sim", TINY, 4096, slow, {"seeded": True})  # the baseline: a slowed matmul
     data = _experiment(str(tiny_model_path))
     data |= {
         "backends": [testing.NAME],
@@ -142,8 +158,8 @@ def test_a_stopped_run_promotes_the_best_it_accepted(
     opts = RunOptions(parse_storage(storage), promote_repo=repo, local=True, setup=testing.install)
     with pytest.raises(KeyboardInterrupt):
         run_experiment(exp, opts)
-    found = find_promoted(testing.NAME, "cpu-sim", "qwen2", root=repo / "configs")
-    assert found is not None and found[0].op("matmul_prefill").variant == "cached_f32"
+    found = find_promoted(testing.NAME, "cpu-sim", TINY, root=repo / "configs")
+    assert found is not None and found.config.op("matmul_prefill").variant == "cached_f32"
     (promotion,) = agents[-1].promotions.values()
     assert promotion["action"] == "committed" and promotion["commit"]
     outcomes = [r.outcome for r in _records(storage)]

@@ -17,9 +17,12 @@ from agent.records import BUDGET_OUTCOMES
 from agent.space import config_key
 from agent.storage import parse_storage
 from engine import backends as engine_backends
+from engine.synth import preset_shape
 from engine.tuning import TuningConfig
 from engine.tuning.promoted import evidence_key, find_promoted, read_evidence
 from worker import testing
+
+TINY = preset_shape("qwen2", "tiny")  # tiny_model_path's shape
 
 
 @pytest.fixture(scope="module")
@@ -67,14 +70,15 @@ def test_whole_loop_promotes_a_real_win(
     backend: str, model_ref: str, repo: Path, tmp_path: Path
 ) -> None:
     """Baseline = a promoted slow config; the search finds the fast one, validates it, measures
-    it paired, accepts it and commits configs/<class>/qwen2.toml; a rerun resumes the study."""
+    it paired, accepts it and commits configs/<class>/qwen2/<shape>.ctx4096.toml; a rerun resumes
+    the study."""
     from agent.promote import promote
 
     device = engine_backends.create(backend).device_info()
     if backend == "numpy":
         slow = TuningConfig.default("numpy").replace(**{"prefill.chunk_tokens": 1})  # 24 chunks
         space = {"numpy": {"prefill": {"chunk_tokens": [1, 8, 16, 32]}}}
-        promote(repo, device.device_class, "qwen2", slow, {"seeded": True})
+        promote(repo, device.device_class, TINY, 4096, slow, {"seeded": True})
     else:
         space = {backend: {"prefill": {"chunk_tokens": [8, 16, 32, 64]}}}
     storage = str(tmp_path / "studies.db")
@@ -95,16 +99,16 @@ def test_whole_loop_promotes_a_real_win(
         assert not s.best_is_baseline, summary.text()
         assert s.changed["prefill.chunk_tokens"][0] == 1 and s.ratio > 1.05
         assert s.promotion and s.promotion["commit"]
-        found = find_promoted("numpy", device.device_class, "qwen2", root=repo / "configs")
+        found = find_promoted("numpy", device.device_class, TINY, root=repo / "configs")
         assert found is not None
-        assert found[0].prefill_chunk > 1
+        assert found.config.prefill_chunk > 1
         # the seeded promotion records no sentinel key: the worker re-validated it first; the
         # new promotion records the key it was validated under
         rv = recs[0].user_attrs["revalidation"]
         assert rv["revalidated"] and rv["passed"], rv
         assert rv["changes"] == ["the evidence records no sentinel key"]
         assert "re-validated" in recs[0].user_attrs["reason"]
-        assert evidence_key(read_evidence(found[1])) == rv["key"]
+        assert evidence_key(read_evidence(found.path)) == rv["key"]
     # The agent's own seconds per trial (dispatch, storage, decisions), absolute: these CPU trials
     # take 0.1-0.6 s, so a fraction of them swings with the machine's load (1.3 seen on a busy
     # 2-core box) while a per-trial poll or sleep in the agent shows as seconds. On the H200 the
@@ -126,7 +130,7 @@ def test_accepted_candidate_is_confirmed_on_another_worker(
     from agent.promote import promote
 
     slow = TuningConfig.default("numpy").replace(**{"prefill.chunk_tokens": 1})
-    promote(repo, "cpu", "qwen2", slow, {"seeded": True})
+    promote(repo, "cpu", TINY, 4096, slow, {"seeded": True})
     exp = parse_experiment(
         experiment(model_ref, "numpy", space={"numpy": {"prefill": {"chunk_tokens": [1, 32]}}})
     )
@@ -349,7 +353,7 @@ def test_a_promotion_belongs_to_its_repository_and_branch(
     from agent.promote import promote
 
     slow = TuningConfig.default("numpy").replace(**{"prefill.chunk_tokens": 1})
-    promote(repo, "cpu", "qwen2", slow, {"seeded": True})
+    promote(repo, "cpu", TINY, 4096, slow, {"seeded": True})
     storage = str(tmp_path / "studies.db")
     first = _seeded_run(model_ref, storage, repo)
     (s,) = first.studies
@@ -420,15 +424,18 @@ def test_a_study_that_cannot_start_names_the_cause_and_exits_1(
 def test_a_refused_promotion_exits_1_and_overwrites_nothing(
     model_ref: str, repo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A hand-written, untracked configs/cpu/qwen2.toml (here a slow one, so the search wins
-    against it) was replaced and committed over, and the run exited 0."""
-    from agent.cli import main
-    from engine.tuning.promoted import promoted_path
+    """A hand-written, untracked promoted file (here a slow one, so the search wins against
+    it) was replaced and committed over, and the run exited 0."""
+    import tomli_w
 
-    hand = promoted_path("cpu", "qwen2", repo / "configs")
+    from agent.cli import main
+    from engine.tuning.promoted import promoted_path, tuned_on
+
+    hand = promoted_path("cpu", TINY, 4096, repo / "configs")
     hand.parent.mkdir(parents=True)
     slow = TuningConfig.default("numpy").replace(**{"prefill.chunk_tokens": 1})
-    hand.write_text("# written by hand\n" + slow.to_toml())
+    ev = tomli_w.dumps({"evidence": {"tuned_on": tuned_on(TINY, 4096)}})
+    hand.write_text("# written by hand\n" + slow.to_toml() + "\n" + ev)
     written = hand.read_text()
     exp = tmp_path / "e.toml"
     exp.write_text(

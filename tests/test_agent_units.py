@@ -19,6 +19,7 @@ from agent.experiment import ExperimentError, load_experiment, parse_experiment
 from agent.promote import PromotionRefused, evidence_toml, promote
 from agent.space import build_space, config_key
 from agent.stats import aa_noise, order_bounds, paired_ratio
+from engine.synth import preset_shape
 from engine.tuning import TuningConfig
 from engine.tuning.promoted import find_promoted
 from worker import ray_auth
@@ -27,6 +28,8 @@ from worker.device import NodeDevices, backends_for, device_classes_in
 from worker.records import EvalResult, Outcome, PairedSamples
 
 ROOT = Path(__file__).resolve().parents[1]
+TINY = preset_shape("qwen2", "tiny")  # the shape promotions below are keyed by
+TINY_REL = f"configs/cpu/qwen2/{TINY.key}.ctx4096.toml"
 MINIMAL = {
     "models": ["synthetic:tiny"],
     "backends": ["numpy"],
@@ -334,13 +337,18 @@ def _git(repo: Path, *args: str) -> str:
 def test_promotion_commits_only_the_config(repo: Path) -> None:
     cfg = TuningConfig.default("numpy").replace(**{"prefill.chunk_tokens": 64})
     (repo / "unrelated.txt").write_text("work in progress\n")  # untracked: must stay out
-    p = promote(repo, "cpu", "qwen2", cfg, {"trial": 4, "ratio": 1.2, "target": "x"})
-    assert _git(repo, "show", "--name-only", "--format=", p.commit) == "configs/cpu/qwen2.toml"
+    p = promote(repo, "cpu", TINY, 4096, cfg, {"trial": 4, "ratio": 1.2, "target": "x"})
+    assert _git(repo, "show", "--name-only", "--format=", p.commit) == TINY_REL
     assert "unrelated.txt" in _git(repo, "status", "--porcelain")
-    found = find_promoted("numpy", "cpu", "qwen2", root=repo / "configs")
-    assert found is not None and found[0] == cfg
-    assert tomllib.loads(p.path.read_text())["evidence"]["trial"] == 4
-    again = promote(repo, "cpu", "qwen2", cfg, {"trial": 4, "ratio": 1.2, "target": "x"})
+    found = find_promoted("numpy", "cpu", TINY, 4096, root=repo / "configs")
+    assert found is not None and found.config == cfg and found.path == p.path
+    evidence = tomllib.loads(p.path.read_text())["evidence"]
+    assert evidence["trial"] == 4 and evidence["tuned_on"]["context_tokens"] == 4096
+    assert (
+        evidence["tuned_on"]["shape_key"] == TINY.key
+        and evidence["tuned_on"]["dims"]["layers"] == 2
+    )
+    again = promote(repo, "cpu", TINY, 4096, cfg, {"trial": 4, "ratio": 1.2, "target": "x"})
     assert again.commit == ""  # same content: no empty commit
 
 
@@ -349,21 +357,21 @@ def test_promotion_refuses_staged_changes_and_other_branches(repo: Path) -> None
     (repo / "README").write_text("changed\n")
     _git(repo, "add", "README")
     with pytest.raises(PromotionRefused, match="staged changes"):
-        promote(repo, "cpu", "qwen2", cfg, {})
+        promote(repo, "cpu", TINY, 4096, cfg, {})
     _git(repo, "reset", "-q")
     _git(repo, "checkout", "-q", "-b", "feature")
     with pytest.raises(PromotionRefused, match="not main"):
-        promote(repo, "cpu", "qwen2", cfg, {})
+        promote(repo, "cpu", TINY, 4096, cfg, {})
     assert not (repo / "configs").exists()
 
 
 def test_promotion_refuses_to_overwrite_an_untracked_config(repo: Path) -> None:
-    hand = repo / "configs" / "cpu" / "qwen2.toml"
+    hand = repo / TINY_REL
     hand.parent.mkdir(parents=True)
     hand.write_text("# mine\nbackend = 'numpy'\n")
     cfg = TuningConfig.default("numpy").replace(**{"prefill.chunk_tokens": 64})
-    with pytest.raises(PromotionRefused, match=r"configs/cpu/qwen2.toml exists but git does not"):
-        promote(repo, "cpu", "qwen2", cfg, {})
+    with pytest.raises(PromotionRefused, match=rf"{TINY_REL} exists but git does not"):
+        promote(repo, "cpu", TINY, 4096, cfg, {})
     assert hand.read_text() == "# mine\nbackend = 'numpy'\n"
     assert _git(repo, "log", "--format=%s") == "init"
 
@@ -376,18 +384,18 @@ def test_failed_promotion_commit_is_rolled_back(repo: Path) -> None:
     hook.chmod(0o755)
     cfg = TuningConfig.default("numpy").replace(**{"prefill.chunk_tokens": 64})
     with pytest.raises(PromotionRefused, match="rolled back.*policy says no"):
-        promote(repo, "cpu", "qwen2", cfg, {"trial": 1})
+        promote(repo, "cpu", TINY, 4096, cfg, {"trial": 1})
     assert _git(repo, "status", "--porcelain") == ""
     assert not (repo / "configs").exists()
     hook.unlink()
-    p = promote(repo, "cpu", "qwen2", cfg, {"trial": 1})  # nothing left in the way
-    assert _git(repo, "show", "--name-only", "--format=", p.commit) == "configs/cpu/qwen2.toml"
+    p = promote(repo, "cpu", TINY, 4096, cfg, {"trial": 1})  # nothing left in the way
+    assert _git(repo, "show", "--name-only", "--format=", p.commit) == TINY_REL
     # A failed update of an existing file restores the committed version.
     hook.write_text("#!/bin/sh\nexit 1\n")
     hook.chmod(0o755)
     committed = p.path.read_text()
     with pytest.raises(PromotionRefused, match="rolled back"):
-        promote(repo, "cpu", "qwen2", cfg.replace(**{"prefill.chunk_tokens": 32}), {"trial": 2})
+        promote(repo, "cpu", TINY, 4096, cfg.replace(**{"prefill.chunk_tokens": 32}), {"trial": 2})
     assert p.path.read_text() == committed and _git(repo, "status", "--porcelain") == ""
 
 
@@ -410,7 +418,7 @@ def test_a_recorded_promotion_is_checked_against_its_branch(repo: Path) -> None:
     from agent.promote import still_there
 
     cfg = TuningConfig.default("numpy").replace(**{"prefill.chunk_tokens": 64})
-    p = promote(repo, "cpu", "qwen2", cfg, {"trial": 1})
+    p = promote(repo, "cpu", TINY, 4096, cfg, {"trial": 1})
     rel = p.path.relative_to(repo)
     assert still_there(repo, "main", rel, p.commit, cfg) == ""
     assert "holds" in still_there(repo, "main", rel, p.commit, TuningConfig.default("numpy"))

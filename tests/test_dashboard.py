@@ -611,6 +611,7 @@ def test_fast_read_matches_the_storage_api(storage: Path) -> None:
 
 def test_promotion_history_from_git(tmp_path: Path) -> None:
     from agent.promote import promote
+    from engine.synth import preset_shape
     from engine.tuning import TuningConfig
 
     repo = tmp_path / "repo"
@@ -623,7 +624,7 @@ def test_promotion_history_from_git(tmp_path: Path) -> None:
     commits = []
     for i, cfg in enumerate((first, second)):
         ev = {"study": name, "trial": 2 + i, "target": "prefill_tok_s@64", "lower_bound": 1.1 + i}
-        prom = promote(repo, "r9700", "qwen2", cfg, ev)
+        prom = promote(repo, "r9700", preset_shape("qwen2", "tiny"), 4096, cfg, ev)
         commits.append(prom.commit)
     study = optuna.load_study(study_name=name, storage=storage)
     study.set_user_attr(

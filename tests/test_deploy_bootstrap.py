@@ -7,7 +7,7 @@
 4. `ray job submit --working-dir <copy of the checkout> -- python -m agent run
    experiments/quickstart.toml` with its storage and promote repository in a temp dir;
 5. the job succeeds, its study has trials that ran on the worker node, and a promotion, if the
-   agent accepted a candidate, is one commit of configs/<class>/<family>.toml.
+   agent accepted a candidate, is one commit of configs/<class>/<family>/<shape key>.ctx<N>.toml.
 
 Everything the test starts runs in its own process groups and is killed at the end, pass or
 fail; Ray's files live under a temp dir. Heavy (about two minutes on 2 cores): marked slow.

@@ -24,14 +24,20 @@ ENGINE = "0123456789abcdef0123456789abcdef01234567"
 
 
 def _write(root: Path, backend, flat: dict, model: Path, **key_over: str) -> Path:  # noqa: ANN001
-    """configs/<class>/qwen2.toml as agent/promote.py writes it, validated under the backend's
-    key with ``key_over`` changed."""
+    """configs/<class>/qwen2/<shape key>.ctx4096.toml as agent/promote.py writes it, validated
+    under the backend's key with ``key_over`` changed."""
+    from engine.gguf_model import open_model
+    from engine.tuning.promoted import promoted_path, tuned_on
+    from engine.tuning.shape import shape_of
+
     dev = backend.device_info()
     key = {**cache_key(backend.name, dev.device_class, dev.driver, ENGINE, "qwen2"), **key_over}
     cfg = TuningConfig.default(backend.name).replace(**flat)
-    path = root / dev.device_class / "qwen2.toml"
+    shape = shape_of(open_model(model))
+    path = promoted_path(dev.device_class, shape, 4096, root)
     path.parent.mkdir(parents=True, exist_ok=True)
     evidence = {"model": str(model), "model_family": "qwen2", "sentinel_key": key}
+    evidence["tuned_on"] = tuned_on(shape, 4096)
     path.write_text(config_text(cfg, evidence))
     return path
 

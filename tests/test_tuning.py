@@ -1,5 +1,5 @@
 """The tuning registry and TuningConfig: defaults, validation errors, TOML round trip,
-constraints, and promoted-config lookup."""
+constraints, and the committed promoted configs (lookup: tests/test_promoted_shape.py)."""
 
 from __future__ import annotations
 
@@ -67,16 +67,30 @@ def test_toml_round_trip(tmp_path):
 
 @pytest.mark.parametrize(
     "path",
-    sorted((Path(__file__).parents[1] / "configs").glob("*/*.toml")),
-    ids=lambda p: f"{p.parent.name}/{p.name}",
+    sorted((Path(__file__).parents[1] / "configs").glob("*/*/*.toml")),
+    ids=lambda p: f"{p.parents[1].name}/{p.parent.name}/{p.name[:24]}",
 )
 def test_committed_promoted_configs_load(path):
     """Every promoted file on main loads against today's registry: a knob removed or renamed,
     or a value no longer allowed, fails here rather than on the GPU node that loads it (the
-    eighth session removed matmul_decode.pipe*)."""
+    eighth session removed matmul_decode.pipe*). Each sits where its [evidence.tuned_on] keys
+    it, the engine finds it for that shape and context, and a synthetic model's shape is the
+    preset's."""
+    from engine.synth import preset_shape
+    from engine.tuning.promoted import read_evidence, read_tuned_on
+    from worker.models import is_synthetic, synthetic_args
+
     cfg = TuningConfig.from_toml(path)
     assert cfg.backend in REGISTRY.backends() and cfg.ops
-    assert find_promoted(cfg.backend, path.parent.name, path.stem, path.parents[1]) is not None
+    ev = read_evidence(path)
+    shape, ctx = read_tuned_on(ev, path)
+    root, device_class = path.parents[2], path.parents[1].name
+    assert promoted_path(device_class, shape, ctx, root) == path
+    found = find_promoted(cfg.backend, device_class, shape, ctx, root)
+    assert found is not None and found.path == path and found.reason.startswith("exact shape")
+    if is_synthetic(ev["model"]):
+        preset, arch, mix = synthetic_args(ev["model"])
+        assert preset_shape(arch, preset, mix) == shape
 
 
 def test_toml_errors_name_the_file(tmp_path):
@@ -145,35 +159,6 @@ def test_constraints_and_supports():
 def test_param_default_must_be_allowed():
     with pytest.raises(ValueError, match="default 3 not in"):
         Param("x", (1, 2), 3)
-
-
-def test_promoted_lookup(tmp_path):
-    assert find_promoted("numpy", "cpu", "qwen2", tmp_path) is None
-    p = promoted_path("cpu", "qwen2", tmp_path)
-    p.parent.mkdir(parents=True)
-    cfg = TuningConfig.default("numpy").replace(**{"prefill.chunk_tokens": 16})
-    p.write_text(cfg.to_toml())
-    found = find_promoted("numpy", "cpu", "qwen2", tmp_path)
-    assert found is not None and found[0] == cfg
-    assert find_promoted("vulkan", "cpu", "qwen2", tmp_path) is None  # other backend: skipped
-
-
-def test_engine_loads_the_promoted_config_for_its_device_class(
-    tmp_path, monkeypatch, tiny_model_path
-):
-    from engine.runtime import load
-
-    cfg = TuningConfig.default("numpy").replace(**{"prefill.chunk_tokens": 8})
-    p = promoted_path("cpu", "qwen2", tmp_path)
-    p.parent.mkdir(parents=True)
-    p.write_text(cfg.to_toml() + "\n[evidence]\ntrial = 7\n")
-    monkeypatch.setenv("FLEETTUNE_CONFIGS", str(tmp_path))
-    eng = load(tiny_model_path, "numpy")
-    assert eng.config_source == f"promoted:{p}" and eng.model.config.prefill_chunk == 8
-    override = tmp_path / "mine.toml"
-    override.write_text('backend = "numpy"\n[ops.prefill]\nchunk_tokens = 16\n')
-    assert load(tiny_model_path, "numpy", override).model.config.prefill_chunk == 16
-    assert load(tiny_model_path, "numpy", use_promoted=False).config_source == "default"
 
 
 def test_prefill_chunk_is_chunk_tokens_on_every_backend():

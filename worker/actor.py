@@ -15,6 +15,7 @@ from typing import Any
 import ray
 
 from engine.tuning import TuningConfig
+from engine.tuning.shape import ModelShape
 from worker.claim import claim_vulkan_device
 from worker.device import resource_name
 from worker.evaluator import Evaluator
@@ -44,7 +45,7 @@ class TuningWorker:
     def info(self) -> WorkerInfo:
         return self.evaluator.info()
 
-    def load(self, model_ref: str) -> str:
+    def load(self, model_ref: str) -> ModelShape:
         return self.evaluator.load(model_ref)
 
     def evaluate(

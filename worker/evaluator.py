@@ -24,6 +24,7 @@ from engine.errors import ConfigError, KernelCompileError, ReferenceDriftError
 from engine.model import Generation, Model
 from engine.runtime import Engine, load
 from engine.tuning import TuningConfig
+from engine.tuning.shape import ModelShape
 from engine.validate import tokenize_prompts, validate
 from worker import gpustate
 from worker.device import engine_commit
@@ -105,8 +106,9 @@ class Evaluator:
         return self._info
 
     # --- models -------------------------------------------------------------------------
-    def load(self, model_ref: str) -> str:
-        """Load a model once (the default config, no promoted one); returns its family. Raises
+    def load(self, model_ref: str) -> ModelShape:
+        """Load a model once (the default config, no promoted one); returns its shape class
+        (family, dimensions, quant mix: engine/tuning/shape.py), which keys its promotion. Raises
         ReferenceDriftError when this device's reference path fails the drift sentinel for the
         family: the worker refuses to tune, and the agent reports why."""
         if model_ref not in self._models:
@@ -120,7 +122,7 @@ class Evaluator:
             )
             self._check_reference(eng.model, eng.gguf.spec.family)
             self._models[model_ref] = _Loaded(eng, eng.gguf.spec.family, {})
-        return self._models[model_ref].family
+        return self._models[model_ref].engine.shape
 
     def _check_reference(self, model: Model, family: str) -> None:
         if not self.sentinel or self.backend.startswith("numpy"):  # NumPy is the oracle itself

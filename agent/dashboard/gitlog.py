@@ -1,9 +1,10 @@
 """Promotion history from git: every commit of a promoted config file, read-only.
 
 A study records only its latest promotion; the config file's git history holds all of them.
-For each commit that touched ``configs/<device class>/<family>.toml`` this reads the file as it
-was (``git show``), its ``[evidence]`` table and its tuning keys, and diffs the keys against the
-version before. A repository that is not reachable from here gives no history, not an error.
+For each commit that touched a promoted file (``configs/<class>/<family>/<key>.ctx<N>.toml``)
+this reads the file as it was (``git show``), its ``[evidence]`` table and its tuning keys, and
+diffs the keys against the version before. A repository that is not reachable from here gives
+no history, not an error.
 """
 
 from __future__ import annotations

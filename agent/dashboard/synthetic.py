@@ -49,6 +49,7 @@ SPACE = build_space(
     ),
 )
 OBJECTIVES = ("prefill_tok_s@64", "decode_tok_s@16")
+SHAPE_KEY = "l28-c1536-ff8960-h12-kv2-d128-v151936-q4_k_m"  # the 1.5B (engine/tuning/shape.py)
 BASE_CONFIG = TuningConfig.default("vulkan").flat()
 
 
@@ -321,10 +322,10 @@ def write_study(
         study.set_user_attr(
             "promotion",
             {
-                "path": f"configs/{device_class}/qwen2.toml",
+                "path": f"configs/{device_class}/qwen2/{SHAPE_KEY}.ctx4096.toml",
                 "repo": "/srv/fleettune",
                 "commit": f"{rng.getrandbits(160):040x}",
-                "message": f"promote {device_class}/qwen2: {OBJECTIVES[0]}",
+                "message": f"promote {device_class}/qwen2/{SHAPE_KEY} ctx4096: {OBJECTIVES[0]}",
                 "at": time.time(),
                 "evidence": {
                     "study": name,

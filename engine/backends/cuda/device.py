@@ -1,6 +1,6 @@
 """Device naming for the CUDA backend, with no CuPy import (testable anywhere).
 
-``device_class`` keys studies and promoted configs (configs/<device class>/<family>.toml), so it
+``device_class`` keys studies and promoted configs (configs/<device class>/<family>/...), so it
 is the GPU model alone: memory size, form factor and marketing words are dropped, so that an
 "NVIDIA H100 80GB HBM3" and an "NVIDIA H100 PCIe" land in one class only where that is the
 intent (they do: same chip), and an RTX 4090 is "rtx4090".
