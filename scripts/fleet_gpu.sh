@@ -11,6 +11,8 @@
 #   bash scripts/fleet_gpu.sh run MODEL EXP... # there (carry .fleet .gl .spv-cache)
 #   bash scripts/fleet_gpu.sh scaling MODEL EXP TRIALS   # there: 1 then 2 CUDA workers
 #   bash scripts/fleet_gpu.sh unpack           # there: only the site into /tmp/site
+#   bash scripts/fleet_gpu.sh proof EXP PRESET...  # there (carry .fleet .llcpp.tgz): issue 28's
+#                                               # proof on one GPU, llama.cpp beside it
 #
 # run: NODES (default "cuda:0 vulkan:1") says which backend serves which card;
 # AGENT_ARGS: more `agent run` flags (e.g. "--budget 6 --wall-time 300", so the agent ends
@@ -25,6 +27,15 @@
 # scaling: the same experiment (its CUDA studies) for TRIALS trials with one CUDA worker (card 0),
 # then a fresh study with two (cards 0 and 1, one device class): trials per hour of each, in
 # $OUT/scaling.txt and $OUT/scaling_logs.tgz; only the two-worker run promotes.
+# proof: on one GPU, in one call: `engine synth` each PRESET (1.5b, 7b), one `agent run --local`
+# of EXP per model from the registry defaults (--no-promoted: the baseline is the defaults, not a
+# promoted file), promoting into a clone of this repository; then fresh-process `engine bench`
+# (pp512 / tg128, 3 repeats) of the defaults, of each [[start]] named in PROOF_STARTS (default
+# d17_vec_cl_w8: the best hand-found config) and of the promoted file, and llama.cpp's
+# llama-bench on the same files (built in the background from .llcpp.tgz while the agent runs:
+# ../shared/device/llama-bench.sh prepare), one run at a time, each with its GPU memory
+# (nvidia-smi's peak above idle) beside it: $OUT/proof.txt, $OUT/proof_logs.tgz, promo.bundle.
+# PROOF_WALL: each agent run's --wall-time (default 130 s).
 set -u -o pipefail
 # .fleet/site.txz into /tmp/site: tar through xz where the machine has it, else Python's lzma
 unxz_site() {
@@ -52,7 +63,96 @@ prepare)
     # xz, not gzip: 34 MB instead of 47, which leaves room for .llcpp.tgz in the same 64 MiB carry
     tar cf - -C /tmp/fleet-site . | xz -T0 -6 > .fleet/site.txz && rm -rf .fleet/dl
     git bundle create .fleet/main.bundle main
+    [ -f ../shared/device/llama-bench.sh ] && cp ../shared/device/llama-bench.sh .fleet/
     du -sh .fleet ;;
+proof)
+    shift; EXP=${1:?experiment}; shift
+    mkdir -p "$OUT" /tmp/site /tmp/models /root/fleet/logs /root/fleet/configs
+    L=/root/fleet/logs; T0=$(date +%s); P=$OUT/proof.txt
+    [ -d /tmp/site/ray ] || unxz_site || exit 1
+    export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
+    export FLEETTUNE_CACHE=/root/fleet/cache
+    LB=$PWD/.fleet/llama-bench.sh  # prepare copies ../shared/device/llama-bench.sh here
+    if [ -f .llcpp.tgz ] && [ -f "$LB" ]; then
+        (nice -n 10 bash "$LB" build > $L/llama_build.log 2>&1; echo "llama build rc=$?" >> $L/llama_build.log) &
+    fi
+    rm -rf /root/promo && git clone -q .fleet/main.bundle /root/promo -b main \
+        && git -C /root/promo config user.name "fleettune agent" \
+        && git -C /root/promo config user.email agent@fleettune.invalid \
+        && git -C /root/promo rm -rq --ignore-unmatch 'configs/*/*' \
+        && git -C /root/promo commit -qm "proof: start from the registry defaults" || exit 1
+    # measured NAME CMD...: CMD's stdout to $L/NAME.json, the GPU's memory sampled every 250 ms
+    measured() {
+        local name=$1; shift
+        local idle; idle=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)
+        nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 250 > $L/mem_$name.csv &
+        local smi=$!
+        "$@" > $L/$name.json 2> $L/$name.err; local rc=$?
+        kill $smi 2> /dev/null; wait $smi 2> /dev/null
+        local peak; peak=$(sort -n $L/mem_$name.csv | tail -1)
+        echo "$name rc=$rc gpu_mib_held=$(( ${peak:-0} - idle )) (idle $idle, peak $peak)" | tee -a $P
+    }
+    figures() {  # one line of an engine bench JSON: pp / tg medians and the footprint it reports
+        python3 - "$1" "$2" <<'PY' | tee -a $P
+import json, sys
+try:
+    d = json.load(open(sys.argv[1]))
+except Exception as e:
+    print(sys.argv[2], "no JSON:", e); sys.exit()
+r = d["results"][0]
+mem = d.get("memory") or {}
+tot = (mem.get("measured") or mem).get("total_bytes") if isinstance(mem, dict) else None
+src = (d.get("config_source") or {}).get("path") or (d.get("config_source") or {}).get("kind")
+print(f"{sys.argv[2]}: pp512 {r['prefill_tok_s']['median']:.1f} tg128 "
+      f"{r['decode_tok_s']['median']:.1f} engine_total_bytes {tot} source {src}")
+PY
+    }
+    for p in "$@"; do  # written into the cache, where the agent's synthetic:PRESET finds it
+        python3 -c "import sys; from worker.models import resolve_model; print(resolve_model(sys.argv[1]))" \
+            synthetic:$p > $L/synth_$p.log 2>&1 && ln -sf "$(tail -1 $L/synth_$p.log)" /tmp/models/$p.gguf
+    done
+    echo "synth done $(( $(date +%s) - T0 ))s" | tee -a $P
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a $P
+    for p in "$@"; do
+        echo "== agent run $EXP on $p $(( $(date +%s) - T0 ))s" | tee -a $P
+        timeout $(( ${PROOF_WALL:-130} + 60 )) python3 -m agent run "$EXP" --local \
+            --model synthetic:$p --wall-time ${PROOF_WALL:-130} \
+            --storage sqlite:////root/fleet/studies.db --promote-repo /root/promo \
+            > $L/agent_$p.txt 2> $L/agent_$p.log
+        echo "agent rc=$?" | tee -a $P; tail -15 $L/agent_$p.txt | tee -a $P
+    done
+    git -C /root/promo log --format='%h %s' main -4 | tee -a $P
+    git -C /root/promo bundle create "$OUT/promo.bundle" main 2> /dev/null
+    cp /root/fleet/studies.db "$OUT/"
+    for p in "$@"; do
+        M=/tmp/models/$p.gguf
+        measured ours_default_$p timeout 90 python3 -m engine bench --backend cuda --model $M \
+            --no-promoted --prompt-tokens 512 --gen-tokens 128 --repeats 3 --json
+        figures $L/ours_default_$p.json "ours default $p"
+        for st in ${PROOF_STARTS-d17_vec_cl_w8}; do
+            python3 -c "
+import sys; from agent.experiment import load_experiment; from engine.tuning import TuningConfig
+s = {x.name: x.config for x in load_experiment(sys.argv[1]).start}[sys.argv[2]]
+open(sys.argv[3], 'w').write(TuningConfig.default('cuda').replace(**s).to_toml())" \
+                "$EXP" $st /root/fleet/configs/$st.toml
+            measured ours_${st}_$p timeout 90 python3 -m engine bench --backend cuda --model $M \
+                --config /root/fleet/configs/$st.toml --prompt-tokens 512 --gen-tokens 128 --repeats 3 --json
+            figures $L/ours_${st}_$p.json "ours $st $p"
+        done
+        measured ours_promoted_$p env FLEETTUNE_CONFIGS=/root/promo/configs timeout 90 python3 -m \
+            engine bench --backend cuda --model $M --prompt-tokens 512 --gen-tokens 128 --repeats 3 --json
+        figures $L/ours_promoted_$p.json "ours promoted $p"
+        tar czf "$OUT/proof_logs.tgz" -C /root/fleet logs
+    done
+    if [ -f .llcpp.tgz ]; then
+        wait; tail -1 $L/llama_build.log | tee -a $P
+        for p in "$@"; do
+            measured llama_$p timeout 100 bash "$LB" run /tmp/models/$p.gguf
+            python3 -c "import json, sys; [print('llama', sys.argv[2], r['n_prompt'], r['n_gen'], round(r['avg_ts'], 1), '+-', round(r['stddev_ts'], 1)) for r in json.load(open(sys.argv[1]))]" $L/llama_$p.json $p | tee -a $P
+        done
+    fi
+    echo "proof done $(( $(date +%s) - T0 ))s" | tee -a $P
+    tar czf "$OUT/proof_logs.tgz" -C /root/fleet logs ;;
 run|scaling)
     mode=$1; shift
     MODEL=${1:?model}; shift
