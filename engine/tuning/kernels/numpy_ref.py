@@ -4,6 +4,7 @@ prefill chunking and weight cache are real choices, so the agent can run end to 
 from __future__ import annotations
 
 from engine.quant_types import SUPPORTED
+from engine.tuning.memory import dense_copies
 from engine.tuning.registry import HOST, REGISTRY, Param, Variant
 
 B = "numpy"
@@ -26,6 +27,8 @@ for _op in ("matmul_decode", "matmul_prefill"):
                 quant_types=SUPPORTED,
                 source="engine/backends/numpy_ref.py",
                 numeric="order_only",
+                # decode also meets the LM head (prefill's head runs on one row: decode's op)
+                memory=dense_copies(4, "f32", lm_head=_op == "matmul_decode"),
                 doc="dequantize each weight once to float32 and keep it (fast, 4 B/weight RAM)",
             ),
             Variant(
