@@ -175,6 +175,11 @@ class Backend(ABC):
         held = self.held_bytes()
         return MemoryReport(weights, kv, max(0, held - weights - kv) if held is not None else 0)
 
+    def driver_memory(self) -> tuple[int | None, str]:
+        """The driver's own figure of device memory in use (bytes, what it counts), or (None,
+        why there is none): a check on ``memory_report``, which counts what the backend made."""
+        return None, f"{self.name}: no driver figure (the backend's own count only)"
+
     # --- profile: wall clock per op by default; GPU backends time their kernels ----------
     def set_profiling(self, on: bool = True) -> None:
         """Start (or stop) timing; ``profile()`` reports what was timed. The default times each

@@ -178,6 +178,7 @@ class MemoryEstimate:
 
 
 def gib(n: int | float) -> str:
+    """Bytes as GiB (MiB below 0.01 GiB)."""
     return f"{n / GiB:.2f} GiB" if n >= GiB / 100 else f"{n / 2**20:.2f} MiB"
 
 

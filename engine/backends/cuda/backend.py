@@ -321,6 +321,12 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         with self._cp.cuda.Device(self._index):
             return int(self._cp.get_default_memory_pool().total_bytes())
 
+    def driver_memory(self) -> tuple[int | None, str]:
+        """cudaMemGetInfo's used bytes: the whole device (every process, the CUDA context)."""
+        with self._cp.cuda.Device(self._index):
+            free, total = self._cp.cuda.runtime.memGetInfo()
+        return int(total - free), "cudaMemGetInfo total - free (whole device, every process)"
+
     def close(self) -> None:
         """Drop the captured graph, kernels and cached activations and hand the pool's free
         blocks back to the driver; idempotent. Weights go when their model does."""

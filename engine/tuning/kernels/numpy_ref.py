@@ -101,3 +101,6 @@ REGISTRY.register(
     ],
     doc="gated delta-net scan (prefill; decode T == 1 is always sequential)",
 )
+
+# A 1-D weight keeps its file bytes (a view of the memory map) and a float32 copy (load_weight).
+REGISTRY.loaded_bytes[B] = lambda t: t.nbytes + (4 * t.elements if len(t.shape) == 1 else 0)
