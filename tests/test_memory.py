@@ -1,0 +1,185 @@
+"""Memory is measured and bounded (issue 28): the registry's memory model against the NumPy
+backend's memory_report on the tiny model, the resident variants' declared fp16 copies, the
+worker's footprint and its budget, the agent's [memory] budget (infeasible before compiling,
+told to the sampler; an impossible budget refused with exit 2), and bench --json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import optuna
+import pytest
+import tomli_w
+
+from agent.cli import main as agent_main
+from agent.records import Outcome, TrialRecord
+from agent.storage import parse_storage
+from agent.study import CONSTRAINT
+from engine.bench import bench_prompt
+from engine.cli import main as engine_main
+from engine.footprint import measure
+from engine.runtime import load
+from engine.tuning import TuningConfig
+from engine.tuning.memory import ModelShape, estimate
+from worker.memory import footprint
+from worker.records import BenchPlan, MemoryPlan, Objective
+
+# Weights and KV are exact arithmetic on NumPy (the file's blocks, float32 copies, float32 KV);
+# the estimate's scratch is a bound the NumPy backend does not report (its activations are
+# host temporaries), so the totals are compared on weights + KV.
+TOLERANCE = 0.01
+
+ONDEMAND = {"matmul_decode.variant": "ondemand", "matmul_prefill.variant": "ondemand"}
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_factory):  # noqa: ANN001, ANN201
+    path = tiny_model_factory("qwen2", "q4_k_m")
+    return path, ModelShape.read(path)
+
+
+@pytest.mark.parametrize("flat", [{}, ONDEMAND, {"matmul_decode.variant": "ondemand"}])
+def test_estimate_matches_measured_memory_report_on_numpy(tiny, flat) -> None:  # noqa: ANN001
+    path, shape = tiny
+    cfg = TuningConfig.default("numpy").replace(**flat)
+    eng = load(path, "numpy", cfg, use_promoted=False)
+    prompt = bench_prompt(40, shape.spec.n_vocab)
+    eng.model.generate(prompt, 3)  # every matmul weight met by prefill and decode
+    fp = measure(eng.model, 128, prompt)
+    est = estimate(cfg, shape, 128)
+    assert fp["estimate"] == est.to_dict()
+    measured = fp["weight_bytes"] + fp["kv_state_bytes"]
+    assert abs(est.weight_bytes + est.kv_state_bytes - measured) <= TOLERANCE * measured
+    assert fp["kv_state_bytes"] == est.kv_state_bytes  # 2 layers x K,V x 128 x 2 x 64 x 4 B
+    assert fp["driver_bytes"] is None and "no driver figure" in fp["driver"]
+    if flat == ONDEMAND:
+        assert est.copy_bytes == 0
+    else:  # the float32 copies are the bulk: measured, not only declared
+        assert est.copy_bytes > 4 * (est.weight_bytes - est.copy_bytes)
+
+
+def test_resident_variants_declare_their_fp16_copies(tiny) -> None:  # noqa: ANN001
+    """CUDA and Vulkan matmul_prefill.resident hold an fp16 copy of every 2-D matmul weight of
+    the layers (Vulkan's padded to 256 rows and k to 64); the other prefill variants none."""
+    _, shape = tiny
+    mats = [t for t in shape.tensors if t.name.startswith("blk.") and len(t.shape) == 2]
+    cuda = TuningConfig.default("cuda")
+    assert estimate(cuda, shape, 512).copy_bytes == 0
+    res = estimate(cuda.replace(**{"matmul_prefill.variant": "resident"}), shape, 512)
+    assert res.copy_bytes == sum(2 * t.shape[0] * t.shape[1] for t in mats)
+    assert res.by_variant["matmul_prefill.resident"] == res.copy_bytes
+    vk = TuningConfig.default("vulkan").replace(**{"matmul_prefill.variant": "resident"})
+    pad = sum(2 * -(-t.shape[0] // 256) * 256 * -(-t.shape[1] // 64) * 64 for t in mats)
+    assert estimate(vk, shape, 512).copy_bytes == pad
+    over = res.over(res.total_bytes - 1)
+    assert over.startswith("estimated ") and "> budget" in over
+    assert "matmul_prefill.resident" in over
+    assert res.over(res.total_bytes) == "" and res.over(None) == ""
+
+
+def test_worker_footprint_judged_against_the_budget(tiny) -> None:  # noqa: ANN001
+    path, shape = tiny
+    eng = load(path, "numpy", TuningConfig.default("numpy"), use_promoted=False)
+    dev = eng.model.backend.device_info()
+    prompt = bench_prompt(24, shape.spec.n_vocab)
+    objs = (Objective("prefill_tok_s", 24),)
+    fp, over = footprint(eng.model, BenchPlan(objs, memory=MemoryPlan(context_tokens=64)), dev,
+                         prompt)  # fmt: skip
+    assert over == "" and fp["context_tokens"] == 64 and fp["total_bytes"] > 0
+    assert fp["budget_bytes"] == MemoryPlan().budget_for(dev.memory_bytes)
+    tight = MemoryPlan(context_tokens=64, budget_bytes=fp["total_bytes"] - 1)
+    fp, over = footprint(eng.model, BenchPlan(objs, memory=tight), dev, prompt)
+    assert over.startswith("measured ") and "> budget" in over
+
+
+def _experiment(model: str, budget_bytes: int) -> dict:
+    return {
+        "name": "mem",
+        "models": [model],
+        "backends": ["numpy"],
+        "objectives": [{"metric": "prefill_tok_s", "prompt_tokens": 8}],
+        "validate": {"random_prompts": [6], "steps": 1},
+        "bench": {"pairs": 2, "warmup": 0},
+        "budget": {"trials": 4, "trial_timeout_s": 120},
+        "sampler": {"name": "grid", "seed": 0},
+        "memory": {"context_tokens": 128, "budget_bytes": budget_bytes},
+        "space": {
+            "numpy": {
+                "matmul_decode": {"variants": ["cached_f32", "ondemand"]},
+                "matmul_prefill": {"variants": ["cached_f32", "ondemand"]},
+            }
+        },
+    }
+
+
+def test_budget_rules_out_the_cached_decode_before_it_compiles(
+    tiny, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:  # noqa: ANN001
+    """A budget between the prefill-only float32 cache and the decode one (which adds the LM
+    head): every config caching decode is infeasible with the estimate's figures, never sent to
+    the worker, told to the sampler as a violated constraint; the others run and record their
+    measured footprint."""
+    path, shape = tiny
+    base = TuningConfig.default("numpy").replace(**ONDEMAND)
+    fits = estimate(base.replace(**{"matmul_prefill.variant": "cached_f32"}), shape, 128)
+    big = estimate(base.replace(**{"matmul_decode.variant": "cached_f32"}), shape, 128)
+    assert big.total_bytes > fits.total_bytes
+    file = tmp_path / "x.toml"
+    file.write_text(tomli_w.dumps(_experiment(str(path), fits.total_bytes)))
+    storage = tmp_path / "s.journal"
+    argv = ["run", str(file), "--local", "--storage", str(storage), "--no-promote", "--json"]
+    assert agent_main(argv) == 0, capsys.readouterr().err
+    st = parse_storage(str(storage)).open()
+    (s,) = optuna.get_all_study_summaries(st)
+    study = optuna.load_study(study_name=s.study_name, storage=st)
+    seen = set()
+    for t in study.trials:
+        rec = TrialRecord.from_attrs(s.study_name, t.number, t.user_attrs)
+        if rec.outcome is Outcome.DUPLICATE:
+            continue
+        seen.add(rec.config["matmul_decode.variant"])
+        if rec.config["matmul_decode.variant"] == "cached_f32":
+            assert rec.outcome is Outcome.INFEASIBLE, rec
+            assert rec.reason.startswith("estimated ") and "> budget" in rec.reason
+            assert rec.worker is None or not rec.phase_s  # never reached a worker
+            assert t.state is optuna.trial.TrialState.PRUNED
+            assert t.system_attrs.get(f"constraints:{CONSTRAINT}") == 1.0  # told as violated
+        else:
+            assert rec.outcome is Outcome.OK, rec
+            assert rec.memory and rec.memory["total_bytes"] <= fits.total_bytes
+            assert rec.memory["budget_bytes"] == fits.total_bytes
+            assert rec.memory["context_tokens"] == 128
+    assert seen == {"cached_f32", "ondemand"}
+
+
+def test_impossible_budget_refused_before_any_trial(
+    tiny, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:  # noqa: ANN001
+    path, shape = tiny
+    small = estimate(TuningConfig.default("numpy").replace(**ONDEMAND), shape, 128)
+    file = tmp_path / "x.toml"
+    file.write_text(tomli_w.dumps(_experiment(str(path), small.total_bytes - 1)))
+    storage = tmp_path / "s.journal"
+    argv = ["run", str(file), "--local", "--storage", str(storage), "--no-promote", "--json"]
+    assert agent_main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    (line,) = [x for x in err if x.startswith("error:")]
+    assert "smallest footprint is" in line and "matmul_decode.variant=ondemand" in line
+    st = parse_storage(str(storage)).open()
+    (s,) = optuna.get_all_study_summaries(st)
+    trials = optuna.load_study(study_name=s.study_name, storage=st).trials
+    assert all(t.state is not optuna.trial.TrialState.COMPLETE for t in trials)
+    assert not [t for t in trials if "outcome" in t.user_attrs]
+
+
+def test_bench_json_reports_the_footprint(tiny, capsys: pytest.CaptureFixture) -> None:  # noqa: ANN001
+    path, _ = tiny
+    argv = ["bench", "--model", str(path), "--prompt-tokens", "8", "--gen-tokens", "2",
+            "--repeats", "1", "--no-promoted", "--json"]  # fmt: skip
+    assert engine_main(argv) == 0
+    mem = json.loads(capsys.readouterr().out)["memory"]
+    for key in ("weight_bytes", "kv_state_bytes", "scratch_bytes", "total_bytes", "driver"):
+        assert key in mem
+    assert mem["context_tokens"] == 10 and mem["total_bytes"] > 0
+    assert mem["estimate"]["weight_bytes"] == mem["weight_bytes"]
