@@ -23,6 +23,7 @@ from engine.footprint import measure
 from engine.runtime import load
 from engine.tuning import TuningConfig
 from engine.tuning.memory import ModelShape, estimate
+from tests.test_vulkan_helpers import require_vulkan
 from worker.memory import footprint
 from worker.records import BenchPlan, MemoryPlan, Objective
 
@@ -58,6 +59,28 @@ def test_estimate_matches_measured_memory_report_on_numpy(tiny, flat) -> None:  
         assert est.copy_bytes == 0
     else:  # the float32 copies are the bulk: measured, not only declared
         assert est.copy_bytes > 4 * (est.weight_bytes - est.copy_bytes)
+
+
+def test_estimate_matches_measured_memory_report_on_vulkan(tiny) -> None:  # noqa: ANN001
+    """lavapipe (the resident variant needs cooperative matrices it lacks: the registry's
+    constraint rules it out there, tests/test_vulkan_resident.py): the loaded weights and the KV
+    cache as estimated, the scratch the backend holds under the estimate's bound, and the
+    driver's figure absent with its reason (lavapipe has no VK_EXT_memory_budget)."""
+    require_vulkan()
+    path, shape = tiny
+    cfg = TuningConfig.default("vulkan")
+    eng = load(path, "vulkan", cfg, use_promoted=False)
+    prompt = bench_prompt(40, shape.spec.n_vocab)
+    eng.model.generate(prompt, 3)
+    fp = measure(eng.model, 128, prompt)
+    est = estimate(cfg, shape, 128)
+    measured = fp["weight_bytes"] + fp["kv_state_bytes"]
+    assert abs(est.weight_bytes + est.kv_state_bytes - measured) <= TOLERANCE * measured
+    assert 0 < fp["scratch_bytes"] <= est.scratch_bytes
+    if fp["driver_bytes"] is None:
+        assert "VK_EXT_memory_budget" in fp["driver"]
+    else:
+        assert fp["driver_bytes"] > 0
 
 
 def test_resident_variants_declare_their_fp16_copies(tiny) -> None:  # noqa: ANN001

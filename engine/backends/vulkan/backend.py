@@ -32,7 +32,7 @@ from engine.backends.vulkan.device import Device, open_device
 from engine.backends.vulkan.fused_norm import FusedNorm
 from engine.backends.vulkan.kernels import MAX_GROUPS
 from engine.backends.vulkan.kernels import fold_groups as _fold
-from engine.backends.vulkan.memory import Allocator, Buffer, Lease
+from engine.backends.vulkan.memory import Allocator, Buffer, Lease, driver_usage
 from engine.backends.vulkan.pipelines import Pipeline, Pipelines
 from engine.backends.vulkan.resident import ResidentPrefill
 from engine.backends.vulkan.stream import GraphKey, Stream
@@ -196,6 +196,9 @@ class VulkanBackend(ResidentPrefill, FusedNorm, FusedDecode, Backend):
 
     def weight_nbytes(self, w: VkWeight) -> int:
         return w.nbytes
+
+    def driver_memory(self) -> tuple[int | None, str]:
+        return driver_usage(self.dev.physical)
 
     def held_bytes(self) -> int:
         """Every live buffer: tensors, pooled free ones, staging, RoPE tables."""
