@@ -74,8 +74,10 @@ def test_estimate_matches_measured_memory_report_on_vulkan(tiny) -> None:  # noq
     eng.model.generate(prompt, 3)
     fp = measure(eng.model, 128, prompt)
     est = estimate(cfg, shape, 128)
-    measured = fp["weight_bytes"] + fp["kv_state_bytes"]
-    assert abs(est.weight_bytes + est.kv_state_bytes - measured) <= TOLERANCE * measured
+    # every buffer of the tiny model is a whole number of the allocator's 256-byte steps, so the
+    # weights agree to the byte (norms and biases included: they were counted as scratch once)
+    assert fp["weight_bytes"] == est.weight_bytes
+    assert fp["kv_state_bytes"] == est.kv_state_bytes
     assert 0 < fp["scratch_bytes"] <= est.scratch_bytes
     if fp["driver_bytes"] is None:
         assert "VK_EXT_memory_budget" in fp["driver"]

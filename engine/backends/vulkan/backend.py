@@ -287,7 +287,8 @@ class VulkanBackend(ResidentPrefill, FusedNorm, FusedDecode, Backend):
             f32 = np.asarray(qt.dequantize(), dtype=np.float32).reshape(-1)
             t = VkTensor(self.alloc.new(4 * f32.size, pooled=False), 0, f32.shape, np.float32)
             self._write(t.buf, 0, f32)
-            return VkWeight(qt.name, qt.qtype, tuple(qt.shape), f32=t)
+            # tracked like the matrices: memory_report counted them as scratch before
+            return self.track_weight(VkWeight(qt.name, qt.qtype, tuple(qt.shape), f32=t))
         n_rows = math.prod(qt.shape[:-1])  # stacked experts [E, N, K]: E * N rows
         raw = np.ascontiguousarray(qt.raw).reshape(n_rows, -1)
         row_bytes = raw.shape[1]
