@@ -277,8 +277,18 @@ class Agent:
         st = self.studies.get((slot.device_class, model))
         if st is None:
             return None
+        self._memory_possible(st, slot)  # before the worker measures anything
         base = st.resolve(st.baseline)
         return (model, base, base, self.exp.validate, self.exp.bench, True)
+
+    def _memory_possible(self, st: StudyState, slot: Slot) -> None:
+        """ExperimentError (exit 2) when no config of the study's space fits [memory]'s budget
+        on this slot's device; checked once per study and worker, before its first run."""
+        if (st.name, slot.worker_id) in self.memory.checked:
+            return
+        self.memory.checked.add((st.name, slot.worker_id))
+        device = slot.info.device if slot.info else None
+        self.memory.refuse_impossible(st.name, st.space, st.baseline, st.model, device)
 
     def evaluate_args(self, p: Pending) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """The evaluate call's arguments; every evaluation sent (first or again, by either
@@ -312,10 +322,7 @@ class Agent:
         ready = [st for st in studies if st.model in slot.noise and self._can_start(st)]
         ready.sort(key=lambda st: len(st.in_flight))
         for st in ready:
-            if (st.name, slot.worker_id) not in self.memory.checked:  # before its first trial
-                self.memory.checked.add((st.name, slot.worker_id))
-                device = slot.info.device if slot.info else None
-                self.memory.refuse_impossible(st.name, st.space, st.baseline, st.model, device)
+            self._memory_possible(st, slot)
             for _ in range(50):  # skip configs the registry rules out on this device
                 asked = st.ask()
                 if asked is None:

@@ -24,6 +24,7 @@ from engine.runtime import load
 from engine.tuning import TuningConfig
 from engine.tuning.memory import ModelShape, estimate
 from tests.test_vulkan_helpers import require_vulkan
+from worker.evaluator import Evaluator
 from worker.memory import footprint
 from worker.records import BenchPlan, MemoryPlan, Objective
 
@@ -182,9 +183,14 @@ def test_budget_rules_out_the_cached_decode_before_it_compiles(
 
 
 def test_impossible_budget_refused_before_any_trial(
-    tiny, tmp_path: Path, capsys: pytest.CaptureFixture
+    tiny, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # noqa: ANN001
     path, shape = tiny
+    calls: list[str] = []
+    real = Evaluator.evaluate
+    monkeypatch.setattr(
+        Evaluator, "evaluate", lambda self, *a, **kw: calls.append(a[0]) or real(self, *a, **kw)
+    )
     small = estimate(TuningConfig.default("numpy").replace(**ONDEMAND), shape, 128)
     file = tmp_path / "x.toml"
     file.write_text(tomli_w.dumps(_experiment(str(path), small.total_bytes - 1)))
@@ -199,6 +205,7 @@ def test_impossible_budget_refused_before_any_trial(
     trials = optuna.load_study(study_name=s.study_name, storage=st).trials
     assert all(t.state is not optuna.trial.TrialState.COMPLETE for t in trials)
     assert not [t for t in trials if "outcome" in t.user_attrs]
+    assert calls == []  # refused before the worker measured anything (not even the A/A run)
 
 
 def test_bench_json_reports_the_footprint(tiny, capsys: pytest.CaptureFixture) -> None:  # noqa: ANN001
