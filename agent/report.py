@@ -127,11 +127,11 @@ def evidence(exp: Experiment, storage: str, st: StudyState, rec: TrialRecord) ->
         },
         "validate": _validate_evidence(rec.validate),
         "confirmation": _confirmation_evidence(rec.confirmation),
-        "memory": _memory_evidence(rec.memory),
+        "memory": memory_evidence(rec.memory),
     }
 
 
-def _memory_evidence(m: dict[str, Any] | None) -> dict[str, Any]:
+def memory_evidence(m: dict[str, Any] | None) -> dict[str, Any]:
     """The footprint it was measured at (TOML has no null: a missing figure is left out)."""
     if not m:
         return {}
@@ -226,7 +226,7 @@ def study_summary(
         ratio, lower = (est.ratio, est.lower) if est else (None, None)
     best_memory = None
     if st.best.trial is not None:
-        best_memory = _memory_evidence(st.trials_record(st.best.trial).memory) or None
+        best_memory = memory_evidence(st.trials_record(st.best.trial).memory) or None
     base = st.baseline
     return StudySummary(
         study=st.name,

@@ -218,3 +218,27 @@ def test_bench_json_reports_the_footprint(tiny, capsys: pytest.CaptureFixture) -
         assert key in mem
     assert mem["context_tokens"] == 10 and mem["total_bytes"] > 0
     assert mem["estimate"]["weight_bytes"] == mem["weight_bytes"]
+
+
+def test_promoted_evidence_and_summary_carry_the_footprint() -> None:
+    """[evidence.memory] in the promoted file (TOML: a figure the backend lacks is left out,
+    never written as zero) and the summary's line for the best."""
+    import tomllib
+
+    from agent.promote import config_text
+    from agent.report import memory_evidence
+    from agent.summary import _memory_line
+
+    measured = {"context_tokens": 4096, "weight_bytes": 5 << 30, "kv_state_bytes": 1 << 30,
+                "scratch_bytes": 1 << 28, "total_bytes": (6 << 30) + (1 << 28),
+                "driver_bytes": None, "driver": "numpy: no driver figure",
+                "budget_bytes": 8 << 30, "estimate": {"total_bytes": 7 << 30}}  # fmt: skip
+    ev = memory_evidence(measured)
+    text = config_text(TuningConfig.default("numpy"), {"trial": 3, "memory": ev})
+    got = tomllib.loads(text)["evidence"]["memory"]
+    assert got["total_bytes"] == measured["total_bytes"] and got["budget_bytes"] == 8 << 30
+    assert got["estimated_total_bytes"] == 7 << 30 and "driver_bytes" not in got
+    line = _memory_line(ev)
+    assert "6.250 GiB at 4096 tokens" in line and "budget 8.000 GiB" in line
+    gone = memory_evidence({"context_tokens": 64, "total_bytes": None, "unavailable": "x: none"})
+    assert "not reported (x: none)" in _memory_line(gone)
