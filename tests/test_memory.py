@@ -86,6 +86,29 @@ def test_estimate_matches_measured_memory_report_on_vulkan(tiny) -> None:  # noq
         assert fp["driver_bytes"] > 0
 
 
+@pytest.mark.gpu
+def test_estimate_matches_measured_on_cuda_with_the_resident_copies(tiny, cuda_be) -> None:  # noqa: ANN001
+    """CUDA (run on the device, not in CI): the loaded weights (Q6_K padded to 224-byte blocks)
+    and KV as estimated; under matmul_prefill.resident the fp16 copies made by the prefill are
+    the declared copy bytes; cudaMemGetInfo's figure covers at least what the backend holds."""
+    path, shape = tiny
+    held = {}
+    for name, flat in (("default", {}), ("resident", {"matmul_prefill.variant": "resident"})):
+        cfg = TuningConfig.default("cuda").replace(**flat)
+        eng = load(path, "cuda", cfg, use_promoted=False)
+        prompt = bench_prompt(40, shape.spec.n_vocab)
+        eng.model.generate(prompt, 3)
+        fp = measure(eng.model, 128, prompt)
+        est = estimate(cfg, shape, 128)
+        assert abs(fp["weight_bytes"] - est.weight_bytes) <= TOLERANCE * est.weight_bytes, name
+        assert fp["kv_state_bytes"] == est.kv_state_bytes
+        assert fp["driver_bytes"] >= fp["total_bytes"] and "cudaMemGetInfo" in fp["driver"]
+        held[name] = (fp["weight_bytes"], est.copy_bytes)
+        eng.model.backend.close()
+    assert held["default"][1] == 0 and held["resident"][1] > 0
+    assert held["resident"][0] - held["default"][0] == held["resident"][1]
+
+
 def test_resident_variants_declare_their_fp16_copies(tiny) -> None:  # noqa: ANN001
     """CUDA and Vulkan matmul_prefill.resident hold an fp16 copy of every 2-D matmul weight of
     the layers (Vulkan's padded to 256 rows and k to 64); the other prefill variants none."""
