@@ -107,6 +107,19 @@ class DeviceContract:
         r2 = be.memory_report()
         assert (r2.weight_bytes, r2.kv_state_bytes) == (r0.weight_bytes, r0.kv_state_bytes)
 
+    def test_memory_report_counts_norms_as_weights(self, be):
+        """A 1-D weight (norm, bias) is a weight too, not scratch (Vulkan once left it out)."""
+        gc.collect()
+        r0 = be.memory_report()
+        w = be.load_weight(qtensor(np.random.default_rng(0), (256,), "F32"))
+        assert be.memory_report().weight_bytes - r0.weight_bytes >= 4 * 256
+        del w
+
+    def test_driver_memory_is_a_figure_or_says_why_not(self, be):
+        used, what = be.driver_memory()
+        assert what  # what the figure counts, or why there is none
+        assert used is None or (isinstance(used, int) and used > 0)
+
     # --- profile ------------------------------------------------------------------------
     def test_profile_times_each_kernel_until_switched_off(self, be):
         rng = np.random.default_rng(1)
