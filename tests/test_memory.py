@@ -28,9 +28,10 @@ from worker.evaluator import Evaluator
 from worker.memory import footprint
 from worker.records import BenchPlan, MemoryPlan, Objective
 
-# Weights and KV are exact arithmetic on NumPy (the file's blocks, float32 copies, float32 KV);
-# the estimate's scratch is a bound the NumPy backend does not report (its activations are
-# host temporaries), so the totals are compared on weights + KV.
+# Weights and KV/state are exact arithmetic (the file's blocks, float32 and fp16 copies, float32
+# KV): on NumPy and lavapipe they agree to the byte on the tiny models; on CUDA (the device test)
+# within TOLERANCE. The estimate's scratch is a bound (a full prefill chunk's activations), not a
+# figure: NumPy reports none (its activations are host temporaries), Vulkan holds less.
 TOLERANCE = 0.01
 
 ONDEMAND = {"matmul_decode.variant": "ondemand", "matmul_prefill.variant": "ondemand"}
@@ -42,9 +43,21 @@ def tiny(tiny_model_factory):  # noqa: ANN001, ANN201
     return path, ModelShape.read(path)
 
 
-@pytest.mark.parametrize("flat", [{}, ONDEMAND, {"matmul_decode.variant": "ondemand"}])
-def test_estimate_matches_measured_memory_report_on_numpy(tiny, flat) -> None:  # noqa: ANN001
-    path, shape = tiny
+@pytest.mark.parametrize(
+    ("arch", "flat"),
+    [
+        ("qwen2", {}),
+        ("qwen2", ONDEMAND),
+        ("qwen2", {"matmul_decode.variant": "ondemand"}),
+        ("qwen35moe", {}),  # recurrent state, stacked experts, the conv kernel's dense copy
+        ("qwen35moe", {"matmul_decode.variant": "ondemand"}),
+    ],
+)
+def test_estimate_matches_measured_memory_report_on_numpy(tiny_model_factory, arch, flat) -> None:  # noqa: ANN001
+    """Weights (the file's blocks, float32 copies of 1-D weights, of the conv kernel and of the
+    matrices the cached_f32 variants keep) and KV / recurrent state agree to the byte."""
+    path = tiny_model_factory(arch, "q4_k_m")
+    shape = ModelShape.read(path)
     cfg = TuningConfig.default("numpy").replace(**flat)
     eng = load(path, "numpy", cfg, use_promoted=False)
     prompt = bench_prompt(40, shape.spec.n_vocab)
@@ -52,14 +65,13 @@ def test_estimate_matches_measured_memory_report_on_numpy(tiny, flat) -> None:  
     fp = measure(eng.model, 128, prompt)
     est = estimate(cfg, shape, 128)
     assert fp["estimate"] == est.to_dict()
-    measured = fp["weight_bytes"] + fp["kv_state_bytes"]
-    assert abs(est.weight_bytes + est.kv_state_bytes - measured) <= TOLERANCE * measured
-    assert fp["kv_state_bytes"] == est.kv_state_bytes  # 2 layers x K,V x 128 x 2 x 64 x 4 B
+    assert fp["weight_bytes"] == est.weight_bytes
+    assert fp["kv_state_bytes"] == est.kv_state_bytes
     assert fp["driver_bytes"] is None and "no driver figure" in fp["driver"]
     if flat == ONDEMAND:
         assert est.copy_bytes == 0
     else:  # the float32 copies are the bulk: measured, not only declared
-        assert est.copy_bytes > 4 * (est.weight_bytes - est.copy_bytes)
+        assert est.copy_bytes > 2 * (est.weight_bytes - est.copy_bytes)
 
 
 def test_estimate_matches_measured_memory_report_on_vulkan(tiny) -> None:  # noqa: ANN001

@@ -43,7 +43,10 @@ class ModelShape:
         out = []
         for n in gguf.model_tensor_names():
             t = gguf.tensor(n)
-            out.append(Tensor(n, t.qtype, tuple(int(s) for s in t.shape)))
+            shape = tuple(int(s) for s in t.shape)
+            if n.endswith("ffn_gate_inp_shexp.weight") and len(shape) == 1:
+                shape = (1, shape[0])  # loaded as a [1, C] matrix (engine.hybrid)
+            out.append(Tensor(n, t.qtype, shape))
         return cls(gguf.spec, tuple(out))
 
     @classmethod
@@ -121,8 +124,7 @@ def kv_state_bytes(spec: ModelSpec, context_tokens: int) -> int:
     if spec.ssm is None:
         return kv
     s = spec.ssm
-    conv_dim = 2 * s.key_dim + s.n_v_heads * s.head_v_dim
-    per = (s.d_conv - 1) * conv_dim + s.n_v_heads * s.head_k_dim * s.head_v_dim
+    per = (s.d_conv - 1) * s.conv_dim + s.n_v_heads * s.head_k_dim * s.head_v_dim
     return kv + KV_BYTES * per * (spec.n_layers - attn)
 
 
