@@ -4,9 +4,9 @@ over the device class's budget is infeasible before it takes a worker's turn, to
 as a violated constraint like any other; a budget that no config of the space can meet is
 refused before the study's first trial, naming the smallest footprint.
 
-The estimate needs the model's tensor list on the head: a synthetic model (generated here as on a
-worker), a GGUF path or a cached checkpoint. Where the head has none, the worker makes the same
-check before compiling (worker.memory).
+The estimate needs the model's tensor list on the head: a GGUF path, a cached checkpoint or a
+synthetic model a worker has written into this machine's cache. Where the head has none, the
+worker makes the same check before compiling (worker.memory).
 """
 
 from __future__ import annotations
@@ -27,12 +27,16 @@ log = logging.getLogger("agent")
 
 
 def local_shape(model_ref: str) -> ModelShape | None:
-    """The model's shape when its GGUF is on this machine (never downloads a checkpoint)."""
-    from worker.models import is_synthetic, resolve_model
+    """The model's shape when its GGUF is on this machine already (never downloads a checkpoint
+    or writes a synthetic model: a worker does that)."""
+    from worker.models import is_synthetic, model_label
 
     try:
         if is_synthetic(model_ref):
-            return ModelShape.read(resolve_model(model_ref))
+            from engine.checkpoints import cache_dir
+
+            path = cache_dir() / f"{model_label(model_ref)}.gguf"  # as worker.models writes it
+            return ModelShape.read(path) if path.is_file() else None
         if Path(model_ref).expanduser().is_file():
             return ModelShape.read(Path(model_ref).expanduser())
         from engine import checkpoints
@@ -53,7 +57,8 @@ class MemoryGate:
         self.checked: set[tuple[str, str]] = set()  # (study, worker) whose space was checked
 
     def shape(self, model_ref: str) -> ModelShape | None:
-        if model_ref not in self._shapes:
+        """Looked up again while absent: a worker on this machine may write it meanwhile."""
+        if self._shapes.get(model_ref) is None:
             self._shapes[model_ref] = local_shape(model_ref)
         return self._shapes[model_ref]
 
