@@ -21,23 +21,27 @@ MEASURED = ("weight_bytes", "kv_state_bytes", "scratch_bytes", "total_bytes")
 
 
 def measure(model: Model, context_tokens: int, prompt: list[int]) -> dict[str, Any]:
-    """Prefill ``prompt`` into a cache of ``context_tokens`` positions (at most the model's
-    context) under the model's current config, and report the footprint while that cache
-    lives: MemoryReport's fields, ``context_tokens``, ``driver_bytes`` / ``driver`` (the
-    driver's figure and what it counts, or None and why not), ``estimate`` (the memory model's
-    figures for the same config and context)."""
+    """The footprint of the model's current config: free what it does not use
+    (Backend.release_unused), prefill ``prompt`` into a cache of ``context_tokens`` positions
+    (at most the model's context), run one decode step, and report while that cache lives:
+    MemoryReport's fields, ``context_tokens``, ``driver_bytes`` / ``driver`` (the driver's
+    figure and what it counts, or None and why not), ``estimate`` (the memory model's figures
+    for the same config and context)."""
     b = model.backend
-    cap = max(1, min(context_tokens, model.spec.n_ctx_train))
+    cap = max(2, min(context_tokens, model.spec.n_ctx_train))
     out: dict[str, Any] = {"context_tokens": cap}
     try:
         out["estimate"] = estimate(model.config, ModelShape.of(model.gguf), cap).to_dict()
     except Exception as e:  # noqa: BLE001 - a test backend the registry does not know
         out["estimate"] = None
         out["estimate_unavailable"] = f"{type(e).__name__}: {e}"
+    b.release_unused()  # what a paired bench's other side left behind is not this config's
     cache = model.new_cache(cap)
     try:
-        if prompt[: cap - 1]:
-            model.prefill(prompt[: cap - 1], cache)
+        head = prompt[: cap - 1] or [0]
+        tok = b.argmax(model.prefill(head, cache))
+        model.forward(tok, 1, len(head), cache)  # one decode step: its variants' copies too
+        b.synchronize()
         try:
             rep = b.memory_report()
         except NotImplementedError as e:

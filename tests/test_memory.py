@@ -140,6 +140,23 @@ def test_resident_variants_declare_their_fp16_copies(tiny) -> None:  # noqa: ANN
     assert res.over(res.total_bytes) == "" and res.over(None) == ""
 
 
+def test_footprint_is_the_configs_own_after_another_config_ran(tiny) -> None:  # noqa: ANN001
+    """A paired bench leaves the other side's copies behind (NumPy keeps its float32 cache
+    across configs, CUDA its fp16 copies): the footprint frees them first, then remakes what
+    its own config keeps."""
+    path, shape = tiny
+    eng = load(path, "numpy", TuningConfig.default("numpy"), use_promoted=False)
+    prompt = bench_prompt(24, shape.spec.n_vocab)
+    eng.model.generate(prompt, 3)  # the cached_f32 side: copies of every matrix
+    ondemand = TuningConfig.default("numpy").replace(**ONDEMAND)
+    eng.model.set_config(ondemand)
+    fp = measure(eng.model, 64, prompt)
+    assert fp["weight_bytes"] == estimate(ondemand, shape, 64).weight_bytes
+    eng.model.set_config(TuningConfig.default("numpy"))
+    fp = measure(eng.model, 64, prompt)  # and back: its copies made again by the measured run
+    assert fp["weight_bytes"] == estimate(TuningConfig.default("numpy"), shape, 64).weight_bytes
+
+
 def test_worker_footprint_judged_against_the_budget(tiny) -> None:  # noqa: ANN001
     path, shape = tiny
     eng = load(path, "numpy", TuningConfig.default("numpy"), use_promoted=False)

@@ -77,16 +77,12 @@ class NumpyBackend(NumpyHybridOps, Backend):
         """The quantized blocks (a view of the file's memory map) plus any dense copy."""
         return int(w.qt.raw.nbytes) + (int(w.f32.nbytes) if w.f32 is not None else 0)
 
-    def set_config(self, config: TuningConfig) -> None:
-        """Switch configs; the float32 copies of matrices go when the ops that keep them
-        change (as the GPU backends drop their fp16 copies), so a footprint measured after a
-        paired bench is the config's own."""
-        cached = _cached_ops(self.config)
-        super().set_config(config)
-        if _cached_ops(config) != cached:
-            for w in self._tracked("_live_weights"):
-                if len(w.qt.shape) > 1:
-                    w.f32 = None
+    def release_unused(self) -> None:
+        """Drop the float32 copies of matrices (the conv kernel's stays: ssm_conv always reads
+        it); the next run remakes those its config's cached_f32 variants keep."""
+        for w in self._tracked("_live_weights"):
+            if len(w.qt.shape) > 1 and "ssm_conv1d" not in w.qt.name:
+                w.f32 = None
 
     # --- ops ----------------------------------------------------------------------------
     def embedding(self, table: NumpyWeight, ids: np.ndarray) -> np.ndarray:
@@ -158,10 +154,6 @@ class NumpyBackend(NumpyHybridOps, Backend):
 
     def argmax(self, logits: np.ndarray) -> np.ndarray:
         return np.argmax(logits, axis=-1).astype(np.int32)  # first maximum, like the GPU kernels
-
-
-def _cached_ops(config: TuningConfig) -> tuple[str, ...]:
-    return tuple(op for op, c in config.ops if c.variant == "cached_f32")
 
 
 def _host_memory() -> int:

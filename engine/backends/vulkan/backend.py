@@ -197,6 +197,14 @@ class VulkanBackend(ResidentPrefill, FusedNorm, FusedDecode, Backend):
     def weight_nbytes(self, w: VkWeight) -> int:
         return w.nbytes
 
+    def release_unused(self) -> None:
+        """Drop the resident fp16 copies unless the config reads them; free pooled buffers
+        nobody holds."""
+        if self.config.op("matmul_prefill").variant != "resident":
+            self.drop_resident()
+        self.stream.flush()
+        self.alloc.trim()
+
     def driver_memory(self) -> tuple[int | None, str]:
         return driver_usage(self.dev.physical)
 
