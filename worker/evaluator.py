@@ -281,9 +281,11 @@ class Evaluator:
             samples = paired_bench(model, cand_cfg, best_cfg, bplan, warm_s=warm_s)
             self._warmed.add(model_ref)
             phase["bench_s"] = time.perf_counter() - t
-            vocab = model.spec.n_vocab  # the footprint at the served context, then the budget
+            t = time.perf_counter()  # the footprint at the served context, then the budget
             longest = max(o.prompt_tokens for o in bplan.objectives)
-            fp, over = memory.footprint(model, bplan, device, bench_prompt(longest, vocab))
+            prompt = bench_prompt(longest, model.spec.n_vocab)
+            fp, over = memory.footprint(model, bplan, device, prompt)
+            phase["memory_s"] = time.perf_counter() - t
             if over:
                 return done(Outcome.OVER_BUDGET, over, validate=summary, memory=fp)
             return done(Outcome.OK, validate=summary, samples=samples, memory=fp)
