@@ -109,11 +109,13 @@ class MemoryGate:
             return
         flat, est = self.smallest(space, baseline, shape)
         if est.total_bytes > limit:
-            held = ", ".join(f"{k}={v}" for k, v in sorted(flat.items()) if k.endswith(".variant"))
+            searched = {o.variant_dim.key for o in space.ops}
+            held = ", ".join(f"{k}={v}" for k, v in sorted(flat.items()) if k in searched)
             raise ExperimentError(
                 f"memory: no config of study {study} fits the budget of {gib(limit)} at "
                 f"{est.context_tokens} tokens of context: the smallest footprint is "
                 f"{gib(est.total_bytes)} (weights {gib(est.weight_bytes)}, KV/state "
-                f"{gib(est.kv_state_bytes)}, scratch {gib(est.scratch_bytes)}; {held}); raise "
-                "[memory] budget_bytes or lower context_tokens"
+                f"{gib(est.kv_state_bytes)}, scratch {gib(est.scratch_bytes)}"
+                + (f"; {held}" if held else "")
+                + "); raise [memory] budget_bytes or lower context_tokens"
             )
