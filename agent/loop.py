@@ -28,6 +28,7 @@ from agent.dispatch import Pending
 from agent.experiment import Experiment
 from agent.fleet import Slot, past_invocations
 from agent.local import LocalRunner
+from agent.memory import MemoryGate
 from agent.phase import Phase, TrialStage
 from agent.records import Confirmation, TrialRecord
 from agent.space import config_key
@@ -107,8 +108,11 @@ class Agent:
             exp = replace(exp, budget=replace(exp.budget, trials=opts.budget))
         if opts.wall_time_s is not None:
             exp = replace(exp, budget=replace(exp.budget, wall_time_s=opts.wall_time_s))
+        # the worker reads [memory] from its bench plan (worker.memory)
+        exp = replace(exp, bench=replace(exp.bench, memory=exp.memory))
         self.exp = exp
         self.opts = opts
+        self.memory = MemoryGate(exp.memory)
         self.studies: dict[tuple[str, str], StudyState] = {}
         self.warnings: list[str] = list(exp.warnings)
         self.started = time.time()
@@ -274,8 +278,18 @@ class Agent:
         st = self.studies.get((slot.device_class, model))
         if st is None:
             return None
+        self._memory_possible(st, slot)  # before the worker measures anything
         base = st.resolve(st.baseline)
         return (model, base, base, self.exp.validate, self.exp.bench, True)
+
+    def _memory_possible(self, st: StudyState, slot: Slot) -> None:
+        """ExperimentError (exit 2) when no config of the study's space fits [memory]'s budget
+        on this slot's device; checked once per study and worker, before its first run."""
+        if (st.name, slot.worker_id) in self.memory.checked:
+            return
+        self.memory.checked.add((st.name, slot.worker_id))
+        device = slot.info.device if slot.info else None
+        self.memory.refuse_impossible(st.name, st.space, st.baseline, st.model, device)
 
     def evaluate_args(self, p: Pending) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """The evaluate call's arguments; every evaluation sent (first or again, by either
@@ -309,6 +323,7 @@ class Agent:
         ready = [st for st in studies if st.model in slot.noise and self._can_start(st)]
         ready.sort(key=lambda st: len(st.in_flight))
         for st in ready:
+            self._memory_possible(st, slot)
             for _ in range(50):  # skip configs the registry rules out on this device
                 asked = st.ask()
                 if asked is None:
@@ -336,7 +351,8 @@ class Agent:
             cfg = st.resolve(flat)
         except ConfigError as e:
             return None, str(e)
-        problems = "; ".join(cfg.problems(slot.info.device if slot.info else None))
+        device = slot.info.device if slot.info else None
+        problems = "; ".join(cfg.problems(device)) or self.memory.over(cfg, st.model, device)
         return (None, problems) if problems else (cfg, "")
 
     def _can_start(self, st: StudyState) -> bool:
@@ -468,6 +484,7 @@ class Agent:
             overhead_s=overhead,
             gpu=res.gpu if res else None,
             revalidation=res.revalidation if res else None,
+            memory=res.memory if res else None,
         )
 
     def got_trial(self, p: Pending, res: EvalResult, overhead: float) -> None:

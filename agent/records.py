@@ -141,6 +141,8 @@ class TrialRecord:
     gpu: dict[str, Any] | None = None  # device state after the run (worker.gpustate), if known
     # a promoted baseline: the sentinel key it was validated under, this worker's, re-validated?
     revalidation: dict[str, Any] | None = None
+    # the measured footprint at the served context (worker.memory: EvalResult.memory), or None
+    memory: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "outcome", Outcome(self.outcome))  # a str given: the enum

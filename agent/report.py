@@ -127,7 +127,21 @@ def evidence(exp: Experiment, storage: str, st: StudyState, rec: TrialRecord) ->
         },
         "validate": _validate_evidence(rec.validate),
         "confirmation": _confirmation_evidence(rec.confirmation),
+        "memory": memory_evidence(rec.memory),
     }
+
+
+def memory_evidence(m: dict[str, Any] | None) -> dict[str, Any]:
+    """The footprint it was measured at (TOML has no null: a missing figure is left out)."""
+    if not m:
+        return {}
+    keys = ("context_tokens", "weight_bytes", "kv_state_bytes", "scratch_bytes", "total_bytes",
+            "driver_bytes", "driver", "budget_bytes", "unavailable")  # fmt: skip
+    out = {k: m[k] for k in keys if m.get(k) is not None}
+    est = m.get("estimate")
+    if isinstance(est, dict) and est.get("total_bytes") is not None:
+        out["estimated_total_bytes"] = est["total_bytes"]
+    return out
 
 
 def _est_dict(e: RatioEstimate | None) -> dict[str, Any]:
@@ -210,6 +224,9 @@ def study_summary(
     if not is_base and st.best.trial is not None:
         est = st.trials_record(st.best.trial).estimates.get(exp.acceptance.target)
         ratio, lower = (est.ratio, est.lower) if est else (None, None)
+    best_memory = None
+    if st.best.trial is not None:
+        best_memory = memory_evidence(st.trials_record(st.best.trial).memory) or None
     base = st.baseline
     return StudySummary(
         study=st.name,
@@ -233,6 +250,7 @@ def study_summary(
         best_candidate=best_candidate(exp, st) if is_base else None,
         warm_start=tuple(st.warm_start),
         start_configs=tuple(st.start_configs),
+        best_memory=best_memory,
     )
 
 

@@ -30,6 +30,7 @@ class StudySummary:
     best_candidate: dict[str, Any] | None = None  # when nothing was accepted: the closest miss
     warm_start: tuple[dict[str, Any], ...] = ()  # configs of other classes enqueued first
     start_configs: tuple[str, ...] = ()  # the experiment's [[start]] configs enqueued first
+    best_memory: dict[str, Any] | None = None  # the best's measured footprint (agent.report)
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,8 @@ class RunSummary:
                     f"    best: trial {s.best_trial} ({ch}); {s.target} x{s.ratio:.3f} "
                     f"(lower bound {s.lower_bound:.3f})"
                 )
+            if s.best_memory:
+                lines.append(f"    {_memory_line(s.best_memory)}")
             if s.promotion:
                 lines += [f"    {line}" for line in _promotion_lines(s.promotion)]
             elif s.promotion_error:
@@ -128,3 +131,15 @@ def _promotion_lines(p: dict[str, Any]) -> list[str]:
     else:
         line = f"promoted: {p['path']} (commit {commit} on {where})"
     return [line] + ([f"  ({p['note']})"] if p.get("note") else [])
+
+
+def _memory_line(m: dict[str, Any]) -> str:
+    gib = 2**30
+    if m.get("total_bytes") is None:
+        return f"memory of the best: not reported ({m.get('unavailable', 'unknown')})"
+    budget = m.get("budget_bytes")
+    return (
+        f"memory of the best: {m['total_bytes'] / gib:.3f} GiB at {m.get('context_tokens')} "
+        f"tokens of context"
+        + (f" (budget {budget / gib:.3f} GiB)" if budget is not None else " (no budget)")
+    )

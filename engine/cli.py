@@ -260,7 +260,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
         lines.append(f"  first divergence: {rep.blame}")
     lines.append("  time: " + ", ".join(f"{k} {v:.1f} s" for k, v in rep.seconds.items()))
     lines.append(_source_line(eng))
-    _emit(args, {**rep.to_dict(), "config_source": eng.source.to_dict()}, "\n".join(lines))
+    longest = max((len(p) for p in prompts), default=1)
+    memory = _footprint(eng, longest, args.steps, lines)
+    doc = rep.to_dict() | {"config_source": eng.source.to_dict(), "memory": memory}
+    _emit(args, doc, "\n".join(lines))
     return 0 if rep.passed else 1
 
 
@@ -303,6 +306,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     doc = rep.to_dict()
     doc["config_source"] = eng.source.to_dict()
     doc["roofline"] = _roofline(eng, rep, lines)
+    doc["memory"] = _footprint(eng, max(args.prompt_tokens), args.gen_tokens, lines)
     if args.profile:
         from engine.bench import bench_prompt, measure
 
@@ -326,6 +330,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
             )
     _emit(args, doc, "\n".join(lines))
     return 0
+
+
+def _footprint(eng: Any, prompt_tokens: int, gen_tokens: int, lines: list[str]) -> dict[str, Any]:
+    """The config's device footprint at this run's context (engine.footprint: one more prefill
+    of the longest prompt, its cache alive), appended to ``lines``."""
+    from engine.bench import bench_prompt
+    from engine.footprint import lines as footprint_lines
+    from engine.footprint import measure
+
+    prompt = bench_prompt(prompt_tokens, eng.model.spec.n_vocab)
+    fp = measure(eng.model, prompt_tokens + gen_tokens, prompt)
+    lines += footprint_lines(fp)
+    return fp
 
 
 def _roofline(eng: Any, rep: Any, lines: list[str]) -> list[dict[str, Any]]:

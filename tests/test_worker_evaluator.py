@@ -51,7 +51,8 @@ def test_ok_candidate_has_paired_samples_and_diffs(faulty: tuple[Evaluator, str]
     assert set(res.medians()) == {"prefill_tok_s@24", "decode_tok_s@8"}
     info = res.worker
     assert info is not None and info.device_class == "cpu-sim" and info.engine_commit
-    assert set(res.phase_s) == {"compile_s", "validate_s", "bench_s"}
+    assert set(res.phase_s) == {"compile_s", "validate_s", "bench_s", "memory_s"}
+    assert res.memory is not None and res.memory["total_bytes"] > 0  # the measured footprint
 
 
 @pytest.mark.parametrize(

@@ -26,7 +26,7 @@ from engine.runtime import Engine, load
 from engine.tuning import TuningConfig
 from engine.tuning.shape import ModelShape
 from engine.validate import tokenize_prompts, validate
-from worker import gpustate
+from worker import gpustate, memory
 from worker.device import engine_commit
 from worker.models import resolve_model
 from worker.records import (
@@ -241,6 +241,9 @@ class Evaluator:
             problems = [] if typed else cand_cfg.problems(device)
             if problems:
                 return done(Outcome.INFEASIBLE, "; ".join(problems))
+            over = memory.over_estimate(model, cand_cfg, bplan, device)
+            if over:  # never compiled: the estimate alone rules it out
+                return done(Outcome.INFEASIBLE, over)
             t = time.perf_counter()
             try:
                 model.set_config(cand_cfg)
@@ -280,7 +283,14 @@ class Evaluator:
             samples = paired_bench(model, cand_cfg, best_cfg, bplan, warm_s=warm_s)
             self._warmed.add(model_ref)
             phase["bench_s"] = time.perf_counter() - t
-            return done(Outcome.OK, validate=summary, samples=samples)
+            t = time.perf_counter()  # the footprint at the served context, then the budget
+            longest = max(o.prompt_tokens for o in bplan.objectives)
+            prompt = bench_prompt(longest, model.spec.n_vocab)
+            fp, over = memory.footprint(model, bplan, device, prompt)
+            phase["memory_s"] = time.perf_counter() - t
+            if over:
+                return done(Outcome.OVER_BUDGET, over, validate=summary, memory=fp)
+            return done(Outcome.OK, validate=summary, samples=samples, memory=fp)
         except KernelCompileError as e:  # the best config's kernels, rebuilt while pairing
             return done(Outcome.COMPILE_ERROR, str(e))
         except Exception as e:  # noqa: BLE001 - the engine failing is a result, not a worker bug

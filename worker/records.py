@@ -25,6 +25,8 @@ class Outcome(StrEnum):
     CRASH = "crash"  # an exception in the engine, or the worker process died
     TIMEOUT = "timeout"  # the trial ran past the experiment's trial timeout; worker restarted
     INFEASIBLE = "infeasible"  # violates a registry constraint on this device; never compiled
+    # (a config whose estimated footprint is over the experiment's [memory] budget is this too)
+    OVER_BUDGET = "over_budget"  # ran, but its measured footprint is over the memory budget
     # Only the agent gives these two (a worker never runs such a trial):
     DUPLICATE = "duplicate"  # config already evaluated in its study; pruned without running
     INTERRUPTED = "interrupted"  # running when the agent stopped; failed on resume, may run again
@@ -54,10 +56,24 @@ class Outcome(StrEnum):
 
 
 BUDGET_OUTCOMES = frozenset(
-    {Outcome.OK, Outcome.COMPILE_ERROR, Outcome.INVALID, Outcome.CRASH, Outcome.TIMEOUT}
+    {
+        Outcome.OK,
+        Outcome.COMPILE_ERROR,
+        Outcome.INVALID,
+        Outcome.CRASH,
+        Outcome.TIMEOUT,
+        Outcome.OVER_BUDGET,
+    }
 )
 FAILED_OUTCOMES = frozenset(
-    {Outcome.INFEASIBLE, Outcome.COMPILE_ERROR, Outcome.INVALID, Outcome.CRASH, Outcome.TIMEOUT}
+    {
+        Outcome.INFEASIBLE,
+        Outcome.COMPILE_ERROR,
+        Outcome.INVALID,
+        Outcome.CRASH,
+        Outcome.TIMEOUT,
+        Outcome.OVER_BUDGET,
+    }
 )
 
 
@@ -130,6 +146,9 @@ class BenchPlan:
     objectives: tuple[Objective, ...]
     pairs: int = 5
     warmup: int = 1
+    # the experiment's [memory] (agent.loop sets it from Experiment.memory): the worker refuses
+    # a config estimated over its budget before compiling and measures the footprint after
+    memory: MemoryPlan | None = None
 
 
 @dataclass(frozen=True)

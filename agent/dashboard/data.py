@@ -135,6 +135,7 @@ class TrialRow:
     started: float  # unix time the worker started it, 0 when unknown
     finished: float  # unix time, 0 while running
     gpu: dict[str, Any] | None  # the device's state the worker sampled after the trial
+    memory_bytes: int | None = None  # measured footprint at the served context (None: unknown)
 
     @property
     def verdict(self) -> str:
@@ -172,6 +173,7 @@ class TrialRow:
             started=float(rec.started or 0.0),
             finished=float(rec.finished or t.datetime_complete),
             gpu=rec.gpu or None,
+            memory_bytes=(rec.memory or {}).get("total_bytes"),
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -175,6 +175,16 @@ class Backend(ABC):
         held = self.held_bytes()
         return MemoryReport(weights, kv, max(0, held - weights - kv) if held is not None else 0)
 
+    def release_unused(self) -> None:  # noqa: B027 - optional: nothing kept beyond use
+        """Free what the current config does not use: copies kept for another config's
+        variants, pooled or cached blocks nobody holds (engine.footprint measures after it, so
+        a footprint is the config's own, not what a paired bench left behind)."""
+
+    def driver_memory(self) -> tuple[int | None, str]:
+        """The driver's own figure of device memory in use (bytes, what it counts), or (None,
+        why there is none): a check on ``memory_report``, which counts what the backend made."""
+        return None, f"{self.name}: no driver figure (the backend's own count only)"
+
     # --- profile: wall clock per op by default; GPU backends time their kernels ----------
     def set_profiling(self, on: bool = True) -> None:
         """Start (or stop) timing; ``profile()`` reports what was timed. The default times each

@@ -77,6 +77,13 @@ class NumpyBackend(NumpyHybridOps, Backend):
         """The quantized blocks (a view of the file's memory map) plus any dense copy."""
         return int(w.qt.raw.nbytes) + (int(w.f32.nbytes) if w.f32 is not None else 0)
 
+    def release_unused(self) -> None:
+        """Drop the float32 copies of matrices (the conv kernel's stays: ssm_conv always reads
+        it); the next run remakes those its config's cached_f32 variants keep."""
+        for w in self._tracked("_live_weights"):
+            if len(w.qt.shape) > 1 and "ssm_conv1d" not in w.qt.name:
+                w.f32 = None
+
     # --- ops ----------------------------------------------------------------------------
     def embedding(self, table: NumpyWeight, ids: np.ndarray) -> np.ndarray:
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)

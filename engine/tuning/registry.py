@@ -297,6 +297,9 @@ class Variant:
     # knobs bound to DEFINE: what makes one source file several variants.
     defines: tuple[str, ...] = ()
     numeric: str = ""  # its numeric class: a key of NUMERIC_BUDGETS (required)
+    # What it holds beyond the loaded weights: (engine.tuning.memory.ModelShape, context tokens,
+    # its knob values) -> memory.MemoryCost; None: nothing (engine.tuning.memory.estimate)
+    memory: Callable[[Any, int, Any], Any] | None = None
 
     def bound(self, kind: str) -> tuple[Param, ...]:
         """The knobs that reach the kernel this way."""
@@ -335,6 +338,9 @@ class Op:
 @dataclass
 class Registry:
     _ops: dict[tuple[str, str], Op] = field(default_factory=dict)
+    # backend -> bytes one loaded tensor (engine.roofline.Tensor) holds on it, where it differs
+    # from engine.tuning.memory.loaded_default (the file's blocks; 1-D tensors as float32)
+    loaded_bytes: dict[str, Callable[[Any], int]] = field(default_factory=dict)
 
     def register(self, backend: str, op: str, variants: Iterable[Variant], doc: str = "") -> Op:
         vs = tuple(variants)

@@ -321,6 +321,25 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         with self._cp.cuda.Device(self._index):
             return int(self._cp.get_default_memory_pool().total_bytes())
 
+    def release_unused(self) -> None:
+        """Drop the resident fp16 copies unless the config reads them, and hand the pool's
+        unused blocks back to the driver."""
+        if not self._resident_on():
+            self._groups.clear()
+            for w in self._tracked("_live_weights"):
+                w.f16 = None
+        self._f16.clear()
+        self._q8.clear()
+        self.synchronize()
+        with self._cp.cuda.Device(self._index):
+            self._cp.get_default_memory_pool().free_all_blocks()
+
+    def driver_memory(self) -> tuple[int | None, str]:
+        """cudaMemGetInfo's used bytes: the whole device (every process, the CUDA context)."""
+        with self._cp.cuda.Device(self._index):
+            free, total = self._cp.cuda.runtime.memGetInfo()
+        return int(total - free), "cudaMemGetInfo total - free (whole device, every process)"
+
     def close(self) -> None:
         """Drop the captured graph, kernels and cached activations and hand the pool's free
         blocks back to the driver; idempotent. Weights go when their model does."""

@@ -32,7 +32,7 @@ from engine.backends.vulkan.device import Device, open_device
 from engine.backends.vulkan.fused_norm import FusedNorm
 from engine.backends.vulkan.kernels import MAX_GROUPS
 from engine.backends.vulkan.kernels import fold_groups as _fold
-from engine.backends.vulkan.memory import Allocator, Buffer, Lease
+from engine.backends.vulkan.memory import Allocator, Buffer, Lease, driver_usage
 from engine.backends.vulkan.pipelines import Pipeline, Pipelines
 from engine.backends.vulkan.resident import ResidentPrefill
 from engine.backends.vulkan.stream import GraphKey, Stream
@@ -197,6 +197,17 @@ class VulkanBackend(ResidentPrefill, FusedNorm, FusedDecode, Backend):
     def weight_nbytes(self, w: VkWeight) -> int:
         return w.nbytes
 
+    def release_unused(self) -> None:
+        """Drop the resident fp16 copies unless the config reads them; free pooled buffers
+        nobody holds."""
+        if self.config.op("matmul_prefill").variant != "resident":
+            self.drop_resident()
+        self.stream.flush()
+        self.alloc.trim()
+
+    def driver_memory(self) -> tuple[int | None, str]:
+        return driver_usage(self.dev.physical)
+
     def held_bytes(self) -> int:
         """Every live buffer: tensors, pooled free ones, staging, RoPE tables."""
         return self.alloc.bytes_allocated
@@ -284,7 +295,8 @@ class VulkanBackend(ResidentPrefill, FusedNorm, FusedDecode, Backend):
             f32 = np.asarray(qt.dequantize(), dtype=np.float32).reshape(-1)
             t = VkTensor(self.alloc.new(4 * f32.size, pooled=False), 0, f32.shape, np.float32)
             self._write(t.buf, 0, f32)
-            return VkWeight(qt.name, qt.qtype, tuple(qt.shape), f32=t)
+            # tracked like the matrices: memory_report counted them as scratch before
+            return self.track_weight(VkWeight(qt.name, qt.qtype, tuple(qt.shape), f32=t))
         n_rows = math.prod(qt.shape[:-1])  # stacked experts [E, N, K]: E * N rows
         raw = np.ascontiguousarray(qt.raw).reshape(n_rows, -1)
         row_bytes = raw.shape[1]

@@ -182,3 +182,29 @@ def read_host(b: Buffer, offset: int, nbytes: int) -> np.ndarray:
 
 
 __all__ = ["Allocator", "Buffer", "Lease", "ffi", "read_host", "size_class", "write_host"]
+
+
+BUDGET_EXT = "VK_EXT_memory_budget"
+
+
+def driver_usage(physical: Any) -> tuple[int | None, str]:
+    """The driver's figure of this process's use of the device-local heaps (VK_EXT_memory_budget's
+    heapUsage), or (None, why not): lavapipe and older drivers do not report the extension."""
+    names = {e.extensionName for e in vk.vkEnumerateDeviceExtensionProperties(physical, None)}
+    if BUDGET_EXT not in names:
+        return None, f"vulkan: the device reports no {BUDGET_EXT} (no driver figure)"
+    budget = vk.VkPhysicalDeviceMemoryBudgetPropertiesEXT(
+        sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MEMORY_BUDGET_PROPERTIES_EXT
+    )
+    props = vk.VkPhysicalDeviceMemoryProperties2(
+        sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MEMORY_PROPERTIES_2, pNext=budget
+    )
+    vk.vkGetPhysicalDeviceMemoryProperties2(physical, props)
+    mp = props.memoryProperties
+    local = vk.VK_MEMORY_HEAP_DEVICE_LOCAL_BIT
+    used = sum(
+        int(budget.heapUsage[i])
+        for i in range(mp.memoryHeapCount)
+        if int(mp.memoryHeaps[i].flags) & local
+    )
+    return used, f"{BUDGET_EXT} heapUsage of the device-local heaps (this process)"

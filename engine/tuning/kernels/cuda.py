@@ -15,6 +15,8 @@ Constraints read DeviceInfo.extra: ``cc`` (compute capability as major*10+minor)
 
 from __future__ import annotations
 
+from engine.roofline import Tensor
+from engine.tuning.memory import MemoryCost, ModelShape, dense_copies, loaded_default
 from engine.tuning.registry import HOST, PUSHED, REGISTRY, Constraint, Param, Variant, define
 
 B = "cuda"
@@ -23,6 +25,14 @@ BLOCK_TYPES = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K"})
 FLOAT_TYPES = frozenset({"F32", "F16", "BF16"})
 ALL_TYPES = BLOCK_TYPES | FLOAT_TYPES
 """Weight types the CUDA backend keeps on the GPU (load_weight raises for any other)."""
+
+
+def _staged_scratch(shape: ModelShape, context_tokens: int, params: dict) -> MemoryCost:
+    """matmul_prefill.staged's fp16 scratch: scratch_mb, or the largest weight's fp16 rows when
+    that is less (backend._staged takes whole rows up to the whole matrix)."""
+    largest = max((2 * t.elements for t in shape.matrices(stacked=False)), default=0)
+    scratch = min(int(params["scratch_mb"]) << 20, largest)
+    return MemoryCost(scratch={"staged fp16 scratch": scratch})
 
 
 def _cc_at_least(cc: int) -> Constraint:
@@ -608,6 +618,7 @@ REGISTRY.register(
             quant_types=ALL_TYPES,
             source="cuda/dequant.cu",
             numeric="fp16",
+            memory=_staged_scratch,
             doc="dequantize to an fp16 scratch, then cuBLAS GEMM (fp32 accumulate, fp32 out)",
         ),
         Variant(
@@ -651,6 +662,8 @@ REGISTRY.register(
             quant_types=ALL_TYPES,
             source="cuda/prefill_f16.cu",
             numeric="fp16",
+            # the fp16 copy [N, K] of every 2-D matmul weight of the layers (prefill.py)
+            memory=dense_copies(2, "f16", stacked=False),
             doc="staged's arithmetic without its per-GEMM dequantize: each 2-D weight's fp16 "
             "copy is made once, at its first prefill GEMM, and kept on the GPU (counted in "
             "memory_report's weights; 7B ~14 GiB more), then one cuBLAS GEMM (fp16 in, fp32 "
@@ -1176,3 +1189,13 @@ REGISTRY.register(
         ),
     ],
 )
+
+
+def _loaded_bytes(t: Tensor) -> int:
+    """A Q6_K tensor's blocks are padded from 210 to 224 bytes on the GPU (backend.Q6K_PADDED)."""
+    if t.qtype == "Q6_K" and len(t.shape) > 1:
+        return t.nbytes // 210 * 224
+    return loaded_default(t)
+
+
+REGISTRY.loaded_bytes[B] = _loaded_bytes

@@ -4,6 +4,8 @@ prefill chunking and weight cache are real choices, so the agent can run end to 
 from __future__ import annotations
 
 from engine.quant_types import SUPPORTED
+from engine.roofline import Tensor
+from engine.tuning.memory import dense_copies
 from engine.tuning.registry import HOST, REGISTRY, Param, Variant
 
 B = "numpy"
@@ -26,6 +28,11 @@ for _op in ("matmul_decode", "matmul_prefill"):
                 quant_types=SUPPORTED,
                 source="engine/backends/numpy_ref.py",
                 numeric="order_only",
+                # decode also meets the LM head (prefill's head runs on one row: decode's op);
+                # stacked experts are cached under matmul_prefill's variant alone (_expert)
+                memory=dense_copies(
+                    4, "f32", lm_head=_op == "matmul_decode", stacked=_op == "matmul_prefill"
+                ),
                 doc="dequantize each weight once to float32 and keep it (fast, 4 B/weight RAM)",
             ),
             Variant(
@@ -98,3 +105,13 @@ REGISTRY.register(
     ],
     doc="gated delta-net scan (prefill; decode T == 1 is always sequential)",
 )
+
+
+def _loaded_bytes(t: Tensor) -> int:
+    """The file's bytes (a view of the memory map), and a float32 copy of a 1-D weight
+    (load_weight) and of the conv kernel (ssm_conv keeps one whatever the matmul variants)."""
+    dense = len(t.shape) == 1 or "ssm_conv1d" in t.name
+    return t.nbytes + (4 * t.elements if dense else 0)
+
+
+REGISTRY.loaded_bytes[B] = _loaded_bytes

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from engine.tuning.memory import dense_copies
 from engine.tuning.registry import (
     HOST,
     PUSHED,
@@ -223,6 +224,12 @@ def _coopmat_store_unrolled(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
         return True
     sg = int(c["subgroup_size"]) or int(_extra(dev, "min_subgroup_size", 0) or dev.subgroup_size)
     return sg >= 32
+
+
+def _resident_pad(n: int, k: int) -> tuple[int, int]:
+    """The shape of matmul_prefill.resident's fp16 copy of an [n, k] weight (resident.py's
+    rpad and kpad; imported from there would pull in the GPU binding)."""
+    return -(-n // 256) * 256, -(-k // 64) * 64
 
 
 def _resident_tiles(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
@@ -844,6 +851,8 @@ REGISTRY.register(
             quant_types=QUANT_TYPES,
             source="vulkan/matmul_f16.comp",
             numeric="fp16",
+            # each 2-D matmul weight's fp16 copy, rows to 256 and k to 64 (vulkan/resident.py)
+            memory=dense_copies(2, "f16", stacked=False, pad=_resident_pad),
             doc="each 2-D weight dequantized once to an fp16 copy [N, Kp] kept on the device "
             "(counted in memory_report's weights; 7B ~14 GiB more), activations converted to "
             "fp16 per GEMM, then a cooperative-matrix GEMM with no dequant in its k-loop: "
