@@ -26,7 +26,7 @@ from agent import report
 from agent.acceptance import Decision, decide
 from agent.dispatch import Pending
 from agent.experiment import Experiment
-from agent.fleet import Slot, past_invocations
+from agent.fleet import Slot, past_invocations, remove_stale_temps
 from agent.local import LocalRunner
 from agent.phase import Phase, TrialStage
 from agent.records import Confirmation, TrialRecord
@@ -640,6 +640,18 @@ class Agent:
         path = self.opts.storage.status_path
         if not hasattr(self, "_past_runs"):  # earlier invocations, for the dashboard
             self._past_runs = past_invocations(path, self.started)
+            for tmp in remove_stale_temps(path):
+                log.info("removed %s, left by a status write cut short", tmp)
+        try:
+            self._write_run_status(path, state)
+        except OSError as e:  # the dashboard's view only: a full disk must not stop the run
+            if not getattr(self, "_status_failed", False):
+                log.warning("fleet status %s not written: %s", path, e)
+            self._status_failed = True
+        else:
+            self._status_failed = False
+
+    def _write_run_status(self, path: Path, state: str) -> None:
         report.write_run_status(
             path,
             self.exp,
