@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from optuna.exceptions import UpdateFinishedTrialError
 
 from agent import lease as lease_mod
-from agent import report
+from agent import report, unsaved
 from agent.acceptance import Decision, decide
 from agent.dispatch import Pending
 from agent.experiment import Experiment
@@ -33,6 +33,7 @@ from agent.records import Confirmation, TrialRecord
 from agent.space import config_key
 from agent.stats import aa_noise
 from agent.storage import StorageRef
+from agent.storage_retry import StorageDown, retrying
 from agent.study import BASELINE, StudyState, study_name
 from agent.summary import RunSummary
 from engine.errors import EngineError
@@ -146,18 +147,21 @@ class Agent:
         registered = set(REGISTRY.backends())
         backends = tuple(b for b in self.exp.backends if b in registered)
         with stop_on_sigterm():
-            stopped = False
+            stopped, kept = False, None
             try:
-                self.runner.connect(
-                    self.opts.address, backends, self.opts.setup, self.opts.resources
-                )
-                with stop_on_sigterm():  # again: ray.init installs its own SIGTERM handler
-                    self._run(backends)
-            except KeyboardInterrupt:
-                stopped = True
-                raise
-            finally:
-                self._close(stopped)
+                try:
+                    self.runner.connect(
+                        self.opts.address, backends, self.opts.setup, self.opts.resources
+                    )
+                    with stop_on_sigterm():  # again: ray.init installs its own SIGTERM handler
+                        self._run(backends)
+                except KeyboardInterrupt:
+                    stopped = True
+                    raise
+                finally:
+                    kept = self._close(stopped)
+            except StorageDown as e:  # one line (exit 2), not the chained tracebacks
+                raise StorageDown(_storage_down_line(e, kept)) from None
         return self._summary()
 
     def _run(self, backends: tuple[str, ...]) -> None:
@@ -173,6 +177,7 @@ class Agent:
             self.warnings.append(f"no device of the wanted classes; cluster has {present}")
         log.info("device classes: %s; backends: %s", classes, backends)
         self.storage = self.opts.storage.open()
+        self.retrier = retrying(self.storage, self.opts.storage.display)
         # Every study this run may touch is ours before any trial of it is read (resume fails a
         # previous holder's RUNNING trials): a second agent stops here, naming the holder.
         self.leases = lease_mod.Leases(
@@ -183,35 +188,58 @@ class Agent:
             ["maximize"] * len(self.exp.objectives),
         )
         self.leases.start()
+        restored = unsaved.restore(self.opts.storage, self.storage)
+        if restored:
+            log.info("restored %d measured trial(s) a run whose storage went down kept", restored)
         self.runner.start(classes, backends, self.opts.setup, engine_commit())
         self._loop()
         for st in self.studies.values():
             self.leases.check()
             self._finalize(st)
 
-    def _close(self, stopped: bool) -> None:
+    def _close(self, stopped: bool) -> Path | None:
         """Leave the storage whole (no RUNNING trial: one stopped mid-run is failed as
-        interrupted, its config free to run again), the workers gone, an embedded Ray down."""
+        interrupted, its config free to run again), the workers gone, an embedded Ray down.
+        When the storage is down, the measured results it did not take are kept aside
+        (agent.unsaved): returns that file, if any."""
         with stop_on_sigterm(ignore=True):  # a second signal must not cut the cleanup short
             leases = getattr(self, "leases", None)
+            kept = None
             try:
-                if stopped and not (leases and leases.lost):
-                    self._abandon_in_flight()
-                    for st in self.studies.values():
-                        try:
-                            st.flush()
-                        except Exception as e:  # noqa: BLE001 - a write the signal cut in two
-                            log.warning("%s: a storage write failed while stopping: %s", st.name, e)
-                        st.settle_running(STOPPED)  # whatever was asked but not yet dispatched
-                    self._promote_on_stop()
-                self._flush()
-                self._write_status("interrupted" if stopped else "finished")
+                try:
+                    if stopped and not (leases and leases.lost):
+                        self._abandon_in_flight()
+                        for st in self.studies.values():
+                            try:
+                                st.flush()
+                            except StorageDown:
+                                raise
+                            except Exception as e:  # noqa: BLE001 - a write the signal cut in two
+                                log.warning(
+                                    "%s: a storage write failed while stopping: %s", st.name, e
+                                )
+                            st.settle_running(STOPPED)  # asked but not yet dispatched
+                        self._promote_on_stop()
+                    self._flush()
+                except StorageDown:
+                    pass  # the cause is raised by run(); what is left is kept aside below
+                if self.storage_down:
+                    kept = unsaved.save(self.opts.storage, self.studies.values())
+                    self._write_status("storage down")
+                else:
+                    self._write_status("interrupted" if stopped else "finished")
             finally:
                 self.runner.kill_all()
                 if leases is not None:  # after the last write: the next holder owns the rest
                     leases.release()
                 if self.opts.shutdown:
                     self.runner.shutdown()
+            return kept
+
+    @property
+    def storage_down(self) -> str | None:
+        retrier = getattr(self, "retrier", None)
+        return retrier.down if retrier is not None else None
 
     def _promote_on_stop(self) -> None:
         """A stopped run still promotes each study's best that was accepted (and confirmed)
@@ -221,6 +249,8 @@ class Agent:
         for st in self.studies.values():
             try:
                 self._finalize(st)
+            except StorageDown:
+                raise
             except Exception as e:  # noqa: BLE001 - the stop goes on; a rerun promotes it
                 log.warning("%s: not promoted while stopping: %s", st.name, e)
 
@@ -644,6 +674,9 @@ class Agent:
                 log.info("removed %s, left by a status write cut short", tmp)
         try:
             self._write_run_status(path, state)
+        except StorageDown:
+            if state != "storage down":
+                raise
         except OSError as e:  # the dashboard's view only: a full disk must not stop the run
             if not getattr(self, "_status_failed", False):
                 log.warning("fleet status %s not written: %s", path, e)
@@ -746,6 +779,16 @@ def signals_held() -> Iterator[None]:
                 old[s](s, None)
             elif old[s] == signal.SIG_DFL:
                 signal.raise_signal(s)
+
+
+def _storage_down_line(e: StorageDown, kept: Path | None) -> str:
+    """The one line a run whose storage went down ends with."""
+    if kept is None:
+        return f"{e}; run again to resume once it is back"
+    return (
+        f"{e}; the measured trials it did not take are kept in {kept} and restored by the next "
+        "run: run again once the storage is back"
+    )
 
 
 def confirmation_ok(conf: Confirmation | None) -> bool:

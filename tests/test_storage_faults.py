@@ -13,6 +13,7 @@ import pytest
 
 from agent import fleet, journal
 from agent.journal import JournalDamaged
+from agent.lease import KEY
 from agent.storage import parse_storage
 
 
@@ -112,3 +113,115 @@ def test_status_writes_leave_no_temp_files(tmp_path: Path, monkeypatch: pytest.M
     mine.write_text("{")
     assert fleet.remove_stale_temps(status) == [dead]
     assert not dead.exists() and mine.exists()
+
+
+def _experiment_file(tmp_path: Path, model: Path) -> Path:
+    import tomli_w
+
+    data = {
+        "name": "down",
+        "models": [str(model)],
+        "backends": ["numpy"],
+        "objectives": [{"metric": "prefill_tok_s", "prompt_tokens": 12}],
+        "validate": {"random_prompts": [1, 9], "steps": 1},
+        "bench": {"pairs": 2, "warmup": 1},
+        "budget": {"trials": 2, "trial_timeout_s": 120},
+        "sampler": {"name": "grid", "seed": 0},
+        "space": {"numpy": {"prefill": {"chunk_tokens": [8, 16]}}},
+    }
+    path = tmp_path / "down.toml"
+    path.write_text(tomli_w.dumps(data))
+    return path
+
+
+def test_a_storage_that_fails_mid_run_is_retried_then_one_line_and_the_result_kept(
+    tiny_model_path: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    """The journal's disk fills once the baseline trial is measured: the agent tries again with
+    backoff, then ends with one line naming the storage (exit 2, no traceback); the measured
+    trial is kept aside and the next run, with space free, records it instead of running it
+    again as interrupted."""
+    from agent import storage_retry
+    from agent.cli import main
+    from agent.study import StudyState
+
+    monkeypatch.setattr(storage_retry, "RETRY_DELAYS_S", (0.01, 0.02))
+    journal_path = tmp_path / "s.journal"
+    real_append = journal.RepairingJournalBackend.append_logs
+    full: list[bool] = []
+
+    def append(self: journal.RepairingJournalBackend, logs: list) -> None:
+        if full:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_append(self, logs)
+
+    real_finish = StudyState.finish
+
+    def finish(self: StudyState, trial: optuna.Trial, record, values) -> None:  # noqa: ANN001
+        real_finish(self, trial, record, values)
+        full.append(True)  # the disk fills as the first measured trial is to be written
+
+    monkeypatch.setattr(journal.RepairingJournalBackend, "append_logs", append)
+    monkeypatch.setattr(StudyState, "finish", finish)
+    exp = _experiment_file(tmp_path, tiny_model_path)
+    argv = ["run", str(exp), "--local", "--storage", str(journal_path), "--no-promote"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"error: storage journal://{journal_path} failed 3 times"), err
+    assert "No space left on device" in last and "kept in" in last
+
+    monkeypatch.setattr(StudyState, "finish", real_finish)
+    full.clear()
+    storage = parse_storage(str(journal_path)).open()
+    (name,) = optuna.get_all_study_names(storage)
+    # The lease the first run could not release: a new process finds its holder dead; this one
+    # (same pid) would not, so it is cleared as that finding would.
+    storage.set_study_system_attr(storage.get_study_id_from_name(name), KEY, None)
+    assert main(argv) == 0
+    study = optuna.load_study(study_name=name, storage=parse_storage(str(journal_path)).open())
+    first = study.trials[0]
+    assert first.state is optuna.trial.TrialState.COMPLETE
+    assert first.user_attrs["outcome"] == "ok" and first.user_attrs["role"] == "baseline"
+    assert all(t.user_attrs.get("outcome") != "interrupted" for t in study.trials)
+
+
+def test_postgres_stopped_mid_run_is_retried_through_a_restart_then_one_line() -> None:
+    """``pg_ctl stop -m immediate`` under the agent's storage: a restart within the backoff
+    costs nothing; a server that stays down is one StorageDown naming the storage (password
+    masked), and every later call fails at once instead of waiting out the backoff again."""
+    import threading
+    import time
+
+    from agent.storage_retry import StorageDown, retrying
+    from tests.pg import PostgresServer
+
+    server = PostgresServer().start()  # its own: the session's server must stay up
+    try:
+        url = server.create_database().replace("postgres@", "postgres:s3cr3t@")
+        ref = parse_storage(url)
+        storage = ref.open()
+        study = optuna.create_study(study_name="s", storage=storage)
+        retrier = retrying(storage, ref.display, delays=(0.3, 0.6, 1.2, 2.4, 4.8))
+        server.pause()
+        threading.Timer(0.5, server.resume).start()
+        study.set_user_attr("after", 1)  # tried again until the server is back
+        assert study.user_attrs == {"after": 1} and retrier.down is None
+
+        retrier.delays = (0.05, 0.05)
+        server.pause()
+        with pytest.raises(StorageDown) as e:
+            study.set_user_attr("lost", 2)
+        line = str(e.value)
+        assert line.startswith("storage postgresql+psycopg://postgres:***@127.0.0.1:")
+        assert "failed 3 times" in line and "s3cr3t" not in line and "\n" not in line
+        t0 = time.monotonic()
+        with pytest.raises(StorageDown):
+            study.user_attrs  # noqa: B018 - a read, down at once
+        assert time.monotonic() - t0 < 0.05
+    finally:
+        server.stop()

@@ -160,7 +160,7 @@ def create_app(
     env.filters.update(
         num=_num, when=_when, ago=_ago, dur=_dur, study_url=_study_url, pretty=_pretty
     )
-    env.globals.update(storage=reader.ref.url, trial_link=_trial_link, quote=quote)
+    env.globals.update(storage=reader.ref.display, trial_link=_trial_link, quote=quote)
     app.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")
     app.mount("/api/docs-static", StaticFiles(directory=str(swagger_static())), name="swagger")
     js = plotly_js()
@@ -227,7 +227,7 @@ def create_app(
     async def _broken(request: Request, e: Exception) -> Response:
         # The storage failing under the dashboard (a database down, a file locked or corrupt):
         # say so on the page, not a bare 500.
-        return unavailable(request, f"cannot read the storage {reader.ref.url}: {e}")
+        return unavailable(request, f"cannot read the storage {reader.ref.display}: {e}")
 
     def unavailable(request: Request, message: str) -> Response:
         if request.url.path.startswith("/api/"):
@@ -278,7 +278,7 @@ def create_app(
 
     @app.get("/api/studies")
     def api_studies() -> dict[str, Any]:
-        return {"storage": reader.ref.url, "studies": reader.studies()}
+        return {"storage": reader.ref.display, "studies": reader.studies()}
 
     @app.get("/api/promotions")
     def api_promotions() -> dict[str, Any]:

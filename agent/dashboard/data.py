@@ -319,7 +319,7 @@ class Reader:
             c = self._studies.get(name)
             if c is None:
                 known = ", ".join(sorted(self._studies)[:10]) or "none"
-                raise NotFound(f"no study named {name!r} in {self.ref.url} (studies: {known})")
+                raise NotFound(f"no study named {name!r} in {self.ref.display} (studies: {known})")
             return self._sync(c)
 
     def stamp(self, name: str | None = None) -> str:
