@@ -127,7 +127,20 @@ class Agent:
     # --- setup --------------------------------------------------------------------------
     def promote_repo(self) -> Path:
         if self.opts.promote_repo is not None:
-            return self.opts.promote_repo
+            from agent.promote import repo_root
+
+            given = self.opts.promote_repo.resolve()
+            top = repo_root(given)
+            if top != given and not getattr(self, "_root_noted", False):
+                self._root_noted = True
+                log.info(
+                    "--promote-repo %s lies inside the git repository %s: promoting into %s, "
+                    "where the engine looks",
+                    given,
+                    top,
+                    top / "configs",
+                )
+            return top
         if self.exp.promote.repo == "scratch":
             from agent.promote import scratch_repo
 
@@ -167,7 +180,7 @@ class Agent:
     def _run(self, backends: tuple[str, ...]) -> None:
         if self.opts.setup is not None:
             self.opts.setup()
-        present = self.runner.device_classes()
+        present = self._safe_classes(self.runner.device_classes())
         wanted = self.exp.device_classes
         classes = {c: n for c, n in present.items() if wanted is None or c in wanted}
         for c in wanted or ():
@@ -196,6 +209,17 @@ class Agent:
         for st in self.studies.values():
             self.leases.check()
             self._finalize(st)
+
+    def _safe_classes(self, present: dict[str, int]) -> dict[str, int]:
+        """The cluster's device classes that are safe names (engine.device_info.class_slug): a
+        node advertising ``device:../x`` by hand must not name studies nor config paths."""
+        from engine.device_info import class_slug
+
+        for c in present:
+            if class_slug(c) != c:
+                self.warnings.append(f"device class {c!r} is not a safe name: its nodes ignored")
+                log.warning(self.warnings[-1])
+        return {c: n for c, n in present.items() if class_slug(c) == c}
 
     def _close(self, stopped: bool) -> Path | None:
         """Leave the storage whole (no RUNNING trial: one stopped mid-run is failed as
@@ -662,7 +686,12 @@ class Agent:
             "at": time.time(),
         }
         st.record_promotion(info)
-        action = "committed" if prom.commit else "unchanged"
+        action = "recorded" if prom.recovered else "committed" if prom.commit else "unchanged"
+        if prom.recovered:
+            note = (
+                f"commit {prom.commit[:12]} already promoted trial {st.best.trial} (a run stopped "
+                "before it recorded it): recorded, not committed again"
+            )
         self.promotions[st.name] = {**info, "action": action, "note": note}
         log.info("promoted %s -> %s (commit %s)", st.name, prom.path, prom.commit[:12] or "-")
 

@@ -25,7 +25,9 @@ class StudySummary:
     target: str
     ratio: float | None  # best vs the best before it, as accepted
     lower_bound: float | None
-    promotion: dict[str, Any] | None  # this run's: action committed | unchanged | already
+    promotion: (
+        dict[str, Any] | None
+    )  # action: committed | unchanged | already | recorded
     promotion_error: str = ""
     best_candidate: dict[str, Any] | None = None  # when nothing was accepted: the closest miss
     warm_start: tuple[dict[str, Any], ...] = ()  # configs of other classes enqueued first
@@ -125,6 +127,8 @@ def _promotion_lines(p: dict[str, Any]) -> list[str]:
         line = f"already promoted: {p['path']} (commit {commit or '-'} is still on {where})"
     elif action == "unchanged":
         line = f"promoted: {p['path']} already held this config on {where}; no new commit"
+    elif action == "recorded":
+        line = f"promoted: {p['path']} (commit {commit} on {where}, made by an earlier run)"
     else:
         line = f"promoted: {p['path']} (commit {commit} on {where})"
     return [line] + ([f"  ({p['note']})"] if p.get("note") else [])
