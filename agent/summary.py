@@ -25,9 +25,7 @@ class StudySummary:
     target: str
     ratio: float | None  # best vs the best before it, as accepted
     lower_bound: float | None
-    promotion: (
-        dict[str, Any] | None
-    )  # action: committed | unchanged | already | recorded
+    promotion: dict[str, Any] | None  # action: committed | unchanged | already | recorded
     promotion_error: str = ""
     best_candidate: dict[str, Any] | None = None  # when nothing was accepted: the closest miss
     warm_start: tuple[dict[str, Any], ...] = ()  # configs of other classes enqueued first
