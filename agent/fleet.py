@@ -42,6 +42,8 @@ class Slot:
     last_finished: float = 0.0  # worker clock: end of its last evaluation (0: none since start)
     current: str = ""  # "<study> #<trial>" while busy
     resubmit: list[Any] = field(default_factory=list)  # calls queued on a worker that died
+    restart_at: float = 0.0  # monotonic time a worker lost to infrastructure starts again
+    infra_losses: int = 0  # losses to infrastructure in a row (agent.infra), for the backoff
     _since: tuple[str, float] = ("", 0.0)  # (current, wall time it was first seen) for status
 
     @property
