@@ -55,3 +55,72 @@ def test_dashboard_on_an_unreachable_postgres_is_one_line(capsys: pytest.Capture
     assert len(err.splitlines()) == 1 and "Traceback" not in err
     assert err.startswith("dashboard: --storage postgresql+psycopg://u:***@127.0.0.1")
     assert "cannot connect" in err and SECRET not in err
+
+
+def _fleet_of_an_agent_on_another_host(tmp_path, heartbeat_ago: float) -> tuple[str, str]:  # noqa: ANN001
+    """A journal with one study whose lease an agent on another host holds (its last heartbeat
+    ``heartbeat_ago`` s ago), and the status file that agent last wrote a second ago: running,
+    its worker busy on trial 3. Its pid cannot be checked from here."""
+    import json
+    import time
+
+    from agent.lease import KEY
+
+    ref = parse_storage(str(tmp_path / "s.journal"))
+    storage = ref.open()
+    name = write_study(storage, "r9700", 6, seed=2, running=1)
+    now = time.time()
+    holder = {
+        "agent": "other-agent",
+        "host": "head-node-elsewhere",
+        "pid": 4242,
+        "experiment": "e",
+        "since": now - 100,
+        "heartbeat": now - heartbeat_ago,
+        "expires": now - heartbeat_ago + 60,
+    }
+    storage.set_study_system_attr(storage.get_study_id_from_name(name), KEY, holder)
+    agent = {
+        "host": "head-node-elsewhere",
+        "pid": 4242,
+        "experiment": "e",
+        "started": now - 100,
+        "updated": now - 1,
+        "state": "running",
+        "trial_timeout_s": 600,
+        "wall_time_s": 3600,
+    }
+    worker = {"worker_id": "r9700-0", "device_class": "r9700", "state": "busy"}
+    worker |= {"current": f"{name} #5", "current_since": now - 5}
+    status = {"agent": agent, "workers": [worker], "studies": [{"study": name, "budget": 20}]}
+    ref.status_path.write_text(json.dumps(status))
+    return ref.url, name
+
+
+def test_a_dead_agent_is_shown_gone_everywhere(tmp_path) -> None:  # noqa: ANN001
+    """Killed on another host: its status file still said running a second before, so the
+    dashboard showed the agent running, its worker busy, time left, and /studies no banner.
+    Its study leases stopped beating: every view says it is gone."""
+    url, name = _fleet_of_an_agent_on_another_host(tmp_path, heartbeat_ago=45)
+    client = TestClient(create_app(url, refresh_s=0.0))
+    fleet = client.get("/api/fleet").json()
+    assert "lease heartbeat stopped 45 s ago" in fleet["stale"]
+    assert fleet["agent"]["state"] == "gone" and fleet["agent"]["reported_state"] == "running"
+    (w,) = fleet["workers"]
+    assert w["state"] == "unknown" and w["reported_state"] == "busy"
+    (run,) = [i for i in fleet["invocations"] if i.get("pid") == 4242]
+    assert run["state"] == "gone"
+    progress = client.get(f"/api/studies/{quote(name)}/progress").json()
+    assert progress["agent_state"] == "gone" and progress["eta_s"] is None and progress["stale"]
+    page = client.get("/studies").text
+    assert 'id="stale"' in page and "agent gone" in page
+    assert "busy" not in client.get("/").text.split("<table")[1]  # the workers table
+
+
+def test_a_live_agent_on_another_host_is_not_called_gone(tmp_path) -> None:  # noqa: ANN001
+    url, _ = _fleet_of_an_agent_on_another_host(tmp_path, heartbeat_ago=5)
+    client = TestClient(create_app(url, refresh_s=0.0))
+    fleet = client.get("/api/fleet").json()
+    assert fleet["stale"] == "" and fleet["agent"]["state"] == "running"
+    assert fleet["workers"][0]["state"] == "busy"
+    assert 'id="stale"' not in client.get("/studies").text

@@ -331,7 +331,14 @@ def create_app(
         by_class: dict[str, list[dict[str, Any]]] = {}
         for s in studies:
             by_class.setdefault(s["device_class"] or "(unknown)", []).append(s)
-        return page(request, "studies.html", title="studies", by_class=by_class, n=len(studies))
+        return page(
+            request,
+            "studies.html",
+            title="studies",
+            by_class=by_class,
+            n=len(studies),
+            stale=reader.agent_stale(),
+        )
 
     @app.get("/promotions", response_class=HTMLResponse)
     def promotions_page(request: Request) -> HTMLResponse:

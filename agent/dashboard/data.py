@@ -43,6 +43,7 @@ from worker.records import Outcome
 log = logging.getLogger(__name__)
 
 FAILED = tuple(o.value for o in Outcome if o.broke)  # ran on a worker and broke
+GONE = "gone"  # an agent whose status says running, but that is not (Reader.agent_stale)
 OUTCOMES = (*(o.value for o in Outcome), "running", "waiting")  # + the Optuna states shown
 VERDICTS = ("baseline", "accepted", "rejected")  # what an ok trial was, as a filter and a color
 BUDGET = tuple(o.value for o in Outcome if o.spends_budget)  # spent a trial of the budget
@@ -763,6 +764,20 @@ class Reader:
         rows = [r for n in self.study_names() for r in self._study(n).rows if r is not None]
         acceptance = (agent or {}).get("acceptance") or {}
         workers = [self._worker(dict(w), rows, acceptance) for w in data.get("workers") or []]
+        stale = self.agent_stale(data)
+        invocations = _invocations(data, rows, now)
+        if stale and agent:  # what it last said it was doing is not what is happening
+            agent = {**agent, "state": GONE, "reported_state": agent.get("state")}
+            for w in workers:
+                if w.get("state") != "dead":
+                    w["reported_state"], w["state"], w["current_s"] = (
+                        w.get("state"),
+                        "unknown",
+                        None,
+                    )
+            for i in invocations:
+                if i.get("pid") == agent.get("pid") and i.get("started") == agent.get("started"):
+                    i["state"] = GONE if i.get("state") == "running" else i.get("state")
         nodes: dict[str, dict[str, Any]] = {}
         classes: dict[str, dict[str, int]] = {}
         for w in workers:
@@ -784,8 +799,8 @@ class Reader:
             "nodes": sorted(nodes.values(), key=lambda n: n["host"]),
             "device_classes": dict(sorted(classes.items())),
             "age_s": age,
-            "stale": _stale(agent, age),
-            "invocations": _invocations(data, rows, now),
+            "stale": stale,
+            "invocations": invocations,
             "ray_dashboard": str((agent or {}).get("ray_dashboard") or ""),
         }
 
@@ -809,6 +824,51 @@ class Reader:
         w["current_s"] = time.time() - float(since) if since and w.get("current") else None
         return w
 
+    def agent_stale(self, status: dict[str, Any] | None = None) -> str:
+        """Why the status file's "running" agent cannot be believed, or "": its process gone
+        (this host), its status not rewritten for longer than a trial may take, or its study
+        leases no longer beating (the agent renews them every ttl/4 from a thread, whatever its
+        loop waits on; killed, it stops)."""
+        status = self.status_file() if status is None else status
+        agent = status.get("agent") or None
+        if not agent or agent.get("state") != "running":
+            return ""
+        age = time.time() - float(agent["updated"]) if agent.get("updated") else None
+        studies = [str(s.get("study")) for s in status.get("studies") or [] if s.get("study")]
+        return _stale(agent, age) or self._lease_stale(agent, studies)
+
+    def _lease_stale(self, agent: dict[str, Any], studies: list[str]) -> str:
+        from agent.lease import KEY, Holder
+
+        now = time.time()
+        late: list[tuple[float, float]] = []
+        mine = 0
+        try:
+            with self._lock:
+                self._list()
+                ids = [self._studies[n].study_id for n in studies if n in self._studies]
+            for sid in ids:
+                h = Holder.from_attr(self.storage.get_study_system_attrs(sid).get(KEY))
+                if h is None or h.host != agent.get("host") or h.pid != agent.get("pid"):
+                    continue
+                mine += 1
+                ttl = max(h.expires - h.heartbeat, 1.0)
+                if now - h.heartbeat <= ttl / 2:
+                    return ""  # one lease beating is enough: the agent lives
+                late.append((now - h.heartbeat, ttl))
+        except Exception as e:  # noqa: BLE001 - the leases cannot tell; the other checks stand
+            log.debug("dashboard: leases not read: %s", e)
+            return ""
+        if late:
+            since, ttl = min(late)
+            return (
+                f"the agent's lease heartbeat stopped {since:.0f} s ago (it beats every "
+                f"{ttl / 4:.0f} s while it runs): the agent is gone"
+            )
+        if ids and not mine:
+            return "the agent holds none of its studies' leases any more: it is gone"
+        return ""
+
     def progress(self, name: str) -> dict[str, Any]:
         """How far the study is: evaluated / budget, this invocation's elapsed time and rate,
         the time left, and each running trial against its timeout (from the status file)."""
@@ -821,7 +881,8 @@ class Reader:
         budget = entry.get("budget")
         now = time.time()
         started = float(agent.get("started") or 0.0)
-        running_agent = agent.get("state") == "running" and bool(entry)
+        stale = self.agent_stale(status)
+        running_agent = agent.get("state") == "running" and bool(entry) and not stale
         end = now if running_agent else float(agent.get("updated") or now)
         elapsed = end - started if started and entry else None
         this_run = sum(r.outcome in BUDGET and r.finished >= started for r in rows) if entry else 0
@@ -851,12 +912,11 @@ class Reader:
                     "queued": not w,
                 }
             )
-        age = now - float(agent["updated"]) if agent.get("updated") else None
         return {
             "evaluated": evaluated,
             "budget": budget,
             "left": left,
-            "agent_state": agent.get("state", ""),
+            "agent_state": GONE if stale else agent.get("state", ""),
             "in_this_run": bool(entry),
             "evaluated_this_run": this_run,
             "elapsed_s": elapsed,
@@ -864,7 +924,7 @@ class Reader:
             "eta_s": eta,
             "trial_timeout_s": timeout,
             "current": current,
-            "stale": _stale(agent or None, age),
+            "stale": stale,
             "acceptance": agent.get("acceptance") or {},
         }
 
