@@ -357,7 +357,7 @@ def _table(args: argparse.Namespace) -> int:
         from agent.storage import parse_storage
 
         url = parse_storage(args.storage)
-        t = tables.from_study(url.open(), args.study, str(args.experiment), url.url)
+        t = tables.from_study(url.open(), args.study, str(args.experiment), url.display)
     else:
         try:
             doc = json.loads(args.sweep.read_text())
