@@ -206,6 +206,19 @@ def committed_already(repo: Path, rel: Path, config: TuningConfig, evidence: dic
     return _git(repo, "log", "-1", "--format=%H", "--", rel.as_posix())
 
 
+def commit_subject(device_class: str, family: str, evidence: dict[str, Any]) -> str:
+    """The promotion commit's subject: both speedups named (agent.win), study and trial."""
+    from agent.win import evidence_line
+
+    figures = evidence_line(evidence) or (
+        f"x{evidence.get('ratio', 0):.3f} (lower bound {evidence.get('lower_bound', 0):.3f})"
+    )
+    return (
+        f"promote {device_class}/{family}: {evidence.get('target', '')} {figures}, "
+        f"{evidence.get('study', '')} trial {evidence.get('trial', '')}"
+    )
+
+
 def _ok(repo: Path, *args: str) -> bool:
     try:
         r = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, timeout=60)
@@ -255,11 +268,7 @@ def promote(
         if done:
             message = _git(repo, "log", "-1", "--format=%s", done)
             return Promotion(repo, path, done, message, recovered=True)
-    message = (
-        f"promote {device_class}/{family}: {evidence.get('target', '')} "
-        f"x{evidence.get('ratio', 0):.3f} (lower bound {evidence.get('lower_bound', 0):.3f}), "
-        f"{evidence.get('study', '')} trial {evidence.get('trial', '')}"
-    )
+    message = commit_subject(device_class, family, evidence)
     before = _git(repo, "rev-parse", "--verify", "-q", "HEAD", check=False)
     new_dirs = [d for d in (path.parent, path.parent.parent) if not d.exists()]
     path.parent.mkdir(parents=True, exist_ok=True)

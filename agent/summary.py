@@ -30,6 +30,9 @@ class StudySummary:
     best_candidate: dict[str, Any] | None = None  # when nothing was accepted: the closest miss
     warm_start: tuple[dict[str, Any], ...] = ()  # configs of other classes enqueued first
     start_configs: tuple[str, ...] = ()  # the experiment's [[start]] configs enqueued first
+    paired_against: int | None = None  # the previous best the best's ratio was measured against
+    vs_baseline: dict[str, Any] | None = None  # chained speedup over the baseline (agent.win)
+    win: str = ""  # both figures, named (agent.win.win_line)
 
 
 @dataclass(frozen=True)
@@ -77,10 +80,8 @@ class RunSummary:
                 lines.append(f"    {_nothing_accepted(s)}")
             else:
                 ch = ", ".join(f"{k}: {a} -> {b}" for k, (a, b) in s.changed.items())
-                lines.append(
-                    f"    best: trial {s.best_trial} ({ch}); {s.target} x{s.ratio:.3f} "
-                    f"(lower bound {s.lower_bound:.3f})"
-                )
+                figures = s.win or f"x{s.ratio:.3f} (lower bound {s.lower_bound:.3f})"
+                lines.append(f"    best: trial {s.best_trial} ({ch}); {s.target} {figures}")
             if s.promotion:
                 lines += [f"    {line}" for line in _promotion_lines(s.promotion)]
             elif s.promotion_error:

@@ -19,7 +19,6 @@ import bisect
 import hashlib
 import json
 import logging
-import math
 import os
 import socket
 import threading
@@ -38,6 +37,7 @@ from agent.dashboard import gitlog
 from agent.dashboard.fastread import FastReader, RawTrial
 from agent.records import TrialRecord
 from agent.storage import StorageRef, parse_storage
+from agent.win import Link, cumulative
 from worker.records import Outcome
 
 log = logging.getLogger(__name__)
@@ -398,6 +398,7 @@ class Reader:
             "speedup_lower": chain["lower"] if chain["complete"] else None,
             "speedup_upper": chain["upper"] if chain["complete"] else None,
             "chain": chain,
+            "win": self._win(c, chain, base_n),
             "median_ratio_unpaired": median_ratio,
             "threshold_min": min(thresholds) if thresholds else None,
             "threshold_max": max(thresholds) if thresholds else None,
@@ -426,6 +427,17 @@ class Reader:
                 e = conf.estimates.get(c.target)
                 return conf.paired_against, {**(e.to_dict() if e else {}), "source": "confirmation"}
         return row.paired_against, est
+
+    def _win(self, c: _StudyCache, chain: dict[str, Any], baseline: int | None) -> str:
+        """Both figures of the best, named (agent.win): its last link (the ratio acceptance
+        decided on, against the previous best) and the chained speedup over the baseline."""
+        from agent.win import win_line
+
+        if not chain["links"]:
+            return ""
+        last = chain["links"][-1]
+        total = chain if chain["complete"] else None
+        return win_line(last["ratio"], last["lower"], last["against"], total, baseline)
 
     def _chain(self, c: _StudyCache, best: int | None) -> dict[str, Any]:
         """The best's speedup over the baseline as the product of the paired ratios along the
@@ -702,8 +714,30 @@ class Reader:
                         "source": "study",
                     }
                 )
+        for p in out:
+            p["win"] = self._promotion_win(p)
         out.sort(key=lambda p: float(p["at"] or 0.0), reverse=True)
         return out
+
+    def _promotion_win(self, p: dict[str, Any]) -> str:
+        """A promotion's two figures: from its evidence's chain when recorded, else the chain
+        the study's records give for its trial now."""
+        from agent.win import evidence_line, win_line
+
+        ev = dict(p.get("evidence") or {})
+        if ev.get("vs_baseline"):
+            return evidence_line(ev)
+        c = self._studies.get(str(p.get("study")))
+        trial = p.get("trial")
+        if c is None or not isinstance(trial, int):
+            return evidence_line(ev)
+        chain = self._chain(c, trial)
+        if not chain["links"]:
+            return evidence_line(ev)
+        last = chain["links"][-1]
+        total = chain if chain["complete"] else None
+        base = next((r.number for r in c.rows if r is not None and r.role == "baseline"), None)
+        return win_line(last["ratio"], last["lower"], last["against"], total, base)
 
     def _git_history(self, repo: Path, rel: str) -> list[dict[str, Any]]:
         head = gitlog.head(repo, rel)
@@ -996,12 +1030,6 @@ def _invocations(data: dict[str, Any], rows: list[TrialRow], now: float) -> list
     return out
 
 
-def _z(confidence: float) -> float:
-    from statistics import NormalDist
-
-    return NormalDist().inv_cdf(min(max(confidence, 0.5 + 1e-9), 1 - 1e-9))
-
-
 def _chain_of(reader: Reader, c: _StudyCache, best: int | None) -> dict[str, Any]:
     """See ``Reader._chain``: links from ``best`` back to the baseline, then their product."""
     out: dict[str, Any] = {
@@ -1047,16 +1075,11 @@ def _chain_of(reader: Reader, c: _StudyCache, best: int | None) -> dict[str, Any
         )
         n = against
     links.reverse()  # baseline first
-    z = _z(confidence)
-    log_sum, var = 0.0, 0.0
-    cum = []
-    for link in links:
-        log_sum += math.log(link["ratio"])
-        se = (math.log(link["upper"]) - math.log(link["lower"])) / (2 * z)
-        var += se * se
-        half = z * math.sqrt(var)
-        cum.append((math.exp(log_sum), math.exp(log_sum - half), math.exp(log_sum + half)))
-        link["cumulative"], link["cumulative_lower"], link["cumulative_upper"] = cum[-1]
+    # the one chaining of paired ratios (agent.win): the summary and the evidence use it too
+    typed = [Link(x["trial"], x["against"], x["ratio"], x["lower"], x["upper"]) for x in links]
+    cum = cumulative(typed, confidence)
+    for link, (r, lo, hi) in zip(links, cum, strict=True):
+        link["cumulative"], link["cumulative_lower"], link["cumulative_upper"] = r, lo, hi
     if cum:
         out["ratio"], out["lower"], out["upper"] = cum[-1]
     out["links"] = links
