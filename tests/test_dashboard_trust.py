@@ -3,6 +3,7 @@ an unreachable storage one line, a dead agent never shown as running (issue 30).
 
 from __future__ import annotations
 
+import json
 import socket
 from urllib.parse import quote
 
@@ -124,3 +125,50 @@ def test_a_live_agent_on_another_host_is_not_called_gone(tmp_path) -> None:  # n
     assert fleet["stale"] == "" and fleet["agent"]["state"] == "running"
     assert fleet["workers"][0]["state"] == "busy"
     assert 'id="stale"' not in client.get("/studies").text
+
+
+def test_history_colours_by_verdict_every_objective_pareto_and_parallel(tmp_path) -> None:  # noqa: ANN001
+    """The history drew every ok trial in one colour (a rejected trial above the accepted best
+    read as a winner), the target alone, and no crash. Now: a trace per verdict, a panel per
+    objective, failures drawn with their reason; Optuna's Pareto front (two objectives) and
+    parallel coordinates served beside it."""
+    from agent.dashboard.synthetic import OBJECTIVES
+
+    ref = parse_storage(str(tmp_path / "s.journal"))
+    name = write_study(ref.open(), "r9700", 40, seed=4, running=0)
+    client = TestClient(create_app(ref.url, refresh_s=0.0))
+    h = client.get(f"/api/studies/{quote(name)}/history").json()
+    trials = client.get(f"/api/studies/{quote(name)}/trials?per_page=1000").json()["rows"]
+    verdict_of = {t["number"]: t["verdict"] for t in trials}
+    for group, points in h["by_verdict"].items():
+        for n in points["numbers"]:
+            v = verdict_of[n]
+            assert v == group or (
+                group == "failed" and v in ("crash", "compile_error", "timeout", "invalid")
+            )
+    assert h["by_verdict"]["rejected"]["numbers"] and h["by_verdict"]["failed"]["numbers"]
+    page = client.get(f"/studies/{quote(name)}").text
+    fig = json.loads(page.split('id="history-fig" class="live-figure">')[1].split("</script>")[0])
+    colours = {t["name"]: t["marker"]["color"] for t in fig["data"] if t.get("legendgroup")}
+    assert set(colours) == {"baseline", "accepted", "rejected", "failed"}
+    assert len(set(colours.values())) == 4
+    panels = {t["yaxis"] for t in fig["data"]}
+    assert len(panels) == len(OBJECTIVES) + 1  # one per objective, and the speedup
+    assert 'id="pareto"' in page and 'id="parallel"' in page
+    pareto = client.get(f"/api/studies/{quote(name)}/pareto").json()
+    assert pareto["figure"]["data"] and not pareto["error"]
+    titles = json.dumps(pareto["figure"]["layout"])
+    assert OBJECTIVES[0] in titles and OBJECTIVES[1] in titles
+    parallel = client.get(f"/api/studies/{quote(name)}/parallel").json()
+    assert parallel["figure"]["layout"]["title"]["text"] == "Parallel Coordinate Plot"
+    axes = json.dumps(parallel["figure"])
+    assert "matmul_" in axes and OBJECTIVES[0] in axes  # the parameters and the target
+
+
+def test_importances_under_ten_trials_are_a_caveat_not_an_error(tmp_path) -> None:  # noqa: ANN001
+    ref = parse_storage(str(tmp_path / "s.journal"))
+    name = write_study(ref.open(), "r9700", 5, seed=1, running=0)
+    client = TestClient(create_app(ref.url, refresh_s=0.0))
+    imp = client.get(f"/api/studies/{quote(name)}/importances").json()
+    assert imp["error"] == "" and imp["figure"] is None
+    assert imp["caveat"].startswith("only ") and "about 10 or more" in imp["caveat"]

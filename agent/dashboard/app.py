@@ -312,6 +312,34 @@ def create_app(
         fig = plots.importances(imp["importances"], imp["target"]) if imp["importances"] else None
         return {**imp, "figure": fig}
 
+    @app.get("/api/studies/{name:path}/parallel")
+    def api_parallel(name: str) -> dict[str, Any]:
+        """Optuna's parallel-coordinates plot of the ok trials, on the target objective."""
+        import optuna.visualization as vis
+
+        study, objs = reader.optuna_study(name)
+        n = sum(bool(t.params) for t in study.trials)
+        if n < 2:
+            return {"figure": None, "error": f"needs 2 ok trials with parameters; has {n}"}
+        fig = vis.plot_parallel_coordinate(study, target=lambda t: t.values[0], target_name=objs[0])
+        return {"figure": plots.optuna_figure(fig), "error": ""}
+
+    @app.get("/api/studies/{name:path}/pareto")
+    def api_pareto(name: str) -> dict[str, Any]:
+        """Optuna's Pareto-front plot, for a study of two objectives."""
+        import optuna.visualization as vis
+
+        study, objs = reader.optuna_study(name)
+        if len(objs) != 2:
+            return {
+                "figure": None,
+                "error": f"drawn for two objectives; this study has {len(objs)}",
+            }
+        if not study.trials:
+            return {"figure": None, "error": "no ok trial with both objectives yet"}
+        fig = vis.plot_pareto_front(study, target_names=objs)
+        return {"figure": plots.optuna_figure(fig), "error": ""}
+
     @app.get("/api/studies/{name:path}")
     def api_study(name: str) -> dict[str, Any]:
         return reader.summary(name)

@@ -48,6 +48,7 @@ OUTCOMES = (*(o.value for o in Outcome), "running", "waiting")  # + the Optuna s
 VERDICTS = ("baseline", "accepted", "rejected")  # what an ok trial was, as a filter and a color
 BUDGET = tuple(o.value for o in Outcome if o.spends_budget)  # spent a trial of the budget
 PLAIN = "value"  # the target of a study without agent attrs: Optuna's first value
+IMPORTANCE_MIN_TRIALS = 10  # below this, a caveat instead of a ranking of noise
 IMPORTANCE_MAX_TRIALS = 2000  # importances from the most recent ok trials, so it answers in seconds
 
 
@@ -590,6 +591,8 @@ class Reader:
             "numbers": xs,
             "values": ys,
             "accepted": {"numbers": acc_x, "values": acc_y},
+            "objectives": self._objectives(c),
+            "by_verdict": _by_verdict(c.rows, self._objectives(c)),
             "speedup": {
                 "numbers": sx,
                 "ratio": sy,
@@ -599,6 +602,36 @@ class Reader:
                 "note": chain["note"],
             },
         }
+
+    @staticmethod
+    def _objectives(c: _StudyCache) -> list[str]:
+        """Every objective of the study, the target first (as the experiment listed them)."""
+        objs = [str(o) for o in c.attrs.get("objectives") or []]
+        return objs or ([c.target] if c.target else [])
+
+    def optuna_study(self, name: str) -> tuple[optuna.Study, list[str]]:
+        """The study's ok trials as an in-memory Optuna study with every objective's value:
+        what Optuna's plotly visualizations take (parallel coordinates, Pareto front)."""
+        c = self._study(name)
+        objs = self._objectives(c)
+        ok = [
+            r
+            for r in c.rows
+            if r is not None and r.outcome == "ok" and all(o in r.metrics for o in objs)
+        ][-IMPORTANCE_MAX_TRIALS:]
+        study = optuna.create_study(directions=["maximize"] * len(objs), study_name=name)
+        study.add_trials(
+            [
+                optuna.trial.create_trial(
+                    params={k: v for k, v in r.params.items() if k in c.dists[r.number]},
+                    distributions={k: d for k, d in c.dists[r.number].items() if k in r.params},
+                    values=[r.metrics[o] for o in objs],
+                    user_attrs={"verdict": r.verdict},
+                )
+                for r in ok
+            ]
+        )
+        return study, objs
 
     def importances(self, name: str) -> dict[str, Any]:
         """Optuna's parameter importances (its default evaluator) for the target metric over
@@ -612,10 +645,20 @@ class Reader:
         with self._lock:
             if key in self._importances:
                 return self._importances[key]
-        out: dict[str, Any] = {"target": target, "trials": len(ok), "importances": {}, "error": ""}
+        out: dict[str, Any] = {
+            "target": target,
+            "trials": len(ok),
+            "importances": {},
+            "error": "",
+            "caveat": "",
+        }
+        if len(ok) < IMPORTANCE_MIN_TRIALS:  # a ranking of noise; Optuna raises below 2
+            out["caveat"] = (
+                f"only {len(ok)} ok trial(s) with {target}: parameter importances need about "
+                f"{IMPORTANCE_MIN_TRIALS} or more to mean anything"
+            )
+            return out
         try:
-            if len(ok) < 2:
-                raise ValueError(f"needs at least 2 ok trials with {target!r}; has {len(ok)}")
             study = optuna.create_study(direction="maximize", study_name=f"importances:{name}")
             study.add_trials(
                 [
@@ -983,6 +1026,37 @@ def _stale(agent: dict[str, Any] | None, age: float | None) -> str:
             f"{limit:.0f} s while it runs): it may have died or lost its storage"
         )
     return ""
+
+
+HISTORY_GROUPS = ("baseline", "accepted", "rejected", "failed")  # the history plot's colours
+
+
+def _by_verdict(rows: list[TrialRow | None], objectives: list[str]) -> dict[str, dict[str, Any]]:
+    """The history plot's points by verdict: ok trials (baseline, accepted, rejected) with each
+    objective's median, and trials that broke (compile error, crash, timeout, invalid) with
+    their reason, drawn apart so a rejected trial never looks like a win."""
+    out = {
+        g: {"numbers": [], "values": {o: [] for o in objectives}, "reasons": []}
+        for g in HISTORY_GROUPS
+    }
+    for r in rows:
+        if r is None:
+            continue
+        group = (
+            r.verdict
+            if r.verdict in VERDICTS
+            else "failed"
+            if r.outcome in (*FAILED, "invalid")
+            else ""
+        )
+        if not group:
+            continue
+        g = out[group]
+        g["numbers"].append(r.number)
+        for o in objectives:
+            g["values"][o].append(r.metrics.get(o))
+        g["reasons"].append(r.reason or r.outcome)
+    return out
 
 
 def _invocations(data: dict[str, Any], rows: list[TrialRow], now: float) -> list[dict[str, Any]]:
