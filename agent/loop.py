@@ -55,6 +55,12 @@ __all__ = [
     "stop_on_sigterm",
 ]
 
+# A plain `ray start` advertises no device: the agent then sees a cluster with none.
+JOIN_HINT = (
+    "a node joins with `python -m worker start --address HEAD:6379` (a head with devices: "
+    "`python -m worker start --head`), which advertises its devices to Ray; a plain "
+    "`ray start` advertises none"
+)
 STOPPED = "the agent was stopped (Ctrl-C or SIGTERM) while this trial ran"
 
 # A/A runs settle: a bias above AA_SETTLE on any objective is measured again, up to AA_RUNS runs
@@ -187,7 +193,8 @@ class Agent:
             if c not in present:
                 self.warnings.append(f"device class {c!r}: no worker in the cluster")
         if not classes:
-            self.warnings.append(f"no device of the wanted classes; cluster has {present}")
+            hint = "" if present else f"; {JOIN_HINT}"
+            self.warnings.append(f"no device of the wanted classes; cluster has {present}{hint}")
         log.info("device classes: %s; backends: %s", classes, backends)
         self.storage = self.opts.storage.open()
         self.retrier = retrying(self.storage, self.opts.storage.display)

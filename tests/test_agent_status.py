@@ -73,3 +73,36 @@ def test_status_tells_budget_speedup_and_workers(
     out = capsys.readouterr().out
     assert f"{row['evaluated']}/24 trials of the budget" in out and win in out
     assert "agent: gone" in out and "worker r9700-0: unknown" in out
+
+
+def test_a_cluster_with_no_device_names_how_a_node_joins(
+    tiny_model_path: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    """A plain `ray start --head` advertises no device: the run said "cluster has {}" and
+    nothing else. It names `python -m worker start`, as the README does."""
+    import tomli_w
+
+    from agent.local import LocalRunner
+
+    monkeypatch.setattr(LocalRunner, "device_classes", lambda self: {})
+    exp = tmp_path / "x.toml"
+    exp.write_text(
+        tomli_w.dumps(
+            {
+                "name": "join",
+                "models": [str(tiny_model_path)],
+                "backends": ["numpy"],
+                "objectives": [{"metric": "prefill_tok_s", "prompt_tokens": 8}],
+                "space": {"numpy": {"prefill": {"chunk_tokens": [8, 16]}}},
+            }
+        )
+    )
+    argv = ["run", str(exp), "--local", "--storage", str(tmp_path / "s.journal"), "--no-promote"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "cluster has {}" in err and "python -m worker start --address HEAD:6379" in err
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert "python -m worker start --address HEAD:6379" in readme
