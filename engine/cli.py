@@ -7,6 +7,7 @@ import json
 import logging
 import math
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -144,6 +145,11 @@ def _load(args: argparse.Namespace):  # noqa: ANN202
     )
 
 
+def _short(commit: str) -> str:
+    """A commit as a header shows it: 12 hex digits, "+dirty" kept."""
+    return commit[:12] + ("+dirty" if commit.endswith("+dirty") else "")
+
+
 def _check_context(n_ctx: int, prompt: int, gen: int, what: str) -> None:
     """Refuse what the model cannot hold (a KV cache past its context was a 477 GiB allocation)."""
     if prompt > n_ctx:
@@ -237,6 +243,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from engine.bench import bench
+    from engine.provenance import config_source, describe_source, engine_commit
 
     eng = _load(args)
     for n in args.prompt_tokens:
@@ -253,9 +260,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
             args.prefill,
             progress=bar,
         )
+    source = config_source(eng.config_source)
+    commit, at = engine_commit(), time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     lines = [
         f"{rep.model} on {rep.device['name']} ({rep.device['device_class']}, {rep.backend}), "
-        f"{rep.path} prefill, median of {rep.repeats} [min..max]"
+        f"{rep.path} prefill, median of {rep.repeats} [min..max]",
+        f"config: {describe_source(source)}; engine {_short(commit)}, {at}",
     ]
     for r in rep.results:
         s = (
@@ -269,6 +279,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             )
         lines.append(s)
     doc = rep.to_dict()
+    doc |= {"config_source": source, "engine_commit": commit, "time": at}
     doc["roofline"] = _roofline(eng, rep, lines)
     if args.profile:
         from engine.bench import bench_prompt, measure
