@@ -179,8 +179,11 @@ class Agent:
                     raise
                 finally:
                     kept = self._close(stopped)
-            except StorageDown as e:  # one line (exit 2), not the chained tracebacks
-                raise StorageDown(_storage_down_line(e, kept)) from None
+            except (StorageDown, lease_mod.LeaseLost):  # one line (exit 2), no tracebacks
+                if self.storage_down is None:
+                    raise  # a lease taken over by another agent: its own message
+                down = StorageDown(self.storage_down)
+                raise StorageDown(_storage_down_line(down, kept)) from None
         return self._summary()
 
     def _run(self, backends: tuple[str, ...]) -> None:
