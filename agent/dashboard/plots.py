@@ -134,7 +134,8 @@ def optuna_figure(fig: Any) -> dict[str, Any]:
     import json
 
     out = json.loads(fig.to_json())
-    out["layout"] = {**out.get("layout", {}), "template": None, "paper_bgcolor": "white"}
+    layout = {**out.get("layout", {}), "template": None, "paper_bgcolor": "white"}
+    out["layout"] = {**layout, "height": 460, "margin": {"l": 70, "r": 30, "t": 60, "b": 110}}
     return out
 
 
