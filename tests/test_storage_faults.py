@@ -225,3 +225,26 @@ def test_postgres_stopped_mid_run_is_retried_through_a_restart_then_one_line() -
         assert time.monotonic() - t0 < 0.05
     finally:
         server.stop()
+
+
+def test_what_counts_as_a_storage_outage() -> None:
+    """A full disk, a journal made immutable (chattr +i: EPERM) or read-only, a server gone
+    (Optuna wraps SQLAlchemy's OperationalError in StorageInternalError) are outages, retried;
+    a bug or bad data is not."""
+    import sqlalchemy.exc
+
+    from agent.storage_retry import outage
+
+    assert outage(OSError(errno.ENOSPC, "No space left on device")) == "No space left on device"
+    assert outage(PermissionError(errno.EPERM, "Operation not permitted"))
+    assert outage(OSError(errno.EROFS, "Read-only file system"))
+    refused = sqlalchemy.exc.OperationalError("SELECT 1", {}, Exception("connection refused"))
+    try:
+        try:
+            raise refused
+        except sqlalchemy.exc.OperationalError as e:
+            raise optuna.exceptions.StorageInternalError("commit failed") from e
+    except optuna.exceptions.StorageInternalError as wrapped:
+        assert outage(wrapped) == "connection refused"
+    assert outage(ValueError("bad value")) is None
+    assert outage(FileNotFoundError(errno.ENOENT, "gone")) is None
