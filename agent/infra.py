@@ -43,8 +43,8 @@ def infrastructure_cause(e: BaseException) -> str | None:
         return "its node died"
     if isinstance(e, rex.ObjectLostError):  # OwnerDiedError and the like
         return "its result was lost with its node"
-    if isinstance(e, rex.ActorUnavailableError):
-        return "its worker was unreachable"
+    if isinstance(e, rex.ActorUnavailableError):  # Ray 2.60, a node removed under a running
+        return "its worker was unreachable"  # call: "RpcError: ... Socket closed" (checked)
     if isinstance(e, rex.RayActorError):
         if e.preempted:
             return "its node was preempted"

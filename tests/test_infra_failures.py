@@ -90,6 +90,12 @@ def test_outside_causes_are_told_apart_from_the_configs() -> None:
     )
     assert "memory monitor" in infrastructure_cause(died)
     assert infrastructure_cause(ray.exceptions.RayActorError(preempted=True)) is not None
+    # what Ray 2.60 raised when a node was removed under a running call (ray.cluster_utils)
+    gone = ray.exceptions.ActorUnavailableError(
+        "The actor is temporarily unavailable: RpcError: RPC error: Socket closed rpc_code: 14.",
+        None,
+    )
+    assert infrastructure_cause(gone) == "its worker was unreachable"
     # a worker that died with no outside cause named: may be the config (a segfault)
     assert infrastructure_cause(ray.exceptions.ActorDiedError()) is None
     # an error raised inside the engine, device memory included: the config's
