@@ -125,7 +125,7 @@ def _experiment_file(tmp_path: Path, model: Path) -> Path:
         "objectives": [{"metric": "prefill_tok_s", "prompt_tokens": 12}],
         "validate": {"random_prompts": [1, 9], "steps": 1},
         "bench": {"pairs": 2, "warmup": 1},
-        "budget": {"trials": 2, "trial_timeout_s": 120},
+        "budget": {"trials": 1, "trial_timeout_s": 120},
         "sampler": {"name": "grid", "seed": 0},
         "space": {"numpy": {"prefill": {"chunk_tokens": [8, 16]}}},
     }
