@@ -279,7 +279,7 @@ def check_port_free(host: str, port: int) -> None:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from agent.status import study_rows
+    from agent.status import fleet_status, study_rows
     from agent.storage import check_storage, parse_storage
 
     ref = parse_storage(args.storage)
@@ -288,17 +288,28 @@ def _status(args: argparse.Namespace) -> int:
         rows = []
     else:
         rows = study_rows(ref) if check_storage(ref, create=False) else []
+    fleet = fleet_status(ref, rows)
     if args.json:
-        print(json.dumps([r.to_dict() for r in rows], indent=1, default=str))
+        doc = {"storage": ref.display, "studies": [r.to_dict() for r in rows], **fleet}
+        print(json.dumps(doc, indent=1, default=str))
         return 0
     if not rows:
         print(f"no studies in {ref.display}")
         return 0
     for r in rows:
         print(r.text())
-    status = ref.status_path
-    if status.exists():
-        print(f"fleet status: {status}")
+    if fleet:
+        a = fleet["agent"]
+        who = f"pid {a.get('pid')} on {a.get('host')}, experiment {a.get('experiment')}"
+        print(f"agent: {a.get('state')} ({who})")
+        for w in fleet["workers"]:
+            doing = f" on {w['current']}" if w.get("current") else ""
+            print(
+                f"  worker {w['worker_id']}: {w['state']}{doing}; {w.get('device') or '?'} on "
+                f"{w.get('host') or '?'} ({w.get('backend')}); {w.get('trials_done')} trials, "
+                f"{w.get('restarts')} restarts"
+            )
+        print(f"fleet status: {ref.status_path}")
     return 0
 
 
@@ -371,7 +382,7 @@ def _table(args: argparse.Namespace) -> int:
         from agent.storage import parse_storage
 
         url = parse_storage(args.storage)
-        t = tables.from_study(url.open(), args.study, str(args.experiment), url.url)
+        t = tables.from_study(url.open(), args.study, str(args.experiment), url.display)
     else:
         try:
             doc = json.loads(args.sweep.read_text())

@@ -40,6 +40,7 @@ class Pending:
     first_decision: Decision | None = None
     first_overhead_s: float = 0.0
     lost: str = ""  # why its first worker was lost (it is being retried once)
+    infra_tries: int = 0  # sends lost to infrastructure (agent.infra): never the config's failure
 
 
 class Strategy(Protocol):
@@ -81,7 +82,7 @@ class Runner:
         slot = p.slot
         overhead = max(0.0, (now - p.dispatched) - res.wall_s) + p.gap_s
         if res.outcome is Outcome.OK:
-            slot.failures_in_a_row = 0
+            slot.failures_in_a_row = slot.infra_losses = 0
         slot.trials_done += 1
         if slot.last_finished and res.started:
             self.idle_gaps.append(max(0.0, res.started - slot.last_finished))

@@ -42,6 +42,8 @@ class Slot:
     last_finished: float = 0.0  # worker clock: end of its last evaluation (0: none since start)
     current: str = ""  # "<study> #<trial>" while busy
     resubmit: list[Any] = field(default_factory=list)  # calls queued on a worker that died
+    restart_at: float = 0.0  # monotonic time a worker lost to infrastructure starts again
+    infra_losses: int = 0  # losses to infrastructure in a row (agent.infra), for the backoff
     _since: tuple[str, float] = ("", 0.0)  # (current, wall time it was first seen) for status
 
     @property
@@ -78,8 +80,33 @@ def write_status(path: Path, payload: dict[str, Any]) -> None:
     """Atomic JSON write (readers never see half a file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(payload, indent=1, default=str))
-    tmp.replace(path)
+    try:
+        tmp.write_text(json.dumps(payload, indent=1, default=str))
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)  # a write cut short (a full disk) leaves no orphan
+
+
+def remove_stale_temps(path: Path) -> list[Path]:
+    """Remove temp files of ``path`` left by writers that are gone (killed mid-write, before
+    write_status cleaned up after itself); returns those removed."""
+    removed = []
+    for tmp in path.parent.glob(f".{path.name}.*.tmp"):
+        pid = tmp.name[len(path.name) + 2 : -len(".tmp")]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            tmp.unlink(missing_ok=True)
+            removed.append(tmp)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 MAX_INVOCATIONS = 200  # the status file keeps this many past agent runs, for the dashboard

@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING, Any
 from optuna.exceptions import UpdateFinishedTrialError
 
 from agent import lease as lease_mod
-from agent import report
+from agent import report, unsaved
 from agent.acceptance import Decision, decide
 from agent.dispatch import Pending
 from agent.experiment import Experiment
-from agent.fleet import Slot, past_invocations
+from agent.fleet import Slot, past_invocations, remove_stale_temps
 from agent.local import LocalRunner
 from agent.memory import MemoryGate
 from agent.phase import Phase, TrialStage
@@ -34,6 +34,7 @@ from agent.records import Confirmation, TrialRecord
 from agent.space import config_key
 from agent.stats import aa_noise
 from agent.storage import StorageRef
+from agent.storage_retry import StorageDown, retrying
 from agent.study import BASELINE, StudyState, study_name
 from agent.summary import RunSummary
 from engine.errors import EngineError
@@ -56,6 +57,12 @@ __all__ = [
     "stop_on_sigterm",
 ]
 
+# A plain `ray start` advertises no device: the agent then sees a cluster with none.
+JOIN_HINT = (
+    "a node joins with `python -m worker start --address HEAD:6379` (a head with devices: "
+    "`python -m worker start --head`), which advertises its devices to Ray; a plain "
+    "`ray start` advertises none"
+)
 STOPPED = "the agent was stopped (Ctrl-C or SIGTERM) while this trial ran"
 
 # A/A runs settle: a bias above AA_SETTLE on any objective is measured again, up to AA_RUNS runs
@@ -131,7 +138,20 @@ class Agent:
     # --- setup --------------------------------------------------------------------------
     def promote_repo(self) -> Path:
         if self.opts.promote_repo is not None:
-            return self.opts.promote_repo
+            from agent.promote import repo_root
+
+            given = self.opts.promote_repo.resolve()
+            top = repo_root(given)
+            if top != given and not getattr(self, "_root_noted", False):
+                self._root_noted = True
+                log.info(
+                    "--promote-repo %s lies inside the git repository %s: promoting into %s, "
+                    "where the engine looks",
+                    given,
+                    top,
+                    top / "configs",
+                )
+            return top
         if self.exp.promote.repo == "scratch":
             from agent.promote import scratch_repo
 
@@ -151,33 +171,41 @@ class Agent:
         registered = set(REGISTRY.backends())
         backends = tuple(b for b in self.exp.backends if b in registered)
         with stop_on_sigterm():
-            stopped = False
+            stopped, kept = False, None
             try:
-                self.runner.connect(
-                    self.opts.address, backends, self.opts.setup, self.opts.resources
-                )
-                with stop_on_sigterm():  # again: ray.init installs its own SIGTERM handler
-                    self._run(backends)
-            except KeyboardInterrupt:
-                stopped = True
-                raise
-            finally:
-                self._close(stopped)
+                try:
+                    self.runner.connect(
+                        self.opts.address, backends, self.opts.setup, self.opts.resources
+                    )
+                    with stop_on_sigterm():  # again: ray.init installs its own SIGTERM handler
+                        self._run(backends)
+                except KeyboardInterrupt:
+                    stopped = True
+                    raise
+                finally:
+                    kept = self._close(stopped)
+            except (StorageDown, lease_mod.LeaseLost):  # one line (exit 2), no tracebacks
+                if self.storage_down is None:
+                    raise  # a lease taken over by another agent: its own message
+                down = StorageDown(self.storage_down)
+                raise StorageDown(_storage_down_line(down, kept)) from None
         return self._summary()
 
     def _run(self, backends: tuple[str, ...]) -> None:
         if self.opts.setup is not None:
             self.opts.setup()
-        present = self.runner.device_classes()
+        present = self._safe_classes(self.runner.device_classes())
         wanted = self.exp.device_classes
         classes = {c: n for c, n in present.items() if wanted is None or c in wanted}
         for c in wanted or ():
             if c not in present:
                 self.warnings.append(f"device class {c!r}: no worker in the cluster")
         if not classes:
-            self.warnings.append(f"no device of the wanted classes; cluster has {present}")
+            hint = "" if present else f"; {JOIN_HINT}"
+            self.warnings.append(f"no device of the wanted classes; cluster has {present}{hint}")
         log.info("device classes: %s; backends: %s", classes, backends)
         self.storage = self.opts.storage.open()
+        self.retrier = retrying(self.storage, self.opts.storage.display)
         # Every study this run may touch is ours before any trial of it is read (resume fails a
         # previous holder's RUNNING trials): a second agent stops here, naming the holder.
         self.leases = lease_mod.Leases(
@@ -188,35 +216,69 @@ class Agent:
             ["maximize"] * len(self.exp.objectives),
         )
         self.leases.start()
+        restored = unsaved.restore(self.opts.storage, self.storage)
+        if restored:
+            log.info("restored %d measured trial(s) a run whose storage went down kept", restored)
         self.runner.start(classes, backends, self.opts.setup, engine_commit())
         self._loop()
         for st in self.studies.values():
             self.leases.check()
             self._finalize(st)
 
-    def _close(self, stopped: bool) -> None:
+    def _safe_classes(self, present: dict[str, int]) -> dict[str, int]:
+        """The cluster's device classes that are safe names (engine.device_info.class_slug): a
+        node advertising ``device:../x`` by hand must not name studies nor config paths."""
+        from engine.device_info import class_slug
+
+        for c in present:
+            if class_slug(c) != c:
+                self.warnings.append(f"device class {c!r} is not a safe name: its nodes ignored")
+                log.warning(self.warnings[-1])
+        return {c: n for c, n in present.items() if class_slug(c) == c}
+
+    def _close(self, stopped: bool) -> Path | None:
         """Leave the storage whole (no RUNNING trial: one stopped mid-run is failed as
-        interrupted, its config free to run again), the workers gone, an embedded Ray down."""
+        interrupted, its config free to run again), the workers gone, an embedded Ray down.
+        When the storage is down, the measured results it did not take are kept aside
+        (agent.unsaved): returns that file, if any."""
         with stop_on_sigterm(ignore=True):  # a second signal must not cut the cleanup short
             leases = getattr(self, "leases", None)
+            kept = None
             try:
-                if stopped and not (leases and leases.lost):
-                    self._abandon_in_flight()
-                    for st in self.studies.values():
-                        try:
-                            st.flush()
-                        except Exception as e:  # noqa: BLE001 - a write the signal cut in two
-                            log.warning("%s: a storage write failed while stopping: %s", st.name, e)
-                        st.settle_running(STOPPED)  # whatever was asked but not yet dispatched
-                    self._promote_on_stop()
-                self._flush()
-                self._write_status("interrupted" if stopped else "finished")
+                try:
+                    if stopped and not (leases and leases.lost):
+                        self._abandon_in_flight()
+                        for st in self.studies.values():
+                            try:
+                                st.flush()
+                            except StorageDown:
+                                raise
+                            except Exception as e:  # noqa: BLE001 - a write the signal cut in two
+                                log.warning(
+                                    "%s: a storage write failed while stopping: %s", st.name, e
+                                )
+                            st.settle_running(STOPPED)  # asked but not yet dispatched
+                        self._promote_on_stop()
+                    self._flush()
+                except StorageDown:
+                    pass  # the cause is raised by run(); what is left is kept aside below
+                if self.storage_down:
+                    kept = unsaved.save(self.opts.storage, self.studies.values())
+                    self._write_status("storage down")
+                else:
+                    self._write_status("interrupted" if stopped else "finished")
             finally:
                 self.runner.kill_all()
                 if leases is not None:  # after the last write: the next holder owns the rest
                     leases.release()
                 if self.opts.shutdown:
                     self.runner.shutdown()
+            return kept
+
+    @property
+    def storage_down(self) -> str | None:
+        retrier = getattr(self, "retrier", None)
+        return retrier.down if retrier is not None else None
 
     def _promote_on_stop(self) -> None:
         """A stopped run still promotes each study's best that was accepted (and confirmed)
@@ -226,6 +288,8 @@ class Agent:
         for st in self.studies.values():
             try:
                 self._finalize(st)
+            except StorageDown:
+                raise
             except Exception as e:  # noqa: BLE001 - the stop goes on; a rerun promotes it
                 log.warning("%s: not promoted while stopping: %s", st.name, e)
 
@@ -658,7 +722,12 @@ class Agent:
             "at": time.time(),
         }
         st.record_promotion(info)
-        action = "committed" if prom.commit else "unchanged"
+        action = "recorded" if prom.recovered else "committed" if prom.commit else "unchanged"
+        if prom.recovered:
+            note = (
+                f"commit {prom.commit[:12]} already promoted trial {st.best.trial} (a run stopped "
+                "before it recorded it): recorded, not committed again"
+            )
         self.promotions[st.name] = {**info, "action": action, "note": note}
         log.info("promoted %s -> %s (commit %s)", st.name, prom.path, prom.commit[:12] or "-")
 
@@ -666,6 +735,21 @@ class Agent:
         path = self.opts.storage.status_path
         if not hasattr(self, "_past_runs"):  # earlier invocations, for the dashboard
             self._past_runs = past_invocations(path, self.started)
+            for tmp in remove_stale_temps(path):
+                log.info("removed %s, left by a status write cut short", tmp)
+        try:
+            self._write_run_status(path, state)
+        except StorageDown:
+            if state != "storage down":
+                raise
+        except OSError as e:  # the dashboard's view only: a full disk must not stop the run
+            if not getattr(self, "_status_failed", False):
+                log.warning("fleet status %s not written: %s", path, e)
+            self._status_failed = True
+        else:
+            self._status_failed = False
+
+    def _write_run_status(self, path: Path, state: str) -> None:
         report.write_run_status(
             path,
             self.exp,
@@ -760,6 +844,16 @@ def signals_held() -> Iterator[None]:
                 old[s](s, None)
             elif old[s] == signal.SIG_DFL:
                 signal.raise_signal(s)
+
+
+def _storage_down_line(e: StorageDown, kept: Path | None) -> str:
+    """The one line a run whose storage went down ends with."""
+    if kept is None:
+        return f"{e}; run again to resume once it is back"
+    return (
+        f"{e}; the measured trials it did not take are kept in {kept} and restored by the next "
+        "run: run again once the storage is back"
+    )
 
 
 def confirmation_ok(conf: Confirmation | None) -> bool:

@@ -39,6 +39,7 @@ class Promotion:
     path: Path  # absolute path of the config file
     commit: str  # the commit that added it ("" when the file already held this content)
     message: str
+    recovered: bool = False  # committed by an earlier run killed before it recorded the commit
 
 
 def _git(repo: Path, *args: str, check: bool = True) -> str:
@@ -119,6 +120,7 @@ def check_target(repo: Path, branch: str) -> None:
             f"{branch}. Check out {branch} there, or promote into another repository "
             "(--promote-repo)."
         )
+    check_interrupted_commit(repo)
     staged = _git(repo, "diff", "--cached", "--name-only")
     if staged:
         files = ", ".join(staged.splitlines()[:5])
@@ -142,6 +144,84 @@ def check_repo(repo: Path, rel: Path, branch: str) -> None:
             f"{repo / rel} has uncommitted edits: refusing to overwrite them. "
             "Commit or revert them."
         )
+
+
+# --- recovery and path checks (a promotion killed mid-way, a hostile device class) -----------
+VOLATILE_EVIDENCE = ("promoted_at",)  # differs between two promotions of the same trial
+
+
+def repo_root(repo: Path) -> Path:
+    """The top of the git checkout ``repo`` lies in (``repo`` itself when it is not in one, for
+    check_target to refuse): the engine reads ``configs/`` there, never in a subdirectory."""
+    top = _git(repo, "rev-parse", "--show-toplevel", check=False) if repo.is_dir() else ""
+    return Path(top).resolve() if top else repo
+
+
+def check_inside(path: Path, root: Path) -> None:
+    """Refuse a config path that resolves outside ``root`` (a device class or family made of
+    ``..`` or a symlink leading out): the check is on the resolved path, not its spelling."""
+    if not path.resolve().is_relative_to(root.resolve()):
+        raise PromotionRefused(
+            f"promoted config path {path} resolves outside {root}: refusing to write it"
+        )
+
+
+def check_interrupted_commit(repo: Path) -> None:
+    """Refuse, saying exactly how to clean up, a repository where a git process was killed
+    mid-commit (a promotion killed with its process group): ``index.lock`` left behind, and the
+    config it was committing still staged and written, where the engine would load it."""
+    lock = Path(_git(repo, "rev-parse", "--git-path", "index.lock"))
+    lock = lock if lock.is_absolute() else repo / lock
+    if not lock.exists():
+        return
+    staged = _git(repo, "diff", "--cached", "--name-only", check=False).splitlines()
+    steps = [f"rm {lock}"]
+    if staged:
+        files = " ".join(staged)
+        steps.append(f"git -C {repo} restore --source=HEAD --staged --worktree -- {files}")
+    raise PromotionRefused(
+        f"{repo}: a git commit was killed mid-way (it left {lock}"
+        + (f" and {len(staged)} staged file(s): {', '.join(staged[:5])}" if staged else "")
+        + "). If no git process runs there now, clean up with: "
+        + " && ".join(steps)
+        + "; then run again"
+    )
+
+
+def committed_already(repo: Path, rel: Path, config: TuningConfig, evidence: dict[str, Any]) -> str:
+    """The commit that already promoted this (same config, same evidence but the time): a run
+    killed after git committed and before its storage recorded the commit must not commit a
+    second time on rerun. "" when the file at HEAD is another promotion (or none)."""
+    text = _git(repo, "show", f"HEAD:{rel.as_posix()}", check=False)
+    if not text:
+        return ""
+    try:
+        data = tomllib.loads(text)
+        same = TuningConfig.from_flat(config.backend, _flat(data)) == config
+    except (tomllib.TOMLDecodeError, EngineError):
+        return ""
+    ours = tomllib.loads(evidence_toml({"evidence": evidence}))["evidence"]
+    theirs = data.get("evidence", {})
+    for key in VOLATILE_EVIDENCE:
+        ours.pop(key, None)
+        theirs.pop(key, None)
+    if not same or ours != theirs:
+        return ""
+    return _git(repo, "log", "-1", "--format=%H", "--", rel.as_posix())
+
+
+def commit_subject(where: str, evidence: dict[str, Any]) -> str:
+    """The promotion commit's subject: where (class/family/shape key and context), both
+    speedups named (agent.win), study and trial."""
+    from agent.win import evidence_line
+
+    figures = evidence_line(evidence) or (
+        f"x{evidence.get('ratio', 0):.3f} (lower bound {evidence.get('lower_bound', 0):.3f})"
+    )
+    return (
+        f"promote {where}: {evidence.get('target', '')} {figures}, "
+        f"{evidence.get('study', '')} trial {evidence.get('trial', '')}"
+    )
 
 
 def _ok(repo: Path, *args: str) -> bool:
@@ -184,18 +264,20 @@ def promote(
 ) -> Promotion:
     """Write and commit the config promoted for this device class, model shape and served
     context (recorded in the evidence's ``tuned_on``); returns where and which commit."""
-    repo = repo.resolve()
+    repo = repo_root(repo.resolve())
     path = promoted_path(device_class, shape, context_tokens, repo / "configs")
+    check_inside(path, repo / "configs")
     rel = path.relative_to(repo)
     check_repo(repo, rel, branch)
     evidence = {"tuned_on": tuned_on(shape, context_tokens), **evidence}  # the path's key
     text = config_text(config, evidence)
-    message = (
-        f"promote {device_class}/{shape.family}/{shape.key} ctx{context_tokens}: "
-        f"{evidence.get('target', '')} "
-        f"x{evidence.get('ratio', 0):.3f} (lower bound {evidence.get('lower_bound', 0):.3f}), "
-        f"{evidence.get('study', '')} trial {evidence.get('trial', '')}"
-    )
+    if path.exists() and path.read_text() != text:
+        done = committed_already(repo, rel, config, evidence)
+        if done:
+            message = _git(repo, "log", "-1", "--format=%s", done)
+            return Promotion(repo, path, done, message, recovered=True)
+    where = f"{device_class}/{shape.family}/{shape.key} ctx{context_tokens}"
+    message = commit_subject(where, evidence)
     before = _git(repo, "rev-parse", "--verify", "-q", "HEAD", check=False)
     new_dirs = [d for d in (path.parent, *path.parents[1:3]) if not d.exists()]
     path.parent.mkdir(parents=True, exist_ok=True)

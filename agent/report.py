@@ -15,6 +15,7 @@ from agent.records import Confirmation, Outcome, TrialRecord
 from agent.stats import RatioEstimate
 from agent.study import BASELINE, StudyState
 from agent.summary import Overhead, StudySummary
+from agent.win import chain_to_baseline, win_line
 from engine.sentinel import cache_key
 from worker.records import ValidateSummary
 
@@ -120,6 +121,7 @@ def evidence(exp: Experiment, storage: str, st: StudyState, rec: TrialRecord) ->
         "confidence": exp.acceptance.confidence,
         "min_gain": exp.acceptance.min_gain,
         "aa_noise": rec.decision.noise if rec.decision else 0.0,
+        "vs_baseline": vs_baseline(st, rec.trial, target) or {},  # chained (agent.win)
         "changed": {k: {"from": a, "to": b} for k, (a, b) in rec.changed.items()},
         "objectives": {
             name: {**_est_dict(rec.estimates.get(name)), **s.to_dict()}
@@ -220,10 +222,13 @@ def study_summary(
             counts[k] = counts.get(k, 0) + 1
     base_trial = st.baseline_trial()
     is_base = st.best.trial is None or st.best.trial == base_trial
-    ratio = lower = None
+    ratio = lower = against = total = None
     if not is_base and st.best.trial is not None:
-        est = st.trials_record(st.best.trial).estimates.get(exp.acceptance.target)
+        rec = st.trials_record(st.best.trial)
+        est = rec.estimates.get(exp.acceptance.target)
         ratio, lower = (est.ratio, est.lower) if est else (None, None)
+        against = rec.paired_against
+        total = vs_baseline(st, st.best.trial, exp.acceptance.target)
     best_memory = None
     if st.best.trial is not None:
         best_memory = memory_evidence(st.trials_record(st.best.trial).memory) or None
@@ -251,7 +256,22 @@ def study_summary(
         warm_start=tuple(st.warm_start),
         start_configs=tuple(st.start_configs),
         best_memory=best_memory,
+        paired_against=against,
+        vs_baseline=total,
+        win=win_line(ratio, lower, against, total, base_trial),
     )
+
+
+def vs_baseline(st: StudyState, trial: int, target: str) -> dict[str, Any] | None:
+    """The trial's chained speedup over the baseline (agent.win), from the study's records."""
+
+    def record(n: int) -> TrialRecord | None:
+        try:
+            return st.trials_record(n)
+        except (IndexError, KeyError, ValueError):
+            return None
+
+    return chain_to_baseline(record, trial, target)
 
 
 def overhead(overheads: list[tuple[float, float]], idle_gaps: list[float]) -> Overhead:

@@ -19,6 +19,7 @@ import ray
 from agent import cluster
 from agent.dispatch import Pending, Runner, cause_line, first_line
 from agent.fleet import BUSY, DEAD, IDLE, MAX_RESTARTS_IN_A_ROW, STARTING, Slot, setup_calls
+from agent.infra import INFRA_LOSSES_IN_A_ROW, INFRA_TRIES, backoff_s, infrastructure_cause
 from agent.phase import Phase, TrialStage, advance
 from worker.actor import spawn
 from worker.records import EvalResult, Outcome
@@ -164,6 +165,12 @@ class RayRunner(Runner):
         for slot in self.slots:
             if slot.state == DEAD:
                 continue
+            if slot.restart_at:  # lost to infrastructure: started again after its backoff
+                if time.monotonic() < slot.restart_at:
+                    continue
+                assert self.fleet is not None
+                slot.restart_at = 0.0
+                self.fleet.start(slot, self.models, fresh=not slot.noise)
             if slot.setup or slot.state == STARTING:
                 if self.busy(slot):
                     continue
@@ -240,10 +247,15 @@ class RayRunner(Runner):
     # --- results --------------------------------------------------------------------------
     def wait(self) -> bool:
         """Wait for any result or deadline and hand each on; False when nothing is in flight."""
+        restarts = [s.restart_at for s in self.slots if s.restart_at and s.state != DEAD]
         if not self.pending:
-            return False
+            if not restarts:
+                return False
+            time.sleep(max(0.0, min(restarts) - time.monotonic()))  # a worker's backoff
+            return True
         refs = [p.ref for p in self.pending]
-        wait = max(0.0, min(p.deadline for p in self.pending) - time.monotonic())
+        wake = min([p.deadline for p in self.pending] + restarts)
+        wait = max(0.0, wake - time.monotonic())
         ready, _ = ray.wait(refs, num_returns=1, timeout=wait)
         if ready:
             ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
@@ -266,10 +278,14 @@ class RayRunner(Runner):
         self._start_next(slot, now)
         try:
             value = ray.get(p.ref)
-        except ray.exceptions.RayActorError as e:
-            self._worker_lost(p, Outcome.CRASH, f"worker died: {first_line(e)}")
-            return
-        except Exception as e:  # noqa: BLE001 - an error raised inside the actor method
+        except Exception as e:  # noqa: BLE001 - the worker lost, or an error raised inside it
+            why = infrastructure_cause(e)
+            if why is not None:  # not the config's doing: retried with backoff, never charged
+                self._infra_lost(p, why)
+                return
+            if isinstance(e, ray.exceptions.RayActorError | ray.exceptions.WorkerCrashedError):
+                self._worker_lost(p, Outcome.CRASH, f"worker died: {first_line(e)}")
+                return
             if p.phase in (Phase.INFO, Phase.LOAD):
                 self._setup_failed(p, cause_line(e))
                 return
@@ -323,6 +339,57 @@ class RayRunner(Runner):
         self.warnings.append(f"worker {p.slot.worker_id}: cannot load {p.model}: {why}")
 
     # --- failures -------------------------------------------------------------------------
+    def _infra_lost(self, p: Pending, why: str) -> None:
+        """A call lost to infrastructure (agent.infra): its worker starts again after a backoff,
+        the call and those queued behind it are sent again, and none is the config's failure:
+        nothing charged to the budget nor told to the sampler. A call lost so INFRA_TRIES times
+        is given up as interrupted (its config free); a worker lost so INFRA_LOSSES_IN_A_ROW
+        times in a row is retired."""
+        assert self.fleet is not None
+        slot = p.slot
+        slot.infra_losses += 1
+        delay = backoff_s(slot.infra_losses)
+        self.fleet.kill(slot)
+        slot.last_finished = 0.0
+        slot.restarts += 1
+        queued = [q for q in self.pending if q.slot is slot]
+        for q in queued:
+            self.pending.remove(q)
+        for q in [p, *queued]:
+            if not q.phase.evaluation or q.study is None:
+                continue
+            if q is p:
+                q.infra_tries += 1
+            if q.infra_tries >= INFRA_TRIES:
+                self.strategy.abandon(
+                    q, f"lost to infrastructure {q.infra_tries} times ({why}); not the config's"
+                )
+                continue
+            q.study.move(q.trial.number, TrialStage.retry(q.phase))
+            others = [s for s in self.others(slot) if not s.restart_at]
+            (min(others, key=self.load) if others else slot).resubmit.append(q)
+        slot.state, slot.setup, slot.current = STARTING, [], ""
+        if slot.infra_losses >= INFRA_LOSSES_IN_A_ROW:
+            slot.state = DEAD
+            self.warnings.append(
+                f"worker {slot.worker_id}: retired after {slot.infra_losses} losses to "
+                f"infrastructure in a row ({why})"
+            )
+            for q in slot.resubmit:
+                if q.study is not None:
+                    self.strategy.abandon(q, "its worker was retired")
+            slot.resubmit.clear()
+            return
+        slot.restart_at = time.monotonic() + delay
+        log.warning(
+            "worker %s: %s during %s; infrastructure, not the config: %s again in %.0f s",
+            slot.worker_id,
+            why,
+            f"trial {p.trial.number} [{p.study.name}]" if p.study is not None else p.phase,
+            "restarting it and sending its calls",
+            delay,
+        )
+
     def _timed_out(self, p: Pending) -> None:
         limit = p.deadline - p.dispatched
         self._worker_lost(p, Outcome.TIMEOUT, f"no result after {limit:.0f}s; worker restarted")

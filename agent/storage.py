@@ -76,11 +76,12 @@ class StorageRef:
     def open(self) -> optuna.storages.BaseStorage:
         if self.kind == "journal":
             from optuna.storages import JournalStorage
-            from optuna.storages.journal import JournalFileBackend
+
+            from agent.journal import RepairingJournalBackend
 
             assert self.path is not None
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            return JournalStorage(JournalFileBackend(str(self.path)))
+            return JournalStorage(RepairingJournalBackend(str(self.path)))
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         from sqlalchemy.exc import IntegrityError

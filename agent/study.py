@@ -102,6 +102,9 @@ class StudyState:
         # as it cost more trials on the measured replay table (docs/BENCHMARKS.md).
         self.tell_duplicates = False
         self._writes: list[Callable[[], None]] = []  # storage writes deferred by finish/set_best
+        # trial number -> its record's attrs, from finish until its write is stored: what a run
+        # whose storage went down keeps aside for the next run (agent.unsaved)
+        self.unsaved: dict[int, dict[str, Any]] = {}
         self._resume(baseline, baseline_source)
 
     # --- resume -------------------------------------------------------------------------
@@ -338,6 +341,7 @@ class StudyState:
                 self.told[key] = FAILED
         if record.outcome.spends_budget:
             self.evaluated += 1
+            self.unsaved[trial.number] = record.to_attrs()
 
         def write() -> None:
             # One attr per storage write: "outcome" last, so a trial whose outcome is stored
@@ -353,6 +357,7 @@ class StudyState:
                 self._tell_failed(trial)
             else:
                 self.study.tell(trial, state=TrialState.FAIL)
+            self.unsaved.pop(trial.number, None)
 
         self._writes.append(write)
 
@@ -390,9 +395,11 @@ class StudyState:
         self._writes.append(lambda: self.study.set_user_attr("best", attr))
 
     def flush(self) -> None:
-        """Run the queued storage writes, in order."""
+        """Run the queued storage writes, in order; one that fails stays queued (a retry of the
+        flush starts with it: each write only sets attrs and tells, which bear repeating)."""
         while self._writes:
-            self._writes.pop(0)()
+            self._writes[0]()
+            self._writes.pop(0)
 
     def record_promotion(self, info: dict[str, Any]) -> None:
         """Keep one promotion per (repository, branch) in ``promotions``; ``promotion`` is the

@@ -25,12 +25,15 @@ class StudySummary:
     target: str
     ratio: float | None  # best vs the best before it, as accepted
     lower_bound: float | None
-    promotion: dict[str, Any] | None  # this run's: action committed | unchanged | already
+    promotion: dict[str, Any] | None  # action: committed | unchanged | already | recorded
     promotion_error: str = ""
     best_candidate: dict[str, Any] | None = None  # when nothing was accepted: the closest miss
     warm_start: tuple[dict[str, Any], ...] = ()  # configs of other classes enqueued first
     start_configs: tuple[str, ...] = ()  # the experiment's [[start]] configs enqueued first
     best_memory: dict[str, Any] | None = None  # the best's measured footprint (agent.report)
+    paired_against: int | None = None  # the previous best the best's ratio was measured against
+    vs_baseline: dict[str, Any] | None = None  # chained speedup over the baseline (agent.win)
+    win: str = ""  # both figures, named (agent.win.win_line)
 
 
 @dataclass(frozen=True)
@@ -78,10 +81,8 @@ class RunSummary:
                 lines.append(f"    {_nothing_accepted(s)}")
             else:
                 ch = ", ".join(f"{k}: {a} -> {b}" for k, (a, b) in s.changed.items())
-                lines.append(
-                    f"    best: trial {s.best_trial} ({ch}); {s.target} x{s.ratio:.3f} "
-                    f"(lower bound {s.lower_bound:.3f})"
-                )
+                figures = s.win or f"x{s.ratio:.3f} (lower bound {s.lower_bound:.3f})"
+                lines.append(f"    best: trial {s.best_trial} ({ch}); {s.target} {figures}")
             if s.best_memory:
                 lines.append(f"    {_memory_line(s.best_memory)}")
             if s.promotion:
@@ -128,6 +129,8 @@ def _promotion_lines(p: dict[str, Any]) -> list[str]:
         line = f"already promoted: {p['path']} (commit {commit or '-'} is still on {where})"
     elif action == "unchanged":
         line = f"promoted: {p['path']} already held this config on {where}; no new commit"
+    elif action == "recorded":
+        line = f"promoted: {p['path']} (commit {commit} on {where}, made by an earlier run)"
     else:
         line = f"promoted: {p['path']} (commit {commit} on {where})"
     return [line] + ([f"  ({p['note']})"] if p.get("note") else [])

@@ -7,6 +7,7 @@ import json
 import logging
 import math
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -173,6 +174,11 @@ def _source_line(eng: Any) -> str:
     return f"  config: {s} ({s.reason}); model shape {s.shape_key}, serving {s.context_tokens}"
 
 
+def _short(commit: str) -> str:
+    """A commit as a header shows it: 12 hex digits, "+dirty" kept."""
+    return commit[:12] + ("+dirty" if commit.endswith("+dirty") else "")
+
+
 def _check_context(n_ctx: int, prompt: int, gen: int, what: str) -> None:
     """Refuse what the model cannot hold (a KV cache past its context was a 477 GiB allocation)."""
     if prompt > n_ctx:
@@ -271,6 +277,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from engine.bench import bench
+    from engine.provenance import config_source, describe_source, engine_commit
 
     eng = _load(args)
     for n in args.prompt_tokens:
@@ -287,9 +294,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
             args.prefill,
             progress=bar,
         )
+    source = config_source(eng.config_source)
+    commit, at = engine_commit(), time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     lines = [
         f"{rep.model} on {rep.device['name']} ({rep.device['device_class']}, {rep.backend}), "
-        f"{rep.path} prefill, median of {rep.repeats} [min..max]"
+        f"{rep.path} prefill, median of {rep.repeats} [min..max]",
+        f"config: {describe_source(source)} ({eng.source.reason}); model shape "
+        f"{eng.source.shape_key}, serving {eng.source.context_tokens}; "
+        f"engine {_short(commit)}, {at}",
     ]
     for r in rep.results:
         s = (
@@ -302,9 +314,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 f"[{r.decode_tok_s.min:.2f}..{r.decode_tok_s.max:.2f}]"
             )
         lines.append(s)
-    lines.append(_source_line(eng))
     doc = rep.to_dict()
-    doc["config_source"] = eng.source.to_dict()
+    doc |= {"config_source": eng.source.to_dict(), "engine_commit": commit, "time": at}
     doc["roofline"] = _roofline(eng, rep, lines)
     doc["memory"] = _footprint(eng, max(args.prompt_tokens), args.gen_tokens, lines)
     if args.profile:

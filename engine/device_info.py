@@ -5,9 +5,17 @@ backends, the worker and the agent can all name them without a circle through en
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+
+def class_slug(text: str) -> str:
+    """A device class safe as one path segment (configs/<class>/) and a Ray resource name:
+    lower-case letters, digits and single dashes. A driver's device name is not trusted input:
+    "NVIDIA ../../../evil" must not become a path that leaves configs/."""
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "unknown"
 
 
 @dataclass(frozen=True)
@@ -23,6 +31,10 @@ class DeviceInfo:
     memory_bytes: int = 0
     subgroup_size: int = 1
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:  # a class from a record or another backend: made safe too
+        if self.device_class:
+            object.__setattr__(self, "device_class", class_slug(self.device_class))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -45,6 +57,10 @@ class DeviceEntry:
     kind: str = "other"  # one of KINDS
     driver: str = ""
     memory_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        if self.device_class:
+            object.__setattr__(self, "device_class", class_slug(self.device_class))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -144,6 +144,28 @@ class PostgresServer:
             conn.execute(f'CREATE DATABASE "{name}"')
         return self.url(name)
 
+    def pause(self) -> None:
+        """Stop the server as a crash would (``pg_ctl stop -m immediate``), keeping its data:
+        a checkpoint first, as this server commits asynchronously (a crash loses the last
+        commits, which a real server with synchronous_commit keeps)."""
+        import psycopg
+
+        dsn = f"host=127.0.0.1 port={self.port} user={SUPERUSER} dbname=postgres"
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("CHECKPOINT")
+        self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "stop")
+
+    def resume(self) -> None:
+        """Start a paused server again, on the same port."""
+        opts = (
+            f"-h 127.0.0.1 -p {self.port} -k {self.root} -c fsync=off "
+            "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
+        )
+        self._run(
+            str(self.bindir / "pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-o", opts,
+            "-w", "-t", "60", "start",
+        )  # fmt: skip
+
     def stop(self) -> None:
         if self.data.exists() and (self.data / "postmaster.pid").exists():
             subprocess.run(

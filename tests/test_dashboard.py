@@ -525,11 +525,12 @@ def test_serve_in_background(storage: Path) -> None:
 def test_a_study_the_agent_did_not_write_still_shows(tmp_path: Path) -> None:
     db = tmp_path / "plain.db"
     study = optuna.create_study(study_name="plain", storage=f"sqlite:///{db}")
-    study.optimize(lambda t: t.suggest_float("x", 0, 1) ** 2, n_trials=3)
+    # 10 trials: under about 10, importances are a caveat (issue 30), not a ranking of noise
+    study.optimize(lambda t: t.suggest_float("x", 0, 1) ** 2, n_trials=10)
     optuna.create_study(study_name="empty", storage=f"sqlite:///{db}")
     c = TestClient(create_app(str(db), warm=False))
     s = c.get("/api/studies/plain").json()
-    assert s["trials"] == 3 and s["done"] == 3 and s["target"] == "value" and s["speedup"] is None
+    assert s["trials"] == 10 and s["done"] == 10 and s["target"] == "value" and s["speedup"] is None
     h = c.get("/api/studies/plain/history").json()
     assert h["values"] == [t.value for t in study.trials]
     for url in ("/", "/studies", "/studies/plain", "/studies/plain/trials/2", "/studies/empty"):

@@ -288,22 +288,24 @@ PLOTS_DONE = """(() => {
 })()"""
 
 PAGES = (
-    # label, path ({outcome} is a trial of that outcome in the synthetic study), plots
-    ("finished-fleet", "/", 0),
-    ("finished-studies", "/studies", 0),
-    ("finished-study-real", f"/studies/{REAL}", 2),
-    ("finished-trial-real", f"/studies/{REAL}/trials/1", 1),
-    ("study-synthetic", f"/studies/{SYNTH}", 2),
-    ("study-accepted-filter", f"/studies/{SYNTH}?outcome=accepted", 2),
-    ("trial-baseline", f"/studies/{SYNTH}/trials/{{baseline}}", 1),
-    ("trial-accepted", f"/studies/{SYNTH}/trials/{{accepted}}", 1),
-    ("trial-rejected", f"/studies/{SYNTH}/trials/{{rejected}}", 1),
-    ("trial-running", f"/studies/{SYNTH}/trials/{{running}}", 0),
-    ("trial-duplicate", f"/studies/{SYNTH}/trials/{{duplicate}}", 0),
-    ("trial-interrupted", f"/studies/{SYNTH}/trials/{{interrupted}}", 0),
-    ("trial-failed", f"/studies/{SYNTH}/trials/{{failed}}", 0),
-    ("trial-invalid", f"/studies/{SYNTH}/trials/{{invalid}}", 0),
-    ("promotions", "/promotions", 0),
+    # label, path ({outcome} is a trial of that outcome in the synthetic study), plot divs, and
+    # how many of them draw (a study page: history, importances, Pareto front with two
+    # objectives, parallel coordinates; the real study's few trials give importances a caveat)
+    ("finished-fleet", "/", 0, 0),
+    ("finished-studies", "/studies", 0, 0),
+    ("finished-study-real", f"/studies/{REAL}", 4, 3),
+    ("finished-trial-real", f"/studies/{REAL}/trials/1", 1, 1),
+    ("study-synthetic", f"/studies/{SYNTH}", 4, 4),
+    ("study-accepted-filter", f"/studies/{SYNTH}?outcome=accepted", 4, 4),
+    ("trial-baseline", f"/studies/{SYNTH}/trials/{{baseline}}", 1, 1),
+    ("trial-accepted", f"/studies/{SYNTH}/trials/{{accepted}}", 1, 1),
+    ("trial-rejected", f"/studies/{SYNTH}/trials/{{rejected}}", 1, 1),
+    ("trial-running", f"/studies/{SYNTH}/trials/{{running}}", 0, 0),
+    ("trial-duplicate", f"/studies/{SYNTH}/trials/{{duplicate}}", 0, 0),
+    ("trial-interrupted", f"/studies/{SYNTH}/trials/{{interrupted}}", 0, 0),
+    ("trial-failed", f"/studies/{SYNTH}/trials/{{failed}}", 0, 0),
+    ("trial-invalid", f"/studies/{SYNTH}/trials/{{invalid}}", 0, 0),
+    ("promotions", "/promotions", 0, 0),
 )
 STATES = ("baseline", "accepted", "rejected", "running", "duplicate", "interrupted", "failed")
 
@@ -314,7 +316,9 @@ def _first(url: str, study: str, outcome: str) -> int:
         return int(json.loads(r.read())["rows"][0]["number"])
 
 
-def _visit(browser: DevTools, url: str, n_plots: int, label: str, shots: Path) -> list[str]:
+def _visit(
+    browser: DevTools, url: str, n_plots: int, n_svg: int, label: str, shots: Path
+) -> list[str]:
     """Load a page, wait for its plots, screenshot it; the console errors it logged."""
     browser.events.clear()
     browser.call("Page.navigate", url=url)
@@ -325,7 +329,7 @@ def _visit(browser: DevTools, url: str, n_plots: int, label: str, shots: Path) -
         time.sleep(0.3)
         state = browser.evaluate(PLOTS_DONE)
     assert state["plots"] == n_plots, f"{label}: {state}"
-    assert len(state["svg"]) == n_plots, f"{label}: plots without svg: {state}"
+    assert len(state["svg"]) == n_svg, f"{label}: plots without svg: {state}"
     assert browser.evaluate("document.querySelector('h1') !== null"), label
     _shot(browser, shots, label)
     browser.call("Runtime.evaluate", expression="1")  # drain late console events
@@ -344,9 +348,11 @@ def _text(browser: DevTools, selector: str) -> str:
 def test_every_page_renders_in_chromium(browser: DevTools, dashboard_url: str, shots: Path) -> None:
     trials = {o: _first(dashboard_url, SYNTH, o) for o in (*STATES, "invalid")}
     problems = []
-    for label, path, n_plots in PAGES:
+    for label, path, n_plots, n_svg in PAGES:
         url = dashboard_url + path.format(**trials)
-        problems += _visit(browser, url, n_plots, label, shots)
+        problems += _visit(browser, url, n_plots, n_svg, label, shots)
+        if label == "finished-study-real":  # too few trials: a caveat, not an error
+            assert "about 10 or more" in _text(browser, "#importances"), label
         if label.startswith("trial-") and label != "trial-invalid":
             state = label.removeprefix("trial-")
             verdict = _text(browser, "#verdict-card .pill")
@@ -367,7 +373,7 @@ def test_every_page_renders_in_chromium(browser: DevTools, dashboard_url: str, s
             assert color == "rgb(26, 127, 55)", color  # green, not the red of a rejection
     print(f"screenshots: {shots}")
     assert not problems, "\n".join(problems)
-    assert all((shots / f"{label}.png").stat().st_size > 10_000 for label, _, _ in PAGES)
+    assert all((shots / f"{label}.png").stat().st_size > 10_000 for label, *_ in PAGES)
 
 
 def test_api_docs_render_offline(browser: DevTools, dashboard_url: str, shots: Path) -> None:
@@ -391,18 +397,18 @@ def test_api_docs_render_offline(browser: DevTools, dashboard_url: str, shots: P
 
 def test_running_agent_pages(browser: DevTools, running_url: str, shots: Path) -> None:
     name = SYNTH
-    problems = _visit(browser, running_url + "/", 0, "running-fleet", shots)
+    problems = _visit(browser, running_url + "/", 0, 0, "running-fleet", shots)
     assert "gains above ×1.020" in _text(browser, "#workers")  # what A/A noise means
     assert "°C" in _text(browser, "#workers")  # GPU state per worker
     runs = _text(browser, "#invocations")
     assert "earlier" not in runs and "pid 2" in runs and "pid 1" in runs
-    problems += _visit(browser, f"{running_url}/studies/{name}", 2, "running-study", shots)
+    problems += _visit(browser, f"{running_url}/studies/{name}", 4, 4, "running-study", shots)
     prog = _text(browser, "#progress-card")
     assert "/ 40" in prog and "trials/h" in prog and "of 10 min timeout" in prog, prog
     assert "×1.020" in _text(browser, "#threshold-card")
     running = _first(running_url, name, "running")
     problems += _visit(
-        browser, f"{running_url}/studies/{name}/trials/{running}", 0, "running-trial", shots
+        browser, f"{running_url}/studies/{name}/trials/{running}", 0, 0, "running-trial", shots
     )
     assert "of 10 min timeout" in _text(browser, "#running-card")
     assert not problems, "\n".join(problems)

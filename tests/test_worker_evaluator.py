@@ -61,6 +61,8 @@ def test_ok_candidate_has_paired_samples_and_diffs(faulty: tuple[Evaluator, str]
         ("wrong", Outcome.INVALID, "max_abs_diff"),
         ("nocompile", Outcome.COMPILE_ERROR, "expected ';'"),
         ("raises", Outcome.CRASH, "injected failure"),
+        # a config that exhausts device memory itself: its failure, and it says so (issue 30)
+        ("device_oom", Outcome.CRASH, "out of memory: this config exhausted the device's memory"),
     ],
 )
 def test_failures_come_back_as_outcomes(

@@ -13,12 +13,10 @@ them), or the one device its operator pinned (``engine.backends.default_device``
 from __future__ import annotations
 
 import logging
-import subprocess
 from dataclasses import dataclass
-from functools import cache
-from pathlib import Path
 
 from engine.device_info import DeviceEntry, served
+from engine.provenance import engine_commit  # noqa: F401 - where the worker's records take it
 
 log = logging.getLogger(__name__)
 
@@ -102,30 +100,3 @@ def detect(backends: tuple[str, ...] | None = None, with_cpu: bool | None = None
     if "numpy" in names and (with_cpu or (with_cpu is None and not found)):
         found += served_devices("numpy")
     return NodeDevices(tuple(found), sum(d.backend == "cuda" for d in found))
-
-
-@cache
-def engine_commit() -> str:
-    """The git commit of the engine checkout this process imports, '+dirty' when its engine/ or
-    shaders/ have uncommitted or untracked files;
-    'unknown' outside a git checkout (an installed wheel, a Ray working_dir upload)."""
-    import engine
-
-    root = Path(next(iter(engine.__path__))).resolve().parent
-    try:
-        rev = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(  # uncommitted or untracked engine code or shaders
-            ["git", "-C", str(root), "status", "--porcelain", "--", "engine", "shaders"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return rev + ("+dirty" if dirty else "")

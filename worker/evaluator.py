@@ -28,6 +28,7 @@ from engine.tuning.shape import ModelShape
 from engine.validate import tokenize_prompts, validate
 from worker import gpustate, memory
 from worker.device import engine_commit
+from worker.failures import crash_reason
 from worker.models import resolve_model
 from worker.records import (
     BenchPlan,
@@ -296,7 +297,7 @@ class Evaluator:
         except Exception as e:  # noqa: BLE001 - the engine failing is a result, not a worker bug
             log.warning("candidate crashed: %s", e)
             tb = traceback.format_exc(limit=8)
-            return done(Outcome.CRASH, f"{type(e).__name__}: {e}\n{tb}")
+            return done(Outcome.CRASH, crash_reason(e, tb))
 
 
 def _resolved(backend: str, config: TuningConfig | Mapping[str, Any]) -> TuningConfig:

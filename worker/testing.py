@@ -9,6 +9,7 @@ in the agent and in every worker process).
   ``crash``      kills the worker process mid-trial (os._exit)
   ``hang``       never returns (the agent's trial timeout must fire)
   ``slow``       a correct product, made slower (a candidate that must never be accepted)
+  ``device_oom`` raises the engine's refused Vulkan allocation (a config out of device memory)
   ``lost_once``  a correct product; but the first run kills its worker, as an OOM killer or an
                  operator would (once per marker file ``$FLEETTUNE_TEST_LOST_ONCE``; unset: never)
 Its device class is ``cpu-sim``, or the ``device:sim-*`` resource of the Ray node it runs on,
@@ -25,11 +26,20 @@ import numpy as np
 
 from engine.backends.base import DeviceInfo
 from engine.backends.numpy_ref import NumpyBackend, NumpyWeight
-from engine.errors import KernelCompileError
+from engine.errors import EngineError, KernelCompileError
 from engine.tuning import REGISTRY, Variant
 
 NAME = "numpy_faults"
-FAULT_VARIANTS = ("wrong", "nocompile", "raises", "crash", "hang", "slow", "lost_once")
+FAULT_VARIANTS = (
+    "wrong",
+    "nocompile",
+    "raises",
+    "crash",
+    "hang",
+    "slow",
+    "lost_once",
+    "device_oom",
+)
 LOST_ONCE_ENV = "FLEETTUNE_TEST_LOST_ONCE"
 
 
@@ -82,6 +92,10 @@ class FaultyBackend(NumpyBackend):
             time.sleep(3600)
         if variant == "raises":
             raise RuntimeError("matmul_prefill.raises: injected failure")
+        if variant == "device_oom":  # as engine.backends.vulkan.memory words a refused allocation
+            raise EngineError(
+                "vulkan: cannot allocate 4096.0 MiB on sim (VkErrorOutOfDeviceMemory)"
+            )
         out = super().matmul(x, w)
         if variant == "wrong":
             return out * 1.5 + 0.25

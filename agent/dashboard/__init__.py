@@ -108,9 +108,12 @@ def _server(  # noqa: ANN202
 
 
 def _announce(storage_url: str, host: str, port: int, token: str | None) -> None:
+    from agent.storage import parse_storage
+
     shown = f"[{host}]" if ":" in host else host
     suffix = "/?token=<token>" if token else "/"
-    print(f"dashboard: http://{shown}:{port}{suffix} (storage {storage_url})", file=sys.stderr)
+    storage = parse_storage(storage_url).display  # a password masked, as the agent prints it
+    print(f"dashboard: http://{shown}:{port}{suffix} (storage {storage})", file=sys.stderr)
     if not is_loopback(host) and not token:
         print(
             "dashboard: --insecure: anyone who can reach this port can read every study",
@@ -191,9 +194,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run_args(args: argparse.Namespace) -> int:
     """Run from parsed ``add_arguments`` options; returns the exit code."""
     from agent.dashboard.data import StorageMissing
-    from agent.storage import parse_storage
+    from agent.storage import StorageError, check_storage, parse_storage
 
-    url = parse_storage(args.storage).url
+    try:
+        ref = parse_storage(args.storage)
+        if ref.kind == "rdb":  # unreachable, no driver: one line naming it (password masked)
+            check_storage(ref, create=False)
+    except StorageError as e:
+        print(f"dashboard: {e}", file=sys.stderr)
+        return 2
+    url = ref.url
     try:
         serve(
             url,

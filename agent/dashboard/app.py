@@ -160,7 +160,7 @@ def create_app(
     env.filters.update(
         num=_num, when=_when, ago=_ago, dur=_dur, study_url=_study_url, pretty=_pretty
     )
-    env.globals.update(storage=reader.ref.url, trial_link=_trial_link, quote=quote)
+    env.globals.update(storage=reader.ref.display, trial_link=_trial_link, quote=quote)
     app.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")
     app.mount("/api/docs-static", StaticFiles(directory=str(swagger_static())), name="swagger")
     js = plotly_js()
@@ -227,7 +227,7 @@ def create_app(
     async def _broken(request: Request, e: Exception) -> Response:
         # The storage failing under the dashboard (a database down, a file locked or corrupt):
         # say so on the page, not a bare 500.
-        return unavailable(request, f"cannot read the storage {reader.ref.url}: {e}")
+        return unavailable(request, f"cannot read the storage {reader.ref.display}: {e}")
 
     def unavailable(request: Request, message: str) -> Response:
         if request.url.path.startswith("/api/"):
@@ -278,7 +278,7 @@ def create_app(
 
     @app.get("/api/studies")
     def api_studies() -> dict[str, Any]:
-        return {"storage": reader.ref.url, "studies": reader.studies()}
+        return {"storage": reader.ref.display, "studies": reader.studies()}
 
     @app.get("/api/promotions")
     def api_promotions() -> dict[str, Any]:
@@ -312,6 +312,34 @@ def create_app(
         fig = plots.importances(imp["importances"], imp["target"]) if imp["importances"] else None
         return {**imp, "figure": fig}
 
+    @app.get("/api/studies/{name:path}/parallel")
+    def api_parallel(name: str) -> dict[str, Any]:
+        """Optuna's parallel-coordinates plot of the ok trials, on the target objective."""
+        import optuna.visualization as vis
+
+        study, objs = reader.optuna_study(name)
+        n = sum(bool(t.params) for t in study.trials)
+        if n < 2:
+            return {"figure": None, "error": f"needs 2 ok trials with parameters; has {n}"}
+        fig = vis.plot_parallel_coordinate(study, target=lambda t: t.values[0], target_name=objs[0])
+        return {"figure": plots.optuna_figure(fig), "error": ""}
+
+    @app.get("/api/studies/{name:path}/pareto")
+    def api_pareto(name: str) -> dict[str, Any]:
+        """Optuna's Pareto-front plot, for a study of two objectives."""
+        import optuna.visualization as vis
+
+        study, objs = reader.optuna_study(name)
+        if len(objs) != 2:
+            return {
+                "figure": None,
+                "error": f"drawn for two objectives; this study has {len(objs)}",
+            }
+        if not study.trials:
+            return {"figure": None, "error": "no ok trial with both objectives yet"}
+        fig = vis.plot_pareto_front(study, target_names=objs)
+        return {"figure": plots.optuna_figure(fig), "error": ""}
+
     @app.get("/api/studies/{name:path}")
     def api_study(name: str) -> dict[str, Any]:
         return reader.summary(name)
@@ -331,7 +359,14 @@ def create_app(
         by_class: dict[str, list[dict[str, Any]]] = {}
         for s in studies:
             by_class.setdefault(s["device_class"] or "(unknown)", []).append(s)
-        return page(request, "studies.html", title="studies", by_class=by_class, n=len(studies))
+        return page(
+            request,
+            "studies.html",
+            title="studies",
+            by_class=by_class,
+            n=len(studies),
+            stale=reader.agent_stale(),
+        )
 
     @app.get("/promotions", response_class=HTMLResponse)
     def promotions_page(request: Request) -> HTMLResponse:

@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     n = c.get(f"/api/studies/{name}").json()["trials"]
     print(
         f"{platform.node()}: {platform.processor() or platform.machine()}, "
-        f"{n} trials, storage {ref.url} ({size:.0f} MB)"
+        f"{n} trials, storage {ref.display} ({size:.0f} MB)"
     )
     print(f"cold: open {opened:.2f}s, first load of every trial {cold:.2f}s")
 

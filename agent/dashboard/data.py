@@ -19,7 +19,6 @@ import bisect
 import hashlib
 import json
 import logging
-import math
 import os
 import socket
 import threading
@@ -38,15 +37,18 @@ from agent.dashboard import gitlog
 from agent.dashboard.fastread import FastReader, RawTrial
 from agent.records import TrialRecord
 from agent.storage import StorageRef, parse_storage
+from agent.win import Link, cumulative
 from worker.records import Outcome
 
 log = logging.getLogger(__name__)
 
 FAILED = tuple(o.value for o in Outcome if o.broke)  # ran on a worker and broke
+GONE = "gone"  # an agent whose status says running, but that is not (Reader.agent_stale)
 OUTCOMES = (*(o.value for o in Outcome), "running", "waiting")  # + the Optuna states shown
 VERDICTS = ("baseline", "accepted", "rejected")  # what an ok trial was, as a filter and a color
 BUDGET = tuple(o.value for o in Outcome if o.spends_budget)  # spent a trial of the budget
 PLAIN = "value"  # the target of a study without agent attrs: Optuna's first value
+IMPORTANCE_MIN_TRIALS = 10  # below this, a caveat instead of a ranking of noise
 IMPORTANCE_MAX_TRIALS = 2000  # importances from the most recent ok trials, so it answers in seconds
 
 
@@ -321,7 +323,7 @@ class Reader:
             c = self._studies.get(name)
             if c is None:
                 known = ", ".join(sorted(self._studies)[:10]) or "none"
-                raise NotFound(f"no study named {name!r} in {self.ref.url} (studies: {known})")
+                raise NotFound(f"no study named {name!r} in {self.ref.display} (studies: {known})")
             return self._sync(c)
 
     def stamp(self, name: str | None = None) -> str:
@@ -399,6 +401,7 @@ class Reader:
             "speedup_lower": chain["lower"] if chain["complete"] else None,
             "speedup_upper": chain["upper"] if chain["complete"] else None,
             "chain": chain,
+            "win": self._win(c, chain, base_n),
             "median_ratio_unpaired": median_ratio,
             "threshold_min": min(thresholds) if thresholds else None,
             "threshold_max": max(thresholds) if thresholds else None,
@@ -427,6 +430,17 @@ class Reader:
                 e = conf.estimates.get(c.target)
                 return conf.paired_against, {**(e.to_dict() if e else {}), "source": "confirmation"}
         return row.paired_against, est
+
+    def _win(self, c: _StudyCache, chain: dict[str, Any], baseline: int | None) -> str:
+        """Both figures of the best, named (agent.win): its last link (the ratio acceptance
+        decided on, against the previous best) and the chained speedup over the baseline."""
+        from agent.win import win_line
+
+        if not chain["links"]:
+            return ""
+        last = chain["links"][-1]
+        total = chain if chain["complete"] else None
+        return win_line(last["ratio"], last["lower"], last["against"], total, baseline)
 
     def _chain(self, c: _StudyCache, best: int | None) -> dict[str, Any]:
         """The best's speedup over the baseline as the product of the paired ratios along the
@@ -579,6 +593,8 @@ class Reader:
             "numbers": xs,
             "values": ys,
             "accepted": {"numbers": acc_x, "values": acc_y},
+            "objectives": self._objectives(c),
+            "by_verdict": _by_verdict(c.rows, self._objectives(c)),
             "speedup": {
                 "numbers": sx,
                 "ratio": sy,
@@ -588,6 +604,36 @@ class Reader:
                 "note": chain["note"],
             },
         }
+
+    @staticmethod
+    def _objectives(c: _StudyCache) -> list[str]:
+        """Every objective of the study, the target first (as the experiment listed them)."""
+        objs = [str(o) for o in c.attrs.get("objectives") or []]
+        return objs or ([c.target] if c.target else [])
+
+    def optuna_study(self, name: str) -> tuple[optuna.Study, list[str]]:
+        """The study's ok trials as an in-memory Optuna study with every objective's value:
+        what Optuna's plotly visualizations take (parallel coordinates, Pareto front)."""
+        c = self._study(name)
+        objs = self._objectives(c)
+        ok = [
+            r
+            for r in c.rows
+            if r is not None and r.outcome == "ok" and all(o in r.metrics for o in objs)
+        ][-IMPORTANCE_MAX_TRIALS:]
+        study = optuna.create_study(directions=["maximize"] * len(objs), study_name=name)
+        study.add_trials(
+            [
+                optuna.trial.create_trial(
+                    params={k: v for k, v in r.params.items() if k in c.dists[r.number]},
+                    distributions={k: d for k, d in c.dists[r.number].items() if k in r.params},
+                    values=[r.metrics[o] for o in objs],
+                    user_attrs={"verdict": r.verdict},
+                )
+                for r in ok
+            ]
+        )
+        return study, objs
 
     def importances(self, name: str) -> dict[str, Any]:
         """Optuna's parameter importances (its default evaluator) for the target metric over
@@ -601,10 +647,20 @@ class Reader:
         with self._lock:
             if key in self._importances:
                 return self._importances[key]
-        out: dict[str, Any] = {"target": target, "trials": len(ok), "importances": {}, "error": ""}
+        out: dict[str, Any] = {
+            "target": target,
+            "trials": len(ok),
+            "importances": {},
+            "error": "",
+            "caveat": "",
+        }
+        if len(ok) < IMPORTANCE_MIN_TRIALS:  # a ranking of noise; Optuna raises below 2
+            out["caveat"] = (
+                f"only {len(ok)} ok trial(s) with {target}: parameter importances need about "
+                f"{IMPORTANCE_MIN_TRIALS} or more to mean anything"
+            )
+            return out
         try:
-            if len(ok) < 2:
-                raise ValueError(f"needs at least 2 ok trials with {target!r}; has {len(ok)}")
             study = optuna.create_study(direction="maximize", study_name=f"importances:{name}")
             study.add_trials(
                 [
@@ -703,8 +759,30 @@ class Reader:
                         "source": "study",
                     }
                 )
+        for p in out:
+            p["win"] = self._promotion_win(p)
         out.sort(key=lambda p: float(p["at"] or 0.0), reverse=True)
         return out
+
+    def _promotion_win(self, p: dict[str, Any]) -> str:
+        """A promotion's two figures: from its evidence's chain when recorded, else the chain
+        the study's records give for its trial now."""
+        from agent.win import evidence_line, win_line
+
+        ev = dict(p.get("evidence") or {})
+        if ev.get("vs_baseline"):
+            return evidence_line(ev)
+        c = self._studies.get(str(p.get("study")))
+        trial = p.get("trial")
+        if c is None or not isinstance(trial, int):
+            return evidence_line(ev)
+        chain = self._chain(c, trial)
+        if not chain["links"]:
+            return evidence_line(ev)
+        last = chain["links"][-1]
+        total = chain if chain["complete"] else None
+        base = next((r.number for r in c.rows if r is not None and r.role == "baseline"), None)
+        return win_line(last["ratio"], last["lower"], last["against"], total, base)
 
     def _git_history(self, repo: Path, rel: str) -> list[dict[str, Any]]:
         head = gitlog.head(repo, rel)
@@ -765,6 +843,20 @@ class Reader:
         rows = [r for n in self.study_names() for r in self._study(n).rows if r is not None]
         acceptance = (agent or {}).get("acceptance") or {}
         workers = [self._worker(dict(w), rows, acceptance) for w in data.get("workers") or []]
+        stale = self.agent_stale(data)
+        invocations = _invocations(data, rows, now)
+        if stale and agent:  # what it last said it was doing is not what is happening
+            agent = {**agent, "state": GONE, "reported_state": agent.get("state")}
+            for w in workers:
+                if w.get("state") != "dead":
+                    w["reported_state"], w["state"], w["current_s"] = (
+                        w.get("state"),
+                        "unknown",
+                        None,
+                    )
+            for i in invocations:
+                if i.get("pid") == agent.get("pid") and i.get("started") == agent.get("started"):
+                    i["state"] = GONE if i.get("state") == "running" else i.get("state")
         nodes: dict[str, dict[str, Any]] = {}
         classes: dict[str, dict[str, int]] = {}
         for w in workers:
@@ -786,8 +878,8 @@ class Reader:
             "nodes": sorted(nodes.values(), key=lambda n: n["host"]),
             "device_classes": dict(sorted(classes.items())),
             "age_s": age,
-            "stale": _stale(agent, age),
-            "invocations": _invocations(data, rows, now),
+            "stale": stale,
+            "invocations": invocations,
             "ray_dashboard": str((agent or {}).get("ray_dashboard") or ""),
         }
 
@@ -811,6 +903,51 @@ class Reader:
         w["current_s"] = time.time() - float(since) if since and w.get("current") else None
         return w
 
+    def agent_stale(self, status: dict[str, Any] | None = None) -> str:
+        """Why the status file's "running" agent cannot be believed, or "": its process gone
+        (this host), its status not rewritten for longer than a trial may take, or its study
+        leases no longer beating (the agent renews them every ttl/4 from a thread, whatever its
+        loop waits on; killed, it stops)."""
+        status = self.status_file() if status is None else status
+        agent = status.get("agent") or None
+        if not agent or agent.get("state") != "running":
+            return ""
+        age = time.time() - float(agent["updated"]) if agent.get("updated") else None
+        studies = [str(s.get("study")) for s in status.get("studies") or [] if s.get("study")]
+        return _stale(agent, age) or self._lease_stale(agent, studies)
+
+    def _lease_stale(self, agent: dict[str, Any], studies: list[str]) -> str:
+        from agent.lease import KEY, Holder
+
+        now = time.time()
+        late: list[tuple[float, float]] = []
+        mine = 0
+        try:
+            with self._lock:
+                self._list()
+                ids = [self._studies[n].study_id for n in studies if n in self._studies]
+            for sid in ids:
+                h = Holder.from_attr(self.storage.get_study_system_attrs(sid).get(KEY))
+                if h is None or h.host != agent.get("host") or h.pid != agent.get("pid"):
+                    continue
+                mine += 1
+                ttl = max(h.expires - h.heartbeat, 1.0)
+                if now - h.heartbeat <= ttl / 2:
+                    return ""  # one lease beating is enough: the agent lives
+                late.append((now - h.heartbeat, ttl))
+        except Exception as e:  # noqa: BLE001 - the leases cannot tell; the other checks stand
+            log.debug("dashboard: leases not read: %s", e)
+            return ""
+        if late:
+            since, ttl = min(late)
+            return (
+                f"the agent's lease heartbeat stopped {since:.0f} s ago (it beats every "
+                f"{ttl / 4:.0f} s while it runs): the agent is gone"
+            )
+        if ids and not mine:
+            return "the agent holds none of its studies' leases any more: it is gone"
+        return ""
+
     def progress(self, name: str) -> dict[str, Any]:
         """How far the study is: evaluated / budget, this invocation's elapsed time and rate,
         the time left, and each running trial against its timeout (from the status file)."""
@@ -823,7 +960,8 @@ class Reader:
         budget = entry.get("budget")
         now = time.time()
         started = float(agent.get("started") or 0.0)
-        running_agent = agent.get("state") == "running" and bool(entry)
+        stale = self.agent_stale(status)
+        running_agent = agent.get("state") == "running" and bool(entry) and not stale
         end = now if running_agent else float(agent.get("updated") or now)
         elapsed = end - started if started and entry else None
         this_run = sum(r.outcome in BUDGET and r.finished >= started for r in rows) if entry else 0
@@ -853,12 +991,11 @@ class Reader:
                     "queued": not w,
                 }
             )
-        age = now - float(agent["updated"]) if agent.get("updated") else None
         return {
             "evaluated": evaluated,
             "budget": budget,
             "left": left,
-            "agent_state": agent.get("state", ""),
+            "agent_state": GONE if stale else agent.get("state", ""),
             "in_this_run": bool(entry),
             "evaluated_this_run": this_run,
             "elapsed_s": elapsed,
@@ -866,7 +1003,7 @@ class Reader:
             "eta_s": eta,
             "trial_timeout_s": timeout,
             "current": current,
-            "stale": _stale(agent or None, age),
+            "stale": stale,
             "acceptance": agent.get("acceptance") or {},
         }
 
@@ -891,6 +1028,37 @@ def _stale(agent: dict[str, Any] | None, age: float | None) -> str:
             f"{limit:.0f} s while it runs): it may have died or lost its storage"
         )
     return ""
+
+
+HISTORY_GROUPS = ("baseline", "accepted", "rejected", "failed")  # the history plot's colours
+
+
+def _by_verdict(rows: list[TrialRow | None], objectives: list[str]) -> dict[str, dict[str, Any]]:
+    """The history plot's points by verdict: ok trials (baseline, accepted, rejected) with each
+    objective's median, and trials that broke (compile error, crash, timeout, invalid) with
+    their reason, drawn apart so a rejected trial never looks like a win."""
+    out = {
+        g: {"numbers": [], "values": {o: [] for o in objectives}, "reasons": []}
+        for g in HISTORY_GROUPS
+    }
+    for r in rows:
+        if r is None:
+            continue
+        group = (
+            r.verdict
+            if r.verdict in VERDICTS
+            else "failed"
+            if r.outcome in (*FAILED, "invalid")
+            else ""
+        )
+        if not group:
+            continue
+        g = out[group]
+        g["numbers"].append(r.number)
+        for o in objectives:
+            g["values"][o].append(r.metrics.get(o))
+        g["reasons"].append(r.reason or r.outcome)
+    return out
 
 
 def _invocations(data: dict[str, Any], rows: list[TrialRow], now: float) -> list[dict[str, Any]]:
@@ -938,12 +1106,6 @@ def _invocations(data: dict[str, Any], rows: list[TrialRow], now: float) -> list
     return out
 
 
-def _z(confidence: float) -> float:
-    from statistics import NormalDist
-
-    return NormalDist().inv_cdf(min(max(confidence, 0.5 + 1e-9), 1 - 1e-9))
-
-
 def _chain_of(reader: Reader, c: _StudyCache, best: int | None) -> dict[str, Any]:
     """See ``Reader._chain``: links from ``best`` back to the baseline, then their product."""
     out: dict[str, Any] = {
@@ -989,16 +1151,11 @@ def _chain_of(reader: Reader, c: _StudyCache, best: int | None) -> dict[str, Any
         )
         n = against
     links.reverse()  # baseline first
-    z = _z(confidence)
-    log_sum, var = 0.0, 0.0
-    cum = []
-    for link in links:
-        log_sum += math.log(link["ratio"])
-        se = (math.log(link["upper"]) - math.log(link["lower"])) / (2 * z)
-        var += se * se
-        half = z * math.sqrt(var)
-        cum.append((math.exp(log_sum), math.exp(log_sum - half), math.exp(log_sum + half)))
-        link["cumulative"], link["cumulative_lower"], link["cumulative_upper"] = cum[-1]
+    # the one chaining of paired ratios (agent.win): the summary and the evidence use it too
+    typed = [Link(x["trial"], x["against"], x["ratio"], x["lower"], x["upper"]) for x in links]
+    cum = cumulative(typed, confidence)
+    for link, (r, lo, hi) in zip(links, cum, strict=True):
+        link["cumulative"], link["cumulative_lower"], link["cumulative_upper"] = r, lo, hi
     if cum:
         out["ratio"], out["lower"], out["upper"] = cum[-1]
     out["links"] = links

@@ -16,77 +16,127 @@ LAYOUT: dict[str, Any] = {
 }
 
 
+# One colour per verdict, the same as the trials table's pills (dashboard.css).
+VERDICT_STYLE: dict[str, dict[str, Any]] = {
+    "baseline": {"color": "#1c5fa8", "symbol": "diamond", "size": 10},
+    "accepted": {"color": "#1a7f37", "symbol": "star", "size": 12},
+    "rejected": {"color": "#9e9e9e", "symbol": "circle", "size": 6},
+    "failed": {"color": "#d33", "symbol": "x", "size": 8},
+}
+
+
 def history(h: dict[str, Any]) -> dict[str, Any]:
-    """Two panels over the trial number: the target metric of each ok trial (accepted ones
-    starred), and the chained paired speedup over the baseline with its interval band."""
+    """One panel per objective over the trial number, each trial coloured by its verdict
+    (baseline, accepted, rejected; trials that broke drawn as crosses at the panel's foot with
+    their reason), and below them the chained paired speedup over the baseline with its
+    interval band."""
     target = h["target"] or "target"
+    objectives = list(h.get("objectives") or [target])
+    groups = h.get("by_verdict") or {}
     sp = h["speedup"]
     step = {"shape": "hv", "color": "#1a7f37"}
-    return {
-        "data": [
-            {
-                "type": "scatter",
-                "mode": "markers",
-                "name": "ok trials (median)",
-                "x": h["numbers"],
-                "y": h["values"],
-                "marker": {"size": 5, "color": "#8aa4c8"},
-            },
-            {
-                "type": "scatter",
-                "mode": "markers",
-                "name": "accepted",
-                "x": h["accepted"]["numbers"],
-                "y": h["accepted"]["values"],
-                "marker": {"size": 11, "color": "#1a7f37", "symbol": "star"},
-            },
-            {
-                "type": "scatter",
-                "mode": "lines",
-                "name": "interval",
-                "x": sp["numbers"],
-                "y": sp["upper"],
-                "line": {**step, "width": 0},
-                "showlegend": False,
-                "hoverinfo": "skip",
-                "xaxis": "x2",
-                "yaxis": "y2",
-            },
-            {
-                "type": "scatter",
-                "mode": "lines",
-                "name": "speedup interval",
-                "x": sp["numbers"],
-                "y": sp["lower"],
-                "line": {**step, "width": 0},
-                "fill": "tonexty",
-                "fillcolor": "rgba(26,127,55,0.15)",
-                "xaxis": "x2",
-                "yaxis": "y2",
-            },
-            {
-                "type": "scatter",
-                "mode": "lines+markers",
-                "name": "speedup vs baseline (chained paired)",
-                "x": sp["numbers"],
-                "y": sp["ratio"],
-                "line": step,
-                "marker": {"size": 6},
-                "xaxis": "x2",
-                "yaxis": "y2",
-            },
-        ],
-        "layout": {
-            **LAYOUT,
-            "height": 480,
-            "uirevision": "keep",  # live updates keep the user's zoom
-            "title": {"text": f"optimization history: {target}", "x": 0.01, "xanchor": "left"},
-            "xaxis": {"anchor": "y", "domain": [0, 1], "matches": "x2", "showticklabels": False},
-            "yaxis": {"domain": [0.5, 1], "title": {"text": target}},
-            "xaxis2": {"anchor": "y2", "domain": [0, 1], "title": {"text": "trial"}},
-            "yaxis2": {"domain": [0, 0.4], "title": {"text": "× baseline"}},
-        },
+    n = len(objectives)
+    gap = 0.06
+    band = (1.0 - 0.3 - gap * n) / n  # the speedup panel takes the bottom 0.3
+    data: list[dict[str, Any]] = []
+    layout: dict[str, Any] = {
+        **LAYOUT,
+        "height": 300 + 200 * n,
+        "uirevision": "keep",  # live updates keep the user's zoom
+        "title": {"text": f"optimization history: {', '.join(objectives)}", "x": 0.01},
     }
+    for i, obj in enumerate(objectives):
+        axis = "" if i == 0 else str(i + 1)
+        top = 1.0 - i * (band + gap)
+        layout[f"xaxis{axis}"] = {
+            "anchor": f"y{axis}",
+            "domain": [0, 1],
+            "matches": f"x{n + 1}",
+            "showticklabels": False,
+        }
+        layout[f"yaxis{axis}"] = {"domain": [top - band, top], "title": {"text": obj}}
+        ok_values = [
+            v for g in ("baseline", "accepted", "rejected") for v in _values(groups, g, obj) if v
+        ]
+        floor = min(ok_values) * 0.97 if ok_values else 0.0
+        for verdict, style in VERDICT_STYLE.items():
+            g = groups.get(verdict) or {}
+            ys = (
+                [floor] * len(g.get("numbers", []))
+                if verdict == "failed"
+                else _values(groups, verdict, obj)
+            )
+            data.append(
+                {
+                    "type": "scatter",
+                    "mode": "markers",
+                    "name": verdict,
+                    "legendgroup": verdict,
+                    "showlegend": i == 0,
+                    "x": g.get("numbers", []),
+                    "y": ys,
+                    "text": g.get("reasons", []),
+                    "hovertemplate": "#%{x}: %{y}<br>%{text}<extra>" + verdict + "</extra>",
+                    "marker": style,
+                    "xaxis": f"x{axis}",
+                    "yaxis": f"y{axis}",
+                }
+            )
+    sx, sy = f"x{n + 1}", f"y{n + 1}"
+    layout[f"xaxis{n + 1}"] = {"anchor": sy, "domain": [0, 1], "title": {"text": "trial"}}
+    layout[f"yaxis{n + 1}"] = {"domain": [0, 0.24], "title": {"text": "× baseline"}}
+    data += [
+        {
+            "type": "scatter",
+            "mode": "lines",
+            "name": "interval",
+            "x": sp["numbers"],
+            "y": sp["upper"],
+            "line": {**step, "width": 0},
+            "showlegend": False,
+            "hoverinfo": "skip",
+            "xaxis": sx,
+            "yaxis": sy,
+        },
+        {
+            "type": "scatter",
+            "mode": "lines",
+            "name": "speedup interval",
+            "x": sp["numbers"],
+            "y": sp["lower"],
+            "line": {**step, "width": 0},
+            "fill": "tonexty",
+            "fillcolor": "rgba(26,127,55,0.15)",
+            "xaxis": sx,
+            "yaxis": sy,
+        },
+        {
+            "type": "scatter",
+            "mode": "lines+markers",
+            "name": "speedup vs baseline (chained paired)",
+            "x": sp["numbers"],
+            "y": sp["ratio"],
+            "line": step,
+            "marker": {"size": 6},
+            "xaxis": sx,
+            "yaxis": sy,
+        },
+    ]
+    return {"data": data, "layout": layout}
+
+
+def _values(groups: dict[str, Any], verdict: str, obj: str) -> list[Any]:
+    return list(((groups.get(verdict) or {}).get("values") or {}).get(obj) or [])
+
+
+def optuna_figure(fig: Any) -> dict[str, Any]:
+    """An Optuna visualization (a plotly Figure) as the plain dict the page draws."""
+    import json
+
+    out = json.loads(fig.to_json())
+    layout = {**out.get("layout", {}), "template": None, "paper_bgcolor": "white"}
+    out["layout"] = {**layout, "height": 460, "margin": {"l": 70, "r": 30, "t": 60, "b": 110}}
+    return out
 
 
 def importances(imp: dict[str, float], target: str) -> dict[str, Any]:

@@ -30,7 +30,8 @@ async function drawFetched() {
         div.innerHTML = "";
         const p = document.createElement("p");
         p.className = "muted";
-        p.textContent = "parameter importances: " + (body.error || body.detail || "none");
+        const label = div.dataset.label || "parameter importances";
+        p.textContent = label + ": " + (body.caveat || body.error || body.detail || "none");
         div.appendChild(p);
       }
       div.dataset.loaded = "1";

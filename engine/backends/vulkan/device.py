@@ -18,7 +18,7 @@ from typing import Any
 
 from engine.backends.vulkan import coopmat
 from engine.backends.vulkan._vk import ffi, vk
-from engine.device_info import DeviceInfo
+from engine.device_info import DeviceInfo, class_slug
 from engine.errors import BackendUnavailable, ConfigError
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ def device_class(vendor_id: int, name: str) -> str:
                 model += w.lower()
             else:
                 model += ("-" if model else "") + w.lower()
-        return "nvidia-" + model if model else "nvidia"
+        return class_slug("nvidia-" + model) if model else "nvidia"
     if vendor_id == 0x1002 or "radeon" in low or low.startswith("amd"):
         m = re.search(r"\b(r\d{4})\b", base, re.I)  # Radeon AI PRO R9700 -> r9700
         if m:
@@ -57,7 +57,7 @@ def device_class(vendor_id: int, name: str) -> str:
         m = re.search(r"\bRX\s*(\d{3,4})\s*(XTX|XT|GRE)?\b", base, re.I)  # RX 9070 XT -> rx9070xt
         if m:
             return ("rx" + m.group(1) + (m.group(2) or "")).lower()
-    return re.sub(r"[^a-z0-9]+", "-", base.lower()).strip("-") or "unknown"
+    return class_slug(base)
 
 
 def driver_version_str(vendor_id: int, v: int) -> str:
