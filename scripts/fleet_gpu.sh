@@ -28,10 +28,10 @@
 # then a fresh study with two (cards 0 and 1, one device class): trials per hour of each, in
 # $OUT/scaling.txt and $OUT/scaling_logs.tgz; only the two-worker run promotes.
 # proof: on one GPU, in one call: `engine synth` each PRESET (1.5b, 7b), one `agent run --local`
-# of EXP per model from the registry defaults (--no-promoted: the baseline is the defaults, not a
-# promoted file), promoting into a clone of this repository; then fresh-process `engine bench`
-# (pp512 / tg128, 3 repeats) of the defaults, of each [[start]] named in PROOF_STARTS (default
-# d17_vec_cl_w8: the best hand-found config) and of the promoted file, and llama.cpp's
+# of EXP per model from the registry defaults (the clone it promotes into has its configs/
+# emptied first, so the baseline is the defaults, not an earlier promotion); then fresh-process `engine bench`
+# (pp512 / tg128, 3 repeats) of the promoted file, of each [[start]] named in PROOF_STARTS (default
+# d17_vec_cl_w8: the best hand-found config) and of the defaults, and llama.cpp's
 # llama-bench on the same files (built in the background from .llcpp.tgz while the agent runs:
 # ../shared/device/llama-bench.sh prepare), one run at a time, each with its GPU memory
 # (nvidia-smi's peak above idle) beside it: $OUT/proof.txt, $OUT/proof_logs.tgz, promo.bundle.
@@ -126,9 +126,9 @@ PY
     cp /root/fleet/studies.db "$OUT/"
     for p in "$@"; do
         M=/tmp/models/$p.gguf
-        measured ours_default_$p timeout 90 python3 -m engine bench --backend cuda --model $M \
-            --no-promoted --prompt-tokens 512 --gen-tokens 128 --repeats 3 --json
-        figures $L/ours_default_$p.json "ours default $p"
+        measured ours_promoted_$p env FLEETTUNE_CONFIGS=/root/promo/configs timeout 90 python3 -m \
+            engine bench --backend cuda --model $M --prompt-tokens 512 --gen-tokens 128 --repeats 3 --json
+        figures $L/ours_promoted_$p.json "ours promoted $p"
         for st in ${PROOF_STARTS-d17_vec_cl_w8}; do
             python3 -c "
 import sys; from agent.experiment import load_experiment; from engine.tuning import TuningConfig
@@ -139,9 +139,9 @@ open(sys.argv[3], 'w').write(TuningConfig.default('cuda').replace(**s).to_toml()
                 --config /root/fleet/configs/$st.toml --prompt-tokens 512 --gen-tokens 128 --repeats 3 --json
             figures $L/ours_${st}_$p.json "ours $st $p"
         done
-        measured ours_promoted_$p env FLEETTUNE_CONFIGS=/root/promo/configs timeout 90 python3 -m \
-            engine bench --backend cuda --model $M --prompt-tokens 512 --gen-tokens 128 --repeats 3 --json
-        figures $L/ours_promoted_$p.json "ours promoted $p"
+        measured ours_default_$p timeout 90 python3 -m engine bench --backend cuda --model $M \
+            --no-promoted --prompt-tokens 512 --gen-tokens 128 --repeats 3 --json
+        figures $L/ours_default_$p.json "ours default $p"
         tar czf "$OUT/proof_logs.tgz" -C /root/fleet logs
     done
     if [ -f .llcpp.tgz ]; then

@@ -239,7 +239,7 @@ def test_decode_h200_holds_the_hand_path_and_its_neighbourhood_fits_the_budget()
 
     exp = load_experiment(Path(__file__).resolve().parents[1] / "experiments/decode-h200.toml")
     starts = {s.name: s.config for s in exp.start}
-    assert list(starts)[-1] == "d17_vec_cl_w8" and {"dec8_split2", "d17_vec", "tc_attn"} <= set(
+    assert list(starts)[0] == "d17_vec_cl_w8" and {"dec8_split2", "d17_vec", "tc_attn"} <= set(
         starts
     )
     best = TuningConfig.default("cuda").replace(**starts["d17_vec_cl_w8"])
