@@ -3,7 +3,8 @@ pruned, failures told) against a table of measured configs instead of a fleet; n
 
 Each config the sampler asks for is looked up in the table by its effective config (the variant
 and the knobs that variant reads); the row's outcome and target metric are told as a worker's
-result would be. A config the table lacks is told infeasible (free, like a registry rejection).
+result would be. A config the table lacks costs no trial and teaches the sampler nothing (told
+FAIL): an unmeasured config is not a slow one.
 Per sampler and seed it counts the trials (those that would have run on a worker: ok, invalid,
 compile_error, crash, timeout) until one comes within ``within`` of the table's best, and reports
 the median and quartiles over the seeds.
@@ -102,6 +103,10 @@ class Replay:
     index: dict[tuple, Row]
     budget: int  # trials a search may run: every table row that would run on a worker
     within: float
+    # A config the table lacks costs no trial and is told FAIL: the sampler never sees it. Told
+    # infeasible instead (True, as before), TPE on a sparse table (a study's dozen trials)
+    # learned where rows are missing, not where configs are slow (docs/replay.md).
+    teach_absent: bool = False
 
     @property
     def threshold(self) -> float:
@@ -151,8 +156,11 @@ class Replay:
             metrics = {target: row.metric} if ok and row is not None else {}
             rec = TrialRecord(st.name, trial.number, role, outcome, config=flat, metrics=metrics)
             values = [metrics[o.name] for o in exp.objectives] if ok else None
+            if row is None and not self.teach_absent:  # told FAIL: unseen by the sampler
+                st.teach_failures = False
             st.finish(trial, rec, values)
             st.flush()
+            st.teach_failures = constraints
             if outcome in BUDGET_OUTCOMES and not ok:
                 failed += 1
             if ok and metrics[target] >= self.threshold:
