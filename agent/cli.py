@@ -8,7 +8,7 @@
     python -m agent check experiments/X.toml
     python -m agent recheck [--configs DIR] [--backend B] [--force] [--json]
     python -m agent replay TABLE [--sampler tpe,cmaes,random] [--seeds 50] [--json]
-    python -m agent table measure|from-study|from-sweep ...   (replay tables)
+    python -m agent table from-study --storage URL --study NAME ...   (replay tables)
     python -m agent dashboard [--storage URL]     (agent/dashboard, read-only web UI)
 
 Exit status: 0 done; 1 the run did not do what it was asked (no study could start, a promotion
@@ -174,22 +174,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     rp.add_argument("--json", action="store_true", help="the report as JSON, every run included")
 
-    tb = sub.add_parser("table", help="build a replay table: measure, or from a study or sweep")
+    tb = sub.add_parser("table", help="build a replay table from a finished study's trials")
     tsub = tb.add_subparsers(dest="table_command", required=True)
-    tm = tsub.add_parser("measure", help="measure every config of an experiment's space here")
-    tm.add_argument("experiment", type=Path)
-    tm.add_argument("--backend", required=True)
-    tm.add_argument("--out", type=Path, required=True, help="table .json or .csv")
     ts = tsub.add_parser("from-study", help="a finished study's trials (e.g. the fleet's db)")
     ts.add_argument("--storage", required=True, help="Optuna storage URL or *.journal path")
     ts.add_argument("--study", required=True, help="study name (python -m agent status)")
     ts.add_argument("--experiment", type=Path, required=True, help="the study's experiment file")
-    ts.add_argument("--out", type=Path, required=True)
-    tw = tsub.add_parser("from-sweep", help="engine/backends/vulkan/sweep.py's vulkan_sweep.json")
-    tw.add_argument("sweep", type=Path)
-    tw.add_argument("--experiment", type=Path, required=True)
-    tw.add_argument("--target", required=True, help="objective, e.g. prefill_tok_s@105")
-    tw.add_argument("--out", type=Path, required=True)
+    ts.add_argument("--out", type=Path, required=True, help="table .json or .csv")
 
     d = sub.add_parser("dashboard", help="serve the read-only dashboard over a storage")
     try:
@@ -376,19 +367,12 @@ def _table(args: argparse.Namespace) -> int:
     if args.out.suffix not in (".json", ".csv"):
         raise ExperimentError(f"--out {args.out}: a table is .json or .csv")
     load_experiment(args.experiment)  # a bad experiment file fails before any work
-    if args.table_command == "measure":
-        t = tables.measure(args.experiment, args.backend, args.out)
-    elif args.table_command == "from-study":
-        from agent.storage import parse_storage
+    from agent.storage import parse_storage
 
-        url = parse_storage(args.storage)
-        t = tables.from_study(url.open(), args.study, str(args.experiment), url.display)
-    else:
-        try:
-            doc = json.loads(args.sweep.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise ExperimentError(f"{args.sweep}: cannot read the sweep ({e})") from None
-        t = tables.from_sweep(doc, str(args.experiment), args.target, str(args.sweep))
+    url = parse_storage(args.storage)
+    # The storage as named on the command line (password masked): a table's provenance, not
+    # this machine's paths.
+    t = tables.from_study(url.open(), args.study, str(args.experiment), url.display)
     if not t.rows:
         raise ExperimentError("no rows: nothing to write")
     t.experiment = tables.relative_to(args.experiment, args.out)

@@ -3,7 +3,8 @@ pruned, failures told) against a table of measured configs instead of a fleet; n
 
 Each config the sampler asks for is looked up in the table by its effective config (the variant
 and the knobs that variant reads); the row's outcome and target metric are told as a worker's
-result would be. A config the table lacks is told infeasible (free, like a registry rejection).
+result would be. A config the table lacks costs no trial and teaches the sampler nothing (told
+FAIL): an unmeasured config is not a slow one.
 Per sampler and seed it counts the trials (those that would have run on a worker: ok, invalid,
 compile_error, crash, timeout) until one comes within ``within`` of the table's best, and reports
 the median and quartiles over the seeds.
@@ -14,6 +15,7 @@ the median and quartiles over the seeds.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import statistics
@@ -28,10 +30,12 @@ import optuna
 from agent import warmstart
 from agent.experiment import Experiment, ExperimentError, load_experiment
 from agent.records import BUDGET_OUTCOMES, TrialRecord
-from agent.space import SearchSpace, build_space
+from agent.space import Dim, OpSpace, SearchSpace, build_space
 from agent.table import Row, Table, load_table
 
 SAMPLERS = ("tpe", "cmaes", "random")
+# Configs one search may ask (absent ones are free): a search past it has not reached the best.
+MAX_ASKS = 3000
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,10 @@ class Replay:
     index: dict[tuple, Row]
     budget: int  # trials a search may run: every table row that would run on a worker
     within: float
+    # A config the table lacks costs no trial and is told FAIL: the sampler never sees it. Told
+    # infeasible instead (True, as before), TPE on a sparse table (a study's dozen trials)
+    # learned where rows are missing, not where configs are slow (docs/replay.md).
+    teach_absent: bool = False
 
     @property
     def threshold(self) -> float:
@@ -136,7 +144,7 @@ class Replay:
             warmstart.enqueue(st.study, st.space, self.baseline, warm, CANDIDATE)
         asks = failed = 0
         target = self.table.target
-        while st.budget_left() > 0:
+        while st.budget_left() > 0 and asks < MAX_ASKS:
             asked = st.ask()
             if asked is None:  # every config of the space tried
                 break
@@ -148,8 +156,11 @@ class Replay:
             metrics = {target: row.metric} if ok and row is not None else {}
             rec = TrialRecord(st.name, trial.number, role, outcome, config=flat, metrics=metrics)
             values = [metrics[o.name] for o in exp.objectives] if ok else None
+            if row is None and not self.teach_absent:  # told FAIL: unseen by the sampler
+                st.teach_failures = False
             st.finish(trial, rec, values)
             st.flush()
+            st.teach_failures = constraints
             if outcome in BUDGET_OUTCOMES and not ok:
                 failed += 1
             if ok and metrics[target] >= self.threshold:
@@ -183,8 +194,12 @@ def prepare(table: Table, table_path: Path, within: float = 0.02) -> Replay:
         names = [o.name for o in exp.objectives]
         raise ExperimentError(f"table target {table.target!r} is not an objective of {names}")
     exp = replace(exp, objectives=objectives)
-    # For lookups only: each search builds its own (ordinal for CMA-ES), as the agent does.
-    space = build_space(table.backend, exp.space_for(table.backend))
+    if table.space:  # the study's own space: what it searched, whatever the file says today
+        space = recorded_space(table)
+        frozen = ((table.backend, False, space), (table.backend, True, recorded_space(table, True)))
+        exp = replace(exp, spaces=frozen)
+    else:  # for lookups only: each search builds its own (ordinal for CMA-ES), as the agent does
+        space = build_space(table.backend, exp.space_for(table.backend))
     index: dict[tuple, Row] = {}
     for r in table.rows:
         index.setdefault(effective(space, r.config), r)
@@ -193,8 +208,57 @@ def prepare(table: Table, table_path: Path, within: float = 0.02) -> Replay:
         raise ExperimentError(f"{table_path}: no ok row inside the experiment's search space")
     if not 0 < within < 1:
         raise ExperimentError(f"--within {within}: must be between 0 and 1")
-    base = TuningConfig.default(table.backend).flat()
+    base = dict(table.baseline) or TuningConfig.default(table.backend).flat()
+    if space.params_of(base) is None:
+        raise ExperimentError(f"{table_path}: the baseline is outside the table's search space")
     return Replay(table, exp, space, base, index, budget, within)
+
+
+def recorded_space(table: Table, ordinal: bool = False) -> SearchSpace:
+    """The search space a study recorded (its ``space`` attr: ``op.variant`` and
+    ``op.variant.knob`` dimensions, values as text), typed by the values the table's rows and
+    baseline hold, and narrowed to the values they hold; an op the grid names no variant of runs
+    the baseline's. Knobs the study held at one value are not dimensions: they cannot tell two
+    of its configs apart."""
+    seen: dict[str, dict[str, Any]] = {}  # flat key -> text -> value
+    for cfg in (table.baseline, *(r.config for r in table.rows)):
+        for k, v in cfg.items():
+            seen.setdefault(k, {})[str(v)] = v
+    variants: dict[str, list[str]] = {}
+    knobs: dict[str, dict[str, list[tuple[str, list[str]]]]] = {}
+    for name, choices in table.space.items():
+        parts = name.split(".")
+        if len(parts) == 2 and parts[1] == "variant":
+            variants[parts[0]] = choices
+        elif len(parts) == 3:
+            knobs.setdefault(parts[0], {}).setdefault(parts[1], []).append((parts[2], choices))
+        else:
+            raise ExperimentError(f"table space: {name!r} is not op.variant or op.variant.knob")
+    ops = []
+    for op in dict.fromkeys([*variants, *knobs]):
+        vs = variants.get(op) or [str(table.baseline.get(f"{op}.variant", ""))]
+        params = []
+        for v in vs:
+            dims = []
+            for knob, choices in knobs.get(op, {}).get(v, []):
+                key = f"{op}.{knob}"
+                # Only the values some row holds: a sparse table (a study's own dozen trials)
+                # has no answer for the rest, and asking them would only spin the search.
+                typed = tuple(seen[key][c] for c in choices if c in seen.get(key, {}))
+                if not typed:
+                    continue
+                numeric = all(isinstance(c, int | float) for c in typed)
+                dims.append(Dim(f"{op}.{v}.{knob}", key, typed, ordinal and numeric))
+            params.append((v, tuple(dims)))
+        ops.append(OpSpace(op, Dim(f"{op}.variant", f"{op}.variant", tuple(vs)), tuple(params)))
+    return SearchSpace(table.backend, tuple(ops))
+
+
+def _parse(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
 
 
 def warm_from(table: Table, replay: Replay, k: int = warmstart.TOP_K) -> list[warmstart.WarmConfig]:

@@ -6,9 +6,11 @@ metric and outcome, plus what the table was measured for (experiment file, backe
     CSV:  "# key: value" lines for the same header fields, then columns: one per flat knob,
           ``metric``, ``outcome`` (knob values are JSON: 8, true, "block").
 
-Built from an Optuna storage of a finished study (``from_study``), from a Vulkan sweep's JSON
-(``from_sweep``, engine/backends/vulkan/sweep.py), or measured here over every config of an
-experiment's space (``measure``: compile, validate, paired bench, as a worker does).
+Built from an Optuna storage of a finished study (``from_study``: the fleet's recorded GPU
+trials, docs/replay/); such a table also carries the study's own search space (``space``: its
+``space`` attr, the grid it searched) and baseline, so a replay searches what the study
+searched even after the experiment file or the registry moved on. Tables are never measured
+here: measuring is the agent's job (``agent run --local``), a table is read from its study.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import csv
 import io
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,9 @@ from typing import Any
 from agent.experiment import ExperimentError
 from agent.space import config_key
 
-HEADER = ("experiment", "backend", "target", "device", "source")
+HEADER = ("experiment", "backend", "target", "device", "source", "date")
+# JSON-valued header fields (CSV: one "# key: JSON" line each); empty when not recorded
+JSON_HEADER = ("space", "baseline")
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,12 @@ class Table:
     rows: list[Row] = field(default_factory=list)
     device: str = ""
     source: str = ""  # where the measurements came from
+    date: str = ""  # when they were measured (the study's first trial, UTC)
+    # The study's searched grid ({"op.variant": [...], "op.variant.knob": [...]}, values as
+    # text, as StudyState records it) and its baseline config; empty: the experiment's space
+    # and the registry defaults.
+    space: dict[str, list[str]] = field(default_factory=dict)
+    baseline: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ok_rows(self) -> list[Row]:
@@ -56,7 +66,7 @@ class Table:
         return max(r.metric for r in ok if r.metric is not None)
 
     def to_dict(self) -> dict[str, Any]:
-        head = {k: getattr(self, k) for k in HEADER}
+        head = {k: getattr(self, k) for k in (*HEADER, *JSON_HEADER)}
         rows = [{"config": r.config, "metric": r.metric, "outcome": r.outcome} for r in self.rows]
         return {**head, "rows": rows}
 
@@ -95,6 +105,11 @@ def _table(path: Path, head: Mapping[str, Any], rows: list[Row]) -> Table:
     missing = [k for k in ("experiment", "backend", "target") if not head.get(k)]
     if missing:
         raise ExperimentError(f"{path}: missing {missing} in the table's header")
+    space, baseline = head.get("space") or {}, head.get("baseline") or {}
+    if not isinstance(space, dict) or not all(isinstance(v, list) for v in space.values()):
+        raise ExperimentError(f"{path}: 'space' must map each dimension to a list of choices")
+    if not isinstance(baseline, dict):
+        raise ExperimentError(f"{path}: 'baseline' must be a flat config (an object)")
     return Table(
         str(head["experiment"]),
         str(head["backend"]),
@@ -102,6 +117,9 @@ def _table(path: Path, head: Mapping[str, Any], rows: list[Row]) -> Table:
         rows,
         str(head.get("device", "")),
         str(head.get("source", "")),
+        str(head.get("date", "")),
+        {str(k): [str(c) for c in v] for k, v in space.items()},
+        dict(baseline),
     )
 
 
@@ -119,6 +137,8 @@ def _to_csv(t: Table) -> str:
     out = io.StringIO()
     for k in HEADER:
         out.write(f"# {k}: {getattr(t, k)}\n")
+    for k in JSON_HEADER:
+        out.write(f"# {k}: {json.dumps(getattr(t, k), sort_keys=True)}\n")
     w = csv.writer(out, lineterminator="\n")
     w.writerow([*keys, "metric", "outcome"])
     for r in t.rows:
@@ -129,10 +149,15 @@ def _to_csv(t: Table) -> str:
 
 def _from_csv(path: Path, text: str) -> Table:
     lines = text.splitlines()
-    head: dict[str, str] = {}
+    head: dict[str, Any] = {}
     while lines and lines[0].startswith("#"):
         k, _, v = lines.pop(0)[1:].partition(":")
         head[k.strip()] = v.strip()
+    for k in JSON_HEADER:
+        try:
+            head[k] = json.loads(head[k]) if head.get(k) else {}
+        except json.JSONDecodeError as e:
+            raise ExperimentError(f"{path}: the '# {k}:' line is not JSON ({e})") from None
     reader = csv.DictReader(lines)
     if not reader.fieldnames or not {"metric", "outcome"} <= set(reader.fieldnames):
         raise ExperimentError(f"{path}: the CSV needs 'metric' and 'outcome' columns")
@@ -162,7 +187,9 @@ def from_study(storage: Any, study_name: str, experiment: str, label: str = "") 
     ua = study.user_attrs
     target = str(ua.get("target", ""))
     rows, seen = [], set()
-    for t in study.get_trials(deepcopy=False):
+    trials = study.get_trials(deepcopy=False)
+    starts = [t.datetime_start for t in trials if t.datetime_start is not None]
+    for t in trials:
         if "outcome" not in t.user_attrs or "config" not in t.user_attrs:
             continue
         rec = TrialRecord.from_attrs(study_name, t.number, t.user_attrs)
@@ -183,85 +210,7 @@ def from_study(storage: Any, study_name: str, experiment: str, label: str = "") 
         rows,
         str(ua.get("device_class", "")),
         f"{label} study {study_name}",
+        min(starts).strftime("%Y-%m-%d %H:%M") if starts else "",
+        {str(k): [str(c) for c in v] for k, v in dict(ua.get("space") or {}).items()},
+        dict((ua.get("baseline") or {}).get("config") or {}),
     )
-
-
-def from_sweep(doc: Mapping[str, Any], experiment: str, target: str, source: str = "") -> Table:
-    """A table from engine/backends/vulkan/sweep.py's JSON: each run's config (changes from the
-    Vulkan default), its outcome and the bench figure that ``target`` names
-    (``prefill_tok_s@105``: the prefill tok/s of the 105-token prompt)."""
-    from engine.tuning import TuningConfig
-
-    metric_name, _, n = target.partition("@")
-    base = TuningConfig.default("vulkan")
-    rows = []
-    for run in doc.get("runs", []):
-        outcome = str(run.get("outcome", ""))
-        if outcome.startswith("skipped"):
-            continue
-        flat = base.replace(**run["config"]).flat()
-        if outcome == "ok":
-            hits = [b for b in run.get("bench", []) if str(b["prompt_tokens"]) == n]
-            value = hits[0].get(metric_name) if hits else None
-            if value is None:
-                raise ExperimentError(f"sweep run {run['config']}: no {target} in its bench")
-            rows.append(Row(flat, float(value), "ok"))
-        else:
-            rows.append(Row(flat, None, _sweep_outcome(outcome)))
-    device = doc.get("device", {})
-    return Table(experiment, "vulkan", target, rows, str(device.get("name", "")), source)
-
-
-def _sweep_outcome(text: str) -> str:
-    if text.startswith("not allowed"):
-        return "infeasible"
-    if text.startswith("KernelCompileError"):
-        return "compile_error"
-    if text == "invalid":
-        return "invalid"
-    return "crash"
-
-
-def measure(
-    exp_path: Path,
-    backend: str,
-    out: Path,
-    progress: Callable[[str], None] = print,
-) -> Table:
-    """Measure every config of the experiment's space on this machine's device: the agent's
-    local runner (agent.local) runs a grid over the whole space on the experiment's first
-    model, each config compiled, validated and paired-benchmarked as a worker does, no
-    promotion; the table is that study's trials. The study is kept beside the table
-    (``OUT.journal``), so a stopped measurement resumes where it stopped."""
-    from dataclasses import replace
-
-    from agent.experiment import load_experiment
-    from agent.loop import RunOptions, run_experiment
-    from agent.storage import parse_storage
-
-    exp = load_experiment(exp_path)
-    if backend not in exp.backends:
-        raise ExperimentError(f"--backend {backend}: not in the experiment's {list(exp.backends)}")
-    size = exp.search_space(backend).size
-    exp = replace(
-        exp,
-        name=f"{exp.name}-measure",
-        models=exp.models[:1],
-        backends=(backend,),
-        device_classes=None,
-        sampler=replace(exp.sampler, name="grid"),
-        budget=replace(exp.budget, trials=size + 1),  # + the baseline, when outside the space
-    )
-    storage = parse_storage(str(out.with_suffix(".journal")))
-    scratch = out.parent / f".{out.name}.promote"  # no promoted baseline: the registry default
-    opts = RunOptions(storage, promote_repo=scratch, promote=False, local=True)
-    summary = run_experiment(exp, opts)
-    if not summary.studies:
-        why = "; ".join(summary.warnings) or f"no {backend} device here"
-        raise ExperimentError(f"nothing measured: {why}")
-    s = summary.studies[0]
-    table = from_study(storage.open(), s.study, relative_to(exp_path, out), storage.display)
-    table.source = f"python -m agent table measure {exp_path} --backend {backend}; model {s.model}"
-    table.save(out)
-    progress(f"{s.study}: {s.evaluated} configs measured, outcomes {s.outcomes}")
-    return table

@@ -15,13 +15,14 @@ from agent.records import TrialRecord
 from agent.replay import effective, prepare, run_samplers, warm_from
 from agent.space import build_space, config_key, space_configs
 from agent.study import StudyState
-from agent.table import Row, Table, from_study, from_sweep, load_table
+from agent.table import Row, Table, from_study, load_table
 from engine.tuning import TuningConfig
 
 DATA = Path(__file__).parent / "data"
 EXP = DATA / "decode-dmmv-lavapipe.toml"
 MEASURED = DATA / "decode-dmmv-lavapipe.json"
 TARGET = "decode_tok_s@16"
+GPU_TABLES = Path(__file__).parents[1] / "docs" / "replay"
 
 
 def _landscape(flat: dict) -> tuple[float | None, str]:
@@ -87,9 +88,11 @@ def test_replay_cli_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
     t = _table(tmp_path)
     assert main(["replay", str(t), "--sampler", "sobol"]) == 2
     assert main(["replay", str(tmp_path / "missing.json")]) == 2
-    assert main(["table", "from-sweep", str(t), "--experiment", str(EXP), "--target", TARGET,
-                 "--out", str(tmp_path / "x.txt")]) == 2  # fmt: skip
+    assert main(["table", "from-study", "--storage", str(tmp_path / "s.journal"), "--study", "s",
+                 "--experiment", str(EXP), "--out", str(tmp_path / "x.txt")]) == 2  # fmt: skip
     assert not (tmp_path / "x.txt").exists()
+    with pytest.raises(SystemExit):  # the measuring subcommand is gone: the agent measures
+        main(["table", "measure", str(EXP), "--backend", "vulkan", "--out", str(t)])
 
 
 def test_lookup_ignores_knobs_the_variant_does_not_read(tmp_path: Path) -> None:
@@ -208,33 +211,10 @@ def test_table_from_a_finished_study(tmp_path: Path) -> None:
         from_study(storage, "nope", str(EXP))
 
 
-def test_table_from_a_vulkan_sweep() -> None:
-    doc = {
-        "device": {"name": "gpu"},
-        "runs": [
-            {
-                "config": {},
-                "outcome": "ok",
-                "bench": [{"prompt_tokens": 105, "prefill_tok_s": 7.0}],
-            },
-            {"config": {"matmul_prefill.variant": "kpar"}, "outcome": "invalid"},
-            {"config": {"prefill.chunk_tokens": 96}, "outcome": "not allowed on this device: x"},
-            {"config": {"prefill.chunk_tokens": 8}, "outcome": "skipped: budget"},
-        ],
-    }
-    t = from_sweep(doc, "experiments/batched-prefill.toml", "prefill_tok_s@105")
-    assert [(r.outcome, r.metric) for r in t.rows] == [
-        ("ok", 7.0),
-        ("invalid", None),
-        ("infeasible", None),
-    ]
-    assert t.rows[1].config["matmul_prefill.variant"] == "kpar" and t.device == "gpu"
-
-
 def test_the_measured_lavapipe_table_replays() -> None:
     """The committed table (measured on llvmpipe, docs/agent.md) loads and replays."""
     t = load_table(MEASURED)
-    assert t.source.startswith("python -m agent table measure") and len(t.rows) == 97
+    assert len(t.rows) == 97 and not t.space  # measured before tables carried their space
     r = prepare(t, MEASURED)
     (res,) = run_samplers(r, ["tpe"], seeds=2)
     assert res.reached == 2
@@ -242,36 +222,61 @@ def test_the_measured_lavapipe_table_replays() -> None:
     assert doc["target"] == TARGET
 
 
-def test_table_measure_is_a_local_run_over_the_whole_space(
-    tiny_model_path: Path, tmp_path: Path
-) -> None:
-    """``agent table measure`` runs the agent's local runner over every config of the space
-    (grid, no promotion) and writes the study as a table; a second call resumes, runs nothing."""
-    import tomli_w
+def test_a_study_table_keeps_the_studys_space_and_baseline(tmp_path: Path) -> None:
+    """from_study records the study's grid and baseline; both survive JSON and CSV, and the
+    replay searches that grid (typed as the rows hold it), not today's experiment file."""
+    exp = load_experiment(EXP)
+    storage = optuna.storages.InMemoryStorage()
+    base = TuningConfig.default("vulkan").flat()
+    st = StudyState(exp, "c", "vulkan", "synthetic:tiny", "", storage, base, "default")
+    for i in range(4):
+        trial, flat, role = st.ask()
+        rec = TrialRecord(st.name, trial.number, role, "ok", config=flat,
+                          metrics={TARGET: 10.0 + i})  # fmt: skip
+        st.finish(trial, rec, [10.0 + i])
+    st.flush()
+    t = from_study(storage, st.name, str(EXP), "mem")
+    assert t.space == st.study.user_attrs["space"] and t.baseline == base and t.date
+    for name in ("t.json", "t.csv"):
+        t.save(tmp_path / name)
+        assert load_table(tmp_path / name).to_dict() == t.to_dict()
+    r = prepare(t, tmp_path / "t.json")
+    assert r.exp.search_space("vulkan") is r.space and r.baseline == base
+    for row in t.rows:  # every row is a config the recorded space can ask for
+        assert r.space.params_of(row.config) is not None
+        assert r.lookup(row.config) == row
 
-    from agent.cli import main
 
-    exp = {
-        "name": "m",
-        "models": [str(tiny_model_path)],
-        "backends": ["numpy"],
-        "objectives": [{"metric": "prefill_tok_s", "prompt_tokens": 16}],
-        "validate": {"random_prompts": [4], "steps": 1},
-        "bench": {"pairs": 2, "warmup": 0},
-        "space": {"numpy": {"prefill": {"chunk_tokens": [4, 8, 16]}}},
-    }
-    path = tmp_path / "m.toml"
-    path.write_text(tomli_w.dumps(exp))
-    out = tmp_path / "t.json"
-    argv = ["table", "measure", str(path), "--backend", "numpy", "--out", str(out)]
-    assert main(argv) == 0
-    t = load_table(out)
-    chunks = sorted(r.config["prefill.chunk_tokens"] for r in t.rows)
-    default = TuningConfig.default("numpy").prefill_chunk
-    assert chunks == sorted({4, 8, 16, default}) and all(r.outcome == "ok" for r in t.rows)
-    assert all(r.metric and r.metric > 0 for r in t.rows) and t.target == "prefill_tok_s@16"
-    assert t.source.startswith("python -m agent table measure") and t.backend == "numpy"
-    assert main(argv) == 0 and load_table(out).rows == t.rows  # resumed: nothing ran again
+def test_a_recorded_gpu_table_replays_the_same_for_a_seed() -> None:
+    """A committed H200 table (docs/replay/, from the fleet's second run): its recorded space,
+    narrowed to the values its rows hold; a seed gives the same search twice."""
+    path = GPU_TABLES / "run2-decode-cuda.json"
+    t = load_table(path)
+    assert t.device == "h200" and "studies-2026-11-30-run2.db" in t.source and t.date
+    r = prepare(t, path)
+    assert r.baseline["matmul_decode.variant"] == "dmmv"  # the study's, not today's default
+    assert r.table.best == pytest.approx(522.09, abs=0.01) and r.budget == 10
+    a, b = r.run("random", 3), r.run("random", 3)
+    assert a == b and a.trials is not None
+    assert r.run("tpe", 1) == r.run("tpe", 1)
+
+
+def test_tpe_needs_fewer_trials_than_random_on_the_measured_table() -> None:
+    """The committed lavapipe table (every config of its space measured): the default sampler
+    comes within 2% in fewer trials than random, the same figures for the same seeds."""
+    r = prepare(load_table(MEASURED), MEASURED)
+    tpe, rnd = run_samplers(r, ["tpe", "random"], seeds=3)
+    assert tpe.reached == rnd.reached == 3
+    assert tpe.quartiles()[1] < rnd.quartiles()[1]
+    assert r.run("tpe", 2) == tpe.runs[2]
+
+
+def test_a_table_with_a_malformed_space_is_refused(tmp_path: Path) -> None:
+    doc = json.loads(MEASURED.read_text())
+    doc["space"] = {"matmul_decode.variant": "block"}
+    (tmp_path / "t.json").write_text(json.dumps(doc))
+    with pytest.raises(ExperimentError, match="'space' must map each dimension to a list"):
+        load_table(tmp_path / "t.json")
 
 
 @pytest.mark.parametrize(

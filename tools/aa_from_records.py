@@ -8,6 +8,8 @@ spread). What is left is the pairing's own noise on that device, for that object
 draw is then n residuals resampled from one pool, with true ratio 1.
 
   python tools/aa_from_records.py docs/fleet-gpu/*.db --out tests/data/h200-pair-noise.json
+
+(The H200 storages left the tree with issue 29: `git show a9a356b:docs/fleet-gpu/<file> > <file>`.)
 """
 
 from __future__ import annotations
