@@ -64,7 +64,9 @@ class Acceptance:
 
 @dataclass(frozen=True)
 class SamplerSpec:
-    name: str = "tpe"
+    # Coordinate descent by default: on the whole-space replay tables it comes within 2% of the
+    # best in 0.15-0.24x random's trials, TPE in 0.27-0.35x (docs/replay.md).
+    name: str = "coordinate"
     seed: int = 0
     startup_trials: int = 5
     # Before the sampler, one trial per code variant the space opens (each with its registry
@@ -400,7 +402,7 @@ def parse_experiment(data: Mapping[str, Any], source: str = "<memory>") -> Exper
     s_t = _table("sampler", data.get("sampler", {}))
     _keys("sampler", s_t, ("name", "seed", "startup_trials", "screen_variants"))
     sampler = SamplerSpec(
-        name=_choice("sampler.name", s_t.get("name", "tpe"), SAMPLERS),
+        name=_choice("sampler.name", s_t.get("name", SamplerSpec.name), SAMPLERS),
         seed=_int("sampler.seed", s_t.get("seed", 0)),
         startup_trials=_int("sampler.startup_trials", s_t.get("startup_trials", 5), lo=1),
         screen_variants=_typed(

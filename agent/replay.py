@@ -33,7 +33,7 @@ from agent.records import BUDGET_OUTCOMES, TrialRecord
 from agent.space import Dim, OpSpace, SearchSpace, build_space
 from agent.table import Row, Table, load_table
 
-SAMPLERS = ("tpe", "cmaes", "random")
+SAMPLERS = ("tpe", "coordinate", "cmaes", "random", "grid")
 # Configs one search may ask (absent ones are free): a search past it has not reached the best.
 MAX_ASKS = 3000
 

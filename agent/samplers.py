@@ -1,4 +1,4 @@
-"""Optuna samplers by experiment name: tpe (default), grid, coordinate, random, cmaes, nsga2."""
+"""Optuna samplers by experiment name: coordinate (default), tpe, grid, random, cmaes, nsga2."""
 
 from __future__ import annotations
 
