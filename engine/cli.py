@@ -155,9 +155,22 @@ def _check_context(n_ctx: int, prompt: int, gen: int, what: str) -> None:
         )
 
 
+def _check_utf8(text: str, what: str) -> None:
+    """argv bytes that are not UTF-8 arrive as lone surrogates, which the tokenizer rejects with
+    a TypeError deep inside; say which byte instead."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = text[e.start].encode("utf-8", "surrogateescape")
+        raise ConfigError(
+            f"{what} is not valid UTF-8 (byte {bad!r} at character {e.start}): give UTF-8 text"
+        ) from None
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     if not args.prompt:
         raise ConfigError("--prompt is empty: give some text")
+    _check_utf8(args.prompt, "--prompt")
     eng = _load(args)
     tok = eng.tokenizer()
     text = tok.render_chat([{"role": "user", "content": args.prompt}]) if args.chat else args.prompt
