@@ -196,11 +196,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def _run(args: argparse.Namespace) -> int:
     from agent import lease
-    from agent.experiment import load_experiment
+    from agent.experiment import check_models, load_experiment
     from agent.loop import RunOptions, run_experiment
     from agent.storage import check_storage, parse_storage
 
     exp = load_experiment(args.experiment)
+    check_models(exp)  # before the storage exists: a bad model creates nothing
     if args.budget is not None and args.budget < 1:
         raise EngineError("--budget must be >= 1")
     if args.wall_time is not None and not args.wall_time > 0:
@@ -289,10 +290,11 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from agent.experiment import load_experiment
+    from agent.experiment import check_models, load_experiment
     from engine.tuning import REGISTRY
 
     exp = load_experiment(args.experiment)
+    check_models(exp)
     print(
         f"experiment {exp.name}: models {list(exp.models)}, objectives "
         f"{[o.name for o in exp.objectives]}, target {exp.acceptance.target}"
