@@ -11,7 +11,7 @@ from agent.cli import main
 from agent.experiment import ExperimentError, parse_experiment
 
 
-def _toml(models: str = '"synthetic:tiny"', extra: str = "", name: str = "\"t\"") -> str:
+def _toml(models: str = '"synthetic:tiny"', extra: str = "", name: str = '"t"') -> str:
     return (
         f'name = {name}\nmodels = [{models}]\nbackends = ["numpy"]\n'
         '[[objectives]]\nmetric = "prefill_tok_s"\nprompt_tokens = 16\n' + extra
