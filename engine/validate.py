@@ -36,7 +36,8 @@ recurrent state (docs/verify.md). A candidate passes when both pass.
 Free-running greedy generation is also run and reported; it fails only when the two texts part
 where the reference was not a near-tie. Prompts: the caller's, plus seeded random prompts whose
 lengths sit on the candidate's chunk and tile edges (n - 1, n, n + 1 of max_cols, chunk_tokens,
-gemm_min_t, tile_n ...), so a bug that shows only at a ragged chunk is not missed. On failure,
+gemm_min_t, tile_n ...), so a bug that shows only at a ragged chunk is not missed, and, when no
+prompt is longer than the largest such knob, one that is (it crosses every boundary). On failure,
 replay's first op over its bound is blamed; when every op passes replay, blame (engine.blame)
 names the first op that diverges end to end.
 """
@@ -73,6 +74,8 @@ PROMPTS = (
 # Integer knobs whose values are token counts at which the batched path changes shape.
 EDGE_PARAMS = ("max_cols", "chunk_tokens", "gemm_min_t", "cols", "tile_n", "block_q")
 MAX_EDGE_TOKENS = 160  # longer edge prompts cost more per-token reference than they find
+# The crossing prompt's second chunk: batched (T > 1), a full 16-token tile and a ragged one.
+SECOND_CHUNK_TOKENS = 17
 SAMPLED_PROMPT_POSITIONS = 6  # seeded picks besides the chunk edges
 
 
@@ -243,6 +246,25 @@ def edge_prompts(config: TuningConfig, vocab: int, cap: int = MAX_EDGE_TOKENS) -
     return [bench_prompt(n, vocab, seed=7) for n in edge_lengths(config, cap)]
 
 
+def crossing_length(config: TuningConfig, longest: int, limit: int) -> int | None:
+    """The one prompt length that crosses every chunk and tile boundary the candidate's knobs
+    create, when no prompt of ``longest`` tokens does yet: the largest token-count knob plus a
+    second chunk of SECOND_CHUNK_TOKENS (a RoPE bug past the first chunk of 256 passed, every
+    prompt fitting in one chunk; one token past it runs as T == 1, like decode). None
+    when the prompts cross them already or the model's context (``limit``) cannot hold it."""
+    knobs = [config.prefill_chunk, column_tile(config)]
+    knobs += [
+        v
+        for k, v in config.flat().items()
+        if k.rpartition(".")[2] in EDGE_PARAMS and isinstance(v, int)
+    ]
+    edge = max(knobs)
+    if longest >= edge + 2:  # a prompt already runs a batched second chunk
+        return None
+    reach = min(edge + SECOND_CHUNK_TOKENS, limit)
+    return reach if reach >= edge + 2 else None
+
+
 def sample_positions(n_prompt: int, chunk: int, seed: int = 0) -> list[int]:
     """Earlier prompt positions compared: both edges of every chunk, plus seeded picks."""
     pos = set()
@@ -410,6 +432,12 @@ def validate(
         seen = {tuple(p) for p in all_prompts}
         vocab = model.spec.n_vocab
         all_prompts += [p for p in edge_prompts(candidate, vocab) if tuple(p) not in seen]
+        longest = max((len(p) for p in all_prompts), default=0)
+        reach = crossing_length(candidate, longest, model.spec.n_ctx_train - steps)
+        if reach is not None:
+            from engine.bench import bench_prompt
+
+            all_prompts.append(bench_prompt(reach, vocab, seed=7))
     clock = _Phases()
     refs = [reference_run(model, reference, p, steps, ref_cache) for p in all_prompts]
     clock.lap("reference")

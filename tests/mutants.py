@@ -214,6 +214,9 @@ MUTANTS: tuple[Mutant, ...] = (
            "chunk", _NP, plant=NoCausalInChunk),
     Mutant("ROPE_CHUNK_POSITIONS", "numpy", "rope", "RoPE positions restart at 0 in every "
            "batched chunk", _NP, plant=RopeChunkPositions),
+    Mutant("ROPE_PAST_FIRST_CHUNK", "numpy", "rope", "RoPE positions restart at 0 past the "
+           "first chunk of 256 (every fixed and edge prompt fits in one)",
+           {"prefill.chunk_tokens": 256}, plant=RopeChunkPositions),
     Mutant("KV_WRITE_OFF_BY_ONE", "numpy", "kv_write", "a batched chunk's K/V land one position "
            "late", _NP, plant=KvWriteOffByOne),
     Mutant("ARGMAX_LAST_TIE", "numpy", "argmax", "ties go to the last maximum", _NP,
