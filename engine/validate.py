@@ -398,7 +398,19 @@ def argmax_probe(model: Model, vocab: int) -> list[str]:
     return out
 
 
-def validate(
+def validate(model: Model, candidate: TuningConfig, *args: Any, **kw: Any) -> ValidateReport:
+    """Judge ``candidate`` (see _validate) with the backend's poison on: every output and
+    scratch buffer allocated during the runs starts as NaN / -1, so an element a kernel leaves
+    unwritten fails every time instead of when stale memory happened to lose."""
+    be = model.backend
+    was, be.poison = be.poison, True
+    try:
+        return _validate(model, candidate, *args, **kw)
+    finally:
+        be.poison = was
+
+
+def _validate(
     model: Model,
     candidate: TuningConfig,
     prompts: list[list[int]],

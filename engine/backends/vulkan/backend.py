@@ -208,7 +208,10 @@ class VulkanBackend(ResidentPrefill, FusedNorm, FusedDecode, Backend):
 
     def _new(self, shape: tuple[int, ...], dtype: Any = np.float32) -> VkTensor:
         n = max(math.prod(shape), 1)
-        return VkTensor(self.alloc.new(4 * n), 0, shape, dtype)
+        t = VkTensor(self.alloc.new(4 * n), 0, shape, dtype)
+        if self.poison:  # validate: an element no kernel writes reads as NaN / -1
+            self.stream.fill(t.buf, 0, 4 * n, 0xFFFFFFFF)
+        return t
 
     def _write(self, buf: Buffer, offset: int, data: np.ndarray) -> None:
         """Host bytes into a buffer, in stream order with the dispatches around it."""
