@@ -44,7 +44,9 @@ names the first op that diverges end to end.
 
 from __future__ import annotations
 
+import os
 import time
+import weakref
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
@@ -148,6 +150,8 @@ class ValidateReport:
     # wall seconds per phase: reference (per-token runs, 0 when cached), candidate (forced and
     # free runs), probe, replay, blame; on the H200 a 35B-A3B validate took 145 s of a 148 s trial
     seconds: dict[str, float] = field(default_factory=dict)
+    # the candidate on the ragged synthetic model (ragged_check): passed, reasons, blame
+    ragged: dict[str, Any] | None = None
 
     @property
     def max_abs_diff(self) -> float:
@@ -166,6 +170,8 @@ class ValidateReport:
         out = [r for p in self.prompts for r in p.reasons] + list(self.probe)
         if self.replay is not None:
             out += self.replay.reasons()
+        if self.ragged is not None:
+            out += self.ragged["reasons"]
         if self.cross_check is not None and not self.cross_check.get("passed", True):
             out += [f"cross-check: {r}" for r in self.cross_check.get("reasons", [])]
         return out
@@ -178,6 +184,9 @@ class ValidateReport:
             self.kld_max,
         )
         d["blame"] = self.blame.to_dict() if self.blame else None
+        if self.ragged is not None:
+            b = self.ragged["blame"]
+            d["ragged"] = {**self.ragged, "blame": b.to_dict() if b else None}
         d["replay"] = self.replay.to_dict() if self.replay else None
         return d
 
@@ -398,16 +407,82 @@ def argmax_probe(model: Model, vocab: int) -> list[str]:
     return out
 
 
-def validate(model: Model, candidate: TuningConfig, *args: Any, **kw: Any) -> ValidateReport:
+def validate(
+    model: Model, candidate: TuningConfig, *args: Any, ragged: bool = True, **kw: Any
+) -> ValidateReport:
     """Judge ``candidate`` (see _validate) with the backend's poison on: every output and
     scratch buffer allocated during the runs starts as NaN / -1, so an element a kernel leaves
-    unwritten fails every time instead of when stale memory happened to lose."""
+    unwritten fails every time instead of when stale memory happened to lose. ``ragged``: when
+    it passes, judge it once more on the ragged synthetic model (ragged_check)."""
     be = model.backend
     was, be.poison = be.poison, True
     try:
-        return _validate(model, candidate, *args, **kw)
+        rep = _validate(model, candidate, *args, **kw)
+        if ragged and rep.passed:
+            rep.ragged = ragged_check(model, candidate, **_ragged_kw(kw))
+            rep.seconds["ragged"] = rep.ragged["seconds"]
+            if not rep.ragged["passed"]:
+                rep.passed = False
+                if kw.get("blame_failures", True) and rep.ragged["blame"] is not None:
+                    rep.blame = rep.ragged["blame"]
+        return rep
     finally:
         be.poison = was
+        model.set_config(candidate)
+
+
+def _ragged_kw(kw: dict[str, Any]) -> dict[str, Any]:
+    keep = ("tol", "reference", "budgets", "blame_failures", "replay_ops")
+    return {k: v for k, v in kw.items() if k in keep}
+
+
+RAGGED_PRESET = ("qwen2", "ragged", "q4_k_m")  # engine.synth: rows no tile size divides
+RAGGED_STEPS = 3
+# weak: the ragged model lives as long as the backend it was built on
+_RAGGED: weakref.WeakKeyDictionary[Any, tuple[Model, dict[Any, Any]]] = weakref.WeakKeyDictionary()
+
+
+def ragged_model(backend: Any) -> tuple[Model, dict[Any, Any]]:
+    """The ragged synthetic model on ``backend`` (written into the cache once, built once per
+    backend) and its reference cache."""
+    if backend not in _RAGGED:
+        from engine.checkpoints import cache_dir
+        from engine.gguf_model import open_model
+        from engine.synth import write_synthetic
+
+        arch, preset, mix = RAGGED_PRESET
+        path = cache_dir() / "validate" / f"{arch}-{preset}-{mix}.gguf"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+            write_synthetic(tmp, arch=arch, preset=preset, quant_mix=mix, progress=False)
+            tmp.replace(path)  # whole or absent
+        _RAGGED[backend] = (build_model(open_model(path), backend), {})
+    return _RAGGED[backend]
+
+
+def ragged_check(model: Model, candidate: TuningConfig, **kw: Any) -> dict[str, Any]:
+    """The candidate on the ragged synthetic model (F = 688, V = 509: rows no tile divides),
+    one short prompt past its column tile and a few decode steps: a kernel that skips a
+    partial row block passed on a model whose rows all fill their blocks. Skipped (passed) on
+    a model that is itself ragged. {passed, reasons, blame, seconds}."""
+    from engine.bench import bench_prompt
+
+    t = time.perf_counter()
+    if model.spec.name.startswith(f"synthetic-{RAGGED_PRESET[0]}-{RAGGED_PRESET[1]}"):
+        return {"passed": True, "reasons": [], "blame": None, "seconds": 0.0}
+    rmodel, cache = ragged_model(model.backend)
+    n = min(column_tile(candidate), 32) + 5  # a ragged last tile, and T == 1 decode steps
+    rep = _validate(
+        rmodel, candidate, [bench_prompt(n, rmodel.spec.n_vocab, seed=5)], RAGGED_STEPS,
+        ref_cache=cache, edges=False, **kw,
+    )  # fmt: skip
+    return {
+        "passed": rep.passed,
+        "reasons": [f"ragged model: {r}" for r in rep.reasons],
+        "blame": rep.blame,
+        "seconds": round(time.perf_counter() - t, 3),
+    }
 
 
 def _validate(
@@ -591,7 +666,7 @@ def _fusion_blame(
     for op, off in tries if prompt is not None and len(ops) > 1 else []:
         rep = validate(
             model, off, [prompt], steps, tol=tol, reference=reference, ref_cache=ref_cache,
-            budgets=budgets, edges=False, blame_failures=False, replay_ops=False,
+            budgets=budgets, edges=False, blame_failures=False, replay_ops=False, ragged=False,
         )  # fmt: skip
         model.set_config(candidate)
         if rep.passed:
@@ -678,6 +753,20 @@ def cross_check_numpy(
         found = blame(np_model, model, failing, steps, budget.op_nmse, cand_path="per_token")
         out["blame"] = found.to_dict() if found else None
     return out
+
+
+def apply_cross_check(rep: ValidateReport, cross: dict[str, Any]) -> ValidateReport:
+    """Fold cross_check_numpy's verdict into ``rep``: a reference path that disagrees with NumPy
+    cannot vouch for anything, so the candidate fails, and the blame is the cross-check's (the
+    kernel both paths share, the first op off against NumPy), not validate's (which, comparing
+    two paths that both run the faulty kernel, named the candidate's own kernel)."""
+    rep.cross_check = cross
+    if not cross["passed"]:
+        rep.passed = False
+        found = cross.get("blame")
+        if found:
+            rep.blame = Blame(**{f.name: found[f.name] for f in fields(Blame)})
+    return rep
 
 
 def tokenize_prompts(tokenizer: Any, texts: tuple[str, ...] = PROMPTS) -> list[list[int]]:

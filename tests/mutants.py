@@ -178,6 +178,17 @@ class ArgmaxSliceUnwritten(StaleArgmax):
         return where[np.arange(rows), pick].astype(np.int32)
 
 
+class DefaultDecodeMatmulOff(_Planted):
+    """The default decode matmul (T == 1), which the per-token reference runs too, scales a
+    row block: validate alone compares two paths that share it."""
+
+    def matmul(self, x, w):  # noqa: ANN001, ANN201
+        out = super().matmul(x, w)
+        if x.shape[0] == 1:
+            out[:, :8] *= 1.25
+        return out
+
+
 class DecodeAttentionDropsRange(_Planted):
     """A split-KV merge that loses one key range, at decode (T == 1) only."""
 
@@ -244,6 +255,9 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("ARGMAX_SLICE_UNWRITTEN", "numpy", "argmax", "a two-stage argmax never writes its "
            "last slice's partial (the merge reads scratch nobody wrote)", _NP,
            plant=ArgmaxSliceUnwritten, op_level=False),
+    Mutant("DEFAULT_DECODE_MATMUL", "numpy", "matmul_decode", "the default decode matmul "
+           "(both validate paths run it) scales its first 8 rows", _NP,
+           check="cross_check", plant=DefaultDecodeMatmulOff),
     Mutant("ARGMAX_LAST_TIE", "numpy", "argmax", "ties go to the last maximum", _NP,
            plant=ArgmaxLastTie, op_level=False),
     Mutant("DECODE_ATTN_DROPS_RANGE", "numpy", "attention", "decode attention loses one of its "
