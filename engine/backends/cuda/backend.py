@@ -456,7 +456,9 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
 
     def _empty(self, shape: tuple[int, ...], dtype: Any = np.float32) -> Any:
         out = self._cp.empty(shape, dtype)
-        if self.poison and out.nbytes:  # validate: an element no kernel writes reads as NaN / -1
+        # validate: an element no kernel writes reads as NaN / -1 (not inside a graph capture,
+        # whose replays would re-run the memset: the graph's buffers are checked unpoisoned)
+        if self.poison and out.nbytes and not self._capturing:
             self._cp.cuda.runtime.memsetAsync(out.data.ptr, 0xFF, out.nbytes, self._stream.ptr)
         return out
 
