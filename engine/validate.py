@@ -47,7 +47,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-import weakref
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
@@ -442,14 +441,13 @@ def _ragged_kw(kw: dict[str, Any]) -> dict[str, Any]:
 
 RAGGED_PRESET = ("qwen2", "ragged", "q4_k_m")  # engine.synth: rows no tile size divides
 RAGGED_STEPS = 3
-# weak: the ragged model lives as long as the backend it was built on
-_RAGGED: weakref.WeakKeyDictionary[Any, tuple[Model, dict[Any, Any]]] = weakref.WeakKeyDictionary()
 
 
 def ragged_model(backend: Any) -> tuple[Model, dict[Any, Any]]:
     """The ragged synthetic model on ``backend`` (written into the cache once, built once per
     backend) and its reference cache."""
-    if backend not in _RAGGED:
+    held = getattr(backend, "_validate_ragged", None)  # lives and dies with the backend
+    if held is None:
         from engine.checkpoints import cache_dir
         from engine.gguf_model import open_model
         from engine.synth import write_synthetic
@@ -461,8 +459,8 @@ def ragged_model(backend: Any) -> tuple[Model, dict[Any, Any]]:
             tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
             write_synthetic(tmp, arch=arch, preset=preset, quant_mix=mix, progress=False)
             tmp.replace(path)  # whole or absent
-        _RAGGED[backend] = (build_model(open_model(path), backend), {})
-    return _RAGGED[backend]
+        held = backend._validate_ragged = (build_model(open_model(path), backend), {})
+    return held
 
 
 def ragged_check(model: Model, candidate: TuningConfig, **kw: Any) -> dict[str, Any]:
