@@ -194,7 +194,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _run(args: argparse.Namespace) -> int:
     from agent import lease
-    from agent.experiment import load_experiment
+    from agent.experiment import check_models, load_experiment
     from agent.loop import RunOptions, run_experiment
     from agent.storage import check_storage, parse_storage
 
@@ -206,6 +206,7 @@ def _run(args: argparse.Namespace) -> int:
                 f"--model {unknown[0]}: not one of the experiment's models {list(exp.models)}"
             )
         exp = dataclasses.replace(exp, models=tuple(m for m in exp.models if m in args.model))
+    check_models(exp)  # before the storage exists: a bad model creates nothing
     if args.budget is not None and args.budget < 1:
         raise EngineError("--budget must be >= 1")
     if args.wall_time is not None and not args.wall_time > 0:
@@ -305,10 +306,11 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from agent.experiment import load_experiment
+    from agent.experiment import check_models, load_experiment
     from engine.tuning import REGISTRY
 
     exp = load_experiment(args.experiment)
+    check_models(exp)
     print(
         f"experiment {exp.name}: models {list(exp.models)}, objectives "
         f"{[o.name for o in exp.objectives]}, target {exp.acceptance.target}"

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agent.space_rules import BackendSpace, ExperimentError, OpRule, ParamRule
+from agent.space_rules import BackendSpace, ExperimentError, OpRule, ParamRule, show
+from worker.models import is_synthetic, synthetic_args
 from worker.records import BenchPlan, MemoryPlan, Objective, ValidatePlan
 
 if TYPE_CHECKING:
@@ -151,13 +152,13 @@ def _table(where: str, value: Any) -> dict[str, Any]:
 def _keys(where: str, table: Mapping[str, Any], allowed: tuple[str, ...]) -> None:
     for k in table:
         if k not in allowed:
-            raise ExperimentError(f"{where}: unknown key {k!r}; allowed keys: {list(allowed)}")
+            raise ExperimentError(f"{where}: unknown key {show(k)}; allowed keys: {list(allowed)}")
 
 
 def _typed(where: str, value: Any, kind: type | tuple[type, ...], what: str) -> Any:
     ok = isinstance(value, kind) and not (isinstance(value, bool) and bool not in _as_tuple(kind))
     if not ok:
-        raise ExperimentError(f"{where} = {value!r}: must be {what}")
+        raise ExperimentError(f"{where} = {show(value)}: must be {what}")
     return value
 
 
@@ -168,7 +169,7 @@ def _as_tuple(kind: type | tuple[type, ...]) -> tuple[type, ...]:
 def _int(where: str, value: Any, lo: int = 0) -> int:
     _typed(where, value, int, "an integer")
     if value < lo:
-        raise ExperimentError(f"{where} = {value}: must be >= {lo}")
+        raise ExperimentError(f"{where} = {show(value)}: must be >= {lo}")
     return int(value)
 
 
@@ -190,7 +191,7 @@ def _str_list(where: str, value: Any) -> tuple[str, ...]:
 
 def _choice(where: str, value: Any, allowed: tuple[str, ...]) -> str:
     if value not in allowed:
-        raise ExperimentError(f"{where} = {value!r}: allowed values: {list(allowed)}")
+        raise ExperimentError(f"{where} = {show(value)}: allowed values: {list(allowed)}")
     return str(value)
 
 
@@ -214,7 +215,7 @@ def _param_rule(where: str, key: str, value: Any) -> ParamRule:
             _typed(f"{where}.{key}.max", hi, int, "an integer")
         return ParamRule(name, variant_or_none, min=lo, max=hi)
     raise ExperimentError(
-        f'{where}.{key} = {value!r}: must be a list of choices, {{min = .., max = ..}} or "all"'
+        f'{where}.{key} = {show(value)}: must be a list of choices, {{min = .., max = ..}} or "all"'
     )
 
 
@@ -232,6 +233,11 @@ def _space(value: Any) -> tuple[BackendSpace, ...]:
             variants = rules.get("variants", "all")
             if variants != "all":
                 variants = _str_list(f"{where}.{op}.variants", variants)
+                if not variants:
+                    raise ExperimentError(
+                        f"{where}.{op}.variants = []: an empty list allows nothing; name a "
+                        f'variant or write "all"'
+                    )
             params = tuple(
                 _param_rule(f"{where}.{op}", k, v) for k, v in rules.items() if k != "variants"
             )
@@ -348,8 +354,10 @@ def parse_experiment(data: Mapping[str, Any], source: str = "<memory>") -> Exper
     )
     _keys("experiment", data, top)
     name = _typed("name", data.get("name", Path(source).stem), str, "a string")
-    if not name or any(c in name for c in "/\\ \t\n"):
-        raise ExperimentError(f"name = {name!r}: must be non-empty, without slashes or spaces")
+    if not name or any(c in name for c in "/\\ ") or not name.isprintable():
+        raise ExperimentError(
+            f"name = {show(name)}: must be non-empty, without slashes, spaces or control characters"
+        )
     if "models" not in data:
         raise ExperimentError("models: required (GGUF paths, checkpoint names or synthetic:tiny)")
     models = _str_list("models", data["models"])
@@ -441,7 +449,82 @@ def parse_experiment(data: Mapping[str, Any], source: str = "<memory>") -> Exper
         start=_starts(data.get("start", []), backends),
         memory=memory,
     )
+    for i, ref in enumerate(models):
+        if is_synthetic(ref):
+            check_context(exp, f"models[{i}] = {show(ref)}", synthetic_context(ref))
     return _check_against_registry(exp)
+
+
+def synthetic_context(ref: str) -> int:
+    """The context of a ``synthetic:`` model, from engine.synth's presets (nothing written);
+    an unknown preset, architecture or quant mix is refused here, not once per worker."""
+    from engine.synth import ARCHS, HYBRID_ARCHS, HYBRID_PRESETS, PRESETS, QUANT_MIXES
+
+    preset, arch, mix = synthetic_args(ref)
+    presets = HYBRID_PRESETS if arch in HYBRID_ARCHS else PRESETS
+    for what, value, allowed in (
+        ("architecture", arch, ARCHS),
+        ("preset", preset, tuple(presets)),
+        ("quant mix", mix, QUANT_MIXES),
+    ):
+        if value not in allowed:
+            raise ExperimentError(
+                f"models: {show(ref)}: no synthetic {what} {show(value)}; known: "
+                f"{', '.join(allowed)}"
+            )
+    return int(presets[preset].n_ctx)
+
+
+def context_needed(exp: Experiment) -> tuple[int, str]:
+    """The longest token sequence (prompt + generated) a trial asks of the model, and the keys
+    that ask it. Text prompts are tokenized on the worker; each is at least one token."""
+    steps = exp.validate.steps
+    asks = [(steps + 1, f"validate.steps {steps} (+ a one-token prompt)")]
+    asks += [
+        (n + steps, f"validate.random_prompts {n} + validate.steps {steps}")
+        for n in exp.validate.random_prompts
+    ]
+    asks += [
+        (o.prompt_tokens + o.gen_tokens, f"objective {o.name}: prompt_tokens {o.prompt_tokens} + "
+         f"gen_tokens {o.gen_tokens}")
+        for o in exp.objectives
+    ]  # fmt: skip
+    return max(asks)
+
+
+def check_context(exp: Experiment, model: str, n_ctx: int) -> None:
+    """Refuse what the model's context cannot hold: every trial crashed with a MemoryError
+    (46.6 TiB of KV cache) and the run still exited 0."""
+    need, why = context_needed(exp)
+    if need > n_ctx:
+        raise ExperimentError(f"{why} = {need} tokens exceed the context of {model} ({n_ctx})")
+
+
+def check_models(exp: Experiment) -> None:
+    """Each model this machine can see: a path that exists (opened: a damaged GGUF is refused
+    here) or a known checkpoint name, and its context against the experiment's lengths. Called
+    by ``agent check`` and before ``agent run`` creates anything. A known checkpoint not
+    cached here is checked by its worker."""
+    from engine import checkpoints
+    from engine.gguf_model import open_model
+
+    for i, ref in enumerate(exp.models):
+        where = f"models[{i}] = {show(ref)}"
+        if is_synthetic(ref):
+            continue  # checked at load
+        path = Path(ref).expanduser()
+        if not path.is_file():
+            if path.exists():
+                raise ExperimentError(f"{where}: not a file (a GGUF path or a checkpoint name)")
+            if ref not in checkpoints.MODELS:
+                raise ExperimentError(
+                    f"{where}: no such file, and not a known checkpoint "
+                    f"(known: {', '.join(sorted(checkpoints.MODELS))}, or synthetic:<preset>)"
+                )
+            if not checkpoints.is_cached(ref):
+                continue
+            path = checkpoints.cached_path(ref)
+        check_context(exp, where, open_model(path).spec.n_ctx_train)
 
 
 def _memory(value: Any) -> MemoryPlan:
@@ -477,7 +560,7 @@ def _starts(value: Any, backends: tuple[str, ...]) -> tuple[StartConfig, ...]:
         _keys(where, t, ("name", "backend", "config"))
         name = _typed(f"{where}.name", t.get("name", f"start{i}"), str, "a string")
         if name in names:
-            raise ExperimentError(f"{where}.name = {name!r}: used twice")
+            raise ExperimentError(f"{where}.name = {show(name)}: used twice")
         names.add(name)
         if "backend" not in t and len(backends) != 1:
             raise ExperimentError(f"{where}.backend: required (this experiment has several)")
@@ -532,7 +615,7 @@ def _check_start(st: StartConfig, space: SearchSpace) -> None:
             )
         if value not in allowed[key]:
             raise ExperimentError(
-                f"start {st.name!r}: {key} = {value!r} is outside the space's choices "
+                f"start {st.name!r}: {key} = {show(value)} is outside the space's choices "
                 f"{sorted(allowed[key], key=str)}"
             )
 

@@ -14,6 +14,16 @@ class ExperimentError(ConfigError):
     """An experiment file that cannot be used; the message names the key and the allowed values."""
 
 
+SHOW_CHARS = 80
+
+
+def show(value: Any) -> str:
+    """A value as an error message echoes it: repr (control characters escaped), cut to
+    SHOW_CHARS (a 2 MB value was echoed in full)."""
+    s = repr(value)
+    return s if len(s) <= SHOW_CHARS else f"{s[:SHOW_CHARS]}... ({len(s):,} characters)"
+
+
 @dataclass(frozen=True)
 class ParamRule:
     """Allowed values of one knob: ``choices`` (a subset of the registry's), a ``[min, max]``

@@ -190,18 +190,45 @@ class GGUFModel:
                 f"{self.path}: architecture {arch!r} is not supported; "
                 f"supported: {', '.join(ARCHITECTURES)}"
             )
-        n_embd = int(self._get(f"{arch}.embedding_length"))
-        n_head = int(self._get(f"{arch}.attention.head_count"))
-        head_kv = self._get(f"{arch}.attention.head_count_kv", n_head, required=False)
-        head_dim = int(self._get(f"{arch}.attention.key_length", n_embd // n_head, required=False))
-        vocab = self.metadata.get("tokenizer.ggml.tokens")
         emb = self._tensors.get("token_embd.weight")
         if emb is None:
             raise ModelFileError(f"{self.path}: missing tensor 'token_embd.weight'")
+        # Every size is checked against the tensors before anything is derived from it: a
+        # hyper-parameter that disagrees with them was a 22 GB allocation or a ZeroDivisionError.
+        n_embd = self._agree(f"{arch}.embedding_length", "token_embd.weight", 0)
+        n_layers = self._check_block_count(arch)
+        n_head = self._int(f"{arch}.attention.head_count")
+        head_kv = self._int(f"{arch}.attention.head_count_kv", n_head)
+        heads = {
+            f"{arch}.attention.head_count": (n_head, "blk.0.attn_q.weight"),
+            f"{arch}.attention.head_count_kv": (head_kv, "blk.0.attn_k.weight"),
+        }
+        for key, (v, tensor) in heads.items():
+            if v < 1:
+                raise ModelFileError(
+                    f"{self.path}: {key} = {v} disagrees with tensor {tensor!r}: a model has "
+                    f"at least one attention head"
+                )
+        if n_head % head_kv:
+            raise ModelFileError(
+                f"{self.path}: {arch}.attention.head_count {n_head} is not a multiple of "
+                f"{arch}.attention.head_count_kv {head_kv}"
+            )
+        head_dim = self._int(f"{arch}.attention.key_length", n_embd // n_head)
+        vocab = self.metadata.get("tokenizer.ggml.tokens")
         n_vocab = int(emb.shape[1]) if vocab is None else len(vocab)
-        n_layers = int(self._get(f"{arch}.block_count"))
+        if not 0 < n_vocab <= int(emb.shape[1]):
+            raise ModelFileError(
+                f"{self.path}: tokenizer.ggml.tokens has {n_vocab} tokens, but tensor "
+                f"'token_embd.weight' has {int(emb.shape[1])} rows"
+            )
         hybrid = self._read_hybrid(arch, n_layers) if arch in HYBRID_ARCHITECTURES else {}
         n_ff = self._get(f"{arch}.feed_forward_length", 0, required=not hybrid)
+        if not hybrid:
+            self._check_dense_shapes(arch, n_head, head_kv, head_dim, int(n_ff))
+        n_ctx = self._int(f"{arch}.context_length", 4096)
+        if n_ctx < 1:
+            raise ModelFileError(f"{self.path}: {arch}.context_length = {n_ctx} is not positive")
         return ModelSpec(
             arch=arch,
             name=str(self.metadata.get("general.name", self.path.stem)),
@@ -212,7 +239,7 @@ class GGUFModel:
             n_head_kv=int(head_kv),
             head_dim=head_dim,
             n_vocab=n_vocab,
-            n_ctx_train=int(self._get(f"{arch}.context_length", 4096, required=False)),
+            n_ctx_train=n_ctx,
             rope_theta=float(self._get(f"{arch}.rope.freq_base", 10000.0, required=False)),
             rms_eps=float(self._get(f"{arch}.attention.layer_norm_rms_epsilon")),
             rope_neox=arch != "llama",
@@ -221,6 +248,63 @@ class GGUFModel:
             tied_embeddings="output.weight" not in self._tensors,
             **hybrid,
         )
+
+    def _int(self, key: str, default: int | None = None) -> int:
+        """An integer hyper-parameter (a string or float there is a damaged file, not a crash)."""
+        v = self._get(key, default, required=default is None)
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ModelFileError(f"{self.path}: metadata {key} = {_short(v)} is not an integer")
+        return v
+
+    def _dims(self, name: str) -> tuple[int, ...]:
+        """A tensor's GGML dims (ne0 = the row length first), or a one-line error if absent."""
+        t = self._tensors.get(name)
+        if t is None:
+            raise ModelFileError(f"{self.path}: missing tensor {name!r}")
+        return tuple(int(d) for d in t.shape.tolist())
+
+    def _agree(self, key: str, tensor: str, dim: int) -> int:
+        """metadata ``key`` must equal GGML dim ``dim`` of ``tensor``."""
+        v = self._int(key)
+        dims = self._dims(tensor)
+        if v != dims[dim]:
+            raise ModelFileError(
+                f"{self.path}: {key} = {_short(v)} disagrees with tensor {tensor!r} of shape "
+                f"{tuple(reversed(dims))}, which says {dims[dim]}"
+            )
+        return v
+
+    def _check_block_count(self, arch: str) -> int:
+        """block_count against the blk.N tensors, before a list of N layers is ever built."""
+        key = f"{arch}.block_count"
+        n = self._int(key)
+        blocks = {int(m) for m in (_block_index(t) for t in self._tensors) if m is not None}
+        held = max(blocks) + 1 if blocks else 0
+        if not 1 <= n <= held:  # fewer is allowed: extra blocks (MTP heads) go unused
+            raise ModelFileError(
+                f"{self.path}: {key} = {_short(n)} disagrees with the tensors, which hold "
+                + (f"blocks blk.0 .. blk.{held - 1} ({held})" if held else "no blk.N block")
+            )
+        return n
+
+    def _check_dense_shapes(self, arch: str, n_head: int, n_kv: int, head_dim: int, n_ff: int):
+        """A dense file's attention and FFN sizes against blk.0's tensors."""
+        heads, kv, ff = (
+            f"{arch}.{k}"
+            for k in ("attention.head_count", "attention.head_count_kv", "feed_forward_length")
+        )
+        want = {
+            "blk.0.attn_q.weight": (heads, n_head * head_dim, f"{n_head} heads x {head_dim} = "),
+            "blk.0.attn_k.weight": (kv, n_kv * head_dim, f"{n_kv} heads x {head_dim} = "),
+            "blk.0.ffn_up.weight": (ff, n_ff, ""),
+        }
+        for tensor, (key, rows, how) in want.items():
+            dims = self._dims(tensor)
+            if len(dims) != 2 or dims[1] != rows:
+                raise ModelFileError(
+                    f"{self.path}: {key} = {self.metadata.get(key)} disagrees with tensor "
+                    f"{tensor!r} of shape {tuple(reversed(dims))}: {how}{rows} rows expected"
+                )
 
     def _read_hybrid(self, arch: str, n_layers: int) -> dict[str, Any]:
         """SSM / MoE hyper-parameters and the layer pattern of a qwen35 / qwen3next file."""
@@ -360,12 +444,31 @@ def _open_reader(path: Path) -> GGUFReader:
         ) from None
     size = path.stat().st_size
     for t in reader.tensors:
+        # GGUF aligns every tensor; one that is not was edited or mis-written, and reading it
+        # anyway silently shifted its weights (the output changed, nothing said so).
+        if (t.data_offset - reader.data_offset) % reader.alignment:
+            raise ModelFileError(
+                f"{path}: tensor {t.name!r} starts at byte {t.data_offset:,}, not a multiple of "
+                f"the file's alignment ({reader.alignment}) past the data section: a damaged file"
+            )
         if t.data_offset + t.n_bytes > size or t.data.nbytes != t.n_bytes:
             raise ModelFileError(
                 f"{path}: truncated GGUF file: tensor {t.name!r} ends at byte "
                 f"{t.data_offset + t.n_bytes:,} but the file has {size:,}"
             )
     return reader
+
+
+def _block_index(name: str) -> str | None:
+    if not name.startswith("blk."):
+        return None
+    i = name[4:].split(".", 1)[0]
+    return i if i.isdigit() else None
+
+
+def _short(v: object, n: int = 40) -> str:
+    s = repr(v)
+    return s if len(s) <= n else s[:n] + "..."
 
 
 def _decode_fields(reader: GGUFReader) -> dict[str, Any]:

@@ -19,7 +19,7 @@ import numpy as np
 from engine.backends.base import Backend, HybridCache, Tensor, Weight
 from engine.errors import UnsupportedError
 from engine.gguf_model import GGUFModel, QTensor
-from engine.model import Model
+from engine.model import Model, check_cache_fits
 
 HYBRID_OPS = ("rope_partial", "sigmoid_mul", "ssm_conv", "ssm_gates", "delta_net")
 MOE_OPS = ("router_topk", "moe_experts")
@@ -79,6 +79,7 @@ class HybridModel(Model):
 
     def new_cache(self, capacity: int) -> HybridCache:
         s, b, ssm = self.spec, self.backend, self.spec.ssm
+        check_cache_fits(b, s, capacity)
         kv_shape = (capacity, s.n_head_kv, s.head_dim)
         k, v, conv, state = [], [], [], []
         for i in range(s.n_layers):

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.backends.base import Backend, KVCache, Tensor
+from engine.errors import ConfigError
 from engine.gguf_model import GGUFModel, ModelSpec
 from engine.tuning import TuningConfig
 
@@ -50,6 +51,19 @@ class ForcedRun:
     router: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
 
 
+def check_cache_fits(backend: Backend, spec: ModelSpec, capacity: int) -> None:
+    """Estimate the KV cache before allocating it: one past the device's memory was a MemoryError
+    of 46.6 TiB (or the OOM killer) from deep inside a run; refuse it in one line instead."""
+    attn_layers = sum(not spec.is_recurrent(i) for i in range(spec.n_layers))
+    need = 2 * attn_layers * capacity * spec.n_head_kv * spec.head_dim * 4  # float32 K and V
+    have = backend.device_info().memory_bytes
+    if have and need > have:
+        raise ConfigError(
+            f"a KV cache of {capacity:,} tokens needs {need / 2**30:,.1f} GiB, more than the "
+            f"device's {have / 2**30:,.1f} GiB: use fewer prompt + generated tokens"
+        )
+
+
 class Model:
     """Weights of one GGUF on one backend, and the forward schedule of a dense file. Build one
     with engine.models.build_model, which gives a hybrid file (qwen35, qwen3next) the subclass
@@ -76,6 +90,7 @@ class Model:
 
     def new_cache(self, capacity: int) -> KVCache:
         s = self.spec
+        check_cache_fits(self.backend, s, capacity)
         return self.backend.new_kv_cache(s.n_layers, capacity, s.n_head_kv, s.head_dim)
 
     # --- forward ------------------------------------------------------------------------

@@ -35,13 +35,16 @@ recurrent state (docs/verify.md). A candidate passes when both pass.
 Free-running greedy generation is also run and reported; it fails only when the two texts part
 where the reference was not a near-tie. Prompts: the caller's, plus seeded random prompts whose
 lengths sit on the candidate's chunk and tile edges (n - 1, n, n + 1 of max_cols, chunk_tokens,
-gemm_min_t, tile_n ...), so a bug that shows only at a ragged chunk is not missed. On failure,
+gemm_min_t, tile_n ...), so a bug that shows only at a ragged chunk is not missed, and, when no
+prompt is longer than the largest such knob, one that is (it crosses every boundary). On failure,
 replay's first op over its bound is blamed; when every op passes replay, blame (engine.blame)
 names the first op that diverges end to end.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
@@ -49,11 +52,14 @@ from typing import Any
 import numpy as np
 
 from engine.blame import Blame, blame
+from engine.errors import UnsupportedError
 from engine.model import ForcedRun, Model
 from engine.models import build_model
 from engine.replay import ReplayResult, merge, replay
 from engine.tuning import TuningConfig
 from engine.tuning.registry import REFERENCE_BUDGET, Budget, end_to_end, loosest
+
+log = logging.getLogger(__name__)
 
 # Fixed prompts: a short one, one longer than small prefill chunks (several chunks, a ragged last
 # chunk), code, and a single character (one-token prompts exercise the T == 1 prefill edge).
@@ -72,6 +78,8 @@ PROMPTS = (
 # Integer knobs whose values are token counts at which the batched path changes shape.
 EDGE_PARAMS = ("max_cols", "chunk_tokens", "gemm_min_t", "cols", "tile_n", "block_q")
 MAX_EDGE_TOKENS = 160  # longer edge prompts cost more per-token reference than they find
+# The crossing prompt's second chunk: batched (T > 1), a full 16-token tile and a ragged one.
+SECOND_CHUNK_TOKENS = 17
 SAMPLED_PROMPT_POSITIONS = 6  # seeded picks besides the chunk edges
 
 
@@ -144,6 +152,8 @@ class ValidateReport:
     # wall seconds per phase: reference (per-token runs, 0 when cached), candidate (forced and
     # free runs), probe, replay, blame; on the H200 a 35B-A3B validate took 145 s of a 148 s trial
     seconds: dict[str, float] = field(default_factory=dict)
+    # the candidate on the ragged synthetic model (ragged_check): passed, reasons, blame
+    ragged: dict[str, Any] | None = None
 
     @property
     def max_abs_diff(self) -> float:
@@ -162,6 +172,8 @@ class ValidateReport:
         out = [r for p in self.prompts for r in p.reasons] + list(self.probe)
         if self.replay is not None:
             out += self.replay.reasons()
+        if self.ragged is not None:
+            out += self.ragged["reasons"]
         if self.cross_check is not None and not self.cross_check.get("passed", True):
             out += [f"cross-check: {r}" for r in self.cross_check.get("reasons", [])]
         return out
@@ -174,6 +186,9 @@ class ValidateReport:
             self.kld_max,
         )
         d["blame"] = self.blame.to_dict() if self.blame else None
+        if self.ragged is not None:
+            b = self.ragged["blame"]
+            d["ragged"] = {**self.ragged, "blame": b.to_dict() if b else None}
         d["replay"] = self.replay.to_dict() if self.replay else None
         return d
 
@@ -240,6 +255,25 @@ def edge_prompts(config: TuningConfig, vocab: int, cap: int = MAX_EDGE_TOKENS) -
     from engine.bench import bench_prompt
 
     return [bench_prompt(n, vocab, seed=7) for n in edge_lengths(config, cap)]
+
+
+def crossing_length(config: TuningConfig, longest: int, limit: int) -> int | None:
+    """The one prompt length that crosses every chunk and tile boundary the candidate's knobs
+    create, when no prompt of ``longest`` tokens does yet: the largest token-count knob plus a
+    second chunk of SECOND_CHUNK_TOKENS (a RoPE bug past the first chunk of 256 passed, every
+    prompt fitting in one chunk; one token past it runs as T == 1, like decode). None
+    when the prompts cross them already or the model's context (``limit``) cannot hold it."""
+    knobs = [config.prefill_chunk, column_tile(config)]
+    knobs += [
+        v
+        for k, v in config.flat().items()
+        if k.rpartition(".")[2] in EDGE_PARAMS and isinstance(v, int)
+    ]
+    edge = max(knobs)
+    if longest >= edge + 2:  # a prompt already runs a batched second chunk
+        return None
+    reach = min(edge + SECOND_CHUNK_TOKENS, limit)
+    return reach if reach >= edge + 2 else None
 
 
 def sample_positions(n_prompt: int, chunk: int, seed: int = 0) -> list[int]:
@@ -376,6 +410,87 @@ def argmax_probe(model: Model, vocab: int) -> list[str]:
 
 
 def validate(
+    model: Model, candidate: TuningConfig, *args: Any, ragged: bool = True, **kw: Any
+) -> ValidateReport:
+    """Judge ``candidate`` (see _validate) with the backend's poison on: every output and
+    scratch buffer allocated during the runs starts as NaN / -1, so an element a kernel leaves
+    unwritten fails every time instead of when stale memory happened to lose. ``ragged``: when
+    it passes, judge it once more on the ragged synthetic model (ragged_check)."""
+    be = model.backend
+    was, be.poison = be.poison, True
+    try:
+        rep = _validate(model, candidate, *args, **kw)
+        if ragged and rep.passed:
+            rep.ragged = ragged_check(model, candidate, **_ragged_kw(kw))
+            rep.seconds["ragged"] = rep.ragged["seconds"]
+            if not rep.ragged["passed"]:
+                rep.passed = False
+                if kw.get("blame_failures", True) and rep.ragged["blame"] is not None:
+                    rep.blame = rep.ragged["blame"]
+        return rep
+    finally:
+        be.poison = was
+        model.set_config(candidate)
+
+
+def _ragged_kw(kw: dict[str, Any]) -> dict[str, Any]:
+    keep = ("tol", "reference", "budgets", "blame_failures", "replay_ops")
+    return {k: v for k, v in kw.items() if k in keep}
+
+
+RAGGED_PRESET = ("qwen2", "ragged", "q4_k_m")  # engine.synth: rows no tile size divides
+RAGGED_STEPS = 3
+
+
+def ragged_model(backend: Any) -> tuple[Model, dict[Any, Any]]:
+    """The ragged synthetic model on ``backend`` (written into the cache once, built once per
+    backend) and its reference cache."""
+    held = getattr(backend, "_validate_ragged", None)  # lives and dies with the backend
+    if held is None:
+        from engine.checkpoints import cache_dir
+        from engine.gguf_model import open_model
+        from engine.synth import write_synthetic
+
+        arch, preset, mix = RAGGED_PRESET
+        path = cache_dir() / "validate" / f"{arch}-{preset}-{mix}.gguf"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+            write_synthetic(tmp, arch=arch, preset=preset, quant_mix=mix, progress=False)
+            tmp.replace(path)  # whole or absent
+        held = backend._validate_ragged = (build_model(open_model(path), backend), {})
+    return held
+
+
+def ragged_check(model: Model, candidate: TuningConfig, **kw: Any) -> dict[str, Any]:
+    """The candidate on the ragged synthetic model (F = 688, V = 509: rows no tile divides),
+    one short prompt past its column tile and a few decode steps: a kernel that skips a
+    partial row block passed on a model whose rows all fill their blocks. Skipped (passed) on
+    a model that is itself ragged. {passed, reasons, blame, seconds}."""
+    from engine.bench import bench_prompt
+
+    t = time.perf_counter()
+    if model.spec.name.startswith(f"synthetic-{RAGGED_PRESET[0]}-{RAGGED_PRESET[1]}"):
+        return {"passed": True, "reasons": [], "blame": None, "seconds": 0.0}
+    rmodel, cache = ragged_model(model.backend)
+    n = min(column_tile(candidate), 32) + 5  # a ragged last tile, and T == 1 decode steps
+    try:
+        rep = _validate(
+            rmodel, candidate, [bench_prompt(n, rmodel.spec.n_vocab, seed=5)], RAGGED_STEPS,
+            ref_cache=cache, edges=False, **kw,
+        )  # fmt: skip
+    except UnsupportedError as e:  # a variant for the served model's types, not the ragged F16
+        log.info("ragged check skipped: %s", e)
+        return {"passed": True, "reasons": [], "blame": None, "skipped": str(e), "seconds": 0.0}
+    return {
+        "passed": rep.passed,
+        "reasons": [f"ragged model: {r}" for r in rep.reasons],
+        "blame": rep.blame,
+        "seconds": round(time.perf_counter() - t, 3),
+    }
+
+
+def _validate(
     model: Model,
     candidate: TuningConfig,
     prompts: list[list[int]],
@@ -409,6 +524,12 @@ def validate(
         seen = {tuple(p) for p in all_prompts}
         vocab = model.spec.n_vocab
         all_prompts += [p for p in edge_prompts(candidate, vocab) if tuple(p) not in seen]
+        longest = max((len(p) for p in all_prompts), default=0)
+        reach = crossing_length(candidate, longest, model.spec.n_ctx_train - steps)
+        if reach is not None:
+            from engine.bench import bench_prompt
+
+            all_prompts.append(bench_prompt(reach, vocab, seed=7))
     clock = _Phases()
     refs = [reference_run(model, reference, p, steps, ref_cache) for p in all_prompts]
     clock.lap("reference")
@@ -550,7 +671,7 @@ def _fusion_blame(
     for op, off in tries if prompt is not None and len(ops) > 1 else []:
         rep = validate(
             model, off, [prompt], steps, tol=tol, reference=reference, ref_cache=ref_cache,
-            budgets=budgets, edges=False, blame_failures=False, replay_ops=False,
+            budgets=budgets, edges=False, blame_failures=False, replay_ops=False, ragged=False,
         )  # fmt: skip
         model.set_config(candidate)
         if rep.passed:
@@ -637,6 +758,20 @@ def cross_check_numpy(
         found = blame(np_model, model, failing, steps, budget.op_nmse, cand_path="per_token")
         out["blame"] = found.to_dict() if found else None
     return out
+
+
+def apply_cross_check(rep: ValidateReport, cross: dict[str, Any]) -> ValidateReport:
+    """Fold cross_check_numpy's verdict into ``rep``: a reference path that disagrees with NumPy
+    cannot vouch for anything, so the candidate fails, and the blame is the cross-check's (the
+    kernel both paths share, the first op off against NumPy), not validate's (which, comparing
+    two paths that both run the faulty kernel, named the candidate's own kernel)."""
+    rep.cross_check = cross
+    if not cross["passed"]:
+        rep.passed = False
+        found = cross.get("blame")
+        if found:
+            rep.blame = Blame(**{f.name: found[f.name] for f in fields(Blame)})
+    return rep
 
 
 def tokenize_prompts(tokenizer: Any, texts: tuple[str, ...] = PROMPTS) -> list[list[int]]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFWriter
+from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
 from gguf.constants import GGML_QUANT_SIZES
 
 from engine.gguf_model import GGUFModel
@@ -54,3 +54,16 @@ def rewrite(
     w.write_tensors_to_file()
     w.close()
     return dst
+
+
+def shift_tensor_offset(src: Path, dst: Path, name: str, delta: int) -> Path:
+    """A byte copy of src whose tensor ``name`` starts ``delta`` bytes later (its offset field,
+    the last part of its tensor-info record, patched in place)."""
+    r = GGUFReader(src)
+    t = next(t for t in r.tensors if t.name == name)
+    at = t.field.offset + sum(int(p.nbytes) for p in t.field.parts[:-1])
+    data = bytearray(Path(src).read_bytes())
+    old = int(np.frombuffer(data, np.uint64, 1, at)[0])
+    data[at : at + 8] = np.array([old + delta], np.uint64).tobytes()
+    Path(dst).write_bytes(bytes(data))
+    return Path(dst)

@@ -156,6 +156,39 @@ class ArgmaxLastTie(_Planted):
         return (logits.shape[-1] - 1 - np.argmax(flipped, axis=-1)).astype(np.int32)
 
 
+class ArgmaxSliceUnwritten(StaleArgmax):
+    """A two-stage argmax (4 slices, then a merge) after a batched prefill whose last slice
+    never writes its partial: the merge reads whatever the scratch held. NaN-first, like
+    np.argmax: a poisoned (NaN) partial wins and its index (-1) is no token."""
+
+    SLICES = 4
+
+    def argmax(self, logits):  # noqa: ANN001, ANN201
+        if not self._batched_tail:
+            return NumpyBackend.argmax(self, logits)
+        rows, V = logits.shape[0], logits.shape[-1]
+        best = self.scratch((rows, self.SLICES), np.float32)
+        where = self.scratch((rows, self.SLICES), np.int32)
+        edges = np.linspace(0, V, self.SLICES + 1).astype(int)
+        for s in range(self.SLICES - 1):  # the last slice is never written
+            part = logits[:, edges[s] : edges[s + 1]]
+            where[:, s] = edges[s] + np.argmax(part, axis=-1)
+            best[:, s] = part[np.arange(rows), where[:, s] - edges[s]]
+        pick = np.argmax(best, axis=-1)
+        return where[np.arange(rows), pick].astype(np.int32)
+
+
+class DefaultDecodeMatmulOff(_Planted):
+    """The default decode matmul (T == 1), which the per-token reference runs too, scales a
+    row block: validate alone compares two paths that share it."""
+
+    def matmul(self, x, w):  # noqa: ANN001, ANN201
+        out = super().matmul(x, w)
+        if x.shape[0] == 1:
+            out[:, :8] *= 1.25
+        return out
+
+
 class DecodeAttentionDropsRange(_Planted):
     """A split-KV merge that loses one key range, at decode (T == 1) only."""
 
@@ -214,8 +247,17 @@ MUTANTS: tuple[Mutant, ...] = (
            "chunk", _NP, plant=NoCausalInChunk),
     Mutant("ROPE_CHUNK_POSITIONS", "numpy", "rope", "RoPE positions restart at 0 in every "
            "batched chunk", _NP, plant=RopeChunkPositions),
+    Mutant("ROPE_PAST_FIRST_CHUNK", "numpy", "rope", "RoPE positions restart at 0 past the "
+           "first chunk of 256 (every fixed and edge prompt fits in one)",
+           {"prefill.chunk_tokens": 256}, plant=RopeChunkPositions),
     Mutant("KV_WRITE_OFF_BY_ONE", "numpy", "kv_write", "a batched chunk's K/V land one position "
            "late", _NP, plant=KvWriteOffByOne),
+    Mutant("ARGMAX_SLICE_UNWRITTEN", "numpy", "argmax", "a two-stage argmax never writes its "
+           "last slice's partial (the merge reads scratch nobody wrote)", _NP,
+           plant=ArgmaxSliceUnwritten, op_level=False),
+    Mutant("DEFAULT_DECODE_MATMUL", "numpy", "matmul_decode", "the default decode matmul "
+           "(both validate paths run it) scales its first 8 rows", _NP,
+           check="cross_check", plant=DefaultDecodeMatmulOff),
     Mutant("ARGMAX_LAST_TIE", "numpy", "argmax", "ties go to the last maximum", _NP,
            plant=ArgmaxLastTie, op_level=False),
     Mutant("DECODE_ATTN_DROPS_RANGE", "numpy", "attention", "decode attention loses one of its "

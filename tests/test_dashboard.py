@@ -182,6 +182,9 @@ def test_bad_ids_answer_404_with_a_message(client: TestClient) -> None:
     assert "no study named 'no/such/study'" in r.json()["detail"] and REAL in r.json()["detail"]
     r = client.get(f"/api/studies/{q(REAL)}/trials/999")
     assert r.status_code == 404 and "has no trial 999" in r.json()["detail"]
+    for url in (f"/api/studies/{q(REAL)}/trials/-1", f"/studies/{q(REAL)}/trials/-1"):
+        r = client.get(url)  # was "no study named '<study>/trials/-1'"
+        assert r.status_code == 404 and "has no trial -1" in r.text and "no study" not in r.text
     r = client.get("/studies/no/such/study")
     assert r.status_code == 404 and "no study named" in r.text and "<html" in r.text
     r = client.get(f"/studies/{q(REAL)}/trials/999")

@@ -35,12 +35,23 @@ from fastapi.responses import (
 )
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
+from starlette.convertors import IntegerConvertor, register_url_convertor
 
 from agent.dashboard import plots
 from agent.dashboard.data import OUTCOMES, VERDICTS, NotFound, Reader, StorageMissing
 
 HERE = Path(__file__).parent
 SORTS = ("-number", "number", "-metric", "metric", "-ratio", "ratio")
+
+
+class SignedIntConvertor(IntegerConvertor):
+    """Trial numbers with a sign: /trials/-1 reaches the trial route and answers "no trial -1",
+    where the plain int convertor left it to the study route ("no study named .../trials/-1")."""
+
+    regex = "-?[0-9]+"
+
+
+register_url_convertor("signed", SignedIntConvertor())
 
 
 def swagger_static() -> Path:
@@ -284,7 +295,7 @@ def create_app(
     def api_promotions() -> dict[str, Any]:
         return {"promotions": reader.promotions()}
 
-    @app.get("/api/studies/{name:path}/trials/{number:int}")
+    @app.get("/api/studies/{name:path}/trials/{number:signed}")
     def api_trial(name: str, number: int) -> dict[str, Any]:
         return reader.trial(name, number)
 
@@ -372,7 +383,7 @@ def create_app(
     def promotions_page(request: Request) -> HTMLResponse:
         return page(request, "promotions.html", title="promotions", promotions=reader.promotions())
 
-    @app.get("/studies/{name:path}/trials/{number:int}", response_class=HTMLResponse)
+    @app.get("/studies/{name:path}/trials/{number:signed}", response_class=HTMLResponse)
     def trial_page(request: Request, name: str, number: int) -> HTMLResponse:
         t = reader.trial(name, number)
         rec = t["record"]

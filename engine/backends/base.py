@@ -86,6 +86,17 @@ class HybridCache(KVCache):
     ssm: list[Tensor | None] = field(default_factory=list)
 
 
+POISON_BYTE = 0xFF
+
+
+def host_scratch(shape: tuple[int, ...], dtype: Any, poison: bool) -> np.ndarray:
+    """np.empty, or under validate (``Backend.poison``) filled with POISON_BYTE."""
+    out = np.empty(shape, dtype)
+    if poison:
+        out.reshape(-1).view(np.uint8).fill(POISON_BYTE)
+    return out
+
+
 class Backend(ABC):
     """One device, one tuning config. Ops return new tensors unless documented otherwise.
 
@@ -96,6 +107,11 @@ class Backend(ABC):
     from its list, None: its own default choice)."""
 
     name: str = "abstract"
+    # validate sets it for its runs: new outputs and scratch come filled with POISON_BYTE (a NaN
+    # as float32, -1 as int32), so an element no kernel wrote is caught every time, not when
+    # the memory it read happened to hold a losing value (an argmax leaving a slice unwritten
+    # was caught 1 time in 5). Backends fill at allocation; nothing else reads it.
+    poison: bool = False
 
     def __init__(self, config: TuningConfig | None = None) -> None:
         from engine.tuning import TuningConfig

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import os
 import platform
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from engine.backends.base import Backend, DeviceEntry, DeviceInfo, KVCache
+from engine.backends.base import Backend, DeviceEntry, DeviceInfo, KVCache, host_scratch
 from engine.backends.numpy_hybrid import NumpyHybridOps
 from engine.backends.numpy_weight import NumpyWeight
 from engine.gguf_model import QTensor
@@ -117,7 +117,7 @@ class NumpyBackend(NumpyHybridOps, Backend):
             out = np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
         else:
             x1, x2 = x64[..., 0::2], x64[..., 1::2]
-            out = np.empty_like(x64)
+            out = self.scratch(x64.shape, x64.dtype)
             out[..., 0::2] = x1 * cos - x2 * sin
             out[..., 1::2] = x2 * cos + x1 * sin
         return out.astype(np.float32)
@@ -151,6 +151,10 @@ class NumpyBackend(NumpyHybridOps, Backend):
     def swiglu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
         g = gate.astype(np.float64)
         return (g / (1.0 + np.exp(-g)) * up).astype(np.float32)
+
+    def scratch(self, shape: tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
+        """An output or scratch array a kernel fills: poisoned under validate (Backend.poison)."""
+        return host_scratch(shape, dtype, self.poison)
 
     def argmax(self, logits: np.ndarray) -> np.ndarray:
         return np.argmax(logits, axis=-1).astype(np.int32)  # first maximum, like the GPU kernels

@@ -474,7 +474,12 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         return rep
 
     def _empty(self, shape: tuple[int, ...], dtype: Any = np.float32) -> Any:
-        return self._cp.empty(shape, dtype)
+        out = self._cp.empty(shape, dtype)
+        # validate: an element no kernel writes reads as NaN / -1 (not inside a graph capture,
+        # whose replays would re-run the memset: the graph's buffers are checked unpoisoned)
+        if self.poison and out.nbytes and not self._capturing:
+            self._cp.cuda.runtime.memsetAsync(out.data.ptr, 0xFF, out.nbytes, self._stream.ptr)
+        return out
 
     def _pos_ptr(self) -> np.uint64:
         return np.uint64(self._pos_dev.data.ptr if self._capturing else 0)

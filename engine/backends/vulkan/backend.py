@@ -217,9 +217,14 @@ class VulkanBackend(ResidentPrefill, FusedNorm, FusedDecode, Backend):
         """Errors reported by the validation layer (FLEETTUNE_VK_VALIDATION=1)."""
         return self.dev.messages
 
-    def _new(self, shape: tuple[int, ...], dtype: Any = np.float32) -> VkTensor:
+    def _new(
+        self, shape: tuple[int, ...], dtype: Any = np.float32, poison: bool = True
+    ) -> VkTensor:
         n = max(math.prod(shape), 1)
-        return VkTensor(self.alloc.new(4 * n), 0, shape, dtype)
+        t = VkTensor(self.alloc.new(4 * n), 0, shape, dtype)
+        if self.poison and poison:  # validate: an element no kernel writes reads as NaN / -1
+            self.stream.fill(t.buf, 0, 4 * n, 0xFFFFFFFF)
+        return t
 
     def _write(self, buf: Buffer, offset: int, data: np.ndarray) -> None:
         """Host bytes into a buffer, in stream order with the dispatches around it."""
@@ -462,7 +467,8 @@ class VulkanBackend(ResidentPrefill, FusedNorm, FusedDecode, Backend):
         self._q8.clear()  # quantized forms made outside the capture are not in the graph
         self._graph = None
         owned: list[Lease] = []
-        inp = self._new((1,), np.int32)
+        # never poisoned: a replay would run the fill after the next token's copy into it
+        inp = self._new((1,), np.int32, poison=False)
         s.copy(tok.buf, 4 * tok.offset, inp.buf, 0, 4)
         submits = s.stats["submits"]
         self.alloc.capture = owned
