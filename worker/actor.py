@@ -47,6 +47,12 @@ class TuningWorker:
     def load(self, model_ref: str) -> str:
         return self.evaluator.load(model_ref)
 
+    @ray.method(concurrency_group="compile")
+    def precompile(self, model_ref: str, candidate: TuningConfig | dict[str, Any]) -> bool:
+        """Compile a queued candidate's kernels in a CPU process while ``evaluate`` runs (its own
+        concurrency group: it does not wait behind the running trial)."""
+        return self.evaluator.precompile(model_ref, candidate)
+
     def evaluate(
         self,
         model_ref: str,
@@ -68,7 +74,8 @@ def actor_options(backend: str, device_class: str) -> dict[str, Any]:
         "resources": {resource_name(device_class): 1},
         "num_cpus": 0,
         "max_restarts": 0,  # the agent restarts workers itself, after recording the failure
-        "max_concurrency": 1,
+        "max_concurrency": 1,  # evaluate calls run one at a time; precompile has its own group
+        "concurrency_groups": {"compile": 1},
     }
     if backend == "cuda":
         opts["num_gpus"] = 1

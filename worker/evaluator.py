@@ -76,6 +76,7 @@ class Evaluator:
         self._commit_hint = commit_hint
         self._info: WorkerInfo | None = None
         self._warmed: set[str] = set()  # models benchmarked here at least once
+        self._ahead: Any = None  # worker.precompile.Ahead, started on the first precompile
 
     # --- identity -----------------------------------------------------------------------
     def info(self) -> WorkerInfo:
@@ -103,6 +104,24 @@ class Evaluator:
                 device=dev,
             )
         return self._info
+
+    # --- compile ahead ------------------------------------------------------------------
+    def precompile(self, model_ref: str, config: TuningConfig | Mapping[str, Any]) -> bool:
+        """Start compiling a config the agent will send next, in a CPU process of this node
+        (worker.precompile.Ahead: at most two in flight); returns at once. False when nothing
+        was started (NumPy: nothing to compile; two compiles already in flight)."""
+        from worker.precompile import Ahead
+
+        if self._ahead is None:
+            self._ahead = Ahead(self.backend, device=self.device)
+        flat = config.flat() if isinstance(config, TuningConfig) else dict(config)
+        return bool(self._ahead.submit(flat, model_ref))
+
+    def close(self) -> None:
+        """Stop the compile-ahead processes (the models go with the object)."""
+        if self._ahead is not None:
+            self._ahead.close()
+            self._ahead = None
 
     # --- models -------------------------------------------------------------------------
     def load(self, model_ref: str) -> str:
