@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from engine.tuning import TuningConfig
 
+
 @dataclass
 class Precompiled:
     """What one precompile did: builds asked, those already cached, seconds spent."""
