@@ -87,10 +87,13 @@ class LocalRunner(Runner):
         commit: str,
     ) -> None:
         from worker.evaluator import Evaluator
+        from worker.refcache import ref_root
 
         for c in classes:
             slot = Slot(f"{c}-0", c, (self._backend_of[c],))
-            slot.actor = Evaluator(slot.backend, slot.worker_id, "", commit)
+            slot.actor = Evaluator(
+                slot.backend, slot.worker_id, "", commit, ref_cache_dir=ref_root()
+            )
             slot.setup = setup_calls(self.models, fresh=True)
             self.slots.append(slot)
 

@@ -19,6 +19,7 @@ from worker.claim import claim_vulkan_device
 from worker.device import resource_name
 from worker.evaluator import Evaluator
 from worker.records import BenchPlan, EvalResult, ValidatePlan, WorkerInfo
+from worker.refcache import ref_root
 
 
 class TuningWorker:
@@ -39,7 +40,9 @@ class TuningWorker:
         if backend == "vulkan" and device_class:
             device, self._device_lock = claim_vulkan_device(device_class)
         node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
-        self.evaluator = Evaluator(backend, worker_id, node_id, commit_hint, device=device)
+        self.evaluator = Evaluator(
+            backend, worker_id, node_id, commit_hint, device=device, ref_cache_dir=ref_root()
+        )
 
     def info(self) -> WorkerInfo:
         return self.evaluator.info()

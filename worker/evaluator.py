@@ -17,6 +17,7 @@ import time
 import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from engine.bench import bench_prompt, measure
@@ -38,6 +39,7 @@ from worker.records import (
     ValidateSummary,
     WorkerInfo,
 )
+from worker.refcache import RefLogits, engine_code_digest, file_sha256
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +67,12 @@ class Evaluator:
         commit_hint: str = "",
         sentinel: bool = True,
         device: int | None = None,
+        ref_cache_dir: Path | None = None,
     ) -> None:
         self.backend = backend
+        # Where reference logits persist (worker.refcache; the actor and agent --local pass the
+        # node's cache_root()); None: in this process's memory only, as a test's evaluator.
+        self.ref_cache_dir = ref_cache_dir
         self.device = device  # an index of the backend's list_devices(); None: its default
         self.sentinel = sentinel
         self.sentinels: dict[str, Any] = {}  # family -> engine.sentinel.SentinelResult
@@ -138,8 +144,27 @@ class Evaluator:
                 device=self.device,
             )
             self._check_reference(eng.model, eng.gguf.spec.family)
-            self._models[model_ref] = _Loaded(eng, eng.gguf.spec.family, {})
+            refs = self._reference_store(path, eng.model)
+            self._models[model_ref] = _Loaded(eng, eng.gguf.spec.family, {}, refs)
         return self._models[model_ref].family
+
+    def _reference_store(self, path: Path, model: Model) -> dict[Any, Any]:
+        """validate's reference-run cache for this model, backed by the node's disk cache (a
+        restarted worker, or a second one on the node, reads the reference logits back)."""
+        if self.ref_cache_dir is None:
+            return {}
+        from engine.backends.planted import mutant
+
+        dev = model.backend.device_info()
+        identity = {
+            "model_sha256": file_sha256(path),
+            "backend": self.backend,
+            "device_class": dev.device_class,
+            "driver": dev.driver,
+            "engine_code": engine_code_digest(),
+            "mutant": mutant() or "",  # a planted bug changes the reference's kernels too
+        }
+        return RefLogits(identity, self.ref_cache_dir)
 
     def _check_reference(self, model: Model, family: str) -> None:
         if not self.sentinel or self.backend.startswith("numpy"):  # NumPy is the oracle itself
