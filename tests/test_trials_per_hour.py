@@ -15,9 +15,9 @@ from worker.evaluator import Evaluator
 from worker.records import BenchPlan, Objective, Outcome, ValidatePlan
 from worker.refcache import RefLogits
 
-VPLAN = ValidatePlan(random_prompts=(1, 12), steps=2)
+VPLAN = ValidatePlan(random_prompts=(3,), steps=2)
 BPLAN = BenchPlan((Objective("decode_tok_s", 4, 2),), pairs=1, warmup=1)
-BASE = TuningConfig.default("numpy").replace(**{"prefill.chunk_tokens": 8})
+BASE = TuningConfig.default("numpy").replace(**{"prefill.chunk_tokens": 4})
 # Same chunk (same edge prompts, same reference runs), another matmul variant.
 OTHER = BASE.replace(**{"matmul_decode.variant": "ondemand"})
 
@@ -143,3 +143,50 @@ def test_vulkan_precompile_in_a_subprocess_fills_the_cache(
     for shader, defines in vulkan_builds(cand, qtypes):  # what set_config's pipelines ask
         spirv.compile_spirv(shader, defines)
     assert spirv.COMPILES[0] == before  # every one a cache hit
+
+
+def test_clocks_warm_once_per_worker(
+    tiny_model_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The timed warm-up runs on a worker's first bench and after an idle spell, not per trial;
+    the best's warm-up round only when the last bench did not run it."""
+    import worker.evaluator as wev
+
+    seen: list[tuple[float, bool]] = []
+    real = wev.paired_bench
+
+    def spy(model, cand, best, plan, on_pair=None, warm_s=0.0, warm_best=True):  # noqa: ANN001, ANN202
+        seen.append((warm_s, warm_best))
+        return real(model, cand, best, plan, on_pair, 0.0, warm_best)
+
+    monkeypatch.setattr(wev, "paired_bench", spy)
+    ev = Evaluator("numpy", "t-0")
+    m = str(tiny_model_path)
+    for best in (BASE, BASE, OTHER):
+        res = ev.evaluate(m, OTHER.flat(), best.flat(), VPLAN, BPLAN, skip_validate=True)
+        assert res.outcome is Outcome.OK, res.reason
+    ev._bench_end -= wev.REWARM_AFTER_S + 1  # the device sat idle
+    ev.evaluate(m, OTHER.flat(), OTHER.flat(), VPLAN, BPLAN, skip_validate=True)
+    first = wev.FIRST_WARMUP_S
+    assert seen == [(first, True), (0.0, False), (0.0, True), (first, True)]
+
+
+def test_skipping_the_best_warm_up_keeps_the_candidate_and_the_alternation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from types import SimpleNamespace
+
+    import worker.evaluator as wev
+
+    calls: list[str] = []
+
+    def measure(model, prompt, gen):  # noqa: ANN001, ANN202 - a stand-in for engine.bench
+        calls.append(model.cfg)
+        return {"prefill_tok_s": 1.0, "decode_tok_s": 1.0}
+
+    model = SimpleNamespace(spec=SimpleNamespace(n_vocab=64), cfg="")
+    model.set_config = lambda cfg: setattr(model, "cfg", cfg)
+    monkeypatch.setattr(wev, "measure", measure)
+    plan = BenchPlan((Objective("prefill_tok_s", 8),), pairs=3, warmup=1)
+    wev.paired_bench(model, "cand", "best", plan, warm_best=False)
+    assert calls == ["cand", "cand", "best", "best", "cand", "cand", "best"]

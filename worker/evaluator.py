@@ -43,9 +43,11 @@ from worker.refcache import RefLogits, engine_code_digest, file_sha256
 
 log = logging.getLogger(__name__)
 
-# Seconds of warm-up before a worker's first measurement of a model: a GPU fresh from idle ramps
-# its clocks during the first runs (one such pair on an H200 measured x0.3).
+# Seconds of warm-up before a worker's first measurement: a GPU fresh from idle ramps its clocks
+# during the first runs (one such pair on an H200 measured x0.3). Paid once per worker, and again
+# when its device sat idle for REWARM_AFTER_S (clocks fall back within seconds of idling).
 FIRST_WARMUP_S = 2.0
+REWARM_AFTER_S = 30.0
 
 
 @dataclass
@@ -81,7 +83,8 @@ class Evaluator:
         self._models: dict[str, _Loaded] = {}
         self._commit_hint = commit_hint
         self._info: WorkerInfo | None = None
-        self._warmed: set[str] = set()  # models benchmarked here at least once
+        self._bench_end = -float("inf")  # monotonic end of this worker's last bench
+        self._best_warm: dict[str, str] = {}  # model -> the best config its last bench ran
         self._ahead: Any = None  # worker.precompile.Ahead, started on the first precompile
 
     # --- identity -----------------------------------------------------------------------
@@ -317,10 +320,21 @@ class Evaluator:
             else:
                 summary = None
             t = time.perf_counter()
-            # The first bench of a model on this worker also warms the device up to clocks.
-            warm_s = 0.0 if model_ref in self._warmed else FIRST_WARMUP_S
-            samples = paired_bench(model, cand_cfg, best_cfg, bplan, warm_s=warm_s)
-            self._warmed.add(model_ref)
+            # Clocks warm once per worker (again after an idle spell), not once per trial; the
+            # best config's own warm-up runs are skipped when the last bench ran it here.
+            cold = time.monotonic() - self._bench_end > REWARM_AFTER_S
+            best_key = repr(sorted(best_flat.items()))
+            warm_best = cold or self._best_warm.get(model_ref) != best_key
+            samples = paired_bench(
+                model,
+                cand_cfg,
+                best_cfg,
+                bplan,
+                warm_s=FIRST_WARMUP_S if cold else 0.0,
+                warm_best=warm_best,
+            )
+            self._bench_end = time.monotonic()
+            self._best_warm[model_ref] = best_key
             phase["bench_s"] = time.perf_counter() - t
             return done(Outcome.OK, validate=summary, samples=samples)
         except KernelCompileError as e:  # the best config's kernels, rebuilt while pairing
@@ -399,17 +413,23 @@ def paired_bench(
     plan: BenchPlan,
     on_pair: Callable[[int], None] | None = None,
     warm_s: float = 0.0,
+    warm_best: bool = True,
 ) -> tuple[PairedSamples, ...]:
     """``plan.pairs`` alternating candidate/best measurements after warm-up (``plan.warmup``
-    rounds of both sides, and more until ``warm_s`` seconds have passed); leaves the model on
-    the candidate config."""
+    rounds, and more of both sides until ``warm_s`` seconds have passed); leaves the model on
+    the candidate config. The candidate always runs its warm-up rounds (its first runs pay
+    one-off costs: pipelines, graph captures, allocations); the best only with ``warm_best``
+    (False: the worker's previous bench ran it, on a device still warm)."""
     vocab = model.spec.n_vocab
     lengths = sorted({o.prompt_tokens for o in plan.objectives})
     prompts = {n: bench_prompt(n, vocab) for n in lengths}
     sides = {"candidate": candidate, "best": best}
     t0, rounds = time.perf_counter(), 0
     while rounds < plan.warmup or time.perf_counter() - t0 < warm_s:
-        for cfg in sides.values():
+        timed = rounds >= plan.warmup  # past the plan's rounds: warming the clocks
+        for side, cfg in sides.items():
+            if side == "best" and not (warm_best or timed):
+                continue
             model.set_config(cfg)
             _run_objectives(model, plan, prompts)
         rounds += 1
