@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.phase import Phase
+from agent.throughput import worker_rate
 from worker.records import WorkerInfo
 
 STARTING, IDLE, BUSY, DEAD = "starting", "idle", "busy", "dead"
@@ -42,6 +43,7 @@ class Slot:
     last_finished: float = 0.0  # worker clock: end of its last evaluation (0: none since start)
     current: str = ""  # "<study> #<trial>" while busy
     resubmit: list[Any] = field(default_factory=list)  # calls queued on a worker that died
+    spans: list[tuple[float, float]] = field(default_factory=list)  # its trials' (start, end)
     _since: tuple[str, float] = ("", 0.0)  # (current, wall time it was first seen) for status
 
     @property
@@ -64,6 +66,7 @@ class Slot:
             "trials_done": self.trials_done,
             "noise": self.noise,
             "info": self.info.to_dict() if self.info else None,
+            "throughput": worker_rate(self.worker_id, self.spans).to_dict(),
         }
 
 

@@ -25,6 +25,8 @@ class StudyRow:
     best_changed: dict[str, list[Any]]
     promotion: dict[str, Any] | None
     lease: dict[str, Any] | None = None  # the live agent holding it (agent.lease), else None
+    # trials per GPU-hour of its workers over all its runs (agent.throughput.summary)
+    throughput: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -57,7 +59,12 @@ def study_rows(ref: StorageRef) -> list[StudyRow]:
         study = optuna.load_study(study_name=s.study_name, storage=storage)
         attrs = study.user_attrs
         counts: dict[str, int] = {}
+        spans: list[tuple[str, float, float]] = []
         for t in study.get_trials(deepcopy=False):
+            a = t.user_attrs
+            if a.get("started") and a.get("outcome") not in (None, "duplicate"):
+                wid = str((a.get("worker") or {}).get("worker_id", ""))
+                spans.append((wid, float(a["started"]), float(a.get("finished") or 0.0)))
             k = t.user_attrs.get("outcome") or (
                 "running" if t.state == TrialState.RUNNING else t.state.name.lower()
             )
@@ -78,6 +85,18 @@ def study_rows(ref: StorageRef) -> list[StudyRow]:
                 best_changed={k: [base.get(k), v] for k, v in cfg.items() if base.get(k) != v},
                 promotion=attrs.get("promotion"),
                 lease=asdict(holder) if holder and not holder.dead(now) else None,
+                throughput=_throughput(spans),
             )
         )
     return rows
+
+
+def _throughput(spans: list[tuple[str, float, float]]) -> dict[str, Any]:
+    from agent.throughput import per_gpu, rates
+
+    workers = rates(spans)
+    return {
+        "trials_per_hour_per_gpu": round(per_gpu(workers), 1),
+        "trials": sum(w.trials for w in workers),
+        "workers": [w.to_dict() for w in workers],
+    }
