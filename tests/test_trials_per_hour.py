@@ -190,3 +190,20 @@ def test_skipping_the_best_warm_up_keeps_the_candidate_and_the_alternation(
     plan = BenchPlan((Objective("prefill_tok_s", 8),), pairs=3, warmup=1)
     wev.paired_bench(model, "cand", "best", plan, warm_best=False)
     assert calls == ["cand", "cand", "best", "best", "cand", "cand", "best"]
+
+
+def test_trials_per_hour_counts_device_time_not_the_gaps_between_runs() -> None:
+    from agent.dashboard.plots import throughput as figure
+    from agent.throughput import IDLE_CAP_S, per_gpu, rates
+
+    # w0: three 10 s trials 2 s apart, then a fourth after a day (a resumed study)
+    spans = [("w0", 100.0, 110.0), ("w0", 112.0, 122.0), ("w0", 124.0, 134.0)]
+    spans += [("w0", 86400.0, 86410.0)]
+    spans += [("w1", 105.0, 125.0), ("w1", 0.0, 0.0)]  # w1: one 20 s trial, one never dispatched
+    w0, w1 = rates(spans)
+    assert (w0.trials, w0.busy_s, w0.device_s) == (4, 40.0, 44.0 + IDLE_CAP_S)
+    assert w1.trials == 1 and w1.trials_per_hour == pytest.approx(180.0)
+    assert per_gpu([w0, w1]) == pytest.approx(5 * 3600 / (w0.device_s + w1.device_s))
+    fig = figure([{"worker_id": "w0", "throughput": w0.to_dict(), "throughput_all": {}}])
+    assert fig is not None and fig["data"][0]["y"] == [round(w0.trials_per_hour, 1)]
+    assert figure([{"worker_id": "w0"}]) is None  # no trial yet: no figure

@@ -21,6 +21,9 @@ from worker.evaluator import Evaluator
 from worker.records import BenchPlan, EvalResult, ValidatePlan, WorkerInfo
 from worker.refcache import ref_root
 
+# The concurrency group of ``precompile``: it runs beside the evaluate call in flight.
+COMPILE_GROUP = {"compile": 1}
+
 
 class TuningWorker:
     """Evaluates candidates on the device it was placed on (see ``Evaluator``)."""
@@ -78,7 +81,6 @@ def actor_options(backend: str, device_class: str) -> dict[str, Any]:
         "num_cpus": 0,
         "max_restarts": 0,  # the agent restarts workers itself, after recording the failure
         "max_concurrency": 1,  # evaluate calls run one at a time; precompile has its own group
-        "concurrency_groups": {"compile": 1},
     }
     if backend == "cuda":
         opts["num_gpus"] = 1
@@ -93,7 +95,7 @@ def spawn(
     commit_hint: str = "",
 ) -> ray.actor.ActorHandle:
     """Start a worker actor on a device of ``device_class``."""
-    cls = ray.remote(TuningWorker)
+    cls = ray.remote(concurrency_groups=COMPILE_GROUP)(TuningWorker)
     return cls.options(name=None, **actor_options(backend, device_class)).remote(
         backend, worker_id, setup, commit_hint, device_class
     )
