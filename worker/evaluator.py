@@ -124,7 +124,12 @@ class Evaluator:
         if self._ahead is None:
             self._ahead = Ahead(self.backend, device=self.device)
         flat = config.flat() if isinstance(config, TuningConfig) else dict(config)
-        return bool(self._ahead.submit(flat, model_ref))
+        loaded = self._models.get(model_ref)
+        # the weight types set_config builds pipelines for on this backend (a Vulkan backend
+        # keeps them; others compile per config, not per type)
+        seen = getattr(loaded.engine.model.backend, "_qtypes", None) if loaded else None
+        qtypes = tuple(sorted(seen)) if seen else None
+        return bool(self._ahead.submit(flat, model_ref, qtypes))
 
     def close(self) -> None:
         """Stop the compile-ahead processes (the models go with the object)."""

@@ -31,15 +31,21 @@ def model_qtypes(model_ref: str) -> tuple[str, ...]:
 
 
 def precompile_task(
-    backend: str, flat: Mapping[str, Any], model_ref: str, device: int | None = None
+    backend: str,
+    flat: Mapping[str, Any],
+    model_ref: str,
+    device: int | None = None,
+    qtypes: tuple[str, ...] | None = None,
 ) -> dict[str, Any]:
     """Compile one config's kernels into the disk cache; returns what engine.precompile did.
-    Runs in a CPU process: imports the engine, opens no Vulkan device."""
+    Runs in a CPU process: imports the engine, opens no Vulkan device. ``qtypes``: the weight
+    types the worker's backend builds pipelines for (None: the model file's)."""
     from engine.precompile import precompile
     from engine.tuning import TuningConfig
 
     cfg = TuningConfig.from_flat(backend, dict(flat))
-    qtypes = model_qtypes(model_ref) if backend == "vulkan" else ()
+    if qtypes is None:
+        qtypes = model_qtypes(model_ref) if backend == "vulkan" else ()
     done = precompile(cfg, qtypes, device=device)
     return {
         "backend": done.backend,
@@ -66,7 +72,9 @@ class Ahead:
         """Whether this backend compiles anything (NumPy does not: no pool is started)."""
         return self.backend in ("vulkan", "cuda")
 
-    def submit(self, flat: Mapping[str, Any], model_ref: str) -> bool:
+    def submit(
+        self, flat: Mapping[str, Any], model_ref: str, qtypes: tuple[str, ...] | None = None
+    ) -> bool:
         """Start compiling ``flat`` unless ``depth`` configs are already compiling."""
         if not self.wanted():
             return False
@@ -77,7 +85,9 @@ class Ahead:
         if self._pool is None:  # spawn: a forked Vulkan/CUDA process state is not safe
             ctx = multiprocessing.get_context("spawn")
             self._pool = ProcessPoolExecutor(max_workers=self.depth, mp_context=ctx)
-        fut = self._pool.submit(precompile_task, self.backend, dict(flat), model_ref, self.device)
+        fut = self._pool.submit(
+            precompile_task, self.backend, dict(flat), model_ref, self.device, qtypes
+        )
         fut.add_done_callback(_log_result)
         self._futures.append(fut)
         self.submitted += 1
