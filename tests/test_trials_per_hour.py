@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -207,3 +208,64 @@ def test_trials_per_hour_counts_device_time_not_the_gaps_between_runs() -> None:
     fig = figure([{"worker_id": "w0", "throughput": w0.to_dict(), "throughput_all": {}}])
     assert fig is not None and fig["data"][0]["y"] == [round(w0.trials_per_hour, 1)]
     assert figure([{"worker_id": "w0"}]) is None  # no trial yet: no figure
+
+
+def test_local_runner_compiles_the_queued_call_ahead_and_times_it_from_its_start() -> None:
+    """--local keeps two calls per slot: the queued one's config goes to the worker's
+    precompile while the first runs, and its clock (overhead, gap) starts when it runs."""
+    from types import SimpleNamespace
+
+    from agent.dispatch import Pending
+    from agent.fleet import Slot
+    from agent.local import LocalRunner
+    from agent.phase import Phase
+    from worker.records import EvalResult
+
+    class Worker:  # a stand-in for worker.evaluator.Evaluator
+        def __init__(self) -> None:
+            self.log: list[tuple[str, Any]] = []
+
+        def precompile(self, model: str, config: TuningConfig) -> bool:
+            self.log.append(("precompile", config))
+            return True
+
+        def evaluate(self, model: str, cand: TuningConfig, *rest: Any, **kw: Any) -> EvalResult:
+            self.log.append(("evaluate", cand))
+            return EvalResult(Outcome.OK, None, cand.flat(), {}, started=1.0, finished=2.0)
+
+    third = BASE.replace(**{"prefill.chunk_tokens": 16})
+    configs = [BASE, OTHER, third]
+    got: list[Pending] = []
+
+    class Strategy:
+        def dispatch_work(self, slot: Slot) -> bool:
+            if not configs:
+                return False
+            p = Pending(Phase.TRIAL, slot, None, 0.0, 0.0, "m", study, SimpleNamespace(number=0))
+            p.config = configs.pop(0)
+            runner.send(p)
+            return True
+
+        def evaluate_args(self, p: Pending) -> tuple[tuple[Any, ...], dict[str, Any]]:
+            return (p.study.model, p.config), {}
+
+        def got_trial(self, p: Pending, res: EvalResult, overhead: float) -> None:
+            got.append(p)
+
+    study = SimpleNamespace(name="s", model="m")
+    runner = LocalRunner(Strategy(), ("m",), 60.0, [])  # type: ignore[arg-type]
+    slot = Slot("cpu-0", "cpu", ("numpy",), actor=Worker())
+    slot.phase = Phase.AA
+    runner.slots.append(slot)
+    runner.dispatch_idle()
+    assert [k for k, _ in slot.actor.log] == ["precompile"]  # the second call, queued
+    assert slot.actor.log[0][1] is OTHER and len(runner.pending) == 2
+    assert runner.pending[0].dispatched > 0 and runner.pending[1].dispatched == 0.0
+    assert runner.wait()
+    queued = runner.pending[0]
+    runner.dispatch_idle()  # refills to two: the third is compiled ahead too
+    assert [k for k, _ in slot.actor.log] == ["precompile", "evaluate", "precompile"]
+    assert runner.wait() and queued.dispatched > 0  # its clock started when it ran
+    assert runner.wait() and not runner.wait()
+    assert [c for k, c in slot.actor.log if k == "evaluate"] == [BASE, OTHER, third]
+    assert [p.config for p in got] == [BASE, OTHER, third]
