@@ -88,6 +88,7 @@ class Runner:
             self.idle_gaps.append(max(0.0, res.started - slot.last_finished))
         slot.last_finished = res.finished
         if p.phase is Phase.TRIAL:
+            slot.spans.append((res.started, res.finished))  # trials per GPU-hour
             self.overheads.append((res.wall_s, overhead))
             self.strategy.got_trial(p, res, overhead)
         else:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.phase import Phase
+from agent.throughput import worker_rate
 from worker.records import WorkerInfo
 
 STARTING, IDLE, BUSY, DEAD = "starting", "idle", "busy", "dead"
@@ -44,6 +45,7 @@ class Slot:
     resubmit: list[Any] = field(default_factory=list)  # calls queued on a worker that died
     restart_at: float = 0.0  # monotonic time a worker lost to infrastructure starts again
     infra_losses: int = 0  # losses to infrastructure in a row (agent.infra), for the backoff
+    spans: list[tuple[float, float]] = field(default_factory=list)  # its trials' (start, end)
     _since: tuple[str, float] = ("", 0.0)  # (current, wall time it was first seen) for status
 
     @property
@@ -66,6 +68,7 @@ class Slot:
             "trials_done": self.trials_done,
             "noise": self.noise,
             "info": self.info.to_dict() if self.info else None,
+            "throughput": worker_rate(self.worker_id, self.spans).to_dict(),
         }
 
 

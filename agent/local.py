@@ -26,6 +26,8 @@ from worker.records import EvalResult, Outcome
 
 log = logging.getLogger("agent")
 
+QUEUE_DEPTH = 2  # evaluations per slot: the one running next and the one after it
+
 
 class LocalRunner(Runner):
     mode = "local"  # its trial_timeout_s is not enforced: see the module doc
@@ -85,15 +87,20 @@ class LocalRunner(Runner):
         commit: str,
     ) -> None:
         from worker.evaluator import Evaluator
+        from worker.refcache import ref_root
 
         for c in classes:
             slot = Slot(f"{c}-0", c, (self._backend_of[c],))
-            slot.actor = Evaluator(slot.backend, slot.worker_id, "", commit)
+            slot.actor = Evaluator(
+                slot.backend, slot.worker_id, "", commit, ref_cache_dir=ref_root()
+            )
             slot.setup = setup_calls(self.models, fresh=True)
             self.slots.append(slot)
 
     def kill_all(self) -> None:
         for slot in self.slots:
+            if slot.actor is not None:
+                slot.actor.close()  # its compile-ahead processes
             slot.actor = None  # the evaluator and its models go with it
 
     def shutdown(self) -> None:
@@ -123,7 +130,13 @@ class LocalRunner(Runner):
                 continue
             if not any(p.slot is slot for p in self.pending):
                 slot.state, slot.current, slot.free_since = IDLE, "", time.monotonic()
-                self.strategy.dispatch_work(slot)
+            # Two calls deep, as the Ray runner keeps a worker: the next one is known while the
+            # current one runs, so its kernels compile ahead in a CPU process (send).
+            while self._load(slot) < QUEUE_DEPTH and self.strategy.dispatch_work(slot):
+                pass
+
+    def _load(self, slot: Slot) -> int:
+        return sum(p.slot is slot for p in self.pending)
 
     def _setup(self, slot: Slot, phase: Phase, model: str) -> None:
         ev = slot.actor
@@ -149,12 +162,21 @@ class LocalRunner(Runner):
         assert p.study is not None
         args, kwargs = self.strategy.evaluate_args(p)
         p.ref = (args, kwargs)
+        queued = self._load(p.slot) > 0
+        if queued and p.config is not None:  # it waits behind a trial: compile it meanwhile
+            p.slot.actor.precompile(p.study.model, p.config)
+        p.slot.phase = advance(p.slot.phase, p.phase)
+        if not queued:
+            self._start(p)
+        self.pending.append(p)
+
+    def _start(self, p: Pending) -> None:
+        """The call runs now: its clock and the agent's gap before it start here."""
+        assert p.study is not None
         now = time.monotonic()
         p.dispatched, p.deadline = now, now + self.trial_timeout_s
         p.gap_s = max(0.0, now - p.slot.free_since) if p.slot.free_since else 0.0
-        p.slot.phase = advance(p.slot.phase, p.phase)
         p.slot.state, p.slot.current = BUSY, f"{p.study.name} #{p.trial.number}"
-        self.pending.append(p)
 
     # --- results --------------------------------------------------------------------------
     def wait(self) -> bool:
@@ -163,6 +185,8 @@ class LocalRunner(Runner):
             return False
         p = self.pending.pop(0)
         slot = p.slot
+        if p.dispatched == 0.0:
+            self._start(p)  # it was queued behind the one before: it starts now
         args, kwargs = p.ref
         try:
             res = slot.actor.evaluate(*args, **kwargs)

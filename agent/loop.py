@@ -772,16 +772,22 @@ class Agent:
             )
             for st in self.studies.values()
         )
+        from agent import throughput
+
+        slots = self.runner.slots
+        rates = [throughput.worker_rate(s.worker_id, s.spans) for s in slots if s.spans]
+        wall = time.monotonic() - self.t0
         return RunSummary(
             experiment=self.exp.name,
             storage=self.opts.storage.display,
             status_file=str(self.opts.storage.status_path),
             ray=self.runner.mode,
-            wall_s=time.monotonic() - self.t0,
+            wall_s=wall,
             studies=studies,
             workers=tuple(s.status() for s in self.runner.slots),
             overhead=report.overhead(self.runner.overheads, self.runner.idle_gaps),
             warnings=tuple(self.warnings),
+            throughput=throughput.summary(rates, wall, len(rates) or len(slots)),
         )
 
 

@@ -223,6 +223,8 @@ class RayRunner(Runner):
         self.pending.append(p)
         if not queued:
             slot.state, slot.current = BUSY, f"{st.name} #{p.trial.number}"
+        elif p.config is not None:  # it waits behind a trial: compile its kernels meanwhile
+            slot.actor.precompile.remote(st.model, p.config)
 
     def _resubmit_next(self, slot: Slot) -> bool:
         """Send a call again (same trial) to the slot's new worker, against the current best."""

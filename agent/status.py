@@ -34,6 +34,8 @@ class StudyRow:
     evaluated: int = 0  # trials that spent budget
     budget: int | None = None  # trials per study, as the last agent run had it (status file)
     speedup: dict[str, Any] | None = None  # vs_previous, vs_baseline and the line (agent.win)
+    # trials per GPU-hour of its workers over all its runs (agent.throughput.summary)
+    throughput: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -73,7 +75,12 @@ def study_rows(ref: StorageRef) -> list[StudyRow]:
         study = optuna.load_study(study_name=s.study_name, storage=storage)
         attrs = study.user_attrs
         counts: dict[str, int] = {}
+        spans: list[tuple[str, float, float]] = []
         for t in study.get_trials(deepcopy=False):
+            a = t.user_attrs
+            if a.get("started") and a.get("outcome") not in (None, "duplicate"):
+                wid = str((a.get("worker") or {}).get("worker_id", ""))
+                spans.append((wid, float(a["started"]), float(a.get("finished") or 0.0)))
             k = t.user_attrs.get("outcome") or (
                 "running" if t.state == TrialState.RUNNING else t.state.name.lower()
             )
@@ -100,6 +107,7 @@ def study_rows(ref: StorageRef) -> list[StudyRow]:
                 evaluated=evaluated,
                 budget=budgets.get(s.study_name),
                 speedup=_speedup(study, attrs, best.get("trial")),
+                throughput=_throughput(spans),
             )
         )
     return rows
@@ -165,4 +173,15 @@ def budgets_of(ref: StorageRef) -> dict[str, int]:
         str(s.get("study")): int(s["budget"])
         for s in data.get("studies") or []
         if isinstance(s.get("budget"), int)
+    }
+
+
+def _throughput(spans: list[tuple[str, float, float]]) -> dict[str, Any]:
+    from agent.throughput import per_gpu, rates
+
+    workers = rates(spans)
+    return {
+        "trials_per_hour_per_gpu": round(per_gpu(workers), 1),
+        "trials": sum(w.trials for w in workers),
+        "workers": [w.to_dict() for w in workers],
     }

@@ -61,6 +61,8 @@ class RunSummary:
     workers: tuple[dict[str, Any], ...]
     overhead: Overhead
     warnings: tuple[str, ...] = field(default=())
+    # trials per GPU-hour (agent.throughput.summary): per worker and over the fleet
+    throughput: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -95,10 +97,23 @@ class RunSummary:
             f"{o.mean_trial_s:.2f} s ({o.fraction:.2%}) over {o.trials} trials; workers idle "
             f"{o.mean_idle_s * 1000:.1f} ms between trials"
         )
+        if self.throughput.get("trials"):
+            lines.append(f"  {_throughput_line(self.throughput)}")
         for w in self.warnings:
             lines.append(f"  warning: {w}")
         lines.append(f"  storage: {self.storage}  fleet status: {self.status_file}")
         return "\n".join(lines)
+
+
+def _throughput_line(t: dict[str, Any]) -> str:
+    per = "; ".join(
+        f"{w['worker']} {w['trials_per_hour']:.0f} ({w['trials']} in {w['device_s']:.1f}s)"
+        for w in t["workers"]
+    )
+    return (
+        f"trials/h per GPU: {t['trials_per_hour_per_gpu']:.0f} ({per}); "
+        f"{t['run_trials_per_hour_per_gpu']:.0f} over the whole run, setup included"
+    )
 
 
 def _nothing_accepted(s: StudySummary) -> str:

@@ -42,6 +42,7 @@ prompts, each an eager op and its comparison (docs/BENCHMARKS.md, Fleet on GPUs)
 from __future__ import annotations
 
 import os
+import weakref
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -190,7 +191,9 @@ class _Reference:
     """Reference side: op outputs by (op, label, layer) and position, float32 on the host."""
 
     def __init__(self, model: Model, config: TuningConfig, state_positions: set[int]) -> None:
-        self.model = model
+        # weakly: a recording kept in a reference cache must not keep its model's weights on the
+        # device (validate's ragged model would count in the served model's footprint)
+        self.model = weakref.proxy(model)
         self.rows: dict[tuple[str, str, int], dict[int, np.ndarray]] = {}
         self.pending: list[tuple[tuple[str, str, int], Any, int]] = []
         self.state_positions = state_positions

@@ -443,9 +443,10 @@ RAGGED_STEPS = 3
 
 
 def ragged_model(backend: Any) -> tuple[Model, dict[Any, Any]]:
-    """The ragged synthetic model on ``backend`` (written into the cache once, built once per
-    backend) and its reference cache."""
-    held = getattr(backend, "_validate_ragged", None)  # lives and dies with the backend
+    """The ragged synthetic model on ``backend`` (written into the cache once) and its reference
+    cache (kept per backend). The model is built for each check and dropped after it, so its
+    weights never count in the served model's footprint (engine.footprint)."""
+    held = getattr(backend, "_validate_ragged", None)  # (path, reference cache)
     if held is None:
         from engine.checkpoints import cache_dir
         from engine.gguf_model import open_model
@@ -458,8 +459,11 @@ def ragged_model(backend: Any) -> tuple[Model, dict[Any, Any]]:
             tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
             write_synthetic(tmp, arch=arch, preset=preset, quant_mix=mix, progress=False)
             tmp.replace(path)  # whole or absent
-        held = backend._validate_ragged = (build_model(open_model(path), backend), {})
-    return held
+        held = backend._validate_ragged = (path, {})
+    path, cache = held
+    from engine.gguf_model import open_model
+
+    return build_model(open_model(path), backend), cache
 
 
 def ragged_check(model: Model, candidate: TuningConfig, **kw: Any) -> dict[str, Any]:
@@ -482,6 +486,8 @@ def ragged_check(model: Model, candidate: TuningConfig, **kw: Any) -> dict[str, 
     except UnsupportedError as e:  # a variant for the served model's types, not the ragged F16
         log.info("ragged check skipped: %s", e)
         return {"passed": True, "reasons": [], "blame": None, "skipped": str(e), "seconds": 0.0}
+    finally:
+        del rmodel  # its weights go now (Backend tracks them weakly), not with the backend
     return {
         "passed": rep.passed,
         "reasons": [f"ragged model: {r}" for r in rep.reasons],

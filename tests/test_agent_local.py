@@ -179,6 +179,18 @@ def test_cli_run_local(
     out = json.loads(capsys.readouterr().out)
     assert out["ray"] == "local" and out["studies"][0]["evaluated"] == 2
     assert {r.outcome for r in _records(str(storage))} <= {Outcome.OK, Outcome.DUPLICATE}
+    # trials per GPU-hour: in the summary, the fleet status file and agent status --json
+    tp = out["throughput"]
+    (w,) = tp["workers"]
+    assert tp["trials"] == w["trials"] == 2 and w["device_s"] >= w["busy_s"] > 0
+    assert tp["trials_per_hour_per_gpu"] == pytest.approx(2 * 3600 / w["device_s"], rel=0.01)
+    assert 0 < tp["run_trials_per_hour_per_gpu"] < tp["trials_per_hour_per_gpu"]
+    status = json.loads(parse_storage(str(storage)).status_path.read_text())
+    assert status["workers"][0]["throughput"]["trials"] == 2
+    assert main(["status", "--storage", str(storage), "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["throughput"]["workers"][0]["worker"] == w["worker"]
+    assert row["throughput"]["trials"] == 2
     with pytest.raises(SystemExit) as e:  # --local or --address, not both
         main([*argv, "--address", "x:1"])
     assert e.value.code == 2

@@ -267,8 +267,13 @@ def test_fleet_reads_the_agents_status_file(client: TestClient) -> None:
     studies = client.get("/api/studies").json()["studies"]
     assert sum(i["total"] for i in f["invocations"]) == sum(s["trials"] for s in studies)
     assert run["counts"].get("baseline") == 1
+    # trials per GPU-hour: this run's (the status file) and all runs' (the storage), a figure
+    assert w["throughput"]["trials"] == 4 and w["throughput"]["trials_per_hour"] > 0
+    assert w["throughput_all"]["trials"] == 4
+    fig = f["throughput_figure"]
+    assert fig["data"][0]["x"] == ["cpu-0"] and fig["data"][0]["y"][0] > 0
     page = client.get("/").text
-    assert "cpu-0" in page and REAL in page
+    assert "cpu-0" in page and REAL in page and 'id="throughput-fig"' in page
 
 
 # --- pages ----------------------------------------------------------------------------------

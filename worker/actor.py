@@ -20,6 +20,10 @@ from worker.claim import claim_vulkan_device
 from worker.device import resource_name
 from worker.evaluator import Evaluator
 from worker.records import BenchPlan, EvalResult, ValidatePlan, WorkerInfo
+from worker.refcache import ref_root
+
+# The concurrency group of ``precompile``: it runs beside the evaluate call in flight.
+COMPILE_GROUP = {"compile": 1}
 
 
 class TuningWorker:
@@ -40,13 +44,21 @@ class TuningWorker:
         if backend == "vulkan" and device_class:
             device, self._device_lock = claim_vulkan_device(device_class)
         node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
-        self.evaluator = Evaluator(backend, worker_id, node_id, commit_hint, device=device)
+        self.evaluator = Evaluator(
+            backend, worker_id, node_id, commit_hint, device=device, ref_cache_dir=ref_root()
+        )
 
     def info(self) -> WorkerInfo:
         return self.evaluator.info()
 
     def load(self, model_ref: str) -> ModelShape:
         return self.evaluator.load(model_ref)
+
+    @ray.method(concurrency_group="compile")
+    def precompile(self, model_ref: str, candidate: TuningConfig | dict[str, Any]) -> bool:
+        """Compile a queued candidate's kernels in a CPU process while ``evaluate`` runs (its own
+        concurrency group: it does not wait behind the running trial)."""
+        return self.evaluator.precompile(model_ref, candidate)
 
     def evaluate(
         self,
@@ -69,7 +81,7 @@ def actor_options(backend: str, device_class: str) -> dict[str, Any]:
         "resources": {resource_name(device_class): 1},
         "num_cpus": 0,
         "max_restarts": 0,  # the agent restarts workers itself, after recording the failure
-        "max_concurrency": 1,
+        "max_concurrency": 1,  # evaluate calls run one at a time; precompile has its own group
     }
     if backend == "cuda":
         opts["num_gpus"] = 1
@@ -84,7 +96,7 @@ def spawn(
     commit_hint: str = "",
 ) -> ray.actor.ActorHandle:
     """Start a worker actor on a device of ``device_class``."""
-    cls = ray.remote(TuningWorker)
+    cls = ray.remote(concurrency_groups=COMPILE_GROUP)(TuningWorker)
     return cls.options(name=None, **actor_options(backend, device_class)).remote(
         backend, worker_id, setup, commit_hint, device_class
     )

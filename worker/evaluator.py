@@ -17,6 +17,7 @@ import time
 import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from engine.bench import bench_prompt, measure
@@ -40,12 +41,15 @@ from worker.records import (
     ValidateSummary,
     WorkerInfo,
 )
+from worker.refcache import RefLogits, engine_code_digest, file_sha256
 
 log = logging.getLogger(__name__)
 
-# Seconds of warm-up before a worker's first measurement of a model: a GPU fresh from idle ramps
-# its clocks during the first runs (one such pair on an H200 measured x0.3).
+# Seconds of warm-up before a worker's first measurement: a GPU fresh from idle ramps its clocks
+# during the first runs (one such pair on an H200 measured x0.3). Paid once per worker, and again
+# when its device sat idle for REWARM_AFTER_S (clocks fall back within seconds of idling).
 FIRST_WARMUP_S = 2.0
+REWARM_AFTER_S = 30.0
 
 
 @dataclass
@@ -67,8 +71,12 @@ class Evaluator:
         commit_hint: str = "",
         sentinel: bool = True,
         device: int | None = None,
+        ref_cache_dir: Path | None = None,
     ) -> None:
         self.backend = backend
+        # Where reference logits persist (worker.refcache; the actor and agent --local pass the
+        # node's cache_root()); None: in this process's memory only, as a test's evaluator.
+        self.ref_cache_dir = ref_cache_dir
         self.device = device  # an index of the backend's list_devices(); None: its default
         self.sentinel = sentinel
         self.sentinels: dict[str, Any] = {}  # family -> engine.sentinel.SentinelResult
@@ -77,7 +85,9 @@ class Evaluator:
         self._models: dict[str, _Loaded] = {}
         self._commit_hint = commit_hint
         self._info: WorkerInfo | None = None
-        self._warmed: set[str] = set()  # models benchmarked here at least once
+        self._bench_end = -float("inf")  # monotonic end of this worker's last bench
+        self._best_warm: dict[str, str] = {}  # model -> the best config its last bench ran
+        self._ahead: Any = None  # worker.precompile.Ahead, started on the first precompile
 
     # --- identity -----------------------------------------------------------------------
     def info(self) -> WorkerInfo:
@@ -106,6 +116,29 @@ class Evaluator:
             )
         return self._info
 
+    # --- compile ahead ------------------------------------------------------------------
+    def precompile(self, model_ref: str, config: TuningConfig | Mapping[str, Any]) -> bool:
+        """Start compiling a config the agent will send next, in a CPU process of this node
+        (worker.precompile.Ahead: at most two in flight); returns at once. False when nothing
+        was started (NumPy: nothing to compile; two compiles already in flight)."""
+        from worker.precompile import Ahead
+
+        if self._ahead is None:
+            self._ahead = Ahead(self.backend, device=self.device)
+        flat = config.flat() if isinstance(config, TuningConfig) else dict(config)
+        loaded = self._models.get(model_ref)
+        # the weight types set_config builds pipelines for on this backend (a Vulkan backend
+        # keeps them; others compile per config, not per type)
+        seen = getattr(loaded.engine.model.backend, "_qtypes", None) if loaded else None
+        qtypes = tuple(sorted(seen)) if seen else None
+        return bool(self._ahead.submit(flat, model_ref, qtypes))
+
+    def close(self) -> None:
+        """Stop the compile-ahead processes (the models go with the object)."""
+        if self._ahead is not None:
+            self._ahead.close()
+            self._ahead = None
+
     # --- models -------------------------------------------------------------------------
     def load(self, model_ref: str) -> ModelShape:
         """Load a model once (the default config, no promoted one); returns its shape class
@@ -122,8 +155,27 @@ class Evaluator:
                 device=self.device,
             )
             self._check_reference(eng.model, eng.gguf.spec.family)
-            self._models[model_ref] = _Loaded(eng, eng.gguf.spec.family, {})
+            refs = self._reference_store(path, eng.model)
+            self._models[model_ref] = _Loaded(eng, eng.gguf.spec.family, {}, refs)
         return self._models[model_ref].engine.shape
+
+    def _reference_store(self, path: Path, model: Model) -> dict[Any, Any]:
+        """validate's reference-run cache for this model, backed by the node's disk cache (a
+        restarted worker, or a second one on the node, reads the reference logits back)."""
+        if self.ref_cache_dir is None:
+            return {}
+        from engine.backends.planted import mutant
+
+        dev = model.backend.device_info()
+        identity = {
+            "model_sha256": file_sha256(path),
+            "backend": self.backend,
+            "device_class": dev.device_class,
+            "driver": dev.driver,
+            "engine_code": engine_code_digest(),
+            "mutant": mutant() or "",  # a planted bug changes the reference's kernels too
+        }
+        return RefLogits(identity, self.ref_cache_dir)
 
     def _check_reference(self, model: Model, family: str) -> None:
         if not self.sentinel or self.backend.startswith("numpy"):  # NumPy is the oracle itself
@@ -279,10 +331,21 @@ class Evaluator:
             else:
                 summary = None
             t = time.perf_counter()
-            # The first bench of a model on this worker also warms the device up to clocks.
-            warm_s = 0.0 if model_ref in self._warmed else FIRST_WARMUP_S
-            samples = paired_bench(model, cand_cfg, best_cfg, bplan, warm_s=warm_s)
-            self._warmed.add(model_ref)
+            # Clocks warm once per worker (again after an idle spell), not once per trial; the
+            # best config's own warm-up runs are skipped when the last bench ran it here.
+            cold = time.monotonic() - self._bench_end > REWARM_AFTER_S
+            best_key = repr(sorted(best_flat.items()))
+            warm_best = cold or self._best_warm.get(model_ref) != best_key
+            samples = paired_bench(
+                model,
+                cand_cfg,
+                best_cfg,
+                bplan,
+                warm_s=FIRST_WARMUP_S if cold else 0.0,
+                warm_best=warm_best,
+            )
+            self._bench_end = time.monotonic()
+            self._best_warm[model_ref] = best_key
             phase["bench_s"] = time.perf_counter() - t
             t = time.perf_counter()  # the footprint at the served context, then the budget
             longest = max(o.prompt_tokens for o in bplan.objectives)
@@ -368,17 +431,23 @@ def paired_bench(
     plan: BenchPlan,
     on_pair: Callable[[int], None] | None = None,
     warm_s: float = 0.0,
+    warm_best: bool = True,
 ) -> tuple[PairedSamples, ...]:
     """``plan.pairs`` alternating candidate/best measurements after warm-up (``plan.warmup``
-    rounds of both sides, and more until ``warm_s`` seconds have passed); leaves the model on
-    the candidate config."""
+    rounds, and more of both sides until ``warm_s`` seconds have passed); leaves the model on
+    the candidate config. The candidate always runs its warm-up rounds (its first runs pay
+    one-off costs: pipelines, graph captures, allocations); the best only with ``warm_best``
+    (False: the worker's previous bench ran it, on a device still warm)."""
     vocab = model.spec.n_vocab
     lengths = sorted({o.prompt_tokens for o in plan.objectives})
     prompts = {n: bench_prompt(n, vocab) for n in lengths}
     sides = {"candidate": candidate, "best": best}
     t0, rounds = time.perf_counter(), 0
     while rounds < plan.warmup or time.perf_counter() - t0 < warm_s:
-        for cfg in sides.values():
+        timed = rounds >= plan.warmup  # past the plan's rounds: warming the clocks
+        for side, cfg in sides.items():
+            if side == "best" and not (warm_best or timed):
+                continue
             model.set_config(cfg)
             _run_objectives(model, plan, prompts)
         rounds += 1

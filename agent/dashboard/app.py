@@ -281,6 +281,7 @@ def create_app(
         f = reader.fleet()
         if ray_dashboard:
             f["ray_dashboard"] = ray_dashboard
+        f["throughput_figure"] = plots.throughput(f.get("workers") or [])
         return f
 
     @app.get("/api/fleet")

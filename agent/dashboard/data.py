@@ -37,6 +37,7 @@ from agent.dashboard import gitlog
 from agent.dashboard.fastread import FastReader, RawTrial
 from agent.records import TrialRecord
 from agent.storage import StorageRef, parse_storage
+from agent.throughput import worker_rate
 from agent.win import Link, cumulative
 from worker.records import Outcome
 
@@ -890,6 +891,8 @@ class Reader:
         wid = str(w.get("worker_id", ""))
         mine = [r for r in rows if r.worker == wid]
         w["evaluated_all"] = sum(r.outcome in BUDGET for r in mine)
+        spans = [(r.started, r.finished) for r in mine if r.outcome in BUDGET]
+        w["throughput_all"] = worker_rate(wid, spans).to_dict()  # trials per GPU-hour
         with_gpu = [r for r in mine if r.gpu]
         w["gpu"] = max(with_gpu, key=lambda r: r.finished).gpu if with_gpu else None
         target = acceptance.get("target")

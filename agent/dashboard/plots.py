@@ -200,3 +200,42 @@ def samples(samples: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
             )
     layout["height"] = 120 + 220 * n
     return {"data": data, "layout": layout}
+
+
+BLUE, PALE = "#4c72b0", "#8aa4c8"
+
+
+def throughput(workers: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Trials per GPU-hour of each worker: this agent run (the status file) beside every run
+    recorded in the storage (agent.throughput); None when no worker evaluated a trial."""
+    names = [str(w.get("worker_id", "")) for w in workers]
+    run = [float((w.get("throughput") or {}).get("trials_per_hour") or 0.0) for w in workers]
+    every = [float((w.get("throughput_all") or {}).get("trials_per_hour") or 0.0) for w in workers]
+    if not any(run) and not any(every):
+        return None
+    title = {"text": "trials per GPU-hour", "x": 0.01, "xanchor": "left"}
+    return {
+        "data": [
+            {
+                "type": "bar",
+                "name": "this run",
+                "x": names,
+                "y": run,
+                "marker": {"color": "#4c72b0"},
+            },
+            {
+                "type": "bar",
+                "name": "all runs",
+                "x": names,
+                "y": every,
+                "marker": {"color": "#8aa4c8"},
+            },
+        ],
+        "layout": {
+            **LAYOUT,
+            "height": 300,
+            "title": title,
+            "barmode": "group",
+            "yaxis": {"title": {"text": "trials / h"}, "rangemode": "tozero"},
+        },
+    }

@@ -375,27 +375,8 @@ class VulkanBackend(ResidentPrefill, FusedNorm, FusedDecode, Backend):
         self, config: TuningConfig, qtypes: set[str], fresh: bool = False
     ) -> dict[tuple[str, str], tuple[Pipeline, Any]]:
         ops = {} if fresh else self._ops
-        for op in (
-            "rms_norm",
-            "add",
-            "swiglu",
-            "rope",
-            "kv_write",
-            "attention",
-            "argmax",
-            "quantize_act",
-            "embedding",
-            "matmul_decode",
-            "matmul_prefill",
-            "delta_net",
-            "sigmoid_mul",
-            "cols",
-            "ssm_conv",
-            "ssm_gates",
-            "router_topk",
-            "moe_experts",
-        ):
-            weighted = op in ("embedding", "matmul_decode", "matmul_prefill", "moe_experts")
+        for op in K.BUILT_OPS:
+            weighted = op in K.WEIGHTED_OPS
             variant = config.op(op).variant
             for q in sorted(qtypes) if weighted else [""]:
                 for key, prog, spec, sg in self._programs(config, op, q):

@@ -160,6 +160,31 @@ PASSES[("attention", "flash")] = (
 )
 
 
+# The ops whose pipelines set_config builds (VulkanBackend._build; engine.precompile compiles
+# their SPIR-V ahead), and those built once per weight type of the model.
+BUILT_OPS = (
+    "rms_norm",
+    "add",
+    "swiglu",
+    "rope",
+    "kv_write",
+    "attention",
+    "argmax",
+    "quantize_act",
+    "embedding",
+    "matmul_decode",
+    "matmul_prefill",
+    "delta_net",
+    "sigmoid_mul",
+    "cols",
+    "ssm_conv",
+    "ssm_gates",
+    "router_topk",
+    "moe_experts",
+)
+WEIGHTED_OPS = ("embedding", "matmul_decode", "matmul_prefill", "moe_experts")
+
+
 def pass_keys(op: str, variant: str) -> tuple[str, ...]:
     """The pipeline key of each pass of a variant, in the order programs() returns them."""
     passes = PASSES.get((op, variant))

@@ -105,6 +105,21 @@ def build_key(shader: str, defines: tuple[str, ...]) -> str:
     return h.hexdigest()[:24]
 
 
+# Compiler runs of this process (a cache hit does not count): tests tell a precompiled build
+# from one compiled on the spot.
+COMPILES = [0]
+
+
+def cached(shader: str, defines: tuple[str, ...] = (), root: Path | None = None) -> bool:
+    """Whether compile_spirv would find this build in the cache without compiling."""
+    root = root or cache_dir()
+    name = f"{shader}-{build_key(shader, defines)}.spv"
+    version = glslc_version(compiler_for(shader)[1])
+    if version is None:
+        return any(root.glob(f"*/{name}"))
+    return (root / compiler_tag(version) / name).exists()
+
+
 def compile_spirv(shader: str, defines: tuple[str, ...] = (), root: Path | None = None) -> bytes:
     """SPIR-V words of shaders/vulkan/<shader>.comp with -D<define> each; from the cache when
     present. Raises KernelCompileError with the compiler's log on failure."""
@@ -141,6 +156,7 @@ def compile_spirv(shader: str, defines: tuple[str, ...] = (), root: Path | None 
             cmd = [compiler, "-V", "--target-env", target, "-S", "comp"]
         cmd += [f"-I{SHADER_DIR}", *(f"-D{d}" for d in defines), str(src), "-o", str(out)]
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        COMPILES[0] += 1
         if res.returncode != 0:
             log_text = (res.stderr.strip() + "\n" + res.stdout.strip()).strip()
             raise KernelCompileError(f"{cname} failed on {src.name} {list(defines)}:\n{log_text}")
