@@ -106,13 +106,18 @@ def render(tables: list[dict], commands: dict[str, str], figures: list[Figure]) 
     """One table per [[table]], its rows newest first, the commands its rows name below it."""
     out: list[str] = []
     for t in tables:
-        rows = sorted((f for f in figures if f.table == t["key"]), key=lambda f: f.date, reverse=True)
+        rows = sorted(
+            (f for f in figures if f.table == t["key"]), key=lambda f: f.date, reverse=True
+        )
         if not rows:
             continue
         out += [f"## {t['title']}", "", _cell(t.get("note", "")), ""]
         used = list(dict.fromkeys(f.command for f in rows))
         if all(f.throughput for f in rows):
-            out += ["| date | device | model | metric | figure | source |", "|---|---|---|---|---|---|"]
+            out += [
+                "| date | device | model | metric | figure | source |",
+                "|---|---|---|---|---|---|",
+            ]
             for f in rows:
                 out.append(
                     f"| {f.date} | {_cell(f.device)} | {_cell(f.model)} | {_cell(f.metric)} | "
