@@ -136,7 +136,9 @@ def render(tables: list[dict], commands: dict[str, str], figures: list[Figure]) 
                     f"{_cell(f.memory) or 'not measured'} | {_cell(f.validate) or '-'} | "
                     f"{f.source} [{used.index(f.command) + 1}] | {f.counts()} |"
                 )
-        out += [""] + [f"{n}. {_cell(commands[c])}" for n, c in enumerate(used, 1)] + [""]
+        # A list item, not a cell: a | stays as written.
+        out += [""] + [f"{n}. {' '.join(commands[c].split())}" for n, c in enumerate(used, 1)]
+        out += [""]
     return "\n".join(out)
 
 
