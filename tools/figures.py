@@ -73,7 +73,12 @@ def load(path: Path = DATA) -> tuple[list[dict], dict[str, str], list[Figure]]:
     except (OSError, tomllib.TOMLDecodeError) as e:
         raise ConfigError(f"{path}: {e}") from None
     tables, commands = data.get("table", []), data.get("commands", {})
-    keys = {t.get("key") for t in tables}
+    for i, t in enumerate(tables, 1):
+        if not isinstance(t.get("key"), str) or not isinstance(t.get("title"), str):
+            raise ConfigError(f"{path}: table {i} needs a key and a title (strings)")
+    keys = {t["key"] for t in tables}
+    if len(keys) != len(tables):
+        raise ConfigError(f"{path}: two [[table]] records share a key")
     known = {f.name for f in fields(Figure)}
     required = {f.name for f in fields(Figure) if f.default is MISSING}
     figures = []
@@ -83,6 +88,10 @@ def load(path: Path = DATA) -> tuple[list[dict], dict[str, str], list[Figure]]:
             raise ConfigError(f"{where}: unknown field {unknown[0]!r}; fields: {sorted(known)}")
         if missing := sorted(required - set(rec)):
             raise ConfigError(f"{where}: missing field {missing[0]!r}")
+        for name, value in rec.items():
+            want = bool if name == "throughput" else str
+            if not isinstance(value, want):
+                raise ConfigError(f"{where}: {name} = {value!r} is not a {want.__name__}")
         fig = Figure(**rec)
         if fig.table not in keys:
             raise ConfigError(f"{where}: table {fig.table!r} is not a [[table]] key")
