@@ -123,6 +123,10 @@ def test_bad_record_is_one_line_and_nothing_written(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "figure 1: source 'guess'" in err[0]
     assert "old" in page.read_text()
+    data.write_text(head + rec.replace('"379.7"', "379.7"))
+    assert main([*args, "--write"]) == 2
+    assert "figure = 379.7 is not a str" in capsys.readouterr().err
+    assert "old" in page.read_text()
 
     data.write_text(head + rec)
     assert main([*args, "--check"]) == 1
