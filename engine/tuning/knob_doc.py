@@ -70,9 +70,8 @@ def _constraints(variants: tuple[Variant, ...]) -> list[str]:
             shared.setdefault(c.doc, []).append(v.name)
     if not shared:
         return []
-    return ["Constraints (checked before a config is sampled or built):", ""] + [
-        f"- {', '.join(names)}: {_cell(doc)}" for doc, names in shared.items()
-    ]
+    head = "Constraints (a config that breaks one on the device is refused before any build):"
+    return [head, ""] + [f"- {', '.join(names)}: {_cell(doc)}" for doc, names in shared.items()]
 
 
 def markdown(registry: Registry, backend: str) -> str:
