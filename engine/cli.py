@@ -142,6 +142,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("kernels", help="the tuning registry: ops, variants, parameters")
     p.add_argument("--backend", default=None)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--markdown", action="store_true", help="one backend's knob tables (docs/)")
+    p.add_argument(
+        "--write",
+        type=Path,
+        default=None,
+        help="with --markdown: replace the section between that file's generated-by markers",
+    )
 
     p = sub.add_parser("devices", help="backends usable on this machine and their device class")
     p.add_argument("--json", action="store_true")
@@ -472,7 +479,10 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def cmd_kernels(args: argparse.Namespace) -> int:
     from engine.tuning import REGISTRY
+    from engine.tuning.knob_doc import binding_text
 
+    if args.markdown or args.write:
+        return _kernels_markdown(args, REGISTRY)
     names = [args.backend] if args.backend else REGISTRY.backends()
     obj: dict[str, Any] = {}
     lines = []
@@ -492,7 +502,7 @@ def cmd_kernels(args: argparse.Namespace) -> int:
                             "choices": list(p.choices),
                             "default": p.default,
                             "doc": p.doc,
-                            "binding": _binding(p.binding),
+                            "binding": binding_text(p.binding),
                         }
                         for p in v.params
                     },
@@ -507,11 +517,23 @@ def cmd_kernels(args: argparse.Namespace) -> int:
     return 0
 
 
-def _binding(b: Any) -> str:
-    """How a knob reaches its kernel, e.g. "spec_constant 2", "define COLS", "schedule"."""
-    if b is None:
-        return "unbound"
-    return f"{b.kind} {b.target}" if b.target is not None else b.kind
+def _kernels_markdown(args: argparse.Namespace, registry: Any) -> int:
+    """docs/<backend>.md's generated "Kernels and knobs" section: printed, or spliced into
+    --write's file between its markers (engine.doc_block)."""
+    from engine import doc_block
+    from engine.tuning.knob_doc import command, markdown
+
+    if not args.backend or args.json:
+        raise ConfigError("kernels --markdown: name one --backend, without --json")
+    if args.write and not args.markdown:
+        raise ConfigError("kernels --write: add --markdown (the text it writes)")
+    text = markdown(registry, args.backend)
+    if args.write is None:
+        print(text, end="")
+        return 0
+    changed = doc_block.write(args.write, command(args.backend), text)
+    print(f"{args.write}: {'rewritten' if changed else 'already current'}")
+    return 0
 
 
 def cmd_devices(args: argparse.Namespace) -> int:

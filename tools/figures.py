@@ -1,0 +1,184 @@
+"""docs/FIGURES.md's tables from docs/figures.toml: today's figures, one record per figure.
+
+    python -m tools.figures            # print the generated tables
+    python -m tools.figures --write    # rewrite docs/FIGURES.md between its markers
+    python -m tools.figures --check    # exit 1 (naming --write) when the page is stale
+
+The house rule is applied here, not by hand: a figure counts only for a config that passes the
+verifier, comes from an agent trial or a fresh-process bench of a promoted config, and has its
+memory footprint beside it; the "counts" column says which of the three a row lacks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import sys
+import tomllib
+from dataclasses import MISSING, dataclass, fields
+from pathlib import Path
+
+from engine import doc_block
+from engine.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "docs" / "figures.toml"
+PAGE = ROOT / "docs" / "FIGURES.md"
+COMMAND = "python -m tools.figures --write"
+SOURCES = (
+    "agent trial",
+    "promoted bench",
+    "hand bench",
+    "defaults bench",
+    "table measure",
+    "tool",
+)
+COUNTING = ("agent trial", "promoted bench")
+
+
+@dataclass(frozen=True)
+class Figure:
+    table: str
+    date: str
+    device: str
+    model: str
+    metric: str
+    figure: str
+    source: str
+    command: str
+    config: str = ""
+    reference: str = ""
+    memory: str = ""
+    validate: str = ""
+    throughput: bool = False
+
+    def counts(self) -> str:
+        """The house rule's verdict, with what the row lacks."""
+        if self.throughput:
+            return "n/a"
+        lacks = []
+        if self.source not in COUNTING:
+            lacks.append(self.source)
+        if not self.validate.startswith("PASS"):
+            lacks.append("no validate pass")
+        if not self.memory:
+            lacks.append("no footprint")
+        return "yes" if not lacks else "no: " + ", ".join(lacks)
+
+
+def load(path: Path = DATA) -> tuple[list[dict], dict[str, str], list[Figure]]:
+    """The tables, commands and figures of ``path``; ConfigError names the first bad record."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise ConfigError(f"{path}: {e}") from None
+    tables, commands = data.get("table", []), data.get("commands", {})
+    for i, t in enumerate(tables, 1):
+        if not isinstance(t.get("key"), str) or not isinstance(t.get("title"), str):
+            raise ConfigError(f"{path}: table {i} needs a key and a title (strings)")
+    keys = {t["key"] for t in tables}
+    if len(keys) != len(tables):
+        raise ConfigError(f"{path}: two [[table]] records share a key")
+    known = {f.name for f in fields(Figure)}
+    required = {f.name for f in fields(Figure) if f.default is MISSING}
+    figures = []
+    for i, rec in enumerate(data.get("figure", []), 1):
+        where = f"{path}: figure {i}"
+        if unknown := sorted(set(rec) - known):
+            raise ConfigError(f"{where}: unknown field {unknown[0]!r}; fields: {sorted(known)}")
+        if missing := sorted(required - set(rec)):
+            raise ConfigError(f"{where}: missing field {missing[0]!r}")
+        for name, value in rec.items():
+            want = bool if name == "throughput" else str
+            if not isinstance(value, want):
+                raise ConfigError(f"{where}: {name} = {value!r} is not a {want.__name__}")
+        fig = Figure(**rec)
+        if fig.table not in keys:
+            raise ConfigError(f"{where}: table {fig.table!r} is not a [[table]] key")
+        if fig.command not in commands:
+            raise ConfigError(f"{where}: command {fig.command!r} is not in [commands]")
+        if fig.source not in SOURCES:
+            raise ConfigError(f"{where}: source {fig.source!r}; one of {', '.join(SOURCES)}")
+        try:
+            dt.date.fromisoformat(fig.date)
+        except ValueError:
+            raise ConfigError(f"{where}: date {fig.date!r} is not YYYY-MM-DD") from None
+        figures.append(fig)
+    return tables, commands, figures
+
+
+def _cell(text: str) -> str:
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def render(tables: list[dict], commands: dict[str, str], figures: list[Figure]) -> str:
+    """One table per [[table]], its rows newest first, the commands its rows name below it."""
+    out: list[str] = []
+    for t in tables:
+        rows = sorted(
+            (f for f in figures if f.table == t["key"]), key=lambda f: f.date, reverse=True
+        )
+        if not rows:
+            continue
+        out += [f"## {t['title']}", "", _cell(t.get("note", "")), ""]
+        used = list(dict.fromkeys(f.command for f in rows))
+        if all(f.throughput for f in rows):
+            out += [
+                "| date | device | model | metric | figure | source |",
+                "|---|---|---|---|---|---|",
+            ]
+            for f in rows:
+                out.append(
+                    f"| {f.date} | {_cell(f.device)} | {_cell(f.model)} | {_cell(f.metric)} | "
+                    f"{_cell(f.figure)} | {f.source} [{used.index(f.command) + 1}] |"
+                )
+        else:
+            out += [
+                "| date | device | model | metric | figure | config | llama.cpp, same call | "
+                "memory | validate | source | counts |",
+                "|---|---|---|---|---:|---|---:|---|---|---|---|",
+            ]
+            for f in rows:
+                out.append(
+                    f"| {f.date} | {_cell(f.device)} | {_cell(f.model)} | {_cell(f.metric)} | "
+                    f"{_cell(f.figure)} | {_cell(f.config)} | {_cell(f.reference) or '-'} | "
+                    f"{_cell(f.memory) or 'not measured'} | {_cell(f.validate) or '-'} | "
+                    f"{f.source} [{used.index(f.command) + 1}] | {f.counts()} |"
+                )
+        # A list item, not a cell: a | stays as written.
+        out += [""] + [f"{n}. {' '.join(commands[c].split())}" for n, c in enumerate(used, 1)]
+        out += [""]
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", type=Path, default=DATA)
+    ap.add_argument("--page", type=Path, default=PAGE)
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--write", action="store_true", help="rewrite the page's generated section")
+    mode.add_argument("--check", action="store_true", help="exit 1 when the page is stale")
+    args = ap.parse_args(argv)
+    try:
+        text = render(*load(args.data))
+        if args.write:
+            changed = doc_block.write(args.page, COMMAND, text)
+            print(f"{args.page}: {'rewritten' if changed else 'already current'}")
+        elif args.check:
+            try:
+                page = doc_block.section(args.page.read_text(), COMMAND, str(args.page))
+            except OSError as e:
+                raise ConfigError(f"{args.page}: cannot read ({e.strerror or e})") from None
+            if page != text:
+                print(f"{args.page} is stale: run `{COMMAND}`", file=sys.stderr)
+                return 1
+        else:
+            print(text, end="")
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
