@@ -10,14 +10,16 @@
     python -m agent replay TABLE [--sampler tpe,cmaes,random] [--seeds 50] [--json]
     python -m agent table from-study --storage URL --study NAME ...   (replay tables)
     python -m agent dashboard [--storage URL]     (agent/dashboard, read-only web UI)
+    python -m agent runtime-env [--env KEY=VALUE]  (for ray job submit --runtime-env-json)
 
 Exit status: 0 done; 1 the run did not do what it was asked (no study could start, a promotion
 was refused: the summary says why; recheck: a promoted config fails re-validation); 2 bad
 input (a bad experiment file or option, nothing run).
 
-As a Ray job: ``ray job submit --working-dir . -- python -m agent run experiments/X.toml``
-(RAY_ADDRESS is set for the job, so it joins that cluster); with no address it starts an
-embedded Ray with this machine's devices.
+As a Ray job: ``ray job submit --working-dir . --runtime-env-json "$(python -m agent runtime-env)"
+-- python -m agent run experiments/X.toml`` (RAY_ADDRESS is set for the job, so it joins that
+cluster; the runtime env names the engine commit, which the upload without .git cannot); with no
+address it starts an embedded Ray with this machine's devices.
 """
 
 from __future__ import annotations
@@ -181,6 +183,22 @@ def _parser() -> argparse.ArgumentParser:
     ts.add_argument("--study", required=True, help="study name (python -m agent status)")
     ts.add_argument("--experiment", type=Path, required=True, help="the study's experiment file")
     ts.add_argument("--out", type=Path, required=True, help="table .json or .csv")
+
+    re_ = sub.add_parser(
+        "runtime-env",
+        help="the Ray runtime env that names this checkout's engine commit in a submitted job",
+        description="Print a runtime env JSON for `ray job submit --runtime-env-json`: Ray "
+        "uploads --working-dir without .git, so the job cannot read the engine commit its trial "
+        "records and promotions name; this hands it over as $FLEETTUNE_ENGINE_COMMIT (a worker "
+        "with a git checkout of its own still trusts its own).",
+    )
+    re_.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="another environment variable for the job (repeatable)",
+    )
 
     d = sub.add_parser("dashboard", help="serve the read-only dashboard over a storage")
     try:
@@ -383,6 +401,26 @@ def _table(args: argparse.Namespace) -> int:
     return 0
 
 
+def _runtime_env(args: argparse.Namespace) -> int:
+    from engine.provenance import COMMIT_ENV, submit_env
+
+    env = {}
+    for item in args.env:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            print(f"error: --env {item!r}: give KEY=VALUE", file=sys.stderr)
+            return 2
+        env[key] = value
+    env |= submit_env()
+    if COMMIT_ENV not in env:
+        print(
+            "warning: this is not a git checkout: the job's records will say engine_commit unknown",
+            file=sys.stderr,
+        )
+    print(json.dumps({"env_vars": env}))
+    return 0
+
+
 def _dashboard(args: argparse.Namespace) -> int:
     missing = getattr(args, "dashboard_missing", None)
     if missing:
@@ -414,6 +452,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "replay": _replay,
             "table": _table,
             "dashboard": _dashboard,
+            "runtime-env": _runtime_env,
         }
         return commands[args.command](args)
     except EngineError as e:
