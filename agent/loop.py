@@ -67,7 +67,7 @@ JOIN_HINT = (
 NO_COMMIT_HINT = (
     "engine commit unknown (this copy of the code is no git checkout, as `ray job submit "
     "--working-dir` uploads it): trial records and promotions cannot name the engine build; "
-    "submit with --runtime-env-json \"$(python -m agent runtime-env)\""
+    'submit with --runtime-env-json "$(python -m agent runtime-env)"'
 )
 STOPPED = "the agent was stopped (Ctrl-C or SIGTERM) while this trial ran"
 
