@@ -5,7 +5,7 @@
                         [--address HOST:PORT | --local] [--no-promote] [--json]
                         [--dashboard [PORT]]
     python -m agent status [--storage URL] [--json]
-    python -m agent check experiments/X.toml
+    python -m agent check experiments/X.toml [--json]
     python -m agent recheck [--configs DIR] [--backend B] [--force] [--json]
     python -m agent replay TABLE [--sampler tpe,cmaes,random] [--seeds 50] [--json]
     python -m agent table from-study --storage URL --study NAME ...   (replay tables)
@@ -115,8 +115,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--json", action="store_true")
 
-    c = sub.add_parser("check", help="validate an experiment file and print its search spaces")
+    c = sub.add_parser(
+        "check",
+        help="validate an experiment file and print its search spaces and memory footprints",
+    )
     c.add_argument("experiment", type=Path)
+    c.add_argument("--json", action="store_true", help="one JSON document on stdout")
 
     rc = sub.add_parser(
         "recheck",
@@ -325,22 +329,43 @@ def _status(args: argparse.Namespace) -> int:
 
 def _check(args: argparse.Namespace) -> int:
     from agent.experiment import check_models, load_experiment
+    from agent.memory import check_footprints, footprint_line, plan_text
     from engine.tuning import REGISTRY
 
     exp = load_experiment(args.experiment)
     check_models(exp)
-    print(
+    lines = [
         f"experiment {exp.name}: models {list(exp.models)}, objectives "
         f"{[o.name for o in exp.objectives]}, target {exp.acceptance.target}"
-    )
+    ]
+    backends: dict[str, dict | None] = {}
+    footprints: list[dict] = []
     for b in exp.backends:
         if b not in REGISTRY.backends():
-            print(f"  {b}: no kernels registered here (skipped)")
+            lines.append(f"  {b}: no kernels registered here (skipped)")
+            backends[b] = None
             continue
         space = exp.search_space(b)
-        print(f"  {b}: {space.size} configs")
-        for name, choices in space.grid().items():
-            print(f"    {name}: {choices}")
+        grid = space.grid()
+        backends[b] = {"size": space.size, "grid": grid}
+        lines.append(f"  {b}: {space.size} configs")
+        lines += [f"    {name}: {choices}" for name, choices in grid.items()]
+        footprints += check_footprints(exp.memory, b, space, exp.models)
+    lines.append(plan_text(exp.memory))
+    lines += [footprint_line(f) for f in footprints]
+    if args.json:
+        memory = dataclasses.asdict(exp.memory) | {"models": footprints}
+        doc = {
+            "experiment": exp.name,
+            "models": list(exp.models),
+            "objectives": [o.name for o in exp.objectives],
+            "target": exp.acceptance.target,
+            "backends": backends,
+            "memory": memory,
+        }
+        print(json.dumps(doc, indent=1, default=str))
+    else:
+        print("\n".join(lines))
     return 0
 
 
