@@ -5,19 +5,21 @@
                         [--address HOST:PORT | --local] [--no-promote] [--json]
                         [--dashboard [PORT]]
     python -m agent status [--storage URL] [--json]
-    python -m agent check experiments/X.toml
+    python -m agent check experiments/X.toml [--json]
     python -m agent recheck [--configs DIR] [--backend B] [--force] [--json]
     python -m agent replay TABLE [--sampler tpe,cmaes,random] [--seeds 50] [--json]
     python -m agent table from-study --storage URL --study NAME ...   (replay tables)
     python -m agent dashboard [--storage URL]     (agent/dashboard, read-only web UI)
+    python -m agent runtime-env [--env KEY=VALUE]  (for ray job submit --runtime-env-json)
 
 Exit status: 0 done; 1 the run did not do what it was asked (no study could start, a promotion
 was refused: the summary says why; recheck: a promoted config fails re-validation); 2 bad
 input (a bad experiment file or option, nothing run).
 
-As a Ray job: ``ray job submit --working-dir . -- python -m agent run experiments/X.toml``
-(RAY_ADDRESS is set for the job, so it joins that cluster); with no address it starts an
-embedded Ray with this machine's devices.
+As a Ray job: ``ray job submit --working-dir . --runtime-env-json "$(python -m agent runtime-env)"
+-- python -m agent run experiments/X.toml`` (RAY_ADDRESS is set for the job, so it joins that
+cluster; the runtime env names the engine commit, which the upload without .git cannot); with no
+address it starts an embedded Ray with this machine's devices.
 """
 
 from __future__ import annotations
@@ -113,8 +115,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--json", action="store_true")
 
-    c = sub.add_parser("check", help="validate an experiment file and print its search spaces")
+    c = sub.add_parser(
+        "check",
+        help="validate an experiment file and print its search spaces and memory footprints",
+    )
     c.add_argument("experiment", type=Path)
+    c.add_argument("--json", action="store_true", help="one JSON document on stdout")
 
     rc = sub.add_parser(
         "recheck",
@@ -181,6 +187,22 @@ def _parser() -> argparse.ArgumentParser:
     ts.add_argument("--study", required=True, help="study name (python -m agent status)")
     ts.add_argument("--experiment", type=Path, required=True, help="the study's experiment file")
     ts.add_argument("--out", type=Path, required=True, help="table .json or .csv")
+
+    re_ = sub.add_parser(
+        "runtime-env",
+        help="the Ray runtime env that names this checkout's engine commit in a submitted job",
+        description="Print a runtime env JSON for `ray job submit --runtime-env-json`: Ray "
+        "uploads --working-dir without .git, so the job cannot read the engine commit its trial "
+        "records and promotions name; this hands it over as $FLEETTUNE_ENGINE_COMMIT (a worker "
+        "with a git checkout of its own still trusts its own).",
+    )
+    re_.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="another environment variable for the job (repeatable)",
+    )
 
     d = sub.add_parser("dashboard", help="serve the read-only dashboard over a storage")
     try:
@@ -307,22 +329,43 @@ def _status(args: argparse.Namespace) -> int:
 
 def _check(args: argparse.Namespace) -> int:
     from agent.experiment import check_models, load_experiment
+    from agent.memory import check_footprints, footprint_line, plan_text
     from engine.tuning import REGISTRY
 
     exp = load_experiment(args.experiment)
     check_models(exp)
-    print(
+    lines = [
         f"experiment {exp.name}: models {list(exp.models)}, objectives "
         f"{[o.name for o in exp.objectives]}, target {exp.acceptance.target}"
-    )
+    ]
+    backends: dict[str, dict | None] = {}
+    footprints: list[dict] = []
     for b in exp.backends:
         if b not in REGISTRY.backends():
-            print(f"  {b}: no kernels registered here (skipped)")
+            lines.append(f"  {b}: no kernels registered here (skipped)")
+            backends[b] = None
             continue
         space = exp.search_space(b)
-        print(f"  {b}: {space.size} configs")
-        for name, choices in space.grid().items():
-            print(f"    {name}: {choices}")
+        grid = space.grid()
+        backends[b] = {"size": space.size, "grid": grid}
+        lines.append(f"  {b}: {space.size} configs")
+        lines += [f"    {name}: {choices}" for name, choices in grid.items()]
+        footprints += check_footprints(exp.memory, b, space, exp.models)
+    lines.append(plan_text(exp.memory))
+    lines += [footprint_line(f) for f in footprints]
+    if args.json:
+        memory = dataclasses.asdict(exp.memory) | {"models": footprints}
+        doc = {
+            "experiment": exp.name,
+            "models": list(exp.models),
+            "objectives": [o.name for o in exp.objectives],
+            "target": exp.acceptance.target,
+            "backends": backends,
+            "memory": memory,
+        }
+        print(json.dumps(doc, indent=1, default=str))
+    else:
+        print("\n".join(lines))
     return 0
 
 
@@ -383,6 +426,26 @@ def _table(args: argparse.Namespace) -> int:
     return 0
 
 
+def _runtime_env(args: argparse.Namespace) -> int:
+    from engine.provenance import COMMIT_ENV, submit_env
+
+    env = {}
+    for item in args.env:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            print(f"error: --env {item!r}: give KEY=VALUE", file=sys.stderr)
+            return 2
+        env[key] = value
+    env |= submit_env()
+    if COMMIT_ENV not in env:
+        print(
+            "warning: this is not a git checkout: the job's records will say engine_commit unknown",
+            file=sys.stderr,
+        )
+    print(json.dumps({"env_vars": env}))
+    return 0
+
+
 def _dashboard(args: argparse.Namespace) -> int:
     missing = getattr(args, "dashboard_missing", None)
     if missing:
@@ -414,6 +477,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "replay": _replay,
             "table": _table,
             "dashboard": _dashboard,
+            "runtime-env": _runtime_env,
         }
         return commands[args.command](args)
     except EngineError as e:

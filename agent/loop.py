@@ -63,6 +63,12 @@ JOIN_HINT = (
     "`python -m worker start --head`), which advertises its devices to Ray; a plain "
     "`ray start` advertises none"
 )
+# `ray job submit --working-dir` uploads the code without .git: say how to name the engine build.
+NO_COMMIT_HINT = (
+    "engine commit unknown (this copy of the code is no git checkout, as `ray job submit "
+    "--working-dir` uploads it): trial records and promotions cannot name the engine build; "
+    'submit with --runtime-env-json "$(python -m agent runtime-env)"'
+)
 STOPPED = "the agent was stopped (Ctrl-C or SIGTERM) while this trial ran"
 
 # A/A runs settle: a bias above AA_SETTLE on any objective is measured again, up to AA_RUNS runs
@@ -219,7 +225,11 @@ class Agent:
         restored = unsaved.restore(self.opts.storage, self.storage)
         if restored:
             log.info("restored %d measured trial(s) a run whose storage went down kept", restored)
-        self.runner.start(classes, backends, self.opts.setup, engine_commit())
+        commit = engine_commit()
+        if commit == "unknown":
+            self.warnings.append(NO_COMMIT_HINT)
+            log.warning(NO_COMMIT_HINT)
+        self.runner.start(classes, backends, self.opts.setup, commit)
         self._loop()
         for st in self.studies.values():
             self.leases.check()

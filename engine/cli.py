@@ -159,7 +159,7 @@ def _emit(args: argparse.Namespace, obj: dict[str, Any], text: str) -> None:
     print(json.dumps(obj, indent=2, default=str) if args.json else text)
 
 
-def _load(args: argparse.Namespace):  # noqa: ANN202
+def _load(args: argparse.Namespace, progress: Any = None):  # noqa: ANN202
     from engine.backends import default_device
     from engine.runtime import load
     from engine.tuning.promoted import DEFAULT_CONTEXT
@@ -172,6 +172,7 @@ def _load(args: argparse.Namespace):  # noqa: ANN202
         use_promoted=not args.no_promoted,
         device=device,
         context_tokens=args.context or DEFAULT_CONTEXT,
+        progress=progress,
     )
 
 
@@ -210,19 +211,64 @@ def _check_utf8(text: str, what: str) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    """Generate, with a bar per phase on stderr (loading, compile, prefill, decode: a large model
+    on lavapipe is otherwise silent for most of a minute) and the timings at the end."""
     if not args.prompt:
         raise ConfigError("--prompt is empty: give some text")
     _check_utf8(args.prompt, "--prompt")
-    eng = _load(args)
+    t0 = time.perf_counter()
+    loading: list[Any] = []  # its bar, from the first weight on (a bad --device: no bar)
+
+    def loaded(done: int, total: int) -> None:
+        if not loading:
+            loading.append(_bar(args, "load", total=total, unit="B", unit_scale=True))
+        loading[0].update(done - loading[0].n)
+
+    try:
+        eng = _load(args, progress=loaded)
+    finally:
+        for b in loading:
+            b.close()
+    load_s = time.perf_counter() - t0
     tok = eng.tokenizer()
     text = tok.render_chat([{"role": "user", "content": args.prompt}]) if args.chat else args.prompt
     ids = tok.encode(text)
     if not ids:
         raise ConfigError("--prompt encodes to no tokens: give some text")
     _check_context(eng.gguf.spec.n_ctx_train, len(ids), args.max_tokens, "the prompt")
-    g = eng.model.generate(ids, args.max_tokens, path=args.prefill, stop=tok.eos_ids)
+    # One token through prefill and a decode step first: the kernels compile (lazily, at their
+    # first launch) here, not inside the timed prefill.
+    t0 = time.perf_counter()
+    with _bar(args, "compile (warm-up)", total=1) as bar:
+        eng.model.generate(ids[:1], min(args.max_tokens, 2), path=args.prefill)
+        bar.update(1)
+    warmup_s = time.perf_counter() - t0
+    bars = [_bar(args, "prefill", total=len(ids), unit="tok")]
+
+    def token(_: int) -> None:  # the first one ends the prefill
+        if len(bars) == 1:
+            bars[0].close()
+            bars.append(_bar(args, "decode", total=args.max_tokens, unit="tok"))
+        bars[-1].update(1)
+
+    try:
+        g = eng.model.generate(
+            ids, args.max_tokens, path=args.prefill, stop=tok.eos_ids,
+            on_chunk=bars[0].update, on_token=token,
+        )  # fmt: skip
+    finally:
+        for b in bars:
+            b.close()
     out = tok.decode(g.tokens)
-    steps = len(g.tokens) - 1
+    steps = len(g.tokens) - 1  # the first token comes from prefill
+    timings = {
+        "load_s": load_s,
+        "warmup_s": warmup_s,
+        "prefill_s": g.prefill_s,
+        "prefill_tok_s": len(ids) / g.prefill_s if g.prefill_s > 0 else None,
+        "decode_s": g.decode_s,
+        "decode_tok_s": steps / g.decode_s if steps > 0 and g.decode_s > 0 else None,
+    }
     obj = {
         "model": eng.gguf.spec.name,
         "backend": args.backend,
@@ -232,12 +278,29 @@ def cmd_run(args: argparse.Namespace) -> int:
         "prompt_tokens": ids,
         "tokens": g.tokens,
         "text": out,
-        "prefill_s": g.prefill_s,
-        "decode_s": g.decode_s,
-        "decode_tok_s": steps / g.decode_s if steps > 0 and g.decode_s > 0 else None,
+        **timings,
     }
     _emit(args, obj, args.prompt + out)
+    if not args.json:  # the text alone on stdout; the timings beside the bars
+        print(_timings_line(timings, len(ids), steps), file=sys.stderr)
     return 0
+
+
+def _bar(args: argparse.Namespace, desc: str, **kw: Any) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(desc=desc, file=sys.stderr, disable=args.json, leave=False, **kw)
+
+
+def _timings_line(t: dict[str, Any], prompt: int, steps: int) -> str:
+    def rate(v: float | None) -> str:
+        return f"{v:.1f} tok/s" if v else "-"
+
+    return (
+        f"load {t['load_s']:.1f} s, compile (warm-up) {t['warmup_s']:.1f} s, "
+        f"prefill {prompt} tok {rate(t['prefill_tok_s'])}, "
+        f"decode {max(steps, 0)} tok {rate(t['decode_tok_s'])}"
+    )
 
 
 def cmd_validate(args: argparse.Namespace) -> int:

@@ -235,8 +235,15 @@ class Model:
             return None
         return self.head(x, n - 1, pos0 + n - 1)  # only the last token's logits are sampled
 
-    def prefill(self, prompt: list[int], cache: KVCache, path: str = "batched") -> Tensor:
-        """Run the prompt into the cache; returns the last token's logits [1, V]."""
+    def prefill(
+        self,
+        prompt: list[int],
+        cache: KVCache,
+        path: str = "batched",
+        on_chunk: Callable[[int], None] | None = None,
+    ) -> Tensor:
+        """Run the prompt into the cache; returns the last token's logits [1, V].
+        ``on_chunk(n)``: called after each chunk of n tokens is queued (engine run's bar)."""
         if not prompt:
             raise ValueError("empty prompt: at least one token is needed")
         if path not in PREFILL_PATHS:
@@ -248,6 +255,8 @@ class Model:
             c1 = min(c0 + step, len(prompt))
             last = c1 == len(prompt)
             logits = self.forward(self.backend.rows(ids, c0, c1), c1 - c0, c0, cache, logits=last)
+            if on_chunk is not None:
+                on_chunk(c1 - c0)
         return logits
 
     def forced_run(
@@ -310,12 +319,15 @@ class Model:
         stop: set[int] | frozenset[int] = frozenset(),
         keep_logits: bool = False,
         capacity: int | None = None,
+        on_chunk: Callable[[int], None] | None = None,
+        on_token: Callable[[int], None] | None = None,
     ) -> Generation:
-        """Greedy generation; timings include the device work (each token is read on the host)."""
+        """Greedy generation; timings include the device work (each token is read on the host).
+        ``on_chunk``: see prefill; ``on_token(id)``: called with each generated token."""
         b = self.backend
         cache = self.new_cache(capacity or len(prompt) + max_tokens)
         t0 = time.perf_counter()
-        logits = self.prefill(prompt, cache, path)
+        logits = self.prefill(prompt, cache, path, on_chunk)
         tok = b.argmax(logits)  # [1] int32 on the device
         last_logits = b.download(logits)[0]
         first = int(b.download(tok)[0])
@@ -329,6 +341,8 @@ class Model:
 
         for _ in range(max_tokens):
             out.tokens.append(cur)
+            if on_token is not None:
+                on_token(cur)
             if cur in stop or len(out.tokens) == max_tokens:
                 break
             logits, tok = b.decode_step(step, tok, pos, cache)  # a backend may replay a graph

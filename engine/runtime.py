@@ -8,6 +8,8 @@ shape and the served context for the device class and family (configs/, engine/t
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,6 +23,7 @@ from engine.tuning.promoted import DEFAULT_CONTEXT, configs_dir, find_promoted
 from engine.tuning.shape import ModelShape, shape_of
 
 if TYPE_CHECKING:
+    from engine.backends.base import Backend
     from engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -87,9 +90,12 @@ def load(
     use_promoted: bool = True,
     device: int | None = None,
     context_tokens: int = DEFAULT_CONTEXT,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Engine:
     """``device``: an index of the backend's ``list_devices()`` (None: its default choice).
-    ``context_tokens``: the context this engine serves, which picks among promoted configs."""
+    ``context_tokens``: the context this engine serves, which picks among promoted configs.
+    ``progress(done, total)``: called after each weight is on the device, in bytes of the file's
+    tensors (engine run's loading bar)."""
     path = resolve_model_path(model)
     gguf = open_model(path)
     be = backends.create(backend, device=device)
@@ -124,4 +130,31 @@ def load(
         source,
         source.reason,
     )
-    return Engine(build_model(gguf, be), gguf, source)
+    if progress is None:
+        return Engine(build_model(gguf, be), gguf, source)
+    with _reporting_weights(be, gguf, progress):
+        return Engine(build_model(gguf, be), gguf, source)
+
+
+@contextmanager
+def _reporting_weights(
+    be: Backend, gguf: GGUFModel, progress: Callable[[int, int], None]
+) -> Iterator[None]:
+    """Count the bytes each ``load_weight`` puts on the device, for the models' own loading
+    loops (the dense and the hybrid one) to report without a parameter of their own."""
+    total = sum(gguf.tensor(n).nbytes for n in gguf.model_tensor_names())
+    done = 0
+    upload = be.load_weight
+
+    def counted(qt: Any) -> Any:
+        nonlocal done
+        w = upload(qt)
+        done += qt.nbytes
+        progress(done, total)
+        return w
+
+    be.load_weight = counted  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        del be.load_weight  # the class's method again

@@ -38,6 +38,8 @@ from engine.synth_hybrid import (
 )
 
 if TYPE_CHECKING:
+    from engine.gguf_model import ModelSpec
+    from engine.tuning.memory import ModelShape as MemoryShape
     from engine.tuning.shape import ModelShape
 
 ARCHS = ("qwen2", "llama", "qwen3", *HYBRID_ARCHS)
@@ -125,8 +127,32 @@ def head_dim(arch: str, preset: Preset) -> int:
 def preset_shape(arch: str, preset: str, quant_mix: str = "q4_k_m") -> ModelShape:
     """The shape class (engine.tuning.shape) of the file ``write_synthetic`` writes for these
     arguments, without writing it (the 35b-a3b file is 21 GB): what a synthetic run tuned on."""
-    from engine.gguf_model import HYBRID_ARCHITECTURES, ModelSpec, MoESpec, SSMSpec
     from engine.tuning.shape import file_type_name, model_shape
+
+    spec = preset_spec(arch, preset, quant_mix)
+    return model_shape(spec, file_type_name(int(_FILE_TYPES[quant_mix])))
+
+
+def preset_tensors(arch: str, preset: str, quant_mix: str = "q4_k_m") -> MemoryShape:
+    """What the memory model reads of that file (its spec and loaded tensors), without writing
+    it: ``agent check`` estimates a synthetic model's footprint from this."""
+    from engine.roofline import Tensor
+    from engine.tuning.memory import ModelShape as MemoryShape
+
+    spec = preset_spec(arch, preset, quant_mix)
+    presets = HYBRID_PRESETS if arch in HYBRID_ARCHS else PRESETS
+    out = []
+    for t in tensor_plan(arch, presets[preset], quant_mix):
+        shape = t.shape
+        if t.name.endswith("ffn_gate_inp_shexp.weight") and len(shape) == 1:
+            shape = (1, shape[0])  # loaded as a [1, C] matrix (engine.hybrid)
+        out.append(Tensor(t.name, t.qtype, shape))
+    return MemoryShape(spec, tuple(out))
+
+
+def preset_spec(arch: str, preset: str, quant_mix: str = "q4_k_m") -> ModelSpec:
+    """The ModelSpec of the file ``write_synthetic`` writes for these arguments."""
+    from engine.gguf_model import HYBRID_ARCHITECTURES, ModelSpec, MoESpec, SSMSpec
 
     _check_choice("architecture", arch, ARCHS)
     presets = HYBRID_PRESETS if arch in HYBRID_ARCHS else PRESETS
@@ -149,7 +175,7 @@ def preset_shape(arch: str, preset: str, quant_mix: str = "q4_k_m") -> ModelShap
         d = p.head_dim
     else:
         d = head_dim(arch, p)
-    spec = ModelSpec(
+    return ModelSpec(
         arch=arch,
         name=f"synthetic-{arch}-{preset}-{quant_mix}",
         n_layers=p.n_layer,
@@ -168,7 +194,6 @@ def preset_shape(arch: str, preset: str, quant_mix: str = "q4_k_m") -> ModelShap
         tied_embeddings=False,
         **hybrid,
     )
-    return model_shape(spec, file_type_name(int(_FILE_TYPES[quant_mix])))
 
 
 # ---------------------------------------------------------------------------------------------

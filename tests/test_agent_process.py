@@ -18,6 +18,7 @@ import pytest
 from agent.records import BUDGET_OUTCOMES, Outcome
 from agent.space import config_key
 from agent.storage import check_storage, parse_storage
+from engine.provenance import engine_commit, submit_env
 from worker import ray_auth
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -243,6 +244,8 @@ def test_ray_job_submit_against_a_head_started_here(tiny_model_path: Path, tmp_p
             f"--address=http://127.0.0.1:{dash}",
             "--working-dir",
             str(ROOT),
+            # the upload leaves .git behind: the commit comes over as the runtime env names it
+            f"--runtime-env-json={json.dumps({'env_vars': submit_env()})}",
             "--",
             "python",
             "-m",
@@ -267,6 +270,7 @@ def test_ray_job_submit_against_a_head_started_here(tiny_model_path: Path, tmp_p
         assert "succeeded" in r.stdout + r.stderr
         done, _ = budget_trials(storage)
         assert len(done) == 2 and all(t.user_attrs["worker"]["device_class"] == "cpu" for t in done)
+        assert {t.user_attrs["engine_commit"] for t in done} == {engine_commit()} != {"unknown"}
     finally:
         head.send_signal(signal.SIGTERM)
         try:
