@@ -188,7 +188,7 @@ def test_cli_run_local(
     status = json.loads(parse_storage(str(storage)).status_path.read_text())
     assert status["workers"][0]["throughput"]["trials"] == 2
     assert main(["status", "--storage", str(storage), "--json"]) == 0
-    (row,) = json.loads(capsys.readouterr().out)
+    (row,) = json.loads(capsys.readouterr().out)["studies"]
     assert row["throughput"]["workers"][0]["worker"] == w["worker"]
     assert row["throughput"]["trials"] == 2
     with pytest.raises(SystemExit) as e:  # --local or --address, not both

@@ -291,7 +291,7 @@ PAGES = (
     # label, path ({outcome} is a trial of that outcome in the synthetic study), plot divs, and
     # how many of them draw (a study page: history, importances, Pareto front with two
     # objectives, parallel coordinates; the real study's few trials give importances a caveat)
-    ("finished-fleet", "/", 0, 0),
+    ("finished-fleet", "/", 1, 1),  # the workers' trials per GPU-hour (agent.throughput)
     ("finished-studies", "/studies", 0, 0),
     ("finished-study-real", f"/studies/{REAL}", 4, 3),
     ("finished-trial-real", f"/studies/{REAL}/trials/1", 1, 1),
@@ -397,7 +397,7 @@ def test_api_docs_render_offline(browser: DevTools, dashboard_url: str, shots: P
 
 def test_running_agent_pages(browser: DevTools, running_url: str, shots: Path) -> None:
     name = SYNTH
-    problems = _visit(browser, running_url + "/", 0, 0, "running-fleet", shots)
+    problems = _visit(browser, running_url + "/", 1, 1, "running-fleet", shots)
     assert "gains above ×1.020" in _text(browser, "#workers")  # what A/A noise means
     assert "°C" in _text(browser, "#workers")  # GPU state per worker
     runs = _text(browser, "#invocations")

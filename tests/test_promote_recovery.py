@@ -133,7 +133,7 @@ def test_the_agent_promotes_into_the_repository_not_the_subdirectory(
     exp = parse_experiment(
         {
             "name": "p",
-            "models": ["synthetic:qwen2-tiny"],
+            "models": ["synthetic:tiny"],
             "backends": ["numpy"],
             "objectives": [{"metric": "prefill_tok_s", "prompt_tokens": 8}],
             "space": {"numpy": {"prefill": {"chunk_tokens": [8, 16]}}},

@@ -144,7 +144,7 @@ def test_engine_says_which_promoted_file_it_loaded_and_why(
     mine = tmp_path / "mine.toml"
     mine.write_text(chunk(32).to_toml())
     assert main([*argv, "--repeats", "1", "--warmup", "0", "--config", str(mine)]) == 0
-    assert f"config: file:{mine} (--config)" in capsys.readouterr().out
+    assert f"config: --config {mine} (--config)" in capsys.readouterr().out
     assert main([*argv, "--repeats", "1", "--no-promoted", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["config_source"]["kind"] == "default"
     model = ["--model", str(tiny_model_path), "--json"]

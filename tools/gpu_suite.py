@@ -50,6 +50,7 @@ SUITES: dict[str, list[tuple[str, str, str | None]]] = {
         ("tests/test_cuda_backend.py", "gpu or not gpu", None),
         ("tests/test_cuda_attn_vec.py", "gpu", None),  # attention_decode.vec
         ("tests/test_cuda_dn_clu.py", "gpu", None),  # delta_net.step_cluster (dn_clu.cu)
+        ("tests/test_memory.py", "gpu", None),  # the footprint with and without resident
     ],
     "vulkan": [
         ("tests/test_vulkan_ops.py", "not gpu and not slow", None),  # with TestVulkanContract

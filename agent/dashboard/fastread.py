@@ -40,6 +40,7 @@ ROW_KEYS = (
     "paired_against",
     "decision",
     "gpu",
+    "memory",  # the trials table's footprint column
 )
 
 
