@@ -111,7 +111,7 @@ def test_vulkan_precompile_in_a_subprocess_fills_the_cache(
     from worker.precompile import model_qtypes
 
     if spirv.glslc_version(spirv.compiler_for("rms_norm")[1]) is None:
-        pytest.skip("glslc is not installed")
+        pytest.skip("glslc is not installed (./dev setup installs it; CI has it)")
     monkeypatch.setenv("FLEETTUNE_SPIRV_CACHE", str(tmp_path))
     qtypes = model_qtypes(str(tiny_model_path))
     default = TuningConfig.default("vulkan")
