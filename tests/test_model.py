@@ -61,7 +61,6 @@ def test_generation_edges(tiny_model_path):
         m.generate([], 2)
 
 
-@pytest.mark.slow
 def test_real_qwen_says_paris(real_qwen_path):
     from engine.runtime import load
 

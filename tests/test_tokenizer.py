@@ -224,12 +224,10 @@ ROUND_TRIP = [
 ]
 
 
-@pytest.mark.slow
 def test_qwen_known_answer(qwen: Tokenizer) -> None:
     assert qwen.encode("The capital of France is") == [785, 6722, 315, 9625, 374]
 
 
-@pytest.mark.slow
 def test_qwen_loads_fast(qwen_md: dict[str, Any]) -> None:
     t0 = time.perf_counter()
     tok = Tokenizer.from_metadata(qwen_md)
@@ -238,13 +236,11 @@ def test_qwen_loads_fast(qwen_md: dict[str, Any]) -> None:
     assert elapsed < 2.0, f"building the 151k-token tokenizer took {elapsed:.2f} s"
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("text", ROUND_TRIP)
 def test_qwen_round_trip(qwen: Tokenizer, text: str) -> None:
     assert qwen.decode(qwen.encode(text)) == text
 
 
-@pytest.mark.slow
 def test_qwen_special_tokens(qwen: Tokenizer) -> None:
     assert qwen.encode("<|im_start|>") == [151644]
     assert qwen.encode("<|im_start|>user\nhi<|im_end|>") == [151644, 872, 198, 6023, 151645]
@@ -255,7 +251,6 @@ def test_qwen_special_tokens(qwen: Tokenizer) -> None:
     assert qwen.decode([151644, 872, 151645], skip_special=True) == "user"
 
 
-@pytest.mark.slow
 def test_qwen_chat_template(qwen: Tokenizer) -> None:
     text = qwen.render_chat([{"role": "user", "content": "Write hello world in C."}])
     assert text.startswith("<|im_start|>system\n")
@@ -271,13 +266,11 @@ def test_qwen_chat_template(qwen: Tokenizer) -> None:
     assert ids.count(151644) == 3 and ids.count(151645) == 2
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("text", ROUND_TRIP)
 def test_smollm_round_trip(smollm: Tokenizer, text: str) -> None:
     assert smollm.decode(smollm.encode(text)) == text
 
 
-@pytest.mark.slow
 def test_smollm_splits_digits_and_renders_chat(smollm: Tokenizer) -> None:
     assert smollm.pre == "smollm"
     assert [smollm.decode([i]) for i in smollm.encode("2024")] == ["2", "0", "2", "4"]

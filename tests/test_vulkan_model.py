@@ -223,7 +223,6 @@ def test_unusable_config_is_reported_and_next_runs(vb, tiny_model_path):
     assert validate(model, good, _prompts(tok)[:2], steps=2).passed
 
 
-@pytest.mark.slow
 def test_real_qwen_paris(vb, real_qwen_path):
     """The real Qwen2.5-Coder 0.5B Q4_K_M: its 145 MB Q8_0 LM head is over lavapipe's 128 MiB
     maxStorageBufferRange, so this also runs the row-range split on a real weight."""
