@@ -7,11 +7,11 @@
 # Python packages travel pre-installed for Python 3.12 in one tarball (Ray without its Java jars
 # and its libraries: 48 MB).
 #
-#   bash scripts/fleet_gpu.sh prepare          # here: .fleet/site.txz, .fleet/main.bundle
-#   bash scripts/fleet_gpu.sh run MODEL EXP... # there (carry .fleet .gl .spv-cache)
-#   bash scripts/fleet_gpu.sh scaling MODEL EXP TRIALS   # there: 1 then 2 CUDA workers
-#   bash scripts/fleet_gpu.sh unpack           # there: only the site into /tmp/site
-#   bash scripts/fleet_gpu.sh proof EXP PRESET...  # there (carry .fleet .llcpp.tgz): issue 28's
+#   bash tools/fleet_gpu.sh prepare          # here: .fleet/site.txz, .fleet/main.bundle
+#   bash tools/fleet_gpu.sh run MODEL EXP... # there (carry .fleet .gl .spv-cache)
+#   bash tools/fleet_gpu.sh scaling MODEL EXP TRIALS   # there: 1 then 2 CUDA workers
+#   bash tools/fleet_gpu.sh unpack           # there: only the site into /tmp/site
+#   bash tools/fleet_gpu.sh proof EXP PRESET...  # there (carry .fleet .llcpp.tgz): issue 28's
 #                                               # proof on one GPU, llama.cpp beside it
 #
 # run: NODES (default "cuda:0 vulkan:1") says which backend serves which card;
@@ -159,7 +159,7 @@ run|scaling)
     mkdir -p "$OUT" /root/fleet/logs /tmp/site
     L=/root/fleet/logs
     [ -d /tmp/site/ray ] || unxz_site || exit 1  # once per machine
-    MODELS="" source scripts/device_vulkan_env.sh || exit 1
+    MODELS="" source tools/device_vulkan_env.sh || exit 1
     export PYTHONPATH=/tmp/site:/tmp/vk:$PWD PATH=/tmp/site/bin:$PATH RAY_AUTH_MODE=disabled
     export FLEETTUNE_CACHE=/root/fleet/cache
     PROMOTE="--promote-repo /root/promo"
