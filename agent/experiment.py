@@ -298,7 +298,7 @@ def _validate(value: Any) -> ValidatePlan:
         raise ExperimentError("validate.random_prompts must be a list of prompt lengths")
     random_prompts = tuple(_int("validate.random_prompts[]", n, lo=1) for n in rnd)
     if not prompts and not random_prompts:
-        from engine.validate import PROMPTS
+        from engine.verify.validate import PROMPTS
 
         prompts = PROMPTS
     return ValidatePlan(

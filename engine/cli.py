@@ -305,7 +305,7 @@ def _timings_line(t: dict[str, Any], prompt: int, steps: int) -> str:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from engine.tuning.registry import REGISTRY
-    from engine.validate import (
+    from engine.verify.validate import (
         Tolerances,
         apply_cross_check,
         cross_check_numpy,

@@ -20,7 +20,9 @@ PACKAGES = ("engine", "worker", "agent")
 _ABOVE_BACKENDS = (
     "engine.model",
     "engine.runtime",
-    "engine.validate",
+    "engine.verify.validate",
+    "engine.verify.op_replay",
+    "engine.verify.blame",
     "engine.bench",
     "engine.cli",
     "engine.__main__",

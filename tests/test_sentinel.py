@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine import sentinel
 from engine.errors import ReferenceDriftError
+from engine.verify import sentinel
 from tests.mutants import MUTANTS, planted
 
 

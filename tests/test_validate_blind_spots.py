@@ -12,7 +12,7 @@ from engine.bench import bench_prompt
 from engine.gguf_model import open_model
 from engine.models import build_model
 from engine.tuning import TuningConfig
-from engine.validate import (
+from engine.verify.validate import (
     _validate,
     apply_cross_check,
     cross_check_numpy,

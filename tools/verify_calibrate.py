@@ -61,7 +61,7 @@ def candidates(backend: str, only: set[tuple[str, str]] | None, device: Any) -> 
 
 def measure(model: Any, flat: dict, prompts: list[list[int]], steps: int) -> dict:
     from engine.tuning import TuningConfig
-    from engine.validate import validate
+    from engine.verify.validate import validate
 
     t = time.perf_counter()
     cfg = TuningConfig.default(model.backend.name).replace(**flat)
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     out: dict[str, Any] = {"backend": args.backend, "model": args.model, "candidates": rows}
     out["classes"] = summary
     if args.cross_check:
-        from engine.validate import cross_check_numpy
+        from engine.verify.validate import cross_check_numpy
 
         cc = cross_check_numpy(model, prompts[1:3], steps=4)
         out["cross_check"] = {k: cc[k] for k in ("passed", "kld", "nmse", "max_abs_diff")}

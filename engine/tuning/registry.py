@@ -67,13 +67,13 @@ class ChosenOps(Protocol):
 @dataclass(frozen=True)
 class Budget:
     """What validate admits for one numeric class, on the teacher-forced logits of every compared
-    position (engine.validate): KL(ref || cand) of the softmax in float64 (worst position and mean),
+    position (engine/verify): KL(ref || cand) of the softmax in float64 (worst position and mean),
     NMSE and max |diff| of the logits, and the top-1/top-2 margin of the reference below which a
     position is a near-tie (its top-1 may differ). ``op_nmse`` is the per-op bound of an op whose
-    variant has this class: op-level replay (engine.replay) rejects an op whose output, on the
+    variant has this class: op-level replay (op_replay) rejects an op whose output, on the
     reference's own inputs, differs by more; blame names the first op past it. ``route_tie``: a
     MoE router's k-th minus (k+1)-th logit in the reference below which its expert choice is a
-    near-tie that the candidate then borrows (teacher-forced routing, engine.validate); 0 borrows
+    near-tie that the candidate then borrows (teacher-forced routing, engine/verify); 0 borrows
     none."""
 
     kld_max: float
@@ -173,7 +173,7 @@ NUMERIC_BUDGETS: dict[str, Budget] = {
     ),
 }
 
-# The drift sentinel (engine.sentinel, validate --cross-check): a backend's reference path against
+# The drift sentinel (engine/verify, validate --cross-check): a backend's reference path against
 # the NumPy backend on a small synthetic model. Both are float32 implementations of one schedule,
 # so the bound sits just above float32 noise: measured worst on lavapipe 1.8e-13 KLD / 5.3e-13
 # NMSE over four families and shapes; an rms_norm with its eps fixed at 1e-5 (model 1e-6) shows
@@ -202,7 +202,7 @@ REFERENCE_BUDGET_RECURRENT = Budget(
 # measures on the tiny qwen35 / qwen35moe / qwen3next KLD up to 0.025 / 0.029 / 0.029, mean
 # 2.2e-3, NMSE up to 0.058, max |diff| 0.81. Bounds ~2x the worst (mean: ~2x the 9B's). This alone
 # would also pass the seed's S^T k scan (tiny qwen35: KLD 0.010-0.017, NMSE 0.022-0.036): on a
-# hybrid the op-level replay (engine.replay) is what rejects such a bug -- the scan, judged on the
+# hybrid the op-level replay (op_replay) is what rejects such a bug -- the scan, judged on the
 # reference's inputs under its own class (order_only, op_nmse 1e-8), is at per-op NMSE 0.03-0.09
 # -- and the end-to-end bound stays for what replay cannot see (fused kernels that run only
 # unhooked). route_tie: the same drift moves a MoE hybrid's router logits by up to 0.44 (int8

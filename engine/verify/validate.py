@@ -25,10 +25,10 @@ kernel moves no logit, so neither is borrowed. Decode positions with a forced ch
 graph replay (a replayed graph would keep the captured mask); free-running generation (graphs) is
 forced only in the prompt, and a parting after a routing near-tie at a decode step is excused like
 one at a top-1 near-tie.
-Op-level replay (engine.replay) then judges every hooked op of the candidate on the reference's
-own inputs, each under its own variant's numeric class (``op_nmse``): what rejects a bug. The
-end-to-end logits bound stays (a model-level failure still rejects, and fused kernels that run
-only unhooked are seen only there); on recurrent hybrids it is the measured, looser
+Op-level replay (engine.verify.op_replay) then judges every hooked op of the candidate on the
+reference's own inputs, each under its own variant's numeric class (``op_nmse``): what rejects a
+bug. The end-to-end logits bound stays (a model-level failure still rejects, and fused kernels
+that run only unhooked are seen only there); on recurrent hybrids it is the measured, looser
 RECURRENT_END_TO_END of the registry, since a correct int8 path carries its rounding through the
 recurrent state (docs/verify.md). A candidate passes when both pass.
 
@@ -37,7 +37,7 @@ where the reference was not a near-tie. Prompts: the caller's, plus seeded rando
 lengths sit on the candidate's chunk and tile edges (n - 1, n, n + 1 of max_cols, chunk_tokens,
 gemm_min_t, tile_n ...), so a bug that shows only at a ragged chunk is not missed, and, when no
 prompt is longer than the largest such knob, one that is (it crosses every boundary). On failure,
-replay's first op over its bound is blamed; when every op passes replay, blame (engine.blame)
+replay's first op over its bound is blamed; when every op passes replay, blame (engine.verify.blame)
 names the first op that diverges end to end.
 """
 
@@ -51,13 +51,13 @@ from typing import Any
 
 import numpy as np
 
-from engine.blame import Blame, blame
 from engine.errors import UnsupportedError
 from engine.model import ForcedRun, Model
 from engine.models import build_model
-from engine.replay import ReplayResult, merge, replay
 from engine.tuning import TuningConfig
 from engine.tuning.registry import REFERENCE_BUDGET, Budget, end_to_end, loosest
+from engine.verify.blame import Blame, blame
+from engine.verify.op_replay import ReplayResult, merge, replay
 
 log = logging.getLogger(__name__)
 
@@ -518,8 +518,8 @@ def _validate(
     caller) holds reference runs by (reference config, prompt, steps): the per-token reference
     is the slow half of a validate and does not change between candidates; one computed before
     any candidate ran is also the safer one (a candidate that corrupted device state cannot
-    bend it); it keeps the replay's reference recordings too, within engine.replay's
-    CACHE_BYTES. ``replay_ops``: run the op-level replay (engine.replay) on every prompt."""
+    bend it); it keeps the replay's reference recordings too, within engine.verify.op_replay's
+    CACHE_BYTES. ``replay_ops``: run the op-level replay (op_replay) on every prompt."""
     reference = reference or TuningConfig.default(candidate.backend)
     op_classes = model.backend.numeric_classes(candidate)
     budget, classes = loosest(op_classes.values(), end_to_end(budgets, model.spec.hybrid))
