@@ -313,7 +313,7 @@ def _budgets(value: Any) -> tuple[tuple[str, tuple[tuple[str, float], ...]], ...
     """[validate.budgets.<numeric class>] tables: bounds that tighten the registry's budget of
     that class; a looser one, an unknown class or key is an error naming it."""
     from engine.errors import ConfigError
-    from engine.tuning.registry import NUMERIC_BUDGETS
+    from engine.verify.budgets import NUMERIC_BUDGETS
 
     t = _table("validate.budgets", value)
     out = []

@@ -12,7 +12,7 @@ import numpy as np
 from engine.backends.numpy_ref import NumpyBackend
 from engine.model import Model
 from engine.tuning import TuningConfig
-from engine.tuning.registry import NUMERIC_BUDGETS, Budget
+from engine.verify.budgets import NUMERIC_BUDGETS, Budget
 
 GEMM_MIN_T = 32  # CUDA's prefill.gemm_min_t default
 

@@ -36,6 +36,8 @@ RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("engine.backends", _ABOVE_BACKENDS),
     ("engine.tuning", ("engine.backends", *_ABOVE_BACKENDS)),
     ("engine.device_info", ("engine.backends", "engine.tuning", *_ABOVE_BACKENDS)),
+    # The numeric budgets are data the registry reads: below it, like the device record.
+    ("engine.verify.budgets", ("engine.backends", "engine.tuning", *_ABOVE_BACKENDS)),
 )
 
 

@@ -15,7 +15,7 @@ from engine.backends.numpy_ref import NumpyBackend
 from engine.gguf_model import open_model
 from engine.models import build_model
 from engine.tuning import TuningConfig
-from engine.tuning.registry import NUMERIC_BUDGETS, RECURRENT_END_TO_END, end_to_end
+from engine.verify.budgets import NUMERIC_BUDGETS, RECURRENT_END_TO_END, end_to_end
 from engine.verify.op_replay import merge, replay, segments
 from engine.verify.validate import validate
 from tests.hybrid_mutants import SkNotStk

@@ -167,7 +167,8 @@ def test_a_variant_without_a_numeric_class_is_refused():
 
 
 def test_budget_is_the_loosest_class_of_the_chosen_variants():
-    from engine.tuning.registry import NUMERIC_BUDGETS, REGISTRY
+    from engine.tuning.registry import REGISTRY
+    from engine.verify.budgets import NUMERIC_BUDGETS
 
     budget, classes = REGISTRY.budget(TuningConfig.default("numpy"))
     assert classes == ["order_only"] and budget == NUMERIC_BUDGETS["order_only"]
@@ -179,7 +180,7 @@ def test_budget_is_the_loosest_class_of_the_chosen_variants():
 
 def test_experiment_may_tighten_a_class_budget_but_not_loosen_it():
     from agent.experiment import ExperimentError, _validate
-    from engine.tuning.registry import NUMERIC_BUDGETS
+    from engine.verify.budgets import NUMERIC_BUDGETS
 
     plan = _validate({"budgets": {"int8_activations": {"nmse": 1e-4}}})
     assert plan.budget_table()["int8_activations"].nmse == 1e-4

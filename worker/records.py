@@ -12,7 +12,7 @@ from enum import StrEnum
 from typing import Any, TypeVar
 
 from engine.device_info import DeviceInfo
-from engine.tuning.registry import NUMERIC_BUDGETS, Budget
+from engine.verify.budgets import NUMERIC_BUDGETS, Budget
 
 
 class Outcome(StrEnum):

@@ -79,7 +79,7 @@ def check(
     from engine.models import build_model
     from engine.synth import ARCHS, write_synthetic
     from engine.synth_hybrid import HYBRID_ARCHS
-    from engine.tuning.registry import REFERENCE_BUDGET, REFERENCE_BUDGET_RECURRENT
+    from engine.verify.budgets import REFERENCE_BUDGET, REFERENCE_BUDGET_RECURRENT
     from engine.verify.validate import cross_check_numpy
 
     dev = backend.device_info()

@@ -9,7 +9,7 @@ a sample of earlier prompt positions (every chunk edge, plus seeded picks): KL(r
 the softmax in float64, top-1 agreement outside near-ties (reference top-1/top-2 margin below
 the budget's ``near_tie``), NMSE, max |diff|, NaN/Inf. The candidate's device argmax must be the
 first maximum of its own logits at every step (exact). The budget is the loosest of the numeric
-classes of the candidate's variants (engine.tuning.registry.NUMERIC_BUDGETS).
+classes of the candidate's variants (engine.verify.budgets, data in budgets.toml).
 
 MoE routing near-ties: where the reference's k-th minus (k+1)-th router logit is below the budget's
 ``route_tie``, the candidate is made to choose the reference's experts (with its own weights), the
@@ -55,8 +55,8 @@ from engine.errors import UnsupportedError
 from engine.model import ForcedRun, Model
 from engine.models import build_model
 from engine.tuning import TuningConfig
-from engine.tuning.registry import REFERENCE_BUDGET, Budget, end_to_end, loosest
 from engine.verify.blame import Blame, blame
+from engine.verify.budgets import REFERENCE_BUDGET, Budget, end_to_end, loosest
 from engine.verify.op_replay import ReplayResult, merge, replay
 
 log = logging.getLogger(__name__)
