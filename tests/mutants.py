@@ -400,7 +400,8 @@ def judge(m: Mutant, model_path: Any, make_backend: Any = None, steps: int = 4) 
     from engine.gguf_model import open_model
     from engine.models import build_model
     from engine.tuning import TuningConfig
-    from engine.verify.validate import cross_check_numpy, validate
+    from engine.verify.cross_check import cross_check_numpy
+    from engine.verify.validate import validate
 
     with planted(m):
         if m.plant is not None:

@@ -23,6 +23,7 @@ _ABOVE_BACKENDS = (
     "engine.verify.validate",
     "engine.verify.op_replay",
     "engine.verify.blame",
+    "engine.verify.cross_check",
     "engine.bench",
     "engine.cli",
     "engine.__main__",

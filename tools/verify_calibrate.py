@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     out: dict[str, Any] = {"backend": args.backend, "model": args.model, "candidates": rows}
     out["classes"] = summary
     if args.cross_check:
-        from engine.verify.validate import cross_check_numpy
+        from engine.verify.cross_check import cross_check_numpy
 
         cc = cross_check_numpy(model, prompts[1:3], steps=4)
         out["cross_check"] = {k: cc[k] for k in ("passed", "kld", "nmse", "max_abs_diff")}
