@@ -298,7 +298,7 @@ def _validate(value: Any) -> ValidatePlan:
         raise ExperimentError("validate.random_prompts must be a list of prompt lengths")
     random_prompts = tuple(_int("validate.random_prompts[]", n, lo=1) for n in rnd)
     if not prompts and not random_prompts:
-        from engine.validate import PROMPTS
+        from engine.verify.validate import PROMPTS
 
         prompts = PROMPTS
     return ValidatePlan(
@@ -313,7 +313,7 @@ def _budgets(value: Any) -> tuple[tuple[str, tuple[tuple[str, float], ...]], ...
     """[validate.budgets.<numeric class>] tables: bounds that tighten the registry's budget of
     that class; a looser one, an unknown class or key is an error naming it."""
     from engine.errors import ConfigError
-    from engine.tuning.registry import NUMERIC_BUDGETS
+    from engine.verify.budgets import NUMERIC_BUDGETS
 
     t = _table("validate.budgets", value)
     out = []

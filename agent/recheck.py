@@ -1,10 +1,10 @@
 """Re-validation of promoted configs when the drift-sentinel key changed.
 
 A promoted config (configs/<device class>/<family>/<shape key>.ctx<N>.toml) records in its
-``[evidence]`` the sentinel key it was validated under (engine.sentinel.cache_key: backend,
+``[evidence]`` the sentinel key it was validated under (engine.verify.sentinel.cache_key: backend,
 device class, driver, engine version, family). Under the same key the verdict stands; under
 another one (a new driver, a new engine build) it is no longer evidence, and the config is
-validated again before it is trusted: teacher-forced ``engine.validate`` with the registry's
+validated again before it is trusted: teacher-forced ``engine.verify.validate`` with the registry's
 class budgets, on the model named in the evidence when it is on this machine, else on a
 synthetic model of the config's family.
 
@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import ConfigError, EngineError
-from engine.sentinel import cache_key
 from engine.tuning import TuningConfig
 from engine.tuning.promoted import evidence_key, key_changes, read_evidence
+from engine.verify.sentinel import cache_key
 
 RECHECK_PROMPTS = (1, 5, 37, 70)  # one token, a short one, past the 32-token chunk edge, ragged
 RECHECK_STEPS = 4
@@ -41,17 +41,17 @@ def model_for(evidence: dict[str, Any], family: str) -> tuple[Path, str]:
         return Path(ref), ref
     if ref in checkpoints.MODELS and checkpoints.is_cached(ref):
         return checkpoints.cached_path(ref), ref
-    from engine.sentinel import SENTINEL_PRESET
+    from engine.verify.sentinel import SENTINEL_PRESET
 
     synth = f"synthetic:{SENTINEL_PRESET}:{family}:q4_k_m"
     return resolve_model(synth), synth
 
 
 def revalidate(model: Any, config: TuningConfig, budgets: dict | None = None) -> Any:
-    """engine.validate of ``config`` on a loaded model (teacher-forced, registry budgets unless
-    ``budgets`` tightens them), on prompts of several lengths; returns the ValidateReport."""
+    """engine.verify.validate of ``config`` on a loaded model (teacher-forced, registry budgets
+    unless ``budgets`` tightens them), on prompts of several lengths; returns the ValidateReport."""
     from engine.bench import bench_prompt
-    from engine.validate import validate
+    from engine.verify.validate import validate
 
     vocab = model.spec.n_vocab
     prompts = [bench_prompt(n, vocab, seed=5) for n in RECHECK_PROMPTS]

@@ -16,7 +16,7 @@ from agent.stats import RatioEstimate
 from agent.study import BASELINE, StudyState
 from agent.summary import Overhead, StudySummary
 from agent.win import chain_to_baseline, win_line
-from engine.sentinel import cache_key
+from engine.verify.sentinel import cache_key
 from worker.records import ValidateSummary
 
 log = logging.getLogger("agent")

@@ -305,13 +305,8 @@ def _timings_line(t: dict[str, Any], prompt: int, steps: int) -> str:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from engine.tuning.registry import REGISTRY
-    from engine.validate import (
-        Tolerances,
-        apply_cross_check,
-        cross_check_numpy,
-        tokenize_prompts,
-        validate,
-    )
+    from engine.verify.cross_check import apply_cross_check, cross_check_numpy
+    from engine.verify.validate import Tolerances, tokenize_prompts, validate
 
     eng = _load(args)
     cand = eng.model.config

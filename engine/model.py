@@ -77,7 +77,7 @@ class Model:
         head = "token_embd.weight" if self.spec.tied_embeddings else "output.weight"
         self.lm_head = self.weights[head]
         # validate's blame and replay: called with (op, label, layer, tensor, pos0) after every
-        # op; a tensor it returns replaces the op's output downstream (engine.replay)
+        # op; a tensor it returns replaces the op's output downstream (engine.verify.op_replay)
         self.hook: Callable[[str, str, int, Tensor, int], Tensor | None] | None = None
         self.state_hook: StateHook | None = None  # hybrids' recurrent state (see _tap_state)
 

@@ -52,8 +52,8 @@ HYBRID_PRESETS: dict[str, HybridPreset] = {
         4, 128, 4, 2, 32, 8, 2, 4, 32, 32, 512,
         n_ff=256, n_expert=8, n_expert_used=2, n_ff_exp=64, n_ff_shexp=64, n_ctx=4096,
     ),
-    # The drift sentinel's model (engine.sentinel): tiny's heads, with a vocabulary and FFN widths
-    # that are no multiple of any tile (509 rows, K = 320 / 96).
+    # The drift sentinel's model (engine.verify.sentinel): tiny's heads, with a vocabulary and FFN
+    # widths that are no multiple of any tile (509 rows, K = 320 / 96).
     "ragged": HybridPreset(
         4, 128, 4, 2, 32, 8, 2, 4, 32, 32, 509,
         n_ff=320, n_expert=8, n_expert_used=2, n_ff_exp=96, n_ff_shexp=96, n_ctx=4096,

@@ -66,7 +66,7 @@ def assert_model_runs_and_validates(
 ) -> None:
     """The tiny model at path under flat launches kernel, its graph replay equals its eager
     decode to the bit, and validate passes it against mmvq within the int8 budget."""
-    from engine.validate import Tolerances, validate
+    from engine.verify.validate import Tolerances, validate
 
     be.set_config(cfg(**flat))
     m = _model(path, be)
@@ -94,7 +94,7 @@ def assert_model_runs_and_validates(
 
 def assert_validates(be: Any, path: Path, flat: dict) -> None:
     """validate passes flat against the default reference with the registry's budget."""
-    from engine.validate import validate
+    from engine.verify.validate import validate
 
     be.set_config(cfg())
     m = _model(path, be)

@@ -12,7 +12,7 @@ import numpy as np
 from engine.backends.numpy_ref import NumpyBackend
 from engine.model import Model
 from engine.tuning import TuningConfig
-from engine.tuning.registry import NUMERIC_BUDGETS, Budget
+from engine.verify.budgets import NUMERIC_BUDGETS, Budget
 
 GEMM_MIN_T = 32  # CUDA's prefill.gemm_min_t default
 
@@ -92,7 +92,7 @@ def validate_borrowing(
 ) -> dict:  # fmt: skip
     """validate of ``cand`` (which borrows drift-explained routings over the prompt: engine.hybrid
     route_ref), summed up with the borrowings it made (issue 15's diagnosis of moe_experts.tc)."""
-    from engine.validate import validate
+    from engine.verify.validate import validate
 
     rep = validate(model, cand, prompts, steps, reference=reference, ref_cache=cache,
                    budgets=budgets, edges=edges, blame_failures=False)  # fmt: skip

@@ -1,7 +1,7 @@
 """Planted bugs of the hybrid family, as NumPy backends, for the verifier's mutation suite.
 
 Each mutant breaks one thing the way a fast kernel does. With ``everywhere=False`` (the default)
-only the batched prefill path (T > 1) is wrong, as a prefill kernel would be, so engine.validate
+only the batched prefill path (T > 1) is wrong, as a prefill kernel would be, so validate
 (per-token reference vs batched candidate on one backend) must reject it; with ``everywhere=True``
 both paths agree on the wrong model and only an independent reference (transformers) can.
 """

@@ -215,7 +215,7 @@ class Mutant:
     candidate: dict[str, Any] = field(default_factory=dict)  # flat config it is judged under
     check: str = "validate"  # or cross_check: a bug in a kernel both paths share
     plant: type | None = None  # NumPy: the backend subclass
-    # validate's op-level replay must fail it (engine.replay): the bug is in an op the hook
+    # validate's op-level replay must fail it (op_replay): the bug is in an op the hook
     # sees. False: the argmax (not a hooked op; the device-argmax check and probe see it) and
     # fused kernels that run only unhooked (seen end to end)
     op_level: bool = True
@@ -400,7 +400,8 @@ def judge(m: Mutant, model_path: Any, make_backend: Any = None, steps: int = 4) 
     from engine.gguf_model import open_model
     from engine.models import build_model
     from engine.tuning import TuningConfig
-    from engine.validate import cross_check_numpy, validate
+    from engine.verify.cross_check import cross_check_numpy
+    from engine.verify.validate import validate
 
     with planted(m):
         if m.plant is not None:

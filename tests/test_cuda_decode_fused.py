@@ -513,7 +513,7 @@ def test_validate_fused_configs(be, tiny_model_path, flat):
     """rope.fuse_kv and split_kw alone against the default reference with the registry's
     budget; the mmvw configs against per-token mmvq decode with the int8 tolerances of
     test_cuda_ops."""
-    from engine.validate import Tolerances, validate
+    from engine.verify.validate import Tolerances, validate
 
     be.set_config(cfg())
     m = _model(tiny_model_path, be)

@@ -129,7 +129,7 @@ def test_blame_names_the_fused_op_the_hooked_replay_bypasses():
     replay; validate then names the op whose fusion is on."""
     from types import SimpleNamespace
 
-    from engine.validate import _fusion_blame
+    from engine.verify.validate import _fusion_blame
 
     be = FakeCuda(cfg())
     assert be.hook_bypassed_fusions(cfg(**BASE)) == ["rope"]
@@ -257,7 +257,7 @@ def test_fusion_blame_bisects_several_fused_ops(monkeypatch):
     prompt pass (the planted QK_PREP_ROPE_AHEAD was blamed on delta_net, the first one)."""
     from types import SimpleNamespace
 
-    import engine.validate as V
+    import engine.verify.validate as V
 
     be = FakeCuda(cfg())
     on = cfg(**BASE, **{"matmul_decode.fuse_norm": 1})  # matmul_decode and rope fused

@@ -544,7 +544,7 @@ def _model(path, backend):
 
 @pytest.mark.parametrize("arch", HYBRIDS)
 def test_tiny_hybrid_matches_numpy_and_graph_equals_eager(be, tiny_model_factory, arch):
-    from engine.validate import compare_logits
+    from engine.verify.validate import compare_logits
 
     path = tiny_model_factory(arch, "q4_k_m")
     be.set_config(cfg(**F32_PREFILL))
@@ -569,7 +569,7 @@ MMVW = {"matmul_decode.variant": "mmvw", "rope.fuse_kv": 1, "argmax.variant": "m
 def test_mmvw_fused_decode_matches_the_hooked_schedule(be, tiny_model_factory, arch):
     # No hook: matmuls / matmul_add / ffn group the projections into mmvw launches (graph
     # replay); hooked: one launch per matmul, eager. Same rows, same int8 arithmetic.
-    from engine.validate import compare_logits
+    from engine.verify.validate import compare_logits
 
     be.set_config(cfg(**MMVW, **F32_PREFILL))
     m = _model(tiny_model_factory(arch, "q4_k_m"), be)
@@ -692,7 +692,7 @@ REJECTED_ON_H200: dict[tuple[int, str], str] = {}
     "flat", HYBRID_VALIDATE_CONFIGS, ids=[str(i) for i in range(len(HYBRID_VALIDATE_CONFIGS))]
 )
 def test_validate_passes_hybrid_knobs(be, tiny_model_factory, arch, flat, request):
-    from engine.validate import validate
+    from engine.verify.validate import validate
 
     known = REJECTED_ON_H200.get((HYBRID_VALIDATE_CONFIGS.index(flat), arch))
     if known:  # strict: the day it passes, this fails and the entry goes

@@ -185,7 +185,7 @@ def test_mmvf_model_graph_equals_eager_and_hooked(be, tiny_model_factory, arch, 
 def test_mmvf_default_passes_the_cross_check_with_numpy(be, tiny_model_path):
     """The default (mmvf) per-token path against the NumPy backend at the reference budget:
     what the drift sentinel holds the default to."""
-    from engine.validate import cross_check_numpy
+    from engine.verify.cross_check import cross_check_numpy
 
     be.set_config(cfg())
     m = _model(tiny_model_path, be)

@@ -165,7 +165,7 @@ UNFUSED = {
 def test_fused_decode_model_matches_numpy_and_graph_equals_eager(be, tiny_model_factory, arch):
     # the default (fused MoE FFN, delta-net step, conv step, q/k prep) and the op-by-op
     # schedule: the tokens NumPy makes, logits at float32 noise, graph replay == eager decode
-    from engine.validate import compare_logits
+    from engine.verify.validate import compare_logits
 
     path = tiny_model_factory(arch, "q4_k_m")
     mn, mc = _model(path, NumpyBackend()), _model(path, be)
@@ -305,7 +305,7 @@ DOWN_SPLIT = [
 @pytest.mark.parametrize("flat", DOWN_SPLIT, ids=["rv", "rb128", "rb128-pre"])
 def test_down_split_model_matches_numpy_and_graph_equals_eager(be, tiny_model_factory, flat):
     # the whole tiny qwen35moe under the new knobs: NumPy's tokens, graph replay == eager
-    from engine.validate import compare_logits
+    from engine.verify.validate import compare_logits
 
     path = tiny_model_factory("qwen35moe", "q4_k_m")
     want = _model(path, NumpyBackend()).generate(PROMPT, 8)
@@ -483,7 +483,7 @@ WIDE_MODEL = {"moe_experts.route_block": 128, "moe_experts.topk_regs": 1,
 def test_dec_wide_prefetch_model_matches_numpy_and_graph_equals_eager(be, tiny_model_factory):
     # the whole tiny qwen35moe (Q4_K_M: Q4_K experts, Q6_K downs in some layers) under the
     # new knobs: NumPy's tokens, graph replay == eager decode
-    from engine.validate import compare_logits
+    from engine.verify.validate import compare_logits
 
     path = tiny_model_factory("qwen35moe", "q4_k_m")
     want = _model(path, NumpyBackend()).generate(PROMPT, 8)

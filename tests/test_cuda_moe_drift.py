@@ -12,7 +12,7 @@ import pytest
 from engine.gguf_model import open_model
 from engine.models import build_model
 from engine.tuning import TuningConfig
-from engine.tuning.registry import NUMERIC_BUDGETS
+from engine.verify.budgets import NUMERIC_BUDGETS
 from tests.fp16_prefill import validate_borrowing
 
 pytestmark = pytest.mark.gpu

@@ -450,7 +450,7 @@ VALIDATE_CONFIGS = [
     "flat", VALIDATE_CONFIGS, ids=[str(i) for i in range(len(VALIDATE_CONFIGS))]
 )
 def test_validate_passes_for_variant(be, tiny_model_path, flat):
-    from engine.validate import validate
+    from engine.verify.validate import validate
 
     be.set_config(cfg())
     m = _model(tiny_model_path, be)
@@ -490,7 +490,7 @@ PTC_VALIDATE_CONFIGS = [
 def test_validate_passes_for_ptc_variant(be, tiny_model_path, flat):
     """The tensor-core prefill variants against the per-token reference under their declared
     numeric class (fp16)."""
-    from engine.validate import validate
+    from engine.verify.validate import validate
 
     be.set_config(cfg())
     m = _model(tiny_model_path, be)
@@ -577,7 +577,7 @@ def test_validate_int8_paths_against_int8_reference(be, tiny_model_path, flat):
     """The Q8_1 paths against per-token mmvq decode: every greedy token equal, logits within
     int8-activation tolerances (the tiny model measured max |diff| 0.055, NMSE 1.4e-4 on the
     H200 against the float reference; the default 0.05 / 2e-5 are fp16-sized)."""
-    from engine.validate import Tolerances, validate
+    from engine.verify.validate import Tolerances, validate
 
     be.set_config(cfg())
     m = _model(tiny_model_path, be)

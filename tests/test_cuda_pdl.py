@@ -139,7 +139,7 @@ def test_pdl_decode_equals_plain_launches(be, tiny_model_factory, arch, extra):
 
 @pytest.mark.gpu
 def test_pdl_validate_passes(be, tiny_model_path):
-    from engine.validate import Tolerances, validate
+    from engine.verify.validate import Tolerances, validate
     from tests.test_cuda_ops import PROMPT, _model
 
     be.set_config(TuningConfig.default("cuda"))

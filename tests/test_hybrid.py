@@ -196,8 +196,8 @@ def test_int8_decode_emulation_passes_validate_under_the_int8_budget(tiny_model_
     # the int8_activations class it declares for those matmuls (op-level replay included);
     # CUDA's int8 decode must match this emulation
     # (tests/test_cuda_hybrid.py::test_int8_decode_matches_its_numpy_emulation).
-    from engine.tuning.registry import NUMERIC_BUDGETS
-    from engine.validate import validate
+    from engine.verify.budgets import NUMERIC_BUDGETS
+    from engine.verify.validate import validate
     from tests.int8_decode import INT8_CANDIDATE, Int8Candidate
 
     m = build_model(open_model(tiny_model_factory("qwen35moe", "q4_k_m")), Int8Candidate())
@@ -221,8 +221,8 @@ def test_int8_rounding_through_the_recurrence_exceeds_the_dense_int8_bound_on_th
     # passes it: replay judges each op on the reference's inputs (the int8 matmuls under int8's
     # op_nmse, the rest float-exact) and the end-to-end bound of a recurrent hybrid is the
     # measured RECURRENT_END_TO_END (tests/test_op_replay.py).
-    from engine.tuning.registry import NUMERIC_BUDGETS, RECURRENT_END_TO_END
-    from engine.validate import validate
+    from engine.verify.budgets import NUMERIC_BUDGETS, RECURRENT_END_TO_END
+    from engine.verify.validate import validate
     from tests.int8_decode import INT8_CANDIDATE, Int8Candidate
 
     be = Int8Candidate()

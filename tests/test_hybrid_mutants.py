@@ -1,4 +1,4 @@
-"""The verifier sees the hybrid family: engine.validate passes the honest NumPy path, rejects
+"""The verifier sees the hybrid family: engine.verify.validate passes the honest NumPy path, rejects
 each planted bug of tests/hybrid_mutants.py in the batched prefill and blames the op it lives
 in; the same bugs in every path (where validate's two paths agree) are rejected by the
 transformers reference."""
@@ -12,7 +12,7 @@ from engine.gguf_model import GGUFModel, open_model
 from engine.model import Model
 from engine.models import build_model
 from engine.tuning import TuningConfig
-from engine.validate import compare_logits, validate
+from engine.verify.validate import compare_logits, validate
 from tests.hybrid_mutants import MUTANTS, everywhere
 
 PROMPTS = [list(range(3, 3 + n)) for n in (1, 5, 37)]

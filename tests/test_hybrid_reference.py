@@ -22,7 +22,7 @@ from engine.gguf_model import GGUFModel  # noqa: E402
 from engine.model import Model  # noqa: E402
 from engine.models import build_model  # noqa: E402
 from engine.tuning import TuningConfig  # noqa: E402
-from engine.validate import compare_logits  # noqa: E402
+from engine.verify.validate import compare_logits  # noqa: E402
 from tests.hf_hybrid import export_gguf, make_hf  # noqa: E402
 
 ARCHS = ("qwen3next", "qwen35", "qwen35moe")

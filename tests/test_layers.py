@@ -20,7 +20,10 @@ PACKAGES = ("engine", "worker", "agent")
 _ABOVE_BACKENDS = (
     "engine.model",
     "engine.runtime",
-    "engine.validate",
+    "engine.verify.validate",
+    "engine.verify.op_replay",
+    "engine.verify.blame",
+    "engine.verify.cross_check",
     "engine.bench",
     "engine.cli",
     "engine.__main__",
@@ -34,6 +37,8 @@ RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("engine.backends", _ABOVE_BACKENDS),
     ("engine.tuning", ("engine.backends", *_ABOVE_BACKENDS)),
     ("engine.device_info", ("engine.backends", "engine.tuning", *_ABOVE_BACKENDS)),
+    # The numeric budgets are data the registry reads: below it, like the device record.
+    ("engine.verify.budgets", ("engine.backends", "engine.tuning", *_ABOVE_BACKENDS)),
 )
 
 

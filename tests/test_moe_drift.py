@@ -16,7 +16,7 @@ from engine.gguf_model import open_model
 from engine.models import build_model
 from engine.runtime import load
 from engine.tuning import TuningConfig
-from engine.validate import tokenize_prompts, validate
+from engine.verify.validate import tokenize_prompts, validate
 from tests.fp16_prefill import (
     Fp16Experts,
     Fp16ExpertsF32H,

@@ -58,7 +58,7 @@ def test_numpy_correct_variants_pass(flat, ragged):
     from engine.gguf_model import open_model
     from engine.models import build_model
     from engine.tuning import TuningConfig
-    from engine.validate import validate
+    from engine.verify.validate import validate
     from tests.mutants import prompts
 
     m = build_model(open_model(ragged), NumpyBackend())
@@ -108,7 +108,7 @@ def test_vulkan_correct_variants_pass(flat, ragged, vulkan_factory):
     from engine.gguf_model import open_model
     from engine.models import build_model
     from engine.tuning import TuningConfig
-    from engine.validate import validate
+    from engine.verify.validate import validate
     from tests.mutants import prompts
 
     be = vulkan_factory()

@@ -1,5 +1,5 @@
-"""validate's op-level replay (engine.replay): every hooked op of the candidate judged on the
-reference's own inputs under its own variant's numeric class. On the tiny qwen35, NumPy with
+"""validate's op-level replay (engine.verify.op_replay): every hooked op of the candidate judged on
+the reference's own inputs under its own variant's numeric class. On the tiny qwen35, NumPy with
 exactly the Q8_1 rounding of CUDA's int8 paths (tests/int8_decode.py) -- a correct variant that
 the end-to-end int8 bound rejected -- now passes, while the seed's S^T k scan, which a widened
 end-to-end bound alone would pass, is rejected by replay with delta_net named."""
@@ -14,10 +14,10 @@ import pytest
 from engine.backends.numpy_ref import NumpyBackend
 from engine.gguf_model import open_model
 from engine.models import build_model
-from engine.replay import merge, replay, segments
 from engine.tuning import TuningConfig
-from engine.tuning.registry import NUMERIC_BUDGETS, RECURRENT_END_TO_END, end_to_end
-from engine.validate import validate
+from engine.verify.budgets import NUMERIC_BUDGETS, RECURRENT_END_TO_END, end_to_end
+from engine.verify.op_replay import merge, replay, segments
+from engine.verify.validate import validate
 from tests.hybrid_mutants import SkNotStk
 from tests.int8_decode import INT8_CANDIDATE, Int8Candidate
 
@@ -118,7 +118,7 @@ def test_segments_group_whole_chunks():
 def test_long_prompt_replays_in_segments_like_one(tiny_model_factory, monkeypatch):
     """Replay records the reference one segment at a time (memory), switching configs between
     segments; the verdict is the same as with the whole prompt in one segment."""
-    import engine.replay as R
+    import engine.verify.op_replay as R
 
     m = build_model(open_model(tiny_model_factory("qwen35", "q4_k_m")), NumpyBackend())
     ref = TuningConfig.default("numpy")
@@ -184,7 +184,7 @@ def test_vulkan_replay_compares_states_across_layouts(tiny_model_factory, transp
     replay compares both as S and hands the candidate the reference's state in its own layout,
     so a correct candidate passes in either layout; a state put back in the wrong layout would
     not (the decode steps after it would read S^T as S)."""
-    import engine.replay as R
+    import engine.verify.op_replay as R
     from tests.test_vulkan_helpers import make_backend
 
     be = make_backend()
@@ -206,7 +206,7 @@ def test_cached_reference_recordings_keep_the_verdicts(tiny_model_factory, monke
     """validate's ref_cache keeps the replay's reference recordings (per prompt and candidate
     chunk): a later candidate replays against them with no reference pass, and a bug
     validated after an honest candidate is still rejected by replay."""
-    import engine.replay as R
+    import engine.verify.op_replay as R
 
     path = tiny_model_factory("qwen35", "q4_k_m")
     honest = build_model(open_model(path), NumpyBackend())
@@ -273,7 +273,7 @@ def test_an_int8_reference_loosens_the_float_ops_judged_against_it(tiny_model_pa
 def test_recording_budget_is_a_quarter_of_memory_at_least_4_gib(monkeypatch):
     """A GPU node (128 GiB) keeps 32 GiB of reference recordings: a 9B-like study's whole prompt
     set (~6 GB) is recorded once, not again for every candidate; a small machine keeps 4 GiB."""
-    import engine.replay as R
+    import engine.verify.op_replay as R
 
     pages = {"SC_PAGE_SIZE": 4096}
     monkeypatch.setattr(R.os, "sysconf", lambda name: pages.get(name, (128 << 30) // 4096))

@@ -14,9 +14,9 @@ import pytest
 from agent.cli import main
 from agent.promote import config_text
 from agent.recheck import recheck_file
-from engine.sentinel import cache_key
 from engine.tuning import TuningConfig
 from engine.tuning.promoted import evidence_key, key_changes, read_evidence
+from engine.verify.sentinel import cache_key
 from tests.mutants import MUTANTS, planted
 from worker import testing
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine import sentinel
 from engine.errors import ReferenceDriftError
+from engine.verify import sentinel
 from tests.mutants import MUTANTS, planted
 
 
@@ -56,7 +56,7 @@ def test_validate_cross_check_disagreement_fails_the_cli(tmp_path, tiny_model_pa
 
 
 def test_sentinel_judges_a_hybrid_family_under_the_recurrent_budget(vk, tmp_path):
-    from engine.tuning.registry import REFERENCE_BUDGET, REFERENCE_BUDGET_RECURRENT
+    from engine.verify.budgets import REFERENCE_BUDGET, REFERENCE_BUDGET_RECURRENT
 
     # the 'ragged' hybrid preset exists (a worker loading a qwen35 failed on its absence)
     res = sentinel.check(vk, "qwen35", "abc123", root=tmp_path)

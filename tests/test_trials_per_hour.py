@@ -83,7 +83,7 @@ def test_a_damaged_entry_is_recomputed(tiny_model_path: Path, tmp_path: Path) ->
     ev.load(str(tiny_model_path))
     refs = ev._models[str(tiny_model_path)].references
     assert isinstance(refs, RefLogits)
-    from engine.validate import reference_run
+    from engine.verify.validate import reference_run
 
     model = ev._model(str(tiny_model_path))
     run = reference_run(model, TuningConfig.default("numpy"), [5, 6, 7], 2, refs)

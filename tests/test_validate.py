@@ -11,7 +11,7 @@ from engine.backends.numpy_ref import NumpyBackend
 from engine.gguf_model import open_model
 from engine.models import build_model
 from engine.tuning import TuningConfig
-from engine.validate import Tolerances, compare_logits, validate
+from engine.verify.validate import Tolerances, compare_logits, validate
 
 PROMPTS = [list(range(3, 3 + n)) for n in (1, 5, 37)]
 
@@ -94,7 +94,7 @@ def test_teacher_forcing_keeps_comparing_after_a_near_tie():
 
 
 def test_kl_divergence_and_margin():
-    from engine.validate import kl_divergence, margin
+    from engine.verify.validate import kl_divergence, margin
 
     a = np.array([1.0, 2.0, 3.0])
     assert kl_divergence(a, a) == 0.0
@@ -105,7 +105,7 @@ def test_kl_divergence_and_margin():
 
 
 def test_edge_prompts_hit_chunk_edges():
-    from engine.validate import edge_lengths
+    from engine.verify.validate import edge_lengths
 
     cfg = TuningConfig.from_flat("numpy", {"prefill.chunk_tokens": 16})
     assert edge_lengths(cfg) == [15, 16, 17, 33]
@@ -167,7 +167,8 @@ def test_a_variant_without_a_numeric_class_is_refused():
 
 
 def test_budget_is_the_loosest_class_of_the_chosen_variants():
-    from engine.tuning.registry import NUMERIC_BUDGETS, REGISTRY
+    from engine.tuning.registry import REGISTRY
+    from engine.verify.budgets import NUMERIC_BUDGETS
 
     budget, classes = REGISTRY.budget(TuningConfig.default("numpy"))
     assert classes == ["order_only"] and budget == NUMERIC_BUDGETS["order_only"]
@@ -179,7 +180,7 @@ def test_budget_is_the_loosest_class_of_the_chosen_variants():
 
 def test_experiment_may_tighten_a_class_budget_but_not_loosen_it():
     from agent.experiment import ExperimentError, _validate
-    from engine.tuning.registry import NUMERIC_BUDGETS
+    from engine.verify.budgets import NUMERIC_BUDGETS
 
     plan = _validate({"budgets": {"int8_activations": {"nmse": 1e-4}}})
     assert plan.budget_table()["int8_activations"].nmse == 1e-4

@@ -12,13 +12,8 @@ from engine.bench import bench_prompt
 from engine.gguf_model import open_model
 from engine.models import build_model
 from engine.tuning import TuningConfig
-from engine.validate import (
-    _validate,
-    apply_cross_check,
-    cross_check_numpy,
-    crossing_length,
-    validate,
-)
+from engine.verify.cross_check import apply_cross_check, cross_check_numpy
+from engine.verify.validate import _validate, crossing_length, validate
 from tests import mutants
 
 STEPS = 3

@@ -13,7 +13,7 @@ from engine.backends.numpy_ref import NumpyBackend
 from engine.gguf_model import open_model
 from engine.models import build_model
 from engine.runtime import load
-from engine.validate import near_tie_routes, tokenize_prompts, validate
+from engine.verify.validate import near_tie_routes, tokenize_prompts, validate
 from tests.fp16_prefill import Fp16Experts, Fp16Prefill, candidate, fp16_budgets
 
 

@@ -42,7 +42,7 @@ def test_fused_passes_build_and_validate(tmp_path):
 def test_blame_can_turn_it_off():
     """The hooked replay bypasses the fused norm's fp16 rows: validate's blame lists the
     resident GEMM's op and turns fuse_x16 off like any fuse_* knob (an int for that)."""
-    from engine.validate import _fusions_off
+    from engine.verify.validate import _fusions_off
 
     be = make_backend()
     try:

@@ -12,7 +12,7 @@ from engine.backends.numpy_ref import NumpyBackend
 from engine.gguf_model import QTensor, open_model
 from engine.models import build_model
 from engine.tuning import TuningConfig
-from engine.validate import compare_logits
+from engine.verify.validate import compare_logits
 from tests.test_vulkan_helpers import assert_no_validation_errors, make_backend, nmse, qtensor
 
 

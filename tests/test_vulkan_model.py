@@ -11,7 +11,8 @@ import pytest
 from engine.errors import ConfigError
 from engine.models import build_model
 from engine.tuning import REGISTRY, TuningConfig
-from engine.validate import PROMPTS, cross_check_numpy, validate
+from engine.verify.cross_check import cross_check_numpy
+from engine.verify.validate import PROMPTS, validate
 from tests.test_vulkan_helpers import assert_no_validation_errors, make_backend
 
 # One config per registered variant of every op with more than one, plus parameter samples

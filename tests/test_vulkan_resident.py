@@ -441,7 +441,7 @@ def test_planted_w16_bug_is_rejected_by_validate(tiny_model_factory):
     assert v.blamed == "matmul_prefill", v.blame
     from engine.gguf_model import open_model
     from engine.models import build_model
-    from engine.validate import validate
+    from engine.verify.validate import validate
     from tests.mutants import prompts
 
     be = make_backend()

@@ -1,17 +1,22 @@
 #!/usr/bin/env python3
 """Measure validate's metrics for every correct variant (and, with --mutants, every planted bug)
-of a backend on one model: the numbers the numeric-class budgets in engine/tuning/registry.py
-are calibrated from (docs/verify.md).
+of a backend on one model: the numbers the numeric-class budgets in engine/verify/budgets.toml
+are calibrated from (docs/verify.md); --write records them in that file.
 
   python tools/verify_calibrate.py --backend vulkan --model /tmp/ragged.gguf --mutants
   python tools/verify_calibrate.py --backend cuda --model /tmp/models/7b.gguf \
       --variants matmul_decode.mmvq,matmul_prefill.mmq8 --json > 7b.json
+  python tools/verify_calibrate.py --backend numpy --model /tmp/ragged.gguf --write
 
 Candidates: each variant of every op with its defaults, and every numeric knob at its smallest
 and largest allowed value (configs the device refuses are skipped); --variants keeps those of the
 named op.variant pairs. Per candidate: its numeric classes, worst and mean KLD, worst NMSE and
 max |diff|, top-1 agreement outside near-ties, verdict and blame. Then per class: the largest
 value of each metric over passing candidates against the budget (headroom = budget / worst).
+--write [PATH] records the run in the budgets file (default engine/verify/budgets.toml): per
+class its worst passing candidate, replacing the entry of the same backend and model, and with
+--mutants the nearest planted bug above the bound (engine.verify.budgets.record_calibration). The
+bounds themselves are left for a person to change in the file.
 """
 
 from __future__ import annotations
@@ -20,12 +25,11 @@ import argparse
 import json
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-METRICS = ("kld_max", "kld_mean", "nmse", "max_abs_diff")
 
 
 def candidates(backend: str, only: set[tuple[str, str]] | None, device: Any) -> list[dict]:
@@ -61,7 +65,7 @@ def candidates(backend: str, only: set[tuple[str, str]] | None, device: Any) -> 
 
 def measure(model: Any, flat: dict, prompts: list[list[int]], steps: int) -> dict:
     from engine.tuning import TuningConfig
-    from engine.validate import validate
+    from engine.verify.validate import validate
 
     t = time.perf_counter()
     cfg = TuningConfig.default(model.backend.name).replace(**flat)
@@ -94,6 +98,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cross-check", action="store_true", help="reference path vs NumPy too")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--out", help="also write the JSON here, rewritten after every candidate")
+    ap.add_argument(
+        "--write",
+        nargs="?",
+        const="engine/verify/budgets.toml",
+        metavar="PATH",
+        help="record the run in the budgets file (default engine/verify/budgets.toml)",
+    )
     args = ap.parse_args(argv)
     if not Path(args.model).is_file():
         print(f"--model {args.model}: no such file", file=sys.stderr)
@@ -109,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     from engine.bench import bench_prompt
     from engine.gguf_model import open_model
     from engine.models import build_model
-    from engine.tuning.registry import NUMERIC_BUDGETS
+    from engine.verify.budgets import METRICS, NUMERIC_BUDGETS, class_rank
 
     be = backends.create(args.backend, device=backends.default_device(args.backend))
     model = build_model(open_model(args.model), be)
@@ -131,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             )
     summary = {}
     for cls, budget in NUMERIC_BUDGETS.items():
-        mine = [r for r in rows if r["passed"] and max(r["classes"], key=_rank) == cls]
+        mine = [r for r in rows if r["passed"] and max(r["classes"], key=class_rank) == cls]
         if mine:
             summary[cls] = {
                 m: {"worst": max(r[m] for r in mine), "budget": getattr(budget, m)} for m in METRICS
@@ -139,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     out: dict[str, Any] = {"backend": args.backend, "model": args.model, "candidates": rows}
     out["classes"] = summary
     if args.cross_check:
-        from engine.validate import cross_check_numpy
+        from engine.verify.cross_check import cross_check_numpy
 
         cc = cross_check_numpy(model, prompts[1:3], steps=4)
         out["cross_check"] = {k: cc[k] for k in ("passed", "kld", "nmse", "max_abs_diff")}
@@ -151,6 +162,14 @@ def main(argv: list[str] | None = None) -> int:
         ]
     if args.out:
         Path(args.out).write_text(json.dumps(out, indent=1, default=str))
+    if args.write:
+        run = {
+            "backend": f"{args.backend} ({be.device_info().name})",
+            "model": Path(args.model).name,
+            "command": " ".join(["python tools/verify_calibrate.py", *(argv or sys.argv[1:])]),
+        }
+        touched = write_calibration(Path(args.write), out, run)
+        print(f"wrote {args.write}: measured {', '.join(touched) or 'no class'}", file=sys.stderr)
     if args.json:
         print(json.dumps(out, indent=1, default=str))
         return 0
@@ -171,11 +190,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-_ORDER = ("order_only", "fp16", "bf16", "int8_activations")
+def write_calibration(path: Path, out: dict[str, Any], run: dict[str, str]) -> list[str]:
+    """Record a run's candidates (and mutants) in the budgets file at ``path``; the classes it
+    measured. ``run``: backend, model, command; the date is today's (UTC)."""
+    from engine.verify import budgets
 
-
-def _rank(cls: str) -> int:
-    return _ORDER.index(cls) if cls in _ORDER else len(_ORDER)
+    doc = budgets.read(path)
+    run = {"date": datetime.now(UTC).date().isoformat(), "command": run["command"], **run}
+    touched = budgets.record_calibration(doc, out["candidates"], run, out.get("mutants"))
+    budgets.write(doc, path)
+    return touched
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from engine.model import Generation, Model
 from engine.runtime import Engine, load
 from engine.tuning import TuningConfig
 from engine.tuning.shape import ModelShape
-from engine.validate import tokenize_prompts, validate
+from engine.verify.validate import tokenize_prompts, validate
 from worker import gpustate, memory
 from worker.device import engine_commit
 from worker.failures import crash_reason
@@ -79,7 +79,7 @@ class Evaluator:
         self.ref_cache_dir = ref_cache_dir
         self.device = device  # an index of the backend's list_devices(); None: its default
         self.sentinel = sentinel
-        self.sentinels: dict[str, Any] = {}  # family -> engine.sentinel.SentinelResult
+        self.sentinels: dict[str, Any] = {}  # family -> engine.verify.sentinel.SentinelResult
         self.worker_id = worker_id
         self.node_id = node_id
         self._models: dict[str, _Loaded] = {}
@@ -180,7 +180,7 @@ class Evaluator:
     def _check_reference(self, model: Model, family: str) -> None:
         if not self.sentinel or self.backend.startswith("numpy"):  # NumPy is the oracle itself
             return
-        from engine import sentinel
+        from engine.verify import sentinel
 
         res = sentinel.check(model.backend, family, self.info().engine_commit)
         self.sentinels[family] = res
@@ -189,7 +189,7 @@ class Evaluator:
 
     def sentinel_key(self, model_ref: str) -> dict[str, str]:
         """This worker's drift-sentinel key for a loaded model's family."""
-        from engine.sentinel import cache_key
+        from engine.verify.sentinel import cache_key
 
         info = self.info()
         family = self._models[model_ref].family
@@ -373,7 +373,7 @@ def _resolved(backend: str, config: TuningConfig | Mapping[str, Any]) -> TuningC
 
 def validate_summary(report: object) -> ValidateSummary:
     """The part of a ValidateReport the agent records: worst and per-prompt diffs."""
-    from engine.validate import ValidateReport
+    from engine.verify.validate import ValidateReport
 
     assert isinstance(report, ValidateReport)
     return ValidateSummary(

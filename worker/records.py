@@ -12,7 +12,7 @@ from enum import StrEnum
 from typing import Any, TypeVar
 
 from engine.device_info import DeviceInfo
-from engine.tuning.registry import NUMERIC_BUDGETS, Budget
+from engine.verify.budgets import NUMERIC_BUDGETS, Budget
 
 
 class Outcome(StrEnum):
@@ -244,8 +244,9 @@ class PromptDiff:
 
 @dataclass(frozen=True)
 class ValidateSummary:
-    """What the agent records of an engine.validate.ValidateReport: worst and per-prompt diffs.
-    ``kld`` and ``numeric_classes`` are None in records from before teacher-forced validate."""
+    """What the agent records of a ValidateReport (engine.verify.validate): worst and per-prompt
+    diffs. ``kld`` and ``numeric_classes`` are None in records from before teacher-forced
+    validate."""
 
     passed: bool
     max_abs_diff: float = 0.0
@@ -254,10 +255,10 @@ class ValidateSummary:
     steps: int = 0
     tolerances: dict[str, float] = field(default_factory=dict)
     numeric_classes: tuple[str, ...] | None = None
-    blame: dict[str, Any] | None = None  # engine.blame.Blame.to_dict(): the first divergence
+    blame: dict[str, Any] | None = None  # engine.verify.blame.Blame.to_dict(): the first divergence
     reasons: tuple[str, ...] = ()
     prompts: tuple[PromptDiff, ...] = ()
-    # engine.replay.ReplayResult.to_dict(): per-op worst NMSE and bound on the reference's
+    # engine.verify.op_replay.ReplayResult.to_dict(): per-op worst NMSE and bound on the reference's
     # inputs (None in records from before op-level replay)
     replay: dict[str, Any] | None = None
     seconds: dict[str, float] = field(default_factory=dict)  # wall seconds per validate phase

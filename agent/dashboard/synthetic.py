@@ -169,7 +169,7 @@ def _record(
                     "reasons": ["max_abs_diff 0.31 > 0.01 at index 4821"],
                 }
             ],
-            # engine.blame.Blame.to_dict(): the first op that diverges
+            # engine.verify.blame.Blame.to_dict(): the first op that diverges
             "blame": {
                 "op": "matmul_prefill",
                 "layer": 0,

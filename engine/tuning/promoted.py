@@ -27,7 +27,7 @@ from engine.tuning.shape import ModelShape
 
 log = logging.getLogger(__name__)
 
-# engine.sentinel.cache_key's fields: the key a promoted config was validated under
+# engine.verify.sentinel.cache_key's fields: the key a promoted config was validated under
 KEY_FIELDS = ("backend", "device_class", "driver", "engine", "family")
 # The context the engine serves when not told (`engine run/bench/validate --context`); the same
 # as an experiment's default [memory] context_tokens.
@@ -184,7 +184,7 @@ def evidence_key(evidence: dict[str, Any], backend: str = "") -> dict[str, str] 
     old = (evidence.get("device_class"), evidence.get("driver"), evidence.get("engine_commit"))
     family = evidence.get("model_family")
     if backend and family and all(old):
-        from engine.sentinel import cache_key
+        from engine.verify.sentinel import cache_key
 
         return cache_key(backend, *(str(v) for v in old), str(family))
     return None

@@ -45,7 +45,7 @@ from engine.backends.cuda.prefill import (
     CudaPrefillOps,
 )
 from engine.errors import BackendUnavailable, EngineError, UnsupportedError
-from engine.tuning.kernels.cuda import ALL_TYPES, BLOCK_TYPES
+from engine.tuning.kernels.cuda import ALL_TYPES, CUDA_BLOCK_TYPES
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -305,7 +305,7 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
             )
         if len(qt.shape) == 1:
             return CudaWeight(qt.name, qt.qtype, qt.shape, f32=self.upload(qt.dequantize()))
-        if qt.qtype in BLOCK_TYPES and qt.shape[-1] % 32:
+        if qt.qtype in CUDA_BLOCK_TYPES and qt.shape[-1] % 32:
             raise UnsupportedError(f"tensor {qt.name!r}: row length {qt.shape[-1]} % 32 != 0")
         raw = self.upload(qt.raw)
         if qt.qtype == "Q6_K":  # 210-byte blocks padded to 224: 16-byte loads in mmvq
@@ -494,7 +494,7 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         T, K = int(ids.shape[0]), table.k
         out = self._empty((T, K))
         th = int(self.config.op("embedding")["threads"])
-        per = K // 16 if table.qtype in BLOCK_TYPES else K
+        per = K // 16 if table.qtype in CUDA_BLOCK_TYPES else K
         self._launch(
             "dequant",
             f"get_rows_{kernels.QTYPE_SUFFIX[table.qtype]}",
@@ -573,11 +573,11 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         x = self._aligned16(x)
         if T == 1:
             dec = self.config.op("matmul_decode")
-            if dec.variant == "mmvq" and w.qtype in BLOCK_TYPES:
+            if dec.variant == "mmvq" and w.qtype in CUDA_BLOCK_TYPES:
                 self._mmvq(x, w, y, dec)
-            elif dec.variant == "mmvw" and w.qtype in BLOCK_TYPES:
+            elif dec.variant == "mmvw" and w.qtype in CUDA_BLOCK_TYPES:
                 self._mmvw(x, [(w, y, None)])
-            elif dec.variant == "mmvf" and w.qtype in BLOCK_TYPES and self._mmvf_fits(K):
+            elif dec.variant == "mmvf" and w.qtype in CUDA_BLOCK_TYPES and self._mmvf_fits(K):
                 self._mmvf(x, [(w, y, None)])
             else:
                 c = dec if dec.variant == "dmmv" else kernels.DECODE_FALLBACK
@@ -590,9 +590,9 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
                 self._staged(x, w, y, int(v["scratch_mb"]) << 20)
             elif v.variant == "resident":
                 self._resident(x, w, y)
-            elif v.variant == "mmq" and w.qtype in BLOCK_TYPES:
+            elif v.variant == "mmq" and w.qtype in CUDA_BLOCK_TYPES:
                 self._mmq(x, w, y, v)
-            elif v.variant == "mmq8" and w.qtype in BLOCK_TYPES:
+            elif v.variant == "mmq8" and w.qtype in CUDA_BLOCK_TYPES:
                 self._mmq8(x, w, y, v)
             else:  # a type the GEMM variant does not decode: batched DMMV handles every type
                 self._batched(x, w, y)
@@ -723,7 +723,7 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         return (
             int(x.shape[0]) == 1
             and self.config.op("matmul_decode").variant == "mmvw"
-            and all(w.qtype in BLOCK_TYPES and w.k == int(x.shape[1]) for w in ws)
+            and all(w.qtype in CUDA_BLOCK_TYPES and w.k == int(x.shape[1]) for w in ws)
         )
 
     def _decode_row(self, x: Any) -> Any:
@@ -1075,7 +1075,7 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         chunk = max(1, min(N, scratch_bytes // (2 * K)))
         scratch = self._empty((chunk, K), np.uint16)
         handle = self._cp.cuda.device.get_cublas_handle()
-        per = K // 16 if w.qtype in BLOCK_TYPES else K
+        per = K // 16 if w.qtype in CUDA_BLOCK_TYPES else K
         for r0 in range(0, N, chunk):
             n = min(chunk, N - r0)
             self._launch(

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from engine.backends.cuda.kernels import QTYPE_SUFFIX
-from engine.tuning.kernels.cuda import BLOCK_TYPES
+from engine.tuning.kernels.cuda import CUDA_BLOCK_TYPES
 
 # GGML type ids as mmvf.cu's switch reads them (common.cuh QT_*)
 QT_IDS = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
@@ -36,7 +36,7 @@ class CudaFloatDecodeOps:
             int(x.shape[0]) == 1
             and self._mmvf_on()
             and self._mmvf_fits(K)
-            and all(w.raw is not None and w.qtype in BLOCK_TYPES and w.k == K for w in ws)
+            and all(w.raw is not None and w.qtype in CUDA_BLOCK_TYPES and w.k == K for w in ws)
         )
 
     def _mmvf_fits(self, K: int) -> bool:

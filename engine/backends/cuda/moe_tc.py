@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from engine.backends.cuda.kernels import QTYPE_SUFFIX
-from engine.tuning.kernels.cuda import BLOCK_TYPES
+from engine.tuning.kernels.cuda import CUDA_BLOCK_TYPES
 
 MAX_TILES = 65535  # grid y
 SORT_THREADS = 1024  # moe_route.cuh moe_sort: one block
@@ -30,7 +30,7 @@ def tc_ok(gate: Any, up: Any, down: Any) -> bool:
     """Whether moe_tc.cu runs these experts: stacked block-type weights, gate and up of one
     type and shape (one kernel decodes both), down [E, C, F]."""
     ws = (gate, up, down)
-    if any(len(w.shape) != 3 or w.raw is None or w.qtype not in BLOCK_TYPES for w in ws):
+    if any(len(w.shape) != 3 or w.raw is None or w.qtype not in CUDA_BLOCK_TYPES for w in ws):
         return False
     E, F, C = (int(s) for s in gate.shape)
     return (

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from engine.backends.cuda import kernels
-from engine.tuning.kernels.cuda import BLOCK_TYPES
+from engine.tuning.kernels.cuda import CUDA_BLOCK_TYPES
 
 if TYPE_CHECKING:
     from engine.backends.base import KVCache
@@ -82,7 +82,7 @@ class CudaPrefillOps:
         if w.f16 is None:
             N, K = w.n, w.k
             f16 = self._empty((N, K), np.uint16) if into is None else into
-            per = K // 16 if w.qtype in BLOCK_TYPES else K
+            per = K // 16 if w.qtype in CUDA_BLOCK_TYPES else K
             self._launch(
                 "dequant",
                 f"dequant_f16_{kernels.QTYPE_SUFFIX[w.qtype]}",

@@ -21,9 +21,10 @@ from engine.tuning.registry import HOST, PUSHED, REGISTRY, Constraint, Param, Va
 
 B = "cuda"
 
-BLOCK_TYPES = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K"})
+# The block-quantized types the CUDA kernels decode: a subset of engine.quant_types.BLOCK_TYPES.
+CUDA_BLOCK_TYPES = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K"})
 FLOAT_TYPES = frozenset({"F32", "F16", "BF16"})
-ALL_TYPES = BLOCK_TYPES | FLOAT_TYPES
+ALL_TYPES = CUDA_BLOCK_TYPES | FLOAT_TYPES
 """Weight types the CUDA backend keeps on the GPU (load_weight raises for any other)."""
 
 
@@ -627,7 +628,7 @@ REGISTRY.register(
             "mmq",
             params=(_TILE_M, _TILE_N, _WARPS_M, _WARPS_N),
             constraints=(_cc_at_least(80), _TILES_FIT_WARPS),
-            quant_types=BLOCK_TYPES,
+            quant_types=CUDA_BLOCK_TYPES,
             source="cuda/mmq.cu",
             numeric="fp16",
             doc="fused-dequant GEMM: blocks decoded into shared fp16 tiles, mma.sync m16n8k16",
@@ -638,7 +639,7 @@ REGISTRY.register(
             "mmq8",
             params=(_TILE_M, _TILE_N, _WARPS_M, _WARPS_N),
             constraints=(_cc_at_least(80), _TILES_FIT_WARPS),
-            quant_types=BLOCK_TYPES,
+            quant_types=CUDA_BLOCK_TYPES,
             source="cuda/mmq8.cu",
             numeric="int8_activations",
             doc="fused-dequant int8 GEMM on Q8_1 activations: int8 weight tiles with per-16 "

@@ -359,7 +359,7 @@ _MOE_DMMV_HOST = tuple(
 
 # tc first: the default (fp16 tensor-core experts at prefill, 6.7x the per-pair DMMV at a
 # 35b-a3b pp512 on the H200, 8.0x with wide_loads + direct). It failed validate on the realistic
-# 35b-a3b until validate borrowed drift-explained routings (engine.validate): the kernel agrees
+# 35b-a3b until validate borrowed drift-explained routings (engine/verify): the kernel agrees
 # with dmmv to NMSE 2.7e-7 on the reference's own inputs at every layer, and the failure was 6
 # routing flips outside route_tie across 10 prompts, each with the router's logits within the
 # fp16 op bound (scripts/moe_drift.py in git history, docs/verify.md). Its decode (T == 1), the

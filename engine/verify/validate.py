@@ -9,7 +9,7 @@ a sample of earlier prompt positions (every chunk edge, plus seeded picks): KL(r
 the softmax in float64, top-1 agreement outside near-ties (reference top-1/top-2 margin below
 the budget's ``near_tie``), NMSE, max |diff|, NaN/Inf. The candidate's device argmax must be the
 first maximum of its own logits at every step (exact). The budget is the loosest of the numeric
-classes of the candidate's variants (engine.tuning.registry.NUMERIC_BUDGETS).
+classes of the candidate's variants (engine.verify.budgets, data in budgets.toml).
 
 MoE routing near-ties: where the reference's k-th minus (k+1)-th router logit is below the budget's
 ``route_tie``, the candidate is made to choose the reference's experts (with its own weights), the
@@ -25,10 +25,10 @@ kernel moves no logit, so neither is borrowed. Decode positions with a forced ch
 graph replay (a replayed graph would keep the captured mask); free-running generation (graphs) is
 forced only in the prompt, and a parting after a routing near-tie at a decode step is excused like
 one at a top-1 near-tie.
-Op-level replay (engine.replay) then judges every hooked op of the candidate on the reference's
-own inputs, each under its own variant's numeric class (``op_nmse``): what rejects a bug. The
-end-to-end logits bound stays (a model-level failure still rejects, and fused kernels that run
-only unhooked are seen only there); on recurrent hybrids it is the measured, looser
+Op-level replay (engine.verify.op_replay) then judges every hooked op of the candidate on the
+reference's own inputs, each under its own variant's numeric class (``op_nmse``): what rejects a
+bug. The end-to-end logits bound stays (a model-level failure still rejects, and fused kernels
+that run only unhooked are seen only there); on recurrent hybrids it is the measured, looser
 RECURRENT_END_TO_END of the registry, since a correct int8 path carries its rounding through the
 recurrent state (docs/verify.md). A candidate passes when both pass.
 
@@ -37,7 +37,7 @@ where the reference was not a near-tie. Prompts: the caller's, plus seeded rando
 lengths sit on the candidate's chunk and tile edges (n - 1, n, n + 1 of max_cols, chunk_tokens,
 gemm_min_t, tile_n ...), so a bug that shows only at a ragged chunk is not missed, and, when no
 prompt is longer than the largest such knob, one that is (it crosses every boundary). On failure,
-replay's first op over its bound is blamed; when every op passes replay, blame (engine.blame)
+replay's first op over its bound is blamed; when every op passes replay, blame (engine.verify.blame)
 names the first op that diverges end to end.
 """
 
@@ -51,13 +51,13 @@ from typing import Any
 
 import numpy as np
 
-from engine.blame import Blame, blame
 from engine.errors import UnsupportedError
 from engine.model import ForcedRun, Model
 from engine.models import build_model
-from engine.replay import ReplayResult, merge, replay
 from engine.tuning import TuningConfig
-from engine.tuning.registry import REFERENCE_BUDGET, Budget, end_to_end, loosest
+from engine.verify.blame import Blame, blame
+from engine.verify.budgets import Budget, end_to_end, loosest
+from engine.verify.op_replay import ReplayResult, merge, replay
 
 log = logging.getLogger(__name__)
 
@@ -518,77 +518,26 @@ def _validate(
     caller) holds reference runs by (reference config, prompt, steps): the per-token reference
     is the slow half of a validate and does not change between candidates; one computed before
     any candidate ran is also the safer one (a candidate that corrupted device state cannot
-    bend it); it keeps the replay's reference recordings too, within engine.replay's
-    CACHE_BYTES. ``replay_ops``: run the op-level replay (engine.replay) on every prompt."""
+    bend it); it keeps the replay's reference recordings too, within engine.verify.op_replay's
+    CACHE_BYTES. ``replay_ops``: run the op-level replay (op_replay) on every prompt."""
     reference = reference or TuningConfig.default(candidate.backend)
     op_classes = model.backend.numeric_classes(candidate)
     budget, classes = loosest(op_classes.values(), end_to_end(budgets, model.spec.hybrid))
     if tol is not None:
         budget = tol.apply(budget)
-    all_prompts = [list(p) for p in prompts if p]
-    if edges:
-        seen = {tuple(p) for p in all_prompts}
-        vocab = model.spec.n_vocab
-        all_prompts += [p for p in edge_prompts(candidate, vocab) if tuple(p) not in seen]
-        longest = max((len(p) for p in all_prompts), default=0)
-        reach = crossing_length(candidate, longest, model.spec.n_ctx_train - steps)
-        if reach is not None:
-            from engine.bench import bench_prompt
-
-            all_prompts.append(bench_prompt(reach, vocab, seed=7))
+    all_prompts = _with_edges(model, candidate, prompts, steps) if edges else _given(prompts)
     clock = _Phases()
     refs = [reference_run(model, reference, p, steps, ref_cache) for p in all_prompts]
     clock.lap("reference")
     model.set_config(candidate)
-    chunk = candidate.prefill_chunk
-    moe = model.spec.moe
     results, routes_of, borrowed_all = [], [], []
     for p, ref in zip(all_prompts, refs, strict=True):
-        P = len(p)
-        sample = sample_positions(P, min(chunk, column_tile(candidate)))
-        routes = near_tie_routes(ref.router, moe.n_expert_used, budget.route_tie) if moe else {}
-        routes_of.append(routes)
-        graphs = not any(pos >= P for _, pos in routes)
-        _set_routes(model, routes)
-        if moe and drift_routes:  # drift-explained routing over the prompt (hybrid _drift_routes)
-            model.route_ref = {key: z for key, z in ref.router.items() if key[1] < P}
-            model.route_nmse, model.routes_borrowed = budget.op_nmse, []
-        cand = model.forced_run(
-            p, steps, "batched", forced=ref.tokens, sample=frozenset(sample), graphs=graphs
+        result, routes, borrowed = _judge_prompt(
+            model, candidate, p, ref, steps, budget, drift_routes
         )
-        borrowed = list(getattr(model, "routes_borrowed", []))
+        results.append(result)
+        routes_of.append(routes)
         borrowed_all += borrowed
-        if moe:
-            model.route_ref = {}
-        positions = sorted(cand.logits)
-        stats, reasons, nan, inf, checked, agree = judge(ref, cand, positions, budget)
-        _set_routes(model, {key: v for key, v in routes.items() if key[1] < P})  # graphs decode
-        free = model.generate(p, steps, path="batched").tokens
-        _set_routes(model, {})
-        ag = agreement(ref.tokens, free)
-        k = common_prefix(ref.tokens, free)
-        # decode steps up to the parting whose routing was a near-tie (not forced: graphs)
-        tied = sorted({pos for _, pos in routes if P <= pos <= P - 1 + k})
-        if k < len(ref.tokens) and not tied:
-            m = margin(ref.logits[P - 1 + k])
-            if m >= budget.near_tie:
-                reasons.append(
-                    f"free-running greedy tokens part at step {k} where the reference margin "
-                    f"is {m:.3g} >= near-tie {budget.near_tie:g} (reference {ref.tokens}, "
-                    f"candidate {free})"
-                )
-        worst = max(stats, key=lambda s: (s.kld, s.nmse))
-        mad_at = max(stats, key=lambda s: s.max_abs_diff).pos
-        _, idx, _, _, _ = compare_logits(ref.logits[mad_at], cand.logits[mad_at])
-        results.append(
-            PromptResult(
-                P, len(stats), max(s.max_abs_diff for s in stats), idx,
-                max(s.nmse for s in stats), max(s.kld for s in stats),
-                float(np.mean([s.kld for s in stats])), checked, agree, nan, inf,
-                list(ref.tokens), free, ag, not reasons, reasons, worst,
-                len(routes) + len(borrowed),
-            )
-        )  # fmt: skip
     clock.lap("candidate")
     probe = argmax_probe(model, model.spec.n_vocab)
     clock.lap("probe")
@@ -614,27 +563,125 @@ def _validate(
         replay=replayed,
         routes_borrowed=borrowed_all,
     )
-    # replays is [] without replay_ops
-    failing = [(len(p), r.first) for p, r in zip(all_prompts, replays, strict=False) if r.first]
-    if failing and blame_failures:  # on the reference's inputs: the op itself, no drift
-        rep.blame = min(failing, key=lambda f: f[0])[1]
-    elif not rep.passed and blame_failures:
-        rep.blame = blame_report(
-            model, reference, candidate, all_prompts, results, budget, steps, routes_of
-        )
-        argmax_wrong = probe or any("device argmax" in r for r in rep.reasons)
-        if rep.blame is None and argmax_wrong:  # every op's output agreed: the sampler did not
-            rep.blame = _argmax_blame(model, candidate)
-        elif rep.blame is None:  # the hooked ops agreed: the fault is in a fused kernel
-            failed = [p for p, r in zip(all_prompts, results, strict=True) if not r.passed]
-            bad = min(failed, key=len) if failed else None  # the cheapest to run again
-            rep.blame = _fusion_blame(
-                model, candidate, bad, steps, reference, ref_cache, budgets, tol
-            )
-        model.set_config(candidate)
-        clock.lap("blame")
+    if blame_failures:
+        first = [(len(p), r.first) for p, r in zip(all_prompts, replays, strict=False) if r.first]
+        if first:  # on the reference's inputs: the op itself, no drift (replays is [] when off)
+            rep.blame = min(first, key=lambda f: f[0])[1]
+        elif not rep.passed:
+            rep.blame = _end_to_end_blame(
+                rep, model, reference, candidate, all_prompts, budget, routes_of, ref_cache,
+                budgets, tol,
+            )  # fmt: skip
+            clock.lap("blame")
     rep.seconds = clock.seconds
     return rep
+
+
+def _given(prompts: list[list[int]]) -> list[list[int]]:
+    return [list(p) for p in prompts if p]
+
+
+def _with_edges(
+    model: Model, candidate: TuningConfig, prompts: list[list[int]], steps: int
+) -> list[list[int]]:
+    """The caller's prompts, then the candidate's edge prompts not among them, then one that
+    crosses every boundary when no prompt is longer than the largest edge knob."""
+    out = _given(prompts)
+    seen = {tuple(p) for p in out}
+    vocab = model.spec.n_vocab
+    out += [p for p in edge_prompts(candidate, vocab) if tuple(p) not in seen]
+    longest = max((len(p) for p in out), default=0)
+    reach = crossing_length(candidate, longest, model.spec.n_ctx_train - steps)
+    if reach is not None:
+        from engine.bench import bench_prompt
+
+        out.append(bench_prompt(reach, vocab, seed=7))
+    return out
+
+
+def _judge_prompt(
+    model: Model,
+    candidate: TuningConfig,
+    p: list[int],
+    ref: ForcedRun,
+    steps: int,
+    budget: Budget,
+    drift_routes: bool,
+) -> tuple[PromptResult, dict[tuple[int, int], np.ndarray], list[Any]]:
+    """The candidate teacher forced on the reference's stream of one prompt, and its free-running
+    generation; the result, the routes forced at near-ties and those borrowed for drift."""
+    P, chunk, moe = len(p), candidate.prefill_chunk, model.spec.moe
+    sample = sample_positions(P, min(chunk, column_tile(candidate)))
+    routes = near_tie_routes(ref.router, moe.n_expert_used, budget.route_tie) if moe else {}
+    graphs = not any(pos >= P for _, pos in routes)
+    _set_routes(model, routes)
+    if moe and drift_routes:  # drift-explained routing over the prompt (hybrid _drift_routes)
+        model.route_ref = {key: z for key, z in ref.router.items() if key[1] < P}
+        model.route_nmse, model.routes_borrowed = budget.op_nmse, []
+    cand = model.forced_run(
+        p, steps, "batched", forced=ref.tokens, sample=frozenset(sample), graphs=graphs
+    )
+    borrowed = list(getattr(model, "routes_borrowed", []))
+    if moe:
+        model.route_ref = {}
+    positions = sorted(cand.logits)
+    stats, reasons, nan, inf, checked, agree = judge(ref, cand, positions, budget)
+    _set_routes(model, {key: v for key, v in routes.items() if key[1] < P})  # graphs decode
+    free = model.generate(p, steps, path="batched").tokens
+    _set_routes(model, {})
+    ag = agreement(ref.tokens, free)
+    k = common_prefix(ref.tokens, free)
+    # decode steps up to the parting whose routing was a near-tie (not forced: graphs)
+    tied = sorted({pos for _, pos in routes if P <= pos <= P - 1 + k})
+    if k < len(ref.tokens) and not tied:
+        m = margin(ref.logits[P - 1 + k])
+        if m >= budget.near_tie:
+            reasons.append(
+                f"free-running greedy tokens part at step {k} where the reference margin "
+                f"is {m:.3g} >= near-tie {budget.near_tie:g} (reference {ref.tokens}, "
+                f"candidate {free})"
+            )
+    worst = max(stats, key=lambda s: (s.kld, s.nmse))
+    mad_at = max(stats, key=lambda s: s.max_abs_diff).pos
+    _, idx, _, _, _ = compare_logits(ref.logits[mad_at], cand.logits[mad_at])
+    result = PromptResult(
+        P, len(stats), max(s.max_abs_diff for s in stats), idx,
+        max(s.nmse for s in stats), max(s.kld for s in stats),
+        float(np.mean([s.kld for s in stats])), checked, agree, nan, inf,
+        list(ref.tokens), free, ag, not reasons, reasons, worst,
+        len(routes) + len(borrowed),
+    )  # fmt: skip
+    return result, routes, borrowed
+
+
+def _end_to_end_blame(
+    rep: ValidateReport,
+    model: Model,
+    reference: TuningConfig,
+    candidate: TuningConfig,
+    all_prompts: list[list[int]],
+    budget: Budget,
+    routes_of: list[dict[tuple[int, int], np.ndarray]],
+    ref_cache: dict[Any, Any] | None,
+    budgets: dict[str, Budget] | None,
+    tol: Tolerances | None,
+) -> Blame | None:
+    """Who failed a candidate that every replayed op passed: the first op whose activations part
+    end to end, else the sampler (a wrong device argmax), else a fused kernel that runs only
+    unhooked; leaves the model on the candidate."""
+    results, steps = rep.prompts, rep.steps
+    found = blame_report(
+        model, reference, candidate, all_prompts, results, budget, steps, routes_of
+    )
+    argmax_wrong = rep.probe or any("device argmax" in r for r in rep.reasons)
+    if found is None and argmax_wrong:  # every op's output agreed: the sampler did not
+        found = _argmax_blame(model, candidate)
+    elif found is None:  # the hooked ops agreed: the fault is in a fused kernel
+        failed = [p for p, r in zip(all_prompts, results, strict=True) if not r.passed]
+        bad = min(failed, key=len) if failed else None  # the cheapest to run again
+        found = _fusion_blame(model, candidate, bad, steps, reference, ref_cache, budgets, tol)
+    model.set_config(candidate)
+    return found
 
 
 class _Phases:
@@ -730,54 +777,6 @@ def blame_report(
 def _set_routes(model: Model, routes: dict[tuple[int, int], np.ndarray]) -> None:
     if hasattr(model, "routes"):  # a MoE (hybrid) model
         model.routes = routes
-
-
-def cross_check_numpy(
-    model: Model, prompts: list[list[int]], steps: int = 4, budget: Budget | None = None
-) -> dict[str, Any]:
-    """This backend's reference path (per-token, default config) against the NumPy backend,
-    teacher forced like validate: {passed, worst kld/nmse/max_abs_diff, reasons, blame}. The
-    reference must compute the model: a bug in a kernel both of validate's paths share, or a
-    driver regression, shows only here."""
-    from engine.backends.numpy_ref import NumpyBackend
-
-    default = TuningConfig.default(model.backend.name)
-    budget = budget or REFERENCE_BUDGET
-    np_model = build_model(model.gguf, NumpyBackend())
-    reasons: list[str] = []
-    worst = {"kld": 0.0, "nmse": 0.0, "max_abs_diff": 0.0}
-    failing: list[int] | None = None
-    model.set_config(default)
-    for p in prompts:
-        ref = np_model.forced_run(p, steps, "per_token", sample=frozenset(range(len(p))))
-        got = model.forced_run(p, steps, "per_token", forced=ref.tokens)
-        positions = sorted(got.logits)
-        stats, why, *_ = judge(ref, got, positions, budget)
-        for k in worst:
-            worst[k] = max(worst[k], max(getattr(s, k) for s in stats))
-        if why:
-            reasons += [f"prompt of {len(p)} tokens: {w}" for w in why]
-            if failing is None or len(p) < len(failing):
-                failing = p
-    out: dict[str, Any] = {"passed": not reasons, **worst, "reasons": reasons, "blame": None}
-    if failing is not None:
-        found = blame(np_model, model, failing, steps, budget.op_nmse, cand_path="per_token")
-        out["blame"] = found.to_dict() if found else None
-    return out
-
-
-def apply_cross_check(rep: ValidateReport, cross: dict[str, Any]) -> ValidateReport:
-    """Fold cross_check_numpy's verdict into ``rep``: a reference path that disagrees with NumPy
-    cannot vouch for anything, so the candidate fails, and the blame is the cross-check's (the
-    kernel both paths share, the first op off against NumPy), not validate's (which, comparing
-    two paths that both run the faulty kernel, named the candidate's own kernel)."""
-    rep.cross_check = cross
-    if not cross["passed"]:
-        rep.passed = False
-        found = cross.get("blame")
-        if found:
-            rep.blame = Blame(**{f.name: found[f.name] for f in fields(Blame)})
-    return rep
 
 
 def tokenize_prompts(tokenizer: Any, texts: tuple[str, ...] = PROMPTS) -> list[list[int]]:

@@ -79,8 +79,8 @@ def check(
     from engine.models import build_model
     from engine.synth import ARCHS, write_synthetic
     from engine.synth_hybrid import HYBRID_ARCHS
-    from engine.tuning.registry import REFERENCE_BUDGET, REFERENCE_BUDGET_RECURRENT
-    from engine.validate import cross_check_numpy
+    from engine.verify.budgets import REFERENCE_BUDGET, REFERENCE_BUDGET_RECURRENT
+    from engine.verify.cross_check import cross_check_numpy
 
     dev = backend.device_info()
     key = cache_key(backend.name, dev.device_class, dev.driver, engine_version, family)

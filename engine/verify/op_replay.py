@@ -49,10 +49,10 @@ from typing import Any
 import numpy as np
 
 from engine.backends.base import host_row_stats
-from engine.blame import Blame
 from engine.model import Model
 from engine.tuning import TuningConfig
-from engine.tuning.registry import NUMERIC_BUDGETS, Budget
+from engine.verify.blame import Blame
+from engine.verify.budgets import NUMERIC_BUDGETS, Budget
 
 SEGMENT_TOKENS = 128  # prompt tokens recorded per reference pass (whole candidate chunks)
 CACHE_FLOOR = 4 << 30  # reference recordings kept across candidates in validate's ref_cache
