@@ -38,7 +38,8 @@ from fastapi.templating import Jinja2Templates
 from starlette.convertors import IntegerConvertor, register_url_convertor
 
 from agent.dashboard import plots
-from agent.dashboard.data import OUTCOMES, VERDICTS, NotFound, Reader, StorageMissing
+from agent.dashboard.data import Reader
+from agent.dashboard.rows import OUTCOMES, VERDICTS, NotFound, StorageMissing
 
 HERE = Path(__file__).parent
 SORTS = ("-number", "number", "-metric", "metric", "-ratio", "ratio")
