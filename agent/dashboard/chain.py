@@ -3,17 +3,20 @@ ratios along baseline -> each accepted best -> the best, with an interval (agent
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
-from agent.dashboard.rows import StudyCache
+from agent.dashboard.rows import StudyCache, TrialRow
+from agent.records import TrialRecord
 from agent.win import Link, cumulative
 
-if TYPE_CHECKING:
-    from agent.dashboard.data import Reader
+# (the best a trial was measured against, the estimate against it): StudyStore.link
+LinkOf = Callable[[StudyCache, TrialRow], tuple[int | None, dict[str, Any]]]
+RecordOf = Callable[[StudyCache, int], TrialRecord]  # a finished trial's record: StudyStore.record
 
 
-def chain_of(reader: Reader, c: StudyCache, best: int | None) -> dict[str, Any]:
-    """See ``Reader.chain``: links from ``best`` back to the baseline, then their product."""
+def chain_of(c: StudyCache, best: int | None, link: LinkOf, record: RecordOf) -> dict[str, Any]:
+    """See ``StudyStore.chain``: links from ``best`` back to the baseline, then their product."""
     out: dict[str, Any] = {
         "ratio": 1.0,
         "lower": 1.0,
@@ -39,11 +42,11 @@ def chain_of(reader: Reader, c: StudyCache, best: int | None) -> dict[str, Any]:
         if row.role == "baseline":
             out["complete"] = True
             break
-        against, est = reader.link(c, row)
+        against, est = link(c, row)
         if not est.get("ratio") or not est.get("lower") or not est.get("upper"):
             out["note"] = f"trial {n} has no paired estimate on {c.target}"
             break
-        own = reader.record(c, n).estimates.get(c.target)
+        own = record(c, n).estimates.get(c.target)
         confidence = float(own.confidence if own and own.confidence else confidence)
         links.append(
             {

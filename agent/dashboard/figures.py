@@ -12,13 +12,13 @@ import optuna
 from agent.dashboard.rows import FAILED, VERDICTS, StudyCache, TrialRow
 
 if TYPE_CHECKING:
-    from agent.dashboard.data import Reader
+    from agent.dashboard.store import StudyStore
 
 IMPORTANCE_MIN_TRIALS = 10  # below this, a caveat instead of a ranking of noise
 IMPORTANCE_MAX_TRIALS = 2000  # importances from the most recent ok trials, so it answers in seconds
 
 
-def history(reader: Reader, name: str) -> dict[str, Any]:
+def history(reader: StudyStore, name: str) -> dict[str, Any]:
     """Target metric of every ok trial (accepted ones apart), and the chained paired speedup
     over the baseline after each acceptance, with its interval, for the history plot."""
     c = reader.study_cache(name)
@@ -76,7 +76,7 @@ def objectives_of(c: StudyCache) -> list[str]:
     return objs or ([c.target] if c.target else [])
 
 
-def optuna_study(reader: Reader, name: str) -> tuple[optuna.Study, list[str]]:
+def optuna_study(reader: StudyStore, name: str) -> tuple[optuna.Study, list[str]]:
     """The study's ok trials as an in-memory Optuna study with every objective's value:
     what Optuna's plotly visualizations take (parallel coordinates, Pareto front)."""
     c = reader.study_cache(name)
@@ -101,7 +101,7 @@ def optuna_study(reader: Reader, name: str) -> tuple[optuna.Study, list[str]]:
     return study, objs
 
 
-def importances(reader: Reader, name: str) -> dict[str, Any]:
+def importances(reader: StudyStore, name: str) -> dict[str, Any]:
     """Optuna's parameter importances (its default evaluator) for the target metric over
     the most recent ok trials; ``error`` says why when Optuna cannot compute them."""
     c = reader.study_cache(name)

@@ -17,12 +17,12 @@ from agent.dashboard.rows import BUDGET, GONE, TrialRow
 from agent.throughput import worker_rate
 
 if TYPE_CHECKING:
-    from agent.dashboard.data import Reader
+    from agent.dashboard.store import StudyStore
 
 log = logging.getLogger(__name__)
 
 
-def status_file(reader: Reader) -> dict[str, Any]:
+def status_file(reader: StudyStore) -> dict[str, Any]:
     """The agent's fleet status file as written, {} when absent; ``error`` when unreadable."""
     path = reader.ref.status_path
     try:
@@ -33,7 +33,7 @@ def status_file(reader: Reader) -> dict[str, Any]:
         return {"error": f"cannot read {path}: {e}"}
 
 
-def fleet(reader: Reader) -> dict[str, Any]:
+def fleet(reader: StudyStore) -> dict[str, Any]:
     """The agent's fleet status file, with nodes and device classes derived from workers,
     every agent invocation recorded with the trials that finished during it, per-worker
     totals over all invocations, the last GPU state each worker recorded, and what each
@@ -52,7 +52,7 @@ def fleet(reader: Reader) -> dict[str, Any]:
         "invocations": [],
         "ray_dashboard": "",
     }
-    data = reader.status_file()
+    data = status_file(reader)
     if not data:
         return base
     if "error" in data:
@@ -63,7 +63,7 @@ def fleet(reader: Reader) -> dict[str, Any]:
     rows = [r for n in reader.study_names() for r in reader.study_cache(n).rows if r is not None]
     acceptance = (agent or {}).get("acceptance") or {}
     workers = [_worker(dict(w), rows, acceptance) for w in data.get("workers") or []]
-    stale = reader.agent_stale(data)
+    stale = agent_stale(reader, data)
     invocations = _invocations(data, rows, now)
     if stale and agent:  # what it last said it was doing is not what is happening
         agent = {**agent, "state": GONE, "reported_state": agent.get("state")}
@@ -124,12 +124,12 @@ def _worker(w: dict[str, Any], rows: list[TrialRow], acceptance: dict[str, Any])
     return w
 
 
-def agent_stale(reader: Reader, status: dict[str, Any] | None = None) -> str:
+def agent_stale(reader: StudyStore, status: dict[str, Any] | None = None) -> str:
     """Why the status file's "running" agent cannot be believed, or "": its process gone
     (this host), its status not rewritten for longer than a trial may take, or its study
     leases no longer beating (the agent renews them every ttl/4 from a thread, whatever its
     loop waits on; killed, it stops)."""
-    status = reader.status_file() if status is None else status
+    status = status_file(reader) if status is None else status
     agent = status.get("agent") or None
     if not agent or agent.get("state") != "running":
         return ""
@@ -138,7 +138,7 @@ def agent_stale(reader: Reader, status: dict[str, Any] | None = None) -> str:
     return _stale(agent, age) or _lease_stale(reader, agent, studies)
 
 
-def _lease_stale(reader: Reader, agent: dict[str, Any], studies: list[str]) -> str:
+def _lease_stale(reader: StudyStore, agent: dict[str, Any], studies: list[str]) -> str:
     from agent.lease import KEY, Holder
 
     now = time.time()
@@ -169,19 +169,19 @@ def _lease_stale(reader: Reader, agent: dict[str, Any], studies: list[str]) -> s
     return ""
 
 
-def progress(reader: Reader, name: str) -> dict[str, Any]:
+def progress(reader: StudyStore, name: str) -> dict[str, Any]:
     """How far the study is: evaluated / budget, this invocation's elapsed time and rate,
     the time left, and each running trial against its timeout (from the status file)."""
     c = reader.study_cache(name)
     rows = [r for r in c.rows if r is not None]
     evaluated = sum(r.outcome in BUDGET for r in rows)
-    status = reader.status_file()
+    status = status_file(reader)
     agent = status.get("agent") or {}
     entry = next((s for s in status.get("studies") or [] if s.get("study") == name), {})
     budget = entry.get("budget")
     now = time.time()
     started = float(agent.get("started") or 0.0)
-    stale = reader.agent_stale(status)
+    stale = agent_stale(reader, status)
     running_agent = agent.get("state") == "running" and bool(entry) and not stale
     end = now if running_agent else float(agent.get("updated") or now)
     elapsed = end - started if started and entry else None

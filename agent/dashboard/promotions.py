@@ -12,10 +12,10 @@ from agent.dashboard.rows import StudyCache
 from agent.records import TrialRecord
 
 if TYPE_CHECKING:
-    from agent.dashboard.data import Reader
+    from agent.dashboard.store import StudyStore
 
 
-def promotions(reader: Reader) -> list[dict[str, Any]]:
+def promotions(reader: StudyStore) -> list[dict[str, Any]]:
     """Every promotion, newest first: the git history of each promoted config file when its
     repository is on this machine (one entry per commit, diffed against the version before;
     the first against the study's baseline), else the promotion the study recorded (diffed
@@ -94,7 +94,7 @@ def promotions(reader: Reader) -> list[dict[str, Any]]:
     return out
 
 
-def _promotion_win(reader: Reader, p: dict[str, Any]) -> str:
+def _promotion_win(reader: StudyStore, p: dict[str, Any]) -> str:
     """A promotion's two figures: from its evidence's chain when recorded, else the chain
     the study's records give for its trial now."""
     from agent.win import evidence_line, win_line
@@ -115,7 +115,7 @@ def _promotion_win(reader: Reader, p: dict[str, Any]) -> str:
     return win_line(last["ratio"], last["lower"], last["against"], total, base)
 
 
-def _git_history(reader: Reader, repo: Path, rel: str) -> list[dict[str, Any]]:
+def _git_history(reader: StudyStore, repo: Path, rel: str) -> list[dict[str, Any]]:
     head = gitlog.head(repo, rel)
     if head is None:
         return []
@@ -126,7 +126,7 @@ def _git_history(reader: Reader, repo: Path, rel: str) -> list[dict[str, Any]]:
         return reader.gitlog_cache[key]
 
 
-def _trial_record(reader: Reader, c: StudyCache, trial: Any) -> TrialRecord | None:
+def _trial_record(reader: StudyStore, c: StudyCache, trial: Any) -> TrialRecord | None:
     if not isinstance(trial, int):
         return None
     c = reader.sync(c)
