@@ -48,7 +48,22 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = p.add_subparsers(dest="command", required=True)
+    for add in (
+        _add_run,
+        _add_status,
+        _add_check,
+        _add_recheck,
+        _add_replay,
+        _add_table,
+        _add_runtime_env,
+        _add_dashboard,
+    ):  # in this order in --help
+        add(sub)
+    return p
 
+
+def _add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``run``: the experiment, its storage and lease, promotion, budget, where."""
     r = sub.add_parser("run", help="run an experiment (resumes its studies from storage)")
     r.add_argument("experiment", type=Path, help="experiment TOML (see experiments/)")
     r.add_argument(
@@ -108,6 +123,9 @@ def _parser() -> argparse.ArgumentParser:
         help="also serve the read-only dashboard on 127.0.0.1:PORT (default 8080) while it runs",
     )
 
+
+def _add_status(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``status``: the studies of a storage."""
     s = sub.add_parser("status", help="list studies in a storage with their best trials")
     s.add_argument(
         "--storage",
@@ -115,6 +133,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--json", action="store_true")
 
+
+def _add_check(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``check``: an experiment file, nothing run."""
     c = sub.add_parser(
         "check",
         help="validate an experiment file and print its search spaces and memory footprints",
@@ -122,6 +143,9 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("experiment", type=Path)
     c.add_argument("--json", action="store_true", help="one JSON document on stdout")
 
+
+def _add_recheck(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``recheck``: promoted configs whose sentinel key changed."""
     rc = sub.add_parser(
         "recheck",
         help="re-validate promoted configs whose drift-sentinel key changed (driver, engine)",
@@ -144,6 +168,9 @@ def _parser() -> argparse.ArgumentParser:
     rc.add_argument("--force", action="store_true", help="re-validate even when the key matches")
     rc.add_argument("--json", action="store_true", help="one JSON document on stdout")
 
+
+def _add_replay(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``replay``: the search over a table of measured configs."""
     rp = sub.add_parser(
         "replay",
         help="run the search against a table of measured configs (no GPU): trials to the best",
@@ -180,6 +207,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     rp.add_argument("--json", action="store_true", help="the report as JSON, every run included")
 
+
+def _add_table(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``table from-study``: a replay table from a finished study."""
     tb = sub.add_parser("table", help="build a replay table from a finished study's trials")
     tsub = tb.add_subparsers(dest="table_command", required=True)
     ts = tsub.add_parser("from-study", help="a finished study's trials (e.g. the fleet's db)")
@@ -188,6 +218,9 @@ def _parser() -> argparse.ArgumentParser:
     ts.add_argument("--experiment", type=Path, required=True, help="the study's experiment file")
     ts.add_argument("--out", type=Path, required=True, help="table .json or .csv")
 
+
+def _add_runtime_env(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``runtime-env``: the Ray runtime env naming the engine commit."""
     re_ = sub.add_parser(
         "runtime-env",
         help="the Ray runtime env that names this checkout's engine commit in a submitted job",
@@ -204,6 +237,9 @@ def _parser() -> argparse.ArgumentParser:
         help="another environment variable for the job (repeatable)",
     )
 
+
+def _add_dashboard(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``dashboard``: its arguments are the dashboard's own (optional install)."""
     d = sub.add_parser("dashboard", help="serve the read-only dashboard over a storage")
     try:
         from agent.dashboard import add_arguments
@@ -211,7 +247,6 @@ def _parser() -> argparse.ArgumentParser:
         add_arguments(d)
     except ImportError as e:  # the dashboard's web stack is an optional install
         d.set_defaults(dashboard_missing=str(e))
-    return p
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -483,9 +518,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except EngineError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (agent.loop.stop_on_sigterm)
-        loop = sys.modules.get("agent.loop")  # only `run` installs the SIGTERM handler
-        term = loop.stopped_by_sigterm(e) if loop else False
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (agent.signals.stop_on_sigterm)
+        signals = sys.modules.get("agent.signals")  # only `run` installs the SIGTERM handler
+        term = signals.stopped_by_sigterm(e) if signals else False
         print(
             f"stopped by {'SIGTERM' if term else 'Ctrl-C'}: trials in flight were recorded as "
             "interrupted, a best accepted before the stop was promoted (the log says where); "

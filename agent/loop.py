@@ -1,7 +1,8 @@
 """The agent's strategy: workers of each device class evaluate trials of that class's studies,
 as many in flight as there are workers; results are accepted, confirmed, told and promoted.
 The calls themselves are a runner's (agent.runner: Ray; agent.local: this process; what both
-share: agent.dispatch), the reporting agent.report's.
+share: agent.dispatch), the reporting agent.report's, a trial's record agent.trial_record's, the
+end-of-run promotion agent.promote_best's and the stop on a signal agent.signals'.
 
     ask (a confirmation wanted? else the study's next trial) -> dispatch (runner)
     -> decide (accept?) -> tell (record the trial) -> at the end: promote each study's best
@@ -10,11 +11,8 @@ share: agent.dispatch), the reporting agent.report's.
 from __future__ import annotations
 
 import logging
-import signal
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,14 +28,16 @@ from agent.fleet import Slot, past_invocations, remove_stale_temps
 from agent.local import LocalRunner
 from agent.memory import MemoryGate
 from agent.phase import Phase, TrialStage
-from agent.records import Confirmation, TrialRecord
+from agent.promote_best import promote_best, promoted_arg
+from agent.records import Confirmation
+from agent.signals import signals_held, stop_on_sigterm
 from agent.space import config_key
 from agent.stats import aa_noise
 from agent.storage import StorageRef
 from agent.storage_retry import StorageDown, retrying
 from agent.study import BASELINE, StudyState, study_name
 from agent.summary import RunSummary
-from engine.errors import EngineError
+from agent.trial_record import baseline_reason, trial_record
 from engine.tuning import REGISTRY, TuningConfig
 from engine.tuning.shape import ModelShape
 from worker.device import engine_commit
@@ -54,7 +54,6 @@ __all__ = [
     "Pending",
     "RunOptions",
     "run_experiment",
-    "stop_on_sigterm",
 ]
 
 # A plain `ray start` advertises no device: the agent then sees a cluster with none.
@@ -311,7 +310,7 @@ class Agent:
             for req in st.confirm_queue:
                 p = Pending(Phase.CONFIRM, self.runner.slots[0], None, 0.0, 0.0, st.model, st)
                 p.trial, p.flat, p.role = req.trial, req.flat, req.role
-                rec = self._record(p, None, Outcome.INTERRUPTED, STOPPED, 0.0)
+                rec = trial_record(p, None, Outcome.INTERRUPTED, STOPPED, 0.0)
                 st.finish(req.trial, rec, None)
             st.confirm_queue.clear()
 
@@ -374,7 +373,7 @@ class Agent:
         assert p.config is not None  # resolved and checked once, when the trial was asked
         best = st.resolve(st.best.config)
         args = (st.model, p.config, best, self.exp.validate, self.exp.bench)
-        return args, {"promoted": _promoted_arg(st, p.role)}
+        return args, {"promoted": promoted_arg(st, p.role)}
 
     def _studies_of(self, slot: Slot) -> list[StudyState]:
         return [st for (c, m), st in self.studies.items() if c == slot.device_class]
@@ -408,7 +407,7 @@ class Agent:
                     self._dispatch_eval(slot, st, trial, flat, cfg, role, Phase.TRIAL, None)
                     return True
                 p = Pending(Phase.TRIAL, slot, None, 0.0, 0.0, st.model, st, trial, flat, role)
-                rec = self._record(p, None, Outcome.INFEASIBLE, problems, 0.0)
+                rec = trial_record(p, None, Outcome.INFEASIBLE, problems, 0.0)
                 st.finish(trial, rec, None)
                 report.log_trial(self.exp, st, rec)
         return False
@@ -514,58 +513,11 @@ class Agent:
         slot.noise[model] = noise
         log.info("worker %s: A/A noise %s (run %d)", slot.worker_id, shown, runs)
 
-    def _record(
-        self,
-        p: Pending,
-        res: EvalResult | None,
-        outcome: Outcome,
-        reason: str,
-        overhead: float,
-        decision: Decision | None = None,
-        confirmation: Confirmation | None = None,
-    ) -> TrialRecord:
-        st = p.study
-        assert st is not None
-        info = res.worker if res is not None and res.worker else p.slot.info
-        base = st.baseline
-        changed = {k: [base.get(k), v] for k, v in p.flat.items() if base.get(k) != v}
-        est = dict(decision.estimates) if decision else {}
-        return TrialRecord(
-            study=st.name,
-            trial=p.trial.number,
-            role=p.role,
-            outcome=outcome,
-            reason=reason,
-            config=dict(p.flat),
-            changed=changed,
-            paired_against=p.paired_against,
-            metrics=res.medians() if res is not None and res.ok else {},
-            samples={s.objective: s for s in res.samples} if res else {},
-            estimates=est,
-            accepted=bool(decision and decision.accepted and confirmation_ok(confirmation)),
-            decision=decision.verdict() if decision else None,
-            confirmation=confirmation,
-            validate=res.validate if res else None,
-            worker=info,
-            host=info.host if info else "",
-            device=info.device_name if info else "",
-            driver=info.driver if info else "",
-            engine_commit=info.engine_commit if info else "",
-            started=res.started if res else 0.0,
-            finished=res.finished if res else time.time(),
-            wall_s=res.wall_s if res else 0.0,
-            phase_s=dict(res.phase_s) if res else {},
-            overhead_s=overhead,
-            gpu=res.gpu if res else None,
-            revalidation=res.revalidation if res else None,
-            memory=res.memory if res else None,
-        )
-
     def got_trial(self, p: Pending, res: EvalResult, overhead: float) -> None:
         st = p.study
         assert st is not None
         if not res.ok:
-            rec = self._record(p, res, res.outcome, res.reason, overhead)
+            rec = trial_record(p, res, res.outcome, res.reason, overhead)
             st.finish(p.trial, rec, None)
             report.log_trial(self.exp, st, rec)
             if p.role == BASELINE and res.revalidation and st.best.trial is None:
@@ -577,7 +529,7 @@ class Agent:
             return
         decision = decide(res, self.exp.acceptance, p.slot.noise.get(st.model, {}))
         if p.role == BASELINE:
-            rec = self._record(p, res, Outcome.OK, _baseline_reason(res), overhead, decision)
+            rec = trial_record(p, res, Outcome.OK, baseline_reason(res), overhead, decision)
             rec = replace(rec, accepted=False)
             st.finish(p.trial, rec, self._values(res))
             if st.best.trial is None:
@@ -613,7 +565,7 @@ class Agent:
                 )
                 return
         reason = "" if decision.accepted else decision.reason
-        rec = self._record(p, res, Outcome.OK, reason, overhead, decision)
+        rec = trial_record(p, res, Outcome.OK, reason, overhead, decision)
         st.finish(p.trial, rec, self._values(res))
         if rec.accepted:
             st.set_best(p.trial.number, p.flat, res.medians())
@@ -637,7 +589,7 @@ class Agent:
             conf = Confirmation(res.outcome, False, res.reason, res.worker)
         reason = "" if conf.accepted else f"confirmation: {conf.reason}"
         first, overhead = p.first, p.first_overhead_s
-        rec = self._record(p, first, Outcome.OK, reason, overhead, p.first_decision, conf)
+        rec = trial_record(p, first, Outcome.OK, reason, overhead, p.first_decision, conf)
         st.finish(p.trial, rec, self._values(p.first))
         if rec.accepted:
             st.set_best(p.trial.number, p.flat, p.first.medians())
@@ -652,12 +604,12 @@ class Agent:
         """Record a trial or confirmation whose worker was lost (and that is not retried)."""
         st = p.study
         if p.phase is Phase.TRIAL and st is not None:
-            rec = self._record(p, None, outcome, reason, 0.0)
+            rec = trial_record(p, None, outcome, reason, 0.0)
             st.finish(p.trial, rec, None)
             report.log_trial(self.exp, st, rec)
         elif p.phase is Phase.CONFIRM and st is not None and p.first is not None:
             conf = Confirmation(outcome, False, reason, p.slot.info)
-            rec = self._record(
+            rec = trial_record(
                 p,
                 p.first,
                 Outcome.OK,
@@ -672,74 +624,20 @@ class Agent:
     def abandon(self, p: Pending, reason: str) -> None:
         """Fail a call that will not run (stopped, or its worker retired): its config is free."""
         assert p.study is not None
-        rec = self._record(p, None, Outcome.INTERRUPTED, reason, 0.0)
+        rec = trial_record(p, None, Outcome.INTERRUPTED, reason, 0.0)
         p.study.finish(p.trial, rec, None)
 
     # --- end ----------------------------------------------------------------------------
     def _finalize(self, st: StudyState) -> None:
-        """Promote the study's accepted best into this run's (repository, branch), unless a
-        promotion of it recorded there is still on that branch; ``self.promotions`` says which."""
+        """Promote the study's accepted best (agent.promote_best); ``self.promotions`` says what
+        this run did about it, ``self.promotion_errors`` why it did not."""
         if not self.opts.promote or not self.exp.promote.enabled:
             return
-        baseline_trial = st.baseline_trial()
-        if st.best.trial is None or st.best.trial == baseline_trial:
-            return
-        from agent.promote import PromotionRefused, promote, still_there
-        from engine.tuning.promoted import promoted_path
-
-        if st.shape is None:  # got_model sets it: a study the agent started always has one
-            self.promotion_errors[st.name] = "no model shape to key the promotion by"
-            return
-        repo, branch = self.promote_repo().resolve(), self.exp.promote.branch
-        ctx = self.exp.memory.context_tokens
-        rel = promoted_path(st.device_class, st.shape, ctx, repo / "configs").relative_to(repo)
-        note = ""
-        try:
-            cfg = st.resolve(st.best.config)
-            done = st.promotion_in(str(repo), branch)
-            if done and done.get("trial") == st.best.trial:
-                why = still_there(repo, branch, rel, str(done.get("commit", "")), cfg)
-                if not why:
-                    self.promotions[st.name] = {**done, "branch": branch, "action": "already"}
-                    return
-                note = f"the recorded promotion of trial {st.best.trial} is gone ({why})"
-            elif not done and st.promotion:
-                prev = st.promotion
-                note = (
-                    f"promoted before into {prev.get('repo')} (commit "
-                    f"{str(prev.get('commit') or '-')[:12]}); this run promotes into {repo}"
-                )
-            rec = st.trials_record(st.best.trial)
-            prom = promote(
-                repo,
-                st.device_class,
-                st.shape,
-                ctx,
-                cfg,
-                report.evidence(self.exp, self.opts.storage.display, st, rec),
-                branch,
-            )
-        except PromotionRefused as e:
-            self.promotion_errors[st.name] = str(e)
-            log.error("not promoted: %s", e)
-            return
-        info = {
-            "trial": st.best.trial,
-            "repo": str(prom.repo),
-            "branch": branch,
-            "path": str(prom.path),
-            "commit": prom.commit,
-            "at": time.time(),
-        }
-        st.record_promotion(info)
-        action = "recorded" if prom.recovered else "committed" if prom.commit else "unchanged"
-        if prom.recovered:
-            note = (
-                f"commit {prom.commit[:12]} already promoted trial {st.best.trial} (a run stopped "
-                "before it recorded it): recorded, not committed again"
-            )
-        self.promotions[st.name] = {**info, "action": action, "note": note}
-        log.info("promoted %s -> %s (commit %s)", st.name, prom.path, prom.commit[:12] or "-")
+        done, error = promote_best(self.exp, self.opts.storage.display, st, self.promote_repo)
+        if error:
+            self.promotion_errors[st.name] = error
+        if done is not None:
+            self.promotions[st.name] = done
 
     def _write_status(self, state: str) -> None:
         path = self.opts.storage.status_path
@@ -801,67 +699,6 @@ class Agent:
         )
 
 
-# The SIGTERM that stopped this process, if one did: the KeyboardInterrupt stop_on_sigterm raises
-# can reach the CLI re-raised without its message (seen with a trial in flight), so the exit
-# code (143, not Ctrl-C's 130) is read from here.
-_SIGTERM_SEEN: list[int] = []
-
-
-def stopped_by_sigterm(e: BaseException) -> bool:
-    """Whether the KeyboardInterrupt e ending a run came from SIGTERM rather than Ctrl-C."""
-    return str(e) == f"signal {signal.SIGTERM}" or bool(_SIGTERM_SEEN)
-
-
-@contextmanager
-def stop_on_sigterm(ignore: bool = False) -> Iterator[None]:
-    """SIGTERM (``ray job stop``, systemd, kill) ends the run like Ctrl-C: a KeyboardInterrupt,
-    so the agent cleans up; with ``ignore``, both are held off during the cleanup itself."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def stop(signum: int, frame: Any) -> None:
-        _SIGTERM_SEEN.append(signum)
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    handler = signal.SIG_IGN if ignore else stop
-    old_term = signal.signal(signal.SIGTERM, handler)
-    old_int = signal.signal(signal.SIGINT, signal.SIG_IGN) if ignore else None
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old_term)
-        if old_int is not None:
-            signal.signal(signal.SIGINT, old_int)
-
-
-@contextmanager
-def signals_held() -> Iterator[None]:
-    """Ctrl-C and SIGTERM wait for the end of the block, then act as they would have: the agent's
-    storage writes (Optuna's journal takes a file lock and renames files) are not interrupted
-    half way. A SIGTERM inside the journal's lock release once left the agent exiting 1 on a
-    FileNotFoundError instead of 143 with its trials recorded as interrupted."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    got: list[int] = []
-
-    def hold(signum: int, frame: Any) -> None:
-        got.append(signum)
-
-    old = {s: signal.signal(s, hold) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-        for s in got[:1]:  # the first one, as its own handler would have taken it
-            if callable(old[s]):
-                old[s](s, None)
-            elif old[s] == signal.SIG_DFL:
-                signal.raise_signal(s)
-
-
 def _storage_down_line(e: StorageDown, kept: Path | None) -> str:
     """The one line a run whose storage went down ends with."""
     if kept is None:
@@ -872,35 +709,5 @@ def _storage_down_line(e: StorageDown, kept: Path | None) -> str:
     )
 
 
-def confirmation_ok(conf: Confirmation | None) -> bool:
-    return conf is None or conf.accepted
-
-
 def run_experiment(exp: Experiment, opts: RunOptions) -> RunSummary:
     return Agent(exp, opts).run()
-
-
-def _promoted_arg(st: StudyState, role: str) -> dict[str, Any] | None:
-    """For a study's promoted baseline: its file and the sentinel key its evidence records (read
-    now, so a resumed study sees the file as it is); the worker re-validates it when its own key
-    differs. None for every other trial."""
-    prefix = "promoted:"
-    if role != BASELINE or not st.baseline_source.startswith(prefix):
-        return None
-    from engine.tuning.promoted import evidence_key, read_evidence
-
-    path = Path(st.baseline_source[len(prefix) :])
-    try:
-        key = evidence_key(read_evidence(path), st.backend)
-    except EngineError:  # gone or unreadable since: no recorded key, so it is re-validated
-        key = None
-    return {"path": str(path), "key": key}
-
-
-def _baseline_reason(res: EvalResult) -> str:
-    rv = res.revalidation
-    if not rv:
-        return "baseline"
-    if rv.get("revalidated"):
-        return f"baseline: promoted config re-validated ({'; '.join(rv['changes'])})"
-    return "baseline: promoted config under its sentinel key, not re-validated"

@@ -754,8 +754,8 @@ OLD_RECORD = {  # user attrs as an older agent stored them: fewer keys, one sinc
 def test_trial_record_reads_older_records_and_round_trips() -> None:
     """A record stored by older code reads typed (missing fields take defaults, unknown keys
     are dropped); the typed record stores and reads back equal; the dashboard's row reads it."""
-    from agent.dashboard.data import TrialRow
     from agent.dashboard.fastread import RawTrial
+    from agent.dashboard.rows import TrialRow
     from agent.records import Confirmation, TrialRecord, Verdict
 
     rec = TrialRecord.from_attrs("s", 3, OLD_RECORD)
@@ -826,7 +826,7 @@ def test_signals_held_wait_for_the_end_of_a_storage_write() -> None:
     import os
     import signal
 
-    from agent.loop import signals_held, stop_on_sigterm
+    from agent.signals import signals_held, stop_on_sigterm
 
     done = []
     with stop_on_sigterm(), pytest.raises(KeyboardInterrupt, match="signal 15"):

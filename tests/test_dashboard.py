@@ -18,7 +18,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from agent.dashboard import create_app
-from agent.dashboard.data import Reader, StorageMissing
+from agent.dashboard.data import Reader
+from agent.dashboard.rows import StorageMissing
 from agent.dashboard.synthetic import write_study
 from agent.records import TrialRecord
 from agent.storage import parse_storage

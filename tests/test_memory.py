@@ -13,7 +13,7 @@ import pytest
 import tomli_w
 
 from agent.cli import main as agent_main
-from agent.dashboard.data import TrialRow, _raw
+from agent.dashboard.rows import TrialRow, raw_trial
 from agent.records import Outcome, TrialRecord
 from agent.storage import parse_storage
 from agent.study import CONSTRAINT
@@ -229,7 +229,7 @@ def test_budget_rules_out_the_cached_decode_before_it_compiles(
             assert rec.memory and rec.memory["total_bytes"] <= fits.total_bytes
             assert rec.memory["budget_bytes"] == fits.total_bytes
             assert rec.memory["context_tokens"] == 128
-            row = TrialRow.of(_raw(t), "prefill_tok_s@8")  # the dashboard's trials table
+            row = TrialRow.of(raw_trial(t), "prefill_tok_s@8")  # the dashboard's trials table
             assert row.memory_bytes == rec.memory["total_bytes"]
     assert seen == {"cached_f32", "ondemand"}
 

@@ -188,7 +188,7 @@ def test_study_sends_the_promoted_key_and_falls_back_to_default(tmp_path, ragged
     import optuna
 
     from agent.experiment import parse_experiment
-    from agent.loop import _promoted_arg
+    from agent.promote_best import promoted_arg
     from agent.records import TrialRecord
     from agent.study import BASELINE, StudyState
     from engine.backends.numpy_ref import NumpyBackend
@@ -202,9 +202,9 @@ def test_study_sends_the_promoted_key_and_falls_back_to_default(tmp_path, ragged
                     optuna.storages.InMemoryStorage(), promoted, f"promoted:{path}")  # fmt: skip
     trial, flat, role = st.ask()
     assert role == BASELINE and flat == promoted
-    arg = _promoted_arg(st, role)
+    arg = promoted_arg(st, role)
     assert arg == {"path": str(path), "key": evidence_key(read_evidence(path))}
-    assert _promoted_arg(st, "candidate") is None
+    assert promoted_arg(st, "candidate") is None
     # the worker said it fails re-validation: the default becomes the baseline, tried next
     st.finish(trial, TrialRecord(st.name, trial.number, role, "invalid", config=flat), None)
     st.flush()
@@ -212,5 +212,5 @@ def test_study_sends_the_promoted_key_and_falls_back_to_default(tmp_path, ragged
     st.rebase(default, "default (promoted failed re-validation)")
     trial, flat, role = st.ask()
     assert role == BASELINE and flat == default and st.best.config == default
-    assert _promoted_arg(st, role) is None
+    assert promoted_arg(st, role) is None
     assert st.study.user_attrs["baseline"]["source"].startswith("default (promoted")

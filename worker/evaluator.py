@@ -303,50 +303,14 @@ class Evaluator:
             except KernelCompileError as e:
                 return done(Outcome.COMPILE_ERROR, str(e))
             phase["compile_s"] = time.perf_counter() - t
-            report = None
+            summary = None
             if not skip_validate:
-                t = time.perf_counter()
-                prompts = self._prompts(model_ref, vplan)
-                refs = self._models[model_ref].references
-                report = validate(
-                    model,
-                    cand_cfg,
-                    prompts,
-                    vplan.steps,
-                    ref_cache=refs,
-                    budgets=vplan.budget_table(),
+                summary, failed = self._validate(
+                    model_ref, model, cand_cfg, vplan, revalidation, phase
                 )
-                phase["validate_s"] = time.perf_counter() - t
-                summary = validate_summary(report)
-                if revalidation is not None:
-                    revalidation["passed"] = report.passed
-                if not report.passed:
-                    reasons = report.reasons
-                    if report.blame is not None:
-                        reasons = [f"first divergence: {report.blame}", *reasons]
-                    if revalidation is not None:
-                        why = "; ".join(revalidation["changes"])
-                        reasons = [f"promoted baseline fails re-validation ({why})", *reasons]
-                    return done(Outcome.INVALID, "; ".join(reasons), validate=summary)
-            else:
-                summary = None
-            t = time.perf_counter()
-            # Clocks warm once per worker (again after an idle spell), not once per trial; the
-            # best config's own warm-up runs are skipped when the last bench ran it here.
-            cold = time.monotonic() - self._bench_end > REWARM_AFTER_S
-            best_key = repr(sorted(best_flat.items()))
-            warm_best = cold or self._best_warm.get(model_ref) != best_key
-            samples = paired_bench(
-                model,
-                cand_cfg,
-                best_cfg,
-                bplan,
-                warm_s=FIRST_WARMUP_S if cold else 0.0,
-                warm_best=warm_best,
-            )
-            self._bench_end = time.monotonic()
-            self._best_warm[model_ref] = best_key
-            phase["bench_s"] = time.perf_counter() - t
+                if failed:
+                    return done(Outcome.INVALID, failed, validate=summary)
+            samples = self._bench(model_ref, model, cand_cfg, best_cfg, best_flat, bplan, phase)
             t = time.perf_counter()  # the footprint at the served context, then the budget
             longest = max(o.prompt_tokens for o in bplan.objectives)
             prompt = bench_prompt(longest, model.spec.n_vocab)
@@ -361,6 +325,72 @@ class Evaluator:
             log.warning("candidate crashed: %s", e)
             tb = traceback.format_exc(limit=8)
             return done(Outcome.CRASH, crash_reason(e, tb))
+
+    def _validate(
+        self,
+        model_ref: str,
+        model: Model,
+        cand_cfg: TuningConfig,
+        vplan: ValidatePlan,
+        revalidation: dict[str, Any] | None,
+        phase: dict[str, float],
+    ) -> tuple[ValidateSummary, str]:
+        """Validate the compiled candidate against the reference: (its summary, why it failed or
+        ""). A re-validated promoted baseline's ``revalidation`` records whether it passed."""
+        t = time.perf_counter()
+        prompts = self._prompts(model_ref, vplan)
+        refs = self._models[model_ref].references
+        report = validate(
+            model,
+            cand_cfg,
+            prompts,
+            vplan.steps,
+            ref_cache=refs,
+            budgets=vplan.budget_table(),
+        )
+        phase["validate_s"] = time.perf_counter() - t
+        summary = validate_summary(report)
+        if revalidation is not None:
+            revalidation["passed"] = report.passed
+        if report.passed:
+            return summary, ""
+        reasons = report.reasons
+        if report.blame is not None:
+            reasons = [f"first divergence: {report.blame}", *reasons]
+        if revalidation is not None:
+            why = "; ".join(revalidation["changes"])
+            reasons = [f"promoted baseline fails re-validation ({why})", *reasons]
+        return summary, "; ".join(reasons)
+
+    def _bench(
+        self,
+        model_ref: str,
+        model: Model,
+        cand_cfg: TuningConfig,
+        best_cfg: TuningConfig,
+        best_flat: dict[str, Any],
+        bplan: BenchPlan,
+        phase: dict[str, float],
+    ) -> tuple[PairedSamples, ...]:
+        """The paired benchmark of candidate and best. Clocks warm once per worker (again after
+        an idle spell), not once per trial; the best config's own warm-up runs are skipped when
+        the last bench ran it here."""
+        t = time.perf_counter()
+        cold = time.monotonic() - self._bench_end > REWARM_AFTER_S
+        best_key = repr(sorted(best_flat.items()))
+        warm_best = cold or self._best_warm.get(model_ref) != best_key
+        samples = paired_bench(
+            model,
+            cand_cfg,
+            best_cfg,
+            bplan,
+            warm_s=FIRST_WARMUP_S if cold else 0.0,
+            warm_best=warm_best,
+        )
+        self._bench_end = time.monotonic()
+        self._best_warm[model_ref] = best_key
+        phase["bench_s"] = time.perf_counter() - t
+        return samples
 
 
 def _resolved(backend: str, config: TuningConfig | Mapping[str, Any]) -> TuningConfig:

@@ -193,7 +193,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_args(args: argparse.Namespace) -> int:
     """Run from parsed ``add_arguments`` options; returns the exit code."""
-    from agent.dashboard.data import StorageMissing
+    from agent.dashboard.rows import StorageMissing
     from agent.storage import StorageError, check_storage, parse_storage
 
     try:

@@ -8,6 +8,7 @@ agent runs. plotly.js and the Swagger UI of ``/api/docs`` are served from instal
 carry it (``Authorization: Bearer <token>``, or ``?token=`` once: that sets a cookie and redirects
 to the same URL without it, so the token does not stay in the address bar, history or logs). With
 ``hosts`` set, a request whose Host header names another machine is refused (DNS rebinding).
+The routes: api.py (JSON), pages.py (HTML); here the app, its guards and its error pages.
 """
 
 from __future__ import annotations
@@ -16,14 +17,13 @@ import hmac
 import ipaddress
 import json
 import threading
-import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from fastapi import FastAPI, Query, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import (
     FileResponse,
@@ -37,11 +37,12 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from starlette.convertors import IntegerConvertor, register_url_convertor
 
-from agent.dashboard import plots
-from agent.dashboard.data import OUTCOMES, VERDICTS, NotFound, Reader, StorageMissing
+from agent.dashboard.api import api_router
+from agent.dashboard.data import Reader
+from agent.dashboard.pages import Page, page_router
+from agent.dashboard.rows import NotFound, StorageMissing
 
 HERE = Path(__file__).parent
-SORTS = ("-number", "number", "-metric", "metric", "-ratio", "ratio")
 
 
 class SignedIntConvertor(IntegerConvertor):
@@ -174,8 +175,23 @@ def create_app(
     env.globals.update(storage=reader.ref.display, trial_link=_trial_link, quote=quote)
     app.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")
     app.mount("/api/docs-static", StaticFiles(directory=str(swagger_static())), name="swagger")
-    js = plotly_js()
 
+    def page(request: Request, name: str, status_code: int = 200, **ctx: Any) -> HTMLResponse:
+        ctx.setdefault("stamp_url", "/api/stamp")
+        ctx.setdefault("ray_dashboard", ray_dashboard)
+        return templates.TemplateResponse(request, name, ctx, status_code=status_code)
+
+    _guard(app, token, hosts, any_ip)
+    _error_pages(app, page, reader.ref.display)
+    # In this order: the first route that matches answers, and the study routes match any path.
+    app.include_router(_static_router(plotly_js(), app.openapi_url or "/openapi.json"))
+    app.include_router(api_router(reader, ray_dashboard))
+    app.include_router(page_router(reader, page, ray_dashboard))
+    return app
+
+
+def _guard(app: FastAPI, token: str | None, hosts: Sequence[str] | None, any_ip: bool) -> None:
+    """The token check (with ``token``) and the Host check (with ``hosts``)."""
     # Middlewares run last-added first: the Host check wraps the token check.
     if token:
 
@@ -210,10 +226,10 @@ def create_app(
             response: Response = await call_next(request)
             return response
 
-    def page(request: Request, name: str, status_code: int = 200, **ctx: Any) -> HTMLResponse:
-        ctx.setdefault("stamp_url", "/api/stamp")
-        ctx.setdefault("ray_dashboard", ray_dashboard)
-        return templates.TemplateResponse(request, name, ctx, status_code=status_code)
+
+def _error_pages(app: FastAPI, page: Page, storage: str) -> None:
+    """Errors as a page (or JSON under /api): not found 404, bad request 400, the storage
+    missing or failing 503 (a database down, a file locked or corrupt), never a bare 500."""
 
     def not_found(request: Request, e: NotFound) -> Response:
         if request.url.path.startswith("/api/"):
@@ -238,7 +254,7 @@ def create_app(
     async def _broken(request: Request, e: Exception) -> Response:
         # The storage failing under the dashboard (a database down, a file locked or corrupt):
         # say so on the page, not a bare 500.
-        return unavailable(request, f"cannot read the storage {reader.ref.display}: {e}")
+        return unavailable(request, f"cannot read the storage {storage}: {e}")
 
     def unavailable(request: Request, message: str) -> Response:
         if request.url.path.startswith("/api/"):
@@ -250,181 +266,29 @@ def create_app(
         msg = f"no page at {request.url.path}: see / (fleet), /studies, /promotions, /api/docs"
         return not_found(request, NotFound(msg))
 
-    # --- static ------------------------------------------------------------------------------
-    @app.get("/plotly.min.js", include_in_schema=False)
+
+def _static_router(js: Path, openapi_url: str) -> APIRouter:
+    """plotly.js, the Swagger UI of /api/docs (both from installed packages) and no favicon."""
+    static = APIRouter()
+
+    @static.get("/plotly.min.js", include_in_schema=False)
     def plotly_min_js() -> FileResponse:
         return FileResponse(
             js, media_type="application/javascript", headers={"Cache-Control": "max-age=86400"}
         )
 
-    @app.get("/api/docs", include_in_schema=False)
+    @static.get("/api/docs", include_in_schema=False)
     def api_docs() -> HTMLResponse:
         return get_swagger_ui_html(
-            openapi_url=app.openapi_url or "/openapi.json",
+            openapi_url=openapi_url,
             title="fleettune dashboard API",
             swagger_js_url="/api/docs-static/swagger-ui-bundle.js",
             swagger_css_url="/api/docs-static/swagger-ui.css",
             swagger_favicon_url="/api/docs-static/favicon.png",
         )
 
-    @app.get("/favicon.ico", include_in_schema=False)
+    @static.get("/favicon.ico", include_in_schema=False)
     def favicon() -> Response:
         return Response(status_code=204)
 
-    # --- JSON API ----------------------------------------------------------------------------
-    @app.get("/api/stamp")
-    def api_stamp(study: str | None = None) -> dict[str, Any]:
-        """Changes whenever a page would change: poll it, reload when it differs."""
-        return {"stamp": reader.stamp(study), "time": time.time()}
-
-    def fleet() -> dict[str, Any]:
-        f = reader.fleet()
-        if ray_dashboard:
-            f["ray_dashboard"] = ray_dashboard
-        f["throughput_figure"] = plots.throughput(f.get("workers") or [])
-        return f
-
-    @app.get("/api/fleet")
-    def api_fleet() -> dict[str, Any]:
-        return fleet()
-
-    @app.get("/api/studies")
-    def api_studies() -> dict[str, Any]:
-        return {"storage": reader.ref.display, "studies": reader.studies()}
-
-    @app.get("/api/promotions")
-    def api_promotions() -> dict[str, Any]:
-        return {"promotions": reader.promotions()}
-
-    @app.get("/api/studies/{name:path}/trials/{number:signed}")
-    def api_trial(name: str, number: int) -> dict[str, Any]:
-        return reader.trial(name, number)
-
-    @app.get("/api/studies/{name:path}/trials")
-    def api_trials(
-        name: str,
-        page: int = Query(1, ge=1),
-        per_page: int = Query(50, ge=1, le=1000),
-        outcome: str | None = None,
-        sort: str = "-number",
-    ) -> dict[str, Any]:
-        return reader.trials(name, page, per_page, outcome or None, sort)
-
-    @app.get("/api/studies/{name:path}/history")
-    def api_history(name: str) -> dict[str, Any]:
-        return reader.history(name)
-
-    @app.get("/api/studies/{name:path}/progress")
-    def api_progress(name: str) -> dict[str, Any]:
-        return reader.progress(name)
-
-    @app.get("/api/studies/{name:path}/importances")
-    def api_importances(name: str) -> dict[str, Any]:
-        imp = reader.importances(name)
-        fig = plots.importances(imp["importances"], imp["target"]) if imp["importances"] else None
-        return {**imp, "figure": fig}
-
-    @app.get("/api/studies/{name:path}/parallel")
-    def api_parallel(name: str) -> dict[str, Any]:
-        """Optuna's parallel-coordinates plot of the ok trials, on the target objective."""
-        import optuna.visualization as vis
-
-        study, objs = reader.optuna_study(name)
-        n = sum(bool(t.params) for t in study.trials)
-        if n < 2:
-            return {"figure": None, "error": f"needs 2 ok trials with parameters; has {n}"}
-        fig = vis.plot_parallel_coordinate(study, target=lambda t: t.values[0], target_name=objs[0])
-        return {"figure": plots.optuna_figure(fig), "error": ""}
-
-    @app.get("/api/studies/{name:path}/pareto")
-    def api_pareto(name: str) -> dict[str, Any]:
-        """Optuna's Pareto-front plot, for a study of two objectives."""
-        import optuna.visualization as vis
-
-        study, objs = reader.optuna_study(name)
-        if len(objs) != 2:
-            return {
-                "figure": None,
-                "error": f"drawn for two objectives; this study has {len(objs)}",
-            }
-        if not study.trials:
-            return {"figure": None, "error": "no ok trial with both objectives yet"}
-        fig = vis.plot_pareto_front(study, target_names=objs)
-        return {"figure": plots.optuna_figure(fig), "error": ""}
-
-    @app.get("/api/studies/{name:path}")
-    def api_study(name: str) -> dict[str, Any]:
-        return reader.summary(name)
-
-    # --- pages -------------------------------------------------------------------------------
-    @app.get("/", response_class=HTMLResponse)
-    def fleet_page(request: Request) -> HTMLResponse:
-        return page(request, "fleet.html", title="fleet", fleet=fleet(), studies=reader.studies())
-
-    @app.get("/fleet", include_in_schema=False)
-    def fleet_alias() -> RedirectResponse:
-        return RedirectResponse("/")
-
-    @app.get("/studies", response_class=HTMLResponse)
-    def studies_page(request: Request) -> HTMLResponse:
-        studies = reader.studies()
-        by_class: dict[str, list[dict[str, Any]]] = {}
-        for s in studies:
-            by_class.setdefault(s["device_class"] or "(unknown)", []).append(s)
-        return page(
-            request,
-            "studies.html",
-            title="studies",
-            by_class=by_class,
-            n=len(studies),
-            stale=reader.agent_stale(),
-        )
-
-    @app.get("/promotions", response_class=HTMLResponse)
-    def promotions_page(request: Request) -> HTMLResponse:
-        return page(request, "promotions.html", title="promotions", promotions=reader.promotions())
-
-    @app.get("/studies/{name:path}/trials/{number:signed}", response_class=HTMLResponse)
-    def trial_page(request: Request, name: str, number: int) -> HTMLResponse:
-        t = reader.trial(name, number)
-        rec = t["record"]
-        fig = plots.samples(rec["samples"]) if rec.get("samples") else None
-        progress = reader.progress(name) if t["outcome"] in ("running", "waiting") else None
-        return page(
-            request,
-            "trial.html",
-            title=f"{name} #{number}",
-            t=t,
-            rec=rec,
-            figure=fig,
-            study=reader.summary(name),
-            progress=progress,
-            page_key=t["outcome"],
-            stamp_url=f"/api/stamp?study={quote(name)}",
-        )
-
-    @app.get("/studies/{name:path}", response_class=HTMLResponse)
-    def study_page(
-        request: Request,
-        name: str,
-        page_: int = Query(1, ge=1, alias="page"),
-        per_page: int = Query(50, ge=1, le=1000),
-        outcome: str | None = None,
-        sort: str = "-number",
-    ) -> HTMLResponse:
-        s = reader.summary(name)
-        table = reader.trials(name, page_, per_page, outcome or None, sort)
-        return page(
-            request,
-            "study.html",
-            title=name,
-            s=s,
-            table=table,
-            history=plots.history(reader.history(name)),
-            progress=reader.progress(name),
-            outcomes=[o for o in (*VERDICTS, *OUTCOMES) if s["verdicts"].get(o) and o != "ok"],
-            sorts=SORTS,
-            stamp_url=f"/api/stamp?study={quote(name)}",
-        )
-
-    return app
+    return static

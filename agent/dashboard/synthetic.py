@@ -118,8 +118,40 @@ def _record(
     t0: float,
     best_trial: int | None = None,
 ) -> tuple[TrialRecord, TrialState, list[float] | None]:
+    common = _common(name, number, flat, best, role, device_class, t0)
+    roll = rng.random() if role == "candidate" else 1.0
+    if roll < 0.06:
+        reason = "glslc: error: 'rows_per_wg' : undeclared identifier\n(12 more lines)"
+        return _rec(outcome="compile_error", reason=reason, **common), TrialState.FAIL, None
+    if roll < 0.12:
+        rec = _rec(
+            outcome="invalid",
+            reason="max_abs_diff 0.31 > 0.01 at index 4821",
+            validate=_failed_validation(),
+            **common,
+        )
+        return rec, TrialState.FAIL, None
+    if roll < 0.14:
+        return (
+            _rec(outcome="crash", reason="worker died: VK_ERROR_DEVICE_LOST", **common),
+            (TrialState.FAIL),
+            None,
+        )
+    return _measured(rng, flat, best, role, best_trial, common)
+
+
+def _common(
+    name: str,
+    number: int,
+    flat: dict[str, Any],
+    best: dict[str, Any],
+    role: str,
+    device_class: str,
+    t0: float,
+) -> dict[str, Any]:
+    """The attrs every synthetic record has, whatever its outcome."""
     worker = _worker(device_class, number % 2)
-    common = {
+    return {
         "study": name,
         "trial": number,
         "role": role,
@@ -145,51 +177,48 @@ def _record(
             "power_w": 240.0,
         },
     }
-    roll = rng.random() if role == "candidate" else 1.0
-    if roll < 0.06:
-        reason = "glslc: error: 'rows_per_wg' : undeclared identifier\n(12 more lines)"
-        return _rec(outcome="compile_error", reason=reason, **common), TrialState.FAIL, None
-    if roll < 0.12:
-        val = {
-            "passed": False,
-            "max_abs_diff": 0.31,
-            "nmse": 2.4e-3,
-            "steps": 8,
-            "tolerances": {"max_abs_diff": 0.01, "nmse": 1e-5, "min_token_agreement": 1.0},
-            "prompts": [
-                {
-                    "prompt_tokens": 5,
-                    "max_abs_diff": 0.31,
-                    "nmse": 2.4e-3,
-                    "nan": 0,
-                    "inf": 0,
-                    "token_agreement": 0.25,
-                    "reference_tokens": [12, 7, 99, 3, 3, 8, 1, 0],
-                    "candidate_tokens": [12, 7, 41, 3, 3, 8, 1, 0],
-                    "reasons": ["max_abs_diff 0.31 > 0.01 at index 4821"],
-                }
-            ],
-            # engine.verify.blame.Blame.to_dict(): the first op that diverges
-            "blame": {
-                "op": "matmul_prefill",
-                "layer": 0,
-                "text": "matmul_prefill (kpar, max_cols 48) layer 0 ffn_up: token 47 column 12 "
-                "|diff| 3.1",
-            },
-        }
-        rec = _rec(
-            outcome="invalid",
-            reason="max_abs_diff 0.31 > 0.01 at index 4821",
-            validate=val,
-            **common,
-        )
-        return rec, TrialState.FAIL, None
-    if roll < 0.14:
-        return (
-            _rec(outcome="crash", reason="worker died: VK_ERROR_DEVICE_LOST", **common),
-            (TrialState.FAIL),
-            None,
-        )
+
+
+def _failed_validation() -> dict[str, Any]:
+    """An invalid trial's validate record: one prompt whose tokens diverge, and its blame."""
+    return {
+        "passed": False,
+        "max_abs_diff": 0.31,
+        "nmse": 2.4e-3,
+        "steps": 8,
+        "tolerances": {"max_abs_diff": 0.01, "nmse": 1e-5, "min_token_agreement": 1.0},
+        "prompts": [
+            {
+                "prompt_tokens": 5,
+                "max_abs_diff": 0.31,
+                "nmse": 2.4e-3,
+                "nan": 0,
+                "inf": 0,
+                "token_agreement": 0.25,
+                "reference_tokens": [12, 7, 99, 3, 3, 8, 1, 0],
+                "candidate_tokens": [12, 7, 41, 3, 3, 8, 1, 0],
+                "reasons": ["max_abs_diff 0.31 > 0.01 at index 4821"],
+            }
+        ],
+        # engine.verify.blame.Blame.to_dict(): the first op that diverges
+        "blame": {
+            "op": "matmul_prefill",
+            "layer": 0,
+            "text": "matmul_prefill (kpar, max_cols 48) layer 0 ffn_up: token 47 column 12 "
+            "|diff| 3.1",
+        },
+    }
+
+
+def _measured(
+    rng: random.Random,
+    flat: dict[str, Any],
+    best: dict[str, Any],
+    role: str,
+    best_trial: int | None,
+    common: dict[str, Any],
+) -> tuple[TrialRecord, TrialState, list[float] | None]:
+    """An ok trial: paired samples against the best, estimates, the acceptance decision."""
     pre, dec = _speed(flat)
     bpre, bdec = _speed(best)
     samples = {}

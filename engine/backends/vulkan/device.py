@@ -338,17 +338,64 @@ def _open(instance: Any, messenger: Any, messages: list[str], index: int | None)
             f"{(props.apiVersion >> 12) & 0x3FF} < 1.2"
         )
     exts = {e.extensionName for e in vk.vkEnumerateDeviceExtensionProperties(physical, None)}
+    more = _properties(physical, exts)
+    feats = _features(instance, physical, exts)
+    families = vk.vkGetPhysicalDeviceQueueFamilyProperties(physical)
+    qf = _compute_queue_family(families, props.deviceName)
+    qinfo = vk.VkDeviceQueueCreateInfo(queueFamilyIndex=qf, queueCount=1, pQueuePriorities=[1.0])
+    dinfo = vk.VkDeviceCreateInfo(
+        pNext=feats.chain,
+        pQueueCreateInfos=[qinfo],
+        ppEnabledExtensionNames=feats.extensions or None,
+    )
+    try:
+        device = vk.vkCreateDevice(physical, dinfo, None)
+    except vk.VkError as e:
+        raise BackendUnavailable(
+            f"{props.deviceName}: vkCreateDevice failed ({type(e).__name__})"
+        ) from None
+    queue = vk.vkGetDeviceQueue(device, qf, 0)
+    mem = _memory_types(physical, props.deviceType == vk.VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU)
+    lim = props.limits
+    info = _device_info(physical, props, more, feats, mem, messenger is not None, index)
+    return Device(
+        instance=instance,
+        physical=physical,
+        device=device,
+        queue=queue,
+        queue_family=qf,
+        props=props,
+        mem=mem,
+        info=info,
+        timestamp_bits=int(families[qf].timestampValidBits),
+        timestamp_period=float(lim.timestampPeriod),
+        max_range=int(lim.maxStorageBufferRange),
+        subgroup_control=feats.subgroup_control,
+        full_subgroups=feats.full_subgroups,
+        messages=messages,
+        _messenger=messenger,
+    )
 
+
+@dataclass
+class _MoreProperties:
+    """vkGetPhysicalDeviceProperties2's answers beyond the plain properties."""
+
+    driver: Any  # VkPhysicalDeviceDriverProperties
+    subgroup: Any  # VkPhysicalDeviceSubgroupProperties
+    size_control: Any  # VkPhysicalDeviceSubgroupSizeControlProperties, None without the extension
+
+
+def _properties(physical: Any, exts: set[str]) -> _MoreProperties:
     sg = vk.VkPhysicalDeviceSubgroupProperties(
         sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES
     )
     drv = vk.VkPhysicalDeviceDriverProperties(
         sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DRIVER_PROPERTIES, pNext=sg
     )
-    has_ssc = "VK_EXT_subgroup_size_control" in exts
     ssc = None
     head = drv
-    if has_ssc:
+    if "VK_EXT_subgroup_size_control" in exts:
         ssc = vk.VkPhysicalDeviceSubgroupSizeControlProperties(
             sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_PROPERTIES,
             pNext=drv,
@@ -358,12 +405,28 @@ def _open(instance: Any, messenger: Any, messages: list[str], index: int | None)
         sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, pNext=head
     )
     vk.vkGetPhysicalDeviceProperties2(physical, p2)
+    return _MoreProperties(drv, sg, ssc)
 
-    # Features: subgroup size control and full subgroups when the device has them.
+
+@dataclass
+class _Features:
+    """What vkCreateDevice enables: a pNext chain of feature structs (each struct keeps the one
+    it points to alive) and the device extensions."""
+
+    chain: Any
+    extensions: list[str]
+    subgroup_control: bool
+    full_subgroups: bool
+    coopmat: coopmat.CoopmatSupport
+    stats: bool
+
+
+def _features(instance: Any, physical: Any, exts: set[str]) -> _Features:
+    # Subgroup size control and full subgroups when the device has them.
     ssc_on = full_on = False
     feat_next = None
     dev_exts = []
-    if has_ssc:
+    if "VK_EXT_subgroup_size_control" in exts:
         sscf = vk.VkPhysicalDeviceSubgroupSizeControlFeatures(
             sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_FEATURES
         )
@@ -397,29 +460,33 @@ def _open(instance: Any, messenger: Any, messages: list[str], index: int | None)
         )
         feat_next = stats_feat
         dev_exts.append(STATS_EXTENSION)
+    return _Features(feat_next, dev_exts, ssc_on, full_on, cmat, stats)
 
-    families = vk.vkGetPhysicalDeviceQueueFamilyProperties(physical)
+
+def _compute_queue_family(families: Any, device_name: str) -> int:
+    """A queue family with compute, preferring one that also has timestamps."""
     qf = None
-    for i, f in enumerate(families):  # prefer a compute queue that also has timestamps
+    for i, f in enumerate(families):
         if f.queueFlags & vk.VK_QUEUE_COMPUTE_BIT and (qf is None or f.timestampValidBits):
             if qf is None or not families[qf].timestampValidBits:
                 qf = i
     if qf is None:
-        raise BackendUnavailable(f"{props.deviceName}: no compute queue")
-    qinfo = vk.VkDeviceQueueCreateInfo(queueFamilyIndex=qf, queueCount=1, pQueuePriorities=[1.0])
-    dinfo = vk.VkDeviceCreateInfo(
-        pNext=feat_next,
-        pQueueCreateInfos=[qinfo],
-        ppEnabledExtensionNames=dev_exts or None,
-    )
-    try:
-        device = vk.vkCreateDevice(physical, dinfo, None)
-    except vk.VkError as e:
-        raise BackendUnavailable(
-            f"{props.deviceName}: vkCreateDevice failed ({type(e).__name__})"
-        ) from None
-    queue = vk.vkGetDeviceQueue(device, qf, 0)
-    mem = _memory_types(physical, props.deviceType == vk.VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU)
+        raise BackendUnavailable(f"{device_name}: no compute queue")
+    return qf
+
+
+def _device_info(
+    physical: Any,
+    props: Any,
+    more: _MoreProperties,
+    feats: _Features,
+    mem: MemoryTypes,
+    validation: bool,
+    index: int,
+) -> DeviceInfo:
+    """The DeviceInfo a worker reports, its ``extra`` the limits and features the registry's
+    constraints and the tools read."""
+    drv, sg, ssc = more.driver, more.subgroup, more.size_control
     lim = props.limits
     name = props.deviceName if isinstance(props.deviceName, str) else ffi.string(props.deviceName)
     vendor = VENDORS.get(props.vendorID, hex(props.vendorID))
@@ -441,8 +508,8 @@ def _open(instance: Any, messenger: Any, messages: list[str], index: int | None)
         "max_workgroup_count_x": int(lim.maxComputeWorkGroupCount[0]),
         "min_storage_buffer_offset_alignment": int(lim.minStorageBufferOffsetAlignment),
         "subgroup_operations": int(sg.supportedOperations),
-        "subgroup_size_control": ssc_on,
-        "compute_full_subgroups": full_on,
+        "subgroup_size_control": feats.subgroup_control,
+        "compute_full_subgroups": feats.full_subgroups,
         "min_subgroup_size": int(ssc.minSubgroupSize) if ssc is not None else int(sg.subgroupSize),
         "max_subgroup_size": int(ssc.maxSubgroupSize) if ssc is not None else int(sg.subgroupSize),
         "max_compute_workgroup_subgroups": int(ssc.maxComputeWorkgroupSubgroups)
@@ -454,13 +521,13 @@ def _open(instance: Any, messenger: Any, messages: list[str], index: int | None)
         "unified_memory": mem.unified,
         "memory_types": {"device": mem.device, "host": mem.host, "near": mem.near},
         "timestamp_period_ns": float(lim.timestampPeriod),
-        "validation": bool(messenger is not None),
+        "validation": validation,
         "index": index,  # of physical_devices(): the card this backend opened
-        **cmat.extra(),
-        "coopmat_missing": cmat.why,
-        "pipeline_statistics": stats,
+        **feats.coopmat.extra(),
+        "coopmat_missing": feats.coopmat.why,
+        "pipeline_statistics": feats.stats,
     }
-    info = DeviceInfo(
+    return DeviceInfo(
         backend="vulkan",
         name=name,
         vendor=vendor,
@@ -469,23 +536,6 @@ def _open(instance: Any, messenger: Any, messages: list[str], index: int | None)
         memory_bytes=int(memory_bytes),
         subgroup_size=int(sg.subgroupSize),
         extra=extra | {"driver_version": drv_ver},
-    )
-    return Device(
-        instance=instance,
-        physical=physical,
-        device=device,
-        queue=queue,
-        queue_family=qf,
-        props=props,
-        mem=mem,
-        info=info,
-        timestamp_bits=int(families[qf].timestampValidBits),
-        timestamp_period=float(lim.timestampPeriod),
-        max_range=int(lim.maxStorageBufferRange),
-        subgroup_control=ssc_on,
-        full_subgroups=full_on,
-        messages=messages,
-        _messenger=messenger,
     )
 
 
