@@ -243,11 +243,11 @@ def add(args: argparse.Namespace) -> list[dict[str, str]]:
     new_tables = {}
     if table not in keys:
         new_tables[table] = f"{TITLES.get(backend, backend)} on the {short}"
-    cmd = None
-    key = next((k for k, v in commands.items() if " ".join(v.split()) == args.command), None)
+    cmd, how = None, " ".join(args.command.split())
+    key = next((k for k, v in commands.items() if " ".join(v.split()) == how), None)
     if key is None:
-        key = "add-" + hashlib.sha1(args.command.encode()).hexdigest()[:8]
-        cmd = (key, args.command)
+        key = "add-" + hashlib.sha1(how.encode()).hexdigest()[:8]
+        cmd = (key, how)
     recs = [r | {"table": table, "command": key} for r in recs]
     text = _append(args.data.read_text(), new_tables, cmd, recs)
     fd, tmp = tempfile.mkstemp(dir=args.data.parent, prefix=".figures-", suffix=".toml")
