@@ -59,6 +59,7 @@ def test_bench_json_becomes_pp_and_tg_records(bench_json, data, tmp_path, capsys
     llama.write_text(json.dumps(rows))
     args = ["add", "--data", str(data), "--bench", str(bench_json), "--llama", str(llama)]
     args += ["--memory-mib", "5600", "--device", "dev VM", "--table", "numpy-cpu"]
+    args += ["--model", "qwen2 tiny"]
     assert figures([*args, "--command", "engine bench on the tiny model"]) == 0
     assert "2 records added" in capsys.readouterr().out
     _, commands, figs = load(data)
@@ -67,7 +68,7 @@ def test_bench_json_becomes_pp_and_tg_records(bench_json, data, tmp_path, capsys
         f"{tg['median']:,.1f}"
     )
     assert [f.reference for f in figs] == ["1,234.6 (sd 7)", "98.7 (sd 1)"]
-    assert all(f.device == "dev VM" and f.model == doc["model"] for f in figs)
+    assert all(f.device == "dev VM" and f.model == "qwen2 tiny" for f in figs)
     assert "held by the engine; 5,600 MiB GPU" in figs[0].memory
     assert figs[0].source == "defaults bench" and figs[0].config == "registry defaults"
     # the house rule's verdict comes from the renderer's rule, not from add
@@ -139,6 +140,11 @@ def test_study_best_accepted_trial_becomes_agent_trial_records(data, tmp_path, c
     assert figures(["add", "--data", str(data), "--study", missing, "--command", "c"]) == 2
     assert "no such storage file" in capsys.readouterr().err
     assert data.read_text() == before and not (tmp_path / "none.db").exists()
+    assert (
+        figures(["add", "--data", str(data), "--study", url, "--memory-mib", "1", "--command", "c"])
+        == 2
+    )
+    assert "go with --bench" in capsys.readouterr().err
 
 
 def test_added_records_render_into_the_page(bench_json, data, tmp_path):

@@ -228,6 +228,8 @@ def add(args: argparse.Namespace) -> list[dict[str, str]]:
 
     tables, commands, _ = load(args.data)
     keys = {t["key"] for t in tables}
+    if args.bench is None and (args.llama or args.memory_mib is not None):
+        raise ConfigError("--llama and --memory-mib go with --bench (a study has no llama-bench)")
     if args.bench is not None:
         llama = _llama_refs(args.llama)
         doc = _read_json(args.bench, "bench JSON")
@@ -237,6 +239,8 @@ def add(args: argparse.Namespace) -> list[dict[str, str]]:
         backend, recs = _study_records(args.study, args.study_name)
         if args.device:
             recs = [r | {"device": args.device} for r in recs]
+    if args.model:
+        recs = [r | {"model": args.model} for r in recs]
     device = recs[0]["device"]
     short = device.replace("NVIDIA ", "")
     table = args.table or f"{backend}-{_slug(short)}"
@@ -273,6 +277,7 @@ def parser(data: Path) -> argparse.ArgumentParser:
     ap.add_argument("--llama", type=Path, help="llama-bench -o json of the same call")
     ap.add_argument("--memory-mib", type=int, help="GPU MiB held above idle (nvidia-smi)")
     ap.add_argument("--device", default="", help="the device's name (default: the JSON's)")
+    ap.add_argument("--model", default="", help="the model's label (default: the JSON's)")
     ap.add_argument("--table", help="a [[table]] key (default: BACKEND-DEVICE, made if new)")
     ap.add_argument("--command", required=True, help="how it was measured (the source note)")
     ap.add_argument("--data", type=Path, default=data)
