@@ -156,3 +156,31 @@ def test_added_records_render_into_the_page(bench_json, data, tmp_path):
     text = page.read_text()
     assert "| pp16 tok/s |" in text and "defaults bench [1]" in text
     assert tomllib.loads(data.read_text())["commands"]["old"] == "an earlier call"
+
+
+def test_a_promoted_bench_takes_its_files_validate_and_counts(bench_json):
+    """A bench of a promoted file is a "promoted bench" with the file's own [evidence.validate]
+    verdict; with a footprint beside it the house rule counts it. (The real bench JSON of the
+    tiny model, its config source pointed at a committed promoted file.)"""
+    from tools.figures import Figure
+    from tools.figures_add import bench_records
+
+    promoted = sorted((Path(__file__).resolve().parents[1] / "configs" / "h200").rglob("*.toml"))
+    with_validate = [p for p in promoted if "[evidence.validate]" in p.read_text()]
+    assert with_validate, "no committed promoted file has an [evidence.validate] table"
+    path = with_validate[0]
+    doc = json.loads(bench_json.read_text())
+    doc["config_source"] = {
+        "kind": "promoted",
+        "path": f"/root/promo/{path.relative_to(path.parents[3])}",
+    }
+    recs = bench_records(doc, "b.json", {}, None, "H200")
+    assert recs[0]["validate"] == "not validated in the call"  # that path is not on this machine
+    doc["config_source"]["path"] = str(path)
+    recs = bench_records(doc, "b.json", {}, 812, "")
+    assert recs[0]["source"] == "promoted bench"
+    assert recs[0]["config"] == f"promoted configs/{path.relative_to(path.parents[2])}"
+    assert recs[0]["validate"].startswith("PASS in its agent trial (KLD ")
+    assert recs[0]["device"] == doc["device"]["name"].removeprefix("NVIDIA ")
+    fig = Figure(**recs[0], table="t", command="c")
+    assert fig.counts() == "yes"

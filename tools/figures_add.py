@@ -116,8 +116,11 @@ def bench_records(
         raise ConfigError(f"{where}: not an engine bench --json output (needs {', '.join(need)})")
     src = doc["config_source"] or {}
     kind, path = src.get("kind", "default"), src.get("path") or ""
-    if kind == "promoted":
-        source, config, validate = "promoted bench", f"promoted {path}", _promoted_validate(path)
+    if (
+        kind == "promoted"
+    ):  # the path from its configs/ folder on: the machine's prefix says nothing
+        shown = path[path.rfind("configs/") :] if "configs/" in path else path
+        source, config, validate = "promoted bench", f"promoted {shown}", _promoted_validate(path)
     elif kind == "default":
         source, config = "defaults bench", "registry defaults"
         validate = "not validated in the call"
@@ -126,7 +129,8 @@ def bench_records(
         validate = "not validated in the call"
     memory = _memory_text((doc.get("memory") or {}).get("total_bytes"), mib)
     date = str(doc.get("time") or dt.date.today().isoformat())[:10]
-    dev = device or (doc.get("device") or {}).get("name", "") or doc["backend"]
+    dev = device or (doc.get("device") or {}).get("name", "").removeprefix("NVIDIA ")
+    dev = dev or doc["backend"]
     base = dict(date=date, device=dev, model=str(doc["model"]), config=config, memory=memory)
     base |= dict(validate=validate, source=source)
     out = []
@@ -241,8 +245,7 @@ def add(args: argparse.Namespace) -> list[dict[str, str]]:
             recs = [r | {"device": args.device} for r in recs]
     if args.model:
         recs = [r | {"model": args.model} for r in recs]
-    device = recs[0]["device"]
-    short = device.replace("NVIDIA ", "")
+    short = recs[0]["device"].removeprefix("NVIDIA ")
     table = args.table or f"{backend}-{_slug(short)}"
     new_tables = {}
     if table not in keys:
