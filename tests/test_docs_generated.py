@@ -134,3 +134,26 @@ def test_bad_record_is_one_line_and_nothing_written(tmp_path, capsys):
     assert main([*args, "--write"]) == 0 and main([*args, "--check"]) == 0
     text = page.read_text()
     assert text.startswith("prose\n") and "| 379.7 |" in text and "no: hand bench, no" in text
+
+
+def test_every_journal_section_a_figure_names_is_a_heading():
+    """A figure's command note that names a docs/BENCHMARKS.md section ("...") points at a heading
+    of the journal, so cutting the journal cannot orphan a figure's source."""
+    import re
+
+    from tools.figures import load
+
+    _, commands, _ = load()
+    headings = [
+        ln
+        for ln in (ROOT / "docs" / "BENCHMARKS.md").read_text().splitlines()
+        if ln.startswith("#")
+    ]
+    named = {
+        m
+        for text in commands.values()
+        for m in re.findall(r'BENCHMARKS\.md "([^"]+)"', " ".join(text.split()))
+    }
+    assert named, "the figures' notes name no journal section: the pattern drifted"
+    missing = sorted(n for n in named if not any(n in h for h in headings))
+    assert not missing, f"figures.toml names journal sections that are not headings: {missing}"

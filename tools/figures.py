@@ -3,6 +3,8 @@
     python -m tools.figures            # print the generated tables
     python -m tools.figures --write    # rewrite docs/FIGURES.md between its markers
     python -m tools.figures --check    # exit 1 (naming --write) when the page is stale
+    python -m tools.figures add ...    # append records from a bench JSON or a study
+                                       # (tools/figures_add.py), then --write
 
 The house rule is applied here, not by hand: a figure counts only for a config that passes the
 verifier, comes from an agent trial or a fresh-process bench of a promoted config, and has its
@@ -152,6 +154,9 @@ def render(tables: list[dict], commands: dict[str, str], figures: list[Figure]) 
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["add"]:
+        return _add(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", type=Path, default=DATA)
     ap.add_argument("--page", type=Path, default=PAGE)
@@ -177,6 +182,21 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    return 0
+
+
+def _add(argv: list[str]) -> int:
+    from tools.figures_add import add, parser
+
+    args = parser(DATA).parse_args(argv)
+    try:
+        recs = add(args)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for r in recs:
+        print(f"added: {r['table']} {r['date']} {r['model']} {r['metric']} {r['figure']}")
+    print(f"{args.data}: {len(recs)} records added; now run `{COMMAND}`")
     return 0
 
 

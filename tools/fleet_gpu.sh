@@ -34,7 +34,9 @@
 # d17_vec_cl_w8: the best hand-found config) and of the defaults, and llama.cpp's
 # llama-bench on the same files (built in the background from .llcpp.tgz while the agent runs:
 # ../shared/device/llama-bench.sh prepare), one run at a time, each with its GPU memory
-# (nvidia-smi's peak above idle) beside it: $OUT/proof.txt, $OUT/proof_logs.tgz, promo.bundle.
+# (nvidia-smi's peak above idle) beside it: $OUT/proof.txt, $OUT/proof_logs.tgz, promo.bundle,
+# and $OUT/figures.toml: docs/figures.toml with `python -m tools.figures add`'s records of each
+# bench and accepted trial (copy it to docs/ and run `python -m tools.figures --write`).
 # PROOF_WALL: each agent run's --wall-time (default 130 s).
 set -u -o pipefail
 # .fleet/site.txz into /tmp/site: tar through xz where the machine has it, else Python's lzma
@@ -90,7 +92,35 @@ proof)
         "$@" > $L/$name.json 2> $L/$name.err; local rc=$?
         kill $smi 2> /dev/null; wait $smi 2> /dev/null
         local peak; peak=$(sort -n $L/mem_$name.csv | tail -1)
+        echo "$(( ${peak:-0} - idle ))" > $L/mem_$name.mib  # add_figures' --memory-mib
         echo "$name rc=$rc gpu_mib_held=$(( ${peak:-0} - idle )) (idle $idle, peak $peak)" | tee -a $P
+    }
+    # add_figures: each bench of the call (and the agent's accepted trials) as [[figure]] records
+    # in $OUT/figures.toml (docs/figures.toml plus them): the lead copies it back and runs
+    # `python -m tools.figures --write`
+    add_figures() {
+        cp docs/figures.toml "$OUT/figures.toml" || return
+        local how="tools/fleet_gpu.sh proof $EXP $* ($(date -u +%F)): fresh-process"
+        how="$how \`engine bench --backend cuda --prompt-tokens 512 --gen-tokens 128 --repeats 3"
+        how="$how --json\`, one run at a time; llama.cpp: \`llama-bench -p 512 -n 128\` on the"
+        how="$how same file; memory: the engine's footprint and nvidia-smi's peak above idle"
+        local p st name extra
+        for p in "$@"; do
+            local names="ours_promoted_$p"
+            for st in ${PROOF_STARTS-d17_vec_cl_w8}; do names="$names ours_${st}_$p"; done
+            for name in $names ours_default_$p; do
+                extra=""
+                [ -s $L/llama_$p.json ] && extra="--llama $L/llama_$p.json"
+                [ -s $L/mem_$name.mib ] && extra="$extra --memory-mib $(cat $L/mem_$name.mib)"
+                python3 -m tools.figures add --data "$OUT/figures.toml" --bench $L/$name.json \
+                    $extra --command "$how" 2>&1 | tail -1 | tee -a $P
+            done
+        done
+        how="tools/fleet_gpu.sh proof $EXP $* ($(date -u +%F)): \`agent run $EXP --local"
+        how="$how --wall-time ${PROOF_WALL:-130}\` from the registry defaults, each study's best"
+        how="$how accepted trial"
+        python3 -m tools.figures add --data "$OUT/figures.toml" --study \
+            sqlite:////root/fleet/studies.db --command "$how" 2>&1 | tail -1 | tee -a $P
     }
     figures() {  # one line of an engine bench JSON: pp / tg medians and the footprint it reports
         python3 - "$1" "$2" <<'PY' | tee -a $P
@@ -151,6 +181,7 @@ open(sys.argv[3], 'w').write(TuningConfig.default('cuda').replace(**s).to_toml()
             python3 -c "import json, sys; [print('llama', sys.argv[2], r['n_prompt'], r['n_gen'], round(r['avg_ts'], 1), '+-', round(r['stddev_ts'], 1)) for r in json.load(open(sys.argv[1]))]" $L/llama_$p.json $p | tee -a $P
         done
     fi
+    add_figures "$@"
     echo "proof done $(( $(date +%s) - T0 ))s" | tee -a $P
     tar czf "$OUT/proof_logs.tgz" -C /root/fleet logs ;;
 run|scaling)
