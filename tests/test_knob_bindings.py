@@ -364,10 +364,13 @@ def test_cuda_builds_give_every_required_define_and_sources_default_to_the_regis
         for v in op.variants:
             if not v.source.endswith(".cu"):
                 continue  # host code: the schedule
-            fname = Path(v.source).name
-            defaults = cuda_defaults(fname)
-            for p in v.bound(DEFINE):
-                name = str(p.binding.target)
-                assert name in defaults or name in cuda_required(fname), (fname, name)
-                if name in defaults:
-                    assert defaults[name] == p.default, (fname, name, op.name, v.name)
+            for build in v.builds():  # its own source and each helper its knobs shape
+                fname = Path(build).name
+                defaults = cuda_defaults(fname)
+                for p in v.bound(DEFINE):
+                    if not v.reaches(p, build):
+                        continue
+                    name = str(p.binding.target)
+                    assert name in defaults or name in cuda_required(fname), (fname, name)
+                    if name in defaults:
+                        assert defaults[name] == p.default, (fname, name, op.name, v.name)

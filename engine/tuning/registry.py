@@ -27,10 +27,16 @@ SCHEDULE = "schedule"  # read by host code: the model's chunking, command record
 KINDS = (SPEC, DEFINE, PUSH, SUBGROUP, SCHEDULE)
 
 
+OWN = ""  # in Binding.builds: the variant's own source file
+
+
 @dataclass(frozen=True)
 class Binding:
     kind: str
     target: int | str | None = None  # SPEC: constant_id; DEFINE: macro name; else None
+    # DEFINE: the source files (relative to shaders/, OWN: the variant's own) whose builds get
+    # the define: a knob of one variant may shape a helper module it launches too (moe_dec.cu)
+    builds: tuple[str, ...] = (OWN,)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -39,14 +45,17 @@ class Binding:
             self.kind == DEFINE and not isinstance(self.target, str)
         ):
             raise ValueError(f"binding {self.kind} needs a target of its kind, not {self.target!r}")
+        if not self.builds or (self.kind != DEFINE and self.builds != (OWN,)):
+            raise ValueError(f"binding {self.kind}: builds {self.builds!r} (DEFINE only)")
 
 
 def spec(constant_id: int) -> Binding:
     return Binding(SPEC, constant_id)
 
 
-def define(macro: str) -> Binding:
-    return Binding(DEFINE, macro)
+def define(macro: str, *builds: str) -> Binding:
+    """A -D of the variant's own source, or of the ``builds`` named (OWN among them or not)."""
+    return Binding(DEFINE, macro, builds or (OWN,))
 
 
 PUSHED = Binding(PUSH)
@@ -304,6 +313,18 @@ class Variant:
     def bound(self, kind: str) -> tuple[Param, ...]:
         """The knobs that reach the kernel this way."""
         return tuple(p for p in self.params if p.binding is not None and p.binding.kind == kind)
+
+    def builds(self) -> tuple[str, ...]:
+        """The source files its knobs bound to DEFINE reach (OWN resolved), own source first."""
+        out = [self.source] if self.source else []
+        for p in self.bound(DEFINE):
+            out += [f or self.source for f in p.binding.builds if (f or self.source) not in out]
+        return tuple(out)
+
+    def reaches(self, p: Param, fname: str) -> bool:
+        """Whether knob p's define is in the build of ``fname`` (relative to shaders/)."""
+        builds = p.binding.builds if p.binding is not None and p.binding.kind == DEFINE else ()
+        return fname in (f or self.source for f in builds)
 
     def param(self, name: str) -> Param:
         for p in self.params:
