@@ -230,6 +230,9 @@ def _old_cuda_modules(cfg: TuningConfig) -> dict[str, tuple[str, dict]]:
                 "Q6K_WIDE": dec["q6k_wide"],
                 "Q4K_LEAN": dec["q4k_lean"],  # gemv: branch-free Q4_K scales
                 "Q4K_MINB": dec["q4k_min_blocks"],
+                # rows per block, derived once on the host since: mmvw.cu had
+                # #define MMVW_RPB (MMVW_GROUPS * RPT), MMVW_GROUPS (NW * 32 / TPR)
+                "MMVW_RPB": dec["warps"] * 32 // dec["threads_per_row"] * dec["rows_per_thread"],
             },
         )
     else:

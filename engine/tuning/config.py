@@ -144,6 +144,13 @@ class TuningConfig:
                 return c
         raise ConfigError(f"backend {self.backend!r} config has no op {name!r}")
 
+    def knobs(self, name: str) -> Any:
+        """The typed view of op ``name``'s chosen variant (engine.tuning.knobs): its knobs and
+        derived values as attributes."""
+        from engine.tuning.knobs import knobs
+
+        return knobs(self.backend, name, self.op(name))
+
     @property
     def prefill_chunk(self) -> int:
         """Prompt tokens per forward pass of the batched prefill (``prefill.chunk_tokens``)."""

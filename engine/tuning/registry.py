@@ -282,6 +282,18 @@ class Param:
 
 
 @dataclass(frozen=True)
+class Derived:
+    """A value computed from a variant's knobs, once (engine.tuning.knobs: the typed view holds
+    it), and passed on: to the launch as the view's attribute, and to the build where
+    ``binding`` is a DEFINE (then the kernel reads it, not a copy of the formula)."""
+
+    name: str
+    compute: Callable[[Any], Value]  # (the variant's knob view so far) -> value
+    doc: str = ""
+    binding: Binding | None = None
+
+
+@dataclass(frozen=True)
 class Constraint:
     """A rule over a whole config on a device; ``doc`` is shown when it fails."""
 
@@ -309,6 +321,7 @@ class Variant:
     # What it holds beyond the loaded weights: (engine.tuning.memory.ModelShape, context tokens,
     # its knob values) -> memory.MemoryCost; None: nothing (engine.tuning.memory.estimate)
     memory: Callable[[Any, int, Any], Any] | None = None
+    derived: tuple[Derived, ...] = ()  # values computed from the knobs (typed view, defines)
 
     def bound(self, kind: str) -> tuple[Param, ...]:
         """The knobs that reach the kernel this way."""

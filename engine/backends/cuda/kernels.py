@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from engine.backends.planted import define
 from engine.errors import KernelCompileError
 from engine.tuning import REGISTRY, OpChoice
+from engine.tuning.knobs import knobs
 from engine.tuning.registry import DEFINE, Variant
 
 # Kernel name suffix of each weight type (dmmv_q4_k, mmvq_q6_k, ...).
@@ -161,6 +162,15 @@ def variant_defines(variant: Variant, choice: OpChoice, fname: str | None = None
     for p in variant.bound(DEFINE):
         if variant.reaches(p, fname):
             out[str(p.binding.target)] = int(choice[p.name])
+    view = None
+    for d in variant.derived:  # values derived from the knobs, computed once (the typed view)
+        if (
+            d.binding is not None
+            and d.binding.kind == DEFINE
+            and fname in (f or variant.source for f in d.binding.builds)
+        ):
+            view = view or knobs("cuda", variant.op, choice)
+            out[str(d.binding.target)] = int(getattr(view, d.name))
     return out
 
 
@@ -193,6 +203,7 @@ def default_choice(op: str, variant: str) -> OpChoice:
 # Float weights under matmul_decode.mmvq (which decodes block types only) use dmmv at its
 # registry defaults.
 DECODE_FALLBACK = default_choice("matmul_decode", "dmmv")
+DECODE_FALLBACK_KNOBS = knobs("cuda", "matmul_decode", DECODE_FALLBACK)  # its typed view
 # Float expert weights under moe_experts.mmvq (block types only) use moe.cu (and fuse_decode's
 # moe_dec.cu) as the dmmv variant builds them at its defaults.
 MOE_FALLBACK = default_choice("moe_experts", "dmmv")

@@ -17,7 +17,16 @@ from __future__ import annotations
 
 from engine.roofline import Tensor
 from engine.tuning.memory import MemoryCost, ModelShape, dense_copies, loaded_default
-from engine.tuning.registry import HOST, PUSHED, REGISTRY, Constraint, Param, Variant, define
+from engine.tuning.registry import (
+    HOST,
+    PUSHED,
+    REGISTRY,
+    Constraint,
+    Derived,
+    Param,
+    Variant,
+    define,
+)
 
 B = "cuda"
 
@@ -496,6 +505,16 @@ REGISTRY.register(
                 ),
                 _knob_needs_cc("mmvw", "stream", 90, " (bulk copies)"),
                 _knob_needs_cc("mmvw", "pdl", 90),
+            ),
+            # rows per block of an unsplit launch: the host sizes its grids with it and the
+            # kernel reads it (split_k divides it on long rows: _mmvw_rows_per_block)
+            derived=(
+                Derived(
+                    "rows_per_block",
+                    lambda k: k.warps * 32 // k.threads_per_row * k.rows_per_thread,
+                    "warps x (32 / threads_per_row) lane groups of rows_per_thread rows",
+                    define("MMVW_RPB"),
+                ),
             ),
             quant_types=ALL_TYPES,
             source="cuda/mmvw.cu",
