@@ -377,3 +377,74 @@ def test_cuda_builds_give_every_required_define_and_sources_default_to_the_regis
                     assert name in defaults or name in cuda_required(fname), (fname, name)
                     if name in defaults:
                         assert defaults[name] == p.default, (fname, name, op.name, v.name)
+
+
+# --- each knob at its extremes changes exactly what its binding declares --------------------
+def _extremes(p) -> tuple:  # noqa: ANN001 - registry Param
+    return (min(p.choices), max(p.choices)) if p.is_numeric else tuple(p.choices)
+
+
+def _at(backend: str, op: str, variant: str, **knobs) -> TuningConfig:  # noqa: ANN003
+    flat = {f"{op}.variant": variant, **{f"{op}.{k}": v for k, v in knobs.items()}}
+    return TuningConfig.default(backend).replace(**flat)
+
+
+def _cuda_base(op: str, v) -> dict:  # noqa: ANN001 - registry Variant
+    """Knob values that build every helper module the variant's knobs reach: a gated file
+    (kernels._BUILT_WHEN) has its gate knob at its largest value."""
+    out = {}
+    for p in v.bound(DEFINE):
+        if str(p.binding.target) in cuda_k._BUILT_WHEN.values():
+            out[p.name] = max(p.choices)
+    return out
+
+
+def _cuda_expected(base: dict, op: str, v, p, value, cfg: TuningConfig) -> dict:  # noqa: ANN001
+    """modules_for(base config) with p at value, as its declaration says: p's macro set in
+    each build it reaches (a gated build appears or goes with its gate), the variant's derived
+    defines recomputed; nothing else."""
+    out = {k: (f, dict(d)) for k, (f, d) in base.items()}
+    if p.binding.kind != DEFINE:
+        return out
+    view = cfg.knobs(op)
+    for build in v.builds():
+        fname = Path(build).name
+        if not v.reaches(p, build):
+            continue
+        key = cuda_k._KEYS.get((op, fname), Path(fname).stem)
+        gate = cuda_k._BUILT_WHEN.get(fname)
+        if gate == p.binding.target and not int(value):
+            out.pop(key, None)
+            continue
+        defines = out[key][1] if key in out else cuda_k.variant_defines(v, cfg.op(op), build)
+        defines[str(p.binding.target)] = int(value)
+        for d in v.derived:
+            if d.binding is not None and v.reaches(d, build):
+                defines[str(d.binding.target)] = int(getattr(view, d.name))
+        out[key] = (fname, defines)
+    return out
+
+
+def _cuda_cases() -> list:
+    return [
+        pytest.param(op.name, v, id=f"{op.name}.{v.name}")
+        for op in REGISTRY.ops("cuda")
+        for v in op.variants
+        if v.params
+    ]
+
+
+@pytest.mark.parametrize("op,variant", _cuda_cases())
+def test_cuda_knob_extremes_change_only_their_declared_build(op, variant):
+    """Each knob of the variant at its smallest and largest value (each value of a non-numeric
+    one): a DEFINE knob changes its macro in the builds it names and nothing else; a launch or
+    host knob changes no build (a hand-made define of one would)."""
+    fixed = _cuda_base(op, variant)
+    base_cfg = _at("cuda", op, variant.name, **fixed)
+    base = cuda_k.modules_for(base_cfg)
+    for p in variant.params:
+        for value in _extremes(p):
+            cfg = _at("cuda", op, variant.name, **{**fixed, p.name: value})
+            got = cuda_k.modules_for(cfg)
+            want = _cuda_expected(base, op, variant, p, value, cfg)
+            assert got == want, f"cuda.{op}.{variant.name}.{p.name}={value!r} ({p.binding})"

@@ -154,7 +154,7 @@ class TuningConfig:
     @property
     def prefill_chunk(self) -> int:
         """Prompt tokens per forward pass of the batched prefill (``prefill.chunk_tokens``)."""
-        return int(self.op("prefill")["chunk_tokens"])
+        return int(self.knobs("prefill").chunk_tokens)
 
     def flat(self) -> dict[str, Value]:
         out: dict[str, Value] = {}

@@ -330,12 +330,15 @@ class Variant:
     def builds(self) -> tuple[str, ...]:
         """The source files its knobs bound to DEFINE reach (OWN resolved), own source first."""
         out = [self.source] if self.source else []
-        for p in self.bound(DEFINE):
+        for p in (*self.bound(DEFINE), *(d for d in self.derived if d.binding is not None)):
+            if p.binding.kind != DEFINE:
+                continue
             out += [f or self.source for f in p.binding.builds if (f or self.source) not in out]
         return tuple(out)
 
-    def reaches(self, p: Param, fname: str) -> bool:
-        """Whether knob p's define is in the build of ``fname`` (relative to shaders/)."""
+    def reaches(self, p: Param | Derived, fname: str) -> bool:
+        """Whether knob (or derived value) p's define is in the build of ``fname`` (relative
+        to shaders/)."""
         builds = p.binding.builds if p.binding is not None and p.binding.kind == DEFINE else ()
         return fname in (f or self.source for f in builds)
 

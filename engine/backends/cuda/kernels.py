@@ -164,11 +164,7 @@ def variant_defines(variant: Variant, choice: OpChoice, fname: str | None = None
             out[str(p.binding.target)] = int(choice[p.name])
     view = None
     for d in variant.derived:  # values derived from the knobs, computed once (the typed view)
-        if (
-            d.binding is not None
-            and d.binding.kind == DEFINE
-            and fname in (f or variant.source for f in d.binding.builds)
-        ):
+        if variant.reaches(d, fname):
             view = view or knobs("cuda", variant.op, choice)
             out[str(d.binding.target)] = int(getattr(view, d.name))
     return out

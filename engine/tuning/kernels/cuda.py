@@ -52,7 +52,7 @@ def _cc_at_least(cc: int) -> Constraint:
 
 
 def _p(cfg, op: str, name: str) -> int:  # noqa: ANN001 - TuningConfig
-    return int(cfg.op(op)[name])
+    return int(getattr(cfg.knobs(op), name))
 
 
 def _knob_needs_cc(variant: str, knob: str, cc: int, why: str = "") -> Constraint:

@@ -126,7 +126,7 @@ _DN_STEP_LANES = Param(
 _DN_CLUSTER_CC = Constraint(
     "delta_net.step_cluster != 0 needs compute capability >= 9.0 (thread-block clusters)",
     lambda cfg, dev: (
-        int(cfg.op("delta_net")["step_cluster"]) == 0
+        int(cfg.knobs("delta_net").step_cluster) == 0
         or dev is None
         or int(dev.extra.get("cc", 0)) >= 90
     ),
