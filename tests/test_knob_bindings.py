@@ -448,3 +448,71 @@ def test_cuda_knob_extremes_change_only_their_declared_build(op, variant):
             got = cuda_k.modules_for(cfg)
             want = _cuda_expected(base, op, variant, p, value, cfg)
             assert got == want, f"cuda.{op}.{variant.name}.{p.name}={value!r} ({p.binding})"
+
+
+def _vk_builds(op: str, cfg: TuningConfig, qtypes: list[str]) -> dict:
+    """(weight type, pass index) -> (shader, defines) of op's programs, and the spec constants
+    and required subgroup size its pipelines get."""
+    c = cfg.op(op)
+    progs = {
+        (q, i): (p.shader, frozenset(p.defines))
+        for q in qtypes
+        for i, p in enumerate(vk_k.programs(op, c, q))
+    }
+    spec, sg = vk_k.specialization(op, c)
+    return {"programs": progs, "spec": dict(spec), "subgroup": sg}
+
+
+def _macro(d: str) -> str:
+    return d.partition("=")[0]
+
+
+# A knob that turns others' defines off where they do not apply (kernels.programs: the resident
+# GEMM's direct fragments have no shared tiles; smem_pairs wins over smem_halves).
+VK_DROPS = {
+    ("matmul_prefill", "resident", "direct"): {"NBUF", "SMEM_PAIRS", "SMEM_HALVES", "PREFETCH"},
+    ("matmul_prefill", "resident", "smem_pairs"): {"SMEM_HALVES"},
+}
+
+
+def _vulkan_cases() -> list:
+    return [
+        pytest.param(op.name, v, id=f"{op.name}.{v.name}")
+        for op in REGISTRY.ops("vulkan")
+        if op.name in vk_k.BUILT_OPS
+        for v in op.variants
+        if v.params
+    ]
+
+
+@pytest.mark.parametrize("op,variant", _vulkan_cases())
+def test_vulkan_knob_extremes_change_only_their_declared_build(op, variant):
+    """Each knob at its extremes: a SPEC knob changes only its constant, a SUBGROUP knob only
+    the required subgroup size, a DEFINE knob only its macro in the programs (VK_DROPS: the
+    defines it turns off), a launch or host knob none of them."""
+    qtypes = sorted(variant.quant_types) if variant.quant_types else [""]
+    base_cfg = _at("vulkan", op, variant.name)
+    base = _vk_builds(op, base_cfg, qtypes)
+    for p in variant.params:
+        kind, where = p.binding.kind, f"vulkan.{op}.{variant.name}.{p.name}"
+        for value in _extremes(p):
+            got = _vk_builds(op, _at("vulkan", op, variant.name, **{p.name: value}), qtypes)
+            want_spec = dict(base["spec"])
+            if kind == SPEC:
+                want_spec[int(p.binding.target)] = int(value)
+            assert got["spec"] == want_spec, f"{where}={value!r}: spec constants"
+            want_sg = int(value) if kind == SUBGROUP else base["subgroup"]
+            assert got["subgroup"] == want_sg, f"{where}={value!r}: subgroup size"
+            if kind != DEFINE:
+                assert got["programs"] == base["programs"], f"{where}={value!r}: programs"
+                continue
+            allowed = {str(p.binding.target)} | VK_DROPS.get((op, variant.name, p.name), set())
+            assert got["programs"].keys() == base["programs"].keys(), where
+            seen = set()
+            for key, (shader, defines) in got["programs"].items():
+                b_shader, b_defines = base["programs"][key]
+                changed = {_macro(d) for d in defines ^ b_defines}
+                assert shader == b_shader and changed <= allowed, (where, value, key, changed)
+                seen |= changed
+            if value != p.default:  # and it does reach a program
+                assert str(p.binding.target) in seen, f"{where}={value!r} changes no program"
