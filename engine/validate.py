@@ -56,7 +56,7 @@ from engine.errors import UnsupportedError
 from engine.model import ForcedRun, Model
 from engine.models import build_model
 from engine.replay import ReplayResult, merge, replay
-from engine.tuning import TuningConfig
+from engine.tuning import REGISTRY, TuningConfig
 from engine.tuning.registry import REFERENCE_BUDGET, Budget, end_to_end, loosest
 
 log = logging.getLogger(__name__)
@@ -75,8 +75,9 @@ PROMPTS = (
     "A",
 )
 
-# Integer knobs whose values are token counts at which the batched path changes shape.
-EDGE_PARAMS = ("max_cols", "chunk_tokens", "gemm_min_t", "cols", "tile_n", "block_q")
+# Integer knobs whose values are token counts at which the batched path changes shape: those
+# the registry declares edge (Param.edge).
+EDGE_PARAMS = REGISTRY.edge_knobs()
 MAX_EDGE_TOKENS = 160  # longer edge prompts cost more per-token reference than they find
 # The crossing prompt's second chunk: batched (T > 1), a full 16-token tile and a ragged one.
 SECOND_CHUNK_TOKENS = 17

@@ -516,3 +516,23 @@ def test_vulkan_knob_extremes_change_only_their_declared_build(op, variant):
                 seen |= changed
             if value != p.default:  # and it does reach a program
                 assert str(p.binding.target) in seen, f"{where}={value!r} changes no program"
+
+
+def test_edge_knobs_are_declared_and_match_by_name():
+    """validate's edge prompts read every knob whose name the registry declares edge: the old
+    hand list (less 'cols', which no knob is named), and no knob of such a name undeclared."""
+    old = {"max_cols", "chunk_tokens", "gemm_min_t", "cols", "tile_n", "block_q"}
+    named = {
+        p.name
+        for b in REGISTRY.backends()
+        for op in REGISTRY.ops(b)
+        for v in op.variants
+        for p in v.params
+    }
+    assert set(REGISTRY.edge_knobs()) == old & named
+    for b in REGISTRY.backends():
+        for op in REGISTRY.ops(b):
+            for v in op.variants:
+                for p in v.params:
+                    if p.name in REGISTRY.edge_knobs():
+                        assert p.edge and p.is_numeric, f"{b}.{op.name}.{v.name}.{p.name}"

@@ -271,8 +271,13 @@ class Param:
     default: Value
     doc: str = ""
     binding: Binding | None = None
+    # its value is a token count at which the batched path changes shape (a chunk, a column
+    # tile, a switch): validate's edge prompts run n - 1, n and n + 1 tokens of it
+    edge: bool = False
 
     def __post_init__(self) -> None:
+        if self.edge and not self.is_numeric:
+            raise ValueError(f"param {self.name}: an edge knob is a token count (numeric)")
         if self.default not in self.choices:
             raise ValueError(f"param {self.name}: default {self.default!r} not in {self.choices}")
 
@@ -408,6 +413,7 @@ class Registry:
             chunk_default,
             "prompt tokens per forward pass through every layer (the last chunk is ragged)",
             HOST,
+            edge=True,
         )
         # Chunking changes matmul shapes and so summation order, nothing else.
         variant = Variant(
@@ -427,6 +433,15 @@ class Registry:
         """The loosest budget over the classes of the chosen variants (``budgets`` replaces the
         registry's per class, e.g. an experiment's tightened ones), and those classes."""
         return loosest(self.numeric_classes(config).values(), budgets)
+
+    def edge_knobs(self) -> tuple[str, ...]:
+        """Names of the knobs declared ``edge`` on any backend (engine.validate's edge prompts
+        read every knob of such a name)."""
+        return tuple(
+            sorted(
+                {p.name for o in self._ops.values() for v in o.variants for p in v.params if p.edge}
+            )
+        )
 
     def unregister(self, backend: str, op: str) -> None:
         self._ops.pop((backend, op), None)

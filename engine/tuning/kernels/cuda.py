@@ -79,6 +79,7 @@ REGISTRY.register_prefill(
         "chunk length at which matmul switches from batched DMMV (matmul_batched) "
         "to a GEMM (matmul_prefill); 1<<20 = never",
         HOST,
+        edge=True,
     ),
     doc="prompt in chunks of chunk_tokens tokens; matmul path chosen by chunk length",
 )
@@ -534,6 +535,7 @@ _MAX_COLS = Param(
     16,
     "columns (tokens) per launch: the column tile, per-thread accumulators",
     define("COLS"),
+    edge=True,
 )
 REGISTRY.register(
     B,
@@ -598,7 +600,7 @@ REGISTRY.register(
 
 # --- prefill GEMM -------------------------------------------------------------------------
 _TILE_M = Param("tile_m", (64, 128), 128, "weight rows per block tile", define("BM"))
-_TILE_N = Param("tile_n", (32, 64, 128), 128, "tokens per block tile", define("BN"))
+_TILE_N = Param("tile_n", (32, 64, 128), 128, "tokens per block tile", define("BN"), edge=True)
 _WARPS_M = Param("warps_m", (1, 2, 4), 2, "warps along the weight rows", define("WM"))
 _WARPS_N = Param("warps_n", (1, 2, 4), 4, "warps along the tokens", define("WN"))
 
@@ -1109,7 +1111,14 @@ REGISTRY.register(
             "attention_prefill",
             "flash",
             params=(
-                Param("block_q", (8, 16, 32, 64), 16, "query tokens per block", define("BQ")),
+                Param(
+                    "block_q",
+                    (8, 16, 32, 64),
+                    16,
+                    "query tokens per block",
+                    define("BQ"),
+                    edge=True,
+                ),
                 Param("rows_per_warp", (1, 2, 4, 8), 4, "query tokens per warp", define("RPW")),
             ),
             constraints=(
@@ -1140,6 +1149,7 @@ REGISTRY.register(
                     "query tokens per pass; a pass multiplies only the keys its last query "
                     "sees (causal: fewer passes, more masked work)",
                     HOST,
+                    edge=True,
                 ),
                 Param(
                     "softmax_warps",
@@ -1166,6 +1176,7 @@ REGISTRY.register(
                     64,
                     "query rows per block, 16 per warp",
                     define("FBQ"),
+                    edge=True,
                 ),
                 Param("block_k", (32, 64, 128), 64, "keys per shared-memory tile", define("FBK")),
             ),

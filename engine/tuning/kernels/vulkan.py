@@ -315,6 +315,7 @@ _MAX_COLS = Param(
     "accumulators); a chunk of prefill.chunk_tokens is ceil(chunk / max_cols) passes of one "
     "dispatch",
     spec(2),
+    edge=True,
 )
 
 # The seed's schedule (one forward per MAX_COLS tokens) is chunk_tokens == max_cols.
@@ -537,7 +538,14 @@ REGISTRY.register(
                     "output rows per workgroup (weight rows)",
                     spec(0),
                 ),
-                Param("tile_n", (16, 32, 64, 128), 64, "prompt columns per workgroup", spec(1)),
+                Param(
+                    "tile_n",
+                    (16, 32, 64, 128),
+                    64,
+                    "prompt columns per workgroup",
+                    spec(1),
+                    edge=True,
+                ),
                 Param(
                     "vec4",
                     (False, True),
@@ -570,7 +578,9 @@ REGISTRY.register(
             "coopmat",
             params=(
                 Param("tile_m", (64, 128, 256), 128, "weight rows per workgroup", spec(0)),
-                Param("tile_n", (32, 64, 128), 64, "prompt columns per workgroup", spec(1)),
+                Param(
+                    "tile_n", (32, 64, 128), 64, "prompt columns per workgroup", spec(1), edge=True
+                ),
                 Param("warp_m", (16, 32, 64), 32, "weight rows per subgroup tile", spec(2)),
                 Param("warp_n", (16, 32, 64), 32, "prompt columns per subgroup tile", spec(3)),
                 Param(
@@ -663,7 +673,14 @@ REGISTRY.register(
             "resident",
             params=(
                 Param("tile_m", (64, 128, 256), 128, "weight rows per workgroup", spec(0)),
-                Param("tile_n", (64, 128, 256), 128, "prompt columns per workgroup", spec(1)),
+                Param(
+                    "tile_n",
+                    (64, 128, 256),
+                    128,
+                    "prompt columns per workgroup",
+                    spec(1),
+                    edge=True,
+                ),
                 Param("warp_m", (16, 32, 64), 64, "weight rows per subgroup tile", spec(2)),
                 Param("warp_n", (16, 32, 64), 32, "prompt columns per subgroup tile", spec(3)),
                 Param(
