@@ -199,6 +199,8 @@ def _coopmat_one_tile(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
     if not c.one_tile:
         return True
     tiles = (int(c.tile_m) // int(c.warp_m)) * (int(c.tile_n) // int(c.warp_n))
+    if tiles == 0:  # a subgroup tile past the tile: _coopmat_tiles refuses it (not 256 % 0)
+        return False
     sg = int(c.subgroup_size)
     if sg == 0 and dev is not None:
         lo, hi = _extra(dev, "min_subgroup_size", 0), _extra(dev, "max_subgroup_size", 0)
