@@ -1,6 +1,8 @@
 """The registry binds knobs to kernels: every knob says how it reaches its kernel, the shaders'
 defaults are the registry's, and the backends' mapping (a loop over the bindings) builds what
-the hand-written mapping it replaced built, for every value of every knob. No GPU: the Vulkan
+the hand-written mapping it replaced built, for every value of every knob, and each knob at its
+extremes changes exactly the build (macro, constant, subgroup size) its binding names and
+nothing else, so a define made by hand for a launch or host knob fails here. No GPU: the Vulkan
 mapping is engine.backends.vulkan.kernels, the CUDA one engine.backends.cuda.kernels."""
 
 from __future__ import annotations

@@ -7,8 +7,10 @@ prefill.gemm_min_t -> matmul_batched (DMMV over max_cols columns per launch); T 
 matmul_prefill (a GEMM). A weight type a chosen GEMM variant does not decode falls back to
 matmul_batched; the declared quant_types say which types each variant decodes itself.
 
-Each knob's binding says how it reaches the kernel: a -D define of the variant's source (built
-by engine.backends.cuda.kernels.modules_for), a launch argument, or host scheduling.
+Each knob's binding says how it reaches the kernel: a -D define of the variant's source or of a
+helper module it launches (Binding.builds; built by engine.backends.cuda.kernels.modules_for),
+a launch argument, or host scheduling. A value derived from knobs (Variant.derived: mmvw's rows
+per block) is computed once, in its declaration, and read by the host and the kernel alike.
 Constraints read DeviceInfo.extra: ``cc`` (compute capability as major*10+minor), ``sms``,
 ``smem_per_block`` and ``smem_per_block_optin`` (bytes).
 """
