@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.errors import ConfigError
+from engine.tuning.knobs import knobs
 from engine.tuning.registry import REGISTRY, Value
 
 # Keys a config file may hold: [evidence] is what a promotion adds (read by people, not the engine).
@@ -147,8 +148,6 @@ class TuningConfig:
     def knobs(self, name: str) -> Any:
         """The typed view of op ``name``'s chosen variant (engine.tuning.knobs): its knobs and
         derived values as attributes."""
-        from engine.tuning.knobs import knobs
-
         return knobs(self.backend, name, self.op(name))
 
     @property

@@ -7,12 +7,9 @@ from __future__ import annotations
 
 from dataclasses import make_dataclass
 from functools import cache, lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from engine.tuning.registry import REGISTRY
-
-if TYPE_CHECKING:
-    from engine.tuning.config import OpChoice
 
 
 @cache
@@ -29,8 +26,9 @@ def view_class(backend: str, op: str, variant: str) -> type:
 
 
 @lru_cache(maxsize=1024)
-def knobs(backend: str, op: str, choice: OpChoice) -> Any:
-    """The typed view of ``choice`` (a variant of ``op`` and its knob values)."""
+def knobs(backend: str, op: str, choice: Any) -> Any:
+    """The typed view of ``choice`` (an engine.tuning.config.OpChoice, which imports this
+    module: a variant of ``op`` and its knob values)."""
     v = REGISTRY.op(backend, op).variant(choice.variant)
     values: dict[str, Any] = {"variant": choice.variant, **dict(choice.params)}
     for d in v.derived:  # in declaration order: a derived value may read an earlier one

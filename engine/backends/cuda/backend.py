@@ -387,7 +387,7 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         self._f16.clear()
 
     def _pdl_launcher(self, cfg: TuningConfig) -> Any:
-        c = cfg.op("matmul_decode")
+        c = cfg.knobs("matmul_decode")
         if c.variant not in ("mmvw", "mmvf") or int(c.pdl) == 0 or self._cc < 90:
             return None
         if self._pdl_lib is None:
