@@ -68,7 +68,7 @@ def test_cluster_step_is_the_reference_and_the_ticket_kernel(
         outs = {}
         for name, clu in (("cluster", n), ("tickets", 0)):
             be.set_config(cfg(**knobs, **{"delta_net.step_cluster": clu}))
-            assert (be._dn_clu_launch(be.config.op("delta_net"), Hk, Hv, dk, dv) is None) == (
+            assert (be._dn_clu_launch(be.config.knobs("delta_net"), Hk, Hv, dk, dv) is None) == (
                 not clu
             )
             w = [be.load_weight(t) for t in (conv_w, dt, sa, nw)]

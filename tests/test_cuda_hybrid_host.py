@@ -953,7 +953,7 @@ def test_delta_net_step_cluster_falls_back_where_no_cluster_fits():
     # a cluster past 8 blocks (4 V heads per K head x 4), a block past 512 threads, below sm_90:
     # delta_net_conv_step's launch; otherwise the cluster kernel of that rv
     be = FakeCuda(cfg())
-    c = cfg(**{"delta_net.step_cluster": 4, "delta_net.step_lanes": 32}).op("delta_net")
+    c = cfg(**{"delta_net.step_cluster": 4, "delta_net.step_lanes": 32}).knobs("delta_net")
     assert be._dn_clu_launch(c, 4, 8, 128, 128) is None  # 32 columns x 32 lanes
     assert be._dn_clu_launch(c, 2, 8, 64, 64) is None  # rv 4 x 4 blocks
     assert be._dn_clu_launch(c, 4, 8, 64, 64) == ("dn_clu_r2", (4, 8), (512,))

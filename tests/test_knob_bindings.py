@@ -1,6 +1,8 @@
 """The registry binds knobs to kernels: every knob says how it reaches its kernel, the shaders'
 defaults are the registry's, and the backends' mapping (a loop over the bindings) builds what
-the hand-written mapping it replaced built, for every value of every knob. No GPU: the Vulkan
+the hand-written mapping it replaced built, for every value of every knob, and each knob at its
+extremes changes exactly the build (macro, constant, subgroup size) its binding names and
+nothing else, so a define made by hand for a launch or host knob fails here. No GPU: the Vulkan
 mapping is engine.backends.vulkan.kernels, the CUDA one engine.backends.cuda.kernels."""
 
 from __future__ import annotations
@@ -230,6 +232,9 @@ def _old_cuda_modules(cfg: TuningConfig) -> dict[str, tuple[str, dict]]:
                 "Q6K_WIDE": dec["q6k_wide"],
                 "Q4K_LEAN": dec["q4k_lean"],  # gemv: branch-free Q4_K scales
                 "Q4K_MINB": dec["q4k_min_blocks"],
+                # rows per block, derived once on the host since: mmvw.cu had
+                # #define MMVW_RPB (MMVW_GROUPS * RPT), MMVW_GROUPS (NW * 32 / TPR)
+                "MMVW_RPB": dec["warps"] * 32 // dec["threads_per_row"] * dec["rows_per_thread"],
             },
         )
     else:
@@ -364,10 +369,172 @@ def test_cuda_builds_give_every_required_define_and_sources_default_to_the_regis
         for v in op.variants:
             if not v.source.endswith(".cu"):
                 continue  # host code: the schedule
-            fname = Path(v.source).name
-            defaults = cuda_defaults(fname)
-            for p in v.bound(DEFINE):
-                name = str(p.binding.target)
-                assert name in defaults or name in cuda_required(fname), (fname, name)
-                if name in defaults:
-                    assert defaults[name] == p.default, (fname, name, op.name, v.name)
+            for build in v.builds():  # its own source and each helper its knobs shape
+                fname = Path(build).name
+                defaults = cuda_defaults(fname)
+                for p in v.bound(DEFINE):
+                    if not v.reaches(p, build):
+                        continue
+                    name = str(p.binding.target)
+                    assert name in defaults or name in cuda_required(fname), (fname, name)
+                    if name in defaults:
+                        assert defaults[name] == p.default, (fname, name, op.name, v.name)
+
+
+# --- each knob at its extremes changes exactly what its binding declares --------------------
+def _extremes(p) -> tuple:  # noqa: ANN001 - registry Param
+    return (min(p.choices), max(p.choices)) if p.is_numeric else tuple(p.choices)
+
+
+def _at(backend: str, op: str, variant: str, **knobs) -> TuningConfig:  # noqa: ANN003
+    flat = {f"{op}.variant": variant, **{f"{op}.{k}": v for k, v in knobs.items()}}
+    return TuningConfig.default(backend).replace(**flat)
+
+
+def _cuda_base(op: str, v) -> dict:  # noqa: ANN001 - registry Variant
+    """Knob values that build every helper module the variant's knobs reach: a gated file
+    (kernels._BUILT_WHEN) has its gate knob at its largest value."""
+    out = {}
+    for p in v.bound(DEFINE):
+        if str(p.binding.target) in cuda_k._BUILT_WHEN.values():
+            out[p.name] = max(p.choices)
+    return out
+
+
+def _cuda_expected(base: dict, op: str, v, p, value, cfg: TuningConfig) -> dict:  # noqa: ANN001
+    """modules_for(base config) with p at value, as its declaration says: p's macro set in
+    each build it reaches (a gated build appears or goes with its gate), the variant's derived
+    defines recomputed; nothing else."""
+    out = {k: (f, dict(d)) for k, (f, d) in base.items()}
+    if p.binding.kind != DEFINE:
+        return out
+    view = cfg.knobs(op)
+    for build in v.builds():
+        fname = Path(build).name
+        if not v.reaches(p, build):
+            continue
+        key = cuda_k._KEYS.get((op, fname), Path(fname).stem)
+        gate = cuda_k._BUILT_WHEN.get(fname)
+        if gate == p.binding.target and not int(value):
+            out.pop(key, None)
+            continue
+        defines = out[key][1] if key in out else cuda_k.variant_defines(v, cfg.op(op), build)
+        defines[str(p.binding.target)] = int(value)
+        for d in v.derived:
+            if d.binding is not None and v.reaches(d, build):
+                defines[str(d.binding.target)] = int(getattr(view, d.name))
+        out[key] = (fname, defines)
+    return out
+
+
+def _cuda_cases() -> list:
+    return [
+        pytest.param(op.name, v, id=f"{op.name}.{v.name}")
+        for op in REGISTRY.ops("cuda")
+        for v in op.variants
+        if v.params
+    ]
+
+
+@pytest.mark.parametrize("op,variant", _cuda_cases())
+def test_cuda_knob_extremes_change_only_their_declared_build(op, variant):
+    """Each knob of the variant at its smallest and largest value (each value of a non-numeric
+    one): a DEFINE knob changes its macro in the builds it names and nothing else; a launch or
+    host knob changes no build (a hand-made define of one would)."""
+    fixed = _cuda_base(op, variant)
+    base_cfg = _at("cuda", op, variant.name, **fixed)
+    base = cuda_k.modules_for(base_cfg)
+    for p in variant.params:
+        for value in _extremes(p):
+            cfg = _at("cuda", op, variant.name, **{**fixed, p.name: value})
+            got = cuda_k.modules_for(cfg)
+            want = _cuda_expected(base, op, variant, p, value, cfg)
+            assert got == want, f"cuda.{op}.{variant.name}.{p.name}={value!r} ({p.binding})"
+
+
+def _vk_builds(op: str, cfg: TuningConfig, qtypes: list[str]) -> dict:
+    """(weight type, pass index) -> (shader, defines) of op's programs, and the spec constants
+    and required subgroup size its pipelines get."""
+    c = cfg.op(op)
+    progs = {
+        (q, i): (p.shader, frozenset(p.defines))
+        for q in qtypes
+        for i, p in enumerate(vk_k.programs(op, c, q))
+    }
+    spec, sg = vk_k.specialization(op, c)
+    return {"programs": progs, "spec": dict(spec), "subgroup": sg}
+
+
+def _macro(d: str) -> str:
+    return d.partition("=")[0]
+
+
+# A knob that turns others' defines off where they do not apply (kernels.programs: the resident
+# GEMM's direct fragments have no shared tiles; smem_pairs wins over smem_halves).
+VK_DROPS = {
+    ("matmul_prefill", "resident", "direct"): {"NBUF", "SMEM_PAIRS", "SMEM_HALVES", "PREFETCH"},
+    ("matmul_prefill", "resident", "smem_pairs"): {"SMEM_HALVES"},
+}
+
+
+def _vulkan_cases() -> list:
+    return [
+        pytest.param(op.name, v, id=f"{op.name}.{v.name}")
+        for op in REGISTRY.ops("vulkan")
+        if op.name in vk_k.BUILT_OPS
+        for v in op.variants
+        if v.params
+    ]
+
+
+@pytest.mark.parametrize("op,variant", _vulkan_cases())
+def test_vulkan_knob_extremes_change_only_their_declared_build(op, variant):
+    """Each knob at its extremes: a SPEC knob changes only its constant, a SUBGROUP knob only
+    the required subgroup size, a DEFINE knob only its macro in the programs (VK_DROPS: the
+    defines it turns off), a launch or host knob none of them."""
+    qtypes = sorted(variant.quant_types) if variant.quant_types else [""]
+    base_cfg = _at("vulkan", op, variant.name)
+    base = _vk_builds(op, base_cfg, qtypes)
+    for p in variant.params:
+        kind, where = p.binding.kind, f"vulkan.{op}.{variant.name}.{p.name}"
+        for value in _extremes(p):
+            got = _vk_builds(op, _at("vulkan", op, variant.name, **{p.name: value}), qtypes)
+            want_spec = dict(base["spec"])
+            if kind == SPEC:
+                want_spec[int(p.binding.target)] = int(value)
+            assert got["spec"] == want_spec, f"{where}={value!r}: spec constants"
+            want_sg = int(value) if kind == SUBGROUP else base["subgroup"]
+            assert got["subgroup"] == want_sg, f"{where}={value!r}: subgroup size"
+            if kind != DEFINE:
+                assert got["programs"] == base["programs"], f"{where}={value!r}: programs"
+                continue
+            allowed = {str(p.binding.target)} | VK_DROPS.get((op, variant.name, p.name), set())
+            assert got["programs"].keys() == base["programs"].keys(), where
+            seen = set()
+            for key, (shader, defines) in got["programs"].items():
+                b_shader, b_defines = base["programs"][key]
+                changed = {_macro(d) for d in defines ^ b_defines}
+                assert shader == b_shader and changed <= allowed, (where, value, key, changed)
+                seen |= changed
+            if value != p.default:  # and it does reach a program
+                assert str(p.binding.target) in seen, f"{where}={value!r} changes no program"
+
+
+def test_edge_knobs_are_declared_and_match_by_name():
+    """validate's edge prompts read every knob whose name the registry declares edge: the old
+    hand list (less 'cols', which no knob is named), and no knob of such a name undeclared."""
+    old = {"max_cols", "chunk_tokens", "gemm_min_t", "cols", "tile_n", "block_q"}
+    named = {
+        p.name
+        for b in REGISTRY.backends()
+        for op in REGISTRY.ops(b)
+        for v in op.variants
+        for p in v.params
+    }
+    assert set(REGISTRY.edge_knobs()) == old & named
+    for b in REGISTRY.backends():
+        for op in REGISTRY.ops(b):
+            for v in op.variants:
+                for p in v.params:
+                    if p.name in REGISTRY.edge_knobs():
+                        assert p.edge and p.is_numeric, f"{b}.{op.name}.{v.name}.{p.name}"

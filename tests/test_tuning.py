@@ -198,3 +198,17 @@ def test_prefill_declaration_is_the_same_on_every_backend():
         assert v.name == "batched" and "max_cols" not in {p.name for p in v.params}
         choices.add(v.param("chunk_tokens").choices)
     assert len(choices) == 1
+
+
+def test_coopmat_warp_tile_past_its_tile_is_refused_not_a_crash():
+    """matmul_prefill.coopmat with a subgroup tile wider than the tile (no whole subgroup tile)
+    and one_tile: problems() names the tile rule on no device (it divided by zero before)."""
+    cfg = TuningConfig.default("vulkan").replace(
+        **{
+            "matmul_prefill.variant": "coopmat",
+            "matmul_prefill.tile_n": 32,
+            "matmul_prefill.warp_n": 64,
+            "matmul_prefill.one_tile": True,
+        }
+    )
+    assert any("tile" in p for p in cfg.problems(None))

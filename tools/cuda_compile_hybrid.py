@@ -28,7 +28,7 @@ def builds() -> list[tuple[str, dict[str, int]]]:
     out: list[tuple[str, dict[str, int]]] = [("hybrid.cu", {})]
     for op in OPS:
         for v in REGISTRY.op("cuda", op).variants:
-            knobs = v.bound(DEFINE)
+            knobs = [p for p in v.bound(DEFINE) if v.reaches(p, v.source)]  # own build's
             for values in itertools.product(*(p.choices for p in knobs)):
                 pairs = zip(knobs, values, strict=True)
                 defines = {str(p.binding.target): int(c) for p, c in pairs}

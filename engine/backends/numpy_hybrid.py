@@ -150,9 +150,9 @@ class NumpyHybridOps:
         kh = k_head_of_v(Hk, v.shape[1], v_order)
         qn = l2_normalize(_f64(q), eps)[:, kh] / np.sqrt(dk)  # [T, Hv, dk]
         kn = l2_normalize(_f64(k), eps)[:, kh]
-        choice = self.config.op("delta_net")
+        choice = self.config.knobs("delta_net")
         if choice.variant == "chunked" and q.shape[0] > 1:
-            o, S = delta_chunked(qn, kn, _f64(v), _f64(g), _f64(beta), _f64(state), choice["chunk"])
+            o, S = delta_chunked(qn, kn, _f64(v), _f64(g), _f64(beta), _f64(state), choice.chunk)
         else:
             o, S = delta_sequential(qn, kn, _f64(v), _f64(g), _f64(beta), _f64(state))
         state[...] = S

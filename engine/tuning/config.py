@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.errors import ConfigError
+from engine.tuning.knobs import knobs
 from engine.tuning.registry import REGISTRY, Value
 
 # Keys a config file may hold: [evidence] is what a promotion adds (read by people, not the engine).
@@ -144,10 +145,15 @@ class TuningConfig:
                 return c
         raise ConfigError(f"backend {self.backend!r} config has no op {name!r}")
 
+    def knobs(self, name: str) -> Any:
+        """The typed view of op ``name``'s chosen variant (engine.tuning.knobs): its knobs and
+        derived values as attributes."""
+        return knobs(self.backend, name, self.op(name))
+
     @property
     def prefill_chunk(self) -> int:
         """Prompt tokens per forward pass of the batched prefill (``prefill.chunk_tokens``)."""
-        return int(self.op("prefill")["chunk_tokens"])
+        return int(self.knobs("prefill").chunk_tokens)
 
     def flat(self) -> dict[str, Value]:
         out: dict[str, Value] = {}

@@ -7,7 +7,7 @@ and names that command. Prose that explains why stays outside the markers."""
 
 from __future__ import annotations
 
-from engine.tuning.registry import Binding, Op, Registry, Variant
+from engine.tuning.registry import OWN, Binding, Op, Registry, Variant
 
 
 def command(backend: str) -> str:
@@ -19,7 +19,10 @@ def binding_text(b: Binding | None) -> str:
     """How a knob reaches its kernel, e.g. "spec_constant 2", "define COLS", "schedule"."""
     if b is None:
         return "unbound"
-    return f"{b.kind} {b.target}" if b.target is not None else b.kind
+    text = f"{b.kind} {b.target}" if b.target is not None else b.kind
+    if b.builds != (OWN,):  # a define of helper builds too (Binding.builds)
+        text += " in " + ", ".join(f or "its source" for f in b.builds)
+    return text
 
 
 def _cell(text: object) -> str:

@@ -28,10 +28,16 @@ SCHEDULE = "schedule"  # read by host code: the model's chunking, command record
 KINDS = (SPEC, DEFINE, PUSH, SUBGROUP, SCHEDULE)
 
 
+OWN = ""  # in Binding.builds: the variant's own source file
+
+
 @dataclass(frozen=True)
 class Binding:
     kind: str
     target: int | str | None = None  # SPEC: constant_id; DEFINE: macro name; else None
+    # DEFINE: the source files (relative to shaders/, OWN: the variant's own) whose builds get
+    # the define: a knob of one variant may shape a helper module it launches too (moe_dec.cu)
+    builds: tuple[str, ...] = (OWN,)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -40,14 +46,17 @@ class Binding:
             self.kind == DEFINE and not isinstance(self.target, str)
         ):
             raise ValueError(f"binding {self.kind} needs a target of its kind, not {self.target!r}")
+        if not self.builds or (self.kind != DEFINE and self.builds != (OWN,)):
+            raise ValueError(f"binding {self.kind}: builds {self.builds!r} (DEFINE only)")
 
 
 def spec(constant_id: int) -> Binding:
     return Binding(SPEC, constant_id)
 
 
-def define(macro: str) -> Binding:
-    return Binding(DEFINE, macro)
+def define(macro: str, *builds: str) -> Binding:
+    """A -D of the variant's own source, or of the ``builds`` named (OWN among them or not)."""
+    return Binding(DEFINE, macro, builds or (OWN,))
 
 
 PUSHED = Binding(PUSH)
@@ -76,14 +85,31 @@ class Param:
     default: Value
     doc: str = ""
     binding: Binding | None = None
+    # its value is a token count at which the batched path changes shape (a chunk, a column
+    # tile, a switch): validate's edge prompts run n - 1, n and n + 1 tokens of it
+    edge: bool = False
 
     def __post_init__(self) -> None:
+        if self.edge and not self.is_numeric:
+            raise ValueError(f"param {self.name}: an edge knob is a token count (numeric)")
         if self.default not in self.choices:
             raise ValueError(f"param {self.name}: default {self.default!r} not in {self.choices}")
 
     @property
     def is_numeric(self) -> bool:
         return all(isinstance(c, int) and not isinstance(c, bool) for c in self.choices)
+
+
+@dataclass(frozen=True)
+class Derived:
+    """A value computed from a variant's knobs, once (engine.tuning.knobs: the typed view holds
+    it), and passed on: to the launch as the view's attribute, and to the build where
+    ``binding`` is a DEFINE (then the kernel reads it, not a copy of the formula)."""
+
+    name: str
+    compute: Callable[[Any], Value]  # (the variant's knob view so far) -> value
+    doc: str = ""
+    binding: Binding | None = None
 
 
 @dataclass(frozen=True)
@@ -114,10 +140,26 @@ class Variant:
     # What it holds beyond the loaded weights: (engine.tuning.memory.ModelShape, context tokens,
     # its knob values) -> memory.MemoryCost; None: nothing (engine.tuning.memory.estimate)
     memory: Callable[[Any, int, Any], Any] | None = None
+    derived: tuple[Derived, ...] = ()  # values computed from the knobs (typed view, defines)
 
     def bound(self, kind: str) -> tuple[Param, ...]:
         """The knobs that reach the kernel this way."""
         return tuple(p for p in self.params if p.binding is not None and p.binding.kind == kind)
+
+    def builds(self) -> tuple[str, ...]:
+        """The source files its knobs bound to DEFINE reach (OWN resolved), own source first."""
+        out = [self.source] if self.source else []
+        for p in (*self.bound(DEFINE), *(d for d in self.derived if d.binding is not None)):
+            if p.binding.kind != DEFINE:
+                continue
+            out += [f or self.source for f in p.binding.builds if (f or self.source) not in out]
+        return tuple(out)
+
+    def reaches(self, p: Param | Derived, fname: str) -> bool:
+        """Whether knob (or derived value) p's define is in the build of ``fname`` (relative
+        to shaders/)."""
+        builds = p.binding.builds if p.binding is not None and p.binding.kind == DEFINE else ()
+        return fname in (f or self.source for f in builds)
 
     def param(self, name: str) -> Param:
         for p in self.params:
@@ -185,6 +227,7 @@ class Registry:
             chunk_default,
             "prompt tokens per forward pass through every layer (the last chunk is ragged)",
             HOST,
+            edge=True,
         )
         # Chunking changes matmul shapes and so summation order, nothing else.
         variant = Variant(
@@ -204,6 +247,15 @@ class Registry:
         """The loosest budget over the classes of the chosen variants (``budgets`` replaces the
         registry's per class, e.g. an experiment's tightened ones), and those classes."""
         return loosest(self.numeric_classes(config).values(), budgets)
+
+    def edge_knobs(self) -> tuple[str, ...]:
+        """Names of the knobs declared ``edge`` on any backend (engine.validate's edge prompts
+        read every knob of such a name)."""
+        return tuple(
+            sorted(
+                {p.name for o in self._ops.values() for v in o.variants for p in v.params if p.edge}
+            )
+        )
 
     def unregister(self, backend: str, op: str) -> None:
         self._ops.pop((backend, op), None)

@@ -54,7 +54,7 @@ import numpy as np
 from engine.errors import UnsupportedError
 from engine.model import ForcedRun, Model
 from engine.models import build_model
-from engine.tuning import TuningConfig
+from engine.tuning import REGISTRY, TuningConfig
 from engine.verify.blame import Blame, blame
 from engine.verify.budgets import Budget, end_to_end, loosest
 from engine.verify.op_replay import ReplayResult, merge, replay
@@ -75,8 +75,9 @@ PROMPTS = (
     "A",
 )
 
-# Integer knobs whose values are token counts at which the batched path changes shape.
-EDGE_PARAMS = ("max_cols", "chunk_tokens", "gemm_min_t", "cols", "tile_n", "block_q")
+# Integer knobs whose values are token counts at which the batched path changes shape: those
+# the registry declares edge (Param.edge).
+EDGE_PARAMS = REGISTRY.edge_knobs()
 MAX_EDGE_TOKENS = 160  # longer edge prompts cost more per-token reference than they find
 # The crossing prompt's second chunk: batched (T > 1), a full 16-token tile and a ragged one.
 SECOND_CHUNK_TOKENS = 17

@@ -86,7 +86,11 @@
 #ifndef PREFETCH
 #define PREFETCH 0
 #endif
-#define MMVW_RPB (MMVW_GROUPS * RPT)
+// MMVW_RPB: rows per block, MMVW_GROUPS * RPT, computed once by the host (the registry's
+// derived matmul_decode.mmvw.rows_per_block), which sizes its grids with the same value
+#if !defined(MMVW_RPB)
+#error "MMVW_RPB (rows per block) is the host's: engine/backends/cuda/kernels.py passes it"
+#endif
 
 #ifndef KSPLIT
 #define KSPLIT 1

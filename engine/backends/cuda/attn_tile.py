@@ -49,8 +49,8 @@ def launch_attn_tile(
     backend's _PendingQ, q unroped; the kernel ropes q and k and writes the position's rows."""
     T, H, D = (int(s) for s in q.shape)
     Hkv = int(k.shape[1])
-    splits, warps, fc = int(c["splits"]), int(c["warps"]), int(c["fuse_combine"]) == 1
-    stages = int(c["stages"])
+    splits, warps, fc = int(c.splits), int(c.warps), int(c.fuse_combine) == 1
+    stages = int(c.stages)
     part = be._empty((T, H, splits, D))
     ml = be._empty((T, H, splits, 2))
     xq = xds = None
@@ -65,7 +65,7 @@ def launch_attn_tile(
         (
             be._aligned16(q), k, v, part, ml, np.int32(H), np.int32(Hkv), np.int32(D),
             np.int32(pos0), be._pos_ptr(), np.float32(1.0 / math.sqrt(D)),
-            np.int32(int(c["min_keys"])), np.int32(stages), out if fc else null,
+            np.int32(int(c.min_keys)), np.int32(stages), out if fc else null,
             null if xq is None or not fc else xq, null if xds is None or not fc else xds,
             be._head_tickets, *rk,
         ),

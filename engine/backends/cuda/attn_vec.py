@@ -58,8 +58,8 @@ def launch_attn_vec(
     backend's _PendingQ, q unroped; the kernel ropes q and k and writes the position's rows."""
     T, H, D = (int(s) for s in q.shape)
     Hkv = int(k.shape[1])
-    splits, warps, fc = int(c["splits"]), int(c["warps"]), int(c["fuse_combine"]) == 1
-    cl = int(c["cluster"]) == 1
+    splits, warps, fc = int(c.splits), int(c.warps), int(c.fuse_combine) == 1
+    cl = int(c.cluster) == 1
     xq = xds = None
     if q8:
         xq, xds = be._q8_buffers(T, H * D)
@@ -78,9 +78,9 @@ def launch_attn_vec(
         (
             be._aligned16(q), k, v, part, ml, np.int32(H), np.int32(Hkv), np.int32(D),
             np.int32(pos0), be._pos_ptr(), np.float32(1.0 / math.sqrt(D)),
-            np.int32(int(c["min_keys"])), out if fc else null,
+            np.int32(int(c.min_keys)), out if fc else null,
             null if xq is None or not fc else xq, null if xds is None or not fc else xds,
-            be._head_tickets, *rk, np.int32(int(c["prefetch"])),
+            be._head_tickets, *rk, np.int32(int(c.prefetch)),
         ),
         pdl=True,
     )  # fmt: skip

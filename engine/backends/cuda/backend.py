@@ -387,8 +387,8 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         self._f16.clear()
 
     def _pdl_launcher(self, cfg: TuningConfig) -> Any:
-        c = cfg.op("matmul_decode")
-        if c.variant not in ("mmvw", "mmvf") or int(c["pdl"]) == 0 or self._cc < 90:
+        c = cfg.knobs("matmul_decode")
+        if c.variant not in ("mmvw", "mmvf") or int(c.pdl) == 0 or self._cc < 90:
             return None
         if self._pdl_lib is None:
             from engine.backends.cuda.pdl import Launcher
@@ -493,7 +493,7 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         ids = self._cp.ascontiguousarray(ids.reshape(-1), dtype=np.int32)
         T, K = int(ids.shape[0]), table.k
         out = self._empty((T, K))
-        th = int(self.config.op("embedding")["threads"])
+        th = int(self.config.knobs("embedding").threads)
         per = K // 16 if table.qtype in CUDA_BLOCK_TYPES else K
         self._launch(
             "dequant",
@@ -509,32 +509,32 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         D = int(x.shape[-1])
         rows = int(x.size // D)
         out = self._empty(x.shape)
-        c = self.config.op("rms_norm")
-        blk = c.variant == "block" and D % 4 == 0 and D <= 32 * int(c["threads"])
+        c = self.config.knobs("rms_norm")
+        blk = c.variant == "block" and D % 4 == 0 and D <= 32 * int(c.threads)
         x = self._aligned16(x) if blk else x  # float4 rows (a view may start anywhere)
         if rows == 1 and x.ndim == 2 and D % 32 == 0 and self._int8_decode() and blk:
             xq, xds = self._q8_buffers(1, D)  # rms_norm.block: the row in registers
             self._launch(
-                "norm_decode", "rms_norm_row", (1,), (int(c["threads"]),),
+                "norm_decode", "rms_norm_row", (1,), (int(c.threads),),
                 (x, w.f32, out, xq, xds, np.int32(D), np.float32(eps)), pdl=True,
             )  # fmt: skip
             self._q8_remember(out, xq, xds)
             return out
         if rows == 1 and x.ndim == 2 and D % 32 == 0 and self._int8_decode():
             xq, xds = self._q8_buffers(1, D)  # one decode row: norm and Q8_1 in one kernel
-            th = int(self.config.op("quantize_act")["threads"])
+            th = int(self.config.knobs("quantize_act").threads)
             self._launch(
                 "q8", "rms_norm_q8", (1,), (th,),
                 (x, w.f32, out, xq, xds, np.int32(D), np.float32(eps)), pdl=True,
             )  # fmt: skip
             self._q8_remember(out, xq, xds)
             return out
-        rpb = int(c["rows_per_block"]) if c.variant == "warp" else 4  # else warp's default
+        rpb = int(c.rows_per_block) if c.variant == "warp" else 4  # else warp's default
         if x.ndim == 2 and self._fuse_f16(rows):  # and the prefill GEMM's fp16 input
             return self._rms_norm_f16(x, w, out, eps, rpb)
         if blk:
             self._launch(
-                "norm_decode", "rms_norm_row", (rows,), (int(c["threads"]),),
+                "norm_decode", "rms_norm_row", (rows,), (int(c.threads),),
                 (x, w.f32, out, _NULL, _NULL, np.int32(D), np.float32(eps)), pdl=True,
             )  # fmt: skip
             return out
@@ -549,7 +549,7 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
 
     def registry_op(self, op: str, n: int) -> str:
         """Blame's op name: batched DMMV below gemm_min_t, decode/prefill attention kernels."""
-        if op == "matmul" and 1 < n < int(self.config.op("prefill")["gemm_min_t"]):
+        if op == "matmul" and 1 < n < int(self.config.knobs("prefill").gemm_min_t):
             return "matmul_batched"
         if op == "attention":
             return "attention_decode" if n == 1 else "attention_prefill"
@@ -567,12 +567,12 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         T, K = int(x.shape[0]), int(x.shape[1])
         if K != w.k or w.raw is None:
             raise ValueError(f"matmul: x has {K} columns, weight {w.name!r} is {w.shape}")
-        pre = self.config.op("prefill")
+        pre = self.config.knobs("prefill")
         self._q8_forget(y)
         self._f16_forget(y)
         x = self._aligned16(x)
         if T == 1:
-            dec = self.config.op("matmul_decode")
+            dec = self.config.knobs("matmul_decode")
             if dec.variant == "mmvq" and w.qtype in CUDA_BLOCK_TYPES:
                 self._mmvq(x, w, y, dec)
             elif dec.variant == "mmvw" and w.qtype in CUDA_BLOCK_TYPES:
@@ -580,14 +580,14 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
             elif dec.variant == "mmvf" and w.qtype in CUDA_BLOCK_TYPES and self._mmvf_fits(K):
                 self._mmvf(x, [(w, y, None)])
             else:
-                c = dec if dec.variant == "dmmv" else kernels.DECODE_FALLBACK
+                c = dec if dec.variant == "dmmv" else kernels.DECODE_FALLBACK_KNOBS
                 self._dmmv("decode", c, x, w, y, cols=1)
-        elif T < int(pre["gemm_min_t"]):
+        elif T < int(pre.gemm_min_t):
             self._batched(x, w, y)
         else:
-            v = self.config.op("matmul_prefill")
+            v = self.config.knobs("matmul_prefill")
             if v.variant == "staged":
-                self._staged(x, w, y, int(v["scratch_mb"]) << 20)
+                self._staged(x, w, y, int(v.scratch_mb) << 20)
             elif v.variant == "resident":
                 self._resident(x, w, y)
             elif v.variant == "mmq" and w.qtype in CUDA_BLOCK_TYPES:
@@ -613,14 +613,14 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         return out
 
     def _batched(self, x: Any, w: CudaWeight, y: Any) -> None:
-        c = self.config.op("matmul_batched")
-        self._dmmv("batched", c, x, w, y, cols=int(c["max_cols"]))
+        c = self.config.knobs("matmul_batched")
+        self._dmmv("batched", c, x, w, y, cols=int(c.max_cols))
 
     def _dmmv(self, mod: str, c: Any, x: Any, w: CudaWeight, y: Any, cols: int) -> None:
         T = int(x.shape[0])
-        rows = int(c["rows_per_block"])
-        tpr = 1 if c.variant == "dmmv_serial" else int(c["threads_per_row"])
-        rpt = int(c["rows_per_thread"]) if mod == "decode" else 1
+        rows = int(c.rows_per_block)
+        tpr = 1 if c.variant == "dmmv_serial" else int(c.threads_per_row)
+        rpt = int(c.rows_per_thread) if mod == "decode" else 1
         self._launch(
             mod,
             f"dmmv_{kernels.QTYPE_SUFFIX[w.qtype]}",
@@ -631,7 +631,7 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
 
     # --- Q8_1 activations (q8.cu) and the integer decode matmul (mmvq.cu) ------------------
     def _int8_decode(self) -> bool:
-        return self.config.op("matmul_decode").variant in ("mmvq", "mmvw")
+        return self.config.knobs("matmul_decode").variant in ("mmvq", "mmvw")
 
     def _q8_lookup(self, x: Any) -> tuple[Any, Any] | None:
         for e in self._q8:  # same memory and shape (a contiguous copy or view of it counts)
@@ -664,7 +664,7 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
             return hit
         T, K = int(x.shape[0]), int(x.shape[1])
         xq, xds = self._q8_buffers(T, K)
-        th = int(self.config.op("quantize_act")["threads"])
+        th = int(self.config.knobs("quantize_act").threads)
         n4 = T * K // 4
         self._launch(
             "q8", "quantize_q8_1", (self._grid1(n4, th),), (th,), (x, xq, xds, np.int64(n4))
@@ -674,7 +674,7 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
 
     def _mmvq(self, x: Any, w: CudaWeight, y: Any, c: Any) -> None:
         xq, xds = self.quantize_q8(x)
-        nw, rpb = int(c["warps"]), int(c["rows_per_block"])
+        nw, rpb = int(c.warps), int(c.rows_per_block)
         self._launch(
             "mmvq",
             f"mmvq_{kernels.QTYPE_SUFFIX[w.qtype]}",
@@ -688,7 +688,7 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         (w, y, a), y = x @ w^T (+ a, a bias or residual of N floats, when not None). Block
         types only; every w has x's K."""
         xq, xds = self.quantize_q8(x)
-        c = self.config.op("matmul_decode")
+        c = self.config.knobs("matmul_decode")
         rpb = self._mmvw_rows_per_block(mats[0][0].k)
         nbs, args = [], []
         for w, y, a in mats:
@@ -703,7 +703,7 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         if plan is not None:
             grid, stages, stage_bytes, x4, x6, smem = plan
             self._launch(
-                "mmvw", "mmvw_stream", (grid,), (int(c["warps"]) * 32,),
+                "mmvw", "mmvw_stream", (grid,), (int(c.warps) * 32,),
                 (xq, xds, np.int32(mats[0][0].k), np.int32(nbs[0]), np.int32(nbs[1]),
                  np.int32(sum(nbs)), np.int32(stages), np.int32(stage_bytes), np.int32(x4),
                  np.int32(x6), *args),
@@ -711,9 +711,9 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
             )  # fmt: skip
             return
         # matmul_decode.q4k_kernel: all Q4_K -> mmvw built for that type alone (fewer registers)
-        q4k = int(c["q4k_kernel"]) and all(m[0].qtype == "Q4_K" for m in mats)
+        q4k = int(c.q4k_kernel) and all(m[0].qtype == "Q4_K" for m in mats)
         self._launch(
-            "mmvw", "mmvw_q4k" if q4k else "mmvw", (sum(nbs),), (int(c["warps"]) * 32,),
+            "mmvw", "mmvw_q4k" if q4k else "mmvw", (sum(nbs),), (int(c.warps) * 32,),
             (xq, xds, np.int32(mats[0][0].k), np.int32(nbs[0]), np.int32(nbs[1]), *args),
             smem=self._stage_smem(tuple(m[0] for m in mats), rpb), pdl=True,
         )  # fmt: skip
@@ -722,7 +722,7 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         """Whether ws can go through one mmvw launch on decode row x."""
         return (
             int(x.shape[0]) == 1
-            and self.config.op("matmul_decode").variant == "mmvw"
+            and self.config.knobs("matmul_decode").variant == "mmvw"
             and all(w.qtype in CUDA_BLOCK_TYPES and w.k == int(x.shape[1]) for w in ws)
         )
 
@@ -748,7 +748,7 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
             return self._attn_in_rows(h, wqkv, bias, cache, layer, pos0, heads, theta, neox)
         H, Hkv, D = heads
         T = int(h.shape[0])
-        fuse = int(self.config.op("rope")["fuse_kv"]) == 1
+        fuse = int(self.config.knobs("rope").fuse_kv) == 1
         wide = self._wide(h, wqkv)
         flt = self._mmvf_ok(h, wqkv)  # matmul_decode.mmvf: q/k/v + biases in one launch too
         if not (fuse or wide or flt):
@@ -779,7 +779,7 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
             self.kv_write(cache, layer, k, v.reshape(T, Hkv, D), pos0)
             return q
         qo = self._empty((T, H, D))
-        th = int(self.config.op("rope")["threads"])
+        th = int(self.config.knobs("rope").threads)
         n = T * (H + Hkv) * (D // 2) + T * Hkv * D
         bq, bk, bv = (_NULL,) * 3 if bias is None else (b.f32 for b in bias)
         self._launch(
@@ -797,8 +797,8 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         """Dynamic shared memory of an mmvw launch under matmul_decode.stage: a block's rows
         (rpb, default the unsplit count) of the widest matrix, or 0 (no staging) when that
         exceeds what a block may opt in to."""
-        c = self.config.op("matmul_decode")
-        if int(c["stage"]) == 0 or sum(w.n for w in ws) < int(c["stage_min_rows"]):
+        c = self.config.knobs("matmul_decode")
+        if int(c.stage) == 0 or sum(w.n for w in ws) < int(c.stage_min_rows):
             return 0  # no shared memory: the kernel reads global memory (stage_start declines)
         need = (rpb or self._mmvw_rows_per_block()) * max(w.row_bytes for w in ws)
         cap = self.__dict__.get("_stage_cap")
@@ -823,8 +823,8 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         x6 their byte offsets for the Q4_K / Q6_K slots or -1), or None: the knob is off, a
         matrix is not Q4_K / Q6_K or not 16-byte aligned, or two stages of a block's rows (and
         the planes) do not fit in a block's shared memory (then plain mmvw)."""
-        c = self.config.op("matmul_decode")
-        stages = int(c["stream"])
+        c = self.config.knobs("matmul_decode")
+        stages = int(c.stream)
         if stages == 0 or not all(w.qtype in ("Q4_K", "Q6_K") for w in ws):
             return None
         if any(int(w.raw.data.ptr) % 16 or w.row_bytes % 16 for w in ws):
@@ -832,9 +832,9 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         extra = self._dev_extra()
         stage_bytes = rpb * max(w.row_bytes for w in ws)
         planes = []  # (type, narrow slots): the x planes stream_x builds, 56 bytes a slot
-        if int(c["stream_x"]):
+        if int(c.stream_x):
             types = {w.qtype for w in ws}
-            planes = [t for t in ("Q4_K", "Q6_K") if t in types and not int(c[_WIDE[t]])]
+            planes = [t for t in ("Q4_K", "Q6_K") if t in types and not int(getattr(c, _WIDE[t]))]
         xbytes = len(planes) * 56 * (ws[0].k // 32)
         # the kernel's static shared memory (barriers, split_k's partials) and 1 KiB a block
         # the driver reserves: 2 KiB of margin
@@ -844,31 +844,31 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
             return None
         off = {t: stages * stage_bytes + i * 56 * (ws[0].k // 32) for i, t in enumerate(planes)}
         smem = stages * stage_bytes + xbytes
-        threads = int(c["warps"]) * 32
+        threads = int(c.warps) * 32
         per_sm = min(
             int(extra.get("smem_per_sm", 0)) // (smem + 2048),
             2048 // threads,  # threads per SM
             65536 // (64 * threads),  # registers, at mmvw's <= 64 a thread
             32,
         )
-        if int(c["stream_blocks"]) > 0:
-            per_sm = min(per_sm, int(c["stream_blocks"]))
+        if int(c.stream_blocks) > 0:
+            per_sm = min(per_sm, int(c.stream_blocks))
         grid = min(nsets, max(1, per_sm) * int(extra.get("sms", 1)))
         return grid, stages, stage_bytes, off.get("Q4_K", -1), off.get("Q6_K", -1), smem
 
     def _mmvw_rows_per_block(self, k: int = 0) -> int:
-        """Rows per block of an mmvw / mmvw_norm launch on rows of k values (mmvw.cu's
-        mmvw_rpb: split_k divides them from split_min_k on); k = 0: unsplit (mmvw_qkv)."""
-        c = self.config.op("matmul_decode")
-        rpb = int(c["warps"]) * 32 // int(c["threads_per_row"]) * int(c["rows_per_thread"])
-        split = int(c["split_k"])
-        return rpb // split if split > 1 and k >= int(c["split_min_k"]) else rpb
+        """Rows per block of an mmvw / mmvw_norm launch on rows of k values: the registry's
+        derived rows_per_block (the kernel's MMVW_RPB), split_k times fewer from split_min_k on
+        (mmvw.cu's mmvw_rpb); k = 0: unsplit (mmvw_qkv)."""
+        c = self.config.knobs("matmul_decode")
+        rpb, split = c.rows_per_block, int(c.split_k)
+        return rpb // split if split > 1 and k >= int(c.split_min_k) else rpb
 
     def _fuse_rope(self, heads: tuple[int, int, int]) -> bool:
         """matmul_decode.fuse_rope on a decode row whose heads mmvw_qkv can count and hold."""
         H, Hkv, D = heads
         return (
-            int(self.config.op("matmul_decode")["fuse_rope"]) == 1
+            int(self.config.knobs("matmul_decode").fuse_rope) == 1
             and D % 2 == 0
             and H + Hkv <= _MAX_ROPE_HEADS
             and self._mmvw_rows_per_block() // D + 2 <= 32  # heads a block touches: a bitmask
@@ -890,7 +890,7 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         launch (matmul_decode.fuse_rope) for the decode row h [1, C]."""
         H, Hkv, D = heads
         xq, xds = self.quantize_q8(h)
-        c = self.config.op("matmul_decode")
+        c = self.config.knobs("matmul_decode")
         rpb = self._mmvw_rows_per_block()
         nbs = [math.ceil(w.n / rpb) for w in wqkv]
         q, k = self._empty((1, H * D)), self._empty((1, Hkv * D))
@@ -900,7 +900,7 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         for w, a in zip(wqkv, adds, strict=True):
             mats += [w.raw, np.int32(w.row_bytes), np.int32(_QT[w.qtype]), a]
         self._launch(
-            "mmvw", "mmvw_qkv", (sum(nbs),), (int(c["warps"]) * 32,),
+            "mmvw", "mmvw_qkv", (sum(nbs),), (int(c.warps) * 32,),
             (
                 xq, xds, np.int32(h.shape[1]), np.int32(nbs[0]), np.int32(nbs[1]), *mats, q, k,
                 qo, cache.k[layer], cache.v[layer], np.int32(H), np.int32(Hkv), np.int32(D),
@@ -937,9 +937,9 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
 
     def _decode_gate_up(self, h: Any, gate: CudaWeight, up: CudaWeight) -> Any:
         """silu(h gate^T) * (h up^T) [1, n] of a decode row, its Q8_1 form remembered."""
-        c = self.config.op("matmul_decode")
+        c = self.config.knobs("matmul_decode")
         n = gate.n
-        if int(c["fuse_swiglu"]) == 0 or up.n != n:
+        if int(c.fuse_swiglu) == 0 or up.n != n:
             g, u = self._empty((1, n)), self._empty((1, up.n))
             self._mmvw(h, [(gate, g, None), (up, u, None)])
             return self.swiglu(g, u)
@@ -948,7 +948,7 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         q8 = n % 32 == 0  # else y's consumer (a float-weight down) takes no Q8_1 form
         yq, yds = self._q8_buffers(1, n) if q8 else (_NULL, _NULL)
         self._launch(
-            "mmvw", "mmvw_glu", (math.ceil(n / 32),), (64 * int(c["glu_threads_per_row"]),),
+            "mmvw", "mmvw_glu", (math.ceil(n / 32),), (64 * int(c.glu_threads_per_row),),
             (
                 xq, xds, np.int32(gate.k), np.int32(n), gate.raw, np.int32(gate.row_bytes),
                 np.int32(_QT[gate.qtype]), up.raw, np.int32(up.row_bytes),
@@ -982,25 +982,25 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         """matmul_decode's mmvw_glu / mmvw_norm / mmvw_qkv, rope's rope_kv and the fused
         decode of delta_net and moe_experts run only unhooked."""
         out = []
-        dec = config.op("matmul_decode")
+        dec = config.knobs("matmul_decode")
         fused = ("fuse_swiglu", "fuse_norm", "fuse_rope")
-        if dec.variant == "mmvw" and any(int(dec[k]) for k in fused):
+        if dec.variant == "mmvw" and any(int(getattr(dec, k)) for k in fused):
             out.append("matmul_decode")
-        if dec.variant == "mmvf" and int(dec["fuse_swiglu"]):  # mmvf_glu
+        if dec.variant == "mmvf" and int(dec.fuse_swiglu):  # mmvf_glu
             out.append("matmul_decode")
-        if int(config.op("rope")["fuse_kv"]):
+        if int(config.knobs("rope").fuse_kv):
             out.append("rope")
-        att = config.op("attention_decode")
-        if att.variant in ("gqa", "tile", "vec") and int(att["fuse_rope"]):
+        att = config.knobs("attention_decode")
+        if att.variant in ("gqa", "tile", "vec") and int(att.fuse_rope):
             out.append("attention_decode")  # RoPE + KV write inside attn_gqa / tile / vec
         # the hybrids' fused decode (hybrid.py, moe_dec.py), where this backend has run it: a
         # dense model never does, so its blame never names them
         ran = getattr(self, "_fusions_ran", set())
-        moe = config.op("moe_experts")
+        moe = config.knobs("moe_experts")
         for op, on in (
-            ("delta_net", int(config.op("delta_net")["fuse_decode"])),
-            ("rope_partial", int(config.op("rope_partial")["fuse_qk"])),
-            ("moe_experts", moe.variant in ("dmmv", "grouped", "tc") and int(moe["fuse_decode"])),
+            ("delta_net", int(config.knobs("delta_net").fuse_decode)),
+            ("rope_partial", int(config.knobs("rope_partial").fuse_qk)),
+            ("moe_experts", moe.variant in ("dmmv", "grouped", "tc") and int(moe.fuse_decode)),
         ):
             if on and op in ran:
                 out.append(op)
@@ -1010,7 +1010,7 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         return (
             self._wide(x, (w,))
             and w.raw is not None
-            and int(self.config.op("matmul_decode")["fuse_norm"]) == 1
+            and int(self.config.knobs("matmul_decode").fuse_norm) == 1
             and w.n % 32 == 0
             and tuple(r.shape) == (1, w.n)
         )
@@ -1024,12 +1024,12 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
             return super().matmul_add_norm(x, w, r, norm, eps)
         xq, xds = self.quantize_q8(self._decode_row(x))
         r = self._cp.ascontiguousarray(r, dtype=np.float32)
-        c = self.config.op("matmul_decode")
+        c = self.config.knobs("matmul_decode")
         rpb = self._mmvw_rows_per_block(w.k)
         y, h = self._empty((1, w.n)), self._empty((1, w.n))
         hq, hds = self._q8_buffers(1, w.n)
         self._launch(
-            "mmvw", "mmvw_norm", (math.ceil(w.n / rpb),), (int(c["warps"]) * 32,),
+            "mmvw", "mmvw_norm", (math.ceil(w.n / rpb),), (int(c.warps) * 32,),
             (
                 xq, xds, np.int32(w.k), w.raw, np.int32(w.row_bytes), np.int32(w.n),
                 np.int32(_QT[w.qtype]), y, r, norm.f32, np.float32(eps), h, hq, hds,
@@ -1098,8 +1098,8 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
     def _mmq(self, x: Any, w: CudaWeight, y: Any, c: Any) -> None:
         T = int(x.shape[0])
         xh = self._to_f16(x)
-        bm, bn = int(c["tile_m"]), int(c["tile_n"])
-        threads = int(c["warps_m"]) * int(c["warps_n"]) * 32
+        bm, bn = int(c.tile_m), int(c.tile_n)
+        threads = int(c.warps_m) * int(c.warps_n) * 32
         self._launch(
             "mmq",
             f"mmq_{kernels.QTYPE_SUFFIX[w.qtype]}",
@@ -1111,8 +1111,8 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
     def _mmq8(self, x: Any, w: CudaWeight, y: Any, c: Any) -> None:
         T = int(x.shape[0])
         xq, xds = self.quantize_q8(x)  # once for q, k and v (or gate and up)
-        bm, bn = int(c["tile_m"]), int(c["tile_n"])
-        threads = int(c["warps_m"]) * int(c["warps_n"]) * 32
+        bm, bn = int(c.tile_m), int(c.tile_n)
+        threads = int(c.warps_m) * int(c.warps_n) * 32
         self._launch(
             "mmq8",
             f"mmq8_{kernels.QTYPE_SUFFIX[w.qtype]}",
@@ -1125,7 +1125,7 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         a = self._cp.ascontiguousarray(a)
         out = self._empty(a.shape)
         n = int(a.size)
-        th = int(self.config.op("add")["threads"])
+        th = int(self.config.knobs("add").threads)
         if isinstance(b, CudaWeight):
             N = int(b.f32.size)
             self._launch(
@@ -1143,7 +1143,7 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         x = self._cp.ascontiguousarray(x)
         T, H, D = (int(s) for s in x.shape)
         out = self._empty(x.shape)
-        th = int(self.config.op("rope")["threads"])
+        th = int(self.config.knobs("rope").threads)
         self._launch(
             "elementwise",
             "rope",
@@ -1173,7 +1173,7 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         k = self._cp.ascontiguousarray(k)
         v = self._cp.ascontiguousarray(v)
         HD = int(k.size // T)
-        th = int(self.config.op("kv_write")["threads"])
+        th = int(self.config.knobs("kv_write").threads)
         self._launch(
             "elementwise",
             "kv_write",
@@ -1196,7 +1196,7 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
             if q.cache is not cache or q.layer != layer or q.pos0 != pos0:
                 raise ValueError("attention: a pending q of another cache, layer or position")
             out = self._empty(tuple(int(s) for s in q.q.shape))
-            c = self.config.op("attention_decode")
+            c = self.config.knobs("attention_decode")
             if c.variant == "vec":
                 T, H, D = (int(s) for s in q.q.shape)
                 xq = launch_attn_vec(
@@ -1223,12 +1223,12 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         out = self._empty((T, H, D))
         scale = np.float32(1.0 / math.sqrt(D))
         if T == 1:
-            c = self.config.op("attention_decode")
+            c = self.config.knobs("attention_decode")
             q8 = self._int8_decode() and D % 32 == 0  # the o projection's Q8_1 input, fused
-            if c.variant == "gqa" and self._gqa_fits(H, Hkv, D, int(c["warps"])):
+            if c.variant == "gqa" and self._gqa_fits(H, Hkv, D, int(c.warps)):
                 self._attn_gqa(q, cache, layer, pos0, out, c, q8)
                 return out
-            if c.variant == "tile" and tile_fits(H, Hkv, D, int(c["warps"]), _MAX_ARGMAX_ROWS):
+            if c.variant == "tile" and tile_fits(H, Hkv, D, int(c.warps), _MAX_ARGMAX_ROWS):
                 k, v = cache.k[layer], cache.v[layer]
                 xq = launch_attn_tile(self, q, k, v, out, pos0, c, q8)
                 if xq is not None:
@@ -1240,20 +1240,18 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
                 if xq is not None:
                     self._q8_remember(out.reshape(T, H * D), *xq)
                 return out
-            G = int(c["lanes_per_key"]) if c.variant == "split_kw" else 0
+            G = int(c.lanes_per_key) if c.variant == "split_kw" else 0
             G = G if G and D % (4 * G) == 0 and D <= 32 * G else 0  # else attn_split serves
             q = self._aligned16(q) if G else q  # float4 loads of q
-            fc = bool(G) and int(c["fuse_combine"]) == 1 and H <= _MAX_ARGMAX_ROWS
-            ke = bool(G) and int(c["kv_early"]) == 1
-            self._attn_split(
-                q, cache, layer, pos0, out, int(c["splits"]), int(c["warps"]), q8, G, fc, ke
-            )
+            fc = bool(G) and int(c.fuse_combine) == 1 and H <= _MAX_ARGMAX_ROWS
+            ke = bool(G) and int(c.kv_early) == 1
+            self._attn_split(q, cache, layer, pos0, out, int(c.splits), int(c.warps), q8, G, fc, ke)
             return out
-        c = self.config.op("attention_prefill")
+        c = self.config.knobs("attention_prefill")
         if c.variant in ("flash_tc", "gemm"):  # tensor cores: prefill.py
             self._attn_tc(q, cache, layer, pos0, out, c)
         elif c.variant == "flash" and D <= 128 and D % 4 == 0:
-            bq, rpw = int(c["block_q"]), int(c["rows_per_warp"])
+            bq, rpw = int(c.block_q), int(c.rows_per_warp)
             smem = 4 * (bq * D + 2 * 32 * (D + 4))
             self._launch(
                 "attention",
@@ -1276,25 +1274,25 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
                 smem=smem,
             )
         else:
-            splits = int(c["splits"]) if c.variant == "split" else 1
-            warps = int(c["warps"]) if c.variant == "split" else 4
+            splits = int(c.splits) if c.variant == "split" else 1
+            warps = int(c.warps) if c.variant == "split" else 4
             self._attn_split(q, cache, layer, pos0, out, splits, warps)
         return out
 
     def _gqa_rope(self, heads: tuple[int, int, int]) -> bool:
         """attention_decode.gqa's (or .tile's) fuse_rope on a decode row its kernel takes."""
-        c = self.config.op("attention_decode")
+        c = self.config.knobs("attention_decode")
         if c.variant == "vec":
             fits = vec_fits(*heads, _MAX_ARGMAX_ROWS) and rope_fits(heads[2])
-            return int(c["fuse_rope"]) == 1 and fits
+            return int(c.fuse_rope) == 1 and fits
         if c.variant == "tile":
-            fits = tile_fits(*heads, int(c["warps"]), _MAX_ARGMAX_ROWS)
-            return int(c["fuse_rope"]) == 1 and fits
+            fits = tile_fits(*heads, int(c.warps), _MAX_ARGMAX_ROWS)
+            return int(c.fuse_rope) == 1 and fits
         return (
             c.variant == "gqa"
-            and int(c["fuse_rope"]) == 1
-            and int(c["fuse_combine"]) == 1
-            and self._gqa_fits(*heads, int(c["warps"]))
+            and int(c.fuse_rope) == 1
+            and int(c.fuse_combine) == 1
+            and self._gqa_fits(*heads, int(c.warps))
         )
 
     @staticmethod
@@ -1320,8 +1318,8 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         unroped, the kernel ropes them and writes the position's k, v rows (fuse_rope)."""
         T, H, D = (int(s) for s in q.shape)
         Hkv = int(cache.k[layer].shape[1])
-        splits, warps = int(c["splits"]), int(c["warps"])
-        fc = int(c["fuse_combine"]) == 1 and Hkv <= _MAX_ARGMAX_ROWS
+        splits, warps = int(c.splits), int(c.warps)
+        fc = int(c.fuse_combine) == 1 and Hkv <= _MAX_ARGMAX_ROWS
         q8 = q8 and D % 32 == 0
         rk = (_NULL, _NULL, np.float32(0), np.int32(0))
         if rope is not None:
@@ -1341,7 +1339,7 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
                 np.int32(Hkv), np.int32(D), np.int32(pos0), self._pos_ptr(),
                 np.float32(1.0 / math.sqrt(D)), out if fc else _NULL,
                 _NULL if xq is None else xq, _NULL if xds is None else xds,
-                self._head_tickets, np.int32(int(c["early"])), *rk,
+                self._head_tickets, np.int32(int(c.early)), *rk,
             ),
             smem=smem, pdl=True,
         )  # fmt: skip
@@ -1443,7 +1441,7 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         n = int(gate.size)
         if gate.ndim == 2 and gate.shape[0] == 1 and n % 32 == 0 and self._int8_decode():
             xq, xds = self._q8_buffers(1, n)  # the down projection's input, quantized here
-            th = int(self.config.op("quantize_act")["threads"])
+            th = int(self.config.knobs("quantize_act").threads)
             n4 = n // 4
             self._launch(
                 "q8", "swiglu_q8", (self._grid1(n4, th),), (th,),
@@ -1451,7 +1449,7 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
             )  # fmt: skip
             self._q8_remember(out, xq, xds)
             return out
-        th = int(self.config.op("swiglu")["threads"])
+        th = int(self.config.knobs("swiglu").threads)
         if gate.ndim == 2 and self._fuse_f16(int(gate.shape[0])):  # and the GEMM's fp16 input
             return self._swiglu_f16(gate, up, out, th)
         self._launch(
@@ -1464,10 +1462,10 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
         logits = self._cp.ascontiguousarray(logits)
         T, V = int(logits.shape[0]), int(logits.shape[-1])
         out = self._empty((T,), np.int32)
-        c = self.config.op("argmax")
-        th = int(c["threads"])
+        c = self.config.knobs("argmax")
+        th = int(c.threads)
         if c.variant == "multi" and T <= _MAX_ARGMAX_ROWS:
-            nb = int(c["blocks"])
+            nb = int(c.blocks)
             pv, pi = self._empty((T, nb)), self._empty((T, nb), np.int32)
             self._launch(
                 "fused", "argmax_multi", (nb, T), (th,),

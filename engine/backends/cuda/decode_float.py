@@ -27,7 +27,7 @@ class CudaFloatDecodeOps:
     config: Any
 
     def _mmvf_on(self) -> bool:
-        return self.config.op("matmul_decode").variant == "mmvf"
+        return self.config.knobs("matmul_decode").variant == "mmvf"
 
     def _mmvf_ok(self, x: Any, ws: tuple[Any, ...]) -> bool:
         """Whether ws can go through one mmvf launch on the decode row x."""
@@ -42,7 +42,7 @@ class CudaFloatDecodeOps:
     def _mmvf_fits(self, K: int) -> bool:
         """Under xsmem a block holds x (K floats) in shared memory: K must fit what a block may
         opt in to (the kernel's static shared memory aside); a longer row takes dmmv."""
-        if not int(self.config.op("matmul_decode")["xsmem"]):
+        if not int(self.config.knobs("matmul_decode").xsmem):
             return True
         cap = self.__dict__.get("_xs_cap")
         if cap is None:  # device_info() builds its answer anew: once per backend
@@ -52,8 +52,8 @@ class CudaFloatDecodeOps:
     def _mmvf(self, x: Any, mats: list[tuple[Any, Any, Any]]) -> None:
         """For each (w, y, a) of up to three: y = x @ w^T (+ a, N floats, when not None), in
         one launch. x: a 16-byte aligned float32 row [1, K]; block types only."""
-        c = self.config.op("matmul_decode")
-        rpb = int(c["warps"]) * 32 // int(c["threads_per_row"]) * int(c["rows_per_thread"])
+        c = self.config.knobs("matmul_decode")
+        rpb = int(c.warps) * 32 // int(c.threads_per_row) * int(c.rows_per_thread)
         nbs, args = [], []
         for w, y, a in mats:
             self._q8_forget(y)
@@ -67,9 +67,9 @@ class CudaFloatDecodeOps:
         types = {w.qtype for w, _, _ in mats}  # one type: its own kernel (its own registers)
         name = f"mmvf_{QTYPE_SUFFIX[types.pop()]}" if len(types) == 1 else "mmvf"
         self._launch(
-            "mmvf", name, (sum(nbs),), (int(c["warps"]) * 32,),
+            "mmvf", name, (sum(nbs),), (int(c.warps) * 32,),
             (x, np.int32(mats[0][0].k), np.int32(nbs[0]), np.int32(nbs[1]), *args),
-            smem=4 * mats[0][0].k if int(c["xsmem"]) else 0,  # xsmem: the block's copy of x
+            smem=4 * mats[0][0].k if int(c.xsmem) else 0,  # xsmem: the block's copy of x
             pdl=True,
         )  # fmt: skip
 
@@ -97,17 +97,17 @@ class CudaFloatDecodeOps:
         """r + down(swiglu(h gate^T, h up^T)) of a decode row: gate and up in one launch (under
         fuse_swiglu with the SwiGLU: mmvf_glu)."""
         h = self._decode_row(h)
-        c = self.config.op("matmul_decode")
-        rpt = int(c["rows_per_thread"])
-        if int(c["fuse_swiglu"]) and rpt % 2 == 0 and gate.qtype == up.qtype and gate.n == up.n:
+        c = self.config.knobs("matmul_decode")
+        rpt = int(c.rows_per_thread)
+        if int(c.fuse_swiglu) and rpt % 2 == 0 and gate.qtype == up.qtype and gate.n == up.n:
             y = self._empty((1, gate.n))
-            per = int(c["warps"]) * 32 // int(c["threads_per_row"]) * rpt // 2  # outputs a block
+            per = int(c.warps) * 32 // int(c.threads_per_row) * rpt // 2  # outputs a block
             self._launch(
                 "mmvf", f"mmvf_glu_{QTYPE_SUFFIX[gate.qtype]}", (math.ceil(gate.n / per),),
-                (int(c["warps"]) * 32,),
+                (int(c.warps) * 32,),
                 (h, np.int32(gate.k), gate.raw, up.raw, np.int32(gate.row_bytes),
                  np.int32(gate.n), y),
-                smem=4 * gate.k if int(c["xsmem"]) else 0, pdl=True,
+                smem=4 * gate.k if int(c.xsmem) else 0, pdl=True,
             )  # fmt: skip
             return self.matmul_add(y, down, r)
         g, u = self._empty((1, gate.n)), self._empty((1, up.n))

@@ -77,7 +77,7 @@ def _q8_ok(w: Any) -> bool:
 
 def _max_tiles(pairs: int, experts: int, choice: Any) -> int:
     """moe_grouped.cu's tiles of P pairs at most: each expert's last tile may be partial."""
-    return math.ceil(pairs / int(choice["tile_pairs"])) + min(experts, pairs)
+    return math.ceil(pairs / int(choice.tile_pairs)) + min(experts, pairs)
 
 
 class CudaHybridOps(CudaMoeTcOps, CudaMoeDecodeOps):  # moe_tc.py, moe_ffn: moe_dec.py
@@ -87,7 +87,7 @@ class CudaHybridOps(CudaMoeTcOps, CudaMoeDecodeOps):  # moe_tc.py, moe_ffn: moe_
     config: Any
 
     def _threads(self, op: str) -> int:
-        return int(self.config.op(op)["threads"])
+        return int(self.config.knobs(op).threads)
 
     def _contig(self, x: Any, dtype: Any = np.float32) -> Any:
         return self._cp.ascontiguousarray(x, dtype=dtype)
@@ -98,7 +98,7 @@ class CudaHybridOps(CudaMoeTcOps, CudaMoeDecodeOps):  # moe_tc.py, moe_ffn: moe_
         types, and prefill, through matmul."""
         if int(x.shape[0]) == 1 and self._mmvf_on():
             return self._mmvf_many(x, ws)
-        if int(x.shape[0]) != 1 or self.config.op("matmul_decode").variant != "mmvw":
+        if int(x.shape[0]) != 1 or self.config.knobs("matmul_decode").variant != "mmvw":
             return tuple(self.matmul(x, w) for w in ws)
         x = self._decode_row(x)
         K = int(x.shape[1])
@@ -114,22 +114,22 @@ class CudaHybridOps(CudaMoeTcOps, CudaMoeDecodeOps):  # moe_tc.py, moe_ffn: moe_
     def ssm_in(self, x: Any, ws: tuple[Any, ...]) -> tuple[Any, ...]:
         """Under matmul_decode.float_ssm_in an int8 decode row's delta-net input projections
         take the float dmmv path (the registry default's kernel), the rest stays int8."""
-        dec = self.config.op("matmul_decode")
-        if len(ws) == 4 and int(self.config.op("delta_net")["fuse_ba"]):
+        dec = self.config.knobs("matmul_decode")
+        if len(ws) == 4 and int(self.config.knobs("delta_net").fuse_ba):
             stack = self._ba_stack(ws[2], ws[3])
             if stack is not None and self._mmvf_ok(x, ws):
                 return self._ssm_in_ba(x, ws, stack)
         if (
             int(x.shape[0]) != 1
             or dec.variant not in ("mmvq", "mmvw")  # the float variants (mmvf, dmmv): as is
-            or not int(dec["float_ssm_in"])
+            or not int(dec.float_ssm_in)
         ):
             return self.matmuls(x, ws)
         x = self._decode_row(x)
         outs = []
         for w in ws:
             y = self._empty((1, w.n))
-            self._dmmv("decode", kernels.DECODE_FALLBACK, x, w, y, cols=1)
+            self._dmmv("decode", kernels.DECODE_FALLBACK_KNOBS, x, w, y, cols=1)
             outs.append(y)
         return tuple(outs)
 
@@ -207,7 +207,7 @@ class CudaHybridOps(CudaMoeTcOps, CudaMoeDecodeOps):  # moe_tc.py, moe_ffn: moe_
         Hkv = int(k.shape[1]) if k.ndim == 3 else 0
         if (
             T != 1
-            or not int(self.config.op("rope_partial")["fuse_qk"])
+            or not int(self.config.knobs("rope_partial").fuse_qk)
             or D2 % 2
             or not 0 < D <= MAX_PREP_D
             or n_rot % 2
@@ -267,7 +267,7 @@ class CudaHybridOps(CudaMoeTcOps, CudaMoeDecodeOps):  # moe_tc.py, moe_ffn: moe_
         if T == 0:
             return out
         th = self._threads("ssm_conv")
-        if T == 1 and K > 1 and int(self.config.op("ssm_conv")["fuse_step"]):
+        if T == 1 and K > 1 and int(self.config.knobs("ssm_conv").fuse_step):
             self._launch(
                 "hybrid", "ssm_conv_step", (math.ceil(Cc / th),), (th,),
                 (x, state, wf, out, np.int32(Cc), np.int32(K)), pdl=True,
@@ -315,8 +315,8 @@ class CudaHybridOps(CudaMoeTcOps, CudaMoeDecodeOps):  # moe_tc.py, moe_ffn: moe_
         q, k, v, g, beta = (self._contig(t) for t in (q, k, v, g, beta))
         T, Hk, dk = (int(s) for s in q.shape)
         Hv, dv = int(v.shape[1]), int(v.shape[2])
-        c = self.config.op("delta_net")
-        nw, max_dk = int(c["warps"]), int(c["max_dk"])
+        c = self.config.knobs("delta_net")
+        nw, max_dk = int(c.warps), int(c.max_dk)
         if (
             dk > max_dk
             or k.shape != q.shape
@@ -366,14 +366,14 @@ class CudaHybridOps(CudaMoeTcOps, CudaMoeDecodeOps):  # moe_tc.py, moe_ffn: moe_
     ) -> Any:
         """Under delta_net.fuse_decode a one-token call is dn_step.cu's delta_net_step: gates,
         the scan's step and the gated norm in one launch (bit-identical to the four)."""
-        c = self.config.op("delta_net")
+        c = self.config.knobs("delta_net")
         T, Hk, dk = (int(s) for s in q.shape)
         Hv, dv = (int(v.shape[1]), int(v.shape[2])) if v.ndim == 3 else (0, 0)
         if (
             T != 1
-            or not int(c["fuse_decode"])
+            or not int(c.fuse_decode)
             or v_order not in ("grouped", "tiled")
-            or dk > int(c["max_dk"])
+            or dk > int(c.max_dk)
             or not 0 < Hv <= MAX_DN_HEADS
             or Hv % Hk
             or tuple(k.shape) != tuple(q.shape)
@@ -396,7 +396,7 @@ class CudaHybridOps(CudaMoeTcOps, CudaMoeDecodeOps):  # moe_tc.py, moe_ffn: moe_
         tickets = getattr(self, "_dn_tickets", None)
         if tickets is None:  # zero between launches: each head's last block resets its own
             tickets = self._dn_tickets = self._cp.zeros(MAX_DN_HEADS, np.uint32)
-        nw = int(c["warps"])
+        nw = int(c.warps)
         self._fused_ran("delta_net")
         self._launch(
             "dn_step", "delta_net_step", (math.ceil(dv / nw), Hv), (32 * nw,),
@@ -426,7 +426,7 @@ class CudaHybridOps(CudaMoeTcOps, CudaMoeDecodeOps):  # moe_tc.py, moe_ffn: moe_
         """Under delta_net.fuse_conv (with fuse_decode) a one-token call is dn_step.cu's
         delta_net_conv_step: the conv step, gates, the scan's step and the gated norm in one
         launch, q / k / v read from the raw projection row (no column copies)."""
-        c = self.config.op("delta_net")
+        c = self.config.knobs("delta_net")
         Hk, dk = n_k_heads, head_k_dim
         Hv = int(a.shape[-1]) if a.ndim else 0
         dv = int(z.shape[-1]) // Hv if Hv else 0
@@ -434,10 +434,10 @@ class CudaHybridOps(CudaMoeTcOps, CudaMoeDecodeOps):  # moe_tc.py, moe_ffn: moe_
         K = int(conv_w.shape[-1]) if len(conv_w.shape) == 2 else 0
         if (
             int(qkv.shape[0]) != 1
-            or not int(c["fuse_conv"])
-            or not int(c["fuse_decode"])
+            or not int(c.fuse_conv)
+            or not int(c.fuse_decode)
             or v_order not in ("grouped", "tiled")
-            or not 0 < dk <= int(c["max_dk"])
+            or not 0 < dk <= int(c.max_dk)
             or not 0 < Hv <= MAX_DN_HEADS
             or Hv % Hk
             or tuple(qkv.shape) != (1, Cc)
@@ -477,7 +477,7 @@ class CudaHybridOps(CudaMoeTcOps, CudaMoeDecodeOps):  # moe_tc.py, moe_ffn: moe_
         tickets = getattr(self, "_dnc_tickets", None)
         if tickets is None:  # [V heads | K heads], zero between launches (the last block resets)
             tickets = self._dnc_tickets = self._cp.zeros(2 * MAX_DN_HEADS, np.uint32)
-        nw = int(c["warps"])
+        nw = int(c.warps)
         self._fused_ran("delta_net")
         self._launch(
             "dn_step", "delta_net_conv_step", (math.ceil(dv / nw), Hv), (32 * nw,),
@@ -493,7 +493,7 @@ class CudaHybridOps(CudaMoeTcOps, CudaMoeDecodeOps):  # moe_tc.py, moe_ffn: moe_
         """(kernel, grid, block) of dn_clu.cu under delta_net.step_cluster, or None where it
         does not apply (off, below sm_90, V heads per K head not 1 / 2 / 4, a cluster past 8
         blocks, a block past DN_CLU_THREADS): then delta_net_conv_step runs."""
-        n, lanes = int(c["step_cluster"]), int(c["step_lanes"])
+        n, lanes = int(c.step_cluster), int(c.step_lanes)
         rv = Hv // Hk
         threads = math.ceil(math.ceil(dv / n) * lanes / 32) * 32 if n else 0
         if not n or self._cc < 90 or rv not in (1, 2, 4) or n * rv > 8 or threads > DN_CLU_THREADS:
@@ -516,8 +516,8 @@ class CudaHybridOps(CudaMoeTcOps, CudaMoeDecodeOps):  # moe_tc.py, moe_ffn: moe_
         scan carrying S chunk to chunk (a warp per column)."""
         T, Hk, dk = (int(s) for s in q.shape)
         Hv, dv = int(v.shape[1]), int(v.shape[2])
-        c = self.config.op("delta_net")
-        nw, chunk, th = int(c["warps"]), int(c["chunk"]), int(c["threads"])
+        c = self.config.knobs("delta_net")
+        nw, chunk, th = int(c.warps), int(c.chunk), int(c.threads)
         nc = math.ceil(T / chunk)
         w, y = self._empty((Hv, T, dv)), self._empty((Hv, T, dk))
         gq, gk = self._empty((Hv, T, dk)), self._empty((Hv, T, dk))
@@ -542,7 +542,7 @@ class CudaHybridOps(CudaMoeTcOps, CudaMoeDecodeOps):  # moe_tc.py, moe_ffn: moe_
             )
         ids, w = self._empty((T, k), np.int32), self._empty((T, k))
         if T:
-            rpb = int(self.config.op("router_topk")["rows_per_block"])
+            rpb = int(self.config.knobs("router_topk").rows_per_block)
             self._launch(
                 "hybrid", "router_topk", (math.ceil(T / rpb),), (32 * rpb,),
                 (logits, ids, w, np.int32(T), np.int32(E), np.int32(k)), pdl=True,
@@ -556,8 +556,8 @@ class CudaHybridOps(CudaMoeTcOps, CudaMoeDecodeOps):  # moe_tc.py, moe_ffn: moe_
         E, N, Kw = (int(s) for s in w.shape)
         pairs = int(ids.size)
         out = self._empty((pairs, N))
-        c = self.config.op("moe_experts")
-        rows, tpr = int(c["rows_per_block"]), int(c["threads_per_row"])
+        c = self.config.knobs("moe_experts")
+        rows, tpr = int(c.rows_per_block), int(c.threads_per_row)
         x = self._aligned16(x)  # float4 loads of the activation
         for p0 in range(0, pairs, MAX_PAIRS):
             self._launch(
@@ -582,13 +582,13 @@ class CudaHybridOps(CudaMoeTcOps, CudaMoeDecodeOps):  # moe_tc.py, moe_ffn: moe_
         out = self._empty((T, C))
         if T == 0:
             return out
-        c = self.config.op("moe_experts")
+        c = self.config.knobs("moe_experts")
         E = int(gate.shape[0])
         if (  # tc: the fp16 GEMM's switch of the dense matmuls (float32 DMMV below it)
             c.variant == "tc"
-            and T >= max(2, int(self.config.op("prefill")["gemm_min_t"]))
+            and T >= max(2, int(self.config.knobs("prefill").gemm_min_t))
             and tc_ok(gate, up, down)
-            and tc_tiles(T * k, E, int(c["tile_pairs"])) <= MAX_TILES
+            and tc_tiles(T * k, E, int(c.tile_pairs)) <= MAX_TILES
         ):
             d = self._moe_tc(x, ids, gate, up, down)
         elif c.variant == "grouped" and T > 1 and _max_tiles(T * k, E, c) <= MAX_PAIRS:
@@ -632,12 +632,12 @@ class CudaHybridOps(CudaMoeTcOps, CudaMoeDecodeOps):  # moe_tc.py, moe_ffn: moe_
             raise ValueError(f"moe: {w.name} {w.shape} (stacked experts) against x {xq.shape}")
         pairs = int(ids.size)
         out = self._empty((pairs, N))
-        c = self.config.op("moe_experts")
-        rows = int(c["warps"]) * 32 // int(c["threads_per_row"])
+        c = self.config.knobs("moe_experts")
+        rows = int(c.warps) * 32 // int(c.threads_per_row)
         for p0 in range(0, pairs, MAX_PAIRS):
             self._launch(
                 "moe_q8", f"{kernel}_{_suffix(w.qtype)}",
-                (math.ceil(N / rows), 1, min(MAX_PAIRS, pairs - p0)), (int(c["warps"]) * 32,),
+                (math.ceil(N / rows), 1, min(MAX_PAIRS, pairs - p0)), (int(c.warps) * 32,),
                 (*(v.raw for v in ws), np.int32(w.row_bytes), np.int32(N), np.int32(K), xq, xds,
                  np.int32(x_div), ids, np.int32(E), np.int32(p0), out), pdl=True,
             )  # fmt: skip
@@ -652,7 +652,7 @@ class CudaHybridOps(CudaMoeTcOps, CudaMoeDecodeOps):  # moe_tc.py, moe_ffn: moe_
         P, E = T * k, int(gate.shape[0])
         if E > MAX_EXPERTS or any(len(w.shape) != 3 or int(w.shape[0]) != E for w in (up, down)):
             raise ValueError(f"moe_grouped: {E} experts (<= {MAX_EXPERTS}) in gate, up, down")
-        max_tiles = _max_tiles(P, E, self.config.op("moe_experts"))
+        max_tiles = _max_tiles(P, E, self.config.knobs("moe_experts"))
         route = self._empty((1 + 3 * max_tiles + P,), np.int32)
         self._launch(
             "moe_grouped", "moe_sort", (1,), (MOE_SORT_THREADS,),
@@ -680,8 +680,8 @@ class CudaHybridOps(CudaMoeTcOps, CudaMoeDecodeOps):  # moe_tc.py, moe_ffn: moe_
             raise ValueError(f"moe: {w.name} {w.shape} (stacked experts) against x {xs.shape}")
         E, N, Kw = (int(s) for s in w.shape)
         out = self._empty((int(xs.shape[0]), N))
-        c = self.config.op("moe_experts")
-        rows, tpr = int(c["rows_per_block"]), int(c["threads_per_row"])
+        c = self.config.knobs("moe_experts")
+        rows, tpr = int(c.rows_per_block), int(c.threads_per_row)
         self._launch(
             "moe_grouped", f"moe_grouped_{_suffix(w.qtype)}", (math.ceil(N / rows), 1, max_tiles),
             (rows * tpr,),

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from engine.backends.planted import define
 from engine.errors import KernelCompileError
 from engine.tuning import REGISTRY, OpChoice
+from engine.tuning.knobs import knobs
 from engine.tuning.registry import DEFINE, Variant
 
 # Kernel name suffix of each weight type (dmmv_q4_k, mmvq_q6_k, ...).
@@ -150,15 +151,43 @@ MODULE_OPS = (
 )
 
 
-def variant_defines(variant: Variant, choice: OpChoice) -> dict[str, int]:
-    """The -D defines of a variant's build: its fixed ones, then each knob bound to DEFINE."""
+def variant_defines(variant: Variant, choice: OpChoice, fname: str | None = None) -> dict[str, int]:
+    """The -D defines of the variant's build of ``fname`` (relative to shaders/; None: its own
+    source): its fixed ones in its own build, then each knob bound to DEFINE that reaches it."""
+    fname = fname or variant.source
     out: dict[str, int] = {}
-    for d in variant.defines:
+    for d in variant.defines if fname == variant.source else ():
         name, _, value = d.partition("=")
         out[name] = int(value or 1)
     for p in variant.bound(DEFINE):
-        out[str(p.binding.target)] = int(choice[p.name])
+        if variant.reaches(p, fname):
+            out[str(p.binding.target)] = int(choice[p.name])
+    view = None
+    for d in variant.derived:  # values derived from the knobs, computed once (the typed view)
+        if variant.reaches(d, fname):
+            view = view or knobs("cuda", variant.op, choice)
+            out[str(d.binding.target)] = int(getattr(view, d.name))
     return out
+
+
+def variant_modules(op: str, variant: Variant, choice: OpChoice) -> dict[str, tuple[str, dict]]:
+    """module key -> (.cu file, defines) of every build a variant's declaration names: its own
+    source and each file its knobs' defines reach (a file whose _BUILT_WHEN define is 0 is not
+    built)."""
+    out = {}
+    for build in variant.builds():
+        fname = Path(build).name
+        defines = variant_defines(variant, choice, build)
+        gate = _BUILT_WHEN.get(fname)
+        if gate is not None and not defines[gate]:
+            continue
+        out[_KEYS.get((op, fname), Path(fname).stem)] = (fname, defines)
+    return out
+
+
+# Helper modules built only when a define of theirs is on: dn_clu.cu under
+# delta_net.step_cluster (its DCL) needs sm_90 clusters, so step_cluster 0 builds none.
+_BUILT_WHEN = {"dn_clu.cu": "DCL"}
 
 
 def default_choice(op: str, variant: str) -> OpChoice:
@@ -170,7 +199,9 @@ def default_choice(op: str, variant: str) -> OpChoice:
 # Float weights under matmul_decode.mmvq (which decodes block types only) use dmmv at its
 # registry defaults.
 DECODE_FALLBACK = default_choice("matmul_decode", "dmmv")
-# Float expert weights under moe_experts.mmvq (block types only) use moe.cu at its defaults.
+DECODE_FALLBACK_KNOBS = knobs("cuda", "matmul_decode", DECODE_FALLBACK)  # its typed view
+# Float expert weights under moe_experts.mmvq (block types only) use moe.cu (and fuse_decode's
+# moe_dec.cu) as the dmmv variant builds them at its defaults.
 MOE_FALLBACK = default_choice("moe_experts", "dmmv")
 # attention.cu (decode attention) at the flash variant's defaults when attention_prefill names
 # another source file.
@@ -179,54 +210,25 @@ FLASH_DEFAULT = default_choice("attention_prefill", "flash")
 
 def modules_for(cfg: TuningConfig) -> dict[str, tuple[str, dict[str, int]]]:
     """module key -> (.cu file, defines) of every module a config needs: a loop over the
-    registry's declarations of the chosen variants."""
+    registry's declarations of the chosen variants, then the fallbacks where a variant leaves
+    a file another path needs unbuilt."""
     mods: dict[str, tuple[str, dict[str, int]]] = {k: (f, {}) for k, f in FIXED_MODULES.items()}
     for op in MODULE_OPS:
         choice = cfg.op(op)
-        v = REGISTRY.op("cuda", op).variant(choice.variant)
-        fname = Path(v.source).name
-        key = _KEYS.get((op, fname), Path(fname).stem)
-        mods[key] = (fname, variant_defines(v, choice))
-    moe = cfg.op("moe_experts")
-    dmmv = REGISTRY.op("cuda", "moe_experts").variant("dmmv")
-    if moe.variant in ("grouped", "tc"):  # decode (T = 1) is the dmmv variant's, same knobs
-        mods["moe"] = (Path(dmmv.source).name, variant_defines(dmmv, moe))
-    elif moe.variant == "mmvq":  # float experts: the dmmv kernels at their defaults
-        mods["moe"] = (Path(dmmv.source).name, variant_defines(dmmv, MOE_FALLBACK))
-    # moe_experts.fuse_decode's kernels, built with the expert DMMV's rows / threads / vec
-    dec = dict(mods["moe"][1])
-    if moe.variant in ("dmmv", "grouped", "tc"):  # dec_wide, dec_fcvt: moe_dec.cu's alone
-        dec["DEC_WIDE"] = int(moe["dec_wide"])
-        dec["DEC_FCVT"] = int(moe["dec_fcvt"])
-    mods["moe_dec"] = ("moe_dec.cu", dec)
-    # delta_net.fuse_decode's step (it includes delta_net.cu), with the scan's layout defines
-    dn = cfg.op("delta_net")
-    dnv = REGISTRY.op("cuda", "delta_net").variant(dn.variant)
-    scan = variant_defines(dnv, dn)
-    mods["dn_step"] = ("dn_step.cu", {d: scan[d] for d in ("NW", "MAX_DK", "STATE_T")})
-    if int(dn["step_cluster"]):  # delta_net.step_cluster's kernels, the scan's layout
-        mods["dn_clu"] = ("dn_clu.cu", dn_clu_defines(scan, dn))
+        mods.update(variant_modules(op, REGISTRY.op("cuda", op).variant(choice.variant), choice))
+    fallbacks = [  # (module key it provides, op, variant at its defaults)
+        ("moe", "moe_experts", MOE_FALLBACK),  # float experts under mmvq
+        ("attention", "attention_prefill", FLASH_DEFAULT),  # decode attention's kernels
+        ("decode", "matmul_decode", DECODE_FALLBACK),  # float weights under mmvq / mmvw / mmvf
+    ]
+    for key, op, choice in fallbacks:
+        if key not in mods:
+            built = variant_modules(op, REGISTRY.op("cuda", op).variant(choice.variant), choice)
+            mods.update({k: m for k, m in built.items() if k not in mods})
     if cfg.op("attention_prefill").variant == "flash_tc":  # head dims it has no kernel for
         gemm = REGISTRY.op("cuda", "attention_prefill").variant("gemm")
         mods["attention_gemm"] = (Path(gemm.source).name, {})
-    if "attention" not in mods:  # attention_prefill lives in another file: decode's kernels
-        flash = REGISTRY.op("cuda", "attention_prefill").variant("flash")
-        mods["attention"] = (Path(flash.source).name, variant_defines(flash, FLASH_DEFAULT))
-    if "decode" not in mods:  # matmul_decode is not dmmv: the float-weight fallback
-        dmmv = REGISTRY.op("cuda", "matmul_decode").variant("dmmv")
-        mods["decode"] = (Path(dmmv.source).name, variant_defines(dmmv, DECODE_FALLBACK))
     return mods
-
-
-def dn_clu_defines(scan: dict[str, int], dn: OpChoice) -> dict[str, int]:
-    """dn_clu.cu's defines: the scan's MAX_DK and STATE_T, delta_net.step_cluster (DCL) and
-    step_lanes (DG)."""
-    return {
-        "MAX_DK": scan["MAX_DK"],
-        "STATE_T": scan["STATE_T"],
-        "DCL": int(dn["step_cluster"]),
-        "DG": int(dn["step_lanes"]),
-    }
 
 
 def clear_cache() -> None:

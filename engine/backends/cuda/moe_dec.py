@@ -56,8 +56,8 @@ class CudaMoeDecodeOps:
     ) -> bool:
         """Whether moe_dec.cu runs this call: a decode row, the knob on a float variant, and
         weights the kernels decode (else the op-by-op schedule)."""
-        c = self.config.op("moe_experts")
-        if c.variant not in ("dmmv", "grouped", "tc") or not int(c["fuse_decode"]):
+        c = self.config.knobs("moe_experts")
+        if c.variant not in ("dmmv", "grouped", "tc") or not int(c.fuse_decode):
             return False
         if h.ndim != 2 or int(h.shape[0]) != 1 or tuple(r.shape) != tuple(h.shape):
             return False
@@ -137,8 +137,8 @@ class CudaMoeDecodeOps:
         T, C = (int(s) for s in h.shape)
         gate, up, down = experts
         E, F = int(gate.shape[0]), int(gate.shape[1])
-        c = self.config.op("moe_experts")
-        rows, tpr = int(c["rows_per_block"]), int(c["threads_per_row"])
+        c = self.config.knobs("moe_experts")
+        rows, tpr = int(c.rows_per_block), int(c.threads_per_row)
         nt = max(32, rows * tpr)  # moe_dec.cu NT: at least a warp
         sg = sgate = sup = sdown = None
         Fs = 0
@@ -151,20 +151,20 @@ class CudaMoeDecodeOps:
         if pre is not None:  # the post-attention norm in the route (moe_prenorm checked it)
             self._launch(
                 "moe_dec", "moe_dec_route_rn", (E + (0 if sg is None else 1), T),
-                (int(c["route_block"]) or 256,),
+                (int(c.route_block) or 256,),
                 (r, pre.f32, np.float32(eps), h, router.raw, np.int32(router.row_bytes),
                  _NULL if sg is None else sg.raw, np.int32(E), np.int32(C), logits,
                  np.int32(ldl), ids, wts, np.int32(k), self._route_tickets(),
-                 np.int32(c["topk_regs"])),
+                 np.int32(c.topk_regs)),
                 pdl=True,
             )  # fmt: skip
-        elif self._route_block_on(int(c["route_block"]), router, sg, C):
+        elif self._route_block_on(int(c.route_block), router, sg, C):
             self._launch(
                 "moe_dec", "moe_dec_route_r", (E + (0 if sg is None else 1), T),
-                (int(c["route_block"]),),
+                (int(c.route_block),),
                 (h, router.raw, np.int32(router.row_bytes), _NULL if sg is None else sg.raw,
                  np.int32(E), np.int32(C), logits, np.int32(ldl), ids, wts, np.int32(k),
-                 self._route_tickets(), np.int32(c["topk_regs"])),
+                 self._route_tickets(), np.int32(c.topk_regs)),
                 pdl=True,
             )  # fmt: skip
         else:
@@ -173,16 +173,16 @@ class CudaMoeDecodeOps:
                 (h, router.raw, np.int32(router.row_bytes), np.int32(_QT[router.qtype]),
                  _NULL if sg is None else sg.raw, np.int32(_QT[sg.qtype] if sg else 0),
                  np.int32(E), np.int32(C), logits, np.int32(ldl), ids, wts, np.int32(k),
-                 self._route_tickets(), np.int32(c["route_vec"]), np.int32(c["topk_regs"])),
+                 self._route_tickets(), np.int32(c.route_vec), np.int32(c.topk_regs)),
                 pdl=True,
             )  # fmt: skip
         ns = 1 if shared is not None else 0
         ldh = -(-max(F, Fs) // 4) * 4  # float4 rows
         hh = self._empty((T, k + 1, ldh))
-        gate_up = "moe_dec_gate_up_p" if int(c["gate_up_pair"]) else "moe_dec_gate_up"
+        gate_up = "moe_dec_gate_up_p" if int(c.gate_up_pair) else "moe_dec_gate_up"
         # moe_experts.l2_prefetch: gate_up's blocks bring the down matrices into L2 (D null: off)
         pf = (_NULL, np.int32(0), _NULL, np.int32(0))
-        if int(c["l2_prefetch"]):
+        if int(c.l2_prefetch):
             pf = (down.raw, np.int32(down.row_bytes), _NULL if sdown is None else sdown.raw,
                   np.int32(sdown.row_bytes if sdown else 0))  # fmt: skip
         self._launch(
@@ -196,22 +196,22 @@ class CudaMoeDecodeOps:
             pdl=True,
         )  # fmt: skip
         out = self._empty((T, C))
-        kernel = "moe_dec_down_v1" if int(c["down_vec1"]) else "moe_dec_down"
+        kernel = "moe_dec_down_v1" if int(c.down_vec1) else "moe_dec_down"
         tail: tuple = ()
         if norm is not None:  # moe_experts.fuse_norm: the next layer's input norm in the tail
             hn = self._empty((T, C))
             kernel += "_norm"
             tail = (norm.f32, np.float32(eps), hn, self._norm_tickets())
         block, per_block = nt, rows
-        if int(c["down_split"]):  # a warp per expert slot, rows_per_block outputs a block
+        if int(c.down_split):  # a warp per expert slot, rows_per_block outputs a block
             kernel, block = "moe_dec_down_s", 32 * (k + ns)
-            occ = int(c["split_occupancy"]) if k + ns <= 9 else 0
+            occ = int(c.split_occupancy) if k + ns <= 9 else 0
             if occ == 3:  # built for 3 blocks an SM
                 kernel = "moe_dec_down_s9"
             elif occ == 2:  # 8 outputs a block, built for 2 blocks an SM
                 kernel, per_block = "moe_dec_down_s9r8", 8
             tail = tail or (_NULL, np.float32(0.0), _NULL, _NULL)
-        elif int(c["down_wsum"]):  # one kernel, the norm tail where its weights are not null
+        elif int(c.down_wsum):  # one kernel, the norm tail where its weights are not null
             kernel = "moe_dec_down_w"
             tail = tail or (_NULL, np.float32(0.0), _NULL, _NULL)
         self._launch(
@@ -235,9 +235,9 @@ class CudaMoeDecodeOps:
         )
 
     def moe_prenorm(self, n: int) -> bool:
-        c = self.config.op("moe_experts")
-        on = c.variant in ("dmmv", "grouped", "tc") and int(c["fuse_decode"])
-        return bool(n == 1 and on and int(c["fuse_pre_norm"]))
+        c = self.config.knobs("moe_experts")
+        on = c.variant in ("dmmv", "grouped", "tc") and int(c.fuse_decode)
+        return bool(n == 1 and on and int(c.fuse_pre_norm))
 
     def moe_ffn_prenorm(
         self,
@@ -253,7 +253,7 @@ class CudaMoeDecodeOps:
         """Under moe_experts.fuse_pre_norm the route kernel (moe_dec_route_rn, a block per
         router row) normalises x itself: the post-attention norm's launch folded into it; with
         fuse_norm the down kernel's tail runs the next layer's norm too."""
-        c = self.config.op("moe_experts")
+        c = self.config.knobs("moe_experts")
         C = int(x.shape[-1])
         sg = None if shared is None else shared[0]
         ok = (
@@ -261,7 +261,7 @@ class CudaMoeDecodeOps:
             and self._moe_dec_on(x, x, router, k, experts, shared)
             and pre.f32 is not None
             and int(pre.f32.size) == C
-            and self._route_block_on(int(c["route_block"]) or 256, router, sg, C)
+            and self._route_block_on(int(c.route_block) or 256, router, sg, C)
         )
         if not ok:
             return super().moe_ffn_prenorm(  # type: ignore[misc]
@@ -276,7 +276,7 @@ class CudaMoeDecodeOps:
 
     def _norm_in_down(self, norm: Any, C: int) -> bool:
         """moe_experts.fuse_norm: the down kernel's tail runs norm (a float row of C weights)."""
-        on = int(self.config.op("moe_experts")["fuse_norm"])
+        on = int(self.config.knobs("moe_experts").fuse_norm)
         return bool(on) and norm.f32 is not None and int(norm.f32.size) == C
 
     def _norm_tickets(self) -> Any:

@@ -52,8 +52,8 @@ class CudaMoeTcOps:
         T, C = (int(s) for s in x.shape)
         k = int(ids.shape[1])
         E, F = int(gate.shape[0]), int(gate.shape[1])
-        c = self.config.op("moe_experts")
-        P, tp, br = T * k, int(c["tile_pairs"]), int(c["block_rows"])
+        c = self.config.knobs("moe_experts")
+        P, tp, br = T * k, int(c.tile_pairs), int(c.block_rows)
         max_tiles = tc_tiles(P, E, tp)
         route = self._empty((1 + 3 * max_tiles + P,), np.int32)
         self._launch(

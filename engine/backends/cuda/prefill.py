@@ -51,7 +51,7 @@ class CudaPrefillOps:
         return None
 
     def _resident_on(self) -> bool:
-        return self.config.op("matmul_prefill").variant == "resident"
+        return self.config.knobs("matmul_prefill").variant == "resident"
 
     def _f16_remember(self, x: Any, xh: Any) -> None:
         self._f16.append((x, xh))
@@ -69,11 +69,11 @@ class CudaPrefillOps:
     def _fuse_f16(self, rows: int) -> bool:
         """Whether a producer of ``rows`` activation rows also stores their fp16 form: under
         matmul_prefill.resident with fuse_f16 = 1, for rows the prefill GEMM will read."""
-        c = self.config.op("matmul_prefill")
+        c = self.config.knobs("matmul_prefill")
         return (
             c.variant == "resident"
-            and int(c["fuse_f16"]) == 1
-            and rows >= max(2, int(self.config.op("prefill")["gemm_min_t"]))
+            and int(c.fuse_f16) == 1
+            and rows >= max(2, int(self.config.knobs("prefill").gemm_min_t))
         )
 
     def resident_f16(self, w: Any, into: Any = None) -> Any:
@@ -140,7 +140,7 @@ class CudaPrefillOps:
         gu = self._group_gemm(h, (gate, up))
         T, F = int(gu.shape[0]), gate.n
         out, xh = self._empty((T, F)), self._empty((T, F), np.uint16)
-        th = int(self.config.op("swiglu")["threads"])
+        th = int(self.config.knobs("swiglu").threads)
         self._launch(
             "prefill_f16", "swiglu_pair_f16", (self._grid1(F, th), T), (th,),
             (gu, out, xh, np.int32(T), np.int32(F)),
@@ -151,7 +151,7 @@ class CudaPrefillOps:
     def _qkv_ok(self, h: Any, wqkv: tuple[Any, Any, Any]) -> bool:
         """attn_in of a prefill chunk as one GEMM and rope_kv_rows: resident + fuse_f16 with
         rope.fuse_kv (the one launch for bias, both ropes and the KV write)."""
-        return int(self.config.op("rope")["fuse_kv"]) == 1 and self._group_ok(h, wqkv)
+        return int(self.config.knobs("rope").fuse_kv) == 1 and self._group_ok(h, wqkv)
 
     def _attn_in_rows(
         self,
@@ -176,7 +176,7 @@ class CudaPrefillOps:
             )
         y = self._group_gemm(h, wqkv)
         qo = self._empty((T, H, D))
-        th = int(self.config.op("rope")["threads"])
+        th = int(self.config.knobs("rope").threads)
         n = T * (H + Hkv) * (D // 2) + T * Hkv * D
         bq, bk, bv = (_NULL,) * 3 if bias is None else (b.f32 for b in bias)
         self._launch(
@@ -250,7 +250,7 @@ class CudaPrefillOps:
         T, H, D = (int(s) for s in q.shape)
         Hkv = int(cache.k[layer].shape[1])
         if c.variant == "flash_tc" and D in TC_HEAD_DIMS:
-            bq, bk = int(c["block_q"]), int(c["block_k"])
+            bq, bk = int(c.block_q), int(c.block_k)
             outh = self._empty((T, H * D), np.uint16) if self._fuse_f16(T) else None
             self._launch(
                 "attention_tc", f"attn_tc_d{D}", (math.ceil(T / bq), H), (bq // 16 * 32,),
@@ -264,9 +264,7 @@ class CudaPrefillOps:
             if outh is not None:  # as the model reshapes it for the o projection
                 self._f16_remember(out.reshape(T, H * D), outh)
             return
-        bq, sw = (
-            (int(c["block_q"]), int(c["softmax_warps"])) if c.variant == "gemm" else ATTG_DEFAULTS
-        )
+        bq, sw = (int(c.block_q), int(c.softmax_warps)) if c.variant == "gemm" else ATTG_DEFAULTS
         self._attn_gemm(q, cache, layer, pos0, out, bq, sw)
 
     # Scores of one pass held at most this many bytes (the pass shrinks for long caches).

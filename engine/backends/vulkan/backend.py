@@ -200,7 +200,7 @@ class VulkanBackend(ResidentPrefill, FusedNorm, FusedDecode, Backend):
     def release_unused(self) -> None:
         """Drop the resident fp16 copies unless the config reads them; free pooled buffers
         nobody holds."""
-        if self.config.op("matmul_prefill").variant != "resident":
+        if self.config.knobs("matmul_prefill").variant != "resident":
             self.drop_resident()
         self.stream.flush()
         self.alloc.trim()
@@ -348,13 +348,13 @@ class VulkanBackend(ResidentPrefill, FusedNorm, FusedDecode, Backend):
         self.stream.flush()
         self.config = config
         self._ops = ops
-        if config.op("matmul_prefill").variant != "resident":
+        if config.knobs("matmul_prefill").variant != "resident":
             self.drop_resident()  # the fp16 copies go with the variant that reads them
         self._q8.clear()
         self._invalidate_graph(None)
-        sub = config.op("submit")
-        self.stream.max_nodes = int(sub["max_nodes"])
-        self.stream.replay = bool(sub["replay"])
+        sub = config.knobs("submit")
+        self.stream.max_nodes = int(sub.max_nodes)
+        self.stream.replay = bool(sub.replay)
         if not self.stream.replay:
             self.stream.clear_replay()
 
@@ -383,7 +383,7 @@ class VulkanBackend(ResidentPrefill, FusedNorm, FusedDecode, Backend):
                     # mmvw's one program serves every int8 type: no type in its name
                     typed = q and prog.shader != "mmvw"
                     name = f"{op}.{variant}" + key[len(op) :] + (f"[{q}]" if typed else "")
-                    ops[(key, q)] = (self.pipes.get(prog, spec, name, sg), config.op(op))
+                    ops[(key, q)] = (self.pipes.get(prog, spec, name, sg), config.knobs(op))
         return ops
 
     def _pipe(self, op: str, qtype: str = "") -> tuple[Pipeline, Any]:
@@ -527,7 +527,7 @@ class VulkanBackend(ResidentPrefill, FusedNorm, FusedDecode, Backend):
         _, C = table.shape
         out = self._new((T, C))
         pipe, c = self._pipe("embedding", table.qtype)
-        wg = int(c["wg_size"])
+        wg = int(c.wg_size)
         work = T * -(-C // 8)
         for lease, r0, nr in table.parts:
             self.stream.dispatch(
@@ -555,7 +555,7 @@ class VulkanBackend(ResidentPrefill, FusedNorm, FusedDecode, Backend):
                 (x.buf, wt.buf, out.buf, q8.buf),
                 (out.buf, q8.buf),
                 (D, rows, x.offset, wt.offset, out.offset, float(eps), q8.offset),
-                self._q8_grid(D) if self.config.op("quantize_act")["coalesced"] else (1, 1, 1),
+                self._q8_grid(D) if self.config.knobs("quantize_act").coalesced else (1, 1, 1),
             )
             self._q8_remember(out, q8)
             return out
@@ -585,8 +585,8 @@ class VulkanBackend(ResidentPrefill, FusedNorm, FusedDecode, Backend):
         q, k, v, g, beta = (self._as_tensor(t) for t in (q, k, v, g, beta))
         T, Hk, dk = q.shape
         _, Hv, dv = v.shape
-        c = self.config.op("delta_net")
-        wg, max_dk = int(c["wg_size"]), int(c["max_dk"])
+        c = self.config.knobs("delta_net")
+        wg, max_dk = int(c.wg_size), int(c.max_dk)
         if dv > wg or dk > max_dk or Hv % Hk or state.size != Hv * dk * dv:
             raise ValueError(
                 f"delta_net: dk {dk} (<= max_dk {max_dk}), dv {dv} (<= wg_size {wg}), Hv {Hv} "
@@ -625,8 +625,8 @@ class VulkanBackend(ResidentPrefill, FusedNorm, FusedDecode, Backend):
         scan_wg columns) carrying the state (shaders/vulkan/delta_net_chunked.comp)."""
         T, Hk, dk = q.shape
         _, Hv, dv = v.shape
-        c = self.config.op("delta_net")
-        ch, scan_wg = int(c["chunk"]), int(c["scan_wg"])
+        c = self.config.knobs("delta_net")
+        ch, scan_wg = int(c.chunk), int(c.scan_wg)
         n_chunks = -(-T // ch)
         # W, Y, G Q, G_L/G K, P per (head, token), G_L per (head, chunk): see the shader
         scratch = self._new((Hv * T * (dv + 3 * dk + ch) + Hv * n_chunks,))
@@ -662,7 +662,7 @@ class VulkanBackend(ResidentPrefill, FusedNorm, FusedDecode, Backend):
             return out
         if T == 1:
             pipe, c = self._pipe("matmul_decode", w.qtype)
-            rows = int(c["rows_per_wg"])
+            rows = int(c.rows_per_wg)
             for lease, r0, nr in w.parts:
                 self.stream.dispatch(
                     pipe,
@@ -678,10 +678,10 @@ class VulkanBackend(ResidentPrefill, FusedNorm, FusedDecode, Backend):
             self._kick()
             return out
         if c.variant in ("tiled", "coopmat"):  # the same grid and bindings
-            per_wg, cols = int(c["tile_m"]), int(c["tile_n"])
+            per_wg, cols = int(c.tile_m), int(c.tile_n)
         else:
-            per_wg = int(c["rows_per_wg"]) if c.variant == "kpar" else int(c["wg_size"])
-            cols = int(c["max_cols"])
+            per_wg = int(c.rows_per_wg) if c.variant == "kpar" else int(c.wg_size)
+            cols = int(c.max_cols)
         chunks = -(-T // cols)
         for lease, r0, nr in w.parts:
             gx, gy, _ = _fold(-(-nr // per_wg))
@@ -697,10 +697,10 @@ class VulkanBackend(ResidentPrefill, FusedNorm, FusedDecode, Backend):
 
     def _kick(self) -> None:
         """submit.prefill_kick: submit the recorded prefill nodes early (Stream.kick)."""
-        c = self.config.op("submit")
-        n = int(c["prefill_kick"])
+        c = self.config.knobs("submit")
+        n = int(c.prefill_kick)
         if n:
-            self.stream.kick(n, ahead=bool(c["prefill_ahead"]))
+            self.stream.kick(n, ahead=bool(c.prefill_ahead))
 
     def _eltwise(
         self, op: str, a: VkTensor, b: VkTensor, bcast: int, shape: tuple[int, ...] | None = None
@@ -714,7 +714,7 @@ class VulkanBackend(ResidentPrefill, FusedNorm, FusedDecode, Backend):
                 (a.buf, b.buf, out.buf),
                 (out.buf,),
                 (n, a.offset, b.offset, out.offset, bcast),
-                _fold(-(-n // int(c["wg_size"]))),
+                _fold(-(-n // int(c.wg_size))),
             )
         return out
 
@@ -758,7 +758,7 @@ class VulkanBackend(ResidentPrefill, FusedNorm, FusedDecode, Backend):
                 (gate.buf, up.buf, out.buf, xh.buf),
                 (out.buf, xh.buf),
                 (n, gate.offset, up.offset, out.offset, 0, cols, kp, xh.offset),
-                _fold(-(-T * (kp // 2) // int(c["wg_size"]))),
+                _fold(-(-T * (kp // 2) // int(c.wg_size))),
             )
             return out
         return self._eltwise("swiglu", gate, up, 0)
@@ -796,7 +796,7 @@ class VulkanBackend(ResidentPrefill, FusedNorm, FusedDecode, Backend):
                 (x.buf, table.buf, out.buf, self.stream.dyn_buf),
                 (out.buf,),
                 (T, H, D, x.offset, out.offset, self.stream.dyn(pos0), int(bool(neox)), n_rot),
-                _fold(-(-n // int(c["wg_size"]))),
+                _fold(-(-n // int(c.wg_size))),
             )
         return out
 
@@ -836,7 +836,7 @@ class VulkanBackend(ResidentPrefill, FusedNorm, FusedDecode, Backend):
         pairs = ids.size
         out = self._new((pairs, N))
         pipe, c = self._pipe("moe_experts", w.qtype)
-        blocks = -(-N // int(c["rows_per_wg"]))
+        blocks = -(-N // int(c.rows_per_wg))
         self.stream.dispatch(
             pipe,
             (w.parts[0][0].buf, x.buf, ids.buf, out.buf),
@@ -851,10 +851,10 @@ class VulkanBackend(ResidentPrefill, FusedNorm, FusedDecode, Backend):
         tiles of tile_pairs -> (route [n_tiles, tiles, order] int32, the bound on tiles). The
         pass reads no weights; like every pass of a weighted op it is built per weight type."""
         P = ids.size
-        c = self.config.op("moe_experts")
+        c = self.config.knobs("moe_experts")
         if E > 1024:
             raise ValueError(f"moe_experts.grouped: {E} experts (<= 1024)")
-        max_tiles = -(-P // int(c["tile_pairs"])) + min(E, P)
+        max_tiles = -(-P // int(c.tile_pairs)) + min(E, P)
         route = self._new((1 + 3 * max_tiles + P,), np.int32)
         pipe, _ = self._pipe("moe_experts.sort", qtype)
         self.stream.dispatch(
@@ -881,7 +881,7 @@ class VulkanBackend(ResidentPrefill, FusedNorm, FusedDecode, Backend):
             (w.parts[0][0].buf, x.buf, r.buf, out.buf),
             (out.buf,),
             (Kw, N, w.row_bytes, x.offset, out.offset, r.offset, max_tiles, x_div),
-            (-(-N // int(c["wg_size"])), max_tiles, 1),
+            (-(-N // int(c.wg_size)), max_tiles, 1),
         )
         return out
 
@@ -897,7 +897,7 @@ class VulkanBackend(ResidentPrefill, FusedNorm, FusedDecode, Backend):
         x = self._as_tensor(x)
         T, C = x.shape
         k = ids.shape[-1]
-        if self.config.op("moe_experts").variant == "grouped" and T > 1:
+        if self.config.knobs("moe_experts").variant == "grouped" and T > 1:
             route = self._moe_route(ids, gate.shape[0], gate.qtype)
             h = self.swiglu(
                 self._moe_gemm(gate, x, route, ids.size, k),
@@ -914,7 +914,7 @@ class VulkanBackend(ResidentPrefill, FusedNorm, FusedDecode, Backend):
             (d.buf, weights.buf, out.buf),
             (out.buf,),
             (T, C, k, d.offset, weights.offset, out.offset),
-            _fold(-(-T * C // int(c["wg_size"]))),
+            _fold(-(-T * C // int(c.wg_size))),
         )
         return out
 
@@ -931,7 +931,7 @@ class VulkanBackend(ResidentPrefill, FusedNorm, FusedDecode, Backend):
             (x.buf, out.buf),
             (out.buf,),
             (rows, width, start, n, x.offset, out.offset),
-            _fold(-(-rows * n // int(c["wg_size"]))),
+            _fold(-(-rows * n // int(c.wg_size))),
         )
         return out
 
@@ -951,7 +951,7 @@ class VulkanBackend(ResidentPrefill, FusedNorm, FusedDecode, Backend):
             (x.buf, wbuf, state.buf, out.buf),
             (state.buf, out.buf),
             (T, Cc, K, x.offset, 0, state.offset, out.offset),
-            _fold(-(-Cc // int(c["wg_size"]))),
+            _fold(-(-Cc // int(c.wg_size))),
         )
         return out
 
@@ -970,7 +970,7 @@ class VulkanBackend(ResidentPrefill, FusedNorm, FusedDecode, Backend):
             (a.buf, b.buf, dt.buf, sa.buf, g.buf, beta.buf),
             (g.buf, beta.buf),
             (a.size, Hv, a.offset, b.offset, dt.offset, sa.offset, g.offset, beta.offset),
-            _fold(-(-a.size // int(c["wg_size"]))),
+            _fold(-(-a.size // int(c.wg_size))),
         )
         return g, beta
 
@@ -994,7 +994,7 @@ class VulkanBackend(ResidentPrefill, FusedNorm, FusedDecode, Backend):
                 (k.buf, v.buf, ck.buf, cv.buf, self.stream.dyn_buf),
                 (ck.buf, cv.buf),
                 (n, row, k.offset, v.offset, ck.offset, cv.offset, self.stream.dyn(pos0)),
-                _fold(-(-n // int(c["wg_size"]))),
+                _fold(-(-n // int(c.wg_size))),
             )
 
     def attention(self, q: VkTensor, cache: KVCache, layer: int, pos0: int) -> VkTensor:
@@ -1003,7 +1003,7 @@ class VulkanBackend(ResidentPrefill, FusedNorm, FusedDecode, Backend):
         ck, cv = cache.k[layer], cache.v[layer]
         Hkv = ck.shape[1]
         pipe, c = self._pipe("attention")
-        wg = int(c["wg_size"])
+        wg = int(c.wg_size)
         if D > 256 or D > 8 * wg:
             raise UnsupportedError(
                 f"vulkan attention: head dim {D} needs D <= 256 and D <= 8 * wg_size ({wg})"
@@ -1021,7 +1021,7 @@ class VulkanBackend(ResidentPrefill, FusedNorm, FusedDecode, Backend):
         if c.variant in ("coopmat", "flash") and T > 1 and D % 16 == 0 and D <= 128:
             flash, _ = self._pipe("attention.flash")  # tensor cores; decode takes split below
             bq = 64 if c.variant == "flash" else 16  # queries per workgroup
-            chunk = int(c["key_chunk"]) if c.variant == "flash" else 0
+            chunk = int(c.key_chunk) if c.variant == "flash" else 0
             ns = min(KEY_SPLITS, -(-T // chunk)) if chunk else 1
             if ns > 1:  # from T, not pos0: the shader sizes the ranges (replays stay valid)
                 return self._flash_split(q, bufs, offs, out, (T, H, D, ns, scale), pos0)
@@ -1044,12 +1044,12 @@ class VulkanBackend(ResidentPrefill, FusedNorm, FusedDecode, Backend):
             return out
         # split: the number of key ranges is fixed per dispatch (never derived from pos0), so a
         # replayed decode graph stays valid; the shader sizes the ranges from the position.
-        ns = int(c["splits"] if T == 1 else c["splits_prefill"])
+        ns = int(c.splits if T == 1 else c.splits_prefill)
         if T > MAX_GROUPS:
             raise UnsupportedError(f"vulkan attention: {T} tokens in one call (max {MAX_GROUPS})")
         dst = out if ns == 1 else self._new((T, H, ns, D + 2))  # partials: m, s, acc[D]
         q8_out = T == 1 and D % 32 == 0 and self._int8_row(H * D)
-        if ns > 1 and int(c["fuse_combine"]):
+        if ns > 1 and int(c.fuse_combine):
             return self._attention_fused(q, cache, layer, pos0, out, dst, ns, q8_out)
         self.stream.dispatch(
             pipe,
@@ -1116,7 +1116,7 @@ class VulkanBackend(ResidentPrefill, FusedNorm, FusedDecode, Backend):
             )
             return out
         # two_stage: the grid depends on the row count and the slices parameter, never on data.
-        slices = int(c["slices"])
+        slices = int(c.slices)
         parts = self._new((rows, slices, 2), np.int32)  # (float bits, index) per slice
         fx, fy, _ = _fold(rows)
         self.stream.dispatch(

@@ -35,7 +35,7 @@ class FusedDecode:
 
     # --- Q8_1 activations ---------------------------------------------------------------
     def _int8(self) -> bool:
-        return self.config.op("matmul_decode").variant == "mmvw"
+        return self.config.knobs("matmul_decode").variant == "mmvw"
 
     def _int8_row(self, n: int) -> bool:
         """Whether a row of n values gets its Q8_1 form as it is produced."""
@@ -48,8 +48,8 @@ class FusedDecode:
     def _q8_grid(self, n: int) -> tuple[int, int, int]:
         """Workgroups of a quantize_act pass over a row of n values: a thread per value
         (coalesced) or per 32-block."""
-        c = self.config.op("quantize_act")
-        per = int(c["wg_size"]) * (1 if c["coalesced"] else 32)
+        c = self.config.knobs("quantize_act")
+        per = int(c.wg_size) * (1 if c.coalesced else 32)
         return _fold(-(-n // per))
 
     def _q8_lookup(self, x: Any) -> Any:
@@ -97,7 +97,7 @@ class FusedDecode:
         position) then, and every weight in one part)."""
         q8 = self.quantize_q8(x)
         pipe, c = self._pipe("matmul_decode", mats[0][0].qtype)
-        rows = int(c["rows_per_wg"])
+        rows = int(c.rows_per_wg)
         K = x.size
         jobs = []  # (weight buffer, rows, row bytes, type word, y buffer, y offset, a buf, a off)
         for w, y, y_elem, a, *mode in mats:
@@ -145,7 +145,7 @@ class FusedDecode:
         H, Hkv, D = heads
         h = self._as_tensor(h)
         T = int(h.shape[0])
-        fuse = int(self.config.op("rope")["fuse_kv"]) == 1 and D % 2 == 0
+        fuse = int(self.config.knobs("rope").fuse_kv) == 1 and D % 2 == 0
         wide = T == 1 and self._wide(h, wqkv)
         if not (fuse or wide):
             return super().attn_in(h, wqkv, bias, cache, layer, pos0, heads, theta, neox)
@@ -154,8 +154,8 @@ class FusedDecode:
                 f"KV cache full: writing positions {pos0}..{pos0 + T - 1} "
                 f"into a cache of {cache.capacity}"
             )
-        c = self.config.op("matmul_decode")
-        if wide and int(c["fuse_rope"]) and all(len(w.parts) == 1 for w in wqkv) and D % 2 == 0:
+        c = self.config.knobs("matmul_decode")
+        if wide and int(c.fuse_rope) and all(len(w.parts) == 1 for w in wqkv) and D % 2 == 0:
             # q/k/v + biases, both ropes and the KV write in this one dispatch
             ck, cv = cache.k[layer], cache.v[layer]
             if ck.shape[1:] != (Hkv, D) or wqkv[0].shape[0] != H * D:
@@ -179,7 +179,7 @@ class FusedDecode:
             q, k, v = (y[o : o + n] for o, n in zip(offs, ns, strict=True))
         else:
             q, k, v = (self.matmul(h, w) for w in wqkv)
-            if bias is not None and fuse and int(self.config.op("rope")["fuse_bias"]):
+            if bias is not None and fuse and int(self.config.knobs("rope").fuse_bias):
                 q, k, v = q.reshape((T, H, D)), k.reshape((T, Hkv, D)), v.reshape((T, Hkv, D))
                 return self._rope_kv(q, k, v, cache, layer, pos0, theta, neox, bias)
             if bias is not None:
@@ -216,7 +216,7 @@ class FusedDecode:
             bufs += tuple(b.buf for b in bs)
             push += tuple(b.offset for b in bs)
         self.stream.dispatch(
-            pipe, bufs, (qo.buf, ck.buf, cv.buf), push, _fold(-(-n // int(c["wg_size"])))
+            pipe, bufs, (qo.buf, ck.buf, cv.buf), push, _fold(-(-n // int(c.wg_size)))
         )
         return qo
 

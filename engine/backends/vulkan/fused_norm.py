@@ -21,7 +21,7 @@ class FusedNorm:
     _int8 and the base class's fused ops (super())."""
 
     def _fuse_add(self) -> bool:
-        return int(self.config.op("rms_norm")["fuse_add"]) == 1
+        return int(self.config.knobs("rms_norm").fuse_add) == 1
 
     def add_rms_norm(self, r: Any, x: Any, w: Any, eps: float) -> tuple[Any, Any]:
         """(s, rms_norm(s) * w) with s = r + x, in one dispatch."""
@@ -80,14 +80,14 @@ class FusedNorm:
         fuse_rope and the resident GEMM's fuse_x16 (its input from the fused add + norm;
         attn_in, matmul_add_norm and ffn_norm are the fused trunk's ops)."""
         out = []
-        pre = config.op("matmul_prefill")
-        if pre.variant == "resident" and int(pre["fuse_x16"]):  # the fused norm's fp16 rows
+        pre = config.knobs("matmul_prefill")
+        if pre.variant == "resident" and int(pre.fuse_x16):  # the fused norm's fp16 rows
             out.append("matmul_prefill")
-        dec = config.op("matmul_decode")
-        if dec.variant == "mmvw" and int(dec["fuse_rope"]):
+        dec = config.knobs("matmul_decode")
+        if dec.variant == "mmvw" and int(dec.fuse_rope):
             out.append("matmul_decode")
-        if int(config.op("rope")["fuse_kv"]):
+        if int(config.knobs("rope").fuse_kv):
             out.append("rope")
-        if int(config.op("rms_norm")["fuse_add"]):
+        if int(config.knobs("rms_norm").fuse_add):
             out.append("rms_norm")
         return out

@@ -86,16 +86,16 @@ class ResidentPrefill:
         T, K = x.shape[0], x.shape[-1]
         N = w.shape[0]
         xh = self._x16_of(x, w.qtype)
-        tm, tn = int(c["tile_m"]), int(c["tile_n"])
+        tm, tn = int(c.tile_m), int(c.tile_n)
         for lease, r0, nr in self.resident_f16(w):
             groups, pipe_r = -(-nr // tm) * -(-T // tn), pipe
-            fill = int(c["fill_groups"])
+            fill = int(c.fill_groups)
             small = None
             if groups < fill and tm * tn > SMALL * SMALL:
                 small = self._small_gemm(c, w.qtype)  # too few workgroups to fill the GPU
             if small is not None:
                 groups, pipe_r = -(-nr // SMALL) * -(-T // SMALL), small
-            ranges = split_ranges(groups, fill, int(c["split_k"]), int(c["split_groups"]))
+            ranges = split_ranges(groups, fill, int(c.split_k), int(c.split_groups))
             if ranges > 1:  # still too few workgroups (the 7B k/v: 64)
                 dims = (K, nr, r0, N, T)
                 if self._split_k(xh, lease, out, pipe_r, c, w.qtype, dims, groups, ranges):
@@ -118,7 +118,7 @@ class ResidentPrefill:
         order into out's rows r0 .. r0 + nr. False when k has one step (nothing to split).
         dims: K, nr, r0, N, T."""
         K, nr, r0, N, T = dims
-        steps = kpad(K) // int(c["bk"])
+        steps = kpad(K) // int(c.bk)
         per = -(-steps // min(want, steps))
         ranges = -(-steps // per)  # every range non-empty
         if ranges < 2:
@@ -166,8 +166,8 @@ class ResidentPrefill:
 
     def x16_fused(self, rows: int) -> bool:
         """matmul_prefill.fuse_x16 applies: the resident variant, a prefill (rows > 1)."""
-        c = self.config.op("matmul_prefill")
-        return c.variant == "resident" and bool(c["fuse_x16"]) and rows > 1
+        c = self.config.knobs("matmul_prefill")
+        return c.variant == "resident" and bool(c.fuse_x16) and rows > 1
 
     def x16_for(self, y: Any) -> tuple[Any, int]:
         """(xh, kp): the padded fp16 form of y [T, K] that the op about to be dispatched writes
@@ -186,10 +186,11 @@ class ResidentPrefill:
         fits the subgroup size and the threads knob (or a thread would load a partial run)."""
         key = ("matmul_prefill.small", qtype)
         if key not in self._ops:
-            prog = K.programs("matmul_prefill", c, qtype)[0]
-            _, sg = K.specialization("matmul_prefill", c)
+            choice = self.config.op("matmul_prefill")  # c's OpChoice: what K builds from
+            prog = K.programs("matmul_prefill", choice, qtype)[0]
+            _, sg = K.specialization("matmul_prefill", choice)
             lanes = sg or self.dev.info.subgroup_size
-            threads, q = int(c["threads"]), int(c["bk"]) // 8
+            threads, q = int(c.threads), int(c.bk) // 8
             fits = [
                 (m, n)
                 for m, n in WARPS

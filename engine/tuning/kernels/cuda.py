@@ -7,8 +7,10 @@ prefill.gemm_min_t -> matmul_batched (DMMV over max_cols columns per launch); T 
 matmul_prefill (a GEMM). A weight type a chosen GEMM variant does not decode falls back to
 matmul_batched; the declared quant_types say which types each variant decodes itself.
 
-Each knob's binding says how it reaches the kernel: a -D define of the variant's source (built
-by engine.backends.cuda.kernels.modules_for), a launch argument, or host scheduling.
+Each knob's binding says how it reaches the kernel: a -D define of the variant's source or of a
+helper module it launches (Binding.builds; built by engine.backends.cuda.kernels.modules_for),
+a launch argument, or host scheduling. A value derived from knobs (Variant.derived: mmvw's rows
+per block) is computed once, in its declaration, and read by the host and the kernel alike.
 Constraints read DeviceInfo.extra: ``cc`` (compute capability as major*10+minor), ``sms``,
 ``smem_per_block`` and ``smem_per_block_optin`` (bytes).
 """
@@ -17,7 +19,16 @@ from __future__ import annotations
 
 from engine.roofline import Tensor
 from engine.tuning.memory import MemoryCost, ModelShape, dense_copies, loaded_default
-from engine.tuning.registry import HOST, PUSHED, REGISTRY, Constraint, Param, Variant, define
+from engine.tuning.registry import (
+    HOST,
+    PUSHED,
+    REGISTRY,
+    Constraint,
+    Derived,
+    Param,
+    Variant,
+    define,
+)
 
 B = "cuda"
 
@@ -44,7 +55,7 @@ def _cc_at_least(cc: int) -> Constraint:
 
 
 def _p(cfg, op: str, name: str) -> int:  # noqa: ANN001 - TuningConfig
-    return int(cfg.op(op)[name])
+    return int(getattr(cfg.knobs(op), name))
 
 
 def _knob_needs_cc(variant: str, knob: str, cc: int, why: str = "") -> Constraint:
@@ -71,6 +82,7 @@ REGISTRY.register_prefill(
         "chunk length at which matmul switches from batched DMMV (matmul_batched) "
         "to a GEMM (matmul_prefill); 1<<20 = never",
         HOST,
+        edge=True,
     ),
     doc="prompt in chunks of chunk_tokens tokens; matmul path chosen by chunk length",
 )
@@ -498,6 +510,16 @@ REGISTRY.register(
                 _knob_needs_cc("mmvw", "stream", 90, " (bulk copies)"),
                 _knob_needs_cc("mmvw", "pdl", 90),
             ),
+            # rows per block of an unsplit launch: the host sizes its grids with it and the
+            # kernel reads it (split_k divides it on long rows: _mmvw_rows_per_block)
+            derived=(
+                Derived(
+                    "rows_per_block",
+                    lambda k: k.warps * 32 // k.threads_per_row * k.rows_per_thread,
+                    "warps x (32 / threads_per_row) lane groups of rows_per_thread rows",
+                    define("MMVW_RPB"),
+                ),
+            ),
             quant_types=ALL_TYPES,
             source="cuda/mmvw.cu",
             numeric="int8_activations",
@@ -516,6 +538,7 @@ _MAX_COLS = Param(
     16,
     "columns (tokens) per launch: the column tile, per-thread accumulators",
     define("COLS"),
+    edge=True,
 )
 REGISTRY.register(
     B,
@@ -580,7 +603,7 @@ REGISTRY.register(
 
 # --- prefill GEMM -------------------------------------------------------------------------
 _TILE_M = Param("tile_m", (64, 128), 128, "weight rows per block tile", define("BM"))
-_TILE_N = Param("tile_n", (32, 64, 128), 128, "tokens per block tile", define("BN"))
+_TILE_N = Param("tile_n", (32, 64, 128), 128, "tokens per block tile", define("BN"), edge=True)
 _WARPS_M = Param("warps_m", (1, 2, 4), 2, "warps along the weight rows", define("WM"))
 _WARPS_N = Param("warps_n", (1, 2, 4), 4, "warps along the tokens", define("WN"))
 
@@ -1091,7 +1114,14 @@ REGISTRY.register(
             "attention_prefill",
             "flash",
             params=(
-                Param("block_q", (8, 16, 32, 64), 16, "query tokens per block", define("BQ")),
+                Param(
+                    "block_q",
+                    (8, 16, 32, 64),
+                    16,
+                    "query tokens per block",
+                    define("BQ"),
+                    edge=True,
+                ),
                 Param("rows_per_warp", (1, 2, 4, 8), 4, "query tokens per warp", define("RPW")),
             ),
             constraints=(
@@ -1122,6 +1152,7 @@ REGISTRY.register(
                     "query tokens per pass; a pass multiplies only the keys its last query "
                     "sees (causal: fewer passes, more masked work)",
                     HOST,
+                    edge=True,
                 ),
                 Param(
                     "softmax_warps",
@@ -1148,6 +1179,7 @@ REGISTRY.register(
                     64,
                     "query rows per block, 16 per warp",
                     define("FBQ"),
+                    edge=True,
                 ),
                 Param("block_k", (32, 64, 128), 64, "keys per shared-memory tile", define("FBK")),
             ),

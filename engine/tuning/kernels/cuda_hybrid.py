@@ -11,10 +11,12 @@ as in engine.tuning.kernels.cuda.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from engine.tuning.kernels.cuda import ALL_TYPES
 from engine.tuning.kernels.vulkan import DELTA_NET_CHUNKS
 from engine.tuning.registry import (
-    HOST,
+    OWN,
     PUSHED,
     REGISTRY,
     Constraint,
@@ -24,6 +26,11 @@ from engine.tuning.registry import (
 )
 
 B = "cuda"
+# Helper modules that a variant's knobs shape besides its own source: delta_net.fuse_decode's
+# step (dn_step.cu) and step_cluster's (dn_clu.cu), moe_experts' decode (moe.cu) and
+# fuse_decode's kernels (moe_dec.cu).
+_STEP, _CLU = "cuda/dn_step.cu", "cuda/dn_clu.cu"
+_MOE, _MOE_DEC = "cuda/moe.cu", "cuda/moe_dec.cu"
 
 # The knobs the sequential kernel and the chunked variant's decode step and inter-chunk scan
 # (the same warp-per-column shape) share.
@@ -32,7 +39,7 @@ _DN_WARPS = Param(
     (1, 2, 4, 8),
     4,
     "warps per block, one state column each (grid: dv / warps x V heads)",
-    define("NW"),
+    define("NW", OWN, _STEP),
 )
 _DN_LAYOUT = Param(
     "state_transposed",
@@ -41,7 +48,7 @@ _DN_LAYOUT = Param(
     "the delta-net state between calls as S^T [dv, dk] (a warp's column contiguous: "
     "coalesced) instead of S [dk, dv] (a cache line per lane); the seed's 7x was this choice "
     "on a warp-per-column kernel",
-    define("STATE_T"),
+    define("STATE_T", OWN, _STEP, _CLU),
 )
 _DN_PREFETCH = Param(
     "prefetch",
@@ -93,7 +100,7 @@ _DN_MAX_DK = Param(
     (64, 128, 256),
     128,
     "register array per warp for a state column, max_dk / 32 per lane (must be >= the K head dim)",
-    define("MAX_DK"),
+    define("MAX_DK", OWN, _STEP, _CLU),
 )
 # step_cluster / step_lanes: helper dn (issue 15), off until measured on the H200 (the 35B-A3B's
 # delta_net_conv_step was 12.3 us a call, a chain of round trips over 2 MB of state).
@@ -104,8 +111,9 @@ _DN_STEP_CLUSTER = Param(
     "with fuse_conv: 0 runs dn_step.cu's delta_net_conv_step (a warp per column, global "
     "tickets); n > 0 runs dn_clu.cu instead: a thread-block cluster per K head (its V heads x "
     "n blocks of dv / n columns), the gated norm summed through distributed shared memory "
-    "(sm_90; H heads x n blocks); same expressions, the sums of squares in another order",
-    PUSHED,
+    "(sm_90; H heads x n blocks); same expressions, the sums of squares in another order; "
+    "dn_clu.cu is built only when it is not 0",
+    define("DCL", _CLU),
 )
 _DN_STEP_LANES = Param(
     "step_lanes",
@@ -113,12 +121,12 @@ _DN_STEP_LANES = Param(
     8,
     "with step_cluster: lanes per state column (each holds max_dk / lanes rows; a column's "
     "sums take log2(lanes) shuffles; a block is dv / step_cluster * lanes threads, <= 512)",
-    PUSHED,
+    define("DG", _CLU),
 )
 _DN_CLUSTER_CC = Constraint(
     "delta_net.step_cluster != 0 needs compute capability >= 9.0 (thread-block clusters)",
     lambda cfg, dev: (
-        int(cfg.op("delta_net")["step_cluster"]) == 0
+        int(cfg.knobs("delta_net").step_cluster) == 0
         or dev is None
         or int(dev.extra.get("cc", 0)) >= 90
     ),
@@ -182,7 +190,8 @@ REGISTRY.register(
     doc="gated delta-net scan (hybrid models); max_dk >= the K head dim",
 )
 
-_MOE_DMMV = (
+# The decode DMMV's shape: moe.cu's and fuse_decode's moe_dec.cu's (and grouped's own).
+_MOE_SHAPE = (
     Param("rows_per_block", (1, 2, 4, 8), 4, "expert rows per block", define("ROWS")),
     Param("threads_per_row", (16, 32, 64, 128), 32, "threads per row", define("TPR")),
     Param(
@@ -192,6 +201,20 @@ _MOE_DMMV = (
         "consecutive 16-weight groups per thread per step (load width)",
         define("VEC"),
     ),
+)
+
+
+def _moe_dmmv(*builds: str, suffix: str = "") -> tuple[Param, ...]:
+    """The dmmv knobs (_MOE_DECODE is defined below, read at call time), the shape's defines
+    reaching ``builds``; ``suffix`` ends each doc."""
+    shape = tuple(
+        Param(p.name, p.choices, p.default, p.doc, define(str(p.binding.target), *builds))
+        for p in _MOE_SHAPE
+    )
+    return tuple(replace(p, doc=p.doc + suffix) for p in (*shape, *_MOE_DECODE))
+
+
+_MOE_DECODE = (
     Param(
         "fuse_decode",
         (0, 1),
@@ -312,9 +335,8 @@ _MOE_DMMV = (
         "16-byte ql / qh / scale loads (4, not 18) in every kernel, 2 in the split and "
         "weighted-sum down kernels only (gate_up's lanes walk several groups, where the "
         "header's byte extraction costs more than the loads it saves); same weights, same "
-        "sums: bit-identical (moe_dec.cu's DEC_WIDE define, set by the CUDA backend's "
-        "modules_for: moe.cu does not rebuild)",
-        HOST,
+        "sums: bit-identical (moe_dec.cu's DEC_WIDE define: moe.cu does not rebuild)",
+        define("DEC_WIDE", _MOE_DEC),
     ),
     Param(
         "dec_fcvt",
@@ -325,7 +347,7 @@ _MOE_DMMV = (
         "run_dot converts with I2F, a quarter-rate instruction, 16 a group (and dec_wide's "
         "scales the same way): the same floats in the same expressions, bit-identical "
         "(moe_dec.cu's DEC_FCVT define, as dec_wide)",
-        HOST,
+        define("DEC_FCVT", _MOE_DEC),
     ),
     Param(
         "l2_prefetch",
@@ -351,11 +373,10 @@ _MOE_DMMV = (
     ),
 )
 
-# tc's decode knobs: the same values, read by the host to build and launch moe.cu (moe_tc.cu
-# never sees them, so a decode knob's trial does not recompile the tensor-core kernels).
-_MOE_DMMV_HOST = tuple(
-    Param(p.name, p.choices, p.default, p.doc + " (decode)", HOST) for p in _MOE_DMMV
-)
+_MOE_DMMV = _moe_dmmv(_MOE, _MOE_DEC)
+# tc's decode knobs: the same values, building moe.cu and moe_dec.cu (moe_tc.cu never sees
+# them, so a decode knob's trial does not recompile the tensor-core kernels).
+_MOE_DMMV_TC = _moe_dmmv(_MOE, _MOE_DEC, suffix=" (decode)")
 
 # tc first: the default (fp16 tensor-core experts at prefill, 6.7x the per-pair DMMV at a
 # 35b-a3b pp512 on the H200, 8.0x with wide_loads + direct). It failed validate on the realistic
@@ -375,7 +396,7 @@ REGISTRY.register(
             "moe_experts",
             "tc",
             params=(
-                *_MOE_DMMV_HOST,
+                *_MOE_DMMV_TC,
                 Param(
                     "tile_pairs",
                     (16, 32, 64),
@@ -448,7 +469,7 @@ REGISTRY.register(
             "moe_experts",
             "grouped",
             params=(
-                *_MOE_DMMV,
+                *_moe_dmmv(OWN, _MOE, _MOE_DEC),
                 Param(
                     "tile_pairs",
                     (4, 8, 16, 32),

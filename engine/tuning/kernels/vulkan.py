@@ -61,14 +61,14 @@ def _wg_fits(op: str, fixed: int | None = None) -> Constraint:
     """The op's wg_size (or a shader's ``fixed`` local size) within the device's limits."""
 
     def check(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
-        return _device_takes_wg(fixed or int(cfg.op(op)["wg_size"]), dev)
+        return _device_takes_wg(fixed or int(cfg.knobs(op).wg_size), dev)
 
     what = f"{fixed} threads" if fixed else "wg_size"
     return Constraint(f"{what} <= the device's maxComputeWorkGroupInvocations / size[0]", check)
 
 
 def _effective_subgroup(cfg: TuningConfig, op: str, dev: DeviceInfo | None) -> int | None:
-    req = int(cfg.op(op)["subgroup_size"])
+    req = int(cfg.knobs(op).subgroup_size)
     if req:
         return req
     return None if dev is None else dev.subgroup_size
@@ -77,7 +77,7 @@ def _effective_subgroup(cfg: TuningConfig, op: str, dev: DeviceInfo | None) -> i
 def _subgroup_divides_wg(op: str) -> Constraint:
     def check(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
         sg = _effective_subgroup(cfg, op, dev)
-        return sg is None or int(cfg.op(op)["wg_size"]) % sg == 0
+        return sg is None or int(cfg.knobs(op).wg_size) % sg == 0
 
     return Constraint(
         "wg_size is a multiple of the subgroup size (required or device default): rows are "
@@ -88,7 +88,7 @@ def _subgroup_divides_wg(op: str) -> Constraint:
 
 def _subgroup_size_supported(op: str) -> Constraint:
     def check(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
-        req = int(cfg.op(op)["subgroup_size"])
+        req = int(cfg.knobs(op).subgroup_size)
         if req == 0 or dev is None:
             return True
         if not _extra(dev, "subgroup_size_control", False):
@@ -99,7 +99,7 @@ def _subgroup_size_supported(op: str) -> Constraint:
         if not lo <= req <= hi:
             return False
         max_sgs = int(_extra(dev, "max_compute_workgroup_subgroups", 0) or 0)
-        return max_sgs == 0 or int(cfg.op(op)["wg_size"]) <= max_sgs * req
+        return max_sgs == 0 or int(cfg.knobs(op).wg_size) <= max_sgs * req
 
     return Constraint(
         "subgroup_size 0 (device default) or a size the device can require for compute shaders "
@@ -111,31 +111,31 @@ def _subgroup_size_supported(op: str) -> Constraint:
 def _shared_fits(op: str, floats_per_thread: int) -> Constraint:
     def check(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
         limit = _extra(dev, "max_shared_memory")
-        need = int(cfg.op(op)["wg_size"]) * floats_per_thread * 4 + 1024
+        need = int(cfg.knobs(op).wg_size) * floats_per_thread * 4 + 1024
         return limit is None or need <= int(limit)
 
     return Constraint("shared memory of the workgroup <= maxComputeSharedMemorySize", check)
 
 
 def _tpr_le_wg(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
-    c = cfg.op("matmul_decode")
-    return int(c["threads_per_row"]) <= int(c["wg_size"])
+    c = cfg.knobs("matmul_decode")
+    return int(c.threads_per_row) <= int(c.wg_size)
 
 
 def _block_tpr_in_subgroup(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
-    tpr = int(cfg.op("matmul_decode")["threads_per_row"])
+    tpr = int(cfg.knobs("matmul_decode").threads_per_row)
     sg = _effective_subgroup(cfg, "matmul_decode", dev)
     return tpr == 0 or sg is None or tpr <= sg
 
 
 def _block_rows_per_thread(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
-    c = cfg.op("matmul_decode")
-    return int(c["rows_per_thread"]) <= int(c["rows_per_wg"])
+    c = cfg.knobs("matmul_decode")
+    return int(c.rows_per_thread) <= int(c.rows_per_wg)
 
 
 def _fuse_rope_rows(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
-    c = cfg.op("matmul_decode")
-    return not int(c["fuse_rope"]) or int(c["rows_per_thread"]) >= 2
+    c = cfg.knobs("matmul_decode")
+    return not int(c.fuse_rope) or int(c.rows_per_thread) >= 2
 
 
 SUBGROUP_FEATURE_SHUFFLE = 0x10  # VkSubgroupFeatureFlagBits
@@ -147,15 +147,15 @@ def _has_shuffle(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
 
 
 def _tiles_fit(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
-    c = cfg.op("matmul_prefill")
+    c = cfg.knobs("matmul_prefill")
     limit = _extra(dev, "max_shared_memory")
-    need = 32 * (int(c["tile_m"]) + int(c["tile_n"]) + 8) * 4
+    need = 32 * (int(c.tile_m) + int(c.tile_n) + 8) * 4
     return limit is None or need <= int(limit)
 
 
 def _vec4_tiles(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
-    c = cfg.op("matmul_prefill")
-    return not c["vec4"] or (int(c["tile_m"]) % 64 == 0 and int(c["tile_n"]) % 64 == 0)
+    c = cfg.knobs("matmul_prefill")
+    return not c.vec4 or (int(c.tile_m) % 64 == 0 and int(c.tile_n) % 64 == 0)
 
 
 # The cooperative-matrix shape matmul_coopmat.comp uses (coopmat.shape_name's spelling).
@@ -173,7 +173,7 @@ def _coopmat_ok(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
 def _coopmat_subgroups(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
     """At most 64 lanes (the required size, else any the device may pick), and a required size
     the device can require of a 256-thread compute shader."""
-    req = int(cfg.op("matmul_prefill")["subgroup_size"])
+    req = int(cfg.knobs("matmul_prefill").subgroup_size)
     if dev is None:
         return True
     if req == 0:
@@ -189,17 +189,19 @@ def _coopmat_subgroups(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
 
 
 def _coopmat_tiles(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
-    c = cfg.op("matmul_prefill")
-    tm, tn, wm, wn = (int(c[k]) for k in ("tile_m", "tile_n", "warp_m", "warp_n"))
+    c = cfg.knobs("matmul_prefill")
+    tm, tn, wm, wn = int(c.tile_m), int(c.tile_n), int(c.warp_m), int(c.warp_n)
     return tm % wm == 0 and tn % wn == 0 and (tm // wm) * (tn // wn) <= 16
 
 
 def _coopmat_one_tile(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
-    c = cfg.op("matmul_prefill")
-    if not c["one_tile"]:
+    c = cfg.knobs("matmul_prefill")
+    if not c.one_tile:
         return True
-    tiles = (int(c["tile_m"]) // int(c["warp_m"])) * (int(c["tile_n"]) // int(c["warp_n"]))
-    sg = int(c["subgroup_size"])
+    tiles = (int(c.tile_m) // int(c.warp_m)) * (int(c.tile_n) // int(c.warp_n))
+    if tiles == 0:  # a subgroup tile past the tile: _coopmat_tiles refuses it (not 256 % 0)
+        return False
+    sg = int(c.subgroup_size)
     if sg == 0 and dev is not None:
         lo, hi = _extra(dev, "min_subgroup_size", 0), _extra(dev, "max_subgroup_size", 0)
         sg = dev.subgroup_size if lo == hi else 0  # a device that picks 32 or 64 must be told
@@ -209,9 +211,9 @@ def _coopmat_one_tile(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
 
 
 def _coopmat_shared(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
-    c = cfg.op("matmul_prefill")
+    c = cfg.knobs("matmul_prefill")
     limit = _extra(dev, "max_shared_memory")
-    tiles = int(c["buffers"]) * (int(c["bk"]) + 8) * (int(c["tile_m"]) + int(c["tile_n"]))
+    tiles = int(c.buffers) * (int(c.bk) + 8) * (int(c.tile_m) + int(c.tile_n))
     need = 2 * tiles + 8 * 1024
     return limit is None or need <= int(limit)
 
@@ -219,10 +221,10 @@ def _coopmat_shared(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
 def _coopmat_store_unrolled(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
     """STORE_UNROLLED's fixed lane rounds (matmul_coopmat.comp: 8 over a 256-float fragment,
     matmul_f16.comp: 2 over 64 uvec4) cover a fragment only with 32 lanes or more."""
-    c = cfg.op("matmul_prefill")
-    if not c["store_unrolled"] or dev is None:
+    c = cfg.knobs("matmul_prefill")
+    if not c.store_unrolled or dev is None:
         return True
-    sg = int(c["subgroup_size"]) or int(_extra(dev, "min_subgroup_size", 0) or dev.subgroup_size)
+    sg = int(c.subgroup_size) or int(_extra(dev, "min_subgroup_size", 0) or dev.subgroup_size)
     return sg >= 32
 
 
@@ -235,17 +237,17 @@ def _resident_pad(n: int, k: int) -> tuple[int, int]:
 def _resident_tiles(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
     """Whole subgroup tiles, and exactly one per subgroup of the 256 threads: the subgroup size
     required, or the device's only one (with no device: 32 or 64 lanes per tile)."""
-    c = cfg.op("matmul_prefill")
-    tm, tn, wm, wn = (int(c[k]) for k in ("tile_m", "tile_n", "warp_m", "warp_n"))
+    c = cfg.knobs("matmul_prefill")
+    tm, tn, wm, wn = int(c.tile_m), int(c.tile_n), int(c.warp_m), int(c.warp_n)
     if tm % wm or tn % wn:
         return False
     tiles = (tm // wm) * (tn // wn)
-    threads = int(c["threads"])
+    threads = int(c.threads)
     # every thread loads whole 16-byte runs of both tiles each k-step (no remainder)
-    q = int(c["bk"]) // 8
+    q = int(c.bk) // 8
     if (tm * q) % threads or (tn * q) % threads:
         return False
-    sg = int(c["subgroup_size"])
+    sg = int(c.subgroup_size)
     if sg == 0 and dev is not None:
         lo, hi = _extra(dev, "min_subgroup_size", 0), _extra(dev, "max_subgroup_size", 0)
         sg = dev.subgroup_size if lo == hi else 0
@@ -258,27 +260,27 @@ COOPMAT_SHAPE_N8 = "16x8x16:f16*f16+f32=f32"
 
 
 def _resident_mma_shape(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
-    if int(cfg.op("matmul_prefill")["mma_n"]) == 16 or dev is None:
+    if int(cfg.knobs("matmul_prefill").mma_n) == 16 or dev is None:
         return True
     return COOPMAT_SHAPE_N8 in _extra(dev, "coopmat_shapes", [])
 
 
 def _resident_one_smem_type(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
-    c = cfg.op("matmul_prefill")
-    return not (c["smem_pairs"] and c["smem_halves"])
+    c = cfg.knobs("matmul_prefill")
+    return not (c.smem_pairs and c.smem_halves)
 
 
 def _resident_threads_fit(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
-    return _device_takes_wg(int(cfg.op("matmul_prefill")["threads"]), dev)
+    return _device_takes_wg(int(cfg.knobs("matmul_prefill").threads), dev)
 
 
 def _resident_shared(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
-    c = cfg.op("matmul_prefill")
+    c = cfg.knobs("matmul_prefill")
     limit = _extra(dev, "max_shared_memory")
-    tiles = 2 * int(c["buffers"]) * (int(c["bk"]) + 8) * (int(c["tile_m"]) + int(c["tile_n"]))
-    if c["direct"]:
+    tiles = 2 * int(c.buffers) * (int(c.bk) + 8) * (int(c.tile_m) + int(c.tile_n))
+    if c.direct:
         tiles = 0  # no shared tiles
-    slots = 16 * 64 * (int(c["threads"]) // 32)  # matmul_f16.comp's SH_LEN: result slots
+    slots = 16 * 64 * (int(c.threads) // 32)  # matmul_f16.comp's SH_LEN: result slots
     return limit is None or max(tiles, slots) <= int(limit)
 
 
@@ -315,6 +317,7 @@ _MAX_COLS = Param(
     "accumulators); a chunk of prefill.chunk_tokens is ceil(chunk / max_cols) passes of one "
     "dispatch",
     spec(2),
+    edge=True,
 )
 
 # The seed's schedule (one forward per MAX_COLS tokens) is chunk_tokens == max_cols.
@@ -537,7 +540,14 @@ REGISTRY.register(
                     "output rows per workgroup (weight rows)",
                     spec(0),
                 ),
-                Param("tile_n", (16, 32, 64, 128), 64, "prompt columns per workgroup", spec(1)),
+                Param(
+                    "tile_n",
+                    (16, 32, 64, 128),
+                    64,
+                    "prompt columns per workgroup",
+                    spec(1),
+                    edge=True,
+                ),
                 Param(
                     "vec4",
                     (False, True),
@@ -570,7 +580,9 @@ REGISTRY.register(
             "coopmat",
             params=(
                 Param("tile_m", (64, 128, 256), 128, "weight rows per workgroup", spec(0)),
-                Param("tile_n", (32, 64, 128), 64, "prompt columns per workgroup", spec(1)),
+                Param(
+                    "tile_n", (32, 64, 128), 64, "prompt columns per workgroup", spec(1), edge=True
+                ),
                 Param("warp_m", (16, 32, 64), 32, "weight rows per subgroup tile", spec(2)),
                 Param("warp_n", (16, 32, 64), 32, "prompt columns per subgroup tile", spec(3)),
                 Param(
@@ -663,7 +675,14 @@ REGISTRY.register(
             "resident",
             params=(
                 Param("tile_m", (64, 128, 256), 128, "weight rows per workgroup", spec(0)),
-                Param("tile_n", (64, 128, 256), 128, "prompt columns per workgroup", spec(1)),
+                Param(
+                    "tile_n",
+                    (64, 128, 256),
+                    128,
+                    "prompt columns per workgroup",
+                    spec(1),
+                    edge=True,
+                ),
                 Param("warp_m", (16, 32, 64), 64, "weight rows per subgroup tile", spec(2)),
                 Param("warp_n", (16, 32, 64), 32, "prompt columns per subgroup tile", spec(3)),
                 Param(
@@ -941,7 +960,7 @@ for _op, _variant, _src, _defines, _doc in _SIMPLE:
             Constraint(
                 "fuse_bias needs fuse_kv (the bias adds ride on the RoPE + KV-write dispatch)",
                 lambda cfg, dev: (
-                    not int(cfg.op("rope")["fuse_bias"]) or int(cfg.op("rope")["fuse_kv"]) == 1
+                    not int(cfg.knobs("rope").fuse_bias) or int(cfg.knobs("rope").fuse_kv) == 1
                 ),
             )
         )
@@ -970,8 +989,8 @@ for _op, _variant, _src, _defines, _doc in _SIMPLE:
 
 
 def _key_threads_le_wg(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
-    c = cfg.op("attention")
-    return int(c["key_threads"]) <= int(c["wg_size"])
+    c = cfg.knobs("attention")
+    return int(c.key_threads) <= int(c.wg_size)
 
 
 _SPLITS = (1, 2, 4, 8, 16, 32, 64)  # <= MAX_SPLITS of attention_split.comp
@@ -1253,12 +1272,12 @@ DELTA_NET_CHUNKS = (4, 8, 16, 32, 64)
 
 def _chunk_a_fits(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
     limit = _extra(dev, "max_shared_memory")
-    ch = int(cfg.op("delta_net")["chunk"])
+    ch = int(cfg.knobs("delta_net").chunk)
     return limit is None or (ch * ch + 4 * ch) * 4 <= int(limit)
 
 
 def _scan_wg_fits(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
-    return _device_takes_wg(int(cfg.op("delta_net")["scan_wg"]), dev)
+    return _device_takes_wg(int(cfg.knobs("delta_net").scan_wg), dev)
 
 
 REGISTRY.register(
@@ -1323,8 +1342,8 @@ REGISTRY.register(
 
 
 def _moe_tpr_le_wg(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
-    c = cfg.op("moe_experts")
-    return int(c["threads_per_row"]) <= int(c["wg_size"])
+    c = cfg.knobs("moe_experts")
+    return int(c.threads_per_row) <= int(c.wg_size)
 
 
 _MOE_DMMV = (
