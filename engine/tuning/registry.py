@@ -249,7 +249,7 @@ class Registry:
         return loosest(self.numeric_classes(config).values(), budgets)
 
     def edge_knobs(self) -> tuple[str, ...]:
-        """Names of the knobs declared ``edge`` on any backend (engine.verify.validate's edge prompts
+        """Names of the knobs declared ``edge`` on any backend (the verifier's edge prompts
         read every knob of such a name)."""
         return tuple(
             sorted(
