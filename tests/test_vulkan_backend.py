@@ -156,8 +156,8 @@ def test_every_attention_and_argmax_variant_has_its_passes_precompiled():
 
 # --- failures leave the backend usable --------------------------------------------------
 def test_compile_error_reports_log_and_backend_stays_usable(tmp_path, monkeypatch):
-    from engine.backends.vulkan import spirv
     from engine.backends import kernel_sources
+    from engine.backends.vulkan import spirv
 
     if spirv.glslc_version(spirv._glslc()) is None:
         pytest.skip("glslc not installed")

@@ -1,13 +1,14 @@
 """GLSL -> SPIR-V with glslc (or glslang for cooperative-matrix shaders), cached on disk.
 
-Cache layout: ``<cache>/<compiler tag>/<shader>-<key>.spv`` where the key hashes the shader
-source, every include in shaders/vulkan, the defines and the target environment, and the compiler
-tag hashes ``glslc --version``; the sources are read through engine.backends.kernel_sources, so
-a file from a ``FLEETTUNE_KERNEL_SOURCES`` overlay is hashed as read: a cache written by another glslc is never reused where a glslc is
-installed. A machine without glslc (a GPU node with no toolchain) may use SPIR-V compiled
-elsewhere: point ``FLEETTUNE_SPIRV_CACHE`` at the carried directory and any compiler's entry for
-the same key is taken. Specialization constants are not part of the key: tile sizes are chosen at
-pipeline creation, so one SPIR-V file serves every value of a tunable.
+Cache layout: ``<cache>/<compiler tag>/<shader>-<key>.spv`` where the key hashes the shader source,
+every include in shaders/vulkan, the defines and the target environment, and the compiler tag hashes
+``glslc --version``: a cache written by another glslc is never reused where a glslc is installed.
+The sources are read through engine.backends.kernel_sources and hashed as read, so a build from a
+``FLEETTUNE_KERNEL_SOURCES`` overlay has its own key. A machine without glslc (a GPU node with no
+toolchain) may use SPIR-V compiled elsewhere: point ``FLEETTUNE_SPIRV_CACHE`` at the carried
+directory and any compiler's entry for the same key is taken. Specialization constants are not part
+of the key: tile sizes are chosen at pipeline creation, so one SPIR-V file serves every value of a
+tunable.
 
 The cache directory: $FLEETTUNE_SPIRV_CACHE, else $FLEETTUNE_CACHE/spirv, else
 ~/.cache/fleettune/spirv. ``python -m engine.backends.vulkan.spirv --out DIR`` precompiles every
