@@ -37,17 +37,15 @@ class Precompiled:
 
 def vulkan_builds(config: TuningConfig, qtypes: Iterable[str]) -> list[tuple[str, tuple[str, ...]]]:
     """Every (shader, defines) SPIR-V build ``set_config`` asks for on a model of these weight
-    types, the planted mutant's define included as the pipelines add it."""
-    from engine.backends import planted
+    types."""
     from engine.backends.vulkan import kernels as K
 
-    extra = planted.define()
     qs = sorted(set(qtypes))
     out: set[tuple[str, tuple[str, ...]]] = set()
     for op in K.BUILT_OPS:
         for q in qs if op in K.WEIGHTED_OPS else [""]:
             for prog in K.programs(op, config.op(op), q):
-                out.add((prog.shader, prog.defines + ((extra,) if extra else ())))
+                out.add((prog.shader, prog.defines))
     return sorted(out)
 
 

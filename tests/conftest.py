@@ -94,13 +94,31 @@ def repo(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def faults() -> Iterator[None]:
-    """The test-only numpy_faults backend (worker.testing), registered for one test."""
-    from worker import testing
+def plant(tmp_path_factory, monkeypatch):  # noqa: ANN001, ANN201
+    """plant(NAME): tests/planted's mutant NAME compiled in from here on (its patched shaders in
+    an overlay that FLEETTUNE_KERNEL_SOURCES names, inherited by processes started after);
+    plant(None): the shipped shaders again. Undone at the end of the test."""
+    from engine.backends.kernel_sources import ENV
+    from tests import planted
 
-    testing.install()
+    def plant_(name: str | None) -> None:
+        if name is None:
+            monkeypatch.delenv(ENV, raising=False)
+            return
+        root = planted.write_overlay(name, tmp_path_factory.mktemp(f"planted-{name}"))
+        monkeypatch.setenv(ENV, str(root))
+
+    return plant_
+
+
+@pytest.fixture
+def faults() -> Iterator[None]:
+    """The test-only numpy_faults backend (tests/fault_backend.py), registered for one test."""
+    from tests import fault_backend
+
+    fault_backend.install()
     yield
-    testing.uninstall()
+    fault_backend.uninstall()
 
 
 @pytest.fixture(scope="module")

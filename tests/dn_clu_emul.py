@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.backends.cuda.kernels import SHADERS
+from engine.backends import kernel_sources
 
 GXX = shutil.which("g++")
 
@@ -153,13 +153,15 @@ int main(int argc, char** argv) {
 
 
 def source() -> str:
-    """The emulation translation unit: the shim, dn_clu.cu (DNC_EMUL), the driver."""
-    return _SHIM + "#define DNC_EMUL 1\n" + (SHADERS / "dn_clu.cu").read_text() + _DRIVER
+    """The emulation translation unit: the shim, dn_clu.cu (DNC_EMUL; read as the backend
+    reads it: a planted bug's overlay included), the driver."""
+    dn_clu = kernel_sources.read_text("cuda/dn_clu.cu")
+    return _SHIM + "#define DNC_EMUL 1\n" + dn_clu + _DRIVER
 
 
 def build(defines: dict[str, int], out_dir: Path) -> Path:
-    """The emulator executable for these defines (MAX_DK, STATE_T, DCL, DG; a planted
-    MUTANT_*), built once per content."""
+    """The emulator executable for these defines (MAX_DK, STATE_T, DCL, DG), built once per
+    content."""
     src = source()
     flags = [f"-D{k}={v}" for k, v in sorted(defines.items())]
     key = hashlib.sha256((src + " ".join(flags)).encode()).hexdigest()[:16]

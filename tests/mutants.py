@@ -3,15 +3,14 @@ verifier must reject and blame on the op it lives in (tests/test_mutants.py; the
 docs/verify.md; tools/verify_calibrate.py --mutants prints their numbers).
 
 NumPy bugs are planted by subclassing the reference backend (a test-only hook); Vulkan and CUDA
-bugs are ``#ifdef MUTANT_<NAME>`` blocks in the shipped shaders, compiled in only when
-FLEETTUNE_MUTANT=<NAME> (engine.backends.planted). Bugs in kernels that both of validate's paths
+bugs are patches of the shipped shaders (tests/planted), compiled in through an overlay of kernel
+sources (FLEETTUNE_KERNEL_SOURCES) only while planted. Bugs in kernels that both of validate's paths
 share (the reference's default rms_norm ...) are ``check="cross_check"``: only the comparison
 with the NumPy backend can see them.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from engine.backends.numpy_ref import NumpyBackend, NumpyWeight
-from engine.backends.planted import ENV
+from tests import planted as shader_patches
 
 # Prompt lengths: one token, a short one, and ones past the 32-token chunk edge with ragged tails.
 PROMPT_LENGTHS = (1, 5, 37, 70)
@@ -263,7 +262,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("DECODE_ATTN_DROPS_RANGE", "numpy", "attention", "decode attention loses one of its "
            "key ranges (a split-KV merge dropping a split)", _NP,
            plant=DecodeAttentionDropsRange),
-    # Vulkan (lavapipe in CI): #ifdef MUTANT_<NAME> in shaders/vulkan
+    # Vulkan (lavapipe in CI): tests/planted/vulkan.patches
     Mutant("TILED_TAIL_ROWS", "vulkan", "matmul_prefill", "tiled GEMM does not write the ragged "
            "last row tile (matmul_tiled.comp)"),
     Mutant("TILED_K_SHORT", "vulkan", "matmul_prefill", "tiled GEMM's K loop one block short"),
@@ -299,7 +298,7 @@ MUTANTS: tuple[Mutant, ...] = (
            op_level=False),
     Mutant("ROPE_BIAS_KQ", "vulkan", "rope", "rope.fuse_bias adds q's bias to k (rope.comp "
            "FUSE_BIAS)", {"rope.fuse_kv": 1, "rope.fuse_bias": 1}, op_level=False),
-    # CUDA (gpu-marked): #ifdef MUTANT_<NAME> in shaders/cuda
+    # CUDA (gpu-marked): tests/planted/cuda.patches
     Mutant("MMVQ_TAIL_ROWS", "cuda", "matmul_decode", "mmvq skips the ragged last rows",
            {"matmul_decode.variant": "mmvq"}),
     Mutant("MMVW_TAIL_ROWS", "cuda", "matmul_decode", "mmvw skips the ragged last rows",
@@ -365,17 +364,13 @@ MUTANTS: tuple[Mutant, ...] = (
 
 @contextmanager
 def planted(m: Mutant) -> Iterator[None]:
-    """FLEETTUNE_MUTANT set for the shader builds of a Vulkan/CUDA mutant; restored after."""
-    old = os.environ.get(ENV)
-    if m.backend != "numpy":
-        os.environ[ENV] = m.name
-    try:
+    """A Vulkan/CUDA mutant's patched shaders compiled in for the body (tests/planted); nothing
+    for a NumPy one (its plant is a backend subclass)."""
+    if m.backend == "numpy":
         yield
-    finally:
-        if old is None:
-            os.environ.pop(ENV, None)
-        else:
-            os.environ[ENV] = old
+        return
+    with shader_patches.planted(m.name):
+        yield
 
 
 @dataclass

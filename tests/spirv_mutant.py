@@ -1,6 +1,7 @@
-"""Precompile the SPIR-V of a planted bug (tests/mutants.py: ``MUTANT_<NAME>`` added to every
-build while FLEETTUNE_MUTANT is set) for the programs some configs use, so a GPU machine with no
-shader compiler can run that mutant's test from a carried cache.
+"""Precompile the SPIR-V of a planted bug (tests/planted: its patched shaders in a
+FLEETTUNE_KERNEL_SOURCES overlay) for the programs some configs use, so a GPU machine with no
+shader compiler can run that mutant's test from a carried cache (the cache keys on the sources'
+content: the planted builds sit beside the shipped ones).
 
 usage: python tests/spirv_mutant.py --mutant NAME --out DIR [--config JSON ...]
        (the default config is always included)
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from pathlib import Path
 
@@ -20,6 +20,7 @@ from engine.backends.vulkan import kernels as K  # noqa: E402
 from engine.backends.vulkan.spirv import compile_spirv  # noqa: E402
 from engine.tuning import REGISTRY, TuningConfig  # noqa: E402
 from engine.tuning.kernels.vulkan import QUANT_TYPES  # noqa: E402
+from tests.planted import patches, planted  # noqa: E402
 
 
 def builds(cfg: TuningConfig) -> set[tuple[str, tuple[str, ...]]]:
@@ -37,12 +38,12 @@ def builds(cfg: TuningConfig) -> set[tuple[str, tuple[str, ...]]]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--mutant", required=True, help="NAME of #ifdef MUTANT_NAME")
+    ap.add_argument("--mutant", required=True, help="NAME of a tests/planted patch")
     ap.add_argument("--out", type=Path, required=True, help="SPIR-V cache directory")
     ap.add_argument("--config", action="append", default=[], help="flat config as JSON")
     args = ap.parse_args(argv)
-    if not re.fullmatch(r"[A-Z0-9_]+", args.mutant):
-        print(f"--mutant {args.mutant!r}: upper-case letters, digits and _", file=sys.stderr)
+    if args.mutant not in patches():
+        print(f"--mutant {args.mutant!r}: not in tests/planted/*.patches", file=sys.stderr)
         return 2
     try:
         cfgs = [TuningConfig.default("vulkan")]
@@ -51,9 +52,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--config: {e}", file=sys.stderr)
         return 2
     todo = sorted(set().union(*(builds(c) for c in cfgs)))
-    for shader, defines in todo:
-        compile_spirv(shader, (*defines, f"MUTANT_{args.mutant}"), args.out)
-    print(f"{len(todo)} SPIR-V builds with MUTANT_{args.mutant} in {args.out}")
+    with planted(args.mutant):
+        for shader, defines in todo:
+            compile_spirv(shader, defines, args.out)
+    print(f"{len(todo)} SPIR-V builds with {args.mutant} planted in {args.out}")
     return 0
 
 

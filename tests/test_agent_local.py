@@ -23,7 +23,7 @@ from agent.storage import parse_storage
 from engine.synth import preset_shape
 from engine.tuning import TuningConfig
 from engine.tuning.promoted import find_promoted
-from worker import testing
+from tests import fault_backend
 
 TINY = preset_shape("qwen2", "tiny")  # tiny_model_path's shape
 
@@ -60,21 +60,23 @@ def test_local_run_finds_promotes_and_resumes_without_ray(
     4x, so a loaded machine cannot hide it); a second run resumes and runs nothing again."""
     from agent.promote import promote
 
-    slow = TuningConfig.default(testing.NAME).replace(**{"matmul_prefill.variant": "slow"})
+    slow = TuningConfig.default(fault_backend.NAME).replace(**{"matmul_prefill.variant": "slow"})
     seed = promote(repo, "cpu-sim", TINY, 8192, slow, {"seeded": True})
     seed_text = seed.path.read_text()
     data = _experiment(str(tiny_model_path))
     variants = ["cached_f32", "slow", "wrong", "nocompile", "raises"]
     data |= {
         "memory": {"context_tokens": 2048},  # the seed, tuned at 8192, is the nearest above
-        "backends": [testing.NAME],
-        "space": {testing.NAME: {"matmul_prefill": {"variants": variants}}},
+        "backends": [fault_backend.NAME],
+        "space": {fault_backend.NAME: {"matmul_prefill": {"variants": variants}}},
         "budget": {"trials": 5, "trial_timeout_s": 120},
         "sampler": {"name": "grid", "seed": 0},
     }
     exp = parse_experiment(data)
     storage = str(tmp_path / "studies.journal")
-    opts = RunOptions(parse_storage(storage), promote_repo=repo, local=True, setup=testing.install)
+    opts = RunOptions(
+        parse_storage(storage), promote_repo=repo, local=True, setup=fault_backend.install
+    )
     summary = run_experiment(exp, opts)
 
     assert summary.ray == "local" and not ray.is_initialized()
@@ -83,7 +85,7 @@ def test_local_run_finds_promotes_and_resumes_without_ray(
     assert s.changed["matmul_prefill.variant"] == ["slow", "cached_f32"], summary.text()
     assert s.ratio > 1.05 and s.promotion and s.promotion["commit"]
     # promoted under the model's shape and the served context, which its evidence records
-    found = find_promoted(testing.NAME, "cpu-sim", TINY, 2048, root=repo / "configs")
+    found = find_promoted(fault_backend.NAME, "cpu-sim", TINY, 2048, root=repo / "configs")
     assert found is not None and found.config.op("matmul_prefill").variant == "cached_f32"
     assert found.path == repo / f"configs/cpu-sim/qwen2/{TINY.key}.ctx2048.toml"
     assert found.path == Path(s.promotion["path"])
@@ -96,7 +98,7 @@ def test_local_run_finds_promotes_and_resumes_without_ray(
     assert seed.path.read_text() == seed_text  # the 8192 promotion stays as it was
     ran = [r for r in _records(storage) if r.outcome.spends_budget]
     recs = {r.config.get("matmul_prefill.variant"): r for r in ran}
-    assert recs["slow"].role == "baseline" and recs["slow"].worker.backend == testing.NAME
+    assert recs["slow"].role == "baseline" and recs["slow"].worker.backend == fault_backend.NAME
     assert {v: recs[v].outcome for v in ("wrong", "nocompile", "raises")} == {
         "wrong": Outcome.INVALID,
         "nocompile": Outcome.COMPILE_ERROR,
@@ -124,13 +126,13 @@ def test_a_stopped_run_promotes_the_best_it_accepted(
     from agent.local import LocalRunner
     from agent.promote import promote
 
-    slow = TuningConfig.default(testing.NAME).replace(**{"matmul_prefill.variant": "slow"})
+    slow = TuningConfig.default(fault_backend.NAME).replace(**{"matmul_prefill.variant": "slow"})
     promote(repo, "cpu-sim", TINY, 4096, slow, {"seeded": True})  # the baseline: a slowed matmul
     data = _experiment(str(tiny_model_path))
     data |= {
-        "backends": [testing.NAME],
+        "backends": [fault_backend.NAME],
         "space": {
-            testing.NAME: {
+            fault_backend.NAME: {
                 "matmul_prefill": {"variants": ["slow", "cached_f32"]},
                 "prefill": {"chunk_tokens": [8, 16, 32]},
             }
@@ -155,10 +157,12 @@ def test_a_stopped_run_promotes_the_best_it_accepted(
 
     monkeypatch.setattr(LocalRunner, "wait", wait)
     storage = str(tmp_path / "studies.journal")
-    opts = RunOptions(parse_storage(storage), promote_repo=repo, local=True, setup=testing.install)
+    opts = RunOptions(
+        parse_storage(storage), promote_repo=repo, local=True, setup=fault_backend.install
+    )
     with pytest.raises(KeyboardInterrupt):
         run_experiment(exp, opts)
-    found = find_promoted(testing.NAME, "cpu-sim", TINY, root=repo / "configs")
+    found = find_promoted(fault_backend.NAME, "cpu-sim", TINY, root=repo / "configs")
     assert found is not None and found.config.op("matmul_prefill").variant == "cached_f32"
     (promotion,) = agents[-1].promotions.values()
     assert promotion["action"] == "committed" and promotion["commit"]

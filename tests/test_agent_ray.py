@@ -20,7 +20,7 @@ from engine import backends as engine_backends
 from engine.synth import preset_shape
 from engine.tuning import TuningConfig
 from engine.tuning.promoted import evidence_key, find_promoted, read_evidence
-from worker import testing
+from tests import fault_backend
 
 TINY = preset_shape("qwen2", "tiny")  # tiny_model_path's shape
 
@@ -163,9 +163,9 @@ def test_faults_fail_trials_restart_workers_and_never_promote(
     exp = parse_experiment(
         experiment(
             model_ref,
-            testing.NAME,
+            fault_backend.NAME,
             space={
-                testing.NAME: {
+                fault_backend.NAME: {
                     "matmul_prefill": {"variants": variants},
                     "prefill": {"chunk_tokens": [32]},
                 }
@@ -178,8 +178,8 @@ def test_faults_fail_trials_restart_workers_and_never_promote(
     opts = RunOptions(
         parse_storage(storage),
         promote_repo=repo,
-        setup=testing.install,
-        resources={"device:cpu-sim": 1, f"backend:{testing.NAME}/cpu-sim": 1},
+        setup=fault_backend.install,
+        resources={"device:cpu-sim": 1, f"backend:{fault_backend.NAME}/cpu-sim": 1},
     )
     summary = run_experiment(exp, opts)
     (s,) = summary.studies
@@ -218,7 +218,7 @@ def test_two_device_classes_on_a_two_node_cluster(model_ref: str, pg_url: str) -
     from ray.cluster_utils import Cluster
 
     def res(c: str) -> dict[str, float]:
-        return {f"device:{c}": 1, f"backend:{testing.NAME}/{c}": 1}
+        return {f"device:{c}": 1, f"backend:{fault_backend.NAME}/{c}": 1}
 
     cluster = Cluster(
         initialize_head=True,
@@ -230,14 +230,17 @@ def test_two_device_classes_on_a_two_node_cluster(model_ref: str, pg_url: str) -
         exp = parse_experiment(
             experiment(
                 model_ref,
-                testing.NAME,
-                space={testing.NAME: {"prefill": {"chunk_tokens": [8, 16, 32]}}},
+                fault_backend.NAME,
+                space={fault_backend.NAME: {"prefill": {"chunk_tokens": [8, 16, 32]}}},
                 budget={"trials": 2, "trial_timeout_s": 60},
             )
         )
         storage = pg_url
         opts = RunOptions(
-            parse_storage(storage), address=cluster.address, setup=testing.install, promote=False
+            parse_storage(storage),
+            address=cluster.address,
+            setup=fault_backend.install,
+            promote=False,
         )
         summary = run_experiment(exp, opts)
         nodes = {
@@ -286,12 +289,14 @@ def test_a_worker_killed_from_outside_retries_its_config(
     """A worker lost to the OOM killer or an operator blacklisted its config forever (the true
     best was lost in a kill test): the config runs once more, on another worker of the class
     when there is one, else on the restarted worker."""
-    monkeypatch.setenv(testing.LOST_ONCE_ENV, str(tmp_path / "killed"))
+    monkeypatch.setenv(fault_backend.LOST_ONCE_ENV, str(tmp_path / "killed"))
     exp = parse_experiment(
         experiment(
             model_ref,
-            testing.NAME,
-            space={testing.NAME: {"matmul_prefill": {"variants": ["cached_f32", "lost_once"]}}},
+            fault_backend.NAME,
+            space={
+                fault_backend.NAME: {"matmul_prefill": {"variants": ["cached_f32", "lost_once"]}}
+            },
             budget={"trials": 2, "trial_timeout_s": 30},
             sampler={"name": "grid", "seed": 0},
         )
@@ -300,8 +305,8 @@ def test_a_worker_killed_from_outside_retries_its_config(
     opts = RunOptions(
         parse_storage(storage),
         promote_repo=repo,
-        setup=testing.install,
-        resources={"device:cpu-sim": workers, f"backend:{testing.NAME}/cpu-sim": workers},
+        setup=fault_backend.install,
+        resources={"device:cpu-sim": workers, f"backend:{fault_backend.NAME}/cpu-sim": workers},
     )
     summary = run_experiment(exp, opts)
     assert (tmp_path / "killed").exists()  # the worker was killed once

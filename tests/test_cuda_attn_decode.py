@@ -247,15 +247,14 @@ def test_tile_fuse_rope_equals_rope_kv(be, tiny_model_factory, arch, pair):
     assert_decode_alike(be, m, pair, prompt, "fused RoPE + KV write differs from rope_kv")
 
 
-def test_attention_decode_tile_planted_swizzle_is_caught(be, monkeypatch):
-    """The kernel test above rejects the planted MUTANT_ATTN_TILE_SWIZZLE (V rows read without
+def test_attention_decode_tile_planted_swizzle_is_caught(be, plant):
+    """The kernel test above rejects the planted ATTN_TILE_SWIZZLE (V rows read without
     the swizzle): the same case, built with the bug, is far from float64."""
     from engine.backends.cuda import kernels
-    from engine.backends.planted import ENV
 
     H, Hkv, D, pos0 = 12, 2, 128, 511
     q, cache, ref = _case(be, H, Hkv, D, pos0)
-    monkeypatch.setenv(ENV, "ATTN_TILE_SWIZZLE")
+    plant("ATTN_TILE_SWIZZLE")
     kernels.clear_cache()
     try:
         be.set_config(cfg(**TILE))
@@ -263,6 +262,6 @@ def test_attention_decode_tile_planted_swizzle_is_caught(be, monkeypatch):
         with pytest.raises(AssertionError, match="NMSE"):
             check(out, ref, 1e-9)
     finally:
-        monkeypatch.delenv(ENV)
+        plant(None)
         kernels.clear_cache()
         be.set_config(cfg())

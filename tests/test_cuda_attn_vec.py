@@ -103,15 +103,14 @@ def test_validate_vec(be, tiny_model_path, flat):
     assert_validates(be, tiny_model_path, flat)
 
 
-def test_attention_decode_vec_planted_combine_is_caught(be, monkeypatch):
-    """The kernel test above rejects the planted MUTANT_ATTN_VEC_COMBINE_W (the combine adds the
+def test_attention_decode_vec_planted_combine_is_caught(be, plant):
+    """The kernel test above rejects the planted ATTN_VEC_COMBINE_W (the combine adds the
     ranges' partials unweighted): the same case, built with the bug, is far from float64."""
     from engine.backends.cuda import kernels
-    from engine.backends.planted import ENV
 
     H, Hkv, D, pos0 = 12, 2, 128, 511
     q, cache, ref = _case(be, H, Hkv, D, pos0)
-    monkeypatch.setenv(ENV, "ATTN_VEC_COMBINE_W")
+    plant("ATTN_VEC_COMBINE_W")
     kernels.clear_cache()
     try:
         be.set_config(cfg(**VEC))
@@ -119,7 +118,7 @@ def test_attention_decode_vec_planted_combine_is_caught(be, monkeypatch):
         with pytest.raises(AssertionError, match="NMSE"):
             check(out, ref, 1e-9)
     finally:
-        monkeypatch.delenv(ENV)
+        plant(None)
         kernels.clear_cache()
         be.set_config(cfg())
     assert np.isfinite(out).all()
@@ -158,19 +157,18 @@ def test_vec_fuse_rope_equals_rope_kv(be, tiny_model_factory, arch, pair, long):
     assert_decode_alike(be, m, pair, prompt, "fused RoPE + KV write differs from rope_kv")
 
 
-def test_vec_planted_rope_k_is_caught(be, tiny_model_factory, monkeypatch):
-    """The fuse_rope test above rejects the planted MUTANT_ATTN_VEC_ROPE_K (the current key
+def test_vec_planted_rope_k_is_caught(be, tiny_model_factory, plant):
+    """The fuse_rope test above rejects the planted ATTN_VEC_ROPE_K (the current key
     scored unroped, though written roped): the fused decode's logits differ from rope_kv's."""
     from engine.backends.cuda import kernels
-    from engine.backends.planted import ENV
 
     m = _model(tiny_model_factory("qwen2", "q4_k_m"), be)
-    monkeypatch.setenv(ENV, "ATTN_VEC_ROPE_K")
+    plant("ATTN_VEC_ROPE_K")
     kernels.clear_cache()
     try:
         with pytest.raises(AssertionError):
             assert_decode_alike(be, m, ROPE_PAIRS[0], PROMPT, "fused RoPE differs")
     finally:
-        monkeypatch.delenv(ENV)
+        plant(None)
         kernels.clear_cache()
         be.set_config(cfg())

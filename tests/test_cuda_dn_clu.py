@@ -107,7 +107,7 @@ def test_cluster_step_runs_the_tiny_hybrids_like_the_default(be, tiny_model_fact
 
 def test_planted_local_norm_is_rejected_and_blamed(be, tiny_model_factory):
     """The cluster step normalising each block's columns by its own sum of squares
-    (MUTANT_DN_CLU_LOCAL_NORM, dn_clu.cu only; two blocks a head at the tiny dv of 32):
+    (DN_CLU_LOCAL_NORM, dn_clu.cu only; two blocks a head at the tiny dv of 32):
     validate rejects the candidate and blames delta_net."""
     from tests.mutants import Mutant, judge
 

@@ -82,7 +82,7 @@ def test_fused_step_is_the_four_launches_to_the_bit(
 
 
 def test_planted_ungated_step_is_rejected_and_blamed(be, tiny_model_factory):
-    """The fused step's output without its silu(z) gate (MUTANT_DN_STEP_UNGATED, dn_step.cu
+    """The fused step's output without its silu(z) gate (DN_STEP_UNGATED, dn_step.cu
     only): validate rejects the default config and blames delta_net's fusion."""
     from tests.mutants import Mutant, judge
 

@@ -95,15 +95,13 @@ def test_q4k_model_graph_equals_eager_and_validates(be, tiny_model_factory, monk
     "mutant,flat",
     [("Q4K_LEAN_SCALE", knobs(q4k_lean=1)), ("MMVW_Q4K_ROW0", knobs(q4k_kernel=1))],
 )
-def test_planted_q4k_bugs_are_caught(cp, be, monkeypatch, mutant, flat):
-    from engine.backends.planted import ENV
-
+def test_planted_q4k_bugs_are_caught(cp, be, plant, mutant, flat):
     rng = np.random.default_rng(13)
     w = qtensor(rng, (1031, 1024), "Q4_K", std=0.05)
     x = rng.standard_normal((1, 1024)).astype(np.float32)
     want = _run(cp, be, knobs(), w, x)
-    monkeypatch.setenv(ENV, mutant)
+    plant(mutant)
     got = _run(cp, be, flat, w, x)
-    monkeypatch.delenv(ENV)
+    plant(None)
     be.set_config(cfg())
     assert np.abs(got - want).max() > 1e-3 * np.abs(want).max(), f"{mutant} went unnoticed"

@@ -113,16 +113,15 @@ def test_stream_model_graph_equals_eager_and_validates(be, tiny_model_factory, m
     assert_model_runs_and_validates(be, path, STREAM_MODEL, "mmvw_stream", monkeypatch)
 
 
-def test_planted_short_copy_is_caught(cp, be, monkeypatch):
-    """MUTANT_MMVW_STREAM_SHORT: every bulk copy leaves out its set's last 16 bytes."""
-    from engine.backends.planted import ENV
+def test_planted_short_copy_is_caught(cp, be, plant):
+    """The planted MMVW_STREAM_SHORT: every bulk copy leaves out its set's last 16 bytes."""
 
     rng = np.random.default_rng(11)
     w = qtensor(rng, (1031, 512), "Q4_K", std=0.05)
     x = rng.standard_normal((1, 512)).astype(np.float32)
     want = _run(cp, be, knobs(), w, x)
-    monkeypatch.setenv(ENV, "MMVW_STREAM_SHORT")
+    plant("MMVW_STREAM_SHORT")
     got = _run(cp, be, knobs(stream=2, stream_blocks=1), w, x)
-    monkeypatch.delenv(ENV)
+    plant(None)
     be.set_config(cfg())
     assert not np.array_equal(got, want), "the planted short copy went unnoticed"

@@ -189,7 +189,7 @@ def test_fused_decode_model_matches_numpy_and_graph_equals_eager(be, tiny_model_
 
 
 def test_planted_unnormalised_route_is_rejected_and_blamed(be, tiny_model_factory):
-    """The fused route's top-k weights never renormalised (MUTANT_MOE_DEC_UNNORMALISED, in
+    """The fused route's top-k weights never renormalised (MOE_DEC_UNNORMALISED, in
     moe_dec.cu only): validate rejects the default config and blames moe_experts' fusion."""
     from tests.mutants import Mutant, judge
 
@@ -231,7 +231,7 @@ def test_topk_regs_breaks_ties_to_the_lower_index_like_numpy(be, E, k):
 
 
 def _with_mutant(be, name: str, flat: dict, body):
-    """body(be) under config flat with only be's moe_dec module rebuilt with MUTANT_<name>
+    """body(be) under config flat with only be's moe_dec module rebuilt with the planted <name>
     (these plants live in moe_dec.cu and the topk.cuh it includes): one module's build, where
     a planted backend rebuilds every module (minutes of a GPU suite for five tests)."""
     from engine.backends.cuda import kernels
@@ -249,7 +249,7 @@ def _with_mutant(be, name: str, flat: dict, body):
 
 
 def _assert_caught(be, name: str, flat: dict, body, want: np.ndarray) -> None:  # noqa: ANN001
-    """body(be) under the planted MUTANT_<name> (_with_mutant) is far from want."""
+    """body(be) under the planted <name> (_with_mutant) is far from want."""
     bad = _with_mutant(be, name, flat, body)
     with pytest.raises(AssertionError):
         check(bad, want, 1e-10)
@@ -270,7 +270,7 @@ def _layer_case(shape: tuple, seed: int, skew: bool = True):  # noqa: ANN202
 
 
 def test_planted_topk_regs_tie_to_the_higher_index_is_caught(be):
-    """MUTANT_MOE_TOPK_REGS_TIE (topk.cuh, topk_row_regs only): the tie test's layer then
+    """MOE_TOPK_REGS_TIE (topk.cuh, topk_row_regs only): the tie test's layer then
     differs from NumPy, while the scalar top-k (topk_regs 0) in the same build does not."""
     E, k, C, F = 40, 8, 256, 64
     rng = np.random.default_rng(E + k)
@@ -285,7 +285,7 @@ def test_planted_topk_regs_tie_to_the_higher_index_is_caught(be):
 
 
 def test_planted_down_split_one_pass_is_caught_on_rows_past_32_groups(be):
-    """MUTANT_MOE_DOWN_SPLIT_ONE_PASS (moe_dec_down_s: one group per lane, rows cut at 512):
+    """MOE_DOWN_SPLIT_ONE_PASS (moe_dec_down_s: one group per lane, rows cut at 512):
     the F = 768 shape differs from NumPy; the 35B-A3B's F = 512 would not show it."""
     E, k = SHAPES[-2][:2]
     run, want = _layer_case(SHAPES[-2], E * 7 + k)
@@ -324,7 +324,7 @@ def test_down_split_model_matches_numpy_and_graph_equals_eager(be, tiny_model_fa
 
 
 def test_planted_route_block_half_row_is_caught(be):
-    """MUTANT_MOE_ROUTE_BLOCK_HALF (moe_dec_route_r: a row's logit from its first warp only):
+    """MOE_ROUTE_BLOCK_HALF (moe_dec_route_r: a row's logit from its first warp only):
     other experts chosen, the layer differs from NumPy."""
     E, k = SHAPES[2][:2]  # 256 experts, top-8, C 512: 4 warps a row
     run, want = _layer_case(SHAPES[2], E * 7 + k, skew=False)
@@ -374,7 +374,7 @@ def test_fuse_pre_norm_route_is_the_norm_then_the_moe_ffn(be, shape, knobs, scal
 
 
 def test_planted_route_norm_without_eps_is_caught_on_a_tiny_row(be):
-    """MUTANT_MOE_ROUTE_NORM_NO_EPS (moe_dec_route_rn: rsqrt(mean square) without eps): a row
+    """MOE_ROUTE_NORM_NO_EPS (moe_dec_route_rn: rsqrt(mean square) without eps): a row
     whose mean square is below eps differs from NumPy."""
     E, k, C, F, Fs, qe, qd, qs = SHAPES[1]
     rng = np.random.default_rng(11)
@@ -406,7 +406,7 @@ def test_gate_up_pair_is_gate_up_to_the_bit(be, shape, knobs):
 
 
 def test_planted_gate_up_pair_swapped_runs_are_caught(be):
-    """MUTANT_MOE_GATE_UP_PAIR_SWAP (dot_pair: each group's two runs meet the other's x)."""
+    """MOE_GATE_UP_PAIR_SWAP (dot_pair: each group's two runs meet the other's x)."""
     E, k = SHAPES[1][:2]
     run, want = _layer_case(SHAPES[1], E * 3 + k)
     _assert_caught(be, "MOE_GATE_UP_PAIR_SWAP", {"moe_experts.gate_up_pair": 1}, run, want)
@@ -452,7 +452,7 @@ def test_dec_wide_and_l2_prefetch_are_bit_identical_and_match_numpy(be, shape, b
 
 
 def test_planted_dec_wide_q6k_scale_is_caught(be):
-    """MUTANT_MOE_DEC_WIDE_Q6_SCALE (qwide.cuh: an odd Q6_K group takes its pair's scale): the
+    """MOE_DEC_WIDE_Q6_SCALE (qwide.cuh: an odd Q6_K group takes its pair's scale): the
     layer with a Q6_K routed down differs from NumPy under dec_wide, not under the narrow
     decode of the same build."""
     E, k = SHAPES[1][:2]
@@ -464,7 +464,7 @@ def test_planted_dec_wide_q6k_scale_is_caught(be):
 
 
 def test_planted_dec_fcvt_unsigned_is_caught(be):
-    """MUTANT_MOE_DEC_FCVT_UNSIGNED (qwide.cuh run_dot_x: every quant byte read 128 too high)
+    """MOE_DEC_FCVT_UNSIGNED (qwide.cuh run_dot_x: every quant byte read 128 too high)
     under dec_fcvt; the I2F conversion (dec_fcvt 0) of the same build is right."""
     E, k = SHAPES[2][:2]
     run, want = _layer_case(SHAPES[2], E * 17 + k)

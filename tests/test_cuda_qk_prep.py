@@ -66,7 +66,7 @@ def test_fused_qk_prep_is_the_op_by_op_schedule_to_the_bit(be, H, Hkv, D, n_rot,
 
 
 def test_planted_rope_ahead_is_rejected_and_blamed(be, tiny_model_factory):
-    """The fused prep's RoPE one position ahead (MUTANT_QK_PREP_ROPE_AHEAD, attn_qk_prep only):
+    """The fused prep's RoPE one position ahead (QK_PREP_ROPE_AHEAD, attn_qk_prep only):
     validate rejects the default config and blames rope_partial's fusion."""
     from tests.mutants import Mutant, judge
 

@@ -3,7 +3,8 @@ g++, a cluster's blocks and a block's threads as std::threads): a decode token's
 gates, scan step and gated norm against the NumPy reference (engine.backends.numpy_hybrid's
 delta_net_conv_gated) over three steps on carried states, for every blocks-per-head and
 lanes-per-column value, 1, 2 and 4 V heads per K head, both V-head orders and state layouts,
-conv widths 2..8 and ragged head dims; and its planted bug (MUTANT_DN_CLU_LOCAL_NORM) caught."""
+conv widths 2..8 and ragged head dims; and its planted bug (DN_CLU_LOCAL_NORM, tests/planted)
+caught."""
 
 from __future__ import annotations
 
@@ -19,11 +20,9 @@ from tests.op_cases import f32_tensor, nmse
 pytestmark = pytest.mark.skipif(emul.GXX is None, reason="needs g++ (the kernel's host build)")
 
 
-def _steps(tmp_path, n, lanes, max_dk, K, dk, dv, Hk, Hv, transposed, v_order, mutant=None):
+def _steps(tmp_path, n, lanes, max_dk, K, dk, dv, Hk, Hv, transposed, v_order):
     """(max NMSE of y, of the state; conv states all equal) over three emulated steps."""
     defines = {"MAX_DK": max_dk, "STATE_T": int(transposed), "DCL": n, "DG": lanes}
-    if mutant:
-        defines[f"MUTANT_{mutant}"] = 1
     exe = emul.build(defines, tmp_path)
     rng = np.random.default_rng(dk * 7 + dv + Hv + K + n + lanes)
     f = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
@@ -79,7 +78,8 @@ def test_cluster_step_is_the_reference(
     assert y < 1e-10 and s < 1e-10 and conv, (y, s, conv)
 
 
-def test_planted_local_norm_is_caught(tmp_path):
+def test_planted_local_norm_is_caught(tmp_path, plant):
     # each block normalising by its own columns: wrong as soon as a head spans two blocks
-    y, s, conv = _steps(tmp_path, 2, 8, 64, 4, 32, 32, 2, 4, True, "tiled", "DN_CLU_LOCAL_NORM")
+    plant("DN_CLU_LOCAL_NORM")
+    y, s, conv = _steps(tmp_path, 2, 8, 64, 4, 32, 32, 2, 4, True, "tiled")
     assert y > 1e-4 and s < 1e-10 and conv, (y, s, conv)

@@ -82,7 +82,7 @@ def _validate_silent(model: Model, prompt: list[int]) -> bool:
     return validate(model, TuningConfig.from_flat("numpy", CANDIDATE), [prompt], steps=4).passed
 
 
-# --- Vulkan: bugs planted in the chunked scan's shader (#ifdef MUTANT_<NAME>) -----------------
+# --- Vulkan: bugs planted in the chunked scan's shader (tests/planted) -------------------------
 VULKAN_CHUNKED = {"delta_net.variant": "chunked", "delta_net.chunk": 4, "prefill.chunk_tokens": 8}
 VULKAN_MUTANTS = {
     "DN_CHUNK_NO_MASK": "delta_net",  # each token reads the later tokens of its chunk

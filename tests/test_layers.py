@@ -206,3 +206,27 @@ def test_tests_import_no_lab_and_there_is_no_scripts_folder():
             bad += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.split(".")[0] == "scripts"]
     assert not bad, bad
     assert not (ROOT / "scripts").exists()
+
+
+def test_the_product_holds_no_test_code():
+    """Test-only code stays in tests/ (issue 29): no module of engine, worker or agent imports
+    from tests, and no product source or shader names a planted bug (MUTANT): the tests plant
+    theirs through the general FLEETTUNE_KERNEL_SOURCES overlay (tests/planted)."""
+    bad = []
+    for pkg in PACKAGES:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and not node.level:
+                    names = [node.module or ""]
+                else:
+                    continue
+                rel = path.relative_to(ROOT)
+                bad += [f"{rel} imports {n}" for n in names if n.split(".")[0] == "tests"]
+    for top in (*PACKAGES, "shaders"):
+        for path in sorted((ROOT / top).rglob("*")):
+            if path.is_file() and path.suffix in (".py", ".comp", ".glsl", ".cu", ".cuh"):
+                if "MUTANT" in path.read_text():
+                    bad.append(f"{path.relative_to(ROOT)} names MUTANT")
+    assert not bad, "test code in the product:\n" + "\n".join(bad)

@@ -3,9 +3,9 @@ through 16-byte loads) on the CPU: the real header and common.cuh built by g++ b
 small CUDA shim, every group of random-byte blocks (every scale and min bit
 pattern, any f16 d) decoded by dec_row_group and by common.cuh's row_group, which the narrow
 kernels use: the same Run8 (quants, scale, offset: bytes compared) and the same element
-offsets. The planted MUTANT_MOE_DEC_WIDE_Q6_SCALE (an odd Q6_K group taking its pair's scale)
+offsets. The planted MOE_DEC_WIDE_Q6_SCALE (an odd Q6_K group taking its pair's scale)
 is caught. And run_dot_x (moe_experts.dec_fcvt: bytes to floats by a byte permute and an
-FADD) against run_dot on random runs: the same float to the bit; MUTANT_MOE_DEC_FCVT_UNSIGNED
+FADD) against run_dot on random runs: the same float to the bit; MOE_DEC_FCVT_UNSIGNED
 caught. The GPU side (the kernels under the knob, bit-identical to it off) is
 tests/test_cuda_moe_dec.py."""
 
@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.backends.cuda.kernels import SHADERS
+from engine.backends import kernel_sources
 
 GXX = shutil.which("g++")  # dev's APT_PKGS
 
@@ -145,11 +145,12 @@ int main(int argc, char** argv) {
 
 
 def _source() -> str:
-    common = (SHADERS / "common.cuh").read_text().replace("#pragma once", "")
+    # read as the backend reads them: a planted bug's overlay included
+    common = kernel_sources.read_text("cuda/common.cuh").replace("#pragma once", "")
     for pat, rep in _SUBS:
         common, n = re.subn(pat, rep, common)
         assert n > 0, f"common.cuh: no {pat!r} to replace (the emulation is out of date)"
-    qwide = (SHADERS / "qwide.cuh").read_text()
+    qwide = kernel_sources.read_text("cuda/qwide.cuh")
     qwide = qwide.replace("#pragma once", "").replace('#include "common.cuh"', "")
     return _SHIM + common + qwide + _DRIVER
 
@@ -202,13 +203,15 @@ def test_wide_groups_and_fcvt_dots_are_the_narrow_ones_to_the_bit(work, seed, fc
     assert _mismatches(exe, work, seed) == (0, 0, 0)
 
 
-def test_planted_wide_q6k_scale_is_caught(work):
-    exe = _build({"MUTANT_MOE_DEC_WIDE_Q6_SCALE": 1}, work)
+def test_planted_wide_q6k_scale_is_caught(work, plant):
+    plant("MOE_DEC_WIDE_Q6_SCALE")
+    exe = _build({}, work)
     q4k, q6k, dots = _mismatches(exe, work, 0)
     assert q4k == 0 and q6k > 0 and dots == 0  # the odd Q6_K groups take the wrong scale
 
 
-def test_planted_fcvt_unsigned_is_caught(work):
-    exe = _build({"MUTANT_MOE_DEC_FCVT_UNSIGNED": 1}, work)
+def test_planted_fcvt_unsigned_is_caught(work, plant):
+    plant("MOE_DEC_FCVT_UNSIGNED")
+    exe = _build({}, work)
     q4k, q6k, dots = _mismatches(exe, work, 0)
     assert q4k == q6k == 0 and dots > 3000  # every byte 128 too high (of 4096 runs)

@@ -17,8 +17,8 @@ from agent.recheck import recheck_file
 from engine.tuning import TuningConfig
 from engine.tuning.promoted import evidence_key, key_changes, read_evidence
 from engine.verify.sentinel import cache_key
+from tests import fault_backend
 from tests.mutants import MUTANTS, planted
-from worker import testing
 
 ENGINE = "0123456789abcdef0123456789abcdef01234567"
 
@@ -96,13 +96,13 @@ def test_numpy_subclass_bug_fails_revalidation(tmp_path, ragged) -> None:
 
 
 def test_cli_lists_failing_config_and_exits_1(tmp_path, ragged, capsys) -> None:
-    testing.install()
+    fault_backend.install()
     try:
         from engine import backends
 
-        be = backends.create(testing.NAME)
+        be = backends.create(fault_backend.NAME)
         _write(tmp_path, be, {"matmul_prefill.variant": "wrong"}, ragged, driver="old")
-        argv = ["recheck", "--configs", str(tmp_path), "--backend", testing.NAME]
+        argv = ["recheck", "--configs", str(tmp_path), "--backend", fault_backend.NAME]
         assert main([*argv, "--json"]) == 1
         doc = json.loads(capsys.readouterr().out)
         (r,) = doc["results"]
@@ -112,7 +112,7 @@ def test_cli_lists_failing_config_and_exits_1(tmp_path, ragged, capsys) -> None:
         _write(tmp_path, be, {}, ragged, driver="old")  # a correct config passes again
         assert main(argv) == 0
     finally:
-        testing.uninstall()
+        fault_backend.uninstall()
 
 
 def test_cli_bad_input_exits_2(tmp_path, capsys) -> None:
@@ -151,9 +151,9 @@ def test_worker_trusts_promoted_baseline_under_its_key_revalidates_under_another
     from worker.evaluator import Evaluator
     from worker.records import BenchPlan, Objective, Outcome, ValidatePlan
 
-    testing.install()
+    fault_backend.install()
     try:
-        ev = Evaluator(testing.NAME, "test-0")
+        ev = Evaluator(fault_backend.NAME, "test-0")
         ev._info = replace(ev.info(), engine_commit=ENGINE)  # a committed build
         ref = str(tiny_model_path)
         ev.load(ref)
@@ -162,7 +162,9 @@ def test_worker_trusts_promoted_baseline_under_its_key_revalidates_under_another
             ValidatePlan(random_prompts=(1, 20), steps=2),
             BenchPlan((Objective("decode_tok_s", 4, 2),), pairs=1, warmup=0),
         )
-        good = TuningConfig.default(testing.NAME).replace(**{"prefill.chunk_tokens": 8}).flat()
+        good = (
+            TuningConfig.default(fault_backend.NAME).replace(**{"prefill.chunk_tokens": 8}).flat()
+        )
 
         def run(flat: dict, recorded: dict | None):  # noqa: ANN202
             return ev.evaluate(
@@ -176,12 +178,14 @@ def test_worker_trusts_promoted_baseline_under_its_key_revalidates_under_another
         assert moved.outcome is Outcome.OK and moved.validate and moved.validate.passed
         rv = moved.revalidation
         assert rv and rv["revalidated"] and rv["passed"] and rv["changes"][0].startswith("driver")
-        bad = TuningConfig.default(testing.NAME).replace(**{"matmul_prefill.variant": "wrong"})
+        bad = TuningConfig.default(fault_backend.NAME).replace(
+            **{"matmul_prefill.variant": "wrong"}
+        )
         failed = run(bad.flat(), {**key, "engine": "older"})
         assert failed.outcome is Outcome.INVALID and failed.revalidation["passed"] is False
         assert failed.reason.startswith("promoted baseline fails re-validation (engine")
     finally:
-        testing.uninstall()
+        fault_backend.uninstall()
 
 
 def test_study_sends_the_promoted_key_and_falls_back_to_default(tmp_path, ragged) -> None:

@@ -156,6 +156,7 @@ def test_every_attention_and_argmax_variant_has_its_passes_precompiled():
 
 # --- failures leave the backend usable --------------------------------------------------
 def test_compile_error_reports_log_and_backend_stays_usable(tmp_path, monkeypatch):
+    from engine.backends import kernel_sources
     from engine.backends.vulkan import spirv
 
     if spirv.glslc_version(spirv._glslc()) is None:
@@ -167,19 +168,19 @@ def test_compile_error_reports_log_and_backend_stays_usable(tmp_path, monkeypatc
         wv = be.load_weight(w)
         x = rng.standard_normal((1, 64)).astype(np.float32)
         ref = be.download(be.matmul(be.upload(x), wv))
-        broken = tmp_path / "shaders"
-        shutil.copytree(spirv.SHADER_DIR, broken)
-        src = broken / "matmul_decode.comp"
-        # break every variant (a config may pick any of them)
-        src.write_text(src.read_text().replace("subgroupAdd(", "subgroupAdd(oops, "))
-        monkeypatch.setattr(spirv, "SHADER_DIR", broken)
+        (tmp_path / "src" / "vulkan").mkdir(parents=True)
+        text = (ROOT / "shaders" / "vulkan" / "matmul_decode.comp").read_text()
+        # break every variant (a config may pick any of them), in an overlay of the sources
+        src = tmp_path / "src" / "vulkan" / "matmul_decode.comp"
+        src.write_text(text.replace("subgroupAdd(", "subgroupAdd(oops, "))
+        monkeypatch.setenv(kernel_sources.ENV, str(tmp_path / "src"))
         monkeypatch.setenv("FLEETTUNE_SPIRV_CACHE", str(tmp_path / "cache"))
         cand = TuningConfig.default("vulkan").replace(**{"matmul_decode.rows_per_wg": 8})
         be.pipes.modules.clear()  # force the (broken) source to be compiled again
         with pytest.raises(KernelCompileError, match="oops"):
             be.set_config(cand)
         assert be.config == TuningConfig.default("vulkan")
-        monkeypatch.setattr(spirv, "SHADER_DIR", ROOT / "shaders" / "vulkan")
+        monkeypatch.delenv(kernel_sources.ENV)
         assert np.array_equal(be.download(be.matmul(be.upload(x), wv)), ref)
         be.set_config(cand)  # the next config compiles and runs
         assert nmse(ref, be.download(be.matmul(be.upload(x), wv))) < 1e-10

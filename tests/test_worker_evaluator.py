@@ -12,7 +12,7 @@ from agent.acceptance import decide
 from agent.experiment import parse_experiment
 from agent.stats import aa_noise
 from engine.tuning import TuningConfig
-from worker import testing
+from tests import fault_backend
 from worker.evaluator import Evaluator
 from worker.records import BenchPlan, Objective, Outcome, ValidatePlan
 
@@ -26,18 +26,18 @@ def faulty(tiny_model_path: Path) -> Iterator[tuple[Evaluator, str]]:
     --local's threadpool limit), so a busy CI machine slows whole runs, not half a GEMM."""
     from threadpoolctl import threadpool_limits
 
-    testing.install()
-    ev = Evaluator(testing.NAME, "test-0")
+    fault_backend.install()
+    ev = Evaluator(fault_backend.NAME, "test-0")
     ref = str(tiny_model_path)
     shape = ev.load(ref)  # the model's shape class: keys its promotion
     assert shape.family == "qwen2" and shape.key.startswith("l2-c256-")
     with threadpool_limits(limits=1):
         yield ev, ref
-    testing.uninstall()
+    fault_backend.uninstall()
 
 
 def _flat(**changes: object) -> dict:
-    return TuningConfig.default(testing.NAME).replace(**changes).flat()
+    return TuningConfig.default(fault_backend.NAME).replace(**changes).flat()
 
 
 def test_ok_candidate_has_paired_samples_and_diffs(faulty: tuple[Evaluator, str]) -> None:

@@ -45,6 +45,10 @@ SLOW: dict[str, str] = {
     "tests/test_hybrid_mutants.py::test_vulkan_chunked_scan_mutants_are_rejected_and_blamed": (
         "a lavapipe hybrid validation per planted bug"
     ),
+    "tests/test_planted.py::test_planted_cuda_sources_compile": "nvcc of each planted CUDA bug",
+    "tests/test_planted.py::test_planted_vulkan_sources_compile": (
+        "glslc of each planted Vulkan bug"
+    ),
     "tests/test_sentinel.py::test_validate_cross_check_disagreement_fails_the_cli": (
         "validate's CLI twice in a fresh process"
     ),

@@ -164,7 +164,7 @@ class Evaluator:
         restarted worker, or a second one on the node, reads the reference logits back)."""
         if self.ref_cache_dir is None:
             return {}
-        from engine.backends.planted import mutant
+        from engine.backends import kernel_sources
 
         dev = model.backend.device_info()
         identity = {
@@ -173,7 +173,9 @@ class Evaluator:
             "device_class": dev.device_class,
             "driver": dev.driver,
             "engine_code": engine_code_digest(),
-            "mutant": mutant() or "",  # a planted bug changes the reference's kernels too
+            # an overlay of kernel sources (FLEETTUNE_KERNEL_SOURCES) changes the reference's
+            # kernels too
+            "kernel_sources": kernel_sources.digest(),
         }
         return RefLogits(identity, self.ref_cache_dir)
 

@@ -157,12 +157,7 @@ extern "C" __global__ void attn_split_kw(const float* __restrict__ q, const floa
 #pragma unroll
             for (int i = 0; i < KW_DPL; i += 4) {
                 if (i < dpl) {
-#ifdef MUTANT_ATTN_KV_EARLY_K  // planted bug: the early "V" row is read from the K cache
-                    const float4 v4 = kv_early ? *(const float4*)(kc + row + i)
-                                               : *(const float4*)(vc + row + i);
-#else
                     const float4 v4 = kv_early ? ve[i / 4] : *(const float4*)(vc + row + i);
-#endif
                     acc[i] = acc[i] * corr + p * v4.x;
                     acc[i + 1] = acc[i + 1] * corr + p * v4.y;
                     acc[i + 2] = acc[i + 2] * corr + p * v4.z;
@@ -245,12 +240,6 @@ extern "C" __global__ void attn_split_kw(const float* __restrict__ q, const floa
 }
 
 // grid (H, T), block >= 32: merge SPLITS partials into out [T, H, D].
-#ifdef MUTANT_ATTN_SPLIT_MERGE_DROPS  // planted bug: the combine forgets split 1
-#define MUTANT_DROPPED(s) ((s) == 1)
-#else
-#define MUTANT_DROPPED(s) false
-#endif
-
 extern "C" __global__ void attn_combine(const float* __restrict__ part, const float* __restrict__ ml,
                                         float* __restrict__ out, int H, int D, int nsplit) {
     const int h = blockIdx.x, t = blockIdx.y;
@@ -260,14 +249,14 @@ extern "C" __global__ void attn_combine(const float* __restrict__ part, const fl
     float Ls = 0.f;
     for (int s = 0; s < nsplit; ++s) {
         const float ms = ml[2 * (base + s)];
-        if (ms != NEG_INF && !MUTANT_DROPPED(s)) Ls += ml[2 * (base + s) + 1] * expf(ms - M);
+        if (ms != NEG_INF) Ls += ml[2 * (base + s) + 1] * expf(ms - M);
     }
     const float inv = 1.f / Ls;
     for (int d = threadIdx.x; d < D; d += blockDim.x) {
         float a = 0.f;
         for (int s = 0; s < nsplit; ++s) {
             const float ms = ml[2 * (base + s)];
-            if (ms != NEG_INF && !MUTANT_DROPPED(s)) a += part[(base + s) * D + d] * expf(ms - M);
+            if (ms != NEG_INF) a += part[(base + s) * D + d] * expf(ms - M);
         }
         out[((size_t)t * H + h) * D + d] = a * inv;
     }
@@ -332,9 +321,7 @@ extern "C" __global__ void __launch_bounds__((BQ / RPW) * 32) attn_flash(const f
                 const float4 a = qr[d], b = kr[d];
                 s += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
             }
-#ifndef MUTANT_FLASH_NO_CAUSAL  // planted bug: no causal mask inside a 32-key chunk
             if (k0 + lane > pq) s = NEG_INF;
-#endif
             const float cmax = warp_max(s);
             const float mn = fmaxf(m[r], cmax), corr = expf(m[r] - mn);
             const float p = expf(s - mn);

@@ -57,11 +57,7 @@ extern "C" __global__ void attg_softmax(const float* __restrict__ S, u16* __rest
                                         int tb, int Lp, int qpos0) {
     const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
     if (row >= rows) return;
-#ifdef MUTANT_ATTG_NO_CAUSAL  // planted bug: every query of a pass sees the pass's last keys
-    const int n = qpos0 + tb;
-#else
     const int n = qpos0 + row % tb + 1;
-#endif
     const float* s = S + (size_t)row * Lp;
     u16* p = P + (size_t)row * Lp;
     float m = NEG_INF;

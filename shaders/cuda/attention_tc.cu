@@ -123,11 +123,7 @@ __device__ __forceinline__ void attn_tc(const float* __restrict__ q, const float
 #pragma unroll
             for (int c = 0; c < 4; ++c) {
                 const int key = k0 + nb * 8 + tig * 2 + (c & 1);
-#ifndef MUTANT_FLASH_TC_NO_CAUSAL  // planted bug: no causal mask inside a key tile
                 if (key > pr[c >> 1]) s[nb][c] = NEG_INF;
-#else
-                if (key >= Lmax) s[nb][c] = NEG_INF;
-#endif
                 mx[c >> 1] = fmaxf(mx[c >> 1], s[nb][c]);
             }
         float corr[2], ls[2] = {0.f, 0.f};

@@ -126,11 +126,7 @@ extern "C" __global__ void attn_gqa(const float* __restrict__ q, float* kc, floa
             const float* x = isq ? q + (size_t)(kvh * G + g) * D : knew + (size_t)kvh * D;
             const int ia = neox ? j : 2 * j, ib = neox ? j + half : 2 * j + 1;
             const double a = x[ia], b = x[ib], c = cs[j][0], sn = cs[j][1];
-#ifdef MUTANT_ATTN_GQA_ROPE_SIN  // planted bug: the rotation's sine term with the wrong sign
-            const float ra = (float)(a * c + b * sn), rb = (float)(b * c - a * sn);
-#else
             const float ra = (float)(a * c - b * sn), rb = (float)(a * sn + b * c);  // rope_pair
-#endif
             if (isq) {
                 qf[g * D + ia] = ra * scale;
                 qf[g * D + ib] = rb * scale;
@@ -146,11 +142,7 @@ extern "C" __global__ void attn_gqa(const float* __restrict__ q, float* kc, floa
         __syncthreads();  // the rows just written are read below by other threads of the block
     } else {
         for (int i = threadIdx.x; i < G * D4; i += blockDim.x) {
-#ifdef MUTANT_ATTN_GQA_Q0  // planted bug: every head of the group scores with its first q head
-            const float4 v = ((const float4*)q)[(size_t)kvh * G * D4 + i % D4];
-#else
             const float4 v = ((const float4*)q)[(size_t)kvh * G * D4 + i];
-#endif
             qs[i] = make_float4(v.x * scale, v.y * scale, v.z * scale, v.w * scale);
         }
     }

@@ -223,11 +223,7 @@ extern "C" __global__ void attn_tile(const float* __restrict__ q, float* kc, flo
 #pragma unroll
             for (int c2 = 0; c2 < DL; ++c2) {
                 const int c = lane + 32 * c2;
-#ifdef MUTANT_ATTN_TILE_SWIZZLE  // planted bug: V rows read without the swizzle
-                vf[c2] = c < D4 ? vs[j * D4 + c] : make_float4(0.f, 0.f, 0.f, 0.f);
-#else
                 vf[c2] = c < D4 ? vs[j * D4 + (c ^ (j & 7))] : make_float4(0.f, 0.f, 0.f, 0.f);
-#endif
             }
 #pragma unroll
             for (int hh = 0; hh < HPW; ++hh) {

@@ -221,11 +221,7 @@ __device__ __forceinline__ void attn_vec_body(const float* __restrict__ q, float
             vcur = ((const float4*)vnew)[(size_t)kvh * D4 + lane];
         }
         const float4 kro = rope4(kn, cs, lane, D4, neox);  // every lane: the shuffles
-#ifdef MUTANT_ATTN_VEC_ROPE_K  // planted bug: the current key scored unroped
-        kcur = kn;
-#else
         kcur = kro;
-#endif
         if (warp == 0 && dl) {
             *(float4*)(kbase + (size_t)cur * rs) = kro;
             *(float4*)(vbase + (size_t)cur * rs) = vcur;
@@ -446,11 +442,7 @@ __device__ __forceinline__ void attn_vec_body(const float* __restrict__ q, float
                 Ls *= cw;
 #pragma unroll
                 for (int u = 0; u < VCU; ++u) {
-#ifdef MUTANT_ATTN_VEC_COMBINE_W  // planted bug: the combine forgets each range's weight
-                    const float w = mr[u].x == NEG_INF ? 0.f : 1.f;
-#else
                     const float w = mr[u].x == NEG_INF ? 0.f : expf(mr[u].x - Mn);
-#endif
                     Ls = fmaf(mr[u].y, w, Ls);
                     a = axpy4(w, pv[u], a);
                 }

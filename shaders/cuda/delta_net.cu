@@ -7,7 +7,8 @@
 //   S = exp(g) S;  u = beta (v - S^T k);  S += k u^T;  o = S^T q.
 // Column j of S is all that output j needs, so a warp owns one column (lanes own its rows
 // i = lane + 32 r, in registers for the whole call): S^T k and S^T q are warp sums. This is the
-// seed's fixed kernel shape; its bug (lanes over the wrong axis: S k) is MUTANT_DELTA_NET_SK.
+// seed's fixed kernel shape; its bug (lanes over the wrong axis: S k) is planted as
+// DELTA_NET_SK (tests/planted).
 //
 // Variant: delta_net.sequential (engine/tuning/kernels/cuda_hybrid.py). Tunables (defines):
 //   NW       warps (state columns) per block; grid (ceil(dv / NW), Hv)
@@ -112,13 +113,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32)
     const int kh = grouped ? h / (Hv / Hk) : h % Hk;
     float* sh = state + (size_t)h * dk * dv;
     bool transposed = STATE_T != 0;
-#ifdef MUTANT_DELTA_NET_SK
-    // planted bug (prefill only, as the seed's warp kernel): the warp walks row j instead of
-    // column j, so every contraction runs over the wrong axis; its prediction for k is S k.
-    const bool swap = T > 1 && dk == dv;
-#else
     const bool swap = false;
-#endif
     float s[RPL];
 #pragma unroll
     for (int r = 0; r < RPL; ++r) {

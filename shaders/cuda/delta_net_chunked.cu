@@ -211,11 +211,9 @@ extern "C" __global__ void __launch_bounds__(NW * 32)
         }
         __syncwarp();  // every lane is done with this chunk's U and S0 before the next writes
     }
-#ifndef MUTANT_DN_CHUNK_STATE_NOT_STORED  // planted bug: decode starts from the old state
 #pragma unroll
     for (int r = 0; r < RPL; ++r) {
         const int i = lane + 32 * r;
         if (i < dk) sh[state_at(i, j, dk, dv, transposed)] = s[r];
     }
-#endif
 }

@@ -249,12 +249,8 @@ __device__ __forceinline__ void dn_clu_body(const float* __restrict__ xr, float*
         }
     }
     float tot = 0.f;
-#ifdef MUTANT_DN_CLU_LOCAL_NORM
-    tot = sm.part * DCL;  // planted bug: each block normalises by its own columns' sum
-#else
 #pragma unroll
     for (int x = 0; x < DCL; ++x) tot += dnc_dsmem_ld(&sm.part, vr * DCL + x);
-#endif
     dnc_cluster_arrive();  // done with the others' parts
     const float scale = rsqrtf(tot / (float)dv + eps);
     if (col && g == 0) {

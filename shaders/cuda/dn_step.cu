@@ -82,11 +82,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32)
     for (int i = lane; i < dv; i += 32) {
         const float on = __ldcg(xr + i) * scale * nw[i];
         const float zv = z[(size_t)h * dv + i];
-#ifdef MUTANT_DN_STEP_UNGATED
-        y[(size_t)h * dv + i] = on;  // planted bug: the output gate silu(z) left out
-#else
         y[(size_t)h * dv + i] = zv / (1.f + expf(-zv)) * on;
-#endif
     }
     if (lane == 0) tickets[h] = 0;  // ready for the next layer / replay
 }

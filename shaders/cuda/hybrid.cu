@@ -202,11 +202,7 @@ extern "C" __global__ void __launch_bounds__(32 * ATTN_PREP_WARPS)
             out[d] = buf[d];
             continue;
         }
-#ifdef MUTANT_QK_PREP_ROPE_AHEAD
-        const double ang = (double)(p0 + 1) * pow((double)theta, -2.0 * e / n_rot);  // planted
-#else
         const double ang = (double)p0 * pow((double)theta, -2.0 * e / n_rot);
-#endif
         double sn, cs;
         sincos(ang, &sn, &cs);
         const double a = buf[e], b = buf[e + half];

@@ -77,11 +77,7 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, int row_bytes, int
 #pragma unroll
             for (int c = 0; c < 4; ++c) acc[a][b][c] = 0.f;
 
-#ifdef MUTANT_MMQ_K_SHORT  // planted bug: the K loop stops one tile short
-    for (int k0 = 0; k0 + BKW < K; k0 += BKW) {
-#else
     for (int k0 = 0; k0 < K; k0 += BKW) {
-#endif
         // Weight tile: BM rows x 4 groups (a group's 16 weights sit inside this 64-window).
         for (int i = tid; i < BM * 4; i += NTHREADS) {
             const int r = i >> 2, g = k0 / 16 + (i & 3);

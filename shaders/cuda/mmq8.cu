@@ -102,13 +102,8 @@ __device__ __forceinline__ void mmq8(const u8* __restrict__ W, int row_bytes, in
             *(uint2*)(As + r * LDB + kb) = make_uint2(r1.q0, r1.q1);
             Asc[r][ka >> 4] = r0.a;  // runs in one 16-wide piece share a scale, in one 32
             Asc[r][kb >> 4] = r1.a;  // the offset (every block type's layout)
-#ifdef MUTANT_MMQ8_Q4K_MIN  // planted bug: the offset term (Q4_K mins, Q4_1 m) is dropped
-            Aof[r][ka >> 5] = 0.f;
-            Aof[r][kb >> 5] = 0.f;
-#else
             Aof[r][ka >> 5] = r0.b;
             Aof[r][kb >> 5] = r1.b;
-#endif
         }
         // Activation tile: BN tokens x 64 int8, 16-byte chunks, and the blocks' (d, d*sum).
         for (int i = tid; i < BN * 4; i += NTHREADS) {

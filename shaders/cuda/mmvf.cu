@@ -212,11 +212,7 @@ template <> struct VF<QT_Q4_K> {
         const u32 sm = q4k_scales4(w.hd, p);
         const float d = h2f((u16)(w.hd.x & 0xFFFF)), dmin = h2f((u16)(w.hd.x >> 16));
         const float sc0 = to_f(sm, 0, MAGIC), sc1 = to_f(sm, 1, MAGIC);
-#ifdef MUTANT_MMVF_Q4K_MIN  // planted bug: the high sub-block's min term uses the low one's m
-        const float m0 = to_f(sm, 2, MAGIC), m1 = m0;
-#else
         const float m0 = to_f(sm, 2, MAGIC), m1 = to_f(sm, 3, MAGIC);
-#endif
         return d * (sc0 * qa + sc1 * qb) - dmin * (m0 * x.sa + m1 * x.sb);
     }
 };
@@ -521,11 +517,7 @@ __device__ __forceinline__ void mmvf_glu_rows(const u8* __restrict__ Wg, const u
 #pragma unroll
         for (int r = 0; r < H; ++r) {
             const int n = row0 + r;
-#ifdef MUTANT_MMVF_GLU_GATE  // planted bug: silu(gate) times gate, not up
-            const float v = acc[r], u = acc[r];
-#else
             const float v = acc[r], u = acc[r + H];
-#endif
             if (n < N) Y[n] = v / (1.f + expf(-v)) * u;
         }
     }

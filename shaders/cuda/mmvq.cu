@@ -45,11 +45,7 @@ __device__ __forceinline__ void block_store(float* acc, int row0, int N, float* 
         if (lane == 0) red[w][r] = v;
     }
     __syncthreads();
-#ifdef MUTANT_MMVQ_TAIL_ROWS  // planted bug: rows past the last multiple of 32 are not written
-    if (threadIdx.x < RPB && row0 + (int)threadIdx.x < (N & ~31)) {
-#else
     if (threadIdx.x < RPB && row0 + (int)threadIdx.x < N) {
-#endif
         float s = 0.f;
 #pragma unroll
         for (int i = 0; i < NW; ++i) s += red[i][threadIdx.x];

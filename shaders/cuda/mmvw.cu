@@ -140,11 +140,7 @@ __device__ __forceinline__ bool mmvw_stage_start(const u8* W, int rb, int N, int
     unsigned int dyn;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
     if ((((size_t)p) & 15) || (bytes & 15) || bytes > dyn) return false;
-#ifdef MUTANT_MMVW_STAGE_HALF  // planted bug: the copy brings the first half of the rows only
-    const unsigned int cb = (bytes / 2) & ~15u;
-#else
     const unsigned int cb = bytes;
-#endif
     if (threadIdx.x == 0) {
         const unsigned int b = (unsigned int)__cvta_generic_to_shared(bar);
         const unsigned int d = (unsigned int)__cvta_generic_to_shared(ws);
@@ -285,11 +281,7 @@ __device__ __forceinline__ void mmvw_rows_split(const u8* __restrict__ W, int ro
     const int row0 = (bi * RG + rg) * RPT;  // past N: clamped reads, nothing stored
     const int ns = VD<QT>::slots(K);
     const int per = (ns + KSPLIT - 1) / KSPLIT;  // any cut is exact: slots are independent
-#ifdef MUTANT_MMVW_SPLIT_PART  // planted bug: the last part of each row is left out
-    const int sb = kp * per, se = kp == KSPLIT - 1 ? sb : min(ns, sb + per);
-#else
     const int sb = kp * per, se = min(ns, sb + per);
-#endif
     float acc[RPT];
     mmvw_dot<QT, TPR, RPT, UNROLL, S, XS>(W, row_bytes, N, K, xq, xds, row0, acc,
                                           S ? bi * (MMVW_RPB / KSPLIT) : 0, min(sb, se), se, xp);
@@ -329,11 +321,7 @@ __device__ __forceinline__ void mmvw_rows(const u8* __restrict__ W, int row_byte
 #pragma unroll
         for (int r = 0; r < RPT; ++r) {
             const int n = row0 + r;
-#ifdef MUTANT_MMVW_TAIL_ROWS  // planted bug: rows past the last multiple of 32 are not written
-            if (n < (N & ~31)) Y[n] = acc[r] + (A ? A[n] : 0.f);
-#else
             if (n < N) Y[n] = acc[r] + (A ? A[n] : 0.f);
-#endif
         }
     }
 }
@@ -464,11 +452,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32 MMVW_Q4K_BOUNDS)
         return;
     }
 #endif
-#ifdef MUTANT_MMVW_Q4K_ROW0  // planted bug: the kernel's blocks start one row set late
-    mmvw_rows<QT_Q4_K>(W, rb, N, K, xq, xds, Y, A, b + (b + 1 < nb0 ? 1 : 0), sp);
-#else
     mmvw_rows<QT_Q4_K>(W, rb, N, K, xq, xds, Y, A, b, sp);
-#endif
 }
 
 // mmvw_stream (host knob matmul_decode.stream = the ring's stages, stream_blocks): mmvw's
@@ -507,11 +491,7 @@ __device__ __forceinline__ void mmvw_stream_issue(const MmvwSet& s, int rpb, u8*
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     const int row0 = s.bi * rpb;
     const unsigned int bytes = (unsigned int)min(rpb, s.N - row0) * (unsigned int)s.rb;
-#ifdef MUTANT_MMVW_STREAM_SHORT  // planted bug: each copy leaves out the set's last 16 bytes
-    const unsigned int cb = bytes - 16;
-#else
     const unsigned int cb = bytes;
-#endif
     const unsigned int b = (unsigned int)__cvta_generic_to_shared(bar);
     const unsigned int d = (unsigned int)__cvta_generic_to_shared(dst);
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(cb)
@@ -646,11 +626,7 @@ extern "C" __global__ void __launch_bounds__(64 * GLU_TPR)
     // d, rounding and integer sum as q8_store4's 8 lanes of 4)
     const int l = threadIdx.x, n = 32 * b + l;
     const float a = gu[l], c = gu[32 + l];
-#ifdef MUTANT_MMVW_GLU_UP  // planted bug: the product takes gate where up belongs
-    const float v = a / (1.f + expf(-a)) * a;
-#else
     const float v = a / (1.f + expf(-a)) * c;
-#endif
     if (n < N) y[n] = v;
     if (yq == nullptr) return;  // N % 32 != 0: no Q8_1 form (its consumer cannot read one)
     float amax = fabsf(v);
@@ -693,11 +669,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32 MMVW_BOUNDS_MINB)
     __syncthreads();
     if (!last) return;
     __threadfence();
-#ifdef MUTANT_MMVW_NORM_EARLY  // planted bug: the norm leaves out the row's last 32 values
-    rms_norm_q8_row<true>(Y, nw, h, hq, hds, N - 32, eps);
-#else
     rms_norm_q8_row<true>(Y, nw, h, hq, hds, N, eps);
-#endif
     if (threadIdx.x == 0) *ticket = 0;
 }
 
@@ -768,11 +740,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32 MMVW_BOUNDS_MINB)
         float* out = m == 0 ? qo + (long long)h * D : kc + p0 * HkvD + (long long)h * D;
         for (int j = threadIdx.x; j < half; j += blockDim.x) {
             const int ia = neox ? j : 2 * j, ib = neox ? j + half : 2 * j + 1;
-#ifdef MUTANT_MMVW_QKV_POS  // planted bug: the fused RoPE turns k by the previous position
-            rope_pair(__ldcg(x + ia), __ldcg(x + ib), j, D, p0 - (m == 1), theta, neox, out);
-#else
             rope_pair(__ldcg(x + ia), __ldcg(x + ib), j, D, p0, theta, neox, out);
-#endif
         }
     }
 }

@@ -46,11 +46,7 @@ constexpr bool kWideUp = DEC_WIDE == 1, kWideDown = DEC_WIDE != 0;
 #error "moe_dec.cu needs ROWS, TPR and VEC (engine/tuning/kernels/cuda_hybrid.py)"
 #endif
 
-#ifdef MUTANT_MOE_DEC_UNNORMALISED
-#define RENORM false  // planted bug: the fused route's top-k weights never renormalised
-#else
 #define RENORM true
-#endif
 
 #define MAXR 12  // rows one thread-row dots at once: k routed experts + the shared one (host)
 
@@ -281,9 +277,6 @@ __device__ __forceinline__ void route_row(const float* __restrict__ x,
         ss = 0.f;
         for (int i = 0; i < nt / 32; ++i) ss += part[i];
         scale = rsqrtf(ss / (float)K + eps);
-#ifdef MUTANT_MOE_ROUTE_NORM_NO_EPS
-        scale = rsqrtf(ss / (float)K);  // planted bug: the norm without its epsilon
-#endif
         __syncthreads();  // part is reused below
     }
     float4* h4 = NORM ? (float4*)(hout + (size_t)t * K) : nullptr;
@@ -316,9 +309,6 @@ __device__ __forceinline__ void route_row(const float* __restrict__ x,
     if (threadIdx.x == 0) {
         float v = 0.f;
         for (int i = 0; i < nt / 32; ++i) v += part[i];
-#ifdef MUTANT_MOE_ROUTE_BLOCK_HALF
-        v = part[0];  // planted bug: the row's first warp's share only
-#endif
         logits[(size_t)t * ldl + n] = v;
         __threadfence();  // this block's logit is visible before the ticket says so
         last = atomicAdd(tickets + t, 1u) == gridDim.x - 1;
@@ -384,13 +374,8 @@ __device__ __forceinline__ void dot_pair(const u8* __restrict__ rg, const u8* __
                     int k0, k1;
                     dec_row_group<QT, kWideUp>(rg, g, a, b, k0, k1);
                     dec_row_group<QT, kWideUp>(ru, g, c, d, k0, k1);
-#ifdef MUTANT_MOE_GATE_UP_PAIR_SWAP
-                    const float4* x0 = (const float4*)(x + k1);  // planted bug: runs swapped
-                    const float4* x1 = (const float4*)(x + k0);
-#else
                     const float4* x0 = (const float4*)(x + k0);
                     const float4* x1 = (const float4*)(x + k1);
-#endif
                     const float4 xa = __ldg(x0), xb = __ldg(x0 + 1);
                     const float4 xc = __ldg(x1), xd = __ldg(x1 + 1);
                     sg += dec_run_dot(a, xa, xb) + dec_run_dot(b, xc, xd);
@@ -801,11 +786,7 @@ __device__ __forceinline__ void warp_rows(const u8* __restrict__ row0, int rb, i
         }
     } else {
         const int NG = K / 16;
-#ifdef MUTANT_MOE_DOWN_SPLIT_ONE_PASS
-        const int NGW = min(NG, 32);  // planted bug: one group per lane (rows past 512 dropped)
-#else
         const int NGW = NG;
-#endif
         for (int g = lane; g < NGW; g += 32) {
             Run8 a[R], b[R];
             int k0 = 0, k1 = 0;

@@ -315,11 +315,7 @@ __device__ __forceinline__ void mt_direct(const u8* __restrict__ W0, const u8* _
                     const float g = acc[0][a][b][c];
                     H[(size_t)(start + p) * N + n] = f2h(g / (1.f + expf(-g)) * acc[NWT - 1][a][b][c]);
                 } else {
-#ifdef MUTANT_MOE_TC_UNSORTED
-                    D[(size_t)(start + p) * N + n] = acc[0][a][b][c];
-#else
                     D[(size_t)order[start + p] * N + n] = acc[0][a][b][c];
-#endif
                 }
             }
 }
@@ -415,11 +411,7 @@ __device__ __forceinline__ void moe_tc_down(const u8* __restrict__ W, int row_by
         for (int c = 0; c < 4; ++c) {
             const int p = b * 8 + tig * 2 + (c & 1);
             if (p >= count) continue;
-#ifdef MUTANT_MOE_TC_UNSORTED  // planted bug: the pair's row of D is its sorted position
-            const size_t row = (size_t)(start + p) * N;
-#else
             const size_t row = (size_t)order[start + p] * N;
-#endif
 #pragma unroll
             for (int a = 0; a < MT_MF; ++a) {
                 const int n = n0 + warp * MT_TM + a * 16 + gid + (c >> 1) * 8;

@@ -30,11 +30,7 @@ extern "C" __global__ void __launch_bounds__(512)
         xv[r] = wv[r] = make_float4(0.f, 0.f, 0.f, 0.f);
         if (i < D4) {
             xv[r] = xr[i];
-#ifdef MUTANT_NORM_ROW_WEIGHT  // planted bug: the weight read one float4 late
-            wv[r] = w4[i + 1 < D4 ? i + 1 : i];
-#else
             wv[r] = w4[i];
-#endif
         }
     }
     float s = 0.f;

@@ -53,11 +53,7 @@ __device__ __forceinline__ void dec_group(const u8* __restrict__ blk, int gi, Ru
         const uint4 ql = __ldg((const uint4*)(blk + 64 * h + l0 + 32 * (qd & 1)));
         const uint4 qh = __ldg((const uint4*)(blk + 128 + 32 * h + l0));
         const uint4 sc = __ldg((const uint4*)(blk + 192));
-#ifdef MUTANT_MOE_DEC_WIDE_Q6_SCALE
-        const int si = 8 * h + 2 * qd;  // planted bug: a group's scale its pair's first one
-#else
         const int si = 8 * h + (gi & 1) + 2 * qd;
-#endif
         const float a = ld_h(blk + 208) * dec_i2f((signed char)u4_byte(sc, si));
         const int ls = 4 * (qd >> 1), hs = 2 * qd;
         const u32 lw[4] = {ql.x, ql.y, ql.z, ql.w}, hw[4] = {qh.x, qh.y, qh.z, qh.w};
@@ -93,11 +89,7 @@ __device__ __forceinline__ void dec_row_group(const u8* row, int g, Run8& r0, Ru
 // byte permute under the exponent of 2^23 (the float 2^23 + v + 128, exact) and one FADD of
 // -(2^23 + 128), exact too: the same floats, in the same expression: run_dot to the bit.
 __device__ __forceinline__ float sbyte_x(u32 wx, int i) {  // wx = w ^ 0x80808080
-#ifdef MUTANT_MOE_DEC_FCVT_UNSIGNED
-    return __uint_as_float(__byte_perm(wx, 0x4B000000u, 0x7650 + i)) - 8388608.f;  // planted bug
-#else
     return __uint_as_float(__byte_perm(wx, 0x4B000000u, 0x7650 + i)) - 8388736.f;
-#endif
 }
 
 __device__ __forceinline__ float run_dot_x(const Run8& r, float4 x0, float4 x1) {

@@ -7,7 +7,7 @@
 // z [E] (E <= 1024) -> ids [k] (largest first, ties to the lower index: a stable sort's order),
 // w [k] = softmax of the chosen logits: the full softmax renormalised over the chosen k (its
 // denominator cancels). Called by all 32 lanes of a warp; lane l owns experts l + 32 m.
-// renorm false is a planted bug only (moe_dec.cu's MUTANT_MOE_DEC_UNNORMALISED: exp(z - max)
+// renorm false is a planted bug only (tests/planted's MOE_DEC_UNNORMALISED: exp(z - max)
 // of the chosen, never divided by their sum).
 __device__ __forceinline__ void topk_row(const float* z, int E, int k, int* __restrict__ ids,
                                          float* __restrict__ w, int lane, bool renorm = true) {
@@ -47,11 +47,7 @@ __device__ __forceinline__ void topk_row(const float* z, int E, int k, int* __re
 // experts l + 32 m, m < M, all M loads in flight together) where topk_row reads them from L2
 // again in each of its k rounds, a few loads at a time: a 256-expert top-8 waited on ~16 L2
 // round trips in a row. Same rounds, same comparisons, same ties: the same ids and weights.
-#ifdef MUTANT_MOE_TOPK_REGS_TIE
-#define TOPK_TIE_LOW false  // planted bug: equal logits go to the higher index
-#else
 #define TOPK_TIE_LOW true
-#endif
 template <int M>
 __device__ __forceinline__ void topk_row_regs_m(const float* z, int E, int k,
                                                 int* __restrict__ ids, float* __restrict__ w,

@@ -74,11 +74,7 @@ __device__ __forceinline__ void q4k_sm_pair(u32 s0, u32 s1, u32 s2, int p, int& 
     const u32 a = hi ? (s2 & M) | ((s0 >> 2) & H) : s0 & 0x3F3F3F3Fu;
     const u32 b = hi ? ((s2 >> 4) & M) | ((s1 >> 2) & H) : s1 & 0x3F3F3F3Fu;
     const int sh = 16 * (p & 1);
-#ifdef MUTANT_Q4K_LEAN_SCALE  // planted bug: the odd sub-block takes the even one's scale
-    sc0 = (a >> sh) & 0xFF, sc1 = (a >> sh) & 0xFF;
-#else
     sc0 = (a >> sh) & 0xFF, sc1 = (a >> (sh + 8)) & 0xFF;
-#endif
     m0 = (b >> sh) & 0xFF, m1 = (b >> (sh + 8)) & 0xFF;
 }
 
@@ -219,11 +215,7 @@ __device__ __forceinline__ float q4kw_slot(uint4 hd, uint4 q0, uint4 q1, int s,
     d0 = dp4a(q1.y & M, x.b.y, d0);
     d0 = dp4a(q1.z & M, x.b.z, d0);
     d0 = dp4a(q1.w & M, x.b.w, d0);
-#ifdef MUTANT_Q4K_WIDE_HIGH  // planted bug: the second run's high nibbles meet the first's x
-    const uint4 xd = x.c;
-#else
     const uint4 xd = x.d;
-#endif
 #if Q4K_LEAN
     const int d1 = dp4a_hi4(q0, x.c) + dp4a_hi4(q1, xd);
     int sc0, m0, sc1, m1;
@@ -384,11 +376,7 @@ template <> struct VD<QT_Q6_K> {
         const int da0 = run16(ql0, qh0, 0, sha, x.a0, x.oa0);
         const int da1 = run16(ql1, qh1, 0, sha, x.a1, x.oa1);
         const int db0 = run16(ql0, qh0, 4, shb, x.b0, x.ob0);
-#ifdef MUTANT_Q6K_WIDE_SCALE  // planted bug: the second high run takes the first one's scale
-        const int sbx = sb0;
-#else
         const int sbx = sb1;
-#endif
         const int db1 = run16(ql1, qh1, 4, shb, x.b1, x.ob1);
         return d * ((float)(sa0 * da0 + sa1 * da1) * x.da.x +
                     (float)(sb0 * db0 + sbx * db1) * x.db.x);

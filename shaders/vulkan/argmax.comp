@@ -63,11 +63,7 @@ bool beats(float v1, uint i1, float v2, uint i2) {
     if (i2 == NONE) return true;
     bool n1 = isnan(v1), n2 = isnan(v2);
     if (n1 || n2) return n1 && (!n2 || i1 < i2);
-#ifdef MUTANT_ARGMAX_LAST_TIE  // planted bug: ties go to the last maximum
-    return v1 > v2 || (v1 == v2 && i1 > i2);
-#else
     return v1 > v2 || (v1 == v2 && i1 < i2);
-#endif
 }
 
 // The workgroup's winner of the per-thread (bv, bi); every thread must call it.

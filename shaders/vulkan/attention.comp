@@ -69,11 +69,7 @@ void main() {
     uint tid = gl_LocalInvocationID.x;
     uint D = pc.D;
     uint kvh = h / (pc.H / pc.Hkv);
-#ifdef MUTANT_NO_CAUSAL_IN_CHUNK  // planted bug: every query sees its whole chunk
-    uint L = dyn[pc.pos_slot] + gl_NumWorkGroups.y;  // the grid is (H, T)
-#else
     uint L = dyn[pc.pos_slot] + t + 1u;  // keys visible to this query
-#endif
     uint qb = pc.q_off + (t * pc.H + h) * D;
     for (uint d = tid; d < D; d += WG_SIZE) q_sh[d] = qs[qb + d] * pc.scale;
     barrier();

@@ -111,10 +111,6 @@ void merge_head(uint h, uint pb, uint ob, uint NS, uint D, uint q_off, uint HD) 
     }
     barrier();
     float S = 0.0;
-#ifdef MUTANT_SPLIT_MERGE_DROPS  // planted bug: the merge forgets partial 1
-    if (NS > 1u) w_sh[1] = 0.0;
-    barrier();
-#endif
     for (uint i = 0u; i < NS; i++) S += w_sh[i] * PS[pb + i * row + 1u];
     for (uint d = tid; d < D; d += WG_SIZE) {
         float a = 0.0;
@@ -275,10 +271,6 @@ void merge_head(uint h, uint pb, uint ob, uint NS, uint D, uint q_off, uint HD) 
     }
     barrier();
     float S = 0.0;
-#ifdef MUTANT_SPLIT_MERGE_DROPS  // planted bug: the merge forgets partial 1
-    if (NS > 1u) w_sh[1] = 0.0;
-    barrier();
-#endif
     for (uint i = 0u; i < NS; i++) S += w_sh[i] * PS[pb + i * row + 1u];
     for (uint d = tid; d < D; d += WG_SIZE) {
         float a = 0.0;

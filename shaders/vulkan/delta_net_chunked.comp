@@ -105,11 +105,7 @@ void main() {
     for (uint p = tid; p < L * CHUNK; p += WG_SIZE) {
         uint t = p / CHUNK, s = p % CHUNK;
         float a = 0.0, pq = 0.0;
-#ifdef MUTANT_DN_CHUNK_NO_MASK  // planted bug: P not masked to s <= t (nor is PASS_SCAN's sum)
-        if (s < L) {
-#else
         if (s <= t) {
-#endif
             uint kt = ((c0 + t) * pc.Hk + kh) * pc.dk, kss = ((c0 + s) * pc.Hk + kh) * pc.dk;
             float kk = 0.0, qk = 0.0;
             for (uint i = 0u; i < pc.dk; ++i) {
@@ -201,11 +197,7 @@ void main() {
             float u = sc[w_base + row * pc.dv + j] - ys;
             sc[w_base + row * pc.dv + j] = u;  // W becomes U, in place: column j is this thread's
             float acc = qs0;
-#ifdef MUTANT_DN_CHUNK_NO_MASK
-            for (uint r = 0u; r < L; ++r) {
-#else
             for (uint r = 0u; r <= t; ++r) {
-#endif
                 acc += sc[p_base + row * CHUNK + r] * sc[w_base + (row0 + r) * pc.dv + j];
             }
             os[pc.o_off + ((c0 + t) * pc.Hv + h) * pc.dv + j] = acc;
@@ -217,11 +209,9 @@ void main() {
             for (uint i = 0u; i < pc.dk; ++i) s[i] += sc[k_base + (row0 + t) * pc.dk + i] * u;
         }
     }
-#ifndef MUTANT_DN_CHUNK_STATE_NOT_STORED  // planted bug: decode starts from the old state
     for (uint i = 0u; i < pc.dk; ++i) {
         if (LAYOUT == 0u) ss[sb + i * pc.dv + j] = s[i];
         else ss[sb + j * pc.dk + i] = s[i];
     }
-#endif
 }
 #endif

@@ -145,13 +145,8 @@ void dq8(uint base, uint j, uint kleft, out vec4 lo, out vec4 hi) {
         mn = ld_u8(base + 8u + s) & 63u;
     } else {
         uint hi8 = ld_u8(base + 8u + s);
-#ifdef MUTANT_Q4K_SCALE_MIN  // planted bug: sub-blocks 4..7 swap their scale and min nibbles
-        sc = (hi8 >> 4) | ((ld_u8(base + s) >> 6) << 4);
-        mn = (hi8 & 0xFu) | ((ld_u8(base + 4u + s) >> 6) << 4);
-#else
         sc = (hi8 & 0xFu) | ((ld_u8(base + s) >> 6) << 4);
         mn = (hi8 >> 4) | ((ld_u8(base + 4u + s) >> 6) << 4);
-#endif
     }
     float ds = d * float(sc), dm = dmin * float(mn);
     uint a = base + 16u + 32u * (s >> 1) + 8u * (j & 3u);
@@ -171,11 +166,7 @@ void dq8(uint base, uint j, uint kleft, out vec4 lo, out vec4 hi) {
     uint e = 8u * j;
     uint h = e >> 7, c = (e >> 5) & 3u, l = e & 31u;
     float d = ld_f16(base + 208u);
-#ifdef MUTANT_Q6K_SCALE  // planted bug: the second 16 of each 32 reuse the first 16's scale
-    float sc = float(int(ld_u8(base + 192u + 8u * h + 2u * c) << 24) >> 24);
-#else
     float sc = float(int(ld_u8(base + 192u + 8u * h + (l >> 4) + 2u * c) << 24) >> 24);
-#endif
     uint a = base + 64u * h + 32u * (c & 1u) + l;
     uint sh = (c >> 1) * 4u;
     uint qa = base + 128u + 32u * h + l;

@@ -29,11 +29,7 @@ layout(push_constant) uniform PC {
 void main() {
     uint i = wg_linear() * WG_SIZE + gl_LocalInvocationID.x;
     if (i >= pc.n) return;
-#ifdef MUTANT_KV_OFF_BY_ONE  // planted bug: a batched chunk lands one position late
-    uint dst = (dyn[pc.pos_slot] + (pc.n > pc.row ? 1u : 0u)) * pc.row + i;
-#else
     uint dst = dyn[pc.pos_slot] * pc.row + i;
-#endif
     ck[pc.ck_off + dst] = ks[pc.k_off + i];
     cv[pc.cv_off + dst] = vs[pc.v_off + i];
 }

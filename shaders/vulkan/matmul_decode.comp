@@ -89,11 +89,7 @@ void main() {
     // so subgroupAdd always sees the whole subgroup.
     for (uint r = gl_SubgroupID; r < ROWS_PER_WG; r += gl_NumSubgroups) {
         uint row = row0 + r;
-#ifdef MUTANT_DMMV_TAIL_ROWS  // planted bug: rows past the last multiple of 32 are skipped
-        if (row >= (pc.N & ~31u)) break;
-#else
         if (row >= pc.N) break;
-#endif
         uint row_base = row * pc.row_bytes;
         float acc = 0.0;
         for (uint g = gl_SubgroupInvocationID; g < groups; g += gl_SubgroupSize)

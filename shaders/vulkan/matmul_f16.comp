@@ -93,13 +93,8 @@ void main() {
         uint g = k / 8u;
         dq8((pc.x_off + r) * pc.row_bytes + (g / GPB) * QBYTES, g % GPB, pc.K - k, lo, hi);
     }
-#ifdef MUTANT_W16_GROUP  // planted bug: each group of 8 stored with its halves swapped
-    wh[e] = uvec4(packHalf2x16(hi.xy), packHalf2x16(hi.zw), packHalf2x16(lo.xy),
-                  packHalf2x16(lo.zw));
-#else
     wh[e] = uvec4(packHalf2x16(lo.xy), packHalf2x16(lo.zw), packHalf2x16(hi.xy),
                   packHalf2x16(hi.zw));
-#endif
 }
 
 #elif defined(PASS_X16)

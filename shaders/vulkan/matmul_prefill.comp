@@ -73,11 +73,7 @@ void accumulate(uint row_base, uint g, uint c0, uint ncols) {
             uint xb = pc.x_off + (c0 + c) * pc.K + k;
             vec4 x0 = vec4(xs[xb], xs[xb + 1u], xs[xb + 2u], xs[xb + 3u]);
             vec4 x1 = vec4(xs[xb + 4u], xs[xb + 5u], xs[xb + 6u], xs[xb + 7u]);
-#ifdef MUTANT_FP16_ACCUMULATE  // planted bug: the accumulator rounds to fp16 (overflows > 65504)
-            sums[c] = unpackHalf2x16(packHalf2x16(vec2(sums[c] + dot(lo, x0) + dot(hi, x1), 0.0))).x;
-#else
             sums[c] += dot(lo, x0) + dot(hi, x1);
-#endif
         }
     }
 }

@@ -89,11 +89,7 @@ void main() {
     [[unroll]] for (uint i = 0u; i < TM; i++)
         [[unroll]] for (uint j = 0u; j < TN; j++) acc[i][j] = 0.0;
 
-#ifdef MUTANT_TILED_K_SHORT  // planted bug: the K loop stops one block short
-    for (uint k0 = 0u; k0 + BK < pc.K; k0 += BK) {
-#else
     for (uint k0 = 0u; k0 < pc.K; k0 += BK) {
-#endif
         // Weights: TILE_M rows x 4 groups of 8, one group per thread per pass. Four consecutive
         // threads decode the four groups of one row (they share the block's scales and cache
         // lines: on the H200 a row-major order, consecutive threads on consecutive rows, made
@@ -122,9 +118,7 @@ void main() {
             uint col = c0 + c, k = k0 + kk;
             x_put(kk * XS + c, (col < pc.T && k < pc.K) ? xs[pc.x_off + col * pc.K + k] : 0.0);
         }
-#ifndef MUTANT_TILED_NO_BARRIER  // planted bug: tiles read before every thread stored
         barrier();
-#endif
         // The k-slices: KU of them unrolled per trip of a loop the driver keeps (KU = BK, one
         // trip, at the default 4 x 4 register block; 8 above it: NVIDIA's compiler took over
         // 90 s on a fully unrolled 8 x 4 block at BK 32, the vec4 m128 build). Same order of
@@ -160,11 +154,7 @@ void main() {
         if (col >= pc.T) continue;
         [[unroll]] for (uint i = 0u; i < TM; i++) {
             uint n = n0 + r_base + r_step * i;
-#ifdef MUTANT_TILED_TAIL_ROWS  // planted bug: the ragged last row tile is not written
-            if (n < (pc.N & ~63u)) ys[pc.y_off + col * pc.y_stride + n] = acc[i][j];
-#else
             if (n < pc.N) ys[pc.y_off + col * pc.y_stride + n] = acc[i][j];
-#endif
         }
     }
 }

@@ -50,11 +50,7 @@ float MV_FN(q4k_)(uint row_base, uint s, XS x) {
     float v = dm.x * (float(sc0 * d0) * x.da.x + float(sc1 * d1) * x.db.x);
     // The min term covers the whole 32-value sub-block (the Q8_1 block's sum): the slot holding
     // the first half of the sub-block adds it.
-#ifdef MUTANT_MMVW_Q4K_MIN  // planted bug: both halves of a sub-block subtract its min term
-    v -= dm.y * (float(m0) * x.da.y + float(m1) * x.db.y);
-#else
     if (h == 0u) v -= dm.y * (float(m0) * x.da.y + float(m1) * x.db.y);
-#endif
     return v;
 }
 

@@ -90,11 +90,7 @@ void main() {
         if (tid < s) red[tid] += red[tid + s];
         barrier();
     }
-#ifdef MUTANT_RMS_EPS_FIXED  // planted bug: eps fixed at 1e-5 whatever the model says
-    float scale = inversesqrt(red[0] / float(pc.D) + 1e-5);
-#else
     float scale = inversesqrt(red[0] / float(pc.D) + pc.eps);
-#endif
 #if defined(OUT_Q8) && defined(Q8_COALESCED)
     uint e = wg_linear() * WG_SIZE + tid;
     bool live = e < pc.D;
@@ -114,13 +110,8 @@ void main() {
     }
 #elif defined(ADD_RES)
     // each thread reads back only the sums it stored itself: no barrier needed
-#ifdef MUTANT_ADD_NORM_NO_RES  // planted bug: the norm of x alone, the residual left out
-    for (uint d = tid; d < pc.D; d += WG_SIZE)
-        ys[yb + d] = xs[xb + d] * scale * ws[pc.w_off + d];
-#else
     for (uint d = tid; d < pc.D; d += WG_SIZE)
         ys[yb + d] = (rs[rb + d] + xs[xb + d]) * scale * ws[pc.w_off + d];
-#endif
 #ifdef OUT_F16
     for (uint p = tid; p < pc.kp / 2u; p += WG_SIZE) {  // the same expression as y's
         uint d = 2u * p;
@@ -130,9 +121,6 @@ void main() {
         hs[pc.h_off + row * (pc.kp / 2u) + p] = packHalf2x16(vec2(v0, v1));
     }
 #endif
-#elif defined(MUTANT_RMS_WEIGHT_TWICE)  // planted bug: the weight applied twice
-    for (uint d = tid; d < pc.D; d += WG_SIZE)
-        ys[yb + d] = xs[xb + d] * scale * ws[pc.w_off + d] * ws[pc.w_off + d];
 #else
     for (uint d = tid; d < pc.D; d += WG_SIZE) ys[yb + d] = xs[xb + d] * scale * ws[pc.w_off + d];
 #endif

@@ -80,11 +80,7 @@ layout(push_constant) uniform PC {
 // x + its bias (the add kernel's a + b), or x
 #ifdef FUSE_BIAS
 #define QB(i, x) ((x) + bq[pc.bq_off + (i) % (pc.H * pc.D)])
-#ifdef MUTANT_ROPE_BIAS_KQ  // planted bug: k takes q's bias
-#define KB(i, x) ((x) + bq[pc.bq_off + (i) % (pc.Hkv * pc.D)])
-#else
 #define KB(i, x) ((x) + bk[pc.bk_off + (i) % (pc.Hkv * pc.D)])
-#endif
 #define VB(i, x) ((x) + bv[pc.bv_off + (i) % (pc.Hkv * pc.D)])
 #else
 #define QB(i, x) (x)
@@ -137,11 +133,7 @@ void main() {
         ys[pc.y_off + d] = xs[pc.x_off + d];
         return;
     }
-#ifdef MUTANT_ROPE_CHUNK_POS  // planted bug: a batched chunk's positions restart at 0
-    uint pos = pc.T > 1u ? t : dyn[pc.pos_slot] + t;
-#else
     uint pos = dyn[pc.pos_slot] + t;
-#endif
     vec2 c = cs[pos * half_d + p];
     uint i0 = pc.neox != 0u ? base + p : base + 2u * p;
     uint i1 = pc.neox != 0u ? i0 + half_d : i0 + 1u;

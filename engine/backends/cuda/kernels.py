@@ -4,7 +4,9 @@ A module is one .cu file compiled with one set of -D defines (its tunables). The
 cache key is (device compute capability, file, source hash, defines); CuPy's on-disk cache sits
 underneath, keyed by source, options, architecture and NVRTC version, so a second process on the
 same machine loads the cubin without compiling. ``#include "x.cuh"`` lines are inlined here, so
-NVRTC needs no include path (and no CUDA headers: common.cuh uses PTX for fp16).
+NVRTC needs no include path (and no CUDA headers: common.cuh uses PTX for fp16). Each file is read
+through engine.backends.kernel_sources (a ``FLEETTUNE_KERNEL_SOURCES`` overlay first); both caches
+key on the inlined text, so an overlaid source is its own build.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engine.backends.planted import define
+from engine.backends import kernel_sources
 from engine.errors import KernelCompileError
 from engine.tuning import REGISTRY, OpChoice
 from engine.tuning.knobs import knobs
@@ -50,7 +52,7 @@ def source(name: str) -> str:
         if fname in seen:
             return ""
         seen.add(fname)
-        text = (SHADERS / fname).read_text()
+        text = kernel_sources.read_text(f"cuda/{fname}")
         return _INCLUDE.sub(lambda m: expand(m.group(1)), text).replace("#pragma once", "")
 
     return expand(name)
@@ -61,9 +63,6 @@ def module(cp: Any, cc: int, fname: str, defines: dict[str, int] | None = None) 
     when it does not compile. Compiling happens here, not at first launch: RawModule is lazy,
     so one kernel is fetched to force it."""
     defines = dict(defines or {})
-    planted = define()  # test-only: the mutation suite's planted bug, None in production
-    if planted:
-        defines[planted] = 1
     defines = dict(sorted(defines.items()))
     src = source(fname)
     digest = hashlib.sha256(src.encode()).hexdigest()[:16]

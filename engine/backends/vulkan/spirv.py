@@ -1,12 +1,14 @@
 """GLSL -> SPIR-V with glslc (or glslang for cooperative-matrix shaders), cached on disk.
 
-Cache layout: ``<cache>/<compiler tag>/<shader>-<key>.spv`` where the key hashes the shader
-source, every include in shaders/vulkan, the defines and the target environment, and the compiler
-tag hashes ``glslc --version``: a cache written by another glslc is never reused where a glslc is
-installed. A machine without glslc (a GPU node with no toolchain) may use SPIR-V compiled
-elsewhere: point ``FLEETTUNE_SPIRV_CACHE`` at the carried directory and any compiler's entry for
-the same key is taken. Specialization constants are not part of the key: tile sizes are chosen at
-pipeline creation, so one SPIR-V file serves every value of a tunable.
+Cache layout: ``<cache>/<compiler tag>/<shader>-<key>.spv`` where the key hashes the shader source,
+every include in shaders/vulkan, the defines and the target environment, and the compiler tag hashes
+``glslc --version``: a cache written by another glslc is never reused where a glslc is installed.
+The sources are read through engine.backends.kernel_sources and hashed as read, so a build from a
+``FLEETTUNE_KERNEL_SOURCES`` overlay has its own key. A machine without glslc (a GPU node with no
+toolchain) may use SPIR-V compiled elsewhere: point ``FLEETTUNE_SPIRV_CACHE`` at the carried
+directory and any compiler's entry for the same key is taken. Specialization constants are not part
+of the key: tile sizes are chosen at pipeline creation, so one SPIR-V file serves every value of a
+tunable.
 
 The cache directory: $FLEETTUNE_SPIRV_CACHE, else $FLEETTUNE_CACHE/spirv, else
 ~/.cache/fleettune/spirv. ``python -m engine.backends.vulkan.spirv --out DIR`` precompiles every
@@ -32,11 +34,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from engine.backends import kernel_sources
 from engine.errors import KernelCompileError
 
 log = logging.getLogger(__name__)
 
-SHADER_DIR = Path(__file__).resolve().parents[3] / "shaders" / "vulkan"
 TARGET_ENV = "vulkan1.2"
 COOPMAT_TARGET_ENV = "vulkan1.3"  # SPV_KHR_cooperative_matrix drivers are all 1.3
 COOPMAT_EXTENSION = "GL_KHR_cooperative_matrix"
@@ -78,7 +80,7 @@ def _glslang() -> str | None:
 def needs_glslang(shader: str) -> bool:
     """Whether shaders/vulkan/<shader>.comp uses cooperative matrices (glslc cannot compile
     it)."""
-    return COOPMAT_EXTENSION in (SHADER_DIR / f"{shader}.comp").read_text()
+    return COOPMAT_EXTENSION in kernel_sources.read_text(f"vulkan/{shader}.comp")
 
 
 def compiler_for(shader: str) -> tuple[str, str | None, str]:
@@ -96,10 +98,10 @@ def build_key(shader: str, defines: tuple[str, ...]) -> str:
     """Hash of the shader source, all includes, the defines and the target environment."""
     h = hashlib.sha256()
     h.update(compiler_for(shader)[2].encode())
-    h.update((SHADER_DIR / f"{shader}.comp").read_bytes())
-    for inc in sorted(SHADER_DIR.glob("*.glsl")):
-        h.update(inc.name.encode())
-        h.update(inc.read_bytes())
+    h.update(kernel_sources.read_bytes(f"vulkan/{shader}.comp"))
+    for inc in kernel_sources.names("vulkan", "*.glsl"):
+        h.update(inc.encode())
+        h.update(kernel_sources.read_bytes(f"vulkan/{inc}"))
     for d in sorted(defines):
         h.update(b"\0" + d.encode())
     return h.hexdigest()[:24]
@@ -124,7 +126,7 @@ def compile_spirv(shader: str, defines: tuple[str, ...] = (), root: Path | None 
     """SPIR-V words of shaders/vulkan/<shader>.comp with -D<define> each; from the cache when
     present. Raises KernelCompileError with the compiler's log on failure."""
     root = root or cache_dir()
-    src = SHADER_DIR / f"{shader}.comp"
+    src = kernel_sources.path(f"vulkan/{shader}.comp")
     if not src.exists():
         raise KernelCompileError(f"vulkan shader {src} does not exist")
     key = build_key(shader, defines)
@@ -148,13 +150,14 @@ def compile_spirv(shader: str, defines: tuple[str, ...] = (), root: Path | None 
         return path.read_bytes()
     sub.mkdir(parents=True, exist_ok=True)
     (sub / "COMPILER").write_text(version + "\n")
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, kernel_sources.directory("vulkan") as srcdir:
         out = Path(tmp) / "out.spv"
         if cname == "glslc":
             cmd = [compiler, f"--target-env={target}", "-O", "-fshader-stage=compute"]
         else:  # no -Os: the 2023 optimizer predates most cooperative-matrix passes
             cmd = [compiler, "-V", "--target-env", target, "-S", "comp"]
-        cmd += [f"-I{SHADER_DIR}", *(f"-D{d}" for d in defines), str(src), "-o", str(out)]
+        src = srcdir / f"{shader}.comp"  # includes resolve beside it: overlay files included
+        cmd += [f"-I{srcdir}", *(f"-D{d}" for d in defines), str(src), "-o", str(out)]
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         COMPILES[0] += 1
         if res.returncode != 0:

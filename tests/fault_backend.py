@@ -1,6 +1,7 @@
-"""Test-only backends for the agent's fault-injection and multi-class tests. Never registered
-unless ``install()`` is called (the tests pass it to the agent as its ``setup`` hook, which runs
-in the agent and in every worker process).
+"""A test backend for the agent's fault-injection and multi-class tests, registered only by
+``install()``: the tests pass it to the agent as its ``setup`` hook (agent.RunOptions.setup, a
+general hook), which runs in the agent and in every worker process (Ray workers import it from
+the driver's sys.path).
 
 ``numpy_faults``: the NumPy reference backend with extra ``matmul_prefill`` variants --
   ``wrong``      computes a visibly wrong product (validate must reject it; never promoted)
