@@ -99,14 +99,14 @@ int main(int argc, char** argv) {
     float *b = a + Hv, *dt = b + Hv, *sa = dt + Hv, *state = sa + Hv;
     float *nw = state + (size_t)Hv * dk * dv, *z = nw + dv;
     std::vector<float> y((size_t)Hv * dv, NAN);
-#if DCL <= 2
+#if STEP_CLUSTER <= 2
     Kern k = RV == 1 ? dn_clu_r1 : RV == 2 ? dn_clu_r2 : dn_clu_r4;
 #else
     Kern k = RV == 1 ? dn_clu_r1 : dn_clu_r2;  // (no 16-block clusters)
 #endif
     blockDim.x = threads;
-    gridDim.x = DCL, gridDim.y = Hv;
-    const int nb = DCL * RV, nt = nb * threads;
+    gridDim.x = STEP_CLUSTER, gridDim.y = Hv;
+    const int nb = STEP_CLUSTER * RV, nt = nb * threads;
     for (int cy = 0; cy < Hv / RV; ++cy) {  // one cluster at a time: its blocks at once
         std::vector<std::vector<char>> smem(nb, std::vector<char>(sizeof(DncShared)));
         std::vector<char*> bases(nb);
@@ -125,10 +125,10 @@ int main(int argc, char** argv) {
         std::vector<std::thread> ts;
         for (int t = 0; t < nt; ++t)
             ts.emplace_back([&, t] {
-                const int r = t / threads, tid = t % threads;  // rank = x + DCL * (y % RV)
+                const int r = t / threads, tid = t % threads;  // rank = x + STEP_CLUSTER * (y % RV)
                 threadIdx.x = tid;
-                blockIdx.x = r % DCL;
-                blockIdx.y = cy * RV + r / DCL;
+                blockIdx.x = r % STEP_CLUSTER;
+                blockIdx.y = cy * RV + r / STEP_CLUSTER;
                 emu_bar = bbar[r];
                 emu_wbar = wbar[t / 32];
                 emu_wslots = slots[t / 32].data();
@@ -160,8 +160,8 @@ def source() -> str:
 
 
 def build(defines: dict[str, int], out_dir: Path) -> Path:
-    """The emulator executable for these defines (MAX_DK, STATE_T, DCL, DG), built once per
-    content."""
+    """The emulator executable for these defines (MAX_DK, STATE_TRANSPOSED, STEP_CLUSTER,
+    STEP_LANES), built once per content."""
     src = source()
     flags = [f"-D{k}={v}" for k, v in sorted(defines.items())]
     key = hashlib.sha256((src + " ".join(flags)).encode()).hexdigest()[:16]

@@ -107,10 +107,11 @@ def test_fusions_fall_back_off_decode(tiny_model_factory):
 
 @pytest.mark.parametrize(
     "knob,macro",
-    [("wload", "WLOAD"), ("min_blocks", "MINB"), ("unroll", "UNROLL"),
-     ("glu_threads_per_row", "GLU_TPR"), ("glu_unroll", "GLU_UNROLL"), ("q4k_wide", "Q4K_WIDE"),
-     ("q6k_wide", "Q6K_WIDE"), ("split_k", "KSPLIT"), ("q4k_lean", "Q4K_LEAN"),
-     ("q4k_min_blocks", "Q4K_MINB")],
+    [("wload", "WLOAD"), ("min_blocks", "MIN_BLOCKS"), ("unroll", "UNROLL"),
+     ("glu_threads_per_row", "GLU_THREADS_PER_ROW"), ("glu_unroll", "GLU_UNROLL"),
+     ("q4k_wide", "Q4K_WIDE"),
+     ("q6k_wide", "Q6K_WIDE"), ("split_k", "SPLIT_K"), ("q4k_lean", "Q4K_LEAN"),
+     ("q4k_min_blocks", "Q4K_MIN_BLOCKS")],
 )  # fmt: skip
 def test_define_knobs_build_mmvw_with_them(knob, macro):
     d = cfg(**BASE)
@@ -236,7 +237,7 @@ def test_cuda_precompile_lists_each_distinct_module_once(tmp_path):
     two = module_list([base, base | {"matmul_decode.pdl": 1}, base | {"matmul_decode.split_k": 2}])
     mmvw = [d for f, d in two if f == "mmvw.cu"]
     assert len(two) == len(one) + 1 and len(mmvw) == 2  # pdl is a host knob: no new build
-    assert {dict(d)["KSPLIT"] for d in mmvw} == {1, 2}
+    assert {dict(d)["SPLIT_K"] for d in mmvw} == {1, 2}
     bad = tmp_path / "bad.json"
     bad.write_text("not json")
     assert main([str(bad)]) == 2

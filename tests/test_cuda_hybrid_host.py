@@ -105,7 +105,12 @@ def test_delta_net_launch(warps, max_dk, prefetch, transposed):
     (launch,) = be.launches
     assert launch.kernel == "delta_net_seq" and launch.fname == "delta_net.cu"
     assert launch.grid == (-(-dv // warps), Hv, 1) and launch.block == (32 * warps, 1, 1)
-    want = {"NW": warps, "MAX_DK": max_dk, "STATE_T": int(transposed), "PF": prefetch}
+    want = {
+        "WARPS": warps,
+        "MAX_DK": max_dk,
+        "STATE_TRANSPOSED": int(transposed),
+        "PREFETCH": prefetch,
+    }
     assert launch.defines == want
     assert int(launch.args[-2]) == 0  # tiled
 
@@ -129,8 +134,8 @@ def test_delta_net_chunked_schedule(chunk, threads, warps, transposed):
         v, g, beta = _f32(rng, T, Hv, dv), _f32(rng, T, Hv), _f32(rng, T, Hv)
         out = be.delta_net(q, k, v, g, beta, state, "grouped", 1e-6)
         assert out.shape == (T, Hv, dv)
-        want_defines = {"NW": warps, "MAX_DK": 128, "STATE_T": int(transposed), "CHUNK": chunk,
-                        "PF": 1}  # fmt: skip
+        want_defines = {"WARPS": warps, "MAX_DK": 128, "STATE_TRANSPOSED": int(transposed),
+                        "CHUNK": chunk, "PREFETCH": 1}  # fmt: skip
         assert all(la.fname == "delta_net_chunked.cu" for la in be.launches)
         assert all(la.defines == want_defines for la in be.launches)
         if T == 1:
@@ -255,7 +260,7 @@ def test_moe_grouped_schedule(tile, qtype):
         if T == 1:
             assert names == [f"moe_{suffix}", f"moe_{suffix}", "swiglu", f"moe_{suffix}",
                              "moe_combine"], names  # fmt: skip
-            assert be.launches[0].defines == {"ROWS": 2, "TPR": 64, "VEC": 2}
+            assert be.launches[0].defines == {"ROWS_PER_BLOCK": 2, "THREADS_PER_ROW": 64, "VEC": 2}
             assert be.launches[0].fname == "moe.cu"
             continue
         g = f"moe_grouped_{suffix}"
@@ -279,7 +284,12 @@ def test_moe_grouped_schedule(tile, qtype):
         for m, n in zip(mats, (F, F, C), strict=True):
             assert m.grid == (-(-n // 2), 1, max_tiles) and m.block == (128, 1, 1)
             assert m.args[5] is route and m.args[-1].shape == (P, n)
-            assert m.defines == {"ROWS": 2, "TPR": 64, "VEC": 2, "TILE_P": tile}
+            assert m.defines == {
+                "ROWS_PER_BLOCK": 2,
+                "THREADS_PER_ROW": 64,
+                "VEC": 2,
+                "TILE_PAIRS": tile,
+            }
         assert mats[0].args[4] is mats[1].args[4] is gather.args[-1]  # gate and up: sorted x
         scatter = be.launches[6]
         assert scatter.args[0] is mats[2].args[-1] and scatter.args[1] is route
@@ -318,7 +328,7 @@ def test_moe_tc_schedule(tile, rows, gate_type):
         g = gate_type.lower()
         if T == 1:
             assert names == [f"moe_{g}", f"moe_{g}", "swiglu", "moe_q6_k", "moe_combine"], names
-            assert be.launches[0].defines == {"ROWS": 2, "TPR": 32, "VEC": 2}
+            assert be.launches[0].defines == {"ROWS_PER_BLOCK": 2, "THREADS_PER_ROW": 32, "VEC": 2}
             continue
         assert names == ["moe_sort", f"moe_tc_gu_{g}", "moe_tc_down_q6_k", "moe_combine"], names
         P = T * k
@@ -326,7 +336,7 @@ def test_moe_tc_schedule(tile, rows, gate_type):
         sort, gu, dn, comb = be.launches
         assert all(la.fname == "moe_tc.cu" for la in (sort, gu, dn))
         assert gu.defines == dn.defines == {
-            "TILE_P": tile, "BR": rows, "WIN_Q4K": 0, "WIDE": 1, "DIRECT": 1,
+            "TILE_PAIRS": tile, "BLOCK_ROWS": rows, "Q4K_WINDOW": 0, "WIDE_LOADS": 1, "DIRECT": 1,
         }  # fmt: skip
         route = sort.args[-1]
         assert route.size == 1 + 3 * max_tiles + P

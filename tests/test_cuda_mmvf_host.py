@@ -57,7 +57,7 @@ def test_dense_decode_step_is_four_mmvf_launches_a_layer(tiny_model_factory, kno
         assert x.grid[0] == sum(nbs) and int(x.args[2]) == nbs[0] and int(x.args[3]) == nbs[1]
         types = {int(x.args[7 + 6 * i]) for i in range(3) if Ns[i]}
         assert (x.kernel == "mmvf") == (len(types) > 1), (x.kernel, types)
-        assert x.fname == "mmvf.cu" and x.defines["TPR"] == int(c["threads_per_row"])
+        assert x.fname == "mmvf.cu" and x.defines["THREADS_PER_ROW"] == int(c["threads_per_row"])
         K = int(x.args[1])  # xsmem: the block's copy of x in dynamic shared memory
         assert x.smem == (4 * K if int(c["xsmem"]) else 0)
 

@@ -280,7 +280,7 @@ def test_flash_tc_launch_and_fallback(bq, bk, D):
         assert names == [f"attn_tc_d{D}"]
         k = be.launches[0]
         assert k.grid[:2] == (-(-T // bq), H) and k.block[0] == bq // 16 * 32
-        assert k.defines == {"FBQ": bq, "FBK": bk}
+        assert k.defines == {"BLOCK_Q": bq, "BLOCK_K": bk}
         assert float(k.args[-1]) == pytest.approx(1.4426950408889634 / np.sqrt(D), rel=1e-6)
         assert isinstance(k.args[4], np.uint64)  # no fp16 copy of out outside resident
     else:

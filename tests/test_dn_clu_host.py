@@ -22,7 +22,12 @@ pytestmark = pytest.mark.skipif(emul.GXX is None, reason="needs g++ (the kernel'
 
 def _steps(tmp_path, n, lanes, max_dk, K, dk, dv, Hk, Hv, transposed, v_order):
     """(max NMSE of y, of the state; conv states all equal) over three emulated steps."""
-    defines = {"MAX_DK": max_dk, "STATE_T": int(transposed), "DCL": n, "DG": lanes}
+    defines = {
+        "MAX_DK": max_dk,
+        "STATE_TRANSPOSED": int(transposed),
+        "STEP_CLUSTER": n,
+        "STEP_LANES": lanes,
+    }
     exe = emul.build(defines, tmp_path)
     rng = np.random.default_rng(dk * 7 + dv + Hv + K + n + lanes)
     f = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731

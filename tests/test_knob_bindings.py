@@ -197,54 +197,58 @@ def _old_cuda_modules(cfg: TuningConfig) -> dict[str, tuple[str, dict]]:
     k: dict[str, tuple[str, dict]] = {}
     dec = cfg.op("matmul_decode")
     if dec.variant == "mmvq":
-        k["mmvq"] = ("mmvq.cu", {"NW": dec["warps"], "RPB": dec["rows_per_block"]})
+        k["mmvq"] = ("mmvq.cu", {"WARPS": dec["warps"], "ROWS_PER_BLOCK": dec["rows_per_block"]})
     elif dec.variant == "mmvf":  # issue 14's float decode GEMV: its knobs map one to one
         k["mmvf"] = (
             "mmvf.cu",
             {
-                "TPR": dec["threads_per_row"],
-                "RPT": dec["rows_per_thread"],
-                "NW": dec["warps"],
+                "THREADS_PER_ROW": dec["threads_per_row"],
+                "ROWS_PER_THREAD": dec["rows_per_thread"],
+                "WARPS": dec["warps"],
                 "UNROLL": dec["unroll"],
                 "WLOAD": dec["wload"],
-                "MINB": dec["min_blocks"],
-                "XS": dec["xsmem"],
-                "Q4P": dec["q4k_pair"],
+                "MIN_BLOCKS": dec["min_blocks"],
+                "XSMEM": dec["xsmem"],
+                "Q4K_PAIR": dec["q4k_pair"],
             },
         )
     elif dec.variant == "mmvw":  # added with the bindings: its knobs map one to one
         k["mmvw"] = (
             "mmvw.cu",
             {
-                "TPR": dec["threads_per_row"],
-                "RPT": dec["rows_per_thread"],
-                "NW": dec["warps"],
+                "THREADS_PER_ROW": dec["threads_per_row"],
+                "ROWS_PER_THREAD": dec["rows_per_thread"],
+                "WARPS": dec["warps"],
                 "UNROLL": dec["unroll"],
                 "WLOAD": dec["wload"],
-                "MINB": dec["min_blocks"],
-                "GLU_TPR": dec["glu_threads_per_row"],
+                "MIN_BLOCKS": dec["min_blocks"],
+                "GLU_THREADS_PER_ROW": dec["glu_threads_per_row"],
                 "GLU_UNROLL": dec["glu_unroll"],
                 "PREFETCH": dec["prefetch"],
                 "STAGE": dec["stage"],
-                "KSPLIT": dec["split_k"],  # issue 14, dec8: split-K of long rows
-                "SPLIT_MINK": dec["split_min_k"],
+                "SPLIT_K": dec["split_k"],  # issue 14, dec8: split-K of long rows
+                "SPLIT_MIN_K": dec["split_min_k"],
                 "Q4K_WIDE": dec["q4k_wide"],  # dec8: 64-weight Q4_K / Q6_K slots
                 "Q6K_WIDE": dec["q6k_wide"],
                 "Q4K_LEAN": dec["q4k_lean"],  # gemv: branch-free Q4_K scales
-                "Q4K_MINB": dec["q4k_min_blocks"],
+                "Q4K_MIN_BLOCKS": dec["q4k_min_blocks"],
                 # rows per block, derived once on the host since: mmvw.cu had
-                # #define MMVW_RPB (MMVW_GROUPS * RPT), MMVW_GROUPS (NW * 32 / TPR)
-                "MMVW_RPB": dec["warps"] * 32 // dec["threads_per_row"] * dec["rows_per_thread"],
+                # #define ROWS_PER_BLOCK (MMVW_GROUPS * ROWS_PER_THREAD),
+                # MMVW_GROUPS (WARPS * 32 / THREADS_PER_ROW)
+                "ROWS_PER_BLOCK": dec["warps"]
+                * 32
+                // dec["threads_per_row"]
+                * dec["rows_per_thread"],
             },
         )
     else:
         k["decode"] = (
             "dmmv.cu",
             {
-                "ROWS": dec["rows_per_block"],
-                "TPR": dec["threads_per_row"],
-                "RPT": dec["rows_per_thread"],
-                "COLS": 1,
+                "ROWS_PER_BLOCK": dec["rows_per_block"],
+                "THREADS_PER_ROW": dec["threads_per_row"],
+                "ROWS_PER_THREAD": dec["rows_per_thread"],
+                "MAX_COLS": 1,
                 "VEC": dec["vec"],
             },
         )
@@ -254,9 +258,9 @@ def _old_cuda_modules(cfg: TuningConfig) -> dict[str, tuple[str, dict]]:
     k["batched"] = (
         "dmmv.cu",
         {
-            "ROWS": bat["rows_per_block"],
-            "TPR": 1 if serial else bat["threads_per_row"],
-            "COLS": bat["max_cols"],
+            "ROWS_PER_BLOCK": bat["rows_per_block"],
+            "THREADS_PER_ROW": 1 if serial else bat["threads_per_row"],
+            "MAX_COLS": bat["max_cols"],
             "VEC": 1,
         },
     )
@@ -264,7 +268,12 @@ def _old_cuda_modules(cfg: TuningConfig) -> dict[str, tuple[str, dict]]:
     if pre.variant in ("mmq", "mmq8"):
         k[pre.variant] = (
             f"{pre.variant}.cu",
-            {"BM": pre["tile_m"], "BN": pre["tile_n"], "WM": pre["warps_m"], "WN": pre["warps_n"]},
+            {
+                "TILE_M": pre["tile_m"],
+                "TILE_N": pre["tile_n"],
+                "WARPS_M": pre["warps_m"],
+                "WARPS_N": pre["warps_n"],
+            },
         )
     if pre.variant == "resident":
         k["prefill_f16"] = ("prefill_f16.cu", {})
@@ -276,52 +285,76 @@ def _old_cuda_modules(cfg: TuningConfig) -> dict[str, tuple[str, dict]]:
     k["attn_vec"] = ("attn_vec.cu", {})  # attention_decode.vec: launch knobs only
     k["norm_decode"] = ("norm_decode.cu", {})  # rms_norm.block: launch knobs only
     ap = cfg.op("attention_prefill")
-    flash = {"BQ": ap["block_q"], "RPW": ap["rows_per_warp"]} if ap.variant == "flash" else {}
+    flash = (
+        {"BLOCK_Q": ap["block_q"], "ROWS_PER_WARP": ap["rows_per_warp"]}
+        if ap.variant == "flash"
+        else {}
+    )
     k["attention"] = ("attention.cu", flash)
     if ap.variant == "gemm":  # issue 14: its own file; attention.cu still serves decode
         k["attention_gemm"] = ("attention_gemm.cu", {})
     if ap.variant == "flash_tc":
-        k["attention_tc"] = ("attention_tc.cu", {"FBQ": ap["block_q"], "FBK": ap["block_k"]})
+        k["attention_tc"] = (
+            "attention_tc.cu",
+            {"BLOCK_Q": ap["block_q"], "BLOCK_K": ap["block_k"]},
+        )
         k["attention_gemm"] = ("attention_gemm.cu", {})
     # the hybrids' kernels (issue 15), mapped by hand the same way
     k["hybrid"] = ("hybrid.cu", {})
     dn = cfg.op("delta_net")
-    scan = {"NW": dn["warps"], "MAX_DK": dn["max_dk"], "STATE_T": int(dn["state_transposed"]),
-            "PF": dn["prefetch"]}  # fmt: skip
+    scan = {"WARPS": dn["warps"], "MAX_DK": dn["max_dk"],
+            "STATE_TRANSPOSED": int(dn["state_transposed"]),
+            "PREFETCH": dn["prefetch"]}  # fmt: skip
     if dn.variant == "chunked":  # its module holds the sequential kernel too (decode)
         k["delta_net_chunked"] = ("delta_net_chunked.cu", {**scan, "CHUNK": dn["chunk"]})
     else:
         k["delta_net"] = ("delta_net.cu", scan)
-    k["dn_step"] = ("dn_step.cu", {d: scan[d] for d in ("NW", "MAX_DK", "STATE_T")})
+    k["dn_step"] = ("dn_step.cu", {d: scan[d] for d in ("WARPS", "MAX_DK", "STATE_TRANSPOSED")})
     if dn["step_cluster"]:  # helper dn's cluster step
-        clu = {"DCL": dn["step_cluster"], "DG": dn["step_lanes"]}
-        k["dn_clu"] = ("dn_clu.cu", {"MAX_DK": dn["max_dk"], "STATE_T": scan["STATE_T"], **clu})
+        clu = {"STEP_CLUSTER": dn["step_cluster"], "STEP_LANES": dn["step_lanes"]}
+        k["dn_clu"] = (
+            "dn_clu.cu",
+            {"MAX_DK": dn["max_dk"], "STATE_TRANSPOSED": scan["STATE_TRANSPOSED"], **clu},
+        )
     me = cfg.op("moe_experts")
     if me.variant == "mmvq":  # int8 experts; float ones on moe.cu at its defaults
-        k["moe_q8"] = ("moe_q8.cu", {"TPR": me["threads_per_row"], "NW": me["warps"]})
-        k["moe"] = ("moe.cu", {"ROWS": 4, "TPR": 32, "VEC": 2})
+        k["moe_q8"] = (
+            "moe_q8.cu",
+            {"THREADS_PER_ROW": me["threads_per_row"], "WARPS": me["warps"]},
+        )
+        k["moe"] = ("moe.cu", {"ROWS_PER_BLOCK": 4, "THREADS_PER_ROW": 32, "VEC": 2})
         k["moe_dec"] = ("moe_dec.cu", k["moe"][1])  # fuse_decode's kernels: moe.cu's knobs
         return k
-    dmmv = {"ROWS": me["rows_per_block"], "TPR": me["threads_per_row"], "VEC": me["vec"]}
+    dmmv = {
+        "ROWS_PER_BLOCK": me["rows_per_block"],
+        "THREADS_PER_ROW": me["threads_per_row"],
+        "VEC": me["vec"],
+    }
     k["moe"] = ("moe.cu", dmmv)  # grouped decodes (T = 1) with it
     k["moe_dec"] = ("moe_dec.cu", {**dmmv, "DEC_WIDE": me["dec_wide"], "DEC_FCVT": me["dec_fcvt"]})
     if me.variant == "grouped":
-        k["moe_grouped"] = ("moe_grouped.cu", {**dmmv, "TILE_P": me["tile_pairs"]})
+        k["moe_grouped"] = ("moe_grouped.cu", {**dmmv, "TILE_PAIRS": me["tile_pairs"]})
     if me.variant == "tc":  # its dmmv knobs reach moe.cu only (host-bound)
-        k["moe_tc"] = ("moe_tc.cu", {"TILE_P": me["tile_pairs"], "BR": me["block_rows"],
-                                     "WIN_Q4K": me["q4k_window"],
-                                     "WIDE": me["wide_loads"],
+        k["moe_tc"] = ("moe_tc.cu", {"TILE_PAIRS": me["tile_pairs"], "BLOCK_ROWS": me["block_rows"],
+                                     "Q4K_WINDOW": me["q4k_window"],
+                                     "WIDE_LOADS": me["wide_loads"],
                                      "DIRECT": me["direct"]})  # fmt: skip
     return k
 
 
 # What the sources defaulted to before the bindings: the value a build without the define got.
 OLD_SOURCE_DEFAULTS = {
-    "dmmv.cu": {"ROWS": 4, "TPR": 32, "COLS": 1, "VEC": 1, "RPT": 1},
-    "mmvq.cu": {"NW": 4, "RPB": 2},
-    "mmq.cu": {"BM": 128, "BN": 128, "WM": 2, "WN": 4},
-    "mmq8.cu": {"BM": 128, "BN": 128, "WM": 2, "WN": 4},
-    "attention.cu": {"BQ": 16, "RPW": 4},
+    "dmmv.cu": {
+        "ROWS_PER_BLOCK": 4,
+        "THREADS_PER_ROW": 32,
+        "MAX_COLS": 1,
+        "VEC": 1,
+        "ROWS_PER_THREAD": 1,
+    },
+    "mmvq.cu": {"WARPS": 4, "ROWS_PER_BLOCK": 2},
+    "mmq.cu": {"TILE_M": 128, "TILE_N": 128, "WARPS_M": 2, "WARPS_N": 4},
+    "mmq8.cu": {"TILE_M": 128, "TILE_N": 128, "WARPS_M": 2, "WARPS_N": 4},
+    "attention.cu": {"BLOCK_Q": 16, "ROWS_PER_WARP": 4},
     "moe_dec.cu": {"DEC_WIDE": 0, "DEC_FCVT": 0},
 }
 
@@ -338,7 +371,7 @@ def test_cuda_defines_are_the_old_ones_for_every_knob_value():
             fname, defines = new.pop("decode")
             dmmv = REGISTRY.op("cuda", "matmul_decode").variant("dmmv")
             assert fname == "dmmv.cu" and defines == {
-                "COLS": 1,
+                "MAX_COLS": 1,
                 **{str(p.binding.target): p.default for p in dmmv.bound(DEFINE)},
             }
         new.pop("matmul_prefill", None)
@@ -472,7 +505,7 @@ def _macro(d: str) -> str:
 # A knob that turns others' defines off where they do not apply (kernels.programs: the resident
 # GEMM's direct fragments have no shared tiles; smem_pairs wins over smem_halves).
 VK_DROPS = {
-    ("matmul_prefill", "resident", "direct"): {"NBUF", "SMEM_PAIRS", "SMEM_HALVES", "PREFETCH"},
+    ("matmul_prefill", "resident", "direct"): {"BUFFERS", "SMEM_PAIRS", "SMEM_HALVES", "PREFETCH"},
     ("matmul_prefill", "resident", "smem_pairs"): {"SMEM_HALVES"},
 }
 

@@ -38,8 +38,9 @@ def test_an_undeclared_knob_is_an_attribute_error_naming_op_and_variant():
 
 
 def test_mmvw_rows_per_block_is_derived_once_and_passed_to_its_build():
-    """The derived value is the kernel's old formula (NW * 32 / TPR * RPT) for every value of
-    its knobs, and modules_for passes exactly it as MMVW_RPB."""
+    """The derived value is the kernel's old formula (WARPS * 32 / THREADS_PER_ROW *
+    ROWS_PER_THREAD) for every value of its knobs, and modules_for passes exactly it as
+    ROWS_PER_BLOCK."""
     v = REGISTRY.op("cuda", "matmul_decode").variant("mmvw")
     names = ("warps", "threads_per_row", "rows_per_thread")
     base = TuningConfig.default("cuda").replace(**{"matmul_decode.variant": "mmvw"})
@@ -47,4 +48,4 @@ def test_mmvw_rows_per_block_is_derived_once_and_passed_to_its_build():
         cfg = base.replace(**{f"matmul_decode.{n}": x for n, x in zip(names, values, strict=True)})
         nw, tpr, rpt = values
         assert cfg.knobs("matmul_decode").rows_per_block == nw * 32 // tpr * rpt
-        assert kernels.modules_for(cfg)["mmvw"][1]["MMVW_RPB"] == nw * 32 // tpr * rpt
+        assert kernels.modules_for(cfg)["mmvw"][1]["ROWS_PER_BLOCK"] == nw * 32 // tpr * rpt

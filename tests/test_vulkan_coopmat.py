@@ -72,11 +72,11 @@ def test_coopmat_spirv_builds_with_the_pinned_glslang(tmp_path):
     assert f"glslang Khronos. {pinned_glslang()}" in version, version
     builds = [b for b in all_builds() if b[0] == "matmul_coopmat"]
     want = sorted(
-        tuple(sorted((f"BK={bk}", f"NBUF={nb}", f"QTYPE_{q}") + one + su))
+        tuple(sorted((f"BK={bk}", f"BUFFERS={nb}", f"QTYPE_{q}") + one + su))
         for q in QUANT_TYPES
         for bk in (32, 64)
         for nb in (1, 2)
-        for one in ((), ("ONE_TILE_PER_SUBGROUP",))
+        for one in ((), ("ONE_TILE",))
         for su in ((), ("STORE_UNROLLED",))
     )
     assert sorted(tuple(sorted(d)) for _, d in builds) == want

@@ -47,15 +47,15 @@ def test_resident_programs_build_and_validate(tmp_path):
     # store_unrolled 2; no weight type), one PASS_W16 per type, one PASS_X16, one PASS_KSUM
     assert len(builds) == 2 * (3 * 2 * 3 * 3 * 2 * 2 + 3 * 3 * 2) + len(QUANT_TYPES) + 2
     for defines in (
-        ("BK=32", "MMA_N=16", "NBUF=2", "PREFETCH=1", "WG_THREADS=256"),
-        ("BK=32", "MMA_N=16", "NBUF=2", "PREFETCH=2", "STORE_UNROLLED", "WG_THREADS=256"),
-        ("BK=64", "MMA_N=16", "NBUF=1", "SMEM_PAIRS", "PREFETCH=1", "WG_THREADS=256"),
-        ("BK=16", "MMA_N=8", "NBUF=2", "PREFETCH=1", "WG_THREADS=128"),
-        ("BK=32", "MMA_N=16", "NBUF=2", "PREFETCH=1", "WG_THREADS=512"),
-        ("BK=32", "MMA_N=16", "NBUF=2", "SMEM_HALVES", "PREFETCH=1", "WG_THREADS=256"),
-        ("BK=32", "DIRECT", "MMA_N=16", "WG_THREADS=128"),
-        ("BK=32", "MMA_N=16", "NBUF=2", "STORE_UNROLLED", "PREFETCH=1", "WG_THREADS=256"),
-        ("BK=32", "DIRECT", "MMA_N=16", "STORE_UNROLLED", "WG_THREADS=128"),
+        ("BK=32", "MMA_N=16", "BUFFERS=2", "PREFETCH=1", "THREADS=256"),
+        ("BK=32", "MMA_N=16", "BUFFERS=2", "PREFETCH=2", "STORE_UNROLLED", "THREADS=256"),
+        ("BK=64", "MMA_N=16", "BUFFERS=1", "SMEM_PAIRS", "PREFETCH=1", "THREADS=256"),
+        ("BK=16", "MMA_N=8", "BUFFERS=2", "PREFETCH=1", "THREADS=128"),
+        ("BK=32", "MMA_N=16", "BUFFERS=2", "PREFETCH=1", "THREADS=512"),
+        ("BK=32", "MMA_N=16", "BUFFERS=2", "SMEM_HALVES", "PREFETCH=1", "THREADS=256"),
+        ("BK=32", "DIRECT", "MMA_N=16", "THREADS=128"),
+        ("BK=32", "MMA_N=16", "BUFFERS=2", "STORE_UNROLLED", "PREFETCH=1", "THREADS=256"),
+        ("BK=32", "DIRECT", "MMA_N=16", "STORE_UNROLLED", "THREADS=128"),
         ("QTYPE_Q4_K", "PASS_W16"),
         ("PASS_X16",),
     ):
@@ -371,7 +371,7 @@ def test_prefetch_two_is_the_default_and_applies_to_double_buffers_only():
     assert resident_problems(h200_like(), buffers=1) == []
     assert resident_problems(h200_like(), direct=True, threads=128, warp_n=64) == []
     src = Path(spirv.__file__).resolve().parents[3] / "shaders/vulkan/matmul_f16.comp"
-    assert "#if PREFETCH == 2 && NBUF == 2" in src.read_text()
+    assert "#if PREFETCH == 2 && BUFFERS == 2" in src.read_text()
     direct = TuningConfig.default("vulkan").replace(
         **RESIDENT, **{"matmul_prefill.direct": True, "matmul_prefill.threads": 128,
                        "matmul_prefill.warp_n": 64})  # fmt: skip

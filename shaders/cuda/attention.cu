@@ -15,12 +15,12 @@
 //                              with KV_EARLY (kv_early) a step's V row is loaded with its K row,
 //                              before the score's reduction: one memory round trip a step, not
 //                              two (the same values in the same order).
-//   attention_prefill.flash    attn_flash: a block takes BQ query tokens of one head, stages 32
+//   attention_prefill.flash    attn_flash: a block takes BLOCK_Q query tokens of one head, stages 32
 //                              keys and values at a time in shared memory (rows padded by four
-//                              floats: no bank conflicts on 16-byte reads) and each warp keeps RPW queries'
+//                              floats: no bank conflicts on 16-byte reads) and each warp keeps ROWS_PER_WARP queries'
 //                              running max, sum and output in registers. Lanes own keys for
 //                              the scores and head dims for P.V. Needs D <= 128, D % 4 == 0.
-// Tunables: SPLITS, WARPS, LANES_PER_KEY, FUSE_COMBINE, KV_EARLY (launch), BQ and RPW
+// Tunables: SPLITS, WARPS, LANES_PER_KEY, FUSE_COMBINE, KV_EARLY (launch), BLOCK_Q and ROWS_PER_WARP
 // (attn_flash).
 // pos0 comes as a scalar and a device pointer (non-null wins: the decode graph's position).
 #include "common.cuh"
@@ -262,43 +262,43 @@ extern "C" __global__ void attn_combine(const float* __restrict__ part, const fl
     }
 }
 
-#ifndef BQ
-#define BQ 16
+#ifndef BLOCK_Q
+#define BLOCK_Q 16
 #endif
-#ifndef RPW
-#define RPW 4
+#ifndef ROWS_PER_WARP
+#define ROWS_PER_WARP 4
 #endif
 #define KC 32
 
-// grid (ceil(T / BQ), H), block (BQ / RPW) * 32, dynamic smem (BQ * D + 2 * KC * (D + 4))
+// grid (ceil(T / BLOCK_Q), H), block (BLOCK_Q / ROWS_PER_WARP) * 32, dynamic smem (BLOCK_Q * D + 2 * KC * (D + 4))
 // floats. D % 4 == 0.
-// Launch bounds: BQ / RPW warps (up to 1024 threads) must fit the register file.
-extern "C" __global__ void __launch_bounds__((BQ / RPW) * 32) attn_flash(const float* __restrict__ q, const float* __restrict__ kc,
+// Launch bounds: BLOCK_Q / ROWS_PER_WARP warps (up to 1024 threads) must fit the register file.
+extern "C" __global__ void __launch_bounds__((BLOCK_Q / ROWS_PER_WARP) * 32) attn_flash(const float* __restrict__ q, const float* __restrict__ kc,
                                       const float* __restrict__ vc, float* __restrict__ out, int T,
                                       int H, int Hkv, int D, int pos0, const int* pos_ptr,
                                       float scale) {
     extern __shared__ float sm[];
-    float* qs = sm;                 // [BQ][D], pre-scaled
+    float* qs = sm;                 // [BLOCK_Q][D], pre-scaled
     // K rows padded to D + 4 floats: 16-byte lane reads of 8 lanes per phase hit distinct banks
     const int KS = D + 4;
-    float* ks = qs + BQ * D;   // [KC][KS]
+    float* ks = qs + BLOCK_Q * D;   // [KC][KS]
     float* vs = ks + KC * KS;  // [KC][KS]
-    const int t0 = blockIdx.x * BQ, h = blockIdx.y, kvh = h / (H / Hkv);
+    const int t0 = blockIdx.x * BLOCK_Q, h = blockIdx.y, kvh = h / (H / Hkv);
     const int lane = threadIdx.x & 31, warp = threadIdx.x / 32, nthr = blockDim.x;
     const int p0 = pos_ptr ? *pos_ptr : pos0;
-    for (int i = threadIdx.x; i < BQ * D; i += nthr) {
+    for (int i = threadIdx.x; i < BLOCK_Q * D; i += nthr) {
         const int tt = t0 + i / D;
         qs[i] = tt < T ? q[((size_t)tt * H + h) * D + i % D] * scale : 0.f;
     }
-    float m[RPW], l[RPW], acc[RPW][4];
+    float m[ROWS_PER_WARP], l[ROWS_PER_WARP], acc[ROWS_PER_WARP][4];
 #pragma unroll
-    for (int r = 0; r < RPW; ++r) {
+    for (int r = 0; r < ROWS_PER_WARP; ++r) {
         m[r] = NEG_INF;
         l[r] = 0.f;
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[r][i] = 0.f;
     }
-    const int Lmax = p0 + min(t0 + BQ, T);  // keys the last query of the tile sees
+    const int Lmax = p0 + min(t0 + BLOCK_Q, T);  // keys the last query of the tile sees
     for (int k0 = 0; k0 < Lmax; k0 += KC) {
         __syncthreads();
         for (int i = threadIdx.x; i < KC * D; i += nthr) {
@@ -309,8 +309,8 @@ extern "C" __global__ void __launch_bounds__((BQ / RPW) * 32) attn_flash(const f
         }
         __syncthreads();
 #pragma unroll
-        for (int r = 0; r < RPW; ++r) {
-            const int qi = warp * RPW + r, tq = t0 + qi;
+        for (int r = 0; r < ROWS_PER_WARP; ++r) {
+            const int qi = warp * ROWS_PER_WARP + r, tq = t0 + qi;
             if (tq >= T) continue;  // warp-uniform
             const int pq = p0 + tq;
             if (k0 > pq) continue;  // the whole chunk is in this query's future
@@ -341,8 +341,8 @@ extern "C" __global__ void __launch_bounds__((BQ / RPW) * 32) attn_flash(const f
         }
     }
 #pragma unroll
-    for (int r = 0; r < RPW; ++r) {
-        const int tq = t0 + warp * RPW + r;
+    for (int r = 0; r < ROWS_PER_WARP; ++r) {
+        const int tq = t0 + warp * ROWS_PER_WARP + r;
         if (tq >= T) continue;
         const float inv = 1.f / l[r];
 #pragma unroll

@@ -5,25 +5,25 @@
 //   q [T, H, D], cache [S, Hkv, D] float32, out [T, H, D] float32 (and, outh non-null, its
 //   fp16 rounding: the o projection's GEMM input under matmul_prefill.resident fuse_f16)
 //
-// A block takes FBQ query rows of one head (16 per warp); Q is rounded to fp16 (pre-scaled by
+// A block takes BLOCK_Q query rows of one head (16 per warp); Q is rounded to fp16 (pre-scaled by
 // scale * log2(e), so the softmax uses exp2) and held in registers as mma A fragments. Keys go
-// by tiles of FBK: the block converts the tile's K and V rows from the float32 cache to fp16
+// by tiles of BLOCK_K: the block converts the tile's K and V rows from the float32 cache to fp16
 // shared memory, each warp computes S = Q K^T (fp32 accumulators), masks keys past each row's
 // position, updates its rows' running max and sum (online softmax, FlashAttention-2), rounds
 // P to fp16 A fragments in registers and accumulates O += P V (V through ldmatrix.trans).
 // Shared rows are padded by 8 halves (ldmatrix rows on distinct banks).
-// Tunables (defines): FBQ (query rows per block, 16 per warp), FBK (keys per tile).
-// Kernels: attn_tc_d<D> for D = 32, 64, 96, 128. Grid (ceil(T / FBQ), H), block FBQ / 16 * 32,
-// dynamic smem (FBQ + 2 * FBK) * (D + 8) * 2 bytes.
+// Tunables (defines): BLOCK_Q (query rows per block, 16 per warp), BLOCK_K (keys per tile).
+// Kernels: attn_tc_d<D> for D = 32, 64, 96, 128. Grid (ceil(T / BLOCK_Q), H), block BLOCK_Q / 16 * 32,
+// dynamic smem (BLOCK_Q + 2 * BLOCK_K) * (D + 8) * 2 bytes.
 #include "common.cuh"
 
-#ifndef FBQ
-#define FBQ 64
+#ifndef BLOCK_Q
+#define BLOCK_Q 64
 #endif
-#ifndef FBK
-#define FBK 64
+#ifndef BLOCK_K
+#define BLOCK_K 64
 #endif
-#define FNW (FBQ / 16)
+#define FNW (BLOCK_Q / 16)
 #define NEG_INF __int_as_float(0xff800000)
 
 __device__ __forceinline__ u32 tc_smem_u32(const void* p) {
@@ -60,13 +60,13 @@ __device__ __forceinline__ void attn_tc(const float* __restrict__ q, const float
     constexpr int LD = D + 8, D4 = D / 4;
     extern __shared__ __align__(16) u16 tc_sm[];
     u16* Qs = tc_sm;
-    u16* Ks = Qs + FBQ * LD;
-    u16* Vs = Ks + FBK * LD;
+    u16* Ks = Qs + BLOCK_Q * LD;
+    u16* Vs = Ks + BLOCK_K * LD;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid & 31, gid = lane >> 2, tig = lane & 3;
     // the last query tiles (the most keys) first: the grid's tail is the short tiles
-    const int t0 = (gridDim.x - 1 - blockIdx.x) * FBQ, h = blockIdx.y, kvh = h / (H / Hkv);
+    const int t0 = (gridDim.x - 1 - blockIdx.x) * BLOCK_Q, h = blockIdx.y, kvh = h / (H / Hkv);
     const int p0 = pos_ptr ? *pos_ptr : pos0;
-    for (int i = tid; i < FBQ * D4; i += FNW * 32) {
+    for (int i = tid; i < BLOCK_Q * D4; i += FNW * 32) {
         const int r = i / D4, c = (i % D4) * 4, t = t0 + r;
         float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
         if (t < T) v = *(const float4*)(q + ((size_t)t * H + h) * D + c);
@@ -87,11 +87,11 @@ __device__ __forceinline__ void attn_tc(const float* __restrict__ q, const float
     int pr[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) pr[r] = p0 + min(t0 + warp * 16 + gid + 8 * r, T - 1);
-    const int Lmax = p0 + min(t0 + FBQ, T);                // keys the block's last row sees
+    const int Lmax = p0 + min(t0 + BLOCK_Q, T);                // keys the block's last row sees
     const int Lwarp = p0 + min(t0 + warp * 16 + 16, T);    // ... and the warp's last row
-    for (int k0 = 0; k0 < Lmax; k0 += FBK) {
+    for (int k0 = 0; k0 < Lmax; k0 += BLOCK_K) {
         __syncthreads();  // the previous tile is consumed
-        for (int i = tid; i < FBK * D4; i += FNW * 32) {
+        for (int i = tid; i < BLOCK_K * D4; i += FNW * 32) {
             const int j = i / D4, c = (i % D4) * 4, key = k0 + j;
             float4 kv = make_float4(0.f, 0.f, 0.f, 0.f), vv = kv;
             if (key < Lmax) {
@@ -104,13 +104,13 @@ __device__ __forceinline__ void attn_tc(const float* __restrict__ q, const float
         }
         __syncthreads();
         if (k0 >= Lwarp) continue;  // warp-uniform: the tile is in all its rows' future
-        float s[FBK / 8][4];
+        float s[BLOCK_K / 8][4];
 #pragma unroll
-        for (int nb = 0; nb < FBK / 8; ++nb) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.f;
+        for (int nb = 0; nb < BLOCK_K / 8; ++nb) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.f;
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk)
 #pragma unroll
-            for (int nb = 0; nb < FBK / 8; nb += 2) {
+            for (int nb = 0; nb < BLOCK_K / 8; nb += 2) {
                 u32 r4[4];
                 tc_ldsm_x4(r4, Ks + (nb * 8 + (lane & 7) + ((lane >> 4) << 3)) * LD + kk * 16 +
                                    ((lane >> 3) & 1) * 8);
@@ -119,7 +119,7 @@ __device__ __forceinline__ void attn_tc(const float* __restrict__ q, const float
             }
         float mx[2] = {m[0], m[1]};
 #pragma unroll
-        for (int nb = 0; nb < FBK / 8; ++nb)
+        for (int nb = 0; nb < BLOCK_K / 8; ++nb)
 #pragma unroll
             for (int c = 0; c < 4; ++c) {
                 const int key = k0 + nb * 8 + tig * 2 + (c & 1);
@@ -134,9 +134,9 @@ __device__ __forceinline__ void attn_tc(const float* __restrict__ q, const float
             corr[r] = exp2f(m[r] - mx[r]);  // m = -inf at the first tile: 0
             m[r] = mx[r];
         }
-        u32 pf[FBK / 16][4];
+        u32 pf[BLOCK_K / 16][4];
 #pragma unroll
-        for (int nb = 0; nb < FBK / 8; ++nb) {
+        for (int nb = 0; nb < BLOCK_K / 8; ++nb) {
 #pragma unroll
             for (int c = 0; c < 4; ++c) {
                 s[nb][c] = exp2f(s[nb][c] - m[c >> 1]);
@@ -155,7 +155,7 @@ __device__ __forceinline__ void attn_tc(const float* __restrict__ q, const float
             o[dt][3] *= corr[1];
         }
 #pragma unroll
-        for (int kk = 0; kk < FBK / 16; ++kk)
+        for (int kk = 0; kk < BLOCK_K / 16; ++kk)
 #pragma unroll
             for (int dt = 0; dt < D / 8; dt += 2) {
                 u32 r4[4];

@@ -11,31 +11,31 @@
 // DELTA_NET_SK (tests/planted).
 //
 // Variant: delta_net.sequential (engine/tuning/kernels/cuda_hybrid.py). Tunables (defines):
-//   NW       warps (state columns) per block; grid (ceil(dv / NW), Hv)
+//   WARPS       warps (state columns) per block; grid (ceil(dv / WARPS), Hv)
 //   MAX_DK   the register array of a column (MAX_DK / 32 per lane), >= dk (the host checks)
-//   STATE_T  layout of the state between calls: 0 S [dk, dv] (lanes of a warp read a column:
+//   STATE_TRANSPOSED  layout of the state between calls: 0 S [dk, dv] (lanes of a warp read a column:
 //            stride dv, a cache line each), 1 S^T [dv, dk] (a column is contiguous: coalesced).
 //            Read once and written once per call, so decode (T = 1) is where it shows: the
 //            seed's 7x was this choice.
-//   PF       tokens whose inputs (q, k, g, beta, v) sit in registers ahead of use: 1 loads each
-//            token as it comes; 2, 4 or 8 keep a ring of PF tokens, each slot refilled with token
-//            t + PF as soon as token t is consumed, so the loads of the next tokens are in
+//   PREFETCH       tokens whose inputs (q, k, g, beta, v) sit in registers ahead of use: 1 loads each
+//            token as it comes; 2, 4 or 8 keep a ring of PREFETCH tokens, each slot refilled with token
+//            t + PREFETCH as soon as token t is consumed, so the loads of the next tokens are in
 //            flight during this one's warp sums (the state's chain never waits on memory).
-//            Same arithmetic in the same order for every PF (bit-identical outputs).
+//            Same arithmetic in the same order for every PREFETCH (bit-identical outputs).
 // q, k [T, Hk, dk], v [T, Hv, dv], g, beta [T, Hv], state [Hv, dk * dv] (read, then written in
 // place), o [T, Hv, dv].
 #include "common.cuh"
 
-#if !defined(NW) || !defined(MAX_DK) || !defined(STATE_T)
-#error "delta_net.cu needs NW, MAX_DK and STATE_T (engine/tuning/kernels/cuda_hybrid.py)"
+#if !defined(WARPS) || !defined(MAX_DK) || !defined(STATE_TRANSPOSED)
+#error "delta_net.cu needs WARPS, MAX_DK and STATE_TRANSPOSED (engine/tuning/kernels/cuda_hybrid.py)"
 #endif
 
 #define RPL (MAX_DK / 32)  // rows of a column per lane
-#ifndef PF
-#define PF 1
+#ifndef PREFETCH
+#define PREFETCH 1
 #endif
-#if PF != 1 && PF != 2 && PF != 4 && PF != 8
-#error "PF must be 1, 2, 4 or 8"
+#if PREFETCH != 1 && PREFETCH != 2 && PREFETCH != 4 && PREFETCH != 8
+#error "PREFETCH must be 1, 2, 4 or 8"
 #endif
 
 // One token's inputs for the warp of column j of V head h (q/k head kh).
@@ -99,7 +99,7 @@ __device__ __forceinline__ size_t state_at(int i, int j, int dk, int dv, bool tr
     return transposed ? (size_t)j * dk + i : (size_t)i * dv + j;
 }
 
-extern "C" __global__ void __launch_bounds__(NW * 32)
+extern "C" __global__ void __launch_bounds__(WARPS * 32)
     delta_net_seq(const float* __restrict__ q, const float* __restrict__ k,
                   const float* __restrict__ v, const float* __restrict__ g,
                   const float* __restrict__ beta, float* __restrict__ state,
@@ -107,12 +107,12 @@ extern "C" __global__ void __launch_bounds__(NW * 32)
                   float eps) {
     pdl_start();  // (matmul_decode.pdl: chained into the decode step's dependent launches)
     const int lane = threadIdx.x & 31;
-    const int j = blockIdx.x * NW + threadIdx.x / 32;  // the warp's state column
+    const int j = blockIdx.x * WARPS + threadIdx.x / 32;  // the warp's state column
     const int h = blockIdx.y;
     if (j >= dv) return;  // a whole warp; the kernel has no block-level barrier
     const int kh = grouped ? h / (Hv / Hk) : h % Hk;
     float* sh = state + (size_t)h * dk * dv;
-    bool transposed = STATE_T != 0;
+    bool transposed = STATE_TRANSPOSED != 0;
     const bool swap = false;
     float s[RPL];
 #pragma unroll
@@ -123,25 +123,25 @@ extern "C" __global__ void __launch_bounds__(NW * 32)
                       : 0.f;
     }
     const float inv_sqrt_dk = rsqrtf((float)dk);
-#if PF == 1
+#if PREFETCH == 1
     for (int t = 0; t < T; ++t) {
         DnIn in;
         dn_load(in, q, k, v, g, beta, t, Hk, Hv, kh, h, dk, dv, j, lane);
         dn_step(s, in, o, t, Hv, h, dv, j, lane, eps, inv_sqrt_dk);
     }
 #else
-    DnIn ring[PF];  // slot u holds token t0 + u (constant indices after unrolling: registers)
+    DnIn ring[PREFETCH];  // slot u holds token t0 + u (constant indices after unrolling: registers)
 #pragma unroll
-    for (int u = 0; u < PF; ++u)
+    for (int u = 0; u < PREFETCH; ++u)
         if (u < T) dn_load(ring[u], q, k, v, g, beta, u, Hk, Hv, kh, h, dk, dv, j, lane);
-    for (int t0 = 0; t0 < T; t0 += PF) {
+    for (int t0 = 0; t0 < T; t0 += PREFETCH) {
 #pragma unroll
-        for (int u = 0; u < PF; ++u) {
+        for (int u = 0; u < PREFETCH; ++u) {
             const int t = t0 + u;
             if (t < T) {
                 dn_step(s, ring[u], o, t, Hv, h, dv, j, lane, eps, inv_sqrt_dk);
-                if (t + PF < T)
-                    dn_load(ring[u], q, k, v, g, beta, t + PF, Hk, Hv, kh, h, dk, dv, j, lane);
+                if (t + PREFETCH < T)
+                    dn_load(ring[u], q, k, v, g, beta, t + PREFETCH, Hk, Hv, kh, h, dk, dv, j, lane);
             }
         }
     }

@@ -12,20 +12,20 @@
 //        substitution (a thread per column of [W | Y]: columns are independent) and the decayed
 //        G Q and (G_L / G) K: all that does not depend on the state, so all chunks run at once.
 //   delta_net_chunk_scan  a warp per state column j (lanes over its rows, in registers, as
-//        delta_net_seq), NW columns per block, grid (ceil(dv / NW), Hv): the chunks in
+//        delta_net_seq), WARPS columns per block, grid (ceil(dv / WARPS), Hv): the chunks in
 //        sequence, and within a chunk the tokens in parallel (a lane per token for U = W - Y S0
 //        and O, the column S0 in shared memory): T / CHUNK dependent steps, not T.
-// Tunables (the registry's delta_net.chunked): NW, MAX_DK, STATE_T, PF as delta_net.cu (PF:
+// Tunables (the registry's delta_net.chunked): WARPS, MAX_DK, STATE_TRANSPOSED, PREFETCH as delta_net.cu (PREFETCH:
 // its decode step's token prefetch, a no-op at T = 1); CHUNK
 // (tokens per chunk; the last is ragged); the prep block size is a launch knob (<= 256).
 // Scratch (h V head, t token of the call): W [Hv, T, dv], Y, GQ, GK [Hv, T, dk],
 // P [Hv, T, CHUNK], GL [Hv, NC] (G_L per chunk).
-#if !defined(NW) || !defined(MAX_DK) || !defined(STATE_T) || !defined(CHUNK)
-#error "delta_net_chunked.cu needs NW, MAX_DK, STATE_T and CHUNK (engine/tuning/kernels/cuda_hybrid.py)"
+#if !defined(WARPS) || !defined(MAX_DK) || !defined(STATE_TRANSPOSED) || !defined(CHUNK)
+#error "delta_net_chunked.cu needs WARPS, MAX_DK, STATE_TRANSPOSED and CHUNK (engine/tuning/kernels/cuda_hybrid.py)"
 #endif
-// delta_net.cu's PF (decode here is one token: nothing to fetch ahead)
-#ifndef PF
-#define PF 1
+// delta_net.cu's PREFETCH (decode here is one token: nothing to fetch ahead)
+#ifndef PREFETCH
+#define PREFETCH 1
 #endif
 #include "delta_net.cu"
 
@@ -135,21 +135,21 @@ extern "C" __global__ void __launch_bounds__(PREP_MAX_THREADS)
 
 #define TPL ((CHUNK + 31) / 32)  // tokens of a chunk per lane in the token-parallel steps
 
-extern "C" __global__ void __launch_bounds__(NW * 32)
+extern "C" __global__ void __launch_bounds__(WARPS * 32)
     delta_net_chunk_scan(const float* __restrict__ W, const float* __restrict__ Y,
                          const float* __restrict__ GQ, const float* __restrict__ GK,
                          const float* __restrict__ P, const float* __restrict__ GL,
                          float* __restrict__ state, float* __restrict__ o, int T, int Hv, int dk,
                          int dv) {
-    __shared__ float ush[NW][CHUNK];   // U[:, j] of the current chunk, per warp (its column)
-    __shared__ float ssh[NW][MAX_DK];  // S0[:, j], the chunk's start column, per warp
+    __shared__ float ush[WARPS][CHUNK];   // U[:, j] of the current chunk, per warp (its column)
+    __shared__ float ssh[WARPS][MAX_DK];  // S0[:, j], the chunk's start column, per warp
     const int lane = threadIdx.x & 31, w = threadIdx.x / 32;
-    const int j = blockIdx.x * NW + w;  // the warp's state column
+    const int j = blockIdx.x * WARPS + w;  // the warp's state column
     const int h = blockIdx.y;
     if (j >= dv) return;  // a whole warp; the kernel has no block-level barrier
     const int nc = (T + CHUNK - 1) / CHUNK;
     float* sh = state + (size_t)h * dk * dv;
-    const bool transposed = STATE_T != 0;
+    const bool transposed = STATE_TRANSPOSED != 0;
     float s[RPL];  // lanes over the rows of column j, as delta_net_seq
 #pragma unroll
     for (int r = 0; r < RPL; ++r) {

@@ -3,95 +3,95 @@
 //   Y[t, n] = sum_k X[t, k] * W[n, k]     X [T, K] float32, W [N, K] GGML blocks, Y [T, N] float32
 //
 // Variants (engine/tuning/kernels/cuda.py):
-//   matmul_decode.dmmv          T == 1: COLS = 1, K-parallel (TPR threads split each row)
-//   matmul_batched.dmmv_kpar    1 < T: COLS columns per launch (max_cols), K-parallel
-//   matmul_batched.dmmv_serial  1 < T: COLS columns, one thread walks a whole row (TPR = 1),
+//   matmul_decode.dmmv          T == 1: MAX_COLS = 1, K-parallel (THREADS_PER_ROW threads split each row)
+//   matmul_batched.dmmv_kpar    1 < T: MAX_COLS columns per launch (max_cols), K-parallel
+//   matmul_batched.dmmv_serial  1 < T: MAX_COLS columns, one thread walks a whole row (THREADS_PER_ROW = 1),
 //                               the seed's first, slow shape; kept as a searchable baseline
-// Tunables (defines): ROWS thread-rows per block, RPT weight rows per thread-row (decode only),
-// TPR threads per row, COLS columns (tokens) per launch, VEC consecutive 16-weight groups a
+// Tunables (defines): ROWS_PER_BLOCK thread-rows per block, ROWS_PER_THREAD weight rows per thread-row (decode only),
+// THREADS_PER_ROW threads per row, MAX_COLS columns (tokens) per launch, VEC consecutive 16-weight groups a
 // thread decodes per step (its load width: VEC * 8 bytes of Q4_K nibbles). Each decoded group is
-// applied to every column, so a weight is read once per COLS tokens (the reason batched DMMV
+// applied to every column, so a weight is read once per MAX_COLS tokens (the reason batched DMMV
 // beats per-token prefill).
 // Kernels: dmmv_<type> for q4_0 q4_1 q5_0 q8_0 q4_k q6_k (block decoders from common.cuh) and
-// dmmv_f32 f16 bf16 (dense rows). Grid: (ceil(N / (ROWS * RPT)), ceil(T / COLS)), block ROWS * TPR.
+// dmmv_f32 f16 bf16 (dense rows). Grid: (ceil(N / (ROWS_PER_BLOCK * ROWS_PER_THREAD)), ceil(T / MAX_COLS)), block ROWS_PER_BLOCK * THREADS_PER_ROW.
 #include "common.cuh"
 
 // No defaults: three variants with different defaults build this file, so every tunable comes
 // from the registry (engine.backends.cuda.kernels.modules_for), and a build without one fails.
-#if !defined(ROWS) || !defined(TPR) || !defined(COLS) || !defined(VEC) || !defined(RPT)
-#error "dmmv.cu needs ROWS, TPR, COLS, VEC and RPT (engine/tuning/kernels/cuda.py)"
+#if !defined(ROWS_PER_BLOCK) || !defined(THREADS_PER_ROW) || !defined(MAX_COLS) || !defined(VEC) || !defined(ROWS_PER_THREAD)
+#error "dmmv.cu needs ROWS_PER_BLOCK, THREADS_PER_ROW, MAX_COLS, VEC and ROWS_PER_THREAD (engine/tuning/kernels/cuda.py)"
 #endif
 
-// Sum each of the S partials of a thread-row over its TPR threads; result in the row's lane 0.
+// Sum each of the S partials of a thread-row over its THREADS_PER_ROW threads; result in the row's lane 0.
 template <int S>
-__device__ __forceinline__ void reduce_sums(float* sums, float* red /* smem [ROWS][TPR/32][S] */) {
-    if (TPR == 1) return;
+__device__ __forceinline__ void reduce_sums(float* sums, float* red /* smem [ROWS_PER_BLOCK][THREADS_PER_ROW/32][S] */) {
+    if (THREADS_PER_ROW == 1) return;
 #pragma unroll
     for (int c = 0; c < S; ++c) {
         float v = sums[c];
 #pragma unroll
-        for (int o = (TPR < 32 ? TPR : 32) / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        for (int o = (THREADS_PER_ROW < 32 ? THREADS_PER_ROW : 32) / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
         sums[c] = v;
     }
-    if (TPR > 32) {
-        const int lane = threadIdx.x % TPR, r = threadIdx.x / TPR, w = lane / 32;
+    if (THREADS_PER_ROW > 32) {
+        const int lane = threadIdx.x % THREADS_PER_ROW, r = threadIdx.x / THREADS_PER_ROW, w = lane / 32;
         if ((lane & 31) == 0) {
 #pragma unroll
-            for (int c = 0; c < S; ++c) red[(r * (TPR / 32) + w) * S + c] = sums[c];
+            for (int c = 0; c < S; ++c) red[(r * (THREADS_PER_ROW / 32) + w) * S + c] = sums[c];
         }
         __syncthreads();
         if (lane == 0) {
 #pragma unroll
             for (int c = 0; c < S; ++c) {
                 float v = 0.f;
-                for (int i = 0; i < TPR / 32; ++i) v += red[(r * (TPR / 32) + i) * S + c];
+                for (int i = 0; i < THREADS_PER_ROW / 32; ++i) v += red[(r * (THREADS_PER_ROW / 32) + i) * S + c];
                 sums[c] = v;
             }
         }
     }
 }
 
-#define NSUM (RPT * COLS)
-#define RED_SIZE (TPR > 32 ? ROWS * (TPR / 32) * NSUM : 1)
+#define NSUM (ROWS_PER_THREAD * MAX_COLS)
+#define RED_SIZE (THREADS_PER_ROW > 32 ? ROWS_PER_BLOCK * (THREADS_PER_ROW / 32) * NSUM : 1)
 
-// A thread owns RPT rows (row0 .. row0 + RPT - 1) and COLS columns: each activation load
-// serves RPT rows, each decoded group serves COLS columns, and the RPT rows' weight loads are
+// A thread owns ROWS_PER_THREAD rows (row0 .. row0 + ROWS_PER_THREAD - 1) and MAX_COLS columns: each activation load
+// serves ROWS_PER_THREAD rows, each decoded group serves MAX_COLS columns, and the ROWS_PER_THREAD rows' weight loads are
 // independent, so more bytes are in flight per thread.
 template <int QT>
 __device__ __forceinline__ void dmmv_q(const u8* __restrict__ W, int row_bytes, int N, int K,
                                        const float* __restrict__ X, int T,
                                        float* __restrict__ Y) {
     __shared__ float red[RED_SIZE];
-    const int lane = threadIdx.x % TPR;
-    const int row0 = (blockIdx.x * ROWS + threadIdx.x / TPR) * RPT;
-    const int col0 = blockIdx.y * COLS;
-    const int ncols = min(COLS, T - col0);
+    const int lane = threadIdx.x % THREADS_PER_ROW;
+    const int row0 = (blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / THREADS_PER_ROW) * ROWS_PER_THREAD;
+    const int col0 = blockIdx.y * MAX_COLS;
+    const int ncols = min(MAX_COLS, T - col0);
     float sums[NSUM];
 #pragma unroll
     for (int c = 0; c < NSUM; ++c) sums[c] = 0.f;
     const float* xb = X + (size_t)col0 * K;
     const int NG = row0 < N ? K / 16 : 0;
-    for (int g0 = lane * VEC; g0 < NG; g0 += TPR * VEC) {
+    for (int g0 = lane * VEC; g0 < NG; g0 += THREADS_PER_ROW * VEC) {
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
             const int g = g0 + j;
             if (g < NG) {
-                Run8 a[RPT], b[RPT];
+                Run8 a[ROWS_PER_THREAD], b[ROWS_PER_THREAD];
                 int k0, k1;
 #pragma unroll
-                for (int r = 0; r < RPT; ++r)  // rows past N decode row N - 1; never written
+                for (int r = 0; r < ROWS_PER_THREAD; ++r)  // rows past N decode row N - 1; never written
                     row_group<QT>(W + (size_t)min(row0 + r, N - 1) * row_bytes, g, a[r], b[r], k0,
                                   k1);
 #pragma unroll
-                for (int c = 0; c < COLS; ++c) {
+                for (int c = 0; c < MAX_COLS; ++c) {
                     if (c < ncols) {
                         const float4* x0 = (const float4*)(xb + (size_t)c * K + k0);
                         const float4* x1 = (const float4*)(xb + (size_t)c * K + k1);
                         const float4 x0a = __ldg(x0), x0b = __ldg(x0 + 1);
                         const float4 x1a = __ldg(x1), x1b = __ldg(x1 + 1);
 #pragma unroll
-                        for (int r = 0; r < RPT; ++r)
-                            sums[r * COLS + c] += run_dot(a[r], x0a, x0b) + run_dot(b[r], x1a, x1b);
+                        for (int r = 0; r < ROWS_PER_THREAD; ++r)
+                            sums[r * MAX_COLS + c] += run_dot(a[r], x0a, x0b) + run_dot(b[r], x1a, x1b);
                     }
                 }
             }
@@ -100,10 +100,10 @@ __device__ __forceinline__ void dmmv_q(const u8* __restrict__ W, int row_bytes, 
     reduce_sums<NSUM>(sums, red);
     if (lane == 0) {
 #pragma unroll
-        for (int r = 0; r < RPT; ++r)
+        for (int r = 0; r < ROWS_PER_THREAD; ++r)
 #pragma unroll
-            for (int c = 0; c < COLS; ++c)
-                if (row0 + r < N && c < ncols) Y[(size_t)(col0 + c) * N + row0 + r] = sums[r * COLS + c];
+            for (int c = 0; c < MAX_COLS; ++c)
+                if (row0 + r < N && c < ncols) Y[(size_t)(col0 + c) * N + row0 + r] = sums[r * MAX_COLS + c];
     }
 }
 
@@ -112,36 +112,36 @@ __device__ __forceinline__ void dmmv_d(const u8* __restrict__ W, int row_bytes, 
                                        const float* __restrict__ X, int T,
                                        float* __restrict__ Y) {
     __shared__ float red[RED_SIZE];
-    const int lane = threadIdx.x % TPR;
-    const int row0 = (blockIdx.x * ROWS + threadIdx.x / TPR) * RPT;
-    const int col0 = blockIdx.y * COLS;
-    const int ncols = min(COLS, T - col0);
+    const int lane = threadIdx.x % THREADS_PER_ROW;
+    const int row0 = (blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / THREADS_PER_ROW) * ROWS_PER_THREAD;
+    const int col0 = blockIdx.y * MAX_COLS;
+    const int ncols = min(MAX_COLS, T - col0);
     float sums[NSUM];
 #pragma unroll
     for (int c = 0; c < NSUM; ++c) sums[c] = 0.f;
     const float* xb = X + (size_t)col0 * K;
     const int KK = row0 < N ? K : 0;
-    for (int k = lane; k < KK; k += TPR) {
+    for (int k = lane; k < KK; k += THREADS_PER_ROW) {
 #pragma unroll
-        for (int r = 0; r < RPT; ++r) {
+        for (int r = 0; r < ROWS_PER_THREAD; ++r) {
             const float w = dense_get<QT>(W + (size_t)min(row0 + r, N - 1) * row_bytes, k);
 #pragma unroll
-            for (int c = 0; c < COLS; ++c)
-                if (c < ncols) sums[r * COLS + c] += w * __ldg(xb + (size_t)c * K + k);
+            for (int c = 0; c < MAX_COLS; ++c)
+                if (c < ncols) sums[r * MAX_COLS + c] += w * __ldg(xb + (size_t)c * K + k);
         }
     }
     reduce_sums<NSUM>(sums, red);
     if (lane == 0) {
 #pragma unroll
-        for (int r = 0; r < RPT; ++r)
+        for (int r = 0; r < ROWS_PER_THREAD; ++r)
 #pragma unroll
-            for (int c = 0; c < COLS; ++c)
-                if (row0 + r < N && c < ncols) Y[(size_t)(col0 + c) * N + row0 + r] = sums[r * COLS + c];
+            for (int c = 0; c < MAX_COLS; ++c)
+                if (row0 + r < N && c < ncols) Y[(size_t)(col0 + c) * N + row0 + r] = sums[r * MAX_COLS + c];
     }
 }
 
 #define DMMV_KERNEL(name, QT, impl)                                                           \
-    extern "C" __global__ void __launch_bounds__(ROWS* TPR)                                   \
+    extern "C" __global__ void __launch_bounds__(ROWS_PER_BLOCK* THREADS_PER_ROW)                                   \
         dmmv_##name(const u8* W, int row_bytes, int N, int K, const float* X, int T, float* Y) { \
         impl<QT>(W, row_bytes, N, K, X, T, Y);                                                \
     }

@@ -6,10 +6,10 @@
 // 1024 blocks convolves the K head's 2 dk q / k channels in two passes, then a fence, two
 // global tickets and a last block that reloads the head's outputs, its z and norm weights.
 // Here:
-//   - a thread-block cluster (sm_90) of RV x DCL blocks owns one K head: its RV V heads (the
-//     heads that read its q / k channels) x DCL blocks of ceil(dv / DCL) state columns each;
-//   - a column belongs to a group of DG lanes (rows i = g + DG r, MAX_DK / DG per lane), so a
-//     block is ceil(dv / DCL) * DG threads and a column's sums are log2(DG) shuffles;
+//   - a thread-block cluster (sm_90) of RV x STEP_CLUSTER blocks owns one K head: its RV V heads (the
+//     heads that read its q / k channels) x STEP_CLUSTER blocks of ceil(dv / STEP_CLUSTER) state columns each;
+//   - a column belongs to a group of STEP_LANES lanes (rows i = g + STEP_LANES r, MAX_DK / STEP_LANES per lane), so a
+//     block is ceil(dv / STEP_CLUSTER) * STEP_LANES threads and a column's sums are log2(STEP_LANES) shuffles;
 //   - the head's norm sums the blocks' partial sums of squares through distributed shared
 //     memory after one cluster barrier: no fence, no ticket, no output round trip;
 //   - the K head's q / k conv state is rewritten after that barrier by the cluster's first
@@ -19,23 +19,23 @@
 //     in flight while the conv runs.
 // The same expressions as delta_net_conv_step per value; the sums of squares (q, k, the norm's)
 // in another order (order_only). q, k L2-normalised in the kernel, as delta_net.cu does.
-// Defines: MAX_DK, STATE_T (the delta_net variant's), DCL blocks per V head, DG lanes per column.
+// Defines: MAX_DK, STATE_TRANSPOSED (the delta_net variant's), STEP_CLUSTER blocks per V head, STEP_LANES lanes per column.
 // Kernels dn_clu_r1 / _r2 / _r4: RV = Hv / Hk (the cluster's second dimension).
 #ifndef DNC_EMUL
 #include "common.cuh"
 #endif
 
-#if !defined(MAX_DK) || !defined(STATE_T) || !defined(DCL) || !defined(DG)
-#error "dn_clu.cu needs MAX_DK, STATE_T, DCL and DG (engine/tuning/kernels/cuda_hybrid.py)"
+#if !defined(MAX_DK) || !defined(STATE_TRANSPOSED) || !defined(STEP_CLUSTER) || !defined(STEP_LANES)
+#error "dn_clu.cu needs MAX_DK, STATE_TRANSPOSED, STEP_CLUSTER and STEP_LANES (engine/tuning/kernels/cuda_hybrid.py)"
 #endif
-#if DG != 8 && DG != 16 && DG != 32
-#error "DG (lanes per state column) must be 8, 16 or 32"
+#if STEP_LANES != 8 && STEP_LANES != 16 && STEP_LANES != 32
+#error "STEP_LANES (lanes per state column) must be 8, 16 or 32"
 #endif
-#if DCL != 1 && DCL != 2 && DCL != 4
-#error "DCL (blocks per V head) must be 1, 2 or 4"
+#if STEP_CLUSTER != 1 && STEP_CLUSTER != 2 && STEP_CLUSTER != 4
+#error "STEP_CLUSTER (blocks per V head) must be 1, 2 or 4"
 #endif
 
-#define DNC_RPG (MAX_DK / DG)  // rows of a column per lane
+#define DNC_RPG (MAX_DK / STEP_LANES)  // rows of a column per lane
 #define DNC_MAX_CONV 8         // hybrid.cu MAX_CONV: K - 1 <= 7 taps of the state per channel
 #define DNC_THREADS 512  // the most a block may have (the host checks): 128 registers a thread
 
@@ -54,7 +54,7 @@ struct DncShared {
 
 __device__ __forceinline__ float group_sum(float v) {
 #pragma unroll
-    for (int o = DG / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    for (int o = STEP_LANES / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
 
@@ -112,7 +112,7 @@ __device__ __forceinline__ void dnc_pdl_wait() {
 }
 
 __device__ __forceinline__ size_t dnc_state_at(int i, int j, int dk, int dv) {
-    return STATE_T ? (size_t)j * dk + i : (size_t)i * dv + j;  // delta_net.cu state_at
+    return STATE_TRANSPOSED ? (size_t)j * dk + i : (size_t)i * dv + j;  // delta_net.cu state_at
 }
 
 // Channel c's window into win (rows 0..K-2 the state, K-1 the new input) -> conv + SiLU
@@ -134,8 +134,8 @@ __device__ __forceinline__ float dnc_conv(const float* __restrict__ xr, const fl
 
 // Arguments as delta_net_conv_step's without the scratch and the tickets: xr [Cc] the attn_qkv
 // row, cs [K-1, Cc] the conv state, cw [Cc, K], a, b [Hv] (alpha, beta projections), dt, sa
-// [Hv], state [Hv, dk * dv], nw [dv], z [Hv * dv] -> y [Hv * dv]. Grid (DCL, Hv), block
-// ceil(ceil(dv / DCL) * DG / 32) warps; cluster (DCL, RV).
+// [Hv], state [Hv, dk * dv], nw [dv], z [Hv * dv] -> y [Hv * dv]. Grid (STEP_CLUSTER, Hv), block
+// ceil(ceil(dv / STEP_CLUSTER) * STEP_LANES / 32) warps; cluster (STEP_CLUSTER, RV).
 template <int RV>
 __device__ __forceinline__ void dn_clu_body(const float* __restrict__ xr, float* cs,
                                             const float* __restrict__ cw, int K,
@@ -149,8 +149,8 @@ __device__ __forceinline__ void dn_clu_body(const float* __restrict__ xr, float*
                                             float eps) {
     DNC_SHARED(sm);
     float* qk = sm.qk;
-    const int tid = threadIdx.x, lane = tid & 31, g = tid % DG, cl = tid / DG;
-    const int cpb = (dv + DCL - 1) / DCL;
+    const int tid = threadIdx.x, lane = tid & 31, g = tid % STEP_LANES, cl = tid / STEP_LANES;
+    const int cpb = (dv + STEP_CLUSTER - 1) / STEP_CLUSTER;
     const int bx = blockIdx.x, vr = blockIdx.y % RV, kh = blockIdx.y / RV;
     const int h = grouped ? blockIdx.y : vr * Hk + kh;  // grouped: h / RV = kh; tiled: h % Hk
     const int j = bx * cpb + cl;
@@ -161,10 +161,10 @@ __device__ __forceinline__ void dn_clu_body(const float* __restrict__ xr, float*
     const float nwj = col ? nw[j] : 0.f;  // weights: no kernel writes them
     const float dth = dt[h], sah = sa[h];
     dnc_pdl_wait();  // the row, a, b and z are the previous kernel's; the state an earlier one's
-    float s[DNC_RPG];  // column j's rows g + DG r, first: in flight during the conv
+    float s[DNC_RPG];  // column j's rows g + STEP_LANES r, first: in flight during the conv
 #pragma unroll
     for (int r = 0; r < DNC_RPG; ++r) {
-        const int i = g + DG * r;
+        const int i = g + STEP_LANES * r;
         s[r] = col && i < dk ? sh[dnc_state_at(i, j, dk, dv)] : 0.f;
     }
     const float xg = a[h] + dth;
@@ -193,14 +193,14 @@ __device__ __forceinline__ void dn_clu_body(const float* __restrict__ xr, float*
     if (col && g < K - 1) cs[(size_t)g * Cc + 2 * kd + h * dv + j] = nxt;
     __syncthreads();  // qk complete
     // the gates (ssm_gates' expressions) and the scan's step (delta_net.cu dn_step's), a column
-    // per group of DG lanes; every lane runs the shuffles (zeros off the columns)
+    // per group of STEP_LANES lanes; every lane runs the shuffles (zeros off the columns)
     const float softplus = fmaxf(xg, 0.f) + log1pf(expf(-fabsf(xg)));
     const float gt = softplus * sah;
     const float beta = 1.f / (1.f + expf(-bh));
     float sk = 0.f, sq = 0.f;
 #pragma unroll
     for (int r = 0; r < DNC_RPG; ++r) {
-        const int i = g + DG * r;
+        const int i = g + STEP_LANES * r;
         const float kv = i < dk ? qk[dk + i] : 0.f, qv = i < dk ? qk[i] : 0.f;
         sk += kv * kv;
         sq += qv * qv;
@@ -211,7 +211,7 @@ __device__ __forceinline__ void dn_clu_body(const float* __restrict__ xr, float*
     float pred = 0.f;  // (S^T k)_j, k not yet normalised
 #pragma unroll
     for (int r = 0; r < DNC_RPG; ++r) {
-        const int i = g + DG * r;
+        const int i = g + STEP_LANES * r;
         s[r] *= decay;
         pred += s[r] * (i < dk ? qk[dk + i] : 0.f);
     }
@@ -220,17 +220,17 @@ __device__ __forceinline__ void dn_clu_body(const float* __restrict__ xr, float*
     float acc = 0.f;
 #pragma unroll
     for (int r = 0; r < DNC_RPG; ++r) {
-        const int i = g + DG * r;
+        const int i = g + STEP_LANES * r;
         s[r] += (i < dk ? qk[dk + i] : 0.f) * u;
         acc += s[r] * (i < dk ? qk[i] : 0.f);
     }
     const float o = group_sum(acc) * rq;
 #pragma unroll
     for (int r = 0; r < DNC_RPG; ++r) {
-        const int i = g + DG * r;
+        const int i = g + STEP_LANES * r;
         if (col && i < dk) sh[dnc_state_at(i, j, dk, dv)] = s[r];
     }
-    // the gated norm: this block's sum of squares, then the head's over its DCL blocks
+    // the gated norm: this block's sum of squares, then the head's over its STEP_CLUSTER blocks
     float ss = col && g == 0 ? o * o : 0.f;
     ss = warp_sum(ss);
     if (lane == 0) sm.red[tid / 32] = ss;
@@ -250,7 +250,7 @@ __device__ __forceinline__ void dn_clu_body(const float* __restrict__ xr, float*
     }
     float tot = 0.f;
 #pragma unroll
-    for (int x = 0; x < DCL; ++x) tot += dnc_dsmem_ld(&sm.part, vr * DCL + x);
+    for (int x = 0; x < STEP_CLUSTER; ++x) tot += dnc_dsmem_ld(&sm.part, vr * STEP_CLUSTER + x);
     dnc_cluster_arrive();  // done with the others' parts
     const float scale = rsqrtf(tot / (float)dv + eps);
     if (col && g == 0) {
@@ -265,7 +265,7 @@ __device__ __forceinline__ void dn_clu_body(const float* __restrict__ xr, float*
 #define __cluster_dims__(...)                       // with the knob still loads everywhere
 #endif
 // (one kernel per RV written out: tests/cuda_fake.py reads the signatures)
-extern "C" __global__ void __launch_bounds__(DNC_THREADS) __cluster_dims__(DCL, 1, 1)
+extern "C" __global__ void __launch_bounds__(DNC_THREADS) __cluster_dims__(STEP_CLUSTER, 1, 1)
     dn_clu_r1(const float* __restrict__ xr, float* cs, const float* __restrict__ cw, int K,
               const float* __restrict__ a, const float* __restrict__ b,
               const float* __restrict__ dt, const float* __restrict__ sa, float* state,
@@ -273,7 +273,7 @@ extern "C" __global__ void __launch_bounds__(DNC_THREADS) __cluster_dims__(DCL, 
               int Hk, int Hv, int dk, int dv, int grouped, float eps) {
     dn_clu_body<1>(xr, cs, cw, K, a, b, dt, sa, state, nw, z, y, Hk, Hv, dk, dv, grouped, eps);
 }
-extern "C" __global__ void __launch_bounds__(DNC_THREADS) __cluster_dims__(DCL, 2, 1)
+extern "C" __global__ void __launch_bounds__(DNC_THREADS) __cluster_dims__(STEP_CLUSTER, 2, 1)
     dn_clu_r2(const float* __restrict__ xr, float* cs, const float* __restrict__ cw, int K,
               const float* __restrict__ a, const float* __restrict__ b,
               const float* __restrict__ dt, const float* __restrict__ sa, float* state,
@@ -281,8 +281,8 @@ extern "C" __global__ void __launch_bounds__(DNC_THREADS) __cluster_dims__(DCL, 
               int Hk, int Hv, int dk, int dv, int grouped, float eps) {
     dn_clu_body<2>(xr, cs, cw, K, a, b, dt, sa, state, nw, z, y, Hk, Hv, dk, dv, grouped, eps);
 }
-#if DCL <= 2  // a portable cluster: at most 8 blocks
-extern "C" __global__ void __launch_bounds__(DNC_THREADS) __cluster_dims__(DCL, 4, 1)
+#if STEP_CLUSTER <= 2  // a portable cluster: at most 8 blocks
+extern "C" __global__ void __launch_bounds__(DNC_THREADS) __cluster_dims__(STEP_CLUSTER, 4, 1)
     dn_clu_r4(const float* __restrict__ xr, float* cs, const float* __restrict__ cw, int K,
               const float* __restrict__ a, const float* __restrict__ b,
               const float* __restrict__ dt, const float* __restrict__ sa, float* state,

@@ -4,12 +4,12 @@
 // each head's output by ssm_norm, times silu(z): rms_norm then swiglu), which the op-by-op
 // schedule runs as four launches. Bit-identical to them: the same expressions in the same order.
 //
-// Grid (ceil(dv / NW), Hv), as delta_net_seq: warp j of a head's blocks owns state column j. The
+// Grid (ceil(dv / WARPS), Hv), as delta_net_seq: warp j of a head's blocks owns state column j. The
 // head's last block to finish (a ticket per head, reset by it) normalises the head's row of
 // outputs, which the other blocks wrote and fenced, and writes the gated row.
-// Compiled with the delta_net variant's NW, MAX_DK and STATE_T (one token: no prefetch ring).
-#if !defined(NW) || !defined(MAX_DK) || !defined(STATE_T)
-#error "dn_step.cu needs NW, MAX_DK and STATE_T (engine/tuning/kernels/cuda_hybrid.py)"
+// Compiled with the delta_net variant's WARPS, MAX_DK and STATE_TRANSPOSED (one token: no prefetch ring).
+#if !defined(WARPS) || !defined(MAX_DK) || !defined(STATE_TRANSPOSED)
+#error "dn_step.cu needs WARPS, MAX_DK and STATE_TRANSPOSED (engine/tuning/kernels/cuda_hybrid.py)"
 #endif
 #include "delta_net.cu"
 
@@ -17,7 +17,7 @@
 // projections), dt, sa [Hv] (ssm_dt.bias, ssm_a), state [Hv, dk * dv], o [Hv, dv] (the raw scan
 // output, scratch), nw [dv] (ssm_norm), z [Hv * dv] -> y [Hv * dv]; tickets [Hv] zero between
 // launches.
-extern "C" __global__ void __launch_bounds__(NW * 32)
+extern "C" __global__ void __launch_bounds__(WARPS * 32)
     delta_net_step(const float* __restrict__ q, const float* __restrict__ k,
                    const float* __restrict__ v, const float* __restrict__ a,
                    const float* __restrict__ b, const float* __restrict__ dt,
@@ -28,7 +28,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32)
     __shared__ bool last;
     pdl_start();
     const int lane = threadIdx.x & 31;
-    const int j = blockIdx.x * NW + threadIdx.x / 32;
+    const int j = blockIdx.x * WARPS + threadIdx.x / 32;
     const int h = blockIdx.y;
     if (j < dv) {  // (no early return: the block meets at the ticket's barriers)
         // ssm_gates of head h, its expressions
@@ -38,7 +38,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32)
         const float beta = 1.f / (1.f + expf(-b[h]));
         const int kh = grouped ? h / (Hv / Hk) : h % Hk;
         float* sh = state + (size_t)h * dk * dv;
-        const bool transposed = STATE_T != 0;
+        const bool transposed = STATE_TRANSPOSED != 0;
         float s[RPL];
 #pragma unroll
         for (int r = 0; r < RPL; ++r) {
@@ -119,7 +119,7 @@ __device__ __forceinline__ float dn_conv_win(const float* __restrict__ xr, const
 
 // xr [Cc] (Cc = 2 Hk dk + Hv dv: the attn_qkv row before the conv), cs [K-1, Cc] the conv state,
 // cw [Cc, K]; the rest as delta_net_step; tickets [2 * DN_TICKETS] zero between launches.
-extern "C" __global__ void __launch_bounds__(NW * 32)
+extern "C" __global__ void __launch_bounds__(WARPS * 32)
     delta_net_conv_step(const float* __restrict__ xr, float* cs, const float* __restrict__ cw,
                         int K, const float* __restrict__ a, const float* __restrict__ b,
                         const float* __restrict__ dt, const float* __restrict__ sa,
@@ -131,13 +131,13 @@ extern "C" __global__ void __launch_bounds__(NW * 32)
     __shared__ bool last, last_group;
     pdl_start();
     const int lane = threadIdx.x & 31;
-    const int j = blockIdx.x * NW + threadIdx.x / 32;
+    const int j = blockIdx.x * WARPS + threadIdx.x / 32;
     const int h = blockIdx.y;
     const int rv = Hv / Hk;
     const int kh = grouped ? h / rv : h % Hk;
     const int kd = Hk * dk, Cc = 2 * kd + Hv * dv;
     float* sh = state + (size_t)h * dk * dv;
-    const bool transposed = STATE_T != 0;
+    const bool transposed = STATE_TRANSPOSED != 0;
     float s[RPL];  // the state column's loads first: in flight during the conv
 #pragma unroll
     for (int r = 0; r < RPL; ++r) {

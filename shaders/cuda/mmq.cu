@@ -5,34 +5,34 @@
 // Variants (engine/tuning/kernels/cuda.py): matmul_prefill.mmq. The quantized weight tile is
 // read from device memory once per block, decoded in registers (common.cuh) and written to
 // shared memory as fp16; it never exists in device memory as fp16 (the staged variant's 8x
-// weight traffic, seeds/fused-dequant-gemm.txt). A block computes a BM x BN tile (weight rows
-// x tokens) over 64-wide k windows; WM x WN warps each own a (BM/WM) x (BN/WN) sub-tile and
+// weight traffic, seeds/fused-dequant-gemm.txt). A block computes a TILE_M x TILE_N tile (weight rows
+// x tokens) over 64-wide k windows; WARPS_M x WARPS_N warps each own a (TILE_M/WARPS_M) x (TILE_N/WARPS_N) sub-tile and
 // issue ldmatrix + mma from padded shared rows (LDS = 72 halves: ldmatrix rows land on
 // distinct banks). Accumulation is float32.
-// Tunables (defines): BM (64, 128), BN (32, 64, 128), WM, WN; BM/WM and BN/WN multiples of 16.
-// Kernels: mmq_<type> for q4_0 q4_1 q5_0 q8_0 q4_k q6_k. Grid (ceil(N / BM), ceil(T / BN)),
-// block WM * WN * 32. K must be a multiple of 32 (every block type's K is).
+// Tunables (defines): TILE_M (64, 128), TILE_N (32, 64, 128), WARPS_M, WARPS_N; TILE_M/WARPS_M and TILE_N/WARPS_N multiples of 16.
+// Kernels: mmq_<type> for q4_0 q4_1 q5_0 q8_0 q4_k q6_k. Grid (ceil(N / TILE_M), ceil(T / TILE_N)),
+// block WARPS_M * WARPS_N * 32. K must be a multiple of 32 (every block type's K is).
 #include "common.cuh"
 
-#ifndef BM
-#define BM 128
+#ifndef TILE_M
+#define TILE_M 128
 #endif
-#ifndef BN
-#define BN 128
+#ifndef TILE_N
+#define TILE_N 128
 #endif
-#ifndef WM
-#define WM 2
+#ifndef WARPS_M
+#define WARPS_M 2
 #endif
-#ifndef WN
-#define WN 4
+#ifndef WARPS_N
+#define WARPS_N 4
 #endif
 #define BKW 64
 #define LDS (BKW + 8)
-#define TM (BM / WM)
-#define TN (BN / WN)
+#define TM (TILE_M / WARPS_M)
+#define TN (TILE_N / WARPS_N)
 #define MT (TM / 16)
 #define NT (TN / 8)
-#define NTHREADS (WM * WN * 32)
+#define NTHREADS (WARPS_M * WARPS_N * 32)
 
 __device__ __forceinline__ u32 smem_u32(const void* p) {
     u32 a;
@@ -63,11 +63,11 @@ __device__ __forceinline__ uint4 run_f16(const Run8& r) {
 template <int QT>
 __device__ __forceinline__ void mmq(const u8* __restrict__ W, int row_bytes, int N, int K,
                                     const u16* __restrict__ Xh, int T, float* __restrict__ Y) {
-    __shared__ __align__(16) u16 As[BM * LDS];
-    __shared__ __align__(16) u16 Bs[BN * LDS];
+    __shared__ __align__(16) u16 As[TILE_M * LDS];
+    __shared__ __align__(16) u16 Bs[TILE_N * LDS];
     const int tid = threadIdx.x, warp = tid / 32, lane = tid & 31;
-    const int wm = warp % WM, wn = warp / WM;
-    const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
+    const int wm = warp % WARPS_M, wn = warp / WARPS_M;
+    const int m0 = blockIdx.x * TILE_M, n0 = blockIdx.y * TILE_N;
     const int NG = K / 16;
     float acc[MT][NT][4];
 #pragma unroll
@@ -78,8 +78,8 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, int row_bytes, int
             for (int c = 0; c < 4; ++c) acc[a][b][c] = 0.f;
 
     for (int k0 = 0; k0 < K; k0 += BKW) {
-        // Weight tile: BM rows x 4 groups (a group's 16 weights sit inside this 64-window).
-        for (int i = tid; i < BM * 4; i += NTHREADS) {
+        // Weight tile: TILE_M rows x 4 groups (a group's 16 weights sit inside this 64-window).
+        for (int i = tid; i < TILE_M * 4; i += NTHREADS) {
             const int r = i >> 2, g = k0 / 16 + (i & 3);
             const int b = g / QTraits<QT>::GROUPS, gi = g % QTraits<QT>::GROUPS;
             int o0, o1;
@@ -96,8 +96,8 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, int row_bytes, int
             *(uint4*)(As + r * LDS + ka) = va;
             *(uint4*)(As + r * LDS + kb) = vb;
         }
-        // Activation tile: BN tokens x 64 halves, 16-byte chunks.
-        for (int i = tid; i < BN * 8; i += NTHREADS) {
+        // Activation tile: TILE_N tokens x 64 halves, 16-byte chunks.
+        for (int i = tid; i < TILE_N * 8; i += NTHREADS) {
             const int r = i >> 3, c = i & 7, t = n0 + r, k = k0 + 8 * c;
             uint4 v = make_uint4(0, 0, 0, 0);
             if (t < T && k < K) v = __ldg((const uint4*)(Xh + (size_t)t * K + k));

@@ -11,30 +11,30 @@
 // of the activations. Each 16-wide k step is one integer mma into fresh s32 accumulators,
 // scaled into float32: acc += a(row, k16) * d(token, k32) * dot; once per 32 values, the
 // offset term acc += b(row, k32) * d * sum q(token, k32) (Q4_K mins, Q4_1 m).
-// Tunables (defines): BM (64, 128), BN (32, 64, 128), WM, WN; BM/WM and BN/WN multiples of 16.
-// Kernels: mmq8_<type> for q4_0 q4_1 q5_0 q8_0 q4_k q6_k. Grid (ceil(N / BM), ceil(T / BN)),
-// block WM * WN * 32. K must be a multiple of 32.
+// Tunables (defines): TILE_M (64, 128), TILE_N (32, 64, 128), WARPS_M, WARPS_N; TILE_M/WARPS_M and TILE_N/WARPS_N multiples of 16.
+// Kernels: mmq8_<type> for q4_0 q4_1 q5_0 q8_0 q4_k q6_k. Grid (ceil(N / TILE_M), ceil(T / TILE_N)),
+// block WARPS_M * WARPS_N * 32. K must be a multiple of 32.
 #include "common.cuh"
 
-#ifndef BM
-#define BM 128
+#ifndef TILE_M
+#define TILE_M 128
 #endif
-#ifndef BN
-#define BN 128
+#ifndef TILE_N
+#define TILE_N 128
 #endif
-#ifndef WM
-#define WM 2
+#ifndef WARPS_M
+#define WARPS_M 2
 #endif
-#ifndef WN
-#define WN 4
+#ifndef WARPS_N
+#define WARPS_N 4
 #endif
 #define BKW 64
 #define LDB (BKW + 16)  // bytes per shared row: 16-byte pad, ldmatrix rows on distinct banks
-#define TM (BM / WM)
-#define TN (BN / WN)
+#define TM (TILE_M / WARPS_M)
+#define TN (TILE_N / WARPS_N)
 #define MT (TM / 16)
 #define NT (TN / 8)
-#define NTHREADS (WM * WN * 32)
+#define NTHREADS (WARPS_M * WARPS_N * 32)
 
 __device__ __forceinline__ u32 smem_u32(const void* p) {
     u32 a;
@@ -62,14 +62,14 @@ __device__ __forceinline__ void mmq8(const u8* __restrict__ W, int row_bytes, in
                                      const signed char* __restrict__ xq,
                                      const float2* __restrict__ xds, int T,
                                      float* __restrict__ Y) {
-    __shared__ __align__(16) u8 As[BM * LDB];
-    __shared__ __align__(16) u8 Bs[BN * LDB];
-    __shared__ float Asc[BM][4];   // weight scale per 16 values of the window
-    __shared__ float Aof[BM][2];   // weight offset per 32
-    __shared__ float2 Bd[BN][2];   // activation (d, d * sum q) per 32
+    __shared__ __align__(16) u8 As[TILE_M * LDB];
+    __shared__ __align__(16) u8 Bs[TILE_N * LDB];
+    __shared__ float Asc[TILE_M][4];   // weight scale per 16 values of the window
+    __shared__ float Aof[TILE_M][2];   // weight offset per 32
+    __shared__ float2 Bd[TILE_N][2];   // activation (d, d * sum q) per 32
     const int tid = threadIdx.x, warp = tid / 32, lane = tid & 31;
-    const int wm = warp % WM, wn = warp / WM;
-    const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
+    const int wm = warp % WARPS_M, wn = warp / WARPS_M;
+    const int m0 = blockIdx.x * TILE_M, n0 = blockIdx.y * TILE_N;
     const int gid = lane >> 2, tig = lane & 3;
     float acc[MT][NT][4];
 #pragma unroll
@@ -81,8 +81,8 @@ __device__ __forceinline__ void mmq8(const u8* __restrict__ W, int row_bytes, in
 
     for (int k0 = 0; k0 < K; k0 += BKW) {
         const bool full = k0 + BKW <= K;  // K % 64 == 32: the last window has one half
-        // Weight tile: BM rows x 4 groups (a group's 16 weights sit inside this window).
-        for (int i = tid; i < BM * 4; i += NTHREADS) {
+        // Weight tile: TILE_M rows x 4 groups (a group's 16 weights sit inside this window).
+        for (int i = tid; i < TILE_M * 4; i += NTHREADS) {
             const int r = i >> 2, g = k0 / 16 + (i & 3);
             const int b = g / QTraits<QT>::GROUPS, gi = g % QTraits<QT>::GROUPS;
             int o0, o1;
@@ -105,8 +105,8 @@ __device__ __forceinline__ void mmq8(const u8* __restrict__ W, int row_bytes, in
             Aof[r][ka >> 5] = r0.b;
             Aof[r][kb >> 5] = r1.b;
         }
-        // Activation tile: BN tokens x 64 int8, 16-byte chunks, and the blocks' (d, d*sum).
-        for (int i = tid; i < BN * 4; i += NTHREADS) {
+        // Activation tile: TILE_N tokens x 64 int8, 16-byte chunks, and the blocks' (d, d*sum).
+        for (int i = tid; i < TILE_N * 4; i += NTHREADS) {
             const int r = i >> 2, c = i & 3, t = n0 + r, k = k0 + 16 * c;
             uint4 v = make_uint4(0, 0, 0, 0);
             if (t < T && k < K) v = __ldg((const uint4*)(xq + (size_t)t * K + k));

@@ -5,24 +5,24 @@
 //
 // Variant (engine/tuning/kernels/cuda.py): matmul_decode.mmvf, the CUDA default. dmmv's
 // arithmetic class (float32 activations, float32 products and sums: order_only) with mmvw's
-// memory shape: a group of TPR lanes (inside one warp, or TPR / 32 whole warps) walks RPT
+// memory shape: a group of THREADS_PER_ROW lanes (inside one warp, or THREADS_PER_ROW / 32 whole warps) walks ROWS_PER_THREAD
 // rows; a lane takes every
-// TPR-th slot (Q4_K / Q6_K: 32 weights from one 16-byte load of quants) and UNROLL slots per
-// iteration, issuing all UNROLL * RPT weight loads before it uses any. Partial sums meet by
+// THREADS_PER_ROW-th slot (Q4_K / Q6_K: 32 weights from one 16-byte load of quants) and UNROLL slots per
+// iteration, issuing all UNROLL * ROWS_PER_THREAD weight loads before it uses any. Partial sums meet by
 // shuffles (no shared memory, no barrier).
 // Why not dmmv: dmmv reads a Q4_K group as one 8-byte load (two 4-byte ones for Q6_K), converts
 // each quant with I2F (a quarter-rate conversion on sm_90) and keeps one group per row in
 // flight; the H200 then streams weights at ~0.7 TB/s. Here a quant becomes a float by one byte
 // permute into the mantissa of 2^23 and one exact subtraction (to_f below), and every slot's
-// activation sums are computed once for all RPT rows.
-// Tunables (defines): TPR lanes per row (8, 16, 32; 64 and 128: a row's warps meet in shared
-// memory, in a fixed order, so rows are few per block where N is small), RPT rows per lane
-// group, NW warps per
+// activation sums are computed once for all ROWS_PER_THREAD rows.
+// Tunables (defines): THREADS_PER_ROW lanes per row (8, 16, 32; 64 and 128: a row's warps meet in shared
+// memory, in a fixed order, so rows are few per block where N is small), ROWS_PER_THREAD rows per lane
+// group, WARPS warps per
 // block, UNROLL slots per lane per iteration, WLOAD the K types' weight-load hint (vecdot.cuh
-// wld16), MINB blocks per SM for __launch_bounds__ (0: none), XS 1: the block reads x from a
-// copy in shared memory (the launch gives K * 4 bytes), Q4P 1: a Q4_K slot is a whole
-// sub-block pair (64 weights) instead of half of one. Rows per block: NW * 32/TPR * RPT.
-// Launch: grid nb0 + nb1 + nb2 blocks (block b < nb0 -> matrix 0, then 1, then 2), block NW*32;
+// wld16), MIN_BLOCKS blocks per SM for __launch_bounds__ (0: none), XSMEM 1: the block reads x from a
+// copy in shared memory (the launch gives K * 4 bytes), Q4K_PAIR 1: a Q4_K slot is a whole
+// sub-block pair (64 weights) instead of half of one. Rows per block: WARPS * 32/THREADS_PER_ROW * ROWS_PER_THREAD.
+// Launch: grid nb0 + nb1 + nb2 blocks (block b < nb0 -> matrix 0, then 1, then 2), block WARPS*32;
 // kernel mmvf (any mix of types) or mmvf_<type> (every matrix of that type).
 // Types: Q4_0 Q4_1 Q5_0 Q8_0 Q4_K Q6_K (K % 256 == 0 for the K types); float weights use dmmv.
 #ifndef WLOAD
@@ -30,44 +30,44 @@
 #endif
 #include "vecdot.cuh"
 
-#ifndef TPR
-#define TPR 32
+#ifndef THREADS_PER_ROW
+#define THREADS_PER_ROW 32
 #endif
-#ifndef RPT
-#define RPT 2
+#ifndef ROWS_PER_THREAD
+#define ROWS_PER_THREAD 2
 #endif
-#ifndef NW
-#define NW 4
+#ifndef WARPS
+#define WARPS 4
 #endif
 #ifndef UNROLL
 #define UNROLL 2
 #endif
-#ifndef MINB
-#define MINB 0
+#ifndef MIN_BLOCKS
+#define MIN_BLOCKS 0
 #endif
-#ifndef XS
-#define XS 0
+#ifndef XSMEM
+#define XSMEM 0
 #endif
-#ifndef Q4P
-#define Q4P 0
+#ifndef Q4K_PAIR
+#define Q4K_PAIR 0
 #endif
-// Q4P: a Q4_K slot is a sub-block pair (VF<QT_Q4K_PAIR>), not half of one
+// Q4K_PAIR: a Q4_K slot is a sub-block pair (VF<QT_Q4K_PAIR>), not half of one
 #define QT_Q4K_PAIR 112
 
-#if TPR != 8 && TPR != 16 && TPR != 32 && TPR != 64 && TPR != 128
-#error "TPR must be 8, 16, 32, 64 or 128"
+#if THREADS_PER_ROW != 8 && THREADS_PER_ROW != 16 && THREADS_PER_ROW != 32 && THREADS_PER_ROW != 64 && THREADS_PER_ROW != 128
+#error "THREADS_PER_ROW must be 8, 16, 32, 64 or 128"
 #endif
-#if TPR > NW * 32
-#error "TPR > 32 spans TPR / 32 warps of the block: NW * 32 >= TPR"
+#if THREADS_PER_ROW > WARPS * 32
+#error "THREADS_PER_ROW > 32 spans THREADS_PER_ROW / 32 warps of the block: WARPS * 32 >= THREADS_PER_ROW"
 #endif
-#if MINB > 0
-#define MMVF_BOUNDS_MINB , MINB
+#if MIN_BLOCKS > 0
+#define MMVF_BOUNDS_MINB , MIN_BLOCKS
 #else
 #define MMVF_BOUNDS_MINB
 #endif
 
-#define MMVF_GROUPS (NW * 32 / TPR)
-#define MMVF_RPB (MMVF_GROUPS * RPT)
+#define MMVF_GROUPS (WARPS * 32 / THREADS_PER_ROW)
+#define MMVF_RPB (MMVF_GROUPS * ROWS_PER_THREAD)
 
 // Byte i of w (an unsigned value u < 256) as the float u + 2^23 (exact): the byte goes into the
 // mantissa of 2^23 by one permute; subtracting 2^23 + bias then gives u - bias exactly. Used
@@ -94,7 +94,7 @@ struct FSlot {
     float sa, sb;
 };
 
-// XS: the block's copy of x in shared memory, float4 q stored at xswz<QT>(q): within each
+// XSMEM: the block's copy of x in shared memory, float4 q stored at xswz<QT>(q): within each
 // aligned 8 float4s (128 bytes: the banks once) a rotation by higher bits of q, so the 8 lanes
 // of a quarter warp (the 8 slots of a block: every (p, h) of Q4_K, (h, c, lq) of Q6_K) read
 // 8 different bank groups in each of a slot's loads. A bijection within each 8: the staging
@@ -105,9 +105,9 @@ template <int QT> __device__ __forceinline__ int xswz(int q) {
     return q;
 }
 
-// float4 q of x: global (through L1) or, XS, the block's shared copy
+// float4 q of x: global (through L1) or, XSMEM, the block's shared copy
 template <int QT> __device__ __forceinline__ float4 xld(const float* __restrict__ x, int q) {
-#if XS
+#if XSMEM
     return ((const float4*)x)[xswz<QT>(q)];
 #else
     return __ldg((const float4*)x + q);
@@ -163,7 +163,7 @@ template <int QT> struct VF {  // the 32-value block types: slot = common.cuh's 
 // words s0 s1 s2 of hd.y .z .w) as the bytes of one word: sc(2p), sc(2p + 1), m(2p), m(2p + 1).
 // Sub-blocks 0-3 are the low 6 bits of bytes of s0 (scales) and s1 (mins); 4-7 take their low 4
 // bits from the nibbles of s2 and their top 2 from bits 6-7 of s0 / s1. Both gathers are one
-// byte permute each; p is the same for every slot a lane takes (TPR % 8 == 0).
+// byte permute each; p is the same for every slot a lane takes (THREADS_PER_ROW % 8 == 0).
 __device__ __forceinline__ u32 q4k_scales4(uint4 hd, int p) {
     const bool lo = p < 2;
     const u32 j = 2 * (p & 1);  // byte of sub-block 2p within its word
@@ -264,7 +264,7 @@ template <> struct VF<QT_Q6_K> {
     }
 };
 
-// Q4P: Q4_K slot s = (block b, pair p): both 16-byte halves of qs[32p ..+32] (elements 64p + j
+// Q4K_PAIR: Q4_K slot s = (block b, pair p): both 16-byte halves of qs[32p ..+32] (elements 64p + j
 // low nibbles, 64p + 32 + j high, j < 32), one header load and one scale decode for 64 weights
 // (half of the header loads, scale work and address arithmetic of VF<QT_Q4_K> per weight).
 struct FSlot2 {
@@ -325,80 +325,80 @@ __device__ __forceinline__ float vf_dot(const typename VF<QT>::WS& w, const Slot
     }
 }
 
-// The RPT dot products of rows row0.. (clamped to N - 1) by the calling group of TPR lanes;
+// The ROWS_PER_THREAD dot products of rows row0.. (clamped to N - 1) by the calling group of THREADS_PER_ROW lanes;
 // every lane of the group ends with the full sums (the whole group calls it: shuffles).
-// W2 non-null (mmvf_glu): rows r < RPT / 2 are W's rows row0 + r, the others W2's rows
-// row0 + r - RPT / 2 (gate and up of the same outputs, one activation load for both).
+// W2 non-null (mmvf_glu): rows r < ROWS_PER_THREAD / 2 are W's rows row0 + r, the others W2's rows
+// row0 + r - ROWS_PER_THREAD / 2 (gate and up of the same outputs, one activation load for both).
 template <int QT>
 __device__ __forceinline__ void mmvf_dot(const u8* __restrict__ W, int row_bytes, int N, int K,
                                          const float* __restrict__ x, int row0,
-                                         float (&acc)[RPT], const u8* __restrict__ W2 = nullptr) {
-    const int lane = threadIdx.x % TPR;
+                                         float (&acc)[ROWS_PER_THREAD], const u8* __restrict__ W2 = nullptr) {
+    const int lane = threadIdx.x % THREADS_PER_ROW;
     const int ns = VF<QT>::slots(K);
-    const u8* rows[RPT];
+    const u8* rows[ROWS_PER_THREAD];
 #pragma unroll
-    for (int r = 0; r < RPT; ++r) {
-        const bool second = W2 != nullptr && r >= RPT / 2;
-        const int n = second ? row0 + r - RPT / 2 : row0 + r;
+    for (int r = 0; r < ROWS_PER_THREAD; ++r) {
+        const bool second = W2 != nullptr && r >= ROWS_PER_THREAD / 2;
+        const int n = second ? row0 + r - ROWS_PER_THREAD / 2 : row0 + r;
         rows[r] = (second ? W2 : W) + (size_t)min(n, N - 1) * row_bytes;
         acc[r] = 0.f;
     }
-    for (int s0 = lane; s0 < ns; s0 += TPR * UNROLL) {
+    for (int s0 = lane; s0 < ns; s0 += THREADS_PER_ROW * UNROLL) {
         // every weight load of the iteration first, then the activations and the arithmetic.
         // The arithmetic of slots past the row is skipped: in the last iteration whole unroll
         // steps usually are (a 7B row has 112 Q4_K slots), so the branch is uniform over the
         // warp and saves their work (their loads read the last slot again: no branch there).
-        typename VF<QT>::WS w[UNROLL][RPT];
+        typename VF<QT>::WS w[UNROLL][ROWS_PER_THREAD];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
-            const int s = min(s0 + u * TPR, ns - 1);  // past the row: a valid slot, unused
+            const int s = min(s0 + u * THREADS_PER_ROW, ns - 1);  // past the row: a valid slot, unused
 #pragma unroll
-            for (int r = 0; r < RPT; ++r) w[u][r] = VF<QT>::wload(rows[r], s);
+            for (int r = 0; r < ROWS_PER_THREAD; ++r) w[u][r] = VF<QT>::wload(rows[r], s);
         }
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
-            const int s = s0 + u * TPR;
+            const int s = s0 + u * THREADS_PER_ROW;
             if (s < ns) {
                 const auto xs = VF<QT>::xload(s, x);
 #pragma unroll
-                for (int r = 0; r < RPT; ++r) acc[r] += vf_dot<QT>(w[u][r], xs, s);
+                for (int r = 0; r < ROWS_PER_THREAD; ++r) acc[r] += vf_dot<QT>(w[u][r], xs, s);
             }
         }
     }
-    constexpr int G = TPR < 32 ? TPR : 32;  // the group's lanes within one warp
+    constexpr int G = THREADS_PER_ROW < 32 ? THREADS_PER_ROW : 32;  // the group's lanes within one warp
     const unsigned mask =
         G == 32 ? 0xffffffffu : ((1u << G) - 1u) << ((threadIdx.x & 31) & ~(G - 1));
 #pragma unroll
-    for (int r = 0; r < RPT; ++r) {
+    for (int r = 0; r < ROWS_PER_THREAD; ++r) {
 #pragma unroll
         for (int o = G / 2; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(mask, acc[r], o);
     }
-#if TPR > 32
-    // the group's TPR / 32 warps: each warp's sums through shared memory, added in warp order
+#if THREADS_PER_ROW > 32
+    // the group's THREADS_PER_ROW / 32 warps: each warp's sums through shared memory, added in warp order
     // by every lane of the group (the whole block calls this: no group leaves early)
-    __shared__ float red[NW][RPT];
+    __shared__ float red[WARPS][ROWS_PER_THREAD];
     if ((threadIdx.x & 31) == 0) {
 #pragma unroll
-        for (int r = 0; r < RPT; ++r) red[threadIdx.x / 32][r] = acc[r];
+        for (int r = 0; r < ROWS_PER_THREAD; ++r) red[threadIdx.x / 32][r] = acc[r];
     }
     __syncthreads();
-    const int w0 = threadIdx.x / TPR * (TPR / 32);
+    const int w0 = threadIdx.x / THREADS_PER_ROW * (THREADS_PER_ROW / 32);
 #pragma unroll
-    for (int r = 0; r < RPT; ++r) {
+    for (int r = 0; r < ROWS_PER_THREAD; ++r) {
         float v = 0.f;
 #pragma unroll
-        for (int i = 0; i < TPR / 32; ++i) v += red[w0 + i][r];
+        for (int i = 0; i < THREADS_PER_ROW / 32; ++i) v += red[w0 + i][r];
         acc[r] = v;
     }
 #endif
 }
 
-// XS: the block copies x [K] into shared memory (K * 4 bytes of dynamic shared memory, given
+// XSMEM: the block copies x [K] into shared memory (K * 4 bytes of dynamic shared memory, given
 // by the launch) in xswz order, then its rows read it there. Every thread of the block calls
 // it (the barrier), before any group leaves.
 template <int QT> __device__ __forceinline__ const float* mmvf_x(const float* __restrict__ x,
                                                                   int K) {
-#if XS
+#if XSMEM
     extern __shared__ float4 mmvf_xs[];
     for (int i = threadIdx.x; i < K / 4; i += blockDim.x)
         mmvf_xs[xswz<QT>(i)] = __ldg((const float4*)x + i);
@@ -413,18 +413,18 @@ template <int QT>
 __device__ __forceinline__ void mmvf_rows(const u8* __restrict__ W, int row_bytes, int N, int K,
                                           const float* __restrict__ x, float* Y, const float* A,
                                           int bi) {
-    const int g = threadIdx.x / TPR, lane = threadIdx.x % TPR;
-    constexpr int QE = Q4P && QT == QT_Q4_K ? QT_Q4K_PAIR : QT;  // the slot form of the type
+    const int g = threadIdx.x / THREADS_PER_ROW, lane = threadIdx.x % THREADS_PER_ROW;
+    constexpr int QE = Q4K_PAIR && QT == QT_Q4_K ? QT_Q4K_PAIR : QT;  // the slot form of the type
     x = mmvf_x<QE>(x, K);
-    const int row0 = (bi * MMVF_GROUPS + g) * RPT;
-#if TPR <= 32
+    const int row0 = (bi * MMVF_GROUPS + g) * ROWS_PER_THREAD;
+#if THREADS_PER_ROW <= 32
     if (row0 >= N) return;  // whole groups leave together: the shuffles stay full
-#endif  // (TPR > 32: every thread reaches the barrier; rows past N are clamped, not written)
-    float acc[RPT];
+#endif  // (THREADS_PER_ROW > 32: every thread reaches the barrier; rows past N are clamped, not written)
+    float acc[ROWS_PER_THREAD];
     mmvf_dot<QE>(W, row_bytes, N, K, x, row0, acc);
     if (lane == 0) {
 #pragma unroll
-        for (int r = 0; r < RPT; ++r) {
+        for (int r = 0; r < ROWS_PER_THREAD; ++r) {
             const int n = row0 + r;
             if (n < N) Y[n] = acc[r] + (A ? A[n] : 0.f);
         }
@@ -451,7 +451,7 @@ __device__ __forceinline__ void mmvf_rows(const u8* __restrict__ W, int row_byte
     }                                                                                       \
     pdl_start();
 
-extern "C" __global__ void __launch_bounds__(NW * 32 MMVF_BOUNDS_MINB)
+extern "C" __global__ void __launch_bounds__(WARPS * 32 MMVF_BOUNDS_MINB)
     mmvf(const float* __restrict__ x, int K, int nb0, int nb1,
          const u8* W0, int rb0, int N0, int qt0, float* Y0, const float* A0,
          const u8* W1, int rb1, int N1, int qt1, float* Y1, const float* A1,
@@ -470,7 +470,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32 MMVF_BOUNDS_MINB)
 }
 
 #define MMVF_KERNEL(name, QT)                                                               \
-    extern "C" __global__ void __launch_bounds__(NW * 32 MMVF_BOUNDS_MINB)                  \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32 MMVF_BOUNDS_MINB)                  \
         mmvf_##name(const float* __restrict__ x, int K, int nb0, int nb1, const u8* W0,        \
                     int rb0, int N0, int qt0, float* Y0, const float* A0, const u8* W1,        \
                     int rb1, int N1, int qt1, float* Y1, const float* A1, const u8* W2,        \
@@ -487,11 +487,11 @@ MMVF_KERNEL(q5_0, QT_Q5_0)
 MMVF_KERNEL(q8_0, QT_Q8_0)
 
 // matmul_decode.mmvf fuse_swiglu: y[n] = silu(gate[n] . x) * (up[n] . x), gate and up of one
-// type and shape; a lane group walks RPT / 2 rows of each together (RPT even), so the block
+// type and shape; a lane group walks ROWS_PER_THREAD / 2 rows of each together (ROWS_PER_THREAD even), so the block
 // count is the gate launch's alone and no gate / up output goes through memory. silu * up as
 // elementwise.cu's swiglu computes it (the same bits).
 #define MMVF_GLU_KERNEL(name, QT)                                                           \
-    extern "C" __global__ void __launch_bounds__(NW * 32 MMVF_BOUNDS_MINB)                  \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32 MMVF_BOUNDS_MINB)                  \
         mmvf_glu_##name(const float* __restrict__ x, int K, const u8* Wg, const u8* Wu,       \
                         int rb, int N, float* Y) {                                          \
         pdl_start();                                                                        \
@@ -502,16 +502,16 @@ template <int QT>
 __device__ __forceinline__ void mmvf_glu_rows(const u8* __restrict__ Wg, const u8* __restrict__ Wu,
                                               int row_bytes, int N, int K,
                                               const float* __restrict__ x, float* Y, int bi) {
-    static_assert(RPT % 2 == 0, "mmvf_glu pairs gate and up rows: RPT even");
-    constexpr int H = RPT / 2;
-    const int g = threadIdx.x / TPR, lane = threadIdx.x % TPR;
-    constexpr int QE = Q4P && QT == QT_Q4_K ? QT_Q4K_PAIR : QT;
+    static_assert(ROWS_PER_THREAD % 2 == 0, "mmvf_glu pairs gate and up rows: ROWS_PER_THREAD even");
+    constexpr int H = ROWS_PER_THREAD / 2;
+    const int g = threadIdx.x / THREADS_PER_ROW, lane = threadIdx.x % THREADS_PER_ROW;
+    constexpr int QE = Q4K_PAIR && QT == QT_Q4_K ? QT_Q4K_PAIR : QT;
     x = mmvf_x<QE>(x, K);
     const int row0 = (bi * MMVF_GROUPS + g) * H;
-#if TPR <= 32
+#if THREADS_PER_ROW <= 32
     if (row0 >= N) return;
 #endif
-    float acc[RPT];
+    float acc[ROWS_PER_THREAD];
     mmvf_dot<QE>(Wg, row_bytes, N, K, x, row0, acc, Wu);
     if (lane == 0) {
 #pragma unroll
@@ -523,7 +523,7 @@ __device__ __forceinline__ void mmvf_glu_rows(const u8* __restrict__ Wg, const u
     }
 }
 
-#if RPT % 2 == 0
+#if ROWS_PER_THREAD % 2 == 0
 MMVF_GLU_KERNEL(q4_k, QT_Q4_K)
 MMVF_GLU_KERNEL(q6_k, QT_Q6_K)
 MMVF_GLU_KERNEL(q4_0, QT_Q4_0)

@@ -3,9 +3,9 @@
 //   y[n] = sum_k W[n, k] x[k]   W [N, K] GGML blocks, x as Q8_1 (q8.cu: xq int8 [K], xds
 //   float2 [K / 32] = (d, d * sum q)), y [N] float32
 //
-// Variant matmul_decode.mmvq (engine/tuning/kernels/cuda.py). A block of NW warps takes RPB
-// weight rows; its threads walk the row's "slots" together (one activation load serves RPB
-// rows; the RPB rows' weight loads are independent, so more bytes are in flight), then the
+// Variant matmul_decode.mmvq (engine/tuning/kernels/cuda.py). A block of WARPS warps takes ROWS_PER_BLOCK
+// weight rows; its threads walk the row's "slots" together (one activation load serves ROWS_PER_BLOCK
+// rows; the ROWS_PER_BLOCK rows' weight loads are independent, so more bytes are in flight), then the
 // block sums each row. Each slot is one 16-byte load of quants:
 //   mmvq_q4_k  slot = 16 bytes of qs: 16 low nibbles (sub-block 2p) + 16 high (2p+1), the
 //              block's d, dmin and 12 scale bytes in one more 16-byte load (L1 hits for the
@@ -16,15 +16,15 @@
 //              the -32 offset is a second dp4a against 0x20202020
 //   mmvq_q4_0 q4_1 q5_0 q8_0  slot = one 16-weight group of common.cuh's decoder (2-byte
 //              aligned blocks: no wide loads), 4 dp4a
-// Tunables (defines): NW warps per block, RPB rows per block.
-// Grid: ceil(N / RPB), block NW * 32. Needs K % 256 == 0 (K types), K % 32 == 0 (others).
+// Tunables (defines): WARPS warps per block, ROWS_PER_BLOCK rows per block.
+// Grid: ceil(N / ROWS_PER_BLOCK), block WARPS * 32. Needs K % 256 == 0 (K types), K % 32 == 0 (others).
 #include "common.cuh"
 
-#ifndef NW
-#define NW 4
+#ifndef WARPS
+#define WARPS 4
 #endif
-#ifndef RPB
-#define RPB 1
+#ifndef ROWS_PER_BLOCK
+#define ROWS_PER_BLOCK 1
 #endif
 
 typedef signed char s8;
@@ -35,20 +35,20 @@ __device__ __forceinline__ int dp4a(u32 a, u32 b, int c) {
 
 __device__ __forceinline__ uint4 ldg16(const void* p) { return __ldg((const uint4*)p); }
 
-// Sum each row's partial over the block; thread r (< RPB) writes row row0 + r.
+// Sum each row's partial over the block; thread r (< ROWS_PER_BLOCK) writes row row0 + r.
 __device__ __forceinline__ void block_store(float* acc, int row0, int N, float* __restrict__ Y) {
-    __shared__ float red[NW][RPB];
+    __shared__ float red[WARPS][ROWS_PER_BLOCK];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
 #pragma unroll
-    for (int r = 0; r < RPB; ++r) {
+    for (int r = 0; r < ROWS_PER_BLOCK; ++r) {
         const float v = warp_sum(acc[r]);
         if (lane == 0) red[w][r] = v;
     }
     __syncthreads();
-    if (threadIdx.x < RPB && row0 + (int)threadIdx.x < N) {
+    if (threadIdx.x < ROWS_PER_BLOCK && row0 + (int)threadIdx.x < N) {
         float s = 0.f;
 #pragma unroll
-        for (int i = 0; i < NW; ++i) s += red[i][threadIdx.x];
+        for (int i = 0; i < WARPS; ++i) s += red[i][threadIdx.x];
         Y[row0 + threadIdx.x] = s;
     }
 }
@@ -65,21 +65,21 @@ __device__ __forceinline__ void q4k_sm(u32 s0, u32 s1, u32 s2, int j, int& sc, i
     }
 }
 
-extern "C" __global__ void __launch_bounds__(NW * 32)
+extern "C" __global__ void __launch_bounds__(WARPS * 32)
     mmvq_q4_k(const u8* __restrict__ W, int row_bytes, int N, int K, const s8* __restrict__ xq,
               const float2* __restrict__ xds, float* __restrict__ Y) {
-    const int row0 = blockIdx.x * RPB;
+    const int row0 = blockIdx.x * ROWS_PER_BLOCK;
     const int nslots = K / 32;  // 8 per 256-value block
-    float acc[RPB];
+    float acc[ROWS_PER_BLOCK];
 #pragma unroll
-    for (int r = 0; r < RPB; ++r) acc[r] = 0.f;
-    for (int s = threadIdx.x; s < nslots; s += NW * 32) {
+    for (int r = 0; r < ROWS_PER_BLOCK; ++r) acc[r] = 0.f;
+    for (int s = threadIdx.x; s < nslots; s += WARPS * 32) {
         const int b = s >> 3, p = (s >> 1) & 3, h = s & 1;
         const int k0 = 256 * b + 64 * p + 16 * h;
         const uint4 xa = ldg16(xq + k0), xb = ldg16(xq + k0 + 32);
         const float2 da = __ldg(xds + 8 * b + 2 * p), db = __ldg(xds + 8 * b + 2 * p + 1);
 #pragma unroll
-        for (int r = 0; r < RPB; ++r) {
+        for (int r = 0; r < ROWS_PER_BLOCK; ++r) {
             const u8* blk = W + (size_t)min(row0 + r, N - 1) * row_bytes + 144 * b;
             const uint4 hd = ldg16(blk);
             const uint4 q = ldg16(blk + 16 + 32 * p + 16 * h);
@@ -105,15 +105,15 @@ extern "C" __global__ void __launch_bounds__(NW * 32)
 
 // Q6_K in 224-byte blocks: ql[128] qh[64] scales[16] d(f16) pad[14]. Slot (h, c, lq):
 // ql[64h + 32c + 16lq ..+16] (quarters qd = c low nibbles, c + 2 high), qh[32h + 16lq ..+16].
-extern "C" __global__ void __launch_bounds__(NW * 32)
+extern "C" __global__ void __launch_bounds__(WARPS * 32)
     mmvq_q6_k(const u8* __restrict__ W, int row_bytes, int N, int K, const s8* __restrict__ xq,
               const float2* __restrict__ xds, float* __restrict__ Y) {
-    const int row0 = blockIdx.x * RPB;
+    const int row0 = blockIdx.x * ROWS_PER_BLOCK;
     const int nslots = K / 32;
-    float acc[RPB];
+    float acc[ROWS_PER_BLOCK];
 #pragma unroll
-    for (int r = 0; r < RPB; ++r) acc[r] = 0.f;
-    for (int s = threadIdx.x; s < nslots; s += NW * 32) {
+    for (int r = 0; r < ROWS_PER_BLOCK; ++r) acc[r] = 0.f;
+    for (int s = threadIdx.x; s < nslots; s += WARPS * 32) {
         const int b = s >> 3, h = (s >> 2) & 1, c = (s >> 1) & 1, lq = s & 1;
         const int ka = 256 * b + 128 * h + 32 * c + 16 * lq;  // quarter c
         const uint4 xa = ldg16(xq + ka), xb = ldg16(xq + ka + 64);  // quarter c + 2
@@ -129,7 +129,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32)
         ob = dp4a(0x20202020u, xb.w, ob);
         const int sha = 2 * c, shb = 2 * c + 4;
 #pragma unroll
-        for (int r = 0; r < RPB; ++r) {
+        for (int r = 0; r < ROWS_PER_BLOCK; ++r) {
             const u8* blk = W + (size_t)min(row0 + r, N - 1) * row_bytes + 224 * b;
             const uint4 ql = ldg16(blk + 64 * h + 32 * c + 16 * lq);
             const uint4 qh = ldg16(blk + 128 + 32 * h + 16 * lq);
@@ -157,12 +157,12 @@ template <int QT>
 __device__ __forceinline__ void mmvq_g(const u8* __restrict__ W, int row_bytes, int N, int K,
                                        const s8* __restrict__ xq, const float2* __restrict__ xds,
                                        float* __restrict__ Y) {
-    const int row0 = blockIdx.x * RPB;
+    const int row0 = blockIdx.x * ROWS_PER_BLOCK;
     const int ng = K / 16;
-    float acc[RPB];
+    float acc[ROWS_PER_BLOCK];
 #pragma unroll
-    for (int r = 0; r < RPB; ++r) acc[r] = 0.f;
-    for (int g = threadIdx.x; g < ng; g += NW * 32) {
+    for (int r = 0; r < ROWS_PER_BLOCK; ++r) acc[r] = 0.f;
+    for (int g = threadIdx.x; g < ng; g += WARPS * 32) {
         int o0, o1;
         run_offsets<QT>(g % QTraits<QT>::GROUPS, o0, o1);
         const int kb = (g / QTraits<QT>::GROUPS) * QTraits<QT>::BK;
@@ -173,7 +173,7 @@ __device__ __forceinline__ void mmvq_g(const u8* __restrict__ W, int row_bytes, 
         int sx1 = 0;
         if (QT == QT_Q4_1) sx1 = dp4a(0x01010101u, x1.x, dp4a(0x01010101u, x1.y, 0));
 #pragma unroll
-        for (int r = 0; r < RPB; ++r) {
+        for (int r = 0; r < ROWS_PER_BLOCK; ++r) {
             Run8 a, b;
             decode_group<QT>(W + (size_t)min(row0 + r, N - 1) * row_bytes +
                                  (size_t)(g / QTraits<QT>::GROUPS) * QTraits<QT>::BYTES,
@@ -189,7 +189,7 @@ __device__ __forceinline__ void mmvq_g(const u8* __restrict__ W, int row_bytes, 
 }
 
 #define MMVQ_KERNEL(name, QT)                                                                 \
-    extern "C" __global__ void __launch_bounds__(NW * 32)                                     \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32)                                     \
         mmvq_##name(const u8* W, int row_bytes, int N, int K, const s8* xq, const float2* xds, \
                     float* Y) {                                                               \
         mmvq_g<QT>(W, row_bytes, N, K, xq, xds, Y);                                           \

@@ -7,27 +7,27 @@
 // gate and up) of a layer reading one quantized activation, each with its own weight type, and
 // the attention-output and down projections add the residual as they store: a decode layer is
 // about ten launches instead of twenty.
-// Work split: a group of TPR lanes (inside one warp) walks RPT consecutive rows; each lane takes
-// every TPR-th slot of the row (vecdot.cuh: 32 weights, one 16-byte load, for Q4_K / Q6_K) and
-// UNROLL slots per iteration, so UNROLL * RPT weight loads are in flight per thread before any
+// Work split: a group of THREADS_PER_ROW lanes (inside one warp) walks ROWS_PER_THREAD consecutive rows; each lane takes
+// every THREADS_PER_ROW-th slot of the row (vecdot.cuh: 32 weights, one 16-byte load, for Q4_K / Q6_K) and
+// UNROLL slots per iteration, so UNROLL * ROWS_PER_THREAD weight loads are in flight per thread before any
 // is used. The group's partial sums meet by shuffles (no shared memory, no block barrier).
-// Tunables (defines): TPR threads per row (8, 16, 32), RPT rows per thread, NW warps per
-// block, UNROLL slots per iteration, WLOAD the K types' weight-load hint (vecdot.cuh), MINB
+// Tunables (defines): THREADS_PER_ROW threads per row (8, 16, 32), ROWS_PER_THREAD rows per thread, WARPS warps per
+// block, UNROLL slots per iteration, WLOAD the K types' weight-load hint (vecdot.cuh), MIN_BLOCKS
 // blocks per SM that __launch_bounds__ asks registers for (0: none), PREFETCH 1: an L2
 // prefetch of the block's weight rows before pdl_start(), STAGE 1: the block's Q4_K / Q6_K rows
 // copied into shared memory (one bulk copy, before pdl_start()) and read from there (the launch
-// gives the dynamic shared memory). Rows per block: NW * (32 / TPR) * RPT.
-// KSPLIT (split-K, knob split_k) > 1: rows with K >= SPLIT_MINK (knob split_min_k: the long
-// rows of the down projection) are split over KSPLIT groups of the block, each walking a range
+// gives the dynamic shared memory). Rows per block: WARPS * (32 / THREADS_PER_ROW) * ROWS_PER_THREAD.
+// SPLIT_K (split-K, knob split_k) > 1: rows with K >= SPLIT_MIN_K (knob split_min_k: the long
+// rows of the down projection) are split over SPLIT_K groups of the block, each walking a range
 // of the row's slots; their partial sums meet in shared memory in a fixed order
-// (deterministic). Such a launch has KSPLIT times fewer rows per block, so KSPLIT times more
+// (deterministic). Such a launch has SPLIT_K times fewer rows per block, so SPLIT_K times more
 // blocks and warps streaming the same bytes: tall-skinny shapes (N 1536-3584, K 8960-18944)
 // otherwise leave the SMs short of loads in flight. mmvw_qkv never splits (its K is short).
-// Launch: grid nb0 + nb1 + nb2 blocks (block b < nb0 -> matrix 0, then 1, then 2), block NW*32.
+// Launch: grid nb0 + nb1 + nb2 blocks (block b < nb0 -> matrix 0, then 1, then 2), block WARPS*32.
 // Types: Q4_0 Q4_1 Q5_0 Q8_0 Q4_K Q6_K (float weights use dmmv). K % 256 == 0 for the K types.
 //
 // Fused epilogues (host knobs matmul_decode.fuse_swiglu / fuse_norm):
-//   mmvw_glu   gate and up of one activation, a block owning 32 rows of each (GLU_TPR lanes a
+//   mmvw_glu   gate and up of one activation, a block owning 32 rows of each (GLU_THREADS_PER_ROW lanes a
 //              row, GLU_UNROLL slots a lane per iteration: knobs glu_threads_per_row,
 //              glu_unroll): silu(g) * u and its Q8_1 block (swiglu_q8's arithmetic) written by
 //              the block, no g / u in memory
@@ -55,59 +55,59 @@
 #include "q8.cuh"
 #include "vecdot.cuh"
 
-#ifndef TPR
-#define TPR 32
+#ifndef THREADS_PER_ROW
+#define THREADS_PER_ROW 32
 #endif
-#ifndef RPT
-#define RPT 1
+#ifndef ROWS_PER_THREAD
+#define ROWS_PER_THREAD 1
 #endif
-#ifndef NW
-#define NW 4
+#ifndef WARPS
+#define WARPS 4
 #endif
 #ifndef UNROLL
 #define UNROLL 2
 #endif
 
-#ifndef MINB
-#define MINB 0
+#ifndef MIN_BLOCKS
+#define MIN_BLOCKS 0
 #endif
 
-#if TPR != 8 && TPR != 16 && TPR != 32
-#error "TPR must be 8, 16 or 32 (a row's lanes sit inside one warp)"
+#if THREADS_PER_ROW != 8 && THREADS_PER_ROW != 16 && THREADS_PER_ROW != 32
+#error "THREADS_PER_ROW must be 8, 16 or 32 (a row's lanes sit inside one warp)"
 #endif
-#if MINB > 0
-#define MMVW_BOUNDS_MINB , MINB
+#if MIN_BLOCKS > 0
+#define MMVW_BOUNDS_MINB , MIN_BLOCKS
 #else
 #define MMVW_BOUNDS_MINB
 #endif
 
-#define MMVW_GROUPS (NW * 32 / TPR)
+#define MMVW_GROUPS (WARPS * 32 / THREADS_PER_ROW)
 
 #ifndef PREFETCH
 #define PREFETCH 0
 #endif
-// MMVW_RPB: rows per block, MMVW_GROUPS * RPT, computed once by the host (the registry's
+// ROWS_PER_BLOCK: rows per block, MMVW_GROUPS * ROWS_PER_THREAD, computed once by the host (the registry's
 // derived matmul_decode.mmvw.rows_per_block), which sizes its grids with the same value
-#if !defined(MMVW_RPB)
-#error "MMVW_RPB (rows per block) is the host's: engine/backends/cuda/kernels.py passes it"
+#if !defined(ROWS_PER_BLOCK)
+#error "ROWS_PER_BLOCK (rows per block) is the host's: engine/backends/cuda/kernels.py passes it"
 #endif
 
-#ifndef KSPLIT
-#define KSPLIT 1
+#ifndef SPLIT_K
+#define SPLIT_K 1
 #endif
-#ifndef SPLIT_MINK
-#define SPLIT_MINK 8192
+#ifndef SPLIT_MIN_K
+#define SPLIT_MIN_K 8192
 #endif
-#if KSPLIT != 1 && KSPLIT != 2 && KSPLIT != 4
-#error "KSPLIT must be 1, 2 or 4"
+#if SPLIT_K != 1 && SPLIT_K != 2 && SPLIT_K != 4
+#error "SPLIT_K must be 1, 2 or 4"
 #endif
-#if MMVW_GROUPS % KSPLIT != 0
-#error "KSPLIT must divide the block's lane groups (NW * 32 / TPR)"
+#if MMVW_GROUPS % SPLIT_K != 0
+#error "SPLIT_K must divide the block's lane groups (WARPS * 32 / THREADS_PER_ROW)"
 #endif
 // Whether a launch on rows of K values splits them (uniform over the grid), and its rows per
 // block; the host (CudaBackend._mmvw_rows_per_block) computes the same.
-__device__ __forceinline__ bool mmvw_split(int K) { return KSPLIT > 1 && K >= SPLIT_MINK; }
-__device__ __forceinline__ int mmvw_rpb(bool split) { return split ? MMVW_RPB / KSPLIT : MMVW_RPB; }
+__device__ __forceinline__ bool mmvw_split(int K) { return SPLIT_K > 1 && K >= SPLIT_MIN_K; }
+__device__ __forceinline__ int mmvw_rpb(bool split) { return split ? ROWS_PER_BLOCK / SPLIT_K : ROWS_PER_BLOCK; }
 
 // PREFETCH: thread 0 asks the L2 for the block's weight rows [row0, row0 + rows) in one bulk
 // request before pdl_start(), so under PDL (matmul_decode.pdl = 1) the weights stream in while
@@ -177,14 +177,14 @@ __device__ __forceinline__ void mmvw_stage_wait(unsigned long long* bar) {
 #endif
 }
 
-#ifndef GLU_TPR
-#define GLU_TPR 8
+#ifndef GLU_THREADS_PER_ROW
+#define GLU_THREADS_PER_ROW 8
 #endif
 #ifndef GLU_UNROLL
 #define GLU_UNROLL 4
 #endif
-#if GLU_TPR != 2 && GLU_TPR != 4 && GLU_TPR != 8 && GLU_TPR != 16
-#error "GLU_TPR must be 2, 4, 8 or 16 (mmvw_glu's block is 64 * GLU_TPR threads)"
+#if GLU_THREADS_PER_ROW != 2 && GLU_THREADS_PER_ROW != 4 && GLU_THREADS_PER_ROW != 8 && GLU_THREADS_PER_ROW != 16
+#error "GLU_THREADS_PER_ROW must be 2, 4, 8 or 16 (mmvw_glu's block is 64 * GLU_THREADS_PER_ROW threads)"
 #endif
 
 // mmvw_stream's x planes (stream_x): a narrow K-type slot's activations as mmvw_dot reads
@@ -225,7 +225,7 @@ template <int QT> struct XLoad<QT, true> {  // x planes (narrow K types only)
 
 // The R dot products of rows row0.. (clamped to N - 1) by the calling group of G lanes, U
 // slots per lane per iteration; every lane of the group ends with the full sums. The whole group
-// calls it (the shuffles). mmvw: G, R, U = TPR, RPT, UNROLL; mmvw_glu: GLU_TPR, 1, GLU_UNROLL.
+// calls it (the shuffles). mmvw: G, R, U = THREADS_PER_ROW, ROWS_PER_THREAD, UNROLL; mmvw_glu: GLU_THREADS_PER_ROW, 1, GLU_UNROLL.
 // S: W is the block's rows staged in shared memory, row rbase first (STAGE). XS: the slots'
 // activations come from x planes xp (mmvw_stream's stream_x), not xq / xds.
 template <int QT, int G, int R, int U, bool S = false, bool XS = false>
@@ -265,7 +265,7 @@ __device__ __forceinline__ void mmvw_dot(const u8* __restrict__ W, int row_bytes
     }
 }
 
-// split (mmvw_split): KSPLIT groups per row set, group g walks part g / (MMVW_GROUPS / KSPLIT)
+// split (mmvw_split): SPLIT_K groups per row set, group g walks part g / (MMVW_GROUPS / SPLIT_K)
 // of the slots (consecutive ranges, as even as the count allows); partials meet in shared memory,
 // summed in part order by part 0's group. Every thread of the block calls it (a barrier).
 template <int QT, bool S, bool XS = false>
@@ -274,29 +274,29 @@ __device__ __forceinline__ void mmvw_rows_split(const u8* __restrict__ W, int ro
                                                 const float2* __restrict__ xds, float* Y,
                                                 const float* A, int bi,
                                                 const u8* xp = nullptr) {
-    constexpr int RG = MMVW_GROUPS / KSPLIT;  // row groups per block
-    __shared__ float part[KSPLIT > 1 ? MMVW_GROUPS * RPT : 1];
-    const int g = threadIdx.x / TPR, lane = threadIdx.x % TPR;
+    constexpr int RG = MMVW_GROUPS / SPLIT_K;  // row groups per block
+    __shared__ float part[SPLIT_K > 1 ? MMVW_GROUPS * ROWS_PER_THREAD : 1];
+    const int g = threadIdx.x / THREADS_PER_ROW, lane = threadIdx.x % THREADS_PER_ROW;
     const int rg = g % RG, kp = g / RG;
-    const int row0 = (bi * RG + rg) * RPT;  // past N: clamped reads, nothing stored
+    const int row0 = (bi * RG + rg) * ROWS_PER_THREAD;  // past N: clamped reads, nothing stored
     const int ns = VD<QT>::slots(K);
-    const int per = (ns + KSPLIT - 1) / KSPLIT;  // any cut is exact: slots are independent
+    const int per = (ns + SPLIT_K - 1) / SPLIT_K;  // any cut is exact: slots are independent
     const int sb = kp * per, se = min(ns, sb + per);
-    float acc[RPT];
-    mmvw_dot<QT, TPR, RPT, UNROLL, S, XS>(W, row_bytes, N, K, xq, xds, row0, acc,
-                                          S ? bi * (MMVW_RPB / KSPLIT) : 0, min(sb, se), se, xp);
+    float acc[ROWS_PER_THREAD];
+    mmvw_dot<QT, THREADS_PER_ROW, ROWS_PER_THREAD, UNROLL, S, XS>(W, row_bytes, N, K, xq, xds, row0, acc,
+                                          S ? bi * (ROWS_PER_BLOCK / SPLIT_K) : 0, min(sb, se), se, xp);
     if (lane == 0) {
 #pragma unroll
-        for (int r = 0; r < RPT; ++r) part[(kp * RG + rg) * RPT + r] = acc[r];
+        for (int r = 0; r < ROWS_PER_THREAD; ++r) part[(kp * RG + rg) * ROWS_PER_THREAD + r] = acc[r];
     }
     __syncthreads();
     if (kp != 0 || lane != 0) return;
 #pragma unroll
-    for (int r = 0; r < RPT; ++r) {
+    for (int r = 0; r < ROWS_PER_THREAD; ++r) {
         const int n = row0 + r;
         float v = 0.f;
 #pragma unroll
-        for (int k = 0; k < KSPLIT; ++k) v += part[(k * RG + rg) * RPT + r];
+        for (int k = 0; k < SPLIT_K; ++k) v += part[(k * RG + rg) * ROWS_PER_THREAD + r];
         if (n < N) Y[n] = v + (A ? A[n] : 0.f);
     }
 }
@@ -307,19 +307,19 @@ __device__ __forceinline__ void mmvw_rows(const u8* __restrict__ W, int row_byte
                                           const float2* __restrict__ xds, float* Y,
                                           const float* A, int bi, bool split = false,
                                           const u8* xp = nullptr) {
-    if (KSPLIT > 1 && split) {
+    if (SPLIT_K > 1 && split) {
         mmvw_rows_split<QT, S, XS>(W, row_bytes, N, K, xq, xds, Y, A, bi, xp);
         return;
     }
-    const int g = threadIdx.x / TPR, lane = threadIdx.x % TPR;
-    const int row0 = (bi * MMVW_GROUPS + g) * RPT;
+    const int g = threadIdx.x / THREADS_PER_ROW, lane = threadIdx.x % THREADS_PER_ROW;
+    const int row0 = (bi * MMVW_GROUPS + g) * ROWS_PER_THREAD;
     if (row0 >= N) return;  // whole groups leave together: the shuffles below stay full
-    float acc[RPT];
-    mmvw_dot<QT, TPR, RPT, UNROLL, S, XS>(W, row_bytes, N, K, xq, xds, row0, acc,
-                                          S ? bi * MMVW_RPB : 0, 0, -1, xp);
+    float acc[ROWS_PER_THREAD];
+    mmvw_dot<QT, THREADS_PER_ROW, ROWS_PER_THREAD, UNROLL, S, XS>(W, row_bytes, N, K, xq, xds, row0, acc,
+                                          S ? bi * ROWS_PER_BLOCK : 0, 0, -1, xp);
     if (lane == 0) {
 #pragma unroll
-        for (int r = 0; r < RPT; ++r) {
+        for (int r = 0; r < ROWS_PER_THREAD; ++r) {
             const int n = row0 + r;
             if (n < N) Y[n] = acc[r] + (A ? A[n] : 0.f);
         }
@@ -352,13 +352,13 @@ __device__ __forceinline__ void mmvw_rows_qt(int qt, const u8* W, int rb, int N,
     }
 }
 
-// One row's dot product by a group of GLU_TPR lanes (mmvw_glu), by weight type.
+// One row's dot product by a group of GLU_THREADS_PER_ROW lanes (mmvw_glu), by weight type.
 __device__ __forceinline__ float mmvw_glu_dot(int qt, const u8* W, int rb, int N, int K,
                                               const s8* __restrict__ xq,
                                               const float2* __restrict__ xds, int row) {
     float acc[1] = {0.f};
 #define MMVW_GLU_CASE(T) \
-    case T: mmvw_dot<T, GLU_TPR, 1, GLU_UNROLL>(W, rb, N, K, xq, xds, row, acc); break;
+    case T: mmvw_dot<T, GLU_THREADS_PER_ROW, 1, GLU_UNROLL>(W, rb, N, K, xq, xds, row, acc); break;
     switch (qt) {
         MMVW_GLU_CASE(QT_Q4_K)
         MMVW_GLU_CASE(QT_Q6_K)
@@ -374,7 +374,7 @@ __device__ __forceinline__ float mmvw_glu_dot(int qt, const u8* W, int rb, int N
 
 // Matrix i: weights W_i [N_i, row_bytes_i] of GGML type qt_i, output Y_i [N_i], added A_i
 // [N_i] or null. Y_i may be A_i (each element is read, then written, by one thread).
-extern "C" __global__ void __launch_bounds__(NW * 32 MMVW_BOUNDS_MINB)
+extern "C" __global__ void __launch_bounds__(WARPS * 32 MMVW_BOUNDS_MINB)
     mmvw(const s8* __restrict__ xq, const float2* __restrict__ xds, int K, int nb0, int nb1,
          const u8* W0, int rb0, int N0, int qt0, float* Y0, const float* A0,
          const u8* W1, int rb1, int N1, int qt1, float* Y1, const float* A1,
@@ -407,19 +407,19 @@ extern "C" __global__ void __launch_bounds__(NW * 32 MMVW_BOUNDS_MINB)
 // mmvw_q4k (host knob matmul_decode.q4k_kernel): mmvw for a launch whose matrices are all
 // Q4_K, built for that type alone. mmvw's registers are the most any of its six types' code
 // needs (Q6_K's); the Q4_K code alone needs fewer, so more warps fit on an SM (the checkpoint:
-// warps per SM, not bytes in flight, set the rate), and Q4K_MINB bounds it alone (with
+// warps per SM, not bytes in flight, set the rate), and Q4K_MIN_BLOCKS bounds it alone (with
 // q4k_lean, 16 blocks of 4 warps fit in 32 registers; Q6_K's code would spill there). Same
 // arguments, arithmetic and output.
-// Q4K_MINB (knob q4k_min_blocks): mmvw_q4k's own blocks per SM bound (0: MINB's)
-#ifndef Q4K_MINB
-#define Q4K_MINB 0
+// Q4K_MIN_BLOCKS (knob q4k_min_blocks): mmvw_q4k's own blocks per SM bound (0: MIN_BLOCKS's)
+#ifndef Q4K_MIN_BLOCKS
+#define Q4K_MIN_BLOCKS 0
 #endif
-#if Q4K_MINB > 0
-#define MMVW_Q4K_BOUNDS , Q4K_MINB
+#if Q4K_MIN_BLOCKS > 0
+#define MMVW_Q4K_BOUNDS , Q4K_MIN_BLOCKS
 #else
 #define MMVW_Q4K_BOUNDS MMVW_BOUNDS_MINB
 #endif
-extern "C" __global__ void __launch_bounds__(NW * 32 MMVW_Q4K_BOUNDS)
+extern "C" __global__ void __launch_bounds__(WARPS * 32 MMVW_Q4K_BOUNDS)
     mmvw_q4k(const s8* __restrict__ xq, const float2* __restrict__ xds, int K, int nb0, int nb1,
              const u8* W0, int rb0, int N0, int qt0, float* Y0, const float* A0,
              const u8* W1, int rb1, int N1, int qt1, float* Y1, const float* A1,
@@ -521,11 +521,11 @@ __device__ __forceinline__ void mmvw_stream_wait(unsigned long long* bar, unsign
 
 // Matrix i as mmvw's (every W_i Q4_K or Q6_K, 16-byte aligned; row bytes multiples of 16);
 // nsets = nb0 + nb1 + nb2 row sets of mmvw_rpb rows; grid <= nsets persistent blocks, block
-// NW * 32, dynamic shared memory stages * stage_bytes (stage_bytes >= rpb * max row bytes, a
+// WARPS * 32, dynamic shared memory stages * stage_bytes (stage_bytes >= rpb * max row bytes, a
 // multiple of 16), 2 <= stages <= MMVW_STREAM_MAX, then the x planes: x4 / x6 the byte offsets
 // of the Q4_K / Q6_K slots' planes (56 * K / 32 bytes each), -1: none (global activations;
 // always -1 for a wide slot type).
-extern "C" __global__ void __launch_bounds__(NW * 32 MMVW_BOUNDS_MINB)
+extern "C" __global__ void __launch_bounds__(WARPS * 32 MMVW_BOUNDS_MINB)
     mmvw_stream(const s8* __restrict__ xq, const float2* __restrict__ xds, int K, int nb0,
                 int nb1, int nsets, int stages, int stage_bytes, int x4, int x6,
                 const u8* W0, int rb0, int N0, int qt0, float* Y0, const float* A0,
@@ -602,10 +602,10 @@ extern "C" __global__ void __launch_bounds__(NW * 32 MMVW_BOUNDS_MINB)
 // gate Wg [N, rbg], up Wu [N, rbu] (types qtg, qtu) on x (Q8_1, K) -> y = silu(x Wg^T) *
 // (x Wu^T) [N] and, when yq is not null (N % 32 == 0), its Q8_1 blocks yq [N], yds [N / 32].
 // Grid ceil(N / 32) blocks (the last one's rows past N are computed, not stored), block
-// 64 * GLU_TPR threads: block b's group v < 64 (GLU_TPR lanes) computes gate row 32b + v
-// (v < 32) or up row 32b + v - 32, all 64 in one pass (lanes per row of its own, not TPR: with
+// 64 * GLU_THREADS_PER_ROW threads: block b's group v < 64 (GLU_THREADS_PER_ROW lanes) computes gate row 32b + v
+// (v < 32) or up row 32b + v - 32, all 64 in one pass (lanes per row of its own, not THREADS_PER_ROW: with
 // 32 outputs a block, the grid is small and each block must keep many loads in flight).
-extern "C" __global__ void __launch_bounds__(64 * GLU_TPR)
+extern "C" __global__ void __launch_bounds__(64 * GLU_THREADS_PER_ROW)
     mmvw_glu(const s8* __restrict__ xq, const float2* __restrict__ xds, int K, int N,
              const u8* Wg, int rbg, int qtg, const u8* Wu, int rbu, int qtu,
              float* __restrict__ y, s8* __restrict__ yq, float2* __restrict__ yds) {
@@ -615,11 +615,11 @@ extern "C" __global__ void __launch_bounds__(64 * GLU_TPR)
     l2_prefetch_rows(Wu, rbu, N, 32 * blockIdx.x, 32);
 #endif
     pdl_start();
-    const int gi = threadIdx.x / GLU_TPR, b = blockIdx.x;
+    const int gi = threadIdx.x / GLU_THREADS_PER_ROW, b = blockIdx.x;
     const bool up = gi >= 32;
     const float acc = mmvw_glu_dot(up ? qtu : qtg, up ? Wu : Wg, up ? rbu : rbg, N, K, xq, xds,
                                    32 * b + (up ? gi - 32 : gi));
-    if (threadIdx.x % GLU_TPR == 0) gu[gi] = acc;
+    if (threadIdx.x % GLU_THREADS_PER_ROW == 0) gu[gi] = acc;
     __syncthreads();
     if (threadIdx.x >= 32) return;
     // swiglu_q8's arithmetic, a value a lane: silu(g) * u, then Q8_1 over the warp (the same
@@ -644,8 +644,8 @@ extern "C" __global__ void __launch_bounds__(64 * GLU_TPR)
 // mmvw for one matrix W [N, rb] (type qt) with the residual A: Y = x W^T + A, then the last
 // block to finish (ticket, zero between launches; that block resets it) normalizes the whole
 // row Y [N] by RMSNorm with weight nw -> h [N] and its Q8_1 form hq, hds (rms_norm_q8's
-// arithmetic, Y read through L2). N % 32 == 0; grid ceil(N / rows per block), block NW * 32.
-extern "C" __global__ void __launch_bounds__(NW * 32 MMVW_BOUNDS_MINB)
+// arithmetic, Y read through L2). N % 32 == 0; grid ceil(N / rows per block), block WARPS * 32.
+extern "C" __global__ void __launch_bounds__(WARPS * 32 MMVW_BOUNDS_MINB)
     mmvw_norm(const s8* __restrict__ xq, const float2* __restrict__ xds, int K,
               const u8* W, int rb, int N, int qt, float* Y, const float* A,
               const float* __restrict__ nw, float eps, float* __restrict__ h,
@@ -679,7 +679,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32 MMVW_BOUNDS_MINB)
 // k head's blocks to finish (a ticket per head: tickets [H + Hkv], zero between launches, reset
 // by that block) ropes the head (rope_pair, the values read through L2) into qo or kc[p0].
 // Same arithmetic as mmvw then rope_kv. Position: pos_ptr when not null, else pos0.
-extern "C" __global__ void __launch_bounds__(NW * 32 MMVW_BOUNDS_MINB)
+extern "C" __global__ void __launch_bounds__(WARPS * 32 MMVW_BOUNDS_MINB)
     mmvw_qkv(const s8* __restrict__ xq, const float2* __restrict__ xds, int K, int nb0, int nb1,
              const u8* W0, int rb0, int qt0, const float* A0, const u8* W1, int rb1, int qt1,
              const float* A1, const u8* W2, int rb2, int qt2, const float* A2, float* q,
@@ -700,9 +700,9 @@ extern "C" __global__ void __launch_bounds__(NW * 32 MMVW_BOUNDS_MINB)
     const u8* W = m == 0 ? W0 : m == 1 ? W1 : W2;
     const int rb = m == 0 ? rb0 : m == 1 ? rb1 : rb2, qt = m == 0 ? qt0 : m == 1 ? qt1 : qt2;
 #if PREFETCH
-    l2_prefetch_rows(W, rb, N, b * MMVW_RPB, MMVW_RPB);
+    l2_prefetch_rows(W, rb, N, b * ROWS_PER_BLOCK, ROWS_PER_BLOCK);
 #endif
-    const bool st = mmvw_stage_start(W, rb, N, qt, b * MMVW_RPB, MMVW_RPB, mmvw_ws, &mmvw_bar);
+    const bool st = mmvw_stage_start(W, rb, N, qt, b * ROWS_PER_BLOCK, ROWS_PER_BLOCK, mmvw_ws, &mmvw_bar);
     pdl_start();
     if (st) mmvw_stage_wait(&mmvw_bar);
     const int p0 = pos_ptr ? *pos_ptr : pos0;
@@ -711,7 +711,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32 MMVW_BOUNDS_MINB)
     mmvw_rows_qt(qt, W, rb, N, K, xq, xds, Y, m == 0 ? A0 : m == 1 ? A1 : A2, b,
                  st ? mmvw_ws : nullptr);
     if (m == 2) return;  // uniform per block: v needs no rope
-    const int rpb = MMVW_RPB;
+    const int rpb = ROWS_PER_BLOCK;
     const int r0 = b * rpb, r1 = min(N, r0 + rpb);
     const int h0 = r0 / D, h1 = (r1 - 1) / D;  // heads this block's rows touch (<= 32 of them)
     __threadfence();  // this block's rows are visible before its tickets are counted

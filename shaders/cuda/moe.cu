@@ -8,17 +8,17 @@
 // Variant: moe_experts.dmmv (engine/tuning/kernels/cuda_hybrid.py). The kernels are the decode
 // DMMV of dmmv.cu (the same block decoders and K-parallel row reduction, one column) with the
 // expert's rows picked on the device, so a captured decode graph serves every routing. Tunables
-// (defines): ROWS weight rows per block, TPR threads splitting a row, VEC consecutive 16-weight
-// groups per thread per step. Grid (ceil(N / ROWS), 1, pairs); pair p0 + blockIdx.z.
-#if !defined(ROWS) || !defined(TPR) || !defined(VEC)
-#error "moe.cu needs ROWS, TPR and VEC (engine/tuning/kernels/cuda_hybrid.py)"
+// (defines): ROWS_PER_BLOCK weight rows per block, THREADS_PER_ROW threads splitting a row, VEC consecutive 16-weight
+// groups per thread per step. Grid (ceil(N / ROWS_PER_BLOCK), 1, pairs); pair p0 + blockIdx.z.
+#if !defined(ROWS_PER_BLOCK) || !defined(THREADS_PER_ROW) || !defined(VEC)
+#error "moe.cu needs ROWS_PER_BLOCK, THREADS_PER_ROW and VEC (engine/tuning/kernels/cuda_hybrid.py)"
 #endif
-#define COLS 1  // one token per pair
-#define RPT 1
+#define MAX_COLS 1  // one token per pair
+#define ROWS_PER_THREAD 1
 #include "dmmv.cu"
 
 #define MOE_KERNEL(name, QT, impl)                                                          \
-    extern "C" __global__ void __launch_bounds__(ROWS * TPR)                                \
+    extern "C" __global__ void __launch_bounds__(ROWS_PER_BLOCK * THREADS_PER_ROW)                                \
         moe_##name(const u8* W, int row_bytes, int N, int K, const float* X, int x_div,     \
                    const int* ids, int E, int p0, float* Y) {                               \
         pdl_start(); /* matmul_decode.pdl: chained into the decode step's launches */       \

@@ -19,8 +19,8 @@
 // 16-byte loads of Q4_K / Q6_K groups), l2_prefetch (gate_up brings the down matrices into
 // L2), split_occupancy (moe_dec_down_s9: down_s built for 3 blocks an SM).
 // Float activations throughout (the order_only class, as moe.cu): each row's dot product is a
-// thread-row of TPR threads over 16-weight groups, VEC per step, then the row's reduction, as in
-// dmmv.cu, so the knobs of moe_experts.dmmv (ROWS, TPR, VEC) tune these kernels too. Weight
+// thread-row of THREADS_PER_ROW threads over 16-weight groups, VEC per step, then the row's reduction, as in
+// dmmv.cu, so the knobs of moe_experts.dmmv (ROWS_PER_BLOCK, THREADS_PER_ROW, VEC) tune these kernels too. Weight
 // types are runtime arguments (GGML ids, common.cuh QT_*): the routed and the shared experts
 // may differ (Q4_K_M gives some layers' ffn_down_exps Q6_K, never the shared expert's).
 #include "common.cuh"
@@ -42,15 +42,15 @@
 constexpr bool kWideUp = DEC_WIDE == 1, kWideDown = DEC_WIDE != 0;
 #include "topk.cuh"
 
-#if !defined(ROWS) || !defined(TPR) || !defined(VEC)
-#error "moe_dec.cu needs ROWS, TPR and VEC (engine/tuning/kernels/cuda_hybrid.py)"
+#if !defined(ROWS_PER_BLOCK) || !defined(THREADS_PER_ROW) || !defined(VEC)
+#error "moe_dec.cu needs ROWS_PER_BLOCK, THREADS_PER_ROW and VEC (engine/tuning/kernels/cuda_hybrid.py)"
 #endif
 
 #define RENORM true
 
 #define MAXR 12  // rows one thread-row dots at once: k routed experts + the shared one (host)
 
-// s[i] += this thread's share (lane of TPR) of rows[i] . xs[i] over K, i < n <= MAXR, every row
+// s[i] += this thread's share (lane of THREADS_PER_ROW) of rows[i] . xs[i] over K, i < n <= MAXR, every row
 // of type QT. The rows' loads of a step are independent, so they are in flight together (the
 // k experts' down rows of one output, gate and up of one expert). For n = 1 this is dmmv.cu's
 // loop for one row and column: the same groups in the same order.
@@ -58,14 +58,14 @@ template <int QT, int V>
 __device__ __forceinline__ void dot_rows(const u8* const* rows, const float* const* xs, int n,
                                          int K, int lane, float* s) {
     if constexpr (QT == QT_F32 || QT == QT_F16 || QT == QT_BF16) {
-        for (int kk = lane; kk < K; kk += TPR) {
+        for (int kk = lane; kk < K; kk += THREADS_PER_ROW) {
 #pragma unroll
             for (int i = 0; i < MAXR; ++i)
                 if (i < n) s[i] += dense_get<QT>(rows[i], kk) * __ldg(xs[i] + kk);
         }
     } else {
         const int NG = K / 16;
-        for (int g0 = lane * V; g0 < NG; g0 += TPR * V) {
+        for (int g0 = lane * V; g0 < NG; g0 += THREADS_PER_ROW * V) {
 #pragma unroll
             for (int jv = 0; jv < V; ++jv) {
                 const int g = g0 + jv;
@@ -117,11 +117,11 @@ __device__ __forceinline__ float f32_row_x4(const float* __restrict__ row,
     const float4* x4 = (const float4*)x;
     const int K4 = K >> 2;
     float s = 0.f;
-    for (int c0 = lane; c0 < K4; c0 += 8 * TPR) {
+    for (int c0 = lane; c0 < K4; c0 += 8 * THREADS_PER_ROW) {
         float4 wv[8], xv[8];
 #pragma unroll
         for (int u = 0; u < 8; ++u) {
-            const int c = c0 + u * TPR;
+            const int c = c0 + u * THREADS_PER_ROW;
             const bool in = c < K4;
             wv[u] = in ? __ldg(w4 + c) : make_float4(0.f, 0.f, 0.f, 0.f);
             xv[u] = in ? __ldg(x4 + c) : make_float4(0.f, 0.f, 0.f, 0.f);
@@ -133,37 +133,37 @@ __device__ __forceinline__ float f32_row_x4(const float* __restrict__ row,
     return s;
 }
 
-// Sum v over the TPR threads of a thread-row; the total is valid in the row's lane 0. Every
-// thread of the block calls it (TPR > 32 meets at barriers).
-__device__ __forceinline__ float row_sum(float v, float* red /* smem [ROWS * TPR / 32] */) {
+// Sum v over the THREADS_PER_ROW threads of a thread-row; the total is valid in the row's lane 0. Every
+// thread of the block calls it (THREADS_PER_ROW > 32 meets at barriers).
+__device__ __forceinline__ float row_sum(float v, float* red /* smem [ROWS_PER_BLOCK * THREADS_PER_ROW / 32] */) {
 #pragma unroll
-    for (int o = (TPR < 32 ? TPR : 32) / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if (TPR > 32) {
-        const int lane = threadIdx.x % TPR, r = threadIdx.x / TPR, w = lane / 32;
-        if ((lane & 31) == 0) red[r * (TPR / 32) + w] = v;
+    for (int o = (THREADS_PER_ROW < 32 ? THREADS_PER_ROW : 32) / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (THREADS_PER_ROW > 32) {
+        const int lane = threadIdx.x % THREADS_PER_ROW, r = threadIdx.x / THREADS_PER_ROW, w = lane / 32;
+        if ((lane & 31) == 0) red[r * (THREADS_PER_ROW / 32) + w] = v;
         __syncthreads();
         if (lane == 0) {
             v = 0.f;
-            for (int i = 0; i < TPR / 32; ++i) v += red[r * (TPR / 32) + i];
+            for (int i = 0; i < THREADS_PER_ROW / 32; ++i) v += red[r * (THREADS_PER_ROW / 32) + i];
         }
         __syncthreads();  // red is reused by the next call
     }
     return v;
 }
 
-#define RED_N (TPR > 32 ? ROWS * (TPR / 32) : 1)
-// Threads per block: ROWS * TPR, at least a warp (the shuffles name all 32 lanes; the route's
-// top-k is a warp's work). Threads past ROWS thread-rows own no row.
-#define NT (ROWS * TPR < 32 ? 32 : ROWS * TPR)
+#define RED_N (THREADS_PER_ROW > 32 ? ROWS_PER_BLOCK * (THREADS_PER_ROW / 32) : 1)
+// Threads per block: ROWS_PER_BLOCK * THREADS_PER_ROW, at least a warp (the shuffles name all 32 lanes; the route's
+// top-k is a warp's work). Threads past ROWS_PER_BLOCK thread-rows own no row.
+#define NT (ROWS_PER_BLOCK * THREADS_PER_ROW < 32 ? 32 : ROWS_PER_BLOCK * THREADS_PER_ROW)
 #define NO_ROW 0x3fffffff
 __device__ __forceinline__ int row_of_thread() {
-    return threadIdx.x / TPR < ROWS ? blockIdx.x * ROWS + threadIdx.x / TPR : NO_ROW;
+    return threadIdx.x / THREADS_PER_ROW < ROWS_PER_BLOCK ? blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / THREADS_PER_ROW : NO_ROW;
 }
 
 // x [T, K]; Wr [E, K] (type qr, rows of rb_r bytes); Ws [1, K] (type qs) or null (no shared
 // expert gate); logits [T, ldl] (ldl >= E + 1); ids, w [T, k]; tickets [T] zero between launches;
 // vec4: moe_experts.route_vec (f32_row_x4 for F32 rows); topk_regs: moe_experts.topk_regs.
-// Grid (ceil((E + 1) / ROWS), T), block NT.
+// Grid (ceil((E + 1) / ROWS_PER_BLOCK), T), block NT.
 extern "C" __global__ void __launch_bounds__(NT)
     moe_dec_route(const float* __restrict__ x, const u8* __restrict__ Wr, int rb_r, int qr,
                   const u8* __restrict__ Ws, int qs, int E, int K, float* logits, int ldl,
@@ -172,7 +172,7 @@ extern "C" __global__ void __launch_bounds__(NT)
     __shared__ float red[RED_N];
     __shared__ bool last;
     pdl_start();
-    const int t = blockIdx.y, lane = threadIdx.x % TPR;
+    const int t = blockIdx.y, lane = threadIdx.x % THREADS_PER_ROW;
     const int n = row_of_thread();
     const float* xt = x + (size_t)t * K;
     float v[MAXR] = {0.f};
@@ -212,7 +212,7 @@ extern "C" __global__ void __launch_bounds__(NT)
 // moe_experts.route_block: the route with one router row per block of blockDim.x threads
 // (128 or 256), a lane's float4 loads of its row and of x (K / 4 / blockDim.x each: 4 or 2 for
 // a 2048-wide row) in flight together, a block sum; E (+ 1) blocks, so the whole router's rows
-// are loading at once where moe_dec_route's ceil((E + 1) / ROWS) blocks walk theirs in batches.
+// are loading at once where moe_dec_route's ceil((E + 1) / ROWS_PER_BLOCK) blocks walk theirs in batches.
 // The grid's last block (ticket) runs the top-k (topk_regs as in moe_dec_route). F32 router
 // and shared gate rows, K % 4 == 0, 16-byte aligned (the host checks; else moe_dec_route).
 // NORM (moe_dec_route_rn, moe_experts.fuse_pre_norm): x is the residual row y and every block
@@ -358,14 +358,14 @@ __device__ __forceinline__ void dot_pair(const u8* __restrict__ rg, const u8* __
                                          const float* __restrict__ x, int K, int lane,
                                          float& sg, float& su) {
     if constexpr (QT == QT_F32 || QT == QT_F16 || QT == QT_BF16) {
-        for (int kk = lane; kk < K; kk += TPR) {
+        for (int kk = lane; kk < K; kk += THREADS_PER_ROW) {
             const float xv = __ldg(x + kk);
             sg += dense_get<QT>(rg, kk) * xv;
             su += dense_get<QT>(ru, kk) * xv;
         }
     } else {
         const int NG = K / 16;
-        for (int g0 = lane * V; g0 < NG; g0 += TPR * V) {
+        for (int g0 = lane * V; g0 < NG; g0 += THREADS_PER_ROW * V) {
 #pragma unroll
             for (int jv = 0; jv < V; ++jv) {
                 const int g = g0 + jv;
@@ -403,7 +403,7 @@ __device__ __forceinline__ void dot_pair_rt(int qt, const u8* rg, const u8* ru, 
 
 // moe_experts.l2_prefetch: this block's share of the bytes [base, base + bytes) into L2, a
 // 128-byte line per thread per step (prefetch.global.L2: a hint, no registers held, nothing
-// waits on it). The gate_up grid's ceil(F / ROWS) blocks of slot j split the down matrix that
+// waits on it). The gate_up grid's ceil(F / ROWS_PER_BLOCK) blocks of slot j split the down matrix that
 // slot's down pass reads, so the down kernel's loads meet L2, not device memory: gate_up,
 // latency-bound at ~0.7 TB/s, has the bandwidth to spare.
 __device__ __forceinline__ void l2_prefetch_share(const u8* base, size_t bytes, int part,
@@ -430,7 +430,7 @@ __device__ __forceinline__ void prefetch_down(const u8* D, int rb_d, const u8* S
 // SG, SU [Fs, K] (type qsh, rows of rb_s) or null: the shared expert's; ids [T, k] ->
 // h [T, k + 1, ldh] (slot k: the shared expert). D (rows of rb_d), SD (rb_sd): the down
 // matrices moe_experts.l2_prefetch brings into L2 (D null: no prefetch). Grid
-// (ceil(max(F, Fs) / ROWS), k + shared, T).
+// (ceil(max(F, Fs) / ROWS_PER_BLOCK), k + shared, T).
 extern "C" __global__ void __launch_bounds__(NT)
     moe_dec_gate_up(const float* __restrict__ x, const u8* __restrict__ G,
                     const u8* __restrict__ U, int rb_e, int qe, int F, int E,
@@ -440,7 +440,7 @@ extern "C" __global__ void __launch_bounds__(NT)
                     const u8* SD, int rb_sd) {
     __shared__ float red[RED_N];
     pdl_start();
-    const int j = blockIdx.y, t = blockIdx.z, lane = threadIdx.x % TPR;
+    const int j = blockIdx.y, t = blockIdx.z, lane = threadIdx.x % THREADS_PER_ROW;
     const int n = row_of_thread();
     const bool shared = j == k;
     const int N = shared ? Fs : F;
@@ -474,7 +474,7 @@ extern "C" __global__ void __launch_bounds__(NT)
                       const u8* SD, int rb_sd) {
     __shared__ float red[RED_N];
     pdl_start();
-    const int j = blockIdx.y, t = blockIdx.z, lane = threadIdx.x % TPR;
+    const int j = blockIdx.y, t = blockIdx.z, lane = threadIdx.x % THREADS_PER_ROW;
     const int n = row_of_thread();
     const bool shared = j == k;
     const int N = shared ? Fs : F;
@@ -498,7 +498,7 @@ extern "C" __global__ void __launch_bounds__(NT)
 
 // h [T, k + 1, ldh]; D [E, C, F] (type qe, rows of rb_e); SD [C, Fs] (type qsh, rows of rb_s)
 // or null; ids, w [T, k]; logits [T, ldl] (column E: the shared expert's gate logit); r, out
-// [T, C]. Grid (ceil(C / ROWS), T). V: groups per lane per step of the routed rows (VEC, or 1
+// [T, C]. Grid (ceil(C / ROWS_PER_BLOCK), T). V: groups per lane per step of the routed rows (VEC, or 1
 // in moe_dec_down_v1: moe_experts.down_vec1, a kernel of its own so the default's registers are
 // its own too).
 template <int V>
@@ -510,7 +510,7 @@ __device__ __forceinline__ void down_body(const float* __restrict__ h, int ldh,
                                           const float* __restrict__ logits, int ldl,
                                           const float* __restrict__ r, float* __restrict__ out,
                                           int C, float* red) {
-    const int t = blockIdx.y, lane = threadIdx.x % TPR;
+    const int t = blockIdx.y, lane = threadIdx.x % THREADS_PER_ROW;
     const int c = row_of_thread();
     const float* ht = h + (size_t)t * (k + 1) * ldh;
     // fold: the shared expert is row k of the same dot_rows call (same type and width)
@@ -666,7 +666,7 @@ extern "C" __global__ void __launch_bounds__(NT)
     down_norm_tail(out, nw, eps, hn, C, tickets);
 }
 
-// moe_experts.down_wsum: the down kernel as a weighted sum per lane. A thread-row (TPR lanes)
+// moe_experts.down_wsum: the down kernel as a weighted sum per lane. A thread-row (THREADS_PER_ROW lanes)
 // owns output c; each lane accumulates w_j * (its groups of D_{e_j}[c] . h_j) over the k routed
 // experts (j unrolled by four: their loads in flight together) and sigmoid(shared logit) *
 // (its groups of the shared expert's row . h_k), then one reduction per output, where
@@ -677,9 +677,9 @@ __device__ __forceinline__ float row_dot(const u8* __restrict__ row, const float
                                          int K, int lane) {
     float p = 0.f;
     if constexpr (QT == QT_F32 || QT == QT_F16 || QT == QT_BF16) {
-        for (int kk = lane; kk < K; kk += TPR) p += dense_get<QT>(row, kk) * __ldg(x + kk);
+        for (int kk = lane; kk < K; kk += THREADS_PER_ROW) p += dense_get<QT>(row, kk) * __ldg(x + kk);
     } else {
-        for (int g = lane; g < K / 16; g += TPR) {
+        for (int g = lane; g < K / 16; g += THREADS_PER_ROW) {
             Run8 a, b;
             int k0, k1;
             dec_row_group<QT, kWideDown>(row, g, a, b, k0, k1);
@@ -733,7 +733,7 @@ extern "C" __global__ void __launch_bounds__(NT)
                    unsigned int* tickets) {
     __shared__ float red[RED_N];
     pdl_start();
-    const int t = blockIdx.y, lane = threadIdx.x % TPR;
+    const int t = blockIdx.y, lane = threadIdx.x % THREADS_PER_ROW;
     const int c = row_of_thread();
     const float* ht = h + (size_t)t * (k + 1) * ldh;
     const int* it = ids + (size_t)t * k;
@@ -763,14 +763,14 @@ extern "C" __global__ void __launch_bounds__(NT)
     if (nw) down_norm_tail(out, nw, eps, hn, C, tickets);
 }
 
-// moe_experts.down_split: the down kernel with a warp per expert slot. A block owns ROWS
-// consecutive outputs and has k (+ 1: the shared expert) warps; warp j walks slot j's ROWS down
+// moe_experts.down_split: the down kernel with a warp per expert slot. A block owns ROWS_PER_BLOCK
+// consecutive outputs and has k (+ 1: the shared expert) warps; warp j walks slot j's ROWS_PER_BLOCK down
 // rows (expert ids[j]'s, or the shared expert's as slot k), lane l over groups l, l + 32, ...,
-// the ROWS rows' loads of a group in flight together, then a warp sum per row into shared
-// memory; the block's first ROWS threads combine them (w_j in slot order, the sigmoid-gated
+// the ROWS_PER_BLOCK rows' loads of a group in flight together, then a warp sum per row into shared
+// memory; the block's first ROWS_PER_BLOCK threads combine them (w_j in slot order, the sigmoid-gated
 // shared expert, the residual: moe_dec_down's expressions). moe_dec_down's thread-row holds all
 // k + 1 rows of one output (their decodes at once, spilling on sm_90); here 9x the threads each
-// hold one group of ROWS rows: a token's down pass waits on about one batch of loads. With
+// hold one group of ROWS_PER_BLOCK rows: a token's down pass waits on about one batch of loads. With
 // F / 16 <= 32 (a 35B-A3B's 512) and threads_per_row 32 the sums are moe_dec_down_v1's, in its
 // order. nw null: no norm tail; else moe_experts.fuse_norm's.
 template <int QT, int R>
@@ -820,7 +820,7 @@ __device__ __forceinline__ void warp_rows_rt(int qt, const u8* row0, int rb, int
     }
 }
 
-// Arguments: moe_dec_down_w's. Grid (ceil(C / ROWS), T), block 32 (k + (SD ? 1 : 0)), k < MAXR.
+// Arguments: moe_dec_down_w's. Grid (ceil(C / ROWS_PER_BLOCK), T), block 32 (k + (SD ? 1 : 0)), k < MAXR.
 template <int R>
 __device__ __forceinline__ void down_split_body(
     const float* __restrict__ h, int ldh, const u8* __restrict__ D, int rb_e, int qe, int F,
@@ -868,7 +868,7 @@ extern "C" __global__ void __launch_bounds__(32 * MAXR)
                    const float* __restrict__ r, float* out, int C,
                    const float* __restrict__ nw, float eps, float* __restrict__ hn,
                    unsigned int* tickets) {
-    down_split_body<ROWS>(h, ldh, D, rb_e, qe, F, E, ids, w, k, SD, rb_s, qsh, Fs, logits, ldl, r,
+    down_split_body<ROWS_PER_BLOCK>(h, ldh, D, rb_e, qe, F, E, ids, w, k, SD, rb_s, qsh, Fs, logits, ldl, r,
                           out, C, nw, eps, hn, tickets);
 }
 
@@ -884,7 +884,7 @@ extern "C" __global__ void __launch_bounds__(32 * 9, 3)
                     const float* __restrict__ r, float* out, int C,
                     const float* __restrict__ nw, float eps, float* __restrict__ hn,
                     unsigned int* tickets) {
-    down_split_body<ROWS>(h, ldh, D, rb_e, qe, F, E, ids, w, k, SD, rb_s, qsh, Fs, logits, ldl, r,
+    down_split_body<ROWS_PER_BLOCK>(h, ldh, D, rb_e, qe, F, E, ids, w, k, SD, rb_s, qsh, Fs, logits, ldl, r,
                           out, C, nw, eps, hn, tickets);
 }
 

@@ -9,22 +9,22 @@
 //   [P / x_div, K / 32]; Y [P, N] float32. x_div = k_used for gate / up, 1 for down.
 //
 // Variant: moe_experts.mmvq (engine/tuning/kernels/cuda_hybrid.py), numeric class
-// int8_activations. mmvw.cu's work split (vecdot.cuh's slots): a group of TPR lanes inside one
+// int8_activations. mmvw.cu's work split (vecdot.cuh's slots): a group of THREADS_PER_ROW lanes inside one
 // warp walks a row, the partial sums meet by shuffles (no shared memory, no block barrier), and
 // the expert is picked on the device, so a captured decode graph serves every routing.
-// Tunables (defines): TPR lanes per row (8, 16, 32), NW warps per block; rows per block
-// NW * 32 / TPR. Grid (ceil(N / rows), 1, pairs): pair p0 + blockIdx.z. Types: Q4_0 Q4_1 Q5_0
+// Tunables (defines): THREADS_PER_ROW lanes per row (8, 16, 32), WARPS warps per block; rows per block
+// WARPS * 32 / THREADS_PER_ROW. Grid (ceil(N / rows), 1, pairs): pair p0 + blockIdx.z. Types: Q4_0 Q4_1 Q5_0
 // Q8_0 Q4_K Q6_K (K % 256 == 0 for the K types; the backend falls back to moe.cu otherwise).
 #include "vecdot.cuh"
 
-#if !defined(TPR) || !defined(NW)
-#error "moe_q8.cu needs TPR and NW (engine/tuning/kernels/cuda_hybrid.py)"
+#if !defined(THREADS_PER_ROW) || !defined(WARPS)
+#error "moe_q8.cu needs THREADS_PER_ROW and WARPS (engine/tuning/kernels/cuda_hybrid.py)"
 #endif
-#if TPR != 8 && TPR != 16 && TPR != 32
-#error "TPR must be 8, 16 or 32 (a row's lanes sit inside one warp)"
+#if THREADS_PER_ROW != 8 && THREADS_PER_ROW != 16 && THREADS_PER_ROW != 32
+#error "THREADS_PER_ROW must be 8, 16 or 32 (a row's lanes sit inside one warp)"
 #endif
 
-#define MOE_Q8_GROUPS (NW * 32 / TPR)
+#define MOE_Q8_GROUPS (WARPS * 32 / THREADS_PER_ROW)
 
 template <int QT, bool GU>
 __device__ __forceinline__ void moe_q8_rows(const u8* __restrict__ Wa, const u8* __restrict__ Wb,
@@ -35,7 +35,7 @@ __device__ __forceinline__ void moe_q8_rows(const u8* __restrict__ Wa, const u8*
                                             float* __restrict__ Y) {
     pdl_start();  // (matmul_decode.pdl: chained into the decode step's dependent launches)
     const int p = p0 + blockIdx.z;
-    const int g = threadIdx.x / TPR, lane = threadIdx.x % TPR;
+    const int g = threadIdx.x / THREADS_PER_ROW, lane = threadIdx.x % THREADS_PER_ROW;
     const int n = blockIdx.x * MOE_Q8_GROUPS + g;
     if (n >= N) return;  // whole groups leave together: the shuffles below stay full
     const int e = min(max(ids[p], 0), E - 1);  // a corrupt id must not fault
@@ -47,15 +47,15 @@ __device__ __forceinline__ void moe_q8_rows(const u8* __restrict__ Wa, const u8*
     const u8* rb = Wb + off;
     float a = 0.f, b = 0.f;
     const int ns = VD<QT>::slots(K);
-    for (int s = lane; s < ns; s += TPR) {
+    for (int s = lane; s < ns; s += THREADS_PER_ROW) {
         const XSlot x = VD<QT>::load(s, xq, xds);
         a += VD<QT>::dot(ra, s, x);
         if (GU) b += VD<QT>::dot(rb, s, x);
     }
     const unsigned mask =
-        TPR == 32 ? 0xffffffffu : ((1u << TPR) - 1u) << ((threadIdx.x & 31) & ~(TPR - 1));
+        THREADS_PER_ROW == 32 ? 0xffffffffu : ((1u << THREADS_PER_ROW) - 1u) << ((threadIdx.x & 31) & ~(THREADS_PER_ROW - 1));
 #pragma unroll
-    for (int o = TPR / 2; o > 0; o >>= 1) {
+    for (int o = THREADS_PER_ROW / 2; o > 0; o >>= 1) {
         a += __shfl_xor_sync(mask, a, o);
         if (GU) b += __shfl_xor_sync(mask, b, o);
     }
@@ -63,12 +63,12 @@ __device__ __forceinline__ void moe_q8_rows(const u8* __restrict__ Wa, const u8*
 }
 
 #define MOE_Q8_KERNELS(name, QT)                                                              \
-    extern "C" __global__ void __launch_bounds__(NW * 32)                                     \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32)                                     \
         moe_q8_##name(const u8* W, int row_bytes, int N, int K, const s8* xq,                 \
                       const float2* xds, int x_div, const int* ids, int E, int p0, float* Y) { \
         moe_q8_rows<QT, false>(W, W, row_bytes, N, K, xq, xds, x_div, ids, E, p0, Y);         \
     }                                                                                         \
-    extern "C" __global__ void __launch_bounds__(NW * 32)                                     \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32)                                     \
         moe_q8_gu_##name(const u8* Wg, const u8* Wu, int row_bytes, int N, int K,             \
                          const s8* xq, const float2* xds, int x_div, const int* ids, int E,   \
                          int p0, float* Y) {                                                  \

@@ -1,6 +1,6 @@
 // moe_route.cuh: the routing side of the grouped expert GEMMs (moe_grouped.cu, moe_tc.cu):
-// moe_sort (a counting sort of the (token, slot) pairs by expert, cut into tiles of <= TILE_P
-// pairs), moe_gather and moe_scatter, as documented in moe_grouped.cu. Needs TILE_P.
+// moe_sort (a counting sort of the (token, slot) pairs by expert, cut into tiles of <= TILE_PAIRS
+// pairs), moe_gather and moe_scatter, as documented in moe_grouped.cu. Needs TILE_PAIRS.
 #pragma once
 #include "common.cuh"
 
@@ -25,11 +25,11 @@ extern "C" __global__ void __launch_bounds__(MOE_SORT_THREADS)
         for (int e = 0; e < E; ++e) {
             const int c = cnt[e];
             cur[e] = start;
-            for (int o = 0; o < c; o += TILE_P) {
-                if (nt < max_tiles) {  // max_tiles >= ceil(P / TILE_P) + min(E, P): never short
+            for (int o = 0; o < c; o += TILE_PAIRS) {
+                if (nt < max_tiles) {  // max_tiles >= ceil(P / TILE_PAIRS) + min(E, P): never short
                     route[1 + 3 * nt] = e;
                     route[2 + 3 * nt] = start + o;
-                    route[3 + 3 * nt] = min(TILE_P, c - o);
+                    route[3 + 3 * nt] = min(TILE_PAIRS, c - o);
                 }
                 ++nt;
             }

@@ -1,12 +1,12 @@
 // moe_tc.cu: the routed experts of a MoE FFN at prefill as a grouped GEMM on fp16 tensor cores
 // (moe_experts.tc, engine/tuning/kernels/cuda_hybrid.py; mma.sync m16n8k16, sm_80+).
 //
-// The (token, slot) pairs are sorted by expert and cut into tiles of <= TILE_P pairs by
+// The (token, slot) pairs are sorted by expert and cut into tiles of <= TILE_PAIRS pairs by
 // moe_route.cuh's moe_sort (route = [n_tiles, (expert, start, count) x max_tiles, order[P]]).
-// A block takes BR weight rows of one tile's expert, as mmq.cu does for a dense matrix: each
+// A block takes BLOCK_ROWS weight rows of one tile's expert, as mmq.cu does for a dense matrix: each
 // 64-wide k window of its rows is read from device memory once, decoded in registers
 // (common.cuh) and written to shared memory as fp16; the tile's activations come in as fp16 too,
-// and 4 warps (BR / 4 weight rows each, all the tile's pairs) accumulate in float32 with
+// and 4 warps (BLOCK_ROWS / 4 weight rows each, all the tile's pairs) accumulate in float32 with
 // ldmatrix + mma. Shared rows are padded to 72 halves (ldmatrix rows on distinct banks).
 //   moe_tc_gu_<type>   gate and up of a tile at once (two weight tiles, two accumulators),
 //                      SwiGLU in registers: H [P, F] fp16 in sorted order. The activation row of
@@ -16,13 +16,13 @@
 // Rows past N, k past K (32-element blocks: K a multiple of 32) and pairs past the tile's count
 // are zeros in shared memory and never stored; tiles past n_tiles return (the grid is sized on
 // the host without reading the routing back).
-// Tunables (defines): TILE_P (pairs per tile: 16, 32, 64), BR (weight rows per block: 64, 128),
-// WIN_Q4K (1: a thread decodes a Q4_K row's whole window, mt_q4k_window; 0: every type a group
-// of 16 per thread), WIDE (1: Q4_K / Q6_K groups decoded from 16-byte loads, qwide.cuh's
+// Tunables (defines): TILE_PAIRS (pairs per tile: 16, 32, 64), BLOCK_ROWS (weight rows per block: 64, 128),
+// Q4K_WINDOW (1: a thread decodes a Q4_K row's whole window, mt_q4k_window; 0: every type a group
+// of 16 per thread), WIDE_LOADS (1: Q4_K / Q6_K groups decoded from 16-byte loads, qwide.cuh's
 // dec_group), DIRECT (1: Q4_K experts decoded straight into mma fragments, mt_direct).
-// Grid (ceil(N / BR), max_tiles), block 128.
-#if !defined(TILE_P) || !defined(BR)
-#error "moe_tc.cu needs TILE_P and BR (engine/tuning/kernels/cuda_hybrid.py)"
+// Grid (ceil(N / BLOCK_ROWS), max_tiles), block 128.
+#if !defined(TILE_PAIRS) || !defined(BLOCK_ROWS)
+#error "moe_tc.cu needs TILE_PAIRS and BLOCK_ROWS (engine/tuning/kernels/cuda_hybrid.py)"
 #endif
 #include "common.cuh"
 #include "qwide.cuh"
@@ -33,15 +33,15 @@
 #define MT_THREADS (MT_WARPS * 32)
 #define MT_BK 64
 #define MT_LD (MT_BK + 8)
-#define MT_TM (BR / MT_WARPS)  // weight rows per warp
+#define MT_TM (BLOCK_ROWS / MT_WARPS)  // weight rows per warp
 #define MT_MF (MT_TM / 16)     // its m16 fragments
-#define MT_NF (TILE_P / 8)     // n8 fragments: the tile's pairs
+#define MT_NF (TILE_PAIRS / 8)     // n8 fragments: the tile's pairs
 
-#ifndef WIN_Q4K
-#define WIN_Q4K 0
+#ifndef Q4K_WINDOW
+#define Q4K_WINDOW 0
 #endif
-#ifndef WIDE
-#define WIDE 1
+#ifndef WIDE_LOADS
+#define WIDE_LOADS 1
 #endif
 
 // A Q4_K row's 64-wide window [k0, k0 + 64) (sub-blocks 2p, 2p + 1 of its block) -> dst: the
@@ -77,13 +77,13 @@ __device__ __forceinline__ void mt_q4k_window(const u8* __restrict__ row, int k0
 }
 
 // Weight rows [0, rows) of one expert (W at its first row), k window [k0, k0 + 64) -> Ws.
-// rot: the thread that takes row 0 of a window-per-thread decode (gate and up of BR = 64 rows
+// rot: the thread that takes row 0 of a window-per-thread decode (gate and up of BLOCK_ROWS = 64 rows
 // on the two halves of the block).
 template <int QT>
 __device__ __forceinline__ void mt_stage_w(const u8* __restrict__ W, int row_bytes, int rows,
                                            int K, int k0, u16* Ws, int rot = 0) {
-    if (QT == QT_Q4_K && WIN_Q4K) {  // a thread per row window (K is a multiple of 256)
-        for (int r = (threadIdx.x + MT_THREADS - rot) % MT_THREADS; r < BR; r += MT_THREADS) {
+    if (QT == QT_Q4_K && Q4K_WINDOW) {  // a thread per row window (K is a multiple of 256)
+        for (int r = (threadIdx.x + MT_THREADS - rot) % MT_THREADS; r < BLOCK_ROWS; r += MT_THREADS) {
             u16* dst = Ws + r * MT_LD;
             if (r < rows) {
                 mt_q4k_window(W + (size_t)r * row_bytes, k0, dst);
@@ -95,14 +95,14 @@ __device__ __forceinline__ void mt_stage_w(const u8* __restrict__ W, int row_byt
         return;
     }
     const int NG = K / 16;
-    for (int i = threadIdx.x; i < BR * 4; i += MT_THREADS) {
+    for (int i = threadIdx.x; i < BLOCK_ROWS * 4; i += MT_THREADS) {
         const int r = i >> 2, g = k0 / 16 + (i & 3);
         u16* dst = Ws + r * MT_LD;
         if (r < rows && g < NG) {
             const int b = g / QTraits<QT>::GROUPS, gi = g % QTraits<QT>::GROUPS;
             Run8 r0, r1;
             const u8* blk = W + (size_t)r * row_bytes + (size_t)b * QTraits<QT>::BYTES;
-            dec_group<QT, WIDE != 0>(blk, gi, r0, r1);
+            dec_group<QT, WIDE_LOADS != 0>(blk, gi, r0, r1);
             int o0, o1;  // row_group's element offsets
             run_offsets<QT>(gi, o0, o1);
             const int kb0 = b * QTraits<QT>::BK - k0;
@@ -225,14 +225,14 @@ __device__ __forceinline__ void mt_direct(const u8* __restrict__ W0, const u8* _
                                           const u16* __restrict__ Hin,
                                           const int* __restrict__ route, int max_tiles, int E,
                                           u16* __restrict__ H, float* __restrict__ D) {
-    __shared__ __align__(16) u16 Xs[TILE_P * MT_LD];
-    __shared__ int xrow[TILE_P];
+    __shared__ __align__(16) u16 Xs[TILE_PAIRS * MT_LD];
+    __shared__ int xrow[TILE_PAIRS];
     int e, start, count;
     if (!mt_tile(route, E, e, start, count)) return;
-    const int tid = threadIdx.x, n0 = blockIdx.x * BR, rows = min(BR, N - n0);
+    const int tid = threadIdx.x, n0 = blockIdx.x * BLOCK_ROWS, rows = min(BLOCK_ROWS, N - n0);
     const int warp = tid / 32, lane = tid & 31, gid = lane >> 2, tig = lane & 3;
     const int* order = route + 1 + 3 * max_tiles;
-    for (int r = tid; r < TILE_P; r += MT_THREADS)  // gate / up: x's row; down: H's
+    for (int r = tid; r < TILE_PAIRS; r += MT_THREADS)  // gate / up: x's row; down: H's
         xrow[r] = r >= count ? -1 : NWT == 2 ? order[start + r] / x_div : start + r;
     const u8* base[2] = {W0 + ((size_t)e * N + n0) * row_bytes,
                          W1 + ((size_t)e * N + n0) * row_bytes};
@@ -265,7 +265,7 @@ __device__ __forceinline__ void mt_direct(const u8* __restrict__ W0, const u8* _
                         mt_q4k_raw(base[w] + (size_t)lr * row_bytes, lr < rows, k0 + MT_BK, tig,
                                    hdr[w][a][h], qs[w][a][h]);
                 }
-        for (int i = tid; i < TILE_P * 16; i += MT_THREADS) {  // 4 k at a time, permuted alike
+        for (int i = tid; i < TILE_PAIRS * 16; i += MT_THREADS) {  // 4 k at a time, permuted alike
             const int r = i >> 4, ph = (i & 15) * 4, t = xrow[r];
             u32 lo = 0, hi = 0;
             if (t >= 0 && NWT == 2) {
@@ -330,15 +330,15 @@ __device__ __forceinline__ void moe_tc_gu(const u8* __restrict__ Wg, const u8* _
         mt_direct<2>(Wg, Wu, row_bytes, N, K, X, x_div, nullptr, route, max_tiles, E, H, nullptr);
         return;
     }
-    __shared__ __align__(16) u16 Gs[BR * MT_LD];
-    __shared__ __align__(16) u16 Us[BR * MT_LD];
-    __shared__ __align__(16) u16 Xs[TILE_P * MT_LD];
-    __shared__ int xrow[TILE_P];
+    __shared__ __align__(16) u16 Gs[BLOCK_ROWS * MT_LD];
+    __shared__ __align__(16) u16 Us[BLOCK_ROWS * MT_LD];
+    __shared__ __align__(16) u16 Xs[TILE_PAIRS * MT_LD];
+    __shared__ int xrow[TILE_PAIRS];
     int e, start, count;
     if (!mt_tile(route, E, e, start, count)) return;
-    const int tid = threadIdx.x, n0 = blockIdx.x * BR, rows = min(BR, N - n0);
+    const int tid = threadIdx.x, n0 = blockIdx.x * BLOCK_ROWS, rows = min(BLOCK_ROWS, N - n0);
     const int* order = route + 1 + 3 * max_tiles;
-    for (int r = tid; r < TILE_P; r += MT_THREADS) xrow[r] = r < count ? order[start + r] / x_div : -1;
+    for (int r = tid; r < TILE_PAIRS; r += MT_THREADS) xrow[r] = r < count ? order[start + r] / x_div : -1;
     const size_t w0 = ((size_t)e * N + n0) * row_bytes;
     float acc[2][MT_MF][MT_NF][4];  // gate, up
     mt_zero(acc);
@@ -346,8 +346,8 @@ __device__ __forceinline__ void moe_tc_gu(const u8* __restrict__ Wg, const u8* _
     __syncthreads();
     for (int k0 = 0; k0 < K; k0 += MT_BK) {
         mt_stage_w<QT>(Wg + w0, row_bytes, rows, K, k0, Gs);
-        mt_stage_w<QT>(Wu + w0, row_bytes, rows, K, k0, Us, BR % MT_THREADS);
-        for (int i = tid; i < TILE_P * 16; i += MT_THREADS) {  // float4 chunks of the pairs' x
+        mt_stage_w<QT>(Wu + w0, row_bytes, rows, K, k0, Us, BLOCK_ROWS % MT_THREADS);
+        for (int i = tid; i < TILE_PAIRS * 16; i += MT_THREADS) {  // float4 chunks of the pairs' x
             const int r = i >> 4, c = (i & 15) * 4, t = xrow[r];
             float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
             if (t >= 0 && k0 + c < K) v = __ldg((const float4*)(X + (size_t)t * K + k0 + c));
@@ -382,18 +382,18 @@ __device__ __forceinline__ void moe_tc_down(const u8* __restrict__ W, int row_by
         mt_direct<1>(W, W, row_bytes, N, K, nullptr, 1, H, route, max_tiles, E, nullptr, D);
         return;
     }
-    __shared__ __align__(16) u16 Ws[BR * MT_LD];
-    __shared__ __align__(16) u16 Xs[TILE_P * MT_LD];
+    __shared__ __align__(16) u16 Ws[BLOCK_ROWS * MT_LD];
+    __shared__ __align__(16) u16 Xs[TILE_PAIRS * MT_LD];
     int e, start, count;
     if (!mt_tile(route, E, e, start, count)) return;
-    const int tid = threadIdx.x, n0 = blockIdx.x * BR, rows = min(BR, N - n0);
+    const int tid = threadIdx.x, n0 = blockIdx.x * BLOCK_ROWS, rows = min(BLOCK_ROWS, N - n0);
     const size_t w0 = ((size_t)e * N + n0) * row_bytes;
     float acc[1][MT_MF][MT_NF][4];
     mt_zero(acc);
     const u16* const ws[1] = {Ws};
     for (int k0 = 0; k0 < K; k0 += MT_BK) {
         mt_stage_w<QT>(W + w0, row_bytes, rows, K, k0, Ws);
-        for (int i = tid; i < TILE_P * 8; i += MT_THREADS) {  // 16-byte chunks of H's rows
+        for (int i = tid; i < TILE_PAIRS * 8; i += MT_THREADS) {  // 16-byte chunks of H's rows
             const int r = i >> 3, c = (i & 7) * 8;
             uint4 v = make_uint4(0, 0, 0, 0);
             if (r < count && k0 + c < K) v = __ldg((const uint4*)(H + (size_t)(start + r) * K + k0 + c));

@@ -5,7 +5,7 @@
 // 16 qh, the 16 scales and d (4 loads where decode_group issues 18 two-byte ones). The decode
 // kernels issue a load per lane per group for a few hundred bytes a thread: the load
 // instructions, not the bytes, are what their warps queue on. Same bytes, same expressions:
-// the same Run8 to the bit. moe_tc.cu's prefill tiles decode through dec_group too (WIDE).
+// the same Run8 to the bit. moe_tc.cu's prefill tiles decode through dec_group too (WIDE_LOADS).
 // Needs 16-byte aligned blocks: Q4_K's 144-byte and Q6_K's GPU-padded 224-byte blocks in rows
 // that start 16-byte aligned (every CudaBackend weight).
 #pragma once

@@ -8,7 +8,7 @@
 //              gate per row of bcast (the MoE shared expert's [T, 1] gate)
 // SWIGLU_Q8 (quantize_act.q8_1's swiglu pass: OP_SWIGLU with OUT_Q8): a thread per 32-block of one row
 // of n values (n % 32 == 0) writes y and its Q8_1 form (q8_1.glsl) to binding 3 at word q_off
-// (with Q8_COALESCED a thread per value).
+// (with COALESCED a thread per value).
 // OUT_F16 (with OP_SWIGLU; matmul_prefill.fuse_x16): rows of cols values; a thread per pair of
 // columns also writes them as the resident GEMM's padded fp16 input (matmul_f16.comp PASS_X16's
 // layout: [rows, kp] halves, zeros past cols) to binding 3 at word h_off.
@@ -53,7 +53,7 @@ layout(push_constant) uniform PC {
 
 #include "common.glsl"
 
-#if defined(OUT_Q8) && defined(Q8_COALESCED)
+#if defined(OUT_Q8) && defined(COALESCED)
 #include "q8_1.glsl"
 
 void main() {  // a value per thread

@@ -16,9 +16,9 @@
 //
 // Tunables (specialization constants): 0 TILE_M (weight rows per workgroup), 1 TILE_N (tokens),
 // 2 WARP_M, 3 WARP_N (the subgroup tile, multiples of 16 dividing TILE_M / TILE_N); defines BK
-// (k per shared-memory step, 32 or 64: fewer barriers against more shared memory), NBUF (1,
+// (k per shared-memory step, 32 or 64: fewer barriers against more shared memory), BUFFERS (1,
 // or 2: double-buffered tiles, one barrier per step, the next step decoded after this one's
-// multiply-adds are issued), ONE_TILE_PER_SUBGROUP (below) and STORE_UNROLLED (the bounded
+// multiply-adds are issued), ONE_TILE (below) and STORE_UNROLLED (the bounded
 // store's lane loop with a compile-time trip count, subgroups of 32 or more lanes).
 //
 // Shared tiles are f16vec2 (pairs along k): a decoded group of 8 weights is 4 stores, and the
@@ -69,7 +69,7 @@ const uint CM = WARP_M / 16u;  // fragments per subgroup tile along weight rows
 const uint CN = WARP_N / 16u;  // ... along tokens
 const uint TILES_M = TILE_M / WARP_M;
 const uint WTILES = TILES_M * (TILE_N / WARP_N);
-#ifdef ONE_TILE_PER_SUBGROUP
+#ifdef ONE_TILE
 // Subgroup s owns subgroup tile s, the only one: the registry admits this build only where the
 // workgroup has exactly WTILES subgroups (256 / subgroup size), so no pass loop, no bounds test
 // and no accumulators idle at wave32.
@@ -80,11 +80,11 @@ const uint PASSES = (WTILES + 3u) / 4u;
 #define OWNS(wt) ((wt) < WTILES)
 #endif
 
-#ifndef NBUF
-#define NBUF 1
+#ifndef BUFFERS
+#define BUFFERS 1
 #endif
-shared f16vec2 x_sh[NBUF * TILE_N * SK2];  // [buffer][token][k pair]
-shared f16vec2 w_sh[NBUF * TILE_M * SK2];  // [buffer][weight row][k pair]
+shared f16vec2 x_sh[BUFFERS * TILE_N * SK2];  // [buffer][token][k pair]
+shared f16vec2 w_sh[BUFFERS * TILE_M * SK2];  // [buffer][weight row][k pair]
 shared float c_sh[SLOTS * 256u];     // [slot][token 16][row 16]
 
 #define ACC coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
@@ -146,14 +146,14 @@ void main() {
     // x rows are 16-byte aligned when K and x_off are multiples of 4 (every real model's K)
     bool x_vec4 = (pc.K & 3u) == 0u && (pc.x_off & 3u) == 0u;
     uint steps = (pc.K + uint(BK) - 1u) / uint(BK);
-#if NBUF == 2
+#if BUFFERS == 2
     // Double-buffered: step st multiplies buffer st & 1 while it fills the other with step
     // st + 1; one barrier per step (the other buffer was last read before the previous one).
     load_tiles(0u, 0u, 0u, n0, c0, x_vec4);
     barrier();
 #endif
     for (uint st = 0u; st < steps; st++) {
-#if NBUF == 2
+#if BUFFERS == 2
         uint cur = st & 1u;
 #else
         uint cur = 0u;
@@ -181,7 +181,7 @@ void main() {
                 }
             }
         }
-#if NBUF == 2
+#if BUFFERS == 2
         if (st + 1u < steps)
             load_tiles((st + 1u) * uint(BK), (cur ^ 1u) * (TILE_M * SK2),
                        (cur ^ 1u) * (TILE_N * SK2), n0, c0, x_vec4);

@@ -14,14 +14,14 @@
 // (WARP_M / 16) x (WARP_N / 16) accumulators. Shared tiles are rows of BK halves padded by 8
 // (BK 32: 80-byte rows, so the 8 rows of a 16-byte-per-lane matrix load hit 8 distinct 4-bank
 // groups), filled with 16-byte (uvec4) global loads that are issued into registers before the
-// current step's multiply-adds (NBUF 2: double-buffered, one barrier per step).
+// current step's multiply-adds (BUFFERS 2: double-buffered, one barrier per step).
 // Grid: row tiles x token tiles, linear (folded into x * y), token tiles fastest.
 // Results: coopMatStore straight into y where the subgroup tile is whole and y's rows are
 // 16-byte aligned, else through shared memory, bounded (y may be a row range of a wider y).
 //
 // Tunables: specialization constants 0 TILE_M, 1 TILE_N, 2 WARP_M, 3 WARP_N; defines BK (16, 32
-// or 64: BK 16 rows are 48 bytes, still 8 distinct 4-bank groups), NBUF (1 or 2), SMEM_PAIRS
-// (below), WG_THREADS (the GEMM's workgroup: 128 threads of 64 x 64 subgroup tiles is
+// or 64: BK 16 rows are 48 bytes, still 8 distinct 4-bank groups), BUFFERS (1 or 2), SMEM_PAIRS
+// (below), THREADS (the GEMM's workgroup: 128 threads of 64 x 64 subgroup tiles is
 // llama.cpp's coopmat shape, 16 accumulators per subgroup), MMA_N, SMEM_HALVES, DIRECT
 // (below), STORE_UNROLLED (the bounded store's lane loop with a compile-time trip count: with
 // a loop bounded by gl_SubgroupSize inside the accumulator loops, NVIDIA's compiler kept the
@@ -51,14 +51,14 @@ layout(constant_id = 1) const uint TILE_N = 128;
 layout(constant_id = 2) const uint WARP_M = 64;
 layout(constant_id = 3) const uint WARP_N = 32;
 #endif
-// WG_THREADS: the GEMM's workgroup size (128, 256 or 512; the registry admits tilings with
-// (TILE_M / WARP_M) x (TILE_N / WARP_N) x subgroup size = WG_THREADS); the two conversion passes
+// THREADS: the GEMM's workgroup size (128, 256 or 512; the registry admits tilings with
+// (TILE_M / WARP_M) x (TILE_N / WARP_N) x subgroup size = THREADS); the two conversion passes
 // are always 256.
-#if !defined(WG_THREADS) || defined(PASS_W16) || defined(PASS_X16)
-#undef WG_THREADS
-#define WG_THREADS 256
+#if !defined(THREADS) || defined(PASS_W16) || defined(PASS_X16)
+#undef THREADS
+#define THREADS 256
 #endif
-layout(local_size_x = WG_THREADS) in;
+layout(local_size_x = THREADS) in;
 
 // K: weights per row; N: rows (this range); row_bytes: raw bytes per row (PASS_W16);
 // x_off: element offset of x[0, 0] (PASS_X16) or of the first raw row (PASS_W16, in rows);
@@ -137,11 +137,11 @@ layout(binding = 2) writeonly buffer YBuf { float ys[]; };
 #ifndef BK
 #define BK 32
 #endif
-#ifndef NBUF
-#define NBUF 2
+#ifndef BUFFERS
+#define BUFFERS 2
 #endif
 #ifndef PREFETCH
-#define PREFETCH 2  // the registry's default (with NBUF 1 or DIRECT, the one-ahead loop)
+#define PREFETCH 2  // the registry's default (with BUFFERS 1 or DIRECT, the one-ahead loop)
 #endif
 // MMA_N: the weight-row side of each multiply-add (16: 16x16x16; 8: 16x8x16, mma.sync's native
 // m16n8k16 on NVIDIA, the shape llama.cpp takes when a driver lists it first); the token side
@@ -151,8 +151,8 @@ layout(binding = 2) writeonly buffer YBuf { float ys[]; };
 #endif
 const uint RS = (uint(BK) + 8u) / 8u;       // shared row stride in uvec4 (8 halves)
 const uint Q = uint(BK) / 8u;               // uvec4 per row per k-step
-const uint LW = TILE_M * Q / WG_THREADS;    // weight uvec4 per thread per step
-const uint LX = TILE_N * Q / WG_THREADS;    // token uvec4 per thread per step
+const uint LW = TILE_M * Q / THREADS;    // weight uvec4 per thread per step
+const uint LX = TILE_N * Q / THREADS;    // token uvec4 per thread per step
 const uint BUF = (TILE_M + TILE_N) * RS;    // one buffer: weight rows, then token rows
 const uint CM = WARP_M / MMA_N;
 const uint CN = WARP_N / 16u;
@@ -160,9 +160,9 @@ const uint TILES_M = TILE_M / WARP_M;
 // The tiles, or (if larger) a 16 x 16 fp32 result slot (64 uvec4) per subgroup of at least 32
 // lanes for the bounded stores.
 #ifdef DIRECT  // no shared tiles (below): only the result slots
-const uint SH_LEN = (WG_THREADS / 32u) * 64u;
+const uint SH_LEN = (THREADS / 32u) * 64u;
 #else
-const uint SH_LEN = NBUF * BUF > (WG_THREADS / 32u) * 64u ? NBUF * BUF : (WG_THREADS / 32u) * 64u;
+const uint SH_LEN = BUFFERS * BUF > (THREADS / 32u) * 64u ? BUFFERS * BUF : (THREADS / 32u) * 64u;
 #endif
 
 // SMEM_PAIRS: the shared tiles as f16vec2 (llama.cpp's coopmat layout: matrix loads take their
@@ -267,22 +267,22 @@ void main() {
     {                                                                              \
         uint kq = (kbase + (st)) * Q;                                              \
         [[unroll]] for (uint i = 0u; i < LW; i++) {                                \
-            uint e = tid + WG_THREADS * i, r = n0 + e / Q;                         \
+            uint e = tid + THREADS * i, r = n0 + e / Q;                         \
             RW[i] = r < pc.N ? wh[r * q16 + kq + e % Q] : uvec4(0u);               \
         }                                                                          \
         [[unroll]] for (uint i = 0u; i < LX; i++) {                                \
-            uint e = tid + WG_THREADS * i, c = c0 + e / Q;                         \
+            uint e = tid + THREADS * i, c = c0 + e / Q;                         \
             RX[i] = c < pc.T ? xh[c * q16 + kq + e % Q] : uvec4(0u);               \
         }                                                                          \
     }
 #define STASH_FROM(b, RW, RX)                                                      \
     {                                                                              \
         [[unroll]] for (uint i = 0u; i < LW; i++) {                                \
-            uint e = tid + WG_THREADS * i;                                         \
+            uint e = tid + THREADS * i;                                         \
             SH_PUT((b) * BUF + (e / Q) * RS + e % Q, RW[i]);                       \
         }                                                                          \
         [[unroll]] for (uint i = 0u; i < LX; i++) {                                \
-            uint e = tid + WG_THREADS * i;                                         \
+            uint e = tid + THREADS * i;                                         \
             SH_PUT((b) * BUF + (TILE_M + e / Q) * RS + e % Q, RX[i]);              \
         }                                                                          \
     }
@@ -308,7 +308,7 @@ void main() {
         }                                                                          \
     }
 
-#if PREFETCH == 2 && NBUF == 2
+#if PREFETCH == 2 && BUFFERS == 2
     // PREFETCH 2: the global loads of step st + 2 are issued before step st's multiply-adds
     // (two register sets: rw / rx hold even steps, rw2 / rx2 odd ones), so each load has two
     // steps of multiply-adds to arrive instead of one; the step loop is unrolled by two so
@@ -337,7 +337,7 @@ void main() {
     STASH(0u);
     barrier();
     for (uint st = 0u; st < steps; st++) {
-#if NBUF == 2
+#if BUFFERS == 2
         uint cur = st & 1u;
 #else
         uint cur = 0u;
@@ -345,7 +345,7 @@ void main() {
         if (st + 1u < steps) FETCH(st + 1u);  // global loads in flight over the multiply-adds
         MMA_STEP(cur);
         if (st + 1u < steps) {
-#if NBUF == 2
+#if BUFFERS == 2
             STASH(cur ^ 1u);  // last read in step st - 1, before that step's barrier
 #else
             barrier();  // every subgroup is done reading the one buffer

@@ -9,8 +9,8 @@
 // so a row is 5K/16 words; 16-byte runs of values are uvec4 loads when q_off % 4 == 0.
 //
 // Needs (declared by the includer): ``uint q8w[]`` on the output binding (and WG_SIZE for
-// Q8_COALESCED). Exports: uint q8_row_words(uint K); void q8_store(uint q_off, uint K,
-// uint blk, float v[32]) (one thread, one block); with Q8_COALESCED also
+// COALESCED). Exports: uint q8_row_words(uint K); void q8_store(uint q_off, uint K,
+// uint blk, float v[32]) (one thread, one block); with COALESCED also
 // void q8_store_wg(uint q_off, uint K, uint e, bool live, float v) (one value per thread).
 
 #ifndef FT_Q8_1_GLSL
@@ -40,11 +40,11 @@ void q8_store(uint q_off, uint K, uint blk, float v[32]) {
 
 #endif
 
-// Q8_COALESCED: the workgroup quantizes WG_SIZE consecutive values (WG_SIZE % 32 == 0), one per
+// COALESCED: the workgroup quantizes WG_SIZE consecutive values (WG_SIZE % 32 == 0), one per
 // thread: coalesced loads and stores, block maxima and sums through shared memory. Every thread
 // of the workgroup must call it (barriers); live is false past the row (whole 32-blocks, as
 // e0 and K are multiples of 32).
-#ifdef Q8_COALESCED
+#ifdef COALESCED
 shared float q8_am[WG_SIZE];
 shared int q8_qi[WG_SIZE];
 

@@ -1,6 +1,6 @@
 #version 450
 // q8_quant.comp: a float row x [K] (K % 32 == 0) as Q8_1 (q8_1.glsl), a thread per 32-block,
-// or with Q8_COALESCED (quantize_act.coalesced) a thread per value.
+// or with COALESCED (quantize_act.coalesced) a thread per value.
 // Used by matmul_decode.mmvw when its activation has no Q8_1 form yet (the fused producers,
 // rms_norm and swiglu under mmvw, write one as they store).
 // Tunables: 0 WG_SIZE. Bindings: 0 x (float), 1 the Q8_1 row (uint words).
@@ -23,7 +23,7 @@ layout(push_constant) uniform PC {
 #include "common.glsl"
 #include "q8_1.glsl"
 
-#ifdef Q8_COALESCED
+#ifdef COALESCED
 void main() {  // a value per thread
     uint e = wg_linear() * WG_SIZE + gl_LocalInvocationID.x;
     bool live = e < pc.K;

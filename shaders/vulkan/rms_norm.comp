@@ -5,7 +5,7 @@
 // Bindings: 0 x, 1 w [D] (float32: 1-D weights are dequantized at load), 2 y.
 // OUT_Q8 (matmul_decode.mmvw's norm pass): y is also written as Q8_1 rows (q8_1.glsl) to
 // binding 3 at word q_off (D % 32 == 0), a thread per 32-block: the next matmul needs no
-// quantize dispatch. With Q8_COALESCED (one row): ceil(D / WG_SIZE) workgroups each sum the
+// quantize dispatch. With COALESCED (one row): ceil(D / WG_SIZE) workgroups each sum the
 // whole row's squares and store WG_SIZE of its values, a thread per value.
 // ADD_RES (rms_norm.fuse_add's pass "add"): the residual add before the norm in the same
 // dispatch: s = r + x is stored to binding 4 at s_off (the new residual stream, the same bits
@@ -62,7 +62,7 @@ layout(push_constant) uniform PC {
 shared float red[WG_SIZE];
 
 void main() {
-#if defined(OUT_Q8) && defined(Q8_COALESCED)
+#if defined(OUT_Q8) && defined(COALESCED)
     uint row = 0u;  // one row; workgroup i stores values i * WG_SIZE .. (each sums the row)
 #else
     uint row = wg_linear();
@@ -91,7 +91,7 @@ void main() {
         barrier();
     }
     float scale = inversesqrt(red[0] / float(pc.D) + pc.eps);
-#if defined(OUT_Q8) && defined(Q8_COALESCED)
+#if defined(OUT_Q8) && defined(COALESCED)
     uint e = wg_linear() * WG_SIZE + tid;
     bool live = e < pc.D;
     float v = live ? xs[xb + e] * scale * ws[pc.w_off + e] : 0.0;

@@ -858,8 +858,8 @@ class CudaBackend(CudaHybridOps, CudaPrefillOps, CudaFloatDecodeOps, Backend):  
 
     def _mmvw_rows_per_block(self, k: int = 0) -> int:
         """Rows per block of an mmvw / mmvw_norm launch on rows of k values: the registry's
-        derived rows_per_block (the kernel's MMVW_RPB), split_k times fewer from split_min_k on
-        (mmvw.cu's mmvw_rpb); k = 0: unsplit (mmvw_qkv)."""
+        derived rows_per_block (the kernel's ROWS_PER_BLOCK), split_k times fewer from
+        split_min_k on (mmvw.cu's mmvw_rpb); k = 0: unsplit (mmvw_qkv)."""
         c = self.config.knobs("matmul_decode")
         rpb, split = c.rows_per_block, int(c.split_k)
         return rpb // split if split > 1 and k >= int(c.split_min_k) else rpb

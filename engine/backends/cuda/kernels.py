@@ -185,8 +185,8 @@ def variant_modules(op: str, variant: Variant, choice: OpChoice) -> dict[str, tu
 
 
 # Helper modules built only when a define of theirs is on: dn_clu.cu under
-# delta_net.step_cluster (its DCL) needs sm_90 clusters, so step_cluster 0 builds none.
-_BUILT_WHEN = {"dn_clu.cu": "DCL"}
+# delta_net.step_cluster (its STEP_CLUSTER) needs sm_90 clusters, so step_cluster 0 builds none.
+_BUILT_WHEN = {"dn_clu.cu": "STEP_CLUSTER"}
 
 
 def default_choice(op: str, variant: str) -> OpChoice:

@@ -245,7 +245,7 @@ def programs(op: str, choice: OpChoice, qtype: str = "") -> tuple[Program, ...]:
                 keep = tuple(x.split("=")[0] for x in knob_defines(v, choice)) or ("-",)
             ds = tuple(d for d in ds if d.startswith(keep))
             if not p.define and "DIRECT" in ds:  # no shared tiles: their knobs do not apply
-                ds = tuple(d for d in ds if not d.startswith(("NBUF", "SMEM_", "PREFETCH")))
+                ds = tuple(d for d in ds if not d.startswith(("BUFFERS", "SMEM_", "PREFETCH")))
             elif "SMEM_PAIRS" in ds:  # with smem_halves too: refused by the registry anyway
                 ds = tuple(d for d in ds if d != "SMEM_HALVES")
         if (op, v.name) == ("attention", "flash") and p.shader:

@@ -32,9 +32,9 @@ def gemm_defines(
     bk: int, nbuf: int, threads: int, mma_n: int, extra: tuple[str, ...] = ()
 ) -> tuple[str, ...]:
     """The defines engine.backends.vulkan.kernels.programs gives the resident GEMM."""
-    d = (f"BK={bk}", f"WG_THREADS={threads}", f"MMA_N={mma_n}", *extra)
+    d = (f"BK={bk}", f"THREADS={threads}", f"MMA_N={mma_n}", *extra)
     if "DIRECT" not in extra:
-        d += (f"NBUF={nbuf}",)
+        d += (f"BUFFERS={nbuf}",)
     return tuple(sorted(d))
 
 
