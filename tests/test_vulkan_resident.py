@@ -25,7 +25,7 @@ from engine.backends.vulkan.kernels import all_builds
 from engine.backends.vulkan.resident import kpad
 from engine.errors import ConfigError
 from engine.tuning import TuningConfig
-from engine.tuning.kernels.vulkan import QUANT_TYPES
+from engine.tuning.variants.vulkan import QUANT_TYPES
 from tests.backend_contract import BackendContract
 from tests.op_cases import dense
 from tests.test_vulkan_coopmat import CAPS, COOPMAT_SHAPE, capabilities, h200_like

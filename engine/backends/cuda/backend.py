@@ -45,7 +45,7 @@ from engine.backends.cuda.prefill import (
     CudaPrefillOps,
 )
 from engine.errors import BackendUnavailable, EngineError, UnsupportedError
-from engine.tuning.kernels.cuda import ALL_TYPES, CUDA_BLOCK_TYPES
+from engine.tuning.variants.cuda import ALL_TYPES, CUDA_BLOCK_TYPES
 
 if TYPE_CHECKING:
     from collections.abc import Callable

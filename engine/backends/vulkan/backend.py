@@ -37,7 +37,7 @@ from engine.backends.vulkan.pipelines import Pipeline, Pipelines
 from engine.backends.vulkan.resident import ResidentPrefill
 from engine.backends.vulkan.stream import GraphKey, Stream
 from engine.errors import ConfigError, EngineError, KernelCompileError, UnsupportedError
-from engine.tuning.kernels.vulkan import QUANT_TYPES
+from engine.tuning.variants.vulkan import QUANT_TYPES
 
 if TYPE_CHECKING:
     from collections.abc import Callable
