@@ -21,7 +21,7 @@
 // Scratch (h V head, t token of the call): W [Hv, T, dv], Y, GQ, GK [Hv, T, dk],
 // P [Hv, T, CHUNK], GL [Hv, NC] (G_L per chunk).
 #if !defined(NW) || !defined(MAX_DK) || !defined(STATE_T) || !defined(CHUNK)
-#error "delta_net_chunked.cu needs NW, MAX_DK, STATE_T and CHUNK (engine/tuning/kernels/cuda_hybrid.py)"
+#error "delta_net_chunked.cu needs NW, MAX_DK, STATE_T and CHUNK (engine/tuning/variants/cuda_hybrid.py)"
 #endif
 // delta_net.cu's PF (decode here is one token: nothing to fetch ahead)
 #ifndef PF

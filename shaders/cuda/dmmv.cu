@@ -2,7 +2,7 @@
 //
 //   Y[t, n] = sum_k X[t, k] * W[n, k]     X [T, K] float32, W [N, K] GGML blocks, Y [T, N] float32
 //
-// Variants (engine/tuning/kernels/cuda.py):
+// Variants (engine/tuning/variants/cuda/):
 //   matmul_decode.dmmv          T == 1: COLS = 1, K-parallel (TPR threads split each row)
 //   matmul_batched.dmmv_kpar    1 < T: COLS columns per launch (max_cols), K-parallel
 //   matmul_batched.dmmv_serial  1 < T: COLS columns, one thread walks a whole row (TPR = 1),
@@ -19,7 +19,7 @@
 // No defaults: three variants with different defaults build this file, so every tunable comes
 // from the registry (engine.backends.cuda.kernels.modules_for), and a build without one fails.
 #if !defined(ROWS) || !defined(TPR) || !defined(COLS) || !defined(VEC) || !defined(RPT)
-#error "dmmv.cu needs ROWS, TPR, COLS, VEC and RPT (engine/tuning/kernels/cuda.py)"
+#error "dmmv.cu needs ROWS, TPR, COLS, VEC and RPT (engine/tuning/variants/cuda/)"
 #endif
 
 // Sum each of the S partials of a thread-row over its TPR threads; result in the row's lane 0.

@@ -26,7 +26,7 @@
 #endif
 
 #if !defined(MAX_DK) || !defined(STATE_T) || !defined(DCL) || !defined(DG)
-#error "dn_clu.cu needs MAX_DK, STATE_T, DCL and DG (engine/tuning/kernels/cuda_hybrid.py)"
+#error "dn_clu.cu needs MAX_DK, STATE_T, DCL and DG (engine/tuning/variants/cuda_hybrid.py)"
 #endif
 #if DG != 8 && DG != 16 && DG != 32
 #error "DG (lanes per state column) must be 8, 16 or 32"

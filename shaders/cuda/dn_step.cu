@@ -9,7 +9,7 @@
 // outputs, which the other blocks wrote and fenced, and writes the gated row.
 // Compiled with the delta_net variant's NW, MAX_DK and STATE_T (one token: no prefetch ring).
 #if !defined(NW) || !defined(MAX_DK) || !defined(STATE_T)
-#error "dn_step.cu needs NW, MAX_DK and STATE_T (engine/tuning/kernels/cuda_hybrid.py)"
+#error "dn_step.cu needs NW, MAX_DK and STATE_T (engine/tuning/variants/cuda_hybrid.py)"
 #endif
 #include "delta_net.cu"
 

@@ -16,7 +16,7 @@
 //   moe_scatter  y[order[i]] = ys[i]: back to pair order for moe_combine.
 // Tunables (defines): ROWS, TPR, VEC as moe.cu (rows_per_block, threads_per_row, vec), TILE_P.
 #if !defined(ROWS) || !defined(TPR) || !defined(VEC) || !defined(TILE_P)
-#error "moe_grouped.cu needs ROWS, TPR, VEC and TILE_P (engine/tuning/kernels/cuda_hybrid.py)"
+#error "moe_grouped.cu needs ROWS, TPR, VEC and TILE_P (engine/tuning/variants/cuda_hybrid.py)"
 #endif
 #define COLS TILE_P  // a tile's pairs are the batched DMMV's columns
 #define RPT 1

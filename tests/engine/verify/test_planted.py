@@ -103,7 +103,7 @@ def test_planted_vulkan_sources_compile(name, tmp_path, monkeypatch):
     other SPIR-V than the shipped build, which the same cache keeps apart."""
     from engine.backends.vulkan.kernels import all_builds
     from engine.precompile import vulkan_builds
-    from engine.tuning.kernels.vulkan import QUANT_TYPES
+    from engine.tuning.variants.vulkan import QUANT_TYPES
 
     monkeypatch.setenv("FLEETTUNE_SPIRV_CACHE", str(tmp_path / "cache"))
     keys = {b: spirv.build_key(*b) for b in all_builds()}

@@ -15,7 +15,7 @@ import pytest
 from engine.backends.cuda import kernels
 from engine.backends.cuda.device import device_class
 from engine.tuning import REGISTRY, TuningConfig
-from engine.tuning.kernels.cuda import ALL_TYPES
+from engine.tuning.variants.cuda import ALL_TYPES
 
 CU_FILES = [
     "dmmv.cu", "dequant.cu", "elementwise.cu", "attention.cu", "mmq.cu", "mmvw.cu",
@@ -89,7 +89,7 @@ def test_decode_launch_features_need_hopper(variant, knob, value):
 
 def test_registry_module_imports_no_cupy():
     code = (
-        "import sys; import engine.tuning.kernels.cuda, engine.backends.cuda; "
+        "import sys; import engine.tuning.variants.cuda, engine.backends.cuda; "
         "print('cupy' in sys.modules)"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -332,7 +332,7 @@ def test_stream_plan_and_launches(tiny_model_factory, split):
 def test_q4k_kernel_takes_the_all_q4k_launches(tiny_model_factory):
     """matmul_decode.q4k_kernel: an mmvw launch of Q4_K matrices only runs mmvw_q4k (same
     signature, checked by the fake); a launch with another type keeps mmvw."""
-    from engine.backends.cuda.backend import _QT
+    from engine.backends.cuda.decode_matmul import _QT
 
     be, launches, _ = _decode_launches(tiny_model_factory, BASE | {"matmul_decode.q4k_kernel": 1})
     kinds = Counter(launch.kernel for launch in launches)

@@ -21,7 +21,7 @@ FLOAT_ERR = 1e-9
 
 BLOCK_QTYPES = ["Q8_0", "Q5_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"]
 MMVF = {"matmul_decode.variant": "mmvf"}
-# Each value of each knob at least once (registry: engine/tuning/kernels/cuda.py).
+# Each value of each knob at least once (registry: engine/tuning/variants/cuda/).
 MMVF_CONFIGS = [
     ("defaults", {}),
     ("t8-r4-u4-w2-wl1-mb4", {"threads_per_row": 8, "rows_per_thread": 4, "unroll": 4,

@@ -24,7 +24,7 @@ from engine.backends.vulkan.kernels import all_builds
 from engine.device_info import DeviceInfo
 from engine.errors import ConfigError
 from engine.tuning import TuningConfig
-from engine.tuning.kernels.vulkan import COOPMAT_SHAPE, QUANT_TYPES
+from engine.tuning.variants.vulkan import COOPMAT_SHAPE, QUANT_TYPES
 from tests.backend_contract import BackendContract
 from tests.engine.backends.vulkan.test_vulkan_helpers import (
     coopmat_fixture,

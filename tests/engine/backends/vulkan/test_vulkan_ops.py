@@ -605,7 +605,7 @@ def test_block_variant_constraints(vb):
 
 
 def test_registry_tells_the_truth_about_quant_types(vb):
-    from engine.tuning.kernels.vulkan import QUANT_TYPES
+    from engine.tuning.variants.vulkan import QUANT_TYPES
 
     for op in ("matmul_decode", "matmul_prefill", "embedding"):
         for q in QUANTS:

@@ -25,7 +25,7 @@ from engine.backends.vulkan.kernels import all_builds
 from engine.backends.vulkan.resident import kpad
 from engine.errors import ConfigError
 from engine.tuning import TuningConfig
-from engine.tuning.kernels.vulkan import QUANT_TYPES
+from engine.tuning.variants.vulkan import QUANT_TYPES
 from tests.backend_contract import BackendContract
 from tests.engine.backends.vulkan.test_vulkan_coopmat import (
     CAPS,

@@ -1,20 +1,18 @@
 """The CUDA backend's kernels of the hybrid models (engine/hybrid.py: gated delta-net, gated
 attention, MoE): shaders/cuda/delta_net.cu, delta_net_chunked.cu, moe.cu, moe_grouped.cu and
-hybrid.cu, run by engine/backends/cuda/hybrid.py. Plain data, like engine.tuning.kernels.cuda.
+hybrid.cu, run by engine/backends/cuda/hybrid.py. Plain data, like engine.tuning.variants.cuda.
 
 Op, variant and knob names are the Vulkan backend's where it has the op (one name, one meaning
 across backends): delta_net.sequential and .chunked (state_transposed, max_dk, chunk),
 moe_experts.dmmv and .grouped (tile_pairs), router_topk, ssm_conv, ssm_gates, sigmoid_mul.
 CUDA's own launch knobs keep CUDA's names (threads, warps, rows_per_block, threads_per_row, vec),
-as in engine.tuning.kernels.cuda.
+as in engine.tuning.variants.cuda.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from engine.tuning.kernels.cuda import ALL_TYPES
-from engine.tuning.kernels.vulkan import DELTA_NET_CHUNKS
 from engine.tuning.registry import (
     OWN,
     PUSHED,
@@ -24,6 +22,8 @@ from engine.tuning.registry import (
     Variant,
     define,
 )
+from engine.tuning.variants.cuda import ALL_TYPES
+from engine.tuning.variants.vulkan import DELTA_NET_CHUNKS
 
 B = "cuda"
 # Helper modules that a variant's knobs shape besides its own source: delta_net.fuse_decode's
