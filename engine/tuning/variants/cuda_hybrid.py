@@ -71,7 +71,7 @@ _DN_FUSE = Param(
 # fuse_conv on by default: H200, 2026-12-01 (sixth session's early call, qwen35moe 35B-A3B synth:
 # hdec_all_rv_ws, this with moe_experts.route_vec, down_wsum and fuse_norm, tg128 261.5 against
 # the default's 224.3, validate PASS at the default's KLD 4.98e-5; bit-identical to the two
-# launches in tests/test_cuda_dn_conv.py).
+# launches in tests/engine/backends/cuda/test_cuda_dn_conv.py).
 _DN_FUSE_CONV = Param(
     "fuse_conv",
     (0, 1),
@@ -84,8 +84,10 @@ _DN_FUSE_CONV = Param(
 )
 # fuse_ba on by default: H200, 2026-12-01 (helper hdec's second call, qwen35 9B synth, tg128 after
 # a 64-token prompt, one process): 222.2 tok/s against 213.6 off; per-kernel decode time (queued)
-# mmvf 132 -> 108 launches a token, 2,885 -> 2,693 us; bit-identical (tests/test_cuda_dn_conv.py
-# on the H200) and validate config 18 of tests/test_cuda_hybrid.py passed with it.
+# mmvf 132 -> 108 launches a token, 2,885 -> 2,693 us; bit-identical
+# (tests/engine/backends/cuda/test_cuda_dn_conv.py
+# on the H200) and validate config 18 of tests/engine/backends/cuda/test_cuda_hybrid.py passed with
+# it.
 _DN_FUSE_BA = Param(
     "fuse_ba",
     (0, 1),
@@ -261,7 +263,8 @@ _MOE_DECODE = (
     # topk_regs on by default: the same ids and weights as 0 by construction (same rounds,
     # comparisons and ties), so validate's verdict is 0's; H200, 2026-12-01 (helper moedec's
     # checkpoint, bench/bench_moe_dec.py at the 35B-A3B's shape): NMSE against NumPy 1.1e-14
-    # with and without it (tests/test_cuda_moe_dec.py checks the bits, ties included)
+    # with and without it (tests/engine/backends/cuda/test_cuda_moe_dec.py checks the bits, ties
+    # included)
     Param(
         "topk_regs",
         (0, 1),

@@ -23,7 +23,7 @@ def _knob_needs_cc(variant: str, knob: str, cc: int, why: str = "") -> Constrain
 # A gated delta-net layer's input projections (q/k/v, the output gate z, beta and alpha) feed
 # its recurrent state, which carries their rounding into every later token: in NumPy with
 # exactly CUDA's Q8_1 rounding, keeping them float takes the tiny qwen35 from KLD 0.023 (past
-# the int8 budget) to 0.004 (tests/test_hybrid.py). Both int8 decode variants have the knob.
+# the int8 budget) to 0.004 (tests/engine/test_hybrid.py). Both int8 decode variants have the knob.
 _FLOAT_SSM_IN = Param(
     "float_ssm_in",
     (0, 1),

@@ -4,7 +4,8 @@ Imports nothing from the Vulkan binding: the agent reads this on head nodes with
 Each knob's binding says how it reaches the shader; VulkanBackend builds pipelines by a loop over
 them. Most are specialization constants of a shader in shaders/vulkan (a new value is a new
 pipeline, not a new SPIR-V build; the shader's default for each equals the registry's, checked
-by tests/test_knob_bindings.py); ``matmul_prefill.vec4`` and ``.bk`` are defines (new SPIR-V
+by tests/engine/tuning/test_knob_bindings.py); ``matmul_prefill.vec4`` and ``.bk`` are defines (new
+SPIR-V
 builds); ``subgroup_size`` is set at pipeline creation; ``submit.*`` shapes command recording;
 the grid sizes ``attention.splits``/``splits_prefill`` and ``argmax.slices`` are push constants.
 Constraints read the device from DeviceInfo (``subgroup_size`` and ``extra``: limits and

@@ -29,7 +29,7 @@ _SPLITS = (1, 2, 4, 8, 16, 32, 64)  # <= MAX_SPLITS of attention_split.comp
 
 # split first, so it is the default: decode launches H * splits workgroups instead of H (28 on a
 # 7B model against 132 SMs of an H200), and it is exact for every T, GQA ratio and head dim the
-# online kernel handles (tests/test_backend_ops.py runs both against NumPy).
+# online kernel handles (tests/engine/backends/test_backend_ops.py runs both against NumPy).
 REGISTRY.register(
     B,
     "attention",
