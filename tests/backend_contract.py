@@ -3,7 +3,7 @@ float64 NumPy formula on random shapes that include sizes that are not multiples
 column tile or block, and size-1 dims. Each backend's op suite subclasses it, naming its backend
 and how it plants canaries around outputs:
 
-    class TestVulkanContract(BackendContract):   # tests/test_vulkan_ops.py
+    class TestVulkanContract(BackendContract):   # tests/engine/backends/vulkan/test_vulkan_ops.py
         backend = "vulkan"
 
 Checks per op: NMSE under the op's limit, no NaN/Inf, exact output shape, inputs left unchanged,

@@ -1,7 +1,8 @@
 """Helpers shared by the CUDA decode GPU tests (test_cuda_mmvw_q4k.py, test_cuda_mmvw_stream.py,
 test_cuda_attn_decode.py, test_cuda_norm_decode.py): one decode matmul or one launch of three
 matrices with canaries around the outputs, and whole tiny models that must decode alike or pass
-validate. The backend and ``cp`` are arguments: tests/test_cuda_decode_host.py runs the matmul
+validate. The backend and ``cp`` are arguments: tests/engine/backends/cuda/test_cuda_decode_host.py
+runs the matmul
 helpers on tests/cuda_fake.py's FakeCuda (NumPy standing in for CuPy)."""
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from engine.gguf_model import QTensor
+from tests.engine.backends.cuda.test_cuda_ops import PROMPT, _model, cfg, guarded
 from tests.op_cases import dense
-from tests.test_cuda_ops import PROMPT, _model, cfg, guarded
 
 MMVW = {"matmul_decode.variant": "mmvw"}
 

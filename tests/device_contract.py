@@ -1,6 +1,6 @@
 """The device contract (engine.backends.base.Backend: list_devices, open, device_info,
 memory_report, set_profiling / profile, close) as one test class. Each backend's suite
-subclasses it (tests/test_device_contract.py):
+subclasses it (tests/engine/backends/test_device_contract.py):
 
     class TestVulkanDevice(DeviceContract):
         backend = "vulkan"

@@ -4,7 +4,8 @@ every block of a cluster runs at once, its CUDA threads as std::threads (threadI
 thread-local); __syncthreads is a block barrier, __syncwarp and each warp shuffle a warp barrier
 around a slot per lane, the cluster barrier one over the cluster's threads, each block's shared
 memory its own DncShared (the kernel's DNC_EMUL hooks) and a distributed shared memory load the
-same offset in another block's. Used by tests/test_dn_clu_host.py against the NumPy reference."""
+same offset in another block's. Used by tests/engine/backends/cuda/test_dn_clu_host.py against the
+NumPy reference."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """A NumPy backend whose batched prefill matmul computes like CUDA's default staged GEMM (numeric
 class fp16): for chunks of at least ``gemm_min_t`` tokens, activations and dequantized weights
 rounded to float16, then a float64 product. A correct variant, not a bug: validate must pass it
-under the fp16 budget (tests/test_validate_routing.py)."""
+under the fp16 budget (tests/engine/verify/test_validate_routing.py)."""
 
 from __future__ import annotations
 

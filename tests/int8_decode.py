@@ -5,7 +5,8 @@ float64 product with the dequantized weight; with ``prefill`` every row (mmq8), 
 ``experts`` the routed experts' input and SwiGLU output (moe_q8.cu); ``float_ssm_in`` keeps a
 delta-net layer's input projections float (matmul_decode.float_ssm_in). Float weights (routers)
 stay float. A correct variant, not a bug: CUDA's int8 paths should match it to float noise
-(tests/test_cuda_hybrid.py); validate judges the rounding itself (tests/test_hybrid.py)."""
+(tests/engine/backends/cuda/test_cuda_hybrid.py); validate judges the rounding itself
+(tests/engine/test_hybrid.py)."""
 
 from __future__ import annotations
 

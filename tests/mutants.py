@@ -1,5 +1,6 @@
 """The standing mutation suite: planted bugs of the kinds that really happen, each of which the
-verifier must reject and blame on the op it lives in (tests/test_mutants.py; the table in
+verifier must reject and blame on the op it lives in (tests/engine/verify/test_mutants.py; the
+table in
 docs/verify.md; tools/verify_calibrate.py --mutants prints their numbers).
 
 NumPy bugs are planted by subclassing the reference backend (a test-only hook); Vulkan and CUDA

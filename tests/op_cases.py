@@ -1,5 +1,7 @@
-"""Op cases and helpers shared by the differential suites (tests/test_backend_ops.py for every
-backend, tests/test_vulkan_ops.py and tests/test_cuda_ops.py per variant): random quantized
+"""Op cases and helpers shared by the differential suites
+(tests/engine/backends/test_backend_ops.py for every
+backend, tests/engine/backends/vulkan/test_vulkan_ops.py and
+tests/engine/backends/cuda/test_cuda_ops.py per variant): random quantized
 weights, their float64 reference, NMSE and the output checks."""
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine.backends.vulkan import kernels as K  # noqa: E402
 from engine.backends.vulkan.spirv import compile_spirv  # noqa: E402
 from engine.tuning import REGISTRY, TuningConfig  # noqa: E402
-from engine.tuning.kernels.vulkan import QUANT_TYPES  # noqa: E402
+from engine.tuning.variants.vulkan import QUANT_TYPES  # noqa: E402
 from tests.planted import patches, planted  # noqa: E402
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Pool the per-pair noise of recorded GPU trials for the A/A simulation in tests/test_aa.py.
+"""Pool the per-pair noise of recorded GPU trials for the A/A simulation in tests/agent/test_aa.py.
 
 For every measured trial of the given Optuna storages and every objective, the per-pair log
 ratios log(candidate_i / best_i) are centred on their trial's mean (which removes the real

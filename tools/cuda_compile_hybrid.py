@@ -2,7 +2,7 @@
 """Compile every knob combination of every variant of the hybrids' CUDA modules (delta_net.cu,
 delta_net_chunked.cu, moe.cu, moe_grouped.cu, moe_tc.cu, hybrid.cu) with nvcc to PTX: a compile
 check on a machine without a GPU (the sources are inlined as NVRTC sees them: no include path;
-the planted bugs' patched sources compile in tests/test_planted.py).
+the planted bugs' patched sources compile in tests/engine/verify/test_planted.py).
 
     python tools/cuda_compile_hybrid.py [--nvcc /usr/local/cuda/bin/nvcc] [--arch sm_90] [--json]
 """

@@ -30,44 +30,132 @@ ROOT = Path(__file__).resolve().parent.parent
 # suite -> (file, marker expression, -k expression or None)
 SUITES: dict[str, list[tuple[str, str, str | None]]] = {
     "cuda": [  # most telling first: a caller short of time keeps the files done (--out)
-        ("tests/test_cuda_ops.py", "gpu", None),  # with the shared contract (TestCudaContract)
-        ("tests/test_mutants.py", "gpu", "cuda"),  # the CUDA planted bugs, each rejected
-        ("tests/test_device_contract.py", "gpu", "Cuda"),  # the device contract on CUDA
-        ("tests/test_cuda_decode_fused.py", "gpu", None),  # mmvw, rope_kv, the fused ops
-        ("tests/test_cuda_hybrid.py", "gpu", None),  # delta-net, conv, MoE kernels and models
-        ("tests/test_cuda_pdl.py", "gpu", None),  # programmatic dependent launch
-        ("tests/test_cuda_mmvf.py", "gpu", None),  # the float decode GEMV (the default)
-        ("tests/test_cuda_moe_dec.py", "gpu", None),  # the fused MoE decode
-        ("tests/test_cuda_dn_step.py", "gpu", None),  # the fused delta-net decode step
-        ("tests/test_cuda_dn_conv.py", "gpu", None),  # conv-folded step, stacked b/a, MoE norm
-        ("tests/test_cuda_qk_prep.py", "gpu", None),  # q/k norm + partial RoPE in one launch
-        ("tests/test_cuda_attn_decode.py", "gpu", None),  # attention_decode.gqa, .tile
-        ("tests/test_cuda_norm_decode.py", "gpu", None),  # rms_norm.block
-        ("tests/test_cuda_mmvf_glu.py", "gpu", None),  # mmvf fuse_swiglu (mmvf_glu)
-        ("tests/test_cuda_moe_drift.py", "gpu", None),  # tc under drift-explained routing
-        ("tests/test_cuda_mmvw_stream.py", "gpu", None),  # mmvw_stream (matmul_decode.stream)
-        ("tests/test_cuda_mmvw_q4k.py", "gpu", None),  # q4k_lean, q4k_kernel (mmvw_q4k)
-        ("tests/test_cuda_backend.py", "gpu or not gpu", None),
-        ("tests/test_cuda_attn_vec.py", "gpu", None),  # attention_decode.vec
-        ("tests/test_cuda_dn_clu.py", "gpu", None),  # delta_net.step_cluster (dn_clu.cu)
-        ("tests/test_memory.py", "gpu", None),  # the footprint with and without resident
+        (
+            "tests/engine/backends/cuda/test_cuda_ops.py",
+            "gpu",
+            None,
+        ),  # with the shared contract (TestCudaContract)
+        (
+            "tests/engine/verify/test_mutants.py",
+            "gpu",
+            "cuda",
+        ),  # the CUDA planted bugs, each rejected
+        (
+            "tests/engine/backends/test_device_contract.py",
+            "gpu",
+            "Cuda",
+        ),  # the device contract on CUDA
+        (
+            "tests/engine/backends/cuda/test_cuda_decode_fused.py",
+            "gpu",
+            None,
+        ),  # mmvw, rope_kv, the fused ops
+        (
+            "tests/engine/backends/cuda/test_cuda_hybrid.py",
+            "gpu",
+            None,
+        ),  # delta-net, conv, MoE kernels and models
+        (
+            "tests/engine/backends/cuda/test_cuda_pdl.py",
+            "gpu",
+            None,
+        ),  # programmatic dependent launch
+        (
+            "tests/engine/backends/cuda/test_cuda_mmvf.py",
+            "gpu",
+            None,
+        ),  # the float decode GEMV (the default)
+        ("tests/engine/backends/cuda/test_cuda_moe_dec.py", "gpu", None),  # the fused MoE decode
+        (
+            "tests/engine/backends/cuda/test_cuda_dn_step.py",
+            "gpu",
+            None,
+        ),  # the fused delta-net decode step
+        (
+            "tests/engine/backends/cuda/test_cuda_dn_conv.py",
+            "gpu",
+            None,
+        ),  # conv-folded step, stacked b/a, MoE norm
+        (
+            "tests/engine/backends/cuda/test_cuda_qk_prep.py",
+            "gpu",
+            None,
+        ),  # q/k norm + partial RoPE in one launch
+        (
+            "tests/engine/backends/cuda/test_cuda_attn_decode.py",
+            "gpu",
+            None,
+        ),  # attention_decode.gqa, .tile
+        ("tests/engine/backends/cuda/test_cuda_norm_decode.py", "gpu", None),  # rms_norm.block
+        (
+            "tests/engine/backends/cuda/test_cuda_mmvf_glu.py",
+            "gpu",
+            None,
+        ),  # mmvf fuse_swiglu (mmvf_glu)
+        (
+            "tests/engine/backends/cuda/test_cuda_moe_drift.py",
+            "gpu",
+            None,
+        ),  # tc under drift-explained routing
+        (
+            "tests/engine/backends/cuda/test_cuda_mmvw_stream.py",
+            "gpu",
+            None,
+        ),  # mmvw_stream (matmul_decode.stream)
+        (
+            "tests/engine/backends/cuda/test_cuda_mmvw_q4k.py",
+            "gpu",
+            None,
+        ),  # q4k_lean, q4k_kernel (mmvw_q4k)
+        ("tests/engine/backends/cuda/test_cuda_backend.py", "gpu or not gpu", None),
+        ("tests/engine/backends/cuda/test_cuda_attn_vec.py", "gpu", None),  # attention_decode.vec
+        (
+            "tests/engine/backends/cuda/test_cuda_dn_clu.py",
+            "gpu",
+            None,
+        ),  # delta_net.step_cluster (dn_clu.cu)
+        ("tests/agent/test_memory.py", "gpu", None),  # the footprint with and without resident
     ],
     "vulkan": [
-        ("tests/test_vulkan_ops.py", "not gpu and not slow", None),  # with TestVulkanContract
-        ("tests/test_vulkan_backend.py", "not gpu and not slow", None),
-        ("tests/test_vulkan_model.py", "not gpu and not slow", None),
-        ("tests/test_vulkan_mmvw.py", "not gpu and not slow", None),
-        ("tests/test_vulkan_hybrid.py", "not gpu and not slow", None),
-        ("tests/test_vulkan_delta_net.py", "not gpu and not slow", None),
-        ("tests/test_vulkan_helpers.py", "not gpu and not slow", None),
-        ("tests/test_vulkan_coopmat.py", "gpu or not gpu", None),  # cooperative matrix: GPU
-        ("tests/test_vulkan_resident.py", "gpu or not gpu", None),
-        ("tests/test_vulkan_flash.py", "gpu or not gpu", None),  # attention.flash
-        ("tests/test_vulkan_resident_split.py", "gpu or not gpu", None),  # split_groups
-        ("tests/test_vulkan_stream_ahead.py", "not gpu and not slow", None),  # prefill_ahead
-        ("tests/test_vulkan_fuse_x16.py", "gpu or not gpu", None),  # fuse_x16
-        ("tests/test_vulkan_fused_norm.py", "not gpu and not slow", None),
-        ("tests/test_device_contract.py", "not gpu", "Vulkan"),
+        (
+            "tests/engine/backends/vulkan/test_vulkan_ops.py",
+            "not gpu and not slow",
+            None,
+        ),  # with TestVulkanContract
+        ("tests/engine/backends/vulkan/test_vulkan_backend.py", "not gpu and not slow", None),
+        ("tests/engine/backends/vulkan/test_vulkan_model.py", "not gpu and not slow", None),
+        ("tests/engine/backends/vulkan/test_vulkan_mmvw.py", "not gpu and not slow", None),
+        ("tests/engine/backends/vulkan/test_vulkan_hybrid.py", "not gpu and not slow", None),
+        ("tests/engine/backends/vulkan/test_vulkan_delta_net.py", "not gpu and not slow", None),
+        ("tests/engine/backends/vulkan/test_vulkan_helpers.py", "not gpu and not slow", None),
+        (
+            "tests/engine/backends/vulkan/test_vulkan_coopmat.py",
+            "gpu or not gpu",
+            None,
+        ),  # cooperative matrix: GPU
+        ("tests/engine/backends/vulkan/test_vulkan_resident.py", "gpu or not gpu", None),
+        (
+            "tests/engine/backends/vulkan/test_vulkan_flash.py",
+            "gpu or not gpu",
+            None,
+        ),  # attention.flash
+        (
+            "tests/engine/backends/vulkan/test_vulkan_resident_split.py",
+            "gpu or not gpu",
+            None,
+        ),  # split_groups
+        (
+            "tests/engine/backends/vulkan/test_vulkan_stream_ahead.py",
+            "not gpu and not slow",
+            None,
+        ),  # prefill_ahead
+        (
+            "tests/engine/backends/vulkan/test_vulkan_fuse_x16.py",
+            "gpu or not gpu",
+            None,
+        ),  # fuse_x16
+        ("tests/engine/backends/vulkan/test_vulkan_fused_norm.py", "not gpu and not slow", None),
+        ("tests/engine/backends/test_device_contract.py", "not gpu", "Vulkan"),
     ],
 }
 KEYS = ("passed", "failed", "errors", "skipped")

@@ -6,7 +6,8 @@ H query heads, Hkv key/value heads, D head dimension, V vocabulary, S KV-cache c
 
 A backend owns its tensors (``Tensor`` is opaque to the model: a NumPy array, a CuPy array, a
 Vulkan buffer). The model code in ``engine.model`` only calls the methods below, so a new backend
-is a new subclass; ``tests/test_backend_ops.py`` runs every op of every backend against NumPy.
+is a new subclass; ``tests/engine/backends/test_backend_ops.py`` runs every op of every backend
+against NumPy.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 They are generated between marker comments (engine.doc_block) by
 ``python -m engine kernels --backend B --markdown --write docs/B.md``, so the tables cannot drift
-from the declarations: tests/test_docs_generated.py fails on a registry change that forgot them
+from the declarations: tests/tools/test_docs_generated.py fails on a registry change that forgot
+them
 and names that command. Prose that explains why stays outside the markers."""
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ config out before it compiles.
 
 Copies are named: two variants keeping the same copy (NumPy's decode and prefill float32 cache)
 count it once. Measured against engine.backends' memory_report on the tiny model in
-tests/test_memory.py.
+tests/agent/test_memory.py.
 """
 
 from __future__ import annotations

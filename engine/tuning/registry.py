@@ -2,7 +2,7 @@
 values and constraints here, once. Backends read their knobs from a TuningConfig checked against
 it; the agent builds its search space from it; "supported" is derived from it.
 
-Declarations live in ``engine/tuning/kernels/<backend>.py`` as plain data (no GPU imports), so
+Declarations live in ``engine/tuning/variants/<backend>`` as plain data (no GPU imports), so
 the agent can read the whole space on a head node that has no GPU library installed.
 """
 
@@ -288,4 +288,4 @@ class Registry:
         return any(v.quant_types is None or quant_type in v.quant_types for v in entry.variants)
 
 
-REGISTRY = Registry()  # filled by engine.tuning (the package) importing engine.tuning.kernels.*
+REGISTRY = Registry()  # filled by engine.tuning (the package) importing engine.tuning.variants.*

@@ -3,7 +3,7 @@
 //   out[t, h] = softmax_l(q[t, h] . K[l, h / G] / sqrt(D)) V[l, h / G],  l <= pos0 + t
 //   q [T, H, D], cache [S, Hkv, D], G = H / Hkv
 //
-// Variants (engine/tuning/kernels/cuda.py):
+// Variants (engine/tuning/variants/cuda/):
 //   attention_decode.split     attn_split + attn_combine: keys cut into SPLITS ranges (a fixed
 //                              count, so one captured graph serves every position), WARPS warps
 //                              walk a range (one warp per key, lanes over D, online softmax),

@@ -1,5 +1,5 @@
 // attention_gemm.cu: causal GQA prefill attention on tensor cores through cuBLAS
-// (attention_prefill.gemm, engine/tuning/kernels/cuda.py; host side CudaBackend._attn_gemm).
+// (attention_prefill.gemm, engine/tuning/variants/cuda/; host side CudaBackend._attn_gemm).
 //
 //   out[t, h] = softmax_l(q[t, h] . K[l, h / G] * scale) V[l, h / G],  l <= pos0 + t
 //

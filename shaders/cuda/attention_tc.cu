@@ -1,5 +1,5 @@
 // attention_tc.cu: causal GQA prefill attention in one kernel on fp16 tensor cores
-// (attention_prefill.flash_tc, engine/tuning/kernels/cuda.py; mma.sync m16n8k16, sm_80+).
+// (attention_prefill.flash_tc, engine/tuning/variants/cuda/; mma.sync m16n8k16, sm_80+).
 //
 //   out[t, h] = softmax_l(q[t, h] . K[l, h / G] / sqrt(D)) V[l, h / G],  l <= pos0 + t
 //   q [T, H, D], cache [S, Hkv, D] float32, out [T, H, D] float32 (and, outh non-null, its

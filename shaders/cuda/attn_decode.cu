@@ -3,7 +3,7 @@
 //
 //   out[h] = softmax_l(q[h] . K[l, h / G] / sqrt(D)) V[l, h / G],  l <= pos,  G = H / Hkv
 //
-// Variant (engine/tuning/kernels/cuda.py): attention_decode.gqa. attn_split / attn_split_kw
+// Variant (engine/tuning/variants/cuda/): attention_decode.gqa. attn_split / attn_split_kw
 // (attention.cu) take one q head per block, so each of a group's G heads reads the group's K and
 // V again (6x on a 12q/2kv model) and a block walks its range in a chain of dependent load ->
 // reduce -> softmax steps. Here a block stages a tile of KT = 32 keys' K and V rows in shared

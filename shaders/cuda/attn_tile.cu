@@ -4,7 +4,7 @@
 //
 //   out[h] = softmax_l(q[h] . K[l, h / G] / sqrt(D)) V[l, h / G],  l <= pos,  G = H / Hkv
 //
-// Variant (engine/tuning/kernels/cuda.py): attention_decode.tile. Why not split / split_kw /
+// Variant (engine/tuning/variants/cuda/): attention_decode.tile. Why not split / split_kw /
 // gqa: those walk a key range in a chain of dependent steps (load a key, reduce, exp, load its
 // V: two memory round trips per step, ~5 steps a block at 550 keys), so a call costs ~15 us at
 // any context. Here:

@@ -2,7 +2,7 @@
 // launch (fewer graph nodes per token). Each computes what the ops it replaces compute, with the
 // same arithmetic in the same order.
 //
-// Variants (engine/tuning/kernels/cuda.py): argmax.multi; the knob rope.fuse_kv and the int8
+// Variants (engine/tuning/variants/cuda/): argmax.multi; the knob rope.fuse_kv and the int8
 // decode paths (matmul_decode.mmvq / mmvw) pick the others:
 //   rope_kv          q, k, v (+ their biases) -> RoPE of q (out) and of k, k and v written into
 //                    the cache: the three bias adds, two ropes and kv_write of a layer

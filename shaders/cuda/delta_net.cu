@@ -10,7 +10,7 @@
 // seed's fixed kernel shape; its bug (lanes over the wrong axis: S k) is planted as
 // DELTA_NET_SK (tests/planted).
 //
-// Variant: delta_net.sequential (engine/tuning/kernels/cuda_hybrid.py). Tunables (defines):
+// Variant: delta_net.sequential (engine/tuning/variants/cuda_hybrid.py). Tunables (defines):
 //   WARPS       warps (state columns) per block; grid (ceil(dv / WARPS), Hv)
 //   MAX_DK   the register array of a column (MAX_DK / 32 per lane), >= dk (the host checks)
 //   STATE_TRANSPOSED  layout of the state between calls: 0 S [dk, dv] (lanes of a warp read a column:
@@ -27,7 +27,7 @@
 #include "common.cuh"
 
 #if !defined(WARPS) || !defined(MAX_DK) || !defined(STATE_TRANSPOSED)
-#error "delta_net.cu needs WARPS, MAX_DK and STATE_TRANSPOSED (engine/tuning/kernels/cuda_hybrid.py)"
+#error "delta_net.cu needs WARPS, MAX_DK and STATE_TRANSPOSED (engine/tuning/variants/cuda_hybrid.py)"
 #endif
 
 #define RPL (MAX_DK / 32)  // rows of a column per lane

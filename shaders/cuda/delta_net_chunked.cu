@@ -21,7 +21,7 @@
 // Scratch (h V head, t token of the call): W [Hv, T, dv], Y, GQ, GK [Hv, T, dk],
 // P [Hv, T, CHUNK], GL [Hv, NC] (G_L per chunk).
 #if !defined(WARPS) || !defined(MAX_DK) || !defined(STATE_TRANSPOSED) || !defined(CHUNK)
-#error "delta_net_chunked.cu needs WARPS, MAX_DK, STATE_TRANSPOSED and CHUNK (engine/tuning/kernels/cuda_hybrid.py)"
+#error "delta_net_chunked.cu needs WARPS, MAX_DK, STATE_TRANSPOSED and CHUNK (engine/tuning/variants/cuda_hybrid.py)"
 #endif
 // delta_net.cu's PREFETCH (decode here is one token: nothing to fetch ahead)
 #ifndef PREFETCH

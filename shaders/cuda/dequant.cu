@@ -1,6 +1,6 @@
 // dequant.cu: whole-row dequantization.
 //
-// Variants (engine/tuning/kernels/cuda.py):
+// Variants (engine/tuning/variants/cuda/):
 //   embedding.get_rows           get_rows_<type>: rows ids[t] of a quantized table -> float32
 //                                [T, K]; the ids stay on the device (the decode graph feeds
 //                                the argmax of the previous step straight in)

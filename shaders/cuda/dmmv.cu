@@ -2,7 +2,7 @@
 //
 //   Y[t, n] = sum_k X[t, k] * W[n, k]     X [T, K] float32, W [N, K] GGML blocks, Y [T, N] float32
 //
-// Variants (engine/tuning/kernels/cuda.py):
+// Variants (engine/tuning/variants/cuda/):
 //   matmul_decode.dmmv          T == 1: MAX_COLS = 1, K-parallel (THREADS_PER_ROW threads split each row)
 //   matmul_batched.dmmv_kpar    1 < T: MAX_COLS columns per launch (max_cols), K-parallel
 //   matmul_batched.dmmv_serial  1 < T: MAX_COLS columns, one thread walks a whole row (THREADS_PER_ROW = 1),
@@ -19,7 +19,7 @@
 // No defaults: three variants with different defaults build this file, so every tunable comes
 // from the registry (engine.backends.cuda.kernels.modules_for), and a build without one fails.
 #if !defined(ROWS_PER_BLOCK) || !defined(THREADS_PER_ROW) || !defined(MAX_COLS) || !defined(VEC) || !defined(ROWS_PER_THREAD)
-#error "dmmv.cu needs ROWS_PER_BLOCK, THREADS_PER_ROW, MAX_COLS, VEC and ROWS_PER_THREAD (engine/tuning/kernels/cuda.py)"
+#error "dmmv.cu needs ROWS_PER_BLOCK, THREADS_PER_ROW, MAX_COLS, VEC and ROWS_PER_THREAD (engine/tuning/variants/cuda/)"
 #endif
 
 // Sum each of the S partials of a thread-row over its THREADS_PER_ROW threads; result in the row's lane 0.

@@ -26,7 +26,7 @@
 #endif
 
 #if !defined(MAX_DK) || !defined(STATE_TRANSPOSED) || !defined(STEP_CLUSTER) || !defined(STEP_LANES)
-#error "dn_clu.cu needs MAX_DK, STATE_TRANSPOSED, STEP_CLUSTER and STEP_LANES (engine/tuning/kernels/cuda_hybrid.py)"
+#error "dn_clu.cu needs MAX_DK, STATE_TRANSPOSED, STEP_CLUSTER and STEP_LANES (engine/tuning/variants/cuda_hybrid.py)"
 #endif
 #if STEP_LANES != 8 && STEP_LANES != 16 && STEP_LANES != 32
 #error "STEP_LANES (lanes per state column) must be 8, 16 or 32"

@@ -9,7 +9,7 @@
 // outputs, which the other blocks wrote and fenced, and writes the gated row.
 // Compiled with the delta_net variant's WARPS, MAX_DK and STATE_TRANSPOSED (one token: no prefetch ring).
 #if !defined(WARPS) || !defined(MAX_DK) || !defined(STATE_TRANSPOSED)
-#error "dn_step.cu needs WARPS, MAX_DK and STATE_TRANSPOSED (engine/tuning/kernels/cuda_hybrid.py)"
+#error "dn_step.cu needs WARPS, MAX_DK and STATE_TRANSPOSED (engine/tuning/variants/cuda_hybrid.py)"
 #endif
 #include "delta_net.cu"
 

@@ -1,6 +1,6 @@
 // elementwise.cu: the small ops of the schedule.
 //
-// Variants (engine/tuning/kernels/cuda.py), one each. Tunables: launch parameters only
+// Variants (engine/tuning/variants/cuda/), one each. Tunables: launch parameters only
 // (threads per block, rows per block), so changing them never recompiles:
 //   rms_norm.warp      rms_norm: one warp per row of the last dim ([T, C] and per-head [T, H, D])
 //   add.elementwise    add_same (residual), add_bias (1-D weight broadcast over rows)

@@ -1,5 +1,5 @@
 // hybrid.cu: the small ops of the hybrid schedule (engine/hybrid.py) that are not the scan or
-// the expert matmuls. One variant each (engine/tuning/kernels/cuda_hybrid.py); tunables are launch
+// the expert matmuls. One variant each (engine/tuning/variants/cuda_hybrid.py); tunables are launch
 // parameters only (threads, rows per block), so changing them never recompiles:
 //   ssm_conv.default      ssm_conv (a thread per output element) then ssm_conv_state; with
 //                         fuse_step a one-token call is ssm_conv_step (conv and state in one)

@@ -2,7 +2,7 @@
 //
 //   Y[t, n] = sum_k X[t, k] * W[n, k]   X as fp16 [T, K], W [N, K] GGML blocks, Y [T, N] f32
 //
-// Variants (engine/tuning/kernels/cuda.py): matmul_prefill.mmq. The quantized weight tile is
+// Variants (engine/tuning/variants/cuda/): matmul_prefill.mmq. The quantized weight tile is
 // read from device memory once per block, decoded in registers (common.cuh) and written to
 // shared memory as fp16; it never exists in device memory as fp16 (the staged variant's 8x
 // weight traffic, seeds/fused-dequant-gemm.txt). A block computes a TILE_M x TILE_N tile (weight rows

@@ -4,7 +4,7 @@
 //   Y[t, n] = sum_k X[t, k] * W[n, k]   X as Q8_1 (q8.cu: xq int8 [T, K], xds float2 [T, K/32]),
 //   W [N, K] GGML blocks, Y [T, N] float32
 //
-// Variants (engine/tuning/kernels/cuda.py): matmul_prefill.mmq8. Like mmq.cu (same tiles and
+// Variants (engine/tuning/variants/cuda/): matmul_prefill.mmq8. Like mmq.cu (same tiles and
 // warp layout) but the weight tile is decoded to int8 quants (common.cuh's decoder) with a
 // float scale per 16 values of a row and an offset per 32, and the activation tile is the
 // Q8_1 int8 quants: half the shared-memory bytes per k of the fp16 kernel and no conversion

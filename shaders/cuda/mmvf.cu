@@ -3,7 +3,7 @@
 //
 //   y_i[n] = sum_k W_i[n, k] x[k] + a_i[n]   (a_i optional), i < 3, x float32 [K]
 //
-// Variant (engine/tuning/kernels/cuda.py): matmul_decode.mmvf, the CUDA default. dmmv's
+// Variant (engine/tuning/variants/cuda/): matmul_decode.mmvf, the CUDA default. dmmv's
 // arithmetic class (float32 activations, float32 products and sums: order_only) with mmvw's
 // memory shape: a group of THREADS_PER_ROW lanes (inside one warp, or THREADS_PER_ROW / 32 whole warps) walks ROWS_PER_THREAD
 // rows; a lane takes every

@@ -3,7 +3,7 @@
 //   y[n] = sum_k W[n, k] x[k]   W [N, K] GGML blocks, x as Q8_1 (q8.cu: xq int8 [K], xds
 //   float2 [K / 32] = (d, d * sum q)), y [N] float32
 //
-// Variant matmul_decode.mmvq (engine/tuning/kernels/cuda.py). A block of WARPS warps takes ROWS_PER_BLOCK
+// Variant matmul_decode.mmvq (engine/tuning/variants/cuda/). A block of WARPS warps takes ROWS_PER_BLOCK
 // weight rows; its threads walk the row's "slots" together (one activation load serves ROWS_PER_BLOCK
 // rows; the ROWS_PER_BLOCK rows' weight loads are independent, so more bytes are in flight), then the
 // block sums each row. Each slot is one 16-byte load of quants:

@@ -3,7 +3,7 @@
 //
 //   y_i[n] = sum_k W_i[n, k] x[k] + a_i[n]   (a_i optional), i < 3, x as Q8_1 (q8.cu)
 //
-// Variants (engine/tuning/kernels/cuda.py): matmul_decode.mmvw. One launch serves q, k and v (or
+// Variants (engine/tuning/variants/cuda/): matmul_decode.mmvw. One launch serves q, k and v (or
 // gate and up) of a layer reading one quantized activation, each with its own weight type, and
 // the attention-output and down projections add the residual as they store: a decode layer is
 // about ten launches instead of twenty.

@@ -5,13 +5,13 @@
 //   (router_topk's, token-major: pair p = t * k_used + j), X [P / x_div, K], Y [P, N] float32.
 // x_div = k_used for gate and up (every chosen expert of token t reads x[t]), 1 for down.
 //
-// Variant: moe_experts.dmmv (engine/tuning/kernels/cuda_hybrid.py). The kernels are the decode
+// Variant: moe_experts.dmmv (engine/tuning/variants/cuda_hybrid.py). The kernels are the decode
 // DMMV of dmmv.cu (the same block decoders and K-parallel row reduction, one column) with the
 // expert's rows picked on the device, so a captured decode graph serves every routing. Tunables
 // (defines): ROWS_PER_BLOCK weight rows per block, THREADS_PER_ROW threads splitting a row, VEC consecutive 16-weight
 // groups per thread per step. Grid (ceil(N / ROWS_PER_BLOCK), 1, pairs); pair p0 + blockIdx.z.
 #if !defined(ROWS_PER_BLOCK) || !defined(THREADS_PER_ROW) || !defined(VEC)
-#error "moe.cu needs ROWS_PER_BLOCK, THREADS_PER_ROW and VEC (engine/tuning/kernels/cuda_hybrid.py)"
+#error "moe.cu needs ROWS_PER_BLOCK, THREADS_PER_ROW and VEC (engine/tuning/variants/cuda_hybrid.py)"
 #endif
 #define MAX_COLS 1  // one token per pair
 #define ROWS_PER_THREAD 1

@@ -11,7 +11,7 @@
 //   moe_dec_down      out[t] = r[t] + (sum_j w[t, j] D_e h[t, j] + sigmoid(logits[t, E]) *
 //                     Dshared h[t, k]): the down projections, the weighted combine, the gated
 //                     shared expert and the residual add, in the op-by-op schedule's order.
-// Knob variants (moe_experts.*, engine/tuning/kernels/cuda_hybrid.py): route_vec (float4 router
+// Knob variants (moe_experts.*, engine/tuning/variants/cuda_hybrid.py): route_vec (float4 router
 // rows), topk_regs (the last block's top-k on logits held in registers, topk.cuh), route_block
 // (moe_dec_route_r: a block per router row), down_wsum (moe_dec_down_w: a weighted sum per lane),
 // down_split (moe_dec_down_s: a warp per expert slot), down_vec1, fuse_norm (the *_norm tails),
@@ -43,7 +43,7 @@ constexpr bool kWideUp = DEC_WIDE == 1, kWideDown = DEC_WIDE != 0;
 #include "topk.cuh"
 
 #if !defined(ROWS_PER_BLOCK) || !defined(THREADS_PER_ROW) || !defined(VEC)
-#error "moe_dec.cu needs ROWS_PER_BLOCK, THREADS_PER_ROW and VEC (engine/tuning/kernels/cuda_hybrid.py)"
+#error "moe_dec.cu needs ROWS_PER_BLOCK, THREADS_PER_ROW and VEC (engine/tuning/variants/cuda_hybrid.py)"
 #endif
 
 #define RENORM true

@@ -16,7 +16,7 @@
 //   moe_scatter  y[order[i]] = ys[i]: back to pair order for moe_combine.
 // Tunables (defines): ROWS_PER_BLOCK, THREADS_PER_ROW, VEC as moe.cu (rows_per_block, threads_per_row, vec), TILE_PAIRS.
 #if !defined(ROWS_PER_BLOCK) || !defined(THREADS_PER_ROW) || !defined(VEC) || !defined(TILE_PAIRS)
-#error "moe_grouped.cu needs ROWS_PER_BLOCK, THREADS_PER_ROW, VEC and TILE_PAIRS (engine/tuning/kernels/cuda_hybrid.py)"
+#error "moe_grouped.cu needs ROWS_PER_BLOCK, THREADS_PER_ROW, VEC and TILE_PAIRS (engine/tuning/variants/cuda_hybrid.py)"
 #endif
 #define MAX_COLS TILE_PAIRS  // a tile's pairs are the batched DMMV's columns
 #define ROWS_PER_THREAD 1

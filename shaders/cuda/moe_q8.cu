@@ -8,7 +8,7 @@
 //   device (router_topk's, token-major), X as Q8_1 (q8.cu): xq int8 [P / x_div, K], xds float2
 //   [P / x_div, K / 32]; Y [P, N] float32. x_div = k_used for gate / up, 1 for down.
 //
-// Variant: moe_experts.mmvq (engine/tuning/kernels/cuda_hybrid.py), numeric class
+// Variant: moe_experts.mmvq (engine/tuning/variants/cuda_hybrid.py), numeric class
 // int8_activations. mmvw.cu's work split (vecdot.cuh's slots): a group of THREADS_PER_ROW lanes inside one
 // warp walks a row, the partial sums meet by shuffles (no shared memory, no block barrier), and
 // the expert is picked on the device, so a captured decode graph serves every routing.
@@ -18,7 +18,7 @@
 #include "vecdot.cuh"
 
 #if !defined(THREADS_PER_ROW) || !defined(WARPS)
-#error "moe_q8.cu needs THREADS_PER_ROW and WARPS (engine/tuning/kernels/cuda_hybrid.py)"
+#error "moe_q8.cu needs THREADS_PER_ROW and WARPS (engine/tuning/variants/cuda_hybrid.py)"
 #endif
 #if THREADS_PER_ROW != 8 && THREADS_PER_ROW != 16 && THREADS_PER_ROW != 32
 #error "THREADS_PER_ROW must be 8, 16 or 32 (a row's lanes sit inside one warp)"

@@ -1,5 +1,5 @@
 // moe_tc.cu: the routed experts of a MoE FFN at prefill as a grouped GEMM on fp16 tensor cores
-// (moe_experts.tc, engine/tuning/kernels/cuda_hybrid.py; mma.sync m16n8k16, sm_80+).
+// (moe_experts.tc, engine/tuning/variants/cuda_hybrid.py; mma.sync m16n8k16, sm_80+).
 //
 // The (token, slot) pairs are sorted by expert and cut into tiles of <= TILE_PAIRS pairs by
 // moe_route.cuh's moe_sort (route = [n_tiles, (expert, start, count) x max_tiles, order[P]]).
@@ -22,7 +22,7 @@
 // dec_group), DIRECT (1: Q4_K experts decoded straight into mma fragments, mt_direct).
 // Grid (ceil(N / BLOCK_ROWS), max_tiles), block 128.
 #if !defined(TILE_PAIRS) || !defined(BLOCK_ROWS)
-#error "moe_tc.cu needs TILE_PAIRS and BLOCK_ROWS (engine/tuning/kernels/cuda_hybrid.py)"
+#error "moe_tc.cu needs TILE_PAIRS and BLOCK_ROWS (engine/tuning/variants/cuda_hybrid.py)"
 #endif
 #include "common.cuh"
 #include "qwide.cuh"

@@ -2,7 +2,7 @@
 // round trip: x and w are loaded together, before the reduction), optionally with the row's
 // Q8_1 blocks (the int8 decode paths' input).
 //
-// Variant (engine/tuning/kernels/cuda.py): rms_norm.block (knob threads). rms_norm.warp
+// Variant (engine/tuning/variants/cuda/): rms_norm.block (knob threads). rms_norm.warp
 // (elementwise.cu) walks a decode row of 1536-3584 values with one warp in two scalar passes;
 // q8.cu's rms_norm_q8 reads x twice with the reduction between. Here each thread takes float4
 // i = tid + r * blockDim (r < NMAX) of x and w, sums its squares in that order (rms_norm_q8's

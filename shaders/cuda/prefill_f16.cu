@@ -1,5 +1,5 @@
 // prefill_f16.cu: producers of the fp16 activations the prefill GEMM reads
-// (matmul_prefill.resident with fuse_f16 = 1, engine/tuning/kernels/cuda.py).
+// (matmul_prefill.resident with fuse_f16 = 1, engine/tuning/variants/cuda/).
 //
 // Each kernel is its elementwise.cu twin that also stores the fp16 rounding (cvt.rn, the same
 // bits dequant.cu's f32_to_f16 makes) of what it writes, so the GEMM's input needs no pass of

@@ -4,7 +4,7 @@
 //   (x ~ d * q, d = max|x| / 127 over the block; d * sum(q) serves the weight types that carry
 //   an offset: Q4_K's min, Q4_1's m).
 //
-// Variants (engine/tuning/kernels/cuda.py): used by matmul_decode.mmvq and matmul_prefill.mmq8;
+// Variants (engine/tuning/variants/cuda/): used by matmul_decode.mmvq and matmul_prefill.mmq8;
 // launch parameters only (QTHREADS = matmul_decode.quant_threads is a launch size), so nothing
 // here is compiled per config:
 //   quantize_q8_1  plain quantization, 8 lanes (one float4 each) per block of 32

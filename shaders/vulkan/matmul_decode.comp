@@ -28,7 +28,7 @@
 #extension GL_KHR_shader_subgroup_shuffle : require
 #endif
 
-// Defaults are the registry's, per variant (tests/test_knob_bindings.py checks them); a
+// Defaults are the registry's, per variant (tests/engine/tuning/test_knob_bindings.py checks them); a
 // constant a variant does not read keeps any value.
 layout(constant_id = 0) const uint WG_SIZE = 64;
 #if defined(VARIANT_BLOCK)

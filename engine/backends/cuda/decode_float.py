@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from engine.backends.cuda.kernels import QTYPE_SUFFIX
-from engine.tuning.kernels.cuda import CUDA_BLOCK_TYPES
+from engine.tuning.variants.cuda import CUDA_BLOCK_TYPES
 
 # GGML type ids as mmvf.cu's switch reads them (common.cuh QT_*)
 QT_IDS = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}

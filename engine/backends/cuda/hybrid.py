@@ -25,7 +25,7 @@ from engine.backends.cuda import kernels
 from engine.backends.cuda.kernels import QTYPE_SUFFIX
 from engine.backends.cuda.moe_dec import CudaMoeDecodeOps
 from engine.backends.cuda.moe_tc import MAX_TILES, CudaMoeTcOps, tc_ok, tc_tiles
-from engine.tuning.kernels.cuda import CUDA_BLOCK_TYPES as _MMVW  # the types mmvw.cu decodes
+from engine.tuning.variants.cuda import CUDA_BLOCK_TYPES as _MMVW  # the types mmvw.cu decodes
 
 MAX_CONV = 8  # hybrid.cu ssm_conv_state keeps K - 1 <= 7 inputs per channel in registers
 MAX_EXPERTS = 1024  # router_topk: 32 per lane

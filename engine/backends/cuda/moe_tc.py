@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from engine.backends.cuda.kernels import QTYPE_SUFFIX
-from engine.tuning.kernels.cuda import CUDA_BLOCK_TYPES
+from engine.tuning.variants.cuda import CUDA_BLOCK_TYPES
 
 MAX_TILES = 65535  # grid y
 SORT_THREADS = 1024  # moe_route.cuh moe_sort: one block

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from engine.backends.cuda import kernels
-from engine.tuning.kernels.cuda import CUDA_BLOCK_TYPES
+from engine.tuning.variants.cuda import CUDA_BLOCK_TYPES
 
 if TYPE_CHECKING:
     from engine.backends.base import KVCache

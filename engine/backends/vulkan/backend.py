@@ -27,17 +27,21 @@ from engine.backends.base import (
 )
 from engine.backends.vulkan import kernels as K
 from engine.backends.vulkan._vk import vk
+from engine.backends.vulkan.attention import VkAttentionOps
 from engine.backends.vulkan.decode_fused import FusedDecode
+from engine.backends.vulkan.delta_net import VkDeltaNetOps
 from engine.backends.vulkan.device import Device, open_device
+from engine.backends.vulkan.elementwise import VkElementwiseOps
 from engine.backends.vulkan.fused_norm import FusedNorm
-from engine.backends.vulkan.kernels import MAX_GROUPS
 from engine.backends.vulkan.kernels import fold_groups as _fold
 from engine.backends.vulkan.memory import Allocator, Buffer, Lease, driver_usage
+from engine.backends.vulkan.moe import VkMoeOps
 from engine.backends.vulkan.pipelines import Pipeline, Pipelines
 from engine.backends.vulkan.resident import ResidentPrefill
 from engine.backends.vulkan.stream import GraphKey, Stream
+from engine.backends.vulkan.tensor import VkTensor, VkWeight
 from engine.errors import ConfigError, EngineError, KernelCompileError, UnsupportedError
-from engine.tuning.kernels.vulkan import QUANT_TYPES
+from engine.tuning.variants.vulkan import QUANT_TYPES
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -45,61 +49,9 @@ if TYPE_CHECKING:
     from engine.gguf_model import QTensor
     from engine.tuning import TuningConfig
 
-KEY_SPLITS = 64  # attention_split.comp's MAX_SPLITS: the partials its merge weighs
-
 log = logging.getLogger(__name__)
 
 STAGING_CHUNK = 64 << 20
-
-
-class VkTensor:
-    """A float32 or int32 tensor: ``shape`` elements from element ``offset`` of a buffer."""
-
-    __slots__ = ("lease", "offset", "shape", "dtype")
-
-    def __init__(self, lease: Lease, offset: int, shape: tuple[int, ...], dtype: Any) -> None:
-        self.lease = lease
-        self.offset = offset
-        self.shape = tuple(int(s) for s in shape)
-        self.dtype = np.dtype(dtype)
-
-    @property
-    def buf(self) -> Buffer:
-        return self.lease.buf
-
-    @property
-    def size(self) -> int:
-        return math.prod(self.shape)
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    @property
-    def nbytes(self) -> int:
-        return self.size * self.dtype.itemsize
-
-    def reshape(self, shape: tuple[int, ...]) -> VkTensor:
-        shape = tuple(shape)
-        if -1 in shape:
-            known = math.prod(s for s in shape if s != -1)
-            shape = tuple(self.size // known if s == -1 else s for s in shape)
-        if math.prod(shape) != self.size:
-            raise ValueError(f"cannot reshape {self.shape} to {shape}")
-        return VkTensor(self.lease, self.offset, shape, self.dtype)
-
-    def __getitem__(self, idx: slice) -> VkTensor:
-        if not isinstance(idx, slice) or idx.step not in (None, 1):
-            raise TypeError("VkTensor supports only contiguous row slices t[a:b]")
-        start, stop, _ = idx.indices(self.shape[0])
-        stop = max(stop, start)
-        row = math.prod(self.shape[1:])
-        return VkTensor(
-            self.lease, self.offset + start * row, (stop - start, *self.shape[1:]), self.dtype
-        )
-
-    def __repr__(self) -> str:
-        return f"VkTensor({self.shape}, {self.dtype}, buffer {self.buf.id} + {self.offset})"
 
 
 @dataclass
@@ -124,27 +76,16 @@ class DecodeGraph:
     keys: dict[tuple[int, int], GraphKey] = field(default_factory=dict)  # by input copy source
 
 
-@dataclass
-class VkWeight:
-    """A weight on the device: raw GGML rows in ranges (parts) or, for 1-D weights, float32."""
-
-    name: str
-    qtype: str
-    shape: tuple[int, ...]
-    row_bytes: int = 0
-    parts: list[tuple[Lease, int, int]] = field(default_factory=list)  # (lease, row0, nrows)
-    f32: VkTensor | None = None
-    # matmul_prefill.resident: the fp16 copy [N, Kp] in row ranges (lease, row0, nrows), made
-    # at the first prefill GEMM (engine/backends/vulkan/resident.py)
-    f16: list[tuple[Lease, int, int]] | None = None
-
-    @property
-    def nbytes(self) -> int:
-        f16 = sum(p[0].buf.size for p in self.f16 or ())
-        return sum(p[0].buf.size for p in self.parts) + (self.f32.buf.size if self.f32 else 0) + f16
-
-
-class VulkanBackend(ResidentPrefill, FusedNorm, FusedDecode, Backend):
+class VulkanBackend(  # mixins: a module per op family; theirs first, as when they were here
+    VkElementwiseOps,
+    VkDeltaNetOps,
+    VkMoeOps,
+    VkAttentionOps,
+    ResidentPrefill,
+    FusedNorm,
+    FusedDecode,
+    Backend,
+):
     name = "vulkan"
 
     def __init__(
@@ -515,138 +456,9 @@ class VulkanBackend(ResidentPrefill, FusedNorm, FusedDecode, Backend):
         out.update({f"{k}_s": v for k, v in self.stream.host_s.items()})
         return out
 
-    # --- ops ----------------------------------------------------------------------------
+    # --- matmul dispatch (the other ops: elementwise.py, attention.py, delta_net.py, moe.py)
     def _as_tensor(self, x: Any) -> VkTensor:
         return x if isinstance(x, VkTensor) else self.upload(np.asarray(x))
-
-    def embedding(self, table: VkWeight, ids: VkTensor) -> VkTensor:
-        ids = self._as_tensor(ids)
-        if ids.dtype != np.int32:
-            raise ValueError(f"embedding ids must be int32, got {ids.dtype}")
-        T = ids.size
-        _, C = table.shape
-        out = self._new((T, C))
-        pipe, c = self._pipe("embedding", table.qtype)
-        wg = int(c.wg_size)
-        work = T * -(-C // 8)
-        for lease, r0, nr in table.parts:
-            self.stream.dispatch(
-                pipe,
-                (lease.buf, ids.buf, out.buf),
-                (out.buf,),
-                (C, T, table.row_bytes, r0, nr, ids.offset, out.offset),
-                _fold(-(-work // wg)),
-            )
-        return out
-
-    def rms_norm(self, x: VkTensor, w: VkWeight, eps: float) -> VkTensor:
-        x = self._as_tensor(x)
-        D = x.shape[-1]
-        wt = w.f32 if isinstance(w, VkWeight) else self._as_tensor(w)
-        if wt.size != D:
-            raise ValueError(f"rms_norm: weight of {wt.size} values for rows of {D}")
-        rows = x.size // D
-        out = self._new(x.shape)
-        if rows == 1 and self._int8_row(D):  # the next matmul's Q8_1 input, in this dispatch
-            q8 = self._new((self._q8_words(D),), np.int32)
-            pipe, _ = self._pipe("quantize_act.norm")
-            self.stream.dispatch(
-                pipe,
-                (x.buf, wt.buf, out.buf, q8.buf),
-                (out.buf, q8.buf),
-                (D, rows, x.offset, wt.offset, out.offset, float(eps), q8.offset),
-                self._q8_grid(D) if self.config.knobs("quantize_act").coalesced else (1, 1, 1),
-            )
-            self._q8_remember(out, q8)
-            return out
-        pipe, _ = self._pipe("rms_norm")
-        self.stream.dispatch(
-            pipe,
-            (x.buf, wt.buf, out.buf),
-            (out.buf,),
-            (D, rows, x.offset, wt.offset, out.offset, float(eps)),
-            _fold(rows),
-        )
-        return out
-
-    def delta_net(
-        self,
-        q: VkTensor,
-        k: VkTensor,
-        v: VkTensor,
-        g: VkTensor,
-        beta: VkTensor,
-        state: VkTensor,
-        v_order: str,
-        eps: float,
-    ) -> VkTensor:
-        """The base contract; state [Hv, dk, dv] as S or, with state_transposed, S^T (a
-        cache written under one layout must be read under the same one)."""
-        q, k, v, g, beta = (self._as_tensor(t) for t in (q, k, v, g, beta))
-        T, Hk, dk = q.shape
-        _, Hv, dv = v.shape
-        c = self.config.knobs("delta_net")
-        wg, max_dk = int(c.wg_size), int(c.max_dk)
-        if dv > wg or dk > max_dk or Hv % Hk or state.size != Hv * dk * dv:
-            raise ValueError(
-                f"delta_net: dk {dk} (<= max_dk {max_dk}), dv {dv} (<= wg_size {wg}), Hv {Hv} "
-                f"a multiple of Hk {Hk}, state of {Hv * dk * dv} values (got {state.size})"
-            )
-        if v_order not in ("grouped", "tiled"):
-            raise ValueError(f"delta_net: v_order {v_order!r}: 'grouped' or 'tiled'")
-        out = self._new((T, Hv, dv))
-        if c.variant == "chunked" and T > 1:
-            self._delta_net_chunked(q, k, v, g, beta, state, out, v_order == "grouped", eps)
-            return out
-        pipe, _ = self._pipe("delta_net")
-        tensors = (q, k, v, g, beta, state, out)
-        self.stream.dispatch(
-            pipe,
-            tuple(t.buf for t in tensors),
-            (state.buf, out.buf),
-            (T, Hk, Hv, dk, dv, int(v_order == "grouped"), *(t.offset for t in tensors), eps),
-            _fold(Hv),
-        )
-        return out
-
-    def _delta_net_chunked(
-        self,
-        q: VkTensor,
-        k: VkTensor,
-        v: VkTensor,
-        g: VkTensor,
-        beta: VkTensor,
-        state: VkTensor,
-        out: VkTensor,
-        grouped: bool,
-        eps: float,
-    ) -> None:
-        """delta_net.chunked for T > 1: PASS_PREP per (chunk, head), then PASS_SCAN per (head,
-        scan_wg columns) carrying the state (shaders/vulkan/delta_net_chunked.comp)."""
-        T, Hk, dk = q.shape
-        _, Hv, dv = v.shape
-        c = self.config.knobs("delta_net")
-        ch, scan_wg = int(c.chunk), int(c.scan_wg)
-        n_chunks = -(-T // ch)
-        # W, Y, G Q, G_L/G K, P per (head, token), G_L per (head, chunk): see the shader
-        scratch = self._new((Hv * T * (dv + 3 * dk + ch) + Hv * n_chunks,))
-        prep, _ = self._pipe("delta_net.prep")
-        ins = (q, k, v, g, beta)
-        self.stream.dispatch(
-            prep,
-            (*(t.buf for t in ins), scratch.buf),
-            (scratch.buf,),
-            (T, Hk, Hv, dk, dv, int(grouped), *(t.offset for t in ins), scratch.offset, eps),
-            _fold(n_chunks * Hv),
-        )
-        scan, _ = self._pipe("delta_net.scan")
-        self.stream.dispatch(
-            scan,
-            (scratch.buf, state.buf, out.buf),
-            (scratch.buf, state.buf, out.buf),
-            (T, Hv, dk, dv, scratch.offset, state.offset, out.offset),
-            _fold(Hv * -(-dv // scan_wg)),
-        )
 
     def matmul(self, x: VkTensor, w: VkWeight) -> VkTensor:
         x = self._as_tensor(x)
@@ -702,67 +514,6 @@ class VulkanBackend(ResidentPrefill, FusedNorm, FusedDecode, Backend):
         if n:
             self.stream.kick(n, ahead=bool(c.prefill_ahead))
 
-    def _eltwise(
-        self, op: str, a: VkTensor, b: VkTensor, bcast: int, shape: tuple[int, ...] | None = None
-    ) -> VkTensor:
-        out = self._new(a.shape if shape is None else shape)
-        pipe, c = self._pipe(op)
-        n = out.size
-        if n:
-            self.stream.dispatch(
-                pipe,
-                (a.buf, b.buf, out.buf),
-                (out.buf,),
-                (n, a.offset, b.offset, out.offset, bcast),
-                _fold(-(-n // int(c.wg_size))),
-            )
-        return out
-
-    def add(self, a: VkTensor, b: VkTensor | VkWeight) -> VkTensor:
-        a = self._as_tensor(a)
-        if isinstance(b, VkWeight):
-            if b.f32 is None:
-                raise ValueError(f"add: {b.name} is not a 1-D weight")
-            b = b.f32
-        b = self._as_tensor(b)
-        if b.shape == a.shape:
-            return self._eltwise("add", a, b, 0)
-        if b.ndim == 1 and b.size == a.shape[-1]:
-            return self._eltwise("add", a, b, b.size)
-        raise ValueError(f"add: shapes {a.shape} and {b.shape} do not broadcast")
-
-    def swiglu(self, gate: VkTensor, up: VkTensor) -> VkTensor:
-        gate, up = self._as_tensor(gate), self._as_tensor(up)
-        if gate.shape != up.shape:
-            raise ValueError(f"swiglu: shapes {gate.shape} and {up.shape} differ")
-        n = gate.size
-        if n and n == gate.shape[-1] and self._int8_row(n):  # one row: the down input as Q8_1
-            out, q8 = self._new(gate.shape), self._new((self._q8_words(n),), np.int32)
-            pipe, _ = self._pipe("quantize_act.swiglu")
-            self.stream.dispatch(
-                pipe,
-                (gate.buf, up.buf, out.buf, q8.buf),
-                (out.buf, q8.buf),
-                (n, gate.offset, up.offset, out.offset, 0, q8.offset),
-                self._q8_grid(n),
-            )
-            self._q8_remember(out, q8)
-            return out
-        if gate.ndim == 2 and n and self.x16_fused(gate.shape[0]):  # matmul_prefill.fuse_x16
-            out = self._new(gate.shape)
-            xh, kp = self.x16_for(out)
-            pipe, c = self._pipe("swiglu.x16")
-            T, cols = gate.shape
-            self.stream.dispatch(
-                pipe,
-                (gate.buf, up.buf, out.buf, xh.buf),
-                (out.buf, xh.buf),
-                (n, gate.offset, up.offset, out.offset, 0, cols, kp, xh.offset),
-                _fold(-(-T * (kp // 2) // int(c.wg_size))),
-            )
-            return out
-        return self._eltwise("swiglu", gate, up, 0)
-
     def _rope_table(self, theta: float, D: int, n_pos: int) -> VkTensor:
         key = (float(theta), D)
         have = self._rope_tables.get(key)
@@ -778,364 +529,7 @@ class VulkanBackend(ResidentPrefill, FusedNorm, FusedDecode, Backend):
         self._rope_tables[key] = (t, cap)
         return t
 
-    def rope(
-        self, x: VkTensor, pos0: int, theta: float, neox: bool, n_rot: int | None = None
-    ) -> VkTensor:
-        x = self._as_tensor(x)
-        T, H, D = x.shape
-        n_rot = D if n_rot is None else n_rot
-        if n_rot % 2 or not 0 < n_rot <= D:
-            raise ValueError(f"rope: {n_rot} rotated dims of a head of {D}")
-        table = self._rope_table(theta, n_rot, pos0 + T)
-        out = self._new(x.shape)
-        pipe, c = self._pipe("rope")
-        n = T * H * (n_rot // 2 + D - n_rot)
-        if n:
-            self.stream.dispatch(
-                pipe,
-                (x.buf, table.buf, out.buf, self.stream.dyn_buf),
-                (out.buf,),
-                (T, H, D, x.offset, out.offset, self.stream.dyn(pos0), int(bool(neox)), n_rot),
-                _fold(-(-n // int(c.wg_size))),
-            )
-        return out
-
-    # --- hybrid ops (engine/hybrid.py) -------------------------------------------------
-    def rope_partial(self, x: VkTensor, pos0: int, theta: float, n_rot: int) -> VkTensor:
-        return self.rope(x, pos0, theta, True, n_rot)
-
-    def sigmoid_mul(self, gate: VkTensor, x: VkTensor) -> VkTensor:
-        gate, x = self._as_tensor(gate), self._as_tensor(x)
-        if gate.shape == x.shape:
-            return self._eltwise("sigmoid_mul", gate, x, 0)
-        if gate.size * x.shape[-1] == x.size:  # one gate per row
-            return self._eltwise("sigmoid_mul", gate, x, x.shape[-1], x.shape)
-        raise ValueError(f"sigmoid_mul: gate {gate.shape} against {x.shape}")
-
-    def router_topk(self, logits: VkTensor, k: int) -> tuple[VkTensor, VkTensor]:
-        logits = self._as_tensor(logits)
-        T, E = logits.shape
-        if E > 1024 or not 0 < k <= min(E, 32):
-            raise ValueError(f"router_topk: {E} experts (<= 1024), k {k} (<= 32)")
-        ids, w = self._new((T, k), np.int32), self._new((T, k))
-        pipe, _ = self._pipe("router_topk")
-        self.stream.dispatch(
-            pipe,
-            (logits.buf, ids.buf, w.buf),
-            (ids.buf, w.buf),
-            (T, E, k, logits.offset, ids.offset, w.offset),
-            _fold(T),
-        )
-        return ids, w
-
-    def _moe_matvec(self, w: VkWeight, x: VkTensor, ids: VkTensor, x_div: int) -> VkTensor:
-        """y[p, n] = expert ids[p] of w, row n, . x[p / x_div] -> [pairs, N]."""
-        E, N, Kw = w.shape
-        if len(w.parts) != 1 or x.shape[-1] != Kw:
-            raise ValueError(f"moe: {w.name} {w.shape} (one buffer) against x {x.shape}")
-        pairs = ids.size
-        out = self._new((pairs, N))
-        pipe, c = self._pipe("moe_experts", w.qtype)
-        blocks = -(-N // int(c.rows_per_wg))
-        self.stream.dispatch(
-            pipe,
-            (w.parts[0][0].buf, x.buf, ids.buf, out.buf),
-            (out.buf,),
-            (Kw, N, w.row_bytes, x.offset, out.offset, ids.offset, blocks, x_div),
-            _fold(pairs * blocks),
-        )
-        return out
-
-    def _moe_route(self, ids: VkTensor, E: int, qtype: str) -> tuple[VkTensor, int]:
-        """moe_grouped.comp PASS_SORT: the (token, slot) pairs sorted by expert and cut into
-        tiles of tile_pairs -> (route [n_tiles, tiles, order] int32, the bound on tiles). The
-        pass reads no weights; like every pass of a weighted op it is built per weight type."""
-        P = ids.size
-        c = self.config.knobs("moe_experts")
-        if E > 1024:
-            raise ValueError(f"moe_experts.grouped: {E} experts (<= 1024)")
-        max_tiles = -(-P // int(c.tile_pairs)) + min(E, P)
-        route = self._new((1 + 3 * max_tiles + P,), np.int32)
-        pipe, _ = self._pipe("moe_experts.sort", qtype)
-        self.stream.dispatch(
-            pipe,
-            (ids.buf, route.buf),
-            (route.buf,),
-            (P, E, ids.offset, route.offset, max_tiles),
-            (1, 1, 1),
-        )
-        return route, max_tiles
-
-    def _moe_gemm(
-        self, w: VkWeight, x: VkTensor, route: tuple[VkTensor, int], pairs: int, x_div: int
-    ) -> VkTensor:
-        """y[p, n] = expert of pair p in w, row n, . x[p / x_div], as grouped tiles -> [P, N]."""
-        E, N, Kw = w.shape
-        if len(w.parts) != 1 or x.shape[-1] != Kw:
-            raise ValueError(f"moe: {w.name} {w.shape} (one buffer) against x {x.shape}")
-        r, max_tiles = route
-        out = self._new((pairs, N))
-        pipe, c = self._pipe("moe_experts.gemm", w.qtype)
-        self.stream.dispatch(
-            pipe,
-            (w.parts[0][0].buf, x.buf, r.buf, out.buf),
-            (out.buf,),
-            (Kw, N, w.row_bytes, x.offset, out.offset, r.offset, max_tiles, x_div),
-            (-(-N // int(c.wg_size)), max_tiles, 1),
-        )
-        return out
-
-    def moe_experts(
-        self,
-        x: VkTensor,
-        ids: VkTensor,
-        weights: VkTensor,
-        gate: VkWeight,
-        up: VkWeight,
-        down: VkWeight,
-    ) -> VkTensor:
-        x = self._as_tensor(x)
-        T, C = x.shape
-        k = ids.shape[-1]
-        if self.config.knobs("moe_experts").variant == "grouped" and T > 1:
-            route = self._moe_route(ids, gate.shape[0], gate.qtype)
-            h = self.swiglu(
-                self._moe_gemm(gate, x, route, ids.size, k),
-                self._moe_gemm(up, x, route, ids.size, k),
-            )
-            d = self._moe_gemm(down, h, route, ids.size, 1)  # [T * k, C]
-        else:
-            h = self.swiglu(self._moe_matvec(gate, x, ids, k), self._moe_matvec(up, x, ids, k))
-            d = self._moe_matvec(down, h, ids, 1)  # [T * k, C]
-        out = self._new((T, C))
-        pipe, c = self._pipe("moe_experts.merge", down.qtype)
-        self.stream.dispatch(
-            pipe,
-            (d.buf, weights.buf, out.buf),
-            (out.buf,),
-            (T, C, k, d.offset, weights.offset, out.offset),
-            _fold(-(-T * C // int(c.wg_size))),
-        )
-        return out
-
-    def cols(self, x: VkTensor, start: int, stop: int) -> VkTensor:
-        x = self._as_tensor(x)
-        width = x.shape[-1]
-        if not 0 <= start < stop <= width:
-            raise ValueError(f"cols: {start}..{stop} of rows of {width}")
-        n, rows = stop - start, x.size // width
-        out = self._new((*x.shape[:-1], n))
-        pipe, c = self._pipe("cols")
-        self.stream.dispatch(
-            pipe,
-            (x.buf, out.buf),
-            (out.buf,),
-            (rows, width, start, n, x.offset, out.offset),
-            _fold(-(-rows * n // int(c.wg_size))),
-        )
-        return out
-
-    def ssm_conv(self, x: VkTensor, state: VkTensor, w: VkWeight) -> VkTensor:
-        x = self._as_tensor(x)
-        T, Cc = x.shape
-        Cw, K = w.shape
-        if w.qtype != "F32" or len(w.parts) != 1 or Cw != Cc or K > 8:
-            raise ValueError(f"ssm_conv: {w.name} must be one F32 [{Cc}, K <= 8], got {w.shape}")
-        if state.size != (K - 1) * Cc:
-            raise ValueError(f"ssm_conv: a state of {state.size} values for [{K - 1}, {Cc}]")
-        out = self._new((T, Cc))
-        pipe, c = self._pipe("ssm_conv")
-        wbuf = w.parts[0][0].buf
-        self.stream.dispatch(
-            pipe,
-            (x.buf, wbuf, state.buf, out.buf),
-            (state.buf, out.buf),
-            (T, Cc, K, x.offset, 0, state.offset, out.offset),
-            _fold(-(-Cc // int(c.wg_size))),
-        )
-        return out
-
-    def ssm_gates(
-        self, a: VkTensor, b: VkTensor, dt_bias: VkWeight, ssm_a: VkWeight
-    ) -> tuple[VkTensor, VkTensor]:
-        a, b = self._as_tensor(a), self._as_tensor(b)
-        Hv = a.shape[-1]
-        if b.shape != a.shape or dt_bias.f32.size != Hv or ssm_a.f32.size != Hv:
-            raise ValueError(f"ssm_gates: a {a.shape}, b {b.shape} against {Hv} heads")
-        g, beta = self._new(a.shape), self._new(a.shape)
-        pipe, c = self._pipe("ssm_gates")
-        dt, sa = dt_bias.f32, ssm_a.f32
-        self.stream.dispatch(
-            pipe,
-            (a.buf, b.buf, dt.buf, sa.buf, g.buf, beta.buf),
-            (g.buf, beta.buf),
-            (a.size, Hv, a.offset, b.offset, dt.offset, sa.offset, g.offset, beta.offset),
-            _fold(-(-a.size // int(c.wg_size))),
-        )
-        return g, beta
-
-    def kv_write(self, cache: KVCache, layer: int, k: VkTensor, v: VkTensor, pos0: int) -> None:
-        k, v = self._as_tensor(k), self._as_tensor(v)
-        T = k.shape[0]
-        if pos0 + T > cache.capacity:
-            raise ValueError(
-                f"KV cache full: writing positions {pos0}..{pos0 + T - 1} "
-                f"into a cache of {cache.capacity}"
-            )
-        ck, cv = cache.k[layer], cache.v[layer]
-        row = math.prod(ck.shape[1:])
-        if k.size != T * row or v.size != k.size:
-            raise ValueError(f"kv_write: k {k.shape} / v {v.shape} against cache {ck.shape}")
-        pipe, c = self._pipe("kv_write")
-        n = k.size
-        if n:
-            self.stream.dispatch(
-                pipe,
-                (k.buf, v.buf, ck.buf, cv.buf, self.stream.dyn_buf),
-                (ck.buf, cv.buf),
-                (n, row, k.offset, v.offset, ck.offset, cv.offset, self.stream.dyn(pos0)),
-                _fold(-(-n // int(c.wg_size))),
-            )
-
-    def attention(self, q: VkTensor, cache: KVCache, layer: int, pos0: int) -> VkTensor:
-        q = self._as_tensor(q)
-        T, H, D = q.shape
-        ck, cv = cache.k[layer], cache.v[layer]
-        Hkv = ck.shape[1]
-        pipe, c = self._pipe("attention")
-        wg = int(c.wg_size)
-        if D > 256 or D > 8 * wg:
-            raise UnsupportedError(
-                f"vulkan attention: head dim {D} needs D <= 256 and D <= 8 * wg_size ({wg})"
-            )
-        if H % Hkv:
-            raise ValueError(f"attention: {H} query heads over {Hkv} kv heads")
-        if pos0 + T > cache.capacity:
-            raise ValueError(f"attention: positions up to {pos0 + T - 1} beyond the cache")
-        out = self._new((T, H, D))
-        if not T:
-            return out
-        bufs = (q.buf, ck.buf, cv.buf)
-        offs = (H, Hkv, D, q.offset, ck.offset, cv.offset)
-        scale = 1.0 / math.sqrt(D)
-        if c.variant in ("coopmat", "flash") and T > 1 and D % 16 == 0 and D <= 128:
-            flash, _ = self._pipe("attention.flash")  # tensor cores; decode takes split below
-            bq = 64 if c.variant == "flash" else 16  # queries per workgroup
-            chunk = int(c.key_chunk) if c.variant == "flash" else 0
-            ns = min(KEY_SPLITS, -(-T // chunk)) if chunk else 1
-            if ns > 1:  # from T, not pos0: the shader sizes the ranges (replays stay valid)
-                return self._flash_split(q, bufs, offs, out, (T, H, D, ns, scale), pos0)
-            self.stream.dispatch(
-                flash,
-                (*bufs, out.buf, self.stream.dyn_buf),
-                (out.buf,),
-                (*offs, out.offset, self.stream.dyn(pos0), T, scale),
-                (H, -(-T // bq), 1),
-            )
-            return out
-        if c.variant == "online":
-            self.stream.dispatch(
-                pipe,
-                (*bufs, out.buf, self.stream.dyn_buf),
-                (out.buf,),
-                (*offs, out.offset, self.stream.dyn(pos0), scale),
-                (H, T, 1),
-            )
-            return out
-        # split: the number of key ranges is fixed per dispatch (never derived from pos0), so a
-        # replayed decode graph stays valid; the shader sizes the ranges from the position.
-        ns = int(c.splits if T == 1 else c.splits_prefill)
-        if T > MAX_GROUPS:
-            raise UnsupportedError(f"vulkan attention: {T} tokens in one call (max {MAX_GROUPS})")
-        dst = out if ns == 1 else self._new((T, H, ns, D + 2))  # partials: m, s, acc[D]
-        q8_out = T == 1 and D % 32 == 0 and self._int8_row(H * D)
-        if ns > 1 and int(c.fuse_combine):
-            return self._attention_fused(q, cache, layer, pos0, out, dst, ns, q8_out)
-        self.stream.dispatch(
-            pipe,
-            (*bufs, dst.buf, self.stream.dyn_buf),
-            (dst.buf,),
-            (*offs, dst.offset, self.stream.dyn(pos0), ns, scale),
-            (H, ns, T),
-        )
-        if ns > 1 and q8_out:
-            # the merge stores out's Q8_1 form too: the o projection reads it
-            q8 = self._new((self._q8_words(H * D),), np.int32)
-            merge, _ = self._pipe("attention.merge_q8")
-            self.stream.dispatch(
-                merge,
-                (dst.buf, out.buf, q8.buf),
-                (out.buf, q8.buf),
-                (H, D, ns, dst.offset, out.offset, q8.offset),
-                (H, T, 1),
-            )
-            self._q8_remember(out, q8)
-        elif ns > 1:
-            merge, _ = self._pipe("attention.merge")
-            self.stream.dispatch(
-                merge, (dst.buf, out.buf), (out.buf,), (H, D, ns, dst.offset, out.offset), (H, T, 1)
-            )
-        return out
-
-    def _flash_split(
-        self, q: VkTensor, bufs: tuple, offs: tuple, out: VkTensor, dims: tuple, pos0: int
-    ) -> VkTensor:
-        """attention.key_chunk: the flash pass over ns key ranges into the split kernel's
-        partials [T, H, ns, D + 2], then its merge into out. dims: T, H, D, ns, scale."""
-        T, H, D, ns, scale = dims
-        if T > MAX_GROUPS:
-            raise UnsupportedError(f"vulkan attention: {T} tokens in one call (max {MAX_GROUPS})")
-        part = self._new((T, H, ns, D + 2))
-        split, _ = self._pipe("attention.flash_split")
-        self.stream.dispatch(
-            split,
-            (*bufs, part.buf, self.stream.dyn_buf),
-            (part.buf,),
-            (*offs, part.offset, self.stream.dyn(pos0), T, scale, ns),
-            (H, -(-T // 64), ns),
-        )
-        merge, _ = self._pipe("attention.merge")
-        self.stream.dispatch(
-            merge, (part.buf, out.buf), (out.buf,), (H, D, ns, part.offset, out.offset), (H, T, 1)
-        )
-        return out
-
-    def argmax(self, logits: VkTensor) -> VkTensor:
-        logits = self._as_tensor(logits)
-        V = logits.shape[-1]
-        rows = logits.size // V
-        out = self._new((rows,), np.int32)
-        pipe, c = self._pipe("argmax")
-        if c.variant == "default":
-            self.stream.dispatch(
-                pipe,
-                (logits.buf, out.buf),
-                (out.buf,),
-                (V, rows, logits.offset, out.offset),
-                _fold(rows),
-            )
-            return out
-        # two_stage: the grid depends on the row count and the slices parameter, never on data.
-        slices = int(c.slices)
-        parts = self._new((rows, slices, 2), np.int32)  # (float bits, index) per slice
-        fx, fy, _ = _fold(rows)
-        self.stream.dispatch(
-            pipe,
-            (logits.buf, parts.buf),
-            (parts.buf,),
-            (V, rows, logits.offset, parts.offset, slices),
-            (slices, fx, fy),
-        )
-        merge, _ = self._pipe("argmax.merge")
-        self.stream.dispatch(
-            merge,
-            (parts.buf, out.buf),
-            (out.buf,),
-            (slices, rows, parts.offset, out.offset),
-            _fold(rows),
-        )
-        return out
-
+    # --- views (no dispatch) -----------------------------------------------------------
     def reshape(self, x: VkTensor, shape: tuple[int, ...]) -> VkTensor:
         return x.reshape(shape)
 

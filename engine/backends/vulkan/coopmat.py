@@ -5,7 +5,7 @@ A shader compiled from GL_KHR_cooperative_matrix GLSL (shaders/vulkan/matmul_coo
 declares the CooperativeMatrixKHR, Float16 and VulkanMemoryModel capabilities, so the device must
 enable ``cooperativeMatrix``, ``shaderFloat16`` and ``vulkanMemoryModel``. ``query`` reads them and
 the subgroup-scope shapes of vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR; the registry's
-constraint (engine.tuning.kernels.vulkan) reads the result from DeviceInfo.extra:
+constraint (engine.tuning.variants.vulkan) reads the result from DeviceInfo.extra:
 
     cooperative_matrix   True when the extension and all three features are present (enabled)
     coopmat_shapes       "MxNxK:A*B+C=R" per subgroup-scope shape, e.g. "16x16x16:f16*f16+f32=f32"

@@ -1,0 +1,37 @@
+"""What the CUDA declarations share: the backend name, the weight types it keeps
+on the GPU, constraint helpers and the GPU size of a loaded weight."""
+
+from __future__ import annotations
+
+from engine.roofline import Tensor
+from engine.tuning.memory import loaded_default
+from engine.tuning.registry import REGISTRY, Constraint
+
+B = "cuda"
+
+# The block-quantized types the CUDA kernels decode: a subset of engine.quant_types.BLOCK_TYPES.
+CUDA_BLOCK_TYPES = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K"})
+FLOAT_TYPES = frozenset({"F32", "F16", "BF16"})
+ALL_TYPES = CUDA_BLOCK_TYPES | FLOAT_TYPES
+"""Weight types the CUDA backend keeps on the GPU (load_weight raises for any other)."""
+
+
+def _cc_at_least(cc: int) -> Constraint:
+    return Constraint(
+        f"needs compute capability >= {cc // 10}.{cc % 10}",
+        lambda cfg, dev: dev is None or int(dev.extra.get("cc", 0)) >= cc,
+    )
+
+
+def _p(cfg, op: str, name: str) -> int:  # noqa: ANN001 - TuningConfig
+    return int(getattr(cfg.knobs(op), name))
+
+
+def _loaded_bytes(t: Tensor) -> int:
+    """A Q6_K tensor's blocks are padded from 210 to 224 bytes on the GPU (backend.Q6K_PADDED)."""
+    if t.qtype == "Q6_K" and len(t.shape) > 1:
+        return t.nbytes // 210 * 224
+    return loaded_default(t)
+
+
+REGISTRY.loaded_bytes[B] = _loaded_bytes

@@ -1,0 +1,267 @@
+"""attention_decode.gqa (shaders/cuda/attn_decode.cu) and .tile (attn_tile.cu, at the end: the
+same checks, and its planted bug caught) against float64 NumPy (`pytest -m gpu`):
+ragged shapes (group sizes 1-16, head dims 32-256, positions that leave key ranges empty or
+end a tile short), every knob's extremes, twice per config (the per-KV-head tickets reset);
+early loads equal late ones to the bit; under int8 decode the fused combine leaves the Q8_1
+form the o projection reads; whole tiny models: graph replay equals eager, PDL equals plain
+launches, validate passes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.cuda_decode_cases import assert_decode_alike, assert_validates
+from tests.engine.backends.cuda.test_cuda_ops import INT8_NMSE, PROMPT, _check_q8, _model, cfg
+from tests.op_cases import assert_graph_equals_eager, attention_ref, check, dense, qtensor
+
+pytestmark = pytest.mark.gpu
+
+GQA = {"attention_decode.variant": "gqa"}
+SHAPES = [  # H, Hkv, D, pos0
+    (12, 2, 128, 511), (28, 4, 128, 600), (4, 2, 64, 37), (3, 1, 80, 9), (1, 1, 32, 0),
+    (14, 2, 64, 100), (16, 1, 128, 70), (8, 8, 128, 40), (7, 1, 96, 639), (16, 2, 256, 300),
+    (8, 1, 256, 33), (2, 1, 160, 64),
+]  # fmt: skip
+KNOBS = [  # splits, warps, fuse_combine, early
+    (16, 4, 1, 1), (4, 4, 0, 0), (64, 8, 1, 0), (8, 2, 0, 1), (32, 1, 1, 1),
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def be(cuda_be):
+    return cuda_be
+
+
+def _inputs(H: int, Hkv: int, D: int, pos0: int):
+    rng = np.random.default_rng(H * 1000 + D + pos0)
+    q = rng.standard_normal((1, H, D)).astype(np.float32)
+    k = rng.standard_normal((pos0 + 1, Hkv, D)).astype(np.float32)
+    v = rng.standard_normal((pos0 + 1, Hkv, D)).astype(np.float32)
+    return q, k, v
+
+
+def _case(be, H: int, Hkv: int, D: int, pos0: int, room: int = 3):  # noqa: ANN001, ANN202
+    """(q, a KV cache of pos0 + room positions holding _inputs' keys and values 0..pos0,
+    attention of q at pos0 over it in float64)."""
+    q, k, v = _inputs(H, Hkv, D, pos0)
+    cache = be.new_kv_cache(1, pos0 + room, Hkv, D)
+    be.kv_write(cache, 0, be.upload(k), be.upload(v), 0)
+    return q, cache, attention_ref(q, be.download(cache.k[0]), be.download(cache.v[0]), pos0)
+
+
+def _q8_form(be, flat: dict, H: int, Hkv: int, D: int, pos0: int, what: str):  # noqa: ANN001, ANN202
+    """Attention under flat (an int8 decode config) against float64; its output, as the o
+    projection reads it ([1, H * D]), must have a Q8_1 form: the output."""
+    be.set_config(cfg(**flat))
+    q, cache, ref = _case(be, H, Hkv, D, pos0, room=2)
+    out = be.attention(be.upload(q), cache, 0, pos0)
+    check(be.download(out), ref, 1e-9)
+    a = be.reshape(out, (1, H * D))
+    hit = be._q8_lookup(a)
+    assert hit is not None, f"{what} attention under int8 decode left no Q8_1 form"
+    _check_q8(be.download(a), *hit)
+    return a
+
+
+def _gqa(splits: int, warps: int, fc: int, early: int) -> dict:
+    return GQA | {
+        "attention_decode.splits": splits,
+        "attention_decode.warps": warps,
+        "attention_decode.fuse_combine": fc,
+        "attention_decode.early": early,
+    }
+
+
+@pytest.mark.parametrize("splits,warps,fc,early", KNOBS)
+@pytest.mark.parametrize("H,Hkv,D,pos0", SHAPES)
+def test_attention_decode_gqa(be, H, Hkv, D, pos0, splits, warps, fc, early):
+    """Against float64; G > 4 x warps (or D > 256) takes attn_split, also checked here."""
+    q, cache, ref = _case(be, H, Hkv, D, pos0)
+    be.set_config(cfg(**_gqa(splits, warps, fc, early)))
+    for _ in range(2):
+        check(be.download(be.attention(be.upload(q), cache, 0, pos0)), ref, 1e-9)
+    be.set_config(cfg())
+
+
+@pytest.mark.parametrize("H,Hkv,D,pos0", SHAPES[:4])
+def test_attention_decode_gqa_early_is_bit_equal(be, H, Hkv, D, pos0):
+    q, cache, _ = _case(be, H, Hkv, D, pos0)
+    outs = []
+    for early in (0, 1):
+        be.set_config(cfg(**_gqa(16, 4, 1, early)))
+        outs.append(be.download(be.attention(be.upload(q), cache, 0, pos0)))
+    assert np.array_equal(outs[0], outs[1])
+    be.set_config(cfg())
+
+
+@pytest.mark.parametrize("fc", [0, 1])
+@pytest.mark.parametrize("H,Hkv,D,pos0", [(12, 2, 128, 0), (28, 4, 128, 600), (4, 2, 64, 37)])
+def test_attention_decode_gqa_leaves_the_q8_form(be, H, Hkv, D, pos0, fc):
+    """Under matmul_decode.mmvw the (fused or separate) combine writes the output's Q8_1 form,
+    which the o projection then reads."""
+    a = _q8_form(be, _gqa(16, 4, fc, 1) | {"matmul_decode.variant": "mmvw"}, H, Hkv, D, pos0, "gqa")
+    rng = np.random.default_rng(7)
+    w = qtensor(rng, (67, H * D), "Q4_K", std=0.05)
+    y = be.download(be.matmul(a, be.load_weight(w)))
+    check(y, be.download(a).astype(np.float64) @ dense(w).T, INT8_NMSE)
+    be.set_config(cfg())
+
+
+MODEL_CONFIGS = [
+    GQA,
+    _gqa(4, 1, 0, 0),
+    GQA | {"matmul_decode.variant": "mmvw", "rope.fuse_kv": 1, "argmax.variant": "multi"},
+]
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+@pytest.mark.parametrize("flat", MODEL_CONFIGS, ids=["gqa", "gqa_s4_w1_nofc", "gqa_mmvw"])
+def test_gqa_model_graph_equals_eager(be, tiny_model_factory, arch, flat):
+    m = _model(tiny_model_factory(arch, "q4_k_m"), be)
+    be.set_config(cfg(**flat))
+    assert_graph_equals_eager(be, m, PROMPT)
+    be.set_config(cfg())
+
+
+@pytest.mark.parametrize("flat", MODEL_CONFIGS[:2], ids=["gqa", "gqa_s4_w1_nofc"])
+def test_validate_gqa(be, tiny_model_path, flat):
+    """The float configs against the default reference with the registry's budget."""
+    assert_validates(be, tiny_model_path, flat)
+
+
+ROPE_CONFIGS = [  # (fused, unfused): attn_gqa's RoPE + KV write against rope_kv's
+    (GQA | {"attention_decode.fuse_rope": 1}, GQA | {"rope.fuse_kv": 1}),
+    (
+        _gqa(4, 2, 1, 0) | {"attention_decode.fuse_rope": 1, "matmul_decode.variant": "mmvw"},
+        _gqa(4, 2, 1, 0) | {"rope.fuse_kv": 1, "matmul_decode.variant": "mmvw"},
+    ),
+]
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+@pytest.mark.parametrize("pair", ROPE_CONFIGS, ids=["mmvf", "mmvw_s4_w2"])
+def test_gqa_fuse_rope_equals_rope_kv(be, tiny_model_factory, arch, pair):
+    """attention_decode.fuse_rope (q, k RoPE and the KV write inside attn_gqa) decodes to the
+    bit what rope_kv + attn_gqa decode (rope_pair's arithmetic), eager and replayed."""
+    m = _model(tiny_model_factory(arch, "q4_k_m"), be)
+    assert_decode_alike(be, m, pair, PROMPT, "fused RoPE + KV write differs from rope_kv")
+
+
+# --- attention_decode.tile (shaders/cuda/attn_tile.cu) ----------------------------------------
+TILE = {"attention_decode.variant": "tile"}
+TILE_SHAPES = [  # H, Hkv, D, pos0: groups 1, 2, 4, 6, 7 (and 8, 16); one or many tiles / ranges
+    (12, 2, 128, 511), (28, 4, 128, 600), (12, 2, 128, 0), (28, 4, 128, 4000), (7, 1, 96, 639),
+    (4, 2, 64, 37), (8, 8, 128, 40), (16, 1, 128, 70), (16, 2, 256, 300), (8, 2, 32, 1000),
+    (6, 1, 64, 2100), (4, 1, 128, 31), (4, 1, 128, 32), (3, 1, 80, 9),
+]  # fmt: skip
+TILE_KNOBS = [  # splits, min_keys, warps, fuse_combine, stages
+    (32, 64, 4, 1, 2), (8, 32, 2, 1, 2), (128, 32, 8, 1, 2), (16, 256, 4, 1, 2), (64, 32, 4, 0, 2),
+    (1, 32, 1, 1, 2), (16, 128, 8, 1, 1), (64, 32, 8, 0, 1),
+]  # fmt: skip
+
+
+def _tile(splits: int, min_keys: int, warps: int, fc: int = 1, stages: int = 2) -> dict:
+    return TILE | {
+        "attention_decode.splits": splits,
+        "attention_decode.min_keys": min_keys,
+        "attention_decode.warps": warps,
+        "attention_decode.fuse_combine": fc,
+        "attention_decode.stages": stages,
+    }
+
+
+@pytest.mark.parametrize("splits,min_keys,warps,fc,stages", TILE_KNOBS)
+@pytest.mark.parametrize("H,Hkv,D,pos0", TILE_SHAPES)
+def test_attention_decode_tile(be, H, Hkv, D, pos0, splits, min_keys, warps, fc, stages):
+    """Against float64, twice per config (the per-KV-head tickets reset); shapes the kernel
+    cannot take (D % 32 != 0, group > 4 x warps) run attn_split, also checked here."""
+    q, cache, ref = _case(be, H, Hkv, D, pos0)
+    be.set_config(cfg(**_tile(splits, min_keys, warps, fc, stages)))
+    for _ in range(2):
+        check(be.download(be.attention(be.upload(q), cache, 0, pos0)), ref, 1e-9)
+    be.set_config(cfg())
+
+
+@pytest.mark.parametrize("fc", [1, 0])
+@pytest.mark.parametrize("H,Hkv,D,pos0", [(12, 2, 128, 0), (28, 4, 128, 600), (4, 2, 64, 37)])
+def test_attention_decode_tile_leaves_the_q8_form(be, H, Hkv, D, pos0, fc):
+    """Under matmul_decode.mmvw the kernel (one range or the combine; fc 0: attn_combine_q8)
+    writes the output's Q8_1 form, which the o projection then reads."""
+    _q8_form(be, _tile(32, 64, 4, fc) | {"matmul_decode.variant": "mmvw"}, H, Hkv, D, pos0, "tile")
+    be.set_config(cfg())
+
+
+TILE_MODEL_CONFIGS = [
+    TILE,
+    _tile(8, 32, 2, 0),
+    TILE | {"matmul_decode.variant": "mmvw", "rope.fuse_kv": 1, "argmax.variant": "multi"},
+]
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+@pytest.mark.parametrize("flat", TILE_MODEL_CONFIGS, ids=["tile", "tile_nofc", "tile_mmvw"])
+def test_tile_model_graph_equals_eager(be, tiny_model_factory, arch, flat):
+    m = _model(tiny_model_factory(arch, "q4_k_m"), be)
+    be.set_config(cfg(**flat))
+    assert_graph_equals_eager(be, m, PROMPT)
+    be.set_config(cfg())
+
+
+@pytest.mark.parametrize("flat", TILE_MODEL_CONFIGS[:2], ids=["tile", "tile_nofc"])
+def test_validate_tile(be, tiny_model_path, flat):
+    """The float configs against the default reference with the registry's budget."""
+    assert_validates(be, tiny_model_path, flat)
+
+
+TILE_ROPE_CONFIGS = [  # (fused, unfused): attn_tile's RoPE + KV write against rope_kv's
+    (TILE | {"attention_decode.fuse_rope": 1}, TILE | {"rope.fuse_kv": 1}),
+    (
+        _tile(8, 32, 2, 0) | {"attention_decode.fuse_rope": 1, "matmul_decode.variant": "mmvw"},
+        _tile(8, 32, 2, 0) | {"rope.fuse_kv": 1, "matmul_decode.variant": "mmvw"},
+    ),
+    (  # one 128-key range: the current key in its fourth tile, put in by the tile loop
+        _tile(32, 128, 4) | {"attention_decode.fuse_rope": 1},
+        _tile(32, 128, 4) | {"rope.fuse_kv": 1},
+    ),
+    (  # the same with one stage: the loop's refill of stage 0 puts it in
+        _tile(32, 128, 8, 1, 1) | {"attention_decode.fuse_rope": 1},
+        _tile(32, 128, 8, 1, 1) | {"rope.fuse_kv": 1},
+    ),
+]
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+@pytest.mark.parametrize(
+    "pair",
+    TILE_ROPE_CONFIGS,
+    ids=["mmvf", "mmvw_s8_m32_w2_nofc", "mmvf_m128_long", "mmvf_m128_long_st1"],
+)
+def test_tile_fuse_rope_equals_rope_kv(be, tiny_model_factory, arch, pair):
+    """attention_decode.tile fuse_rope (q, k RoPE and the KV write inside attn_tile) decodes to
+    the bit what rope_kv + attn_tile decode (rope_pair's arithmetic), eager and replayed. The
+    current key lands in a range's first or second tile (37-token prompt: put in before the
+    loop) or, with min_keys 128 and a 111-token prompt, its fourth (put in by the loop)."""
+    m = _model(tiny_model_factory(arch, "q4_k_m"), be)
+    prompt = PROMPT * 3 if pair in TILE_ROPE_CONFIGS[2:] else PROMPT
+    assert_decode_alike(be, m, pair, prompt, "fused RoPE + KV write differs from rope_kv")
+
+
+def test_attention_decode_tile_planted_swizzle_is_caught(be, plant):
+    """The kernel test above rejects the planted ATTN_TILE_SWIZZLE (V rows read without
+    the swizzle): the same case, built with the bug, is far from float64."""
+    from engine.backends.cuda import kernels
+
+    H, Hkv, D, pos0 = 12, 2, 128, 511
+    q, cache, ref = _case(be, H, Hkv, D, pos0)
+    plant("ATTN_TILE_SWIZZLE")
+    kernels.clear_cache()
+    try:
+        be.set_config(cfg(**TILE))
+        out = be.download(be.attention(be.upload(q), cache, 0, pos0))
+        with pytest.raises(AssertionError, match="NMSE"):
+            check(out, ref, 1e-9)
+    finally:
+        plant(None)
+        kernels.clear_cache()
+        be.set_config(cfg())

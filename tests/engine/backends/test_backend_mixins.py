@@ -1,0 +1,57 @@
+"""The CUDA and Vulkan backends are one class each over op-family mixins (a module per family:
+engine/backends/<backend>/{elementwise,attention,...}.py). A method defined in two of them
+would silently take whichever comes first in the bases, so each name lives in exactly one
+class of the stack; then the order of the bases changes nothing. Imports no GPU library."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from engine.backends.base import Backend
+from engine.backends.cuda.backend import CudaBackend
+from engine.backends.vulkan.backend import VulkanBackend
+
+
+def _stack(cls: type) -> list[type]:
+    """The backend class and its mixins: its MRO without Backend and what Backend derives from."""
+    return [c for c in cls.__mro__ if c is not object and not issubclass(Backend, c)]
+
+
+def _methods(c: type) -> set[str]:
+    return {
+        n
+        for n, v in vars(c).items()
+        if not n.startswith("__")
+        and (inspect.isfunction(v) or isinstance(v, (staticmethod, classmethod, property)))
+    }
+
+
+@pytest.mark.parametrize("cls", [CudaBackend, VulkanBackend], ids=["cuda", "vulkan"])
+def test_each_method_is_defined_once_in_the_mixin_stack(cls: type) -> None:
+    owners: dict[str, list[str]] = {}
+    for c in _stack(cls):
+        for n in _methods(c):
+            owners.setdefault(n, []).append(c.__qualname__)
+    assert {n: o for n, o in owners.items() if len(o) > 1} == {}
+
+
+@pytest.mark.parametrize(
+    ("cls", "families"),
+    [
+        (CudaBackend, ("elementwise", "decode_matmul", "gemm", "attention")),
+        (VulkanBackend, ("elementwise", "attention", "delta_net", "moe")),
+    ],
+    ids=["cuda", "vulkan"],
+)
+def test_op_family_modules_are_mixed_in(cls: type, families: tuple[str, ...]) -> None:
+    """Each family module holds a mixin of the backend, and its methods reach the backend."""
+    pkg = cls.__module__.rsplit(".", 1)[0]
+    mods = {c.__module__: c for c in _stack(cls)}
+    for fam in families:
+        mixin = mods.get(f"{pkg}.{fam}")
+        assert mixin is not None, f"{pkg}.{fam} holds no mixin of {cls.__name__}"
+        assert _methods(mixin), f"{mixin.__name__} is empty"
+        for n in _methods(mixin):
+            assert inspect.getattr_static(cls, n) is vars(mixin)[n]
