@@ -9,7 +9,7 @@ the agent can read the whole space on a head node that has no GPU library instal
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from engine.device_info import DeviceInfo
@@ -34,7 +34,8 @@ OWN = ""  # in Binding.builds: the variant's own source file
 @dataclass(frozen=True)
 class Binding:
     kind: str
-    target: int | str | None = None  # SPEC: constant_id; DEFINE: macro name; else None
+    # SPEC: constant_id; DEFINE: macro name (None until its knob names it: see named); else None
+    target: int | str | None = None
     # DEFINE: the source files (relative to shaders/, OWN: the variant's own) whose builds get
     # the define: a knob of one variant may shape a helper module it launches too (moe_dec.cu)
     builds: tuple[str, ...] = (OWN,)
@@ -43,7 +44,7 @@ class Binding:
         if self.kind not in KINDS:
             raise ValueError(f"binding kind {self.kind!r}; allowed: {KINDS}")
         if (self.kind == SPEC) != isinstance(self.target, int) or (
-            self.kind == DEFINE and not isinstance(self.target, str)
+            self.kind == DEFINE and not isinstance(self.target, str | None)
         ):
             raise ValueError(f"binding {self.kind} needs a target of its kind, not {self.target!r}")
         if not self.builds or (self.kind != DEFINE and self.builds != (OWN,)):
@@ -54,9 +55,18 @@ def spec(constant_id: int) -> Binding:
     return Binding(SPEC, constant_id)
 
 
-def define(macro: str, *builds: str) -> Binding:
-    """A -D of the variant's own source, or of the ``builds`` named (OWN among them or not)."""
-    return Binding(DEFINE, macro, builds or (OWN,))
+def define(*builds: str) -> Binding:
+    """A -D of the variant's own source, or of the ``builds`` named (OWN among them or not).
+    The macro is the knob's (or derived value's) name upper-cased: one name from experiment
+    file to shader (the Param or Derived taking the binding fills it in)."""
+    return Binding(DEFINE, None, builds or (OWN,))
+
+
+def named(binding: Binding | None, name: str) -> Binding | None:
+    """binding with a DEFINE's macro set to ``name`` upper-cased."""
+    if binding is None or binding.kind != DEFINE or binding.target is not None:
+        return binding
+    return replace(binding, target=name.upper())
 
 
 PUSHED = Binding(PUSH)
@@ -90,6 +100,7 @@ class Param:
     edge: bool = False
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "binding", named(self.binding, self.name))
         if self.edge and not self.is_numeric:
             raise ValueError(f"param {self.name}: an edge knob is a token count (numeric)")
         if self.default not in self.choices:
@@ -110,6 +121,9 @@ class Derived:
     compute: Callable[[Any], Value]  # (the variant's knob view so far) -> value
     doc: str = ""
     binding: Binding | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "binding", named(self.binding, self.name))
 
 
 @dataclass(frozen=True)

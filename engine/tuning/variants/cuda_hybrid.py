@@ -39,7 +39,7 @@ _DN_WARPS = Param(
     (1, 2, 4, 8),
     4,
     "warps per block, one state column each (grid: dv / warps x V heads)",
-    define("NW", OWN, _STEP),
+    define(OWN, _STEP),
 )
 _DN_LAYOUT = Param(
     "state_transposed",
@@ -48,7 +48,7 @@ _DN_LAYOUT = Param(
     "the delta-net state between calls as S^T [dv, dk] (a warp's column contiguous: "
     "coalesced) instead of S [dk, dv] (a cache line per lane); the seed's 7x was this choice "
     "on a warp-per-column kernel",
-    define("STATE_T", OWN, _STEP, _CLU),
+    define(OWN, _STEP, _CLU),
 )
 _DN_PREFETCH = Param(
     "prefetch",
@@ -57,7 +57,7 @@ _DN_PREFETCH = Param(
     "tokens whose q / k / g / beta / v a warp holds in registers ahead of use (1: loaded as "
     "each comes): the next tokens' loads fly during this one's warp sums, which is what a "
     "prefill scan of hundreds of tokens waits on; same arithmetic, bit-identical",
-    define("PF"),
+    define(),
 )
 _DN_FUSE = Param(
     "fuse_decode",
@@ -102,7 +102,7 @@ _DN_MAX_DK = Param(
     (64, 128, 256),
     128,
     "register array per warp for a state column, max_dk / 32 per lane (must be >= the K head dim)",
-    define("MAX_DK", OWN, _STEP, _CLU),
+    define(OWN, _STEP, _CLU),
 )
 # step_cluster / step_lanes: helper dn (issue 15), off until measured on the H200 (the 35B-A3B's
 # delta_net_conv_step was 12.3 us a call, a chain of round trips over 2 MB of state).
@@ -115,7 +115,7 @@ _DN_STEP_CLUSTER = Param(
     "n blocks of dv / n columns), the gated norm summed through distributed shared memory "
     "(sm_90; H heads x n blocks); same expressions, the sums of squares in another order; "
     "dn_clu.cu is built only when it is not 0",
-    define("DCL", _CLU),
+    define(_CLU),
 )
 _DN_STEP_LANES = Param(
     "step_lanes",
@@ -123,7 +123,7 @@ _DN_STEP_LANES = Param(
     8,
     "with step_cluster: lanes per state column (each holds max_dk / lanes rows; a column's "
     "sums take log2(lanes) shuffles; a block is dv / step_cluster * lanes threads, <= 512)",
-    define("DG", _CLU),
+    define(_CLU),
 )
 _DN_CLUSTER_CC = Constraint(
     "delta_net.step_cluster != 0 needs compute capability >= 9.0 (thread-block clusters)",
@@ -168,7 +168,7 @@ REGISTRY.register(
                     64,
                     "tokens per chunk of the WY scan (the sequential steps are T / chunk; "
                     "the solve and the intra-chunk products grow as chunk^2)",
-                    define("CHUNK"),
+                    define(),
                 ),
                 Param(
                     "threads",
@@ -194,14 +194,14 @@ REGISTRY.register(
 
 # The decode DMMV's shape: moe.cu's and fuse_decode's moe_dec.cu's (and grouped's own).
 _MOE_SHAPE = (
-    Param("rows_per_block", (1, 2, 4, 8), 4, "expert rows per block", define("ROWS")),
-    Param("threads_per_row", (16, 32, 64, 128), 32, "threads per row", define("TPR")),
+    Param("rows_per_block", (1, 2, 4, 8), 4, "expert rows per block", define()),
+    Param("threads_per_row", (16, 32, 64, 128), 32, "threads per row", define()),
     Param(
         "vec",
         (1, 2),
         2,
         "consecutive 16-weight groups per thread per step (load width)",
-        define("VEC"),
+        define(),
     ),
 )
 
@@ -209,10 +209,7 @@ _MOE_SHAPE = (
 def _moe_dmmv(*builds: str, suffix: str = "") -> tuple[Param, ...]:
     """The dmmv knobs (_MOE_DECODE is defined below, read at call time), the shape's defines
     reaching ``builds``; ``suffix`` ends each doc."""
-    shape = tuple(
-        Param(p.name, p.choices, p.default, p.doc, define(str(p.binding.target), *builds))
-        for p in _MOE_SHAPE
-    )
+    shape = tuple(Param(p.name, p.choices, p.default, p.doc, define(*builds)) for p in _MOE_SHAPE)
     return tuple(replace(p, doc=p.doc + suffix) for p in (*shape, *_MOE_DECODE))
 
 
@@ -339,7 +336,7 @@ _MOE_DECODE = (
         "weighted-sum down kernels only (gate_up's lanes walk several groups, where the "
         "header's byte extraction costs more than the loads it saves); same weights, same "
         "sums: bit-identical (moe_dec.cu's DEC_WIDE define: moe.cu does not rebuild)",
-        define("DEC_WIDE", _MOE_DEC),
+        define(_MOE_DEC),
     ),
     Param(
         "dec_fcvt",
@@ -350,7 +347,7 @@ _MOE_DECODE = (
         "run_dot converts with I2F, a quarter-rate instruction, 16 a group (and dec_wide's "
         "scales the same way): the same floats in the same expressions, bit-identical "
         "(moe_dec.cu's DEC_FCVT define, as dec_wide)",
-        define("DEC_FCVT", _MOE_DEC),
+        define(_MOE_DEC),
     ),
     Param(
         "l2_prefetch",
@@ -407,14 +404,14 @@ REGISTRY.register(
                     "routed (token, slot) pairs per tile: the n side of the tensor-core tile "
                     "(an expert's weight window is decoded once per tile; pairs past an "
                     "expert's count are zeros the mma still multiplies)",
-                    define("TILE_P"),
+                    define(),
                 ),
                 Param(
                     "block_rows",
                     (64, 128),
                     64,
                     "expert weight rows per block (4 warps of block_rows / 4): the m side",
-                    define("BR"),
+                    define(),
                 ),
                 Param(
                     "q4k_window",
@@ -423,7 +420,7 @@ REGISTRY.register(
                     "1: a thread decodes a Q4_K row's whole 64-wide window (scales converted "
                     "once, 16-byte quant loads); 0: a 16-weight group per thread, as every "
                     "other type (same weights either way)",
-                    define("WIN_Q4K"),
+                    define(),
                 ),
                 Param(
                     "wide_loads",
@@ -432,7 +429,7 @@ REGISTRY.register(
                     "1: Q4_K / Q6_K groups decoded from 16-byte loads (2 and 4 load "
                     "instructions, not 8 and 18: a warp's loads hit 8 rows' lines, so L1 "
                     "passes per instruction bound the narrow decoders); same weights",
-                    define("WIDE"),
+                    define(),
                 ),
                 Param(
                     "direct",
@@ -441,7 +438,7 @@ REGISTRY.register(
                     "1: Q4_K experts (gate, up, down) decoded by each warp straight into its mma "
                     "fragments (k permuted alike in the staged x), no shared-memory weight "
                     "tile; same products, another summation order",
-                    define("DIRECT"),
+                    define(),
                 ),
             ),
             quant_types=ALL_TYPES,
@@ -479,7 +476,7 @@ REGISTRY.register(
                     16,
                     "routed (token, slot) pairs per tile of the grouped GEMM: each expert "
                     "row is decoded once per tile (per-thread accumulators: registers)",
-                    define("TILE_P"),
+                    define(),
                 ),
             ),
             quant_types=ALL_TYPES,
@@ -499,9 +496,9 @@ REGISTRY.register(
                     (8, 16, 32),
                     16,
                     "lanes splitting an expert row (a group inside one warp; shuffles, no barrier)",
-                    define("TPR"),
+                    define(),
                 ),
-                Param("warps", (1, 2, 4, 8), 4, "warps per block", define("NW")),
+                Param("warps", (1, 2, 4, 8), 4, "warps per block", define()),
             ),
             quant_types=ALL_TYPES,
             source="cuda/moe_q8.cu",

@@ -54,6 +54,26 @@ def test_every_knob_declares_how_it_reaches_its_kernel(backend):
     assert REGISTRY.op(backend, "prefill").default.param("chunk_tokens").binding == HOST
 
 
+def define_names(backend: str) -> list[tuple[str, str]]:
+    """(where, macro) of every knob and derived value of backend bound to a DEFINE whose macro
+    is not its name upper-cased."""
+    return [
+        (f"{backend}.{op.name}.{v.name}.{p.name}", str(p.binding.target))
+        for op in REGISTRY.ops(backend)
+        for v in op.variants
+        for p in (*v.params, *v.derived)
+        if p.binding is not None and p.binding.kind == DEFINE
+        and p.binding.target != p.name.upper()
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("backend", sorted(KINDS_OF))
+def test_every_define_is_its_knobs_name(backend):
+    """One name from experiment file to shader (issue 29): matmul_decode.split_k is SPLIT_K in
+    the kernel, a derived rows_per_block ROWS_PER_BLOCK."""
+    assert define_names(backend) == []
+
+
 # --- Vulkan ---------------------------------------------------------------------------------
 _CONST = re.compile(r"layout\s*\(\s*constant_id\s*=\s*(\d+)\s*\)\s*const\s+\w+\s+(\w+)\s*=\s*(\w+)")
 

@@ -277,10 +277,10 @@ REGISTRY.register(
                     (8, 16, 32, 64),
                     16,
                     "query tokens per block",
-                    define("BQ"),
+                    define(),
                     edge=True,
                 ),
-                Param("rows_per_warp", (1, 2, 4, 8), 4, "query tokens per warp", define("RPW")),
+                Param("rows_per_warp", (1, 2, 4, 8), 4, "query tokens per warp", define()),
             ),
             constraints=(
                 Constraint(
@@ -336,10 +336,10 @@ REGISTRY.register(
                     (32, 64, 128),
                     64,
                     "query rows per block, 16 per warp",
-                    define("FBQ"),
+                    define(),
                     edge=True,
                 ),
-                Param("block_k", (32, 64, 128), 64, "keys per shared-memory tile", define("FBK")),
+                Param("block_k", (32, 64, 128), 64, "keys per shared-memory tile", define()),
             ),
             constraints=(
                 _cc_at_least(80),

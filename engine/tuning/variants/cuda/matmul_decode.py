@@ -51,7 +51,7 @@ REGISTRY.register(
                     "64 / 128 lanes of 2 / 4 warps meeting in shared memory (more blocks where N "
                     "is small). 32, the default, measured best over the 7B/9B shapes on the H200 "
                     "(twice the blocks of 16 where N is 3-4k)",
-                    define("TPR"),
+                    define(),
                 ),
                 Param(
                     "rows_per_thread",
@@ -59,16 +59,16 @@ REGISTRY.register(
                     2,
                     "rows a group walks together (one activation load and its sums serve all: "
                     "L1 traffic per weight byte falls as 1 / rows)",
-                    define("RPT"),
+                    define(),
                 ),
-                Param("warps", (1, 2, 4, 8), 4, "warps per block", define("NW")),
+                Param("warps", (1, 2, 4, 8), 4, "warps per block", define()),
                 Param(
                     "unroll",
                     (1, 2, 4),
                     2,
                     "slots per lane per iteration: unroll * rows_per_thread weight loads issued "
                     "before any is used",
-                    define("UNROLL"),
+                    define(),
                 ),
                 Param(
                     "wload",
@@ -76,14 +76,14 @@ REGISTRY.register(
                     0,
                     "Q4_K / Q6_K quant loads: 0 ld.global.nc; 1 + L1::no_allocate (read once: "
                     "L1 left to the activations); 2 + L2::256B prefetch",
-                    define("WLOAD"),
+                    define(),
                 ),
                 Param(
                     "min_blocks",
                     (0, 4, 8, 12, 16),
                     0,
                     "blocks per SM __launch_bounds__ sizes registers for (0: no bound)",
-                    define("MINB"),
+                    define(),
                 ),
                 Param(
                     "xsmem",
@@ -92,7 +92,7 @@ REGISTRY.register(
                     "1: each block first copies the activation row into shared memory (K * 4 "
                     "bytes, a bank-conflict-free layout per type) and reads it there instead of "
                     "through L1, where a slot's 64-byte runs cost a cache line each per load",
-                    define("XS"),
+                    define(),
                 ),
                 Param(
                     "q4k_pair",
@@ -101,7 +101,7 @@ REGISTRY.register(
                     "1: a lane's Q4_K slot is a whole sub-block pair (64 weights, two 16-byte "
                     "quant loads) instead of half of one: one header load and scale decode per "
                     "64 weights, not 32",
-                    define("Q4P"),
+                    define(),
                 ),
                 Param(
                     "fuse_swiglu",
@@ -152,28 +152,28 @@ REGISTRY.register(
                     (1, 2, 4, 8, 16),
                     4,
                     "weight rows per thread block",
-                    define("ROWS"),
+                    define(),
                 ),
                 Param(
                     "threads_per_row",
                     (8, 16, 32, 64, 128),
                     32,
                     "threads splitting a row",
-                    define("TPR"),
+                    define(),
                 ),
                 Param(
                     "rows_per_thread",
                     (1, 2, 4),
                     2,
                     "weight rows a thread walks together (activation reuse, loads in flight)",
-                    define("RPT"),
+                    define(),
                 ),
                 Param(
                     "vec",
                     (1, 2, 4),
                     2,
                     "consecutive 16-weight groups per thread per step (load width, x8 bytes Q4_K)",
-                    define("VEC"),
+                    define(),
                 ),
             ),
             constraints=(
@@ -189,7 +189,7 @@ REGISTRY.register(
             ),
             quant_types=ALL_TYPES,
             source="cuda/dmmv.cu",
-            defines=("COLS=1",),
+            defines=("MAX_COLS=1",),
             numeric="order_only",
             doc="dequantizing matrix-vector product, K split across threads_per_row threads",
         ),
@@ -203,9 +203,9 @@ REGISTRY.register(
                     (1, 2, 4, 8),
                     4,
                     "warps per block, all walking the same rows",
-                    define("NW"),
+                    define(),
                 ),
-                Param("rows_per_block", (1, 2, 4, 8), 1, "weight rows per block", define("RPB")),
+                Param("rows_per_block", (1, 2, 4, 8), 1, "weight rows per block", define()),
                 _FLOAT_SSM_IN,
             ),
             quant_types=ALL_TYPES,
@@ -226,22 +226,22 @@ REGISTRY.register(
                     (8, 16, 32),
                     32,
                     "lanes splitting a row (a group inside one warp; shuffles, no barrier)",
-                    define("TPR"),
+                    define(),
                 ),
                 Param(
                     "rows_per_thread",
                     (1, 2, 4),
                     1,
                     "rows a group walks together (one activation load serves them all)",
-                    define("RPT"),
+                    define(),
                 ),
-                Param("warps", (1, 2, 4, 8), 4, "warps per block", define("NW")),
+                Param("warps", (1, 2, 4, 8), 4, "warps per block", define()),
                 Param(
                     "unroll",
                     (1, 2, 4, 8),
                     2,
                     "slots per lane per iteration (weight loads in flight before use)",
-                    define("UNROLL"),
+                    define(),
                 ),
                 Param(
                     "wload",
@@ -250,7 +250,7 @@ REGISTRY.register(
                     "Q4_K / Q6_K weight loads: 0 ld.global.nc; 1 + L1::no_allocate (weights "
                     "read once leave L1 to the activations); 2 + L2::256B prefetch of the run "
                     "the neighbouring lanes read next",
-                    define("WLOAD"),
+                    define(),
                 ),
                 Param(
                     "min_blocks",
@@ -258,7 +258,7 @@ REGISTRY.register(
                     0,
                     "blocks per SM __launch_bounds__ sizes registers for (0: no bound): "
                     "occupancy, so more loads in flight per SM",
-                    define("MINB"),
+                    define(),
                 ),
                 Param(
                     "prefetch",
@@ -267,7 +267,7 @@ REGISTRY.register(
                     "1: each block asks the L2 for its weight rows (cp.async.bulk.prefetch, "
                     "sm_90) before it waits for the previous kernel: with pdl = 1 the weights "
                     "stream in while that kernel finishes",
-                    define("PREFETCH"),
+                    define(),
                 ),
                 Param(
                     "stage",
@@ -276,7 +276,7 @@ REGISTRY.register(
                     "1: each block's Q4_K / Q6_K weight rows come into shared memory by one bulk "
                     "copy (cp.async.bulk, sm_90; issued before the PDL wait) and are read from "
                     "there: all of a block's weight bytes in flight at once, without registers",
-                    define("STAGE"),
+                    define(),
                 ),
                 Param(
                     "stage_min_rows",
@@ -295,7 +295,7 @@ REGISTRY.register(
                     "weights, two 16-byte loads) instead of 16: half the header, scale and "
                     "activation-scale work per weight byte (the kernel runs at a fixed slot "
                     "rate, so Q4_K streams fewer bytes a second than Q6_K)",
-                    define("Q4K_WIDE"),
+                    define(),
                 ),
                 Param(
                     "q6k_wide",
@@ -303,7 +303,7 @@ REGISTRY.register(
                     0,
                     "1: a lane's Q6_K slot is 64 weights (32 bytes of ql, 32 of qh, four "
                     "scales) instead of 32: half the per-slot work per weight byte",
-                    define("Q6K_WIDE"),
+                    define(),
                 ),
                 Param(
                     "split_k",
@@ -312,14 +312,14 @@ REGISTRY.register(
                     "rows with K >= split_min_k split over this many lane groups of a block, "
                     "partials summed in shared memory in a fixed order: this many times the "
                     "blocks and warps on tall-skinny shapes (the down projection)",
-                    define("KSPLIT"),
+                    define(),
                 ),
                 Param(
                     "split_min_k",
                     (256, 2048, 4096, 8192, 16384),
                     8192,
                     "row length from which split_k applies (K >= this; mmvw_qkv never splits)",
-                    define("SPLIT_MINK"),
+                    define(),
                 ),
                 Param(
                     "fuse_swiglu",
@@ -345,7 +345,7 @@ REGISTRY.register(
                     "lanes per row of mmvw_glu (fuse_swiglu): its block is the 64 rows of 32 "
                     "outputs x this many lanes, all in one pass (fewer: more blocks resident, "
                     "one wave where 8 or 16 lanes take two)",
-                    define("GLU_TPR"),
+                    define(),
                 ),
                 Param(
                     "glu_unroll",
@@ -353,7 +353,7 @@ REGISTRY.register(
                     4,
                     "slots per lane per iteration in mmvw_glu (its rows are few per block and "
                     "long per lane: its own depth of loads in flight)",
-                    define("GLU_UNROLL"),
+                    define(),
                 ),
                 Param(
                     "fuse_norm",
@@ -390,7 +390,7 @@ REGISTRY.register(
                     "different sub-block pairs: q4k_sm's branch ran both sides) and the high "
                     "nibbles' dot product without shifts (dp4a of unsigned 16 x nibble bytes, "
                     "/ 16): the same integers, about a fifth fewer instructions a slot",
-                    define("Q4K_LEAN"),
+                    define(),
                 ),
                 Param(
                     "q4k_kernel",
@@ -407,7 +407,7 @@ REGISTRY.register(
                     0,
                     "blocks per SM mmvw_q4k's __launch_bounds__ sizes registers for (0: "
                     "min_blocks'); its own, since Q6_K's code spills where Q4_K's does not",
-                    define("Q4K_MINB"),
+                    define(),
                 ),
                 Param(
                     "stream_x",
@@ -449,7 +449,7 @@ REGISTRY.register(
                     "rows_per_block",
                     lambda k: k.warps * 32 // k.threads_per_row * k.rows_per_thread,
                     "warps x (32 / threads_per_row) lane groups of rows_per_thread rows",
-                    define("MMVW_RPB"),
+                    define(),
                 ),
             ),
             quant_types=ALL_TYPES,

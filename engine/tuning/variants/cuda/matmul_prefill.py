@@ -22,7 +22,7 @@ _MAX_COLS = Param(
     (2, 4, 8, 16, 24, 32, 40, 48, 64),
     16,
     "columns (tokens) per launch: the column tile, per-thread accumulators",
-    define("COLS"),
+    define(),
     edge=True,
 )
 REGISTRY.register(
@@ -40,11 +40,9 @@ REGISTRY.register(
                     (1, 2, 4, 8),
                     2,
                     "weight rows per thread block",
-                    define("ROWS"),
+                    define(),
                 ),
-                Param(
-                    "threads_per_row", (8, 16, 32, 64), 32, "threads splitting a row", define("TPR")
-                ),
+                Param("threads_per_row", (8, 16, 32, 64), 32, "threads splitting a row", define()),
             ),
             constraints=(
                 Constraint(
@@ -59,7 +57,7 @@ REGISTRY.register(
             ),
             quant_types=ALL_TYPES,
             source="cuda/dmmv.cu",
-            defines=("RPT=1", "VEC=1"),
+            defines=("ROWS_PER_THREAD=1", "VEC=1"),
             doc="batched DMMV, K-parallel: each decoded group feeds all max_cols columns",
             numeric="order_only",
         ),
@@ -74,12 +72,12 @@ REGISTRY.register(
                     (32, 64, 128, 256),
                     64,
                     "rows (= threads) per block",
-                    define("ROWS"),
+                    define(),
                 ),
             ),
             quant_types=ALL_TYPES,
             source="cuda/dmmv.cu",
-            defines=("TPR=1", "RPT=1", "VEC=1"),
+            defines=("THREADS_PER_ROW=1", "ROWS_PER_THREAD=1", "VEC=1"),
             numeric="order_only",
             doc="batched DMMV, serial over K: one thread per row (the seed's slow first shape)",
         ),
@@ -87,10 +85,10 @@ REGISTRY.register(
 )
 
 # --- prefill GEMM -------------------------------------------------------------------------
-_TILE_M = Param("tile_m", (64, 128), 128, "weight rows per block tile", define("BM"))
-_TILE_N = Param("tile_n", (32, 64, 128), 128, "tokens per block tile", define("BN"), edge=True)
-_WARPS_M = Param("warps_m", (1, 2, 4), 2, "warps along the weight rows", define("WM"))
-_WARPS_N = Param("warps_n", (1, 2, 4), 4, "warps along the tokens", define("WN"))
+_TILE_M = Param("tile_m", (64, 128), 128, "weight rows per block tile", define())
+_TILE_N = Param("tile_n", (32, 64, 128), 128, "tokens per block tile", define(), edge=True)
+_WARPS_M = Param("warps_m", (1, 2, 4), 2, "warps along the weight rows", define())
+_WARPS_N = Param("warps_n", (1, 2, 4), 4, "warps along the tokens", define())
 
 
 def _tile_ok(cfg) -> bool:  # noqa: ANN001

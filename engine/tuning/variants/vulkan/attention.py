@@ -148,7 +148,7 @@ def _register_attention_coopmat() -> None:
                 "the flash pass rescales its output accumulators by one component-wise "
                 "multiply of two matrices instead of a loop over each lane's elements (the "
                 "H200's driver gave the loop's pipeline 256 B of local memory); unmeasured",
-                define("MATRIX_SCALE"),
+                define(),
             ),
             Param(
                 "key_chunk",

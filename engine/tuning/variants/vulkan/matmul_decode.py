@@ -187,7 +187,7 @@ REGISTRY.register(
                     True,
                     "two int8 products per 32-bit multiply (16-bit halves, exact) instead of "
                     "byte-by-byte multiply-adds: fewer integer ops per weight",
-                    define("PAIR_MUL"),
+                    define(),
                 ),
                 _SUBGROUP,
             ),
@@ -239,7 +239,7 @@ REGISTRY.register(
                     "a thread per value (coalesced; block max and sum through shared memory; "
                     "the norm pass in ceil(D / wg_size) workgroups) instead of a thread per "
                     "32-block",
-                    define("Q8_COALESCED"),
+                    define(),
                 ),
             ),
             constraints=(_wg_fits("quantize_act"), _shared_fits("quantize_act", 1)),

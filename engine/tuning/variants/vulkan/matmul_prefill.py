@@ -208,7 +208,7 @@ REGISTRY.register(
                     False,
                     "each thread owns contiguous rows/columns read as vec4 from shared memory "
                     "(a quarter of the load instructions); tiles multiples of 64",
-                    define("VEC4"),
+                    define(),
                 ),
             ),
             constraints=(
@@ -244,7 +244,7 @@ REGISTRY.register(
                     (32, 64),
                     32,
                     "k per shared-memory step (fewer barriers against more shared memory)",
-                    define("BK"),
+                    define(),
                 ),
                 Param(
                     "one_tile",
@@ -252,7 +252,7 @@ REGISTRY.register(
                     False,
                     "each subgroup owns exactly one subgroup tile (tiles x subgroup size = 256): "
                     "no pass loop or idle accumulators",
-                    define("ONE_TILE_PER_SUBGROUP"),
+                    define(),
                 ),
                 Param(
                     "buffers",
@@ -260,7 +260,7 @@ REGISTRY.register(
                     1,
                     "tile buffers: 2 decodes the next k-step while this one's multiply-adds "
                     "run, one barrier per step, twice the tiles' shared memory",
-                    define("NBUF"),
+                    define(),
                 ),
                 Param(
                     "store_unrolled",
@@ -270,7 +270,7 @@ REGISTRY.register(
                     "(subgroups of at least 32 lanes), so the driver can unroll the accumulator "
                     "loops around it; the same bits (H200: still 256 B of local memory and 18.7 "
                     "TFLOP/s, the pass loop keeps the accumulators indexed at run time)",
-                    define("STORE_UNROLLED"),
+                    define(),
                 ),
                 Param(
                     "subgroup_size",
@@ -345,7 +345,7 @@ REGISTRY.register(
                     32,
                     "k per shared-memory step (fewer barriers against more shared memory; 16: "
                     "room for double-buffered 256-row tiles in 48 KiB)",
-                    define("BK"),
+                    define(),
                 ),
                 Param(
                     "smem_halves",
@@ -353,7 +353,7 @@ REGISTRY.register(
                     False,
                     "shared tiles as float16_t, the matrices' own element type (strides and "
                     "offsets in halves) instead of uvec4",
-                    define("SMEM_HALVES"),
+                    define(),
                 ),
                 Param(
                     "direct",
@@ -361,7 +361,7 @@ REGISTRY.register(
                     False,
                     "no shared tiles: each subgroup loads its matrices straight from the fp16 "
                     "copies (L1/L2 serve the reuse), no barriers; bk sets the k per loop step",
-                    define("DIRECT"),
+                    define(),
                 ),
                 Param(
                     "mma_n",
@@ -369,7 +369,7 @@ REGISTRY.register(
                     16,
                     "weight rows per multiply-add: 16 (16x16x16) or 8 (16x8x16, NVIDIA's native "
                     "mma.sync shape; the device must list it)",
-                    define("MMA_N"),
+                    define(),
                 ),
                 Param(
                     "threads",
@@ -378,7 +378,7 @@ REGISTRY.register(
                     "the GEMM's workgroup size: (tile_m / warp_m) x (tile_n / warp_n) subgroup "
                     "tiles of that many lanes each (128 = four 64 x 64 tiles of 16 "
                     "accumulators, llama.cpp's coopmat shape)",
-                    define("WG_THREADS"),
+                    define(),
                 ),
                 Param(
                     "buffers",
@@ -386,7 +386,7 @@ REGISTRY.register(
                     2,
                     "tile buffers: 2 stores the next k-step's tiles (fetched into registers "
                     "before this step's multiply-adds) into the other, one barrier per step",
-                    define("NBUF"),
+                    define(),
                 ),
                 Param(
                     "prefetch",
@@ -400,7 +400,7 @@ REGISTRY.register(
                     "k-steps ahead that the tile loads are issued (2: two register sets, each "
                     "load has two steps of multiply-adds to arrive instead of one, the step "
                     "loop unrolled by two; the same bits); with buffers 1 or direct it is 1",
-                    define("PREFETCH"),
+                    define(),
                 ),
                 Param(
                     "fill_groups",
@@ -458,7 +458,7 @@ REGISTRY.register(
                     False,
                     "shared tiles as f16vec2 pairs (llama.cpp's coopmat layout) instead of "
                     "uvec4: the same bytes, another element type for the driver's matrix loads",
-                    define("SMEM_PAIRS"),
+                    define(),
                 ),
                 Param(
                     "store_unrolled",
@@ -469,7 +469,7 @@ REGISTRY.register(
                     "accumulator loops around it and keep the accumulators in registers (H200: "
                     "172 registers + 256 B local memory -> 142 and none, the 1.5B prefill GEMMs "
                     "38.1 -> 18.8 ms); the same stores, the same bits",
-                    define("STORE_UNROLLED"),
+                    define(),
                 ),
                 Param(
                     "subgroup_size",
