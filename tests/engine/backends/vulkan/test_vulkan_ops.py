@@ -17,8 +17,6 @@ from engine.gguf_model import QTensor
 from engine.tuning import REGISTRY, TuningConfig
 from tests.backend_contract import BackendContract
 from tests.engine.backends.vulkan.test_vulkan_helpers import (
-    assert_no_validation_errors,
-    make_backend,
     nmse,
     qtensor,
 )
@@ -28,18 +26,7 @@ QUANTS = ["F32", "F16", "BF16", "Q8_0", "Q5_0", "Q5_1", "Q4_0", "Q4_1", "Q4_K", 
 CANARY = 0xFF  # bytes of a NaN pattern left in free buffers before each op
 
 
-@pytest.fixture(scope="module")
-def vb():
-    be = make_backend()
-    yield be
-    be.close()
-
-
-@pytest.fixture(autouse=True)
-def _clean(vb):
-    vb.set_config(TuningConfig.default("vulkan"))
-    yield
-    assert_no_validation_errors(vb)
+pytestmark = pytest.mark.usefixtures("clean_vb")
 
 
 def poison_free_buffers(be, out_elems: int) -> None:  # noqa: ANN001
