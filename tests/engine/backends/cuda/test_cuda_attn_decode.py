@@ -28,11 +28,6 @@ KNOBS = [  # splits, warps, fuse_combine, early
 ]  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def be(cuda_be):
-    return cuda_be
-
-
 def _inputs(H: int, Hkv: int, D: int, pos0: int):
     rng = np.random.default_rng(H * 1000 + D + pos0)
     q = rng.standard_normal((1, H, D)).astype(np.float32)

@@ -33,11 +33,6 @@ KNOBS = [  # splits, min_keys, warps, fuse_combine, cluster, prefetch
 ]  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def be(cuda_be):
-    return cuda_be
-
-
 def _vec(splits: int, min_keys: int, warps: int, fc: int = 1, cl: int = 0, pf: int = 0) -> dict:
     return VEC | {
         "attention_decode.prefetch": pf,

@@ -26,11 +26,6 @@ from tests.op_cases import check, check_dot, dense, qtensor, seed_of
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(scope="module")
-def be(cuda_be):
-    return cuda_be
-
-
 BLOCK_QTYPES = ["Q8_0", "Q5_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"]
 MMVW = {"matmul_decode.variant": "mmvw"}
 MMVW_CONFIGS = [

@@ -12,19 +12,10 @@ import numpy as np
 import pytest
 
 from engine.backends.numpy_ref import NumpyBackend
-from engine.tuning import TuningConfig
+from tests.engine.backends.cuda.test_cuda_ops import cfg
 from tests.op_cases import check, f32_tensor
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module")
-def be(cuda_be):
-    return cuda_be
-
-
-def cfg(**flat) -> TuningConfig:
-    return TuningConfig.from_flat("cuda", flat)
 
 
 # (step_cluster, step_lanes, max_dk, K, dk, dv, Hk, Hv): dv off the blocks and lanes, dk below

@@ -21,7 +21,7 @@ import pytest
 
 from engine.backends.numpy_ref import NumpyBackend
 from engine.gguf_model import QTensor
-from engine.tuning import TuningConfig
+from tests.engine.backends.cuda.test_cuda_ops import cfg
 from tests.op_cases import check, nmse, qtensor
 
 pytestmark = pytest.mark.gpu
@@ -33,15 +33,6 @@ PROMPT = [3, 17, 99, 5, 42, 7, 250, 11, 64, 2, 8, 1, 77, 31, 9, 120, 66, 4, 200,
 # Batched DMMV for every prefill matmul: float32 throughout, so the whole model can be held to
 # float32 noise against NumPy (the default GEMM above gemm_min_t is fp16: validate's budget).
 F32_PREFILL = {"prefill.gemm_min_t": 1 << 20}
-
-
-@pytest.fixture(scope="module")
-def be(cuda_be):
-    return cuda_be
-
-
-def cfg(**flat) -> TuningConfig:
-    return TuningConfig.from_flat("cuda", flat)
 
 
 def _f32(rng, *shape) -> np.ndarray:

@@ -49,12 +49,6 @@ def mmvf(**knobs) -> dict:
     return MMVF | {f"matmul_decode.{k}": v for k, v in knobs.items()}
 
 
-@pytest.fixture(scope="module")
-def be(cuda_be):
-    yield cuda_be
-    cuda_be.set_config(cfg())
-
-
 def test_mmvf_is_the_default_and_float_exact():
     from engine.tuning import REGISTRY, TuningConfig
 

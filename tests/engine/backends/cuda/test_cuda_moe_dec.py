@@ -11,7 +11,7 @@ import pytest
 
 from engine.backends.numpy_ref import NumpyBackend
 from engine.gguf_model import QTensor
-from engine.tuning import TuningConfig
+from tests.engine.backends.cuda.test_cuda_ops import cfg
 from tests.op_cases import check, qtensor
 
 pytestmark = pytest.mark.gpu
@@ -46,15 +46,6 @@ KNOBS = [
     # gate and up of an output sharing x's loads (moe_dec_gate_up_p)
     {"moe_experts.gate_up_pair": 1, "moe_experts.threads_per_row": 64},
 ]  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def be(cuda_be):
-    return cuda_be
-
-
-def cfg(**flat) -> TuningConfig:
-    return TuningConfig.from_flat("cuda", flat)
 
 
 def _f32w(a: np.ndarray, name: str = "w") -> QTensor:

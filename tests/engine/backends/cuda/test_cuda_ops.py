@@ -32,11 +32,6 @@ INT8_NMSE = 5e-3
 SENTINEL = 1234.5
 
 
-@pytest.fixture
-def be(cuda_be):
-    return cuda_be
-
-
 PAD = 1024  # bytes of sentinel after every allocation made during a contract op
 
 
