@@ -40,6 +40,39 @@ class Pipeline:
     push_struct: struct.Struct
 
 
+def create_layout(device: Any, n_bindings: int, push_size: int) -> tuple[Any, Any]:
+    """(descriptor set layout, pipeline layout) of a compute shader with n_bindings storage
+    buffers and push_size bytes of push constants; the caller destroys both."""
+    dsl = vk.vkCreateDescriptorSetLayout(
+        device,
+        vk.VkDescriptorSetLayoutCreateInfo(
+            pBindings=[
+                vk.VkDescriptorSetLayoutBinding(
+                    binding=i,
+                    descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                    descriptorCount=1,
+                    stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT,
+                )
+                for i in range(n_bindings)
+            ]
+        ),
+        None,
+    )
+    pl = vk.vkCreatePipelineLayout(
+        device,
+        vk.VkPipelineLayoutCreateInfo(
+            pSetLayouts=[dsl],
+            pPushConstantRanges=[
+                vk.VkPushConstantRange(
+                    stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT, offset=0, size=push_size
+                )
+            ],
+        ),
+        None,
+    )
+    return dsl, pl
+
+
 class Pipelines:
     def __init__(self, dev: Device) -> None:
         self.dev = dev
@@ -76,34 +109,7 @@ class Pipelines:
     def _layout(self, n_bindings: int, push_size: int) -> tuple[Any, Any]:
         key = (n_bindings, push_size)
         if key not in self.layouts:
-            dsl = vk.vkCreateDescriptorSetLayout(
-                self.dev.device,
-                vk.VkDescriptorSetLayoutCreateInfo(
-                    pBindings=[
-                        vk.VkDescriptorSetLayoutBinding(
-                            binding=i,
-                            descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
-                            descriptorCount=1,
-                            stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT,
-                        )
-                        for i in range(n_bindings)
-                    ]
-                ),
-                None,
-            )
-            pl = vk.vkCreatePipelineLayout(
-                self.dev.device,
-                vk.VkPipelineLayoutCreateInfo(
-                    pSetLayouts=[dsl],
-                    pPushConstantRanges=[
-                        vk.VkPushConstantRange(
-                            stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT, offset=0, size=push_size
-                        )
-                    ],
-                ),
-                None,
-            )
-            self.layouts[key] = (dsl, pl)
+            self.layouts[key] = create_layout(self.dev.device, n_bindings, push_size)
         return self.layouts[key]
 
     def get(

@@ -21,7 +21,7 @@ import numpy as np
 from engine.backends.vulkan import coopmat
 from engine.backends.vulkan._vk import ffi, vk
 from engine.backends.vulkan.device import Device
-from engine.backends.vulkan.pipelines import executable_statistics
+from engine.backends.vulkan.pipelines import create_layout, executable_statistics
 from engine.backends.vulkan.probe_builds import (  # noqa: F401 - the probe's names
     GEMM_CONFIGS,
     LDS_ELEMS,
@@ -33,6 +33,7 @@ from engine.backends.vulkan.probe_builds import (  # noqa: F401 - the probe's na
     mma_defines,
 )
 from engine.backends.vulkan.spirv import compile_spirv
+from engine.backends.vulkan.stream import pool_and_fence
 
 
 @dataclass
@@ -54,15 +55,7 @@ class Probe:
     def __init__(self, dev: Device) -> None:
         self.dev = dev
         d = dev.device
-        self.pool = vk.vkCreateCommandPool(
-            d,
-            vk.VkCommandPoolCreateInfo(
-                flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT,
-                queueFamilyIndex=dev.queue_family,
-            ),
-            None,
-        )
-        self.fence = vk.vkCreateFence(d, vk.VkFenceCreateInfo(), None)
+        self.pool, self.fence = pool_and_fence(dev)
         self.dpool = vk.vkCreateDescriptorPool(
             d,
             vk.VkDescriptorPoolCreateInfo(
@@ -167,35 +160,7 @@ class Probe:
     # --- pipelines ------------------------------------------------------------------------
     def _layout(self, n: int, push: int) -> tuple[Any, Any]:
         if (n, push) not in self.layouts:
-            d = self.dev.device
-            dsl = vk.vkCreateDescriptorSetLayout(
-                d,
-                vk.VkDescriptorSetLayoutCreateInfo(
-                    pBindings=[
-                        vk.VkDescriptorSetLayoutBinding(
-                            binding=i,
-                            descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
-                            descriptorCount=1,
-                            stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT,
-                        )
-                        for i in range(n)
-                    ]
-                ),
-                None,
-            )
-            pl = vk.vkCreatePipelineLayout(
-                d,
-                vk.VkPipelineLayoutCreateInfo(
-                    pSetLayouts=[dsl],
-                    pPushConstantRanges=[
-                        vk.VkPushConstantRange(
-                            stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT, offset=0, size=push
-                        )
-                    ],
-                ),
-                None,
-            )
-            self.layouts[(n, push)] = (dsl, pl)
+            self.layouts[(n, push)] = create_layout(self.dev.device, n, push)
         return self.layouts[(n, push)]
 
     def pipeline(

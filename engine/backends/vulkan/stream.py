@@ -107,21 +107,26 @@ class GraphKey:
         )
 
 
+def pool_and_fence(dev: Device) -> tuple[Any, Any]:
+    """A command pool on dev's queue family whose buffers reset one by one, and an unsignaled
+    fence for its submits; the caller destroys both."""
+    pool = vk.vkCreateCommandPool(
+        dev.device,
+        vk.VkCommandPoolCreateInfo(
+            flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT,
+            queueFamilyIndex=dev.queue_family,
+        ),
+        None,
+    )
+    return pool, vk.vkCreateFence(dev.device, vk.VkFenceCreateInfo(), None)
+
+
 class Stream:
     def __init__(self, dev: Device, pipelines: Pipelines, alloc: Allocator) -> None:
         self.dev = dev
         self.pipes = pipelines
         self.alloc = alloc
-        d = dev.device
-        self.pool = vk.vkCreateCommandPool(
-            d,
-            vk.VkCommandPoolCreateInfo(
-                flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT,
-                queueFamilyIndex=dev.queue_family,
-            ),
-            None,
-        )
-        self.fence = vk.vkCreateFence(d, vk.VkFenceCreateInfo(), None)
+        self.pool, self.fence = pool_and_fence(dev)
         # written by the CPU each submit, read by many dispatches: device-local where mappable
         self.dyn_lease = alloc.new(DYN_SLOTS * 4, host_visible=True, pooled=False, near=True)
         self.dyn_buf = self.dyn_lease.buf
