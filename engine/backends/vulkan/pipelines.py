@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -71,6 +72,33 @@ def create_layout(device: Any, n_bindings: int, push_size: int) -> tuple[Any, An
         None,
     )
     return dsl, pl
+
+
+def write_storage_set(device: Any, ds: Any, bufs: Sequence[Any], max_range: int | None) -> None:
+    """Point binding i of the descriptor set ds at the whole of bufs[i] (a storage buffer with
+    .handle and .size), its range clamped to max_range where one is given."""
+    vk.vkUpdateDescriptorSets(
+        device,
+        len(bufs),
+        [
+            vk.VkWriteDescriptorSet(
+                dstSet=ds,
+                dstBinding=i,
+                descriptorCount=1,
+                descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                pBufferInfo=[
+                    vk.VkDescriptorBufferInfo(
+                        buffer=b.handle,
+                        offset=0,
+                        range=b.size if max_range is None else min(b.size, max_range),
+                    )
+                ],
+            )
+            for i, b in enumerate(bufs)
+        ],
+        0,
+        None,
+    )
 
 
 class Pipelines:
@@ -215,27 +243,7 @@ class Pipelines:
             vk.VkDescriptorSetAllocateInfo(descriptorPool=pool, pSetLayouts=[dsl]),
         )[0]
         self.pool_left -= 1
-        max_range = self.dev.max_range
-        vk.vkUpdateDescriptorSets(
-            self.dev.device,
-            len(bufs),
-            [
-                vk.VkWriteDescriptorSet(
-                    dstSet=ds,
-                    dstBinding=i,
-                    descriptorCount=1,
-                    descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
-                    pBufferInfo=[
-                        vk.VkDescriptorBufferInfo(
-                            buffer=b.handle, offset=0, range=min(b.size, max_range)
-                        )
-                    ],
-                )
-                for i, b in enumerate(bufs)
-            ],
-            0,
-            None,
-        )
+        write_storage_set(self.dev.device, ds, bufs, self.dev.max_range)
         self.sets[key] = ds
         self.set_pool[key] = pool
         for b in bufs:

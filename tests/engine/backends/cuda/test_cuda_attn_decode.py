@@ -242,17 +242,17 @@ def test_tile_fuse_rope_equals_rope_kv(be, tiny_model_factory, arch, pair):
     assert_decode_alike(be, m, pair, prompt, "fused RoPE + KV write differs from rope_kv")
 
 
-def test_attention_decode_tile_planted_swizzle_is_caught(be, plant):
-    """The kernel test above rejects the planted ATTN_TILE_SWIZZLE (V rows read without
-    the swizzle): the same case, built with the bug, is far from float64."""
+def planted_attention_is_caught(be, plant, mutant: str, flat: dict) -> np.ndarray:  # noqa: ANN001
+    """The decode-attention kernel tests' check rejects the planted mutant: their 12-head case
+    at position 511, built with the bug under flat, is far from float64. Returns the output."""
     from engine.backends.cuda import kernels
 
     H, Hkv, D, pos0 = 12, 2, 128, 511
     q, cache, ref = _case(be, H, Hkv, D, pos0)
-    plant("ATTN_TILE_SWIZZLE")
+    plant(mutant)
     kernels.clear_cache()
     try:
-        be.set_config(cfg(**TILE))
+        be.set_config(cfg(**flat))
         out = be.download(be.attention(be.upload(q), cache, 0, pos0))
         with pytest.raises(AssertionError, match="NMSE"):
             check(out, ref, 1e-9)
@@ -260,3 +260,10 @@ def test_attention_decode_tile_planted_swizzle_is_caught(be, plant):
         plant(None)
         kernels.clear_cache()
         be.set_config(cfg())
+    return out
+
+
+def test_attention_decode_tile_planted_swizzle_is_caught(be, plant):
+    """The kernel test above rejects the planted ATTN_TILE_SWIZZLE (V rows read without
+    the swizzle)."""
+    planted_attention_is_caught(be, plant, "ATTN_TILE_SWIZZLE", TILE)
