@@ -17,11 +17,12 @@ from tests.engine.backends.cuda.test_cuda_ops import (
     PROMPT,
     _check_q8,
     _model,
+    assert_ragged_matmul_into,
     cfg,
     guarded,
     k_for,
 )
-from tests.op_cases import check, check_dot, dense, qtensor, seed_of
+from tests.op_cases import check, dense, qtensor, seed_of
 
 pytestmark = pytest.mark.gpu
 
@@ -79,16 +80,8 @@ def mmvw(**knobs) -> dict:
 def test_mmvw_matmul(cp, be, cid, knobs, qtype):
     be.set_config(cfg(**mmvw(**knobs)))
     rng = np.random.default_rng(seed_of(cid, qtype))
-    for N, kb in [(1, 1), (67, 3), (130, 2), (257, 5), (33, 10)]:  # 10: the 32-value types split
-        K = k_for(qtype, kb)
-        w = qtensor(rng, (N, K), qtype, std=0.05)
-        x = rng.standard_normal((1, K)).astype(np.float32)
-        xd = be.upload(x)
-        y, intact = guarded(cp, (1, N))
-        be.matmul_into(xd, be.load_weight(w), y)
-        check_dot(y.get(), x, dense(w), INT8_NMSE)
-        intact()
-        assert np.array_equal(be.download(xd), x), "input changed"
+    sizes = [(1, 1), (67, 3), (130, 2), (257, 5), (33, 10)]  # 10: the 32-value types split
+    assert_ragged_matmul_into(cp, be, rng, qtype, sizes, INT8_NMSE)
 
 
 @pytest.mark.parametrize("cid,knobs", MMVW_CONFIGS[:3], ids=[c[0] for c in MMVW_CONFIGS[:3]])
