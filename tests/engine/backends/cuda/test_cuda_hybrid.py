@@ -22,6 +22,7 @@ import pytest
 from engine.backends.numpy_ref import NumpyBackend
 from engine.gguf_model import QTensor
 from tests.engine.backends.cuda.test_cuda_ops import cfg
+from tests.engine.backends.cuda.test_cuda_pdl import assert_pdl_changes_no_bit
 from tests.op_cases import check, nmse, qtensor
 
 pytestmark = pytest.mark.gpu
@@ -606,19 +607,7 @@ def test_pdl_chains_the_hybrid_decode_kernels_without_changing_a_bit(be, tiny_mo
     if be.device_info().extra["cc"] < 90:
         pytest.skip("programmatic dependent launch needs sm_90")
     m = _model(tiny_model_factory(arch, "q4_k_m"), be)
-    runs = {}
-    for pdl in (0, 1):
-        be.set_config(cfg(**MMVW, **{"moe_experts.variant": "mmvq", "matmul_decode.pdl": pdl}))
-        assert (be._pdl is not None) == bool(pdl)
-        for graphs in (False, True):
-            be.use_graphs = graphs
-            runs[pdl, graphs] = m.generate(PROMPT, 8, keep_logits=True)
-    be.use_graphs = True
-    base = runs[0, True]
-    for key, g in runs.items():
-        assert g.tokens == base.tokens, key
-        for a, b in zip(g.step_logits, base.step_logits, strict=True):
-            assert np.array_equal(a, b), f"{key}: PDL changed a result"
+    assert_pdl_changes_no_bit(be, m, MMVW | {"moe_experts.variant": "mmvq"}, PROMPT, 8)
 
 
 HYBRID_VALIDATE_CONFIGS = [
