@@ -337,6 +337,22 @@ def _q8_round_trip(a: np.ndarray) -> np.ndarray:
     return (np.round(b / np.where(d > 0, d, 1)) * d).reshape(a.shape)
 
 
+def _moe_experts_poisoned(be, x, ids, w, mats, E: int) -> tuple[np.ndarray, set]:  # noqa: ANN001
+    """moe_experts of x with experts 1 and 6 (never chosen) made all 0xFF in mats (a NaN scale:
+    any read of them poisons the output), profiled: (output, the kernels that ran)."""
+    for m in mats:
+        m.raw.reshape(E, -1)[[1, 6]] = 0xFF
+    be.set_profiling(True)
+    try:
+        got = be.moe_experts(
+            be.upload(x), be.upload(ids), be.upload(w), *(be.load_weight(m) for m in mats)
+        )
+        ran = set(be.profile().kernels)
+    finally:
+        be.set_profiling(False)
+    return be.download(got), ran
+
+
 Q8_MOE_CONFIGS = [
     {"moe_experts.variant": "mmvq"},
     {"moe_experts.variant": "mmvq", "moe_experts.threads_per_row": 8, "moe_experts.warps": 1},
@@ -371,17 +387,8 @@ def test_moe_q8_matches_an_int8_emulation_and_reads_only_chosen_experts(be, qtyp
             g, u = Wg[e] @ xq[t], Wu[e] @ xq[t]
             h = _q8_round_trip((g / (1 + np.exp(-g)) * u)[None])[0]
             want[t] += w[t, j] * (Wd[e] @ h)
-    for m in mats:
-        m.raw.reshape(E, -1)[[1, 6]] = 0xFF
-    be.set_profiling(True)
-    try:
-        got = be.moe_experts(
-            be.upload(x), be.upload(ids), be.upload(w), *(be.load_weight(m) for m in mats)
-        )
-        ran = set(be.profile().kernels)
-    finally:
-        be.set_profiling(False)
-    check(be.download(got), want, 1e-6)
+    got, ran = _moe_experts_poisoned(be, x, ids, w, mats, E)
+    check(got, want, 1e-6)
     assert any(n.startswith("moe_q8_gu_") for n in ran), ran  # gate + up + SwiGLU fused
     assert any(n.startswith("moe_q8_") and "_gu_" not in n for n in ran), ran  # down
 
@@ -482,17 +489,7 @@ def test_moe_tc_matches_an_fp16_emulation_with_skewed_routing(be, qtype, T, flat
             xe = r(x[t])
             g, u = xe @ r(Wg[e]).T, xe @ r(Wu[e]).T
             out[t] += w[t, j][:, None] * (r(g / (1 + np.exp(-g)) * u) @ r(Wd[e]).T)
-    for m in mats:
-        m.raw.reshape(E, -1)[[1, 6]] = 0xFF
-    be.set_profiling(True)
-    try:
-        got = be.moe_experts(
-            be.upload(x), be.upload(ids), be.upload(w), *(be.load_weight(m) for m in mats)
-        )
-        ran = set(be.profile().kernels)
-    finally:
-        be.set_profiling(False)
-    got = be.download(got)
+    got, ran = _moe_experts_poisoned(be, x, ids, w, mats, E)
     check(got, want16, TC_NMSE)
     check(got, want, 1e-4)
     assert f"moe_tc_gu_{qtype.lower()}" in ran and f"moe_tc_down_{down_type.lower()}" in ran, ran
