@@ -28,18 +28,18 @@ KNOBS = [  # splits, warps, fuse_combine, early
 ]  # fmt: skip
 
 
-def _inputs(H: int, Hkv: int, D: int, pos0: int):
-    rng = np.random.default_rng(H * 1000 + D + pos0)
+def _inputs(H: int, Hkv: int, D: int, pos0: int, seed: int | None = None):
+    rng = np.random.default_rng(H * 1000 + D + pos0 if seed is None else seed)
     q = rng.standard_normal((1, H, D)).astype(np.float32)
     k = rng.standard_normal((pos0 + 1, Hkv, D)).astype(np.float32)
     v = rng.standard_normal((pos0 + 1, Hkv, D)).astype(np.float32)
     return q, k, v
 
 
-def _case(be, H: int, Hkv: int, D: int, pos0: int, room: int = 3):  # noqa: ANN001, ANN202
+def _case(be, H: int, Hkv: int, D: int, pos0: int, room: int = 3, seed: int | None = None):  # noqa: ANN001, ANN202
     """(q, a KV cache of pos0 + room positions holding _inputs' keys and values 0..pos0,
     attention of q at pos0 over it in float64)."""
-    q, k, v = _inputs(H, Hkv, D, pos0)
+    q, k, v = _inputs(H, Hkv, D, pos0, seed)
     cache = be.new_kv_cache(1, pos0 + room, Hkv, D)
     be.kv_write(cache, 0, be.upload(k), be.upload(v), 0)
     return q, cache, attention_ref(q, be.download(cache.k[0]), be.download(cache.v[0]), pos0)

@@ -12,6 +12,7 @@ import pytest
 
 from engine.backends.base import Backend
 from engine.backends.numpy_ref import NumpyBackend
+from tests.engine.backends.cuda.test_cuda_attn_decode import _case
 from tests.engine.backends.cuda.test_cuda_ops import (
     INT8_NMSE,
     PROMPT,
@@ -228,20 +229,12 @@ def test_attention_decode_split_kw(be, G, splits, warps, H, Hkv, D, pos0, fc):
     """attention_decode.split_kw (several keys per warp step; fc: the last range of a head
     combines) against float64, with key ranges that are empty (splits > positions) and ragged;
     twice, as the per-head tickets must reset."""
-    from tests.op_cases import attention_ref
-
     be.set_config(cfg(**{"attention_decode.variant": "split_kw",
                          "attention_decode.lanes_per_key": G,
                          "attention_decode.splits": splits,
                          "attention_decode.warps": warps,
                          "attention_decode.fuse_combine": fc}))  # fmt: skip
-    rng = np.random.default_rng(G * 100 + splits + D + pos0)
-    q = rng.standard_normal((1, H, D)).astype(np.float32)
-    k = rng.standard_normal((pos0 + 1, Hkv, D)).astype(np.float32)
-    v = rng.standard_normal((pos0 + 1, Hkv, D)).astype(np.float32)
-    cache = be.new_kv_cache(1, pos0 + 3, Hkv, D)
-    be.kv_write(cache, 0, be.upload(k), be.upload(v), 0)
-    ref = attention_ref(q, be.download(cache.k[0]), be.download(cache.v[0]), pos0)
+    q, cache, ref = _case(be, H, Hkv, D, pos0, seed=G * 100 + splits + D + pos0)
     for _ in range(2):
         check(be.download(be.attention(be.upload(q), cache, 0, pos0)), ref, 1e-9)
     be.set_config(cfg())
@@ -254,15 +247,7 @@ def test_attention_decode_split_kw(be, G, splits, warps, H, Hkv, D, pos0, fc):
 def test_attention_decode_split_kw_kv_early(be, G, splits, warps, H, Hkv, D, pos0, fc):
     """split_kw's kv_early (dec8: V rows loaded with the K rows) computes exactly what the
     late loads compute, and both match float64; twice (the tickets reset)."""
-    from tests.op_cases import attention_ref
-
-    rng = np.random.default_rng(G * 31 + splits + D + pos0)
-    q = rng.standard_normal((1, H, D)).astype(np.float32)
-    k = rng.standard_normal((pos0 + 1, Hkv, D)).astype(np.float32)
-    v = rng.standard_normal((pos0 + 1, Hkv, D)).astype(np.float32)
-    cache = be.new_kv_cache(1, pos0 + 3, Hkv, D)
-    be.kv_write(cache, 0, be.upload(k), be.upload(v), 0)
-    ref = attention_ref(q, be.download(cache.k[0]), be.download(cache.v[0]), pos0)
+    q, cache, ref = _case(be, H, Hkv, D, pos0, seed=G * 31 + splits + D + pos0)
     outs = []
     for ke in (0, 1):
         be.set_config(cfg(**{"attention_decode.variant": "split_kw",
