@@ -337,6 +337,18 @@ def _q8_round_trip(a: np.ndarray) -> np.ndarray:
     return (np.round(b / np.where(d > 0, d, 1)) * d).reshape(a.shape)
 
 
+def _skewed_routes(rng: np.random.Generator, T: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """T tokens' k distinct experts, expert 2 in almost every token and 1 and 6 in none, with
+    weights summing to 1: (ids [T, k] int32, weights [T, k] float32)."""
+    ids = np.empty((T, k), np.int32)
+    for t in range(T):
+        others = rng.permutation([0, 3, 4, 5, 7])
+        ids[t] = [2, *others[: k - 1]] if t % 5 else others[:k]
+    w = rng.uniform(0.1, 1, (T, k)).astype(np.float32)
+    w /= w.sum(axis=1, keepdims=True)
+    return ids, w
+
+
 def _moe_experts_poisoned(be, x, ids, w, mats, E: int) -> tuple[np.ndarray, set]:  # noqa: ANN001
     """moe_experts of x with experts 1 and 6 (never chosen) made all 0xFF in mats (a NaN scale:
     any read of them poisons the output), profiled: (output, the kernels that ran)."""
@@ -420,12 +432,7 @@ def test_moe_grouped_matches_numpy_with_skewed_routing(be, qtype, T, flat):
             a[[1, 6]] = 0xFF
             q = QTensor(q.name, q.qtype, q.shape, a.reshape(q.raw.shape))
         mats.append(q)
-    ids = np.empty((T, k), np.int32)
-    for t in range(T):  # distinct experts per token; 2 in almost every token
-        others = rng.permutation([0, 3, 4, 5, 7])
-        ids[t] = [2, *others[: k - 1]] if t % 5 else others[:k]
-    w = rng.uniform(0.1, 1, (T, k)).astype(np.float32)
-    w /= w.sum(axis=1, keepdims=True)
+    ids, w = _skewed_routes(rng, T, k)
     x = _f32(rng, T, C)
     ref = NumpyBackend()
     want = ref.moe_experts(x, ids, w, *(ref.load_weight(m) for m in mats))
@@ -475,12 +482,7 @@ def test_moe_tc_matches_an_fp16_emulation_with_skewed_routing(be, qtype, T, flat
     mats = [qtensor(rng, (E, F, C), qtype, 0.1), qtensor(rng, (E, F, C), qtype, 0.1),
             qtensor(rng, (E, C, F), down_type, 0.1)]  # fmt: skip
     Wg, Wu, Wd = (dense(m) for m in mats)
-    ids = np.empty((T, k), np.int32)
-    for t in range(T):  # distinct experts per token; 2 in almost every token
-        others = rng.permutation([0, 3, 4, 5, 7])
-        ids[t] = [2, *others[: k - 1]] if t % 5 else others[:k]
-    w = rng.uniform(0.1, 1, (T, k)).astype(np.float32)
-    w /= w.sum(axis=1, keepdims=True)
+    ids, w = _skewed_routes(rng, T, k)
     x = _f32(rng, T, C)
     want16, want = np.zeros((T, C)), np.zeros((T, C))
     for e in range(E):  # a token's k experts are distinct: t is unique per expert
