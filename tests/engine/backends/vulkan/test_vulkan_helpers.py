@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from engine.gguf_model import QTensor
+from engine.tuning import TuningConfig
 from tests import op_cases
 from tests.backend_params import open_backend, usable
 
@@ -20,6 +21,16 @@ def require_vulkan() -> None:
 def make_backend():  # noqa: ANN201 - VulkanBackend, imported lazily
     require_vulkan()
     return open_backend("vulkan")
+
+
+def allowed_config(be, flat: dict) -> TuningConfig:  # noqa: ANN001
+    """The default Vulkan config with flat; skips the test where be's device does not allow it
+    (e.g. a required subgroup size of 8 on a device fixed at 32)."""
+    cfg = TuningConfig.default("vulkan").replace(**flat)
+    bad = cfg.problems(be.device_info())
+    if bad:
+        pytest.skip(f"not allowed on this device: {bad}")
+    return cfg
 
 
 def assert_no_validation_errors(be) -> None:  # noqa: ANN001

@@ -14,6 +14,7 @@ import pytest
 
 from engine.tuning import REGISTRY, TuningConfig
 from tests.engine.backends.vulkan.test_vulkan_helpers import (
+    allowed_config,
     qtensor,
 )
 from tests.engine.backends.vulkan.test_vulkan_ops import assert_canary_after, poison_free_buffers
@@ -46,11 +47,7 @@ pytestmark = pytest.mark.usefixtures("clean_vb")
 
 
 def _cfg(vb, flat: dict) -> TuningConfig:  # noqa: ANN001
-    cfg = TuningConfig.default("vulkan").replace(**(MMVW | flat))
-    bad = cfg.problems(vb.device_info())
-    if bad:
-        pytest.skip(f"not allowed on this device: {bad}")
-    return cfg
+    return allowed_config(vb, MMVW | flat)
 
 
 def q8_1(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
