@@ -33,6 +33,26 @@ def allowed_config(be, flat: dict) -> TuningConfig:  # noqa: ANN001
     return cfg
 
 
+def prefill_and_decode(m, be, prompt: list[int], steps: int) -> tuple[list[np.ndarray], int]:  # noqa: ANN001
+    """The logits of m's prefill of prompt into a fresh 64-position cache and of steps decode
+    steps after it (graph-captured and replayed, token 5 first), and the prefill's submits."""
+    cache = m.new_cache(64)
+    be.synchronize()
+    s0 = be.stats()["submits"]
+    out = [be.download(m.prefill(prompt, cache))]
+    submits = be.stats()["submits"] - s0
+    tok = be.upload(np.array([5], np.int32))
+
+    def step(t, p):  # noqa: ANN001, ANN202
+        lg = m.forward(t, 1, p, cache)
+        return lg, be.argmax(lg)
+
+    for i in range(steps):
+        lg, tok = be.decode_step(step, tok, len(prompt) + i, cache)
+        out.append(be.download(lg))
+    return out, submits
+
+
 def assert_no_validation_errors(be) -> None:  # noqa: ANN001
     msgs = list(be.validation_messages)
     be.validation_messages.clear()
