@@ -19,33 +19,12 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
 
 
 def test_run_json(capsys, tiny_model_path):
-    code, out, _ = run_cli(
-        capsys,
-        "run",
-        "--model",
-        str(tiny_model_path),
-        "--prompt",
-        "Hello",
-        "--max-tokens",
-        "5",
-        "--json",
-    )
+    args = ("run", "--model", str(tiny_model_path), "--prompt", "Hello", "--max-tokens", "5")
+    code, out, _ = run_cli(capsys, *args, "--json")
     obj = json.loads(out)
     assert code == 0 and len(obj["tokens"]) == 5 and obj["prompt_tokens"]
     assert isinstance(obj["text"], str)
-    code2, out2, _ = run_cli(
-        capsys,
-        "run",
-        "--model",
-        str(tiny_model_path),
-        "--prompt",
-        "Hello",
-        "--max-tokens",
-        "5",
-        "--json",
-        "--prefill",
-        "per_token",
-    )
+    code2, out2, _ = run_cli(capsys, *args, "--json", "--prefill", "per_token")
     assert json.loads(out2)["tokens"] == obj["tokens"]
 
 

@@ -15,9 +15,24 @@ import numpy as np
 from engine.backends.cuda.kernels import QTYPE_SUFFIX
 from engine.tuning.variants.cuda import CUDA_BLOCK_TYPES
 
-# GGML type ids as mmvf.cu's switch reads them (common.cuh QT_*)
+# GGML type ids as mmvf.cu's and mmvw.cu's switches read them (common.cuh QT_*)
 QT_IDS = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
 _NULL = np.uint64(0)
+
+
+def three_matrix_args(mats: list[tuple[Any, Any, Any]], rpb: int) -> tuple[list[int], list[Any]]:
+    """mmvf.cu's and mmvw.cu's view of up to three (w, y, a): blocks per matrix (rpb rows a
+    block) and the kernel's (weights, row bytes, rows, type id, y, a or null) per slot, an
+    unused slot zero rows and null pointers."""
+    nbs, args = [], []
+    for w, y, a in mats:
+        nbs.append(math.ceil(w.n / rpb))
+        args += [w.raw, np.int32(w.row_bytes), np.int32(w.n), np.int32(QT_IDS[w.qtype]), y]
+        args.append(_NULL if a is None else a)
+    for _ in range(3 - len(mats)):
+        nbs.append(0)
+        args += [_NULL, np.int32(0), np.int32(0), np.int32(0), _NULL, _NULL]
+    return nbs, args
 
 
 class CudaFloatDecodeOps:
@@ -54,16 +69,10 @@ class CudaFloatDecodeOps:
         one launch. x: a 16-byte aligned float32 row [1, K]; block types only."""
         c = self.config.knobs("matmul_decode")
         rpb = int(c.warps) * 32 // int(c.threads_per_row) * int(c.rows_per_thread)
-        nbs, args = [], []
-        for w, y, a in mats:
+        for _, y, _ in mats:
             self._q8_forget(y)
             self._f16_forget(y)
-            nbs.append(math.ceil(w.n / rpb))
-            args += [w.raw, np.int32(w.row_bytes), np.int32(w.n), np.int32(QT_IDS[w.qtype]), y]
-            args.append(_NULL if a is None else a)
-        for _ in range(3 - len(mats)):
-            nbs.append(0)
-            args += [_NULL, np.int32(0), np.int32(0), np.int32(0), _NULL, _NULL]
+        nbs, args = three_matrix_args(mats, rpb)
         types = {w.qtype for w, _, _ in mats}  # one type: its own kernel (its own registers)
         name = f"mmvf_{QTYPE_SUFFIX[types.pop()]}" if len(types) == 1 else "mmvf"
         self._launch(

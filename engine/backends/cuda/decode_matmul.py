@@ -13,6 +13,7 @@ import numpy as np
 from engine.backends.base import KVCache
 from engine.backends.cuda import kernels
 from engine.backends.cuda.attention import _PendingQ
+from engine.backends.cuda.decode_float import _NULL, QT_IDS, three_matrix_args
 from engine.backends.cuda.weight import CudaWeight
 from engine.tuning.variants.cuda import CUDA_BLOCK_TYPES
 
@@ -20,9 +21,7 @@ if TYPE_CHECKING:
     from engine.tuning import TuningConfig
 
 
-# GGML type ids, as mmvw.cu's switch reads them (common.cuh QT_*)
-_QT = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
-_NULL = np.uint64(0)
+_QT = QT_IDS  # GGML type ids, as mmvw.cu's switch reads them (common.cuh QT_*)
 _WIDE = {"Q4_K": "q4k_wide", "Q6_K": "q6k_wide"}  # a type's 64-weight slot knob (no x planes)
 _MAX_ROPE_HEADS = 1024  # q + k heads mmvw_qkv counts (tickets); more: mmvw, then rope_kv
 
@@ -104,15 +103,9 @@ class CudaDecodeMatmulOps:
         xq, xds = self.quantize_q8(x)
         c = self.config.knobs("matmul_decode")
         rpb = self._mmvw_rows_per_block(mats[0][0].k)
-        nbs, args = [], []
-        for w, y, a in mats:
+        for _, y, _ in mats:
             self._q8_forget(y)
-            nbs.append(math.ceil(w.n / rpb))
-            args += [w.raw, np.int32(w.row_bytes), np.int32(w.n), np.int32(_QT[w.qtype]), y]
-            args.append(_NULL if a is None else a)
-        for _ in range(3 - len(mats)):
-            nbs.append(0)
-            args += [_NULL, np.int32(0), np.int32(0), np.int32(0), _NULL, _NULL]
+        nbs, args = three_matrix_args(mats, rpb)
         plan = self._stream_plan(tuple(m[0] for m in mats), rpb, sum(nbs))
         if plan is not None:
             grid, stages, stage_bytes, x4, x6, smem = plan

@@ -80,6 +80,34 @@ def _max_tiles(pairs: int, experts: int, choice: Any) -> int:
     return math.ceil(pairs / int(choice.tile_pairs)) + min(experts, pairs)
 
 
+def _gated_args_fit(
+    a: Any,
+    b: Any,
+    dt_bias: Any,
+    ssm_a: Any,
+    norm: Any,
+    z: Any,
+    state: Any,
+    Hv: int,
+    dk: int,
+    dv: int,
+) -> bool:
+    """A decode token's gate inputs (a, b, dt_bias, ssm_a: Hv values each), the norm weight (dv),
+    z (Hv * dv) and a C-contiguous state of Hv * dk * dv: what dn_step.cu's fused kernels
+    take."""
+    return (
+        int(a.size) == Hv
+        and int(b.size) == Hv
+        and int(dt_bias.f32.size) == Hv
+        and int(ssm_a.f32.size) == Hv
+        and norm.f32 is not None
+        and int(norm.f32.size) == dv
+        and int(z.size) == Hv * dv
+        and int(state.size) == Hv * dk * dv
+        and bool(state.flags.c_contiguous)
+    )
+
+
 class CudaHybridOps(CudaMoeTcOps, CudaMoeDecodeOps):  # moe_tc.py, moe_ffn: moe_dec.py
     """Hybrid ops of CudaBackend (needs its _launch, _empty, _grid1, _pos_ptr, _mmvw, config)."""
 
@@ -378,24 +406,14 @@ class CudaHybridOps(CudaMoeTcOps, CudaMoeDecodeOps):  # moe_tc.py, moe_ffn: moe_
             or Hv % Hk
             or tuple(k.shape) != tuple(q.shape)
             or int(v.shape[0]) != 1
-            or int(a.size) != Hv
-            or int(b.size) != Hv
-            or int(dt_bias.f32.size) != Hv
-            or int(ssm_a.f32.size) != Hv
-            or norm.f32 is None
-            or int(norm.f32.size) != dv
-            or int(z.size) != Hv * dv
-            or int(state.size) != Hv * dk * dv
-            or not state.flags.c_contiguous
+            or not _gated_args_fit(a, b, dt_bias, ssm_a, norm, z, state, Hv, dk, dv)
         ):
             return super().delta_net_gated(  # type: ignore[misc]
                 q, k, v, a, b, dt_bias, ssm_a, state, v_order, eps, norm, z
             )
         q, k, v, a, b, z = (self._contig(t) for t in (q, k, v, a, b, z))
         o, y = self._empty((Hv, dv)), self._empty(tuple(z.shape))
-        tickets = getattr(self, "_dn_tickets", None)
-        if tickets is None:  # zero between launches: each head's last block resets its own
-            tickets = self._dn_tickets = self._cp.zeros(MAX_DN_HEADS, np.uint32)
+        tickets = self._lazy_tickets("_dn_tickets", MAX_DN_HEADS)  # each head's last block resets
         nw = int(c.warps)
         self._fused_ran("delta_net")
         self._launch(
@@ -447,15 +465,7 @@ class CudaHybridOps(CudaMoeTcOps, CudaMoeDecodeOps):  # moe_tc.py, moe_ffn: moe_
             or not 1 < K <= MAX_CONV
             or int(conv_state.size) != (K - 1) * Cc
             or not conv_state.flags.c_contiguous
-            or int(a.size) != Hv
-            or int(b.size) != Hv
-            or int(dt_bias.f32.size) != Hv
-            or int(ssm_a.f32.size) != Hv
-            or norm.f32 is None
-            or int(norm.f32.size) != dv
-            or int(z.size) != Hv * dv
-            or int(state.size) != Hv * dk * dv
-            or not state.flags.c_contiguous
+            or not _gated_args_fit(a, b, dt_bias, ssm_a, norm, z, state, Hv, dk, dv)
         ):
             return super().delta_net_conv_gated(  # type: ignore[misc]
                 qkv, conv_state, conv_w, n_k_heads, head_k_dim, a, b, dt_bias, ssm_a, state,
@@ -474,9 +484,7 @@ class CudaHybridOps(CudaMoeTcOps, CudaMoeDecodeOps):  # moe_tc.py, moe_ffn: moe_
             )  # fmt: skip
             return y
         o, y = self._empty((Hv, dv)), self._empty(tuple(z.shape))
-        tickets = getattr(self, "_dnc_tickets", None)
-        if tickets is None:  # [V heads | K heads], zero between launches (the last block resets)
-            tickets = self._dnc_tickets = self._cp.zeros(2 * MAX_DN_HEADS, np.uint32)
+        tickets = self._lazy_tickets("_dnc_tickets", 2 * MAX_DN_HEADS)  # [V heads | K heads]
         nw = int(c.warps)
         self._fused_ran("delta_net")
         self._launch(

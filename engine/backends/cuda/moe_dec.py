@@ -95,11 +95,17 @@ class CudaMoeDecodeOps:
             ran = self._fusions_ran = set()
         ran.add(op)
 
-    def _route_tickets(self) -> Any:
-        t = getattr(self, "_moe_tickets", None)
-        if t is None:  # zero between launches: the route's last block resets its token's
-            t = self._moe_tickets = self._cp.zeros(MAX_TOKENS, np.uint32)
+    def _lazy_tickets(self, attr: str, n: int) -> Any:
+        """The backend's n uint32 tickets named attr, made (zeroed) on first use. A kernel's
+        last block resets the ones it counted on, so they are zero between launches."""
+        t = getattr(self, attr, None)
+        if t is None:
+            t = self._cp.zeros(n, np.uint32)
+            setattr(self, attr, t)
         return t
+
+    def _route_tickets(self) -> Any:
+        return self._lazy_tickets("_moe_tickets", MAX_TOKENS)  # the route's last block, per token
 
     def moe_ffn(
         self,
@@ -280,10 +286,7 @@ class CudaMoeDecodeOps:
         return bool(on) and norm.f32 is not None and int(norm.f32.size) == C
 
     def _norm_tickets(self) -> Any:
-        t = getattr(self, "_moe_norm_tickets", None)
-        if t is None:  # zero between launches: the down kernel's last block resets its token's
-            t = self._moe_norm_tickets = self._cp.zeros(MAX_TOKENS, np.uint32)
-        return t
+        return self._lazy_tickets("_moe_norm_tickets", MAX_TOKENS)  # the down kernel's, per token
 
     def moe_ffn_norm(
         self,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +39,66 @@ class Pipeline:
     layout: Any
     n_bindings: int
     push_struct: struct.Struct
+
+
+def create_layout(device: Any, n_bindings: int, push_size: int) -> tuple[Any, Any]:
+    """(descriptor set layout, pipeline layout) of a compute shader with n_bindings storage
+    buffers and push_size bytes of push constants; the caller destroys both."""
+    dsl = vk.vkCreateDescriptorSetLayout(
+        device,
+        vk.VkDescriptorSetLayoutCreateInfo(
+            pBindings=[
+                vk.VkDescriptorSetLayoutBinding(
+                    binding=i,
+                    descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                    descriptorCount=1,
+                    stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT,
+                )
+                for i in range(n_bindings)
+            ]
+        ),
+        None,
+    )
+    pl = vk.vkCreatePipelineLayout(
+        device,
+        vk.VkPipelineLayoutCreateInfo(
+            pSetLayouts=[dsl],
+            pPushConstantRanges=[
+                vk.VkPushConstantRange(
+                    stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT, offset=0, size=push_size
+                )
+            ],
+        ),
+        None,
+    )
+    return dsl, pl
+
+
+def write_storage_set(device: Any, ds: Any, bufs: Sequence[Any], max_range: int | None) -> None:
+    """Point binding i of the descriptor set ds at the whole of bufs[i] (a storage buffer with
+    .handle and .size), its range clamped to max_range where one is given."""
+    vk.vkUpdateDescriptorSets(
+        device,
+        len(bufs),
+        [
+            vk.VkWriteDescriptorSet(
+                dstSet=ds,
+                dstBinding=i,
+                descriptorCount=1,
+                descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                pBufferInfo=[
+                    vk.VkDescriptorBufferInfo(
+                        buffer=b.handle,
+                        offset=0,
+                        range=b.size if max_range is None else min(b.size, max_range),
+                    )
+                ],
+            )
+            for i, b in enumerate(bufs)
+        ],
+        0,
+        None,
+    )
 
 
 class Pipelines:
@@ -76,34 +137,7 @@ class Pipelines:
     def _layout(self, n_bindings: int, push_size: int) -> tuple[Any, Any]:
         key = (n_bindings, push_size)
         if key not in self.layouts:
-            dsl = vk.vkCreateDescriptorSetLayout(
-                self.dev.device,
-                vk.VkDescriptorSetLayoutCreateInfo(
-                    pBindings=[
-                        vk.VkDescriptorSetLayoutBinding(
-                            binding=i,
-                            descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
-                            descriptorCount=1,
-                            stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT,
-                        )
-                        for i in range(n_bindings)
-                    ]
-                ),
-                None,
-            )
-            pl = vk.vkCreatePipelineLayout(
-                self.dev.device,
-                vk.VkPipelineLayoutCreateInfo(
-                    pSetLayouts=[dsl],
-                    pPushConstantRanges=[
-                        vk.VkPushConstantRange(
-                            stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT, offset=0, size=push_size
-                        )
-                    ],
-                ),
-                None,
-            )
-            self.layouts[key] = (dsl, pl)
+            self.layouts[key] = create_layout(self.dev.device, n_bindings, push_size)
         return self.layouts[key]
 
     def get(
@@ -209,27 +243,7 @@ class Pipelines:
             vk.VkDescriptorSetAllocateInfo(descriptorPool=pool, pSetLayouts=[dsl]),
         )[0]
         self.pool_left -= 1
-        max_range = self.dev.max_range
-        vk.vkUpdateDescriptorSets(
-            self.dev.device,
-            len(bufs),
-            [
-                vk.VkWriteDescriptorSet(
-                    dstSet=ds,
-                    dstBinding=i,
-                    descriptorCount=1,
-                    descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
-                    pBufferInfo=[
-                        vk.VkDescriptorBufferInfo(
-                            buffer=b.handle, offset=0, range=min(b.size, max_range)
-                        )
-                    ],
-                )
-                for i, b in enumerate(bufs)
-            ],
-            0,
-            None,
-        )
+        write_storage_set(self.dev.device, ds, bufs, self.dev.max_range)
         self.sets[key] = ds
         self.set_pool[key] = pool
         for b in bufs:

@@ -21,7 +21,11 @@ import numpy as np
 from engine.backends.vulkan import coopmat
 from engine.backends.vulkan._vk import ffi, vk
 from engine.backends.vulkan.device import Device
-from engine.backends.vulkan.pipelines import executable_statistics
+from engine.backends.vulkan.pipelines import (
+    create_layout,
+    executable_statistics,
+    write_storage_set,
+)
 from engine.backends.vulkan.probe_builds import (  # noqa: F401 - the probe's names
     GEMM_CONFIGS,
     LDS_ELEMS,
@@ -33,6 +37,7 @@ from engine.backends.vulkan.probe_builds import (  # noqa: F401 - the probe's na
     mma_defines,
 )
 from engine.backends.vulkan.spirv import compile_spirv
+from engine.backends.vulkan.stream import begin_commands, pool_and_fence
 
 
 @dataclass
@@ -54,15 +59,7 @@ class Probe:
     def __init__(self, dev: Device) -> None:
         self.dev = dev
         d = dev.device
-        self.pool = vk.vkCreateCommandPool(
-            d,
-            vk.VkCommandPoolCreateInfo(
-                flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT,
-                queueFamilyIndex=dev.queue_family,
-            ),
-            None,
-        )
-        self.fence = vk.vkCreateFence(d, vk.VkFenceCreateInfo(), None)
+        self.pool, self.fence = pool_and_fence(dev)
         self.dpool = vk.vkCreateDescriptorPool(
             d,
             vk.VkDescriptorPoolCreateInfo(
@@ -167,35 +164,7 @@ class Probe:
     # --- pipelines ------------------------------------------------------------------------
     def _layout(self, n: int, push: int) -> tuple[Any, Any]:
         if (n, push) not in self.layouts:
-            d = self.dev.device
-            dsl = vk.vkCreateDescriptorSetLayout(
-                d,
-                vk.VkDescriptorSetLayoutCreateInfo(
-                    pBindings=[
-                        vk.VkDescriptorSetLayoutBinding(
-                            binding=i,
-                            descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
-                            descriptorCount=1,
-                            stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT,
-                        )
-                        for i in range(n)
-                    ]
-                ),
-                None,
-            )
-            pl = vk.vkCreatePipelineLayout(
-                d,
-                vk.VkPipelineLayoutCreateInfo(
-                    pSetLayouts=[dsl],
-                    pPushConstantRanges=[
-                        vk.VkPushConstantRange(
-                            stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT, offset=0, size=push
-                        )
-                    ],
-                ),
-                None,
-            )
-            self.layouts[(n, push)] = (dsl, pl)
+            self.layouts[(n, push)] = create_layout(self.dev.device, n, push)
         return self.layouts[(n, push)]
 
     def pipeline(
@@ -262,24 +231,7 @@ class Probe:
         ds = vk.vkAllocateDescriptorSets(
             d, vk.VkDescriptorSetAllocateInfo(descriptorPool=self.dpool, pSetLayouts=[dsl])
         )[0]
-        vk.vkUpdateDescriptorSets(
-            d,
-            len(bufs),
-            [
-                vk.VkWriteDescriptorSet(
-                    dstSet=ds,
-                    dstBinding=i,
-                    descriptorCount=1,
-                    descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
-                    pBufferInfo=[
-                        vk.VkDescriptorBufferInfo(buffer=b.handle, offset=0, range=b.size)
-                    ],
-                )
-                for i, b in enumerate(bufs)
-            ],
-            0,
-            None,
-        )
+        write_storage_set(d, ds, bufs, None)
         return ds
 
     # --- running --------------------------------------------------------------------------
@@ -296,17 +248,7 @@ class Probe:
         memory barrier between consecutive items (``compute_only``: its stages compute only)."""
         d = self.dev.device
         lib = vk.lib
-        cmd = vk.vkAllocateCommandBuffers(
-            d,
-            vk.VkCommandBufferAllocateInfo(
-                commandPool=self.pool,
-                level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY,
-                commandBufferCount=1,
-            ),
-        )[0]
-        vk.vkBeginCommandBuffer(
-            cmd, vk.VkCommandBufferBeginInfo(flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT)
-        )
+        cmd = begin_commands(d, self.pool, vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT)
         nq = 2 + 2 * len(items)
         ts = timestamps and self.dev.timestamp_bits > 0
         qp = None

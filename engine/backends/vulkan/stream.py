@@ -107,21 +107,38 @@ class GraphKey:
         )
 
 
+def pool_and_fence(dev: Device) -> tuple[Any, Any]:
+    """A command pool on dev's queue family whose buffers reset one by one, and an unsignaled
+    fence for its submits; the caller destroys both."""
+    pool = vk.vkCreateCommandPool(
+        dev.device,
+        vk.VkCommandPoolCreateInfo(
+            flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT,
+            queueFamilyIndex=dev.queue_family,
+        ),
+        None,
+    )
+    return pool, vk.vkCreateFence(dev.device, vk.VkFenceCreateInfo(), None)
+
+
+def begin_commands(device: Any, pool: Any, flags: int) -> Any:
+    """A primary command buffer from pool, begun with flags (usage bits)."""
+    cmd = vk.vkAllocateCommandBuffers(
+        device,
+        vk.VkCommandBufferAllocateInfo(
+            commandPool=pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1
+        ),
+    )[0]
+    vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(flags=flags))
+    return cmd
+
+
 class Stream:
     def __init__(self, dev: Device, pipelines: Pipelines, alloc: Allocator) -> None:
         self.dev = dev
         self.pipes = pipelines
         self.alloc = alloc
-        d = dev.device
-        self.pool = vk.vkCreateCommandPool(
-            d,
-            vk.VkCommandPoolCreateInfo(
-                flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT,
-                queueFamilyIndex=dev.queue_family,
-            ),
-            None,
-        )
-        self.fence = vk.vkCreateFence(d, vk.VkFenceCreateInfo(), None)
+        self.pool, self.fence = pool_and_fence(dev)
         # written by the CPU each submit, read by many dispatches: device-local where mappable
         self.dyn_lease = alloc.new(DYN_SLOTS * 4, host_visible=True, pooled=False, near=True)
         self.dyn_buf = self.dyn_lease.buf
@@ -243,16 +260,9 @@ class Stream:
 
     def _record(self, nodes: list[Node], keep: bool) -> Recorded:
         d = self.dev.device
-        cmd = vk.vkAllocateCommandBuffers(
-            d,
-            vk.VkCommandBufferAllocateInfo(
-                commandPool=self.pool,
-                level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY,
-                commandBufferCount=1,
-            ),
-        )[0]
-        flags = 0 if keep else vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT
-        vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(flags=flags))
+        cmd = begin_commands(
+            d, self.pool, 0 if keep else vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT
+        )
         qp, names = None, []
         n_timed = sum(1 for n in nodes if n.kind == DISPATCH)
         if self.profiling and self.dev.timestamp_bits and n_timed:

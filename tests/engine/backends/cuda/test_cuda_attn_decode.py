@@ -28,23 +28,18 @@ KNOBS = [  # splits, warps, fuse_combine, early
 ]  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def be(cuda_be):
-    return cuda_be
-
-
-def _inputs(H: int, Hkv: int, D: int, pos0: int):
-    rng = np.random.default_rng(H * 1000 + D + pos0)
+def _inputs(H: int, Hkv: int, D: int, pos0: int, seed: int | None = None):
+    rng = np.random.default_rng(H * 1000 + D + pos0 if seed is None else seed)
     q = rng.standard_normal((1, H, D)).astype(np.float32)
     k = rng.standard_normal((pos0 + 1, Hkv, D)).astype(np.float32)
     v = rng.standard_normal((pos0 + 1, Hkv, D)).astype(np.float32)
     return q, k, v
 
 
-def _case(be, H: int, Hkv: int, D: int, pos0: int, room: int = 3):  # noqa: ANN001, ANN202
+def _case(be, H: int, Hkv: int, D: int, pos0: int, room: int = 3, seed: int | None = None):  # noqa: ANN001, ANN202
     """(q, a KV cache of pos0 + room positions holding _inputs' keys and values 0..pos0,
     attention of q at pos0 over it in float64)."""
-    q, k, v = _inputs(H, Hkv, D, pos0)
+    q, k, v = _inputs(H, Hkv, D, pos0, seed)
     cache = be.new_kv_cache(1, pos0 + room, Hkv, D)
     be.kv_write(cache, 0, be.upload(k), be.upload(v), 0)
     return q, cache, attention_ref(q, be.download(cache.k[0]), be.download(cache.v[0]), pos0)
@@ -247,17 +242,17 @@ def test_tile_fuse_rope_equals_rope_kv(be, tiny_model_factory, arch, pair):
     assert_decode_alike(be, m, pair, prompt, "fused RoPE + KV write differs from rope_kv")
 
 
-def test_attention_decode_tile_planted_swizzle_is_caught(be, plant):
-    """The kernel test above rejects the planted ATTN_TILE_SWIZZLE (V rows read without
-    the swizzle): the same case, built with the bug, is far from float64."""
+def planted_attention_is_caught(be, plant, mutant: str, flat: dict) -> np.ndarray:  # noqa: ANN001
+    """The decode-attention kernel tests' check rejects the planted mutant: their 12-head case
+    at position 511, built with the bug under flat, is far from float64. Returns the output."""
     from engine.backends.cuda import kernels
 
     H, Hkv, D, pos0 = 12, 2, 128, 511
     q, cache, ref = _case(be, H, Hkv, D, pos0)
-    plant("ATTN_TILE_SWIZZLE")
+    plant(mutant)
     kernels.clear_cache()
     try:
-        be.set_config(cfg(**TILE))
+        be.set_config(cfg(**flat))
         out = be.download(be.attention(be.upload(q), cache, 0, pos0))
         with pytest.raises(AssertionError, match="NMSE"):
             check(out, ref, 1e-9)
@@ -265,3 +260,10 @@ def test_attention_decode_tile_planted_swizzle_is_caught(be, plant):
         plant(None)
         kernels.clear_cache()
         be.set_config(cfg())
+    return out
+
+
+def test_attention_decode_tile_planted_swizzle_is_caught(be, plant):
+    """The kernel test above rejects the planted ATTN_TILE_SWIZZLE (V rows read without
+    the swizzle)."""
+    planted_attention_is_caught(be, plant, "ATTN_TILE_SWIZZLE", TILE)

@@ -12,23 +12,20 @@ import pytest
 
 from engine.backends.base import Backend
 from engine.backends.numpy_ref import NumpyBackend
+from tests.engine.backends.cuda.test_cuda_attn_decode import _case
 from tests.engine.backends.cuda.test_cuda_ops import (
     INT8_NMSE,
     PROMPT,
     _check_q8,
     _model,
+    assert_ragged_matmul_into,
     cfg,
     guarded,
     k_for,
 )
-from tests.op_cases import check, check_dot, dense, qtensor, seed_of
+from tests.op_cases import check, dense, qtensor, seed_of
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module")
-def be(cuda_be):
-    return cuda_be
 
 
 BLOCK_QTYPES = ["Q8_0", "Q5_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"]
@@ -84,16 +81,8 @@ def mmvw(**knobs) -> dict:
 def test_mmvw_matmul(cp, be, cid, knobs, qtype):
     be.set_config(cfg(**mmvw(**knobs)))
     rng = np.random.default_rng(seed_of(cid, qtype))
-    for N, kb in [(1, 1), (67, 3), (130, 2), (257, 5), (33, 10)]:  # 10: the 32-value types split
-        K = k_for(qtype, kb)
-        w = qtensor(rng, (N, K), qtype, std=0.05)
-        x = rng.standard_normal((1, K)).astype(np.float32)
-        xd = be.upload(x)
-        y, intact = guarded(cp, (1, N))
-        be.matmul_into(xd, be.load_weight(w), y)
-        check_dot(y.get(), x, dense(w), INT8_NMSE)
-        intact()
-        assert np.array_equal(be.download(xd), x), "input changed"
+    sizes = [(1, 1), (67, 3), (130, 2), (257, 5), (33, 10)]  # 10: the 32-value types split
+    assert_ragged_matmul_into(cp, be, rng, qtype, sizes, INT8_NMSE)
 
 
 @pytest.mark.parametrize("cid,knobs", MMVW_CONFIGS[:3], ids=[c[0] for c in MMVW_CONFIGS[:3]])
@@ -240,20 +229,12 @@ def test_attention_decode_split_kw(be, G, splits, warps, H, Hkv, D, pos0, fc):
     """attention_decode.split_kw (several keys per warp step; fc: the last range of a head
     combines) against float64, with key ranges that are empty (splits > positions) and ragged;
     twice, as the per-head tickets must reset."""
-    from tests.op_cases import attention_ref
-
     be.set_config(cfg(**{"attention_decode.variant": "split_kw",
                          "attention_decode.lanes_per_key": G,
                          "attention_decode.splits": splits,
                          "attention_decode.warps": warps,
                          "attention_decode.fuse_combine": fc}))  # fmt: skip
-    rng = np.random.default_rng(G * 100 + splits + D + pos0)
-    q = rng.standard_normal((1, H, D)).astype(np.float32)
-    k = rng.standard_normal((pos0 + 1, Hkv, D)).astype(np.float32)
-    v = rng.standard_normal((pos0 + 1, Hkv, D)).astype(np.float32)
-    cache = be.new_kv_cache(1, pos0 + 3, Hkv, D)
-    be.kv_write(cache, 0, be.upload(k), be.upload(v), 0)
-    ref = attention_ref(q, be.download(cache.k[0]), be.download(cache.v[0]), pos0)
+    q, cache, ref = _case(be, H, Hkv, D, pos0, seed=G * 100 + splits + D + pos0)
     for _ in range(2):
         check(be.download(be.attention(be.upload(q), cache, 0, pos0)), ref, 1e-9)
     be.set_config(cfg())
@@ -266,15 +247,7 @@ def test_attention_decode_split_kw(be, G, splits, warps, H, Hkv, D, pos0, fc):
 def test_attention_decode_split_kw_kv_early(be, G, splits, warps, H, Hkv, D, pos0, fc):
     """split_kw's kv_early (dec8: V rows loaded with the K rows) computes exactly what the
     late loads compute, and both match float64; twice (the tickets reset)."""
-    from tests.op_cases import attention_ref
-
-    rng = np.random.default_rng(G * 31 + splits + D + pos0)
-    q = rng.standard_normal((1, H, D)).astype(np.float32)
-    k = rng.standard_normal((pos0 + 1, Hkv, D)).astype(np.float32)
-    v = rng.standard_normal((pos0 + 1, Hkv, D)).astype(np.float32)
-    cache = be.new_kv_cache(1, pos0 + 3, Hkv, D)
-    be.kv_write(cache, 0, be.upload(k), be.upload(v), 0)
-    ref = attention_ref(q, be.download(cache.k[0]), be.download(cache.v[0]), pos0)
+    q, cache, ref = _case(be, H, Hkv, D, pos0, seed=G * 31 + splits + D + pos0)
     outs = []
     for ke in (0, 1):
         be.set_config(cfg(**{"attention_decode.variant": "split_kw",

@@ -11,20 +11,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.backends.numpy_ref import NumpyBackend
-from engine.tuning import TuningConfig
-from tests.op_cases import check, f32_tensor
+from tests.dn_conv_cases import ConvGatedCase
+from tests.engine.backends.cuda.test_cuda_ops import cfg
+from tests.op_cases import check
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module")
-def be(cuda_be):
-    return cuda_be
-
-
-def cfg(**flat) -> TuningConfig:
-    return TuningConfig.from_flat("cuda", flat)
 
 
 # (step_cluster, step_lanes, max_dk, K, dk, dv, Hk, Hv): dv off the blocks and lanes, dk below
@@ -48,45 +39,28 @@ def test_cluster_step_is_the_reference_and_the_ticket_kernel(
     be, transposed, v_order, n, lanes, max_dk, K, dk, dv, Hk, Hv
 ):
     rng = np.random.default_rng(dk * 7 + dv + Hv + K + n)
-    f = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
-    Cc = 2 * Hk * dk + Hv * dv
     knobs = {"delta_net.max_dk": max_dk, "delta_net.state_transposed": transposed,
              "delta_net.step_lanes": lanes}  # fmt: skip
-    conv_w = f32_tensor("conv", f(Cc, K) * 0.5)
-    dt = f32_tensor("dt", rng.uniform(-1, 1, Hv))
-    sa = f32_tensor("a", -np.exp(rng.uniform(-1, 1, Hv)))
-    nw = f32_tensor("n", rng.uniform(0.5, 1.5, dv))
-    s0 = f(Hv, dk, dv) * 0.1
-    c0 = f(K - 1, Cc)
-    ref = NumpyBackend()
-    rw = [ref.load_weight(t) for t in (conv_w, dt, sa, nw)]
-    s_ref, c_ref = s0.copy(), c0.copy()
-    init = np.ascontiguousarray(s0.transpose(0, 2, 1)) if transposed else s0
-    states = {m: (be.upload(init), be.upload(c0)) for m in ("cluster", "tickets")}
+    case = ConvGatedCase(be, rng, (K, dk, dv, Hk, Hv), transposed, ("cluster", "tickets"))
     for step in range(3):
-        qkv, a, b, z = f(1, Cc), f(1, Hv), f(1, Hv), f(1, Hv * dv)
+        ins = case.inputs()
         outs = {}
         for name, clu in (("cluster", n), ("tickets", 0)):
             be.set_config(cfg(**knobs, **{"delta_net.step_cluster": clu}))
             assert (be._dn_clu_launch(be.config.knobs("delta_net"), Hk, Hv, dk, dv) is None) == (
                 not clu
             )
-            w = [be.load_weight(t) for t in (conv_w, dt, sa, nw)]
-            s, c = states[name]
-            outs[name] = be.download(be.delta_net_conv_gated(
-                be.upload(qkv), c, w[0], Hk, dk, be.upload(a), be.upload(b), w[1], w[2], s,
-                v_order, 1e-6, w[3], be.upload(z)))  # fmt: skip
-        want = ref.delta_net_conv_gated(qkv, c_ref, rw[0], Hk, dk, a, b, rw[1], rw[2], s_ref,
-                                        v_order, 1e-6, rw[3], z)  # fmt: skip
+            outs[name] = case.run(be, name, ins, v_order)
+        want = case.reference(ins, v_order)
         assert np.isfinite(outs["cluster"]).all(), f"step {step}"
         check(outs["cluster"], np.asarray(want, np.float64), 1e-10)
         check(outs["cluster"], outs["tickets"].astype(np.float64), 1e-11)
-        got_s = be.download(states["cluster"][0])
+        got_s = be.download(case.states["cluster"][0])
         got_s = got_s.transpose(0, 2, 1) if transposed else got_s
-        check(got_s, s_ref.astype(np.float64), 1e-10)
-        np.testing.assert_array_equal(be.download(states["cluster"][1]), c_ref)
+        check(got_s, case.s_ref.astype(np.float64), 1e-10)
+        np.testing.assert_array_equal(be.download(case.states["cluster"][1]), case.c_ref)
         np.testing.assert_array_equal(
-            be.download(states["cluster"][1]), be.download(states["tickets"][1])
+            be.download(case.states["cluster"][1]), be.download(case.states["tickets"][1])
         )
 
 

@@ -13,19 +13,11 @@ import numpy as np
 import pytest
 
 from engine.backends.numpy_ref import NumpyBackend
-from engine.tuning import TuningConfig
+from tests.dn_conv_cases import ConvGatedCase
+from tests.engine.backends.cuda.test_cuda_ops import cfg
 from tests.op_cases import check, f32_tensor, qtensor
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module")
-def be(cuda_be):
-    return cuda_be
-
-
-def cfg(**flat) -> TuningConfig:
-    return TuningConfig.from_flat("cuda", flat)
 
 
 # (warps, max_dk, K, dk, dv, Hk, Hv): dv off the warp count, dk == max_dk, Hv == Hk, K 2..8,
@@ -47,39 +39,22 @@ def test_conv_fused_step_is_the_op_by_op_schedule_to_the_bit(
     be, transposed, v_order, warps, max_dk, K, dk, dv, Hk, Hv
 ):
     rng = np.random.default_rng(dk * 7 + dv + Hv + K)
-    f = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
-    Cc = 2 * Hk * dk + Hv * dv
     knobs = {"delta_net.warps": warps, "delta_net.max_dk": max_dk,
              "delta_net.state_transposed": transposed}  # fmt: skip
-    conv_w = f32_tensor("conv", f(Cc, K) * 0.5)
-    dt = f32_tensor("dt", rng.uniform(-1, 1, Hv))
-    sa = f32_tensor("a", -np.exp(rng.uniform(-1, 1, Hv)))
-    nw = f32_tensor("n", rng.uniform(0.5, 1.5, dv))
-    s0 = f(Hv, dk, dv) * 0.1
-    c0 = f(K - 1, Cc)
-    ref = NumpyBackend()
-    rw = [ref.load_weight(t) for t in (conv_w, dt, sa, nw)]
-    s_ref, c_ref = s0.copy(), c0.copy()
-    init = np.ascontiguousarray(s0.transpose(0, 2, 1)) if transposed else s0
-    states = {n: (be.upload(init), be.upload(c0)) for n in ("fused", "plain")}
+    case = ConvGatedCase(be, rng, (K, dk, dv, Hk, Hv), transposed, ("fused", "plain"))
     for step in range(3):
-        qkv, a, b, z = f(1, Cc), f(1, Hv), f(1, Hv), f(1, Hv * dv)
+        ins = case.inputs()
         outs = {}
         for name, fuse in (("fused", 1), ("plain", 0)):
             be.set_config(cfg(**knobs, **{"delta_net.fuse_conv": fuse}))
-            w = [be.load_weight(t) for t in (conv_w, dt, sa, nw)]
-            s, c = states[name]
-            outs[name] = be.download(be.delta_net_conv_gated(
-                be.upload(qkv), c, w[0], Hk, dk, be.upload(a), be.upload(b), w[1], w[2], s,
-                v_order, 1e-6, w[3], be.upload(z)))  # fmt: skip
+            outs[name] = case.run(be, name, ins, v_order)
         assert np.array_equal(outs["fused"], outs["plain"]), f"step {step}"
         for i, what in enumerate(("state", "conv state")):
-            got, want = (be.download(states[n][i]) for n in ("fused", "plain"))
+            got, want = (be.download(case.states[n][i]) for n in ("fused", "plain"))
             assert np.array_equal(got, want), f"{what}, step {step}"
-        want = ref.delta_net_conv_gated(qkv, c_ref, rw[0], Hk, dk, a, b, rw[1], rw[2], s_ref,
-                                        v_order, 1e-6, rw[3], z)  # fmt: skip
+        want = case.reference(ins, v_order)
         check(outs["fused"], np.asarray(want, np.float64), 1e-10)
-        np.testing.assert_array_equal(be.download(states["fused"][1]), c_ref)
+        np.testing.assert_array_equal(be.download(case.states["fused"][1]), case.c_ref)
 
 
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0", "Q4_0"])

@@ -10,25 +10,10 @@ import numpy as np
 import pytest
 
 from engine.backends.numpy_ref import NumpyBackend
-from engine.gguf_model import QTensor
-from engine.tuning import TuningConfig
-from tests.op_cases import check
+from tests.engine.backends.cuda.test_cuda_ops import cfg
+from tests.op_cases import check, f32_tensor
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module")
-def be(cuda_be):
-    return cuda_be
-
-
-def cfg(**flat) -> TuningConfig:
-    return TuningConfig.from_flat("cuda", flat)
-
-
-def _vec(name: str, a) -> QTensor:
-    a = np.ascontiguousarray(a, np.float32)
-    return QTensor(name, "F32", a.shape, a.view(np.uint8).reshape(1, -1))
 
 
 # (warps, max_dk, prefetch, dk, dv, Hk, Hv): every warps / max_dk value, dv off the warp count,
@@ -57,9 +42,9 @@ def test_fused_step_is_the_four_launches_to_the_bit(
     rng = np.random.default_rng(dk * 3 + dv + Hv)
     knobs = {"delta_net.warps": warps, "delta_net.max_dk": max_dk,
              "delta_net.prefetch": prefetch, "delta_net.state_transposed": transposed}  # fmt: skip
-    dt = _vec("dt", rng.uniform(-1, 1, Hv))
-    sa = _vec("a", -np.exp(rng.uniform(-1, 1, Hv)))
-    nw = _vec("n", rng.uniform(0.5, 1.5, dv))
+    dt = f32_tensor("dt", rng.uniform(-1, 1, Hv))
+    sa = f32_tensor("a", -np.exp(rng.uniform(-1, 1, Hv)))
+    nw = f32_tensor("n", rng.uniform(0.5, 1.5, dv))
     s0 = rng.standard_normal((Hv, dk, dv)).astype(np.float32) * 0.1
     ref = NumpyBackend()
     s_ref = s0.copy()  # NumPy's state as S; CUDA's holds S^T under state_transposed

@@ -21,7 +21,8 @@ import pytest
 
 from engine.backends.numpy_ref import NumpyBackend
 from engine.gguf_model import QTensor
-from engine.tuning import TuningConfig
+from tests.engine.backends.cuda.test_cuda_ops import cfg
+from tests.engine.backends.cuda.test_cuda_pdl import assert_pdl_changes_no_bit
 from tests.op_cases import check, nmse, qtensor
 
 pytestmark = pytest.mark.gpu
@@ -33,15 +34,6 @@ PROMPT = [3, 17, 99, 5, 42, 7, 250, 11, 64, 2, 8, 1, 77, 31, 9, 120, 66, 4, 200,
 # Batched DMMV for every prefill matmul: float32 throughout, so the whole model can be held to
 # float32 noise against NumPy (the default GEMM above gemm_min_t is fp16: validate's budget).
 F32_PREFILL = {"prefill.gemm_min_t": 1 << 20}
-
-
-@pytest.fixture(scope="module")
-def be(cuda_be):
-    return cuda_be
-
-
-def cfg(**flat) -> TuningConfig:
-    return TuningConfig.from_flat("cuda", flat)
 
 
 def _f32(rng, *shape) -> np.ndarray:
@@ -345,6 +337,34 @@ def _q8_round_trip(a: np.ndarray) -> np.ndarray:
     return (np.round(b / np.where(d > 0, d, 1)) * d).reshape(a.shape)
 
 
+def _skewed_routes(rng: np.random.Generator, T: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """T tokens' k distinct experts, expert 2 in almost every token and 1 and 6 in none, with
+    weights summing to 1: (ids [T, k] int32, weights [T, k] float32)."""
+    ids = np.empty((T, k), np.int32)
+    for t in range(T):
+        others = rng.permutation([0, 3, 4, 5, 7])
+        ids[t] = [2, *others[: k - 1]] if t % 5 else others[:k]
+    w = rng.uniform(0.1, 1, (T, k)).astype(np.float32)
+    w /= w.sum(axis=1, keepdims=True)
+    return ids, w
+
+
+def _moe_experts_poisoned(be, x, ids, w, mats, E: int) -> tuple[np.ndarray, set]:  # noqa: ANN001
+    """moe_experts of x with experts 1 and 6 (never chosen) made all 0xFF in mats (a NaN scale:
+    any read of them poisons the output), profiled: (output, the kernels that ran)."""
+    for m in mats:
+        m.raw.reshape(E, -1)[[1, 6]] = 0xFF
+    be.set_profiling(True)
+    try:
+        got = be.moe_experts(
+            be.upload(x), be.upload(ids), be.upload(w), *(be.load_weight(m) for m in mats)
+        )
+        ran = set(be.profile().kernels)
+    finally:
+        be.set_profiling(False)
+    return be.download(got), ran
+
+
 Q8_MOE_CONFIGS = [
     {"moe_experts.variant": "mmvq"},
     {"moe_experts.variant": "mmvq", "moe_experts.threads_per_row": 8, "moe_experts.warps": 1},
@@ -379,17 +399,8 @@ def test_moe_q8_matches_an_int8_emulation_and_reads_only_chosen_experts(be, qtyp
             g, u = Wg[e] @ xq[t], Wu[e] @ xq[t]
             h = _q8_round_trip((g / (1 + np.exp(-g)) * u)[None])[0]
             want[t] += w[t, j] * (Wd[e] @ h)
-    for m in mats:
-        m.raw.reshape(E, -1)[[1, 6]] = 0xFF
-    be.set_profiling(True)
-    try:
-        got = be.moe_experts(
-            be.upload(x), be.upload(ids), be.upload(w), *(be.load_weight(m) for m in mats)
-        )
-        ran = set(be.profile().kernels)
-    finally:
-        be.set_profiling(False)
-    check(be.download(got), want, 1e-6)
+    got, ran = _moe_experts_poisoned(be, x, ids, w, mats, E)
+    check(got, want, 1e-6)
     assert any(n.startswith("moe_q8_gu_") for n in ran), ran  # gate + up + SwiGLU fused
     assert any(n.startswith("moe_q8_") and "_gu_" not in n for n in ran), ran  # down
 
@@ -421,12 +432,7 @@ def test_moe_grouped_matches_numpy_with_skewed_routing(be, qtype, T, flat):
             a[[1, 6]] = 0xFF
             q = QTensor(q.name, q.qtype, q.shape, a.reshape(q.raw.shape))
         mats.append(q)
-    ids = np.empty((T, k), np.int32)
-    for t in range(T):  # distinct experts per token; 2 in almost every token
-        others = rng.permutation([0, 3, 4, 5, 7])
-        ids[t] = [2, *others[: k - 1]] if t % 5 else others[:k]
-    w = rng.uniform(0.1, 1, (T, k)).astype(np.float32)
-    w /= w.sum(axis=1, keepdims=True)
+    ids, w = _skewed_routes(rng, T, k)
     x = _f32(rng, T, C)
     ref = NumpyBackend()
     want = ref.moe_experts(x, ids, w, *(ref.load_weight(m) for m in mats))
@@ -476,12 +482,7 @@ def test_moe_tc_matches_an_fp16_emulation_with_skewed_routing(be, qtype, T, flat
     mats = [qtensor(rng, (E, F, C), qtype, 0.1), qtensor(rng, (E, F, C), qtype, 0.1),
             qtensor(rng, (E, C, F), down_type, 0.1)]  # fmt: skip
     Wg, Wu, Wd = (dense(m) for m in mats)
-    ids = np.empty((T, k), np.int32)
-    for t in range(T):  # distinct experts per token; 2 in almost every token
-        others = rng.permutation([0, 3, 4, 5, 7])
-        ids[t] = [2, *others[: k - 1]] if t % 5 else others[:k]
-    w = rng.uniform(0.1, 1, (T, k)).astype(np.float32)
-    w /= w.sum(axis=1, keepdims=True)
+    ids, w = _skewed_routes(rng, T, k)
     x = _f32(rng, T, C)
     want16, want = np.zeros((T, C)), np.zeros((T, C))
     for e in range(E):  # a token's k experts are distinct: t is unique per expert
@@ -490,17 +491,7 @@ def test_moe_tc_matches_an_fp16_emulation_with_skewed_routing(be, qtype, T, flat
             xe = r(x[t])
             g, u = xe @ r(Wg[e]).T, xe @ r(Wu[e]).T
             out[t] += w[t, j][:, None] * (r(g / (1 + np.exp(-g)) * u) @ r(Wd[e]).T)
-    for m in mats:
-        m.raw.reshape(E, -1)[[1, 6]] = 0xFF
-    be.set_profiling(True)
-    try:
-        got = be.moe_experts(
-            be.upload(x), be.upload(ids), be.upload(w), *(be.load_weight(m) for m in mats)
-        )
-        ran = set(be.profile().kernels)
-    finally:
-        be.set_profiling(False)
-    got = be.download(got)
+    got, ran = _moe_experts_poisoned(be, x, ids, w, mats, E)
     check(got, want16, TC_NMSE)
     check(got, want, 1e-4)
     assert f"moe_tc_gu_{qtype.lower()}" in ran and f"moe_tc_down_{down_type.lower()}" in ran, ran
@@ -615,19 +606,7 @@ def test_pdl_chains_the_hybrid_decode_kernels_without_changing_a_bit(be, tiny_mo
     if be.device_info().extra["cc"] < 90:
         pytest.skip("programmatic dependent launch needs sm_90")
     m = _model(tiny_model_factory(arch, "q4_k_m"), be)
-    runs = {}
-    for pdl in (0, 1):
-        be.set_config(cfg(**MMVW, **{"moe_experts.variant": "mmvq", "matmul_decode.pdl": pdl}))
-        assert (be._pdl is not None) == bool(pdl)
-        for graphs in (False, True):
-            be.use_graphs = graphs
-            runs[pdl, graphs] = m.generate(PROMPT, 8, keep_logits=True)
-    be.use_graphs = True
-    base = runs[0, True]
-    for key, g in runs.items():
-        assert g.tokens == base.tokens, key
-        for a, b in zip(g.step_logits, base.step_logits, strict=True):
-            assert np.array_equal(a, b), f"{key}: PDL changed a result"
+    assert_pdl_changes_no_bit(be, m, MMVW | {"moe_experts.variant": "mmvq"}, PROMPT, 8)
 
 
 HYBRID_VALIDATE_CONFIGS = [

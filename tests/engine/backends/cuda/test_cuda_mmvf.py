@@ -11,7 +11,13 @@ import numpy as np
 import pytest
 
 from engine.backends.base import Backend
-from tests.engine.backends.cuda.test_cuda_ops import PROMPT, _model, cfg, guarded, k_for
+from tests.engine.backends.cuda.test_cuda_ops import (
+    PROMPT,
+    _model,
+    assert_ragged_matmul_into,
+    cfg,
+    guarded,
+)
 from tests.op_cases import check, check_dot, dense, qtensor, seed_of
 
 pytestmark = pytest.mark.gpu
@@ -49,12 +55,6 @@ def mmvf(**knobs) -> dict:
     return MMVF | {f"matmul_decode.{k}": v for k, v in knobs.items()}
 
 
-@pytest.fixture(scope="module")
-def be(cuda_be):
-    yield cuda_be
-    cuda_be.set_config(cfg())
-
-
 def test_mmvf_is_the_default_and_float_exact():
     from engine.tuning import REGISTRY, TuningConfig
 
@@ -69,16 +69,8 @@ def test_mmvf_matmul(cp, be, cid, knobs, qtype):
     blocks (a lane's slots run out mid-iteration); float weights go through dmmv."""
     be.set_config(cfg(**mmvf(**knobs)))
     rng = np.random.default_rng(seed_of("mmvf", cid, qtype))
-    for N, kb in [(1, 1), (67, 3), (130, 2), (257, 9)]:
-        K = k_for(qtype, kb)
-        w = qtensor(rng, (N, K), qtype, std=0.05)
-        x = rng.standard_normal((1, K)).astype(np.float32)
-        xd = be.upload(x)
-        y, intact = guarded(cp, (1, N))
-        be.matmul_into(xd, be.load_weight(w), y)
-        check_dot(y.get(), x, dense(w), FLOAT_ERR)
-        intact()
-        assert np.array_equal(be.download(xd), x), "input changed"
+    sizes = [(1, 1), (67, 3), (130, 2), (257, 9)]
+    assert_ragged_matmul_into(cp, be, rng, qtype, sizes, FLOAT_ERR)
 
 
 @pytest.mark.parametrize("cid,knobs", MMVF_CONFIGS, ids=[c[0] for c in MMVF_CONFIGS])

@@ -22,12 +22,6 @@ KNOBS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def be(cuda_be):
-    yield cuda_be
-    cuda_be.set_config(cfg())
-
-
 @pytest.mark.parametrize("knobs", KNOBS, ids=[str(i) for i in range(len(KNOBS))])
 @pytest.mark.parametrize("qtype", BLOCK_QTYPES)
 @pytest.mark.parametrize("F", [37, 301])

@@ -34,12 +34,6 @@ CONFIGS = [
 SHAPES = [(1, 1), (67, 3), (130, 14), (257, 74), (1031, 2)]  # (N, K in Q4_K blocks)
 
 
-@pytest.fixture(scope="module")
-def be(cuda_be):
-    yield cuda_be
-    cuda_be.set_config(cfg())
-
-
 @pytest.mark.parametrize("cid,kn", CONFIGS, ids=[c[0] for c in CONFIGS])
 def test_q4k_lean_and_kernel_match_mmvw(cp, be, cid, kn):
     rng = np.random.default_rng(seed_of(cid, "Q4_K"))

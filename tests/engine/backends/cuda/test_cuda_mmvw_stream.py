@@ -40,12 +40,6 @@ STREAM_CONFIGS = [
 SHAPES = [(1, 1), (67, 3), (130, 14), (257, 37), (4099, 1)]
 
 
-@pytest.fixture(scope="module")
-def be(cuda_be):
-    yield cuda_be
-    cuda_be.set_config(cfg())
-
-
 @pytest.mark.parametrize("cid,kn", STREAM_CONFIGS, ids=[c[0] for c in STREAM_CONFIGS])
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
 def test_stream_equals_mmvw_bitwise(cp, be, cid, kn, qtype):

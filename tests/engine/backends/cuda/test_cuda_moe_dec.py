@@ -11,7 +11,7 @@ import pytest
 
 from engine.backends.numpy_ref import NumpyBackend
 from engine.gguf_model import QTensor
-from engine.tuning import TuningConfig
+from tests.engine.backends.cuda.test_cuda_ops import cfg
 from tests.op_cases import check, qtensor
 
 pytestmark = pytest.mark.gpu
@@ -46,15 +46,6 @@ KNOBS = [
     # gate and up of an output sharing x's loads (moe_dec_gate_up_p)
     {"moe_experts.gate_up_pair": 1, "moe_experts.threads_per_row": 64},
 ]  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def be(cuda_be):
-    return cuda_be
-
-
-def cfg(**flat) -> TuningConfig:
-    return TuningConfig.from_flat("cuda", flat)
 
 
 def _f32w(a: np.ndarray, name: str = "w") -> QTensor:
@@ -161,30 +152,41 @@ UNFUSED = {
 }
 
 
+def _numpy_tokens_graph_equals_eager(be, mc, want, flat: dict, what: str) -> dict:  # noqa: ANN001
+    """mc's 8-token decode of PROMPT under F32_PREFILL | flat, eager and replayed: NumPy's tokens
+    (want), last logits at float32 noise, replay's step logits eager's to the bit. Returns the
+    runs by use_graphs."""
+    from engine.verify.validate import compare_logits
+
+    be.set_config(cfg(**F32_PREFILL, **flat))
+    runs = {}
+    for graphs in (False, True):
+        be.use_graphs = graphs
+        runs[graphs] = mc.generate(PROMPT, 8, keep_logits=True)
+    be.use_graphs = True
+    for graphs, g in runs.items():
+        assert g.tokens == want.tokens, (what, graphs)
+        assert compare_logits(want.last_logits, g.last_logits)[2] < 1e-8, (what, graphs)
+    for a, b in zip(runs[True].step_logits, runs[False].step_logits, strict=True):
+        assert np.array_equal(a, b), f"graph replay differs from eager decode ({what})"
+    return runs
+
+
 @pytest.mark.parametrize("arch", ["qwen35", "qwen35moe", "qwen3next"])
 def test_fused_decode_model_matches_numpy_and_graph_equals_eager(be, tiny_model_factory, arch):
     # the default (fused MoE FFN, delta-net step, conv step, q/k prep) and the op-by-op
     # schedule: the tokens NumPy makes, logits at float32 noise, graph replay == eager decode
-    from engine.verify.validate import compare_logits
-
     path = tiny_model_factory(arch, "q4_k_m")
     mn, mc = _model(path, NumpyBackend()), _model(path, be)
     want = mn.generate(PROMPT, 8)
-    runs = {}
-    for fused in (True, False):
-        be.set_config(cfg(**F32_PREFILL, **({} if fused else UNFUSED)))
-        for graphs in (False, True):
-            be.use_graphs = graphs
-            runs[fused, graphs] = mc.generate(PROMPT, 8, keep_logits=True)
-    be.use_graphs = True
-    for key, g in runs.items():
-        assert g.tokens == want.tokens, key
-        assert compare_logits(want.last_logits, g.last_logits)[2] < 1e-8, key
-    for fused in (True, False):
-        for a, b in zip(runs[fused, True].step_logits, runs[fused, False].step_logits, strict=True):
-            assert np.array_equal(a, b), f"graph replay differs from eager decode (fused {fused})"
+    runs = {
+        fused: _numpy_tokens_graph_equals_eager(
+            be, mc, want, {} if fused else UNFUSED, f"fused {fused}"
+        )
+        for fused in (True, False)
+    }
     if arch == "qwen35":  # no MoE: the fused delta-net, conv and q/k steps are bit-identical
-        for a, b in zip(runs[True, True].step_logits, runs[False, True].step_logits, strict=True):
+        for a, b in zip(runs[True][True].step_logits, runs[False][True].step_logits, strict=True):
             assert np.array_equal(a, b), "fused delta-net decode changed a bit"
 
 
@@ -305,22 +307,9 @@ DOWN_SPLIT = [
 @pytest.mark.parametrize("flat", DOWN_SPLIT, ids=["rv", "rb128", "rb128-pre"])
 def test_down_split_model_matches_numpy_and_graph_equals_eager(be, tiny_model_factory, flat):
     # the whole tiny qwen35moe under the new knobs: NumPy's tokens, graph replay == eager
-    from engine.verify.validate import compare_logits
-
     path = tiny_model_factory("qwen35moe", "q4_k_m")
     want = _model(path, NumpyBackend()).generate(PROMPT, 8)
-    mc = _model(path, be)
-    runs = {}
-    be.set_config(cfg(**F32_PREFILL, **flat))
-    for graphs in (False, True):
-        be.use_graphs = graphs
-        runs[graphs] = mc.generate(PROMPT, 8, keep_logits=True)
-    be.use_graphs = True
-    for g in runs.values():
-        assert g.tokens == want.tokens
-        assert compare_logits(want.last_logits, g.last_logits)[2] < 1e-8
-    for a, b in zip(runs[True].step_logits, runs[False].step_logits, strict=True):
-        assert np.array_equal(a, b), "graph replay differs from eager decode (down_split)"
+    _numpy_tokens_graph_equals_eager(be, _model(path, be), want, flat, "down_split")
 
 
 def test_planted_route_block_half_row_is_caught(be):
@@ -483,19 +472,6 @@ WIDE_MODEL = {"moe_experts.route_block": 128, "moe_experts.topk_regs": 1,
 def test_dec_wide_prefetch_model_matches_numpy_and_graph_equals_eager(be, tiny_model_factory):
     # the whole tiny qwen35moe (Q4_K_M: Q4_K experts, Q6_K downs in some layers) under the
     # new knobs: NumPy's tokens, graph replay == eager decode
-    from engine.verify.validate import compare_logits
-
     path = tiny_model_factory("qwen35moe", "q4_k_m")
     want = _model(path, NumpyBackend()).generate(PROMPT, 8)
-    mc = _model(path, be)
-    runs = {}
-    be.set_config(cfg(**F32_PREFILL, **WIDE_MODEL))
-    for graphs in (False, True):
-        be.use_graphs = graphs
-        runs[graphs] = mc.generate(PROMPT, 8, keep_logits=True)
-    be.use_graphs = True
-    for g in runs.values():
-        assert g.tokens == want.tokens
-        assert compare_logits(want.last_logits, g.last_logits)[2] < 1e-8
-    for a, b in zip(runs[True].step_logits, runs[False].step_logits, strict=True):
-        assert np.array_equal(a, b), "graph replay differs from eager decode (dec_wide)"
+    _numpy_tokens_graph_equals_eager(be, _model(path, be), want, WIDE_MODEL, "dec_wide")

@@ -21,11 +21,6 @@ PROMPT = list(range(40, 110))  # 70 tokens: above gemm_min_t, so tc runs
 TC = {"moe_experts.variant": "tc", "prefill.chunk_tokens": 512}
 
 
-@pytest.fixture(scope="module")
-def be(cuda_be):
-    return cuda_be
-
-
 def _no_route_tie() -> dict:
     return {c: dataclasses.replace(NUMERIC_BUDGETS["fp16"], route_tie=0.0) for c in NUMERIC_BUDGETS}
 

@@ -18,11 +18,6 @@ pytestmark = pytest.mark.gpu
 BLOCK = {"rms_norm.variant": "block"}
 
 
-@pytest.fixture(scope="module")
-def be(cuda_be):
-    return cuda_be
-
-
 def _ref(x: np.ndarray, w) -> np.ndarray:  # noqa: ANN001
     x64 = x.astype(np.float64)
     return x64 / np.sqrt((x64**2).mean(-1, keepdims=True) + 1e-6) * dense(w)

@@ -32,11 +32,6 @@ INT8_NMSE = 5e-3
 SENTINEL = 1234.5
 
 
-@pytest.fixture
-def be(cuda_be):
-    return cuda_be
-
-
 PAD = 1024  # bytes of sentinel after every allocation made during a contract op
 
 
@@ -97,6 +92,21 @@ def guarded(cp, shape, pad=257):
 
 def k_for(qtype: str, blocks: int) -> int:
     return 256 * blocks if qtype.endswith("_K") else 32 * blocks if qtype[0] == "Q" else 37 * blocks
+
+
+def assert_ragged_matmul_into(cp, be, rng, qtype: str, sizes: list, err: float) -> None:  # noqa: ANN001
+    """matmul_into of a decode row [1, K] into a guarded output, per (rows, K blocks) in sizes:
+    the dot products to err (check_dot), nothing written outside the output, x untouched."""
+    for N, kb in sizes:
+        K = k_for(qtype, kb)
+        w = qtensor(rng, (N, K), qtype, std=0.05)
+        x = rng.standard_normal((1, K)).astype(np.float32)
+        xd = be.upload(x)
+        y, intact = guarded(cp, (1, N))
+        be.matmul_into(xd, be.load_weight(w), y)
+        check_dot(y.get(), x, dense(w), err)
+        intact()
+        assert np.array_equal(be.download(xd), x), "input changed"
 
 
 # --- matmul: every path, variant and parameter family -----------------------------------------

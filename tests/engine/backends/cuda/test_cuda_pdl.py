@@ -104,6 +104,26 @@ def be():
     return b
 
 
+def assert_pdl_changes_no_bit(be, m, flat: dict, prompt: list[int], n: int) -> dict:  # noqa: ANN001
+    """m's greedy decode of n tokens under flat with matmul_decode.pdl 0 and 1, each eager and
+    replayed: the tokens and every step's logits to the bit. Returns the runs, keyed
+    (pdl, graphs)."""
+    runs = {}
+    for pdl in (0, 1):
+        be.set_config(TuningConfig.from_flat("cuda", flat | {"matmul_decode.pdl": pdl}))
+        assert (be._pdl is not None) == bool(pdl)
+        for graphs in (False, True):
+            be.use_graphs = graphs
+            runs[pdl, graphs] = m.generate(prompt, n, keep_logits=True)
+    be.use_graphs = True
+    base = runs[0, True]
+    for key, g in runs.items():
+        assert g.tokens == base.tokens, key
+        for a, b in zip(g.step_logits, base.step_logits, strict=True):
+            assert np.array_equal(a, b), f"{key}: PDL changed a result"
+    return runs
+
+
 # mmvw's fused epilogues with the weights' L2 prefetch before each kernel's wait (issue 14)
 FUSED = {
     f"matmul_decode.{k}": 1 for k in ("fuse_swiglu", "fuse_norm", "fuse_rope", "prefetch", "stage")
@@ -120,20 +140,9 @@ def test_pdl_decode_equals_plain_launches(be, tiny_model_factory, arch, extra):
     from tests.engine.backends.cuda.test_cuda_ops import PROMPT, _model
 
     m = _model(tiny_model_factory(arch, "q4_k_m"), be)
-    runs = {}
-    for pdl in (0, 1):
-        be.set_config(TuningConfig.from_flat("cuda", PDL | extra | {"matmul_decode.pdl": pdl}))
-        assert (be._pdl is not None) == bool(pdl)
-        for graphs in (False, True):
-            be.use_graphs = graphs
-            runs[pdl, graphs] = m.generate(PROMPT, 10, keep_logits=True)
-    be.use_graphs = True
-    base = runs[0, True]
+    runs = assert_pdl_changes_no_bit(be, m, PDL | extra, PROMPT, 10)
     for key, g in runs.items():
-        assert g.tokens == base.tokens, key
-        assert np.array_equal(g.last_logits, base.last_logits), key
-        for a, b in zip(g.step_logits, base.step_logits, strict=True):
-            assert np.array_equal(a, b), f"{key}: PDL changed a result"
+        assert np.array_equal(g.last_logits, runs[0, True].last_logits), key
     be.set_config(TuningConfig.default("cuda"))
 
 
@@ -168,17 +177,5 @@ def test_float_pdl_decode_equals_plain_launches(be, tiny_model_factory, arch):
     from tests.engine.backends.cuda.test_cuda_ops import PROMPT, _model
 
     m = _model(tiny_model_factory(arch, "q4_k_m"), be)
-    runs = {}
-    for pdl in (0, 1):
-        be.set_config(TuningConfig.from_flat("cuda", FLOAT_PDL | {"matmul_decode.pdl": pdl}))
-        assert (be._pdl is not None) == bool(pdl)
-        for graphs in (False, True):
-            be.use_graphs = graphs
-            runs[pdl, graphs] = m.generate(PROMPT, 10, keep_logits=True)
-    be.use_graphs = True
-    base = runs[0, True]
-    for key, g in runs.items():
-        assert g.tokens == base.tokens, key
-        for a, b in zip(g.step_logits, base.step_logits, strict=True):
-            assert np.array_equal(a, b), f"{key}: PDL changed a result"
+    assert_pdl_changes_no_bit(be, m, FLOAT_PDL, PROMPT, 10)
     be.set_config(TuningConfig.default("cuda"))

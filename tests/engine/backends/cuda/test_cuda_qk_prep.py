@@ -11,25 +11,10 @@ import pytest
 
 from engine.backends.base import KVCache
 from engine.backends.numpy_ref import NumpyBackend
-from engine.gguf_model import QTensor
-from engine.tuning import TuningConfig
-from tests.op_cases import check
+from tests.engine.backends.cuda.test_cuda_ops import cfg
+from tests.op_cases import check, f32_tensor
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module")
-def be(cuda_be):
-    return cuda_be
-
-
-def cfg(**flat) -> TuningConfig:
-    return TuningConfig.from_flat("cuda", flat)
-
-
-def _vec(name: str, a) -> QTensor:
-    a = np.ascontiguousarray(a, np.float32)
-    return QTensor(name, "F32", a.shape, a.view(np.uint8).reshape(1, -1))
 
 
 # (H, Hkv, D, n_rot, pos): the hybrid presets' heads (16 / 2 or 4 of 256, 64 rotated), ragged
@@ -44,7 +29,7 @@ def test_fused_qk_prep_is_the_op_by_op_schedule_to_the_bit(be, H, Hkv, D, n_rot,
     qg = rng.standard_normal((1, H, 2 * D)).astype(np.float32)
     k = rng.standard_normal((1, Hkv, D)).astype(np.float32)
     v = rng.standard_normal((1, Hkv, D)).astype(np.float32)
-    qn, kn = (_vec(n, rng.uniform(0.5, 1.5, D)) for n in ("qn", "kn"))
+    qn, kn = (f32_tensor(n, rng.uniform(0.5, 1.5, D)) for n in ("qn", "kn"))
     S = pos + 3
     got = {}
     for fuse in (1, 0):

@@ -210,6 +210,17 @@ def test_hung_kernel_raises_instead_of_hanging():
 
 
 # --- recording, replay, profile ---------------------------------------------------------
+def _toy_weights(be, seed: int) -> dict:  # noqa: ANN001
+    """_toy_step's weights on be: a 50-token embedding, one 64 x 64 matmul, the head."""
+    rng = np.random.default_rng(seed)
+    qts = {
+        "emb": qtensor(rng, (50, 64), "Q8_0", std=1.0),
+        "wq": qtensor(rng, (64, 64), "Q5_0"),
+        "head": qtensor(rng, (50, 64), "Q4_1", std=1.0),
+    }
+    return {k: be.load_weight(v) for k, v in qts.items()}
+
+
 def _toy_step(be, wv, tok, pos, cache):  # noqa: ANN001, ANN202
     """A decode-shaped graph: embedding -> matmul -> rope -> kv_write -> attention -> argmax."""
     x = be.embedding(wv["emb"], tok)  # [1, 64]
@@ -222,13 +233,7 @@ def _toy_step(be, wv, tok, pos, cache):  # noqa: ANN001, ANN202
 
 
 def test_replayed_decode_matches_recorded(vb):
-    rng = np.random.default_rng(2)
-    qts = {
-        "emb": qtensor(rng, (50, 64), "Q8_0", std=1.0),
-        "wq": qtensor(rng, (64, 64), "Q5_0"),
-        "head": qtensor(rng, (50, 64), "Q4_1", std=1.0),
-    }
-    wv = {k: vb.load_weight(v) for k, v in qts.items()}
+    wv = _toy_weights(vb, 2)
 
     def run(replay: bool) -> tuple[list[int], list[np.ndarray]]:
         vb.set_config(TuningConfig.default("vulkan").replace(**{"submit.replay": replay}))
@@ -324,13 +329,7 @@ def test_decode_graph_replays_and_recaptures(vb):
     """decode_step captures the step once and replays it without calling the ops; crossing the
     RoPE table's end (1024 positions) or changing the cache recaptures; results equal plain
     steps at every position."""
-    rng = np.random.default_rng(6)
-    qts = {
-        "emb": qtensor(rng, (50, 64), "Q8_0", std=1.0),
-        "wq": qtensor(rng, (64, 64), "Q5_0"),
-        "head": qtensor(rng, (50, 64), "Q4_1", std=1.0),
-    }
-    wv = {k: vb.load_weight(v) for k, v in qts.items()}
+    wv = _toy_weights(vb, 6)
     calls = []
 
     def run(graph: bool, p0: int, n: int) -> list[np.ndarray]:

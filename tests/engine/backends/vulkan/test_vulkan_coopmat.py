@@ -27,6 +27,7 @@ from engine.tuning import TuningConfig
 from engine.tuning.variants.vulkan import COOPMAT_SHAPE, QUANT_TYPES
 from tests.backend_contract import BackendContract
 from tests.engine.backends.vulkan.test_vulkan_helpers import (
+    allowed_config,
     coopmat_fixture,
     half_ref,
     make_backend,
@@ -254,11 +255,7 @@ KNOBS = [
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "F16", "Q8_0", "F32"])
 def test_coopmat_knobs_on_ragged_shapes(cb, knobs, qtype):
     flat = COOPMAT | {f"matmul_prefill.{k}": v for k, v in knobs.items()}
-    cfg = TuningConfig.default("vulkan").replace(**flat)
-    bad = cfg.problems(cb.device_info())
-    if bad:
-        pytest.skip(f"not allowed on this device: {bad}")
-    cb.set_config(cfg)
+    cb.set_config(allowed_config(cb, flat))
     rng = np.random.default_rng(len(qtype))
     # T, N ragged against every tile; one case past several row and column tiles
     for T, n, blocks in ((2, 33, 1), (41, 19, 2), (130, 300, 3), (513, 70, 1)):

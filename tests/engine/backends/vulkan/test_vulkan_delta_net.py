@@ -11,16 +11,8 @@ from engine.backends.numpy_ref import NumpyBackend
 from engine.tuning import TuningConfig
 from tests.engine.backends.vulkan.test_vulkan_helpers import (
     assert_no_validation_errors,
-    make_backend,
     nmse,
 )
-
-
-@pytest.fixture(scope="module")
-def vb():
-    be = make_backend()
-    yield be
-    be.close()
 
 
 def _inputs(rng, T, Hk, Hv, dk, dv):

@@ -23,6 +23,7 @@ from engine.errors import ConfigError
 from engine.tuning import TuningConfig
 from tests.engine.backends.vulkan.test_vulkan_coopmat import h200_like
 from tests.engine.backends.vulkan.test_vulkan_helpers import (
+    allowed_config,
     coopmat_fixture,
     make_backend,
     nmse,
@@ -131,13 +132,9 @@ def _flash_run(cb, T, H, Hkv, D, pos0, chunk, scale=False, profile=True):  # noq
     """(out, reference, kernels, (q, cache)) of attention.flash with key_chunk = chunk: a cache
     whose rows past the last visible key hold NaN, q a row view at an offset; kernels (the
     profile's pipeline names) empty without profile."""
-    cfg = TuningConfig.default("vulkan").replace(
-        **FLASH, **{"attention.key_chunk": chunk, "attention.matrix_scale": scale}
+    cb.set_config(
+        allowed_config(cb, FLASH | {"attention.key_chunk": chunk, "attention.matrix_scale": scale})
     )
-    bad = cfg.problems(cb.device_info())
-    if bad:
-        pytest.skip(f"not allowed on this device: {bad}")
-    cb.set_config(cfg)
     rng = np.random.default_rng(T * 1000 + pos0 + D)
     L = pos0 + T
     kc = rng.standard_normal((L + 40, Hkv, D)).astype(np.float32)

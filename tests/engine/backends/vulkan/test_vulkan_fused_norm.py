@@ -19,6 +19,7 @@ from engine.tuning import TuningConfig
 from tests.engine.backends.vulkan.test_vulkan_helpers import (
     assert_no_validation_errors,
     make_backend,
+    prefill_and_decode,
     qtensor,
 )
 from tests.engine.backends.vulkan.test_vulkan_ops import assert_canary_after, poison_free_buffers
@@ -170,21 +171,7 @@ def test_prefill_kick_submits_early_with_the_same_bits(tiny_model_path):
     outs, submits = {}, {}
     for kick in (0, 32):
         m.set_config(_cfg({"submit.prefill_kick": kick}))
-        cache = m.new_cache(64)
-        be.synchronize()
-        s0 = be.stats()
-        logits = [be.download(m.prefill(prompt, cache))]
-        submits[kick] = be.stats()["submits"] - s0["submits"]
-        tok = be.upload(np.array([5], np.int32))
-
-        def step(t, p, cache=cache):  # noqa: ANN001, ANN202
-            lg = m.forward(t, 1, p, cache)
-            return lg, be.argmax(lg)
-
-        for i in range(4):
-            lg, tok = be.decode_step(step, tok, len(prompt) + i, cache)
-            logits.append(be.download(lg))
-        outs[kick] = logits
+        outs[kick], submits[kick] = prefill_and_decode(m, be, prompt, 4)
     assert submits[0] == 1 and submits[32] > 1
     for a, b in zip(outs[0], outs[32], strict=True):
         assert np.array_equal(a, b)

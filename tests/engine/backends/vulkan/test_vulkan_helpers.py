@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from engine.gguf_model import QTensor
+from engine.tuning import TuningConfig
 from tests import op_cases
 from tests.backend_params import open_backend, usable
 
@@ -20,6 +21,36 @@ def require_vulkan() -> None:
 def make_backend():  # noqa: ANN201 - VulkanBackend, imported lazily
     require_vulkan()
     return open_backend("vulkan")
+
+
+def allowed_config(be, flat: dict) -> TuningConfig:  # noqa: ANN001
+    """The default Vulkan config with flat; skips the test where be's device does not allow it
+    (e.g. a required subgroup size of 8 on a device fixed at 32)."""
+    cfg = TuningConfig.default("vulkan").replace(**flat)
+    bad = cfg.problems(be.device_info())
+    if bad:
+        pytest.skip(f"not allowed on this device: {bad}")
+    return cfg
+
+
+def prefill_and_decode(m, be, prompt: list[int], steps: int) -> tuple[list[np.ndarray], int]:  # noqa: ANN001
+    """The logits of m's prefill of prompt into a fresh 64-position cache and of steps decode
+    steps after it (graph-captured and replayed, token 5 first), and the prefill's submits."""
+    cache = m.new_cache(64)
+    be.synchronize()
+    s0 = be.stats()["submits"]
+    out = [be.download(m.prefill(prompt, cache))]
+    submits = be.stats()["submits"] - s0
+    tok = be.upload(np.array([5], np.int32))
+
+    def step(t, p):  # noqa: ANN001, ANN202
+        lg = m.forward(t, 1, p, cache)
+        return lg, be.argmax(lg)
+
+    for i in range(steps):
+        lg, tok = be.decode_step(step, tok, len(prompt) + i, cache)
+        out.append(be.download(lg))
+    return out, submits
 
 
 def assert_no_validation_errors(be) -> None:  # noqa: ANN001

@@ -14,25 +14,11 @@ from engine.models import build_model
 from engine.tuning import TuningConfig
 from engine.verify.validate import compare_logits
 from tests.engine.backends.vulkan.test_vulkan_helpers import (
-    assert_no_validation_errors,
-    make_backend,
     nmse,
     qtensor,
 )
 
-
-@pytest.fixture(scope="module")
-def vb():
-    be = make_backend()
-    yield be
-    be.close()
-
-
-@pytest.fixture(autouse=True)
-def _clean(vb):
-    vb.set_config(TuningConfig.default("vulkan"))
-    yield
-    assert_no_validation_errors(vb)
+pytestmark = pytest.mark.usefixtures("clean_vb")
 
 
 def _f32(rng, *shape):

@@ -14,8 +14,7 @@ import pytest
 
 from engine.tuning import REGISTRY, TuningConfig
 from tests.engine.backends.vulkan.test_vulkan_helpers import (
-    assert_no_validation_errors,
-    make_backend,
+    allowed_config,
     qtensor,
 )
 from tests.engine.backends.vulkan.test_vulkan_ops import assert_canary_after, poison_free_buffers
@@ -44,26 +43,11 @@ SAMPLES = [
 ]  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def vb():
-    be = make_backend()
-    yield be
-    be.close()
-
-
-@pytest.fixture(autouse=True)
-def _clean(vb):
-    vb.set_config(TuningConfig.default("vulkan"))
-    yield
-    assert_no_validation_errors(vb)
+pytestmark = pytest.mark.usefixtures("clean_vb")
 
 
 def _cfg(vb, flat: dict) -> TuningConfig:  # noqa: ANN001
-    cfg = TuningConfig.default("vulkan").replace(**(MMVW | flat))
-    bad = cfg.problems(vb.device_info())
-    if bad:
-        pytest.skip(f"not allowed on this device: {bad}")
-    return cfg
+    return allowed_config(vb, MMVW | flat)
 
 
 def q8_1(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -15,7 +15,6 @@ from engine.verify.cross_check import cross_check_numpy
 from engine.verify.validate import PROMPTS, validate
 from tests.engine.backends.vulkan.test_vulkan_helpers import (
     assert_no_validation_errors,
-    make_backend,
 )
 
 # One config per registered variant of every op with more than one, plus parameter samples
@@ -134,13 +133,6 @@ CONFIGS = [
 def _prompts(tok) -> list[list[int]]:  # noqa: ANN001
     """Short validate prompts: one token, a sentence, 45 tokens (several chunks, ragged tail)."""
     return [tok.encode("A")[:1], tok.encode(PROMPTS[0]), tok.encode(PROMPTS[1])[:45]]
-
-
-@pytest.fixture(scope="module")
-def vb():
-    be = make_backend()
-    yield be
-    be.close()
 
 
 @pytest.fixture(autouse=True)

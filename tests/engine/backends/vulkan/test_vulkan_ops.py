@@ -17,8 +17,7 @@ from engine.gguf_model import QTensor
 from engine.tuning import REGISTRY, TuningConfig
 from tests.backend_contract import BackendContract
 from tests.engine.backends.vulkan.test_vulkan_helpers import (
-    assert_no_validation_errors,
-    make_backend,
+    allowed_config,
     nmse,
     qtensor,
 )
@@ -28,18 +27,7 @@ QUANTS = ["F32", "F16", "BF16", "Q8_0", "Q5_0", "Q5_1", "Q4_0", "Q4_1", "Q4_K", 
 CANARY = 0xFF  # bytes of a NaN pattern left in free buffers before each op
 
 
-@pytest.fixture(scope="module")
-def vb():
-    be = make_backend()
-    yield be
-    be.close()
-
-
-@pytest.fixture(autouse=True)
-def _clean(vb):
-    vb.set_config(TuningConfig.default("vulkan"))
-    yield
-    assert_no_validation_errors(vb)
+pytestmark = pytest.mark.usefixtures("clean_vb")
 
 
 def poison_free_buffers(be, out_elems: int) -> None:  # noqa: ANN001
@@ -246,18 +234,10 @@ PREFILL_SAMPLES = [
 ]
 
 
-def _cfg(vb, flat: dict) -> TuningConfig:  # noqa: ANN001
-    cfg = TuningConfig.default("vulkan").replace(**flat)
-    bad = cfg.problems(vb.device_info())
-    if bad:  # e.g. a required subgroup size of 8 on a device fixed at 32
-        pytest.skip(f"not allowed on this device: {bad}")
-    return cfg
-
-
 @pytest.mark.parametrize("flat", [p[0] for p in DECODE], ids=[p[1] for p in DECODE])
 @pytest.mark.parametrize("qtype", QUANTS)
 def test_matmul_decode_variants(vb, flat, qtype):
-    vb.set_config(_cfg(vb, flat))
+    vb.set_config(allowed_config(vb, flat))
     rng = np.random.default_rng(len(qtype))
     for n, blocks in ((1, 1), (67, 3)):
         w = qtensor(rng, (n, _k_for(qtype, blocks)), qtype)
@@ -281,7 +261,7 @@ def test_matmul_decode_variants(vb, flat, qtype):
     ],
 )
 def test_matmul_prefill_variants(vb, flat, qtype):
-    vb.set_config(_cfg(vb, flat))
+    vb.set_config(allowed_config(vb, flat))
     rng = np.random.default_rng(len(qtype) + 7)
     for T, n, blocks in ((2, 33, 1), (41, 19, 2)):  # 41 columns: several MAX_COLS passes
         w = qtensor(rng, (n, _k_for(qtype, blocks)), qtype)
@@ -300,7 +280,7 @@ def test_matmul_prefill_variants(vb, flat, qtype):
 def test_weights_split_into_row_ranges(vb, qtype, prefill):
     """A weight over maxStorageBufferRange is stored and dispatched in row ranges (the real
     Qwen LM head is 145 MB against lavapipe's 128 MiB): lower the limit to a few rows."""
-    vb.set_config(_cfg(vb, {"matmul_prefill.variant": prefill}))
+    vb.set_config(allowed_config(vb, {"matmul_prefill.variant": prefill}))
     rng = np.random.default_rng(3)
     w = qtensor(rng, (50, _k_for(qtype, 1)), qtype)
     old = vb.max_weight_bytes
@@ -364,7 +344,7 @@ def test_matmul_decode_block_ragged(vb, flat, qtype):
     into a larger buffer: vec4 loads only when aligned), float rows of any K, N not a multiple
     of the rows per workgroup or per lane, and weights in row ranges (7 rows each: the ranges'
     y offsets and a short last range)."""
-    vb.set_config(_cfg(vb, flat))
+    vb.set_config(allowed_config(vb, flat))
     rng = np.random.default_rng(len(qtype) * 31)
     for n, k in _block_shapes(qtype):
         w = qtensor(rng, (n, k), qtype)
@@ -426,7 +406,7 @@ def test_ops_on_row_views(vb):
 @pytest.mark.parametrize("wg", [32, 512])
 def test_small_ops_at_workgroup_extremes(vb, op, wg):
     """The small ops at the smallest and largest registered workgroup size."""
-    vb.set_config(_cfg(vb, {f"{op}.wg_size": wg}))
+    vb.set_config(allowed_config(vb, {f"{op}.wg_size": wg}))
     rng = np.random.default_rng(wg)
     x = rng.standard_normal((3, 4, 64)).astype(np.float32)
     if op == "rms_norm":
@@ -513,7 +493,7 @@ ATTENTION = [
 def test_attention_variants(vb, flat, T, H, Hkv, D, pos0):
     """Each sample against NumPy, q read as a row view at an offset, and nothing written past
     the output (the split kernel's partials and merge must stay inside their buffers)."""
-    cfg = _cfg(vb, flat)
+    cfg = allowed_config(vb, flat)
     if D > 8 * int(cfg.op("attention")["wg_size"]):
         pytest.skip(f"D {D} > 8 * wg_size: rejected by the op (UnsupportedError)")
     vb.set_config(cfg)
@@ -547,7 +527,7 @@ ARGMAX = [
 def test_argmax_nan_inf_and_ties(vb, flat):
     """np.argmax's rule at every sample: the first maximum, the first NaN over any number, an
     all -inf row gives 0; ties straddling slices; a row read at an offset."""
-    vb.set_config(_cfg(vb, flat))
+    vb.set_config(allowed_config(vb, flat))
     lg = np.zeros((7, 1001), np.float32)
     lg[1, [5, 200]] = 3.0
     lg[2, 17] = np.nan

@@ -34,6 +34,7 @@ from tests.engine.backends.vulkan.test_vulkan_coopmat import (
     h200_like,
 )
 from tests.engine.backends.vulkan.test_vulkan_helpers import (
+    allowed_config,
     coopmat_fixture,
     half_ref,
     make_backend,
@@ -233,11 +234,7 @@ def test_resident_knobs_on_ragged_shapes(rb, knobs, qtype):
     # fill_groups 0: the tile knobs themselves (these small grids would all take 64 x 64)
     flat = RESIDENT | {"matmul_prefill.fill_groups": 0}
     flat |= {f"matmul_prefill.{k}": v for k, v in knobs.items()}
-    cfg = TuningConfig.default("vulkan").replace(**flat)
-    bad = cfg.problems(rb.device_info())
-    if bad:
-        pytest.skip(f"not allowed on this device: {bad}")
-    rb.set_config(cfg)
+    rb.set_config(allowed_config(rb, flat))
     rng = np.random.default_rng(len(qtype))
     for T, n, blocks in ((2, 33, 1), (41, 19, 2), (130, 300, 3), (513, 70, 1), (128, 256, 2)):
         w = qtensor(rng, (n, _k_for(qtype, blocks)), qtype)
@@ -346,11 +343,7 @@ def test_split_k_sums_the_ranges(rb, split, knobs):
     x at an offset, and a weight in row ranges (each range's sum lands in its own columns)."""
     flat = RESIDENT | {"matmul_prefill.fill_groups": 512, "matmul_prefill.split_k": split}
     flat |= {f"matmul_prefill.{k}": v for k, v in knobs.items()}
-    cfg = TuningConfig.default("vulkan").replace(**flat)
-    bad = cfg.problems(rb.device_info())
-    if bad:
-        pytest.skip(f"not allowed on this device: {bad}")
-    rb.set_config(cfg)
+    rb.set_config(allowed_config(rb, flat))
     rng = np.random.default_rng(split)
     for T, n, K, ranges in ((70, 45, 20, False), (3, 130, 150, False), (129, 67, 300, True),
                             (41, 200, 256, False)):  # fmt: skip

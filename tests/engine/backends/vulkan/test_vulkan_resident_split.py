@@ -19,6 +19,7 @@ from engine.backends.vulkan import resident
 from engine.backends.vulkan.resident import kpad, split_ranges
 from engine.tuning import TuningConfig
 from tests.engine.backends.vulkan.test_vulkan_helpers import (
+    allowed_config,
     coopmat_fixture,
     half_ref,
     nmse,
@@ -83,11 +84,7 @@ KNOBS = [
 
 def _run(rb, flat: dict, seed: int):  # noqa: ANN001, ANN202
     """(out, reference, kernels) per shape under flat."""
-    cfg = TuningConfig.default("vulkan").replace(**flat)
-    bad = cfg.problems(rb.device_info())
-    if bad:
-        pytest.skip(f"not allowed on this device: {bad}")
-    rb.set_config(cfg)
+    rb.set_config(allowed_config(rb, flat))
     rng = np.random.default_rng(seed)
     for T, n, K in SHAPES:
         w = qtensor(rng, (n, K), "Q4_K" if K % 256 == 0 else "F32")

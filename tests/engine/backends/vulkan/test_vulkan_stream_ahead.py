@@ -16,6 +16,7 @@ from engine.tuning import TuningConfig
 from tests.engine.backends.vulkan.test_vulkan_helpers import (
     assert_no_validation_errors,
     make_backend,
+    prefill_and_decode,
 )
 
 
@@ -34,21 +35,7 @@ def _logits(eng, flat: dict) -> tuple[list[np.ndarray], int]:  # noqa: ANN001
     m, be = eng.model, eng.backend
     m.set_config(_cfg({"prefill.chunk_tokens": 16} | flat))
     prompt = bench_prompt(45, m.spec.n_vocab)
-    cache = m.new_cache(64)
-    be.synchronize()
-    s0 = be.stats()["submits"]
-    out = [be.download(m.prefill(prompt, cache))]
-    submits = be.stats()["submits"] - s0
-    tok = be.upload(np.array([5], np.int32))
-
-    def step(t, p, cache=cache):  # noqa: ANN001, ANN202
-        lg = m.forward(t, 1, p, cache)
-        return lg, be.argmax(lg)
-
-    for i in range(3):
-        lg, tok = be.decode_step(step, tok, len(prompt) + i, cache)
-        out.append(be.download(lg))
-    return out, submits
+    return prefill_and_decode(m, be, prompt, 3)
 
 
 @pytest.fixture(scope="module")
