@@ -54,7 +54,7 @@ def test_a_broken_patch_is_named():
 def test_every_planted_name_has_a_patch_and_every_patch_a_test():
     shader_mutants = {m.name for m in MUTANTS if m.backend != "numpy"}
     assert shader_mutants <= set(planted.patches())
-    text = "\n".join(p.read_text() for p in TESTS.glob("*.py"))
+    text = "\n".join(p.read_text() for p in TESTS.rglob("*.py"))
     unused = [n for n in planted.patches() if f'"{n}"' not in text]
     assert not unused, f"patches no test plants: {unused}"
 
