@@ -139,15 +139,20 @@ class RefLogits(dict):
     def _read(self, path: Path) -> ForcedRun | None:
         try:
             with np.load(path, allow_pickle=False) as z:
-                pos, am = z["logit_pos"].tolist(), z["argmax"].tolist()
-                rk = [tuple(k) for k in z["router_keys"].tolist()]
-                return ForcedRun(
-                    prompt_tokens=z["prompt_tokens"].tolist(),
-                    tokens=z["tokens"].tolist(),
-                    logits={p: z["logits"][i] for i, p in enumerate(pos)},
-                    device_argmax={int(p): int(v) for p, v in am},
-                    router={k: z["router"][i] for i, k in enumerate(rk)},
-                )
+                # each z[name] reads the whole array from the file again: read each once (a
+                # row of a fresh read per position held P copies of the [P, V] logits: the
+                # 1.5B's 529-token prompt alone 175 GB, the H200 agent's OOM)
+                arrays = {name: z[name] for name in z.files}
+            pos, am = arrays["logit_pos"].tolist(), arrays["argmax"].tolist()
+            rk = [tuple(k) for k in arrays["router_keys"].tolist()]
+            logits, router = arrays["logits"], arrays["router"]
+            return ForcedRun(
+                prompt_tokens=arrays["prompt_tokens"].tolist(),
+                tokens=arrays["tokens"].tolist(),
+                logits={p: logits[i] for i, p in enumerate(pos)},
+                device_argmax={int(p): int(v) for p, v in am},
+                router={k: router[i] for i, k in enumerate(rk)},
+            )
         except FileNotFoundError:
             return None
         except (OSError, ValueError, KeyError) as e:  # a damaged entry: computed again
