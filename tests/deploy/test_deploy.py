@@ -518,7 +518,7 @@ def test_token_auth_is_on_in_every_deployment() -> None:
 
 def test_docs_name_only_files_that_exist() -> None:
     doc = (ROOT / "docs" / "deploy.md").read_text()
-    paths = set(re.findall(r"\b((?:deploy|experiments|docs)/[\w./-]+\w)", doc))
+    paths = set(re.findall(r"(?<![\w/])((?:deploy|experiments|docs)/[\w./-]+\w)", doc))
     assert {str(p.relative_to(ROOT)) for p in (LAUNCHER, KUBERAY)} <= paths
     missing = sorted(p for p in paths if not (ROOT / p).exists())
     assert not missing, missing
