@@ -254,6 +254,11 @@ def add(args: argparse.Namespace) -> list[dict[str, str]]:
     key = next((k for k, v in commands.items() if " ".join(v.split()) == how), None)
     if key is None:
         key = "add-" + hashlib.sha1(how.encode()).hexdigest()[:8]
+        # an entry edited by hand after it was added keeps its key: the same note measured
+        # again (the same command on the same day) must not collide with it
+        base, n = key, 2
+        while key in commands:
+            key, n = f"{base}-{n}", n + 1
         cmd = (key, how)
     recs = [r | {"table": table, "command": key} for r in recs]
     text = _append(args.data.read_text(), new_tables, cmd, recs)

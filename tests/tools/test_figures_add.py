@@ -87,6 +87,21 @@ def test_a_new_device_gets_its_table_and_a_known_command_is_reused(bench_json, d
     assert {f.command for f in figs} == {"old"} and len(commands) == 1
 
 
+def test_a_hand_edited_note_keeps_its_key_and_the_same_command_gets_a_new_one(bench_json, data):
+    """The 2026-12-05 proof call: last session's note was edited by hand after `add` wrote it,
+    so today's identical command hashed to the same key, and the file would hold it twice."""
+    import hashlib
+
+    how = "tools/fleet_gpu.sh proof X 1.5b (2026-12-05): fresh-process bench"
+    key = "add-" + hashlib.sha1(how.encode()).hexdigest()[:8]
+    data.write_text(HEAD + f'{key} = "{how}, and a note added by hand"\n')
+    args = ["add", "--data", str(data), "--bench", str(bench_json), "--command", how]
+    assert figures(args) == 0
+    _, commands, figs = load(data)
+    assert commands[key].endswith("by hand") and commands[f"{key}-2"] == how
+    assert {f.command for f in figs} == {f"{key}-2"}
+
+
 def test_bad_input_is_one_line_and_the_file_untouched(bench_json, data, tmp_path, capsys):
     before = data.read_text()
     not_bench = tmp_path / "x.json"
