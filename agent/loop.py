@@ -516,6 +516,11 @@ class Agent:
     def got_trial(self, p: Pending, res: EvalResult, overhead: float) -> None:
         st = p.study
         assert st is not None
+        if p.paired_against is None and res.best and st.best.trial is not None:
+            # sent while the baseline still ran (its config was the best, with no trial number
+            # yet): it was paired against the baseline, which has one now
+            if config_key(res.best) == config_key(st.best.config):
+                p.paired_against = st.best.trial
         if not res.ok:
             rec = trial_record(p, res, res.outcome, res.reason, overhead)
             st.finish(p.trial, rec, None)

@@ -108,6 +108,15 @@ def test_local_run_finds_promotes_and_resumes_without_ray(
     assert won.accepted and won.decision and won.decision.accepted
     assert won.estimates[s.target].lower > 1.05 and won.samples[s.target].candidate
     assert won.validate and won.validate.passed and not recs["wrong"].validate.passed
+    # every measured trial names the best it was paired against, those sent while the baseline
+    # still ran too (the H100 proof promoted with "vs baseline: unknown")
+    assert all(r.paired_against is not None for r in ran if r.role != "baseline"), [
+        (r.trial, r.paired_against) for r in ran
+    ]
+    subject = subprocess.run(
+        ["git", "-C", str(repo), "log", "-1", "--format=%s"], capture_output=True, text=True
+    ).stdout
+    assert "vs previous best (trial" in subject and "vs baseline: unknown" not in subject, subject
 
     again = run_experiment(exp, opts)
     assert again.studies[0].evaluated == 5 and not ray.is_initialized()
