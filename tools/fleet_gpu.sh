@@ -37,7 +37,8 @@
 # (nvidia-smi's peak above idle) beside it: $OUT/proof.txt, $OUT/proof_logs.tgz, promo.bundle,
 # and $OUT/figures.toml: docs/figures.toml with `python -m tools.figures add`'s records of each
 # bench and accepted trial (copy it to docs/ and run `python -m tools.figures --write`).
-# PROOF_WALL: each agent run's --wall-time (default 130 s).
+# PROOF_WALL: each agent run's --wall-time (default 130 s; no trial starts after it, and the one in
+# flight gets 150 s more to finish before SIGTERM: the H100 proof's trials took 50-120 s).
 set -u -o pipefail
 # .fleet/site.txz into /tmp/site: tar through xz where the machine has it, else Python's lzma
 unxz_site() {
@@ -145,7 +146,7 @@ PY
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a $P
     for p in "$@"; do
         echo "== agent run $EXP on $p $(( $(date +%s) - T0 ))s" | tee -a $P
-        timeout $(( ${PROOF_WALL:-130} + 60 )) python3 -m agent run "$EXP" --local \
+        timeout $(( ${PROOF_WALL:-130} + 150 )) python3 -m agent run "$EXP" --local \
             --model synthetic:$p --wall-time ${PROOF_WALL:-130} \
             --storage sqlite:////root/fleet/studies.db --promote-repo /root/promo \
             > $L/agent_$p.txt 2> $L/agent_$p.log
