@@ -301,7 +301,8 @@ def test_cuda_row_stats_match_the_hosts_and_come_back_in_one_transfer() -> None:
     rng = np.random.default_rng(3)
     cases = [rng.standard_normal((n, w)).astype(np.float32) for n, w in ((1, 64), (5, 33))]
     cases[1][2, 7] = np.nan
-    refs = [c + rng.standard_normal(c.shape).astype(np.float32) * 1e-3 for c in cases]
+    cases.append(rng.standard_normal((3, 20)).astype(np.float16))  # row_stats_f16
+    refs = [(c + rng.standard_normal(c.shape) * 1e-3).astype(np.float32) for c in cases]
     pend = [be.row_stats(be.upload(c), be.upload(r), r) for c, r in zip(cases, refs, strict=True)]
     downloads = []
     be.download = lambda t: downloads.append(t.shape) or np.array(t)  # type: ignore[method-assign]

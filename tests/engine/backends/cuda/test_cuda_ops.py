@@ -655,3 +655,30 @@ def test_kernel_fault_is_an_engine_error(be):  # be: skips where CUDA is not usa
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "REPORTED: CUDA kernel fault" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_row_stats_kernel_matches_the_host(be, dtype) -> None:  # noqa: ANN001
+    """elementwise.cu's row_stats (op-level replay's comparison, one launch a use) against the
+    host's float64 numbers: ragged widths, a NaN (it wins the max, first column), an inf, a tie
+    (the first column), a row equal to its reference."""
+    from engine.backends.base import host_row_stats
+
+    rng = np.random.default_rng(11)
+    for n, w in ((1, 1), (1, 1536), (5, 257), (37, 8960)):
+        c = rng.standard_normal((n, w)).astype(dtype)
+        r = c.astype(np.float32) + rng.standard_normal((n, w)).astype(np.float32) * 1e-2
+        if n >= 5:
+            c[1, 3], c[1, 200] = np.nan, np.nan
+            c[2, 17] = np.inf
+            r[3] = c[3].astype(np.float32)
+            r[4, :] = c[4].astype(np.float32)
+            r[4, 5], r[4, 9] = r[4, 5] + 2, r[4, 9] - 2  # |diff| 2 exactly, a tie: 5 wins
+        got = be.stats_host([be.row_stats(be.upload(c), be.upload(r), r)])[0]
+        want = host_row_stats(c, r)
+        assert got.shape == (4, n)
+        np.testing.assert_allclose(got[:3], want[:3], rtol=1e-12, equal_nan=True)
+        np.testing.assert_array_equal(got[3], want[3])
+        if n >= 5:
+            assert np.isnan(got[2, 1]) and got[3, 1] == 3 and got[2, 2] == np.inf
+            assert got[0, 3] == 0 and got[3, 4] == 5
