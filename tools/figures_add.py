@@ -186,7 +186,9 @@ def _study_records(storage: str, name: str | None) -> tuple[str, list[dict[str, 
         at = dt.datetime.fromtimestamp(rec.finished or done, dt.UTC)
         base = dict(
             date=at.date().isoformat(),
-            device=rec.device or str(study.user_attrs.get("device_class", "")),
+            device=(rec.device or str(study.user_attrs.get("device_class", ""))).removeprefix(
+                "NVIDIA "
+            ),  # as the bench records name it, so one device reads one way in a table
             model=str(study.user_attrs.get("model", "")),
             config=f"trial {best} of {n}: {changed}",
             reference="",
