@@ -223,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--down-q6k", action="store_true", help="the routed down projection as Q6_K")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--list", action="store_true", help="print the configs as JSON and exit")
     ap.add_argument(
         "--check",
         action="store_true",
@@ -240,6 +241,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: unknown config(s) {', '.join(bad) or '(none)'}; known: {', '.join(CONFIGS)}",
               file=sys.stderr)  # fmt: skip
         return 2
+    if args.list:
+        from harness import list_cases
+
+        return list_cases({n: CONFIGS[n] for n in names})
     from engine import backends
     from engine.errors import BackendUnavailable
     from engine.tuning import TuningConfig

@@ -164,24 +164,3 @@ def test_tile_without_fuse_rope_passes_null_projections(tiny_model_factory):
     tiles = [launch for launch in launches if launch.kernel == "attn_tile"]
     assert tiles and all(isinstance(t.args[-4], np.uint64) for t in tiles)
     assert Counter(launch.kernel for launch in launches)["rope_kv"] == len(tiles)
-
-
-@pytest.mark.parametrize("argv", [["--shapes", "3b"], ["--contexts", "5,x"], ["--calls", "0"],
-                                  ["--variants", "tile,nope"], ["--contexts", "0"]])  # fmt: skip
-def test_attn_decode_bench_rejects_bad_input(argv, capsys):
-    """bench/attn_decode_bench.py: one line naming the problem and exit 2, before any GPU
-    work (no CuPy on this machine)."""
-    from bench.attn_decode_bench import main
-
-    assert main(argv) == 2
-    out = capsys.readouterr().out.strip().splitlines()
-    assert len(out) == 1 and out[0].startswith("attn_decode_bench:")
-
-
-def test_attn_decode_bench_configs_exist():
-    """Every bench entry is dec8_split2 with valid attention_decode knobs."""
-    from bench.attn_decode_bench import BASE, BENCH
-
-    assert BASE["matmul_decode.split_k"] == 2
-    for flat in BENCH.values():
-        TuningConfig.from_flat("cuda", BASE | flat)

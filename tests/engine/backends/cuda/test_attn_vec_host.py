@@ -213,17 +213,6 @@ def test_vec_fuse_rope_limits(D, ok):
     assert be._gqa_rope((4, 2, D)) is (ok and vec_fits(4, 2, D, 4096))
 
 
-def test_attn_decode_bench_vec_configs_exist():
-    """Every vec bench entry is dec8_split2 with valid attention_decode.vec knobs (the d17 speed
-    configs are experiments/decode-h200.toml's starts, checked where the experiment loads)."""
-    from bench.attn_decode_bench import BASE, BENCH
-
-    for name, flat in BENCH.items():
-        if name.startswith("vec"):
-            cfg = TuningConfig.from_flat("cuda", BASE | flat)
-            assert cfg.op("attention_decode").variant == "vec"
-
-
 @pytest.mark.parametrize("dec", ["mmvf", "mmvw"])
 @pytest.mark.parametrize("warps,fc,rope", [(4, 1, 0), (1, 0, 0), (8, 1, 1), (2, 0, 1)])
 def test_vec_cluster_launches(tiny_model_factory, dec, warps, fc, rope):

@@ -536,28 +536,6 @@ def test_blame_names_a_hybrid_fusion_only_once_it_ran(tiny_model_factory):
         "delta_net", "rope_partial"]  # fmt: skip
 
 
-def test_bench_moe_dec_configs_and_launches():
-    # bench/bench_moe_dec.py: every config is a valid CUDA config, its 35B-A3B-like layer runs
-    # through the fused host code as three launches, and an unknown config is refused (exit 2)
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[4] / "bench" / "bench_moe_dec.py"
-    spec = importlib.util.spec_from_file_location("bench_moe_dec", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    for flat in mod.CONFIGS.values():
-        TuningConfig.from_flat("cuda", flat)
-    router, experts, shared = mod._weights(np.random.default_rng(0), True)
-    be = FakeCuda(cfg(**{"moe_experts.down_wsum": 0}))
-    x = np.ones((1, mod.C), np.float32)
-    ex, sh = (tuple(be.load_weight(t) for t in ws) for ws in (experts, shared))
-    be.moe_ffn(x, x, be.load_weight(router), mod.K_USED, ex, sh)
-    assert [launch.kernel for launch in be.launches] == [
-        "moe_dec_route", "moe_dec_gate_up", "moe_dec_down"]  # fmt: skip
-    assert mod.main(["--configs", "nope"]) == 2
-
-
 def _moe_model(tiny_model_factory, flat: dict) -> tuple[FakeCuda, object]:
     """The tiny qwen35moe on a FakeCuda under flat: (backend, model)."""
     from engine.gguf_model import open_model
