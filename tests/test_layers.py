@@ -257,11 +257,11 @@ def test_the_lab_check_sees_imports_and_loads(tmp_path):
 
 
 def test_the_product_holds_no_test_code():
-    """Test-only code stays in tests/ (issue 29): no module of engine, worker or agent imports
-    from tests, and no product source or shader names a planted bug (MUTANT): the tests plant
-    theirs through the general FLEETTUNE_KERNEL_SOURCES overlay (tests/planted)."""
+    """Test-only code stays in tests/ (issue 29): no module of engine, worker, agent or tools
+    imports from tests, and no product source or shader names a planted bug (MUTANT): the tests
+    plant theirs through the general FLEETTUNE_KERNEL_SOURCES overlay (tests/planted)."""
     bad = []
-    for pkg in PACKAGES:
+    for pkg in (*PACKAGES, "tools"):  # the product's tools too (the calibration is tests')
         for path in sorted((ROOT / pkg).rglob("*.py")):
             for node in ast.walk(ast.parse(path.read_text(), str(path))):
                 if isinstance(node, ast.Import):
