@@ -56,14 +56,16 @@ def unknown(wanted: list[str], known: Mapping[str, Any] | list[str]) -> list[str
     return [w for w in wanted if w not in known]
 
 
-def list_cases(cases: Mapping[str, Mapping[str, Any]], backend: str = "cuda") -> int:
+def list_cases(
+    cases: Mapping[str, Mapping[str, Any]], backend: str = "cuda", **extra: object
+) -> int:
     """--list: every case's flat config, each parsed as a TuningConfig first (a bad knob fails
-    here, on any machine), printed as one JSON object."""
+    here, on any machine), printed as one JSON object {"configs": ..., **extra}."""
     from engine.tuning import TuningConfig
 
     for flat in cases.values():
         TuningConfig.from_flat(backend, dict(flat))
-    print(json.dumps({name: dict(flat) for name, flat in cases.items()}))
+    print(json.dumps({"configs": {name: dict(flat) for name, flat in cases.items()}, **extra}))
     return 0
 
 

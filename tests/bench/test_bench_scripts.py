@@ -45,7 +45,7 @@ def test_attn_decode_bench_cases_are_dec8_split2_with_valid_knobs():
     run the vec variant (the d17 speed configs are experiments/decode-h200.toml's starts,
     checked where the experiment loads)."""
     got = run_bench("attn_decode_bench.py", "--list")
-    cases = json.loads(got.stdout)
+    cases = json.loads(got.stdout)["configs"]
     assert got.returncode == 0 and {"split_kw", "tile", "vec", "vec_cl_pf"} <= set(cases)
     for name, flat in cases.items():
         assert flat["matmul_decode.split_k"] == 2
@@ -56,9 +56,31 @@ def test_attn_decode_bench_cases_are_dec8_split2_with_valid_knobs():
 
 def test_bench_moe_dec_configs_are_valid_and_an_unknown_one_is_refused():
     got = run_bench("bench_moe_dec.py", "--list")
-    configs = json.loads(got.stdout)
+    configs = json.loads(got.stdout)["configs"]
     assert got.returncode == 0 and "wpfo2_gp_pre1" in configs
     for flat in configs.values():
         TuningConfig.from_flat("cuda", flat)
     got = run_bench("bench_moe_dec.py", "--configs", "nope")
     assert got.returncode == 2 and "unknown config(s) nope" in got.stderr
+
+
+def test_gemv_bench_configs_are_valid_and_shapes_are_a_qwen2_layers():
+    """One GEMV bench (bench_gemv.py merged in): the mmvw settings and the mmvf/dmmv configs are
+    valid; the 7B shapes are its layer's (qkv one launch of three matrices)."""
+    got = run_bench("gemv_bench.py", "--list", "--preset", "7b,9b,other",
+                    "--configs", "base,lk_stage_lm,mmvf,mmvf_q4p_t16_r4_u1,dmmv")  # fmt: skip
+    listed = json.loads(got.stdout)
+    assert got.returncode == 0 and len(listed["configs"]) == 5
+    for flat in listed["configs"].values():
+        TuningConfig.from_flat("cuda", flat).check(None)
+    s = listed["shapes"]["7b"]
+    assert s["down_q6k"] == [["Q6_K", 3584, 18944]] and s["qkv"][1] == ["Q4_K", 512, 3584]
+    assert s["lm_head"] == [["Q6_K", 152064, 3584]] and len(s["qkv"]) == 3
+    assert listed["shapes"]["other"]["q8_0"] == [["Q8_0", 12288, 4096]]
+
+
+@pytest.mark.parametrize("argv", [["--configs", "bogus"], ["--preset", "3b"], ["--shapes", "x"]])
+def test_gemv_bench_rejects_bad_input(argv):
+    got = run_bench("gemv_bench.py", *argv)
+    out = got.stdout.strip().splitlines()
+    assert got.returncode == 2 and len(out) == 1 and out[0].startswith("gemv_bench:")
