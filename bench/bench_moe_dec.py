@@ -13,12 +13,12 @@ replays; us per call. Prints one line per config; --json prints the rows as JSON
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
+import harness
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -219,11 +219,9 @@ def _kernel_us(be: Any, cp: Any, call: Any) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap = harness.parser(__doc__, repeats=None, out=False)
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--down-q6k", action="store_true", help="the routed down projection as Q6_K")
-    ap.add_argument("--json", action="store_true")
-    ap.add_argument("--list", action="store_true", help="print the configs as JSON and exit")
     ap.add_argument(
         "--check",
         action="store_true",
@@ -242,9 +240,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)  # fmt: skip
         return 2
     if args.list:
-        from harness import list_cases
-
-        return list_cases({n: CONFIGS[n] for n in names})
+        return harness.list_cases({n: CONFIGS[n] for n in names})
     from engine import backends
     from engine.errors import BackendUnavailable
     from engine.tuning import TuningConfig

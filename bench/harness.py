@@ -1,5 +1,5 @@
 """What every microbenchmark under bench/ shares: its argument conventions (--json, --out,
---repeats, --warmup, --list), the refusal of bad input (one line, exit 2, before any GPU work),
+--repeats, --list), the refusal of bad input (one line, exit 2, before any GPU work),
 the timing loop (warmup, then the median of repeats) and the output of its rows.
 
 A bench script builds its parser with ``parser(__doc__)``, checks its input with ``refuse``,
@@ -23,16 +23,25 @@ if str(ROOT) not in sys.path:  # run as `python bench/x.py`: the engine comes fr
     sys.path.insert(0, str(ROOT))
 
 
-def parser(doc: str | None, *, repeats: int = 5, warmup: int = 1) -> argparse.ArgumentParser:
-    """A bench's parser, its docstring as help, with the shared options."""
+def parser(
+    doc: str | None, *, repeats: int | None = 5, out: bool = True, listing: bool = True
+) -> argparse.ArgumentParser:
+    """A bench's parser, its docstring as help, with the shared options: --json always, and
+    --repeats (given a default), --out and --list where the bench has them."""
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--repeats", type=int, default=repeats, help="timed runs; the median counts")
-    ap.add_argument("--warmup", type=int, default=warmup, help="untimed runs before them")
-    ap.add_argument("--out", type=Path, default=None, help="also write the JSON record here")
+    if repeats is not None:
+        ap.add_argument(
+            "--repeats", type=int, default=repeats, help="timed runs (default %(default)s)"
+        )
+    if out:
+        ap.add_argument("--out", type=Path, default=None, help="also write the JSON record here")
     ap.add_argument("--json", action="store_true", help="print the JSON record on stdout")
-    ap.add_argument(
-        "--list", action="store_true", help="print the cases as JSON flat configs and exit (no GPU)"
-    )
+    if listing:
+        ap.add_argument(
+            "--list",
+            action="store_true",
+            help="print the cases as JSON flat configs and exit (no GPU)",
+        )
     return ap
 
 
