@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import graphlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -161,22 +162,24 @@ def test_the_checker_sees_circles_and_upward_imports(tmp_path, monkeypatch):
 DEVICE_LIBS = ("cupy", "vulkan", "cuda")
 
 
-def test_worker_and_agent_import_no_device_library():
-    bad = []
-    for pkg in ("worker", "agent"):
-        for path in sorted((ROOT / pkg).rglob("*.py")):
+def absolute_imports(tops: tuple[str, ...]) -> Iterator[tuple[Path, str]]:
+    """(file, module) for every absolute import in the .py files under the folders ``tops``
+    (``from a.b import c`` gives a.b; relative imports are ours and skipped)."""
+    for top in tops:
+        for path in sorted((ROOT / top).rglob("*.py")):
             for node in ast.walk(ast.parse(path.read_text(), str(path))):
                 if isinstance(node, ast.Import):
-                    names = [a.name for a in node.names]
+                    yield from ((path, a.name) for a in node.names)
                 elif isinstance(node, ast.ImportFrom) and not node.level:
-                    names = [node.module or ""]
-                else:
-                    continue
-                bad += [
-                    f"{path.relative_to(ROOT)}: {n}"
-                    for n in names
-                    if n.split(".")[0] in DEVICE_LIBS
-                ]
+                    yield path, node.module or ""
+
+
+def test_worker_and_agent_import_no_device_library():
+    bad = [
+        f"{path.relative_to(ROOT)}: {n}"
+        for path, n in absolute_imports(("worker", "agent"))
+        if n.split(".")[0] in DEVICE_LIBS
+    ]
     assert not bad, "device libraries imported outside the engine's backends:\n" + "\n".join(bad)
 
 
@@ -260,18 +263,11 @@ def test_the_product_holds_no_test_code():
     """Test-only code stays in tests/ (issue 29): no module of engine, worker, agent or tools
     imports from tests, and no product source or shader names a planted bug (MUTANT): the tests
     plant theirs through the general FLEETTUNE_KERNEL_SOURCES overlay (tests/planted)."""
-    bad = []
-    for pkg in (*PACKAGES, "tools"):  # the product's tools too (the calibration is tests')
-        for path in sorted((ROOT / pkg).rglob("*.py")):
-            for node in ast.walk(ast.parse(path.read_text(), str(path))):
-                if isinstance(node, ast.Import):
-                    names = [a.name for a in node.names]
-                elif isinstance(node, ast.ImportFrom) and not node.level:
-                    names = [node.module or ""]
-                else:
-                    continue
-                rel = path.relative_to(ROOT)
-                bad += [f"{rel} imports {n}" for n in names if n.split(".")[0] == "tests"]
+    bad = [  # the product's tools too (the calibration is the tests' own: tests/calibrate.py)
+        f"{path.relative_to(ROOT)} imports {n}"
+        for path, n in absolute_imports((*PACKAGES, "tools"))
+        if n.split(".")[0] == "tests"
+    ]
     for top in (*PACKAGES, "shaders"):
         for path in sorted((ROOT / top).rglob("*")):
             if path.is_file() and path.suffix in (".py", ".comp", ".glsl", ".cu", ".cuh"):
