@@ -15,8 +15,8 @@ import pytest
 
 from engine.backends.cuda.attn_tile import KT, ranges, smem_bytes, tile_fits
 from engine.tuning import TuningConfig
+from tests.attn_split_emul import assert_equals_reference, split_attention
 from tests.cuda_fake import FakeCuda, decode_step
-from tests.op_cases import attention_ref
 
 PROMPT = list(range(5, 5 + 12))
 TILE = {"attention_decode.variant": "tile"}
@@ -91,52 +91,30 @@ def test_ranges_cover_every_key_once(splits, min_keys):
 
 def _tile_model(q, k, v, pos0: int, splits: int, min_keys: int) -> np.ndarray:
     """attn_tile's arithmetic in float32 NumPy: q [H, D], k, v [S, Hkv, D] -> out [H, D]."""
-    H, D = q.shape
-    Hkv = k.shape[1]
-    G, L = H // Hkv, pos0 + 1
-    chunk, nact = ranges(L, splits, min_keys)
-    scale = np.float32(1 / np.sqrt(D))
-    out = np.zeros((H, D), np.float32)
-    for h in range(H):
-        kv = h // G
-        parts = []
-        for s in range(nact):
-            m, lsum, acc = -np.inf, np.float32(0), np.zeros(D, np.float32)
-            for t0 in range(s * chunk, min(L, (s + 1) * chunk), KT):
-                t1 = min(t0 + KT, (s + 1) * chunk, L)
-                sc = (k[t0:t1, kv] @ q[h]) * scale
-                mn = max(m, sc.max())
-                corr, p = np.float32(np.exp(m - mn)), np.exp(sc - mn).astype(np.float32)
-                lsum = lsum * corr + p.sum()
-                acc = acc * corr + p @ v[t0:t1, kv]
-                m = mn
-            parts.append((m, lsum, acc))
-        M, Ls, a = -np.inf, np.float32(0), np.zeros(D, np.float32)
-        for r0 in range(0, nact, 16):  # the combine: 16 ranges at a time, rescaled online
-            group = parts[r0 : r0 + 16]
-            Mn = max(M, *(p[0] for p in group))
-            cw = np.float32(0 if M == -np.inf else np.exp(M - Mn))
-            a, Ls = a * cw, Ls * cw
-            for mr, lr, pr in group:
-                w = np.float32(np.exp(mr - Mn))
-                Ls, a = Ls + lr * w, a + pr * w
-            M = Mn
-        out[h] = a / Ls
-    return out
+
+    def part(qh, kk, vv, kb: int, ke: int, scale):  # noqa: ANN001, ANN202 - one range, KT a tile
+        m, lsum, acc = -np.inf, np.float32(0), np.zeros(q.shape[1], np.float32)
+        for t0 in range(kb, ke, KT):
+            t1 = min(t0 + KT, ke)
+            sc = (kk[t0:t1] @ qh) * scale
+            mn = max(m, sc.max())
+            corr, p = np.float32(np.exp(m - mn)), np.exp(sc - mn).astype(np.float32)
+            lsum = lsum * corr + p.sum()
+            acc = acc * corr + p @ vv[t0:t1]
+            m = mn
+        return m, lsum, acc
+
+    chunk, nact = ranges(pos0 + 1, splits, min_keys)
+    return split_attention(q, k, v, pos0, chunk, nact, part)
 
 
 @pytest.mark.parametrize("H,Hkv,D", [(12, 2, 128), (28, 4, 64), (4, 4, 32), (8, 2, 32), (7, 1, 64)])
 @pytest.mark.parametrize("pos0", [0, 31, 32, 100, 517, 1300])
 @pytest.mark.parametrize("splits,min_keys", [(32, 64), (8, 32), (128, 32), (16, 256)])
 def test_tile_arithmetic_equals_the_reference(H, Hkv, D, pos0, splits, min_keys):
-    rng = np.random.default_rng(H + D + pos0)
-    q = rng.standard_normal((1, H, D)).astype(np.float32)
-    k = (2 * rng.standard_normal((pos0 + 1, Hkv, D))).astype(np.float32)
-    v = rng.standard_normal((pos0 + 1, Hkv, D)).astype(np.float32)
-    got = _tile_model(q[0], k, v, pos0, splits, min_keys)
-    ref = attention_ref(q, k, v, pos0)[0]
-    err = np.sum((got - ref) ** 2) / np.sum(ref**2)
-    assert err < 1e-10, err
+    assert_equals_reference(
+        lambda q, k, v: _tile_model(q, k, v, pos0, splits, min_keys), H, Hkv, D, pos0
+    )
 
 
 @pytest.mark.parametrize("dec", ["mmvf", "mmvw"])
