@@ -16,7 +16,12 @@ import pytest
 from engine.backends.cuda.attn_tile import KT, ranges, smem_bytes, tile_fits
 from engine.tuning import TuningConfig
 from tests.attn_split_emul import assert_equals_reference, split_attention
-from tests.cuda_fake import FakeCuda, decode_step
+from tests.cuda_fake import (
+    FakeCuda,
+    assert_attention_fusion_bypassed,
+    decode_step,
+    fused_rope_launches,
+)
 
 PROMPT = list(range(5, 5 + 12))
 TILE = {"attention_decode.variant": "tile"}
@@ -124,17 +129,8 @@ def test_tile_fuse_rope_launches(tiny_model_factory, dec):
     flat = TILE | {"matmul_decode.variant": dec, "attention_decode.fuse_rope": 1,
                    "rope.fuse_kv": 1}  # fmt: skip
     launches, m = _decode_launches(tiny_model_factory, flat)
-    count = Counter(launch.kernel for launch in launches)
-    assert count["attn_tile"] == m.spec.n_layers
-    assert count["rope_kv"] == count["rope"] == count["kv_write"] == 0
-    tiles = [launch for launch in launches if launch.kernel == "attn_tile"]
-    assert all(not isinstance(t.args[-4], np.uint64) for t in tiles)  # knew
-    assert all(not isinstance(t.args[-3], np.uint64) for t in tiles)  # vnew
-    assert all(int(t.args[-1]) == int(m.spec.rope_neox) for t in tiles)
-    be = FakeCuda(TuningConfig.from_flat("cuda", flat))
-    assert "attention_decode" in be.hook_bypassed_fusions(be.config)
-    off = TuningConfig.from_flat("cuda", TILE | {"matmul_decode.variant": dec})
-    assert "attention_decode" not in be.hook_bypassed_fusions(off)
+    fused_rope_launches(launches, m, "attn_tile", knew=-4, vnew=-3, neox=-1)
+    assert_attention_fusion_bypassed(flat, TILE | {"matmul_decode.variant": dec})
 
 
 def test_tile_without_fuse_rope_passes_null_projections(tiny_model_factory):

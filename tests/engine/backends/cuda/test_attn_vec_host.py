@@ -18,7 +18,12 @@ import pytest
 from engine.backends.cuda.attn_vec import KU, VCL, kernel_name, ranges, vec_fits
 from engine.tuning import TuningConfig
 from tests.attn_split_emul import assert_equals_reference, split_attention
-from tests.cuda_fake import FakeCuda, decode_step
+from tests.cuda_fake import (
+    FakeCuda,
+    assert_attention_fusion_bypassed,
+    decode_step,
+    fused_rope_launches,
+)
 
 PROMPT = list(range(5, 5 + 12))
 VEC = {"attention_decode.variant": "vec"}
@@ -158,18 +163,9 @@ def test_vec_fuse_rope_launches(tiny_model_factory, dec, arch):
                   "rope.fuse_kv": 1}  # fmt: skip
     launches, m = decode_step(tiny_model_factory(arch, "q4_k_m"), flat, PROMPT)
     name = kernel_name(m.spec.n_head // m.spec.n_head_kv, rope=True)
-    count = Counter(launch.kernel for launch in launches)
-    assert count[name] == m.spec.n_layers
-    assert count["rope_kv"] == count["rope"] == count["kv_write"] == 0
-    vecs = [launch for launch in launches if launch.kernel == name]
-    assert all(not isinstance(t.args[-5], np.uint64) for t in vecs)  # knew
-    assert all(not isinstance(t.args[-4], np.uint64) for t in vecs)  # vnew
-    assert all(int(t.args[-2]) == int(m.spec.rope_neox) for t in vecs)
+    vecs = fused_rope_launches(launches, m, name, knew=-5, vnew=-4, neox=-2)
     assert all(int(t.args[-1]) == 0 for t in vecs)  # prefetch
-    be = FakeCuda(TuningConfig.from_flat("cuda", flat))
-    assert "attention_decode" in be.hook_bypassed_fusions(be.config)
-    off = TuningConfig.from_flat("cuda", VEC | {"matmul_decode.variant": dec})
-    assert "attention_decode" not in be.hook_bypassed_fusions(off)
+    assert_attention_fusion_bypassed(flat, VEC | {"matmul_decode.variant": dec})
 
 
 def test_vec_without_fuse_rope_passes_null_projections(tiny_model_factory):
