@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from engine.backends import kernel_sources
+from tests.host_cpp import SLURP
 
 GXX = shutil.which("g++")
 
@@ -75,15 +76,6 @@ _DRIVER = r"""
 typedef void (*Kern)(const float*, float*, const float*, int, const float*, const float*,
                      const float*, const float*, float*, const float*, const float*, float*, int,
                      int, int, int, int, float);
-static std::vector<char> slurp(const char* path) {
-    FILE* f = std::fopen(path, "rb");
-    std::fseek(f, 0, SEEK_END);
-    std::vector<char> b(std::ftell(f));
-    std::fseek(f, 0, SEEK_SET);
-    if (std::fread(b.data(), 1, b.size(), f) != b.size()) std::abort();
-    std::fclose(f);
-    return b;
-}
 // argv: input file, output file. Input: int32 Hk, Hv, dk, dv, K, grouped, threads, float32 eps,
 // then float32 xr [Cc], cs [K-1, Cc], cw [Cc, K], a, b, dt, sa [Hv], state [Hv dk dv], nw [dv],
 // z [Hv dv]. Output: y [Hv dv], state, cs (both updated in place).
@@ -157,7 +149,7 @@ def source() -> str:
     """The emulation translation unit: the shim, dn_clu.cu (DNC_EMUL; read as the backend
     reads it: a planted bug's overlay included), the driver."""
     dn_clu = kernel_sources.read_text("cuda/dn_clu.cu")
-    return _SHIM + "#define DNC_EMUL 1\n" + dn_clu + _DRIVER
+    return _SHIM + "#define DNC_EMUL 1\n" + dn_clu + SLURP + _DRIVER
 
 
 def build(defines: dict[str, int], out_dir: Path) -> Path:

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from engine.backends import kernel_sources
+from tests.host_cpp import SLURP
 
 GXX = shutil.which("g++")  # dev's APT_PKGS
 
@@ -82,16 +83,6 @@ _SUBS = [
 ]  # fmt: skip
 
 _DRIVER = r"""
-#include <cstdlib>
-static std::vector<char> slurp(const char* path) {
-    FILE* f = std::fopen(path, "rb");
-    std::fseek(f, 0, SEEK_END);
-    std::vector<char> b(std::ftell(f));
-    std::fseek(f, 0, SEEK_SET);
-    if (std::fread(b.data(), 1, b.size(), f) != b.size()) std::abort();
-    std::fclose(f);
-    return b;
-}
 template <int QT, bool W> static int mismatches(const u8* rows, int nrows, int nblk) {
     const int rb = nblk * QTraits<QT>::BYTES, ng = nblk * QTraits<QT>::GROUPS;
     int bad = 0;
@@ -152,7 +143,7 @@ def _source() -> str:
         assert n > 0, f"common.cuh: no {pat!r} to replace (the emulation is out of date)"
     qwide = kernel_sources.read_text("cuda/qwide.cuh")
     qwide = qwide.replace("#pragma once", "").replace('#include "common.cuh"', "")
-    return _SHIM + common + qwide + _DRIVER
+    return _SHIM + common + qwide + SLURP + _DRIVER
 
 
 def _build(defines: dict[str, int], out_dir: Path) -> Path:
