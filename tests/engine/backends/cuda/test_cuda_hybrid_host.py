@@ -32,6 +32,26 @@ def _f32(rng, *shape) -> np.ndarray:
     return rng.standard_normal(shape).astype(np.float32)
 
 
+MOE_SHAPE = (8, 256, 512, 3)  # experts, ff, width, used: the schedule tests' MoE layer
+
+
+def _moe_layer(be, seed: int, gate_type: str, down_type: str) -> tuple:  # noqa: ANN001
+    """(rng, (gate, up, down)): random experts of MOE_SHAPE loaded on be."""
+    rng = np.random.default_rng(seed)
+    E, F, C, _ = MOE_SHAPE
+    gate, up = (be.load_weight(qtensor(rng, (E, F, C), gate_type, 0.1)) for _ in range(2))
+    return rng, (gate, up, be.load_weight(qtensor(rng, (E, C, F), down_type, 0.1)))
+
+
+def _moe_call(be, rng, T: int, gate, up, down) -> None:  # noqa: ANN001
+    """moe_experts of T tokens on a random routing, be.launches holding only its launches."""
+    E, _, C, k = MOE_SHAPE
+    be.launches.clear()
+    ids = rng.integers(0, E, (T, k)).astype(np.int32)
+    out = be.moe_experts(_f32(rng, T, C), ids, _f32(rng, T, k), gate, up, down)
+    assert out.shape == (T, C)
+
+
 def test_every_hybrid_op_is_a_cuda_op_and_registered():
     for op in HYBRID_OPS + MOE_OPS:
         assert getattr(CudaBackend, op) is not getattr(Backend, op), op
@@ -246,15 +266,10 @@ def test_moe_grouped_schedule(tile, qtype):
             }
         )
     )
-    rng = np.random.default_rng(5)
-    E, F, C, k = 8, 256, 512, 3
-    gate, up = (be.load_weight(qtensor(rng, (E, F, C), qtype, 0.1)) for _ in range(2))
-    down = be.load_weight(qtensor(rng, (E, C, F), qtype, 0.1))
+    E, F, C, k = MOE_SHAPE
+    rng, ws = _moe_layer(be, 5, qtype, qtype)
     for T in (1, 2, 37):
-        be.launches.clear()
-        ids = rng.integers(0, E, (T, k)).astype(np.int32)
-        out = be.moe_experts(_f32(rng, T, C), ids, _f32(rng, T, k), gate, up, down)
-        assert out.shape == (T, C)
+        _moe_call(be, rng, T, *ws)
         names = [la.kernel for la in be.launches]
         suffix = qtype.lower()
         if T == 1:
@@ -315,15 +330,10 @@ def test_moe_tc_schedule(tile, rows, gate_type):
             }
         )
     )
-    rng = np.random.default_rng(6)
-    E, F, C, k = 8, 256, 512, 3
-    gate, up = (be.load_weight(qtensor(rng, (E, F, C), gate_type, 0.1)) for _ in range(2))
-    down = be.load_weight(qtensor(rng, (E, C, F), "Q6_K", 0.1))
+    E, F, C, k = MOE_SHAPE
+    rng, (gate, up, down) = _moe_layer(be, 6, gate_type, "Q6_K")
     for T in (1, 2, 37):
-        be.launches.clear()
-        ids = rng.integers(0, E, (T, k)).astype(np.int32)
-        out = be.moe_experts(_f32(rng, T, C), ids, _f32(rng, T, k), gate, up, down)
-        assert out.shape == (T, C)
+        _moe_call(be, rng, T, gate, up, down)
         names = [la.kernel for la in be.launches]
         g = gate_type.lower()
         if T == 1:
