@@ -9,17 +9,16 @@ NumPy reference."""
 
 from __future__ import annotations
 
-import hashlib
-import shutil
 import subprocess
 from pathlib import Path
 
 import numpy as np
 
 from engine.backends import kernel_sources
+from tests import host_cpp
 from tests.host_cpp import SLURP
 
-GXX = shutil.which("g++")
+GXX = host_cpp.GXX  # test_dn_clu_host skips without it
 
 _SHIM = r"""
 #include <barrier>
@@ -155,17 +154,7 @@ def source() -> str:
 def build(defines: dict[str, int], out_dir: Path) -> Path:
     """The emulator executable for these defines (MAX_DK, STATE_TRANSPOSED, STEP_CLUSTER,
     STEP_LANES), built once per content."""
-    src = source()
-    flags = [f"-D{k}={v}" for k, v in sorted(defines.items())]
-    key = hashlib.sha256((src + " ".join(flags)).encode()).hexdigest()[:16]
-    exe = out_dir / f"dn_clu_emul_{key}"
-    if not exe.exists():
-        cpp = out_dir / f"dn_clu_emul_{key}.cpp"
-        cpp.write_text(src)
-        cmd = [str(GXX), "-std=c++20", "-O1", "-pthread", "-w", *flags, "-o", str(exe), str(cpp)]
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-        assert r.returncode == 0, r.stderr[-3000:]
-    return exe
+    return host_cpp.build(source(), defines, out_dir, "dn_clu_emul", "-pthread")
 
 
 def run(
