@@ -483,12 +483,7 @@ def test_moe_fuse_decode_runs_a_layers_moe_ffn_in_three_launches(tiny_model_fact
                              "matmul_decode.variant": "dmmv", "moe_experts.fuse_norm": 0,
                              "moe_experts.down_wsum": 0}))  # fmt: skip
         m = build_model(open_model(path), be)
-        counts = []
-        for n in (2, 3):
-            be.launches.clear()
-            m.generate(PROMPT, n)
-            counts.append(len(be.launches))
-        per_token[fuse] = counts[1] - counts[0]
+        per_token[fuse] = len(_decode_launches(be, m))  # be.launches: all three tokens'
         last[fuse] = [x for x in be.launches if x.kernel.startswith("moe_dec_")]
     assert not last[0]
     assert per_token[0] - per_token[1] == 12 * m.spec.n_layers  # every tiny layer is MoE
@@ -515,12 +510,7 @@ def test_delta_net_fuse_decode_runs_a_layers_step_in_one_launch(tiny_model_facto
                 "delta_net.fuse_conv": 0}  # fmt: skip
         be = FakeCuda(cfg(**flat, **{"prefill.gemm_min_t": 1 << 20}))
         m = build_model(open_model(path), be)
-        counts = []
-        for n in (2, 3):
-            be.launches.clear()
-            m.generate(PROMPT, n)
-            counts.append(len(be.launches))
-        per_token[fuse] = counts[1] - counts[0]
+        per_token[fuse] = len(_decode_launches(be, m))  # be.launches: all three tokens'
         kernels[fuse] = be.kernels_run()
     n_dn = sum(m.spec.is_recurrent(i) for i in range(m.spec.n_layers))
     assert per_token[0] - per_token[1] == 4 * n_dn
