@@ -228,7 +228,7 @@ class ShapeSet:
         hosts = [weight(rng, n, k, t) for t, n, k in mats]  # one drawing, several uploads
         first = [be.load_weight(h) for h in hosts]
         self.bytes = sum(int(w.raw.nbytes) for w in first)
-        self.copies = min(8, max(2, math.ceil(L2_SPAN / self.bytes)))
+        self.copies = max(2, math.ceil(L2_SPAN / self.bytes))  # small shapes: many copies
         self.sets = [first] + [[be.load_weight(h) for h in hosts] for _ in range(self.copies - 1)]
         self.x = be.upload(rng.standard_normal((1, mats[0][2])).astype(np.float32))
         self.ys = [cp.zeros((1, n), np.float32) for _, n, _ in mats]
