@@ -28,6 +28,7 @@ from engine.tuning.variants.vulkan import COOPMAT_SHAPE, QUANT_TYPES
 from tests.backend_contract import ConfiguredContract
 from tests.engine.backends.vulkan.test_vulkan_helpers import (
     allowed_config,
+    assert_matmuls_on_the_default_config,
     coopmat_fixture,
     half_ref,
     make_backend,
@@ -194,11 +195,7 @@ def test_lavapipe_refuses_coopmat_through_the_constraint():
         with pytest.raises(ConfigError, match="attention.coopmat: the device reports"):
             be.set_config(attn)
         # still usable, on the previous (default) config
-        w = qtensor(np.random.default_rng(0), (9, 256), "Q4_K")
-        x = np.random.default_rng(1).standard_normal((3, 256)).astype(np.float32)
-        out = be.download(be.matmul(be.upload(x), be.load_weight(w)))
-        assert be.config.op("matmul_prefill").variant == "tiled"
-        assert nmse(x.astype(np.float64) @ dense(w).T, out) < 1e-8
+        assert_matmuls_on_the_default_config(be)
     finally:
         be.close()
 

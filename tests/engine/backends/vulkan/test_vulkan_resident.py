@@ -35,6 +35,7 @@ from tests.engine.backends.vulkan.test_vulkan_coopmat import (
 )
 from tests.engine.backends.vulkan.test_vulkan_helpers import (
     allowed_config,
+    assert_matmuls_on_the_default_config,
     coopmat_fixture,
     half_ref,
     make_backend,
@@ -142,11 +143,7 @@ def test_lavapipe_refuses_resident_through_the_constraint():
             pytest.skip(f"{dev.name} has cooperative matrices (the GPU tests cover it)")
         with pytest.raises(ConfigError, match="VK_KHR_cooperative_matrix"):
             be.set_config(TuningConfig.default("vulkan").replace(**RESIDENT))
-        w = qtensor(np.random.default_rng(0), (9, 256), "Q4_K")
-        x = np.random.default_rng(1).standard_normal((3, 256)).astype(np.float32)
-        out = be.download(be.matmul(be.upload(x), be.load_weight(w)))
-        assert be.config.op("matmul_prefill").variant == "tiled"
-        assert nmse(x.astype(np.float64) @ dense(w).T, out) < 1e-8
+        assert_matmuls_on_the_default_config(be)
     finally:
         be.close()
 
