@@ -13,22 +13,17 @@ kernels also write the output's Q8_1 form) with the variant's attention_decode k
 K/V bytes a call reads (2 x L x Hkv x D x 4) over its cold time.
 
 usage: python bench/attn_decode_bench.py [--contexts 128,512,2048,8192] [--shapes 1.5b,7b]
-       [--variants a,b] [--calls 64] [--repeats 5] [--deadline S] [--out FILE] [--json]
+       [--variants a,b] [--calls 64] [--repeats 5] [--deadline S] [--out FILE] [--json] [--list]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import statistics
 import sys
 import time
-from pathlib import Path
 
+import harness
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 SHAPES = {"1.5b": (12, 2, 128), "7b": (28, 4, 128)}  # H, Hkv, D
 _A = "attention_decode."
@@ -71,10 +66,6 @@ BASE = {  # dec8_split2 (experiments/decode-h200.toml): the int8 decode path, sp
 COLD_BYTES = 256 << 20
 
 
-def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x]
-
-
 def attention_ref(q: np.ndarray, k: np.ndarray, v: np.ndarray, pos0: int) -> np.ndarray:
     """float64 decode attention: q [1, H, D] over k, v [S, Hkv, D] rows 0..pos0 -> [1, H, D]."""
     H, Hkv = q.shape[1], k.shape[1]
@@ -93,16 +84,9 @@ def _timed_graph(be, step, pos0: int, cache, repeats: int) -> float:  # noqa: AN
     g = be._capture(step, None, pos0, cache)
     be._graph = None  # not the backend's decode graph
     stream = be._stream
-    g.graph.launch(stream=stream)  # warm-up
-    times = []
-    for _ in range(repeats):
-        e0, e1 = cp.cuda.Event(), cp.cuda.Event()
-        e0.record(stream)
-        g.graph.launch(stream=stream)
-        e1.record(stream)
-        e1.synchronize()
-        times.append(cp.cuda.get_elapsed_time(e0, e1))
-    return statistics.median(times)
+    return harness.median_ms(
+        lambda: harness.cuda_events_ms(cp, stream, lambda: g.graph.launch(stream=stream)), repeats
+    )
 
 
 def bench_case(be, shape: str, ctx: int, names: list[str], calls: int, repeats: int) -> list:  # noqa: ANN001
@@ -153,26 +137,26 @@ def bench_case(be, shape: str, ctx: int, names: list[str], calls: int, repeats: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap = harness.parser(__doc__)
     ap.add_argument("--contexts", default="128,512,2048,8192")
     ap.add_argument("--shapes", default="1.5b,7b")
     ap.add_argument("--variants", default=",".join(BENCH))
     ap.add_argument("--calls", type=int, default=64, help="calls per captured graph (hot)")
-    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--deadline", type=float, default=0.0, help="stop after S seconds")
-    ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
-    ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     try:
-        ctxs, shapes = _ints(a.contexts), [s for s in a.shapes.split(",") if s]
+        ctxs, shapes = harness.ints(a.contexts), harness.names(a.shapes)
     except ValueError:
-        print(f"attn_decode_bench: --contexts must be integers, got {a.contexts!r}")
-        return 2
-    names = [n for n in a.variants.split(",") if n]
-    bad = [s for s in shapes if s not in SHAPES] + [n for n in names if n not in BENCH]
+        msg = f"--contexts must be integers, got {a.contexts!r}"
+        return harness.refuse("attn_decode_bench", msg)
+    names = harness.names(a.variants)
+    bad = harness.unknown(shapes, SHAPES) + harness.unknown(names, BENCH)
     if bad or not ctxs or min(ctxs) < 1 or a.calls < 1 or a.repeats < 1:
-        print(f"attn_decode_bench: unknown shape or variant {bad}, or a count below 1")
-        return 2
+        return harness.refuse(
+            "attn_decode_bench", f"unknown shape or variant {bad}, or a count below 1"
+        )
+    if a.list:
+        return harness.list_cases({n: BASE | BENCH[n] for n in names})
     from engine.backends.cuda import CudaBackend
 
     be = CudaBackend()
@@ -189,11 +173,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{shape:>4} ctx {ctx:>5} {r['variant']:<16} hot {r['us_hot']:7.2f} us"
                           f"  cold {r['us_cold']:7.2f} us {r['gbps_cold']:7.1f} GB/s"
                           f"  nmse {r['nmse']:.1e}", flush=True)  # fmt: skip
-            if a.out:
-                a.out.write_text(json.dumps(rows, indent=1))
-    if a.json:
-        print(json.dumps(rows))
-    return 0
+            harness.emit(rows, a, "attn_decode_bench.json")
+    return harness.finish(rows, a, "attn_decode_bench.json")
 
 
 if __name__ == "__main__":

@@ -10,12 +10,12 @@ NumPy reference on a ragged length (two chunks and 3 tokens).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 from collections.abc import Iterator
 
+import harness
 import numpy as np
 
 from engine.backends.numpy_ref import NumpyBackend
@@ -60,12 +60,10 @@ def configs(variants: list[str], dk: int, dv: int) -> Iterator[tuple[dict, dict]
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.parser(__doc__.splitlines()[0], repeats=20, out=False, listing=False)
     ap.add_argument("--preset", default="9b", help=f"one of {', '.join(HYBRID_PRESETS)}")
     ap.add_argument("--tokens", type=int, default=512)
-    ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--variant", action="append", choices=["sequential", "chunked"])
-    ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     if a.tokens < 1 or a.repeats < 1:
         print("error: --tokens and --repeats must be >= 1", file=sys.stderr)

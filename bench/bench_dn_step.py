@@ -13,12 +13,12 @@ replays; us per call. --check: each config's output and state NMSE against NumPy
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
+import harness
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -48,11 +48,10 @@ def _f32(name: str, a: np.ndarray) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap = harness.parser(__doc__, repeats=None, out=False, listing=False)
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--preset", default="35b-a3b")
     ap.add_argument("--check", action="store_true")
-    ap.add_argument("--json", action="store_true")
     ap.add_argument("--floor", action="store_true", help="also an empty kernel's us a launch")
     a = ap.parse_args(argv)
     from engine.synth_hybrid import HYBRID_PRESETS

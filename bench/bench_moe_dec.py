@@ -13,12 +13,12 @@ replays; us per call. Prints one line per config; --json prints the rows as JSON
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
+import harness
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -219,10 +219,9 @@ def _kernel_us(be: Any, cp: Any, call: Any) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap = harness.parser(__doc__, repeats=None, out=False)
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--down-q6k", action="store_true", help="the routed down projection as Q6_K")
-    ap.add_argument("--json", action="store_true")
     ap.add_argument(
         "--check",
         action="store_true",
@@ -240,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: unknown config(s) {', '.join(bad) or '(none)'}; known: {', '.join(CONFIGS)}",
               file=sys.stderr)  # fmt: skip
         return 2
+    if args.list:
+        return harness.list_cases({n: CONFIGS[n] for n in names})
     from engine import backends
     from engine.errors import BackendUnavailable
     from engine.tuning import TuningConfig

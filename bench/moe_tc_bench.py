@@ -14,12 +14,11 @@ usage: python bench/moe_tc_bench.py [--tokens 512] [--configs dmmv,tc,...] [--re
 
 from __future__ import annotations
 
-import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
+import harness
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -65,17 +64,15 @@ def random_blocks(rng: np.random.Generator, shape: tuple[int, ...], qtype: str) 
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = harness.parser(__doc__.split("\n\n")[0], repeats=10, out=False, listing=False)
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--configs", default=",".join(CONFIGS))
-    ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--experts", type=int, default=256)
     ap.add_argument("--used", type=int, default=8)
     ap.add_argument("--width", type=int, default=2048)
     ap.add_argument("--ff", type=int, default=512)
     ap.add_argument("--down", default="Q6_K", choices=sorted(_BLOCK), help="down's type")
     ap.add_argument("--kernels", action="store_true", help="and ms per kernel (one call)")
-    ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     names = [n for n in a.configs.split(",") if n]
     bad = [n for n in names if n not in CONFIGS]
@@ -104,16 +101,14 @@ def main() -> int:
             be.set_config(TuningConfig.from_flat("cuda", CONFIGS[name]))
             for _ in range(2):
                 out = be.moe_experts(x, ids_d, w_d, *ws)
-            times = []
-            for _ in range(a.repeats):
-                e0, e1 = cp.cuda.Event(), cp.cuda.Event()
-                e0.record()
-                be.moe_experts(x, ids_d, w_d, *ws)
-                e1.record()
-                e1.synchronize()
-                times.append(cp.cuda.get_elapsed_time(e0, e1))
+            ms = harness.median_ms(  # warmed up above; events on the current stream
+                lambda: harness.cuda_events_ms(
+                    cp, None, lambda: be.moe_experts(x, ids_d, w_d, *ws)
+                ),
+                a.repeats,
+                warmup=0,
+            )
             outs[name] = be.download(out).astype(np.float64)
-            ms = statistics.median(times)
             rows.append({"config": name, "ms": ms, "x40_ms": 40 * ms,
                          "finite": bool(np.isfinite(outs[name]).all())})  # fmt: skip
             if a.kernels:  # one more call with an event pair around each launch

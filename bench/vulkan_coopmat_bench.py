@@ -7,12 +7,12 @@ usage: python bench/vulkan_coopmat_bench.py [--shapes 7b|1.5b] [--tokens 512] [-
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 from pathlib import Path
 
+import harness
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -100,11 +100,9 @@ def weight(n: int, k: int, qtype: str, rng: np.random.Generator) -> QTensor:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = harness.parser(__doc__.split("\n\n")[0], out=False, listing=False)
     ap.add_argument("--shapes", choices=sorted(SHAPES), default="7b")
     ap.add_argument("--tokens", type=int, default=512)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     if args.tokens < 2:
         print("--tokens: at least 2 (one token is decode)", file=sys.stderr)

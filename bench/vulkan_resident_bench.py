@@ -14,13 +14,13 @@ VK_KHR_pipeline_executable_properties), one row per program and specialization.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import time
 from pathlib import Path
 
+import harness
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -132,13 +132,11 @@ def gemm_stats(be: object, seen: set) -> list[dict[str, object]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = harness.parser(__doc__.split("\n\n")[0], out=False, listing=False)
     ap.add_argument("--shapes", choices=sorted(SHAPES), default="7b")
     ap.add_argument("--tokens", type=int, default=512)
-    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--only", action="append", default=None, help="config names (repeatable)")
     ap.add_argument("--stats", action="store_true", help="registers / local memory per GEMM")
-    ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     if args.tokens < 2 or args.repeats < 1:
         print("--tokens: at least 2, --repeats: at least 1", file=sys.stderr)

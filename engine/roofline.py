@@ -36,7 +36,7 @@ CEILINGS: dict[str, Ceilings] = {
     "h200": Ceilings(
         copy_gb_s=4224.0,
         fp16_tflops=700.0,
-        source="H200, measured 2026-11: cupy device copy (bench/bench_gemv.py) and a cuBLAS "
+        source="H200, measured 2026-11: cupy device copy (bench/gemv_bench.py) and a cuBLAS "
         "fp16 GEMM (scripts/device_cuda_bench.py (git history))",
     ),
 }

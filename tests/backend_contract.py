@@ -269,3 +269,19 @@ class BackendContract:
         }
         assert needed <= ops, f"{be.name} does not declare {needed - ops}"
         assert "attention" in ops or {"attention_decode", "attention_prefill"} <= ops
+
+
+class ConfiguredContract(BackendContract):
+    """The contract on a backend fixture the test module already holds (``fixture``), under
+    the default config with ``flat`` over it (a variant's whole contract)."""
+
+    fixture = ""
+    flat: dict = {}  # noqa: RUF012 - read only
+
+    @pytest.fixture
+    def be(self, request):  # noqa: ANN001, ANN201
+        return request.getfixturevalue(self.fixture)
+
+    @pytest.fixture(autouse=True)
+    def _configured(self, be) -> None:  # noqa: ANN001
+        be.set_config(TuningConfig.default(self.backend).replace(**self.flat))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -286,3 +287,29 @@ def decode_step(path: Any, flat: dict, prompt: list[int]) -> tuple[list[Launch],
     be.launches.clear()
     m.forward(be.upload(np.array([1], np.int32)), 1, len(prompt), cache)
     return list(be.launches), m
+
+
+def fused_rope_launches(
+    launches: list[Launch], m: Any, kernel: str, knew: int, neox: int, vnew: int | None = None
+) -> list[Launch]:
+    """The decode step's launches of an attention kernel with RoPE and the KV write fused in,
+    checked: one a layer, no rope / rope_kv / kv_write launch, the k (and v) projections passed
+    at args[knew] (args[vnew]) as arrays, not null pointers, the neox flag at args[neox]."""
+    count = Counter(launch.kernel for launch in launches)
+    assert count[kernel] == m.spec.n_layers
+    assert count["rope_kv"] == count["rope"] == count["kv_write"] == 0
+    ours = [launch for launch in launches if launch.kernel == kernel]
+    for i in (knew,) if vnew is None else (knew, vnew):
+        assert all(not isinstance(t.args[i], np.uint64) for t in ours)
+    assert all(int(t.args[neox]) == int(m.spec.rope_neox) for t in ours)
+    return ours
+
+
+def assert_attention_fusion_bypassed(fused: dict, unfused: dict) -> None:
+    """The hook-bypass report names attention_decode under the fused flat config only."""
+    from engine.tuning import TuningConfig
+
+    be = FakeCuda(TuningConfig.from_flat("cuda", fused))
+    assert "attention_decode" in be.hook_bypassed_fusions(be.config)
+    off = TuningConfig.from_flat("cuda", unfused)
+    assert "attention_decode" not in be.hook_bypassed_fusions(off)

@@ -9,16 +9,16 @@ NumPy reference."""
 
 from __future__ import annotations
 
-import hashlib
-import shutil
 import subprocess
 from pathlib import Path
 
 import numpy as np
 
 from engine.backends import kernel_sources
+from tests import host_cpp
+from tests.host_cpp import SLURP
 
-GXX = shutil.which("g++")
+GXX = host_cpp.GXX  # test_dn_clu_host skips without it
 
 _SHIM = r"""
 #include <barrier>
@@ -75,15 +75,6 @@ _DRIVER = r"""
 typedef void (*Kern)(const float*, float*, const float*, int, const float*, const float*,
                      const float*, const float*, float*, const float*, const float*, float*, int,
                      int, int, int, int, float);
-static std::vector<char> slurp(const char* path) {
-    FILE* f = std::fopen(path, "rb");
-    std::fseek(f, 0, SEEK_END);
-    std::vector<char> b(std::ftell(f));
-    std::fseek(f, 0, SEEK_SET);
-    if (std::fread(b.data(), 1, b.size(), f) != b.size()) std::abort();
-    std::fclose(f);
-    return b;
-}
 // argv: input file, output file. Input: int32 Hk, Hv, dk, dv, K, grouped, threads, float32 eps,
 // then float32 xr [Cc], cs [K-1, Cc], cw [Cc, K], a, b, dt, sa [Hv], state [Hv dk dv], nw [dv],
 // z [Hv dv]. Output: y [Hv dv], state, cs (both updated in place).
@@ -157,23 +148,13 @@ def source() -> str:
     """The emulation translation unit: the shim, dn_clu.cu (DNC_EMUL; read as the backend
     reads it: a planted bug's overlay included), the driver."""
     dn_clu = kernel_sources.read_text("cuda/dn_clu.cu")
-    return _SHIM + "#define DNC_EMUL 1\n" + dn_clu + _DRIVER
+    return _SHIM + "#define DNC_EMUL 1\n" + dn_clu + SLURP + _DRIVER
 
 
 def build(defines: dict[str, int], out_dir: Path) -> Path:
     """The emulator executable for these defines (MAX_DK, STATE_TRANSPOSED, STEP_CLUSTER,
     STEP_LANES), built once per content."""
-    src = source()
-    flags = [f"-D{k}={v}" for k, v in sorted(defines.items())]
-    key = hashlib.sha256((src + " ".join(flags)).encode()).hexdigest()[:16]
-    exe = out_dir / f"dn_clu_emul_{key}"
-    if not exe.exists():
-        cpp = out_dir / f"dn_clu_emul_{key}.cpp"
-        cpp.write_text(src)
-        cmd = [str(GXX), "-std=c++20", "-O1", "-pthread", "-w", *flags, "-o", str(exe), str(cpp)]
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-        assert r.returncode == 0, r.stderr[-3000:]
-    return exe
+    return host_cpp.build(source(), defines, out_dir, "dn_clu_emul", "-pthread")
 
 
 def run(

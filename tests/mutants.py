@@ -1,7 +1,7 @@
 """The standing mutation suite: planted bugs of the kinds that really happen, each of which the
 verifier must reject and blame on the op it lives in (tests/engine/verify/test_mutants.py; the
 table in
-docs/verify.md; tools/verify_calibrate.py --mutants prints their numbers).
+docs/verify.md; tests/calibrate.py --mutants prints their numbers).
 
 NumPy bugs are planted by subclassing the reference backend (a test-only hook); Vulkan and CUDA
 bugs are patches of the shipped shaders (tests/planted), compiled in through an overlay of kernel

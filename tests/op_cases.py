@@ -120,3 +120,9 @@ def assert_graph_equals_eager(be, model, prompt: list[int], steps: int = 10) -> 
     assert graph.tokens == eager.tokens
     for a, b in zip(graph.step_logits, eager.step_logits, strict=True):
         assert np.array_equal(a, b), "graph replay differs from eager decode"
+
+
+def k_for(qtype: str, blocks: int) -> int:
+    """A row length of ``blocks`` blocks of qtype; a float type's "block" is 37 values (K not a
+    multiple of 8: the fp16 rows' zero pad is read)."""
+    return (256 if qtype.endswith("_K") else 32 if qtype.startswith("Q") else 37) * blocks

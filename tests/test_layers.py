@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import graphlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -161,22 +162,24 @@ def test_the_checker_sees_circles_and_upward_imports(tmp_path, monkeypatch):
 DEVICE_LIBS = ("cupy", "vulkan", "cuda")
 
 
-def test_worker_and_agent_import_no_device_library():
-    bad = []
-    for pkg in ("worker", "agent"):
-        for path in sorted((ROOT / pkg).rglob("*.py")):
+def absolute_imports(tops: tuple[str, ...]) -> Iterator[tuple[Path, str]]:
+    """(file, module) for every absolute import in the .py files under the folders ``tops``
+    (``from a.b import c`` gives a.b; relative imports are ours and skipped)."""
+    for top in tops:
+        for path in sorted((ROOT / top).rglob("*.py")):
             for node in ast.walk(ast.parse(path.read_text(), str(path))):
                 if isinstance(node, ast.Import):
-                    names = [a.name for a in node.names]
+                    yield from ((path, a.name) for a in node.names)
                 elif isinstance(node, ast.ImportFrom) and not node.level:
-                    names = [node.module or ""]
-                else:
-                    continue
-                bad += [
-                    f"{path.relative_to(ROOT)}: {n}"
-                    for n in names
-                    if n.split(".")[0] in DEVICE_LIBS
-                ]
+                    yield path, node.module or ""
+
+
+def test_worker_and_agent_import_no_device_library():
+    bad = [
+        f"{path.relative_to(ROOT)}: {n}"
+        for path, n in absolute_imports(("worker", "agent"))
+        if n.split(".")[0] in DEVICE_LIBS
+    ]
     assert not bad, "device libraries imported outside the engine's backends:\n" + "\n".join(bad)
 
 
@@ -192,38 +195,79 @@ def test_the_device_pin_is_read_in_one_place():
     assert uses == ["engine/backends/__init__.py"]
 
 
+LABS = ("scripts", "bench")
+# Ways to run a file's code without an import statement: by path (a lab's script) or by name.
+_LOADERS = ("spec_from_file_location", "run_path", "import_module", "SourceFileLoader")
+_LOADED = "a loader call in a file that names a lab"
+
+
+def _top(name: str) -> str:
+    return name.replace("/", ".").split(".")[0]
+
+
+def lab_imports(path: Path) -> list[str]:
+    """What a test file takes from a lab: an import of scripts.* or bench.*, or a loader call
+    (importlib by path or by name, runpy) in a file that names a lab folder. Running a bench as
+    a program (subprocess) is how a test exercises it."""
+    tree = ast.parse(path.read_text(), str(path))
+    lab_named = any(
+        isinstance(n, ast.Constant) and isinstance(n.value, str) and _top(n.value) in LABS
+        for n in ast.walk(tree)
+    )
+    bad = []
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names = [node.module]
+        elif isinstance(node, ast.Call) and lab_named:
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+            if name in _LOADERS:
+                bad.append(_LOADED)
+        bad += [n for n in names if n.split(".")[0] in LABS]
+    return bad
+
+
 def test_tests_import_no_lab_and_there_is_no_scripts_folder():
     """The lab left the tree (issue 29): product tools live in tools/ (the fleet's GPU driver
-    included), microbenchmarks in bench/, one-run scripts in git history; no scripts/ folder."""
+    included), microbenchmarks in bench/, one-run scripts in git history; no scripts/ folder.
+    No test imports or loads code from scripts/ or bench/ (tests/bench runs each bench as a
+    program)."""
     bad = []
     for path in sorted((ROOT / "tests").rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            names = []
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module:
-                names = [node.module]
-            bad += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.split(".")[0] == "scripts"]
+        bad += [f"{path.relative_to(ROOT)}: {n}" for n in lab_imports(path)]
     assert not bad, bad
     assert not (ROOT / "scripts").exists()
 
 
+def test_the_lab_check_sees_imports_and_loads(tmp_path):
+    """lab_imports finds each way in, and passes a test that runs a bench as a program."""
+    cases = {
+        "from bench.attn_decode_bench import BENCH\n": ["bench.attn_decode_bench"],
+        "import bench.harness as h\n": ["bench.harness"],
+        "import importlib.util\np = ROOT / 'bench' / 'x.py'\n"
+        "importlib.util.spec_from_file_location('x', p)\n": [_LOADED],
+        "import runpy\nrunpy.run_path('bench/x.py')\n": [_LOADED],
+        "import importlib\nimportlib.import_module('bench.x')\n": [_LOADED],
+        "import subprocess\nsubprocess.run(['python', ROOT / 'bench' / 'x.py'])\n": [],
+        "from engine.bench import bench_prompt\n": [],
+    }
+    for i, (src, want) in enumerate(cases.items()):
+        (tmp_path / f"t{i}.py").write_text(src)
+        assert lab_imports(tmp_path / f"t{i}.py") == want, src
+
+
 def test_the_product_holds_no_test_code():
-    """Test-only code stays in tests/ (issue 29): no module of engine, worker or agent imports
-    from tests, and no product source or shader names a planted bug (MUTANT): the tests plant
-    theirs through the general FLEETTUNE_KERNEL_SOURCES overlay (tests/planted)."""
-    bad = []
-    for pkg in PACKAGES:
-        for path in sorted((ROOT / pkg).rglob("*.py")):
-            for node in ast.walk(ast.parse(path.read_text(), str(path))):
-                if isinstance(node, ast.Import):
-                    names = [a.name for a in node.names]
-                elif isinstance(node, ast.ImportFrom) and not node.level:
-                    names = [node.module or ""]
-                else:
-                    continue
-                rel = path.relative_to(ROOT)
-                bad += [f"{rel} imports {n}" for n in names if n.split(".")[0] == "tests"]
+    """Test-only code stays in tests/ (issue 29): no module of engine, worker, agent or tools
+    imports from tests, and no product source or shader names a planted bug (MUTANT): the tests
+    plant theirs through the general FLEETTUNE_KERNEL_SOURCES overlay (tests/planted)."""
+    bad = [  # the product's tools too (the calibration is the tests' own: tests/calibrate.py)
+        f"{path.relative_to(ROOT)} imports {n}"
+        for path, n in absolute_imports((*PACKAGES, "tools"))
+        if n.split(".")[0] == "tests"
+    ]
     for top in (*PACKAGES, "shaders"):
         for path in sorted((ROOT / top).rglob("*")):
             if path.is_file() and path.suffix in (".py", ".comp", ".glsl", ".cu", ".cuh"):

@@ -3,10 +3,10 @@
 Each budget in the file carries its bounds and the measurements they were set from: per class the
 worst correct variant of each calibration run (``[[numeric.<class>.measured]]``: date, command,
 backend, model, which config, its figures) and the nearest planted bug (``nearest_bug``).
-tools/verify_calibrate.py --write adds or replaces its run's entries (``record_calibration``); the
-bounds stay a person's choice (about 2x the worst correct variant, far under the nearest bug) and
-are edited in the file. This module is a leaf (engine.errors only): the registry reads the classes
-from it, the verifier the bounds.
+`python -m tests.calibrate --write` adds or replaces its run's entries (``record_calibration``);
+the bounds stay a person's choice (about 2x the worst correct variant, far under the nearest bug)
+and are edited in the file. This module is a leaf (engine.errors only): the registry reads the
+classes from it, the verifier the bounds.
 """
 
 from __future__ import annotations
@@ -240,7 +240,7 @@ def dumps(doc: dict[str, Any], header: str = "") -> str:
 
 HEADER = """The numeric budgets of validate, read by engine/verify/budgets.py (docs/verify.md).
 Bounds per class; [[...measured]]: the worst correct variant of each calibration run;
-nearest_bug: the nearest planted bug above the bound. tools/verify_calibrate.py --write
+nearest_bug: the nearest planted bug above the bound. `python -m tests.calibrate --write`
 rewrites this file with its run's entries; change a bound here, by hand, from what they say."""
 
 

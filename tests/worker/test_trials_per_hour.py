@@ -175,19 +175,10 @@ def test_clocks_warm_once_per_worker(
 def test_skipping_the_best_warm_up_keeps_the_candidate_and_the_alternation(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from types import SimpleNamespace
-
     import worker.evaluator as wev
+    from tests.worker.stub_bench import stub_measured_model
 
-    calls: list[str] = []
-
-    def measure(model, prompt, gen):  # noqa: ANN001, ANN202 - a stand-in for engine.bench
-        calls.append(model.cfg)
-        return {"prefill_tok_s": 1.0, "decode_tok_s": 1.0}
-
-    model = SimpleNamespace(spec=SimpleNamespace(n_vocab=64), cfg="")
-    model.set_config = lambda cfg: setattr(model, "cfg", cfg)
-    monkeypatch.setattr(wev, "measure", measure)
+    model, calls = stub_measured_model(monkeypatch)
     plan = BenchPlan((Objective("prefill_tok_s", 8),), pairs=3, warmup=1)
     wev.paired_bench(model, "cand", "best", plan, warm_best=False)
     assert calls == ["cand", "cand", "best", "best", "cand", "cand", "best"]

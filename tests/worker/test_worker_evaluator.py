@@ -103,21 +103,10 @@ def test_aa_noop_candidate_is_never_accepted(faulty: tuple[Evaluator, str]) -> N
 def test_first_bench_warms_up_for_a_minimum_time(monkeypatch: pytest.MonkeyPatch) -> None:
     """A worker's first measurement of a model warms the device for ``warm_s`` seconds (a GPU
     from idle ramps its clocks over its first runs), not only ``plan.warmup`` rounds."""
-    import time
-    from types import SimpleNamespace
-
     import worker.evaluator as ev
+    from tests.worker.stub_bench import stub_measured_model
 
-    calls: list[str] = []
-
-    def measure(model, prompt, gen):  # noqa: ANN001, ANN202 - a stand-in for engine.bench
-        time.sleep(0.02)
-        calls.append(model.cfg)
-        return {"prefill_tok_s": 1.0, "decode_tok_s": 1.0}
-
-    model = SimpleNamespace(spec=SimpleNamespace(n_vocab=64), cfg="")
-    model.set_config = lambda cfg: setattr(model, "cfg", cfg)
-    monkeypatch.setattr(ev, "measure", measure)
+    model, calls = stub_measured_model(monkeypatch, seconds=0.02)
     plan = BenchPlan((Objective("prefill_tok_s", 8),), pairs=2, warmup=1)
     ev.paired_bench(model, "cand", "best", plan)
     assert len(calls) == 2 + 2 * 2  # one warm-up round of both sides, then the pairs

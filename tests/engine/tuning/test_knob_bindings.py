@@ -211,6 +211,14 @@ def cuda_required(fname: str) -> set[str]:
     return {n for m in _REQUIRED.findall(text) for n in re.findall(r"defined\((\w+)\)", m)}
 
 
+# the decode GEMVs' shared shape knobs (mmvf and mmvw): each a define of its upper-case name
+_GEMV_SHAPE = ("threads_per_row", "rows_per_thread", "warps", "unroll", "wload", "min_blocks")
+
+
+def _upper(op, *knobs: str) -> dict[str, int]:  # noqa: ANN001 - a config's OpConfig
+    return {k.upper(): op[k] for k in knobs}
+
+
 def _old_cuda_modules(cfg: TuningConfig) -> dict[str, tuple[str, dict]]:
     """CudaBackend._build before the bindings (HEAD 03e9fcf), matmul_batched.cols now
     matmul_batched.max_cols; the mmvq variant's float-weight fallback is compared apart."""
@@ -219,39 +227,15 @@ def _old_cuda_modules(cfg: TuningConfig) -> dict[str, tuple[str, dict]]:
     if dec.variant == "mmvq":
         k["mmvq"] = ("mmvq.cu", {"WARPS": dec["warps"], "ROWS_PER_BLOCK": dec["rows_per_block"]})
     elif dec.variant == "mmvf":  # issue 14's float decode GEMV: its knobs map one to one
-        k["mmvf"] = (
-            "mmvf.cu",
-            {
-                "THREADS_PER_ROW": dec["threads_per_row"],
-                "ROWS_PER_THREAD": dec["rows_per_thread"],
-                "WARPS": dec["warps"],
-                "UNROLL": dec["unroll"],
-                "WLOAD": dec["wload"],
-                "MIN_BLOCKS": dec["min_blocks"],
-                "XSMEM": dec["xsmem"],
-                "Q4K_PAIR": dec["q4k_pair"],
-            },
-        )
+        k["mmvf"] = ("mmvf.cu", _upper(dec, *_GEMV_SHAPE, "xsmem", "q4k_pair"))
     elif dec.variant == "mmvw":  # added with the bindings: its knobs map one to one
         k["mmvw"] = (
             "mmvw.cu",
-            {
-                "THREADS_PER_ROW": dec["threads_per_row"],
-                "ROWS_PER_THREAD": dec["rows_per_thread"],
-                "WARPS": dec["warps"],
-                "UNROLL": dec["unroll"],
-                "WLOAD": dec["wload"],
-                "MIN_BLOCKS": dec["min_blocks"],
-                "GLU_THREADS_PER_ROW": dec["glu_threads_per_row"],
-                "GLU_UNROLL": dec["glu_unroll"],
-                "PREFETCH": dec["prefetch"],
-                "STAGE": dec["stage"],
-                "SPLIT_K": dec["split_k"],  # issue 14, dec8: split-K of long rows
-                "SPLIT_MIN_K": dec["split_min_k"],
-                "Q4K_WIDE": dec["q4k_wide"],  # dec8: 64-weight Q4_K / Q6_K slots
-                "Q6K_WIDE": dec["q6k_wide"],
-                "Q4K_LEAN": dec["q4k_lean"],  # gemv: branch-free Q4_K scales
-                "Q4K_MIN_BLOCKS": dec["q4k_min_blocks"],
+            _upper(dec, *_GEMV_SHAPE, "glu_threads_per_row", "glu_unroll", "prefetch", "stage")
+            | _upper(dec, "split_k", "split_min_k")  # issue 14, dec8: split-K of long rows
+            | _upper(dec, "q4k_wide", "q6k_wide")  # dec8: 64-weight Q4_K / Q6_K slots
+            | _upper(dec, "q4k_lean", "q4k_min_blocks")  # gemv: branch-free Q4_K scales
+            | {
                 # rows per block, derived once on the host since: mmvw.cu had
                 # #define ROWS_PER_BLOCK (MMVW_GROUPS * ROWS_PER_THREAD),
                 # MMVW_GROUPS (WARPS * 32 / THREADS_PER_ROW)

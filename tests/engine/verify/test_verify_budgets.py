@@ -12,7 +12,7 @@ import pytest
 from engine.errors import ConfigError
 from engine.verify import budgets as B
 from engine.verify.budgets import Budget
-from tools.verify_calibrate import write_calibration
+from tests.calibrate import write_calibration
 
 # Today's figures: the constants engine/tuning/registry.py held before they moved to the file.
 TODAY_NUMERIC = {

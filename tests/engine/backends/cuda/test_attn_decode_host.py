@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from engine.tuning import TuningConfig
-from tests.cuda_fake import FakeCuda, decode_step
+from tests.cuda_fake import FakeCuda, decode_step, fused_rope_launches
 
 PROMPT = list(range(5, 5 + 12))
 GQA = {"attention_decode.variant": "gqa"}
@@ -118,12 +118,7 @@ def test_gqa_fuse_rope_launches(tiny_model_factory, dec):
     flat = GQA | {"matmul_decode.variant": dec, "attention_decode.fuse_rope": 1,
                   "rope.fuse_kv": 1}  # fmt: skip
     launches, m = _decode_launches(tiny_model_factory, flat)
-    count = Counter(launch.kernel for launch in launches)
-    assert count["attn_gqa"] == m.spec.n_layers
-    assert count["rope_kv"] == count["rope"] == count["kv_write"] == 0
-    gqa = [launch for launch in launches if launch.kernel == "attn_gqa"]
-    assert all(not isinstance(g.args[-4], np.uint64) for g in gqa)  # knew
-    assert all(int(g.args[-1]) == int(m.spec.rope_neox) for g in gqa)
+    fused_rope_launches(launches, m, "attn_gqa", knew=-4, neox=-1)
 
 
 def test_gqa_fuse_rope_is_a_bypassed_fusion():

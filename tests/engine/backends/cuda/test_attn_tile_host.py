@@ -15,8 +15,13 @@ import pytest
 
 from engine.backends.cuda.attn_tile import KT, ranges, smem_bytes, tile_fits
 from engine.tuning import TuningConfig
-from tests.cuda_fake import FakeCuda, decode_step
-from tests.op_cases import attention_ref
+from tests.attn_split_emul import assert_equals_reference, split_attention
+from tests.cuda_fake import (
+    FakeCuda,
+    assert_attention_fusion_bypassed,
+    decode_step,
+    fused_rope_launches,
+)
 
 PROMPT = list(range(5, 5 + 12))
 TILE = {"attention_decode.variant": "tile"}
@@ -91,52 +96,30 @@ def test_ranges_cover_every_key_once(splits, min_keys):
 
 def _tile_model(q, k, v, pos0: int, splits: int, min_keys: int) -> np.ndarray:
     """attn_tile's arithmetic in float32 NumPy: q [H, D], k, v [S, Hkv, D] -> out [H, D]."""
-    H, D = q.shape
-    Hkv = k.shape[1]
-    G, L = H // Hkv, pos0 + 1
-    chunk, nact = ranges(L, splits, min_keys)
-    scale = np.float32(1 / np.sqrt(D))
-    out = np.zeros((H, D), np.float32)
-    for h in range(H):
-        kv = h // G
-        parts = []
-        for s in range(nact):
-            m, lsum, acc = -np.inf, np.float32(0), np.zeros(D, np.float32)
-            for t0 in range(s * chunk, min(L, (s + 1) * chunk), KT):
-                t1 = min(t0 + KT, (s + 1) * chunk, L)
-                sc = (k[t0:t1, kv] @ q[h]) * scale
-                mn = max(m, sc.max())
-                corr, p = np.float32(np.exp(m - mn)), np.exp(sc - mn).astype(np.float32)
-                lsum = lsum * corr + p.sum()
-                acc = acc * corr + p @ v[t0:t1, kv]
-                m = mn
-            parts.append((m, lsum, acc))
-        M, Ls, a = -np.inf, np.float32(0), np.zeros(D, np.float32)
-        for r0 in range(0, nact, 16):  # the combine: 16 ranges at a time, rescaled online
-            group = parts[r0 : r0 + 16]
-            Mn = max(M, *(p[0] for p in group))
-            cw = np.float32(0 if M == -np.inf else np.exp(M - Mn))
-            a, Ls = a * cw, Ls * cw
-            for mr, lr, pr in group:
-                w = np.float32(np.exp(mr - Mn))
-                Ls, a = Ls + lr * w, a + pr * w
-            M = Mn
-        out[h] = a / Ls
-    return out
+
+    def part(qh, kk, vv, kb: int, ke: int, scale):  # noqa: ANN001, ANN202 - one range, KT a tile
+        m, lsum, acc = -np.inf, np.float32(0), np.zeros(q.shape[1], np.float32)
+        for t0 in range(kb, ke, KT):
+            t1 = min(t0 + KT, ke)
+            sc = (kk[t0:t1] @ qh) * scale
+            mn = max(m, sc.max())
+            corr, p = np.float32(np.exp(m - mn)), np.exp(sc - mn).astype(np.float32)
+            lsum = lsum * corr + p.sum()
+            acc = acc * corr + p @ vv[t0:t1]
+            m = mn
+        return m, lsum, acc
+
+    chunk, nact = ranges(pos0 + 1, splits, min_keys)
+    return split_attention(q, k, v, pos0, chunk, nact, part)
 
 
 @pytest.mark.parametrize("H,Hkv,D", [(12, 2, 128), (28, 4, 64), (4, 4, 32), (8, 2, 32), (7, 1, 64)])
 @pytest.mark.parametrize("pos0", [0, 31, 32, 100, 517, 1300])
 @pytest.mark.parametrize("splits,min_keys", [(32, 64), (8, 32), (128, 32), (16, 256)])
 def test_tile_arithmetic_equals_the_reference(H, Hkv, D, pos0, splits, min_keys):
-    rng = np.random.default_rng(H + D + pos0)
-    q = rng.standard_normal((1, H, D)).astype(np.float32)
-    k = (2 * rng.standard_normal((pos0 + 1, Hkv, D))).astype(np.float32)
-    v = rng.standard_normal((pos0 + 1, Hkv, D)).astype(np.float32)
-    got = _tile_model(q[0], k, v, pos0, splits, min_keys)
-    ref = attention_ref(q, k, v, pos0)[0]
-    err = np.sum((got - ref) ** 2) / np.sum(ref**2)
-    assert err < 1e-10, err
+    assert_equals_reference(
+        lambda q, k, v: _tile_model(q, k, v, pos0, splits, min_keys), H, Hkv, D, pos0
+    )
 
 
 @pytest.mark.parametrize("dec", ["mmvf", "mmvw"])
@@ -146,17 +129,8 @@ def test_tile_fuse_rope_launches(tiny_model_factory, dec):
     flat = TILE | {"matmul_decode.variant": dec, "attention_decode.fuse_rope": 1,
                    "rope.fuse_kv": 1}  # fmt: skip
     launches, m = _decode_launches(tiny_model_factory, flat)
-    count = Counter(launch.kernel for launch in launches)
-    assert count["attn_tile"] == m.spec.n_layers
-    assert count["rope_kv"] == count["rope"] == count["kv_write"] == 0
-    tiles = [launch for launch in launches if launch.kernel == "attn_tile"]
-    assert all(not isinstance(t.args[-4], np.uint64) for t in tiles)  # knew
-    assert all(not isinstance(t.args[-3], np.uint64) for t in tiles)  # vnew
-    assert all(int(t.args[-1]) == int(m.spec.rope_neox) for t in tiles)
-    be = FakeCuda(TuningConfig.from_flat("cuda", flat))
-    assert "attention_decode" in be.hook_bypassed_fusions(be.config)
-    off = TuningConfig.from_flat("cuda", TILE | {"matmul_decode.variant": dec})
-    assert "attention_decode" not in be.hook_bypassed_fusions(off)
+    fused_rope_launches(launches, m, "attn_tile", knew=-4, vnew=-3, neox=-1)
+    assert_attention_fusion_bypassed(flat, TILE | {"matmul_decode.variant": dec})
 
 
 def test_tile_without_fuse_rope_passes_null_projections(tiny_model_factory):
@@ -164,24 +138,3 @@ def test_tile_without_fuse_rope_passes_null_projections(tiny_model_factory):
     tiles = [launch for launch in launches if launch.kernel == "attn_tile"]
     assert tiles and all(isinstance(t.args[-4], np.uint64) for t in tiles)
     assert Counter(launch.kernel for launch in launches)["rope_kv"] == len(tiles)
-
-
-@pytest.mark.parametrize("argv", [["--shapes", "3b"], ["--contexts", "5,x"], ["--calls", "0"],
-                                  ["--variants", "tile,nope"], ["--contexts", "0"]])  # fmt: skip
-def test_attn_decode_bench_rejects_bad_input(argv, capsys):
-    """bench/attn_decode_bench.py: one line naming the problem and exit 2, before any GPU
-    work (no CuPy on this machine)."""
-    from bench.attn_decode_bench import main
-
-    assert main(argv) == 2
-    out = capsys.readouterr().out.strip().splitlines()
-    assert len(out) == 1 and out[0].startswith("attn_decode_bench:")
-
-
-def test_attn_decode_bench_configs_exist():
-    """Every bench entry is dec8_split2 with valid attention_decode knobs."""
-    from bench.attn_decode_bench import BASE, BENCH
-
-    assert BASE["matmul_decode.split_k"] == 2
-    for flat in BENCH.values():
-        TuningConfig.from_flat("cuda", BASE | flat)

@@ -17,8 +17,13 @@ import pytest
 
 from engine.backends.cuda.attn_vec import KU, VCL, kernel_name, ranges, vec_fits
 from engine.tuning import TuningConfig
-from tests.cuda_fake import FakeCuda, decode_step
-from tests.op_cases import attention_ref
+from tests.attn_split_emul import assert_equals_reference, split_attention
+from tests.cuda_fake import (
+    FakeCuda,
+    assert_attention_fusion_bypassed,
+    decode_step,
+    fused_rope_launches,
+)
 
 PROMPT = list(range(5, 5 + 12))
 VEC = {"attention_decode.variant": "vec"}
@@ -118,41 +123,24 @@ def _online(m, lsum, acc, sc, vv):  # noqa: ANN001, ANN202
 
 def _vec_model(q, k, v, pos0: int, splits: int, min_keys: int, warps: int) -> np.ndarray:
     """attn_vec's arithmetic in float32 NumPy: q [H, D], k, v [S, Hkv, D] -> out [H, D]."""
-    H, D = q.shape
-    Hkv = k.shape[1]
-    G, L = H // Hkv, pos0 + 1
-    chunk, nact = ranges(L, splits, min_keys, warps)
-    scale = np.float32(1 / np.sqrt(D))
-    out = np.zeros((H, D), np.float32)
-    for h in range(H):
-        kv = h // G
-        qs = q[h] * scale
-        parts = []
-        for s in range(nact):
-            kb, ke = s * chunk, min(L, (s + 1) * chunk)
-            ws = []  # each warp's (max, sum, acc) over its interleaved rounds
-            for w in range(warps):
-                m, lsum, acc = -np.inf, np.float32(0), np.zeros(D, np.float32)
-                for j0 in range(kb + w * KU, ke, warps * KU):
-                    j1 = min(j0 + KU, ke)
-                    m, lsum, acc = _online(m, lsum, acc, k[j0:j1, kv] @ qs, v[j0:j1, kv])
-                ws.append((m, lsum, acc))
-            M = max(x[0] for x in ws)  # the block's merge, in warp order
-            wsc = [np.float32(0) if x[0] == -np.inf else np.float32(np.exp(x[0] - M)) for x in ws]
-            acc = sum((x[2] * c for x, c in zip(ws, wsc, strict=True)), np.zeros(D, np.float32))
-            parts.append((M, sum(x[1] * c for x, c in zip(ws, wsc, strict=True)), acc))
-        M, Ls, a = -np.inf, np.float32(0), np.zeros(D, np.float32)
-        for r0 in range(0, nact, 16):  # the combine: 16 ranges at a time, rescaled online
-            group = parts[r0 : r0 + 16]
-            Mn = max(M, *(p[0] for p in group))
-            cw = np.float32(0 if M == -np.inf else np.exp(M - Mn))
-            a, Ls = a * cw, Ls * cw
-            for mr, lr, pr in group:
-                w = np.float32(np.exp(mr - Mn))
-                Ls, a = Ls + lr * w, a + pr * w
-            M = Mn
-        out[h] = a / Ls
-    return out
+    D = q.shape[1]
+
+    def part(qh, kk, vv, kb: int, ke: int, scale):  # noqa: ANN001, ANN202 - one range
+        qs = qh * scale
+        ws = []  # each warp's (max, sum, acc) over its interleaved rounds
+        for w in range(warps):
+            m, lsum, acc = -np.inf, np.float32(0), np.zeros(D, np.float32)
+            for j0 in range(kb + w * KU, ke, warps * KU):
+                j1 = min(j0 + KU, ke)
+                m, lsum, acc = _online(m, lsum, acc, kk[j0:j1] @ qs, vv[j0:j1])
+            ws.append((m, lsum, acc))
+        M = max(x[0] for x in ws)  # the block's merge, in warp order
+        wsc = [np.float32(0) if x[0] == -np.inf else np.float32(np.exp(x[0] - M)) for x in ws]
+        acc = sum((x[2] * c for x, c in zip(ws, wsc, strict=True)), np.zeros(D, np.float32))
+        return M, sum(x[1] * c for x, c in zip(ws, wsc, strict=True)), acc
+
+    chunk, nact = ranges(pos0 + 1, splits, min_keys, warps)
+    return split_attention(q, k, v, pos0, chunk, nact, part)
 
 
 @pytest.mark.parametrize("H,Hkv,D", [(12, 2, 128), (28, 4, 64), (4, 4, 32), (8, 2, 32), (7, 1, 64)])
@@ -161,14 +149,9 @@ def _vec_model(q, k, v, pos0: int, splits: int, min_keys: int, warps: int) -> np
     "splits,min_keys,warps", [(64, 32, 4), (8, 8, 1), (256, 8, 8), (16, 128, 2)]
 )
 def test_vec_arithmetic_equals_the_reference(H, Hkv, D, pos0, splits, min_keys, warps):
-    rng = np.random.default_rng(H + D + pos0)
-    q = rng.standard_normal((1, H, D)).astype(np.float32)
-    k = (2 * rng.standard_normal((pos0 + 1, Hkv, D))).astype(np.float32)
-    v = rng.standard_normal((pos0 + 1, Hkv, D)).astype(np.float32)
-    got = _vec_model(q[0], k, v, pos0, splits, min_keys, warps)
-    ref = attention_ref(q, k, v, pos0)[0]
-    err = np.sum((got - ref) ** 2) / np.sum(ref**2)
-    assert err < 1e-10, err
+    assert_equals_reference(
+        lambda q, k, v: _vec_model(q, k, v, pos0, splits, min_keys, warps), H, Hkv, D, pos0
+    )
 
 
 @pytest.mark.parametrize("dec", ["mmvf", "mmvw"])
@@ -180,18 +163,9 @@ def test_vec_fuse_rope_launches(tiny_model_factory, dec, arch):
                   "rope.fuse_kv": 1}  # fmt: skip
     launches, m = decode_step(tiny_model_factory(arch, "q4_k_m"), flat, PROMPT)
     name = kernel_name(m.spec.n_head // m.spec.n_head_kv, rope=True)
-    count = Counter(launch.kernel for launch in launches)
-    assert count[name] == m.spec.n_layers
-    assert count["rope_kv"] == count["rope"] == count["kv_write"] == 0
-    vecs = [launch for launch in launches if launch.kernel == name]
-    assert all(not isinstance(t.args[-5], np.uint64) for t in vecs)  # knew
-    assert all(not isinstance(t.args[-4], np.uint64) for t in vecs)  # vnew
-    assert all(int(t.args[-2]) == int(m.spec.rope_neox) for t in vecs)
+    vecs = fused_rope_launches(launches, m, name, knew=-5, vnew=-4, neox=-2)
     assert all(int(t.args[-1]) == 0 for t in vecs)  # prefetch
-    be = FakeCuda(TuningConfig.from_flat("cuda", flat))
-    assert "attention_decode" in be.hook_bypassed_fusions(be.config)
-    off = TuningConfig.from_flat("cuda", VEC | {"matmul_decode.variant": dec})
-    assert "attention_decode" not in be.hook_bypassed_fusions(off)
+    assert_attention_fusion_bypassed(flat, VEC | {"matmul_decode.variant": dec})
 
 
 def test_vec_without_fuse_rope_passes_null_projections(tiny_model_factory):
@@ -211,17 +185,6 @@ def test_vec_fuse_rope_limits(D, ok):
     assert rope_fits(D) is ok
     be = FakeCuda(TuningConfig.from_flat("cuda", VEC | {"attention_decode.fuse_rope": 1}))
     assert be._gqa_rope((4, 2, D)) is (ok and vec_fits(4, 2, D, 4096))
-
-
-def test_attn_decode_bench_vec_configs_exist():
-    """Every vec bench entry is dec8_split2 with valid attention_decode.vec knobs (the d17 speed
-    configs are experiments/decode-h200.toml's starts, checked where the experiment loads)."""
-    from bench.attn_decode_bench import BASE, BENCH
-
-    for name, flat in BENCH.items():
-        if name.startswith("vec"):
-            cfg = TuningConfig.from_flat("cuda", BASE | flat)
-            assert cfg.op("attention_decode").variant == "vec"
 
 
 @pytest.mark.parametrize("dec", ["mmvf", "mmvw"])

@@ -210,23 +210,6 @@ def test_split_k_grids_follow_the_kernels_rows_per_block(tiny_model_factory, fus
     assert seen[min_k <= 640] >= 2 * m.spec.n_layers and not seen[min_k > 640], seen
 
 
-def test_gemv_bench_settings_and_shapes():
-    """bench/gemv_bench.py: every setting is a valid config, the shapes are a qwen2 layer's."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[4] / "bench" / "gemv_bench.py"
-    spec = importlib.util.spec_from_file_location("gemv_bench", path)
-    gb = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gb)
-    for flat in gb.SETTINGS.values():
-        TuningConfig.from_flat("cuda", flat).check(None)
-    s = gb.shapes("7b")
-    assert s["down_q6k"] == [("Q6_K", 3584, 18944)] and s["qkv"][1] == ("Q4_K", 512, 3584)
-    assert gb.row_bytes("Q6_K", 18944) == 74 * 224 and gb.row_bytes("Q4_K", 3584) == 14 * 144
-    assert gb.main(["--settings", "bogus"]) == 2
-
-
 def test_cuda_precompile_lists_each_distinct_module_once(tmp_path):
     """tools/cuda_precompile.py: the union of the configs' modules, each (file, defines) once;
     a bad list is one line and exit 2."""

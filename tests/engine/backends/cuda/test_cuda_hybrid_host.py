@@ -32,6 +32,26 @@ def _f32(rng, *shape) -> np.ndarray:
     return rng.standard_normal(shape).astype(np.float32)
 
 
+MOE_SHAPE = (8, 256, 512, 3)  # experts, ff, width, used: the schedule tests' MoE layer
+
+
+def _moe_layer(be, seed: int, gate_type: str, down_type: str) -> tuple:  # noqa: ANN001
+    """(rng, (gate, up, down)): random experts of MOE_SHAPE loaded on be."""
+    rng = np.random.default_rng(seed)
+    E, F, C, _ = MOE_SHAPE
+    gate, up = (be.load_weight(qtensor(rng, (E, F, C), gate_type, 0.1)) for _ in range(2))
+    return rng, (gate, up, be.load_weight(qtensor(rng, (E, C, F), down_type, 0.1)))
+
+
+def _moe_call(be, rng, T: int, gate, up, down) -> None:  # noqa: ANN001
+    """moe_experts of T tokens on a random routing, be.launches holding only its launches."""
+    E, _, C, k = MOE_SHAPE
+    be.launches.clear()
+    ids = rng.integers(0, E, (T, k)).astype(np.int32)
+    out = be.moe_experts(_f32(rng, T, C), ids, _f32(rng, T, k), gate, up, down)
+    assert out.shape == (T, C)
+
+
 def test_every_hybrid_op_is_a_cuda_op_and_registered():
     for op in HYBRID_OPS + MOE_OPS:
         assert getattr(CudaBackend, op) is not getattr(Backend, op), op
@@ -246,15 +266,10 @@ def test_moe_grouped_schedule(tile, qtype):
             }
         )
     )
-    rng = np.random.default_rng(5)
-    E, F, C, k = 8, 256, 512, 3
-    gate, up = (be.load_weight(qtensor(rng, (E, F, C), qtype, 0.1)) for _ in range(2))
-    down = be.load_weight(qtensor(rng, (E, C, F), qtype, 0.1))
+    E, F, C, k = MOE_SHAPE
+    rng, ws = _moe_layer(be, 5, qtype, qtype)
     for T in (1, 2, 37):
-        be.launches.clear()
-        ids = rng.integers(0, E, (T, k)).astype(np.int32)
-        out = be.moe_experts(_f32(rng, T, C), ids, _f32(rng, T, k), gate, up, down)
-        assert out.shape == (T, C)
+        _moe_call(be, rng, T, *ws)
         names = [la.kernel for la in be.launches]
         suffix = qtype.lower()
         if T == 1:
@@ -315,15 +330,10 @@ def test_moe_tc_schedule(tile, rows, gate_type):
             }
         )
     )
-    rng = np.random.default_rng(6)
-    E, F, C, k = 8, 256, 512, 3
-    gate, up = (be.load_weight(qtensor(rng, (E, F, C), gate_type, 0.1)) for _ in range(2))
-    down = be.load_weight(qtensor(rng, (E, C, F), "Q6_K", 0.1))
+    E, F, C, k = MOE_SHAPE
+    rng, (gate, up, down) = _moe_layer(be, 6, gate_type, "Q6_K")
     for T in (1, 2, 37):
-        be.launches.clear()
-        ids = rng.integers(0, E, (T, k)).astype(np.int32)
-        out = be.moe_experts(_f32(rng, T, C), ids, _f32(rng, T, k), gate, up, down)
-        assert out.shape == (T, C)
+        _moe_call(be, rng, T, gate, up, down)
         names = [la.kernel for la in be.launches]
         g = gate_type.lower()
         if T == 1:
@@ -473,12 +483,7 @@ def test_moe_fuse_decode_runs_a_layers_moe_ffn_in_three_launches(tiny_model_fact
                              "matmul_decode.variant": "dmmv", "moe_experts.fuse_norm": 0,
                              "moe_experts.down_wsum": 0}))  # fmt: skip
         m = build_model(open_model(path), be)
-        counts = []
-        for n in (2, 3):
-            be.launches.clear()
-            m.generate(PROMPT, n)
-            counts.append(len(be.launches))
-        per_token[fuse] = counts[1] - counts[0]
+        per_token[fuse] = len(_decode_launches(be, m))  # be.launches: all three tokens'
         last[fuse] = [x for x in be.launches if x.kernel.startswith("moe_dec_")]
     assert not last[0]
     assert per_token[0] - per_token[1] == 12 * m.spec.n_layers  # every tiny layer is MoE
@@ -505,12 +510,7 @@ def test_delta_net_fuse_decode_runs_a_layers_step_in_one_launch(tiny_model_facto
                 "delta_net.fuse_conv": 0}  # fmt: skip
         be = FakeCuda(cfg(**flat, **{"prefill.gemm_min_t": 1 << 20}))
         m = build_model(open_model(path), be)
-        counts = []
-        for n in (2, 3):
-            be.launches.clear()
-            m.generate(PROMPT, n)
-            counts.append(len(be.launches))
-        per_token[fuse] = counts[1] - counts[0]
+        per_token[fuse] = len(_decode_launches(be, m))  # be.launches: all three tokens'
         kernels[fuse] = be.kernels_run()
     n_dn = sum(m.spec.is_recurrent(i) for i in range(m.spec.n_layers))
     assert per_token[0] - per_token[1] == 4 * n_dn
@@ -534,28 +534,6 @@ def test_blame_names_a_hybrid_fusion_only_once_it_ran(tiny_model_factory):
     assert be.hook_bypassed_fusions(cfg(**off)) == []
     assert be.hook_bypassed_fusions(cfg(**{"moe_experts.variant": "mmvq"})) == [
         "delta_net", "rope_partial"]  # fmt: skip
-
-
-def test_bench_moe_dec_configs_and_launches():
-    # bench/bench_moe_dec.py: every config is a valid CUDA config, its 35B-A3B-like layer runs
-    # through the fused host code as three launches, and an unknown config is refused (exit 2)
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[4] / "bench" / "bench_moe_dec.py"
-    spec = importlib.util.spec_from_file_location("bench_moe_dec", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    for flat in mod.CONFIGS.values():
-        TuningConfig.from_flat("cuda", flat)
-    router, experts, shared = mod._weights(np.random.default_rng(0), True)
-    be = FakeCuda(cfg(**{"moe_experts.down_wsum": 0}))
-    x = np.ones((1, mod.C), np.float32)
-    ex, sh = (tuple(be.load_weight(t) for t in ws) for ws in (experts, shared))
-    be.moe_ffn(x, x, be.load_weight(router), mod.K_USED, ex, sh)
-    assert [launch.kernel for launch in be.launches] == [
-        "moe_dec_route", "moe_dec_gate_up", "moe_dec_down"]  # fmt: skip
-    assert mod.main(["--configs", "nope"]) == 2
 
 
 def _moe_model(tiny_model_factory, flat: dict) -> tuple[FakeCuda, object]:

@@ -11,9 +11,7 @@ tests/engine/backends/cuda/test_cuda_moe_dec.py."""
 
 from __future__ import annotations
 
-import hashlib
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -21,8 +19,8 @@ import numpy as np
 import pytest
 
 from engine.backends import kernel_sources
-
-GXX = shutil.which("g++")  # dev's APT_PKGS
+from tests import host_cpp
+from tests.host_cpp import SLURP
 
 # A CUDA shim for g++: the qualifiers away, the vector types, __ldg a load, __vsub4 per byte,
 # the f16 conversion in host code (common.cuh's asm replaced by _SUBS, which must all apply)
@@ -82,16 +80,6 @@ _SUBS = [
 ]  # fmt: skip
 
 _DRIVER = r"""
-#include <cstdlib>
-static std::vector<char> slurp(const char* path) {
-    FILE* f = std::fopen(path, "rb");
-    std::fseek(f, 0, SEEK_END);
-    std::vector<char> b(std::ftell(f));
-    std::fseek(f, 0, SEEK_SET);
-    if (std::fread(b.data(), 1, b.size(), f) != b.size()) std::abort();
-    std::fclose(f);
-    return b;
-}
 template <int QT, bool W> static int mismatches(const u8* rows, int nrows, int nblk) {
     const int rb = nblk * QTraits<QT>::BYTES, ng = nblk * QTraits<QT>::GROUPS;
     int bad = 0;
@@ -152,22 +140,11 @@ def _source() -> str:
         assert n > 0, f"common.cuh: no {pat!r} to replace (the emulation is out of date)"
     qwide = kernel_sources.read_text("cuda/qwide.cuh")
     qwide = qwide.replace("#pragma once", "").replace('#include "common.cuh"', "")
-    return _SHIM + common + qwide + _DRIVER
+    return _SHIM + common + qwide + SLURP + _DRIVER
 
 
 def _build(defines: dict[str, int], out_dir: Path) -> Path:
-    assert GXX, "g++ not found: ./dev's APT_PKGS installs it"
-    src = _source()
-    flags = [f"-D{k}={v}" for k, v in sorted(defines.items())]
-    key = hashlib.sha256((src + " ".join(flags)).encode()).hexdigest()[:16]
-    exe = out_dir / f"qwide_{key}"
-    if not exe.exists():
-        cpp = out_dir / f"qwide_{key}.cpp"
-        cpp.write_text(src)
-        cmd = [str(GXX), "-std=c++20", "-O1", "-w", *flags, "-o", str(exe), str(cpp)]
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-        assert r.returncode == 0, r.stderr[-3000:]
-    return exe
+    return host_cpp.build(_source(), defines, out_dir, "qwide")
 
 
 def _mismatches(exe: Path, work: Path, seed: int) -> tuple[int, int, int]:

@@ -25,9 +25,10 @@ from engine.device_info import DeviceInfo
 from engine.errors import ConfigError
 from engine.tuning import TuningConfig
 from engine.tuning.variants.vulkan import COOPMAT_SHAPE, QUANT_TYPES
-from tests.backend_contract import BackendContract
+from tests.backend_contract import ConfiguredContract
 from tests.engine.backends.vulkan.test_vulkan_helpers import (
     allowed_config,
+    assert_matmuls_on_the_default_config,
     coopmat_fixture,
     half_ref,
     make_backend,
@@ -35,7 +36,7 @@ from tests.engine.backends.vulkan.test_vulkan_helpers import (
     qtensor,
     require_vulkan,
 )
-from tests.op_cases import dense
+from tests.op_cases import dense, k_for
 
 ROOT = Path(__file__).resolve().parents[4]
 SPIRV_MAGIC = 0x07230203
@@ -194,11 +195,7 @@ def test_lavapipe_refuses_coopmat_through_the_constraint():
         with pytest.raises(ConfigError, match="attention.coopmat: the device reports"):
             be.set_config(attn)
         # still usable, on the previous (default) config
-        w = qtensor(np.random.default_rng(0), (9, 256), "Q4_K")
-        x = np.random.default_rng(1).standard_normal((3, 256)).astype(np.float32)
-        out = be.download(be.matmul(be.upload(x), be.load_weight(w)))
-        assert be.config.op("matmul_prefill").variant == "tiled"
-        assert nmse(x.astype(np.float64) @ dense(w).T, out) < 1e-8
+        assert_matmuls_on_the_default_config(be)
     finally:
         be.close()
 
@@ -208,22 +205,10 @@ cb = coopmat_fixture("cb")
 
 
 @pytest.mark.gpu
-class TestCoopmatContract(BackendContract):
+class TestCoopmatContract(ConfiguredContract):
     """The whole backend contract with matmul_prefill = coopmat (ragged T, N, K; every type)."""
 
-    backend = "vulkan"
-
-    @pytest.fixture
-    def be(self, cb):  # noqa: ANN201
-        return cb
-
-    @pytest.fixture(autouse=True)
-    def _default_config(self, be) -> None:
-        be.set_config(TuningConfig.default("vulkan").replace(**COOPMAT))
-
-
-def _k_for(qtype: str, blocks: int) -> int:
-    return (256 if qtype.endswith("_K") else 32 if qtype.startswith("Q") else 37) * blocks
+    backend, fixture, flat = "vulkan", "cb", COOPMAT
 
 
 KNOBS = [
@@ -259,7 +244,7 @@ def test_coopmat_knobs_on_ragged_shapes(cb, knobs, qtype):
     rng = np.random.default_rng(len(qtype))
     # T, N ragged against every tile; one case past several row and column tiles
     for T, n, blocks in ((2, 33, 1), (41, 19, 2), (130, 300, 3), (513, 70, 1)):
-        w = qtensor(rng, (n, _k_for(qtype, blocks)), qtype)
+        w = qtensor(rng, (n, k_for(qtype, blocks)), qtype)
         x = rng.standard_normal((T, w.shape[1])).astype(np.float32)
         out = cb.download(cb.matmul(cb.upload(x), cb.load_weight(w)))
         assert out.shape == (T, n) and np.isfinite(out).all()

@@ -90,3 +90,12 @@ def half_ref(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     """x @ w.T of the fp16-rounded operands in float64: what an fp16 GEMM computes up to its
     fp32 accumulation order."""
     return x.astype(np.float16).astype(np.float64) @ w.astype(np.float16).astype(np.float64).T
+
+
+def assert_matmuls_on_the_default_config(be) -> None:  # noqa: ANN001
+    """After a refused set_config: the backend still multiplies, on the default (tiled) GEMM."""
+    w = qtensor(np.random.default_rng(0), (9, 256), "Q4_K")  # the suites' scale
+    x = np.random.default_rng(1).standard_normal((3, 256)).astype(np.float32)
+    out = be.download(be.matmul(be.upload(x), be.load_weight(w)))
+    assert be.config.op("matmul_prefill").variant == "tiled"
+    assert op_cases.nmse(x.astype(np.float64) @ op_cases.dense(w).T, out) < 1e-8

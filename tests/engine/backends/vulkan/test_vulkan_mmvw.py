@@ -59,6 +59,18 @@ def q8_1(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return (q * d.astype(np.float64)).reshape(-1), q.astype(np.int8).reshape(-1), d.reshape(-1)
 
 
+QKV_SHAPE = (256, 4, 2, 64)  # C, H, Hkv, D of the attn_in tests
+
+
+def _qkv(vb, rng: np.random.Generator, types: tuple[str, str, str]) -> tuple:  # noqa: ANN001
+    """(host q/k/v weights, loaded, loaded F32 biases) of QKV_SHAPE in these types."""
+    C, H, Hkv, D = QKV_SHAPE
+    wq = [qtensor(rng, (n, C), q) for n, q in zip((H * D, Hkv * D, Hkv * D), types, strict=True)]
+    wv = tuple(vb.load_weight(w) for w in wq)
+    bs = tuple(vb.load_weight(qtensor(rng, (w.shape[0],), "F32", std=1.0)) for w in wq)
+    return wq, wv, bs
+
+
 def _x_view(vb, x: np.ndarray, off: int):  # noqa: ANN001, ANN202
     buf = vb.upload(np.concatenate([[np.nan] * off, x, [np.nan] * 5]).astype(np.float32))
     return vb.reshape(vb.rows(buf, off, off + x.size), (1, x.size))
@@ -176,11 +188,8 @@ def test_attn_in_fused_matches_unfused(vb, T, pos0, bias):
     whole attn_in stays within int8 error of the float path; no cache slot outside the written
     positions changes."""
     rng = np.random.default_rng(T * 100 + pos0)
-    C, H, Hkv, D = 256, 4, 2, 64
-    wq = [qtensor(rng, (n, C), q) for n, q in ((H * D, "Q4_K"), (Hkv * D, "Q4_K"),
-                                               (Hkv * D, "Q6_K"))]  # fmt: skip
-    wv = tuple(vb.load_weight(w) for w in wq)
-    bs = tuple(vb.load_weight(qtensor(rng, (w.shape[0],), "F32", std=1.0)) for w in wq)
+    C, H, Hkv, D = QKV_SHAPE
+    wq, wv, bs = _qkv(vb, rng, ("Q4_K", "Q4_K", "Q6_K"))
     h = rng.standard_normal((T, C)).astype(np.float32)
     runs = {}
     for name, flat in (("plain", {}), ("fused", {"rope.fuse_kv": 1}),
@@ -312,11 +321,8 @@ def test_fuse_rope_is_fused_kv_bit_for_bit(vb, flat, neox, pos0, bias):
     dispatch give exactly what mmvw + rope.fuse_kv gives (same sums, same rotation), the
     cache's other slots untouched; one dispatch after the quantize."""
     rng = np.random.default_rng(pos0 * 3 + neox)
-    C, H, Hkv, D = 256, 4, 2, 64
-    wq = [qtensor(rng, (n, C), q) for n, q in ((H * D, "Q4_K"), (Hkv * D, "Q6_K"),
-                                               (Hkv * D, "Q4_K"))]  # fmt: skip
-    wv = tuple(vb.load_weight(w) for w in wq)
-    bs = tuple(vb.load_weight(qtensor(rng, (w.shape[0],), "F32", std=1.0)) for w in wq)
+    C, H, Hkv, D = QKV_SHAPE
+    wq, wv, bs = _qkv(vb, rng, ("Q4_K", "Q6_K", "Q4_K"))
     h = rng.standard_normal((1, C)).astype(np.float32)
     runs = []
     for extra in ({"rope.fuse_kv": 1}, {MD + "fuse_rope": 1}):

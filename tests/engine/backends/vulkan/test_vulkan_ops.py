@@ -21,7 +21,7 @@ from tests.engine.backends.vulkan.test_vulkan_helpers import (
     nmse,
     qtensor,
 )
-from tests.op_cases import attention_ref, dense
+from tests.op_cases import attention_ref, dense, k_for
 
 QUANTS = ["F32", "F16", "BF16", "Q8_0", "Q5_0", "Q5_1", "Q4_0", "Q4_1", "Q4_K", "Q6_K"]
 CANARY = 0xFF  # bytes of a NaN pattern left in free buffers before each op
@@ -67,10 +67,6 @@ class TestVulkanContract(BackendContract):
     def assert_canaries(self, be, out, args) -> None:  # noqa: ANN001
         if out.buf.host is not None:
             assert_canary_after(be, out)
-
-
-def _k_for(qtype: str, blocks: int) -> int:
-    return (256 if qtype.endswith("_K") else 32 if qtype.startswith("Q") else 37) * blocks
 
 
 # Parameter samples per variant: (flat config, label). Values chosen to hit one row per
@@ -240,7 +236,7 @@ def test_matmul_decode_variants(vb, flat, qtype):
     vb.set_config(allowed_config(vb, flat))
     rng = np.random.default_rng(len(qtype))
     for n, blocks in ((1, 1), (67, 3)):
-        w = qtensor(rng, (n, _k_for(qtype, blocks)), qtype)
+        w = qtensor(rng, (n, k_for(qtype, blocks)), qtype)
         x = rng.standard_normal((1, w.shape[1])).astype(np.float32)
         xt, wv = vb.upload(x), vb.load_weight(w)
         poison_free_buffers(vb, x.shape[0] * n)
@@ -264,7 +260,7 @@ def test_matmul_prefill_variants(vb, flat, qtype):
     vb.set_config(allowed_config(vb, flat))
     rng = np.random.default_rng(len(qtype) + 7)
     for T, n, blocks in ((2, 33, 1), (41, 19, 2)):  # 41 columns: several MAX_COLS passes
-        w = qtensor(rng, (n, _k_for(qtype, blocks)), qtype)
+        w = qtensor(rng, (n, k_for(qtype, blocks)), qtype)
         x = rng.standard_normal((T, w.shape[1])).astype(np.float32)
         xt, wv = vb.upload(x), vb.load_weight(w)
         poison_free_buffers(vb, x.shape[0] * n)
@@ -282,7 +278,7 @@ def test_weights_split_into_row_ranges(vb, qtype, prefill):
     Qwen LM head is 145 MB against lavapipe's 128 MiB): lower the limit to a few rows."""
     vb.set_config(allowed_config(vb, {"matmul_prefill.variant": prefill}))
     rng = np.random.default_rng(3)
-    w = qtensor(rng, (50, _k_for(qtype, 1)), qtype)
+    w = qtensor(rng, (50, k_for(qtype, 1)), qtype)
     old = vb.max_weight_bytes
     vb.max_weight_bytes = w.raw.shape[1] * 16 + 5  # 16 rows per range: 16 + 16 + 16 + 2
     try:
@@ -594,7 +590,7 @@ def test_registry_tells_the_truth_about_quant_types(vb):
     # and what it declares loads and runs
     rng = np.random.default_rng(9)
     for q in sorted(QUANT_TYPES):
-        w = qtensor(rng, (3, _k_for(q, 1)), q)
+        w = qtensor(rng, (3, k_for(q, 1)), q)
         x = rng.standard_normal((1, w.shape[1])).astype(np.float32)
         assert nmse(x @ dense(w).T, vb.download(vb.matmul(vb.upload(x), vb.load_weight(w)))) < 5e-4
 

@@ -26,7 +26,7 @@ from engine.backends.vulkan.resident import kpad
 from engine.errors import ConfigError
 from engine.tuning import TuningConfig
 from engine.tuning.variants.vulkan import QUANT_TYPES
-from tests.backend_contract import BackendContract
+from tests.backend_contract import ConfiguredContract
 from tests.engine.backends.vulkan.test_vulkan_coopmat import (
     CAPS,
     COOPMAT_SHAPE,
@@ -35,13 +35,14 @@ from tests.engine.backends.vulkan.test_vulkan_coopmat import (
 )
 from tests.engine.backends.vulkan.test_vulkan_helpers import (
     allowed_config,
+    assert_matmuls_on_the_default_config,
     coopmat_fixture,
     half_ref,
     make_backend,
     nmse,
     qtensor,
 )
-from tests.op_cases import dense
+from tests.op_cases import dense, k_for
 
 RESIDENT = {"matmul_prefill.variant": "resident"}
 MP_SPLIT = "matmul_prefill.split_k"
@@ -142,11 +143,7 @@ def test_lavapipe_refuses_resident_through_the_constraint():
             pytest.skip(f"{dev.name} has cooperative matrices (the GPU tests cover it)")
         with pytest.raises(ConfigError, match="VK_KHR_cooperative_matrix"):
             be.set_config(TuningConfig.default("vulkan").replace(**RESIDENT))
-        w = qtensor(np.random.default_rng(0), (9, 256), "Q4_K")
-        x = np.random.default_rng(1).standard_normal((3, 256)).astype(np.float32)
-        out = be.download(be.matmul(be.upload(x), be.load_weight(w)))
-        assert be.config.op("matmul_prefill").variant == "tiled"
-        assert nmse(x.astype(np.float64) @ dense(w).T, out) < 1e-8
+        assert_matmuls_on_the_default_config(be)
     finally:
         be.close()
 
@@ -184,11 +181,6 @@ def test_memory_report_counts_and_drops_the_fp16_copy():
 
 # --- GPU ------------------------------------------------------------------------------------------
 rb = coopmat_fixture("rb")
-
-
-def _k_for(qtype: str, blocks: int) -> int:
-    # F16 / F32 rows of 37 x blocks: K not a multiple of 8, the fp16 rows' zero pad is read
-    return (256 if qtype.endswith("_K") else 32 if qtype.startswith("Q") else 37) * blocks
 
 
 KNOBS = [
@@ -237,7 +229,7 @@ def test_resident_knobs_on_ragged_shapes(rb, knobs, qtype):
     rb.set_config(allowed_config(rb, flat))
     rng = np.random.default_rng(len(qtype))
     for T, n, blocks in ((2, 33, 1), (41, 19, 2), (130, 300, 3), (513, 70, 1), (128, 256, 2)):
-        w = qtensor(rng, (n, _k_for(qtype, blocks)), qtype)
+        w = qtensor(rng, (n, k_for(qtype, blocks)), qtype)
         x = rng.standard_normal((T + 1, w.shape[1])).astype(np.float32)
         xt = rb.rows(rb.upload(x), 1, T + 1)  # x at an offset
         out = rb.download(rb.matmul(xt, rb.load_weight(w)))
@@ -408,18 +400,10 @@ def test_resident_row_ranges_and_memory_report(rb):
 
 
 @pytest.mark.gpu
-class TestResidentContract(BackendContract):
+class TestResidentContract(ConfiguredContract):
     """The whole backend contract with matmul_prefill = resident (ragged T, N, K; every type)."""
 
-    backend = "vulkan"
-
-    @pytest.fixture
-    def be(self, rb):  # noqa: ANN201
-        return rb
-
-    @pytest.fixture(autouse=True)
-    def _default_config(self, be) -> None:
-        be.set_config(TuningConfig.default("vulkan").replace(**RESIDENT))
+    backend, fixture, flat = "vulkan", "rb", RESIDENT
 
 
 W16_GROUP = "W16_GROUP"  # matmul_f16.comp: PASS_W16 stores each group of 8 halves swapped

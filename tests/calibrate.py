@@ -1,12 +1,12 @@
-#!/usr/bin/env python3
 """Measure validate's metrics for every correct variant (and, with --mutants, every planted bug)
 of a backend on one model: the numbers the numeric-class budgets in engine/verify/budgets.toml
-are calibrated from (docs/verify.md); --write records them in that file.
+are calibrated from (docs/verify.md); --write records them in that file. It lives beside the
+planted bugs it judges (tests/mutants.py): test tooling, run from the repository root.
 
-  python tools/verify_calibrate.py --backend vulkan --model /tmp/ragged.gguf --mutants
-  python tools/verify_calibrate.py --backend cuda --model /tmp/models/7b.gguf \
+  python -m tests.calibrate --backend vulkan --model /tmp/ragged.gguf --mutants
+  python -m tests.calibrate --backend cuda --model /tmp/models/7b.gguf \
       --variants matmul_decode.mmvq,matmul_prefill.mmq8 --json > 7b.json
-  python tools/verify_calibrate.py --backend numpy --model /tmp/ragged.gguf --write
+  python -m tests.calibrate --backend numpy --model /tmp/ragged.gguf --write
 
 Candidates: each variant of every op with its defaults, and every numeric knob at its smallest
 and largest allowed value (configs the device refuses are skipped); --variants keeps those of the
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         run = {
             "backend": f"{args.backend} ({be.device_info().name})",
             "model": Path(args.model).name,
-            "command": " ".join(["python tools/verify_calibrate.py", *(argv or sys.argv[1:])]),
+            "command": " ".join(["python -m tests.calibrate", *(argv or sys.argv[1:])]),
         }
         touched = write_calibration(Path(args.write), out, run)
         print(f"wrote {args.write}: measured {', '.join(touched) or 'no class'}", file=sys.stderr)
