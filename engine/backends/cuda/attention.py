@@ -40,11 +40,7 @@ class CudaAttentionOps:
 
     def kv_write(self, cache: KVCache, layer: int, k: Any, v: Any, pos0: int) -> None:
         T = int(k.shape[0])
-        if pos0 + T > cache.capacity:
-            raise ValueError(
-                f"KV cache full: writing positions {pos0}..{pos0 + T - 1} "
-                f"into a cache of {cache.capacity}"
-            )
+        cache.check_room(pos0, T)
         k = self._cp.ascontiguousarray(k)
         v = self._cp.ascontiguousarray(v)
         HD = int(k.size // T)
