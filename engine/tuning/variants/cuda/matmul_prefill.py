@@ -105,6 +105,22 @@ _TILES_FIT_WARPS = Constraint(
     lambda cfg, dev: _tile_ok(cfg),
 )
 
+
+def _mmq(name: str, numeric: str, doc: str) -> Variant:
+    """A fused-dequant mma GEMM (mmq.cu, mmq8.cu): the same tiles, warps and rules."""
+    return Variant(
+        B,
+        "matmul_prefill",
+        name,
+        params=(_TILE_M, _TILE_N, _WARPS_M, _WARPS_N),
+        constraints=(_cc_at_least(80), _TILES_FIT_WARPS),
+        quant_types=CUDA_BLOCK_TYPES,
+        source=f"cuda/{name}.cu",
+        numeric=numeric,
+        doc=doc,
+    )
+
+
 REGISTRY.register(
     B,
     "matmul_prefill",
@@ -128,27 +144,15 @@ REGISTRY.register(
             memory=_staged_scratch,
             doc="dequantize to an fp16 scratch, then cuBLAS GEMM (fp32 accumulate, fp32 out)",
         ),
-        Variant(
-            B,
-            "matmul_prefill",
+        _mmq(
             "mmq",
-            params=(_TILE_M, _TILE_N, _WARPS_M, _WARPS_N),
-            constraints=(_cc_at_least(80), _TILES_FIT_WARPS),
-            quant_types=CUDA_BLOCK_TYPES,
-            source="cuda/mmq.cu",
-            numeric="fp16",
-            doc="fused-dequant GEMM: blocks decoded into shared fp16 tiles, mma.sync m16n8k16",
+            "fp16",
+            "fused-dequant GEMM: blocks decoded into shared fp16 tiles, mma.sync m16n8k16",
         ),
-        Variant(
-            B,
-            "matmul_prefill",
+        _mmq(
             "mmq8",
-            params=(_TILE_M, _TILE_N, _WARPS_M, _WARPS_N),
-            constraints=(_cc_at_least(80), _TILES_FIT_WARPS),
-            quant_types=CUDA_BLOCK_TYPES,
-            source="cuda/mmq8.cu",
-            numeric="int8_activations",
-            doc="fused-dequant int8 GEMM on Q8_1 activations: int8 weight tiles with per-16 "
+            "int8_activations",
+            "fused-dequant int8 GEMM on Q8_1 activations: int8 weight tiles with per-16 "
             "scales, mma.sync m16n8k16 s8 -> s32, scaled into float32 per 16 k",
         ),
         Variant(

@@ -86,6 +86,12 @@ def _subgroup_size_supported(op: str) -> Constraint:
     )
 
 
+def _subgroup_wg(op: str) -> tuple[Constraint, ...]:
+    """An op whose wg_size is split into subgroups: wg_size within the device's limits, a
+    multiple of the subgroup size, and a required size the device supports."""
+    return (_wg_fits(op), _subgroup_divides_wg(op), _subgroup_size_supported(op))
+
+
 def _shared_fits(op: str, floats_per_thread: int) -> Constraint:
     def check(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
         limit = _extra(dev, "max_shared_memory")

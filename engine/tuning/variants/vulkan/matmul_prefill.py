@@ -26,8 +26,7 @@ from engine.tuning.variants.vulkan.common import (
     _device_takes_wg,
     _extra,
     _rows_per_wg,
-    _subgroup_divides_wg,
-    _subgroup_size_supported,
+    _subgroup_wg,
     _wg,
     _wg_fits,
 )
@@ -537,11 +536,7 @@ REGISTRY.register(
             "matmul_prefill",
             "kpar",
             params=(_wg(64), _rows_per_wg(2), _MAX_COLS, _SUBGROUP),
-            constraints=(
-                _wg_fits("matmul_prefill"),
-                _subgroup_divides_wg("matmul_prefill"),
-                _subgroup_size_supported("matmul_prefill"),
-            ),
+            constraints=_subgroup_wg("matmul_prefill"),
             quant_types=QUANT_TYPES,
             source="vulkan/matmul_prefill.comp",
             defines=("VARIANT_KPAR",),
