@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from engine.tuning.registry import SUBGROUP_SIZE, Constraint, Param, spec
+from engine.tuning.variants.shared import DELTA_NET_CHUNKS  # noqa: F401 - re-exported
 
 if TYPE_CHECKING:
     from engine.device_info import DeviceInfo
@@ -131,8 +132,3 @@ _SUBGROUP = Param(
     "required subgroup size (VK_EXT_subgroup_size_control); 0: the device default",
     SUBGROUP_SIZE,
 )
-
-
-# Same name, choices and meaning as numpy's delta_net.chunked.chunk (a CUDA chunked scan uses
-# the same): prompt tokens per chunk of the WY scan; the last chunk of a call is ragged.
-DELTA_NET_CHUNKS = (4, 8, 16, 32, 64)

@@ -174,6 +174,23 @@ _MAX_COLS = Param(
 )
 
 
+# What the two cooperative-matrix GEMMs (coopmat, resident) declare alike.
+_COOP_TILE_M = Param("tile_m", (64, 128, 256), 128, "weight rows per workgroup", spec(0))
+_COOP_WARP_N = Param("warp_n", (16, 32, 64), 32, "prompt columns per subgroup tile", spec(3))
+_COOP_SUBGROUP = Param(
+    "subgroup_size",
+    (0, 32, 64),
+    0,
+    "required subgroup size (wave32 / wave64 on RDNA); 0: the device default",
+    SUBGROUP_SIZE,
+)
+_COOPMAT_DEVICE = Constraint(
+    "the device reports VK_KHR_cooperative_matrix (cooperativeMatrix, "
+    f"shaderFloat16, vulkanMemoryModel) with the subgroup shape {COOPMAT_SHAPE} "
+    "(lavapipe / Mesa 22 have no cooperative matrices)",
+    _coopmat_ok,
+)
+
 REGISTRY.register(
     B,
     "matmul_prefill",
@@ -232,12 +249,12 @@ REGISTRY.register(
             "matmul_prefill",
             "coopmat",
             params=(
-                Param("tile_m", (64, 128, 256), 128, "weight rows per workgroup", spec(0)),
+                _COOP_TILE_M,
                 Param(
                     "tile_n", (32, 64, 128), 64, "prompt columns per workgroup", spec(1), edge=True
                 ),
                 Param("warp_m", (16, 32, 64), 32, "weight rows per subgroup tile", spec(2)),
-                Param("warp_n", (16, 32, 64), 32, "prompt columns per subgroup tile", spec(3)),
+                _COOP_WARP_N,
                 Param(
                     "bk",
                     (32, 64),
@@ -271,22 +288,11 @@ REGISTRY.register(
                     "TFLOP/s, the pass loop keeps the accumulators indexed at run time)",
                     define(),
                 ),
-                Param(
-                    "subgroup_size",
-                    (0, 32, 64),
-                    0,
-                    "required subgroup size (wave32 / wave64 on RDNA); 0: the device default",
-                    SUBGROUP_SIZE,
-                ),
+                _COOP_SUBGROUP,
             ),
             constraints=(
                 _wg_fits("matmul_prefill", fixed=256),  # matmul_coopmat.comp's local size
-                Constraint(
-                    "the device reports VK_KHR_cooperative_matrix (cooperativeMatrix, "
-                    f"shaderFloat16, vulkanMemoryModel) with the subgroup shape {COOPMAT_SHAPE} "
-                    "(lavapipe / Mesa 22 have no cooperative matrices)",
-                    _coopmat_ok,
-                ),
+                _COOPMAT_DEVICE,
                 Constraint(
                     "subgroup size <= 64 (a 256-thread workgroup of >= 4 subgroups covers the "
                     "block's subgroup tiles); a required subgroup_size within the device's "
@@ -327,7 +333,7 @@ REGISTRY.register(
             "matmul_prefill",
             "resident",
             params=(
-                Param("tile_m", (64, 128, 256), 128, "weight rows per workgroup", spec(0)),
+                _COOP_TILE_M,
                 Param(
                     "tile_n",
                     (64, 128, 256),
@@ -337,7 +343,7 @@ REGISTRY.register(
                     edge=True,
                 ),
                 Param("warp_m", (16, 32, 64), 64, "weight rows per subgroup tile", spec(2)),
-                Param("warp_n", (16, 32, 64), 32, "prompt columns per subgroup tile", spec(3)),
+                _COOP_WARP_N,
                 Param(
                     "bk",
                     (16, 32, 64),
@@ -470,13 +476,7 @@ REGISTRY.register(
                     "38.1 -> 18.8 ms); the same stores, the same bits",
                     define(),
                 ),
-                Param(
-                    "subgroup_size",
-                    (0, 32, 64),
-                    0,
-                    "required subgroup size (wave32 / wave64 on RDNA); 0: the device default",
-                    SUBGROUP_SIZE,
-                ),
+                _COOP_SUBGROUP,
             ),
             constraints=(
                 Constraint(
@@ -491,12 +491,7 @@ REGISTRY.register(
                     "threads <= the device's maxComputeWorkGroupInvocations / size[0]",
                     _resident_threads_fit,
                 ),
-                Constraint(
-                    "the device reports VK_KHR_cooperative_matrix (cooperativeMatrix, "
-                    f"shaderFloat16, vulkanMemoryModel) with the subgroup shape {COOPMAT_SHAPE} "
-                    "(lavapipe / Mesa 22 have no cooperative matrices)",
-                    _coopmat_ok,
-                ),
+                _COOPMAT_DEVICE,
                 Constraint(
                     "subgroup size <= 64; a required subgroup_size within the device's "
                     "subgroup-size-control range",
