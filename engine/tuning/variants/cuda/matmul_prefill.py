@@ -5,7 +5,13 @@ from __future__ import annotations
 
 from engine.tuning.memory import MemoryCost, ModelShape, dense_copies
 from engine.tuning.registry import HOST, PUSHED, REGISTRY, Constraint, Param, Variant, define
-from engine.tuning.variants.cuda.common import ALL_TYPES, CUDA_BLOCK_TYPES, B, _cc_at_least, _p
+from engine.tuning.variants.cuda.common import (
+    ALL_TYPES,
+    CUDA_BLOCK_TYPES,
+    B,
+    _block_threads_fit,
+    _cc_at_least,
+)
 
 
 def _staged_scratch(shape: ModelShape, context_tokens: int, params: dict) -> MemoryCost:
@@ -44,17 +50,7 @@ REGISTRY.register(
                 ),
                 Param("threads_per_row", (8, 16, 32, 64), 32, "threads splitting a row", define()),
             ),
-            constraints=(
-                Constraint(
-                    "rows_per_block * threads_per_row <= 1024",
-                    lambda cfg, dev: (
-                        cfg.op("matmul_batched").variant != "dmmv_kpar"
-                        or _p(cfg, "matmul_batched", "rows_per_block")
-                        * _p(cfg, "matmul_batched", "threads_per_row")
-                        <= 1024
-                    ),
-                ),
-            ),
+            constraints=(_block_threads_fit("matmul_batched", "dmmv_kpar"),),
             quant_types=ALL_TYPES,
             source="cuda/dmmv.cu",
             defines=("ROWS_PER_THREAD=1", "VEC=1"),

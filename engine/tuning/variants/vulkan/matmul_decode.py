@@ -58,6 +58,8 @@ _LANES_PER_ROW = Param(
     "lanes of one subgroup per row (0: the whole subgroup)",
     spec(2),
 )
+# block's and mmvw's workgroup: rows_per_wg rows, each split over threads_per_row lanes
+_BLOCK_SPLIT = (_wg(64), _rows_per_wg(4, (1, 2, 4, 8, 16, 32)), _LANES_PER_ROW)
 
 # block's and mmvw's rules (the same row split and lane reduction)
 _BLOCK_CONSTRAINTS = (
@@ -85,9 +87,7 @@ REGISTRY.register(
             "matmul_decode",
             "block",
             params=(
-                _wg(64),
-                _rows_per_wg(4, (1, 2, 4, 8, 16, 32)),
-                _LANES_PER_ROW,
+                *_BLOCK_SPLIT,
                 Param(
                     "rows_per_thread",
                     (1, 2, 4),
@@ -151,9 +151,7 @@ REGISTRY.register(
             "matmul_decode",
             "mmvw",
             params=(
-                _wg(64),
-                _rows_per_wg(4, (1, 2, 4, 8, 16, 32)),
-                _LANES_PER_ROW,
+                *_BLOCK_SPLIT,
                 Param(
                     "rows_per_thread",
                     (1, 2, 4),
