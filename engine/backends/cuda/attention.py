@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from engine.backends.base import KVCache
-from engine.backends.cuda.attn_tile import launch_attn_tile, tile_fits
+from engine.backends.cuda.attn_tile import launch_attn_tile, rope_args, tile_fits
 from engine.backends.cuda.attn_vec import launch_attn_vec, rope_fits, vec_fits
 from engine.backends.cuda.elementwise import _MAX_ARGMAX_ROWS
 
@@ -178,10 +178,7 @@ class CudaAttentionOps:
         splits, warps = int(c.splits), int(c.warps)
         fc = int(c.fuse_combine) == 1 and Hkv <= _MAX_ARGMAX_ROWS
         q8 = q8 and D % 32 == 0
-        rk = (_NULL, _NULL, np.float32(0), np.int32(0))
-        if rope is not None:
-            assert fc, "fuse_rope needs fuse_combine (_gqa_rope)"
-            rk = (rope.k, rope.v, np.float32(rope.theta), np.int32(1 if rope.neox else 0))
+        assert rope is None or fc, "fuse_rope needs fuse_combine (_gqa_rope)"
         part = self._empty((T, H, splits, D))
         ml = self._empty((T, H, splits, 2))
         xq = xds = None
@@ -196,7 +193,7 @@ class CudaAttentionOps:
                 np.int32(Hkv), np.int32(D), np.int32(pos0), self._pos_ptr(),
                 np.float32(1.0 / math.sqrt(D)), out if fc else _NULL,
                 _NULL if xq is None else xq, _NULL if xds is None else xds,
-                self._head_tickets, np.int32(int(c.early)), *rk,
+                self._head_tickets, np.int32(int(c.early)), *rope_args(rope),
             ),
             smem=smem, pdl=True,
         )  # fmt: skip
