@@ -16,7 +16,7 @@ import time
 import weakref
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -75,6 +75,14 @@ class KVCache:
     v: list[Tensor]
     capacity: int
 
+    def check_room(self, pos0: int, T: int) -> None:
+        """Raise ValueError unless positions pos0 .. pos0+T-1 fit (every backend's one check)."""
+        if pos0 + T > self.capacity:
+            raise ValueError(
+                f"KV cache full: writing positions {pos0}..{pos0 + T - 1} "
+                f"into a cache of {self.capacity}"
+            )
+
 
 @dataclass
 class HybridCache(KVCache):
@@ -85,6 +93,21 @@ class HybridCache(KVCache):
 
     conv: list[Tensor | None] = field(default_factory=list)
     ssm: list[Tensor | None] = field(default_factory=list)
+
+
+class AttnIn(NamedTuple):
+    """Backend.attn_in's arguments as one value: a backend hands them on to its own fused
+    paths (and back to Backend.attn_in) without restating the list."""
+
+    h: Any
+    wqkv: tuple[Any, Any, Any]
+    bias: tuple[Any, Any, Any] | None
+    cache: KVCache
+    layer: int
+    pos0: int
+    heads: tuple[int, int, int]
+    theta: float
+    neox: bool
 
 
 POISON_BYTE = 0xFF

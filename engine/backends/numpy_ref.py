@@ -124,11 +124,7 @@ class NumpyBackend(NumpyHybridOps, Backend):
 
     def kv_write(self, cache: KVCache, layer: int, k: np.ndarray, v: np.ndarray, pos0: int) -> None:
         T = k.shape[0]
-        if pos0 + T > cache.capacity:
-            raise ValueError(
-                f"KV cache full: writing positions {pos0}..{pos0 + T - 1} "
-                f"into a cache of {cache.capacity}"
-            )
+        cache.check_room(pos0, T)
         cache.k[layer][pos0 : pos0 + T] = k
         cache.v[layer][pos0 : pos0 + T] = v
 

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from engine.backends.base import KVCache
-from engine.backends.cuda.attn_tile import launch_attn_tile, tile_fits
+from engine.backends.cuda.attn_tile import launch_attn_tile, rope_args, tile_fits
 from engine.backends.cuda.attn_vec import launch_attn_vec, rope_fits, vec_fits
 from engine.backends.cuda.elementwise import _MAX_ARGMAX_ROWS
 
@@ -40,11 +40,7 @@ class CudaAttentionOps:
 
     def kv_write(self, cache: KVCache, layer: int, k: Any, v: Any, pos0: int) -> None:
         T = int(k.shape[0])
-        if pos0 + T > cache.capacity:
-            raise ValueError(
-                f"KV cache full: writing positions {pos0}..{pos0 + T - 1} "
-                f"into a cache of {cache.capacity}"
-            )
+        cache.check_room(pos0, T)
         k = self._cp.ascontiguousarray(k)
         v = self._cp.ascontiguousarray(v)
         HD = int(k.size // T)
@@ -66,37 +62,41 @@ class CudaAttentionOps:
             ),
         )
 
+    def _q8_kept(self, out: Any, xq: tuple[Any, Any] | None) -> Any:
+        """out [T, H, D] of an attn_tile / attn_vec launch, with the Q8_1 form the launch
+        returned (None: it made none) remembered for the next matmul."""
+        if xq is not None:
+            T, H, D = (int(s) for s in out.shape)
+            self._q8_remember(out.reshape(T, H * D), *xq)
+        return out
+
+    def _attn_args(self, q: Any, cache: KVCache, layer: int, pos0: int, *outs: Any) -> tuple:
+        """attn_flash's and attn_split's arguments: q [T, H, D], the layer's k and v, ``outs``,
+        then T, H, Hkv, D, pos0, the device position pointer and the softmax scale."""
+        T, H, D = (int(s) for s in q.shape)
+        Hkv = int(cache.k[layer].shape[1])
+        dims = (np.int32(T), np.int32(H), np.int32(Hkv), np.int32(D), np.int32(pos0))
+        scale = np.float32(1.0 / math.sqrt(D))
+        return (q, cache.k[layer], cache.v[layer], *outs, *dims, self._pos_ptr(), scale)
+
     def attention(self, q: Any, cache: KVCache, layer: int, pos0: int) -> Any:
         if isinstance(q, _PendingQ):  # attn_in left RoPE and the KV write to attn_gqa
             if q.cache is not cache or q.layer != layer or q.pos0 != pos0:
                 raise ValueError("attention: a pending q of another cache, layer or position")
             out = self._empty(tuple(int(s) for s in q.q.shape))
             c = self.config.knobs("attention_decode")
-            if c.variant == "vec":
-                T, H, D = (int(s) for s in q.q.shape)
-                xq = launch_attn_vec(
-                    self, q.q, cache.k[layer], cache.v[layer], out, pos0, c,
-                    self._int8_decode() and D % 32 == 0, rope=q,
-                )  # fmt: skip
-                if xq is not None:
-                    self._q8_remember(out.reshape(T, H * D), *xq)
-                return out
-            if c.variant == "tile":
-                T, H, D = (int(s) for s in q.q.shape)
-                xq = launch_attn_tile(
-                    self, q.q, cache.k[layer], cache.v[layer], out, pos0, c,
-                    self._int8_decode(), rope=q,
-                )  # fmt: skip
-                if xq is not None:
-                    self._q8_remember(out.reshape(T, H * D), *xq)
-                return out
+            if c.variant in ("vec", "tile"):
+                vec = c.variant == "vec"  # attn_vec stores the Q8_1 form only where D % 32 == 0
+                q8 = self._int8_decode() and (not vec or int(q.q.shape[2]) % 32 == 0)
+                launch = launch_attn_vec if vec else launch_attn_tile
+                xq = launch(self, q.q, cache.k[layer], cache.v[layer], out, pos0, c, q8, rope=q)
+                return self._q8_kept(out, xq)
             self._attn_gqa(q.q, cache, layer, pos0, out, c, self._int8_decode(), rope=q)
             return out
         q = self._cp.ascontiguousarray(q)
         T, H, D = (int(s) for s in q.shape)
         Hkv = int(cache.k[layer].shape[1])
         out = self._empty((T, H, D))
-        scale = np.float32(1.0 / math.sqrt(D))
         if T == 1:
             c = self.config.knobs("attention_decode")
             q8 = self._int8_decode() and D % 32 == 0  # the o projection's Q8_1 input, fused
@@ -104,17 +104,11 @@ class CudaAttentionOps:
                 self._attn_gqa(q, cache, layer, pos0, out, c, q8)
                 return out
             if c.variant == "tile" and tile_fits(H, Hkv, D, int(c.warps), _MAX_ARGMAX_ROWS):
-                k, v = cache.k[layer], cache.v[layer]
-                xq = launch_attn_tile(self, q, k, v, out, pos0, c, q8)
-                if xq is not None:
-                    self._q8_remember(out.reshape(T, H * D), *xq)
-                return out
+                xq = launch_attn_tile(self, q, cache.k[layer], cache.v[layer], out, pos0, c, q8)
+                return self._q8_kept(out, xq)
             if c.variant == "vec" and vec_fits(H, Hkv, D, _MAX_ARGMAX_ROWS):
-                k, v = cache.k[layer], cache.v[layer]
-                xq = launch_attn_vec(self, q, k, v, out, pos0, c, q8)
-                if xq is not None:
-                    self._q8_remember(out.reshape(T, H * D), *xq)
-                return out
+                xq = launch_attn_vec(self, q, cache.k[layer], cache.v[layer], out, pos0, c, q8)
+                return self._q8_kept(out, xq)
             G = int(c.lanes_per_key) if c.variant == "split_kw" else 0
             G = G if G and D % (4 * G) == 0 and D <= 32 * G else 0  # else attn_split serves
             q = self._aligned16(q) if G else q  # float4 loads of q
@@ -133,19 +127,7 @@ class CudaAttentionOps:
                 "attn_flash",
                 (math.ceil(T / bq), H),
                 ((bq // rpw) * 32,),
-                (
-                    q,
-                    cache.k[layer],
-                    cache.v[layer],
-                    out,
-                    np.int32(T),
-                    np.int32(H),
-                    np.int32(Hkv),
-                    np.int32(D),
-                    np.int32(pos0),
-                    self._pos_ptr(),
-                    scale,
-                ),
+                self._attn_args(q, cache, layer, pos0, out),
                 smem=smem,
             )
         else:
@@ -196,10 +178,7 @@ class CudaAttentionOps:
         splits, warps = int(c.splits), int(c.warps)
         fc = int(c.fuse_combine) == 1 and Hkv <= _MAX_ARGMAX_ROWS
         q8 = q8 and D % 32 == 0
-        rk = (_NULL, _NULL, np.float32(0), np.int32(0))
-        if rope is not None:
-            assert fc, "fuse_rope needs fuse_combine (_gqa_rope)"
-            rk = (rope.k, rope.v, np.float32(rope.theta), np.int32(1 if rope.neox else 0))
+        assert rope is None or fc, "fuse_rope needs fuse_combine (_gqa_rope)"
         part = self._empty((T, H, splits, D))
         ml = self._empty((T, H, splits, 2))
         xq = xds = None
@@ -214,7 +193,7 @@ class CudaAttentionOps:
                 np.int32(Hkv), np.int32(D), np.int32(pos0), self._pos_ptr(),
                 np.float32(1.0 / math.sqrt(D)), out if fc else _NULL,
                 _NULL if xq is None else xq, _NULL if xds is None else xds,
-                self._head_tickets, np.int32(int(c.early)), *rk,
+                self._head_tickets, np.int32(int(c.early)), *rope_args(rope),
             ),
             smem=smem, pdl=True,
         )  # fmt: skip
@@ -270,20 +249,7 @@ class CudaAttentionOps:
                 "attn_split",
                 (splits, H, T),
                 (32 * warps,),
-                (
-                    q,
-                    cache.k[layer],
-                    cache.v[layer],
-                    part,
-                    ml,
-                    np.int32(T),
-                    np.int32(H),
-                    np.int32(Hkv),
-                    np.int32(D),
-                    np.int32(pos0),
-                    self._pos_ptr(),
-                    np.float32(1.0 / math.sqrt(D)),
-                ),
+                self._attn_args(q, cache, layer, pos0, part, ml),
                 smem=4 * warps * (D + 2),
             )
         # q8: combine and quantize, out's Q8_1 form for the next matmul, no extra launch

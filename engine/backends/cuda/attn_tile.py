@@ -26,6 +26,14 @@ def tile_fits(H: int, Hkv: int, D: int, warps: int, max_tickets: int) -> bool:
     return D % 32 == 0 and D <= 256 and G <= min(32, HPW * warps) and Hkv <= max_tickets
 
 
+def rope_args(rope: Any) -> tuple:
+    """The last four arguments of a decode attention kernel that may rope (attn_gqa, attn_tile,
+    attn_vec: fuse_rope): the _PendingQ's k, v, theta and neox, or nulls and zeros (None)."""
+    if rope is None:
+        return (np.uint64(0), np.uint64(0), np.float32(0), np.int32(0))
+    return (rope.k, rope.v, np.float32(rope.theta), np.int32(1 if rope.neox else 0))
+
+
 def smem_bytes(G: int, D: int, stages: int = 2) -> int:
     """q [G, D], stages x K and V tiles [KT, D] and fuse_rope's current K and V rows [D]:
     float32."""
@@ -57,9 +65,6 @@ def launch_attn_tile(
     if q8:
         xq, xds = be._q8_buffers(T, H * D)
     null = np.uint64(0)
-    rk = (null, null, np.float32(0), np.int32(0))
-    if rope is not None:
-        rk = (rope.k, rope.v, np.float32(rope.theta), np.int32(1 if rope.neox else 0))
     be._launch(
         "attn_tile", "attn_tile", (splits, Hkv), (32 * warps,),
         (
@@ -67,7 +72,7 @@ def launch_attn_tile(
             np.int32(pos0), be._pos_ptr(), np.float32(1.0 / math.sqrt(D)),
             np.int32(int(c.min_keys)), np.int32(stages), out if fc else null,
             null if xq is None or not fc else xq, null if xds is None or not fc else xds,
-            be._head_tickets, *rk,
+            be._head_tickets, *rope_args(rope),
         ),
         smem=smem_bytes(H // Hkv, D, stages), pdl=True,
     )  # fmt: skip

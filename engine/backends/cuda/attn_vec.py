@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from engine.backends.cuda.attn_tile import rope_args
+
 KU = 8  # keys a warp loads and scores at once (attn_vec.cu)
 VCL = 8  # blocks of a KV head's thread-block cluster under the cluster knob (attn_vec*_c)
 GP_MAX = 8  # q heads of a KV group the kernel takes at most (attn_vec8)
@@ -70,9 +72,6 @@ def launch_attn_vec(
     else:
         part = be._empty((T, H, splits, D))
         ml = be._empty((T, H, splits, 2))
-    rk = (null, null, np.float32(0), np.int32(0))
-    if rope is not None:
-        rk = (rope.k, rope.v, np.float32(rope.theta), np.int32(1 if rope.neox else 0))
     be._launch(
         "attn_vec", kernel_name(H // Hkv, rope is not None, cl), (splits, Hkv), (32 * warps,),
         (
@@ -80,7 +79,7 @@ def launch_attn_vec(
             np.int32(pos0), be._pos_ptr(), np.float32(1.0 / math.sqrt(D)),
             np.int32(int(c.min_keys)), out if fc else null,
             null if xq is None or not fc else xq, null if xds is None or not fc else xds,
-            be._head_tickets, *rk, np.int32(int(c.prefetch)),
+            be._head_tickets, *rope_args(rope), np.int32(int(c.prefetch)),
         ),
         pdl=True,
     )  # fmt: skip

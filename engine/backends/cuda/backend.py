@@ -504,10 +504,7 @@ class CudaBackend(  # mixins: a module per op family; theirs first, as when they
         logits and token buffers are returned every step: the caller reads them before the
         next step (the model downloads the token each step), and the next step's input token
         is copied from ``tok`` into the graph's own input before the replay."""
-        if pos + 1 > cache.capacity:
-            raise ValueError(
-                f"KV cache full: writing positions {pos}..{pos} into a cache of {cache.capacity}"
-            )
+        cache.check_room(pos, 1)
         if not self.use_graphs or self._profiling:
             return step(tok, pos)
         g = self._graph

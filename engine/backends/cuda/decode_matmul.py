@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from engine.backends.base import KVCache
+from engine.backends.base import AttnIn, KVCache
 from engine.backends.cuda import kernels
 from engine.backends.cuda.attention import _PendingQ
 from engine.backends.cuda.decode_float import _NULL, QT_IDS, three_matrix_args
@@ -151,24 +151,19 @@ class CudaDecodeMatmulOps:
     ) -> Any:
         """q/k/v in one mmvw launch with the biases added as they store (matmul_decode.mmvw),
         and/or bias + both ropes + the KV write in one rope_kv launch (rope.fuse_kv)."""
+        a = AttnIn(h, wqkv, bias, cache, layer, pos0, heads, theta, neox)
         if self._qkv_ok(h, wqkv):  # a prefill chunk under resident: one GEMM (prefill.py)
-            return self._attn_in_rows(h, wqkv, bias, cache, layer, pos0, heads, theta, neox)
+            return self._attn_in_rows(a)
         H, Hkv, D = heads
         T = int(h.shape[0])
         fuse = int(self.config.knobs("rope").fuse_kv) == 1
         wide = self._wide(h, wqkv)
         flt = self._mmvf_ok(h, wqkv)  # matmul_decode.mmvf: q/k/v + biases in one launch too
         if not (fuse or wide or flt):
-            return super().attn_in(h, wqkv, bias, cache, layer, pos0, heads, theta, neox)
-        if pos0 + T > cache.capacity:
-            raise ValueError(
-                f"KV cache full: writing positions {pos0}..{pos0 + T - 1} "
-                f"into a cache of {cache.capacity}"
-            )
+            return super().attn_in(*a)
+        cache.check_room(pos0, T)
         if wide and self._fuse_rope(heads):
-            return self._mmvw_qkv(
-                self._decode_row(h), wqkv, bias, cache, layer, pos0, heads, theta, neox
-            )
+            return self._mmvw_qkv(a._replace(h=self._decode_row(h)))
         if wide or flt:
             h = self._decode_row(h)
             q, k, v = (self._empty((T, w.n)) for w in wqkv)
@@ -281,20 +276,10 @@ class CudaDecodeMatmulOps:
             and self._mmvw_rows_per_block() // D + 2 <= 32  # heads a block touches: a bitmask
         )
 
-    def _mmvw_qkv(
-        self,
-        h: Any,
-        wqkv: tuple[CudaWeight, CudaWeight, CudaWeight],
-        bias: tuple[CudaWeight, CudaWeight, CudaWeight] | None,
-        cache: KVCache,
-        layer: int,
-        pos0: int,
-        heads: tuple[int, int, int],
-        theta: float,
-        neox: bool,
-    ) -> Any:
+    def _mmvw_qkv(self, a: AttnIn) -> Any:
         """q/k/v + biases, v into the cache, q and k roped (k into the cache): one mmvw_qkv
-        launch (matmul_decode.fuse_rope) for the decode row h [1, C]."""
+        launch (matmul_decode.fuse_rope) for the decode row a.h [1, C]."""
+        h, wqkv, bias, cache, layer, pos0, heads, theta, neox = a
         H, Hkv, D = heads
         xq, xds = self.quantize_q8(h)
         c = self.config.knobs("matmul_decode")

@@ -22,7 +22,7 @@ from engine.backends.cuda import kernels
 from engine.tuning.variants.cuda import CUDA_BLOCK_TYPES
 
 if TYPE_CHECKING:
-    from engine.backends.base import KVCache
+    from engine.backends.base import AttnIn, KVCache
 
 # cuBLAS / CUDA data-type constants (cublas_api.h, library_types.h)
 _OP_N, _OP_T = 0, 1
@@ -153,27 +153,13 @@ class CudaPrefillOps:
         rope.fuse_kv (the one launch for bias, both ropes and the KV write)."""
         return int(self.config.knobs("rope").fuse_kv) == 1 and self._group_ok(h, wqkv)
 
-    def _attn_in_rows(
-        self,
-        h: Any,
-        wqkv: tuple[Any, Any, Any],
-        bias: tuple[Any, Any, Any] | None,
-        cache: KVCache,
-        layer: int,
-        pos0: int,
-        heads: tuple[int, int, int],
-        theta: float,
-        neox: bool,
-    ) -> Any:
+    def _attn_in_rows(self, a: AttnIn) -> Any:
         """q, k, v in one GEMM into [T, (H + 2 Hkv) D], then rope_kv_rows: q roped into
         [T, H, D], k (roped) and v into the cache, biases added first."""
+        h, wqkv, bias, cache, layer, pos0, heads, theta, neox = a
         H, Hkv, D = heads
         T = int(h.shape[0])
-        if pos0 + T > cache.capacity:
-            raise ValueError(
-                f"KV cache full: writing positions {pos0}..{pos0 + T - 1} "
-                f"into a cache of {cache.capacity}"
-            )
+        cache.check_room(pos0, T)
         y = self._group_gemm(h, wqkv)
         qo = self._empty((T, H, D))
         th = int(self.config.knobs("rope").threads)

@@ -23,11 +23,7 @@ class VkAttentionOps:
     def kv_write(self, cache: KVCache, layer: int, k: VkTensor, v: VkTensor, pos0: int) -> None:
         k, v = self._as_tensor(k), self._as_tensor(v)
         T = k.shape[0]
-        if pos0 + T > cache.capacity:
-            raise ValueError(
-                f"KV cache full: writing positions {pos0}..{pos0 + T - 1} "
-                f"into a cache of {cache.capacity}"
-            )
+        cache.check_room(pos0, T)
         ck, cv = cache.k[layer], cache.v[layer]
         row = math.prod(ck.shape[1:])
         if k.size != T * row or v.size != k.size:

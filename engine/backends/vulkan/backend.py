@@ -348,10 +348,7 @@ class VulkanBackend(  # mixins: a module per op family; theirs first, as when th
         goes into the dynamic scalars, and the submit hits the recorded command buffer. The
         graph's logits and token tensors are returned every step: read them before the next
         step (the model downloads the token each step)."""
-        if pos + 1 > cache.capacity:
-            raise ValueError(
-                f"KV cache full: writing positions {pos}..{pos} into a cache of {cache.capacity}"
-            )
+        cache.check_room(pos, 1)
         s = self.stream
         g = self._graph
         if not s.replay or not isinstance(tok, VkTensor) or s.broken:

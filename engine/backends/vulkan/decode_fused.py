@@ -149,11 +149,7 @@ class FusedDecode:
         wide = T == 1 and self._wide(h, wqkv)
         if not (fuse or wide):
             return super().attn_in(h, wqkv, bias, cache, layer, pos0, heads, theta, neox)
-        if pos0 + T > cache.capacity:
-            raise ValueError(
-                f"KV cache full: writing positions {pos0}..{pos0 + T - 1} "
-                f"into a cache of {cache.capacity}"
-            )
+        cache.check_room(pos0, T)
         c = self.config.knobs("matmul_decode")
         if wide and int(c.fuse_rope) and all(len(w.parts) == 1 for w in wqkv) and D % 2 == 0:
             # q/k/v + biases, both ropes and the KV write in this one dispatch

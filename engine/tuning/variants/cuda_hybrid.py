@@ -23,7 +23,7 @@ from engine.tuning.registry import (
     define,
 )
 from engine.tuning.variants.cuda import ALL_TYPES
-from engine.tuning.variants.vulkan import DELTA_NET_CHUNKS
+from engine.tuning.variants.shared import delta_net_chunk, moe_tile_pairs
 
 B = "cuda"
 # Helper modules that a variant's knobs shape besides its own source: delta_net.fuse_decode's
@@ -162,14 +162,7 @@ REGISTRY.register(
                 _DN_MAX_DK,
                 _DN_PREFETCH,
                 *_DN_DECODE,
-                Param(
-                    "chunk",
-                    DELTA_NET_CHUNKS,
-                    64,
-                    "tokens per chunk of the WY scan (the sequential steps are T / chunk; "
-                    "the solve and the intra-chunk products grow as chunk^2)",
-                    define(),
-                ),
+                delta_net_chunk(define()),
                 Param(
                     "threads",
                     (64, 128, 256),
@@ -470,14 +463,7 @@ REGISTRY.register(
             "grouped",
             params=(
                 *_moe_dmmv(OWN, _MOE, _MOE_DEC),
-                Param(
-                    "tile_pairs",
-                    (4, 8, 16, 32),
-                    16,
-                    "routed (token, slot) pairs per tile of the grouped GEMM: each expert "
-                    "row is decoded once per tile (per-thread accumulators: registers)",
-                    define(),
-                ),
+                moe_tile_pairs(define()),
             ),
             quant_types=ALL_TYPES,
             source="cuda/moe_grouped.cu",

@@ -27,6 +27,18 @@ def _p(cfg, op: str, name: str) -> int:  # noqa: ANN001 - TuningConfig
     return int(getattr(cfg.knobs(op), name))
 
 
+def _block_threads_fit(op: str, variant: str) -> Constraint:
+    """A dmmv-style variant's block of rows_per_block rows x threads_per_row threads fits
+    CUDA's 1024 threads (holds trivially while another variant of op is chosen)."""
+    return Constraint(
+        "rows_per_block * threads_per_row <= 1024",
+        lambda cfg, dev: (
+            cfg.op(op).variant != variant
+            or _p(cfg, op, "rows_per_block") * _p(cfg, op, "threads_per_row") <= 1024
+        ),
+    )
+
+
 def _loaded_bytes(t: Tensor) -> int:
     """A Q6_K tensor's blocks are padded from 210 to 224 bytes on the GPU (backend.Q6K_PADDED)."""
     if t.qtype == "Q6_K" and len(t.shape) > 1:

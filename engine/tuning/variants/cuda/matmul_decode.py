@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from engine.tuning.registry import HOST, REGISTRY, Constraint, Derived, Param, Variant, define
-from engine.tuning.variants.cuda.common import ALL_TYPES, B, _p
+from engine.tuning.variants.cuda.common import ALL_TYPES, B, _block_threads_fit, _p
 
 
 def _knob_needs_cc(variant: str, knob: str, cc: int, why: str = "") -> Constraint:
@@ -176,17 +176,7 @@ REGISTRY.register(
                     define(),
                 ),
             ),
-            constraints=(
-                Constraint(
-                    "rows_per_block * threads_per_row <= 1024",
-                    lambda cfg, dev: (
-                        cfg.op("matmul_decode").variant != "dmmv"
-                        or _p(cfg, "matmul_decode", "rows_per_block")
-                        * _p(cfg, "matmul_decode", "threads_per_row")
-                        <= 1024
-                    ),
-                ),
-            ),
+            constraints=(_block_threads_fit("matmul_decode", "dmmv"),),
             quant_types=ALL_TYPES,
             source="cuda/dmmv.cu",
             defines=("MAX_COLS=1",),

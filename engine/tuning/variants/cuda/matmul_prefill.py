@@ -5,7 +5,13 @@ from __future__ import annotations
 
 from engine.tuning.memory import MemoryCost, ModelShape, dense_copies
 from engine.tuning.registry import HOST, PUSHED, REGISTRY, Constraint, Param, Variant, define
-from engine.tuning.variants.cuda.common import ALL_TYPES, CUDA_BLOCK_TYPES, B, _cc_at_least, _p
+from engine.tuning.variants.cuda.common import (
+    ALL_TYPES,
+    CUDA_BLOCK_TYPES,
+    B,
+    _block_threads_fit,
+    _cc_at_least,
+)
 
 
 def _staged_scratch(shape: ModelShape, context_tokens: int, params: dict) -> MemoryCost:
@@ -44,17 +50,7 @@ REGISTRY.register(
                 ),
                 Param("threads_per_row", (8, 16, 32, 64), 32, "threads splitting a row", define()),
             ),
-            constraints=(
-                Constraint(
-                    "rows_per_block * threads_per_row <= 1024",
-                    lambda cfg, dev: (
-                        cfg.op("matmul_batched").variant != "dmmv_kpar"
-                        or _p(cfg, "matmul_batched", "rows_per_block")
-                        * _p(cfg, "matmul_batched", "threads_per_row")
-                        <= 1024
-                    ),
-                ),
-            ),
+            constraints=(_block_threads_fit("matmul_batched", "dmmv_kpar"),),
             quant_types=ALL_TYPES,
             source="cuda/dmmv.cu",
             defines=("ROWS_PER_THREAD=1", "VEC=1"),
@@ -105,6 +101,22 @@ _TILES_FIT_WARPS = Constraint(
     lambda cfg, dev: _tile_ok(cfg),
 )
 
+
+def _mmq(name: str, numeric: str, doc: str) -> Variant:
+    """A fused-dequant mma GEMM (mmq.cu, mmq8.cu): the same tiles, warps and rules."""
+    return Variant(
+        B,
+        "matmul_prefill",
+        name,
+        params=(_TILE_M, _TILE_N, _WARPS_M, _WARPS_N),
+        constraints=(_cc_at_least(80), _TILES_FIT_WARPS),
+        quant_types=CUDA_BLOCK_TYPES,
+        source=f"cuda/{name}.cu",
+        numeric=numeric,
+        doc=doc,
+    )
+
+
 REGISTRY.register(
     B,
     "matmul_prefill",
@@ -128,27 +140,15 @@ REGISTRY.register(
             memory=_staged_scratch,
             doc="dequantize to an fp16 scratch, then cuBLAS GEMM (fp32 accumulate, fp32 out)",
         ),
-        Variant(
-            B,
-            "matmul_prefill",
+        _mmq(
             "mmq",
-            params=(_TILE_M, _TILE_N, _WARPS_M, _WARPS_N),
-            constraints=(_cc_at_least(80), _TILES_FIT_WARPS),
-            quant_types=CUDA_BLOCK_TYPES,
-            source="cuda/mmq.cu",
-            numeric="fp16",
-            doc="fused-dequant GEMM: blocks decoded into shared fp16 tiles, mma.sync m16n8k16",
+            "fp16",
+            "fused-dequant GEMM: blocks decoded into shared fp16 tiles, mma.sync m16n8k16",
         ),
-        Variant(
-            B,
-            "matmul_prefill",
+        _mmq(
             "mmq8",
-            params=(_TILE_M, _TILE_N, _WARPS_M, _WARPS_N),
-            constraints=(_cc_at_least(80), _TILES_FIT_WARPS),
-            quant_types=CUDA_BLOCK_TYPES,
-            source="cuda/mmq8.cu",
-            numeric="int8_activations",
-            doc="fused-dequant int8 GEMM on Q8_1 activations: int8 weight tiles with per-16 "
+            "int8_activations",
+            "fused-dequant int8 GEMM on Q8_1 activations: int8 weight tiles with per-16 "
             "scales, mma.sync m16n8k16 s8 -> s32, scaled into float32 per 16 k",
         ),
         Variant(

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from engine.tuning.registry import SUBGROUP_SIZE, Constraint, Param, spec
+from engine.tuning.variants.shared import DELTA_NET_CHUNKS  # noqa: F401 - re-exported
 
 if TYPE_CHECKING:
     from engine.device_info import DeviceInfo
@@ -86,6 +87,12 @@ def _subgroup_size_supported(op: str) -> Constraint:
     )
 
 
+def _subgroup_wg(op: str) -> tuple[Constraint, ...]:
+    """An op whose wg_size is split into subgroups: wg_size within the device's limits, a
+    multiple of the subgroup size, and a required size the device supports."""
+    return (_wg_fits(op), _subgroup_divides_wg(op), _subgroup_size_supported(op))
+
+
 def _shared_fits(op: str, floats_per_thread: int) -> Constraint:
     def check(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
         limit = _extra(dev, "max_shared_memory")
@@ -125,8 +132,3 @@ _SUBGROUP = Param(
     "required subgroup size (VK_EXT_subgroup_size_control); 0: the device default",
     SUBGROUP_SIZE,
 )
-
-
-# Same name, choices and meaning as numpy's delta_net.chunked.chunk (a CUDA chunked scan uses
-# the same): prompt tokens per chunk of the WY scan; the last chunk of a call is ragged.
-DELTA_NET_CHUNKS = (4, 8, 16, 32, 64)

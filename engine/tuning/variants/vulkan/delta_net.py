@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from engine.tuning.registry import REGISTRY, Constraint, Param, Variant, spec
+from engine.tuning.variants.shared import delta_net_chunk
 from engine.tuning.variants.vulkan.common import (
-    DELTA_NET_CHUNKS,
     B,
     _device_takes_wg,
     _extra,
@@ -71,14 +71,7 @@ REGISTRY.register(
                 _DN_WG,
                 _DN_LAYOUT,
                 _DN_MAX_DK,
-                Param(
-                    "chunk",
-                    DELTA_NET_CHUNKS,
-                    64,
-                    "tokens per chunk of the WY scan (the sequential steps are T / chunk; "
-                    "the solve and the intra-chunk products grow as chunk^2)",
-                    spec(3),
-                ),
+                delta_net_chunk(spec(3)),
                 Param(
                     "scan_wg",
                     (16, 32, 64, 128),

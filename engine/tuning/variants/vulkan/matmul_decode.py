@@ -14,8 +14,7 @@ from engine.tuning.variants.vulkan.common import (
     _extra,
     _rows_per_wg,
     _shared_fits,
-    _subgroup_divides_wg,
-    _subgroup_size_supported,
+    _subgroup_wg,
     _wg,
     _wg_fits,
 )
@@ -59,6 +58,20 @@ _LANES_PER_ROW = Param(
     "lanes of one subgroup per row (0: the whole subgroup)",
     spec(2),
 )
+# block's and mmvw's workgroup: rows_per_wg rows, each split over threads_per_row lanes
+_BLOCK_SPLIT = (_wg(64), _rows_per_wg(4, (1, 2, 4, 8, 16, 32)), _LANES_PER_ROW)
+
+# block's and mmvw's rules (the same row split and lane reduction)
+_BLOCK_CONSTRAINTS = (
+    *_subgroup_wg("matmul_decode"),
+    Constraint(
+        "threads_per_row 0 or at most the subgroup size (required or device "
+        "default): a row's lanes reduce inside one subgroup",
+        _block_tpr_in_subgroup,
+    ),
+    Constraint("rows_per_thread <= rows_per_wg", _block_rows_per_thread),
+    Constraint("the device has subgroup shuffle operations", _has_shuffle),
+)
 
 
 REGISTRY.register(
@@ -74,9 +87,7 @@ REGISTRY.register(
             "matmul_decode",
             "block",
             params=(
-                _wg(64),
-                _rows_per_wg(4, (1, 2, 4, 8, 16, 32)),
-                _LANES_PER_ROW,
+                *_BLOCK_SPLIT,
                 Param(
                     "rows_per_thread",
                     (1, 2, 4),
@@ -86,18 +97,7 @@ REGISTRY.register(
                 ),
                 _SUBGROUP,
             ),
-            constraints=(
-                _wg_fits("matmul_decode"),
-                _subgroup_divides_wg("matmul_decode"),
-                _subgroup_size_supported("matmul_decode"),
-                Constraint(
-                    "threads_per_row 0 or at most the subgroup size (required or device "
-                    "default): a row's lanes reduce inside one subgroup",
-                    _block_tpr_in_subgroup,
-                ),
-                Constraint("rows_per_thread <= rows_per_wg", _block_rows_per_thread),
-                Constraint("the device has subgroup shuffle operations", _has_shuffle),
-            ),
+            constraints=_BLOCK_CONSTRAINTS,
             quant_types=QUANT_TYPES,
             source="vulkan/matmul_decode.comp",
             defines=("VARIANT_BLOCK",),
@@ -110,11 +110,7 @@ REGISTRY.register(
             "matmul_decode",
             "subgroup",
             params=(_wg(64), _rows_per_wg(2), _SUBGROUP),
-            constraints=(
-                _wg_fits("matmul_decode"),
-                _subgroup_divides_wg("matmul_decode"),
-                _subgroup_size_supported("matmul_decode"),
-            ),
+            constraints=_subgroup_wg("matmul_decode"),
             quant_types=QUANT_TYPES,
             source="vulkan/matmul_decode.comp",
             defines=("VARIANT_SUBGROUP",),
@@ -155,9 +151,7 @@ REGISTRY.register(
             "matmul_decode",
             "mmvw",
             params=(
-                _wg(64),
-                _rows_per_wg(4, (1, 2, 4, 8, 16, 32)),
-                _LANES_PER_ROW,
+                *_BLOCK_SPLIT,
                 Param(
                     "rows_per_thread",
                     (1, 2, 4),
@@ -192,16 +186,7 @@ REGISTRY.register(
                 _SUBGROUP,
             ),
             constraints=(
-                _wg_fits("matmul_decode"),
-                _subgroup_divides_wg("matmul_decode"),
-                _subgroup_size_supported("matmul_decode"),
-                Constraint(
-                    "threads_per_row 0 or at most the subgroup size (required or device "
-                    "default): a row's lanes reduce inside one subgroup",
-                    _block_tpr_in_subgroup,
-                ),
-                Constraint("rows_per_thread <= rows_per_wg", _block_rows_per_thread),
-                Constraint("the device has subgroup shuffle operations", _has_shuffle),
+                *_BLOCK_CONSTRAINTS,
                 Constraint(
                     "fuse_rope needs rows_per_thread >= 2 (a lane holds whole RoPE pairs)",
                     _fuse_rope_rows,

@@ -26,8 +26,7 @@ from engine.tuning.variants.vulkan.common import (
     _device_takes_wg,
     _extra,
     _rows_per_wg,
-    _subgroup_divides_wg,
-    _subgroup_size_supported,
+    _subgroup_wg,
     _wg,
     _wg_fits,
 )
@@ -175,6 +174,23 @@ _MAX_COLS = Param(
 )
 
 
+# What the two cooperative-matrix GEMMs (coopmat, resident) declare alike.
+_COOP_TILE_M = Param("tile_m", (64, 128, 256), 128, "weight rows per workgroup", spec(0))
+_COOP_WARP_N = Param("warp_n", (16, 32, 64), 32, "prompt columns per subgroup tile", spec(3))
+_COOP_SUBGROUP = Param(
+    "subgroup_size",
+    (0, 32, 64),
+    0,
+    "required subgroup size (wave32 / wave64 on RDNA); 0: the device default",
+    SUBGROUP_SIZE,
+)
+_COOPMAT_DEVICE = Constraint(
+    "the device reports VK_KHR_cooperative_matrix (cooperativeMatrix, "
+    f"shaderFloat16, vulkanMemoryModel) with the subgroup shape {COOPMAT_SHAPE} "
+    "(lavapipe / Mesa 22 have no cooperative matrices)",
+    _coopmat_ok,
+)
+
 REGISTRY.register(
     B,
     "matmul_prefill",
@@ -233,12 +249,12 @@ REGISTRY.register(
             "matmul_prefill",
             "coopmat",
             params=(
-                Param("tile_m", (64, 128, 256), 128, "weight rows per workgroup", spec(0)),
+                _COOP_TILE_M,
                 Param(
                     "tile_n", (32, 64, 128), 64, "prompt columns per workgroup", spec(1), edge=True
                 ),
                 Param("warp_m", (16, 32, 64), 32, "weight rows per subgroup tile", spec(2)),
-                Param("warp_n", (16, 32, 64), 32, "prompt columns per subgroup tile", spec(3)),
+                _COOP_WARP_N,
                 Param(
                     "bk",
                     (32, 64),
@@ -272,22 +288,11 @@ REGISTRY.register(
                     "TFLOP/s, the pass loop keeps the accumulators indexed at run time)",
                     define(),
                 ),
-                Param(
-                    "subgroup_size",
-                    (0, 32, 64),
-                    0,
-                    "required subgroup size (wave32 / wave64 on RDNA); 0: the device default",
-                    SUBGROUP_SIZE,
-                ),
+                _COOP_SUBGROUP,
             ),
             constraints=(
                 _wg_fits("matmul_prefill", fixed=256),  # matmul_coopmat.comp's local size
-                Constraint(
-                    "the device reports VK_KHR_cooperative_matrix (cooperativeMatrix, "
-                    f"shaderFloat16, vulkanMemoryModel) with the subgroup shape {COOPMAT_SHAPE} "
-                    "(lavapipe / Mesa 22 have no cooperative matrices)",
-                    _coopmat_ok,
-                ),
+                _COOPMAT_DEVICE,
                 Constraint(
                     "subgroup size <= 64 (a 256-thread workgroup of >= 4 subgroups covers the "
                     "block's subgroup tiles); a required subgroup_size within the device's "
@@ -328,7 +333,7 @@ REGISTRY.register(
             "matmul_prefill",
             "resident",
             params=(
-                Param("tile_m", (64, 128, 256), 128, "weight rows per workgroup", spec(0)),
+                _COOP_TILE_M,
                 Param(
                     "tile_n",
                     (64, 128, 256),
@@ -338,7 +343,7 @@ REGISTRY.register(
                     edge=True,
                 ),
                 Param("warp_m", (16, 32, 64), 64, "weight rows per subgroup tile", spec(2)),
-                Param("warp_n", (16, 32, 64), 32, "prompt columns per subgroup tile", spec(3)),
+                _COOP_WARP_N,
                 Param(
                     "bk",
                     (16, 32, 64),
@@ -471,13 +476,7 @@ REGISTRY.register(
                     "38.1 -> 18.8 ms); the same stores, the same bits",
                     define(),
                 ),
-                Param(
-                    "subgroup_size",
-                    (0, 32, 64),
-                    0,
-                    "required subgroup size (wave32 / wave64 on RDNA); 0: the device default",
-                    SUBGROUP_SIZE,
-                ),
+                _COOP_SUBGROUP,
             ),
             constraints=(
                 Constraint(
@@ -492,12 +491,7 @@ REGISTRY.register(
                     "threads <= the device's maxComputeWorkGroupInvocations / size[0]",
                     _resident_threads_fit,
                 ),
-                Constraint(
-                    "the device reports VK_KHR_cooperative_matrix (cooperativeMatrix, "
-                    f"shaderFloat16, vulkanMemoryModel) with the subgroup shape {COOPMAT_SHAPE} "
-                    "(lavapipe / Mesa 22 have no cooperative matrices)",
-                    _coopmat_ok,
-                ),
+                _COOPMAT_DEVICE,
                 Constraint(
                     "subgroup size <= 64; a required subgroup_size within the device's "
                     "subgroup-size-control range",
@@ -537,11 +531,7 @@ REGISTRY.register(
             "matmul_prefill",
             "kpar",
             params=(_wg(64), _rows_per_wg(2), _MAX_COLS, _SUBGROUP),
-            constraints=(
-                _wg_fits("matmul_prefill"),
-                _subgroup_divides_wg("matmul_prefill"),
-                _subgroup_size_supported("matmul_prefill"),
-            ),
+            constraints=_subgroup_wg("matmul_prefill"),
             quant_types=QUANT_TYPES,
             source="vulkan/matmul_prefill.comp",
             defines=("VARIANT_KPAR",),

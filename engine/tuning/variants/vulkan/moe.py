@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from engine.tuning.registry import REGISTRY, Constraint, Param, Variant, spec
+from engine.tuning.variants.shared import moe_tile_pairs
 from engine.tuning.variants.vulkan.common import QUANT_TYPES, B, _rows_per_wg, _wg, _wg_fits
 
 if TYPE_CHECKING:
@@ -46,14 +47,7 @@ REGISTRY.register(
             "grouped",
             params=(
                 *_MOE_DMMV,
-                Param(
-                    "tile_pairs",
-                    (4, 8, 16, 32),
-                    16,
-                    "routed (token, slot) pairs per tile of the grouped GEMM: each expert "
-                    "row is decoded once per tile (per-thread accumulators: registers)",
-                    spec(3),
-                ),
+                moe_tile_pairs(spec(3)),
             ),
             constraints=_MOE_CONSTRAINTS,
             quant_types=QUANT_TYPES,
