@@ -9,13 +9,13 @@ acceptance, sampler and promotion. ``load_experiment`` checks every key and valu
 from __future__ import annotations
 
 import math
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent.space_rules import BackendSpace, ExperimentError, OpRule, ParamRule, show
+from engine.tomlfile import read_toml
 from worker.models import is_synthetic, synthetic_args
 from worker.records import BenchPlan, MemoryPlan, Objective, ValidatePlan
 
@@ -622,16 +622,7 @@ def _check_start(st: StartConfig, space: SearchSpace) -> None:
 
 def load_experiment(path: str | Path) -> Experiment:
     path = Path(path)
-    if path.is_dir():
-        raise ExperimentError(f"{path}: is a directory; give an experiment .toml file")
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ExperimentError(f"{path}: no such experiment file") from None
-    except UnicodeDecodeError:
-        raise ExperimentError(f"{path}: not a text file (experiment TOML expected)") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ExperimentError(f"{path}: not valid TOML: {e}") from None
+    data = read_toml(path, "an experiment", ExperimentError)
     try:
         return parse_experiment(data, str(path))
     except ExperimentError as e:

@@ -11,13 +11,13 @@ Any key missing takes the registry's default, so a config file names only what i
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.errors import ConfigError
+from engine.tomlfile import read_toml
 from engine.tuning.knobs import knobs
 from engine.tuning.registry import REGISTRY, Value
 
@@ -95,16 +95,7 @@ class TuningConfig:
     @classmethod
     def from_toml(cls, path: str | Path, backend: str | None = None) -> TuningConfig:
         path = Path(path)
-        if path.is_dir():
-            raise ConfigError(f"{path}: is a directory; give a config .toml file")
-        try:
-            data = tomllib.loads(path.read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"{path}: no such config file") from None
-        except UnicodeDecodeError:
-            raise ConfigError(f"{path}: not a text file (a TOML config was expected)") from None
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"{path}: not valid TOML: {e}") from None
+        data = read_toml(path, "a config")
         file_backend = data.get("backend")
         if backend is None:
             backend = file_backend
