@@ -13,10 +13,7 @@ extern "C" __global__ void rms_norm_f16(const float* __restrict__ x, const float
     const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
     if (row >= rows) return;
     const float* xr = x + (size_t)row * D;
-    float s = 0.f;
-    for (int i = lane; i < D; i += 32) s += xr[i] * xr[i];
-    s = warp_sum(s);
-    const float scale = rsqrtf(s / (float)D + eps);
+    const float scale = warp_rms_scale(xr, D, eps, lane);
     float* yr = y + (size_t)row * D;
     u16* hr = yh + (size_t)row * D;
     for (int i = lane; i < D; i += 32) {

@@ -24,6 +24,19 @@ __device__ __forceinline__ void q8_store4(float4 v, signed char* xq, float2* xds
     if (lane8 == 0) *xds = make_float2(d, d * (float)s);
 }
 
+// An RMSNorm scale rsqrt(mean of squares + eps) of a row of D values from each thread's share s
+// of the sum of squares: a warp sum, then the warps' sums in warp order (red: shared, one a
+// warp; blockDim a multiple of 32). Every thread gets the scale.
+__device__ __forceinline__ float block_rms_scale(float s, float* red, int D, float eps) {
+    const int nw = blockDim.x / 32, lane = threadIdx.x & 31;
+    s = warp_sum(s);
+    if (lane == 0) red[threadIdx.x / 32] = s;
+    __syncthreads();
+    s = 0.f;
+    for (int i = 0; i < nw; ++i) s += red[i];
+    return rsqrtf(s / (float)D + eps);
+}
+
 // RMSNorm of one row x [D] by the whole block (blockDim a multiple of 32) -> y [D] and its Q8_1
 // blocks. CG: x was written by other blocks of this grid (mmvw_norm's last block), so it is
 // read through L2 (ld.global.cg), never a stale L1 line.
@@ -34,7 +47,6 @@ __device__ __forceinline__ void rms_norm_q8_row(const float* __restrict__ x,
                                                 signed char* __restrict__ xq,
                                                 float2* __restrict__ xds, int D, float eps) {
     __shared__ float red[32];
-    const int nw = blockDim.x / 32, lane = threadIdx.x & 31;
     const float4* xr = (const float4*)x;
     const int D4 = D / 4;
     float s = 0.f;
@@ -42,12 +54,7 @@ __device__ __forceinline__ void rms_norm_q8_row(const float* __restrict__ x,
         const float4 v = CG ? __ldcg(xr + i) : xr[i];
         s += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
     }
-    s = warp_sum(s);
-    if (lane == 0) red[threadIdx.x / 32] = s;
-    __syncthreads();
-    s = 0.f;
-    for (int i = 0; i < nw; ++i) s += red[i];
-    const float scale = rsqrtf(s / (float)D + eps);
+    const float scale = block_rms_scale(s, red, D, eps);
     const float4* w4 = (const float4*)w;
     const int nr = (D4 + 31) / 32 * 32;  // whole warps through the shuffles
     for (int i = threadIdx.x; i < nr; i += blockDim.x) {
