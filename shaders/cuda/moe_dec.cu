@@ -59,6 +59,20 @@ constexpr bool kWideUp = DEC_WIDE == 1, kWideDown = DEC_WIDE != 0;
         default: CALL(QT_F32); break;       \
     }
 
+// fn(g) for this lane's 16-weight groups g of a K-wide row: V consecutive groups a step, the
+// thread-row's lanes THREADS_PER_ROW * V groups apart (dmmv.cu's walk; dot_rows, dot_pair).
+template <int V, class Fn>
+__device__ __forceinline__ void lane_groups(int K, int lane, Fn&& fn) {
+    const int NG = K / 16;
+    for (int g0 = lane * V; g0 < NG; g0 += THREADS_PER_ROW * V) {
+#pragma unroll
+        for (int jv = 0; jv < V; ++jv) {
+            const int g = g0 + jv;
+            if (g < NG) fn(g);
+        }
+    }
+}
+
 // s[i] += this thread's share (lane of THREADS_PER_ROW) of rows[i] . xs[i] over K, i < n <= MAXR, every row
 // of type QT. The rows' loads of a step are independent, so they are in flight together (the
 // k experts' down rows of one output, gate and up of one expert). For n = 1 this is dmmv.cu's
@@ -73,27 +87,20 @@ __device__ __forceinline__ void dot_rows(const u8* const* rows, const float* con
                 if (i < n) s[i] += dense_get<QT>(rows[i], kk) * __ldg(xs[i] + kk);
         }
     } else {
-        const int NG = K / 16;
-        for (int g0 = lane * V; g0 < NG; g0 += THREADS_PER_ROW * V) {
+        lane_groups<V>(K, lane, [&](int g) {
 #pragma unroll
-            for (int jv = 0; jv < V; ++jv) {
-                const int g = g0 + jv;
-                if (g < NG) {
-#pragma unroll
-                    for (int i = 0; i < MAXR; ++i) {
-                        if (i < n) {
-                            Run8 a, b;
-                            int k0, k1;
-                            dec_row_group<QT, kWideUp>(rows[i], g, a, b, k0, k1);
-                            const float4* x0 = (const float4*)(xs[i] + k0);
-                            const float4* x1 = (const float4*)(xs[i] + k1);
-                            s[i] += dec_run_dot(a, __ldg(x0), __ldg(x0 + 1)) +
-                                    dec_run_dot(b, __ldg(x1), __ldg(x1 + 1));
-                        }
-                    }
+            for (int i = 0; i < MAXR; ++i) {
+                if (i < n) {
+                    Run8 a, b;
+                    int k0, k1;
+                    dec_row_group<QT, kWideUp>(rows[i], g, a, b, k0, k1);
+                    const float4* x0 = (const float4*)(xs[i] + k0);
+                    const float4* x1 = (const float4*)(xs[i] + k1);
+                    s[i] += dec_run_dot(a, __ldg(x0), __ldg(x0 + 1)) +
+                            dec_run_dot(b, __ldg(x1), __ldg(x1 + 1));
                 }
             }
-        }
+        });
     }
 }
 
@@ -161,6 +168,23 @@ __device__ __forceinline__ int row_of_thread() {
     return threadIdx.x / THREADS_PER_ROW < ROWS_PER_BLOCK ? blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / THREADS_PER_ROW : NO_ROW;
 }
 
+// The route's last block (a ticket: every logit of token t written): the top-k + renormalised
+// softmax of the token's logits by its first warp, then the ticket reset.
+__device__ __forceinline__ void route_topk(float* logits, int ldl, int E, int k,
+                                           int* __restrict__ ids, float* __restrict__ w, int t,
+                                           unsigned int* tickets, int topk_regs) {
+    __threadfence();
+    if (threadIdx.x < 32) {
+        if (topk_regs)  // moe_experts.topk_regs: the logits into registers once
+            topk_row_regs(logits + (size_t)t * ldl, E, k, ids + (size_t)t * k,
+                          w + (size_t)t * k, threadIdx.x, RENORM);
+        else
+            topk_row(logits + (size_t)t * ldl, E, k, ids + (size_t)t * k, w + (size_t)t * k,
+                     threadIdx.x, RENORM);
+    }
+    if (threadIdx.x == 0) tickets[t] = 0;  // ready for the next launch (graph replay)
+}
+
 // x [T, K]; Wr [E, K] (type qr, rows of rb_r bytes); Ws [1, K] (type qs) or null (no shared
 // expert gate); logits [T, ldl] (ldl >= E + 1); ids, w [T, k]; tickets [T] zero between launches;
 // vec4: moe_experts.route_vec (f32_row_x4 for F32 rows); topk_regs: moe_experts.topk_regs.
@@ -198,16 +222,7 @@ extern "C" __global__ void __launch_bounds__(NT)
     }
     __syncthreads();
     if (!last) return;
-    __threadfence();
-    if (threadIdx.x < 32) {
-        if (topk_regs)  // moe_experts.topk_regs: the logits into registers once
-            topk_row_regs(logits + (size_t)t * ldl, E, k, ids + (size_t)t * k,
-                          w + (size_t)t * k, threadIdx.x, RENORM);
-        else
-            topk_row(logits + (size_t)t * ldl, E, k, ids + (size_t)t * k, w + (size_t)t * k,
-                     threadIdx.x, RENORM);
-    }
-    if (threadIdx.x == 0) tickets[t] = 0;  // ready for the next launch (graph replay)
+    route_topk(logits, ldl, E, k, ids, w, t, tickets, topk_regs);
 }
 
 // moe_experts.route_block: the route with one router row per block of blockDim.x threads
@@ -316,16 +331,7 @@ __device__ __forceinline__ void route_row(const float* __restrict__ x,
     }
     __syncthreads();
     if (!last) return;
-    __threadfence();
-    if (threadIdx.x < 32) {
-        if (topk_regs)
-            topk_row_regs(logits + (size_t)t * ldl, E, k, ids + (size_t)t * k,
-                          w + (size_t)t * k, threadIdx.x, RENORM);
-        else
-            topk_row(logits + (size_t)t * ldl, E, k, ids + (size_t)t * k, w + (size_t)t * k,
-                     threadIdx.x, RENORM);
-    }
-    if (threadIdx.x == 0) tickets[t] = 0;  // ready for the next launch (graph replay)
+    route_topk(logits, ldl, E, k, ids, w, t, tickets, topk_regs);
 }
 
 extern "C" __global__ void __launch_bounds__(256)
@@ -365,25 +371,18 @@ __device__ __forceinline__ void dot_pair(const u8* __restrict__ rg, const u8* __
             su += dense_get<QT>(ru, kk) * xv;
         }
     } else {
-        const int NG = K / 16;
-        for (int g0 = lane * V; g0 < NG; g0 += THREADS_PER_ROW * V) {
-#pragma unroll
-            for (int jv = 0; jv < V; ++jv) {
-                const int g = g0 + jv;
-                if (g < NG) {
-                    Run8 a, b, c, d;
-                    int k0, k1;
-                    dec_row_group<QT, kWideUp>(rg, g, a, b, k0, k1);
-                    dec_row_group<QT, kWideUp>(ru, g, c, d, k0, k1);
-                    const float4* x0 = (const float4*)(x + k0);
-                    const float4* x1 = (const float4*)(x + k1);
-                    const float4 xa = __ldg(x0), xb = __ldg(x0 + 1);
-                    const float4 xc = __ldg(x1), xd = __ldg(x1 + 1);
-                    sg += dec_run_dot(a, xa, xb) + dec_run_dot(b, xc, xd);
-                    su += dec_run_dot(c, xa, xb) + dec_run_dot(d, xc, xd);
-                }
-            }
-        }
+        lane_groups<V>(K, lane, [&](int g) {
+            Run8 a, b, c, d;
+            int k0, k1;
+            dec_row_group<QT, kWideUp>(rg, g, a, b, k0, k1);
+            dec_row_group<QT, kWideUp>(ru, g, c, d, k0, k1);
+            const float4* x0 = (const float4*)(x + k0);
+            const float4* x1 = (const float4*)(x + k1);
+            const float4 xa = __ldg(x0), xb = __ldg(x0 + 1);
+            const float4 xc = __ldg(x1), xd = __ldg(x1 + 1);
+            sg += dec_run_dot(a, xa, xb) + dec_run_dot(b, xc, xd);
+            su += dec_run_dot(c, xa, xb) + dec_run_dot(d, xc, xd);
+        });
     }
 }
 

@@ -4,6 +4,26 @@
 #pragma once
 #include "common.cuh"
 
+// The end of round r (topk_row, topk_row_regs_m): the warp's winner bi (0x7fffffff: only NaN
+// left, index 0 all the same) marked taken in its owner lane, its logit kept by lane r, its id
+// written by lane 0.
+__device__ __forceinline__ void topk_take(int bi, float best, int r, int lane, unsigned& taken,
+                                          float& mine, int* __restrict__ ids) {
+    if (bi == 0x7fffffff) bi = 0;
+    if ((bi & 31) == lane) taken |= 1u << (bi >> 5);
+    if (lane == r) mine = best;
+    if (lane == 0) ids[r] = bi;
+}
+
+// The k winners' weights from their logits (lane r < k: round r's): exp(z - max) over their sum.
+__device__ __forceinline__ void topk_weights(float mine, int k, float* __restrict__ w, int lane,
+                                             bool renorm) {
+    const float top = __shfl_sync(0xffffffffu, mine, 0);  // round 0: the largest
+    const float e = lane < k ? expf(mine - top) : 0.f;
+    const float sum = warp_sum(e);
+    if (lane < k) w[lane] = renorm ? e / sum : e;
+}
+
 // z [E] (E <= 1024) -> ids [k] (largest first, ties to the lower index: a stable sort's order),
 // w [k] = softmax of the chosen logits: the full softmax renormalised over the chosen k (its
 // denominator cancels). Called by all 32 lanes of a warp; lane l owns experts l + 32 m.
@@ -32,15 +52,9 @@ __device__ __forceinline__ void topk_row(const float* z, int E, int k, int* __re
                 bi = oi;
             }
         }
-        if (bi == 0x7fffffff) bi = 0;  // only NaN left: a valid index all the same
-        if ((bi & 31) == lane) taken |= 1u << (bi >> 5);
-        if (lane == r) mine = best;
-        if (lane == 0) ids[r] = bi;
+        topk_take(bi, best, r, lane, taken, mine, ids);
     }
-    const float top = __shfl_sync(0xffffffffu, mine, 0);  // round 0: the largest
-    const float e = lane < k ? expf(mine - top) : 0.f;
-    const float sum = warp_sum(e);
-    if (lane < k) w[lane] = renorm ? e / sum : e;
+    topk_weights(mine, k, w, lane, renorm);
 }
 
 // moe_experts.topk_regs: topk_row with the token's logits loaded once into registers (lane l:
@@ -79,15 +93,9 @@ __device__ __forceinline__ void topk_row_regs_m(const float* z, int E, int k,
                 bi = oi;
             }
         }
-        if (bi == NONE) bi = 0;  // only NaN left: a valid index all the same
-        if ((bi & 31) == lane) taken |= 1u << (bi >> 5);
-        if (lane == r) mine = best;
-        if (lane == 0) ids[r] = bi;
+        topk_take(bi, best, r, lane, taken, mine, ids);
     }
-    const float top = __shfl_sync(0xffffffffu, mine, 0);  // round 0: the largest
-    const float e = lane < k ? expf(mine - top) : 0.f;
-    const float sum = warp_sum(e);
-    if (lane < k) w[lane] = renorm ? e / sum : e;
+    topk_weights(mine, k, w, lane, renorm);
 }
 
 // topk_row_regs_m with M = the smallest of 1, 2, 4, 8, 16, 32 that holds E (E <= 1024).
