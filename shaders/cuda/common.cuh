@@ -304,14 +304,6 @@ __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
-// RMSNorm scale of a row xr [D] by one warp: rsqrt(mean of squares + eps), lane-strided sums
-// (elementwise.cu rms_norm, prefill_f16.cu rms_norm_f16: one order, one result).
-__device__ __forceinline__ float warp_rms_scale(const float* xr, int D, float eps, int lane) {
-    float s = 0.f;
-    for (int i = lane; i < D; i += 32) s += xr[i] * xr[i];
-    s = warp_sum(s);
-    return rsqrtf(s / (float)D + eps);
-}
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));

@@ -13,7 +13,7 @@
 //
 // Positions: kernels that need pos0 take it as a scalar and as a device pointer; a non-null
 // pointer wins. The captured decode graph passes the pointer, so one graph serves every step.
-#include "common.cuh"
+#include "norm.cuh"
 
 __device__ __forceinline__ int load_pos(int pos0, const int* pos_ptr) {
     return pos_ptr ? *pos_ptr : pos0;

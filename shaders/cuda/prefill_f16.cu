@@ -4,7 +4,7 @@
 // Each kernel is its elementwise.cu twin that also stores the fp16 rounding (cvt.rn, the same
 // bits dequant.cu's f32_to_f16 makes) of what it writes, so the GEMM's input needs no pass of
 // its own. The float32 output is still written: other ops and the contract read it.
-#include "common.cuh"
+#include "norm.cuh"
 
 // x [rows, D] -> y f32 and yh f16; w [D] float32. blockDim = 32 * rows per block.
 extern "C" __global__ void rms_norm_f16(const float* __restrict__ x, const float* __restrict__ w,

@@ -2,7 +2,7 @@
 // mmvw.cu's fused epilogues (mmvw_norm: the residual stream's next RMSNorm; mmvw_glu: SwiGLU),
 // so a fused kernel rounds exactly as the kernel it replaces.
 #pragma once
-#include "common.cuh"
+#include "norm.cuh"
 
 // v: this lane's 4 values of a 32-value block held by 8 consecutive lanes (lane & 7 = quarter
 // of 4). Writes 4 int8 and, from the block's first lane, (d, d * sum q); every lane takes
@@ -22,19 +22,6 @@ __device__ __forceinline__ void q8_store4(float4 v, signed char* xq, float2* xds
     *(u32*)xq = (u32)(q0 & 0xFF) | ((u32)(q1 & 0xFF) << 8) | ((u32)(q2 & 0xFF) << 16) |
                 ((u32)(q3 & 0xFF) << 24);
     if (lane8 == 0) *xds = make_float2(d, d * (float)s);
-}
-
-// An RMSNorm scale rsqrt(mean of squares + eps) of a row of D values from each thread's share s
-// of the sum of squares: a warp sum, then the warps' sums in warp order (red: shared, one a
-// warp; blockDim a multiple of 32). Every thread gets the scale.
-__device__ __forceinline__ float block_rms_scale(float s, float* red, int D, float eps) {
-    const int nw = blockDim.x / 32, lane = threadIdx.x & 31;
-    s = warp_sum(s);
-    if (lane == 0) red[threadIdx.x / 32] = s;
-    __syncthreads();
-    s = 0.f;
-    for (int i = 0; i < nw; ++i) s += red[i];
-    return rsqrtf(s / (float)D + eps);
 }
 
 // RMSNorm of one row x [D] by the whole block (blockDim a multiple of 32) -> y [D] and its Q8_1
