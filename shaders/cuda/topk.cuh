@@ -4,17 +4,6 @@
 #pragma once
 #include "common.cuh"
 
-// The end of round r (topk_row, topk_row_regs_m): the warp's winner bi (0x7fffffff: only NaN
-// left, index 0 all the same) marked taken in its owner lane, its logit kept by lane r, its id
-// written by lane 0.
-__device__ __forceinline__ void topk_take(int bi, float best, int r, int lane, unsigned& taken,
-                                          float& mine, int* __restrict__ ids) {
-    if (bi == 0x7fffffff) bi = 0;
-    if ((bi & 31) == lane) taken |= 1u << (bi >> 5);
-    if (lane == r) mine = best;
-    if (lane == 0) ids[r] = bi;
-}
-
 // The k winners' weights from their logits (lane r < k: round r's): exp(z - max) over their sum.
 __device__ __forceinline__ void topk_weights(float mine, int k, float* __restrict__ w, int lane,
                                              bool renorm) {
@@ -52,7 +41,10 @@ __device__ __forceinline__ void topk_row(const float* z, int E, int k, int* __re
                 bi = oi;
             }
         }
-        topk_take(bi, best, r, lane, taken, mine, ids);
+        if (bi == 0x7fffffff) bi = 0;  // only NaN left: a valid index all the same
+        if ((bi & 31) == lane) taken |= 1u << (bi >> 5);
+        if (lane == r) mine = best;
+        if (lane == 0) ids[r] = bi;
     }
     topk_weights(mine, k, w, lane, renorm);
 }
@@ -93,7 +85,10 @@ __device__ __forceinline__ void topk_row_regs_m(const float* z, int E, int k,
                 bi = oi;
             }
         }
-        topk_take(bi, best, r, lane, taken, mine, ids);
+        if (bi == NONE) bi = 0;  // only NaN left: a valid index all the same
+        if ((bi & 31) == lane) taken |= 1u << (bi >> 5);
+        if (lane == r) mine = best;
+        if (lane == 0) ids[r] = bi;
     }
     topk_weights(mine, k, w, lane, renorm);
 }
