@@ -60,7 +60,8 @@ constexpr bool kWideUp = DEC_WIDE == 1, kWideDown = DEC_WIDE != 0;
     }
 
 // fn(g) for this lane's 16-weight groups g of a K-wide row: V consecutive groups a step, the
-// thread-row's lanes THREADS_PER_ROW * V groups apart (dmmv.cu's walk; dot_rows, dot_pair).
+// thread-row's lanes THREADS_PER_ROW * V groups apart (dmmv.cu's walk; dot_rows. dot_pair keeps
+// its own loop: through this helper its SASS allocates other registers).
 template <int V, class Fn>
 __device__ __forceinline__ void lane_groups(int K, int lane, Fn&& fn) {
     const int NG = K / 16;
@@ -371,18 +372,25 @@ __device__ __forceinline__ void dot_pair(const u8* __restrict__ rg, const u8* __
             su += dense_get<QT>(ru, kk) * xv;
         }
     } else {
-        lane_groups<V>(K, lane, [&](int g) {
-            Run8 a, b, c, d;
-            int k0, k1;
-            dec_row_group<QT, kWideUp>(rg, g, a, b, k0, k1);
-            dec_row_group<QT, kWideUp>(ru, g, c, d, k0, k1);
-            const float4* x0 = (const float4*)(x + k0);
-            const float4* x1 = (const float4*)(x + k1);
-            const float4 xa = __ldg(x0), xb = __ldg(x0 + 1);
-            const float4 xc = __ldg(x1), xd = __ldg(x1 + 1);
-            sg += dec_run_dot(a, xa, xb) + dec_run_dot(b, xc, xd);
-            su += dec_run_dot(c, xa, xb) + dec_run_dot(d, xc, xd);
-        });
+        const int NG = K / 16;
+        for (int g0 = lane * V; g0 < NG; g0 += THREADS_PER_ROW * V) {
+#pragma unroll
+            for (int jv = 0; jv < V; ++jv) {
+                const int g = g0 + jv;
+                if (g < NG) {
+                    Run8 a, b, c, d;
+                    int k0, k1;
+                    dec_row_group<QT, kWideUp>(rg, g, a, b, k0, k1);
+                    dec_row_group<QT, kWideUp>(ru, g, c, d, k0, k1);
+                    const float4* x0 = (const float4*)(x + k0);
+                    const float4* x1 = (const float4*)(x + k1);
+                    const float4 xa = __ldg(x0), xb = __ldg(x0 + 1);
+                    const float4 xc = __ldg(x1), xd = __ldg(x1 + 1);
+                    sg += dec_run_dot(a, xa, xb) + dec_run_dot(b, xc, xd);
+                    su += dec_run_dot(c, xa, xb) + dec_run_dot(d, xc, xd);
+                }
+            }
+        }
     }
 }
 
@@ -418,16 +426,18 @@ __device__ __forceinline__ void prefetch_down(const u8* D, int rb_d, const u8* S
     }
 }
 
-// PAIR (moe_experts.gate_up_pair, moe_dec_gate_up_p): dot_pair, x loaded once for gate and up;
-// else dot_rows over the two rows. s[0], s[1]: the gate's and the up row's sums.
-template <bool PAIR>
-__device__ __forceinline__ void gate_up_body(const float* __restrict__ x, const u8* __restrict__ G,
-                                             const u8* __restrict__ U, int rb_e, int qe, int F,
-                                             int E, const int* __restrict__ ids, int k,
-                                             const u8* __restrict__ SG, const u8* __restrict__ SU,
-                                             int rb_s, int qsh, int Fs, int K,
-                                             float* __restrict__ h, int ldh, const u8* D,
-                                             int rb_d, const u8* SD, int rb_sd) {
+// x [T, K]; G, U [E, F, K] (type qe, rows of rb_e bytes): the routed experts' gate and up;
+// SG, SU [Fs, K] (type qsh, rows of rb_s) or null: the shared expert's; ids [T, k] ->
+// h [T, k + 1, ldh] (slot k: the shared expert). D (rows of rb_d), SD (rb_sd): the down
+// matrices moe_experts.l2_prefetch brings into L2 (D null: no prefetch). Grid
+// (ceil(max(F, Fs) / ROWS_PER_BLOCK), k + shared, T).
+extern "C" __global__ void __launch_bounds__(NT)
+    moe_dec_gate_up(const float* __restrict__ x, const u8* __restrict__ G,
+                    const u8* __restrict__ U, int rb_e, int qe, int F, int E,
+                    const int* __restrict__ ids, int k, const u8* __restrict__ SG,
+                    const u8* __restrict__ SU, int rb_s, int qsh, int Fs, int K,
+                    float* __restrict__ h, int ldh, const u8* D, int rb_d,
+                    const u8* SD, int rb_sd) {
     __shared__ float red[RED_N];
     pdl_start();
     const int j = blockIdx.y, t = blockIdx.z, lane = threadIdx.x % THREADS_PER_ROW;
@@ -447,36 +457,44 @@ __device__ __forceinline__ void gate_up_body(const float* __restrict__ x, const 
             rows[0] = G + ((size_t)e * F + n) * rb_e;
             rows[1] = U + ((size_t)e * F + n) * rb_e;
         }
-        if constexpr (PAIR) {
-            dot_pair_rt(shared ? qsh : qe, rows[0], rows[1], xt, K, lane, s[0], s[1]);
-        } else {
-            const float* xs[2] = {xt, xt};
-            dot_rows_rt(shared ? qsh : qe, rows, xs, 2, K, lane, s);
-        }
+        const float* xs[2] = {xt, xt};
+        dot_rows_rt(shared ? qsh : qe, rows, xs, 2, K, lane, s);
     }
     const float g = row_sum(s[0], red), u = row_sum(s[1], red);
     if (lane == 0 && n < N) h[((size_t)t * (k + 1) + j) * ldh + n] = g / (1.f + expf(-g)) * u;
 }
 
-// x [T, K]; G, U [E, F, K] (type qe, rows of rb_e bytes): the routed experts' gate and up;
-// SG, SU [Fs, K] (type qsh, rows of rb_s) or null: the shared expert's; ids [T, k] ->
-// h [T, k + 1, ldh] (slot k: the shared expert). D (rows of rb_d), SD (rb_sd): the down
-// matrices moe_experts.l2_prefetch brings into L2 (D null: no prefetch). Grid
-// (ceil(max(F, Fs) / ROWS_PER_BLOCK), k + shared, T).
-#define MOE_DEC_GATE_UP_KERNEL(name, PAIR)                                                      \
-    extern "C" __global__ void __launch_bounds__(NT)                                            \
-        moe_dec_##name(const float* __restrict__ x, const u8* __restrict__ G,                   \
-                       const u8* __restrict__ U, int rb_e, int qe, int F, int E,                \
-                       const int* __restrict__ ids, int k, const u8* __restrict__ SG,           \
-                       const u8* __restrict__ SU, int rb_s, int qsh, int Fs, int K,             \
-                       float* __restrict__ h, int ldh, const u8* D, int rb_d, const u8* SD,     \
-                       int rb_sd) {                                                             \
-        gate_up_body<PAIR>(x, G, U, rb_e, qe, F, E, ids, k, SG, SU, rb_s, qsh, Fs, K, h, ldh, D, \
-                           rb_d, SD, rb_sd);                                                    \
+// moe_experts.gate_up_pair: moe_dec_gate_up with dot_pair (x loaded once for gate and up).
+extern "C" __global__ void __launch_bounds__(NT)
+    moe_dec_gate_up_p(const float* __restrict__ x, const u8* __restrict__ G,
+                      const u8* __restrict__ U, int rb_e, int qe, int F, int E,
+                      const int* __restrict__ ids, int k, const u8* __restrict__ SG,
+                      const u8* __restrict__ SU, int rb_s, int qsh, int Fs, int K,
+                      float* __restrict__ h, int ldh, const u8* D, int rb_d,
+                      const u8* SD, int rb_sd) {
+    __shared__ float red[RED_N];
+    pdl_start();
+    const int j = blockIdx.y, t = blockIdx.z, lane = threadIdx.x % THREADS_PER_ROW;
+    const int n = row_of_thread();
+    const bool shared = j == k;
+    const int N = shared ? Fs : F;
+    if (D) prefetch_down(D, rb_d, SD, rb_sd, K, E, ids + (size_t)t * k, k, j);
+    float sg = 0.f, su = 0.f;
+    if (n < N) {
+        const u8 *rg, *ru;
+        if (shared) {
+            rg = SG + (size_t)n * rb_s;
+            ru = SU + (size_t)n * rb_s;
+        } else {
+            const int e = min(max(ids[(size_t)t * k + j], 0), E - 1);  // a corrupt id: no fault
+            rg = G + ((size_t)e * F + n) * rb_e;
+            ru = U + ((size_t)e * F + n) * rb_e;
+        }
+        dot_pair_rt(shared ? qsh : qe, rg, ru, x + (size_t)t * K, K, lane, sg, su);
     }
-
-MOE_DEC_GATE_UP_KERNEL(gate_up, false)
-MOE_DEC_GATE_UP_KERNEL(gate_up_p, true)
+    const float g = row_sum(sg, red), u = row_sum(su, red);
+    if (lane == 0 && n < N) h[((size_t)t * (k + 1) + j) * ldh + n] = g / (1.f + expf(-g)) * u;
+}
 
 // The down kernels' parameters, written once: moe_dec_<name> with ATTRS (its launch bounds),
 // the body after the macro. _NORM: and the fuse_norm tail's nw, eps, hn, tickets (out then not

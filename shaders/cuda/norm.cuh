@@ -15,10 +15,11 @@ __device__ __forceinline__ float warp_rms_scale(const float* xr, int D, float ep
 }
 
 // An RMSNorm scale rsqrt(mean of squares + eps) of a row of D values from each thread's share s
-// of the sum of squares: a warp sum, then the warps' sums in warp order (red: shared, one a
-// warp; blockDim a multiple of 32). Every thread gets the scale.
-__device__ __forceinline__ float block_rms_scale(float s, float* red, int D, float eps) {
-    const int nw = blockDim.x / 32, lane = threadIdx.x & 31;
+// of the sum of squares: a warp sum, then the nw warps' sums in warp order (red: shared, one a
+// warp; blockDim a multiple of 32). Every thread gets the scale. nw and lane come from the
+// caller, computed where its code always did (moving the blockDim read reorders the SASS).
+__device__ __forceinline__ float block_rms_scale(float s, float* red, int nw, int lane, int D,
+                                                 float eps) {
     s = warp_sum(s);
     if (lane == 0) red[threadIdx.x / 32] = s;
     __syncthreads();

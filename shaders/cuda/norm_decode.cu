@@ -19,7 +19,7 @@ extern "C" __global__ void __launch_bounds__(512)
                  signed char* __restrict__ xq, float2* __restrict__ xds, int D, float eps) {
     __shared__ float red[32];
     pdl_start();
-    const int row = blockIdx.x, lane = threadIdx.x & 31;
+    const int row = blockIdx.x, nw = blockDim.x / 32, lane = threadIdx.x & 31;
     const int D4 = D / 4;
     const float4* xr = (const float4*)(x + (size_t)row * D);
     const float4* w4 = (const float4*)w;
@@ -39,7 +39,7 @@ extern "C" __global__ void __launch_bounds__(512)
         const float4 v = xv[r];
         if (threadIdx.x + r * blockDim.x < D4) s += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
     }
-    const float scale = block_rms_scale(s, red, D, eps);
+    const float scale = block_rms_scale(s, red, nw, lane, D, eps);
     float4* yr = (float4*)(y + (size_t)row * D);
     const int nr = (D4 + 31) / 32 * 32;  // whole warps through the Q8_1 shuffles
 #pragma unroll

@@ -34,6 +34,7 @@ __device__ __forceinline__ void rms_norm_q8_row(const float* __restrict__ x,
                                                 signed char* __restrict__ xq,
                                                 float2* __restrict__ xds, int D, float eps) {
     __shared__ float red[32];
+    const int nw = blockDim.x / 32, lane = threadIdx.x & 31;
     const float4* xr = (const float4*)x;
     const int D4 = D / 4;
     float s = 0.f;
@@ -41,7 +42,7 @@ __device__ __forceinline__ void rms_norm_q8_row(const float* __restrict__ x,
         const float4 v = CG ? __ldcg(xr + i) : xr[i];
         s += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
     }
-    const float scale = block_rms_scale(s, red, D, eps);
+    const float scale = block_rms_scale(s, red, nw, lane, D, eps);
     const float4* w4 = (const float4*)w;
     const int nr = (D4 + 31) / 32 * 32;  // whole warps through the shuffles
     for (int i = threadIdx.x; i < nr; i += blockDim.x) {
