@@ -426,60 +426,26 @@ __device__ __forceinline__ void prefetch_down(const u8* D, int rb_d, const u8* S
     }
 }
 
-// x [T, K]; G, U [E, F, K] (type qe, rows of rb_e bytes): the routed experts' gate and up;
-// SG, SU [Fs, K] (type qsh, rows of rb_s) or null: the shared expert's; ids [T, k] ->
-// h [T, k + 1, ldh] (slot k: the shared expert). D (rows of rb_d), SD (rb_sd): the down
-// matrices moe_experts.l2_prefetch brings into L2 (D null: no prefetch). Grid
-// (ceil(max(F, Fs) / ROWS_PER_BLOCK), k + shared, T).
-extern "C" __global__ void __launch_bounds__(NT)
-    moe_dec_gate_up(const float* __restrict__ x, const u8* __restrict__ G,
-                    const u8* __restrict__ U, int rb_e, int qe, int F, int E,
-                    const int* __restrict__ ids, int k, const u8* __restrict__ SG,
-                    const u8* __restrict__ SU, int rb_s, int qsh, int Fs, int K,
-                    float* __restrict__ h, int ldh, const u8* D, int rb_d,
-                    const u8* SD, int rb_sd) {
+// PAIR (moe_experts.gate_up_pair, moe_dec_gate_up_p): dot_pair, x loaded once for gate and up;
+// else dot_rows over the two rows.
+template <bool PAIR>
+__device__ __forceinline__ void gate_up_body(const float* __restrict__ x, const u8* __restrict__ G,
+                                             const u8* __restrict__ U, int rb_e, int qe, int F,
+                                             int E, const int* __restrict__ ids, int k,
+                                             const u8* __restrict__ SG, const u8* __restrict__ SU,
+                                             int rb_s, int qsh, int Fs, int K,
+                                             float* __restrict__ h, int ldh, const u8* D,
+                                             int rb_d, const u8* SD, int rb_sd) {
     __shared__ float red[RED_N];
     pdl_start();
     const int j = blockIdx.y, t = blockIdx.z, lane = threadIdx.x % THREADS_PER_ROW;
     const int n = row_of_thread();
     const bool shared = j == k;
     const int N = shared ? Fs : F;
-    const float* xt = x + (size_t)t * K;
+    const float* xt = PAIR ? nullptr : x + (size_t)t * K;  // PAIR: at its call, as it was
     if (D) prefetch_down(D, rb_d, SD, rb_sd, K, E, ids + (size_t)t * k, k, j);
-    float s[MAXR] = {0.f};
-    if (n < N) {
-        const u8* rows[2];
-        if (shared) {
-            rows[0] = SG + (size_t)n * rb_s;
-            rows[1] = SU + (size_t)n * rb_s;
-        } else {
-            const int e = min(max(ids[(size_t)t * k + j], 0), E - 1);  // a corrupt id: no fault
-            rows[0] = G + ((size_t)e * F + n) * rb_e;
-            rows[1] = U + ((size_t)e * F + n) * rb_e;
-        }
-        const float* xs[2] = {xt, xt};
-        dot_rows_rt(shared ? qsh : qe, rows, xs, 2, K, lane, s);
-    }
-    const float g = row_sum(s[0], red), u = row_sum(s[1], red);
-    if (lane == 0 && n < N) h[((size_t)t * (k + 1) + j) * ldh + n] = g / (1.f + expf(-g)) * u;
-}
-
-// moe_experts.gate_up_pair: moe_dec_gate_up with dot_pair (x loaded once for gate and up).
-extern "C" __global__ void __launch_bounds__(NT)
-    moe_dec_gate_up_p(const float* __restrict__ x, const u8* __restrict__ G,
-                      const u8* __restrict__ U, int rb_e, int qe, int F, int E,
-                      const int* __restrict__ ids, int k, const u8* __restrict__ SG,
-                      const u8* __restrict__ SU, int rb_s, int qsh, int Fs, int K,
-                      float* __restrict__ h, int ldh, const u8* D, int rb_d,
-                      const u8* SD, int rb_sd) {
-    __shared__ float red[RED_N];
-    pdl_start();
-    const int j = blockIdx.y, t = blockIdx.z, lane = threadIdx.x % THREADS_PER_ROW;
-    const int n = row_of_thread();
-    const bool shared = j == k;
-    const int N = shared ? Fs : F;
-    if (D) prefetch_down(D, rb_d, SD, rb_sd, K, E, ids + (size_t)t * k, k, j);
-    float sg = 0.f, su = 0.f;
+    float sg = 0.f, su = 0.f;  // PAIR's sums (scalars: its registers)
+    float s[MAXR] = {0.f};     // dot_rows' (s[0] gate, s[1] up)
     if (n < N) {
         const u8 *rg, *ru;
         if (shared) {
@@ -490,11 +456,37 @@ extern "C" __global__ void __launch_bounds__(NT)
             rg = G + ((size_t)e * F + n) * rb_e;
             ru = U + ((size_t)e * F + n) * rb_e;
         }
-        dot_pair_rt(shared ? qsh : qe, rg, ru, x + (size_t)t * K, K, lane, sg, su);
+        if constexpr (PAIR) {
+            dot_pair_rt(shared ? qsh : qe, rg, ru, x + (size_t)t * K, K, lane, sg, su);
+        } else {
+            const u8* rows[2] = {rg, ru};
+            const float* xs[2] = {xt, xt};
+            dot_rows_rt(shared ? qsh : qe, rows, xs, 2, K, lane, s);
+        }
     }
-    const float g = row_sum(sg, red), u = row_sum(su, red);
+    const float g = row_sum(PAIR ? sg : s[0], red), u = row_sum(PAIR ? su : s[1], red);
     if (lane == 0 && n < N) h[((size_t)t * (k + 1) + j) * ldh + n] = g / (1.f + expf(-g)) * u;
 }
+
+// x [T, K]; G, U [E, F, K] (type qe, rows of rb_e bytes): the routed experts' gate and up;
+// SG, SU [Fs, K] (type qsh, rows of rb_s) or null: the shared expert's; ids [T, k] ->
+// h [T, k + 1, ldh] (slot k: the shared expert). D (rows of rb_d), SD (rb_sd): the down
+// matrices moe_experts.l2_prefetch brings into L2 (D null: no prefetch). Grid
+// (ceil(max(F, Fs) / ROWS_PER_BLOCK), k + shared, T).
+#define MOE_DEC_GATE_UP_KERNEL(name, PAIR)                                                      \
+    extern "C" __global__ void __launch_bounds__(NT)                                            \
+        moe_dec_##name(const float* __restrict__ x, const u8* __restrict__ G,                   \
+                       const u8* __restrict__ U, int rb_e, int qe, int F, int E,                \
+                       const int* __restrict__ ids, int k, const u8* __restrict__ SG,           \
+                       const u8* __restrict__ SU, int rb_s, int qsh, int Fs, int K,             \
+                       float* __restrict__ h, int ldh, const u8* D, int rb_d, const u8* SD,     \
+                       int rb_sd) {                                                             \
+        gate_up_body<PAIR>(x, G, U, rb_e, qe, F, E, ids, k, SG, SU, rb_s, qsh, Fs, K, h, ldh, D, \
+                           rb_d, SD, rb_sd);                                                    \
+    }
+
+MOE_DEC_GATE_UP_KERNEL(gate_up, false)
+MOE_DEC_GATE_UP_KERNEL(gate_up_p, true)
 
 // The down kernels' parameters, written once: moe_dec_<name> with ATTRS (its launch bounds),
 // the body after the macro. _NORM: and the fuse_norm tail's nw, eps, hn, tickets (out then not

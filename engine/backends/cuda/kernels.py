@@ -116,6 +116,7 @@ def kernel_names(src: str) -> list[str]:
         "MOE_Q8_KERNELS": ["moe_q8_{}", "moe_q8_gu_{}"],
         "ATTN_TC_KERNEL": ["attn_tc_{}"],
         "ATTN_VEC_KERNEL": ["attn_vec{}"],
+        "MOE_DEC_GATE_UP_KERNEL": ["moe_dec_{}"],
         "MOE_DEC_DOWN_KERNEL": ["moe_dec_{}"],
         "MOE_DEC_DOWN_NORM_KERNEL": ["moe_dec_{}"],
     }
