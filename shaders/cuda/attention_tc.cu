@@ -15,7 +15,7 @@
 // Tunables (defines): BLOCK_Q (query rows per block, 16 per warp), BLOCK_K (keys per tile).
 // Kernels: attn_tc_d<D> for D = 32, 64, 96, 128. Grid (ceil(T / BLOCK_Q), H), block BLOCK_Q / 16 * 32,
 // dynamic smem (BLOCK_Q + 2 * BLOCK_K) * (D + 8) * 2 bytes.
-#include "common.cuh"
+#include "tc.cuh"
 
 #ifndef BLOCK_Q
 #define BLOCK_Q 64
@@ -25,32 +25,6 @@
 #endif
 #define FNW (BLOCK_Q / 16)
 #define NEG_INF __int_as_float(0xff800000)
-
-__device__ __forceinline__ u32 tc_smem_u32(const void* p) {
-    u32 a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
-
-__device__ __forceinline__ void tc_ldsm_x4(u32* r, const u16* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(tc_smem_u32(p)));
-}
-
-__device__ __forceinline__ void tc_ldsm_x4_t(u32* r, const u16* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(tc_smem_u32(p)));
-}
-
-__device__ __forceinline__ void tc_mma(float* c, const u32* a, u32 b0, u32 b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 template <int D>
 __device__ __forceinline__ void attn_tc(const float* __restrict__ q, const float* __restrict__ kc,
@@ -186,23 +160,14 @@ __device__ __forceinline__ void attn_tc(const float* __restrict__ q, const float
 }
 
 // One kernel per head dim (the fragment arrays are sized by it).
-extern "C" __global__ void __launch_bounds__(FNW * 32)
-    attn_tc_d32(const float* q, const float* kc, const float* vc, float* out, u16* outh, int T,
-               int H, int Hkv, int pos0, const int* pos_ptr, float qscale) {
-    attn_tc<32>(q, kc, vc, out, outh, T, H, Hkv, pos0, pos_ptr, qscale);
-}
-extern "C" __global__ void __launch_bounds__(FNW * 32)
-    attn_tc_d64(const float* q, const float* kc, const float* vc, float* out, u16* outh, int T,
-               int H, int Hkv, int pos0, const int* pos_ptr, float qscale) {
-    attn_tc<64>(q, kc, vc, out, outh, T, H, Hkv, pos0, pos_ptr, qscale);
-}
-extern "C" __global__ void __launch_bounds__(FNW * 32)
-    attn_tc_d96(const float* q, const float* kc, const float* vc, float* out, u16* outh, int T,
-               int H, int Hkv, int pos0, const int* pos_ptr, float qscale) {
-    attn_tc<96>(q, kc, vc, out, outh, T, H, Hkv, pos0, pos_ptr, qscale);
-}
-extern "C" __global__ void __launch_bounds__(FNW * 32)
-    attn_tc_d128(const float* q, const float* kc, const float* vc, float* out, u16* outh, int T,
-               int H, int Hkv, int pos0, const int* pos_ptr, float qscale) {
-    attn_tc<128>(q, kc, vc, out, outh, T, H, Hkv, pos0, pos_ptr, qscale);
-}
+#define ATTN_TC_KERNEL(name, D)                                                                 \
+    extern "C" __global__ void __launch_bounds__(FNW * 32)                                      \
+        attn_tc_##name(const float* q, const float* kc, const float* vc, float* out, u16* outh, \
+                       int T, int H, int Hkv, int pos0, const int* pos_ptr, float qscale) {     \
+        attn_tc<D>(q, kc, vc, out, outh, T, H, Hkv, pos0, pos_ptr, qscale);                     \
+    }
+
+ATTN_TC_KERNEL(d32, 32)
+ATTN_TC_KERNEL(d64, 64)
+ATTN_TC_KERNEL(d96, 96)
+ATTN_TC_KERNEL(d128, 128)

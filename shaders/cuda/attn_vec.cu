@@ -457,82 +457,27 @@ __device__ __forceinline__ void attn_vec_body(const float* __restrict__ q, float
     if (threadIdx.x == 0) tickets[kvh] = 0;
 }
 
-// the group padded to 4 (attn_vec4*) or 8 (attn_vec8*) q heads; *_rope: fuse_rope (knew non-null)
-extern "C" __global__ void __launch_bounds__(VNW_MAX * 32)
-    attn_vec4(const float* __restrict__ q, float* kc, float* vc, float* part, float* ml,
-        int H, int Hkv, int D, int pos0, const int* pos_ptr, float scale, int min_keys, float* out,
-        signed char* xq, float2* xds, unsigned int* tickets, const float* knew,
-        const float* vnew, float theta, int neox, int prefetch) {
-    attn_vec_body<4, false, false>(q, kc, vc, part, ml, H, Hkv, D, pos0, pos_ptr, scale, min_keys,
-                                 out, xq, xds, tickets, knew, vnew,
-                                 theta, neox, prefetch);
-}
-extern "C" __global__ void __launch_bounds__(VNW_MAX * 32)
-    attn_vec8(const float* __restrict__ q, float* kc, float* vc, float* part, float* ml,
-        int H, int Hkv, int D, int pos0, const int* pos_ptr, float scale, int min_keys, float* out,
-        signed char* xq, float2* xds, unsigned int* tickets, const float* knew,
-        const float* vnew, float theta, int neox, int prefetch) {
-    attn_vec_body<8, false, false>(q, kc, vc, part, ml, H, Hkv, D, pos0, pos_ptr, scale, min_keys,
-                                 out, xq, xds, tickets, knew, vnew,
-                                 theta, neox, prefetch);
-}
-extern "C" __global__ void __launch_bounds__(VNW_MAX * 32)
-    attn_vec4_rope(const float* __restrict__ q, float* kc, float* vc, float* part, float* ml,
-        int H, int Hkv, int D, int pos0, const int* pos_ptr, float scale, int min_keys, float* out,
-        signed char* xq, float2* xds, unsigned int* tickets, const float* knew,
-        const float* vnew, float theta, int neox, int prefetch) {
-    attn_vec_body<4, true, false>(q, kc, vc, part, ml, H, Hkv, D, pos0, pos_ptr, scale, min_keys,
-                                 out, xq, xds, tickets, knew, vnew,
-                                 theta, neox, prefetch);
-}
-extern "C" __global__ void __launch_bounds__(VNW_MAX * 32)
-    attn_vec8_rope(const float* __restrict__ q, float* kc, float* vc, float* part, float* ml,
-        int H, int Hkv, int D, int pos0, const int* pos_ptr, float scale, int min_keys, float* out,
-        signed char* xq, float2* xds, unsigned int* tickets, const float* knew,
-        const float* vnew, float theta, int neox, int prefetch) {
-    attn_vec_body<8, true, false>(q, kc, vc, part, ml, H, Hkv, D, pos0, pos_ptr, scale, min_keys,
-                                 out, xq, xds, tickets, knew, vnew,
-                                 theta, neox, prefetch);
-}
+// the group padded to 4 (attn_vec4*) or 8 (attn_vec8*) q heads; *_rope: fuse_rope (knew non-null);
+// *_c: a cluster of VCL blocks a KV head (ATTRS: its __cluster_dims__)
+#define ATTN_VEC_KERNEL(name, GP, FR, CL, ATTRS)                                                  \
+    extern "C" __global__ void __launch_bounds__(VNW_MAX * 32) ATTRS                              \
+        attn_vec##name(const float* __restrict__ q, float* kc, float* vc, float* part, float* ml, \
+                       int H, int Hkv, int D, int pos0, const int* pos_ptr, float scale,          \
+                       int min_keys, float* out, signed char* xq, float2* xds,                    \
+                       unsigned int* tickets, const float* knew, const float* vnew, float theta,  \
+                       int neox, int prefetch) {                                                  \
+        attn_vec_body<GP, FR, CL>(q, kc, vc, part, ml, H, Hkv, D, pos0, pos_ptr, scale,          \
+                                  min_keys, out, xq, xds, tickets, knew, vnew, theta, neox,       \
+                                  prefetch);                                                      \
+    }
+
+ATTN_VEC_KERNEL(4, 4, false, false, )
+ATTN_VEC_KERNEL(8, 8, false, false, )
+ATTN_VEC_KERNEL(4_rope, 4, true, false, )
+ATTN_VEC_KERNEL(8_rope, 8, true, false, )
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900  // clusters: sm_90 and later
-extern "C" __global__ void __launch_bounds__(VNW_MAX * 32)
-    __cluster_dims__(VCL, 1, 1)
-    attn_vec4_c(const float* __restrict__ q, float* kc, float* vc, float* part, float* ml,
-        int H, int Hkv, int D, int pos0, const int* pos_ptr, float scale, int min_keys, float* out,
-        signed char* xq, float2* xds, unsigned int* tickets, const float* knew,
-        const float* vnew, float theta, int neox, int prefetch) {
-    attn_vec_body<4, false, true>(q, kc, vc, part, ml, H, Hkv, D, pos0, pos_ptr, scale, min_keys,
-                                 out, xq, xds, tickets, knew, vnew,
-                                 theta, neox, prefetch);
-}
-extern "C" __global__ void __launch_bounds__(VNW_MAX * 32)
-    __cluster_dims__(VCL, 1, 1)
-    attn_vec8_c(const float* __restrict__ q, float* kc, float* vc, float* part, float* ml,
-        int H, int Hkv, int D, int pos0, const int* pos_ptr, float scale, int min_keys, float* out,
-        signed char* xq, float2* xds, unsigned int* tickets, const float* knew,
-        const float* vnew, float theta, int neox, int prefetch) {
-    attn_vec_body<8, false, true>(q, kc, vc, part, ml, H, Hkv, D, pos0, pos_ptr, scale, min_keys,
-                                 out, xq, xds, tickets, knew, vnew,
-                                 theta, neox, prefetch);
-}
-extern "C" __global__ void __launch_bounds__(VNW_MAX * 32)
-    __cluster_dims__(VCL, 1, 1)
-    attn_vec4_c_rope(const float* __restrict__ q, float* kc, float* vc, float* part, float* ml,
-        int H, int Hkv, int D, int pos0, const int* pos_ptr, float scale, int min_keys, float* out,
-        signed char* xq, float2* xds, unsigned int* tickets, const float* knew,
-        const float* vnew, float theta, int neox, int prefetch) {
-    attn_vec_body<4, true, true>(q, kc, vc, part, ml, H, Hkv, D, pos0, pos_ptr, scale, min_keys,
-                                 out, xq, xds, tickets, knew, vnew,
-                                 theta, neox, prefetch);
-}
-extern "C" __global__ void __launch_bounds__(VNW_MAX * 32)
-    __cluster_dims__(VCL, 1, 1)
-    attn_vec8_c_rope(const float* __restrict__ q, float* kc, float* vc, float* part, float* ml,
-        int H, int Hkv, int D, int pos0, const int* pos_ptr, float scale, int min_keys, float* out,
-        signed char* xq, float2* xds, unsigned int* tickets, const float* knew,
-        const float* vnew, float theta, int neox, int prefetch) {
-    attn_vec_body<8, true, true>(q, kc, vc, part, ml, H, Hkv, D, pos0, pos_ptr, scale, min_keys,
-                                 out, xq, xds, tickets, knew, vnew,
-                                 theta, neox, prefetch);
-}
+ATTN_VEC_KERNEL(4_c, 4, false, true, __cluster_dims__(VCL, 1, 1))
+ATTN_VEC_KERNEL(8_c, 8, false, true, __cluster_dims__(VCL, 1, 1))
+ATTN_VEC_KERNEL(4_c_rope, 4, true, true, __cluster_dims__(VCL, 1, 1))
+ATTN_VEC_KERNEL(8_c_rope, 8, true, true, __cluster_dims__(VCL, 1, 1))
 #endif

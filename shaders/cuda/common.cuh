@@ -211,6 +211,16 @@ template <> __device__ __forceinline__ void decode_group<QT_Q4_K>(const u8* blk,
 // h = e / 128, qd = (e % 128) / 32, l = e % 32; low 4 bits: nibble (qd >> 1) of
 // ql[64h + l + 32 (qd & 1)], high 2 bits: bits 2qd of qh[32h + l]; q - 32; scale index
 // 8h + l / 16 + 2qd. A group is 16 consecutive elements (one scale). ---
+// A Q6_K group's two runs from its four words of quants (q - 32) and its scale (no offset);
+// qwide.cuh's wide decode ends the same way.
+__device__ __forceinline__ void q6k_runs(const u32* q, float a, Run8& r0, Run8& r1) {
+    r0.q0 = q[0];
+    r0.q1 = q[1];
+    r1.q0 = q[2];
+    r1.q1 = q[3];
+    r0.a = r1.a = a;
+    r0.b = r1.b = 0.f;
+}
 template <> __device__ __forceinline__ void run_offsets<QT_Q6_K>(int gi, int& o0, int& o1) {
     o0 = 16 * gi;
     o1 = 16 * gi + 8;
@@ -229,12 +239,7 @@ template <> __device__ __forceinline__ void decode_group<QT_Q6_K>(const u8* blk,
         const u32 hi = ((ld_u32_a2(qh + 4 * w) >> hs) & 0x03030303u) << 4;
         q[w] = __vsub4(lo | hi, 0x20202020u);
     }
-    r0.q0 = q[0];
-    r0.q1 = q[1];
-    r1.q0 = q[2];
-    r1.q1 = q[3];
-    r0.a = r1.a = a;
-    r0.b = r1.b = 0.f;
+    q6k_runs(q, a, r0, r1);
 }
 
 // Row-level group g (0 .. K/16 - 1) of a quantized row: decode and give element offsets.

@@ -12,32 +12,27 @@
 // One thread decodes one 16-weight group (common.cuh) or, for float types, 16 elements.
 #include "common.cuh"
 
-template <int QT>
-__device__ __forceinline__ void store_group_f32(const u8* row, int g, float* out) {
-    Run8 r0, r1;
-    int k0, k1;
-    row_group<QT>(row, g, r0, r1, k0, k1);
-    float v[8];
-    run_floats(r0, v);
-    *(float4*)(out + k0) = make_float4(v[0], v[1], v[2], v[3]);
-    *(float4*)(out + k0 + 4) = make_float4(v[4], v[5], v[6], v[7]);
-    run_floats(r1, v);
-    *(float4*)(out + k1) = make_float4(v[0], v[1], v[2], v[3]);
-    *(float4*)(out + k1 + 4) = make_float4(v[4], v[5], v[6], v[7]);
+// Eight decoded values to out: float32 as two float4 stores, fp16 as one uint4.
+__device__ __forceinline__ void store8(float* out, const float* v) {
+    *(float4*)out = make_float4(v[0], v[1], v[2], v[3]);
+    *(float4*)(out + 4) = make_float4(v[4], v[5], v[6], v[7]);
+}
+__device__ __forceinline__ void store8(u16* out, const float* v) {
+    *(uint4*)out = make_uint4(f2h2(v[0], v[1]), f2h2(v[2], v[3]), f2h2(v[4], v[5]),
+                              f2h2(v[6], v[7]));
 }
 
-template <int QT>
-__device__ __forceinline__ void store_group_f16(const u8* row, int g, u16* out) {
+// Group g of a quantized row, decoded, into out (float or u16: fp16) at the group's offsets.
+template <int QT, class O>
+__device__ __forceinline__ void store_group(const u8* row, int g, O* out) {
     Run8 r0, r1;
     int k0, k1;
     row_group<QT>(row, g, r0, r1, k0, k1);
     float v[8];
     run_floats(r0, v);
-    *(uint4*)(out + k0) = make_uint4(f2h2(v[0], v[1]), f2h2(v[2], v[3]), f2h2(v[4], v[5]),
-                                     f2h2(v[6], v[7]));
+    store8(out + k0, v);
     run_floats(r1, v);
-    *(uint4*)(out + k1) = make_uint4(f2h2(v[0], v[1]), f2h2(v[2], v[3]), f2h2(v[4], v[5]),
-                                     f2h2(v[6], v[7]));
+    store8(out + k1, v);
 }
 
 // ids [T] int32 -> out [T, K] float32. Grid-stride over T * K/16 groups.
@@ -47,7 +42,7 @@ __device__ void get_rows_q(const u8* W, int row_bytes, int K, const int* ids, in
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (long long)T * NG;
          i += (long long)gridDim.x * blockDim.x) {
         const int t = (int)(i / NG), g = (int)(i % NG);
-        store_group_f32<QT>(W + (size_t)ids[t] * row_bytes, g, out + (size_t)t * K);
+        store_group<QT>(W + (size_t)ids[t] * row_bytes, g, out + (size_t)t * K);
     }
 }
 
@@ -67,7 +62,7 @@ __device__ void dequant_f16_q(const u8* W, int row_bytes, int K, int r0, int n, 
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (long long)n * NG;
          i += (long long)gridDim.x * blockDim.x) {
         const int r = (int)(i / NG), g = (int)(i % NG);
-        store_group_f16<QT>(W + (size_t)(r0 + r) * row_bytes, g, out + (size_t)r * K);
+        store_group<QT>(W + (size_t)(r0 + r) * row_bytes, g, out + (size_t)r * K);
     }
 }
 

@@ -58,7 +58,7 @@ __device__ __forceinline__ void reduce_sums(float* sums, float* red /* smem [ROW
 // serves ROWS_PER_THREAD rows, each decoded group serves MAX_COLS columns, and the ROWS_PER_THREAD rows' weight loads are
 // independent, so more bytes are in flight per thread.
 template <int QT>
-__device__ __forceinline__ void dmmv_q(const u8* __restrict__ W, int row_bytes, int N, int K,
+__device__ __forceinline__ void dmmv_t(const u8* __restrict__ W, int row_bytes, int N, int K,
                                        const float* __restrict__ X, int T,
                                        float* __restrict__ Y) {
     __shared__ float red[RED_SIZE];
@@ -70,28 +70,41 @@ __device__ __forceinline__ void dmmv_q(const u8* __restrict__ W, int row_bytes, 
 #pragma unroll
     for (int c = 0; c < NSUM; ++c) sums[c] = 0.f;
     const float* xb = X + (size_t)col0 * K;
-    const int NG = row0 < N ? K / 16 : 0;
-    for (int g0 = lane * VEC; g0 < NG; g0 += THREADS_PER_ROW * VEC) {
+    if constexpr (QT == QT_F32 || QT == QT_F16 || QT == QT_BF16) {  // dense rows: a weight a step
+        const int KK = row0 < N ? K : 0;
+        for (int k = lane; k < KK; k += THREADS_PER_ROW) {
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-            const int g = g0 + j;
-            if (g < NG) {
-                Run8 a[ROWS_PER_THREAD], b[ROWS_PER_THREAD];
-                int k0, k1;
+            for (int r = 0; r < ROWS_PER_THREAD; ++r) {
+                const float w = dense_get<QT>(W + (size_t)min(row0 + r, N - 1) * row_bytes, k);
 #pragma unroll
-                for (int r = 0; r < ROWS_PER_THREAD; ++r)  // rows past N decode row N - 1; never written
-                    row_group<QT>(W + (size_t)min(row0 + r, N - 1) * row_bytes, g, a[r], b[r], k0,
-                                  k1);
+                for (int c = 0; c < MAX_COLS; ++c)
+                    if (c < ncols) sums[r * MAX_COLS + c] += w * __ldg(xb + (size_t)c * K + k);
+            }
+        }
+    } else {  // quantized rows: VEC 16-weight groups a step
+        const int NG = row0 < N ? K / 16 : 0;
+        for (int g0 = lane * VEC; g0 < NG; g0 += THREADS_PER_ROW * VEC) {
 #pragma unroll
-                for (int c = 0; c < MAX_COLS; ++c) {
-                    if (c < ncols) {
-                        const float4* x0 = (const float4*)(xb + (size_t)c * K + k0);
-                        const float4* x1 = (const float4*)(xb + (size_t)c * K + k1);
-                        const float4 x0a = __ldg(x0), x0b = __ldg(x0 + 1);
-                        const float4 x1a = __ldg(x1), x1b = __ldg(x1 + 1);
+            for (int j = 0; j < VEC; ++j) {
+                const int g = g0 + j;
+                if (g < NG) {
+                    Run8 a[ROWS_PER_THREAD], b[ROWS_PER_THREAD];
+                    int k0, k1;
 #pragma unroll
-                        for (int r = 0; r < ROWS_PER_THREAD; ++r)
-                            sums[r * MAX_COLS + c] += run_dot(a[r], x0a, x0b) + run_dot(b[r], x1a, x1b);
+                    for (int r = 0; r < ROWS_PER_THREAD; ++r)  // rows past N decode row N - 1; never written
+                        row_group<QT>(W + (size_t)min(row0 + r, N - 1) * row_bytes, g, a[r], b[r], k0,
+                                      k1);
+#pragma unroll
+                    for (int c = 0; c < MAX_COLS; ++c) {
+                        if (c < ncols) {
+                            const float4* x0 = (const float4*)(xb + (size_t)c * K + k0);
+                            const float4* x1 = (const float4*)(xb + (size_t)c * K + k1);
+                            const float4 x0a = __ldg(x0), x0b = __ldg(x0 + 1);
+                            const float4 x1a = __ldg(x1), x1b = __ldg(x1 + 1);
+#pragma unroll
+                            for (int r = 0; r < ROWS_PER_THREAD; ++r)
+                                sums[r * MAX_COLS + c] += run_dot(a[r], x0a, x0b) + run_dot(b[r], x1a, x1b);
+                        }
                     }
                 }
             }
@@ -107,51 +120,18 @@ __device__ __forceinline__ void dmmv_q(const u8* __restrict__ W, int row_bytes, 
     }
 }
 
-template <int QT>
-__device__ __forceinline__ void dmmv_d(const u8* __restrict__ W, int row_bytes, int N, int K,
-                                       const float* __restrict__ X, int T,
-                                       float* __restrict__ Y) {
-    __shared__ float red[RED_SIZE];
-    const int lane = threadIdx.x % THREADS_PER_ROW;
-    const int row0 = (blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / THREADS_PER_ROW) * ROWS_PER_THREAD;
-    const int col0 = blockIdx.y * MAX_COLS;
-    const int ncols = min(MAX_COLS, T - col0);
-    float sums[NSUM];
-#pragma unroll
-    for (int c = 0; c < NSUM; ++c) sums[c] = 0.f;
-    const float* xb = X + (size_t)col0 * K;
-    const int KK = row0 < N ? K : 0;
-    for (int k = lane; k < KK; k += THREADS_PER_ROW) {
-#pragma unroll
-        for (int r = 0; r < ROWS_PER_THREAD; ++r) {
-            const float w = dense_get<QT>(W + (size_t)min(row0 + r, N - 1) * row_bytes, k);
-#pragma unroll
-            for (int c = 0; c < MAX_COLS; ++c)
-                if (c < ncols) sums[r * MAX_COLS + c] += w * __ldg(xb + (size_t)c * K + k);
-        }
-    }
-    reduce_sums<NSUM>(sums, red);
-    if (lane == 0) {
-#pragma unroll
-        for (int r = 0; r < ROWS_PER_THREAD; ++r)
-#pragma unroll
-            for (int c = 0; c < MAX_COLS; ++c)
-                if (row0 + r < N && c < ncols) Y[(size_t)(col0 + c) * N + row0 + r] = sums[r * MAX_COLS + c];
-    }
-}
-
-#define DMMV_KERNEL(name, QT, impl)                                                           \
+#define DMMV_KERNEL(name, QT)                                                                 \
     extern "C" __global__ void __launch_bounds__(ROWS_PER_BLOCK* THREADS_PER_ROW)                                   \
         dmmv_##name(const u8* W, int row_bytes, int N, int K, const float* X, int T, float* Y) { \
-        impl<QT>(W, row_bytes, N, K, X, T, Y);                                                \
+        dmmv_t<QT>(W, row_bytes, N, K, X, T, Y);                                              \
     }
 
-DMMV_KERNEL(q4_0, QT_Q4_0, dmmv_q)
-DMMV_KERNEL(q4_1, QT_Q4_1, dmmv_q)
-DMMV_KERNEL(q5_0, QT_Q5_0, dmmv_q)
-DMMV_KERNEL(q8_0, QT_Q8_0, dmmv_q)
-DMMV_KERNEL(q4_k, QT_Q4_K, dmmv_q)
-DMMV_KERNEL(q6_k, QT_Q6_K, dmmv_q)
-DMMV_KERNEL(f32, QT_F32, dmmv_d)
-DMMV_KERNEL(f16, QT_F16, dmmv_d)
-DMMV_KERNEL(bf16, QT_BF16, dmmv_d)
+DMMV_KERNEL(q4_0, QT_Q4_0)
+DMMV_KERNEL(q4_1, QT_Q4_1)
+DMMV_KERNEL(q5_0, QT_Q5_0)
+DMMV_KERNEL(q8_0, QT_Q8_0)
+DMMV_KERNEL(q4_k, QT_Q4_K)
+DMMV_KERNEL(q6_k, QT_Q6_K)
+DMMV_KERNEL(f32, QT_F32)
+DMMV_KERNEL(f16, QT_F16)
+DMMV_KERNEL(bf16, QT_BF16)

@@ -13,7 +13,7 @@
 //
 // Positions: kernels that need pos0 take it as a scalar and as a device pointer; a non-null
 // pointer wins. The captured decode graph passes the pointer, so one graph serves every step.
-#include "common.cuh"
+#include "norm.cuh"
 
 __device__ __forceinline__ int load_pos(int pos0, const int* pos_ptr) {
     return pos_ptr ? *pos_ptr : pos0;
@@ -25,10 +25,7 @@ extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __
     const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
     if (row >= rows) return;
     const float* xr = x + (size_t)row * D;
-    float s = 0.f;
-    for (int i = lane; i < D; i += 32) s += xr[i] * xr[i];
-    s = warp_sum(s);
-    const float scale = rsqrtf(s / (float)D + eps);
+    const float scale = warp_rms_scale(xr, D, eps, lane);
     float* yr = y + (size_t)row * D;
     for (int i = lane; i < D; i += 32) yr[i] = xr[i] * scale * w[i];
 }

@@ -38,17 +38,23 @@ extern "C" __global__ void ssm_conv(const float* __restrict__ x, const float* __
     }
 }
 
+#define MAX_CONV 8
+// Channel c's K - 1 old inputs (the state's rows) into registers, zeros past them.
+__device__ __forceinline__ void conv_old(const float* __restrict__ state, int Cc, int K, int c,
+                                         float* old) {
+#pragma unroll
+    for (int i = 0; i < MAX_CONV - 1; ++i) old[i] = i < K - 1 ? state[(size_t)i * Cc + c] : 0.f;
+}
+
 // After ssm_conv (same stream): state <- the last K-1 rows of [state; x]. A thread per channel
 // holds its old column, so T < K-1 (old rows shifting up) is safe in place.
-#define MAX_CONV 8
 extern "C" __global__ void ssm_conv_state(const float* __restrict__ x, float* __restrict__ state,
                                           int T, int Cc, int K) {
     pdl_start();
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= Cc) return;
     float old[MAX_CONV - 1];
-#pragma unroll
-    for (int i = 0; i < MAX_CONV - 1; ++i) old[i] = i < K - 1 ? state[(size_t)i * Cc + c] : 0.f;
+    conv_old(state, Cc, K, c, old);
 #pragma unroll
     for (int i = 0; i < MAX_CONV - 1; ++i) {
         if (i >= K - 1) break;
@@ -70,8 +76,7 @@ extern "C" __global__ void ssm_conv_step(const float* __restrict__ x, float* __r
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= Cc) return;
     float old[MAX_CONV - 1];
-#pragma unroll
-    for (int i = 0; i < MAX_CONV - 1; ++i) old[i] = i < K - 1 ? state[(size_t)i * Cc + c] : 0.f;
+    conv_old(state, Cc, K, c, old);
     const float xc = x[c];
     float acc = 0.f;
 #pragma unroll

@@ -12,7 +12,7 @@
 // Tunables (defines): TILE_M (64, 128), TILE_N (32, 64, 128), WARPS_M, WARPS_N; TILE_M/WARPS_M and TILE_N/WARPS_N multiples of 16.
 // Kernels: mmq_<type> for q4_0 q4_1 q5_0 q8_0 q4_k q6_k. Grid (ceil(N / TILE_M), ceil(T / TILE_N)),
 // block WARPS_M * WARPS_N * 32. K must be a multiple of 32 (every block type's K is).
-#include "common.cuh"
+#include "tc.cuh"
 
 #ifndef TILE_M
 #define TILE_M 128
@@ -33,26 +33,6 @@
 #define MT (TM / 16)
 #define NT (TN / 8)
 #define NTHREADS (WARPS_M * WARPS_N * 32)
-
-__device__ __forceinline__ u32 smem_u32(const void* p) {
-    u32 a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
-
-__device__ __forceinline__ void ldsm_x4(u32* r, const u16* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_u32(p)));
-}
-
-__device__ __forceinline__ void mma16816(float* c, const u32* a, const u32* b) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
 
 __device__ __forceinline__ uint4 run_f16(const Run8& r) {
     float v[8];
@@ -109,11 +89,11 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, int row_bytes, int
             u32 af[MT][4], bf[NT][2];
 #pragma unroll
             for (int a = 0; a < MT; ++a)
-                ldsm_x4(af[a], As + (wm * TM + a * 16 + (lane & 15)) * LDS + kk + (lane >> 4) * 8);
+                tc_ldsm_x4(af[a], As + (wm * TM + a * 16 + (lane & 15)) * LDS + kk + (lane >> 4) * 8);
 #pragma unroll
             for (int b = 0; b < NT; b += 2) {
                 u32 r4[4];
-                ldsm_x4(r4, Bs + (wn * TN + b * 8 + (lane & 7) + ((lane >> 4) << 3)) * LDS + kk +
+                tc_ldsm_x4(r4, Bs + (wn * TN + b * 8 + (lane & 7) + ((lane >> 4) << 3)) * LDS + kk +
                                 ((lane >> 3) & 1) * 8);
                 bf[b][0] = r4[0];
                 bf[b][1] = r4[1];
@@ -123,7 +103,7 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, int row_bytes, int
 #pragma unroll
             for (int a = 0; a < MT; ++a)
 #pragma unroll
-                for (int b = 0; b < NT; ++b) mma16816(acc[a][b], af[a], bf[b]);
+                for (int b = 0; b < NT; ++b) tc_mma(acc[a][b], af[a], bf[b][0], bf[b][1]);
         }
         __syncthreads();
     }

@@ -14,7 +14,7 @@
 // Tunables (defines): TILE_M (64, 128), TILE_N (32, 64, 128), WARPS_M, WARPS_N; TILE_M/WARPS_M and TILE_N/WARPS_N multiples of 16.
 // Kernels: mmq8_<type> for q4_0 q4_1 q5_0 q8_0 q4_k q6_k. Grid (ceil(N / TILE_M), ceil(T / TILE_N)),
 // block WARPS_M * WARPS_N * 32. K must be a multiple of 32.
-#include "common.cuh"
+#include "tc.cuh"
 
 #ifndef TILE_M
 #define TILE_M 128
@@ -35,18 +35,6 @@
 #define MT (TM / 16)
 #define NT (TN / 8)
 #define NTHREADS (WARPS_M * WARPS_N * 32)
-
-__device__ __forceinline__ u32 smem_u32(const void* p) {
-    u32 a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
-
-__device__ __forceinline__ void ldsm_x4(u32* r, const u8* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_u32(p)));
-}
 
 // c = a (16x16 s8, row) x b (16x8 s8, col), fresh accumulators.
 __device__ __forceinline__ void mma_s8(int* c, u32 a0, u32 a1, u32 b0) {
@@ -123,11 +111,11 @@ __device__ __forceinline__ void mmq8(const u8* __restrict__ W, int row_bytes, in
             u32 af[MT][4], bf[NT][2];  // [0], [1]: k 0..15 of the step; [2], [3]: 16..31
 #pragma unroll
             for (int a = 0; a < MT; ++a)
-                ldsm_x4(af[a], As + (wm * TM + a * 16 + (lane & 15)) * LDB + kk + (lane >> 4) * 16);
+                tc_ldsm_x4(af[a], As + (wm * TM + a * 16 + (lane & 15)) * LDB + kk + (lane >> 4) * 16);
 #pragma unroll
             for (int b = 0; b < NT; b += 2) {
                 u32 r4[4];  // matrices: (tok 0-7, k0-15) (tok 0-7, k16-31) (8-15, k0-15) (8-15, 16-31)
-                ldsm_x4(r4, Bs + (wn * TN + b * 8 + (lane & 7) + ((lane >> 4) << 3)) * LDB + kk +
+                tc_ldsm_x4(r4, Bs + (wn * TN + b * 8 + (lane & 7) + ((lane >> 4) << 3)) * LDB + kk +
                                 ((lane >> 3) & 1) * 16);
                 bf[b][0] = r4[0];
                 bf[b][1] = r4[1];

@@ -18,7 +18,8 @@
 //              aligned blocks: no wide loads), 4 dp4a
 // Tunables (defines): WARPS warps per block, ROWS_PER_BLOCK rows per block.
 // Grid: ceil(N / ROWS_PER_BLOCK), block WARPS * 32. Needs K % 256 == 0 (K types), K % 32 == 0 (others).
-#include "common.cuh"
+// vecdot.cuh: dp4a, ldg16, q4k_sm (one copy, shared with mmvw.cu)
+#include "vecdot.cuh"
 
 #ifndef WARPS
 #define WARPS 4
@@ -26,14 +27,6 @@
 #ifndef ROWS_PER_BLOCK
 #define ROWS_PER_BLOCK 1
 #endif
-
-typedef signed char s8;
-
-__device__ __forceinline__ int dp4a(u32 a, u32 b, int c) {
-    return __dp4a((int)a, (int)b, c);
-}
-
-__device__ __forceinline__ uint4 ldg16(const void* p) { return __ldg((const uint4*)p); }
 
 // Sum each row's partial over the block; thread r (< ROWS_PER_BLOCK) writes row row0 + r.
 __device__ __forceinline__ void block_store(float* acc, int row0, int N, float* __restrict__ Y) {
@@ -50,18 +43,6 @@ __device__ __forceinline__ void block_store(float* acc, int row0, int N, float* 
 #pragma unroll
         for (int i = 0; i < WARPS; ++i) s += red[i][threadIdx.x];
         Y[row0 + threadIdx.x] = s;
-    }
-}
-
-// Q4_K sub-block scale and min (6 bits each) of sub-block j from the 12 scale bytes as 3 words.
-__device__ __forceinline__ void q4k_sm(u32 s0, u32 s1, u32 s2, int j, int& sc, int& m) {
-    if (j < 4) {
-        sc = (s0 >> (8 * j)) & 63;
-        m = (s1 >> (8 * j)) & 63;
-    } else {
-        const int i = 8 * (j - 4);
-        sc = ((s2 >> i) & 0xF) | (((s0 >> (i + 6)) & 3) << 4);
-        m = ((s2 >> (i + 4)) & 0xF) | (((s1 >> (i + 6)) & 3) << 4);
     }
 }
 

@@ -17,23 +17,23 @@
 #define ROWS_PER_THREAD 1
 #include "dmmv.cu"
 
-#define MOE_KERNEL(name, QT, impl)                                                          \
+#define MOE_KERNEL(name, QT)                                                                \
     extern "C" __global__ void __launch_bounds__(ROWS_PER_BLOCK * THREADS_PER_ROW)                                \
         moe_##name(const u8* W, int row_bytes, int N, int K, const float* X, int x_div,     \
                    const int* ids, int E, int p0, float* Y) {                               \
         pdl_start(); /* matmul_decode.pdl: chained into the decode step's launches */       \
         const int p = p0 + blockIdx.z;                                                      \
         const int e = min(max(ids[p], 0), E - 1); /* a corrupt id must not fault */         \
-        impl<QT>(W + (size_t)e * N * row_bytes, row_bytes, N, K, X + (size_t)(p / x_div) * K, \
-                 1, Y + (size_t)p * N);                                                     \
+        dmmv_t<QT>(W + (size_t)e * N * row_bytes, row_bytes, N, K, X + (size_t)(p / x_div) * K, \
+                   1, Y + (size_t)p * N);                                                     \
     }
 
-MOE_KERNEL(q4_0, QT_Q4_0, dmmv_q)
-MOE_KERNEL(q4_1, QT_Q4_1, dmmv_q)
-MOE_KERNEL(q5_0, QT_Q5_0, dmmv_q)
-MOE_KERNEL(q8_0, QT_Q8_0, dmmv_q)
-MOE_KERNEL(q4_k, QT_Q4_K, dmmv_q)
-MOE_KERNEL(q6_k, QT_Q6_K, dmmv_q)
-MOE_KERNEL(f32, QT_F32, dmmv_d)
-MOE_KERNEL(f16, QT_F16, dmmv_d)
-MOE_KERNEL(bf16, QT_BF16, dmmv_d)
+MOE_KERNEL(q4_0, QT_Q4_0)
+MOE_KERNEL(q4_1, QT_Q4_1)
+MOE_KERNEL(q5_0, QT_Q5_0)
+MOE_KERNEL(q8_0, QT_Q8_0)
+MOE_KERNEL(q4_k, QT_Q4_K)
+MOE_KERNEL(q6_k, QT_Q6_K)
+MOE_KERNEL(f32, QT_F32)
+MOE_KERNEL(f16, QT_F16)
+MOE_KERNEL(bf16, QT_BF16)

@@ -26,15 +26,9 @@
 #include "common.cuh"
 
 // moe_experts.dec_wide (set by the host's modules_for): DEC_WIDE 1 decodes Q4_K / Q6_K groups
-// through 16-byte loads (qwide.cuh dec_row_group)
-#ifndef DEC_WIDE
-#define DEC_WIDE 0
-#endif
-// moe_experts.dec_fcvt (set by the host too): DEC_FCVT 1 runs qwide.cuh's run_dot_x (signed
-// bytes to floats by a byte permute and an FADD, not I2F) where 0 runs common.cuh's run_dot
-#ifndef DEC_FCVT
-#define DEC_FCVT 0
-#endif
+// through 16-byte loads (qwide.cuh dec_row_group). moe_experts.dec_fcvt (set by the host too):
+// DEC_FCVT 1 runs qwide.cuh's run_dot_x (signed bytes to floats by a byte permute and an FADD,
+// not I2F) where 0 runs common.cuh's run_dot. Both default to 0 in qwide.cuh.
 #include "qwide.cuh"
 // DEC_WIDE 1: every kernel's groups wide; 2: only the split and weighted-sum down kernels'
 // (moe_dec_down_s*, moe_dec_down_w: a group of each row a lane, where gate_up's lanes walk
@@ -50,6 +44,36 @@ constexpr bool kWideUp = DEC_WIDE == 1, kWideDown = DEC_WIDE != 0;
 
 #define MAXR 12  // rows one thread-row dots at once: k routed experts + the shared one (host)
 
+// CALL (a macro of a QT_* constant) for the weight type qt given at run time: the one switch,
+// in one case order, behind every *_rt dispatcher below.
+#define QT_SWITCH(qt, CALL)               \
+    switch (qt) {                          \
+        case QT_Q4_0: CALL(QT_Q4_0); break; \
+        case QT_Q4_1: CALL(QT_Q4_1); break; \
+        case QT_Q5_0: CALL(QT_Q5_0); break; \
+        case QT_Q8_0: CALL(QT_Q8_0); break; \
+        case QT_Q4_K: CALL(QT_Q4_K); break; \
+        case QT_Q6_K: CALL(QT_Q6_K); break; \
+        case QT_F16: CALL(QT_F16); break;   \
+        case QT_BF16: CALL(QT_BF16); break; \
+        default: CALL(QT_F32); break;       \
+    }
+
+// fn(g) for this lane's 16-weight groups g of a K-wide row: V consecutive groups a step, the
+// thread-row's lanes THREADS_PER_ROW * V groups apart (dmmv.cu's walk; dot_rows. dot_pair keeps
+// its own loop: through this helper its SASS allocates other registers).
+template <int V, class Fn>
+__device__ __forceinline__ void lane_groups(int K, int lane, Fn&& fn) {
+    const int NG = K / 16;
+    for (int g0 = lane * V; g0 < NG; g0 += THREADS_PER_ROW * V) {
+#pragma unroll
+        for (int jv = 0; jv < V; ++jv) {
+            const int g = g0 + jv;
+            if (g < NG) fn(g);
+        }
+    }
+}
+
 // s[i] += this thread's share (lane of THREADS_PER_ROW) of rows[i] . xs[i] over K, i < n <= MAXR, every row
 // of type QT. The rows' loads of a step are independent, so they are in flight together (the
 // k experts' down rows of one output, gate and up of one expert). For n = 1 this is dmmv.cu's
@@ -64,27 +88,20 @@ __device__ __forceinline__ void dot_rows(const u8* const* rows, const float* con
                 if (i < n) s[i] += dense_get<QT>(rows[i], kk) * __ldg(xs[i] + kk);
         }
     } else {
-        const int NG = K / 16;
-        for (int g0 = lane * V; g0 < NG; g0 += THREADS_PER_ROW * V) {
+        lane_groups<V>(K, lane, [&](int g) {
 #pragma unroll
-            for (int jv = 0; jv < V; ++jv) {
-                const int g = g0 + jv;
-                if (g < NG) {
-#pragma unroll
-                    for (int i = 0; i < MAXR; ++i) {
-                        if (i < n) {
-                            Run8 a, b;
-                            int k0, k1;
-                            dec_row_group<QT, kWideUp>(rows[i], g, a, b, k0, k1);
-                            const float4* x0 = (const float4*)(xs[i] + k0);
-                            const float4* x1 = (const float4*)(xs[i] + k1);
-                            s[i] += dec_run_dot(a, __ldg(x0), __ldg(x0 + 1)) +
-                                    dec_run_dot(b, __ldg(x1), __ldg(x1 + 1));
-                        }
-                    }
+            for (int i = 0; i < MAXR; ++i) {
+                if (i < n) {
+                    Run8 a, b;
+                    int k0, k1;
+                    dec_row_group<QT, kWideUp>(rows[i], g, a, b, k0, k1);
+                    const float4* x0 = (const float4*)(xs[i] + k0);
+                    const float4* x1 = (const float4*)(xs[i] + k1);
+                    s[i] += dec_run_dot(a, __ldg(x0), __ldg(x0 + 1)) +
+                            dec_run_dot(b, __ldg(x1), __ldg(x1 + 1));
                 }
             }
-        }
+        });
     }
 }
 
@@ -94,17 +111,9 @@ template <int V = VEC>
 __device__ __forceinline__ void dot_rows_rt(int qt, const u8* const* rows,
                                             const float* const* xs, int n, int K, int lane,
                                             float* s) {
-    switch (qt) {
-        case QT_Q4_0: dot_rows<QT_Q4_0, V>(rows, xs, n, K, lane, s); break;
-        case QT_Q4_1: dot_rows<QT_Q4_1, V>(rows, xs, n, K, lane, s); break;
-        case QT_Q5_0: dot_rows<QT_Q5_0, V>(rows, xs, n, K, lane, s); break;
-        case QT_Q8_0: dot_rows<QT_Q8_0, V>(rows, xs, n, K, lane, s); break;
-        case QT_Q4_K: dot_rows<QT_Q4_K, V>(rows, xs, n, K, lane, s); break;
-        case QT_Q6_K: dot_rows<QT_Q6_K, V>(rows, xs, n, K, lane, s); break;
-        case QT_F16: dot_rows<QT_F16, V>(rows, xs, n, K, lane, s); break;
-        case QT_BF16: dot_rows<QT_BF16, V>(rows, xs, n, K, lane, s); break;
-        default: dot_rows<QT_F32, V>(rows, xs, n, K, lane, s); break;
-    }
+#define DR(Q) dot_rows<Q, V>(rows, xs, n, K, lane, s)
+    QT_SWITCH(qt, DR)
+#undef DR
 }
 
 // moe_experts.route_vec: this thread's share of an F32 row . x with float4 loads, eight of the
@@ -160,6 +169,23 @@ __device__ __forceinline__ int row_of_thread() {
     return threadIdx.x / THREADS_PER_ROW < ROWS_PER_BLOCK ? blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / THREADS_PER_ROW : NO_ROW;
 }
 
+// The route's last block (a ticket: every logit of token t written): the top-k + renormalised
+// softmax of the token's logits by its first warp, then the ticket reset.
+__device__ __forceinline__ void route_topk(float* logits, int ldl, int E, int k,
+                                           int* __restrict__ ids, float* __restrict__ w, int t,
+                                           unsigned int* tickets, int topk_regs) {
+    __threadfence();
+    if (threadIdx.x < 32) {
+        if (topk_regs)  // moe_experts.topk_regs: the logits into registers once
+            topk_row_regs(logits + (size_t)t * ldl, E, k, ids + (size_t)t * k,
+                          w + (size_t)t * k, threadIdx.x, RENORM);
+        else
+            topk_row(logits + (size_t)t * ldl, E, k, ids + (size_t)t * k, w + (size_t)t * k,
+                     threadIdx.x, RENORM);
+    }
+    if (threadIdx.x == 0) tickets[t] = 0;  // ready for the next launch (graph replay)
+}
+
 // x [T, K]; Wr [E, K] (type qr, rows of rb_r bytes); Ws [1, K] (type qs) or null (no shared
 // expert gate); logits [T, ldl] (ldl >= E + 1); ids, w [T, k]; tickets [T] zero between launches;
 // vec4: moe_experts.route_vec (f32_row_x4 for F32 rows); topk_regs: moe_experts.topk_regs.
@@ -197,16 +223,7 @@ extern "C" __global__ void __launch_bounds__(NT)
     }
     __syncthreads();
     if (!last) return;
-    __threadfence();
-    if (threadIdx.x < 32) {
-        if (topk_regs)  // moe_experts.topk_regs: the logits into registers once
-            topk_row_regs(logits + (size_t)t * ldl, E, k, ids + (size_t)t * k,
-                          w + (size_t)t * k, threadIdx.x, RENORM);
-        else
-            topk_row(logits + (size_t)t * ldl, E, k, ids + (size_t)t * k, w + (size_t)t * k,
-                     threadIdx.x, RENORM);
-    }
-    if (threadIdx.x == 0) tickets[t] = 0;  // ready for the next launch (graph replay)
+    route_topk(logits, ldl, E, k, ids, w, t, tickets, topk_regs);
 }
 
 // moe_experts.route_block: the route with one router row per block of blockDim.x threads
@@ -315,16 +332,7 @@ __device__ __forceinline__ void route_row(const float* __restrict__ x,
     }
     __syncthreads();
     if (!last) return;
-    __threadfence();
-    if (threadIdx.x < 32) {
-        if (topk_regs)
-            topk_row_regs(logits + (size_t)t * ldl, E, k, ids + (size_t)t * k,
-                          w + (size_t)t * k, threadIdx.x, RENORM);
-        else
-            topk_row(logits + (size_t)t * ldl, E, k, ids + (size_t)t * k, w + (size_t)t * k,
-                     threadIdx.x, RENORM);
-    }
-    if (threadIdx.x == 0) tickets[t] = 0;  // ready for the next launch (graph replay)
+    route_topk(logits, ldl, E, k, ids, w, t, tickets, topk_regs);
 }
 
 extern "C" __global__ void __launch_bounds__(256)
@@ -388,17 +396,9 @@ __device__ __forceinline__ void dot_pair(const u8* __restrict__ rg, const u8* __
 
 __device__ __forceinline__ void dot_pair_rt(int qt, const u8* rg, const u8* ru, const float* x,
                                             int K, int lane, float& sg, float& su) {
-    switch (qt) {
-        case QT_Q4_0: dot_pair<QT_Q4_0, VEC>(rg, ru, x, K, lane, sg, su); break;
-        case QT_Q4_1: dot_pair<QT_Q4_1, VEC>(rg, ru, x, K, lane, sg, su); break;
-        case QT_Q5_0: dot_pair<QT_Q5_0, VEC>(rg, ru, x, K, lane, sg, su); break;
-        case QT_Q8_0: dot_pair<QT_Q8_0, VEC>(rg, ru, x, K, lane, sg, su); break;
-        case QT_Q4_K: dot_pair<QT_Q4_K, VEC>(rg, ru, x, K, lane, sg, su); break;
-        case QT_Q6_K: dot_pair<QT_Q6_K, VEC>(rg, ru, x, K, lane, sg, su); break;
-        case QT_F16: dot_pair<QT_F16, VEC>(rg, ru, x, K, lane, sg, su); break;
-        case QT_BF16: dot_pair<QT_BF16, VEC>(rg, ru, x, K, lane, sg, su); break;
-        default: dot_pair<QT_F32, VEC>(rg, ru, x, K, lane, sg, su); break;
-    }
+#define DP(Q) dot_pair<Q, VEC>(rg, ru, x, K, lane, sg, su)
+    QT_SWITCH(qt, DP)
+#undef DP
 }
 
 // moe_experts.l2_prefetch: this block's share of the bytes [base, base + bytes) into L2, a
@@ -426,60 +426,26 @@ __device__ __forceinline__ void prefetch_down(const u8* D, int rb_d, const u8* S
     }
 }
 
-// x [T, K]; G, U [E, F, K] (type qe, rows of rb_e bytes): the routed experts' gate and up;
-// SG, SU [Fs, K] (type qsh, rows of rb_s) or null: the shared expert's; ids [T, k] ->
-// h [T, k + 1, ldh] (slot k: the shared expert). D (rows of rb_d), SD (rb_sd): the down
-// matrices moe_experts.l2_prefetch brings into L2 (D null: no prefetch). Grid
-// (ceil(max(F, Fs) / ROWS_PER_BLOCK), k + shared, T).
-extern "C" __global__ void __launch_bounds__(NT)
-    moe_dec_gate_up(const float* __restrict__ x, const u8* __restrict__ G,
-                    const u8* __restrict__ U, int rb_e, int qe, int F, int E,
-                    const int* __restrict__ ids, int k, const u8* __restrict__ SG,
-                    const u8* __restrict__ SU, int rb_s, int qsh, int Fs, int K,
-                    float* __restrict__ h, int ldh, const u8* D, int rb_d,
-                    const u8* SD, int rb_sd) {
+// PAIR (moe_experts.gate_up_pair, moe_dec_gate_up_p): dot_pair, x loaded once for gate and up;
+// else dot_rows over the two rows.
+template <bool PAIR>
+__device__ __forceinline__ void gate_up_body(const float* __restrict__ x, const u8* __restrict__ G,
+                                             const u8* __restrict__ U, int rb_e, int qe, int F,
+                                             int E, const int* __restrict__ ids, int k,
+                                             const u8* __restrict__ SG, const u8* __restrict__ SU,
+                                             int rb_s, int qsh, int Fs, int K,
+                                             float* __restrict__ h, int ldh, const u8* D,
+                                             int rb_d, const u8* SD, int rb_sd) {
     __shared__ float red[RED_N];
     pdl_start();
     const int j = blockIdx.y, t = blockIdx.z, lane = threadIdx.x % THREADS_PER_ROW;
     const int n = row_of_thread();
     const bool shared = j == k;
     const int N = shared ? Fs : F;
-    const float* xt = x + (size_t)t * K;
+    const float* xt = PAIR ? nullptr : x + (size_t)t * K;  // PAIR: at its call, as it was
     if (D) prefetch_down(D, rb_d, SD, rb_sd, K, E, ids + (size_t)t * k, k, j);
-    float s[MAXR] = {0.f};
-    if (n < N) {
-        const u8* rows[2];
-        if (shared) {
-            rows[0] = SG + (size_t)n * rb_s;
-            rows[1] = SU + (size_t)n * rb_s;
-        } else {
-            const int e = min(max(ids[(size_t)t * k + j], 0), E - 1);  // a corrupt id: no fault
-            rows[0] = G + ((size_t)e * F + n) * rb_e;
-            rows[1] = U + ((size_t)e * F + n) * rb_e;
-        }
-        const float* xs[2] = {xt, xt};
-        dot_rows_rt(shared ? qsh : qe, rows, xs, 2, K, lane, s);
-    }
-    const float g = row_sum(s[0], red), u = row_sum(s[1], red);
-    if (lane == 0 && n < N) h[((size_t)t * (k + 1) + j) * ldh + n] = g / (1.f + expf(-g)) * u;
-}
-
-// moe_experts.gate_up_pair: moe_dec_gate_up with dot_pair (x loaded once for gate and up).
-extern "C" __global__ void __launch_bounds__(NT)
-    moe_dec_gate_up_p(const float* __restrict__ x, const u8* __restrict__ G,
-                      const u8* __restrict__ U, int rb_e, int qe, int F, int E,
-                      const int* __restrict__ ids, int k, const u8* __restrict__ SG,
-                      const u8* __restrict__ SU, int rb_s, int qsh, int Fs, int K,
-                      float* __restrict__ h, int ldh, const u8* D, int rb_d,
-                      const u8* SD, int rb_sd) {
-    __shared__ float red[RED_N];
-    pdl_start();
-    const int j = blockIdx.y, t = blockIdx.z, lane = threadIdx.x % THREADS_PER_ROW;
-    const int n = row_of_thread();
-    const bool shared = j == k;
-    const int N = shared ? Fs : F;
-    if (D) prefetch_down(D, rb_d, SD, rb_sd, K, E, ids + (size_t)t * k, k, j);
-    float sg = 0.f, su = 0.f;
+    float sg = 0.f, su = 0.f;  // PAIR's sums (scalars: its registers)
+    float s[MAXR] = {0.f};     // dot_rows' (s[0] gate, s[1] up)
     if (n < N) {
         const u8 *rg, *ru;
         if (shared) {
@@ -490,11 +456,56 @@ extern "C" __global__ void __launch_bounds__(NT)
             rg = G + ((size_t)e * F + n) * rb_e;
             ru = U + ((size_t)e * F + n) * rb_e;
         }
-        dot_pair_rt(shared ? qsh : qe, rg, ru, x + (size_t)t * K, K, lane, sg, su);
+        if constexpr (PAIR) {
+            dot_pair_rt(shared ? qsh : qe, rg, ru, x + (size_t)t * K, K, lane, sg, su);
+        } else {
+            const u8* rows[2] = {rg, ru};
+            const float* xs[2] = {xt, xt};
+            dot_rows_rt(shared ? qsh : qe, rows, xs, 2, K, lane, s);
+        }
     }
-    const float g = row_sum(sg, red), u = row_sum(su, red);
+    const float g = row_sum(PAIR ? sg : s[0], red), u = row_sum(PAIR ? su : s[1], red);
     if (lane == 0 && n < N) h[((size_t)t * (k + 1) + j) * ldh + n] = g / (1.f + expf(-g)) * u;
 }
+
+// x [T, K]; G, U [E, F, K] (type qe, rows of rb_e bytes): the routed experts' gate and up;
+// SG, SU [Fs, K] (type qsh, rows of rb_s) or null: the shared expert's; ids [T, k] ->
+// h [T, k + 1, ldh] (slot k: the shared expert). D (rows of rb_d), SD (rb_sd): the down
+// matrices moe_experts.l2_prefetch brings into L2 (D null: no prefetch). Grid
+// (ceil(max(F, Fs) / ROWS_PER_BLOCK), k + shared, T).
+#define MOE_DEC_GATE_UP_KERNEL(name, PAIR)                                                      \
+    extern "C" __global__ void __launch_bounds__(NT)                                            \
+        moe_dec_##name(const float* __restrict__ x, const u8* __restrict__ G,                   \
+                       const u8* __restrict__ U, int rb_e, int qe, int F, int E,                \
+                       const int* __restrict__ ids, int k, const u8* __restrict__ SG,           \
+                       const u8* __restrict__ SU, int rb_s, int qsh, int Fs, int K,             \
+                       float* __restrict__ h, int ldh, const u8* D, int rb_d, const u8* SD,     \
+                       int rb_sd) {                                                             \
+        gate_up_body<PAIR>(x, G, U, rb_e, qe, F, E, ids, k, SG, SU, rb_s, qsh, Fs, K, h, ldh, D, \
+                           rb_d, SD, rb_sd);                                                    \
+    }
+
+MOE_DEC_GATE_UP_KERNEL(gate_up, false)
+MOE_DEC_GATE_UP_KERNEL(gate_up_p, true)
+
+// The down kernels' parameters, written once: moe_dec_<name> with ATTRS (its launch bounds),
+// the body after the macro. _NORM: and the fuse_norm tail's nw, eps, hn, tickets (out then not
+// __restrict__: the tail reads it back).
+#define MOE_DEC_DOWN_KERNEL(name, ATTRS)                                                   \
+    extern "C" __global__ void ATTRS                                                       \
+        moe_dec_##name(const float* __restrict__ h, int ldh, const u8* __restrict__ D, int rb_e, int qe,  \
+                         int F, int E, const int* __restrict__ ids, const float* __restrict__ w, \
+                         int k, const u8* __restrict__ SD, int rb_s, int qsh, int Fs,            \
+                         const float* __restrict__ logits, int ldl, const float* __restrict__ r, \
+                         float* __restrict__ out, int C)
+#define MOE_DEC_DOWN_NORM_KERNEL(name, ATTRS)                                              \
+    extern "C" __global__ void ATTRS                                                       \
+        moe_dec_##name(const float* __restrict__ h, int ldh, const u8* __restrict__ D, int rb_e, int qe,  \
+                         int F, int E, const int* __restrict__ ids, const float* __restrict__ w, \
+                         int k, const u8* __restrict__ SD, int rb_s, int qsh, int Fs,            \
+                         const float* __restrict__ logits, int ldl, const float* __restrict__ r, \
+                         float* out, int C, const float* __restrict__ nw, float eps,             \
+                         float* __restrict__ hn, unsigned int* tickets)
 
 // h [T, k + 1, ldh]; D [E, C, F] (type qe, rows of rb_e); SD [C, Fs] (type qsh, rows of rb_s)
 // or null; ids, w [T, k]; logits [T, ldl] (column E: the shared expert's gate logit); r, out
@@ -557,24 +568,14 @@ __device__ __forceinline__ void down_body(const float* __restrict__ h, int ldh,
     if (lane == 0 && c < C) out[(size_t)t * C + c] = r[(size_t)t * C + c] + y;
 }
 
-extern "C" __global__ void __launch_bounds__(NT)
-    moe_dec_down(const float* __restrict__ h, int ldh, const u8* __restrict__ D, int rb_e,
-                 int qe, int F, int E, const int* __restrict__ ids,
-                 const float* __restrict__ w, int k, const u8* __restrict__ SD, int rb_s,
-                 int qsh, int Fs, const float* __restrict__ logits, int ldl,
-                 const float* __restrict__ r, float* __restrict__ out, int C) {
+MOE_DEC_DOWN_KERNEL(down, __launch_bounds__(NT)) {
     __shared__ float red[RED_N];
     pdl_start();
     down_body<VEC>(h, ldh, D, rb_e, qe, F, E, ids, w, k, SD, rb_s, qsh, Fs, logits, ldl, r, out, C,
                   red);
 }
 
-extern "C" __global__ void __launch_bounds__(NT)
-    moe_dec_down_v1(const float* __restrict__ h, int ldh, const u8* __restrict__ D, int rb_e,
-                    int qe, int F, int E, const int* __restrict__ ids,
-                    const float* __restrict__ w, int k, const u8* __restrict__ SD, int rb_s,
-                    int qsh, int Fs, const float* __restrict__ logits, int ldl,
-                    const float* __restrict__ r, float* __restrict__ out, int C) {
+MOE_DEC_DOWN_KERNEL(down_v1, __launch_bounds__(NT)) {
     __shared__ float red[RED_N];
     pdl_start();
     down_body<1>(h, ldh, D, rb_e, qe, F, E, ids, w, k, SD, rb_s, qsh, Fs, logits, ldl, r, out, C,
@@ -636,14 +637,7 @@ __device__ __forceinline__ void down_norm_tail(const float* out, const float* __
     if (threadIdx.x == 0) tickets[t] = 0;  // ready for the next launch (graph replay)
 }
 
-extern "C" __global__ void __launch_bounds__(NT)
-    moe_dec_down_norm(const float* __restrict__ h, int ldh, const u8* __restrict__ D, int rb_e,
-                      int qe, int F, int E, const int* __restrict__ ids,
-                      const float* __restrict__ w, int k, const u8* __restrict__ SD, int rb_s,
-                      int qsh, int Fs, const float* __restrict__ logits, int ldl,
-                      const float* __restrict__ r, float* out, int C,
-                      const float* __restrict__ nw, float eps, float* __restrict__ hn,
-                      unsigned int* tickets) {
+MOE_DEC_DOWN_NORM_KERNEL(down_norm, __launch_bounds__(NT)) {
     __shared__ float red[RED_N];
     pdl_start();
     down_body<VEC>(h, ldh, D, rb_e, qe, F, E, ids, w, k, SD, rb_s, qsh, Fs, logits, ldl, r, out, C,
@@ -651,14 +645,7 @@ extern "C" __global__ void __launch_bounds__(NT)
     down_norm_tail(out, nw, eps, hn, C, tickets);
 }
 
-extern "C" __global__ void __launch_bounds__(NT)
-    moe_dec_down_v1_norm(const float* __restrict__ h, int ldh, const u8* __restrict__ D,
-                         int rb_e, int qe, int F, int E, const int* __restrict__ ids,
-                         const float* __restrict__ w, int k, const u8* __restrict__ SD,
-                         int rb_s, int qsh, int Fs, const float* __restrict__ logits, int ldl,
-                         const float* __restrict__ r, float* out, int C,
-                         const float* __restrict__ nw, float eps, float* __restrict__ hn,
-                         unsigned int* tickets) {
+MOE_DEC_DOWN_NORM_KERNEL(down_v1_norm, __launch_bounds__(NT)) {
     __shared__ float red[RED_N];
     pdl_start();
     down_body<1>(h, ldh, D, rb_e, qe, F, E, ids, w, k, SD, rb_s, qsh, Fs, logits, ldl, r, out, C,
@@ -710,27 +697,12 @@ __device__ __forceinline__ float routed_wsum(const float* __restrict__ ht, int l
 
 __device__ __forceinline__ float row_dot_rt(int qt, const u8* row, const float* x, int K,
                                             int lane) {
-    switch (qt) {
-        case QT_Q4_0: return row_dot<QT_Q4_0>(row, x, K, lane);
-        case QT_Q4_1: return row_dot<QT_Q4_1>(row, x, K, lane);
-        case QT_Q5_0: return row_dot<QT_Q5_0>(row, x, K, lane);
-        case QT_Q8_0: return row_dot<QT_Q8_0>(row, x, K, lane);
-        case QT_Q4_K: return row_dot<QT_Q4_K>(row, x, K, lane);
-        case QT_Q6_K: return row_dot<QT_Q6_K>(row, x, K, lane);
-        case QT_F16: return row_dot<QT_F16>(row, x, K, lane);
-        case QT_BF16: return row_dot<QT_BF16>(row, x, K, lane);
-        default: return row_dot<QT_F32>(row, x, K, lane);
-    }
+#define RD(Q) return row_dot<Q>(row, x, K, lane)
+    QT_SWITCH(qt, RD)
+#undef RD
 }
 
-extern "C" __global__ void __launch_bounds__(NT)
-    moe_dec_down_w(const float* __restrict__ h, int ldh, const u8* __restrict__ D, int rb_e,
-                   int qe, int F, int E, const int* __restrict__ ids,
-                   const float* __restrict__ w, int k, const u8* __restrict__ SD, int rb_s,
-                   int qsh, int Fs, const float* __restrict__ logits, int ldl,
-                   const float* __restrict__ r, float* out, int C,
-                   const float* __restrict__ nw, float eps, float* __restrict__ hn,
-                   unsigned int* tickets) {
+MOE_DEC_DOWN_NORM_KERNEL(down_w, __launch_bounds__(NT)) {
     __shared__ float red[RED_N];
     pdl_start();
     const int t = blockIdx.y, lane = threadIdx.x % THREADS_PER_ROW;
@@ -740,18 +712,8 @@ extern "C" __global__ void __launch_bounds__(NT)
     const float* wt = w + (size_t)t * k;
     float v = 0.f;
     if (c < C) {
-#define RW(Q) routed_wsum<Q>(ht, ldh, D, rb_e, F, E, it, wt, k, C, c, lane)
-        switch (qe) {
-            case QT_Q4_0: v = RW(QT_Q4_0); break;
-            case QT_Q4_1: v = RW(QT_Q4_1); break;
-            case QT_Q5_0: v = RW(QT_Q5_0); break;
-            case QT_Q8_0: v = RW(QT_Q8_0); break;
-            case QT_Q4_K: v = RW(QT_Q4_K); break;
-            case QT_Q6_K: v = RW(QT_Q6_K); break;
-            case QT_F16: v = RW(QT_F16); break;
-            case QT_BF16: v = RW(QT_BF16); break;
-            default: v = RW(QT_F32); break;
-        }
+#define RW(Q) v = routed_wsum<Q>(ht, ldh, D, rb_e, F, E, it, wt, k, C, c, lane)
+        QT_SWITCH(qe, RW)
 #undef RW
         if (SD) {
             const float sg = 1.f / (1.f + expf(-logits[(size_t)t * ldl + E]));
@@ -807,17 +769,9 @@ __device__ __forceinline__ void warp_rows(const u8* __restrict__ row0, int rb, i
 template <int R>
 __device__ __forceinline__ void warp_rows_rt(int qt, const u8* row0, int rb, int nr,
                                              const float* x, int K, int lane, float* s) {
-    switch (qt) {
-        case QT_Q4_0: warp_rows<QT_Q4_0, R>(row0, rb, nr, x, K, lane, s); break;
-        case QT_Q4_1: warp_rows<QT_Q4_1, R>(row0, rb, nr, x, K, lane, s); break;
-        case QT_Q5_0: warp_rows<QT_Q5_0, R>(row0, rb, nr, x, K, lane, s); break;
-        case QT_Q8_0: warp_rows<QT_Q8_0, R>(row0, rb, nr, x, K, lane, s); break;
-        case QT_Q4_K: warp_rows<QT_Q4_K, R>(row0, rb, nr, x, K, lane, s); break;
-        case QT_Q6_K: warp_rows<QT_Q6_K, R>(row0, rb, nr, x, K, lane, s); break;
-        case QT_F16: warp_rows<QT_F16, R>(row0, rb, nr, x, K, lane, s); break;
-        case QT_BF16: warp_rows<QT_BF16, R>(row0, rb, nr, x, K, lane, s); break;
-        default: warp_rows<QT_F32, R>(row0, rb, nr, x, K, lane, s); break;
-    }
+#define WR(Q) warp_rows<Q, R>(row0, rb, nr, x, K, lane, s)
+    QT_SWITCH(qt, WR)
+#undef WR
 }
 
 // Arguments: moe_dec_down_w's. Grid (ceil(C / ROWS_PER_BLOCK), T), block 32 (k + (SD ? 1 : 0)), k < MAXR.
@@ -860,14 +814,7 @@ __device__ __forceinline__ void down_split_body(
     if (nw) down_norm_tail(out, nw, eps, hn, C, tickets);
 }
 
-extern "C" __global__ void __launch_bounds__(32 * MAXR)
-    moe_dec_down_s(const float* __restrict__ h, int ldh, const u8* __restrict__ D, int rb_e,
-                   int qe, int F, int E, const int* __restrict__ ids,
-                   const float* __restrict__ w, int k, const u8* __restrict__ SD, int rb_s,
-                   int qsh, int Fs, const float* __restrict__ logits, int ldl,
-                   const float* __restrict__ r, float* out, int C,
-                   const float* __restrict__ nw, float eps, float* __restrict__ hn,
-                   unsigned int* tickets) {
+MOE_DEC_DOWN_NORM_KERNEL(down_s, __launch_bounds__(32 * MAXR)) {
     down_split_body<ROWS_PER_BLOCK>(h, ldh, D, rb_e, qe, F, E, ids, w, k, SD, rb_s, qsh, Fs, logits, ldl, r,
                           out, C, nw, eps, hn, tickets);
 }
@@ -876,14 +823,7 @@ extern "C" __global__ void __launch_bounds__(32 * MAXR)
 // shared <= 9; 72 registers, no spills at rows_per_block 4) where the compiler's own count
 // (80) leaves 2: a 2048-wide layer's 512 blocks (rows_per_block 4) then start 396 at once, not
 // 264. The same code: bit-identical.
-extern "C" __global__ void __launch_bounds__(32 * 9, 3)
-    moe_dec_down_s9(const float* __restrict__ h, int ldh, const u8* __restrict__ D, int rb_e,
-                    int qe, int F, int E, const int* __restrict__ ids,
-                    const float* __restrict__ w, int k, const u8* __restrict__ SD, int rb_s,
-                    int qsh, int Fs, const float* __restrict__ logits, int ldl,
-                    const float* __restrict__ r, float* out, int C,
-                    const float* __restrict__ nw, float eps, float* __restrict__ hn,
-                    unsigned int* tickets) {
+MOE_DEC_DOWN_NORM_KERNEL(down_s9, __launch_bounds__(32 * 9, 3)) {
     down_split_body<ROWS_PER_BLOCK>(h, ldh, D, rb_e, qe, F, E, ids, w, k, SD, rb_s, qsh, Fs, logits, ldl, r,
                           out, C, nw, eps, hn, tickets);
 }
@@ -894,14 +834,7 @@ extern "C" __global__ void __launch_bounds__(32 * 9, 3)
 // __launch_bounds__(288, 2) spills): a 2048-wide layer's 256 blocks in one wave on 132 SMs, a
 // lane's 8 rows' loads in flight together. The same code at R = 8: moe_dec_down_s at
 // rows_per_block 8 to the bit. Blocks of up to 9 warps (k + shared <= 9; the host checks).
-extern "C" __global__ void __maxnreg__(112)
-    moe_dec_down_s9r8(const float* __restrict__ h, int ldh, const u8* __restrict__ D, int rb_e,
-                      int qe, int F, int E, const int* __restrict__ ids,
-                      const float* __restrict__ w, int k, const u8* __restrict__ SD, int rb_s,
-                      int qsh, int Fs, const float* __restrict__ logits, int ldl,
-                      const float* __restrict__ r, float* out, int C,
-                      const float* __restrict__ nw, float eps, float* __restrict__ hn,
-                      unsigned int* tickets) {
+MOE_DEC_DOWN_NORM_KERNEL(down_s9r8, __maxnreg__(112)) {
     down_split_body<8>(h, ldh, D, rb_e, qe, F, E, ids, w, k, SD, rb_s, qsh, Fs, logits, ldl, r,
                        out, C, nw, eps, hn, tickets);
 }

@@ -25,7 +25,7 @@
 #include "moe_route.cuh"
 
 // blockIdx.y is 0, so dmmv's column tile is the tile's first pair: X and Y start at its row.
-#define MOE_GROUPED_KERNEL(name, QT, impl)                                                  \
+#define MOE_GROUPED_KERNEL(name, QT)                                                        \
     extern "C" __global__ void __launch_bounds__(ROWS_PER_BLOCK * THREADS_PER_ROW)                                \
         moe_grouped_##name(const u8* W, int row_bytes, int N, int K, const float* X,        \
                            const int* route, int E, float* Y) {                             \
@@ -33,16 +33,16 @@
         if (tile >= route[0]) return; /* the whole block: before any barrier */            \
         const int e = min(max(route[1 + 3 * tile], 0), E - 1);                              \
         const int start = route[2 + 3 * tile], count = route[3 + 3 * tile];                 \
-        impl<QT>(W + (size_t)e * N * row_bytes, row_bytes, N, K, X + (size_t)start * K, count, \
-                 Y + (size_t)start * N);                                                    \
+        dmmv_t<QT>(W + (size_t)e * N * row_bytes, row_bytes, N, K, X + (size_t)start * K, count, \
+                   Y + (size_t)start * N);                                                    \
     }
 
-MOE_GROUPED_KERNEL(q4_0, QT_Q4_0, dmmv_q)
-MOE_GROUPED_KERNEL(q4_1, QT_Q4_1, dmmv_q)
-MOE_GROUPED_KERNEL(q5_0, QT_Q5_0, dmmv_q)
-MOE_GROUPED_KERNEL(q8_0, QT_Q8_0, dmmv_q)
-MOE_GROUPED_KERNEL(q4_k, QT_Q4_K, dmmv_q)
-MOE_GROUPED_KERNEL(q6_k, QT_Q6_K, dmmv_q)
-MOE_GROUPED_KERNEL(f32, QT_F32, dmmv_d)
-MOE_GROUPED_KERNEL(f16, QT_F16, dmmv_d)
-MOE_GROUPED_KERNEL(bf16, QT_BF16, dmmv_d)
+MOE_GROUPED_KERNEL(q4_0, QT_Q4_0)
+MOE_GROUPED_KERNEL(q4_1, QT_Q4_1)
+MOE_GROUPED_KERNEL(q5_0, QT_Q5_0)
+MOE_GROUPED_KERNEL(q8_0, QT_Q8_0)
+MOE_GROUPED_KERNEL(q4_k, QT_Q4_K)
+MOE_GROUPED_KERNEL(q6_k, QT_Q6_K)
+MOE_GROUPED_KERNEL(f32, QT_F32)
+MOE_GROUPED_KERNEL(f16, QT_F16)
+MOE_GROUPED_KERNEL(bf16, QT_BF16)

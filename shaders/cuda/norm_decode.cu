@@ -39,12 +39,7 @@ extern "C" __global__ void __launch_bounds__(512)
         const float4 v = xv[r];
         if (threadIdx.x + r * blockDim.x < D4) s += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
     }
-    s = warp_sum(s);
-    if (lane == 0) red[threadIdx.x / 32] = s;
-    __syncthreads();
-    s = 0.f;
-    for (int i = 0; i < nw; ++i) s += red[i];
-    const float scale = rsqrtf(s / (float)D + eps);
+    const float scale = block_rms_scale(s, red, nw, lane, D, eps);
     float4* yr = (float4*)(y + (size_t)row * D);
     const int nr = (D4 + 31) / 32 * 32;  // whole warps through the Q8_1 shuffles
 #pragma unroll

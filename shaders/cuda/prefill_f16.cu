@@ -4,7 +4,7 @@
 // Each kernel is its elementwise.cu twin that also stores the fp16 rounding (cvt.rn, the same
 // bits dequant.cu's f32_to_f16 makes) of what it writes, so the GEMM's input needs no pass of
 // its own. The float32 output is still written: other ops and the contract read it.
-#include "common.cuh"
+#include "norm.cuh"
 
 // x [rows, D] -> y f32 and yh f16; w [D] float32. blockDim = 32 * rows per block.
 extern "C" __global__ void rms_norm_f16(const float* __restrict__ x, const float* __restrict__ w,
@@ -13,10 +13,7 @@ extern "C" __global__ void rms_norm_f16(const float* __restrict__ x, const float
     const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
     if (row >= rows) return;
     const float* xr = x + (size_t)row * D;
-    float s = 0.f;
-    for (int i = lane; i < D; i += 32) s += xr[i] * xr[i];
-    s = warp_sum(s);
-    const float scale = rsqrtf(s / (float)D + eps);
+    const float scale = warp_rms_scale(xr, D, eps, lane);
     float* yr = y + (size_t)row * D;
     u16* hr = yh + (size_t)row * D;
     for (int i = lane; i < D; i += 32) {

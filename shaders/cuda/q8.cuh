@@ -2,7 +2,7 @@
 // mmvw.cu's fused epilogues (mmvw_norm: the residual stream's next RMSNorm; mmvw_glu: SwiGLU),
 // so a fused kernel rounds exactly as the kernel it replaces.
 #pragma once
-#include "common.cuh"
+#include "norm.cuh"
 
 // v: this lane's 4 values of a 32-value block held by 8 consecutive lanes (lane & 7 = quarter
 // of 4). Writes 4 int8 and, from the block's first lane, (d, d * sum q); every lane takes
@@ -42,12 +42,7 @@ __device__ __forceinline__ void rms_norm_q8_row(const float* __restrict__ x,
         const float4 v = CG ? __ldcg(xr + i) : xr[i];
         s += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
     }
-    s = warp_sum(s);
-    if (lane == 0) red[threadIdx.x / 32] = s;
-    __syncthreads();
-    s = 0.f;
-    for (int i = 0; i < nw; ++i) s += red[i];
-    const float scale = rsqrtf(s / (float)D + eps);
+    const float scale = block_rms_scale(s, red, nw, lane, D, eps);
     const float4* w4 = (const float4*)w;
     const int nr = (D4 + 31) / 32 * 32;  // whole warps through the shuffles
     for (int i = threadIdx.x; i < nr; i += blockDim.x) {

@@ -62,12 +62,7 @@ __device__ __forceinline__ void dec_group(const u8* __restrict__ blk, int gi, Ru
         for (int w = 0; w < 4; ++w)
             q[w] = __vsub4(((lw[w] >> ls) & 0x0F0F0F0Fu) | (((hw[w] >> hs) & 0x03030303u) << 4),
                            0x20202020u);
-        r0.q0 = q[0];
-        r0.q1 = q[1];
-        r1.q0 = q[2];
-        r1.q1 = q[3];
-        r0.a = r1.a = a;
-        r0.b = r1.b = 0.f;
+        q6k_runs(q, a, r0, r1);
     }
 }
 

@@ -1,5 +1,5 @@
-// tc.cuh: fp16 tensor-core helpers (mma.sync m16n8k16, ldmatrix; sm_80+) for the kernels that
-// stage tiles in shared memory (moe_tc.cu; attention_tc.cu has its own copy of the same three).
+// tc.cuh: tensor-core helpers (mma.sync m16n8k16, ldmatrix; sm_80+) for the kernels that stage
+// tiles in shared memory (moe_tc.cu, attention_tc.cu, mmq.cu, mmq8.cu): one copy of the asm.
 #pragma once
 #include "common.cuh"
 
@@ -9,9 +9,17 @@ __device__ __forceinline__ u32 tc_smem_u32(const void* p) {
     return a;
 }
 
-// Four 8x8 fp16 matrices from shared memory (rows given by lanes 0-7, 8-15, 16-23, 24-31).
-__device__ __forceinline__ void tc_ldsm_x4(u32* r, const u16* p) {
+// Four 8x8 b16 matrices from shared memory (rows given by lanes 0-7, 8-15, 16-23, 24-31); void*:
+// mmq8.cu's int8 tiles load through it too (16 bytes a row either way).
+__device__ __forceinline__ void tc_ldsm_x4(u32* r, const void* p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(tc_smem_u32(p)));
+}
+
+// The same, transposed (attention_tc.cu's V tiles).
+__device__ __forceinline__ void tc_ldsm_x4_t(u32* r, const u16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(tc_smem_u32(p)));
 }

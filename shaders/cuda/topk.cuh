@@ -4,6 +4,15 @@
 #pragma once
 #include "common.cuh"
 
+// The k winners' weights from their logits (lane r < k: round r's): exp(z - max) over their sum.
+__device__ __forceinline__ void topk_weights(float mine, int k, float* __restrict__ w, int lane,
+                                             bool renorm) {
+    const float top = __shfl_sync(0xffffffffu, mine, 0);  // round 0: the largest
+    const float e = lane < k ? expf(mine - top) : 0.f;
+    const float sum = warp_sum(e);
+    if (lane < k) w[lane] = renorm ? e / sum : e;
+}
+
 // z [E] (E <= 1024) -> ids [k] (largest first, ties to the lower index: a stable sort's order),
 // w [k] = softmax of the chosen logits: the full softmax renormalised over the chosen k (its
 // denominator cancels). Called by all 32 lanes of a warp; lane l owns experts l + 32 m.
@@ -37,10 +46,7 @@ __device__ __forceinline__ void topk_row(const float* z, int E, int k, int* __re
         if (lane == r) mine = best;
         if (lane == 0) ids[r] = bi;
     }
-    const float top = __shfl_sync(0xffffffffu, mine, 0);  // round 0: the largest
-    const float e = lane < k ? expf(mine - top) : 0.f;
-    const float sum = warp_sum(e);
-    if (lane < k) w[lane] = renorm ? e / sum : e;
+    topk_weights(mine, k, w, lane, renorm);
 }
 
 // moe_experts.topk_regs: topk_row with the token's logits loaded once into registers (lane l:
@@ -84,10 +90,7 @@ __device__ __forceinline__ void topk_row_regs_m(const float* z, int E, int k,
         if (lane == r) mine = best;
         if (lane == 0) ids[r] = bi;
     }
-    const float top = __shfl_sync(0xffffffffu, mine, 0);  // round 0: the largest
-    const float e = lane < k ? expf(mine - top) : 0.f;
-    const float sum = warp_sum(e);
-    if (lane < k) w[lane] = renorm ? e / sum : e;
+    topk_weights(mine, k, w, lane, renorm);
 }
 
 // topk_row_regs_m with M = the smallest of 1, 2, 4, 8, 16, 32 that holds E (E <= 1024).

@@ -114,6 +114,11 @@ def kernel_names(src: str) -> list[str]:
         "MOE_GROUPED_KERNEL": ["moe_grouped_{}"],
         "MOE_TC_KERNELS": ["moe_tc_gu_{}", "moe_tc_down_{}"],
         "MOE_Q8_KERNELS": ["moe_q8_{}", "moe_q8_gu_{}"],
+        "ATTN_TC_KERNEL": ["attn_tc_{}"],
+        "ATTN_VEC_KERNEL": ["attn_vec{}"],
+        "MOE_DEC_GATE_UP_KERNEL": ["moe_dec_{}"],
+        "MOE_DEC_DOWN_KERNEL": ["moe_dec_{}"],
+        "MOE_DEC_DOWN_NORM_KERNEL": ["moe_dec_{}"],
     }
     for mac, pats in macros.items():
         for arg in re.findall(rf"^{mac}\((\w+),", src, re.M):
