@@ -26,9 +26,16 @@
 #include "common.cuh"
 
 // moe_experts.dec_wide (set by the host's modules_for): DEC_WIDE 1 decodes Q4_K / Q6_K groups
-// through 16-byte loads (qwide.cuh dec_row_group). moe_experts.dec_fcvt (set by the host too):
-// DEC_FCVT 1 runs qwide.cuh's run_dot_x (signed bytes to floats by a byte permute and an FADD,
-// not I2F) where 0 runs common.cuh's run_dot. Both default to 0 in qwide.cuh.
+// through 16-byte loads (qwide.cuh dec_row_group). Each knob's registry default is stated here,
+// in the file the knob builds (test_knob_bindings), though qwide.cuh defaults them alike.
+#ifndef DEC_WIDE
+#define DEC_WIDE 0
+#endif
+// moe_experts.dec_fcvt (set by the host too): DEC_FCVT 1 runs qwide.cuh's run_dot_x (signed
+// bytes to floats by a byte permute and an FADD, not I2F) where 0 runs common.cuh's run_dot
+#ifndef DEC_FCVT
+#define DEC_FCVT 0
+#endif
 #include "qwide.cuh"
 // DEC_WIDE 1: every kernel's groups wide; 2: only the split and weighted-sum down kernels'
 // (moe_dec_down_s*, moe_dec_down_w: a group of each row a lane, where gate_up's lanes walk
