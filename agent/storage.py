@@ -84,19 +84,33 @@ class StorageRef:
             return JournalStorage(RepairingJournalBackend(str(self.path)))
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-        from sqlalchemy.exc import IntegrityError
+        from sqlalchemy.exc import IntegrityError, ProgrammingError
 
         for attempt in range(SCHEMA_RACE_TRIES):
             try:
                 return optuna.storages.RDBStorage(self.url, engine_kwargs=engine_kwargs(self))
-            except IntegrityError:
+            except (IntegrityError, ProgrammingError) as e:
                 # Two processes creating the schema of a new database at once: one loses the
-                # race on CREATE TABLE (PostgreSQL: duplicate key in pg_type for
-                # alembic_version, seen in CI); the schema is there when it tries again.
-                if attempt == SCHEMA_RACE_TRIES - 1:
+                # race on CREATE TABLE. PostgreSQL says so as a duplicate key in pg_type
+                # (IntegrityError) or as DuplicateTable for alembic_version (ProgrammingError),
+                # both seen in CI; the schema is there when it tries again.
+                if not _lost_schema_race(e) or attempt == SCHEMA_RACE_TRIES - 1:
                     raise
                 time.sleep(0.2 * (attempt + 1))
         raise AssertionError("unreachable")
+
+
+# SQLSTATEs of a CREATE that another process's CREATE got to first: unique_violation,
+# duplicate_table, duplicate_object.
+_RACE_SQLSTATES = frozenset({"23505", "42P07", "42710"})
+
+
+def _lost_schema_race(e: Exception) -> bool:
+    """Whether a database error is another process's schema creation winning the race."""
+    orig = getattr(e, "orig", None)
+    if getattr(orig, "sqlstate", None) in _RACE_SQLSTATES:
+        return True
+    return "already exists" in str(orig)  # SQLite and drivers without SQLSTATE
 
 
 def engine_kwargs(ref: StorageRef) -> dict:

@@ -286,20 +286,38 @@ def test_agent_whose_lease_is_taken_over_stops_without_writing(
     assert sum(t.user_attrs.get("outcome") == "ok" for t in study.trials) < 8
 
 
-def test_open_tries_again_after_losing_the_schema_race(tmp_path, monkeypatch) -> None:
+class _PgError(Exception):
+    """A DBAPI error as psycopg raises it: the SQLSTATE on the exception."""
+
+    def __init__(self, sqlstate: str, text: str) -> None:
+        super().__init__(text)
+        self.sqlstate = sqlstate
+
+
+@pytest.mark.parametrize(
+    "error, orig",
+    [
+        ("IntegrityError", _PgError("23505", 'duplicate key value violates "pg_type_typname"')),
+        ("ProgrammingError", _PgError("42P07", 'relation "alembic_version" already exists')),
+        ("IntegrityError", Exception("table alembic_version already exists")),  # no SQLSTATE
+    ],
+)
+def test_open_tries_again_after_losing_the_schema_race(tmp_path, monkeypatch, error, orig) -> None:
     """A new database whose schema another process is creating at the same moment: the loser's
-    CREATE TABLE fails (PostgreSQL: duplicate key in pg_type, seen in CI); open tries again."""
+    CREATE TABLE fails (PostgreSQL, both seen in CI: a duplicate key in pg_type, or
+    DuplicateTable for alembic_version); open tries again. Any other error is raised at once."""
     import optuna
-    from sqlalchemy.exc import IntegrityError
+    import sqlalchemy.exc
 
     from agent import storage as S
 
+    cls = getattr(sqlalchemy.exc, error)
     real, calls = optuna.storages.RDBStorage, []
 
     def racing(url, **kw):  # noqa: ANN001, ANN003, ANN202
         calls.append(url)
         if len(calls) == 1:
-            raise IntegrityError("CREATE TABLE alembic_version", {}, Exception("duplicate key"))
+            raise cls("CREATE TABLE alembic_version", {}, orig)
         return real(url, **kw)
 
     monkeypatch.setattr(optuna.storages, "RDBStorage", racing)
@@ -307,5 +325,23 @@ def test_open_tries_again_after_losing_the_schema_race(tmp_path, monkeypatch) ->
     assert ref.open() is not None and len(calls) == 2
     calls.clear()
     monkeypatch.setattr(S, "SCHEMA_RACE_TRIES", 1)
-    with pytest.raises(IntegrityError):
+    with pytest.raises(cls):
         ref.open()
+
+
+def test_open_raises_a_schema_error_that_is_no_race_at_once(tmp_path, monkeypatch) -> None:
+    import optuna
+    from sqlalchemy.exc import ProgrammingError
+
+    from agent import storage as S
+
+    calls = []
+
+    def denied(url, **kw):  # noqa: ANN001, ANN003, ANN202
+        calls.append(url)
+        raise ProgrammingError("CREATE TABLE studies", {}, _PgError("42501", "permission denied"))
+
+    monkeypatch.setattr(optuna.storages, "RDBStorage", denied)
+    with pytest.raises(ProgrammingError):
+        S.parse_storage(f"sqlite:///{tmp_path}/s.db").open()
+    assert len(calls) == 1
