@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
 
         def call(i: int, ws: list = ws, ins: list = ins) -> Any:
             w, (s, c, qkv, al, bt, z) = ws[i % LAYERS], ins[i % LAYERS]
-            return be.delta_net_conv_gated(qkv, c, w[0], Hk, dk, al, bt, w[1], w[2], s,
+            return be._delta_net_conv_gated(qkv, c, w[0], Hk, dk, al, bt, w[1], w[2], s,
                                            p_order, 1e-6, w[3], z)  # fmt: skip
 
         clu = be._dn_clu_launch(be.config.op("delta_net"), Hk, Hv, dk, dv)
@@ -100,12 +100,12 @@ def main(argv: list[str] | None = None) -> int:
             s0 = np.ascontiguousarray(lay[4].transpose(0, 2, 1))  # S^T on the device
             s, c = be.upload(s0), be.upload(lay[5])
             w = ws[0]
-            got = be.download(be.delta_net_conv_gated(
+            got = be.download(be._delta_net_conv_gated(
                 be.upload(lay[6]), c, w[0], Hk, dk, be.upload(lay[7]), be.upload(lay[8]), w[1],
                 w[2], s, p_order, 1e-6, w[3], be.upload(lay[9])))  # fmt: skip
             ref = NumpyBackend()
             rs, rc = lay[4].copy(), lay[5].copy()
-            want = ref.delta_net_conv_gated(
+            want = ref._delta_net_conv_gated(
                 lay[6], rc, *(ref.load_weight(t) for t in lay[:1]), Hk, dk, lay[7], lay[8],
                 ref.load_weight(lay[1]), ref.load_weight(lay[2]), rs, p_order, 1e-6,
                 ref.load_weight(lay[3]), lay[9])  # fmt: skip

@@ -12,11 +12,10 @@ Kd = Hk dk, Vd = Hv dv.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
-from engine.backends.base import Backend, HybridCache, Tensor, Weight
+from engine.backends import plan as P
+from engine.backends.base import Backend, HybridCache, Tensor
 from engine.errors import UnsupportedError
 from engine.gguf_model import GGUFModel, QTensor
 from engine.model import Model, check_cache_fits
@@ -76,6 +75,7 @@ class HybridModel(Model):
         self.route_nmse = 0.0
         # drift-explained borrowings so far: (layer, position, reference k-th minus (k+1)-th gap)
         self.routes_borrowed: list[tuple[int, int, float]] = []
+        self._plans: dict[bool, P.TrunkPlan] = {}  # by whether MoE routes are forced
 
     def new_cache(self, capacity: int) -> HybridCache:
         s, b, ssm = self.spec, self.backend, self.spec.ssm
@@ -97,11 +97,12 @@ class HybridModel(Model):
     def trunk(self, ids: Tensor, n: int, pos0: int, cache: HybridCache) -> Tensor:
         """n tokens at positions pos0.. through every layer -> hidden states [n, C]; the K/V of
         the attention layers and the recurrent state of the delta-net layers are updated. Every
-        op's output passes ``_tap`` (validate's blame). With no hook watching, _trunk_fused."""
-        if self.hook is None:
-            return self._trunk_fused(ids, n, pos0, cache)
+        op's output passes ``_tap`` (validate's blame). With no hook watching, the layers go to
+        the backend's fusion pass (Backend.trunk) as a plan."""
         b, s, w, tap = self.backend, self.spec, self.weights, self._tap
         x = tap("embedding", "token_embd", -1, b.embedding(w["token_embd.weight"], ids), pos0)
+        if self.hook is None:
+            return b.trunk(self.plan, x, n, pos0, cache)
         for i in range(s.n_layers):
             p = f"blk.{i}."
             h = tap(
@@ -121,68 +122,52 @@ class HybridModel(Model):
             x = tap("add", "ffn_residual", i, b.add(x, self._ffn(h, i, pos0)), pos0)
         return x
 
-    def _trunk_fused(self, ids: Tensor, n: int, pos0: int, cache: HybridCache) -> Tensor:
-        """trunk with no hook watching: the mixers' and FFNs' residual adds, and the norm that
-        reads each new residual stream, go through the backend's fused ops (matmul_add_norm,
-        ffn_norm, moe_ffn_norm, the mixers' own: by default the same op calls in the same
-        order, so only a backend that fuses runs fewer launches)."""
-        b, s, w, eps = self.backend, self.spec, self.weights, self.spec.rms_eps
-        x = b.embedding(w["token_embd.weight"], ids)
-        h = b.rms_norm(x, w["blk.0.attn_norm.weight"], eps)
-        # a backend that folds the post-attention norm into its MoE op (moe_ffn_prenorm) gets
-        # the residual stream alone from the mixers
-        prenorm = s.moe is not None and not self.routes and not self.route_ref and b.moe_prenorm(n)
-        for i in range(s.n_layers):
-            p = f"blk.{i}."
-            post = w[p + "post_attention_norm.weight"]
-            if s.is_recurrent(i):  # (x + the mixer's output, its post-attention norm)
-                x, h = self._delta_net(h, n, i, pos0, cache, x, None if prenorm else post)
-            else:
-                x, h = self._attention(h, n, i, pos0, cache, x, None if prenorm else post)
-            nxt = w[f"blk.{i + 1}.attn_norm.weight"] if i + 1 < s.n_layers else None
-            if s.moe is None:
-                ffn = tuple(w[p + f"ffn_{t}.weight"] for t in ("gate", "up", "down"))
-                if nxt is None:
-                    return b.ffn(h, *ffn, x)
-                x, h = b.ffn_norm(h, *ffn, x, nxt, eps)
-            elif prenorm:  # the post-attention norm, the MoE FFN and the next layer's norm
-                out = b.moe_ffn_prenorm(x, post, *self._moe_weights(i), nxt, eps)
-                if nxt is None:
-                    return out
-                x, h = out
-            elif not self.routes and not self.route_ref:  # (forced routing: op-by-op _ffn)
-                moe = self._moe_weights(i)
-                if nxt is None:
-                    return b.moe_ffn(h, x, *moe)
-                x, h = b.moe_ffn_norm(h, x, *moe, nxt, eps)
-            else:
-                x = b.add(x, self._ffn(h, i, pos0))
-                if nxt is not None:
-                    h = b.rms_norm(x, nxt, eps)
-        return x
+    @property
+    def plan(self) -> P.TrunkPlan:  # type: ignore[override]
+        """The layers as the backend's fusion pass takes them (Backend.trunk). Under forced MoE
+        routes (validate) the FFNs are the model's own op-by-op _ffn, which applies them."""
+        forced = bool(self.routes or self.route_ref)
+        if forced not in self._plans:
+            self._plans[forced] = P.TrunkPlan(
+                tuple(self._layer_plan(i, forced) for i in range(self.spec.n_layers)), self.spec
+            )
+        return self._plans[forced]
 
-    def _out(
-        self, o: Tensor, name: str, i: int, pos0: int, r: Tensor | None, norm: Weight | None
-    ) -> Any:
-        """The mixer's output projection; with r (the fused trunk), (r + it, its RMSNorm by
-        norm) through the backend's matmul_add_norm; with r and no norm, (r + it, None)."""
+    def _layer_plan(self, i: int, forced: bool) -> P.Layer:
+        s, w, p = self.spec, self.weights, f"blk.{i}."
+        mixer: P.GatedAttention | P.DeltaNet
+        if s.is_recurrent(i):
+            ba = ("ssm_ba",) if p + "ssm_ba.weight" in w else ("ssm_beta", "ssm_alpha")
+            mixer = P.DeltaNet(
+                w_in=tuple(w[p + nm + ".weight"] for nm in ("attn_qkv", "attn_gate", *ba)),
+                conv=w[p + "ssm_conv1d.weight"],
+                dt_bias=w[p + "ssm_dt.bias"],
+                ssm_a=w[p + "ssm_a"],
+                norm=w[p + "ssm_norm.weight"],
+                out=w[p + "ssm_out.weight"],
+            )
+        else:
+            mixer = P.GatedAttention(
+                wqkv=tuple(w[p + f"attn_{t}.weight"] for t in "qkv"),
+                q_norm=w[p + "attn_q_norm.weight"],
+                k_norm=w[p + "attn_k_norm.weight"],
+                out=w[p + "attn_output.weight"],
+            )
+        ffn: P.Ffn | P.Moe | P.ModelFfn
+        if s.moe is None:
+            ffn = P.Ffn(*(w[p + f"ffn_{t}.weight"] for t in ("gate", "up", "down")))
+        elif forced:
+            ffn = self._ffn
+        else:
+            ffn = P.Moe(*self._moe_weights(i))
+        return P.Layer(w[p + "attn_norm.weight"], mixer, w[p + "post_attention_norm.weight"], ffn)
+
+    def _out(self, o: Tensor, name: str, i: int, pos0: int) -> Tensor:
+        """The mixer's output projection."""
         wt = self.weights[f"blk.{i}.{name}.weight"]
-        if r is not None and norm is None:
-            return self.backend.matmul_add(o, wt, r), None
-        if r is not None:
-            return self.backend.matmul_add_norm(o, wt, r, norm, self.spec.rms_eps)
         return self._tap("matmul", name, i, self.backend.matmul(o, wt), pos0)
 
-    def _delta_net(
-        self,
-        h: Tensor,
-        n: int,
-        i: int,
-        pos0: int,
-        cache: HybridCache,
-        r: Tensor | None = None,
-        norm: Weight | None = None,
-    ) -> Any:
+    def _delta_net(self, h: Tensor, n: int, i: int, pos0: int, cache: HybridCache) -> Tensor:
         b, w, ssm, p = self.backend, self.weights, self.spec.ssm, f"blk.{i}."
         eps = self.spec.rms_eps
 
@@ -203,12 +188,6 @@ class HybridModel(Model):
         else:
             beta_in, alpha = ba_out  # [T, Hv] each
         conv_w = w[p + "ssm_conv1d.weight"]
-        if self.hook is None:  # conv, gates, scan, norm and output gate: one op (fewer launches)
-            o = b.delta_net_conv_gated(
-                qkv, cache.conv[i], conv_w, Hk, dk, alpha, beta_in, w[p + "ssm_dt.bias"],
-                w[p + "ssm_a"], cache.ssm[i], ssm.v_order, eps, w[p + "ssm_norm.weight"], z,
-            )  # fmt: skip
-            return self._out(o, "ssm_out", i, pos0, r, norm)
         qkv = tap("ssm_conv", "ssm_conv", b.ssm_conv(qkv, cache.conv[i], conv_w))
         self._tap_state("ssm_conv", "conv_state", i, cache.conv, pos0 + n - 1)
         q = b.reshape(tap("cols", "ssm_q", b.cols(qkv, 0, kd)), (n, Hk, dk))
@@ -224,18 +203,9 @@ class HybridModel(Model):
         o = tap("rms_norm", "ssm_norm", b.rms_norm(o, w[p + "ssm_norm.weight"], eps))
         # silu(z) * o on [T, Vd] rows (elementwise; a decode row's int8 form comes with it)
         o = tap("swiglu", "ssm_gated", b.swiglu(z, b.reshape(o, (n, ssm.value_dim))))
-        return self._out(o, "ssm_out", i, pos0, r, norm)
+        return self._out(o, "ssm_out", i, pos0)
 
-    def _attention(
-        self,
-        h: Tensor,
-        n: int,
-        i: int,
-        pos0: int,
-        cache: HybridCache,
-        r: Tensor | None = None,
-        norm: Weight | None = None,
-    ) -> Any:
+    def _attention(self, h: Tensor, n: int, i: int, pos0: int, cache: HybridCache) -> Tensor:
         b, s, w, p = self.backend, self.spec, self.weights, f"blk.{i}."
         H, Hkv, D = s.n_head, s.n_head_kv, s.head_dim
 
@@ -246,13 +216,6 @@ class HybridModel(Model):
         qg, k, v = (tap("matmul", f"attn_{t}", y) for t, y in zip("qkv", qkv, strict=True))
         qg = b.reshape(qg, (n, H, 2 * D))  # [q | gate] per head
         k, v = b.reshape(k, (n, Hkv, D)), b.reshape(v, (n, Hkv, D))
-        if self.hook is None:  # norms, RoPE and the cache write: one op (fewer launches)
-            q, gate = b.attn_qk_prep(
-                qg, k, v, w[p + "attn_q_norm.weight"], w[p + "attn_k_norm.weight"], s.rms_eps,
-                cache, i, pos0, s.rope_theta, s.rope_dim,
-            )  # fmt: skip
-            a = b.sigmoid_mul(gate, b.attention(q, cache, i, pos0))
-            return self._out(b.reshape(a, (n, H * D)), "attn_output", i, pos0, r, norm)
         q, gate = tap("cols", "q", b.cols(qg, 0, D)), tap("cols", "q_gate", b.cols(qg, D, 2 * D))
         q = tap("rms_norm", "attn_q_norm", b.rms_norm(q, w[p + "attn_q_norm.weight"], s.rms_eps))
         k = tap("rms_norm", "attn_k_norm", b.rms_norm(k, w[p + "attn_k_norm.weight"], s.rms_eps))
@@ -264,7 +227,7 @@ class HybridModel(Model):
             tap("kv_write", "v_cache", b.rows(cache.v[i], pos0, pos0 + n))
         a = tap("attention", "attn", b.attention(q, cache, i, pos0))  # [T, H, D]
         a = tap("sigmoid_mul", "attn_gated", b.sigmoid_mul(gate, a))
-        return self._out(b.reshape(a, (n, H * D)), "attn_output", i, pos0, r, norm)
+        return self._out(b.reshape(a, (n, H * D)), "attn_output", i, pos0)
 
     def _forced_routes(self, logits: Tensor, i: int, pos0: int) -> Tensor:
         """Push the experts the reference did not choose far down at the positions in

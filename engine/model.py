@@ -9,12 +9,14 @@ this step, and the host reads that same tensor, never a copy kept from an earlie
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from engine.backends import plan as P
 from engine.backends.base import Backend, KVCache, Tensor
 from engine.errors import ConfigError
 from engine.gguf_model import GGUFModel, ModelSpec
@@ -117,7 +119,7 @@ class Model:
         H, Hkv, D = s.n_head, s.n_head_kv, s.head_dim
         x = tap("embedding", "token_embd", -1, b.embedding(w["token_embd.weight"], ids), pos0)
         if self.hook is None and not s.qk_norm:
-            return self._trunk_fused(x, n, pos0, cache)
+            return self.backend.trunk(self.plan, x, n, pos0, cache)
         for i in range(s.n_layers):
             p = f"blk.{i}."
             h = tap(
@@ -187,29 +189,22 @@ class Model:
             )
         return x
 
-    def _trunk_fused(self, x: Tensor, n: int, pos0: int, cache: KVCache) -> Tensor:
-        """trunk's layers through the backend's fused ops (engine.backends.base: by default the
-        same op sequence, so only a backend that fuses runs fewer launches). Used when no hook
-        watches the activations and the model has no per-head q/k norm."""
-        b, s, w = self.backend, self.spec, self.weights
-        heads = (s.n_head, s.n_head_kv, s.head_dim)
-        h = b.rms_norm(x, w["blk.0.attn_norm.weight"], s.rms_eps)
-        for i in range(s.n_layers):
+    @functools.cached_property
+    def plan(self) -> P.TrunkPlan:
+        """The layers as the backend's fusion pass takes them (Backend.trunk), built once."""
+        s, w = self.spec, self.weights
+
+        def layer(i: int) -> P.Layer:
             p = f"blk.{i}."
-            wqkv = tuple(w[p + f"attn_{t}.weight"] for t in "qkv")
-            bias = tuple(w[p + f"attn_{t}.bias"] for t in "qkv") if s.attn_bias else None
-            q = b.attn_in(h, wqkv, bias, cache, i, pos0, heads, s.rope_theta, s.rope_neox)
-            a = b.reshape(b.attention(q, cache, i, pos0), (n, s.n_head * s.head_dim))
-            x, h = b.matmul_add_norm(
-                a, w[p + "attn_output.weight"], x, w[p + "ffn_norm.weight"], s.rms_eps
+            attn = P.Attention(
+                wqkv=tuple(w[p + f"attn_{t}.weight"] for t in "qkv"),
+                bias=tuple(w[p + f"attn_{t}.bias"] for t in "qkv") if s.attn_bias else None,
+                out=w[p + "attn_output.weight"],
             )
-            ffn = tuple(w[p + f"ffn_{t}.weight"] for t in ("gate", "up", "down"))
-            if i + 1 < s.n_layers:  # the next layer's input norm ends this layer
-                nxt = w[f"blk.{i + 1}.attn_norm.weight"]
-                x, h = b.ffn_norm(h, *ffn, x, nxt, s.rms_eps)
-            else:
-                x = b.ffn(h, *ffn, x)
-        return x
+            ffn = P.Ffn(*(w[p + f"ffn_{t}.weight"] for t in ("gate", "up", "down")))
+            return P.Layer(w[p + "attn_norm.weight"], attn, w[p + "ffn_norm.weight"], ffn)
+
+        return P.TrunkPlan(tuple(layer(i) for i in range(s.n_layers)), s)
 
     def head(self, x: Tensor, row: int, pos: int) -> Tensor:
         """Logits [1, V] of row ``row`` of hidden states x [n, C] (token position ``pos``)."""

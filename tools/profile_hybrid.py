@@ -36,11 +36,13 @@ _DN = {"matmuls": "proj", "matmul": "norm+out", "ssm_gates": "proj", "ssm_conv":
 _THROUGH = ("delta_net_conv_gated",)  # op by op (no fusion) its inner ops keep their phases
 _ATTN = {"matmuls": "proj", "matmul": "out", "matmul_add": "out", "matmul_add_norm": "out"}
 _MOE = {"router_topk": "router", "moe_experts": "experts"}  # else shared (first matmul: router)
-OPS = ("embedding", "rms_norm", "matmul", "matmuls", "matmul_add", "ffn", "add", "swiglu",
+# the backend's ops and (underscored) its fusion pass's steps, named without the underscore
+OPS = ("embedding", "rms_norm", "matmul", "matmuls", "_matmul_add", "_ffn", "add", "swiglu",
        "argmax", "rope_partial", "sigmoid_mul", "ssm_conv", "ssm_gates", "delta_net",
        "router_topk", "moe_experts", "kv_write", "attention", "cols", "reshape",
-       "rows", "delta_net_gated", "attn_qk_prep", "ssm_in", "delta_net_conv_gated",
-       "matmul_add_norm", "ffn_norm")  # fmt: skip
+       "rows", "_delta_net_gated", "_attn_qk_prep", "ssm_in", "_delta_net_conv_gated",
+       "_matmul_add_norm", "_ffn_norm")  # fmt: skip
+MOE_STEPS = ("_moe_ffn", "_moe_ffn_norm", "_moe_ffn_prenorm")  # the MoE FFN as one step
 
 
 class PhaseTracker:
@@ -58,10 +60,12 @@ class PhaseTracker:
         self.wall: dict[str, list[float]] = {}
         for name, kind in (("_delta_net", "dn"), ("_attention", "attn"), ("_ffn", "ffn")):
             setattr(model, name, self._layer(kind, getattr(model, name)))
+        # the fusion pass's mixer step (no hook: the model's _delta_net / _attention don't run)
+        self.be._mixer = self._mixer(self.be._mixer)
         for op in OPS:
             if hasattr(self.be, op):
-                setattr(self.be, op, self._op(op, getattr(self.be, op)))
-        for op in ("moe_ffn", "moe_ffn_norm", "moe_ffn_prenorm"):  # the MoE FFN as one op
+                setattr(self.be, op, self._op(op.lstrip("_"), getattr(self.be, op)))
+        for op in MOE_STEPS:
             if hasattr(self.be, op):
                 setattr(self.be, op, self._moe_ffn(getattr(self.be, op)))
         if self.cuda:
@@ -72,7 +76,7 @@ class PhaseTracker:
         """Drop the wrappers: the model and backend run as before."""
         for name in ("_delta_net", "_attention", "_ffn"):
             self.model.__dict__.pop(name, None)
-        for op in (*OPS, "moe_ffn", "moe_ffn_norm", "moe_ffn_prenorm"):
+        for op in (*OPS, *MOE_STEPS, "_mixer"):
             self.be.__dict__.pop(op, None)
         self.be.__dict__.pop("_timed", None)
 
@@ -86,6 +90,17 @@ class PhaseTracker:
                 return fn(*args, **kw)
             finally:
                 self.kind = ""
+
+        return call
+
+    def _mixer(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """Backend.trunk's mixer step: a delta-net or an attention layer by its plan."""
+        from engine.backends.plan import DeltaNet
+
+        def call(mixer: Any, *args: Any, **kw: Any) -> Any:
+            return self._layer("dn" if isinstance(mixer, DeltaNet) else "attn", fn)(
+                mixer, *args, **kw
+            )
 
         return call
 

@@ -7,7 +7,8 @@ H query heads, Hkv key/value heads, D head dimension, V vocabulary, S KV-cache c
 A backend owns its tensors (``Tensor`` is opaque to the model: a NumPy array, a CuPy array, a
 Vulkan buffer). The model code in ``engine.model`` only calls the methods below, so a new backend
 is a new subclass; ``tests/engine/backends/test_backend_ops.py`` runs every op of every backend
-against NumPy.
+against NumPy. The model hands ``trunk`` a layer plan (engine/backends/plan.py); which ops run
+fused is the backend's own pass (engine/backends/fusion.py), not part of this contract.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
+from engine.backends.fusion import FusionPass
 from engine.device_info import DeviceEntry, DeviceInfo, MemoryReport, ProfileReport
 
 if TYPE_CHECKING:
@@ -96,8 +98,8 @@ class HybridCache(KVCache):
 
 
 class AttnIn(NamedTuple):
-    """Backend.attn_in's arguments as one value: a backend hands them on to its own fused
-    paths (and back to Backend.attn_in) without restating the list."""
+    """The fusion pass's _attn_in arguments as one value: a backend hands them on to its fused
+    paths (and back to FusionPass._attn_in) without restating the list."""
 
     h: Any
     wqkv: tuple[Any, Any, Any]
@@ -121,7 +123,7 @@ def host_scratch(shape: tuple[int, ...], dtype: Any, poison: bool) -> np.ndarray
     return out
 
 
-class Backend(ABC):
+class Backend(FusionPass, ABC):
     """One device, one tuning config. Ops return new tensors unless documented otherwise.
 
     The device contract, the same on every backend: ``list_devices()`` (what this machine has,
@@ -357,35 +359,8 @@ class Backend(ABC):
         """logits [T, V] -> [T] int32 on the device; the sampler downloads this, never a copy
         kept from an earlier step."""
 
-    # --- fused ops: sequences of the ops above that a backend may run in fewer launches. The
-    # defaults are those sequences, call for call, so a backend that does not override one
-    # computes exactly what the unfused schedule computes (engine.model calls these when no
-    # activation hook is set; blame's hook sees the unfused ops).
-    def attn_in(
-        self,
-        h: Tensor,
-        wqkv: tuple[Weight, Weight, Weight],
-        bias: tuple[Weight, Weight, Weight] | None,
-        cache: KVCache,
-        layer: int,
-        pos0: int,
-        heads: tuple[int, int, int],
-        theta: float,
-        neox: bool,
-    ) -> Tensor:
-        """h [T, C] -> q [T, H, D] with RoPE; k (RoPE) and v written into layer's cache at
-        pos0..: the q/k/v matmuls, their bias adds (bias given), both ropes and kv_write.
-        heads = (H, Hkv, D)."""
-        H, Hkv, D = heads
-        T = int(h.shape[0])
-        q, k, v = (self.matmul(h, w) for w in wqkv)
-        if bias is not None:
-            q, k, v = (self.add(t, b) for t, b in zip((q, k, v), bias, strict=True))
-        q = self.rope(self.reshape(q, (T, H, D)), pos0, theta, neox)
-        k = self.rope(self.reshape(k, (T, Hkv, D)), pos0, theta, neox)
-        self.kv_write(cache, layer, k, self.reshape(v, (T, Hkv, D)), pos0)
-        return q
-
+    # --- multi-output matmuls: projections of one activation (primitive ops: validate's
+    # hooked schedule calls them too)
     def matmuls(self, x: Tensor, ws: tuple[Weight, ...]) -> tuple[Tensor, ...]:
         """x @ dequant(w)^T for each w of ws: projections of one activation (a hybrid layer's
         qkv, gate, beta and alpha), which a backend may run in fewer launches."""
@@ -396,39 +371,6 @@ class Backend(ABC):
         ``matmuls``, unless a backend's knob gives these their own arithmetic (CUDA's
         matmul_decode.float_ssm_in)."""
         return self.matmuls(x, ws)
-
-    def matmul_add(self, x: Tensor, w: Weight, r: Tensor) -> Tensor:
-        """r + x @ dequant(w)^T (the residual add after a projection)."""
-        return self.add(r, self.matmul(x, w))
-
-    def ffn(self, h: Tensor, gate: Weight, up: Weight, down: Weight, r: Tensor) -> Tensor:
-        """r + down(swiglu(h @ gate^T, h @ up^T)): a SwiGLU feed-forward block and its
-        residual add."""
-        g = self.swiglu(self.matmul(h, gate), self.matmul(h, up))
-        return self.matmul_add(g, down, r)
-
-    def matmul_add_norm(
-        self, x: Tensor, w: Weight, r: Tensor, norm: Weight, eps: float
-    ) -> tuple[Tensor, Tensor]:
-        """(y, rms_norm(y)) with y = matmul_add(x, w, r): a projection, its residual add and
-        the RMSNorm that reads the new residual stream."""
-        y = self.matmul_add(x, w, r)
-        return y, self.rms_norm(y, norm, eps)
-
-    def ffn_norm(
-        self,
-        h: Tensor,
-        gate: Weight,
-        up: Weight,
-        down: Weight,
-        r: Tensor,
-        norm: Weight,
-        eps: float,
-    ) -> tuple[Tensor, Tensor]:
-        """(y, rms_norm(y)) with y = ffn(h, gate, up, down, r): the feed-forward block and the
-        next layer's input norm."""
-        y = self.ffn(h, gate, up, down, r)
-        return y, self.rms_norm(y, norm, eps)
 
     # --- hybrid ops (qwen35 / qwen3next; engine/hybrid.py). Optional: a backend without them
     # cannot load a hybrid model, and says so at the first op.
@@ -483,148 +425,6 @@ class Backend(ABC):
         """sum_j weights[t, j] * down_e(silu(gate_e x_t) * up_e x_t), e = ids[t, j]; gate, up
         [E, F, C], down [E, C, F]; x [T, C] -> [T, C]."""
         raise self._no_hybrid("moe_experts")
-
-    def attn_qk_prep(
-        self,
-        qg: Tensor,
-        k: Tensor,
-        v: Tensor,
-        q_norm: Weight,
-        k_norm: Weight,
-        eps: float,
-        cache: KVCache,
-        layer: int,
-        pos0: int,
-        theta: float,
-        n_rot: int,
-    ) -> tuple[Tensor, Tensor]:
-        """A gated-attention layer's inputs: qg [T, H, 2D] ([q | gate] per head), k, v
-        [T, Hkv, D] -> (q RMS-normalised by q_norm and partially roped, the gate); k normalised
-        by k_norm and roped, then k and v stored in the layer's cache at pos0. The op-by-op
-        schedule of engine/hybrid.py; a backend may run it in fewer launches."""
-        D = int(k.shape[-1])
-        q, gate = self.cols(qg, 0, D), self.cols(qg, D, 2 * D)
-        q = self.rope_partial(self.rms_norm(q, q_norm, eps), pos0, theta, n_rot)
-        k = self.rope_partial(self.rms_norm(k, k_norm, eps), pos0, theta, n_rot)
-        self.kv_write(cache, layer, k, v, pos0)
-        return q, gate
-
-    def delta_net_gated(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        a: Tensor,
-        b: Tensor,
-        dt_bias: Weight,
-        ssm_a: Weight,
-        state: Tensor,
-        v_order: str,
-        eps: float,
-        norm: Weight,
-        z: Tensor,
-    ) -> Tensor:
-        """A delta-net layer after its conv: the gates of a, b (ssm_gates), the scan
-        (delta_net), each head's output RMS-normalised by norm, times silu(z) -> [T, Hv * dv]
-        (z's shape). The op-by-op schedule of engine/hybrid.py, in its order; a backend may
-        run it in fewer launches."""
-        g, beta = self.ssm_gates(a, b, dt_bias, ssm_a)
-        o = self.delta_net(q, k, v, g, beta, state, v_order, eps)
-        o = self.rms_norm(o, norm, eps)
-        return self.swiglu(z, self.reshape(o, tuple(z.shape)))
-
-    def delta_net_conv_gated(
-        self,
-        qkv: Tensor,
-        conv_state: Tensor,
-        conv_w: Weight,
-        n_k_heads: int,
-        head_k_dim: int,
-        a: Tensor,
-        b: Tensor,
-        dt_bias: Weight,
-        ssm_a: Weight,
-        state: Tensor,
-        v_order: str,
-        eps: float,
-        norm: Weight,
-        z: Tensor,
-    ) -> Tensor:
-        """A delta-net layer from its raw q/k/v projection qkv [T, 2 Hk dk + Hv dv]: ssm_conv
-        (conv_state updated in place), the q / k / v columns, then delta_net_gated. The
-        op-by-op schedule of engine/hybrid.py, in its order; a backend may run it in fewer
-        launches."""
-        n, kd = int(qkv.shape[0]), n_k_heads * head_k_dim
-        Hv = int(a.shape[-1])
-        dv = int(z.shape[-1]) // Hv
-        x = self.ssm_conv(qkv, conv_state, conv_w)
-        q = self.reshape(self.cols(x, 0, kd), (n, n_k_heads, head_k_dim))
-        k = self.reshape(self.cols(x, kd, 2 * kd), (n, n_k_heads, head_k_dim))
-        v = self.reshape(self.cols(x, 2 * kd, 2 * kd + Hv * dv), (n, Hv, dv))
-        return self.delta_net_gated(q, k, v, a, b, dt_bias, ssm_a, state, v_order, eps, norm, z)
-
-    def moe_ffn(
-        self,
-        h: Tensor,
-        r: Tensor,
-        router: Weight,
-        k: int,
-        experts: tuple[Weight, Weight, Weight],
-        shared: tuple[Weight, Weight, Weight, Weight] | None = None,
-    ) -> Tensor:
-        """r + a MoE FFN of h: router (logits h @ router^T, router_topk), the routed experts
-        (gate, up, down: moe_experts) and, with shared = (gate_inp_shexp, gate, up, down), the
-        shared expert scaled by sigmoid(h @ gate_inp_shexp^T). The op-by-op schedule of
-        engine/hybrid.py's _ffn, in its order; a backend may run it in fewer launches."""
-        ids, w = self.router_topk(self.matmul(h, router), k)
-        y = self.moe_experts(h, ids, w, *experts)
-        if shared is not None:
-            sg, gate, up, down = shared
-            sh = self.swiglu(*self.matmuls(h, (gate, up)))
-            sh = self.matmul(sh, down)
-            y = self.add(y, self.sigmoid_mul(self.matmul(h, sg), sh))
-        return self.add(r, y)
-
-    def moe_ffn_norm(
-        self,
-        h: Tensor,
-        r: Tensor,
-        router: Weight,
-        k: int,
-        experts: tuple[Weight, Weight, Weight],
-        shared: tuple[Weight, Weight, Weight, Weight] | None,
-        norm: Weight,
-        eps: float,
-    ) -> tuple[Tensor, Tensor]:
-        """(y, rms_norm(y)) with y = moe_ffn(h, r, ...): the MoE block and the next layer's
-        input norm (as ffn_norm for the dense FFN)."""
-        y = self.moe_ffn(h, r, router, k, experts, shared)
-        return y, self.rms_norm(y, norm, eps)
-
-    def moe_prenorm(self, n: int) -> bool:
-        """Whether moe_ffn_prenorm folds the post-attention norm into the MoE FFN for n tokens
-        (the hybrid trunk then hands it the residual stream; default: no, the mixer's
-        matmul_add_norm runs the norm)."""
-        return False
-
-    def moe_ffn_prenorm(
-        self,
-        x: Tensor,
-        pre: Weight,
-        router: Weight,
-        k: int,
-        experts: tuple[Weight, Weight, Weight],
-        shared: tuple[Weight, Weight, Weight, Weight] | None,
-        norm: Weight | None,
-        eps: float,
-    ) -> Any:
-        """moe_ffn_norm of rms_norm(x, pre) with residual x: the post-attention norm, the MoE
-        block and (norm not None) the next layer's input norm -> (y, rms_norm(y, norm)); with
-        norm None, y alone."""
-        h = self.rms_norm(x, pre, eps)
-        if norm is None:
-            return self.moe_ffn(h, x, router, k, experts, shared)
-        return self.moe_ffn_norm(h, x, router, k, experts, shared, norm, eps)
 
     def registry_op(self, op: str, n: int) -> str:
         """The registry op that runs schedule op ``op`` on n tokens (validate's blame names it);

@@ -118,7 +118,7 @@ class CudaFloatDecodeOps:
                  np.int32(gate.n), y),
                 smem=4 * gate.k if int(c.xsmem) else 0, pdl=True,
             )  # fmt: skip
-            return self.matmul_add(y, down, r)
+            return self._matmul_add(y, down, r)
         g, u = self._empty((1, gate.n)), self._empty((1, up.n))
         self._mmvf(h, [(gate, g, None), (up, u, None)])
-        return self.matmul_add(self.swiglu(g, u), down, r)
+        return self._matmul_add(self.swiglu(g, u), down, r)

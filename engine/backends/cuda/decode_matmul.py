@@ -137,7 +137,7 @@ class CudaDecodeMatmulOps:
         return self._aligned16(self._cp.ascontiguousarray(x, dtype=np.float32))
 
     # --- fused ops (engine.backends.base): fewer launches per decode layer -----------------
-    def attn_in(
+    def _attn_in(
         self,
         h: Any,
         wqkv: tuple[CudaWeight, CudaWeight, CudaWeight],
@@ -160,7 +160,7 @@ class CudaDecodeMatmulOps:
         wide = self._wide(h, wqkv)
         flt = self._mmvf_ok(h, wqkv)  # matmul_decode.mmvf: q/k/v + biases in one launch too
         if not (fuse or wide or flt):
-            return super().attn_in(*a)
+            return super()._attn_in(*a)
         cache.check_room(pos0, T)
         if wide and self._fuse_rope(heads):
             return self._mmvw_qkv(a._replace(h=self._decode_row(h)))
@@ -303,29 +303,29 @@ class CudaDecodeMatmulOps:
         )  # fmt: skip
         return qo
 
-    def matmul_add(self, x: Any, w: CudaWeight, r: Any) -> Any:
+    def _matmul_add(self, x: Any, w: CudaWeight, r: Any) -> Any:
         """Under matmul_decode.mmvw / mmvf a decode row's projection adds the residual as it
         stores."""
         if self._mmvf_ok(x, (w,)):
             return self._mmvf_add(x, w, r)
         if not self._wide(x, (w,)) or w.raw is None:
-            return super().matmul_add(x, w, r)
+            return super()._matmul_add(x, w, r)
         r = self._cp.ascontiguousarray(r, dtype=np.float32)
         y = self._empty((1, w.n))
         self._mmvw(self._decode_row(x), [(w, y, r)])
         return y
 
-    def ffn(self, h: Any, gate: CudaWeight, up: CudaWeight, down: CudaWeight, r: Any) -> Any:
+    def _ffn(self, h: Any, gate: CudaWeight, up: CudaWeight, down: CudaWeight, r: Any) -> Any:
         """Under matmul_decode.mmvw: gate and up in one launch, swiglu_q8 (or both in one
         mmvw_glu launch under fuse_swiglu), down + residual. Under matmul_prefill.resident
         (fuse_f16) a prefill chunk's gate and up are one GEMM."""
         if self._pair_ok(h, gate, up):
-            return self.matmul_add(self._gate_up(h, gate, up), down, r)
+            return self._matmul_add(self._gate_up(h, gate, up), down, r)
         if self._mmvf_ok(h, (gate, up)):
             return self._mmvf_ffn(h, gate, up, down, r)
         if not self._wide(h, (gate, up)):
-            return super().ffn(h, gate, up, down, r)
-        return self.matmul_add(self._decode_gate_up(self._decode_row(h), gate, up), down, r)
+            return super()._ffn(h, gate, up, down, r)
+        return self._matmul_add(self._decode_gate_up(self._decode_row(h), gate, up), down, r)
 
     def _decode_gate_up(self, h: Any, gate: CudaWeight, up: CudaWeight) -> Any:
         """silu(h gate^T) * (h up^T) [1, n] of a decode row, its Q8_1 form remembered."""
@@ -389,13 +389,13 @@ class CudaDecodeMatmulOps:
             and tuple(r.shape) == (1, w.n)
         )
 
-    def matmul_add_norm(
+    def _matmul_add_norm(
         self, x: Any, w: CudaWeight, r: Any, norm: CudaWeight, eps: float
     ) -> tuple[Any, Any]:
         """Under matmul_decode.fuse_norm: the projection + residual, then the grid's last block
         runs the RMSNorm of the new row and its Q8_1 form (mmvw_norm), one launch."""
         if not self._fuse_norm(x, w, r):
-            return super().matmul_add_norm(x, w, r, norm, eps)
+            return super()._matmul_add_norm(x, w, r, norm, eps)
         xq, xds = self.quantize_q8(self._decode_row(x))
         r = self._cp.ascontiguousarray(r, dtype=np.float32)
         c = self.config.knobs("matmul_decode")
@@ -414,7 +414,7 @@ class CudaDecodeMatmulOps:
         self._q8_remember(h, hq, hds)
         return y, h
 
-    def ffn_norm(
+    def _ffn_norm(
         self,
         h: Any,
         gate: CudaWeight,
@@ -426,6 +426,6 @@ class CudaDecodeMatmulOps:
     ) -> tuple[Any, Any]:
         """ffn then the next norm; under fuse_norm the down projection's launch ends in it."""
         if not self._wide(h, (gate, up)):
-            return super().ffn_norm(h, gate, up, down, r, norm, eps)
+            return super()._ffn_norm(h, gate, up, down, r, norm, eps)
         g = self._decode_gate_up(self._decode_row(h), gate, up)
-        return self.matmul_add_norm(g, down, r, norm, eps)
+        return self._matmul_add_norm(g, down, r, norm, eps)

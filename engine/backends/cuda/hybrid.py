@@ -214,7 +214,7 @@ class CudaHybridOps(CudaMoeTcOps, CudaMoeDecodeOps):  # moe_tc.py, moe_ffn: moe_
             )  # fmt: skip
         return out
 
-    def attn_qk_prep(
+    def _attn_qk_prep(
         self,
         qg: Any,
         k: Any,
@@ -247,7 +247,7 @@ class CudaHybridOps(CudaMoeTcOps, CudaMoeDecodeOps):  # moe_tc.py, moe_ffn: moe_
             or pos0 + 1 > cache.capacity
             or tuple(cache.k[layer].shape[1:]) != (Hkv, D)
         ):
-            return super().attn_qk_prep(  # type: ignore[misc]
+            return super()._attn_qk_prep(  # type: ignore[misc]
                 qg, k, v, q_norm, k_norm, eps, cache, layer, pos0, theta, n_rot
             )
         qg, k, v = self._contig(qg), self._contig(k), self._contig(v)
@@ -377,7 +377,7 @@ class CudaHybridOps(CudaMoeTcOps, CudaMoeDecodeOps):  # moe_tc.py, moe_ffn: moe_
         )  # fmt: skip
         return out
 
-    def delta_net_gated(
+    def _delta_net_gated(
         self,
         q: Any,
         k: Any,
@@ -408,7 +408,7 @@ class CudaHybridOps(CudaMoeTcOps, CudaMoeDecodeOps):  # moe_tc.py, moe_ffn: moe_
             or int(v.shape[0]) != 1
             or not _gated_args_fit(a, b, dt_bias, ssm_a, norm, z, state, Hv, dk, dv)
         ):
-            return super().delta_net_gated(  # type: ignore[misc]
+            return super()._delta_net_gated(  # type: ignore[misc]
                 q, k, v, a, b, dt_bias, ssm_a, state, v_order, eps, norm, z
             )
         q, k, v, a, b, z = (self._contig(t) for t in (q, k, v, a, b, z))
@@ -424,7 +424,7 @@ class CudaHybridOps(CudaMoeTcOps, CudaMoeDecodeOps):  # moe_tc.py, moe_ffn: moe_
         )  # fmt: skip
         return y
 
-    def delta_net_conv_gated(
+    def _delta_net_conv_gated(
         self,
         qkv: Any,
         conv_state: Any,
@@ -467,7 +467,7 @@ class CudaHybridOps(CudaMoeTcOps, CudaMoeDecodeOps):  # moe_tc.py, moe_ffn: moe_
             or not conv_state.flags.c_contiguous
             or not _gated_args_fit(a, b, dt_bias, ssm_a, norm, z, state, Hv, dk, dv)
         ):
-            return super().delta_net_conv_gated(  # type: ignore[misc]
+            return super()._delta_net_conv_gated(  # type: ignore[misc]
                 qkv, conv_state, conv_w, n_k_heads, head_k_dim, a, b, dt_bias, ssm_a, state,
                 v_order, eps, norm, z,
             )  # fmt: skip

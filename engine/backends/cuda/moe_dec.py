@@ -107,7 +107,7 @@ class CudaMoeDecodeOps:
     def _route_tickets(self) -> Any:
         return self._lazy_tickets("_moe_tickets", MAX_TOKENS)  # the route's last block, per token
 
-    def moe_ffn(
+    def _moe_ffn(
         self,
         h: Any,
         r: Any,
@@ -117,7 +117,7 @@ class CudaMoeDecodeOps:
         shared: tuple | None = None,
     ) -> Any:
         if not self._moe_dec_on(h, r, router, k, experts, shared):
-            return super().moe_ffn(h, r, router, k, experts, shared)  # type: ignore[misc]
+            return super()._moe_ffn(h, r, router, k, experts, shared)  # type: ignore[misc]
         return self._moe_dec(h, r, router, k, experts, shared)
 
     def _moe_dec(
@@ -240,12 +240,12 @@ class CudaMoeDecodeOps:
             for w in ((router,) if sg is None else (router, sg))
         )
 
-    def moe_prenorm(self, n: int) -> bool:
+    def _moe_prenorm(self, n: int) -> bool:
         c = self.config.knobs("moe_experts")
         on = c.variant in ("dmmv", "grouped", "tc") and int(c.fuse_decode)
         return bool(n == 1 and on and int(c.fuse_pre_norm))
 
-    def moe_ffn_prenorm(
+    def _moe_ffn_prenorm(
         self,
         x: Any,
         pre: Any,
@@ -263,14 +263,14 @@ class CudaMoeDecodeOps:
         C = int(x.shape[-1])
         sg = None if shared is None else shared[0]
         ok = (
-            self.moe_prenorm(int(x.shape[0]) if x.ndim == 2 else 0)
+            self._moe_prenorm(int(x.shape[0]) if x.ndim == 2 else 0)
             and self._moe_dec_on(x, x, router, k, experts, shared)
             and pre.f32 is not None
             and int(pre.f32.size) == C
             and self._route_block_on(int(c.route_block) or 256, router, sg, C)
         )
         if not ok:
-            return super().moe_ffn_prenorm(  # type: ignore[misc]
+            return super()._moe_ffn_prenorm(  # type: ignore[misc]
                 x, pre, router, k, experts, shared, norm, eps
             )
         if norm is None:
@@ -288,7 +288,7 @@ class CudaMoeDecodeOps:
     def _norm_tickets(self) -> Any:
         return self._lazy_tickets("_moe_norm_tickets", MAX_TOKENS)  # the down kernel's, per token
 
-    def moe_ffn_norm(
+    def _moe_ffn_norm(
         self,
         h: Any,
         r: Any,
@@ -305,7 +305,7 @@ class CudaMoeDecodeOps:
             not self._moe_dec_on(h, r, router, k, experts, shared)  # (the variants with the knob)
             or not self._norm_in_down(norm, int(h.shape[-1]))
         ):
-            return super().moe_ffn_norm(  # type: ignore[misc]
+            return super()._moe_ffn_norm(  # type: ignore[misc]
                 h, r, router, k, experts, shared, norm, eps
             )
         return self._moe_dec(h, r, router, k, experts, shared, norm, eps)

@@ -128,7 +128,7 @@ class FusedDecode:
             )  # fmt: skip
 
     # --- fused ops (engine.backends.base) -------------------------------------------------
-    def attn_in(
+    def _attn_in(
         self,
         h: Any,
         wqkv: tuple[Any, Any, Any],
@@ -148,7 +148,7 @@ class FusedDecode:
         fuse = int(self.config.knobs("rope").fuse_kv) == 1 and D % 2 == 0
         wide = T == 1 and self._wide(h, wqkv)
         if not (fuse or wide):
-            return super().attn_in(h, wqkv, bias, cache, layer, pos0, heads, theta, neox)
+            return super()._attn_in(h, wqkv, bias, cache, layer, pos0, heads, theta, neox)
         cache.check_room(pos0, T)
         c = self.config.knobs("matmul_decode")
         if wide and int(c.fuse_rope) and all(len(w.parts) == 1 for w in wqkv) and D % 2 == 0:
@@ -249,11 +249,11 @@ class FusedDecode:
             self._q8_remember(out, q8)
         return out
 
-    def matmul_add(self, x: Any, w: Any, r: Any) -> Any:
+    def _matmul_add(self, x: Any, w: Any, r: Any) -> Any:
         """Under matmul_decode.mmvw a decode row's projection adds the residual as it stores."""
         x = self._as_tensor(x)
         if not (x.shape[0] == 1 and self._wide(x, (w,))):
-            return super().matmul_add(x, w, r)
+            return super()._matmul_add(x, w, r)
         r = self._as_tensor(r)
         if r.size != w.shape[0]:
             raise ValueError(f"matmul_add: residual {r.shape} against {w.name} {w.shape}")
@@ -261,15 +261,15 @@ class FusedDecode:
         self._mmvw(x, [(w, y, 0, r)])
         return y
 
-    def ffn(self, h: Any, gate: Any, up: Any, down: Any, r: Any) -> Any:
+    def _ffn(self, h: Any, gate: Any, up: Any, down: Any, r: Any) -> Any:
         """Under matmul_decode.mmvw: gate and up in one dispatch, swiglu + Q8_1, down +
         residual."""
         h = self._as_tensor(h)
         if not (h.shape[0] == 1 and self._wide(h, (gate, up))):
-            return super().ffn(h, gate, up, down, r)
+            return super()._ffn(h, gate, up, down, r)
         ng, nu = gate.shape[0], up.shape[0]
         y = self._new((ng + nu,))
         self._mmvw(h, [(gate, y, 0, None), (up, y, ng, None)])
         g = y[0:ng].reshape((1, ng))
         u = y[ng : ng + nu].reshape((1, nu))
-        return self.matmul_add(self.swiglu(g, u), down, r)
+        return self._matmul_add(self.swiglu(g, u), down, r)

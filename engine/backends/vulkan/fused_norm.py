@@ -1,12 +1,12 @@
 """rms_norm.fuse_add on Vulkan: the residual add before an RMSNorm in the norm's own dispatch
 (shaders/vulkan/rms_norm.comp ADD_RES), a mixin of VulkanBackend.
 
-engine.model's fused schedule ends the attention block with ``matmul_add_norm`` (o projection,
-residual add, the FFN's input norm) and the FFN block with ``ffn_norm`` (..., down projection,
-residual add, the next layer's input norm). With the knob the add and the norm are one dispatch
-that stores both the new residual stream and its normed rows: one dispatch and one barrier fewer
-per residual, in prefill and decode, whatever the matmul variant. Where the int8 decode path
-adds the residual as its matmul stores (matmul_decode.mmvw), that path is kept.
+The fusion pass (engine/backends/fusion.py) ends the attention block with ``_matmul_add_norm``
+(o projection, residual add, the FFN's input norm) and the FFN block with ``_ffn_norm`` (...,
+down projection, residual add, the next layer's input norm). With the knob the add and the norm
+are one dispatch that stores both the new residual stream and its normed rows: one dispatch and
+one barrier fewer per residual, in prefill and decode, whatever the matmul variant. Where the
+int8 decode path adds the residual as its matmul stores (matmul_decode.mmvw), that path is kept.
 """
 
 from __future__ import annotations
@@ -59,18 +59,18 @@ class FusedNorm:
         the residual as it stores and its norm writes the Q8_1 form: that schedule stays)."""
         return self._fuse_add() and not (x.shape[0] == 1 and self._int8())
 
-    def matmul_add_norm(self, x: Any, w: Any, r: Any, norm: Any, eps: float) -> tuple[Any, Any]:
+    def _matmul_add_norm(self, x: Any, w: Any, r: Any, norm: Any, eps: float) -> tuple[Any, Any]:
         x = self._as_tensor(x)
         if not self._fused_here(x):
-            return super().matmul_add_norm(x, w, r, norm, eps)
+            return super()._matmul_add_norm(x, w, r, norm, eps)
         return self.add_rms_norm(r, self.matmul(x, w), norm, eps)
 
-    def ffn_norm(
+    def _ffn_norm(
         self, h: Any, gate: Any, up: Any, down: Any, r: Any, norm: Any, eps: float
     ) -> tuple[Any, Any]:
         h = self._as_tensor(h)
         if not self._fused_here(h):
-            return super().ffn_norm(h, gate, up, down, r, norm, eps)
+            return super()._ffn_norm(h, gate, up, down, r, norm, eps)
         g = self.swiglu(self.matmul(h, gate), self.matmul(h, up))
         return self.add_rms_norm(r, self.matmul(g, down), norm, eps)
 

@@ -162,13 +162,13 @@ def test_attn_in_fused_equals_unfused(be, T, H, Hkv, D, pos0, neox, bias, decode
     for fuse in (0, 1, 1):
         be.set_config(cfg(**base, **{knob: fuse}))
         cache = be.new_kv_cache(1, pos0 + T + 3, Hkv, D)
-        q = be.attn_in(be.upload(h), wts, bts, cache, 0, pos0, (H, Hkv, D), theta, neox)
+        q = be._attn_in(be.upload(h), wts, bts, cache, 0, pos0, (H, Hkv, D), theta, neox)
         out[fuse] = (be.download(q), be.download(cache.k[0]), be.download(cache.v[0]))
         kc, vc = out[fuse][1], out[fuse][2]
         assert not kc[:pos0].any() and not kc[pos0 + T :].any(), "k written outside its rows"
         assert not vc[:pos0].any() and not vc[pos0 + T :].any(), "v written outside its rows"
         with pytest.raises(ValueError, match="KV cache full"):
-            be.attn_in(be.upload(h), wts, bts, cache, 0, pos0 + 4, (H, Hkv, D), theta, neox)
+            be._attn_in(be.upload(h), wts, bts, cache, 0, pos0 + 4, (H, Hkv, D), theta, neox)
     for a, b in zip(out[0], out[1], strict=True):
         check(b, a.astype(np.float64), 1e-12)
     # and against NumPy: matmul in float64, bias, rope
@@ -299,14 +299,14 @@ def test_matmul_add_and_ffn(cp, be, cid, knobs, T):
     r = rng.standard_normal((T, C)).astype(np.float32)
     hd, rd = be.upload(h), be.upload(r)
     limit = INT8_NMSE if T == 1 else 5e-4
-    out = be.download(be.ffn(hd, *(be.load_weight(w) for w in (wg, wu, wd)), rd))
+    out = be.download(be._ffn(hd, *(be.load_weight(w) for w in (wg, wu, wd)), rd))
     h64 = h.astype(np.float64)
     g, u = h64 @ dense(wg).T, h64 @ dense(wu).T
     ref = r + (g / (1 + np.exp(-g)) * u) @ dense(wd).T
     check(out, ref, limit)
     assert np.array_equal(be.download(hd), h) and np.array_equal(be.download(rd), r)
     x = rng.standard_normal((T, F)).astype(np.float32)
-    ma = be.download(be.matmul_add(be.upload(x), be.load_weight(wd), rd))
+    ma = be.download(be._matmul_add(be.upload(x), be.load_weight(wd), rd))
     check(ma, r + x.astype(np.float64) @ dense(wd).T, limit)
 
 
@@ -372,7 +372,7 @@ def test_mmvw_norm(cp, be, cid, knobs, qtype, N, kb):
     for i in range(3):
         x = rng.standard_normal((1, K)).astype(np.float32)
         r = rng.standard_normal((1, N)).astype(np.float32) * (1 + i)
-        y, h = be.matmul_add_norm(be.upload(x), wt, be.upload(r), nwt, 1e-6)
+        y, h = be._matmul_add_norm(be.upload(x), wt, be.upload(r), nwt, 1e-6)
         ref = r + x.astype(np.float64) @ dense(w).T
         check(y.get(), ref, INT8_NMSE)
         yh = y.get().astype(np.float64)  # the norm of what the kernel stored: float32 close
@@ -404,7 +404,7 @@ def test_ffn_norm_fused_equals_composed(cp, be):
         knobs = {"warps": 8, "threads_per_row": 8, "glu_threads_per_row": 8, "glu_unroll": 2}
         be.set_config(cfg(**mmvw(fuse_swiglu=fuse, fuse_norm=fuse, **knobs)))
         ws = [be.load_weight(w) for w in (wg, wu, wd, nw)]
-        y, hn = be.ffn_norm(be.upload(h), *ws[:3], be.upload(r), ws[3], 1e-6)
+        y, hn = be._ffn_norm(be.upload(h), *ws[:3], be.upload(r), ws[3], 1e-6)
         out[fuse] = (y.get(), hn.get())
     assert np.array_equal(out[0][0], out[1][0])
     assert np.array_equal(out[0][1], out[1][1])
@@ -517,7 +517,7 @@ def test_base_composition_is_used_where_nothing_fuses(be):
     rng = np.random.default_rng(3)
     ws, bs, h, wts, bts = _attn_in_inputs(be, rng, 1, 4, 2, 64, True)
     c1, c2 = be.new_kv_cache(1, 4, 2, 64), be.new_kv_cache(1, 4, 2, 64)
-    q1 = be.download(be.attn_in(be.upload(h), wts, bts, c1, 0, 1, (4, 2, 64), 1e4, False))
-    q2 = be.download(Backend.attn_in(be, be.upload(h), wts, bts, c2, 0, 1, (4, 2, 64), 1e4, False))
+    q1 = be.download(be._attn_in(be.upload(h), wts, bts, c1, 0, 1, (4, 2, 64), 1e4, False))
+    q2 = be.download(Backend._attn_in(be, be.upload(h), wts, bts, c2, 0, 1, (4, 2, 64), 1e4, False))
     assert np.array_equal(q1, q2)
     assert np.array_equal(be.download(c1.k[0]), be.download(c2.k[0]))

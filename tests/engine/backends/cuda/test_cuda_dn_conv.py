@@ -114,7 +114,7 @@ def test_moe_down_norm_is_moe_ffn_then_rms_norm(be, E, k, C, F, qe, qd, shared, 
         ld = be.load_weight
         for step in range(2):  # (the ticket reset: a second call on the same tickets)
             h, r = ins[step]
-            y, hn = be.moe_ffn_norm(be.upload(h), be.upload(r), ld(router), k,
+            y, hn = be._moe_ffn_norm(be.upload(h), be.upload(r), ld(router), k,
                                     tuple(ld(m) for m in mats),
                                     None if sh is None else tuple(ld(t) for t in sh),
                                     ld(norm), 1e-6)  # fmt: skip
@@ -123,7 +123,7 @@ def test_moe_down_norm_is_moe_ffn_then_rms_norm(be, E, k, C, F, qe, qd, shared, 
         assert np.array_equal(outs[1, step][0], outs[0, step][0]), f"step {step}"
         check(outs[1, step][1], outs[0, step][1].astype(np.float64), 1e-12)
     h, r = ins[0]
-    wy, whn = ref.moe_ffn_norm(h, r, ref.load_weight(router), k,
+    wy, whn = ref._moe_ffn_norm(h, r, ref.load_weight(router), k,
                                tuple(ref.load_weight(m) for m in mats),
                                None if sh is None else tuple(ref.load_weight(t) for t in sh),
                                ref.load_weight(norm), 1e-6)  # fmt: skip

@@ -57,11 +57,11 @@ def test_fused_step_is_the_four_launches_to_the_bit(
             be.set_config(cfg(**knobs, **{"delta_net.fuse_decode": fuse}))
             args = [be.upload(t) for t in ins]
             w = [be.load_weight(t) for t in (dt, sa, nw)]
-            outs[name] = be.download(be.delta_net_gated(
+            outs[name] = be.download(be._delta_net_gated(
                 *args[:5], w[0], w[1], states[name], v_order, 1e-6, w[2], args[5]))  # fmt: skip
         assert np.array_equal(outs["fused"], outs["plain"]), f"step {step}"
         assert np.array_equal(be.download(states["fused"]), be.download(states["plain"]))
-        want = ref.delta_net_gated(*ins[:5], ref.load_weight(dt), ref.load_weight(sa), s_ref,
+        want = ref._delta_net_gated(*ins[:5], ref.load_weight(dt), ref.load_weight(sa), s_ref,
                                    v_order, 1e-6, ref.load_weight(nw), ins[5])  # fmt: skip
         check(outs["fused"], np.asarray(want, np.float64), 1e-10)
 

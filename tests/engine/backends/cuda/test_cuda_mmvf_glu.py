@@ -37,7 +37,7 @@ def test_mmvf_glu_equals_two_launches(be, qtype, F, knobs):
         flat = {f"matmul_decode.{k}": v for k, v in knobs.items()}
         be.set_config(cfg(**flat | {"matmul_decode.fuse_swiglu": fuse}))
         ws = [be.load_weight(w) for w in (gate, up, down)]
-        outs.append(be.download(be.ffn(be.upload(h), *ws, be.upload(r))))
+        outs.append(be.download(be._ffn(be.upload(h), *ws, be.upload(r))))
     assert np.array_equal(outs[0], outs[1]), "mmvf_glu differs from gate/up + swiglu"
     g, u = (h.astype(np.float64) @ dense(w).T for w in (gate, up))
     ref = r + (g / (1 + np.exp(-g)) * u) @ dense(down).T

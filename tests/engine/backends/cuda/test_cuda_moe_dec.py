@@ -80,7 +80,7 @@ def _layer(rng, E, C, F, Fs, qe, qdown, qs, shared=True, skew=True, nan_experts=
 def _run(b, h, r, router, k, mats, sh):
     load = b.load_weight
     shared = None if sh is None else tuple(load(t) for t in sh)
-    out = b.moe_ffn(b.upload(h), b.upload(r), load(router), k, tuple(load(m) for m in mats),
+    out = b._moe_ffn(b.upload(h), b.upload(r), load(router), k, tuple(load(m) for m in mats),
                     shared)  # fmt: skip
     return b.download(out)
 
@@ -325,7 +325,7 @@ def test_planted_route_block_half_row_is_caught(be):
 
 def _prenorm(b, x, pre, router, k, mats, sh, norm):
     ld = b.load_weight
-    out = b.moe_ffn_prenorm(b.upload(x), ld(pre), ld(router), k, tuple(ld(m) for m in mats),
+    out = b._moe_ffn_prenorm(b.upload(x), ld(pre), ld(router), k, tuple(ld(m) for m in mats),
                             None if sh is None else tuple(ld(t) for t in sh),
                             None if norm is None else ld(norm), 1e-6)  # fmt: skip
     return tuple(b.download(o) for o in out) if norm is not None else (b.download(out),)

@@ -297,7 +297,7 @@ def test_ffn_gate_up_in_one_gemm_and_views_shared():
     gate, up, down = (be.load_weight(q) for q in (qg, qu, qd))
     h = rng.standard_normal((T, C)).astype(np.float32)
     r = rng.standard_normal((T, C)).astype(np.float32)
-    out = np.asarray(be.ffn(be.upload(h), gate, up, down, be.upload(r)))
+    out = np.asarray(be._ffn(be.upload(h), gate, up, down, be.upload(r)))
     g64, u64 = h.astype(np.float64) @ dense(qg).T, h.astype(np.float64) @ dense(qu).T
     ref = r + (g64 / (1 + np.exp(-g64)) * u64) @ dense(qd).T
     check(out, ref, 1e-5)
@@ -311,7 +311,7 @@ def test_ffn_gate_up_in_one_gemm_and_views_shared():
     be2 = EmuCuda(cfg(**{"matmul_prefill.variant": "resident"}))
     g2, u2, d2 = (be2.load_weight(q) for q in (qg, qu, qd))
     be2.matmul(be2.upload(h), g2)
-    out2 = np.asarray(be2.ffn(be2.upload(h), g2, u2, d2, be2.upload(r)))
+    out2 = np.asarray(be2._ffn(be2.upload(h), g2, u2, d2, be2.upload(r)))
     check(out2, ref, 1e-5)
     assert all(a[2] != 2 * F for a, _ in be2.gemms)
 
@@ -378,12 +378,12 @@ def test_attn_in_one_gemm_under_resident_and_fuse_kv(bias):
     ws = tuple(be.load_weight(q) for q in qts)
     bs = tuple(be.load_weight(b) for b in bts) if bias else None
     cache = be.new_kv_cache(1, pos0 + T + 2, Hkv, D)
-    q = be.attn_in(be.upload(h), ws, bs, cache, 0, pos0, (H, Hkv, D), 1e4, True)
+    q = be._attn_in(be.upload(h), ws, bs, cache, 0, pos0, (H, Hkv, D), 1e4, True)
     nb = NumpyBackend()
     ncache = nb.new_kv_cache(1, pos0 + T + 2, Hkv, D)
     nws = tuple(nb.load_weight(x) for x in qts)
     nbs = tuple(nb.load_weight(x) for x in bts) if bias else None
-    ref = nb.attn_in(h, nws, nbs, ncache, 0, pos0, (H, Hkv, D), 1e4, True)
+    ref = nb._attn_in(h, nws, nbs, ncache, 0, pos0, (H, Hkv, D), 1e4, True)
     check(np.asarray(q), ref, 1e-5)
     check(np.asarray(cache.k[0]), ncache.k[0], 1e-5)
     check(np.asarray(cache.v[0]), ncache.v[0], 1e-5)

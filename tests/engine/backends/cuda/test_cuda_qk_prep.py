@@ -36,7 +36,7 @@ def test_fused_qk_prep_is_the_op_by_op_schedule_to_the_bit(be, H, Hkv, D, n_rot,
         be.set_config(cfg(**{"rope_partial.fuse_qk": fuse}))
         cache = KVCache(k=[be.upload(np.zeros((S, Hkv, D), np.float32))],
                         v=[be.upload(np.zeros((S, Hkv, D), np.float32))], capacity=S)  # fmt: skip
-        q, gate = be.attn_qk_prep(be.upload(qg), be.upload(k), be.upload(v), be.load_weight(qn),
+        q, gate = be._attn_qk_prep(be.upload(qg), be.upload(k), be.upload(v), be.load_weight(qn),
                                   be.load_weight(kn), 1e-6, cache, 0, pos, 1e7, n_rot)  # fmt: skip
         got[fuse] = [be.download(t) for t in (q, gate, cache.k[0], cache.v[0])]
     for a, b in zip(got[1], got[0], strict=True):
@@ -44,7 +44,7 @@ def test_fused_qk_prep_is_the_op_by_op_schedule_to_the_bit(be, H, Hkv, D, n_rot,
     ref = NumpyBackend()
     cache = KVCache(k=[np.zeros((S, Hkv, D), np.float32)], v=[np.zeros((S, Hkv, D), np.float32)],
                     capacity=S)  # fmt: skip
-    q, gate = ref.attn_qk_prep(qg, k, v, ref.load_weight(qn), ref.load_weight(kn), 1e-6, cache, 0,
+    q, gate = ref._attn_qk_prep(qg, k, v, ref.load_weight(qn), ref.load_weight(kn), 1e-6, cache, 0,
                                pos, 1e7, n_rot)  # fmt: skip
     for a, b in zip(got[1], (q, gate, cache.k[0], cache.v[0]), strict=True):
         check(a, np.asarray(b, np.float64), 1e-10)

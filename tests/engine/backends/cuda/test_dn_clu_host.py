@@ -51,7 +51,7 @@ def _steps(tmp_path, n, lanes, max_dk, K, dk, dv, Hk, Hv, transposed, v_order):
             exe, (Hk, Hv, dk, dv, K), v_order == "grouped", threads, 1e-6,
             [qkv, c_dev, cw, a, b, dt, sa, s_dev, nw, z], tmp_path,
         )  # fmt: skip
-        want = ref.delta_net_conv_gated(qkv, c_ref, rw[0], Hk, dk, a, b, rw[1], rw[2], s_ref,
+        want = ref._delta_net_conv_gated(qkv, c_ref, rw[0], Hk, dk, a, b, rw[1], rw[2], s_ref,
                                         v_order, 1e-6, rw[3], z)  # fmt: skip
         s_dev = s_out.reshape(s_dev.shape)
         c_dev = c_out

@@ -92,8 +92,8 @@ def test_matmul_add_norm_and_ffn_norm_fused_equal_unfused(vb, T):
         at, rt = vb.upload(a), vb.upload(r)
         vb.synchronize()
         before = vb.stats()["dispatches"]
-        x1, h1 = vb.matmul_add_norm(at, o, rt, n, 1e-6)
-        x2, h2 = vb.ffn_norm(h1, g, u, d, x1, n, 1e-6)
+        x1, h1 = vb._matmul_add_norm(at, o, rt, n, 1e-6)
+        x2, h2 = vb._ffn_norm(h1, g, u, d, x1, n, 1e-6)
         vb.synchronize()
         counts[name] = vb.stats()["dispatches"] - before
         runs[name] = [vb.download(t) for t in (x1, h1, x2, h2)]
@@ -110,7 +110,7 @@ def test_matmul_add_norm_and_ffn_norm_fused_equal_unfused(vb, T):
             vb.set_config(_cfg(flat))
             o, n = vb.load_weight(wo), vb.load_weight(nw)
             outs[name] = [
-                vb.download(t) for t in vb.matmul_add_norm(vb.upload(a), o, vb.upload(r), n, 1e-6)
+                vb.download(t) for t in vb._matmul_add_norm(vb.upload(a), o, vb.upload(r), n, 1e-6)
             ]
         for p, f in zip(outs["mmvw"], outs["mmvw_fuse"], strict=True):
             assert np.array_equal(p, f)
@@ -140,7 +140,7 @@ def test_rope_fuse_bias_equals_adds_then_rope_kv(vb, T, pos0, heads, wg):
             ht = vb.upload(h)
             vb.synchronize()
             before = vb.stats()["dispatches"]
-            q = vb.attn_in(ht, ws, bs, cache, 0, pos0, (H, Hkv, D), 1e4, neox)
+            q = vb._attn_in(ht, ws, bs, cache, 0, pos0, (H, Hkv, D), 1e4, neox)
             vb.synchronize()
             counts[name] = vb.stats()["dispatches"] - before
             runs[name] = (vb.download(q), vb.download(cache.k[0]), vb.download(cache.v[0]))

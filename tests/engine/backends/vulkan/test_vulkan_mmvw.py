@@ -196,7 +196,7 @@ def test_attn_in_fused_matches_unfused(vb, T, pos0, bias):
                        ("mmvw", MMVW), ("mmvw_fused", MMVW | {"rope.fuse_kv": 1})):  # fmt: skip
         vb.set_config(TuningConfig.default("vulkan").replace(**flat))
         cache = vb.new_kv_cache(1, pos0 + T + 3, Hkv, D)
-        q = vb.attn_in(vb.upload(h), wv, bs if bias else None, cache, 0, pos0, (H, Hkv, D), 1e6,
+        q = vb._attn_in(vb.upload(h), wv, bs if bias else None, cache, 0, pos0, (H, Hkv, D), 1e6,
                        True)  # fmt: skip
         runs[name] = (vb.download(q), vb.download(cache.k[0]), vb.download(cache.v[0]))
     for name, (_, k, v) in runs.items():
@@ -223,13 +223,13 @@ def test_matmul_add_and_ffn_under_mmvw(vb):
     ht, rt = vb.upload(h), vb.upload(r)
     vb.synchronize()
     before = vb.stats()["dispatches"]
-    out = vb.download(vb.ffn(ht, *ws, rt))
+    out = vb.download(vb._ffn(ht, *ws, rt))
     assert vb.stats()["dispatches"] - before == 4  # quantize, gate+up, swiglu+q8, down+r
     h64 = h.astype(np.float64)
     gg, uu = h64 @ dense(wg).T, h64 @ dense(wu).T
     ref = (gg / (1 + np.exp(-gg)) * uu) @ dense(wd).T + r
     assert nmse(ref, out) < 5e-3
-    y = vb.download(vb.matmul_add(vb.upload(h), ws[0], vb.upload(np.ones((1, F), np.float32))))
+    y = vb.download(vb._matmul_add(vb.upload(h), ws[0], vb.upload(np.ones((1, F), np.float32))))
     assert nmse(h64 @ dense(wg).T + 1, y) < 5e-3
 
 
@@ -331,7 +331,7 @@ def test_fuse_rope_is_fused_kv_bit_for_bit(vb, flat, neox, pos0, bias):
         ht = vb.upload(h)
         vb.synchronize()
         before = vb.stats()["dispatches"]
-        q = vb.attn_in(ht, wv, bs if bias else None, cache, 0, pos0, (H, Hkv, D), 1e4, neox)
+        q = vb._attn_in(ht, wv, bs if bias else None, cache, 0, pos0, (H, Hkv, D), 1e4, neox)
         runs.append((vb.download(q), vb.download(cache.k[0]), vb.download(cache.v[0])))
         n = vb.stats()["dispatches"] - before
     assert n == 2  # quantize + mmvw with the epilogue
