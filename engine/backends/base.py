@@ -17,7 +17,7 @@ import time
 import weakref
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -97,21 +97,6 @@ class HybridCache(KVCache):
     ssm: list[Tensor | None] = field(default_factory=list)
 
 
-class AttnIn(NamedTuple):
-    """The fusion pass's _attn_in arguments as one value: a backend hands them on to its fused
-    paths (and back to FusionPass._attn_in) without restating the list."""
-
-    h: Any
-    wqkv: tuple[Any, Any, Any]
-    bias: tuple[Any, Any, Any] | None
-    cache: KVCache
-    layer: int
-    pos0: int
-    heads: tuple[int, int, int]
-    theta: float
-    neox: bool
-
-
 POISON_BYTE = 0xFF
 
 
@@ -188,7 +173,7 @@ class Backend(FusionPass, ABC):
             live = self.__dict__[what] = _Live()
         return live
 
-    def track_weight(self, w: Weight) -> Weight:
+    def _track_weight(self, w: Weight) -> Weight:
         """Count a loaded weight in ``memory_report`` while it lives (load_weight calls it)."""
         self._tracked("_live_weights").add(w)
         return w
@@ -198,23 +183,23 @@ class Backend(FusionPass, ABC):
         self._tracked("_live_caches").add(cache)
         return cache
 
-    def weight_nbytes(self, w: Weight) -> int:
+    def _weight_nbytes(self, w: Weight) -> int:
         """Bytes a weight holds on the device (overridden where a weight is not ``.nbytes``)."""
         return int(w.nbytes)
 
-    def held_bytes(self) -> int | None:
+    def _held_bytes(self) -> int | None:
         """Every byte the backend holds on its device (pools included), or None when it holds
         nothing beyond weights and caches (scratch is then reported as 0)."""
         return None
 
     def memory_report(self) -> MemoryReport:
         """Weights, KV/state and scratch bytes held on the device now."""
-        weights = sum(self.weight_nbytes(w) for w in self._tracked("_live_weights"))
+        weights = sum(self._weight_nbytes(w) for w in self._tracked("_live_weights"))
         kv = 0
         for c in self._tracked("_live_caches"):
             parts = [*c.k, *c.v, *getattr(c, "conv", []), *getattr(c, "ssm", [])]
             kv += sum(int(t.nbytes) for t in parts if t is not None)
-        held = self.held_bytes()
+        held = self._held_bytes()
         return MemoryReport(weights, kv, max(0, held - weights - kv) if held is not None else 0)
 
     def release_unused(self) -> None:  # noqa: B027 - optional: nothing kept beyond use

@@ -76,10 +76,8 @@ class FusionPass:
         b, n = self, int(h.shape[0])
         H, Hkv, D = s.n_head, s.n_head_kv, s.head_dim
         if isinstance(mixer, P.Attention):
-            heads = (H, Hkv, D)
-            q = b._attn_in(
-                h, mixer.wqkv, mixer.bias, cache, layer, pos0, heads, s.rope_theta, s.rope_neox
-            )
+            heads, rope = (H, Hkv, D), (s.rope_theta, s.rope_neox)
+            q = b._attn_in(P.AttnIn(h, mixer.wqkv, mixer.bias, cache, layer, pos0, heads, *rope))
             o = b.reshape(b.attention(q, cache, layer, pos0), (n, H * D))
         elif isinstance(mixer, P.GatedAttention):
             qg, k, v = b.matmuls(h, mixer.wqkv)
@@ -118,21 +116,9 @@ class FusionPass:
         )  # fmt: skip
 
     # --- the fused steps: the default is the op sequence each replaces -------------------
-    def _attn_in(
-        self,
-        h: Tensor,
-        wqkv: tuple[Weight, Weight, Weight],
-        bias: tuple[Weight, Weight, Weight] | None,
-        cache: KVCache,
-        layer: int,
-        pos0: int,
-        heads: tuple[int, int, int],
-        theta: float,
-        neox: bool,
-    ) -> Tensor:
-        """h [T, C] -> q [T, H, D] with RoPE; k (RoPE) and v written into layer's cache at
-        pos0..: the q/k/v matmuls, their bias adds (bias given), both ropes and kv_write.
-        heads = (H, Hkv, D)."""
+    def _attn_in(self, a: P.AttnIn) -> Tensor:
+        """The q/k/v matmuls, their bias adds (bias given), both ropes and kv_write."""
+        h, wqkv, bias, cache, layer, pos0, heads, theta, neox = a
         H, Hkv, D = heads
         T = int(h.shape[0])
         q, k, v = (self.matmul(h, w) for w in wqkv)

@@ -71,9 +71,9 @@ class NumpyBackend(NumpyHybridOps, Backend):
         w = NumpyWeight(qt)
         if len(qt.shape) == 1:  # norms and biases: always dense
             w.f32 = qt.dequantize()
-        return self.track_weight(w)
+        return self._track_weight(w)
 
-    def weight_nbytes(self, w: NumpyWeight) -> int:
+    def _weight_nbytes(self, w: NumpyWeight) -> int:
         """The quantized blocks (a view of the file's memory map) plus any dense copy."""
         return int(w.qt.raw.nbytes) + (int(w.f32.nbytes) if w.f32 is not None else 0)
 

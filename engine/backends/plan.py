@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
+    from engine.backends.base import KVCache
     from engine.gguf_model import ModelSpec
 
 Weight = Any
@@ -96,3 +97,19 @@ class TrunkPlan:
     @property
     def has_moe(self) -> bool:
         return any(isinstance(layer.ffn, Moe) for layer in self.layers)
+
+
+class AttnIn(NamedTuple):
+    """The fusion pass's _attn_in step's arguments as one value: h [T, C] -> q [T, H, D] with
+    RoPE, k (RoPE) and v written into layer's cache at pos0; heads = (H, Hkv, D). A backend
+    hands it on to its own fused paths without restating the list."""
+
+    h: Any
+    wqkv: tuple[Any, Any, Any]
+    bias: tuple[Any, Any, Any] | None
+    cache: KVCache
+    layer: int
+    pos0: int
+    heads: tuple[int, int, int]
+    theta: float
+    neox: bool

@@ -248,7 +248,7 @@ class CudaBackend(  # mixins: a module per op family; theirs first, as when they
         self._collect_profile()
 
     def load_weight(self, qt: QTensor) -> CudaWeight:
-        return self.track_weight(self._load_weight(qt))
+        return self._track_weight(self._load_weight(qt))
 
     def _load_weight(self, qt: QTensor) -> CudaWeight:
         if qt.qtype not in ALL_TYPES:
@@ -269,7 +269,7 @@ class CudaBackend(  # mixins: a module per op family; theirs first, as when they
             raw = pad.reshape(int(raw.shape[0]), nb * Q6K_PADDED)
         return CudaWeight(qt.name, qt.qtype, tuple(qt.shape), raw=raw)
 
-    def held_bytes(self) -> int:
+    def _held_bytes(self) -> int:
         """What CuPy's memory pool holds on this device (used and cached blocks)."""
         with self._cp.cuda.Device(self._index):
             return int(self._cp.get_default_memory_pool().total_bytes())

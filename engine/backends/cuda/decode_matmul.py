@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from engine.backends.base import AttnIn, KVCache
 from engine.backends.cuda import kernels
 from engine.backends.cuda.attention import _PendingQ
 from engine.backends.cuda.decode_float import _NULL, QT_IDS, three_matrix_args
 from engine.backends.cuda.weight import CudaWeight
+from engine.backends.plan import AttnIn
 from engine.tuning.variants.cuda import CUDA_BLOCK_TYPES
 
 if TYPE_CHECKING:
@@ -137,21 +137,10 @@ class CudaDecodeMatmulOps:
         return self._aligned16(self._cp.ascontiguousarray(x, dtype=np.float32))
 
     # --- fused ops (engine.backends.base): fewer launches per decode layer -----------------
-    def _attn_in(
-        self,
-        h: Any,
-        wqkv: tuple[CudaWeight, CudaWeight, CudaWeight],
-        bias: tuple[CudaWeight, CudaWeight, CudaWeight] | None,
-        cache: KVCache,
-        layer: int,
-        pos0: int,
-        heads: tuple[int, int, int],
-        theta: float,
-        neox: bool,
-    ) -> Any:
+    def _attn_in(self, a: AttnIn) -> Any:
         """q/k/v in one mmvw launch with the biases added as they store (matmul_decode.mmvw),
         and/or bias + both ropes + the KV write in one rope_kv launch (rope.fuse_kv)."""
-        a = AttnIn(h, wqkv, bias, cache, layer, pos0, heads, theta, neox)
+        h, wqkv, bias, cache, layer, pos0, heads, theta, neox = a
         if self._qkv_ok(h, wqkv):  # a prefill chunk under resident: one GEMM (prefill.py)
             return self._attn_in_rows(a)
         H, Hkv, D = heads
@@ -160,7 +149,7 @@ class CudaDecodeMatmulOps:
         wide = self._wide(h, wqkv)
         flt = self._mmvf_ok(h, wqkv)  # matmul_decode.mmvf: q/k/v + biases in one launch too
         if not (fuse or wide or flt):
-            return super()._attn_in(*a)
+            return super()._attn_in(a)
         cache.check_room(pos0, T)
         if wide and self._fuse_rope(heads):
             return self._mmvw_qkv(a._replace(h=self._decode_row(h)))

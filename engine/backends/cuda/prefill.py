@@ -22,7 +22,8 @@ from engine.backends.cuda import kernels
 from engine.tuning.variants.cuda import CUDA_BLOCK_TYPES
 
 if TYPE_CHECKING:
-    from engine.backends.base import AttnIn, KVCache
+    from engine.backends.base import KVCache
+    from engine.backends.plan import AttnIn
 
 # cuBLAS / CUDA data-type constants (cublas_api.h, library_types.h)
 _OP_N, _OP_T = 0, 1

@@ -135,7 +135,7 @@ class VulkanBackend(  # mixins: a module per op family; theirs first, as when th
     def device_info(self) -> DeviceInfo:
         return self.dev.info
 
-    def weight_nbytes(self, w: VkWeight) -> int:
+    def _weight_nbytes(self, w: VkWeight) -> int:
         return w.nbytes
 
     def release_unused(self) -> None:
@@ -149,7 +149,7 @@ class VulkanBackend(  # mixins: a module per op family; theirs first, as when th
     def driver_memory(self) -> tuple[int | None, str]:
         return driver_usage(self.dev.physical)
 
-    def held_bytes(self) -> int:
+    def _held_bytes(self) -> int:
         """Every live buffer: tensors, pooled free ones, staging, RoPE tables."""
         return self.alloc.bytes_allocated
 
@@ -242,7 +242,7 @@ class VulkanBackend(  # mixins: a module per op family; theirs first, as when th
             t = VkTensor(self.alloc.new(4 * f32.size, pooled=False), 0, f32.shape, np.float32)
             self._write(t.buf, 0, f32)
             # tracked like the matrices: memory_report counted them as scratch before
-            return self.track_weight(VkWeight(qt.name, qt.qtype, tuple(qt.shape), f32=t))
+            return self._track_weight(VkWeight(qt.name, qt.qtype, tuple(qt.shape), f32=t))
         n_rows = math.prod(qt.shape[:-1])  # stacked experts [E, N, K]: E * N rows
         raw = np.ascontiguousarray(qt.raw).reshape(n_rows, -1)
         row_bytes = raw.shape[1]
@@ -265,7 +265,7 @@ class VulkanBackend(  # mixins: a module per op family; theirs first, as when th
             except KernelCompileError:
                 self._qtypes.discard(qt.qtype)
                 raise
-        return self.track_weight(w)
+        return self._track_weight(w)
 
     def new_kv_cache(self, n_layers: int, capacity: int, n_head_kv: int, head_dim: int) -> KVCache:
         shape = (capacity, n_head_kv, head_dim)

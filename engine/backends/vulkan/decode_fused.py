@@ -24,6 +24,7 @@ from engine.backends.vulkan.kernels import fold_groups as _fold
 
 if TYPE_CHECKING:
     from engine.backends.base import KVCache
+    from engine.backends.plan import AttnIn
 
 MMVW_GGML = {"Q4_K": 12, "Q6_K": 14}  # mmvw.comp's per-matrix type ids (GGML's)
 NO_ADD = 0xFFFFFFFF
@@ -128,27 +129,17 @@ class FusedDecode:
             )  # fmt: skip
 
     # --- fused ops (engine.backends.base) -------------------------------------------------
-    def _attn_in(
-        self,
-        h: Any,
-        wqkv: tuple[Any, Any, Any],
-        bias: tuple[Any, Any, Any] | None,
-        cache: KVCache,
-        layer: int,
-        pos0: int,
-        heads: tuple[int, int, int],
-        theta: float,
-        neox: bool,
-    ) -> Any:
+    def _attn_in(self, a: AttnIn) -> Any:
         """q/k/v in one mmvw dispatch with the biases added as they store (matmul_decode.mmvw),
         and/or both ropes + the KV write in one dispatch (rope.fuse_kv)."""
+        h, wqkv, bias, cache, layer, pos0, heads, theta, neox = a
         H, Hkv, D = heads
         h = self._as_tensor(h)
         T = int(h.shape[0])
         fuse = int(self.config.knobs("rope").fuse_kv) == 1 and D % 2 == 0
         wide = T == 1 and self._wide(h, wqkv)
         if not (fuse or wide):
-            return super()._attn_in(h, wqkv, bias, cache, layer, pos0, heads, theta, neox)
+            return super()._attn_in(a._replace(h=h))
         cache.check_room(pos0, T)
         c = self.config.knobs("matmul_decode")
         if wide and int(c.fuse_rope) and all(len(w.parts) == 1 for w in wqkv) and D % 2 == 0:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from engine.backends.numpy_ref import NumpyBackend
+from engine.backends.plan import AttnIn
 from engine.gguf_model import open_model
 from engine.models import build_model
 
@@ -66,7 +67,7 @@ def test_attn_in_default_writes_the_cache_and_ropes_q():
     cache = be.new_kv_cache(1, pos0 + T, Hkv, D)
     wts = tuple(be.load_weight(w) for w in ws)
     bts = tuple(be.load_weight(b) for b in bs)
-    q = be._attn_in(h, wts, bts, cache, 0, pos0, (H, Hkv, D), 1e4, False)
+    q = be._attn_in(AttnIn(h, wts, bts, cache, 0, pos0, (H, Hkv, D), 1e4, False))
     qr, kr, vr = (h.astype(np.float64) @ dense(w).T + dense(b) for w, b in zip(ws, bs, strict=True))
     ref_q = be.rope(qr.astype(np.float32).reshape(T, H, D), pos0, 1e4, False)
     ref_k = be.rope(kr.astype(np.float32).reshape(T, Hkv, D), pos0, 1e4, False)

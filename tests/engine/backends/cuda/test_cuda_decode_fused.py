@@ -12,6 +12,7 @@ import pytest
 
 from engine.backends.base import Backend
 from engine.backends.numpy_ref import NumpyBackend
+from engine.backends.plan import AttnIn
 from tests.engine.backends.cuda.test_cuda_attn_decode import _case
 from tests.engine.backends.cuda.test_cuda_ops import (
     INT8_NMSE,
@@ -162,13 +163,15 @@ def test_attn_in_fused_equals_unfused(be, T, H, Hkv, D, pos0, neox, bias, decode
     for fuse in (0, 1, 1):
         be.set_config(cfg(**base, **{knob: fuse}))
         cache = be.new_kv_cache(1, pos0 + T + 3, Hkv, D)
-        q = be._attn_in(be.upload(h), wts, bts, cache, 0, pos0, (H, Hkv, D), theta, neox)
+        q = be._attn_in(AttnIn(be.upload(h), wts, bts, cache, 0, pos0, (H, Hkv, D), theta, neox))
         out[fuse] = (be.download(q), be.download(cache.k[0]), be.download(cache.v[0]))
         kc, vc = out[fuse][1], out[fuse][2]
         assert not kc[:pos0].any() and not kc[pos0 + T :].any(), "k written outside its rows"
         assert not vc[:pos0].any() and not vc[pos0 + T :].any(), "v written outside its rows"
         with pytest.raises(ValueError, match="KV cache full"):
-            be._attn_in(be.upload(h), wts, bts, cache, 0, pos0 + 4, (H, Hkv, D), theta, neox)
+            be._attn_in(
+                AttnIn(be.upload(h), wts, bts, cache, 0, pos0 + 4, (H, Hkv, D), theta, neox)
+            )
     for a, b in zip(out[0], out[1], strict=True):
         check(b, a.astype(np.float64), 1e-12)
     # and against NumPy: matmul in float64, bias, rope
@@ -517,7 +520,9 @@ def test_base_composition_is_used_where_nothing_fuses(be):
     rng = np.random.default_rng(3)
     ws, bs, h, wts, bts = _attn_in_inputs(be, rng, 1, 4, 2, 64, True)
     c1, c2 = be.new_kv_cache(1, 4, 2, 64), be.new_kv_cache(1, 4, 2, 64)
-    q1 = be.download(be._attn_in(be.upload(h), wts, bts, c1, 0, 1, (4, 2, 64), 1e4, False))
-    q2 = be.download(Backend._attn_in(be, be.upload(h), wts, bts, c2, 0, 1, (4, 2, 64), 1e4, False))
+    q1 = be.download(be._attn_in(AttnIn(be.upload(h), wts, bts, c1, 0, 1, (4, 2, 64), 1e4, False)))
+    q2 = be.download(
+        Backend._attn_in(be, AttnIn(be.upload(h), wts, bts, c2, 0, 1, (4, 2, 64), 1e4, False))
+    )
     assert np.array_equal(q1, q2)
     assert np.array_equal(be.download(c1.k[0]), be.download(c2.k[0]))

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from engine.backends.base import Backend
+from engine.backends.plan import AttnIn
 from tests.engine.backends.cuda.test_cuda_ops import (
     PROMPT,
     _model,
@@ -139,8 +140,8 @@ def test_mmvf_fused_ops_equal_the_unfused_schedule(cp, be, cid, knobs):
                  for n, t in ((H * D, "Q4_K"), (Hkv * D, "Q4_K"), (Hkv * D, "Q6_K")))  # fmt: skip
     bias = tuple(be.load_weight(qtensor(rng, (n,), "F32")) for n in (H * D, Hkv * D, Hkv * D))
     c1, c2 = be.new_kv_cache(1, 8, Hkv, D), be.new_kv_cache(1, 8, Hkv, D)
-    q1 = be.download(be._attn_in(h, wqkv, bias, c1, 0, 3, (H, Hkv, D), 1e6, True))
-    q2 = be.download(Backend._attn_in(be, h, wqkv, bias, c2, 0, 3, (H, Hkv, D), 1e6, True))
+    q1 = be.download(be._attn_in(AttnIn(h, wqkv, bias, c1, 0, 3, (H, Hkv, D), 1e6, True)))
+    q2 = be.download(Backend._attn_in(be, AttnIn(h, wqkv, bias, c2, 0, 3, (H, Hkv, D), 1e6, True)))
     assert np.array_equal(q1, q2)
     assert np.array_equal(be.download(c1.k[0]), be.download(c2.k[0]))
     assert np.array_equal(be.download(c1.v[0]), be.download(c2.v[0]))

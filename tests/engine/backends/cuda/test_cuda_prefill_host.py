@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from numpy.lib.stride_tricks import as_strided
 
+from engine.backends.plan import AttnIn
 from engine.tuning import TuningConfig
 from tests.cuda_fake import FakeCuda
 from tests.op_cases import attention_ref, check, dense, qtensor
@@ -378,12 +379,12 @@ def test_attn_in_one_gemm_under_resident_and_fuse_kv(bias):
     ws = tuple(be.load_weight(q) for q in qts)
     bs = tuple(be.load_weight(b) for b in bts) if bias else None
     cache = be.new_kv_cache(1, pos0 + T + 2, Hkv, D)
-    q = be._attn_in(be.upload(h), ws, bs, cache, 0, pos0, (H, Hkv, D), 1e4, True)
+    q = be._attn_in(AttnIn(be.upload(h), ws, bs, cache, 0, pos0, (H, Hkv, D), 1e4, True))
     nb = NumpyBackend()
     ncache = nb.new_kv_cache(1, pos0 + T + 2, Hkv, D)
     nws = tuple(nb.load_weight(x) for x in qts)
     nbs = tuple(nb.load_weight(x) for x in bts) if bias else None
-    ref = nb._attn_in(h, nws, nbs, ncache, 0, pos0, (H, Hkv, D), 1e4, True)
+    ref = nb._attn_in(AttnIn(h, nws, nbs, ncache, 0, pos0, (H, Hkv, D), 1e4, True))
     check(np.asarray(q), ref, 1e-5)
     check(np.asarray(cache.k[0]), ncache.k[0], 1e-5)
     check(np.asarray(cache.v[0]), ncache.v[0], 1e-5)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from engine.backends.plan import AttnIn
 from engine.tuning import TuningConfig
 from tests.engine.backends.vulkan.test_vulkan_helpers import (
     assert_no_validation_errors,
@@ -140,7 +141,7 @@ def test_rope_fuse_bias_equals_adds_then_rope_kv(vb, T, pos0, heads, wg):
             ht = vb.upload(h)
             vb.synchronize()
             before = vb.stats()["dispatches"]
-            q = vb._attn_in(ht, ws, bs, cache, 0, pos0, (H, Hkv, D), 1e4, neox)
+            q = vb._attn_in(AttnIn(ht, ws, bs, cache, 0, pos0, (H, Hkv, D), 1e4, neox))
             vb.synchronize()
             counts[name] = vb.stats()["dispatches"] - before
             runs[name] = (vb.download(q), vb.download(cache.k[0]), vb.download(cache.v[0]))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from engine.backends.plan import AttnIn
 from engine.tuning import REGISTRY, TuningConfig
 from tests.engine.backends.vulkan.test_vulkan_helpers import (
     allowed_config,
@@ -196,8 +197,8 @@ def test_attn_in_fused_matches_unfused(vb, T, pos0, bias):
                        ("mmvw", MMVW), ("mmvw_fused", MMVW | {"rope.fuse_kv": 1})):  # fmt: skip
         vb.set_config(TuningConfig.default("vulkan").replace(**flat))
         cache = vb.new_kv_cache(1, pos0 + T + 3, Hkv, D)
-        q = vb._attn_in(vb.upload(h), wv, bs if bias else None, cache, 0, pos0, (H, Hkv, D), 1e6,
-                       True)  # fmt: skip
+        a = AttnIn(vb.upload(h), wv, bs if bias else None, cache, 0, pos0, (H, Hkv, D), 1e6, True)
+        q = vb._attn_in(a)
         runs[name] = (vb.download(q), vb.download(cache.k[0]), vb.download(cache.v[0]))
     for name, (_, k, v) in runs.items():
         assert not k[:pos0].any() and not k[pos0 + T :].any(), name
@@ -331,7 +332,9 @@ def test_fuse_rope_is_fused_kv_bit_for_bit(vb, flat, neox, pos0, bias):
         ht = vb.upload(h)
         vb.synchronize()
         before = vb.stats()["dispatches"]
-        q = vb._attn_in(ht, wv, bs if bias else None, cache, 0, pos0, (H, Hkv, D), 1e4, neox)
+        q = vb._attn_in(
+            AttnIn(ht, wv, bs if bias else None, cache, 0, pos0, (H, Hkv, D), 1e4, neox)
+        )
         runs.append((vb.download(q), vb.download(cache.k[0]), vb.download(cache.v[0])))
         n = vb.stats()["dispatches"] - before
     assert n == 2  # quantize + mmvw with the epilogue
