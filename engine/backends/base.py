@@ -16,11 +16,11 @@ from __future__ import annotations
 import time
 import weakref
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from engine.backends.cache import HybridCache, KVCache
 from engine.backends.fusion import FusionPass
 from engine.device_info import DeviceEntry, DeviceInfo, MemoryReport, ProfileReport
 
@@ -67,34 +67,6 @@ class _Live:
 
     def __iter__(self) -> Any:
         return iter([o for o in (r() for r in list(self._refs.values())) if o is not None])
-
-
-@dataclass
-class KVCache:
-    """Per-layer K and V storage of ``capacity`` positions: k[layer], v[layer] are [S, Hkv, D]."""
-
-    k: list[Tensor]
-    v: list[Tensor]
-    capacity: int
-
-    def check_room(self, pos0: int, T: int) -> None:
-        """Raise ValueError unless positions pos0 .. pos0+T-1 fit (every backend's one check)."""
-        if pos0 + T > self.capacity:
-            raise ValueError(
-                f"KV cache full: writing positions {pos0}..{pos0 + T - 1} "
-                f"into a cache of {self.capacity}"
-            )
-
-
-@dataclass
-class HybridCache(KVCache):
-    """A hybrid's cache: K/V for its full-attention layers (None at delta-net layers) and, beside
-    it, the recurrent state of each delta-net layer (None at attention layers): conv[layer] the
-    last d_conv-1 inputs of the conv [d_conv-1, conv_dim], ssm[layer] the matrix state S per V
-    head [Hv, dk, dv]. Prefill leaves both for decode; the ops update them in place."""
-
-    conv: list[Tensor | None] = field(default_factory=list)
-    ssm: list[Tensor | None] = field(default_factory=list)
 
 
 POISON_BYTE = 0xFF

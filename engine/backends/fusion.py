@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from engine.backends import plan as P
 
 if TYPE_CHECKING:
-    from engine.backends.base import HybridCache, KVCache
+    from engine.backends.cache import HybridCache, KVCache
     from engine.gguf_model import ModelSpec
 
 Tensor = Any

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
-    from engine.backends.base import KVCache
+    from engine.backends.cache import KVCache
     from engine.gguf_model import ModelSpec
 
 Weight = Any
