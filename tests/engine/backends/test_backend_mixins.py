@@ -55,3 +55,25 @@ def test_op_family_modules_are_mixed_in(cls: type, families: tuple[str, ...]) ->
         assert _methods(mixin), f"{mixin.__name__} is empty"
         for n in _methods(mixin):
             assert inspect.getattr_static(cls, n) is vars(mixin)[n]
+
+
+@pytest.mark.parametrize("cls", [CudaBackend, VulkanBackend], ids=["cuda", "vulkan"])
+def test_an_override_takes_the_arguments_of_what_it_overrides(cls: type) -> None:
+    """A contract op or fusion step (engine/backends/fusion.py) a mixin overrides keeps the
+    parameters of Backend's, in order (more may follow, with defaults): Backend.trunk calls the
+    steps positionally, so a reordered or renamed parameter would hand a kernel the wrong
+    tensor."""
+    differ = {}
+    for c in _stack(cls):
+        for n, v in vars(c).items():
+            base = inspect.getattr_static(Backend, n, None)
+            if n.startswith("__") or not inspect.isfunction(v) or not inspect.isfunction(base):
+                continue
+            own = list(inspect.signature(v).parameters.values())
+            want = list(inspect.signature(base).parameters)
+            extra = own[len(want) :]
+            if [p.name for p in own[: len(want)]] != want or any(
+                p.default is inspect.Parameter.empty for p in extra
+            ):
+                differ[f"{c.__qualname__}.{n}"] = ([p.name for p in own], want)
+    assert differ == {}
