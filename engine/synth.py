@@ -34,6 +34,7 @@ from engine.synth_hybrid import (
     MOE_ARCHS,
     HybridPreset,
     add_hybrid_metadata,
+    add_shape_metadata,
     hybrid_plan,
 )
 
@@ -508,12 +509,7 @@ def _add_metadata(
 
 def _add_dense_metadata(w: GGUFWriter, arch: str, p: Preset) -> None:
     d = head_dim(arch, p)
-    w.add_block_count(p.n_layer)
-    w.add_context_length(p.n_ctx)
-    w.add_embedding_length(p.n_embd)
-    w.add_feed_forward_length(p.n_ff)
-    w.add_head_count(p.n_head)
-    w.add_head_count_kv(p.n_head_kv)
+    add_shape_metadata(w, p)
     w.add_layer_norm_rms_eps(p.rms_eps)
     w.add_rope_freq_base(p.rope_base)
     if arch == "qwen3" or d != p.n_embd // p.n_head:

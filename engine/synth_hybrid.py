@@ -10,8 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from gguf import GGUFWriter
+
+if TYPE_CHECKING:
+    from engine.synth import Preset
 
 HYBRID_ARCHS = ("qwen35", "qwen35moe", "qwen3next")
 MOE_ARCHS = ("qwen35moe", "qwen3next")
@@ -122,14 +126,20 @@ def hybrid_plan(arch: str, p: HybridPreset, add: Callable[..., None]) -> None:
     add("output.weight", (p.n_vocab, c), "weight")
 
 
-def add_hybrid_metadata(w: GGUFWriter, arch: str, p: HybridPreset) -> None:
-    """The hyper-parameters llama.cpp's qwen35 / qwen3next loaders read."""
+def add_shape_metadata(w: GGUFWriter, p: Preset | HybridPreset) -> None:
+    """The hyper-parameters every preset (dense synth.Preset, HybridPreset) writes first, in
+    this order."""
     w.add_block_count(p.n_layer)
     w.add_context_length(p.n_ctx)
     w.add_embedding_length(p.n_embd)
     w.add_feed_forward_length(p.n_ff)
     w.add_head_count(p.n_head)
     w.add_head_count_kv(p.n_head_kv)
+
+
+def add_hybrid_metadata(w: GGUFWriter, arch: str, p: HybridPreset) -> None:
+    """The hyper-parameters llama.cpp's qwen35 / qwen3next loaders read."""
+    add_shape_metadata(w, p)
     w.add_key_length(p.head_dim)
     w.add_value_length(p.head_dim)
     w.add_rope_dimension_count(p.rope_dim)
