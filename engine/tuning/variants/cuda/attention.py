@@ -18,6 +18,24 @@ def _group_warps(default: int) -> Param:
     )
 
 
+# split's key ranges and warps (attention_decode.split and .split_kw; prefill's split: the warps)
+_SPLITS = Param("splits", (1, 2, 4, 8, 16, 32), 8, "key ranges per head (split-KV)", PUSHED)
+_SPLIT_WARPS = Param("warps", (1, 2, 4, 8), 4, "warps per key range", PUSHED)
+
+
+def _fuse_rope(when: str, how: str, needs: str = "") -> Param:
+    """attention_decode's fuse_rope (gqa, tile, vec): the decode kernel does rope_kv's work."""
+    return Param(
+        "fuse_rope",
+        (0, 1),
+        0,
+        f"1{when}: q and k RoPE and the current position's KV-cache write done by the attention "
+        f"kernel from the q/k/v projections' outputs (rope_kv's arithmetic{how}; no rope / "
+        f"rope_kv / kv_write launch{needs})",
+        HOST,
+    )
+
+
 REGISTRY.register(
     B,
     "attention_decode",
@@ -27,8 +45,8 @@ REGISTRY.register(
             "attention_decode",
             "split",
             params=(
-                Param("splits", (1, 2, 4, 8, 16, 32), 8, "key ranges per head (split-KV)", PUSHED),
-                Param("warps", (1, 2, 4, 8), 4, "warps per key range", PUSHED),
+                _SPLITS,
+                _SPLIT_WARPS,
             ),
             source="cuda/attention.cu",
             numeric="order_only",
@@ -39,8 +57,8 @@ REGISTRY.register(
             "attention_decode",
             "split_kw",
             params=(
-                Param("splits", (1, 2, 4, 8, 16, 32), 8, "key ranges per head (split-KV)", PUSHED),
-                Param("warps", (1, 2, 4, 8), 4, "warps per key range", PUSHED),
+                _SPLITS,
+                _SPLIT_WARPS,
                 Param(
                     "lanes_per_key",
                     (4, 8, 16),
@@ -101,15 +119,7 @@ REGISTRY.register(
                     "matmul_decode.pdl; same values)",
                     PUSHED,
                 ),
-                Param(
-                    "fuse_rope",
-                    (0, 1),
-                    0,
-                    "1 (with fuse_combine): q and k RoPE and the current position's KV-cache "
-                    "write done by the attention kernel from the q/k/v projections' outputs "
-                    "(rope_kv's arithmetic; no rope / rope_kv / kv_write launch)",
-                    HOST,
-                ),
+                _fuse_rope(" (with fuse_combine)", ""),
             ),
             source="cuda/attn_decode.cu",
             numeric="order_only",
@@ -157,15 +167,7 @@ REGISTRY.register(
                     "second launch, no fence / atomic / serial tail in the first)",
                     PUSHED,
                 ),
-                Param(
-                    "fuse_rope",
-                    (0, 1),
-                    0,
-                    "1: q and k RoPE and the current position's KV-cache write done by the "
-                    "attention kernel from the q/k/v projections' outputs (rope_kv's "
-                    "arithmetic, while the tiles load; no rope / rope_kv / kv_write launch)",
-                    HOST,
-                ),
+                _fuse_rope("", ", while the tiles load"),
             ),
             source="cuda/attn_tile.cu",
             numeric="order_only",
@@ -212,16 +214,7 @@ REGISTRY.register(
                     "0: every range writes a partial and attn_combine(_q8) merges them",
                     PUSHED,
                 ),
-                Param(
-                    "fuse_rope",
-                    (0, 1),
-                    0,
-                    "1: q and k RoPE and the current position's KV-cache write done by the "
-                    "attention kernel from the q/k/v projections' outputs (rope_kv's "
-                    "arithmetic, each lane its own dims' angles; no rope / rope_kv / kv_write "
-                    "launch; head dim % 8 == 0)",
-                    HOST,
-                ),
+                _fuse_rope("", ", each lane its own dims' angles", "; head dim % 8 == 0"),
                 Param(
                     "cluster",
                     (0, 1),
@@ -372,7 +365,7 @@ REGISTRY.register(
             "split",
             params=(
                 Param("splits", (1, 2, 4, 8), 1, "key ranges per query", PUSHED),
-                Param("warps", (1, 2, 4, 8), 4, "warps per key range", PUSHED),
+                _SPLIT_WARPS,
             ),
             source="cuda/attention.cu",
             numeric="order_only",
