@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from engine.tuning.registry import HOST, PUSHED, REGISTRY, Constraint, Param, Variant, define
-from engine.tuning.variants.cuda.common import B, _cc_at_least, _p
+from engine.tuning.registry import HOST, PUSHED, REGISTRY, Param, Variant, define
+from engine.tuning.variants.cuda.common import B, _cc_at_least, _knob_needs_cc, _while_chosen
 
 
 def _group_warps(default: int) -> Param:
@@ -234,17 +234,7 @@ REGISTRY.register(
                     PUSHED,
                 ),
             ),
-            constraints=(
-                Constraint(
-                    "attention_decode.cluster != 0 needs compute capability >= 9.0",
-                    lambda cfg, dev: (
-                        cfg.op("attention_decode").variant != "vec"
-                        or _p(cfg, "attention_decode", "cluster") == 0
-                        or dev is None
-                        or int(dev.extra.get("cc", 0)) >= 90
-                    ),
-                ),
-            ),
+            constraints=(_knob_needs_cc("attention_decode", "vec", "cluster", 90),),
             source="cuda/attn_vec.cu",
             numeric="order_only",
             doc="a block per (KV head, key range cut from the position at run time) for all q "
@@ -276,15 +266,11 @@ REGISTRY.register(
                 Param("rows_per_warp", (1, 2, 4, 8), 4, "query tokens per warp", define()),
             ),
             constraints=(
-                Constraint(
+                _while_chosen(
+                    "attention_prefill",
+                    "flash",
                     "block_q / rows_per_warp warps, between 1 and 32",
-                    lambda cfg, dev: (
-                        cfg.op("attention_prefill").variant != "flash"
-                        or 1
-                        <= _p(cfg, "attention_prefill", "block_q")
-                        // _p(cfg, "attention_prefill", "rows_per_warp")
-                        <= 32
-                    ),
+                    lambda k, dev: 1 <= int(k.block_q) // int(k.rows_per_warp) <= 32,
                 ),
             ),
             source="cuda/attention.cu",
@@ -336,18 +322,14 @@ REGISTRY.register(
             ),
             constraints=(
                 _cc_at_least(80),
-                Constraint(
+                _while_chosen(
+                    "attention_prefill",
+                    "flash_tc",
                     "flash_tc's shared tiles (block_q + 2 * block_k) x 136 halves fit a block",
-                    lambda cfg, dev: (
-                        cfg.op("attention_prefill").variant != "flash_tc"
-                        or dev is None
+                    lambda k, dev: (
+                        dev is None
                         or not dev.extra.get("smem_per_block_optin")  # unknown: Ampere+ has 99K
-                        or (
-                            _p(cfg, "attention_prefill", "block_q")
-                            + 2 * _p(cfg, "attention_prefill", "block_k")
-                        )
-                        * 136
-                        * 2
+                        or (int(k.block_q) + 2 * int(k.block_k)) * 136 * 2
                         <= int(dev.extra["smem_per_block_optin"])
                     ),
                 ),
