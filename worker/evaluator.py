@@ -107,11 +107,8 @@ class Evaluator:
                 node_id=self.node_id,
                 pid=os.getpid(),
                 backend=self.backend,
-                device_class=dev.device_class,
                 device_name=dev.name,
-                vendor=dev.vendor,
-                driver=dev.driver,
-                memory_bytes=dev.memory_bytes,
+                **same_named(dev, "device_class", "vendor", "driver", "memory_bytes"),
                 engine_commit=commit,
                 device=dev,
             )
