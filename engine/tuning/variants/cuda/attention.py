@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.tuning.registry import HOST, PUSHED, REGISTRY, Param, Variant, define
+from engine.tuning.registry import HOST, PUSHED, REGISTRY, Param, define, variant
 from engine.tuning.variants.cuda.common import B, _cc_at_least, _knob_needs_cc, _while_chosen
 
 
@@ -36,13 +36,11 @@ def _fuse_rope(when: str, how: str, needs: str = "") -> Param:
     )
 
 
-REGISTRY.register(
+REGISTRY.declare(
     B,
     "attention_decode",
     [
-        Variant(
-            B,
-            "attention_decode",
+        variant(
             "split",
             params=(
                 _SPLITS,
@@ -52,9 +50,7 @@ REGISTRY.register(
             numeric="order_only",
             doc="split-KV online softmax + combine; position read on the device (graph-safe)",
         ),
-        Variant(
-            B,
-            "attention_decode",
+        variant(
             "split_kw",
             params=(
                 _SPLITS,
@@ -89,9 +85,7 @@ REGISTRY.register(
             doc="split with several keys per warp step (float4 loads, a shorter dependent "
             "chain per warp); same partials and combine",
         ),
-        Variant(
-            B,
-            "attention_decode",
+        variant(
             "gqa",
             params=(
                 Param(
@@ -128,9 +122,7 @@ REGISTRY.register(
             "lane = 4 (8) dims for P.V; same partials and combine as split (head dim <= 256, "
             "D % 4 == 0)",
         ),
-        Variant(
-            B,
-            "attention_decode",
+        variant(
             "tile",
             params=(
                 Param(
@@ -177,9 +169,7 @@ REGISTRY.register(
             "lane = 4 dims for P.V; one range writes out, more ranges combine in the KV head's "
             "last block (+ Q8_1 under int8 decode): one launch (D % 32 == 0, D <= 256)",
         ),
-        Variant(
-            B,
-            "attention_decode",
+        variant(
             "vec",
             params=(
                 Param(
@@ -246,13 +236,11 @@ REGISTRY.register(
         ),
     ],
 )
-REGISTRY.register(
+REGISTRY.declare(
     B,
     "attention_prefill",
     [
-        Variant(
-            B,
-            "attention_prefill",
+        variant(
             "flash",
             params=(
                 Param(
@@ -277,9 +265,7 @@ REGISTRY.register(
             numeric="order_only",
             doc="tiled flash attention in shared memory (head dim <= 128; else the split kernel)",
         ),
-        Variant(
-            B,
-            "attention_prefill",
+        variant(
             "gemm",
             params=(
                 Param(
@@ -305,9 +291,7 @@ REGISTRY.register(
             "query heads), S = QK^T per head (strided-batched, fp32 accumulate and out), a "
             "causal softmax to fp16 P, O = PV written into [T, H, D]; any head dim",
         ),
-        Variant(
-            B,
-            "attention_prefill",
+        variant(
             "flash_tc",
             params=(
                 Param(
@@ -341,9 +325,7 @@ REGISTRY.register(
             "memory, online softmax, P rounded to fp16 for P V. Head dims 32/64/96/128 (else "
             "the gemm variant at its defaults)",
         ),
-        Variant(
-            B,
-            "attention_prefill",
+        variant(
             "split",
             params=(
                 Param("splits", (1, 2, 4, 8), 1, "key ranges per query", PUSHED),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.tuning.registry import HOST, REGISTRY, Derived, Param, Variant, define
+from engine.tuning.registry import HOST, REGISTRY, Derived, Param, define, variant
 from engine.tuning.variants.cuda.common import (
     ALL_TYPES,
     B,
@@ -25,14 +25,12 @@ _FLOAT_SSM_IN = Param(
     "int8 (no effect on models without delta-net layers)",
     HOST,
 )
-REGISTRY.register(
+REGISTRY.declare(
     B,
     "matmul_decode",
     [
         # mmvf first: the default (float activations, so the sentinel's float-exact path).
-        Variant(
-            B,
-            "matmul_decode",
+        variant(
             "mmvf",
             params=(
                 Param(
@@ -132,9 +130,7 @@ REGISTRY.register(
             "matrices per launch with the bias or residual added as it stores. Float weights "
             "use dmmv at its defaults",
         ),
-        Variant(
-            B,
-            "matmul_decode",
+        variant(
             "dmmv",
             params=(
                 Param(
@@ -173,9 +169,7 @@ REGISTRY.register(
             numeric="order_only",
             doc="dequantizing matrix-vector product, K split across threads_per_row threads",
         ),
-        Variant(
-            B,
-            "matmul_decode",
+        variant(
             "mmvq",
             params=(
                 Param(
@@ -196,9 +190,7 @@ REGISTRY.register(
             "Not the default: int8 activations exceed validate's default tolerances against "
             "the float path on random-weight models (docs/cuda.md)",
         ),
-        Variant(
-            B,
-            "matmul_decode",
+        variant(
             "mmvw",
             params=(
                 Param(

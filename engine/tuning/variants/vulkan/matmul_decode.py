@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from engine.tuning.registry import HOST, REGISTRY, Constraint, Param, Variant, define, spec
+from engine.tuning.registry import HOST, REGISTRY, Constraint, Param, define, spec, variant
 from engine.tuning.variants.vulkan.common import (
     _SUBGROUP,
     QUANT_TYPES,
@@ -74,7 +74,7 @@ _BLOCK_CONSTRAINTS = (
 )
 
 
-REGISTRY.register(
+REGISTRY.declare(
     B,
     "matmul_decode",
     [
@@ -82,9 +82,7 @@ REGISTRY.register(
         # bytes (wide loads, scales once per block chunk, x loaded once for several rows); the
         # 8-weights-per-lane subgroup/shmem variants reload scales every 8 weights and ran at
         # ~8-15% of the H200's bandwidth. Not yet timed on a GPU: see docs/vulkan.md.
-        Variant(
-            B,
-            "matmul_decode",
+        variant(
             "block",
             params=(
                 *_BLOCK_SPLIT,
@@ -105,9 +103,7 @@ REGISTRY.register(
             doc="DMMV in block-sized chunks per lane: wide weight loads, scales once per chunk, "
             "vec4 x shared by rows_per_thread rows; subgroupAdd or shuffle-xor reduction",
         ),
-        Variant(
-            B,
-            "matmul_decode",
+        variant(
             "subgroup",
             params=(_wg(64), _rows_per_wg(2), _SUBGROUP),
             constraints=_subgroup_wg("matmul_decode"),
@@ -117,9 +113,7 @@ REGISTRY.register(
             numeric="order_only",
             doc="DMMV, one subgroup per row, lanes split K, subgroupAdd",
         ),
-        Variant(
-            B,
-            "matmul_decode",
+        variant(
             "shmem",
             params=(
                 _wg(64),
@@ -146,9 +140,7 @@ REGISTRY.register(
         # Not the default: int8 activations. The knobs mean what the block variant's do (and
         # threads_per_row / rows_per_thread what CUDA's mmvw's do); the defaults are block's,
         # the values measured best for it on the H200.
-        Variant(
-            B,
-            "matmul_decode",
+        variant(
             "mmvw",
             params=(
                 *_BLOCK_SPLIT,
@@ -207,13 +199,11 @@ REGISTRY.register(
 
 # The Q8_1 producers of matmul_decode.mmvw: quantize (an activation with no Q8_1 form yet), and
 # the fused rms_norm and SwiGLU that write it as they store (a decode row, width % 32 == 0).
-REGISTRY.register(
+REGISTRY.declare(
     B,
     "quantize_act",
     [
-        Variant(
-            B,
-            "quantize_act",
+        variant(
             "q8_1",
             params=(
                 _wg(256),
