@@ -13,6 +13,7 @@ from engine.tuning.variants.vulkan.common import (
     _effective_subgroup,
     _extra,
     _rows_per_wg,
+    _selected,
     _shared_fits,
     _subgroup_wg,
     _wg,
@@ -82,7 +83,8 @@ REGISTRY.declare(
         # bytes (wide loads, scales once per block chunk, x loaded once for several rows); the
         # 8-weights-per-lane subgroup/shmem variants reload scales every 8 weights and ran at
         # ~8-15% of the H200's bandwidth. Not yet timed on a GPU: see docs/vulkan.md.
-        variant(
+        _selected(
+            "vulkan/matmul_decode.comp",
             "block",
             params=(
                 *_BLOCK_SPLIT,
@@ -96,24 +98,18 @@ REGISTRY.declare(
                 _SUBGROUP,
             ),
             constraints=_BLOCK_CONSTRAINTS,
-            quant_types=QUANT_TYPES,
-            source="vulkan/matmul_decode.comp",
-            defines=("VARIANT_BLOCK",),
-            numeric="order_only",
             doc="DMMV in block-sized chunks per lane: wide weight loads, scales once per chunk, "
             "vec4 x shared by rows_per_thread rows; subgroupAdd or shuffle-xor reduction",
         ),
-        variant(
+        _selected(
+            "vulkan/matmul_decode.comp",
             "subgroup",
             params=(_wg(64), _rows_per_wg(2), _SUBGROUP),
             constraints=_subgroup_wg("matmul_decode"),
-            quant_types=QUANT_TYPES,
-            source="vulkan/matmul_decode.comp",
-            defines=("VARIANT_SUBGROUP",),
-            numeric="order_only",
             doc="DMMV, one subgroup per row, lanes split K, subgroupAdd",
         ),
-        variant(
+        _selected(
+            "vulkan/matmul_decode.comp",
             "shmem",
             params=(
                 _wg(64),
@@ -131,10 +127,6 @@ REGISTRY.declare(
                 Constraint("threads_per_row <= wg_size", _tpr_le_wg),
                 _shared_fits("matmul_decode", 1),
             ),
-            quant_types=QUANT_TYPES,
-            source="vulkan/matmul_decode.comp",
-            defines=("VARIANT_SHMEM",),
-            numeric="order_only",
             doc="DMMV, threads_per_row threads per row, shared-memory tree reduction",
         ),
         # Not the default: int8 activations. The knobs mean what the block variant's do (and

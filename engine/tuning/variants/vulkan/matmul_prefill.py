@@ -26,6 +26,7 @@ from engine.tuning.variants.vulkan.common import (
     _device_takes_wg,
     _extra,
     _rows_per_wg,
+    _selected,
     _subgroup_wg,
     _wg,
     _wg_fits,
@@ -520,24 +521,18 @@ REGISTRY.declare(
             "16-byte tile loads into double-buffered shared memory, one warp_m x warp_n tile "
             "of 16x16 fp32 accumulators per subgroup",
         ),
-        variant(
+        _selected(
+            "vulkan/matmul_prefill.comp",
             "kpar",
             params=(_wg(64), _rows_per_wg(2), _MAX_COLS, _SUBGROUP),
             constraints=_subgroup_wg("matmul_prefill"),
-            quant_types=QUANT_TYPES,
-            source="vulkan/matmul_prefill.comp",
-            defines=("VARIANT_KPAR",),
-            numeric="order_only",
             doc="batched columns, one subgroup per row splits K, subgroupAdd per column",
         ),
-        variant(
+        _selected(
+            "vulkan/matmul_prefill.comp",
             "serial",
             params=(_wg(64), _MAX_COLS),
             constraints=(_wg_fits("matmul_prefill"),),
-            quant_types=QUANT_TYPES,
-            source="vulkan/matmul_prefill.comp",
-            defines=("VARIANT_SERIAL",),
-            numeric="order_only",
             doc="batched columns, one thread per row walks all of K",
         ),
     ],
