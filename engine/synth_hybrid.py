@@ -10,12 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from gguf import GGUFWriter
-
-if TYPE_CHECKING:
-    from engine.synth import Preset
 
 HYBRID_ARCHS = ("qwen35", "qwen35moe", "qwen3next")
 MOE_ARCHS = ("qwen35moe", "qwen3next")
@@ -155,10 +151,9 @@ _MOE_KEYS = (
 )
 
 
-def add_fields(
-    w: GGUFWriter, p: Preset | HybridPreset, keys: tuple[tuple[Callable[..., None], str], ...]
-) -> None:
-    """Write each (writer method, preset field) of ``keys``, in order."""
+def add_fields(w: GGUFWriter, p: object, keys: tuple[tuple[Callable[..., None], str], ...]) -> None:
+    """Write each (writer method, field of the preset ``p``: a HybridPreset or synth.Preset) of
+    ``keys``, in order."""
     for add, name in keys:
         add(w, getattr(p, name))
 
