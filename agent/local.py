@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from agent.dispatch import Pending, Runner, Strategy, cause_line, first_line
+from agent.dispatch import Pending, Runner, cause_line, first_line
 from agent.fleet import BUSY, DEAD, IDLE, Slot, setup_calls
 from agent.phase import Phase, advance
 from worker.records import EvalResult, Outcome
@@ -32,14 +32,8 @@ QUEUE_DEPTH = 2  # evaluations per slot: the one running next and the one after 
 class LocalRunner(Runner):
     mode = "local"  # its trial_timeout_s is not enforced: see the module doc
 
-    def __init__(
-        self,
-        strategy: Strategy,
-        models: tuple[str, ...],
-        trial_timeout_s: float,
-        warnings: list[str],
-    ) -> None:
-        super().__init__(strategy, models, trial_timeout_s, warnings)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # Runner's: one signature to keep
+        super().__init__(*args, **kwargs)
         self.slots: list[Slot] = []
         self._backend_of: dict[str, str] = {}  # device class -> the backend that serves it
         self._threads: Any = None  # threadpoolctl's limit while connected

@@ -17,7 +17,7 @@ from agent.study import BASELINE, StudyState
 from agent.summary import Overhead, StudySummary
 from agent.win import chain_to_baseline, win_line
 from engine.verify.sentinel import cache_key
-from worker.records import ValidateSummary
+from worker.records import ValidateSummary, same_named
 
 log = logging.getLogger("agent")
 
@@ -235,11 +235,7 @@ def study_summary(
     base = st.baseline
     return StudySummary(
         study=st.name,
-        device_class=st.device_class,
-        backend=st.backend,
-        model=st.model,
-        family=st.family,
-        evaluated=st.evaluated,
+        **same_named(st, "device_class", "backend", "model", "family", "evaluated"),
         budget=exp.budget.trials,
         outcomes=counts,
         baseline_source=st.baseline_source,

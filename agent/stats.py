@@ -17,7 +17,7 @@ lands when nothing changed.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
@@ -31,13 +31,7 @@ class RatioEstimate:
     confidence: float
 
     def to_dict(self) -> dict[str, float]:
-        return {
-            "ratio": self.ratio,
-            "lower": self.lower,
-            "upper": self.upper,
-            "pairs": self.pairs,
-            "confidence": self.confidence,
-        }
+        return asdict(self)
 
 
 def _log_ratios(candidate: Sequence[float], best: Sequence[float]) -> np.ndarray:

@@ -16,6 +16,18 @@ from engine.errors import ConfigError, EngineError
 log = logging.getLogger("engine")
 
 
+def _prefill_and_profile(p: argparse.ArgumentParser) -> None:
+    """``run``'s and ``bench``'s prefill mode and kernel profile."""
+    p.add_argument("--prefill", choices=("batched", "per_token"), default="batched")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="after the timed runs, one more run of the first prompt length timing every kernel "
+        "(vulkan: GPU timestamps, cuda: CUDA events, graphs off; numpy: wall clock per op), "
+        "slowest first",
+    )
+
+
 def _common(p: argparse.ArgumentParser, model: bool = True) -> None:
     if model:
         p.add_argument(
@@ -74,14 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("--prompt", required=True)
     p.add_argument("--max-tokens", type=int, default=16)
-    p.add_argument("--prefill", choices=("batched", "per_token"), default="batched")
-    p.add_argument(
-        "--profile",
-        action="store_true",
-        help="after the timed runs, one more run of the first prompt length timing every kernel "
-        "(vulkan: GPU timestamps, cuda: CUDA events, graphs off; numpy: wall clock per op), "
-        "slowest first",
-    )
+    _prefill_and_profile(p)
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
 
     p = sub.add_parser("validate", help="candidate (batched, --config) vs reference (per-token)")
@@ -106,14 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gen-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--prefill", choices=("batched", "per_token"), default="batched")
-    p.add_argument(
-        "--profile",
-        action="store_true",
-        help="after the timed runs, one more run of the first prompt length timing every kernel "
-        "(vulkan: GPU timestamps, cuda: CUDA events, graphs off; numpy: wall clock per op), "
-        "slowest first",
-    )
+    _prefill_and_profile(p)
 
     p = sub.add_parser("models", help="known real checkpoints")
     msub = p.add_subparsers(dest="models_cmd", required=True)

@@ -32,7 +32,9 @@ from engine.synth_hybrid import (
     HYBRID_ARCHS,
     HYBRID_PRESETS,
     MOE_ARCHS,
+    SHAPE_KEYS,
     HybridPreset,
+    add_fields,
     add_hybrid_metadata,
     hybrid_plan,
 )
@@ -506,16 +508,16 @@ def _add_metadata(
     w.add_chat_template(CHAT_TEMPLATE)
 
 
+_DENSE_KEYS = (
+    *SHAPE_KEYS,
+    (GGUFWriter.add_layer_norm_rms_eps, "rms_eps"),
+    (GGUFWriter.add_rope_freq_base, "rope_base"),
+)
+
+
 def _add_dense_metadata(w: GGUFWriter, arch: str, p: Preset) -> None:
     d = head_dim(arch, p)
-    w.add_block_count(p.n_layer)
-    w.add_context_length(p.n_ctx)
-    w.add_embedding_length(p.n_embd)
-    w.add_feed_forward_length(p.n_ff)
-    w.add_head_count(p.n_head)
-    w.add_head_count_kv(p.n_head_kv)
-    w.add_layer_norm_rms_eps(p.rms_eps)
-    w.add_rope_freq_base(p.rope_base)
+    add_fields(w, p, _DENSE_KEYS)
     if arch == "qwen3" or d != p.n_embd // p.n_head:
         w.add_key_length(d)
         w.add_value_length(d)

@@ -122,30 +122,49 @@ def hybrid_plan(arch: str, p: HybridPreset, add: Callable[..., None]) -> None:
     add("output.weight", (p.n_vocab, c), "weight")
 
 
+# GGUF hyper-parameters written straight from a preset's field: (writer method, field), in the
+# order written (a file's bytes depend on it). SHAPE_KEYS: every preset's (synth.Preset too).
+SHAPE_KEYS = (
+    (GGUFWriter.add_block_count, "n_layer"),
+    (GGUFWriter.add_context_length, "n_ctx"),
+    (GGUFWriter.add_embedding_length, "n_embd"),
+    (GGUFWriter.add_feed_forward_length, "n_ff"),
+    (GGUFWriter.add_head_count, "n_head"),
+    (GGUFWriter.add_head_count_kv, "n_head_kv"),
+)
+_HYBRID_KEYS = (
+    (GGUFWriter.add_key_length, "head_dim"),
+    (GGUFWriter.add_value_length, "head_dim"),
+    (GGUFWriter.add_rope_dimension_count, "rope_dim"),
+    (GGUFWriter.add_rope_freq_base, "rope_base"),
+    (GGUFWriter.add_layer_norm_rms_eps, "rms_eps"),
+    (GGUFWriter.add_ssm_conv_kernel, "d_conv"),
+    (GGUFWriter.add_ssm_state_size, "head_k_dim"),
+    (GGUFWriter.add_ssm_group_count, "n_k_heads"),
+    (GGUFWriter.add_ssm_time_step_rank, "n_v_heads"),
+)
+_MOE_KEYS = (
+    (GGUFWriter.add_expert_count, "n_expert"),
+    (GGUFWriter.add_expert_used_count, "n_expert_used"),
+    (GGUFWriter.add_expert_feed_forward_length, "n_ff_exp"),
+    (GGUFWriter.add_expert_shared_feed_forward_length, "n_ff_shexp"),
+)
+
+
+def add_fields(w: GGUFWriter, p: object, keys: tuple[tuple[Callable[..., None], str], ...]) -> None:
+    """Write each (writer method, field of the preset ``p``: a HybridPreset or synth.Preset) of
+    ``keys``, in order."""
+    for add, name in keys:
+        add(w, getattr(p, name))
+
+
 def add_hybrid_metadata(w: GGUFWriter, arch: str, p: HybridPreset) -> None:
     """The hyper-parameters llama.cpp's qwen35 / qwen3next loaders read."""
-    w.add_block_count(p.n_layer)
-    w.add_context_length(p.n_ctx)
-    w.add_embedding_length(p.n_embd)
-    w.add_feed_forward_length(p.n_ff)
-    w.add_head_count(p.n_head)
-    w.add_head_count_kv(p.n_head_kv)
-    w.add_key_length(p.head_dim)
-    w.add_value_length(p.head_dim)
-    w.add_rope_dimension_count(p.rope_dim)
-    w.add_rope_freq_base(p.rope_base)
-    w.add_layer_norm_rms_eps(p.rms_eps)
-    w.add_ssm_conv_kernel(p.d_conv)
-    w.add_ssm_state_size(p.head_k_dim)
-    w.add_ssm_group_count(p.n_k_heads)
-    w.add_ssm_time_step_rank(p.n_v_heads)
+    add_fields(w, p, SHAPE_KEYS + _HYBRID_KEYS)
     w.add_ssm_inner_size(p.n_v_heads * p.head_v_dim)
     w.add_full_attention_interval(p.interval)
     if arch.startswith("qwen35"):
         # Text positions only: the sections of Qwen3.5's interleaved MRoPE reduce to plain RoPE.
         w.add_rope_dimension_sections([11, 11, 10, 0])
     if arch in MOE_ARCHS:
-        w.add_expert_count(p.n_expert)
-        w.add_expert_used_count(p.n_expert_used)
-        w.add_expert_feed_forward_length(p.n_ff_exp)
-        w.add_expert_shared_feed_forward_length(p.n_ff_shexp)
+        add_fields(w, p, _MOE_KEYS)

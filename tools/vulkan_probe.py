@@ -119,29 +119,6 @@ class Runner:
     def clocks(self, when: str = "idle") -> None:
         self.emit("clocks", when=when, smi=smi())
 
-    def _mma(
-        self,
-        m: int,
-        n: int,
-        k: int,
-        f16: bool,
-        nacc: int | None,
-        lds: int = 0,
-        wg: int = 256,
-        spec_nacc: int = 4,
-    ) -> tuple:
-        key = (m, n, k, f16, nacc, lds, wg, spec_nacc)
-        if key not in self.mma_cache:
-            defs = P.mma_defines(m, n, k, f16, nacc, lds)
-            spec = {0: wg} | ({} if nacc else {1: spec_nacc})
-            p, layout, dsl, dt = self.pr.pipeline("probe_mma", defs, 2, 4, spec)
-            stats = self.pr.statistics(p)
-            if stats and lds:
-                self.emit("lds", nacc=nacc, f16=f16, elem=lds, statistics=stats)
-            ds = self.pr.dset(dsl, [self.ops, self.out])
-            self.mma_cache[key] = (p, layout, ds, dt)
-        return self.mma_cache[key]
-
     def mma_run(
         self,
         m: int,
@@ -155,7 +132,18 @@ class Runner:
         target_ms: float = 8.0,
         groups: int = 0,
     ) -> dict[str, Any]:
-        p, layout, ds, dt = self._mma(m, n, k, f16, nacc, lds, wg, spec_nacc)
+        # the pipeline of a shape is built once (kept in mma_cache)
+        key = (m, n, k, f16, nacc, lds, wg, spec_nacc)
+        if key not in self.mma_cache:
+            defs = P.mma_defines(m, n, k, f16, nacc, lds)
+            spec = {0: wg} | ({} if nacc else {1: spec_nacc})
+            p, layout, dsl, dt = self.pr.pipeline("probe_mma", defs, 2, 4, spec)
+            stats = self.pr.statistics(p)
+            if stats and lds:
+                self.emit("lds", nacc=nacc, f16=f16, elem=lds, statistics=stats)
+            ds = self.pr.dset(dsl, [self.ops, self.out])
+            self.mma_cache[key] = (p, layout, ds, dt)
+        p, layout, ds, dt = self.mma_cache[key]
         na = nacc or spec_nacc
         groups = groups or 132 * 2048 // wg  # ~16 resident 256-thread groups per SM, 132 SMs
         subgroups = groups * (wg // self.sg)

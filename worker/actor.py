@@ -19,7 +19,7 @@ from engine.tuning.shape import ModelShape
 from worker.claim import claim_vulkan_device
 from worker.device import resource_name
 from worker.evaluator import Evaluator
-from worker.records import BenchPlan, EvalResult, ValidatePlan, WorkerInfo
+from worker.records import EvalResult, WorkerInfo
 from worker.refcache import ref_root
 
 # The concurrency group of ``precompile``: it runs beside the evaluate call in flight.
@@ -60,19 +60,9 @@ class TuningWorker:
         concurrency group: it does not wait behind the running trial)."""
         return self.evaluator.precompile(model_ref, candidate)
 
-    def evaluate(
-        self,
-        model_ref: str,
-        candidate: TuningConfig | dict[str, Any],
-        best: TuningConfig | dict[str, Any],
-        vplan: ValidatePlan,
-        bplan: BenchPlan,
-        skip_validate: bool = False,
-        promoted: dict[str, Any] | None = None,
-    ) -> EvalResult:
-        return self.evaluator.evaluate(
-            model_ref, candidate, best, vplan, bplan, skip_validate, promoted
-        )
+    def evaluate(self, *args: Any, **kwargs: Any) -> EvalResult:
+        """``Evaluator.evaluate`` (its arguments, one signature to keep) on this device."""
+        return self.evaluator.evaluate(*args, **kwargs)
 
 
 def actor_options(backend: str, device_class: str) -> dict[str, Any]:

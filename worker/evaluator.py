@@ -16,7 +16,7 @@ import socket
 import time
 import traceback
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,7 @@ from worker.records import (
     ValidatePlan,
     ValidateSummary,
     WorkerInfo,
+    same_named,
 )
 from worker.refcache import RefLogits, engine_code_digest, file_sha256
 
@@ -106,11 +107,8 @@ class Evaluator:
                 node_id=self.node_id,
                 pid=os.getpid(),
                 backend=self.backend,
-                device_class=dev.device_class,
                 device_name=dev.name,
-                vendor=dev.vendor,
-                driver=dev.driver,
-                memory_bytes=dev.memory_bytes,
+                **same_named(dev, "device_class", "vendor", "driver", "memory_bytes"),
                 engine_commit=commit,
                 device=dev,
             )
@@ -409,34 +407,17 @@ def validate_summary(report: object) -> ValidateSummary:
 
     assert isinstance(report, ValidateReport)
     return ValidateSummary(
-        passed=report.passed,
-        max_abs_diff=report.max_abs_diff,
-        nmse=report.nmse,
+        **same_named(report, "passed", "max_abs_diff", "nmse", "steps"),
         kld=report.kld_max,
-        steps=report.steps,
         tolerances=dict(report.tolerances),
         numeric_classes=tuple(report.numeric_classes),
         blame=report.blame.to_dict() if report.blame else None,
         reasons=tuple(report.reasons),
         replay=report.replay.to_dict() if report.replay else None,
         seconds=dict(report.seconds),
+        # engine's PromptResult has PromptDiff's field names; from_dict makes the tuples
         prompts=tuple(
-            PromptDiff(
-                prompt_tokens=p.prompt_tokens,
-                positions=p.positions,
-                max_abs_diff=p.max_abs_diff,
-                nmse=p.nmse,
-                kld_max=p.kld_max,
-                kld_mean=p.kld_mean,
-                top1_checked=p.top1_checked,
-                top1_agree=p.top1_agree,
-                nan=p.nan,
-                inf=p.inf,
-                token_agreement=p.token_agreement,
-                reference_tokens=tuple(p.reference_tokens),
-                candidate_tokens=tuple(p.candidate_tokens),
-                reasons=tuple(p.reasons),
-            )
+            PromptDiff.from_dict(same_named(p, *(f.name for f in fields(PromptDiff))))
             for p in report.prompts
         ),
     )

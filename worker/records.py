@@ -87,6 +87,12 @@ def known_fields(cls: type[_T], data: Mapping[str, Any] | None, **defaults: Any)
     return {**defaults, **{k: v for k, v in (data or {}).items() if k in names}}
 
 
+def same_named(obj: object, *names: str) -> dict[str, Any]:
+    """``obj``'s attributes ``names`` as keyword arguments: a record's fields copied from the
+    object they summarise where the names agree."""
+    return {n: getattr(obj, n) for n in names}
+
+
 @dataclass(frozen=True)
 class WorkerInfo:
     """Where an evaluation ran: the host, the Ray worker, the device and the engine build."""

@@ -113,14 +113,7 @@ def _when(ts: Any) -> str:
 
 
 def _ago(seconds: Any) -> str:
-    if seconds is None:
-        return "–"
-    s = float(seconds)
-    if s < 120:
-        return f"{s:.0f} s ago"
-    if s < 7200:
-        return f"{s / 60:.0f} min ago"
-    return f"{s / 3600:.1f} h ago"
+    return "–" if seconds is None else _dur(seconds) + " ago"
 
 
 def _dur(seconds: Any) -> str:

@@ -182,6 +182,15 @@ class Variant:
         raise KeyError(name)
 
 
+VariantDecl = Callable[[str, str], Variant]  # (backend, op) -> the variant (see ``variant``)
+
+
+def variant(name: str, **fields: Any) -> VariantDecl:
+    """A variant of the op that ``Registry.declare`` names (``fields``: Variant's other
+    fields, by keyword)."""
+    return lambda backend, op: Variant(backend, op, name, **fields)
+
+
 @dataclass(frozen=True)
 class Op:
     """An op of a backend: its variants in preference order (the first is the default)."""
@@ -229,6 +238,11 @@ class Registry:
         entry = Op(backend, op, vs, doc)
         self._ops[(backend, op)] = entry
         return entry
+
+    def declare(self, backend: str, op: str, variants: Iterable[VariantDecl], doc: str = "") -> Op:
+        """``register`` for declarations written with ``variant``: the backend and op are named
+        once, here, not again in every variant."""
+        return self.register(backend, op, [v(backend, op) for v in variants], doc)
 
     def register_prefill(self, backend: str, chunk_default: int, *params: Param, doc: str) -> Op:
         """The engine schedule's ``prefill`` op, which every backend declares the same way: one

@@ -19,8 +19,8 @@ from engine.tuning.registry import (
     REGISTRY,
     Constraint,
     Param,
-    Variant,
     define,
+    variant,
 )
 from engine.tuning.variants.cuda import ALL_TYPES
 from engine.tuning.variants.shared import delta_net_chunk, moe_tile_pairs
@@ -137,13 +137,11 @@ _DN_DECODE = (  # the decode step's launch knobs
     _DN_FUSE, _DN_FUSE_CONV, _DN_FUSE_BA, _DN_STEP_CLUSTER, _DN_STEP_LANES,
 )  # fmt: skip
 
-REGISTRY.register(
+REGISTRY.declare(
     B,
     "delta_net",
     [
-        Variant(
-            B,
-            "delta_net",
+        variant(
             "sequential",
             params=(_DN_WARPS, _DN_LAYOUT, _DN_MAX_DK, _DN_PREFETCH, *_DN_DECODE),
             constraints=(_DN_CLUSTER_CC,),
@@ -152,9 +150,7 @@ REGISTRY.register(
             doc="a warp per state column (lanes over its rows, in registers for the call), "
             "T tokens in sequence: decode and prefill; q/k L2 norm in the kernel",
         ),
-        Variant(
-            B,
-            "delta_net",
+        variant(
             "chunked",
             params=(
                 _DN_WARPS,
@@ -380,13 +376,11 @@ _MOE_DMMV_TC = _moe_dmmv(_MOE, _MOE_DEC, suffix=" (decode)")
 # per-token reference and chunks below prefill.gemm_min_t run dmmv's kernels at dmmv's knob
 # defaults. grouped at decode is dmmv too (same kernels and knobs).
 # mmvq: int8 activations (the looser numeric class), so never the default.
-REGISTRY.register(
+REGISTRY.declare(
     B,
     "moe_experts",
     [
-        Variant(
-            B,
-            "moe_experts",
+        variant(
             "tc",
             params=(
                 *_MOE_DMMV_TC,
@@ -445,9 +439,7 @@ REGISTRY.register(
             "shared memory (no fp16 copy in device memory); shorter chunks, decode and float "
             "experts: the dmmv kernels",
         ),
-        Variant(
-            B,
-            "moe_experts",
+        variant(
             "dmmv",
             params=_MOE_DMMV,
             quant_types=ALL_TYPES,
@@ -457,9 +449,7 @@ REGISTRY.register(
             "from router_topk's ids (only chosen experts are read; graph-safe), SwiGLU, down, "
             "then a weighted sum per token (moe_combine)",
         ),
-        Variant(
-            B,
-            "moe_experts",
+        variant(
             "grouped",
             params=(
                 *_moe_dmmv(OWN, _MOE, _MOE_DEC),
@@ -472,9 +462,7 @@ REGISTRY.register(
             "tiles, then the batched DMMV per (rows, tile) of the tile's expert on the sorted "
             "rows; decode: the dmmv kernels",
         ),
-        Variant(
-            B,
-            "moe_experts",
+        variant(
             "mmvq",
             params=(
                 Param(
@@ -523,13 +511,11 @@ for _op, _variant, _doc in [
     ("sigmoid_mul", "default", "x * sigmoid(gate), gate per element or per row"),
     ("rope_partial", "pairs", "neox RoPE of the first n_rot dims, angle in double"),
 ]:
-    REGISTRY.register(
+    REGISTRY.declare(
         B,
         _op,
         [
-            Variant(
-                B,
-                _op,
+            variant(
                 _variant,
                 params=(_THREADS, *_EXTRA.get(_op, ())),
                 source="cuda/hybrid.cu",
@@ -539,13 +525,11 @@ for _op, _variant, _doc in [
         ],
     )
 
-REGISTRY.register(
+REGISTRY.declare(
     B,
     "router_topk",
     [
-        Variant(
-            B,
-            "router_topk",
+        variant(
             "default",
             params=(
                 Param("rows_per_block", (1, 2, 4, 8), 4, "tokens (a warp each) per block", PUSHED),

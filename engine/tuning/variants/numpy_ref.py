@@ -6,7 +6,7 @@ from __future__ import annotations
 from engine.quant_types import SUPPORTED
 from engine.roofline import Tensor
 from engine.tuning.memory import dense_copies
-from engine.tuning.registry import HOST, REGISTRY, Param, Variant
+from engine.tuning.registry import HOST, REGISTRY, Param, variant
 
 B = "numpy"
 
@@ -17,13 +17,11 @@ REGISTRY.register_prefill(
 )
 
 for _op in ("matmul_decode", "matmul_prefill"):
-    REGISTRY.register(
+    REGISTRY.declare(
         B,
         _op,
         [
-            Variant(
-                B,
-                _op,
+            variant(
                 "cached_f32",
                 quant_types=SUPPORTED,
                 source="engine/backends/numpy_ref.py",
@@ -35,9 +33,7 @@ for _op in ("matmul_decode", "matmul_prefill"):
                 ),
                 doc="dequantize each weight once to float32 and keep it (fast, 4 B/weight RAM)",
             ),
-            Variant(
-                B,
-                _op,
+            variant(
                 "ondemand",
                 quant_types=SUPPORTED,
                 source="engine/backends/numpy_ref.py",
@@ -65,13 +61,11 @@ for _op, _doc in [
     ("router_topk", "softmax router, normalised top-k"),
     ("moe_experts", "SwiGLU experts, only the chosen ones read"),
 ]:
-    REGISTRY.register(
+    REGISTRY.declare(
         B,
         _op,
         [
-            Variant(
-                B,
-                _op,
+            variant(
                 "default",
                 source="engine/backends/numpy_ref.py",
                 doc=_doc,
@@ -80,21 +74,17 @@ for _op, _doc in [
         ],
     )
 
-REGISTRY.register(
+REGISTRY.declare(
     B,
     "delta_net",
     [
-        Variant(
-            B,
-            "delta_net",
+        variant(
             "sequential",
             source="engine/backends/numpy_hybrid.py",
             numeric="order_only",
             doc="gated delta rule one token at a time",
         ),
-        Variant(
-            B,
-            "delta_net",
+        variant(
             "chunked",
             params=(Param("chunk", (4, 8, 16, 32, 64), 64, "tokens per chunk", HOST),),
             source="engine/backends/numpy_hybrid.py",

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from engine.tuning.registry import HOST, PUSHED, REGISTRY, Constraint, Param, Variant, define
-from engine.tuning.variants.cuda.common import B, _cc_at_least, _p
+from engine.tuning.registry import HOST, PUSHED, REGISTRY, Param, define, variant
+from engine.tuning.variants.cuda.common import B, _cc_at_least, _knob_needs_cc, _while_chosen
 
 
 def _group_warps(default: int) -> Param:
@@ -18,29 +18,43 @@ def _group_warps(default: int) -> Param:
     )
 
 
-REGISTRY.register(
+# split's key ranges and warps (attention_decode.split and .split_kw; prefill's split: the warps)
+_SPLITS = Param("splits", (1, 2, 4, 8, 16, 32), 8, "key ranges per head (split-KV)", PUSHED)
+_SPLIT_WARPS = Param("warps", (1, 2, 4, 8), 4, "warps per key range", PUSHED)
+
+
+def _fuse_rope(when: str, how: str, needs: str = "") -> Param:
+    """attention_decode's fuse_rope (gqa, tile, vec): the decode kernel does rope_kv's work."""
+    return Param(
+        "fuse_rope",
+        (0, 1),
+        0,
+        f"1{when}: q and k RoPE and the current position's KV-cache write done by the attention "
+        f"kernel from the q/k/v projections' outputs (rope_kv's arithmetic{how}; no rope / "
+        f"rope_kv / kv_write launch{needs})",
+        HOST,
+    )
+
+
+REGISTRY.declare(
     B,
     "attention_decode",
     [
-        Variant(
-            B,
-            "attention_decode",
+        variant(
             "split",
             params=(
-                Param("splits", (1, 2, 4, 8, 16, 32), 8, "key ranges per head (split-KV)", PUSHED),
-                Param("warps", (1, 2, 4, 8), 4, "warps per key range", PUSHED),
+                _SPLITS,
+                _SPLIT_WARPS,
             ),
             source="cuda/attention.cu",
             numeric="order_only",
             doc="split-KV online softmax + combine; position read on the device (graph-safe)",
         ),
-        Variant(
-            B,
-            "attention_decode",
+        variant(
             "split_kw",
             params=(
-                Param("splits", (1, 2, 4, 8, 16, 32), 8, "key ranges per head (split-KV)", PUSHED),
-                Param("warps", (1, 2, 4, 8), 4, "warps per key range", PUSHED),
+                _SPLITS,
+                _SPLIT_WARPS,
                 Param(
                     "lanes_per_key",
                     (4, 8, 16),
@@ -71,9 +85,7 @@ REGISTRY.register(
             doc="split with several keys per warp step (float4 loads, a shorter dependent "
             "chain per warp); same partials and combine",
         ),
-        Variant(
-            B,
-            "attention_decode",
+        variant(
             "gqa",
             params=(
                 Param(
@@ -101,15 +113,7 @@ REGISTRY.register(
                     "matmul_decode.pdl; same values)",
                     PUSHED,
                 ),
-                Param(
-                    "fuse_rope",
-                    (0, 1),
-                    0,
-                    "1 (with fuse_combine): q and k RoPE and the current position's KV-cache "
-                    "write done by the attention kernel from the q/k/v projections' outputs "
-                    "(rope_kv's arithmetic; no rope / rope_kv / kv_write launch)",
-                    HOST,
-                ),
+                _fuse_rope(" (with fuse_combine)", ""),
             ),
             source="cuda/attn_decode.cu",
             numeric="order_only",
@@ -118,9 +122,7 @@ REGISTRY.register(
             "lane = 4 (8) dims for P.V; same partials and combine as split (head dim <= 256, "
             "D % 4 == 0)",
         ),
-        Variant(
-            B,
-            "attention_decode",
+        variant(
             "tile",
             params=(
                 Param(
@@ -157,15 +159,7 @@ REGISTRY.register(
                     "second launch, no fence / atomic / serial tail in the first)",
                     PUSHED,
                 ),
-                Param(
-                    "fuse_rope",
-                    (0, 1),
-                    0,
-                    "1: q and k RoPE and the current position's KV-cache write done by the "
-                    "attention kernel from the q/k/v projections' outputs (rope_kv's "
-                    "arithmetic, while the tiles load; no rope / rope_kv / kv_write launch)",
-                    HOST,
-                ),
+                _fuse_rope("", ", while the tiles load"),
             ),
             source="cuda/attn_tile.cu",
             numeric="order_only",
@@ -175,9 +169,7 @@ REGISTRY.register(
             "lane = 4 dims for P.V; one range writes out, more ranges combine in the KV head's "
             "last block (+ Q8_1 under int8 decode): one launch (D % 32 == 0, D <= 256)",
         ),
-        Variant(
-            B,
-            "attention_decode",
+        variant(
             "vec",
             params=(
                 Param(
@@ -212,16 +204,7 @@ REGISTRY.register(
                     "0: every range writes a partial and attn_combine(_q8) merges them",
                     PUSHED,
                 ),
-                Param(
-                    "fuse_rope",
-                    (0, 1),
-                    0,
-                    "1: q and k RoPE and the current position's KV-cache write done by the "
-                    "attention kernel from the q/k/v projections' outputs (rope_kv's "
-                    "arithmetic, each lane its own dims' angles; no rope / rope_kv / kv_write "
-                    "launch; head dim % 8 == 0)",
-                    HOST,
-                ),
+                _fuse_rope("", ", each lane its own dims' angles", "; head dim % 8 == 0"),
                 Param(
                     "cluster",
                     (0, 1),
@@ -241,17 +224,7 @@ REGISTRY.register(
                     PUSHED,
                 ),
             ),
-            constraints=(
-                Constraint(
-                    "attention_decode.cluster != 0 needs compute capability >= 9.0",
-                    lambda cfg, dev: (
-                        cfg.op("attention_decode").variant != "vec"
-                        or _p(cfg, "attention_decode", "cluster") == 0
-                        or dev is None
-                        or int(dev.extra.get("cc", 0)) >= 90
-                    ),
-                ),
-            ),
+            constraints=(_knob_needs_cc("attention_decode", "vec", "cluster", 90),),
             source="cuda/attn_vec.cu",
             numeric="order_only",
             doc="a block per (KV head, key range cut from the position at run time) for all q "
@@ -263,13 +236,11 @@ REGISTRY.register(
         ),
     ],
 )
-REGISTRY.register(
+REGISTRY.declare(
     B,
     "attention_prefill",
     [
-        Variant(
-            B,
-            "attention_prefill",
+        variant(
             "flash",
             params=(
                 Param(
@@ -283,24 +254,18 @@ REGISTRY.register(
                 Param("rows_per_warp", (1, 2, 4, 8), 4, "query tokens per warp", define()),
             ),
             constraints=(
-                Constraint(
+                _while_chosen(
+                    "attention_prefill",
+                    "flash",
                     "block_q / rows_per_warp warps, between 1 and 32",
-                    lambda cfg, dev: (
-                        cfg.op("attention_prefill").variant != "flash"
-                        or 1
-                        <= _p(cfg, "attention_prefill", "block_q")
-                        // _p(cfg, "attention_prefill", "rows_per_warp")
-                        <= 32
-                    ),
+                    lambda k, dev: 1 <= int(k.block_q) // int(k.rows_per_warp) <= 32,
                 ),
             ),
             source="cuda/attention.cu",
             numeric="order_only",
             doc="tiled flash attention in shared memory (head dim <= 128; else the split kernel)",
         ),
-        Variant(
-            B,
-            "attention_prefill",
+        variant(
             "gemm",
             params=(
                 Param(
@@ -326,9 +291,7 @@ REGISTRY.register(
             "query heads), S = QK^T per head (strided-batched, fp32 accumulate and out), a "
             "causal softmax to fp16 P, O = PV written into [T, H, D]; any head dim",
         ),
-        Variant(
-            B,
-            "attention_prefill",
+        variant(
             "flash_tc",
             params=(
                 Param(
@@ -343,18 +306,14 @@ REGISTRY.register(
             ),
             constraints=(
                 _cc_at_least(80),
-                Constraint(
+                _while_chosen(
+                    "attention_prefill",
+                    "flash_tc",
                     "flash_tc's shared tiles (block_q + 2 * block_k) x 136 halves fit a block",
-                    lambda cfg, dev: (
-                        cfg.op("attention_prefill").variant != "flash_tc"
-                        or dev is None
+                    lambda k, dev: (
+                        dev is None
                         or not dev.extra.get("smem_per_block_optin")  # unknown: Ampere+ has 99K
-                        or (
-                            _p(cfg, "attention_prefill", "block_q")
-                            + 2 * _p(cfg, "attention_prefill", "block_k")
-                        )
-                        * 136
-                        * 2
+                        or (int(k.block_q) + 2 * int(k.block_k)) * 136 * 2
                         <= int(dev.extra["smem_per_block_optin"])
                     ),
                 ),
@@ -366,13 +325,11 @@ REGISTRY.register(
             "memory, online softmax, P rounded to fp16 for P V. Head dims 32/64/96/128 (else "
             "the gemm variant at its defaults)",
         ),
-        Variant(
-            B,
-            "attention_prefill",
+        variant(
             "split",
             params=(
                 Param("splits", (1, 2, 4, 8), 1, "key ranges per query", PUSHED),
-                Param("warps", (1, 2, 4, 8), 4, "warps per key range", PUSHED),
+                _SPLIT_WARPS,
             ),
             source="cuda/attention.cu",
             numeric="order_only",

@@ -3,9 +3,15 @@ on the GPU, constraint helpers and the GPU size of a loaded weight."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
 from engine.roofline import Tensor
 from engine.tuning.memory import loaded_default
 from engine.tuning.registry import REGISTRY, Constraint
+
+if TYPE_CHECKING:
+    from engine.device_info import DeviceInfo
 
 B = "cuda"
 
@@ -23,19 +29,36 @@ def _cc_at_least(cc: int) -> Constraint:
     )
 
 
-def _p(cfg, op: str, name: str) -> int:  # noqa: ANN001 - TuningConfig
-    return int(getattr(cfg.knobs(op), name))
+def _while_chosen(
+    op: str, variant: str, doc: str, check: Callable[[Any, DeviceInfo | None], bool]
+) -> Constraint:
+    """A rule over ``variant``'s knobs (``check(op's knob view, device)``) that holds trivially
+    while another variant of op is chosen."""
+    return Constraint(
+        doc, lambda cfg, dev: cfg.op(op).variant != variant or check(cfg.knobs(op), dev)
+    )
+
+
+def _knob_needs_cc(op: str, variant: str, knob: str, cc: int, why: str = "") -> Constraint:
+    """<op>.<knob> != 0 under ``variant`` needs compute capability >= cc."""
+    return _while_chosen(
+        op,
+        variant,
+        f"{op}.{knob} != 0 needs compute capability >= {cc // 10}.{cc % 10}{why}",
+        lambda k, dev: (
+            int(getattr(k, knob)) == 0 or dev is None or int(dev.extra.get("cc", 0)) >= cc
+        ),
+    )
 
 
 def _block_threads_fit(op: str, variant: str) -> Constraint:
     """A dmmv-style variant's block of rows_per_block rows x threads_per_row threads fits
     CUDA's 1024 threads (holds trivially while another variant of op is chosen)."""
-    return Constraint(
+    return _while_chosen(
+        op,
+        variant,
         "rows_per_block * threads_per_row <= 1024",
-        lambda cfg, dev: (
-            cfg.op(op).variant != variant
-            or _p(cfg, op, "rows_per_block") * _p(cfg, op, "threads_per_row") <= 1024
-        ),
+        lambda k, dev: int(k.rows_per_block) * int(k.threads_per_row) <= 1024,
     )
 
 

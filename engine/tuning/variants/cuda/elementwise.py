@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from engine.tuning.registry import HOST, PUSHED, REGISTRY, Param, Variant
+from engine.tuning.registry import HOST, PUSHED, REGISTRY, Param, variant
 from engine.tuning.variants.cuda.common import ALL_TYPES, B
 
 # --- the other ops ------------------------------------------------------------------------
-REGISTRY.register(
+REGISTRY.declare(
     B,
     "embedding",
     [
-        Variant(
-            B,
-            "embedding",
+        variant(
             "get_rows",
             params=(Param("threads", (64, 128, 256, 512), 256, "threads per block", PUSHED),),
             quant_types=ALL_TYPES,
@@ -24,13 +22,11 @@ REGISTRY.register(
 )
 # block first: the default (H200, 1.5B synth tg64, helper dec15: float 427.7 -> 469.0, +9.7%;
 # int8 dec8_split2 613.2 -> 625.0; a 1,536-wide row took ~9 us a call in the warp kernel).
-REGISTRY.register(
+REGISTRY.declare(
     B,
     "rms_norm",
     [
-        Variant(
-            B,
-            "rms_norm",
+        variant(
             "block",
             params=(
                 Param(
@@ -48,9 +44,7 @@ REGISTRY.register(
             "(one memory round trip); under int8 decode it also writes the row's Q8_1 form "
             "(rms_norm_q8's arithmetic and order)",
         ),
-        Variant(
-            B,
-            "rms_norm",
+        variant(
             "warp",
             params=(
                 Param("rows_per_block", (1, 2, 4, 8), 4, "rows (one warp each) per block", PUSHED),
@@ -82,13 +76,11 @@ for _op, _name, _doc, _extra in [
     ),
     ("kv_write", "copy", "k, v into the float32 cache at the device position", ()),
 ]:
-    REGISTRY.register(
+    REGISTRY.declare(
         B,
         _op,
         [
-            Variant(
-                B,
-                _op,
+            variant(
                 _name,
                 params=(
                     Param("threads", (128, 256, 512, 1024), 256, "threads per block", PUSHED),
@@ -102,13 +94,11 @@ for _op, _name, _doc, _extra in [
     )
 # multi is the default: one block streamed the 35B-A3B's 248k vocabulary in 92 us a decode token
 # (3% of it) and the 1.5B's 152k in ~55 us; multi takes ~11 us (docs/BENCHMARKS.md, eighth session)
-REGISTRY.register(
+REGISTRY.declare(
     B,
     "argmax",
     [
-        Variant(
-            B,
-            "argmax",
+        variant(
             "multi",
             params=(
                 Param("blocks", (8, 16, 32, 64, 128, 256), 64, "blocks per row", PUSHED),
@@ -119,9 +109,7 @@ REGISTRY.register(
             doc="many blocks per row in one launch (the last block to finish reduces their "
             "partials); first maximum wins. One block streams a 152k vocabulary at ~15 GB/s",
         ),
-        Variant(
-            B,
-            "argmax",
+        variant(
             "block",
             params=(Param("threads", (256, 512, 1024), 1024, "threads per row", PUSHED),),
             source="cuda/elementwise.cu",

@@ -2,22 +2,14 @@
 
 from __future__ import annotations
 
-from engine.tuning.registry import HOST, REGISTRY, Constraint, Derived, Param, Variant, define
-from engine.tuning.variants.cuda.common import ALL_TYPES, B, _block_threads_fit, _p
-
-
-def _knob_needs_cc(variant: str, knob: str, cc: int, why: str = "") -> Constraint:
-    """matmul_decode.<knob> != 0 under ``variant`` needs compute capability >= cc."""
-    return Constraint(
-        f"matmul_decode.{knob} != 0 needs compute capability >= {cc // 10}.{cc % 10}{why}",
-        lambda cfg, dev: (
-            cfg.op("matmul_decode").variant != variant
-            or _p(cfg, "matmul_decode", knob) == 0
-            or dev is None
-            or int(dev.extra.get("cc", 0)) >= cc
-        ),
-    )
-
+from engine.tuning.registry import HOST, REGISTRY, Derived, Param, define, variant
+from engine.tuning.variants.cuda.common import (
+    ALL_TYPES,
+    B,
+    _block_threads_fit,
+    _knob_needs_cc,
+    _while_chosen,
+)
 
 # --- decode matmul ------------------------------------------------------------------------
 # A gated delta-net layer's input projections (q/k/v, the output gate z, beta and alpha) feed
@@ -33,14 +25,12 @@ _FLOAT_SSM_IN = Param(
     "int8 (no effect on models without delta-net layers)",
     HOST,
 )
-REGISTRY.register(
+REGISTRY.declare(
     B,
     "matmul_decode",
     [
         # mmvf first: the default (float activations, so the sentinel's float-exact path).
-        Variant(
-            B,
-            "matmul_decode",
+        variant(
             "mmvf",
             params=(
                 Param(
@@ -123,14 +113,12 @@ REGISTRY.register(
                 ),
             ),
             constraints=(
-                _knob_needs_cc("mmvf", "pdl", 90),
-                Constraint(
+                _knob_needs_cc("matmul_decode", "mmvf", "pdl", 90),
+                _while_chosen(
+                    "matmul_decode",
+                    "mmvf",
                     "mmvf: threads_per_row <= 32 * warps (a row's warps are in one block)",
-                    lambda cfg, dev: (
-                        cfg.op("matmul_decode").variant != "mmvf"
-                        or _p(cfg, "matmul_decode", "threads_per_row")
-                        <= 32 * _p(cfg, "matmul_decode", "warps")
-                    ),
+                    lambda k, dev: int(k.threads_per_row) <= 32 * int(k.warps),
                 ),
             ),
             quant_types=ALL_TYPES,
@@ -142,9 +130,7 @@ REGISTRY.register(
             "matrices per launch with the bias or residual added as it stores. Float weights "
             "use dmmv at its defaults",
         ),
-        Variant(
-            B,
-            "matmul_decode",
+        variant(
             "dmmv",
             params=(
                 Param(
@@ -183,9 +169,7 @@ REGISTRY.register(
             numeric="order_only",
             doc="dequantizing matrix-vector product, K split across threads_per_row threads",
         ),
-        Variant(
-            B,
-            "matmul_decode",
+        variant(
             "mmvq",
             params=(
                 Param(
@@ -206,9 +190,7 @@ REGISTRY.register(
             "Not the default: int8 activations exceed validate's default tolerances against "
             "the float path on random-weight models (docs/cuda.md)",
         ),
-        Variant(
-            B,
-            "matmul_decode",
+        variant(
             "mmvw",
             params=(
                 Param(
@@ -420,17 +402,14 @@ REGISTRY.register(
                 _FLOAT_SSM_IN,
             ),
             constraints=(
-                Constraint(
+                _while_chosen(
+                    "matmul_decode",
+                    "mmvw",
                     "split_k <= warps * 32 / threads_per_row (a part per lane group)",
-                    lambda cfg, dev: (
-                        cfg.op("matmul_decode").variant != "mmvw"
-                        or _p(cfg, "matmul_decode", "split_k")
-                        * _p(cfg, "matmul_decode", "threads_per_row")
-                        <= 32 * _p(cfg, "matmul_decode", "warps")
-                    ),
+                    lambda k, dev: int(k.split_k) * int(k.threads_per_row) <= 32 * int(k.warps),
                 ),
-                _knob_needs_cc("mmvw", "stream", 90, " (bulk copies)"),
-                _knob_needs_cc("mmvw", "pdl", 90),
+                _knob_needs_cc("matmul_decode", "mmvw", "stream", 90, " (bulk copies)"),
+                _knob_needs_cc("matmul_decode", "mmvw", "pdl", 90),
             ),
             # rows per block of an unsplit launch: the host sizes its grids with it and the
             # kernel reads it (split_k divides it on long rows: _mmvw_rows_per_block)

@@ -4,7 +4,16 @@ activation quantization."""
 from __future__ import annotations
 
 from engine.tuning.memory import MemoryCost, ModelShape, dense_copies
-from engine.tuning.registry import HOST, PUSHED, REGISTRY, Constraint, Param, Variant, define
+from engine.tuning.registry import (
+    HOST,
+    PUSHED,
+    REGISTRY,
+    Constraint,
+    Param,
+    VariantDecl,
+    define,
+    variant,
+)
 from engine.tuning.variants.cuda.common import (
     ALL_TYPES,
     CUDA_BLOCK_TYPES,
@@ -31,13 +40,11 @@ _MAX_COLS = Param(
     define(),
     edge=True,
 )
-REGISTRY.register(
+REGISTRY.declare(
     B,
     "matmul_batched",
     [
-        Variant(
-            B,
-            "matmul_batched",
+        variant(
             "dmmv_kpar",
             params=(
                 _MAX_COLS,
@@ -57,9 +64,7 @@ REGISTRY.register(
             doc="batched DMMV, K-parallel: each decoded group feeds all max_cols columns",
             numeric="order_only",
         ),
-        Variant(
-            B,
-            "matmul_batched",
+        variant(
             "dmmv_serial",
             params=(
                 _MAX_COLS,
@@ -102,11 +107,9 @@ _TILES_FIT_WARPS = Constraint(
 )
 
 
-def _mmq(name: str, numeric: str, doc: str) -> Variant:
+def _mmq(name: str, numeric: str, doc: str) -> VariantDecl:
     """A fused-dequant mma GEMM (mmq.cu, mmq8.cu): the same tiles, warps and rules."""
-    return Variant(
-        B,
-        "matmul_prefill",
+    return variant(
         name,
         params=(_TILE_M, _TILE_N, _WARPS_M, _WARPS_N),
         constraints=(_cc_at_least(80), _TILES_FIT_WARPS),
@@ -117,13 +120,11 @@ def _mmq(name: str, numeric: str, doc: str) -> Variant:
     )
 
 
-REGISTRY.register(
+REGISTRY.declare(
     B,
     "matmul_prefill",
     [
-        Variant(
-            B,
-            "matmul_prefill",
+        variant(
             "staged",
             params=(
                 Param(
@@ -151,9 +152,7 @@ REGISTRY.register(
             "fused-dequant int8 GEMM on Q8_1 activations: int8 weight tiles with per-16 "
             "scales, mma.sync m16n8k16 s8 -> s32, scaled into float32 per 16 k",
         ),
-        Variant(
-            B,
-            "matmul_prefill",
+        variant(
             "resident",
             params=(
                 Param(
@@ -179,13 +178,11 @@ REGISTRY.register(
     ],
 )
 
-REGISTRY.register(
+REGISTRY.declare(
     B,
     "quantize_act",
     [
-        Variant(
-            B,
-            "quantize_act",
+        variant(
             "q8_1",
             params=(
                 Param(

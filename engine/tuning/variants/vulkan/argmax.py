@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-from engine.tuning.registry import PUSHED, REGISTRY, Param, Variant
+from engine.tuning.registry import PUSHED, REGISTRY, Param, variant
 from engine.tuning.variants.vulkan.common import B, _shared_fits, _wg, _wg_fits
 
 # two_stage first, so it is the default: one workgroup per row leaves a big GPU idle over a
 # 152k vocabulary; both give np.argmax's answer (first maximum, first NaN).
-REGISTRY.register(
+REGISTRY.declare(
     B,
     "argmax",
     [
-        Variant(
-            B,
-            "argmax",
+        variant(
             "two_stage",
             params=(
                 _wg(256),
@@ -31,9 +29,7 @@ REGISTRY.register(
             doc="slices of a row reduce to (value, index) pairs, a second pass picks the first "
             "maximum among them",
         ),
-        Variant(
-            B,
-            "argmax",
+        variant(
             "default",
             params=(_wg(256),),
             constraints=(_wg_fits("argmax"), _shared_fits("argmax", 2)),

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from engine.tuning.registry import HOST, PUSHED, REGISTRY, Constraint, Param, Variant, define, spec
+from engine.tuning.registry import (
+    HOST,
+    PUSHED,
+    REGISTRY,
+    Constraint,
+    Param,
+    Variant,
+    define,
+    spec,
+    variant,
+)
 from engine.tuning.variants.vulkan.common import (
     COOPMAT_SHAPE,
     B,
@@ -30,13 +40,11 @@ _SPLITS = (1, 2, 4, 8, 16, 32, 64)  # <= MAX_SPLITS of attention_split.comp
 # split first, so it is the default: decode launches H * splits workgroups instead of H (28 on a
 # 7B model against 132 SMs of an H200), and it is exact for every T, GQA ratio and head dim the
 # online kernel handles (tests/engine/backends/test_backend_ops.py runs both against NumPy).
-REGISTRY.register(
+REGISTRY.declare(
     B,
     "attention",
     [
-        Variant(
-            B,
-            "attention",
+        variant(
             "split",
             params=(
                 _wg(128),
@@ -84,9 +92,7 @@ REGISTRY.register(
             doc="split-KV (flash-decoding): a workgroup per (head, key range, token) writes an "
             "online-softmax partial, a merge pass rescales and sums them",
         ),
-        Variant(
-            B,
-            "attention",
+        variant(
             "online",
             params=(_wg(64),),
             constraints=(_wg_fits("attention"), _shared_fits("attention", 3)),

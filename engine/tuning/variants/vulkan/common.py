@@ -3,9 +3,9 @@ and subgroup parameters and the device-limit constraints built from them."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from engine.tuning.registry import SUBGROUP_SIZE, Constraint, Param, spec
+from engine.tuning.registry import SUBGROUP_SIZE, Constraint, Param, VariantDecl, spec, variant
 from engine.tuning.variants.shared import DELTA_NET_CHUNKS  # noqa: F401 - re-exported
 
 if TYPE_CHECKING:
@@ -132,3 +132,17 @@ _SUBGROUP = Param(
     "required subgroup size (VK_EXT_subgroup_size_control); 0: the device default",
     SUBGROUP_SIZE,
 )
+
+
+def _selected(source: str, name: str, **fields: Any) -> VariantDecl:
+    """A matmul variant that shares its shader with others, selected by -DVARIANT_<NAME> (block,
+    subgroup and shmem in matmul_decode.comp; kpar and serial in matmul_prefill.comp): the
+    weight types QUANT_TYPES, the reference's arithmetic in another order."""
+    return variant(
+        name,
+        quant_types=QUANT_TYPES,
+        source=source,
+        defines=(f"VARIANT_{name.upper()}",),
+        numeric="order_only",
+        **fields,
+    )

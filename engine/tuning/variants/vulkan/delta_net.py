@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from engine.tuning.registry import REGISTRY, Constraint, Param, Variant, spec
+from engine.tuning.registry import REGISTRY, Constraint, Param, spec, variant
 from engine.tuning.variants.shared import delta_net_chunk
 from engine.tuning.variants.vulkan.common import (
     B,
@@ -48,13 +48,11 @@ def _scan_wg_fits(cfg: TuningConfig, dev: DeviceInfo | None) -> bool:
     return _device_takes_wg(int(cfg.knobs("delta_net").scan_wg), dev)
 
 
-REGISTRY.register(
+REGISTRY.declare(
     B,
     "delta_net",
     [
-        Variant(
-            B,
-            "delta_net",
+        variant(
             "sequential",
             params=(_DN_WG, _DN_LAYOUT, _DN_MAX_DK),
             constraints=(_wg_fits("delta_net"),),
@@ -63,9 +61,7 @@ REGISTRY.register(
             doc="one workgroup per V head, a thread per state column in registers, T tokens "
             "in sequence; q/k L2 norm in the kernel",
         ),
-        Variant(
-            B,
-            "delta_net",
+        variant(
             "chunked",
             params=(
                 _DN_WG,

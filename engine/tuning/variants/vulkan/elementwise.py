@@ -3,7 +3,7 @@ swiglu and the hybrid models' elementwise ops."""
 
 from __future__ import annotations
 
-from engine.tuning.registry import HOST, REGISTRY, Constraint, Param, Variant
+from engine.tuning.registry import HOST, REGISTRY, Constraint, Param, variant
 from engine.tuning.variants.vulkan.common import QUANT_TYPES, B, _shared_fits, _wg, _wg_fits
 
 _SIMPLE = [
@@ -64,13 +64,11 @@ for _op, _variant, _src, _defines, _doc in _SIMPLE:
         _constraints.append(_shared_fits(_op, 2))
     _params = (_wg(256), _FUSE_KV, _FUSE_BIAS) if _op == "rope" else (_wg(256),)
     _params = (_wg(256), _FUSE_ADD) if _op == "rms_norm" else _params
-    REGISTRY.register(
+    REGISTRY.declare(
         B,
         _op,
         [
-            Variant(
-                B,
-                _op,
+            variant(
                 _variant,
                 params=_params,
                 constraints=tuple(_constraints),

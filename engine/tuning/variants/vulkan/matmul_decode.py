@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from engine.tuning.registry import HOST, REGISTRY, Constraint, Param, Variant, define, spec
+from engine.tuning.registry import HOST, REGISTRY, Constraint, Param, define, spec, variant
 from engine.tuning.variants.vulkan.common import (
     _SUBGROUP,
     QUANT_TYPES,
@@ -13,6 +13,7 @@ from engine.tuning.variants.vulkan.common import (
     _effective_subgroup,
     _extra,
     _rows_per_wg,
+    _selected,
     _shared_fits,
     _subgroup_wg,
     _wg,
@@ -74,7 +75,7 @@ _BLOCK_CONSTRAINTS = (
 )
 
 
-REGISTRY.register(
+REGISTRY.declare(
     B,
     "matmul_decode",
     [
@@ -82,9 +83,8 @@ REGISTRY.register(
         # bytes (wide loads, scales once per block chunk, x loaded once for several rows); the
         # 8-weights-per-lane subgroup/shmem variants reload scales every 8 weights and ran at
         # ~8-15% of the H200's bandwidth. Not yet timed on a GPU: see docs/vulkan.md.
-        Variant(
-            B,
-            "matmul_decode",
+        _selected(
+            "vulkan/matmul_decode.comp",
             "block",
             params=(
                 *_BLOCK_SPLIT,
@@ -98,28 +98,18 @@ REGISTRY.register(
                 _SUBGROUP,
             ),
             constraints=_BLOCK_CONSTRAINTS,
-            quant_types=QUANT_TYPES,
-            source="vulkan/matmul_decode.comp",
-            defines=("VARIANT_BLOCK",),
-            numeric="order_only",
             doc="DMMV in block-sized chunks per lane: wide weight loads, scales once per chunk, "
             "vec4 x shared by rows_per_thread rows; subgroupAdd or shuffle-xor reduction",
         ),
-        Variant(
-            B,
-            "matmul_decode",
+        _selected(
+            "vulkan/matmul_decode.comp",
             "subgroup",
             params=(_wg(64), _rows_per_wg(2), _SUBGROUP),
             constraints=_subgroup_wg("matmul_decode"),
-            quant_types=QUANT_TYPES,
-            source="vulkan/matmul_decode.comp",
-            defines=("VARIANT_SUBGROUP",),
-            numeric="order_only",
             doc="DMMV, one subgroup per row, lanes split K, subgroupAdd",
         ),
-        Variant(
-            B,
-            "matmul_decode",
+        _selected(
+            "vulkan/matmul_decode.comp",
             "shmem",
             params=(
                 _wg(64),
@@ -137,18 +127,12 @@ REGISTRY.register(
                 Constraint("threads_per_row <= wg_size", _tpr_le_wg),
                 _shared_fits("matmul_decode", 1),
             ),
-            quant_types=QUANT_TYPES,
-            source="vulkan/matmul_decode.comp",
-            defines=("VARIANT_SHMEM",),
-            numeric="order_only",
             doc="DMMV, threads_per_row threads per row, shared-memory tree reduction",
         ),
         # Not the default: int8 activations. The knobs mean what the block variant's do (and
         # threads_per_row / rows_per_thread what CUDA's mmvw's do); the defaults are block's,
         # the values measured best for it on the H200.
-        Variant(
-            B,
-            "matmul_decode",
+        variant(
             "mmvw",
             params=(
                 *_BLOCK_SPLIT,
@@ -207,13 +191,11 @@ REGISTRY.register(
 
 # The Q8_1 producers of matmul_decode.mmvw: quantize (an activation with no Q8_1 form yet), and
 # the fused rms_norm and SwiGLU that write it as they store (a decode row, width % 32 == 0).
-REGISTRY.register(
+REGISTRY.declare(
     B,
     "quantize_act",
     [
-        Variant(
-            B,
-            "quantize_act",
+        variant(
             "q8_1",
             params=(
                 _wg(256),

@@ -12,9 +12,9 @@ from engine.tuning.registry import (
     SUBGROUP_SIZE,
     Constraint,
     Param,
-    Variant,
     define,
     spec,
+    variant,
 )
 from engine.tuning.variants.vulkan.common import (
     _SUBGROUP,
@@ -26,6 +26,7 @@ from engine.tuning.variants.vulkan.common import (
     _device_takes_wg,
     _extra,
     _rows_per_wg,
+    _selected,
     _subgroup_wg,
     _wg,
     _wg_fits,
@@ -191,16 +192,14 @@ _COOPMAT_DEVICE = Constraint(
     _coopmat_ok,
 )
 
-REGISTRY.register(
+REGISTRY.declare(
     B,
     "matmul_prefill",
     [
         # First, so the default: on the H200 it runs a 7B pp512 prefill 7.5x faster than kpar
         # (0.42 s of kernels against 3.36 s) and on llvmpipe 1.5x; kpar and serial stay for the
         # agent to compare per device class (the seed's RDNA4 shipped kpar).
-        Variant(
-            B,
-            "matmul_prefill",
+        variant(
             "tiled",
             params=(
                 Param(
@@ -244,9 +243,7 @@ REGISTRY.register(
         ),
         # Tensor cores: GL_KHR_cooperative_matrix, fp16 tiles into fp32 (fp16 numeric class).
         # Not the default: only devices with the extension can run it (see _coopmat_ok).
-        Variant(
-            B,
-            "matmul_prefill",
+        variant(
             "coopmat",
             params=(
                 _COOP_TILE_M,
@@ -328,9 +325,7 @@ REGISTRY.register(
         ),
         # Tensor cores without dequant in the k-loop: fp16 copies made once (as CUDA's
         # matmul_prefill.resident). Not the default: cooperative-matrix devices only.
-        Variant(
-            B,
-            "matmul_prefill",
+        variant(
             "resident",
             params=(
                 _COOP_TILE_M,
@@ -526,28 +521,18 @@ REGISTRY.register(
             "16-byte tile loads into double-buffered shared memory, one warp_m x warp_n tile "
             "of 16x16 fp32 accumulators per subgroup",
         ),
-        Variant(
-            B,
-            "matmul_prefill",
+        _selected(
+            "vulkan/matmul_prefill.comp",
             "kpar",
             params=(_wg(64), _rows_per_wg(2), _MAX_COLS, _SUBGROUP),
             constraints=_subgroup_wg("matmul_prefill"),
-            quant_types=QUANT_TYPES,
-            source="vulkan/matmul_prefill.comp",
-            defines=("VARIANT_KPAR",),
-            numeric="order_only",
             doc="batched columns, one subgroup per row splits K, subgroupAdd per column",
         ),
-        Variant(
-            B,
-            "matmul_prefill",
+        _selected(
+            "vulkan/matmul_prefill.comp",
             "serial",
             params=(_wg(64), _MAX_COLS),
             constraints=(_wg_fits("matmul_prefill"),),
-            quant_types=QUANT_TYPES,
-            source="vulkan/matmul_prefill.comp",
-            defines=("VARIANT_SERIAL",),
-            numeric="order_only",
             doc="batched columns, one thread per row walks all of K",
         ),
     ],

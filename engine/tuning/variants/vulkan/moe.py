@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from engine.tuning.registry import REGISTRY, Constraint, Param, Variant, spec
+from engine.tuning.registry import REGISTRY, Constraint, Param, spec, variant
 from engine.tuning.variants.shared import moe_tile_pairs
 from engine.tuning.variants.vulkan.common import QUANT_TYPES, B, _rows_per_wg, _wg, _wg_fits
 
@@ -37,13 +37,11 @@ _MOE_CONSTRAINTS = (
 # grouped first, so it is the default: at decode (T == 1) it is dmmv (the same kernels and
 # knobs); at prefill it decodes each chosen expert's rows once per tile of tile_pairs routed
 # tokens instead of once per (token, slot) pair. Not yet timed on a GPU.
-REGISTRY.register(
+REGISTRY.declare(
     B,
     "moe_experts",
     [
-        Variant(
-            B,
-            "moe_experts",
+        variant(
             "grouped",
             params=(
                 *_MOE_DMMV,
@@ -56,9 +54,7 @@ REGISTRY.register(
             doc="prefill (T > 1): a counting sort of the pairs by expert into tiles, then a "
             "grouped GEMM per (rows, tile) of the tile's expert; decode: the dmmv kernels",
         ),
-        Variant(
-            B,
-            "moe_experts",
+        variant(
             "dmmv",
             params=_MOE_DMMV,
             constraints=_MOE_CONSTRAINTS,

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from engine.tuning.registry import HOST, REGISTRY, Param, Variant
+from engine.tuning.registry import HOST, REGISTRY, Param, variant
 from engine.tuning.variants.vulkan.common import B
 
-REGISTRY.register(
+REGISTRY.declare(
     B,
     "submit",
     [
-        Variant(
-            B,
-            "submit",
+        variant(
             "default",
             params=(
                 Param(
