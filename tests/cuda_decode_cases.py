@@ -14,7 +14,7 @@ import numpy as np
 
 from engine.gguf_model import QTensor
 from tests.engine.backends.cuda.test_cuda_ops import PROMPT, _model, cfg, guarded
-from tests.op_cases import dense
+from tests.op_cases import assert_same_decode, dense
 
 MMVW = {"matmul_decode.variant": "mmvw"}
 
@@ -82,9 +82,7 @@ def assert_model_runs_and_validates(
     monkeypatch.setattr(be, "_launch", launch)
     be.use_graphs = True
     graph = m.generate(PROMPT, 8, keep_logits=True)
-    assert graph.tokens == eager.tokens
-    for a, b in zip(graph.step_logits, eager.step_logits, strict=True):
-        assert np.array_equal(a, b), "graph replay differs from eager decode"
+    assert_same_decode(graph, eager, "graph replay differs from eager decode")
     be.set_config(cfg())
     m = _model(path, be)
     tol = Tolerances(max_abs_diff=0.2, nmse=1e-3)
@@ -115,7 +113,5 @@ def assert_decode_alike(be: Any, m: Any, flats: tuple, prompt: list[int], what: 
             runs.append(m.generate(prompt, 10, keep_logits=True))
     be.use_graphs = True
     for r in runs[1:]:
-        assert r.tokens == runs[0].tokens
-        for a, b in zip(r.step_logits, runs[0].step_logits, strict=True):
-            assert np.array_equal(a, b), what
+        assert_same_decode(r, runs[0], what)
     be.set_config(cfg())

@@ -111,15 +111,42 @@ def attention_ref(q: np.ndarray, kc: np.ndarray, vc: np.ndarray, pos0: int) -> n
     return ref
 
 
-def assert_graph_equals_eager(be, model, prompt: list[int], steps: int = 10) -> None:  # noqa: ANN001
-    """The backend's CUDA-graph decode gives the eager decode's tokens and logits, to the bit."""
+def assert_same_decode(got, want, what: str) -> None:  # noqa: ANN001
+    """Two decodes (keep_logits) give the same tokens and every step's logits to the bit;
+    what names the difference when they do not."""
+    assert got.tokens == want.tokens
+    for a, b in zip(got.step_logits, want.step_logits, strict=True):
+        assert np.array_equal(a, b), what
+
+
+def assert_graph_equals_eager(be, model, prompt: list[int], steps: int = 10):  # noqa: ANN001, ANN201
+    """The backend's CUDA-graph decode gives the eager decode's tokens and logits, to the bit.
+    Returns the eager decode."""
     be.use_graphs = False
     eager = model.generate(prompt, steps, keep_logits=True)
     be.use_graphs = True
     graph = model.generate(prompt, steps, keep_logits=True)
-    assert graph.tokens == eager.tokens
-    for a, b in zip(graph.step_logits, eager.step_logits, strict=True):
-        assert np.array_equal(a, b), "graph replay differs from eager decode"
+    assert_same_decode(graph, eager, "graph replay differs from eager decode")
+    return eager
+
+
+def hooked_decode(be, model, prompt: list[int], steps: int):  # noqa: ANN001, ANN201
+    """The model's eager decode under a no-op hook: the unfused schedule, one launch per op.
+    Graphs back on and the hook off afterwards."""
+    model.hook = lambda *a: None
+    be.use_graphs = False
+    try:
+        return model.generate(prompt, steps, keep_logits=True)
+    finally:
+        model.hook, be.use_graphs = None, True
+
+
+def assert_hooked_matches(be, model, eager, prompt: list[int], steps: int) -> None:  # noqa: ANN001
+    """The hooked (unfused) decode gives eager's tokens, and its logits within NMSE 1e-10."""
+    hooked = hooked_decode(be, model, prompt, steps)
+    assert hooked.tokens == eager.tokens
+    for a, b in zip(hooked.step_logits, eager.step_logits, strict=True):
+        check(b, a.astype(np.float64), 1e-10)
 
 
 def k_for(qtype: str, blocks: int) -> int:

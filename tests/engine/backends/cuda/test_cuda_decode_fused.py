@@ -23,7 +23,14 @@ from tests.engine.backends.cuda.test_cuda_ops import (
     guarded,
     k_for,
 )
-from tests.op_cases import check, dense, qtensor, seed_of
+from tests.op_cases import (
+    assert_graph_equals_eager,
+    assert_hooked_matches,
+    check,
+    dense,
+    qtensor,
+    seed_of,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -469,23 +476,10 @@ def test_fused_decode_graph_equals_eager_and_hooked(be, tiny_model_factory, arch
     path = tiny_model_factory(arch, "q4_k_m")
     be.set_config(cfg(**flat))
     m = _model(path, be)
-    be.use_graphs = False
-    eager = m.generate(PROMPT, 10, keep_logits=True)
-    be.use_graphs = True
-    graph = m.generate(PROMPT, 10, keep_logits=True)
-    assert graph.tokens == eager.tokens
-    for a, b in zip(graph.step_logits, eager.step_logits, strict=True):
-        assert np.array_equal(a, b), "graph replay differs from eager decode"
-    m.hook = lambda *a: None
-    be.use_graphs = False
-    hooked = m.generate(PROMPT, 10, keep_logits=True)
-    m.hook = None
-    be.use_graphs = True
+    eager = assert_graph_equals_eager(be, m, PROMPT, 10)
     # Same kernels and arithmetic per row (mmvw's epilogue add is add's one float add), so
     # only a different FMA contraction between kernels could show; a wrong wiring shows more.
-    assert hooked.tokens == eager.tokens
-    for a, b in zip(hooked.step_logits, eager.step_logits, strict=True):
-        check(b, a.astype(np.float64), 1e-10)
+    assert_hooked_matches(be, m, eager, PROMPT, 10)
     be.set_config(cfg())
 
 

@@ -23,7 +23,7 @@ from engine.backends.numpy_ref import NumpyBackend
 from engine.gguf_model import QTensor
 from tests.engine.backends.cuda.test_cuda_ops import cfg
 from tests.engine.backends.cuda.test_cuda_pdl import assert_pdl_changes_no_bit
-from tests.op_cases import check, nmse, qtensor
+from tests.op_cases import check, hooked_decode, nmse, qtensor
 
 pytestmark = pytest.mark.gpu
 
@@ -565,12 +565,7 @@ def test_mmvw_fused_decode_matches_the_hooked_schedule(be, tiny_model_factory, a
     be.set_config(cfg(**MMVW, **F32_PREFILL))
     m = _model(tiny_model_factory(arch, "q4_k_m"), be)
     fused = m.generate(PROMPT, 8, keep_logits=True)
-    be.use_graphs = False
-    m.hook = lambda *a: None
-    try:
-        hooked = m.generate(PROMPT, 8, keep_logits=True)
-    finally:
-        m.hook, be.use_graphs = None, True
+    hooked = hooked_decode(be, m, PROMPT, 8)
     assert fused.tokens == hooked.tokens
     for a, b in zip(fused.step_logits, hooked.step_logits, strict=True):
         assert compare_logits(b, a)[2] < 1e-10

@@ -18,7 +18,14 @@ from tests.engine.backends.cuda.test_cuda_ops import (
     cfg,
     guarded,
 )
-from tests.op_cases import check, check_dot, dense, qtensor, seed_of
+from tests.op_cases import (
+    assert_graph_equals_eager,
+    assert_hooked_matches,
+    check_dot,
+    dense,
+    qtensor,
+    seed_of,
+)
 
 pytestmark = pytest.mark.gpu
 # float32 products and sums, error normalised by sum_k x_k^2 w_k^2 (check_dot): ~1e-13
@@ -156,22 +163,8 @@ def test_mmvf_model_graph_equals_eager_and_hooked(be, tiny_model_factory, arch, 
     the hooked (unfused, one launch per matmul) schedule the same tokens and logits."""
     be.set_config(cfg(**mmvf(**knobs), **{"prefill.gemm_min_t": 1 << 20}))
     m = _model(tiny_model_factory(arch, "q4_k_m"), be)
-    be.use_graphs = False
-    eager = m.generate(PROMPT, 8, keep_logits=True)
-    be.use_graphs = True
-    graph = m.generate(PROMPT, 8, keep_logits=True)
-    assert graph.tokens == eager.tokens
-    for a, b in zip(graph.step_logits, eager.step_logits, strict=True):
-        assert np.array_equal(a, b), "graph replay differs from eager decode"
-    m.hook = lambda *a: None
-    be.use_graphs = False
-    try:
-        hooked = m.generate(PROMPT, 8, keep_logits=True)
-    finally:
-        m.hook, be.use_graphs = None, True
-    assert hooked.tokens == eager.tokens
-    for a, b in zip(hooked.step_logits, eager.step_logits, strict=True):
-        check(b, a.astype(np.float64), 1e-10)
+    eager = assert_graph_equals_eager(be, m, PROMPT, 8)
+    assert_hooked_matches(be, m, eager, PROMPT, 8)
 
 
 def test_mmvf_default_passes_the_cross_check_with_numpy(be, tiny_model_path):

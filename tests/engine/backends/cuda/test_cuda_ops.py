@@ -19,7 +19,15 @@ import pytest
 
 from engine.tuning import TuningConfig
 from tests.backend_contract import BackendContract
-from tests.op_cases import check, check_dot, dense, qtensor, seed_of, write_cache_and_attend
+from tests.op_cases import (
+    assert_graph_equals_eager,
+    check,
+    check_dot,
+    dense,
+    qtensor,
+    seed_of,
+    write_cache_and_attend,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -602,13 +610,7 @@ def test_mmvq_graph_equals_eager(be, tiny_model_factory):
     path = tiny_model_factory("qwen2", "q4_k_m")
     be.set_config(cfg(**INT8_MMVQ))
     m = _model(path, be)
-    be.use_graphs = False
-    eager = m.generate(PROMPT, 12, keep_logits=True)
-    be.use_graphs = True
-    graph = m.generate(PROMPT, 12, keep_logits=True)
-    assert graph.tokens == eager.tokens
-    for a, b in zip(graph.step_logits, eager.step_logits, strict=True):
-        assert np.array_equal(a, b), "graph replay differs from eager decode"
+    assert_graph_equals_eager(be, m, PROMPT, 12)
     be.set_config(cfg())
 
 
