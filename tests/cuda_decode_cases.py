@@ -91,6 +91,17 @@ def assert_model_runs_and_validates(
     assert rep.passed, [p.reasons for p in rep.prompts]
 
 
+def assert_config_graph_equals_eager(be: Any, path: Path, flat: dict) -> None:
+    """The tiny model at path (built under the default config) decodes under flat with graph
+    replay equal to eager, to the bit."""
+    from tests.op_cases import assert_graph_equals_eager
+
+    m = _model(path, be)
+    be.set_config(cfg(**flat))
+    assert_graph_equals_eager(be, m, PROMPT)
+    be.set_config(cfg())
+
+
 def assert_validates(be: Any, path: Path, flat: dict) -> None:
     """validate passes flat against the default reference with the registry's budget."""
     from engine.verify.validate import validate

@@ -326,10 +326,3 @@ def assert_attention_falls_back_to_split(flat: dict, D: int) -> None:
     be.launches.clear()
     be.attention(q, cache, 0, 5)
     assert [launch.kernel for launch in be.launches] == ["attn_split", "attn_combine"]
-
-
-def attention_flat(variant: str, dec: str, **knobs: int) -> dict:
-    """The flat config of decode attention variant under matmul_decode dec, with its knobs
-    (attention_decode.<name>) set."""
-    flat = {"attention_decode.variant": variant, "matmul_decode.variant": dec}
-    return flat | {f"attention_decode.{k}": v for k, v in knobs.items()}

@@ -13,6 +13,7 @@ import pytest
 
 from engine.tuning import TuningConfig
 from tests import cuda_fake
+from tests.attention_configs import attention_flat
 from tests.cuda_fake import FakeCuda, decode_step, fused_rope_launches
 
 PROMPT = list(range(5, 5 + 12))
@@ -26,9 +27,7 @@ def _decode_launches(tiny_model_factory, flat: dict) -> tuple[list, object]:
 @pytest.mark.parametrize("dec", ["mmvf", "mmvw"])
 @pytest.mark.parametrize("fc,early,splits,warps", [(1, 1, 16, 4), (0, 0, 4, 1), (1, 0, 64, 8)])
 def test_gqa_launches(tiny_model_factory, dec, fc, early, splits, warps):
-    flat = cuda_fake.attention_flat(
-        "gqa", dec, fuse_combine=fc, early=early, splits=splits, warps=warps
-    )
+    flat = attention_flat("gqa", dec, fuse_combine=fc, early=early, splits=splits, warps=warps)
     launches, m = _decode_launches(tiny_model_factory, flat)
     n, hkv = m.spec.n_layers, m.spec.n_head_kv
     gqa = [launch for launch in launches if launch.kernel == "attn_gqa"]

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from engine.backends.cuda.attn_tile import KT, ranges, smem_bytes, tile_fits
+from tests.attention_configs import attention_flat
 from tests.attn_split_emul import assert_equals_reference, split_attention
 from tests.cuda_fake import (
     assert_attention_falls_back_to_split,
     assert_attention_fusion_bypassed,
-    attention_flat,
     decode_step,
     fused_rope_launches,
 )

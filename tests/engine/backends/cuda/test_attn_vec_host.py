@@ -17,12 +17,12 @@ import pytest
 
 from engine.backends.cuda.attn_vec import KU, VCL, kernel_name, ranges, vec_fits
 from engine.tuning import TuningConfig
+from tests.attention_configs import attention_flat
 from tests.attn_split_emul import assert_equals_reference, split_attention
 from tests.cuda_fake import (
     FakeCuda,
     assert_attention_falls_back_to_split,
     assert_attention_fusion_bypassed,
-    attention_flat,
     decode_step,
     fused_rope_launches,
 )
