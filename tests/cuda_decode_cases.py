@@ -24,6 +24,13 @@ def mmvw_knobs(**k: Any) -> dict:
     return MMVW | {f"matmul_decode.{n}": v for n, v in k.items()}
 
 
+def mmvw_model(**k: Any) -> dict:
+    """mmvw_knobs(**k) for a whole model's int8 decode: the KV write in rope_kv, split_kw
+    attention, the multi-block argmax."""
+    extras = {"rope.fuse_kv": 1, "attention_decode.variant": "split_kw", "argmax.variant": "multi"}
+    return mmvw_knobs(**k) | extras
+
+
 def run_matmul(cp: Any, be: Any, flat: dict, w: QTensor, x: np.ndarray) -> np.ndarray:
     """x @ w.T by be.matmul_into under flat, canaries around the output, x left unchanged."""
     be.set_config(cfg(**flat))
