@@ -391,6 +391,14 @@ class Verdict:
         return dict(self.__dict__)
 
 
+def assert_validate_catches(m: Mutant, model_path: Any, make_backend: Any = None) -> None:
+    """validate rejects the planted m (its first check: not a later one) and blame names the
+    op m says it must."""
+    v = judge(m, model_path, make_backend)
+    assert v.rejected and v.caught_by == "validate", v
+    assert v.blamed == m.blamed, v.blame
+
+
 def judge(m: Mutant, model_path: Any, make_backend: Any = None, steps: int = 4) -> Verdict:
     """Plant ``m``, run the check it must fail, and say what caught it and what blame named."""
     from engine.gguf_model import open_model

@@ -515,14 +515,12 @@ def test_moe_tc_decode_is_the_dmmv_kernels_bit_for_bit(be):
 def test_planted_moe_tc_unsorted_is_rejected_and_blamed(be, tiny_model_factory):
     """moe_tc.cu's down kernel writing a pair's output to its sorted position (the permutation
     never undone), planted: validate of the tc candidate rejects it and blames moe_experts."""
-    from tests.mutants import Mutant, judge
+    from tests.mutants import Mutant, assert_validate_catches
 
     m = Mutant("MOE_TC_UNSORTED", "cuda", "moe_experts", "expert outputs land on the sorted "
                "rows", {"moe_experts.variant": "tc", "prefill.chunk_tokens": 16,
                         "prefill.gemm_min_t": 2})  # fmt: skip
-    v = judge(m, tiny_model_factory("qwen35moe", "q4_k_m"))
-    assert v.rejected and v.caught_by == "validate", v
-    assert v.blamed == "moe_experts", v.blame
+    assert_validate_catches(m, tiny_model_factory("qwen35moe", "q4_k_m"))
 
 
 # --- whole models -------------------------------------------------------------------------
@@ -721,13 +719,11 @@ def test_planted_sk_scan_is_rejected_and_blamed(be, tiny_model_factory):
     """The seed's bug (the scan's contractions over the wrong axis: S k for S^T k), planted in
     delta_net.cu for prefill calls only, as in the seed's warp kernel: validate rejects it and
     blame names delta_net."""
-    from tests.mutants import Mutant, judge
+    from tests.mutants import Mutant, assert_validate_catches
 
     m = Mutant("DELTA_NET_SK", "cuda", "delta_net", "the scan walks rows, not columns (S k)",
                {"prefill.chunk_tokens": 8})  # fmt: skip
-    v = judge(m, tiny_model_factory("qwen3next", "q4_k_m"))
-    assert v.rejected and v.caught_by == "validate", v
-    assert v.blamed == "delta_net", v.blame
+    assert_validate_catches(m, tiny_model_factory("qwen3next", "q4_k_m"))
 
 
 def test_planted_sk_scan_beside_int8_is_rejected_by_replay(be, tiny_model_factory):
@@ -791,11 +787,9 @@ def test_planted_chunked_state_bug_is_rejected_and_blamed(be, tiny_model_factory
     """The chunked scan that never stores its state (decode then starts from the old one),
     planted in delta_net_chunked.cu: validate of the chunked candidate rejects it and blames
     delta_net."""
-    from tests.mutants import Mutant, judge
+    from tests.mutants import Mutant, assert_validate_catches
 
     m = Mutant("DN_CHUNK_STATE_NOT_STORED", "cuda", "delta_net", "prefill's state never "
                "reaches decode", {"delta_net.variant": "chunked", "delta_net.chunk": 4,
                                   "prefill.chunk_tokens": 8})  # fmt: skip
-    v = judge(m, tiny_model_factory("qwen3next", "q4_k_m"))
-    assert v.rejected and v.caught_by == "validate", v
-    assert v.blamed == "delta_net", v.blame
+    assert_validate_catches(m, tiny_model_factory("qwen3next", "q4_k_m"))
