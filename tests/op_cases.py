@@ -153,3 +153,24 @@ def k_for(qtype: str, blocks: int) -> int:
     """A row length of ``blocks`` blocks of qtype; a float type's "block" is 37 values (K not a
     multiple of 8: the fp16 rows' zero pad is read)."""
     return (256 if qtype.endswith("_K") else 32 if qtype.startswith("Q") else 37) * blocks
+
+
+def assert_ssm_conv_carries_state(be, splits: list[int], K: int, Cc: int, seed: int) -> None:  # noqa: ANN001
+    """ssm_conv of one sequence fed in splits (T < K - 1 included: old state rows shift up in
+    place) against the NumPy backend: each split's output within NMSE 1e-12, the conv state
+    equal to the bit after each split."""
+    from engine.backends.numpy_ref import NumpyBackend
+
+    rng = np.random.default_rng(seed)
+    w, x, s0 = (rng.standard_normal(s).astype(np.float32) for s in ((Cc, K), (sum(splits), Cc),
+                                                                      (K - 1, Cc)))  # fmt: skip
+    ref, s_ref = NumpyBackend(), s0.copy()
+    wn, wb = ref.load_weight(f32_tensor("conv", w)), be.load_weight(f32_tensor("conv", w))
+    s_be = be.upload(s0)
+    t0 = 0
+    for n in splits:
+        want = ref.ssm_conv(x[t0 : t0 + n], s_ref, wn)
+        got = be.download(be.ssm_conv(be.upload(x[t0 : t0 + n]), s_be, wb))
+        check(got, want.astype(np.float64), 1e-12)
+        assert np.array_equal(be.download(s_be), s_ref), f"state after {t0 + n} tokens"
+        t0 += n

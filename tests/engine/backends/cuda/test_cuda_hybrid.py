@@ -23,7 +23,7 @@ from engine.backends.numpy_ref import NumpyBackend
 from engine.gguf_model import QTensor
 from tests.engine.backends.cuda.test_cuda_ops import cfg
 from tests.engine.backends.cuda.test_cuda_pdl import assert_pdl_changes_no_bit
-from tests.op_cases import check, hooked_decode, nmse, qtensor
+from tests.op_cases import assert_ssm_conv_carries_state, check, hooked_decode, nmse, qtensor
 
 pytestmark = pytest.mark.gpu
 
@@ -208,20 +208,7 @@ def test_delta_net_rejects_a_key_head_wider_than_max_dk(be):
 def test_ssm_conv_carries_state(be, splits, K, Cc, threads, fuse_step):
     # fuse_step: the one-token calls run ssm_conv_step (conv and state in one kernel)
     be.set_config(cfg(**{"ssm_conv.threads": threads, "ssm_conv.fuse_step": fuse_step}))
-    rng = np.random.default_rng(K * Cc + len(splits))
-    w = _f32(rng, Cc, K)
-    x = _f32(rng, sum(splits), Cc)
-    s0 = _f32(rng, K - 1, Cc)
-    ref, s_ref = NumpyBackend(), s0.copy()
-    wn, wc = ref.load_weight(_vec("conv", w)), be.load_weight(_vec("conv", w))
-    s_cu = be.upload(s0)
-    t0 = 0
-    for n in splits:  # T < K - 1 included: old state rows shift up in place
-        want = ref.ssm_conv(x[t0 : t0 + n], s_ref, wn)
-        got = be.download(be.ssm_conv(be.upload(x[t0 : t0 + n]), s_cu, wc))
-        check(got, want.astype(np.float64), 1e-12)
-        assert np.array_equal(be.download(s_cu), s_ref), f"state after {t0 + n} tokens"
-        t0 += n
+    assert_ssm_conv_carries_state(be, splits, K, Cc, seed=K * Cc + len(splits))
 
 
 def test_ssm_conv_rejects_a_quantized_kernel(be):
