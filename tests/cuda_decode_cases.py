@@ -14,7 +14,7 @@ import numpy as np
 
 from engine.gguf_model import QTensor
 from tests.engine.backends.cuda.test_cuda_ops import PROMPT, _model, cfg, guarded
-from tests.op_cases import assert_same_decode, dense
+from tests.op_cases import assert_same_decode, dense, qtensor
 
 MMVW = {"matmul_decode.variant": "mmvw"}
 
@@ -59,6 +59,29 @@ def run_three(
     for _, intact in ys:
         intact()
     return outs
+
+
+def matrices_with_adds(cp: Any, be: Any, rng: np.random.Generator, K: int, qtypes: tuple) -> tuple:
+    """x [1, K] and up to three matrices of qtypes (131 rows with a bias, 1 row with no add, 66
+    rows with a residual row) for one several-matrix launch: (x, the launch's (weight, output
+    between canaries, add) per matrix, the checks' (output, dense weight, add in float64,
+    canary check) per matrix)."""
+    specs = list(zip(qtypes, ((131, "bias"), (1, None), (66, "residual")), strict=False))
+    x = rng.standard_normal((1, K)).astype(np.float32)
+    mats, checks = [], []
+    for qtype, (N, add) in specs:
+        w = qtensor(rng, (N, K), qtype, std=0.05)
+        a, add_ref = None, np.zeros((1, N))
+        if add == "bias":
+            b = qtensor(rng, (N,), "F32")
+            a, add_ref = be.load_weight(b).f32, dense(b)[None]
+        elif add == "residual":
+            r = rng.standard_normal((1, N)).astype(np.float32)
+            a, add_ref = be.upload(r), r.astype(np.float64)
+        y, intact = guarded(cp, (1, N))
+        mats.append((be.load_weight(w), y, a))
+        checks.append((y, dense(w), add_ref, intact))
+    return x, mats, checks
 
 
 def three_refs(ws: list[QTensor], x: np.ndarray, bias: QTensor, res: np.ndarray) -> list:

@@ -12,6 +12,7 @@ import pytest
 
 from engine.backends.base import Backend
 from engine.backends.numpy_ref import NumpyBackend
+from tests.cuda_decode_cases import matrices_with_adds
 from tests.engine.backends.cuda.test_cuda_attn_decode import _case
 from tests.engine.backends.cuda.test_cuda_ops import (
     INT8_NMSE,
@@ -20,7 +21,6 @@ from tests.engine.backends.cuda.test_cuda_ops import (
     _model,
     assert_ragged_matmul_into,
     cfg,
-    guarded,
     k_for,
 )
 from tests.op_cases import (
@@ -99,28 +99,11 @@ def test_mmvw_several_matrices_with_adds(cp, be, cid, knobs, n_mats):
     none, a residual row), each output between canaries."""
     be.set_config(cfg(**mmvw(**knobs)))
     rng = np.random.default_rng(n_mats * 7 + len(cid))
-    K = 512
-    specs = [("Q4_K", 131, "bias"), ("Q6_K", 1, None), ("Q8_0", 66, "residual")][:n_mats]
-    x = rng.standard_normal((1, K)).astype(np.float32)
-    mats, checks = [], []
-    for qtype, N, add in specs:
-        w = qtensor(rng, (N, K), qtype, std=0.05)
-        ref = x.astype(np.float64) @ dense(w).T
-        a = None
-        if add == "bias":
-            b = qtensor(rng, (N,), "F32")
-            a = be.load_weight(b).f32
-            ref = ref + dense(b)
-        elif add == "residual":
-            r = rng.standard_normal((1, N)).astype(np.float32)
-            a = be.upload(r)
-            ref = ref + r
-        y, intact = guarded(cp, (1, N))
-        mats.append((be.load_weight(w), y, a))
-        checks.append((y, ref, intact))
+    qtypes = ("Q4_K", "Q6_K", "Q8_0")[:n_mats]
+    x, mats, checks = matrices_with_adds(cp, be, rng, 512, qtypes)
     be._mmvw(be.upload(x), mats)
-    for y, ref, intact in checks:
-        check(y.get(), ref, INT8_NMSE)
+    for y, wd, add_ref, intact in checks:
+        check(y.get(), x.astype(np.float64) @ wd.T + add_ref, INT8_NMSE)
         intact()
 
 

@@ -11,18 +11,17 @@ import numpy as np
 import pytest
 
 from engine.backends.base import Backend
+from tests.cuda_decode_cases import matrices_with_adds
 from tests.engine.backends.cuda.test_cuda_ops import (
     PROMPT,
     _model,
     assert_ragged_matmul_into,
     cfg,
-    guarded,
 )
 from tests.op_cases import (
     assert_graph_equals_eager,
     assert_hooked_matches,
     check_dot,
-    dense,
     qtensor,
     seed_of,
 )
@@ -87,22 +86,7 @@ def test_mmvf_several_matrices_with_adds(cp, be, cid, knobs, n_mats):
     none, a residual row), each output between canaries."""
     be.set_config(cfg(**mmvf(**knobs)))
     rng = np.random.default_rng(n_mats * 7 + len(cid))
-    K = 768
-    specs = [("Q4_K", 131, "bias"), ("Q6_K", 1, None), ("Q5_0", 66, "residual")][:n_mats]
-    x = rng.standard_normal((1, K)).astype(np.float32)
-    mats, checks = [], []
-    for qtype, N, add in specs:
-        w = qtensor(rng, (N, K), qtype, std=0.05)
-        a, add_ref = None, np.zeros((1, N))
-        if add == "bias":
-            b = qtensor(rng, (N,), "F32")
-            a, add_ref = be.load_weight(b).f32, dense(b)[None]
-        elif add == "residual":
-            r = rng.standard_normal((1, N)).astype(np.float32)
-            a, add_ref = be.upload(r), r.astype(np.float64)
-        y, intact = guarded(cp, (1, N))
-        mats.append((be.load_weight(w), y, a))
-        checks.append((y, dense(w), add_ref, intact))
+    x, mats, checks = matrices_with_adds(cp, be, rng, 768, ("Q4_K", "Q6_K", "Q5_0")[:n_mats])
     be._mmvf(be.upload(x), mats)
     for y, wd, add_ref, intact in checks:
         check_dot(y.get() - add_ref, x, wd, FLOAT_ERR)
