@@ -12,7 +12,8 @@ import pytest
 
 from engine.backends.base import Backend
 from engine.backends.numpy_ref import NumpyBackend
-from tests.cuda_decode_cases import matrices_with_adds
+from tests.cuda_decode_cases import MMVW, matrices_with_adds, mmvw_model
+from tests.cuda_decode_cases import mmvw_knobs as mmvw
 from tests.engine.backends.cuda.test_cuda_attn_decode import _case
 from tests.engine.backends.cuda.test_cuda_ops import (
     INT8_NMSE,
@@ -36,7 +37,6 @@ pytestmark = pytest.mark.gpu
 
 
 BLOCK_QTYPES = ["Q8_0", "Q5_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"]
-MMVW = {"matmul_decode.variant": "mmvw"}
 MMVW_CONFIGS = [
     ("defaults", {}),
     ("t8-r4-w8-u4", {"threads_per_row": 8, "rows_per_thread": 4, "warps": 8, "unroll": 4}),
@@ -77,10 +77,6 @@ MMVW_CONFIGS = [
         {"threads_per_row": 8, "rows_per_thread": 2, "split_k": 4, "split_min_k": 256, "stage": 1},
     ),  # fmt: skip
 ]
-
-
-def mmvw(**knobs) -> dict:
-    return MMVW | {f"matmul_decode.{k}": v for k, v in knobs.items()}
 
 
 @pytest.mark.parametrize("cid,knobs", MMVW_CONFIGS, ids=[c[0] for c in MMVW_CONFIGS])
@@ -402,16 +398,12 @@ def test_ffn_norm_fused_equals_composed(cp, be):
 
 
 # --- whole models ---------------------------------------------------------------------------
-ALL_FUSED = mmvw(fuse_swiglu=1, fuse_norm=1, fuse_rope=1) | {
-    "rope.fuse_kv": 1,
-    "attention_decode.variant": "split_kw",
-    "argmax.variant": "multi",
-}
+ALL_FUSED = mmvw_model(fuse_swiglu=1, fuse_norm=1, fuse_rope=1)
 FUSED_MODEL_CONFIGS = [
     {"rope.fuse_kv": 1},
     {"attention_decode.variant": "split_kw"},
     MMVW,
-    MMVW | {"rope.fuse_kv": 1, "attention_decode.variant": "split_kw", "argmax.variant": "multi"},
+    mmvw_model(),
     MMVW | {"attention_decode.variant": "split_kw", "attention_decode.fuse_combine": 0},
     mmvw(threads_per_row=16, rows_per_thread=2, unroll=1) | {"rope.fuse_kv": 1},
     # hooked (unfused) equals fused where the sums run in the same order: warps 8 (mmvw_norm's
@@ -431,7 +423,7 @@ FUSED_MODEL_CONFIGS = [
     # split-K (dec8): every mmvw row of the tiny model splits; the fused norm with warps 8 (its
     # hooked form sums in the same order), no fuse_swiglu / fuse_rope (mmvw_glu and mmvw_qkv do
     # not split, their hooked forms would)
-    mmvw(
+    mmvw_model(
         fuse_norm=1,
         warps=8,
         split_k=4,
@@ -441,12 +433,7 @@ FUSED_MODEL_CONFIGS = [
         q4k_wide=1,
         q6k_wide=1,
     )
-    | {
-        "rope.fuse_kv": 1,
-        "attention_decode.variant": "split_kw",
-        "argmax.variant": "multi",
-        "attention_decode.kv_early": 1,
-    },
+    | {"attention_decode.kv_early": 1},
 ]
 FUSED_MODEL_IDS = [*(str(i) for i in range(6)), "fused_all_w8", "fused_all_t16_wl2", "split4"]
 
