@@ -111,3 +111,19 @@ def finish(record: object, args: argparse.Namespace, default_name: str) -> int:
     if args.json:
         print(json.dumps(record))
     return 0
+
+
+def keep_row(rows: list, row: dict, args: argparse.Namespace) -> None:
+    """Add row to rows and, without --json, print it now (a run cut short still shows it)."""
+    rows.append(row)
+    if not args.json:
+        print(row, flush=True)
+
+
+def close_and_print(be: Any, device: str, args: argparse.Namespace, rows: list) -> int:
+    """The end of a device bench's run: the backend closed, and under --json its device,
+    token count and rows on stdout."""
+    be.close()
+    if args.json:
+        print(json.dumps({"device": device, "tokens": args.tokens, "rows": rows}, indent=1))
+    return 0

@@ -7,7 +7,6 @@ usage: python bench/vulkan_coopmat_bench.py [--shapes 7b|1.5b] [--tokens 512] [-
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -119,9 +118,9 @@ def main(argv: list[str] | None = None) -> int:
             cfg = TuningConfig.default("vulkan").replace(**flat)
             bad = cfg.problems(dev)
             if bad:
-                rows.append({"config": name, "N": n, "K": k, "qtype": q, "refused": bad})
-                if not args.json:
-                    print(rows[-1], flush=True)
+                harness.keep_row(
+                    rows, {"config": name, "N": n, "K": k, "qtype": q, "refused": bad}, args
+                )
                 continue
             be.set_config(cfg)
             out = be.download(be.matmul(x, wt))  # warm: pipelines built
@@ -141,14 +140,9 @@ def main(argv: list[str] | None = None) -> int:
                 "tflops": round(2 * args.tokens * n * k / dt / 1e12, 1),
                 "nmse_vs_tiled": err,
             }
-            rows.append(row)
-            if not args.json:
-                print(row, flush=True)
+            harness.keep_row(rows, row, args)
         del wt
-    be.close()
-    if args.json:
-        print(json.dumps({"device": dev.name, "tokens": args.tokens, "rows": rows}, indent=1))
-    return 0
+    return harness.close_and_print(be, dev.name, args, rows)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ VK_KHR_pipeline_executable_properties), one row per program and specialization.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -165,17 +164,15 @@ def main(argv: list[str] | None = None) -> int:
         cfg = TuningConfig.default("vulkan").replace(**CONFIGS[name])
         bad = cfg.problems(dev)
         if bad:
-            rows.append({"config": name, "refused": bad})
-            if not args.json:
-                print(rows[-1], flush=True)
+            harness.keep_row(rows, {"config": name, "refused": bad}, args)
             continue
         t0 = time.perf_counter()
         try:
             be.set_config(cfg)
         except Exception as e:  # noqa: BLE001 - a broken config is a row, not the end
-            rows.append({"config": name, "error": f"{type(e).__name__}: {e}"[:300]})
-            if not args.json:
-                print(rows[-1], flush=True)
+            harness.keep_row(
+                rows, {"config": name, "error": f"{type(e).__name__}: {e}"[:300]}, args
+            )
             continue
         for i, ((n, k, q), wt) in enumerate(zip(shapes, wts, strict=True)):
             row: dict[str, object] = {"config": name, "N": n, "K": k, "qtype": q}
@@ -184,9 +181,7 @@ def main(argv: list[str] | None = None) -> int:
                 be.set_profiling(True)
                 out = be.download(be.matmul(x, wt))  # pipelines built; resident: the fp16 copy
             except Exception as e:  # noqa: BLE001
-                rows.append(row | {"error": f"{type(e).__name__}: {e}"[:300]})
-                if not args.json:
-                    print(rows[-1], flush=True)
+                harness.keep_row(rows, row | {"error": f"{type(e).__name__}: {e}"[:300]}, args)
                 continue
             first = {kn: kt.total_ms for kn, kt in be.profile().kernels.items()}
             if i == 0:
@@ -211,18 +206,11 @@ def main(argv: list[str] | None = None) -> int:
                 "w16_once_ms": round(w16, 3),
                 "nmse_vs_first": err,
             }
-            rows.append(row)
-            if not args.json:
-                print(row, flush=True)
+            harness.keep_row(rows, row, args)
         if args.stats:  # this config's pipelines (printed now: a timeout may end the run)
             for r in gemm_stats(be, seen):
-                rows.append({"config": name} | r)
-                if not args.json:
-                    print(rows[-1], flush=True)
-    be.close()
-    if args.json:
-        print(json.dumps({"device": dev.name, "tokens": args.tokens, "rows": rows}, indent=1))
-    return 0
+                harness.keep_row(rows, {"config": name} | r, args)
+    return harness.close_and_print(be, dev.name, args, rows)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import numpy as np
 
 from engine.gguf_model import QTensor
 from tests.engine.backends.cuda.test_cuda_ops import PROMPT, _model, cfg, guarded
-from tests.op_cases import dense
+from tests.op_cases import assert_same_decode, dense, qtensor
 
 MMVW = {"matmul_decode.variant": "mmvw"}
 
@@ -22,6 +22,13 @@ MMVW = {"matmul_decode.variant": "mmvw"}
 def mmvw_knobs(**k: Any) -> dict:
     """matmul_decode.mmvw with the given matmul_decode knobs, as a flat config."""
     return MMVW | {f"matmul_decode.{n}": v for n, v in k.items()}
+
+
+def mmvw_model(**k: Any) -> dict:
+    """mmvw_knobs(**k) for a whole model's int8 decode: the KV write in rope_kv, split_kw
+    attention, the multi-block argmax."""
+    extras = {"rope.fuse_kv": 1, "attention_decode.variant": "split_kw", "argmax.variant": "multi"}
+    return mmvw_knobs(**k) | extras
 
 
 def run_matmul(cp: Any, be: Any, flat: dict, w: QTensor, x: np.ndarray) -> np.ndarray:
@@ -54,6 +61,29 @@ def run_three(
     return outs
 
 
+def matrices_with_adds(cp: Any, be: Any, rng: np.random.Generator, K: int, qtypes: tuple) -> tuple:
+    """x [1, K] and up to three matrices of qtypes (131 rows with a bias, 1 row with no add, 66
+    rows with a residual row) for one several-matrix launch: (x, the launch's (weight, output
+    between canaries, add) per matrix, the checks' (output, dense weight, add in float64,
+    canary check) per matrix)."""
+    specs = list(zip(qtypes, ((131, "bias"), (1, None), (66, "residual")), strict=False))
+    x = rng.standard_normal((1, K)).astype(np.float32)
+    mats, checks = [], []
+    for qtype, (N, add) in specs:
+        w = qtensor(rng, (N, K), qtype, std=0.05)
+        a, add_ref = None, np.zeros((1, N))
+        if add == "bias":
+            b = qtensor(rng, (N,), "F32")
+            a, add_ref = be.load_weight(b).f32, dense(b)[None]
+        elif add == "residual":
+            r = rng.standard_normal((1, N)).astype(np.float32)
+            a, add_ref = be.upload(r), r.astype(np.float64)
+        y, intact = guarded(cp, (1, N))
+        mats.append((be.load_weight(w), y, a))
+        checks.append((y, dense(w), add_ref, intact))
+    return x, mats, checks
+
+
 def three_refs(ws: list[QTensor], x: np.ndarray, bias: QTensor, res: np.ndarray) -> list:
     """run_three's results in float64."""
     refs = [x.astype(np.float64) @ dense(w).T for w in ws]
@@ -82,15 +112,24 @@ def assert_model_runs_and_validates(
     monkeypatch.setattr(be, "_launch", launch)
     be.use_graphs = True
     graph = m.generate(PROMPT, 8, keep_logits=True)
-    assert graph.tokens == eager.tokens
-    for a, b in zip(graph.step_logits, eager.step_logits, strict=True):
-        assert np.array_equal(a, b), "graph replay differs from eager decode"
+    assert_same_decode(graph, eager, "graph replay differs from eager decode")
     be.set_config(cfg())
     m = _model(path, be)
     tol = Tolerances(max_abs_diff=0.2, nmse=1e-3)
     ref = cfg(**{"matmul_decode.variant": "mmvq"})
     rep = validate(m, cfg(**flat), [PROMPT, PROMPT[:1]], steps=6, tol=tol, reference=ref)
     assert rep.passed, [p.reasons for p in rep.prompts]
+
+
+def assert_config_graph_equals_eager(be: Any, path: Path, flat: dict) -> None:
+    """The tiny model at path (built under the default config) decodes under flat with graph
+    replay equal to eager, to the bit."""
+    from tests.op_cases import assert_graph_equals_eager
+
+    m = _model(path, be)
+    be.set_config(cfg(**flat))
+    assert_graph_equals_eager(be, m, PROMPT)
+    be.set_config(cfg())
 
 
 def assert_validates(be: Any, path: Path, flat: dict) -> None:
@@ -115,7 +154,5 @@ def assert_decode_alike(be: Any, m: Any, flats: tuple, prompt: list[int], what: 
             runs.append(m.generate(prompt, 10, keep_logits=True))
     be.use_graphs = True
     for r in runs[1:]:
-        assert r.tokens == runs[0].tokens
-        for a, b in zip(r.step_logits, runs[0].step_logits, strict=True):
-            assert np.array_equal(a, b), what
+        assert_same_decode(r, runs[0], what)
     be.set_config(cfg())

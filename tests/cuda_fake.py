@@ -313,3 +313,16 @@ def assert_attention_fusion_bypassed(fused: dict, unfused: dict) -> None:
     assert "attention_decode" in be.hook_bypassed_fusions(be.config)
     off = TuningConfig.from_flat("cuda", unfused)
     assert "attention_decode" not in be.hook_bypassed_fusions(off)
+
+
+def assert_attention_falls_back_to_split(flat: dict, D: int) -> None:
+    """A decode attention of head dim D that flat's variant cannot take (4 heads over 2 KV
+    heads, position 5) runs attn_split and attn_combine instead."""
+    from engine.tuning import TuningConfig
+
+    be = FakeCuda(TuningConfig.from_flat("cuda", flat))
+    q = be.upload(np.zeros((1, 4, D), np.float32))
+    cache = be.new_kv_cache(1, 8, 2, D)
+    be.launches.clear()
+    be.attention(q, cache, 0, 5)
+    assert [launch.kernel for launch in be.launches] == ["attn_split", "attn_combine"]

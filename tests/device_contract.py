@@ -31,6 +31,17 @@ from tests.op_cases import qtensor
 Q8_ROW = 256 // 32 * 34  # bytes of a Q8_0 row of 256: 8 blocks of 34
 
 
+def profile_two_matmuls(be: Any, seed: int, rows: int, qtype: str) -> tuple[Any, Any, Any]:
+    """Profiling on, x [4, 256] times a weight of rows x 256 in qtype twice, the sum argmaxed:
+    (the profile, x, the weight) on be."""
+    rng = np.random.default_rng(seed)
+    w = be.load_weight(qtensor(rng, (rows, 256), qtype))
+    x = be.upload(rng.standard_normal((4, 256)).astype(np.float32))
+    be.set_profiling(True)
+    be.argmax(be.add(be.matmul(x, w), be.matmul(x, w)))
+    return be.profile(), x, w
+
+
 class DeviceContract:
     backend = ""
     clock = ""  # what ProfileReport.clock says on this backend
@@ -137,12 +148,7 @@ class DeviceContract:
 
     # --- profile ------------------------------------------------------------------------
     def test_profile_times_each_kernel_until_switched_off(self, be):
-        rng = np.random.default_rng(1)
-        w = be.load_weight(qtensor(rng, (64, 256), "Q8_0"))
-        x = be.upload(rng.standard_normal((4, 256)).astype(np.float32))
-        be.set_profiling(True)
-        be.argmax(be.add(be.matmul(x, w), be.matmul(x, w)))
-        rep = be.profile()
+        rep, x, w = profile_two_matmuls(be, 1, 64, "Q8_0")
         assert isinstance(rep, ProfileReport) and rep.clock == self.clock
         assert rep.kernels and all(k.calls > 0 and k.total_ms > 0 for k in rep.kernels.values())
         assert list(rep.kernels) == sorted(rep.kernels, key=lambda n: -rep.kernels[n].total_ms)

@@ -4,6 +4,7 @@ run it against another schedule and NumPy over several steps on carried states
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -63,6 +64,19 @@ class ConvGatedCase:
         return be.download(be._delta_net_conv_gated(
             be.upload(qkv), c, w[0], self.Hk, self.dk, be.upload(a), be.upload(b), w[1], w[2], s,
             v_order, 1e-6, w[3], be.upload(z)))  # fmt: skip
+
+    def steps(
+        self, be: Any, configs: dict[str, Any], v_order: str, n: int = 3
+    ) -> Iterator[tuple[int, tuple[np.ndarray, ...], dict[str, np.ndarray]]]:
+        """n decode steps, each run under every named config (a TuningConfig) on that name's
+        states: (step, its inputs, the output under each name)."""
+        for step in range(n):
+            ins = self.inputs()
+            outs = {}
+            for name, config in configs.items():
+                be.set_config(config)
+                outs[name] = self.run(be, name, ins, v_order)
+            yield step, ins, outs
 
     def reference(self, ins: tuple[np.ndarray, ...], v_order: str) -> Any:
         """NumPy's step on s_ref, c_ref (both advanced in place)."""

@@ -225,6 +225,13 @@ class Mutant:
         return f"{self.backend}:{self.name}"
 
 
+def _mmvw_mutant(name: str, what: str, op_level: bool = True, **knobs: int) -> Mutant:
+    """A planted bug in one of mmvw's kernels (blame: matmul_decode), judged under mmvw with
+    knobs (matmul_decode.<knob>)."""
+    flat = {"matmul_decode.variant": "mmvw"} | {f"matmul_decode.{k}": v for k, v in knobs.items()}
+    return Mutant(name, "cuda", "matmul_decode", what, flat, op_level=op_level)
+
+
 _NP = {"prefill.chunk_tokens": 16}
 MUTANTS: tuple[Mutant, ...] = (
     Mutant("DROP_LAST_COLUMN", "numpy", "matmul_prefill", "batched matmul leaves the last column "
@@ -302,40 +309,31 @@ MUTANTS: tuple[Mutant, ...] = (
     # CUDA (gpu-marked): tests/planted/cuda.patches
     Mutant("MMVQ_TAIL_ROWS", "cuda", "matmul_decode", "mmvq skips the ragged last rows",
            {"matmul_decode.variant": "mmvq"}),
-    Mutant("MMVW_TAIL_ROWS", "cuda", "matmul_decode", "mmvw skips the ragged last rows",
-           {"matmul_decode.variant": "mmvw"}),
+    _mmvw_mutant("MMVW_TAIL_ROWS", "mmvw skips the ragged last rows"),
     # the default decode matmul: the reference's per-token path runs it too
     Mutant("MMVF_Q4K_MIN", "cuda", "matmul_decode", "mmvf (the default float decode matmul): "
            "a Q4_K slot's high sub-block subtracts the low one's min", check="cross_check"),
     # mmvw's fused epilogues run only unhooked: validate rejects, blame names the fused op
-    Mutant("MMVW_GLU_UP", "cuda", "matmul_decode", "mmvw_glu multiplies silu(gate) by gate, "
-           "not up", {"matmul_decode.variant": "mmvw", "matmul_decode.fuse_swiglu": 1},
-           op_level=False),
-    Mutant("MMVW_NORM_EARLY", "cuda", "matmul_decode", "mmvw_norm's RMSNorm leaves out the "
-           "row's last 32 values", {"matmul_decode.variant": "mmvw", "matmul_decode.fuse_norm": 1},
-           op_level=False),
-    Mutant("MMVW_QKV_POS", "cuda", "matmul_decode", "mmvw_qkv ropes k by the previous "
-           "position", {"matmul_decode.variant": "mmvw", "matmul_decode.fuse_rope": 1},
-           op_level=False),
-    Mutant("MMVW_STAGE_HALF", "cuda", "matmul_decode", "mmvw's staged bulk copy brings half "
-           "of a block's weight rows", {"matmul_decode.variant": "mmvw", "matmul_decode.stage": 1}),
-    Mutant("Q4K_LEAN_SCALE", "cuda", "matmul_decode", "mmvw's branch-free Q4_K scale decode "
-           "(q4k_lean) gives a pair's odd sub-block the even one's scale",
-           {"matmul_decode.variant": "mmvw", "matmul_decode.q4k_lean": 1}),
-    Mutant("MMVW_Q4K_ROW0", "cuda", "matmul_decode", "mmvw_q4k (q4k_kernel) computes the next "
-           "block's rows", {"matmul_decode.variant": "mmvw", "matmul_decode.q4k_kernel": 1}),
-    Mutant("MMVW_STREAM_SHORT", "cuda", "matmul_decode", "mmvw_stream's bulk copies each "
-           "leave out their row set's last 16 bytes (stale shared memory read instead)",
-           {"matmul_decode.variant": "mmvw", "matmul_decode.stream": 2}),
-    Mutant("MMVW_SPLIT_PART", "cuda", "matmul_decode", "mmvw's split-K leaves out the last "
-           "part of each row", {"matmul_decode.variant": "mmvw", "matmul_decode.split_k": 2,
-                                "matmul_decode.split_min_k": 256}),
-    Mutant("Q4K_WIDE_HIGH", "cuda", "matmul_decode", "mmvw's wide Q4_K slot multiplies its "
-           "second run's high nibbles by the first run's activations",
-           {"matmul_decode.variant": "mmvw", "matmul_decode.q4k_wide": 1}),
-    Mutant("Q6K_WIDE_SCALE", "cuda", "matmul_decode", "mmvw's wide Q6_K slot scales its "
-           "second high run by the first one's scale",
-           {"matmul_decode.variant": "mmvw", "matmul_decode.q6k_wide": 1}),
+    _mmvw_mutant("MMVW_GLU_UP", "mmvw_glu multiplies silu(gate) by gate, not up",
+                 fuse_swiglu=1, op_level=False),
+    _mmvw_mutant("MMVW_NORM_EARLY", "mmvw_norm's RMSNorm leaves out the row's last 32 values",
+                 fuse_norm=1, op_level=False),
+    _mmvw_mutant("MMVW_QKV_POS", "mmvw_qkv ropes k by the previous position",
+                 fuse_rope=1, op_level=False),
+    _mmvw_mutant("MMVW_STAGE_HALF", "mmvw's staged bulk copy brings half of a block's weight rows",
+                 stage=1),
+    _mmvw_mutant("Q4K_LEAN_SCALE", "mmvw's branch-free Q4_K scale decode (q4k_lean) gives a "
+                 "pair's odd sub-block the even one's scale", q4k_lean=1),
+    _mmvw_mutant("MMVW_Q4K_ROW0", "mmvw_q4k (q4k_kernel) computes the next block's rows",
+                 q4k_kernel=1),
+    _mmvw_mutant("MMVW_STREAM_SHORT", "mmvw_stream's bulk copies each leave out their row set's "
+                 "last 16 bytes (stale shared memory read instead)", stream=2),
+    _mmvw_mutant("MMVW_SPLIT_PART", "mmvw's split-K leaves out the last part of each row",
+                 split_k=2, split_min_k=256),
+    _mmvw_mutant("Q4K_WIDE_HIGH", "mmvw's wide Q4_K slot multiplies its second run's high nibbles "
+                 "by the first run's activations", q4k_wide=1),
+    _mmvw_mutant("Q6K_WIDE_SCALE", "mmvw's wide Q6_K slot scales its second high run by the first "
+                 "one's scale", q6k_wide=1),
     Mutant("ATTN_KV_EARLY_K", "cuda", "attention_decode", "split_kw's early V loads read the "
            "K cache", {"attention_decode.variant": "split_kw", "attention_decode.kv_early": 1}),
     Mutant("ATTN_GQA_Q0", "cuda", "attention_decode", "attn_gqa scores every head of a KV "
@@ -389,6 +387,14 @@ class Verdict:
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+
+def assert_validate_catches(m: Mutant, model_path: Any, make_backend: Any = None) -> None:
+    """validate rejects the planted m (its first check: not a later one) and blame names the
+    op m says it must."""
+    v = judge(m, model_path, make_backend)
+    assert v.rejected and v.caught_by == "validate", v
+    assert v.blamed == m.blamed, v.blame
 
 
 def judge(m: Mutant, model_path: Any, make_backend: Any = None, steps: int = 4) -> Verdict:

@@ -111,18 +111,66 @@ def attention_ref(q: np.ndarray, kc: np.ndarray, vc: np.ndarray, pos0: int) -> n
     return ref
 
 
-def assert_graph_equals_eager(be, model, prompt: list[int], steps: int = 10) -> None:  # noqa: ANN001
-    """The backend's CUDA-graph decode gives the eager decode's tokens and logits, to the bit."""
+def assert_same_decode(got, want, what: str) -> None:  # noqa: ANN001
+    """Two decodes (keep_logits) give the same tokens and every step's logits to the bit;
+    what names the difference when they do not."""
+    assert got.tokens == want.tokens
+    for a, b in zip(got.step_logits, want.step_logits, strict=True):
+        assert np.array_equal(a, b), what
+
+
+def assert_graph_equals_eager(be, model, prompt: list[int], steps: int = 10):  # noqa: ANN001, ANN201
+    """The backend's CUDA-graph decode gives the eager decode's tokens and logits, to the bit.
+    Returns the eager decode."""
     be.use_graphs = False
     eager = model.generate(prompt, steps, keep_logits=True)
     be.use_graphs = True
     graph = model.generate(prompt, steps, keep_logits=True)
-    assert graph.tokens == eager.tokens
-    for a, b in zip(graph.step_logits, eager.step_logits, strict=True):
-        assert np.array_equal(a, b), "graph replay differs from eager decode"
+    assert_same_decode(graph, eager, "graph replay differs from eager decode")
+    return eager
+
+
+def hooked_decode(be, model, prompt: list[int], steps: int):  # noqa: ANN001, ANN201
+    """The model's eager decode under a no-op hook: the unfused schedule, one launch per op.
+    Graphs back on and the hook off afterwards."""
+    model.hook = lambda *a: None
+    be.use_graphs = False
+    try:
+        return model.generate(prompt, steps, keep_logits=True)
+    finally:
+        model.hook, be.use_graphs = None, True
+
+
+def assert_hooked_matches(be, model, eager, prompt: list[int], steps: int) -> None:  # noqa: ANN001
+    """The hooked (unfused) decode gives eager's tokens, and its logits within NMSE 1e-10."""
+    hooked = hooked_decode(be, model, prompt, steps)
+    assert hooked.tokens == eager.tokens
+    for a, b in zip(hooked.step_logits, eager.step_logits, strict=True):
+        check(b, a.astype(np.float64), 1e-10)
 
 
 def k_for(qtype: str, blocks: int) -> int:
     """A row length of ``blocks`` blocks of qtype; a float type's "block" is 37 values (K not a
     multiple of 8: the fp16 rows' zero pad is read)."""
     return (256 if qtype.endswith("_K") else 32 if qtype.startswith("Q") else 37) * blocks
+
+
+def assert_ssm_conv_carries_state(be, splits: list[int], K: int, Cc: int, seed: int) -> None:  # noqa: ANN001
+    """ssm_conv of one sequence fed in splits (T < K - 1 included: old state rows shift up in
+    place) against the NumPy backend: each split's output within NMSE 1e-12, the conv state
+    equal to the bit after each split."""
+    from engine.backends.numpy_ref import NumpyBackend
+
+    rng = np.random.default_rng(seed)
+    w, x, s0 = (rng.standard_normal(s).astype(np.float32) for s in ((Cc, K), (sum(splits), Cc),
+                                                                      (K - 1, Cc)))  # fmt: skip
+    ref, s_ref = NumpyBackend(), s0.copy()
+    wn, wb = ref.load_weight(f32_tensor("conv", w)), be.load_weight(f32_tensor("conv", w))
+    s_be = be.upload(s0)
+    t0 = 0
+    for n in splits:
+        want = ref.ssm_conv(x[t0 : t0 + n], s_ref, wn)
+        got = be.download(be.ssm_conv(be.upload(x[t0 : t0 + n]), s_be, wb))
+        check(got, want.astype(np.float64), 1e-12)
+        assert np.array_equal(be.download(s_be), s_ref), f"state after {t0 + n} tokens"
+        t0 += n

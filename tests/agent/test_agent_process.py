@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import optuna
@@ -95,6 +96,24 @@ def _started(storage: str) -> bool:
     return ref.path.exists() if ref.path is not None else check_storage(ref, create=False)
 
 
+def _has_trials(storage: str, n: int) -> bool:
+    """The agent has made its storage and recorded at least n budget trials there."""
+    return _started(storage) and len(budget_trials(storage)[0]) >= n
+
+
+def _wait_while_running(
+    p: subprocess.Popen, until: Callable[[], bool], log: Path, poll_s: float = 0.3
+) -> None:
+    """Wait up to 240 s for until() while p runs; p must still be running then (its log's
+    tail says why not)."""
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and p.poll() is None:
+        if until():
+            break
+        time.sleep(poll_s)
+    assert p.poll() is None, log.read_text()[-3000:]
+
+
 def test_agent_killed_mid_study_resumes_without_duplicates(
     tiny_model_path: Path, tmp_path: Path, storage: str
 ) -> None:
@@ -106,12 +125,7 @@ def test_agent_killed_mid_study_resumes_without_duplicates(
     log = (tmp_path / "agent1.log").open("w")
     p = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=log, start_new_session=True)
     try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and p.poll() is None:
-            if _started(storage) and len(budget_trials(storage)[0]) >= 2:
-                break
-            time.sleep(0.3)
-        assert p.poll() is None, (tmp_path / "agent1.log").read_text()[-3000:]
+        _wait_while_running(p, lambda: _has_trials(storage, 2), tmp_path / "agent1.log")
     finally:
         kill_session(p.pid)
         p.wait()
@@ -147,12 +161,7 @@ def test_two_agents_one_storage(tiny_model_path: Path, tmp_path: Path, pg_url: s
         [*run, str(exp_a)], cwd=ROOT, stdout=subprocess.PIPE, stderr=log, start_new_session=True
     )
     try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and a.poll() is None:
-            if _started(pg_url) and len(budget_trials(pg_url)[0]) >= 1:
-                break
-            time.sleep(0.3)
-        assert a.poll() is None, (tmp_path / "a.log").read_text()[-3000:]
+        _wait_while_running(a, lambda: _has_trials(pg_url, 1), tmp_path / "a.log")
         b = subprocess.run(
             [*run, str(exp_a)], cwd=ROOT, capture_output=True, text=True, timeout=300
         )
@@ -321,12 +330,7 @@ def test_agent_stopped_by_a_signal_leaves_no_running_trial_nor_ray(
     try:
         # the agent's own log says when trial 1 is done: a cheap read (opening the storage on
         # every poll took seconds on a busy 2-core CI machine, long enough for all 7 to finish)
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and p.poll() is None:
-            if "agent: trial 1 [" in log_path.read_text():
-                break
-            time.sleep(0.1)
-        assert p.poll() is None, log_path.read_text()[-3000:]
+        _wait_while_running(p, lambda: "agent: trial 1 [" in log_path.read_text(), log_path, 0.1)
         if how == "SIGTERM":
             p.send_signal(signal.SIGTERM)
         else:

@@ -16,6 +16,7 @@ from agent.loop import RunOptions, run_experiment
 from agent.records import BUDGET_OUTCOMES
 from agent.space import config_key
 from agent.storage import parse_storage
+from agent.summary import RunSummary
 from engine import backends as engine_backends
 from engine.synth import preset_shape
 from engine.tuning import TuningConfig
@@ -153,24 +154,24 @@ def test_accepted_candidate_is_confirmed_on_another_worker(
     assert s.promotion and s.promotion["trial"] == win.number
 
 
-@pytest.mark.usefixtures("faults")
-def test_faults_fail_trials_restart_workers_and_never_promote(
-    model_ref: str, repo: Path, tmp_path: Path
-) -> None:
-    """Wrong output, compile error, exception, killed worker, hung worker: each recorded with
-    its kind, the worker restarted where it died, and the study carries on to its budget."""
-    variants = ["cached_f32", "wrong", "nocompile", "raises", "crash", "hang"]
+def _run_fault_grid(
+    model_ref: str,
+    repo: Path,
+    tmp_path: Path,
+    space: dict,
+    *,
+    n_trials: int,
+    timeout_s: float,
+    workers: int = 1,
+) -> tuple[RunSummary, str]:
+    """A grid study of the fault backend over space, on `workers` cpu-sim workers, promoting
+    into repo; (its summary, its storage URL)."""
     exp = parse_experiment(
         experiment(
             model_ref,
             fault_backend.NAME,
-            space={
-                fault_backend.NAME: {
-                    "matmul_prefill": {"variants": variants},
-                    "prefill": {"chunk_tokens": [32]},
-                }
-            },
-            budget={"trials": 6, "trial_timeout_s": 8},
+            space={fault_backend.NAME: space},
+            budget={"trials": n_trials, "trial_timeout_s": timeout_s},
             sampler={"name": "grid", "seed": 0},
         )
     )
@@ -179,9 +180,20 @@ def test_faults_fail_trials_restart_workers_and_never_promote(
         parse_storage(storage),
         promote_repo=repo,
         setup=fault_backend.install,
-        resources={"device:cpu-sim": 1, f"backend:{fault_backend.NAME}/cpu-sim": 1},
+        resources={"device:cpu-sim": workers, f"backend:{fault_backend.NAME}/cpu-sim": workers},
     )
-    summary = run_experiment(exp, opts)
+    return run_experiment(exp, opts), storage
+
+
+@pytest.mark.usefixtures("faults")
+def test_faults_fail_trials_restart_workers_and_never_promote(
+    model_ref: str, repo: Path, tmp_path: Path
+) -> None:
+    """Wrong output, compile error, exception, killed worker, hung worker: each recorded with
+    its kind, the worker restarted where it died, and the study carries on to its budget."""
+    variants = ["cached_f32", "wrong", "nocompile", "raises", "crash", "hang"]
+    space = {"matmul_prefill": {"variants": variants}, "prefill": {"chunk_tokens": [32]}}
+    summary, storage = _run_fault_grid(model_ref, repo, tmp_path, space, n_trials=6, timeout_s=8)
     (s,) = summary.studies
     by_variant = {}
     for t in trials(storage):
@@ -290,25 +302,10 @@ def test_a_worker_killed_from_outside_retries_its_config(
     best was lost in a kill test): the config runs once more, on another worker of the class
     when there is one, else on the restarted worker."""
     monkeypatch.setenv(fault_backend.LOST_ONCE_ENV, str(tmp_path / "killed"))
-    exp = parse_experiment(
-        experiment(
-            model_ref,
-            fault_backend.NAME,
-            space={
-                fault_backend.NAME: {"matmul_prefill": {"variants": ["cached_f32", "lost_once"]}}
-            },
-            budget={"trials": 2, "trial_timeout_s": 30},
-            sampler={"name": "grid", "seed": 0},
-        )
+    space = {"matmul_prefill": {"variants": ["cached_f32", "lost_once"]}}
+    summary, storage = _run_fault_grid(
+        model_ref, repo, tmp_path, space, n_trials=2, timeout_s=30, workers=workers
     )
-    storage = str(tmp_path / "studies.db")
-    opts = RunOptions(
-        parse_storage(storage),
-        promote_repo=repo,
-        setup=fault_backend.install,
-        resources={"device:cpu-sim": workers, f"backend:{fault_backend.NAME}/cpu-sim": workers},
-    )
-    summary = run_experiment(exp, opts)
     assert (tmp_path / "killed").exists()  # the worker was killed once
     lost = [
         t

@@ -16,6 +16,7 @@ from agent.dashboard.synthetic import OBJECTIVES, write_study
 from agent.records import TrialRecord
 from agent.storage import parse_storage
 from agent.win import chain_to_baseline, win_line
+from tests.agent.no_device_run import run_with_no_device
 
 
 def _storage_and_status(tmp_path: Path) -> tuple[Path, str]:
@@ -83,25 +84,7 @@ def test_a_cluster_with_no_device_names_how_a_node_joins(
 ) -> None:
     """A plain `ray start --head` advertises no device: the run said "cluster has {}" and
     nothing else. It names `python -m worker start`, as the README does."""
-    import tomli_w
-
-    from agent.local import LocalRunner
-
-    monkeypatch.setattr(LocalRunner, "device_classes", lambda self: {})
-    exp = tmp_path / "x.toml"
-    exp.write_text(
-        tomli_w.dumps(
-            {
-                "name": "join",
-                "models": [str(tiny_model_path)],
-                "backends": ["numpy"],
-                "objectives": [{"metric": "prefill_tok_s", "prompt_tokens": 8}],
-                "space": {"numpy": {"prefill": {"chunk_tokens": [8, 16]}}},
-            }
-        )
-    )
-    argv = ["run", str(exp), "--local", "--storage", str(tmp_path / "s.journal"), "--no-promote"]
-    assert main(argv) == 1
+    assert run_with_no_device("join", tiny_model_path, tmp_path, monkeypatch) == 1
     err = capsys.readouterr().err
     assert "cluster has {}" in err and "python -m worker start --address HEAD:6379" in err
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()

@@ -7,13 +7,23 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import optuna
 import pytest
 
 from agent.cli import main
-from agent.lease import KEY, TAKE_OVER, WAIT, LeaseHeld, Leases, holder_of, pid_namespace
+from agent.lease import (
+    KEY,
+    TAKE_OVER,
+    WAIT,
+    Holder,
+    LeaseHeld,
+    Leases,
+    holder_of,
+    pid_namespace,
+)
 from agent.storage import StorageError, check_storage, parse_storage
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -174,15 +184,8 @@ def test_expired_or_dead_holder_is_taken_over(storage_url: str) -> None:
     storage = parse_storage(storage_url).open()
     sid = optuna.create_study(study_name="s", storage=storage)._study_id
     now = time.time()
-    stale = {
-        "agent": "x",
-        "host": "elsewhere",
-        "pid": 1,
-        "experiment": "e",
-        "since": now - 99,
-        "heartbeat": now - 99,
-        "expires": now - 1,
-    }
+    # agent, host, pid, experiment, since, heartbeat, expires (pidns unknown)
+    stale = asdict(Holder("x", "elsewhere", 1, "e", now - 99, now - 99, now - 1))
     storage.set_study_system_attr(sid, KEY, stale)
     a = Leases(storage, "e", ttl_s=30)
     a.acquire(["s"], ["maximize"])

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from engine.provenance import COMMIT_ENV, commit_of, engine_commit
+from tests.agent.no_device_run import run_with_no_device
 
 ROOT = Path(__file__).resolve().parents[2]
 SHA = "0123456789abcdef0123456789abcdef01234567"
@@ -91,27 +92,9 @@ def test_a_run_without_a_commit_says_how_to_name_it(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture,
 ) -> None:
-    import tomli_w
-
     import agent.loop
-    from agent.cli import main
-    from agent.local import LocalRunner
 
-    monkeypatch.setattr(LocalRunner, "device_classes", lambda self: {})  # nothing to run
     monkeypatch.setattr(agent.loop, "engine_commit", lambda: "unknown")  # an uploaded copy
-    exp = tmp_path / "x.toml"
-    exp.write_text(
-        tomli_w.dumps(
-            {
-                "name": "nocommit",
-                "models": [str(tiny_model_path)],
-                "backends": ["numpy"],
-                "objectives": [{"metric": "prefill_tok_s", "prompt_tokens": 8}],
-                "space": {"numpy": {"prefill": {"chunk_tokens": [8, 16]}}},
-            }
-        )
-    )
-    argv = ["run", str(exp), "--local", "--storage", str(tmp_path / "s.journal"), "--no-promote"]
-    main(argv)
+    run_with_no_device("nocommit", tiny_model_path, tmp_path, monkeypatch)  # nothing to run
     err = capsys.readouterr().err
     assert "engine commit unknown" in err and "$(python -m agent runtime-env)" in err

@@ -297,14 +297,21 @@ PAGES = (
     ("finished-trial-real", f"/studies/{REAL}/trials/1", 1, 1),
     ("study-synthetic", f"/studies/{SYNTH}", 4, 4),
     ("study-accepted-filter", f"/studies/{SYNTH}?outcome=accepted", 4, 4),
-    ("trial-baseline", f"/studies/{SYNTH}/trials/{{baseline}}", 1, 1),
-    ("trial-accepted", f"/studies/{SYNTH}/trials/{{accepted}}", 1, 1),
-    ("trial-rejected", f"/studies/{SYNTH}/trials/{{rejected}}", 1, 1),
-    ("trial-running", f"/studies/{SYNTH}/trials/{{running}}", 0, 0),
-    ("trial-duplicate", f"/studies/{SYNTH}/trials/{{duplicate}}", 0, 0),
-    ("trial-interrupted", f"/studies/{SYNTH}/trials/{{interrupted}}", 0, 0),
-    ("trial-failed", f"/studies/{SYNTH}/trials/{{failed}}", 0, 0),
-    ("trial-invalid", f"/studies/{SYNTH}/trials/{{invalid}}", 0, 0),
+    # a synthetic trial of each outcome: only a measured one (baseline, accepted, rejected)
+    # draws its plot
+    *(
+        (f"trial-{o}", f"/studies/{SYNTH}/trials/{{{o}}}", n, n)
+        for o, n in (
+            ("baseline", 1),
+            ("accepted", 1),
+            ("rejected", 1),
+            ("running", 0),
+            ("duplicate", 0),
+            ("interrupted", 0),
+            ("failed", 0),
+            ("invalid", 0),
+        )
+    ),
     ("promotions", "/promotions", 0, 0),
 )
 STATES = ("baseline", "accepted", "rejected", "running", "duplicate", "interrupted", "failed")

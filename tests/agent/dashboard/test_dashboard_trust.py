@@ -64,23 +64,18 @@ def _fleet_of_an_agent_on_another_host(tmp_path, heartbeat_ago: float) -> tuple[
     its worker busy on trial 3. Its pid cannot be checked from here."""
     import json
     import time
+    from dataclasses import asdict
 
-    from agent.lease import KEY
+    from agent.lease import KEY, Holder
 
     ref = parse_storage(str(tmp_path / "s.journal"))
     storage = ref.open()
     name = write_study(storage, "r9700", 6, seed=2, running=1)
     now = time.time()
-    holder = {
-        "agent": "other-agent",
-        "host": "head-node-elsewhere",
-        "pid": 4242,
-        "experiment": "e",
-        "since": now - 100,
-        "heartbeat": now - heartbeat_ago,
-        "expires": now - heartbeat_ago + 60,
-    }
-    storage.set_study_system_attr(storage.get_study_id_from_name(name), KEY, holder)
+    # agent, host, pid, experiment, since, heartbeat, expires (pidns unknown)
+    beat = now - heartbeat_ago
+    holder = Holder("other-agent", "head-node-elsewhere", 4242, "e", now - 100, beat, beat + 60)
+    storage.set_study_system_attr(storage.get_study_id_from_name(name), KEY, asdict(holder))
     agent = {
         "host": "head-node-elsewhere",
         "pid": 4242,

@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 
 from engine.tuning import TuningConfig
+from tests import cuda_fake
+from tests.attention_configs import attention_flat
 from tests.cuda_fake import FakeCuda, decode_step, fused_rope_launches
 
 PROMPT = list(range(5, 5 + 12))
@@ -25,13 +27,7 @@ def _decode_launches(tiny_model_factory, flat: dict) -> tuple[list, object]:
 @pytest.mark.parametrize("dec", ["mmvf", "mmvw"])
 @pytest.mark.parametrize("fc,early,splits,warps", [(1, 1, 16, 4), (0, 0, 4, 1), (1, 0, 64, 8)])
 def test_gqa_launches(tiny_model_factory, dec, fc, early, splits, warps):
-    flat = GQA | {
-        "matmul_decode.variant": dec,
-        "attention_decode.fuse_combine": fc,
-        "attention_decode.early": early,
-        "attention_decode.splits": splits,
-        "attention_decode.warps": warps,
-    }
+    flat = attention_flat("gqa", dec, fuse_combine=fc, early=early, splits=splits, warps=warps)
     launches, m = _decode_launches(tiny_model_factory, flat)
     n, hkv = m.spec.n_layers, m.spec.n_head_kv
     gqa = [launch for launch in launches if launch.kernel == "attn_gqa"]
@@ -56,12 +52,7 @@ def test_gqa_limits(H, Hkv, D, warps, ok):
 
 
 def test_gqa_falls_back_to_split():
-    be = FakeCuda(TuningConfig.from_flat("cuda", GQA))
-    q = be.upload(np.zeros((1, 4, 264), np.float32))
-    cache = be.new_kv_cache(1, 8, 2, 264)
-    be.launches.clear()
-    be.attention(q, cache, 0, 5)
-    assert [launch.kernel for launch in be.launches] == ["attn_split", "attn_combine"]
+    cuda_fake.assert_attention_falls_back_to_split(GQA, 264)
 
 
 # --- rms_norm.block (shaders/cuda/norm_decode.cu) ---------------------------------------------

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from engine.backends.cuda.attn_tile import KT, ranges, smem_bytes, tile_fits
-from engine.tuning import TuningConfig
+from tests.attention_configs import attention_flat
 from tests.attn_split_emul import assert_equals_reference, split_attention
 from tests.cuda_fake import (
-    FakeCuda,
+    assert_attention_falls_back_to_split,
     assert_attention_fusion_bypassed,
     decode_step,
     fused_rope_launches,
@@ -37,14 +37,9 @@ def _decode_launches(tiny_model_factory, flat: dict) -> tuple[list, object]:
 ])  # fmt: skip
 def test_tile_launches(tiny_model_factory, dec, splits, min_keys, warps, fc, stages):
     """One attn_tile a layer; fuse_combine 0: out and the Q8_1 buffers null, then a combine."""
-    flat = TILE | {
-        "matmul_decode.variant": dec,
-        "attention_decode.splits": splits,
-        "attention_decode.min_keys": min_keys,
-        "attention_decode.warps": warps,
-        "attention_decode.fuse_combine": fc,
-        "attention_decode.stages": stages,
-    }
+    flat = attention_flat(
+        "tile", dec, splits=splits, min_keys=min_keys, warps=warps, fuse_combine=fc, stages=stages
+    )
     launches, m = _decode_launches(tiny_model_factory, flat)
     n, hkv, hd = m.spec.n_layers, m.spec.n_head_kv, m.spec.head_dim
     tiles = [launch for launch in launches if launch.kernel == "attn_tile"]
@@ -75,12 +70,7 @@ def test_tile_limits(H, Hkv, D, warps, ok):
 
 
 def test_tile_falls_back_to_split():
-    be = FakeCuda(TuningConfig.from_flat("cuda", TILE))
-    q = be.upload(np.zeros((1, 4, 80), np.float32))
-    cache = be.new_kv_cache(1, 8, 2, 80)
-    be.launches.clear()
-    be.attention(q, cache, 0, 5)
-    assert [launch.kernel for launch in be.launches] == ["attn_split", "attn_combine"]
+    assert_attention_falls_back_to_split(TILE, 80)
 
 
 @pytest.mark.parametrize("splits", [8, 16, 32, 64, 128])

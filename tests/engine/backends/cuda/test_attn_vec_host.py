@@ -17,9 +17,11 @@ import pytest
 
 from engine.backends.cuda.attn_vec import KU, VCL, kernel_name, ranges, vec_fits
 from engine.tuning import TuningConfig
+from tests.attention_configs import attention_flat
 from tests.attn_split_emul import assert_equals_reference, split_attention
 from tests.cuda_fake import (
     FakeCuda,
+    assert_attention_falls_back_to_split,
     assert_attention_fusion_bypassed,
     decode_step,
     fused_rope_launches,
@@ -35,14 +37,15 @@ VEC = {"attention_decode.variant": "vec"}
 ])  # fmt: skip
 def test_vec_launches(tiny_model_factory, dec, splits, min_keys, warps, fc):
     """One attn_vec a layer; fuse_combine 0: out and the Q8_1 buffers null, then a combine."""
-    flat = VEC | {
-        "matmul_decode.variant": dec,
-        "attention_decode.splits": splits,
-        "attention_decode.min_keys": min_keys,
-        "attention_decode.warps": warps,
-        "attention_decode.fuse_combine": fc,
-        "attention_decode.prefetch": int(warps == 1),
-    }
+    flat = attention_flat(
+        "vec",
+        dec,
+        splits=splits,
+        min_keys=min_keys,
+        warps=warps,
+        fuse_combine=fc,
+        prefetch=int(warps == 1),
+    )
     launches, m = decode_step(tiny_model_factory("qwen2", "q4_k_m"), flat, PROMPT)
     n, hkv = m.spec.n_layers, m.spec.n_head_kv
     name = kernel_name(m.spec.n_head // hkv)
@@ -79,12 +82,7 @@ def test_vec_kernel_per_group(G):
 
 
 def test_vec_falls_back_to_split():
-    be = FakeCuda(TuningConfig.from_flat("cuda", VEC))
-    q = be.upload(np.zeros((1, 4, 160), np.float32))
-    cache = be.new_kv_cache(1, 8, 2, 160)
-    be.launches.clear()
-    be.attention(q, cache, 0, 5)
-    assert [launch.kernel for launch in be.launches] == ["attn_split", "attn_combine"]
+    assert_attention_falls_back_to_split(VEC, 160)
 
 
 @pytest.mark.parametrize("H,Hkv,name", [(12, 2, "attn_vec8"), (28, 4, "attn_vec8"),
@@ -193,15 +191,8 @@ def test_vec_cluster_launches(tiny_model_factory, dec, warps, fc, rope):
     """cluster: one attn_vec*_c(_rope) a layer on a grid of VCL x Hkv (the cluster's size,
     whatever splits says), no partial buffers, out and (int8) the Q8_1 form always written,
     no combine launch, whatever fuse_combine says."""
-    flat = VEC | {
-        "matmul_decode.variant": dec,
-        "attention_decode.cluster": 1,
-        "attention_decode.splits": 64,
-        "attention_decode.warps": warps,
-        "attention_decode.fuse_combine": fc,
-        "attention_decode.fuse_rope": rope,
-        "rope.fuse_kv": 1,
-    }
+    knobs = {"cluster": 1, "splits": 64, "warps": warps, "fuse_combine": fc, "fuse_rope": rope}
+    flat = attention_flat("vec", dec, **knobs) | {"rope.fuse_kv": 1}
     launches, m = decode_step(tiny_model_factory("qwen2", "q4_k_m"), flat, PROMPT)
     n, hkv = m.spec.n_layers, m.spec.n_head_kv
     name = kernel_name(m.spec.n_head // hkv, rope=bool(rope), cluster=True)

@@ -11,9 +11,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.cuda_decode_cases import assert_decode_alike, assert_validates
+from tests.attention_configs import MMVW, attention_flat, model_configs, rope_pair
+from tests.cuda_decode_cases import (
+    assert_config_graph_equals_eager,
+    assert_decode_alike,
+    assert_validates,
+)
 from tests.engine.backends.cuda.test_cuda_ops import INT8_NMSE, PROMPT, _check_q8, _model, cfg
-from tests.op_cases import assert_graph_equals_eager, attention_ref, check, dense, qtensor
+from tests.op_cases import attention_ref, check, dense, qtensor
 
 pytestmark = pytest.mark.gpu
 
@@ -59,24 +64,24 @@ def _q8_form(be, flat: dict, H: int, Hkv: int, D: int, pos0: int, what: str):  #
     return a
 
 
+def _check_twice(be, flat: dict, H: int, Hkv: int, D: int, pos0: int) -> None:  # noqa: ANN001
+    """Attention under flat against float64, twice (the per-KV-head tickets reset)."""
+    q, cache, ref = _case(be, H, Hkv, D, pos0)
+    be.set_config(cfg(**flat))
+    for _ in range(2):
+        check(be.download(be.attention(be.upload(q), cache, 0, pos0)), ref, 1e-9)
+    be.set_config(cfg())
+
+
 def _gqa(splits: int, warps: int, fc: int, early: int) -> dict:
-    return GQA | {
-        "attention_decode.splits": splits,
-        "attention_decode.warps": warps,
-        "attention_decode.fuse_combine": fc,
-        "attention_decode.early": early,
-    }
+    return attention_flat("gqa", splits=splits, warps=warps, fuse_combine=fc, early=early)
 
 
 @pytest.mark.parametrize("splits,warps,fc,early", KNOBS)
 @pytest.mark.parametrize("H,Hkv,D,pos0", SHAPES)
 def test_attention_decode_gqa(be, H, Hkv, D, pos0, splits, warps, fc, early):
     """Against float64; G > 4 x warps (or D > 256) takes attn_split, also checked here."""
-    q, cache, ref = _case(be, H, Hkv, D, pos0)
-    be.set_config(cfg(**_gqa(splits, warps, fc, early)))
-    for _ in range(2):
-        check(be.download(be.attention(be.upload(q), cache, 0, pos0)), ref, 1e-9)
-    be.set_config(cfg())
+    _check_twice(be, _gqa(splits, warps, fc, early), H, Hkv, D, pos0)
 
 
 @pytest.mark.parametrize("H,Hkv,D,pos0", SHAPES[:4])
@@ -95,7 +100,7 @@ def test_attention_decode_gqa_early_is_bit_equal(be, H, Hkv, D, pos0):
 def test_attention_decode_gqa_leaves_the_q8_form(be, H, Hkv, D, pos0, fc):
     """Under matmul_decode.mmvw the (fused or separate) combine writes the output's Q8_1 form,
     which the o projection then reads."""
-    a = _q8_form(be, _gqa(16, 4, fc, 1) | {"matmul_decode.variant": "mmvw"}, H, Hkv, D, pos0, "gqa")
+    a = _q8_form(be, _gqa(16, 4, fc, 1) | MMVW, H, Hkv, D, pos0, "gqa")
     rng = np.random.default_rng(7)
     w = qtensor(rng, (67, H * D), "Q4_K", std=0.05)
     y = be.download(be.matmul(a, be.load_weight(w)))
@@ -103,44 +108,9 @@ def test_attention_decode_gqa_leaves_the_q8_form(be, H, Hkv, D, pos0, fc):
     be.set_config(cfg())
 
 
-MODEL_CONFIGS = [
-    GQA,
-    _gqa(4, 1, 0, 0),
-    GQA | {"matmul_decode.variant": "mmvw", "rope.fuse_kv": 1, "argmax.variant": "multi"},
-]
-
-
-@pytest.mark.parametrize("arch", ["qwen2", "llama"])
-@pytest.mark.parametrize("flat", MODEL_CONFIGS, ids=["gqa", "gqa_s4_w1_nofc", "gqa_mmvw"])
-def test_gqa_model_graph_equals_eager(be, tiny_model_factory, arch, flat):
-    m = _model(tiny_model_factory(arch, "q4_k_m"), be)
-    be.set_config(cfg(**flat))
-    assert_graph_equals_eager(be, m, PROMPT)
-    be.set_config(cfg())
-
-
-@pytest.mark.parametrize("flat", MODEL_CONFIGS[:2], ids=["gqa", "gqa_s4_w1_nofc"])
-def test_validate_gqa(be, tiny_model_path, flat):
-    """The float configs against the default reference with the registry's budget."""
-    assert_validates(be, tiny_model_path, flat)
-
-
-ROPE_CONFIGS = [  # (fused, unfused): attn_gqa's RoPE + KV write against rope_kv's
-    (GQA | {"attention_decode.fuse_rope": 1}, GQA | {"rope.fuse_kv": 1}),
-    (
-        _gqa(4, 2, 1, 0) | {"attention_decode.fuse_rope": 1, "matmul_decode.variant": "mmvw"},
-        _gqa(4, 2, 1, 0) | {"rope.fuse_kv": 1, "matmul_decode.variant": "mmvw"},
-    ),
-]
-
-
-@pytest.mark.parametrize("arch", ["qwen2", "llama"])
-@pytest.mark.parametrize("pair", ROPE_CONFIGS, ids=["mmvf", "mmvw_s4_w2"])
-def test_gqa_fuse_rope_equals_rope_kv(be, tiny_model_factory, arch, pair):
-    """attention_decode.fuse_rope (q, k RoPE and the KV write inside attn_gqa) decodes to the
-    bit what rope_kv + attn_gqa decode (rope_pair's arithmetic), eager and replayed."""
-    m = _model(tiny_model_factory(arch, "q4_k_m"), be)
-    assert_decode_alike(be, m, pair, PROMPT, "fused RoPE + KV write differs from rope_kv")
+MODEL_CONFIGS = model_configs(GQA, _gqa(4, 1, 0, 0))
+# (fused, unfused): attn_gqa's RoPE + KV write against rope_kv's
+ROPE_CONFIGS = [rope_pair(GQA), rope_pair(_gqa(4, 2, 1, 0) | MMVW)]
 
 
 # --- attention_decode.tile (shaders/cuda/attn_tile.cu) ----------------------------------------
@@ -157,13 +127,8 @@ TILE_KNOBS = [  # splits, min_keys, warps, fuse_combine, stages
 
 
 def _tile(splits: int, min_keys: int, warps: int, fc: int = 1, stages: int = 2) -> dict:
-    return TILE | {
-        "attention_decode.splits": splits,
-        "attention_decode.min_keys": min_keys,
-        "attention_decode.warps": warps,
-        "attention_decode.fuse_combine": fc,
-        "attention_decode.stages": stages,
-    }
+    knobs = {"splits": splits, "min_keys": min_keys, "warps": warps, "stages": stages}
+    return attention_flat("tile", fuse_combine=fc, **knobs)
 
 
 @pytest.mark.parametrize("splits,min_keys,warps,fc,stages", TILE_KNOBS)
@@ -171,11 +136,7 @@ def _tile(splits: int, min_keys: int, warps: int, fc: int = 1, stages: int = 2) 
 def test_attention_decode_tile(be, H, Hkv, D, pos0, splits, min_keys, warps, fc, stages):
     """Against float64, twice per config (the per-KV-head tickets reset); shapes the kernel
     cannot take (D % 32 != 0, group > 4 x warps) run attn_split, also checked here."""
-    q, cache, ref = _case(be, H, Hkv, D, pos0)
-    be.set_config(cfg(**_tile(splits, min_keys, warps, fc, stages)))
-    for _ in range(2):
-        check(be.download(be.attention(be.upload(q), cache, 0, pos0)), ref, 1e-9)
-    be.set_config(cfg())
+    _check_twice(be, _tile(splits, min_keys, warps, fc, stages), H, Hkv, D, pos0)
 
 
 @pytest.mark.parametrize("fc", [1, 0])
@@ -183,60 +144,61 @@ def test_attention_decode_tile(be, H, Hkv, D, pos0, splits, min_keys, warps, fc,
 def test_attention_decode_tile_leaves_the_q8_form(be, H, Hkv, D, pos0, fc):
     """Under matmul_decode.mmvw the kernel (one range or the combine; fc 0: attn_combine_q8)
     writes the output's Q8_1 form, which the o projection then reads."""
-    _q8_form(be, _tile(32, 64, 4, fc) | {"matmul_decode.variant": "mmvw"}, H, Hkv, D, pos0, "tile")
+    _q8_form(be, _tile(32, 64, 4, fc) | MMVW, H, Hkv, D, pos0, "tile")
     be.set_config(cfg())
 
 
-TILE_MODEL_CONFIGS = [
-    TILE,
-    _tile(8, 32, 2, 0),
-    TILE | {"matmul_decode.variant": "mmvw", "rope.fuse_kv": 1, "argmax.variant": "multi"},
+TILE_MODEL_CONFIGS = model_configs(TILE, _tile(8, 32, 2, 0))
+TILE_ROPE_CONFIGS = [  # (fused, unfused): attn_tile's RoPE + KV write against rope_kv's
+    rope_pair(TILE),
+    rope_pair(_tile(8, 32, 2, 0) | MMVW),
+    # one 128-key range: the current key in its fourth tile, put in by the tile loop
+    rope_pair(_tile(32, 128, 4)),
+    # the same with one stage: the loop's refill of stage 0 puts it in
+    rope_pair(_tile(32, 128, 8, 1, 1)),
 ]
 
 
+# --- whole tiny models under gqa and tile -----------------------------------------------------
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
-@pytest.mark.parametrize("flat", TILE_MODEL_CONFIGS, ids=["tile", "tile_nofc", "tile_mmvw"])
-def test_tile_model_graph_equals_eager(be, tiny_model_factory, arch, flat):
-    m = _model(tiny_model_factory(arch, "q4_k_m"), be)
-    be.set_config(cfg(**flat))
-    assert_graph_equals_eager(be, m, PROMPT)
-    be.set_config(cfg())
+@pytest.mark.parametrize(
+    "flat",
+    MODEL_CONFIGS + TILE_MODEL_CONFIGS,
+    ids=["gqa", "gqa_s4_w1_nofc", "gqa_mmvw", "tile", "tile_nofc", "tile_mmvw"],
+)
+def test_gqa_tile_model_graph_equals_eager(be, tiny_model_factory, arch, flat):
+    assert_config_graph_equals_eager(be, tiny_model_factory(arch, "q4_k_m"), flat)
 
 
-@pytest.mark.parametrize("flat", TILE_MODEL_CONFIGS[:2], ids=["tile", "tile_nofc"])
-def test_validate_tile(be, tiny_model_path, flat):
+@pytest.mark.parametrize(
+    "flat",
+    MODEL_CONFIGS[:2] + TILE_MODEL_CONFIGS[:2],
+    ids=["gqa", "gqa_s4_w1_nofc", "tile", "tile_nofc"],
+)
+def test_validate_gqa_tile(be, tiny_model_path, flat):
     """The float configs against the default reference with the registry's budget."""
     assert_validates(be, tiny_model_path, flat)
-
-
-TILE_ROPE_CONFIGS = [  # (fused, unfused): attn_tile's RoPE + KV write against rope_kv's
-    (TILE | {"attention_decode.fuse_rope": 1}, TILE | {"rope.fuse_kv": 1}),
-    (
-        _tile(8, 32, 2, 0) | {"attention_decode.fuse_rope": 1, "matmul_decode.variant": "mmvw"},
-        _tile(8, 32, 2, 0) | {"rope.fuse_kv": 1, "matmul_decode.variant": "mmvw"},
-    ),
-    (  # one 128-key range: the current key in its fourth tile, put in by the tile loop
-        _tile(32, 128, 4) | {"attention_decode.fuse_rope": 1},
-        _tile(32, 128, 4) | {"rope.fuse_kv": 1},
-    ),
-    (  # the same with one stage: the loop's refill of stage 0 puts it in
-        _tile(32, 128, 8, 1, 1) | {"attention_decode.fuse_rope": 1},
-        _tile(32, 128, 8, 1, 1) | {"rope.fuse_kv": 1},
-    ),
-]
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
 @pytest.mark.parametrize(
     "pair",
-    TILE_ROPE_CONFIGS,
-    ids=["mmvf", "mmvw_s8_m32_w2_nofc", "mmvf_m128_long", "mmvf_m128_long_st1"],
+    ROPE_CONFIGS + TILE_ROPE_CONFIGS,
+    ids=[
+        "gqa_mmvf",
+        "gqa_mmvw_s4_w2",
+        "tile_mmvf",
+        "tile_mmvw_s8_m32_w2_nofc",
+        "tile_mmvf_m128_long",
+        "tile_mmvf_m128_long_st1",
+    ],
 )
-def test_tile_fuse_rope_equals_rope_kv(be, tiny_model_factory, arch, pair):
-    """attention_decode.tile fuse_rope (q, k RoPE and the KV write inside attn_tile) decodes to
-    the bit what rope_kv + attn_tile decode (rope_pair's arithmetic), eager and replayed. The
-    current key lands in a range's first or second tile (37-token prompt: put in before the
-    loop) or, with min_keys 128 and a 111-token prompt, its fourth (put in by the loop)."""
+def test_gqa_tile_fuse_rope_equals_rope_kv(be, tiny_model_factory, arch, pair):
+    """attention_decode.fuse_rope (q, k RoPE and the KV write inside attn_gqa / attn_tile)
+    decodes to the bit what rope_kv + the same kernel decode (rope_pair's arithmetic), eager
+    and replayed. Under tile the current key lands in a range's first or second tile (37-token
+    prompt: put in before the loop) or, with min_keys 128 and a 111-token prompt, its fourth
+    (put in by the loop)."""
     m = _model(tiny_model_factory(arch, "q4_k_m"), be)
     prompt = PROMPT * 3 if pair in TILE_ROPE_CONFIGS[2:] else PROMPT
     assert_decode_alike(be, m, pair, prompt, "fused RoPE + KV write differs from rope_kv")

@@ -13,14 +13,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.cuda_decode_cases import assert_decode_alike, assert_validates
+from tests.attention_configs import MMVW, attention_flat, model_configs, rope_pair
+from tests.cuda_decode_cases import (
+    assert_config_graph_equals_eager,
+    assert_decode_alike,
+    assert_validates,
+)
 from tests.engine.backends.cuda.test_cuda_attn_decode import (
     _case,
     _q8_form,
     planted_attention_is_caught,
 )
 from tests.engine.backends.cuda.test_cuda_ops import PROMPT, _model, cfg
-from tests.op_cases import assert_graph_equals_eager, check
+from tests.op_cases import check
 
 pytestmark = pytest.mark.gpu
 
@@ -38,14 +43,8 @@ KNOBS = [  # splits, min_keys, warps, fuse_combine, cluster, prefetch
 
 
 def _vec(splits: int, min_keys: int, warps: int, fc: int = 1, cl: int = 0, pf: int = 0) -> dict:
-    return VEC | {
-        "attention_decode.prefetch": pf,
-        "attention_decode.splits": splits,
-        "attention_decode.min_keys": min_keys,
-        "attention_decode.warps": warps,
-        "attention_decode.fuse_combine": fc,
-        "attention_decode.cluster": cl,
-    }
+    knobs = {"prefetch": pf, "splits": splits, "min_keys": min_keys, "warps": warps}
+    return attention_flat("vec", fuse_combine=fc, cluster=cl, **knobs)
 
 
 @pytest.mark.parametrize("splits,min_keys,warps,fc,cl,pf", KNOBS)
@@ -72,16 +71,14 @@ def test_attention_decode_vec(be, H, Hkv, D, pos0, splits, min_keys, warps, fc, 
 def test_attention_decode_vec_leaves_the_q8_form(be, H, Hkv, D, pos0, fc, cl):
     """Under matmul_decode.mmvw the kernel (one range or the combine; fc 0: attn_combine_q8;
     cluster: the cluster's merge) writes the output's Q8_1 form, which the o projection reads."""
-    flat = _vec(64, 32, 4, fc, cl) | {"matmul_decode.variant": "mmvw"}
+    flat = _vec(64, 32, 4, fc, cl) | MMVW
     _q8_form(be, flat, H, Hkv, D, pos0, "vec")
     be.set_config(cfg())
 
 
 MODEL_CONFIGS = [
-    VEC,
-    _vec(8, 8, 1, 0),
-    VEC | {"matmul_decode.variant": "mmvw", "rope.fuse_kv": 1, "argmax.variant": "multi"},
-    _vec(64, 8, 1, 1, 1) | {"matmul_decode.variant": "mmvw", "rope.fuse_kv": 1},
+    *model_configs(VEC, _vec(8, 8, 1, 0)),
+    _vec(64, 8, 1, 1, 1) | MMVW | {"rope.fuse_kv": 1},
 ]
 
 
@@ -90,10 +87,7 @@ MODEL_CONFIGS = [
     "flat", MODEL_CONFIGS, ids=["vec", "vec_s8_m8_w1_nofc", "vec_mmvw", "vec_cluster_m8_w1"]
 )
 def test_vec_model_graph_equals_eager(be, tiny_model_factory, arch, flat):
-    m = _model(tiny_model_factory(arch, "q4_k_m"), be)
-    be.set_config(cfg(**flat))
-    assert_graph_equals_eager(be, m, PROMPT)
-    be.set_config(cfg())
+    assert_config_graph_equals_eager(be, tiny_model_factory(arch, "q4_k_m"), flat)
 
 
 @pytest.mark.parametrize("flat", MODEL_CONFIGS[:2], ids=["vec", "vec_s8_m8_w1_nofc"])
@@ -110,23 +104,15 @@ def test_attention_decode_vec_planted_combine_is_caught(be, plant):
 
 
 ROPE_PAIRS = [  # (fused, unfused): attn_vec's RoPE + KV write against rope_kv's
-    (VEC | {"attention_decode.fuse_rope": 1}, VEC | {"rope.fuse_kv": 1}),
-    (  # int8 decode, a separate combine, one warp a block: the current key in many ranges
-        _vec(8, 8, 1, 0) | {"attention_decode.fuse_rope": 1, "matmul_decode.variant": "mmvw"},
-        _vec(8, 8, 1, 0) | {"rope.fuse_kv": 1, "matmul_decode.variant": "mmvw"},
-    ),
-    (  # one 128-key range of 2 warps: the current key in a later round of either warp
-        _vec(16, 128, 2) | {"attention_decode.fuse_rope": 1},
-        _vec(16, 128, 2) | {"rope.fuse_kv": 1},
-    ),
-    (  # 8 warps, 64-key ranges
-        _vec(64, 64, 8) | {"attention_decode.fuse_rope": 1, "matmul_decode.variant": "mmvw"},
-        _vec(64, 64, 8) | {"rope.fuse_kv": 1, "matmul_decode.variant": "mmvw"},
-    ),
-    (  # a cluster of one-warp blocks: the current key in the last active range of 8
-        _vec(8, 8, 1, 1, 1, 1) | {"attention_decode.fuse_rope": 1, "matmul_decode.variant": "mmvw"},
-        _vec(8, 8, 1, 1, 1, 1) | {"rope.fuse_kv": 1, "matmul_decode.variant": "mmvw"},
-    ),
+    rope_pair(VEC),
+    # int8 decode, a separate combine, one warp a block: the current key in many ranges
+    rope_pair(_vec(8, 8, 1, 0) | MMVW),
+    # one 128-key range of 2 warps: the current key in a later round of either warp
+    rope_pair(_vec(16, 128, 2)),
+    # 8 warps, 64-key ranges
+    rope_pair(_vec(64, 64, 8) | MMVW),
+    # a cluster of one-warp blocks: the current key in the last active range of 8
+    rope_pair(_vec(8, 8, 1, 1, 1, 1) | MMVW),
 ]
 
 

@@ -13,6 +13,8 @@ import pytest
 from engine.backends.base import Backend
 from engine.backends.numpy_ref import NumpyBackend
 from engine.backends.plan import AttnIn
+from tests.cuda_decode_cases import MMVW, matrices_with_adds, mmvw_model
+from tests.cuda_decode_cases import mmvw_knobs as mmvw
 from tests.engine.backends.cuda.test_cuda_attn_decode import _case
 from tests.engine.backends.cuda.test_cuda_ops import (
     INT8_NMSE,
@@ -21,16 +23,21 @@ from tests.engine.backends.cuda.test_cuda_ops import (
     _model,
     assert_ragged_matmul_into,
     cfg,
-    guarded,
     k_for,
 )
-from tests.op_cases import check, dense, qtensor, seed_of
+from tests.op_cases import (
+    assert_graph_equals_eager,
+    assert_hooked_matches,
+    check,
+    dense,
+    qtensor,
+    seed_of,
+)
 
 pytestmark = pytest.mark.gpu
 
 
 BLOCK_QTYPES = ["Q8_0", "Q5_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"]
-MMVW = {"matmul_decode.variant": "mmvw"}
 MMVW_CONFIGS = [
     ("defaults", {}),
     ("t8-r4-w8-u4", {"threads_per_row": 8, "rows_per_thread": 4, "warps": 8, "unroll": 4}),
@@ -73,10 +80,6 @@ MMVW_CONFIGS = [
 ]
 
 
-def mmvw(**knobs) -> dict:
-    return MMVW | {f"matmul_decode.{k}": v for k, v in knobs.items()}
-
-
 @pytest.mark.parametrize("cid,knobs", MMVW_CONFIGS, ids=[c[0] for c in MMVW_CONFIGS])
 @pytest.mark.parametrize("qtype", BLOCK_QTYPES + ["F16"])
 def test_mmvw_matmul(cp, be, cid, knobs, qtype):
@@ -93,28 +96,11 @@ def test_mmvw_several_matrices_with_adds(cp, be, cid, knobs, n_mats):
     none, a residual row), each output between canaries."""
     be.set_config(cfg(**mmvw(**knobs)))
     rng = np.random.default_rng(n_mats * 7 + len(cid))
-    K = 512
-    specs = [("Q4_K", 131, "bias"), ("Q6_K", 1, None), ("Q8_0", 66, "residual")][:n_mats]
-    x = rng.standard_normal((1, K)).astype(np.float32)
-    mats, checks = [], []
-    for qtype, N, add in specs:
-        w = qtensor(rng, (N, K), qtype, std=0.05)
-        ref = x.astype(np.float64) @ dense(w).T
-        a = None
-        if add == "bias":
-            b = qtensor(rng, (N,), "F32")
-            a = be.load_weight(b).f32
-            ref = ref + dense(b)
-        elif add == "residual":
-            r = rng.standard_normal((1, N)).astype(np.float32)
-            a = be.upload(r)
-            ref = ref + r
-        y, intact = guarded(cp, (1, N))
-        mats.append((be.load_weight(w), y, a))
-        checks.append((y, ref, intact))
+    qtypes = ("Q4_K", "Q6_K", "Q8_0")[:n_mats]
+    x, mats, checks = matrices_with_adds(cp, be, rng, 512, qtypes)
     be._mmvw(be.upload(x), mats)
-    for y, ref, intact in checks:
-        check(y.get(), ref, INT8_NMSE)
+    for y, wd, add_ref, intact in checks:
+        check(y.get(), x.astype(np.float64) @ wd.T + add_ref, INT8_NMSE)
         intact()
 
 
@@ -415,16 +401,12 @@ def test_ffn_norm_fused_equals_composed(cp, be):
 
 
 # --- whole models ---------------------------------------------------------------------------
-ALL_FUSED = mmvw(fuse_swiglu=1, fuse_norm=1, fuse_rope=1) | {
-    "rope.fuse_kv": 1,
-    "attention_decode.variant": "split_kw",
-    "argmax.variant": "multi",
-}
+ALL_FUSED = mmvw_model(fuse_swiglu=1, fuse_norm=1, fuse_rope=1)
 FUSED_MODEL_CONFIGS = [
     {"rope.fuse_kv": 1},
     {"attention_decode.variant": "split_kw"},
     MMVW,
-    MMVW | {"rope.fuse_kv": 1, "attention_decode.variant": "split_kw", "argmax.variant": "multi"},
+    mmvw_model(),
     MMVW | {"attention_decode.variant": "split_kw", "attention_decode.fuse_combine": 0},
     mmvw(threads_per_row=16, rows_per_thread=2, unroll=1) | {"rope.fuse_kv": 1},
     # hooked (unfused) equals fused where the sums run in the same order: warps 8 (mmvw_norm's
@@ -444,7 +426,7 @@ FUSED_MODEL_CONFIGS = [
     # split-K (dec8): every mmvw row of the tiny model splits; the fused norm with warps 8 (its
     # hooked form sums in the same order), no fuse_swiglu / fuse_rope (mmvw_glu and mmvw_qkv do
     # not split, their hooked forms would)
-    mmvw(
+    mmvw_model(
         fuse_norm=1,
         warps=8,
         split_k=4,
@@ -454,12 +436,7 @@ FUSED_MODEL_CONFIGS = [
         q4k_wide=1,
         q6k_wide=1,
     )
-    | {
-        "rope.fuse_kv": 1,
-        "attention_decode.variant": "split_kw",
-        "argmax.variant": "multi",
-        "attention_decode.kv_early": 1,
-    },
+    | {"attention_decode.kv_early": 1},
 ]
 FUSED_MODEL_IDS = [*(str(i) for i in range(6)), "fused_all_w8", "fused_all_t16_wl2", "split4"]
 
@@ -472,23 +449,10 @@ def test_fused_decode_graph_equals_eager_and_hooked(be, tiny_model_factory, arch
     path = tiny_model_factory(arch, "q4_k_m")
     be.set_config(cfg(**flat))
     m = _model(path, be)
-    be.use_graphs = False
-    eager = m.generate(PROMPT, 10, keep_logits=True)
-    be.use_graphs = True
-    graph = m.generate(PROMPT, 10, keep_logits=True)
-    assert graph.tokens == eager.tokens
-    for a, b in zip(graph.step_logits, eager.step_logits, strict=True):
-        assert np.array_equal(a, b), "graph replay differs from eager decode"
-    m.hook = lambda *a: None
-    be.use_graphs = False
-    hooked = m.generate(PROMPT, 10, keep_logits=True)
-    m.hook = None
-    be.use_graphs = True
+    eager = assert_graph_equals_eager(be, m, PROMPT, 10)
     # Same kernels and arithmetic per row (mmvw's epilogue add is add's one float add), so
     # only a different FMA contraction between kernels could show; a wrong wiring shows more.
-    assert hooked.tokens == eager.tokens
-    for a, b in zip(hooked.step_logits, eager.step_logits, strict=True):
-        check(b, a.astype(np.float64), 1e-10)
+    assert_hooked_matches(be, m, eager, PROMPT, 10)
     be.set_config(cfg())
 
 

@@ -42,15 +42,12 @@ def test_cluster_step_is_the_reference_and_the_ticket_kernel(
     knobs = {"delta_net.max_dk": max_dk, "delta_net.state_transposed": transposed,
              "delta_net.step_lanes": lanes}  # fmt: skip
     case = ConvGatedCase(be, rng, (K, dk, dv, Hk, Hv), transposed, ("cluster", "tickets"))
-    for step in range(3):
-        ins = case.inputs()
-        outs = {}
-        for name, clu in (("cluster", n), ("tickets", 0)):
-            be.set_config(cfg(**knobs, **{"delta_net.step_cluster": clu}))
-            assert (be._dn_clu_launch(be.config.knobs("delta_net"), Hk, Hv, dk, dv) is None) == (
-                not clu
-            )
-            outs[name] = case.run(be, name, ins, v_order)
+    configs = {}
+    for name, clu in (("cluster", n), ("tickets", 0)):
+        configs[name] = cfg(**knobs, **{"delta_net.step_cluster": clu})
+        launch = be._dn_clu_launch(configs[name].knobs("delta_net"), Hk, Hv, dk, dv)
+        assert (launch is None) == (not clu), name
+    for step, ins, outs in case.steps(be, configs, v_order):
         want = case.reference(ins, v_order)
         assert np.isfinite(outs["cluster"]).all(), f"step {step}"
         check(outs["cluster"], np.asarray(want, np.float64), 1e-10)
@@ -83,11 +80,9 @@ def test_planted_local_norm_is_rejected_and_blamed(be, tiny_model_factory):
     """The cluster step normalising each block's columns by its own sum of squares
     (DN_CLU_LOCAL_NORM, dn_clu.cu only; two blocks a head at the tiny dv of 32):
     validate rejects the candidate and blames delta_net."""
-    from tests.mutants import Mutant, judge
+    from tests.mutants import Mutant, assert_validate_catches
 
     m = Mutant("DN_CLU_LOCAL_NORM", "cuda", "delta_net",
                "the cluster step's norm leaves out the other blocks' columns",
                {"delta_net.step_cluster": 2})  # fmt: skip
-    v = judge(m, tiny_model_factory("qwen35", "q4_k_m"))
-    assert v.rejected and v.caught_by == "validate", v
-    assert v.blamed == "delta_net", v.blame
+    assert_validate_catches(m, tiny_model_factory("qwen35", "q4_k_m"))

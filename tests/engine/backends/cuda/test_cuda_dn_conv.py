@@ -42,12 +42,11 @@ def test_conv_fused_step_is_the_op_by_op_schedule_to_the_bit(
     knobs = {"delta_net.warps": warps, "delta_net.max_dk": max_dk,
              "delta_net.state_transposed": transposed}  # fmt: skip
     case = ConvGatedCase(be, rng, (K, dk, dv, Hk, Hv), transposed, ("fused", "plain"))
-    for step in range(3):
-        ins = case.inputs()
-        outs = {}
-        for name, fuse in (("fused", 1), ("plain", 0)):
-            be.set_config(cfg(**knobs, **{"delta_net.fuse_conv": fuse}))
-            outs[name] = case.run(be, name, ins, v_order)
+    configs = {
+        name: cfg(**knobs, **{"delta_net.fuse_conv": fuse})
+        for name, fuse in (("fused", 1), ("plain", 0))
+    }
+    for step, ins, outs in case.steps(be, configs, v_order):
         assert np.array_equal(outs["fused"], outs["plain"]), f"step {step}"
         for i, what in enumerate(("state", "conv state")):
             got, want = (be.download(case.states[n][i]) for n in ("fused", "plain"))

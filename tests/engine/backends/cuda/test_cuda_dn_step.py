@@ -69,10 +69,8 @@ def test_fused_step_is_the_four_launches_to_the_bit(
 def test_planted_ungated_step_is_rejected_and_blamed(be, tiny_model_factory):
     """The fused step's output without its silu(z) gate (DN_STEP_UNGATED, dn_step.cu
     only): validate rejects the default config and blames delta_net's fusion."""
-    from tests.mutants import Mutant, judge
+    from tests.mutants import Mutant, assert_validate_catches
 
     m = Mutant("DN_STEP_UNGATED", "cuda", "delta_net",
                "the fused delta-net step leaves out the output gate", {})  # fmt: skip
-    v = judge(m, tiny_model_factory("qwen35", "q4_k_m"))
-    assert v.rejected and v.caught_by == "validate", v
-    assert v.blamed == "delta_net", v.blame
+    assert_validate_catches(m, tiny_model_factory("qwen35", "q4_k_m"))

@@ -23,7 +23,7 @@ from engine.backends.numpy_ref import NumpyBackend
 from engine.gguf_model import QTensor
 from tests.engine.backends.cuda.test_cuda_ops import cfg
 from tests.engine.backends.cuda.test_cuda_pdl import assert_pdl_changes_no_bit
-from tests.op_cases import check, nmse, qtensor
+from tests.op_cases import assert_ssm_conv_carries_state, check, hooked_decode, nmse, qtensor
 
 pytestmark = pytest.mark.gpu
 
@@ -208,20 +208,7 @@ def test_delta_net_rejects_a_key_head_wider_than_max_dk(be):
 def test_ssm_conv_carries_state(be, splits, K, Cc, threads, fuse_step):
     # fuse_step: the one-token calls run ssm_conv_step (conv and state in one kernel)
     be.set_config(cfg(**{"ssm_conv.threads": threads, "ssm_conv.fuse_step": fuse_step}))
-    rng = np.random.default_rng(K * Cc + len(splits))
-    w = _f32(rng, Cc, K)
-    x = _f32(rng, sum(splits), Cc)
-    s0 = _f32(rng, K - 1, Cc)
-    ref, s_ref = NumpyBackend(), s0.copy()
-    wn, wc = ref.load_weight(_vec("conv", w)), be.load_weight(_vec("conv", w))
-    s_cu = be.upload(s0)
-    t0 = 0
-    for n in splits:  # T < K - 1 included: old state rows shift up in place
-        want = ref.ssm_conv(x[t0 : t0 + n], s_ref, wn)
-        got = be.download(be.ssm_conv(be.upload(x[t0 : t0 + n]), s_cu, wc))
-        check(got, want.astype(np.float64), 1e-12)
-        assert np.array_equal(be.download(s_cu), s_ref), f"state after {t0 + n} tokens"
-        t0 += n
+    assert_ssm_conv_carries_state(be, splits, K, Cc, seed=K * Cc + len(splits))
 
 
 def test_ssm_conv_rejects_a_quantized_kernel(be):
@@ -515,14 +502,12 @@ def test_moe_tc_decode_is_the_dmmv_kernels_bit_for_bit(be):
 def test_planted_moe_tc_unsorted_is_rejected_and_blamed(be, tiny_model_factory):
     """moe_tc.cu's down kernel writing a pair's output to its sorted position (the permutation
     never undone), planted: validate of the tc candidate rejects it and blames moe_experts."""
-    from tests.mutants import Mutant, judge
+    from tests.mutants import Mutant, assert_validate_catches
 
     m = Mutant("MOE_TC_UNSORTED", "cuda", "moe_experts", "expert outputs land on the sorted "
                "rows", {"moe_experts.variant": "tc", "prefill.chunk_tokens": 16,
                         "prefill.gemm_min_t": 2})  # fmt: skip
-    v = judge(m, tiny_model_factory("qwen35moe", "q4_k_m"))
-    assert v.rejected and v.caught_by == "validate", v
-    assert v.blamed == "moe_experts", v.blame
+    assert_validate_catches(m, tiny_model_factory("qwen35moe", "q4_k_m"))
 
 
 # --- whole models -------------------------------------------------------------------------
@@ -565,12 +550,7 @@ def test_mmvw_fused_decode_matches_the_hooked_schedule(be, tiny_model_factory, a
     be.set_config(cfg(**MMVW, **F32_PREFILL))
     m = _model(tiny_model_factory(arch, "q4_k_m"), be)
     fused = m.generate(PROMPT, 8, keep_logits=True)
-    be.use_graphs = False
-    m.hook = lambda *a: None
-    try:
-        hooked = m.generate(PROMPT, 8, keep_logits=True)
-    finally:
-        m.hook, be.use_graphs = None, True
+    hooked = hooked_decode(be, m, PROMPT, 8)
     assert fused.tokens == hooked.tokens
     for a, b in zip(fused.step_logits, hooked.step_logits, strict=True):
         assert compare_logits(b, a)[2] < 1e-10
@@ -726,13 +706,11 @@ def test_planted_sk_scan_is_rejected_and_blamed(be, tiny_model_factory):
     """The seed's bug (the scan's contractions over the wrong axis: S k for S^T k), planted in
     delta_net.cu for prefill calls only, as in the seed's warp kernel: validate rejects it and
     blame names delta_net."""
-    from tests.mutants import Mutant, judge
+    from tests.mutants import Mutant, assert_validate_catches
 
     m = Mutant("DELTA_NET_SK", "cuda", "delta_net", "the scan walks rows, not columns (S k)",
                {"prefill.chunk_tokens": 8})  # fmt: skip
-    v = judge(m, tiny_model_factory("qwen3next", "q4_k_m"))
-    assert v.rejected and v.caught_by == "validate", v
-    assert v.blamed == "delta_net", v.blame
+    assert_validate_catches(m, tiny_model_factory("qwen3next", "q4_k_m"))
 
 
 def test_planted_sk_scan_beside_int8_is_rejected_by_replay(be, tiny_model_factory):
@@ -796,11 +774,9 @@ def test_planted_chunked_state_bug_is_rejected_and_blamed(be, tiny_model_factory
     """The chunked scan that never stores its state (decode then starts from the old one),
     planted in delta_net_chunked.cu: validate of the chunked candidate rejects it and blames
     delta_net."""
-    from tests.mutants import Mutant, judge
+    from tests.mutants import Mutant, assert_validate_catches
 
     m = Mutant("DN_CHUNK_STATE_NOT_STORED", "cuda", "delta_net", "prefill's state never "
                "reaches decode", {"delta_net.variant": "chunked", "delta_net.chunk": 4,
                                   "prefill.chunk_tokens": 8})  # fmt: skip
-    v = judge(m, tiny_model_factory("qwen3next", "q4_k_m"))
-    assert v.rejected and v.caught_by == "validate", v
-    assert v.blamed == "delta_net", v.blame
+    assert_validate_catches(m, tiny_model_factory("qwen3next", "q4_k_m"))

@@ -12,14 +12,20 @@ import pytest
 
 from engine.backends.base import Backend
 from engine.backends.plan import AttnIn
+from tests.cuda_decode_cases import matrices_with_adds
 from tests.engine.backends.cuda.test_cuda_ops import (
     PROMPT,
     _model,
     assert_ragged_matmul_into,
     cfg,
-    guarded,
 )
-from tests.op_cases import check, check_dot, dense, qtensor, seed_of
+from tests.op_cases import (
+    assert_graph_equals_eager,
+    assert_hooked_matches,
+    check_dot,
+    qtensor,
+    seed_of,
+)
 
 pytestmark = pytest.mark.gpu
 # float32 products and sums, error normalised by sum_k x_k^2 w_k^2 (check_dot): ~1e-13
@@ -81,22 +87,7 @@ def test_mmvf_several_matrices_with_adds(cp, be, cid, knobs, n_mats):
     none, a residual row), each output between canaries."""
     be.set_config(cfg(**mmvf(**knobs)))
     rng = np.random.default_rng(n_mats * 7 + len(cid))
-    K = 768
-    specs = [("Q4_K", 131, "bias"), ("Q6_K", 1, None), ("Q5_0", 66, "residual")][:n_mats]
-    x = rng.standard_normal((1, K)).astype(np.float32)
-    mats, checks = [], []
-    for qtype, N, add in specs:
-        w = qtensor(rng, (N, K), qtype, std=0.05)
-        a, add_ref = None, np.zeros((1, N))
-        if add == "bias":
-            b = qtensor(rng, (N,), "F32")
-            a, add_ref = be.load_weight(b).f32, dense(b)[None]
-        elif add == "residual":
-            r = rng.standard_normal((1, N)).astype(np.float32)
-            a, add_ref = be.upload(r), r.astype(np.float64)
-        y, intact = guarded(cp, (1, N))
-        mats.append((be.load_weight(w), y, a))
-        checks.append((y, dense(w), add_ref, intact))
+    x, mats, checks = matrices_with_adds(cp, be, rng, 768, ("Q4_K", "Q6_K", "Q5_0")[:n_mats])
     be._mmvf(be.upload(x), mats)
     for y, wd, add_ref, intact in checks:
         check_dot(y.get() - add_ref, x, wd, FLOAT_ERR)
@@ -157,22 +148,8 @@ def test_mmvf_model_graph_equals_eager_and_hooked(be, tiny_model_factory, arch, 
     the hooked (unfused, one launch per matmul) schedule the same tokens and logits."""
     be.set_config(cfg(**mmvf(**knobs), **{"prefill.gemm_min_t": 1 << 20}))
     m = _model(tiny_model_factory(arch, "q4_k_m"), be)
-    be.use_graphs = False
-    eager = m.generate(PROMPT, 8, keep_logits=True)
-    be.use_graphs = True
-    graph = m.generate(PROMPT, 8, keep_logits=True)
-    assert graph.tokens == eager.tokens
-    for a, b in zip(graph.step_logits, eager.step_logits, strict=True):
-        assert np.array_equal(a, b), "graph replay differs from eager decode"
-    m.hook = lambda *a: None
-    be.use_graphs = False
-    try:
-        hooked = m.generate(PROMPT, 8, keep_logits=True)
-    finally:
-        m.hook, be.use_graphs = None, True
-    assert hooked.tokens == eager.tokens
-    for a, b in zip(hooked.step_logits, eager.step_logits, strict=True):
-        check(b, a.astype(np.float64), 1e-10)
+    eager = assert_graph_equals_eager(be, m, PROMPT, 8)
+    assert_hooked_matches(be, m, eager, PROMPT, 8)
 
 
 def test_mmvf_default_passes_the_cross_check_with_numpy(be, tiny_model_path):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.cuda_decode_cases import assert_decode_alike
 from tests.engine.backends.cuda.test_cuda_ops import PROMPT, _model, cfg, k_for
 from tests.op_cases import check, dense, qtensor
 
@@ -48,15 +49,5 @@ def test_mmvf_glu_equals_two_launches(be, qtype, F, knobs):
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
 def test_mmvf_glu_model_bit_equal(be, tiny_model_factory, arch):
     m = _model(tiny_model_factory(arch, "q4_k_m"), be)
-    runs = []
-    for fuse in (0, 1):
-        be.set_config(cfg(**{"matmul_decode.fuse_swiglu": fuse}))
-        for graphs in (False, True):
-            be.use_graphs = graphs
-            runs.append(m.generate(PROMPT, 10, keep_logits=True))
-    be.use_graphs = True
-    for r in runs[1:]:
-        assert r.tokens == runs[0].tokens
-        for a, b in zip(r.step_logits, runs[0].step_logits, strict=True):
-            assert np.array_equal(a, b), "fuse_swiglu changed a decode result"
-    be.set_config(cfg())
+    flats = ({"matmul_decode.fuse_swiglu": 0}, {"matmul_decode.fuse_swiglu": 1})
+    assert_decode_alike(be, m, flats, PROMPT, "fuse_swiglu changed a decode result")

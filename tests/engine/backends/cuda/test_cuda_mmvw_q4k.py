@@ -13,7 +13,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.cuda_decode_cases import assert_model_runs_and_validates, run_three, three_refs
+from tests.cuda_decode_cases import (
+    assert_model_runs_and_validates,
+    mmvw_model,
+    run_three,
+    three_refs,
+)
 from tests.cuda_decode_cases import mmvw_knobs as knobs
 from tests.cuda_decode_cases import run_matmul as _run
 from tests.engine.backends.cuda.test_cuda_ops import INT8_NMSE, cfg
@@ -74,11 +79,7 @@ def test_q4k_kernel_several_matrices_with_adds(cp, be):
             assert np.abs(a - b).max() <= 1e-5 * (np.abs(a).max() + 1e-6)
 
 
-Q4K_MODEL = knobs(q4k_lean=1, q4k_kernel=1, split_k=2) | {
-    "rope.fuse_kv": 1,
-    "attention_decode.variant": "split_kw",
-    "argmax.variant": "multi",
-}
+Q4K_MODEL = mmvw_model(q4k_lean=1, q4k_kernel=1, split_k=2)
 
 
 def test_q4k_model_graph_equals_eager_and_validates(be, tiny_model_factory, monkeypatch):

@@ -12,7 +12,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.cuda_decode_cases import assert_model_runs_and_validates, run_three, three_refs
+from tests.cuda_decode_cases import (
+    assert_model_runs_and_validates,
+    mmvw_model,
+    run_three,
+    three_refs,
+)
 from tests.cuda_decode_cases import mmvw_knobs as knobs
 from tests.cuda_decode_cases import run_matmul as _run
 from tests.engine.backends.cuda.test_cuda_ops import INT8_NMSE, cfg
@@ -95,11 +100,7 @@ def test_stream_falls_back_on_other_types(cp, be):
     check_dot(got, x, dense(w), INT8_NMSE)
 
 
-STREAM_MODEL = knobs(stream=4, split_k=2, stream_x=1) | {
-    "rope.fuse_kv": 1,
-    "attention_decode.variant": "split_kw",
-    "argmax.variant": "multi",
-}
+STREAM_MODEL = mmvw_model(stream=4, split_k=2, stream_x=1)
 
 
 def test_stream_model_graph_equals_eager_and_validates(be, tiny_model_factory, monkeypatch):

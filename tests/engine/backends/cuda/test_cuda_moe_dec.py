@@ -193,13 +193,11 @@ def test_fused_decode_model_matches_numpy_and_graph_equals_eager(be, tiny_model_
 def test_planted_unnormalised_route_is_rejected_and_blamed(be, tiny_model_factory):
     """The fused route's top-k weights never renormalised (MOE_DEC_UNNORMALISED, in
     moe_dec.cu only): validate rejects the default config and blames moe_experts' fusion."""
-    from tests.mutants import Mutant, judge
+    from tests.mutants import Mutant, assert_validate_catches
 
     m = Mutant("MOE_DEC_UNNORMALISED", "cuda", "moe_experts",
                "the fused route's top-k weights are not renormalised", {})  # fmt: skip
-    v = judge(m, tiny_model_factory("qwen35moe", "q4_k_m"))
-    assert v.rejected and v.caught_by == "validate", v
-    assert v.blamed == "moe_experts", v.blame
+    assert_validate_catches(m, tiny_model_factory("qwen35moe", "q4_k_m"))
 
 
 def _tied_layer(rng, E, k, C, F):
@@ -440,27 +438,34 @@ def test_dec_wide_and_l2_prefetch_are_bit_identical_and_match_numpy(be, shape, b
     check(got[keys[0]], want, 1e-10)
 
 
+def _assert_caught_under_knob(  # noqa: ANN001
+    be, mutant: str, shape: tuple, seed: int, flat: dict, knob: str
+) -> None:
+    """The layer of shape (seeded) with mutant planted differs from NumPy under flat with knob
+    1, and is right with knob 0 (the same build)."""
+    run, want = _layer_case(shape, seed)
+    _assert_caught(be, mutant, flat | {knob: 1}, run, want)
+    ok = _with_mutant(be, mutant, flat | {knob: 0}, run)
+    check(ok, want, 1e-10)
+
+
 def test_planted_dec_wide_q6k_scale_is_caught(be):
     """MOE_DEC_WIDE_Q6_SCALE (qwide.cuh: an odd Q6_K group takes its pair's scale): the
     layer with a Q6_K routed down differs from NumPy under dec_wide, not under the narrow
     decode of the same build."""
     E, k = SHAPES[1][:2]
-    run, want = _layer_case(SHAPES[1], E * 13 + k)
     flat = {"moe_experts.down_split": 1, "moe_experts.route_block": 128}
-    _assert_caught(be, "MOE_DEC_WIDE_Q6_SCALE", flat | {"moe_experts.dec_wide": 1}, run, want)
-    ok = _with_mutant(be, "MOE_DEC_WIDE_Q6_SCALE", flat | {"moe_experts.dec_wide": 0}, run)
-    check(ok, want, 1e-10)
+    mutant, knob = "MOE_DEC_WIDE_Q6_SCALE", "moe_experts.dec_wide"
+    _assert_caught_under_knob(be, mutant, SHAPES[1], E * 13 + k, flat, knob)
 
 
 def test_planted_dec_fcvt_unsigned_is_caught(be):
     """MOE_DEC_FCVT_UNSIGNED (qwide.cuh run_dot_x: every quant byte read 128 too high)
     under dec_fcvt; the I2F conversion (dec_fcvt 0) of the same build is right."""
     E, k = SHAPES[2][:2]
-    run, want = _layer_case(SHAPES[2], E * 17 + k)
     flat = {"moe_experts.down_split": 1, "moe_experts.dec_wide": 2}
-    _assert_caught(be, "MOE_DEC_FCVT_UNSIGNED", flat | {"moe_experts.dec_fcvt": 1}, run, want)
-    ok = _with_mutant(be, "MOE_DEC_FCVT_UNSIGNED", flat | {"moe_experts.dec_fcvt": 0}, run)
-    check(ok, want, 1e-10)
+    mutant, knob = "MOE_DEC_FCVT_UNSIGNED", "moe_experts.dec_fcvt"
+    _assert_caught_under_knob(be, mutant, SHAPES[2], E * 17 + k, flat, knob)
 
 
 WIDE_MODEL = {"moe_experts.route_block": 128, "moe_experts.topk_regs": 1,

@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.cuda_decode_cases import assert_validates
-from tests.engine.backends.cuda.test_cuda_ops import INT8_NMSE, PROMPT, _check_q8, _model, cfg
-from tests.op_cases import assert_graph_equals_eager, check, dense, qtensor
+from tests.cuda_decode_cases import assert_config_graph_equals_eager, assert_validates
+from tests.engine.backends.cuda.test_cuda_ops import INT8_NMSE, _check_q8, cfg
+from tests.op_cases import check, dense, qtensor
 
 pytestmark = pytest.mark.gpu
 
@@ -73,10 +73,7 @@ CONFIGS = [
 @pytest.mark.parametrize("arch", ["qwen2", "llama", "qwen3"])
 @pytest.mark.parametrize("flat", CONFIGS, ids=["block", "block_gqa_fkv", "block_mmvw"])
 def test_norm_block_model_graph_equals_eager(be, tiny_model_factory, arch, flat):
-    m = _model(tiny_model_factory(arch, "q4_k_m"), be)
-    be.set_config(cfg(**flat))
-    assert_graph_equals_eager(be, m, PROMPT)
-    be.set_config(cfg())
+    assert_config_graph_equals_eager(be, tiny_model_factory(arch, "q4_k_m"), flat)
 
 
 @pytest.mark.parametrize("flat", CONFIGS[:2], ids=["block", "block_gqa_fkv"])

@@ -19,7 +19,15 @@ import pytest
 
 from engine.tuning import TuningConfig
 from tests.backend_contract import BackendContract
-from tests.op_cases import check, check_dot, dense, qtensor, seed_of, write_cache_and_attend
+from tests.op_cases import (
+    assert_graph_equals_eager,
+    check,
+    check_dot,
+    dense,
+    qtensor,
+    seed_of,
+    write_cache_and_attend,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -109,6 +117,21 @@ def assert_ragged_matmul_into(cp, be, rng, qtype: str, sizes: list, err: float) 
         assert np.array_equal(be.download(xd), x), "input changed"
 
 
+def _mmq_cases(variant: str) -> list[tuple[str, dict, list[int]]]:
+    """The mmq family's tile shapes (tile_m x tile_n, warps_m x warps_n) under variant, as
+    MATMUL_CONFIGS rows: the default 128 x 128, and 64 x 32 / 64 x 64 with their T lists."""
+    tiles = [
+        ("128x128", {}, [2, 33, 130]),
+        ("64x32-2x2", {"tile_m": 64, "tile_n": 32, "warps_m": 2, "warps_n": 2}, [5, 70]),
+        ("64x64-4x1", {"tile_m": 64, "tile_n": 64, "warps_m": 4, "warps_n": 1}, [65]),
+    ]
+    base = {"prefill.gemm_min_t": 2, "matmul_prefill.variant": variant}
+    return [
+        (f"{variant}-{name}", base | {f"matmul_prefill.{k}": v for k, v in knobs.items()}, Ts)
+        for name, knobs, Ts in tiles
+    ]
+
+
 # --- matmul: every path, variant and parameter family -----------------------------------------
 MATMUL_CONFIGS = [
     # (id, flat config, T values)
@@ -137,20 +160,8 @@ MATMUL_CONFIGS = [
     ("serial-c16", {"prefill.gemm_min_t": 1 << 20, "matmul_batched.variant": "dmmv_serial"},
      [3, 17]),
     ("staged", {"prefill.gemm_min_t": 2, "matmul_prefill.variant": "staged"}, [2, 33, 130]),
-    ("mmq-128x128", {"prefill.gemm_min_t": 2, "matmul_prefill.variant": "mmq"}, [2, 33, 130]),
-    ("mmq-64x32-2x2", {"prefill.gemm_min_t": 2, "matmul_prefill.variant": "mmq",
-                       "matmul_prefill.tile_m": 64, "matmul_prefill.tile_n": 32,
-                       "matmul_prefill.warps_m": 2, "matmul_prefill.warps_n": 2}, [5, 70]),
-    ("mmq-64x64-4x1", {"prefill.gemm_min_t": 2, "matmul_prefill.variant": "mmq",
-                       "matmul_prefill.tile_m": 64, "matmul_prefill.tile_n": 64,
-                       "matmul_prefill.warps_m": 4, "matmul_prefill.warps_n": 1}, [65]),
-    ("mmq8-128x128", {"prefill.gemm_min_t": 2, "matmul_prefill.variant": "mmq8"}, [2, 33, 130]),
-    ("mmq8-64x32-2x2", {"prefill.gemm_min_t": 2, "matmul_prefill.variant": "mmq8",
-                        "matmul_prefill.tile_m": 64, "matmul_prefill.tile_n": 32,
-                        "matmul_prefill.warps_m": 2, "matmul_prefill.warps_n": 2}, [5, 70]),
-    ("mmq8-64x64-4x1", {"prefill.gemm_min_t": 2, "matmul_prefill.variant": "mmq8",
-                        "matmul_prefill.tile_m": 64, "matmul_prefill.tile_n": 64,
-                        "matmul_prefill.warps_m": 4, "matmul_prefill.warps_n": 1}, [65]),
+    *_mmq_cases("mmq"),
+    *_mmq_cases("mmq8"),
     # ptc: issue 14's tensor-core prefill (resident fp16 weights, fp16 activations at source)
     ("ptc-resident", {"prefill.gemm_min_t": 2, "matmul_prefill.variant": "resident"},
      [2, 33, 130]),
@@ -602,13 +613,7 @@ def test_mmvq_graph_equals_eager(be, tiny_model_factory):
     path = tiny_model_factory("qwen2", "q4_k_m")
     be.set_config(cfg(**INT8_MMVQ))
     m = _model(path, be)
-    be.use_graphs = False
-    eager = m.generate(PROMPT, 12, keep_logits=True)
-    be.use_graphs = True
-    graph = m.generate(PROMPT, 12, keep_logits=True)
-    assert graph.tokens == eager.tokens
-    for a, b in zip(graph.step_logits, eager.step_logits, strict=True):
-        assert np.array_equal(a, b), "graph replay differs from eager decode"
+    assert_graph_equals_eager(be, m, PROMPT, 12)
     be.set_config(cfg())
 
 

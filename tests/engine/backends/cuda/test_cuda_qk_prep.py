@@ -53,10 +53,8 @@ def test_fused_qk_prep_is_the_op_by_op_schedule_to_the_bit(be, H, Hkv, D, n_rot,
 def test_planted_rope_ahead_is_rejected_and_blamed(be, tiny_model_factory):
     """The fused prep's RoPE one position ahead (QK_PREP_ROPE_AHEAD, attn_qk_prep only):
     validate rejects the default config and blames rope_partial's fusion."""
-    from tests.mutants import Mutant, judge
+    from tests.mutants import Mutant, assert_validate_catches
 
     m = Mutant("QK_PREP_ROPE_AHEAD", "cuda", "rope_partial",
                "the fused q/k prep ropes one position ahead", {})  # fmt: skip
-    v = judge(m, tiny_model_factory("qwen35", "q4_k_m"))
-    assert v.rejected and v.caught_by == "validate", v
-    assert v.blamed == "rope_partial", v.blame
+    assert_validate_catches(m, tiny_model_factory("qwen35", "q4_k_m"))

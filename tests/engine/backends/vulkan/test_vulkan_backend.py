@@ -16,6 +16,7 @@ import pytest
 from engine.errors import EngineError, KernelCompileError, UnsupportedError
 from engine.gguf_model import QTensor
 from engine.tuning import TuningConfig
+from tests.device_contract import profile_two_matmuls
 from tests.engine.backends.vulkan.test_vulkan_helpers import (
     assert_no_validation_errors,
     make_backend,
@@ -292,12 +293,7 @@ def test_argmax_result_is_never_stale(vb):
 
 
 def test_profile_reports_per_kernel_times(vb):
-    rng = np.random.default_rng(4)
-    wv = vb.load_weight(qtensor(rng, (128, 256), "Q4_K"))
-    x = vb.upload(rng.standard_normal((4, 256)).astype(np.float32))
-    vb.set_profiling(True)
-    vb.argmax(vb.add(vb.matmul(x, wv), vb.matmul(x, wv)))
-    prof = vb.profile()
+    prof, x, wv = profile_two_matmuls(vb, 4, 128, "Q4_K")
     assert prof.clock == "gpu-timestamps"
     assert prof.kernels["matmul_prefill.tiled[Q4_K]"].calls == 2
     assert all(k.total_ms > 0 for k in prof.kernels.values())

@@ -17,6 +17,7 @@ from tests.engine.backends.vulkan.test_vulkan_helpers import (
     nmse,
     qtensor,
 )
+from tests.op_cases import assert_ssm_conv_carries_state
 
 pytestmark = pytest.mark.usefixtures("clean_vb")
 
@@ -41,21 +42,7 @@ def test_cols(vb):
 
 @pytest.mark.parametrize("splits", [[9], [1, 1, 1], [4, 1, 4]])
 def test_ssm_conv_carries_state(vb, splits):
-    rng = np.random.default_rng(1)
-    Cc, K = 300, 4
-    w = _f32(rng, Cc, K)
-    x = _f32(rng, sum(splits), Cc)
-    s0 = _f32(rng, K - 1, Cc)
-    ref, s_ref = NumpyBackend(), s0.copy()
-    wn, wv = ref.load_weight(_vec("conv", w)), vb.load_weight(_vec("conv", w))
-    s_vk = vb.upload(s0)
-    t0 = 0
-    for n in splits:
-        want = ref.ssm_conv(x[t0 : t0 + n], s_ref, wn)
-        got = vb.download(vb.ssm_conv(vb.upload(x[t0 : t0 + n]), s_vk, wv))
-        assert nmse(want, got) < 1e-12
-        t0 += n
-    assert np.allclose(vb.download(s_vk), s_ref)
+    assert_ssm_conv_carries_state(vb, splits, K=4, Cc=300, seed=1)
 
 
 def test_gates_sigmoid_and_partial_rope(vb):

@@ -69,175 +69,71 @@ class TestVulkanContract(BackendContract):
             assert_canary_after(be, out)
 
 
+def _sample(op: str, variant: str, label: str, **knobs: object) -> tuple[dict, str]:
+    """(the flat config of op's variant with its knobs, label): one parameter sample."""
+    return {f"{op}.variant": variant} | {f"{op}.{k}": v for k, v in knobs.items()}, label
+
+
+def _dec(variant: str, label: str, **knobs: object) -> tuple[dict, str]:
+    return _sample("matmul_decode", variant, label, **knobs)
+
+
+def _pre(variant: str, label: str, **knobs: object) -> tuple[dict, str]:
+    return _sample("matmul_prefill", variant, label, **knobs)
+
+
 # Parameter samples per variant: (flat config, label). Values chosen to hit one row per
 # workgroup, more rows than subgroups, threads_per_row of 1 and of the whole workgroup, a
 # required subgroup size, and MAX_COLS that do not divide the column counts below.
 DECODE = [
-    ({"matmul_decode.variant": "block"}, "block-default"),
-    (
-        {
-            "matmul_decode.variant": "block",
-            "matmul_decode.wg_size": 32,
-            "matmul_decode.rows_per_wg": 1,
-            "matmul_decode.rows_per_thread": 1,
-        },
-        "block-wg32-r1",
-    ),
-    (
-        {
-            "matmul_decode.variant": "block",
-            "matmul_decode.wg_size": 128,
-            "matmul_decode.rows_per_wg": 16,
-            "matmul_decode.threads_per_row": 4,
-            "matmul_decode.rows_per_thread": 4,
-            "matmul_decode.subgroup_size": 8,
-        },
+    _dec("block", "block-default"),
+    _dec("block", "block-wg32-r1", wg_size=32, rows_per_wg=1, rows_per_thread=1),
+    _dec(
+        "block",
         "block-r16-tpr4-rpt4-sg8",
+        wg_size=128,
+        rows_per_wg=16,
+        threads_per_row=4,
+        rows_per_thread=4,
+        subgroup_size=8,
     ),
-    ({"matmul_decode.variant": "subgroup"}, "subgroup-default"),
-    (
-        {
-            "matmul_decode.variant": "subgroup",
-            "matmul_decode.wg_size": 32,
-            "matmul_decode.rows_per_wg": 1,
-        },
-        "subgroup-wg32-r1",
-    ),
-    (
-        {
-            "matmul_decode.variant": "subgroup",
-            "matmul_decode.wg_size": 128,
-            "matmul_decode.rows_per_wg": 16,
-            "matmul_decode.subgroup_size": 8,
-        },
-        "subgroup-r16-sg8",
-    ),
-    (
-        {
-            "matmul_decode.variant": "shmem",
-            "matmul_decode.threads_per_row": 1,
-            "matmul_decode.wg_size": 32,
-            "matmul_decode.rows_per_wg": 4,
-        },
-        "shmem-tpr1",
-    ),
-    (
-        {
-            "matmul_decode.variant": "shmem",
-            "matmul_decode.threads_per_row": 64,
-            "matmul_decode.wg_size": 64,
-            "matmul_decode.rows_per_wg": 2,
-        },
-        "shmem-tpr64",
-    ),
-    (
-        {
-            "matmul_decode.variant": "shmem",
-            "matmul_decode.threads_per_row": 8,
-            "matmul_decode.wg_size": 256,
-            "matmul_decode.rows_per_wg": 16,
-        },
-        "shmem-wg256-r16",
-    ),
+    _dec("subgroup", "subgroup-default"),
+    _dec("subgroup", "subgroup-wg32-r1", wg_size=32, rows_per_wg=1),
+    _dec("subgroup", "subgroup-r16-sg8", wg_size=128, rows_per_wg=16, subgroup_size=8),
+    _dec("shmem", "shmem-tpr1", threads_per_row=1, wg_size=32, rows_per_wg=4),
+    _dec("shmem", "shmem-tpr64", threads_per_row=64, wg_size=64, rows_per_wg=2),
+    _dec("shmem", "shmem-wg256-r16", threads_per_row=8, wg_size=256, rows_per_wg=16),
 ]
 # Every weight type runs both prefill variants at a small MAX_COLS; the larger MAX_COLS samples
 # (whose unrolled accumulator loops take lavapipe's LLVM seconds per pipeline) run on a block
 # type and on a float type with a ragged row tail.
 PREFILL = [
-    ({"matmul_prefill.variant": "kpar", "matmul_prefill.max_cols": 8}, "kpar-mc8"),
-    (
-        {
-            "matmul_prefill.variant": "serial",
-            "matmul_prefill.max_cols": 4,
-            "matmul_prefill.wg_size": 32,
-        },
-        "serial-mc4-wg32",
-    ),
-    (
-        {
-            "matmul_prefill.variant": "tiled",
-            "matmul_prefill.tile_m": 32,
-            "matmul_prefill.tile_n": 16,
-        },
-        "tiled-m32-n16",
-    ),
+    _pre("kpar", "kpar-mc8", max_cols=8),
+    _pre("serial", "serial-mc4-wg32", max_cols=4, wg_size=32),
+    _pre("tiled", "tiled-m32-n16", tile_m=32, tile_n=16),
 ]
 PREFILL_SAMPLES = [
-    ({"matmul_prefill.variant": "kpar"}, "kpar-default"),
-    (
-        {
-            "matmul_prefill.variant": "kpar",
-            "matmul_prefill.max_cols": 40,
-            "matmul_prefill.wg_size": 32,
-            "matmul_prefill.rows_per_wg": 1,
-        },
-        "kpar-mc40-r1",
-    ),
-    ({"matmul_prefill.variant": "kpar", "matmul_prefill.max_cols": 1}, "kpar-mc1"),
-    (
-        {
-            "matmul_prefill.variant": "kpar",
-            "matmul_prefill.max_cols": 24,
-            "matmul_prefill.wg_size": 128,
-            "matmul_prefill.rows_per_wg": 16,
-            "matmul_prefill.subgroup_size": 8,
-        },
-        "kpar-mc24-sg8",
-    ),
-    ({"matmul_prefill.variant": "serial"}, "serial-default"),
-    (
-        {
-            "matmul_prefill.variant": "serial",
-            "matmul_prefill.max_cols": 64,
-            "matmul_prefill.wg_size": 32,
-        },
-        "serial-mc64",
-    ),
-    (
-        {
-            "matmul_prefill.variant": "serial",
-            "matmul_prefill.max_cols": 8,
-            "matmul_prefill.wg_size": 256,
-        },
-        "serial-mc8-wg256",
-    ),
-    ({"matmul_prefill.variant": "tiled"}, "tiled-default"),
-    ({"matmul_prefill.variant": "tiled", "matmul_prefill.vec4": True}, "tiled-vec4"),
-    (
-        {
-            "matmul_prefill.variant": "tiled",
-            "matmul_prefill.vec4": True,
-            "matmul_prefill.tile_m": 128,
-        },
-        "tiled-vec4-m128",
-    ),
-    (
-        {
-            "matmul_prefill.variant": "tiled",
-            "matmul_prefill.tile_m": 128,
-            "matmul_prefill.tile_n": 32,
-        },
-        "tiled-m128-n32",
-    ),
-    (
-        {
-            "matmul_prefill.variant": "tiled",
-            "matmul_prefill.tile_m": 32,
-            "matmul_prefill.tile_n": 128,
-        },
-        "tiled-m32-n128",
-    ),
+    _pre("kpar", "kpar-default"),
+    _pre("kpar", "kpar-mc40-r1", max_cols=40, wg_size=32, rows_per_wg=1),
+    _pre("kpar", "kpar-mc1", max_cols=1),
+    _pre("kpar", "kpar-mc24-sg8", max_cols=24, wg_size=128, rows_per_wg=16, subgroup_size=8),
+    _pre("serial", "serial-default"),
+    _pre("serial", "serial-mc64", max_cols=64, wg_size=32),
+    _pre("serial", "serial-mc8-wg256", max_cols=8, wg_size=256),
+    _pre("tiled", "tiled-default"),
+    _pre("tiled", "tiled-vec4", vec4=True),
+    _pre("tiled", "tiled-vec4-m128", vec4=True, tile_m=128),
+    _pre("tiled", "tiled-m128-n32", tile_m=128, tile_n=32),
+    _pre("tiled", "tiled-m32-n128", tile_m=32, tile_n=128),
 ]
 
 
-@pytest.mark.parametrize("flat", [p[0] for p in DECODE], ids=[p[1] for p in DECODE])
-@pytest.mark.parametrize("qtype", QUANTS)
-def test_matmul_decode_variants(vb, flat, qtype):
-    vb.set_config(allowed_config(vb, flat))
-    rng = np.random.default_rng(len(qtype))
-    for n, blocks in ((1, 1), (67, 3)):
+def _check_matmuls(vb, rng: np.random.Generator, qtype: str, shapes: tuple) -> None:  # noqa: ANN001
+    """Per (T, N, K in blocks): x [T, K] times a random qtype weight [N, K] against float64
+    (NMSE 5e-4) with the freed buffers poisoned first, nothing written past the output."""
+    for T, n, blocks in shapes:
         w = qtensor(rng, (n, k_for(qtype, blocks)), qtype)
-        x = rng.standard_normal((1, w.shape[1])).astype(np.float32)
+        x = rng.standard_normal((T, w.shape[1])).astype(np.float32)
         xt, wv = vb.upload(x), vb.load_weight(w)
         poison_free_buffers(vb, x.shape[0] * n)
         y = vb.matmul(xt, wv)
@@ -245,6 +141,14 @@ def test_matmul_decode_variants(vb, flat, qtype):
         assert np.isfinite(out).all()
         assert nmse(x.astype(np.float64) @ dense(w).T, out) < 5e-4
         assert_canary_after(vb, y)
+
+
+@pytest.mark.parametrize("flat", [p[0] for p in DECODE], ids=[p[1] for p in DECODE])
+@pytest.mark.parametrize("qtype", QUANTS)
+def test_matmul_decode_variants(vb, flat, qtype):
+    vb.set_config(allowed_config(vb, flat))
+    rng = np.random.default_rng(len(qtype))
+    _check_matmuls(vb, rng, qtype, ((1, 1, 1), (1, 67, 3)))
 
 
 @pytest.mark.parametrize(
@@ -259,16 +163,7 @@ def test_matmul_decode_variants(vb, flat, qtype):
 def test_matmul_prefill_variants(vb, flat, qtype):
     vb.set_config(allowed_config(vb, flat))
     rng = np.random.default_rng(len(qtype) + 7)
-    for T, n, blocks in ((2, 33, 1), (41, 19, 2)):  # 41 columns: several MAX_COLS passes
-        w = qtensor(rng, (n, k_for(qtype, blocks)), qtype)
-        x = rng.standard_normal((T, w.shape[1])).astype(np.float32)
-        xt, wv = vb.upload(x), vb.load_weight(w)
-        poison_free_buffers(vb, x.shape[0] * n)
-        y = vb.matmul(xt, wv)
-        out = vb.download(y)
-        assert np.isfinite(out).all()
-        assert nmse(x.astype(np.float64) @ dense(w).T, out) < 5e-4
-        assert_canary_after(vb, y)
+    _check_matmuls(vb, rng, qtype, ((2, 33, 1), (41, 19, 2)))  # 41 columns: several MAX_COLS
 
 
 @pytest.mark.parametrize("prefill", ["kpar", "tiled"])
@@ -300,25 +195,10 @@ def test_weights_split_into_row_ranges(vb, qtype, prefill):
 # rows per lane), and clusters of 4 and 8 lanes with rows_per_wg not a multiple of the rows a
 # workgroup covers per pass.
 BLOCK = [
-    ({"matmul_decode.variant": "block"}, "default"),
-    (
-        {
-            "matmul_decode.variant": "block",
-            "matmul_decode.threads_per_row": 4,
-            "matmul_decode.rows_per_thread": 4,
-            "matmul_decode.rows_per_wg": 8,
-        },
-        "tpr4-rpt4-r8",
-    ),
-    (
-        {
-            "matmul_decode.variant": "block",
-            "matmul_decode.wg_size": 32,
-            "matmul_decode.threads_per_row": 8,
-            "matmul_decode.rows_per_thread": 2,
-            "matmul_decode.rows_per_wg": 16,
-        },
-        "wg32-tpr8-r16",
+    _dec("block", "default"),
+    _dec("block", "tpr4-rpt4-r8", threads_per_row=4, rows_per_thread=4, rows_per_wg=8),
+    _dec(
+        "block", "wg32-tpr8-r16", wg_size=32, threads_per_row=8, rows_per_thread=2, rows_per_wg=16
     ),
 ]
 

@@ -414,7 +414,7 @@ def test_planted_w16_bug_is_rejected_by_validate(tiny_model_factory):
     """The mutation suite's check on the planted bug (its SPIR-V precompiled where no compiler
     is: tests/spirv_mutant.py); the correct variant passes the same check."""
     from tests.engine.verify.test_mutants import RAGGED
-    from tests.mutants import Mutant, judge
+    from tests.mutants import Mutant, assert_validate_catches
 
     probe = make_backend()
     has = probe.device_info().extra.get("cooperative_matrix")
@@ -424,9 +424,7 @@ def test_planted_w16_bug_is_rejected_by_validate(tiny_model_factory):
 
     path = tiny_model_factory(RAGGED[0], RAGGED[1], preset=RAGGED[2])
     m = Mutant(W16_GROUP, "vulkan", "matmul_prefill", "fp16 weight copy swaps halves", RESIDENT)
-    v = judge(m, path, make_backend=make_backend)
-    assert v.rejected and v.caught_by == "validate", v
-    assert v.blamed == "matmul_prefill", v.blame
+    assert_validate_catches(m, path, make_backend=make_backend)
     from engine.gguf_model import open_model
     from engine.models import build_model
     from engine.verify.validate import validate
