@@ -47,3 +47,12 @@ __device__ __forceinline__ void gqa_pv(float4 (&acc)[H][L], const float (&p)[H],
         }
     }
 }
+
+// This lane's float4s of a head's output acc into the partials' row o (part [.., D4] float4s).
+template <int L>
+__device__ __forceinline__ void gqa_store_part(float* part, const float4 (&acc)[L], size_t o,
+                                               int lane, int D4) {
+#pragma unroll
+    for (int c2 = 0; c2 < L; ++c2)
+        if (lane + 32 * c2 < D4) ((float4*)part)[o * D4 + lane + 32 * c2] = acc[c2];
+}

@@ -255,9 +255,7 @@ extern "C" __global__ void attn_tile(const float* __restrict__ q, float* kc, flo
         const int g = warp + hh * nw;
         if (g >= G) continue;
         const size_t o = (size_t)(kvh * G + g) * nsplit + s;
-#pragma unroll
-        for (int c2 = 0; c2 < DL; ++c2)
-            if (lane + 32 * c2 < D4) ((float4*)part)[o * D4 + lane + 32 * c2] = acc[hh][c2];
+        gqa_store_part(part, acc[hh], o, lane, D4);
         if (lane == 0) ((float2*)ml)[o] = make_float2(m[hh], l[hh]);
     }
     if (!out) return;  // fuse_combine 0: attn_combine(_q8) merges every range
