@@ -208,12 +208,7 @@ extern "C" __global__ void attn_gqa(const float* __restrict__ q, float* kc, floa
     if (!out) return;
     __shared__ bool last;
     __shared__ float hinv[GMAX];
-    __threadfence();  // this block's partials are visible before its ticket is counted
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(tickets + kvh, 1u) == (unsigned)(nsplit - 1);
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    SPLIT_TICKET_OR_RETURN(last, tickets + kvh, nsplit);
     // The group's (max, sum) pairs into shared memory (the K / V tiles' space) in one round
     // trip; a warp per head: its max over the ranges, 1 / sum, and a weight per range
     // exp(m_r - max) (0 for an empty range) in place of m_r.

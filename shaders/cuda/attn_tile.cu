@@ -260,12 +260,7 @@ extern "C" __global__ void attn_tile(const float* __restrict__ q, float* kc, flo
     }
     if (!out) return;  // fuse_combine 0: attn_combine(_q8) merges every range
     __shared__ bool last;
-    __threadfence();  // this block's partials are visible before its ticket is counted
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(tickets + kvh, 1u) == (unsigned)(nact - 1);
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    SPLIT_TICKET_OR_RETURN(last, tickets + kvh, nact);
     // a thread per output float4 (whole warps: the Q8_1 shuffles), online over the ranges
     const int n4 = G * D4;
     for (int e0 = 0; e0 < n4; e0 += blockDim.x) {

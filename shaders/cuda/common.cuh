@@ -324,3 +324,16 @@ __device__ __forceinline__ void pdl_start() {
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
+
+// A split grid's ticket (the decode attentions' fuse_combine): this block's writes made visible
+// and counted on *ticket; every block but the one that counts the n-th returns, and that one
+// fences, so its reads of the others' writes come after them (it resets *ticket itself). last:
+// a __shared__ bool of the kernel's. A macro, not a function: it returns from the kernel, and
+// as an inline function's flag the kernels' instruction schedule changed.
+#define SPLIT_TICKET_OR_RETURN(last, ticket, n)                                \
+    __threadfence(); /* this block's partials, visible before its ticket */   \
+    __syncthreads();                                                           \
+    if (threadIdx.x == 0) last = atomicAdd(ticket, 1u) == (unsigned)(n - 1);   \
+    __syncthreads();                                                           \
+    if (!last) return;                                                         \
+    __threadfence()
