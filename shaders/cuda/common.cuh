@@ -337,3 +337,23 @@ __device__ __forceinline__ void pdl_start() {
     __syncthreads();                                                           \
     if (!last) return;                                                         \
     __threadfence()
+
+// Pair i of the q / k rope passes (decode_fused.cu rope_kv, prefill_f16.cu rope_kv_rows): the
+// first nq pairs are q's [T, H, half], the rest k's [T, Hkv, half]; j the pair in its head,
+// th = t * nh + h its head row.
+struct RopeSlot {
+    bool isq;
+    int j, t, h;
+    long long th;
+};
+__device__ __forceinline__ RopeSlot rope_slot(long long i, long long nq, int H, int Hkv,
+                                              int half) {
+    RopeSlot r;
+    r.isq = i < nq;
+    const long long e = r.isq ? i : i - nq;
+    const int nh = r.isq ? H : Hkv;
+    r.j = (int)(e % half);
+    r.th = e / half;  // t * nh + h
+    r.t = (int)(r.th / nh), r.h = (int)(r.th % nh);
+    return r;
+}
