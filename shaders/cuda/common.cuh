@@ -324,18 +324,6 @@ __device__ __forceinline__ void pdl_start() {
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
-// pdl_start's two halves, for a kernel with work between them (attn_decode.cu: its weights'
-// and cache rows' loads; dn_clu.cu): let the next grid launch; wait for the previous one.
-__device__ __forceinline__ void pdl_trigger() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
 
 // A split grid's ticket (the decode attentions' fuse_combine): this block's writes made visible
 // and counted on *ticket; every block but the one that counts the n-th returns, and that one

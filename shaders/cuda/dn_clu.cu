@@ -99,6 +99,18 @@ __device__ __forceinline__ float dnc_dsmem_ld(const float* p, int rank) {
     return v;
 }
 
+// pdl_start's two halves (common.cuh): let the next grid launch; wait for the previous one
+__device__ __forceinline__ void dnc_pdl_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void dnc_pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ size_t dnc_state_at(int i, int j, int dk, int dv) {
     return STATE_TRANSPOSED ? (size_t)j * dk + i : (size_t)i * dv + j;  // delta_net.cu state_at
 }
@@ -145,10 +157,10 @@ __device__ __forceinline__ void dn_clu_body(const float* __restrict__ xr, float*
     const bool col = cl < cpb && j < dv;
     const int kd = Hk * dk, Cc = 2 * kd + Hv * dv;
     float* sh = state + (size_t)h * dk * dv;
-    pdl_trigger();
+    dnc_pdl_launch();
     const float nwj = col ? nw[j] : 0.f;  // weights: no kernel writes them
     const float dth = dt[h], sah = sa[h];
-    pdl_wait();  // the row, a, b and z are the previous kernel's; the state an earlier one's
+    dnc_pdl_wait();  // the row, a, b and z are the previous kernel's; the state an earlier one's
     float s[DNC_RPG];  // column j's rows g + STEP_LANES r, first: in flight during the conv
 #pragma unroll
     for (int r = 0; r < DNC_RPG; ++r) {
