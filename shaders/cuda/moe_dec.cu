@@ -373,20 +373,25 @@ __device__ __forceinline__ void gate_up_body(const float* __restrict__ x, const 
 MOE_DEC_GATE_UP_KERNEL(gate_up, false)
 MOE_DEC_GATE_UP_KERNEL(gate_up_p, true)
 
-// The down kernels' parameters, written once: moe_dec_<name> with ATTRS (its launch bounds),
+// The down kernels' parameters: moe_dec_<name> with ATTRS (its launch bounds),
 // the body after the macro. _NORM: and the fuse_norm tail's nw, eps, hn, tickets (out then not
-// __restrict__: the tail reads it back; OUT_R is the qualifier of out, empty there).
-#define MOE_DEC_DOWN_PARAMS(OUT_R)                                                              \
-    const float* __restrict__ h, int ldh, const u8* __restrict__ D, int rb_e, int qe, int F,    \
-        int E, const int* __restrict__ ids, const float* __restrict__ w, int k,                 \
-        const u8* __restrict__ SD, int rb_s, int qsh, int Fs, const float* __restrict__ logits, \
-        int ldl, const float* __restrict__ r, float* OUT_R out, int C
-#define MOE_DEC_DOWN_KERNEL(name, ATTRS) \
-    extern "C" __global__ void ATTRS moe_dec_##name(MOE_DEC_DOWN_PARAMS(__restrict__))
-#define MOE_DEC_DOWN_NORM_KERNEL(name, ATTRS)                                          \
-    extern "C" __global__ void ATTRS moe_dec_##name(MOE_DEC_DOWN_PARAMS(),             \
-                                                    const float* __restrict__ nw, float eps, \
-                                                    float* __restrict__ hn, unsigned int* tickets)
+// __restrict__: the tail reads it back). Each list written out: tests/cuda_fake.py reads the
+// kernels' signatures from these macros' text.
+#define MOE_DEC_DOWN_KERNEL(name, ATTRS)                                                   \
+    extern "C" __global__ void ATTRS                                                       \
+        moe_dec_##name(const float* __restrict__ h, int ldh, const u8* __restrict__ D, int rb_e, int qe,  \
+                         int F, int E, const int* __restrict__ ids, const float* __restrict__ w, \
+                         int k, const u8* __restrict__ SD, int rb_s, int qsh, int Fs,            \
+                         const float* __restrict__ logits, int ldl, const float* __restrict__ r, \
+                         float* __restrict__ out, int C)
+#define MOE_DEC_DOWN_NORM_KERNEL(name, ATTRS)                                              \
+    extern "C" __global__ void ATTRS                                                       \
+        moe_dec_##name(const float* __restrict__ h, int ldh, const u8* __restrict__ D, int rb_e, int qe,  \
+                         int F, int E, const int* __restrict__ ids, const float* __restrict__ w, \
+                         int k, const u8* __restrict__ SD, int rb_s, int qsh, int Fs,            \
+                         const float* __restrict__ logits, int ldl, const float* __restrict__ r, \
+                         float* out, int C, const float* __restrict__ nw, float eps,             \
+                         float* __restrict__ hn, unsigned int* tickets)
 
 // h [T, k + 1, ldh]; D [E, C, F] (type qe, rows of rb_e); SD [C, Fs] (type qsh, rows of rb_s)
 // or null; ids, w [T, k]; logits [T, ldl] (column E: the shared expert's gate logit); r, out
