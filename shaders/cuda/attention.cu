@@ -195,12 +195,7 @@ extern "C" __global__ void attn_split_kw(const float* __restrict__ q, const floa
     block_merge(sm, nw, D, (size_t)h * nsplit + s, part, ml);
     if (!out) return;
     __shared__ bool last;
-    __threadfence();  // this block's partial is visible before its ticket is counted
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(tickets + h, 1u) == (unsigned)(nsplit - 1);
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    SPLIT_TICKET_OR_RETURN(last, tickets + h, nsplit);
     const float* pm = ml + 2 * (size_t)h * nsplit;
     float M = NEG_INF;
     for (int r = 0; r < nsplit; ++r) M = fmaxf(M, __ldcg(pm + 2 * r));

@@ -27,6 +27,7 @@
 // Needs D % 4 == 0, D <= 256, G <= 4 * warps, G <= 32 (else the host runs attn_split).
 // Tunables (launch): SPLITS (grid x), warps, fuse_combine (out), early.
 #include "q8.cuh"
+#include "attn_gqa.cuh"
 
 #define NEG_INF __int_as_float(0xff800000)
 #define KT 32       // keys per tile: one per lane in the scores
@@ -150,13 +151,7 @@ extern "C" __global__ void attn_gqa(const float* __restrict__ q, float* kc, floa
     __syncthreads();
     float m[HPW_MAX], l[HPW_MAX];
     float4 acc[HPW_MAX][DL];  // float4s lane and lane + 32 of each head's output
-#pragma unroll
-    for (int hh = 0; hh < HPW_MAX; ++hh) {
-        m[hh] = NEG_INF;
-        l[hh] = 0.f;
-#pragma unroll
-        for (int c2 = 0; c2 < DL; ++c2) acc[hh][c2] = make_float4(0.f, 0.f, 0.f, 0.f);
-    }
+    gqa_init(m, l, acc);
     for (int t0 = kb; t0 < ke; t0 += KT) {
         const int nv = min(KT, ke - t0);  // keys of this tile
         if (t0 != kb) {
@@ -187,11 +182,7 @@ extern "C" __global__ void attn_gqa(const float* __restrict__ q, float* kc, floa
             const float corr = expf(m[hh] - mn);
             p[hh] = lane < nv ? expf(sv - mn) : 0.f;
             l[hh] = l[hh] * corr + warp_sum(p[hh]);
-#pragma unroll
-            for (int c2 = 0; c2 < DL; ++c2) {
-                float4& a = acc[hh][c2];
-                a.x *= corr, a.y *= corr, a.z *= corr, a.w *= corr;
-            }
+            gqa_rescale(acc[hh], corr);
             m[hh] = mn;
         }
         for (int j = 0; j < nv; ++j) {
@@ -200,20 +191,7 @@ extern "C" __global__ void attn_gqa(const float* __restrict__ q, float* kc, floa
             for (int c2 = 0; c2 < DL; ++c2)
                 vf[c2] = lane + 32 * c2 < D4 ? vs[j * RS + lane + 32 * c2]
                                              : make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-            for (int hh = 0; hh < HPW_MAX; ++hh) {
-                if (warp + hh * nw >= G) continue;
-                const float pj = __shfl_sync(0xffffffffu, p[hh], j);
-#pragma unroll
-                for (int c2 = 0; c2 < DL; ++c2) {
-                    if (32 * c2 >= D4) break;  // warp-uniform: no lane holds this float4
-                    float4& a = acc[hh][c2];
-                    a.x = fmaf(pj, vf[c2].x, a.x);
-                    a.y = fmaf(pj, vf[c2].y, a.y);
-                    a.z = fmaf(pj, vf[c2].z, a.z);
-                    a.w = fmaf(pj, vf[c2].w, a.w);
-                }
-            }
+            gqa_pv(acc, p, vf, j, warp, nw, G, D4);
         }
     }
 #pragma unroll
@@ -221,9 +199,7 @@ extern "C" __global__ void attn_gqa(const float* __restrict__ q, float* kc, floa
         const int g = warp + hh * nw;
         if (g >= G) continue;
         const size_t o = (size_t)(kvh * G + g) * nsplit + s;
-#pragma unroll
-        for (int c2 = 0; c2 < DL; ++c2)
-            if (lane + 32 * c2 < D4) ((float4*)part)[o * D4 + lane + 32 * c2] = acc[hh][c2];
+        gqa_store_part(part, acc[hh], o, lane, D4);
         if (lane == 0) {
             ml[2 * o] = m[hh];
             ml[2 * o + 1] = l[hh];
@@ -232,12 +208,7 @@ extern "C" __global__ void attn_gqa(const float* __restrict__ q, float* kc, floa
     if (!out) return;
     __shared__ bool last;
     __shared__ float hinv[GMAX];
-    __threadfence();  // this block's partials are visible before its ticket is counted
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(tickets + kvh, 1u) == (unsigned)(nsplit - 1);
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    SPLIT_TICKET_OR_RETURN(last, tickets + kvh, nsplit);
     // The group's (max, sum) pairs into shared memory (the K / V tiles' space) in one round
     // trip; a warp per head: its max over the ranges, 1 / sum, and a weight per range
     // exp(m_r - max) (0 for an empty range) in place of m_r.

@@ -34,6 +34,7 @@
 // Tunables (launch): SPLITS (grid x), min_keys, warps, stages, fuse_combine (out), fuse_rope
 // (knew).
 #include "q8.cuh"
+#include "attn_gqa.cuh"
 
 #define NEG_INF __int_as_float(0xff800000)
 #define KT 32     // keys per tile: one per lane in the scores
@@ -165,13 +166,7 @@ extern "C" __global__ void attn_tile(const float* __restrict__ q, float* kc, flo
 
     float m[HPW], l[HPW];
     float4 acc[HPW][DL];  // float4s lane and lane + 32 of each head's output
-#pragma unroll
-    for (int hh = 0; hh < HPW; ++hh) {
-        m[hh] = NEG_INF;
-        l[hh] = 0.f;
-#pragma unroll
-        for (int c2 = 0; c2 < DL; ++c2) acc[hh][c2] = make_float4(0.f, 0.f, 0.f, 0.f);
-    }
+    gqa_init(m, l, acc);
     const int sw = lane & 7;  // this lane's key's swizzle in the scores
     for (int t = 0; t < ntile; ++t) {
         if (nst == 2)
@@ -210,11 +205,7 @@ extern "C" __global__ void attn_tile(const float* __restrict__ q, float* kc, flo
             const float corr = expf(m[hh] - mn);
             p[hh] = lane < nv ? expf(sv - mn) : 0.f;
             l[hh] = l[hh] * corr + p[hh];  // this lane's keys' sum: reduced once, at the end
-#pragma unroll
-            for (int c2 = 0; c2 < DL; ++c2) {
-                float4& a = acc[hh][c2];
-                a.x *= corr, a.y *= corr, a.z *= corr, a.w *= corr;
-            }
+            gqa_rescale(acc[hh], corr);
             m[hh] = mn;
         }
 #pragma unroll 8  // 8 keys' V loads and p shuffles in flight before their FMAs
@@ -225,20 +216,7 @@ extern "C" __global__ void attn_tile(const float* __restrict__ q, float* kc, flo
                 const int c = lane + 32 * c2;
                 vf[c2] = c < D4 ? vs[j * D4 + (c ^ (j & 7))] : make_float4(0.f, 0.f, 0.f, 0.f);
             }
-#pragma unroll
-            for (int hh = 0; hh < HPW; ++hh) {
-                if (warp + hh * nw >= G) continue;
-                const float pj = __shfl_sync(0xffffffffu, p[hh], j);
-#pragma unroll
-                for (int c2 = 0; c2 < DL; ++c2) {
-                    if (32 * c2 >= D4) break;  // warp-uniform: no lane holds this float4
-                    float4& a = acc[hh][c2];
-                    a.x = fmaf(pj, vf[c2].x, a.x);
-                    a.y = fmaf(pj, vf[c2].y, a.y);
-                    a.z = fmaf(pj, vf[c2].z, a.z);
-                    a.w = fmaf(pj, vf[c2].w, a.w);
-                }
-            }
+            gqa_pv(acc, p, vf, j, warp, nw, G, D4);
         }
         __syncthreads();  // every warp is done with stage t % nst
         if (t + nst < ntile) {
@@ -277,19 +255,12 @@ extern "C" __global__ void attn_tile(const float* __restrict__ q, float* kc, flo
         const int g = warp + hh * nw;
         if (g >= G) continue;
         const size_t o = (size_t)(kvh * G + g) * nsplit + s;
-#pragma unroll
-        for (int c2 = 0; c2 < DL; ++c2)
-            if (lane + 32 * c2 < D4) ((float4*)part)[o * D4 + lane + 32 * c2] = acc[hh][c2];
+        gqa_store_part(part, acc[hh], o, lane, D4);
         if (lane == 0) ((float2*)ml)[o] = make_float2(m[hh], l[hh]);
     }
     if (!out) return;  // fuse_combine 0: attn_combine(_q8) merges every range
     __shared__ bool last;
-    __threadfence();  // this block's partials are visible before its ticket is counted
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(tickets + kvh, 1u) == (unsigned)(nact - 1);
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    SPLIT_TICKET_OR_RETURN(last, tickets + kvh, nact);
     // a thread per output float4 (whole warps: the Q8_1 shuffles), online over the ranges
     const int n4 = G * D4;
     for (int e0 = 0; e0 < n4; e0 += blockDim.x) {

@@ -409,12 +409,7 @@ __device__ __forceinline__ void attn_vec_body(const float* __restrict__ q, float
         }
     }
     if (!out) return;  // fuse_combine 0: attn_combine(_q8) merges the ranges
-    __threadfence();   // this block's partials are visible before its ticket is counted
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(tickets + kvh, 1u) == (unsigned)(nact - 1);
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    SPLIT_TICKET_OR_RETURN(last, tickets + kvh, nact);
     for (int e00 = 0; e00 < n4; e00 += blockDim.x) {  // whole warps: the Q8_1 shuffles
         const int e = e00 + threadIdx.x, g = e / D4, c = e - g * D4;
         const bool ok = e < n4;

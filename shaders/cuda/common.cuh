@@ -324,3 +324,36 @@ __device__ __forceinline__ void pdl_start() {
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
+
+// A split grid's ticket (the decode attentions' fuse_combine): this block's writes made visible
+// and counted on *ticket; every block but the one that counts the n-th returns, and that one
+// fences, so its reads of the others' writes come after them (it resets *ticket itself). last:
+// a __shared__ bool of the kernel's. A macro, not a function: it returns from the kernel, and
+// as an inline function's flag the kernels' instruction schedule changed.
+#define SPLIT_TICKET_OR_RETURN(last, ticket, n)                                \
+    __threadfence(); /* this block's partials, visible before its ticket */   \
+    __syncthreads();                                                           \
+    if (threadIdx.x == 0) last = atomicAdd(ticket, 1u) == (unsigned)(n - 1);   \
+    __syncthreads();                                                           \
+    if (!last) return;                                                         \
+    __threadfence()
+
+// Pair i of the q / k rope passes (decode_fused.cu rope_kv, prefill_f16.cu rope_kv_rows): the
+// first nq pairs are q's [T, H, half], the rest k's [T, Hkv, half]; j the pair in its head,
+// th = t * nh + h its head row.
+struct RopeSlot {
+    bool isq;
+    int j, t, h;
+    long long th;
+};
+__device__ __forceinline__ RopeSlot rope_slot(long long i, long long nq, int H, int Hkv,
+                                              int half) {
+    RopeSlot r;
+    r.isq = i < nq;
+    const long long e = r.isq ? i : i - nq;
+    const int nh = r.isq ? H : Hkv;
+    r.j = (int)(e % half);
+    r.th = e / half;  // t * nh + h
+    r.t = (int)(r.th / nh), r.h = (int)(r.th % nh);
+    return r;
+}

@@ -38,12 +38,10 @@ extern "C" __global__ void rope_kv(const float* __restrict__ q, const float* __r
             vc[(p0 + t) * HkvD + c] = bv ? v[e] + bv[c] : v[e];
             continue;
         }
-        const bool isq = i < nq;
-        const long long e = isq ? i : i - nq;
-        const int nh = isq ? H : Hkv;
-        const int j = (int)(e % half);
-        const long long th = e / half;  // t * nh + h
-        const int t = (int)(th / nh), h = (int)(th % nh);
+        const RopeSlot rs = rope_slot(i, nq, H, Hkv, half);
+        const bool isq = rs.isq;
+        const int j = rs.j, t = rs.t, h = rs.h;
+        const long long th = rs.th;
         const int ia = neox ? j : 2 * j, ib = neox ? j + half : 2 * j + 1;
         const float* x = isq ? q : k;
         const float* bias = isq ? bq : bk;

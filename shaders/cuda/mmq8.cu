@@ -60,12 +60,7 @@ __device__ __forceinline__ void mmq8(const u8* __restrict__ W, int row_bytes, in
     const int m0 = blockIdx.x * TILE_M, n0 = blockIdx.y * TILE_N;
     const int gid = lane >> 2, tig = lane & 3;
     float acc[MT][NT][4];
-#pragma unroll
-    for (int a = 0; a < MT; ++a)
-#pragma unroll
-        for (int b = 0; b < NT; ++b)
-#pragma unroll
-            for (int c = 0; c < 4; ++c) acc[a][b][c] = 0.f;
+    tc_zero(acc);
 
     for (int k0 = 0; k0 < K; k0 += BKW) {
         const bool full = k0 + BKW <= K;  // K % 64 == 32: the last window has one half
@@ -145,16 +140,7 @@ __device__ __forceinline__ void mmq8(const u8* __restrict__ W, int row_bytes, in
         }
         __syncthreads();
     }
-#pragma unroll
-    for (int a = 0; a < MT; ++a)
-#pragma unroll
-        for (int b = 0; b < NT; ++b)
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
-                const int n = m0 + wm * TM + a * 16 + gid + (c >> 1) * 8;
-                const int t = n0 + wn * TN + b * 8 + tig * 2 + (c & 1);
-                if (n < N && t < T) Y[(size_t)t * N + n] = acc[a][b][c];
-            }
+    tc_store_acc(acc, lane, m0 + wm * TM, n0 + wn * TN, N, T, Y);
 }
 
 #define MMQ8_KERNEL(name, QT)                                                                  \

@@ -71,12 +71,10 @@ extern "C" __global__ void rope_kv_rows(const float* __restrict__ y, int ld, con
             vc[(pos0 + t) * HkvD + c] = bv ? v + bv[c] : v;
             continue;
         }
-        const bool isq = i < nq;
-        const long long e = isq ? i : i - nq;
-        const int nh = isq ? H : Hkv;
-        const int j = (int)(e % half);
-        const long long th = e / half;  // t * nh + h
-        const int t = (int)(th / nh), h = (int)(th % nh);
+        const RopeSlot rs = rope_slot(i, nq, H, Hkv, half);
+        const bool isq = rs.isq;
+        const int j = rs.j, t = rs.t, h = rs.h;
+        const long long th = rs.th;
         const double ang = (double)(pos0 + t) * pow((double)theta, -2.0 * j / D);
         double s, c;
         sincos(ang, &s, &c);

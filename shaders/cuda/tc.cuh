@@ -52,3 +52,41 @@ __device__ __forceinline__ uint4 tc_run_f16(const Run8& r) {
     }
     return make_uint4(f2h2(v[0], v[1]), f2h2(v[2], v[3]), f2h2(v[4], v[5]), f2h2(v[6], v[7]));
 }
+
+// acc = 0: a warp's MF x NF m16n8 accumulator fragments.
+template <int MF, int NF>
+__device__ __forceinline__ void tc_zero(float (&acc)[MF][NF][4]) {
+#pragma unroll
+    for (int a = 0; a < MF; ++a)
+#pragma unroll
+        for (int b = 0; b < NF; ++b)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) acc[a][b][c] = 0.f;
+}
+
+// fn(a, b, c, n, t) for each value c of a warp's MF x NF m16n8 accumulator fragments
+// acc[a][b][c]: n, t its row and column, counted from the warp tile's r0, c0 (the mma's C
+// layout: lane = 4 gid + tig holds rows gid, gid + 8 and columns 2 tig, 2 tig + 1 of each
+// fragment). The sums are written as the kernels wrote them (r0 + a * 16 + gid + ...): their
+// order is the instructions' order.
+template <int MF, int NF, class Fn>
+__device__ __forceinline__ void tc_each_acc(int lane, int r0, int c0, Fn&& fn) {
+    const int gid = lane >> 2, tig = lane & 3;
+#pragma unroll
+    for (int a = 0; a < MF; ++a)
+#pragma unroll
+        for (int b = 0; b < NF; ++b)
+#pragma unroll
+            for (int c = 0; c < 4; ++c)
+                fn(a, b, c, r0 + a * 16 + gid + (c >> 1) * 8, c0 + b * 8 + tig * 2 + (c & 1));
+}
+
+// Y[t, n] = acc for the warp's tile at rows (outputs n) r0.., columns (tokens t) c0.., those
+// inside N x T (mmq.cu, mmq8.cu: Y [T, N] float).
+template <int MF, int NF>
+__device__ __forceinline__ void tc_store_acc(const float (&acc)[MF][NF][4], int lane, int r0,
+                                             int c0, int N, int T, float* Y) {
+    tc_each_acc<MF, NF>(lane, r0, c0, [&](int a, int b, int c, int n, int t) {
+        if (n < N && t < T) Y[(size_t)t * N + n] = acc[a][b][c];
+    });
+}

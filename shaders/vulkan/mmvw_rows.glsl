@@ -82,6 +82,27 @@ float MV_FN(q6k_)(uint row_base, uint s, XS x) {
     return d * (float(sca * da) * x.da.x + float(scb * db) * x.db.x);
 }
 
+// A row set's slot loop for one weight type: XLOAD loads the activations' slot, DOT is the
+// weight type's dot. UNROLL slots per iteration; a slot past the row is computed on a valid one
+// and dropped (straight-line code: every load of the iteration can be in flight at once). A
+// macro: the Q4_K and Q6_K loops are this text with two names changed, and GLSL has no
+// function arguments that are functions. Defined once for the three inclusions.
+#ifndef MV_SLOTS
+#define MV_SLOTS(XLOAD, DOT)                                                 \
+    for (uint s0 = lane; s0 < ns; s0 += R * UNROLL) {                        \
+        [[unroll]] for (uint u = 0u; u < UNROLL; u++) {                      \
+            uint s = s0 + u * R;                                             \
+            bool ok = s < ns;                                                \
+            uint sc = ok ? s : s0;                                           \
+            XS x = XLOAD(sc);                                                \
+            [[unroll]] for (uint i = 0u; i < ROWS_PER_THREAD; i++) {         \
+                float v = DOT(prow[i] * rb, sc, x);                          \
+                acc[i] += ok ? v : 0.0;                                      \
+            }                                                                \
+        }                                                                    \
+    }
+#endif
+
 // Rows ROWS_PER_WG * wgi .. of this matrix (see mmvw.comp for the work split).
 void MV_FN(rows)(uint wgi) {
     uint N = MV_PC(N), rb = MV_PC(rb), qt = MV_PC(qt) & 0xFFu;
@@ -108,34 +129,10 @@ void MV_FN(rows)(uint wgi) {
                           ? (j / half_d) * pc.D + j % half_d + (l & 1u) * half_d
                           : l;
         }
-        // UNROLL slots per iteration; a slot past the row is computed on a valid one and
-        // dropped (straight-line code: every load of the iteration can be in flight at once)
-        if (qt == QT_Q4_K) {
-            for (uint s0 = lane; s0 < ns; s0 += R * UNROLL) {
-                [[unroll]] for (uint u = 0u; u < UNROLL; u++) {
-                    uint s = s0 + u * R;
-                    bool ok = s < ns;
-                    uint sc = ok ? s : s0;
-                    XS x = x_q4k(sc);
-                    [[unroll]] for (uint i = 0u; i < ROWS_PER_THREAD; i++) {
-                        float v = MV_FN(q4k_)(prow[i] * rb, sc, x);
-                        acc[i] += ok ? v : 0.0;
-                    }
-                }
-            }
+        if (qt == QT_Q4_K) {  // MV_SLOTS: UNROLL slots an iteration
+            MV_SLOTS(x_q4k, MV_FN(q4k_))
         } else {
-            for (uint s0 = lane; s0 < ns; s0 += R * UNROLL) {
-                [[unroll]] for (uint u = 0u; u < UNROLL; u++) {
-                    uint s = s0 + u * R;
-                    bool ok = s < ns;
-                    uint sc = ok ? s : s0;
-                    XS x = x_q6k(sc);
-                    [[unroll]] for (uint i = 0u; i < ROWS_PER_THREAD; i++) {
-                        float v = MV_FN(q6k_)(prow[i] * rb, sc, x);
-                        acc[i] += ok ? v : 0.0;
-                    }
-                }
-            }
+            MV_SLOTS(x_q6k, MV_FN(q6k_))
         }
         uint ao = MV_PC(ao);
         [[unroll]] for (uint i = 0u; i < ROWS_PER_THREAD; i++) {
