@@ -222,9 +222,10 @@ class HybridModel(Model):
         q = tap("rope_partial", "q", b.rope_partial(q, pos0, s.rope_theta, s.rope_dim))
         k = tap("rope_partial", "k", b.rope_partial(k, pos0, s.rope_theta, s.rope_dim))
         b.kv_write(cache, i, k, v, pos0)
-        if self.hook is not None:  # what landed in the cache at these positions
-            tap("kv_write", "k_cache", b.rows(cache.k[i], pos0, pos0 + n))
-            tap("kv_write", "v_cache", b.rows(cache.v[i], pos0, pos0 + n))
+        # what landed in the cache at these positions (a hook always watches here: trunk hands
+        # the unwatched layers to the backend's fusion pass)
+        tap("kv_write", "k_cache", b.rows(cache.k[i], pos0, pos0 + n))
+        tap("kv_write", "v_cache", b.rows(cache.v[i], pos0, pos0 + n))
         a = tap("attention", "attn", b.attention(q, cache, i, pos0))  # [T, H, D]
         a = tap("sigmoid_mul", "attn_gated", b.sigmoid_mul(gate, a))
         return self._out(b.reshape(a, (n, H * D)), "attn_output", i, pos0)
