@@ -110,19 +110,19 @@ def bench_case(be, shape: str, ctx: int, names: list[str], calls: int, repeats: 
     rows = []
     for name in names:
         be.set_config(TuningConfig.from_flat("cuda", BASE | BENCH[name]))
-        got = be.download(be.attention(q, cache, 0, pos0)).astype(np.float64)
+        got = be.download(be.ops.attention(q, cache, 0, pos0)).astype(np.float64)
         nmse = float(np.sum((got - ref) ** 2) / np.sum(ref**2))
 
         def hot(tok, pos):  # noqa: ANN001, ANN202
             out = None
             for _ in range(calls):
-                out = be.attention(q, cache, 0, pos)
+                out = be.ops.attention(q, cache, 0, pos)
             return out, out
 
         def cold(tok, pos):  # noqa: ANN001, ANN202
             out = None
             for i in range(n_cold):
-                out = be.attention(q, cache, i % n_layers, pos)
+                out = be.ops.attention(q, cache, i % n_layers, pos)
             return out, out
 
         us_hot = _timed_graph(be, hot, pos0, cache, repeats) * 1e3 / calls

@@ -84,16 +84,16 @@ def main(argv: list[str] | None = None) -> int:
         state = vb.upload(np.zeros((Hv, dk, dv), np.float32))
         n_chk = 2 * int(flat.get("delta_net.chunk", 4)) + 3
         chk = _inputs(rng, n_chk, Hk, Hv, dk, dv)
-        ref = NumpyBackend().delta_net(*chk, np.zeros((Hv, dk, dv)), "tiled", 1e-6)
-        got = vb.download(vb.delta_net(*chk, state, "tiled", 1e-6))
+        ref = NumpyBackend().ops.delta_net(*chk, np.zeros((Hv, dk, dv)), "tiled", 1e-6)
+        got = vb.download(vb.ops.delta_net(*chk, state, "tiled", 1e-6))
         row["nmse"] = float(np.sum((got - ref) ** 2) / np.sum(ref**2))
         for name, T in (("prefill", a.tokens), ("decode", 1)):
             args = [vb.upload(x) for x in _inputs(rng, T, Hk, Hv, dk, dv)]
-            vb.delta_net(*args, state, "tiled", 1e-6)
+            vb.ops.delta_net(*args, state, "tiled", 1e-6)
             vb.synchronize()
             t0 = time.perf_counter()
             for _ in range(a.repeats):
-                vb.delta_net(*args, state, "tiled", 1e-6)
+                vb.ops.delta_net(*args, state, "tiled", 1e-6)
             vb.synchronize()
             row[f"{name}_us"] = 1e6 * (time.perf_counter() - t0) / a.repeats
         rows.append(row)

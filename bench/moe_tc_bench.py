@@ -92,7 +92,7 @@ def main() -> int:
         be.load_weight(random_blocks(rng, (E, F, C), "Q4_K")),
         be.load_weight(random_blocks(rng, (E, C, F), a.down)),
     ]
-    ids, w = NumpyBackend().router_topk(rng.standard_normal((T, E)).astype(np.float32), k)
+    ids, w = NumpyBackend().ops.router_topk(rng.standard_normal((T, E)).astype(np.float32), k)
     x = be.upload(rng.standard_normal((T, C)).astype(np.float32))
     ids_d, w_d = be.upload(ids), be.upload(w)
     rows, outs = [], {}
@@ -100,10 +100,10 @@ def main() -> int:
         try:
             be.set_config(TuningConfig.from_flat("cuda", CONFIGS[name]))
             for _ in range(2):
-                out = be.moe_experts(x, ids_d, w_d, *ws)
+                out = be.ops.moe_experts(x, ids_d, w_d, *ws)
             ms = harness.median_ms(  # warmed up above; events on the current stream
                 lambda: harness.cuda_events_ms(
-                    cp, None, lambda: be.moe_experts(x, ids_d, w_d, *ws)
+                    cp, None, lambda: be.ops.moe_experts(x, ids_d, w_d, *ws)
                 ),
                 a.repeats,
                 warmup=0,
@@ -114,7 +114,7 @@ def main() -> int:
             if a.kernels:  # one more call with an event pair around each launch
                 be.set_profiling(True)
                 try:
-                    be.moe_experts(x, ids_d, w_d, *ws)
+                    be.ops.moe_experts(x, ids_d, w_d, *ws)
                     rep = be.profile()
                 finally:
                     be.set_profiling(False)

@@ -123,10 +123,10 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 continue
             be.set_config(cfg)
-            out = be.download(be.matmul(x, wt))  # warm: pipelines built
+            out = be.download(be.ops.matmul(x, wt))  # warm: pipelines built
             t0 = time.perf_counter()
             for _ in range(args.repeats):
-                be.matmul(x, wt)
+                be.ops.matmul(x, wt)
             be.synchronize()
             dt = (time.perf_counter() - t0) / args.repeats
             ref = out if ref is None else ref

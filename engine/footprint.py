@@ -39,7 +39,7 @@ def measure(model: Model, context_tokens: int, prompt: list[int]) -> dict[str, A
     cache = model.new_cache(cap)
     try:
         head = prompt[: cap - 1] or [0]
-        tok = b.argmax(model.prefill(head, cache))
+        tok = b.ops.argmax(model.prefill(head, cache))
         model.forward(tok, 1, len(head), cache)  # one decode step: its variants' copies too
         b.synchronize()
         try:

@@ -42,7 +42,7 @@ class HybridModel(Model):
 
     def __init__(self, gguf: GGUFModel, backend: Backend) -> None:
         needed = HYBRID_OPS + (MOE_OPS if gguf.spec.moe else ())
-        missing = [op for op in needed if getattr(type(backend), op) is getattr(Backend, op)]
+        missing = [op for op in needed if not backend.ops.has(op)]
         if missing:  # at load, not after the weights are on the device
             raise UnsupportedError(
                 f"{gguf.path.name}: {gguf.spec.arch} models need the ops {', '.join(missing)}, "
@@ -100,7 +100,7 @@ class HybridModel(Model):
         op's output passes ``_tap`` (validate's blame). With no hook watching, the layers go to
         the backend's fusion pass (Backend.trunk) as a plan."""
         b, s, w, tap = self.backend, self.spec, self.weights, self._tap
-        x = tap("embedding", "token_embd", -1, b.embedding(w["token_embd.weight"], ids), pos0)
+        x = tap("embedding", "token_embd", -1, b.ops.embedding(w["token_embd.weight"], ids), pos0)
         if self.hook is None:
             return b.trunk(self.plan, x, n, pos0, cache)
         for i in range(s.n_layers):
@@ -109,17 +109,17 @@ class HybridModel(Model):
                 "rms_norm",
                 "attn_norm",
                 i,
-                b.rms_norm(x, w[p + "attn_norm.weight"], s.rms_eps),
+                b.ops.rms_norm(x, w[p + "attn_norm.weight"], s.rms_eps),
                 pos0,
             )
             if s.is_recurrent(i):
                 mix = self._delta_net(h, n, i, pos0, cache)
             else:
                 mix = self._attention(h, n, i, pos0, cache)
-            x = tap("add", "attn_residual", i, b.add(x, mix), pos0)
-            h = b.rms_norm(x, w[p + "post_attention_norm.weight"], s.rms_eps)
+            x = tap("add", "attn_residual", i, b.ops.add(x, mix), pos0)
+            h = b.ops.rms_norm(x, w[p + "post_attention_norm.weight"], s.rms_eps)
             h = tap("rms_norm", "post_attention_norm", i, h, pos0)
-            x = tap("add", "ffn_residual", i, b.add(x, self._ffn(h, i, pos0)), pos0)
+            x = tap("add", "ffn_residual", i, b.ops.add(x, self._ffn(h, i, pos0)), pos0)
         return x
 
     @property
@@ -165,7 +165,7 @@ class HybridModel(Model):
     def _out(self, o: Tensor, name: str, i: int, pos0: int) -> Tensor:
         """The mixer's output projection."""
         wt = self.weights[f"blk.{i}.{name}.weight"]
-        return self._tap("matmul", name, i, self.backend.matmul(o, wt), pos0)
+        return self._tap("matmul", name, i, self.backend.ops.matmul(o, wt), pos0)
 
     def _delta_net(self, h: Tensor, n: int, i: int, pos0: int, cache: HybridCache) -> Tensor:
         b, w, ssm, p = self.backend, self.weights, self.spec.ssm, f"blk.{i}."
@@ -179,30 +179,30 @@ class HybridModel(Model):
         # the in-projections of h in one matmuls call: [T, 2Kd + Vd], [T, Vd], then b and a
         ba_names = ("ssm_ba",) if p + "ssm_ba.weight" in w else ("ssm_beta", "ssm_alpha")
         names = ("attn_qkv", "attn_gate", *ba_names)
-        outs = b.ssm_in(h, tuple(w[p + nm + ".weight"] for nm in names))
+        outs = b.ops.ssm_in(h, tuple(w[p + nm + ".weight"] for nm in names))
         qkv, z, *ba_out = (tap("matmul", nm, t) for nm, t in zip(names, outs, strict=True))
         if len(ba_out) == 1:  # qwen3next: per K head [b (rv), a (rv)], V heads grouped
-            ba = b.reshape(ba_out[0], (n, Hk, 2 * rv))
-            beta_in = b.reshape(tap("cols", "ssm_b", b.cols(ba, 0, rv)), (n, Hv))
-            alpha = b.reshape(tap("cols", "ssm_a_in", b.cols(ba, rv, 2 * rv)), (n, Hv))
+            ba = b.ops.reshape(ba_out[0], (n, Hk, 2 * rv))
+            beta_in = b.ops.reshape(tap("cols", "ssm_b", b.ops.cols(ba, 0, rv)), (n, Hv))
+            alpha = b.ops.reshape(tap("cols", "ssm_a_in", b.ops.cols(ba, rv, 2 * rv)), (n, Hv))
         else:
             beta_in, alpha = ba_out  # [T, Hv] each
         conv_w = w[p + "ssm_conv1d.weight"]
-        qkv = tap("ssm_conv", "ssm_conv", b.ssm_conv(qkv, cache.conv[i], conv_w))
+        qkv = tap("ssm_conv", "ssm_conv", b.ops.ssm_conv(qkv, cache.conv[i], conv_w))
         self._tap_state("ssm_conv", "conv_state", i, cache.conv, pos0 + n - 1)
-        q = b.reshape(tap("cols", "ssm_q", b.cols(qkv, 0, kd)), (n, Hk, dk))
-        k = b.reshape(tap("cols", "ssm_k", b.cols(qkv, kd, 2 * kd)), (n, Hk, dk))
-        v = tap("cols", "ssm_v", b.cols(qkv, 2 * kd, 2 * kd + ssm.value_dim))
-        v = b.reshape(v, (n, Hv, dv))
-        g, beta = b.ssm_gates(alpha, beta_in, w[p + "ssm_dt.bias"], w[p + "ssm_a"])
+        q = b.ops.reshape(tap("cols", "ssm_q", b.ops.cols(qkv, 0, kd)), (n, Hk, dk))
+        k = b.ops.reshape(tap("cols", "ssm_k", b.ops.cols(qkv, kd, 2 * kd)), (n, Hk, dk))
+        v = tap("cols", "ssm_v", b.ops.cols(qkv, 2 * kd, 2 * kd + ssm.value_dim))
+        v = b.ops.reshape(v, (n, Hv, dv))
+        g, beta = b.ops.ssm_gates(alpha, beta_in, w[p + "ssm_dt.bias"], w[p + "ssm_a"])
         g = tap("ssm_gates", "ssm_g", g)
         beta = tap("ssm_gates", "ssm_beta_sigmoid", beta)
-        o = b.delta_net(q, k, v, g, beta, cache.ssm[i], ssm.v_order, eps)  # [T, Hv, dv]
+        o = b.ops.delta_net(q, k, v, g, beta, cache.ssm[i], ssm.v_order, eps)  # [T, Hv, dv]
         o = tap("delta_net", "ssm_scan", o)
         self._tap_state("delta_net", "ssm_state", i, cache.ssm, pos0 + n - 1)
-        o = tap("rms_norm", "ssm_norm", b.rms_norm(o, w[p + "ssm_norm.weight"], eps))
+        o = tap("rms_norm", "ssm_norm", b.ops.rms_norm(o, w[p + "ssm_norm.weight"], eps))
         # silu(z) * o on [T, Vd] rows (elementwise; a decode row's int8 form comes with it)
-        o = tap("swiglu", "ssm_gated", b.swiglu(z, b.reshape(o, (n, ssm.value_dim))))
+        o = tap("swiglu", "ssm_gated", b.ops.swiglu(z, b.ops.reshape(o, (n, ssm.value_dim))))
         return self._out(o, "ssm_out", i, pos0)
 
     def _attention(self, h: Tensor, n: int, i: int, pos0: int, cache: HybridCache) -> Tensor:
@@ -212,23 +212,30 @@ class HybridModel(Model):
         def tap(op: str, label: str, t: Tensor) -> Tensor:
             return self._tap(op, label, i, t, pos0)
 
-        qkv = b.matmuls(h, tuple(w[p + f"attn_{t}.weight"] for t in "qkv"))
+        qkv = b.ops.matmuls(h, tuple(w[p + f"attn_{t}.weight"] for t in "qkv"))
         qg, k, v = (tap("matmul", f"attn_{t}", y) for t, y in zip("qkv", qkv, strict=True))
-        qg = b.reshape(qg, (n, H, 2 * D))  # [q | gate] per head
-        k, v = b.reshape(k, (n, Hkv, D)), b.reshape(v, (n, Hkv, D))
-        q, gate = tap("cols", "q", b.cols(qg, 0, D)), tap("cols", "q_gate", b.cols(qg, D, 2 * D))
-        q = tap("rms_norm", "attn_q_norm", b.rms_norm(q, w[p + "attn_q_norm.weight"], s.rms_eps))
-        k = tap("rms_norm", "attn_k_norm", b.rms_norm(k, w[p + "attn_k_norm.weight"], s.rms_eps))
-        q = tap("rope_partial", "q", b.rope_partial(q, pos0, s.rope_theta, s.rope_dim))
-        k = tap("rope_partial", "k", b.rope_partial(k, pos0, s.rope_theta, s.rope_dim))
-        b.kv_write(cache, i, k, v, pos0)
+        qg = b.ops.reshape(qg, (n, H, 2 * D))  # [q | gate] per head
+        k, v = b.ops.reshape(k, (n, Hkv, D)), b.ops.reshape(v, (n, Hkv, D))
+        q, gate = (
+            tap("cols", "q", b.ops.cols(qg, 0, D)),
+            tap("cols", "q_gate", b.ops.cols(qg, D, 2 * D)),
+        )
+        q = tap(
+            "rms_norm", "attn_q_norm", b.ops.rms_norm(q, w[p + "attn_q_norm.weight"], s.rms_eps)
+        )
+        k = tap(
+            "rms_norm", "attn_k_norm", b.ops.rms_norm(k, w[p + "attn_k_norm.weight"], s.rms_eps)
+        )
+        q = tap("rope_partial", "q", b.ops.rope_partial(q, pos0, s.rope_theta, s.rope_dim))
+        k = tap("rope_partial", "k", b.ops.rope_partial(k, pos0, s.rope_theta, s.rope_dim))
+        b.ops.kv_write(cache, i, k, v, pos0)
         # what landed in the cache at these positions (a hook always watches here: trunk hands
         # the unwatched layers to the backend's fusion pass)
-        tap("kv_write", "k_cache", b.rows(cache.k[i], pos0, pos0 + n))
-        tap("kv_write", "v_cache", b.rows(cache.v[i], pos0, pos0 + n))
-        a = tap("attention", "attn", b.attention(q, cache, i, pos0))  # [T, H, D]
-        a = tap("sigmoid_mul", "attn_gated", b.sigmoid_mul(gate, a))
-        return self._out(b.reshape(a, (n, H * D)), "attn_output", i, pos0)
+        tap("kv_write", "k_cache", b.ops.rows(cache.k[i], pos0, pos0 + n))
+        tap("kv_write", "v_cache", b.ops.rows(cache.v[i], pos0, pos0 + n))
+        a = tap("attention", "attn", b.ops.attention(q, cache, i, pos0))  # [T, H, D]
+        a = tap("sigmoid_mul", "attn_gated", b.ops.sigmoid_mul(gate, a))
+        return self._out(b.ops.reshape(a, (n, H * D)), "attn_output", i, pos0)
 
     def _forced_routes(self, logits: Tensor, i: int, pos0: int) -> Tensor:
         """Push the experts the reference did not choose far down at the positions in
@@ -248,7 +255,7 @@ class HybridModel(Model):
         for t, ids in forced:
             mask[t] = -1e4  # exp underflows to 0 in float32 softmax; finite, so no NaN
             mask[t, ids] = 0.0
-        return b.add(logits, b.upload(mask))
+        return b.ops.add(logits, b.upload(mask))
 
     def _drift_routes(self, z: np.ndarray, i: int, pos0: int, forced: list) -> list:
         """forced, plus the reference's top-k at rows whose top-k set differs from the
@@ -288,16 +295,16 @@ class HybridModel(Model):
             return self._tap(op, label, i, t, pos0)
 
         if moe is None:
-            gate = tap("matmul", "ffn_gate", b.matmul(h, w[p + "ffn_gate.weight"]))
-            up = tap("matmul", "ffn_up", b.matmul(h, w[p + "ffn_up.weight"]))
-            g = tap("swiglu", "ffn_swiglu", b.swiglu(gate, up))
-            return tap("matmul", "ffn_down", b.matmul(g, w[p + "ffn_down.weight"]))
-        logits = tap("matmul", "ffn_gate_inp", b.matmul(h, w[p + "ffn_gate_inp.weight"]))
+            gate = tap("matmul", "ffn_gate", b.ops.matmul(h, w[p + "ffn_gate.weight"]))
+            up = tap("matmul", "ffn_up", b.ops.matmul(h, w[p + "ffn_up.weight"]))
+            g = tap("swiglu", "ffn_swiglu", b.ops.swiglu(gate, up))
+            return tap("matmul", "ffn_down", b.ops.matmul(g, w[p + "ffn_down.weight"]))
+        logits = tap("matmul", "ffn_gate_inp", b.ops.matmul(h, w[p + "ffn_gate_inp.weight"]))
         logits = self._forced_routes(logits, i, pos0)
-        ids, weights = b.router_topk(logits, moe.n_expert_used)
+        ids, weights = b.ops.router_topk(logits, moe.n_expert_used)
         ids = tap("router_topk", "router_ids", ids)
         weights = tap("router_topk", "router_weights", weights)
-        y = b.moe_experts(
+        y = b.ops.moe_experts(
             h,
             ids,
             weights,
@@ -308,9 +315,11 @@ class HybridModel(Model):
         y = tap("moe_experts", "ffn_moe", y)
         if p + "ffn_up_shexp.weight" not in w:
             return y
-        gate, up = b.matmuls(h, (w[p + "ffn_gate_shexp.weight"], w[p + "ffn_up_shexp.weight"]))
+        gate, up = b.ops.matmuls(h, (w[p + "ffn_gate_shexp.weight"], w[p + "ffn_up_shexp.weight"]))
         gate, up = tap("matmul", "ffn_gate_shexp", gate), tap("matmul", "ffn_up_shexp", up)
-        sh = tap("swiglu", "ffn_swiglu_shexp", b.swiglu(gate, up))
-        sh = tap("matmul", "ffn_down_shexp", b.matmul(sh, w[p + "ffn_down_shexp.weight"]))
-        sgate = tap("matmul", "ffn_gate_inp_shexp", b.matmul(h, w[p + "ffn_gate_inp_shexp.weight"]))
-        return tap("add", "ffn_moe_shexp", b.add(y, b.sigmoid_mul(sgate, sh)))
+        sh = tap("swiglu", "ffn_swiglu_shexp", b.ops.swiglu(gate, up))
+        sh = tap("matmul", "ffn_down_shexp", b.ops.matmul(sh, w[p + "ffn_down_shexp.weight"]))
+        sgate = tap(
+            "matmul", "ffn_gate_inp_shexp", b.ops.matmul(h, w[p + "ffn_gate_inp_shexp.weight"])
+        )
+        return tap("add", "ffn_moe_shexp", b.ops.add(y, b.ops.sigmoid_mul(sgate, sh)))

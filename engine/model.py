@@ -117,7 +117,7 @@ class Model:
         hidden states [n, C] (the KV cache is written). Every op's output passes ``_tap``."""
         b, s, w, tap = self.backend, self.spec, self.weights, self._tap
         H, Hkv, D = s.n_head, s.n_head_kv, s.head_dim
-        x = tap("embedding", "token_embd", -1, b.embedding(w["token_embd.weight"], ids), pos0)
+        x = tap("embedding", "token_embd", -1, b.ops.embedding(w["token_embd.weight"], ids), pos0)
         if self.hook is None and not s.qk_norm:
             return self.backend.trunk(self.plan, x, n, pos0, cache)
         for i in range(s.n_layers):
@@ -126,65 +126,81 @@ class Model:
                 "rms_norm",
                 "attn_norm",
                 i,
-                b.rms_norm(x, w[p + "attn_norm.weight"], s.rms_eps),
+                b.ops.rms_norm(x, w[p + "attn_norm.weight"], s.rms_eps),
                 pos0,
             )
             q, k, v = (
-                tap("matmul", f"attn_{t}", i, b.matmul(h, w[p + f"attn_{t}.weight"]), pos0)
+                tap("matmul", f"attn_{t}", i, b.ops.matmul(h, w[p + f"attn_{t}.weight"]), pos0)
                 for t in "qkv"
             )
             if s.attn_bias:
-                q = tap("add", "attn_q.bias", i, b.add(q, w[p + "attn_q.bias"]), pos0)
-                k = tap("add", "attn_k.bias", i, b.add(k, w[p + "attn_k.bias"]), pos0)
-                v = tap("add", "attn_v.bias", i, b.add(v, w[p + "attn_v.bias"]), pos0)
-            q = b.reshape(q, (n, H, D))
-            k = b.reshape(k, (n, Hkv, D))
-            v = b.reshape(v, (n, Hkv, D))
+                q = tap("add", "attn_q.bias", i, b.ops.add(q, w[p + "attn_q.bias"]), pos0)
+                k = tap("add", "attn_k.bias", i, b.ops.add(k, w[p + "attn_k.bias"]), pos0)
+                v = tap("add", "attn_v.bias", i, b.ops.add(v, w[p + "attn_v.bias"]), pos0)
+            q = b.ops.reshape(q, (n, H, D))
+            k = b.ops.reshape(k, (n, Hkv, D))
+            v = b.ops.reshape(v, (n, Hkv, D))
             if s.qk_norm:  # qwen3: RMSNorm over each head's D values
                 q = tap(
                     "rms_norm",
                     "attn_q_norm",
                     i,
-                    b.rms_norm(q, w[p + "attn_q_norm.weight"], s.rms_eps),
+                    b.ops.rms_norm(q, w[p + "attn_q_norm.weight"], s.rms_eps),
                     pos0,
                 )
                 k = tap(
                     "rms_norm",
                     "attn_k_norm",
                     i,
-                    b.rms_norm(k, w[p + "attn_k_norm.weight"], s.rms_eps),
+                    b.ops.rms_norm(k, w[p + "attn_k_norm.weight"], s.rms_eps),
                     pos0,
                 )
-            q = tap("rope", "q", i, b.rope(q, pos0, s.rope_theta, s.rope_neox), pos0)
-            k = tap("rope", "k", i, b.rope(k, pos0, s.rope_theta, s.rope_neox), pos0)
-            b.kv_write(cache, i, k, v, pos0)
+            q = tap("rope", "q", i, b.ops.rope(q, pos0, s.rope_theta, s.rope_neox), pos0)
+            k = tap("rope", "k", i, b.ops.rope(k, pos0, s.rope_theta, s.rope_neox), pos0)
+            b.ops.kv_write(cache, i, k, v, pos0)
             if self.hook is not None:  # what landed in the cache at these positions
-                tap("kv_write", "k_cache", i, b.rows(cache.k[i], pos0, pos0 + n), pos0)
-                tap("kv_write", "v_cache", i, b.rows(cache.v[i], pos0, pos0 + n), pos0)
+                tap("kv_write", "k_cache", i, b.ops.rows(cache.k[i], pos0, pos0 + n), pos0)
+                tap("kv_write", "v_cache", i, b.ops.rows(cache.v[i], pos0, pos0 + n), pos0)
             a = tap(
-                "attention", "attn", i, b.reshape(b.attention(q, cache, i, pos0), (n, H * D)), pos0
+                "attention",
+                "attn",
+                i,
+                b.ops.reshape(b.ops.attention(q, cache, i, pos0), (n, H * D)),
+                pos0,
             )
             x = tap(
                 "add",
                 "attn_residual",
                 i,
-                b.add(
+                b.ops.add(
                     x,
-                    tap("matmul", "attn_output", i, b.matmul(a, w[p + "attn_output.weight"]), pos0),
+                    tap(
+                        "matmul",
+                        "attn_output",
+                        i,
+                        b.ops.matmul(a, w[p + "attn_output.weight"]),
+                        pos0,
+                    ),
                 ),
                 pos0,
             )
             h = tap(
-                "rms_norm", "ffn_norm", i, b.rms_norm(x, w[p + "ffn_norm.weight"], s.rms_eps), pos0
+                "rms_norm",
+                "ffn_norm",
+                i,
+                b.ops.rms_norm(x, w[p + "ffn_norm.weight"], s.rms_eps),
+                pos0,
             )
-            gate = tap("matmul", "ffn_gate", i, b.matmul(h, w[p + "ffn_gate.weight"]), pos0)
-            up = tap("matmul", "ffn_up", i, b.matmul(h, w[p + "ffn_up.weight"]), pos0)
-            g = tap("swiglu", "ffn_swiglu", i, b.swiglu(gate, up), pos0)
+            gate = tap("matmul", "ffn_gate", i, b.ops.matmul(h, w[p + "ffn_gate.weight"]), pos0)
+            up = tap("matmul", "ffn_up", i, b.ops.matmul(h, w[p + "ffn_up.weight"]), pos0)
+            g = tap("swiglu", "ffn_swiglu", i, b.ops.swiglu(gate, up), pos0)
             x = tap(
                 "add",
                 "ffn_residual",
                 i,
-                b.add(x, tap("matmul", "ffn_down", i, b.matmul(g, w[p + "ffn_down.weight"]), pos0)),
+                b.ops.add(
+                    x, tap("matmul", "ffn_down", i, b.ops.matmul(g, w[p + "ffn_down.weight"]), pos0)
+                ),
                 pos0,
             )
         return x
@@ -210,15 +226,15 @@ class Model:
         """Logits [1, V] of row ``row`` of hidden states x [n, C] (token position ``pos``)."""
         b = self.backend
         if x.shape[0] > 1:
-            x = b.rows(x, row, row + 1)
+            x = b.ops.rows(x, row, row + 1)
         x = self._tap(
             "rms_norm",
             "output_norm",
             -1,
-            b.rms_norm(x, self.weights["output_norm.weight"], self.spec.rms_eps),
+            b.ops.rms_norm(x, self.weights["output_norm.weight"], self.spec.rms_eps),
             pos,
         )
-        return self._tap("matmul", "lm_head", -1, b.matmul(x, self.lm_head), pos)
+        return self._tap("matmul", "lm_head", -1, b.ops.matmul(x, self.lm_head), pos)
 
     def forward(
         self, ids: Tensor, n: int, pos0: int, cache: KVCache, logits: bool = True
@@ -249,7 +265,9 @@ class Model:
         for c0 in range(0, len(prompt), step):
             c1 = min(c0 + step, len(prompt))
             last = c1 == len(prompt)
-            logits = self.forward(self.backend.rows(ids, c0, c1), c1 - c0, c0, cache, logits=last)
+            logits = self.forward(
+                self.backend.ops.rows(ids, c0, c1), c1 - c0, c0, cache, logits=last
+            )
             if on_chunk is not None:
                 on_chunk(c1 - c0)
         return logits
@@ -280,18 +298,18 @@ class Model:
         tok = None
         for c0 in range(0, P, step):
             c1 = min(c0 + step, P)
-            x = self.trunk(b.rows(ids, c0, c1), c1 - c0, c0, cache)
+            x = self.trunk(b.ops.rows(ids, c0, c1), c1 - c0, c0, cache)
             for pos in sorted(p for p in sample if c0 <= p < c1 and p != P - 1):
                 out.logits[pos] = b.download(self.head(x, pos - c0, pos))[0]
             if c1 == P:
                 lg = self.head(x, P - 1 - c0, P - 1)
-                tok = b.argmax(lg)
+                tok = b.ops.argmax(lg)
                 out.logits[P - 1] = b.download(lg)[0]
                 out.device_argmax[P - 1] = int(b.download(tok)[0])
 
         def one(t: Tensor, p: int) -> tuple[Tensor, Tensor]:
             lg = self.forward(t, 1, p, cache)
-            return lg, b.argmax(lg)
+            return lg, b.ops.argmax(lg)
 
         cur = out.device_argmax[P - 1] if forced is None else forced[0]
         for i in range(steps):
@@ -323,7 +341,7 @@ class Model:
         cache = self.new_cache(capacity or len(prompt) + max_tokens)
         t0 = time.perf_counter()
         logits = self.prefill(prompt, cache, path, on_chunk)
-        tok = b.argmax(logits)  # [1] int32 on the device
+        tok = b.ops.argmax(logits)  # [1] int32 on the device
         last_logits = b.download(logits)[0]
         first = int(b.download(tok)[0])
         t1 = time.perf_counter()
@@ -332,7 +350,7 @@ class Model:
 
         def step(t: Tensor, p: int) -> tuple[Tensor, Tensor]:
             lg = self.forward(t, 1, p, cache)
-            return lg, b.argmax(lg)
+            return lg, b.ops.argmax(lg)
 
         for _ in range(max_tokens):
             out.tokens.append(cur)

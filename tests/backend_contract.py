@@ -128,7 +128,7 @@ class BackendContract:
         w = qtensor(rng, (N, K), qtype, std=0.05)
         x = rng.standard_normal((T, K)).astype(np.float32)
         x0 = x.copy()
-        out = self.out(be, T * N, be.matmul, be.upload(x), be.load_weight(w))
+        out = self.out(be, T * N, be.ops.matmul, be.upload(x), be.load_weight(w))
         check(out, x.astype(np.float64) @ dense(w).T, NMSE["matmul"])
         assert np.array_equal(x, x0)
 
@@ -149,8 +149,8 @@ class BackendContract:
                 for off in (0, 1, 2, 3):
                     x = rng.standard_normal(K).astype(np.float32)
                     buf = be.upload(np.concatenate([np.zeros(off, np.float32), x]))
-                    xv = be.reshape(be.rows(buf, off, off + K), (1, K))
-                    out = self.out(be, N, be.matmul, xv, wt)
+                    xv = be.ops.reshape(be.ops.rows(buf, off, off + K), (1, K))
+                    out = self.out(be, N, be.ops.matmul, xv, wt)
                     check(out, x[None].astype(np.float64) @ ref_w.T, NMSE["matmul"])
 
     @pytest.mark.parametrize("T", [1, 3, 40, 41])
@@ -161,7 +161,7 @@ class BackendContract:
         rng = np.random.default_rng(T)
         w = qtensor(rng, (70, 256), "Q4_K", std=0.05)
         x = rng.standard_normal((T, 256)).astype(np.float32)
-        out = self.out(be, T * 70, be.matmul, be.upload(x), be.load_weight(w))
+        out = self.out(be, T * 70, be.ops.matmul, be.upload(x), be.load_weight(w))
         check(out, x.astype(np.float64) @ dense(w).T, NMSE["matmul"])
 
     # --- the small ops ----------------------------------------------------------------------
@@ -172,7 +172,7 @@ class BackendContract:
         rng = np.random.default_rng(T)
         table = qtensor(rng, (37, 256), qtype)
         ids = np.array([0, 36, 5, 5, 17][:T], np.int32)
-        out = self.out(be, T * 256, be.embedding, be.load_weight(table), be.upload(ids))
+        out = self.out(be, T * 256, be.ops.embedding, be.load_weight(table), be.upload(ids))
         check(out, dense(table)[ids], 1e-12 if qtype == "F32" else 1e-6)
 
     @pytest.mark.parametrize("shape", [(1, 7), (3, 896), (5, 4, 64), (1, 2, 128), (33, 257)])
@@ -180,7 +180,7 @@ class BackendContract:
         rng = np.random.default_rng(len(shape))
         x = rng.standard_normal(shape).astype(np.float32) * 3
         w = qtensor(rng, (shape[-1],), "F32")
-        out = self.out(be, x.size, be.rms_norm, be.upload(x), be.load_weight(w), 1e-6)
+        out = self.out(be, x.size, be.ops.rms_norm, be.upload(x), be.load_weight(w), 1e-6)
         x64 = x.astype(np.float64)
         ref = x64 / np.sqrt((x64**2).mean(-1, keepdims=True) + 1e-6) * dense(w)
         check(out, ref, NMSE["default"])
@@ -190,9 +190,9 @@ class BackendContract:
         rng = np.random.default_rng(1)
         a, b = (rng.standard_normal(shape).astype(np.float32) for _ in range(2))
         bias = qtensor(rng, (shape[-1],), "F32")
-        out = self.out(be, a.size, be.add, be.upload(a), be.upload(b))
+        out = self.out(be, a.size, be.ops.add, be.upload(a), be.upload(b))
         check(out, a.astype(np.float64) + b, 1e-12)
-        out = self.out(be, a.size, be.add, be.upload(a), be.load_weight(bias))
+        out = self.out(be, a.size, be.ops.add, be.upload(a), be.load_weight(bias))
         check(out, a + dense(bias), 1e-12)
 
     @pytest.mark.parametrize("neox", [True, False])
@@ -200,14 +200,14 @@ class BackendContract:
     def test_rope(self, be, neox, T, H, D, pos0):
         rng = np.random.default_rng(T)
         x = rng.standard_normal((T, H, D)).astype(np.float32)
-        out = self.out(be, x.size, be.rope, be.upload(x), pos0, 1e6 if neox else 1e4, neox)
+        out = self.out(be, x.size, be.ops.rope, be.upload(x), pos0, 1e6 if neox else 1e4, neox)
         check(out, _rope_ref(x, pos0, 1e6 if neox else 1e4, neox), NMSE["default"])
 
     def test_swiglu(self, be):
         rng = np.random.default_rng(2)
         g, u = (rng.standard_normal((3, 77)).astype(np.float32) * 4 for _ in range(2))
         g64 = g.astype(np.float64)
-        out = self.out(be, g.size, be.swiglu, be.upload(g), be.upload(u))
+        out = self.out(be, g.size, be.ops.swiglu, be.upload(g), be.upload(u))
         check(out, g64 / (1 + np.exp(-g64)) * u, 1e-10)
 
     @pytest.mark.parametrize("T,V", [(1, 1), (1, 151936), (3, 1000), (4, 152063), (2, 37)])
@@ -227,7 +227,7 @@ class BackendContract:
             logits[3, 1:] = -np.inf  # the first element is the only finite one
         for cfg in variant_configs(be, "argmax"):
             be.set_config(cfg)
-            out = self.out(be, T, be.argmax, be.upload(logits))
+            out = self.out(be, T, be.ops.argmax, be.upload(logits))
             assert out.tolist() == np.argmax(logits, axis=-1).tolist(), cfg.op("argmax").variant
 
     @pytest.mark.parametrize(

@@ -324,5 +324,5 @@ def assert_attention_falls_back_to_split(flat: dict, D: int) -> None:
     q = be.upload(np.zeros((1, 4, D), np.float32))
     cache = be.new_kv_cache(1, 8, 2, D)
     be.launches.clear()
-    be.attention(q, cache, 0, 5)
+    be.ops.attention(q, cache, 0, 5)
     assert [launch.kernel for launch in be.launches] == ["attn_split", "attn_combine"]

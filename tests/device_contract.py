@@ -38,7 +38,7 @@ def profile_two_matmuls(be: Any, seed: int, rows: int, qtype: str) -> tuple[Any,
     w = be.load_weight(qtensor(rng, (rows, 256), qtype))
     x = be.upload(rng.standard_normal((4, 256)).astype(np.float32))
     be.set_profiling(True)
-    be.argmax(be.add(be.matmul(x, w), be.matmul(x, w)))
+    be.ops.argmax(be.ops.add(be.ops.matmul(x, w), be.ops.matmul(x, w)))
     return be.profile(), x, w
 
 
@@ -133,12 +133,12 @@ class DeviceContract:
         w = be.load_weight(qtensor(rng, (64, 256), "Q8_0"))
         cache = be.new_kv_cache(1, 8, 2, 32)
         x = be.upload(rng.standard_normal((4, 256)).astype(np.float32))
-        before = be.download(be.matmul(x, w))
+        before = be.download(be.ops.matmul(x, w))
         r0 = be.memory_report()
         be.release_unused()
         r1 = be.memory_report()
         assert r1.kv_state_bytes == r0.kv_state_bytes and r1.weight_bytes <= r0.weight_bytes
-        np.testing.assert_array_equal(be.download(be.matmul(x, w)), before)
+        np.testing.assert_array_equal(be.download(be.ops.matmul(x, w)), before)
         del cache
 
     def test_driver_memory_is_a_figure_or_says_why_not(self, be):
@@ -156,11 +156,11 @@ class DeviceContract:
         if self.matmul_kernel is not None:
             assert rep.kernels[self.matmul_kernel].calls == 2
         assert be.profile().kernels == {}  # the first report reset it
-        be.matmul(x, w)
+        be.ops.matmul(x, w)
         assert sum(k.calls for k in be.profile(reset=False).kernels.values()) >= 1
         be.set_profiling(False)
         be.profile()
-        be.download(be.matmul(x, w))
+        be.download(be.ops.matmul(x, w))
         assert be.profile().kernels == {}
 
     def test_profiled_generation_is_the_same_generation(self, be, tiny_model_path):

@@ -76,7 +76,7 @@ class FaultyBackend(NumpyBackend):
             raise KernelCompileError("matmul_prefill.nocompile: error: expected ';' (injected)")
         super().set_config(config)
 
-    def matmul(self, x: np.ndarray, w: NumpyWeight) -> np.ndarray:
+    def _matmul(self, x: np.ndarray, w: NumpyWeight) -> np.ndarray:
         variant = self.config.op("matmul_prefill").variant if x.shape[0] > 1 else ""
         if variant == "crash":
             os._exit(17)
@@ -97,12 +97,12 @@ class FaultyBackend(NumpyBackend):
             raise EngineError(
                 "vulkan: cannot allocate 4096.0 MiB on sim (VkErrorOutOfDeviceMemory)"
             )
-        out = super().matmul(x, w)
+        out = super()._matmul(x, w)
         if variant == "wrong":
             return out * 1.5 + 0.25
         if variant == "slow":
             for _ in range(3):
-                out = super().matmul(x, w)
+                out = super()._matmul(x, w)
         return out
 
 

@@ -18,9 +18,9 @@ GEMM_MIN_T = 32  # CUDA's prefill.gemm_min_t default
 
 
 class Fp16Prefill(NumpyBackend):
-    def matmul(self, x, w):  # noqa: ANN001, ANN201
+    def _matmul(self, x, w):  # noqa: ANN001, ANN201
         if x.shape[0] < GEMM_MIN_T:
-            return super().matmul(x, w)
+            return super()._matmul(x, w)
         a = x.astype(np.float16).astype(np.float64)
         b = w.dense(True).astype(np.float16).astype(np.float64)
         return (a @ b.T).astype(np.float32)
@@ -56,9 +56,9 @@ class Fp16Experts(Fp16Prefill):
         super().__init__(*a, **kw)
         self.stats: list[dict[str, float]] = []
 
-    def moe_experts(self, x, ids, weights, gate, up, down):  # noqa: ANN001, ANN201
+    def _moe_experts(self, x, ids, weights, gate, up, down):  # noqa: ANN001, ANN201
         if x.shape[0] < GEMM_MIN_T:
-            return super().moe_experts(x, ids, weights, gate, up, down)
+            return super()._moe_experts(x, ids, weights, gate, up, down)
         out = np.zeros(x.shape)
         st = {"x": float(np.abs(x).max()), "g": 0.0, "u": 0.0, "h": 0.0}
         tiny = n = err = energy = 0.0

@@ -26,9 +26,9 @@ class SkNotStk(_Mutant):
     """The seed's warp-kernel bug: the state's prediction for k read row-wise, S k, instead of
     column-wise, S^T k (same shape when dk == dv, as in the real 128 x 128 heads)."""
 
-    def delta_net(self, q, k, v, g, beta, state, v_order, eps):  # noqa: ANN001, ANN201
+    def _delta_net(self, q, k, v, g, beta, state, v_order, eps):  # noqa: ANN001, ANN201
         if not self._mutate(q.shape[0]):
-            return super().delta_net(q, k, v, g, beta, state, v_order, eps)
+            return super()._delta_net(q, k, v, g, beta, state, v_order, eps)
         kh = k_head_of_v(q.shape[1], v.shape[1], v_order)
         qn = l2_normalize(q.astype(np.float64), eps)[:, kh] / np.sqrt(q.shape[2])
         kn = l2_normalize(k.astype(np.float64), eps)[:, kh]
@@ -48,9 +48,9 @@ class StateNotCarried(_Mutant):
     """Prefill computes its outputs but never stores the final S: decode starts from the state
     before the prompt (zeros)."""
 
-    def delta_net(self, q, k, v, g, beta, state, v_order, eps):  # noqa: ANN001, ANN201
+    def _delta_net(self, q, k, v, g, beta, state, v_order, eps):  # noqa: ANN001, ANN201
         keep = state.copy()
-        out = super().delta_net(q, k, v, g, beta, state, v_order, eps)
+        out = super()._delta_net(q, k, v, g, beta, state, v_order, eps)
         if self._mutate(q.shape[0]):
             state[...] = keep  # BUG: the updated state is dropped
         return out
@@ -60,9 +60,9 @@ class ConvStateOffByOne(_Mutant):
     """The conv keeps the d_conv-1 inputs ending one before the last: the next call's window is
     shifted by a token."""
 
-    def ssm_conv(self, x, state, w):  # noqa: ANN001, ANN201
+    def _ssm_conv(self, x, state, w):  # noqa: ANN001, ANN201
         before = np.concatenate([state, x])  # [K-1+T, Cc]
-        y = super().ssm_conv(x, state, w)
+        y = super()._ssm_conv(x, state, w)
         if self._mutate(x.shape[0]):
             n = state.shape[0]
             state[...] = before[-n - 1 : -1]  # BUG: off by one
@@ -72,8 +72,8 @@ class ConvStateOffByOne(_Mutant):
 class RouterUnnormalised(_Mutant):
     """Top-k router weights left as softmax probabilities (they sum to < 1)."""
 
-    def router_topk(self, logits, k):  # noqa: ANN001, ANN201
-        ids, w = super().router_topk(logits, k)
+    def _router_topk(self, logits, k):  # noqa: ANN001, ANN201
+        ids, w = super()._router_topk(logits, k)
         if not self._mutate(logits.shape[0]):
             return ids, w
         z = logits.astype(np.float64)
@@ -91,10 +91,10 @@ class ChunkedNoIntraMask(_Mutant):
 
     candidate = {"delta_net.variant": "chunked", "delta_net.chunk": 4}
 
-    def delta_net(self, q, k, v, g, beta, state, v_order, eps):  # noqa: ANN001, ANN201
+    def _delta_net(self, q, k, v, g, beta, state, v_order, eps):  # noqa: ANN001, ANN201
         choice = self.config.op("delta_net")
         if choice.variant != "chunked" or not self._mutate(q.shape[0]):
-            return super().delta_net(q, k, v, g, beta, state, v_order, eps)
+            return super()._delta_net(q, k, v, g, beta, state, v_order, eps)
         kh = k_head_of_v(q.shape[1], v.shape[1], v_order)
         Q = l2_normalize(q.astype(np.float64), eps)[:, kh] / np.sqrt(q.shape[2])
         K = l2_normalize(k.astype(np.float64), eps)[:, kh]

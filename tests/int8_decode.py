@@ -30,21 +30,21 @@ class Int8Decode(NumpyBackend):
     experts = False  # on: the routed experts too (moe_experts.mmvq: x and the SwiGLU output)
     float_ssm_in = False  # on: delta-net input projections float (matmul_decode.float_ssm_in)
 
-    def matmul(self, x, w):  # noqa: ANN001, ANN201
+    def _matmul(self, x, w):  # noqa: ANN001, ANN201
         qt = w.qt
         rows = x.shape[0] == 1 or self.prefill
         if not (self.int8 and rows and qt.qtype in BLOCK_TYPES and len(qt.shape) == 2):
-            return super().matmul(x, w)
+            return super()._matmul(x, w)
         return (q8_round_trip(x) @ w.dense(True).astype(np.float64).T).astype(np.float32)
 
-    def ssm_in(self, x, ws):  # noqa: ANN001, ANN201
+    def _ssm_in(self, x, ws):  # noqa: ANN001, ANN201
         if self.float_ssm_in:
-            return tuple(NumpyBackend.matmul(self, x, w) for w in ws)
-        return super().ssm_in(x, ws)
+            return tuple(NumpyBackend._matmul(self, x, w) for w in ws)
+        return super()._ssm_in(x, ws)
 
-    def moe_experts(self, x, ids, weights, gate, up, down):  # noqa: ANN001, ANN201
+    def _moe_experts(self, x, ids, weights, gate, up, down):  # noqa: ANN001, ANN201
         if not (self.int8 and self.experts):
-            return super().moe_experts(x, ids, weights, gate, up, down)
+            return super()._moe_experts(x, ids, weights, gate, up, down)
         out = np.zeros(x.shape, np.float64)
         xq = q8_round_trip(x)
         for e in np.unique(ids):

@@ -42,8 +42,8 @@ class _Planted(NumpyBackend):
 
 
 class DropLastColumn(_Planted):
-    def matmul(self, x, w):  # noqa: ANN001, ANN201
-        out = super().matmul(x, w)
+    def _matmul(self, x, w):  # noqa: ANN001, ANN201
+        out = super()._matmul(x, w)
         if x.shape[0] > 1:
             out[-1] = 0.0
         return out
@@ -53,21 +53,21 @@ class StaleArgmax(_Planted):
     stale = np.zeros(1, np.int32)
     _batched_tail = False
 
-    def argmax(self, logits):  # noqa: ANN001, ANN201
-        return self.stale if self._batched_tail else super().argmax(logits)
+    def _argmax(self, logits):  # noqa: ANN001, ANN201
+        return self.stale if self._batched_tail else super()._argmax(logits)
 
-    def matmul(self, x, w):  # noqa: ANN001, ANN201
+    def _matmul(self, x, w):  # noqa: ANN001, ANN201
         self._batched_tail = x.shape[0] > 1 or self._batched_tail
-        return super().matmul(x, w)
+        return super()._matmul(x, w)
 
-    def embedding(self, table, ids):  # noqa: ANN001, ANN201
+    def _embedding(self, table, ids):  # noqa: ANN001, ANN201
         self._batched_tail = False
-        return super().embedding(table, ids)
+        return super()._embedding(table, ids)
 
 
 class PrefillTailRows(_Planted):
-    def matmul(self, x, w):  # noqa: ANN001, ANN201
-        out = super().matmul(x, w)
+    def _matmul(self, x, w):  # noqa: ANN001, ANN201
+        out = super()._matmul(x, w)
         n = out.shape[1]
         if x.shape[0] > 1 and n % 64:
             out[:, n - n % 64 :] = 0.0
@@ -75,8 +75,8 @@ class PrefillTailRows(_Planted):
 
 
 class DecodeTailRows(_Planted):
-    def matmul(self, x, w):  # noqa: ANN001, ANN201
-        out = super().matmul(x, w)
+    def _matmul(self, x, w):  # noqa: ANN001, ANN201
+        out = super()._matmul(x, w)
         n = out.shape[1]
         if x.shape[0] == 1 and self.config.op("matmul_decode").variant == "ondemand" and n % 32:
             out[:, n - n % 32 :] = 0.0
@@ -84,17 +84,17 @@ class DecodeTailRows(_Planted):
 
 
 class KLoopShort(_Planted):
-    def matmul(self, x, w):  # noqa: ANN001, ANN201
+    def _matmul(self, x, w):  # noqa: ANN001, ANN201
         if x.shape[0] == 1:
-            return super().matmul(x, w)
+            return super()._matmul(x, w)
         k = x.shape[1] - 32
         return x[:, :k].astype(np.float32) @ self._dense_prefill(w)[:, :k].T
 
 
 class Fp16Accumulate(_Planted):
-    def matmul(self, x, w):  # noqa: ANN001, ANN201
+    def _matmul(self, x, w):  # noqa: ANN001, ANN201
         if x.shape[0] == 1:
-            return super().matmul(x, w)
+            return super()._matmul(x, w)
         wd = self._dense_prefill(w)
         acc = np.zeros((x.shape[0], wd.shape[0]), np.float16)
         for k0 in range(0, x.shape[1], 32):
@@ -106,9 +106,9 @@ class Fp16Accumulate(_Planted):
 class _SubBlockScale(_Planted):
     qtype, period, lo, hi, factor = "Q4_K", 256, 224, 256, 1.25
 
-    def matmul(self, x, w):  # noqa: ANN001, ANN201
+    def _matmul(self, x, w):  # noqa: ANN001, ANN201
         if x.shape[0] == 1 or w.qt.qtype != self.qtype:
-            return super().matmul(x, w)
+            return super()._matmul(x, w)
         wd = self._dense_prefill(w).copy()
         cols = np.arange(wd.shape[1]) % self.period
         wd[:, (cols >= self.lo) & (cols < self.hi)] *= self.factor
@@ -124,10 +124,10 @@ class Q6KSubBlockScale(_SubBlockScale):
 
 
 class NoCausalInChunk(_Planted):
-    def attention(self, q, cache, layer, pos0):  # noqa: ANN001, ANN201
+    def _attention(self, q, cache, layer, pos0):  # noqa: ANN001, ANN201
         T, H, D = q.shape
         if T == 1:
-            return super().attention(q, cache, layer, pos0)
+            return super()._attention(q, cache, layer, pos0)
         L = pos0 + T  # every query of the chunk sees the whole chunk
         group = H // cache.k[layer].shape[1]
         k = np.repeat(cache.k[layer][:L].astype(np.float64), group, axis=1)
@@ -139,19 +139,19 @@ class NoCausalInChunk(_Planted):
 
 
 class RopeChunkPositions(_Planted):
-    def rope(self, x, pos0, theta, neox):  # noqa: ANN001, ANN201
-        return super().rope(x, 0 if x.shape[0] > 1 else pos0, theta, neox)
+    def _rope(self, x, pos0, theta, neox):  # noqa: ANN001, ANN201
+        return super()._rope(x, 0 if x.shape[0] > 1 else pos0, theta, neox)
 
 
 class KvWriteOffByOne(_Planted):
-    def kv_write(self, cache, layer, k, v, pos0):  # noqa: ANN001, ANN201
+    def _kv_write(self, cache, layer, k, v, pos0):  # noqa: ANN001, ANN201
         if k.shape[0] > 1 and pos0 + k.shape[0] < cache.capacity:
             pos0 += 1
-        super().kv_write(cache, layer, k, v, pos0)
+        super()._kv_write(cache, layer, k, v, pos0)
 
 
 class ArgmaxLastTie(_Planted):
-    def argmax(self, logits):  # noqa: ANN001, ANN201
+    def _argmax(self, logits):  # noqa: ANN001, ANN201
         flipped = np.asarray(logits)[..., ::-1]
         return (logits.shape[-1] - 1 - np.argmax(flipped, axis=-1)).astype(np.int32)
 
@@ -163,9 +163,9 @@ class ArgmaxSliceUnwritten(StaleArgmax):
 
     SLICES = 4
 
-    def argmax(self, logits):  # noqa: ANN001, ANN201
+    def _argmax(self, logits):  # noqa: ANN001, ANN201
         if not self._batched_tail:
-            return NumpyBackend.argmax(self, logits)
+            return NumpyBackend._argmax(self, logits)
         rows, V = logits.shape[0], logits.shape[-1]
         best = self.scratch((rows, self.SLICES), np.float32)
         where = self.scratch((rows, self.SLICES), np.int32)
@@ -182,8 +182,8 @@ class DefaultDecodeMatmulOff(_Planted):
     """The default decode matmul (T == 1), which the per-token reference runs too, scales a
     row block: validate alone compares two paths that share it."""
 
-    def matmul(self, x, w):  # noqa: ANN001, ANN201
-        out = super().matmul(x, w)
+    def _matmul(self, x, w):  # noqa: ANN001, ANN201
+        out = super()._matmul(x, w)
         if x.shape[0] == 1:
             out[:, :8] *= 1.25
         return out
@@ -192,15 +192,15 @@ class DefaultDecodeMatmulOff(_Planted):
 class DecodeAttentionDropsRange(_Planted):
     """A split-KV merge that loses one key range, at decode (T == 1) only."""
 
-    def attention(self, q, cache, layer, pos0):  # noqa: ANN001, ANN201
+    def _attention(self, q, cache, layer, pos0):  # noqa: ANN001, ANN201
         L = pos0 + 1
         if q.shape[0] > 1 or L < 8:
-            return super().attention(q, cache, layer, pos0)
+            return super()._attention(q, cache, layer, pos0)
         lo, hi = L // 8, 2 * (L // 8)  # the second of eight ranges
         saved_k = cache.k[layer][lo:hi].copy()
         cache.k[layer][lo:hi] = -1e4 * q[0, 0].mean()  # scores pushed far from the rest
         try:
-            out = super().attention(q, cache, layer, pos0)
+            out = super()._attention(q, cache, layer, pos0)
         finally:
             cache.k[layer][lo:hi] = saved_k
         return out

@@ -83,15 +83,15 @@ def write_cache_and_attend(
     if pos0:  # earlier positions hold values written by a previous call
         kp = rng.standard_normal((pos0, Hkv, D)).astype(np.float32)
         vp = rng.standard_normal((pos0, Hkv, D)).astype(np.float32)
-        be.kv_write(cache, 0, be.upload(kp), be.upload(vp), 0)
+        be.ops.kv_write(cache, 0, be.upload(kp), be.upload(vp), 0)
     k = rng.standard_normal((T, Hkv, D)).astype(np.float32)
     v = rng.standard_normal((T, Hkv, D)).astype(np.float32)
     q = rng.standard_normal((T, H, D)).astype(np.float32)
-    be.kv_write(cache, 0, be.upload(k), be.upload(v), pos0)
+    be.ops.kv_write(cache, 0, be.upload(k), be.upload(v), pos0)
     kc, vc = be.download(cache.k[0]), be.download(cache.v[0])
     assert np.array_equal(kc[pos0 : pos0 + T], k) and np.array_equal(vc[pos0 : pos0 + T], v)
     assert not kc[pos0 + T :].any() and not vc[pos0 + T :].any(), "write outside its slots"
-    out = be.download(be.attention(be.upload(q), cache, 0, pos0))
+    out = be.download(be.ops.attention(be.upload(q), cache, 0, pos0))
     return q, k, v, cache, kc, vc, out
 
 
@@ -169,8 +169,8 @@ def assert_ssm_conv_carries_state(be, splits: list[int], K: int, Cc: int, seed: 
     s_be = be.upload(s0)
     t0 = 0
     for n in splits:
-        want = ref.ssm_conv(x[t0 : t0 + n], s_ref, wn)
-        got = be.download(be.ssm_conv(be.upload(x[t0 : t0 + n]), s_be, wb))
+        want = ref.ops.ssm_conv(x[t0 : t0 + n], s_ref, wn)
+        got = be.download(be.ops.ssm_conv(be.upload(x[t0 : t0 + n]), s_be, wb))
         check(got, want.astype(np.float64), 1e-12)
         assert np.array_equal(be.download(s_be), s_ref), f"state after {t0 + n} tokens"
         t0 += n

@@ -36,7 +36,8 @@ _DN = {"matmuls": "proj", "matmul": "norm+out", "ssm_gates": "proj", "ssm_conv":
 _THROUGH = ("delta_net_conv_gated",)  # op by op (no fusion) its inner ops keep their phases
 _ATTN = {"matmuls": "proj", "matmul": "out", "matmul_add": "out", "matmul_add_norm": "out"}
 _MOE = {"router_topk": "router", "moe_experts": "experts"}  # else shared (first matmul: router)
-# the backend's ops and (underscored) its fusion pass's steps, named without the underscore
+# the backend's ops (backend.ops) and (underscored) its fusion pass's steps, named without the
+# underscore
 OPS = ("embedding", "rms_norm", "matmul", "matmuls", "_matmul_add", "_ffn", "add", "swiglu",
        "argmax", "rope_partial", "sigmoid_mul", "ssm_conv", "ssm_gates", "delta_net",
        "router_topk", "moe_experts", "kv_write", "attention", "cols", "reshape",
@@ -62,9 +63,10 @@ class PhaseTracker:
             setattr(model, name, self._layer(kind, getattr(model, name)))
         # the fusion pass's mixer step (no hook: the model's _delta_net / _attention don't run)
         self.be._mixer = self._mixer(self.be._mixer)
-        for op in OPS:
-            if hasattr(self.be, op):
-                setattr(self.be, op, self._op(op.lstrip("_"), getattr(self.be, op)))
+        for op in OPS:  # an op on the backend's op set, a fusion step on the backend
+            on = self.be if op.startswith("_") else self.be.ops
+            if hasattr(on, op):
+                setattr(on, op, self._op(op.lstrip("_"), getattr(on, op)))
         for op in MOE_STEPS:
             if hasattr(self.be, op):
                 setattr(self.be, op, self._moe_ffn(getattr(self.be, op)))
@@ -78,6 +80,7 @@ class PhaseTracker:
             self.model.__dict__.pop(name, None)
         for op in (*OPS, *MOE_STEPS, "_mixer"):
             self.be.__dict__.pop(op, None)
+            self.be.ops.__dict__.pop(op, None)
         self.be.__dict__.pop("_timed", None)
 
     def _layer(self, kind: str, fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -1,14 +1,16 @@
-"""The op contract every backend implements.
+"""The device contract every backend implements.
 
-Shapes: T tokens in a chunk, C model width, N output rows of a weight, K its input
-width,
-H query heads, Hkv key/value heads, D head dimension, V vocabulary, S KV-cache capacity.
+A backend is one device and one tuning config. Its contract: the devices it can open
+(``list_devices``, ``open``, ``device_info``, ``close``), tensors and weights (``upload``,
+``download``, ``load_weight``, ``synchronize``), the config (``set_config``), memory
+(``memory_report`` and its helpers), profiling, the verifier's hooks, and the model's
+layers: the model hands ``trunk`` a layer plan (engine/backends/plan.py), and which ops run
+fused is the backend's own pass (engine/backends/fusion.py).
 
-A backend owns its tensors (``Tensor`` is opaque to the model: a NumPy array, a CuPy array, a
-Vulkan buffer). The model code in ``engine.model`` only calls the methods below, so a new backend
-is a new subclass; ``tests/engine/backends/test_backend_ops.py`` runs every op of every backend
-against NumPy. The model hands ``trunk`` a layer plan (engine/backends/plan.py); which ops run
-fused is the backend's own pass (engine/backends/fusion.py), not part of this contract.
+The op set is its own interface, ``backend.ops`` (engine/backends/ops.py states each op); a
+backend implements op X as ``_X``. ``Tensor`` is opaque to the model (a NumPy array, a CuPy
+array, a Vulkan buffer), so a new backend is a new subclass;
+``tests/engine/backends/test_backend_ops.py`` runs every op of every backend against NumPy.
 """
 
 from __future__ import annotations
@@ -16,12 +18,14 @@ from __future__ import annotations
 import time
 import weakref
 from abc import ABC, abstractmethod
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from engine.backends.cache import HybridCache, KVCache
 from engine.backends.fusion import FusionPass
+from engine.backends.ops import Ops
 from engine.device_info import DeviceEntry, DeviceInfo, MemoryReport, ProfileReport
 
 if TYPE_CHECKING:
@@ -188,13 +192,14 @@ class Backend(FusionPass, ABC):
     def set_profiling(self, on: bool = True) -> None:
         """Start (or stop) timing; ``profile()`` reports what was timed. The default times each
         contract op by the host's wall clock (exact for synchronous backends: NumPy)."""
+        ops = self.ops
         for op in PROFILED_OPS:
-            self.__dict__.pop(op, None)  # drop the timed wrappers of an earlier call
+            ops.__dict__.pop(op, None)  # drop the timed wrappers of an earlier call
         self.__dict__.setdefault("_wall", {})
         if not on:
             return
         for op in PROFILED_OPS:
-            setattr(self, op, self._timed_op(op, getattr(self, op)))
+            setattr(ops, op, self._timed_op(op, getattr(ops, op)))
 
     def _timed_op(self, op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         wall: dict[str, list[float]] = self.__dict__["_wall"]
@@ -274,87 +279,66 @@ class Backend(FusionPass, ABC):
         )
         return self.track_cache(cache)
 
-    # --- ops ----------------------------------------------------------------------------
-    @abstractmethod
-    def embedding(self, table: Weight, ids: Tensor) -> Tensor:
-        """ids [T] int32 -> rows of table [T, C] (dequantized)."""
+    # --- the op set: ``self.ops`` (engine/backends/ops.py states each op) calls these -------
+    @cached_property
+    def ops(self) -> Ops:
+        """The op set on this backend's device (engine/backends/ops.py)."""
+        return Ops(self)
 
     @abstractmethod
-    def rms_norm(self, x: Tensor, w: Weight, eps: float) -> Tensor:
-        """Normalize over the last dim and scale by w: x [..., D], w [D]."""
+    def _embedding(self, table: Weight, ids: Tensor) -> Tensor: ...
 
     @abstractmethod
-    def matmul(self, x: Tensor, w: Weight) -> Tensor:
-        """x [T, K] @ dequant(w)[N, K]^T -> [T, N]. T == 1 is decode (DMMV); T > 1 is a batched
-        prefill chunk of at most config.prefill_chunk columns."""
+    def _rms_norm(self, x: Tensor, w: Weight, eps: float) -> Tensor: ...
 
     @abstractmethod
-    def add(self, a: Tensor, b: Tensor) -> Tensor:
-        """a + b, with b either a tensor of the same shape (residual) or a 1-D Weight [N]
-        broadcast over rows (bias)."""
+    def _matmul(self, x: Tensor, w: Weight) -> Tensor: ...
 
     @abstractmethod
-    def rope(self, x: Tensor, pos0: int, theta: float, neox: bool) -> Tensor:
-        """Rotary embedding of x [T, H, D] at positions pos0 .. pos0+T-1.
-        neox pairs (i, i + D/2); normal pairs (2i, 2i + 1)."""
+    def _add(self, a: Tensor, b: Tensor) -> Tensor: ...
 
     @abstractmethod
-    def kv_write(self, cache: KVCache, layer: int, k: Tensor, v: Tensor, pos0: int) -> None:
-        """Store k, v [T, Hkv, D] at positions pos0 .. pos0+T-1 of layer's cache (in place)."""
+    def _rope(self, x: Tensor, pos0: int, theta: float, neox: bool) -> Tensor: ...
 
     @abstractmethod
-    def attention(self, q: Tensor, cache: KVCache, layer: int, pos0: int) -> Tensor:
-        """Causal GQA attention: q [T, H, D] at positions pos0+t attends to cache positions
-        0 .. pos0+t with scale 1/sqrt(D) -> [T, H, D]."""
+    def _kv_write(self, cache: KVCache, layer: int, k: Tensor, v: Tensor, pos0: int) -> None: ...
 
     @abstractmethod
-    def swiglu(self, gate: Tensor, up: Tensor) -> Tensor:
-        """silu(gate) * up, elementwise."""
+    def _attention(self, q: Tensor, cache: KVCache, layer: int, pos0: int) -> Tensor: ...
 
     @abstractmethod
-    def argmax(self, logits: Tensor) -> Tensor:
-        """logits [T, V] -> [T] int32 on the device; the sampler downloads this, never a copy
-        kept from an earlier step."""
+    def _swiglu(self, gate: Tensor, up: Tensor) -> Tensor: ...
 
-    # --- multi-output matmuls: projections of one activation (primitive ops: validate's
-    # hooked schedule calls them too)
-    def matmuls(self, x: Tensor, ws: tuple[Weight, ...]) -> tuple[Tensor, ...]:
-        """x @ dequant(w)^T for each w of ws: projections of one activation (a hybrid layer's
-        qkv, gate, beta and alpha), which a backend may run in fewer launches."""
-        return tuple(self.matmul(x, w) for w in ws)
+    @abstractmethod
+    def _argmax(self, logits: Tensor) -> Tensor: ...
 
-    def ssm_in(self, x: Tensor, ws: tuple[Weight, ...]) -> tuple[Tensor, ...]:
-        """A gated delta-net layer's input projections of x (q/k/v, z, then beta and alpha):
-        ``matmuls``, unless a backend's knob gives these their own arithmetic (CUDA's
-        matmul_decode.float_ssm_in)."""
-        return self.matmuls(x, ws)
+    # projections of one activation: one matmul each unless a backend batches them
+    def _matmuls(self, x: Tensor, ws: tuple[Weight, ...]) -> tuple[Tensor, ...]:
+        return tuple(self.ops.matmul(x, w) for w in ws)
 
-    # --- hybrid ops (qwen35 / qwen3next; engine/hybrid.py). Optional: a backend without them
-    # cannot load a hybrid model, and says so at the first op.
+    def _ssm_in(self, x: Tensor, ws: tuple[Weight, ...]) -> tuple[Tensor, ...]:
+        return self.ops.matmuls(x, ws)
+
+    # the hybrid and MoE ops are optional: a backend without them cannot load such a model
+    # (HybridModel checks ``ops.has`` at load) and says so at the first op
     def _no_hybrid(self, op: str) -> UnsupportedError:
         from engine.errors import UnsupportedError
 
         return UnsupportedError(f"backend {self.name!r} has no {op} op: hybrid models need it")
 
-    def rope_partial(self, x: Tensor, pos0: int, theta: float, n_rot: int) -> Tensor:
-        """Neox RoPE of the first n_rot dims of each head of x [T, H, D] (frequencies over
-        n_rot), the other D - n_rot dims unchanged."""
+    def _rope_partial(self, x: Tensor, pos0: int, theta: float, n_rot: int) -> Tensor:
         raise self._no_hybrid("rope_partial")
 
-    def sigmoid_mul(self, gate: Tensor, x: Tensor) -> Tensor:
-        """x * sigmoid(gate); gate broadcasts ([T, 1] against [T, C])."""
+    def _sigmoid_mul(self, gate: Tensor, x: Tensor) -> Tensor:
         raise self._no_hybrid("sigmoid_mul")
 
-    def ssm_conv(self, x: Tensor, state: Tensor, w: Weight) -> Tensor:
-        """Causal depthwise conv + SiLU: x [T, Cc], w [Cc, d_conv], state [d_conv-1, Cc] the
-        inputs before x (updated in place to the last d_conv-1 inputs) -> [T, Cc]."""
+    def _ssm_conv(self, x: Tensor, state: Tensor, w: Weight) -> Tensor:
         raise self._no_hybrid("ssm_conv")
 
-    def ssm_gates(self, a: Tensor, b: Tensor, dt_bias: Weight, ssm_a: Weight) -> tuple:
-        """a, b [T, Hv] -> (g = softplus(a + dt_bias) * ssm_a, beta = sigmoid(b)), both [T, Hv]."""
+    def _ssm_gates(self, a: Tensor, b: Tensor, dt_bias: Weight, ssm_a: Weight) -> tuple:
         raise self._no_hybrid("ssm_gates")
 
-    def delta_net(
+    def _delta_net(
         self,
         q: Tensor,
         k: Tensor,
@@ -365,24 +349,27 @@ class Backend(FusionPass, ABC):
         v_order: str,
         eps: float,
     ) -> Tensor:
-        """Gated delta rule. q, k [T, Hk, dk] (L2-normalised here, q also by 1/sqrt(dk)),
-        v [T, Hv, dv], g, beta [T, Hv]; V head j reads q/k head j // (Hv/Hk) ("grouped") or
-        j % Hk ("tiled"). Per token and V head, with S = state[j] [dk, dv]:
-        S = exp(g) S;  S += k (beta (v - S^T k))^T;  o = S^T q. -> o [T, Hv, dv]; state in place."""
         raise self._no_hybrid("delta_net")
 
-    def router_topk(self, logits: Tensor, k: int) -> tuple:
-        """Softmax over experts of logits [T, E], the k largest, renormalised to sum to 1 ->
-        (ids [T, k] int32, weights [T, k])."""
+    def _router_topk(self, logits: Tensor, k: int) -> tuple:
         raise self._no_hybrid("router_topk")
 
-    def moe_experts(
+    def _moe_experts(
         self, x: Tensor, ids: Tensor, weights: Tensor, gate: Weight, up: Weight, down: Weight
     ) -> Tensor:
-        """sum_j weights[t, j] * down_e(silu(gate_e x_t) * up_e x_t), e = ids[t, j]; gate, up
-        [E, F, C], down [E, C, F]; x [T, C] -> [T, C]."""
         raise self._no_hybrid("moe_experts")
 
+    # views and slices: array semantics by default (NumPy, CuPy); Vulkan overrides them
+    def _reshape(self, x: Tensor, shape: tuple[int, ...]) -> Tensor:
+        return x.reshape(shape)
+
+    def _rows(self, x: Tensor, start: int, stop: int) -> Tensor:
+        return x[start:stop]
+
+    def _cols(self, x: Tensor, start: int, stop: int) -> Tensor:
+        return x[..., start:stop].copy()
+
+    # --- the verifier's hooks -----------------------------------------------------------
     def registry_op(self, op: str, n: int) -> str:
         """The registry op that runs schedule op ``op`` on n tokens (validate's blame names it);
         backends whose dispatch differs (CUDA: batched DMMV below gemm_min_t) override this."""
@@ -413,19 +400,6 @@ class Backend(FusionPass, ABC):
         """Registry ops of config whose fused kernels only the unhooked schedule runs (blame's
         hooked replay runs the plain ops, so it cannot see a fault in them); [] by default."""
         return []
-
-    # --- helpers shared by backends -----------------------------------------------------
-    def reshape(self, x: Tensor, shape: tuple[int, ...]) -> Tensor:
-        """A view with a new shape (row-major, same element count)."""
-        return x.reshape(shape)
-
-    def rows(self, x: Tensor, start: int, stop: int) -> Tensor:
-        """Rows start..stop-1 of a [T, ...] tensor."""
-        return x[start:stop]
-
-    def cols(self, x: Tensor, start: int, stop: int) -> Tensor:
-        """Elements start..stop-1 of the last dim of x (a contiguous copy)."""
-        return x[..., start:stop].copy()
 
 
 def host_row_stats(out: np.ndarray, ref_host: np.ndarray) -> np.ndarray:

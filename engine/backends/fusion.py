@@ -30,7 +30,7 @@ class FusionPass:
         layer's residual add and the norm that reads the new residual stream run with the op
         before them: the mixer's output projection, the FFN (the next layer's input norm)."""
         s, b = plan.spec, self
-        h = b.rms_norm(x, plan.layers[0].attn_norm, s.rms_eps)
+        h = b.ops.rms_norm(x, plan.layers[0].attn_norm, s.rms_eps)
         # a backend that folds the post-attention norm into its MoE step gets the residual
         # stream alone from the mixers
         prenorm = plan.has_moe and b._moe_prenorm(n)
@@ -55,9 +55,9 @@ class FusionPass:
                 else:
                     x, h = b._moe_ffn_norm(h, x, *moe, nxt, s.rms_eps)
             else:  # the model's own FFN (forced MoE routes)
-                x = b.add(x, ffn(h, i, pos0))
+                x = b.ops.add(x, ffn(h, i, pos0))
                 if nxt is not None:
-                    h = b.rms_norm(x, nxt, s.rms_eps)
+                    h = b.ops.rms_norm(x, nxt, s.rms_eps)
         return x
 
     def _mixer(
@@ -78,17 +78,17 @@ class FusionPass:
         if isinstance(mixer, P.Attention):
             heads, rope = (H, Hkv, D), (s.rope_theta, s.rope_neox)
             q = b._attn_in(P.AttnIn(h, mixer.wqkv, mixer.bias, cache, layer, pos0, heads, *rope))
-            o = b.reshape(b.attention(q, cache, layer, pos0), (n, H * D))
+            o = b.ops.reshape(b.ops.attention(q, cache, layer, pos0), (n, H * D))
         elif isinstance(mixer, P.GatedAttention):
-            qg, k, v = b.matmuls(h, mixer.wqkv)
-            qg = b.reshape(qg, (n, H, 2 * D))  # [q | gate] per head
-            k, v = b.reshape(k, (n, Hkv, D)), b.reshape(v, (n, Hkv, D))
+            qg, k, v = b.ops.matmuls(h, mixer.wqkv)
+            qg = b.ops.reshape(qg, (n, H, 2 * D))  # [q | gate] per head
+            k, v = b.ops.reshape(k, (n, Hkv, D)), b.ops.reshape(v, (n, Hkv, D))
             q, gate = b._attn_qk_prep(
                 qg, k, v, mixer.q_norm, mixer.k_norm, s.rms_eps, cache, layer, pos0,
                 s.rope_theta, s.rope_dim,
             )  # fmt: skip
-            a = b.sigmoid_mul(gate, b.attention(q, cache, layer, pos0))
-            o = b.reshape(a, (n, H * D))
+            a = b.ops.sigmoid_mul(gate, b.ops.attention(q, cache, layer, pos0))
+            o = b.ops.reshape(a, (n, H * D))
         else:
             o = b._delta_net_layer(mixer, s, h, cache, layer)
         if norm is None:
@@ -103,11 +103,11 @@ class FusionPass:
         b, n = self, int(h.shape[0])
         ssm = s.ssm
         Hk, Hv, rv = ssm.n_k_heads, ssm.n_v_heads, ssm.n_v_heads // ssm.n_k_heads
-        qkv, z, *ba = b.ssm_in(h, m.w_in)
+        qkv, z, *ba = b.ops.ssm_in(h, m.w_in)
         if len(ba) == 1:  # qwen3next: per K head [b (rv), a (rv)], V heads grouped
-            packed = b.reshape(ba[0], (n, Hk, 2 * rv))
-            beta_in = b.reshape(b.cols(packed, 0, rv), (n, Hv))
-            alpha = b.reshape(b.cols(packed, rv, 2 * rv), (n, Hv))
+            packed = b.ops.reshape(ba[0], (n, Hk, 2 * rv))
+            beta_in = b.ops.reshape(b.ops.cols(packed, 0, rv), (n, Hv))
+            alpha = b.ops.reshape(b.ops.cols(packed, rv, 2 * rv), (n, Hv))
         else:
             beta_in, alpha = ba  # [T, Hv] each
         return b._delta_net_conv_gated(
@@ -121,22 +121,22 @@ class FusionPass:
         h, wqkv, bias, cache, layer, pos0, heads, theta, neox = a
         H, Hkv, D = heads
         T = int(h.shape[0])
-        q, k, v = (self.matmul(h, w) for w in wqkv)
+        q, k, v = (self.ops.matmul(h, w) for w in wqkv)
         if bias is not None:
-            q, k, v = (self.add(t, b) for t, b in zip((q, k, v), bias, strict=True))
-        q = self.rope(self.reshape(q, (T, H, D)), pos0, theta, neox)
-        k = self.rope(self.reshape(k, (T, Hkv, D)), pos0, theta, neox)
-        self.kv_write(cache, layer, k, self.reshape(v, (T, Hkv, D)), pos0)
+            q, k, v = (self.ops.add(t, b) for t, b in zip((q, k, v), bias, strict=True))
+        q = self.ops.rope(self.ops.reshape(q, (T, H, D)), pos0, theta, neox)
+        k = self.ops.rope(self.ops.reshape(k, (T, Hkv, D)), pos0, theta, neox)
+        self.ops.kv_write(cache, layer, k, self.ops.reshape(v, (T, Hkv, D)), pos0)
         return q
 
     def _matmul_add(self, x: Tensor, w: Weight, r: Tensor) -> Tensor:
         """r + x @ dequant(w)^T (the residual add after a projection)."""
-        return self.add(r, self.matmul(x, w))
+        return self.ops.add(r, self.ops.matmul(x, w))
 
     def _ffn(self, h: Tensor, gate: Weight, up: Weight, down: Weight, r: Tensor) -> Tensor:
         """r + down(swiglu(h @ gate^T, h @ up^T)): a SwiGLU feed-forward block and its
         residual add."""
-        g = self.swiglu(self.matmul(h, gate), self.matmul(h, up))
+        g = self.ops.swiglu(self.ops.matmul(h, gate), self.ops.matmul(h, up))
         return self._matmul_add(g, down, r)
 
     def _matmul_add_norm(
@@ -145,7 +145,7 @@ class FusionPass:
         """(y, rms_norm(y)) with y = matmul_add(x, w, r): a projection, its residual add and
         the RMSNorm that reads the new residual stream."""
         y = self._matmul_add(x, w, r)
-        return y, self.rms_norm(y, norm, eps)
+        return y, self.ops.rms_norm(y, norm, eps)
 
     def _ffn_norm(
         self,
@@ -160,7 +160,7 @@ class FusionPass:
         """(y, rms_norm(y)) with y = ffn(h, gate, up, down, r): the feed-forward block and the
         next layer's input norm."""
         y = self._ffn(h, gate, up, down, r)
-        return y, self.rms_norm(y, norm, eps)
+        return y, self.ops.rms_norm(y, norm, eps)
 
     def _attn_qk_prep(
         self,
@@ -181,10 +181,10 @@ class FusionPass:
         by k_norm and roped, then k and v stored in the layer's cache at pos0. The op-by-op
         schedule of engine/hybrid.py; a backend may run it in fewer launches."""
         D = int(k.shape[-1])
-        q, gate = self.cols(qg, 0, D), self.cols(qg, D, 2 * D)
-        q = self.rope_partial(self.rms_norm(q, q_norm, eps), pos0, theta, n_rot)
-        k = self.rope_partial(self.rms_norm(k, k_norm, eps), pos0, theta, n_rot)
-        self.kv_write(cache, layer, k, v, pos0)
+        q, gate = self.ops.cols(qg, 0, D), self.ops.cols(qg, D, 2 * D)
+        q = self.ops.rope_partial(self.ops.rms_norm(q, q_norm, eps), pos0, theta, n_rot)
+        k = self.ops.rope_partial(self.ops.rms_norm(k, k_norm, eps), pos0, theta, n_rot)
+        self.ops.kv_write(cache, layer, k, v, pos0)
         return q, gate
 
     def _delta_net_gated(
@@ -206,10 +206,10 @@ class FusionPass:
         (delta_net), each head's output RMS-normalised by norm, times silu(z) -> [T, Hv * dv]
         (z's shape). The op-by-op schedule of engine/hybrid.py, in its order; a backend may
         run it in fewer launches."""
-        g, beta = self.ssm_gates(a, b, dt_bias, ssm_a)
-        o = self.delta_net(q, k, v, g, beta, state, v_order, eps)
-        o = self.rms_norm(o, norm, eps)
-        return self.swiglu(z, self.reshape(o, tuple(z.shape)))
+        g, beta = self.ops.ssm_gates(a, b, dt_bias, ssm_a)
+        o = self.ops.delta_net(q, k, v, g, beta, state, v_order, eps)
+        o = self.ops.rms_norm(o, norm, eps)
+        return self.ops.swiglu(z, self.ops.reshape(o, tuple(z.shape)))
 
     def _delta_net_conv_gated(
         self,
@@ -235,10 +235,10 @@ class FusionPass:
         n, kd = int(qkv.shape[0]), n_k_heads * head_k_dim
         Hv = int(a.shape[-1])
         dv = int(z.shape[-1]) // Hv
-        x = self.ssm_conv(qkv, conv_state, conv_w)
-        q = self.reshape(self.cols(x, 0, kd), (n, n_k_heads, head_k_dim))
-        k = self.reshape(self.cols(x, kd, 2 * kd), (n, n_k_heads, head_k_dim))
-        v = self.reshape(self.cols(x, 2 * kd, 2 * kd + Hv * dv), (n, Hv, dv))
+        x = self.ops.ssm_conv(qkv, conv_state, conv_w)
+        q = self.ops.reshape(self.ops.cols(x, 0, kd), (n, n_k_heads, head_k_dim))
+        k = self.ops.reshape(self.ops.cols(x, kd, 2 * kd), (n, n_k_heads, head_k_dim))
+        v = self.ops.reshape(self.ops.cols(x, 2 * kd, 2 * kd + Hv * dv), (n, Hv, dv))
         return self._delta_net_gated(q, k, v, a, b, dt_bias, ssm_a, state, v_order, eps, norm, z)
 
     def _moe_ffn(
@@ -254,14 +254,14 @@ class FusionPass:
         (gate, up, down: moe_experts) and, with shared = (gate_inp_shexp, gate, up, down), the
         shared expert scaled by sigmoid(h @ gate_inp_shexp^T). The op-by-op schedule of
         engine/hybrid.py's _ffn, in its order; a backend may run it in fewer launches."""
-        ids, w = self.router_topk(self.matmul(h, router), k)
-        y = self.moe_experts(h, ids, w, *experts)
+        ids, w = self.ops.router_topk(self.ops.matmul(h, router), k)
+        y = self.ops.moe_experts(h, ids, w, *experts)
         if shared is not None:
             sg, gate, up, down = shared
-            sh = self.swiglu(*self.matmuls(h, (gate, up)))
-            sh = self.matmul(sh, down)
-            y = self.add(y, self.sigmoid_mul(self.matmul(h, sg), sh))
-        return self.add(r, y)
+            sh = self.ops.swiglu(*self.ops.matmuls(h, (gate, up)))
+            sh = self.ops.matmul(sh, down)
+            y = self.ops.add(y, self.ops.sigmoid_mul(self.ops.matmul(h, sg), sh))
+        return self.ops.add(r, y)
 
     def _moe_ffn_norm(
         self,
@@ -277,7 +277,7 @@ class FusionPass:
         """(y, rms_norm(y)) with y = moe_ffn(h, r, ...): the MoE block and the next layer's
         input norm (as ffn_norm for the dense FFN)."""
         y = self._moe_ffn(h, r, router, k, experts, shared)
-        return y, self.rms_norm(y, norm, eps)
+        return y, self.ops.rms_norm(y, norm, eps)
 
     def _moe_prenorm(self, n: int) -> bool:
         """Whether moe_ffn_prenorm folds the post-attention norm into the MoE FFN for n tokens
@@ -299,7 +299,7 @@ class FusionPass:
         """moe_ffn_norm of rms_norm(x, pre) with residual x: the post-attention norm, the MoE
         block and (norm not None) the next layer's input norm -> (y, rms_norm(y, norm)); with
         norm None, y alone."""
-        h = self.rms_norm(x, pre, eps)
+        h = self.ops.rms_norm(x, pre, eps)
         if norm is None:
             return self._moe_ffn(h, x, router, k, experts, shared)
         return self._moe_ffn_norm(h, x, router, k, experts, shared, norm, eps)

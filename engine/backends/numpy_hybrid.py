@@ -103,7 +103,7 @@ def delta_chunked(
 class NumpyHybridOps:
     """The hybrid ops of NumpyBackend (needs self.config and NumpyWeight weights)."""
 
-    def rope_partial(self, x: np.ndarray, pos0: int, theta: float, n_rot: int) -> np.ndarray:
+    def _rope_partial(self, x: np.ndarray, pos0: int, theta: float, n_rot: int) -> np.ndarray:
         T = x.shape[0]
         pos = np.arange(pos0, pos0 + T, dtype=_F64)[:, None]  # [T, 1]
         inv_freq = theta ** (-np.arange(0, n_rot, 2, dtype=_F64) / n_rot)  # [n_rot/2]
@@ -115,10 +115,10 @@ class NumpyHybridOps:
         out[..., n_rot // 2 : n_rot] = x2 * cos + x1 * sin
         return out.astype(np.float32)
 
-    def sigmoid_mul(self, gate: np.ndarray, x: np.ndarray) -> np.ndarray:
+    def _sigmoid_mul(self, gate: np.ndarray, x: np.ndarray) -> np.ndarray:
         return (_f64(x) * _sigmoid(_f64(gate))).astype(np.float32)
 
-    def ssm_conv(self, x: np.ndarray, state: np.ndarray, w: NumpyWeight) -> np.ndarray:
+    def _ssm_conv(self, x: np.ndarray, state: np.ndarray, w: NumpyWeight) -> np.ndarray:
         wf = w.dense(True)  # [Cc, K]
         K = wf.shape[1]  # d_conv
         xs = np.concatenate([_f64(state), _f64(x)])  # [K-1+T, Cc]: the inputs before x, then x
@@ -129,13 +129,13 @@ class NumpyHybridOps:
         state[...] = xs[T:]  # the last K-1 inputs, for the next call
         return _silu(y).astype(np.float32)
 
-    def ssm_gates(
+    def _ssm_gates(
         self, a: np.ndarray, b: np.ndarray, dt_bias: NumpyWeight, ssm_a: NumpyWeight
     ) -> tuple[np.ndarray, np.ndarray]:
         g = _softplus(_f64(a) + dt_bias.f32) * ssm_a.f32  # log-decay <= 0: ssm_a = -exp(A_log)
         return g.astype(np.float32), _sigmoid(_f64(b)).astype(np.float32)
 
-    def delta_net(
+    def _delta_net(
         self,
         q: np.ndarray,
         k: np.ndarray,
@@ -158,7 +158,7 @@ class NumpyHybridOps:
         state[...] = S
         return o.astype(np.float32)
 
-    def router_topk(self, logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    def _router_topk(self, logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         z = _f64(logits)
         p = np.exp(z - z.max(axis=-1, keepdims=True))
         p /= p.sum(axis=-1, keepdims=True)  # softmax over all E experts
@@ -174,7 +174,7 @@ class NumpyHybridOps:
         n = w.qt.shape[1]
         return w.qt.dequantize_rows(np.arange(e * n, (e + 1) * n))
 
-    def moe_experts(
+    def _moe_experts(
         self,
         x: np.ndarray,
         ids: np.ndarray,

@@ -85,27 +85,27 @@ class NumpyBackend(NumpyHybridOps, Backend):
                 w.f32 = None
 
     # --- ops ----------------------------------------------------------------------------
-    def embedding(self, table: NumpyWeight, ids: np.ndarray) -> np.ndarray:
+    def _embedding(self, table: NumpyWeight, ids: np.ndarray) -> np.ndarray:
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         if table.f32 is not None:
             return table.f32[ids].copy()
         return table.qt.dequantize_rows(ids)  # [T, C]
 
-    def rms_norm(self, x: np.ndarray, w: NumpyWeight, eps: float) -> np.ndarray:
+    def _rms_norm(self, x: np.ndarray, w: NumpyWeight, eps: float) -> np.ndarray:
         x64 = x.astype(np.float64)
         scale = 1.0 / np.sqrt(np.mean(x64 * x64, axis=-1, keepdims=True) + eps)
         return (x64 * scale * w.f32).astype(np.float32)
 
-    def matmul(self, x: np.ndarray, w: NumpyWeight) -> np.ndarray:
+    def _matmul(self, x: np.ndarray, w: NumpyWeight) -> np.ndarray:
         op = "matmul_decode" if x.shape[0] == 1 else "matmul_prefill"
         cache = self.config.op(op).variant == "cached_f32"
         return x.astype(np.float32) @ w.dense(cache).T  # [T, K] @ [K, N] -> [T, N]
 
-    def add(self, a: np.ndarray, b: np.ndarray | NumpyWeight) -> np.ndarray:
+    def _add(self, a: np.ndarray, b: np.ndarray | NumpyWeight) -> np.ndarray:
         b = b.f32 if isinstance(b, NumpyWeight) else b
         return (a.astype(np.float64) + b).astype(np.float32)
 
-    def rope(self, x: np.ndarray, pos0: int, theta: float, neox: bool) -> np.ndarray:
+    def _rope(self, x: np.ndarray, pos0: int, theta: float, neox: bool) -> np.ndarray:
         T, _, D = x.shape
         pos = np.arange(pos0, pos0 + T, dtype=np.float64)[:, None]  # [T, 1]
         inv_freq = theta ** (-np.arange(0, D, 2, dtype=np.float64) / D)  # [D/2]
@@ -122,13 +122,15 @@ class NumpyBackend(NumpyHybridOps, Backend):
             out[..., 1::2] = x2 * cos + x1 * sin
         return out.astype(np.float32)
 
-    def kv_write(self, cache: KVCache, layer: int, k: np.ndarray, v: np.ndarray, pos0: int) -> None:
+    def _kv_write(
+        self, cache: KVCache, layer: int, k: np.ndarray, v: np.ndarray, pos0: int
+    ) -> None:
         T = k.shape[0]
         cache.check_room(pos0, T)
         cache.k[layer][pos0 : pos0 + T] = k
         cache.v[layer][pos0 : pos0 + T] = v
 
-    def attention(self, q: np.ndarray, cache: KVCache, layer: int, pos0: int) -> np.ndarray:
+    def _attention(self, q: np.ndarray, cache: KVCache, layer: int, pos0: int) -> np.ndarray:
         T, H, D = q.shape
         L = pos0 + T  # keys visible to the last query
         k = cache.k[layer][:L].astype(np.float64)  # [L, Hkv, D]
@@ -144,7 +146,7 @@ class NumpyBackend(NumpyHybridOps, Backend):
         p /= p.sum(axis=-1, keepdims=True)
         return np.einsum("htl,lhd->thd", p, v).astype(np.float32)  # [T, H, D]
 
-    def swiglu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    def _swiglu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
         g = gate.astype(np.float64)
         return (g / (1.0 + np.exp(-g)) * up).astype(np.float32)
 
@@ -152,7 +154,7 @@ class NumpyBackend(NumpyHybridOps, Backend):
         """An output or scratch array a kernel fills: poisoned under validate (Backend.poison)."""
         return host_scratch(shape, dtype, self.poison)
 
-    def argmax(self, logits: np.ndarray) -> np.ndarray:
+    def _argmax(self, logits: np.ndarray) -> np.ndarray:
         return np.argmax(logits, axis=-1).astype(np.int32)  # first maximum, like the GPU kernels
 
 

@@ -436,7 +436,7 @@ def replay(
                 rec.keep = whole and cache is not None
                 model.hook, model.state_hook = rec, rec.state
                 for pos in range(starts[0], min(starts[-1] + chunk, P)):
-                    x = model.trunk(b.rows(ids, pos, pos + 1), 1, pos, ref_cache)
+                    x = model.trunk(b.ops.rows(ids, pos, pos + 1), 1, pos, ref_cache)
                     if pos == P - 1:
                         model.head(x, 0, pos)
                     rec.flush()
@@ -449,7 +449,7 @@ def replay(
             model.hook, model.state_hook = judge, judge.state
             for c0 in starts:
                 c1 = min(c0 + chunk, P)
-                x = model.trunk(b.rows(ids, c0, c1), c1 - c0, c0, cand_cache)
+                x = model.trunk(b.ops.rows(ids, c0, c1), c1 - c0, c0, cand_cache)
                 if c1 == P:
                     model.head(x, c1 - 1 - c0, P - 1)
                 judge.flush()

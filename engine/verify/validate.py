@@ -404,7 +404,7 @@ def argmax_probe(model: Model, vocab: int) -> list[str]:
     for where in cases:
         row = rng.uniform(-1.0, 1.0, size=(1, vocab)).astype(np.float32)
         row[0, where] = 3.0
-        got = int(b.download(b.argmax(b.upload(row)))[0])
+        got = int(b.download(b.ops.argmax(b.upload(row)))[0])
         if got != min(where):
             out.append(f"argmax of a row tied at {where} is {got}, not the first maximum")
     return out

@@ -113,7 +113,7 @@ def test_v_head_orders():
 def test_router_topk_is_normalised():
     b = NumpyBackend()
     logits = np.array([[0.0, 1.0, 2.0, 3.0], [5.0, 0.0, 0.0, 4.0]], np.float32)
-    ids, w = b.router_topk(logits, 2)
+    ids, w = b.ops.router_topk(logits, 2)
     assert ids.tolist() == [[3, 2], [0, 3]]
     assert np.allclose(w.sum(axis=1), 1.0)
     assert np.isclose(w[0, 0], 1 / (1 + np.exp(-1.0)))  # e^3 / (e^3 + e^2)
@@ -124,9 +124,9 @@ def test_conv_state_carries_across_calls(tiny_model_factory):
     w = m.weights["blk.0.ssm_conv1d.weight"]
     x = np.random.default_rng(0).standard_normal((9, w.qt.shape[0])).astype(np.float32)
     s_all = np.zeros((3, x.shape[1]), np.float32)
-    whole = m.backend.ssm_conv(x, s_all, w)
+    whole = m.backend.ops.ssm_conv(x, s_all, w)
     s_parts = np.zeros_like(s_all)
-    parts = [m.backend.ssm_conv(x[a:b], s_parts, w) for a, b in ((0, 1), (1, 5), (5, 9))]
+    parts = [m.backend.ops.ssm_conv(x[a:b], s_parts, w) for a, b in ((0, 1), (1, 5), (5, 9))]
     assert np.allclose(whole, np.concatenate(parts), atol=1e-6)
     assert np.array_equal(s_all, x[-3:]) and np.array_equal(s_parts, x[-3:])
 
@@ -142,8 +142,8 @@ def test_backend_without_hybrid_ops_fails_at_load(tiny_model_factory):
     from engine.errors import UnsupportedError
 
     class DenseOnly(NumpyBackend):  # two hybrid ops back to the base contract's "unsupported"
-        ssm_conv = Backend.ssm_conv
-        router_topk = Backend.router_topk
+        _ssm_conv = Backend._ssm_conv
+        _router_topk = Backend._router_topk
 
     with pytest.raises(UnsupportedError, match="ssm_conv, router_topk"):
         build_model(open_model(tiny_model_factory("qwen3next", "q4_k_m")), DenseOnly())

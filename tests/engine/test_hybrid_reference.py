@@ -71,13 +71,13 @@ def test_matches_transformers(pair, path_kind, flat):
 class NoQKNorm(NumpyBackend):
     """The engine with the delta rule fed raw q and k (only q scaled by 1/sqrt(dk))."""
 
-    def delta_net(self, q, k, v, g, beta, state, v_order, eps):
+    def _delta_net(self, q, k, v, g, beta, state, v_order, eps):
         from engine.backends import numpy_hybrid as nh
 
         orig = nh.l2_normalize
         nh.l2_normalize = lambda x, eps: x
         try:
-            return super().delta_net(q, k, v, g, beta, state, v_order, eps)
+            return super()._delta_net(q, k, v, g, beta, state, v_order, eps)
         finally:
             nh.l2_normalize = orig
 

@@ -60,7 +60,7 @@ def test_drift_routes_borrow_only_an_in_class_differing_top_k(moe_path):
     ((t, ids),) = model._drift_routes(zc, 2, 10, [(0, None)])
     assert ids.tolist() == [1, 7]
     assert model.routes_borrowed == [(2, 10, pytest.approx(0.01))]
-    got = model.backend.router_topk(model._forced_routes(zc, 2, 10), 2)[0]
+    got = model.backend.ops.router_topk(model._forced_routes(zc, 2, 10), 2)[0]
     assert sorted(got[0].tolist()) == [1, 7]
 
 
@@ -80,8 +80,8 @@ def test_drift_explained_routing_borrows_an_fp16_flip(moe_path):
 class NoisyRouter(Fp16Prefill):
     """The router's matmul off by NMSE ~1e-2 (20x the fp16 op_nmse): flips it must not excuse."""
 
-    def matmul(self, x, w):  # noqa: ANN001, ANN201
-        y = super().matmul(x, w)
+    def _matmul(self, x, w):  # noqa: ANN001, ANN201
+        y = super()._matmul(x, w)
         if w.qt.name.endswith("ffn_gate_inp.weight") and x.shape[0] > 1:
             rng = np.random.default_rng(x.shape[0])
             y = y + 0.1 * np.sqrt(np.mean(y * y)) * rng.standard_normal(y.shape)
@@ -114,7 +114,7 @@ def test_fp16_experts_emulation_records_magnitudes_and_h_rounding(moe_path):
     for cls in (Fp16Experts, Fp16ExpertsF32H):
         m = build_model(gguf, cls())
         exps = [m.weights[f"blk.0.ffn_{t}_exps.weight"] for t in ("gate", "up", "down")]
-        outs.append(m.backend.moe_experts(x, ids, w, *exps).astype(np.float64))
+        outs.append(m.backend.ops.moe_experts(x, ids, w, *exps).astype(np.float64))
         (st,) = m.backend.stats
         assert st["x"] == pytest.approx(np.abs(x).max())
         assert 0 < st["h"] < 65504 and 0 < st["h_round_nmse"] < 1e-6

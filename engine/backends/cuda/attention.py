@@ -38,7 +38,7 @@ class _PendingQ:
 class CudaAttentionOps:
     """Methods of CudaBackend (engine/backends/cuda/backend.py): kv_write and attention."""
 
-    def kv_write(self, cache: KVCache, layer: int, k: Any, v: Any, pos0: int) -> None:
+    def _kv_write(self, cache: KVCache, layer: int, k: Any, v: Any, pos0: int) -> None:
         T = int(k.shape[0])
         cache.check_room(pos0, T)
         k = self._cp.ascontiguousarray(k)
@@ -79,7 +79,7 @@ class CudaAttentionOps:
         scale = np.float32(1.0 / math.sqrt(D))
         return (q, cache.k[layer], cache.v[layer], *outs, *dims, self._pos_ptr(), scale)
 
-    def attention(self, q: Any, cache: KVCache, layer: int, pos0: int) -> Any:
+    def _attention(self, q: Any, cache: KVCache, layer: int, pos0: int) -> Any:
         if isinstance(q, _PendingQ):  # attn_in left RoPE and the KV write to attn_gqa
             if q.cache is not cache or q.layer != layer or q.pos0 != pos0:
                 raise ValueError("attention: a pending q of another cache, layer or position")

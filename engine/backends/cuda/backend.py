@@ -450,7 +450,7 @@ class CudaBackend(  # mixins: a module per op family; theirs first, as when they
             return "attention_decode" if n == 1 else "attention_prefill"
         return super().registry_op(op, n)
 
-    def matmul(self, x: Any, w: CudaWeight) -> Any:
+    def _matmul(self, x: Any, w: CudaWeight) -> Any:
         x = self._cp.ascontiguousarray(x, dtype=np.float32)
         y = self._empty((int(x.shape[0]), w.n))
         self.matmul_into(x, w, y)

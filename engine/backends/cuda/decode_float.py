@@ -93,7 +93,9 @@ class CudaFloatDecodeOps:
             for i in group:
                 outs[i] = self._empty((1, ws[i].n))
             self._mmvf(x, [(ws[i], outs[i], None) for i in group])
-        return tuple(self.matmul(x, w) if y is None else y for w, y in zip(ws, outs, strict=True))
+        return tuple(
+            self.ops.matmul(x, w) if y is None else y for w, y in zip(ws, outs, strict=True)
+        )
 
     def _mmvf_add(self, x: Any, w: Any, r: Any) -> Any:
         """r + x @ w^T of a decode row, the residual added as the products store."""
@@ -121,4 +123,4 @@ class CudaFloatDecodeOps:
             return self._matmul_add(y, down, r)
         g, u = self._empty((1, gate.n)), self._empty((1, up.n))
         self._mmvf(h, [(gate, g, None), (up, u, None)])
-        return self._matmul_add(self.swiglu(g, u), down, r)
+        return self._matmul_add(self.ops.swiglu(g, u), down, r)

@@ -163,11 +163,11 @@ class CudaDecodeMatmulOps:
             if self._gqa_rope(heads):  # the attention kernel ropes q, k and writes the cache
                 return _PendingQ(q.reshape(T, H, D), k, v, cache, layer, pos0, theta, neox)
         else:
-            q, k, v = (self.matmul(h, w) for w in wqkv)
+            q, k, v = (self.ops.matmul(h, w) for w in wqkv)
         if not fuse:
-            q = self.rope(q.reshape(T, H, D), pos0, theta, neox)
-            k = self.rope(k.reshape(T, Hkv, D), pos0, theta, neox)
-            self.kv_write(cache, layer, k, v.reshape(T, Hkv, D), pos0)
+            q = self.ops.rope(q.reshape(T, H, D), pos0, theta, neox)
+            k = self.ops.rope(k.reshape(T, Hkv, D), pos0, theta, neox)
+            self.ops.kv_write(cache, layer, k, v.reshape(T, Hkv, D), pos0)
             return q
         qo = self._empty((T, H, D))
         th = int(self.config.knobs("rope").threads)
@@ -323,7 +323,7 @@ class CudaDecodeMatmulOps:
         if int(c.fuse_swiglu) == 0 or up.n != n:
             g, u = self._empty((1, n)), self._empty((1, up.n))
             self._mmvw(h, [(gate, g, None), (up, u, None)])
-            return self.swiglu(g, u)
+            return self.ops.swiglu(g, u)
         xq, xds = self.quantize_q8(h)
         y = self._empty((1, n))
         q8 = n % 32 == 0  # else y's consumer (a float-weight down) takes no Q8_1 form

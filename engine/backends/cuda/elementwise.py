@@ -24,7 +24,7 @@ _MAX_ARGMAX_ROWS = 4096  # rows argmax.multi takes in one launch (more: argmax.b
 class CudaElementwiseOps:
     """Methods of CudaBackend (engine/backends/cuda/backend.py): row ops."""
 
-    def embedding(self, table: CudaWeight, ids: Any) -> Any:
+    def _embedding(self, table: CudaWeight, ids: Any) -> Any:
         ids = self._cp.ascontiguousarray(ids.reshape(-1), dtype=np.int32)
         T, K = int(ids.shape[0]), table.k
         out = self._empty((T, K))
@@ -39,7 +39,7 @@ class CudaElementwiseOps:
         )
         return out
 
-    def rms_norm(self, x: Any, w: CudaWeight, eps: float) -> Any:
+    def _rms_norm(self, x: Any, w: CudaWeight, eps: float) -> Any:
         x = self._cp.ascontiguousarray(x)
         D = int(x.shape[-1])
         rows = int(x.size // D)
@@ -111,7 +111,7 @@ class CudaElementwiseOps:
             at += s.size
         return out
 
-    def add(self, a: Any, b: Any) -> Any:
+    def _add(self, a: Any, b: Any) -> Any:
         a = self._cp.ascontiguousarray(a)
         out = self._empty(a.shape)
         n = int(a.size)
@@ -129,7 +129,7 @@ class CudaElementwiseOps:
             )
         return out
 
-    def rope(self, x: Any, pos0: int, theta: float, neox: bool) -> Any:
+    def _rope(self, x: Any, pos0: int, theta: float, neox: bool) -> Any:
         x = self._cp.ascontiguousarray(x)
         T, H, D = (int(s) for s in x.shape)
         out = self._empty(x.shape)
@@ -153,7 +153,7 @@ class CudaElementwiseOps:
         )
         return out
 
-    def swiglu(self, gate: Any, up: Any) -> Any:
+    def _swiglu(self, gate: Any, up: Any) -> Any:
         gate = self._cp.ascontiguousarray(gate)
         up = self._cp.ascontiguousarray(up)
         out = self._empty(gate.shape)
@@ -177,7 +177,7 @@ class CudaElementwiseOps:
         )  # fmt: skip
         return out
 
-    def argmax(self, logits: Any) -> Any:
+    def _argmax(self, logits: Any) -> Any:
         logits = self._cp.ascontiguousarray(logits)
         T, V = int(logits.shape[0]), int(logits.shape[-1])
         out = self._empty((T,), np.int32)

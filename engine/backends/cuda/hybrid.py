@@ -120,14 +120,14 @@ class CudaHybridOps(CudaMoeTcOps, CudaMoeDecodeOps):  # moe_tc.py, moe_ffn: moe_
     def _contig(self, x: Any, dtype: Any = np.float32) -> Any:
         return self._cp.ascontiguousarray(x, dtype=dtype)
 
-    def matmuls(self, x: Any, ws: tuple[Any, ...]) -> tuple[Any, ...]:
+    def _matmuls(self, x: Any, ws: tuple[Any, ...]) -> tuple[Any, ...]:
         """Under matmul_decode.mmvw a decode row's block-type projections go three to a launch
         (mmvw.cu, one Q8_1 form of x); under mmvf (mmvf.cu) likewise on the float row; other
         types, and prefill, through matmul."""
         if int(x.shape[0]) == 1 and self._mmvf_on():
             return self._mmvf_many(x, ws)
         if int(x.shape[0]) != 1 or self.config.knobs("matmul_decode").variant != "mmvw":
-            return tuple(self.matmul(x, w) for w in ws)
+            return tuple(self.ops.matmul(x, w) for w in ws)
         x = self._decode_row(x)
         K = int(x.shape[1])
         outs: list[Any] = [None] * len(ws)
@@ -137,9 +137,11 @@ class CudaHybridOps(CudaMoeTcOps, CudaMoeDecodeOps):  # moe_tc.py, moe_ffn: moe_
             for i in group:
                 outs[i] = self._empty((1, ws[i].n))
             self._mmvw(x, [(ws[i], outs[i], None) for i in group])
-        return tuple(self.matmul(x, w) if y is None else y for w, y in zip(ws, outs, strict=True))
+        return tuple(
+            self.ops.matmul(x, w) if y is None else y for w, y in zip(ws, outs, strict=True)
+        )
 
-    def ssm_in(self, x: Any, ws: tuple[Any, ...]) -> tuple[Any, ...]:
+    def _ssm_in(self, x: Any, ws: tuple[Any, ...]) -> tuple[Any, ...]:
         """Under matmul_decode.float_ssm_in an int8 decode row's delta-net input projections
         take the float dmmv path (the registry default's kernel), the rest stays int8."""
         dec = self.config.knobs("matmul_decode")
@@ -152,7 +154,7 @@ class CudaHybridOps(CudaMoeTcOps, CudaMoeDecodeOps):  # moe_tc.py, moe_ffn: moe_
             or dec.variant not in ("mmvq", "mmvw")  # the float variants (mmvf, dmmv): as is
             or not int(dec.float_ssm_in)
         ):
-            return self.matmuls(x, ws)
+            return self.ops.matmuls(x, ws)
         x = self._decode_row(x)
         outs = []
         for w in ws:
@@ -198,7 +200,7 @@ class CudaHybridOps(CudaMoeTcOps, CudaMoeDecodeOps):  # moe_tc.py, moe_ffn: moe_
         self._mmvf(x, [(qkv, yq, None), (z, yz, None), (stack, yba, None)])
         return yq, yz, yba[:, :n], yba[:, n:]
 
-    def rope_partial(self, x: Any, pos0: int, theta: float, n_rot: int) -> Any:
+    def _rope_partial(self, x: Any, pos0: int, theta: float, n_rot: int) -> Any:
         x = self._contig(x)
         T, H, D = (int(s) for s in x.shape)
         if n_rot % 2 or not 0 < n_rot <= D:
@@ -261,7 +263,7 @@ class CudaHybridOps(CudaMoeTcOps, CudaMoeDecodeOps):  # moe_tc.py, moe_ffn: moe_
         )  # fmt: skip
         return q, gate
 
-    def sigmoid_mul(self, gate: Any, x: Any) -> Any:
+    def _sigmoid_mul(self, gate: Any, x: Any) -> Any:
         gate, x = self._contig(gate), self._contig(x)
         n = int(x.size)
         if gate.shape == x.shape:
@@ -279,7 +281,7 @@ class CudaHybridOps(CudaMoeTcOps, CudaMoeDecodeOps):  # moe_tc.py, moe_ffn: moe_
             )  # fmt: skip
         return out
 
-    def ssm_conv(self, x: Any, state: Any, w: Any) -> Any:
+    def _ssm_conv(self, x: Any, state: Any, w: Any) -> Any:
         x = self._contig(x)
         T, Cc = (int(s) for s in x.shape)
         Cw, K = (int(s) for s in w.shape)
@@ -312,7 +314,7 @@ class CudaHybridOps(CudaMoeTcOps, CudaMoeDecodeOps):  # moe_tc.py, moe_ffn: moe_
             )  # fmt: skip
         return out
 
-    def ssm_gates(self, a: Any, b: Any, dt_bias: Any, ssm_a: Any) -> tuple[Any, Any]:
+    def _ssm_gates(self, a: Any, b: Any, dt_bias: Any, ssm_a: Any) -> tuple[Any, Any]:
         a, b = self._contig(a), self._contig(b)
         Hv = int(a.shape[-1])
         if b.shape != a.shape or int(dt_bias.f32.size) != Hv or int(ssm_a.f32.size) != Hv:
@@ -327,7 +329,7 @@ class CudaHybridOps(CudaMoeTcOps, CudaMoeDecodeOps):  # moe_tc.py, moe_ffn: moe_
             )  # fmt: skip
         return g, beta
 
-    def delta_net(
+    def _delta_net(
         self,
         q: Any,
         k: Any,
@@ -541,7 +543,7 @@ class CudaHybridOps(CudaMoeTcOps, CudaMoeDecodeOps):  # moe_tc.py, moe_ffn: moe_
              np.int32(dv)),
         )  # fmt: skip
 
-    def router_topk(self, logits: Any, k: int) -> tuple[Any, Any]:
+    def _router_topk(self, logits: Any, k: int) -> tuple[Any, Any]:
         logits = self._contig(logits)
         T, E = (int(s) for s in logits.shape)
         if E > MAX_EXPERTS or not 0 < k <= min(E, MAX_TOPK):
@@ -576,7 +578,7 @@ class CudaHybridOps(CudaMoeTcOps, CudaMoeDecodeOps):  # moe_tc.py, moe_ffn: moe_
             )  # fmt: skip
         return out
 
-    def moe_experts(self, x: Any, ids: Any, weights: Any, gate: Any, up: Any, down: Any) -> Any:
+    def _moe_experts(self, x: Any, ids: Any, weights: Any, gate: Any, up: Any, down: Any) -> Any:
         x = self._contig(x)
         ids = self._contig(ids, np.int32)
         weights = self._contig(weights)
@@ -604,7 +606,7 @@ class CudaHybridOps(CudaMoeTcOps, CudaMoeDecodeOps):  # moe_tc.py, moe_ffn: moe_
         elif c.variant == "mmvq" and all(_q8_ok(w) for w in (gate, up, down)):
             d = self._moe_q8(x, ids, gate, up, down)
         else:
-            h = self.swiglu(self._moe_matvec(gate, x, ids, k), self._moe_matvec(up, x, ids, k))
+            h = self.ops.swiglu(self._moe_matvec(gate, x, ids, k), self._moe_matvec(up, x, ids, k))
             d = self._moe_matvec(down, h, ids, 1)  # [T * k, C]
         th = 256  # a memory-bound sum of k rows: not worth a knob
         self._launch(
@@ -624,7 +626,7 @@ class CudaHybridOps(CudaMoeTcOps, CudaMoeDecodeOps):  # moe_tc.py, moe_ffn: moe_
             h = self._moe_q8_launch("moe_q8_gu", (gate, up), xq, xds, ids, k)
         else:
             g = self._moe_q8_launch("moe_q8", (gate,), xq, xds, ids, k)
-            h = self.swiglu(g, self._moe_q8_launch("moe_q8", (up,), xq, xds, ids, k))
+            h = self.ops.swiglu(g, self._moe_q8_launch("moe_q8", (up,), xq, xds, ids, k))
         if int(h.shape[1]) != F:
             raise ValueError(f"moe: gate {gate.shape} and up {up.shape} disagree")
         hq, hds = self.quantize_q8(h)
@@ -671,7 +673,7 @@ class CudaHybridOps(CudaMoeTcOps, CudaMoeDecodeOps):  # moe_tc.py, moe_ffn: moe_
             "moe_grouped", "moe_gather", (self._grid1(P * C, 256),), (256,),
             (x, route, np.int32(max_tiles), np.int32(k), np.int32(P), np.int32(C), xs),
         )  # fmt: skip
-        h = self.swiglu(
+        h = self.ops.swiglu(
             self._moe_tiles(gate, xs, route, max_tiles), self._moe_tiles(up, xs, route, max_tiles)
         )
         ds = self._moe_tiles(down, h, route, max_tiles)  # [P, C], sorted

@@ -278,7 +278,7 @@ class CudaMoeDecodeOps:
         if self._norm_in_down(norm, C):
             return self._moe_dec(None, x, router, k, experts, shared, norm, eps, pre=pre)
         y = self._moe_dec(None, x, router, k, experts, shared, pre=pre, eps=eps)
-        return y, self.rms_norm(y, norm, eps)  # type: ignore[attr-defined]
+        return y, self.ops.rms_norm(y, norm, eps)  # type: ignore[attr-defined]
 
     def _norm_in_down(self, norm: Any, C: int) -> bool:
         """moe_experts.fuse_norm: the down kernel's tail runs norm (a float row of C weights)."""

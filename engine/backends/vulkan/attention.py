@@ -20,7 +20,7 @@ KEY_SPLITS = 64  # attention_split.comp's MAX_SPLITS: the partials its merge wei
 class VkAttentionOps:
     """Methods of VulkanBackend (engine/backends/vulkan/backend.py): kv_write and attention."""
 
-    def kv_write(self, cache: KVCache, layer: int, k: VkTensor, v: VkTensor, pos0: int) -> None:
+    def _kv_write(self, cache: KVCache, layer: int, k: VkTensor, v: VkTensor, pos0: int) -> None:
         k, v = self._as_tensor(k), self._as_tensor(v)
         T = k.shape[0]
         cache.check_room(pos0, T)
@@ -39,7 +39,7 @@ class VkAttentionOps:
                 _fold(-(-n // int(c.wg_size))),
             )
 
-    def attention(self, q: VkTensor, cache: KVCache, layer: int, pos0: int) -> VkTensor:
+    def _attention(self, q: VkTensor, cache: KVCache, layer: int, pos0: int) -> VkTensor:
         q = self._as_tensor(q)
         T, H, D = q.shape
         ck, cv = cache.k[layer], cache.v[layer]

@@ -457,7 +457,7 @@ class VulkanBackend(  # mixins: a module per op family; theirs first, as when th
     def _as_tensor(self, x: Any) -> VkTensor:
         return x if isinstance(x, VkTensor) else self.upload(np.asarray(x))
 
-    def matmul(self, x: VkTensor, w: VkWeight) -> VkTensor:
+    def _matmul(self, x: VkTensor, w: VkWeight) -> VkTensor:
         x = self._as_tensor(x)
         T, Kx = x.shape[0], x.shape[-1]
         N, Kw = w.shape
@@ -527,10 +527,10 @@ class VulkanBackend(  # mixins: a module per op family; theirs first, as when th
         return t
 
     # --- views (no dispatch) -----------------------------------------------------------
-    def reshape(self, x: VkTensor, shape: tuple[int, ...]) -> VkTensor:
+    def _reshape(self, x: VkTensor, shape: tuple[int, ...]) -> VkTensor:
         return x.reshape(shape)
 
-    def rows(self, x: VkTensor, start: int, stop: int) -> VkTensor:
+    def _rows(self, x: VkTensor, start: int, stop: int) -> VkTensor:
         return x[start:stop]
 
     # --- teardown -----------------------------------------------------------------------

@@ -165,16 +165,16 @@ class FusedDecode:
             self._mmvw(h, [(w, y, o, a) for w, o, a in zip(wqkv, offs, adds, strict=True)])
             q, k, v = (y[o : o + n] for o, n in zip(offs, ns, strict=True))
         else:
-            q, k, v = (self.matmul(h, w) for w in wqkv)
+            q, k, v = (self.ops.matmul(h, w) for w in wqkv)
             if bias is not None and fuse and int(self.config.knobs("rope").fuse_bias):
                 q, k, v = q.reshape((T, H, D)), k.reshape((T, Hkv, D)), v.reshape((T, Hkv, D))
                 return self._rope_kv(q, k, v, cache, layer, pos0, theta, neox, bias)
             if bias is not None:
-                q, k, v = (self.add(t, b) for t, b in zip((q, k, v), bias, strict=True))
+                q, k, v = (self.ops.add(t, b) for t, b in zip((q, k, v), bias, strict=True))
         q, k, v = q.reshape((T, H, D)), k.reshape((T, Hkv, D)), v.reshape((T, Hkv, D))
         if not fuse:
-            q = self.rope(q, pos0, theta, neox)
-            self.kv_write(cache, layer, self.rope(k, pos0, theta, neox), v, pos0)
+            q = self.ops.rope(q, pos0, theta, neox)
+            self.ops.kv_write(cache, layer, self.ops.rope(k, pos0, theta, neox), v, pos0)
             return q
         return self._rope_kv(q, k, v, cache, layer, pos0, theta, neox)
 
@@ -263,4 +263,4 @@ class FusedDecode:
         self._mmvw(h, [(gate, y, 0, None), (up, y, ng, None)])
         g = y[0:ng].reshape((1, ng))
         u = y[ng : ng + nu].reshape((1, nu))
-        return self._matmul_add(self.swiglu(g, u), down, r)
+        return self._matmul_add(self.ops.swiglu(g, u), down, r)

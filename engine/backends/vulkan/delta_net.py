@@ -11,7 +11,7 @@ from engine.backends.vulkan.tensor import VkTensor, VkWeight
 class VkDeltaNetOps:
     """Methods of VulkanBackend (engine/backends/vulkan/backend.py): delta-net layer ops."""
 
-    def delta_net(
+    def _delta_net(
         self,
         q: VkTensor,
         k: VkTensor,
@@ -90,7 +90,7 @@ class VkDeltaNetOps:
             _fold(Hv * -(-dv // scan_wg)),
         )
 
-    def cols(self, x: VkTensor, start: int, stop: int) -> VkTensor:
+    def _cols(self, x: VkTensor, start: int, stop: int) -> VkTensor:
         x = self._as_tensor(x)
         width = x.shape[-1]
         if not 0 <= start < stop <= width:
@@ -107,7 +107,7 @@ class VkDeltaNetOps:
         )
         return out
 
-    def ssm_conv(self, x: VkTensor, state: VkTensor, w: VkWeight) -> VkTensor:
+    def _ssm_conv(self, x: VkTensor, state: VkTensor, w: VkWeight) -> VkTensor:
         x = self._as_tensor(x)
         T, Cc = x.shape
         Cw, K = w.shape
@@ -127,7 +127,7 @@ class VkDeltaNetOps:
         )
         return out
 
-    def ssm_gates(
+    def _ssm_gates(
         self, a: VkTensor, b: VkTensor, dt_bias: VkWeight, ssm_a: VkWeight
     ) -> tuple[VkTensor, VkTensor]:
         a, b = self._as_tensor(a), self._as_tensor(b)

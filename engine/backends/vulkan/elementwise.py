@@ -13,7 +13,7 @@ from engine.backends.vulkan.tensor import VkTensor, VkWeight
 class VkElementwiseOps:
     """Methods of VulkanBackend (engine/backends/vulkan/backend.py): row ops."""
 
-    def embedding(self, table: VkWeight, ids: VkTensor) -> VkTensor:
+    def _embedding(self, table: VkWeight, ids: VkTensor) -> VkTensor:
         ids = self._as_tensor(ids)
         if ids.dtype != np.int32:
             raise ValueError(f"embedding ids must be int32, got {ids.dtype}")
@@ -33,7 +33,7 @@ class VkElementwiseOps:
             )
         return out
 
-    def rms_norm(self, x: VkTensor, w: VkWeight, eps: float) -> VkTensor:
+    def _rms_norm(self, x: VkTensor, w: VkWeight, eps: float) -> VkTensor:
         x = self._as_tensor(x)
         D = x.shape[-1]
         wt = w.f32 if isinstance(w, VkWeight) else self._as_tensor(w)
@@ -79,7 +79,7 @@ class VkElementwiseOps:
             )
         return out
 
-    def add(self, a: VkTensor, b: VkTensor | VkWeight) -> VkTensor:
+    def _add(self, a: VkTensor, b: VkTensor | VkWeight) -> VkTensor:
         a = self._as_tensor(a)
         if isinstance(b, VkWeight):
             if b.f32 is None:
@@ -92,7 +92,7 @@ class VkElementwiseOps:
             return self._eltwise("add", a, b, b.size)
         raise ValueError(f"add: shapes {a.shape} and {b.shape} do not broadcast")
 
-    def swiglu(self, gate: VkTensor, up: VkTensor) -> VkTensor:
+    def _swiglu(self, gate: VkTensor, up: VkTensor) -> VkTensor:
         gate, up = self._as_tensor(gate), self._as_tensor(up)
         if gate.shape != up.shape:
             raise ValueError(f"swiglu: shapes {gate.shape} and {up.shape} differ")
@@ -124,7 +124,7 @@ class VkElementwiseOps:
             return out
         return self._eltwise("swiglu", gate, up, 0)
 
-    def rope(
+    def _rope(
         self, x: VkTensor, pos0: int, theta: float, neox: bool, n_rot: int | None = None
     ) -> VkTensor:
         x = self._as_tensor(x)
@@ -146,10 +146,10 @@ class VkElementwiseOps:
             )
         return out
 
-    def rope_partial(self, x: VkTensor, pos0: int, theta: float, n_rot: int) -> VkTensor:
-        return self.rope(x, pos0, theta, True, n_rot)
+    def _rope_partial(self, x: VkTensor, pos0: int, theta: float, n_rot: int) -> VkTensor:
+        return self.ops.rope(x, pos0, theta, True, n_rot)
 
-    def sigmoid_mul(self, gate: VkTensor, x: VkTensor) -> VkTensor:
+    def _sigmoid_mul(self, gate: VkTensor, x: VkTensor) -> VkTensor:
         gate, x = self._as_tensor(gate), self._as_tensor(x)
         if gate.shape == x.shape:
             return self._eltwise("sigmoid_mul", gate, x, 0)
@@ -157,7 +157,7 @@ class VkElementwiseOps:
             return self._eltwise("sigmoid_mul", gate, x, x.shape[-1], x.shape)
         raise ValueError(f"sigmoid_mul: gate {gate.shape} against {x.shape}")
 
-    def argmax(self, logits: VkTensor) -> VkTensor:
+    def _argmax(self, logits: VkTensor) -> VkTensor:
         logits = self._as_tensor(logits)
         V = logits.shape[-1]
         rows = logits.size // V

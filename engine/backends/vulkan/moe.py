@@ -13,7 +13,7 @@ from engine.backends.vulkan.tensor import VkTensor, VkWeight
 class VkMoeOps:
     """Methods of VulkanBackend (engine/backends/vulkan/backend.py): router and experts."""
 
-    def router_topk(self, logits: VkTensor, k: int) -> tuple[VkTensor, VkTensor]:
+    def _router_topk(self, logits: VkTensor, k: int) -> tuple[VkTensor, VkTensor]:
         logits = self._as_tensor(logits)
         T, E = logits.shape
         if E > 1024 or not 0 < k <= min(E, 32):
@@ -86,7 +86,7 @@ class VkMoeOps:
         )
         return out
 
-    def moe_experts(
+    def _moe_experts(
         self,
         x: VkTensor,
         ids: VkTensor,
@@ -100,13 +100,13 @@ class VkMoeOps:
         k = ids.shape[-1]
         if self.config.knobs("moe_experts").variant == "grouped" and T > 1:
             route = self._moe_route(ids, gate.shape[0], gate.qtype)
-            h = self.swiglu(
+            h = self.ops.swiglu(
                 self._moe_gemm(gate, x, route, ids.size, k),
                 self._moe_gemm(up, x, route, ids.size, k),
             )
             d = self._moe_gemm(down, h, route, ids.size, 1)  # [T * k, C]
         else:
-            h = self.swiglu(self._moe_matvec(gate, x, ids, k), self._moe_matvec(up, x, ids, k))
+            h = self.ops.swiglu(self._moe_matvec(gate, x, ids, k), self._moe_matvec(up, x, ids, k))
             d = self._moe_matvec(down, h, ids, 1)  # [T * k, C]
         out = self._new((T, C))
         pipe, c = self._pipe("moe_experts.merge", down.qtype)

@@ -92,8 +92,8 @@ def test_replayed_ops_see_the_reference_inputs_so_error_does_not_compound(tiny_m
     under it.)"""
 
     class Noisy(NumpyBackend):
-        def matmul(self, x, w):  # noqa: ANN001, ANN202
-            out = super().matmul(x, w)
+        def _matmul(self, x, w):  # noqa: ANN001, ANN202
+            out = super()._matmul(x, w)
             return out * np.float32(1 + 3e-4) if x.shape[0] > 1 else out
 
     m = build_model(open_model(tiny_model_path), Noisy())
@@ -263,8 +263,8 @@ def test_an_int8_reference_loosens_the_float_ops_judged_against_it(tiny_model_pa
     )
 
     class Off(Int8Candidate):  # batched matmuls off by 10%: far outside int8's rounding
-        def matmul(self, x, w):  # noqa: ANN001, ANN202
-            out = super().matmul(x, w)
+        def _matmul(self, x, w):  # noqa: ANN001, ANN202
+            out = super()._matmul(x, w)
             return out * np.float32(1.1) if x.shape[0] > 1 else out
 
     bad = build_model(open_model(tiny_model_path), Off())

@@ -19,8 +19,8 @@ PROMPTS = [list(range(3, 3 + n)) for n in (1, 5, 37)]
 class DropLastColumn(NumpyBackend):
     """Planted bug: batched matmul leaves the last column of every chunk unwritten."""
 
-    def matmul(self, x, w):
-        out = super().matmul(x, w)
+    def _matmul(self, x, w):
+        out = super()._matmul(x, w)
         if x.shape[0] > 1:
             out[-1] = 0.0
         return out
@@ -32,16 +32,16 @@ class StaleArgmax(NumpyBackend):
 
     stale = np.zeros(1, np.int32)
 
-    def argmax(self, logits):
-        return self.stale if self._batched_tail else super().argmax(logits)
+    def _argmax(self, logits):
+        return self.stale if self._batched_tail else super()._argmax(logits)
 
-    def matmul(self, x, w):
+    def _matmul(self, x, w):
         self._batched_tail = x.shape[0] > 1 or getattr(self, "_batched_tail", False)
-        return super().matmul(x, w)
+        return super()._matmul(x, w)
 
-    def embedding(self, table, ids):
+    def _embedding(self, table, ids):
         self._batched_tail = False
-        return super().embedding(table, ids)
+        return super()._embedding(table, ids)
 
 
 def _run(backend_cls, flat=None, steps=4, **kw):

@@ -42,8 +42,8 @@ def test_forced_routes_choose_the_reference_experts_with_own_weights(moe_path):
     logits = np.random.default_rng(0).normal(size=(3, 8)).astype(np.float32)
     want = np.array([7, 2])
     model.routes = {(1, 11): want}  # row 1 of a chunk at pos0 10, layer 1
-    ids, w = model.backend.router_topk(model._forced_routes(logits, 1, 10), k)
-    free_ids, free_w = model.backend.router_topk(logits, k)
+    ids, w = model.backend.ops.router_topk(model._forced_routes(logits, 1, 10), k)
+    free_ids, free_w = model.backend.ops.router_topk(logits, k)
     assert sorted(ids[1].tolist()) == sorted(want.tolist())
     z = logits[1, ids[1]].astype(np.float64)
     np.testing.assert_allclose(w[1], np.exp(z) / np.exp(z).sum(), rtol=1e-6)
@@ -86,10 +86,10 @@ def test_fp16_experts_pass_validate_under_the_fp16_budget(moe_path):
 class WrongKth(Fp16Prefill):
     """Batched top-k off by one: the (k+1)-th expert instead of the k-th."""
 
-    def router_topk(self, logits, k):  # noqa: ANN001, ANN201
+    def _router_topk(self, logits, k):  # noqa: ANN001, ANN201
         if logits.shape[0] == 1:
-            return super().router_topk(logits, k)
-        ids, _ = super().router_topk(logits, k + 1)
+            return super()._router_topk(logits, k)
+        ids, _ = super()._router_topk(logits, k + 1)
         z = np.take_along_axis(logits.astype(np.float64), ids, axis=-1)
         keep = [*range(k - 1), k]
         w = np.exp(z[:, keep] - z[:, keep].max(axis=-1, keepdims=True))

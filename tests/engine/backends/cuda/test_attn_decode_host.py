@@ -78,8 +78,10 @@ def test_norm_block_long_rows_take_the_warp_kernel():
                                                   "rms_norm.threads": 128}))  # fmt: skip
     w = be.load_weight(_norm_weight(8192))
     be.launches.clear()
-    be.rms_norm(be.upload(np.ones((1, 8192), np.float32)), w, 1e-6)
-    be.rms_norm(be.upload(np.ones((3, 4096), np.float32)), be.load_weight(_norm_weight(4096)), 1e-6)
+    be.ops.rms_norm(be.upload(np.ones((1, 8192), np.float32)), w, 1e-6)
+    be.ops.rms_norm(
+        be.upload(np.ones((3, 4096), np.float32)), be.load_weight(_norm_weight(4096)), 1e-6
+    )
     assert [launch.kernel for launch in be.launches] == ["rms_norm", "rms_norm_row"]
     assert be.launches[1].grid == (3, 1, 1)
 

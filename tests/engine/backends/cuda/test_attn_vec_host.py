@@ -93,7 +93,7 @@ def test_vec_launch_on_the_model_shapes(H, Hkv, name):
     q = be.upload(np.zeros((1, H, 128), np.float32))
     cache = be.new_kv_cache(1, 700, Hkv, 128)
     be.launches.clear()
-    be.attention(q, cache, 0, 600)
+    be.ops.attention(q, cache, 0, 600)
     assert [(x.kernel, x.grid) for x in be.launches] == [(name, (64, Hkv, 1))]
 
 

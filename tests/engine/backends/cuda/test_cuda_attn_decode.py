@@ -46,7 +46,7 @@ def _case(be, H: int, Hkv: int, D: int, pos0: int, room: int = 3, seed: int | No
     attention of q at pos0 over it in float64)."""
     q, k, v = _inputs(H, Hkv, D, pos0, seed)
     cache = be.new_kv_cache(1, pos0 + room, Hkv, D)
-    be.kv_write(cache, 0, be.upload(k), be.upload(v), 0)
+    be.ops.kv_write(cache, 0, be.upload(k), be.upload(v), 0)
     return q, cache, attention_ref(q, be.download(cache.k[0]), be.download(cache.v[0]), pos0)
 
 
@@ -55,9 +55,9 @@ def _q8_form(be, flat: dict, H: int, Hkv: int, D: int, pos0: int, what: str):  #
     projection reads it ([1, H * D]), must have a Q8_1 form: the output."""
     be.set_config(cfg(**flat))
     q, cache, ref = _case(be, H, Hkv, D, pos0, room=2)
-    out = be.attention(be.upload(q), cache, 0, pos0)
+    out = be.ops.attention(be.upload(q), cache, 0, pos0)
     check(be.download(out), ref, 1e-9)
-    a = be.reshape(out, (1, H * D))
+    a = be.ops.reshape(out, (1, H * D))
     hit = be._q8_lookup(a)
     assert hit is not None, f"{what} attention under int8 decode left no Q8_1 form"
     _check_q8(be.download(a), *hit)
@@ -69,7 +69,7 @@ def _check_twice(be, flat: dict, H: int, Hkv: int, D: int, pos0: int) -> None:  
     q, cache, ref = _case(be, H, Hkv, D, pos0)
     be.set_config(cfg(**flat))
     for _ in range(2):
-        check(be.download(be.attention(be.upload(q), cache, 0, pos0)), ref, 1e-9)
+        check(be.download(be.ops.attention(be.upload(q), cache, 0, pos0)), ref, 1e-9)
     be.set_config(cfg())
 
 
@@ -90,7 +90,7 @@ def test_attention_decode_gqa_early_is_bit_equal(be, H, Hkv, D, pos0):
     outs = []
     for early in (0, 1):
         be.set_config(cfg(**_gqa(16, 4, 1, early)))
-        outs.append(be.download(be.attention(be.upload(q), cache, 0, pos0)))
+        outs.append(be.download(be.ops.attention(be.upload(q), cache, 0, pos0)))
     assert np.array_equal(outs[0], outs[1])
     be.set_config(cfg())
 
@@ -103,7 +103,7 @@ def test_attention_decode_gqa_leaves_the_q8_form(be, H, Hkv, D, pos0, fc):
     a = _q8_form(be, _gqa(16, 4, fc, 1) | MMVW, H, Hkv, D, pos0, "gqa")
     rng = np.random.default_rng(7)
     w = qtensor(rng, (67, H * D), "Q4_K", std=0.05)
-    y = be.download(be.matmul(a, be.load_weight(w)))
+    y = be.download(be.ops.matmul(a, be.load_weight(w)))
     check(y, be.download(a).astype(np.float64) @ dense(w).T, INT8_NMSE)
     be.set_config(cfg())
 
@@ -215,7 +215,7 @@ def planted_attention_is_caught(be, plant, mutant: str, flat: dict) -> np.ndarra
     kernels.clear_cache()
     try:
         be.set_config(cfg(**flat))
-        out = be.download(be.attention(be.upload(q), cache, 0, pos0))
+        out = be.download(be.ops.attention(be.upload(q), cache, 0, pos0))
         with pytest.raises(AssertionError, match="NMSE"):
             check(out, ref, 1e-9)
     finally:

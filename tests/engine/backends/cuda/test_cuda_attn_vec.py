@@ -58,7 +58,7 @@ def test_attention_decode_vec(be, H, Hkv, D, pos0, splits, min_keys, warps, fc, 
     be._launch = lambda mod, name, *a, **k: (names.append(name), launch(mod, name, *a, **k))
     try:
         for _ in range(2):
-            check(be.download(be.attention(be.upload(q), cache, 0, pos0)), ref, 1e-9)
+            check(be.download(be.ops.attention(be.upload(q), cache, 0, pos0)), ref, 1e-9)
     finally:
         del be._launch
     assert names[0] == ("attn_vec4" if H // Hkv <= 4 else "attn_vec8") + ("_c" if cl else ""), names

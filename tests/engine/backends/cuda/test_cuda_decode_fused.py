@@ -165,8 +165,8 @@ def test_attn_in_fused_equals_unfused(be, T, H, Hkv, D, pos0, neox, bias, decode
     qkv = [h.astype(np.float64) @ dense(w).T for w in ws]
     if bias:
         qkv = [t + dense(b) for t, b in zip(qkv, bs, strict=True)]
-    ref_q = nb.rope(qkv[0].astype(np.float32).reshape(T, H, D), pos0, theta, neox)
-    ref_k = nb.rope(qkv[1].astype(np.float32).reshape(T, Hkv, D), pos0, theta, neox)
+    ref_q = nb.ops.rope(qkv[0].astype(np.float32).reshape(T, H, D), pos0, theta, neox)
+    ref_k = nb.ops.rope(qkv[1].astype(np.float32).reshape(T, Hkv, D), pos0, theta, neox)
     limit = INT8_NMSE if decode == "mmvw" and T == 1 else 5e-4
     check(out[1][0], ref_q, limit)
     check(out[1][1][pos0 : pos0 + T], ref_k, limit)
@@ -192,15 +192,15 @@ def test_attention_combine_leaves_the_q8_form(be, variant, H, Hkv, D, pos0):
     for flat in ({}, flat_v):
         be.set_config(cfg(**flat))
         cache = be.new_kv_cache(1, pos0 + 2, Hkv, D)
-        be.kv_write(cache, 0, be.upload(k), be.upload(v), 0)
-        outs.append(be.attention(be.upload(q), cache, 0, pos0))
+        be.ops.kv_write(cache, 0, be.upload(k), be.upload(v), 0)
+        outs.append(be.ops.attention(be.upload(q), cache, 0, pos0))
     check(be.download(outs[1]), be.download(outs[0]).astype(np.float64), 1e-12 if not att else 1e-9)
-    a = be.reshape(outs[1], (1, H * D))
+    a = be.ops.reshape(outs[1], (1, H * D))
     hit = be._q8_lookup(a)
     assert hit is not None, "attention under int8 decode left no Q8_1 form"
     _check_q8(be.download(a), *hit)
     w = qtensor(rng, (67, H * D), "Q4_K", std=0.05)
-    y = be.download(be.matmul(a, be.load_weight(w)))
+    y = be.download(be.ops.matmul(a, be.load_weight(w)))
     check(y, be.download(a).astype(np.float64) @ dense(w).T, INT8_NMSE)
 
 
@@ -225,7 +225,7 @@ def test_attention_decode_split_kw(be, G, splits, warps, H, Hkv, D, pos0, fc):
                          "attention_decode.fuse_combine": fc}))  # fmt: skip
     q, cache, ref = _case(be, H, Hkv, D, pos0, seed=G * 100 + splits + D + pos0)
     for _ in range(2):
-        check(be.download(be.attention(be.upload(q), cache, 0, pos0)), ref, 1e-9)
+        check(be.download(be.ops.attention(be.upload(q), cache, 0, pos0)), ref, 1e-9)
     be.set_config(cfg())
 
 
@@ -246,7 +246,7 @@ def test_attention_decode_split_kw_kv_early(be, G, splits, warps, H, Hkv, D, pos
                              "attention_decode.fuse_combine": fc,
                              "attention_decode.kv_early": ke}))  # fmt: skip
         for _ in range(2):
-            outs.append(be.download(be.attention(be.upload(q), cache, 0, pos0)))
+            outs.append(be.download(be.ops.attention(be.upload(q), cache, 0, pos0)))
             check(outs[-1], ref, 1e-9)
     assert all(np.array_equal(outs[0], o) for o in outs[1:])
     be.set_config(cfg())
@@ -268,7 +268,7 @@ def test_argmax_multi_first_maximum(be, blocks, threads, T, V):
     if T > 1:
         logits[1] = -np.inf
     for _ in range(2):
-        out = be.download(be.argmax(be.upload(logits)))
+        out = be.download(be.ops.argmax(be.upload(logits)))
         want = np.argmax(np.nan_to_num(logits, nan=-np.inf), axis=-1)
         assert out.tolist() == want.tolist()
     be.set_config(cfg())

@@ -66,8 +66,8 @@ def test_stacked_beta_alpha_is_the_two_launch_schedule_to_the_bit(be, qtype, C, 
     for fuse in (1, 0):
         be.set_config(cfg(**{"delta_net.fuse_ba": fuse}))
         ws = tuple(be.load_weight(t) for t in qts)
-        be.ssm_in(be.upload(rng.standard_normal((2, C)).astype(np.float32)), ws)  # (a prefill)
-        outs[fuse] = [be.download(y) for y in be.ssm_in(be.upload(x), ws)]
+        be.ops.ssm_in(be.upload(rng.standard_normal((2, C)).astype(np.float32)), ws)  # (a prefill)
+        outs[fuse] = [be.download(y) for y in be.ops.ssm_in(be.upload(x), ws)]
     for got, want, qt in zip(outs[1], outs[0], qts, strict=True):
         assert np.array_equal(got, want), qt.name
         check(got, x.astype(np.float64) @ qt.dequantize().T.astype(np.float64), 1e-10)

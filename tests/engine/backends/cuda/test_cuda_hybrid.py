@@ -86,8 +86,8 @@ def test_delta_net_matches_numpy(be, transposed, v_order, warps, max_dk, dk, dv,
     for T in (9, 1, 1, 33, 1):  # prefill chunks and decode steps on the carried state
         args = _scan_inputs(rng, T, Hk, Hv, dk, dv)
         dev = [be.upload(a) for a in args]
-        o_ref = ref.delta_net(*args, s_ref, v_order, 1e-6)
-        o_cu = be.download(be.delta_net(*dev, s_cu, v_order, 1e-6))
+        o_ref = ref.ops.delta_net(*args, s_ref, v_order, 1e-6)
+        o_cu = be.download(be.ops.delta_net(*dev, s_cu, v_order, 1e-6))
         check(o_cu, o_ref.astype(np.float64), SCAN_NMSE)
         for a, d in zip(args, dev, strict=True):
             assert np.array_equal(be.download(d), a), "an input changed"
@@ -112,7 +112,7 @@ def test_delta_net_prefetch_is_bit_identical(be, prefetch, warps, max_dk, dk, dv
                              "delta_net.prefetch": pf}))  # fmt: skip
         s_cu = be.upload(np.ascontiguousarray(S0.transpose(0, 2, 1)))
         outs[pf] = [
-            be.download(be.delta_net(*(be.upload(a) for a in args), s_cu, "tiled", 1e-6))
+            be.download(be.ops.delta_net(*(be.upload(a) for a in args), s_cu, "tiled", 1e-6))
             for args in calls
         ]
         states[pf] = be.download(s_cu)
@@ -120,7 +120,7 @@ def test_delta_net_prefetch_is_bit_identical(be, prefetch, warps, max_dk, dk, dv
     assert np.array_equal(states[1], states[prefetch])
     s_ref = S0.copy()
     for args, got in zip(calls, outs[prefetch], strict=True):
-        check(got, NumpyBackend().delta_net(*args, s_ref, "tiled", 1e-6).astype(np.float64),
+        check(got, NumpyBackend().ops.delta_net(*args, s_ref, "tiled", 1e-6).astype(np.float64),
               SCAN_NMSE)  # fmt: skip
 
 
@@ -163,11 +163,11 @@ def test_delta_net_chunked_matches_numpy_and_hands_decode_the_state(
         if slow_decay:  # g near 0: the chunk's whole lower triangle of A counts in the solve
             args[3] = -rng.uniform(0.0, 0.02, (T, Hv)).astype(np.float32)
         dev = [be.upload(a) for a in args]
-        o_ref = ref.delta_net(*args, s_ref, v_order, 1e-6)
+        o_ref = ref.ops.delta_net(*args, s_ref, v_order, 1e-6)
         be.set_config(chunked)
-        o_ch = be.download(be.delta_net(*dev, s_ch, v_order, 1e-6))
+        o_ch = be.download(be.ops.delta_net(*dev, s_ch, v_order, 1e-6))
         be.set_config(sequential)
-        be.delta_net(*dev, s_seq, v_order, 1e-6)
+        be.ops.delta_net(*dev, s_seq, v_order, 1e-6)
         check(o_ch, o_ref.astype(np.float64), CHUNK_NMSE)
         assert nmse(be.download(s_seq), be.download(s_ch)) < CHUNK_NMSE, T
         for a, d in zip(args, dev, strict=True):
@@ -186,7 +186,7 @@ def test_delta_net_layouts_store_transposes(be):
     for t in (False, True):
         be.set_config(cfg(**{"delta_net.state_transposed": t}))
         s = be.upload(np.zeros((2, 32, 64), np.float32))
-        be.delta_net(*(be.upload(a) for a in args), s, "grouped", 1e-6)
+        be.ops.delta_net(*(be.upload(a) for a in args), s, "grouped", 1e-6)
         out[t] = be.download(s)
     assert np.allclose(out[False], out[True].reshape(2, 64, 32).transpose(0, 2, 1), atol=1e-6)
     assert not np.allclose(out[False], out[True])
@@ -197,7 +197,7 @@ def test_delta_net_rejects_a_key_head_wider_than_max_dk(be):
     args = _scan_inputs(np.random.default_rng(0), 2, 1, 1, 128, 32)
     state = be.upload(np.zeros((1, 128, 32), np.float32))
     with pytest.raises(ValueError, match="max_dk 64"):
-        be.delta_net(*(be.upload(a) for a in args), state, "grouped", 1e-6)
+        be.ops.delta_net(*(be.upload(a) for a in args), state, "grouped", 1e-6)
 
 
 # --- conv, gates, sigmoid gate, partial RoPE ----------------------------------------------
@@ -215,7 +215,7 @@ def test_ssm_conv_rejects_a_quantized_kernel(be):
     rng = np.random.default_rng(0)
     w = be.load_weight(qtensor(rng, (32, 32), "Q8_0"))
     with pytest.raises(ValueError, match="F32"):
-        be.ssm_conv(be.upload(_f32(rng, 2, 32)), be.upload(np.zeros((31, 32), np.float32)), w)
+        be.ops.ssm_conv(be.upload(_f32(rng, 2, 32)), be.upload(np.zeros((31, 32), np.float32)), w)
 
 
 @pytest.mark.parametrize("threads", [128, 512])
@@ -227,22 +227,22 @@ def test_gates_sigmoid_and_partial_rope(be, threads):
     ref = NumpyBackend()
     a, b = _f32(rng, 7, 6) * 12, _f32(rng, 7, 6) * 4  # softplus far into both tails
     dt, sa = _vec("dt", _f32(rng, 6)), _vec("a", -rng.uniform(1, 8, 6))
-    g_ref, beta_ref = ref.ssm_gates(a, b, ref.load_weight(dt), ref.load_weight(sa))
-    g, beta = be.ssm_gates(be.upload(a), be.upload(b), be.load_weight(dt), be.load_weight(sa))
+    g_ref, beta_ref = ref.ops.ssm_gates(a, b, ref.load_weight(dt), ref.load_weight(sa))
+    g, beta = be.ops.ssm_gates(be.upload(a), be.upload(b), be.load_weight(dt), be.load_weight(sa))
     check(be.download(g), g_ref.astype(np.float64), 1e-12)
     check(be.download(beta), beta_ref.astype(np.float64), 1e-12)
     x, gate = _f32(rng, 3, 4, 32), _f32(rng, 3, 4, 32)
-    got = be.download(be.sigmoid_mul(be.upload(gate), be.upload(x)))
-    check(got, ref.sigmoid_mul(gate, x).astype(np.float64), 1e-12)
+    got = be.download(be.ops.sigmoid_mul(be.upload(gate), be.upload(x)))
+    check(got, ref.ops.sigmoid_mul(gate, x).astype(np.float64), 1e-12)
     xr, gr = _f32(rng, 5, 129), _f32(rng, 5, 1)  # one gate per row (the shared expert's)
-    got = be.download(be.sigmoid_mul(be.upload(gr), be.upload(xr)))
-    check(got, ref.sigmoid_mul(gr, xr).astype(np.float64), 1e-12)
+    got = be.download(be.ops.sigmoid_mul(be.upload(gr), be.upload(xr)))
+    check(got, ref.ops.sigmoid_mul(gr, xr).astype(np.float64), 1e-12)
     with pytest.raises(ValueError, match="sigmoid_mul"):
-        be.sigmoid_mul(be.upload(_f32(rng, 5, 2)), be.upload(xr))
+        be.ops.sigmoid_mul(be.upload(_f32(rng, 5, 2)), be.upload(xr))
     for T, H, D, n_rot, pos0 in [(3, 4, 32, 8, 5), (1, 2, 256, 64, 4000), (9, 3, 80, 80, 0)]:
         xh = _f32(rng, T, H, D)
-        want = ref.rope_partial(xh, pos0, 1e7, n_rot)
-        got = be.download(be.rope_partial(be.upload(xh), pos0, 1e7, n_rot))
+        want = ref.ops.rope_partial(xh, pos0, 1e7, n_rot)
+        got = be.download(be.ops.rope_partial(be.upload(xh), pos0, 1e7, n_rot))
         check(got, want.astype(np.float64), 1e-10)
         assert np.array_equal(got[..., n_rot:], xh[..., n_rot:])
 
@@ -255,12 +255,12 @@ def test_router_topk(be, T, E, k, rpb):
     rng = np.random.default_rng(E + k)
     logits = _f32(rng, T, E) * 3
     logits[0, [E - 1, 5]] = 40.0  # a tie: the lower index first, as the stable sort
-    ids, w = be.router_topk(be.upload(logits), k)
-    want_ids, want_w = NumpyBackend().router_topk(logits, k)
+    ids, w = be.ops.router_topk(be.upload(logits), k)
+    want_ids, want_w = NumpyBackend().ops.router_topk(logits, k)
     assert be.download(ids).tolist() == want_ids.tolist()
     assert np.allclose(be.download(w), want_w, atol=1e-6, rtol=0)
     with pytest.raises(ValueError, match="router_topk"):
-        be.router_topk(be.upload(logits), 33)
+        be.ops.router_topk(be.upload(logits), 33)
 
 
 MOE_CONFIGS = [
@@ -284,9 +284,9 @@ def test_moe_experts(be, qtype, T, flat):
     down = qtensor(rng, (E, C, F), qtype, 0.1)
     x = _f32(rng, T, C)
     ref = NumpyBackend()
-    ids, w = ref.router_topk(_f32(rng, T, E), k)
-    want = ref.moe_experts(x, ids, w, *(ref.load_weight(t) for t in (gate, up, down)))
-    got = be.moe_experts(
+    ids, w = ref.ops.router_topk(_f32(rng, T, E), k)
+    want = ref.ops.moe_experts(x, ids, w, *(ref.load_weight(t) for t in (gate, up, down)))
+    got = be.ops.moe_experts(
         be.upload(x), be.upload(ids), be.upload(w), *(be.load_weight(t) for t in (gate, up, down))
     )
     check(be.download(got), want.astype(np.float64), 1e-10)
@@ -311,8 +311,8 @@ def test_moe_reads_only_the_chosen_experts(be):
         mats.append(_stacked(a))
     ref = NumpyBackend()
     x = _f32(rng, T, C)
-    want = ref.moe_experts(x, ids, w, *(ref.load_weight(m) for m in mats))
-    got = be.moe_experts(be.upload(x), be.upload(ids), be.upload(w),
+    want = ref.ops.moe_experts(x, ids, w, *(ref.load_weight(m) for m in mats))
+    got = be.ops.moe_experts(be.upload(x), be.upload(ids), be.upload(w),
                          *(be.load_weight(m) for m in mats))  # fmt: skip
     check(be.download(got), want.astype(np.float64), 1e-10)
 
@@ -343,7 +343,7 @@ def _moe_experts_poisoned(be, x, ids, w, mats, E: int) -> tuple[np.ndarray, set]
         m.raw.reshape(E, -1)[[1, 6]] = 0xFF
     be.set_profiling(True)
     try:
-        got = be.moe_experts(
+        got = be.ops.moe_experts(
             be.upload(x), be.upload(ids), be.upload(w), *(be.load_weight(m) for m in mats)
         )
         ran = set(be.profile().kernels)
@@ -422,8 +422,8 @@ def test_moe_grouped_matches_numpy_with_skewed_routing(be, qtype, T, flat):
     ids, w = _skewed_routes(rng, T, k)
     x = _f32(rng, T, C)
     ref = NumpyBackend()
-    want = ref.moe_experts(x, ids, w, *(ref.load_weight(m) for m in mats))
-    got = be.moe_experts(be.upload(x), be.upload(ids), be.upload(w),
+    want = ref.ops.moe_experts(x, ids, w, *(ref.load_weight(m) for m in mats))
+    got = be.ops.moe_experts(be.upload(x), be.upload(ids), be.upload(w),
                          *(be.load_weight(m) for m in mats))  # fmt: skip
     check(be.download(got), want.astype(np.float64), 1e-10)
 
@@ -495,7 +495,9 @@ def test_moe_tc_decode_is_the_dmmv_kernels_bit_for_bit(be):
     for flat in ({"moe_experts.variant": "dmmv"}, {"moe_experts.variant": "tc"}):
         be.set_config(cfg(**flat))
         ws = [be.load_weight(m) for m in mats]
-        outs.append(be.download(be.moe_experts(be.upload(x), be.upload(ids), be.upload(w), *ws)))
+        outs.append(
+            be.download(be.ops.moe_experts(be.upload(x), be.upload(ids), be.upload(w), *ws))
+        )
     assert np.array_equal(outs[0], outs[1])
 
 

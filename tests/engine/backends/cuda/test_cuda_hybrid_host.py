@@ -48,7 +48,7 @@ def _moe_call(be, rng, T: int, gate, up, down) -> None:  # noqa: ANN001
     E, _, C, k = MOE_SHAPE
     be.launches.clear()
     ids = rng.integers(0, E, (T, k)).astype(np.int32)
-    out = be.moe_experts(_f32(rng, T, C), ids, _f32(rng, T, k), gate, up, down)
+    out = be.ops.moe_experts(_f32(rng, T, C), ids, _f32(rng, T, k), gate, up, down)
     assert out.shape == (T, C)
 
 
@@ -120,7 +120,7 @@ def test_delta_net_launch(warps, max_dk, prefetch, transposed):
     T, Hk, Hv, dk, dv = 3, 2, 6, min(40, max_dk), 33
     q, k = _f32(rng, T, Hk, dk), _f32(rng, T, Hk, dk)
     v, g, beta = _f32(rng, T, Hv, dv), _f32(rng, T, Hv), _f32(rng, T, Hv)
-    out = be.delta_net(q, k, v, g, beta, np.zeros((Hv, dk, dv), np.float32), "tiled", 1e-6)
+    out = be.ops.delta_net(q, k, v, g, beta, np.zeros((Hv, dk, dv), np.float32), "tiled", 1e-6)
     assert out.shape == (T, Hv, dv)
     (launch,) = be.launches
     assert launch.kernel == "delta_net_seq" and launch.fname == "delta_net.cu"
@@ -152,7 +152,7 @@ def test_delta_net_chunked_schedule(chunk, threads, warps, transposed):
         be.launches.clear()
         q, k = _f32(rng, T, Hk, dk), _f32(rng, T, Hk, dk)
         v, g, beta = _f32(rng, T, Hv, dv), _f32(rng, T, Hv), _f32(rng, T, Hv)
-        out = be.delta_net(q, k, v, g, beta, state, "grouped", 1e-6)
+        out = be.ops.delta_net(q, k, v, g, beta, state, "grouped", 1e-6)
         assert out.shape == (T, Hv, dv)
         want_defines = {"WARPS": warps, "MAX_DK": 128, "STATE_TRANSPOSED": int(transposed),
                         "CHUNK": chunk, "PREFETCH": 1}  # fmt: skip
@@ -184,12 +184,12 @@ def test_delta_net_refuses_what_the_kernel_cannot_hold():
     v, g = _f32(rng, 2, 2, 32), _f32(rng, 2, 2)
     state = np.zeros((2, 128, 32), np.float32)
     with pytest.raises(ValueError, match="max_dk 64"):
-        be.delta_net(q, q, v, g, g, state, "grouped", 1e-6)
+        be.ops.delta_net(q, q, v, g, g, state, "grouped", 1e-6)
     be.set_config(cfg())
     with pytest.raises(ValueError, match="v_order"):
-        be.delta_net(q, q, v, g, g, state, "sideways", 1e-6)
+        be.ops.delta_net(q, q, v, g, g, state, "sideways", 1e-6)
     with pytest.raises(ValueError, match="state"):
-        be.delta_net(q, q, v, g, g, state[:1], "grouped", 1e-6)
+        be.ops.delta_net(q, q, v, g, g, state[:1], "grouped", 1e-6)
     assert not be.launches
 
 
@@ -203,28 +203,28 @@ def test_conv_gates_gate_rope_router_launches(threads):
     be = FakeCuda(cfg(**{"ssm_conv.threads": threads, "router_topk.rows_per_block": 2}))
     rng = np.random.default_rng(1)
     w = be.load_weight(_f32_weight(_f32(rng, 300, 4)))
-    be.ssm_conv(_f32(rng, 5, 300), np.zeros((3, 300), np.float32), w)
+    be.ops.ssm_conv(_f32(rng, 5, 300), np.zeros((3, 300), np.float32), w)
     conv, state = be.launches
     assert (conv.kernel, state.kernel) == ("ssm_conv", "ssm_conv_state")
     assert state.grid[0] * state.block[0] >= 300 and conv.block[0] == threads
     with pytest.raises(ValueError, match="F32"):
-        be.ssm_conv(_f32(rng, 5, 32), np.zeros((31, 32), np.float32),
+        be.ops.ssm_conv(_f32(rng, 5, 32), np.zeros((31, 32), np.float32),
                     be.load_weight(qtensor(rng, (32, 32), "Q8_0")))  # fmt: skip
     with pytest.raises(ValueError, match="state"):
-        be.ssm_conv(_f32(rng, 5, 300), np.zeros((2, 300), np.float32), w)
+        be.ops.ssm_conv(_f32(rng, 5, 300), np.zeros((2, 300), np.float32), w)
     dt, sa = be.load_weight(_f32_weight(_f32(rng, 6))), be.load_weight(_f32_weight(_f32(rng, 6)))
-    g, beta = be.ssm_gates(_f32(rng, 7, 6), _f32(rng, 7, 6), dt, sa)
+    g, beta = be.ops.ssm_gates(_f32(rng, 7, 6), _f32(rng, 7, 6), dt, sa)
     assert g.shape == beta.shape == (7, 6)
-    assert be.sigmoid_mul(_f32(rng, 5, 1), _f32(rng, 5, 64)).shape == (5, 64)
+    assert be.ops.sigmoid_mul(_f32(rng, 5, 1), _f32(rng, 5, 64)).shape == (5, 64)
     assert int(be.launches[-1].args[-1]) == 64  # a gate per row of 64
-    assert be.rope_partial(_f32(rng, 3, 2, 256), 7, 1e7, 64).shape == (3, 2, 256)
+    assert be.ops.rope_partial(_f32(rng, 3, 2, 256), 7, 1e7, 64).shape == (3, 2, 256)
     with pytest.raises(ValueError, match="rope_partial"):
-        be.rope_partial(_f32(rng, 3, 2, 32), 0, 1e7, 33)
-    ids, wts = be.router_topk(_f32(rng, 5, 256), 8)
+        be.ops.rope_partial(_f32(rng, 3, 2, 32), 0, 1e7, 33)
+    ids, wts = be.ops.router_topk(_f32(rng, 5, 256), 8)
     assert ids.dtype == np.int32 and ids.shape == wts.shape == (5, 8)
     assert be.launches[-1].grid[0] == 3 and be.launches[-1].block[0] == 64
     with pytest.raises(ValueError, match="router_topk"):
-        be.router_topk(_f32(rng, 5, 2048), 8)
+        be.ops.router_topk(_f32(rng, 5, 2048), 8)
 
 
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0", "F16", "BF16", "F32"])
@@ -236,7 +236,7 @@ def test_moe_launches_read_only_chosen_experts_by_device_ids(qtype, monkeypatch)
     gate, up = (be.load_weight(qtensor(rng, (E, F, C), qtype, 0.1)) for _ in range(2))
     down = be.load_weight(qtensor(rng, (E, C, F), qtype, 0.1))
     ids = rng.integers(0, E, (T, k)).astype(np.int32)
-    out = be.moe_experts(_f32(rng, T, C), ids, _f32(rng, T, k), gate, up, down)
+    out = be.ops.moe_experts(_f32(rng, T, C), ids, _f32(rng, T, k), gate, up, down)
     assert out.shape == (T, C)
     moe = [launch for launch in be.launches if launch.kernel.startswith("moe_")]
     suffix = qtype.lower()
@@ -362,13 +362,13 @@ def test_moe_tc_schedule(tile, rows, gate_type):
     mixed = be.load_weight(qtensor(rng, (E, F, C), "Q4_0", 0.1))  # gate and up of two types
     for g_, u_ in ((gate, mixed), (be.load_weight(qtensor(rng, (E, F, C), "F16", 0.1)),) * 2):
         be.launches.clear()
-        be.moe_experts(_f32(rng, 5, C), rng.integers(0, E, (5, k)).astype(np.int32),
+        be.ops.moe_experts(_f32(rng, 5, C), rng.integers(0, E, (5, k)).astype(np.int32),
                        _f32(rng, 5, k), g_, u_, down)  # fmt: skip
         assert not any(la.kernel.startswith("moe_tc_") for la in be.launches)
         assert be.launches[-1].kernel == "moe_combine"
     be.set_config(be.config.replace(**{"prefill.gemm_min_t": 64}))  # a 37-token chunk: DMMV
     be.launches.clear()
-    be.moe_experts(_f32(rng, 37, C), rng.integers(0, E, (37, k)).astype(np.int32),
+    be.ops.moe_experts(_f32(rng, 37, C), rng.integers(0, E, (37, k)).astype(np.int32),
                    _f32(rng, 37, k), gate, up, down)  # fmt: skip
     assert [la.kernel for la in be.launches][:2] == [f"moe_{gate_type.lower()}"] * 2
 
@@ -458,11 +458,11 @@ def test_conv_fuse_step_runs_one_kernel_for_a_decode_token():
     rng = np.random.default_rng(2)
     w = be.load_weight(_f32_weight(_f32(rng, 300, 4)))
     state = np.zeros((3, 300), np.float32)
-    be.ssm_conv(_f32(rng, 1, 300), state, w)
+    be.ops.ssm_conv(_f32(rng, 1, 300), state, w)
     (step,) = be.launches
     assert step.kernel == "ssm_conv_step" and step.grid[0] * step.block[0] >= 300
     be.launches.clear()
-    be.ssm_conv(_f32(rng, 2, 300), state, w)
+    be.ops.ssm_conv(_f32(rng, 2, 300), state, w)
     assert [launch.kernel for launch in be.launches] == ["ssm_conv", "ssm_conv_state"]
 
 
@@ -632,7 +632,7 @@ def test_delta_net_fuse_ba_keeps_beta_and_alpha_apart_in_its_output():
     rng = np.random.default_rng(5)
     C, Hv = 256, 6
     ws = tuple(be.load_weight(qtensor(rng, (n, C), "Q8_0")) for n in (40, 24, Hv, Hv))
-    outs = be.ssm_in(_f32(rng, 1, C), ws)
+    outs = be.ops.ssm_in(_f32(rng, 1, C), ws)
     assert [tuple(o.shape) for o in outs] == [(1, 40), (1, 24), (1, Hv), (1, Hv)]
     (launch,) = be.launches
     assert launch.kernel.startswith("mmvf")
@@ -647,11 +647,11 @@ def test_delta_net_fuse_ba_makes_no_stack_while_a_graph_is_captured():
     ws = tuple(be.load_weight(qtensor(rng, (n, 256), "Q4_0")) for n in (40, 24, 5, 5))
     x = _f32(rng, 1, 256)
     be._capturing = True
-    be.ssm_in(x, ws)
+    be.ops.ssm_in(x, ws)
     assert len(be.launches) == 2 and not be._ba_stacks
     be._capturing = False
     be.launches.clear()
-    be.ssm_in(x, ws)
+    be.ops.ssm_in(x, ws)
     assert len(be.launches) == 1 and len(be._ba_stacks) == 1
     ws = None  # the weights gone: their stack with them
     import gc

@@ -115,9 +115,9 @@ def test_mmvf_fused_ops_equal_the_unfused_schedule(cp, be, cid, knobs):
     ws = [be.load_weight(qtensor(rng, (n, C), t, std=0.05))
           for t, n in zip(types, (131, 64, 33, 40, 7), strict=True)]  # fmt: skip
     h = be.upload(rng.standard_normal((1, C)).astype(np.float32))
-    got = be.matmuls(h, tuple(ws))
+    got = be.ops.matmuls(h, tuple(ws))
     for w, y in zip(ws, got, strict=True):
-        assert np.array_equal(be.download(y), be.download(be.matmul(h, w)))
+        assert np.array_equal(be.download(y), be.download(be.ops.matmul(h, w)))
     wg, wu = (be.load_weight(qtensor(rng, (F, C), "Q4_K", std=0.05)) for _ in range(2))
     wd = be.load_weight(qtensor(rng, (C, F), "Q6_K", std=0.05))
     r = be.upload(rng.standard_normal((1, C)).astype(np.float32))

@@ -90,5 +90,5 @@ def test_xsmem_row_longer_than_shared_memory_takes_dmmv():
     for K, kernel in ((61440, "dmmv_q8_0"), (4096, "mmvf_q8_0")):
         w = be.load_weight(QTensor("w", "Q8_0", (3, K), random_quantized(rng, (3, K), "Q8_0", 0.1)))
         be.launches.clear()
-        be.matmul(be.upload(np.ones((1, K), np.float32)), w)
+        be.ops.matmul(be.upload(np.ones((1, K), np.float32)), w)
         assert [x.kernel for x in be.launches] == [kernel]

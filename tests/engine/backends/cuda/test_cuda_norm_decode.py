@@ -33,7 +33,7 @@ def test_rms_norm_block(be, shape, threads):
     x = rng.standard_normal(shape).astype(np.float32) * 3
     w = qtensor(rng, (shape[-1],), "F32")
     for _ in range(2):
-        out = be.download(be.rms_norm(be.upload(x), be.load_weight(w), 1e-6))
+        out = be.download(be.ops.rms_norm(be.upload(x), be.load_weight(w), 1e-6))
         check(out, _ref(x, w), 1e-12)
     be.set_config(cfg())
 
@@ -47,7 +47,7 @@ def test_rms_norm_block_q8_is_rms_norm_q8(be, D, dec):
     outs = []
     for flat in ({}, BLOCK):
         be.set_config(cfg(**flat | {"matmul_decode.variant": dec, "quantize_act.threads": 256}))
-        out = be.rms_norm(be.upload(x), be.load_weight(w), 1e-6)
+        out = be.ops.rms_norm(be.upload(x), be.load_weight(w), 1e-6)
         hit = be._q8_lookup(out)
         assert hit is not None, "the decode norm left no Q8_1 form"
         outs.append((be.download(out), hit[0].get(), hit[1].get()))
@@ -55,10 +55,10 @@ def test_rms_norm_block_q8_is_rms_norm_q8(be, D, dec):
     for a, b in zip(outs[0], outs[1], strict=True):
         assert np.array_equal(a, b), "rms_norm_row differs from rms_norm_q8 at equal threads"
     be.set_config(cfg(**BLOCK | {"matmul_decode.variant": dec}))
-    out = be.rms_norm(be.upload(x), be.load_weight(w), 1e-6)
+    out = be.ops.rms_norm(be.upload(x), be.load_weight(w), 1e-6)
     _check_q8(be.download(out), *be._q8_lookup(out))
     wq = qtensor(rng, (67, D), "Q4_K" if D % 256 == 0 else "Q8_0", std=0.05)
-    y = be.download(be.matmul(out, be.load_weight(wq)))
+    y = be.download(be.ops.matmul(out, be.load_weight(wq)))
     check(y, be.download(out).astype(np.float64) @ dense(wq).T, INT8_NMSE)
     be.set_config(cfg())
 

@@ -221,7 +221,7 @@ def test_embedding(cp, be, qtype, T):
     K = k_for(qtype, 2) if qtype[0] == "Q" else 96
     table = qtensor(rng, (37, K), qtype)
     ids = np.array([0, 36, 5, 5, 17][:T], np.int32)
-    out = be.download(be.embedding(be.load_weight(table), be.upload(ids)))
+    out = be.download(be.ops.embedding(be.load_weight(table), be.upload(ids)))
     check(out, dense(table)[ids], 1e-12)
 
 
@@ -232,7 +232,7 @@ def test_rms_norm(be, shape, rpb):
     rng = np.random.default_rng(len(shape))
     x = rng.standard_normal(shape).astype(np.float32) * 3
     w = qtensor(rng, (shape[-1],), "F32")
-    out = be.download(be.rms_norm(be.upload(x), be.load_weight(w), 1e-6))
+    out = be.download(be.ops.rms_norm(be.upload(x), be.load_weight(w), 1e-6))
     x64 = x.astype(np.float64)
     ref = x64 / np.sqrt((x64**2).mean(-1, keepdims=True) + 1e-6) * dense(w)
     check(out, ref, 1e-10)
@@ -244,10 +244,10 @@ def test_add_swiglu(be, shape):
     rng = np.random.default_rng(1)
     a, b = (rng.standard_normal(shape).astype(np.float32) * 4 for _ in range(2))
     bias = qtensor(rng, (shape[-1],), "F32")
-    check(be.download(be.add(be.upload(a), be.upload(b))), a.astype(np.float64) + b, 1e-13)
-    check(be.download(be.add(be.upload(a), be.load_weight(bias))), a + dense(bias), 1e-13)
+    check(be.download(be.ops.add(be.upload(a), be.upload(b))), a.astype(np.float64) + b, 1e-13)
+    check(be.download(be.ops.add(be.upload(a), be.load_weight(bias))), a + dense(bias), 1e-13)
     g64 = a.astype(np.float64)
-    out = be.download(be.swiglu(be.upload(a), be.upload(b)))
+    out = be.download(be.ops.swiglu(be.upload(a), be.upload(b)))
     check(out, g64 / (1 + np.exp(-g64)) * b, 1e-10)
 
 
@@ -262,8 +262,8 @@ def test_rope(be, neox, T, H, D, pos0):
     rng = np.random.default_rng(T)
     x = rng.standard_normal((T, H, D)).astype(np.float32)
     theta = 1e6 if neox else 1e4
-    ref = NumpyBackend().rope(x, pos0, theta, neox)
-    check(be.download(be.rope(be.upload(x), pos0, theta, neox)), ref, 1e-10)
+    ref = NumpyBackend().ops.rope(x, pos0, theta, neox)
+    check(be.download(be.ops.rope(be.upload(x), pos0, theta, neox)), ref, 1e-10)
 
 
 @pytest.mark.parametrize("threads", [256, 1024])
@@ -275,7 +275,7 @@ def test_argmax_first_maximum(be, threads, T, V):
     if V > 10:
         logits[0, [7, V - 3]] = 50.0  # a tie: the first index wins
         logits[-1, [V - 1, 3]] = 60.0
-    out = be.download(be.argmax(be.upload(logits)))
+    out = be.download(be.ops.argmax(be.upload(logits)))
     assert out.tolist() == np.argmax(logits, axis=-1).tolist()
 
 
@@ -330,9 +330,11 @@ def test_kv_write_and_attention(cp, be, cid, flat, T, H, Hkv, D, pos0):
     nb = NumpyBackend()
     ncache = nb.new_kv_cache(1, cap, Hkv, D)
     ncache.k[0][:], ncache.v[0][:] = kc, vc
-    check(out, nb.attention(q, ncache, 0, pos0), ATTN_F16_NMSE if cid.startswith("ptc") else 1e-9)
+    check(
+        out, nb.ops.attention(q, ncache, 0, pos0), ATTN_F16_NMSE if cid.startswith("ptc") else 1e-9
+    )
     with pytest.raises(ValueError, match="KV cache full"):
-        be.kv_write(cache, 0, be.upload(k), be.upload(v), cap - T + 1)
+        be.ops.kv_write(cache, 0, be.upload(k), be.upload(v), cap - T + 1)
 
 
 def test_registry_matches_device(be):
@@ -377,7 +379,7 @@ def test_rms_norm_q8_fused(be, D, threads):
     rng = np.random.default_rng(D + threads)
     x = rng.standard_normal((1, D)).astype(np.float32)
     w = qtensor(rng, (D,), "F32")
-    out = be.rms_norm(be.upload(x), be.load_weight(w), 1e-6)
+    out = be.ops.rms_norm(be.upload(x), be.load_weight(w), 1e-6)
     xf = x.astype(np.float64)
     ref = xf / np.sqrt((xf**2).mean(-1, keepdims=True) + 1e-6) * dense(w)
     check(be.download(out), ref, 1e-12)
@@ -385,7 +387,7 @@ def test_rms_norm_q8_fused(be, D, threads):
     assert hit is not None, "fused rms_norm left no Q8_1 form"
     _check_q8(be.download(out), *hit)
     wq = qtensor(rng, (67, D), "Q8_0", std=0.05)
-    y = be.download(be.matmul(out, be.load_weight(wq)))
+    y = be.download(be.ops.matmul(out, be.load_weight(wq)))
     check(y, be.download(out).astype(np.float64) @ dense(wq).T, INT8_NMSE)
 
 
@@ -395,7 +397,7 @@ def test_swiglu_q8_fused(be, n):
     rng = np.random.default_rng(n)
     g = rng.standard_normal((1, n)).astype(np.float32)
     u = rng.standard_normal((1, n)).astype(np.float32)
-    out = be.swiglu(be.upload(g), be.upload(u))
+    out = be.ops.swiglu(be.upload(g), be.upload(u))
     gf = g.astype(np.float64)
     check(be.download(out), gf / (1 + np.exp(-gf)) * u, 1e-12)
     hit = be._q8_lookup(out)
@@ -411,7 +413,7 @@ def test_q8_form_dropped_when_memory_is_rewritten(cp, be):
     w = qtensor(rng, (64, 64), "Q8_0", std=0.05)
     be.matmul_into(be.upload(rng.standard_normal((1, 64)).astype(np.float32)), be.load_weight(w), x)
     assert be._q8_lookup(x) is None
-    y = be.download(be.matmul(x, be.load_weight(w)))
+    y = be.download(be.ops.matmul(x, be.load_weight(w)))
     check(y, be.download(x).astype(np.float64) @ dense(w).T, INT8_NMSE)
 
 
@@ -529,8 +531,8 @@ def test_ptc_f16_producers_and_resident_copy(cp, be):
     rng = np.random.default_rng(11)
     x = rng.standard_normal((33, 256)).astype(np.float32)
     nw = be.load_weight(qtensor(rng, (256,), "F32"))
-    h = be.rms_norm(be.upload(x), nw, 1e-6)
-    g = be.swiglu(be.upload(x), be.upload(x[::-1].copy()))
+    h = be.ops.rms_norm(be.upload(x), nw, 1e-6)
+    g = be.ops.swiglu(be.upload(x), be.upload(x[::-1].copy()))
     for out in (h, g):
         form = [e[1] for e in be._f16 if e[0] is out]
         assert form, "no fp16 form stored by the producer"
@@ -538,10 +540,10 @@ def test_ptc_f16_producers_and_resident_copy(cp, be):
     qt = qtensor(rng, (67, 256), "Q4_K", std=0.05)
     w = be.load_weight(qt)
     raw_bytes = w.nbytes
-    y1 = be.download(be.matmul(h, w))
+    y1 = be.download(be.ops.matmul(h, w))
     copy = w.f16
     assert copy is not None and w.nbytes == raw_bytes + 67 * 256 * 2
-    y2 = be.download(be.matmul(h, w))
+    y2 = be.download(be.ops.matmul(h, w))
     assert w.f16 is copy, "the fp16 copy was made again"
     ref = be.download(h).astype(np.float64) @ dense(qt).T
     check(y1, ref, MATMUL_NMSE)
@@ -556,9 +558,9 @@ def test_ptc_flash_tc_stores_o_projection_input(cp, be):
     T, H, Hkv, D, pos0 = 45, 4, 2, 128, 7
     cache = be.new_kv_cache(1, pos0 + T, Hkv, D)
     kv = rng.standard_normal((2, pos0 + T, Hkv, D)).astype(np.float32)
-    be.kv_write(cache, 0, be.upload(kv[0]), be.upload(kv[1]), 0)
+    be.ops.kv_write(cache, 0, be.upload(kv[0]), be.upload(kv[1]), 0)
     q = be.upload(rng.standard_normal((T, H, D)).astype(np.float32))
-    out = be.attention(q, cache, 0, pos0)
+    out = be.ops.attention(q, cache, 0, pos0)
     made = be._f16[-1][1]  # the kernel's fp16 output, remembered as the o projection's input
     form = be._to_f16(out.reshape(T, H * D))
     assert form is made
@@ -635,7 +637,7 @@ def test_compile_failure_is_reported_and_backend_stays_usable(be, monkeypatch):
     monkeypatch.setattr(kernels, "source", real)
     x = np.ones((1, 64), np.float32)
     w = qtensor(np.random.default_rng(0), (3, 64), "Q8_0")
-    out = be.download(be.matmul(be.upload(x), be.load_weight(w)))
+    out = be.download(be.ops.matmul(be.upload(x), be.load_weight(w)))
     check(out, x @ dense(w).T, MATMUL_NMSE)
 
 

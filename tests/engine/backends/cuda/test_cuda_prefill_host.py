@@ -107,8 +107,8 @@ def _rope_kv_rows(y, ld, bq, bk, bv, qo, kc, vc, T, H, Hkv, D, pos0, theta, neox
         if isinstance(b, np.ndarray):
             parts[i] = parts[i] + b
     nb = NumpyBackend()
-    qo.reshape(T, H, D)[:] = nb.rope(parts[0].reshape(T, H, D), pos0, float(theta), bool(neox))
-    k = nb.rope(parts[1].reshape(T, Hkv, D), pos0, float(theta), bool(neox))
+    qo.reshape(T, H, D)[:] = nb.ops.rope(parts[0].reshape(T, H, D), pos0, float(theta), bool(neox))
+    k = nb.ops.rope(parts[1].reshape(T, Hkv, D), pos0, float(theta), bool(neox))
     kc.reshape(-1, Hkv * D)[pos0 : pos0 + T] = k.reshape(T, Hkv * D)
     vc.reshape(-1, Hkv * D)[pos0 : pos0 + T] = parts[2]
 
@@ -180,7 +180,7 @@ def test_attention_gemm_matches_reference(block_q, T, H, Hkv, D, pos0):
     cache.k[0][L:] = np.nan  # slots past the keys must never be read
     cache.v[0][L:] = np.nan
     q = rng.standard_normal((T, H, D)).astype(np.float32)
-    out = be.attention(be.upload(q), cache, 0, pos0)
+    out = be.ops.attention(be.upload(q), cache, 0, pos0)
     ref = attention_ref(q, cache.k[0][:L], cache.v[0][:L], pos0)
     check(np.asarray(out), ref, 5e-5)
     passes = -(-T // min(block_q, T))
@@ -199,7 +199,7 @@ def test_attention_gemm_pass_shrinks_for_long_caches(monkeypatch):
     cache.k[0][:] = rng.standard_normal(cache.k[0].shape)
     cache.v[0][:] = rng.standard_normal(cache.v[0].shape)
     q = rng.standard_normal((T, H, D)).astype(np.float32)
-    out = be.attention(be.upload(q), cache, 0, pos0)
+    out = be.ops.attention(be.upload(q), cache, 0, pos0)
     check(np.asarray(out), attention_ref(q, cache.k[0], cache.v[0], pos0), 5e-5)
     assert sum(k.kernel == "attg_softmax" for k in be.launches) == 3  # 16 + 16 + 5 rows
 
@@ -213,9 +213,9 @@ def test_resident_copy_once_and_fp16_forms_reused(fuse):
     qts = [qtensor(rng, (n, K), "F32", std=0.05) for n in (67, 5, 130)]
     ws = [be.load_weight(qt) for qt in qts]
     before = [w.nbytes for w in ws]
-    h = be.rms_norm(be.upload(rng.standard_normal((T, K)).astype(np.float32)), nw, 1e-6)
+    h = be.ops.rms_norm(be.upload(rng.standard_normal((T, K)).astype(np.float32)), nw, 1e-6)
     for _ in range(2):  # q, k, v twice: one copy per weight, one fp16 form of h
-        ys = [be.matmul(h, w) for w in ws]
+        ys = [be.ops.matmul(h, w) for w in ws]
     for y, qt in zip(ys, qts, strict=True):
         check(np.asarray(y), np.asarray(h, np.float64) @ dense(qt).T, 1e-5)
     names = [k.kernel for k in be.launches]
@@ -226,9 +226,9 @@ def test_resident_copy_once_and_fp16_forms_reused(fuse):
     assert [w.nbytes - b for w, b in zip(ws, before, strict=True)] == [
         2 * n * K for n in (67, 5, 130)
     ]
-    g = be.swiglu(ys[0], ys[0])
+    g = be.ops.swiglu(ys[0], ys[0])
     assert ("swiglu_f16" in {k.kernel for k in be.launches}) == bool(fuse)
-    be.matmul(g, be.load_weight(qtensor(rng, (3, 67), "F32")))
+    be.ops.matmul(g, be.load_weight(qtensor(rng, (3, 67), "F32")))
     assert [k.kernel for k in be.launches].count("f32_to_f16") == (0 if fuse else 2)
 
 
@@ -237,11 +237,11 @@ def test_fp16_form_dropped_when_memory_is_rewritten():
     rng = np.random.default_rng(9)
     x = be.upload(rng.standard_normal((40, 64)).astype(np.float32))
     w = be.load_weight(qtensor(rng, (64, 64), "F32", std=0.1))
-    be.matmul(x, w)
+    be.ops.matmul(x, w)
     assert be._f16 and be._f16[-1][0].data.ptr == x.data.ptr
     be.matmul_into(be.upload(rng.standard_normal((40, 64)).astype(np.float32)), w, x)
     assert not any(e[0].data.ptr == x.data.ptr for e in be._f16), "a stale fp16 form"
-    y = be.matmul(x, w)
+    y = be.ops.matmul(x, w)
     wd = np.asarray(w.raw).view(np.float32).astype(np.float64)
     check(np.asarray(y), np.asarray(x, np.float64) @ wd.T, 1e-5)
 
@@ -275,7 +275,7 @@ def test_flash_tc_launch_and_fallback(bq, bk, D):
     )  # fmt: skip
     T, H, Hkv, pos0 = 70, 6, 2, 5
     cache = be.new_kv_cache(1, pos0 + T, Hkv, D)
-    be.attention(be.upload(np.zeros((T, H, D), np.float32)), cache, 0, pos0)
+    be.ops.attention(be.upload(np.zeros((T, H, D), np.float32)), cache, 0, pos0)
     names = [k.kernel for k in be.launches]
     if D in (32, 64, 96, 128):
         assert names == [f"attn_tc_d{D}"]
@@ -306,12 +306,14 @@ def test_ffn_gate_up_in_one_gemm_and_views_shared():
     assert up.f16.data.ptr == gate.f16.data.ptr + F * C * 2
     n_deq = [k.kernel for k in be.launches].count("dequant_f16_f32")
     assert n_deq == 3
-    be.swiglu(be.matmul(be.upload(h), gate), be.matmul(be.upload(h), up))  # the hooks' path
+    be.ops.swiglu(
+        be.ops.matmul(be.upload(h), gate), be.ops.matmul(be.upload(h), up)
+    )  # the hooks' path
     assert [k.kernel for k in be.launches].count("dequant_f16_f32") == n_deq
     # copies made apart (that path first) are not paired: ffn then takes two GEMMs
     be2 = EmuCuda(cfg(**{"matmul_prefill.variant": "resident"}))
     g2, u2, d2 = (be2.load_weight(q) for q in (qg, qu, qd))
-    be2.matmul(be2.upload(h), g2)
+    be2.ops.matmul(be2.upload(h), g2)
     out2 = np.asarray(be2._ffn(be2.upload(h), g2, u2, d2, be2.upload(r)))
     check(out2, ref, 1e-5)
     assert all(a[2] != 2 * F for a, _ in be2.gemms)
@@ -338,7 +340,7 @@ def test_flash_tc_stores_the_o_projection_input_under_resident():
                          "matmul_prefill.variant": "resident"}))  # fmt: skip
     T, H, D = 40, 4, 64
     cache = be.new_kv_cache(1, T, 2, D)
-    out = be.attention(be.upload(np.zeros((T, H, D), np.float32)), cache, 0, 0)
+    out = be.ops.attention(be.upload(np.zeros((T, H, D), np.float32)), cache, 0, 0)
     outh = be.launches[-1].args[4]
     assert outh.dtype == np.uint16 and outh.shape == (T, H * D)
     assert be._to_f16(out.reshape(T, H * D)) is outh  # the o projection reuses it

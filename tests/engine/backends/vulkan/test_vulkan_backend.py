@@ -168,7 +168,7 @@ def test_compile_error_reports_log_and_backend_stays_usable(tmp_path, monkeypatc
         w = qtensor(rng, (16, 64), "Q8_0")
         wv = be.load_weight(w)
         x = rng.standard_normal((1, 64)).astype(np.float32)
-        ref = be.download(be.matmul(be.upload(x), wv))
+        ref = be.download(be.ops.matmul(be.upload(x), wv))
         (tmp_path / "src" / "vulkan").mkdir(parents=True)
         text = (ROOT / "shaders" / "vulkan" / "matmul_decode.comp").read_text()
         # break every variant (a config may pick any of them), in an overlay of the sources
@@ -182,9 +182,9 @@ def test_compile_error_reports_log_and_backend_stays_usable(tmp_path, monkeypatc
             be.set_config(cand)
         assert be.config == TuningConfig.default("vulkan")
         monkeypatch.delenv(kernel_sources.ENV)
-        assert np.array_equal(be.download(be.matmul(be.upload(x), wv)), ref)
+        assert np.array_equal(be.download(be.ops.matmul(be.upload(x), wv)), ref)
         be.set_config(cand)  # the next config compiles and runs
-        assert nmse(ref, be.download(be.matmul(be.upload(x), wv))) < 1e-10
+        assert nmse(ref, be.download(be.ops.matmul(be.upload(x), wv))) < 1e-10
     finally:
         be.close()
 
@@ -203,9 +203,9 @@ def test_hung_kernel_raises_instead_of_hanging():
         x = be.upload(rng.standard_normal((64, 1024)).astype(np.float32))
         be.stream.timeout_s = 0.0  # nothing finishes in zero time: stands in for a hung kernel
         with pytest.raises(EngineError, match="did not finish"):
-            be.download(be.matmul(x, wv))
+            be.download(be.ops.matmul(x, wv))
         with pytest.raises(EngineError):  # and later calls fail fast too
-            be.download(be.matmul(x, wv))
+            be.download(be.ops.matmul(x, wv))
     finally:
         be.close()
 
@@ -224,13 +224,13 @@ def _toy_weights(be, seed: int) -> dict:  # noqa: ANN001
 
 def _toy_step(be, wv, tok, pos, cache):  # noqa: ANN001, ANN202
     """A decode-shaped graph: embedding -> matmul -> rope -> kv_write -> attention -> argmax."""
-    x = be.embedding(wv["emb"], tok)  # [1, 64]
-    q = be.reshape(be.matmul(x, wv["wq"]), (1, 2, 32))
-    q = be.rope(q, pos, 1e4, True)
-    be.kv_write(cache, 0, q, q, pos)
-    a = be.reshape(be.attention(q, cache, 0, pos), (1, 64))
-    logits = be.matmul(a, wv["head"])
-    return logits, be.argmax(logits)
+    x = be.ops.embedding(wv["emb"], tok)  # [1, 64]
+    q = be.ops.reshape(be.ops.matmul(x, wv["wq"]), (1, 2, 32))
+    q = be.ops.rope(q, pos, 1e4, True)
+    be.ops.kv_write(cache, 0, q, q, pos)
+    a = be.ops.reshape(be.ops.attention(q, cache, 0, pos), (1, 64))
+    logits = be.ops.matmul(a, wv["head"])
+    return logits, be.ops.argmax(logits)
 
 
 def test_replayed_decode_matches_recorded(vb):
@@ -270,7 +270,7 @@ def test_submit_in_flight_while_recording(vb):
         b = rng.standard_normal((3, 40)).astype(np.float32)
         bt = vb.upload(b)  # written by the host while an earlier submit may still run
         for _ in range(100):
-            x = vb.add(x, bt)
+            x = vb.ops.add(x, bt)
             ref = ref + b
             in_flight += vb.stream.inflight is not None
         if i == 1:
@@ -288,7 +288,7 @@ def test_argmax_result_is_never_stale(vb):
     for i in range(6):
         lg = np.zeros((1, 100), np.float32)
         lg[0, 10 + i] = 1.0
-        seen.append(int(vb.download(vb.argmax(vb.upload(lg)))[0]))
+        seen.append(int(vb.download(vb.ops.argmax(vb.upload(lg)))[0]))
     assert seen == [10, 11, 12, 13, 14, 15]
 
 
@@ -299,7 +299,7 @@ def test_profile_reports_per_kernel_times(vb):
     assert all(k.total_ms > 0 for k in prof.kernels.values())
     assert {"add.default", "argmax.two_stage", "argmax.two_stage.merge"} <= set(prof.kernels)
     vb.set_profiling(False)
-    vb.matmul(x, wv)
+    vb.ops.matmul(x, wv)
     assert vb.profile().kernels == {}
 
 
@@ -361,12 +361,12 @@ def test_decode_graph_replays_and_recaptures(vb):
 def _attention_step(be, wv, tok, pos, cache):  # noqa: ANN001, ANN202
     """A decode step whose "logits" are the attention output: embedding -> q, k, v (GQA 4 / 2,
     D 16) -> RoPE -> KV write -> attention; the next token is its argmax."""
-    x = be.embedding(wv["emb"], tok)  # [1, 64]
-    q = be.rope(be.reshape(be.matmul(x, wv["wq"]), (1, 4, 16)), pos, 1e4, True)
-    k = be.rope(be.reshape(be.matmul(x, wv["wk"]), (1, 2, 16)), pos, 1e4, True)
-    be.kv_write(cache, 0, k, be.reshape(be.matmul(x, wv["wv"]), (1, 2, 16)), pos)
-    a = be.reshape(be.attention(q, cache, 0, pos), (1, 64))
-    return a, be.argmax(a)
+    x = be.ops.embedding(wv["emb"], tok)  # [1, 64]
+    q = be.ops.rope(be.ops.reshape(be.ops.matmul(x, wv["wq"]), (1, 4, 16)), pos, 1e4, True)
+    k = be.ops.rope(be.ops.reshape(be.ops.matmul(x, wv["wk"]), (1, 2, 16)), pos, 1e4, True)
+    be.ops.kv_write(cache, 0, k, be.ops.reshape(be.ops.matmul(x, wv["wv"]), (1, 2, 16)), pos)
+    a = be.ops.reshape(be.ops.attention(q, cache, 0, pos), (1, 64))
+    return a, be.ops.argmax(a)
 
 
 @pytest.mark.parametrize("splits", [4, 8])
@@ -436,14 +436,17 @@ def test_staging_paths_of_discrete_gpus(tiny_model_path, monkeypatch):
         x = np.arange(24, dtype=np.float32).reshape(6, 4)
         t = be.upload(x)
         assert t.buf.host is None, "device buffers must not be mapped in staging mode"
-        assert np.array_equal(be.download(be.rows(t, 2, 5)), x[2:5])
+        assert np.array_equal(be.download(be.ops.rows(t, 2, 5)), x[2:5])
         rng = np.random.default_rng(8)
         w = qtensor(rng, (300, 256), "Q6_K")  # 63 KB: 16 staging chunks
         wv = be.load_weight(w)
         xs = rng.standard_normal((3, 256)).astype(np.float32)
         ref = NumpyBackend()
         assert (
-            nmse(ref.matmul(xs, ref.load_weight(w)), be.download(be.matmul(be.upload(xs), wv)))
+            nmse(
+                ref.ops.matmul(xs, ref.load_weight(w)),
+                be.download(be.ops.matmul(be.upload(xs), wv)),
+            )
             < 1e-10
         )
         g = open_model(tiny_model_path)

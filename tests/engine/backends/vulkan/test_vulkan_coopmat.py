@@ -246,7 +246,7 @@ def test_coopmat_knobs_on_ragged_shapes(cb, knobs, qtype):
     for T, n, blocks in ((2, 33, 1), (41, 19, 2), (130, 300, 3), (513, 70, 1)):
         w = qtensor(rng, (n, k_for(qtype, blocks)), qtype)
         x = rng.standard_normal((T, w.shape[1])).astype(np.float32)
-        out = cb.download(cb.matmul(cb.upload(x), cb.load_weight(w)))
+        out = cb.download(cb.ops.matmul(cb.upload(x), cb.load_weight(w)))
         assert out.shape == (T, n) and np.isfinite(out).all()
         wd = dense(w)
         assert nmse(x.astype(np.float64) @ wd.T, out) < 5e-4
@@ -268,7 +268,7 @@ def test_coopmat_weight_split_into_row_ranges(cb):
         cb.max_weight_bytes = old
     assert len(wt.parts) > 1
     x = rng.standard_normal((37, 256)).astype(np.float32)
-    out = cb.download(cb.matmul(cb.upload(x), wt))
+    out = cb.download(cb.ops.matmul(cb.upload(x), wt))
     assert nmse(half_ref(x, dense(w)), out) < 1e-9
 
 
@@ -305,8 +305,8 @@ def test_coopmat_attention(cb, wg, T, H, Hkv, D, pos0):
     vc = rng.standard_normal((L + 2, Hkv, D)).astype(np.float32)
     q = rng.standard_normal((T + 2, H, D)).astype(np.float32)
     cache = cb.new_kv_cache(1, L + 2, Hkv, D)
-    cb.kv_write(cache, 0, cb.upload(kc), cb.upload(vc), 0)
-    out = cb.download(cb.attention(cb.rows(cb.upload(q), 1, T + 1), cache, 0, pos0))
+    cb.ops.kv_write(cache, 0, cb.upload(kc), cb.upload(vc), 0)
+    out = cb.download(cb.ops.attention(cb.ops.rows(cb.upload(q), 1, T + 1), cache, 0, pos0))
     assert out.shape == (T, H, D) and np.isfinite(out).all()
     ref = attention_ref(q[1 : T + 1], kc, vc, pos0)
     limit = 1e-9 if (T == 1 or D % 16) else 2e-5  # split: float32; flash: fp16 tiles

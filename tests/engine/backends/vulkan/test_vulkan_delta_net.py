@@ -48,8 +48,8 @@ def test_matches_numpy(vb, transposed, v_order, wg, dk, dv):
     s_vk = vb.upload(np.ascontiguousarray(S0.transpose(0, 2, 1)) if transposed else S0)
     for T in (9, 1, 1):  # a prefill chunk, then two decode steps on the carried state
         args = _inputs(rng, T, Hk, Hv, dk, dv)
-        o_ref = ref.delta_net(*args, s_ref, v_order, 1e-6)
-        o_vk = vb.download(vb.delta_net(*args, s_vk, v_order, 1e-6))
+        o_ref = ref.ops.delta_net(*args, s_ref, v_order, 1e-6)
+        o_vk = vb.download(vb.ops.delta_net(*args, s_vk, v_order, 1e-6))
         assert nmse(o_ref, o_vk) < 1e-10, (T, nmse(o_ref, o_vk))
     got = vb.download(s_vk).reshape((Hv, dv, dk) if transposed else S0.shape)
     if transposed:
@@ -63,14 +63,14 @@ def test_rejects_a_head_wider_than_the_workgroup(vb):
     rng = np.random.default_rng(0)
     args = _inputs(rng, 2, 1, 1, 16, 64)
     with pytest.raises(ValueError, match="wg_size 32"):
-        vb.delta_net(*args, vb.upload(np.zeros((1, 16, 64), np.float32)), "grouped", 1e-6)
+        vb.ops.delta_net(*args, vb.upload(np.zeros((1, 16, 64), np.float32)), "grouped", 1e-6)
 
 
 def test_rejects_a_key_head_wider_than_max_dk(vb):
     vb.set_config(TuningConfig.from_flat("vulkan", {"delta_net.max_dk": 64}))
     args = _inputs(np.random.default_rng(0), 2, 1, 1, 128, 32)
     with pytest.raises(ValueError, match="max_dk 64"):
-        vb.delta_net(*args, vb.upload(np.zeros((1, 128, 32), np.float32)), "grouped", 1e-6)
+        vb.ops.delta_net(*args, vb.upload(np.zeros((1, 128, 32), np.float32)), "grouped", 1e-6)
 
 
 def _chunked(wg: int, chunk: int, scan_wg: int, transposed: bool = False, max_dk: int = 128):
@@ -103,8 +103,8 @@ def test_chunked_matches_numpy_on_ragged_lengths(vb, chunk, lengths, v_order):
         S0 = rng.standard_normal((Hv, dk, dv)).astype(np.float32) * 0.3
         s_ref, s_vk = S0.copy(), vb.upload(S0)
         args = _inputs(rng, T, Hk, Hv, dk, dv)
-        o_ref = ref.delta_net(*args, s_ref, v_order, 1e-6)
-        o_vk = vb.download(vb.delta_net(*args, s_vk, v_order, 1e-6))
+        o_ref = ref.ops.delta_net(*args, s_ref, v_order, 1e-6)
+        o_vk = vb.download(vb.ops.delta_net(*args, s_vk, v_order, 1e-6))
         assert nmse(o_ref, o_vk) < 1e-10, (T, nmse(o_ref, o_vk))
         assert nmse(s_ref, vb.download(s_vk)) < 1e-10, T
     assert_no_validation_errors(vb)
@@ -126,7 +126,7 @@ def test_chunked_prefill_leaves_the_sequential_state_for_decode(vb, transposed):
     ):
         vb.set_config(cfg)
         state = vb.upload(np.zeros((Hv, d, d), np.float32))
-        outs = [vb.download(vb.delta_net(*a, state, "tiled", 1e-6)) for a in steps]
+        outs = [vb.download(vb.ops.delta_net(*a, state, "tiled", 1e-6)) for a in steps]
         runs[cfg.op("delta_net").variant] = (outs, vb.download(state))
     (o_seq, s_seq), (o_ch, s_ch) = runs["sequential"], runs["chunked"]
     for a, b in zip(o_seq, o_ch, strict=True):
@@ -134,7 +134,7 @@ def test_chunked_prefill_leaves_the_sequential_state_for_decode(vb, transposed):
     assert nmse(s_seq, s_ch) < 1e-10
     ref_state = np.zeros((Hv, d, d))
     for a in steps:
-        NumpyBackend().delta_net(*a, ref_state, "tiled", 1e-6)
+        NumpyBackend().ops.delta_net(*a, ref_state, "tiled", 1e-6)
     got = s_ch.reshape(Hv, d, d)
     assert nmse(ref_state, got.transpose(0, 2, 1) if transposed else got) < 1e-10
     assert_no_validation_errors(vb)

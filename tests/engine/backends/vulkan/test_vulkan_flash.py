@@ -115,7 +115,7 @@ def test_flash_attention(cb, T, H, Hkv, D, pos0, matrix_scale):
     # the same as the coopmat variant's pass (16 queries a workgroup) within fp16 rounding
     if T > 1 and D % 16 == 0:
         cb.set_config(TuningConfig.default("vulkan").replace(**{"attention.variant": "coopmat"}))
-        old = cb.download(cb.attention(cb.rows(cb.upload(q), 1, T + 1), cache, 0, pos0))
+        old = cb.download(cb.ops.attention(cb.ops.rows(cb.upload(q), 1, T + 1), cache, 0, pos0))
         assert nmse(old, out) < 2e-5
 
 
@@ -142,9 +142,9 @@ def _flash_run(cb, T, H, Hkv, D, pos0, chunk, scale=False, profile=True):  # noq
     kc[L:], vc[L:] = np.nan, np.nan
     q = 2.0 * rng.standard_normal((T + 2, H, D)).astype(np.float32)
     cache = cb.new_kv_cache(1, L + 40, Hkv, D)
-    cb.kv_write(cache, 0, cb.upload(kc), cb.upload(vc), 0)
+    cb.ops.kv_write(cache, 0, cb.upload(kc), cb.upload(vc), 0)
     cb.set_profiling(profile)
-    out = cb.download(cb.attention(cb.rows(cb.upload(q), 1, T + 1), cache, 0, pos0))
+    out = cb.download(cb.ops.attention(cb.ops.rows(cb.upload(q), 1, T + 1), cache, 0, pos0))
     kernels = set(cb.profile().kernels) if profile else set()
     cb.set_profiling(False)
     return out, attention_ref(q[1 : T + 1], kc[:L], vc[:L], pos0), kernels, (q, cache)

@@ -78,13 +78,13 @@ def _run(rb, fuse: bool, T: int, D: int, seed: int):  # noqa: ANN001, ANN202
     w2 = qtensor(rng, (70, D), "F32")
     nwt, w1t, w2t = rb.load_weight(nw), rb.load_weight(w1), rb.load_weight(w2)
     for wt in (w1t, w2t):  # the one-time fp16 weight copies, before counting
-        rb.matmul(rb.upload(np.ones((2, D), np.float32)), wt)
+        rb.ops.matmul(rb.upload(np.ones((2, D), np.float32)), wt)
     rb.synchronize()
     rb.set_profiling(True)
     _, y = rb.add_rms_norm(rb.upload(r), rb.upload(x), nwt, 1e-6)
-    o1 = rb.matmul(y, w1t)
-    h = rb.swiglu(rb.upload(g), rb.upload(u))
-    o2 = rb.matmul(h, w2t)
+    o1 = rb.ops.matmul(y, w1t)
+    h = rb.ops.swiglu(rb.upload(g), rb.upload(u))
+    o2 = rb.ops.matmul(h, w2t)
     outs = [rb.download(t) for t in (y, o1, h, o2)]
     kernels = rb.profile().kernels
     x16 = sum(t.calls for k, t in kernels.items() if k.startswith("matmul_prefill") and ".x16" in k)

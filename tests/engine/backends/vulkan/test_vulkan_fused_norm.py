@@ -54,11 +54,11 @@ def test_add_rms_norm_is_add_then_norm_bit_for_bit(vb, T, D, wg):
     r = rng.standard_normal((T + 1, D)).astype(np.float32) * 3
     wq = qtensor(rng, (D,), "F32", std=1.0)
     w = vb.load_weight(wq)
-    xt = vb.rows(vb.upload(x), 2, T + 2)  # views at an offset
-    rt = vb.rows(vb.upload(r), 1, T + 1)
+    xt = vb.ops.rows(vb.upload(x), 2, T + 2)  # views at an offset
+    rt = vb.ops.rows(vb.upload(r), 1, T + 1)
     vb.set_config(_cfg({"rms_norm.wg_size": wg}))
-    s0 = vb.add(rt, xt)
-    y0 = vb.rms_norm(s0, w, 1e-6)
+    s0 = vb.ops.add(rt, xt)
+    y0 = vb.ops.rms_norm(s0, w, 1e-6)
     plain = vb.download(s0), vb.download(y0)
     vb.set_config(_cfg(FUSE | {"rms_norm.wg_size": wg}))
     poison_free_buffers(vb, T * D)
@@ -190,10 +190,10 @@ def test_stream_kick_submits_pieces_in_order(vb):
     assert not vb.stream.kick(1) and vb.stream.idle()
     y = x
     for _ in range(3):  # three pieces of a chain y = y + x
-        y = vb.add(y, x)
+        y = vb.ops.add(y, x)
         assert not vb.stream.kick(3)
-        y = vb.add(y, x)
-        y = vb.add(y, x)
+        y = vb.ops.add(y, x)
+        y = vb.ops.add(y, x)
         assert vb.stream.kick(3) and not vb.stream.nodes
     for _ in range(500):
         if vb.stream.idle():

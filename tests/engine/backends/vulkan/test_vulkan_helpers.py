@@ -45,7 +45,7 @@ def prefill_and_decode(m, be, prompt: list[int], steps: int) -> tuple[list[np.nd
 
     def step(t, p):  # noqa: ANN001, ANN202
         lg = m.forward(t, 1, p, cache)
-        return lg, be.argmax(lg)
+        return lg, be.ops.argmax(lg)
 
     for i in range(steps):
         lg, tok = be.decode_step(step, tok, len(prompt) + i, cache)
@@ -96,6 +96,6 @@ def assert_matmuls_on_the_default_config(be) -> None:  # noqa: ANN001
     """After a refused set_config: the backend still multiplies, on the default (tiled) GEMM."""
     w = qtensor(np.random.default_rng(0), (9, 256), "Q4_K")  # the suites' scale
     x = np.random.default_rng(1).standard_normal((3, 256)).astype(np.float32)
-    out = be.download(be.matmul(be.upload(x), be.load_weight(w)))
+    out = be.download(be.ops.matmul(be.upload(x), be.load_weight(w)))
     assert be.config.op("matmul_prefill").variant == "tiled"
     assert op_cases.nmse(x.astype(np.float64) @ op_cases.dense(w).T, out) < 1e-8

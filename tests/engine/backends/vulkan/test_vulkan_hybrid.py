@@ -36,7 +36,7 @@ def _vec(name, a):
 def test_cols(vb):
     x = _f32(np.random.default_rng(0), 5, 3, 40)
     for a, b in ((0, 40), (0, 16), (16, 40), (7, 8)):
-        got = vb.download(vb.cols(vb.upload(x), a, b))
+        got = vb.download(vb.ops.cols(vb.upload(x), a, b))
         assert np.array_equal(got, x[..., a:b]), (a, b)
 
 
@@ -50,15 +50,15 @@ def test_gates_sigmoid_and_partial_rope(vb):
     ref = NumpyBackend()
     a, b = _f32(rng, 7, 6) * 4, _f32(rng, 7, 6) * 4
     dt, sa = _vec("dt", _f32(rng, 6)), _vec("a", -rng.uniform(1, 8, 6))
-    g_ref, beta_ref = ref.ssm_gates(a, b, ref.load_weight(dt), ref.load_weight(sa))
-    g, beta = vb.ssm_gates(vb.upload(a), vb.upload(b), vb.load_weight(dt), vb.load_weight(sa))
+    g_ref, beta_ref = ref.ops.ssm_gates(a, b, ref.load_weight(dt), ref.load_weight(sa))
+    g, beta = vb.ops.ssm_gates(vb.upload(a), vb.upload(b), vb.load_weight(dt), vb.load_weight(sa))
     assert nmse(g_ref, vb.download(g)) < 1e-12 and nmse(beta_ref, vb.download(beta)) < 1e-12
     x, gate = _f32(rng, 3, 4, 32), _f32(rng, 3, 4, 32)
-    got = vb.download(vb.sigmoid_mul(vb.upload(gate), vb.upload(x)))
-    assert nmse(ref.sigmoid_mul(gate, x), got) < 1e-12
+    got = vb.download(vb.ops.sigmoid_mul(vb.upload(gate), vb.upload(x)))
+    assert nmse(ref.ops.sigmoid_mul(gate, x), got) < 1e-12
     for n_rot in (8, 32):
-        want = ref.rope_partial(x, 5, 1e7, n_rot)
-        got = vb.download(vb.rope_partial(vb.upload(x), 5, 1e7, n_rot))
+        want = ref.ops.rope_partial(x, 5, 1e7, n_rot)
+        got = vb.download(vb.ops.rope_partial(vb.upload(x), 5, 1e7, n_rot))
         assert nmse(want, got) < 1e-10, n_rot
         assert np.array_equal(got[..., n_rot:], x[..., n_rot:])
 
@@ -67,8 +67,8 @@ def test_router_topk(vb):
     rng = np.random.default_rng(3)
     logits = _f32(rng, 9, 256) * 3
     logits[0, 17] = logits[0, 5] = 40.0  # a tie: the lower index first, as the stable sort
-    ids, w = vb.router_topk(vb.upload(logits), 8)
-    want_ids, want_w = NumpyBackend().router_topk(logits, 8)
+    ids, w = vb.ops.router_topk(vb.upload(logits), 8)
+    want_ids, want_w = NumpyBackend().ops.router_topk(logits, 8)
     assert vb.download(ids).tolist() == want_ids.tolist()
     assert np.allclose(vb.download(w), want_w, atol=1e-6)
 
@@ -80,10 +80,10 @@ def test_moe_experts(vb, qtype):
     gate, up = qtensor(rng, (E, F, C), qtype, 0.1), qtensor(rng, (E, F, C), qtype, 0.1)
     down = qtensor(rng, (E, C, F), qtype, 0.1)
     x = _f32(rng, T, C)
-    ids, w = NumpyBackend().router_topk(_f32(rng, T, E), k)
+    ids, w = NumpyBackend().ops.router_topk(_f32(rng, T, E), k)
     ref = NumpyBackend()
-    want = ref.moe_experts(x, ids, w, *(ref.load_weight(t) for t in (gate, up, down)))
-    got = vb.moe_experts(
+    want = ref.ops.moe_experts(x, ids, w, *(ref.load_weight(t) for t in (gate, up, down)))
+    got = vb.ops.moe_experts(
         vb.upload(x), vb.upload(ids), vb.upload(w), *(vb.load_weight(t) for t in (gate, up, down))
     )
     assert nmse(want, vb.download(got)) < 1e-10
@@ -115,10 +115,10 @@ def test_moe_experts_variants_with_skewed_routing(vb, variant, tile, qtype, C, F
         logits = _f32(rng, T, E)
         logits[:, 3] += 6.0  # expert 3 in every token's top-k: a run of T pairs
         logits[:, 6:] -= 20.0  # experts 6, 7 never chosen
-        ids, w = ref.router_topk(logits, k)
+        ids, w = ref.ops.router_topk(logits, k)
         x = _f32(rng, T, C)
-        want = ref.moe_experts(x, ids, w, *wn)
-        got = vb.moe_experts(vb.upload(x), vb.upload(ids), vb.upload(w), *wv)
+        want = ref.ops.moe_experts(x, ids, w, *wn)
+        got = vb.ops.moe_experts(vb.upload(x), vb.upload(ids), vb.upload(w), *wv)
         assert nmse(want, vb.download(got)) < 1e-10, T
 
 

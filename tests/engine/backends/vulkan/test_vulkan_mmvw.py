@@ -74,7 +74,7 @@ def _qkv(vb, rng: np.random.Generator, types: tuple[str, str, str]) -> tuple:  #
 
 def _x_view(vb, x: np.ndarray, off: int):  # noqa: ANN001, ANN202
     buf = vb.upload(np.concatenate([[np.nan] * off, x, [np.nan] * 5]).astype(np.float32))
-    return vb.reshape(vb.rows(buf, off, off + x.size), (1, x.size))
+    return vb.ops.reshape(vb.ops.rows(buf, off, off + x.size), (1, x.size))
 
 
 @pytest.mark.parametrize("flat", [s[0] for s in SAMPLES], ids=[s[1] for s in SAMPLES])
@@ -96,7 +96,7 @@ def test_mmvw_dots_the_rounded_activations(vb, flat, qtype):
         for off in (0, 1, 2, 3):
             x = rng.standard_normal(k).astype(np.float32)
             poison_free_buffers(vb, n)
-            y = vb.matmul(_x_view(vb, x, off), wv)
+            y = vb.ops.matmul(_x_view(vb, x, off), wv)
             out = vb.download(y)
             xr, _, _ = q8_1(x)
             check_dot(out, xr[None], ref_w, 1e-10)  # integer dots: exact up to float sums
@@ -154,11 +154,11 @@ def test_norm_and_swiglu_store_their_q8_form(vb, D, flat):
     x = rng.standard_normal((1, D)).astype(np.float32) * 3
     nw = vb.load_weight(qtensor(rng, (D,), "F32", std=1.0))
     g, u = (rng.standard_normal((1, D)).astype(np.float32) for _ in range(2))
-    plain = [vb.download(vb.rms_norm(vb.upload(x), nw, 1e-6))]
-    plain.append(vb.download(vb.swiglu(vb.upload(g), vb.upload(u))))
+    plain = [vb.download(vb.ops.rms_norm(vb.upload(x), nw, 1e-6))]
+    plain.append(vb.download(vb.ops.swiglu(vb.upload(g), vb.upload(u))))
     vb.set_config(_cfg(vb, flat))
     for i, t in enumerate(
-        (vb.rms_norm(vb.upload(x), nw, 1e-6), vb.swiglu(vb.upload(g), vb.upload(u)))
+        (vb.ops.rms_norm(vb.upload(x), nw, 1e-6), vb.ops.swiglu(vb.upload(g), vb.upload(u)))
     ):
         out = vb.download(t)
         assert np.allclose(out, plain[i], rtol=1e-6, atol=1e-6)
@@ -176,7 +176,7 @@ def test_norm_and_swiglu_store_their_q8_form(vb, D, flat):
             wt = vb.load_weight(w)
             vb.synchronize()
             before = vb.stats()["dispatches"]
-            y = vb.download(vb.matmul(t, wt))
+            y = vb.download(vb.ops.matmul(t, wt))
             assert vb.stats()["dispatches"] - before == 1
             check_dot(y, q8_1(out.reshape(-1))[0][None], dense(w), 1e-10)
 
@@ -255,11 +255,11 @@ def test_attention_merge_stores_the_q8_form(vb, H, Hkv, D, pos0):
     cache = vb.new_kv_cache(1, pos0 + 4, Hkv, D)
     k = rng.standard_normal((pos0 + 1, Hkv, D)).astype(np.float32)
     v = rng.standard_normal((pos0 + 1, Hkv, D)).astype(np.float32)
-    vb.kv_write(cache, 0, vb.upload(k), vb.upload(v), 0)
+    vb.ops.kv_write(cache, 0, vb.upload(k), vb.upload(v), 0)
     q = vb.upload(rng.standard_normal((1, H, D)).astype(np.float32))
-    plain = vb.download(vb.attention(q, cache, 0, pos0))
+    plain = vb.download(vb.ops.attention(q, cache, 0, pos0))
     vb.set_config(_cfg(vb, {}))
-    out_t = vb.attention(q, cache, 0, pos0)
+    out_t = vb.ops.attention(q, cache, 0, pos0)
     out = vb.download(out_t)
     assert np.array_equal(out, plain)
     q8 = vb._q8_lookup(out_t.reshape((1, H * D)))
@@ -287,12 +287,12 @@ def test_attention_fuse_combine(vb, T, H, Hkv, D, pos0, splits, mmvw):
     L = pos0 + T
     k = rng.standard_normal((L, Hkv, D)).astype(np.float32)
     v = rng.standard_normal((L, Hkv, D)).astype(np.float32)
-    vb.kv_write(cache, 0, vb.upload(k), vb.upload(v), 0)
+    vb.ops.kv_write(cache, 0, vb.upload(k), vb.upload(v), 0)
     q = vb.upload(rng.standard_normal((T, H, D)).astype(np.float32))
     split = {"attention.splits": splits, "attention.splits_prefill": splits}
     base = MMVW if mmvw else {}
     vb.set_config(TuningConfig.default("vulkan").replace(**base, **split))
-    want_t = vb.attention(q, cache, 0, pos0)
+    want_t = vb.ops.attention(q, cache, 0, pos0)
     want = vb.download(want_t)
     want_q8 = vb._q8_lookup(want_t.reshape((T, H * D)))
     vb.set_config(TuningConfig.default("vulkan").replace(**base, **split, **{
@@ -300,7 +300,7 @@ def test_attention_fuse_combine(vb, T, H, Hkv, D, pos0, splits, mmvw):
     for _ in range(3):
         vb.synchronize()
         before = vb.stats()["dispatches"]
-        got_t = vb.attention(q, cache, 0, pos0)
+        got_t = vb.ops.attention(q, cache, 0, pos0)
         assert np.array_equal(vb.download(got_t), want)
         assert vb.stats()["dispatches"] - before == 1
         got_q8 = vb._q8_lookup(got_t.reshape((T, H * D)))

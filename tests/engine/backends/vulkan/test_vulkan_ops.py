@@ -136,7 +136,7 @@ def _check_matmuls(vb, rng: np.random.Generator, qtype: str, shapes: tuple) -> N
         x = rng.standard_normal((T, w.shape[1])).astype(np.float32)
         xt, wv = vb.upload(x), vb.load_weight(w)
         poison_free_buffers(vb, x.shape[0] * n)
-        y = vb.matmul(xt, wv)
+        y = vb.ops.matmul(xt, wv)
         out = vb.download(y)
         assert np.isfinite(out).all()
         assert nmse(x.astype(np.float64) @ dense(w).T, out) < 5e-4
@@ -184,10 +184,10 @@ def test_weights_split_into_row_ranges(vb, qtype, prefill):
     ref = dense(w)
     for T in (1, 5):
         x = rng.standard_normal((T, w.shape[1])).astype(np.float32)
-        out = vb.download(vb.matmul(vb.upload(x), wv))
+        out = vb.download(vb.ops.matmul(vb.upload(x), wv))
         assert nmse(x.astype(np.float64) @ ref.T, out) < 5e-4
     ids = np.array([0, 49, 15, 16, 33, 48], np.int32)  # both sides of every range boundary
-    emb = vb.download(vb.embedding(wv, vb.upload(ids)))
+    emb = vb.download(vb.ops.embedding(wv, vb.upload(ids)))
     assert nmse(ref[ids], emb) < 1e-10
 
 
@@ -235,9 +235,9 @@ def test_matmul_decode_block_ragged(vb, flat, qtype):
         for off in (0, 1, 2, 3):
             x = rng.standard_normal(k).astype(np.float32)
             buf = vb.upload(np.concatenate([[np.nan] * off, x, [np.nan] * 5]))  # NaN: no reads
-            xt = vb.reshape(vb.rows(buf, off, off + k), (1, k))
+            xt = vb.ops.reshape(vb.ops.rows(buf, off, off + k), (1, k))
             poison_free_buffers(vb, n)
-            y = vb.matmul(xt, wv)
+            y = vb.ops.matmul(xt, wv)
             out = vb.download(y)
             assert np.isfinite(out).all(), f"N={n} K={k} x offset {off}"
             assert nmse(x[None].astype(np.float64) @ ref_w.T, out) < 5e-4, f"N={n} K={k} +{off}"
@@ -251,12 +251,12 @@ def test_ops_on_row_views(vb):
     xt = vb.upload(x)
     w = qtensor(rng, (40, 256), "Q4_K")
     wv = vb.load_weight(w)
-    out = vb.download(vb.matmul(vb.rows(xt, 5, 6), wv))  # T == 1 from the last row
+    out = vb.download(vb.ops.matmul(vb.ops.rows(xt, 5, 6), wv))  # T == 1 from the last row
     assert nmse(x[5:6].astype(np.float64) @ dense(w).T, out) < 5e-4
-    out = vb.download(vb.matmul(vb.rows(xt, 2, 5), wv))
+    out = vb.download(vb.ops.matmul(vb.ops.rows(xt, 2, 5), wv))
     assert nmse(x[2:5].astype(np.float64) @ dense(w).T, out) < 5e-4
     nw = vb.load_weight(qtensor(rng, (256,), "F32", std=1.0))
-    normed = vb.download(vb.rms_norm(vb.rows(xt, 3, 4), nw, 1e-6))
+    normed = vb.download(vb.ops.rms_norm(vb.ops.rows(xt, 3, 4), nw, 1e-6))
     x64 = x[3:4].astype(np.float64)
     ref = (
         x64
@@ -268,11 +268,11 @@ def test_ops_on_row_views(vb):
         )
     )
     assert nmse(ref, normed) < 1e-10
-    s = vb.download(vb.add(vb.rows(xt, 1, 3), vb.rows(xt, 4, 6)))
+    s = vb.download(vb.ops.add(vb.ops.rows(xt, 1, 3), vb.ops.rows(xt, 4, 6)))
     assert np.allclose(s, x[1:3] + x[4:6])
     ids = vb.upload(np.array([7, 3, 9, 1], np.int32))
     table = qtensor(rng, (10, 64), "Q8_0")
-    emb = vb.download(vb.embedding(vb.load_weight(table), vb.rows(ids, 1, 3)))
+    emb = vb.download(vb.ops.embedding(vb.load_weight(table), vb.ops.rows(ids, 1, 3)))
     assert nmse(dense(table)[[3, 9]], emb) < 1e-12
 
 
@@ -288,30 +288,30 @@ def test_small_ops_at_workgroup_extremes(vb, op, wg):
     if op == "rms_norm":
         nw = vb.load_weight(qtensor(rng, (64,), "F32", std=1.0))
         nwd = vb.download(nw.f32).astype(np.float64)
-        out = vb.download(vb.rms_norm(vb.upload(x), nw, 1e-5))
+        out = vb.download(vb.ops.rms_norm(vb.upload(x), nw, 1e-5))
         x64 = x.astype(np.float64)
         ref = x64 / np.sqrt((x64**2).mean(-1, keepdims=True) + 1e-5) * nwd
     elif op == "add":
-        out = vb.download(vb.add(vb.upload(x), vb.upload(x * 2)))
+        out = vb.download(vb.ops.add(vb.upload(x), vb.upload(x * 2)))
         ref = x * 3.0
     elif op == "swiglu":
-        out = vb.download(vb.swiglu(vb.upload(x), vb.upload(x)))
+        out = vb.download(vb.ops.swiglu(vb.upload(x), vb.upload(x)))
         g = x.astype(np.float64)
         ref = g / (1 + np.exp(-g)) * g
     elif op == "rope":
         from engine.backends.numpy_ref import NumpyBackend
 
-        out = vb.download(vb.rope(vb.upload(x), 300, 1e4, False))
-        ref = NumpyBackend().rope(x, 300, 1e4, False)
+        out = vb.download(vb.ops.rope(vb.upload(x), 300, 1e4, False))
+        ref = NumpyBackend().ops.rope(x, 300, 1e4, False)
     elif op == "argmax":
         lg = rng.standard_normal((3, 1000)).astype(np.float32)
-        out = vb.download(vb.argmax(vb.upload(lg)))
+        out = vb.download(vb.ops.argmax(vb.upload(lg)))
         assert out.tolist() == np.argmax(lg, -1).tolist()
         return
     elif op == "embedding":
         table = qtensor(rng, (9, 64), "Q4_0")
         ids = np.array([8, 0, 8], np.int32)
-        out = vb.download(vb.embedding(vb.load_weight(table), vb.upload(ids)))
+        out = vb.download(vb.ops.embedding(vb.load_weight(table), vb.upload(ids)))
         ref = dense(table)[ids]
     else:  # kv_write and attention
         from engine.backends.numpy_ref import NumpyBackend
@@ -320,11 +320,11 @@ def test_small_ops_at_workgroup_extremes(vb, op, wg):
         q = rng.standard_normal((3, 4, 64)).astype(np.float32)
         kv = rng.standard_normal((3, 2, 64)).astype(np.float32)
         cv, cn = vb.new_kv_cache(1, 9, 2, 64), nb.new_kv_cache(1, 9, 2, 64)
-        vb.kv_write(cv, 0, vb.upload(kv), vb.upload(kv * 0.5), 2)
-        nb.kv_write(cn, 0, kv, kv * 0.5, 2)
+        vb.ops.kv_write(cv, 0, vb.upload(kv), vb.upload(kv * 0.5), 2)
+        nb.ops.kv_write(cn, 0, kv, kv * 0.5, 2)
         assert np.array_equal(vb.download(cv.v[0]), cn.v[0])
-        out = vb.download(vb.attention(vb.upload(q), cv, 0, 2))
-        ref = nb.attention(q, cn, 0, 2)
+        out = vb.download(vb.ops.attention(vb.upload(q), cv, 0, 2))
+        ref = nb.ops.attention(q, cn, 0, 2)
         # positions 0, 1 are zeros in both caches: they take part in the softmax identically
     assert nmse(ref, out) < 1e-9
 
@@ -379,11 +379,11 @@ def test_attention_variants(vb, flat, T, H, Hkv, D, pos0):
     vc = rng.standard_normal((L + 2, Hkv, D)).astype(np.float32)
     q = rng.standard_normal((T + 2, H, D)).astype(np.float32)
     cache = vb.new_kv_cache(1, L + 2, Hkv, D)
-    vb.kv_write(cache, 0, vb.upload(kc), vb.upload(vc), 0)  # keys beyond L must stay unseen
+    vb.ops.kv_write(cache, 0, vb.upload(kc), vb.upload(vc), 0)  # keys beyond L must stay unseen
     vb.synchronize()  # the uploads are free buffers now: poisoning them must come after
-    qt = vb.rows(vb.upload(q), 1, T + 1)
+    qt = vb.ops.rows(vb.upload(q), 1, T + 1)
     poison_free_buffers(vb, T * H * D)
-    y = vb.attention(qt, cache, 0, pos0)
+    y = vb.ops.attention(qt, cache, 0, pos0)
     out = vb.download(y)
     assert np.isfinite(out).all()
     assert nmse(attention_ref(q[1 : T + 1], kc, vc, pos0), out) < 1e-9
@@ -414,11 +414,11 @@ def test_argmax_nan_inf_and_ties(vb, flat):
     lg[5] = -np.inf
     lg[5, [640, 1000]] = -1e30
     lg[6, 1000] = 1.0  # the last element of the last slice
-    out = vb.download(vb.argmax(vb.upload(lg)))
+    out = vb.download(vb.ops.argmax(vb.upload(lg)))
     assert out.tolist() == np.argmax(lg, -1).tolist() == [0, 5, 17, 0, 998, 640, 1000]
-    rows = vb.rows(vb.upload(lg), 4, 7)
+    rows = vb.ops.rows(vb.upload(lg), 4, 7)
     poison_free_buffers(vb, 3)
-    y = vb.argmax(rows)
+    y = vb.ops.argmax(rows)
     assert vb.download(y).tolist() == [998, 640, 1000]
     assert_canary_after(vb, y)
 
@@ -437,7 +437,7 @@ def test_required_subgroup_size_the_device_lacks_is_a_constraint(vb):
     # still usable, still on the previous config
     w = qtensor(np.random.default_rng(0), (8, 32), "Q8_0")
     x = np.ones((1, 32), np.float32)
-    assert nmse(x @ dense(w).T, vb.download(vb.matmul(vb.upload(x), vb.load_weight(w)))) < 1e-6
+    assert nmse(x @ dense(w).T, vb.download(vb.ops.matmul(vb.upload(x), vb.load_weight(w)))) < 1e-6
 
 
 def test_block_variant_constraints(vb):
@@ -472,7 +472,9 @@ def test_registry_tells_the_truth_about_quant_types(vb):
     for q in sorted(QUANT_TYPES):
         w = qtensor(rng, (3, k_for(q, 1)), q)
         x = rng.standard_normal((1, w.shape[1])).astype(np.float32)
-        assert nmse(x @ dense(w).T, vb.download(vb.matmul(vb.upload(x), vb.load_weight(w)))) < 5e-4
+        assert (
+            nmse(x @ dense(w).T, vb.download(vb.ops.matmul(vb.upload(x), vb.load_weight(w)))) < 5e-4
+        )
 
 
 def test_tiled_vec4_needs_tiles_of_64(vb):

@@ -231,8 +231,8 @@ def test_resident_knobs_on_ragged_shapes(rb, knobs, qtype):
     for T, n, blocks in ((2, 33, 1), (41, 19, 2), (130, 300, 3), (513, 70, 1), (128, 256, 2)):
         w = qtensor(rng, (n, k_for(qtype, blocks)), qtype)
         x = rng.standard_normal((T + 1, w.shape[1])).astype(np.float32)
-        xt = rb.rows(rb.upload(x), 1, T + 1)  # x at an offset
-        out = rb.download(rb.matmul(xt, rb.load_weight(w)))
+        xt = rb.ops.rows(rb.upload(x), 1, T + 1)  # x at an offset
+        out = rb.download(rb.ops.matmul(xt, rb.load_weight(w)))
         assert out.shape == (T, n) and np.isfinite(out).all()
         wd = dense(w)
         assert nmse(x[1:].astype(np.float64) @ wd.T, out) < 5e-4
@@ -250,17 +250,17 @@ def test_projections_of_one_input_share_its_fp16_form(rb):
     rb.set_config(TuningConfig.default("vulkan").replace(**RESIDENT, **{MP_SPLIT: 1}))
     wt = [rb.load_weight(w) for w in ws]
     for w in wt:  # the one-time fp16 weight copies, before counting
-        rb.matmul(rb.upload(x), w)
+        rb.ops.matmul(rb.upload(x), w)
     rb.synchronize()
     xt = rb.upload(x)
     rb.synchronize()
     before = rb.stats()["dispatches"]
-    shared = [rb.download(rb.matmul(xt, w)) for w in wt]
+    shared = [rb.download(rb.ops.matmul(xt, w)) for w in wt]
     assert rb.stats()["dispatches"] - before == 1 + 3
-    apart = [rb.download(rb.matmul(rb.upload(x), w)) for w in wt]
+    apart = [rb.download(rb.ops.matmul(rb.upload(x), w)) for w in wt]
     for a, b in zip(shared, apart, strict=True):
         assert np.array_equal(a, b)
-    view = rb.download(rb.matmul(rb.rows(xt, 1, 41), wt[0]))
+    view = rb.download(rb.ops.matmul(rb.ops.rows(xt, 1, 41), wt[0]))
     assert np.array_equal(view, shared[0][1:])
 
 
@@ -281,7 +281,7 @@ def test_fill_groups_small_tiles_give_the_same_bits(rb):
         )
         wt, xt = rb.load_weight(w), rb.upload(x)
         rb.set_profiling(True)
-        outs[fill] = rb.download(rb.matmul(xt, wt))
+        outs[fill] = rb.download(rb.ops.matmul(xt, wt))
         kernels[fill] = set(rb.profile().kernels)
         rb.set_profiling(False)
     assert not any(".small" in k for k in kernels[0])
@@ -319,7 +319,7 @@ def test_prefetch_two_gives_the_same_bits(rb, knobs):
         outs = []
         for cfg in cfgs:
             rb.set_config(cfg)
-            outs.append(rb.download(rb.matmul(rb.upload(x), rb.load_weight(w))))
+            outs.append(rb.download(rb.ops.matmul(rb.upload(x), rb.load_weight(w))))
         assert np.array_equal(outs[0], outs[1]), (T, n, K)
         assert nmse(half_ref(x, dense(w)), outs[1]) < 1e-9
 
@@ -347,7 +347,7 @@ def test_split_k_sums_the_ranges(rb, split, knobs):
         try:
             wt = rb.load_weight(w)
             rb.set_profiling(True)
-            out = rb.download(rb.matmul(rb.rows(rb.upload(x), 1, T + 1), wt))
+            out = rb.download(rb.ops.matmul(rb.ops.rows(rb.upload(x), 1, T + 1), wt))
             kernels = set(rb.profile().kernels)
             rb.set_profiling(False)
         finally:
@@ -389,7 +389,7 @@ def test_resident_row_ranges_and_memory_report(rb):
         wt = rb.load_weight(w)
         before = rb.memory_report().weight_bytes
         x = rng.standard_normal((37, 512)).astype(np.float32)
-        out = rb.download(rb.matmul(rb.upload(x), wt))
+        out = rb.download(rb.ops.matmul(rb.upload(x), wt))
     finally:
         rb.max_weight_bytes = old
     assert wt.f16 is not None and len(wt.f16) > len(wt.parts)

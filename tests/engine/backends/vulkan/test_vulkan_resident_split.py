@@ -91,7 +91,7 @@ def _run(rb, flat: dict, seed: int):  # noqa: ANN001, ANN202
         x = rng.standard_normal((T + 1, K)).astype(np.float32)
         wt = rb.load_weight(w)
         rb.set_profiling(True)
-        out = rb.download(rb.matmul(rb.rows(rb.upload(x), 1, T + 1), wt))
+        out = rb.download(rb.ops.matmul(rb.ops.rows(rb.upload(x), 1, T + 1), wt))
         kernels = set(rb.profile().kernels)
         rb.set_profiling(False)
         yield (T, n, K), out, half_ref(x[1:], dense(w)), kernels

@@ -87,7 +87,7 @@ def test_chain_of_pieces_queued_ahead():
         x = be.upload(np.ones(1 << 16, np.float32))
         y = x
         for _ in range(4):
-            y = be.add(y, x)
+            y = be.ops.add(y, x)
             assert be.stream.kick(1, ahead=True)
         assert len(be.stream.older) >= 1 or be.stream.idle()
         assert np.array_equal(be.download(y), np.full(1 << 16, 5, np.float32))
@@ -107,7 +107,7 @@ def test_pieces_ahead_around_a_waiting_submit():
         cache = be.new_kv_cache(1, 8, 1, 16)
         rows = [np.full((1, 1, 16), i + 1, np.float32) for i in range(5)]
         for i, r in enumerate(rows):
-            be.kv_write(cache, 0, be.upload(r), be.upload(-r), i)
+            be.ops.kv_write(cache, 0, be.upload(r), be.upload(-r), i)
             if i % 2 == 0:
                 assert be.stream.kick(1, ahead=True)
             else:
