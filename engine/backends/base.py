@@ -76,6 +76,12 @@ class _Live:
 POISON_BYTE = 0xFF
 
 
+def _unsupported(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Marks the base's default of an optional op (it raises UnsupportedError): Ops.has."""
+    fn.unsupported = True  # type: ignore[attr-defined]
+    return fn
+
+
 def host_scratch(shape: tuple[int, ...], dtype: Any, poison: bool) -> np.ndarray:
     """np.empty, or under validate (``Backend.poison``) filled with POISON_BYTE."""
     out = np.empty(shape, dtype)
@@ -320,24 +326,30 @@ class Backend(FusionPass, ABC):
         return self.ops.matmuls(x, ws)
 
     # the hybrid and MoE ops are optional: a backend without them cannot load such a model
-    # (HybridModel checks ``ops.has`` at load) and says so at the first op
+    # (HybridModel checks ``ops.has``, which reads the ``unsupported`` mark, at load) and says
+    # so at the first op
     def _no_hybrid(self, op: str) -> UnsupportedError:
         from engine.errors import UnsupportedError
 
         return UnsupportedError(f"backend {self.name!r} has no {op} op: hybrid models need it")
 
+    @_unsupported
     def _rope_partial(self, x: Tensor, pos0: int, theta: float, n_rot: int) -> Tensor:
         raise self._no_hybrid("rope_partial")
 
+    @_unsupported
     def _sigmoid_mul(self, gate: Tensor, x: Tensor) -> Tensor:
         raise self._no_hybrid("sigmoid_mul")
 
+    @_unsupported
     def _ssm_conv(self, x: Tensor, state: Tensor, w: Weight) -> Tensor:
         raise self._no_hybrid("ssm_conv")
 
+    @_unsupported
     def _ssm_gates(self, a: Tensor, b: Tensor, dt_bias: Weight, ssm_a: Weight) -> tuple:
         raise self._no_hybrid("ssm_gates")
 
+    @_unsupported
     def _delta_net(
         self,
         q: Tensor,
@@ -351,9 +363,11 @@ class Backend(FusionPass, ABC):
     ) -> Tensor:
         raise self._no_hybrid("delta_net")
 
+    @_unsupported
     def _router_topk(self, logits: Tensor, k: int) -> tuple:
         raise self._no_hybrid("router_topk")
 
+    @_unsupported
     def _moe_experts(
         self, x: Tensor, ids: Tensor, weights: Tensor, gate: Weight, up: Weight, down: Weight
     ) -> Tensor:

@@ -16,7 +16,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from engine.backends.base import Backend
     from engine.backends.cache import KVCache
 
 Tensor = Any
@@ -35,15 +34,13 @@ class Ops:
     the backend's ``_<op>``; profiling and tools may wrap an op on this object (an instance
     attribute), which every caller of ``backend.ops`` then goes through."""
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Any) -> None:  # a Backend (base.py imports this module)
         self._b = backend
 
     def has(self, op: str) -> bool:
-        """Whether the backend implements op (not the base contract's "unsupported")."""
-        from engine.backends.base import Backend
-
-        impl = "_" + op
-        return getattr(type(self._b), impl) is not getattr(Backend, impl)
+        """Whether the backend implements op: not the base's default of an optional op, which
+        raises UnsupportedError (marked ``unsupported``)."""
+        return not getattr(getattr(self._b, "_" + op), "unsupported", False)
 
     # --- the dense model's ops ----------------------------------------------------------
     def embedding(self, table: Weight, ids: Tensor) -> Tensor:

@@ -147,7 +147,7 @@ class VkElementwiseOps:
         return out
 
     def _rope_partial(self, x: VkTensor, pos0: int, theta: float, n_rot: int) -> VkTensor:
-        return self.ops.rope(x, pos0, theta, True, n_rot)
+        return self._rope(x, pos0, theta, True, n_rot)  # its rope with n_rot
 
     def _sigmoid_mul(self, gate: VkTensor, x: VkTensor) -> VkTensor:
         gate, x = self._as_tensor(gate), self._as_tensor(x)

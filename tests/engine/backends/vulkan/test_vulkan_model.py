@@ -237,18 +237,18 @@ def test_decode_graph_matches_plain_decode(vb, tiny_model_factory):
     without the Python ops, with the same logits as plain steps (submit.replay = false)."""
     model, _ = _model(tiny_model_factory("qwen3", "q4_k_m"), vb)
     calls = []
-    real = type(vb).embedding
+    real = type(vb)._embedding
 
     def counting(self, *a):  # noqa: ANN001, ANN202
         calls.append(1)
         return real(self, *a)
 
     prompt = list(range(5, 25))
-    type(vb).embedding = counting
+    type(vb)._embedding = counting
     try:
         g = model.generate(prompt, 24, keep_logits=True)
     finally:
-        type(vb).embedding = real
+        type(vb)._embedding = real
     assert len(calls) <= 3, f"{len(calls)} embedding calls: decode steps were not replayed"
     vb.set_config(TuningConfig.default("vulkan").replace(**{"submit.replay": False}))
     p = model.generate(prompt, 24, keep_logits=True)
