@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from engine import backends
     from engine.backends.numpy_ref import NumpyBackend
+    from engine.backends.plan import DnGatedIn
     from engine.tuning import TuningConfig
 
     p = HYBRID_PRESETS[a.preset]
@@ -90,8 +91,8 @@ def main(argv: list[str] | None = None) -> int:
 
         def call(i: int, ws: list = ws, ins: list = ins) -> Any:
             w, (s, c, qkv, al, bt, z) = ws[i % LAYERS], ins[i % LAYERS]
-            return be._delta_net_conv_gated(qkv, c, w[0], Hk, dk, al, bt, w[1], w[2], s,
-                                           p_order, 1e-6, w[3], z)  # fmt: skip
+            gated = DnGatedIn(al, bt, w[1], w[2], s, p_order, 1e-6, w[3], z)
+            return be._delta_net_conv_gated(qkv, c, w[0], Hk, dk, gated)
 
         clu = be._dn_clu_launch(be.config.op("delta_net"), Hk, Hv, dk, dv)
         row: dict[str, Any] = {"config": name, "kernel": clu[0] if clu else "delta_net_conv_step"}
@@ -100,15 +101,14 @@ def main(argv: list[str] | None = None) -> int:
             s0 = np.ascontiguousarray(lay[4].transpose(0, 2, 1))  # S^T on the device
             s, c = be.upload(s0), be.upload(lay[5])
             w = ws[0]
-            got = be.download(be._delta_net_conv_gated(
-                be.upload(lay[6]), c, w[0], Hk, dk, be.upload(lay[7]), be.upload(lay[8]), w[1],
-                w[2], s, p_order, 1e-6, w[3], be.upload(lay[9])))  # fmt: skip
+            gated = DnGatedIn(be.upload(lay[7]), be.upload(lay[8]), w[1], w[2], s, p_order,
+                              1e-6, w[3], be.upload(lay[9]))  # fmt: skip
+            got = be.download(be._delta_net_conv_gated(be.upload(lay[6]), c, w[0], Hk, dk, gated))
             ref = NumpyBackend()
             rs, rc = lay[4].copy(), lay[5].copy()
-            want = ref._delta_net_conv_gated(
-                lay[6], rc, *(ref.load_weight(t) for t in lay[:1]), Hk, dk, lay[7], lay[8],
-                ref.load_weight(lay[1]), ref.load_weight(lay[2]), rs, p_order, 1e-6,
-                ref.load_weight(lay[3]), lay[9])  # fmt: skip
+            gated = DnGatedIn(lay[7], lay[8], ref.load_weight(lay[1]), ref.load_weight(lay[2]), rs,
+                              p_order, 1e-6, ref.load_weight(lay[3]), lay[9])  # fmt: skip
+            want = ref._delta_net_conv_gated(lay[6], rc, ref.load_weight(lay[0]), Hk, dk, gated)
             want = np.asarray(want, np.float64)
             row["nmse"] = float(np.sum((got - want) ** 2) / max(np.sum(want**2), 1e-30))
             gs = be.download(s).transpose(0, 2, 1)

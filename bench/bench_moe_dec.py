@@ -242,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         return harness.list_cases({n: CONFIGS[n] for n in names})
     from engine import backends
+    from engine.backends.plan import Moe
     from engine.errors import BackendUnavailable
     from engine.tuning import TuningConfig
 
@@ -265,15 +266,15 @@ def main(argv: list[str] | None = None) -> int:
 
         ref = NumpyBackend()
         h0 = be.download(hs[0]).astype(np.float32)
-        out = ref._moe_ffn(h0, be.download(r), ref.load_weight(router), K_USED,
-                          tuple(ref.load_weight(t) for t in experts),
-                          tuple(ref.load_weight(t) for t in shared))  # fmt: skip
+        moe = Moe(ref.load_weight(router), K_USED, tuple(ref.load_weight(t) for t in experts),
+                  tuple(ref.load_weight(t) for t in shared))  # fmt: skip
+        out = ref._moe_ffn(h0, be.download(r), moe)
         want = np.asarray(out, np.float64)
 
     def call_of(name: str) -> Any:
         if "_pre" in name:  # x = hs[i] the residual row, normed by pre (in the route or apart)
-            return lambda i: be._moe_ffn_prenorm(hs[i], pre, wr, K_USED, we, ws, None, 1e-6)
-        return lambda i: be._moe_ffn(hs[i], r, wr, K_USED, we, ws)
+            return lambda i: be._moe_ffn_prenorm(hs[i], pre, Moe(wr, K_USED, we, ws), None, 1e-6)
+        return lambda i: be._moe_ffn(hs[i], r, Moe(wr, K_USED, we, ws))
 
     rows = []
     for name in names:

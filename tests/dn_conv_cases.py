@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from engine.backends.numpy_ref import NumpyBackend
+from engine.backends.plan import DnGatedIn
 from tests.op_cases import f32_tensor
 
 
@@ -61,9 +62,10 @@ class ConvGatedCase:
         qkv, a, b, z = ins
         w = [be.load_weight(t) for t in self.weights]
         s, c = self.states[name]
-        return be.download(be._delta_net_conv_gated(
-            be.upload(qkv), c, w[0], self.Hk, self.dk, be.upload(a), be.upload(b), w[1], w[2], s,
-            v_order, 1e-6, w[3], be.upload(z)))  # fmt: skip
+        gated = DnGatedIn(be.upload(a), be.upload(b), w[1], w[2], s, v_order, 1e-6, w[3],
+                          be.upload(z))  # fmt: skip
+        return be.download(be._delta_net_conv_gated(be.upload(qkv), c, w[0], self.Hk, self.dk,
+                                                    gated))  # fmt: skip
 
     def steps(
         self, be: Any, configs: dict[str, Any], v_order: str, n: int = 3
@@ -82,6 +84,5 @@ class ConvGatedCase:
         """NumPy's step on s_ref, c_ref (both advanced in place)."""
         qkv, a, b, z = ins
         rw = self.rw
-        return self.ref._delta_net_conv_gated(
-            qkv, self.c_ref, rw[0], self.Hk, self.dk, a, b, rw[1], rw[2], self.s_ref, v_order,
-            1e-6, rw[3], z)  # fmt: skip
+        gated = DnGatedIn(a, b, rw[1], rw[2], self.s_ref, v_order, 1e-6, rw[3], z)
+        return self.ref._delta_net_conv_gated(qkv, self.c_ref, rw[0], self.Hk, self.dk, gated)

@@ -44,16 +44,15 @@ class FusionPass:
                     return b._ffn(h, ffn.gate, ffn.up, ffn.down, x)
                 x, h = b._ffn_norm(h, ffn.gate, ffn.up, ffn.down, x, nxt, s.rms_eps)
             elif isinstance(ffn, P.Moe):
-                moe = (ffn.router, ffn.k, ffn.experts, ffn.shared)
                 if fold:  # the post-attention norm, the MoE FFN and the next layer's norm
-                    out = b._moe_ffn_prenorm(x, layer.ffn_norm, *moe, nxt, s.rms_eps)
+                    out = b._moe_ffn_prenorm(x, layer.ffn_norm, ffn, nxt, s.rms_eps)
                     if nxt is None:
                         return out
                     x, h = out
                 elif nxt is None:
-                    return b._moe_ffn(h, x, *moe)
+                    return b._moe_ffn(h, x, ffn)
                 else:
-                    x, h = b._moe_ffn_norm(h, x, *moe, nxt, s.rms_eps)
+                    x, h = b._moe_ffn_norm(h, x, ffn, nxt, s.rms_eps)
             else:  # the model's own FFN (forced MoE routes)
                 x = b.ops.add(x, ffn(h, i, pos0))
                 if nxt is not None:
@@ -110,10 +109,10 @@ class FusionPass:
             alpha = b.ops.reshape(b.ops.cols(packed, rv, 2 * rv), (n, Hv))
         else:
             beta_in, alpha = ba  # [T, Hv] each
-        return b._delta_net_conv_gated(
-            qkv, cache.conv[layer], m.conv, Hk, ssm.head_k_dim, alpha, beta_in, m.dt_bias,
-            m.ssm_a, cache.ssm[layer], ssm.v_order, s.rms_eps, m.norm, z,
-        )  # fmt: skip
+        gated = P.DnGatedIn(
+            alpha, beta_in, m.dt_bias, m.ssm_a, cache.ssm[layer], ssm.v_order, s.rms_eps, m.norm, z
+        )
+        return b._delta_net_conv_gated(qkv, cache.conv[layer], m.conv, Hk, ssm.head_k_dim, gated)
 
     # --- the fused steps: the default is the op sequence each replaces -------------------
     def _attn_in(self, a: P.AttnIn) -> Tensor:
@@ -187,25 +186,12 @@ class FusionPass:
         self.ops.kv_write(cache, layer, k, v, pos0)
         return q, gate
 
-    def _delta_net_gated(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        a: Tensor,
-        b: Tensor,
-        dt_bias: Weight,
-        ssm_a: Weight,
-        state: Tensor,
-        v_order: str,
-        eps: float,
-        norm: Weight,
-        z: Tensor,
-    ) -> Tensor:
+    def _delta_net_gated(self, q: Tensor, k: Tensor, v: Tensor, gated: P.DnGatedIn) -> Tensor:
         """A delta-net layer after its conv: the gates of a, b (ssm_gates), the scan
         (delta_net), each head's output RMS-normalised by norm, times silu(z) -> [T, Hv * dv]
         (z's shape). The op-by-op schedule of engine/hybrid.py, in its order; a backend may
         run it in fewer launches."""
+        a, b, dt_bias, ssm_a, state, v_order, eps, norm, z = gated
         g, beta = self.ops.ssm_gates(a, b, dt_bias, ssm_a)
         o = self.ops.delta_net(q, k, v, g, beta, state, v_order, eps)
         o = self.ops.rms_norm(o, norm, eps)
@@ -218,65 +204,41 @@ class FusionPass:
         conv_w: Weight,
         n_k_heads: int,
         head_k_dim: int,
-        a: Tensor,
-        b: Tensor,
-        dt_bias: Weight,
-        ssm_a: Weight,
-        state: Tensor,
-        v_order: str,
-        eps: float,
-        norm: Weight,
-        z: Tensor,
+        gated: P.DnGatedIn,
     ) -> Tensor:
         """A delta-net layer from its raw q/k/v projection qkv [T, 2 Hk dk + Hv dv]: ssm_conv
         (conv_state updated in place), the q / k / v columns, then delta_net_gated. The
         op-by-op schedule of engine/hybrid.py, in its order; a backend may run it in fewer
         launches."""
         n, kd = int(qkv.shape[0]), n_k_heads * head_k_dim
-        Hv = int(a.shape[-1])
-        dv = int(z.shape[-1]) // Hv
+        Hv = int(gated.a.shape[-1])
+        dv = int(gated.z.shape[-1]) // Hv
         x = self.ops.ssm_conv(qkv, conv_state, conv_w)
         q = self.ops.reshape(self.ops.cols(x, 0, kd), (n, n_k_heads, head_k_dim))
         k = self.ops.reshape(self.ops.cols(x, kd, 2 * kd), (n, n_k_heads, head_k_dim))
         v = self.ops.reshape(self.ops.cols(x, 2 * kd, 2 * kd + Hv * dv), (n, Hv, dv))
-        return self._delta_net_gated(q, k, v, a, b, dt_bias, ssm_a, state, v_order, eps, norm, z)
+        return self._delta_net_gated(q, k, v, gated)
 
-    def _moe_ffn(
-        self,
-        h: Tensor,
-        r: Tensor,
-        router: Weight,
-        k: int,
-        experts: tuple[Weight, Weight, Weight],
-        shared: tuple[Weight, Weight, Weight, Weight] | None = None,
-    ) -> Tensor:
+    def _moe_ffn(self, h: Tensor, r: Tensor, moe: P.Moe) -> Tensor:
         """r + a MoE FFN of h: router (logits h @ router^T, router_topk), the routed experts
         (gate, up, down: moe_experts) and, with shared = (gate_inp_shexp, gate, up, down), the
         shared expert scaled by sigmoid(h @ gate_inp_shexp^T). The op-by-op schedule of
         engine/hybrid.py's _ffn, in its order; a backend may run it in fewer launches."""
-        ids, w = self.ops.router_topk(self.ops.matmul(h, router), k)
-        y = self.ops.moe_experts(h, ids, w, *experts)
-        if shared is not None:
-            sg, gate, up, down = shared
+        ids, w = self.ops.router_topk(self.ops.matmul(h, moe.router), moe.k)
+        y = self.ops.moe_experts(h, ids, w, *moe.experts)
+        if moe.shared is not None:
+            sg, gate, up, down = moe.shared
             sh = self.ops.swiglu(*self.ops.matmuls(h, (gate, up)))
             sh = self.ops.matmul(sh, down)
             y = self.ops.add(y, self.ops.sigmoid_mul(self.ops.matmul(h, sg), sh))
         return self.ops.add(r, y)
 
     def _moe_ffn_norm(
-        self,
-        h: Tensor,
-        r: Tensor,
-        router: Weight,
-        k: int,
-        experts: tuple[Weight, Weight, Weight],
-        shared: tuple[Weight, Weight, Weight, Weight] | None,
-        norm: Weight,
-        eps: float,
+        self, h: Tensor, r: Tensor, moe: P.Moe, norm: Weight, eps: float
     ) -> tuple[Tensor, Tensor]:
-        """(y, rms_norm(y)) with y = moe_ffn(h, r, ...): the MoE block and the next layer's
+        """(y, rms_norm(y)) with y = moe_ffn(h, r, moe): the MoE block and the next layer's
         input norm (as ffn_norm for the dense FFN)."""
-        y = self._moe_ffn(h, r, router, k, experts, shared)
+        y = self._moe_ffn(h, r, moe)
         return y, self.ops.rms_norm(y, norm, eps)
 
     def _moe_prenorm(self, n: int) -> bool:
@@ -286,20 +248,12 @@ class FusionPass:
         return False
 
     def _moe_ffn_prenorm(
-        self,
-        x: Tensor,
-        pre: Weight,
-        router: Weight,
-        k: int,
-        experts: tuple[Weight, Weight, Weight],
-        shared: tuple[Weight, Weight, Weight, Weight] | None,
-        norm: Weight | None,
-        eps: float,
+        self, x: Tensor, pre: Weight, moe: P.Moe, norm: Weight | None, eps: float
     ) -> Any:
         """moe_ffn_norm of rms_norm(x, pre) with residual x: the post-attention norm, the MoE
         block and (norm not None) the next layer's input norm -> (y, rms_norm(y, norm)); with
         norm None, y alone."""
         h = self.ops.rms_norm(x, pre, eps)
         if norm is None:
-            return self._moe_ffn(h, x, router, k, experts, shared)
-        return self._moe_ffn_norm(h, x, router, k, experts, shared, norm, eps)
+            return self._moe_ffn(h, x, moe)
+        return self._moe_ffn_norm(h, x, moe, norm, eps)

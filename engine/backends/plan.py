@@ -113,3 +113,20 @@ class AttnIn(NamedTuple):
     heads: tuple[int, int, int]
     theta: float
     neox: bool
+
+
+class DnGatedIn(NamedTuple):
+    """The gated delta-net steps' inputs after q / k / v (``_delta_net_gated``,
+    ``_delta_net_conv_gated``) as one value: the gate inputs a (alpha) and b (beta) [T, Hv],
+    the layer's dt_bias and ssm_a, its recurrent state (updated in place), the V heads' order,
+    eps, the output norm and z [T, Hv * dv] (the output gate)."""
+
+    a: Any
+    b: Any
+    dt_bias: Any
+    ssm_a: Any
+    state: Any
+    v_order: str
+    eps: float
+    norm: Any
+    z: Any

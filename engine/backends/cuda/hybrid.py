@@ -25,6 +25,7 @@ from engine.backends.cuda import kernels
 from engine.backends.cuda.kernels import QTYPE_SUFFIX
 from engine.backends.cuda.moe_dec import CudaMoeDecodeOps
 from engine.backends.cuda.moe_tc import MAX_TILES, CudaMoeTcOps, tc_ok, tc_tiles
+from engine.backends.plan import DnGatedIn
 from engine.tuning.variants.cuda import CUDA_BLOCK_TYPES as _MMVW  # the types mmvw.cu decodes
 
 MAX_CONV = 8  # hybrid.cu ssm_conv_state keeps K - 1 <= 7 inputs per channel in registers
@@ -80,31 +81,21 @@ def _max_tiles(pairs: int, experts: int, choice: Any) -> int:
     return math.ceil(pairs / int(choice.tile_pairs)) + min(experts, pairs)
 
 
-def _gated_args_fit(
-    a: Any,
-    b: Any,
-    dt_bias: Any,
-    ssm_a: Any,
-    norm: Any,
-    z: Any,
-    state: Any,
-    Hv: int,
-    dk: int,
-    dv: int,
-) -> bool:
+def _gated_args_fit(gated: DnGatedIn, Hv: int, dk: int, dv: int) -> bool:
     """A decode token's gate inputs (a, b, dt_bias, ssm_a: Hv values each), the norm weight (dv),
     z (Hv * dv) and a C-contiguous state of Hv * dk * dv: what dn_step.cu's fused kernels
     take."""
+    g = gated
     return (
-        int(a.size) == Hv
-        and int(b.size) == Hv
-        and int(dt_bias.f32.size) == Hv
-        and int(ssm_a.f32.size) == Hv
-        and norm.f32 is not None
-        and int(norm.f32.size) == dv
-        and int(z.size) == Hv * dv
-        and int(state.size) == Hv * dk * dv
-        and bool(state.flags.c_contiguous)
+        int(g.a.size) == Hv
+        and int(g.b.size) == Hv
+        and int(g.dt_bias.f32.size) == Hv
+        and int(g.ssm_a.f32.size) == Hv
+        and g.norm.f32 is not None
+        and int(g.norm.f32.size) == dv
+        and int(g.z.size) == Hv * dv
+        and int(g.state.size) == Hv * dk * dv
+        and bool(g.state.flags.c_contiguous)
     )
 
 
@@ -379,23 +370,10 @@ class CudaHybridOps(CudaMoeTcOps, CudaMoeDecodeOps):  # moe_tc.py, moe_ffn: moe_
         )  # fmt: skip
         return out
 
-    def _delta_net_gated(
-        self,
-        q: Any,
-        k: Any,
-        v: Any,
-        a: Any,
-        b: Any,
-        dt_bias: Any,
-        ssm_a: Any,
-        state: Any,
-        v_order: str,
-        eps: float,
-        norm: Any,
-        z: Any,
-    ) -> Any:
+    def _delta_net_gated(self, q: Any, k: Any, v: Any, gated: DnGatedIn) -> Any:
         """Under delta_net.fuse_decode a one-token call is dn_step.cu's delta_net_step: gates,
         the scan's step and the gated norm in one launch (bit-identical to the four)."""
+        a, b, dt_bias, ssm_a, state, v_order, eps, norm, z = gated
         c = self.config.knobs("delta_net")
         T, Hk, dk = (int(s) for s in q.shape)
         Hv, dv = (int(v.shape[1]), int(v.shape[2])) if v.ndim == 3 else (0, 0)
@@ -408,11 +386,9 @@ class CudaHybridOps(CudaMoeTcOps, CudaMoeDecodeOps):  # moe_tc.py, moe_ffn: moe_
             or Hv % Hk
             or tuple(k.shape) != tuple(q.shape)
             or int(v.shape[0]) != 1
-            or not _gated_args_fit(a, b, dt_bias, ssm_a, norm, z, state, Hv, dk, dv)
+            or not _gated_args_fit(gated, Hv, dk, dv)
         ):
-            return super()._delta_net_gated(  # type: ignore[misc]
-                q, k, v, a, b, dt_bias, ssm_a, state, v_order, eps, norm, z
-            )
+            return super()._delta_net_gated(q, k, v, gated)  # type: ignore[misc]
         q, k, v, a, b, z = (self._contig(t) for t in (q, k, v, a, b, z))
         o, y = self._empty((Hv, dv)), self._empty(tuple(z.shape))
         tickets = self._lazy_tickets("_dn_tickets", MAX_DN_HEADS)  # each head's last block resets
@@ -433,19 +409,12 @@ class CudaHybridOps(CudaMoeTcOps, CudaMoeDecodeOps):  # moe_tc.py, moe_ffn: moe_
         conv_w: Any,
         n_k_heads: int,
         head_k_dim: int,
-        a: Any,
-        b: Any,
-        dt_bias: Any,
-        ssm_a: Any,
-        state: Any,
-        v_order: str,
-        eps: float,
-        norm: Any,
-        z: Any,
+        gated: DnGatedIn,
     ) -> Any:
         """Under delta_net.fuse_conv (with fuse_decode) a one-token call is dn_step.cu's
         delta_net_conv_step: the conv step, gates, the scan's step and the gated norm in one
         launch, q / k / v read from the raw projection row (no column copies)."""
+        a, b, dt_bias, ssm_a, state, v_order, eps, norm, z = gated
         c = self.config.knobs("delta_net")
         Hk, dk = n_k_heads, head_k_dim
         Hv = int(a.shape[-1]) if a.ndim else 0
@@ -467,12 +436,11 @@ class CudaHybridOps(CudaMoeTcOps, CudaMoeDecodeOps):  # moe_tc.py, moe_ffn: moe_
             or not 1 < K <= MAX_CONV
             or int(conv_state.size) != (K - 1) * Cc
             or not conv_state.flags.c_contiguous
-            or not _gated_args_fit(a, b, dt_bias, ssm_a, norm, z, state, Hv, dk, dv)
+            or not _gated_args_fit(gated, Hv, dk, dv)
         ):
             return super()._delta_net_conv_gated(  # type: ignore[misc]
-                qkv, conv_state, conv_w, n_k_heads, head_k_dim, a, b, dt_bias, ssm_a, state,
-                v_order, eps, norm, z,
-            )  # fmt: skip
+                qkv, conv_state, conv_w, n_k_heads, head_k_dim, gated
+            )
         qkv, a, b, z = (self._contig(t) for t in (qkv, a, b, z))
         clu = self._dn_clu_launch(c, Hk, Hv, dk, dv)
         if clu is not None:  # delta_net.step_cluster: dn_clu.cu, a cluster per K head

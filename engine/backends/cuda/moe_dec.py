@@ -1,5 +1,6 @@
 """A decode token's MoE FFN in three launches (shaders/cuda/moe_dec.cu), mixed into CudaBackend
-through CudaHybridOps: the moe_ffn op of engine.backends.base under moe_experts.fuse_decode.
+through CudaHybridOps: the fusion pass's _moe_ffn steps (engine/backends/fusion.py) under
+moe_experts.fuse_decode.
 
 The op-by-op schedule of a qwen35moe layer's FFN is fifteen launches (router matmul, top-k,
 gate, up, SwiGLU, down, combine; the shared expert's gate, up, SwiGLU, down, gate logit,
@@ -15,6 +16,8 @@ import math
 from typing import Any
 
 import numpy as np
+
+from engine.backends.plan import Moe
 
 MAX_ROUTE_EXPERTS = 1024  # topk.cuh: 32 experts per lane
 MAX_ROWS = 12  # moe_dec.cu MAXR: the routed experts (+ the shared one) one thread dots at once
@@ -51,11 +54,10 @@ class CudaMoeDecodeOps:
     _cp: Any
     config: Any
 
-    def _moe_dec_on(
-        self, h: Any, r: Any, router: Any, k: int, experts: tuple, shared: tuple | None
-    ) -> bool:
+    def _moe_dec_on(self, h: Any, r: Any, moe: Moe) -> bool:
         """Whether moe_dec.cu runs this call: a decode row, the knob on a float variant, and
         weights the kernels decode (else the op-by-op schedule)."""
+        router, k, experts, shared = moe.router, moe.k, moe.experts, moe.shared
         c = self.config.knobs("moe_experts")
         if c.variant not in ("dmmv", "grouped", "tc") or not int(c.fuse_decode):
             return False
@@ -107,30 +109,13 @@ class CudaMoeDecodeOps:
     def _route_tickets(self) -> Any:
         return self._lazy_tickets("_moe_tickets", MAX_TOKENS)  # the route's last block, per token
 
-    def _moe_ffn(
-        self,
-        h: Any,
-        r: Any,
-        router: Any,
-        k: int,
-        experts: tuple,
-        shared: tuple | None = None,
-    ) -> Any:
-        if not self._moe_dec_on(h, r, router, k, experts, shared):
-            return super()._moe_ffn(h, r, router, k, experts, shared)  # type: ignore[misc]
-        return self._moe_dec(h, r, router, k, experts, shared)
+    def _moe_ffn(self, h: Any, r: Any, moe: Moe) -> Any:
+        if not self._moe_dec_on(h, r, moe):
+            return super()._moe_ffn(h, r, moe)  # type: ignore[misc]
+        return self._moe_dec(h, r, moe)
 
     def _moe_dec(
-        self,
-        h: Any,
-        r: Any,
-        router: Any,
-        k: int,
-        experts: tuple,
-        shared: tuple | None,
-        norm: Any = None,
-        eps: float = 0.0,
-        pre: Any = None,
+        self, h: Any, r: Any, moe: Moe, norm: Any = None, eps: float = 0.0, pre: Any = None
     ) -> Any:
         """moe_dec.cu's three launches -> r + the MoE FFN of h; with norm, (that, its norm).
         With pre (moe_experts.fuse_pre_norm), h is None: the route computes h = rms_norm(r) *
@@ -141,7 +126,8 @@ class CudaMoeDecodeOps:
             h = self._empty(r.shape)
         h = self._aligned16(self._cp.ascontiguousarray(h, dtype=np.float32))
         T, C = (int(s) for s in h.shape)
-        gate, up, down = experts
+        router, k, shared = moe.router, moe.k, moe.shared
+        gate, up, down = moe.experts
         E, F = int(gate.shape[0]), int(gate.shape[1])
         c = self.config.knobs("moe_experts")
         rows, tpr = int(c.rows_per_block), int(c.threads_per_row)
@@ -245,39 +231,27 @@ class CudaMoeDecodeOps:
         on = c.variant in ("dmmv", "grouped", "tc") and int(c.fuse_decode)
         return bool(n == 1 and on and int(c.fuse_pre_norm))
 
-    def _moe_ffn_prenorm(
-        self,
-        x: Any,
-        pre: Any,
-        router: Any,
-        k: int,
-        experts: tuple,
-        shared: tuple | None,
-        norm: Any,
-        eps: float,
-    ) -> Any:
+    def _moe_ffn_prenorm(self, x: Any, pre: Any, moe: Moe, norm: Any, eps: float) -> Any:
         """Under moe_experts.fuse_pre_norm the route kernel (moe_dec_route_rn, a block per
         router row) normalises x itself: the post-attention norm's launch folded into it; with
         fuse_norm the down kernel's tail runs the next layer's norm too."""
         c = self.config.knobs("moe_experts")
         C = int(x.shape[-1])
-        sg = None if shared is None else shared[0]
+        sg = None if moe.shared is None else moe.shared[0]
         ok = (
             self._moe_prenorm(int(x.shape[0]) if x.ndim == 2 else 0)
-            and self._moe_dec_on(x, x, router, k, experts, shared)
+            and self._moe_dec_on(x, x, moe)
             and pre.f32 is not None
             and int(pre.f32.size) == C
-            and self._route_block_on(int(c.route_block) or 256, router, sg, C)
+            and self._route_block_on(int(c.route_block) or 256, moe.router, sg, C)
         )
         if not ok:
-            return super()._moe_ffn_prenorm(  # type: ignore[misc]
-                x, pre, router, k, experts, shared, norm, eps
-            )
+            return super()._moe_ffn_prenorm(x, pre, moe, norm, eps)  # type: ignore[misc]
         if norm is None:
-            return self._moe_dec(None, x, router, k, experts, shared, pre=pre, eps=eps)
+            return self._moe_dec(None, x, moe, pre=pre, eps=eps)
         if self._norm_in_down(norm, C):
-            return self._moe_dec(None, x, router, k, experts, shared, norm, eps, pre=pre)
-        y = self._moe_dec(None, x, router, k, experts, shared, pre=pre, eps=eps)
+            return self._moe_dec(None, x, moe, norm, eps, pre=pre)
+        y = self._moe_dec(None, x, moe, pre=pre, eps=eps)
         return y, self.ops.rms_norm(y, norm, eps)  # type: ignore[attr-defined]
 
     def _norm_in_down(self, norm: Any, C: int) -> bool:
@@ -288,24 +262,12 @@ class CudaMoeDecodeOps:
     def _norm_tickets(self) -> Any:
         return self._lazy_tickets("_moe_norm_tickets", MAX_TOKENS)  # the down kernel's, per token
 
-    def _moe_ffn_norm(
-        self,
-        h: Any,
-        r: Any,
-        router: Any,
-        k: int,
-        experts: tuple,
-        shared: tuple | None,
-        norm: Any,
-        eps: float,
-    ) -> tuple[Any, Any]:
+    def _moe_ffn_norm(self, h: Any, r: Any, moe: Moe, norm: Any, eps: float) -> tuple[Any, Any]:
         """Under moe_experts.fuse_norm (with fuse_decode) the down kernel's last block runs the
         next layer's input norm too: three launches for the MoE FFN and the norm."""
         if (
-            not self._moe_dec_on(h, r, router, k, experts, shared)  # (the variants with the knob)
+            not self._moe_dec_on(h, r, moe)  # (the variants with the knob)
             or not self._norm_in_down(norm, int(h.shape[-1]))
         ):
-            return super()._moe_ffn_norm(  # type: ignore[misc]
-                h, r, router, k, experts, shared, norm, eps
-            )
-        return self._moe_dec(h, r, router, k, experts, shared, norm, eps)
+            return super()._moe_ffn_norm(h, r, moe, norm, eps)  # type: ignore[misc]
+        return self._moe_dec(h, r, moe, norm, eps)

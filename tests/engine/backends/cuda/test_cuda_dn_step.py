@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from engine.backends.numpy_ref import NumpyBackend
+from engine.backends.plan import DnGatedIn
 from tests.engine.backends.cuda.test_cuda_ops import cfg
 from tests.op_cases import check, f32_tensor
 
@@ -57,12 +58,13 @@ def test_fused_step_is_the_four_launches_to_the_bit(
             be.set_config(cfg(**knobs, **{"delta_net.fuse_decode": fuse}))
             args = [be.upload(t) for t in ins]
             w = [be.load_weight(t) for t in (dt, sa, nw)]
-            outs[name] = be.download(be._delta_net_gated(
-                *args[:5], w[0], w[1], states[name], v_order, 1e-6, w[2], args[5]))  # fmt: skip
+            gated = DnGatedIn(*args[3:5], w[0], w[1], states[name], v_order, 1e-6, w[2], args[5])
+            outs[name] = be.download(be._delta_net_gated(*args[:3], gated))
         assert np.array_equal(outs["fused"], outs["plain"]), f"step {step}"
         assert np.array_equal(be.download(states["fused"]), be.download(states["plain"]))
-        want = ref._delta_net_gated(*ins[:5], ref.load_weight(dt), ref.load_weight(sa), s_ref,
-                                   v_order, 1e-6, ref.load_weight(nw), ins[5])  # fmt: skip
+        gated = DnGatedIn(*ins[3:5], ref.load_weight(dt), ref.load_weight(sa), s_ref, v_order,
+                          1e-6, ref.load_weight(nw), ins[5])  # fmt: skip
+        want = ref._delta_net_gated(*ins[:3], gated)
         check(outs["fused"], np.asarray(want, np.float64), 1e-10)
 
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from engine.backends.numpy_ref import NumpyBackend
+from engine.backends.plan import Moe
 from engine.gguf_model import QTensor
 from tests.engine.backends.cuda.test_cuda_ops import cfg
 from tests.op_cases import check, qtensor
@@ -80,8 +81,8 @@ def _layer(rng, E, C, F, Fs, qe, qdown, qs, shared=True, skew=True, nan_experts=
 def _run(b, h, r, router, k, mats, sh):
     load = b.load_weight
     shared = None if sh is None else tuple(load(t) for t in sh)
-    out = b._moe_ffn(b.upload(h), b.upload(r), load(router), k, tuple(load(m) for m in mats),
-                    shared)  # fmt: skip
+    moe = Moe(load(router), k, tuple(load(m) for m in mats), shared)
+    out = b._moe_ffn(b.upload(h), b.upload(r), moe)
     return b.download(out)
 
 
@@ -323,9 +324,9 @@ def test_planted_route_block_half_row_is_caught(be):
 
 def _prenorm(b, x, pre, router, k, mats, sh, norm):
     ld = b.load_weight
-    out = b._moe_ffn_prenorm(b.upload(x), ld(pre), ld(router), k, tuple(ld(m) for m in mats),
-                            None if sh is None else tuple(ld(t) for t in sh),
-                            None if norm is None else ld(norm), 1e-6)  # fmt: skip
+    moe = Moe(ld(router), k, tuple(ld(m) for m in mats),
+              None if sh is None else tuple(ld(t) for t in sh))  # fmt: skip
+    out = b._moe_ffn_prenorm(b.upload(x), ld(pre), moe, None if norm is None else ld(norm), 1e-6)
     return tuple(b.download(o) for o in out) if norm is not None else (b.download(out),)
 
 

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from engine.backends.numpy_ref import NumpyBackend
+from engine.backends.plan import DnGatedIn
 from tests import dn_clu_emul as emul
 from tests.op_cases import f32_tensor, nmse
 
@@ -51,8 +52,8 @@ def _steps(tmp_path, n, lanes, max_dk, K, dk, dv, Hk, Hv, transposed, v_order):
             exe, (Hk, Hv, dk, dv, K), v_order == "grouped", threads, 1e-6,
             [qkv, c_dev, cw, a, b, dt, sa, s_dev, nw, z], tmp_path,
         )  # fmt: skip
-        want = ref._delta_net_conv_gated(qkv, c_ref, rw[0], Hk, dk, a, b, rw[1], rw[2], s_ref,
-                                        v_order, 1e-6, rw[3], z)  # fmt: skip
+        gated = DnGatedIn(a, b, rw[1], rw[2], s_ref, v_order, 1e-6, rw[3], z)
+        want = ref._delta_net_conv_gated(qkv, c_ref, rw[0], Hk, dk, gated)
         s_dev = s_out.reshape(s_dev.shape)
         c_dev = c_out
         got_s = s_dev.transpose(0, 2, 1) if transposed else s_dev
