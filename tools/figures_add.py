@@ -32,6 +32,7 @@ from typing import Any
 
 from engine.errors import ConfigError
 from engine.tuning.memory import gib
+from tools.figures_data import load
 
 TITLES = {"cuda": "CUDA", "vulkan": "Vulkan", "numpy": "NumPy"}
 FIELDS = (  # the order a record's fields are written in
@@ -230,8 +231,6 @@ def _append(text: str, tables: dict[str, str], cmd: tuple[str, str] | None, recs
 
 def add(args: argparse.Namespace) -> list[dict[str, str]]:
     """Append the records ``args`` asks for to ``args.data``; returns them."""
-    from tools.figures import load
-
     tables, commands, _ = load(args.data)
     keys = {t["key"] for t in tables}
     if args.bench is None and (args.llama or args.memory_mib is not None):
