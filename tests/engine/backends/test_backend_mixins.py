@@ -77,3 +77,17 @@ def test_an_override_takes_the_arguments_of_what_it_overrides(cls: type) -> None
             ):
                 differ[f"{c.__qualname__}.{n}"] = ([p.name for p in own], want)
     assert differ == {}
+
+
+def test_the_backend_contract_stays_narrow() -> None:
+    """Backend's public face is the device contract, at most 25 methods (issue 29): an op joins
+    the op set (engine/backends/ops.py), a fusion the backend's own pass, neither this list.
+    Every op of the set has its implementation hook on Backend."""
+    from engine.backends.ops import OP_NAMES, Ops
+
+    public = [n for n in dir(Backend) if not n.startswith("_") and callable(getattr(Backend, n))]
+    assert len(public) <= 25, public
+    ops = {n for n, v in vars(Ops).items() if inspect.isfunction(v) and not n.startswith("_")}
+    assert ops - {"has"} == set(OP_NAMES)
+    assert all(inspect.isfunction(getattr(Backend, "_" + op, None)) for op in OP_NAMES)
+    assert not set(OP_NAMES) & set(dir(Backend))  # no op is called on the backend itself
