@@ -35,6 +35,9 @@ class Ops:
     attribute), which every caller of ``backend.ops`` then goes through."""
 
     def __init__(self, backend: Any) -> None:  # a Backend (base.py imports this module)
+        # a strong reference: `NumpyBackend().ops.add(...)` must work. The backend caches its
+        # Ops, so the two form a cycle: a backend dropped without close() is freed by the
+        # cyclic collector, not at once; the worker and the CLI close theirs (with-blocks).
         self._b = backend
 
     def has(self, op: str) -> bool:
