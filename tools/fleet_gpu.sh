@@ -11,8 +11,8 @@
 #   bash tools/fleet_gpu.sh run MODEL EXP... # there (carry .fleet .gl .spv-cache)
 #   bash tools/fleet_gpu.sh scaling MODEL EXP TRIALS   # there: 1 then 2 CUDA workers
 #   bash tools/fleet_gpu.sh unpack           # there: only the site into /tmp/site
-#   bash tools/fleet_gpu.sh gpu-tests [SUITE]  # there (carry .fleet): tools/gpu_suite.py SUITE
-#                                            # (default cuda), its tally in $OUT/gpu_suite.json
+#   bash tools/fleet_gpu.sh gpu-tests [SUITE [ARGS...]]  # there (carry .fleet): tools/gpu_suite.py
+#                       # SUITE (default cuda) ARGS (e.g. --skip ops,mutants), tally in $OUT/gpu_suite.json
 #   bash tools/fleet_gpu.sh proof EXP PRESET...  # there (carry .fleet .llcpp.tgz): issue 28's
 #                                               # proof on one GPU, llama.cpp beside it
 #
@@ -54,7 +54,7 @@ unpack)  # the site into /tmp/site (for a device call that runs its own commands
     mkdir -p /tmp/site && unxz_site ;;
 gpu-tests)  # the GPU test suite, a file per process; the tally is rewritten after each file
     mkdir -p /tmp/site "$OUT" && unxz_site || exit 1
-    PYTHONPATH=/tmp/site:$PWD python3 tools/gpu_suite.py "${2:-cuda}" --json \
+    PYTHONPATH=/tmp/site:$PWD python3 tools/gpu_suite.py "${2:-cuda}" "${@:3}" --json \
         --out "$OUT/gpu_suite.json" ;;
 prepare)
     P="--platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64"
