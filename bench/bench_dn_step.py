@@ -1,6 +1,6 @@
 """Delta-net decode step microbenchmark on the GPU (issue 15, helper dn): one token's conv step,
 gates, scan step and gated norm of a hybrid preset's delta-net layer (35b-a3b / 9b: Hk 16, Hv 32,
-dk = dv = 128, K 4) through Backend.delta_net_conv_gated, per config: dn_step.cu's
+dk = dv = 128, K 4) through Backend._delta_net_conv_gated, per config: dn_step.cu's
 delta_net_conv_step (tickets) and dn_clu.cu's cluster step (delta_net.step_cluster).
 
 Each config is timed as a CUDA graph of LAYERS back-to-back calls, each on its own layer's state,

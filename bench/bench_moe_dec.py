@@ -1,6 +1,6 @@
 """MoE decode FFN microbenchmark on the GPU (issue 15): one token's MoE FFN of a 35B-A3B-like
 layer (256 experts of 512 x 2048, 8 routed, a shared expert, F32 router; Q4_K experts, the routed
-down Q6_K with --down-q6k) through Backend.moe_ffn, per config: the fused decode (moe_dec.cu, three
+down Q6_K with --down-q6k) through Backend._moe_ffn, per config: the fused decode (moe_dec.cu, three
 launches) with its knobs, and the op-by-op schedule (fifteen).
 
 Each config is timed as a CUDA graph of LAYERS back-to-back moe_ffn calls, each on its own

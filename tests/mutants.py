@@ -338,14 +338,17 @@ MUTANTS: tuple[Mutant, ...] = (
            "K cache", {"attention_decode.variant": "split_kw", "attention_decode.kv_early": 1}),
     Mutant("ATTN_GQA_Q0", "cuda", "attention_decode", "attn_gqa scores every head of a KV "
            "group with the group's first q head", {"attention_decode.variant": "gqa"}),
+    # fuse_rope and mmvf_glu are fused steps (attn_in, ffn): only the unhooked schedule runs them
     Mutant("ATTN_GQA_ROPE_SIN", "cuda", "attention_decode", "attn_gqa's fused RoPE turns by "
-           "minus the angle", {"attention_decode.variant": "gqa", "attention_decode.fuse_rope": 1}),
+           "minus the angle", {"attention_decode.variant": "gqa", "attention_decode.fuse_rope": 1},
+           op_level=False),
     Mutant("ATTN_TILE_SWIZZLE", "cuda", "attention_decode", "attn_tile reads its V rows "
            "without the shared-memory swizzle", {"attention_decode.variant": "tile"}),
     Mutant("MMVF_GLU_GATE", "cuda", "matmul_decode", "mmvf_glu multiplies silu(gate) by gate, "
-           "not up", {"matmul_decode.fuse_swiglu": 1}),
-    Mutant("NORM_ROW_WEIGHT", "cuda", "rms_norm", "rms_norm_row reads the norm weight one "
-           "float4 late", {"rms_norm.variant": "block"}),
+           "not up", {"matmul_decode.fuse_swiglu": 1}, op_level=False),
+    # rms_norm.block is the default: validate's reference runs it too
+    Mutant("NORM_ROW_WEIGHT", "cuda", "rms_norm", "rms_norm_row (rms_norm.block, the default) "
+           "reads the norm weight one float4 late", check="cross_check"),
     Mutant("MMQ_K_SHORT", "cuda", "matmul_prefill", "mmq's K loop one tile short",
            {"matmul_prefill.variant": "mmq", "prefill.gemm_min_t": 2}),
     Mutant("MMQ8_Q4K_MIN", "cuda", "matmul_prefill", "mmq8 drops the Q4_K min term",

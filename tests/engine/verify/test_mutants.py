@@ -131,3 +131,24 @@ CUDA = [m for m in MUTANTS if m.backend == "cuda"]
 def test_cuda_mutant_is_rejected_and_blamed(m, ragged):
     pytest.importorskip("cupy")
     _assert_caught(m, ragged)
+
+
+@pytest.mark.parametrize("backend", ["cuda", "vulkan"])
+def test_op_level_flag_agrees_with_the_backends_hook_bypassed_fusions(backend):
+    """A mutant whose op runs fused only unhooked (the backend's hook_bypassed_fusions names it)
+    cannot fail op-level replay, so it must say op_level=False; one in an op the hook sees must
+    not (the GPU suite asserts replay fails it). Checked here without a device."""
+    from types import SimpleNamespace
+
+    from engine.tuning import TuningConfig
+
+    if backend == "cuda":
+        from engine.backends.cuda.backend import CudaBackend as cls
+    else:
+        from engine.backends.vulkan.backend import VulkanBackend as cls
+    for m in MUTANTS:
+        if m.backend != backend or m.check != "validate" or m.blamed == "argmax":
+            continue  # the argmax is not a hooked op at all (the device-argmax check sees it)
+        cand = TuningConfig.default(backend).replace(**m.candidate)
+        bypassed = cls.hook_bypassed_fusions(SimpleNamespace(_fusions_ran=set()), cand)
+        assert (m.blamed in bypassed) == (not m.op_level), (m.id, bypassed)

@@ -479,7 +479,7 @@ def test_validate_fused_configs(be, tiny_model_path, flat):
 def test_base_composition_is_used_where_nothing_fuses(be):
     """Default config (mmvf: q/k/v with their biases in one launch): CudaBackend's attn_in is
     bit-equal to the base class's sequence."""
-    assert type(be).attn_in is not Backend.attn_in  # it overrides, and falls back when not fused
+    assert type(be)._attn_in is not Backend._attn_in  # it overrides, and falls back when not fused
     be.set_config(cfg())
     rng = np.random.default_rng(3)
     ws, bs, h, wts, bts = _attn_in_inputs(be, rng, 1, 4, 2, 64, True)
