@@ -12,7 +12,7 @@
 #   bash tools/fleet_gpu.sh scaling MODEL EXP TRIALS   # there: 1 then 2 CUDA workers
 #   bash tools/fleet_gpu.sh unpack           # there: only the site into /tmp/site
 #   bash tools/fleet_gpu.sh gpu-tests [SUITE [ARGS...]]  # there (carry .fleet): tools/gpu_suite.py
-#                       # SUITE (default cuda) ARGS (e.g. --skip ops,mutants), tally in $OUT/gpu_suite.json
+#                       # SUITE (default cuda) ARGS (e.g. --skip cuda_ops,test_mutants), tally in $OUT/gpu_suite.json
 #   bash tools/fleet_gpu.sh proof EXP PRESET...  # there (carry .fleet .llcpp.tgz): issue 28's
 #                                               # proof on one GPU, llama.cpp beside it
 #
